@@ -1,0 +1,1 @@
+"""Prover backends: the same interface on the CPU (numba + arkworks) and the GPU (CuPy)."""

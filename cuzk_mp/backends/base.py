@@ -1,0 +1,116 @@
+"""The backend interface the Groth16 recipe is written against.
+
+A backend owns where the numbers live (host memory, or a GPU) and how the heavy
+steps run: NTTs for H, the five MSMs, and batch fixed-base scalar
+multiplication for the dev setup. It makes no policy decisions: scheduling
+lives in :mod:`cuzk_mp.pipeline`.
+
+Data layouts shared by every backend (DESIGN.md section 2):
+
+* Fr vectors: ``(n, 4) uint64`` little-endian limbs. ``a, b, c`` are in
+  Montgomery form (what ``coefs(v R^2) x witness(standard)`` yields); the
+  witness ``w`` and MSM scalars are in standard form.
+* G1 points: ``(n, 12) uint64`` = x (6 limbs) then y (6 limbs), each coordinate
+  in Montgomery form (x R mod q): the zkey's byte layout, so a zkey section can
+  be uploaded as is. The point at infinity is all zeros.
+* G2 points: ``(n, 24) uint64`` = x.c0, x.c1, y.c0, y.c1 (6 limbs each, Montgomery).
+* Single result points are py_arkworks_bls12381 ``G1Point`` / ``G2Point``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Protocol, runtime_checkable
+
+import numpy as np
+from py_arkworks_bls12381 import G1Point, G2Point
+
+from ..formats.zkey import ZKey
+
+
+@dataclass
+class ProverInputs:
+    """One partition, ready for the device: what synthesis produces.
+
+    ``a``, ``b``, ``c`` have ``domain_size`` rows (Montgomery form; rows past
+    the constraints are 0); ``w`` has ``n_vars`` rows (standard form).
+    """
+
+    a: np.ndarray
+    b: np.ndarray
+    c: np.ndarray
+    w: np.ndarray
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the four vectors."""
+        return int(self.a.nbytes + self.b.nbytes + self.c.nbytes + self.w.nbytes)
+
+
+@dataclass
+class MsmSums:
+    """The five multi-scalar multiplications of one proof (snarkjs prover step 5).
+
+    a  = sum_i w_i A_i            (zkey section 5, G1)
+    b1 = sum_i w_i B1_i           (section 6, G1)
+    b2 = sum_i w_i B2_i           (section 7, G2)
+    c  = sum_{i>nPublic} w_i C_i  (section 8, G1)
+    h  = sum_j p_j H_j            (section 9, G1), p = odd-coset values of A*B - C
+    """
+
+    a: G1Point
+    b1: G1Point
+    b2: G2Point
+    c: G1Point
+    h: G1Point
+
+
+class KeyHandle(Protocol):
+    """A proving key made resident in a backend (SRS points on the device, etc.)."""
+
+    zkey: ZKey
+    nbytes: int
+
+    def close(self) -> None:
+        """Release what the backend holds for this key."""
+
+
+@runtime_checkable
+class Backend(Protocol):
+    """What the Groth16 recipe needs from a compute backend."""
+
+    name: str
+
+    def load_key(self, zkey: ZKey) -> KeyHandle:
+        """Make the key's point sections resident (idempotent per zkey path is the caller's job)."""
+
+    def stage(self, key: KeyHandle, inputs: ProverInputs) -> Any:
+        """Copy one partition into backend memory; on return the caller may free ``inputs``.
+
+        Raises :class:`cuzk_mp.errors.ResourceError` when the backend has no room.
+        """
+
+    def prove_msms(self, key: KeyHandle, staged: Any) -> MsmSums:
+        """Run H (3 iNTT, coset scale, 3 NTT, a*b - c) and the five MSMs of a staged partition."""
+
+    def release(self, staged: Any) -> None:
+        """Free a staged partition's backend memory (idempotent)."""
+
+    # ---- primitives, used by tests, setup and the recipe's helpers
+    def ntt(self, values: np.ndarray, inverse: bool = False) -> np.ndarray:
+        """Radix-2 NTT of a power-of-two length Montgomery Fr vector (natural order in and out)."""
+
+    def coset_h(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """p[j] = (A*B - C)(w_2n^(2j+1)) as standard-form scalars (snarkjs prover steps 2-3)."""
+
+    def msm_g1(self, points: np.ndarray, scalars: np.ndarray) -> G1Point:
+        """sum_i scalars[i] * points[i] over G1; counts must match."""
+
+    def msm_g2(self, points: np.ndarray, scalars: np.ndarray) -> G2Point:
+        """sum_i scalars[i] * points[i] over G2; counts must match."""
+
+    def fixed_base_g1(self, base: G1Point, scalars: np.ndarray) -> np.ndarray:
+        """[s_i * base] as an ``(n, 12)`` zkey-layout array (dev setup)."""
+
+    def fixed_base_g2(self, base: G2Point, scalars: np.ndarray) -> np.ndarray:
+        """[s_i * base] as an ``(n, 24)`` zkey-layout array (dev setup)."""

@@ -1,0 +1,99 @@
+"""The one exception hierarchy of cuzk-mp.
+
+``CuzkError`` is the root. ``InputError`` is the user's fault (a bad zkey, r1cs,
+witness or request) and carries a message that names the file/section or the
+field that is wrong. ``ProofError`` means a job failed but the process is fine.
+``WorkerDied`` / ``GpuDead`` mean a process is gone and must be restarted by
+its supervisor. Errors cross process and socket boundaries as data
+(``kind`` + ``message``), never pickled: see :func:`error_kind` and
+:func:`error_from_kind`.
+"""
+
+from __future__ import annotations
+
+
+class CuzkError(Exception):
+    """Root of every error cuzk-mp raises on purpose."""
+
+
+class InputError(CuzkError):
+    """Bad user input: a malformed file, an unsatisfied witness, a bad request."""
+
+
+class FormatError(InputError):
+    """A binary or JSON file does not follow its format.
+
+    The message names the file, the section and what is wrong.
+    """
+
+    def __init__(self, path: object, section: str | None, problem: str) -> None:
+        where = f"{path}" + (f", section {section}" if section else "")
+        super().__init__(f"{where}: {problem}")
+        self.path = path
+        self.section = section
+        self.problem = problem
+
+
+class UnsatisfiedWitness(InputError):
+    """The witness does not satisfy the circuit's constraints."""
+
+    def __init__(self, constraint: int, message: str) -> None:
+        super().__init__(message)
+        self.constraint = constraint
+
+
+class ConfigError(InputError):
+    """A configuration file or value is invalid; the message names the key."""
+
+
+class ProofError(CuzkError):
+    """A proof could not be produced (the job fails; the process carries on)."""
+
+
+class VerificationFailed(ProofError):
+    """A freshly made proof did not pass its own verification."""
+
+
+class ResourceError(CuzkError):
+    """Not enough memory (host, shm or device) for what was asked."""
+
+
+class WorkerDied(CuzkError):
+    """A worker process exited unexpectedly; its supervisor restarts it."""
+
+
+class GpuDead(WorkerDied):
+    """A GPU process died or its device failed."""
+
+
+class Cancelled(CuzkError):
+    """The job was cancelled by a client."""
+
+
+_KINDS: dict[str, type[CuzkError]] = {
+    cls.__name__: cls
+    for cls in (
+        CuzkError, InputError, FormatError, UnsatisfiedWitness, ConfigError, ProofError,
+        VerificationFailed, ResourceError, WorkerDied, GpuDead, Cancelled,
+    )
+}
+
+
+def error_kind(exc: BaseException) -> str:
+    """The wire name of an exception: its class name if ours, else ``"InternalError"``."""
+    return type(exc).__name__ if type(exc).__name__ in _KINDS else "InternalError"
+
+
+def error_from_kind(kind: str, message: str) -> CuzkError:
+    """Rebuild an exception from its wire form (``kind``, ``message``).
+
+    Classes whose constructor takes structured arguments are rebuilt as their
+    nearest plain base, with the message intact.
+    """
+    cls = _KINDS.get(kind, CuzkError)
+    if cls is FormatError:
+        cls = InputError
+    if cls is UnsatisfiedWitness:
+        exc: CuzkError = InputError(message)
+        return exc
+    return cls(message)
