@@ -71,5 +71,3 @@ def from_coo(rows: np.ndarray, cols: np.ndarray, data: np.ndarray, n_rows: int, 
         np.ascontiguousarray(np.asarray(data, dtype=np.uint64)[order]),
         n_cols,
     )
-
-ONE_R2 = int_to_limbs(FR.r2, 4)

@@ -1,0 +1,170 @@
+"""The CPU backend: numba for Fr work, arkworks (py_arkworks_bls12381) for the MSMs.
+
+Keys are made resident as lists of arkworks point objects (conversion from the
+zkey's Montgomery layout costs ~0.5 us/point, once per key). MSM scalars are
+split three ways, as supraseal does on the GPU: zeros are dropped, points
+whose scalar is 1 are summed with plain additions, and only the rest go
+through arkworks' Pippenger. The G2 MSM runs on a second thread beside the
+G1 MSMs (arkworks releases the GIL).
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from typing import Any, Sequence
+
+import numpy as np
+from py_arkworks_bls12381 import G1Point, G2Point, Scalar
+
+from ..algebra import curve, ec, ntt
+from ..errors import InputError
+from ..formats.zkey import ZKey
+from .base import MsmSums, ProverInputs
+
+
+@dataclass
+class CpuKey:
+    """A zkey's point sections as arkworks objects."""
+
+    zkey: ZKey
+    a: list[G1Point]
+    b1: list[G1Point]
+    b2: list[G2Point]
+    c: list[G1Point]
+    h: list[G1Point]
+    nbytes: int = 0
+
+    def close(self) -> None:
+        """Drop the point lists."""
+        self.a = self.b1 = self.c = self.h = []
+        self.b2 = []
+        self.nbytes = 0
+
+
+@dataclass
+class CpuStaged:
+    """A partition copied into this process's memory (the ring segment can go)."""
+
+    inputs: ProverInputs | None
+    timings: dict[str, float] = field(default_factory=dict)
+
+
+def _scalar_objects(scalars: np.ndarray) -> list[Scalar]:
+    data = np.ascontiguousarray(scalars, dtype="<u8").tobytes()
+    make = Scalar.from_le_bytes
+    return [make(data[i : i + 32]) for i in range(0, len(data), 32)]
+
+
+def _split01(scalars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Indices of scalars equal to 1, and of the other non-zero scalars."""
+    nonzero = scalars.any(axis=1)
+    ones = (scalars[:, 0] == 1) & ~scalars[:, 1:].any(axis=1)
+    return np.flatnonzero(ones), np.flatnonzero(nonzero & ~ones)
+
+
+def msm(points: Sequence[Any], scalars: np.ndarray, identity: Any) -> Any:
+    """sum_i scalars[i] * points[i] with arkworks, skipping zeros and adding ones directly.
+
+    ``points`` are arkworks objects, ``scalars`` an ``(n, 4)`` standard-form array.
+    Guards arkworks' silent truncation: the counts must match.
+    """
+    if len(points) != scalars.shape[0]:
+        raise ValueError(f"MSM size mismatch: {len(points)} points, {scalars.shape[0]} scalars")
+    ones, rest = _split01(scalars)
+    acc = identity
+    for i in ones.tolist():
+        acc = acc + points[i]
+    if rest.size:
+        acc = acc + type(identity).multiexp_unchecked([points[i] for i in rest.tolist()], _scalar_objects(scalars[rest]))
+    return acc
+
+
+class CpuBackend:
+    """Backend on the host CPU (see module docstring)."""
+
+    name = "cpu"
+
+    def __init__(self, threads: int | None = None) -> None:
+        self.threads = max(1, threads or os.cpu_count() or 1)
+        self._pool = ThreadPoolExecutor(max_workers=max(2, self.threads), thread_name_prefix="cuzk-cpu-msm")
+        self.last_timings: dict[str, float] = {}
+        self.busy_seconds = 0.0
+
+    # ---- keys and partitions
+    def load_key(self, zkey: ZKey) -> CpuKey:
+        """Convert sections 5..9 to arkworks objects (on the pool, G2 beside G1)."""
+        g2 = self._pool.submit(curve.g2_lem_to_ark_list, zkey.b2)
+        g1 = [curve.g1_lem_to_ark_list(s) for s in (zkey.a, zkey.b1, zkey.c, zkey.h)]
+        key = CpuKey(zkey, g1[0], g1[1], g2.result(), g1[2], g1[3])
+        n_g1 = sum(len(x) for x in g1)
+        key.nbytes = n_g1 * sys.getsizeof(G1Point()) + len(key.b2) * sys.getsizeof(G2Point()) + 8 * (n_g1 + len(key.b2))
+        return key
+
+    def stage(self, key: CpuKey, inputs: ProverInputs) -> CpuStaged:
+        """Copy the partition into private memory (after this the ring segment may be unlinked)."""
+        z = key.zkey
+        if inputs.a.shape != (z.domain_size, 4) or inputs.w.shape != (z.n_vars, 4):
+            raise InputError(
+                f"partition shape mismatch: a {inputs.a.shape}, w {inputs.w.shape}; "
+                f"key expects ({z.domain_size}, 4) and ({z.n_vars}, 4)")
+        copied = ProverInputs(*(np.array(v, dtype=np.uint64, copy=True) for v in (inputs.a, inputs.b, inputs.c, inputs.w)))
+        return CpuStaged(copied)
+
+    def prove_msms(self, key: CpuKey, staged: CpuStaged) -> MsmSums:
+        """H by NTTs, then the five MSMs (G2 and the largest G1 first, on the pool)."""
+        if staged.inputs is None:
+            raise ValueError("partition was released")
+        x = staged.inputs
+        w = x.w
+        n_pub = key.zkey.n_public
+        b2 = self._pool.submit(msm, key.b2, w, G2Point.identity())
+        p = ntt.coset_h(x.a, x.b, x.c)
+        jobs = {
+            "h": self._pool.submit(msm, key.h, p, G1Point.identity()),
+            "a": self._pool.submit(msm, key.a, w, G1Point.identity()),
+            "b1": self._pool.submit(msm, key.b1, w, G1Point.identity()),
+            "c": self._pool.submit(msm, key.c, w[n_pub + 1 :], G1Point.identity()),
+        }
+        return MsmSums(a=jobs["a"].result(), b1=jobs["b1"].result(), b2=b2.result(), c=jobs["c"].result(), h=jobs["h"].result())
+
+    def release(self, staged: CpuStaged) -> None:
+        """Drop the partition's copy."""
+        staged.inputs = None
+
+    # ---- primitives
+    def ntt(self, values: np.ndarray, inverse: bool = False) -> np.ndarray:
+        """Forward NTT, or the 1/n-scaled inverse."""
+        return ntt.intt(values) if inverse else ntt.ntt(values)
+
+    def coset_h(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
+        """Standard-form H scalars (odd-coset values of A*B - C)."""
+        return ntt.coset_h(a, b, c)
+
+    def msm_g1(self, points: np.ndarray, scalars: np.ndarray) -> G1Point:
+        """G1 MSM over zkey-layout points."""
+        return msm(curve.g1_lem_to_ark_list(points), scalars, G1Point.identity())
+
+    def msm_g2(self, points: np.ndarray, scalars: np.ndarray) -> G2Point:
+        """G2 MSM over zkey-layout points."""
+        return msm(curve.g2_lem_to_ark_list(points), scalars, G2Point.identity())
+
+    def fixed_base_g1(self, base: G1Point, scalars: np.ndarray) -> np.ndarray:
+        """[s_i * base] in zkey layout (numba windowed fixed-base)."""
+        xy = curve.ark_to_g1(base)
+        if xy is None:
+            return np.zeros((scalars.shape[0], 12), dtype=np.uint64)
+        return ec.fixed_base_g1(xy, scalars)
+
+    def fixed_base_g2(self, base: G2Point, scalars: np.ndarray) -> np.ndarray:
+        """[s_i * base] in zkey layout (numba windowed fixed-base)."""
+        xy = curve.ark_to_g2(base)
+        if xy is None:
+            return np.zeros((scalars.shape[0], 24), dtype=np.uint64)
+        return ec.fixed_base_g2(xy, scalars)
+
+    def close(self) -> None:
+        """Stop the thread pool."""
+        self._pool.shutdown(wait=False, cancel_futures=True)

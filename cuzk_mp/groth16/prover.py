@@ -1,0 +1,120 @@
+"""The Groth16 prover, step by step as snarkjs ``groth16_prove.js`` does it.
+
+1. witness map: a = A w, b = B w, c = a o b           (:mod:`.synthesis`)
+2. H: odd-coset values of A*B - C                       (backend: 3 iNTT, scale, 3 NTT)
+3. MSMs: A, B1, B2 (G2), C over w; H over the H values (backend)
+4. with fresh r, s from the OS CSPRNG:
+     pi_a = alpha1 + A + r delta1
+     pi_b = beta2  + B2 + s delta2
+     b1   = beta1  + B1 + s delta1
+     pi_c = C + H + s pi_a + r b1 - r s delta1
+5. self-verification: the proof passes the pairing check before it is returned.
+
+Steps 2-3 are ``prove_start`` (device work); 4-5 are ``prove_finalize``
+(host work), so a GPU process can start the next partition while the last
+one finalizes.
+"""
+
+from __future__ import annotations
+
+import secrets
+import weakref
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from py_arkworks_bls12381 import G1Point, G2Point, Scalar
+
+from ..algebra import curve
+from ..algebra.field import R_MOD, limbs_to_ints
+from ..backends.base import Backend, KeyHandle, MsmSums
+from ..errors import VerificationFailed
+from ..formats.r1cs import R1CS
+from ..formats.snarkjs_json import Proof
+from ..formats.zkey import ZKey
+from .keys import prepared_vk_of
+from .synthesis import ConstraintEvaluator
+from .verifier import pairing_holds
+
+
+@dataclass
+class HeaderPoints:
+    """The zkey header's points as arkworks objects."""
+
+    alpha1: G1Point
+    beta1: G1Point
+    beta2: G2Point
+    delta1: G1Point
+    delta2: G2Point
+
+
+_HEADERS: "weakref.WeakKeyDictionary[ZKey, HeaderPoints]" = weakref.WeakKeyDictionary()
+
+
+def header_points(zkey: ZKey) -> HeaderPoints:
+    """alpha1, beta1, beta2, delta1, delta2 of a zkey (converted once per zkey object)."""
+    hp = _HEADERS.get(zkey)
+    if hp is None:
+        hp = HeaderPoints(
+            curve.g1_lem_to_ark(zkey.alpha1), curve.g1_lem_to_ark(zkey.beta1), curve.g2_lem_to_ark(zkey.beta2),
+            curve.g1_lem_to_ark(zkey.delta1), curve.g2_lem_to_ark(zkey.delta2),
+        )
+        _HEADERS[zkey] = hp
+    return hp
+
+
+def public_signals(w: np.ndarray, n_public: int) -> list[int]:
+    """w[1..n_public] as ints: outputs first, then public inputs (snarkjs public.json)."""
+    return limbs_to_ints(w[1 : n_public + 1]) if n_public else []
+
+
+def random_scalar() -> int:
+    """A uniformly random non-zero element of Fr from the OS CSPRNG."""
+    return 1 + secrets.randbelow(R_MOD - 1)
+
+
+def _scalar(x: int) -> Scalar:
+    return Scalar.from_le_bytes((x % R_MOD).to_bytes(32, "little"))
+
+
+def prove_start(backend: Backend, key: KeyHandle, staged: Any) -> MsmSums:
+    """Steps 2-3: the H values and the five MSMs of a staged partition (device work)."""
+    return backend.prove_msms(key, staged)
+
+
+def prove_finalize(zkey: ZKey, sums: MsmSums, public: list[int], *, verify: bool = True) -> Proof:
+    """Steps 4-5: assemble the proof with fresh r, s; self-verify unless ``verify`` is False."""
+    hp = header_points(zkey)
+    r, s = random_scalar(), random_scalar()
+    pi_a = hp.alpha1 + sums.a + hp.delta1 * _scalar(r)
+    pi_b = hp.beta2 + sums.b2 + hp.delta2 * _scalar(s)
+    b1 = hp.beta1 + sums.b1 + hp.delta1 * _scalar(s)
+    pi_c = sums.c + sums.h + pi_a * _scalar(s) + b1 * _scalar(r) - hp.delta1 * _scalar(r * s)
+    if verify and not pairing_holds(prepared_vk_of(zkey), public, pi_a, pi_b, pi_c):
+        raise VerificationFailed(
+            "the proof did not pass self-verification: the witness does not satisfy the circuit "
+            "(give the .r1cs to find the failing constraint) or the key is corrupt")
+    return Proof(pi_a=curve.ark_to_g1(pi_a), pi_b=curve.ark_to_g2(pi_b), pi_c=curve.ark_to_g1(pi_c))
+
+
+def prove(
+    backend: Backend,
+    zkey: ZKey,
+    w: np.ndarray,
+    *,
+    key: KeyHandle | None = None,
+    evaluator: ConstraintEvaluator | None = None,
+    r1cs: R1CS | None = None,
+    verify: bool = True,
+) -> tuple[Proof, list[int]]:
+    """One whole proof: witness map, device work, assembly; returns (proof, public signals)."""
+    evaluator = evaluator or ConstraintEvaluator.from_zkey(zkey, r1cs)
+    inputs = evaluator.evaluate(w)
+    key = key or backend.load_key(zkey)
+    staged = backend.stage(key, inputs)
+    try:
+        sums = prove_start(backend, key, staged)
+    finally:
+        backend.release(staged)
+    public = public_signals(inputs.w, zkey.n_public)
+    return prove_finalize(zkey, sums, public, verify=verify), public
