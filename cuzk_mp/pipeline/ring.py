@@ -1,0 +1,467 @@
+"""The slot ring: K shared-memory slots between synthesis workers and prover processes.
+
+Owns every named IPC object of one engine, all named ``/<prefix>-...``:
+
+* ``/<prefix>-ctl``  the control block (shm): one 64-byte record per slot,
+* ``/<prefix>-free``, ``/<prefix>-ready``  named semaphores (free / ready slots),
+* ``/<prefix>-<slot>``  the segment of a slot, alive only between FILLING and STAGING.
+
+Control block layout (little-endian)::
+
+    0     header: magic, n_slots, peak_live, free_waits, ready_waits, published, released, reclaimed (u64 each)
+    64    slot 0: state u32 | partition i32 | owner_pid i64 | task_id u64 | job_seq u64
+                  | priority i64 | nbytes u64 | t_ready f64 | uses u64
+    128   slot 1 ...
+
+Slot states and who owns the slot (the pid in ``owner_pid``)::
+
+    FREE --producer claims--> FILLING --producer publishes--> READY --consumer takes--> STAGING
+      ^      (owner: synth worker; segment created and filled)      (owner: prover process)  |
+      +------------------ consumer unlinks the segment right after staging ------------------+
+
+The control block is the truth; the semaphores are wake-ups that count free and
+ready slots. Every wait is ``acquire(timeout)`` followed by a re-scan of the
+control block, so a token lost with a killed process (or an extra one posted by
+a reclaim) costs at most one poll interval, never a deadlock, and nobody spins.
+Record changes happen under a lock that is a ``threading.Lock`` (threads of one
+process) plus an ``fcntl`` lock on the control block's fd (processes): the kernel
+drops the latter when its holder dies, so ``kill -9`` never leaves the ring locked.
+
+Memory bound: a segment exists only for a slot in FILLING, READY or STAGING, so at
+most ``n_slots`` segments exist at any moment. The consumer unlinks a segment and
+unmaps it as soon as its copy is done (before compute), so its pages return at once.
+
+First-touch cost (measured with ``python -m cuzk_mp.pipeline.shmprobe``, results in
+perf/results/pipeline-shm-first-touch.json): writing into a fresh tmpfs mapping
+page-faults one 4 KiB page at a time. The producer therefore pre-faults the whole
+segment in the kernel (``madvise(MADV_POPULATE_WRITE)``, falling back to
+``MAP_POPULATE``) before its copy, and the consumer maps with ``MAP_POPULATE``.
+We keep one fresh segment per partition (no reuse of segments across partitions)
+so that memory returns to the system at staging, as the design requires.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import mmap
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+
+import msgspec
+import numpy as np
+import posix_ipc
+
+SHM_DIR = "/dev/shm"
+FREE, FILLING, READY, STAGING = 0, 1, 2, 3
+STATE_NAMES = ("free", "filling", "ready", "staging")
+MAGIC = 0x676E6972_6B7A7563  # b"cuzkring" little-endian
+_HEADER_WORDS = 8
+_PEAK, _FREE_WAITS, _READY_WAITS, _PUBLISHED, _RELEASED, _RECLAIMED = 2, 3, 4, 5, 6, 7
+SLOT_DTYPE = np.dtype([
+    ("state", "<u4"), ("partition", "<i4"), ("owner_pid", "<i8"), ("task_id", "<u8"), ("job_seq", "<u8"),
+    ("priority", "<i8"), ("nbytes", "<u8"), ("t_ready", "<f8"), ("uses", "<u8"),
+])
+POLL_S = 0.25
+ALIGN = 4096  # arrays start on page boundaries (host registration of sub-ranges needs it)
+MADV_POPULATE_WRITE = 23  # linux/mman.h (kernel >= 5.14); Python 3.11's mmap module lacks the name
+
+
+@dataclass(frozen=True)
+class RingHandle:
+    """What a child process needs to attach to a ring (picklable)."""
+
+    prefix: str
+    n_slots: int
+
+
+@dataclass(frozen=True)
+class SlotClaim:
+    """The partition a producer is about to write: recorded in the slot's record."""
+
+    task_id: int
+    job_seq: int
+    partition: int
+    priority: int
+
+
+@dataclass(frozen=True)
+class SlotRecord:
+    """A copy of one slot's control-block record."""
+
+    slot: int
+    state: str
+    owner_pid: int
+    task_id: int
+    job_seq: int
+    partition: int
+    priority: int
+    nbytes: int
+    t_ready: float
+
+
+class _Layout(msgspec.Struct, array_like=True):
+    meta: bytes
+    arrays: list[tuple[int, int, int]]  # (offset, rows, cols) of (rows, cols) uint64 arrays
+
+
+class SegmentView:
+    """A mapped segment: ``meta`` (opaque bytes) and uint64 array views. Call :meth:`close`."""
+
+    def __init__(self, buf: mmap.mmap, meta: bytes, arrays: list[np.ndarray]) -> None:
+        self._buf: mmap.mmap | None = buf
+        self.meta = meta
+        self.arrays = arrays
+        self.nbytes = len(buf)
+
+    def close(self) -> None:
+        """Drop the views and unmap (idempotent). Copies must be taken before this."""
+        self.arrays = []
+        if self._buf is not None:
+            self._buf.close()
+            self._buf = None
+
+    def __enter__(self) -> SegmentView:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def segment_layout(meta: bytes, shapes: Sequence[tuple[int, int]]) -> tuple[bytes, int]:
+    """The encoded layout header and the total segment size for uint64 arrays of these shapes.
+
+    The header (u64 length, then a msgpack ``_Layout``) gets a reserved space of
+    ``8 + len(meta) + 64 + 32 per array`` bytes rounded up to a page; msgpack
+    needs at most 9 bytes per integer, so 3 integers per array always fit.
+    """
+    pos = _round_up(8 + len(meta) + 64 + 32 * len(shapes))
+    offsets = []
+    for rows, cols in shapes:
+        offsets.append((pos, int(rows), int(cols)))
+        pos += _round_up(int(rows) * int(cols) * 8)
+    return msgspec.msgpack.encode(_Layout(meta, offsets)), pos
+
+
+def _round_up(n: int) -> int:
+    return max(ALIGN, -(-n // ALIGN) * ALIGN)
+
+
+class Ring:
+    """One engine's slot ring, as seen from one process (engine, synth worker or prover)."""
+
+    def __init__(self, handle: RingHandle, ctl: posix_ipc.SharedMemory, owner: bool) -> None:
+        self.handle = handle
+        self.owner = owner
+        size = 8 * _HEADER_WORDS + SLOT_DTYPE.itemsize * handle.n_slots
+        self._ctl_fd = ctl.fd
+        self._ctl_map = mmap.mmap(ctl.fd, size)
+        self._header = np.ndarray((_HEADER_WORDS,), np.uint64, buffer=self._ctl_map, offset=0)
+        self._slots = np.ndarray((handle.n_slots,), SLOT_DTYPE, buffer=self._ctl_map, offset=8 * _HEADER_WORDS)
+        self._free = posix_ipc.Semaphore(self._name("free"))
+        self._ready = posix_ipc.Semaphore(self._name("ready"))
+        self._tlock = threading.Lock()
+        self._closed = False
+
+    # ---- lifecycle
+    @classmethod
+    def create(cls, prefix: str, n_slots: int) -> Ring:
+        """Create a fresh ring (removing stale objects with this prefix first)."""
+        cleanup_stale(prefix)
+        handle = RingHandle(prefix, n_slots)
+        size = 8 * _HEADER_WORDS + SLOT_DTYPE.itemsize * n_slots
+        ctl = posix_ipc.SharedMemory(f"/{prefix}-ctl", posix_ipc.O_CREX, size=size)
+        posix_ipc.Semaphore(f"/{prefix}-free", posix_ipc.O_CREX, initial_value=n_slots).close()
+        posix_ipc.Semaphore(f"/{prefix}-ready", posix_ipc.O_CREX, initial_value=0).close()
+        ring = cls(handle, ctl, owner=True)
+        ring._header[:] = 0
+        ring._header[0], ring._header[1] = MAGIC, n_slots
+        ring._slots[:] = np.zeros(n_slots, SLOT_DTYPE)
+        return ring
+
+    @classmethod
+    def attach(cls, handle: RingHandle) -> Ring:
+        """Open an existing ring from a child process."""
+        ctl = posix_ipc.SharedMemory(f"/{handle.prefix}-ctl")
+        ring = cls(handle, ctl, owner=False)
+        if int(ring._header[0]) != MAGIC or int(ring._header[1]) != handle.n_slots:
+            ring.close()
+            raise RuntimeError(f"/{handle.prefix}-ctl is not a ring control block of {handle.n_slots} slots")
+        return ring
+
+    def close(self) -> None:
+        """Release this process's handles (idempotent); the named objects stay."""
+        if self._closed:
+            return
+        self._closed = True
+        del self._header, self._slots
+        self._ctl_map.close()
+        os.close(self._ctl_fd)
+        self._free.close()
+        self._ready.close()
+
+    def destroy(self) -> list[str]:
+        """Close and unlink every named object of this ring, segments included."""
+        self.close()
+        return cleanup_stale(self.handle.prefix)
+
+    def _name(self, what: str | int) -> str:
+        return f"/{self.handle.prefix}-{what}"
+
+    @contextlib.contextmanager
+    def _locked(self) -> Iterator[None]:
+        with self._tlock:
+            fcntl.lockf(self._ctl_fd, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.lockf(self._ctl_fd, fcntl.LOCK_UN)
+
+    # ---- producer side (synthesis worker)
+    def acquire_free(self, claim: SlotClaim, abort: Callable[[], bool], timeout_s: float | None = None) -> int | None:
+        """Block until a slot is FREE, claim it (FILLING, owner = this pid); None if aborted/timed out."""
+        def take() -> int | None:
+            free = np.flatnonzero(self._slots["state"] == FREE)
+            if not free.size:
+                return None
+            slot = int(free[0])
+            self._set(slot, FILLING, claim)
+            live = int(np.count_nonzero(self._slots["state"] != FREE))
+            self._header[_PEAK] = max(int(self._header[_PEAK]), live)
+            return slot
+        return self._wait_claim(self._free, _FREE_WAITS, take, abort, timeout_s)
+
+    def write_segment(self, slot: int, meta: bytes, arrays: Sequence[np.ndarray]) -> int:
+        """Create the slot's segment, pre-fault it, copy ``arrays`` in; returns its size."""
+        self._check_owner(slot, FILLING)
+        head, size = segment_layout(meta, [a.shape for a in arrays])
+        shm = _create_shm(self._name(slot), size)
+        try:
+            buf = mmap.mmap(shm.fd, size)
+        finally:
+            os.close(shm.fd)
+        try:
+            _prefault(buf)
+            buf[:8] = len(head).to_bytes(8, "little")
+            buf[8 : 8 + len(head)] = head
+            for (off, rows, cols), arr in zip(msgspec.msgpack.decode(head, type=_Layout).arrays, arrays):
+                np.copyto(np.ndarray((rows, cols), np.uint64, buffer=buf, offset=off), arr, casting="no")
+        finally:
+            buf.close()
+        with self._locked():
+            self._slots["nbytes"][slot] = size
+        return size
+
+    def publish(self, slot: int) -> None:
+        """FILLING -> READY, then post ``ready``.
+
+        Order matters (kept consistent with :meth:`take_ready`): the record says
+        READY before the token exists, so a woken consumer always finds it.
+        """
+        with self._locked():
+            self._check_owner(slot, FILLING)
+            self._slots["state"][slot] = READY
+            self._slots["t_ready"][slot] = time.time()
+            self._header[_PUBLISHED] += 1
+        self._ready.release()
+
+    def abandon(self, slot: int) -> None:
+        """A producer gives its FILLING slot back (cancelled task): unlink, FREE, post ``free``."""
+        self._free_where(lambda r: r.slot == slot and r.state == "filling" and r.owner_pid == os.getpid())
+
+    # ---- consumer side (prover process)
+    def take_ready(self, abort: Callable[[], bool], timeout_s: float | None = None) -> SlotRecord | None:
+        """Block until a slot is READY; take the oldest (priority, job, partition) one (STAGING, owner = me).
+
+        The consumer of a token is not always the one that takes a slot (see the
+        module docstring); the control block decides, under the lock.
+        """
+        def take() -> int | None:
+            ready = np.flatnonzero(self._slots["state"] == READY)
+            if not ready.size:
+                return None
+            rec = self._slots[ready]
+            order = np.lexsort((rec["task_id"], rec["partition"], rec["job_seq"], rec["priority"]))
+            slot = int(ready[order[0]])
+            self._slots["state"][slot] = STAGING
+            self._slots["owner_pid"][slot] = os.getpid()
+            return slot
+        slot = self._wait_claim(self._ready, _READY_WAITS, take, abort, timeout_s)
+        return None if slot is None else self.record(slot)
+
+    def open_segment(self, slot: int) -> SegmentView:
+        """Map a taken slot's segment (MAP_POPULATE) and return its meta and array views."""
+        self._check_owner(slot, STAGING)
+        shm = posix_ipc.SharedMemory(self._name(slot))
+        try:
+            buf = mmap.mmap(shm.fd, shm.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        finally:
+            os.close(shm.fd)
+        n = int.from_bytes(buf[:8], "little")
+        layout = msgspec.msgpack.decode(buf[8 : 8 + n], type=_Layout)
+        arrays = [np.ndarray((rows, cols), np.uint64, buffer=buf, offset=off) for off, rows, cols in layout.arrays]
+        return SegmentView(buf, layout.meta, arrays)
+
+    def release(self, slot: int) -> None:
+        """The consumer is done copying: unlink the segment, mark FREE, post ``free``.
+
+        Order (kept consistent with :meth:`acquire_free`): unlink first, so a
+        producer that reuses the slot creates a new segment under the same name.
+        """
+        self._free_where(lambda r: r.slot == slot and r.state == "staging" and r.owner_pid == os.getpid())
+
+    # ---- supervisor side (engine)
+    def reclaim(self, pid: int) -> list[SlotRecord]:
+        """Free the FILLING/STAGING slots a dead process owned; returns their records (as they were)."""
+        def mine(r: SlotRecord) -> bool:
+            return r.owner_pid == pid and r.state in ("filling", "staging")
+        return self._free_where(mine, reclaimed=True)
+
+    def drop_ready(self, task_ids: set[int]) -> list[SlotRecord]:
+        """Free READY slots holding these tasks (cancelled jobs); returns their records."""
+        return self._free_where(lambda r: r.state == "ready" and r.task_id in task_ids)
+
+    def snapshot(self) -> list[SlotRecord]:
+        """Every slot's record, read under the lock."""
+        with self._locked():
+            return [self._record(s) for s in range(self.handle.n_slots)]
+
+    def stats(self) -> dict[str, int]:
+        """Counters: peak_live, free_waits (producer blocked), ready_waits, published, released, reclaimed."""
+        with self._locked():
+            h = [int(x) for x in self._header]
+        live = sum(r.state != "free" for r in self.snapshot())
+        return {"live": live, "peak_live": h[_PEAK], "free_waits": h[_FREE_WAITS], "ready_waits": h[_READY_WAITS],
+                "published": h[_PUBLISHED], "released": h[_RELEASED], "reclaimed": h[_RECLAIMED]}
+
+    def record(self, slot: int) -> SlotRecord:
+        """A copy of one slot's record."""
+        with self._locked():
+            return self._record(slot)
+
+    # ---- internals
+    def _wait_claim(self, sem: posix_ipc.Semaphore, counter: int, take: Callable[[], int | None],
+                    abort: Callable[[], bool], timeout_s: float | None) -> int | None:
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        waited = False
+        while True:
+            try:
+                sem.acquire(0 if not waited else POLL_S)
+            except posix_ipc.BusyError:
+                pass
+            with self._locked():
+                slot = take()
+                if slot is None and not waited:
+                    self._header[counter] += 1
+            if slot is not None:
+                return slot
+            waited = True
+            if abort() or (deadline is not None and time.monotonic() >= deadline):
+                return None
+
+    def _set(self, slot: int, state: int, claim: SlotClaim) -> None:
+        s = self._slots
+        s["state"][slot], s["owner_pid"][slot] = state, os.getpid()
+        s["task_id"][slot], s["job_seq"][slot] = claim.task_id, claim.job_seq
+        s["partition"][slot], s["priority"][slot] = claim.partition, claim.priority
+        s["nbytes"][slot], s["t_ready"][slot] = 0, 0.0
+        s["uses"][slot] += 1
+
+    def _free_where(self, pick: Callable[[SlotRecord], bool], reclaimed: bool = False) -> list[SlotRecord]:
+        """Unlink the segment of every slot ``pick`` selects and mark it FREE, under the lock; post ``free``.
+
+        The unlink happens under the lock, so no consumer can take a slot whose
+        segment is going away (order kept consistent with :meth:`take_ready`).
+        """
+        with self._locked():
+            records = [r for r in (self._record(s) for s in range(self.handle.n_slots)) if pick(r)]
+            for r in records:
+                _unlink_shm(self._name(r.slot))
+                self._slots["state"][r.slot], self._slots["owner_pid"][r.slot] = FREE, 0
+                self._slots["nbytes"][r.slot] = 0
+            self._header[_RELEASED] += len(records)
+            if reclaimed:
+                self._header[_RECLAIMED] += len(records)
+        for _ in records:
+            self._free.release()
+        return records
+
+    def _check_owner(self, slot: int, state: int) -> None:
+        got, pid = int(self._slots["state"][slot]), int(self._slots["owner_pid"][slot])
+        if got != state or pid != os.getpid():
+            raise RuntimeError(f"ring {self.handle.prefix} slot {slot}: expected {STATE_NAMES[state]} owned by "
+                               f"pid {os.getpid()}, found {STATE_NAMES[got]} owned by pid {pid}")
+
+    def _record(self, slot: int) -> SlotRecord:
+        r = self._slots[slot]
+        return SlotRecord(slot, STATE_NAMES[int(r["state"])], int(r["owner_pid"]), int(r["task_id"]),
+                          int(r["job_seq"]), int(r["partition"]), int(r["priority"]), int(r["nbytes"]),
+                          float(r["t_ready"]))
+
+
+def _create_shm(name: str, size: int) -> posix_ipc.SharedMemory:
+    try:
+        return posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=size)
+    except posix_ipc.ExistentialError:  # left by a producer killed before its slot was reclaimed
+        _unlink_shm(name)
+        return posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=size)
+
+
+def _prefault(buf: mmap.mmap) -> None:
+    """Fault every page of a fresh mapping in one kernel call (see the module docstring)."""
+    try:
+        buf.madvise(MADV_POPULATE_WRITE)
+    except OSError:  # kernel < 5.14: touch one byte per page instead
+        view = np.frombuffer(buf, np.uint8)
+        view[:: mmap.PAGESIZE] = 0
+        del view
+
+
+def _unlink_shm(name: str) -> None:
+    try:
+        posix_ipc.unlink_shared_memory(name)
+    except posix_ipc.ExistentialError:
+        pass
+
+
+def shm_entries(prefix: str) -> list[str]:
+    """Names in /dev/shm that belong to ``prefix``: segments, control block and ``sem.`` semaphores."""
+    try:
+        names = os.listdir(SHM_DIR)
+    except FileNotFoundError:
+        return []
+    return sorted(n for n in names if n.startswith(f"{prefix}-") or n.startswith(f"sem.{prefix}-"))
+
+
+def shm_bytes(prefix: str) -> int:
+    """Bytes of tmpfs memory held by ``prefix``'s shm objects (allocated blocks, not logical size)."""
+    total = 0
+    for name in shm_entries(prefix):
+        try:
+            total += os.stat(os.path.join(SHM_DIR, name)).st_blocks * 512
+        except FileNotFoundError:
+            continue
+    return total
+
+
+def live_segments(prefix: str) -> int:
+    """How many slot segments of ``prefix`` exist right now (from /dev/shm)."""
+    return sum(1 for n in shm_entries(prefix) if n[len(prefix) + 1 :].isdigit())
+
+
+def cleanup_stale(prefix: str) -> list[str]:
+    """Unlink every shm segment and semaphore named with ``prefix``; returns what was removed."""
+    removed = []
+    for name in shm_entries(prefix):
+        try:
+            if name.startswith("sem."):
+                posix_ipc.unlink_semaphore("/" + name[4:])
+            else:
+                posix_ipc.unlink_shared_memory("/" + name)
+            removed.append(name)
+        except posix_ipc.ExistentialError:
+            continue
+    return removed

@@ -1,0 +1,156 @@
+"""The public data types of the pipeline: what callers submit and what they get back.
+
+These are the names of the Engine API (``/work/briefs/engine_api.md``) that the
+daemon and ``cuzk-mp bench`` code against: plain, picklable dataclasses with
+no behaviour beyond validation. The messages that travel between the engine
+and its child processes are a separate concern (:mod:`.messages`).
+
+Timings in :class:`PartitionResult` are seconds, one entry per stage:
+
+* ``queue_wait``  submit -> handed to a synthesis worker
+* ``synthesis``   witness + a = A w, b = B w, c = a o b (+ the r1cs check)
+* ``ring_wait``   vectors done -> a free slot (backpressure), plus published -> taken by a prover
+* ``shm_write``   copy of a, b, c, w into the fresh segment (extra key)
+* ``staging``     segment -> backend memory (device copy; on the CPU backend, the prover's own memory)
+* ``device_wait`` staged -> the device lock (another partition computing; extra key)
+* ``device``      prove_start: NTTs for H and the five MSMs
+* ``finalize``    assembly with fresh r, s and the self-verification
+* ``total``       submit -> result
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+from enum import IntEnum
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from ..formats.snarkjs_json import Proof
+
+STAGES = ("queue_wait", "synthesis", "ring_wait", "shm_write", "staging", "device_wait", "device", "finalize", "total")
+INPUT_KINDS = ("json", "wtns", "synthetic")
+SYNTHETIC_KINDS = ("porep-like",)
+BACKENDS = ("auto", "cpu", "gpu")
+
+
+class Priority(IntEnum):
+    """Lower runs first; within a priority, jobs run in submit order."""
+
+    CRITICAL = 0
+    HIGH = 1
+    NORMAL = 2
+    LOW = 3
+
+
+@dataclass(frozen=True)
+class CircuitSpec:
+    """A circuit the engine can prove: a circom circuit (zkey + wasm + r1cs) or a synthetic one."""
+
+    circuit_id: str
+    zkey: Path | None = None
+    wasm: Path | None = None
+    r1cs: Path | None = None
+    synthetic: str | None = None
+    log_n: int | None = None
+    partitions: int = 1
+
+
+@dataclass(frozen=True)
+class PartitionInput:
+    """One partition's input: circom input JSON, a ready .wtns, or a synthetic witness seed."""
+
+    kind: str
+    data: bytes = b""
+    seed: int = 0
+
+
+@dataclass
+class JobSpec:
+    """A job: independent partitions proved with the same key, returned in order."""
+
+    job_id: str
+    circuit_id: str
+    partitions: list[PartitionInput]
+    priority: Priority = Priority.NORMAL
+
+
+@dataclass
+class PartitionResult:
+    """The outcome of one partition: a proof and its public signals, or an error."""
+
+    index: int
+    proof: Proof | None
+    public: list[int]
+    timings: dict[str, float]
+    device: int | None
+    attempts: int
+    error: str | None = None
+    error_kind: str | None = None
+
+
+@dataclass
+class JobResult:
+    """The outcome of a job; ``partitions`` is in partition order."""
+
+    job_id: str
+    circuit_id: str
+    state: str
+    partitions: list[PartitionResult]
+    error: str | None
+    submitted_at: float
+    started_at: float | None
+    finished_at: float
+
+
+def _default_cache() -> Path:
+    return Path(os.environ.get("CUZK_MP_CACHE", Path.home() / ".cache" / "cuzk-mp"))
+
+
+@dataclass
+class EngineConfig:
+    """How many processes and slots the engine runs; see engine_api.md for each field."""
+
+    backend: str = "auto"
+    devices: list[int] | None = None
+    gpu_workers_per_device: int = 2
+    partition_workers: int = 2
+    synthesis_threads: int = 1
+    ring_slots: int = 4
+    shm_prefix: str | None = None
+    verify_proofs: bool = True
+    max_attempts: int = 2
+    param_cache: Path = field(default_factory=_default_cache)
+    srs_budget_bytes: int | None = None
+    start_timeout_s: float = 300.0
+
+    def validate(self) -> None:
+        """Raise :class:`ConfigError` naming the first bad field."""
+        if self.backend not in BACKENDS:
+            raise ConfigError(f"EngineConfig.backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
+        if self.devices is not None and (not self.devices or len(set(self.devices)) != len(self.devices)
+                                         or min(self.devices) < 0):
+            raise ConfigError(f"EngineConfig.devices: {self.devices!r} must be distinct ids >= 0 (or None for all)")
+        for name in ("gpu_workers_per_device", "partition_workers", "synthesis_threads", "ring_slots", "max_attempts"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise ConfigError(f"EngineConfig.{name}: {value!r} must be an integer >= 1")
+        if self.ring_slots > 256:
+            raise ConfigError(f"EngineConfig.ring_slots: {self.ring_slots} is more than 256")
+        if self.shm_prefix is not None and not _good_prefix(self.shm_prefix):
+            raise ConfigError(f"EngineConfig.shm_prefix: {self.shm_prefix!r} must be 1-40 characters of [A-Za-z0-9_-]")
+        if self.srs_budget_bytes is not None and self.srs_budget_bytes < 0:
+            raise ConfigError(f"EngineConfig.srs_budget_bytes: {self.srs_budget_bytes} is negative")
+        if self.start_timeout_s <= 0:
+            raise ConfigError(f"EngineConfig.start_timeout_s: {self.start_timeout_s} must be positive")
+
+    def prefix(self) -> str:
+        """The shm/semaphore name prefix: ``shm_prefix`` or ``cuzk-<pid>``."""
+        return self.shm_prefix or f"cuzk-{os.getpid()}"
+
+
+def _good_prefix(prefix: str) -> bool:
+    return 0 < len(prefix) <= 40 and all(ch.isalnum() or ch in "-_" for ch in prefix)

@@ -1,0 +1,217 @@
+"""The slot ring: round trip, ordering, backpressure, crash reclaim and cleanup (no engine involved)."""
+
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import signal
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from cuzk_mp.pipeline import ring as ringmod
+from cuzk_mp.pipeline.ring import Ring, RingHandle, SlotClaim, cleanup_stale, live_segments, shm_entries
+
+SEED = 20261130
+
+
+@pytest.fixture
+def prefix() -> str:
+    name = f"cuzk-test-ring-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    yield name
+    cleanup_stale(name)
+
+
+def _never() -> bool:
+    return False
+
+
+def _claim(task: int, job: int = 0, part: int = 0, prio: int = 2) -> SlotClaim:
+    return SlotClaim(task_id=task, job_seq=job, partition=part, priority=prio)
+
+
+def _arrays(rng: np.random.Generator, rows: int) -> list[np.ndarray]:
+    return [rng.integers(0, 2**63, (rows, 4), dtype=np.uint64) for _ in range(3)] + [
+        rng.integers(0, 2**63, (rows // 2 + 3, 4), dtype=np.uint64)]
+
+
+def test_round_trip_and_unlink(prefix: str) -> None:
+    print("seed", SEED)
+    rng = np.random.default_rng(SEED)
+    ring = Ring.create(prefix, 2)
+    assert sorted(shm_entries(prefix)) == sorted([f"{prefix}-ctl", f"sem.{prefix}-free", f"sem.{prefix}-ready"])
+    arrays = _arrays(rng, 1000)
+    slot = ring.acquire_free(_claim(7, job=3, part=1), _never)
+    assert slot is not None and ring.record(slot).state == "filling"
+    size = ring.write_segment(slot, b"meta-bytes", arrays)
+    assert size >= sum(a.nbytes for a in arrays) and live_segments(prefix) == 1
+    ring.publish(slot)
+    other = Ring.attach(RingHandle(prefix, 2))
+    rec = other.take_ready(_never, timeout_s=1.0)
+    assert rec is not None and (rec.slot, rec.task_id, rec.job_seq, rec.partition) == (slot, 7, 3, 1)
+    with other.open_segment(rec.slot) as seg:
+        assert seg.meta == b"meta-bytes"
+        copies = [np.array(a) for a in seg.arrays]
+    for got, want in zip(copies, arrays):
+        np.testing.assert_array_equal(got, want)
+    other.release(rec.slot)
+    assert live_segments(prefix) == 0 and ring.record(slot).state == "free"
+    stats = ring.stats()
+    assert (stats["published"], stats["released"], stats["peak_live"], stats["live"]) == (1, 1, 1, 0)
+    other.close()
+    ring.destroy()
+    assert shm_entries(prefix) == []
+
+
+def test_take_ready_is_oldest_first(prefix: str) -> None:
+    ring = Ring.create(prefix, 4)
+    one = [np.zeros((4, 4), np.uint64)]
+    # (priority, job_seq, partition) in a scrambled publish order; expected take order below
+    keys = [(2, 5, 0), (2, 4, 1), (1, 9, 0), (2, 4, 0)]
+    for task, (prio, job, part) in enumerate(keys):
+        slot = ring.acquire_free(_claim(task, job, part, prio), _never)
+        ring.write_segment(slot, b"", one)
+        ring.publish(slot)
+    order = []
+    for _ in keys:
+        rec = ring.take_ready(_never, timeout_s=1.0)
+        order.append((rec.priority, rec.job_seq, rec.partition))
+        ring.release(rec.slot)
+    assert order == sorted(keys)
+    ring.destroy()
+
+
+def test_backpressure_blocks_then_resumes(prefix: str) -> None:
+    ring = Ring.create(prefix, 2)
+    one = [np.zeros((4, 4), np.uint64)]
+    for task in range(2):
+        slot = ring.acquire_free(_claim(task), _never)
+        ring.write_segment(slot, b"", one)
+        ring.publish(slot)
+    t0 = time.monotonic()
+    assert ring.acquire_free(_claim(9), _never, timeout_s=0.6) is None
+    assert time.monotonic() - t0 >= 0.5
+    assert ring.stats()["free_waits"] == 1 and live_segments(prefix) == 2
+
+    got: list[int | None] = []
+    waiter = threading.Thread(target=lambda: got.append(ring.acquire_free(_claim(10), _never, timeout_s=5.0)))
+    waiter.start()
+    time.sleep(0.3)
+    assert not got  # still blocked
+    rec = ring.take_ready(_never, timeout_s=1.0)
+    ring.release(rec.slot)
+    waiter.join(5.0)
+    assert got == [rec.slot] and ring.record(rec.slot).task_id == 10
+    assert ring.stats()["peak_live"] == 2
+    ring.destroy()
+
+
+def test_abort_returns_none(prefix: str) -> None:
+    ring = Ring.create(prefix, 1)
+    flag = threading.Event()
+    threading.Timer(0.3, flag.set).start()
+    t0 = time.monotonic()
+    assert ring.take_ready(flag.is_set) is None
+    assert 0.25 <= time.monotonic() - t0 < 2.0
+    ring.destroy()
+
+
+def _fill_and_hang(handle: RingHandle, state: str, started: mp.synchronize.Event) -> None:
+    ring = Ring.attach(handle)
+    slot = ring.acquire_free(_claim(1), _never)
+    ring.write_segment(slot, b"x", [np.ones((1024, 4), np.uint64)])
+    if state == "staging":
+        ring.publish(slot)
+        rec = ring.take_ready(_never, timeout_s=1.0)
+        ring.open_segment(rec.slot)
+    started.set()
+    time.sleep(60)
+
+
+def _hold_lock(handle: RingHandle, started: mp.synchronize.Event) -> None:
+    ring = Ring.attach(handle)
+    with ring._locked():
+        started.set()
+        time.sleep(60)
+
+
+@pytest.mark.parametrize("state", ["filling", "staging"])
+def test_reclaim_after_kill(prefix: str, state: str) -> None:
+    ring = Ring.create(prefix, 2)
+    ctx = mp.get_context("spawn")
+    started = ctx.Event()
+    child = ctx.Process(target=_fill_and_hang, args=(ring.handle, state, started))
+    child.start()
+    assert started.wait(60)
+    assert live_segments(prefix) == 1
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(10)
+    records = ring.reclaim(child.pid)
+    assert [(r.state, r.task_id, r.owner_pid) for r in records] == [(state, 1, child.pid)]
+    assert live_segments(prefix) == 0
+    assert all(r.state == "free" for r in ring.snapshot()) and ring.stats()["reclaimed"] == 1
+    # the ring still works: both slots can be claimed again without blocking
+    assert ring.acquire_free(_claim(2), _never, timeout_s=1.0) is not None
+    assert ring.acquire_free(_claim(3), _never, timeout_s=1.0) is not None
+    ring.destroy()
+    assert shm_entries(prefix) == []
+
+
+def test_lock_is_released_when_holder_is_killed(prefix: str) -> None:
+    ring = Ring.create(prefix, 1)
+    ctx = mp.get_context("spawn")
+    started = ctx.Event()
+    child = ctx.Process(target=_hold_lock, args=(ring.handle, started))
+    child.start()
+    assert started.wait(60)
+    os.kill(child.pid, signal.SIGKILL)
+    child.join(10)
+    assert ring.acquire_free(_claim(1), _never, timeout_s=2.0) == 0
+    ring.destroy()
+
+
+def test_drop_ready_frees_cancelled(prefix: str) -> None:
+    ring = Ring.create(prefix, 3)
+    for task in range(3):
+        slot = ring.acquire_free(_claim(task, part=task), _never)
+        ring.write_segment(slot, b"", [np.zeros((4, 4), np.uint64)])
+        ring.publish(slot)
+    dropped = ring.drop_ready({0, 2})
+    assert sorted(r.task_id for r in dropped) == [0, 2] and live_segments(prefix) == 1
+    rec = ring.take_ready(_never, timeout_s=1.0)
+    assert rec.task_id == 1
+    assert ring.take_ready(_never, timeout_s=0.4) is None
+    ring.release(rec.slot)
+    ring.destroy()
+
+
+def test_cleanup_stale_and_recreate(prefix: str) -> None:
+    ring = Ring.create(prefix, 1)
+    slot = ring.acquire_free(_claim(1), _never)
+    ring.write_segment(slot, b"", [np.zeros((4, 4), np.uint64)])
+    ring.close()  # the "daemon" went away without destroying the ring
+    assert len(shm_entries(prefix)) == 4
+    again = Ring.create(prefix, 1)  # start-up removes the stale objects first
+    assert sorted(shm_entries(prefix)) == sorted([f"{prefix}-ctl", f"sem.{prefix}-free", f"sem.{prefix}-ready"])
+    assert again.record(0).state == "free"
+    again.destroy()
+    assert shm_entries(prefix) == []
+
+
+def test_prefix_boundary(prefix: str) -> None:
+    ring_a = Ring.create(prefix + "1", 1)
+    ring_b = Ring.create(prefix + "12", 1)
+    assert all(n.startswith((f"{prefix}1-", f"sem.{prefix}1-")) for n in shm_entries(prefix + "1"))
+    ring_a.destroy()
+    assert len(shm_entries(prefix + "12")) == 3
+    ring_b.destroy()
+
+
+def test_segment_layout_alignment() -> None:
+    head, size = ringmod.segment_layout(b"m" * 5000, [(3, 4), (1 << 12, 4)])
+    layout = ringmod.msgspec.msgpack.decode(head, type=ringmod._Layout)
+    offsets = [o for o, _, _ in layout.arrays]
+    assert all(o % ringmod.ALIGN == 0 for o in offsets) and offsets[0] >= 8 + len(head)
+    assert size >= offsets[1] + (1 << 12) * 32
