@@ -1,0 +1,190 @@
+"""The ``cuzk-mp daemon`` and ``cuzk-mp client`` verbs.
+
+This module owns the command-line face of the daemon package: ``add_parsers(subparsers)`` adds
+both verbs to the one ``cuzk-mp`` parser (cuzk_mp/cli.py), and each verb has a run function.
+
+``cuzk-mp daemon --config FILE`` serves until SIGTERM/SIGINT (``--check`` only validates the
+file). ``cuzk-mp client VERB --connect ADDR`` talks to a daemon (ADDR defaults to
+``$CUZK_MP_CONNECT``, else ``127.0.0.1:9820``)::
+
+    submit  --circuit ID [INPUT.json|INPUT.wtns ...] [--partitions N] [--priority P]
+            [--request-id R]                       -> {"job_id", "state", "duplicate"}
+    await   JOB_ID [--timeout S] [--out DIR]       -> job summary (proofs written with --out)
+    prove   --circuit ID --out DIR [INPUT ...]     -> DIR/proof_<i>.json, public_<i>.json,
+                                                      verification_key.json; job summary
+    cancel  JOB_ID | status | metrics | preload ID | evict ID
+
+A synthetic circuit given no inputs gets seeds 0..P-1 (P = ``--partitions`` or the circuit's
+configured default). Exit codes: 0 success; 1 the job failed or was cancelled (or an eviction
+was refused); 2 bad input (the daemon's InputError, a bad file); 3 the daemon could not be
+reached; 124 AwaitProof/Prove timed out (the job goes on).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import multiprocessing
+import os
+import sys
+from pathlib import Path
+from typing import Any
+
+from cuzk_mp.errors import InputError
+
+EXIT_FAILED, EXIT_INPUT, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 124
+PRIORITIES = ("CRITICAL", "HIGH", "NORMAL", "LOW")
+
+
+def add_parsers(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``daemon`` and ``client`` verbs to the ``cuzk-mp`` parser."""
+    d = subparsers.add_parser("daemon", help="run the proving daemon (SIGTERM/SIGINT drain it)")
+    d.add_argument("--config", required=True, type=Path, help="the TOML configuration file")
+    d.add_argument("--check", action="store_true", help="validate the configuration and exit")
+    d.set_defaults(func=run_daemon)
+
+    c = subparsers.add_parser("client", help="talk to a running daemon")
+    c_sub = c.add_subparsers(dest="verb", required=True)
+
+    def verb(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = c_sub.add_parser(name, help=help_text)
+        p.add_argument("--connect", default=os.environ.get("CUZK_MP_CONNECT", "127.0.0.1:9820"),
+                       help="unix:///path or host:port (default $CUZK_MP_CONNECT or "
+                            "127.0.0.1:9820)")
+        p.add_argument("--max-frame-bytes", type=int, default=128 * 2**20)
+        p.set_defaults(func=run_client)
+        return p
+
+    def job_args(p: argparse.ArgumentParser) -> None:
+        p.add_argument("--circuit", required=True, help="circuit id from the daemon's config")
+        p.add_argument("inputs", nargs="*", type=Path, help="input .json / .wtns per partition")
+        p.add_argument("--partitions", type=int, help="synthetic circuits: seeds 0..N-1")
+        p.add_argument("--priority", choices=PRIORITIES)
+        p.add_argument("--request-id", default="", help="idempotency key (and the job id)")
+
+    job_args(verb("submit", "queue a job, print its id"))
+    a = verb("await", "wait for a job")
+    a.add_argument("job_id")
+    a.add_argument("--timeout", type=float, help="seconds (default: wait until it ends)")
+    a.add_argument("--out", type=Path, help="write proofs, public signals and the vk here")
+    p = verb("prove", "submit, wait, write DIR/proof_<i>.json, public_<i>.json, vk")
+    job_args(p)
+    p.add_argument("--out", required=True, type=Path)
+    p.add_argument("--timeout", type=float)
+    verb("cancel", "cancel a job").add_argument("job_id")
+    verb("status", "print the status JSON")
+    verb("metrics", "print the Prometheus metrics")
+    verb("preload", "load a circuit's proving key").add_argument("circuit_id")
+    verb("evict", "unload a circuit's proving key").add_argument("circuit_id")
+
+
+def run_daemon(args: argparse.Namespace) -> int:
+    """``cuzk-mp daemon``: load the config, then serve until a signal drains the daemon."""
+    from cuzk_mp.daemon.config import load_config
+    from cuzk_mp.daemon.ops import setup_logging
+    from cuzk_mp.daemon.server import serve
+
+    cfg = load_config(args.config)
+    if args.check:
+        print(f"{cfg.path}: OK ({len(cfg.circuits)} circuits, listen {cfg.listen}, "
+              f"SRS budget {cfg.engine.srs_budget_bytes} bytes)")
+        return 0
+    multiprocessing.current_process().name = "cuzk-daemon"
+    setup_logging(cfg.log_level, cfg.log_format)
+    return asyncio.run(serve(cfg))
+
+
+def _summary(reply: Any) -> dict[str, Any]:
+    return {
+        "job_id": reply.job_id, "circuit_id": reply.circuit_id, "state": reply.state,
+        "timed_out": reply.timed_out, "error": reply.error, "error_kind": reply.error_kind,
+        "submitted_at": reply.submitted_at, "finished_at": reply.finished_at,
+        "partitions": [{"index": p.index, "state": p.state, "device": p.device,
+                        "attempts": p.attempts, "total_s": p.timings.get("total"),
+                        "error": p.error} for p in reply.partitions],
+    }
+
+
+def _print(obj: Any) -> None:
+    print(json.dumps(obj, indent=1, default=str))
+
+
+def _partitions(client: Any, args: argparse.Namespace) -> list[Any]:
+    from cuzk_mp.daemon.client import partition_from_file, synthetic_partitions
+
+    if args.inputs:
+        if args.partitions is not None:
+            raise InputError("--partitions is for synthetic circuits without input files")
+        return [partition_from_file(p) for p in args.inputs]
+    count = args.partitions
+    if count is None:
+        circuits = client.status()["daemon"]["circuits"]
+        if args.circuit not in circuits:
+            raise InputError(f"--circuit: unknown circuit {args.circuit!r} "
+                             f"(configured: {', '.join(sorted(circuits))})")
+        if circuits[args.circuit]["synthetic"] is None:
+            raise InputError(f"circuit {args.circuit!r} needs input files (.json or .wtns)")
+        count = circuits[args.circuit]["partitions"]
+    return synthetic_partitions(count)
+
+
+def _finish_job(client: Any, reply: Any, out: Path | None) -> int:
+    from cuzk_mp.daemon.client import write_outputs
+
+    if out is not None and reply.state == "done":
+        write_outputs(reply, out, client.verification_key(reply.circuit_id))
+    _print(_summary(reply))
+    if reply.timed_out:
+        return EXIT_TIMEOUT
+    return 0 if reply.state == "done" else EXIT_FAILED
+
+
+def _client_verb(client: Any, args: argparse.Namespace) -> int:
+    v = args.verb
+    if v == "submit":
+        r = client.submit(args.circuit, _partitions(client, args), priority=args.priority,
+                          request_id=args.request_id)
+        _print({"job_id": r.job_id, "state": r.state, "duplicate": r.duplicate})
+        return 0
+    if v == "await":
+        return _finish_job(client, client.await_proof(args.job_id, args.timeout), args.out)
+    if v == "prove":
+        reply = client.prove(args.circuit, _partitions(client, args), priority=args.priority,
+                             request_id=args.request_id, timeout_s=args.timeout)
+        return _finish_job(client, reply, args.out)
+    if v == "cancel":
+        r = client.cancel(args.job_id)
+        _print({"job_id": r.job_id, "cancelled": r.cancelled, "state": r.state})
+        return 0
+    if v == "status":
+        _print(client.status())
+        return 0
+    if v == "metrics":
+        sys.stdout.write(client.metrics())
+        return 0
+    if v == "preload":
+        r = client.preload(args.circuit_id)
+        _print({"circuit_id": r.circuit_id, "seconds": r.seconds})
+        return 0
+    r = client.evict(args.circuit_id)
+    _print({"circuit_id": r.circuit_id, "evicted": r.evicted, "reason": r.reason})
+    return 0 if r.evicted else EXIT_FAILED
+
+
+def run_client(args: argparse.Namespace) -> int:
+    """``cuzk-mp client VERB``: one call to the daemon; the exit code says how it went."""
+    from cuzk_mp.daemon.client import Client
+    from cuzk_mp.daemon.transport import CommClosedError
+
+    try:
+        client = Client(args.connect, max_frame_bytes=args.max_frame_bytes)
+    except OSError as e:
+        print(f"cuzk-mp client: cannot reach the daemon at {args.connect}: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    try:
+        with client:
+            return _client_verb(client, args)
+    except (CommClosedError, ConnectionError, TimeoutError) as e:
+        print(f"cuzk-mp client: lost the daemon at {args.connect}: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE

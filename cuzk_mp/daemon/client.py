@@ -1,0 +1,264 @@
+"""Clients of the proving daemon: asyncio (:class:`AsyncClient`) and blocking (:class:`Client`).
+
+This module owns the client side of the protocol: connecting, numbering requests, matching
+replies by ``id`` and turning an ``ErrorReply`` back into the exception it stands for
+(:func:`cuzk_mp.errors.error_from_kind`), so callers catch InputError, ResourceError, ... as if
+the daemon were a library. The asyncio client pipelines: any number of calls may be in flight
+on one connection. The blocking client makes one call at a time.
+
+Both offer the same methods: ``submit``, ``await_proof``, ``prove``, ``cancel``, ``status``,
+``metrics``, ``preload``, ``evict``, ``verification_key``. Helpers turn input files into
+partitions and write a finished job as snarkjs files (proof_<i>.json, public_<i>.json,
+verification_key.json).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import itertools
+import socket
+from pathlib import Path
+from typing import Any
+
+from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon.transport import (
+    Address, CommClosedError, StreamComm, connect, open_socket, parse_address, recv_frame,
+    send_frame,
+)
+from cuzk_mp.errors import InputError, error_from_kind
+
+DEFAULT_MAX_FRAME = 128 * 2**20
+# A blocking call's socket deadline is the call's own timeout plus this margin (the daemon
+# answers a timed-out AwaitProof itself; the margin only catches a hung daemon).
+DEADLINE_MARGIN_S = 30.0
+
+
+def _address(addr: str | Address) -> Address:
+    return addr if isinstance(addr, Address) else parse_address(addr)
+
+
+def _result(reply: P.Message) -> Any:
+    if isinstance(reply, P.ErrorReply):
+        raise error_from_kind(reply.kind, reply.message)
+    return reply
+
+
+class AsyncClient:
+    """A pipelining asyncio client; create with ``await AsyncClient.connect(addr)``."""
+
+    def __init__(self, comm: StreamComm) -> None:
+        self._comm = comm
+        self._ids = itertools.count(1)
+        self._pending: dict[int, asyncio.Future[P.Message]] = {}
+        self._reader = asyncio.ensure_future(self._read_loop())
+
+    @classmethod
+    async def connect(cls, addr: str | Address, *, max_frame_bytes: int = DEFAULT_MAX_FRAME
+                      ) -> AsyncClient:
+        """Connect to the daemon at ``addr`` (``unix:///path`` or ``host:port``)."""
+        return cls(await connect(_address(addr), max_frame_bytes))
+
+    async def _read_loop(self) -> None:
+        error: BaseException = CommClosedError("daemon closed the connection")
+        try:
+            while True:
+                reply = P.decode_reply(await self._comm.read())
+                if reply.id == 0 and isinstance(reply, P.ErrorReply):
+                    error = error_from_kind(reply.kind, reply.message)
+                    continue  # the daemon could not tell which call failed; it closes next
+                fut = self._pending.pop(reply.id, None)
+                if fut is not None and not fut.done():
+                    fut.set_result(reply)
+        except (CommClosedError, Exception) as e:
+            error = error if isinstance(e, CommClosedError) else e
+        finally:
+            for fut in self._pending.values():
+                if not fut.done():
+                    fut.set_exception(error)
+            self._pending.clear()
+
+    async def request(self, msg: P.Message) -> Any:
+        """Send ``msg`` (its ``id`` is assigned here) and return the reply, or raise its error."""
+        msg.id = next(self._ids)
+        fut: asyncio.Future[P.Message] = asyncio.get_running_loop().create_future()
+        self._pending[msg.id] = fut
+        if self._reader.done():
+            self._pending.pop(msg.id)
+            raise CommClosedError("connection to the daemon is closed")
+        await self._comm.write(P.encode(msg))
+        return _result(await fut)
+
+    async def submit(self, circuit_id: str, partitions: list[P.PartitionIn], *,
+                     priority: str | None = None, request_id: str = "") -> P.Submitted:
+        """Queue a job; returns its id once it is journaled."""
+        return await self.request(P.SubmitProof(id=0, circuit_id=circuit_id,
+                                                partitions=partitions, priority=priority,
+                                                request_id=request_id))
+
+    async def await_proof(self, job_id: str, timeout_s: float | None = None) -> P.JobReply:
+        """Wait for a job (``timed_out`` set on the reply if ``timeout_s`` passed first)."""
+        return await self.request(P.AwaitProof(id=0, job_id=job_id, timeout_s=timeout_s))
+
+    async def prove(self, circuit_id: str, partitions: list[P.PartitionIn], *,
+                    priority: str | None = None, request_id: str = "",
+                    timeout_s: float | None = None) -> P.JobReply:
+        """Submit and wait in one call."""
+        return await self.request(P.Prove(id=0, circuit_id=circuit_id, partitions=partitions,
+                                          priority=priority, request_id=request_id,
+                                          timeout_s=timeout_s))
+
+    async def cancel(self, job_id: str) -> P.CancelReply:
+        """Cancel a job."""
+        return await self.request(P.CancelProof(id=0, job_id=job_id))
+
+    async def status(self) -> dict[str, Any]:
+        """The status document."""
+        return (await self.request(P.GetStatus(id=0))).status
+
+    async def metrics(self) -> str:
+        """Prometheus text."""
+        return (await self.request(P.GetMetrics(id=0))).text
+
+    async def preload(self, circuit_id: str) -> P.PreloadReply:
+        """Load a circuit's key now."""
+        return await self.request(P.PreloadSRS(id=0, circuit_id=circuit_id))
+
+    async def evict(self, circuit_id: str) -> P.EvictReply:
+        """Unload a circuit's key (refused while in use)."""
+        return await self.request(P.EvictSRS(id=0, circuit_id=circuit_id))
+
+    async def verification_key(self, circuit_id: str) -> dict[str, Any]:
+        """The circuit's snarkjs verification key JSON."""
+        return (await self.request(P.GetVerificationKey(id=0, circuit_id=circuit_id))).vk
+
+    async def close(self) -> None:
+        """Close the connection."""
+        self._comm.close()
+        await asyncio.gather(self._reader, return_exceptions=True)
+
+    async def __aenter__(self) -> AsyncClient:
+        return self
+
+    async def __aexit__(self, *exc: object) -> None:
+        await self.close()
+
+
+class Client:
+    """A blocking client (one call at a time); a context manager."""
+
+    def __init__(self, addr: str | Address, *, max_frame_bytes: int = DEFAULT_MAX_FRAME,
+                 connect_timeout: float = 10.0) -> None:
+        self.addr = _address(addr)
+        self.max_frame_bytes = max_frame_bytes
+        self._sock: socket.socket | None = open_socket(self.addr, connect_timeout)
+        self._ids = itertools.count(1)
+
+    def request(self, msg: P.Message, deadline_s: float | None = None) -> Any:
+        """Send ``msg`` and wait (up to ``deadline_s``, None = forever) for its reply."""
+        if self._sock is None:
+            raise CommClosedError("client is closed")
+        msg.id = next(self._ids)
+        self._sock.settimeout(deadline_s)
+        send_frame(self._sock, P.encode(msg), self.max_frame_bytes)
+        while True:
+            reply = P.decode_reply(recv_frame(self._sock, self.max_frame_bytes))
+            if reply.id in (msg.id, 0):
+                return _result(reply)
+
+    @staticmethod
+    def _deadline(timeout_s: float | None) -> float | None:
+        return None if timeout_s is None else timeout_s + DEADLINE_MARGIN_S
+
+    def submit(self, circuit_id: str, partitions: list[P.PartitionIn], *,
+               priority: str | None = None, request_id: str = "") -> P.Submitted:
+        """Queue a job; returns its id once it is journaled."""
+        return self.request(P.SubmitProof(id=0, circuit_id=circuit_id, partitions=partitions,
+                                          priority=priority, request_id=request_id),
+                            DEADLINE_MARGIN_S)
+
+    def await_proof(self, job_id: str, timeout_s: float | None = None) -> P.JobReply:
+        """Wait for a job (``timed_out`` set on the reply if ``timeout_s`` passed first)."""
+        return self.request(P.AwaitProof(id=0, job_id=job_id, timeout_s=timeout_s),
+                            self._deadline(timeout_s))
+
+    def prove(self, circuit_id: str, partitions: list[P.PartitionIn], *,
+              priority: str | None = None, request_id: str = "",
+              timeout_s: float | None = None) -> P.JobReply:
+        """Submit and wait in one call."""
+        return self.request(P.Prove(id=0, circuit_id=circuit_id, partitions=partitions,
+                                    priority=priority, request_id=request_id,
+                                    timeout_s=timeout_s), self._deadline(timeout_s))
+
+    def cancel(self, job_id: str) -> P.CancelReply:
+        """Cancel a job."""
+        return self.request(P.CancelProof(id=0, job_id=job_id), DEADLINE_MARGIN_S)
+
+    def status(self) -> dict[str, Any]:
+        """The status document."""
+        return self.request(P.GetStatus(id=0), DEADLINE_MARGIN_S).status
+
+    def metrics(self) -> str:
+        """Prometheus text."""
+        return self.request(P.GetMetrics(id=0), DEADLINE_MARGIN_S).text
+
+    def preload(self, circuit_id: str) -> P.PreloadReply:
+        """Load a circuit's key now (may take long for a big key: no deadline)."""
+        return self.request(P.PreloadSRS(id=0, circuit_id=circuit_id), None)
+
+    def evict(self, circuit_id: str) -> P.EvictReply:
+        """Unload a circuit's key (refused while in use)."""
+        return self.request(P.EvictSRS(id=0, circuit_id=circuit_id), None)
+
+    def verification_key(self, circuit_id: str) -> dict[str, Any]:
+        """The circuit's snarkjs verification key JSON."""
+        return self.request(P.GetVerificationKey(id=0, circuit_id=circuit_id), None).vk
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+
+    def __enter__(self) -> Client:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+def partition_from_file(path: Path) -> P.PartitionIn:
+    """A partition from ``*.json`` (input for the circuit's wasm) or ``*.wtns``."""
+    data = Path(path).read_bytes()
+    if path.suffix == ".json":
+        return P.PartitionIn(kind="json", data=data)
+    if path.suffix == ".wtns":
+        return P.PartitionIn(kind="wtns", data=data)
+    raise InputError(f"{path}: expected an input .json or a .wtns file")
+
+
+def synthetic_partitions(count: int, first_seed: int = 0) -> list[P.PartitionIn]:
+    """``count`` synthetic partitions with seeds first_seed, first_seed+1, ..."""
+    return [P.PartitionIn(kind="synthetic", seed=first_seed + i) for i in range(count)]
+
+
+def write_outputs(reply: P.JobReply, out_dir: Path, vk: dict[str, Any] | None) -> list[Path]:
+    """Write proof_<i>.json and public_<i>.json per proved partition (and the vk)."""
+    import json
+
+    out_dir.mkdir(parents=True, exist_ok=True)
+    written = []
+
+    def put(name: str, obj: Any) -> None:
+        path = out_dir / name
+        tmp = path.with_name(f".{name}.tmp")
+        tmp.write_text(json.dumps(obj, indent=1) + "\n")
+        tmp.rename(path)
+        written.append(path)
+
+    if vk is not None:
+        put("verification_key.json", vk)
+    for p in reply.partitions:
+        if p.proof is not None:
+            put(f"proof_{p.index}.json", p.proof)
+            put(f"public_{p.index}.json", p.public)
+    return written

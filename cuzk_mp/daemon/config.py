@@ -1,0 +1,374 @@
+"""The daemon's TOML configuration: decoding, validation and mapping onto the engine.
+
+This module owns the one configuration file of ``cuzk-mp daemon``. The file is read with
+:mod:`tomllib` and decoded into ``msgspec`` Structs that forbid unknown fields, so a typo is a
+start-up error that names the key (cuzk silently ignored unknown keys and turned unparseable sizes
+into 50 GiB; see reference/cuzk.md section 1.9). Sizes are written ``"64GiB"``, ``"512MiB"`` or as a
+plain number of bytes; durations ``"30s"``, ``"5m"``, ``"1h"`` or a number of seconds. Every key is
+documented with its default in ``config/cuzk-mp.example.toml`` and every key does something: the
+resolved :class:`DaemonConfig` carries the engine's :class:`EngineConfig`, one :class:`CircuitSpec`
+per ``[circuits.ID]`` table, and the SRS memory budget derived from ``[memory]``.
+
+Relative paths in the file are taken relative to the directory that holds the file.
+"""
+
+from __future__ import annotations
+
+import math
+import re
+import tomllib
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any, Literal
+
+import msgspec
+import psutil
+
+from cuzk_mp.daemon.budget import memory_budget
+from cuzk_mp.daemon.transport import Address, parse_address
+from cuzk_mp.errors import ConfigError
+from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, Priority
+
+SizeValue = int | str
+DurationValue = int | float | str
+
+
+class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[daemon]``: where the daemon listens and how long it keeps things."""
+
+    listen: str = "127.0.0.1:9820"
+    socket_mode: str = "0600"
+    status_listen: str = ""
+    journal: str = ""
+    max_frame_bytes: SizeValue = "128MiB"
+    result_ttl: DurationValue = "1h"
+    shutdown_grace: DurationValue = "30s"
+
+
+class SrsSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[srs]``: the parameter cache and the keys loaded at start-up."""
+
+    param_cache: str = "~/.cache/cuzk-mp"
+    preload: list[str] = []
+
+
+class MemorySection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[memory]``: the host memory the daemon may use, all told."""
+
+    total_budget: SizeValue = "auto"
+    safety_margin: SizeValue = "4GiB"
+
+
+class SynthesisSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[synthesis]``: the synthesis worker processes."""
+
+    partition_workers: int = 2
+    threads: int = 1
+
+
+class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[pipeline]``: the shared-memory slot ring and per-partition policy."""
+
+    ring_slots: int = 4
+    shm_prefix: str = ""
+    verify_proofs: bool = True
+    max_attempts: int = 2
+    start_timeout: DurationValue = "300s"
+
+
+class GpusSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[gpus]``: the backend and the devices that prove."""
+
+    backend: Literal["auto", "cpu", "gpu"] = "auto"
+    devices: list[int] | None = None
+    gpu_workers_per_device: int = 2
+
+
+class LoggingSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[logging]``: level and line format of the daemon's log."""
+
+    level: Literal["debug", "info", "warning", "error"] = "info"
+    format: Literal["text", "json"] = "text"
+
+
+class CircuitSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """``[circuits.ID]``: a circom circuit (zkey, wasm, r1cs) or a synthetic one."""
+
+    zkey: str | None = None
+    wasm: str | None = None
+    r1cs: str | None = None
+    synthetic: Literal["porep-like"] | None = None
+    log_n: int | None = None
+    partitions: int = 1
+    priority: Literal["CRITICAL", "HIGH", "NORMAL", "LOW"] = "NORMAL"
+
+
+class RawConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
+    """The file as written, every section defaulted (``circuits`` is decoded separately)."""
+
+    daemon: DaemonSection = msgspec.field(default_factory=DaemonSection)
+    srs: SrsSection = msgspec.field(default_factory=SrsSection)
+    memory: MemorySection = msgspec.field(default_factory=MemorySection)
+    synthesis: SynthesisSection = msgspec.field(default_factory=SynthesisSection)
+    pipeline: PipelineSection = msgspec.field(default_factory=PipelineSection)
+    gpus: GpusSection = msgspec.field(default_factory=GpusSection)
+    logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
+
+
+@dataclass(frozen=True)
+class CircuitConfig:
+    """A configured circuit: the engine's spec plus the daemon's default priority."""
+
+    spec: CircuitSpec
+    priority: Priority
+
+
+@dataclass(frozen=True)
+class DaemonConfig:
+    """The validated configuration, every value parsed (bytes, seconds, paths, addresses)."""
+
+    path: Path | None
+    listen: Address
+    socket_mode: int
+    status_listen: Address | None
+    journal_path: Path
+    max_frame_bytes: int
+    result_ttl_s: float
+    shutdown_grace_s: float
+    param_cache: Path
+    preload: tuple[str, ...]
+    circuits: dict[str, CircuitConfig]
+    memory_total_bytes: int
+    safety_margin_bytes: int
+    engine: EngineConfig
+    log_level: str
+    log_format: str
+
+
+_UNITS = {
+    "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
+    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
+}
+_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
+_DURATIONS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "": 1.0}
+_CIRCUIT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+
+
+def parse_size(value: object, key: str, *, allow_auto: bool = False) -> int | None:
+    """Bytes from ``"64GiB"``, ``"1.5 GB"``, ``"4096"`` or an integer; ``None`` for ``"auto"``.
+
+    Raises ConfigError naming ``key`` for anything else (never a silent default).
+    """
+    if isinstance(value, bool):
+        raise ConfigError(f"{key}: expected a size like \"64GiB\", got {value!r}")
+    if isinstance(value, int):
+        if value < 0:
+            raise ConfigError(f"{key}: a size cannot be negative ({value})")
+        return value
+    if isinstance(value, str) and value.strip().lower() == "auto":
+        if allow_auto:
+            return None
+        raise ConfigError(f"{key}: \"auto\" is not allowed here; write a size like \"64GiB\"")
+    m = _SIZE_RE.match(value) if isinstance(value, str) else None
+    if m is None or m.group(2).lower() not in _UNITS:
+        raise ConfigError(f"{key}: cannot parse size {value!r} (write e.g. \"64GiB\", \"512MiB\" "
+                          "or a number of bytes)")
+    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
+
+
+def parse_duration(value: object, key: str) -> float:
+    """Seconds from ``"250ms"``, ``"30s"``, ``"5m"``, ``"1h"``, ``"2d"`` or a number."""
+    if isinstance(value, (int, float)) and not isinstance(value, bool):
+        seconds = float(value)
+    else:
+        m = re.match(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*(ms|s|m|h|d|)\s*$", value) \
+            if isinstance(value, str) else None
+        if m is None:
+            raise ConfigError(f"{key}: cannot parse duration {value!r} (write e.g. \"30s\", "
+                              "\"5m\", \"1h\" or a number of seconds)")
+        seconds = float(m.group(1)) * _DURATIONS[m.group(2)]
+    if not math.isfinite(seconds) or seconds < 0:
+        raise ConfigError(f"{key}: a duration must be a finite number >= 0, got {value!r}")
+    return seconds
+
+
+def _explain(err: msgspec.ValidationError, prefix: str) -> str:
+    """Turn msgspec's ``... - at `$.a.b``` into a message naming the TOML key ``a.b``."""
+    text = str(err)
+    where = ""
+    if " - at `$" in text:
+        text, _, path = text.partition(" - at `$")
+        where = path.rstrip("`").lstrip(".")
+    where = ".".join(p for p in (prefix, where) if p)
+    m = re.match(r"Object contains unknown field `(.+)`", text)
+    if m:
+        key = ".".join(p for p in (where, m.group(1)) if p)
+        return f"unknown key `{key}`"
+    return f"`{where}`: {text}" if where else text
+
+
+def _decode(raw: dict[str, Any], source: str) -> tuple[RawConfig, dict[str, CircuitSection]]:
+    """Decode the TOML tables into Structs; errors name the key."""
+    tables = dict(raw)
+    circuits_raw = tables.pop("circuits", {})
+    try:
+        cfg = msgspec.convert(tables, RawConfig)
+    except msgspec.ValidationError as e:
+        raise ConfigError(f"{source}: {_explain(e, '')}") from None
+    if not isinstance(circuits_raw, dict):
+        raise ConfigError(f"{source}: `circuits` must be a table of [circuits.ID] tables")
+    circuits: dict[str, CircuitSection] = {}
+    for cid, table in circuits_raw.items():
+        if not _CIRCUIT_ID_RE.match(cid):
+            raise ConfigError(f"{source}: circuits.{cid}: a circuit id is 1-64 characters of "
+                              "letters, digits, '_', '.', '-'")
+        try:
+            circuits[cid] = msgspec.convert(table, CircuitSection)
+        except msgspec.ValidationError as e:
+            raise ConfigError(f"{source}: {_explain(e, f'circuits.{cid}')}") from None
+    return cfg, circuits
+
+
+def _path(value: str, base: Path) -> Path:
+    """A path from the file: ``~`` expanded, relative ones taken from the file's directory."""
+    p = Path(value).expanduser()
+    return p if p.is_absolute() else (base / p)
+
+
+def _circuit(cid: str, c: CircuitSection, base: Path, source: str) -> CircuitConfig:
+    """Validate one ``[circuits.ID]`` table and build its CircuitSpec."""
+    key = f"{source}: circuits.{cid}"
+    if c.partitions < 1:
+        raise ConfigError(f"{key}.partitions: must be >= 1, got {c.partitions}")
+    if c.synthetic is not None:
+        given = [k for k in ("zkey", "wasm", "r1cs") if getattr(c, k) is not None]
+        if given:
+            raise ConfigError(f"{key}: a synthetic circuit takes no {', '.join(given)} "
+                              "(its key is made in the param cache)")
+        if c.log_n is None or not 4 <= c.log_n <= 28:
+            raise ConfigError(f"{key}.log_n: a synthetic circuit needs log_n in 4..28, "
+                              f"got {c.log_n}")
+        spec = CircuitSpec(circuit_id=cid, synthetic=c.synthetic, log_n=c.log_n,
+                           partitions=c.partitions)
+        return CircuitConfig(spec, Priority[c.priority])
+    if c.log_n is not None:
+        raise ConfigError(f"{key}.log_n: only a synthetic circuit takes log_n")
+    files: dict[str, Path | None] = {}
+    for name in ("zkey", "r1cs", "wasm"):
+        value = getattr(c, name)
+        if value is None:
+            if name != "wasm":
+                raise ConfigError(f"{key}.{name}: a circom circuit needs `{name}` "
+                                  "(or set synthetic = \"porep-like\")")
+            files[name] = None
+            continue
+        files[name] = _path(value, base)
+        if not files[name].is_file():
+            raise ConfigError(f"{key}.{name}: file not found: {files[name]}")
+    spec = CircuitSpec(circuit_id=cid, zkey=files["zkey"], wasm=files["wasm"],
+                       r1cs=files["r1cs"], partitions=c.partitions)
+    return CircuitConfig(spec, Priority[c.priority])
+
+
+def _check_counts(cfg: RawConfig, source: str) -> None:
+    """Reject impossible worker, slot and device counts."""
+    checks = [
+        ("synthesis.partition_workers", cfg.synthesis.partition_workers, 1),
+        ("synthesis.threads", cfg.synthesis.threads, 1),
+        ("pipeline.ring_slots", cfg.pipeline.ring_slots, 1),
+        ("pipeline.max_attempts", cfg.pipeline.max_attempts, 1),
+        ("gpus.gpu_workers_per_device", cfg.gpus.gpu_workers_per_device, 1),
+    ]
+    for key, value, low in checks:
+        if value < low:
+            raise ConfigError(f"{source}: {key}: must be >= {low}, got {value}")
+    devices = cfg.gpus.devices
+    if devices is not None:
+        if not devices:
+            raise ConfigError(f"{source}: gpus.devices: an empty list proves nothing; "
+                              "leave the key out to use every visible device")
+        if len(set(devices)) != len(devices) or min(devices) < 0:
+            raise ConfigError(f"{source}: gpus.devices: ids must be distinct and >= 0, "
+                              f"got {devices}")
+    if cfg.pipeline.shm_prefix and not re.match(r"^[A-Za-z0-9_-]{1,32}$", cfg.pipeline.shm_prefix):
+        raise ConfigError(f"{source}: pipeline.shm_prefix: 1-32 of letters, digits, '_', '-'")
+
+
+def _socket_mode(value: str, source: str) -> int:
+    """Parse ``daemon.socket_mode`` (octal text such as ``"0600"``)."""
+    try:
+        mode = int(value, 8)
+    except ValueError:
+        raise ConfigError(f"{source}: daemon.socket_mode: not an octal mode: {value!r}") from None
+    if not 0 <= mode <= 0o777:
+        raise ConfigError(f"{source}: daemon.socket_mode: {value!r} is outside 0000..0777")
+    return mode
+
+
+def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> DaemonConfig:
+    """Validate a parsed TOML document and build the :class:`DaemonConfig`.
+
+    ``base`` is the directory relative paths are taken from; ``source`` names the file in
+    messages. Every error is a ConfigError naming the key.
+    """
+    cfg, circuit_tables = _decode(raw, source)
+    _check_counts(cfg, source)
+    d = cfg.daemon
+    try:
+        listen = parse_address(d.listen)
+        status_listen = parse_address(d.status_listen) if d.status_listen else None
+    except ConfigError as e:
+        raise ConfigError(f"{source}: daemon: {e}") from None
+    if status_listen is not None and status_listen == listen:
+        raise ConfigError(f"{source}: daemon.status_listen: same address as daemon.listen")
+    param_cache = _path(cfg.srs.param_cache, base)
+    circuits = {cid: _circuit(cid, c, base, source) for cid, c in circuit_tables.items()}
+    for cid in cfg.srs.preload:
+        if cid not in circuits:
+            raise ConfigError(f"{source}: srs.preload: unknown circuit {cid!r} "
+                              f"(configured: {sorted(circuits)})")
+    max_frame = parse_size(d.max_frame_bytes, f"{source}: daemon.max_frame_bytes")
+    assert max_frame is not None
+    if not 1024 <= max_frame <= 2**32 - 1:
+        raise ConfigError(f"{source}: daemon.max_frame_bytes: must be 1KiB..4GiB-1 "
+                          f"(a u32 length prefix), got {max_frame}")
+    total = parse_size(cfg.memory.total_budget, f"{source}: memory.total_budget", allow_auto=True)
+    margin = parse_size(cfg.memory.safety_margin, f"{source}: memory.safety_margin")
+    assert margin is not None
+    total = psutil.virtual_memory().total if total is None else total
+    engine = EngineConfig(
+        backend=cfg.gpus.backend, devices=cfg.gpus.devices,
+        gpu_workers_per_device=cfg.gpus.gpu_workers_per_device,
+        partition_workers=cfg.synthesis.partition_workers,
+        synthesis_threads=cfg.synthesis.threads, ring_slots=cfg.pipeline.ring_slots,
+        shm_prefix=cfg.pipeline.shm_prefix or None, verify_proofs=cfg.pipeline.verify_proofs,
+        max_attempts=cfg.pipeline.max_attempts, param_cache=param_cache,
+        start_timeout_s=parse_duration(cfg.pipeline.start_timeout,
+                                       f"{source}: pipeline.start_timeout"),
+    )
+    engine = replace(engine, srs_budget_bytes=memory_budget(total, margin, engine,
+                                                             circuits.values(), source))
+    return DaemonConfig(
+        path=None, listen=listen, socket_mode=_socket_mode(d.socket_mode, source),
+        status_listen=status_listen,
+        journal_path=_path(d.journal, base) if d.journal else param_cache / "journal.sqlite",
+        max_frame_bytes=max_frame,
+        result_ttl_s=parse_duration(d.result_ttl, f"{source}: daemon.result_ttl"),
+        shutdown_grace_s=parse_duration(d.shutdown_grace, f"{source}: daemon.shutdown_grace"),
+        param_cache=param_cache, preload=tuple(cfg.srs.preload), circuits=circuits,
+        memory_total_bytes=total, safety_margin_bytes=margin, engine=engine,
+        log_level=cfg.logging.level, log_format=cfg.logging.format,
+    )
+
+
+def load_config(path: str | Path) -> DaemonConfig:
+    """Read, validate and resolve the TOML file at ``path`` (ConfigError naming the key)."""
+    path = Path(path)
+    try:
+        raw = tomllib.loads(path.read_text())
+    except FileNotFoundError:
+        raise ConfigError(f"{path}: config file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError(f"{path}: not valid TOML: {e}") from None
+    cfg = resolve(raw, base=path.resolve().parent, source=str(path))
+    return replace(cfg, path=path.resolve())

@@ -1,0 +1,64 @@
+"""Operations glue for the daemon process: log formatting and systemd notification.
+
+This module owns the daemon's logging configuration (``[logging] level`` and ``format``: plain
+text lines, or one JSON object per line for log shippers; cuzk accepted ``logging.format`` and
+ignored it) and :func:`sd_notify`, the systemd ``Type=notify`` protocol spoken directly over the
+``$NOTIFY_SOCKET`` datagram socket (no libsystemd binding needed): ``READY=1`` once the daemon
+serves, ``STOPPING=1`` when it starts draining, ``STATUS=...`` for ``systemctl status``.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import socket
+import sys
+import time
+
+_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s (%(processName)s pid=%(process)d): %(message)s"
+
+
+class JsonFormatter(logging.Formatter):
+    """One JSON object per record: ts, level, logger, process, pid, msg (+ exc)."""
+
+    def format(self, record: logging.LogRecord) -> str:
+        """The record as a JSON line."""
+        obj = {
+            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
+            + f".{int(record.msecs):03d}Z",
+            "level": record.levelname.lower(),
+            "logger": record.name,
+            "process": record.processName,
+            "pid": record.process,
+            "msg": record.getMessage(),
+        }
+        if record.exc_info:
+            obj["exc"] = self.formatException(record.exc_info)
+        return json.dumps(obj, ensure_ascii=False)
+
+
+def setup_logging(level: str, fmt: str) -> None:
+    """Configure the root logger to stderr with the ``[logging]`` level and format."""
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
+    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+
+
+def sd_notify(state: str) -> bool:
+    """Send ``state`` (e.g. ``"READY=1"``) to systemd; False when not run under Type=notify.
+
+    ``$NOTIFY_SOCKET`` is a path or, with a leading ``@``, a Linux abstract socket name.
+    """
+    addr = os.environ.get("NOTIFY_SOCKET")
+    if not addr:
+        return False
+    target = "\0" + addr[1:] if addr.startswith("@") else addr
+    try:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.connect(target)
+            s.sendall(state.encode())
+    except OSError as e:
+        logging.getLogger("cuzk_mp.daemon").warning("sd_notify(%s) failed: %s", state, e)
+        return False
+    return True

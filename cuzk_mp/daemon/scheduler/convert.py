@@ -1,0 +1,138 @@
+"""Job records and their conversions: engine results and journal rows to wire replies.
+
+This module owns :class:`JobRecord` (one job as the daemon tracks it) and the pure functions
+that check partition inputs at the door and turn the engine's :class:`PartitionResult` /
+the record into protocol messages. Proof points become snarkjs JSON (decimal strings), public
+signals decimal strings, so a client can write them to disk as they are.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+from dataclasses import dataclass, field
+
+from cuzk_mp.daemon.config import CircuitConfig
+from cuzk_mp.daemon.journal import JournalEntry
+from cuzk_mp.daemon.protocol import JobReply, PartitionIn, PartitionOut, PartitionState
+from cuzk_mp.errors import InputError
+from cuzk_mp.formats.snarkjs_json import proof_to_json, public_to_json
+from cuzk_mp.pipeline.types import PartitionResult, Priority
+
+TERMINAL = frozenset({"done", "failed", "cancelled"})
+MAX_PARTITIONS = 1024
+MAX_SEED = 2**63 - 1
+
+
+@dataclass(eq=False)
+class JobRecord:
+    """One job: what was asked, where it is, what came back, and who waits for it."""
+
+    job_id: str
+    request_id: str
+    circuit_id: str
+    priority: Priority
+    digest: str
+    partitions: list[PartitionIn]
+    submitted_at: float
+    state: str = "queued"
+    started_at: float | None = None
+    finished_at: float | None = None
+    error: str | None = None
+    error_kind: str | None = None
+    cancel_requested: bool = False
+    results: dict[int, PartitionOut] = field(default_factory=dict)
+    counted: set[int] = field(default_factory=set)
+    done: asyncio.Event = field(default_factory=asyncio.Event)
+    accepted: asyncio.Future[None] = field(
+        default_factory=lambda: asyncio.get_running_loop().create_future())
+
+    @classmethod
+    def from_entry(cls, e: JournalEntry) -> JobRecord:
+        """A record rebuilt from the journal (finished ones carry their reply)."""
+        rec = cls(job_id=e.job_id, request_id=e.request_id, circuit_id=e.circuit_id,
+                  priority=Priority(e.priority), digest=e.digest, partitions=e.partitions,
+                  submitted_at=e.submitted_at)
+        rec.accepted.set_result(None)
+        r = e.result
+        if r is not None and r.state in TERMINAL:
+            rec.state, rec.error, rec.error_kind = r.state, r.error, r.error_kind
+            rec.started_at, rec.finished_at = r.started_at, r.finished_at
+            rec.results = {p.index: p for p in r.partitions}
+            rec.counted = set(rec.results)
+            rec.done.set()
+        return rec
+
+
+def validate_partitions(partitions: list[PartitionIn], cc: CircuitConfig) -> None:
+    """Reject inputs the circuit cannot take, naming the partition and what is wrong.
+
+    ``json`` needs a circuit with a wasm and must be a JSON object; ``wtns`` must carry the
+    .wtns magic; ``synthetic`` (a seed in 0..2^63-1) needs a synthetic circuit.
+    """
+    if not partitions:
+        raise InputError("SubmitProof.partitions: a job needs at least one partition")
+    if len(partitions) > MAX_PARTITIONS:
+        raise InputError(f"SubmitProof.partitions: {len(partitions)} partitions, "
+                         f"at most {MAX_PARTITIONS}")
+    spec = cc.spec
+    for i, p in enumerate(partitions):
+        where = f"SubmitProof.partitions[{i}]"
+        if p.kind == "synthetic":
+            if spec.synthetic is None:
+                raise InputError(f"{where}: circuit {spec.circuit_id!r} is a circom circuit; "
+                                 "send kind \"json\" (inputs for its wasm) or \"wtns\"")
+            if not 0 <= p.seed <= MAX_SEED:
+                raise InputError(f"{where}.seed: must be in 0..2^63-1, got {p.seed}")
+        elif p.kind == "json":
+            if spec.wasm is None:
+                raise InputError(f"{where}: circuit {spec.circuit_id!r} has no wasm to compute "
+                                 "a witness from input JSON; send kind \"wtns\""
+                                 + (" or \"synthetic\"" if spec.synthetic else ""))
+            _check_json(p.data, where)
+        elif not p.data.startswith(b"wtns"):
+            raise InputError(f"{where}.data: not a .wtns file (it does not start with 'wtns')")
+
+
+def _check_json(data: bytes, where: str) -> None:
+    try:
+        obj = json.loads(data)
+    except (UnicodeDecodeError, json.JSONDecodeError) as e:
+        raise InputError(f"{where}.data: not valid input JSON: {e}") from None
+    if not isinstance(obj, dict):
+        raise InputError(f"{where}.data: input JSON must be an object of signal names, "
+                         f"got {type(obj).__name__}")
+
+
+def to_partition_out(r: PartitionResult) -> PartitionOut:
+    """The wire form of one engine partition result."""
+    state: PartitionState
+    if r.error_kind == "Cancelled":
+        state = "cancelled"
+    elif r.error is None and r.proof is not None:
+        state = "done"
+    else:
+        state = "failed"
+    return PartitionOut(
+        index=r.index, state=state,
+        proof=proof_to_json(r.proof) if r.proof is not None and state == "done" else None,
+        public=public_to_json(r.public) if state == "done" else [],
+        timings={k: float(v) for k, v in r.timings.items()}, device=r.device,
+        attempts=r.attempts, error=r.error, error_kind=r.error_kind)
+
+
+def pending_partitions(rec: JobRecord, fill: PartitionState = "pending") -> list[PartitionOut]:
+    """All partitions of a job in order; those without a result get state ``fill``."""
+    return [rec.results.get(i) or PartitionOut(index=i, state=fill)
+            for i in range(len(rec.partitions))]
+
+
+def reply_of(rec: JobRecord, id: int, timed_out: bool = False) -> JobReply:
+    """The JobReply for a record (pending partitions of a cancelled job read ``cancelled``)."""
+    fill: PartitionState = "cancelled" if rec.state == "cancelled" else "pending"
+    return JobReply(
+        id=id, job_id=rec.job_id, circuit_id=rec.circuit_id, state=rec.state,  # type: ignore[arg-type]
+        priority=rec.priority.name, partitions=pending_partitions(rec, fill),  # type: ignore[arg-type]
+        submitted_at=rec.submitted_at, started_at=rec.started_at,
+        finished_at=rec.finished_at, error=rec.error, error_kind=rec.error_kind,
+        timed_out=timed_out)

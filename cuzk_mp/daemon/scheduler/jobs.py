@@ -1,0 +1,289 @@
+"""The job table: every job the daemon accepted, from submit to pruning.
+
+This module owns the daemon's view of jobs (the engine owns their execution). It gives the
+lifecycle APIs cuzk lacked (reference/cuzk.md sections 1.14 and 7.10) real behaviour:
+
+* **Idempotency.** ``request_id`` is the job's key and id. A repeat with the same inputs returns
+  the existing job (queued, running or finished and not yet pruned); a repeat with *different*
+  inputs is an InputError, never a silent second job.
+* **Durability.** A job is written to the journal before the submit is acknowledged, then handed
+  to the engine. Concurrent repeats of one request_id wait for the first one's journal write.
+* **Waiting with a real timeout.** AwaitProof returns when the job ends or when ``timeout_s``
+  passes (then ``timed_out`` is set and the job goes on).
+* **Cancel.** Forwarded to the engine (queued partitions are dropped, running ones stop at the
+  next boundary); the final ``cancelled`` state arrives through the engine's callback.
+* **Retention.** Finished jobs answer AwaitProof for ``result_ttl`` seconds, then are pruned from
+  memory and the journal.
+* **Shutdown.** While the daemon drains, only completed jobs and client-requested cancellations
+  are final; a job the engine gives up because it is stopping stays ``queued`` in the journal
+  and runs again after the restart.
+
+Engine callbacks arrive on an engine thread; the server forwards them into the loop with
+``call_soon_threadsafe``, so every method here runs on the asyncio loop thread.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hashlib
+import logging
+import time
+import uuid
+from collections.abc import Iterable
+from typing import Protocol
+
+import msgspec
+
+from cuzk_mp.daemon.config import CircuitConfig
+from cuzk_mp.daemon.journal import Journal, JournalEntry
+from cuzk_mp.daemon.metrics import DaemonMetrics
+from cuzk_mp.daemon.protocol import JobReply, PartitionIn, Prove, SubmitProof
+from cuzk_mp.daemon.scheduler.convert import (
+    TERMINAL, JobRecord, pending_partitions, reply_of, to_partition_out, validate_partitions,
+)
+from cuzk_mp.errors import InputError, ResourceError
+from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionInput, PartitionResult, Priority
+
+log = logging.getLogger("cuzk_mp.daemon.jobs")
+
+MAX_REQUEST_ID = 128
+
+
+class EngineLike(Protocol):
+    """The part of :class:`cuzk_mp.pipeline.engine.Engine` the job table drives."""
+
+    def submit(self, job: JobSpec) -> None: ...
+
+    def cancel(self, job_id: str) -> bool: ...
+
+
+def digest_of(circuit_id: str, partitions: list[PartitionIn]) -> str:
+    """What makes two submits "the same job": the circuit and the partition inputs."""
+    h = hashlib.sha256(circuit_id.encode() + b"\0")
+    h.update(msgspec.msgpack.encode(partitions))
+    return h.hexdigest()
+
+
+class JobTable:
+    """Jobs by id, with their waiters; see the module docstring for the rules."""
+
+    def __init__(self, engine: EngineLike, journal: Journal, circuits: dict[str, CircuitConfig],
+                 metrics: DaemonMetrics, result_ttl_s: float) -> None:
+        self.engine, self.journal, self.circuits = engine, journal, circuits
+        self.metrics, self.result_ttl_s = metrics, result_ttl_s
+        self.jobs: dict[str, JobRecord] = {}
+        self.draining = False
+        self.closing = asyncio.Event()
+        self._writes: set[asyncio.Task[None]] = set()
+
+    # -- submit ---------------------------------------------------------------------------
+
+    def _priority(self, req: SubmitProof | Prove, cc: CircuitConfig) -> Priority:
+        return Priority[req.priority] if req.priority is not None else cc.priority
+
+    def _check(self, req: SubmitProof | Prove) -> CircuitConfig:
+        if self.draining:
+            raise ResourceError("the daemon is shutting down and accepts no new jobs")
+        cc = self.circuits.get(req.circuit_id)
+        if cc is None:
+            raise InputError(f"SubmitProof.circuit_id: unknown circuit {req.circuit_id!r} "
+                             f"(configured: {', '.join(sorted(self.circuits)) or 'none'})")
+        if len(req.request_id) > MAX_REQUEST_ID or not req.request_id.isprintable():
+            raise InputError(f"SubmitProof.request_id: at most {MAX_REQUEST_ID} printable "
+                             "characters")
+        validate_partitions(req.partitions, cc)
+        return cc
+
+    async def submit(self, req: SubmitProof | Prove) -> tuple[JobRecord, bool]:
+        """Accept a job (journaled, then queued in the engine); returns (record, duplicate)."""
+        cc = self._check(req)
+        digest = digest_of(req.circuit_id, req.partitions)
+        existing = self.jobs.get(req.request_id) if req.request_id else None
+        if existing is not None:
+            if existing.digest != digest:
+                raise InputError(f"SubmitProof.request_id: {req.request_id!r} already names a "
+                                 "different job (other circuit or inputs)")
+            await asyncio.shield(existing.accepted)
+            return existing, True
+        job_id = req.request_id or uuid.uuid4().hex
+        rec = JobRecord(job_id=job_id, request_id=req.request_id, circuit_id=req.circuit_id,
+                        priority=self._priority(req, cc), digest=digest,
+                        partitions=list(req.partitions), submitted_at=time.time())
+        self.jobs[job_id] = rec
+        try:
+            await self.journal.add(self._entry(rec))
+            self._to_engine(rec)
+        except BaseException as e:
+            self.jobs.pop(job_id, None)
+            rec.accepted.set_exception(e)
+            rec.accepted.exception()  # retrieved: waiters re-raise it; no "never retrieved" log
+            if not isinstance(e, asyncio.CancelledError):
+                await self.journal.remove([job_id])
+            raise
+        rec.accepted.set_result(None)
+        return rec, False
+
+    def _entry(self, rec: JobRecord) -> JournalEntry:
+        return JournalEntry(job_id=rec.job_id, request_id=rec.request_id,
+                            circuit_id=rec.circuit_id, priority=int(rec.priority),
+                            digest=rec.digest, partitions=rec.partitions,
+                            submitted_at=rec.submitted_at)
+
+    def _to_engine(self, rec: JobRecord) -> None:
+        parts = [PartitionInput(kind=p.kind, data=p.data, seed=p.seed) for p in rec.partitions]
+        self.engine.submit(JobSpec(job_id=rec.job_id, circuit_id=rec.circuit_id,
+                                   partitions=parts, priority=rec.priority))
+
+    # -- queries, waiting, cancel ---------------------------------------------------------
+
+    def get(self, job_id: str) -> JobRecord:
+        """The job, or InputError naming the unknown (or already pruned) id."""
+        rec = self.jobs.get(job_id)
+        if rec is None:
+            raise InputError(f"job_id: unknown job {job_id!r} (never submitted, or its result "
+                             f"was pruned after result_ttl = {self.result_ttl_s:g} s)")
+        return rec
+
+    async def wait(self, job_id: str, timeout_s: float | None) -> tuple[JobRecord, bool]:
+        """Wait until the job ends or ``timeout_s`` passes; returns (record, timed_out)."""
+        rec = self.get(job_id)
+        if rec.state in TERMINAL:
+            return rec, False
+        if timeout_s is not None and timeout_s < 0:
+            raise InputError(f"AwaitProof.timeout_s: must be >= 0, got {timeout_s}")
+        done = asyncio.ensure_future(rec.done.wait())
+        closing = asyncio.ensure_future(self.closing.wait())
+        try:
+            await asyncio.wait({done, closing}, timeout=timeout_s,
+                               return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            done.cancel()
+            closing.cancel()
+        if rec.state in TERMINAL:
+            return rec, False
+        if self.closing.is_set():
+            raise ResourceError(f"the daemon is shutting down; job {job_id} is journaled and "
+                                "resumes when the daemon restarts")
+        return rec, True
+
+    def cancel(self, job_id: str) -> tuple[JobRecord, bool]:
+        """Ask the engine to cancel the job; (record, whether a cancel was started)."""
+        rec = self.get(job_id)
+        if rec.state in TERMINAL:
+            return rec, False
+        ok = self.engine.cancel(job_id)
+        rec.cancel_requested = rec.cancel_requested or ok
+        return rec, ok
+
+    def reply(self, rec: JobRecord, id: int, timed_out: bool = False) -> JobReply:
+        """The wire reply for a job."""
+        return reply_of(rec, id, timed_out)
+
+    def in_use(self, circuit_id: str) -> bool:
+        """Whether a queued or running job uses the circuit."""
+        return any(r.circuit_id == circuit_id and r.state not in TERMINAL
+                   for r in self.jobs.values())
+
+    def counts(self) -> dict[str, int]:
+        """Jobs per state."""
+        out = {s: 0 for s in ("queued", "running", "done", "failed", "cancelled")}
+        for r in self.jobs.values():
+            out[r.state] += 1
+        return out
+
+    # -- engine callbacks (on the loop thread) --------------------------------------------
+
+    def on_partition_done(self, job_id: str, result: PartitionResult) -> None:
+        """Record one partition's result as soon as it is known."""
+        rec = self.jobs.get(job_id)
+        if rec is None or rec.state in TERMINAL:
+            return
+        if rec.state == "queued":
+            rec.state = "running"
+        rec.started_at = rec.started_at or (time.time() - result.timings.get("total", 0.0))
+        self._count_partition(rec, result)
+        rec.results[result.index] = to_partition_out(result)
+
+    def _count_partition(self, rec: JobRecord, result: PartitionResult) -> None:
+        if result.index in rec.counted or result.error_kind == "Cancelled":
+            return
+        rec.counted.add(result.index)
+        ok = result.error is None and result.proof is not None
+        self.metrics.observe_partition(rec.circuit_id, ok, result.timings, result.device)
+
+    def on_job_done(self, result: JobResult) -> None:
+        """Record a job's end, journal it and wake its waiters."""
+        rec = self.jobs.get(result.job_id)
+        if rec is None or rec.state in TERMINAL:
+            return
+        if self.draining and result.state != "done" and not rec.cancel_requested:
+            log.info("[shutdown] job %s stopped by the drain (%s); it stays in the journal and "
+                     "runs again after a restart", rec.job_id, result.state)
+            return
+        rec.state = result.state if result.state in TERMINAL else "failed"
+        rec.error = result.error
+        rec.started_at = result.started_at or rec.started_at
+        rec.finished_at = result.finished_at
+        for p in result.partitions:
+            self._count_partition(rec, p)
+            rec.results[p.index] = to_partition_out(p)
+        kinds = [p.error_kind for p in result.partitions if p.error_kind]
+        rec.error_kind = ("Cancelled" if rec.state == "cancelled" else kinds[0] if kinds
+                          else "ProofError" if rec.state == "failed" else None)
+        self.metrics.observe_job(rec.circuit_id, rec.state, rec.finished_at - rec.submitted_at)
+        self._write(self.journal.finish(rec.job_id, reply_of(rec, 0)))
+        rec.done.set()
+        log.info("job %s %s (%d partitions, %.3f s)", rec.job_id, rec.state,
+                 len(rec.partitions), rec.finished_at - rec.submitted_at)
+
+    def _write(self, coro: object) -> None:
+        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+        self._writes.add(task)
+        task.add_done_callback(self._writes.discard)
+
+    async def flush(self) -> None:
+        """Wait for every pending journal write (before closing the journal)."""
+        while self._writes:
+            await asyncio.gather(*list(self._writes), return_exceptions=True)
+
+    # -- retention and restart ------------------------------------------------------------
+
+    async def prune(self, now: float | None = None) -> int:
+        """Drop finished jobs older than ``result_ttl``; returns how many."""
+        now = time.time() if now is None else now
+        old = [j for j, r in self.jobs.items() if r.state in TERMINAL and r.finished_at is not None
+               and r.finished_at + self.result_ttl_s <= now]
+        for j in old:
+            del self.jobs[j]
+        await self.journal.remove(old)
+        return len(old)
+
+    def restore(self, entries: Iterable[JournalEntry]) -> tuple[int, int]:
+        """Load the journal at start-up: keep finished results, resubmit the rest in order.
+
+        Returns (finished kept, resubmitted). A job whose circuit is no longer configured, or
+        that the engine now refuses, is failed (and journaled as such) instead.
+        """
+        kept = resubmitted = 0
+        for e in entries:
+            rec = JobRecord.from_entry(e)
+            self.jobs[rec.job_id] = rec
+            if rec.state in TERMINAL:
+                kept += 1
+                continue
+            try:
+                if rec.circuit_id not in self.circuits:
+                    raise InputError(f"circuit {rec.circuit_id!r} is no longer configured")
+                self._to_engine(rec)
+                resubmitted += 1
+            except InputError as err:
+                self._fail_restored(rec, str(err))
+        return kept, resubmitted
+
+    def _fail_restored(self, rec: JobRecord, message: str) -> None:
+        rec.state, rec.error, rec.error_kind = "failed", message, "InputError"
+        rec.finished_at = time.time()
+        rec.results = {i: p for i, p in enumerate(pending_partitions(rec, "failed"))}
+        self._write(self.journal.finish(rec.job_id, reply_of(rec, 0)))
+        rec.done.set()
+        log.warning("[start] journaled job %s cannot run again: %s", rec.job_id, message)

@@ -1,0 +1,385 @@
+"""The proving daemon: lifecycle, connections and the request handlers.
+
+This module owns the daemon process's asyncio side: the engine instance, the job table, the
+journal, the protocol listener (unix socket or TCP) and the HTTP status listener, and the
+shutdown state machine. Layers follow dask: :mod:`.transport` moves frames, :mod:`.protocol`
+defines messages, and here a table maps each request type to a handler that returns a reply and
+never touches a socket.
+
+Lifecycle (``DaemonState``)::
+
+    CREATED -> STARTING -> RUNNING -> DRAINING -> STOPPED      (FAILED if start-up fails)
+
+STARTING opens the journal, starts the engine (READY handshake of its processes), registers the
+circuits, resubmits unfinished journaled jobs, preloads ``[srs] preload`` keys, then listens and
+tells systemd READY=1. SIGTERM or SIGINT moves to DRAINING: the listener closes (and its socket
+file is removed), new submits are refused, the engine finishes in-flight partitions within the
+grace period and stops its processes (removing every shm segment and semaphore); jobs it did
+not finish stay in the journal; then the journal is closed and the process exits 0. A second
+signal is logged and ignored: the drain is already bounded by ``shutdown_grace``.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import enum
+import logging
+import os
+import signal
+import time
+import traceback
+from collections.abc import Callable
+from typing import Any
+
+import msgspec
+
+from cuzk_mp import __version__
+from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon.config import DaemonConfig
+from cuzk_mp.daemon.journal import Journal
+from cuzk_mp.daemon.metrics import DaemonMetrics
+from cuzk_mp.daemon.ops import sd_notify
+from cuzk_mp.daemon.scheduler.jobs import JobTable
+from cuzk_mp.daemon.status import StatusView
+from cuzk_mp.daemon.status_http import StatusHandlers, start_status_server
+from cuzk_mp.daemon.transport import Comm, CommClosedError, FrameTooLarge, Listener, listen
+from cuzk_mp.errors import CuzkError, InputError, ResourceError, error_kind
+
+log = logging.getLogger("cuzk_mp.daemon")
+
+MAX_IN_FLIGHT_PER_CONN = 1024
+PRUNE_INTERVAL_MAX_S = 60.0
+# The engine's stop escalates terminate -> 5 s -> kill after its grace; keep the whole drain
+# inside [daemon] shutdown_grace by giving the engine that much less.
+ENGINE_KILL_ESCALATION_S = 6.0
+
+EngineFactory = Callable[..., Any]
+
+
+class DaemonState(enum.Enum):
+    """Where the daemon is in its life (dask ``Status``)."""
+
+    CREATED = "created"
+    STARTING = "starting"
+    RUNNING = "running"
+    DRAINING = "draining"
+    STOPPED = "stopped"
+    FAILED = "failed"
+
+
+def _default_engine(config: Any, on_job_done: Any, on_partition_done: Any) -> Any:
+    from cuzk_mp.pipeline.engine import Engine
+    return Engine(config, on_job_done=on_job_done, on_partition_done=on_partition_done)
+
+
+class Daemon:
+    """One proving daemon; ``await Daemon(cfg).run()`` serves until SIGTERM/SIGINT."""
+
+    def __init__(self, cfg: DaemonConfig, engine_factory: EngineFactory = _default_engine) -> None:
+        self.cfg = cfg
+        self.state = DaemonState.CREATED
+        self.metrics = DaemonMetrics()
+        self.started_at = time.time()
+        self._engine_factory = engine_factory
+        self.engine: Any = None
+        self.journal: Journal | None = None
+        self.jobs: JobTable | None = None
+        self.listener: Listener | None = None
+        self.http: asyncio.AbstractServer | None = None
+        self.view: StatusView | None = None
+        self._comms: set[Comm] = set()
+        self._stop = asyncio.Event()
+        self._tasks: set[asyncio.Task[Any]] = set()
+        self.handlers: dict[type, Callable[[Any], Any]] = {
+            P.SubmitProof: self._submit, P.AwaitProof: self._await, P.Prove: self._prove,
+            P.CancelProof: self._cancel, P.GetStatus: self._status, P.GetMetrics: self._metrics,
+            P.PreloadSRS: self._preload, P.EvictSRS: self._evict,
+            P.GetVerificationKey: self._vk,
+        }
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self) -> None:
+        """STARTING -> RUNNING; on any failure everything started is stopped and it re-raises."""
+        self.state = DaemonState.STARTING
+        loop = asyncio.get_running_loop()
+        try:
+            if self.cfg.status_listen is not None:
+                self.http = await start_status_server(self.cfg.status_listen, StatusHandlers(
+                    self.status_doc, self.metrics_text, self.health))
+            self.journal = Journal.open(self.cfg.journal_path)
+            self.engine = self._engine_factory(
+                self.cfg.engine,
+                lambda r: self._forward(loop, self._job_done, r),
+                lambda j, r: self._forward(loop, self._partition_done, j, r))
+            self.jobs = JobTable(self.engine, self.journal, self.cfg.circuits, self.metrics,
+                                 self.cfg.result_ttl_s)
+            self.view = StatusView(self.cfg, self.jobs, self.metrics, self.started_at)
+            log.info("[start] engine starting (%s backend)", self.cfg.engine.backend)
+            await asyncio.to_thread(self.engine.start)
+            for cc in self.cfg.circuits.values():
+                self.engine.register_circuit(cc.spec)
+            kept, again = self.jobs.restore(self.journal.load())
+            log.info("[start] journal %s: %d finished results kept, %d jobs resubmitted",
+                     self.cfg.journal_path, kept, again)
+            for cid in self.cfg.preload:
+                t0 = time.perf_counter()
+                await asyncio.to_thread(self.engine.preload, cid)
+                log.info("[start] preloaded %s in %.2f s", cid, time.perf_counter() - t0)
+            self.listener = await listen(self.cfg.listen, self.handle_comm,
+                                         max_frame_bytes=self.cfg.max_frame_bytes,
+                                         socket_mode=self.cfg.socket_mode)
+        except BaseException:
+            self.state = DaemonState.FAILED
+            await self._teardown(grace_s=0.0)
+            raise
+        self._spawn(self._prune_loop())
+        self.state = DaemonState.RUNNING
+        sd_notify(f"READY=1\nSTATUS=serving on {self.cfg.listen}\nMAINPID={os.getpid()}")
+        log.info("[start] cuzk-mp %s daemon pid=%d serving on %s%s", __version__, os.getpid(),
+                 self.cfg.listen, f" (status on http://{self.cfg.status_listen})"
+                 if self.cfg.status_listen else "")
+
+    async def run(self) -> int:
+        """Start, serve until SIGTERM/SIGINT, drain and stop; the process exit code."""
+        loop = asyncio.get_running_loop()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            loop.add_signal_handler(sig, self.request_stop, sig.name)
+        await self.start()
+        await self._stop.wait()
+        await self.stop()
+        return 0
+
+    def request_stop(self, reason: str = "request") -> None:
+        """Begin the drain (idempotent; signal handlers call this)."""
+        if self._stop.is_set():
+            log.warning("[shutdown] %s received while already stopping; the drain is bounded "
+                        "by shutdown_grace = %g s", reason, self.cfg.shutdown_grace_s)
+            return
+        log.info("[shutdown] %s: draining (grace %g s)", reason, self.cfg.shutdown_grace_s)
+        self._stop.set()
+
+    async def stop(self) -> None:
+        """RUNNING -> DRAINING -> STOPPED (idempotent)."""
+        if self.state in (DaemonState.DRAINING, DaemonState.STOPPED):
+            return
+        self.state = DaemonState.DRAINING
+        sd_notify("STOPPING=1")
+        await self._teardown(self.cfg.shutdown_grace_s)
+        self.state = DaemonState.STOPPED
+        log.info("[shutdown] stopped")
+
+    async def _teardown(self, grace_s: float) -> None:
+        """Release everything that was started, in dependency order."""
+        if self.jobs is not None:
+            self.jobs.draining = True
+        if self.listener is not None:
+            await self.listener.close()
+        if self.engine is not None:
+            await asyncio.to_thread(self.engine.stop,
+                                    max(grace_s - ENGINE_KILL_ESCALATION_S, 0.0))
+        for _ in range(3):  # let callbacks forwarded by the engine before it stopped run
+            await asyncio.sleep(0)
+        if self.jobs is not None:
+            self.jobs.closing.set()
+            await asyncio.sleep(0.05)  # waiters answer before their connections close
+            await self.jobs.flush()
+        for comm in list(self._comms):
+            comm.close()
+        for t in list(self._tasks):
+            t.cancel()
+        if self.journal is not None:
+            self.journal.close()
+        if self.http is not None:
+            self.http.close()
+
+    def _spawn(self, coro: Any) -> None:
+        task = asyncio.ensure_future(coro)
+        self._tasks.add(task)
+        task.add_done_callback(self._tasks.discard)
+
+    async def _prune_loop(self) -> None:
+        interval = min(max(self.cfg.result_ttl_s / 4, 1.0), PRUNE_INTERVAL_MAX_S)
+        while True:
+            await asyncio.sleep(interval)
+            assert self.jobs is not None
+            n = await self.jobs.prune()
+            if n:
+                log.info("pruned %d finished jobs older than result_ttl", n)
+
+    @staticmethod
+    def _forward(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
+        """Engine thread -> loop thread."""
+        try:
+            loop.call_soon_threadsafe(fn, *args)
+        except RuntimeError:
+            log.warning("engine callback after the loop closed; the journal keeps the job")
+
+    def _job_done(self, result: Any) -> None:
+        assert self.jobs is not None
+        self.jobs.on_job_done(result)
+
+    def _partition_done(self, job_id: str, result: Any) -> None:
+        assert self.jobs is not None
+        self.jobs.on_partition_done(job_id, result)
+
+    def health(self) -> tuple[bool, str]:
+        """(serving, state name) for /healthz."""
+        return self.state is DaemonState.RUNNING, self.state.value
+
+    # -- connections ----------------------------------------------------------------------
+
+    async def handle_comm(self, comm: Comm) -> None:
+        """Serve one connection: read frames, run each request as its own task (pipelining)."""
+        self._comms.add(comm)
+        lock = asyncio.Lock()
+        tasks: set[asyncio.Task[None]] = set()
+        try:
+            while True:
+                try:
+                    data = await comm.read()
+                except FrameTooLarge as e:
+                    await self._send(comm, lock, P.error_reply(0, "InputError", str(e)))
+                    break  # the oversized body was not read, so the stream cannot be resynced
+                except CommClosedError:
+                    break
+                reply_now = self._admit(data, len(tasks))
+                if isinstance(reply_now, P.ErrorReply):
+                    await self._send(comm, lock, reply_now)
+                    continue
+                task = asyncio.ensure_future(self._serve_one(comm, lock, reply_now))
+                tasks.add(task)
+                task.add_done_callback(tasks.discard)
+        finally:
+            self._comms.discard(comm)
+            for t in tasks:
+                t.cancel()  # abandoned waits; submits inside are shielded and complete
+
+    def _admit(self, data: bytes, in_flight: int) -> Any:
+        """The decoded request, or the ErrorReply that answers it at once."""
+        try:
+            msg = P.decode_request(data)
+        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+            self.metrics.observe_request("malformed", 0.0, "InputError")
+            return P.error_reply(P.salvage_id(data), "InputError", f"malformed request: {e}")
+        if in_flight >= MAX_IN_FLIGHT_PER_CONN:
+            return P.error_reply(msg.id, "ResourceError", f"more than {MAX_IN_FLIGHT_PER_CONN} "
+                                 "requests in flight on one connection")
+        return msg
+
+    async def _send(self, comm: Comm, lock: asyncio.Lock, msg: P.Message) -> None:
+        try:
+            async with lock:
+                await comm.write(P.encode(msg))
+        except (CommClosedError, FrameTooLarge) as e:
+            log.debug("reply %s not delivered: %s", type(msg).__name__, e)
+
+    async def _serve_one(self, comm: Comm, lock: asyncio.Lock, msg: Any) -> None:
+        await self._send(comm, lock, await self.handle(msg))
+
+    async def handle(self, msg: Any) -> P.Message:
+        """Run the handler for one request; exceptions become ErrorReply (errors are data)."""
+        op = type(msg).__name__
+        t0 = time.perf_counter()
+        kind = None
+        try:
+            reply: P.Message = await self.handlers[type(msg)](msg)
+        except CuzkError as e:
+            kind = error_kind(e)
+            reply = P.error_reply(msg.id, kind, str(e))
+        except Exception as e:
+            kind = "InternalError"
+            log.exception("%s (id %d) failed", op, msg.id)
+            reply = P.error_reply(msg.id, kind, f"{type(e).__name__}: {e}",
+                                  traceback.format_exc())
+        self.metrics.observe_request(op, time.perf_counter() - t0, kind)
+        return reply
+
+    # -- handlers (pure: request in, reply out) -------------------------------------------
+
+    def _need_running(self) -> JobTable:
+        if self.state is not DaemonState.RUNNING or self.jobs is None:
+            raise ResourceError(f"the daemon is {self.state.value}")
+        return self.jobs
+
+    async def _submit(self, m: P.SubmitProof) -> P.Submitted:
+        rec, dup = await asyncio.shield(self._need_running().submit(m))
+        return P.Submitted(id=m.id, job_id=rec.job_id, state=rec.state,  # type: ignore[arg-type]
+                           duplicate=dup)
+
+    async def _await(self, m: P.AwaitProof) -> P.JobReply:
+        assert self.jobs is not None
+        rec, timed_out = await self.jobs.wait(m.job_id, m.timeout_s)
+        return self.jobs.reply(rec, m.id, timed_out)
+
+    async def _prove(self, m: P.Prove) -> P.JobReply:
+        jobs = self._need_running()
+        rec, _ = await asyncio.shield(jobs.submit(m))
+        rec, timed_out = await jobs.wait(rec.job_id, m.timeout_s)
+        return jobs.reply(rec, m.id, timed_out)
+
+    async def _cancel(self, m: P.CancelProof) -> P.CancelReply:
+        rec, ok = self._need_running().cancel(m.job_id)
+        return P.CancelReply(id=m.id, job_id=rec.job_id, cancelled=ok,
+                             state=rec.state)  # type: ignore[arg-type]
+
+    async def _status(self, m: P.GetStatus) -> P.StatusReply:
+        return P.StatusReply(id=m.id, status=await self.status_doc())
+
+    async def _metrics(self, m: P.GetMetrics) -> P.MetricsReply:
+        return P.MetricsReply(id=m.id, text=await self.metrics_text())
+
+    def _circuit(self, circuit_id: str) -> None:
+        if circuit_id not in self.cfg.circuits:
+            raise InputError(f"circuit_id: unknown circuit {circuit_id!r} "
+                             f"(configured: {', '.join(sorted(self.cfg.circuits)) or 'none'})")
+
+    async def _preload(self, m: P.PreloadSRS) -> P.PreloadReply:
+        self._need_running()
+        self._circuit(m.circuit_id)
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self.engine.preload, m.circuit_id)
+        return P.PreloadReply(id=m.id, circuit_id=m.circuit_id, seconds=time.perf_counter() - t0)
+
+    async def _evict(self, m: P.EvictSRS) -> P.EvictReply:
+        jobs = self._need_running()
+        self._circuit(m.circuit_id)
+        if jobs.in_use(m.circuit_id):
+            return P.EvictReply(id=m.id, circuit_id=m.circuit_id, evicted=False,
+                                reason="a queued or running job uses this circuit")
+        ok = await asyncio.to_thread(self.engine.evict, m.circuit_id)
+        return P.EvictReply(id=m.id, circuit_id=m.circuit_id, evicted=ok,
+                            reason="" if ok else "the engine still uses this key")
+
+    async def _vk(self, m: P.GetVerificationKey) -> P.VkReply:
+        self._circuit(m.circuit_id)
+        assert self.view is not None
+        vk = await asyncio.to_thread(self.view.verification_key, m.circuit_id)
+        return P.VkReply(id=m.id, circuit_id=m.circuit_id, vk=vk)
+
+    # -- status and metrics ---------------------------------------------------------------
+
+    async def status_doc(self) -> dict[str, Any]:
+        """The /status document (engine state read on a worker thread)."""
+        engine_status = None
+        if self.engine is not None and self.state is not DaemonState.STARTING:
+            engine_status = await asyncio.to_thread(self.engine.status)
+        if self.view is None:
+            return {"daemon": {"state": self.state.value, "pid": os.getpid()}}
+        return self.view.document(self.state.value, engine_status)
+
+    async def metrics_text(self) -> str:
+        """The /metrics text (engine status and metrics read on a worker thread)."""
+        if self.engine is None or self.view is None or self.state is DaemonState.STARTING:
+            return self.metrics.render([])
+        status, em = await asyncio.to_thread(lambda: (self.engine.status(), self.engine.metrics()))
+        return self.metrics.render(self.view.gauges(status, em))
+
+
+async def serve(cfg: DaemonConfig) -> int:
+    """Run a daemon for ``cfg`` in the current loop until it is stopped; the exit code."""
+    daemon = Daemon(cfg)
+    with contextlib.suppress(asyncio.CancelledError):
+        return await daemon.run()
+    return 0

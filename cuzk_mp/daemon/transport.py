@@ -1,0 +1,315 @@
+"""Framing and connections: the transport layer of the daemon (dask's ``comm``).
+
+This module owns sockets and byte frames and nothing else; it never interprets a message. A
+frame is a big-endian u32 length followed by that many bytes (msgspec's kv example), and the
+length is checked against ``max_frame_bytes`` *before* anything is read, so a peer announcing a
+4 GiB frame costs nothing (the kv example's missing check). Addresses are
+``unix:///abs/path.sock`` or ``host:port`` / ``tcp://host:port`` (``[::1]:9820`` for IPv6).
+
+A :class:`Comm` reads and writes whole frames. :class:`StreamComm` wraps asyncio streams (unix
+or TCP); :func:`inproc_pair` gives two connected in-process comms for tests. :func:`listen`
+binds a server: a unix socket is created under a random temporary name, chmod-ed to the
+configured mode and renamed into place, so it is never reachable with looser permissions; a
+stale socket file left by a dead daemon is replaced, a live one is an error. The blocking
+helpers :func:`send_frame` / :func:`recv_frame` serve the synchronous client.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import secrets
+import socket
+import stat
+import struct
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from cuzk_mp.errors import ConfigError, InputError
+
+_LEN = struct.Struct(">I")
+
+
+class CommClosedError(ConnectionError):
+    """The peer closed the connection (or it broke) before a whole frame arrived."""
+
+
+class FrameTooLarge(InputError):
+    """A frame's announced length exceeds ``max_frame_bytes``."""
+
+
+@dataclass(frozen=True)
+class Address:
+    """A listen/connect address: ``kind`` is ``"unix"`` (``path``) or ``"tcp"`` (``host``, ``port``)."""
+
+    kind: str
+    path: str = ""
+    host: str = ""
+    port: int = 0
+
+    def __str__(self) -> str:
+        if self.kind == "unix":
+            return f"unix://{self.path}"
+        return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+
+def parse_address(text: str) -> Address:
+    """Parse ``unix:///path``, ``tcp://host:port`` or ``host:port`` (ConfigError if malformed)."""
+    if text.startswith("unix://"):
+        path = text[len("unix://"):]
+        if not path.startswith("/"):
+            raise ConfigError(f"{text!r}: a unix socket address needs an absolute path "
+                              "(unix:///run/cuzk-mp/cuzk.sock)")
+        if len(path.encode()) > 107:
+            raise ConfigError(f"{text!r}: unix socket path longer than 107 bytes")
+        return Address("unix", path=path)
+    rest = text[len("tcp://"):] if text.startswith("tcp://") else text
+    host, sep, port_text = rest.rpartition(":")
+    host = host[1:-1] if host.startswith("[") and host.endswith("]") else host
+    if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
+        raise ConfigError(f"{text!r}: expected unix:///path or host:port with a port in 1..65535")
+    return Address("tcp", host=host, port=int(port_text))
+
+
+def frame(payload: bytes) -> bytes:
+    """The frame for ``payload``: u32 big-endian length, then the bytes."""
+    return _LEN.pack(len(payload)) + payload
+
+
+class Comm:
+    """A connection that carries whole frames (abstract; dask ``Comm``)."""
+
+    max_frame_bytes: int
+
+    async def read(self) -> bytes:
+        """The next frame; CommClosedError at EOF, FrameTooLarge if announced too long."""
+        raise NotImplementedError
+
+    async def write(self, payload: bytes) -> None:
+        """Send one frame (FrameTooLarge if it exceeds the limit)."""
+        raise NotImplementedError
+
+    def close(self) -> None:
+        """Close the connection (idempotent)."""
+        raise NotImplementedError
+
+    @property
+    def closed(self) -> bool:
+        """Whether :meth:`close` was called or the peer went away."""
+        raise NotImplementedError
+
+    def _check(self, n: int) -> None:
+        if n > self.max_frame_bytes:
+            raise FrameTooLarge(f"frame of {n} bytes exceeds max_frame_bytes "
+                                f"({self.max_frame_bytes})")
+
+
+class StreamComm(Comm):
+    """A Comm over an asyncio StreamReader/StreamWriter pair (unix or TCP)."""
+
+    def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
+                 max_frame_bytes: int) -> None:
+        self.reader, self.writer = reader, writer
+        self.max_frame_bytes = max_frame_bytes
+        self.peer = str(writer.get_extra_info("peername") or "local")
+
+    async def read(self) -> bytes:
+        """The next frame (length checked before the body is read)."""
+        try:
+            (n,) = _LEN.unpack(await self.reader.readexactly(_LEN.size))
+            self._check(n)
+            return await self.reader.readexactly(n)
+        except (asyncio.IncompleteReadError, ConnectionError) as e:
+            raise CommClosedError(f"connection from {self.peer} closed mid-frame"
+                                  if getattr(e, "partial", b"") else
+                                  f"connection from {self.peer} closed") from None
+
+    async def write(self, payload: bytes) -> None:
+        """Send one frame and wait until the kernel buffer accepts it."""
+        self._check(len(payload))
+        if self.writer.is_closing():
+            raise CommClosedError(f"connection to {self.peer} is closed")
+        self.writer.write(frame(payload))
+        try:
+            await self.writer.drain()
+        except ConnectionError as e:
+            raise CommClosedError(f"connection to {self.peer} broke: {e}") from None
+
+    def close(self) -> None:
+        """Close the writer (the reader sees EOF)."""
+        self.writer.close()
+
+    @property
+    def closed(self) -> bool:
+        """True once closing started."""
+        return self.writer.is_closing()
+
+
+class InProcComm(Comm):
+    """One end of an in-process connection; frames travel through asyncio queues."""
+
+    def __init__(self, inbox: asyncio.Queue[bytes | None], outbox: asyncio.Queue[bytes | None],
+                 max_frame_bytes: int) -> None:
+        self._in, self._out = inbox, outbox
+        self.max_frame_bytes = max_frame_bytes
+        self._closed = False
+        self.peer = "inproc"
+
+    async def read(self) -> bytes:
+        """The next frame put by the other end; CommClosedError once it closed."""
+        item = None if self._closed else await self._in.get()
+        if item is None:
+            self._closed = True
+            raise CommClosedError("in-process connection closed")
+        self._check(len(item))
+        return item
+
+    async def write(self, payload: bytes) -> None:
+        """Queue one frame for the other end."""
+        self._check(len(payload))
+        if self._closed:
+            raise CommClosedError("in-process connection closed")
+        await self._out.put(bytes(payload))
+
+    def close(self) -> None:
+        """Close both directions."""
+        if not self._closed:
+            self._closed = True
+            self._out.put_nowait(None)
+            self._in.put_nowait(None)
+
+    @property
+    def closed(self) -> bool:
+        """True once either end closed."""
+        return self._closed
+
+
+def inproc_pair(max_frame_bytes: int = 1 << 20) -> tuple[InProcComm, InProcComm]:
+    """Two connected in-process comms (for tests of the server without sockets)."""
+    a: asyncio.Queue[bytes | None] = asyncio.Queue()
+    b: asyncio.Queue[bytes | None] = asyncio.Queue()
+    return InProcComm(a, b, max_frame_bytes), InProcComm(b, a, max_frame_bytes)
+
+
+async def connect(addr: Address, max_frame_bytes: int) -> StreamComm:
+    """Open a connection to a daemon at ``addr``."""
+    if addr.kind == "unix":
+        reader, writer = await asyncio.open_unix_connection(addr.path)
+    else:
+        reader, writer = await asyncio.open_connection(addr.host, addr.port)
+    return StreamComm(reader, writer, max_frame_bytes)
+
+
+def _clear_stale_socket(path: str) -> None:
+    """Remove a socket file left by a dead daemon; refuse a live one or a non-socket."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    if not stat.S_ISSOCK(st.st_mode):
+        raise ConfigError(f"{path}: exists and is not a socket; refusing to replace it")
+    probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        probe.connect(path)
+    except (ConnectionRefusedError, FileNotFoundError):
+        os.unlink(path)
+        return
+    finally:
+        probe.close()
+    raise ConfigError(f"{path}: another process is already listening on this socket")
+
+
+def _bind_unix(path: str, mode: int) -> socket.socket:
+    """A bound unix socket at ``path`` with permissions ``mode`` from the first moment it exists."""
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    _clear_stale_socket(path)
+    tmp = f"{path}.{secrets.token_hex(6)}.tmp"
+    sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    try:
+        sock.bind(tmp)
+        os.chmod(tmp, mode)
+        os.rename(tmp, path)  # atomic: the final name only ever has the final mode
+    except BaseException:
+        sock.close()
+        with contextlib.suppress(FileNotFoundError):
+            os.unlink(tmp)
+        raise
+    return sock
+
+
+class Listener:
+    """A listening server; :meth:`close` stops accepting and removes a unix socket file."""
+
+    def __init__(self, server: asyncio.AbstractServer, addr: Address) -> None:
+        self.server, self.addr = server, addr
+
+    @property
+    def bound(self) -> Address:
+        """The address actually bound (the real port when 0 was asked for)."""
+        if self.addr.kind == "unix":
+            return self.addr
+        host, port = self.server.sockets[0].getsockname()[:2]
+        return Address("tcp", host=host, port=port)
+
+    async def close(self) -> None:
+        """Stop accepting; existing connections stay open until their handlers end."""
+        self.server.close()
+        if self.addr.kind == "unix":
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(self.addr.path)
+
+
+async def listen(addr: Address, on_comm: Callable[[StreamComm], Awaitable[None]], *,
+                 max_frame_bytes: int, socket_mode: int = 0o600) -> Listener:
+    """Serve ``addr``, calling ``on_comm`` with a StreamComm for each connection."""
+
+    async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        comm = StreamComm(reader, writer, max_frame_bytes)
+        try:
+            await on_comm(comm)
+        finally:
+            comm.close()
+
+    if addr.kind == "unix":
+        server = await asyncio.start_unix_server(accept, sock=_bind_unix(addr.path, socket_mode))
+    else:
+        server = await asyncio.start_server(accept, addr.host, addr.port, reuse_address=True)
+    return Listener(server, addr)
+
+
+def open_socket(addr: Address, timeout: float | None) -> socket.socket:
+    """A connected blocking socket for the synchronous client."""
+    if addr.kind == "unix":
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        sock.settimeout(timeout)
+        sock.connect(addr.path)
+        return sock
+    return socket.create_connection((addr.host, addr.port), timeout=timeout)
+
+
+def _recv_exactly(sock: socket.socket, n: int) -> bytes:
+    buf = bytearray()
+    while len(buf) < n:
+        chunk = sock.recv(min(n - len(buf), 1 << 20))
+        if not chunk:
+            raise CommClosedError("daemon closed the connection")
+        buf += chunk
+    return bytes(buf)
+
+
+def send_frame(sock: socket.socket, payload: bytes, max_frame_bytes: int) -> None:
+    """Blocking: send one frame."""
+    if len(payload) > max_frame_bytes:
+        raise FrameTooLarge(f"frame of {len(payload)} bytes exceeds max_frame_bytes "
+                            f"({max_frame_bytes})")
+    sock.sendall(frame(payload))
+
+
+def recv_frame(sock: socket.socket, max_frame_bytes: int) -> bytes:
+    """Blocking: receive one frame (length checked first)."""
+    (n,) = _LEN.unpack(_recv_exactly(sock, _LEN.size))
+    if n > max_frame_bytes:
+        raise FrameTooLarge(f"frame of {n} bytes exceeds max_frame_bytes ({max_frame_bytes})")
+    return _recv_exactly(sock, n)

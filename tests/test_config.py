@@ -1,0 +1,247 @@
+"""The daemon's TOML config: every key decoded, every mistake named, mapped onto the engine."""
+
+from __future__ import annotations
+
+import re
+import tomllib
+from pathlib import Path
+
+import msgspec
+import pytest
+
+from cuzk_mp.daemon import config as C
+from cuzk_mp.daemon.transport import Address, parse_address
+from cuzk_mp.errors import ConfigError
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "config" / "cuzk-mp.example.toml"
+SMALL = {"memory": {"total_budget": "64GiB"}}
+
+
+def write(tmp_path: Path, text: str) -> Path:
+    p = tmp_path / "cuzk.toml"
+    p.write_text(text)
+    return p
+
+
+def resolve(raw: dict, tmp_path: Path) -> C.DaemonConfig:
+    merged = {**SMALL, **raw}
+    return C.resolve(merged, base=tmp_path, source="t.toml")
+
+
+def test_example_config_loads_and_maps_onto_the_engine(tmp_path: Path) -> None:
+    text = EXAMPLE.read_text().replace('param_cache = "~/.cache/cuzk-mp"',
+                                       f'param_cache = "{tmp_path}"')
+    cfg = C.load_config(write(tmp_path, text))
+    assert cfg.listen == Address("tcp", host="127.0.0.1", port=9820)
+    assert cfg.socket_mode == 0o600 and cfg.status_listen is None
+    assert cfg.journal_path == tmp_path / "journal.sqlite"
+    assert cfg.max_frame_bytes == 128 * 2**20
+    assert cfg.result_ttl_s == 3600 and cfg.shutdown_grace_s == 30
+    e = cfg.engine
+    assert (e.backend, e.devices, e.gpu_workers_per_device) == ("auto", None, 2)
+    assert (e.partition_workers, e.synthesis_threads, e.ring_slots) == (2, 1, 4)
+    assert (e.verify_proofs, e.max_attempts, e.start_timeout_s) == (True, 2, 300.0)
+    assert e.param_cache == tmp_path and e.shm_prefix is None
+    assert e.srs_budget_bytes is not None and e.srs_budget_bytes > 0
+    spec = cfg.circuits["porep-like-10"].spec
+    assert (spec.synthetic, spec.log_n, spec.partitions) == ("porep-like", 10, 1)
+    assert cfg.circuits["porep-like-10"].priority.name == "NORMAL"
+
+
+def test_every_key_is_documented_in_the_example() -> None:
+    text = EXAMPLE.read_text()
+    sections = {"daemon": C.DaemonSection, "srs": C.SrsSection, "memory": C.MemorySection,
+                "synthesis": C.SynthesisSection, "pipeline": C.PipelineSection,
+                "gpus": C.GpusSection, "logging": C.LoggingSection}
+    for name, struct in sections.items():
+        assert f"[{name}]" in text
+        for field in struct.__struct_fields__:
+            assert re.search(rf"^#? ?{field} = ", text, re.M), f"{name}.{field} undocumented"
+    for field in C.CircuitSection.__struct_fields__:
+        assert re.search(rf"^#? ?{field} = ", text, re.M), f"circuits.ID.{field} undocumented"
+
+
+def test_example_defaults_equal_the_code_defaults() -> None:
+    raw = tomllib.loads(EXAMPLE.read_text())
+    raw.pop("circuits")
+    assert msgspec.convert(raw, C.RawConfig) == C.RawConfig()
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"daemon": {"listne": "x"}}, "daemon.listne"),
+    ({"gpus": {"device": [0]}}, "gpus.device"),
+    ({"bogus": {}}, "bogus"),
+    ({"circuits": {"c1": {"synthetic": "porep-like", "log_n": 8, "partition": 2}}},
+     "circuits.c1.partition"),
+])
+def test_unknown_key_is_an_error_naming_it(raw: dict, key: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape(f"unknown key `{key}`")):
+        resolve(raw, tmp_path)
+
+
+def test_unknown_key_in_a_file_names_the_file_and_key(tmp_path: Path) -> None:
+    p = write(tmp_path, '[synthesis]\npartition_workers = 2\nthreadz = 4\n')
+    with pytest.raises(ConfigError) as ei:
+        C.load_config(p)
+    assert str(p) in str(ei.value) and "synthesis.threadz" in str(ei.value)
+
+
+@pytest.mark.parametrize("text, value", [
+    ("64GiB", 64 * 2**30), ("512MiB", 512 * 2**20), ("1.5GB", 1_500_000_000),
+    ("4096", 4096), (4096, 4096), ("2 TiB", 2 * 2**40), ("10kb", 10_000),
+])
+def test_sizes(text: object, value: int) -> None:
+    assert C.parse_size(text, "k") == value
+
+
+@pytest.mark.parametrize("bad", ["64 parsecs", "GiB", "-5GiB", "1e9", True, -1, "auto", [1]])
+def test_bad_sizes_name_the_key(bad: object) -> None:
+    with pytest.raises(ConfigError, match="memory.safety_margin"):
+        C.parse_size(bad, "memory.safety_margin")
+
+
+def test_auto_only_where_allowed() -> None:
+    assert C.parse_size("auto", "k", allow_auto=True) is None
+
+
+@pytest.mark.parametrize("text, seconds", [
+    ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("250ms", 0.25), (12, 12.0), ("2d", 172800.0),
+])
+def test_durations(text: object, seconds: float) -> None:
+    assert C.parse_duration(text, "k") == seconds
+
+
+@pytest.mark.parametrize("bad", ["soon", "5 minutes", -1, "1y"])
+def test_bad_durations_name_the_key(bad: object) -> None:
+    with pytest.raises(ConfigError, match="daemon.result_ttl"):
+        C.parse_duration(bad, "daemon.result_ttl")
+
+
+def test_bad_size_in_config_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="memory.total_budget"):
+        C.resolve({"memory": {"total_budget": "lots"}}, base=tmp_path)
+    with pytest.raises(ConfigError, match="daemon.max_frame_bytes"):
+        resolve({"daemon": {"max_frame_bytes": "12 bananas"}}, tmp_path)
+
+
+def test_wrong_type_names_the_key(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="synthesis.partition_workers"):
+        resolve({"synthesis": {"partition_workers": "two"}}, tmp_path)
+    with pytest.raises(ConfigError, match="gpus.backend"):
+        resolve({"gpus": {"backend": "tpu"}}, tmp_path)
+    with pytest.raises(ConfigError, match="logging.format"):
+        resolve({"logging": {"format": "xml"}}, tmp_path)
+
+
+@pytest.mark.parametrize("raw, key", [
+    ({"circuits": {"c": {"synthetic": "porep-like", "log_n": 8, "zkey": "a.zkey"}}},
+     "circuits.c"),
+    ({"circuits": {"c": {"synthetic": "porep-like"}}}, "circuits.c.log_n"),
+    ({"circuits": {"c": {"synthetic": "porep-like", "log_n": 40}}}, "circuits.c.log_n"),
+    ({"circuits": {"c": {"r1cs": "x.r1cs"}}}, "circuits.c.zkey"),
+    ({"circuits": {"c": {"zkey": "missing.zkey", "r1cs": "x.r1cs"}}}, "circuits.c.zkey"),
+    ({"circuits": {"c": {"synthetic": "porep-like", "log_n": 8, "partitions": 0}}},
+     "circuits.c.partitions"),
+    ({"circuits": {"bad id!": {"synthetic": "porep-like", "log_n": 8}}}, "circuits.bad id!"),
+    ({"srs": {"preload": ["nope"]}}, "srs.preload"),
+    ({"daemon": {"listen": "127.0.0.1:9820", "status_listen": "127.0.0.1:9820"}},
+     "daemon.status_listen"),
+    ({"daemon": {"listen": "unix://relative.sock"}}, "daemon"),
+    ({"daemon": {"listen": "localhost:99999"}}, "daemon"),
+    ({"daemon": {"socket_mode": "rw"}}, "daemon.socket_mode"),
+    ({"daemon": {"max_frame_bytes": 10}}, "daemon.max_frame_bytes"),
+    ({"gpus": {"devices": []}}, "gpus.devices"),
+    ({"gpus": {"devices": [0, 0]}}, "gpus.devices"),
+    ({"synthesis": {"partition_workers": 0}}, "synthesis.partition_workers"),
+    ({"pipeline": {"ring_slots": 0}}, "pipeline.ring_slots"),
+    ({"pipeline": {"shm_prefix": "bad/prefix"}}, "pipeline.shm_prefix"),
+    ({"memory": {"total_budget": "1GiB", "safety_margin": "2GiB"}}, "memory.total_budget"),
+])
+def test_impossible_combinations_name_the_key(raw: dict, key: str, tmp_path: Path) -> None:
+    (tmp_path / "x.r1cs").write_bytes(b"r1cs")
+    with pytest.raises(ConfigError, match=re.escape(key)):
+        resolve(raw, tmp_path)
+
+
+def test_circom_paths_are_relative_to_the_file(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    keys = tmp_path / "keys"
+    keys.mkdir()
+    for name in ("c.zkey", "c.r1cs", "c.wasm"):
+        (keys / name).write_bytes(b"x")
+    p = write(tmp_path, '[memory]\ntotal_budget = "64GiB"\n[circuits.c]\nzkey = "keys/c.zkey"\n'
+                        'r1cs = "keys/c.r1cs"\nwasm = "keys/c.wasm"\npriority = "HIGH"\n'
+                        'partitions = 3\n')
+    from cuzk_mp.daemon import budget
+    budget_calls: list[object] = []
+    # the files are placeholders, not zkeys: size the ring without reading them
+    monkeypatch.setattr(budget, "circuit_slot_bytes",
+                        lambda cc: budget_calls.append(cc) or 1 << 20)
+    cfg = C.load_config(p)
+    spec = cfg.circuits["c"].spec
+    assert spec.zkey == keys / "c.zkey" and spec.r1cs == keys / "c.r1cs"
+    assert spec.wasm == keys / "c.wasm" and spec.partitions == 3 and spec.synthetic is None
+    assert cfg.circuits["c"].priority.name == "HIGH" and len(budget_calls) == 1
+
+
+def test_values_map_onto_engine_config(tmp_path: Path) -> None:
+    cfg = resolve({
+        "daemon": {"listen": "unix:///tmp/x/cuzk.sock", "socket_mode": "0660",
+                   "status_listen": "[::1]:9821", "journal": "j/journal.db",
+                   "result_ttl": "10m", "shutdown_grace": 5},
+        "srs": {"param_cache": "cache"},
+        "synthesis": {"partition_workers": 3, "threads": 2},
+        "pipeline": {"ring_slots": 6, "shm_prefix": "cuzk-test", "verify_proofs": False,
+                     "max_attempts": 3, "start_timeout": "1m"},
+        "gpus": {"backend": "cpu", "devices": [0, 1], "gpu_workers_per_device": 1},
+        "logging": {"level": "debug", "format": "json"},
+    }, tmp_path)
+    assert cfg.listen == Address("unix", path="/tmp/x/cuzk.sock") and cfg.socket_mode == 0o660
+    assert cfg.status_listen == Address("tcp", host="::1", port=9821)
+    assert cfg.journal_path == tmp_path / "j" / "journal.db"
+    assert (cfg.result_ttl_s, cfg.shutdown_grace_s) == (600.0, 5.0)
+    e = cfg.engine
+    assert (e.backend, e.devices, e.gpu_workers_per_device) == ("cpu", [0, 1], 1)
+    assert (e.partition_workers, e.synthesis_threads, e.ring_slots) == (3, 2, 6)
+    assert (e.shm_prefix, e.verify_proofs, e.max_attempts, e.start_timeout_s) == (
+        "cuzk-test", False, 3, 60.0)
+    assert e.param_cache == tmp_path / "cache"
+    assert (cfg.log_level, cfg.log_format) == ("debug", "json")
+    e.validate()
+
+
+def test_memory_budget_is_what_is_left(tmp_path: Path) -> None:
+    from cuzk_mp.daemon.budget import PROCESS_BASE_BYTES, slot_bytes
+    cfg = resolve({"memory": {"total_budget": "16GiB", "safety_margin": "1GiB"},
+                   "synthesis": {"partition_workers": 2}, "pipeline": {"ring_slots": 3},
+                   "gpus": {"backend": "cpu", "devices": [0]},
+                   "circuits": {"a": {"synthetic": "porep-like", "log_n": 12},
+                                "b": {"synthetic": "porep-like", "log_n": 16}}}, tmp_path)
+    expect = (16 * 2**30 - 2**30 - 4 * PROCESS_BASE_BYTES
+              - (3 + 2) * slot_bytes(1 << 16, 1 << 16))
+    assert cfg.engine.srs_budget_bytes == expect
+
+
+@pytest.mark.parametrize("text, addr", [
+    ("unix:///run/cuzk.sock", Address("unix", path="/run/cuzk.sock")),
+    ("127.0.0.1:9820", Address("tcp", host="127.0.0.1", port=9820)),
+    ("tcp://localhost:1", Address("tcp", host="localhost", port=1)),
+    ("[::1]:9820", Address("tcp", host="::1", port=9820)),
+])
+def test_addresses(text: str, addr: Address) -> None:
+    assert parse_address(text) == addr
+    assert parse_address(str(addr)) == addr
+
+
+@pytest.mark.parametrize("bad", ["9820", "host:", ":9820", "host:0", "host:http", "unix://x"])
+def test_bad_addresses(bad: str) -> None:
+    with pytest.raises(ConfigError):
+        parse_address(bad)
+
+
+def test_not_toml_and_missing_file(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match="not valid TOML"):
+        C.load_config(write(tmp_path, "[daemon\nlisten = 1"))
+    with pytest.raises(ConfigError, match="not found"):
+        C.load_config(tmp_path / "nope.toml")
