@@ -242,23 +242,17 @@ def synthetic_partitions(count: int, first_seed: int = 0) -> list[P.PartitionIn]
 
 
 def write_outputs(reply: P.JobReply, out_dir: Path, vk: dict[str, Any] | None) -> list[Path]:
-    """Write proof_<i>.json and public_<i>.json per proved partition (and the vk)."""
-    import json
+    """Write proof_<i>.json and public_<i>.json per proved partition (and the vk), each file
+    atomically (snarkjs_json.write_json), so a file that exists is complete."""
+    from cuzk_mp.formats.snarkjs_json import write_json
 
     out_dir.mkdir(parents=True, exist_ok=True)
     written = []
-
-    def put(name: str, obj: Any) -> None:
-        path = out_dir / name
-        tmp = path.with_name(f".{name}.tmp")
-        tmp.write_text(json.dumps(obj, indent=1) + "\n")
-        tmp.rename(path)
-        written.append(path)
-
-    if vk is not None:
-        put("verification_key.json", vk)
+    items: list[tuple[str, Any]] = [("verification_key.json", vk)] if vk is not None else []
     for p in reply.partitions:
         if p.proof is not None:
-            put(f"proof_{p.index}.json", p.proof)
-            put(f"public_{p.index}.json", p.public)
+            items += [(f"proof_{p.index}.json", p.proof), (f"public_{p.index}.json", p.public)]
+    for name, obj in items:
+        write_json(out_dir / name, obj)
+        written.append(out_dir / name)
     return written

@@ -1,0 +1,478 @@
+"""Protocol and job-table unit tests of the daemon, against an in-process engine double.
+
+The double (``FakeEngine``, test-only) honours the Engine contract's observable behaviour:
+one queue ordered by (priority, submit order, partition index), callbacks from its own thread,
+cancel, evict refused while in use. Its "proofs" are the generator points: these tests check the
+daemon's wire, job lifecycle and journal, never proving (tests/test_daemon_e2e.py drives the
+real engine).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import heapq
+import itertools
+import json
+import os
+import socket
+import stat
+import struct
+import threading
+import time
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from cuzk_mp.algebra.field import G1_GEN, G2_GEN
+from cuzk_mp.daemon import config as C
+from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions
+from cuzk_mp.daemon.server import Daemon, DaemonState
+from cuzk_mp.daemon.transport import frame, inproc_pair
+from cuzk_mp.errors import InputError, ResourceError
+from cuzk_mp.formats.snarkjs_json import Proof
+from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionResult
+
+
+class FakeEngine:
+    """Test double of cuzk_mp.pipeline.engine.Engine (see module docstring)."""
+
+    def __init__(self, config: Any, on_job_done: Callable[[JobResult], None],
+                 on_partition_done: Callable[[str, PartitionResult], None]) -> None:
+        self.on_job_done, self.on_partition_done = on_job_done, on_partition_done
+        self.gate = threading.Event()
+        self.gate.set()
+        self.lock = threading.Condition()
+        self.queue: list[tuple[int, int, int, str]] = []
+        self.jobs: dict[str, dict[str, Any]] = {}
+        self.seq = itertools.count()
+        self.proved: list[tuple[str, int]] = []
+        self.preloaded: set[str] = set()
+        self.submitted: list[str] = []
+        self.stopping = False
+        self.thread = threading.Thread(target=self._run, name="fake-engine", daemon=True)
+
+    def start(self) -> None:
+        self.thread.start()
+
+    def register_circuit(self, spec: Any) -> None:
+        pass
+
+    def preload(self, circuit_id: str) -> None:
+        self.preloaded.add(circuit_id)
+
+    def evict(self, circuit_id: str) -> bool:
+        with self.lock:
+            if any(j["spec"].circuit_id == circuit_id and not j["done"]
+                   for j in self.jobs.values()):
+                return False
+        self.preloaded.discard(circuit_id)
+        return True
+
+    def submit(self, job: JobSpec) -> None:
+        with self.lock:
+            seq = next(self.seq)
+            self.jobs[job.job_id] = {"spec": job, "results": {}, "done": False,
+                                     "submitted_at": time.time()}
+            self.submitted.append(job.job_id)
+            for i in range(len(job.partitions)):
+                heapq.heappush(self.queue, (int(job.priority), seq, i, job.job_id))
+            self.lock.notify_all()
+
+    def cancel(self, job_id: str) -> bool:
+        with self.lock:
+            job = self.jobs.get(job_id)
+            if job is None or job["done"]:
+                return False
+            self.queue = [q for q in self.queue if q[3] != job_id]
+            heapq.heapify(self.queue)
+            self._finish(job_id, "cancelled")
+            return True
+
+    def status(self) -> dict[str, Any]:
+        with self.lock:
+            return {"jobs": [{"job_id": j, "partitions": [{"index": i, "state": "queued"}
+                                                          for i in range(len(v["spec"].partitions))]}
+                             for j, v in self.jobs.items() if not v["done"]],
+                    "processes": [{"pid": os.getpid(), "role": "fake", "alive": True}],
+                    "ring": {"slots": [{"state": "free"}, {"state": "ready"}]},
+                    "srs": [{"circuit": c, "tier": "host", "bytes": 1000}
+                            for c in sorted(self.preloaded)],
+                    "memory": {"rss": 123, "shm": 0}}
+
+    def metrics(self) -> dict[str, Any]:
+        return {"partitions_proved": len(self.proved)}
+
+    def stop(self, grace_s: float = 30.0) -> None:
+        with self.lock:
+            self.stopping = True
+            for job_id, job in list(self.jobs.items()):
+                if not job["done"]:
+                    self._finish(job_id, "cancelled")
+            self.lock.notify_all()
+        self.gate.set()
+        self.thread.join(5)
+
+    def _finish(self, job_id: str, state: str) -> None:
+        job = self.jobs[job_id]
+        job["done"] = True
+        spec = job["spec"]
+        parts = [job["results"].get(i) or PartitionResult(
+            index=i, proof=None, public=[], timings={}, device=None, attempts=0,
+            error="cancelled", error_kind="Cancelled") for i in range(len(spec.partitions))]
+        failed = any(p.error and p.error_kind != "Cancelled" for p in parts)
+        final = state if state != "done" else ("failed" if failed else "done")
+        self.on_job_done(JobResult(job_id=job_id, circuit_id=spec.circuit_id, state=final,
+                                   partitions=parts, error=None, submitted_at=job["submitted_at"],
+                                   started_at=job["submitted_at"], finished_at=time.time()))
+
+    def _run(self) -> None:
+        while True:
+            with self.lock:
+                while (not self.queue or not self.gate.is_set()) and not self.stopping:
+                    self.lock.wait(0.01)
+                if self.stopping:
+                    return
+                _, _, index, job_id = heapq.heappop(self.queue)
+                job = self.jobs[job_id]
+                seed = job["spec"].partitions[index].seed
+                r = PartitionResult(index=index, proof=Proof(G1_GEN, G2_GEN, G1_GEN),
+                                    public=[index, seed], timings={"device": 0.01, "total": 0.02},
+                                    device=0, attempts=1)
+                job["results"][index] = r
+                self.proved.append((job_id, index))
+                self.on_partition_done(job_id, r)
+                if len(job["results"]) == len(job["spec"].partitions):
+                    self._finish(job_id, "done")
+
+
+def make_config(tmp_path: Path, **daemon: Any) -> C.DaemonConfig:
+    raw = {
+        "daemon": {"listen": f"unix://{tmp_path}/d.sock", "max_frame_bytes": "64KiB", **daemon},
+        "srs": {"param_cache": str(tmp_path / "cache")},
+        "memory": {"total_budget": "64GiB"},
+        "circuits": {"syn": {"synthetic": "porep-like", "log_n": 8, "partitions": 2},
+                     "crit": {"synthetic": "porep-like", "log_n": 8, "priority": "CRITICAL"}},
+    }
+    return C.resolve(raw, base=tmp_path, source="test.toml")
+
+
+def run_daemon(tmp_path: Path, body: Callable[[Daemon, str], Awaitable[None]],
+               **daemon: Any) -> Daemon:
+    """Start a Daemon with the FakeEngine, run ``body(daemon, address)``, stop it."""
+    cfg = make_config(tmp_path, **daemon)
+
+    async def main() -> Daemon:
+        d = Daemon(cfg, engine_factory=FakeEngine)
+        await d.start()
+        try:
+            await body(d, str(cfg.listen))
+        finally:
+            await d.stop()
+        return d
+
+    return asyncio.run(main())
+
+
+def test_submit_await_prove_over_a_unix_socket(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            sub = await c.submit("syn", synthetic_partitions(2, first_seed=7))
+            assert sub.state in ("queued", "running", "done") and not sub.duplicate
+            r = await c.await_proof(sub.job_id, timeout_s=10)
+            assert r.state == "done" and not r.timed_out and r.priority == "NORMAL"
+            assert [p.public for p in r.partitions] == [["0", "7"], ["1", "8"]]
+            assert r.partitions[0].proof["protocol"] == "groth16"
+            assert r.partitions[0].proof["pi_a"][:2] == [str(G1_GEN[0]), str(G1_GEN[1])]
+            r2 = await c.prove("crit", synthetic_partitions(1), timeout_s=10)
+            assert r2.state == "done" and r2.priority == "CRITICAL"
+
+    run_daemon(tmp_path, body)
+
+
+def test_socket_is_private_and_removed_at_stop(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        st = os.stat(tmp_path / "d.sock")
+        assert stat.S_ISSOCK(st.st_mode) and stat.S_IMODE(st.st_mode) == 0o600
+
+    d = run_daemon(tmp_path, body)
+    assert d.state is DaemonState.STOPPED and not (tmp_path / "d.sock").exists()
+
+
+def test_await_timeout_is_real(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        d.engine.gate.clear()
+        async with await AsyncClient.connect(addr) as c:
+            sub = await c.submit("syn", synthetic_partitions(1))
+            t0 = time.perf_counter()
+            r = await c.await_proof(sub.job_id, timeout_s=0.3)
+            waited = time.perf_counter() - t0
+            assert r.timed_out and r.state == "queued" and 0.25 <= waited < 2.0
+            assert r.partitions[0].state == "pending" and r.partitions[0].proof is None
+            d.engine.gate.set()
+            r = await c.await_proof(sub.job_id)
+            assert r.state == "done" and not r.timed_out
+
+    run_daemon(tmp_path, body)
+
+
+def test_duplicate_request_ids(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        d.engine.gate.clear()
+        async with await AsyncClient.connect(addr) as c:
+            parts = synthetic_partitions(2)
+            subs = await asyncio.gather(*[c.submit("syn", parts, request_id="porep-1000-7")
+                                          for _ in range(5)])
+            assert {s.job_id for s in subs} == {"porep-1000-7"}
+            assert sum(not s.duplicate for s in subs) == 1
+            with pytest.raises(InputError, match="different job"):
+                await c.submit("syn", synthetic_partitions(3), request_id="porep-1000-7")
+            d.engine.gate.set()
+            r = await c.prove("syn", parts, request_id="porep-1000-7", timeout_s=10)
+            assert r.state == "done"
+            again = await c.submit("syn", parts, request_id="porep-1000-7")
+            assert again.duplicate and again.state == "done"
+        assert d.engine.submitted.count("porep-1000-7") == 1
+        assert len(d.engine.proved) == 2
+
+    run_daemon(tmp_path, body)
+
+
+def test_priorities_and_cancel_of_a_queued_job(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        d.engine.gate.clear()
+        async with await AsyncClient.connect(addr) as c:
+            low = await c.submit("syn", synthetic_partitions(1), priority="LOW")
+            normal = await c.submit("syn", synthetic_partitions(1))
+            doomed = await c.submit("syn", synthetic_partitions(2), priority="HIGH")
+            crit = await c.submit("crit", synthetic_partitions(1))
+            cr = await c.cancel(doomed.job_id)
+            assert cr.cancelled
+            r = await c.await_proof(doomed.job_id, timeout_s=5)
+            assert r.state == "cancelled" and {p.state for p in r.partitions} == {"cancelled"}
+            assert not (await c.cancel(doomed.job_id)).cancelled
+            d.engine.gate.set()
+            for s in (low, normal, crit):
+                assert (await c.await_proof(s.job_id, timeout_s=10)).state == "done"
+        order = [j for j, _ in d.engine.proved]
+        assert order == [crit.job_id, normal.job_id, low.job_id]
+
+    run_daemon(tmp_path, body)
+
+
+def test_errors_are_data_and_the_daemon_keeps_serving(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            cases = [
+                (c.submit("nope", synthetic_partitions(1)), "unknown circuit 'nope'"),
+                (c.submit("syn", []), "at least one partition"),
+                (c.submit("syn", [P.PartitionIn("json", b'{"a": 1}')]), "has no wasm"),
+                (c.submit("syn", [P.PartitionIn("wtns", b"junk")]), r"partitions\[0\].data"),
+                (c.submit("syn", [P.PartitionIn("synthetic", seed=-1)]), "seed"),
+                (c.await_proof("no-such-job"), "unknown job"),
+                (c.cancel("no-such-job"), "unknown job"),
+                (c.preload("nope"), "unknown circuit"),
+                (c.await_proof("x", timeout_s=-1), "unknown job"),
+            ]
+            for coro, pattern in cases:
+                with pytest.raises(InputError, match=pattern):
+                    await coro
+            r = await c.prove("syn", synthetic_partitions(2), timeout_s=10)
+            assert r.state == "done"
+        status = await d.status_doc()
+        assert status["daemon"]["state"] == "running"
+
+    run_daemon(tmp_path, body)
+
+
+def _raw_roundtrip(path: str, payloads: list[bytes]) -> list[Any]:
+    """Send raw frames on a fresh connection; return decoded replies until EOF or timeout."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(5)
+    s.connect(path)
+    for p in payloads:
+        s.sendall(p)
+    out, buf = [], b""
+    try:
+        while len(out) < len(payloads):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+                n = struct.unpack(">I", buf[:4])[0]
+                out.append(P.decode_reply(buf[4:4 + n]))
+                buf = buf[4 + n:]
+    finally:
+        s.close()
+    return out
+
+
+def test_malformed_and_oversized_frames(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        path = str(tmp_path / "d.sock")
+        good = frame(P.encode(P.GetMetrics(id=9)))
+        wrong_type = frame(msgspec.msgpack.encode({"type": "SubmitProof", "id": 42}))
+        garbage = frame(b"\xc1\xff\x00garbage")
+        replies = await asyncio.to_thread(_raw_roundtrip, path, [garbage, wrong_type, good])
+        assert [type(r).__name__ for r in replies] == ["ErrorReply", "ErrorReply", "MetricsReply"]
+        assert replies[0].kind == "InputError" and "malformed" in replies[0].message
+        assert replies[1].id == 42 and "circuit_id" in replies[1].message
+        oversized = struct.pack(">I", 10 * 2**20) + b"x" * 100
+        replies = await asyncio.to_thread(_raw_roundtrip, path, [oversized, good])
+        assert len(replies) == 1 and replies[0].kind == "InputError"
+        assert "max_frame_bytes" in replies[0].message
+        async with await AsyncClient.connect(addr) as c:  # still serving
+            assert "cuzk_requests_total" in await c.metrics()
+            with pytest.raises(InputError, match="max_frame_bytes"):
+                await c.submit("syn", [P.PartitionIn("wtns", b"wtns" + b"\0" * 70000)])
+
+    run_daemon(tmp_path, body)
+
+
+def test_pipelining_many_requests_on_one_connection(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            replies = await asyncio.gather(*[
+                c.prove("syn", synthetic_partitions(1, first_seed=i), timeout_s=20)
+                for i in range(40)])
+            assert all(r.state == "done" for r in replies)
+            assert sorted(r.partitions[0].public[1] for r in replies) == sorted(
+                str(i) for i in range(40))
+            assert len({r.job_id for r in replies}) == 40
+
+    run_daemon(tmp_path, body)
+
+
+def test_preload_evict_and_status(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            await c.preload("syn")
+            st = await c.status()
+            assert st["srs"] == [{"circuit": "syn", "tier": "host", "bytes": 1000}]
+            d.engine.gate.clear()
+            sub = await c.submit("syn", synthetic_partitions(1))
+            ev = await c.evict("syn")
+            assert not ev.evicted and "uses this circuit" in ev.reason
+            st = await c.status()
+            job = next(j for j in st["jobs"] if j["job_id"] == sub.job_id)
+            assert job["state"] == "queued" and job["partitions"][0]["state"] == "queued"
+            assert st["queue_depth"] == 1 and st["ring"]["slots"][1]["state"] == "ready"
+            assert st["memory_budget"]["srs"] > 0 and st["processes"][0]["alive"]
+            d.engine.gate.set()
+            await c.await_proof(sub.job_id)
+            assert (await c.evict("syn")).evicted
+            assert (await c.status())["srs"] == []
+            text = await c.metrics()
+        assert 'cuzk_proofs_completed_total{circuit="syn"} 1' in text
+        assert 'cuzk_ring_slots{state="ready"} 1' in text
+        assert "cuzk_ring_occupancy 0.5" in text
+        assert "cuzk_engine_partitions_proved 1" in text
+
+    run_daemon(tmp_path, body)
+
+
+def test_results_are_pruned_after_ttl(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            r = await c.prove("syn", synthetic_partitions(1), request_id="r1", timeout_s=10)
+            assert r.state == "done"
+            assert await d.jobs.prune(now=time.time()) == 0
+            assert await d.jobs.prune(now=time.time() + 61) == 1
+            with pytest.raises(InputError, match="pruned"):
+                await c.await_proof("r1")
+            assert d.journal.load() == []
+            again = await c.submit("syn", synthetic_partitions(1), request_id="r1")
+            assert not again.duplicate
+
+    run_daemon(tmp_path, body, result_ttl="60s")
+
+
+def test_journal_restores_results_and_resubmits_unfinished(tmp_path: Path) -> None:
+    ids: dict[str, str] = {}
+
+    async def first(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            ids["done"] = (await c.prove("syn", synthetic_partitions(2), timeout_s=10)).job_id
+            d.engine.gate.clear()
+            ids["open"] = (await c.submit("syn", synthetic_partitions(2, 5))).job_id
+            ids["crit"] = (await c.submit("crit", synthetic_partitions(1))).job_id
+
+    run_daemon(tmp_path, first)  # the stop "cancels" the open jobs in the engine: not final
+
+    async def second(d: Daemon, addr: str) -> None:
+        assert d.engine.submitted == [ids["open"], ids["crit"]]
+        async with await AsyncClient.connect(addr) as c:
+            r = await c.await_proof(ids["done"], timeout_s=1)
+            assert r.state == "done" and len(r.partitions) == 2
+            r = await c.await_proof(ids["open"], timeout_s=10)
+            assert r.state == "done" and [p.public[1] for p in r.partitions] == ["5", "6"]
+            assert (await c.await_proof(ids["crit"], timeout_s=10)).state == "done"
+
+    run_daemon(tmp_path, second)
+
+
+def test_sync_client_and_shutdown_refusals(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        def sync_calls() -> None:
+            with Client(addr) as c:
+                r = c.prove("syn", synthetic_partitions(1), timeout_s=10)
+                assert r.state == "done"
+                assert c.status()["job_counts"]["done"] == 1
+                with pytest.raises(InputError):
+                    c.cancel("missing")
+        await asyncio.to_thread(sync_calls)
+        d.jobs.draining = True
+        async with await AsyncClient.connect(addr) as c:
+            with pytest.raises(ResourceError, match="shutting down"):
+                await c.submit("syn", synthetic_partitions(1))
+
+    run_daemon(tmp_path, body)
+
+
+def test_http_status_metrics_healthz(tmp_path: Path) -> None:
+    import urllib.request
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+
+    async def body(d: Daemon, addr: str) -> None:
+        def get(path: str) -> tuple[int, str, str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}{path}", timeout=5) as r:
+                    return r.status, r.headers["Content-Type"], r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.headers["Content-Type"], e.read().decode()
+
+        async with await AsyncClient.connect(addr) as c:
+            await c.prove("syn", synthetic_partitions(2), timeout_s=10)
+        code, ctype, text = await asyncio.to_thread(get, "/status")
+        doc = json.loads(text)
+        assert code == 200 and ctype == "application/json"
+        assert doc["job_counts"]["done"] == 1 and doc["jobs"][0]["partitions"][1]["state"] == "done"
+        code, ctype, text = await asyncio.to_thread(get, "/metrics")
+        assert code == 200 and ctype.startswith("text/plain; version=0.0.4")
+        assert 'cuzk_jobs_total{circuit="syn",state="done"} 1' in text
+        assert await asyncio.to_thread(get, "/healthz") == (200, "text/plain", "ok\n")
+        assert (await asyncio.to_thread(get, "/nope"))[0] == 404
+
+    run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")
+
+
+def test_inproc_transport_carries_frames_and_enforces_the_limit() -> None:
+    async def main() -> None:
+        a, b = inproc_pair(max_frame_bytes=100)
+        await a.write(b"hello")
+        assert await b.read() == b"hello"
+        with pytest.raises(Exception, match="max_frame_bytes"):
+            await a.write(b"x" * 101)
+        a.close()
+        with pytest.raises(ConnectionError):
+            await b.read()
+
+    asyncio.run(main())
