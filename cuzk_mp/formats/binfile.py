@@ -1,0 +1,315 @@
+"""The iden3 binary container shared by .r1cs, .wtns, .zkey and .ptau files.
+
+Layout (@iden3/binfileutils, snarkjs-formats.md section 5.1)::
+
+    magic      4 bytes ASCII ("r1cs" | "wtns" | "zkey" | "ptau")
+    version    u32 LE
+    nSections  u32 LE
+    repeat nSections: { id u32 LE, size u64 LE, payload[size] }
+
+This module owns the file mapping: :class:`BinFile` maps a file read-only
+(``mmap``) and hands out zero-copy views of its sections; :func:`write_binfile`
+streams sections to disk chunk by chunk, so a 10 GB zkey is never built in
+memory. It knows nothing about what the sections mean: the r1cs, wtns and zkey
+modules do. :class:`FieldReader` is the small cursor they use to parse the
+fixed-layout header sections with errors that name file, section and field.
+
+Stricter than binfileutils, on purpose: an id that appears twice anywhere in
+the section table, a section that runs past the end of the file, and bytes
+after the last section are errors at open time (snarkjs only notices a
+duplicate when it reads that section, and ignores trailing bytes).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import struct
+from collections.abc import Iterable, Mapping, Sequence
+from typing import IO, Any, Union
+
+import numpy as np
+
+from ..errors import FormatError, InputError
+
+Chunk = Union[bytes, bytearray, memoryview, np.ndarray]
+Payload = Union[Chunk, Iterable[Chunk]]
+
+_HEAD = struct.Struct("<4sII")  # magic, version, nSections
+_SECTION_HEAD = struct.Struct("<IQ")  # id, size
+_WRITE_ROWS_BYTES = 64 << 20  # non-contiguous arrays are written in slices of about this size
+
+
+def describe_source(src: object, name: str | None) -> str:
+    """The name errors use for a file given as a path or as bytes."""
+    if name is not None:
+        return name
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return "<bytes>"
+    return os.fspath(src)  # type: ignore[call-overload, no-any-return]
+
+
+class BinFile:
+    """A parsed, read-only iden3 binary file: its version and an index of its sections.
+
+    Sections are looked up by id, whatever their order in the file. Every id
+    appears at most once (checked at open). Views returned by :meth:`section`
+    and :meth:`section_array` stay valid after :meth:`close`: they keep the
+    mapping alive until they are dropped.
+    """
+
+    def __init__(
+        self, buf: memoryview, name: str, magic: str, versions: Sequence[int],
+        labels: Mapping[int, str] | None = None, mm: mmap.mmap | None = None,
+    ) -> None:
+        self._buf = buf
+        self._mm = mm
+        self.name = name
+        self.magic = magic
+        self.labels = dict(labels or {})
+        self._sections: dict[int, tuple[int, int]] = {}
+        self._order: list[int] = []
+        self.version = self._parse(versions)
+
+    @classmethod
+    def open(
+        cls, path: str | os.PathLike[str], magic: str, versions: Sequence[int],
+        *, labels: Mapping[int, str] | None = None, name: str | None = None,
+    ) -> BinFile:
+        """Map ``path`` read-only and index its sections (FormatError if malformed)."""
+        shown = describe_source(path, name)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+        except OSError as exc:
+            raise InputError(f"{shown}: cannot read: {exc.strerror or exc}") from exc
+        buf = memoryview(mm) if mm is not None else memoryview(b"")
+        try:
+            return cls(buf, shown, magic, versions, labels, mm)
+        except FormatError:
+            buf.release()
+            if mm is not None:
+                mm.close()
+            raise
+
+    @classmethod
+    def from_bytes(
+        cls, data: bytes | bytearray | memoryview, name: str, magic: str, versions: Sequence[int],
+        *, labels: Mapping[int, str] | None = None,
+    ) -> BinFile:
+        """Index an in-memory file (views are read-only even if ``data`` is writable)."""
+        return cls(memoryview(data).cast("B").toreadonly(), name, magic, versions, labels)
+
+    # ------------------------------------------------------------------ parsing
+
+    def _parse(self, versions: Sequence[int]) -> int:
+        buf, total = self._buf, len(self._buf)
+        if total < _HEAD.size:
+            raise FormatError(self.name, None, f"truncated header: file is {total} bytes, the header needs {_HEAD.size}")
+        magic, version, n_sections = _HEAD.unpack_from(buf, 0)
+        if magic != self.magic.encode("ascii"):
+            raise FormatError(self.name, None, f"wrong magic {magic!r}: not a .{self.magic} file")
+        if version not in versions:
+            raise FormatError(self.name, None, f"version {version} not supported (expected {' or '.join(map(str, versions))})")
+        pos = _HEAD.size
+        for k in range(n_sections):
+            if pos + _SECTION_HEAD.size > total:
+                raise FormatError(self.name, None, f"truncated: entry {k + 1} of {n_sections} of the section table "
+                                  f"would start at byte {pos}, the file has {total} bytes")
+            sid, size = _SECTION_HEAD.unpack_from(buf, pos)
+            start = pos + _SECTION_HEAD.size
+            if start + size > total:
+                raise FormatError(self.name, self.where(sid), f"truncated: {size} bytes declared at byte {start}, "
+                                  f"only {total - start} left in the file")
+            if sid in self._sections:
+                raise FormatError(self.name, self.where(sid), f"duplicated (at bytes {self._sections[sid][0]} and {start})")
+            self._sections[sid] = (start, size)
+            self._order.append(sid)
+            pos = start + size
+        if pos != total:
+            raise FormatError(self.name, None, f"{total - pos} bytes of trailing garbage after the last section")
+        return int(version)
+
+    # ------------------------------------------------------------------ access
+
+    @property
+    def section_ids(self) -> tuple[int, ...]:
+        """Section ids in file order."""
+        return tuple(self._order)
+
+    def has(self, sid: int) -> bool:
+        """Whether section ``sid`` is present."""
+        return sid in self._sections
+
+    def where(self, sid: int) -> str:
+        """How errors name section ``sid``, e.g. ``"2 (constraints)"``."""
+        label = self.labels.get(sid)
+        return f"{sid} ({label})" if label else str(sid)
+
+    def error(self, sid: int | None, problem: str) -> FormatError:
+        """A FormatError naming this file and section ``sid`` (None: the file as a whole)."""
+        return FormatError(self.name, None if sid is None else self.where(sid), problem)
+
+    def section_size(self, sid: int) -> int:
+        """Payload size of section ``sid`` in bytes (FormatError if missing)."""
+        return self._locate(sid)[1]
+
+    def section(self, sid: int) -> memoryview:
+        """Read-only view of the payload of section ``sid`` (FormatError if missing)."""
+        start, size = self._locate(sid)
+        return self._buf[start : start + size]
+
+    def section_array(self, sid: int, dtype: Any, shape: int | tuple[int, ...], *, offset: int = 0) -> np.ndarray:
+        """Zero-copy read-only array over section ``sid`` from byte ``offset``.
+
+        The array must fill the rest of the section exactly, else FormatError
+        naming the expected and actual sizes. Views over a file may be
+        unaligned (``.flags.aligned`` is False when a previous section's size
+        is not a multiple of 8); numpy and numba handle that.
+        """
+        start, size = self._locate(sid)
+        dt = np.dtype(dtype)
+        shp = (shape,) if isinstance(shape, int) else tuple(shape)
+        count = int(np.prod(shp, dtype=np.int64))
+        want = offset + count * dt.itemsize
+        if want != size:
+            raise self.error(sid, f"size is {size} bytes, expected {want}")
+        arr = np.frombuffer(self._buf, dtype=dt, count=count, offset=start + offset).reshape(shp)
+        arr.flags.writeable = False
+        return arr
+
+    def _locate(self, sid: int) -> tuple[int, int]:
+        try:
+            return self._sections[sid]
+        except KeyError:
+            raise self.error(sid, "missing") from None
+
+    def close(self) -> None:
+        """Drop this object's hold on the mapping (views already taken keep it alive)."""
+        try:
+            self._buf.release()
+        except BufferError:
+            pass  # arrays still use the view; the mapping goes when they do
+        if self._mm is not None:
+            try:
+                self._mm.close()
+            except BufferError:
+                pass
+            self._mm = None
+
+    def __enter__(self) -> BinFile:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.close()
+
+
+class FieldReader:
+    """A cursor over one fixed-layout section; errors name file, section and field."""
+
+    def __init__(self, bf: BinFile, sid: int) -> None:
+        self.bf = bf
+        self.sid = sid
+        self.buf = bf.section(sid)
+        self.pos = 0
+
+    def take(self, n: int, field: str) -> memoryview:
+        """The next ``n`` bytes (FormatError if the section ends first)."""
+        if self.pos + n > len(self.buf):
+            raise self.bf.error(self.sid, f"truncated in field {field}: section is {len(self.buf)} bytes")
+        out = self.buf[self.pos : self.pos + n]
+        self.pos += n
+        return out
+
+    def u32(self, field: str) -> int:
+        """Next little-endian u32."""
+        return int.from_bytes(self.take(4, field), "little")
+
+    def u64(self, field: str) -> int:
+        """Next little-endian u64."""
+        return int.from_bytes(self.take(8, field), "little")
+
+    def bigint(self, n8: int, field: str) -> int:
+        """Next ``n8``-byte little-endian unsigned integer."""
+        return int.from_bytes(self.take(n8, field), "little")
+
+    def limbs(self, nlimbs: int, field: str) -> np.ndarray:
+        """Next ``nlimbs`` u64 limbs as a fresh ``(nlimbs,) uint64`` array."""
+        return np.frombuffer(self.take(8 * nlimbs, field), dtype="<u8").astype(np.uint64)
+
+    def end(self) -> None:
+        """Require that the whole section was consumed."""
+        if self.pos != len(self.buf):
+            raise self.bf.error(self.sid, f"size is {len(self.buf)} bytes, its fields take {self.pos}")
+
+
+def open_source(
+    src: str | os.PathLike[str] | bytes | bytearray | memoryview, name: str | None, magic: str,
+    versions: Sequence[int], labels: Mapping[int, str],
+) -> BinFile:
+    """:meth:`BinFile.open` for a path, :meth:`BinFile.from_bytes` for in-memory data."""
+    if isinstance(src, (bytes, bytearray, memoryview)):
+        return BinFile.from_bytes(src, describe_source(src, name), magic, versions, labels=labels)
+    return BinFile.open(src, magic, versions, labels=labels, name=name)
+
+
+# ---------------------------------------------------------------------- writing
+
+
+def _chunks(payload: Payload) -> Iterable[Chunk]:
+    if isinstance(payload, (bytes, bytearray, memoryview, np.ndarray)):
+        return (payload,)
+    return payload
+
+
+def _write_array(f: IO[bytes], arr: np.ndarray) -> int:
+    if arr.dtype.fields is None and arr.dtype.byteorder == ">":
+        arr = arr.astype(arr.dtype.newbyteorder("<"))
+    if arr.flags.c_contiguous:
+        f.write(arr.data)
+        return int(arr.nbytes)
+    rows = max(1, _WRITE_ROWS_BYTES // max(1, arr[:1].nbytes))
+    for lo in range(0, arr.shape[0], rows):
+        f.write(np.ascontiguousarray(arr[lo : lo + rows]).data)
+    return int(arr.nbytes)
+
+
+def write_sections(f: IO[bytes], magic: str, version: int, sections: Sequence[tuple[int, Payload]]) -> None:
+    """Write a whole binfile to a seekable stream (sizes are patched after each section)."""
+    f.write(_HEAD.pack(magic.encode("ascii"), version, len(sections)))
+    for sid, payload in sections:
+        head_at = f.tell()
+        f.write(_SECTION_HEAD.pack(sid, 0))
+        size = 0
+        for chunk in _chunks(payload):
+            if isinstance(chunk, np.ndarray):
+                size += _write_array(f, chunk)
+            else:
+                view = memoryview(chunk).cast("B")
+                f.write(view)
+                size += view.nbytes
+        end = f.tell()
+        f.seek(head_at)
+        f.write(_SECTION_HEAD.pack(sid, size))
+        f.seek(end)
+
+
+def write_binfile(path: str | os.PathLike[str], magic: str, version: int, sections: Sequence[tuple[int, Payload]]) -> None:
+    """Stream an iden3 binfile to ``path``, sections in the given order.
+
+    Each payload is one buffer (bytes, memoryview, numpy array: raw C-order
+    bytes) or an iterable of them (a list of chunks or a generator, consumed
+    once, one chunk at a time). The file is written under a temporary name
+    in the same folder and renamed into place, so readers never see half a file.
+    """
+    path = os.fspath(path)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        with open(tmp, "wb") as f:
+            write_sections(f, magic, version, sections)
+        os.replace(tmp, path)
+    except BaseException:
+        if os.path.exists(tmp):
+            os.unlink(tmp)
+        raise

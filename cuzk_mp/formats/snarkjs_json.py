@@ -1,0 +1,268 @@
+"""snarkjs JSON: proof.json, public.json and verification_key.json for BLS12-381 Groth16.
+
+Shapes (snarkjs-formats.md section 7; snarkjs ``groth16_prove.js``,
+``zkey_export_verificationkey.js``, ffjavascript ``fromObject``): every number
+is a decimal string of the standard-form integer. Points are written affine
+as projective triples with z = "1" (G2: z = ["1", "0"]), infinity as
+["0", "1", "0"] (G2: [["0","0"], ["1","0"], ["0","0"]]). When reading, like
+snarkjs: z = 1 is affine, z = 0 is infinity, any other z is Jacobian
+(X/Z^2, Y/Z^3), and a 2-element [x, y] is affine.
+
+In Python, points are "affine ints" (cuzk_mp.algebra.curve): G1 ``(x, y)``,
+G2 ``((x0, x1), (y0, y1))``, None for infinity. This module checks syntax and
+ranges only (< q for coordinates, < r for public signals); on-curve and
+subgroup checks are the verifier's job. Decimal strings are ``[0-9]+``; JSON
+integers are accepted too (snarkjs passes them to BigInt); anything else
+(hex, signs, floats, booleans) is a FormatError naming the field, e.g.
+``proof.json: pi_b[1][0]: not a decimal string``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+from dataclasses import dataclass
+from typing import Any
+
+from ..algebra.curve import G1Affine, G2Affine
+from ..algebra.field import Q_MOD, R_MOD
+from ..errors import FormatError, InputError
+
+PROTOCOL = "groth16"
+CURVE = "bls12381"
+_DECIMAL = re.compile(r"[0-9]{1,200}")
+Fq2 = tuple[int, int]
+
+
+@dataclass
+class Proof:
+    """A Groth16 proof: pi_a, pi_c in G1 and pi_b in G2, as affine ints."""
+
+    pi_a: G1Affine
+    pi_b: G2Affine
+    pi_c: G1Affine
+
+
+@dataclass
+class VerificationKey:
+    """snarkjs's verification_key.json: IC has n_public + 1 points.
+
+    ``alphabeta_12`` = e(alpha1, beta2) as nested lists [2][3][2] of Fq values
+    (ints, or decimal strings when built by hand); informational only, None
+    when absent (it is then not written).
+    """
+
+    n_public: int
+    alpha1: G1Affine
+    beta2: G2Affine
+    gamma2: G2Affine
+    delta2: G2Affine
+    ic: list[G1Affine]
+    alphabeta_12: list[Any] | None
+
+
+# ---------------------------------------------------------------------- writing
+
+
+def g1_to_json(p: G1Affine) -> list[str]:
+    """A G1 point as snarkjs writes it: [x, y, "1"], infinity ["0", "1", "0"]."""
+    if p is None:
+        return ["0", "1", "0"]
+    return [str(p[0]), str(p[1]), "1"]
+
+
+def g2_to_json(p: G2Affine) -> list[list[str]]:
+    """A G2 point as snarkjs writes it: [[x0, x1], [y0, y1], ["1", "0"]]."""
+    if p is None:
+        return [["0", "0"], ["1", "0"], ["0", "0"]]
+    (x0, x1), (y0, y1) = p
+    return [[str(x0), str(x1)], [str(y0), str(y1)], ["1", "0"]]
+
+
+def proof_to_json(p: Proof) -> dict[str, Any]:
+    """proof.json's object, keys in snarkjs's order."""
+    return {"pi_a": g1_to_json(p.pi_a), "pi_b": g2_to_json(p.pi_b), "pi_c": g1_to_json(p.pi_c),
+            "protocol": PROTOCOL, "curve": CURVE}
+
+
+def public_to_json(values: list[int]) -> list[str]:
+    """public.json: the public signals as decimal strings."""
+    return [str(int(v)) for v in values]
+
+
+def vk_to_json(vk: VerificationKey) -> dict[str, Any]:
+    """verification_key.json's object, keys in snarkjs's order."""
+    if len(vk.ic) != vk.n_public + 1:
+        raise ValueError(f"verification key has {len(vk.ic)} IC points for nPublic {vk.n_public}")
+    out: dict[str, Any] = {
+        "protocol": PROTOCOL, "curve": CURVE, "nPublic": vk.n_public,
+        "vk_alpha_1": g1_to_json(vk.alpha1), "vk_beta_2": g2_to_json(vk.beta2),
+        "vk_gamma_2": g2_to_json(vk.gamma2), "vk_delta_2": g2_to_json(vk.delta2),
+    }
+    if vk.alphabeta_12 is not None:
+        out["vk_alphabeta_12"] = [[[str(int(c)) for c in fq2] for fq2 in fq6] for fq6 in vk.alphabeta_12]
+    out["IC"] = [g1_to_json(p) for p in vk.ic]
+    return out
+
+
+# ---------------------------------------------------------------------- reading
+
+
+class _Ctx:
+    """Where we are in a JSON document, for error messages."""
+
+    def __init__(self, name: str) -> None:
+        self.name = name
+
+    def fail(self, where: str, problem: str) -> FormatError:
+        return FormatError(self.name, None, f"{where}: {problem}")
+
+    def number(self, value: Any, where: str, bound: int, what: str) -> int:
+        if isinstance(value, bool) or not isinstance(value, (str, int)):
+            raise self.fail(where, f"not a decimal string ({type(value).__name__})")
+        if isinstance(value, str):
+            if not _DECIMAL.fullmatch(value):
+                raise self.fail(where, f"not a decimal string: {value[:40]!r}")
+            value = int(value)
+        if not 0 <= value < bound:
+            raise self.fail(where, f"{value} is not < {what}" if value >= 0 else f"{value} is negative")
+        return value
+
+    def array(self, value: Any, where: str, lengths: tuple[int, ...]) -> list[Any]:
+        if not isinstance(value, list):
+            raise self.fail(where, f"expected an array, got {type(value).__name__}")
+        if len(value) not in lengths:
+            want = " or ".join(map(str, lengths))
+            raise self.fail(where, f"expected {want} elements, got {len(value)}")
+        return value
+
+    def fq(self, value: Any, where: str) -> int:
+        return self.number(value, where, Q_MOD, "q")
+
+    def fq2(self, value: Any, where: str) -> Fq2:
+        arr = self.array(value, where, (2,))
+        return self.fq(arr[0], f"{where}[0]"), self.fq(arr[1], f"{where}[1]")
+
+    def g1(self, value: Any, where: str) -> G1Affine:
+        arr = self.array(value, where, (2, 3))
+        x, y = self.fq(arr[0], f"{where}[0]"), self.fq(arr[1], f"{where}[1]")
+        z = self.fq(arr[2], f"{where}[2]") if len(arr) == 3 else 1
+        if z == 0:
+            return None
+        if z == 1:
+            return (x, y)
+        zi = pow(z, -1, Q_MOD)
+        zi2 = zi * zi % Q_MOD
+        return (x * zi2 % Q_MOD, y * zi2 * zi % Q_MOD)
+
+    def g2(self, value: Any, where: str) -> G2Affine:
+        arr = self.array(value, where, (2, 3))
+        x, y = self.fq2(arr[0], f"{where}[0]"), self.fq2(arr[1], f"{where}[1]")
+        z = self.fq2(arr[2], f"{where}[2]") if len(arr) == 3 else (1, 0)
+        if z == (0, 0):
+            return None
+        if z == (1, 0):
+            return (x, y)
+        zi = _fq2_inv(z)
+        zi2 = _fq2_mul(zi, zi)
+        return (_fq2_mul(x, zi2), _fq2_mul(y, _fq2_mul(zi2, zi)))
+
+    def obj(self, value: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+        if not isinstance(value, dict):
+            raise self.fail("top level", f"expected an object, got {type(value).__name__}")
+        for key in keys:
+            if key not in value:
+                raise self.fail(key, "missing")
+        return value
+
+    def tag(self, obj: dict[str, Any], key: str, want: str) -> None:
+        if key in obj and obj[key] != want:
+            raise self.fail(key, f"is {obj[key]!r}, expected {want!r}")
+
+
+def _fq2_mul(a: Fq2, b: Fq2) -> Fq2:
+    """(a0 + a1 u)(b0 + b1 u) with u^2 = -1."""
+    return ((a[0] * b[0] - a[1] * b[1]) % Q_MOD, (a[0] * b[1] + a[1] * b[0]) % Q_MOD)
+
+
+def _fq2_inv(a: Fq2) -> Fq2:
+    """1 / (a0 + a1 u) = (a0 - a1 u) / (a0^2 + a1^2); a != 0 (norm is nonzero since -1 is a non-square mod q)."""
+    t = pow((a[0] * a[0] + a[1] * a[1]) % Q_MOD, -1, Q_MOD)
+    return (a[0] * t % Q_MOD, -a[1] * t % Q_MOD)
+
+
+def proof_from_json(obj: Any, name: str = "proof.json") -> Proof:
+    """Parse proof.json's object (points as snarkjs reads them; protocol/curve checked when present)."""
+    ctx = _Ctx(name)
+    d = ctx.obj(obj, ("pi_a", "pi_b", "pi_c"))
+    ctx.tag(d, "protocol", PROTOCOL)
+    ctx.tag(d, "curve", CURVE)
+    return Proof(pi_a=ctx.g1(d["pi_a"], "pi_a"), pi_b=ctx.g2(d["pi_b"], "pi_b"), pi_c=ctx.g1(d["pi_c"], "pi_c"))
+
+
+def public_from_json(obj: Any, name: str = "public.json") -> list[int]:
+    """Parse public.json: an array of decimal strings, each < r."""
+    ctx = _Ctx(name)
+    if not isinstance(obj, list):
+        raise ctx.fail("top level", f"expected an array, got {type(obj).__name__}")
+    return [ctx.number(v, f"[{i}]", R_MOD, "r") for i, v in enumerate(obj)]
+
+
+def vk_from_json(obj: Any, name: str = "verification_key.json") -> VerificationKey:
+    """Parse verification_key.json (IC must hold nPublic + 1 points; vk_alphabeta_12 optional)."""
+    ctx = _Ctx(name)
+    keys = ("nPublic", "vk_alpha_1", "vk_beta_2", "vk_gamma_2", "vk_delta_2", "IC")
+    d = ctx.obj(obj, keys)
+    ctx.tag(d, "protocol", PROTOCOL)
+    ctx.tag(d, "curve", CURVE)
+    n_public = d["nPublic"]
+    if isinstance(n_public, bool) or not isinstance(n_public, int) or n_public < 0:
+        raise ctx.fail("nPublic", f"expected a non-negative integer, got {n_public!r}")
+    ic = ctx.array(d["IC"], "IC", (n_public + 1,))
+    alphabeta = None
+    if "vk_alphabeta_12" in d:
+        fq6s = ctx.array(d["vk_alphabeta_12"], "vk_alphabeta_12", (2,))
+        alphabeta = [[list(ctx.fq2(fq2, f"vk_alphabeta_12[{h}][{k}]"))
+                      for k, fq2 in enumerate(ctx.array(fq6, f"vk_alphabeta_12[{h}]", (3,)))]
+                     for h, fq6 in enumerate(fq6s)]
+    return VerificationKey(
+        n_public=n_public,
+        alpha1=ctx.g1(d["vk_alpha_1"], "vk_alpha_1"),
+        beta2=ctx.g2(d["vk_beta_2"], "vk_beta_2"),
+        gamma2=ctx.g2(d["vk_gamma_2"], "vk_gamma_2"),
+        delta2=ctx.g2(d["vk_delta_2"], "vk_delta_2"),
+        ic=[ctx.g1(p, f"IC[{i}]") for i, p in enumerate(ic)],
+        alphabeta_12=alphabeta,
+    )
+
+
+# ---------------------------------------------------------------------- files
+
+
+def read_json(path: str | os.PathLike[str]) -> Any:
+    """Load a JSON file; InputError if unreadable, FormatError (naming the line) if not JSON."""
+    try:
+        with open(path, encoding="utf-8") as f:
+            text = f.read()
+    except OSError as exc:
+        raise InputError(f"{os.fspath(path)}: cannot read: {exc.strerror or exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise FormatError(os.fspath(path), None, f"not UTF-8 text ({exc.reason})") from exc
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as exc:
+        raise FormatError(os.fspath(path), None, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+
+
+def write_json(path: str | os.PathLike[str], obj: Any) -> None:
+    """Write ``obj`` as snarkjs does (bfj, ``space: 1``): one-space indent, no trailing newline.
+
+    Byte-identical to snarkjs's output except for empty arrays/objects (bfj
+    writes them over two lines, we write ``[]``); the JSON is equal.
+    """
+    text = json.dumps(obj, indent=1)
+    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
+    with open(tmp, "w", encoding="utf-8") as f:
+        f.write(text)
+    os.replace(tmp, path)

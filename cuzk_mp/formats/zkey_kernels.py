@@ -1,0 +1,58 @@
+"""numba kernel that validates a zkey's coefficient section (section 4) in one parallel pass.
+
+A 2^24 key holds tens of millions of 44-byte entries; checking them with
+numpy would make several full passes and temporaries, this reads each entry
+once, in parallel blocks, and reports the first bad one.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+BAD_MATRIX = 1
+BAD_CONSTRAINT = 2
+BAD_SIGNAL = 3
+BAD_VALUE = 4
+_BLOCK = 1 << 16
+
+
+@njit(inline="always", cache=True)
+def _entry_error(m, c, s, v, i, domain_size, n_vars, r):  # type: ignore[no-untyped-def]
+    if m[i] > 1:
+        return BAD_MATRIX
+    if c[i] >= domain_size:
+        return BAD_CONSTRAINT
+    if s[i] >= n_vars:
+        return BAD_SIGNAL
+    for j in range(3, -1, -1):
+        if v[i, j] != r[j]:
+            return 0 if v[i, j] < r[j] else BAD_VALUE
+    return BAD_VALUE  # equal to r
+
+
+@njit(parallel=True, cache=True)
+def check_coefs(m, c, s, v, domain_size, n_vars, r):  # type: ignore[no-untyped-def]
+    """Status (code, index) of the first entry with matrix > 1, constraint >= domain_size,
+    signal >= n_vars or value >= r; code 0 when all entries are valid.
+
+    ``m, c, s`` are the u32 fields and ``v`` the ``(n, 4)`` u64 field of a
+    COEF_DTYPE array (strided views are fine).
+    """
+    n = m.shape[0]
+    nblocks = (n + _BLOCK - 1) // _BLOCK
+    first = np.full(nblocks, -1, dtype=np.int64)
+    codes = np.zeros(nblocks, dtype=np.int64)
+    for b in prange(nblocks):
+        for i in range(b * _BLOCK, min(n, (b + 1) * _BLOCK)):
+            e = _entry_error(m, c, s, v, i, domain_size, n_vars, r)
+            if e != 0:
+                first[b] = i
+                codes[b] = e
+                break
+    status = np.zeros(2, dtype=np.int64)
+    for b in range(nblocks):
+        if first[b] >= 0:
+            status[0], status[1] = codes[b], first[b]
+            break
+    return status
