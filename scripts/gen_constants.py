@@ -41,10 +41,12 @@ def field_block(prefix: str, fp: MontParams, title: str) -> str:
     n = 2 * fp.nlimbs
     p = fp.modulus
     m0 = (-pow(p, -1, 1 << 32)) % (1 << 32)
+    m0_64 = (-pow(p, -1, 1 << 64)) % (1 << 64)
     return "".join([
         f"/* ---- {title}: p = {p:#x} ({p.bit_length()} bits) */\n",
         f"#define {prefix}_NWORDS {n}\n",
         f"#define {prefix}_M0 0x{m0:08x}u /* -p^-1 mod 2^32 */\n",
+        f"#define {prefix}_M0_64 0x{m0_64:016x}ull /* -p^-1 mod 2^64 (64-bit-limb baseline) */\n",
         _macro(f"{prefix}_MOD", p, n, "p"),
         _macro(f"{prefix}_ONE", fp.r_mod, n, f"(1<<{32 * n}) % p: one in Montgomery form"),
         _macro(f"{prefix}_RR", fp.r2, n, f"(1<<{64 * n}) % p: to_mont multiplier"),

@@ -4,6 +4,7 @@
 /* ---- Fq, the BLS12-381 base field: p = 0x1a0111ea397fe69a4b1ba7b6434bacd764774b84f38512bf6730d2a0f6b0f6241eabfffeb153ffffb9feffffffffaaab (381 bits) */
 #define FQ_NWORDS 12
 #define FQ_M0 0xfffcfffdu /* -p^-1 mod 2^32 */
+#define FQ_M0_64 0x89f3fffcfffcfffdull /* -p^-1 mod 2^64 (64-bit-limb baseline) */
 /* p */
 #define FQ_MOD 0xffffaaabu, 0xb9feffffu, 0xb153ffffu, 0x1eabfffeu, 0xf6b0f624u, 0x6730d2a0u, 0xf38512bfu, 0x64774b84u, 0x434bacd7u, 0x4b1ba7b6u, 0x397fe69au, 0x1a0111eau
 /* (1<<384) % p: one in Montgomery form */
@@ -16,6 +17,7 @@
 /* ---- Fr, the BLS12-381 scalar field: p = 0x73eda753299d7d483339d80809a1d80553bda402fffe5bfeffffffff00000001 (255 bits) */
 #define FR_NWORDS 8
 #define FR_M0 0xffffffffu /* -p^-1 mod 2^32 */
+#define FR_M0_64 0xfffffffeffffffffull /* -p^-1 mod 2^64 (64-bit-limb baseline) */
 /* p */
 #define FR_MOD 0x00000001u, 0xffffffffu, 0xfffe5bfeu, 0x53bda402u, 0x09a1d805u, 0x3339d808u, 0x299d7d48u, 0x73eda753u
 /* (1<<256) % p: one in Montgomery form */

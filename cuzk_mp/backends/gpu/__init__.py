@@ -1,0 +1,14 @@
+"""The GPU backend: CUDA kernels compiled at run time through CuPy (NVRTC).
+
+This package is the only place in cuzk-mp that imports ``cupy``, and only in
+the modules that launch kernels (``modules``, ``ntt``, ``msm``, ``backend``...);
+importing the package itself, or :mod:`.source`, does not touch CUDA, so a
+CPU-only process (or a forked child) can read the kernel sources safely.
+
+Layout: ``kernels/`` holds the CUDA sources (package data: common/ ff/ ntt/ h/
+ec/ msm/ fixed_base/), :mod:`.source` assembles a translation unit,
+:mod:`.modules` compiles and caches it, :mod:`.ntt` runs NTTs and the H step,
+:mod:`.msm` / :mod:`.fixed_base` the curve work, :mod:`.memory` checks device
+memory, and :class:`.backend.GpuBackend` implements
+:class:`cuzk_mp.backends.base.Backend`.
+"""

@@ -1,0 +1,199 @@
+"""NTTs over Fr on the GPU and the fused H step, with twiddle tables resident per size.
+
+Conventions match :mod:`cuzk_mp.algebra.ntt` (the CPU oracle): forward
+A_k = sum_j a_j w^(jk), w = ``fr_root_of_unity(lg)``, natural order in and out,
+Montgomery form; the inverse uses w^-1 and scales by 1/n.
+
+How the work is split (kernels/ntt/ntt.cu has the math):
+* :func:`pass_schedule` cuts the lg index bits into passes of k bits; each pass
+  is one launch over shared-memory tiles (one read and one write of the array).
+  The low pass takes up to ``2^tile_lg`` contiguous elements, the others k <=
+  tile_lg - chunk_lg bits with 2^chunk_lg contiguous rows per access. With the
+  default knobs 2^16 takes 2 passes, 2^20 and 2^24 three, 2^26 and 2^27 four.
+* iNTT runs decimation-in-frequency (natural in, bit-reversed out) and NTT runs
+  decimation-in-time (bit-reversed in, natural out), so the H step needs no
+  permutation pass; the stand-alone transforms add one in-place bit reversal.
+
+Tables per (size, direction) are small (2 x 2^ceil(lg/2) + 2^min(lg, tile_lg)/2 rows:
+w^E = lo[E mod 2^b] * hi[E >> b]); they are built with Python ints once per
+process and device, and stay resident.
+"""
+
+from __future__ import annotations
+
+import threading
+from contextlib import nullcontext
+from dataclasses import dataclass
+from typing import Any
+
+import cupy
+import numpy as np
+
+from ...algebra.field import R_MOD, FR, coset_shift, fr_root_of_unity, ints_to_limbs, log2_exact
+from ...errors import InputError
+from .modules import get_function
+
+MAX_LG = 28  # 2^28 rows: uint32 element indices in the kernels stay < 2^32
+
+
+@dataclass(frozen=True)
+class NttParams:
+    """Compile-time knobs of kernels/ntt/ntt.cu (each becomes a -D define)."""
+
+    tile_lg: int = 10  # shared-memory tile: 2^tile_lg Fr elements (32 KiB at 10)
+    chunk_lg: int = 3  # contiguous rows per access in the non-low passes (8 x 32 B)
+    threads: int = 256
+
+    def defines(self) -> dict[str, int]:
+        """The -D knobs."""
+        return {"NTT_TILE_LG": self.tile_lg, "NTT_CHUNK_LG": self.chunk_lg, "NTT_THREADS": self.threads}
+
+
+def pass_schedule(lg: int, params: NttParams = NttParams()) -> list[tuple[int, int]]:
+    """(s_lo, k) of each pass in ascending bit order (the DIT order; DIF runs it reversed)."""
+    k0 = min(lg, params.tile_lg)
+    passes = [(0, k0)]
+    rest, kmax = lg - k0, params.tile_lg - params.chunk_lg
+    npass = -(-rest // kmax)
+    s = k0
+    for i in range(npass):
+        k = rest // npass + (1 if i < rest % npass else 0)
+        passes.append((s, k))
+        s += k
+    return passes
+
+
+def _powers(base: int, count: int, start: int = 1) -> list[int]:
+    out, x = [], start % R_MOD
+    for _ in range(count):
+        out.append(x)
+        x = x * base % R_MOD
+    return out
+
+
+def _two_level(root: int, lg: int, hi_scale: int = 1) -> tuple[list[int], list[int], int]:
+    """(lo, hi, b): root^E = lo[E mod 2^b] * hi[E >> b] for E < 2^lg; hi also times hi_scale."""
+    b = (lg + 1) // 2
+    return _powers(root, 1 << b), _powers(pow(root, 1 << b, R_MOD), 1 << (lg - b), hi_scale), b
+
+
+def twiddle_ints(lg: int, inverse: bool, params: NttParams = NttParams()) -> dict[str, Any]:
+    """The transform tables of one size and direction as standard-form ints."""
+    root = fr_root_of_unity(lg)
+    if inverse:
+        root = pow(root, -1, R_MOD)
+    lo, hi, b = _two_level(root, lg)
+    in_lg = min(lg, params.tile_lg)
+    tw_in = _powers(pow(root, 1 << (lg - in_lg), R_MOD), max(1, 1 << (in_lg - 1)))
+    return {"tw_lo": lo, "tw_hi": hi, "tw_b": b, "tw_in": tw_in, "in_lg": in_lg}
+
+
+def coset_ints(lg: int) -> dict[str, Any]:
+    """Two-level table of g^e / n (g = ``coset_shift(lg)``): the iNTT's 1/n folded in."""
+    lo, hi, b = _two_level(coset_shift(lg), lg, hi_scale=pow(1 << lg, -1, R_MOD))
+    return {"co_lo": lo, "co_hi": hi, "co_b": b}
+
+
+def _to_device(xs: list[int]) -> Any:
+    return cupy.asarray(ints_to_limbs([FR.to_mont_int(x) for x in xs], 4))
+
+
+class NttPlan:
+    """Device tables of one transform size (forward, inverse, coset), built once."""
+
+    def __init__(self, lg: int, params: NttParams) -> None:
+        self.lg = lg
+        self.passes = pass_schedule(lg, params)
+        self.tables: dict[bool, dict[str, Any]] = {}
+        for inverse in (False, True):
+            t = twiddle_ints(lg, inverse, params)
+            self.tables[inverse] = {k: (_to_device(v) if isinstance(v, list) else v) for k, v in t.items()}
+        c = coset_ints(lg)
+        self.coset = {k: (_to_device(v) if isinstance(v, list) else v) for k, v in c.items()}
+        self.inv_n = _to_device([pow(1 << lg, -1, R_MOD)])
+        self.nbytes = sum(int(a.nbytes) for t in self.tables.values() for a in t.values()
+                          if isinstance(a, cupy.ndarray))
+        self.nbytes += sum(int(a.nbytes) for a in self.coset.values() if isinstance(a, cupy.ndarray))
+
+
+class GpuNtt:
+    """Launches the NTT kernels of one device; plans are cached per size."""
+
+    def __init__(self, params: NttParams = NttParams()) -> None:
+        self.params = params
+        self._plans: dict[int, NttPlan] = {}
+        self._lock = threading.Lock()
+        self._pass = get_function("ntt/ntt.cu", "ntt_pass", params.defines())
+        self._bitrev = get_function("ntt/ntt.cu", "ntt_bit_reverse", params.defines())
+        self._combine = get_function("h/h.cu", "h_combine")
+
+    def plan(self, lg: int) -> NttPlan:
+        """The (cached) tables for a 2^lg transform on the current device."""
+        if not 1 <= lg <= MAX_LG:
+            raise InputError(f"NTT size 2^{lg} is outside 2^1 .. 2^{MAX_LG}")
+        with self._lock:
+            if lg not in self._plans:
+                self._plans[lg] = NttPlan(lg, self.params)
+            return self._plans[lg]
+
+    def _check(self, d_x: Any) -> int:
+        if d_x.dtype != np.uint64 or d_x.ndim != 2 or d_x.shape[1] != 4 or not d_x.flags.c_contiguous:
+            raise InputError(f"expected a C-contiguous (n, 4) uint64 device array, got {d_x.dtype} {d_x.shape}")
+        return log2_exact(int(d_x.shape[0]))
+
+    def _run_passes(self, d_x: Any, plan: NttPlan, dit: bool, inverse: bool, coset: bool) -> None:
+        t = plan.tables[inverse]
+        passes = plan.passes if dit else plan.passes[::-1]
+        co = plan.coset
+        for s_lo, k in passes:
+            c_lg = min(s_lo, self.params.chunk_lg)
+            grid = (1 << plan.lg) >> (k + c_lg)
+            use_co = int(coset and s_lo == 0)
+            self._pass((grid,), (self.params.threads,), (
+                d_x, np.uint32(plan.lg), np.uint32(s_lo), np.uint32(k), np.uint32(dit),
+                t["tw_lo"], t["tw_hi"], np.uint32(t["tw_b"]), t["tw_in"], np.uint32(t["in_lg"]),
+                np.uint32(use_co), co["co_lo"], co["co_hi"], np.uint32(co["co_b"])))
+
+    def _bit_reverse(self, d_x: Any, plan: NttPlan, scale: bool) -> None:
+        n = 1 << plan.lg
+        grid = -(-n // self.params.threads)
+        self._bitrev((grid,), (self.params.threads,), (d_x, np.uint32(plan.lg), np.uint32(scale), plan.inv_n))
+
+    def ntt_in_place(self, d_x: Any, inverse: bool = False, stream: Any = None) -> Any:
+        """Natural-order NTT (or iNTT with the 1/n) of a device (n, 4) array, in place."""
+        lg = self._check(d_x)
+        if lg == 0:
+            return d_x
+        plan = self.plan(lg)
+        with stream if stream is not None else nullcontext():
+            if inverse:
+                self._run_passes(d_x, plan, dit=False, inverse=True, coset=False)
+                self._bit_reverse(d_x, plan, scale=True)
+            else:
+                self._bit_reverse(d_x, plan, scale=False)
+                self._run_passes(d_x, plan, dit=True, inverse=False, coset=False)
+        return d_x
+
+    def to_odd_coset_in_place(self, d_x: Any, stream: Any = None) -> Any:
+        """Domain values -> values on the odd coset (iNTT, times g^i / n, NTT), in place."""
+        lg = self._check(d_x)
+        if lg == 0:
+            raise InputError("the H step needs a domain of at least 2 rows")
+        plan = self.plan(lg)
+        with stream if stream is not None else nullcontext():
+            self._run_passes(d_x, plan, dit=False, inverse=True, coset=True)
+            self._run_passes(d_x, plan, dit=True, inverse=False, coset=False)
+        return d_x
+
+    def coset_h_in_place(self, d_a: Any, d_b: Any, d_c: Any, stream: Any = None) -> Any:
+        """p = A*B - C on the odd coset, standard form, written over ``d_a`` (b, c are clobbered)."""
+        n = int(d_a.shape[0])
+        if d_b.shape != d_a.shape or d_c.shape != d_a.shape:
+            raise InputError(f"a, b, c must have the same shape: {d_a.shape} {d_b.shape} {d_c.shape}")
+        for d in (d_a, d_b, d_c):
+            self.to_odd_coset_in_place(d, stream)
+        with stream if stream is not None else nullcontext():
+            grid = -(-n // 256)
+            self._combine((grid,), (256,), (d_a, d_b, d_c, d_a, np.uint64(n)))
+        return d_a
+
