@@ -1,0 +1,176 @@
+"""The PoRep-shaped synthetic circuit: Filecoin's partition circuit stand-in for benchmarks.
+
+Owns :class:`PorepLike` (the circuit at 2^log_n rows: its R1CS, built once and cached, and its
+deterministic witness for (seed, partition)) and :func:`write_circuit` (``cuzk-mp circuit
+porep-like``). The gadgets are in :mod:`.synthetic_gadgets`, the lane's shape and constants in
+:mod:`.synthetic_lane`, the tiling into CSR matrices in :mod:`.synthetic_csr`.
+
+Layout, in circom's wire order (wire 0 = 1, public outputs, public inputs, private):
+
+* public outputs (``n_public - 1``): the digest (sum of every whole lane's output), then the
+  outputs of lanes 0, 1, ... (modulo the lane count); public input: the partition index;
+* the prologue: the partition index's 32 bits (33 rows);
+* ``n_lanes`` whole lanes of 934 rows, then one lane truncated to the rows left over (a prefix
+  of a lane is itself a satisfiable circuit), so that the constraint count is exactly
+  ``2^log_n - n_public - 1`` and snarkjs's domain is exactly 2^log_n, with no empty rows;
+* the epilogue: one row per public output, ``(lane outputs) * 1 = output``.
+
+Lane inputs (128 bits per lane and one message word per later unit) come from a PCG64 stream
+seeded with (seed, partition); the message word of each lane's first unit is the partition
+index, so both public inputs and outputs are functions of (seed, partition).
+"""
+
+from __future__ import annotations
+
+from functools import cached_property
+from pathlib import Path
+
+import numpy as np
+
+from ..algebra import fr
+from ..algebra.field import R_MOD, ints_to_limbs
+from ..errors import ConfigError, InputError
+from ..formats.r1cs import R1CS, write_r1cs
+from ..formats.wtns import write_wtns
+from .synthetic_csr import Block, CoefTable, Template, assemble
+from .synthetic_gadgets import ONE, LaneCS, LaneWriter, Word, global_ref, lc
+from .synthetic_lane import RANDOM_WORDS, synth_lane, synth_prologue
+
+MIN_LOG_N = 10
+MAX_LOG_N = 28  # 2^28 rows: wire ids stay far below 2^32 (u32 in r1cs and CSR indices)
+PARTITION_BITS = 32
+
+
+class PorepLike:
+    """The PoRep-shaped synthetic circuit with 2^log_n rows and ``n_public`` public signals."""
+
+    def __init__(self, log_n: int, n_public: int = 4) -> None:
+        if not MIN_LOG_N <= log_n <= MAX_LOG_N:
+            raise ConfigError(f"porep-like: log_n must be in [{MIN_LOG_N}, {MAX_LOG_N}], got {log_n}")
+        if n_public < 1:
+            raise ConfigError(f"porep-like: n_public must be >= 1 (the partition index), got {n_public}")
+        self.log_n = log_n
+        self.domain_size = 1 << log_n
+        self.n_public = n_public
+        self.n_constraints = self.domain_size - n_public - 1
+        self.n_pub_out = n_public - 1
+        self.partition_wire = n_public  # the one public input, after the outputs
+        self._table = CoefTable()
+        self.prologue_base = 1 + n_public
+        self._prologue = self._record(lambda cs: synth_prologue(cs, 0, self.partition_wire))
+        self.lane_base = self.prologue_base + self._prologue.n_wires
+        part_refs = tuple(global_ref(self.prologue_base + i) for i in range(PARTITION_BITS))
+        lane_out: list[int] = []
+        self._lane = self._record(lambda cs: lane_out.append(synth_lane(cs, Word(part_refs, None, (1 << PARTITION_BITS) - 1)).ref))
+        self.lane_out_offset = lane_out[0]
+        self._size_lanes()
+
+    def _record(self, circuit: object) -> Template:
+        cs = LaneCS(record=True)
+        circuit(cs)  # type: ignore[operator]
+        return Template.from_rows(cs.rows, cs.n_wires, self._table)
+
+    def _size_lanes(self) -> None:
+        room = self.n_constraints - self._prologue.n_rows - self.n_pub_out
+        self.n_lanes, self.partial_rows = divmod(room, self._lane.n_rows)
+        if self.n_lanes < 1:
+            raise ConfigError(f"porep-like: 2^{self.log_n} rows do not hold one lane ({self._lane.n_rows} rows) "
+                              f"plus {self.n_public} public signals; use a larger log_n")
+        self.lane_width = self._lane.n_wires
+        self.partial_width = self._lane.prefix_wires(self.partial_rows)
+        self.n_wires = self.lane_base + self.n_lanes * self.lane_width + self.partial_width
+
+    @property
+    def lanes_computed(self) -> int:
+        """Lanes the witness computes: the whole ones plus the truncated one, if any."""
+        return self.n_lanes + (1 if self.partial_rows else 0)
+
+    # ------------------------------------------------------------------ constraint system
+
+    def r1cs(self) -> R1CS:
+        """The circuit's R1CS (standard-form coefficients), built on first use and cached."""
+        return self._r1cs
+
+    @cached_property
+    def _r1cs(self) -> R1CS:
+        bases = (self.lane_base + np.arange(self.lanes_computed, dtype=np.int64) * self.lane_width).astype(np.uint32)
+        blocks = [Block(self._prologue, np.array([self.prologue_base], dtype=np.uint32), self._prologue.n_rows),
+                  Block(self._lane, bases[: self.n_lanes], self._lane.n_rows)]
+        if self.partial_rows:
+            blocks.append(Block(self._lane, bases[self.n_lanes :], self.partial_rows))
+        blocks.append(Block(self._epilogue(bases), np.zeros(1, dtype=np.uint32), self.n_pub_out))
+        m = assemble(blocks, self._table, self.n_wires)
+        return R1CS(prime=R_MOD, n_wires=self.n_wires, n_pub_out=self.n_pub_out, n_pub_in=1, n_prv_in=0,
+                    n_labels=self.n_wires, n_constraints=self.n_constraints, a=m["a"], b=m["b"], c=m["c"],
+                    wire_to_label=np.arange(self.n_wires, dtype=np.uint64), path=None)
+
+    def _epilogue(self, bases: np.ndarray) -> Template:
+        """Rows binding the public outputs: digest = sum of lane outputs, then single lane outputs."""
+        outs = [int(b) + self.lane_out_offset for b in bases[: self.n_lanes]]
+        rows = []
+        for j in range(self.n_pub_out):
+            lanes = outs if j == 0 else [outs[(j - 1) % self.n_lanes]]
+            rows.append((lc(*((global_ref(w), 1) for w in lanes)), {ONE: 1}, {global_ref(1 + j): 1}))
+        return Template.from_rows(rows, 0, self._table)
+
+    # ------------------------------------------------------------------ witness
+
+    def witness(self, seed: int, partition: int) -> np.ndarray:
+        """The witness for (seed, partition): ``(n_wires, 4)`` uint64, standard form."""
+        out = np.empty((self.n_wires, 4), dtype=np.uint64)
+        self.witness_into(seed, partition, out)
+        return out
+
+    def witness_into(self, seed: int, partition: int, out: np.ndarray) -> None:
+        """Write the witness for (seed, partition) into ``out`` (``(n_wires, 4)`` uint64, e.g. a shm view).
+
+        Temporaries are O(lanes) rows per gadget, not O(n_wires).
+        """
+        if not isinstance(out, np.ndarray) or out.dtype != np.uint64 or out.shape != (self.n_wires, 4):
+            got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
+            raise InputError(f"porep-like 2^{self.log_n}: witness_into needs a ({self.n_wires}, 4) uint64 array, got {got}")
+        out.fill(0)
+        out[0, 0] = 1
+        pro = LaneCS(n_lanes=1, writer=LaneWriter(out, self.prologue_base, self._prologue.n_wires, 1))
+        synth_prologue(pro, self._check_partition(partition), self.partition_wire)
+        lane_writer = LaneWriter(out, self.lane_base, self.lane_width, self.n_lanes, self.partial_width)
+        out[1 : 1 + self.n_public] = ints_to_limbs(self._lanes(seed, partition, lane_writer), 4)
+
+    def public_inputs(self, seed: int, partition: int) -> list[int]:
+        """The public signals w[1..n_public] (outputs, then the partition index), as snarkjs lists them."""
+        return self._lanes(seed, partition, None)
+
+    def _lanes(self, seed: int, partition: int, writer: LaneWriter | None) -> list[int]:
+        """Compute every lane (writing its wires if ``writer``); returns the public signals."""
+        partition = self._check_partition(partition)
+        rand = self.lane_inputs(seed, partition)
+        n = self.lanes_computed
+        cs = LaneCS(n_lanes=n, rand=rand, writer=writer)
+        part = Word((), np.full(n, partition, dtype=np.uint64), (1 << PARTITION_BITS) - 1)
+        outs = fr.to_ints(np.ascontiguousarray(synth_lane(cs, part).value[: self.n_lanes]))  # type: ignore[index]
+        public = [sum(outs) % R_MOD] + [outs[(j - 1) % self.n_lanes] for j in range(1, self.n_pub_out)]
+        return public[: self.n_pub_out] + [partition]
+
+    def lane_inputs(self, seed: int, partition: int) -> np.ndarray:
+        """The lanes' random input words, ``(lanes_computed, RANDOM_WORDS)`` uint64 < 2^32."""
+        if seed < 0:
+            raise InputError(f"porep-like: seed must be >= 0, got {seed}")
+        rng = np.random.Generator(np.random.PCG64(np.random.SeedSequence([seed, partition])))
+        return rng.integers(0, 1 << 32, size=(self.lanes_computed, RANDOM_WORDS), dtype=np.uint64)
+
+    def _check_partition(self, partition: int) -> int:
+        if not 0 <= partition < 1 << PARTITION_BITS:
+            raise InputError(f"porep-like: partition index must be in [0, 2^{PARTITION_BITS}), got {partition}")
+        return int(partition)
+
+
+def write_circuit(log_n: int, out_dir: Path, seed: int = 0, partition: int = 0) -> tuple[Path, Path]:
+    """Write ``porep-like-<log_n>.r1cs`` and a sample ``porep-like-<log_n>.wtns`` into ``out_dir``."""
+    circuit = PorepLike(log_n)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    r1cs_path = out_dir / f"porep-like-{log_n}.r1cs"
+    wtns_path = out_dir / f"porep-like-{log_n}.wtns"
+    write_r1cs(r1cs_path, circuit.r1cs())
+    write_wtns(wtns_path, circuit.witness(seed, partition))
+    return r1cs_path, wtns_path
