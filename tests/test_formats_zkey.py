@@ -221,3 +221,30 @@ def test_writer_rejects_inconsistent_keys(tmp_path: Path) -> None:
 def test_coef_dtype() -> None:
     assert COEF_DTYPE.itemsize == 44
     assert COEF_DTYPE.names == ("matrix", "constraint", "signal", "value")
+
+
+def test_coef_matrices_rejects_out_of_range_entries() -> None:
+    z = make_zkey()
+    coefs = z.coefs.copy()
+    coefs["constraint"][3] = DOMAIN
+    with pytest.raises(ValueError, match=rf"zkey coefficient 3: matrix \d, constraint {DOMAIN} \(domain {DOMAIN}\)"):
+        coef_matrices(ZKey(**{**z.__dict__, "coefs": coefs}))
+    coefs = z.coefs.copy()
+    coefs["signal"][3] = N_VARS
+    with pytest.raises(ValueError, match=rf"signal {N_VARS} >= n_vars {N_VARS}"):
+        coef_matrices(ZKey(**{**z.__dict__, "coefs": coefs}))
+
+
+def test_file_backed_key_pickles_as_its_path(tmp_path: Path) -> None:
+    import pickle
+    path = tmp_path / "k.zkey"
+    z = make_zkey()
+    write_zkey(path, z)
+    with read_zkey(path) as key:
+        blob = pickle.dumps(key)
+        assert len(blob) < 1000 and key.h.nbytes > 1000
+        with pickle.loads(blob) as again:
+            assert_same(z, again)
+            assert again.path == str(path)
+    in_memory = pickle.loads(pickle.dumps(z))  # no file behind it: pickled by value
+    assert_same(z, in_memory)

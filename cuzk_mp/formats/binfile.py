@@ -24,8 +24,10 @@ from __future__ import annotations
 
 import mmap
 import os
+import secrets
 import struct
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from typing import IO, Any, Union
 
 import numpy as np
@@ -62,6 +64,7 @@ class BinFile:
         self, buf: memoryview, name: str, magic: str, versions: Sequence[int],
         labels: Mapping[int, str] | None = None, mm: mmap.mmap | None = None,
     ) -> None:
+        """Index ``buf`` (use :meth:`open` or :meth:`from_bytes`); ``mm`` is closed by :meth:`close`."""
         self._buf = buf
         self._mm = mm
         self.name = name
@@ -199,9 +202,11 @@ class BinFile:
             self._mm = None
 
     def __enter__(self) -> BinFile:
+        """Context manager: :meth:`close` on exit."""
         return self
 
     def __exit__(self, *exc: object) -> None:
+        """Close the file."""
         self.close()
 
 
@@ -209,6 +214,7 @@ class FieldReader:
     """A cursor over one fixed-layout section; errors name file, section and field."""
 
     def __init__(self, bf: BinFile, sid: int) -> None:
+        """Start at byte 0 of section ``sid`` of ``bf`` (FormatError if it is missing)."""
         self.bf = bf
         self.sid = sid
         self.buf = bf.section(sid)
@@ -295,21 +301,31 @@ def write_sections(f: IO[bytes], magic: str, version: int, sections: Sequence[tu
         f.seek(end)
 
 
-def write_binfile(path: str | os.PathLike[str], magic: str, version: int, sections: Sequence[tuple[int, Payload]]) -> None:
-    """Stream an iden3 binfile to ``path``, sections in the given order.
+@contextmanager
+def atomic_output(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
+    """Open a uniquely named temporary file next to ``path``; rename it onto ``path`` on success.
 
-    Each payload is one buffer (bytes, memoryview, numpy array: raw C-order
-    bytes) or an iterable of them (a list of chunks or a generator, consumed
-    once, one chunk at a time). The file is written under a temporary name
-    in the same folder and renamed into place, so readers never see half a file.
+    Readers never see half a file, and a failed write leaves nothing behind.
+    The file is created with ``open(..., "x")``, so the umask applies as usual.
     """
     path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}"
+    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
     try:
-        with open(tmp, "wb") as f:
-            write_sections(f, magic, version, sections)
+        with open(tmp, mode.replace("w", "x")) as f:
+            yield f
         os.replace(tmp, path)
     except BaseException:
         if os.path.exists(tmp):
             os.unlink(tmp)
         raise
+
+
+def write_binfile(path: str | os.PathLike[str], magic: str, version: int, sections: Sequence[tuple[int, Payload]]) -> None:
+    """Stream an iden3 binfile to ``path``, sections in the given order.
+
+    Each payload is one buffer (bytes, memoryview, numpy array: raw C-order
+    bytes) or an iterable of them (a list of chunks or a generator, consumed
+    once, one chunk at a time). Written through :func:`atomic_output`.
+    """
+    with atomic_output(path) as f:
+        write_sections(f, magic, version, sections)

@@ -28,6 +28,7 @@ from typing import Any
 from ..algebra.curve import G1Affine, G2Affine
 from ..algebra.field import Q_MOD, R_MOD
 from ..errors import FormatError, InputError
+from .binfile import atomic_output
 
 PROTOCOL = "groth16"
 CURVE = "bls12381"
@@ -113,12 +114,15 @@ class _Ctx:
     """Where we are in a JSON document, for error messages."""
 
     def __init__(self, name: str) -> None:
+        """Errors will name the document ``name``."""
         self.name = name
 
     def fail(self, where: str, problem: str) -> FormatError:
+        """FormatError "<name>: <where>: <problem>"."""
         return FormatError(self.name, None, f"{where}: {problem}")
 
     def number(self, value: Any, where: str, bound: int, what: str) -> int:
+        """A decimal string (or JSON integer) in [0, bound)."""
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise self.fail(where, f"not a decimal string ({type(value).__name__})")
         if isinstance(value, str):
@@ -130,6 +134,7 @@ class _Ctx:
         return value
 
     def array(self, value: Any, where: str, lengths: tuple[int, ...]) -> list[Any]:
+        """A JSON array with one of the given lengths."""
         if not isinstance(value, list):
             raise self.fail(where, f"expected an array, got {type(value).__name__}")
         if len(value) not in lengths:
@@ -138,13 +143,16 @@ class _Ctx:
         return value
 
     def fq(self, value: Any, where: str) -> int:
+        """An Fq element (< q)."""
         return self.number(value, where, Q_MOD, "q")
 
     def fq2(self, value: Any, where: str) -> Fq2:
+        """An Fq2 element [c0, c1]."""
         arr = self.array(value, where, (2,))
         return self.fq(arr[0], f"{where}[0]"), self.fq(arr[1], f"{where}[1]")
 
     def g1(self, value: Any, where: str) -> G1Affine:
+        """A G1 point [x, y] or [x, y, z] (z: 1 affine, 0 infinity, else Jacobian)."""
         arr = self.array(value, where, (2, 3))
         x, y = self.fq(arr[0], f"{where}[0]"), self.fq(arr[1], f"{where}[1]")
         z = self.fq(arr[2], f"{where}[2]") if len(arr) == 3 else 1
@@ -157,6 +165,7 @@ class _Ctx:
         return (x * zi2 % Q_MOD, y * zi2 * zi % Q_MOD)
 
     def g2(self, value: Any, where: str) -> G2Affine:
+        """A G2 point, as :meth:`g1` over Fq2."""
         arr = self.array(value, where, (2, 3))
         x, y = self.fq2(arr[0], f"{where}[0]"), self.fq2(arr[1], f"{where}[1]")
         z = self.fq2(arr[2], f"{where}[2]") if len(arr) == 3 else (1, 0)
@@ -169,6 +178,7 @@ class _Ctx:
         return (_fq2_mul(x, zi2), _fq2_mul(y, _fq2_mul(zi2, zi)))
 
     def obj(self, value: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+        """A JSON object holding every key of ``keys``."""
         if not isinstance(value, dict):
             raise self.fail("top level", f"expected an object, got {type(value).__name__}")
         for key in keys:
@@ -177,6 +187,7 @@ class _Ctx:
         return value
 
     def tag(self, obj: dict[str, Any], key: str, want: str) -> None:
+        """If ``key`` is present it must equal ``want`` (e.g. curve "bls12381")."""
         if key in obj and obj[key] != want:
             raise self.fail(key, f"is {obj[key]!r}, expected {want!r}")
 
@@ -262,7 +273,5 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     writes them over two lines, we write ``[]``); the JSON is equal.
     """
     text = json.dumps(obj, indent=1)
-    tmp = f"{os.fspath(path)}.tmp-{os.getpid()}"
-    with open(tmp, "w", encoding="utf-8") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    with atomic_output(path, "wb") as f:
+        f.write(text.encode("utf-8"))

@@ -1,8 +1,11 @@
-"""numba kernel that validates a zkey's coefficient section (section 4) in one parallel pass.
+"""numba kernels over a zkey's coefficient section (section 4): validation and CSR building.
 
-A 2^24 key holds tens of millions of 44-byte entries; checking them with
-numpy would make several full passes and temporaries, this reads each entry
-once, in parallel blocks, and reports the first bad one.
+A 2^24 key holds tens of millions of 44-byte entries. :func:`check_coefs`
+reads each entry once, in parallel blocks, and reports the first bad one
+(numpy would make several full passes with temporaries); :func:`count_rows`
+and :func:`fill_rows` are a stable counting sort of the entries into the A
+and B CSR matrices. The kernels take the structured array's fields as strided
+views, so nothing is copied out first.
 """
 
 from __future__ import annotations
@@ -56,3 +59,38 @@ def check_coefs(m, c, s, v, domain_size, n_vars, r):  # type: ignore[no-untyped-
             status[0], status[1] = codes[b], first[b]
             break
     return status
+
+
+@njit(cache=True)
+def count_rows(m, c, n_rows, counts):  # type: ignore[no-untyped-def]
+    """counts[matrix, row] += 1 for every entry; returns the index of the first entry with
+    matrix > 1 or constraint >= n_rows (it is not counted), or -1."""
+    for i in range(m.shape[0]):
+        if m[i] > 1 or c[i] >= n_rows:
+            return i
+        counts[m[i], c[i]] += 1
+    return -1
+
+
+@njit(cache=True)
+def fill_rows(m, c, s, v, indptr, idx_a, idx_b, data_a, data_b):  # type: ignore[no-untyped-def]
+    """Counting-sort fill of the A (matrix 0) and B (matrix 1) CSR arrays, stable within a row.
+
+    ``indptr`` is ``(2, n_rows + 1)`` from :func:`count_rows`'s counts; entries
+    must have passed :func:`count_rows`.
+    """
+    nxt = indptr[:, :-1].copy()
+    for i in range(m.shape[0]):
+        row = c[i]
+        if m[i] == 0:
+            p = nxt[0, row]
+            nxt[0, row] += 1
+            idx_a[p] = s[i]
+            for j in range(4):
+                data_a[p, j] = v[i, j]
+        else:
+            p = nxt[1, row]
+            nxt[1, row] += 1
+            idx_b[p] = s[i]
+            for j in range(4):
+                data_b[p, j] = v[i, j]
