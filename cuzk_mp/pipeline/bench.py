@@ -1,0 +1,292 @@
+"""``cuzk-mp bench``: jobs through the real pipeline, one table, the same as JSON (DESIGN.md section 5).
+
+Owns one :class:`~cuzk_mp.pipeline.engine.Engine` for the duration of the run
+(prefix ``cuzk-bench-<pid>``) and the measurement around it:
+
+* the first (cold) job is reported apart: ``first_job_s`` runs from the first
+  submit to that job's completion (key already resident: ``preload`` runs
+  before the clock starts, so "cold" means cold pipeline, warm key);
+* steady state: ``s_per_proof = (t_last_job_done - t_first_job_done) /
+  ((jobs - 1) * partitions)`` per run (with ``--jobs 1``: run time / partitions);
+  ``--repeat R`` repeats the batch of jobs R times in the same engine and
+  reports the median and min-max. Across processes: run ``cuzk-mp bench
+  --json`` several times (perf/pipeline_bench.sh does) and compare the files;
+* every proof is verified again at the end, in this process, against the
+  zkey's verification key (independently of the provers' self-check);
+* host memory is sampled every 0.2 s: process tree RSS + live shm bytes.
+
+Memory bound reported (``memory_bound``): fixed (tree RSS idle, key loaded) +
+ring_slots x slot_bytes + partition_workers x synthesis working set + devices
+x prover working set (the measured growth of each process over its idle RSS),
+and the margin of the measured peak under it.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+from .benchreport import Progress, machine_info, median_stage, plot_timeline, require_matplotlib, table
+from .engine import Engine
+from .monitor import MemorySampler, tree_rss
+from .types import STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult
+
+# defaults that finish in well under 5 minutes on the 2-core CPU machine / use an H200 sensibly
+DEFAULTS = {
+    "cpu": {"log_n": 12, "partitions": 4, "jobs": 3, "in_flight": 2, "partition_workers": 1, "gpu_workers": 2},
+    "gpu": {"log_n": 20, "partitions": 10, "jobs": 4, "in_flight": 2, "partition_workers": 4, "gpu_workers": 2},
+}
+
+
+def add_parser(subparsers: argparse._SubParsersAction) -> None:
+    """Add the ``bench`` subcommand and its flags."""
+    p = subparsers.add_parser("bench", help="measure throughput and memory of the pipeline (one table, JSON)")
+    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu"])
+    p.add_argument("--circuit", default="porep-like", help="'porep-like' (synthetic) or a .zkey path (with --wtns, --r1cs)")
+    p.add_argument("--wtns", type=Path, help="witness used for every partition of a zkey circuit")
+    p.add_argument("--r1cs", type=Path, help="r1cs of a zkey circuit (the witness check)")
+    p.add_argument("--log-n", type=int, help="synthetic circuit size, log2 rows (cpu 12, gpu 20)")
+    p.add_argument("--partitions", type=int, help="partitions per job (cpu 4, gpu 10)")
+    p.add_argument("--jobs", type=int, help="jobs per run (cpu 3, gpu 4)")
+    p.add_argument("--in-flight", type=int, help="jobs submitted at once (2)")
+    p.add_argument("--partition-workers", type=int, help="synthesis worker processes (cpu 1, gpu 4)")
+    p.add_argument("--gpu-workers", type=int, help="worker threads per prover process (2)")
+    p.add_argument("--ring-slots", type=int, default=4)
+    p.add_argument("--devices", type=lambda s: [int(x) for x in s.split(",")],
+                   help="comma-separated device ids (cpu: one prover process each); default all / one")
+    p.add_argument("--repeat", type=int, default=1, help="runs of --jobs jobs in the same engine")
+    p.add_argument("--json", type=Path, help="write the result as JSON")
+    p.add_argument("--plot", type=Path, help="write a timeline plot (needs matplotlib)")
+    p.add_argument("--cache", type=Path, default=Path(os.environ.get("CUZK_MP_CACHE", Path.home() / ".cache" / "cuzk-mp")),
+                   help="param cache for synthetic dev keys (default ~/.cache/cuzk-mp)")
+    p.add_argument("--quiet", action="store_true", help="no progress bar")
+    p.set_defaults(func=run)
+
+
+@dataclass
+class _Run:
+    """The jobs of one run and when each finished."""
+
+    t_start: float
+    results: list[JobResult] = field(default_factory=list)
+    t_done: dict[str, float] = field(default_factory=dict)
+
+
+class BenchRun:
+    """One bench invocation: engine up, key resident, runs of jobs, engine down."""
+
+    def __init__(self, args: argparse.Namespace, backend: str) -> None:
+        self.args = args
+        self.backend = backend
+        self.cond = threading.Condition()
+        self.current: _Run | None = None
+        self.part_done: dict[tuple[str, int], float] = {}
+        self.busy_marks: list[dict[str, dict[str, float]]] = []
+        self.progress: Progress | None = None
+        self.engine: Engine | None = None
+
+    def _on_partition(self, job_id: str, result: PartitionResult) -> None:
+        self.part_done[(job_id, result.index)] = time.time()
+        if self.progress is not None:
+            self.progress.advance(result.proof is not None)
+
+    def _on_job(self, result: JobResult) -> None:
+        with self.cond:
+            run = self.current
+            assert run is not None
+            run.results.append(result)
+            run.t_done[result.job_id] = time.time()
+            if len(run.t_done) == 1 or len(run.t_done) == self.args.jobs:
+                self.busy_marks.append(self.engine.metrics()["per_process"])  # type: ignore[union-attr]
+            self.cond.notify_all()
+
+    def spec(self) -> tuple[CircuitSpec, list[PartitionInput]]:
+        """The circuit and one job's partition inputs (synthetic seeds vary per job, see :meth:`inputs`)."""
+        a = self.args
+        if a.circuit == "porep-like":
+            return CircuitSpec("porep-like", synthetic="porep-like", log_n=a.log_n), []
+        if a.wtns is None or a.r1cs is None:
+            raise InputError("--circuit ZKEY needs --wtns WITNESS.wtns and --r1cs CIRCUIT.r1cs")
+        spec = CircuitSpec(Path(a.circuit).stem, zkey=Path(a.circuit), r1cs=a.r1cs)
+        return spec, [PartitionInput("wtns", a.wtns.read_bytes())] * a.partitions
+
+    def inputs(self, fixed: list[PartitionInput], run: int, job: int) -> list[PartitionInput]:
+        """Partition inputs of job ``job`` of run ``run``."""
+        if fixed:
+            return fixed
+        return [PartitionInput("synthetic", seed=1000 * run + job) for _ in range(self.args.partitions)]
+
+    def one_run(self, engine: Engine, circuit_id: str, fixed: list[PartitionInput], run: int) -> _Run:
+        """Submit ``jobs`` jobs, at most ``in_flight`` at a time; wait for all."""
+        a = self.args
+        with self.cond:
+            self.current = _Run(time.time())
+        for j in range(a.jobs):
+            with self.cond:
+                self.cond.wait_for(lambda: j - len(self.current.t_done) < a.in_flight)  # type: ignore[union-attr]
+            engine.submit(JobSpec(f"bench-{run}-{j}", circuit_id, self.inputs(fixed, run, j)))
+        with self.cond:
+            self.cond.wait_for(lambda: len(self.current.t_done) == a.jobs)  # type: ignore[union-attr]
+            return self.current  # type: ignore[return-value]
+
+    def execute(self) -> dict[str, Any]:
+        """Run everything; returns the raw measurements (see :func:`summarize`)."""
+        a = self.args
+        config = EngineConfig(backend=self.backend, devices=a.devices, gpu_workers_per_device=a.gpu_workers,
+                              partition_workers=a.partition_workers, ring_slots=a.ring_slots,
+                              shm_prefix=f"cuzk-bench-{os.getpid()}", param_cache=a.cache)
+        spec, fixed = self.spec()
+        engine = self.engine = Engine(config, on_job_done=self._on_job, on_partition_done=self._on_partition)
+        engine.start()
+        try:
+            engine.register_circuit(spec)
+            engine.preload(spec.circuit_id)
+            sampler = MemorySampler(engine.prefix, interval_s=0.2)
+            sampler.sample()
+            idle = tree_rss()
+            sampler.start()
+            self.progress = None if a.quiet else Progress(a.jobs * a.partitions * a.repeat)
+            runs = [self.one_run(engine, spec.circuit_id, fixed, r) for r in range(a.repeat)]
+            memory = sampler.stop()
+            status = engine.status()
+        finally:
+            engine.stop()
+        return {"spec": spec, "runs": runs, "memory": memory, "idle_rss": idle, "status": status,
+                "zkey": Path(status_zkey(engine, spec.circuit_id))}
+
+
+def status_zkey(engine: Engine, circuit_id: str) -> str:
+    """The zkey path the engine registered for a circuit (synthetic: in the param cache)."""
+    return engine._refs[circuit_id].zkey
+
+
+def verify_all(zkey_path: Path, runs: list[_Run]) -> tuple[int, int]:
+    """(proofs total, proofs that pass verification against the zkey's verification key)."""
+    from ..formats.zkey import read_zkey
+    from ..groth16.keys import prepare_vk, vk_from_zkey
+    from ..groth16.verifier import verify
+
+    with read_zkey(zkey_path) as zkey:
+        pvk = prepare_vk(vk_from_zkey(zkey))
+    total = ok = 0
+    for run in runs:
+        for job in run.results:
+            for p in job.partitions:
+                total += 1
+                ok += int(p.proof is not None and verify(pvk, p.public, p.proof))
+    return total, ok
+
+
+def steady_s_per_proof(run: _Run, partitions: int) -> float:
+    """Seconds per proof between the first and the last job completion of a run."""
+    times = sorted(run.t_done.values())
+    if len(times) >= 2:
+        return (times[-1] - times[0]) / ((len(times) - 1) * partitions)
+    return (times[0] - run.t_start) / partitions
+
+
+def _busy_fraction(bench: BenchRun, runs: list[_Run], n_devices: int) -> float | None:
+    """Kernel-busy seconds gained by the provers over the steady window, per device-second (GPU only)."""
+    if bench.backend != "gpu" or len(bench.busy_marks) < 2:
+        return None
+    first, last = bench.busy_marks[0], bench.busy_marks[-1]
+    busy = sum(last.get(p, {}).get("busy_seconds", 0.0) - first.get(p, {}).get("busy_seconds", 0.0) for p in last)
+    window = max(max(r.t_done.values()) for r in runs) - min(runs[0].t_done.values())
+    return busy / (window * n_devices) if window > 0 else None
+
+
+def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
+    """fixed + ring_slots x slot_bytes + pw x synthesis working set + devices x prover working set."""
+    from ..formats.zkey import read_zkey
+
+    with read_zkey(raw["zkey"]) as zkey:
+        slot_bytes = (3 * zkey.domain_size + zkey.n_vars) * 32 + 4096  # + the header page
+    first, peak = raw["memory"]["first_rss"], raw["memory"]["peak_rss"]
+    growth = {name: peak[name] - first.get(name, 0) for name in peak}
+    ws_synth = max((v for k, v in growth.items() if k.startswith("cuzk-synth")), default=0)
+    ws_prover = max((v for k, v in growth.items() if k.startswith("cuzk-gpu")), default=0)
+    fixed = sum(first.values())
+    bound = (fixed + config["ring_slots"] * slot_bytes + config["partition_workers"] * ws_synth
+             + len(config["devices"]) * ws_prover)
+    peak_host = raw["memory"]["peak_host_bytes"]
+    return {"formula": "fixed + ring_slots*slot_bytes + partition_workers*synth_ws + devices*prover_ws",
+            "fixed_bytes": fixed, "slot_bytes": slot_bytes, "synth_working_set_bytes": ws_synth,
+            "prover_working_set_bytes": ws_prover, "bound_bytes": bound, "peak_host_bytes": peak_host,
+            "margin_bytes": bound - peak_host}
+
+
+def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
+    """The JSON result (also what the table prints)."""
+    a = bench.args
+    runs: list[_Run] = raw["runs"]
+    status = raw["status"]
+    devices = status["devices"]
+    partitions = []
+    for r, run in enumerate(runs):
+        for job in sorted(run.results, key=lambda j: j.job_id):
+            for p in job.partitions:
+                partitions.append({"run": r, "job": job.job_id, "index": p.index, "device": p.device,
+                                   "attempts": p.attempts, "timings": p.timings, "error": p.error,
+                                   "t_submit": job.submitted_at, "t_done": bench.part_done.get((job.job_id, p.index))})
+    per_run = [steady_s_per_proof(run, a.partitions) for run in runs]
+    total, verified = verify_all(raw["zkey"], runs)
+    per_process = {p["name"]: p for p in status["processes"]}
+    gpu_names = sorted({str(v.get("info", {}).get("device_name")) for v in per_process.values()
+                        if v["role"] == "gpu" and v.get("info", {}).get("device_name")})
+    device_peaks = [v.get("device_peak_bytes") for v in status["memory"]["device"].values()]
+    config = {"circuit": a.circuit, "log_n": a.log_n, "partitions": a.partitions, "jobs": a.jobs,
+              "in_flight": a.in_flight, "partition_workers": a.partition_workers, "gpu_workers": a.gpu_workers,
+              "ring_slots": a.ring_slots, "devices": devices, "backend": bench.backend, "repeat": a.repeat}
+    result = {
+        "config": config,
+        "s_per_proof": statistics.median(per_run), "s_per_proof_runs": per_run,
+        "first_job_s": min(runs[0].t_done.values()) - runs[0].t_start,
+        "proofs_total": total, "proofs_verified": verified,
+        "peak_host_bytes": raw["memory"]["peak_host_bytes"], "peak_rss_bytes": raw["memory"]["peak_rss_bytes"],
+        "peak_shm_bytes": raw["memory"]["peak_shm_bytes"], "peak_live_segments": raw["memory"]["peak_live_segments"],
+        "peak_device_bytes": max((d for d in device_peaks if d is not None), default=None),
+        "gpu_busy_fraction": _busy_fraction(bench, runs, len(devices)),
+        "median_stage_s": {s: median_stage(partitions, s) for s in STAGES if median_stage(partitions, s) is not None},
+        "partitions_by_device": {str(d): sum(1 for p in partitions if p["device"] == d) for d in devices},
+        "memory_bound": memory_bound(raw, config),
+        "ring": status["ring"]["stats"],
+        "machine": machine_info(gpu_names),
+        "partitions": partitions,
+    }
+    return result
+
+
+def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
+    for key, value in DEFAULTS[backend].items():
+        if getattr(args, key) is None:
+            setattr(args, key, value)
+    for key in ("partitions", "jobs", "in_flight", "partition_workers", "gpu_workers", "ring_slots", "repeat"):
+        if getattr(args, key) < 1:
+            raise InputError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+
+
+def run(args: argparse.Namespace) -> int:
+    """``cuzk-mp bench``: returns 0 when every proof verified, 1 otherwise."""
+    from ..backends import resolve_backend_name
+
+    if args.plot:
+        require_matplotlib()
+    backend = resolve_backend_name(args.backend)
+    _fill_defaults(args, backend)
+    bench = BenchRun(args, backend)
+    result = summarize(bench, bench.execute())
+    print(table(result))
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+    if args.plot:
+        plot_timeline(result, args.plot)
+    return 0 if result["proofs_verified"] == result["proofs_total"] else 1

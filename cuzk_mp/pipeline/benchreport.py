@@ -1,0 +1,167 @@
+"""Presentation for ``cuzk-mp bench``: the stderr progress bar, the summary table, the timeline plot.
+
+Owns no pipeline state: it formats what :mod:`.bench` measured. matplotlib is
+an optional extra (``pip install 'cuzk-mp[plot]'``); without it ``--plot``
+fails with a message saying so, before any work starts.
+"""
+
+from __future__ import annotations
+
+import os
+import platform
+import statistics
+import subprocess
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+from ..errors import InputError
+
+
+class Progress:
+    """A one-line progress bar on stderr (a new line every 10 % when stderr is not a terminal)."""
+
+    def __init__(self, total: int, label: str = "proofs") -> None:
+        self.total = max(1, total)
+        self.label = label
+        self.done = 0
+        self.failed = 0
+        self.t0 = time.monotonic()
+        self._lock = threading.Lock()
+        self._tty = sys.stderr.isatty()
+        self._last_draw = 0.0
+        self._last_decile = -1
+
+    def advance(self, ok: bool = True) -> None:
+        """Count one finished partition (called from the engine's thread)."""
+        with self._lock:
+            self.done += 1
+            self.failed += 0 if ok else 1
+            self._draw(final=self.done >= self.total)
+
+    def _draw(self, final: bool = False) -> None:
+        now = time.monotonic()
+        decile = 10 * self.done // self.total
+        if self._tty and not final and now - self._last_draw < 0.2:
+            return
+        if not self._tty and decile == self._last_decile and not final:
+            return
+        self._last_draw, self._last_decile = now, decile
+        width = 30
+        fill = width * self.done // self.total
+        elapsed = now - self.t0
+        line = (f"[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} {self.label}"
+                f"{f' ({self.failed} failed)' if self.failed else ''}  {elapsed:6.1f} s")
+        sys.stderr.write(("\r" + line + ("\n" if final else "")) if self._tty else line + "\n")
+        sys.stderr.flush()
+
+
+def require_matplotlib() -> None:
+    """Fail early (InputError) if ``--plot`` was asked for without matplotlib installed."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        raise InputError("--plot needs matplotlib: pip install 'cuzk-mp[plot]' (or pip install matplotlib)") from None
+
+
+def machine_info(gpu_names: list[str]) -> dict[str, Any]:
+    """CPU model, cores, memory, GPU names (as the prover processes reported them), load average."""
+    model = platform.processor() or ""
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                model = line.split(":", 1)[1].strip()
+                break
+    except OSError:
+        pass
+    try:
+        import psutil
+
+        mem = psutil.virtual_memory().total
+    except ImportError:  # pragma: no cover - psutil is a dependency
+        mem = None
+    return {"cpu_model": model, "cores": os.cpu_count(), "memory_bytes": mem, "gpus": gpu_names,
+            "python": platform.python_version(), "loadavg_at_end": list(os.getloadavg()),
+            "git_commit": _git_commit()}
+
+
+def _git_commit() -> str | None:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, timeout=5,
+                             cwd=Path(__file__).resolve().parent)
+        return out.stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def median_stage(partitions: list[dict[str, Any]], stage: str) -> float | None:
+    """Median of one stage's seconds over the partitions that have it."""
+    values = [p["timings"][stage] for p in partitions if stage in p["timings"]]
+    return statistics.median(values) if values else None
+
+
+def _fmt_bytes(n: float | None) -> str:
+    if n is None:
+        return "n/a"
+    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+
+
+def _fmt_s(x: float | None) -> str:
+    return "n/a" if x is None else f"{x:.3f} s"
+
+
+def table(result: dict[str, Any]) -> str:
+    """The one summary table (text)."""
+    runs = result["s_per_proof_runs"]
+    spread = ""
+    if len(runs) > 1:
+        spread = f"  (median of {len(runs)} runs; min {min(runs):.3f}, max {max(runs):.3f})"
+    busy = result["gpu_busy_fraction"]
+    rows = [
+        ("s/proof (steady state)", (_fmt_s(result["s_per_proof"]) + spread)),
+        ("first (cold) job", _fmt_s(result["first_job_s"])),
+        ("synthesis / partition (median)", _fmt_s(result["median_stage_s"].get("synthesis"))),
+        ("device / partition (median)", _fmt_s(result["median_stage_s"].get("device"))),
+        ("GPU kernel-busy fraction", "n/a (cpu backend)" if busy is None else f"{busy:.1%}"),
+        ("peak host memory (RSS tree + shm)", _fmt_bytes(result["peak_host_bytes"])),
+        ("  of which shm (peak)", f"{_fmt_bytes(result['peak_shm_bytes'])}, "
+                                  f"{result['peak_live_segments']} live segment(s) max"),
+        ("peak device memory", _fmt_bytes(result["peak_device_bytes"])),
+        ("proofs verified", f"{result['proofs_verified']} / {result['proofs_total']}"),
+    ]
+    width = max(len(k) for k, _ in rows)
+    head = (f"cuzk-mp bench: {result['config']['circuit']} 2^{result['config']['log_n']}, "
+            f"{result['config']['partitions']} partitions x {result['config']['jobs']} jobs, "
+            f"{result['config']['backend']} backend, devices {result['config']['devices']}")
+    return "\n".join([head, "-" * len(head)] + [f"{k:<{width}}  {v}" for k, v in rows])
+
+
+def plot_timeline(result: dict[str, Any], path: Path) -> None:
+    """One lane per device (device compute) and per synthesis attempt row; saved to ``path``."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    parts = result["partitions"]
+    if not parts:
+        return
+    t0 = min(p["t_submit"] for p in parts)
+    fig, ax = plt.subplots(figsize=(12, 4))
+    devices = sorted({p["device"] for p in parts if p["device"] is not None})
+    for p in parts:
+        t = p["timings"]
+        synth_start = p["t_submit"] - t0 + t.get("queue_wait", 0.0)
+        ax.barh(-1, t.get("synthesis", 0.0), left=synth_start, height=0.6, color="tab:orange", alpha=0.4)
+        dev_end = p["t_done"] - t0 - t.get("finalize", 0.0)
+        if p["device"] is not None:
+            ax.barh(devices.index(p["device"]), t.get("device", 0.0), left=dev_end - t.get("device", 0.0),
+                    height=0.6, color="tab:blue")
+    ax.set_yticks([-1, *range(len(devices))], ["synthesis", *[f"device {d}" for d in devices]])
+    ax.set_xlabel("seconds since the first submit")
+    ax.set_title(f"s/proof {result['s_per_proof']}")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)

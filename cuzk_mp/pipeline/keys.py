@@ -1,0 +1,104 @@
+"""Development proving keys of synthetic circuits, made once and kept in the param cache.
+
+Owns the files ``<cache>/porep-like-<log_n>.{r1cs,zkey}`` and their lock file.
+``ensure_synthetic_key`` builds the circuit's r1cs, and when the cached r1cs
+differs from it (first use, or the generator changed) runs the INSECURE dev
+setup (:func:`cuzk_mp.groth16.setup.setup_file`) to make a matching zkey.
+Every file is written under a temporary name and renamed into place, so a
+reader never sees half a key; an exclusive ``flock`` on ``<name>.lock`` makes
+concurrent engines wait for one builder instead of racing.
+
+With the GPU backend the setup runs in a spawned child process, so the engine
+process itself never creates a CUDA context (its prover processes own the GPUs).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import logging
+import multiprocessing as mp
+import os
+import tempfile
+from pathlib import Path
+
+from ..errors import ConfigError, CuzkError
+from .types import SYNTHETIC_KINDS
+
+log = logging.getLogger("cuzk_mp.pipeline.keys")
+
+
+def synthetic_key_paths(kind: str, log_n: int, cache_dir: Path) -> tuple[Path, Path]:
+    """Where the (zkey, r1cs) of a synthetic circuit live in the cache."""
+    stem = Path(cache_dir) / f"{kind}-{log_n}"
+    return stem.with_suffix(".zkey"), stem.with_suffix(".r1cs")
+
+
+def ensure_synthetic_key(kind: str, log_n: int, cache_dir: Path, backend: str = "auto") -> tuple[Path, Path]:
+    """Make (once) and return the (zkey, r1cs) paths of a synthetic circuit's dev key."""
+    if kind not in SYNTHETIC_KINDS:
+        raise ConfigError(f"synthetic circuit {kind!r} is not one of {', '.join(SYNTHETIC_KINDS)}")
+    from ..circuits.synthetic import PorepLike
+    from ..formats.r1cs import write_r1cs
+
+    cache_dir = Path(cache_dir).expanduser()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    zkey, r1cs = synthetic_key_paths(kind, log_n, cache_dir)
+    with open(cache_dir / f"{kind}-{log_n}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        fresh = _temp_path(r1cs)
+        try:
+            write_r1cs(fresh, PorepLike(log_n).r1cs())
+            if zkey.exists() and r1cs.exists() and _same_bytes(fresh, r1cs):
+                return zkey, r1cs
+            log.warning("making the INSECURE development key of %s 2^%d in %s (once)", kind, log_n, cache_dir)
+            tmp_zkey = _temp_path(zkey)
+            try:
+                _run_setup(fresh, tmp_zkey, backend)
+                os.replace(fresh, r1cs)  # r1cs first: a zkey is only ever paired with its own r1cs
+                os.replace(tmp_zkey, zkey)
+            finally:
+                tmp_zkey.unlink(missing_ok=True)
+        finally:
+            fresh.unlink(missing_ok=True)
+    return zkey, r1cs
+
+
+def _temp_path(final: Path) -> Path:
+    fd, name = tempfile.mkstemp(prefix=f".{final.name}.", suffix=".tmp", dir=final.parent)
+    os.close(fd)
+    return Path(name)
+
+
+def _same_bytes(a: Path, b: Path) -> bool:
+    if a.stat().st_size != b.stat().st_size:
+        return False
+    with open(a, "rb") as fa, open(b, "rb") as fb:
+        while True:
+            x, y = fa.read(1 << 20), fb.read(1 << 20)
+            if x != y:
+                return False
+            if not x:
+                return True
+
+
+def _setup(r1cs: str, zkey: str, backend: str) -> None:
+    from ..backends import get_backend
+    from ..groth16.setup import setup_file
+
+    setup_file(r1cs, zkey, get_backend(backend))
+
+
+def _run_setup(r1cs: Path, zkey: Path, backend: str) -> None:
+    from ..backends import resolve_backend_name
+
+    resolved = resolve_backend_name(backend)
+    if resolved == "cpu":
+        _setup(str(r1cs), str(zkey), "cpu")
+        return
+    proc = mp.get_context("spawn").Process(target=_setup, args=(str(r1cs), str(zkey), resolved),
+                                           name="cuzk-key-setup")
+    proc.start()
+    proc.join()
+    if proc.exitcode != 0:
+        raise CuzkError(f"dev setup of {r1cs.name} on the {resolved} backend failed (exit code {proc.exitcode}); "
+                        "see the log above")

@@ -1,0 +1,173 @@
+"""Messages between the engine and its child processes (msgpack frames over multiprocessing pipes).
+
+Owns the wire types only. Every message is a tagged ``msgspec.Struct``; each
+direction has one union and one typed decoder, so a malformed frame fails
+loudly instead of becoming a ``KeyError`` later. Errors travel as data
+(``TaskFailed.kind`` + message + traceback text, see :mod:`cuzk_mp.errors`),
+never pickled. Bulk arrays never travel here: they go through the ring; the
+small :class:`SegmentMeta` rides inside each segment.
+
+Big integers (proof coordinates, public signals) travel as decimal strings:
+msgpack integers stop at 64 bits.
+"""
+
+from __future__ import annotations
+
+from typing import Union
+
+import msgspec
+
+
+class CircuitRef(msgspec.Struct, frozen=True):
+    """Everything a child needs to find a circuit's files (paths as strings)."""
+
+    circuit_id: str
+    zkey: str
+    r1cs: str | None = None
+    wasm: str | None = None
+    synthetic: str | None = None
+    log_n: int | None = None
+
+
+# ---- engine -> synthesis worker / prover process
+class SynthTask(msgspec.Struct, tag="synth_task"):
+    """Synthesize one partition attempt and publish it into the ring."""
+
+    task_id: int
+    job_id: str
+    job_seq: int
+    partition: int
+    priority: int
+    attempt: int
+    circuit: CircuitRef
+    kind: str
+    data: bytes
+    seed: int
+    t_submit: float
+    t_dispatch: float
+
+
+class CancelTasks(msgspec.Struct, tag="cancel"):
+    """Drop these tasks at the next boundary (synthesis done, slot acquired, staged, proved)."""
+
+    task_ids: list[int]
+
+
+class LoadKey(msgspec.Struct, tag="load_key"):
+    """Make a circuit's proving key resident in a prover process."""
+
+    circuit: CircuitRef
+
+
+class EvictKey(msgspec.Struct, tag="evict_key"):
+    """Drop a circuit's resident key from a prover process."""
+
+    circuit_id: str
+
+
+class Stop(msgspec.Struct, tag="stop"):
+    """Finish what is in hand, then exit."""
+
+
+ToChild = Union[SynthTask, CancelTasks, LoadKey, EvictKey, Stop]
+
+
+# ---- child -> engine
+class Ready(msgspec.Struct, tag="ready"):
+    """The child finished its start-up (imports, kernels compiled and warmed)."""
+
+    pid: int
+    name: str
+    info: dict[str, str | int | float | None] = {}
+
+
+class Published(msgspec.Struct, tag="published"):
+    """A synthesis worker put a task's vectors into a ring slot (READY)."""
+
+    task_id: int
+    slot: int
+    nbytes: int
+    timings: dict[str, float]
+
+
+class Taken(msgspec.Struct, tag="taken"):
+    """A prover process took a task's slot (STAGING)."""
+
+    task_id: int
+    slot: int
+    pid: int
+
+
+class ProofDone(msgspec.Struct, tag="proof_done"):
+    """A finished, (self-)verified proof: snarkjs proof JSON and public signals (decimal strings)."""
+
+    task_id: int
+    proof: dict[str, object]
+    public: list[str]
+    timings: dict[str, float]
+    stats: dict[str, float] = {}
+
+
+class TaskFailed(msgspec.Struct, tag="task_failed"):
+    """A task failed in a child that carries on; ``kind`` is an :func:`cuzk_mp.errors.error_kind`."""
+
+    task_id: int
+    kind: str
+    message: str
+    traceback_text: str = ""
+
+
+class KeyState(msgspec.Struct, tag="key_state"):
+    """A prover process loaded or evicted a key (tier "device" on a GPU, "host" on the CPU backend)."""
+
+    circuit_id: str
+    tier: str | None
+    nbytes: int
+    error: str | None = None
+
+
+class Stats(msgspec.Struct, tag="stats"):
+    """Periodic counters from a prover process (device memory, kernel-busy seconds)."""
+
+    values: dict[str, float]
+
+
+FromChild = Union[Ready, Published, Taken, ProofDone, TaskFailed, KeyState, Stats]
+
+
+class SegmentMeta(msgspec.Struct):
+    """What a prover needs besides the arrays: rides at the start of each ring segment."""
+
+    task_id: int
+    job_id: str
+    partition: int
+    attempt: int
+    circuit: CircuitRef
+    n_public: int
+    timings: dict[str, float]
+
+
+_enc = msgspec.msgpack.Encoder()
+_to_child = msgspec.msgpack.Decoder(ToChild)
+_from_child = msgspec.msgpack.Decoder(FromChild)
+_meta = msgspec.msgpack.Decoder(SegmentMeta)
+
+
+def encode(msg: msgspec.Struct) -> bytes:
+    """One message as a msgpack frame."""
+    return _enc.encode(msg)
+
+
+def decode_to_child(frame: bytes) -> ToChild:
+    """Decode an engine -> child frame (raises ``msgspec.ValidationError`` if malformed)."""
+    return _to_child.decode(frame)
+
+
+def decode_from_child(frame: bytes) -> FromChild:
+    """Decode a child -> engine frame (raises ``msgspec.ValidationError`` if malformed)."""
+    return _from_child.decode(frame)
+
+
+def decode_meta(raw: bytes) -> SegmentMeta:
+    """Decode the :class:`SegmentMeta` of a ring segment."""
+    return _meta.decode(raw)

@@ -1,0 +1,122 @@
+"""Measurement helpers shared by the engine's status/metrics and ``cuzk-mp bench``.
+
+Owns no process state: a cumulative histogram type, the resident memory of a
+process tree, and a sampler thread that records the peak host memory of the
+pipeline (process tree RSS plus the live shm bytes of one prefix).
+
+Host memory is counted as RSS of the engine process and all its descendants
+plus the tmpfs bytes of the ring's segments. Shared pages mapped by several
+processes are counted once per mapper in RSS; segments are mapped only while
+being written or staged, so the overlap is small and the figure errs high.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+from dataclasses import dataclass, field
+
+import psutil
+
+from .ring import live_segments, shm_bytes
+
+STAGE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+
+
+@dataclass
+class Histogram:
+    """A Prometheus-style cumulative histogram of seconds."""
+
+    buckets: tuple[float, ...] = STAGE_BUCKETS
+    counts: list[int] = field(default_factory=list)
+    total: float = 0.0
+    n: int = 0
+
+    def observe(self, value: float) -> None:
+        """Add one observation."""
+        if not self.counts:
+            self.counts = [0] * len(self.buckets)
+        for i, bound in enumerate(self.buckets):
+            if value <= bound:
+                self.counts[i] += 1
+        self.total += value
+        self.n += 1
+
+    def to_dict(self) -> dict[str, object]:
+        """``{"buckets": [[le, cumulative count], ...], "sum": s, "count": n}`` (+Inf is ``count``)."""
+        counts = self.counts or [0] * len(self.buckets)
+        return {"buckets": [[b, c] for b, c in zip(self.buckets, counts)], "sum": self.total, "count": self.n}
+
+
+def tree_rss(pid: int | None = None) -> dict[str, int]:
+    """RSS (bytes) of a process and each descendant, keyed ``<name>`` (the OS process name; the
+    pipeline's children set theirs to cuzk-synth-<i> / cuzk-gpu-<dev>); the root is ``"engine"``."""
+    try:
+        root = psutil.Process(pid or os.getpid())
+        procs = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return {}
+    out: dict[str, int] = {}
+    for p in procs:
+        try:
+            name = "engine" if p.pid == root.pid else f"{p.name()}"
+            out[name] = out.get(name, 0) + p.memory_info().rss
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def tree_rss_bytes(pid: int | None = None) -> int:
+    """RSS of a process and all its descendants (bytes; vanished processes are skipped)."""
+    return sum(tree_rss(pid).values())
+
+
+class MemorySampler:
+    """A thread sampling host RSS (tree) + shm bytes of ``prefix`` every ``interval_s``; keeps the peaks."""
+
+    def __init__(self, prefix: str, interval_s: float = 0.1, pid: int | None = None) -> None:
+        self.prefix = prefix
+        self.interval_s = interval_s
+        self.pid = pid or os.getpid()
+        self.peak_host_bytes = 0
+        self.peak_rss_bytes = 0
+        self.peak_shm_bytes = 0
+        self.peak_live_segments = 0
+        self.samples = 0
+        self.first_rss: dict[str, int] = {}  # per process name, at the first sample (idle baseline)
+        self.peak_rss: dict[str, int] = {}  # per process name
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name="cuzk-mem-sampler", daemon=True)
+
+    def start(self) -> MemorySampler:
+        """Start sampling; returns self."""
+        self._thread.start()
+        return self
+
+    def sample(self) -> None:
+        """Take one sample now."""
+        per = tree_rss(self.pid)
+        for name, value in per.items():
+            self.first_rss.setdefault(name, value)
+            self.peak_rss[name] = max(self.peak_rss.get(name, 0), value)
+        rss, shm = sum(per.values()), shm_bytes(self.prefix)
+        self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
+        self.peak_shm_bytes = max(self.peak_shm_bytes, shm)
+        self.peak_host_bytes = max(self.peak_host_bytes, rss + shm)
+        self.peak_live_segments = max(self.peak_live_segments, live_segments(self.prefix))
+        self.samples += 1
+
+    def _run(self) -> None:
+        while not self._stop.is_set():
+            self.sample()
+            self._stop.wait(self.interval_s)
+
+    def stop(self) -> dict[str, object]:
+        """Stop and return the peaks (totals, and per process name: first sample and peak)."""
+        self._stop.set()
+        if self._thread.is_alive():
+            self._thread.join(5.0)
+        return {"peak_host_bytes": self.peak_host_bytes, "peak_rss_bytes": self.peak_rss_bytes,
+                "peak_shm_bytes": self.peak_shm_bytes, "peak_live_segments": self.peak_live_segments,
+                "samples": self.samples, "first_rss": dict(self.first_rss), "peak_rss": dict(self.peak_rss)}
+

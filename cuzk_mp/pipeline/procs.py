@@ -1,0 +1,194 @@
+"""Child-process scaffolding shared by synthesis workers and prover processes.
+
+Owns: the spawn of one child (``spawn`` context only, never fork: CUDA must not
+be initialised in a forked child), its command pipe and death pipe, and the
+child-side bootstrap (environment before any heavy import, process name, log
+prefix, signal handling, the death-pipe watcher).
+
+Protocol (kept consistent with :class:`cuzk_mp.pipeline.engine.Engine`):
+
+1. parent: ``spawn_child`` starts the process with the child ends of a duplex
+   command pipe and of a one-way death pipe (the parent keeps the write end);
+2. child: ``bootstrap`` sets the environment (``CUDA_VISIBLE_DEVICES`` for a
+   prover process, ``NUMBA_NUM_THREADS``) *before* importing the role module,
+   then runs the role's ``main(ctx)``, which sends ``Ready`` when warmed up;
+3. the parent watches the command pipe and the process sentinel; the child
+   watches the death pipe: EOF means the parent is gone, and it stops itself
+   (SIGTERM to itself, hard exit 10 s later).
+
+Process names are ``cuzk-synth-<i>`` and ``cuzk-gpu-<dev>``; every log line of
+a child starts with ``(<name> pid=<pid>)``.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import logging
+import multiprocessing as mp
+import os
+import signal
+import sys
+import threading
+import time
+import traceback
+from dataclasses import dataclass, field
+from multiprocessing.connection import Connection
+from multiprocessing.process import BaseProcess
+from typing import Any
+
+import msgspec
+
+from . import messages as msg
+
+log = logging.getLogger("cuzk_mp.pipeline")
+_CTX = mp.get_context("spawn")
+HARD_EXIT_S = 10.0
+
+
+@dataclass
+class ChildSpec:
+    """What to start: a role module (with ``main(ctx)``), a name, the environment and a payload."""
+
+    role: str  # "synth" | "gpu"
+    index: int  # worker index (synth) or device id (gpu)
+    module: str
+    env: dict[str, str]
+    payload: Any  # picklable start arguments for the role's main
+
+    @property
+    def name(self) -> str:
+        """``cuzk-synth-<i>`` or ``cuzk-gpu-<dev>``."""
+        return f"cuzk-{self.role}-{self.index}"
+
+
+@dataclass
+class ChildHandle:
+    """The parent's view of one running child."""
+
+    spec: ChildSpec
+    proc: BaseProcess
+    conn: Connection
+    death_w: Connection
+    started_at: float
+    ready: bool = False
+    reaped: bool = False  # its death was handled (the sentinel is no longer watched)
+    info: dict[str, Any] = field(default_factory=dict)
+    send_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def pid(self) -> int:
+        """The child's pid."""
+        return int(self.proc.pid or 0)
+
+    def send(self, message: msgspec.Struct) -> bool:
+        """Send one message; False if the pipe is closed (the child is dying)."""
+        try:
+            with self.send_lock:
+                self.conn.send_bytes(msg.encode(message))
+            return True
+        except (OSError, ValueError):
+            return False
+
+    def close(self) -> None:
+        """Close the parent's pipe ends (idempotent)."""
+        for c in (self.conn, self.death_w):
+            try:
+                c.close()
+            except OSError:
+                pass
+
+
+def spawn_child(spec: ChildSpec) -> ChildHandle:
+    """Start one child with the spawn context; returns at once (no READY wait here)."""
+    parent_conn, child_conn = _CTX.Pipe(duplex=True)
+    death_r, death_w = _CTX.Pipe(duplex=False)
+    proc = _CTX.Process(target=bootstrap, name=spec.name, args=(spec, child_conn, death_r), daemon=True)
+    proc.start()
+    child_conn.close()
+    death_r.close()
+    return ChildHandle(spec, proc, parent_conn, death_w, time.monotonic())
+
+
+class ChildContext:
+    """The child's side: its name, the command pipe (thread-safe send) and the stop flag."""
+
+    def __init__(self, spec: ChildSpec, conn: Connection) -> None:
+        self.spec = spec
+        self.name = spec.name
+        self.conn = conn
+        self.stopping = threading.Event()
+        self._send_lock = threading.Lock()
+        self.log = logging.getLogger(f"cuzk_mp.pipeline.{spec.role}")
+
+    def send(self, message: msgspec.Struct) -> None:
+        """Send one message to the engine (any thread)."""
+        with self._send_lock:
+            self.conn.send_bytes(msg.encode(message))
+
+    def recv(self) -> msg.ToChild:
+        """Block for the next engine message (EOFError when the engine closed the pipe)."""
+        return msg.decode_to_child(self.conn.recv_bytes())
+
+    def fail(self, task_id: int, exc: BaseException) -> None:
+        """Report a task failure as data (kind + message + traceback), log the traceback here."""
+        from ..errors import error_kind
+
+        tb = "".join(traceback.format_exception(exc))
+        kind = error_kind(exc)
+        if kind == "InternalError":
+            self.log.error("task %d failed:\n%s", task_id, tb)
+        self.send(msg.TaskFailed(task_id, kind, str(exc) or type(exc).__name__, tb[-4000:]))
+
+
+def bootstrap(spec: ChildSpec, conn: Connection, death_r: Connection) -> None:
+    """Entry point of every child (runs in the fresh spawned interpreter)."""
+    os.environ.update(spec.env)  # before any import of numba / cupy (see the module docstring)
+    _set_thread_name(spec.name)
+    logging.basicConfig(level=os.environ.get("CUZK_MP_LOG_LEVEL", "WARNING"), stream=sys.stderr,
+                        format=f"({spec.name} pid={os.getpid()}) %(asctime)s %(levelname)s %(name)s: %(message)s",
+                        force=True)
+    ctx = ChildContext(spec, conn)
+    _install_signals(ctx)
+    threading.Thread(target=_watch_parent, args=(death_r, ctx), name=f"{spec.name}-death", daemon=True).start()
+    role = importlib.import_module(spec.module)
+    try:
+        role.main(ctx, spec.payload)
+    except SystemExit:
+        pass
+    except BaseException:  # noqa: BLE001 - the root cause must reach the log before the process exits
+        ctx.log.critical("[shutdown] fatal error:\n%s", traceback.format_exc())
+        os._exit(3)
+    ctx.log.info("[shutdown] exiting")
+
+
+def _install_signals(ctx: ChildContext) -> None:
+    def on_term(signum: int, frame: object) -> None:
+        if ctx.stopping.is_set():
+            return
+        ctx.stopping.set()
+        ctx.log.info("[shutdown] signal %d: stopping", signum)
+        threading.Timer(HARD_EXIT_S, os._exit, args=(1,)).start()
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, on_term)
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides (Ctrl-C reaches the whole group)
+
+
+def _watch_parent(death_r: Connection, ctx: ChildContext) -> None:
+    try:
+        death_r.recv_bytes()
+    except (EOFError, OSError):
+        pass
+    if not ctx.stopping.is_set():
+        ctx.log.warning("[shutdown] the engine process is gone: stopping")
+        os.kill(os.getpid(), signal.SIGTERM)
+
+
+def _set_thread_name(name: str) -> None:
+    """Set the OS-visible process name (``ps -o comm``, 15 bytes) on Linux."""
+    try:
+        libc = ctypes.CDLL(None)
+        libc.prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+    except (OSError, AttributeError):
+        pass

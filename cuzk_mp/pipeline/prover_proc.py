@@ -1,0 +1,319 @@
+"""Prover processes (``cuzk-gpu-<dev>``): ring slot -> staged partition -> MSM sums -> proof.
+
+One OS process per device, bound to its GPU before anything imports CuPy (the
+engine sets ``CUDA_VISIBLE_DEVICES=<dev>`` in the child's environment, so the
+process sees its GPU as device 0). With the CPU backend the same process type
+runs the CPU prover (the engine's ``devices`` then simulate devices: one process each).
+
+Owns, per process: the backend (its device, streams, compiled kernels), the
+resident proving keys (:class:`KeyCache`, LRU beyond ``srs_budget_bytes``), the
+staged partitions in flight, and the ring slots it has taken (STAGING).
+
+Threads:
+
+* ``gpu_workers_per_device`` workers: take the oldest READY slot, map it,
+  stage (copy to the device, or into private memory on the CPU), **unlink the
+  segment and free the slot right after staging, before compute** (DESIGN.md
+  section 1), then run ``prove_start`` under the per-device lock, so staging of
+  one partition overlaps the compute of another while kernels never interleave;
+* one finalizer: assembly with fresh r, s and the self-verification, off the
+  workers' path;
+* one reader: engine messages (load/evict key, cancel, stop).
+"""
+
+from __future__ import annotations
+
+import os
+import queue
+import threading
+import time
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..errors import Cancelled, GpuDead
+from . import messages as msg
+from .procs import ChildContext
+from .ring import Ring, RingHandle, SlotRecord
+
+
+@dataclass(frozen=True)
+class ProverPayload:
+    """Start arguments of a prover process."""
+
+    ring: RingHandle
+    backend: str  # "cpu" | "gpu"
+    device: int  # device id (GPU) or process index (CPU)
+    workers: int
+    verify: bool
+    srs_budget_bytes: int | None
+
+
+@dataclass
+class _Key:
+    ref: msg.CircuitRef
+    zkey: Any
+    handle: Any
+    nbytes: int
+    users: int = 0
+
+
+class KeyCache:
+    """Resident keys of one prover process, least recently used first."""
+
+    def __init__(self, ctx: ChildContext, backend: Any, budget: int | None) -> None:
+        self.ctx = ctx
+        self.backend = backend
+        self.budget = budget
+        self.keys: OrderedDict[str, _Key] = OrderedDict()
+        self.lock = threading.Lock()
+
+    def acquire(self, ref: msg.CircuitRef) -> _Key:
+        """The resident key for ``ref`` (loaded on first use); pair with :meth:`release`."""
+        with self.lock:
+            key = self.keys.get(ref.circuit_id)
+            if key is not None and key.ref != ref:
+                self._drop(ref.circuit_id)
+                key = None
+            if key is None:
+                key = self._load(ref)
+            self.keys.move_to_end(ref.circuit_id)
+            key.users += 1
+            return key
+
+    def release(self, key: _Key) -> None:
+        """One user fewer; evicts beyond the budget once nobody uses a key."""
+        with self.lock:
+            key.users -= 1
+            self._shrink()
+
+    def preload(self, ref: msg.CircuitRef) -> None:
+        """Load without using (engine ``preload``); always answers with a ``KeyState``."""
+        key = self.acquire(ref)
+        self.ctx.send(msg.KeyState(ref.circuit_id, self.tier, key.nbytes))
+        self.release(key)
+
+    @property
+    def tier(self) -> str:
+        """Where resident keys live: "device" (GPU backend) or "host"."""
+        return "device" if self.backend.name == "gpu" else "host"
+
+    def evict(self, circuit_id: str) -> None:
+        """Drop a key now if nobody uses it."""
+        with self.lock:
+            key = self.keys.get(circuit_id)
+            if key is not None and key.users == 0:
+                self._drop(circuit_id)
+
+    def _load(self, ref: msg.CircuitRef) -> _Key:
+        from ..formats.zkey import read_zkey
+
+        t0 = time.perf_counter()
+        zkey = read_zkey(ref.zkey)
+        handle = self.backend.load_key(zkey)
+        key = _Key(ref, zkey, handle, int(getattr(handle, "nbytes", 0)))
+        self.keys[ref.circuit_id] = key
+        self.ctx.log.info("loaded key %s (%d bytes) in %.2f s", ref.circuit_id, key.nbytes, time.perf_counter() - t0)
+        self.ctx.send(msg.KeyState(ref.circuit_id, self.tier, key.nbytes))
+        self._shrink()
+        return key
+
+    def _shrink(self) -> None:
+        if self.budget is None:
+            return
+        for cid in list(self.keys):
+            if sum(k.nbytes for k in self.keys.values()) <= self.budget:
+                return
+            if self.keys[cid].users == 0:
+                self._drop(cid)
+
+    def _drop(self, circuit_id: str) -> None:
+        key = self.keys.pop(circuit_id)
+        key.handle.close()
+        key.zkey.close()
+        self.ctx.send(msg.KeyState(circuit_id, None, 0))
+
+
+@dataclass
+class _InFlight:
+    meta: msg.SegmentMeta
+    key: _Key
+    public: list[int]
+    timings: dict[str, float] = field(default_factory=dict)
+    sums: Any = None
+
+
+class Prover:
+    """The threads of one prover process (see the module docstring)."""
+
+    def __init__(self, ctx: ChildContext, ring: Ring, backend: Any, payload: ProverPayload) -> None:
+        self.ctx = ctx
+        self.ring = ring
+        self.backend = backend
+        self.payload = payload
+        self.keys = KeyCache(ctx, backend, payload.srs_budget_bytes)
+        self.device_lock = threading.Lock()
+        self.finalize_q: queue.Queue[_InFlight | None] = queue.Queue()
+        self.cancelled: set[int] = set()
+
+    def read_messages(self) -> None:
+        """Reader thread: key management, cancellations, stop."""
+        while not self.ctx.stopping.is_set():
+            try:
+                m = self.ctx.recv()
+            except (EOFError, OSError):
+                self.ctx.stopping.set()
+                return
+            if isinstance(m, msg.CancelTasks):
+                self.cancelled.update(m.task_ids)
+            elif isinstance(m, msg.LoadKey):
+                self._safe_key_op(m.circuit.circuit_id, lambda: self.keys.preload(m.circuit))
+            elif isinstance(m, msg.EvictKey):
+                self._safe_key_op(m.circuit_id, lambda: self.keys.evict(m.circuit_id))
+            elif isinstance(m, msg.Stop):
+                self.ctx.stopping.set()
+
+    def _safe_key_op(self, circuit_id: str, op: Any) -> None:
+        try:
+            op()
+        except Exception as exc:  # noqa: BLE001 - reported to the engine, the process carries on
+            self.ctx.log.error("key %s: %s", circuit_id, exc)
+            self.ctx.send(msg.KeyState(circuit_id, None, 0, error=f"{type(exc).__name__}: {exc}"))
+
+    def work(self) -> None:
+        """A worker thread: take, stage, release the slot, compute under the device lock."""
+        while not self.ctx.stopping.is_set():
+            rec = self.ring.take_ready(abort=self.ctx.stopping.is_set)
+            if rec is None:
+                continue
+            self.ctx.send(msg.Taken(rec.task_id, rec.slot, os.getpid()))
+            try:
+                self._prove_slot(rec)
+            except GpuDead:
+                raise
+            except Exception as exc:  # noqa: BLE001 - the task fails, the process carries on
+                self.ctx.fail(rec.task_id, exc)
+
+    def _prove_slot(self, rec: SlotRecord) -> None:
+        t_taken = time.time()
+        try:
+            seg = self.ring.open_segment(rec.slot)
+            try:
+                meta = msg.decode_meta(seg.meta)
+                key = self.keys.acquire(meta.circuit)
+                job = _InFlight(meta, key, [], dict(meta.timings))
+                job.timings["ring_wait"] = job.timings.get("ring_wait", 0.0) + (t_taken - rec.t_ready)
+                t0 = time.perf_counter()
+                staged = self._stage(job, seg.arrays)
+                job.timings["staging"] = time.perf_counter() - t0
+            finally:
+                seg.close()
+        finally:
+            self.ring.release(rec.slot)  # unlink + free: before any compute of this partition
+        self._compute(job, staged)
+
+    def _stage(self, job: _InFlight, arrays: list[Any]) -> Any:
+        from ..backends.base import ProverInputs
+        from ..groth16.prover import public_signals
+
+        a, b, c, w = arrays
+        job.public = public_signals(w, job.meta.n_public)
+        try:
+            return self.backend.stage(job.key.handle, ProverInputs(a=a, b=b, c=c, w=w))
+        except BaseException:
+            self.keys.release(job.key)
+            raise
+
+    def _compute(self, job: _InFlight, staged: Any) -> None:
+        from ..groth16.prover import prove_start
+
+        try:
+            self._check(job)
+            t0 = time.perf_counter()
+            with self.device_lock:
+                t1 = time.perf_counter()
+                self._check(job)
+                job.sums = prove_start(self.backend, job.key.handle, staged)
+            job.timings["device_wait"], job.timings["device"] = t1 - t0, time.perf_counter() - t1
+        except BaseException:
+            self.keys.release(job.key)
+            raise
+        finally:
+            self.backend.release(staged)
+        self.finalize_q.put(job)
+
+    def _check(self, job: _InFlight) -> None:
+        if job.meta.task_id in self.cancelled:
+            raise Cancelled(f"job {job.meta.job_id} partition {job.meta.partition} was cancelled")
+
+    def finalize(self) -> None:
+        """The finalizer thread: proof assembly with fresh r, s and self-verification."""
+        from ..formats.snarkjs_json import proof_to_json
+        from ..groth16.prover import prove_finalize
+
+        while True:
+            job = self.finalize_q.get()
+            if job is None:
+                return
+            try:
+                self._check(job)
+                t0 = time.perf_counter()
+                proof = prove_finalize(job.key.zkey, job.sums, job.public, verify=self.payload.verify)
+                job.timings["finalize"] = time.perf_counter() - t0
+                self.ctx.send(msg.ProofDone(job.meta.task_id, proof_to_json(proof), [str(x) for x in job.public],
+                                            job.timings, backend_stats(self.backend)))
+            except Exception as exc:  # noqa: BLE001 - the task fails, the process carries on
+                self.ctx.fail(job.meta.task_id, exc)
+            finally:
+                self.keys.release(job.key)
+
+
+def backend_stats(backend: Any) -> dict[str, float]:
+    """Counters a backend exposes: ``busy_seconds`` (kernel-busy time) and ``device_memory()`` (bytes)."""
+    stats: dict[str, float] = {}
+    busy = getattr(backend, "busy_seconds", None)
+    if busy is not None:
+        stats["busy_seconds"] = float(busy)
+    mem = getattr(backend, "device_memory", None)
+    if callable(mem):
+        stats.update({f"device_{k}": float(v) for k, v in mem().items()})
+    return stats
+
+
+def _make_backend(payload: ProverPayload) -> Any:
+    from ..backends import get_backend
+
+    if payload.backend == "gpu":
+        return get_backend("gpu", device=0)  # CUDA_VISIBLE_DEVICES=<dev>: our GPU is device 0 here
+    return get_backend("cpu", threads=int(os.environ.get("NUMBA_NUM_THREADS", "1")))
+
+
+def main(ctx: ChildContext, payload: ProverPayload) -> None:
+    """Process entry (called by :func:`cuzk_mp.pipeline.procs.bootstrap`)."""
+    ring = Ring.attach(payload.ring)
+    backend = _make_backend(payload)
+    warm = getattr(backend, "warm_up", None)
+    if callable(warm):
+        warm()  # GPU: compile and load every kernel module before READY
+    prover = Prover(ctx, ring, backend, payload)
+    workers = [threading.Thread(target=prover.work, name=f"{ctx.name}-worker-{i}", daemon=True)
+               for i in range(payload.workers)]
+    finalizer = threading.Thread(target=prover.finalize, name=f"{ctx.name}-finalize", daemon=True)
+    for t in (*workers, finalizer):
+        t.start()
+    threading.Thread(target=prover.read_messages, name=f"{ctx.name}-io", daemon=True).start()
+    name = getattr(backend, "device_name", None)
+    ctx.send(msg.Ready(os.getpid(), ctx.name, {"backend": backend.name, "device": payload.device,
+                                                "device_name": name if isinstance(name, str) else None,
+                                                "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}))
+    ctx.log.info("[start] ready (%s backend, %d workers)", backend.name, payload.workers)
+    try:
+        while not ctx.stopping.wait(0.5):
+            if not all(t.is_alive() for t in workers):
+                raise GpuDead(f"{ctx.name}: a worker thread died (device error); the process restarts")
+        for t in workers:  # drain: finish the partitions in hand (bounded by the engine's grace)
+            t.join()
+    finally:
+        prover.finalize_q.put(None)
+        finalizer.join(60)
+        ring.close()

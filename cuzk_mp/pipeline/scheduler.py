@@ -1,0 +1,283 @@
+"""The engine's bookkeeping of jobs, partitions and attempts: pure state, no processes.
+
+Owns: the job table, one priority queue of partition attempts for all jobs
+(ordered by priority, then submit order, then partition index), the state of
+every attempt, the retry policy and the results. The engine calls the ``on_*``
+methods as messages arrive and forwards what they return (finished partitions
+and jobs, tasks to cancel in the children) — so every rule about "when is a
+job done, failed, retried" lives here and is testable without processes.
+
+Attempt (task) states: queued -> synthesizing -> ready (in a ring slot) ->
+proving -> done, or failed / lost (its process died) / cancelled. A partition
+is done by the first attempt that brings a proof, even one already given up
+as lost (its late proof is as good as the retry's, which is then cancelled).
+"""
+
+from __future__ import annotations
+
+import heapq
+import itertools
+import time
+from collections import deque
+from dataclasses import dataclass, field
+from typing import Any
+
+from .messages import CircuitRef
+from .types import JobResult, JobSpec, PartitionResult
+
+NOT_RETRIED = frozenset({"InputError", "FormatError", "UnsatisfiedWitness", "ConfigError", "Cancelled"})
+KEEP_FINISHED = 200  # finished jobs kept for status()
+
+
+@dataclass
+class Task:
+    """One attempt of one partition."""
+
+    task_id: int
+    job: Job
+    index: int
+    attempt: int
+    state: str = "queued"
+    worker: str | None = None  # synthesis process name
+    prover: str | None = None  # prover process name
+    device: int | None = None
+    slot: int | None = None
+    t_dispatch: float | None = None
+
+    def order(self) -> tuple[int, int, int, int]:
+        """Queue key: priority, job submit order, partition index, attempt id."""
+        return (int(self.job.spec.priority), self.job.seq, self.index, self.task_id)
+
+
+@dataclass
+class Job:
+    """A submitted job and its partitions' outcomes."""
+
+    spec: JobSpec
+    seq: int
+    circuit: CircuitRef
+    submitted_at: float
+    started_at: float | None = None
+    finished_at: float | None = None
+    state: str = "queued"  # queued | running | done | failed | cancelled
+    error: str | None = None
+    results: list[PartitionResult | None] = field(default_factory=list)
+    attempts: list[int] = field(default_factory=list)
+    current: dict[int, Task] = field(default_factory=dict)  # partition -> its latest attempt
+    tasks: list[Task] = field(default_factory=list)  # every attempt, forgotten when the job finishes
+
+    @property
+    def finished(self) -> bool:
+        """True once done, failed or cancelled."""
+        return self.state in ("done", "failed", "cancelled")
+
+
+@dataclass
+class Outcome:
+    """What the engine must do after a scheduler event."""
+
+    partitions: list[tuple[str, PartitionResult]] = field(default_factory=list)
+    jobs: list[JobResult] = field(default_factory=list)
+    cancel: list[Task] = field(default_factory=list)  # attempts in children that must be dropped
+
+    def merge(self, other: Outcome) -> Outcome:
+        """Append another outcome's items to this one."""
+        self.partitions += other.partitions
+        self.jobs += other.jobs
+        self.cancel += other.cancel
+        return self
+
+
+class Scheduler:
+    """Jobs, the partition queue and the retry policy (see the module docstring)."""
+
+    def __init__(self, max_attempts: int) -> None:
+        self.max_attempts = max_attempts
+        self.jobs: dict[str, Job] = {}
+        self.finished: deque[Job] = deque(maxlen=KEEP_FINISHED)
+        self.tasks: dict[int, Task] = {}
+        self._queue: list[tuple[tuple[int, int, int, int], Task]] = []
+        self._ids = itertools.count(1)
+        self._seqs = itertools.count(1)
+        self.counters: dict[str, int] = {k: 0 for k in (
+            "jobs_submitted", "jobs_done", "jobs_failed", "jobs_cancelled", "partitions_proved",
+            "partitions_failed", "partition_retries", "late_proofs_used")}
+
+    # ---- queue
+    def add_job(self, spec: JobSpec, circuit: CircuitRef) -> Job:
+        """Accept a job: one queued attempt per partition."""
+        job = Job(spec, next(self._seqs), circuit, time.time())
+        job.results = [None] * len(spec.partitions)
+        job.attempts = [0] * len(spec.partitions)
+        self.jobs[spec.job_id] = job
+        for index in range(len(spec.partitions)):
+            self._enqueue(job, index)
+        self.counters["jobs_submitted"] += 1
+        return job
+
+    def _enqueue(self, job: Job, index: int) -> Task:
+        job.attempts[index] += 1
+        task = Task(next(self._ids), job, index, job.attempts[index])
+        self.tasks[task.task_id] = task
+        job.current[index] = task
+        job.tasks.append(task)
+        heapq.heappush(self._queue, (task.order(), task))
+        return task
+
+    def next_task(self, started_only: bool = False) -> Task | None:
+        """The oldest queued attempt (skipping those of finished jobs), marked dispatched.
+
+        ``started_only`` (engine draining): only attempts of jobs that already started.
+        """
+        skipped = []
+        while self._queue:
+            item = heapq.heappop(self._queue)
+            task = item[1]
+            if task.state != "queued" or task.job.finished:
+                continue
+            if started_only and task.job.started_at is None:
+                skipped.append(item)
+                continue
+            task.state, task.t_dispatch = "synthesizing", time.time()
+            if task.job.started_at is None:
+                task.job.started_at, task.job.state = task.t_dispatch, "running"
+            for back in skipped:
+                heapq.heappush(self._queue, back)
+            return task
+        for back in skipped:
+            heapq.heappush(self._queue, back)
+        return None
+
+    def pending(self) -> int:
+        """Queued attempts not yet dispatched."""
+        return sum(1 for _, t in self._queue if t.state == "queued" and not t.job.finished)
+
+    def in_flight(self) -> list[Task]:
+        """Attempts in a child process (synthesizing, in the ring, proving)."""
+        return [t for t in self.tasks.values() if t.state in ("synthesizing", "ready", "proving")]
+
+    # ---- events from the children
+    def on_published(self, task_id: int, slot: int) -> None:
+        """A synthesis worker put the attempt into a ring slot."""
+        task = self.tasks.get(task_id)
+        if task is not None and task.state == "synthesizing":
+            task.state, task.slot = "ready", slot
+
+    def on_taken(self, task_id: int, prover: str, device: int | None) -> None:
+        """A prover process took the attempt's slot."""
+        task = self.tasks.get(task_id)
+        if task is not None and task.state in ("synthesizing", "ready"):
+            task.state, task.prover, task.device = "proving", prover, device
+
+    def on_proof(self, task_id: int, proof: Any, public: list[int], timings: dict[str, float],
+                 device: int | None) -> Outcome:
+        """A proof arrived: the partition is done (first proof wins); maybe the job too."""
+        task = self.tasks.pop(task_id, None)
+        out = Outcome()
+        if task is None or task.job.finished or task.job.results[task.index] is not None:
+            return out
+        job = task.job
+        if task.state == "lost":
+            self.counters["late_proofs_used"] += 1
+            newer = job.current.get(task.index)
+            if newer is not None and newer is not task:
+                out.cancel.append(self._retire(newer, "cancelled"))
+        task.state = "done"
+        timings = dict(timings, total=time.time() - job.submitted_at)
+        result = PartitionResult(task.index, proof, public, timings, device, job.attempts[task.index])
+        job.results[task.index] = result
+        self.counters["partitions_proved"] += 1
+        out.partitions.append((job.spec.job_id, result))
+        if all(r is not None for r in job.results):
+            out.jobs.append(self._finish(job, "done", None))
+        return out
+
+    def on_failed(self, task_id: int, kind: str, message: str) -> Outcome:
+        """An attempt failed in a child that carries on: retry, or fail the job."""
+        task = self.tasks.get(task_id)
+        if task is None or task.state in ("done", "failed", "cancelled", "lost") or task.job.finished:
+            self.tasks.pop(task_id, None)
+            return Outcome()
+        return self._give_up_or_retry(task, kind, message)
+
+    def on_lost(self, task_ids: list[int], reason: str) -> Outcome:
+        """Attempts whose process died: retried once more (up to ``max_attempts``), else the job fails."""
+        out = Outcome()
+        for task_id in task_ids:
+            task = self.tasks.get(task_id)
+            if task is None or task.state not in ("synthesizing", "ready", "proving") or task.job.finished:
+                continue
+            out.merge(self._give_up_or_retry(task, "WorkerDied", reason))
+        return out
+
+    def _give_up_or_retry(self, task: Task, kind: str, message: str) -> Outcome:
+        job = task.job
+        task.state = "lost" if kind in ("WorkerDied", "GpuDead") else "failed"
+        if kind not in NOT_RETRIED and job.attempts[task.index] < self.max_attempts:
+            self.counters["partition_retries"] += 1
+            self._enqueue(job, task.index)
+            return Outcome()
+        text = f"partition {task.index}: {message} (attempt {job.attempts[task.index]} of {self.max_attempts})"
+        if kind in NOT_RETRIED:
+            text = f"partition {task.index}: {message}"
+        self.counters["partitions_failed"] += 1
+        return self._fail_job(job, text, {task.index: (message, kind)})
+
+    # ---- job-level transitions
+    def cancel(self, job_id: str) -> Outcome | None:
+        """Cancel a job; None if unknown or already finished."""
+        job = self.jobs.get(job_id)
+        if job is None or job.finished:
+            return None
+        return self._fail_job(job, None, {}, state="cancelled")
+
+    def fail_all_unstarted(self, message: str) -> Outcome:
+        """Fail every job none of whose partitions was dispatched yet (engine draining)."""
+        out = Outcome()
+        for job in list(self.jobs.values()):
+            if job.started_at is None:
+                out.merge(self._fail_job(job, message, {}))
+        return out
+
+    def fail_all(self, message: str) -> Outcome:
+        """Fail every unfinished job (the engine is stopping, or no workers are left)."""
+        out = Outcome()
+        for job in list(self.jobs.values()):
+            if not job.finished:
+                out.merge(self._fail_job(job, message, {}))
+        return out
+
+    def _fail_job(self, job: Job, error: str | None, errors: dict[int, tuple[str, str]],
+                  state: str = "failed") -> Outcome:
+        out = Outcome()
+        for index, result in enumerate(job.results):
+            if result is not None:
+                continue
+            message, kind = errors.get(index, (f"not proved: job {state}" + (f" ({error})" if error else ""),
+                                                "Cancelled"))
+            job.results[index] = PartitionResult(index, None, [], {}, None, job.attempts[index], message, kind)
+            out.partitions.append((job.spec.job_id, job.results[index]))
+            task = job.current.get(index)
+            if task is not None and task.state in ("queued", "synthesizing", "ready", "proving"):
+                out.cancel.append(self._retire(task, "cancelled"))
+        out.jobs.append(self._finish(job, state, error))
+        return out
+
+    def _retire(self, task: Task, state: str) -> Task:
+        task.state = state
+        self.tasks.pop(task.task_id, None)
+        return task
+
+    def _finish(self, job: Job, state: str, error: str | None) -> JobResult:
+        job.state, job.error, job.finished_at = state, error, time.time()
+        self.counters[f"jobs_{state}"] += 1
+        self.jobs.pop(job.spec.job_id, None)
+        self.finished.append(job)
+        for task in job.tasks:
+            self.tasks.pop(task.task_id, None)
+        return JobResult(job.spec.job_id, job.spec.circuit_id, state, list(job.results),  # type: ignore[arg-type]
+                         error, job.submitted_at, job.started_at, job.finished_at)
+
+    def uses_circuit(self, circuit_id: str) -> bool:
+        """True if an unfinished job proves with this circuit."""
+        return any(j.spec.circuit_id == circuit_id for j in self.jobs.values())
