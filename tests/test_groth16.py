@@ -1,0 +1,91 @@
+"""The prover and verifier on real snarkjs files (tests/data_formats, made by circom + snarkjs)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cuzk_mp.algebra.field import R_MOD, ints_to_limbs, limbs_to_ints
+from cuzk_mp.backends.cpu import CpuBackend
+from cuzk_mp.errors import UnsatisfiedWitness, VerificationFailed
+from cuzk_mp.formats.r1cs import read_r1cs
+from cuzk_mp.formats.snarkjs_json import Proof, proof_from_json, public_from_json, vk_from_json, vk_to_json
+from cuzk_mp.formats.wtns import read_wtns
+from cuzk_mp.formats.zkey import read_zkey
+from cuzk_mp.groth16.keys import vk_from_zkey
+from cuzk_mp.groth16.prover import prove
+from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+from cuzk_mp.groth16.verifier import check, verify
+
+DATA = Path(__file__).parent / "data_formats"
+
+
+@pytest.fixture(scope="module")
+def backend() -> CpuBackend:
+    return CpuBackend()
+
+
+@pytest.fixture(scope="module")
+def zkey():  # type: ignore[no-untyped-def]
+    return read_zkey(DATA / "mul.zkey")
+
+
+def test_exported_vk_equals_snarkjs(zkey) -> None:  # type: ignore[no-untyped-def]
+    assert vk_to_json(vk_from_zkey(zkey)) == json.loads((DATA / "verification_key.json").read_text())
+
+
+def test_prove_verify_and_tamper(backend: CpuBackend, zkey) -> None:  # type: ignore[no-untyped-def]
+    w = read_wtns(DATA / "mul.wtns")
+    vk = vk_from_zkey(zkey)
+    proof, public = prove(backend, zkey, w, r1cs=read_r1cs(DATA / "mul.r1cs"))
+    assert public == public_from_json(json.loads((DATA / "public.json").read_text()))
+    assert verify(vk, public, proof)
+    # a wrong public input, and each proof point replaced by another valid point, fail
+    assert check(vk, [public[0] + 1] + public[1:], proof) == "pairing check failed: the proof does not match"
+    other, _ = prove(backend, zkey, w)
+    assert other != proof  # fresh r, s every time
+    for field in ("pi_a", "pi_b", "pi_c"):
+        mixed = Proof(**{**proof.__dict__, field: getattr(other, field)})
+        assert not verify(vk, public, mixed)
+    off_curve = Proof(pi_a=(proof.pi_a[0], (proof.pi_a[1] + 1)), pi_b=proof.pi_b, pi_c=proof.pi_c)
+    assert "not a point of G1" in (check(vk, public, off_curve) or "")
+    assert check(vk, public[:-1], proof) is not None
+    assert check(vk, [R_MOD] + public[1:], proof) is not None
+
+
+def test_snarkjs_proof_verifies(zkey) -> None:  # type: ignore[no-untyped-def]
+    vk = vk_from_json(json.loads((DATA / "verification_key.json").read_text()))
+    proof = proof_from_json(json.loads((DATA / "proof.json").read_text()))
+    public = public_from_json(json.loads((DATA / "public.json").read_text()))
+    assert check(vk, public, proof) is None
+
+
+def test_unsatisfied_witness_is_refused(backend: CpuBackend, zkey) -> None:  # type: ignore[no-untyped-def]
+    w = read_wtns(DATA / "mul.wtns").copy()
+    vals = limbs_to_ints(w)
+    vals[-1] = (vals[-1] + 1) % R_MOD  # break the last internal wire
+    bad = ints_to_limbs(vals, 4)
+    r1cs = read_r1cs(DATA / "mul.r1cs")
+    with pytest.raises(UnsatisfiedWitness, match="does not satisfy constraint") as info:
+        prove(backend, zkey, bad, r1cs=r1cs)
+    assert 0 <= info.value.constraint < r1cs.n_constraints
+    with pytest.raises(VerificationFailed):  # without the r1cs the self-check still catches it
+        prove(backend, zkey, bad)
+
+
+def test_witness_shape_and_range_errors(zkey) -> None:  # type: ignore[no-untyped-def]
+    ev = ConstraintEvaluator.from_zkey(zkey)
+    w = read_wtns(DATA / "mul.wtns")
+    with pytest.raises(Exception, match="wires"):
+        ev.evaluate(w[:-1])
+    w2 = w.copy()
+    w2[0] = np.array([2, 0, 0, 0], dtype=np.uint64)
+    with pytest.raises(Exception, match="must be 1"):
+        ev.evaluate(w2)
+    w3 = w.copy()
+    w3[2] = np.array([2**64 - 1] * 4, dtype=np.uint64)
+    with pytest.raises(Exception, match="not a field element"):
+        ev.evaluate(w3)
