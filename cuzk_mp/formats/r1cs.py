@@ -109,7 +109,7 @@ def _read_header(bf: BinFile) -> dict[str, int]:
 def _read_constraints(bf: BinFile, n_wires: int, n_constraints: int) -> tuple[CsrMatrix, CsrMatrix, CsrMatrix]:
     raw = np.frombuffer(bf.section(2), dtype=np.uint8)
     offsets = np.empty(n_constraints, dtype=np.int64)
-    counts = np.empty((3, n_constraints), dtype=np.int64)
+    counts = np.empty((3, n_constraints), dtype=np.uint32)  # a count is a u32 in the file
     status = scan_constraints(raw, N8, offsets, counts)
     if status[0] != 0:
         _raise_scan_error(bf, raw, status, n_constraints)
@@ -123,7 +123,7 @@ def _read_constraints(bf: BinFile, n_wires: int, n_constraints: int) -> tuple[Cs
     bad = np.flatnonzero(errors)
     if bad.size:
         _raise_term_error(bf, raw, int(offsets[bad[0]]), int(bad[0]), int(errors[bad[0]]), n_wires)
-    mats = tuple(CsrMatrix(indptr[m].copy(), idx[m], data[m], n_wires) for m in range(3))
+    mats = tuple(CsrMatrix(indptr[m], idx[m], data[m], n_wires) for m in range(3))  # rows of indptr are contiguous
     return mats  # type: ignore[return-value]
 
 
@@ -165,10 +165,8 @@ def write_r1cs(path: str | os.PathLike[str], r1cs: R1CS) -> None:
     (< r) and wire ids < n_wires: ValueError otherwise.
     """
     _check_shapes(r1cs)
-    labels = r1cs.wire_to_label
-    if labels is None:
-        labels = np.arange(r1cs.n_wires, dtype="<u8")
-    elif labels.shape != (r1cs.n_wires,):
+    labels = np.arange(r1cs.n_wires, dtype="<u8") if r1cs.wire_to_label is None else np.asarray(r1cs.wire_to_label)
+    if labels.shape != (r1cs.n_wires,):
         raise ValueError(f"wire_to_label has shape {labels.shape}, expected ({r1cs.n_wires},)")
     write_binfile(path, MAGIC, VERSION, [
         (1, header_bytes(r1cs)),

@@ -241,8 +241,8 @@ def coef_matrices(zkey: ZKey) -> tuple[CsrMatrix, CsrMatrix]:
     idx = [np.empty(int(indptr[k, -1]), dtype=np.uint32) for k in range(2)]
     data = [np.empty((int(indptr[k, -1]), 4), dtype=np.uint64) for k in range(2)]
     fill_rows(m, c, s, v, indptr, idx[0], idx[1], data[0], data[1])
-    return (CsrMatrix(indptr[0].copy(), idx[0], data[0], zkey.n_vars),
-            CsrMatrix(indptr[1].copy(), idx[1], data[1], zkey.n_vars))
+    return (CsrMatrix(indptr[0], idx[0], data[0], zkey.n_vars),  # rows of indptr are contiguous
+            CsrMatrix(indptr[1], idx[1], data[1], zkey.n_vars))
 
 
 # ---------------------------------------------------------------------- writing
