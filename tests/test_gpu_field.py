@@ -163,3 +163,78 @@ def test_host_build_matches_python_ints(host_driver: Path) -> None:
         if got != want:
             bad.append(f"{cmd[:60]}...: got {got:#x} want {want:#x}")
     assert not bad, f"seed={SEED}: {len(bad)} of {len(cases)} wrong, first: {bad[:3]}"
+
+
+# ---------------------------------------------------------------- on the GPU (NVRTC build)
+
+_OPS = {"mul": 0, "add": 1, "sub": 2, "neg": 3, "sqr": 4, "dbl": 5, "inv": 6, "tom": 7, "frm": 8, "eq": 9,
+        "nr": 10, "mfp": 11}
+
+
+def _expect(op: str, a: int, b: int, p: int, r: int) -> int:
+    ri = pow(r, -1, p)
+    return {
+        "mul": a * b * ri, "add": a + b, "sub": a - b, "neg": -a, "sqr": a * a * ri, "dbl": 2 * a,
+        "inv": pow(a * ri, -1, p) * r if a else 0, "tom": a * r, "frm": a * ri,
+    }[op] % p
+
+
+def _operands(rng: random.Random, p: int, r_mod: int, n: int) -> tuple[list[int], list[int]]:
+    edge = _edge(p, r_mod)
+    a = [edge[i % len(edge)] if i < len(edge) ** 2 else rng.randrange(p) for i in range(n)]
+    b = [edge[(i // len(edge)) % len(edge)] if i < len(edge) ** 2 else rng.randrange(p) for i in range(n)]
+    return a, b
+
+
+@pytest.fixture(scope="module")
+def gpu_check() -> object:
+    """The ff/check.cu module (skips without CuPy or a device)."""
+    cupy = pytest.importorskip("cupy")
+    from cuzk_mp.backends import gpu_available
+
+    if not gpu_available():
+        pytest.skip("no CUDA device")
+    from cuzk_mp.backends.gpu.modules import get_module
+
+    return cupy, get_module("ff/check.cu")
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("field", ["fq", "fr"])
+def test_gpu_field_ops_match_python_ints(gpu_check: tuple, field: str) -> None:
+    cupy, mod = gpu_check
+    p, fp, nl = (Q_MOD, FQ, 6) if field == "fq" else (R_MOD, FR, 4)
+    rng = random.Random(SEED + nl)
+    n = 3000
+    a, b = _operands(rng, p, fp.r_mod, n)
+    da, db = cupy.asarray(ints_to_limbs(a, nl)), cupy.asarray(ints_to_limbs(b, nl))
+    out = cupy.empty_like(da)
+    kern = mod.get_function(f"ff_check_{field}")
+    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "tom", "frm", "eq"):
+        out.fill(0xDEADBEEF)  # poison: every row must be written
+        m = 200 if op == "inv" else n
+        kern(((m + 255) // 256,), (256,), (np.int32(_OPS[op]), da, db, out, np.uint64(m)))
+        got = limbs_to_ints(cupy.asnumpy(out[:m]))
+        want = [int(x == y) for x, y in zip(a, b)] if op == "eq" else [_expect(op, x, y, p, fp.r) for x, y in zip(a, b)]
+        bad = [i for i in range(m) if got[i] != want[i]]
+        assert not bad, f"seed={SEED} {field} {op}: {len(bad)} wrong, first row {bad[0]}: a={a[bad[0]]:#x} b={b[bad[0]]:#x}"
+
+
+@pytest.mark.gpu
+def test_gpu_fq2_ops_match_python_ints(gpu_check: tuple) -> None:
+    cupy, mod = gpu_check
+    rng = random.Random(SEED + 12)
+    cases = _fp2_cases(rng, 300)
+    by_op: dict[str, list[tuple[list[int], int]]] = {}
+    for cmd, want in cases:
+        parts = cmd.split()
+        by_op.setdefault(parts[1], []).append(([int(w, 16) for w in parts[2:]], want))
+    kern = mod.get_function("ff_check_fq2")
+    for op, rows in by_op.items():
+        words = np.array([w for w, _ in rows], dtype=np.uint64)
+        da, db = cupy.asarray(words[:, :12].copy()), cupy.asarray(words[:, 12:].copy())
+        out = cupy.full_like(da, 0xDEADBEEF)
+        kern(((len(rows) + 255) // 256,), (256,), (np.int32(_OPS[op]), da, db, out, np.uint64(len(rows))))
+        got = limbs_to_ints(cupy.asnumpy(out))
+        bad = [i for i, (_, want) in enumerate(rows) if got[i] != want]
+        assert not bad, f"seed={SEED} fq2 {op}: {len(bad)} of {len(rows)} wrong"

@@ -15,7 +15,7 @@ typedef unsigned int uint32_t;
 typedef unsigned long long uint64_t;
 typedef int int32_t;
 typedef long long int64_t;
-typedef unsigned long long size_t;
+/* size_t is predefined by NVRTC (its own headers declare malloc(size_t)). */
 #else
 #include <cstdint>
 #include <cstddef>

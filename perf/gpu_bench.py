@@ -1,0 +1,312 @@
+"""GPU benchmark for the H200 machine: field multiply rates, NTTs, H step, H2D, MSMs, whole proofs.
+
+Run from the repository root on the GPU machine:
+    python3 perf/gpu_bench.py [--out DIR] [--quick] [--sizes 20,24,26]
+Prints a table (last) and writes ``perf/results/gpu-h200.json`` (and DIR/gpu-h200.json):
+a flat JSON object with gpu, date and one key per row. Every figure is the median
+of several CUDA-event-timed runs after a warm-up run; every timed kernel's output
+is checked (field chains against Python ints, NTTs by a round trip). A row whose
+pieces are missing (helper B's MSM bench, the dev setup) is recorded as
+"not run: <why>" instead of a number.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import random
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "perf"))
+
+import cupy  # noqa: E402
+
+from cuzk_mp.algebra.field import FQ, FR, Q_MOD, R_MOD, ints_to_limbs, limbs_to_ints  # noqa: E402
+from cuzk_mp.backends.gpu import memory  # noqa: E402
+from cuzk_mp.backends.gpu.modules import get_module  # noqa: E402
+from cuzk_mp.backends.gpu.ntt import GpuNtt  # noqa: E402
+
+REPS = 5
+
+
+def time_ms(fn: Callable[[], Any], reps: int = REPS) -> float:
+    """Median CUDA-event time of fn() on the current stream, after one warm-up call."""
+    fn()
+    cupy.cuda.get_current_stream().synchronize()
+    times = []
+    for _ in range(reps):
+        a, b = cupy.cuda.Event(), cupy.cuda.Event()
+        a.record()
+        fn()
+        b.record()
+        b.synchronize()
+        times.append(cupy.cuda.get_elapsed_time(a, b))
+    return statistics.median(times)
+
+
+# ---------------------------------------------------------------- field multiply rates
+
+def _fq2_mul(x: tuple[int, int], y: tuple[int, int], ri: int) -> tuple[int, int]:
+    return ((x[0] * y[0] - x[1] * y[1]) * ri % Q_MOD, (x[0] * y[1] + x[1] * y[0]) * ri % Q_MOD)
+
+
+def _expected_row(kind: str, x: list[int], y: list[int], iters: int, chains: int) -> int:
+    if kind == "fq2":
+        ri = pow(1 << 384, -1, Q_MOD)
+        acc = (x[0], x[1])
+        for _ in range(iters):
+            acc = _fq2_mul(acc, (y[0], y[1]), ri)
+        return (acc[0] * chains % Q_MOD) | ((acc[1] * chains % Q_MOD) << 384)
+    p, r = (Q_MOD, FQ.r) if kind.startswith("fq") else (R_MOD, FR.r)
+    return x[0] * pow(y[0] * pow(r, -1, p), iters, p) * chains % p
+
+
+def field_rate(kind: str, chains: int, n_threads: int, iters: int, rng: random.Random) -> float:
+    """Multiplies per second of one bench kernel (ff/bench.cu), output checked on 64 rows."""
+    words = {"fq": 6, "fq64": 6, "fr": 4, "fr64": 4, "fq2": 12}[kind]
+    p = R_MOD if kind.startswith("fr") else Q_MOD
+    n_el = 2 if kind == "fq2" else 1
+    vals = [[rng.randrange(p) for _ in range(n_el)] for _ in range(4096)]
+    if kind == "fq2":
+        host = ints_to_limbs([v[0] | v[1] << 384 for v in vals], 12)
+    else:
+        host = ints_to_limbs([v[0] for v in vals], words)
+    rows = np.resize(host, (n_threads, words))
+    d_in, d_out = cupy.asarray(rows), cupy.empty((n_threads, words), dtype=np.uint64)
+    kern = get_module("ff/bench.cu", {"FF_BENCH_CHAINS": chains}).get_function(f"ff_bench_{kind}")
+    grid = (n_threads + 255) // 256
+    ms = time_ms(lambda: kern((grid,), (256,), (d_in, d_out, np.uint64(n_threads), np.uint32(iters))))
+    out = limbs_to_ints(cupy.asnumpy(d_out[:64]))
+    chains_eff = 1 if kind.endswith("64") else chains
+    for i in range(64):
+        x, y = vals[i % 4096], vals[(i + 1) % n_threads % 4096]
+        want = _expected_row(kind, x, y, iters, chains_eff)
+        if out[i] != want:
+            raise AssertionError(f"ff_bench_{kind} chains={chains}: row {i} is wrong")
+    muls = n_threads * iters * chains_eff
+    return muls / (ms / 1000.0)
+
+
+def field_rows(quick: bool) -> dict[str, Any]:
+    """fq_mul_per_s (best variant) and every variant's rate."""
+    rng = random.Random(1)
+    n, iters = (1 << 18, 256) if quick else (1 << 20, 1024)
+    rows: dict[str, Any] = {}
+    for kind in ("fq", "fq64", "fr", "fr64", "fq2"):
+        for chains in ((1,) if kind.endswith("64") else (1, 2)):
+            rows[f"{kind}_mul_chains{chains}_per_s"] = field_rate(kind, chains, n, iters, rng)
+    rows["fq_mul_per_s"] = max(rows["fq_mul_chains1_per_s"], rows["fq_mul_chains2_per_s"])
+    rows["fr_mul_per_s"] = max(rows["fr_mul_chains1_per_s"], rows["fr_mul_chains2_per_s"])
+    return rows
+
+
+# ---------------------------------------------------------------- NTT and H
+
+def _random_fr_device(n: int, seed: int) -> Any:
+    """n canonical Fr rows on the device: a random host block of <= 2^20 rows, tiled, with
+    the row index xored into limb 0 so no two rows are equal (top limb < r's keeps them < r)."""
+    g = np.random.default_rng(seed)
+    m = min(n, 1 << 20)
+    block = g.integers(0, 1 << 63, size=(m, 4), dtype=np.uint64)
+    block[:, 3] %= np.uint64(R_MOD >> 192)
+    d = cupy.tile(cupy.asarray(block), (n // m, 1))
+    d[:, 0] ^= cupy.arange(n, dtype=cupy.uint64)
+    return d
+
+
+def ntt_rows(sizes: list[int]) -> dict[str, Any]:
+    """Forward / inverse NTT and the whole H step (3 arrays) per size; round trip checked."""
+    eng = GpuNtt()
+    rows: dict[str, Any] = {}
+    for lg in sizes:
+        n = 1 << lg
+        memory.ensure_free(4 * n * 32, f"the 2^{lg} NTT benchmark")
+        x = _random_fr_device(n, lg)
+        ref = x.copy()
+        rows[f"ntt_2^{lg}_ms"] = time_ms(lambda: eng.ntt_in_place(x))
+        rows[f"intt_2^{lg}_ms"] = time_ms(lambda: eng.ntt_in_place(x, inverse=True))
+        x[...] = ref
+        eng.ntt_in_place(x)
+        eng.ntt_in_place(x, inverse=True)
+        if not bool(cupy.array_equal(x, ref)):
+            raise AssertionError(f"NTT round trip failed at 2^{lg}")
+        b, c = _random_fr_device(n, lg + 100), _random_fr_device(n, lg + 200)
+        rows[f"coset_2^{lg}_ms"] = time_ms(lambda: eng.to_odd_coset_in_place(x))
+        rows[f"ntt_h_2^{lg}_ms"] = time_ms(lambda: eng.coset_h_in_place(x, b, c))
+        del x, ref, b, c
+        cupy.get_default_memory_pool().free_all_blocks()
+    return rows
+
+
+def h2d_rows(gib: float = 1.0) -> dict[str, Any]:
+    """Host-to-device GB/s of a ~1 GiB array: pageable, and pinned with registration included."""
+    host = np.ones(int(gib * (1 << 30)) // 8, dtype=np.uint64)
+    dev = cupy.empty_like(host)
+    s = cupy.cuda.get_current_stream()
+
+    def copy() -> None:
+        cupy.cuda.runtime.memcpyAsync(dev.data.ptr, host.ctypes.data, host.nbytes, 1, s.ptr)
+
+    def pinned_copy() -> None:
+        with memory.PinnedRanges([host]):
+            copy()
+            s.synchronize()
+
+    t0 = time.perf_counter()
+    for _ in range(3):
+        copy()
+        s.synchronize()
+    pageable = (time.perf_counter() - t0) / 3
+    t0 = time.perf_counter()
+    for _ in range(3):
+        pinned_copy()
+    pinned = (time.perf_counter() - t0) / 3
+    return {"h2d_pageable_GB_per_s": host.nbytes / pageable / 1e9,
+            "h2d_pinned_incl_register_GB_per_s": host.nbytes / pinned / 1e9}
+
+
+def ntt_knob_rows(lg: int = 24) -> dict[str, Any]:
+    """Forward 2^lg NTT time for a few kernel-knob choices (tile, chunk, threads)."""
+    from cuzk_mp.backends.gpu.ntt import NttParams
+
+    x = _random_fr_device(1 << lg, 7)
+    rows: dict[str, Any] = {}
+    for tile, chunk, threads in ((10, 3, 256), (10, 2, 256), (10, 3, 128), (10, 3, 512), (9, 3, 256), (9, 2, 128)):
+        eng = GpuNtt(NttParams(tile_lg=tile, chunk_lg=chunk, threads=threads))
+        rows[f"ntt_2^{lg}_tile{tile}_chunk{chunk}_t{threads}_ms"] = time_ms(lambda: eng.ntt_in_place(x))
+    return rows
+
+
+def sass_rows(out_dir: Path | None) -> dict[str, Any]:
+    """Instruction counts of the field bench kernels from nvcc + cuobjdump (when installed)."""
+    import re
+    import shutil
+    import subprocess
+    import tempfile
+
+    from cuzk_mp.backends.gpu.source import assemble
+
+    if not (shutil.which("nvcc") and shutil.which("cuobjdump")):
+        return {"sass": "not run: nvcc or cuobjdump missing"}
+    with tempfile.TemporaryDirectory() as tmp:
+        cu, cubin = Path(tmp) / "bench.cu", Path(tmp) / "bench.cubin"
+        cu.write_text(assemble("ff/bench.cu"))
+        subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-cubin", "-o", str(cubin), str(cu)], check=True)
+        sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
+    if out_dir:
+        out_dir.mkdir(parents=True, exist_ok=True)
+        (out_dir / "ff_bench.sass").write_text(sass)
+    rows: dict[str, Any] = {}
+    for name, body in re.findall(r"Function : (\w+)(.*?)(?=Function :|\Z)", sass, flags=re.S):
+        ins = re.findall(r"/\*[0-9a-f]{4,}\*/\s+(?:@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)", body)
+        rows[f"sass_{name}_instructions"] = len(ins)
+        rows[f"sass_{name}_imad"] = sum(1 for i in ins if i.startswith("IMAD"))
+    return rows
+
+
+# ---------------------------------------------------------------- MSM and whole-proof rows
+
+def msm_rows(quick: bool) -> dict[str, Any]:
+    """Helper B's MSM rows (perf/gpu_msm_bench.py: msm_rows(quick) -> dict), or why not."""
+    try:
+        import gpu_msm_bench
+    except ImportError as exc:
+        why = f"not run: perf/gpu_msm_bench.py unavailable ({exc})"
+        return {k: why for k in ("g1_msm_random_2^20_ms", "g1_msm_porep_2^20_ms", "g2_msm_random_2^20_ms")}
+    fn = getattr(gpu_msm_bench, "msm_rows", None)
+    if fn is None:
+        return {"g1_msm_random_2^20_ms": "not run: perf/gpu_msm_bench.py has no msm_rows(quick)"}
+    return dict(fn(quick))
+
+
+def prove_rows(sizes: list[int], cache_dir: Path) -> dict[str, Any]:
+    """Whole proofs on the GPU: prove_porep_2^N_s (synthetic PoRep-like circuit, dev key, verified)
+    and prove_msms_random_2^N_s (device part only, dense random a, b, c, w), or why not."""
+    try:
+        from cuzk_mp.backends.gpu import msm  # noqa: F401
+        from cuzk_mp.groth16 import setup  # noqa: F401
+    except ImportError as exc:
+        return {f"prove_porep_2^{lg}_s": f"not run: {exc}" for lg in sizes}
+    from cuzk_mp.backends.base import ProverInputs
+    from cuzk_mp.backends.gpu.backend import GpuBackend
+    from cuzk_mp.circuits.synthetic import PorepLike
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.groth16.prover import prove
+    from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+    from cuzk_mp.pipeline.keys import ensure_synthetic_key
+
+    backend, rows = GpuBackend(0), {}
+    for lg in sizes:
+        zkey = read_zkey(ensure_synthetic_key("porep-like", lg, cache_dir, backend="gpu")[0])
+        key, ev = backend.load_key(zkey), ConstraintEvaluator.from_zkey(zkey)
+        w = PorepLike(lg).witness(seed=1, partition=0)
+        times = []
+        for _ in range(3):
+            t0 = time.perf_counter()
+            prove(backend, zkey, w, key=key, evaluator=ev)
+            times.append(time.perf_counter() - t0)
+        rows[f"prove_porep_2^{lg}_s"] = statistics.median(times)
+        rows.update({f"prove_porep_2^{lg}_{k}_ms": v for k, v in backend.last_timings.items()})
+        g = np.random.default_rng(lg)
+        dense = [np.asarray(cupy.asnumpy(_random_fr_device(zkey.domain_size, lg + i))) for i in range(3)]
+        w_rand = g.integers(0, 1 << 62, size=(zkey.n_vars, 4), dtype=np.uint64)
+        staged = backend.stage(key, ProverInputs(*dense, w_rand))
+        t0 = time.perf_counter()
+        backend.prove_msms(key, staged)
+        rows[f"prove_msms_random_2^{lg}_s"] = time.perf_counter() - t0
+        rows.update({f"prove_msms_random_2^{lg}_{k}_ms": v for k, v in backend.last_timings.items()})
+        backend.release(staged)
+        key.close()
+    return rows
+
+
+# ---------------------------------------------------------------- main
+
+def main() -> None:
+    """Run the rows, print a table, write the JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=None, help="also write the JSON (and nothing else) here")
+    ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer iterations")
+    ap.add_argument("--sizes", default="20,24,26", help="NTT sizes as log2, comma separated")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: field,ntt,h2d,msm,ntt_knobs,sass,prove")
+    ap.add_argument("--prove-sizes", default="20,24", help="whole-proof sizes as log2")
+    ap.add_argument("--key-cache", type=Path, default=Path("~/.cache/cuzk-mp/keys"), help="dev key cache")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    sizes = [int(s) for s in args.sizes.split(",")]
+    props = cupy.cuda.runtime.getDeviceProperties(0)
+    res: dict[str, Any] = {"gpu": props["name"].decode(), "date": _dt.date.today().isoformat(),
+                           "sm_count": props["multiProcessorCount"]}
+    sections = {"field": lambda: field_rows(args.quick), "ntt": lambda: ntt_rows(sizes), "h2d": h2d_rows,
+                "msm": lambda: msm_rows(args.quick),
+                "ntt_knobs": ntt_knob_rows, "sass": lambda: sass_rows(args.out), "prove": lambda: prove_rows([int(x) for x in args.prove_sizes.split(",")], args.key_cache)}
+    for name, fn in sections.items():
+        if name in skip:
+            continue
+        t0 = time.perf_counter()
+        try:
+            res.update(fn())
+        except Exception as exc:  # noqa: BLE001 - a failed section is recorded, the others still run
+            res[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
+        print(f"[bench] {name}: {time.perf_counter() - t0:.1f} s", flush=True)
+    text = json.dumps(res, indent=1, sort_keys=True)
+    (ROOT / "perf" / "results").mkdir(parents=True, exist_ok=True)
+    (ROOT / "perf" / "results" / "gpu-h200.json").write_text(text + "\n")
+    if args.out:
+        args.out.mkdir(parents=True, exist_ok=True)
+        (args.out / "gpu-h200.json").write_text(text + "\n")
+    for k, v in sorted(res.items()):
+        print(f"{k:40s} {v:.4g}" if isinstance(v, float) else f"{k:40s} {v}")
+
+
+if __name__ == "__main__":
+    main()
