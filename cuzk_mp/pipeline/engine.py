@@ -287,14 +287,14 @@ class Engine:
                 except Exception:  # noqa: BLE001 - a bug here must be loud, not kill the event thread
                     log.exception("engine event handling failed")
                 self._cond.notify_all()
-                callbacks, stopped = list(self._callbacks), self._state == "stopped"
+                callbacks = list(self._callbacks)
                 self._callbacks.clear()
             for cb in callbacks:
                 try:
                     cb()
                 except Exception:  # noqa: BLE001 - a caller's callback must not kill the engine
                     log.exception("engine callback failed")
-            if stopped:
+            if self._state == "stopped":  # read after the callbacks: one of them may have called stop()
                 return
 
     def _handle_ready(self, ready: list[object], table: dict[object, tuple[str, str]]) -> None:

@@ -258,7 +258,9 @@ class Scheduler:
             job.results[index] = PartitionResult(index, None, [], {}, None, job.attempts[index], message, kind)
             out.partitions.append((job.spec.job_id, job.results[index]))
             task = job.current.get(index)
-            if task is not None and task.state in ("queued", "synthesizing", "ready", "proving"):
+            if task is not None and task.state == "queued":
+                self._retire(task, "cancelled")
+            elif task is not None and task.state in ("synthesizing", "ready", "proving"):
                 out.cancel.append(self._retire(task, "cancelled"))
         out.jobs.append(self._finish(job, state, error))
         return out
