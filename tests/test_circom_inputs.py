@@ -1,0 +1,110 @@
+"""Input handling of cuzk_mp.circuits.circom that needs no node tools: FNV-1a 64 signal
+hashing, JavaScript ``BigInt`` value semantics, array flattening and the JSON input reader.
+
+The node-backed checks of the same functions (against real ``BigInt`` and snarkjs) are in
+test_circom_witness.py.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cuzk_mp.circuits.circom import fnv1a_64, flatten_values, js_bigint, load_input_json
+from cuzk_mp.errors import FormatError, InputError
+
+
+@pytest.mark.parametrize(("text", "expected"), [
+    # Published FNV-1a 64-bit test vectors (Fowler/Noll/Vo reference test suite).
+    ("", 0xCBF29CE484222325),
+    ("a", 0xAF63DC4C8601EC8C),
+    ("foobar", 0x85944171F73967E8),
+])
+def test_fnv1a_64_reference_vectors(text: str, expected: int) -> None:
+    assert fnv1a_64(text) == expected
+
+
+def test_fnv1a_64_hashes_utf16_code_units() -> None:
+    # JavaScript's str[i].charCodeAt(0) walks UTF-16 code units: U+1F600 is two surrogates.
+    h = 0xCBF29CE484222325
+    for unit in (0xD83D, 0xDE00):
+        h = ((h ^ unit) * 0x100000001B3) % (1 << 64)
+    assert fnv1a_64("\U0001F600") == h
+
+
+@pytest.mark.parametrize(("value", "expected"), [
+    (True, 1), (False, 0), (7, 7), (-5, -5), (np.uint64(2**63), 2**63), (3.0, 3),
+    ("12", 12), ("-12", -12), ("+12", 12), ("  42\n", 42), ("", 0), ("   ", 0),
+    ("0x1F", 31), ("0XfF", 255), ("0o17", 15), ("0b101", 5), ("007", 7),
+    (str(2**300), 2**300),
+])
+def test_js_bigint_accepts_what_javascript_accepts(value: object, expected: int) -> None:
+    assert js_bigint(value, "signal x") == expected
+
+
+@pytest.mark.parametrize("value", [
+    1.5, float("nan"), float("inf"), None, {"a": 1}, "1.0", "1e3", "-0x1", "0x", "1_000",
+    "12abc", "--1", "+", "0xg",
+])
+def test_js_bigint_rejects_what_javascript_rejects(value: object) -> None:
+    with pytest.raises(InputError, match="signal x"):
+        js_bigint(value, "signal x")
+
+
+def test_flatten_values_is_row_major() -> None:
+    nested = [[1, [2, 3]], (4,), np.array([5, 6])]
+    assert flatten_values(nested, "s") == [1, 2, 3, 4, 5, 6]
+    assert flatten_values(9, "s") == [9]
+    assert flatten_values([], "s") == []
+    with pytest.raises(InputError, match="signal s.*object"):
+        flatten_values([{"x": 1}], "s")
+
+
+def test_load_input_json_reads_numbers_as_javascript_does(tmp_path: Path) -> None:
+    path = tmp_path / "in.json"
+    path.write_text('{"a": 3, "b": "0x10", "c": [1e3, 2.0, 9007199254740993.5], '
+                    '"d": 18446744073709551616, "e": -4}')
+    data = load_input_json(path)
+    assert data["a"] == 3 and data["b"] == "0x10" and data["e"] == -4
+    # 2^64 is an exact double, so it is accepted as is.
+    assert data["d"] == 2**64
+    # Non-integral literals stay doubles; 9007199254740993.5 rounds to 2^53 + 2 as in JS.
+    assert [js_bigint(v, "c") for v in data["c"]] == [1000, 2, 2**53 + 2]
+
+
+def test_load_input_json_rejects_integers_a_double_cannot_hold(tmp_path: Path) -> None:
+    path = tmp_path / "in.json"
+    path.write_text('{"a": 12345678901234567890123}')
+    with pytest.raises(InputError, match=r"in\.json.*write it as a string"):
+        load_input_json(path)
+
+
+@pytest.mark.parametrize(("text", "problem"), [
+    ("[1, 2]", "JSON object"), ("{", "not valid JSON"), ('{"a": NaN}', "NaN"),
+])
+def test_load_input_json_rejects_malformed_files(tmp_path: Path, text: str,
+                                                 problem: str) -> None:
+    path = tmp_path / "bad.json"
+    path.write_text(text)
+    with pytest.raises(InputError, match=problem) as info:
+        load_input_json(path)
+    assert "bad.json" in str(info.value)
+
+
+def test_load_input_json_missing_file_names_it(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="nope.json"):
+        load_input_json(tmp_path / "nope.json")
+
+
+def test_witness_calculator_rejects_a_non_wasm_file(tmp_path: Path) -> None:
+    from cuzk_mp.circuits.circom import WitnessCalculator
+
+    path = tmp_path / "fake.wasm"
+    path.write_bytes(json.dumps({"not": "wasm"}).encode())
+    with pytest.raises(FormatError, match="fake.wasm.*not a valid wasm"):
+        WitnessCalculator(path)
+    with pytest.raises(InputError, match="no such circom wasm"):
+        WitnessCalculator(tmp_path / "missing.wasm")
