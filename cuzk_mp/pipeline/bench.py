@@ -238,9 +238,6 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
                                    "t_submit": job.submitted_at, "t_done": bench.part_done.get((job.job_id, p.index))})
     per_run = [steady_s_per_proof(run, a.partitions) for run in runs]
     total, verified = verify_all(raw["zkey"], runs)
-    per_process = {p["name"]: p for p in status["processes"]}
-    gpu_names = sorted({str(v.get("info", {}).get("device_name")) for v in per_process.values()
-                        if v["role"] == "gpu" and v.get("info", {}).get("device_name")})
     device_peaks = [v.get("device_peak_bytes") for v in status["memory"]["device"].values()]
     config = {"circuit": a.circuit, "log_n": a.log_n, "partitions": a.partitions, "jobs": a.jobs,
               "in_flight": a.in_flight, "partition_workers": a.partition_workers, "gpu_workers": a.gpu_workers,
@@ -258,7 +255,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         "partitions_by_device": {str(d): sum(1 for p in partitions if p["device"] == d) for d in devices},
         "memory_bound": memory_bound(raw, config),
         "ring": status["ring"]["stats"],
-        "machine": machine_info(gpu_names),
+        "machine": machine_info(devices if bench.backend == "gpu" else []),
         "partitions": partitions,
     }
     return result

@@ -66,8 +66,19 @@ def require_matplotlib() -> None:
         raise InputError("--plot needs matplotlib: pip install 'cuzk-mp[plot]' (or pip install matplotlib)") from None
 
 
-def machine_info(gpu_names: list[str]) -> dict[str, Any]:
-    """CPU model, cores, memory, GPU names (as the prover processes reported them), load average."""
+def gpu_names(devices: list[int]) -> list[str]:
+    """Names of these GPUs (physical ids) from ``nvidia-smi``; empty when it is not available."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return []
+    names = dict(line.split(", ", 1) for line in out.strip().splitlines() if ", " in line)
+    return [f"{d}: {names.get(str(d), '?')}" for d in devices]
+
+
+def machine_info(gpu_devices: list[int]) -> dict[str, Any]:
+    """CPU model, cores, memory, the GPUs used (by name), load average, git commit."""
     model = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
@@ -82,7 +93,7 @@ def machine_info(gpu_names: list[str]) -> dict[str, Any]:
         mem = psutil.virtual_memory().total
     except ImportError:  # pragma: no cover - psutil is a dependency
         mem = None
-    return {"cpu_model": model, "cores": os.cpu_count(), "memory_bytes": mem, "gpus": gpu_names,
+    return {"cpu_model": model, "cores": os.cpu_count(), "memory_bytes": mem, "gpus": gpu_names(gpu_devices),
             "python": platform.python_version(), "loadavg_at_end": list(os.getloadavg()),
             "git_commit": _git_commit()}
 

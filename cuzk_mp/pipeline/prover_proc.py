@@ -155,6 +155,7 @@ class Prover:
         self.device_lock = threading.Lock()
         self.finalize_q: queue.Queue[_InFlight | None] = queue.Queue()
         self.cancelled: set[int] = set()
+        self.memwatch = DeviceMemoryWatch() if backend.name == "gpu" else None
 
     def read_messages(self) -> None:
         """Reader thread: key management, cancellations, stop."""
@@ -261,22 +262,49 @@ class Prover:
                 proof = prove_finalize(job.key.zkey, job.sums, job.public, verify=self.payload.verify)
                 job.timings["finalize"] = time.perf_counter() - t0
                 self.ctx.send(msg.ProofDone(job.meta.task_id, proof_to_json(proof), [str(x) for x in job.public],
-                                            job.timings, backend_stats(self.backend)))
+                                            job.timings, backend_stats(self.backend, self.memwatch)))
             except Exception as exc:  # noqa: BLE001 - the task fails, the process carries on
                 self.ctx.fail(job.meta.task_id, exc)
             finally:
                 self.keys.release(job.key)
 
 
-def backend_stats(backend: Any) -> dict[str, float]:
-    """Counters a backend exposes: ``busy_seconds`` (kernel-busy time) and ``device_memory()`` (bytes)."""
+class DeviceMemoryWatch:
+    """Bytes in use on this process's GPU (total - usable free, CuPy's idle pool blocks counted free),
+    sampled every ``interval_s`` by a thread; keeps the peak. Short peaks between samples are missed."""
+
+    def __init__(self, interval_s: float = 0.05) -> None:
+        from ..backends.gpu.memory import free_bytes
+
+        self._free_bytes = free_bytes
+        self.interval_s = interval_s
+        self.used = self.peak = 0
+        self._stop = threading.Event()
+        threading.Thread(target=self._run, name="cuzk-gpu-memwatch", daemon=True).start()
+
+    def _run(self) -> None:
+        while not self._stop.wait(self.interval_s):
+            free, total = self._free_bytes()
+            self.used = total - free
+            self.peak = max(self.peak, self.used)
+
+    def stats(self) -> dict[str, float]:
+        """``device_used_bytes`` (last sample) and ``device_peak_bytes``."""
+        return {"device_used_bytes": float(self.used), "device_peak_bytes": float(self.peak)}
+
+    def stop(self) -> None:
+        """End the sampling thread."""
+        self._stop.set()
+
+
+def backend_stats(backend: Any, memwatch: DeviceMemoryWatch | None) -> dict[str, float]:
+    """``busy_seconds`` (the backend's kernel-busy counter; CUDA events on the GPU) and device memory."""
     stats: dict[str, float] = {}
     busy = getattr(backend, "busy_seconds", None)
     if busy is not None:
         stats["busy_seconds"] = float(busy)
-    mem = getattr(backend, "device_memory", None)
-    if callable(mem):
-        stats.update({f"device_{k}": float(v) for k, v in mem().items()})
+    if memwatch is not None:
+        stats.update(memwatch.stats())
     return stats
 
 
@@ -292,9 +320,11 @@ def main(ctx: ChildContext, payload: ProverPayload) -> None:
     """Process entry (called by :func:`cuzk_mp.pipeline.procs.bootstrap`)."""
     ring = Ring.attach(payload.ring)
     backend = _make_backend(payload)
-    warm = getattr(backend, "warm_up", None)
-    if callable(warm):
-        warm()  # GPU: compile and load every kernel module before READY
+    if payload.backend == "gpu":
+        from ..backends.gpu.modules import warm_up
+
+        took = warm_up()  # compile (or load from CuPy's cache) every kernel module before READY
+        ctx.log.info("[start] kernel modules ready in %.2f s", sum(took.values()))
     prover = Prover(ctx, ring, backend, payload)
     workers = [threading.Thread(target=prover.work, name=f"{ctx.name}-worker-{i}", daemon=True)
                for i in range(payload.workers)]
@@ -302,9 +332,7 @@ def main(ctx: ChildContext, payload: ProverPayload) -> None:
     for t in (*workers, finalizer):
         t.start()
     threading.Thread(target=prover.read_messages, name=f"{ctx.name}-io", daemon=True).start()
-    name = getattr(backend, "device_name", None)
     ctx.send(msg.Ready(os.getpid(), ctx.name, {"backend": backend.name, "device": payload.device,
-                                                "device_name": name if isinstance(name, str) else None,
                                                 "visible": os.environ.get("CUDA_VISIBLE_DEVICES")}))
     ctx.log.info("[start] ready (%s backend, %d workers)", backend.name, payload.workers)
     try:
@@ -316,4 +344,6 @@ def main(ctx: ChildContext, payload: ProverPayload) -> None:
     finally:
         prover.finalize_q.put(None)
         finalizer.join(60)
+        if prover.memwatch is not None:
+            prover.memwatch.stop()
         ring.close()

@@ -1,0 +1,49 @@
+#!/usr/bin/env bash
+# The pipeline measurements behind perf/results/pipeline-*.json (run from the repo root).
+#
+#   perf/pipeline_bench.sh cpu   # 2^12, 10 partitions x 6 jobs, partition_workers 1 and 2 -> pipeline-cpu.json
+#   perf/pipeline_bench.sh gpu   # the GPU defaults of `cuzk-mp bench`, 3 processes  -> pipeline-gpu.json
+#
+# Each configuration is a separate `cuzk-mp bench` process (the "across processes" spread: compare
+# the s_per_proof of the runs in the combined file). Run it when the machine is quiet: every result
+# records the load average at its end. PY overrides the interpreter (default .venv/bin/python).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-.venv/bin/python}
+KIND=${1:-cpu}
+OUT=perf/results
+TMP=$(mktemp -d)
+trap 'rm -rf "$TMP"' EXIT
+
+bench() {  # bench NAME ARGS...
+  local name=$1; shift
+  echo "== $name: cuzk-mp bench $*" >&2
+  "$PY" -m cuzk_mp.cli bench --quiet --json "$TMP/$name.json" "$@"
+}
+
+if [ "$KIND" = cpu ]; then
+  for pw in 1 2; do
+    bench "pw$pw" --backend cpu --log-n 12 --partitions 10 --jobs 6 --in-flight 2 \
+      --partition-workers "$pw" --gpu-workers 2 --ring-slots 4
+  done
+else
+  for i in 1 2 3; do
+    bench "run$i" --backend gpu
+  done
+fi
+
+"$PY" - "$TMP" "$OUT/pipeline-$KIND.json" <<'PYEOF'
+import json, os, pathlib, statistics, sys
+tmp, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+runs = {p.stem: json.loads(p.read_text()) for p in sorted(tmp.glob("*.json"))}
+for r in runs.values():
+    r.pop("partitions", None)  # per-partition rows stay out of the committed summary
+summary = {name: {k: r[k] for k in ("s_per_proof", "first_job_s", "proofs_total", "proofs_verified",
+                                     "peak_host_bytes", "peak_shm_bytes", "peak_live_segments",
+                                     "gpu_busy_fraction")} for name, r in runs.items()}
+spp = [r["s_per_proof"] for r in runs.values()]
+out.write_text(json.dumps({"summary": summary, "s_per_proof_median": statistics.median(spp),
+                           "s_per_proof_min_max": [min(spp), max(spp)], "loadavg_after": os.getloadavg(),
+                           "runs": runs}, indent=1) + "\n")
+print(f"wrote {out}")
+PYEOF
