@@ -18,10 +18,16 @@ Layout, in circom's wire order (wire 0 = 1, public outputs, public inputs, priva
 Lane inputs (128 bits per lane and one message word per later unit) come from a PCG64 stream
 seeded with (seed, partition); the message word of each lane's first unit is the partition
 index, so both public inputs and outputs are functions of (seed, partition).
+
+Size (measured): 5.36 entries per row (A 2.47, B 1.38, C 1.51; Filecoin's PoRep circuit has
+2.4 / 1.0 / 2.2), so the three matrices take 3.4 GiB at 2^24 (32-byte coefficients dominate);
+80.4% of witness values are 0 or 1 (42% zeros, 38% ones), the rest mostly full 255-bit field
+elements. Witness on one core: 0.06 s at 2^20, ~2 s at 2^24; R1CS: ~16 s at 2^24.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from functools import cached_property
 from pathlib import Path
 
@@ -65,9 +71,9 @@ class PorepLike:
         self.lane_out_offset = lane_out[0]
         self._size_lanes()
 
-    def _record(self, circuit: object) -> Template:
+    def _record(self, circuit: Callable[[LaneCS], object]) -> Template:
         cs = LaneCS(record=True)
-        circuit(cs)  # type: ignore[operator]
+        circuit(cs)
         return Template.from_rows(cs.rows, cs.n_wires, self._table)
 
     def _size_lanes(self) -> None:
@@ -102,7 +108,7 @@ class PorepLike:
         m = assemble(blocks, self._table, self.n_wires)
         return R1CS(prime=R_MOD, n_wires=self.n_wires, n_pub_out=self.n_pub_out, n_pub_in=1, n_prv_in=0,
                     n_labels=self.n_wires, n_constraints=self.n_constraints, a=m["a"], b=m["b"], c=m["c"],
-                    wire_to_label=np.arange(self.n_wires, dtype=np.uint64), path=None)
+                    wire_to_label=None, path=None)  # None: the identity map (write_r1cs writes it)
 
     def _epilogue(self, bases: np.ndarray) -> Template:
         """Rows binding the public outputs: digest = sum of lane outputs, then single lane outputs."""
@@ -147,7 +153,7 @@ class PorepLike:
         n = self.lanes_computed
         cs = LaneCS(n_lanes=n, rand=rand, writer=writer)
         part = Word((), np.full(n, partition, dtype=np.uint64), (1 << PARTITION_BITS) - 1)
-        outs = fr.to_ints(np.ascontiguousarray(synth_lane(cs, part).value[: self.n_lanes]))  # type: ignore[index]
+        outs = fr.to_ints(fr.from_mont(synth_lane(cs, part).value[: self.n_lanes]), mont=False)  # type: ignore[index]
         public = [sum(outs) % R_MOD] + [outs[(j - 1) % self.n_lanes] for j in range(1, self.n_pub_out)]
         return public[: self.n_pub_out] + [partition]
 

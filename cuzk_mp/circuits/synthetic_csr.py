@@ -6,8 +6,8 @@ full CSR matrices from blocks of template instances. Nothing is built entry by e
 each block is written with a few broadcasting numpy operations straight into the final,
 preallocated arrays, so the peak memory is the matrices themselves (no COO triplets, no sort).
 
-Coefficients: the circuit uses only a few hundred distinct values (1, -1, 2, -2, 2^i, -2^i,
-round constants), so entries carry a ``uint16`` code into one :class:`CoefTable` and the
+Coefficients: the circuit uses only 128 distinct values (1, -1, 2, -2, 2^i, -2^i, SHA-256's K,
+the S-box round constants), so entries carry a ``uint16`` code into one :class:`CoefTable` and the
 ``(nnz, 4) uint64`` data is gathered from it block by block.
 """
 
@@ -139,4 +139,4 @@ def _fill(b: Block, tm: TemplateMatrix, values: np.ndarray, indptr: np.ndarray, 
     ix = indices.reshape(n_inst, per)
     np.multiply(b.bases.astype(np.uint32)[:, None], tm.rel[None, :per], out=ix)
     ix += tm.col[None, :per]
-    data.reshape(n_inst, per, 4)[:] = values[tm.code[:per]][None]
+    data.reshape(n_inst, per * 4)[:] = values[tm.code[:per]].reshape(1, per * 4)  # rows of whole instances: long copies

@@ -22,13 +22,14 @@ side of most rows is a single term (often the constant one).
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
 
 from ..algebra import fr
 from ..algebra.field import R_MOD
-from .synthetic_kernels import mont_table, permute_lanes
+from .synthetic_kernels import mont_table, permute_lanes, small_table
 
 ONE = -1  # ref of wire 0, the constant one
 MASK32 = (1 << 32) - 1
@@ -255,7 +256,8 @@ class LaneCS:
 
     # ---------------------------------------------------------------- field gadget
 
-    def permute(self, state: list[Field] | None, p: Field, consts: np.ndarray, mds: np.ndarray) -> list[Field]:
+    def permute(self, state: list[Field] | None, p: Field, consts: Sequence[Sequence[int]],
+                mds: Sequence[Sequence[int]]) -> list[Field]:
         """Absorb ``p`` into a width-3 sponge and run full rounds of x^5 S-boxes; the new state.
 
         Round r computes y_i = x_i^5 with x_i = sum_j mds[i][j] y_j (when there is a state) +
@@ -274,7 +276,7 @@ class LaneCS:
             return state  # type: ignore[return-value]
         off = self._alloc(9 * len(consts))
         prev = None if state is None else np.stack([f.value for f in state], axis=1)  # type: ignore[misc]
-        new, wires = permute_lanes(prev, p.value, mont_table(consts), mont_table(mds))  # type: ignore[arg-type]
+        new, wires = permute_lanes(prev, p.value, mont_table(consts), small_table(mds))  # type: ignore[arg-type]
         if self.writer is not None:
             self.writer.put_block(off, wires)
         last = off + 9 * (len(consts) - 1)

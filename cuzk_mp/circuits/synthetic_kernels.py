@@ -9,6 +9,8 @@ namespace of :mod:`cuzk_mp.algebra.fr`.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
+
 import numpy as np
 from numba import njit, prange
 
@@ -40,15 +42,24 @@ def _put(arr, i, j, v):  # type: ignore[no-untyped-def]
     arr[i, j, 0], arr[i, j, 1], arr[i, j, 2], arr[i, j, 3] = v[0], v[1], v[2], v[3]
 
 
-@njit(cache=True)
+@njit(inline="always")
+def _times(k, v):  # type: ignore[no-untyped-def]
+    """k * v for a small positive int k, by repeated addition (MDS entries are 1 or 2)."""
+    acc = v
+    for _ in range(k - 1):
+        acc = _add(acc, v)
+    return acc
+
+
+@njit(inline="always")
 def _linear(state, lane, i, r, has_state, p, consts, mds):  # type: ignore[no-untyped-def]
     """x_i = sum_j mds[i][j] y_j (if there is a state) + mds[i][0] p (round 0) + c[r][i]."""
     acc = _get(consts, r, i)
     if r > 0 or has_state:
         for j in range(3):
-            acc = _add(acc, _mul(_get(mds, i, j), _get(state, lane, j)))
+            acc = _add(acc, _times(mds[i, j], _get(state, lane, j)))
     if r == 0:
-        acc = _add(acc, _mul(_get(mds, i, 0), (p[lane, 0], p[lane, 1], p[lane, 2], p[lane, 3])))
+        acc = _add(acc, _times(mds[i, 0], (p[lane, 0], p[lane, 1], p[lane, 2], p[lane, 3])))
     return acc
 
 
@@ -72,7 +83,15 @@ def _permute(state, has_state, p, consts, mds, one, out):  # type: ignore[no-unt
                 _put(state, lane, i, y)
 
 
-def mont_table(values: list[list[int]]) -> np.ndarray:
+def small_table(values: Sequence[Sequence[int]]) -> np.ndarray:
+    """An MDS table as ``int64``; entries must be small positive ints (applied by repeated addition)."""
+    arr = np.array(values, dtype=np.int64)
+    if arr.shape != (3, 3) or arr.min() < 1 or arr.max() > 8:
+        raise ValueError(f"sponge MDS must be a 3x3 table of ints in [1, 8], got {values}")
+    return arr
+
+
+def mont_table(values: Sequence[Sequence[int]]) -> np.ndarray:
     """A ``(rows, cols, 4)`` Montgomery-form array of a table of Python ints."""
     flat = [FR.to_mont_int(v % FR.modulus) for row in values for v in row]
     return ints_to_limbs(flat, 4).reshape(len(values), len(values[0]), 4)
@@ -83,7 +102,7 @@ def permute_lanes(state: np.ndarray | None, p: np.ndarray, consts: np.ndarray, m
 
     ``state``: ``(lanes, 3, 4)`` Montgomery (None: no state yet, only ``p`` enters); ``p``:
     ``(lanes, 4)`` Montgomery, absorbed in round 0 with the MDS column 0; ``consts``:
-    ``(rounds, 3, 4)`` and ``mds``: ``(3, 3, 4)``, Montgomery. Returns (the new state, the
+    ``(rounds, 3, 4)`` Montgomery; ``mds``: ``(3, 3)`` small ints (:func:`small_table`). Returns (the new state, the
     standard-form wires ``(lanes, 9 * rounds, 4)``: t2, t4, y of S-box i of round r at
     ``9 r + 3 i + 0, 1, 2``).
     """
