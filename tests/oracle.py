@@ -162,6 +162,31 @@ def groth16_verify(vk: Path, public: Path, proof: Path) -> bool:
     return proc.returncode == 0 and "OK!" in proc.stdout
 
 
+# snarkjs's own groth16.verify (what `groth16 verify` runs), many proofs in one node process:
+# each CLI call pays ~1 s of node start-up and curve set-up.
+_VERIFY_MANY_JS = """
+import * as snarkjs from "snarkjs";
+import fs from "fs";
+const job = JSON.parse(fs.readFileSync(0, "utf8"));
+const vk = JSON.parse(fs.readFileSync(job.vk, "utf8"));
+const out = [];
+for (const [pub, proof] of job.cases) out.push(await snarkjs.groth16.verify(vk, pub, proof));
+console.log(JSON.stringify(out));
+process.exit(0);
+"""
+
+
+def groth16_verify_many(vk: Path, cases: list[tuple[object, object]]) -> list[bool]:
+    """snarkjs ``groth16.verify`` on each (public signals, proof) JSON pair, against ``vk``."""
+    proc = subprocess.run(["node", "--input-type=module", "-e", _VERIFY_MANY_JS], cwd=TOOLS,
+                          input=json.dumps({"vk": str(vk), "cases": cases}), text=True,
+                          capture_output=True, timeout=NODE_TIMEOUT_S)
+    if proc.returncode != 0:
+        raise OracleFailed(f"snarkjs groth16.verify batch exited {proc.returncode}\n{proc.stderr}")
+    result: list[bool] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return result
+
+
 def write_json(path: Path, value: object) -> Path:
     """Write ``value`` as JSON (inputs, proofs, public signals)."""
     path.write_text(json.dumps(value, indent=1))
