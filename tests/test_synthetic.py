@@ -3,11 +3,13 @@
 Oracles: the constraint check A.w o B.w == C.w done two independent ways (the numba CSR
 mat-vec on Montgomery forms at 2^10..2^14, and plain Python ints row by row at 2^10), the
 circuit's own definition re-derived from the witness with Python ints (digest = sum of lane
-outputs, partition bits), and ``snarkjs wtns check`` on the written .r1cs/.wtns files.
+outputs, partition bits), ``snarkjs wtns check`` on the written .r1cs/.wtns files, and a snarkjs
+Groth16 proof at 2^10 that verifies, and fails with a wrong public input.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import numpy as np
@@ -19,6 +21,8 @@ from cuzk_mp.circuits.synthetic import PorepLike, write_circuit
 from cuzk_mp.errors import ConfigError, InputError
 from cuzk_mp.formats.r1cs import R1CS, read_r1cs
 from cuzk_mp.formats.wtns import read_wtns, write_wtns
+from tests.oracle import oracle  # noqa: F401 - the session fixture
+from tests.oracle import Oracle, export_vk, groth16_prove, groth16_setup, groth16_verify, require_tools, wtns_check
 
 SEED = 20261130
 
@@ -208,8 +212,6 @@ def test_write_circuit_reads_back(tmp_path: Path) -> None:
 
 @pytest.mark.snarkjs
 def test_snarkjs_wtns_check_accepts_and_rejects(tmp_path: Path) -> None:
-    from tests.oracle import require_tools, wtns_check
-
     require_tools()
     r1cs_path, wtns_path = write_circuit(10, tmp_path, seed=1, partition=2)
     assert wtns_check(r1cs_path, wtns_path)
@@ -219,3 +221,20 @@ def test_snarkjs_wtns_check_accepts_and_rejects(tmp_path: Path) -> None:
     broken = tmp_path / "broken.wtns"
     write_wtns(broken, w)
     assert not wtns_check(r1cs_path, broken)
+
+
+@pytest.mark.snarkjs
+def test_snarkjs_proof_verifies_and_a_wrong_public_input_fails(tmp_path: Path, oracle: Oracle) -> None:
+    """At 2^10 the circuit fits the oracle's 2^10 ptau exactly (a full domain)."""
+    r1cs_path, wtns_path = write_circuit(10, tmp_path, seed=3, partition=5)
+    zkey = groth16_setup(r1cs_path, oracle.ptau(), tmp_path / "k.zkey")
+    vk = export_vk(zkey, tmp_path / "vk.json")
+    proof, public = tmp_path / "proof.json", tmp_path / "public.json"
+    groth16_prove(zkey, wtns_path, proof, public)
+    signals = json.loads(public.read_text())
+    assert [int(x) for x in signals] == PorepLike(10).public_inputs(3, 5)
+    assert groth16_verify(vk, public, proof)
+    for i, wrong in ((3, "6"), (0, str((int(signals[0]) + 1) % R_MOD))):  # the partition; the digest
+        bad = tmp_path / f"public_bad{i}.json"
+        bad.write_text(json.dumps(signals[:i] + [wrong] + signals[i + 1 :]))
+        assert not groth16_verify(vk, bad, proof)
