@@ -113,3 +113,17 @@ def test_rejects_bad_shapes() -> None:
         eng.ntt_in_place(cupy.zeros((16, 3), dtype=np.uint64))
     with pytest.raises(InputError):
         eng.coset_h_in_place(*(cupy.zeros((n, 4), dtype=np.uint64) for n in (16, 16, 8)))
+
+
+def test_kernel_defaults_match_python() -> None:
+    import re
+
+    from cuzk_mp.backends.gpu.ntt import KERNEL_DEFAULTS
+    from cuzk_mp.backends.gpu.source import read_kernel_file
+
+    src = read_kernel_file("ntt/ntt.cu")
+    found = {k: int(v) for k, v in re.findall(r"#define (NTT_\w+) (\d+)", src)}
+    assert found == KERNEL_DEFAULTS
+    p = NttParams()
+    assert (p.tile_lg, p.chunk_lg, p.threads) == tuple(KERNEL_DEFAULTS.values())
+    assert p.defines() == {}

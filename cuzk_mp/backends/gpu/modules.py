@@ -8,8 +8,9 @@ the cubin in its disk cache keyed by source + options + NVRTC version + arch: a
 second process, or a daemon restart, loads it in milliseconds. Within a process
 modules are cached here, guarded by a lock (GPU worker threads share them).
 
-:func:`warm_up` compiles every module of :data:`MODULES` with its default knobs:
-the GPU process calls it before it reports READY.
+:func:`warm_up` compiles every registered module variant (:func:`register`; the
+prover's own modules register themselves on import) before the GPU process
+reports READY, so no proof pays a compile.
 """
 
 from __future__ import annotations
@@ -29,11 +30,14 @@ from .source import assemble
 # baseline of the field benchmark). The target arch is added by CuPy.
 BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "--device-int128")
 
-# Every translation unit the package ships, compiled by warm_up().
+# The prover's translation units (default knobs); others add theirs with register().
 MODULES: tuple[str, ...] = ("ntt/ntt.cu", "h/h.cu")
+# Host modules whose import registers more module variants (helper B's MSM and fixed-base).
+_REGISTERING_IMPORTS = ("msm", "fixed_base")
 
 _lock = threading.Lock()
 _cache: dict[tuple[str, tuple[tuple[str, str], ...], str], Any] = {}
+_registry: dict[tuple[str, tuple[tuple[str, str], ...]], Mapping[str, Any] | None] = {}
 
 
 def device_arch(device: int | None = None) -> str:
@@ -76,11 +80,27 @@ def get_function(path: str, name: str, defines: Mapping[str, Any] | None = None)
     return get_module(path, defines).get_function(name)
 
 
+def register(path: str, defines: Mapping[str, Any] | None = None) -> None:
+    """Add a (module, knobs) variant to what :func:`warm_up` compiles."""
+    with _lock:
+        _registry[(path, _define_options(defines))] = defines
+
+
 def warm_up(paths: tuple[str, ...] = MODULES) -> dict[str, float]:
-    """Compile (or load from CuPy's disk cache) every module; seconds per module."""
+    """Compile (or load from CuPy's disk cache) ``paths`` and every registered variant; s each."""
+    import importlib
+
+    for name in _REGISTERING_IMPORTS:
+        try:
+            importlib.import_module(f"{__package__}.{name}")
+        except ImportError:
+            continue  # not in this checkout: nothing of it to warm
+    with _lock:
+        variants = [(p, None) for p in paths] + [(p, d) for (p, _), d in _registry.items()]
     took = {}
-    for path in paths:
+    for path, defines in variants:
         t0 = time.perf_counter()
-        get_module(path)
-        took[path] = time.perf_counter() - t0
+        get_module(path, defines)
+        label = path if not defines else f"{path} {dict(_define_options(defines))}"
+        took[label] = time.perf_counter() - t0
     return took

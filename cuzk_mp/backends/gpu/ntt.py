@@ -14,9 +14,10 @@ How the work is split (kernels/ntt/ntt.cu has the math):
   decimation-in-time (bit-reversed in, natural out), so the H step needs no
   permutation pass; the stand-alone transforms add one in-place bit reversal.
 
-Tables per (size, direction) are small (2 x 2^ceil(lg/2) + 2^min(lg, tile_lg)/2 rows:
-w^E = lo[E mod 2^b] * hi[E >> b]); they are built with Python ints once per
-process and device, and stay resident.
+Tables per size stay resident once built: w^i for i < n/2 (16 n bytes, shared by
+both directions; expanded on the device from a two-level table made with Python
+ints), the small sub-DFT tables of each direction, and a two-level table
+(lo[e mod 2^b] * hi[e >> b]) of the coset factors g^e / n.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ import numpy as np
 
 from ...algebra.field import R_MOD, FR, coset_shift, fr_root_of_unity, ints_to_limbs, log2_exact
 from ...errors import InputError
+from . import memory
 from .modules import get_function
 
 MAX_LG = 28  # 2^28 rows: uint32 element indices in the kernels stay < 2^32
@@ -41,12 +43,21 @@ class NttParams:
     """Compile-time knobs of kernels/ntt/ntt.cu (each becomes a -D define)."""
 
     tile_lg: int = 10  # shared-memory tile: 2^tile_lg Fr elements (32 KiB at 10)
-    chunk_lg: int = 3  # contiguous rows per access in the non-low passes (8 x 32 B)
+    # Contiguous rows per access in the non-low passes: 4 x 32 B = one 128-byte line. 2 rather
+    # than 3 leaves 8 bits per pass, so 2^25..2^26 need 3 passes instead of 4 (measured on the
+    # H200, 2026-11-30: chunk 2 and 3 equal at 2^24, where both take 3 passes).
+    chunk_lg: int = 2
     threads: int = 256
 
     def defines(self) -> dict[str, int]:
-        """The -D knobs."""
-        return {"NTT_TILE_LG": self.tile_lg, "NTT_CHUNK_LG": self.chunk_lg, "NTT_THREADS": self.threads}
+        """The -D knobs that differ from the kernel's own #ifndef defaults (which equal this
+        class's defaults), so the default variant is the one modules.warm_up() compiles."""
+        knobs = {"NTT_TILE_LG": self.tile_lg, "NTT_CHUNK_LG": self.chunk_lg, "NTT_THREADS": self.threads}
+        return {k: v for k, v in knobs.items() if v != KERNEL_DEFAULTS[k]}
+
+
+# The #ifndef defaults of kernels/ntt/ntt.cu (tests/test_gpu_ntt.py checks they match).
+KERNEL_DEFAULTS = {"NTT_TILE_LG": 10, "NTT_CHUNK_LG": 2, "NTT_THREADS": 256}
 
 
 def pass_schedule(lg: int, params: NttParams = NttParams()) -> list[tuple[int, int]]:
@@ -78,11 +89,13 @@ def _two_level(root: int, lg: int, hi_scale: int = 1) -> tuple[list[int], list[i
 
 
 def twiddle_ints(lg: int, inverse: bool, params: NttParams = NttParams()) -> dict[str, Any]:
-    """The transform tables of one size and direction as standard-form ints."""
+    """Tables of one size and direction as standard-form ints: the two-level form of the
+    FORWARD root's powers (expanded into the half table on the device) and the sub-DFT
+    twiddles of this direction."""
     root = fr_root_of_unity(lg)
+    lo, hi, b = _two_level(root, lg)
     if inverse:
         root = pow(root, -1, R_MOD)
-    lo, hi, b = _two_level(root, lg)
     in_lg = min(lg, params.tile_lg)
     tw_in = _powers(pow(root, 1 << (lg - in_lg), R_MOD), max(1, 1 << (in_lg - 1)))
     return {"tw_lo": lo, "tw_hi": hi, "tw_b": b, "tw_in": tw_in, "in_lg": in_lg}
@@ -99,21 +112,27 @@ def _to_device(xs: list[int]) -> Any:
 
 
 class NttPlan:
-    """Device tables of one transform size (forward, inverse, coset), built once."""
+    """Device tables of one transform size (both directions and the coset), built once."""
 
-    def __init__(self, lg: int, params: NttParams) -> None:
+    def __init__(self, lg: int, params: NttParams, expand: Any) -> None:
         self.lg = lg
         self.passes = pass_schedule(lg, params)
+        half = max(1, 1 << (lg - 1))
+        memory.ensure_free(half * 32, f"the 2^{lg} NTT twiddle table")
         self.tables: dict[bool, dict[str, Any]] = {}
         for inverse in (False, True):
             t = twiddle_ints(lg, inverse, params)
-            self.tables[inverse] = {k: (_to_device(v) if isinstance(v, list) else v) for k, v in t.items()}
+            self.tables[inverse] = {"tw_in": _to_device(t["tw_in"]), "in_lg": t["in_lg"]}
+        lo, hi = _to_device(t["tw_lo"]), _to_device(t["tw_hi"])
+        self.tw_half = cupy.empty((half, 4), dtype=np.uint64)
+        expand((-(-half // params.threads),), (params.threads,),
+               (self.tw_half, np.uint32(half), lo, hi, np.uint32(t["tw_b"])))
         c = coset_ints(lg)
         self.coset = {k: (_to_device(v) if isinstance(v, list) else v) for k, v in c.items()}
         self.inv_n = _to_device([pow(1 << lg, -1, R_MOD)])
-        self.nbytes = sum(int(a.nbytes) for t in self.tables.values() for a in t.values()
-                          if isinstance(a, cupy.ndarray))
-        self.nbytes += sum(int(a.nbytes) for a in self.coset.values() if isinstance(a, cupy.ndarray))
+        arrays = [self.tw_half, self.inv_n, *(t["tw_in"] for t in self.tables.values())]
+        arrays += [a for a in self.coset.values() if isinstance(a, cupy.ndarray)]
+        self.nbytes = sum(int(a.nbytes) for a in arrays)
 
 
 class GpuNtt:
@@ -125,6 +144,7 @@ class GpuNtt:
         self._lock = threading.Lock()
         self._pass = get_function("ntt/ntt.cu", "ntt_pass", params.defines())
         self._bitrev = get_function("ntt/ntt.cu", "ntt_bit_reverse", params.defines())
+        self._expand = get_function("ntt/ntt.cu", "ntt_expand_powers", params.defines())
         self._combine = get_function("h/h.cu", "h_combine")
 
     def plan(self, lg: int) -> NttPlan:
@@ -133,13 +153,16 @@ class GpuNtt:
             raise InputError(f"NTT size 2^{lg} is outside 2^1 .. 2^{MAX_LG}")
         with self._lock:
             if lg not in self._plans:
-                self._plans[lg] = NttPlan(lg, self.params)
+                self._plans[lg] = NttPlan(lg, self.params, self._expand)
             return self._plans[lg]
 
     def _check(self, d_x: Any) -> int:
         if d_x.dtype != np.uint64 or d_x.ndim != 2 or d_x.shape[1] != 4 or not d_x.flags.c_contiguous:
             raise InputError(f"expected a C-contiguous (n, 4) uint64 device array, got {d_x.dtype} {d_x.shape}")
-        return log2_exact(int(d_x.shape[0]))
+        n = int(d_x.shape[0])
+        if n & (n - 1) or n == 0:
+            raise InputError(f"NTT length {n} is not a power of two")
+        return log2_exact(n)
 
     def _run_passes(self, d_x: Any, plan: NttPlan, dit: bool, inverse: bool, coset: bool) -> None:
         t = plan.tables[inverse]
@@ -150,8 +173,8 @@ class GpuNtt:
             grid = (1 << plan.lg) >> (k + c_lg)
             use_co = int(coset and s_lo == 0)
             self._pass((grid,), (self.params.threads,), (
-                d_x, np.uint32(plan.lg), np.uint32(s_lo), np.uint32(k), np.uint32(dit),
-                t["tw_lo"], t["tw_hi"], np.uint32(t["tw_b"]), t["tw_in"], np.uint32(t["in_lg"]),
+                d_x, np.uint32(plan.lg), np.uint32(s_lo), np.uint32(k), np.uint32(dit), np.uint32(inverse),
+                plan.tw_half, t["tw_in"], np.uint32(t["in_lg"]),
                 np.uint32(use_co), co["co_lo"], co["co_hi"], np.uint32(co["co_b"])))
 
     def _bit_reverse(self, d_x: Any, plan: NttPlan, scale: bool) -> None:

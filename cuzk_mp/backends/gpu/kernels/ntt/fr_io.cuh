@@ -42,5 +42,13 @@ DEV_INLINE void fr_st_shared(uint4* lo, uint4* hi, uint32_t e, const fr_t& v) {
 DEV_INLINE fr_t fr_twiddle(const uint64_t* tw_lo, const uint64_t* tw_hi, uint32_t b, uint32_t e) {
     return fr_ld_table(tw_lo, e & ((1u << b) - 1)) * fr_ld_table(tw_hi, e >> b);
 }
+/* w^e, or w^-e when inverse, for e < 2^lg from the half table tw[i] = w^i (i < 2^(lg-1)):
+ * w^-e = w^(n-e), and w^(e + n/2) = -w^e. One table serves both directions. */
+DEV_INLINE fr_t fr_root_pow(const uint64_t* tw, uint32_t lg, uint32_t e, bool inverse) {
+    const uint32_t n = 1u << lg, half = n >> 1;
+    if (inverse) e = (n - e) & (n - 1);
+    fr_t v = fr_ld_table(tw, e & (half - 1));
+    return e >= half ? v.neg() : v;
+}
 /* the low `bits` bits of x reversed (bits >= 1) */
 DEV_INLINE uint32_t bit_reverse(uint32_t x, uint32_t bits) { return __brev(x) >> (32 - bits); }

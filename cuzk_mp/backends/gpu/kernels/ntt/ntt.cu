@@ -16,9 +16,12 @@
  * Tile of a block: K mids x C consecutive lo values (C = 2^min(s_lo, NTT_CHUNK_LG),
  * so global accesses are C * 32 contiguous bytes), K * C <= 2^NTT_TILE_LG.
  * Tables (Montgomery fr, (m, 4) uint64):
- *   tw_lo/tw_hi: two-level table of w^E, E < n (w = the transform's root);
- *   tw_in[j] = w^(j 2^(lg - in_lg)), j < 2^(in_lg - 1): the sub-DFT twiddles;
+ *   tw_half[i] = w^i, i < n/2, w = the forward root: the outer twiddles of both
+ *     directions (fr_root_pow), one load and no multiply per element and pass;
+ *   tw_in[j] = w^(j 2^(lg - in_lg)), j < 2^(in_lg - 1), w of this direction: the
+ *     sub-DFT twiddles (small, stays in L1);
  *   co_lo/co_hi: two-level table of g^e / n for the coset scaling (DIF s_lo = 0 pass).
+ * Stage s = 0 of every sub-DFT has only the twiddle 1 and skips the multiply.
  */
 #include "fr_io.cuh"
 
@@ -26,7 +29,7 @@
 #define NTT_TILE_LG 10
 #endif
 #ifndef NTT_CHUNK_LG
-#define NTT_CHUNK_LG 3
+#define NTT_CHUNK_LG 2
 #endif
 #ifndef NTT_THREADS
 #define NTT_THREADS 256
@@ -34,7 +37,7 @@
 #if NTT_TILE_LG < 4 || NTT_TILE_LG > 10
 #error "bad NTT_TILE_LG: 2^NTT_TILE_LG * 32 bytes of static shared memory, 4..10"
 #endif
-#if NTT_CHUNK_LG < 0 || NTT_CHUNK_LG > 4
+#if NTT_CHUNK_LG < 0 || NTT_CHUNK_LG > 4 || NTT_CHUNK_LG >= NTT_TILE_LG
 #error "bad NTT_CHUNK_LG value (0..4)"
 #endif
 
@@ -49,9 +52,14 @@ DEV_INLINE void ntt_tile_stage(uint4* sh_lo, uint4* sh_hi, uint32_t tile, uint32
         uint32_t mid0 = ((m >> s) << (s + 1)) | j;
         uint32_t e0 = (mid0 << c_lg) | c;
         uint32_t e1 = e0 + (h << c_lg);
-        fr_t w = fr_ld_table(tw_in, j << (in_lg - 1 - s));  /* w_{2h}^j */
         fr_t u = fr_ld_shared(sh_lo, sh_hi, e0);
         fr_t v = fr_ld_shared(sh_lo, sh_hi, e1);
+        if (s == 0) {  /* w_2^0 = 1 */
+            fr_st_shared(sh_lo, sh_hi, e0, u + v);
+            fr_st_shared(sh_lo, sh_hi, e1, u - v);
+            continue;
+        }
+        fr_t w = fr_ld_table(tw_in, j << (in_lg - 1 - s));  /* w_{2h}^j */
         if (dit) {
             v = v * w;
             fr_st_shared(sh_lo, sh_hi, e0, u + v);
@@ -66,9 +74,8 @@ DEV_INLINE void ntt_tile_stage(uint4* sh_lo, uint4* sh_hi, uint32_t tile, uint32
 /* grid: n / (K * C) blocks of NTT_THREADS; in place on d ((n, 4) uint64, Montgomery).
  * use_coset (DIF, s_lo == 0 only): position p is multiplied by co(bitrev_lg(p)). */
 extern "C" __global__ void __launch_bounds__(NTT_THREADS)
-ntt_pass(uint64_t* d, uint32_t lg, uint32_t s_lo, uint32_t k, uint32_t dit,
-         const uint64_t* tw_lo, const uint64_t* tw_hi, uint32_t tw_b,
-         const uint64_t* tw_in, uint32_t in_lg,
+ntt_pass(uint64_t* d, uint32_t lg, uint32_t s_lo, uint32_t k, uint32_t dit, uint32_t inverse,
+         const uint64_t* tw_half, const uint64_t* tw_in, uint32_t in_lg,
          uint32_t use_coset, const uint64_t* co_lo, const uint64_t* co_hi, uint32_t co_b) {
     __shared__ uint4 sh_lo[1 << NTT_TILE_LG];
     __shared__ uint4 sh_hi[1 << NTT_TILE_LG];
@@ -86,7 +93,7 @@ ntt_pass(uint64_t* d, uint32_t lg, uint32_t s_lo, uint32_t k, uint32_t dit,
         fr_t v = fr_ld_global(d, idx);
         if (dit && outer) {
             uint32_t lo = (uint32_t)(idx & ((1u << s_lo) - 1));
-            v = v * fr_twiddle(tw_lo, tw_hi, tw_b, (lo * bit_reverse(mid, k)) << tw_shift);
+            v = v * fr_root_pow(tw_half, lg, (lo * bit_reverse(mid, k)) << tw_shift, inverse);
         }
         fr_st_shared(sh_lo, sh_hi, e, v);
     }
@@ -101,11 +108,19 @@ ntt_pass(uint64_t* d, uint32_t lg, uint32_t s_lo, uint32_t k, uint32_t dit,
         fr_t v = fr_ld_shared(sh_lo, sh_hi, e);
         if (!dit && outer) {
             uint32_t lo = (uint32_t)(idx & ((1u << s_lo) - 1));
-            v = v * fr_twiddle(tw_lo, tw_hi, tw_b, (lo * bit_reverse(mid, k)) << tw_shift);
+            v = v * fr_root_pow(tw_half, lg, (lo * bit_reverse(mid, k)) << tw_shift, inverse);
         }
         if (use_coset) v = v * fr_twiddle(co_lo, co_hi, co_b, bit_reverse((uint32_t)idx, lg));
         fr_st_global(d, idx, v);
     }
+}
+
+/* grid: ceil(count / NTT_THREADS); out[i] = lo[i mod 2^b] * hi[i >> b] (a full power table
+ * from its two-level form), i < count. */
+extern "C" __global__ void __launch_bounds__(NTT_THREADS)
+ntt_expand_powers(uint64_t* out, uint32_t count, const uint64_t* lo, const uint64_t* hi, uint32_t b) {
+    uint32_t i = blockIdx.x * NTT_THREADS + threadIdx.x;
+    if (i < count) fr_st_global(out, i, fr_twiddle(lo, hi, b, i));
 }
 
 /* grid: ceil(n / NTT_THREADS); in place: swaps rows i and bitrev_lg(i), times scale[0]
