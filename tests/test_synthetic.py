@@ -152,7 +152,8 @@ def test_wire_order_and_public_signals(n_public: int) -> None:
     assert pub == wi[1 : 1 + n_public]
     assert pub[-1] == partition == wi[c.partition_wire]  # the only public input, after the outputs
     assert wi[c.prologue_base : c.prologue_base + 32] == [(partition >> i) & 1 for i in range(32)]
-    lane_outs = limbs_to_ints(w[c.lane_base + c.lane_out_offset : c.lane_base + c.n_lanes * c.lane_width : c.lane_width])
+    first, end = c.lane_base + c.lane_out_offset, c.lane_base + c.n_lanes * c.lane_width
+    lane_outs = limbs_to_ints(w[first:end:c.lane_width])
     expected = [sum(lane_outs) % R_MOD] + [lane_outs[(j - 1) % c.n_lanes] for j in range(1, n_public - 1)]
     assert pub[:-1] == expected[: n_public - 1]
     assert all(x >= 1 << 64 for x in lane_outs)  # full-size field elements

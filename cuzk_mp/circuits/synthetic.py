@@ -65,10 +65,11 @@ class PorepLike:
         self.prologue_base = 1 + n_public
         self._prologue = self._record(lambda cs: synth_prologue(cs, 0, self.partition_wire))
         self.lane_base = self.prologue_base + self._prologue.n_wires
-        part_refs = tuple(global_ref(self.prologue_base + i) for i in range(PARTITION_BITS))
+        partition_bits = Word(tuple(global_ref(self.prologue_base + i) for i in range(PARTITION_BITS)), None,
+                              (1 << PARTITION_BITS) - 1)
         lane_out: list[int] = []
-        self._lane = self._record(lambda cs: lane_out.append(synth_lane(cs, Word(part_refs, None, (1 << PARTITION_BITS) - 1)).ref))
-        self.lane_out_offset = lane_out[0]
+        self._lane = self._record(lambda cs: lane_out.append(synth_lane(cs, partition_bits).ref))
+        self.lane_out_offset = lane_out[0]  # the output wire's offset inside a lane
         self._size_lanes()
 
     def _record(self, circuit: Callable[[LaneCS], object]) -> Template:
@@ -134,7 +135,8 @@ class PorepLike:
         """
         if not isinstance(out, np.ndarray) or out.dtype != np.uint64 or out.shape != (self.n_wires, 4):
             got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
-            raise InputError(f"porep-like 2^{self.log_n}: witness_into needs a ({self.n_wires}, 4) uint64 array, got {got}")
+            raise InputError(f"porep-like 2^{self.log_n}: witness_into needs a ({self.n_wires}, 4) uint64 array, "
+                             f"got {got}")
         out.fill(0)
         out[0, 0] = 1
         pro = LaneCS(n_lanes=1, writer=LaneWriter(out, self.prologue_base, self._prologue.n_wires, 1))

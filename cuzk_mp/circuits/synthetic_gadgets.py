@@ -202,7 +202,7 @@ class LaneCS:
 
     def ch(self, e: Word, f: Word, g: Word) -> Word:
         """SHA-256 Ch(e, f, g) = (e AND f) XOR (NOT e AND g): (f - g) * e = ch - g."""
-        value = None if self.record else (e.value & f.value) | (~e.value & g.value & np.uint64(MASK32))  # type: ignore[operator]
+        value = None if self.record else (e.value & f.value) | (~e.value & g.value)  # type: ignore[operator]
         x = self._word(value, 32)
         if self.record:
             for ei, fi, gi, xi in zip(e.refs, f.refs, g.refs, x.refs, strict=True):

@@ -97,7 +97,8 @@ def mont_table(values: Sequence[Sequence[int]]) -> np.ndarray:
     return ints_to_limbs(flat, 4).reshape(len(values), len(values[0]), 4)
 
 
-def permute_lanes(state: np.ndarray | None, p: np.ndarray, consts: np.ndarray, mds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+def permute_lanes(state: np.ndarray | None, p: np.ndarray, consts: np.ndarray,
+                  mds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     """Run the sponge rounds on every lane.
 
     ``state``: ``(lanes, 3, 4)`` Montgomery (None: no state yet, only ``p`` enters); ``p``:
