@@ -116,6 +116,9 @@ def test_javascript_bigint_oracle() -> None:
     alphabet = "0123456789abfxob+- \t\n_.eE"
     texts = ["".join(rng.choice(alphabet) for _ in range(rng.randrange(6))) for _ in range(400)]
     texts += ["0x", "0X1", "0b2", "+0x1", " -0 ", "\u00a012\u2028", "1n", "٣", str(2**260)]
+    # Every JavaScript white-space/line-terminator, and three that Python strips but JS not.
+    texts += [f"{c}7{c}" for c in "\t\n\v\f\r \xa0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff"]
+    texts += [f"{chr(c)}7" for c in range(0x2000, 0x200C)] + ["\x1c7", "\x857", "7\u0085"]
     script = ("const xs = JSON.parse(require('fs').readFileSync(0, 'utf8'));"
               "console.log(JSON.stringify(xs.map(x => { try { return BigInt(x).toString(); }"
               " catch (e) { return null; } })));")

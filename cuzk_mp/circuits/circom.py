@@ -62,18 +62,19 @@ _MASK64 = (1 << 64) - 1
 
 # ECMAScript StringToBigInt: whitespace (WhiteSpace + LineTerminator) is trimmed, an empty
 # string is 0, decimal may carry a sign, 0x/0o/0b literals may not; no "_" separators.
-_JS_SPACE = "\t\n\v\f\r \xa0\u1680\u2000\u2001\u2002\u2003\u2004\u2005\u2006\u2007\u2008" \
-    "\u2009\u200a\u2028\u2029\u202f\u205f\u3000\ufeff"
+_JS_SPACE = ("\t\n\v\f\r \xa0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff"
+             + "".join(map(chr, range(0x2000, 0x200B))))
 _JS_DEC = re.compile(r"[+-]?[0-9]+")
 _JS_RADIX = {"x": (16, re.compile(r"[0-9a-fA-F]+")), "o": (8, re.compile(r"[0-7]+")),
              "b": (2, re.compile(r"[01]+"))}
 _JS_SAFE = 1 << 53  # integers of magnitude <= 2^53 are exact JavaScript doubles
 
 # Reading a witness back costs one getWitness(i) call per wire; through wasmtime-py each call
-# from Python costs ~50 us (a 30k-wire SHA-256 took 1.5 s). This helper module, linked to the
-# generator's own exports in the same store, runs that loop inside wasm and leaves all values
-# in one block that Python reads at once (~100x faster). It runs only after the circuit has
-# been computed, and copies into memory grown past everything the generator ever used.
+# from Python costs ~50 us. This helper module, linked to the generator's own exports in the
+# same store, runs that loop inside wasm and leaves all values in one block that Python reads
+# at once: a 30k-wire SHA-256 witness went from 1.75 s to 0.2 s, now nearly all the circuit's
+# own computation. It runs only after the circuit has been computed, and copies into memory
+# grown past everything the generator ever used.
 _DUMP_WAT = """
 (module
   (import "circom" "memory" (memory 0))
