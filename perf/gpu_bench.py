@@ -67,12 +67,17 @@ def _expected_row(kind: str, x: list[int], y: list[int], iters: int, chains: int
             acc = _fq2_mul(acc, (y[0], y[1]), ri)
         return (acc[0] * chains % Q_MOD) | ((acc[1] * chains % Q_MOD) << 384)
     p, r = (Q_MOD, FQ.r) if kind.startswith("fq") else (R_MOD, FR.r)
+    if kind.endswith("_sqr"):
+        v, ri = x[0], pow(r, -1, p)
+        for _ in range(iters):
+            v = v * v * ri % p
+        return v * chains % p
     return x[0] * pow(y[0] * pow(r, -1, p), iters, p) * chains % p
 
 
 def field_rate(kind: str, chains: int, n_threads: int, iters: int, rng: random.Random) -> float:
     """Multiplies per second of one bench kernel (ff/bench.cu), output checked on 64 rows."""
-    words = {"fq": 6, "fq64": 6, "fr": 4, "fr64": 4, "fq2": 12}[kind]
+    words = {"fq": 6, "fq64": 6, "fr": 4, "fr64": 4, "fq2": 12, "fq_sqr": 6, "fr_sqr": 4}[kind]
     p = R_MOD if kind.startswith("fr") else Q_MOD
     n_el = 2 if kind == "fq2" else 1
     vals = [[rng.randrange(p) for _ in range(n_el)] for _ in range(4096)]
@@ -101,9 +106,10 @@ def field_rows(quick: bool) -> dict[str, Any]:
     rng = random.Random(1)
     n, iters = (1 << 18, 256) if quick else (1 << 20, 1024)
     rows: dict[str, Any] = {}
-    for kind in ("fq", "fq64", "fr", "fr64", "fq2"):
+    for kind in ("fq", "fq64", "fq_sqr", "fr", "fr64", "fr_sqr", "fq2"):
         for chains in ((1,) if kind.endswith("64") else (1, 2)):
-            rows[f"{kind}_mul_chains{chains}_per_s"] = field_rate(kind, chains, n, iters, rng)
+            label = kind.replace("_sqr", "") + ("_sqr" if kind.endswith("_sqr") else "_mul")
+            rows[f"{label}_chains{chains}_per_s"] = field_rate(kind, chains, n, iters, rng)
     rows["fq_mul_per_s"] = max(rows["fq_mul_chains1_per_s"], rows["fq_mul_chains2_per_s"])
     rows["fr_mul_per_s"] = max(rows["fr_mul_chains1_per_s"], rows["fr_mul_chains2_per_s"])
     return rows

@@ -9,6 +9,7 @@
  *   ff_bench_fq64 / ff_bench_fr64: plain CIOS on 6 / 4 x 64-bit limbs with
  *     unsigned __int128 (the baseline the reference measured at 1.88e10 Fq mul/s)
  *   ff_bench_fq2: fp2_t Karatsuba multiply (3 Fq mul + 5 add/sub)
+ *   ff_bench_fq_sqr / ff_bench_fr_sqr: x = x.sqr() (the dedicated squaring), y unused
  */
 #include "fp2.cuh"
 #include "fr.cuh"
@@ -67,7 +68,7 @@ DEV_INLINE void mul64(uint64_t* r, const uint64_t* a, const uint64_t* b, uint64_
     for (int j = 0; j < N; j++) r[j] = keep ? t[j] : s[j];
 }
 
-template <class T, int W>
+template <class T, int W, bool SQR = false>
 DEV_INLINE void bench_chain(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
     size_t i = (size_t)blockIdx.x * FF_BENCH_THREADS + threadIdx.x;
     if (i >= n) return;
@@ -78,7 +79,7 @@ DEV_INLINE void bench_chain(const uint64_t* a, uint64_t* out, uint64_t n, uint32
 #pragma unroll 1
     for (uint32_t k = 0; k < iters; k++) {
 #pragma unroll
-        for (int c = 0; c < FF_BENCH_CHAINS; c++) x[c] = x[c] * y;
+        for (int c = 0; c < FF_BENCH_CHAINS; c++) x[c] = SQR ? x[c].sqr() : x[c] * y;
     }
     T acc = x[0];
 #pragma unroll
@@ -106,6 +107,14 @@ extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
 ff_bench_fq(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) { bench_chain<fp_t, 6>(a, out, n, iters); }
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
 ff_bench_fr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) { bench_chain<fr_t, 4>(a, out, n, iters); }
+extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
+ff_bench_fq_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
+    bench_chain<fp_t, 6, true>(a, out, n, iters);
+}
+extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
+ff_bench_fr_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
+    bench_chain<fr_t, 4, true>(a, out, n, iters);
+}
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
 ff_bench_fq2(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) { bench_chain<fp2_t, 12>(a, out, n, iters); }
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)

@@ -201,7 +201,95 @@ struct mont_t {
         final_sub(r.l);
         return r;
     }
-    FF_INLINE mont_t sqr() const { return *this * *this; }
+    /* ------------------------------------------------------------ square */
+    /* One row of cross products a[i] * a[j], j = j0, j0 + 2, ... < N, added into acc at
+     * position i + j: the pairs {i+j, i+j+1} do not overlap, so it is ONE chain; its carry
+     * lands on a word that holds at most an earlier row's carry (see sqr_wide). */
+    FF_INLINE static void sqr_row(uint32_t* acc, const uint32_t* a, int i, int j0) {
+        ptx::cc_t cc;
+        int p = i + j0;
+        acc[p] = ptx::mad_lo_cc(a[i], a[j0], acc[p], cc);
+        acc[p + 1] = ptx::madc_hi_cc(a[i], a[j0], acc[p + 1], cc);
+#pragma unroll
+        for (int j = j0 + 2; j < N; j += 2) {
+            p = i + j;
+            acc[p] = ptx::madc_lo_cc(a[i], a[j], acc[p], cc);
+            acc[p + 1] = ptx::madc_hi_cc(a[i], a[j], acc[p + 1], cc);
+        }
+        acc[p + 2] = ptx::addc(acc[p + 2], 0, cc);
+    }
+    /* w (2N words) = a^2: cross products once (odd offsets j - i in one accumulator, even
+     * ones in another, so every row is one carry chain), doubled, plus the squares a[i]^2.
+     * N(N-1)/2 + N products instead of N^2. Row tops: a row's carry word is at most 2N-1
+     * and was written before only by the previous row's carry, so it cannot overflow. */
+    FF_INLINE static void sqr_wide(uint32_t* w, const uint32_t* a) {
+        uint32_t odd[2 * N], even[2 * N];
+#pragma unroll
+        for (int k = 0; k < 2 * N; k++) odd[k] = even[k] = 0;
+#pragma unroll
+        for (int i = 0; i < N - 1; i++) {
+            sqr_row(odd, a, i, i + 1);
+            if (i + 2 < N) sqr_row(even, a, i, i + 2);
+        }
+        ptx::cc_t cc;
+        uint32_t s[2 * N];  /* cross-product sum < 2^(64N - 1) */
+        s[0] = ptx::add_cc(odd[0], even[0], cc);
+#pragma unroll
+        for (int k = 1; k < 2 * N - 1; k++) s[k] = ptx::addc_cc(odd[k], even[k], cc);
+        s[2 * N - 1] = ptx::addc(odd[2 * N - 1], even[2 * N - 1], cc);
+        w[0] = s[0] << 1;
+#pragma unroll
+        for (int k = 1; k < 2 * N; k++) w[k] = (s[k] << 1) | (s[k - 1] >> 31);
+        w[0] = ptx::mad_lo_cc(a[0], a[0], w[0], cc);
+        w[1] = ptx::madc_hi_cc(a[0], a[0], w[1], cc);
+#pragma unroll
+        for (int i = 1; i < N - 1; i++) {
+            w[2 * i] = ptx::madc_lo_cc(a[i], a[i], w[2 * i], cc);
+            w[2 * i + 1] = ptx::madc_hi_cc(a[i], a[i], w[2 * i + 1], cc);
+        }
+        w[2 * N - 2] = ptx::madc_lo_cc(a[N - 1], a[N - 1], w[2 * N - 2], cc);
+        w[2 * N - 1] = ptx::madc_hi(a[N - 1], a[N - 1], w[2 * N - 1], cc);
+    }
+    /* One Montgomery reduction step on the even/odd accumulators (as mad_n_redc without the
+     * a * b row): the one-word shift of hi is fused into the m * p_odd chain. */
+    FF_INLINE static void redc_step(uint32_t* lo, uint32_t* hi, const uint32_t* P, bool first) {
+        ptx::cc_t cc;
+        if (first) {
+            uint32_t m = lo[0] * F::M0;
+            mul_n(hi, P + 1, m);
+            cmad_n(lo, P, m, cc);
+        } else {
+            uint32_t m = (lo[0] + hi[1]) * F::M0;  /* word 0 of the value, before the chain */
+            lo[0] = ptx::add_cc(lo[0], hi[1], cc);
+            madc_n_rshift(hi, P + 1, m, cc);
+            cmad_n(lo, P, m, cc);
+        }
+        hi[N - 1] = ptx::addc(hi[N - 1], 0, cc);
+    }
+    /* a^2 R^-1 = REDC(w_lo) + w_hi with w = a^2: REDC(w_lo) <= p and w_hi < p - 1, so the
+     * sum is < 2p and one final subtraction makes it canonical. */
+    FF_INLINE mont_t sqr() const {
+        uint32_t w[2 * N], P[N], odd[N];
+        load_mod(P);
+        sqr_wide(w, l);
+#pragma unroll
+        for (int i = 0; i < N; i += 2) {
+            redc_step(w, odd, P, i == 0);  /* w[0..N) is the low accumulator ("even") */
+            redc_step(odd, w, P, false);
+        }
+        ptx::cc_t cc;
+        mont_t r;
+        r.l[0] = ptx::add_cc(w[0], odd[1], cc);
+#pragma unroll
+        for (int i = 1; i < N - 1; i++) r.l[i] = ptx::addc_cc(w[i], odd[i + 1], cc);
+        r.l[N - 1] = ptx::addc(w[N - 1], 0, cc);
+        r.l[0] = ptx::add_cc(r.l[0], w[N], cc);
+#pragma unroll
+        for (int i = 1; i < N - 1; i++) r.l[i] = ptx::addc_cc(r.l[i], w[N + i], cc);
+        r.l[N - 1] = ptx::addc(r.l[N - 1], w[2 * N - 1], cc);
+        final_sub(r.l);
+        return r;
+    }
 
     FF_INLINE mont_t& operator+=(const mont_t& b) { return *this = *this + b; }
     FF_INLINE mont_t& operator-=(const mont_t& b) { return *this = *this - b; }
