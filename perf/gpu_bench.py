@@ -180,15 +180,20 @@ def h2d_rows(gib: float = 1.0) -> dict[str, Any]:
             "h2d_pinned_incl_register_GB_per_s": host.nbytes / pinned / 1e9}
 
 
-def ntt_knob_rows(lg: int = 24) -> dict[str, Any]:
+def ntt_knob_rows(sizes: tuple[int, ...] = (24, 26, 27)) -> dict[str, Any]:
     """Forward 2^lg NTT time for a few kernel-knob choices (tile, chunk, threads)."""
-    from cuzk_mp.backends.gpu.ntt import NttParams
+    from cuzk_mp.backends.gpu.ntt import NttParams, pass_schedule
 
-    x = _random_fr_device(1 << lg, 7)
     rows: dict[str, Any] = {}
-    for tile, chunk, threads in ((10, 3, 256), (10, 2, 256), (10, 3, 128), (10, 3, 512), (9, 3, 256), (9, 2, 128)):
-        eng = GpuNtt(NttParams(tile_lg=tile, chunk_lg=chunk, threads=threads))
-        rows[f"ntt_2^{lg}_tile{tile}_chunk{chunk}_t{threads}_ms"] = time_ms(lambda: eng.ntt_in_place(x))
+    for lg in sizes:
+        x = _random_fr_device(1 << lg, 7)
+        for tile, chunk, threads in ((10, 2, 256), (10, 1, 256), (10, 3, 256), (10, 2, 128), (9, 1, 256)):
+            p = NttParams(tile_lg=tile, chunk_lg=chunk, threads=threads)
+            eng = GpuNtt(p)
+            key = f"ntt_2^{lg}_tile{tile}_chunk{chunk}_t{threads}_{len(pass_schedule(lg, p))}pass_ms"
+            rows[key] = time_ms(lambda: eng.ntt_in_place(x))
+        del x
+        cupy.get_default_memory_pool().free_all_blocks()
     return rows
 
 
