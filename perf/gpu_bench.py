@@ -280,6 +280,43 @@ def prove_rows(sizes: list[int], cache_dir: Path) -> dict[str, Any]:
     return rows
 
 
+def prove_msms_random_rows(sizes: tuple[int, ...] = (20,)) -> dict[str, Any]:
+    """prove_msms (H + the five MSMs) on dense random a, b, c, w against a key-shaped set of
+    random points (64 G1 / 16 G2 points repeated: the work per MSM is that of distinct points),
+    with the backend's per-stage splits; needs helper B's msm.py."""
+    from types import SimpleNamespace
+
+    from py_arkworks_bls12381 import G1Point, G2Point, Scalar
+
+    from cuzk_mp.algebra import curve
+    from cuzk_mp.backends.base import ProverInputs
+    from cuzk_mp.backends.gpu.backend import GpuBackend
+
+    rng = random.Random(3)
+    scal = lambda: Scalar.from_le_bytes(rng.randrange(1, R_MOD).to_bytes(32, "little"))  # noqa: E731
+    g1 = np.stack([curve.g1_ark_to_lem(G1Point() * scal()) for _ in range(64)])
+    g2 = np.stack([curve.g2_ark_to_lem(G2Point() * scal()) for _ in range(16)])
+    backend, rows = GpuBackend(0), {}
+    for lg in sizes:
+        n, n_pub = 1 << lg, 4
+        idx = np.random.default_rng(lg).integers(0, 64, size=n)
+        zkey = SimpleNamespace(path=f"random-2^{lg}", domain_size=n, n_vars=n, n_public=n_pub,
+                               a=g1[idx], b1=g1[idx[::-1]], b2=g2[idx % 16], c=g1[idx[: n - n_pub - 1]], h=g1[idx])
+        dense = [cupy.asnumpy(_random_fr_device(n, lg + i)) for i in range(4)]
+        key = backend.load_key(zkey)
+        times = []
+        for _ in range(3):
+            staged = backend.stage(key, ProverInputs(*dense))
+            t0 = time.perf_counter()
+            backend.prove_msms(key, staged)
+            times.append(time.perf_counter() - t0)
+            backend.release(staged)
+        rows[f"prove_msms_random_2^{lg}_s"] = statistics.median(times)
+        rows.update({f"prove_msms_random_2^{lg}_{k}_ms": v for k, v in backend.last_timings.items()})
+        key.close()
+    return rows
+
+
 # ---------------------------------------------------------------- main
 
 def main() -> None:
@@ -288,7 +325,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=None, help="also write the JSON (and nothing else) here")
     ap.add_argument("--quick", action="store_true", help="smaller sizes, fewer iterations")
     ap.add_argument("--sizes", default="20,24,26", help="NTT sizes as log2, comma separated")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: field,ntt,h2d,msm,ntt_knobs,sass,prove")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: field,ntt,h2d,msm,ntt_knobs,prove_msms,sass,prove")
     ap.add_argument("--prove-sizes", default="20,24", help="whole-proof sizes as log2")
     ap.add_argument("--key-cache", type=Path, default=Path("~/.cache/cuzk-mp/keys"), help="dev key cache")
     args = ap.parse_args()
@@ -299,7 +336,7 @@ def main() -> None:
                            "sm_count": props["multiProcessorCount"]}
     sections = {"field": lambda: field_rows(args.quick), "ntt": lambda: ntt_rows(sizes), "h2d": h2d_rows,
                 "msm": lambda: msm_rows(args.quick),
-                "ntt_knobs": ntt_knob_rows, "sass": lambda: sass_rows(args.out), "prove": lambda: prove_rows([int(x) for x in args.prove_sizes.split(",")], args.key_cache)}
+                "ntt_knobs": ntt_knob_rows, "prove_msms": prove_msms_random_rows, "sass": lambda: sass_rows(args.out), "prove": lambda: prove_rows([int(x) for x in args.prove_sizes.split(",")], args.key_cache)}
     for name, fn in sections.items():
         if name in skip:
             continue
