@@ -72,7 +72,7 @@ def test_example_defaults_equal_the_code_defaults() -> None:
     ({"daemon": {"listne": "x"}}, "daemon.listne"),
     ({"gpus": {"device": [0]}}, "gpus.device"),
     ({"bogus": {}}, "bogus"),
-    ({"circuits": {"c1": {"synthetic": "porep-like", "log_n": 8, "partition": 2}}},
+    ({"circuits": {"c1": {"synthetic": "porep-like", "log_n": 10, "partition": 2}}},
      "circuits.c1.partition"),
 ])
 def test_unknown_key_is_an_error_naming_it(raw: dict, key: str, tmp_path: Path) -> None:
@@ -135,15 +135,16 @@ def test_wrong_type_names_the_key(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize("raw, key", [
-    ({"circuits": {"c": {"synthetic": "porep-like", "log_n": 8, "zkey": "a.zkey"}}},
+    ({"circuits": {"c": {"synthetic": "porep-like", "log_n": 10, "zkey": "a.zkey"}}},
      "circuits.c"),
     ({"circuits": {"c": {"synthetic": "porep-like"}}}, "circuits.c.log_n"),
     ({"circuits": {"c": {"synthetic": "porep-like", "log_n": 40}}}, "circuits.c.log_n"),
+    ({"circuits": {"c": {"synthetic": "porep-like", "log_n": 8}}}, "circuits.c.log_n"),
     ({"circuits": {"c": {"r1cs": "x.r1cs"}}}, "circuits.c.zkey"),
     ({"circuits": {"c": {"zkey": "missing.zkey", "r1cs": "x.r1cs"}}}, "circuits.c.zkey"),
-    ({"circuits": {"c": {"synthetic": "porep-like", "log_n": 8, "partitions": 0}}},
+    ({"circuits": {"c": {"synthetic": "porep-like", "log_n": 10, "partitions": 0}}},
      "circuits.c.partitions"),
-    ({"circuits": {"bad id!": {"synthetic": "porep-like", "log_n": 8}}}, "circuits.bad id!"),
+    ({"circuits": {"bad id!": {"synthetic": "porep-like", "log_n": 10}}}, "circuits.bad id!"),
     ({"srs": {"preload": ["nope"]}}, "srs.preload"),
     ({"daemon": {"listen": "127.0.0.1:9820", "status_listen": "127.0.0.1:9820"}},
      "daemon.status_listen"),

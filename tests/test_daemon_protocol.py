@@ -104,7 +104,9 @@ class FakeEngine:
                     "memory": {"rss": 123, "shm": 0}}
 
     def metrics(self) -> dict[str, Any]:
-        return {"partitions_proved": len(self.proved)}
+        return {"counters": {"partitions_proved": len(self.proved)}, "gauges": {"queued": 0},
+                "histograms": {"stage_seconds": {"device": {"buckets": [[0.1, 1]], "sum": 0.01,
+                                                            "count": 1}}}}
 
     def stop(self, grace_s: float = 30.0) -> None:
         with self.lock:
@@ -154,8 +156,8 @@ def make_config(tmp_path: Path, **daemon: Any) -> C.DaemonConfig:
         "daemon": {"listen": f"unix://{tmp_path}/d.sock", "max_frame_bytes": "64KiB", **daemon},
         "srs": {"param_cache": str(tmp_path / "cache")},
         "memory": {"total_budget": "64GiB"},
-        "circuits": {"syn": {"synthetic": "porep-like", "log_n": 8, "partitions": 2},
-                     "crit": {"synthetic": "porep-like", "log_n": 8, "priority": "CRITICAL"}},
+        "circuits": {"syn": {"synthetic": "porep-like", "log_n": 10, "partitions": 2},
+                     "crit": {"synthetic": "porep-like", "log_n": 10, "priority": "CRITICAL"}},
     }
     return C.resolve(raw, base=tmp_path, source="test.toml")
 
@@ -370,7 +372,8 @@ def test_preload_evict_and_status(tmp_path: Path) -> None:
         assert 'cuzk_proofs_completed_total{circuit="syn"} 1' in text
         assert 'cuzk_ring_slots{state="ready"} 1' in text
         assert "cuzk_ring_occupancy 0.5" in text
-        assert "cuzk_engine_partitions_proved 1" in text
+        assert "cuzk_engine_partitions_proved_total 1" in text
+        assert 'cuzk_engine_stage_seconds_bucket{stage="device",le="+Inf"} 1' in text
 
     run_daemon(tmp_path, body)
 

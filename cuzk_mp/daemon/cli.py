@@ -13,6 +13,9 @@ file). ``cuzk-mp client VERB --connect ADDR`` talks to a daemon (ADDR defaults t
     prove   --circuit ID --out DIR [INPUT ...]     -> DIR/proof_<i>.json, public_<i>.json,
                                                       verification_key.json; job summary
     cancel  JOB_ID | status | metrics | preload ID | evict ID
+    ready                                          -> exit 0 once the daemon serves (an
+                                                      addition to the issue's verbs, for
+                                                      scripts/wait-ready.sh)
 
 A synthetic circuit given no inputs gets seeds 0..P-1 (P = ``--partitions`` or the circuit's
 configured default). Exit codes: 0 success; 1 the job failed or was cancelled (or an eviction
@@ -74,6 +77,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--timeout", type=float)
     verb("cancel", "cancel a job").add_argument("job_id")
     verb("status", "print the status JSON")
+    verb("ready", "exit 0 if the daemon is running and serving, 1 if not, 3 if unreachable")
     verb("metrics", "print the Prometheus metrics")
     verb("preload", "load a circuit's proving key").add_argument("circuit_id")
     verb("evict", "unload a circuit's proving key").add_argument("circuit_id")
@@ -160,6 +164,10 @@ def _client_verb(client: Any, args: argparse.Namespace) -> int:
     if v == "status":
         _print(client.status())
         return 0
+    if v == "ready":
+        state = client.status()["daemon"]["state"]
+        print(state)
+        return 0 if state == "running" else EXIT_FAILED
     if v == "metrics":
         sys.stdout.write(client.metrics())
         return 0

@@ -245,9 +245,10 @@ def _circuit(cid: str, c: CircuitSection, base: Path, source: str) -> CircuitCon
         if given:
             raise ConfigError(f"{key}: a synthetic circuit takes no {', '.join(given)} "
                               "(its key is made in the param cache)")
-        if c.log_n is None or not 4 <= c.log_n <= 28:
-            raise ConfigError(f"{key}.log_n: a synthetic circuit needs log_n in 4..28, "
-                              f"got {c.log_n}")
+        from cuzk_mp.circuits.synthetic import MAX_LOG_N, MIN_LOG_N
+        if c.log_n is None or not MIN_LOG_N <= c.log_n <= MAX_LOG_N:
+            raise ConfigError(f"{key}.log_n: a synthetic circuit needs log_n in "
+                              f"{MIN_LOG_N}..{MAX_LOG_N}, got {c.log_n}")
         spec = CircuitSpec(circuit_id=cid, synthetic=c.synthetic, log_n=c.log_n,
                            partitions=c.partitions)
         return CircuitConfig(spec, Priority[c.priority])

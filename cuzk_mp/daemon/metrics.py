@@ -16,8 +16,8 @@ Metric names (all prefixed ``cuzk_``):
 * ``requests_total{op}``, ``request_errors_total{op,kind}``, ``request_duration_seconds{op}``
 * gauges at scrape time: ``queue_depth``, ``jobs{state}``, ``ring_slots{state}``,
   ``ring_occupancy``, ``srs_bytes{circuit,tier}``, ``srs_budget_bytes``, ``memory_bytes{kind}``,
-  ``processes_alive{role}``, ``uptime_seconds``, and ``engine_*`` for every number in
-  ``Engine.metrics()``.
+  ``processes_alive{role}``, ``uptime_seconds``
+* ``engine_*``: everything in ``Engine.metrics()`` (counters, gauges, stage histograms).
 """
 
 from __future__ import annotations
@@ -152,9 +152,10 @@ class DaemonMetrics:
             if error_kind is not None:
                 self.request_errors[_labels(op=op, kind=error_kind)] += 1
 
-    def render(self, gauges: Iterable[tuple[str, str, Mapping[Labels, float] | float]]) -> str:
-        """The full exposition: accumulated families, then the scrape-time ``gauges``
-        (name, help, values)."""
+    def render(self, gauges: Iterable[tuple[str, str, Mapping[Labels, float] | float]],
+               engine_metrics: Mapping[str, Any] | None = None) -> str:
+        """The full exposition: accumulated families, the scrape-time ``gauges``
+        (name, help, values), then the engine's own metrics."""
         ex = Exposition()
         with self._lock:
             ex.simple("cuzk_proofs_completed_total", "counter",
@@ -182,7 +183,49 @@ class DaemonMetrics:
                       self.request_duration.lines("cuzk_request_duration_seconds"))
         for name, help_text, values in gauges:
             ex.simple(name, "gauge", help_text, values)
+        if engine_metrics:
+            render_engine(ex, engine_metrics)
         return ex.text()
+
+
+def _name(*parts: str) -> str:
+    return "_".join("".join(ch if ch.isalnum() else "_" for ch in p) for p in parts if p)
+
+
+def render_engine(ex: Exposition, em: Mapping[str, Any]) -> None:
+    """Append ``Engine.metrics()``: ``counters`` as ``cuzk_engine_<name>_total``, ``gauges`` as
+    ``cuzk_engine_<name>``, ``per_process`` as ``cuzk_engine_process_<stat>{process}`` and
+    ``histograms`` ``{name: {label: {"buckets": [[le, n], ...],
+    "sum", "count"}}}`` as ``cuzk_engine_<name>{stage=label}``. Any other numbers are flattened
+    into gauges, so nothing the engine reports is dropped."""
+    rest = dict(em)
+    for key, value in flatten_numbers(rest.pop("counters", {}), "").items():
+        name = _name("cuzk_engine", key.lstrip("_"))
+        ex.simple(name + ("" if name.endswith("_total") else "_total"), "counter",
+                  "Engine counter (Engine.metrics()).", value)
+    for key, value in flatten_numbers(rest.pop("gauges", {}), "").items():
+        ex.simple(_name("cuzk_engine", key.lstrip("_")), "gauge",
+                  "Engine gauge (Engine.metrics()).", value)
+    per_stat: dict[str, dict[Labels, float]] = defaultdict(dict)
+    for proc, stats in (rest.pop("per_process", {}) or {}).items():
+        for key, value in flatten_numbers(stats, "").items():
+            per_stat[key.lstrip("_")][_labels(process=proc)] = value
+    for key, values in sorted(per_stat.items()):
+        ex.simple(_name("cuzk_engine_process", key), "gauge",
+                  "Per-process engine statistic (Engine.metrics() per_process).", values)
+    for hname, per_label in (rest.pop("histograms", {}) or {}).items():
+        name = _name("cuzk_engine", hname)
+        lines: list[str] = []
+        for label, h in sorted((per_label or {}).items()):
+            lab = _labels(stage=label)
+            for le, count in h.get("buckets", []):
+                lines.append(f"{name}_bucket{_fmt_labels(lab, ('le', _fmt_value(le)))} {count}")
+            lines.append(f"{name}_bucket{_fmt_labels(lab, ('le', '+Inf'))} {h.get('count', 0)}")
+            lines.append(f"{name}_sum{_fmt_labels(lab)} {_fmt_value(h.get('sum', 0.0))}")
+            lines.append(f"{name}_count{_fmt_labels(lab)} {h.get('count', 0)}")
+        ex.family(name, "histogram", "Engine histogram (Engine.metrics()).", lines)
+    for key, value in sorted(flatten_numbers(rest).items()):
+        ex.simple(key, "gauge", "Engine metric (Engine.metrics()).", value)
 
 
 def flatten_numbers(obj: Any, prefix: str = "cuzk_engine") -> dict[str, float]:

@@ -114,9 +114,8 @@ class StatusView:
         return sum(len(r.partitions) - len(r.results) for r in self.jobs.jobs.values()
                    if r.state not in TERMINAL)
 
-    def gauges(self, engine_status: Mapping[str, Any], engine_metrics: Mapping[str, Any]
-               ) -> list[Gauge]:
-        """Scrape-time gauges: queue, jobs, ring, SRS, memory, processes, engine numbers."""
+    def gauges(self, engine_status: Mapping[str, Any]) -> list[Gauge]:
+        """Scrape-time gauges: uptime, queue, jobs, ring, SRS, memory, processes."""
         out: list[Gauge] = [
             ("cuzk_uptime_seconds", "Seconds since the daemon started.",
              time.time() - self.started_at),
@@ -128,9 +127,11 @@ class StatusView:
              float(self.budget["srs"])),
         ]
         out.extend(self._ring_gauges(engine_status.get("ring")))
-        out.append(("cuzk_srs_bytes", "Resident proving-key bytes by circuit and tier.",
-                    {(("circuit", str(e.get("circuit", e.get("circuit_id", "?")))),
-                      ("tier", str(e.get("tier", "?")))): float(e.get("bytes", 0))
+        out.append(("cuzk_srs_bytes",
+                    "Resident proving-key bytes by circuit, prover process and tier.",
+                    {(("circuit", str(e.get("circuit", "?"))),
+                      ("process", str(e.get("process", "?"))),
+                      ("tier", str(e.get("tier", "?")))): float(e.get("bytes") or 0)
                      for e in _as_list(engine_status.get("srs"))}))
         mem = flatten_numbers(engine_status.get("memory") or {}, "")
         out.append(("cuzk_memory_bytes", "Memory reported by the engine, by kind.",
@@ -140,8 +141,6 @@ class StatusView:
             key = (("role", str(p.get("role", "?"))),)
             procs[key] = procs.get(key, 0.0) + (1.0 if p.get("alive") else 0.0)
         out.append(("cuzk_processes_alive", "Live engine processes by role.", procs))
-        for name, value in sorted(flatten_numbers(engine_metrics).items()):
-            out.append((name, "Engine metric (Engine.metrics()).", value))
         return out
 
     @staticmethod

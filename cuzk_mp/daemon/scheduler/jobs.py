@@ -198,6 +198,8 @@ class JobTable:
         rec = self.jobs.get(job_id)
         if rec is None or rec.state in TERMINAL:
             return
+        if result.proof is None and (self.draining or result.error_kind == "Cancelled"):
+            return  # not final: the job's own result (or the journal, when draining) decides
         if rec.state == "queued":
             rec.state = "running"
         rec.started_at = rec.started_at or (time.time() - result.timings.get("total", 0.0))
