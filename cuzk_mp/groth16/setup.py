@@ -1,0 +1,228 @@
+"""Development (INSECURE) Groth16 setup: an R1CS -> a snarkjs-format proving key.
+
+The key is what snarkjs ``groth16 setup`` followed by one ``zkey contribute``
+would produce (snarkjs ``zkey_new.js``; snarkjs-formats.md section 5.6), but
+with the toxic waste tau, alpha, beta, delta drawn here from the OS CSPRNG and
+then dropped instead of coming from a powers-of-tau ceremony. Whoever ran the
+setup could have kept them and forge proofs: for development and benchmarks only.
+
+Definitions (n = domainSize, w = Fr.w[log n], L_i = Lagrange basis of the n-domain):
+
+* domain: n = smallest power of two >= nConstraints + nPublic + 1; rows
+  nConstraints + s (s = 0..nPublic) get the extra A entry 1 * w[s];
+* u_j, v_j, w_j = sum over rows c of A[c, j] L_c(tau), B[c, j] L_c(tau), C[c, j] L_c(tau);
+* gamma = 1 (gamma2 = the G2 generator, as in every snarkjs key);
+* IC_j = (beta u_j + alpha v_j + w_j) G1 for j <= nPublic (section 3);
+* C_j = (beta u_j + alpha v_j + w_j) / delta G1 for j > nPublic (section 8);
+* A_j = u_j G1, B1_j = v_j G1, B2_j = v_j G2 (sections 5, 6, 7);
+* H_j = L^(2n)_(2j+1)(tau) / delta G1: the odd-index Lagrange basis of the 2n-domain (section 9);
+* coefficients (section 4): per constraint its A entries then its B entries in
+  r1cs order, then the extra A rows, each value coef * R^2 mod r;
+* section 10: csHash all zero, no contributions. snarkjs's csHash is a blake2b of
+  the key's points *before* any contribution (delta = 1) plus the tau^i Z(tau) G1
+  points; recomputing it would cost about as much as sections 8 and 9 again, and
+  nothing on the proving path reads it (``zkey verify`` needs the ptau anyway).
+
+Every scalar vector here is in standard form: a standard-form coefficient or
+vector times a Montgomery-form value (one Montgomery multiplication) is the
+standard-form product, so the Lagrange values are kept in Montgomery form and
+everything derived from them comes out ready to be a fixed-base scalar.
+The fixed-base work goes through ``backend.fixed_base_g1/g2`` (numba on the
+CPU backend, the GPU backend's kernels otherwise), in chunks of CHUNK_ROWS.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import secrets
+import sys
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+from py_arkworks_bls12381 import G1Point, G2Point
+
+from ..algebra import fr
+from ..algebra.field import FR, FR_TWO_ADICITY, Q_MOD, R_MOD, domain_log_size, fr_root_of_unity, int_to_limbs
+from ..algebra.sparse import CsrMatrix, from_coo
+from ..errors import InputError
+from ..formats.r1cs import R1CS, read_r1cs
+from ..formats.zkey import COEF_DTYPE, ZKey, coefs_from_arrays, empty_contributions, write_zkey
+
+log = logging.getLogger("cuzk_mp.groth16.setup")
+
+CHUNK_ROWS = 1 << 20  # fixed-base rows per backend call (its window table is rebuilt per call: ~3% at 2^20)
+PROGRESS_MIN_ROWS = 1 << 16  # setup_file prints progress for keys with at least this many domain rows
+Progress = Callable[[str, int, int], None]  # (section label, rows done, rows in the section)
+INSECURE_WARNING = ("INSECURE development setup: the toxic waste (tau, alpha, beta, delta) was random and is "
+                    "now discarded, but whoever ran this could have kept it and forge proofs. "
+                    "Use this key for development and benchmarks only.")
+
+
+@dataclass(frozen=True)
+class ToxicWaste:
+    """The setup's secrets. Tests pass known values; ``fresh`` draws them from the OS CSPRNG."""
+
+    tau: int
+    alpha: int
+    beta: int
+    delta: int
+
+    @classmethod
+    def fresh(cls, log_n: int) -> ToxicWaste:
+        """Uniform nonzero secrets; tau is redrawn while it lies in the 2n-domain (tau^(2n) = 1)."""
+        draw = lambda: 1 + secrets.randbelow(R_MOD - 1)  # noqa: E731
+        tau = draw()
+        while pow(tau, 2 << log_n, R_MOD) == 1:
+            tau = draw()
+        return cls(tau=tau, alpha=draw(), beta=draw(), delta=draw())
+
+    def check(self, log_n: int) -> None:
+        """ValueError when a secret is 0 (mod r) or tau is a 2n-th root of unity."""
+        for name in ("tau", "alpha", "beta", "delta"):
+            if getattr(self, name) % R_MOD == 0:
+                raise ValueError(f"toxic waste: {name} is 0 mod r")
+        if pow(self.tau, 2 << log_n, R_MOD) == 1:
+            raise ValueError(f"toxic waste: tau is a 2^{log_n + 1}-th root of unity (Lagrange values undefined)")
+
+
+def setup(r1cs: R1CS, backend: Any, *, progress: Progress | None = None, toxic: ToxicWaste | None = None) -> ZKey:
+    """The Groth16 proving key of ``r1cs`` with random toxic waste (``toxic``: for tests only).
+
+    ``backend`` provides ``fixed_base_g1(G1Point, scalars) -> (n, 12)`` and
+    ``fixed_base_g2(G2Point, scalars) -> (n, 24)``. The returned key's big
+    sections are lists of row chunks, as :func:`cuzk_mp.formats.zkey.write_zkey` accepts.
+    """
+    log_n = _domain_log(r1cs)
+    toxic = toxic or ToxicWaste.fresh(log_n)
+    toxic.check(log_n)
+    n_public, n_vars = r1cs.n_public, r1cs.n_wires
+    report = progress or (lambda label, done, total: None)
+    u, v, k = _qap_columns(r1cs, toxic, log_n)
+    g1, g2 = G1Point(), G2Point()
+    head1 = backend.fixed_base_g1(g1, fr.from_ints([toxic.alpha, toxic.beta, toxic.delta], mont=False))
+    head2 = backend.fixed_base_g2(g2, fr.from_ints([toxic.beta, 1, toxic.delta], mont=False))
+    ic = _fixed_base(backend.fixed_base_g1, g1, k[: n_public + 1], "IC", report)
+    c = _fixed_base(backend.fixed_base_g1, g1, fr.scale(k[n_public + 1 :], pow(toxic.delta, -1, R_MOD)), "C", report)
+    del k
+    a = _fixed_base(backend.fixed_base_g1, g1, u, "A", report)
+    del u
+    b1 = _fixed_base(backend.fixed_base_g1, g1, v, "B1", report)
+    b2 = _fixed_base(backend.fixed_base_g2, g2, v, "B2", report)
+    del v
+    h = _fixed_base(backend.fixed_base_g1, g1, _h_scalars(toxic, log_n), "H", report)
+    return ZKey(
+        path=None, n8q=48, q=Q_MOD, n8r=32, r=R_MOD, n_vars=n_vars, n_public=n_public, domain_size=1 << log_n,
+        alpha1=head1[0], beta1=head1[1], beta2=head2[0], gamma2=head2[1], delta1=head1[2], delta2=head2[2],
+        ic=ic, coefs=snarkjs_coefs(r1cs), a=a, b1=b1, b2=b2, c=c, h=h, contributions=empty_contributions(),
+    )
+
+
+def setup_file(r1cs_path: str | os.PathLike[str], zkey_path: str | os.PathLike[str], backend: Any,
+               *, progress: Progress | None = None) -> None:
+    """``cuzk-mp setup``: read an .r1cs, make its INSECURE dev key, write the .zkey (atomically).
+
+    Warns on stderr (logging) that the key is insecure; without ``progress``, big keys
+    (>= PROGRESS_MIN_ROWS domain rows) print one stderr line per finished chunk.
+    """
+    t0 = time.perf_counter()
+    r1cs = read_r1cs(r1cs_path)
+    log.warning("%s: %s", os.fspath(zkey_path), INSECURE_WARNING)
+    if progress is None and (1 << _domain_log(r1cs)) >= PROGRESS_MIN_ROWS:
+        progress = _stderr_progress(t0)
+    zkey = setup(r1cs, backend, progress=progress)
+    write_zkey(zkey_path, zkey)
+    if progress is not None:
+        print(f"[setup] wrote {os.fspath(zkey_path)} (2^{_domain_log(r1cs)} domain, {r1cs.n_wires} wires) "
+              f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+
+
+def _stderr_progress(t0: float) -> Progress:
+    def show(label: str, done: int, total: int) -> None:
+        print(f"[setup] {label}: {done}/{total} points ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+
+    return show
+
+
+def _domain_log(r1cs: R1CS) -> int:
+    """log2 of the domain (snarkjs ``cirPower``); InputError when Fr has no such root of unity."""
+    log_n = domain_log_size(r1cs.n_constraints + r1cs.n_public + 1)
+    if log_n >= FR_TWO_ADICITY:  # H needs the 2n-th roots of unity
+        raise InputError(f"{r1cs.path or 'r1cs'}: {r1cs.n_constraints} constraints need a 2^{log_n} domain; "
+                         f"BLS12-381's Fr supports at most 2^{FR_TWO_ADICITY - 1} for Groth16")
+    return log_n
+
+
+def _fixed_base(fn: Callable[[Any, np.ndarray], np.ndarray], base: Any, scalars: np.ndarray, label: str,
+                report: Progress) -> list[np.ndarray]:
+    """fn(base, scalars) in CHUNK_ROWS pieces, reporting each one; the pieces are the section."""
+    chunks = []
+    n = scalars.shape[0]
+    for lo in range(0, n, CHUNK_ROWS):
+        chunks.append(fn(base, np.ascontiguousarray(scalars[lo : lo + CHUNK_ROWS])))
+        report(label, min(n, lo + CHUNK_ROWS), n)
+    if n == 0:
+        chunks.append(fn(base, scalars))
+    return chunks
+
+
+def lagrange_values(tau: int, size: int, xs: np.ndarray) -> np.ndarray:
+    """L_x(tau) for points x (Montgomery ``(m, 4)``) of the ``size``-point domain, Montgomery form.
+
+    L_x(tau) = (tau^size - 1) / size * x / (tau - x)  (Z(X) = X^size - 1, Z'(x) = size / x).
+    """
+    tau_vec = np.broadcast_to(fr.const(tau), xs.shape).copy()
+    ratio = fr.mul(xs, fr.batch_inverse(fr.sub(tau_vec, xs)))
+    return fr.scale(ratio, (pow(tau, size, R_MOD) - 1) * pow(size, -1, R_MOD))
+
+
+def _column_sums(m: CsrMatrix, lag: np.ndarray) -> np.ndarray:
+    """sum_c M[c, j] lag[c] for every column j: standard-form (n_cols, 4) (standard M x Montgomery lag)."""
+    rows = np.repeat(np.arange(m.n_rows, dtype=np.int64), np.diff(m.indptr))
+    transposed = from_coo(m.indices.astype(np.int64), rows, m.data, m.n_cols, m.n_rows)
+    return transposed.matvec(lag)
+
+
+def _qap_columns(r1cs: R1CS, toxic: ToxicWaste, log_n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(u, v, beta u + alpha v + w) at tau, one row per wire, standard form."""
+    n_rows = r1cs.n_constraints + r1cs.n_public + 1
+    lag = lagrange_values(toxic.tau, 1 << log_n, fr.powers(fr_root_of_unity(log_n), n_rows))
+    u = _column_sums(r1cs.a, lag)
+    extra = fr.from_mont(lag[r1cs.n_constraints :])  # the extra rows: A[nC + s, s] = 1
+    u[: r1cs.n_public + 1] = fr.add(u[: r1cs.n_public + 1], extra)
+    v = _column_sums(r1cs.b, lag)
+    k = fr.add(fr.add(fr.scale(u, toxic.beta), fr.scale(v, toxic.alpha)), _column_sums(r1cs.c, lag))
+    return u, v, k
+
+
+def _h_scalars(toxic: ToxicWaste, log_n: int) -> np.ndarray:
+    """L^(2n)_(2j+1)(tau) / delta for j < n, standard form (the odd points are w_2n * w_n^j)."""
+    n = 1 << log_n
+    odd = fr.powers(fr_root_of_unity(log_n), n, start=fr_root_of_unity(log_n + 1))
+    lag = lagrange_values(toxic.tau, 2 * n, odd)
+    return fr.from_mont(fr.scale(lag, pow(toxic.delta, -1, R_MOD)))
+
+
+def snarkjs_coefs(r1cs: R1CS) -> np.ndarray:
+    """Section 4 in snarkjs order: per constraint its A then its B entries, then the extra A rows.
+
+    Values are coef * R^2 mod r. Entries keep their r1cs order within a row; the
+    merge is by destination index (A entries of row c start after the B entries of
+    rows < c, and B entries follow row c's A entries), so no sort is needed.
+    """
+    a, b = r1cs.a, r1cs.b
+    n_c, n_pub = r1cs.n_constraints, r1cs.n_public
+    rows_a = np.repeat(np.arange(n_c, dtype=np.int64), np.diff(a.indptr))
+    rows_b = np.repeat(np.arange(n_c, dtype=np.int64), np.diff(b.indptr))
+    out = np.empty(a.nnz + b.nnz + n_pub + 1, dtype=COEF_DTYPE)
+    dest_a = np.arange(a.nnz, dtype=np.int64) + b.indptr[rows_a]
+    dest_b = np.arange(b.nnz, dtype=np.int64) + a.indptr[rows_b + 1]
+    out[dest_a] = coefs_from_arrays(np.zeros(a.nnz, np.uint32), rows_a, a.indices, a.to_r2_form().data)
+    out[dest_b] = coefs_from_arrays(np.ones(b.nnz, np.uint32), rows_b, b.indices, b.to_r2_form().data)
+    publics = np.arange(n_pub + 1, dtype=np.uint32)
+    one_r2 = np.broadcast_to(int_to_limbs(FR.r2, 4), (n_pub + 1, 4))  # the coefficient 1, times R^2
+    out[a.nnz + b.nnz :] = coefs_from_arrays(np.zeros(n_pub + 1, np.uint32), n_c + publics, publics, one_r2)
+    return out

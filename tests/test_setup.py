@@ -1,0 +1,196 @@
+"""The development Groth16 setup: every zkey section against its definition, then prove/verify.
+
+Oracles: Python-int Lagrange interpolation (products over the domain, not the
+closed form setup.py uses) and arkworks scalar multiplication for the points;
+the project's prover and verifier for the end-to-end check (including a wrong
+public input that must not verify). The snarkjs interop of dev keys is in
+tests/test_interop_snarkjs.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import random
+from pathlib import Path
+
+import numpy as np
+import pytest
+from py_arkworks_bls12381 import G1Point, G2Point, Scalar
+
+from cuzk_mp.algebra import curve, fr
+from cuzk_mp.algebra.field import FR, R_MOD, fr_root_of_unity
+from cuzk_mp.algebra.sparse import from_coo
+from cuzk_mp.backends.cpu import CpuBackend
+from cuzk_mp.errors import InputError
+from cuzk_mp.formats.r1cs import R1CS, write_r1cs
+from cuzk_mp.formats.zkey import read_zkey, write_zkey
+from cuzk_mp.groth16 import setup as dev
+from cuzk_mp.groth16.keys import vk_from_zkey
+from cuzk_mp.groth16.prover import prove
+from cuzk_mp.groth16.verifier import verify
+
+SEED = 3011
+M1 = R_MOD - 1  # the coefficient -1, as circom writes it
+# wires: 0 = 1, 1 = out (public output), 2 = x (public input), 3 = y, 4 = t, 5 = unused (private)
+CONSTRAINTS = [
+    ({2: 1}, {3: 1}, {4: 1}),  # x * y = t
+    ({4: 1, 0: 3}, {2: 1}, {1: 1}),  # (t + 3) * x = out
+    ({3: M1}, {2: 1}, {4: M1}),  # (-y) * x = -t
+    ({1: 1}, {0: 1}, {1: 1}),  # out * 1 = out
+]
+N_WIRES, N_PUB_OUT, N_PUB_IN = 6, 1, 1
+
+
+def _witness(x: int, y: int) -> list[int]:
+    t = x * y % R_MOD
+    return [1, (t + 3) * x % R_MOD, x, y, t, 0]
+
+
+def _r1cs() -> R1CS:
+    mats = []
+    for m in range(3):
+        entries = [(c, wire, coef) for c, row in enumerate(CONSTRAINTS) for wire, coef in row[m].items()]
+        rows, cols, vals = zip(*entries)
+        mats.append(from_coo(np.array(rows), np.array(cols), fr.from_ints(list(vals), mont=False),
+                             len(CONSTRAINTS), N_WIRES))
+    return R1CS(prime=R_MOD, n_wires=N_WIRES, n_pub_out=N_PUB_OUT, n_pub_in=N_PUB_IN, n_prv_in=1,
+                n_labels=N_WIRES, n_constraints=len(CONSTRAINTS), a=mats[0], b=mats[1], c=mats[2],
+                wire_to_label=None, path=None)
+
+
+def _toxic() -> dev.ToxicWaste:
+    rng = random.Random(SEED)
+    print(f"seed={SEED}")
+    return dev.ToxicWaste(*(rng.randrange(1, R_MOD) for _ in range(4)))
+
+
+def _lagrange(tau: int, points: list[int], i: int) -> int:
+    """L_i(tau) over ``points`` by the product formula (the oracle)."""
+    num = den = 1
+    for m, x in enumerate(points):
+        if m != i:
+            num = num * (tau - x) % R_MOD
+            den = den * (points[i] - x) % R_MOD
+    return num * pow(den, -1, R_MOD) % R_MOD
+
+
+def _g1_row(k: int) -> np.ndarray:
+    return curve.g1_ark_to_lem(G1Point() * Scalar(k % R_MOD))
+
+
+def _g2_row(k: int) -> np.ndarray:
+    return curve.g2_ark_to_lem(G2Point() * Scalar(k % R_MOD))
+
+
+def _cat(section: list[np.ndarray] | np.ndarray) -> np.ndarray:
+    return np.concatenate(section) if isinstance(section, list) else section
+
+
+@pytest.fixture(scope="module")
+def backend() -> CpuBackend:
+    return CpuBackend()
+
+
+@pytest.fixture(scope="module")
+def key(backend: CpuBackend):  # type: ignore[no-untyped-def]
+    return dev.setup(_r1cs(), backend, toxic=_toxic())
+
+
+def test_domain_and_header(key) -> None:  # type: ignore[no-untyped-def]
+    s = _toxic()
+    assert (key.domain_size, key.n_vars, key.n_public) == (8, N_WIRES, N_PUB_OUT + N_PUB_IN)  # 4 + 2 + 1 rows -> 8
+    assert np.array_equal(key.alpha1, _g1_row(s.alpha))
+    assert np.array_equal(key.beta1, _g1_row(s.beta))
+    assert np.array_equal(key.beta2, _g2_row(s.beta))
+    assert np.array_equal(key.gamma2, _g2_row(1))
+    assert np.array_equal(key.delta1, _g1_row(s.delta))
+    assert np.array_equal(key.delta2, _g2_row(s.delta))
+
+
+def test_point_sections_match_definitions(key) -> None:  # type: ignore[no-untyped-def]
+    s = _toxic()
+    n, n_pub, n_c = 8, N_PUB_OUT + N_PUB_IN, len(CONSTRAINTS)
+    w = fr_root_of_unity(3)
+    lag = [_lagrange(s.tau, [pow(w, i, R_MOD) for i in range(n)], c) for c in range(n)]
+    cols = [[0] * N_WIRES for _ in range(3)]
+    for c, row in enumerate(CONSTRAINTS):
+        for m in range(3):
+            for wire, coef in row[m].items():
+                cols[m][wire] += coef * lag[c]
+    for j in range(n_pub + 1):  # the extra rows: A[n_c + j, j] = 1
+        cols[0][j] += lag[n_c + j]
+    u, v, ww = ([x % R_MOD for x in col] for col in cols)
+    k = [(s.beta * u[j] + s.alpha * v[j] + ww[j]) % R_MOD for j in range(N_WIRES)]
+    dinv = pow(s.delta, -1, R_MOD)
+    assert np.array_equal(_cat(key.a), np.stack([_g1_row(x) for x in u]))
+    assert np.array_equal(_cat(key.b1), np.stack([_g1_row(x) for x in v]))
+    assert np.array_equal(_cat(key.b2), np.stack([_g2_row(x) for x in v]))
+    assert np.array_equal(_cat(key.ic), np.stack([_g1_row(x) for x in k[: n_pub + 1]]))
+    assert np.array_equal(_cat(key.c), np.stack([_g1_row(x * dinv) for x in k[n_pub + 1 :]]))
+    assert not _cat(key.c)[-1].any()  # wire 5 is in no constraint: its point is all zeros
+    w2 = fr_root_of_unity(4)
+    pts2 = [pow(w2, i, R_MOD) for i in range(2 * n)]
+    h = [_lagrange(s.tau, pts2, 2 * j + 1) * dinv for j in range(n)]
+    assert np.array_equal(_cat(key.h), np.stack([_g1_row(x) for x in h]))
+
+
+def test_coefficients_in_snarkjs_order(key) -> None:  # type: ignore[no-untyped-def]
+    want = []
+    for c, (a, b, _) in enumerate(CONSTRAINTS):
+        want += [(0, c, wire, coef) for wire, coef in a.items()] + [(1, c, wire, coef) for wire, coef in b.items()]
+    want += [(0, len(CONSTRAINTS) + j, j, 1) for j in range(N_PUB_OUT + N_PUB_IN + 1)]
+    got = [(int(e["matrix"]), int(e["constraint"]), int(e["signal"]), fr.to_ints(e["value"].reshape(1, 4), mont=False)[0])
+           for e in key.coefs]
+    assert got == [(m, c, wire, coef * FR.r2 % R_MOD) for m, c, wire, coef in want]
+
+
+def test_prove_and_verify_with_dev_key(key, backend: CpuBackend, tmp_path: Path) -> None:  # type: ignore[no-untyped-def]
+    write_zkey(tmp_path / "k.zkey", key)
+    with read_zkey(tmp_path / "k.zkey") as zkey:
+        w = fr.from_ints(_witness(5, 7), mont=False)
+        proof, public = prove(backend, zkey, w, r1cs=_r1cs())
+        vk = vk_from_zkey(zkey)
+        assert public == [190, 5]
+        assert verify(vk, public, proof)
+        assert not verify(vk, [190, 6], proof)
+        assert not verify(vk, [191, 5], proof)
+
+
+def test_random_toxic_waste_differs_and_verifies(backend: CpuBackend, tmp_path: Path, caplog) -> None:  # type: ignore[no-untyped-def]
+    write_r1cs(tmp_path / "c.r1cs", _r1cs())
+    seen: list[tuple[str, int, int]] = []
+    with caplog.at_level(logging.WARNING, logger="cuzk_mp.groth16.setup"):
+        dev.setup_file(tmp_path / "c.r1cs", tmp_path / "c.zkey", backend, progress=lambda *a: seen.append(a))
+    assert "INSECURE" in caplog.text
+    assert {label for label, _, _ in seen} == {"IC", "C", "A", "B1", "B2", "H"}
+    assert ("H", 8, 8) in seen
+    with read_zkey(tmp_path / "c.zkey") as zkey:
+        assert not np.array_equal(zkey.delta1, _g1_row(_toxic().delta))
+        proof, public = prove(backend, zkey, fr.from_ints(_witness(3, 11), mont=False))
+        assert verify(vk_from_zkey(zkey), public, proof)
+
+
+def test_toxic_waste_checks() -> None:
+    w16 = fr_root_of_unity(4)
+    with pytest.raises(ValueError, match="root of unity"):
+        dev.ToxicWaste(tau=pow(w16, 3, R_MOD), alpha=1, beta=1, delta=1).check(3)
+    with pytest.raises(ValueError, match="delta is 0"):
+        dev.ToxicWaste(tau=2, alpha=1, beta=1, delta=R_MOD).check(3)
+    fresh = dev.ToxicWaste.fresh(3)
+    fresh.check(3)
+    assert fresh != dev.ToxicWaste.fresh(3)
+
+
+def test_domain_too_big_is_an_input_error() -> None:
+    big = _r1cs()
+    big.n_constraints = 1 << 31
+    with pytest.raises(InputError, match="2\\^32 domain"):
+        dev.setup(big, None)
+
+
+def test_lagrange_values_closed_form() -> None:
+    tau = _toxic().tau
+    w = fr_root_of_unity(5)
+    pts = [pow(w, i, R_MOD) for i in range(32)]
+    got = fr.to_ints(dev.lagrange_values(tau, 32, fr.from_ints(pts)))
+    assert got == [_lagrange(tau, pts, i) for i in range(32)]
