@@ -188,7 +188,7 @@ def ntt_knob_rows(sizes: tuple[int, ...] = (24, 26, 27)) -> dict[str, Any]:
     for lg in sizes:
         x = _random_fr_device(1 << lg, 7)
         for tile, chunk, threads in ((10, 2, 256), (10, 1, 256), (10, 3, 256), (10, 2, 128), (9, 1, 256)):
-            p = NttParams(tile_lg=tile, chunk_lg=chunk, threads=threads)
+            p = NttParams(tile_lg=tile, chunk_lg=chunk, threads=threads, adapt_chunk=False)
             eng = GpuNtt(p)
             key = f"ntt_2^{lg}_tile{tile}_chunk{chunk}_t{threads}_{len(pass_schedule(lg, p))}pass_ms"
             rows[key] = time_ms(lambda: eng.ntt_in_place(x))

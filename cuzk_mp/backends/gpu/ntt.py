@@ -9,7 +9,7 @@ How the work is split (kernels/ntt/ntt.cu has the math):
   is one launch over shared-memory tiles (one read and one write of the array).
   The low pass takes up to ``2^tile_lg`` contiguous elements, the others k <=
   tile_lg - chunk_lg bits with 2^chunk_lg contiguous rows per access. With the
-  default knobs 2^16 takes 2 passes, 2^20 and 2^24 three, 2^26 and 2^27 four.
+  default knobs 2^16 takes 2 passes and 2^20 .. 2^27 three (2^27 with chunk 1).
 * iNTT runs decimation-in-frequency (natural in, bit-reversed out) and NTT runs
   decimation-in-time (bit-reversed in, natural out), so the H step needs no
   permutation pass; the stand-alone transforms add one in-place bit reversal.
@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import threading
 from contextlib import nullcontext
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Any
 
 import cupy
@@ -33,21 +33,23 @@ import numpy as np
 from ...algebra.field import R_MOD, FR, coset_shift, fr_root_of_unity, ints_to_limbs, log2_exact
 from ...errors import InputError
 from . import memory
-from .modules import get_function
+from .modules import get_function, register
 
 MAX_LG = 28  # 2^28 rows: uint32 element indices in the kernels stay < 2^32
 
 
 @dataclass(frozen=True)
 class NttParams:
-    """Compile-time knobs of kernels/ntt/ntt.cu (each becomes a -D define)."""
+    """Compile-time knobs of kernels/ntt/ntt.cu (each becomes a -D define), and the chunk policy."""
 
     tile_lg: int = 10  # shared-memory tile: 2^tile_lg Fr elements (32 KiB at 10)
     # Contiguous rows per access in the non-low passes: 4 x 32 B = one 128-byte line. 2 rather
     # than 3 leaves 8 bits per pass, so 2^25..2^26 need 3 passes instead of 4 (measured on the
-    # H200, 2026-11-30: chunk 2 and 3 equal at 2^24, where both take 3 passes).
+    # H200, 2026-11-30: chunk 2 and 3 equal at 2^24, where both take 3 passes). Sizes where
+    # chunk - 1 saves a pass use it (see plan_params).
     chunk_lg: int = 2
     threads: int = 256
+    adapt_chunk: bool = True  # let plan_params lower chunk_lg where that saves a pass
 
     def defines(self) -> dict[str, int]:
         """The -D knobs that differ from the kernel's own #ifndef defaults (which equal this
@@ -72,6 +74,19 @@ def pass_schedule(lg: int, params: NttParams = NttParams()) -> list[tuple[int, i
         passes.append((s, k))
         s += k
     return passes
+
+
+def plan_params(lg: int, params: NttParams) -> NttParams:
+    """The knobs a 2^lg transform runs with: ``chunk_lg - 1`` when that needs fewer passes.
+
+    Measured on the H200 (perf/results/gpu-h200.json, 2026-11-30): 2^27 forward NTT 55.5 ms
+    with chunk 2 (4 passes) and 48.6 ms with chunk 1 (3 passes); at 2^24 and 2^26, where both
+    take 3 passes, chunk 1 is 3-6 % slower, so the default chunk stays elsewhere.
+    """
+    if params.chunk_lg < 2 or not params.adapt_chunk:
+        return params
+    smaller = replace(params, chunk_lg=params.chunk_lg - 1)
+    return smaller if len(pass_schedule(lg, smaller)) < len(pass_schedule(lg, params)) else params
 
 
 def _powers(base: int, count: int, start: int = 1) -> list[int]:
@@ -111,12 +126,18 @@ def _to_device(xs: list[int]) -> Any:
     return cupy.asarray(ints_to_limbs([FR.to_mont_int(x) for x in xs], 4))
 
 
+# warm_up() also compiles the chunk variant that plan_params picks for 2^27.
+register("ntt/ntt.cu", replace(NttParams(), chunk_lg=NttParams().chunk_lg - 1).defines())
+
+
 class NttPlan:
     """Device tables of one transform size (both directions and the coset), built once."""
 
     def __init__(self, lg: int, params: NttParams, expand: Any) -> None:
         self.lg = lg
-        self.passes = pass_schedule(lg, params)
+        self.params = plan_params(lg, params)
+        self.pass_kernel = get_function("ntt/ntt.cu", "ntt_pass", self.params.defines())
+        self.passes = pass_schedule(lg, self.params)
         half = max(1, 1 << (lg - 1))
         memory.ensure_free(half * 32, f"the 2^{lg} NTT twiddle table")
         self.tables: dict[bool, dict[str, Any]] = {}
@@ -142,7 +163,6 @@ class GpuNtt:
         self.params = params
         self._plans: dict[int, NttPlan] = {}
         self._lock = threading.Lock()
-        self._pass = get_function("ntt/ntt.cu", "ntt_pass", params.defines())
         self._bitrev = get_function("ntt/ntt.cu", "ntt_bit_reverse", params.defines())
         self._expand = get_function("ntt/ntt.cu", "ntt_expand_powers", params.defines())
         self._combine = get_function("h/h.cu", "h_combine")
@@ -169,10 +189,10 @@ class GpuNtt:
         passes = plan.passes if dit else plan.passes[::-1]
         co = plan.coset
         for s_lo, k in passes:
-            c_lg = min(s_lo, self.params.chunk_lg)
+            c_lg = min(s_lo, plan.params.chunk_lg)
             grid = (1 << plan.lg) >> (k + c_lg)
             use_co = int(coset and s_lo == 0)
-            self._pass((grid,), (self.params.threads,), (
+            plan.pass_kernel((grid,), (self.params.threads,), (
                 d_x, np.uint32(plan.lg), np.uint32(s_lo), np.uint32(k), np.uint32(dit), np.uint32(inverse),
                 plan.tw_half, t["tw_in"], np.uint32(t["in_lg"]),
                 np.uint32(use_co), co["co_lo"], co["co_hi"], np.uint32(co["co_b"])))
