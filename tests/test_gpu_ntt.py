@@ -135,5 +135,5 @@ def test_plan_params_lowers_chunk_only_to_save_a_pass() -> None:
     for lg in range(1, 29):
         chosen = plan_params(lg, NttParams())
         assert len(pass_schedule(lg, chosen)) <= len(pass_schedule(lg, NttParams()))
-        assert chosen.chunk_lg == (1 if lg == 27 or lg == 28 else 2), lg
+        assert chosen.chunk_lg == (1 if lg in (19, 27, 28) else 2), lg
     assert plan_params(27, NttParams(adapt_chunk=False)).chunk_lg == 2

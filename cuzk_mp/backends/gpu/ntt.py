@@ -9,7 +9,8 @@ How the work is split (kernels/ntt/ntt.cu has the math):
   is one launch over shared-memory tiles (one read and one write of the array).
   The low pass takes up to ``2^tile_lg`` contiguous elements, the others k <=
   tile_lg - chunk_lg bits with 2^chunk_lg contiguous rows per access. With the
-  default knobs 2^16 takes 2 passes and 2^20 .. 2^27 three (2^27 with chunk 1).
+  default knobs 2^11 .. 2^19 take 2 passes and 2^20 .. 2^28 three (2^19, 2^27 and
+  2^28 with chunk 1, see plan_params).
 * iNTT runs decimation-in-frequency (natural in, bit-reversed out) and NTT runs
   decimation-in-time (bit-reversed in, natural out), so the H step needs no
   permutation pass; the stand-alone transforms add one in-place bit reversal.
