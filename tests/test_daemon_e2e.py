@@ -1,0 +1,338 @@
+"""The daemon end to end: a real ``cuzk-mp daemon`` process with the real Engine (CPU backend,
+synthetic porep-like circuits at 2^10 rows) on a unix socket in a temp dir, driven through the
+client, the CLI, raw frames, HTTP and scripts/batch-prove.sh. Proofs are checked with cuzk-mp's
+verifier and, when the node tools are installed, with snarkjs.
+
+One daemon serves the tests of this module in file order; the last one stops it and checks that
+the drain left no socket, shm segment or semaphore. The dev key is made afresh (about 2 s at
+2^10) in a temp param cache, so a key left by an older generator can never be reused.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import os
+import socket
+import struct
+import subprocess
+import time
+import urllib.request
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import numpy as np
+import pytest
+
+from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
+from cuzk_mp.daemon.transport import frame
+from cuzk_mp.errors import InputError
+from tests.test_daemon_support import (
+    ENV, PY, REPO, DaemonProcess, check_proofs, config_text, parse_prometheus, shm_leftovers,
+    snarkjs_verify,
+)
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+@pytest.fixture(scope="module")
+def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
+    work = tmp_path_factory.mktemp("e2e")
+    prefix = f"cuzk-e2e-{os.getpid()}"
+    port = free_port()
+    keys = tmp_path_factory.mktemp("keys")
+    (work / "cuzk.toml").write_text(config_text(work, keys, prefix=prefix, status_port=port))
+    d = DaemonProcess(work / "cuzk.toml", work)
+    d.prefix, d.http = prefix, f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
+    try:
+        ready = subprocess.run([str(REPO / "scripts" / "wait-ready.sh"), "--connect", d.addr,
+                                "--timeout", "300"], env=ENV, capture_output=True, text=True,
+                               timeout=320)
+        assert ready.returncode == 0, ready.stderr + d.log()
+        yield d
+    finally:
+        d.kill()
+
+
+def wtns_inputs(out: Path, seeds: list[int]) -> list[Path]:
+    """Witness files of the 2^10 porep-like circuit (what a client may send as .wtns)."""
+    from cuzk_mp.circuits.synthetic import write_circuit
+
+    paths = []
+    for s in seeds:
+        _, wtns = write_circuit(10, out / f"s{s}", seed=s, partition=0)
+        paths.append(wtns.rename(out / f"seed{s}.wtns"))
+    return paths
+
+
+def test_prove_verifies_and_the_cli_writes_snarkjs_files(daemon: DaemonProcess,
+                                                         tmp_path: Path) -> None:
+    with daemon.client() as c:
+        r = c.prove("syn", synthetic_partitions(2), timeout_s=120)
+        assert r.state == "done" and not r.timed_out and r.error is None, r
+        vk = c.verification_key("syn")
+    check_proofs(vk, r)
+    assert {"synthesis", "device", "total"} <= set(r.partitions[0].timings)
+    out = tmp_path / "out"
+    cli = subprocess.run([*PY, "client", "prove", "--connect", daemon.addr, "--circuit", "syn",
+                          "--out", str(out)], env=ENV, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 0, cli.stderr
+    assert json.loads(cli.stdout)["state"] == "done"
+    names = sorted(p.name for p in out.iterdir())
+    assert names == ["proof_0.json", "proof_1.json", "public_0.json", "public_1.json",
+                     "verification_key.json"]
+    for i in range(2):
+        ok = subprocess.run([*PY, "groth16", "verify", str(out / "verification_key.json"),
+                             str(out / f"public_{i}.json"), str(out / f"proof_{i}.json")],
+                            env=ENV, capture_output=True, text=True, timeout=60)
+        assert ok.returncode == 0 and "OK!" in ok.stdout
+
+
+def test_submit_then_await_with_and_without_timeout(daemon: DaemonProcess) -> None:
+    with daemon.client() as c:
+        sub = c.submit("syn", synthetic_partitions(2, first_seed=10))
+        t0 = time.perf_counter()
+        early = c.await_proof(sub.job_id, timeout_s=0.05)
+        assert early.timed_out and early.state in ("queued", "running")
+        assert time.perf_counter() - t0 < 5
+        r = c.await_proof(sub.job_id)
+        assert r.state == "done" and not r.timed_out
+        again = c.await_proof(sub.job_id, timeout_s=0)
+        assert again.state == "done" and [p.proof for p in again.partitions] == [
+            p.proof for p in r.partitions]
+
+
+def _engine_counter(text: str, name: str) -> float:
+    return parse_prometheus(text)[(f"cuzk_engine_{name}_total", ())]
+
+
+def test_duplicate_request_ids_return_the_same_job(daemon: DaemonProcess) -> None:
+    async def run() -> list[Any]:
+        async with await AsyncClient.connect(daemon.addr) as c:
+            before = await c.metrics()
+            parts = synthetic_partitions(1, first_seed=99)
+            subs = await asyncio.gather(*[c.submit("syn", parts, request_id="dup-1")
+                                          for _ in range(4)])
+            reply = await c.await_proof("dup-1", timeout_s=120)
+            late = await c.prove("syn", parts, request_id="dup-1", timeout_s=120)
+            with pytest.raises(InputError, match="different job"):
+                await c.submit("syn", synthetic_partitions(1), request_id="dup-1")
+            return [subs, reply, late, before, await c.metrics(), await c.status()]
+
+    subs, reply, late, before, after, status = asyncio.run(run())
+    assert {s.job_id for s in subs} == {"dup-1"} and [s.duplicate for s in subs].count(False) == 1
+    assert reply.state == "done" and late.partitions[0].proof == reply.partitions[0].proof
+    assert len([j for j in status["jobs"] if j["job_id"] == "dup-1"]) == 1
+    for counter in ("jobs_submitted", "partitions_proved"):
+        assert _engine_counter(after, counter) - _engine_counter(before, counter) == 1
+
+
+def test_priorities_are_observed_in_completion_order(daemon: DaemonProcess) -> None:
+    async def run() -> dict[str, Any]:
+        async with await AsyncClient.connect(daemon.addr) as c:
+            order = [("blocker", "syn", None, 6), ("low", "syn", "LOW", 1),
+                     ("normal", "syn", None, 1), ("high", "syn", "HIGH", 1),
+                     ("crit", "crit", None, 1)]
+            subs = await asyncio.gather(*[
+                c.submit(cid, synthetic_partitions(n, first_seed=100 + i), priority=prio)
+                for i, (_, cid, prio, n) in enumerate(order)])
+            done = await asyncio.gather(*[c.await_proof(s.job_id, timeout_s=300) for s in subs])
+            return {name: r for (name, *_), r in zip(order, done)}
+
+    r = asyncio.run(run())
+    assert all(x.state == "done" for x in r.values())
+    assert r["crit"].priority == "CRITICAL"
+    t = {k: v.finished_at for k, v in r.items()}
+    assert t["crit"] < t["high"] < t["normal"] < t["low"], t
+    assert t["blocker"] < t["normal"]
+
+
+def _wait_partition_done(c: Any, job_id: str, timeout: float = 120) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        r = c.await_proof(job_id, timeout_s=0.1)
+        if any(p.state == "done" for p in r.partitions) or r.state != "queued" and not r.timed_out:
+            return r
+    raise TimeoutError(job_id)
+
+
+def test_cancel_a_queued_and_a_running_job(daemon: DaemonProcess) -> None:
+    with daemon.client() as c:
+        running = c.submit("syn", synthetic_partitions(8, first_seed=200))
+        queued = c.submit("syn", synthetic_partitions(2, first_seed=300), priority="LOW")
+        cq = c.cancel(queued.job_id)
+        assert cq.cancelled
+        rq = c.await_proof(queued.job_id, timeout_s=30)
+        assert rq.state == "cancelled" and all(p.state == "cancelled" for p in rq.partitions)
+        mid = _wait_partition_done(c, running.job_id)
+        assert mid.state == "running"
+        assert c.cancel(running.job_id).cancelled
+        rr = c.await_proof(running.job_id, timeout_s=60)
+        assert rr.state == "cancelled" and rr.error_kind == "Cancelled"
+        states = [p.state for p in rr.partitions]
+        assert "done" in states and "cancelled" in states, states
+        assert not c.cancel(running.job_id).cancelled
+        after = c.prove("syn", synthetic_partitions(1, first_seed=400), timeout_s=120)
+        assert after.state == "done"
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline:
+            st = c.status()
+            if all(s["state"] == "free" for s in st["ring"]["slots"]):
+                break
+            time.sleep(0.1)
+        assert all(s["state"] == "free" for s in st["ring"]["slots"]), st["ring"]
+        assert st["engine"]["queue"] == {"pending": 0, "in_flight": 0}
+
+
+def test_preload_and_evict(daemon: DaemonProcess) -> None:
+    with daemon.client() as c:
+        assert c.preload("crit").seconds >= 0
+        srs = [e for e in c.status()["srs"] if e["circuit"] == "crit"]
+        assert srs and all(e["bytes"] > 0 and e["tier"] for e in srs), srs
+        busy = c.submit("crit", synthetic_partitions(4, first_seed=500))
+        ev = c.evict("crit")
+        assert not ev.evicted and ev.reason
+        assert c.await_proof(busy.job_id, timeout_s=120).state == "done"
+        assert c.evict("crit").evicted
+        deadline = time.monotonic() + 10
+        while [e for e in c.status()["srs"] if e["circuit"] == "crit"]:
+            assert time.monotonic() < deadline, "evicted key still reported resident"
+            time.sleep(0.1)
+        assert c.prove("crit", synthetic_partitions(1), timeout_s=120).state == "done"
+
+
+def test_status_and_metrics_over_http(daemon: DaemonProcess) -> None:
+    base = daemon.http  # type: ignore[attr-defined]
+    with urllib.request.urlopen(f"{base}/status", timeout=10) as resp:
+        doc = json.loads(resp.read())
+    assert doc["daemon"]["state"] == "running" and doc["engine"]["backend"] == "cpu"
+    done = [j for j in doc["jobs"] if j["state"] == "done"]
+    assert done and all(p["state"] == "done" and p["timings"]["total"] > 0
+                        for p in done[0]["partitions"])
+    roles = {p["role"] for p in doc["processes"]}
+    assert {"synth", "gpu"} <= roles and all(p["alive"] for p in doc["processes"])
+    assert len(doc["ring"]["slots"]) == 2 and doc["memory"]["host_rss_bytes"] > 0
+    assert doc["memory_budget"]["srs"] > 0
+    with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
+        samples = parse_prometheus(resp.read().decode())
+    assert samples[("cuzk_proofs_completed_total", (("circuit", "syn"),))] >= 10
+    assert samples[("cuzk_jobs_total", (("circuit", "syn"), ("state", "cancelled")))] == 2
+    assert samples[("cuzk_job_duration_seconds_count", (("circuit", "syn"),))] >= 5
+    assert samples[("cuzk_gpu_busy_seconds_total", (("device", "0"),))] > 0
+    assert ("cuzk_queue_depth", ()) in samples and ("cuzk_ring_occupancy", ()) in samples
+    assert samples[("cuzk_memory_bytes", (("kind", "host_rss_bytes"),))] > 0
+    assert samples[("cuzk_engine_partitions_proved_total", ())] >= 10
+    with urllib.request.urlopen(f"{base}/healthz", timeout=10) as resp:
+        assert resp.status == 200 and resp.read() == b"ok\n"
+
+
+def _raw(path: str, payloads: list[bytes]) -> list[Any]:
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(30)
+    s.connect(path)
+    for p in payloads:
+        s.sendall(p)
+    out, buf = [], b""
+    while len(out) < len(payloads):
+        chunk = s.recv(65536)
+        if not chunk:
+            break
+        buf += chunk
+        while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+            n = struct.unpack(">I", buf[:4])[0]
+            out.append(P.decode_reply(buf[4:4 + n]))
+            buf = buf[4 + n:]
+    s.close()
+    return out
+
+
+def test_bad_frames_and_inputs_get_clear_errors(daemon: DaemonProcess, tmp_path: Path) -> None:
+    path = daemon.addr[len("unix://"):]
+    garbage = frame(b"\x92\x01\xc1not msgpack")
+    typo = frame(msgspec.msgpack.encode({"type": "Prove", "id": 5, "circuit": "syn"}))
+    replies = _raw(path, [garbage, typo, frame(P.encode(P.GetMetrics(id=6)))])
+    assert [r.kind for r in replies[:2]] == ["InputError", "InputError"] and replies[1].id == 5
+    assert isinstance(replies[2], P.MetricsReply)
+    replies = _raw(path, [struct.pack(">I", 2**31) + b"junk"])
+    assert replies[0].kind == "InputError" and "max_frame_bytes" in replies[0].message
+
+    from cuzk_mp.formats.wtns import read_wtns, write_wtns
+    good = wtns_inputs(tmp_path, [7])[0]
+    w = read_wtns(good)
+    w[w.shape[0] // 2] = np.array([12345, 0, 0, 0], dtype=np.uint64)
+    bad_path = tmp_path / "unsat.wtns"
+    write_wtns(bad_path, w)
+    with daemon.client() as c:
+        for parts, pattern in [
+            ([P.PartitionIn("synthetic")], None),
+            ([P.PartitionIn("json", b'{"in": 1}')], "no wasm"),
+            ([P.PartitionIn("wtns", b"not a witness")], "not a .wtns"),
+        ]:
+            if pattern is None:
+                with pytest.raises(InputError, match="unknown circuit"):
+                    c.submit("no-such-circuit", parts)
+            else:
+                with pytest.raises(InputError, match=pattern):
+                    c.submit("syn", parts)
+        r = c.prove("syn", [P.PartitionIn("wtns", good.read_bytes()),
+                            P.PartitionIn("wtns", bad_path.read_bytes())], timeout_s=120)
+        assert r.state == "failed" and r.partitions[1].state == "failed"
+        assert "constraint" in (r.partitions[1].error or "") or "constraint" in (r.error or "")
+        ok = c.prove("syn", [P.PartitionIn("wtns", good.read_bytes())], timeout_s=120)
+        assert ok.state == "done"
+        check_proofs(c.verification_key("syn"), ok)
+
+
+def test_batch_prove_script(daemon: DaemonProcess, tmp_path: Path) -> None:
+    inputs = tmp_path / "inputs"
+    inputs.mkdir()
+    wtns_inputs(inputs, [1, 2, 3])
+    multi = inputs / "two-partitions"
+    multi.mkdir()
+    for p in wtns_inputs(tmp_path, [4, 5]):
+        p.rename(multi / p.name)
+    for sub in inputs.glob("s*"):
+        if sub.is_dir():
+            for f in sub.iterdir():
+                f.unlink()
+            sub.rmdir()
+    out = tmp_path / "out"
+    cmd = [str(REPO / "scripts" / "batch-prove.sh"), "--connect", daemon.addr, "--circuit", "syn",
+           "--out", str(out), "-j", "2", "--verify", str(inputs)]
+    first = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert first.returncode == 0, first.stdout + first.stderr
+    assert first.stdout.count("[ok]") == 4 and "4 of 4 jobs done" in first.stdout
+    vk = json.loads((out / "seed1" / "verification_key.json").read_text())
+    cases = [(json.loads((d / f"public_{i}.json").read_text()),
+              json.loads((d / f"proof_{i}.json").read_text()))
+             for d, n in [(out / "seed1", 1), (out / "seed2", 1), (out / "seed3", 1),
+                          (out / "two-partitions", 2)] for i in range(n)]
+    assert len(cases) == 5
+    snarkjs_verify(vk, cases)
+    again = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and again.stdout.count("[skip]") == 4
+    (inputs / "broken.wtns").write_bytes(b"wtns" + b"\0" * 64)
+    third = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
+    assert third.returncode == 1 and "failed: broken" in third.stdout
+    assert third.stdout.count("[skip]") == 4
+
+
+def test_zz_sigterm_drains_and_cleans_up(daemon: DaemonProcess) -> None:
+    sock = Path(daemon.addr[len("unix://"):])
+    assert sock.exists()
+    t0 = time.monotonic()
+    assert daemon.terminate(timeout=60) == 0, daemon.log()
+    assert time.monotonic() - t0 < 40
+    assert not sock.exists()
+    assert shm_leftovers(daemon.prefix) == []  # type: ignore[attr-defined]
+    lines = [json.loads(x) for x in daemon.log().splitlines()
+             if x.startswith("{") and '"logger": "cuzk_mp.daemon"' in x]
+    assert any("[shutdown] stopped" in x["msg"] for x in lines)
+    assert any("[start]" in x["msg"] and "serving on" in x["msg"] for x in lines)

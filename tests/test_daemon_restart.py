@@ -1,0 +1,72 @@
+"""The daemon across a restart: SIGTERM in the middle of a job drains within the grace period,
+exits 0 and leaves nothing behind; the job stays in the journal and completes after a restart.
+Also: a config with an unknown key never starts, and says which key."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import time
+from pathlib import Path
+
+from cuzk_mp.daemon.client import synthetic_partitions
+from cuzk_mp.daemon.journal import Journal
+from tests.test_daemon_support import (
+    ENV, PY, DaemonProcess, check_proofs, config_text, shm_leftovers,
+)
+
+
+def test_unknown_config_key_fails_start_naming_it(tmp_path: Path) -> None:
+    text = config_text(tmp_path, tmp_path / "keys", prefix="cuzk-badcfg").replace(
+        "[synthesis]\n", "[synthesis]\npartition_wrokers = 3\n")
+    (tmp_path / "bad.toml").write_text(text)
+    proc = subprocess.run([*PY, "daemon", "--config", str(tmp_path / "bad.toml")], env=ENV,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2
+    assert "synthesis.partition_wrokers" in proc.stderr and "bad.toml" in proc.stderr
+    assert not (tmp_path / "cuzk.sock").exists()
+
+
+def test_sigterm_mid_job_then_restart_completes_from_the_journal(tmp_path: Path) -> None:
+    prefix = f"cuzk-rs-{os.getpid()}"
+    cfg = tmp_path / "cuzk.toml"
+    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=prefix, grace="7s"))
+    first = DaemonProcess(cfg, tmp_path)
+    try:
+        first.wait_ready()
+        with first.client() as c:
+            job = c.submit("syn", synthetic_partitions(12, first_seed=1000),
+                           request_id="restart-me").job_id
+            deadline = time.monotonic() + 120
+            while not any(p.state == "done" for p in c.await_proof(job, 0.2).partitions):
+                assert time.monotonic() < deadline
+        t0 = time.monotonic()
+        assert first.terminate(timeout=60) == 0, first.log()
+        assert time.monotonic() - t0 < 7 + 3, "drain overran shutdown_grace"
+    finally:
+        first.kill()
+    assert not (tmp_path / "cuzk.sock").exists()
+    assert shm_leftovers(prefix) == []
+    journal = Journal.open(tmp_path / "journal.sqlite")
+    try:
+        [entry] = journal.load()
+    finally:
+        journal.close()
+    assert entry.job_id == job and entry.state == "queued" and len(entry.partitions) == 12
+
+    second = DaemonProcess(cfg, tmp_path)
+    try:
+        second.wait_ready()
+        with second.client() as c:
+            r = c.await_proof(job, timeout_s=300)
+            assert r.state == "done", r
+            assert [p.public for p in r.partitions] != [[]] * 12
+            check_proofs(c.verification_key("syn"), r)
+            dup = c.submit("syn", synthetic_partitions(12, first_seed=1000),
+                           request_id="restart-me")
+            assert dup.duplicate and dup.state == "done"
+        assert second.terminate(timeout=60) == 0, second.log()
+    finally:
+        second.kill()
+    assert shm_leftovers(prefix) == []
+    assert "1 jobs resubmitted" in second.log()

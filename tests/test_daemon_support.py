@@ -1,0 +1,181 @@
+"""Helpers for the daemon's end-to-end tests (no tests here): a daemon subprocess, its config,
+a strict Prometheus text parser, /dev/shm accounting, and proof checking against two
+verifiers: cuzk-mp's own pairing check and, when the node tools are installed, snarkjs."""
+
+from __future__ import annotations
+
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from cuzk_mp.daemon.client import Client
+from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json, vk_from_json
+from cuzk_mp.groth16.verifier import verify
+
+REPO = Path(__file__).resolve().parents[1]
+PY = [sys.executable, "-m", "cuzk_mp.cli"]
+ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+       "CUZK_MP": f"{sys.executable} -m cuzk_mp.cli"}
+
+_SAMPLE = re.compile(
+    r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? '
+    r'(-?[0-9.e+-]+|\+Inf|-Inf|NaN)$')
+
+
+def config_text(workdir: Path, cache: Path, *, prefix: str, status_port: int | None = None,
+                grace: str = "30s", devices: str = "[0]", extra: str = "") -> str:
+    """A small CPU-backend daemon config on a unix socket in ``workdir``."""
+    return f"""
+[daemon]
+listen = "unix://{workdir}/cuzk.sock"
+status_listen = "{f'127.0.0.1:{status_port}' if status_port else ''}"
+journal = "{workdir}/journal.sqlite"
+shutdown_grace = "{grace}"
+max_frame_bytes = "4MiB"
+[srs]
+param_cache = "{cache}"
+[memory]
+total_budget = "16GiB"
+safety_margin = "1GiB"
+[synthesis]
+partition_workers = 1
+[pipeline]
+ring_slots = 2
+shm_prefix = "{prefix}"
+[gpus]
+backend = "cpu"
+devices = {devices}
+gpu_workers_per_device = 1
+[logging]
+level = "info"
+format = "json"
+[circuits.syn]
+synthetic = "porep-like"
+log_n = 10
+partitions = 2
+[circuits.crit]
+synthetic = "porep-like"
+log_n = 10
+priority = "CRITICAL"
+{extra}
+"""
+
+
+class DaemonProcess:
+    """``cuzk-mp daemon --config`` as a subprocess, logging to ``workdir/daemon.log``."""
+
+    def __init__(self, config: Path, workdir: Path) -> None:
+        self.config, self.workdir = config, workdir
+        self.addr = f"unix://{workdir}/cuzk.sock"
+        self.log_path = workdir / "daemon.log"
+        self._log = open(self.log_path, "ab")
+        self.proc = subprocess.Popen([*PY, "daemon", "--config", str(config)], cwd=REPO,
+                                     env=ENV, stdout=self._log, stderr=subprocess.STDOUT)
+
+    def wait_ready(self, timeout: float = 300.0) -> None:
+        """Poll until the daemon answers GetStatus as running."""
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"daemon exited {self.proc.returncode}:\n{self.log()}")
+            try:
+                with Client(self.addr) as c:
+                    if c.status()["daemon"]["state"] == "running":
+                        return
+            except OSError:
+                pass
+            time.sleep(0.2)
+        raise TimeoutError(f"daemon not ready after {timeout} s:\n{self.log()}")
+
+    def client(self) -> Client:
+        """A blocking client connected to this daemon."""
+        return Client(self.addr)
+
+    def terminate(self, timeout: float = 60.0) -> int:
+        """SIGTERM, then wait for the exit code."""
+        if self.proc.poll() is None:
+            self.proc.send_signal(signal.SIGTERM)
+        try:
+            return self.proc.wait(timeout)
+        finally:
+            self._log.close()
+
+    def kill(self) -> None:
+        """Last resort for a test that failed half-way."""
+        if self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait(10)
+        self._log.close()
+
+    def log(self) -> str:
+        """The daemon's log so far."""
+        if not self._log.closed:
+            self._log.flush()
+        return self.log_path.read_text(errors="replace")[-20000:]
+
+
+def parse_prometheus(text: str) -> dict[tuple[str, tuple[tuple[str, str], ...]], float]:
+    """Parse the text exposition format strictly: every line is HELP, TYPE or a sample, each
+    family has one TYPE, and every sample belongs to a declared family."""
+    types: dict[str, str] = {}
+    samples: dict[tuple[str, tuple[tuple[str, str], ...]], float] = {}
+    assert text.endswith("\n")
+    for line in text.splitlines():
+        if line.startswith("# HELP "):
+            continue
+        if line.startswith("# TYPE "):
+            _, _, name, kind = line.split(" ", 3)
+            assert name not in types, f"duplicate TYPE for {name}"
+            assert kind in ("counter", "gauge", "histogram", "summary", "untyped"), line
+            types[name] = kind
+            continue
+        m = _SAMPLE.match(line)
+        assert m, f"not a sample line: {line!r}"
+        name, labels = m.group(1), tuple(re.findall(r'([a-zA-Z_][a-zA-Z0-9_]*)="((?:[^"\\]|\\.)*)"',
+                                                    m.group(2) or ""))
+        family = re.sub(r"_(bucket|sum|count)$", "", name)
+        assert name in types or (family in types and types[family] == "histogram"), line
+        key = (name, tuple(sorted(labels)))
+        assert key not in samples, f"duplicate sample {line!r}"
+        samples[key] = float(m.group(3))
+    return samples
+
+
+def shm_leftovers(prefix: str) -> list[str]:
+    """Entries of /dev/shm (segments and ``sem.`` semaphores) named with ``prefix``."""
+    return sorted(n for n in os.listdir("/dev/shm")
+                  if n.startswith(prefix) or n.startswith(f"sem.{prefix}"))
+
+
+def check_proofs(vk: dict[str, Any], reply: Any) -> None:
+    """Every partition of a done job verifies; a changed public input does not."""
+    key = vk_from_json(vk)
+    cases = []
+    for p in reply.partitions:
+        assert p.state == "done", p
+        proof = proof_from_json(p.proof)
+        public = public_from_json(p.public)
+        assert verify(key, public, proof), f"partition {p.index} does not verify"
+        wrong = [(public[0] + 1) % 2**250, *public[1:]]
+        assert not verify(key, wrong, proof), "a wrong public input verified"
+        cases.append((p.public, p.proof))
+    snarkjs_verify(vk, cases)
+
+
+def snarkjs_verify(vk: dict[str, Any], cases: list[tuple[Any, Any]]) -> None:
+    """snarkjs agrees (the outside oracle), when the node tools are installed here."""
+    import json
+    import tempfile
+
+    from tests.oracle import groth16_verify_many, tools_missing
+    if tools_missing() is not None or not cases:
+        return
+    with tempfile.NamedTemporaryFile("w", suffix=".json") as f:
+        json.dump(vk, f)
+        f.flush()
+        assert groth16_verify_many(Path(f.name), cases) == [True] * len(cases)
