@@ -32,7 +32,7 @@ import cupy
 import numpy as np
 
 from ...algebra.field import R_MOD, FR, coset_shift, fr_root_of_unity, ints_to_limbs, log2_exact
-from ...errors import InputError
+from ...errors import GpuDead, InputError
 from . import memory
 from .modules import get_function, register
 
@@ -127,6 +127,14 @@ def _to_device(xs: list[int]) -> Any:
     return cupy.asarray(ints_to_limbs([FR.to_mont_int(x) for x in xs], 4))
 
 
+def launch(kernel: Any, grid: int, block: int, args: tuple[Any, ...], what: str) -> None:
+    """Launch one kernel; a CUDA error comes back as GpuDead naming kernel, grid, block and sizes."""
+    try:
+        kernel((grid,), (block,), args)
+    except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
+        raise GpuDead(f"{getattr(kernel, 'name', 'kernel')} grid={grid} block={block} ({what}) failed: {exc}") from exc
+
+
 # warm_up() also compiles the chunk variant that plan_params picks for 2^27.
 register("ntt/ntt.cu", replace(NttParams(), chunk_lg=NttParams().chunk_lg - 1).defines())
 
@@ -147,8 +155,8 @@ class NttPlan:
             self.tables[inverse] = {"tw_in": _to_device(t["tw_in"]), "in_lg": t["in_lg"]}
         lo, hi = _to_device(t["tw_lo"]), _to_device(t["tw_hi"])
         self.tw_half = cupy.empty((half, 4), dtype=np.uint64)
-        expand((-(-half // params.threads),), (params.threads,),
-               (self.tw_half, np.uint32(half), lo, hi, np.uint32(t["tw_b"])))
+        launch(expand, -(-half // params.threads), params.threads,
+               (self.tw_half, np.uint32(half), lo, hi, np.uint32(t["tw_b"])), f"2^{lg} twiddle table")
         c = coset_ints(lg)
         self.coset = {k: (_to_device(v) if isinstance(v, list) else v) for k, v in c.items()}
         self.inv_n = _to_device([pow(1 << lg, -1, R_MOD)])
@@ -193,15 +201,17 @@ class GpuNtt:
             c_lg = min(s_lo, plan.params.chunk_lg)
             grid = (1 << plan.lg) >> (k + c_lg)
             use_co = int(coset and s_lo == 0)
-            plan.pass_kernel((grid,), (self.params.threads,), (
+            launch(plan.pass_kernel, grid, self.params.threads, (
                 d_x, np.uint32(plan.lg), np.uint32(s_lo), np.uint32(k), np.uint32(dit), np.uint32(inverse),
                 plan.tw_half, t["tw_in"], np.uint32(t["in_lg"]),
-                np.uint32(use_co), co["co_lo"], co["co_hi"], np.uint32(co["co_b"])))
+                np.uint32(use_co), co["co_lo"], co["co_hi"], np.uint32(co["co_b"])),
+                f"2^{plan.lg} pass s_lo={s_lo} k={k} dit={dit}")
 
     def _bit_reverse(self, d_x: Any, plan: NttPlan, scale: bool) -> None:
         n = 1 << plan.lg
         grid = -(-n // self.params.threads)
-        self._bitrev((grid,), (self.params.threads,), (d_x, np.uint32(plan.lg), np.uint32(scale), plan.inv_n))
+        launch(self._bitrev, grid, self.params.threads, (d_x, np.uint32(plan.lg), np.uint32(scale), plan.inv_n),
+               f"2^{plan.lg} bit reversal")
 
     def ntt_in_place(self, d_x: Any, inverse: bool = False, stream: Any = None) -> Any:
         """Natural-order NTT (or iNTT with the 1/n) of a device (n, 4) array, in place."""
@@ -238,6 +248,6 @@ class GpuNtt:
             self.to_odd_coset_in_place(d, stream)
         with stream if stream is not None else nullcontext():
             grid = -(-n // 256)
-            self._combine((grid,), (256,), (d_a, d_b, d_c, d_a, np.uint64(n)))
+            launch(self._combine, grid, 256, (d_a, d_b, d_c, d_a, np.uint64(n)), f"n={n}")
         return d_a
 
