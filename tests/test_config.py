@@ -222,6 +222,13 @@ def test_memory_budget_is_what_is_left(tmp_path: Path) -> None:
     expect = (16 * 2**30 - 2**30 - 4 * PROCESS_BASE_BYTES
               - (3 + 2) * slot_bytes(1 << 16, 1 << 16))
     assert cfg.engine.srs_budget_bytes == expect
+    two = resolve({"memory": {"total_budget": "16GiB", "safety_margin": "1GiB"},
+                   "synthesis": {"partition_workers": 2}, "pipeline": {"ring_slots": 3},
+                   "gpus": {"backend": "cpu", "devices": [0, 1]},
+                   "circuits": {"b": {"synthetic": "porep-like", "log_n": 16}}}, tmp_path)
+    srs_total = (16 * 2**30 - 2**30 - 5 * PROCESS_BASE_BYTES
+                 - (3 + 2) * slot_bytes(1 << 16, 1 << 16))
+    assert two.engine.srs_budget_bytes == srs_total // 2  # each prover keeps its own keys
 
 
 @pytest.mark.parametrize("text, addr", [

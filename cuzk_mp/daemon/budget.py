@@ -4,11 +4,14 @@ The ``[memory]`` section gives one number for everything the daemon's process tr
 (``total_budget``, "auto" = the machine's RAM) minus a ``safety_margin``. The slot ring and the
 synthesis workers take a bounded share of it (DESIGN.md section 1: at most ``ring_slots`` segments
 plus each worker's own vectors), and every process has a base footprint (Python + numpy + numba).
-What is left is the SRS budget the engine enforces with least-recently-used eviction
-(``EngineConfig.srs_budget_bytes``)::
+What is left is the SRS budget. Every prover process keeps its own resident keys and evicts
+least-recently-used ones beyond ``EngineConfig.srs_budget_bytes``, so that budget is per prover
+process: the SRS share divided by the number of prover processes (``len(gpus.devices)``; 1 when
+the key is left out, where on the GPU backend the keys live in device memory anyway)::
 
-    srs_budget = total - margin - n_procs * PROCESS_BASE_BYTES
+    srs_total  = total - margin - n_procs * PROCESS_BASE_BYTES
                  - (ring_slots + partition_workers) * max_circuit(slot_bytes)
+    srs_budget_bytes = srs_total // n_provers
 
     slot_bytes(circuit) = (3 * domain_size + n_vars) * 32      # a, b, c over the domain; w
 
@@ -30,8 +33,9 @@ if TYPE_CHECKING:
     from cuzk_mp.pipeline.types import EngineConfig
 
 FR_BYTES = 32
-# Resident set of one idle cuzk-mp process with numpy, numba and its compiled kernels loaded
-# (measured: ~250-330 MiB per spawned worker on the 2-core CI box; rounded up).
+# Resident set of one cuzk-mp process with numpy, numba and its compiled kernels loaded.
+# Measured by perf/daemon_load.py (2^10 circuit): daemon 184 MB; one synthesis worker plus one
+# CPU prover 334 MB together. Rounded up for bigger kernels' caches and arkworks buffers.
 PROCESS_BASE_BYTES = 384 * 2**20
 
 
@@ -44,11 +48,18 @@ class BudgetBreakdown:
     processes: int
     pipeline: int
     srs: int
+    provers: int
+
+    @property
+    def srs_per_prover(self) -> int:
+        """The budget each prover process enforces on its own keys."""
+        return self.srs // self.provers
 
     def as_dict(self) -> dict[str, int]:
         """JSON-able form for /status."""
         return {"total": self.total, "safety_margin": self.safety_margin,
-                "processes": self.processes, "pipeline": self.pipeline, "srs": self.srs}
+                "processes": self.processes, "pipeline": self.pipeline, "srs": self.srs,
+                "provers": self.provers, "srs_per_prover": self.srs_per_prover}
 
 
 def slot_bytes(domain_size: int, n_vars: int) -> int:
@@ -85,12 +96,14 @@ def breakdown(total: int, margin: int, engine: EngineConfig,
     pipeline = (engine.ring_slots + engine.partition_workers) * largest
     processes = n_procs * PROCESS_BASE_BYTES
     return BudgetBreakdown(total=total, safety_margin=margin, processes=processes,
-                           pipeline=pipeline, srs=total - margin - processes - pipeline)
+                           pipeline=pipeline, srs=total - margin - processes - pipeline,
+                           provers=n_devices)
 
 
 def memory_budget(total: int, margin: int, engine: EngineConfig,
                   circuits: Iterable[CircuitConfig], source: str = "config") -> int:
-    """The SRS budget in bytes; ConfigError naming ``memory.total_budget`` if it is not positive."""
+    """The per-prover SRS budget in bytes (``EngineConfig.srs_budget_bytes``); ConfigError
+    naming ``memory.total_budget`` if it is not positive."""
     b = breakdown(total, margin, engine, circuits)
     if b.srs <= 0:
         raise ConfigError(
@@ -98,4 +111,4 @@ def memory_budget(total: int, margin: int, engine: EngineConfig,
             f"({margin}), {1 + engine.partition_workers}+ processes ({b.processes}) and the "
             f"slot ring + worker vectors ({b.pipeline}); raise it or lower "
             "pipeline.ring_slots / synthesis.partition_workers")
-    return b.srs
+    return b.srs_per_prover
