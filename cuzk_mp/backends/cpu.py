@@ -12,7 +12,9 @@ from __future__ import annotations
 
 import os
 import sys
-from concurrent.futures import ThreadPoolExecutor
+import operator
+from concurrent.futures import Future, ThreadPoolExecutor
+from functools import reduce
 from dataclasses import dataclass, field
 from typing import Any, Sequence
 
@@ -65,22 +67,36 @@ def _split01(scalars: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
     return np.flatnonzero(ones), np.flatnonzero(nonzero & ~ones)
 
 
+def _check_sizes(points: Sequence[Any], scalars: np.ndarray) -> None:
+    # arkworks' multiexp_unchecked silently truncates to the shorter list: refuse instead.
+    if len(points) != scalars.shape[0]:
+        raise ValueError(f"MSM size mismatch: {len(points)} points, {scalars.shape[0]} scalars")
+
+
+def _sum_points(points: Sequence[Any], idx: np.ndarray, identity: Any) -> Any:
+    acc = identity
+    for i in idx.tolist():
+        acc = acc + points[i]
+    return acc
+
+
+def _pippenger(points: Sequence[Any], scalars: np.ndarray, idx: np.ndarray, identity: Any) -> Any:
+    if idx.size == 0:
+        return identity
+    return type(identity).multiexp_unchecked([points[i] for i in idx.tolist()], _scalar_objects(scalars[idx]))
+
+
 def msm(points: Sequence[Any], scalars: np.ndarray, identity: Any) -> Any:
     """sum_i scalars[i] * points[i] with arkworks, skipping zeros and adding ones directly.
 
     ``points`` are arkworks objects, ``scalars`` an ``(n, 4)`` standard-form array.
-    Guards arkworks' silent truncation: the counts must match.
     """
-    if len(points) != scalars.shape[0]:
-        raise ValueError(f"MSM size mismatch: {len(points)} points, {scalars.shape[0]} scalars")
+    _check_sizes(points, scalars)
     ones, rest = _split01(scalars)
-    acc = identity
-    for i in ones.tolist():
-        acc = acc + points[i]
-    if rest.size:
-        acc = acc + type(identity).multiexp_unchecked([points[i] for i in rest.tolist()], _scalar_objects(scalars[rest]))
-    return acc
+    return _sum_points(points, ones, identity) + _pippenger(points, scalars, rest, identity)
 
+
+MIN_CHUNK = 1 << 13  # below this, splitting a Pippenger across threads costs more than it saves
 
 class CpuBackend:
     """Backend on the host CPU (see module docstring)."""
@@ -113,22 +129,29 @@ class CpuBackend:
         copied = ProverInputs(*(np.array(v, dtype=np.uint64, copy=True) for v in (inputs.a, inputs.b, inputs.c, inputs.w)))
         return CpuStaged(copied)
 
+    def _submit_msm(self, points: Sequence[Any], scalars: np.ndarray, identity: Any) -> list[Future[Any]]:
+        """Queue one MSM on the pool as balanced pieces: the 1-scalar sum and Pippenger chunks."""
+        _check_sizes(points, scalars)
+        ones, rest = _split01(scalars)
+        pieces = max(1, min(self.threads, rest.size // MIN_CHUNK))
+        futures = [self._pool.submit(_sum_points, points, ones, identity)]
+        futures += [self._pool.submit(_pippenger, points, scalars, chunk, identity) for chunk in np.array_split(rest, pieces)]
+        return futures
+
     def prove_msms(self, key: CpuKey, staged: CpuStaged) -> MsmSums:
-        """H by NTTs, then the five MSMs (G2 and the largest G1 first, on the pool)."""
+        """The five MSMs as pool tasks (G2 queued first), H computed meanwhile on this thread."""
         if staged.inputs is None:
             raise ValueError("partition was released")
         x = staged.inputs
-        w = x.w
         n_pub = key.zkey.n_public
-        b2 = self._pool.submit(msm, key.b2, w, G2Point.identity())
-        p = ntt.coset_h(x.a, x.b, x.c)
-        jobs = {
-            "h": self._pool.submit(msm, key.h, p, G1Point.identity()),
-            "a": self._pool.submit(msm, key.a, w, G1Point.identity()),
-            "b1": self._pool.submit(msm, key.b1, w, G1Point.identity()),
-            "c": self._pool.submit(msm, key.c, w[n_pub + 1 :], G1Point.identity()),
-        }
-        return MsmSums(a=jobs["a"].result(), b1=jobs["b1"].result(), b2=b2.result(), c=jobs["c"].result(), h=jobs["h"].result())
+        g1 = G1Point.identity()
+        parts = {"b2": self._submit_msm(key.b2, x.w, G2Point.identity())}
+        parts["a"] = self._submit_msm(key.a, x.w, g1)
+        parts["b1"] = self._submit_msm(key.b1, x.w, g1)
+        parts["c"] = self._submit_msm(key.c, x.w[n_pub + 1 :], g1)
+        parts["h"] = self._submit_msm(key.h, ntt.coset_h(x.a, x.b, x.c), g1)
+        sums = {name: reduce(operator.add, (f.result() for f in futs)) for name, futs in parts.items()}
+        return MsmSums(**sums)
 
     def release(self, staged: CpuStaged) -> None:
         """Drop the partition's copy."""
