@@ -6,8 +6,9 @@ Owns one :class:`~cuzk_mp.pipeline.engine.Engine` for the duration of the run
 * the first (cold) job is reported apart: ``first_job_s`` runs from the first
   submit to that job's completion (key already resident: ``preload`` runs
   before the clock starts, so "cold" means cold pipeline, warm key);
-* steady state: ``s_per_proof = (t_last_job_done - t_first_job_done) /
-  ((jobs - 1) * partitions)`` per run (with ``--jobs 1``: run time / partitions);
+* steady state: ``s_per_proof = (t_last_partition_done - t_first_job_done) /
+  (partitions completed after t_first_job_done)`` per run (with ``--jobs 1``: that
+  job's time / partitions);
   ``--repeat R`` repeats the batch of jobs R times in the same engine and
   reports the median and min-max. Across processes: run ``cuzk-mp bench
   --json`` several times (perf/pipeline_bench.sh does) and compare the files;
@@ -185,12 +186,18 @@ def verify_all(zkey_path: Path, runs: list[_Run]) -> tuple[int, int]:
     return total, ok
 
 
-def steady_s_per_proof(run: _Run, partitions: int) -> float:
-    """Seconds per proof between the first and the last job completion of a run."""
-    times = sorted(run.t_done.values())
-    if len(times) >= 2:
-        return (times[-1] - times[0]) / ((len(times) - 1) * partitions)
-    return (times[0] - run.t_start) / partitions
+def steady_s_per_proof(run: _Run, part_done: dict[tuple[str, int], float], partitions: int) -> float:
+    """Seconds per proof after the run's first job completed (the cold start excluded).
+
+    window = last partition completion - first job completion; counted are the
+    partitions that completed inside it. With one job: that job's time / partitions.
+    """
+    first = min(run.t_done.values())
+    jobs = {j.job_id for j in run.results}
+    later = [t for (job_id, _), t in part_done.items() if job_id in jobs and t > first]
+    if later:
+        return (max(later) - first) / len(later)
+    return (first - run.t_start) / partitions
 
 
 def _busy_fraction(bench: BenchRun, runs: list[_Run], n_devices: int) -> float | None:
@@ -213,11 +220,13 @@ def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     growth = {name: peak[name] - first.get(name, 0) for name in peak}
     ws_synth = max((v for k, v in growth.items() if k.startswith("cuzk-synth")), default=0)
     ws_prover = max((v for k, v in growth.items() if k.startswith("cuzk-gpu")), default=0)
-    fixed = sum(first.values())
+    fixed = sum(first.values()) + max(0, growth.get("engine", 0))  # idle processes (keys loaded) + engine growth
     bound = (fixed + config["ring_slots"] * slot_bytes + config["partition_workers"] * ws_synth
              + len(config["devices"]) * ws_prover)
     peak_host = raw["memory"]["peak_host_bytes"]
-    return {"formula": "fixed + ring_slots*slot_bytes + partition_workers*synth_ws + devices*prover_ws",
+    return {"formula": "fixed + ring_slots*slot_bytes + partition_workers*synth_ws + devices*prover_ws "
+                       "(fixed = idle RSS of every process with the key loaded + the engine process's growth; "
+                       "*_ws = the largest growth of one process of that kind over its idle RSS)",
             "fixed_bytes": fixed, "slot_bytes": slot_bytes, "synth_working_set_bytes": ws_synth,
             "prover_working_set_bytes": ws_prover, "bound_bytes": bound, "peak_host_bytes": peak_host,
             "margin_bytes": bound - peak_host}
@@ -236,7 +245,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
                 partitions.append({"run": r, "job": job.job_id, "index": p.index, "device": p.device,
                                    "attempts": p.attempts, "timings": p.timings, "error": p.error,
                                    "t_submit": job.submitted_at, "t_done": bench.part_done.get((job.job_id, p.index))})
-    per_run = [steady_s_per_proof(run, a.partitions) for run in runs]
+    per_run = [steady_s_per_proof(run, bench.part_done, a.partitions) for run in runs]
     total, verified = verify_all(raw["zkey"], runs)
     device_peaks = [v.get("device_peak_bytes") for v in status["memory"]["device"].values()]
     config = {"circuit": a.circuit, "log_n": a.log_n, "partitions": a.partitions, "jobs": a.jobs,
@@ -248,7 +257,9 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         "first_job_s": min(runs[0].t_done.values()) - runs[0].t_start,
         "proofs_total": total, "proofs_verified": verified,
         "peak_host_bytes": raw["memory"]["peak_host_bytes"], "peak_rss_bytes": raw["memory"]["peak_rss_bytes"],
-        "peak_shm_bytes": raw["memory"]["peak_shm_bytes"], "peak_live_segments": raw["memory"]["peak_live_segments"],
+        "peak_shm_bytes": raw["memory"]["peak_shm_bytes"],
+        # exact, from the ring's control block (the sampler can miss short-lived segments)
+        "peak_live_segments": max(raw["memory"]["peak_live_segments"], status["ring"]["stats"].get("peak_live", 0)),
         "peak_device_bytes": max((d for d in device_peaks if d is not None), default=None),
         "gpu_busy_fraction": _busy_fraction(bench, runs, len(devices)),
         "median_stage_s": {s: median_stage(partitions, s) for s in STAGES if median_stage(partitions, s) is not None},

@@ -66,6 +66,7 @@ class KeyCache:
         self.backend = backend
         self.budget = budget
         self.keys: OrderedDict[str, _Key] = OrderedDict()
+        self.evicting: set[str] = set()  # evict asked while in use: dropped when the last user releases it
         self.lock = threading.Lock()
 
     def acquire(self, ref: msg.CircuitRef) -> _Key:
@@ -77,6 +78,7 @@ class KeyCache:
                 key = None
             if key is None:
                 key = self._load(ref)
+            self.evicting.discard(ref.circuit_id)
             self.keys.move_to_end(ref.circuit_id)
             key.users += 1
             return key
@@ -85,6 +87,10 @@ class KeyCache:
         """One user fewer; evicts beyond the budget once nobody uses a key."""
         with self.lock:
             key.users -= 1
+            cid = key.ref.circuit_id
+            if key.users == 0 and cid in self.evicting and self.keys.get(cid) is key:
+                self.evicting.discard(cid)
+                self._drop(cid)
             self._shrink()
 
     def preload(self, ref: msg.CircuitRef) -> None:
@@ -99,11 +105,15 @@ class KeyCache:
         return "device" if self.backend.name == "gpu" else "host"
 
     def evict(self, circuit_id: str) -> None:
-        """Drop a key now if nobody uses it."""
+        """Drop a key now, or as soon as its last user (a partition finalizing) releases it."""
         with self.lock:
             key = self.keys.get(circuit_id)
-            if key is not None and key.users == 0:
+            if key is None:
+                return
+            if key.users == 0:
                 self._drop(circuit_id)
+            else:
+                self.evicting.add(circuit_id)
 
     def _load(self, ref: msg.CircuitRef) -> _Key:
         from ..formats.zkey import read_zkey

@@ -118,11 +118,19 @@ class SegmentView:
         self.nbytes = len(buf)
 
     def close(self) -> None:
-        """Drop the views and unmap (idempotent). Copies must be taken before this."""
+        """Drop the views and unmap (idempotent). Copies must be taken before this.
+
+        If a view is still referenced elsewhere (a traceback holding a frame, say)
+        the mapping cannot be closed yet; it is then unmapped when the last
+        reference goes, and the segment's name is unlinked regardless by the caller.
+        """
         self.arrays = []
         if self._buf is not None:
-            self._buf.close()
-            self._buf = None
+            buf, self._buf = self._buf, None
+            try:
+                buf.close()
+            except BufferError:
+                pass
 
     def __enter__(self) -> SegmentView:
         return self

@@ -1,0 +1,58 @@
+"""``cuzk-mp bench`` through the real pipeline on the CPU backend, at the smallest size."""
+
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+from pathlib import Path
+
+import pytest
+
+from cuzk_mp.errors import InputError
+from cuzk_mp.pipeline import bench
+from cuzk_mp.pipeline.ring import shm_entries
+
+from tests.test_pipeline_support import KEY_CACHE, LOG_N
+
+REQUIRED = ("s_per_proof", "s_per_proof_runs", "first_job_s", "proofs_total", "proofs_verified", "peak_host_bytes",
+            "peak_shm_bytes", "peak_live_segments", "gpu_busy_fraction", "median_stage_s", "partitions",
+            "partitions_by_device", "machine", "memory_bound")
+
+
+def _parse(*argv: str) -> argparse.Namespace:
+    parser = argparse.ArgumentParser()
+    sub = parser.add_subparsers(dest="command", required=True)
+    bench.add_parser(sub)
+    return parser.parse_args(["bench", *argv])
+
+
+def test_bench_runs_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    out = tmp_path / "bench.json"
+    args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partitions", "2", "--jobs", "3", "--in-flight", "2",
+                  "--partition-workers", "1", "--devices", "0,1", "--ring-slots", "2", "--repeat", "2",
+                  "--cache", str(KEY_CACHE), "--json", str(out))
+    assert args.func(args) == 0
+    text = capsys.readouterr()
+    assert "s/proof (steady state)" in text.out and "proofs verified" in text.out and "12 / 12" in text.out
+    assert "12/12 proofs" in text.err  # the progress bar
+    result = json.loads(out.read_text())
+    assert all(k in result for k in REQUIRED)
+    assert result["proofs_total"] == result["proofs_verified"] == 12
+    assert len(result["s_per_proof_runs"]) == 2 and result["s_per_proof"] > 0 and result["first_job_s"] > 0
+    assert result["gpu_busy_fraction"] is None  # cpu backend
+    assert 1 <= result["peak_live_segments"] <= 2  # never more segments than ring slots
+    assert result["peak_host_bytes"] >= result["peak_shm_bytes"]
+    assert sum(result["partitions_by_device"].values()) == 12
+    assert {p["device"] for p in result["partitions"]} <= {0, 1}
+    bound = result["memory_bound"]
+    assert bound["slot_bytes"] > 0 and bound["bound_bytes"] == bound["peak_host_bytes"] + bound["margin_bytes"]
+    assert result["machine"]["cores"] >= 1
+    assert shm_entries(f"cuzk-bench-{__import__('os').getpid()}") == []
+
+
+@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed")
+def test_plot_without_matplotlib_says_so(tmp_path: Path) -> None:
+    args = _parse("--backend", "cpu", "--plot", str(tmp_path / "t.png"))
+    with pytest.raises(InputError, match="matplotlib"):
+        args.func(args)

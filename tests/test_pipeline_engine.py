@@ -1,0 +1,163 @@
+"""The engine end to end on the CPU backend: jobs of several partitions, two simulated devices,
+an unsatisfied witness, cancellation, key management, status/metrics, clean shutdown."""
+
+from __future__ import annotations
+
+import json
+import random
+
+import psutil
+import pytest
+
+from cuzk_mp.errors import InputError
+from cuzk_mp.pipeline.engine import Engine
+from cuzk_mp.pipeline.ring import shm_entries
+from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput, Priority
+
+from tests.test_pipeline_support import KEY_CACHE, LOG_N, Collector, ProofChecker, synthetic_key, prefix_for, wait_until
+
+SEED = 4242
+PREFIX = prefix_for("eng")
+
+
+@pytest.fixture(scope="module")
+def key() -> tuple:
+    return synthetic_key()
+
+
+@pytest.fixture(scope="module")
+def checker(key: tuple) -> ProofChecker:
+    return ProofChecker(key[0])
+
+
+@pytest.fixture(scope="module")
+def running(key: tuple):
+    results = Collector()
+    config = EngineConfig(backend="cpu", devices=[0, 1], gpu_workers_per_device=2, partition_workers=2,
+                          ring_slots=3, shm_prefix=PREFIX, param_cache=KEY_CACHE, start_timeout_s=120)
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition)
+    engine.start()
+    engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N, partitions=3))
+    yield engine, results
+    children = [psutil.Process(p["pid"]) for p in engine.status()["processes"] if p["alive"]]
+    engine.stop(grace_s=10)
+    assert engine.state == "stopped"
+    assert shm_entries(PREFIX) == []  # every segment, the control block and both semaphores are gone
+    assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    engine.stop()  # idempotent
+
+
+def _synthetic_job(job_id: str, seeds: list[int], priority: Priority = Priority.NORMAL) -> JobSpec:
+    return JobSpec(job_id, "porep", [PartitionInput("synthetic", seed=s) for s in seeds], priority)
+
+
+def test_jobs_prove_and_verify_on_two_devices(running, checker: ProofChecker) -> None:
+    engine, results = running
+    print("seed", SEED)
+    rng = random.Random(SEED)
+    jobs = {f"e2e-{j}": [rng.randrange(1 << 30) for _ in range(3)] for j in range(3)}
+    for job_id, seeds in jobs.items():
+        engine.submit(_synthetic_job(job_id, seeds))
+    devices = set()
+    for job_id, seeds in jobs.items():
+        result = results.wait(job_id)
+        assert result.state == "done" and result.error is None and result.job_id == job_id
+        assert [p.index for p in result.partitions] == [0, 1, 2]
+        for p in result.partitions:
+            want = checker.expected_public(seeds[p.index], p.index)
+            assert p.public == want, f"{job_id} partition {p.index}: public signals differ"
+            assert checker.verifies(p.public, p.proof)
+            assert not checker.verifies([want[0] + 1, *want[1:]], p.proof)  # a wrong public input fails
+            assert p.error is None and p.attempts == 1
+            assert {"queue_wait", "synthesis", "ring_wait", "staging", "device", "finalize", "total"} <= set(p.timings)
+            assert all(v >= 0 for v in p.timings.values())
+            devices.add(p.device)
+        assert result.submitted_at <= result.started_at <= result.finished_at
+    assert devices == {0, 1}, "both simulated devices (prover processes) must get work"
+    done = [(j, r.index) for j, r in results.partitions if j in jobs]
+    assert sorted(done) == sorted((j, i) for j in jobs for i in range(3))
+    assert results.threads == {"cuzk-engine-events"}  # callbacks come from the engine thread
+
+
+def test_unsatisfied_witness_fails_that_job_alone(running, checker: ProofChecker) -> None:
+    from cuzk_mp.formats.wtns import wtns_bytes
+
+    engine, results = running
+    w = checker.circuit.witness(7, 1)
+    w[checker.n_public + 40, 0] ^= 1  # one private wire off by one: some constraint must break
+    bad = JobSpec("bad", "porep", [PartitionInput("synthetic", seed=7), PartitionInput("wtns", wtns_bytes(w))])
+    engine.submit(bad)
+    engine.submit(_synthetic_job("good-after-bad", [8, 9]))
+    failed = results.wait("bad")
+    assert failed.state == "failed" and "partition 1" in failed.error and "constraint" in failed.error
+    assert failed.partitions[1].error_kind == "UnsatisfiedWitness" and failed.partitions[1].proof is None
+    good = results.wait("good-after-bad")
+    assert good.state == "done" and all(checker.verifies(p.public, p.proof) for p in good.partitions)
+
+
+def test_submit_validation(running) -> None:
+    engine, _ = running
+    with pytest.raises(InputError, match="unknown circuit"):
+        engine.submit(JobSpec("x1", "nope", [PartitionInput("synthetic")]))
+    with pytest.raises(InputError, match="input kind"):
+        engine.submit(JobSpec("x2", "porep", [PartitionInput("pickle", b"x")]))
+    with pytest.raises(InputError, match="no wasm"):
+        engine.submit(JobSpec("x3", "porep", [PartitionInput("json", b"{}")]))
+    with pytest.raises(InputError, match="at least one partition"):
+        engine.submit(JobSpec("x4", "porep", []))
+    with pytest.raises(InputError, match="does not exist"):
+        engine.register_circuit(CircuitSpec("ghost", zkey=KEY_CACHE / "ghost.zkey", r1cs=KEY_CACHE / "ghost.r1cs"))
+
+
+def test_cancel_frees_everything(running, checker: ProofChecker) -> None:
+    engine, results = running
+    engine.submit(_synthetic_job("to-cancel", list(range(100, 140)), Priority.LOW))
+    wait_until(lambda: any(j["job_id"] == "to-cancel" and any(p["state"] != "pending" for p in j["partitions"])
+                           for j in engine.status()["jobs"]))
+    assert engine.cancel("to-cancel") is True
+    result = results.wait("to-cancel")
+    assert result.state == "cancelled" and engine.cancel("to-cancel") is False
+    assert sum(p.proof is None for p in result.partitions) >= 1
+    wait_until(lambda: engine.status()["ring"]["stats"]["live"] == 0 and engine.status()["queue"]["in_flight"] == 0,
+               timeout=60)
+    engine.submit(_synthetic_job("after-cancel", [5]))
+    assert results.wait("after-cancel").state == "done"
+
+
+def test_keys_status_and_metrics(running) -> None:
+    engine, results = running
+    engine.preload("porep")
+    status = engine.status()
+    json.dumps(status)  # JSON-able as the daemon serves it
+    assert sorted((s["circuit"], s["process"], s["tier"]) for s in status["srs"]) == [
+        ("porep", "cuzk-gpu-0", "host"), ("porep", "cuzk-gpu-1", "host")]
+    assert {p["name"] for p in status["processes"]} == {"cuzk-gpu-0", "cuzk-gpu-1", "cuzk-synth-0", "cuzk-synth-1"}
+    assert all(p["alive"] and p["ready"] for p in status["processes"])
+    assert len(status["ring"]["slots"]) == 3 and status["memory"]["host_rss_bytes"] > 0
+    engine.submit(_synthetic_job("busy", [11, 12, 13]))
+    assert engine.evict("porep") is False  # a job uses it
+    results.wait("busy")
+    assert engine.evict("porep") is True
+    wait_until(lambda: not engine.status()["srs"], timeout=30)
+    metrics = engine.metrics()
+    json.dumps(metrics)
+    assert metrics["counters"]["partitions_proved"] >= 3 and metrics["counters"]["ring_published"] >= 3
+    assert metrics["histograms"]["stage_seconds"]["device"]["count"] >= 3
+
+
+def test_priority_then_fifo_across_jobs(running) -> None:
+    engine, results = running
+    # 30 partitions are far more than the pipeline holds (2 synthesis + 3 slots + 2x2 prover workers), so
+    # once the blocker runs, the jobs below all wait in the queue together and leave it in (priority, FIFO)
+    engine.submit(_synthetic_job("blocker", list(range(20, 50))))
+    wait_until(lambda: any(j["job_id"] == "blocker" and j["started_at"] for j in engine.status()["jobs"]),
+               interval=0.001)
+    for job_id, prio in (("low", Priority.LOW), ("normal-1", Priority.NORMAL), ("critical", Priority.CRITICAL),
+                         ("normal-2", Priority.NORMAL)):
+        engine.submit(_synthetic_job(job_id, [1, 2], prio))
+    with pytest.raises(InputError, match="already queued or running"):
+        engine.submit(_synthetic_job("low", [3]))
+    done = {j: results.wait(j) for j in ("blocker", "low", "normal-1", "critical", "normal-2")}
+    assert all(r.state == "done" for r in done.values())
+    t = {j: r.started_at for j, r in done.items()}
+    assert t["blocker"] < t["critical"] <= t["normal-1"] <= t["normal-2"] <= t["low"] and t["critical"] < t["low"]

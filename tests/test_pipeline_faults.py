@@ -1,0 +1,135 @@
+"""Memory bound and crash handling of the pipeline (CPU backend, one slow prover process).
+
+One engine for the module: ring_slots = 2, one prover process with one worker
+thread (the slow consumer) and two synthesis workers (fast producers). The
+tests kill processes with SIGKILL mid-job and check that the job is retried and
+completes (or, after the retry, fails with an error naming the process), that
+the ring's slots and segments are reclaimed, and that nothing with the prefix
+is left in /dev/shm after shutdown.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+
+import pytest
+
+from cuzk_mp.pipeline.engine import Engine
+from cuzk_mp.pipeline.ring import live_segments, shm_entries
+from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput
+
+from tests.test_pipeline_support import KEY_CACHE, LOG_N, Collector, ProofChecker, synthetic_key, prefix_for, wait_until
+
+PREFIX = prefix_for("flt")
+
+
+@pytest.fixture(scope="module")
+def checker() -> ProofChecker:
+    return ProofChecker(synthetic_key()[0])
+
+
+@pytest.fixture(scope="module")
+def running(checker: ProofChecker):
+    results = Collector()
+    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=2,
+                          ring_slots=2, shm_prefix=PREFIX, param_cache=KEY_CACHE, start_timeout_s=120)
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition)
+    engine.start()
+    engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+    engine.preload("porep")
+    yield engine, results
+    engine.stop(grace_s=10)
+    assert shm_entries(PREFIX) == []
+
+
+def _job(job_id: str, n: int, base: int = 0) -> JobSpec:
+    return JobSpec(job_id, "porep", [PartitionInput("synthetic", seed=base + i) for i in range(n)])
+
+
+def _process(engine: Engine, name: str) -> dict:
+    return next(p for p in engine.status()["processes"] if p["name"] == name)
+
+
+def _partition_state(engine: Engine, job_id: str, state: str, attempts: int = 1) -> dict | None:
+    for job in engine.status()["jobs"]:
+        if job["job_id"] == job_id:
+            return next((p for p in job["partitions"] if p["state"] == state and p["attempts"] == attempts), None)
+    return None
+
+
+def _all_verify(result, checker: ProofChecker) -> bool:
+    return result.state == "done" and all(checker.verifies(p.public, p.proof) for p in result.partitions)
+
+
+def test_ring_bounds_memory_and_producers_block(running, checker: ProofChecker) -> None:
+    engine, results = running
+    seen: list[int] = []
+    stop = threading.Event()
+
+    def watch() -> None:
+        while not stop.is_set():
+            seen.append(live_segments(PREFIX))
+            time.sleep(0.01)
+
+    watcher = threading.Thread(target=watch)
+    watcher.start()
+    before = engine.status()["ring"]["stats"]
+    engine.submit(_job("bounded", 6))
+    result = results.wait("bounded")
+    stop.set()
+    watcher.join()
+    after = engine.status()["ring"]["stats"]
+    assert _all_verify(result, checker)
+    assert max(seen) <= 2 and max(seen) >= 1, f"live segments seen: max {max(seen)}"
+    assert after["peak_live"] <= 2
+    assert after["free_waits"] > before["free_waits"], "producers never blocked on a free slot"
+    assert after["live"] == 0 and live_segments(PREFIX) == 0
+
+
+def test_kill_synthesis_worker_mid_job(running, checker: ProofChecker) -> None:
+    engine, results = running
+    engine.submit(_job("kill-synth", 4, base=100))
+
+    def blocked_worker() -> dict | None:
+        # the ring is full and a worker holds a task: it is blocked on a free slot with its vectors
+        status = engine.status()
+        if status["ring"]["stats"]["live"] < 2:
+            return None
+        return next((p for p in status["processes"] if p["role"] == "synth" and p["busy_task"] is not None), None)
+
+    victim = wait_until(blocked_worker)
+    os.kill(victim["pid"], signal.SIGKILL)
+    result = results.wait("kill-synth")
+    assert _all_verify(result, checker)
+    assert max(p.attempts for p in result.partitions) == 2
+    wait_until(lambda: _process(engine, victim["name"])["ready"] and _process(engine, victim["name"])["restarts"] == 1)
+    assert "SIGKILL" in _process(engine, victim["name"])["last_exit"]
+    assert engine.status()["ring"]["stats"]["live"] == 0 and live_segments(PREFIX) == 0
+
+
+def test_kill_prover_mid_job_then_retry_exhausted(running, checker: ProofChecker) -> None:
+    engine, results = running
+    engine.submit(_job("kill-prover", 3, base=200))
+    wait_until(lambda: _partition_state(engine, "kill-prover", "proving"))
+    pid = _process(engine, "cuzk-gpu-0")["pid"]
+    os.kill(pid, signal.SIGKILL)
+    first = results.wait("kill-prover")
+    assert _all_verify(first, checker) and max(p.attempts for p in first.partitions) == 2
+    assert _process(engine, "cuzk-gpu-0")["restarts"] == 1
+
+    # now kill the prover twice on the same partition: its retry is used up and the job fails alone
+    engine.submit(_job("doomed", 2, base=300))
+    wait_until(lambda: _partition_state(engine, "doomed", "proving"))
+    os.kill(_process(engine, "cuzk-gpu-0")["pid"], signal.SIGKILL)
+    wait_until(lambda: _partition_state(engine, "doomed", "proving", attempts=2))
+    os.kill(_process(engine, "cuzk-gpu-0")["pid"], signal.SIGKILL)
+    engine.submit(_job("survivor", 2, base=400))
+    doomed = results.wait("doomed")
+    assert doomed.state == "failed"
+    assert "cuzk-gpu-0" in doomed.error and "SIGKILL" in doomed.error and "attempt 2 of 2" in doomed.error
+    assert _all_verify(results.wait("survivor"), checker)
+    wait_until(lambda: engine.status()["ring"]["stats"]["live"] == 0, timeout=30)
+    assert live_segments(PREFIX) == 0
