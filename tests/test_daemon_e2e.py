@@ -324,6 +324,40 @@ def test_batch_prove_script(daemon: DaemonProcess, tmp_path: Path) -> None:
     assert third.stdout.count("[skip]") == 4
 
 
+def test_client_cli_verbs(daemon: DaemonProcess, tmp_path: Path,
+                          capsys: pytest.CaptureFixture[str]) -> None:
+    from cuzk_mp.cli import main
+
+    def cli(*argv: str) -> tuple[int, str]:
+        rc = main(["client", argv[0], "--connect", daemon.addr, *argv[1:]])
+        return rc, capsys.readouterr().out
+
+    rc, out = cli("submit", "--circuit", "syn", "--partitions", "1", "--priority", "HIGH",
+                  "--request-id", "cli-1")
+    sub = json.loads(out)
+    assert rc == 0 and sub["job_id"] == "cli-1" and sub["duplicate"] is False
+    rc, out = cli("await", "cli-1", "--timeout", "120", "--out", str(tmp_path))
+    assert rc == 0 and json.loads(out)["state"] == "done"
+    assert sorted(p.name for p in tmp_path.iterdir()) == [
+        "proof_0.json", "public_0.json", "verification_key.json"]
+    rc, out = cli("cancel", "cli-1")
+    assert rc == 0 and json.loads(out) == {"job_id": "cli-1", "cancelled": False, "state": "done"}
+    rc, out = cli("status")
+    assert rc == 0 and json.loads(out)["daemon"]["state"] == "running"
+    rc, out = cli("metrics")
+    assert rc == 0 and parse_prometheus(out)[("cuzk_jobs", (("state", "queued"),))] == 0
+    rc, out = cli("ready")
+    assert (rc, out) == (0, "running\n")
+    rc, out = cli("preload", "syn")
+    assert rc == 0 and json.loads(out)["circuit_id"] == "syn"
+    rc, out = cli("evict", "syn")
+    assert rc == 0 and json.loads(out)["evicted"] is True
+    assert cli("await", "no-such-job")[0] == 2
+    assert cli("prove", "--circuit", "syn", "--out", str(tmp_path), "--partitions", "1",
+               "--timeout", "0.001")[0] == 124
+    assert main(["client", "status", "--connect", f"unix://{tmp_path}/nobody.sock"]) == 3
+
+
 def test_zz_sigterm_drains_and_cleans_up(daemon: DaemonProcess) -> None:
     sock = Path(daemon.addr[len("unix://"):])
     assert sock.exists()

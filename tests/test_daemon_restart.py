@@ -1,10 +1,12 @@
 """The daemon across a restart: SIGTERM in the middle of a job drains within the grace period,
 exits 0 and leaves nothing behind; the job stays in the journal and completes after a restart.
+systemd's notify protocol is checked on the way (READY=1 once serving, STOPPING=1 on SIGTERM).
 Also: a config with an unknown key never starts, and says which key."""
 
 from __future__ import annotations
 
 import os
+import socket
 import subprocess
 import time
 from pathlib import Path
@@ -31,9 +33,14 @@ def test_sigterm_mid_job_then_restart_completes_from_the_journal(tmp_path: Path)
     prefix = f"cuzk-rs-{os.getpid()}"
     cfg = tmp_path / "cuzk.toml"
     cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=prefix, grace="7s"))
-    first = DaemonProcess(cfg, tmp_path)
+    notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    notify.bind(str(tmp_path / "notify.sock"))
+    notify.settimeout(10)
+    first = DaemonProcess(cfg, tmp_path, env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
     try:
         first.wait_ready()
+        ready = notify.recv(4096).decode()
+        assert ready.startswith("READY=1\n") and f"MAINPID={first.proc.pid}" in ready
         with first.client() as c:
             job = c.submit("syn", synthetic_partitions(12, first_seed=1000),
                            request_id="restart-me").job_id
@@ -43,8 +50,10 @@ def test_sigterm_mid_job_then_restart_completes_from_the_journal(tmp_path: Path)
         t0 = time.monotonic()
         assert first.terminate(timeout=60) == 0, first.log()
         assert time.monotonic() - t0 < 7 + 3, "drain overran shutdown_grace"
+        assert notify.recv(4096) == b"STOPPING=1"
     finally:
         first.kill()
+        notify.close()
     assert not (tmp_path / "cuzk.sock").exists()
     assert shm_leftovers(prefix) == []
     journal = Journal.open(tmp_path / "journal.sqlite")

@@ -69,13 +69,14 @@ priority = "CRITICAL"
 class DaemonProcess:
     """``cuzk-mp daemon --config`` as a subprocess, logging to ``workdir/daemon.log``."""
 
-    def __init__(self, config: Path, workdir: Path) -> None:
+    def __init__(self, config: Path, workdir: Path, env: dict[str, str] | None = None) -> None:
         self.config, self.workdir = config, workdir
         self.addr = f"unix://{workdir}/cuzk.sock"
         self.log_path = workdir / "daemon.log"
         self._log = open(self.log_path, "ab")
         self.proc = subprocess.Popen([*PY, "daemon", "--config", str(config)], cwd=REPO,
-                                     env=ENV, stdout=self._log, stderr=subprocess.STDOUT)
+                                     env={**ENV, **(env or {})}, stdout=self._log,
+                                     stderr=subprocess.STDOUT)
 
     def wait_ready(self, timeout: float = 300.0) -> None:
         """Poll until the daemon answers GetStatus as running."""
