@@ -40,7 +40,7 @@ def ensure_synthetic_key(kind: str, log_n: int, cache_dir: Path, backend: str = 
     from ..circuits.synthetic import PorepLike
     from ..formats.r1cs import write_r1cs
 
-    cache_dir = Path(cache_dir).expanduser()
+    cache_dir = Path(cache_dir).expanduser().resolve()
     cache_dir.mkdir(parents=True, exist_ok=True)
     zkey, r1cs = synthetic_key_paths(kind, log_n, cache_dir)
     with open(cache_dir / f"{kind}-{log_n}.lock", "w") as lock:
