@@ -479,3 +479,34 @@ def test_inproc_transport_carries_frames_and_enforces_the_limit() -> None:
             await b.read()
 
     asyncio.run(main())
+
+
+def test_tcp_listener_and_a_reply_too_big_for_a_frame(tmp_path: Path) -> None:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    cfg = C.resolve({"daemon": {"listen": f"127.0.0.1:{port}", "max_frame_bytes": "4KiB",
+                                "status_listen": f"unix://{tmp_path}/status.sock"},
+                     "srs": {"param_cache": str(tmp_path / "cache")},
+                     "memory": {"total_budget": "64GiB"},
+                     "circuits": {"syn": {"synthetic": "porep-like", "log_n": 10}}},
+                    base=tmp_path)
+
+    async def main() -> None:
+        d = Daemon(cfg, engine_factory=FakeEngine)
+        await d.start()
+        assert stat.S_IMODE(os.stat(tmp_path / "status.sock").st_mode) == 0o600
+        try:
+            async with await AsyncClient.connect(f"127.0.0.1:{port}") as c:
+                r = await c.prove("syn", synthetic_partitions(1), timeout_s=10)
+                assert r.state == "done"
+                for i in range(30):
+                    await c.prove("syn", synthetic_partitions(1, first_seed=i), timeout_s=10)
+                with pytest.raises(ResourceError, match="max_frame_bytes"):
+                    await c.status()  # 31 jobs with proofs do not fit in 4 KiB
+                assert not (await c.cancel(r.job_id)).cancelled  # the connection still serves
+        finally:
+            await d.stop()
+        assert not (tmp_path / "status.sock").exists()
+
+    asyncio.run(main())

@@ -79,3 +79,34 @@ def test_sigterm_mid_job_then_restart_completes_from_the_journal(tmp_path: Path)
         second.kill()
     assert shm_leftovers(prefix) == []
     assert "1 jobs resubmitted" in second.log()
+
+
+def test_sigkill_loses_no_accepted_job(tmp_path: Path) -> None:
+    prefix = f"cuzk-rk-{os.getpid()}"
+    cfg = tmp_path / "cuzk.toml"
+    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=prefix))
+    first = DaemonProcess(cfg, tmp_path)
+    try:
+        first.wait_ready()
+        with first.client() as c:
+            a = c.submit("syn", synthetic_partitions(6, first_seed=50)).job_id
+            b = c.submit("crit", synthetic_partitions(1, first_seed=60)).job_id
+            deadline = time.monotonic() + 120
+            while not any(p.state == "done" for p in c.await_proof(a, 0.2).partitions):
+                assert time.monotonic() < deadline
+    finally:
+        first.kill()  # SIGKILL: no drain, no cleanup; its children exit on their death pipes
+    assert (tmp_path / "cuzk.sock").exists()  # left behind: the next start must replace it
+
+    second = DaemonProcess(cfg, tmp_path)
+    try:
+        second.wait_ready()
+        with second.client() as c:
+            for job in (a, b):
+                r = c.await_proof(job, timeout_s=300)
+                assert r.state == "done", r
+                check_proofs(c.verification_key(r.circuit_id), r)
+        assert second.terminate(timeout=60) == 0, second.log()
+    finally:
+        second.kill()
+    assert shm_leftovers(prefix) == [] and not (tmp_path / "cuzk.sock").exists()

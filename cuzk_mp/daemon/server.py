@@ -107,7 +107,7 @@ class Daemon:
         try:
             if self.cfg.status_listen is not None:
                 self.http = await start_status_server(self.cfg.status_listen, StatusHandlers(
-                    self.status_doc, self.metrics_text, self.health))
+                    self.status_doc, self.metrics_text, self.health), self.cfg.socket_mode)
             self.journal = Journal.open(self.cfg.journal_path)
             self.engine = self._engine_factory(
                 self.cfg.engine,
@@ -193,6 +193,9 @@ class Daemon:
             self.journal.close()
         if self.http is not None:
             self.http.close()
+            if self.cfg.status_listen is not None and self.cfg.status_listen.kind == "unix":
+                with contextlib.suppress(FileNotFoundError):
+                    os.unlink(self.cfg.status_listen.path)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -269,10 +272,17 @@ class Daemon:
         return msg
 
     async def _send(self, comm: Comm, lock: asyncio.Lock, msg: P.Message) -> None:
+        data = P.encode(msg)
+        if len(data) > comm.max_frame_bytes:  # never leave a caller waiting for a lost reply
+            log.warning("%s reply of %d bytes exceeds max_frame_bytes", type(msg).__name__,
+                        len(data))
+            data = P.encode(P.error_reply(msg.id, "ResourceError", (
+                f"the {type(msg).__name__} reply is {len(data)} bytes, more than "
+                f"[daemon] max_frame_bytes = {comm.max_frame_bytes}")))
         try:
             async with lock:
-                await comm.write(P.encode(msg))
-        except (CommClosedError, FrameTooLarge) as e:
+                await comm.write(data)
+        except CommClosedError as e:
             log.debug("reply %s not delivered: %s", type(msg).__name__, e)
 
     async def _serve_one(self, comm: Comm, lock: asyncio.Lock, msg: Any) -> None:

@@ -19,7 +19,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
-from cuzk_mp.daemon.transport import Address
+from cuzk_mp.daemon.transport import Address, bind_unix
 
 log = logging.getLogger("cuzk_mp.daemon.http")
 
@@ -80,8 +80,10 @@ async def _answer(handlers: StatusHandlers, method: str, path: str) -> bytes:
                      head_only)
 
 
-async def start_status_server(addr: Address, handlers: StatusHandlers) -> asyncio.AbstractServer:
-    """Serve /status, /metrics and /healthz on a TCP ``addr`` (or a unix socket path)."""
+async def start_status_server(addr: Address, handlers: StatusHandlers,
+                              socket_mode: int = 0o600) -> asyncio.AbstractServer:
+    """Serve /status, /metrics and /healthz on a TCP ``addr`` (or a unix socket, created with
+    ``socket_mode`` like the protocol socket; the caller unlinks it after closing)."""
 
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         try:
@@ -103,6 +105,7 @@ async def start_status_server(addr: Address, handlers: StatusHandlers) -> asynci
             writer.close()
 
     if addr.kind == "unix":
-        return await asyncio.start_unix_server(serve, addr.path, limit=MAX_HEAD_BYTES)
+        return await asyncio.start_unix_server(serve, sock=bind_unix(addr.path, socket_mode),
+                                               limit=MAX_HEAD_BYTES)
     return await asyncio.start_server(serve, addr.host, addr.port, limit=MAX_HEAD_BYTES,
                                       reuse_address=True)

@@ -221,7 +221,7 @@ def _clear_stale_socket(path: str) -> None:
     raise ConfigError(f"{path}: another process is already listening on this socket")
 
 
-def _bind_unix(path: str, mode: int) -> socket.socket:
+def bind_unix(path: str, mode: int) -> socket.socket:
     """A bound unix socket at ``path`` with permissions ``mode`` from the first moment it exists."""
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     _clear_stale_socket(path)
@@ -273,7 +273,7 @@ async def listen(addr: Address, on_comm: Callable[[StreamComm], Awaitable[None]]
             comm.close()
 
     if addr.kind == "unix":
-        server = await asyncio.start_unix_server(accept, sock=_bind_unix(addr.path, socket_mode))
+        server = await asyncio.start_unix_server(accept, sock=bind_unix(addr.path, socket_mode))
     else:
         server = await asyncio.start_server(accept, addr.host, addr.port, reuse_address=True)
     return Listener(server, addr)
