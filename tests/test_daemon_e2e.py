@@ -281,10 +281,11 @@ def test_bad_frames_and_inputs_get_clear_errors(daemon: DaemonProcess, tmp_path:
             else:
                 with pytest.raises(InputError, match=pattern):
                     c.submit("syn", parts)
-        r = c.prove("syn", [P.PartitionIn("wtns", good.read_bytes()),
-                            P.PartitionIn("wtns", bad_path.read_bytes())], timeout_s=120)
-        assert r.state == "failed" and r.partitions[1].state == "failed"
-        assert "constraint" in (r.partitions[1].error or "") or "constraint" in (r.error or "")
+        r = c.prove("syn", [P.PartitionIn("wtns", bad_path.read_bytes()),
+                            P.PartitionIn("wtns", good.read_bytes())], timeout_s=120)
+        assert r.state == "failed" and r.partitions[0].state == "failed"
+        assert r.error_kind == "UnsatisfiedWitness", r
+        assert "constraint" in (r.partitions[0].error or "")
         ok = c.prove("syn", [P.PartitionIn("wtns", good.read_bytes())], timeout_s=120)
         assert ok.state == "done"
         check_proofs(c.verification_key("syn"), ok)

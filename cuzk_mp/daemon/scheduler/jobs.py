@@ -229,7 +229,8 @@ class JobTable:
         for p in result.partitions:
             self._count_partition(rec, p)
             rec.results[p.index] = to_partition_out(p)
-        kinds = [p.error_kind for p in result.partitions if p.error_kind]
+        kinds = [p.error_kind for p in result.partitions  # the cause, not its knock-on effect
+                 if p.error_kind and p.error_kind != "Cancelled"]
         rec.error_kind = ("Cancelled" if rec.state == "cancelled" else kinds[0] if kinds
                           else "ProofError" if rec.state == "failed" else None)
         self.metrics.observe_job(rec.circuit_id, rec.state, rec.finished_at - rec.submitted_at)
