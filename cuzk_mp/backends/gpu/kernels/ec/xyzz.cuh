@@ -1,0 +1,167 @@
+/* xyzz_t<F>: a point in extended Jacobian "XYZZ" coordinates, the bucket type of the MSM.
+ *
+ * (X, Y, ZZ, ZZZ) stands for the affine point (X / ZZ, Y / ZZZ) with ZZ^3 = ZZZ^2
+ * (ZZ = Z^2, ZZZ = Z^3 for some Z); ZZ = 0 is the point at infinity. Formulas are
+ * the EFD's "xyzz" set for short Weierstrass curves with a = 0 (both BLS12-381
+ * groups): madd-2008-s (8M + 2S), add-2008-s (12M + 2S), dbl-2008-s-1 (6M + 3S),
+ * mdbl-2008-s-1 (4M + 3S), each with the exceptional cases the bucket sums meet:
+ * either operand at infinity, P + P (falls back to doubling) and P + (-P) (gives
+ * infinity). Storage: X, Y, ZZ, ZZZ consecutively, 4 * CW uint64 words.
+ *
+ * Inlining: only the mixed addition (the accumulation's inner loop) is inlined.
+ * Doubling and the full addition are __noinline__ device functions: one copy per
+ * module instead of one per call site, which cut the G1 module's ptxas time from
+ * minutes to seconds and removed register spills in the bucket reduction; their
+ * callers (reduction, combine levels) spend ~8000 instructions per call, so the
+ * call overhead (operands through local memory) is small.
+ */
+#pragma once
+#include "affine.cuh"
+
+#ifdef __CUDACC__
+#define EC_NOINLINE __host__ __device__ __noinline__
+#else
+#define EC_NOINLINE
+#endif
+
+template <class F>
+struct xyzz_t;
+template <class F>
+EC_NOINLINE void xyzz_dbl_call(xyzz_t<F>& p);
+template <class F>
+EC_NOINLINE void xyzz_add_call(xyzz_t<F>& p, const xyzz_t<F>& q);
+template <class F>
+EC_NOINLINE void xyzz_dbl_affine_call(xyzz_t<F>& out, const affine_t<F>& p);
+
+template <class F>
+struct xyzz_t {
+    F X, Y, ZZ, ZZZ;
+    static constexpr int CW = field_words<F>::value;
+    static constexpr int WORDS = 4 * CW;
+
+    FF_INLINE static xyzz_t inf() { return {F::zero(), F::zero(), F::zero(), F::zero()}; }
+    FF_INLINE bool is_inf() const { return ZZ.is_zero(); }
+    FF_INLINE static xyzz_t from_affine(const affine_t<F>& p) {
+        if (p.is_inf()) return inf();
+        return {p.x, p.y, F::one(), F::one()};
+    }
+    FF_INLINE static xyzz_t load(const uint64_t* p) {
+        return {F::load(p), F::load(p + CW), F::load(p + 2 * CW), F::load(p + 3 * CW)};
+    }
+    FF_INLINE void store(uint64_t* p) const {
+        X.store(p);
+        Y.store(p + CW);
+        ZZ.store(p + 2 * CW);
+        ZZZ.store(p + 3 * CW);
+    }
+    FF_INLINE void neg_in_place() { Y = Y.neg(); }
+
+    /* dbl-2008-s-1 with a = 0: U = 2Y, V = U^2, W = U V, S = X V, M = 3 X^2,
+     * X3 = M^2 - 2S, Y3 = M (S - X3) - W Y, ZZ3 = V ZZ, ZZZ3 = W ZZZ. 6M + 3S.
+     * Y = 0 gives V = 0, hence ZZ3 = 0 (infinity), as it must. */
+    FF_INLINE void dbl() { xyzz_dbl_call(*this); }
+    FF_INLINE void dbl_inline() {
+        if (is_inf()) return;
+        F U = Y.dbl();
+        F V = U.sqr();
+        F W = U * V;
+        F S = X * V;
+        F M = X.sqr();
+        M = M + M.dbl();
+        X = M.sqr() - S.dbl();
+        Y = M * (S - X) - W * Y;
+        ZZ = V * ZZ;
+        ZZZ = W * ZZZ;
+    }
+
+    /* mdbl-2008-s-1: the double of an affine point (ZZ = ZZZ = 1). 4M + 3S. */
+    FF_INLINE static xyzz_t dbl_affine(const affine_t<F>& p) {
+        F U = p.y.dbl();
+        F V = U.sqr();
+        F W = U * V;
+        F S = p.x * V;
+        F M = p.x.sqr();
+        M = M + M.dbl();
+        F X3 = M.sqr() - S.dbl();
+        F Y3 = M * (S - X3) - W * p.y;
+        return {X3, Y3, V, W};
+    }
+
+    /* this += p, p affine (madd-2008-s): U2 = X2 ZZ1, S2 = Y2 ZZZ1, P = U2 - X1,
+     * R = S2 - Y1, PP = P^2, PPP = P PP, Q = X1 PP, X3 = R^2 - PPP - 2Q,
+     * Y3 = R (Q - X3) - Y1 PPP, ZZ3 = ZZ1 PP, ZZZ3 = ZZZ1 PPP. 8M + 2S. */
+    FF_INLINE void add_affine(const affine_t<F>& p) {
+        if (p.is_inf()) return;
+        if (is_inf()) {
+            *this = from_affine(p);
+            return;
+        }
+        F P = p.x * ZZ - X;
+        F R = p.y * ZZZ - Y;
+        if (P.is_zero()) {
+            if (R.is_zero()) xyzz_dbl_affine_call(*this, p); /* same point */
+            else *this = inf();                    /* p = -this */
+            return;
+        }
+        F PP = P.sqr();
+        F PPP = P * PP;
+        F Q = X * PP;
+        X = R.sqr() - PPP - Q.dbl();
+        Y = R * (Q - X) - Y * PPP;
+        ZZ = ZZ * PP;
+        ZZZ = ZZZ * PPP;
+    }
+
+    /* this += q (add-2008-s): U1 = X1 ZZ2, U2 = X2 ZZ1, S1 = Y1 ZZZ2, S2 = Y2 ZZZ1,
+     * P = U2 - U1, R = S2 - S1, PP = P^2, PPP = P PP, Q = U1 PP,
+     * X3 = R^2 - PPP - 2Q, Y3 = R (Q - X3) - S1 PPP, ZZ3 = ZZ1 ZZ2 PP,
+     * ZZZ3 = ZZZ1 ZZZ2 PPP. 12M + 2S. */
+    FF_INLINE void add(const xyzz_t& q) { xyzz_add_call(*this, q); }
+    FF_INLINE void add_inline(const xyzz_t& q) {
+        if (q.is_inf()) return;
+        if (is_inf()) {
+            *this = q;
+            return;
+        }
+        F U1 = X * q.ZZ;
+        F S1 = Y * q.ZZZ;
+        F P = q.X * ZZ - U1;
+        F R = q.Y * ZZZ - S1;
+        if (P.is_zero()) {
+            if (R.is_zero()) dbl();
+            else *this = inf();
+            return;
+        }
+        F PP = P.sqr();
+        F PPP = P * PP;
+        F Q = U1 * PP;
+        X = R.sqr() - PPP - Q.dbl();
+        Y = R * (Q - X) - S1 * PPP;
+        ZZ = ZZ * q.ZZ * PP;
+        ZZZ = ZZZ * q.ZZZ * PPP;
+    }
+
+    /* this * e for a small e (double-and-add, MSB first); e = 0 gives infinity. */
+    FF_INLINE xyzz_t mul_small(uint32_t e) const {
+        xyzz_t r = inf();
+#pragma unroll 1
+        for (int bit = 31; bit >= 0; bit--) {
+            r.dbl();
+            if ((e >> bit) & 1) r.add(*this);
+        }
+        return r;
+    }
+};
+
+template <class F>
+EC_NOINLINE void xyzz_dbl_call(xyzz_t<F>& p) {
+    p.dbl_inline();
+}
+template <class F>
+EC_NOINLINE void xyzz_add_call(xyzz_t<F>& p, const xyzz_t<F>& q) {
+    p.add_inline(q);
+}
+template <class F>
+EC_NOINLINE void xyzz_dbl_affine_call(xyzz_t<F>& out, const affine_t<F>& p) {
+    out = xyzz_t<F>::dbl_affine(p);
+}

@@ -1,0 +1,61 @@
+/* Scalar side of the MSM: 0/1/other classification and signed-digit (Booth) keys.
+ *
+ * Scalars are (m, 4) uint64, standard form, little-endian limbs, < 2^255 (every
+ * canonical Fr element is). A c-bit window w covers bits [w c, w c + c); its
+ * signed digit is  d_w = raw_w + t_w - 2^c t_(w+1),  t_w = bit (w c - 1), t_0 = 0,
+ * so d_w is in [-2^(c-1), 2^(c-1)] and depends only on the c + 1 bits starting at
+ * bit w c - 1 (no carry chain between windows). sum_w d_w 2^(w c) = s as long as
+ * the top window's t is 0, i.e. W c >= 256 with bit 255 clear (the host picks
+ * W = ceil(256 / c), and msm_classify flags any scalar with bit 255 set).
+ *
+ * Sort key of digit d in local window wl (the host sorts the keys of a batch of
+ * windows at once):  key = wl << c | (|d| - 1) << 1 | (d < 0),  so key >> 1 is the
+ * global bucket id (wl 2^(c-1) + |d| - 1) and key >> c the local window. A zero
+ * digit gets MSM_KEY_NONE, which sorts after every real key.
+ */
+#pragma once
+#include "../common/types.cuh"
+
+#define MSM_KEY_NONE 0xffffffffu
+#define MSM_BUCKET_NONE 0x7fffffffu /* MSM_KEY_NONE >> 1: never a real bucket id */
+
+/* Bits [pos, pos + len) of a 256-bit scalar (len <= 32; bits past 255 read as 0). */
+FF_INLINE uint32_t msm_scalar_bits(const uint64_t* s, uint32_t pos, uint32_t len) {
+    uint32_t limb = pos >> 6, off = pos & 63;
+    if (limb >= 4) return 0;
+    uint64_t v = s[limb] >> off;
+    if (off + len > 64 && limb < 3) v |= s[limb + 1] << (64 - off);
+    return (uint32_t)(v & ((1ull << len) - 1));
+}
+
+/* 0 = zero, 1 = one, 2 = anything else; sets *flag when bit 255 is set (the digit
+ * recoding needs s < 2^255). Every writer stores the same value: no atomic needed. */
+FF_INLINE void msm_classify_one(uint64_t i, const uint64_t* scalars, uint8_t* cls, uint32_t* flag) {
+    const uint64_t* s = scalars + 4 * i;
+    uint64_t s0 = s[0], hi = s[1] | s[2] | s[3];
+    if (s[3] >> 63) *flag = 1u;
+    cls[i] = hi ? 2 : (s0 == 0 ? 0 : (s0 == 1 ? 1 : 2));
+}
+
+/* Keys of scalar i (scalars[idx[i]] when idx is given) for windows w0 .. w0 + nw - 1,
+ * written to keys[wl * m + i]. */
+FF_INLINE void msm_digits_one(uint64_t i, const uint64_t* scalars, const int64_t* idx, uint32_t* keys,
+                              uint64_t m, uint32_t w0, uint32_t nw, uint32_t c) {
+    uint64_t row = idx ? (uint64_t)idx[i] : i;
+    uint64_t s[4];
+#pragma unroll
+    for (int k = 0; k < 4; k++) s[k] = scalars[4 * row + k];
+#pragma unroll 1
+    for (uint32_t wl = 0; wl < nw; wl++) {
+        uint32_t w = w0 + wl;
+        /* v = bits [w c - 1, w c + c): bit 0 is t_w, bits 1..c are raw_w */
+        uint32_t v = w == 0 ? msm_scalar_bits(s, 0, c) << 1 : msm_scalar_bits(s, w * c - 1, c + 1);
+        int32_t d = (int32_t)(v >> 1) + (int32_t)(v & 1) - (int32_t)(((v >> c) & 1) << c);
+        uint32_t key = MSM_KEY_NONE;
+        if (d != 0) {
+            uint32_t mag = (uint32_t)(d < 0 ? -d : d);
+            key = (wl << c) | ((mag - 1) << 1) | (uint32_t)(d < 0);
+        }
+        keys[(uint64_t)wl * m + i] = key;
+    }
+}

@@ -1,0 +1,101 @@
+/* MSM kernels for one group: G1 (default) or G2 (-DMSM_G2=1), one module each.
+ *
+ * Thin extern "C" wrappers over the bodies in digits.cuh, accumulate.cuh and
+ * reduce.cuh; the host side (cuzk_mp/backends/gpu/msm.py) computes every launch
+ * geometry. All kernels are 1-D: grid = ceil(threads / MSM_NTHREADS) blocks of
+ * MSM_NTHREADS, thread t = blockIdx.x * blockDim.x + threadIdx.x, no shared
+ * memory, no inter-thread cooperation (so each body also runs on a CPU, where the
+ * test emulator loops over t). Layouts: scalars (m, 4) uint64 standard form;
+ * points zkey layout (affine_t); buckets / partial sums xyzz_t; index arrays int64.
+ */
+#include "../ec/xyzz.cuh"
+#include "digits.cuh"
+#include "accumulate.cuh"
+#include "reduce.cuh"
+
+#ifndef MSM_G2
+#define MSM_G2 0
+#endif
+#if MSM_G2
+typedef fp2_t msm_field_t;
+#else
+typedef fp_t msm_field_t;
+#endif
+
+#ifndef MSM_NTHREADS
+#define MSM_NTHREADS 128
+#endif
+#if MSM_NTHREADS % 32 != 0 || MSM_NTHREADS > 1024
+#error "MSM_NTHREADS must be a multiple of 32, at most 1024"
+#endif
+
+#define MSM_TID ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x)
+
+/* threads = m: cls[i] in {0 zero, 1 one, 2 other}; *flag = 1 if some scalar has bit 255 set. */
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+msm_classify(const uint64_t* scalars, uint8_t* cls, uint32_t* flag, uint64_t m) {
+    uint64_t t = MSM_TID;
+    if (t < m) msm_classify_one(t, scalars, cls, flag);
+}
+
+/* threads = m (scalars of the tail): keys[wl m + i] for windows w0 .. w0 + nw - 1. */
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+msm_digits(const uint64_t* scalars, const int64_t* idx, uint32_t* keys, uint64_t m, uint32_t w0,
+           uint32_t nw, uint32_t c) {
+    uint64_t t = MSM_TID;
+    if (t < m) msm_digits_one(t, scalars, idx, keys, m, w0, nw, c);
+}
+
+/* threads = ceil(n / seg): level-1 accumulation of the n sorted entries (accumulate.cuh). */
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+msm_accumulate(const int64_t* perm, const uint32_t* keys, const int64_t* tail_idx, const uint64_t* points,
+               uint64_t* buckets, uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m, uint32_t c,
+               uint32_t seg) {
+    uint64_t t = MSM_TID;
+    if (t * seg < n)
+        msm_accumulate_body<msm_field_t>(t, perm, keys, tail_idx, points, buckets, heads, head_keys, n, m, c,
+                                         seg);
+}
+
+/* The four reduction steps share ONE entry point, chosen by `op`: ptxas compiles the
+ * __noinline__ XYZZ add/dbl once per entry that calls them (seen with -Xptxas -v:
+ * four G2 entries took ~4x one), so one entry keeps the module's compile time down.
+ * They are short launches next to the accumulation, so the switch costs nothing.
+ *   MSM_OP_COMBINE  threads = ceil(n / p1): combine level over n heads
+ *                   (a, a_keys) -> buckets b, new heads (out, out_keys); p1 = seg
+ *   MSM_OP_BUCKETS  threads = n: chunk shares of window sums, buckets a -> out;
+ *                   p1 = nb (buckets per window), p2 = chunk
+ *   MSM_OP_GROUPS   threads = ceil(n / p1): out[t] = sum of a[t p1 .. ) (n inputs)
+ *   MSM_OP_FINISH   one thread: out = Horner over p1 window sums a (p2 = c doublings
+ *                   each) + *b when b is not null */
+#define MSM_OP_COMBINE 0
+#define MSM_OP_BUCKETS 1
+#define MSM_OP_GROUPS 2
+#define MSM_OP_FINISH 3
+
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+msm_reduce(uint32_t op, const uint64_t* a, const uint32_t* a_keys, uint64_t* b, uint64_t* out,
+           uint32_t* out_keys, uint64_t n, uint32_t p1, uint32_t p2) {
+    uint64_t t = MSM_TID;
+    switch (op) {
+    case MSM_OP_COMBINE:
+        if (t * p1 < n) msm_combine_body<msm_field_t>(t, a, a_keys, b, out, out_keys, n, p1);
+        break;
+    case MSM_OP_BUCKETS:
+        if (t < n) msm_bucket_reduce_body<msm_field_t>(t, a, out, p1, p2);
+        break;
+    case MSM_OP_GROUPS:
+        if (t * p1 < n) msm_sum_groups_body<msm_field_t>(t, a, out, n, p1);
+        break;
+    case MSM_OP_FINISH:
+        if (t == 0) msm_finish_body<msm_field_t>(a, p1, p2, b, out);
+        break;
+    }
+}
+
+/* threads = stride: strided partial sums of points[idx[i]], i < n. */
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+msm_batch_add(const int64_t* idx, const uint64_t* points, uint64_t* out, uint64_t n, uint64_t stride) {
+    uint64_t t = MSM_TID;
+    if (t < stride) msm_batch_add_body<msm_field_t>(t, idx, points, out, n, stride);
+}

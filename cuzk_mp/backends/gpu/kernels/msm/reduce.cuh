@@ -1,0 +1,68 @@
+/* From buckets to one point: bucket-sum reduction, group sums, the 0/1 batch add,
+ * and the final Horner step over the windows. All XYZZ, storage as in xyzz.cuh.
+ *
+ * A window's buckets hold B_k for digit magnitude k = 1 .. nb (nb = 2^(c-1)) at
+ * index k - 1; the window sum is sum_k k B_k. A thread takes `chunk` consecutive
+ * magnitudes lo .. lo + chunk - 1 and runs the classic running sum from the top:
+ * S += B_k, T += S, which leaves T = sum_k (k - lo + 1) B_k and S = sum_k B_k, so
+ * its share is T + (lo - 1) S (2 additions per bucket plus one ~c-bit scalar
+ * multiplication per thread). The shares are then summed per window by
+ * msm_sum_groups_body, which also sums the batch-add partials.
+ */
+#pragma once
+#include "../ec/xyzz.cuh"
+
+template <class F>
+FF_INLINE void msm_bucket_reduce_body(uint64_t t, const uint64_t* buckets, uint64_t* out, uint32_t nb,
+                                      uint32_t chunk) {
+    const int XW = xyzz_t<F>::WORDS;
+    uint64_t per = nb / chunk, w = t / per, j = t % per;
+    const uint64_t* base = buckets + (w * nb + j * chunk) * XW;
+    xyzz_t<F> S = xyzz_t<F>::inf(), T = xyzz_t<F>::inf();
+#pragma unroll 1
+    for (int64_t i = (int64_t)chunk - 1; i >= 0; i--) {
+        S.add(xyzz_t<F>::load(base + i * XW));
+        T.add(S);
+    }
+    T.add(S.mul_small((uint32_t)(j * chunk)));
+    T.store(out + t * XW);
+}
+
+/* out[t] = sum of in[t group .. min((t + 1) group, n)). */
+template <class F>
+FF_INLINE void msm_sum_groups_body(uint64_t t, const uint64_t* in, uint64_t* out, uint64_t n,
+                                   uint32_t group) {
+    const int XW = xyzz_t<F>::WORDS;
+    uint64_t j0 = t * group, j1 = j0 + group < n ? j0 + group : n;
+    xyzz_t<F> acc = xyzz_t<F>::inf();
+#pragma unroll 1
+    for (uint64_t j = j0; j < j1; j++) acc.add(xyzz_t<F>::load(in + j * XW));
+    acc.store(out + t * XW);
+}
+
+/* out[t] = sum of points[idx[i]] for i = t, t + stride, ... < n (the scalars equal to 1). */
+template <class F>
+FF_INLINE void msm_batch_add_body(uint64_t t, const int64_t* idx, const uint64_t* points, uint64_t* out,
+                                  uint64_t n, uint64_t stride) {
+    const int AW = affine_t<F>::WORDS;
+    xyzz_t<F> acc = xyzz_t<F>::inf();
+#pragma unroll 1
+    for (uint64_t i = t; i < n; i += stride) acc.add_affine(affine_t<F>::load(points + (uint64_t)idx[i] * AW));
+    acc.store(out + t * xyzz_t<F>::WORDS);
+}
+
+/* out = sum_w 2^(c w) wsums[w] (Horner from the top window) + *extra (if given). */
+template <class F>
+FF_INLINE void msm_finish_body(const uint64_t* wsums, uint32_t nw, uint32_t c, const uint64_t* extra,
+                               uint64_t* out) {
+    const int XW = xyzz_t<F>::WORDS;
+    xyzz_t<F> acc = xyzz_t<F>::inf();
+#pragma unroll 1
+    for (int32_t w = (int32_t)nw - 1; w >= 0; w--) {
+#pragma unroll 1
+        for (uint32_t k = 0; k < c; k++) acc.dbl();
+        acc.add(xyzz_t<F>::load(wsums + (uint64_t)w * XW));
+    }
+    if (extra) acc.add(xyzz_t<F>::load(extra));
+    acc.store(out);
+}

@@ -1,0 +1,360 @@
+"""Multi-scalar multiplication on the GPU over G1 and G2 (Pippenger, signed digits, 0/1 split).
+
+Device state: an :class:`MsmG1` / :class:`MsmG2` holds a reference to its
+resident point array (zkey layout, ``(n, 12)`` / ``(n, 24)`` uint64, Montgomery
+coordinates, infinity = all zeros) and the compiled kernels of
+``kernels/msm/msm.cu``; every other buffer lives only for one :meth:`run` (CuPy's
+memory pool recycles them).
+
+One run, for m standard-form scalars (``(m, 4)`` uint64, each < 2^255):
+
+1. ``msm_classify`` tags each scalar 0, 1 or other (one 3-number sync).
+2. Zeros are dropped. The points whose scalar is 1 are summed by a strided
+   batch addition (mixed XYZZ adds, then group sums): one addition per point
+   instead of ~W in Pippenger (supraseal's split for boolean-heavy witnesses).
+3. The other scalars go through Pippenger with c-bit signed windows
+   (W = ceil(256 / c)): ``msm_digits`` writes one sort key per (window,
+   scalar), ``cupy.argsort`` (CUB radix sort) orders them by bucket,
+   ``msm_accumulate`` adds each run of a bucket with segmented, load-balanced
+   threads, ``msm_reduce`` combines runs that cross segments, reduces buckets to
+   window sums (running sums per chunk) and Horner-combines the windows with
+   the ones' sum. Windows are processed in batches so at most
+   ``MsmParams.max_entries`` keys exist at once.
+4. The XYZZ result comes back to the host and becomes an arkworks point
+   (:func:`point_from_xyzz`, Python ints: one inversion per proof point).
+
+``last_timings`` holds CUDA-event ms per phase of the last run.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from dataclasses import dataclass
+from typing import Any
+
+import cupy
+import numpy as np
+from py_arkworks_bls12381 import G1Point, G2Point
+
+from ...algebra.curve import g1_to_ark, g2_to_ark
+from ...algebra.field import FQ, Q_MOD, limbs_to_ints
+from ...errors import ConfigError, InputError
+from .modules import get_module, register
+
+MSM_PATH = "msm/msm.cu"
+SCALAR_BITS = 256  # windows cover 256 bits: the Booth carry out of bit 254 still fits
+OP_COMBINE, OP_BUCKETS, OP_GROUPS, OP_FINISH = 0, 1, 2, 3  # msm_reduce ops (msm.cu)
+_NULL = np.uint64(0)  # a null device pointer argument
+
+
+@dataclass(frozen=True)
+class MsmParams:
+    """Knobs of one MSM object; ``nthreads`` is compiled in (``-DMSM_NTHREADS``)."""
+
+    nthreads: int = 128  # threads per block of every kernel
+    seg: int = 64  # sorted entries per accumulation thread
+    combine_seg: int = 32  # heads per thread in each combine level
+    group: int = 32  # inputs per thread in group sums
+    batch_threads: int = 1 << 16  # threads of the 0/1 batch addition
+    reduce_threads: int = 1 << 16  # target thread count of the bucket reduction
+    max_entries: int = 1 << 28  # sort keys alive at once (4 B key + 8 B index each)
+    window_bits: int | None = None  # None: choose_window(number of tail scalars)
+
+    def __post_init__(self) -> None:
+        def pow2(x: int) -> bool:
+            return x >= 1 and x & (x - 1) == 0
+
+        if self.nthreads % 32 or not 32 <= self.nthreads <= 1024:
+            raise ConfigError(f"MsmParams.nthreads={self.nthreads}: a multiple of 32 in [32, 1024]")
+        if not pow2(self.group) or self.group < 2:
+            raise ConfigError(f"MsmParams.group={self.group}: a power of two >= 2 (groups must not straddle windows)")
+        if self.seg < 1 or self.combine_seg < 2 or self.batch_threads < 1 or self.reduce_threads < 1:
+            raise ConfigError(f"MsmParams: seg >= 1, combine_seg >= 2, thread counts >= 1 (got {self})")
+        if self.window_bits is not None and not 2 <= self.window_bits <= 24:
+            raise ConfigError(f"MsmParams.window_bits={self.window_bits}: in [2, 24] (sort key packing)")
+        if self.max_entries < 1:
+            raise ConfigError(f"MsmParams.max_entries={self.max_entries}: >= 1")
+
+    def defines(self, g2: bool) -> dict[str, int]:
+        """The ``-D`` knobs of the kernel module for one group."""
+        return {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads}
+
+
+def choose_window(m: int) -> int:
+    """Window bits for m scalars: floor(log2 m) - 4, clamped to [5, 21].
+
+    21 caps the bucket memory (13 windows x 2^20 XYZZ buckets: 2.6 GB for G1).
+    """
+    return min(max(m.bit_length() - 1 - 4, 5), 21)
+
+
+def window_count(c: int) -> int:
+    """Signed c-bit windows needed for scalars below 2^255 (digits.cuh)."""
+    return -(-SCALAR_BITS // c)
+
+
+# ------------------------------------------------------------------ result conversion
+
+
+def _fq2_mul(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    return ((a[0] * b[0] - a[1] * b[1]) % Q_MOD, (a[0] * b[1] + a[1] * b[0]) % Q_MOD)
+
+
+def _fq2_inv(a: tuple[int, int]) -> tuple[int, int]:
+    t = pow(a[0] * a[0] + a[1] * a[1], -1, Q_MOD)
+    return (a[0] * t % Q_MOD, -a[1] * t % Q_MOD)
+
+
+def point_from_xyzz(words: np.ndarray, g2: bool) -> G1Point | G2Point:
+    """An XYZZ point as stored by the kernels (Montgomery limbs) -> arkworks point.
+
+    ``words``: 24 uint64 (G1: X, Y, ZZ, ZZZ) or 48 (G2, each coordinate c0, c1);
+    ZZ = 0 is infinity. x = X / ZZ, y = Y / ZZZ with Python ints.
+    """
+    vals = [FQ.from_mont_int(v) for v in limbs_to_ints(np.asarray(words, dtype=np.uint64).reshape(-1, 6))]
+    if not g2:
+        X, Y, ZZ, ZZZ = vals
+        if ZZ == 0:
+            return G1Point.identity()
+        return g1_to_ark((X * pow(ZZ, -1, Q_MOD) % Q_MOD, Y * pow(ZZZ, -1, Q_MOD) % Q_MOD))
+    X, Y, ZZ, ZZZ = ((vals[i], vals[i + 1]) for i in range(0, 8, 2))
+    if ZZ == (0, 0):
+        return G2Point.identity()
+    return g2_to_ark((_fq2_mul(X, _fq2_inv(ZZ)), _fq2_mul(Y, _fq2_inv(ZZZ))))
+
+
+# ------------------------------------------------------------------ helpers
+
+
+class _Marks:
+    """CUDA events on the current stream; ms per named span (repeated names add up)."""
+
+    def __init__(self) -> None:
+        self.marks: list[tuple[str, Any]] = []
+        self.mark("start")
+
+    def mark(self, name: str) -> None:
+        ev = cupy.cuda.Event()
+        ev.record()
+        self.marks.append((name, ev))
+
+    def spans(self) -> dict[str, float]:
+        self.marks[-1][1].synchronize()
+        out: dict[str, float] = {}
+        for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
+            out[name] = out.get(name, 0.0) + float(cupy.cuda.get_elapsed_time(a, b))
+        out["total"] = float(cupy.cuda.get_elapsed_time(self.marks[0][1], self.marks[-1][1]))
+        return out
+
+
+def _as_rows(a: Any, width: int, what: str) -> Any:
+    """A C-contiguous ``(n, width)`` uint64 device array (uploads a host array)."""
+    d = cupy.ascontiguousarray(cupy.asarray(a))
+    if d.dtype != np.uint64 or d.ndim != 2 or d.shape[1] != width:
+        raise InputError(f"{what}: expected an (n, {width}) uint64 array, got {d.dtype} {tuple(d.shape)}")
+    return d
+
+
+def _u32(x: int) -> np.uint32:
+    return np.uint32(x)
+
+
+def _u64(x: int) -> np.uint64:
+    return np.uint64(x)
+
+
+# ------------------------------------------------------------------ the MSM objects
+
+
+class _Msm:
+    """Pippenger MSM over resident points; subclasses fix the group."""
+
+    G2 = False
+
+    def __init__(self, d_points: Any, params: MsmParams | None = None) -> None:
+        self.params = params or MsmParams()
+        self._aw = 24 if self.G2 else 12  # uint64 words per affine point
+        self._xw = 2 * self._aw  # per XYZZ point
+        self.d_points = _as_rows(d_points, self._aw, f"{type(self).__name__} points")
+        self.n = int(self.d_points.shape[0])
+        mod = get_module(MSM_PATH, self.params.defines(self.G2))
+        self._k = {name: mod.get_function(name) for name in
+                   ("msm_classify", "msm_digits", "msm_accumulate", "msm_reduce", "msm_batch_add")}
+        self.last_timings: dict[str, float] = {}
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes held between runs (the resident points; no precomputation)."""
+        return 0 if self.d_points is None else int(self.d_points.nbytes)
+
+    def close(self) -> None:
+        """Drop the reference to the points (idempotent)."""
+        self.d_points = None
+
+    def run(self, d_scalars: Any, *, stream: Any = None) -> G1Point | G2Point:
+        """sum_i scalars[i] * points[i] for the first m = len(scalars) points.
+
+        ``d_scalars``: ``(m, 4)`` uint64 standard form (device or host), m <= n.
+        Runs on ``stream`` (default: the current stream); returns when done.
+        """
+        if self.d_points is None:
+            raise InputError(f"{type(self).__name__}.run after close()")
+        scalars = _as_rows(d_scalars, 4, f"{type(self).__name__} scalars")
+        if scalars.shape[0] > self.n:
+            raise InputError(f"{type(self).__name__}: {scalars.shape[0]} scalars for {self.n} points")
+        with stream if stream is not None else contextlib.nullcontext():
+            return self._run(scalars)
+
+    def _launch(self, name: str, threads: int, *args: Any) -> None:
+        block = self.params.nthreads
+        self._k[name]((max(1, -(-threads // block)),), (block,), args)
+
+    def _run(self, scalars: Any) -> G1Point | G2Point:
+        m = int(scalars.shape[0])
+        marks = _Marks()
+        cls = cupy.empty(m, dtype=np.uint8)
+        flag = cupy.zeros(1, dtype=np.uint32)
+        if m:
+            self._launch("msm_classify", m, scalars, cls, flag, _u64(m))
+        n1, n2, bad = (int(v) for v in cupy.asnumpy(cupy.stack(
+            [cupy.count_nonzero(cls == 1), cupy.count_nonzero(cls == 2), flag[0].astype(np.int64)])))
+        if bad:
+            raise InputError(f"{type(self).__name__} scalars: a row has bit 255 set "
+                             "(expected canonical standard-form Fr elements)")
+        marks.mark("classify")
+        ones = self._sum_ones(cls, n1) if n1 else None
+        marks.mark("ones")
+        wsums, nw, c = self._pippenger(scalars, cls, n2, marks) if n2 else (None, 0, 0)
+        out = cupy.empty(self._xw, dtype=np.uint64)
+        self._launch("msm_reduce", 1, _u32(OP_FINISH), _NULL if wsums is None else wsums, _NULL,
+                     _NULL if ones is None else ones, out, _NULL, _u64(1), _u32(nw), _u32(c))
+        words = cupy.asnumpy(out)
+        marks.mark("finish")
+        self.last_timings = marks.spans()
+        return point_from_xyzz(words, self.G2)
+
+    # ---- 0/1 split
+    def _sum_ones(self, cls: Any, n1: int) -> Any:
+        idx = cupy.flatnonzero(cls == 1)
+        stride = min(n1, self.params.batch_threads)
+        partial = cupy.empty((stride, self._xw), dtype=np.uint64)
+        self._launch("msm_batch_add", stride, idx, self.d_points, partial, _u64(n1), _u64(stride))
+        return self._sum_blocks(partial, 1, stride)
+
+    def _sum_blocks(self, arr: Any, blocks: int, per: int) -> Any:
+        """Sum each run of ``per`` consecutive XYZZ points: ``(blocks, xw)``.
+
+        With blocks > 1, ``per`` and ``params.group`` are powers of two, so no
+        group straddles two blocks.
+        """
+        while per > 1:
+            g = min(self.params.group, per)
+            new_per = -(-per // g)
+            out = cupy.empty((blocks * new_per, self._xw), dtype=np.uint64)
+            self._launch("msm_reduce", blocks * new_per, _u32(OP_GROUPS), arr, _NULL, _NULL, out, _NULL,
+                         _u64(blocks * per), _u32(g), _u32(0))
+            arr, per = out, new_per
+        return arr
+
+    # ---- Pippenger on the rest
+    def _pippenger(self, scalars: Any, cls: Any, n2: int, marks: _Marks) -> tuple[Any, int, int]:
+        m = int(scalars.shape[0])
+        idx = None if n2 == m else cupy.flatnonzero(cls == 2)
+        c = self.params.window_bits or choose_window(n2)
+        nw_total = window_count(c)
+        per_batch = max(1, min(nw_total, self.params.max_entries // n2))
+        wsums = cupy.empty((nw_total, self._xw), dtype=np.uint64)
+        for w0 in range(0, nw_total, per_batch):
+            nw = min(per_batch, nw_total - w0)
+            keys = cupy.empty(nw * n2, dtype=np.uint32)
+            self._launch("msm_digits", n2, scalars, _NULL if idx is None else idx, keys, _u64(n2),
+                         _u32(w0), _u32(nw), _u32(c))
+            marks.mark("digits")
+            perm = cupy.argsort(keys)
+            marks.mark("sort")
+            buckets = self._accumulate(perm, keys, idx, nw, n2, c)
+            marks.mark("accumulate")
+            wsums[w0 : w0 + nw] = self._window_sums(buckets, nw, c)
+            marks.mark("reduce")
+        return wsums, nw_total, c
+
+    def _accumulate(self, perm: Any, keys: Any, idx: Any, nw: int, m: int, c: int) -> Any:
+        """Buckets ``(nw 2^(c-1), xw)`` of one window batch (accumulate.cuh)."""
+        n, seg = nw * m, self.params.seg
+        buckets = cupy.zeros((nw << (c - 1), self._xw), dtype=np.uint64)
+        t = -(-n // seg)
+        heads = cupy.empty((t, self._xw), dtype=np.uint64)
+        head_keys = cupy.empty(t, dtype=np.uint32)
+        self._launch("msm_accumulate", t, perm, keys, _NULL if idx is None else idx, self.d_points, buckets,
+                     heads, head_keys, _u64(n), _u64(m), _u32(c), _u32(seg))
+        seg2 = self.params.combine_seg
+        while t > 1:
+            t2 = -(-t // seg2)
+            out = cupy.empty((t2, self._xw), dtype=np.uint64)
+            out_keys = cupy.empty(t2, dtype=np.uint32)
+            self._launch("msm_reduce", t2, _u32(OP_COMBINE), heads, head_keys, buckets, out, out_keys,
+                         _u64(t), _u32(seg2), _u32(0))
+            heads, head_keys, t = out, out_keys, t2
+        return buckets
+
+    def _window_sums(self, buckets: Any, nw: int, c: int) -> Any:
+        """sum_k k B_k per window: chunk shares (reduce.cuh), then group sums."""
+        nb = 1 << (c - 1)
+        want = max(1, (nw * nb) // self.params.reduce_threads)
+        chunk = min(max(1 << (want.bit_length() - 1), 16), nb)
+        per = nb // chunk
+        shares = cupy.empty((nw * per, self._xw), dtype=np.uint64)
+        self._launch("msm_reduce", nw * per, _u32(OP_BUCKETS), buckets, _NULL, _NULL, shares, _NULL,
+                     _u64(nw * per), _u32(nb), _u32(chunk))
+        return self._sum_blocks(shares, nw, per)
+
+
+class MsmG1(_Msm):
+    """G1 MSM over resident ``(n, 12)`` zkey-layout points."""
+
+    G2 = False
+
+    def run(self, d_scalars: Any, *, stream: Any = None) -> G1Point:  # noqa: D102 - see _Msm.run
+        result = super().run(d_scalars, stream=stream)
+        assert isinstance(result, G1Point)
+        return result
+
+
+class MsmG2(_Msm):
+    """G2 MSM over resident ``(n, 24)`` zkey-layout points."""
+
+    G2 = True
+
+    def run(self, d_scalars: Any, *, stream: Any = None) -> G2Point:  # noqa: D102 - see _Msm.run
+        result = super().run(d_scalars, stream=stream)
+        assert isinstance(result, G2Point)
+        return result
+
+
+def _check_counts(points: Any, scalars: Any) -> None:
+    if points.shape[0] != scalars.shape[0]:
+        raise InputError(f"MSM size mismatch: {points.shape[0]} points, {scalars.shape[0]} scalars")
+
+
+def msm_g1(points: Any, scalars: Any) -> G1Point:
+    """One-shot G1 MSM (points and scalars on the host or the device; counts must match)."""
+    _check_counts(points, scalars)
+    m = MsmG1(points)
+    try:
+        return m.run(scalars)
+    finally:
+        m.close()
+
+
+def msm_g2(points: Any, scalars: Any) -> G2Point:
+    """One-shot G2 MSM (points and scalars on the host or the device; counts must match)."""
+    _check_counts(points, scalars)
+    m = MsmG2(points)
+    try:
+        return m.run(scalars)
+    finally:
+        m.close()
+
+
+register(MSM_PATH, MsmParams().defines(False))
+register(MSM_PATH, MsmParams().defines(True))

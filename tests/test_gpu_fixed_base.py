@@ -1,0 +1,104 @@
+"""GPU batch fixed-base multiplication (cuzk_mp.backends.gpu.fixed_base) against arkworks.
+
+Runs on the ``gpu`` kind (marker ``gpu``) and the ``emu`` kind (the CPU kernel
+emulator of tests/gpu_emu; marker ``slow``). Fresh random scalars every run
+(seed printed; CUZK_TEST_SEED replays it), with 0, 1, r - 1, r, 2^256 - 1 and
+scalars with zero bytes among them; bases: the generator, a random point and
+the identity; knobs that make chunks and per-thread batches not divide n.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+from py_arkworks_bls12381 import G1Point, G2Point, Scalar
+
+from cuzk_mp.algebra import curve
+from cuzk_mp.algebra.field import R_MOD, ints_to_limbs
+from cuzk_mp.errors import InputError
+from tests.gpu_emu import module_for
+
+SEED = int(os.environ.get("CUZK_TEST_SEED", random.randrange(1 << 30)))
+KINDS = [pytest.param("emu", marks=pytest.mark.slow), pytest.param("gpu", marks=pytest.mark.gpu)]
+EDGE = [0, 1, 2, R_MOD - 1, R_MOD, R_MOD + 1, (1 << 256) - 1, 255, 256, 1 << 200, (1 << 64) + 1]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    """Which implementation runs the kernels."""
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def fb(kind: str) -> Any:
+    """The fixed_base module for this kind."""
+    print(f"seed {SEED}")
+    return module_for(kind, "fixed_base")
+
+
+def _ark(x: int) -> Scalar:
+    return Scalar.from_le_bytes((x % R_MOD).to_bytes(32, "little"))
+
+
+def _expected(base: Any, ints: list[int]) -> np.ndarray:
+    to_lem = curve.g2_ark_to_lem if isinstance(base, G2Point) else curve.g1_ark_to_lem
+    return np.stack([to_lem(base * _ark(v)) for v in ints])
+
+
+def _bases(g2: bool) -> list[Any]:
+    gen = G2Point() if g2 else G1Point()
+    return [gen, gen * _ark(random.Random(SEED).randrange(1, R_MOD)), gen.identity()]
+
+
+@pytest.mark.parametrize("g2", [False, True], ids=["g1", "g2"])
+@pytest.mark.parametrize("n", [1, 7, 1000])
+def test_fixed_base_matches_arkworks(fb: Any, g2: bool, n: int) -> None:
+    rng = random.Random(SEED + n)
+    ints = (EDGE + [rng.randrange(R_MOD) for _ in range(n)])[:n] if n > 1 else [rng.randrange(R_MOD)]
+    scalars = ints_to_limbs(ints, 4)
+    for base in _bases(g2):
+        want = _expected(base, ints)
+        assert np.array_equal(fb.FixedBase(base).run(scalars), want), f"seed {SEED}"
+    assert np.array_equal((fb.fixed_base_g2 if g2 else fb.fixed_base_g1)(_bases(g2)[0], scalars),
+                          _expected(_bases(g2)[0], ints))
+
+
+@pytest.mark.parametrize("g2", [False, True], ids=["g1", "g2"])
+def test_odd_chunks(fb: Any, g2: bool) -> None:
+    """Chunks of 37 rows, 5 points per thread, 32-thread blocks: nothing divides n = 200."""
+    rng = random.Random(SEED + 1)
+    ints = EDGE + [rng.randrange(1 << 256) for _ in range(200 - len(EDGE))]
+    base = _bases(g2)[1]
+    params = fb.FixedBaseParams(nthreads=32, per_thread=5, chunk=37)
+    got = fb.FixedBase(base, params).run(ints_to_limbs(ints, 4))
+    assert np.array_equal(got, _expected(base, ints)), f"seed {SEED}"
+
+
+def test_window_table(fb: Any) -> None:
+    table = fb.window_table(G1Point())
+    assert table.shape == (fb.NWIN * fb.ROWS, 12)
+    for j, d in ((0, 1), (0, 255), (5, 17), (31, 255)):
+        assert curve.g1_lem_to_ark(table[j * fb.ROWS + d - 1]) == G1Point() * _ark(d << (8 * j))
+
+
+def test_bad_scalars(fb: Any) -> None:
+    with pytest.raises(InputError, match=r"\(n, 4\) uint64"):
+        fb.FixedBase(G1Point()).run(np.zeros((3, 5), dtype=np.uint64))
+
+
+@pytest.mark.parametrize("g2", [False, True], ids=["g1", "g2"])
+def test_large_sampled(kind: str, fb: Any, g2: bool) -> None:
+    """2^16 random scalars on the GPU; 200 sampled rows (and the edge rows) against arkworks."""
+    if kind != "gpu":
+        pytest.skip("large sizes run on the GPU only")
+    rng = random.Random(SEED + 2)
+    n = 1 << 16
+    ints = EDGE + [rng.randrange(R_MOD) for _ in range(n - len(EDGE))]
+    base = _bases(g2)[1]
+    got = fb.FixedBase(base).run(ints_to_limbs(ints, 4))
+    rows = list(range(len(EDGE))) + rng.sample(range(n), 200)
+    assert np.array_equal(got[rows], _expected(base, [ints[i] for i in rows])), f"seed {SEED}"
