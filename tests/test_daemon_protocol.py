@@ -101,7 +101,7 @@ class FakeEngine:
                     "ring": {"slots": [{"state": "free"}, {"state": "ready"}]},
                     "srs": [{"circuit": c, "tier": "host", "bytes": 1000}
                             for c in sorted(self.preloaded)],
-                    "memory": {"rss": 123, "shm": 0}}
+                    "memory": {"host_rss_bytes": 123, "shm_bytes": 0, "live_segments": 0}}
 
     def metrics(self) -> dict[str, Any]:
         return {"counters": {"partitions_proved": len(self.proved)}, "gauges": {"queued": 0},
@@ -372,6 +372,7 @@ def test_preload_evict_and_status(tmp_path: Path) -> None:
         assert 'cuzk_proofs_completed_total{circuit="syn"} 1' in text
         assert 'cuzk_ring_slots{state="ready"} 1' in text
         assert "cuzk_ring_occupancy 0.5" in text
+        assert 'cuzk_memory_bytes{kind="host_rss_bytes"} 123' in text
         assert "cuzk_engine_partitions_proved_total 1" in text
         assert 'cuzk_engine_stage_seconds_bucket{stage="device",le="+Inf"} 1' in text
 

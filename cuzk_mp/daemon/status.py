@@ -20,7 +20,7 @@ from typing import Any
 from cuzk_mp import __version__
 from cuzk_mp.daemon.budget import breakdown
 from cuzk_mp.daemon.config import DaemonConfig
-from cuzk_mp.daemon.metrics import DaemonMetrics, Labels, flatten_numbers
+from cuzk_mp.daemon.metrics import DaemonMetrics, Labels
 from cuzk_mp.daemon.scheduler.convert import TERMINAL, JobRecord
 from cuzk_mp.daemon.scheduler.jobs import JobTable
 
@@ -133,9 +133,11 @@ class StatusView:
                       ("process", str(e.get("process", "?"))),
                       ("tier", str(e.get("tier", "?")))): float(e.get("bytes") or 0)
                      for e in _as_list(engine_status.get("srs"))}))
-        mem = flatten_numbers(engine_status.get("memory") or {}, "")
-        out.append(("cuzk_memory_bytes", "Memory reported by the engine, by kind.",
-                    {(("kind", k.lstrip("_")),): v for k, v in mem.items()}))
+        mem = engine_status.get("memory") or {}
+        out.append(("cuzk_memory_bytes", "Host memory reported by the engine, by kind "
+                    "(process tree RSS, live shm).",
+                    {(("kind", k),): float(v) for k, v in mem.items()
+                     if k.endswith("_bytes") and isinstance(v, (int, float))}))
         procs: dict[Labels, float] = {}
         for p in _as_list(engine_status.get("processes")):
             key = (("role", str(p.get("role", "?"))),)

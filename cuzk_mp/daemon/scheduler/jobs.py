@@ -52,9 +52,11 @@ MAX_REQUEST_ID = 128
 class EngineLike(Protocol):
     """The part of :class:`cuzk_mp.pipeline.engine.Engine` the job table drives."""
 
-    def submit(self, job: JobSpec) -> None: ...
+    def submit(self, job: JobSpec) -> None:
+        """Queue a job (InputError for bad partitions)."""
 
-    def cancel(self, job_id: str) -> bool: ...
+    def cancel(self, job_id: str) -> bool:
+        """Cancel a job; False if it is unknown or already finished."""
 
 
 def digest_of(circuit_id: str, partitions: list[PartitionIn]) -> str:
