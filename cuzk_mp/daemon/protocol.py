@@ -28,6 +28,12 @@ class name from :mod:`cuzk_mp.errors` so the client re-raises the same type.
 
 Large integers (proof coordinates, public signals) travel as decimal strings, exactly as in
 snarkjs JSON, because msgpack integers stop at 64 bits.
+
+Job states: ``queued`` (accepted and journaled; no partition finished yet; GetStatus shows
+``running`` as soon as the engine has started one), ``running`` (at least one partition
+finished), then one of ``done``, ``failed``, ``cancelled``. Partition states in replies:
+``pending``, ``done``, ``failed``, ``cancelled`` (GetStatus adds the engine's live ones:
+synthesizing, ready, proving).
 """
 
 from __future__ import annotations

@@ -69,8 +69,11 @@ class StatusView:
             elif live and i < len(live) and isinstance(live[i], Mapping):
                 entry.update({k: v for k, v in live[i].items() if k != "index"})
             parts.append(entry)
+        state = rec.state
+        if state == "queued" and any(p["state"] not in ("pending", "queued") for p in parts):
+            state = "running"  # the engine has started a partition; none has finished yet
         return {"job_id": rec.job_id, "request_id": rec.request_id, "circuit_id": rec.circuit_id,
-                "state": rec.state, "priority": rec.priority.name,
+                "state": state, "priority": rec.priority.name,
                 "submitted_at": rec.submitted_at, "started_at": rec.started_at,
                 "finished_at": rec.finished_at, "error": rec.error, "partitions": parts}
 
