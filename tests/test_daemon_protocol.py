@@ -465,6 +465,21 @@ def test_http_status_metrics_healthz(tmp_path: Path) -> None:
         assert await asyncio.to_thread(get, "/healthz") == (200, "text/plain", "ok\n")
         assert (await asyncio.to_thread(get, "/nope"))[0] == 404
 
+        def other(method: str, raw: bytes | None = None) -> tuple[int, bytes]:
+            import http.client
+            if raw is not None:
+                with socket.create_connection(("127.0.0.1", port), timeout=5) as s:
+                    s.sendall(raw)
+                    return int(s.recv(100).split()[1]), b""
+            conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+            conn.request(method, "/healthz")
+            resp = conn.getresponse()
+            return resp.status, resp.read()
+
+        assert await asyncio.to_thread(other, "HEAD") == (200, b"")
+        assert (await asyncio.to_thread(other, "POST"))[0] == 405
+        assert (await asyncio.to_thread(other, "", b"NONSENSE\r\n\r\n"))[0] == 400
+
     run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")
 
 
