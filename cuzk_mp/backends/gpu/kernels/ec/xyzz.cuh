@@ -7,6 +7,9 @@
  * mdbl-2008-s-1 (4M + 3S), each with the exceptional cases the bucket sums meet:
  * either operand at infinity, P + P (falls back to doubling) and P + (-P) (gives
  * infinity). Storage: X, Y, ZZ, ZZZ consecutively, 4 * CW uint64 words.
+ * Statement order is register pressure: the field code is `asm volatile` PTX, which
+ * the compiler does not move, so each ZZ / ZZZ update comes as soon as its factor
+ * exists and every temporary dies as early as the formula allows.
  *
  * Inlining: only the mixed addition (the accumulation's inner loop) is inlined.
  * Doubling and the full addition are __noinline__ device functions: one copy per
@@ -65,13 +68,13 @@ struct xyzz_t {
         F U = Y.dbl();
         F V = U.sqr();
         F W = U * V;
+        ZZ = V * ZZ;
+        ZZZ = W * ZZZ;
         F S = X * V;
         F M = X.sqr();
         M = M + M.dbl();
         X = M.sqr() - S.dbl();
         Y = M * (S - X) - W * Y;
-        ZZ = V * ZZ;
-        ZZZ = W * ZZZ;
     }
 
     /* mdbl-2008-s-1: the double of an affine point (ZZ = ZZZ = 1). 4M + 3S. */
@@ -104,12 +107,12 @@ struct xyzz_t {
             return;
         }
         F PP = P.sqr();
+        ZZ = ZZ * PP;
         F PPP = P * PP;
+        ZZZ = ZZZ * PPP;
         F Q = X * PP;
         X = R.sqr() - PPP - Q.dbl();
         Y = R * (Q - X) - Y * PPP;
-        ZZ = ZZ * PP;
-        ZZZ = ZZZ * PPP;
     }
 
     /* this += q (add-2008-s): U1 = X1 ZZ2, U2 = X2 ZZ1, S1 = Y1 ZZZ2, S2 = Y2 ZZZ1,
@@ -133,12 +136,12 @@ struct xyzz_t {
             return;
         }
         F PP = P.sqr();
+        ZZ = ZZ * q.ZZ * PP;
         F PPP = P * PP;
+        ZZZ = ZZZ * q.ZZZ * PPP;
         F Q = U1 * PP;
         X = R.sqr() - PPP - Q.dbl();
         Y = R * (Q - X) - S1 * PPP;
-        ZZ = ZZ * q.ZZ * PP;
-        ZZZ = ZZZ * q.ZZZ * PPP;
     }
 
     /* this * e for a small e (double-and-add, MSB first); e = 0 gives infinity. */

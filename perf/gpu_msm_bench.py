@@ -1,0 +1,194 @@
+"""GPU MSM and fixed-base benchmark (helper B's rows of perf/gpu_bench.py), checked as it goes.
+
+Bases are made on the device by the fixed-base kernel from known discrete logs
+t_i (t_i G), so every timed MSM is also checked: sum_i s_i (t_i G) must equal
+(sum_i s_i t_i) G, with the dot product done by the numba Fr kernels. Scalars:
+"random" (uniform, < 2^254) or "porep" (40 % zeros, 40 % ones, 20 % random).
+Times are CUDA-event medians of ``reps`` runs after one warm-up, with the
+per-phase split of ``MsmG1/G2.last_timings`` (classify, ones, digits, sort,
+accumulate, reduce, finish).
+
+Usage: ``python3 perf/gpu_msm_bench.py [--quick] [--out FILE.json]``; prints a
+table last. ``msm_rows(quick)`` is what perf/gpu_bench.py calls.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import cupy  # noqa: E402
+from py_arkworks_bls12381 import G1Point, G2Point, Scalar  # noqa: E402
+
+from cuzk_mp.algebra import fr  # noqa: E402
+from cuzk_mp.algebra.field import R_MOD  # noqa: E402
+from cuzk_mp.backends.gpu import fixed_base, msm  # noqa: E402
+
+PHASES = ("classify", "ones", "digits", "sort", "accumulate", "reduce", "finish")
+
+
+def random_scalars(n: int, dist: str, seed: int) -> np.ndarray:
+    """(n, 4) standard-form scalars below 2^254; "porep": 80 % replaced by 0 (40 %) or 1 (40 %)."""
+    g = np.random.default_rng(seed)
+    s = g.integers(0, 1 << 63, size=(n, 4), dtype=np.uint64) * np.uint64(2) + g.integers(0, 2, size=(n, 4), dtype=np.uint64)
+    s[:, 3] >>= np.uint64(2)
+    if dist == "porep":
+        pick = g.random(n)
+        s[pick < 0.8] = 0
+        s[pick < 0.4, 0] = 1
+    return s
+
+
+def dot_mod_r(s: np.ndarray, t: np.ndarray) -> int:
+    """sum_i s_i t_i mod r for canonical standard-form rows (numba Fr kernels)."""
+    p = fr.mul(s, t)  # s t R^-1 each
+    while p.shape[0] > 1:
+        if p.shape[0] % 2:
+            p = np.concatenate([p, np.zeros((1, 4), dtype=np.uint64)])
+        h = p.shape[0] // 2
+        p = fr.add(p[:h], p[h:])
+    return fr.to_ints(p, mont=False)[0] * FR_R % R_MOD
+
+
+FR_R = (1 << 256) % R_MOD
+
+
+class Bases:
+    """n device points t_i G (t_i random below 2^254) and the host t_i."""
+
+    def __init__(self, g2: bool, n: int, seed: int) -> None:
+        self.g2, self.gen = g2, (G2Point() if g2 else G1Point())
+        self.t = random_scalars(n, "random", seed)
+        ev = [cupy.cuda.Event() for _ in range(2)]
+        ev[0].record()
+        self.d_points = fixed_base.FixedBase(self.gen).run_device(cupy.asarray(self.t))
+        ev[1].record()
+        ev[1].synchronize()
+        self.make_ms = float(cupy.cuda.get_elapsed_time(ev[0], ev[1]))
+
+    def expected(self, s: np.ndarray) -> Any:
+        """(sum_i s_i t_i) G."""
+        total = dot_mod_r(s, self.t[: s.shape[0]])
+        return self.gen * Scalar.from_le_bytes(total.to_bytes(32, "little"))
+
+
+def time_msm(bases: Bases, s: np.ndarray, reps: int, params: msm.MsmParams | None = None,
+             check: bool = True) -> dict[str, Any]:
+    """Median ms (CUDA events) and phase split of ``reps`` runs; ``ok`` = result checked."""
+    obj = (msm.MsmG2 if bases.g2 else msm.MsmG1)(bases.d_points[: s.shape[0]], params)
+    d_s = cupy.asarray(s)
+    got = obj.run(d_s)  # warm-up (and compile on first use)
+    runs = []
+    for _ in range(reps):
+        t0 = time.perf_counter()
+        obj.run(d_s)
+        runs.append((dict(obj.last_timings), time.perf_counter() - t0))
+    row: dict[str, Any] = {"ms": statistics.median(r[0]["total"] for r in runs),
+                           "wall_ms": 1e3 * statistics.median(r[1] for r in runs)}
+    for ph in PHASES:
+        row[ph] = statistics.median(r[0].get(ph, 0.0) for r in runs)
+    row["ok"] = bool(got == bases.expected(s)) if check else None
+    obj.close()
+    return row
+
+
+def time_fixed_base(g2: bool, n: int, reps: int) -> float:
+    """Median device ms of n fixed-base products (table already resident)."""
+    fb = fixed_base.FixedBase(G2Point() if g2 else G1Point())
+    d_s = cupy.asarray(random_scalars(n, "random", n))
+    out = cupy.empty((n, 24 if g2 else 12), dtype=np.uint64)
+    fb.run_device(d_s, out)
+    times = []
+    for _ in range(reps):
+        ev = [cupy.cuda.Event() for _ in range(2)]
+        ev[0].record()
+        fb.run_device(d_s, out)
+        ev[1].record()
+        ev[1].synchronize()
+        times.append(float(cupy.cuda.get_elapsed_time(ev[0], ev[1])))
+    return statistics.median(times)
+
+
+def _flatten(rows: dict[str, Any], key: str, r: dict[str, Any]) -> None:
+    rows[f"{key}_ms"] = r["ms"]
+    rows[f"{key}_ok"] = r["ok"]
+    for ph in PHASES:
+        rows[f"{key}_{ph}_ms"] = r[ph]
+
+
+def msm_rows(quick: bool) -> dict[str, Any]:
+    """All rows: G1 random/porep at 2^20/2^24/2^26, G2 at 2^20/2^24, knob sweeps, fixed-base."""
+    if quick:
+        return bench_rows({False: (20,), True: (20,)}, reps=3, sweep_lg=None, fb_sizes=(20,))
+    return bench_rows({False: (20, 24, 26), True: (20, 24)}, reps=5, sweep_lg=24, fb_sizes=(20, 24))
+
+
+def bench_rows(plan: dict[bool, tuple[int, ...]], reps: int, sweep_lg: int | None,
+               fb_sizes: tuple[int, ...]) -> dict[str, Any]:
+    """MSM rows for {g2: log2 sizes}, an optional knob sweep at 2^sweep_lg, fixed-base rows."""
+    rows: dict[str, Any] = {}
+    for g2, sizes in plan.items():
+        grp = "g2" if g2 else "g1"
+        bases = Bases(g2, 1 << max(sizes), seed=7)
+        rows[f"{grp}_fixed_base_bases_2^{max(sizes)}_ms"] = bases.make_ms
+        for lg in sizes:
+            for dist in ("random", "porep"):
+                r = time_msm(bases, random_scalars(1 << lg, dist, lg), reps)
+                _flatten(rows, f"{grp}_msm_{dist}_2^{lg}", r)
+        if sweep_lg is not None and sweep_lg in sizes:
+            _sweep(rows, grp, bases, sweep_lg, reps)
+        del bases
+        cupy.get_default_memory_pool().free_all_blocks()
+    for g2 in (False, True):
+        for lg in fb_sizes:
+            rows[f"{'g2' if g2 else 'g1'}_fixed_base_2^{lg}_ms"] = time_fixed_base(g2, 1 << lg, reps)
+    rows["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    rows["date"] = datetime.date.today().isoformat()
+    return rows
+
+
+def _sweep(rows: dict[str, Any], grp: str, bases: Bases, lg: int, reps: int) -> None:
+    """Window bits and segment length at 2^lg random scalars (runtime knobs, no recompile)."""
+    s = random_scalars(1 << lg, "random", 99)
+    for c in (lg - 6, lg - 5, lg - 3, lg - 2):
+        rows[f"{grp}_sweep_2^{lg}_c{c}_ms"] = time_msm(bases, s, reps, msm.MsmParams(window_bits=c), False)["ms"]
+    for seg in (32, 128):
+        rows[f"{grp}_sweep_2^{lg}_seg{seg}_ms"] = time_msm(bases, s, reps, msm.MsmParams(seg=seg), False)["ms"]
+
+
+def _table(rows: dict[str, Any]) -> str:
+    lines = [f"{'MSM':28} {'ms':>9} ok   " + " ".join(f"{p[:6]:>7}" for p in PHASES)]
+    for k in sorted(rows):
+        if k.endswith("_ms") and k[:-3] + "_ok" in rows:
+            base = k[:-3]
+            lines.append(f"{base:28} {rows[k]:9.2f} {str(rows[base + '_ok'])[0]}    "
+                         + " ".join(f"{rows.get(f'{base}_{p}_ms', 0.0):7.2f}" for p in PHASES))
+    lines += [f"{k:40} {v:9.2f}" for k, v in sorted(rows.items())
+              if isinstance(v, float) and ("sweep" in k or "fixed_base" in k)]
+    return "\n".join(lines)
+
+
+def main() -> None:
+    """Run the rows, print the table last, write the JSON."""
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--quick", action="store_true", help="2^20 only, 3 reps")
+    ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
+    args = ap.parse_args()
+    rows = msm_rows(args.quick)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1, sort_keys=True))
+    print(_table(rows))
+
+
+if __name__ == "__main__":
+    main()
