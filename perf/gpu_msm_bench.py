@@ -33,7 +33,9 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar  # noqa: E402
 from cuzk_mp.algebra import fr  # noqa: E402
 from cuzk_mp.algebra.field import R_MOD  # noqa: E402
 from cuzk_mp.backends.gpu import fixed_base, msm  # noqa: E402
+from cuzk_mp.backends.gpu.modules import get_module  # noqa: E402
 
+CHECKPOINT: Any = lambda rows: None  # main() points this at the --out writer (partial results survive a timeout)
 PHASES = ("classify", "ones", "digits", "sort", "accumulate", "reduce", "finish")
 
 
@@ -130,23 +132,34 @@ def msm_rows(quick: bool) -> dict[str, Any]:
     """All rows: G1 random/porep at 2^20/2^24/2^26, G2 at 2^20/2^24, knob sweeps, fixed-base."""
     if quick:
         return bench_rows({False: (20,), True: (20,)}, reps=3, sweep_lg=None, fb_sizes=(20,))
-    return bench_rows({False: (20, 24, 26), True: (20, 24)}, reps=5, sweep_lg=24, fb_sizes=(20, 24))
+    return bench_rows({False: (20, 24, 26), True: (20, 24)}, reps=3, sweep_lg=24, fb_sizes=(20, 24))
 
 
 def bench_rows(plan: dict[bool, tuple[int, ...]], reps: int, sweep_lg: int | None,
                fb_sizes: tuple[int, ...]) -> dict[str, Any]:
     """MSM rows for {g2: log2 sizes}, an optional knob sweep at 2^sweep_lg, fixed-base rows."""
     rows: dict[str, Any] = {}
+    for path, g2, defines in ((msm.MSM_PATH, False, msm.MsmParams().defines(False)),
+                              (msm.MSM_PATH, True, msm.MsmParams().defines(True)),
+                              (fixed_base.FB_PATH, False, fixed_base.FixedBaseParams().defines(False)),
+                              (fixed_base.FB_PATH, True, fixed_base.FixedBaseParams().defines(True))):
+        t0 = time.perf_counter()
+        get_module(path, defines)
+        rows[f"compile_{path.split('/')[0]}_{'g2' if g2 else 'g1'}_s"] = time.perf_counter() - t0
+        CHECKPOINT(rows)
     for g2, sizes in plan.items():
         grp = "g2" if g2 else "g1"
         bases = Bases(g2, 1 << max(sizes), seed=7)
         rows[f"{grp}_fixed_base_bases_2^{max(sizes)}_ms"] = bases.make_ms
+        CHECKPOINT(rows)
         for lg in sizes:
             for dist in ("random", "porep"):
                 r = time_msm(bases, random_scalars(1 << lg, dist, lg), reps)
                 _flatten(rows, f"{grp}_msm_{dist}_2^{lg}", r)
+                CHECKPOINT(rows)
         if sweep_lg is not None and sweep_lg in sizes:
             _sweep(rows, grp, bases, sweep_lg, reps)
+            CHECKPOINT(rows)
         del bases
         cupy.get_default_memory_pool().free_all_blocks()
     for g2 in (False, True):
@@ -184,9 +197,12 @@ def main() -> None:
     ap.add_argument("--quick", action="store_true", help="2^20 only, 3 reps")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
-    rows = msm_rows(args.quick)
+    global CHECKPOINT
     if args.out:
-        args.out.write_text(json.dumps(rows, indent=1, sort_keys=True))
+        out = args.out
+        CHECKPOINT = lambda rows: out.write_text(json.dumps(rows, indent=1, sort_keys=True))  # noqa: E731
+    rows = msm_rows(args.quick)
+    CHECKPOINT(rows)
     print(_table(rows))
 
 
