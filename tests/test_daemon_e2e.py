@@ -137,7 +137,7 @@ def test_duplicate_request_ids_return_the_same_job(daemon: DaemonProcess) -> Non
 def test_priorities_are_observed_in_completion_order(daemon: DaemonProcess) -> None:
     async def run() -> dict[str, Any]:
         async with await AsyncClient.connect(daemon.addr) as c:
-            order = [("blocker", "syn", None, 6), ("low", "syn", "LOW", 1),
+            order = [("blocker", "syn", None, 12), ("low", "syn", "LOW", 1),
                      ("normal", "syn", None, 1), ("high", "syn", "HIGH", 1),
                      ("crit", "crit", None, 1)]
             subs = await asyncio.gather(*[
