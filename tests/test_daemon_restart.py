@@ -96,7 +96,7 @@ def test_sigkill_loses_no_accepted_job(tmp_path: Path) -> None:
             while not any(p.state == "done" for p in c.await_proof(a, 0.2).partitions):
                 assert time.monotonic() < deadline
     finally:
-        first.kill()  # SIGKILL: no drain, no cleanup; its children exit on their death pipes
+        first.sigkill()  # no drain, no cleanup; its children exit on their death pipes
     assert (tmp_path / "cuzk.sock").exists()  # left behind: the next start must replace it
 
     second = DaemonProcess(cfg, tmp_path)

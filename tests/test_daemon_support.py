@@ -107,10 +107,21 @@ class DaemonProcess:
             self._log.close()
 
     def kill(self) -> None:
-        """Last resort for a test that failed half-way."""
+        """Stop a daemon a failed test left running: SIGTERM (the drain cleans its IPC
+        objects), SIGKILL only if that hangs."""
         if self.proc.poll() is None:
-            self.proc.kill()
-            self.proc.wait(10)
+            self.proc.send_signal(signal.SIGTERM)
+            try:
+                self.proc.wait(30)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait(10)
+        self._log.close()
+
+    def sigkill(self) -> None:
+        """A crash: SIGKILL, no drain."""
+        self.proc.kill()
+        self.proc.wait(10)
         self._log.close()
 
     def log(self) -> str:
