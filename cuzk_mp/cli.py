@@ -10,7 +10,8 @@ so a script can swap ``snarkjs`` for ``cuzk-mp``::
 
 plus ``setup``, ``circuit porep-like``, ``bench``, ``daemon`` and ``client``.
 Heavy modules are imported inside the verbs so ``--help`` stays instant.
-Exit codes: 0 success, 1 a proof did not verify or a job failed, 2 bad input.
+Exit codes: 0 success, 1 a proof did not verify or a job failed, 2 bad input,
+3 daemon unreachable and 124 timed out (``client`` verbs).
 """
 
 from __future__ import annotations
@@ -148,18 +149,13 @@ def _own_verbs(sub: argparse._SubParsersAction) -> None:
     pl.set_defaults(func=_cmd_circuit)
 
 
-def _optional_verbs(sub: argparse._SubParsersAction) -> None:
+def _service_verbs(sub: argparse._SubParsersAction) -> None:
     """Verbs owned by the pipeline and daemon packages (each adds its own parsers)."""
-    import importlib
+    from .daemon.cli import add_parsers as add_daemon_parsers
+    from .pipeline.bench import add_parser as add_bench_parser
 
-    for module, func in (("cuzk_mp.pipeline.bench", "add_parser"), ("cuzk_mp.daemon.cli", "add_parsers")):
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:  # TEMP while those packages are being written
-            if exc.name != module:
-                raise
-            continue
-        getattr(mod, func)(sub)
+    add_bench_parser(sub)
+    add_daemon_parsers(sub)
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -169,7 +165,7 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     _snarkjs_verbs(sub)
     _own_verbs(sub)
-    _optional_verbs(sub)
+    _service_verbs(sub)
     return parser
 
 
