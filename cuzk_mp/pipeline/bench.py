@@ -68,6 +68,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--plot", type=Path, help="write a timeline plot (needs matplotlib)")
     p.add_argument("--cache", type=Path, default=Path(os.environ.get("CUZK_MP_CACHE", Path.home() / ".cache" / "cuzk-mp")),
                    help="param cache for synthetic dev keys (default ~/.cache/cuzk-mp)")
+    p.add_argument("--start-timeout", type=float, default=900.0,
+                   help="seconds for the processes to start (a cold GPU machine compiles its kernels first)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run)
 
@@ -143,7 +145,8 @@ class BenchRun:
         a = self.args
         config = EngineConfig(backend=self.backend, devices=a.devices, gpu_workers_per_device=a.gpu_workers,
                               partition_workers=a.partition_workers, ring_slots=a.ring_slots,
-                              shm_prefix=f"cuzk-bench-{os.getpid()}", param_cache=a.cache)
+                              shm_prefix=f"cuzk-bench-{os.getpid()}", param_cache=a.cache,
+                              start_timeout_s=a.start_timeout)
         spec, fixed = self.spec()
         engine = self.engine = Engine(config, on_job_done=self._on_job, on_partition_done=self._on_partition)
         engine.start()

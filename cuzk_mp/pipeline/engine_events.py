@@ -142,8 +142,11 @@ def check_start_timeouts(engine: Engine) -> None:
     limit = engine.config.start_timeout_s
     for name, slot in engine.sup.slots.items():
         h = slot.handle
-        if h is None or h.ready or not h.proc.is_alive() or time.monotonic() - h.started_at < limit:
+        if h is None or h.ready or h.reaped or not h.proc.is_alive() or time.monotonic() - h.started_at < limit:
             continue
+        if slot.last_exit == "killed: no READY in time":
+            continue  # SIGKILL sent already; its sentinel follows
+        slot.last_exit = "killed: no READY in time"
         log.error("[start] %s pid=%d sent no READY within %.0f s: killing it", name, h.pid, limit)
         if engine.state == "starting":
             engine._start_error = f"{name} (pid {h.pid}) sent no READY within {limit} s"

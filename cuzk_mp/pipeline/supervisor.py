@@ -52,16 +52,19 @@ class ChildSlot:
 def child_specs(config: EngineConfig, ring: RingHandle, backend: str, devices: list[int]) -> list[ChildSpec]:
     """The specs of every child the engine runs, provers first."""
     cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
+    # children log at the engine's level unless CUZK_MP_LOG_LEVEL says otherwise
+    level = os.environ.get("CUZK_MP_LOG_LEVEL") or logging.getLevelName(logging.getLogger().getEffectiveLevel())
     specs = []
     for dev in devices:
         env = {"CUDA_VISIBLE_DEVICES": str(dev)} if backend == "gpu" else {
             "NUMBA_NUM_THREADS": str(cpu_threads), "CUDA_VISIBLE_DEVICES": ""}
         payload = ProverPayload(ring, backend, dev, config.gpu_workers_per_device, config.verify_proofs,
                                 config.srs_budget_bytes)
-        specs.append(ChildSpec("gpu", dev, "cuzk_mp.pipeline.prover_proc", env, payload))
+        specs.append(ChildSpec("gpu", dev, "cuzk_mp.pipeline.prover_proc", {**env, "CUZK_MP_LOG_LEVEL": level}, payload))
     for i in range(config.partition_workers):
         env = {"NUMBA_NUM_THREADS": str(config.synthesis_threads), "CUDA_VISIBLE_DEVICES": ""}
-        specs.append(ChildSpec("synth", i, "cuzk_mp.pipeline.synth", env, SynthPayload(ring)))
+        specs.append(ChildSpec("synth", i, "cuzk_mp.pipeline.synth", {**env, "CUZK_MP_LOG_LEVEL": level},
+                               SynthPayload(ring)))
     return specs
 
 
