@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -48,7 +49,7 @@ def test_bench_runs_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
     bound = result["memory_bound"]
     assert bound["slot_bytes"] > 0 and bound["bound_bytes"] == bound["peak_host_bytes"] + bound["margin_bytes"]
     assert result["machine"]["cores"] >= 1
-    assert shm_entries(f"cuzk-bench-{__import__('os').getpid()}") == []
+    assert shm_entries(f"cuzk-bench-{os.getpid()}") == []
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed")

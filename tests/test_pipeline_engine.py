@@ -126,6 +126,8 @@ def test_cancel_frees_everything(running, checker: ProofChecker) -> None:
 
 def test_keys_status_and_metrics(running) -> None:
     engine, results = running
+    engine.evict("porep")
+    wait_until(lambda: [(s["tier"], s["process"]) for s in engine.status()["srs"]] == [("disk", None)], timeout=30)
     engine.preload("porep")
     status = engine.status()
     json.dumps(status)  # JSON-able as the daemon serves it
@@ -138,7 +140,7 @@ def test_keys_status_and_metrics(running) -> None:
     assert engine.evict("porep") is False  # a job uses it
     results.wait("busy")
     assert engine.evict("porep") is True
-    wait_until(lambda: not engine.status()["srs"], timeout=30)
+    wait_until(lambda: [s["tier"] for s in engine.status()["srs"]] == ["disk"], timeout=30)
     metrics = engine.metrics()
     json.dumps(metrics)
     assert metrics["counters"]["partitions_proved"] >= 3 and metrics["counters"]["ring_published"] >= 3

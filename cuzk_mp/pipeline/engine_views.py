@@ -10,7 +10,7 @@ status() schema::
      "processes": [{"name", "role", "pid", "device", "alive", "ready", "restarts", "busy_task", "last_exit",
                     "info": what the child said in READY (backend, device_name, ...)}],
      "ring": {"slots": [{"slot", "state", "owner_pid", "job", "partition", "bytes"}], "stats": {...}},
-     "srs": [{"circuit", "process", "tier", "bytes"}],
+     "srs": [{"circuit", "process", "tier": "device" | "host" | "disk", "bytes", "error"}],
      "memory": {"host_rss_bytes", "shm_bytes", "live_segments", "device": {process: {...}}}}
 
 Partition states: pending, synthesizing, ready (in a ring slot), proving, done, failed, cancelled.
@@ -19,6 +19,7 @@ Jobs listed: every unfinished job and the last finished ones (scheduler.KEEP_FIN
 
 from __future__ import annotations
 
+import os
 from typing import TYPE_CHECKING, Any
 
 from .monitor import Histogram, tree_rss_bytes
@@ -78,6 +79,18 @@ def _ring_view(engine: Engine) -> dict[str, Any]:
     return {"slots": slots, "stats": engine.ring.stats()}
 
 
+def _srs_rows(engine: Engine) -> list[dict[str, Any]]:
+    """Resident keys per prover process; registered circuits resident nowhere are tier "disk"."""
+    rows = [{"circuit": cid, "process": proc, "tier": ks.tier, "bytes": ks.nbytes, "error": ks.error}
+            for (cid, proc), ks in sorted(engine.srs.items())]
+    resident = {cid for cid, _ in engine.srs}
+    for cid, ref in sorted(engine._refs.items()):
+        if cid not in resident:
+            size = os.path.getsize(ref.zkey) if os.path.exists(ref.zkey) else 0
+            rows.append({"circuit": cid, "process": None, "tier": "disk", "bytes": size, "error": None})
+    return rows
+
+
 def engine_status(engine: Engine) -> dict[str, Any]:
     """The status snapshot (schema in the module docstring)."""
     jobs = [_job_row(j) for j in engine.sched.jobs.values()] + [_job_row(j) for j in engine.sched.finished]
@@ -88,8 +101,7 @@ def engine_status(engine: Engine) -> dict[str, Any]:
         "jobs": jobs,
         "processes": _process_rows(engine),
         "ring": _ring_view(engine),
-        "srs": [{"circuit": cid, "process": proc, "tier": ks.tier, "bytes": ks.nbytes, "error": ks.error}
-                for (cid, proc), ks in sorted(engine.srs.items())],
+        "srs": _srs_rows(engine),
         "memory": {"host_rss_bytes": tree_rss_bytes(), "shm_bytes": shm_bytes(engine.prefix),
                    "live_segments": live_segments(engine.prefix), "device": device},
     }
