@@ -133,3 +133,45 @@ def test_kill_prover_mid_job_then_retry_exhausted(running, checker: ProofChecker
     assert _all_verify(results.wait("survivor"), checker)
     wait_until(lambda: engine.status()["ring"]["stats"]["live"] == 0, timeout=30)
     assert live_segments(PREFIX) == 0
+
+
+ORPHAN_SCRIPT = """
+import sys, time
+from pathlib import Path
+from cuzk_mp.pipeline.engine import Engine
+from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput
+engine = Engine(EngineConfig(backend="cpu", devices=[0], partition_workers=1, ring_slots=2,
+                             shm_prefix=sys.argv[1], param_cache=Path(sys.argv[2])))
+engine.start()
+engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=int(sys.argv[3])))
+engine.submit(JobSpec("long", "porep", [PartitionInput("synthetic", seed=i) for i in range(400)]))
+print(" ".join(str(p["pid"]) for p in engine.status()["processes"]), flush=True)
+time.sleep(600)
+"""
+
+
+def test_killed_engine_leaves_nothing_behind(checker: ProofChecker) -> None:
+    import subprocess
+    import sys
+
+    import psutil
+
+    prefix = prefix_for("orphan")
+    proc = subprocess.Popen([sys.executable, "-c", ORPHAN_SCRIPT, prefix, str(KEY_CACHE), str(LOG_N)],
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+                                [str(KEY_CACHE.parent.parent), os.environ.get("PYTHONPATH", "")])})
+    try:
+        children = [psutil.Process(int(pid)) for pid in proc.stdout.readline().split()]
+        assert len(children) == 2
+        wait_until(lambda: live_segments(prefix) >= 1)  # the ring is in use
+        os.kill(proc.pid, signal.SIGKILL)  # the engine dies without stopping anything
+        proc.wait(10)
+        wait_until(lambda: shm_entries(prefix) == [], timeout=30)  # the orphans removed the ring...
+        wait_until(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children),
+                   timeout=30)  # ...and exited
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+        from cuzk_mp.pipeline.ring import cleanup_stale
+
+        cleanup_stale(prefix)

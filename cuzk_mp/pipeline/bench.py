@@ -42,7 +42,7 @@ from .types import STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, Partit
 
 # defaults that finish in well under 5 minutes on the 2-core CPU machine / use an H200 sensibly
 DEFAULTS = {
-    "cpu": {"log_n": 12, "partitions": 4, "jobs": 3, "in_flight": 2, "partition_workers": 1, "gpu_workers": 2},
+    "cpu": {"log_n": 14, "partitions": 10, "jobs": 3, "in_flight": 2, "partition_workers": 1, "gpu_workers": 2},
     "gpu": {"log_n": 20, "partitions": 10, "jobs": 4, "in_flight": 2, "partition_workers": 4, "gpu_workers": 2},
 }
 
@@ -54,8 +54,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--circuit", default="porep-like", help="'porep-like' (synthetic) or a .zkey path (with --wtns, --r1cs)")
     p.add_argument("--wtns", type=Path, help="witness used for every partition of a zkey circuit")
     p.add_argument("--r1cs", type=Path, help="r1cs of a zkey circuit (the witness check)")
-    p.add_argument("--log-n", type=int, help="synthetic circuit size, log2 rows (cpu 12, gpu 20)")
-    p.add_argument("--partitions", type=int, help="partitions per job (cpu 4, gpu 10)")
+    p.add_argument("--log-n", type=int, help="synthetic circuit size, log2 rows (cpu 14, gpu 20)")
+    p.add_argument("--partitions", type=int, help="partitions per job (10)")
     p.add_argument("--jobs", type=int, help="jobs per run (cpu 3, gpu 4)")
     p.add_argument("--in-flight", type=int, help="jobs submitted at once (2)")
     p.add_argument("--partition-workers", type=int, help="synthesis worker processes (cpu 1, gpu 4)")

@@ -38,7 +38,7 @@ from collections.abc import Callable
 from multiprocessing.connection import wait
 from pathlib import Path
 
-from ..errors import CuzkError, InputError, ResourceError, WorkerDied
+from ..errors import ConfigError, CuzkError, InputError, ResourceError, WorkerDied
 from . import messages as msg
 from .engine_views import engine_metrics, engine_status
 from .ring import Ring, cleanup_stale
@@ -48,6 +48,8 @@ from .types import INPUT_KINDS, SYNTHETIC_KINDS, CircuitSpec, EngineConfig, JobR
 
 log = logging.getLogger("cuzk_mp.pipeline.engine")
 POLL_S = 0.5
+_LIVE_PREFIXES: set[str] = set()  # prefixes of this process's engines not yet stopped (one ring per prefix)
+_LIVE_LOCK = threading.Lock()
 
 
 class Engine:
@@ -58,6 +60,11 @@ class Engine:
         config.validate()
         self.config = config
         self.prefix = config.prefix()
+        with _LIVE_LOCK:
+            if self.prefix in _LIVE_PREFIXES:
+                raise ConfigError(f"an engine with shm prefix {self.prefix} is already live in this process: "
+                                  "give each engine its own EngineConfig.shm_prefix")
+            _LIVE_PREFIXES.add(self.prefix)
         self.on_job_done = on_job_done
         self.on_partition_done = on_partition_done
         self.backend = ""
@@ -392,8 +399,10 @@ def visible_gpus() -> list[int]:
 
 
 def _release_ipc(prefix: str, wake_r: int, wake_w: int) -> None:
-    """Finalizer: unlink every IPC object of the prefix and close the wake-up pipe."""
+    """Finalizer: unlink every IPC object of the prefix, close the wake-up pipe, free the prefix."""
     cleanup_stale(prefix)
+    with _LIVE_LOCK:
+        _LIVE_PREFIXES.discard(prefix)
     for fd in (wake_r, wake_w):
         try:
             os.close(fd)

@@ -55,6 +55,7 @@ class ChildSpec:
     module: str
     env: dict[str, str]
     payload: Any  # picklable start arguments for the role's main
+    ring_prefix: str = ""  # the engine's IPC prefix: unlinked by an orphaned child (see _watch_parent)
 
     @property
     def name(self) -> str:
@@ -176,12 +177,23 @@ def _install_signals(ctx: ChildContext) -> None:
 
 
 def _watch_parent(death_r: Connection, ctx: ChildContext) -> None:
+    """EOF on the death pipe: the engine died without stopping us.
+
+    Nobody is left to remove the ring, so every orphan unlinks every IPC object
+    of the engine's prefix (idempotent; mappings still open stay valid until
+    unmapped), then stops itself. Without this a killed daemon would leave up to
+    ring_slots segments in /dev/shm until a restart with the same prefix.
+    """
     try:
         death_r.recv_bytes()
     except (EOFError, OSError):
         pass
     if not ctx.stopping.is_set():
-        ctx.log.warning("[shutdown] the engine process is gone: stopping")
+        ctx.log.warning("[shutdown] the engine process is gone: removing its IPC objects and stopping")
+        if ctx.spec.ring_prefix:
+            from .ring import cleanup_stale
+
+            cleanup_stale(ctx.spec.ring_prefix)
         os.kill(os.getpid(), signal.SIGTERM)
 
 

@@ -60,11 +60,12 @@ def child_specs(config: EngineConfig, ring: RingHandle, backend: str, devices: l
             "NUMBA_NUM_THREADS": str(cpu_threads), "CUDA_VISIBLE_DEVICES": ""}
         payload = ProverPayload(ring, backend, dev, config.gpu_workers_per_device, config.verify_proofs,
                                 config.srs_budget_bytes)
-        specs.append(ChildSpec("gpu", dev, "cuzk_mp.pipeline.prover_proc", {**env, "CUZK_MP_LOG_LEVEL": level}, payload))
+        specs.append(ChildSpec("gpu", dev, "cuzk_mp.pipeline.prover_proc", {**env, "CUZK_MP_LOG_LEVEL": level}, payload,
+                               ring.prefix))
     for i in range(config.partition_workers):
         env = {"NUMBA_NUM_THREADS": str(config.synthesis_threads), "CUDA_VISIBLE_DEVICES": ""}
         specs.append(ChildSpec("synth", i, "cuzk_mp.pipeline.synth", {**env, "CUZK_MP_LOG_LEVEL": level},
-                               SynthPayload(ring)))
+                               SynthPayload(ring), ring.prefix))
     return specs
 
 
