@@ -144,7 +144,7 @@ def test_special_bases(msm: Any, g2: bool, dist: str) -> None:
 @pytest.mark.parametrize("dist", ["random", "porep", "same", "edge"])
 def test_tiny_knobs(msm: Any, g2: bool, dist: str) -> None:
     """Knobs that force window batches, combine levels and multi-level group sums at n = 300."""
-    params = msm.MsmParams(seg=3, combine_seg=2, group=2, batch_threads=5, reduce_threads=4,
+    params = msm.MsmParams(seg=3, combine_seg=2, group=2, reduce_threads=4,
                            max_entries=700, window_bits=6)
     points, scalars = _points(300, g2), _scalars(300, dist, SEED + 11)
     assert _run(msm, points, scalars, g2, params) == _oracle(points, scalars, g2), f"seed {SEED}"

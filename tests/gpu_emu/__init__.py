@@ -61,7 +61,7 @@ def _elapsed_ms(a: _Event, b: _Event) -> float:
 fake_cupy = types.SimpleNamespace(
     ndarray=np.ndarray, asarray=np.asarray, asnumpy=np.asarray, ascontiguousarray=np.ascontiguousarray,
     empty=np.empty, zeros=np.zeros, stack=np.stack, flatnonzero=np.flatnonzero, argsort=np.argsort,
-    count_nonzero=np.count_nonzero, concatenate=np.concatenate,
+    count_nonzero=np.count_nonzero, concatenate=np.concatenate, arange=np.arange,
     cuda=types.SimpleNamespace(Event=_Event, get_elapsed_time=_elapsed_ms),
 )
 

@@ -9,9 +9,12 @@ memory pool recycles them).
 One run, for m standard-form scalars (``(m, 4)`` uint64, each < 2^255):
 
 1. ``msm_classify`` tags each scalar 0, 1 or other (one 3-number sync).
-2. Zeros are dropped. The points whose scalar is 1 are summed by a strided
-   batch addition (mixed XYZZ adds, then group sums): one addition per point
-   instead of ~W in Pippenger (supraseal's split for boolean-heavy witnesses).
+2. Zeros are dropped. The points whose scalar is 1 are summed by the
+   accumulation kernel as ONE bucket (keys all 0, identity order): one mixed
+   addition per point, load-balanced in segments, instead of ~W in Pippenger
+   (supraseal's batch-add split for boolean-heavy witnesses). Reusing the kernel
+   keeps one inlined copy of the G2 mixed addition per module (each copy costs
+   ~15 s of NVVM time).
 3. The other scalars go through Pippenger with c-bit signed windows
    (W = ceil(256 / c)): ``msm_digits`` writes one sort key per (window,
    scalar), ``cupy.argsort`` (CUB radix sort) orders them by bucket,
@@ -55,7 +58,6 @@ class MsmParams:
     seg: int = 64  # sorted entries per accumulation thread
     combine_seg: int = 32  # heads per thread in each combine level
     group: int = 32  # inputs per thread in group sums
-    batch_threads: int = 1 << 16  # threads of the 0/1 batch addition
     reduce_threads: int = 1 << 16  # target thread count of the bucket reduction
     max_entries: int = 1 << 28  # sort keys alive at once (4 B key + 8 B index each)
     window_bits: int | None = None  # None: choose_window(number of tail scalars)
@@ -68,7 +70,7 @@ class MsmParams:
             raise ConfigError(f"MsmParams.nthreads={self.nthreads}: a multiple of 32 in [32, 1024]")
         if not pow2(self.group) or self.group < 2:
             raise ConfigError(f"MsmParams.group={self.group}: a power of two >= 2 (groups must not straddle windows)")
-        if self.seg < 1 or self.combine_seg < 2 or self.batch_threads < 1 or self.reduce_threads < 1:
+        if self.seg < 1 or self.combine_seg < 2 or self.reduce_threads < 1:
             raise ConfigError(f"MsmParams: seg >= 1, combine_seg >= 2, thread counts >= 1 (got {self})")
         if self.window_bits is not None and not 2 <= self.window_bits <= 24:
             raise ConfigError(f"MsmParams.window_bits={self.window_bits}: in [2, 24] (sort key packing)")
@@ -179,7 +181,7 @@ class _Msm:
         self.n = int(self.d_points.shape[0])
         mod = get_module(MSM_PATH, self.params.defines(self.G2))
         self._k = {name: mod.get_function(name) for name in
-                   ("msm_classify", "msm_digits", "msm_accumulate", "msm_reduce", "msm_batch_add")}
+                   ("msm_classify", "msm_digits", "msm_accumulate", "msm_reduce")}
         self.last_timings: dict[str, float] = {}
 
     @property
@@ -235,11 +237,10 @@ class _Msm:
 
     # ---- 0/1 split
     def _sum_ones(self, cls: Any, n1: int) -> Any:
+        """Sum of the points whose scalar is 1: one bucket of the accumulation kernel."""
         idx = cupy.flatnonzero(cls == 1)
-        stride = min(n1, self.params.batch_threads)
-        partial = cupy.empty((stride, self._xw), dtype=np.uint64)
-        self._launch("msm_batch_add", stride, idx, self.d_points, partial, _u64(n1), _u64(stride))
-        return self._sum_blocks(partial, 1, stride)
+        keys = cupy.zeros(n1, dtype=np.uint32)  # window 0, bucket 0, positive
+        return self._accumulate(cupy.arange(n1, dtype=np.int64), keys, idx, n1, n1, 1, 1)
 
     def _sum_blocks(self, arr: Any, blocks: int, per: int) -> Any:
         """Sum each run of ``per`` consecutive XYZZ points: ``(blocks, xw)``.
@@ -272,16 +273,17 @@ class _Msm:
             marks.mark("digits")
             perm = cupy.argsort(keys)
             marks.mark("sort")
-            buckets = self._accumulate(perm, keys, idx, nw, n2, c)
+            buckets = self._accumulate(perm, keys, idx, nw * n2, n2, c, nw << (c - 1))
             marks.mark("accumulate")
             wsums[w0 : w0 + nw] = self._window_sums(buckets, nw, c)
             marks.mark("reduce")
         return wsums, nw_total, c
 
-    def _accumulate(self, perm: Any, keys: Any, idx: Any, nw: int, m: int, c: int) -> Any:
-        """Buckets ``(nw 2^(c-1), xw)`` of one window batch (accumulate.cuh)."""
-        n, seg = nw * m, self.params.seg
-        buckets = cupy.zeros((nw << (c - 1), self._xw), dtype=np.uint64)
+    def _accumulate(self, perm: Any, keys: Any, idx: Any, n: int, m: int, c: int, n_buckets: int) -> Any:
+        """Buckets ``(n_buckets, xw)`` from n sorted entries (accumulate.cuh): key = keys[perm[j]],
+        bucket key >> 1, scalar perm[j] - (key >> c) m, point row idx[scalar] (or the scalar)."""
+        seg = self.params.seg
+        buckets = cupy.zeros((n_buckets, self._xw), dtype=np.uint64)
         t = -(-n // seg)
         heads = cupy.empty((t, self._xw), dtype=np.uint64)
         head_keys = cupy.empty(t, dtype=np.uint32)

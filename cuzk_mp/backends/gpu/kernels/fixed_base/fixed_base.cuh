@@ -16,6 +16,15 @@
 #pragma once
 #include "../ec/xyzz.cuh"
 
+/* The field inversion behind a call: inlined into this body, NVVM (cicc) spent ~110 s
+ * on the G1 kernel alone (9.5 s without the inversion, 2.6 s for inv() in a kernel of
+ * its own), and the G2 NVRTC compile did not finish in 3 minutes on the H200 host.
+ * Called: 12.7 s (G1) / 29.7 s (G2) with nvcc -ptx here. One call per `per` points. */
+template <class F>
+EC_NOINLINE F fb_inv_call(const F& a) {
+    return a.inv();
+}
+
 #define FB_WBITS 8
 #define FB_NWIN 32
 #define FB_ROWS ((1 << FB_WBITS) - 1) /* table rows per window: digits 1 .. 255 */
@@ -39,7 +48,7 @@ FF_INLINE void fixed_base_body(uint64_t t, const uint64_t* scalars, const uint64
         acc.store(scratch + i * SW);
         prod.store(scratch + i * SW + XW);
     }
-    F inv = prod.inv();
+    F inv = fb_inv_call(prod);
 #pragma unroll 1
     for (uint64_t i = i1; i-- > i0;) {
         xyzz_t<F> p = xyzz_t<F>::load(scratch + i * SW);

@@ -92,10 +92,3 @@ msm_reduce(uint32_t op, const uint64_t* a, const uint32_t* a_keys, uint64_t* b, 
         break;
     }
 }
-
-/* threads = stride: strided partial sums of points[idx[i]], i < n. */
-extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
-msm_batch_add(const int64_t* idx, const uint64_t* points, uint64_t* out, uint64_t n, uint64_t stride) {
-    uint64_t t = MSM_TID;
-    if (t < stride) msm_batch_add_body<msm_field_t>(t, idx, points, out, n, stride);
-}

@@ -1,5 +1,5 @@
-/* From buckets to one point: bucket-sum reduction, group sums, the 0/1 batch add,
- * and the final Horner step over the windows. All XYZZ, storage as in xyzz.cuh.
+/* From buckets to one point: bucket-sum reduction, group sums and the final Horner
+ * step over the windows (plus the 0/1 split's sum of ones). All XYZZ, storage as in xyzz.cuh.
  *
  * A window's buckets hold B_k for digit magnitude k = 1 .. nb (nb = 2^(c-1)) at
  * index k - 1; the window sum is sum_k k B_k. A thread takes `chunk` consecutive
@@ -7,7 +7,7 @@
  * S += B_k, T += S, which leaves T = sum_k (k - lo + 1) B_k and S = sum_k B_k, so
  * its share is T + (lo - 1) S (2 additions per bucket plus one ~c-bit scalar
  * multiplication per thread). The shares are then summed per window by
- * msm_sum_groups_body, which also sums the batch-add partials.
+ * msm_sum_groups_body.
  */
 #pragma once
 #include "../ec/xyzz.cuh"
@@ -38,17 +38,6 @@ FF_INLINE void msm_sum_groups_body(uint64_t t, const uint64_t* in, uint64_t* out
 #pragma unroll 1
     for (uint64_t j = j0; j < j1; j++) acc.add(xyzz_t<F>::load(in + j * XW));
     acc.store(out + t * XW);
-}
-
-/* out[t] = sum of points[idx[i]] for i = t, t + stride, ... < n (the scalars equal to 1). */
-template <class F>
-FF_INLINE void msm_batch_add_body(uint64_t t, const int64_t* idx, const uint64_t* points, uint64_t* out,
-                                  uint64_t n, uint64_t stride) {
-    const int AW = affine_t<F>::WORDS;
-    xyzz_t<F> acc = xyzz_t<F>::inf();
-#pragma unroll 1
-    for (uint64_t i = t; i < n; i += stride) acc.add_affine(affine_t<F>::load(points + (uint64_t)idx[i] * AW));
-    acc.store(out + t * xyzz_t<F>::WORDS);
 }
 
 /* out = sum_w 2^(c w) wsums[w] (Horner from the top window) + *extra (if given). */
