@@ -14,6 +14,7 @@ KIND=${1:-cpu}
 OUT=perf/results
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
+LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
 bench() {  # bench NAME ARGS...
   local name=$1; shift
@@ -32,18 +33,22 @@ else
   done
 fi
 
-"$PY" - "$TMP" "$OUT/pipeline-$KIND.json" <<'PYEOF'
+"$PY" - "$TMP" "$OUT/pipeline-$KIND.json" "$LOAD_BEFORE" <<'PYEOF'
 import json, os, pathlib, statistics, sys
 tmp, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
+load_before = [float(x) for x in sys.argv[3].split()]
 runs = {p.stem: json.loads(p.read_text()) for p in sorted(tmp.glob("*.json"))}
 for r in runs.values():
     r.pop("partitions", None)  # per-partition rows stay out of the committed summary
-summary = {name: {k: r[k] for k in ("s_per_proof", "first_job_s", "proofs_total", "proofs_verified",
-                                     "peak_host_bytes", "peak_shm_bytes", "peak_live_segments",
-                                     "gpu_busy_fraction")} for name, r in runs.items()}
+summary = {name: {**{k: r[k] for k in ("s_per_proof", "first_job_s", "proofs_total", "proofs_verified",
+                                        "peak_host_bytes", "peak_shm_bytes", "peak_live_segments",
+                                        "gpu_busy_fraction")},
+                  "memory_bound_bytes": r["memory_bound"]["bound_bytes"],
+                  "memory_margin_bytes": r["memory_bound"]["margin_bytes"],
+                  "ring_margin_bytes": r["memory_bound"]["ring_margin_bytes"]} for name, r in runs.items()}
 spp = [r["s_per_proof"] for r in runs.values()]
 out.write_text(json.dumps({"summary": summary, "s_per_proof_median": statistics.median(spp),
-                           "s_per_proof_min_max": [min(spp), max(spp)], "loadavg_after": os.getloadavg(),
-                           "runs": runs}, indent=1) + "\n")
+                           "s_per_proof_min_max": [min(spp), max(spp)], "loadavg_before": load_before,
+                           "loadavg_after": os.getloadavg(), "runs": runs}, indent=1) + "\n")
 print(f"wrote {out}")
 PYEOF

@@ -16,10 +16,10 @@ Owns one :class:`~cuzk_mp.pipeline.engine.Engine` for the duration of the run
   zkey's verification key (independently of the provers' self-check);
 * host memory is sampled every 0.2 s: process tree RSS + live shm bytes.
 
-Memory bound reported (``memory_bound``): fixed (tree RSS idle, key loaded) +
-ring_slots x slot_bytes + partition_workers x synthesis working set + devices
-x prover working set (the measured growth of each process over its idle RSS),
-and the margin of the measured peak under it.
+Memory bound reported (``memory_bound``, see :func:`memory_bound`): the ring's
+exact bound on live shm, and fixed + ring_slots x segment_bytes +
+partition_workers x synthesis working set + devices x prover working set, with
+the margin of the measured peak under each.
 """
 
 from __future__ import annotations
@@ -214,25 +214,38 @@ def _busy_fraction(bench: BenchRun, runs: list[_Run], n_devices: int) -> float |
 
 
 def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """fixed + ring_slots x slot_bytes + pw x synthesis working set + devices x prover working set."""
+    """The design's memory bound, checked against what the sampler saw.
+
+    * ring (exact by construction): live shm <= ring_slots x segment_bytes + the
+      control block and two semaphores (one page each);
+    * host: fixed + ring_slots x segment_bytes + partition_workers x synth_ws +
+      devices x prover_ws, where fixed = every process's idle RSS with the key
+      loaded (+ the engine process's own growth) and *_ws = the largest growth of
+      one process of that kind over its idle RSS (measured, not estimated). The
+      margin is how far the simultaneous peak stayed under the sum of separate
+      peaks. RSS also counts shm pages a process has mapped (while writing or
+      staging a segment), so the formula counts those twice and errs high.
+    """
     from ..formats.zkey import read_zkey
+    from .ring import segment_layout
 
     with read_zkey(raw["zkey"]) as zkey:
-        slot_bytes = (3 * zkey.domain_size + zkey.n_vars) * 32 + 4096  # + the header page
+        shapes = [(zkey.domain_size, 4)] * 3 + [(zkey.n_vars, 4)]
+    segment = segment_layout(b"m" * 1024, shapes)[1]  # SegmentMeta is a few hundred bytes: header = one page
+    ring_bound = config["ring_slots"] * segment + 3 * 4096
     first, peak = raw["memory"]["first_rss"], raw["memory"]["peak_rss"]
     growth = {name: peak[name] - first.get(name, 0) for name in peak}
     ws_synth = max((v for k, v in growth.items() if k.startswith("cuzk-synth")), default=0)
     ws_prover = max((v for k, v in growth.items() if k.startswith("cuzk-gpu")), default=0)
-    fixed = sum(first.values()) + max(0, growth.get("engine", 0))  # idle processes (keys loaded) + engine growth
-    bound = (fixed + config["ring_slots"] * slot_bytes + config["partition_workers"] * ws_synth
+    fixed = sum(first.values()) + max(0, growth.get("engine", 0))
+    bound = (fixed + config["ring_slots"] * segment + config["partition_workers"] * ws_synth
              + len(config["devices"]) * ws_prover)
-    peak_host = raw["memory"]["peak_host_bytes"]
-    return {"formula": "fixed + ring_slots*slot_bytes + partition_workers*synth_ws + devices*prover_ws "
-                       "(fixed = idle RSS of every process with the key loaded + the engine process's growth; "
-                       "*_ws = the largest growth of one process of that kind over its idle RSS)",
-            "fixed_bytes": fixed, "slot_bytes": slot_bytes, "synth_working_set_bytes": ws_synth,
+    peak_host, peak_shm = raw["memory"]["peak_host_bytes"], raw["memory"]["peak_shm_bytes"]
+    return {"formula": "fixed + ring_slots*segment_bytes + partition_workers*synth_ws + devices*prover_ws",
+            "segment_bytes": segment, "fixed_bytes": fixed, "synth_working_set_bytes": ws_synth,
             "prover_working_set_bytes": ws_prover, "bound_bytes": bound, "peak_host_bytes": peak_host,
-            "margin_bytes": bound - peak_host}
+            "margin_bytes": bound - peak_host, "ring_bound_bytes": ring_bound, "peak_shm_bytes": peak_shm,
+            "ring_margin_bytes": ring_bound - peak_shm}
 
 
 def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
