@@ -163,3 +163,54 @@ def test_priority_then_fifo_across_jobs(running) -> None:
     assert all(r.state == "done" for r in done.values())
     t = {j: r.started_at for j, r in done.items()}
     assert t["blocker"] < t["critical"] <= t["normal-1"] <= t["normal-2"] <= t["low"] and t["critical"] < t["low"]
+
+
+def test_children_get_their_device_before_any_import() -> None:
+    from cuzk_mp.pipeline import messages as msg
+    from cuzk_mp.pipeline.procs import ChildSpec, spawn_child
+    from cuzk_mp.pipeline.ring import RingHandle
+    from cuzk_mp.pipeline.supervisor import child_specs
+
+    config = EngineConfig(backend="gpu", devices=[3, 5], partition_workers=1, synthesis_threads=2)
+    specs = child_specs(config, RingHandle("cuzk-x", 2), "gpu", [3, 5])
+    assert [(s.name, s.env["CUDA_VISIBLE_DEVICES"]) for s in specs] == [
+        ("cuzk-gpu-3", "3"), ("cuzk-gpu-5", "5"), ("cuzk-synth-0", "")]
+    assert specs[2].env["NUMBA_NUM_THREADS"] == "2" and all(s.ring_prefix == "cuzk-x" for s in specs)
+    # the bootstrap applies the environment before the role module is imported, and imports no cupy itself
+    probe = ChildSpec("gpu", 5, "tests.test_pipeline_support", {"CUDA_VISIBLE_DEVICES": "5"}, "hello")
+    handle = spawn_child(probe)
+    try:
+        assert handle.conn.poll(60)
+        ready = msg.decode_from_child(handle.conn.recv_bytes())
+        assert isinstance(ready, msg.Ready) and ready.name == "cuzk-gpu-5" and ready.pid == handle.pid
+        assert ready.info == {"cuda_visible": "5", "numba_threads": None, "cupy_imported": 0, "payload": "hello"}
+    finally:
+        handle.send(msg.Stop())
+        handle.proc.terminate()
+        handle.proc.join(10)
+        handle.close()
+
+
+@pytest.mark.snarkjs
+def test_circom_json_partitions_verify_with_snarkjs(running, tmp_path) -> None:
+    from cuzk_mp.formats.snarkjs_json import proof_to_json, public_to_json, write_json
+
+    from tests.oracle import CIRCUITS, _ORACLE, groth16_verify, require_tools
+
+    require_tools()
+    engine, results = running
+    files, key = _ORACLE.circuit("multiplier"), _ORACLE.snarkjs_key("multiplier")
+    engine.register_circuit(CircuitSpec("mult", zkey=key.zkey, wasm=files.wasm, r1cs=files.r1cs))
+    rng = random.Random(SEED)
+    inputs = [CIRCUITS["multiplier"].sample_input(rng) for _ in range(2)]
+    engine.submit(JobSpec("circom", "mult", [PartitionInput("json", json.dumps(i).encode()) for i in inputs]))
+    engine.submit(JobSpec("circom-bad", "mult", [PartitionInput("json", b'{"nope": 1}')]))
+    result = results.wait("circom")
+    assert result.state == "done"
+    for i, p in enumerate(result.partitions):
+        proof, public = tmp_path / f"p{i}.json", tmp_path / f"pub{i}.json"
+        write_json(proof, proof_to_json(p.proof))
+        write_json(public, public_to_json(p.public))
+        assert groth16_verify(key.vk, public, proof)
+    bad = results.wait("circom-bad")
+    assert bad.state == "failed" and "nope" in bad.error and bad.partitions[0].error_kind == "InputError"

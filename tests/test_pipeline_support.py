@@ -126,3 +126,15 @@ def wait_until(predicate: Any, timeout: float = 120.0, interval: float = 0.05) -
             return value
         time.sleep(interval)
     raise AssertionError(f"condition not met within {timeout} s")
+
+
+def main(ctx: Any, payload: Any) -> None:
+    """A stand-in child role (``module="tests.test_pipeline_support"``): reports what the bootstrap set up."""
+    import sys
+
+    from cuzk_mp.pipeline import messages as msg
+
+    ctx.send(msg.Ready(os.getpid(), ctx.name, {
+        "cuda_visible": os.environ.get("CUDA_VISIBLE_DEVICES"), "numba_threads": os.environ.get("NUMBA_NUM_THREADS"),
+        "cupy_imported": int("cupy" in sys.modules), "payload": str(payload)}))
+    ctx.stopping.wait(30)
