@@ -9,7 +9,7 @@ import random
 import psutil
 import pytest
 
-from cuzk_mp.errors import InputError
+from cuzk_mp.errors import CuzkError, InputError
 from cuzk_mp.pipeline.engine import Engine
 from cuzk_mp.pipeline.ring import shm_entries
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput, Priority
@@ -214,3 +214,13 @@ def test_circom_json_partitions_verify_with_snarkjs(running, tmp_path) -> None:
         assert groth16_verify(key.vk, public, proof)
     bad = results.wait("circom-bad")
     assert bad.state == "failed" and "nope" in bad.error and bad.partitions[0].error_kind == "InputError"
+
+
+def test_failed_start_leaves_nothing() -> None:
+    prefix = prefix_for("bad")
+    engine = Engine(EngineConfig(backend="cpu", devices=[0], shm_prefix=prefix, start_timeout_s=0.01))
+    with pytest.raises(CuzkError, match="failed to start"):
+        engine.start()  # no child can import numba and answer READY in 10 ms
+    assert engine.state == "failed" and shm_entries(prefix) == []
+    again = Engine(EngineConfig(backend="cpu", devices=[0], shm_prefix=prefix))  # the prefix is free again
+    again.stop()

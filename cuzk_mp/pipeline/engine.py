@@ -100,13 +100,18 @@ class Engine:
             if self._state != "created":
                 raise CuzkError(f"engine {self.prefix}: start() called in state {self._state}")
             self._state = "starting"
-        self.backend = resolve_backend_name(self.config.backend)
-        self.devices = list(self.config.devices) if self.config.devices is not None else self._default_devices()
-        self.ring = Ring.create(self.prefix, self.config.ring_slots)
-        self.sup = Supervisor(child_specs(self.config, self.ring.handle, self.backend, self.devices))
-        self.sup.spawn_all()
-        self._thread = threading.Thread(target=self._loop, name="cuzk-engine-events", daemon=True)
-        self._thread.start()
+        try:
+            self.backend = resolve_backend_name(self.config.backend)
+            self.devices = list(self.config.devices) if self.config.devices is not None else self._default_devices()
+            self.ring = Ring.create(self.prefix, self.config.ring_slots)
+            self.sup = Supervisor(child_specs(self.config, self.ring.handle, self.backend, self.devices))
+            self.sup.spawn_all()
+            self._thread = threading.Thread(target=self._loop, name="cuzk-engine-events", daemon=True)
+            self._thread.start()
+        except BaseException:
+            self.stop(grace_s=0)  # whatever was created goes again
+            self._state = "failed"
+            raise
         with self._cond:
             ok = self._cond.wait_for(lambda: self._start_error is not None or self._all_ready(),
                                      timeout=self.config.start_timeout_s)

@@ -130,11 +130,13 @@ class Supervisor:
         """Stop message, wait up to ``deadline_s``, then terminate -> 5 s -> kill."""
         handles = [s.handle for s in self.slots.values() if s.handle is not None]
         for h in handles:
-            h.send(msg.Stop())
-        _join_all(handles, deadline_s)
+            if h.ready:  # a child still starting reads no messages yet: it gets SIGTERM at once
+                h.send(msg.Stop())
+        _join_all([h for h in handles if h.ready], deadline_s)
         alive = [h for h in handles if h.proc.is_alive()]
         for h in alive:
-            log.warning("[shutdown] %s pid=%d did not stop: SIGTERM", h.spec.name, h.pid)
+            if h.ready:
+                log.warning("[shutdown] %s pid=%d did not stop: SIGTERM", h.spec.name, h.pid)
             h.proc.terminate()
         _join_all(alive, TERM_WAIT_S)
         for h in alive:
