@@ -169,7 +169,9 @@ def _install_signals(ctx: ChildContext) -> None:
             return
         ctx.stopping.set()
         ctx.log.info("[shutdown] signal %d: stopping", signum)
-        threading.Timer(HARD_EXIT_S, os._exit, args=(1,)).start()
+        hard_exit = threading.Timer(HARD_EXIT_S, os._exit, args=(1,))
+        hard_exit.daemon = True  # only for a shutdown that hangs; a clean exit must not wait for it
+        hard_exit.start()
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
