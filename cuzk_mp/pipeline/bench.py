@@ -149,9 +149,11 @@ class BenchRun:
                               start_timeout_s=a.start_timeout)
         spec, fixed = self.spec()
         engine = self.engine = Engine(config, on_job_done=self._on_job, on_partition_done=self._on_partition)
+        # the key first (a synthetic dev key may need a setup, which compiles the fixed-base kernels into
+        # CuPy's disk cache before the prover processes warm up), then the processes
+        engine.register_circuit(spec)
         engine.start()
         try:
-            engine.register_circuit(spec)
             engine.preload(spec.circuit_id)
             sampler = MemorySampler(engine.prefix, interval_s=0.2)
             sampler.sample()
