@@ -151,7 +151,11 @@ class BenchRun:
         engine = self.engine = Engine(config, on_job_done=self._on_job, on_partition_done=self._on_partition)
         # the key first (a synthetic dev key may need a setup, which compiles the fixed-base kernels into
         # CuPy's disk cache before the prover processes warm up), then the processes
-        engine.register_circuit(spec)
+        try:
+            engine.register_circuit(spec)
+        except BaseException:
+            engine.stop()
+            raise
         engine.start()
         try:
             engine.preload(spec.circuit_id)
