@@ -333,7 +333,7 @@ def main(ctx: ChildContext, payload: ProverPayload) -> None:
     if payload.backend == "gpu":
         from ..backends.gpu.modules import warm_up
 
-        took = warm_up()  # compile (or load from CuPy's cache) every kernel module before READY
+        took = warm_up()  # compile (or load from CuPy's cache) the prover's kernel modules before READY
         ctx.log.info("[start] kernel modules ready in %.2f s", sum(took.values()))
     prover = Prover(ctx, ring, backend, payload)
     workers = [threading.Thread(target=prover.work, name=f"{ctx.name}-worker-{i}", daemon=True)

@@ -109,5 +109,5 @@ def fixed_base_g2(base: G2Point, scalars: np.ndarray) -> np.ndarray:
     return FixedBase(base).run(scalars)
 
 
-register(FB_PATH, FixedBaseParams().defines(False))
-register(FB_PATH, FixedBaseParams().defines(True))
+register(FB_PATH, FixedBaseParams().defines(False), group="setup")
+register(FB_PATH, FixedBaseParams().defines(True), group="setup")

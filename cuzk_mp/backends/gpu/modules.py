@@ -37,7 +37,7 @@ _REGISTERING_IMPORTS = ("msm", "fixed_base")
 
 _lock = threading.Lock()
 _cache: dict[tuple[str, tuple[tuple[str, str], ...], str], Any] = {}
-_registry: dict[tuple[str, tuple[tuple[str, str], ...]], Mapping[str, Any] | None] = {}
+_registry: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Mapping[str, Any] | None, str]] = {}
 
 
 def device_arch(device: int | None = None) -> str:
@@ -80,14 +80,18 @@ def get_function(path: str, name: str, defines: Mapping[str, Any] | None = None)
     return get_module(path, defines).get_function(name)
 
 
-def register(path: str, defines: Mapping[str, Any] | None = None) -> None:
-    """Add a (module, knobs) variant to what :func:`warm_up` compiles."""
+def register(path: str, defines: Mapping[str, Any] | None = None, *, group: str = "prover") -> None:
+    """Add a (module, knobs) variant to what :func:`warm_up` compiles for ``group``.
+
+    Groups keep start-up honest: a prover process warms only the "prover"
+    modules; the dev setup's fixed-base kernels ("setup") compile when setup runs.
+    """
     with _lock:
-        _registry[(path, _define_options(defines))] = defines
+        _registry[(path, _define_options(defines))] = (defines, group)
 
 
-def warm_up(paths: tuple[str, ...] = MODULES) -> dict[str, float]:
-    """Compile (or load from CuPy's disk cache) ``paths`` and every registered variant; s each."""
+def warm_up(paths: tuple[str, ...] = MODULES, groups: tuple[str, ...] = ("prover",)) -> dict[str, float]:
+    """Compile (or load from CuPy's disk cache) ``paths`` and the registered variants of ``groups``; s each."""
     import importlib
 
     for name in _REGISTERING_IMPORTS:
@@ -96,7 +100,7 @@ def warm_up(paths: tuple[str, ...] = MODULES) -> dict[str, float]:
         except ImportError:
             continue  # not in this checkout: nothing of it to warm
     with _lock:
-        variants = [(p, None) for p in paths] + [(p, d) for (p, _), d in _registry.items()]
+        variants = [(p, None) for p in paths] + [(p, d) for (p, _), (d, g) in _registry.items() if g in groups]
     took = {}
     for path, defines in variants:
         t0 = time.perf_counter()
