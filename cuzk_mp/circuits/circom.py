@@ -172,19 +172,27 @@ def _json_constant(name: str) -> object:
 def load_input_json(path: str | Path) -> dict[str, object]:
     """Read a snarkjs input file: one JSON object mapping input signal names to values."""
     try:
-        text = Path(path).read_text(encoding="utf-8")
+        data = Path(path).read_bytes()
     except OSError as exc:
         raise InputError(f"{path}: cannot read the input file: {exc.strerror}") from exc
+    return parse_input_json(data, str(path))
+
+
+def parse_input_json(data: bytes | str, name: str = "input.json") -> dict[str, object]:
+    """Parse snarkjs input JSON (bytes or text); errors name ``name``."""
     try:
-        data = json.loads(text, parse_int=_json_number, parse_float=_json_number,
-                          parse_constant=_json_constant)
+        text = data.decode("utf-8") if isinstance(data, bytes) else data
+        parsed = json.loads(text, parse_int=_json_number, parse_float=_json_number,
+                            parse_constant=_json_constant)
     except InputError as exc:
-        raise InputError(f"{path}: {exc}") from exc
+        raise InputError(f"{name}: {exc}") from exc
+    except UnicodeDecodeError as exc:
+        raise FormatError(name, None, f"not UTF-8 text: {exc}") from exc
     except json.JSONDecodeError as exc:
-        raise FormatError(path, None, f"not valid JSON: {exc}") from exc
-    if not isinstance(data, dict):
-        raise FormatError(path, None, "the input must be a JSON object {signal: value, ...}")
-    return data
+        raise FormatError(name, None, f"not valid JSON: {exc}") from exc
+    if not isinstance(parsed, dict):
+        raise FormatError(name, None, "the input must be a JSON object {signal: value, ...}")
+    return parsed
 
 
 class _CircomException(Exception):

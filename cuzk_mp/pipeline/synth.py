@@ -26,7 +26,6 @@ from __future__ import annotations
 
 import os
 import queue
-import tempfile
 import threading
 import time
 from collections import OrderedDict
@@ -101,20 +100,10 @@ class _Circuit:
 
 
 def _input_json(data: bytes, task: msg.SynthTask) -> dict[str, object]:
-    """Parse circom input JSON with the same rules as ``cuzk-mp wtns calculate`` (one implementation).
+    """Parse circom input JSON with the same rules as ``cuzk-mp wtns calculate`` (one implementation)."""
+    from ..circuits.circom import parse_input_json
 
-    ``load_input_json`` reads a path, so the bytes go through a private temp file.
-    """
-    from ..circuits.circom import load_input_json
-
-    with tempfile.NamedTemporaryFile(prefix=f"cuzk-input-{task.task_id}-", suffix=".json") as f:
-        f.write(data)
-        f.flush()
-        try:
-            return load_input_json(f.name)
-        except InputError as exc:
-            raise InputError(f"job {task.job_id} partition {task.partition} input JSON: "
-                             f"{str(exc).replace(f.name + ': ', '')}") from None
+    return parse_input_json(data, f"job {task.job_id} partition {task.partition} input JSON")
 
 
 class SynthWorker:
