@@ -3,6 +3,8 @@
 #
 #   perf/pipeline_bench.sh cpu   # 2^12, 10 partitions x 6 jobs, partition_workers 1 and 2 -> pipeline-cpu.json
 #   perf/pipeline_bench.sh gpu   # the GPU defaults of `cuzk-mp bench`, 3 processes  -> pipeline-gpu.json
+#   perf/pipeline_bench.sh gpu-sweep  # issue 4's H200 sweep: PoRep-like 2^22, 10 partitions x 8 jobs, 8 in
+#                                     # flight, partition_workers 4/8/12 x ring_slots 2/4/8 -> pipeline-gpu-sweep.json
 #
 # Each configuration is a separate `cuzk-mp bench` process (the "across processes" spread: compare
 # the s_per_proof of the runs in the combined file). Run it when the machine is quiet: every result
@@ -26,6 +28,14 @@ if [ "$KIND" = cpu ]; then
   for pw in 1 2; do
     bench "pw$pw" --backend cpu --log-n 12 --partitions 10 --jobs 6 --in-flight 2 \
       --partition-workers "$pw" --gpu-workers 2 --ring-slots 4
+  done
+elif [ "$KIND" = gpu-sweep ]; then
+  LOG_N=${LOG_N:-22}
+  for pw in 4 8 12; do
+    for k in 2 4 8; do
+      bench "pw${pw}-k${k}" --backend gpu --log-n "$LOG_N" --partitions 10 --jobs 8 --in-flight 8 \
+        --partition-workers "$pw" --ring-slots "$k"
+    done
   done
 else
   for i in 1 2 3; do
