@@ -202,9 +202,10 @@ def test_preload_and_evict(daemon: DaemonProcess) -> None:
         assert c.await_proof(busy.job_id, timeout_s=120).state == "done"
         assert c.evict("crit").evicted
         deadline = time.monotonic() + 10
-        while [e for e in c.status()["srs"] if e["circuit"] == "crit"]:
+        while [e for e in c.status()["srs"] if e["circuit"] == "crit" and e["tier"] != "disk"]:
             assert time.monotonic() < deadline, "evicted key still reported resident"
             time.sleep(0.1)
+        assert [e["tier"] for e in c.status()["srs"] if e["circuit"] == "crit"] == ["disk"]
         assert c.prove("crit", synthetic_partitions(1), timeout_s=120).state == "done"
 
 
