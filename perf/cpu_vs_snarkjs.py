@@ -14,7 +14,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import statistics
 import subprocess
 import sys
@@ -23,6 +22,10 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from cuzk_mp.pipeline.benchreport import machine_info  # noqa: E402  (one machine description)
+
 SNARKJS = ROOT / "tools" / "node_modules" / "snarkjs" / "cli.js"
 CUZK = [str(ROOT / ".venv" / "bin" / "cuzk-mp")]
 
@@ -36,19 +39,6 @@ def _run(cmd: list[str]) -> float:
 def _median_runs(cmd: list[str], runs: int) -> tuple[float, list[float]]:
     times = [_run(cmd) for _ in range(runs)]
     return statistics.median(times), times
-
-
-def _machine() -> dict[str, object]:
-    cpu = platform.processor() or "unknown"
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                cpu = line.split(":", 1)[1].strip()
-                break
-    except OSError:
-        pass
-    return {"cpu": cpu, "cores": os.cpu_count(), "python": platform.python_version(),
-            "loadavg_start": os.getloadavg()}
 
 
 def bench_prove(log_n: int, work: Path, runs: int) -> dict[str, object]:
@@ -114,7 +104,7 @@ def main() -> int:
     if not SNARKJS.exists():
         print("snarkjs not installed: run `make tools` first", file=sys.stderr)
         return 2
-    result: dict[str, object] = {"date": time.strftime("%Y-%m-%d"), "machine": _machine(),
+    result: dict[str, object] = {"date": time.strftime("%Y-%m-%d"), "machine": {**machine_info([]), "loadavg_start": list(os.getloadavg())},
                                  "command": " ".join(sys.argv), "prove": [], "setup": [], "synthesis": []}
     with tempfile.TemporaryDirectory() as tmp:
         for k in args.sizes:
@@ -129,7 +119,6 @@ def main() -> int:
         row = bench_synthesis(k)
         print(f"synthesis 2^{k} (1 core): witness {row['witness_s']:.2f} s, a/b/c {row['abc_s']:.2f} s", flush=True)
         result["synthesis"].append(row)  # type: ignore[union-attr]
-    result["machine"]["loadavg_end"] = os.getloadavg()  # type: ignore[index]
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
