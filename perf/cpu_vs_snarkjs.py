@@ -104,7 +104,7 @@ def main() -> int:
     if not SNARKJS.exists():
         print("snarkjs not installed: run `make tools` first", file=sys.stderr)
         return 2
-    result: dict[str, object] = {"date": time.strftime("%Y-%m-%d"), "machine": {**machine_info([]), "loadavg_start": list(os.getloadavg())},
+    result: dict[str, object] = {"date": time.strftime("%Y-%m-%d"), "loadavg_start": list(os.getloadavg()),
                                  "command": " ".join(sys.argv), "prove": [], "setup": [], "synthesis": []}
     with tempfile.TemporaryDirectory() as tmp:
         for k in args.sizes:
@@ -119,6 +119,7 @@ def main() -> int:
         row = bench_synthesis(k)
         print(f"synthesis 2^{k} (1 core): witness {row['witness_s']:.2f} s, a/b/c {row['abc_s']:.2f} s", flush=True)
         result["synthesis"].append(row)  # type: ignore[union-attr]
+    result["machine"] = machine_info([])  # read at the end: its load average is the end's
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(result, indent=1) + "\n")
     print(f"wrote {args.out}")
