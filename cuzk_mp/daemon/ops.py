@@ -9,40 +9,16 @@ serves, ``STOPPING=1`` when it starts draining, ``STATUS=...`` for ``systemctl s
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import socket
-import sys
-import time
 
-_TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s (%(processName)s pid=%(process)d): %(message)s"
-
-
-class JsonFormatter(logging.Formatter):
-    """One JSON object per record: ts, level, logger, process, pid, msg (+ exc)."""
-
-    def format(self, record: logging.LogRecord) -> str:
-        """The record as a JSON line."""
-        obj = {
-            "ts": time.strftime("%Y-%m-%dT%H:%M:%S", time.gmtime(record.created))
-            + f".{int(record.msecs):03d}Z",
-            "level": record.levelname.lower(),
-            "logger": record.name,
-            "process": record.processName,
-            "pid": record.process,
-            "msg": record.getMessage(),
-        }
-        if record.exc_info:
-            obj["exc"] = self.formatException(record.exc_info)
-        return json.dumps(obj, ensure_ascii=False)
-
+from ..logs import configure, export_for_children
 
 def setup_logging(level: str, fmt: str) -> None:
-    """Configure the root logger to stderr with the ``[logging]`` level and format."""
-    handler = logging.StreamHandler(sys.stderr)
-    handler.setFormatter(JsonFormatter() if fmt == "json" else logging.Formatter(_TEXT_FORMAT))
-    logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    """Configure the daemon's logging, and its engine children's through the environment."""
+    configure(level, fmt)
+    export_for_children(level, fmt)
 
 
 def sd_notify(state: str) -> bool:

@@ -28,7 +28,6 @@ import logging
 import multiprocessing as mp
 import os
 import signal
-import sys
 import threading
 import time
 import traceback
@@ -39,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from ..logs import child_format, configure
 from . import messages as msg
 
 log = logging.getLogger("cuzk_mp.pipeline")
@@ -146,9 +146,8 @@ def bootstrap(spec: ChildSpec, conn: Connection, death_r: Connection) -> None:
     """Entry point of every child (runs in the fresh spawned interpreter)."""
     os.environ.update(spec.env)  # before any import of numba / cupy (see the module docstring)
     _set_thread_name(spec.name)
-    logging.basicConfig(level=os.environ.get("CUZK_MP_LOG_LEVEL", "WARNING"), stream=sys.stderr,
-                        format=f"({spec.name} pid={os.getpid()}) %(asctime)s %(levelname)s %(name)s: %(message)s",
-                        force=True)
+    configure(os.environ.get("CUZK_MP_LOG_LEVEL", "WARNING"), child_format(), process=spec.name,
+              text_format=f"({spec.name} pid={os.getpid()}) %(asctime)s %(levelname)s %(name)s: %(message)s")
     ctx = ChildContext(spec, conn)
     _install_signals(ctx)
     threading.Thread(target=_watch_parent, args=(death_r, ctx), name=f"{spec.name}-death", daemon=True).start()
