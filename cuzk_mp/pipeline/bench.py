@@ -209,14 +209,19 @@ def steady_s_per_proof(run: _Run, part_done: dict[tuple[str, int], float], parti
     return (first - run.t_start) / partitions
 
 
-def _busy_fraction(bench: BenchRun, runs: list[_Run], n_devices: int) -> float | None:
-    """Kernel-busy seconds gained by the provers over the steady window, per device-second (GPU only)."""
+def _busy_fractions(bench: BenchRun, runs: list[_Run]) -> dict[str, float] | None:
+    """Kernel-busy seconds each prover gained over the steady window, per second of it (GPU only).
+
+    Keyed by prover process name (``cuzk-gpu-<dev>``): the per-device figure issue 6 asks for.
+    """
     if bench.backend != "gpu" or len(bench.busy_marks) < 2:
         return None
     first, last = bench.busy_marks[0], bench.busy_marks[-1]
-    busy = sum(last.get(p, {}).get("busy_seconds", 0.0) - first.get(p, {}).get("busy_seconds", 0.0) for p in last)
     window = max(max(r.t_done.values()) for r in runs) - min(runs[0].t_done.values())
-    return busy / (window * n_devices) if window > 0 else None
+    if window <= 0:
+        return None
+    return {p: (last[p].get("busy_seconds", 0.0) - first.get(p, {}).get("busy_seconds", 0.0)) / window
+            for p in sorted(last) if p.startswith("cuzk-gpu")}
 
 
 def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
@@ -270,6 +275,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
     per_run = [steady_s_per_proof(run, bench.part_done, a.partitions) for run in runs]
     total, verified = verify_all(raw["zkey"], runs)
     device_peaks = [v.get("device_peak_bytes") for v in status["memory"]["device"].values()]
+    busy = _busy_fractions(bench, runs)
     config = {"circuit": a.circuit, "log_n": a.log_n, "partitions": a.partitions, "jobs": a.jobs,
               "in_flight": a.in_flight, "partition_workers": a.partition_workers, "gpu_workers": a.gpu_workers,
               "ring_slots": a.ring_slots, "devices": devices, "backend": bench.backend, "repeat": a.repeat}
@@ -283,7 +289,8 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         # exact, from the ring's control block (the sampler can miss short-lived segments)
         "peak_live_segments": max(raw["memory"]["peak_live_segments"], status["ring"]["stats"].get("peak_live", 0)),
         "peak_device_bytes": max((d for d in device_peaks if d is not None), default=None),
-        "gpu_busy_fraction": _busy_fraction(bench, runs, len(devices)),
+        "gpu_busy_fraction": (sum(busy.values()) / len(devices)) if busy else None,
+        "gpu_busy_fraction_by_device": busy,
         "median_stage_s": {s: median_stage(partitions, s) for s in STAGES if median_stage(partitions, s) is not None},
         "partitions_by_device": {str(d): sum(1 for p in partitions if p["device"] == d) for d in devices},
         "memory_bound": memory_bound(raw, config),

@@ -135,7 +135,9 @@ def table(result: dict[str, Any]) -> str:
         ("first (cold) job", _fmt_s(result["first_job_s"])),
         ("synthesis / partition (median)", _fmt_s(result["median_stage_s"].get("synthesis"))),
         ("device / partition (median)", _fmt_s(result["median_stage_s"].get("device"))),
-        ("GPU kernel-busy fraction", "n/a (cpu backend)" if busy is None else f"{busy:.1%}"),
+        ("GPU kernel-busy fraction", "n/a (cpu backend)" if busy is None else f"{busy:.1%}" + "".join(
+            f", {name} {frac:.1%}" for name, frac in (result.get("gpu_busy_fraction_by_device") or {}).items())),
+        ("partitions by device", ", ".join(f"{d}: {n}" for d, n in result["partitions_by_device"].items())),
         ("peak host memory (RSS tree + shm)", _fmt_bytes(result["peak_host_bytes"])),
         ("  of which shm (peak)", f"{_fmt_bytes(result['peak_shm_bytes'])}, "
                                   f"{result['peak_live_segments']} live segment(s) max"),
