@@ -11,8 +11,9 @@ the fixed-base kernel from known t_i.
 Edge cases: sizes 1, 7, 1000, 2^12 + 3 (and 2^16, 2^20 on the GPU), random and
 PoRep-like (80 % 0/1) scalars, 0 / 1 / r - 1, all zero, only ones, infinity
 among the bases, repeated points (P + P in one bucket), P next to -P, fewer
-scalars than points, and tiny knobs that force several window batches and
-combine levels at small sizes.
+scalars than points, tiny knobs that force several window batches and
+combine levels at small sizes, and the compiled G2 variants (Fq2 products as
+calls, a register cap).
 """
 
 from __future__ import annotations
@@ -125,9 +126,9 @@ def test_all_zero_and_all_one(msm: Any, g2: bool, n: int) -> None:
     assert _run(msm, points, minus, g2) == _oracle(points, minus, g2)
 
 
-@pytest.mark.parametrize("dist", ["random", "porep", "same"])
-def test_special_bases(msm: Any, g2: bool, dist: str) -> None:
-    """Infinity rows, a point repeated with one scalar (P + P in a bucket), and P next to -P."""
+def _special(g2: bool, dist: str) -> tuple[np.ndarray, np.ndarray]:
+    """200 bases with infinity rows, a point repeated with one scalar (P + P in a bucket),
+    and P next to -P with one scalar (they cancel inside buckets)."""
     n = 200
     points = _points(n, g2).copy()
     points[::7] = 0  # infinity among the bases
@@ -138,7 +139,37 @@ def test_special_bases(msm: Any, g2: bool, dist: str) -> None:
     scalars = _scalars(n, dist, SEED + 7)
     scalars[1:40:3] = scalars[2]  # same scalar on the repeated point: identical digits
     scalars[6:60:4] = scalars[5]  # P5 and -P5 with one scalar cancel inside buckets
+    return points, scalars
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "same"])
+def test_special_bases(msm: Any, g2: bool, dist: str) -> None:
+    """Infinity rows, a point repeated with one scalar (P + P in a bucket), and P next to -P."""
+    points, scalars = _special(g2, dist)
     assert _run(msm, points, scalars, g2) == _oracle(points, scalars, g2), f"seed {SEED}"
+
+
+@pytest.mark.parametrize("dist", ["porep", "same"])
+def test_compiled_knobs(msm: Any, dist: str) -> None:
+    """G2 module variants: Fq2 products as calls (EC_FP2_CALLS) and a register cap
+    (MSM_ACC_MIN_BLOCKS), on the special bases (P + P, P - P, infinity) with small segments."""
+    points, scalars = _special(True, dist)
+    for params in (msm.MsmParams(fp2_calls=True, seg=5, window_bits=7),
+                   msm.MsmParams(fp2_calls=True, acc_min_blocks=3, seg=64)):
+        assert _run(msm, points, scalars, True, params) == _oracle(points, scalars, True), f"seed {SEED} {params}"
+
+
+def test_params_defines(msm: Any) -> None:
+    """Compiled knobs per group: G1 keeps 3 blocks of 128 resident, G2 alone gets EC_FP2_CALLS."""
+    p = msm.MsmParams()
+    assert p.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 3}
+    assert p.defines(True) == {"MSM_G2": 1, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 1, "EC_FP2_CALLS": 0}
+    q = msm.MsmParams(nthreads=64, acc_min_blocks=4, fp2_calls=True)
+    assert q.defines(False)["MSM_ACC_MIN_BLOCKS"] == 4
+    assert q.defines(True)["EC_FP2_CALLS"] == 1
+    assert msm.MsmParams(nthreads=512).defines(False)["MSM_ACC_MIN_BLOCKS"] == 1
+    with pytest.raises(ConfigError, match="acc_min_blocks"):
+        msm.MsmParams(acc_min_blocks=0)
 
 
 @pytest.mark.parametrize("dist", ["random", "porep", "same", "edge"])

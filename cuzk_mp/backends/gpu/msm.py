@@ -52,9 +52,15 @@ _NULL = np.uint64(0)  # a null device pointer argument
 
 @dataclass(frozen=True)
 class MsmParams:
-    """Knobs of one MSM object; ``nthreads`` is compiled in (``-DMSM_NTHREADS``)."""
+    """Knobs of one MSM object. Compiled in (one module per value, see :meth:`defines`):
+    ``nthreads``, ``acc_min_blocks``, ``fp2_calls``; the rest is launch geometry."""
 
     nthreads: int = 128  # threads per block of every kernel
+    # msm_accumulate's __launch_bounds__ minimum blocks per SM (caps its registers at
+    # 64 K / (nthreads x this)); None: 384 // nthreads for G1 (3 blocks of 128 at <= 168
+    # registers: its occupancy before the by-value fix), 1 for G2 (255 registers, 2 blocks)
+    acc_min_blocks: int | None = None
+    fp2_calls: bool = False  # G2: Fq2 mul/sqr of the mixed addition as calls (EC_FP2_CALLS, ec/xyzz.cuh)
     seg: int = 64  # sorted entries per accumulation thread
     combine_seg: int = 32  # heads per thread in each combine level
     group: int = 32  # inputs per thread in group sums
@@ -76,10 +82,16 @@ class MsmParams:
             raise ConfigError(f"MsmParams.window_bits={self.window_bits}: in [2, 24] (sort key packing)")
         if self.max_entries < 1:
             raise ConfigError(f"MsmParams.max_entries={self.max_entries}: >= 1")
+        if self.acc_min_blocks is not None and not 1 <= self.acc_min_blocks <= 32:
+            raise ConfigError(f"MsmParams.acc_min_blocks={self.acc_min_blocks}: in [1, 32] or None")
 
     def defines(self, g2: bool) -> dict[str, int]:
         """The ``-D`` knobs of the kernel module for one group."""
-        return {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads}
+        min_blocks = self.acc_min_blocks or (1 if g2 else max(1, 384 // self.nthreads))
+        out = {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads, "MSM_ACC_MIN_BLOCKS": min_blocks}
+        if g2:
+            out["EC_FP2_CALLS"] = int(self.fp2_calls)
+        return out
 
 
 def choose_window(m: int) -> int:

@@ -16,7 +16,12 @@
  * module instead of one per call site, which cut the G1 module's ptxas time from
  * minutes to seconds and removed register spills in the bucket reduction; their
  * callers (reduction, combine levels) spend ~8000 instructions per call, so the
- * call overhead (operands through local memory) is small.
+ * call overhead (operands through local memory) is small. (Passing those by value
+ * instead was tried: msm_reduce went from 146 to 255 registers on G1 and to 4 KB
+ * of spills on G2.) The mixed addition's rare P + P case calls the affine doubling
+ * BY VALUE: a reference would take the address of the accumulator and the point,
+ * and NVVM then keeps both in local memory for the whole loop (seen in SASS: ~170
+ * local loads/stores per G2 bucket step, 66 per G1 step; by value: ~30 and ~8).
  */
 #pragma once
 #include "affine.cuh"
@@ -27,6 +32,46 @@
 #define EC_NOINLINE
 #endif
 
+/* The products of the mixed addition go through ec_mul / ec_sqr, so that the G2 MSM
+ * module can choose how its Fq2 products are compiled (EC_FP2_CALLS, a -D knob):
+ *   0  inline (default): each Fq2 product is ~1000 SASS instructions in place, so one
+ *      G2 mixed addition is ~13.6 k instructions (~220 KB of code per bucket step);
+ *   1  Fq2 mul and sqr are __noinline__ calls (one body of each per kernel): about as
+ *      many instructions executed, ~6 x less code (~70 KB), but the caller's live
+ *      values are saved around each call (local memory; ptxas's calling convention).
+ * Which wins depends on the instruction cache and is measured on the device
+ * (perf/gpu_msm_notes.md). G1 (fp_t) is always inlined. */
+#ifndef EC_FP2_CALLS
+#define EC_FP2_CALLS 0
+#endif
+
+template <class F>
+FF_INLINE F ec_mul(const F& a, const F& b) {
+    return a * b;
+}
+template <class F>
+FF_INLINE F ec_sqr(const F& a) {
+    return a.sqr();
+}
+#if EC_FP2_CALLS == 1
+EC_NOINLINE fp2_t ec_fp2_mul_call(fp2_t a, fp2_t b) {
+    return a * b;
+}
+EC_NOINLINE fp2_t ec_fp2_sqr_call(fp2_t a) {
+    return a.sqr();
+}
+template <>
+FF_INLINE fp2_t ec_mul<fp2_t>(const fp2_t& a, const fp2_t& b) {
+    return ec_fp2_mul_call(a, b);
+}
+template <>
+FF_INLINE fp2_t ec_sqr<fp2_t>(const fp2_t& a) {
+    return ec_fp2_sqr_call(a);
+}
+#elif EC_FP2_CALLS != 0
+#error "EC_FP2_CALLS must be 0 or 1"
+#endif
+
 template <class F>
 struct xyzz_t;
 template <class F>
@@ -34,7 +79,7 @@ EC_NOINLINE void xyzz_dbl_call(xyzz_t<F>& p);
 template <class F>
 EC_NOINLINE void xyzz_add_call(xyzz_t<F>& p, const xyzz_t<F>& q);
 template <class F>
-EC_NOINLINE void xyzz_dbl_affine_call(xyzz_t<F>& out, const affine_t<F>& p);
+EC_NOINLINE xyzz_t<F> xyzz_dbl_affine_call(affine_t<F> p);
 
 template <class F>
 struct xyzz_t {
@@ -99,20 +144,20 @@ struct xyzz_t {
             *this = from_affine(p);
             return;
         }
-        F P = p.x * ZZ - X;
-        F R = p.y * ZZZ - Y;
+        F P = ec_mul(p.x, ZZ) - X;
+        F R = ec_mul(p.y, ZZZ) - Y;
         if (P.is_zero()) {
-            if (R.is_zero()) xyzz_dbl_affine_call(*this, p); /* same point */
+            if (R.is_zero()) *this = xyzz_dbl_affine_call(p); /* same point */
             else *this = inf();                    /* p = -this */
             return;
         }
-        F PP = P.sqr();
-        ZZ = ZZ * PP;
-        F PPP = P * PP;
-        ZZZ = ZZZ * PPP;
-        F Q = X * PP;
-        X = R.sqr() - PPP - Q.dbl();
-        Y = R * (Q - X) - Y * PPP;
+        F PP = ec_sqr(P);
+        ZZ = ec_mul(ZZ, PP);
+        F PPP = ec_mul(P, PP);
+        ZZZ = ec_mul(ZZZ, PPP);
+        F Q = ec_mul(X, PP);
+        X = ec_sqr(R) - PPP - Q.dbl();
+        Y = ec_mul(R, Q - X) - ec_mul(Y, PPP);
     }
 
     /* this += q (add-2008-s): U1 = X1 ZZ2, U2 = X2 ZZ1, S1 = Y1 ZZZ2, S2 = Y2 ZZZ1,
@@ -165,6 +210,6 @@ EC_NOINLINE void xyzz_add_call(xyzz_t<F>& p, const xyzz_t<F>& q) {
     p.add_inline(q);
 }
 template <class F>
-EC_NOINLINE void xyzz_dbl_affine_call(xyzz_t<F>& out, const affine_t<F>& p) {
-    out = xyzz_t<F>::dbl_affine(p);
+EC_NOINLINE xyzz_t<F> xyzz_dbl_affine_call(affine_t<F> p) {
+    return xyzz_t<F>::dbl_affine(p);
 }

@@ -29,6 +29,13 @@ typedef fp_t msm_field_t;
 #error "MSM_NTHREADS must be a multiple of 32, at most 1024"
 #endif
 
+/* Minimum resident blocks per SM asked of ptxas for msm_accumulate (__launch_bounds__'s
+ * second argument): it caps the registers at 64 K / (MSM_NTHREADS x this), so a value
+ * above what 255 registers allow trades spills (local memory, L1-resident) for warps. */
+#ifndef MSM_ACC_MIN_BLOCKS
+#define MSM_ACC_MIN_BLOCKS 1
+#endif
+
 #define MSM_TID ((uint64_t)blockIdx.x * blockDim.x + threadIdx.x)
 
 /* threads = m: cls[i] in {0 zero, 1 one, 2 other}; *flag = 1 if some scalar has bit 255 set. */
@@ -47,7 +54,7 @@ msm_digits(const uint64_t* scalars, const int64_t* idx, uint32_t* keys, uint64_t
 }
 
 /* threads = ceil(n / seg): level-1 accumulation of the n sorted entries (accumulate.cuh). */
-extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS, MSM_ACC_MIN_BLOCKS)
 msm_accumulate(const int64_t* perm, const uint32_t* keys, const int64_t* tail_idx, const uint64_t* points,
                uint64_t* buckets, uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m, uint32_t c,
                uint32_t seg) {
