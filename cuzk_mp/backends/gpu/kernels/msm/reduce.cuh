@@ -1,5 +1,5 @@
-/* From buckets to one point: bucket-sum reduction, group sums and the final Horner
- * step over the windows (plus the 0/1 split's sum of ones). All XYZZ, storage as in xyzz.cuh.
+/* From buckets to window sums: bucket-sum reduction and group sums (the Horner step over
+ * the windows runs on the host, msm.py). All XYZZ, storage as in xyzz.cuh.
  *
  * A window's buckets hold B_k for digit magnitude k = 1 .. nb (nb = 2^(c-1)) at
  * index k - 1; the window sum is sum_k k B_k. A thread takes `chunk` consecutive
@@ -38,20 +38,4 @@ FF_INLINE void msm_sum_groups_body(uint64_t t, const uint64_t* in, uint64_t* out
 #pragma unroll 1
     for (uint64_t j = j0; j < j1; j++) acc.add(xyzz_t<F>::load(in + j * XW));
     acc.store(out + t * XW);
-}
-
-/* out = sum_w 2^(c w) wsums[w] (Horner from the top window) + *extra (if given). */
-template <class F>
-FF_INLINE void msm_finish_body(const uint64_t* wsums, uint32_t nw, uint32_t c, const uint64_t* extra,
-                               uint64_t* out) {
-    const int XW = xyzz_t<F>::WORDS;
-    xyzz_t<F> acc = xyzz_t<F>::inf();
-#pragma unroll 1
-    for (int32_t w = (int32_t)nw - 1; w >= 0; w--) {
-#pragma unroll 1
-        for (uint32_t k = 0; k < c; k++) acc.dbl();
-        acc.add(xyzz_t<F>::load(wsums + (uint64_t)w * XW));
-    }
-    if (extra) acc.add(xyzz_t<F>::load(extra));
-    acc.store(out);
 }
