@@ -192,6 +192,19 @@ def test_fewer_scalars_than_points(msm: Any, g2: bool) -> None:
     assert obj.nbytes == 0
 
 
+def test_ones_segment(msm: Any) -> None:
+    """Segments of the ones' sum fill whole waves of resident threads, none longer than seg."""
+    f, r = msm.ones_segment, 33_792  # G2 at 2 blocks of 128 on 132 SMs
+    assert f(6_700_000, r, 64) == 50  # 4 full waves instead of 3.1
+    assert f(1_000_000, r, 64) == 30  # one wave with every resident thread busy
+    assert f(100, r, 64) == 1
+    assert f(6_700_000, None, 64) == 64  # no occupancy figure: params.seg
+    for n1 in (1, 999, r * 64, r * 64 + 1, 10**7):
+        seg = f(n1, r, 64)
+        waves = -(-(-(-n1 // seg)) // r)
+        assert seg <= 64 and waves == max(1, -(-n1 // (r * 64))), n1
+
+
 def test_bad_inputs(msm: Any) -> None:
     points = _points(8, False)
     obj = msm.MsmG1(points)

@@ -108,6 +108,32 @@ def window_count(c: int) -> int:
     return -(-SCALAR_BITS // c)
 
 
+def ones_segment(n1: int, resident: int | None, seg: int) -> int:
+    """Entries per thread for the sum of the n1 ones: the fewest whole waves of
+    ``resident`` threads with at most ``seg`` entries each.
+
+    With a fixed seg the last wave can be nearly empty (G2 at 2^24 PoRep-like:
+    6.7 M ones / 64 = 105 k threads = 3.1 waves of 33.8 k, so ~22 % of the ones
+    time idles); one segment per thread and wave costs nothing extra. ``resident``
+    None (no occupancy query, e.g. the CPU emulator) keeps ``seg``.
+    """
+    if not resident:
+        return seg
+    waves = max(1, -(-n1 // (resident * seg)))
+    return max(1, -(-n1 // (waves * resident)))
+
+
+def _resident_threads(kernel: Any, nthreads: int) -> int | None:
+    """Threads of ``kernel`` resident at once on the current device (occupancy x SMs);
+    None where CuPy has no driver API (the CPU emulator's stand-in)."""
+    driver = getattr(cupy.cuda, "driver", None)
+    if driver is None:
+        return None
+    blocks = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, nthreads, 0))
+    sms = int(cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"])
+    return blocks * sms * nthreads
+
+
 # ------------------------------------------------------------------ result conversion
 
 
@@ -214,6 +240,7 @@ class _Msm:
         mod = get_module(MSM_PATH, self.params.defines(self.G2))
         self._k = {name: mod.get_function(name) for name in
                    ("msm_classify", "msm_digits", "msm_accumulate", "msm_reduce")}
+        self._resident = _resident_threads(self._k["msm_accumulate"], self.params.nthreads)
         self.last_timings: dict[str, float] = {}
 
     @property
@@ -268,10 +295,12 @@ class _Msm:
 
     # ---- 0/1 split
     def _sum_ones(self, cls: Any, n1: int) -> Any:
-        """Sum of the points whose scalar is 1: one bucket of the accumulation kernel."""
+        """Sum of the points whose scalar is 1: one bucket of the accumulation kernel, in
+        segments sized by :func:`ones_segment` (whole waves of resident threads)."""
         idx = cupy.flatnonzero(cls == 1)
         keys = cupy.zeros(n1, dtype=np.uint32)  # window 0, bucket 0, positive
-        return self._accumulate(cupy.arange(n1, dtype=np.int64), keys, idx, n1, n1, 1, 1)
+        seg = ones_segment(n1, self._resident, self.params.seg)
+        return self._accumulate(cupy.arange(n1, dtype=np.int64), keys, idx, n1, n1, 1, 1, seg)
 
     def _sum_blocks(self, arr: Any, blocks: int, per: int) -> Any:
         """Sum each run of ``per`` consecutive XYZZ points: ``(blocks, xw)``.
@@ -310,10 +339,12 @@ class _Msm:
             marks.mark("reduce")
         return wsums, nw_total, c
 
-    def _accumulate(self, perm: Any, keys: Any, idx: Any, n: int, m: int, c: int, n_buckets: int) -> Any:
+    def _accumulate(self, perm: Any, keys: Any, idx: Any, n: int, m: int, c: int, n_buckets: int,
+                    seg: int | None = None) -> Any:
         """Buckets ``(n_buckets, xw)`` from n sorted entries (accumulate.cuh): key = keys[perm[j]],
-        bucket key >> 1, scalar perm[j] - (key >> c) m, point row idx[scalar] (or the scalar)."""
-        seg = self.params.seg
+        bucket key >> 1, scalar perm[j] - (key >> c) m, point row idx[scalar] (or the scalar);
+        ``seg`` entries per thread (default ``params.seg``)."""
+        seg = seg or self.params.seg
         buckets = cupy.zeros((n_buckets, self._xw), dtype=np.uint64)
         t = -(-n // seg)
         heads = cupy.empty((t, self._xw), dtype=np.uint64)
