@@ -8,8 +8,11 @@ Times are CUDA-event medians of ``reps`` runs after one warm-up, with the
 per-phase split of ``MsmG1/G2.last_timings`` (classify, ones, digits, sort,
 accumulate, reduce, finish).
 
-Usage: ``python3 perf/gpu_msm_bench.py [--quick] [--out FILE.json]``; prints a
-table last. ``msm_rows(quick)`` is what perf/gpu_bench.py calls.
+Usage: ``python3 perf/gpu_msm_bench.py [--quick | --g2-variants] [--out FILE.json]``;
+prints a table last. ``msm_rows(quick)`` is what perf/gpu_bench.py calls.
+``--g2-variants`` times only the compiled G2 variants of :data:`G2_VARIANTS` and
+the reduction knobs at 2^24 (random and PoRep-like, every result checked), after
+compiling all variants at once in parallel processes (CuPy's disk cache).
 """
 
 from __future__ import annotations
@@ -17,9 +20,11 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
+import multiprocessing
 import statistics
 import sys
 import time
+from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -37,6 +42,13 @@ from cuzk_mp.backends.gpu.modules import get_module  # noqa: E402
 
 CHECKPOINT: Any = lambda rows: None  # main() points this at the --out writer (partial results survive a timeout)
 PHASES = ("classify", "ones", "digits", "sort", "accumulate", "reduce", "finish")
+# Compiled G2 module variants (perf/gpu_msm_notes.md has their ptxas/SASS figures).
+G2_VARIANTS = {
+    "inline": msm.MsmParams(),  # the default: Fq2 products inlined, 255 registers, 2 blocks/SM
+    "inline_mb3": msm.MsmParams(acc_min_blocks=3),  # 168 registers, 3 blocks/SM, spills in L1
+    "calls": msm.MsmParams(fp2_calls=True),  # Fq2 mul/sqr as calls: ~6x less code per step
+    "calls_mb3": msm.MsmParams(fp2_calls=True, acc_min_blocks=3),
+}
 
 
 def random_scalars(n: int, dist: str, seed: int) -> np.ndarray:
@@ -100,6 +112,7 @@ def time_msm(bases: Bases, s: np.ndarray, reps: int, params: msm.MsmParams | Non
     for ph in PHASES:
         row[ph] = statistics.median(r[0].get(ph, 0.0) for r in runs)
     row["ok"] = bool(got == bases.expected(s)) if check else None
+    row["resident_threads"] = obj.resident_threads
     obj.close()
     return row
 
@@ -124,6 +137,7 @@ def time_fixed_base(g2: bool, n: int, reps: int) -> float:
 def _flatten(rows: dict[str, Any], key: str, r: dict[str, Any]) -> None:
     rows[f"{key}_ms"] = r["ms"]
     rows[f"{key}_ok"] = r["ok"]
+    rows[f"{key}_resident_threads"] = r["resident_threads"]
     for ph in PHASES:
         rows[f"{key}_{ph}_ms"] = r[ph]
 
@@ -163,6 +177,46 @@ def bench_rows(plan: dict[bool, tuple[int, ...]], reps: int, sweep_lg: int | Non
     return rows
 
 
+def variant_rows(lg: int = 24, reps: int = 3) -> dict[str, Any]:
+    """G2 rows at 2^lg for every :data:`G2_VARIANTS` entry (random and PoRep-like, checked),
+    then the runtime reduction knobs on the default module."""
+    rows: dict[str, Any] = {}
+    jobs = {f"compile_msm_g2_{name}_s": (msm.MSM_PATH, p.defines(True)) for name, p in G2_VARIANTS.items()}
+    jobs["compile_fixed_base_g2_s"] = (fixed_base.FB_PATH, fixed_base.FixedBaseParams().defines(True))
+    t0 = time.perf_counter()
+    rows.update(precompile(jobs))
+    rows["compile_parallel_wall_s"] = time.perf_counter() - t0
+    CHECKPOINT(rows)
+    bases = Bases(True, 1 << lg, seed=7)
+    for dist in ("random", "porep"):
+        s = random_scalars(1 << lg, dist, lg)
+        for name, params in G2_VARIANTS.items():
+            _flatten(rows, f"g2_variant_{name}_{dist}_2^{lg}", time_msm(bases, s, reps, params))
+            CHECKPOINT(rows)
+    _reduce_sweep(rows, "g2", bases, lg, reps)
+    rows["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    rows["date"] = datetime.date.today().isoformat()
+    return rows
+
+
+def _compile_one(path: str, defines: dict[str, int]) -> float:
+    t0 = time.perf_counter()
+    get_module(path, defines)
+    return time.perf_counter() - t0
+
+
+def precompile(jobs: dict[str, tuple[str, dict[str, int]]]) -> dict[str, float]:
+    """Compile {label: (module path, defines)} in parallel processes; seconds each.
+
+    Each worker's NVRTC result lands in CuPy's disk cache, so this process then
+    loads every variant in milliseconds (one G2 module is ~1 min of NVRTC).
+    """
+    ctx = multiprocessing.get_context("spawn")
+    with ProcessPoolExecutor(max_workers=len(jobs), mp_context=ctx) as ex:
+        futures = {label: ex.submit(_compile_one, path, defines) for label, (path, defines) in jobs.items()}
+        return {label: f.result() for label, f in futures.items()}
+
+
 def _compile(rows: dict[str, Any], g2: bool) -> None:
     """Compile (or load from CuPy's disk cache) one group's modules; seconds each."""
     grp = "g2" if g2 else "g1"
@@ -181,17 +235,30 @@ def _sweep(rows: dict[str, Any], grp: str, bases: Bases, lg: int, reps: int) -> 
         rows[f"{grp}_sweep_2^{lg}_c{c}_ms"] = time_msm(bases, s, reps, msm.MsmParams(window_bits=c), False)["ms"]
     for seg in (32, 128):
         rows[f"{grp}_sweep_2^{lg}_seg{seg}_ms"] = time_msm(bases, s, reps, msm.MsmParams(seg=seg), False)["ms"]
+    _reduce_sweep(rows, grp, bases, lg, reps)
+
+
+def _reduce_sweep(rows: dict[str, Any], grp: str, bases: Bases, lg: int, reps: int) -> None:
+    """combine_seg and group (default 32 each): the last combine / group-sum levels run
+    few threads, so their chain of sequential additions (~32 per level) is latency."""
+    for dist in ("random", "porep"):
+        s = random_scalars(1 << lg, dist, 99)
+        for k in (4, 8):
+            p = msm.MsmParams(combine_seg=k, group=k)
+            r = time_msm(bases, s, reps, p, False)
+            rows[f"{grp}_sweep_{dist}_2^{lg}_combine{k}_group{k}_ms"] = r["ms"]
+            rows[f"{grp}_sweep_{dist}_2^{lg}_combine{k}_group{k}_reduce_ms"] = r["reduce"]
 
 
 def _table(rows: dict[str, Any]) -> str:
-    lines = [f"{'MSM':28} {'ms':>9} ok   " + " ".join(f"{p[:6]:>7}" for p in PHASES)]
+    lines = [f"{'MSM':36} {'ms':>9} ok   " + " ".join(f"{p[:6]:>7}" for p in PHASES)]
     for k in sorted(rows):
         if k.endswith("_ms") and k[:-3] + "_ok" in rows:
             base = k[:-3]
-            lines.append(f"{base:28} {rows[k]:9.2f} {str(rows[base + '_ok'])[0]}    "
+            lines.append(f"{base:36} {rows[k]:9.2f} {str(rows[base + '_ok'])[0]}    "
                          + " ".join(f"{rows.get(f'{base}_{p}_ms', 0.0):7.2f}" for p in PHASES))
-    lines += [f"{k:40} {v:9.2f}" for k, v in sorted(rows.items())
-              if isinstance(v, float) and ("sweep" in k or "fixed_base" in k)]
+    lines += [f"{k:48} {v:9.2f}" for k, v in sorted(rows.items())
+              if isinstance(v, float) and ("sweep" in k or "fixed_base" in k or k.startswith("compile"))]
     return "\n".join(lines)
 
 
@@ -199,13 +266,14 @@ def main() -> None:
     """Run the rows, print the table last, write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2^20 only, 3 reps")
+    ap.add_argument("--g2-variants", action="store_true", help="only the compiled G2 variants at 2^24")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
     global CHECKPOINT
     if args.out:
         out = args.out
         CHECKPOINT = lambda rows: out.write_text(json.dumps(rows, indent=1, sort_keys=True))  # noqa: E731
-    rows = msm_rows(args.quick)
+    rows = variant_rows() if args.g2_variants else msm_rows(args.quick)
     CHECKPOINT(rows)
     print(_table(rows))
 

@@ -244,6 +244,11 @@ class _Msm:
         self.last_timings: dict[str, float] = {}
 
     @property
+    def resident_threads(self) -> int | None:
+        """msm_accumulate threads resident at once on this device (None: not known)."""
+        return self._resident
+
+    @property
     def nbytes(self) -> int:
         """Device bytes held between runs (the resident points; no precomputation)."""
         return 0 if self.d_points is None else int(self.d_points.nbytes)
