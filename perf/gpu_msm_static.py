@@ -14,7 +14,7 @@ branches). ``IMAD`` counts every IMAD form (the Montgomery products);
 
 Usage::
 
-    python perf/gpu_msm_static.py [--g2] [--fp2-calls] [--min-blocks B] [--nthreads T]
+    python perf/gpu_msm_static.py [--g2] [--fp2-calls] [--fp2-lazy] [--min-blocks B] [--nthreads T]
         [-D NAME=VALUE ...] [--json FILE] [--sass FILE]
 
 cicc (NVVM) and ptxas seconds come from nvcc's ``-time`` table.
@@ -236,12 +236,14 @@ def main() -> None:
     ap.add_argument("--nthreads", type=int, default=128, help="MsmParams.nthreads")
     ap.add_argument("--min-blocks", type=int, default=None, help="MsmParams.acc_min_blocks")
     ap.add_argument("--fp2-calls", action="store_true", help="MsmParams.fp2_calls")
+    ap.add_argument("--fp2-lazy", action="store_true", help="MsmParams.fp2_lazy")
     ap.add_argument("-D", dest="defines", action="append", default=[], help="extra define K=V")
     ap.add_argument("--json", type=Path, default=None, help="write the full report here")
     ap.add_argument("--sass", type=Path, default=None, help="write the SASS listing here")
     args = ap.parse_args()
     defines = dict(d.split("=", 1) if "=" in d else (d, "1") for d in args.defines)
-    params = MsmParams(nthreads=args.nthreads, acc_min_blocks=args.min_blocks, fp2_calls=args.fp2_calls)
+    params = MsmParams(nthreads=args.nthreads, acc_min_blocks=args.min_blocks, fp2_calls=args.fp2_calls,
+                       fp2_lazy=args.fp2_lazy)
     rep = compile_report(args.g2, params, defines, args.sass)
     print(summary(rep))
     if args.json:

@@ -28,9 +28,10 @@ import pytest
 from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 
 from cuzk_mp.algebra import curve
-from cuzk_mp.algebra.field import R_MOD, ints_to_limbs
+from cuzk_mp.algebra.field import Q_MOD, R_MOD, ints_to_limbs, limbs_to_ints
 from cuzk_mp.backends.cpu import msm as cpu_msm
 from cuzk_mp.errors import ConfigError, InputError
+from tests import gpu_emu
 from tests.gpu_emu import module_for
 
 SEED = int(os.environ.get("CUZK_TEST_SEED", random.randrange(1 << 30)))
@@ -151,22 +152,26 @@ def test_special_bases(msm: Any, g2: bool, dist: str) -> None:
 
 @pytest.mark.parametrize("dist", ["porep", "same"])
 def test_compiled_knobs(msm: Any, dist: str) -> None:
-    """G2 module variants: Fq2 products as calls (EC_FP2_CALLS) and a register cap
-    (MSM_ACC_MIN_BLOCKS), on the special bases (P + P, P - P, infinity) with small segments."""
+    """G2 module variants: Fq2 products as calls (EC_FP2_CALLS), the lazy-reduction Fq2
+    product (EC_FP2_LAZY) and a register cap (MSM_ACC_MIN_BLOCKS), on the special bases
+    (P + P, P - P, infinity) with small segments."""
     points, scalars = _special(True, dist)
     for params in (msm.MsmParams(fp2_calls=True, seg=5, window_bits=7),
-                   msm.MsmParams(fp2_calls=True, acc_min_blocks=3, seg=64)):
+                   msm.MsmParams(fp2_calls=True, acc_min_blocks=3, seg=64),
+                   msm.MsmParams(fp2_lazy=True, seg=5, window_bits=7),
+                   msm.MsmParams(fp2_lazy=True, fp2_calls=True, seg=64)):
         assert _run(msm, points, scalars, True, params) == _oracle(points, scalars, True), f"seed {SEED} {params}"
 
 
 def test_params_defines(msm: Any) -> None:
-    """Compiled knobs per group: G1 keeps 3 blocks of 128 resident, G2 alone gets EC_FP2_CALLS."""
+    """Compiled knobs per group: G1 keeps 3 blocks of 128 resident, G2 alone gets the Fq2 knobs."""
     p = msm.MsmParams()
     assert p.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 3}
-    assert p.defines(True) == {"MSM_G2": 1, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 1, "EC_FP2_CALLS": 0}
-    q = msm.MsmParams(nthreads=64, acc_min_blocks=4, fp2_calls=True)
-    assert q.defines(False)["MSM_ACC_MIN_BLOCKS"] == 4
-    assert q.defines(True)["EC_FP2_CALLS"] == 1
+    assert p.defines(True) == {"MSM_G2": 1, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 1, "EC_FP2_CALLS": 0,
+                               "EC_FP2_LAZY": 0}
+    q = msm.MsmParams(nthreads=64, acc_min_blocks=4, fp2_calls=True, fp2_lazy=True)
+    assert q.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 64, "MSM_ACC_MIN_BLOCKS": 4}
+    assert q.defines(True)["EC_FP2_CALLS"] == 1 and q.defines(True)["EC_FP2_LAZY"] == 1
     assert msm.MsmParams(nthreads=512).defines(False)["MSM_ACC_MIN_BLOCKS"] == 1
     with pytest.raises(ConfigError, match="acc_min_blocks"):
         msm.MsmParams(acc_min_blocks=0)
@@ -203,6 +208,42 @@ def test_ones_segment(msm: Any) -> None:
         seg = f(n1, r, 64)
         waves = -(-(-(-n1 // seg)) // r)
         assert seg <= 64 and waves == max(1, -(-n1 // (r * 64))), n1
+
+
+def test_fp2_lazy_mul(kind: str) -> None:
+    """fp2_lazy::mul (ec/fp2_lazy.cuh, the EC_FP2_LAZY variant) and fp2_t's product against
+    Python ints on Montgomery-form Fq2 elements, with 0, 1, q - 1, q - 2, R mod q, ... among
+    the coordinates (both signs of a0 b0 - a1 b1, the largest sums a0 + a1)."""
+    rng = random.Random(SEED + 17)
+    edge = [0, 1, Q_MOD - 1, Q_MOD - 2, (1 << 384) % Q_MOD, (Q_MOD - 1) // 2, 1 << 380]
+    n = 500
+    vals = [[rng.choice(edge) if rng.random() < 0.5 else rng.randrange(Q_MOD) for _ in range(4)] for _ in range(n)]
+    a = ints_to_limbs([v for x in vals for v in x[:2]], 6).reshape(n, 12)
+    b = ints_to_limbs([v for x in vals for v in x[2:]], 6).reshape(n, 12)
+    out = _launch_check(kind, a, b)
+    r_inv = pow(1 << 384, -1, Q_MOD)
+    for i, (a0, a1, b0, b1) in enumerate(vals):
+        want = [(a0 * b0 - a1 * b1) * r_inv % Q_MOD, (a0 * b1 + a1 * b0) * r_inv % Q_MOD]
+        got = limbs_to_ints(out[i].reshape(4, 6))
+        assert got[:2] == want and got[2:] == want, f"seed {SEED} row {i}: {vals[i]}"
+
+
+def _launch_check(kind: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """Run ec/check.cu's ec_fp2_mul_check on the device or in the emulator; (n, 24) out."""
+    n = a.shape[0]
+    if kind == "emu":
+        kernel = gpu_emu.get_module("ec/check.cu").get_function("ec_fp2_mul_check")
+        out = np.zeros((n, 24), dtype=np.uint64)
+        kernel((-(-n // 128),), (128,), (a, b, out, np.uint64(n)))
+        return out
+    import cupy
+
+    from cuzk_mp.backends.gpu.modules import get_module
+
+    kernel = get_module("ec/check.cu").get_function("ec_fp2_mul_check")
+    d_out = cupy.zeros((n, 24), dtype=np.uint64)
+    kernel((-(-n // 128),), (128,), (cupy.asarray(a), cupy.asarray(b), d_out, np.uint64(n)))
+    return cupy.asnumpy(d_out)
 
 
 def test_bad_inputs(msm: Any) -> None:

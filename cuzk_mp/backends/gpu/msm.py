@@ -54,7 +54,7 @@ _NULL = np.uint64(0)  # a null device pointer argument
 @dataclass(frozen=True)
 class MsmParams:
     """Knobs of one MSM object. Compiled in (one module per value, see :meth:`defines`):
-    ``nthreads``, ``acc_min_blocks``, ``fp2_calls``; the rest is launch geometry."""
+    ``nthreads``, ``acc_min_blocks``, ``fp2_calls``, ``fp2_lazy``; the rest is launch geometry."""
 
     nthreads: int = 128  # threads per block of every kernel
     # msm_accumulate's __launch_bounds__ minimum blocks per SM (caps its registers at
@@ -62,6 +62,7 @@ class MsmParams:
     # registers: its occupancy before the by-value fix), 1 for G2 (255 registers, 2 blocks)
     acc_min_blocks: int | None = None
     fp2_calls: bool = False  # G2: Fq2 mul/sqr of the mixed addition as calls (EC_FP2_CALLS, ec/xyzz.cuh)
+    fp2_lazy: bool = False  # G2: Fq2 mul with two reductions instead of three (EC_FP2_LAZY, ec/fp2_lazy.cuh)
     seg: int = 64  # sorted entries per accumulation thread
     combine_seg: int = 32  # heads per thread in each combine level
     group: int = 32  # inputs per thread in group sums
@@ -92,6 +93,7 @@ class MsmParams:
         out = {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads, "MSM_ACC_MIN_BLOCKS": min_blocks}
         if g2:
             out["EC_FP2_CALLS"] = int(self.fp2_calls)
+            out["EC_FP2_LAZY"] = int(self.fp2_lazy)
         return out
 
 

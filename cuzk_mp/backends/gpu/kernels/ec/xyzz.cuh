@@ -25,6 +25,7 @@
  */
 #pragma once
 #include "affine.cuh"
+#include "fp2_lazy.cuh"
 
 #ifdef __CUDACC__
 #define EC_NOINLINE __host__ __device__ __noinline__
@@ -33,18 +34,35 @@
 #endif
 
 /* The products of the mixed addition go through ec_mul / ec_sqr, so that the G2 MSM
- * module can choose how its Fq2 products are compiled (EC_FP2_CALLS, a -D knob):
+ * module can choose how its Fq2 products are compiled (-D knobs, MsmParams in msm.py):
+ * EC_FP2_CALLS
  *   0  inline (default): each Fq2 product is ~1000 SASS instructions in place, so one
  *      G2 mixed addition is ~13.6 k instructions (~220 KB of code per bucket step);
  *   1  Fq2 mul and sqr are __noinline__ calls (one body of each per kernel): about as
  *      many instructions executed, ~6 x less code (~70 KB), but the caller's live
  *      values are saved around each call (local memory; ptxas's calling convention).
- * Which wins depends on the instruction cache and is measured on the device
- * (perf/gpu_msm_notes.md). G1 (fp_t) is always inlined. */
+ * EC_FP2_LAZY
+ *   0  Fq2 mul is fp2_t's (default);  1  fp2_lazy::mul (fp2_lazy.cuh: Karatsuba on
+ *      double-width products, two Montgomery reductions instead of three).
+ * Which wins depends on the instruction cache and the register budget and is
+ * measured on the device (perf/gpu_msm_notes.md). G1 (fp_t) is always inlined. */
 #ifndef EC_FP2_CALLS
 #define EC_FP2_CALLS 0
 #endif
+#ifndef EC_FP2_LAZY
+#define EC_FP2_LAZY 0
+#endif
+#if (EC_FP2_CALLS != 0 && EC_FP2_CALLS != 1) || (EC_FP2_LAZY != 0 && EC_FP2_LAZY != 1)
+#error "EC_FP2_CALLS and EC_FP2_LAZY must be 0 or 1"
+#endif
 
+FF_INLINE fp2_t ec_fp2_mul(const fp2_t& a, const fp2_t& b) {
+#if EC_FP2_LAZY
+    return fp2_lazy::mul(a, b);
+#else
+    return a * b;
+#endif
+}
 template <class F>
 FF_INLINE F ec_mul(const F& a, const F& b) {
     return a * b;
@@ -53,9 +71,9 @@ template <class F>
 FF_INLINE F ec_sqr(const F& a) {
     return a.sqr();
 }
-#if EC_FP2_CALLS == 1
+#if EC_FP2_CALLS
 EC_NOINLINE fp2_t ec_fp2_mul_call(fp2_t a, fp2_t b) {
-    return a * b;
+    return ec_fp2_mul(a, b);
 }
 EC_NOINLINE fp2_t ec_fp2_sqr_call(fp2_t a) {
     return a.sqr();
@@ -68,8 +86,11 @@ template <>
 FF_INLINE fp2_t ec_sqr<fp2_t>(const fp2_t& a) {
     return ec_fp2_sqr_call(a);
 }
-#elif EC_FP2_CALLS != 0
-#error "EC_FP2_CALLS must be 0 or 1"
+#else
+template <>
+FF_INLINE fp2_t ec_mul<fp2_t>(const fp2_t& a, const fp2_t& b) {
+    return ec_fp2_mul(a, b);
+}
 #endif
 
 template <class F>
