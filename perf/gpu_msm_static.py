@@ -9,13 +9,17 @@ package ``nvidia-cuda-cuobjdump``), SASS instruction counts: the whole
 function and the accumulation's main loop (the instructions between the
 target of the function's widest backward branch and that branch: one bucket
 step = key load, run change, point load, mixed addition with its rare
-branches). ``IMAD`` counts every IMAD form (the Montgomery products);
-``LDL``/``STL`` are local-memory (spill or stack) accesses inside that span.
+branches), and its hot path (``:hot``, see :func:`hot_path`) with the
+bodies of the functions it calls; ``hot_code_bytes`` is the loop plus those
+bodies, the code one bucket step runs through (16 bytes per instruction).
+``IMAD`` counts every IMAD form (the Montgomery products); ``LDL``/``STL``
+are local-memory (spill, stack or call-save) accesses.
 
 Usage::
 
     python perf/gpu_msm_static.py [--g2] [--fp2-calls] [--fp2-lazy] [--min-blocks B] [--nthreads T]
         [-D NAME=VALUE ...] [--json FILE] [--sass FILE]
+    python perf/gpu_msm_static.py --variants --json FILE   # G1 + every G2 bench variant
 
 cicc (NVVM) and ptxas seconds come from nvcc's ``-time`` table.
 """
@@ -37,6 +41,7 @@ from pathlib import Path
 from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 try:
     import cupy  # noqa: F401
@@ -209,8 +214,10 @@ def compile_report(g2: bool, params: MsmParams, extra: dict[str, str] | None = N
             if "msm_accumulate" in sass:
                 loop = main_loop(sass["msm_accumulate"])
                 report["sass"]["msm_accumulate:loop"] = _counts(loop)
-                report["sass"]["msm_accumulate:hot"] = _counts(with_callees(hot_path(loop, sass["msm_accumulate"]),
-                                                                            sass["msm_accumulate"]))
+                func = sass["msm_accumulate"]
+                path = hot_path(loop, func)
+                report["sass"]["msm_accumulate:hot"] = _counts(with_callees(path, func))
+                report["hot_code_bytes"] = 16 * (len(loop) + len({i for i in with_callees(path, func)} - set(loop)))
     return report
 
 
@@ -225,6 +232,8 @@ def summary(rep: dict[str, Any]) -> str:
         if name in rep.get("sass", {}):
             c = rep["sass"][name]
             lines.append(f"  SASS {name:20} " + " ".join(f"{k} {v}" for k, v in c.items()))
+    if "hot_code_bytes" in rep:
+        lines.append(f"  code of the loop and the callees it runs: {rep['hot_code_bytes'] // 1024} KB")
     lines.append(f"  cicc {rep.get('cicc_s')} s  ptxas {rep.get('ptxas_s')} s")
     return "\n".join(lines)
 
@@ -238,10 +247,23 @@ def main() -> None:
     ap.add_argument("--fp2-calls", action="store_true", help="MsmParams.fp2_calls")
     ap.add_argument("--fp2-lazy", action="store_true", help="MsmParams.fp2_lazy")
     ap.add_argument("-D", dest="defines", action="append", default=[], help="extra define K=V")
+    ap.add_argument("--variants", action="store_true",
+                    help="G1 default and every G2 variant of perf/gpu_msm_bench.py's G2_VARIANTS")
     ap.add_argument("--json", type=Path, default=None, help="write the full report here")
     ap.add_argument("--sass", type=Path, default=None, help="write the SASS listing here")
     args = ap.parse_args()
     defines = dict(d.split("=", 1) if "=" in d else (d, "1") for d in args.defines)
+    if args.variants:
+        from gpu_msm_bench import G2_VARIANTS
+
+        reps = {"g1_default": compile_report(False, MsmParams(), defines)}
+        print(summary(reps["g1_default"]), flush=True)
+        for name, params in G2_VARIANTS.items():
+            reps[f"g2_{name}"] = compile_report(True, params, defines)
+            print(f"[g2 {name}] " + summary(reps[f"g2_{name}"]), flush=True)
+        if args.json:
+            args.json.write_text(json.dumps(reps, indent=1, sort_keys=True))
+        return
     params = MsmParams(nthreads=args.nthreads, acc_min_blocks=args.min_blocks, fp2_calls=args.fp2_calls,
                        fp2_lazy=args.fp2_lazy)
     rep = compile_report(args.g2, params, defines, args.sass)
