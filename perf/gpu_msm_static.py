@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import datetime
 import json
 import os
 import re
@@ -262,14 +263,21 @@ def main() -> None:
             reps[f"g2_{name}"] = compile_report(True, params, defines)
             print(f"[g2 {name}] " + summary(reps[f"g2_{name}"]), flush=True)
         if args.json:
-            args.json.write_text(json.dumps(reps, indent=1, sort_keys=True))
+            args.json.write_text(json.dumps(_with_meta(reps), indent=1, sort_keys=True))
         return
     params = MsmParams(nthreads=args.nthreads, acc_min_blocks=args.min_blocks, fp2_calls=args.fp2_calls,
                        fp2_lazy=args.fp2_lazy)
     rep = compile_report(args.g2, params, defines, args.sass)
     print(summary(rep))
     if args.json:
-        args.json.write_text(json.dumps(rep, indent=1, sort_keys=True))
+        args.json.write_text(json.dumps(_with_meta({"report": rep}), indent=1, sort_keys=True))
+
+
+def _with_meta(reports: dict[str, Any]) -> dict[str, Any]:
+    """The reports with the date, the nvcc release and a note that no GPU ran."""
+    version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()
+    return {"date": datetime.date.today().isoformat(), "gpu": "none: static sm_90 cubin figures",
+            "nvcc": version[-1] if version else None, "variants": reports}
 
 
 if __name__ == "__main__":
