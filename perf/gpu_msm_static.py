@@ -277,7 +277,7 @@ def _with_meta(reports: dict[str, Any]) -> dict[str, Any]:
     """The reports with the date, the nvcc release and a note that no GPU ran."""
     version = subprocess.run(["nvcc", "--version"], capture_output=True, text=True).stdout.strip().splitlines()
     return {"date": datetime.date.today().isoformat(), "gpu": "none: static sm_90 cubin figures",
-            "nvcc": version[-1] if version else None, "variants": reports}
+            "nvcc": next((v for v in version if "release" in v), None), "variants": reports}
 
 
 if __name__ == "__main__":
