@@ -12,8 +12,10 @@ step = key load, run change, point load, mixed addition with its rare
 branches), and its hot path (``:hot``, see :func:`hot_path`) with the
 bodies of the functions it calls; ``hot_code_bytes`` is the loop plus those
 bodies, the code one bucket step runs through (16 bytes per instruction).
-``IMAD`` counts every IMAD form (the Montgomery products); ``LDL``/``STL``
-are local-memory (spill, stack or call-save) accesses.
+``IMAD`` counts every IMAD form (ptxas also issues moves and carry adds as
+IMAD.MOV / IMAD.X), ``IMAD_WIDE`` the 32 x 32 -> 64 products alone (the
+Montgomery work); ``LDL``/``STL`` are local-memory (spill, stack or
+call-save) accesses.
 
 Usage::
 
@@ -95,7 +97,8 @@ def parse_sass(text: str) -> dict[str, list[tuple[int, str, str]]]:
 
 def _counts(ins: list[tuple[int, str, str]]) -> dict[str, int]:
     ops = Counter(op.split(".")[0] for _, op, _ in ins)
-    return {"instructions": len(ins), "IMAD": ops["IMAD"], "IADD3": ops["IADD3"],
+    wide = sum(1 for _, op, _ in ins if op.startswith("IMAD.WIDE"))
+    return {"instructions": len(ins), "IMAD": ops["IMAD"], "IMAD_WIDE": wide, "IADD3": ops["IADD3"],
             "LDL": ops["LDL"], "STL": ops["STL"], "LDG": ops["LDG"], "LDS": ops["LDS"], "STS": ops["STS"],
             "other": len(ins) - sum(ops[k] for k in ("IMAD", "IADD3", "LDL", "STL", "LDG", "LDS", "STS"))}
 
