@@ -46,7 +46,7 @@ PHASES = ("classify", "ones", "digits", "sort", "accumulate", "reduce", "finish"
 G2_VARIANTS = {
     "inline": msm.MsmParams(),  # the default: Fq2 products inlined, 255 registers, 2 blocks/SM
     "inline_mb3": msm.MsmParams(acc_min_blocks=3),  # 168 registers, 3 blocks/SM, spills in L1
-    "calls": msm.MsmParams(fp2_calls=True),  # Fq2 mul/sqr as calls: ~6x less code per step
+    "calls": msm.MsmParams(fp2_calls=True),  # Fq2 mul/sqr as calls: ~3x less code per step
     "calls_mb3": msm.MsmParams(fp2_calls=True, acc_min_blocks=3),
     "lazy": msm.MsmParams(fp2_lazy=True),  # Fq2 mul with two reductions: -13 % IMADs
     "calls_lazy": msm.MsmParams(fp2_calls=True, fp2_lazy=True),
