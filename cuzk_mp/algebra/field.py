@@ -65,6 +65,7 @@ class MontParams:
         self.r2 = pow(self.r, 2, modulus)  # (R^2 mod p): to_mont(x) = mont_mul(x, R^2)
         self.r3 = pow(self.r, 3, modulus)
         self.inv = (-pow(modulus, -1, 1 << 64)) % (1 << 64)  # -p^-1 mod 2^64
+        self.r_inv = pow(self.r, -1, modulus)  # R^-1 mod p (from_mont_int)
         self.limbs = int_to_limbs(modulus, nlimbs)
 
     def to_mont_int(self, x: int) -> int:
@@ -73,7 +74,7 @@ class MontParams:
 
     def from_mont_int(self, x: int) -> int:
         """x * R^-1 mod p (a single element, Python ints)."""
-        return (x * pow(self.r, -1, self.modulus)) % self.modulus
+        return (x * self.r_inv) % self.modulus
 
 
 def int_to_limbs(x: int, nlimbs: int) -> np.ndarray:
