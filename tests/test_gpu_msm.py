@@ -210,7 +210,7 @@ def test_ones_segment(msm: Any) -> None:
         assert seg <= 64 and waves == max(1, -(-n1 // (r * 64))), n1
 
 
-def test_fp2_lazy_mul(kind: str) -> None:
+def test_fp2_lazy_mul(kind: str, msm: Any) -> None:  # msm: skips where this kind cannot run
     """fp2_lazy::mul (ec/fp2_lazy.cuh, the EC_FP2_LAZY variant) and fp2_t's product against
     Python ints on Montgomery-form Fq2 elements, with 0, 1, q - 1, q - 2, R mod q, ... among
     the coordinates (both signs of a0 b0 - a1 b1, the largest sums a0 + a1)."""
