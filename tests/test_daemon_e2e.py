@@ -31,8 +31,8 @@ from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.transport import frame
 from cuzk_mp.errors import InputError
 from tests.test_daemon_support import (
-    ENV, PY, REPO, DaemonProcess, check_proofs, config_text, parse_prometheus, shm_leftovers,
-    snarkjs_verify,
+    ENV, PY, REPO, DaemonProcess, check_proofs, config_text, parse_prometheus, raw_roundtrip,
+    shm_leftovers, snarkjs_verify,
 )
 
 
@@ -234,34 +234,14 @@ def test_status_and_metrics_over_http(daemon: DaemonProcess) -> None:
         assert resp.status == 200 and resp.read() == b"ok\n"
 
 
-def _raw(path: str, payloads: list[bytes]) -> list[Any]:
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(30)
-    s.connect(path)
-    for p in payloads:
-        s.sendall(p)
-    out, buf = [], b""
-    while len(out) < len(payloads):
-        chunk = s.recv(65536)
-        if not chunk:
-            break
-        buf += chunk
-        while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
-            n = struct.unpack(">I", buf[:4])[0]
-            out.append(P.decode_reply(buf[4:4 + n]))
-            buf = buf[4 + n:]
-    s.close()
-    return out
-
-
 def test_bad_frames_and_inputs_get_clear_errors(daemon: DaemonProcess, tmp_path: Path) -> None:
     path = daemon.addr[len("unix://"):]
     garbage = frame(b"\x92\x01\xc1not msgpack")
     typo = frame(msgspec.msgpack.encode({"type": "Prove", "id": 5, "circuit": "syn"}))
-    replies = _raw(path, [garbage, typo, frame(P.encode(P.GetMetrics(id=6)))])
+    replies = raw_roundtrip(path, [garbage, typo, frame(P.encode(P.GetMetrics(id=6)))])
     assert [r.kind for r in replies[:2]] == ["InputError", "InputError"] and replies[1].id == 5
     assert isinstance(replies[2], P.MetricsReply)
-    replies = _raw(path, [struct.pack(">I", 2**31) + b"junk"])
+    replies = raw_roundtrip(path, [struct.pack(">I", 2**31) + b"junk"])
     assert replies[0].kind == "InputError" and "max_frame_bytes" in replies[0].message
 
     from cuzk_mp.formats.wtns import read_wtns, write_wtns

@@ -35,6 +35,7 @@ from cuzk_mp.daemon.transport import frame, inproc_pair
 from cuzk_mp.errors import InputError, ResourceError
 from cuzk_mp.formats.snarkjs_json import Proof
 from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionResult
+from tests.test_daemon_support import raw_roundtrip
 
 
 class FakeEngine:
@@ -290,45 +291,18 @@ def test_errors_are_data_and_the_daemon_keeps_serving(tmp_path: Path) -> None:
     run_daemon(tmp_path, body)
 
 
-def _raw_roundtrip(path: str, payloads: list[bytes]) -> list[Any]:
-    """Send raw frames on a fresh connection; return decoded replies until EOF or timeout."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(5)
-    s.connect(path)
-    try:
-        # One write: the frames are small enough to sit in the socket buffer at once, so a
-        # server that answers an oversized frame and closes cannot break the pipe mid-send.
-        s.sendall(b"".join(payloads))
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the server already closed; its reply (if any) is still readable below
-    out, buf = [], b""
-    try:
-        while len(out) < len(payloads):
-            chunk = s.recv(65536)
-            if not chunk:
-                break
-            buf += chunk
-            while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
-                n = struct.unpack(">I", buf[:4])[0]
-                out.append(P.decode_reply(buf[4:4 + n]))
-                buf = buf[4 + n:]
-    finally:
-        s.close()
-    return out
-
-
 def test_malformed_and_oversized_frames(tmp_path: Path) -> None:
     async def body(d: Daemon, addr: str) -> None:
         path = str(tmp_path / "d.sock")
         good = frame(P.encode(P.GetMetrics(id=9)))
         wrong_type = frame(msgspec.msgpack.encode({"type": "SubmitProof", "id": 42}))
         garbage = frame(b"\xc1\xff\x00garbage")
-        replies = await asyncio.to_thread(_raw_roundtrip, path, [garbage, wrong_type, good])
+        replies = await asyncio.to_thread(raw_roundtrip, path, [garbage, wrong_type, good], 5.0)
         assert [type(r).__name__ for r in replies] == ["ErrorReply", "ErrorReply", "MetricsReply"]
         assert replies[0].kind == "InputError" and "malformed" in replies[0].message
         assert replies[1].id == 42 and "circuit_id" in replies[1].message
         oversized = struct.pack(">I", 10 * 2**20) + b"x" * 100
-        replies = await asyncio.to_thread(_raw_roundtrip, path, [oversized, good])
+        replies = await asyncio.to_thread(raw_roundtrip, path, [oversized, good], 5.0)
         assert len(replies) == 1 and replies[0].kind == "InputError"
         assert "max_frame_bytes" in replies[0].message
         async with await AsyncClient.connect(addr) as c:  # still serving

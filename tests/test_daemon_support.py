@@ -7,12 +7,15 @@ from __future__ import annotations
 import os
 import re
 import signal
+import socket
 import subprocess
+import struct
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
+from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import Client
 from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json, vk_from_json
 from cuzk_mp.groth16.verifier import verify
@@ -191,3 +194,30 @@ def snarkjs_verify(vk: dict[str, Any], cases: list[tuple[Any, Any]]) -> None:
         json.dump(vk, f)
         f.flush()
         assert groth16_verify_many(Path(f.name), cases) == [True] * len(cases)
+
+
+def raw_roundtrip(path: str, payloads: list[bytes], timeout: float = 30.0) -> list[Any]:
+    """Send raw frames on a fresh unix-socket connection; the decoded replies until EOF or timeout."""
+    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    s.settimeout(timeout)
+    s.connect(path)
+    try:
+        # One write: the frames are small enough to sit in the socket buffer at once, so a
+        # server that answers an oversized frame and closes cannot break the pipe mid-send.
+        s.sendall(b"".join(payloads))
+    except (BrokenPipeError, ConnectionResetError):
+        pass  # the server already closed; its reply (if any) is still readable below
+    out, buf = [], b""
+    try:
+        while len(out) < len(payloads):
+            chunk = s.recv(65536)
+            if not chunk:
+                break
+            buf += chunk
+            while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
+                n = struct.unpack(">I", buf[:4])[0]
+                out.append(P.decode_reply(buf[4:4 + n]))
+                buf = buf[4 + n:]
+    finally:
+        s.close()
+    return out
