@@ -14,7 +14,7 @@
  *
  * Double-width products split the rows over two accumulators as fp_t does (mont.cuh),
  * so each row is one unbroken carry chain (see mul_wide). The reduction and the final
- * subtraction are fp_t's own static steps (redc_step, final_sub).
+ * subtraction are fp_t::redc_wide, the tail fp_t::sqr() shares.
  */
 #pragma once
 #include "../ff/fp2.cuh"
@@ -89,29 +89,6 @@ FF_INLINE void add_pr(uint32_t* w, uint32_t mask) {
     w[2 * N - 1] = ptx::addc(w[2 * N - 1], fq_field::mod(N - 1) & mask, cc);
 }
 
-/* w R^-1 mod p for w < p R (high half below p): REDC of the low half plus the high
- * half, the tail of fp_t::sqr(). Clobbers w. */
-FF_INLINE fp_t redc_wide(uint32_t* w) {
-    uint32_t P[N], odd[N];
-    fp_t::load_mod(P);
-#pragma unroll
-    for (int i = 0; i < N; i += 2) {
-        fp_t::redc_step(w, odd, P, i == 0);
-        fp_t::redc_step(odd, w, P, false);
-    }
-    ptx::cc_t cc;
-    fp_t r;
-    r.l[0] = ptx::add_cc(w[0], odd[1], cc);
-#pragma unroll
-    for (int i = 1; i < N - 1; i++) r.l[i] = ptx::addc_cc(w[i], odd[i + 1], cc);
-    r.l[N - 1] = ptx::addc(w[N - 1], 0, cc);
-    r.l[0] = ptx::add_cc(r.l[0], w[N], cc);
-#pragma unroll
-    for (int i = 1; i < N - 1; i++) r.l[i] = ptx::addc_cc(r.l[i], w[N + i], cc);
-    r.l[N - 1] = ptx::addc(r.l[N - 1], w[2 * N - 1], cc);
-    fp_t::final_sub(r.l);
-    return r;
-}
 
 /* r = a + b over 2N words (callers keep the sum below 2^(64 N)). */
 FF_INLINE void add_wide(uint32_t* r, const uint32_t* a, const uint32_t* b) {
@@ -131,13 +108,13 @@ FF_INLINE fp2_t mul(const fp2_t& a, const fp2_t& b) {
     add_wide(s, t0, t1);                   /* a0 b0 + a1 b1 < 2 p^2 */
     add_pr(t0, sub_wide(t0, t0, t1));      /* a0 b0 - a1 b1 (+ p R): in [0, p R) */
     fp2_t r;
-    r.c0 = redc_wide(t0);
+    r.c0 = fp_t::redc_wide(t0);
     uint32_t sa[N], sb[N];
     add_raw(sa, a.c0.l, a.c1.l);
     add_raw(sb, b.c0.l, b.c1.l);
     mul_wide(t0, sa, sb);                  /* (a0 + a1)(b0 + b1) < 4 p^2 */
     sub_wide(t0, t0, s);                   /* a0 b1 + a1 b0: no borrow */
-    r.c1 = redc_wide(t0);
+    r.c1 = fp_t::redc_wide(t0);
     return r;
 }
 

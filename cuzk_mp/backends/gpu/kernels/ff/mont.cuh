@@ -269,9 +269,17 @@ struct mont_t {
     /* a^2 R^-1 = REDC(w_lo) + w_hi with w = a^2: REDC(w_lo) <= p and w_hi < p - 1, so the
      * sum is < 2p and one final subtraction makes it canonical. */
     FF_INLINE mont_t sqr() const {
-        uint32_t w[2 * N], P[N], odd[N];
-        load_mod(P);
+        uint32_t w[2 * N];
         sqr_wide(w, l);
+        return redc_wide(w);
+    }
+
+    /* w R^-1 mod p for a 2N-word w < p R (high half below p): REDC of the low half plus
+     * the high half; the sum is < 2p and one final subtraction makes it canonical.
+     * Shared by sqr() and the lazy Fq2 product (ec/fp2_lazy.cuh). Clobbers w. */
+    FF_INLINE static mont_t redc_wide(uint32_t* w) {
+        uint32_t P[N], odd[N];
+        load_mod(P);
 #pragma unroll
         for (int i = 0; i < N; i += 2) {
             redc_step(w, odd, P, i == 0);  /* w[0..N) is the low accumulator ("even") */
