@@ -135,23 +135,36 @@ def test_duplicate_request_ids_return_the_same_job(daemon: DaemonProcess) -> Non
 
 
 def test_priorities_are_observed_in_completion_order(daemon: DaemonProcess) -> None:
-    async def run() -> dict[str, Any]:
-        async with await AsyncClient.connect(daemon.addr) as c:
-            order = [("blocker", "syn", None, 12), ("low", "syn", "LOW", 1),
-                     ("normal", "syn", None, 1), ("high", "syn", "HIGH", 1),
-                     ("crit", "crit", None, 1)]
-            subs = await asyncio.gather(*[
-                c.submit(cid, synthetic_partitions(n, first_seed=100 + i), priority=prio)
-                for i, (_, cid, prio, n) in enumerate(order)])
-            done = await asyncio.gather(*[c.await_proof(s.job_id, timeout_s=300) for s in subs])
-            return {name: r for (name, *_), r in zip(order, done)}
+    """Priority beats age, age breaks ties: checked on completion order.
 
-    r = asyncio.run(run())
+    The blocker (many normal partitions) is submitted first; the others follow one at a time,
+    each after the previous one is acknowledged, in an order where FIFO and priority disagree:
+    ``low`` comes before ``normal`` and both come before ``crit`` and ``high``. Submitting them
+    concurrently made the outcome depend on which journal write finished first (a HIGH job that
+    reached the engine before the CRITICAL one rightly started first). ``crit`` goes before
+    ``high`` so that their relative order is fixed whichever way the worker's next pick falls.
+    """
+    async def run() -> tuple[dict[str, Any], float]:
+        async with await AsyncClient.connect(daemon.addr) as c:
+            order = [("blocker", "syn", None, 24), ("low", "syn", "LOW", 1),
+                     ("normal", "syn", None, 1), ("crit", "crit", None, 1),
+                     ("high", "syn", "HIGH", 1)]
+            subs = []
+            for i, (_, cid, prio, n) in enumerate(order):
+                subs.append(await c.submit(cid, synthetic_partitions(n, first_seed=100 + i),
+                                           priority=prio))
+            all_queued = time.time()
+            done = await asyncio.gather(*[c.await_proof(s.job_id, timeout_s=300) for s in subs])
+            return {name: r for (name, *_), r in zip(order, done)}, all_queued
+
+    r, all_queued = asyncio.run(run())
     assert all(x.state == "done" for x in r.values())
-    assert r["crit"].priority == "CRITICAL"
+    assert r["crit"].priority == "CRITICAL" and r["low"].priority == "LOW"
     t = {k: v.finished_at for k, v in r.items()}
-    assert t["crit"] < t["high"] < t["normal"] < t["low"], t
-    assert t["blocker"] < t["normal"]
+    # Precondition: the blocker was still proving when the last job was queued; otherwise the
+    # order below would say nothing about priorities.
+    assert t["blocker"] > all_queued, ("the blocker finished before every job was queued", t)
+    assert t["crit"] < t["high"] < t["blocker"] < t["normal"] < t["low"], t
 
 
 def _wait_partition_done(c: Any, job_id: str, timeout: float = 120) -> Any:
