@@ -55,6 +55,8 @@ summary = {name: {**{k: r[k] for k in ("s_per_proof", "first_job_s", "proofs_tot
                                         "gpu_busy_fraction")},
                   "memory_bound_bytes": r["memory_bound"]["bound_bytes"],
                   "memory_margin_bytes": r["memory_bound"]["margin_bytes"],
+                  "working_set_excess_bytes": r["memory_bound"]["working_set_excess_bytes"],
+                  "peak_host_bytes_by_job": r["memory_bound"]["peak_host_bytes_by_job"],
                   "ring_margin_bytes": r["memory_bound"]["ring_margin_bytes"]} for name, r in runs.items()}
 spp = [r["s_per_proof"] for r in runs.values()]
 out.write_text(json.dumps({"summary": summary, "s_per_proof_median": statistics.median(spp),

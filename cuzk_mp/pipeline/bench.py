@@ -14,12 +14,16 @@ Owns one :class:`~cuzk_mp.pipeline.engine.Engine` for the duration of the run
   --json`` several times (perf/pipeline_bench.sh does) and compare the files;
 * every proof is verified again at the end, in this process, against the
   zkey's verification key (independently of the provers' self-check);
-* host memory is sampled every 0.2 s: process tree RSS + live shm bytes.
+* host memory is sampled every 0.2 s: process tree RSS + live shm bytes; each
+  process's exact RSS high-water mark is read from the kernel after the first
+  job and at the end.
 
 Memory bound reported (``memory_bound``, see :func:`memory_bound`): the ring's
 exact bound on live shm, and fixed + ring_slots x segment_bytes +
 partition_workers x synthesis working set + devices x prover working set, with
-the margin of the measured peak under each.
+the working sets calibrated on the first job and the bound checked on the whole
+run: the margin of the sampled peak under it, whether any process outgrew its
+first-job working set later, and the peak of each job's window (flat or not).
 """
 
 from __future__ import annotations
@@ -37,7 +41,7 @@ from typing import Any
 from ..errors import InputError
 from .benchreport import Progress, machine_info, median_stage, plot_timeline, require_matplotlib, table
 from .engine import Engine
-from .monitor import MemorySampler, tree_rss
+from .monitor import MemorySampler, reset_peak_rss, tree_peak_rss, tree_rss
 from .types import STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult
 
 # defaults that finish in well under 5 minutes on the 2-core CPU machine / use an H200 sensibly
@@ -95,6 +99,8 @@ class BenchRun:
         self.busy_marks: list[dict[str, dict[str, float]]] = []
         self.progress: Progress | None = None
         self.engine: Engine | None = None
+        self.peak_rss_first_job: dict[str, int] | None = None  # per process, when run 0's first job ended
+        self.sampler: MemorySampler | None = None
 
     def _on_partition(self, job_id: str, result: PartitionResult) -> None:
         self.part_done[(job_id, result.index)] = time.time()
@@ -107,6 +113,10 @@ class BenchRun:
             assert run is not None
             run.results.append(result)
             run.t_done[result.job_id] = time.time()
+            if self.peak_rss_first_job is None:
+                self.peak_rss_first_job = tree_peak_rss()
+            if self.sampler is not None:
+                self.sampler.sample()  # every job window gets at least the sample at its end
             if len(run.t_done) == 1 or len(run.t_done) == self.args.jobs:
                 self.busy_marks.append(self.engine.metrics()["per_process"])  # type: ignore[union-attr]
             self.cond.notify_all()
@@ -159,17 +169,22 @@ class BenchRun:
         engine.start()
         try:
             engine.preload(spec.circuit_id)
-            sampler = MemorySampler(engine.prefix, interval_s=0.2)
+            sampler = self.sampler = MemorySampler(engine.prefix, interval_s=0.2)
             sampler.sample()
+            peaks_reset = reset_peak_rss()  # high-water marks from here: key loading and setup left out
             idle = tree_rss()
             sampler.start()
             self.progress = None if a.quiet else Progress(a.jobs * a.partitions * a.repeat)
             runs = [self.one_run(engine, spec.circuit_id, fixed, r) for r in range(a.repeat)]
+            peak_rss_end = tree_peak_rss()
             memory = sampler.stop()
+            self.sampler = None
+            memory.update(idle_rss=idle, peak_rss_first_job=self.peak_rss_first_job or {},
+                          peak_rss_end=peak_rss_end, peaks_reset=peaks_reset)
             status = engine.status()
         finally:
             engine.stop()
-        return {"spec": spec, "runs": runs, "memory": memory, "idle_rss": idle, "status": status,
+        return {"spec": spec, "runs": runs, "memory": memory, "status": status,
                 "zkey": Path(status_zkey(engine, spec.circuit_id))}
 
 
@@ -225,17 +240,28 @@ def _busy_fractions(bench: BenchRun, runs: list[_Run]) -> dict[str, float] | Non
 
 
 def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """The design's memory bound, checked against what the sampler saw.
+    """The design's host-memory bound, calibrated on the first job and checked on the whole run.
 
     * ring (exact by construction): live shm <= ring_slots x segment_bytes + the
       control block and two semaphores (one page each);
-    * host: fixed + ring_slots x segment_bytes + partition_workers x synth_ws +
-      devices x prover_ws, where fixed = every process's idle RSS with the key
-      loaded (+ the engine process's own growth) and *_ws = the largest growth of
-      one process of that kind over its idle RSS (measured, not estimated). The
-      margin is how far the simultaneous peak stayed under the sum of separate
-      peaks. RSS also counts shm pages a process has mapped (while writing or
-      staging a segment), so the formula counts those twice and errs high.
+    * host: ``fixed + engine_ws + ring_slots x segment_bytes + partition_workers x
+      synth_ws + devices x prover_ws``. ``fixed`` is every process's RSS once idle
+      with the key loaded; a kind's working set ``*_ws`` is the largest growth of
+      one process of that kind, its kernel RSS high-water mark when the first job
+      completed minus its idle RSS (marks are reset at idle, so key loading is not
+      counted). The bound is therefore a prediction made from the first job;
+      ``margin_bytes`` is how far the sampled peak of the whole run (tree RSS +
+      shm) stayed under it.
+    * flat across jobs: ``working_set_excess_bytes`` is the most any synthesis or
+      prover process's final high-water mark went past idle + its kind's
+      first-job working set (<= 0: none ever needed more than in the first job);
+      ``engine_growth_after_first_job_bytes`` is the engine (here: the bench
+      process, which also keeps every job's result for the report);
+      ``peak_host_bytes_by_job`` is the sampled peak between consecutive job
+      completions.
+
+    RSS also counts shm pages a process has mapped (while writing or staging a
+    segment), so the formula counts those twice and errs high.
     """
     from ..formats.zkey import read_zkey
     from .ring import segment_layout
@@ -244,19 +270,46 @@ def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
         shapes = [(zkey.domain_size, 4)] * 3 + [(zkey.n_vars, 4)]
     segment = segment_layout(b"m" * 1024, shapes)[1]  # SegmentMeta is a few hundred bytes: header = one page
     ring_bound = config["ring_slots"] * segment + 3 * 4096
-    first, peak = raw["memory"]["first_rss"], raw["memory"]["peak_rss"]
-    growth = {name: peak[name] - first.get(name, 0) for name in peak}
-    ws_synth = max((v for k, v in growth.items() if k.startswith("cuzk-synth")), default=0)
-    ws_prover = max((v for k, v in growth.items() if k.startswith("cuzk-gpu")), default=0)
-    fixed = sum(first.values()) + max(0, growth.get("engine", 0))
-    bound = (fixed + config["ring_slots"] * segment + config["partition_workers"] * ws_synth
+    mem = raw["memory"]
+    idle, first, end = mem["idle_rss"], mem["peak_rss_first_job"], mem["peak_rss_end"]
+
+    def kind(name: str) -> str:
+        return name.rsplit("-", 1)[0] if name.startswith(("cuzk-synth", "cuzk-gpu")) else name
+
+    growth = {name: max(0, first[name] - idle.get(name, 0)) for name in first}
+    ws: dict[str, int] = {}
+    for name, g in growth.items():
+        ws[kind(name)] = max(ws.get(kind(name), 0), g)
+    ws_synth, ws_prover, ws_engine = ws.get("cuzk-synth", 0), ws.get("cuzk-gpu", 0), ws.get("engine", 0)
+    fixed = sum(idle.values())
+    bound = (fixed + ws_engine + config["ring_slots"] * segment + config["partition_workers"] * ws_synth
              + len(config["devices"]) * ws_prover)
-    peak_host, peak_shm = raw["memory"]["peak_host_bytes"], raw["memory"]["peak_shm_bytes"]
-    return {"formula": "fixed + ring_slots*segment_bytes + partition_workers*synth_ws + devices*prover_ws",
-            "segment_bytes": segment, "fixed_bytes": fixed, "synth_working_set_bytes": ws_synth,
-            "prover_working_set_bytes": ws_prover, "bound_bytes": bound, "peak_host_bytes": peak_host,
-            "margin_bytes": bound - peak_host, "ring_bound_bytes": ring_bound, "peak_shm_bytes": peak_shm,
-            "ring_margin_bytes": ring_bound - peak_shm}
+    workers = [n for n in end if kind(n) in ("cuzk-synth", "cuzk-gpu")]
+    excess = max((end[n] - idle.get(n, 0) - ws[kind(n)] for n in workers if kind(n) in ws), default=0)
+    engine_later = end.get("engine", 0) - first.get("engine", 0)
+    peak_host, peak_shm = mem["peak_host_bytes"], mem["peak_shm_bytes"]
+    return {"formula": "fixed + engine_ws + ring_slots*segment_bytes + partition_workers*synth_ws"
+                       " + devices*prover_ws (working sets from the first job)",
+            "segment_bytes": segment, "fixed_bytes": fixed, "engine_working_set_bytes": ws_engine,
+            "synth_working_set_bytes": ws_synth, "prover_working_set_bytes": ws_prover,
+            "bound_bytes": bound, "peak_host_bytes": peak_host, "margin_bytes": bound - peak_host,
+            "working_set_excess_bytes": excess, "engine_growth_after_first_job_bytes": engine_later,
+            "peak_rss_reset": mem["peaks_reset"],
+            "peak_host_bytes_by_job": _peaks_by_job(mem["timeline"], raw["runs"]),
+            "ring_bound_bytes": ring_bound, "peak_shm_bytes": peak_shm, "ring_margin_bytes": ring_bound - peak_shm,
+            "idle_rss_by_process": idle, "peak_rss_first_job_by_process": first, "peak_rss_end_by_process": end}
+
+
+def _peaks_by_job(timeline: list[tuple[float, int]], runs: list[_Run]) -> list[int | None]:
+    """The sampled peak host bytes in each window between consecutive job completions (all runs)."""
+    ends = sorted(t for run in runs for t in run.t_done.values())
+    out: list[int | None] = []
+    start = runs[0].t_start if runs else 0.0
+    for end in ends:
+        inside = [b for t, b in timeline if start < t <= end]
+        out.append(max(inside) if inside else None)
+        start = end
+    return out
 
 
 def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:

@@ -116,11 +116,21 @@ def median_stage(partitions: list[dict[str, Any]], stage: str) -> float | None:
 def _fmt_bytes(n: float | None) -> str:
     if n is None:
         return "n/a"
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.1f} MiB"
+    if abs(n) >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def _fmt_s(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f} s"
+
+
+def _bound_row(bound: dict[str, Any]) -> str:
+    excess = bound["working_set_excess_bytes"]
+    return (f"{_fmt_bytes(bound['bound_bytes'])}, peak {_fmt_bytes(bound['peak_host_bytes'])} "
+            f"(margin {_fmt_bytes(bound['margin_bytes'])}); "
+            + ("no process outgrew its first-job working set" if excess <= 0
+               else f"a process outgrew its first-job working set by {_fmt_bytes(excess)}"))
 
 
 def table(result: dict[str, Any]) -> str:
@@ -141,6 +151,7 @@ def table(result: dict[str, Any]) -> str:
         ("peak host memory (RSS tree + shm)", _fmt_bytes(result["peak_host_bytes"])),
         ("  of which shm (peak)", f"{_fmt_bytes(result['peak_shm_bytes'])}, "
                                   f"{result['peak_live_segments']} live segment(s) max"),
+        ("host memory bound (first-job calib.)", _bound_row(result["memory_bound"])),
         ("peak device memory", _fmt_bytes(result["peak_device_bytes"])),
         ("proofs verified", f"{result['proofs_verified']} / {result['proofs_total']}"),
     ]

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import os
 import threading
+import time
 from dataclasses import dataclass, field
 
 import psutil
@@ -48,22 +49,75 @@ class Histogram:
         return {"buckets": [[b, c] for b, c in zip(self.buckets, counts)], "sum": self.total, "count": self.n}
 
 
-def tree_rss(pid: int | None = None) -> dict[str, int]:
-    """RSS (bytes) of a process and each descendant, keyed ``<name>`` (the OS process name; the
-    pipeline's children set theirs to cuzk-synth-<i> / cuzk-gpu-<dev>); the root is ``"engine"``."""
+def _tree(pid: int | None) -> list[tuple[str, psutil.Process]]:
+    """(name, process) for a process and each descendant; the root is named ``"engine"``."""
     try:
         root = psutil.Process(pid or os.getpid())
         procs = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return {}
-    out: dict[str, int] = {}
+        return []
+    out = []
     for p in procs:
         try:
-            name = "engine" if p.pid == root.pid else f"{p.name()}"
+            out.append(("engine" if p.pid == root.pid else p.name(), p))
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def tree_rss(pid: int | None = None) -> dict[str, int]:
+    """RSS (bytes) of a process and each descendant, keyed ``<name>`` (the OS process name; the
+    pipeline's children set theirs to cuzk-synth-<i> / cuzk-gpu-<dev>); the root is ``"engine"``."""
+    out: dict[str, int] = {}
+    for name, p in _tree(pid):
+        try:
             out[name] = out.get(name, 0) + p.memory_info().rss
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return out
+
+
+def _peak_rss(p: psutil.Process) -> int:
+    """The kernel's high-water mark of the process's RSS (``VmHWM``); its RSS where there is none."""
+    try:
+        with open(f"/proc/{p.pid}/status", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("VmHWM:"):
+                    return int(line.split()[1]) * 1024
+    except OSError:
+        pass
+    return int(p.memory_info().rss)
+
+
+def tree_peak_rss(pid: int | None = None) -> dict[str, int]:
+    """Peak RSS (bytes) of each process of the tree since its start or its last :func:`reset_peak_rss`.
+
+    Exact where sampling is not: the kernel keeps the high-water mark, so a transient peak between
+    two samples is not missed. Keyed like :func:`tree_rss`.
+    """
+    out: dict[str, int] = {}
+    for name, p in _tree(pid):
+        try:
+            out[name] = out.get(name, 0) + _peak_rss(p)
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+    return out
+
+
+def reset_peak_rss(pid: int | None = None) -> bool:
+    """Reset every tree process's RSS high-water mark to its current RSS (Linux ``clear_refs`` 5).
+
+    Returns False when some process's mark could not be reset (not Linux, or not permitted); its
+    peak then also counts what it used before the reset (errs high).
+    """
+    ok = True
+    for _, p in _tree(pid):
+        try:
+            with open(f"/proc/{p.pid}/clear_refs", "w", encoding="ascii") as f:
+                f.write("5")
+        except OSError:
+            ok = False
+    return ok
 
 
 def tree_rss_bytes(pid: int | None = None) -> int:
@@ -85,7 +139,9 @@ class MemorySampler:
         self.samples = 0
         self.first_rss: dict[str, int] = {}  # per process name, at the first sample (idle baseline)
         self.peak_rss: dict[str, int] = {}  # per process name
+        self.timeline: list[tuple[float, int]] = []  # (time.time(), host bytes) of every sample
         self._stop = threading.Event()
+        self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="cuzk-mem-sampler", daemon=True)
 
     def start(self) -> MemorySampler:
@@ -94,7 +150,11 @@ class MemorySampler:
         return self
 
     def sample(self) -> None:
-        """Take one sample now."""
+        """Take one sample now (thread-safe: the sampler thread and event callbacks both call it)."""
+        with self._lock:
+            self._sample()
+
+    def _sample(self) -> None:
         per = tree_rss(self.pid)
         for name, value in per.items():
             self.first_rss.setdefault(name, value)
@@ -103,6 +163,7 @@ class MemorySampler:
         self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
         self.peak_shm_bytes = max(self.peak_shm_bytes, shm)
         self.peak_host_bytes = max(self.peak_host_bytes, rss + shm)
+        self.timeline.append((time.time(), rss + shm))
         self.peak_live_segments = max(self.peak_live_segments, live_segments(self.prefix))
         self.samples += 1
 
@@ -118,5 +179,6 @@ class MemorySampler:
             self._thread.join(5.0)
         return {"peak_host_bytes": self.peak_host_bytes, "peak_rss_bytes": self.peak_rss_bytes,
                 "peak_shm_bytes": self.peak_shm_bytes, "peak_live_segments": self.peak_live_segments,
-                "samples": self.samples, "first_rss": dict(self.first_rss), "peak_rss": dict(self.peak_rss)}
+                "samples": self.samples, "first_rss": dict(self.first_rss), "peak_rss": dict(self.peak_rss),
+                "timeline": list(self.timeline)}
 
