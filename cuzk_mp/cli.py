@@ -8,7 +8,7 @@ so a script can swap ``snarkjs`` for ``cuzk-mp``::
     cuzk-mp zkey export verificationkey CIRCUIT.zkey VK.json
     cuzk-mp wtns calculate CIRCUIT.wasm INPUT.json WITNESS.wtns
 
-plus ``setup``, ``circuit porep-like``, ``bench``, ``daemon`` and ``client``.
+plus ``setup``, ``circuit porep-like|dense-random``, ``bench``, ``daemon`` and ``client``.
 Heavy modules are imported inside the verbs so ``--help`` stays instant.
 Exit codes: 0 success, 1 a proof did not verify or a job failed, 2 bad input,
 3 daemon unreachable and 124 timed out (``client`` verbs).
@@ -88,9 +88,9 @@ def _cmd_setup(args: argparse.Namespace) -> int:
 
 
 def _cmd_circuit(args: argparse.Namespace) -> int:
-    from .circuits.synthetic import write_circuit
+    from .circuits.synthetic_kinds import write_synthetic
 
-    r1cs, wtns = write_circuit(args.log_n, Path(args.out_dir), seed=args.seed, partition=args.partition)
+    r1cs, wtns = write_synthetic(args.kind, args.log_n, Path(args.out_dir), seed=args.seed, partition=args.partition)
     print(r1cs)
     print(wtns)
     return 0
@@ -141,12 +141,14 @@ def _own_verbs(sub: argparse._SubParsersAction) -> None:
 
     c = sub.add_parser("circuit", help="generate benchmark circuits")
     c_sub = c.add_subparsers(dest="kind", required=True)
-    pl = c_sub.add_parser("porep-like", help="the PoRep-shaped synthetic circuit: writes its .r1cs and a sample .wtns")
-    pl.add_argument("--log-n", type=int, required=True, help="log2 of the number of rows (domain size)")
-    pl.add_argument("out_dir", type=Path)
-    pl.add_argument("--seed", type=int, default=0)
-    pl.add_argument("--partition", type=int, default=0)
-    pl.set_defaults(func=_cmd_circuit)
+    for kind, what in (("porep-like", "the PoRep-shaped synthetic circuit (80% of the witness 0 or 1)"),
+                       ("dense-random", "the dense synthetic circuit (every witness value full-width random)")):
+        pl = c_sub.add_parser(kind, help=f"{what}: writes its .r1cs and a sample .wtns")
+        pl.add_argument("--log-n", type=int, required=True, help="log2 of the number of rows (domain size)")
+        pl.add_argument("out_dir", type=Path)
+        pl.add_argument("--seed", type=int, default=0)
+        pl.add_argument("--partition", type=int, default=0)
+        pl.set_defaults(func=_cmd_circuit)
 
 
 def _service_verbs(sub: argparse._SubParsersAction) -> None:

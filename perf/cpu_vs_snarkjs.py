@@ -1,8 +1,10 @@
 """Issue 2's measurement: `cuzk-mp groth16 prove` vs `snarkjs groth16 prove` on the CPU.
 
 Same zkey and witness for both, same machine, same run, median of N runs each,
-at 2^12, 2^14 and 2^16 rows (the PoRep-shaped synthetic circuit, keys from
-`cuzk-mp setup`). Both are timed end to end as command lines (process start,
+at 2^12, 2^14 and 2^16 rows, for both synthetic circuits (keys from `cuzk-mp
+setup`): porep-like (80% of the witness 0 or 1, where our MSMs skip zeros and
+add ones) and dense-random (every witness value full-width: full Pippenger
+passes for both tools, the like-for-like comparison). Both are timed end to end as command lines (process start,
 key loading and JSON writing included), as a user would run them. Also times
 the dev setup (2^16, 2^18) and synthesis (witness + a, b, c) per core.
 
@@ -41,12 +43,12 @@ def _median_runs(cmd: list[str], runs: int) -> tuple[float, list[float]]:
     return statistics.median(times), times
 
 
-def bench_prove(log_n: int, work: Path, runs: int) -> dict[str, object]:
+def bench_prove(kind: str, log_n: int, work: Path, runs: int) -> dict[str, object]:
     """Prove the same witness with both tools; verify both proofs with both verifiers."""
-    from cuzk_mp.circuits.synthetic import write_circuit
+    from cuzk_mp.circuits.synthetic_kinds import write_synthetic
 
-    r1cs, wtns = write_circuit(log_n, work)
-    zkey = work / f"porep-like-{log_n}.zkey"
+    r1cs, wtns = write_synthetic(kind, log_n, work)
+    zkey = work / f"{kind}-{log_n}.zkey"
     t_setup = _run(CUZK + ["setup", str(r1cs), str(zkey), "--backend", "cpu"])
     vk = work / "vk.json"
     subprocess.run(CUZK + ["zkey", "export", "verificationkey", str(zkey), str(vk)], check=True)
@@ -58,7 +60,7 @@ def bench_prove(log_n: int, work: Path, runs: int) -> dict[str, object]:
     for proof, pub in (("p1.json", "pub1.json"), ("p2.json", "pub2.json")):
         subprocess.run(["node", str(SNARKJS), "groth16", "verify", str(vk), str(work / pub), str(work / proof)], check=True, stdout=subprocess.DEVNULL)
         subprocess.run(CUZK + ["groth16", "verify", str(vk), str(work / pub), str(work / proof)], check=True, stdout=subprocess.DEVNULL)
-    return {"log_n": log_n, "cuzk_s": cuzk_med, "cuzk_runs_s": cuzk_all, "snarkjs_s": snark_med,
+    return {"circuit": kind, "log_n": log_n, "cuzk_s": cuzk_med, "cuzk_runs_s": cuzk_all, "snarkjs_s": snark_med,
             "snarkjs_runs_s": snark_all, "speedup": snark_med / cuzk_med, "setup_s": t_setup}
 
 
@@ -98,6 +100,7 @@ def main() -> int:
     ap.add_argument("--out", type=Path, default=ROOT / "perf" / "results" / "cpu-vs-snarkjs.json")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--sizes", type=int, nargs="*", default=[12, 14, 16])
+    ap.add_argument("--circuits", nargs="*", default=["porep-like", "dense-random"])
     ap.add_argument("--setup-sizes", type=int, nargs="*", default=[16, 18])
     ap.add_argument("--synthesis-sizes", type=int, nargs="*", default=[16, 20])
     args = ap.parse_args()
@@ -107,10 +110,12 @@ def main() -> int:
     result: dict[str, object] = {"date": time.strftime("%Y-%m-%d"), "loadavg_start": list(os.getloadavg()),
                                  "command": " ".join(sys.argv), "prove": [], "setup": [], "synthesis": []}
     with tempfile.TemporaryDirectory() as tmp:
-        for k in args.sizes:
-            row = bench_prove(k, Path(tmp) / f"p{k}", args.runs)
-            print(f"2^{k}: cuzk-mp {row['cuzk_s']:.2f} s, snarkjs {row['snarkjs_s']:.2f} s, x{row['speedup']:.2f}", flush=True)
-            result["prove"].append(row)  # type: ignore[union-attr]
+        for kind in args.circuits:
+            for k in args.sizes:
+                row = bench_prove(kind, k, Path(tmp) / f"{kind}{k}", args.runs)
+                print(f"{kind} 2^{k}: cuzk-mp {row['cuzk_s']:.2f} s, snarkjs {row['snarkjs_s']:.2f} s, "
+                      f"x{row['speedup']:.2f}", flush=True)
+                result["prove"].append(row)  # type: ignore[union-attr]
         for k in args.setup_sizes:
             t = bench_setup(k, Path(tmp) / f"s{k}")
             print(f"setup 2^{k}: {t:.1f} s", flush=True)

@@ -239,9 +239,13 @@ def msm_rows(quick: bool) -> dict[str, Any]:
     return dict(fn(quick))
 
 
-def prove_rows(sizes: list[int], cache_dir: Path) -> dict[str, Any]:
-    """Whole proofs on the GPU: prove_porep_2^N_s (synthetic PoRep-like circuit, dev key, verified)
-    and prove_msms_random_2^N_s (device part only, dense random a, b, c, w), or why not."""
+def prove_rows(sizes: list[int], cache_dir: Path, proof_dir: Path | None = None) -> dict[str, Any]:
+    """Whole proofs on the GPU with dev keys made by the GPU setup, each self-verified:
+    prove_porep_2^N_s (PoRep-like witness, 80% 0/1), prove_random_2^N_s (dense-random: every
+    witness value full-width), with the stage splits of the last run, and prove_msms_random_2^N_s
+    (device part only, dense random a, b, c, w against the porep key). With ``proof_dir``, each
+    kind's last proof, public signals and verification key are written as snarkjs JSON
+    (``<tag>-2^N/{proof,public,verification_key}.json``) for ``snarkjs groth16 verify`` elsewhere."""
     try:
         from cuzk_mp.backends.gpu import msm  # noqa: F401
         from cuzk_mp.groth16 import setup  # noqa: F401
@@ -249,34 +253,47 @@ def prove_rows(sizes: list[int], cache_dir: Path) -> dict[str, Any]:
         return {f"prove_porep_2^{lg}_s": f"not run: {exc}" for lg in sizes}
     from cuzk_mp.backends.base import ProverInputs
     from cuzk_mp.backends.gpu.backend import GpuBackend
-    from cuzk_mp.circuits.synthetic import PorepLike
+    from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+    from cuzk_mp.formats.snarkjs_json import proof_to_json, public_to_json, vk_to_json, write_json
     from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.groth16.keys import vk_from_zkey
     from cuzk_mp.groth16.prover import prove
     from cuzk_mp.groth16.synthesis import ConstraintEvaluator
     from cuzk_mp.pipeline.keys import ensure_synthetic_key
 
     backend, rows = GpuBackend(0), {}
     for lg in sizes:
-        zkey = read_zkey(ensure_synthetic_key("porep-like", lg, cache_dir, backend="gpu")[0])
-        key, ev = backend.load_key(zkey), ConstraintEvaluator.from_zkey(zkey)
-        w = PorepLike(lg).witness(seed=1, partition=0)
-        times = []
-        for _ in range(3):
+        for kind, tag in (("porep-like", "porep"), ("dense-random", "random")):
             t0 = time.perf_counter()
-            prove(backend, zkey, w, key=key, evaluator=ev)
-            times.append(time.perf_counter() - t0)
-        rows[f"prove_porep_2^{lg}_s"] = statistics.median(times)
-        rows.update({f"prove_porep_2^{lg}_{k}_ms": v for k, v in backend.last_timings.items()})
-        g = np.random.default_rng(lg)
-        dense = [np.asarray(cupy.asnumpy(_random_fr_device(zkey.domain_size, lg + i))) for i in range(3)]
-        w_rand = g.integers(0, 1 << 62, size=(zkey.n_vars, 4), dtype=np.uint64)
-        staged = backend.stage(key, ProverInputs(*dense, w_rand))
-        t0 = time.perf_counter()
-        backend.prove_msms(key, staged)
-        rows[f"prove_msms_random_2^{lg}_s"] = time.perf_counter() - t0
-        rows.update({f"prove_msms_random_2^{lg}_{k}_ms": v for k, v in backend.last_timings.items()})
-        backend.release(staged)
-        key.close()
+            zkey = read_zkey(ensure_synthetic_key(kind, lg, cache_dir, backend="gpu")[0])
+            rows[f"setup_or_cached_{tag}_2^{lg}_s"] = time.perf_counter() - t0
+            key, ev = backend.load_key(zkey), ConstraintEvaluator.from_zkey(zkey)
+            w = synthetic_circuit(kind, lg).witness(seed=1, partition=0)
+            times = []
+            for _ in range(3):
+                t0 = time.perf_counter()
+                proof, public = prove(backend, zkey, w, key=key, evaluator=ev)  # self-verified
+                times.append(time.perf_counter() - t0)
+            rows[f"prove_{tag}_2^{lg}_s"] = statistics.median(times)
+            rows.update({f"prove_{tag}_2^{lg}_{k}_ms": v for k, v in backend.last_timings.items()})
+            if proof_dir is not None:
+                out = proof_dir / f"{tag}-2^{lg}"
+                out.mkdir(parents=True, exist_ok=True)
+                write_json(out / "proof.json", proof_to_json(proof))
+                write_json(out / "public.json", public_to_json(public))
+                write_json(out / "verification_key.json", vk_to_json(vk_from_zkey(zkey)))
+            if kind == "porep-like":
+                g = np.random.default_rng(lg)
+                dense = [np.asarray(cupy.asnumpy(_random_fr_device(zkey.domain_size, lg + i))) for i in range(3)]
+                w_rand = g.integers(0, 1 << 62, size=(zkey.n_vars, 4), dtype=np.uint64)
+                staged = backend.stage(key, ProverInputs(*dense, w_rand))
+                t0 = time.perf_counter()
+                backend.prove_msms(key, staged)
+                rows[f"prove_msms_random_2^{lg}_s"] = time.perf_counter() - t0
+                rows.update({f"prove_msms_random_2^{lg}_{k}_ms": v for k, v in backend.last_timings.items()})
+                backend.release(staged)
+            key.close()
+            zkey.close()
     return rows
 
 
@@ -336,7 +353,8 @@ def main() -> None:
                            "sm_count": props["multiProcessorCount"]}
     sections = {"field": lambda: field_rows(args.quick), "ntt": lambda: ntt_rows(sizes), "h2d": h2d_rows,
                 "msm": lambda: msm_rows(args.quick),
-                "ntt_knobs": ntt_knob_rows, "prove_msms": prove_msms_random_rows, "sass": lambda: sass_rows(args.out), "prove": lambda: prove_rows([int(x) for x in args.prove_sizes.split(",")], args.key_cache)}
+                "ntt_knobs": ntt_knob_rows, "prove_msms": prove_msms_random_rows, "sass": lambda: sass_rows(args.out), "prove": lambda: prove_rows([int(x) for x in args.prove_sizes.split(",")], args.key_cache.expanduser(),
+                                        args.out / "proofs" if args.out else None)}
     for name, fn in sections.items():
         if name in skip:
             continue

@@ -219,16 +219,24 @@ def test_memory_budget_is_what_is_left(tmp_path: Path) -> None:
                    "gpus": {"backend": "cpu", "devices": [0]},
                    "circuits": {"a": {"synthetic": "porep-like", "log_n": 12},
                                 "b": {"synthetic": "porep-like", "log_n": 16}}}, tmp_path)
-    expect = (16 * 2**30 - 2**30 - 4 * PROCESS_BASE_BYTES
-              - (3 + 2) * slot_bytes(1 << 16, 1 << 16))
+    from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+    slot = slot_bytes(1 << 16, synthetic_circuit("porep-like", 16).n_wires)  # the largest circuit's slot
+    expect = (16 * 2**30 - 2**30 - 4 * PROCESS_BASE_BYTES - (3 + 2) * slot)
     assert cfg.engine.srs_budget_bytes == expect
     two = resolve({"memory": {"total_budget": "16GiB", "safety_margin": "1GiB"},
                    "synthesis": {"partition_workers": 2}, "pipeline": {"ring_slots": 3},
                    "gpus": {"backend": "cpu", "devices": [0, 1]},
                    "circuits": {"b": {"synthetic": "porep-like", "log_n": 16}}}, tmp_path)
-    srs_total = (16 * 2**30 - 2**30 - 5 * PROCESS_BASE_BYTES
-                 - (3 + 2) * slot_bytes(1 << 16, 1 << 16))
+    srs_total = 16 * 2**30 - 2**30 - 5 * PROCESS_BASE_BYTES - (3 + 2) * slot
     assert two.engine.srs_budget_bytes == srs_total // 2  # each prover keeps its own keys
+    dense = resolve({"memory": {"total_budget": "16GiB", "safety_margin": "1GiB"},
+                     "synthesis": {"partition_workers": 2}, "pipeline": {"ring_slots": 3},
+                     "gpus": {"backend": "cpu", "devices": [0]},
+                     "circuits": {"d": {"synthetic": "dense-random", "log_n": 16}}}, tmp_path)
+    assert dense.circuits["d"].spec.synthetic == "dense-random"
+    dense_slot = slot_bytes(1 << 16, synthetic_circuit("dense-random", 16).n_wires)
+    assert dense_slot > slot_bytes(1 << 16, 1 << 16)  # 2L chain inputs: a few more wires than rows
+    assert dense.engine.srs_budget_bytes == 16 * 2**30 - 2**30 - 4 * PROCESS_BASE_BYTES - 5 * dense_slot
 
 
 @pytest.mark.parametrize("text, addr", [

@@ -60,6 +60,19 @@ def test_bench_runs_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert shm_entries(f"cuzk-bench-{os.getpid()}") == []
 
 
+def test_bench_dense_random_circuit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The second synthetic kind through the whole pipeline: its dev key, synthesis, proofs that verify."""
+    out = tmp_path / "dense.json"
+    args = _parse("--backend", "cpu", "--circuit", "dense-random", "--log-n", str(LOG_N), "--partitions", "2",
+                  "--jobs", "2", "--in-flight", "2", "--partition-workers", "1", "--ring-slots", "2",
+                  "--cache", str(KEY_CACHE), "--json", str(out), "--quiet")
+    assert args.func(args) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["circuit"] == "dense-random"
+    assert result["proofs_total"] == result["proofs_verified"] == 4
+    assert (KEY_CACHE / f"dense-random-{LOG_N}.zkey").is_file()
+
+
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed")
 def test_plot_without_matplotlib_says_so(tmp_path: Path) -> None:
     args = _parse("--backend", "cpu", "--plot", str(tmp_path / "t.png"))

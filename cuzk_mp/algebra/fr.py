@@ -206,6 +206,12 @@ def from_mont(a: np.ndarray) -> np.ndarray:
     return out
 
 
+def from_mont_into(a: np.ndarray, out: np.ndarray) -> np.ndarray:
+    """Montgomery form -> standard form into ``out`` (``out`` may be ``a``: converts in place)."""
+    _vmul_scalar(_check(a), _ONE_STD, out)
+    return out
+
+
 def first_noncanonical(a: np.ndarray) -> int:
     """Index of the first element >= r, or -1 when every element is canonical."""
     return first_not_below(_check(a), FR.limbs)

@@ -36,14 +36,12 @@ import numpy as np
 from ..algebra import fr
 from ..algebra.field import R_MOD, ints_to_limbs
 from ..errors import ConfigError, InputError
-from ..formats.r1cs import R1CS, write_r1cs
-from ..formats.wtns import write_wtns
+from ..formats.r1cs import R1CS
 from .synthetic_csr import Block, CoefTable, Template, assemble
 from .synthetic_gadgets import ONE, LaneCS, LaneWriter, Word, global_ref, lc
+from .synthetic_kinds import check_shape
 from .synthetic_lane import RANDOM_WORDS, synth_lane, synth_prologue
 
-MIN_LOG_N = 10
-MAX_LOG_N = 28  # 2^28 rows: wire ids stay far below 2^32 (u32 in r1cs and CSR indices)
 PARTITION_BITS = 32
 
 
@@ -51,10 +49,7 @@ class PorepLike:
     """The PoRep-shaped synthetic circuit with 2^log_n rows and ``n_public`` public signals."""
 
     def __init__(self, log_n: int, n_public: int = 4) -> None:
-        if not MIN_LOG_N <= log_n <= MAX_LOG_N:
-            raise ConfigError(f"porep-like: log_n must be in [{MIN_LOG_N}, {MAX_LOG_N}], got {log_n}")
-        if n_public < 1:
-            raise ConfigError(f"porep-like: n_public must be >= 1 (the partition index), got {n_public}")
+        check_shape("porep-like", log_n, n_public)
         self.log_n = log_n
         self.domain_size = 1 << log_n
         self.n_public = n_public
@@ -174,11 +169,6 @@ class PorepLike:
 
 def write_circuit(log_n: int, out_dir: Path, seed: int = 0, partition: int = 0) -> tuple[Path, Path]:
     """Write ``porep-like-<log_n>.r1cs`` and a sample ``porep-like-<log_n>.wtns`` into ``out_dir``."""
-    circuit = PorepLike(log_n)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    r1cs_path = out_dir / f"porep-like-{log_n}.r1cs"
-    wtns_path = out_dir / f"porep-like-{log_n}.wtns"
-    write_r1cs(r1cs_path, circuit.r1cs())
-    write_wtns(wtns_path, circuit.witness(seed, partition))
-    return r1cs_path, wtns_path
+    from .synthetic_kinds import write_synthetic
+
+    return write_synthetic("porep-like", log_n, out_dir, seed=seed, partition=partition)

@@ -70,14 +70,17 @@ def slot_bytes(domain_size: int, n_vars: int) -> int:
 def circuit_slot_bytes(cc: CircuitConfig) -> int:
     """Slot bytes of a configured circuit.
 
-    Synthetic porep-like circuits have ``2**log_n`` rows and about as many wires (the generator
-    sizes them so). For circom circuits the zkey header gives the domain size and wire count; it
-    is read through a memory map, so this stays cheap for big keys.
+    Synthetic circuits have ``2**log_n`` rows and know their wire count (building the circuit
+    object costs milliseconds; its r1cs is made only on demand). For circom circuits the zkey
+    header gives the domain size and wire count; it is read through a memory map, so this stays
+    cheap for big keys.
     """
     spec = cc.spec
     if spec.synthetic is not None:
+        from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+
         assert spec.log_n is not None
-        return slot_bytes(1 << spec.log_n, 1 << spec.log_n)
+        return slot_bytes(1 << spec.log_n, synthetic_circuit(spec.synthetic, spec.log_n).n_wires)
     from cuzk_mp.formats.zkey import read_zkey
     assert spec.zkey is not None
     zkey = read_zkey(spec.zkey)

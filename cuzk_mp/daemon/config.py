@@ -97,7 +97,7 @@ class CircuitSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     zkey: str | None = None
     wasm: str | None = None
     r1cs: str | None = None
-    synthetic: Literal["porep-like"] | None = None
+    synthetic: Literal["porep-like", "dense-random"] | None = None
     log_n: int | None = None
     partitions: int = 1
     priority: Literal["CRITICAL", "HIGH", "NORMAL", "LOW"] = "NORMAL"
@@ -245,7 +245,7 @@ def _circuit(cid: str, c: CircuitSection, base: Path, source: str) -> CircuitCon
         if given:
             raise ConfigError(f"{key}: a synthetic circuit takes no {', '.join(given)} "
                               "(its key is made in the param cache)")
-        from cuzk_mp.circuits.synthetic import MAX_LOG_N, MIN_LOG_N
+        from cuzk_mp.circuits.synthetic_kinds import MAX_LOG_N, MIN_LOG_N
         if c.log_n is None or not MIN_LOG_N <= c.log_n <= MAX_LOG_N:
             raise ConfigError(f"{key}.log_n: a synthetic circuit needs log_n in "
                               f"{MIN_LOG_N}..{MAX_LOG_N}, got {c.log_n}")
@@ -260,7 +260,7 @@ def _circuit(cid: str, c: CircuitSection, base: Path, source: str) -> CircuitCon
         if value is None:
             if name != "wasm":
                 raise ConfigError(f"{key}.{name}: a circom circuit needs `{name}` "
-                                  "(or set synthetic = \"porep-like\")")
+                                  "(or set synthetic = \"porep-like\" or \"dense-random\")")
             files[name] = None
             continue
         files[name] = _path(value, base)

@@ -42,7 +42,7 @@ from ..errors import InputError
 from .benchreport import Progress, machine_info, median_stage, plot_timeline, require_matplotlib, table
 from .engine import Engine
 from .monitor import MemorySampler, reset_peak_rss, tree_peak_rss, tree_rss
-from .types import STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult
+from .types import STAGES, SYNTHETIC_KINDS, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult
 
 # defaults that finish in well under 5 minutes on the 2-core CPU machine / use an H200 sensibly
 DEFAULTS = {
@@ -55,7 +55,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``bench`` subcommand and its flags."""
     p = subparsers.add_parser("bench", help="measure throughput and memory of the pipeline (one table, JSON)")
     p.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu"])
-    p.add_argument("--circuit", default="porep-like", help="'porep-like' (synthetic) or a .zkey path (with --wtns, --r1cs)")
+    p.add_argument("--circuit", default="porep-like",
+                   help="'porep-like' or 'dense-random' (synthetic) or a .zkey path (with --wtns, --r1cs)")
     p.add_argument("--wtns", type=Path, help="witness used for every partition of a zkey circuit")
     p.add_argument("--r1cs", type=Path, help="r1cs of a zkey circuit (the witness check)")
     p.add_argument("--log-n", type=int, help="synthetic circuit size, log2 rows (cpu 14, gpu 20)")
@@ -124,8 +125,8 @@ class BenchRun:
     def spec(self) -> tuple[CircuitSpec, list[PartitionInput]]:
         """The circuit and one job's partition inputs (synthetic seeds vary per job, see :meth:`inputs`)."""
         a = self.args
-        if a.circuit == "porep-like":
-            return CircuitSpec("porep-like", synthetic="porep-like", log_n=a.log_n), []
+        if a.circuit in SYNTHETIC_KINDS:
+            return CircuitSpec(a.circuit, synthetic=a.circuit, log_n=a.log_n), []
         if a.wtns is None or a.r1cs is None:
             raise InputError("--circuit ZKEY needs --wtns WITNESS.wtns and --r1cs CIRCUIT.r1cs")
         spec = CircuitSpec(Path(a.circuit).stem, zkey=Path(a.circuit), r1cs=a.r1cs)

@@ -1,6 +1,6 @@
 """Development proving keys of synthetic circuits, made once and kept in the param cache.
 
-Owns the files ``<cache>/porep-like-<log_n>.{r1cs,zkey}`` and their lock file.
+Owns the files ``<cache>/<kind>-<log_n>.{r1cs,zkey}`` (kind: porep-like, dense-random) and their lock file.
 ``ensure_synthetic_key`` builds the circuit's r1cs, and when the cached r1cs
 differs from it (first use, or the generator changed) runs the INSECURE dev
 setup (:func:`cuzk_mp.groth16.setup.setup_file`) to make a matching zkey.
@@ -21,8 +21,8 @@ import os
 import tempfile
 from pathlib import Path
 
-from ..errors import ConfigError, CuzkError
-from .types import SYNTHETIC_KINDS
+from ..circuits.synthetic_kinds import synthetic_circuit
+from ..errors import CuzkError
 
 log = logging.getLogger("cuzk_mp.pipeline.keys")
 
@@ -35,10 +35,9 @@ def synthetic_key_paths(kind: str, log_n: int, cache_dir: Path) -> tuple[Path, P
 
 def ensure_synthetic_key(kind: str, log_n: int, cache_dir: Path, backend: str = "auto") -> tuple[Path, Path]:
     """Make (once) and return the (zkey, r1cs) paths of a synthetic circuit's dev key."""
-    if kind not in SYNTHETIC_KINDS:
-        raise ConfigError(f"synthetic circuit {kind!r} is not one of {', '.join(SYNTHETIC_KINDS)}")
-    from ..circuits.synthetic import PorepLike
     from ..formats.r1cs import write_r1cs
+
+    circuit = synthetic_circuit(kind, log_n)  # ConfigError for an unknown kind or size
 
     cache_dir = Path(cache_dir).expanduser().resolve()
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -47,7 +46,7 @@ def ensure_synthetic_key(kind: str, log_n: int, cache_dir: Path, backend: str = 
         fcntl.flock(lock, fcntl.LOCK_EX)
         fresh = _temp_path(r1cs)
         try:
-            write_r1cs(fresh, PorepLike(log_n).r1cs())
+            write_r1cs(fresh, circuit.r1cs())
             if zkey.exists() and r1cs.exists() and _same_bytes(fresh, r1cs):
                 return zkey, r1cs
             log.warning("making the INSECURE development key of %s 2^%d in %s (once)", kind, log_n, cache_dir)

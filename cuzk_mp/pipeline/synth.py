@@ -87,11 +87,11 @@ class _Circuit:
 
     def _synthetic_circuit(self) -> Any:
         if self._synthetic is None:
-            if self.ref.synthetic != "porep-like" or self.ref.log_n is None:
+            if self.ref.synthetic is None or self.ref.log_n is None:
                 raise InputError(f"circuit {self.ref.circuit_id} is not synthetic: 'synthetic' inputs need one")
-            from ..circuits.synthetic import PorepLike
+            from ..circuits.synthetic_kinds import synthetic_circuit
 
-            self._synthetic = PorepLike(self.ref.log_n)
+            self._synthetic = synthetic_circuit(self.ref.synthetic, self.ref.log_n)
         return self._synthetic
 
     def close(self) -> None:

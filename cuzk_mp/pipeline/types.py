@@ -26,6 +26,7 @@ from enum import IntEnum
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
 from ..errors import ConfigError
 
 if TYPE_CHECKING:
@@ -33,7 +34,6 @@ if TYPE_CHECKING:
 
 STAGES = ("queue_wait", "synthesis", "ring_wait", "shm_write", "staging", "device_wait", "device", "finalize", "total")
 INPUT_KINDS = ("json", "wtns", "synthetic")
-SYNTHETIC_KINDS = ("porep-like",)
 BACKENDS = ("auto", "cpu", "gpu")
 
 

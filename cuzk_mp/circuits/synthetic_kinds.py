@@ -1,0 +1,63 @@
+"""The synthetic benchmark circuits by name: what ``synthetic = "..."`` and ``--circuit`` accept.
+
+* ``porep-like`` (:class:`~cuzk_mp.circuits.synthetic.PorepLike`): Filecoin's PoRep partition
+  circuit stand-in, 80% of the witness 0 or 1 (what the MSMs' 0/1 split is for);
+* ``dense-random`` (:class:`~cuzk_mp.circuits.synthetic_dense.DenseRandom`): every witness value
+  a full-width field element (full Pippenger passes everywhere).
+
+Both have exactly ``2^log_n - n_public - 1`` constraints and share one interface (``n_wires``,
+``n_public``, ``r1cs()``, ``witness(seed, partition)``, ``witness_into``, ``public_inputs``).
+Imports are lazy: naming a kind costs nothing until a circuit is built.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import TYPE_CHECKING, Union
+
+from ..errors import ConfigError
+
+if TYPE_CHECKING:
+    from .synthetic import PorepLike
+    from .synthetic_dense import DenseRandom
+
+    SyntheticCircuit = Union[PorepLike, DenseRandom]
+
+SYNTHETIC_KINDS = ("porep-like", "dense-random")
+MIN_LOG_N = 10
+MAX_LOG_N = 28  # 2^28 rows: wire ids stay far below 2^32 (u32 in r1cs and CSR indices)
+
+
+def check_shape(kind: str, log_n: int, n_public: int) -> None:
+    """The size rules every synthetic circuit shares (ConfigError naming the kind and the value)."""
+    if not MIN_LOG_N <= log_n <= MAX_LOG_N:
+        raise ConfigError(f"{kind}: log_n must be in [{MIN_LOG_N}, {MAX_LOG_N}], got {log_n}")
+    if n_public < 1:
+        raise ConfigError(f"{kind}: n_public must be >= 1 (the partition index), got {n_public}")
+
+
+def synthetic_circuit(kind: str, log_n: int) -> SyntheticCircuit:
+    """The synthetic circuit ``kind`` at 2^log_n rows (ConfigError for an unknown kind or size)."""
+    if kind == "porep-like":
+        from .synthetic import PorepLike
+
+        return PorepLike(log_n)
+    if kind == "dense-random":
+        from .synthetic_dense import DenseRandom
+
+        return DenseRandom(log_n)
+    raise ConfigError(f"synthetic circuit {kind!r} is not one of {', '.join(SYNTHETIC_KINDS)}")
+
+
+def write_synthetic(kind: str, log_n: int, out_dir: Path, seed: int = 0, partition: int = 0) -> tuple[Path, Path]:
+    """Write ``<kind>-<log_n>.r1cs`` and the witness of (seed, partition) as ``<kind>-<log_n>.wtns``."""
+    from ..formats.r1cs import write_r1cs
+    from ..formats.wtns import write_wtns
+
+    circuit = synthetic_circuit(kind, log_n)
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    r1cs_path, wtns_path = out_dir / f"{kind}-{log_n}.r1cs", out_dir / f"{kind}-{log_n}.wtns"
+    write_r1cs(r1cs_path, circuit.r1cs())
+    write_wtns(wtns_path, circuit.witness(seed, partition))
+    return r1cs_path, wtns_path
