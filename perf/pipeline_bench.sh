@@ -52,7 +52,7 @@ for r in runs.values():
     r.pop("partitions", None)  # per-partition rows stay out of the committed summary
 summary = {name: {**{k: r[k] for k in ("s_per_proof", "first_job_s", "proofs_total", "proofs_verified",
                                         "peak_host_bytes", "peak_shm_bytes", "peak_live_segments",
-                                        "gpu_busy_fraction")},
+                                        "gpu_busy_fraction", "device_busy_fraction_by_device")},
                   "memory_bound_bytes": r["memory_bound"]["bound_bytes"],
                   "memory_margin_bytes": r["memory_bound"]["margin_bytes"],
                   "working_set_excess_bytes": r["memory_bound"]["working_set_excess_bytes"],

@@ -46,6 +46,11 @@ def test_bench_runs_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert result["peak_host_bytes"] >= result["peak_shm_bytes"]
     assert sum(result["partitions_by_device"].values()) == 12
     assert {p["device"] for p in result["partitions"]} <= {0, 1}
+    # per-device accounting (issue 6's figures, here with two simulated devices): each prover's
+    # device-stage seconds in the steady window per second of it; each prover is serialised on its
+    # own lock, so each is at most 1 up to the window-edge estimate (one partition of the few here)
+    busy = result["device_busy_fraction_by_device"]
+    assert set(busy) <= {"0", "1"} and busy and all(0 < f <= 1.5 for f in busy.values()), busy
     bound = result["memory_bound"]
     assert bound["segment_bytes"] > 0 and bound["bound_bytes"] == bound["peak_host_bytes"] + bound["margin_bytes"]
     assert len(bound["peak_host_bytes_by_job"]) == 6  # one window per job completion, both runs

@@ -240,6 +240,32 @@ def _busy_fractions(bench: BenchRun, runs: list[_Run]) -> dict[str, float] | Non
             for p in sorted(last) if p.startswith("cuzk-gpu")}
 
 
+def _device_fractions(partitions: list[dict[str, Any]], runs: list[_Run]) -> dict[str, float] | None:
+    """Per device: seconds of its partitions' ``device`` stage (prove_start under the per-device
+    lock) completed in the steady window, per second of the window. Any backend: on the CPU it says
+    whether the prover was kept busy (synthesis kept up); on the GPU it sits beside the kernel-busy
+    fraction (the gap is host work under the lock). Keyed by device id.
+
+    Partition timings are durations, so a device stage is placed as ending where finalize began
+    (``t_done - finalize``; message passing makes that a little late) and clipped to the window:
+    the figure can be off by up to one partition's device time per window, a few percent at the
+    bench's sizes (tens of partitions per device)."""
+    start = min(runs[0].t_done.values())
+    end = max(max(r.t_done.values()) for r in runs)
+    if end <= start:
+        return None
+    out: dict[str, float] = {}
+    for p in partitions:
+        if p["device"] is None or p["t_done"] is None:
+            continue
+        t = p["timings"]
+        d_end = p["t_done"] - t.get("finalize", 0.0)  # the device stage ends where finalize begins
+        overlap = min(d_end, end) - max(d_end - t.get("device", 0.0), start)  # clipped to the window
+        if overlap > 0:
+            out[str(p["device"])] = out.get(str(p["device"]), 0.0) + overlap / (end - start)
+    return dict(sorted(out.items()))
+
+
 def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     """The design's host-memory bound, calibrated on the first job and checked on the whole run.
 
@@ -345,6 +371,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         "peak_device_bytes": max((d for d in device_peaks if d is not None), default=None),
         "gpu_busy_fraction": (sum(busy.values()) / len(devices)) if busy else None,
         "gpu_busy_fraction_by_device": busy,
+        "device_busy_fraction_by_device": _device_fractions(partitions, runs),
         "median_stage_s": {s: median_stage(partitions, s) for s in STAGES if median_stage(partitions, s) is not None},
         "partitions_by_device": {str(d): sum(1 for p in partitions if p["device"] == d) for d in devices},
         "memory_bound": memory_bound(raw, config),

@@ -147,6 +147,8 @@ def table(result: dict[str, Any]) -> str:
         ("device / partition (median)", _fmt_s(result["median_stage_s"].get("device"))),
         ("GPU kernel-busy fraction", "n/a (cpu backend)" if busy is None else f"{busy:.1%}" + "".join(
             f", {name} {frac:.1%}" for name, frac in (result.get("gpu_busy_fraction_by_device") or {}).items())),
+        ("device stage busy (per device)", ", ".join(
+            f"{d}: {f:.1%}" for d, f in (result.get("device_busy_fraction_by_device") or {}).items()) or "n/a"),
         ("partitions by device", ", ".join(f"{d}: {n}" for d, n in result["partitions_by_device"].items())),
         ("peak host memory (RSS tree + shm)", _fmt_bytes(result["peak_host_bytes"])),
         ("  of which shm (peak)", f"{_fmt_bytes(result['peak_shm_bytes'])}, "
