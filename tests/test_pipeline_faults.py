@@ -91,17 +91,25 @@ def test_ring_bounds_memory_and_producers_block(running, checker: ProofChecker) 
 
 def test_kill_synthesis_worker_mid_job(running, checker: ProofChecker) -> None:
     engine, results = running
-    engine.submit(_job("kill-synth", 4, base=100))
+    # The prover is paused (SIGSTOP) so that no slot frees: once both slots are full, a worker
+    # holding a task is blocked on a free slot with its vectors, and stays so until it is killed.
+    # (Without the pause a loaded machine let the victim publish between the check and the kill.)
+    prover = _process(engine, "cuzk-gpu-0")["pid"]
+    os.kill(prover, signal.SIGSTOP)
+    try:
+        engine.submit(_job("kill-synth", 4, base=100))
 
-    def blocked_worker() -> dict | None:
-        # the ring is full and a worker holds a task: it is blocked on a free slot with its vectors
-        status = engine.status()
-        if status["ring"]["stats"]["live"] < 2:
-            return None
-        return next((p for p in status["processes"] if p["role"] == "synth" and p["busy_task"] is not None), None)
+        def blocked_worker() -> dict | None:
+            status = engine.status()
+            if status["ring"]["stats"]["live"] < 2:
+                return None
+            return next((p for p in status["processes"] if p["role"] == "synth" and p["busy_task"] is not None),
+                        None)
 
-    victim = wait_until(blocked_worker)
-    os.kill(victim["pid"], signal.SIGKILL)
+        victim = wait_until(blocked_worker)
+        os.kill(victim["pid"], signal.SIGKILL)
+    finally:
+        os.kill(prover, signal.SIGCONT)
     result = results.wait("kill-synth")
     assert _all_verify(result, checker)
     assert max(p.attempts for p in result.partitions) == 2

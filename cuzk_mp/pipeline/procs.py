@@ -44,6 +44,9 @@ from . import messages as msg
 log = logging.getLogger("cuzk_mp.pipeline")
 _CTX = mp.get_context("spawn")
 HARD_EXIT_S = 10.0
+# how long a child dying of an error waits to learn whether the engine died too: the death pipe's
+# EOF comes microseconds after the broken command pipe; a genuine crash just exits 1 s later
+ORPHAN_WAIT_S = 1.0
 
 
 @dataclass
@@ -119,7 +122,10 @@ class ChildContext:
         self.name = spec.name
         self.conn = conn
         self.stopping = threading.Event()
+        self.engine_gone = threading.Event()  # set by the death-pipe watcher on EOF
+        self.engine_pid = os.getppid()  # the engine, alive while it is our parent
         self._send_lock = threading.Lock()
+        self._orphan_lock = threading.Lock()
         self.log = logging.getLogger(f"cuzk_mp.pipeline.{spec.role}")
 
     def send(self, message: msgspec.Struct) -> None:
@@ -130,6 +136,35 @@ class ChildContext:
     def recv(self) -> msg.ToChild:
         """Block for the next engine message (EOFError when the engine closed the pipe)."""
         return msg.decode_to_child(self.conn.recv_bytes())
+
+    def engine_dead(self, wait_s: float = 0.0) -> bool:
+        """Whether the engine process has exited (we were re-parented), waiting up to ``wait_s``.
+
+        The precise test: pipe EOFs also follow from the engine closing our handle, and
+        the kernel closes a dying process's pipes a moment before it re-parents its children.
+        """
+        end = time.monotonic() + wait_s
+        while os.getppid() == self.engine_pid:
+            if time.monotonic() >= end:
+                return False
+            time.sleep(0.01)
+        return True
+
+    def remove_orphaned_ring(self) -> None:
+        """Unlink every IPC object of the engine's prefix (the engine is dead; idempotent).
+
+        Every way out of an orphaned child comes here (see :func:`_leave_no_orphans`): the
+        death-pipe watcher as soon as the engine dies, and the process's last step, whether it
+        stopped on its command pipe's EOF or died of the broken pipe (``os._exit`` would kill
+        the watcher mid-way). The last step runs it again on purpose: a synthesis worker may
+        have created its next segment after the watcher's pass. The lock serialises callers.
+        """
+        if not self.spec.ring_prefix:
+            return
+        from .ring import cleanup_stale
+
+        with self._orphan_lock:
+            cleanup_stale(self.spec.ring_prefix)
 
     def fail(self, task_id: int, exc: BaseException) -> None:
         """Report a task failure as data (kind + message + traceback), log the traceback here."""
@@ -157,9 +192,21 @@ def bootstrap(spec: ChildSpec, conn: Connection, death_r: Connection) -> None:
     except SystemExit:
         pass
     except BaseException:  # noqa: BLE001 - the root cause must reach the log before the process exits
+        if _leave_no_orphans(ctx, ORPHAN_WAIT_S):  # a broken pipe because the engine died
+            os._exit(1)
         ctx.log.critical("[shutdown] fatal error:\n%s", traceback.format_exc())
         os._exit(3)
+    _leave_no_orphans(ctx, ORPHAN_WAIT_S if ctx.engine_gone.is_set() else 0.0)
     ctx.log.info("[shutdown] exiting")
+
+
+def _leave_no_orphans(ctx: ChildContext, wait_s: float) -> bool:
+    """If the engine is dead, remove its ring (nobody else will); returns whether it was dead."""
+    if not ctx.engine_dead(wait_s):
+        return False
+    ctx.log.warning("[shutdown] the engine process is gone: removing its IPC objects")
+    ctx.remove_orphaned_ring()
+    return True
 
 
 def _install_signals(ctx: ChildContext) -> None:
@@ -178,7 +225,7 @@ def _install_signals(ctx: ChildContext) -> None:
 
 
 def _watch_parent(death_r: Connection, ctx: ChildContext) -> None:
-    """EOF on the death pipe: the engine died without stopping us.
+    """EOF on the death pipe: the engine died without stopping us (or closed our handle).
 
     Nobody is left to remove the ring, so every orphan unlinks every IPC object
     of the engine's prefix (idempotent; mappings still open stay valid until
@@ -189,12 +236,10 @@ def _watch_parent(death_r: Connection, ctx: ChildContext) -> None:
         death_r.recv_bytes()
     except (EOFError, OSError):
         pass
-    if not ctx.stopping.is_set():
-        ctx.log.warning("[shutdown] the engine process is gone: removing its IPC objects and stopping")
-        if ctx.spec.ring_prefix:
-            from .ring import cleanup_stale
-
-            cleanup_stale(ctx.spec.ring_prefix)
+    ctx.engine_gone.set()
+    # whether or not the main thread is already stopping (a command-pipe EOF stops it too): a dead
+    # engine's ring is ours to remove; a live engine closed our handle and keeps its ring
+    if _leave_no_orphans(ctx, ORPHAN_WAIT_S) and not ctx.stopping.is_set():
         os.kill(os.getpid(), signal.SIGTERM)
 
 
