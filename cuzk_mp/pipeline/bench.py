@@ -36,13 +36,16 @@ import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from .benchreport import Progress, machine_info, median_stage, plot_timeline, require_matplotlib, table
-from .engine import Engine
-from .monitor import MemorySampler, reset_peak_rss, tree_peak_rss, tree_rss
 from .types import STAGES, SYNTHETIC_KINDS, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult
+
+if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other verbs build this
+    # parser without loading the pipeline (numba, posix_ipc, psutil)
+    from .engine import Engine
+    from .monitor import MemorySampler
 
 # defaults that finish in well under 5 minutes on the 2-core CPU machine / use an H200 sensibly
 DEFAULTS = {
@@ -115,6 +118,8 @@ class BenchRun:
             run.results.append(result)
             run.t_done[result.job_id] = time.time()
             if self.peak_rss_first_job is None:
+                from .monitor import tree_peak_rss
+
                 self.peak_rss_first_job = tree_peak_rss()
             if self.sampler is not None:
                 self.sampler.sample()  # every job window gets at least the sample at its end
@@ -153,6 +158,9 @@ class BenchRun:
 
     def execute(self) -> dict[str, Any]:
         """Run everything; returns the raw measurements (see :func:`summarize`)."""
+        from .engine import Engine
+        from .monitor import MemorySampler, reset_peak_rss, tree_peak_rss, tree_rss
+
         a = self.args
         config = EngineConfig(backend=self.backend, devices=a.devices, gpu_workers_per_device=a.gpu_workers,
                               partition_workers=a.partition_workers, ring_slots=a.ring_slots,
