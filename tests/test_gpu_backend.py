@@ -177,17 +177,17 @@ def test_stage_rejects_wrong_shapes(gpu: object) -> None:
         gpu.stage(key, ProverInputs(good, good, good, np.zeros((9, 4), dtype=np.uint64)))
 
 
-def _prove_synthetic(backend: object, tmp_path: Path, log_n: int = 10) -> None:
+def _prove_synthetic(backend: object, tmp_path: Path, log_n: int = 10, kind: str = "porep-like") -> None:
     """Dev key (CPU setup) for the 2^log_n synthetic circuit, a proof on ``backend``, checks."""
     from cuzk_mp.backends.cpu import CpuBackend
-    from cuzk_mp.circuits.synthetic import PorepLike
+    from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
     from cuzk_mp.formats.zkey import read_zkey, write_zkey
     from cuzk_mp.groth16 import setup as dev
     from cuzk_mp.groth16.keys import vk_from_zkey
     from cuzk_mp.groth16.prover import prove
     from cuzk_mp.groth16.verifier import verify
 
-    circuit = PorepLike(log_n)
+    circuit = synthetic_circuit(kind, log_n)
     r1cs = circuit.r1cs()
     write_zkey(tmp_path / "k.zkey", dev.setup(r1cs, CpuBackend(threads=2)))
     with read_zkey(tmp_path / "k.zkey") as zkey:
@@ -199,6 +199,8 @@ def _prove_synthetic(backend: object, tmp_path: Path, log_n: int = 10) -> None:
 
 
 @pytest.mark.gpu
-def test_whole_proof_on_gpu_verifies(gpu: object, tmp_path: Path) -> None:
+@pytest.mark.parametrize("kind", ["porep-like", "dense-random"])
+def test_whole_proof_on_gpu_verifies(gpu: object, tmp_path: Path, kind: str) -> None:
+    """Both witness shapes: mostly 0/1 (the MSMs' 0/1 split) and every value full-width."""
     pytest.importorskip("cuzk_mp.backends.gpu.msm", reason="helper B's GPU MSM is not in this checkout")
-    _prove_synthetic(gpu, tmp_path)
+    _prove_synthetic(gpu, tmp_path, kind=kind)
