@@ -238,8 +238,10 @@ def _watch_parent(death_r: Connection, ctx: ChildContext) -> None:
         pass
     ctx.engine_gone.set()
     # whether or not the main thread is already stopping (a command-pipe EOF stops it too): a dead
-    # engine's ring is ours to remove; a live engine closed our handle and keeps its ring
-    if _leave_no_orphans(ctx, ORPHAN_WAIT_S) and not ctx.stopping.is_set():
+    # engine's ring is ours to remove; a live engine that closed our handle keeps its ring. Either
+    # way nobody listens to us any more: stop.
+    _leave_no_orphans(ctx, ORPHAN_WAIT_S)
+    if not ctx.stopping.is_set():
         os.kill(os.getpid(), signal.SIGTERM)
 
 
