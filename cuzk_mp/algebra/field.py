@@ -77,6 +77,17 @@ class MontParams:
         return (x * self.r_inv) % self.modulus
 
 
+def fq2_mul_int(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
+    """(a0 + a1 u)(b0 + b1 u) in Fq2 = Fq[u]/(u^2 + 1), Python ints."""
+    return ((a[0] * b[0] - a[1] * b[1]) % Q_MOD, (a[0] * b[1] + a[1] * b[0]) % Q_MOD)
+
+
+def fq2_inv_int(a: tuple[int, int]) -> tuple[int, int]:
+    """1 / (a0 + a1 u) = (a0 - a1 u) / (a0^2 + a1^2); a != 0 (the norm is nonzero: -1 is a non-square mod q)."""
+    t = pow((a[0] * a[0] + a[1] * a[1]) % Q_MOD, -1, Q_MOD)
+    return (a[0] * t % Q_MOD, -a[1] * t % Q_MOD)
+
+
 def int_to_limbs(x: int, nlimbs: int) -> np.ndarray:
     """One non-negative int as a ``(nlimbs,) uint64`` little-endian limb vector."""
     return np.frombuffer(x.to_bytes(8 * nlimbs, "little"), dtype="<u8").copy()

@@ -26,7 +26,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..algebra.curve import G1Affine, G2Affine
-from ..algebra.field import Q_MOD, R_MOD
+from ..algebra.field import Q_MOD, R_MOD, fq2_inv_int, fq2_mul_int
 from ..errors import FormatError, InputError
 from .binfile import atomic_output
 
@@ -173,9 +173,9 @@ class _Ctx:
             return None
         if z == (1, 0):
             return (x, y)
-        zi = _fq2_inv(z)
-        zi2 = _fq2_mul(zi, zi)
-        return (_fq2_mul(x, zi2), _fq2_mul(y, _fq2_mul(zi2, zi)))
+        zi = fq2_inv_int(z)
+        zi2 = fq2_mul_int(zi, zi)
+        return (fq2_mul_int(x, zi2), fq2_mul_int(y, fq2_mul_int(zi2, zi)))
 
     def obj(self, value: Any, keys: tuple[str, ...]) -> dict[str, Any]:
         """A JSON object holding every key of ``keys``."""
@@ -190,17 +190,6 @@ class _Ctx:
         """If ``key`` is present it must equal ``want`` (e.g. curve "bls12381")."""
         if key in obj and obj[key] != want:
             raise self.fail(key, f"is {obj[key]!r}, expected {want!r}")
-
-
-def _fq2_mul(a: Fq2, b: Fq2) -> Fq2:
-    """(a0 + a1 u)(b0 + b1 u) with u^2 = -1."""
-    return ((a[0] * b[0] - a[1] * b[1]) % Q_MOD, (a[0] * b[1] + a[1] * b[0]) % Q_MOD)
-
-
-def _fq2_inv(a: Fq2) -> Fq2:
-    """1 / (a0 + a1 u) = (a0 - a1 u) / (a0^2 + a1^2); a != 0 (norm is nonzero since -1 is a non-square mod q)."""
-    t = pow((a[0] * a[0] + a[1] * a[1]) % Q_MOD, -1, Q_MOD)
-    return (a[0] * t % Q_MOD, -a[1] * t % Q_MOD)
 
 
 def proof_from_json(obj: Any, name: str = "proof.json") -> Proof:

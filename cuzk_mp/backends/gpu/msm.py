@@ -42,7 +42,7 @@ import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 
 from ...algebra.curve import g1_to_ark, g2_to_ark
-from ...algebra.field import Q_MOD, limbs_to_ints
+from ...algebra.field import Q_MOD, fq2_inv_int, fq2_mul_int, limbs_to_ints
 from ...errors import ConfigError, InputError
 from .modules import get_module, register
 
@@ -146,15 +146,6 @@ def _resident_threads(kernel: Any, nthreads: int) -> int | None:
 # ------------------------------------------------------------------ result conversion
 
 
-def _fq2_mul(a: tuple[int, int], b: tuple[int, int]) -> tuple[int, int]:
-    return ((a[0] * b[0] - a[1] * b[1]) % Q_MOD, (a[0] * b[1] + a[1] * b[0]) % Q_MOD)
-
-
-def _fq2_inv(a: tuple[int, int]) -> tuple[int, int]:
-    t = pow(a[0] * a[0] + a[1] * a[1], -1, Q_MOD)
-    return (a[0] * t % Q_MOD, -a[1] * t % Q_MOD)
-
-
 def point_from_xyzz(words: np.ndarray, g2: bool) -> G1Point | G2Point:
     """An XYZZ point as stored by the kernels (Montgomery limbs) -> arkworks point.
 
@@ -173,8 +164,8 @@ def point_from_xyzz(words: np.ndarray, g2: bool) -> G1Point | G2Point:
     X2, Y2, ZZ2, ZZZ2 = ((vals[i], vals[i + 1]) for i in range(0, 8, 2))
     if ZZ2[0] % Q_MOD == 0 and ZZ2[1] % Q_MOD == 0:
         return G2Point.identity()
-    t2 = _fq2_inv(_fq2_mul(ZZ2, ZZZ2))
-    return g2_to_ark((_fq2_mul(X2, _fq2_mul(ZZZ2, t2)), _fq2_mul(Y2, _fq2_mul(ZZ2, t2))))
+    t2 = fq2_inv_int(fq2_mul_int(ZZ2, ZZZ2))
+    return g2_to_ark((fq2_mul_int(X2, fq2_mul_int(ZZZ2, t2)), fq2_mul_int(Y2, fq2_mul_int(ZZ2, t2))))
 
 
 def horner(wsums: np.ndarray, c: int, extra: np.ndarray, g2: bool) -> G1Point | G2Point:
@@ -409,29 +400,24 @@ class MsmG2(_Msm):
         return result
 
 
-def _check_counts(points: Any, scalars: Any) -> None:
+def _one_shot(cls: type[_Msm], points: Any, scalars: Any) -> G1Point | G2Point:
     if points.shape[0] != scalars.shape[0]:
         raise InputError(f"MSM size mismatch: {points.shape[0]} points, {scalars.shape[0]} scalars")
+    m = cls(points)
+    try:
+        return m.run(scalars)
+    finally:
+        m.close()
 
 
 def msm_g1(points: Any, scalars: Any) -> G1Point:
     """One-shot G1 MSM (points and scalars on the host or the device; counts must match)."""
-    _check_counts(points, scalars)
-    m = MsmG1(points)
-    try:
-        return m.run(scalars)
-    finally:
-        m.close()
+    return _one_shot(MsmG1, points, scalars)  # type: ignore[return-value]
 
 
 def msm_g2(points: Any, scalars: Any) -> G2Point:
     """One-shot G2 MSM (points and scalars on the host or the device; counts must match)."""
-    _check_counts(points, scalars)
-    m = MsmG2(points)
-    try:
-        return m.run(scalars)
-    finally:
-        m.close()
+    return _one_shot(MsmG2, points, scalars)  # type: ignore[return-value]
 
 
 register(MSM_PATH, MsmParams().defines(False))
