@@ -21,7 +21,7 @@ parallel loop (numba, one lane per iteration).
 
 from __future__ import annotations
 
-from functools import cached_property
+from functools import cache, cached_property
 import numpy as np
 from numba import njit, prange
 
@@ -60,6 +60,12 @@ def _chain(v, lanes, alpha, beta, p):  # type: ignore[no-untyped-def]
                                    beta[kb, 0], beta[kb, 1], beta[kb, 2], beta[kb, 3])
             v[i, 0], v[i, 1], v[i, 2], v[i, 3] = _fmul(x0, x1, x2, x3, y0, y1, y2, y3)
             i += lanes
+
+
+@cache
+def _row_constants() -> tuple[np.ndarray, np.ndarray]:
+    """alpha_k = 1 + k and beta_k = 2 + k in Montgomery form (the r1cs writes them standard)."""
+    return fr.from_ints(list(range(1, 1 + ALPHA_PERIOD))), fr.from_ints(list(range(2, 2 + BETA_PERIOD)))
 
 
 def _std(values: np.ndarray) -> np.ndarray:
@@ -143,8 +149,7 @@ class DenseRandom:
         partition = self._check(seed, partition)
         v = out[self.base :]
         v[: 2 * self.lanes] = self.chain_inputs(seed, partition)  # read as Montgomery representatives
-        _chain(v, self.lanes, fr.from_ints(list(range(1, 1 + ALPHA_PERIOD))),
-               fr.from_ints(list(range(2, 2 + BETA_PERIOD))), fr.const(partition))
+        _chain(v, self.lanes, *_row_constants(), fr.const(partition))
         fr.from_mont_into(v, v)
         out[: self.base] = 0
         out[0, 0] = 1

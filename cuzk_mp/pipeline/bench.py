@@ -233,6 +233,11 @@ def steady_s_per_proof(run: _Run, part_done: dict[tuple[str, int], float], parti
     return (first - run.t_start) / partitions
 
 
+def _steady_window(runs: list[_Run]) -> tuple[float, float]:
+    """(start, end) of the steady window of all runs: first job done (run 0) to last job done."""
+    return min(runs[0].t_done.values()), max(max(r.t_done.values()) for r in runs)
+
+
 def _busy_fractions(bench: BenchRun, runs: list[_Run]) -> dict[str, float] | None:
     """Kernel-busy seconds each prover gained over the steady window, per second of it (GPU only).
 
@@ -241,7 +246,8 @@ def _busy_fractions(bench: BenchRun, runs: list[_Run]) -> dict[str, float] | Non
     if bench.backend != "gpu" or len(bench.busy_marks) < 2:
         return None
     first, last = bench.busy_marks[0], bench.busy_marks[-1]
-    window = max(max(r.t_done.values()) for r in runs) - min(runs[0].t_done.values())
+    start, end = _steady_window(runs)
+    window = end - start
     if window <= 0:
         return None
     return {p: (last[p].get("busy_seconds", 0.0) - first.get(p, {}).get("busy_seconds", 0.0)) / window
@@ -258,8 +264,7 @@ def _device_fractions(partitions: list[dict[str, Any]], runs: list[_Run]) -> dic
     (``t_done - finalize``; message passing makes that a little late) and clipped to the window:
     the figure can be off by up to one partition's device time per window, a few percent at the
     bench's sizes (tens of partitions per device)."""
-    start = min(runs[0].t_done.values())
-    end = max(max(r.t_done.values()) for r in runs)
+    start, end = _steady_window(runs)
     if end <= start:
         return None
     out: dict[str, float] = {}

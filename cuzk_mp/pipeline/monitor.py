@@ -15,6 +15,7 @@ from __future__ import annotations
 import os
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 import psutil
@@ -65,16 +66,21 @@ def _tree(pid: int | None) -> list[tuple[str, psutil.Process]]:
     return out
 
 
-def tree_rss(pid: int | None = None) -> dict[str, int]:
-    """RSS (bytes) of a process and each descendant, keyed ``<name>`` (the OS process name; the
-    pipeline's children set theirs to cuzk-synth-<i> / cuzk-gpu-<dev>); the root is ``"engine"``."""
+def _by_name(pid: int | None, read: Callable[[psutil.Process], int]) -> dict[str, int]:
+    """``read(process)`` summed per name over the tree (vanished processes are skipped)."""
     out: dict[str, int] = {}
     for name, p in _tree(pid):
         try:
-            out[name] = out.get(name, 0) + p.memory_info().rss
+            out[name] = out.get(name, 0) + read(p)
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
     return out
+
+
+def tree_rss(pid: int | None = None) -> dict[str, int]:
+    """RSS (bytes) of a process and each descendant, keyed ``<name>`` (the OS process name; the
+    pipeline's children set theirs to cuzk-synth-<i> / cuzk-gpu-<dev>); the root is ``"engine"``."""
+    return _by_name(pid, lambda p: int(p.memory_info().rss))
 
 
 def _peak_rss(p: psutil.Process) -> int:
@@ -95,13 +101,7 @@ def tree_peak_rss(pid: int | None = None) -> dict[str, int]:
     Exact where sampling is not: the kernel keeps the high-water mark, so a transient peak between
     two samples is not missed. Keyed like :func:`tree_rss`.
     """
-    out: dict[str, int] = {}
-    for name, p in _tree(pid):
-        try:
-            out[name] = out.get(name, 0) + _peak_rss(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return out
+    return _by_name(pid, _peak_rss)
 
 
 def reset_peak_rss(pid: int | None = None) -> bool:
@@ -137,8 +137,6 @@ class MemorySampler:
         self.peak_shm_bytes = 0
         self.peak_live_segments = 0
         self.samples = 0
-        self.first_rss: dict[str, int] = {}  # per process name, at the first sample (idle baseline)
-        self.peak_rss: dict[str, int] = {}  # per process name
         self.timeline: list[tuple[float, int]] = []  # (time.time(), host bytes) of every sample
         self._stop = threading.Event()
         self._lock = threading.Lock()
@@ -155,11 +153,7 @@ class MemorySampler:
             self._sample()
 
     def _sample(self) -> None:
-        per = tree_rss(self.pid)
-        for name, value in per.items():
-            self.first_rss.setdefault(name, value)
-            self.peak_rss[name] = max(self.peak_rss.get(name, 0), value)
-        rss, shm = sum(per.values()), shm_bytes(self.prefix)
+        rss, shm = tree_rss_bytes(self.pid), shm_bytes(self.prefix)
         self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
         self.peak_shm_bytes = max(self.peak_shm_bytes, shm)
         self.peak_host_bytes = max(self.peak_host_bytes, rss + shm)
@@ -173,12 +167,11 @@ class MemorySampler:
             self._stop.wait(self.interval_s)
 
     def stop(self) -> dict[str, object]:
-        """Stop and return the peaks (totals, and per process name: first sample and peak)."""
+        """Stop and return the peaks (totals) and the timeline of (time, host bytes) samples."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
         return {"peak_host_bytes": self.peak_host_bytes, "peak_rss_bytes": self.peak_rss_bytes,
                 "peak_shm_bytes": self.peak_shm_bytes, "peak_live_segments": self.peak_live_segments,
-                "samples": self.samples, "first_rss": dict(self.first_rss), "peak_rss": dict(self.peak_rss),
-                "timeline": list(self.timeline)}
+                "samples": self.samples, "timeline": list(self.timeline)}
 
