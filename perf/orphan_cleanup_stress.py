@@ -41,11 +41,10 @@ from pathlib import Path
 from cuzk_mp.pipeline.engine import Engine
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput
 engine = Engine(EngineConfig(backend="cpu", devices=[0], partition_workers=1, ring_slots=2,
-                             shm_prefix=sys.argv[1], param_cache=Path(sys.argv[2])))
-engine.start()
+                             shm_prefix=sys.argv[1], param_cache=Path(sys.argv[2]))).start()
 engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=int(sys.argv[3])))
 engine.submit(JobSpec("long", "porep", [PartitionInput("synthetic", seed=i) for i in range(400)]))
-print(" ".join(str(p["pid"]) for p in engine.status()["processes"]), flush=True)
+print(" ".join(str(p.pid) for p in engine.status().processes), flush=True)
 time.sleep(600)
 """
 

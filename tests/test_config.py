@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import re
 import tomllib
 from pathlib import Path
@@ -40,7 +41,8 @@ def test_example_config_loads_and_maps_onto_the_engine(tmp_path: Path) -> None:
     assert cfg.result_ttl_s == 3600 and cfg.shutdown_grace_s == 30
     e = cfg.engine
     assert (e.backend, e.devices, e.gpu_workers_per_device) == ("auto", None, 2)
-    assert (e.partition_workers, e.synthesis_threads, e.ring_slots) == (2, 1, 4)
+    # threads_per_partition = "auto": the machine's cores shared among the workers
+    assert (e.partition_workers, e.synthesis_threads, e.ring_slots) == (2, max(1, (os.cpu_count() or 1) // 2), 4)
     assert (e.verify_proofs, e.max_attempts, e.start_timeout_s) == (True, 2, 300.0)
     assert e.param_cache == tmp_path and e.shm_prefix is None
     assert e.srs_budget_bytes is not None and e.srs_budget_bytes > 0
@@ -175,10 +177,11 @@ def test_circom_paths_are_relative_to_the_file(tmp_path: Path,
                         'r1cs = "keys/c.r1cs"\nwasm = "keys/c.wasm"\npriority = "HIGH"\n'
                         'partitions = 3\n')
     from cuzk_mp.daemon import budget
+    from cuzk_mp.pipeline.memory import estimated_circuit_size
     budget_calls: list[object] = []
     # the files are placeholders, not zkeys: size the ring without reading them
-    monkeypatch.setattr(budget, "circuit_slot_bytes",
-                        lambda cc: budget_calls.append(cc) or 1 << 20)
+    monkeypatch.setattr(budget, "circuit_size",
+                        lambda cc: budget_calls.append(cc) or estimated_circuit_size(1 << 10, 1 << 10))
     cfg = C.load_config(p)
     spec = cfg.circuits["c"].spec
     assert spec.zkey == keys / "c.zkey" and spec.r1cs == keys / "c.r1cs"
@@ -213,30 +216,63 @@ def test_values_map_onto_engine_config(tmp_path: Path) -> None:
 
 
 def test_memory_budget_is_what_is_left(tmp_path: Path) -> None:
-    from cuzk_mp.daemon.budget import PROCESS_BASE_BYTES, slot_bytes
+    from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+    from cuzk_mp.pipeline.memory import PROCESS_BASE_BYTES, SYNTH_SCRATCH_BYTES, WorkingSets, model_working_sets
+    from cuzk_mp.pipeline.memory import CircuitSize, ENGINE_ALLOWANCE_BYTES
+    from cuzk_mp.pipeline.ring import partition_segment_bytes
+
+    def pipeline(log_n: int, kind: str, slots: int, workers: int, provers: int) -> int:
+        """The model's pipeline share: the engine, the ring, the workers, the provers (keys excluded)."""
+        n_vars = synthetic_circuit(kind, log_n).n_wires
+        ws: WorkingSets = model_working_sets(CircuitSize(1 << log_n, n_vars, 0, 0), "cpu", 2)
+        assert ws.synth == SYNTH_SCRATCH_BYTES  # a worker's scratch: never a partition's vectors
+        return ENGINE_ALLOWANCE_BYTES + slots * partition_segment_bytes(1 << log_n, n_vars) + workers * ws.synth \
+            + provers * ws.prover
+
     cfg = resolve({"memory": {"total_budget": "16GiB", "safety_margin": "1GiB"},
                    "synthesis": {"partition_workers": 2}, "pipeline": {"ring_slots": 3},
                    "gpus": {"backend": "cpu", "devices": [0]},
                    "circuits": {"a": {"synthetic": "porep-like", "log_n": 12},
                                 "b": {"synthetic": "porep-like", "log_n": 16}}}, tmp_path)
-    from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
-    slot = slot_bytes(1 << 16, synthetic_circuit("porep-like", 16).n_wires)  # the largest circuit's slot
-    expect = (16 * 2**30 - 2**30 - 4 * PROCESS_BASE_BYTES - (3 + 2) * slot)
+    # the largest circuit's segment sizes the ring
+    expect = 16 * 2**30 - 2**30 - 4 * PROCESS_BASE_BYTES - pipeline(16, "porep-like", 3, 2, 1)
     assert cfg.engine.srs_budget_bytes == expect
     two = resolve({"memory": {"total_budget": "16GiB", "safety_margin": "1GiB"},
                    "synthesis": {"partition_workers": 2}, "pipeline": {"ring_slots": 3},
                    "gpus": {"backend": "cpu", "devices": [0, 1]},
                    "circuits": {"b": {"synthetic": "porep-like", "log_n": 16}}}, tmp_path)
-    srs_total = 16 * 2**30 - 2**30 - 5 * PROCESS_BASE_BYTES - (3 + 2) * slot
+    srs_total = 16 * 2**30 - 2**30 - 5 * PROCESS_BASE_BYTES - pipeline(16, "porep-like", 3, 2, 2)
     assert two.engine.srs_budget_bytes == srs_total // 2  # each prover keeps its own keys
     dense = resolve({"memory": {"total_budget": "16GiB", "safety_margin": "1GiB"},
                      "synthesis": {"partition_workers": 2}, "pipeline": {"ring_slots": 3},
                      "gpus": {"backend": "cpu", "devices": [0]},
                      "circuits": {"d": {"synthetic": "dense-random", "log_n": 16}}}, tmp_path)
     assert dense.circuits["d"].spec.synthetic == "dense-random"
-    dense_slot = slot_bytes(1 << 16, synthetic_circuit("dense-random", 16).n_wires)
-    assert dense_slot > slot_bytes(1 << 16, 1 << 16)  # 2L chain inputs: a few more wires than rows
-    assert dense.engine.srs_budget_bytes == 16 * 2**30 - 2**30 - 4 * PROCESS_BASE_BYTES - 5 * dense_slot
+    dense_n = synthetic_circuit("dense-random", 16).n_wires
+    assert partition_segment_bytes(1 << 16, dense_n) > partition_segment_bytes(1 << 16, 1 << 16)  # 2L chain inputs
+    assert dense.engine.srs_budget_bytes == 16 * 2**30 - 2**30 - 4 * PROCESS_BASE_BYTES - pipeline(
+        16, "dense-random", 3, 2, 1)
+
+
+def test_host_budget_derives_what_the_file_leaves_out(tmp_path: Path) -> None:
+    from cuzk_mp.pipeline.memory import GiB
+    circuits = {"big": {"synthetic": "porep-like", "log_n": 20}}
+    roomy = resolve({"memory": {"total_budget": "64GiB", "host_budget": "32GiB"}, "gpus": {"devices": [0]},
+                     "circuits": circuits}, tmp_path)
+    e = roomy.engine
+    assert (e.partition_workers, e.ring_slots) == (min(2, os.cpu_count() or 1), min(2, os.cpu_count() or 1) + 1)
+    assert e.synthesis_threads == max(1, (os.cpu_count() or 1) // e.partition_workers)
+    assert roomy.host_budget_bytes == 32 * GiB
+    kept = resolve({"memory": {"total_budget": "64GiB", "host_budget": "32GiB"}, "gpus": {"devices": [0]},
+                    "pipeline": {"ring_slots": 5}, "synthesis": {"threads_per_partition": 3},
+                    "circuits": circuits}, tmp_path)
+    assert (kept.engine.ring_slots, kept.engine.synthesis_threads) == (5, 3)  # given values are kept
+    with pytest.raises(ConfigError, match="memory.host_budget"):
+        resolve({"memory": {"total_budget": "64GiB", "host_budget": "512MiB"}, "circuits": circuits}, tmp_path)
+    with pytest.raises(ConfigError, match="synthesis.threads"):
+        resolve({"synthesis": {"threads": 2, "threads_per_partition": 4}}, tmp_path)
+    auto = resolve({"memory": {"total_budget": "20GiB", "safety_margin": "4GiB"}}, tmp_path)
+    assert auto.host_budget_bytes == 16 * GiB  # "auto": what the total leaves after the margin
 
 
 @pytest.mark.parametrize("text, addr", [

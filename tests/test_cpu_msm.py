@@ -62,3 +62,47 @@ def test_zkey_layout_round_trip_and_infinity() -> None:
     # the generator's zkey bytes start as snarkjs-formats.md says (Montgomery, little-endian)
     gen = curve.g1_ark_to_lem(G1Point()).tobytes()
     assert gen[:8].hex() == "160c53fd9087b35c"
+
+
+def test_backend_protocol_primitives_on_the_cpu() -> None:
+    """msm() returns a Future per key section (count checked, naming both counts); h_values() consumes
+    the staged a, b, c; the recipe's C MSM over w[n_public+1:] equals a naive sum."""
+    from concurrent.futures import Future
+    from pathlib import Path
+
+    from cuzk_mp.backends.base import ProverInputs
+    from cuzk_mp.backends.cpu import CpuBackend
+    from cuzk_mp.errors import InputError
+    from cuzk_mp.formats.wtns import read_wtns
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+
+    data = Path(__file__).parent / "data_formats"
+    backend = CpuBackend(threads=2)
+    with read_zkey(data / "mul.zkey") as zkey:
+        key = backend.load_key(zkey)
+        inputs = ConstraintEvaluator.from_zkey(zkey).evaluate(read_wtns(data / "mul.wtns"))
+        staged = backend.stage(key, inputs)
+        w = staged.w
+        assert w is not None and w is not inputs.w  # a private copy: the ring slot may go
+        fut = backend.msm(key, "c", w[zkey.n_public + 1 :])
+        assert isinstance(fut, Future)
+        want = _naive(curve.g1_lem_to_ark_list(zkey.c), [int(x) for x in _ints(w[zkey.n_public + 1 :])],
+                      G1Point.identity())
+        assert fut.result() == want
+        with pytest.raises(InputError, match=r"'c'.*\b%d\b.*\b%d\b" % (zkey.n_vars, zkey.c.shape[0])):
+            backend.msm(key, "c", w)  # the whole witness is one scalar per wire: too many for section 8
+        h = backend.h_values(key, staged)
+        assert h.shape == (zkey.domain_size, 4) and staged.a is None and staged.c is None
+        np.testing.assert_array_equal(h, backend.coset_h(inputs.a, inputs.b, inputs.c))
+        backend.release(staged)
+        backend.release(staged)  # idempotent
+        assert staged.w is None
+        assert isinstance(ProverInputs(inputs.a, inputs.b, inputs.c, inputs.w).nbytes, int)
+    backend.close()
+
+
+def _ints(limbs: np.ndarray) -> list[int]:
+    from cuzk_mp.algebra.field import limbs_to_ints
+
+    return limbs_to_ints(limbs)

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from tests.oracle import CIRCUITS, Oracle, groth16_verify_many, oracle  # noqa: F401
-from tests.test_daemon_support import ENV, PY, DaemonProcess, config_text, shm_leftovers
+from tests.helpers import ENV, PY, DaemonProcess, config_text, shm_leftovers
 
 pytestmark = pytest.mark.snarkjs
 

@@ -13,7 +13,6 @@ from __future__ import annotations
 import asyncio
 import json
 import os
-import socket
 import struct
 import subprocess
 import time
@@ -30,16 +29,10 @@ from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.transport import frame
 from cuzk_mp.errors import InputError
-from tests.test_daemon_support import (
-    ENV, PY, REPO, DaemonProcess, check_proofs, config_text, parse_prometheus, raw_roundtrip,
+from tests.helpers import (
+    ENV, PY, REPO, DaemonProcess, free_port, check_proofs, config_text, parse_prometheus, raw_roundtrip,
     shm_leftovers, snarkjs_verify,
 )
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return int(s.getsockname()[1])
 
 
 @pytest.fixture(scope="module")
@@ -231,7 +224,7 @@ def test_status_and_metrics_over_http(daemon: DaemonProcess) -> None:
     assert done and all(p["state"] == "done" and p["timings"]["total"] > 0
                         for p in done[0]["partitions"])
     roles = {p["role"] for p in doc["processes"]}
-    assert {"synth", "gpu"} <= roles and all(p["alive"] for p in doc["processes"])
+    assert {"synth", "prover"} <= roles and all(p["alive"] for p in doc["processes"])
     assert len(doc["ring"]["slots"]) == 2 and doc["memory"]["host_rss_bytes"] > 0
     assert doc["memory_budget"]["srs"] > 0
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:

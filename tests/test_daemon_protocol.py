@@ -1,183 +1,35 @@
 """Protocol and job-table unit tests of the daemon, against an in-process engine double.
 
-The double (``FakeEngine``, test-only) honours the Engine contract's observable behaviour:
-one queue ordered by (priority, submit order, partition index), callbacks from its own thread,
-cancel, evict refused while in use. Its "proofs" are the generator points: these tests check the
-daemon's wire, job lifecycle and journal, never proving (tests/test_daemon_e2e.py drives the
-real engine).
+The double (:class:`tests.fake_engine.FakeEngine`) honours the engine contract's observable
+behaviour. Its "proofs" are the generator points: these tests check the daemon's wire, job
+lifecycle, journal, status and metrics, never proving (tests/test_daemon_e2e.py drives the real
+engine).
 """
 
 from __future__ import annotations
 
 import asyncio
-import heapq
-import itertools
 import json
 import os
 import socket
 import stat
 import struct
-import threading
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
-from typing import Any
 
 import msgspec
 import pytest
 
-from cuzk_mp.algebra.field import G1_GEN, G2_GEN
+from cuzk_mp.algebra.field import G1_GEN
 from cuzk_mp.daemon import config as C
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon, DaemonState
 from cuzk_mp.daemon.transport import frame, inproc_pair
 from cuzk_mp.errors import InputError, ResourceError
-from cuzk_mp.formats.snarkjs_json import Proof
-from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionResult
-from tests.test_daemon_support import raw_roundtrip
-
-
-class FakeEngine:
-    """Test double of cuzk_mp.pipeline.engine.Engine (see module docstring)."""
-
-    def __init__(self, config: Any, on_job_done: Callable[[JobResult], None],
-                 on_partition_done: Callable[[str, PartitionResult], None]) -> None:
-        self.on_job_done, self.on_partition_done = on_job_done, on_partition_done
-        self.gate = threading.Event()
-        self.gate.set()
-        self.lock = threading.Condition()
-        self.queue: list[tuple[int, int, int, str]] = []
-        self.jobs: dict[str, dict[str, Any]] = {}
-        self.seq = itertools.count()
-        self.proved: list[tuple[str, int]] = []
-        self.preloaded: set[str] = set()
-        self.submitted: list[str] = []
-        self.stopping = False
-        self.thread = threading.Thread(target=self._run, name="fake-engine", daemon=True)
-
-    def start(self) -> None:
-        self.thread.start()
-
-    def register_circuit(self, spec: Any) -> None:
-        pass
-
-    def preload(self, circuit_id: str) -> None:
-        self.preloaded.add(circuit_id)
-
-    def evict(self, circuit_id: str) -> bool:
-        with self.lock:
-            if any(j["spec"].circuit_id == circuit_id and not j["done"]
-                   for j in self.jobs.values()):
-                return False
-        self.preloaded.discard(circuit_id)
-        return True
-
-    def submit(self, job: JobSpec) -> None:
-        with self.lock:
-            seq = next(self.seq)
-            self.jobs[job.job_id] = {"spec": job, "results": {}, "done": False,
-                                     "submitted_at": time.time()}
-            self.submitted.append(job.job_id)
-            for i in range(len(job.partitions)):
-                heapq.heappush(self.queue, (int(job.priority), seq, i, job.job_id))
-            self.lock.notify_all()
-
-    def cancel(self, job_id: str) -> bool:
-        with self.lock:
-            job = self.jobs.get(job_id)
-            if job is None or job["done"]:
-                return False
-            self.queue = [q for q in self.queue if q[3] != job_id]
-            heapq.heapify(self.queue)
-            self._finish(job_id, "cancelled")
-            return True
-
-    def status(self) -> dict[str, Any]:
-        with self.lock:
-            return {"jobs": [{"job_id": j, "partitions": [{"index": i, "state": "queued"}
-                                                          for i in range(len(v["spec"].partitions))]}
-                             for j, v in self.jobs.items() if not v["done"]],
-                    "processes": [{"pid": os.getpid(), "role": "fake", "alive": True}],
-                    "ring": {"slots": [{"state": "free"}, {"state": "ready"}]},
-                    "srs": [{"circuit": c, "tier": "host", "bytes": 1000}
-                            for c in sorted(self.preloaded)],
-                    "memory": {"host_rss_bytes": 123, "shm_bytes": 0, "live_segments": 0}}
-
-    def metrics(self) -> dict[str, Any]:
-        return {"counters": {"partitions_proved": len(self.proved)}, "gauges": {"queued": 0},
-                "histograms": {"stage_seconds": {"device": {"buckets": [[0.1, 1]], "sum": 0.01,
-                                                            "count": 1}}}}
-
-    def stop(self, grace_s: float = 30.0) -> None:
-        with self.lock:
-            self.stopping = True
-            for job_id, job in list(self.jobs.items()):
-                if not job["done"]:
-                    self._finish(job_id, "cancelled")
-            self.lock.notify_all()
-        self.gate.set()
-        self.thread.join(5)
-
-    def _finish(self, job_id: str, state: str) -> None:
-        job = self.jobs[job_id]
-        job["done"] = True
-        spec = job["spec"]
-        parts = [job["results"].get(i) or PartitionResult(
-            index=i, proof=None, public=[], timings={}, device=None, attempts=0,
-            error="cancelled", error_kind="Cancelled") for i in range(len(spec.partitions))]
-        failed = any(p.error and p.error_kind != "Cancelled" for p in parts)
-        final = state if state != "done" else ("failed" if failed else "done")
-        self.on_job_done(JobResult(job_id=job_id, circuit_id=spec.circuit_id, state=final,
-                                   partitions=parts, error=None, submitted_at=job["submitted_at"],
-                                   started_at=job["submitted_at"], finished_at=time.time()))
-
-    def _run(self) -> None:
-        while True:
-            with self.lock:
-                while (not self.queue or not self.gate.is_set()) and not self.stopping:
-                    self.lock.wait(0.01)
-                if self.stopping:
-                    return
-                _, _, index, job_id = heapq.heappop(self.queue)
-                job = self.jobs[job_id]
-                seed = job["spec"].partitions[index].seed
-                r = PartitionResult(index=index, proof=Proof(G1_GEN, G2_GEN, G1_GEN),
-                                    public=[index, seed], timings={"device": 0.01, "total": 0.02},
-                                    device=0, attempts=1)
-                job["results"][index] = r
-                self.proved.append((job_id, index))
-                self.on_partition_done(job_id, r)
-                if len(job["results"]) == len(job["spec"].partitions):
-                    self._finish(job_id, "done")
-
-
-def make_config(tmp_path: Path, **daemon: Any) -> C.DaemonConfig:
-    raw = {
-        "daemon": {"listen": f"unix://{tmp_path}/d.sock", "max_frame_bytes": "64KiB", **daemon},
-        "srs": {"param_cache": str(tmp_path / "cache")},
-        "memory": {"total_budget": "64GiB"},
-        "circuits": {"syn": {"synthetic": "porep-like", "log_n": 10, "partitions": 2},
-                     "crit": {"synthetic": "porep-like", "log_n": 10, "priority": "CRITICAL"}},
-    }
-    return C.resolve(raw, base=tmp_path, source="test.toml")
-
-
-def run_daemon(tmp_path: Path, body: Callable[[Daemon, str], Awaitable[None]],
-               **daemon: Any) -> Daemon:
-    """Start a Daemon with the FakeEngine, run ``body(daemon, address)``, stop it."""
-    cfg = make_config(tmp_path, **daemon)
-
-    async def main() -> Daemon:
-        d = Daemon(cfg, engine_factory=FakeEngine)
-        await d.start()
-        try:
-            await body(d, str(cfg.listen))
-        finally:
-            await d.stop()
-        return d
-
-    return asyncio.run(main())
+from cuzk_mp.pipeline.supervisor import Degraded
+from tests.fake_engine import FakeEngine, run_daemon
+from tests.helpers import parse_prometheus, raw_roundtrip
 
 
 def test_submit_await_prove_over_a_unix_socket(tmp_path: Path) -> None:
@@ -332,7 +184,7 @@ def test_preload_evict_and_status(tmp_path: Path) -> None:
         async with await AsyncClient.connect(addr) as c:
             await c.preload("syn")
             st = await c.status()
-            assert st["srs"] == [{"circuit": "syn", "tier": "host", "bytes": 1000}]
+            assert [(e["circuit"], e["tier"], e["bytes"]) for e in st["srs"]] == [("syn", "host", 1000)]
             d.engine.gate.clear()
             sub = await c.submit("syn", synthetic_partitions(1))
             ev = await c.evict("syn")
@@ -352,7 +204,9 @@ def test_preload_evict_and_status(tmp_path: Path) -> None:
         assert "cuzk_ring_occupancy 0.5" in text
         assert 'cuzk_memory_bytes{kind="host_rss_bytes"} 123' in text
         assert "cuzk_engine_partitions_proved_total 1" in text
-        assert 'cuzk_engine_stage_seconds_bucket{stage="device",le="+Inf"} 1' in text
+            # (label order within braces is the exposition library's: compare parsed samples)
+        samples = parse_prometheus(text)
+        assert samples[("cuzk_engine_stage_seconds_bucket", (("le", "+Inf"), ("stage", "device")))] == 1
 
     run_daemon(tmp_path, body)
 
@@ -504,3 +358,59 @@ def test_tcp_listener_and_a_reply_too_big_for_a_frame(tmp_path: Path) -> None:
         assert not (tmp_path / "status.sock").exists()
 
     asyncio.run(main())
+
+
+def test_degraded_engine_is_reported_everywhere(tmp_path: Path, free_port: int) -> None:
+    """A role that keeps dying: /healthz 503 naming the cause, GetStatus and the metrics say why."""
+    import urllib.error
+    import urllib.request
+
+    cause = "no prover process is running: cuzk-prover-0 died 3 times in a row before READY (last: exit code 3)"
+
+    async def body(d: Daemon, addr: str) -> None:
+        def healthz() -> tuple[int, str]:
+            try:
+                with urllib.request.urlopen(f"http://127.0.0.1:{free_port}/healthz", timeout=5) as r:
+                    return r.status, r.read().decode()
+            except urllib.error.HTTPError as e:
+                return e.code, e.read().decode()
+
+        assert await asyncio.to_thread(healthz) == (200, "ok\n")
+        d.engine.degraded_roles = [Degraded("prover", cause, time.time())]
+        code, text = await asyncio.to_thread(healthz)
+        assert code == 503 and text.startswith("degraded: ") and cause in text
+        async with await AsyncClient.connect(addr) as c:
+            st = await c.status()
+            samples = parse_prometheus(await c.metrics())
+        assert st["daemon"]["state"] == "running"
+        assert st["engine"]["degraded"][0]["role"] == "prover" and st["engine"]["degraded"][0]["reason"] == cause
+        assert samples[("cuzk_degraded", (("role", "prover"),))] == 1
+        assert samples[("cuzk_degraded", (("role", "synth"),))] == 0
+        d.engine.degraded_roles = []
+        assert await asyncio.to_thread(healthz) == (200, "ok\n")
+
+    run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{free_port}")
+
+
+def test_metrics_are_prometheus_client_families(tmp_path: Path) -> None:
+    """One stage histogram, counters for what only grows, labels instead of names, build_info."""
+    import platform
+
+    from cuzk_mp import __version__
+
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            await c.prove("syn", synthetic_partitions(2), timeout_s=10)
+            text = await c.metrics()
+        samples = parse_prometheus(text)
+        assert "# TYPE cuzk_engine_stage_seconds histogram" in text and text.count(" histogram\n") == 3
+        assert samples[("cuzk_engine_stage_seconds_count", (("stage", "device"),))] == 2
+        assert not [k for k in samples if k[0].startswith("cuzk_partition_stage")]  # one stage histogram
+        assert samples[("cuzk_build_info", (("python", platform.python_version()), ("version", __version__)))] == 1
+        assert samples[("cuzk_engine_process_restarts_total", (("role", "prover"),))] == 0
+        assert samples[("cuzk_engine_jobs_finished_total", (("state", "done"),))] == 0
+        assert samples[("cuzk_process_memory_bytes", (("kind", "uss"), ("process", "engine")))] == 50
+        assert all(len(line.split(" ", 3)) == 4 for line in text.splitlines() if line.startswith("# HELP"))
+        assert not [k for k in samples if k[0].endswith("_created")]
+
+    run_daemon(tmp_path, body)

@@ -13,7 +13,7 @@ from pathlib import Path
 
 from cuzk_mp.daemon.client import synthetic_partitions
 from cuzk_mp.daemon.journal import Journal
-from tests.test_daemon_support import (
+from tests.helpers import (
     ENV, PY, DaemonProcess, check_proofs, config_text, shm_leftovers,
 )
 

@@ -14,7 +14,7 @@ from cuzk_mp.errors import InputError
 from cuzk_mp.pipeline import bench
 from cuzk_mp.pipeline.ring import shm_entries
 
-from tests.test_pipeline_support import KEY_CACHE, LOG_N
+from tests.helpers import KEY_CACHE, LOG_N
 
 REQUIRED = ("s_per_proof", "s_per_proof_runs", "first_job_s", "proofs_total", "proofs_verified", "peak_host_bytes",
             "peak_shm_bytes", "peak_live_segments", "gpu_busy_fraction", "median_stage_s", "partitions",
@@ -54,13 +54,18 @@ def test_bench_runs_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
     bound = result["memory_bound"]
     assert bound["segment_bytes"] > 0 and bound["bound_bytes"] == bound["peak_host_bytes"] + bound["margin_bytes"]
     assert len(bound["peak_host_bytes_by_job"]) == 6  # one window per job completion, both runs
-    assert set(bound["peak_rss_end_by_process"]) >= {"engine", "cuzk-synth-0", "cuzk-gpu-0", "cuzk-gpu-1"}
+    for per_process in ("peak_pss_by_process", "peak_uss_by_process", "idle_pss_by_process"):
+        assert set(bound[per_process]) >= {"engine", "cuzk-synth-0", "cuzk-prover-0", "cuzk-prover-1"}
+    assert set(result["peak_uss_by_process"]) == set(bound["peak_uss_by_process"])  # USS beside the PSS peak
     assert min(bound[k] for k in ("synth_working_set_bytes", "prover_working_set_bytes", "fixed_bytes")) >= 0
     assert all(b is not None for b in bound["peak_host_bytes_by_job"])
     # the bound is predicted from the first job and checked on the rest; at this size the working sets
     # are a few MiB and allocator noise moves the peak by a few hundred KiB, hence the 1 % slack
     assert bound["peak_host_bytes"] <= 1.01 * bound["bound_bytes"], bound
     assert bound["ring_margin_bytes"] >= 0  # live shm never exceeded ring_slots segments + control objects
+    # the model alone (what the daemon's budget and --host-budget use) also holds the measured peak
+    assert bound["model_margin_bytes"] >= 0, bound["model_bound_parts"]
+    assert result["config"]["synthesis_threads"] >= 1 and result["synthesis_core_s"] > 0
     assert result["machine"]["cores"] >= 1
     assert shm_entries(f"cuzk-bench-{os.getpid()}") == []
 

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 import random
 
+import msgspec
 import psutil
 import pytest
 
@@ -14,32 +15,21 @@ from cuzk_mp.pipeline.engine import Engine
 from cuzk_mp.pipeline.ring import shm_entries
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput, Priority
 
-from tests.test_pipeline_support import KEY_CACHE, LOG_N, Collector, ProofChecker, synthetic_key, prefix_for, wait_until
+from tests.helpers import KEY_CACHE, LOG_N, Collector, ProofChecker, prefix_for, status_of, wait_until
 
 SEED = 4242
 PREFIX = prefix_for("eng")
 
 
 @pytest.fixture(scope="module")
-def key() -> tuple:
-    return synthetic_key()
-
-
-@pytest.fixture(scope="module")
-def checker(key: tuple) -> ProofChecker:
-    return ProofChecker(key[0])
-
-
-@pytest.fixture(scope="module")
-def running(key: tuple):
+def running(test_key: tuple):
     results = Collector()
     config = EngineConfig(backend="cpu", devices=[0, 1], gpu_workers_per_device=2, partition_workers=2,
                           ring_slots=3, shm_prefix=PREFIX, param_cache=KEY_CACHE, start_timeout_s=120)
-    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition)
-    engine.start()
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
     engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N, partitions=3))
     yield engine, results
-    children = [psutil.Process(p["pid"]) for p in engine.status()["processes"] if p["alive"]]
+    children = [psutil.Process(p.pid) for p in engine.status().processes if p.alive]
     engine.stop(grace_s=10)
     assert engine.state == "stopped"
     assert shm_entries(PREFIX) == []  # every segment, the control block and both semaphores are gone
@@ -70,6 +60,8 @@ def test_jobs_prove_and_verify_on_two_devices(running, checker: ProofChecker) ->
             assert not checker.verifies([want[0] + 1, *want[1:]], p.proof)  # a wrong public input fails
             assert p.error is None and p.attempts == 1
             assert {"queue_wait", "synthesis", "ring_wait", "staging", "device", "finalize", "total"} <= set(p.timings)
+            # every stage a process measured reaches the result: the synthesis worker's too
+            assert {"shm_write", "witness", "device_wait"} <= set(p.timings), sorted(p.timings)
             assert all(v >= 0 for v in p.timings.values())
             devices.add(p.device)
         assert result.submitted_at <= result.started_at <= result.finished_at
@@ -113,12 +105,12 @@ def test_cancel_frees_everything(running, checker: ProofChecker) -> None:
     engine, results = running
     engine.submit(_synthetic_job("to-cancel", list(range(100, 140)), Priority.LOW))
     wait_until(lambda: any(j["job_id"] == "to-cancel" and any(p["state"] != "pending" for p in j["partitions"])
-                           for j in engine.status()["jobs"]))
+                           for j in status_of(engine)["jobs"]))
     assert engine.cancel("to-cancel") is True
     result = results.wait("to-cancel")
     assert result.state == "cancelled" and engine.cancel("to-cancel") is False
     assert sum(p.proof is None for p in result.partitions) >= 1
-    wait_until(lambda: engine.status()["ring"]["stats"]["live"] == 0 and engine.status()["queue"]["in_flight"] == 0,
+    wait_until(lambda: status_of(engine)["ring"]["stats"]["live"] == 0 and status_of(engine)["queue"]["in_flight"] == 0,
                timeout=60)
     engine.submit(_synthetic_job("after-cancel", [5]))
     assert results.wait("after-cancel").state == "done"
@@ -127,24 +119,27 @@ def test_cancel_frees_everything(running, checker: ProofChecker) -> None:
 def test_keys_status_and_metrics(running) -> None:
     engine, results = running
     engine.evict("porep")
-    wait_until(lambda: [(s["tier"], s["process"]) for s in engine.status()["srs"]] == [("disk", None)], timeout=30)
+    wait_until(lambda: [(s["tier"], s["process"]) for s in status_of(engine)["srs"]] == [("disk", None)], timeout=30)
     engine.preload("porep")
-    status = engine.status()
+    status = status_of(engine)
     json.dumps(status)  # JSON-able as the daemon serves it
     assert sorted((s["circuit"], s["process"], s["tier"]) for s in status["srs"]) == [
-        ("porep", "cuzk-gpu-0", "host"), ("porep", "cuzk-gpu-1", "host")]
-    assert {p["name"] for p in status["processes"]} == {"cuzk-gpu-0", "cuzk-gpu-1", "cuzk-synth-0", "cuzk-synth-1"}
+        ("porep", "cuzk-prover-0", "host"), ("porep", "cuzk-prover-1", "host")]
+    assert {p["name"] for p in status["processes"]} == {"cuzk-prover-0", "cuzk-prover-1", "cuzk-synth-0",
+                                                         "cuzk-synth-1"}
     assert all(p["alive"] and p["ready"] for p in status["processes"])
     assert len(status["ring"]["slots"]) == 3 and status["memory"]["host_rss_bytes"] > 0
     engine.submit(_synthetic_job("busy", [11, 12, 13]))
     assert engine.evict("porep") is False  # a job uses it
     results.wait("busy")
     assert engine.evict("porep") is True
-    wait_until(lambda: [s["tier"] for s in engine.status()["srs"]] == ["disk"], timeout=30)
+    wait_until(lambda: [s["tier"] for s in status_of(engine)["srs"]] == ["disk"], timeout=30)
     metrics = engine.metrics()
-    json.dumps(metrics)
-    assert metrics["counters"]["partitions_proved"] >= 3 and metrics["counters"]["ring_published"] >= 3
-    assert metrics["histograms"]["stage_seconds"]["device"]["count"] >= 3
+    json.dumps(msgspec.to_builtins(metrics))
+    assert metrics.counters.partitions_proved >= 3 and metrics.ring.published >= 3
+    assert metrics.alive == {"prover": 2, "synth": 2} and metrics.degraded == []
+    # per-partition stage timings reach the results (the daemon's one stage histogram observes them)
+    assert all("device" in p.timings for p in results.wait("busy").partitions)
 
 
 def test_priority_then_fifo_across_jobs(running) -> None:
@@ -152,8 +147,7 @@ def test_priority_then_fifo_across_jobs(running) -> None:
     # 30 partitions are far more than the pipeline holds (2 synthesis + 3 slots + 2x2 prover workers), so
     # once the blocker runs, the jobs below all wait in the queue together and leave it in (priority, FIFO)
     engine.submit(_synthetic_job("blocker", list(range(20, 50))))
-    wait_until(lambda: any(j["job_id"] == "blocker" and j["started_at"] for j in engine.status()["jobs"]),
-               interval=0.001)
+    wait_until(lambda: any(j.job_id == "blocker" and j.started_at for j in engine.status().jobs), interval=0.001)
     for job_id, prio in (("low", Priority.LOW), ("normal-1", Priority.NORMAL), ("critical", Priority.CRITICAL),
                          ("normal-2", Priority.NORMAL)):
         engine.submit(_synthetic_job(job_id, [1, 2], prio))
@@ -174,15 +168,16 @@ def test_children_get_their_device_before_any_import() -> None:
     config = EngineConfig(backend="gpu", devices=[3, 5], partition_workers=1, synthesis_threads=2)
     specs = child_specs(config, RingHandle("cuzk-x", 2), "gpu", [3, 5])
     assert [(s.name, s.env["CUDA_VISIBLE_DEVICES"]) for s in specs] == [
-        ("cuzk-gpu-3", "3"), ("cuzk-gpu-5", "5"), ("cuzk-synth-0", "")]
+        ("cuzk-prover-3", "3"), ("cuzk-prover-5", "5"), ("cuzk-synth-0", "")]
     assert specs[2].env["NUMBA_NUM_THREADS"] == "2" and all(s.ring_prefix == "cuzk-x" for s in specs)
+    assert specs[2].payload.threads == 2  # the evaluator gets threads_per_partition too
     # the bootstrap applies the environment before the role module is imported, and imports no cupy itself
-    probe = ChildSpec("gpu", 5, "tests.test_pipeline_support", {"CUDA_VISIBLE_DEVICES": "5"}, "hello")
+    probe = ChildSpec("prover", 5, "tests.child_roles", {"CUDA_VISIBLE_DEVICES": "5"}, "hello")
     handle = spawn_child(probe)
     try:
         assert handle.conn.poll(60)
         ready = msg.decode_from_child(handle.conn.recv_bytes())
-        assert isinstance(ready, msg.Ready) and ready.name == "cuzk-gpu-5" and ready.pid == handle.pid
+        assert isinstance(ready, msg.Ready) and ready.name == "cuzk-prover-5" and ready.pid == handle.pid
         assert ready.info == {"cuda_visible": "5", "numba_threads": None, "cupy_imported": 0, "payload": "hello"}
     finally:
         handle.send(msg.Stop())
@@ -193,7 +188,7 @@ def test_children_get_their_device_before_any_import() -> None:
 
 @pytest.mark.snarkjs
 def test_circom_json_partitions_verify_with_snarkjs(running, tmp_path) -> None:
-    from cuzk_mp.formats.snarkjs_json import proof_to_json, public_to_json, write_json
+    from cuzk_mp.formats.snarkjs_json import public_to_json, write_json
 
     from tests.oracle import CIRCUITS, _ORACLE, groth16_verify, require_tools
 
@@ -209,7 +204,7 @@ def test_circom_json_partitions_verify_with_snarkjs(running, tmp_path) -> None:
     assert result.state == "done"
     for i, p in enumerate(result.partitions):
         proof, public = tmp_path / f"p{i}.json", tmp_path / f"pub{i}.json"
-        write_json(proof, proof_to_json(p.proof))
+        write_json(proof, p.proof)  # the proof is snarkjs proof.json as the prover made it
         write_json(public, public_to_json(p.public))
         assert groth16_verify(key.vk, public, proof)
     bad = results.wait("circom-bad")

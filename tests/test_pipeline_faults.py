@@ -17,18 +17,13 @@ import time
 
 import pytest
 
-from cuzk_mp.pipeline.engine import Engine
+from cuzk_mp.pipeline.engine import Engine, RunningEngine
 from cuzk_mp.pipeline.ring import live_segments, shm_entries
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput
 
-from tests.test_pipeline_support import KEY_CACHE, LOG_N, Collector, ProofChecker, synthetic_key, prefix_for, wait_until
+from tests.helpers import KEY_CACHE, LOG_N, Collector, ProofChecker, prefix_for, status_of, wait_until
 
 PREFIX = prefix_for("flt")
-
-
-@pytest.fixture(scope="module")
-def checker() -> ProofChecker:
-    return ProofChecker(synthetic_key()[0])
 
 
 @pytest.fixture(scope="module")
@@ -36,8 +31,7 @@ def running(checker: ProofChecker):
     results = Collector()
     config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=2,
                           ring_slots=2, shm_prefix=PREFIX, param_cache=KEY_CACHE, start_timeout_s=120)
-    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition)
-    engine.start()
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
     engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
     engine.preload("porep")
     yield engine, results
@@ -49,12 +43,12 @@ def _job(job_id: str, n: int, base: int = 0) -> JobSpec:
     return JobSpec(job_id, "porep", [PartitionInput("synthetic", seed=base + i) for i in range(n)])
 
 
-def _process(engine: Engine, name: str) -> dict:
-    return next(p for p in engine.status()["processes"] if p["name"] == name)
+def _process(engine: RunningEngine, name: str) -> dict:
+    return next(p for p in status_of(engine)["processes"] if p["name"] == name)
 
 
-def _partition_state(engine: Engine, job_id: str, state: str, attempts: int = 1) -> dict | None:
-    for job in engine.status()["jobs"]:
+def _partition_state(engine: RunningEngine, job_id: str, state: str, attempts: int = 1) -> dict | None:
+    for job in status_of(engine)["jobs"]:
         if job["job_id"] == job_id:
             return next((p for p in job["partitions"] if p["state"] == state and p["attempts"] == attempts), None)
     return None
@@ -76,12 +70,12 @@ def test_ring_bounds_memory_and_producers_block(running, checker: ProofChecker) 
 
     watcher = threading.Thread(target=watch)
     watcher.start()
-    before = engine.status()["ring"]["stats"]
+    before = status_of(engine)["ring"]["stats"]
     engine.submit(_job("bounded", 6))
     result = results.wait("bounded")
     stop.set()
     watcher.join()
-    after = engine.status()["ring"]["stats"]
+    after = status_of(engine)["ring"]["stats"]
     assert _all_verify(result, checker)
     assert max(seen) <= 2 and max(seen) >= 1, f"live segments seen: max {max(seen)}"
     assert after["peak_live"] <= 2
@@ -91,16 +85,16 @@ def test_ring_bounds_memory_and_producers_block(running, checker: ProofChecker) 
 
 def test_kill_synthesis_worker_mid_job(running, checker: ProofChecker) -> None:
     engine, results = running
-    # The prover is paused (SIGSTOP) so that no slot frees: once both slots are full, a worker
-    # holding a task is blocked on a free slot with its vectors, and stays so until it is killed.
+    # The prover is paused (SIGSTOP) so that no slot frees: once both slots are taken, a worker holding
+    # a task is blocked on a free slot (or filling one), and stays so until it is killed.
     # (Without the pause a loaded machine let the victim publish between the check and the kill.)
-    prover = _process(engine, "cuzk-gpu-0")["pid"]
+    prover = _process(engine, "cuzk-prover-0")["pid"]
     os.kill(prover, signal.SIGSTOP)
     try:
         engine.submit(_job("kill-synth", 4, base=100))
 
         def blocked_worker() -> dict | None:
-            status = engine.status()
+            status = status_of(engine)
             if status["ring"]["stats"]["live"] < 2:
                 return None
             return next((p for p in status["processes"] if p["role"] == "synth" and p["busy_task"] is not None),
@@ -115,45 +109,44 @@ def test_kill_synthesis_worker_mid_job(running, checker: ProofChecker) -> None:
     assert max(p.attempts for p in result.partitions) == 2
     wait_until(lambda: _process(engine, victim["name"])["ready"] and _process(engine, victim["name"])["restarts"] == 1)
     assert "SIGKILL" in _process(engine, victim["name"])["last_exit"]
-    assert engine.status()["ring"]["stats"]["live"] == 0 and live_segments(PREFIX) == 0
+    assert status_of(engine)["ring"]["stats"]["live"] == 0 and live_segments(PREFIX) == 0
 
 
 def test_kill_prover_mid_job_then_retry_exhausted(running, checker: ProofChecker) -> None:
     engine, results = running
     engine.submit(_job("kill-prover", 3, base=200))
     wait_until(lambda: _partition_state(engine, "kill-prover", "proving"))
-    pid = _process(engine, "cuzk-gpu-0")["pid"]
+    pid = _process(engine, "cuzk-prover-0")["pid"]
     os.kill(pid, signal.SIGKILL)
     first = results.wait("kill-prover")
     assert _all_verify(first, checker) and max(p.attempts for p in first.partitions) == 2
-    assert _process(engine, "cuzk-gpu-0")["restarts"] == 1
+    assert _process(engine, "cuzk-prover-0")["restarts"] == 1
 
     # now kill the prover twice on the same partition: its retry is used up and the job fails alone
     engine.submit(_job("doomed", 2, base=300))
     wait_until(lambda: _partition_state(engine, "doomed", "proving"))
-    os.kill(_process(engine, "cuzk-gpu-0")["pid"], signal.SIGKILL)
+    os.kill(_process(engine, "cuzk-prover-0")["pid"], signal.SIGKILL)
     wait_until(lambda: _partition_state(engine, "doomed", "proving", attempts=2))
-    os.kill(_process(engine, "cuzk-gpu-0")["pid"], signal.SIGKILL)
+    os.kill(_process(engine, "cuzk-prover-0")["pid"], signal.SIGKILL)
     engine.submit(_job("survivor", 2, base=400))
     doomed = results.wait("doomed")
     assert doomed.state == "failed"
-    assert "cuzk-gpu-0" in doomed.error and "SIGKILL" in doomed.error and "attempt 2 of 2" in doomed.error
+    assert "cuzk-prover-0" in doomed.error and "SIGKILL" in doomed.error and "attempt 2 of 2" in doomed.error
     assert _all_verify(results.wait("survivor"), checker)
-    wait_until(lambda: engine.status()["ring"]["stats"]["live"] == 0, timeout=30)
+    wait_until(lambda: status_of(engine)["ring"]["stats"]["live"] == 0, timeout=30)
     assert live_segments(PREFIX) == 0
 
 
 ORPHAN_SCRIPT = """
 import sys, time
 from pathlib import Path
-from cuzk_mp.pipeline.engine import Engine
+from cuzk_mp.pipeline.engine import Engine, RunningEngine
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput
 engine = Engine(EngineConfig(backend="cpu", devices=[0], partition_workers=1, ring_slots=2,
-                             shm_prefix=sys.argv[1], param_cache=Path(sys.argv[2])))
-engine.start()
+                             shm_prefix=sys.argv[1], param_cache=Path(sys.argv[2]))).start()
 engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=int(sys.argv[3])))
 engine.submit(JobSpec("long", "porep", [PartitionInput("synthetic", seed=i) for i in range(400)]))
-print(" ".join(str(p["pid"]) for p in engine.status()["processes"]), flush=True)
+print(" ".join(str(p.pid) for p in engine.status().processes), flush=True)
 time.sleep(600)
 """
 
@@ -183,3 +176,42 @@ def test_killed_engine_leaves_nothing_behind(checker: ProofChecker) -> None:
         from cuzk_mp.pipeline.ring import cleanup_stale
 
         cleanup_stale(prefix)
+
+
+def test_crash_loop_degrades_then_recovers(checker: ProofChecker) -> None:
+    """A prover that keeps dying before READY: restarted with backoff (never given up), the engine
+    reports the role degraded with the cause, jobs that cannot progress fail naming it (no silent
+    hang); once the process starts again the engine recovers and proves."""
+    results = Collector()
+    prefix = prefix_for("loop")
+    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1,
+                          ring_slots=2, shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=120)
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
+    try:
+        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+        prover = engine.sup.children["cuzk-prover-0"]
+        real_module, prover.spec.module = prover.spec.module, "tests.crashing_role"  # every restart dies
+        os.kill(prover.handle.pid, signal.SIGKILL)
+        degraded = wait_until(engine.degraded, timeout=60)
+        assert [d.role for d in degraded] == ["prover"]
+        assert "cuzk-prover-0" in degraded[0].reason and "before READY" in degraded[0].reason
+        assert "exit code 3" in degraded[0].reason
+        status = engine.status()
+        assert status.degraded == degraded or status.degraded[0].role == "prover"
+        row = next(p for p in status.processes if p.name == "cuzk-prover-0")
+        assert row.failed_starts >= 3 and row.restarts >= 3
+        engine.submit(_job("stuck", 1, base=500))
+        failed = results.wait("stuck", timeout=30)  # fails with the cause, not after a timeout
+        assert failed.state == "failed" and "degraded" in failed.error and "cuzk-prover-0" in failed.error
+        assert failed.partitions[0].error_kind == "WorkerDied"
+        restarts = row.restarts
+        wait_until(lambda: next(p for p in engine.status().processes if p.name == "cuzk-prover-0").restarts
+                   > restarts + 1, timeout=60)  # still restarting (with backoff): never given up
+        prover.spec.module = real_module
+        wait_until(lambda: not engine.degraded() and engine.metrics().alive["prover"] == 1
+                   and all(p.ready for p in engine.status().processes), timeout=120)
+        engine.submit(_job("after", 2, base=600))
+        assert _all_verify(results.wait("after"), checker)
+    finally:
+        engine.stop(grace_s=5)
+    assert shm_entries(prefix) == []

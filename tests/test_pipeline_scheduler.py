@@ -33,16 +33,19 @@ def test_job_done_when_all_partitions_proved() -> None:
     s = Scheduler(max_attempts=2)
     s.add_job(_job("a", 2), REF)
     t0, t1 = s.next_task(), s.next_task()
-    s.on_published(t0.task_id, 0)
-    s.on_taken(t0.task_id, "cuzk-gpu-0", 0)
+    s.on_published(t0.task_id, 0, {"synthesis": 0.5, "shm_write": 0.25})
+    s.on_taken(t0.task_id, "cuzk-prover-0", 0)
     out = s.on_proof(t0.task_id, "proof0", [5], {"device": 1.0}, 0)
     assert [r.index for _, r in out.partitions] == [0] and not out.jobs
+    # stages reported by different processes merge into the one record (none is lost on the way)
+    assert {"synthesis", "shm_write", "device", "total"} <= set(out.partitions[0][1].timings)
+    assert out.partitions[0][1].timings["shm_write"] == 0.25
     out = s.on_proof(t1.task_id, "proof1", [6], {}, 1)
     assert len(out.jobs) == 1
     job = out.jobs[0]
     assert job.state == "done" and [p.proof for p in job.partitions] == ["proof0", "proof1"]
     assert [p.device for p in job.partitions] == [0, 1] and job.partitions[0].timings["total"] >= 0
-    assert s.counters["jobs_done"] == 1 and not s.jobs and not s.tasks
+    assert s.counters().jobs_finished["done"] == 1 and not s.jobs and not s.tasks
 
 
 def test_lost_partition_is_retried_once_then_job_fails() -> None:
@@ -53,9 +56,10 @@ def test_lost_partition_is_retried_once_then_job_fails() -> None:
     assert not s.on_lost([t0.task_id], "cuzk-synth-0 (pid 1) died (killed by SIGKILL)").jobs
     retry = s.next_task()  # the retry keeps its place: job a, partition 0 comes first again
     assert (retry.job.spec.job_id, retry.index, retry.attempt) == ("a", 0, 2)
-    out = s.on_lost([retry.task_id], "cuzk-gpu-0 (pid 2) died (killed by SIGKILL)")
+    out = s.on_lost([retry.task_id], "cuzk-prover-0 (pid 2) died (killed by SIGKILL)")
     assert len(out.jobs) == 1 and out.jobs[0].state == "failed"
-    assert "partition 0" in out.jobs[0].error and "cuzk-gpu-0" in out.jobs[0].error and "2 of 2" in out.jobs[0].error
+    assert "partition 0" in out.jobs[0].error and "cuzk-prover-0" in out.jobs[0].error
+    assert "2 of 2" in out.jobs[0].error
     assert out.jobs[0].partitions[0].error_kind == "WorkerDied"
     assert out.jobs[0].partitions[1].error_kind == "Cancelled"
     assert [t.index for t in out.cancel] == []  # partition 1 was still queued: nothing in a child
@@ -80,7 +84,7 @@ def test_late_proof_of_lost_attempt_wins() -> None:
     t1 = s.next_task()
     out = s.on_proof(t0.task_id, "late", [], {}, 0)
     assert out.jobs[0].state == "done" and out.jobs[0].partitions[0].proof == "late"
-    assert [t.task_id for t in out.cancel] == [t1.task_id] and s.counters["late_proofs_used"] == 1
+    assert [t.task_id for t in out.cancel] == [t1.task_id] and s.counters().late_proofs_used == 1
     assert not s.on_proof(t1.task_id, "second", [], {}, 0).jobs  # ignored
 
 
@@ -97,3 +101,21 @@ def test_cancel_and_drain_rules() -> None:
     assert [j.job_id for j in out.jobs] == ["c"]
     nxt = s.next_task(started_only=True)
     assert (nxt.job.spec.job_id, nxt.index) == ("a", 1) and started.index == 0
+
+
+def test_status_rows_and_failing_everything_with_a_cause() -> None:
+    s = Scheduler(max_attempts=2)
+    s.add_job(_job("a", 2, Priority.HIGH), REF)
+    t0 = s.next_task()
+    s.on_published(t0.task_id, 1, {"witness": 0.1})
+    rows = s.rows()
+    assert [(r.job_id, r.priority, r.state) for r in rows] == [("a", "HIGH", "running")]
+    assert [(p.index, p.state, p.timings) for p in rows[0].partitions] == [(0, "ready", {"witness": 0.1}),
+                                                                           (1, "pending", {})]
+    assert (s.queue().pending, s.queue().in_flight) == (1, 1)
+    out = s.fail_all("the engine is degraded: no prover process is running", kind="WorkerDied")
+    job = out.jobs[0]
+    assert job.state == "failed" and "degraded" in job.error
+    assert [p.error_kind for p in job.partitions] == ["WorkerDied", "WorkerDied"]
+    assert [t.task_id for t in out.cancel] == [t0.task_id]  # the attempt in the ring is dropped
+    assert s.counters().jobs_finished == {"done": 0, "failed": 1, "cancelled": 0}

@@ -1,4 +1,8 @@
-"""The slot ring: round trip, ordering, backpressure, crash reclaim and cleanup (no engine involved)."""
+"""The slot ring: round trip, ordering, backpressure, crash reclaim and cleanup (no engine involved).
+
+A producer claims a free slot, creates its segment and writes into the segment's views
+(:func:`_put` does the three steps a synthesis worker does), then publishes it.
+"""
 
 from __future__ import annotations
 
@@ -32,6 +36,19 @@ def _claim(task: int, job: int = 0, part: int = 0, prio: int = 2) -> SlotClaim:
     return SlotClaim(task_id=task, job_seq=job, partition=part, priority=prio)
 
 
+def _put(ring: Ring, slot: int, meta: bytes, arrays: list[np.ndarray], publish: bool = True) -> int:
+    """Create the claimed slot's segment, write ``arrays`` into its views, publish; the segment's size."""
+    seg = ring.create_segment(slot, [a.shape for a in arrays])
+    for dst, src in zip(seg.arrays, arrays):
+        dst[:] = src
+    size = seg.nbytes
+    if publish:
+        ring.publish(slot, seg, meta)
+    else:
+        seg.close()
+    return size
+
+
 def _arrays(rng: np.random.Generator, rows: int) -> list[np.ndarray]:
     return [rng.integers(0, 2**63, (rows, 4), dtype=np.uint64) for _ in range(3)] + [
         rng.integers(0, 2**63, (rows // 2 + 3, 4), dtype=np.uint64)]
@@ -45,9 +62,13 @@ def test_round_trip_and_unlink(prefix: str) -> None:
     arrays = _arrays(rng, 1000)
     slot = ring.acquire_free(_claim(7, job=3, part=1), _never)
     assert slot is not None and ring.record(slot).state == "filling"
-    size = ring.write_segment(slot, b"meta-bytes", arrays)
-    assert size >= sum(a.nbytes for a in arrays) and live_segments(prefix) == 1
-    ring.publish(slot)
+    seg = ring.create_segment(slot, [a.shape for a in arrays])
+    assert live_segments(prefix) == 1 and ring.record(slot).nbytes == seg.nbytes
+    for dst, src in zip(seg.arrays, arrays):
+        dst[:] = src  # the producer writes straight into the segment
+    size = seg.nbytes
+    assert size >= sum(a.nbytes for a in arrays) and size == ringmod.segment_bytes([a.shape for a in arrays])
+    ring.publish(slot, seg, b"meta-bytes")
     other = Ring.attach(RingHandle(prefix, 2))
     rec = other.take_ready(_never, timeout_s=1.0)
     assert rec is not None and (rec.slot, rec.task_id, rec.job_seq, rec.partition) == (slot, 7, 3, 1)
@@ -59,7 +80,7 @@ def test_round_trip_and_unlink(prefix: str) -> None:
     other.release(rec.slot)
     assert live_segments(prefix) == 0 and ring.record(slot).state == "free"
     stats = ring.stats()
-    assert (stats["published"], stats["released"], stats["peak_live"], stats["live"]) == (1, 1, 1, 0)
+    assert (stats.published, stats.released, stats.peak_live, stats.live) == (1, 1, 1, 0)
     other.close()
     ring.destroy()
     assert shm_entries(prefix) == []
@@ -72,8 +93,7 @@ def test_take_ready_is_oldest_first(prefix: str) -> None:
     keys = [(2, 5, 0), (2, 4, 1), (1, 9, 0), (2, 4, 0)]
     for task, (prio, job, part) in enumerate(keys):
         slot = ring.acquire_free(_claim(task, job, part, prio), _never)
-        ring.write_segment(slot, b"", one)
-        ring.publish(slot)
+        _put(ring, slot, b"", one)
     order = []
     for _ in keys:
         rec = ring.take_ready(_never, timeout_s=1.0)
@@ -88,12 +108,11 @@ def test_backpressure_blocks_then_resumes(prefix: str) -> None:
     one = [np.zeros((4, 4), np.uint64)]
     for task in range(2):
         slot = ring.acquire_free(_claim(task), _never)
-        ring.write_segment(slot, b"", one)
-        ring.publish(slot)
+        _put(ring, slot, b"", one)
     t0 = time.monotonic()
     assert ring.acquire_free(_claim(9), _never, timeout_s=0.6) is None
     assert time.monotonic() - t0 >= 0.5
-    assert ring.stats()["free_waits"] == 1 and live_segments(prefix) == 2
+    assert ring.stats().free_waits == 1 and live_segments(prefix) == 2
 
     got: list[int | None] = []
     waiter = threading.Thread(target=lambda: got.append(ring.acquire_free(_claim(10), _never, timeout_s=5.0)))
@@ -104,7 +123,7 @@ def test_backpressure_blocks_then_resumes(prefix: str) -> None:
     ring.release(rec.slot)
     waiter.join(5.0)
     assert got == [rec.slot] and ring.record(rec.slot).task_id == 10
-    assert ring.stats()["peak_live"] == 2
+    assert ring.stats().peak_live == 2
     ring.destroy()
 
 
@@ -121,9 +140,8 @@ def test_abort_returns_none(prefix: str) -> None:
 def _fill_and_hang(handle: RingHandle, state: str, started: mp.synchronize.Event) -> None:
     ring = Ring.attach(handle)
     slot = ring.acquire_free(_claim(1), _never)
-    ring.write_segment(slot, b"x", [np.ones((1024, 4), np.uint64)])
+    _put(ring, slot, b"x", [np.ones((1024, 4), np.uint64)], publish=state == "staging")
     if state == "staging":
-        ring.publish(slot)
         rec = ring.take_ready(_never, timeout_s=1.0)
         ring.open_segment(rec.slot)
     started.set()
@@ -151,7 +169,7 @@ def test_reclaim_after_kill(prefix: str, state: str) -> None:
     records = ring.reclaim(child.pid)
     assert [(r.state, r.task_id, r.owner_pid) for r in records] == [(state, 1, child.pid)]
     assert live_segments(prefix) == 0
-    assert all(r.state == "free" for r in ring.snapshot()) and ring.stats()["reclaimed"] == 1
+    assert all(r.state == "free" for r in ring.snapshot()) and ring.stats().reclaimed == 1
     # the ring still works: both slots can be claimed again without blocking
     assert ring.acquire_free(_claim(2), _never, timeout_s=1.0) is not None
     assert ring.acquire_free(_claim(3), _never, timeout_s=1.0) is not None
@@ -176,8 +194,7 @@ def test_drop_ready_frees_cancelled(prefix: str) -> None:
     ring = Ring.create(prefix, 3)
     for task in range(3):
         slot = ring.acquire_free(_claim(task, part=task), _never)
-        ring.write_segment(slot, b"", [np.zeros((4, 4), np.uint64)])
-        ring.publish(slot)
+        _put(ring, slot, b"", [np.zeros((4, 4), np.uint64)])
     dropped = ring.drop_ready({0, 2})
     assert sorted(r.task_id for r in dropped) == [0, 2] and live_segments(prefix) == 1
     rec = ring.take_ready(_never, timeout_s=1.0)
@@ -190,7 +207,7 @@ def test_drop_ready_frees_cancelled(prefix: str) -> None:
 def test_cleanup_stale_and_recreate(prefix: str) -> None:
     ring = Ring.create(prefix, 1)
     slot = ring.acquire_free(_claim(1), _never)
-    ring.write_segment(slot, b"", [np.zeros((4, 4), np.uint64)])
+    _put(ring, slot, b"", [np.zeros((4, 4), np.uint64)], publish=False)
     ring.close()  # the "daemon" went away without destroying the ring
     assert len(shm_entries(prefix)) == 4
     again = Ring.create(prefix, 1)  # start-up removes the stale objects first
@@ -210,8 +227,25 @@ def test_prefix_boundary(prefix: str) -> None:
 
 
 def test_segment_layout_alignment() -> None:
-    head, size = ringmod.segment_layout(b"m" * 5000, [(3, 4), (1 << 12, 4)])
-    layout = ringmod.msgspec.msgpack.decode(head, type=ringmod._Layout)
-    offsets = [o for o, _, _ in layout.arrays]
-    assert all(o % ringmod.ALIGN == 0 for o in offsets) and offsets[0] >= 8 + len(head)
-    assert size >= offsets[1] + (1 << 12) * 32
+    offsets, size = ringmod._offsets([(3, 4), (1 << 12, 4)])
+    starts = [o for o, _, _ in offsets]
+    assert all(o % ringmod.ALIGN == 0 for o in starts) and starts[0] == ringmod.HEADER_BYTES
+    assert size == ringmod.segment_bytes([(3, 4), (1 << 12, 4)]) >= starts[1] + (1 << 12) * 32
+    assert ringmod.partition_segment_bytes(1 << 12, 100) == ringmod.HEADER_BYTES + 3 * (1 << 17) + 4096
+
+
+def test_filling_slot_is_live_and_abandon_frees_it(prefix: str) -> None:
+    """A slot holds memory from the moment its producer creates the segment (before it computes)."""
+    ring = Ring.create(prefix, 1)
+    slot = ring.acquire_free(_claim(1), _never)
+    seg = ring.create_segment(slot, [(1 << 10, 4)])
+    assert ring.stats().live == 1 and live_segments(prefix) == 1 and ring.record(slot).state == "filling"
+    assert ring.acquire_free(_claim(2), _never, timeout_s=0.3) is None  # no free slot while one is FILLING
+    with pytest.raises(ValueError, match="header"):
+        seg.write_header(b"m" * ringmod.HEADER_BYTES)  # metadata that cannot fit is refused, not truncated
+    seg.close()
+    ring.abandon(slot)
+    ring.abandon(slot)  # idempotent
+    assert live_segments(prefix) == 0 and ring.record(slot).state == "free"
+    assert ring.acquire_free(_claim(3), _never, timeout_s=1.0) == slot
+    ring.destroy()

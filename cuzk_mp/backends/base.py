@@ -1,11 +1,13 @@
-"""The backend interface the Groth16 recipe is written against.
+"""The backend interface the Groth16 recipe is written against (docs/backend-protocol.md).
 
 A backend owns where the numbers live (host memory, or a GPU) and how the heavy
-steps run: NTTs for H, the five MSMs, and batch fixed-base scalar
-multiplication for the dev setup. It makes no policy decisions: scheduling
-lives in :mod:`cuzk_mp.pipeline`.
+steps run: the coset evaluation of H, the MSM of a key section with given
+scalars, and batch fixed-base scalar multiplication for the dev setup. Which
+scalars each of the five MSMs takes is the recipe's business
+(:func:`cuzk_mp.groth16.prover.prove_start`), written once there. A backend
+makes no policy decisions: scheduling lives in :mod:`cuzk_mp.pipeline`.
 
-Data layouts shared by every backend (DESIGN.md section 2):
+Data layouts shared by every backend (docs/architecture.md, "Conventions"):
 
 * Fr vectors: ``(n, 4) uint64`` little-endian limbs. ``a, b, c`` are in
   Montgomery form (what ``coefs(v R^2) x witness(standard)`` yields); the
@@ -19,12 +21,14 @@ Data layouts shared by every backend (DESIGN.md section 2):
 
 from __future__ import annotations
 
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
 
 import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point
 
+from ..errors import InputError
 from ..formats.zkey import ZKey
 
 
@@ -65,6 +69,9 @@ class MsmSums:
     h: G1Point
 
 
+SECTIONS = ("a", "b1", "b2", "c", "h")  # zkey sections 5, 6, 7 (G2), 8 and 9
+
+
 class KeyHandle(Protocol):
     """A proving key made resident in a backend (SRS points on the device, etc.)."""
 
@@ -75,28 +82,52 @@ class KeyHandle(Protocol):
         """Release what the backend holds for this key."""
 
 
+class Staged(Protocol):
+    """A partition copied into backend memory; ``w`` is the witness as a backend-resident Vector.
+
+    A Vector is ``numpy.ndarray`` on the CPU and ``cupy.ndarray`` on the GPU, ``(rows, 4)``
+    uint64 in standard form; it supports row slicing (``w[k:]``).
+    """
+
+    w: Any
+
+
 @runtime_checkable
 class Backend(Protocol):
     """What the Groth16 recipe needs from a compute backend."""
 
-    name: str
+    name: str  # "cpu" | "gpu"
+    busy_seconds: float  # accumulated device-busy seconds (CUDA events on the GPU)
+    last_timings: dict[str, float]  # ms per backend stage of the last partition (the backend's own split)
 
     def load_key(self, zkey: ZKey) -> KeyHandle:
         """Make the key's point sections resident (idempotent per zkey path is the caller's job)."""
 
-    def stage(self, key: KeyHandle, inputs: ProverInputs) -> Any:
-        """Copy one partition into backend memory; on return the caller may free ``inputs``.
+    def stage(self, key: KeyHandle, inputs: ProverInputs) -> Staged:
+        """Copy a, b, c, w into backend memory; on return the caller may free ``inputs`` (the ring slot).
 
-        Raises :class:`cuzk_mp.errors.ResourceError` when the backend has no room.
+        Raises :class:`cuzk_mp.errors.InputError` when the shapes do not match the key,
+        :class:`cuzk_mp.errors.ResourceError` when the backend has no room.
         """
 
-    def prove_msms(self, key: KeyHandle, staged: Any) -> MsmSums:
-        """Run H (3 iNTT, coset scale, 3 NTT, a*b - c) and the five MSMs of a staged partition."""
+    def h_values(self, key: KeyHandle, staged: Staged) -> Any:
+        """p[j] = (A*B - C)(w_2n^(2j+1)), standard form, domain_size rows, backend-resident.
 
-    def release(self, staged: Any) -> None:
+        May reuse the staged a/b/c storage: a, b and c are dead afterwards.
+        """
+
+    def msm(self, key: KeyHandle, section: str, scalars: Any) -> Future[Any]:
+        """sum_i scalars[i] * P_i over a key section ("a", "b1", "b2" (G2), "c" or "h").
+
+        The number of scalars must equal the section's point count (else InputError naming
+        both counts). Returns at once with a Future whose result is a py_arkworks_bls12381
+        G1Point / G2Point; the backend may overlap MSMs (G2 on its own stream or thread).
+        """
+
+    def release(self, staged: Staged) -> None:
         """Free a staged partition's backend memory (idempotent)."""
 
-    # ---- primitives, used by tests, setup and the recipe's helpers
+    # ---- primitives kept for tests and the dev setup (host numpy in, host out)
     def ntt(self, values: np.ndarray, inverse: bool = False) -> np.ndarray:
         """Radix-2 NTT of a power-of-two length Montgomery Fr vector (natural order in and out)."""
 
@@ -114,3 +145,9 @@ class Backend(Protocol):
 
     def fixed_base_g2(self, base: G2Point, scalars: np.ndarray) -> np.ndarray:
         """[s_i * base] as an ``(n, 24)`` zkey-layout array (dev setup)."""
+
+
+def check_scalar_count(section: str, n_points: int, n_scalars: int) -> None:
+    """InputError naming both counts unless an MSM over ``section`` gets one scalar per point."""
+    if n_points != n_scalars:
+        raise InputError(f"MSM over key section {section!r}: {n_scalars} scalars for its {n_points} points")

@@ -4,19 +4,22 @@ Keys are made resident as lists of arkworks point objects (conversion from the
 zkey's Montgomery layout costs ~0.5 us/point, once per key). MSM scalars are
 split three ways, as supraseal does on the GPU: zeros are dropped, points
 whose scalar is 1 are summed with plain additions, and only the rest go
-through arkworks' Pippenger. The G2 MSM runs on a second thread beside the
-G1 MSMs (arkworks releases the GIL).
+through arkworks' Pippenger. Every MSM is queued on a thread pool as balanced
+pieces and returns a Future at once (arkworks releases the GIL), so the recipe
+computes H on its own thread while the pool runs the witness MSMs.
 """
 
 from __future__ import annotations
 
+import operator
 import os
 import sys
-import operator
+import threading
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass
 from functools import reduce
-from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point, Scalar
@@ -24,7 +27,7 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 from ..algebra import curve, ec, ntt
 from ..errors import InputError
 from ..formats.zkey import ZKey
-from .base import MsmSums, ProverInputs
+from .base import SECTIONS, ProverInputs, check_scalar_count
 
 
 @dataclass
@@ -48,10 +51,12 @@ class CpuKey:
 
 @dataclass
 class CpuStaged:
-    """A partition copied into this process's memory (the ring segment can go)."""
+    """A partition copied into this process's memory (the ring segment can go); None once consumed."""
 
-    inputs: ProverInputs | None
-    timings: dict[str, float] = field(default_factory=dict)
+    a: np.ndarray | None
+    b: np.ndarray | None
+    c: np.ndarray | None
+    w: np.ndarray | None
 
 
 def _scalar_objects(scalars: np.ndarray) -> list[Scalar]:
@@ -71,6 +76,27 @@ def _check_sizes(points: Sequence[Any], scalars: np.ndarray) -> None:
     # arkworks' multiexp_unchecked silently truncates to the shorter list: refuse instead.
     if len(points) != scalars.shape[0]:
         raise ValueError(f"MSM size mismatch: {len(points)} points, {scalars.shape[0]} scalars")
+
+
+def _combined(parts: list[Future[Any]]) -> Future[Any]:
+    """A Future of the sum of the parts' results, set by the last part to finish (no thread waits)."""
+    out: Future[Any] = Future()
+    left = [len(parts)]
+    lock = threading.Lock()
+
+    def one_done(_: Future[Any]) -> None:
+        with lock:
+            left[0] -= 1
+            if left[0]:
+                return
+        try:
+            out.set_result(reduce(operator.add, (f.result() for f in parts)))
+        except BaseException as exc:  # noqa: BLE001 - the caller sees it from result()
+            out.set_exception(exc)
+
+    for f in parts:
+        f.add_done_callback(one_done)
+    return out
 
 
 def _sum_points(points: Sequence[Any], idx: np.ndarray, identity: Any) -> Any:
@@ -97,6 +123,7 @@ def msm(points: Sequence[Any], scalars: np.ndarray, identity: Any) -> Any:
 
 
 MIN_CHUNK = 1 << 13  # below this, splitting a Pippenger across threads costs more than it saves
+
 
 class CpuBackend:
     """Backend on the host CPU (see module docstring)."""
@@ -126,36 +153,34 @@ class CpuBackend:
             raise InputError(
                 f"partition shape mismatch: a {inputs.a.shape}, w {inputs.w.shape}; "
                 f"key expects ({z.domain_size}, 4) and ({z.n_vars}, 4)")
-        copied = ProverInputs(*(np.array(v, dtype=np.uint64, copy=True) for v in (inputs.a, inputs.b, inputs.c, inputs.w)))
-        return CpuStaged(copied)
+        a, b, c, w = (np.array(v, dtype=np.uint64, copy=True) for v in (inputs.a, inputs.b, inputs.c, inputs.w))
+        return CpuStaged(a, b, c, w)
 
-    def _submit_msm(self, points: Sequence[Any], scalars: np.ndarray, identity: Any) -> list[Future[Any]]:
-        """Queue one MSM on the pool as balanced pieces: the 1-scalar sum and Pippenger chunks."""
-        _check_sizes(points, scalars)
+    def h_values(self, key: CpuKey, staged: CpuStaged) -> np.ndarray:
+        """Standard-form H scalars (odd-coset values of A*B - C); a, b and c are dropped afterwards."""
+        if staged.a is None or staged.b is None or staged.c is None:
+            raise ValueError("partition was released, or its H values were taken already")
+        h = ntt.coset_h(staged.a, staged.b, staged.c)
+        staged.a = staged.b = staged.c = None
+        return h
+
+    def msm(self, key: CpuKey, section: str, scalars: np.ndarray) -> Future[Any]:
+        """The MSM of a key section, queued on the pool as balanced pieces; a Future of the sum."""
+        if section not in SECTIONS:
+            raise InputError(f"unknown key section {section!r}: expected one of {', '.join(SECTIONS)}")
+        points: Sequence[Any] = getattr(key, section)
+        check_scalar_count(section, len(points), scalars.shape[0])
+        identity = G2Point.identity() if section == "b2" else G1Point.identity()
         ones, rest = _split01(scalars)
         pieces = max(1, min(self.threads, rest.size // MIN_CHUNK))
-        futures = [self._pool.submit(_sum_points, points, ones, identity)]
-        futures += [self._pool.submit(_pippenger, points, scalars, chunk, identity) for chunk in np.array_split(rest, pieces)]
-        return futures
-
-    def prove_msms(self, key: CpuKey, staged: CpuStaged) -> MsmSums:
-        """The five MSMs as pool tasks (G2 queued first), H computed meanwhile on this thread."""
-        if staged.inputs is None:
-            raise ValueError("partition was released")
-        x = staged.inputs
-        n_pub = key.zkey.n_public
-        g1 = G1Point.identity()
-        parts = {"b2": self._submit_msm(key.b2, x.w, G2Point.identity())}
-        parts["a"] = self._submit_msm(key.a, x.w, g1)
-        parts["b1"] = self._submit_msm(key.b1, x.w, g1)
-        parts["c"] = self._submit_msm(key.c, x.w[n_pub + 1 :], g1)
-        parts["h"] = self._submit_msm(key.h, ntt.coset_h(x.a, x.b, x.c), g1)
-        sums = {name: reduce(operator.add, (f.result() for f in futs)) for name, futs in parts.items()}
-        return MsmSums(**sums)
+        parts = [self._pool.submit(_sum_points, points, ones, identity)]
+        parts += [self._pool.submit(_pippenger, points, scalars, chunk, identity)
+                  for chunk in np.array_split(rest, pieces)]
+        return _combined(parts)
 
     def release(self, staged: CpuStaged) -> None:
-        """Drop the partition's copy."""
-        staged.inputs = None
+        """Drop the partition's copy (idempotent)."""
+        staged.a = staged.b = staged.c = staged.w = None
 
     # ---- primitives
     def ntt(self, values: np.ndarray, inverse: bool = False) -> np.ndarray:

@@ -123,7 +123,7 @@ class PorepLike:
         self.witness_into(seed, partition, out)
         return out
 
-    def witness_into(self, seed: int, partition: int, out: np.ndarray) -> None:
+    def witness_into(self, seed: int, partition: int, out: np.ndarray, threads: int = 1) -> None:
         """Write the witness for (seed, partition) into ``out`` (``(n_wires, 4)`` uint64, e.g. a shm view).
 
         Temporaries are O(lanes) rows per gadget, not O(n_wires).

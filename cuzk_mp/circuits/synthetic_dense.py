@@ -140,7 +140,7 @@ class DenseRandom:
         self.witness_into(seed, partition, out)
         return out
 
-    def witness_into(self, seed: int, partition: int, out: np.ndarray) -> None:
+    def witness_into(self, seed: int, partition: int, out: np.ndarray, threads: int = 1) -> None:
         """Write the witness for (seed, partition) into ``out`` (``(n_wires, 4)`` uint64, e.g. a shm view)."""
         if not isinstance(out, np.ndarray) or out.dtype != np.uint64 or out.shape != (self.n_wires, 4):
             got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__

@@ -1,19 +1,20 @@
-"""The host-memory budget: how many bytes of proving keys may stay resident.
+"""The host-memory budget: the pipeline's shape, and how many bytes of proving keys may stay resident.
 
 The ``[memory]`` section gives one number for everything the daemon's process tree may use
-(``total_budget``, "auto" = the machine's RAM) minus a ``safety_margin``. The slot ring and the
-synthesis workers take a bounded share of it (DESIGN.md section 1: at most ``ring_slots`` segments
-plus each worker's own vectors), and every process has a base footprint (Python + numpy + numba).
-What is left is the SRS budget. Every prover process keeps its own resident keys and evicts
-least-recently-used ones beyond ``EngineConfig.srs_budget_bytes``, so that budget is per prover
-process: the SRS share divided by the number of prover processes (``len(gpus.devices)``; 1 when
-the key is left out, where on the GPU backend the keys live in device memory anyway)::
+(``total_budget``, "auto" = the machine's RAM) minus a ``safety_margin``, and a ``host_budget``
+for the pipeline ("auto" = total - margin) from which the shape is derived where the file leaves
+it out (:func:`~cuzk_mp.pipeline.memory.derive_shape`: ring_slots, partition_workers,
+threads_per_partition). Both use the pipeline's one memory model
+(:func:`~cuzk_mp.pipeline.memory.host_bound`, docs/architecture.md "Memory"): every process's
+base, the ring (ring_slots x the largest circuit's segment), each synthesis worker's and each
+prover's working set, the engine's own. What is left is the SRS budget. Every prover process
+keeps its own resident keys and evicts least-recently-used ones beyond
+``EngineConfig.srs_budget_bytes``, so that budget is per prover process: the SRS share divided by
+the number of prover processes (``len(gpus.devices)``; 1 when the key is left out)::
 
-    srs_total  = total - margin - n_procs * PROCESS_BASE_BYTES
-                 - (ring_slots + partition_workers) * max_circuit(slot_bytes)
-    srs_budget_bytes = srs_total // n_provers
-
-    slot_bytes(circuit) = (3 * domain_size + n_vars) * 32      # a, b, c over the domain; w
+    srs_total = total - margin - processes x PROCESS_BASE_BYTES - pipeline
+    pipeline  = engine + ring_slots x segment + partition_workers x synth + provers x prover
+    srs_budget_bytes = srs_total // provers
 
 A budget that comes out at or below zero is an impossible configuration and fails start-up with a
 message naming ``memory.total_budget``. The same numbers are reported by ``GetStatus`` so an
@@ -27,16 +28,12 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 from cuzk_mp.errors import ConfigError
+from cuzk_mp.pipeline.memory import (
+    PROCESS_BASE_BYTES, CircuitSize, Shape, derive_shape, estimated_circuit_size, host_bound, model_working_sets,
+)
 
 if TYPE_CHECKING:
-    from cuzk_mp.daemon.config import CircuitConfig
-    from cuzk_mp.pipeline.types import EngineConfig
-
-FR_BYTES = 32
-# Resident set of one cuzk-mp process with numpy, numba and its compiled kernels loaded.
-# Measured by perf/daemon_load.py (2^10 circuit): daemon 184 MB; one synthesis worker plus one
-# CPU prover 334 MB together. Rounded up for bigger kernels' caches and arkworks buffers.
-PROCESS_BASE_BYTES = 384 * 2**20
+    from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig
 
 
 @dataclass(frozen=True)
@@ -62,56 +59,64 @@ class BudgetBreakdown:
                 "provers": self.provers, "srs_per_prover": self.srs_per_prover}
 
 
-def slot_bytes(domain_size: int, n_vars: int) -> int:
-    """Bytes of one partition's a, b, c (domain rows each) and witness (n_vars) in the ring."""
-    return (3 * domain_size + n_vars) * FR_BYTES
-
-
-def circuit_slot_bytes(cc: CircuitConfig) -> int:
-    """Slot bytes of a configured circuit.
+def circuit_size(spec: CircuitSpec) -> CircuitSize:
+    """The model's view of a configured circuit.
 
     Synthetic circuits have ``2**log_n`` rows and know their wire count (building the circuit
-    object costs milliseconds; its r1cs is made only on demand). For circom circuits the zkey
-    header gives the domain size and wire count; it is read through a memory map, so this stays
-    cheap for big keys.
+    object costs milliseconds; its r1cs is made only on demand), and their key is estimated. For
+    circom circuits the zkey header gives the sizes; it is read through a memory map, so this
+    stays cheap for big keys.
     """
-    spec = cc.spec
     if spec.synthetic is not None:
         from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
 
         assert spec.log_n is not None
-        return slot_bytes(1 << spec.log_n, synthetic_circuit(spec.synthetic, spec.log_n).n_wires)
-    from cuzk_mp.formats.zkey import read_zkey
+        return estimated_circuit_size(1 << spec.log_n, synthetic_circuit(spec.synthetic, spec.log_n).n_wires)
+    from cuzk_mp.pipeline.memory import circuit_size as of_zkey
+
     assert spec.zkey is not None
-    zkey = read_zkey(spec.zkey)
-    try:
-        return slot_bytes(zkey.domain_size, zkey.n_vars)
-    finally:
-        zkey.close()
+    return of_zkey(spec.zkey)
 
 
-def breakdown(total: int, margin: int, engine: EngineConfig,
-              circuits: Iterable[CircuitConfig]) -> BudgetBreakdown:
-    """Split ``total`` into margin, process bases, pipeline reservation and the SRS budget."""
-    n_devices = len(engine.devices) if engine.devices else 1
-    n_procs = 1 + engine.partition_workers + n_devices
-    largest = max((circuit_slot_bytes(c) for c in circuits), default=0)
-    pipeline = (engine.ring_slots + engine.partition_workers) * largest
-    processes = n_procs * PROCESS_BASE_BYTES
-    return BudgetBreakdown(total=total, safety_margin=margin, processes=processes,
-                           pipeline=pipeline, srs=total - margin - processes - pipeline,
-                           provers=n_devices)
+def largest(circuits: Iterable[CircuitSpec]) -> CircuitSize:
+    """The configured circuit with the largest ring segment (an empty one when there is none)."""
+    sizes = [circuit_size(c) for c in circuits]
+    return max(sizes, key=lambda s: s.segment_bytes, default=CircuitSize(0, 0, 0, 0))
 
 
-def memory_budget(total: int, margin: int, engine: EngineConfig,
-                  circuits: Iterable[CircuitConfig], source: str = "config") -> int:
+def _model_backend(engine: EngineConfig) -> str:
+    return "cpu" if engine.backend == "cpu" else "gpu"
+
+
+def shape_for(budget: int, engine: EngineConfig, circuit: CircuitSize, given: dict[str, int]) -> Shape:
+    """The pipeline's shape for a host budget (``given`` values kept; the model derives the rest)."""
+    provers = len(engine.devices) if engine.devices else 1
+    return derive_shape(budget, circuit, backend=_model_backend(engine), provers=provers,
+                        prover_workers=engine.gpu_workers_per_device, given=given)
+
+
+def breakdown(total: int, margin: int, engine: EngineConfig, circuit: CircuitSize) -> BudgetBreakdown:
+    """Split ``total`` into margin, process bases, the pipeline (the model's bound) and the SRS budget."""
+    provers = len(engine.devices) if engine.devices else 1
+    shape = Shape(engine.ring_slots, engine.partition_workers, engine.threads_per_partition())
+    keyless = CircuitSize(circuit.domain_size, circuit.n_vars, 0, 0)  # the keys are what is left
+    ws = model_working_sets(keyless, _model_backend(engine), engine.gpu_workers_per_device)
+    bound = host_bound(shape, keyless, provers, ws)
+    processes = (1 + engine.partition_workers + provers) * PROCESS_BASE_BYTES
+    pipeline = bound.total - bound.fixed
+    return BudgetBreakdown(total=total, safety_margin=margin, processes=processes, pipeline=pipeline,
+                           srs=total - margin - processes - pipeline, provers=provers)
+
+
+def memory_budget(total: int, margin: int, engine: EngineConfig, circuit: CircuitSize,
+                  source: str = "config") -> int:
     """The per-prover SRS budget in bytes (``EngineConfig.srs_budget_bytes``); ConfigError
     naming ``memory.total_budget`` if it is not positive."""
-    b = breakdown(total, margin, engine, circuits)
+    b = breakdown(total, margin, engine, circuit)
     if b.srs <= 0:
         raise ConfigError(
             f"{source}: memory.total_budget: {total} bytes cannot hold the safety margin "
             f"({margin}), {1 + engine.partition_workers}+ processes ({b.processes}) and the "
-            f"slot ring + worker vectors ({b.pipeline}); raise it or lower "
+            f"pipeline: slot ring, worker and prover working sets ({b.pipeline}); raise it or lower "
             "pipeline.ring_slots / synthesis.partition_workers")
     return b.srs_per_prover

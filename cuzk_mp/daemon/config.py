@@ -3,11 +3,12 @@
 This module owns the one configuration file of ``cuzk-mp daemon``. The file is read with
 :mod:`tomllib` and decoded into ``msgspec`` Structs that forbid unknown fields, so a typo is a
 start-up error that names the key (cuzk silently ignored unknown keys and turned unparseable sizes
-into 50 GiB; see reference/cuzk.md section 1.9). Sizes are written ``"64GiB"``, ``"512MiB"`` or as a
+into 50 GiB). Sizes are written ``"64GiB"``, ``"512MiB"`` or as a
 plain number of bytes; durations ``"30s"``, ``"5m"``, ``"1h"`` or a number of seconds. Every key is
 documented with its default in ``config/cuzk-mp.example.toml`` and every key does something: the
 resolved :class:`DaemonConfig` carries the engine's :class:`EngineConfig`, one :class:`CircuitSpec`
-per ``[circuits.ID]`` table, and the SRS memory budget derived from ``[memory]``.
+per ``[circuits.ID]`` table, and what ``[memory]`` decides (:mod:`.budget`): the pipeline's shape
+where the file leaves it to ``host_budget``, and the SRS memory budget.
 
 Relative paths in the file are taken relative to the directory that holds the file.
 """
@@ -24,9 +25,10 @@ from typing import Any, Literal
 import msgspec
 import psutil
 
-from cuzk_mp.daemon.budget import memory_budget
+from cuzk_mp.daemon.budget import largest, memory_budget, shape_for
 from cuzk_mp.daemon.transport import Address, parse_address
 from cuzk_mp.errors import ConfigError
+from cuzk_mp.pipeline.memory import parse_size
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, Priority
 
 SizeValue = int | str
@@ -57,13 +59,15 @@ class MemorySection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
     total_budget: SizeValue = "auto"
     safety_margin: SizeValue = "4GiB"
+    host_budget: SizeValue = "auto"
 
 
 class SynthesisSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``[synthesis]``: the synthesis worker processes."""
 
     partition_workers: int = 2
-    threads: int = 1
+    threads_per_partition: int | Literal["auto"] = "auto"
+    threads: int | None = None  # the older name of threads_per_partition
 
 
 class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -143,37 +147,11 @@ class DaemonConfig:
     engine: EngineConfig
     log_level: str
     log_format: str
+    host_budget_bytes: int
 
 
-_UNITS = {
-    "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}
-_SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 _DURATIONS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "": 1.0}
 _CIRCUIT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
-
-
-def parse_size(value: object, key: str, *, allow_auto: bool = False) -> int | None:
-    """Bytes from ``"64GiB"``, ``"1.5 GB"``, ``"4096"`` or an integer; ``None`` for ``"auto"``.
-
-    Raises ConfigError naming ``key`` for anything else (never a silent default).
-    """
-    if isinstance(value, bool):
-        raise ConfigError(f"{key}: expected a size like \"64GiB\", got {value!r}")
-    if isinstance(value, int):
-        if value < 0:
-            raise ConfigError(f"{key}: a size cannot be negative ({value})")
-        return value
-    if isinstance(value, str) and value.strip().lower() == "auto":
-        if allow_auto:
-            return None
-        raise ConfigError(f"{key}: \"auto\" is not allowed here; write a size like \"64GiB\"")
-    m = _SIZE_RE.match(value) if isinstance(value, str) else None
-    if m is None or m.group(2).lower() not in _UNITS:
-        raise ConfigError(f"{key}: cannot parse size {value!r} (write e.g. \"64GiB\", \"512MiB\" "
-                          "or a number of bytes)")
-    return int(float(m.group(1)) * _UNITS[m.group(2).lower()])
 
 
 def parse_duration(value: object, key: str) -> float:
@@ -275,7 +253,9 @@ def _check_counts(cfg: RawConfig, source: str) -> None:
     """Reject impossible worker, slot and device counts."""
     checks = [
         ("synthesis.partition_workers", cfg.synthesis.partition_workers, 1),
-        ("synthesis.threads", cfg.synthesis.threads, 1),
+        ("synthesis.threads", cfg.synthesis.threads or 1, 1),
+        ("synthesis.threads_per_partition", 1 if cfg.synthesis.threads_per_partition == "auto"
+         else cfg.synthesis.threads_per_partition, 1),
         ("pipeline.ring_slots", cfg.pipeline.ring_slots, 1),
         ("pipeline.max_attempts", cfg.pipeline.max_attempts, 1),
         ("gpus.gpu_workers_per_device", cfg.gpus.gpu_workers_per_device, 1),
@@ -283,6 +263,9 @@ def _check_counts(cfg: RawConfig, source: str) -> None:
     for key, value, low in checks:
         if value < low:
             raise ConfigError(f"{source}: {key}: must be >= {low}, got {value}")
+    if cfg.synthesis.threads is not None and cfg.synthesis.threads_per_partition != "auto":
+        raise ConfigError(f"{source}: synthesis.threads: the older name of synthesis.threads_per_partition; "
+                          "give one of them")
     devices = cfg.gpus.devices
     if devices is not None:
         if not devices:
@@ -337,18 +320,29 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     margin = parse_size(cfg.memory.safety_margin, f"{source}: memory.safety_margin")
     assert margin is not None
     total = psutil.virtual_memory().total if total is None else total
+    if total <= margin:
+        raise ConfigError(f"{source}: memory.total_budget: {total} bytes do not even cover "
+                          f"memory.safety_margin ({margin})")
+    host = parse_size(cfg.memory.host_budget, f"{source}: memory.host_budget", allow_auto=True)
+    host = total - margin if host is None else host
     engine = EngineConfig(
         backend=cfg.gpus.backend, devices=cfg.gpus.devices,
         gpu_workers_per_device=cfg.gpus.gpu_workers_per_device,
         partition_workers=cfg.synthesis.partition_workers,
-        synthesis_threads=cfg.synthesis.threads, ring_slots=cfg.pipeline.ring_slots,
+        synthesis_threads=_threads(cfg.synthesis), ring_slots=cfg.pipeline.ring_slots,
         shm_prefix=cfg.pipeline.shm_prefix or None, verify_proofs=cfg.pipeline.verify_proofs,
         max_attempts=cfg.pipeline.max_attempts, param_cache=param_cache,
         start_timeout_s=parse_duration(cfg.pipeline.start_timeout,
                                        f"{source}: pipeline.start_timeout"),
     )
-    engine = replace(engine, srs_budget_bytes=memory_budget(total, margin, engine,
-                                                             circuits.values(), source))
+    circuit = largest(c.spec for c in circuits.values())
+    try:
+        shape = shape_for(host, engine, circuit, _given_shape(raw, engine))
+    except ConfigError as e:
+        raise ConfigError(f"{source}: {e}") from None
+    engine = replace(engine, ring_slots=shape.ring_slots, partition_workers=shape.partition_workers,
+                     synthesis_threads=shape.threads_per_partition)
+    engine = replace(engine, srs_budget_bytes=memory_budget(total, margin, engine, circuit, source))
     return DaemonConfig(
         path=None, listen=listen, socket_mode=_socket_mode(d.socket_mode, source),
         status_listen=status_listen,
@@ -358,8 +352,27 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         shutdown_grace_s=parse_duration(d.shutdown_grace, f"{source}: daemon.shutdown_grace"),
         param_cache=param_cache, preload=tuple(cfg.srs.preload), circuits=circuits,
         memory_total_bytes=total, safety_margin_bytes=margin, engine=engine,
-        log_level=cfg.logging.level, log_format=cfg.logging.format,
+        log_level=cfg.logging.level, log_format=cfg.logging.format, host_budget_bytes=host,
     )
+
+
+def _threads(s: SynthesisSection) -> int | None:
+    """``threads_per_partition`` (or its older name ``threads``); None for "auto"."""
+    if s.threads is not None:
+        return s.threads
+    return None if s.threads_per_partition == "auto" else s.threads_per_partition
+
+
+def _given_shape(raw: dict[str, Any], engine: EngineConfig) -> dict[str, int]:
+    """The shape values the file gives: ``host_budget`` derives only the others."""
+    given = {}
+    if "ring_slots" in (raw.get("pipeline") or {}):
+        given["ring_slots"] = engine.ring_slots
+    if "partition_workers" in (raw.get("synthesis") or {}):
+        given["partition_workers"] = engine.partition_workers
+    if engine.synthesis_threads is not None:
+        given["threads_per_partition"] = engine.synthesis_threads
+    return given
 
 
 def load_config(path: str | Path) -> DaemonConfig:

@@ -1,242 +1,228 @@
-"""Prometheus metrics: the daemon's counters and histograms, and the text exposition format.
+"""Prometheus metrics of the daemon, through ``prometheus_client``.
 
-This module owns the daemon-side metric state. It is fed by the job table (every partition and
-job result, every request) and rendered, together with gauges read from the engine's status and
-metrics at scrape time, as Prometheus text format 0.0.4 (served by GET /metrics and GetMetrics).
-Unlike cuzk's "summary" over the last 1000 durations (reference/cuzk.md section 1.8), durations
-are real cumulative histograms, so rates and quantiles can be computed by Prometheus.
+This module owns the daemon-side metric state: counters and histograms fed by the job table
+(every partition and job result) and the server (every request), and the scrape-time figures
+read from the engine's typed status and metrics. Both are rendered as Prometheus text format
+0.0.4 by ``prometheus_client`` (served by GET /metrics and GetMetrics). Durations are cumulative
+histograms, so rates and quantiles can be computed by Prometheus; what only grows is a counter;
+what varies is a label, never part of a name.
 
 Metric names (all prefixed ``cuzk_``):
 
+* ``build_info{version,python}`` = 1
 * ``proofs_completed_total{circuit}``, ``proofs_failed_total{circuit}``: partitions
 * ``jobs_total{circuit,state}``: finished jobs by final state (done, failed, cancelled)
 * ``job_duration_seconds{circuit}``: submit to finish of jobs that completed (histogram)
-* ``partition_stage_seconds{stage}``: per-partition stage timings from the engine (histogram)
-* ``gpu_busy_seconds_total{device}``: sum of the partitions' device-compute time
+* ``engine_stage_seconds{stage}``: the one histogram of per-partition stage times, as the engine
+  measured them (queue_wait, ring_wait, shm_write, witness, synthesis, staging, device, ...)
+* ``gpu_busy_seconds_total{device}``: sum of the proved partitions' device-compute time
 * ``requests_total{op}``, ``request_errors_total{op,kind}``, ``request_duration_seconds{op}``
-* gauges at scrape time: ``queue_depth``, ``jobs{state}``, ``ring_slots{state}``,
-  ``ring_occupancy``, ``srs_bytes{circuit,tier}``, ``srs_budget_bytes``, ``memory_bytes{kind}``,
-  ``processes_alive{role}``, ``uptime_seconds``
-* ``engine_*``: everything in ``Engine.metrics()`` (counters, gauges, stage histograms).
+* scrape time: ``uptime_seconds``, ``queue_depth``, ``jobs{state}``, ``srs_budget_bytes``,
+  ``ring_slots{state}``, ``ring_occupancy``, ``srs_bytes{circuit,process,tier}``,
+  ``memory_bytes{kind}`` (host, host_pss, host_rss, shm), ``process_memory_bytes{process,kind}``
+  (each process's PSS and USS), ``processes_alive{role}``, ``degraded{role}`` (1 while a role has
+  no live process and keeps dying; GetStatus says why)
+* the engine's own: ``engine_jobs_submitted_total``, ``engine_jobs_finished_total{state}``,
+  ``engine_partitions_proved_total``, ``engine_partitions_failed_total``,
+  ``engine_partition_retries_total``, ``engine_late_proofs_used_total``,
+  ``engine_process_restarts_total{role}``, ``engine_ring_transitions_total{event}`` (published,
+  released, reclaimed), ``engine_ring_waits_total{side}`` (free, ready), ``engine_queue_pending``,
+  ``engine_partitions_in_flight``, ``engine_jobs_active``, ``engine_ring_live_slots``,
+  ``engine_ring_peak_live_slots``, ``engine_prover_busy_seconds_total{process}``,
+  ``engine_prover_device_bytes{process,kind}`` (used, peak).
 """
 
 from __future__ import annotations
 
-import math
+import platform
 import threading
-from collections import defaultdict
-from collections.abc import Iterable, Mapping
-from typing import Any
+from collections.abc import Iterator, Mapping
+from dataclasses import dataclass
 
-Labels = tuple[tuple[str, str], ...]
+from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from cuzk_mp import __version__
+from cuzk_mp.pipeline.status import EngineMetrics, EngineStatus
+
+disable_created_metrics()  # no *_created series: scrapes show what the daemon measured, nothing else
 
 DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
                     120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 
-def _labels(**kv: object) -> Labels:
-    return tuple(sorted((k, str(v)) for k, v in kv.items()))
+@dataclass
+class Scrape:
+    """What the daemon knows at scrape time besides its counters: its own figures and the engine's."""
 
-
-def _escape(value: str) -> str:
-    return value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
-
-
-def _fmt_labels(labels: Labels, extra: tuple[str, str] | None = None) -> str:
-    items = list(labels) + ([extra] if extra else [])
-    if not items:
-        return ""
-    return "{" + ",".join(f'{k}="{_escape(v)}"' for k, v in items) + "}"
-
-
-def _fmt_value(v: float) -> str:
-    if math.isinf(v):
-        return "+Inf" if v > 0 else "-Inf"
-    if math.isnan(v):
-        return "NaN"
-    return repr(float(v)) if not float(v).is_integer() else str(int(v))
-
-
-class Histogram:
-    """A cumulative-bucket histogram per label set."""
-
-    def __init__(self, buckets: Iterable[float] = DURATION_BUCKETS) -> None:
-        self.buckets = tuple(sorted(buckets))
-        self.counts: dict[Labels, list[int]] = {}
-        self.sums: dict[Labels, float] = defaultdict(float)
-
-    def observe(self, value: float, labels: Labels = ()) -> None:
-        """Add one observation."""
-        counts = self.counts.setdefault(labels, [0] * (len(self.buckets) + 1))
-        for i, b in enumerate(self.buckets):
-            if value <= b:
-                counts[i] += 1
-        counts[-1] += 1
-        self.sums[labels] += value
-
-    def lines(self, name: str) -> list[str]:
-        """Text-format sample lines (_bucket, _sum, _count)."""
-        out = []
-        for labels, counts in sorted(self.counts.items()):
-            for b, c in zip(self.buckets, counts):
-                out.append(f"{name}_bucket{_fmt_labels(labels, ('le', _fmt_value(b)))} {c}")
-            out.append(f"{name}_bucket{_fmt_labels(labels, ('le', '+Inf'))} {counts[-1]}")
-            out.append(f"{name}_sum{_fmt_labels(labels)} {_fmt_value(self.sums[labels])}")
-            out.append(f"{name}_count{_fmt_labels(labels)} {counts[-1]}")
-        return out
-
-
-class Exposition:
-    """Builds one Prometheus text document, family by family."""
-
-    def __init__(self) -> None:
-        self.parts: list[str] = []
-
-    def family(self, name: str, kind: str, help_text: str, samples: Iterable[str]) -> None:
-        """Append a metric family with its HELP and TYPE lines."""
-        self.parts.append(f"# HELP {name} {help_text}")
-        self.parts.append(f"# TYPE {name} {kind}")
-        self.parts.extend(samples)
-
-    def simple(self, name: str, kind: str, help_text: str,
-               values: Mapping[Labels, float] | float) -> None:
-        """A counter or gauge: one value, or one per label set."""
-        if not isinstance(values, Mapping):
-            values = {(): float(values)}
-        self.family(name, kind, help_text,
-                    [f"{name}{_fmt_labels(k)} {_fmt_value(v)}" for k, v in sorted(values.items())])
-
-    def text(self) -> str:
-        """The document, newline-terminated."""
-        return "\n".join(self.parts) + "\n"
+    uptime_s: float
+    queue_depth: int
+    job_counts: Mapping[str, int]
+    srs_budget_bytes: int
+    engine: EngineStatus | None
+    engine_metrics: EngineMetrics | None
 
 
 class DaemonMetrics:
-    """Counters and histograms the daemon accumulates (thread-safe; fed from the loop)."""
+    """Counters and histograms the daemon accumulates (thread-safe), and the scrape-time families."""
 
     def __init__(self) -> None:
+        self.registry = CollectorRegistry(auto_describe=True)
+        r = self.registry
+        Gauge("cuzk_build_info", "The daemon's version and Python (value 1).", ["version", "python"],
+              registry=r).labels(__version__, platform.python_version()).set(1)
+        self.proofs_completed = Counter("cuzk_proofs_completed", "Partition proofs completed, by circuit.",
+                                        ["circuit"], registry=r)
+        self.proofs_failed = Counter("cuzk_proofs_failed", "Partition proofs that failed, by circuit.",
+                                     ["circuit"], registry=r)
+        self.jobs = Counter("cuzk_jobs", "Finished jobs by circuit and final state.", ["circuit", "state"],
+                            registry=r)
+        self.job_duration = Histogram("cuzk_job_duration_seconds", "Submit-to-finish time of completed jobs.",
+                                      ["circuit"], buckets=DURATION_BUCKETS, registry=r)
+        self.stage = Histogram("cuzk_engine_stage_seconds",
+                               "Per-partition stage durations as the engine measured them, by stage.",
+                               ["stage"], buckets=DURATION_BUCKETS, registry=r)
+        self.gpu_busy = Counter("cuzk_gpu_busy_seconds", "Device-compute seconds of proved partitions, by device.",
+                                ["device"], registry=r)
+        self.requests = Counter("cuzk_requests", "Requests handled, by op.", ["op"], registry=r)
+        self.request_errors = Counter("cuzk_request_errors",
+                                      "Requests answered with an ErrorReply, by op and error kind.",
+                                      ["op", "kind"], registry=r)
+        self.request_duration = Histogram("cuzk_request_duration_seconds",
+                                          "Time to answer a request (AwaitProof/Prove include the wait).",
+                                          ["op"], buckets=DURATION_BUCKETS, registry=r)
+        self._scrape: Scrape | None = None
         self._lock = threading.Lock()
-        self.proofs_completed: dict[Labels, float] = defaultdict(float)
-        self.proofs_failed: dict[Labels, float] = defaultdict(float)
-        self.jobs: dict[Labels, float] = defaultdict(float)
-        self.gpu_busy: dict[Labels, float] = defaultdict(float)
-        self.requests: dict[Labels, float] = defaultdict(float)
-        self.request_errors: dict[Labels, float] = defaultdict(float)
-        self.job_duration = Histogram()
-        self.stage = Histogram()
-        self.request_duration = Histogram()
+        r.register(self)  # collect() below adds the scrape-time families
 
     def observe_partition(self, circuit: str, ok: bool, timings: Mapping[str, float],
                           device: int | None) -> None:
         """Count one finished partition and record its stage timings."""
-        with self._lock:
-            (self.proofs_completed if ok else self.proofs_failed)[_labels(circuit=circuit)] += 1
-            for stage, seconds in timings.items():
-                self.stage.observe(seconds, _labels(stage=stage))
-            if ok and "device" in timings:
-                dev = "cpu" if device is None else device
-                self.gpu_busy[_labels(device=dev)] += timings["device"]
+        (self.proofs_completed if ok else self.proofs_failed).labels(circuit).inc()
+        for stage, seconds in timings.items():
+            self.stage.labels(stage).observe(seconds)
+        if ok and "device" in timings:
+            self.gpu_busy.labels("cpu" if device is None else str(device)).inc(timings["device"])
 
     def observe_job(self, circuit: str, state: str, seconds: float) -> None:
         """Count one finished job; completed jobs also feed the duration histogram."""
-        with self._lock:
-            self.jobs[_labels(circuit=circuit, state=state)] += 1
-            if state == "done":
-                self.job_duration.observe(seconds, _labels(circuit=circuit))
+        self.jobs.labels(circuit, state).inc()
+        if state == "done":
+            self.job_duration.labels(circuit).observe(seconds)
 
     def observe_request(self, op: str, seconds: float, error_kind: str | None) -> None:
         """Count one handled request (and its error kind, if it failed)."""
-        with self._lock:
-            self.requests[_labels(op=op)] += 1
-            self.request_duration.observe(seconds, _labels(op=op))
-            if error_kind is not None:
-                self.request_errors[_labels(op=op, kind=error_kind)] += 1
+        self.requests.labels(op).inc()
+        self.request_duration.labels(op).observe(seconds)
+        if error_kind is not None:
+            self.request_errors.labels(op, error_kind).inc()
 
-    def render(self, gauges: Iterable[tuple[str, str, Mapping[Labels, float] | float]],
-               engine_metrics: Mapping[str, Any] | None = None) -> str:
-        """The full exposition: accumulated families, the scrape-time ``gauges``
-        (name, help, values), then the engine's own metrics."""
-        ex = Exposition()
-        with self._lock:
-            ex.simple("cuzk_proofs_completed_total", "counter",
-                      "Partition proofs completed, by circuit.", dict(self.proofs_completed))
-            ex.simple("cuzk_proofs_failed_total", "counter",
-                      "Partition proofs that failed, by circuit.", dict(self.proofs_failed))
-            ex.simple("cuzk_jobs_total", "counter", "Finished jobs by circuit and final state.",
-                      dict(self.jobs))
-            ex.family("cuzk_job_duration_seconds", "histogram",
-                      "Submit-to-finish time of completed jobs.",
-                      self.job_duration.lines("cuzk_job_duration_seconds"))
-            ex.family("cuzk_partition_stage_seconds", "histogram",
-                      "Per-partition stage durations reported by the engine.",
-                      self.stage.lines("cuzk_partition_stage_seconds"))
-            ex.simple("cuzk_gpu_busy_seconds_total", "counter",
-                      "Device-compute seconds of proved partitions, by device.",
-                      dict(self.gpu_busy))
-            ex.simple("cuzk_requests_total", "counter", "Requests handled, by op.",
-                      dict(self.requests))
-            ex.simple("cuzk_request_errors_total", "counter",
-                      "Requests answered with an ErrorReply, by op and error kind.",
-                      dict(self.request_errors))
-            ex.family("cuzk_request_duration_seconds", "histogram",
-                      "Time to answer a request (AwaitProof/Prove include the wait).",
-                      self.request_duration.lines("cuzk_request_duration_seconds"))
-        for name, help_text, values in gauges:
-            ex.simple(name, "gauge", help_text, values)
-        if engine_metrics:
-            render_engine(ex, engine_metrics)
-        return ex.text()
+    def render(self, scrape: Scrape) -> str:
+        """The whole exposition: the counters and histograms, then the scrape-time families."""
+        with self._lock:  # one scrape at a time sees its own figures
+            self._scrape = scrape
+            try:
+                return generate_latest(self.registry).decode()
+            finally:
+                self._scrape = None
+
+    def describe(self) -> list[Metric]:
+        """Nothing to describe up front: the scrape-time families depend on the scrape."""
+        return []
+
+    def collect(self) -> Iterator[Metric]:
+        """The scrape-time families (the module docstring's "scrape time" and "engine" lists)."""
+        s = self._scrape
+        if s is None:
+            return
+        yield _gauge("cuzk_uptime_seconds", "Seconds since the daemon started.", s.uptime_s)
+        yield _gauge("cuzk_queue_depth", "Partitions accepted and not yet finished.", s.queue_depth)
+        yield _gauge("cuzk_jobs", "Jobs in the job table by state.", {("state",): None},
+                     [((k,), float(v)) for k, v in s.job_counts.items()])
+        yield _gauge("cuzk_srs_budget_bytes", "Bytes of proving keys allowed to stay resident.", s.srs_budget_bytes)
+        if s.engine is not None:
+            yield from _status_families(s.engine)
+        if s.engine_metrics is not None:
+            yield from _engine_families(s.engine_metrics)
 
 
-def _name(*parts: str) -> str:
-    return "_".join("".join(ch if ch.isalnum() else "_" for ch in p) for p in parts if p)
+
+def _gauge(name: str, help_text: str, value: float | dict[tuple[str, ...], None],
+           samples: list[tuple[tuple[str, ...], float]] | None = None) -> GaugeMetricFamily:
+    """A gauge family: one value, or (label names as the dict's one key, samples)."""
+    if isinstance(value, dict):
+        (labels,) = value
+        g = GaugeMetricFamily(name, help_text, labels=list(labels))
+        for values, v in samples or []:
+            g.add_metric(list(values), v)
+        return g
+    return GaugeMetricFamily(name, help_text, value=float(value))
 
 
-def render_engine(ex: Exposition, em: Mapping[str, Any]) -> None:
-    """Append ``Engine.metrics()``: ``counters`` as ``cuzk_engine_<name>_total``, ``gauges`` as
-    ``cuzk_engine_<name>``, ``per_process`` as ``cuzk_engine_process_<stat>{process}`` and
-    ``histograms`` ``{name: {label: {"buckets": [[le, n], ...],
-    "sum", "count"}}}`` as ``cuzk_engine_<name>{stage=label}``. Any other numbers are flattened
-    into gauges, so nothing the engine reports is dropped."""
-    rest = dict(em)
-    for key, value in flatten_numbers(rest.pop("counters", {}), "").items():
-        name = _name("cuzk_engine", key.lstrip("_"))
-        ex.simple(name + ("" if name.endswith("_total") else "_total"), "counter",
-                  "Engine counter (Engine.metrics()).", value)
-    for key, value in flatten_numbers(rest.pop("gauges", {}), "").items():
-        ex.simple(_name("cuzk_engine", key.lstrip("_")), "gauge",
-                  "Engine gauge (Engine.metrics()).", value)
-    per_stat: dict[str, dict[Labels, float]] = defaultdict(dict)
-    for proc, stats in (rest.pop("per_process", {}) or {}).items():
-        for key, value in flatten_numbers(stats, "").items():
-            per_stat[key.lstrip("_")][_labels(process=proc)] = value
-    for key, values in sorted(per_stat.items()):
-        ex.simple(_name("cuzk_engine_process", key), "gauge",
-                  "Per-process engine statistic (Engine.metrics() per_process).", values)
-    for hname, per_label in (rest.pop("histograms", {}) or {}).items():
-        name = _name("cuzk_engine", hname)
-        lines: list[str] = []
-        for label, h in sorted((per_label or {}).items()):
-            lab = _labels(stage=label)
-            for le, count in h.get("buckets", []):
-                lines.append(f"{name}_bucket{_fmt_labels(lab, ('le', _fmt_value(le)))} {count}")
-            lines.append(f"{name}_bucket{_fmt_labels(lab, ('le', '+Inf'))} {h.get('count', 0)}")
-            lines.append(f"{name}_sum{_fmt_labels(lab)} {_fmt_value(h.get('sum', 0.0))}")
-            lines.append(f"{name}_count{_fmt_labels(lab)} {h.get('count', 0)}")
-        ex.family(name, "histogram", "Engine histogram (Engine.metrics()).", lines)
-    for key, value in sorted(flatten_numbers(rest).items()):
-        ex.simple(key, "gauge", "Engine metric (Engine.metrics()).", value)
+def _counter(name: str, help_text: str, labels: list[str], samples: list[tuple[list[str], float]]) -> Metric:
+    c = CounterMetricFamily(name, help_text, labels=labels)
+    for values, v in samples:
+        c.add_metric(values, v)
+    return c
 
 
-def flatten_numbers(obj: Any, prefix: str = "cuzk_engine") -> dict[str, float]:
-    """Every number in a nested dict as ``prefix_key_subkey`` (for Engine.metrics())."""
-    out: dict[str, float] = {}
-    if isinstance(obj, Mapping):
-        for k, v in obj.items():
-            key = "".join(ch if ch.isalnum() else "_" for ch in str(k))
-            out.update(flatten_numbers(v, f"{prefix}_{key}"))
-    elif isinstance(obj, (int, float)) and not isinstance(obj, bool):
-        out[prefix] = float(obj)
-    elif isinstance(obj, bool):
-        out[prefix] = 1.0 if obj else 0.0
-    return out
+def _status_families(st: EngineStatus) -> Iterator[Metric]:
+    states: dict[str, int] = {}
+    for slot in st.ring.slots:
+        states[slot.state] = states.get(slot.state, 0) + 1
+    yield _gauge("cuzk_ring_slots", "Ring slots by state.", {("state",): None},
+                 [((k,), float(v)) for k, v in sorted(states.items())])
+    busy = sum(v for k, v in states.items() if k != "free")
+    yield _gauge("cuzk_ring_occupancy", "Fraction of ring slots not free.",
+                 busy / len(st.ring.slots) if st.ring.slots else 0.0)
+    yield _gauge("cuzk_srs_bytes", "Resident proving-key bytes by circuit, prover process and tier.",
+                 {("circuit", "process", "tier"): None},
+                 [((k.circuit, k.process or "", k.tier or "failed"), float(k.bytes)) for k in st.srs])
+    m = st.memory
+    yield _gauge("cuzk_memory_bytes", "Host memory of the engine's process tree by kind (PSS: shared pages "
+                 "once; host = PSS + shm; RSS for reference).", {("kind",): None},
+                 [(("host_bytes",), float(m.host_bytes)), (("host_pss_bytes",), float(m.host_pss_bytes)),
+                  (("host_rss_bytes",), float(m.host_rss_bytes)), (("shm_bytes",), float(m.shm_bytes))])
+    yield _gauge("cuzk_process_memory_bytes", "Each engine process's PSS and USS (private) bytes.",
+                 {("process", "kind"): None},
+                 [((p.name, kind), float(v)) for p in m.processes for kind, v in (("pss", p.pss), ("uss", p.uss))])
+    alive: dict[str, int] = {}
+    for p in st.processes:
+        alive[p.role] = alive.get(p.role, 0) + int(p.alive)
+    yield _gauge("cuzk_processes_alive", "Live engine processes by role.", {("role",): None},
+                 [((k,), float(v)) for k, v in sorted(alive.items())])
+    degraded = {d.role for d in st.degraded}
+    yield _gauge("cuzk_degraded", "1 while a role has no live process and keeps dying (GetStatus says why).",
+                 {("role",): None}, [((role,), float(role in degraded)) for role in ("prover", "synth")])
+
+
+def _engine_families(em: EngineMetrics) -> Iterator[Metric]:
+    c = em.counters
+    yield _counter("cuzk_engine_jobs_submitted", "Jobs the engine accepted.", [], [([], c.jobs_submitted)])
+    yield _counter("cuzk_engine_jobs_finished", "Jobs the engine finished, by final state.", ["state"],
+                   [([k], v) for k, v in sorted(c.jobs_finished.items())])
+    yield _counter("cuzk_engine_partitions_proved", "Partitions proved.", [], [([], c.partitions_proved)])
+    yield _counter("cuzk_engine_partitions_failed", "Partitions failed.", [], [([], c.partitions_failed)])
+    yield _counter("cuzk_engine_partition_retries", "Partition attempts retried after a failure or a death.",
+                   [], [([], c.partition_retries)])
+    yield _counter("cuzk_engine_late_proofs_used", "Proofs of attempts given up as lost that arrived first.",
+                   [], [([], c.late_proofs_used)])
+    yield _counter("cuzk_engine_process_restarts", "Engine processes restarted, by role.", ["role"],
+                   [([k], v) for k, v in sorted(em.restarts.items())])
+    ring = em.ring
+    yield _counter("cuzk_engine_ring_transitions", "Ring slot transitions, by event.", ["event"],
+                   [(["published"], ring.published), (["released"], ring.released), (["reclaimed"], ring.reclaimed)])
+    yield _counter("cuzk_engine_ring_waits", "Times a producer (free) or consumer (ready) found no slot and "
+                   "blocked.", ["side"], [(["free"], ring.free_waits), (["ready"], ring.ready_waits)])
+    yield _gauge("cuzk_engine_queue_pending", "Partition attempts waiting for a synthesis worker.",
+                 em.queue.pending)
+    yield _gauge("cuzk_engine_partitions_in_flight", "Partition attempts in an engine process.", em.queue.in_flight)
+    yield _gauge("cuzk_engine_jobs_active", "Unfinished jobs in the engine.", em.jobs_active)
+    yield _gauge("cuzk_engine_ring_live_slots", "Ring slots not free.", ring.live)
+    yield _gauge("cuzk_engine_ring_peak_live_slots", "Most ring slots ever not free at once.", ring.peak_live)
+    yield _counter("cuzk_engine_prover_busy_seconds", "Kernel-busy seconds of each prover process.", ["process"],
+                   [([k], p.busy_seconds) for k, p in sorted(em.provers.items())])
+    yield _gauge("cuzk_engine_prover_device_bytes", "Device memory of each prover process (GPU), by kind.",
+                 {("process", "kind"): None},
+                 [((k, kind), float(v)) for k, p in sorted(em.provers.items())
+                  for kind, v in (("used", p.device_used_bytes), ("peak", p.device_peak_bytes)) if v is not None])

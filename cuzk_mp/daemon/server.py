@@ -12,11 +12,15 @@ Lifecycle (``DaemonState``)::
 
 STARTING opens the journal, starts the engine (READY handshake of its processes), registers the
 circuits, resubmits unfinished journaled jobs, preloads ``[srs] preload`` keys, then listens and
-tells systemd READY=1. SIGTERM or SIGINT moves to DRAINING: the listener closes (and its socket
-file is removed), new submits are refused, the engine finishes in-flight partitions within the
-grace period and stops its processes (removing every shm segment and semaphore); jobs it did
-not finish stay in the journal; then the journal is closed and the process exits 0. A second
-signal is logged and ignored: the drain is already bounded by ``shutdown_grace``.
+tells systemd READY=1. While RUNNING, the engine may be *degraded* (a role has no live process and
+keeps dying): ``/healthz`` answers 503 naming the cause, GetStatus and the metrics say why, and
+the jobs that cannot progress fail with that cause.
+
+SIGTERM or SIGINT moves to DRAINING: the listener closes (and its socket file is removed), new
+submits are refused, the engine finishes in-flight partitions within the grace period and stops
+its processes (removing every shm segment and semaphore); jobs it did not finish stay in the
+journal; then the journal is closed and the process exits 0. A second signal is logged and
+ignored: the drain is already bounded by ``shutdown_grace``.
 """
 
 from __future__ import annotations
@@ -37,10 +41,10 @@ import msgspec
 from cuzk_mp import __version__
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.config import DaemonConfig
+from cuzk_mp.daemon.jobs import JobTable
 from cuzk_mp.daemon.journal import Journal
-from cuzk_mp.daemon.metrics import DaemonMetrics
+from cuzk_mp.daemon.metrics import DaemonMetrics, Scrape
 from cuzk_mp.daemon.ops import sd_notify
-from cuzk_mp.daemon.scheduler.jobs import JobTable
 from cuzk_mp.daemon.status import StatusView
 from cuzk_mp.daemon.status_http import StatusHandlers, start_status_server
 from cuzk_mp.daemon.transport import Comm, CommClosedError, FrameTooLarge, Listener, listen
@@ -69,6 +73,7 @@ class DaemonState(enum.Enum):
 
 
 def _default_engine(config: Any, on_job_done: Any, on_partition_done: Any) -> Any:
+    """A configured :class:`~cuzk_mp.pipeline.engine.Engine`; the daemon starts it."""
     from cuzk_mp.pipeline.engine import Engine
     return Engine(config, on_job_done=on_job_done, on_partition_done=on_partition_done)
 
@@ -109,15 +114,15 @@ class Daemon:
                 self.http = await start_status_server(self.cfg.status_listen, StatusHandlers(
                     self.status_doc, self.metrics_text, self.health), self.cfg.socket_mode)
             self.journal = Journal.open(self.cfg.journal_path)
-            self.engine = self._engine_factory(
+            configured = self._engine_factory(
                 self.cfg.engine,
                 lambda r: self._forward(loop, self._job_done, r),
                 lambda j, r: self._forward(loop, self._partition_done, j, r))
+            log.info("[start] engine starting (%s backend)", self.cfg.engine.backend)
+            self.engine = await asyncio.to_thread(configured.start)  # a failed start leaves nothing behind
             self.jobs = JobTable(self.engine, self.journal, self.cfg.circuits, self.metrics,
                                  self.cfg.result_ttl_s)
-            self.view = StatusView(self.cfg, self.jobs, self.metrics, self.started_at)
-            log.info("[start] engine starting (%s backend)", self.cfg.engine.backend)
-            await asyncio.to_thread(self.engine.start)
+            self.view = StatusView(self.cfg, self.jobs, self.started_at)
             for cc in self.cfg.circuits.values():  # synthetic: may run the dev setup once
                 await asyncio.to_thread(self.engine.register_circuit, cc.spec)
             kept, again = self.jobs.restore(self.journal.load())
@@ -228,8 +233,13 @@ class Daemon:
         self.jobs.on_partition_done(job_id, result)
 
     def health(self) -> tuple[bool, str]:
-        """(serving, state name) for /healthz."""
-        return self.state is DaemonState.RUNNING, self.state.value
+        """(healthy, what is wrong) for /healthz: running, and the engine not degraded."""
+        if self.state is not DaemonState.RUNNING:
+            return False, self.state.value
+        degraded = self.engine.degraded()
+        if degraded:
+            return False, "degraded: " + "; ".join(d.reason for d in degraded)
+        return True, "ok"
 
     # -- connections ----------------------------------------------------------------------
 
@@ -381,10 +391,14 @@ class Daemon:
 
     async def metrics_text(self) -> str:
         """The /metrics text (engine status and metrics read on a worker thread)."""
-        if self.engine is None or self.view is None or self.state is DaemonState.STARTING:
-            return self.metrics.render([])
-        status, em = await asyncio.to_thread(lambda: (self.engine.status(), self.engine.metrics()))
-        return self.metrics.render(self.view.gauges(status), em)
+        status = em = None
+        if self.engine is not None and self.state is not DaemonState.STARTING:
+            status, em = await asyncio.to_thread(lambda: (self.engine.status(), self.engine.metrics()))
+        jobs, view = self.jobs, self.view
+        return self.metrics.render(Scrape(
+            uptime_s=time.time() - self.started_at, queue_depth=view.queue_depth() if view else 0,
+            job_counts=jobs.counts() if jobs else {}, srs_budget_bytes=view.budget["srs"] if view else 0,
+            engine=status, engine_metrics=em))
 
 
 async def serve(cfg: DaemonConfig) -> int:

@@ -1,13 +1,14 @@
 """The HTTP status endpoint: GET /status (JSON), /metrics (Prometheus text), /healthz.
 
 This module owns one small asyncio HTTP/1.1 server on ``[daemon] status_listen`` (no new
-dependency, as in cuzk's hand-written server, reference/cuzk.md section 1.7). It reads one request
+dependency, as in cuzk's hand-written server). It reads one request
 head (bounded: 8 KiB, 10 s), answers it and closes the connection. Only GET and HEAD are served;
 other paths are 404 and other methods 405. The handlers are plain callables supplied by the
 server, so this module knows nothing about jobs or the engine.
 
-``/healthz`` answers 200 ``ok`` while the daemon is running and 503 with its state otherwise
-(starting, draining), which is what ``scripts/wait-ready.sh`` and load balancers poll.
+``/healthz`` answers 200 ``ok`` while the daemon is running and its engine healthy, and 503 with
+what is wrong otherwise (starting, draining, or "degraded: " and the cause), which is what
+``scripts/wait-ready.sh`` and load balancers poll.
 """
 
 from __future__ import annotations
@@ -32,7 +33,7 @@ _REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Al
 @dataclass
 class StatusHandlers:
     """What the endpoint serves: async producers of the status dict and the metrics text,
-    and a health probe returning (healthy, state)."""
+    and a health probe returning (healthy, what is wrong or "ok")."""
 
     status: Callable[[], Awaitable[dict[str, Any]]]
     metrics: Callable[[], Awaitable[str]]
@@ -74,8 +75,7 @@ async def _answer(handlers: StatusHandlers, method: str, path: str) -> bytes:
                          head_only)
     if path == "/healthz":
         ok, state = handlers.health()
-        return _response(200 if ok else 503, (b"ok\n" if ok else f"{state}\n".encode()),
-                         "text/plain", head_only)
+        return _response(200 if ok else 503, f"{state}\n".encode(), "text/plain", head_only)
     return _response(404, b"not found: try /status, /metrics or /healthz\n", "text/plain",
                      head_only)
 

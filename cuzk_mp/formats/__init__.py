@@ -2,8 +2,8 @@
 
 Readers validate at the entry and raise :class:`cuzk_mp.errors.FormatError`
 naming the file, the section and what is wrong; writers stream big sections.
-Byte layouts are cited section by section in each module
-(/work/shared/reference/snarkjs-formats.md sections 5 and 7).
+Byte layouts are cited section by section in each module (snarkjs's binary
+file and JSON formats).
 
 * :mod:`.binfile` -- the container: :class:`BinFile` (mmap, zero-copy section
   views) and :func:`write_binfile`;

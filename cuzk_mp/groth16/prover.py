@@ -2,7 +2,12 @@
 
 1. witness map: a = A w, b = B w, c = a o b           (:mod:`.synthesis`)
 2. H: odd-coset values of A*B - C                       (backend: 3 iNTT, scale, 3 NTT)
-3. MSMs: A, B1, B2 (G2), C over w; H over the H values (backend)
+3. MSMs over the key sections (backend), with these scalars:
+     A  (section 5, G1)  w                the whole witness
+     B1 (section 6, G1)  w
+     B2 (section 7, G2)  w
+     C  (section 8, G1)  w[n_public+1:]   the private wires only
+     H  (section 9, G1)  the H values of step 2
 4. with fresh r, s from the OS CSPRNG:
      pi_a = alpha1 + A + r delta1
      pi_b = beta2  + B2 + s delta2
@@ -12,7 +17,8 @@
 
 Steps 2-3 are ``prove_start`` (device work); 4-5 are ``prove_finalize``
 (host work), so a GPU process can start the next partition while the last
-one finalizes.
+one finalizes. The backend exposes primitives (:mod:`cuzk_mp.backends.base`):
+the recipe, which scalars each MSM takes, is written here and nowhere else.
 """
 
 from __future__ import annotations
@@ -20,14 +26,13 @@ from __future__ import annotations
 import secrets
 import weakref
 from dataclasses import dataclass
-from typing import Any
 
 import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 
 from ..algebra import curve
 from ..algebra.field import R_MOD, limbs_to_ints
-from ..backends.base import Backend, KeyHandle, MsmSums
+from ..backends.base import Backend, KeyHandle, MsmSums, Staged
 from ..errors import VerificationFailed
 from ..formats.r1cs import R1CS
 from ..formats.snarkjs_json import Proof
@@ -77,9 +82,20 @@ def _scalar(x: int) -> Scalar:
     return Scalar.from_le_bytes((x % R_MOD).to_bytes(32, "little"))
 
 
-def prove_start(backend: Backend, key: KeyHandle, staged: Any) -> MsmSums:
-    """Steps 2-3: the H values and the five MSMs of a staged partition (device work)."""
-    return backend.prove_msms(key, staged)
+def prove_start(backend: Backend, key: KeyHandle, staged: Staged, n_public: int) -> MsmSums:
+    """Steps 2-3: the H values and the five MSMs of a staged partition (device work).
+
+    The order lets the CPU backend compute H on this thread while its pool runs the
+    witness MSMs, and the GPU backend start G2 on its own stream first. Returns when
+    every MSM is done (the caller holds the per-device lock around it).
+    """
+    w = staged.w
+    pending = {"b2": backend.msm(key, "b2", w),
+               "a": backend.msm(key, "a", w),
+               "b1": backend.msm(key, "b1", w),
+               "c": backend.msm(key, "c", w[n_public + 1 :])}
+    pending["h"] = backend.msm(key, "h", backend.h_values(key, staged))
+    return MsmSums(**{name: f.result() for name, f in pending.items()})
 
 
 def prove_finalize(zkey: ZKey, sums: MsmSums, public: list[int], *, verify: bool = True) -> Proof:
@@ -113,7 +129,7 @@ def prove(
     key = key or backend.load_key(zkey)
     staged = backend.stage(key, inputs)
     try:
-        sums = prove_start(backend, key, staged)
+        sums = prove_start(backend, key, staged, zkey.n_public)
     finally:
         backend.release(staged)
     public = public_signals(inputs.w, zkey.n_public)

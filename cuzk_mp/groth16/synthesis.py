@@ -20,8 +20,10 @@ from ..algebra.field import R_MOD, limbs_to_ints
 from ..algebra.sparse import CsrMatrix
 from ..backends.base import ProverInputs
 from ..errors import InputError, UnsatisfiedWitness
-from ..formats.r1cs import R1CS
-from ..formats.zkey import ZKey, coef_matrices
+from ..formats.r1cs import R1CS, read_r1cs
+from ..formats.zkey import ZKey, coef_matrices, read_zkey
+
+CHECK_BLOCK_ROWS = 1 << 14  # rows of C w computed at a time by the witness check
 
 
 @dataclass
@@ -55,6 +57,15 @@ class ConstraintEvaluator:
                              f"r1cs A/B {r1cs.a.nnz}/{r1cs.b.nnz} + {r1cs.n_public + 1} public rows)")
         return cls(a, b, r1cs.c.to_r2_form(), zkey.n_vars, zkey.n_public, zkey.domain_size, r1cs.n_constraints, name)
 
+    @classmethod
+    def from_files(cls, zkey_path: str, r1cs_path: str | None) -> ConstraintEvaluator:
+        """Build from a zkey file and, for the witness check, the circuit's r1cs file."""
+        zkey = read_zkey(zkey_path)
+        try:
+            return cls.from_zkey(zkey, read_r1cs(r1cs_path) if r1cs_path else None)
+        finally:
+            zkey.close()
+
     @property
     def slot_bytes(self) -> int:
         """Bytes of one partition's a, b, c and w (the ring slot size)."""
@@ -76,23 +87,45 @@ class ConstraintEvaluator:
     def evaluate(self, w: np.ndarray) -> ProverInputs:
         """a, b, c (Montgomery) and w for the prover; raises UnsatisfiedWitness when checked and broken."""
         w = self.validate_witness(w)
-        a = self.a.matvec(w)
-        b = self.b.matvec(w)
-        c = fr.mul(a, b)
-        if self.c_check is not None:
-            self._check(w, c)
+        a, b, c = (np.empty((self.domain_size, 4), dtype=np.uint64) for _ in range(3))
+        self.evaluate_into(w, a, b, c, threads=1)
         return ProverInputs(a=a, b=b, c=c, w=w)
 
+    def evaluate_into(self, w: np.ndarray, a: np.ndarray, b: np.ndarray, c: np.ndarray, *, threads: int = 1) -> None:
+        """Write A w, B w and a o b into ``a``, ``b``, ``c`` (``(domain_size, 4)`` uint64 views, e.g. a
+        ring slot's); raises UnsatisfiedWitness when checked and broken. ``threads`` is the number of
+        cores this partition may use (the worker process's numba threads already are that many)."""
+        w = self.validate_witness(w)
+        for name, out in (("a", a), ("b", b), ("c", c)):
+            if not isinstance(out, np.ndarray) or out.dtype != np.uint64 or out.shape != (self.domain_size, 4):
+                raise InputError(f"evaluate_into: {name} must be a ({self.domain_size}, 4) uint64 array")
+        for m, out in ((self.a, a), (self.b, b)):
+            fr._csr_matvec(m.indptr, m.indices, m.data, w, out)
+        fr.mul_into(a, b, c)
+        if self.c_check is not None:
+            self._check(w, c)
+
     def _check(self, w: np.ndarray, ab: np.ndarray) -> None:
-        cw = self.c_check.matvec(w)  # type: ignore[union-attr]
-        m = cw.shape[0]
-        bad = np.flatnonzero((ab[:m] != cw).any(axis=1))
-        if bad.size:
-            i = int(bad[0])
-            lhs, rhs = fr.to_ints(ab[i : i + 1])[0], fr.to_ints(cw[i : i + 1])[0]
+        """C w == a o b on every constraint, a block of rows at a time (C w is never held whole)."""
+        m = self.c_check
+        assert m is not None
+        cw = np.empty((min(CHECK_BLOCK_ROWS, max(m.n_rows, 1)), 4), dtype=np.uint64)
+        first: tuple[int, np.ndarray] | None = None
+        failing = 0
+        for lo in range(0, m.n_rows, CHECK_BLOCK_ROWS):
+            hi = min(m.n_rows, lo + CHECK_BLOCK_ROWS)
+            part = cw[: hi - lo]
+            fr._csr_matvec(m.indptr[lo : hi + 1], m.indices, m.data, w, part)
+            bad = np.flatnonzero((ab[lo:hi] != part).any(axis=1))
+            if bad.size and first is None:
+                first = (lo + int(bad[0]), part[bad[0] : bad[0] + 1].copy())
+            failing += int(bad.size)
+        if first is not None:
+            i, rhs_row = first
+            lhs, rhs = fr.to_ints(ab[i : i + 1])[0], fr.to_ints(rhs_row)[0]
             raise UnsatisfiedWitness(
                 i,
                 f"witness does not satisfy constraint {i} of {self.n_constraints} "
-                f"({len(bad)} constraint(s) fail in all): <A,w>*<B,w> = {lhs} but <C,w> = {rhs} "
+                f"({failing} constraint(s) fail in all): <A,w>*<B,w> = {lhs} but <C,w> = {rhs} "
                 f"(difference {(lhs - rhs) % R_MOD})",
             )

@@ -1,7 +1,7 @@
-"""``cuzk-mp bench``: jobs through the real pipeline, one table, the same as JSON (DESIGN.md section 5).
+"""``cuzk-mp bench``: jobs through the real pipeline, one table, the same as JSON (docs/architecture.md).
 
-Owns one :class:`~cuzk_mp.pipeline.engine.Engine` for the duration of the run
-(prefix ``cuzk-bench-<pid>``) and the measurement around it:
+Owns one engine for the duration of the run (prefix ``cuzk-bench-<pid>``) and
+the measurement around it:
 
 * the first (cold) job is reported apart: ``first_job_s`` runs from the first
   submit to that job's completion (key already resident: ``preload`` runs
@@ -14,16 +14,18 @@ Owns one :class:`~cuzk_mp.pipeline.engine.Engine` for the duration of the run
   --json`` several times (perf/pipeline_bench.sh does) and compare the files;
 * every proof is verified again at the end, in this process, against the
   zkey's verification key (independently of the provers' self-check);
-* host memory is sampled every 0.2 s: process tree RSS + live shm bytes; each
-  process's exact RSS high-water mark is read from the kernel after the first
-  job and at the end.
+* host memory is sampled every 0.2 s with the monitor's accounting (PSS of the
+  process tree, shared pages once, plus the ring's shm), with each process's
+  PSS, USS and anonymous memory beside it.
+
+The pipeline's shape comes from the flags, or from ``--host-budget`` (the memory
+model derives what the flags leave out, :func:`~.memory.derive_shape`).
 
 Memory bound reported (``memory_bound``, see :func:`memory_bound`): the ring's
-exact bound on live shm, and fixed + ring_slots x segment_bytes +
-partition_workers x synthesis working set + devices x prover working set, with
-the working sets calibrated on the first job and the bound checked on the whole
-run: the margin of the sampled peak under it, whether any process outgrew its
-first-job working set later, and the peak of each job's window (flat or not).
+exact bound on live shm, and the memory model's formula (:func:`~.memory.host_bound`)
+with two sets of working sets: calibrated on the first job (``bound_bytes``) and
+predicted by the model alone (``model_bound_bytes``), both checked against the
+sampled peak of the whole run.
 """
 
 from __future__ import annotations
@@ -38,14 +40,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
+import msgspec
+
 from ..errors import InputError
 from .benchreport import Progress, machine_info, median_stage, plot_timeline, require_matplotlib, table
-from .types import STAGES, SYNTHETIC_KINDS, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult
+from .types import STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult
 
 if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other verbs build this
     # parser without loading the pipeline (numba, posix_ipc, psutil)
-    from .engine import Engine
+    from .engine import RunningEngine
+    from .memory import CircuitSize
     from .monitor import MemorySampler
+    from .status import EngineStatus
 
 # defaults that finish in well under 5 minutes on the 2-core CPU machine / use an H200 sensibly
 DEFAULTS = {
@@ -68,13 +75,18 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--in-flight", type=int, help="jobs submitted at once (2)")
     p.add_argument("--partition-workers", type=int, help="synthesis worker processes (cpu 1, gpu 4)")
     p.add_argument("--gpu-workers", type=int, help="worker threads per prover process (2)")
-    p.add_argument("--ring-slots", type=int, default=4)
+    p.add_argument("--ring-slots", type=int, help="ring slots (4, or derived from --host-budget)")
+    p.add_argument("--synthesis-threads", type=int,
+                   help="cores one partition's synthesis uses (cores / partition workers)")
+    p.add_argument("--host-budget", help="host memory the pipeline may use, e.g. 96GiB, or 'auto' (RAM - 4 GiB): "
+                                         "ring slots, partition workers and threads not given are derived from it")
     p.add_argument("--devices", type=lambda s: [int(x) for x in s.split(",")],
                    help="comma-separated device ids (cpu: one prover process each); default all / one")
     p.add_argument("--repeat", type=int, default=1, help="runs of --jobs jobs in the same engine")
     p.add_argument("--json", type=Path, help="write the result as JSON")
     p.add_argument("--plot", type=Path, help="write a timeline plot (needs matplotlib)")
-    p.add_argument("--cache", type=Path, default=Path(os.environ.get("CUZK_MP_CACHE", Path.home() / ".cache" / "cuzk-mp")),
+    p.add_argument("--cache", type=Path,
+                   default=Path(os.environ.get("CUZK_MP_CACHE", Path.home() / ".cache" / "cuzk-mp")),
                    help="param cache for synthetic dev keys (default ~/.cache/cuzk-mp)")
     p.add_argument("--start-timeout", type=float, default=900.0,
                    help="seconds for the processes to start (a cold GPU machine compiles its kernels first)")
@@ -98,13 +110,13 @@ class BenchRun:
         self.args = args
         self.backend = backend
         self.cond = threading.Condition()
-        self.current: _Run | None = None
+        self.current = _Run(time.time())
         self.part_done: dict[tuple[str, int], float] = {}
-        self.busy_marks: list[dict[str, dict[str, float]]] = []
+        self.busy_marks: list[dict[str, float]] = []  # busy seconds per prover at run 0's first job, run ends
         self.progress: Progress | None = None
-        self.engine: Engine | None = None
-        self.peak_rss_first_job: dict[str, int] | None = None  # per process, when run 0's first job ended
+        self.running: RunningEngine | None = None
         self.sampler: MemorySampler | None = None
+        self.pss_first_job: dict[str, int] | None = None  # per-process peak PSS when run 0's first job ended
 
     def _on_partition(self, job_id: str, result: PartitionResult) -> None:
         self.part_done[(job_id, result.index)] = time.time()
@@ -114,17 +126,15 @@ class BenchRun:
     def _on_job(self, result: JobResult) -> None:
         with self.cond:
             run = self.current
-            assert run is not None
             run.results.append(result)
             run.t_done[result.job_id] = time.time()
-            if self.peak_rss_first_job is None:
-                from .monitor import tree_peak_rss
-
-                self.peak_rss_first_job = tree_peak_rss()
             if self.sampler is not None:
                 self.sampler.sample()  # every job window gets at least the sample at its end
-            if len(run.t_done) == 1 or len(run.t_done) == self.args.jobs:
-                self.busy_marks.append(self.engine.metrics()["per_process"])  # type: ignore[union-attr]
+                if self.pss_first_job is None:
+                    self.pss_first_job = dict(self.sampler.peak_pss)
+            if self.running is not None and (len(run.t_done) == 1 or len(run.t_done) == self.args.jobs):
+                provers = self.running.metrics().provers
+                self.busy_marks.append({name: p.busy_seconds for name, p in provers.items()})
             self.cond.notify_all()
 
     def spec(self) -> tuple[CircuitSpec, list[PartitionInput]]:
@@ -143,31 +153,32 @@ class BenchRun:
             return fixed
         return [PartitionInput("synthetic", seed=1000 * run + job) for _ in range(self.args.partitions)]
 
-    def one_run(self, engine: Engine, circuit_id: str, fixed: list[PartitionInput], run: int) -> _Run:
+    def one_run(self, engine: RunningEngine, circuit_id: str, fixed: list[PartitionInput], run: int) -> _Run:
         """Submit ``jobs`` jobs, at most ``in_flight`` at a time; wait for all."""
         a = self.args
+        current = _Run(time.time())
         with self.cond:
-            self.current = _Run(time.time())
+            self.current = current
         for j in range(a.jobs):
             with self.cond:
-                self.cond.wait_for(lambda: j - len(self.current.t_done) < a.in_flight)  # type: ignore[union-attr]
+                self.cond.wait_for(lambda: j - len(current.t_done) < a.in_flight)
             engine.submit(JobSpec(f"bench-{run}-{j}", circuit_id, self.inputs(fixed, run, j)))
         with self.cond:
-            self.cond.wait_for(lambda: len(self.current.t_done) == a.jobs)  # type: ignore[union-attr]
-            return self.current  # type: ignore[return-value]
+            self.cond.wait_for(lambda: len(current.t_done) == a.jobs)
+        return current
 
-    def execute(self) -> dict[str, Any]:
+    def execute(self, circuit: CircuitSize) -> dict[str, Any]:
         """Run everything; returns the raw measurements (see :func:`summarize`)."""
         from .engine import Engine
-        from .monitor import MemorySampler, reset_peak_rss, tree_peak_rss, tree_rss
+        from .monitor import MemorySampler
 
         a = self.args
         config = EngineConfig(backend=self.backend, devices=a.devices, gpu_workers_per_device=a.gpu_workers,
-                              partition_workers=a.partition_workers, ring_slots=a.ring_slots,
-                              shm_prefix=f"cuzk-bench-{os.getpid()}", param_cache=a.cache,
+                              partition_workers=a.partition_workers, synthesis_threads=a.synthesis_threads,
+                              ring_slots=a.ring_slots, shm_prefix=f"cuzk-bench-{os.getpid()}", param_cache=a.cache,
                               start_timeout_s=a.start_timeout)
         spec, fixed = self.spec()
-        engine = self.engine = Engine(config, on_job_done=self._on_job, on_partition_done=self._on_partition)
+        engine = Engine(config, on_job_done=self._on_job, on_partition_done=self._on_partition)
         # the key first (a synthetic dev key may need a setup, which compiles the fixed-base kernels into
         # CuPy's disk cache before the prover processes warm up), then the processes
         try:
@@ -175,35 +186,28 @@ class BenchRun:
         except BaseException:
             engine.stop()
             raise
-        engine.start()
+        running = self.running = engine.start()
         try:
-            engine.preload(spec.circuit_id)
-            sampler = self.sampler = MemorySampler(engine.prefix, interval_s=0.2)
-            sampler.sample()
-            peaks_reset = reset_peak_rss()  # high-water marks from here: key loading and setup left out
-            idle = tree_rss()
+            running.preload(spec.circuit_id)
+            sampler = self.sampler = MemorySampler(running.prefix, interval_s=0.2)
+            idle = sampler.sample()  # every process idle, the key loaded
             sampler.start()
             self.progress = None if a.quiet else Progress(a.jobs * a.partitions * a.repeat)
-            runs = [self.one_run(engine, spec.circuit_id, fixed, r) for r in range(a.repeat)]
-            peak_rss_end = tree_peak_rss()
+            runs = [self.one_run(running, spec.circuit_id, fixed, r) for r in range(a.repeat)]
             memory = sampler.stop()
             self.sampler = None
-            memory.update(idle_rss=idle, peak_rss_first_job=self.peak_rss_first_job or {},
-                          peak_rss_end=peak_rss_end, peaks_reset=peaks_reset)
-            status = engine.status()
+            memory.update(idle_pss={m.name: m.pss for m in idle}, idle_uss={m.name: m.uss for m in idle},
+                          idle_anon={m.name: m.anon for m in idle}, peak_pss_first_job=self.pss_first_job or {})
+            status = running.status()
         finally:
-            engine.stop()
-        return {"spec": spec, "runs": runs, "memory": memory, "status": status,
-                "zkey": Path(status_zkey(engine, spec.circuit_id))}
-
-
-def status_zkey(engine: Engine, circuit_id: str) -> str:
-    """The zkey path the engine registered for a circuit (synthetic: in the param cache)."""
-    return engine._refs[circuit_id].zkey
+            running.stop()
+        return {"spec": spec, "runs": runs, "memory": memory, "status": status, "circuit": circuit,
+                "zkey": Path(running.circuits.ref(spec.circuit_id).zkey)}
 
 
 def verify_all(zkey_path: Path, runs: list[_Run]) -> tuple[int, int]:
     """(proofs total, proofs that pass verification against the zkey's verification key)."""
+    from ..formats.snarkjs_json import proof_from_json
     from ..formats.zkey import read_zkey
     from ..groth16.keys import prepare_vk, vk_from_zkey
     from ..groth16.verifier import verify
@@ -215,7 +219,7 @@ def verify_all(zkey_path: Path, runs: list[_Run]) -> tuple[int, int]:
         for job in run.results:
             for p in job.partitions:
                 total += 1
-                ok += int(p.proof is not None and verify(pvk, p.public, p.proof))
+                ok += int(p.proof is not None and verify(pvk, p.public, proof_from_json(p.proof)))
     return total, ok
 
 
@@ -241,7 +245,7 @@ def _steady_window(runs: list[_Run]) -> tuple[float, float]:
 def _busy_fractions(bench: BenchRun, runs: list[_Run]) -> dict[str, float] | None:
     """Kernel-busy seconds each prover gained over the steady window, per second of it (GPU only).
 
-    Keyed by prover process name (``cuzk-gpu-<dev>``): the per-device figure issue 6 asks for.
+    Keyed by prover process name (``cuzk-prover-<dev>``): the per-device figure.
     """
     if bench.backend != "gpu" or len(bench.busy_marks) < 2:
         return None
@@ -250,8 +254,7 @@ def _busy_fractions(bench: BenchRun, runs: list[_Run]) -> dict[str, float] | Non
     window = end - start
     if window <= 0:
         return None
-    return {p: (last[p].get("busy_seconds", 0.0) - first.get(p, {}).get("busy_seconds", 0.0)) / window
-            for p in sorted(last) if p.startswith("cuzk-gpu")}
+    return {p: (last[p] - first.get(p, 0.0)) / window for p in sorted(last)}
 
 
 def _device_fractions(partitions: list[dict[str, Any]], runs: list[_Run]) -> dict[str, float] | None:
@@ -280,64 +283,59 @@ def _device_fractions(partitions: list[dict[str, Any]], runs: list[_Run]) -> dic
 
 
 def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
-    """The design's host-memory bound, calibrated on the first job and checked on the whole run.
+    """The memory model's bound, calibrated on the first job, and the model's own prediction,
+    both checked against the whole run (one accounting: the monitor's PSS + shm).
 
     * ring (exact by construction): live shm <= ring_slots x segment_bytes + the
       control block and two semaphores (one page each);
-    * host: ``fixed + engine_ws + ring_slots x segment_bytes + partition_workers x
-      synth_ws + devices x prover_ws``. ``fixed`` is every process's RSS once idle
-      with the key loaded; a kind's working set ``*_ws`` is the largest growth of
-      one process of that kind, its kernel RSS high-water mark when the first job
-      completed minus its idle RSS (marks are reset at idle, so key loading is not
-      counted). The bound is therefore a prediction made from the first job;
-      ``margin_bytes`` is how far the sampled peak of the whole run (tree RSS +
-      shm) stayed under it.
+    * host: :func:`~.memory.host_bound` with ``fixed`` = every process's PSS once idle
+      with the key loaded, and each kind's working set = the largest growth of one
+      process of that kind from idle to its sampled peak when the first job completed
+      (``bound_bytes``; ``margin_bytes`` is how far the sampled peak of the whole run
+      stayed under it), or the model's predicted working sets (``model_bound_bytes``,
+      ``model_margin_bytes``: what the daemon's budget and ``--host-budget`` rely on);
     * flat across jobs: ``working_set_excess_bytes`` is the most any synthesis or
-      prover process's final high-water mark went past idle + its kind's
-      first-job working set (<= 0: none ever needed more than in the first job);
-      ``engine_growth_after_first_job_bytes`` is the engine (here: the bench
-      process, which also keeps every job's result for the report);
-      ``peak_host_bytes_by_job`` is the sampled peak between consecutive job
-      completions.
-
-    RSS also counts shm pages a process has mapped (while writing or staging a
-    segment), so the formula counts those twice and errs high.
+      prover process's peak PSS of the whole run went past idle + its kind's
+      first-job working set (<= 0: none needed more than in the first job);
+      ``peak_host_bytes_by_job`` is the sampled peak between consecutive job completions.
     """
-    from ..formats.zkey import read_zkey
-    from .ring import segment_layout
+    from .memory import Shape, WorkingSets, host_bound, model_working_sets
 
-    with read_zkey(raw["zkey"]) as zkey:
-        shapes = [(zkey.domain_size, 4)] * 3 + [(zkey.n_vars, 4)]
-    segment = segment_layout(b"m" * 1024, shapes)[1]  # SegmentMeta is a few hundred bytes: header = one page
+    circuit: CircuitSize = raw["circuit"]
+    segment = circuit.segment_bytes
     ring_bound = config["ring_slots"] * segment + 3 * 4096
     mem = raw["memory"]
-    idle, first, end = mem["idle_rss"], mem["peak_rss_first_job"], mem["peak_rss_end"]
+    idle, first, end = mem["idle_pss"], mem["peak_pss_first_job"], mem["peak_pss_by_process"]
 
     def kind(name: str) -> str:
-        return name.rsplit("-", 1)[0] if name.startswith(("cuzk-synth", "cuzk-gpu")) else name
+        return name.rsplit("-", 1)[0] if name.startswith(("cuzk-synth", "cuzk-prover")) else name
 
-    growth = {name: max(0, first[name] - idle.get(name, 0)) for name in first}
     ws: dict[str, int] = {}
-    for name, g in growth.items():
-        ws[kind(name)] = max(ws.get(kind(name), 0), g)
-    ws_synth, ws_prover, ws_engine = ws.get("cuzk-synth", 0), ws.get("cuzk-gpu", 0), ws.get("engine", 0)
-    fixed = sum(idle.values())
-    bound = (fixed + ws_engine + config["ring_slots"] * segment + config["partition_workers"] * ws_synth
-             + len(config["devices"]) * ws_prover)
-    workers = [n for n in end if kind(n) in ("cuzk-synth", "cuzk-gpu")]
-    excess = max((end[n] - idle.get(n, 0) - ws[kind(n)] for n in workers if kind(n) in ws), default=0)
-    engine_later = end.get("engine", 0) - first.get("engine", 0)
+    for name, peak in first.items():
+        ws[kind(name)] = max(ws.get(kind(name), 0), peak - idle.get(name, 0))
+    calibrated = WorkingSets(synth=ws.get("cuzk-synth", 0), prover=ws.get("cuzk-prover", 0),
+                             engine=ws.get("engine", 0))
+    shape = Shape(config["ring_slots"], config["partition_workers"], config["synthesis_threads"])
+    provers, fixed = len(config["devices"]), sum(idle.values())
+    bound = host_bound(shape, circuit, provers, calibrated, fixed=fixed)
+    model = host_bound(shape, circuit, provers, model_working_sets(circuit, config["backend"], config["gpu_workers"]),
+                       fixed=fixed)
+    workers = [n for n in end if kind(n) in ("cuzk-synth", "cuzk-prover")]
+    excess = max((end[n] - idle.get(n, 0) - ws.get(kind(n), 0) for n in workers), default=0)
     peak_host, peak_shm = mem["peak_host_bytes"], mem["peak_shm_bytes"]
     return {"formula": "fixed + engine_ws + ring_slots*segment_bytes + partition_workers*synth_ws"
-                       " + devices*prover_ws (working sets from the first job)",
-            "segment_bytes": segment, "fixed_bytes": fixed, "engine_working_set_bytes": ws_engine,
-            "synth_working_set_bytes": ws_synth, "prover_working_set_bytes": ws_prover,
-            "bound_bytes": bound, "peak_host_bytes": peak_host, "margin_bytes": bound - peak_host,
-            "working_set_excess_bytes": excess, "engine_growth_after_first_job_bytes": engine_later,
-            "peak_rss_reset": mem["peaks_reset"],
+                       " + provers*prover_ws (PSS; working sets from the first job, or the model's)",
+            "segment_bytes": segment, "fixed_bytes": fixed, "engine_working_set_bytes": calibrated.engine,
+            "synth_working_set_bytes": calibrated.synth, "prover_working_set_bytes": calibrated.prover,
+            "bound_bytes": bound.total, "bound_parts": bound.as_dict(), "peak_host_bytes": peak_host,
+            "margin_bytes": bound.total - peak_host, "model_bound_bytes": model.total,
+            "model_bound_parts": model.as_dict(), "model_margin_bytes": model.total - peak_host,
+            "working_set_excess_bytes": excess,
             "peak_host_bytes_by_job": _peaks_by_job(mem["timeline"], raw["runs"]),
             "ring_bound_bytes": ring_bound, "peak_shm_bytes": peak_shm, "ring_margin_bytes": ring_bound - peak_shm,
-            "idle_rss_by_process": idle, "peak_rss_first_job_by_process": first, "peak_rss_end_by_process": end}
+            "idle_pss_by_process": idle, "peak_pss_first_job_by_process": first, "peak_pss_by_process": end,
+            "peak_uss_by_process": mem["peak_uss_by_process"], "peak_anon_by_process": mem["peak_anon_by_process"],
+            "idle_uss_by_process": mem["idle_uss"], "idle_anon_by_process": mem["idle_anon"]}
 
 
 def _peaks_by_job(timeline: list[tuple[float, int]], runs: list[_Run]) -> list[int | None]:
@@ -356,8 +354,8 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
     """The JSON result (also what the table prints)."""
     a = bench.args
     runs: list[_Run] = raw["runs"]
-    status = raw["status"]
-    devices = status["devices"]
+    status: EngineStatus = raw["status"]
+    devices = status.devices
     partitions = []
     for r, run in enumerate(runs):
         for job in sorted(run.results, key=lambda j: j.job_id):
@@ -367,20 +365,22 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
                                    "t_submit": job.submitted_at, "t_done": bench.part_done.get((job.job_id, p.index))})
     per_run = [steady_s_per_proof(run, bench.part_done, a.partitions) for run in runs]
     total, verified = verify_all(raw["zkey"], runs)
-    device_peaks = [v.get("device_peak_bytes") for v in status["memory"]["device"].values()]
+    device_peaks = [v.device_peak_bytes for v in status.memory.device.values()]
     busy = _busy_fractions(bench, runs)
     config = {"circuit": a.circuit, "log_n": a.log_n, "partitions": a.partitions, "jobs": a.jobs,
               "in_flight": a.in_flight, "partition_workers": a.partition_workers, "gpu_workers": a.gpu_workers,
-              "ring_slots": a.ring_slots, "devices": devices, "backend": bench.backend, "repeat": a.repeat}
+              "synthesis_threads": a.synthesis_threads, "ring_slots": a.ring_slots, "host_budget": a.host_budget,
+              "devices": devices, "backend": bench.backend, "repeat": a.repeat}
     result = {
         "config": config,
         "s_per_proof": statistics.median(per_run), "s_per_proof_runs": per_run,
         "first_job_s": min(runs[0].t_done.values()) - runs[0].t_start,
         "proofs_total": total, "proofs_verified": verified,
-        "peak_host_bytes": raw["memory"]["peak_host_bytes"], "peak_rss_bytes": raw["memory"]["peak_rss_bytes"],
-        "peak_shm_bytes": raw["memory"]["peak_shm_bytes"],
+        "peak_host_bytes": raw["memory"]["peak_host_bytes"], "peak_pss_bytes": raw["memory"]["peak_pss_bytes"],
+        "peak_rss_bytes": raw["memory"]["peak_rss_bytes"], "peak_shm_bytes": raw["memory"]["peak_shm_bytes"],
+        "peak_uss_by_process": raw["memory"]["peak_uss_by_process"],
         # exact, from the ring's control block (the sampler can miss short-lived segments)
-        "peak_live_segments": max(raw["memory"]["peak_live_segments"], status["ring"]["stats"].get("peak_live", 0)),
+        "peak_live_segments": max(raw["memory"]["peak_live_segments"], status.ring.stats.peak_live),
         "peak_device_bytes": max((d for d in device_peaks if d is not None), default=None),
         "gpu_busy_fraction": (sum(busy.values()) / len(devices)) if busy else None,
         "gpu_busy_fraction_by_device": busy,
@@ -388,20 +388,62 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         "median_stage_s": {s: median_stage(partitions, s) for s in STAGES if median_stage(partitions, s) is not None},
         "partitions_by_device": {str(d): sum(1 for p in partitions if p["device"] == d) for d in devices},
         "memory_bound": memory_bound(raw, config),
-        "ring": status["ring"]["stats"],
+        "synthesis_core_s": _synthesis_core_seconds(partitions, a.synthesis_threads),
+        "ring": msgspec.to_builtins(status.ring.stats),
         "machine": machine_info(devices if bench.backend == "gpu" else []),
         "partitions": partitions,
     }
     return result
 
 
+def _synthesis_core_seconds(partitions: list[dict[str, Any]], threads: int) -> float | None:
+    """Median core-seconds of one partition's synthesis (its wall time x the threads it may use)."""
+    stage = median_stage(partitions, "synthesis")
+    return None if stage is None else stage * threads
+
+
+SHAPE_KEYS = ("ring_slots", "partition_workers", "synthesis_threads")
+
+
 def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
     for key, value in DEFAULTS[backend].items():
-        if getattr(args, key) is None:
+        if getattr(args, key) is None and not (args.host_budget and key in SHAPE_KEYS):
             setattr(args, key, value)
-    for key in ("partitions", "jobs", "in_flight", "partition_workers", "gpu_workers", "ring_slots", "repeat"):
-        if getattr(args, key) < 1:
+    for key in ("partitions", "jobs", "in_flight", "gpu_workers", "repeat", *SHAPE_KEYS):
+        if getattr(args, key) is not None and getattr(args, key) < 1:
             raise InputError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+
+
+def _circuit_size(args: argparse.Namespace, backend: str) -> CircuitSize:
+    """The benched circuit's sizes (a synthetic circuit's dev key is made here, once, if needed)."""
+    from .memory import circuit_size
+
+    if args.circuit in SYNTHETIC_KINDS:
+        from .keys import ensure_synthetic_key
+
+        return circuit_size(ensure_synthetic_key(args.circuit, args.log_n, args.cache, backend)[0])
+    return circuit_size(args.circuit)
+
+
+def _shape(args: argparse.Namespace, backend: str, circuit: CircuitSize) -> None:
+    """Ring slots, partition workers and synthesis threads: from the flags, derived from ``--host-budget``
+    for those not given, else the defaults (4 slots; the cores shared among the workers)."""
+    from .memory import derive_shape, host_budget_bytes
+
+    if args.host_budget:
+        from .engine import visible_gpus
+
+        provers = len(args.devices) if args.devices else (1 if backend == "cpu" else len(visible_gpus()))
+        given = {"ring_slots": args.ring_slots, "partition_workers": args.partition_workers,
+                 "threads_per_partition": args.synthesis_threads}
+        budget = host_budget_bytes(args.host_budget, "--host-budget")
+        shape = derive_shape(budget, circuit, backend=backend, provers=provers, prover_workers=args.gpu_workers,
+                             given={k: v for k, v in given.items() if v is not None})
+        args.ring_slots, args.partition_workers = shape.ring_slots, shape.partition_workers
+        args.synthesis_threads = shape.threads_per_partition
+        return
+    args.ring_slots = args.ring_slots or 4
+    args.synthesis_threads = args.synthesis_threads or max(1, (os.cpu_count() or 1) // args.partition_workers)
 
 
 def run(args: argparse.Namespace) -> int:
@@ -412,8 +454,10 @@ def run(args: argparse.Namespace) -> int:
         require_matplotlib()
     backend = resolve_backend_name(args.backend)
     _fill_defaults(args, backend)
+    circuit = _circuit_size(args, backend)
+    _shape(args, backend, circuit)
     bench = BenchRun(args, backend)
-    result = summarize(bench, bench.execute())
+    result = summarize(bench, bench.execute(circuit))
     print(table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

@@ -1,62 +1,81 @@
-"""The Engine: the pipeline's one public entry point (contract: /work/briefs/engine_api.md).
+"""The engine: the pipeline's one public entry point (its contract is docs/engine.md).
 
-Owns: the slot ring of this engine (every shm segment and semaphore named
-``<prefix>-...``), the child processes (through the :class:`Supervisor`), the
-job bookkeeping (through the :class:`Scheduler`) and one event thread,
-``cuzk-engine-events``, that does all the work: it waits on every child's pipe
-and process sentinel (plus a wake-up pipe for the caller's threads), handles
-messages, notices deaths, dispatches partitions to idle synthesis workers and
-runs the callbacks. Callers' threads only change state under the lock and wake it.
+Two objects, one per phase of an engine's life:
 
-Lifecycle: created -> starting (READY handshake, ``start_timeout_s``) -> running
--> draining (``stop``: no new jobs start, started jobs may finish until the
-grace runs out) -> stopped (children stopped: message, SIGTERM, 5 s, SIGKILL;
-every named IPC object with the prefix unlinked). ``stop`` is idempotent; a
-``weakref.finalize`` removes the shm objects even if ``stop`` is never called.
+* :class:`Engine`, configured but not running: it validates the config, claims the
+  IPC name prefix and knows the circuits (``register_circuit`` may run a synthetic
+  circuit's dev setup before any process exists). :meth:`Engine.start` creates the
+  ring, spawns the children, waits for every READY (``start_timeout_s``) and returns
+  a :class:`RunningEngine`; if anything fails it removes what it made and raises.
+* :class:`RunningEngine` holds the slot ring of this engine (every shm segment and
+  semaphore named ``<prefix>-...``), the :class:`~.supervisor.Supervisor` of the
+  child processes, the :class:`~.scheduler.Scheduler` of jobs, the
+  :class:`~.circuits.CircuitTable`, and one event thread, ``cuzk-engine-events``,
+  that does all the work: it waits on every child's pipe and process sentinel
+  (plus a wake-up pipe for the caller's threads), handles messages, notices deaths,
+  restarts children when their backoff is over, dispatches partitions to idle
+  synthesis workers and runs the callbacks. Callers' threads only change state
+  under the lock and wake it.
+
+Lifecycle of a running engine: starting -> running -> draining (``stop``: no new
+jobs start, started jobs may finish until the grace runs out) -> stopping ->
+stopped (children stopped: message, SIGTERM, 5 s, SIGKILL; every named IPC object
+with the prefix unlinked). ``stop`` is idempotent; a ``weakref.finalize`` removes
+the shm objects even if ``stop`` is never called.
 
 Faults: when a child dies, its ring slots (FILLING/STAGING) are reclaimed, the
-partitions it held are retried (up to ``max_attempts`` in all, then the job
-fails with an error naming the process and its exit code), and the process is
-restarted (up to 3 consecutive deaths before READY). Other jobs carry on.
+partitions it held are retried (up to ``max_attempts`` in all, then the job fails
+with an error naming the process and its exit code), and the process is restarted
+(with backoff when it keeps dying). While a role has no live process and keeps
+dying, the engine is *degraded*: :meth:`RunningEngine.status` says which role and
+why, and every job that cannot progress fails with that cause. Other jobs carry on.
 
-Additions to the contract (documented here, as the contract asks):
-``Engine.state`` (property), ``Engine.prefix``, ``Engine.devices``,
-``Engine.backend``; status() adds "state", "prefix", "backend", "queue"; and
-metrics() returns ``{"counters": {...}, "gauges": {...}, "histograms":
-{"stage_seconds": {stage: histogram}}}`` (see :class:`~.monitor.Histogram`).
+Death handling order (kept consistent with :meth:`Ring.reclaim` and
+:meth:`Scheduler.on_lost`): read the child's last messages, reap it, reclaim its
+ring slots, work out which attempts it took with it, retry or fail those, then
+schedule its restart.
 """
 
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import subprocess
 import threading
+import time
 import weakref
 from collections import deque
 from collections.abc import Callable
 from multiprocessing.connection import wait
-from pathlib import Path
+from typing import Any
+
+import msgspec
 
 from ..errors import ConfigError, CuzkError, InputError, ResourceError, WorkerDied
 from . import messages as msg
-from .engine_views import engine_metrics, engine_status
-from .ring import Ring, cleanup_stale
+from .circuits import CircuitTable
+from .monitor import host_bytes, tree_memory
+from .ring import Ring, RingStats, SlotRecord, cleanup_stale, live_segments, shm_bytes
 from .scheduler import Outcome, Scheduler, Task
-from .supervisor import Supervisor, child_specs
-from .types import INPUT_KINDS, SYNTHETIC_KINDS, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionResult
+from .status import EngineMetrics, EngineStatus, MemoryStatus, ProverStats, RingStatus
+from .supervisor import ROLES, Death, Degraded, Supervisor, child_specs
+from .types import CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionResult
 
 log = logging.getLogger("cuzk_mp.pipeline.engine")
 POLL_S = 0.5
 _LIVE_PREFIXES: set[str] = set()  # prefixes of this process's engines not yet stopped (one ring per prefix)
 _LIVE_LOCK = threading.Lock()
 
+JobCallback = Callable[[JobResult], None]
+PartitionCallback = Callable[[str, PartitionResult], None]
+
 
 class Engine:
-    """Multiprocess Groth16 proving: synthesis workers -> slot ring -> one prover process per device."""
+    """A configured engine (not running yet): config, IPC prefix, circuits. ``start()`` runs it."""
 
-    def __init__(self, config: EngineConfig, on_job_done: Callable[[JobResult], None] | None = None,
-                 on_partition_done: Callable[[str, PartitionResult], None] | None = None) -> None:
+    def __init__(self, config: EngineConfig, on_job_done: JobCallback | None = None,
+                 on_partition_done: PartitionCallback | None = None) -> None:
         config.validate()
         self.config = config
         self.prefix = config.prefix()
@@ -67,84 +86,106 @@ class Engine:
             _LIVE_PREFIXES.add(self.prefix)
         self.on_job_done = on_job_done
         self.on_partition_done = on_partition_done
-        self.backend = ""
-        self.devices: list[int] = []
+        self.circuits = CircuitTable(config.param_cache, config.backend)
+        self.state = "created"  # created | starting | started | failed | stopped
+        self._finalizer = weakref.finalize(self, _release_prefix, self.prefix)
+
+    def register_circuit(self, spec: CircuitSpec) -> None:
+        """Validate and record a circuit (synthetic: make its dev key once, cached in ``param_cache``)."""
+        self.circuits.refs[spec.circuit_id] = self.circuits.make_ref(spec)
+
+    def start(self) -> RunningEngine:
+        """Create the ring, spawn the children, wait for every READY; the running engine.
+
+        Raises WorkerDied (naming the child and why) if a child dies or stays silent
+        before READY; nothing is left behind, and the prefix is free again.
+        """
+        from ..backends import resolve_backend_name
+
+        if self.state != "created":
+            raise CuzkError(f"engine {self.prefix}: start() called in state {self.state}")
+        self.state = "starting"
+        try:
+            backend = resolve_backend_name(self.config.backend)
+            devices = list(self.config.devices) if self.config.devices is not None else _default_devices(backend)
+            ring = Ring.create(self.prefix, self.config.ring_slots)
+            try:
+                sup = Supervisor.start(child_specs(self.config, ring.handle, backend, devices))
+            except BaseException:
+                ring.destroy()
+                raise
+        except BaseException:
+            self.state = "failed"
+            self._finalizer()
+            raise
+        self._finalizer.detach()  # the running engine owns the prefix from here
+        running = RunningEngine(self, ring, sup, backend, devices)
+        try:
+            running.wait_ready()
+        except BaseException:
+            self.state = "failed"
+            raise
+        self.state = "started"
+        return running
+
+    def stop(self) -> None:
+        """Give the prefix back without starting (idempotent; a started engine is stopped by its
+        :class:`RunningEngine`)."""
+        if self.state == "created":
+            self.state = "stopped"
+            self._finalizer()
+
+
+class RunningEngine:
+    """Multiprocess Groth16 proving: synthesis workers -> slot ring -> one prover process per device."""
+
+    def __init__(self, engine: Engine, ring: Ring, sup: Supervisor, backend: str, devices: list[int]) -> None:
+        self.config = engine.config
+        self.prefix = engine.prefix
+        self.backend = backend
+        self.devices = devices
+        self.ring = ring
+        self.sup = sup
+        self.circuits = engine.circuits
+        self.sched = Scheduler(self.config.max_attempts)
+        self.on_job_done = engine.on_job_done
+        self.on_partition_done = engine.on_partition_done
+        self.provers: dict[str, ProverStats] = {}
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
-        self._state = "created"
+        self._state = "starting"
         self._start_error: str | None = None
-        self._circuits: dict[str, CircuitSpec] = {}
-        self._refs: dict[str, msg.CircuitRef] = {}
-        self.sched = Scheduler(config.max_attempts)
-        self.ring: Ring | None = None
-        self.sup: Supervisor | None = None
-        self._thread: threading.Thread | None = None
+        self._degraded: list[Degraded] = []
         self._callbacks: deque[Callable[[], None]] = deque()
-        self.srs: dict[tuple[str, str], msg.KeyState] = {}
-        self.child_stats: dict[str, dict[str, float]] = {}
-        self.stage_hist: dict[str, object] = {}
         self._wake_r, self._wake_w = os.pipe()
         self._finalizer = weakref.finalize(self, _release_ipc, self.prefix, self._wake_r, self._wake_w)
+        self._thread = threading.Thread(target=self._loop, name="cuzk-engine-events", daemon=True)
+        self._thread.start()
 
     @property
     def state(self) -> str:
-        """created | starting | running | draining | stopped | failed."""
+        """starting | running | draining | stopping | stopped."""
         return self._state
 
-    # ---- lifecycle
-    def start(self) -> None:
-        """Create the ring, spawn the children, wait for every READY (``start_timeout_s``)."""
-        from ..backends import resolve_backend_name
-
-        with self._lock:
-            if self._state != "created":
-                raise CuzkError(f"engine {self.prefix}: start() called in state {self._state}")
-            self._state = "starting"
-        try:
-            self.backend = resolve_backend_name(self.config.backend)
-            self.devices = list(self.config.devices) if self.config.devices is not None else self._default_devices()
-            self.ring = Ring.create(self.prefix, self.config.ring_slots)
-            self.sup = Supervisor(child_specs(self.config, self.ring.handle, self.backend, self.devices))
-            self.sup.spawn_all()
-            self._thread = threading.Thread(target=self._loop, name="cuzk-engine-events", daemon=True)
-            self._thread.start()
-        except BaseException:
-            self.stop(grace_s=0)  # whatever was created goes again
-            self._state = "failed"
-            raise
+    def wait_ready(self) -> None:
+        """Block until every child is READY (then state running); on failure stop and raise WorkerDied."""
+        limit = self.config.start_timeout_s
         with self._cond:
-            ok = self._cond.wait_for(lambda: self._start_error is not None or self._all_ready(),
-                                     timeout=self.config.start_timeout_s)
-            error = self._start_error or (None if ok else
-                                          f"children not READY within {self.config.start_timeout_s} s")
+            ok = self._cond.wait_for(lambda: self._start_error is not None or self.sup.all_ready(), timeout=limit)
+            error = self._start_error or (None if ok else f"children not READY within {limit} s")
             if error is None:
                 self._state = "running"
-                log.info("[start] engine %s running: %s backend, devices %s, %d synthesis workers, %d slots",
-                         self.prefix, self.backend, self.devices, self.config.partition_workers,
-                         self.config.ring_slots)
+                log.info("[start] engine %s running: %s backend, devices %s, %d synthesis workers x %d threads, "
+                         "%d slots", self.prefix, self.backend, self.devices, self.config.partition_workers,
+                         self.config.threads_per_partition(), self.config.ring_slots)
                 return
         self.stop(grace_s=0)
-        self._state = "failed"
         raise WorkerDied(f"engine {self.prefix} failed to start: {error}")
-
-    def _default_devices(self) -> list[int]:
-        """CPU: one prover process. GPU: every visible GPU, as physical ids (what CUDA_VISIBLE_DEVICES takes)."""
-        if self.backend == "cpu":
-            return [0]
-        return visible_gpus()
-
-    def _all_ready(self) -> bool:
-        assert self.sup is not None
-        return all(s.handle is not None and s.handle.ready for s in self.sup.slots.values())
 
     def stop(self, grace_s: float = 30.0) -> None:
         """Drain (started jobs may finish within ``grace_s``), stop the children, unlink every IPC object."""
         with self._cond:
-            if self._state in ("stopped", "failed"):
-                return
-            if self._state == "created":
-                self._state = "stopped"
-                self._finalizer()
+            if self._state in ("stopping", "stopped"):
                 return
             self._state = "draining"
             log.info("[shutdown] engine %s draining (grace %.1f s)", self.prefix, grace_s)
@@ -154,69 +195,39 @@ class Engine:
             self._apply(self.sched.fail_all("engine stopped before the job finished"))
             self._state = "stopping"
             self._wake()
-        if self.sup is not None:
-            self.sup.stop_all()
+        self.sup.stop_all()
         with self._cond:
             self._state = "stopped"
             self._wake()
-        if self._thread is not None and self._thread is not threading.current_thread():
+        if self._thread is not threading.current_thread():
             self._thread.join(30.0)
-        if self.sup is not None:
-            self.sup.close_all()
-        if self.ring is not None:
-            left = self.ring.destroy()
-            log.info("[shutdown] engine %s stopped; removed %d IPC objects", self.prefix, len(left))
+        self.sup.close_all()
+        left = self.ring.destroy()
+        log.info("[shutdown] engine %s stopped; removed %d IPC objects", self.prefix, len(left))
         self._finalizer()
 
     # ---- circuits and keys
     def register_circuit(self, spec: CircuitSpec) -> None:
-        """Validate and record a circuit (synthetic: make its dev key once, cached in ``param_cache``)."""
-        ref = self._circuit_ref(spec)
+        """Validate and record a circuit (synthetic: its dev key is made once, in ``param_cache``)."""
+        ref = self.circuits.make_ref(spec)
         with self._lock:
-            old = self._refs.get(spec.circuit_id)
+            old = self.circuits.refs.get(spec.circuit_id)
             if old is not None and old != ref and self.sched.uses_circuit(spec.circuit_id):
                 raise InputError(f"circuit {spec.circuit_id}: re-registered with other files while jobs use it")
-            self._circuits[spec.circuit_id], self._refs[spec.circuit_id] = spec, ref
-
-    def _circuit_ref(self, spec: CircuitSpec) -> msg.CircuitRef:
-        cid = spec.circuit_id
-        if not cid or spec.partitions < 1:
-            raise InputError(f"circuit {cid!r}: needs a non-empty id and partitions >= 1 (got {spec.partitions})")
-        if spec.synthetic is not None:
-            if spec.synthetic not in SYNTHETIC_KINDS or spec.log_n is None:
-                raise InputError(f"circuit {cid}: synthetic must be one of {SYNTHETIC_KINDS} with log_n set")
-            from .keys import ensure_synthetic_key
-
-            zkey, r1cs = ensure_synthetic_key(spec.synthetic, spec.log_n, self.config.param_cache, self.config.backend)
-            return msg.CircuitRef(cid, str(zkey), str(r1cs), None, spec.synthetic, spec.log_n)
-        for what, path, required in (("zkey", spec.zkey, True), ("r1cs", spec.r1cs, True), ("wasm", spec.wasm, False)):
-            if path is None and required:
-                raise InputError(f"circuit {cid}: {what} is required for a circom circuit")
-            if path is not None and not Path(path).is_file():
-                raise InputError(f"circuit {cid}: {what} file {path} does not exist")
-        return msg.CircuitRef(cid, str(Path(spec.zkey).resolve()), str(Path(spec.r1cs).resolve()),  # type: ignore[arg-type]
-                              str(Path(spec.wasm).resolve()) if spec.wasm else None)
-
-    def _ref(self, circuit_id: str) -> msg.CircuitRef:
-        ref = self._refs.get(circuit_id)
-        if ref is None:
-            raise InputError(f"unknown circuit {circuit_id!r} (registered: {', '.join(sorted(self._refs)) or 'none'})")
-        return ref
+            self.circuits.refs[spec.circuit_id] = ref
 
     def preload(self, circuit_id: str) -> None:
         """Load the key into every prover process (GPU: resident on the device); blocks until done."""
         with self._cond:
-            ref = self._ref(circuit_id)
+            ref = self.circuits.ref(circuit_id)
             if self._state != "running":
                 raise CuzkError(f"engine {self.prefix}: preload needs a running engine (state {self._state})")
-            provers = [s.spec.name for s in self.sup.ready("gpu")]  # type: ignore[union-attr]
-            for name in provers:
-                self.srs.pop((circuit_id, name), None)
-            self.sup.broadcast(msg.LoadKey(ref), role="gpu")  # type: ignore[union-attr]
-            done = self._cond.wait_for(lambda: all((circuit_id, n) in self.srs for n in provers),
+            provers = [c.spec.name for c in self.sup.ready("prover")]
+            self.circuits.forget(circuit_id, provers)
+            self.sup.broadcast(msg.LoadKey(ref), role="prover")
+            done = self._cond.wait_for(lambda: self.circuits.reported(circuit_id, provers),
                                        timeout=self.config.start_timeout_s)
-            errors = [f"{n}: {self.srs[(circuit_id, n)].error}" for n in provers
-                      if (circuit_id, n) in self.srs and self.srs[(circuit_id, n)].error]
+            errors = self.circuits.errors(circuit_id, provers)
         if errors:
             raise InputError(f"preload {circuit_id}: " + "; ".join(errors))
         if not done:
@@ -225,40 +236,24 @@ class Engine:
     def evict(self, circuit_id: str) -> bool:
         """Drop the key from the prover processes; False (nothing done) if a job still uses it."""
         with self._lock:
-            self._ref(circuit_id)
+            self.circuits.ref(circuit_id)
             if self.sched.uses_circuit(circuit_id):
                 return False
-            if self.sup is not None:
-                self.sup.broadcast(msg.EvictKey(circuit_id), role="gpu")
+            self.sup.broadcast(msg.EvictKey(circuit_id), role="prover")
             return True
 
     # ---- jobs
     def submit(self, job: JobSpec) -> None:
-        """Queue a job (never blocks on the ring); InputError for an unknown circuit or bad partitions."""
+        """Queue a job (never blocks on the ring). The one validation of its inputs happens here:
+        InputError naming the job, the partition and what is wrong."""
         with self._lock:
             if self._state != "running":
                 raise CuzkError(f"engine {self.prefix} is {self._state}: not accepting jobs")
-            ref = self._ref(job.circuit_id)
-            self._check_partitions(job, ref)
+            ref = self.circuits.check_job(job)
             if job.job_id in self.sched.jobs:
                 raise InputError(f"job {job.job_id} is already queued or running")
             self.sched.add_job(job, ref)
             self._wake()
-
-    @staticmethod
-    def _check_partitions(job: JobSpec, ref: msg.CircuitRef) -> None:
-        if not job.job_id or not job.partitions:
-            raise InputError(f"job {job.job_id!r}: needs an id and at least one partition")
-        for i, p in enumerate(job.partitions):
-            where = f"job {job.job_id} partition {i}"
-            if p.kind not in INPUT_KINDS:
-                raise InputError(f"{where}: input kind {p.kind!r} is not one of {', '.join(INPUT_KINDS)}")
-            if p.kind == "json" and ref.wasm is None:
-                raise InputError(f"{where}: 'json' input but circuit {ref.circuit_id} has no wasm")
-            if p.kind == "synthetic" and ref.synthetic is None:
-                raise InputError(f"{where}: 'synthetic' input but circuit {ref.circuit_id} is not synthetic")
-            if p.kind in ("json", "wtns") and not p.data:
-                raise InputError(f"{where}: empty {p.kind} data")
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a job: queued partitions dropped, running ones stop at their next boundary."""
@@ -270,15 +265,46 @@ class Engine:
             self._wake()
             return True
 
-    def status(self) -> dict[str, object]:
-        """A JSON-able snapshot (see :func:`~.engine_views.engine_status`)."""
+    # ---- status
+    def degraded(self) -> list[Degraded]:
+        """The roles that have no live process and keep dying (empty when healthy)."""
         with self._lock:
-            return engine_status(self)
+            return list(self._degraded)
 
-    def metrics(self) -> dict[str, object]:
-        """Counters, gauges and stage histograms (see :func:`~.engine_views.engine_metrics`)."""
+    def status(self) -> EngineStatus:
+        """A typed snapshot: jobs, processes, ring, resident keys, memory (docs/engine.md, "Status")."""
         with self._lock:
-            return engine_metrics(self)
+            state, degraded, queue, jobs = self._state, list(self._degraded), self.sched.queue(), self.sched.rows()
+            processes, ring, srs, device = self.sup.rows(), RingStatus(*self._ring_view()), self.circuits.rows(), \
+                self._prover_snapshot()
+        tree, shm = tree_memory(), shm_bytes(self.prefix)  # /proc reads: outside the lock
+        memory = MemoryStatus(host_bytes=host_bytes(tree, shm), host_pss_bytes=sum(m.pss for m in tree),
+                              host_rss_bytes=sum(m.rss for m in tree), shm_bytes=shm,
+                              live_segments=live_segments(self.prefix), processes=tree, device=device)
+        return EngineStatus(state=state, prefix=self.prefix, backend=self.backend, devices=list(self.devices),
+                            degraded=degraded, queue=queue, jobs=jobs, processes=processes, ring=ring, srs=srs,
+                            memory=memory)
+
+    def metrics(self) -> EngineMetrics:
+        """Counters and gauges (docs/engine.md, "Metrics")."""
+        with self._lock:
+            _, stats = self._ring_view()
+            children = self.sup.children.values()
+            return EngineMetrics(
+                state=self._state, counters=self.sched.counters(), queue=self.sched.queue(),
+                jobs_active=len(self.sched.jobs),
+                restarts={r: sum(c.restarts for c in children if c.spec.role == r) for r in ROLES},
+                alive={r: len(self.sup.live(r)) for r in ROLES}, degraded=list(self._degraded), ring=stats,
+                shm_bytes=shm_bytes(self.prefix),
+                provers=self._prover_snapshot())
+
+    def _prover_snapshot(self) -> dict[str, ProverStats]:
+        return {name: msgspec.structs.replace(stats) for name, stats in self.provers.items()}
+
+    def _ring_view(self) -> tuple[list[SlotRecord], RingStats]:
+        if self.ring.closed:
+            return [], RingStats(0, 0, 0, 0, 0, 0, 0)
+        return self.ring.snapshot(), self.ring.stats()
 
     # ---- the event thread
     def _wake(self) -> None:
@@ -288,11 +314,12 @@ class Engine:
             pass
 
     def _loop(self) -> None:
-        assert self.sup is not None
         while True:
             with self._lock:
                 table = self.sup.by_fd()
-            ready = wait([*table, self._wake_r], timeout=POLL_S)
+                restart_in = self.sup.next_restart_in()
+            timeout = POLL_S if restart_in is None else min(POLL_S, restart_in + 0.01)
+            ready = wait([*table, self._wake_r], timeout=timeout)
             with self._cond:
                 try:
                     self._handle_ready(ready, table)
@@ -309,7 +336,7 @@ class Engine:
             if self._state == "stopped":  # read after the callbacks: one of them may have called stop()
                 return
 
-    def _handle_ready(self, ready: list[object], table: dict[object, tuple[str, str]]) -> None:
+    def _handle_ready(self, ready: list[Any], table: dict[Any, tuple[str, str]]) -> None:
         if self._wake_r in ready:
             os.read(self._wake_r, 4096)
         for obj in ready:  # messages first: a dying child's last words come before its death
@@ -319,66 +346,149 @@ class Engine:
             if table.get(obj, ("", ""))[1] == "sentinel":
                 self._on_death(table[obj][0])
         self._check_start_timeouts()
-        self._dispatch()
+        if self._state in ("running", "draining"):
+            self.sup.restart_due()
+            self._check_degraded()
+            self._dispatch()
 
     def _drain(self, name: str) -> None:
-        slot = self.sup.slots[name]  # type: ignore[union-attr]
-        conn = slot.handle.conn  # type: ignore[union-attr]
+        handle = self.sup.children[name].handle
         try:
-            while not conn.closed and conn.poll():
-                self._on_message(name, msg.decode_from_child(conn.recv_bytes()))
+            while not handle.conn.closed and handle.conn.poll():
+                self._on_message(name, msg.decode_from_child(handle.conn.recv_bytes()))
         except (EOFError, OSError):
-            slot.handle.close()  # type: ignore[union-attr]  # the child is gone; its sentinel follows
+            handle.close()  # the child is gone; its sentinel follows
 
     def _on_message(self, name: str, m: msg.FromChild) -> None:
-        from .engine_events import handle_message
+        child = self.sup.children[name]
+        if isinstance(m, msg.Ready):
+            self.sup.on_ready(name, m)
+        elif isinstance(m, msg.Published):
+            self.sched.on_published(m.task_id, m.slot, m.timings)
+            if child.busy == m.task_id:
+                child.busy = None
+        elif isinstance(m, msg.Taken):
+            self.sched.on_taken(m.task_id, name, child.spec.index)
+        elif isinstance(m, msg.ProofDone):
+            self._prover_stats(name, m.stats)
+            public = [int(x) for x in m.public]
+            self._apply(self.sched.on_proof(m.task_id, m.proof, public, m.timings, child.spec.index))
+        elif isinstance(m, msg.TaskFailed):
+            if child.busy == m.task_id:
+                child.busy = None
+            level = logging.INFO if m.kind == "Cancelled" else logging.WARNING
+            log.log(level, "%s: task %d failed: %s: %s", name, m.task_id, m.kind, m.message)
+            self._apply(self.sched.on_failed(m.task_id, m.kind, m.message))
+        elif isinstance(m, msg.KeyState):
+            self.circuits.on_key_state(name, m)
+        elif isinstance(m, msg.Stats):
+            self._prover_stats(name, m.values)
 
-        handle_message(self, name, m)
+    def _prover_stats(self, name: str, values: dict[str, float]) -> None:
+        stats = self.provers.setdefault(name, ProverStats())
+        for key in ("busy_seconds", "device_used_bytes", "device_peak_bytes"):
+            if key in values:
+                setattr(stats, key, float(values[key]))
 
     def _on_death(self, name: str) -> None:
-        from .engine_events import handle_death
+        """A child's sentinel fired: reclaim, retry its attempts, schedule its restart."""
+        self._drain(name)
+        death = self.sup.reap(name)
+        if death is None:
+            return
+        reclaimed = self.ring.reclaim(death.pid)
+        if self._state in ("stopping", "stopped"):
+            return
+        log.error("%s pid=%d died (%s); reclaimed %d ring slot(s)", name, death.pid, death.exit_text, len(reclaimed))
+        if death.role == "prover":
+            self.circuits.drop_process(name)
+        reason = f"{name} (pid {death.pid}) died ({death.exit_text})"
+        self._apply(self.sched.on_lost(self._lost_tasks(death, reclaimed), reason))
+        if self._state == "starting":
+            if self._start_error is None:
+                self._start_error = f"{reason} before READY; see its log above"
+            return
+        self.sup.schedule_restart(name)
 
-        handle_death(self, name)
+    def _lost_tasks(self, death: Death, reclaimed: list[SlotRecord]) -> list[int]:
+        """Attempts the dead child took with it: reclaimed slots, plus what it was working on."""
+        lost = {r.task_id for r in reclaimed}
+        if death.role == "synth" and death.busy is not None:
+            in_ring = {r.task_id: r for r in self.ring.snapshot() if r.state in ("ready", "staging")}
+            task = self.sched.tasks.get(death.busy)
+            if death.busy in in_ring:  # published just before dying: the slot is good
+                self.sched.on_published(death.busy, in_ring[death.busy].slot)
+            elif task is not None and task.state == "synthesizing":
+                lost.add(death.busy)
+        if death.role == "prover":
+            lost |= {t.task_id for t in self.sched.in_flight() if t.state == "proving" and t.prover == death.name}
+        return sorted(lost)
 
     def _check_start_timeouts(self) -> None:
-        from .engine_events import check_start_timeouts
+        """Kill children that sent no READY within ``start_timeout_s`` (their death is handled as usual)."""
+        limit = self.config.start_timeout_s
+        for name, child in self.sup.children.items():
+            h = child.handle
+            if h.ready or h.reaped or not h.proc.is_alive() or time.monotonic() - h.started_at < limit:
+                continue
+            if child.last_exit == "killed: no READY in time":
+                continue  # SIGKILL sent already; its sentinel follows
+            child.last_exit = "killed: no READY in time"
+            log.error("[start] %s pid=%d sent no READY within %.0f s: killing it", name, h.pid, limit)
+            if self._state == "starting":
+                self._start_error = f"{name} (pid {h.pid}) sent no READY within {limit} s"
+            h.proc.kill()
 
-        check_start_timeouts(self)
+    def _check_degraded(self) -> None:
+        """Report a role that keeps dying, and fail the jobs that cannot progress while it does."""
+        degraded = self.sup.degraded()
+        if [d.role for d in degraded] != [d.role for d in self._degraded]:
+            for d in degraded:
+                log.error("[degraded] %s", d.reason)
+            if not degraded:
+                log.warning("[recovered] every role has a live process again")
+        self._degraded = degraded
+        if degraded and self.sched.jobs:
+            cause = "; ".join(d.reason for d in degraded)
+            self._apply(self.sched.fail_all(f"the engine is degraded: {cause}", kind="WorkerDied"))
 
     def _dispatch(self) -> None:
         """Hand queued partitions to idle synthesis workers (running, or draining for started jobs)."""
-        if self._state not in ("running", "draining") or self.sup is None:
-            return
-        for slot in self.sup.ready("synth"):
-            if slot.busy is not None:
+        for child in self.sup.ready("synth"):
+            if child.busy is not None:
                 continue
             task = self.sched.next_task(started_only=self._state == "draining")
             if task is None:
                 return
-            self._send_task(slot, task)
+            self._send_task(child.spec.name, task)
 
-    def _send_task(self, slot: object, task: Task) -> None:
+    def _send_task(self, name: str, task: Task) -> None:
+        child = self.sup.children[name]
         p = task.job.spec.partitions[task.index]
-        slot.busy, task.worker = task.task_id, slot.spec.name  # type: ignore[attr-defined]
-        slot.handle.send(msg.SynthTask(  # type: ignore[attr-defined]
+        child.busy, task.worker = task.task_id, name
+        child.handle.send(msg.SynthTask(
             task.task_id, task.job.spec.job_id, task.job.seq, task.index, int(task.job.spec.priority),
             task.attempt, task.job.circuit, p.kind, p.data, p.seed, task.job.submitted_at, task.t_dispatch or 0.0))
 
     def _apply(self, out: Outcome) -> None:
         """Queue callbacks; drop cancelled attempts from the ring and tell the children."""
-        if out.cancel and self.ring is not None and self.sup is not None:
+        if out.cancel:
             ids = [t.task_id for t in out.cancel]
             self.ring.drop_ready(set(ids))
             self.sup.broadcast(msg.CancelTasks(ids))
-        for job_id, result in out.partitions:
-            if self.on_partition_done is not None:
-                cb = self.on_partition_done
-                self._callbacks.append(lambda cb=cb, j=job_id, r=result: cb(j, r))  # type: ignore[misc]
-        for jr in out.jobs:
-            if self.on_job_done is not None:
-                cb2 = self.on_job_done
-                self._callbacks.append(lambda cb=cb2, r=jr: cb(r))  # type: ignore[misc]
+        on_partition, on_job = self.on_partition_done, self.on_job_done
+        if on_partition is not None:
+            for job_id, result in out.partitions:
+                self._callbacks.append(functools.partial(on_partition, job_id, result))
+        if on_job is not None:
+            for jr in out.jobs:
+                self._callbacks.append(functools.partial(on_job, jr))
         self._cond.notify_all()
+
+
+def _default_devices(backend: str) -> list[int]:
+    """CPU: one prover process. GPU: every visible GPU, as physical ids (what CUDA_VISIBLE_DEVICES takes)."""
+    return [0] if backend == "cpu" else visible_gpus()
 
 
 def visible_gpus() -> list[int]:
@@ -403,11 +513,16 @@ def visible_gpus() -> list[int]:
     return list(range(count))
 
 
-def _release_ipc(prefix: str, wake_r: int, wake_w: int) -> None:
-    """Finalizer: unlink every IPC object of the prefix, close the wake-up pipe, free the prefix."""
+def _release_prefix(prefix: str) -> None:
+    """Finalizer of a configured engine: unlink anything with the prefix and free it."""
     cleanup_stale(prefix)
     with _LIVE_LOCK:
         _LIVE_PREFIXES.discard(prefix)
+
+
+def _release_ipc(prefix: str, wake_r: int, wake_w: int) -> None:
+    """Finalizer of a running engine: unlink every IPC object of the prefix, close the wake-up pipe, free it."""
+    _release_prefix(prefix)
     for fd in (wake_r, wake_w):
         try:
             os.close(fd)

@@ -8,7 +8,12 @@ never pickled. Bulk arrays never travel here: they go through the ring; the
 small :class:`SegmentMeta` rides inside each segment.
 
 Big integers (proof coordinates, public signals) travel as decimal strings:
-msgpack integers stop at 64 bits.
+msgpack integers stop at 64 bits. The proof is snarkjs ``proof.json`` as the
+prover made it, and reaches the caller unchanged.
+
+Timings: each child reports the stages it measured for a task (synthesis worker
+in :class:`Published`, prover in :class:`ProofDone`); the engine merges them into
+the task's record, so no stage is lost between processes.
 """
 
 from __future__ import annotations
@@ -82,7 +87,7 @@ class Ready(msgspec.Struct, tag="ready"):
 
 
 class Published(msgspec.Struct, tag="published"):
-    """A synthesis worker put a task's vectors into a ring slot (READY)."""
+    """A synthesis worker finished a task in its ring slot and published the slot (READY)."""
 
     task_id: int
     slot: int
@@ -99,7 +104,7 @@ class Taken(msgspec.Struct, tag="taken"):
 
 
 class ProofDone(msgspec.Struct, tag="proof_done"):
-    """A finished, (self-)verified proof: snarkjs proof JSON and public signals (decimal strings)."""
+    """A finished, (self-)verified proof: snarkjs proof.json and public signals (decimal strings)."""
 
     task_id: int
     proof: dict[str, object]
@@ -136,7 +141,11 @@ FromChild = Union[Ready, Published, Taken, ProofDone, TaskFailed, KeyState, Stat
 
 
 class SegmentMeta(msgspec.Struct):
-    """What a prover needs besides the arrays: rides at the start of each ring segment."""
+    """What a prover needs besides the arrays: rides in the header of each ring segment.
+
+    ``timings`` are the synthesis worker's stages (also sent in :class:`Published`); the
+    prover adds its own to what it reports in :class:`ProofDone`.
+    """
 
     task_id: int
     job_id: str

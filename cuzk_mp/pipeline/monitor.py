@@ -1,13 +1,16 @@
-"""Measurement helpers shared by the engine's status/metrics and ``cuzk-mp bench``.
+"""Host-memory accounting of the pipeline's process tree, and a sampler of its peaks.
 
-Owns no process state: a cumulative histogram type, the resident memory of a
-process tree, and a sampler thread that records the peak host memory of the
-pipeline (process tree RSS plus the live shm bytes of one prefix).
+Owns no pipeline state. One accounting serves the engine's status, the bench's
+peak and the bound that peak is checked against (docs/architecture.md, "Memory"):
 
-Host memory is counted as RSS of the engine process and all its descendants
-plus the tmpfs bytes of the ring's segments. Shared pages mapped by several
-processes are counted once per mapper in RSS; segments are mapped only while
-being written or staged, so the overlap is small and the figure errs high.
+* per process, from ``/proc/PID/smaps_rollup``: ``pss``, its proportional set size
+  without shared-memory pages (``Pss - Pss_Shmem``): a page mapped by k processes,
+  such as a proving key every process maps, counts 1/k in each and so once in the
+  sum; ``uss``, the pages only it maps (``Private_Clean + Private_Dirty``, a ring
+  segment it is writing included); ``anon``, its anonymous memory (heap and arrays:
+  what it holds privately, neither file nor shm pages); and ``rss`` for reference;
+* the ring's segments, once: the tmpfs blocks held by the engine's prefix;
+* host bytes = the sum of ``pss`` over the tree + the ring's shm bytes.
 """
 
 from __future__ import annotations
@@ -15,43 +18,54 @@ from __future__ import annotations
 import os
 import threading
 import time
-from collections.abc import Callable
-from dataclasses import dataclass, field
 
+import msgspec
 import psutil
 
 from .ring import live_segments, shm_bytes
 
-STAGE_BUCKETS = (0.001, 0.005, 0.01, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0, 300.0)
+_ROLLUP_KEYS = {"Rss": "rss", "Pss": "pss", "Pss_Shmem": "pss_shmem", "Private_Clean": "private_clean",
+                "Private_Dirty": "private_dirty", "Anonymous": "anon"}
 
 
-@dataclass
-class Histogram:
-    """A Prometheus-style cumulative histogram of seconds."""
+class ProcessMemory(msgspec.Struct):
+    """One process's memory (bytes) as the accounting above counts it."""
 
-    buckets: tuple[float, ...] = STAGE_BUCKETS
-    counts: list[int] = field(default_factory=list)
-    total: float = 0.0
-    n: int = 0
-
-    def observe(self, value: float) -> None:
-        """Add one observation."""
-        if not self.counts:
-            self.counts = [0] * len(self.buckets)
-        for i, bound in enumerate(self.buckets):
-            if value <= bound:
-                self.counts[i] += 1
-        self.total += value
-        self.n += 1
-
-    def to_dict(self) -> dict[str, object]:
-        """``{"buckets": [[le, cumulative count], ...], "sum": s, "count": n}`` (+Inf is ``count``)."""
-        counts = self.counts or [0] * len(self.buckets)
-        return {"buckets": [[b, c] for b, c in zip(self.buckets, counts)], "sum": self.total, "count": self.n}
+    name: str
+    pid: int
+    pss: int
+    uss: int
+    anon: int
+    rss: int
 
 
-def _tree(pid: int | None) -> list[tuple[str, psutil.Process]]:
-    """(name, process) for a process and each descendant; the root is named ``"engine"``."""
+def read_smaps_rollup(pid: int) -> dict[str, int] | None:
+    """The fields of ``/proc/PID/smaps_rollup`` this module uses, in bytes; None if the process is gone."""
+    try:
+        with open(f"/proc/{pid}/smaps_rollup", encoding="ascii") as f:
+            lines = f.read().splitlines()
+    except (FileNotFoundError, ProcessLookupError, PermissionError):
+        return None
+    out = dict.fromkeys(_ROLLUP_KEYS.values(), 0)
+    for line in lines[1:]:
+        key, _, rest = line.partition(":")
+        if key in _ROLLUP_KEYS:
+            out[_ROLLUP_KEYS[key]] = int(rest.split()[0]) * 1024
+    return out
+
+
+def process_memory(pid: int, name: str) -> ProcessMemory | None:
+    """One process's :class:`ProcessMemory`; None if it is gone."""
+    r = read_smaps_rollup(pid)
+    if r is None:
+        return None
+    return ProcessMemory(name=name, pid=pid, pss=r["pss"] - r["pss_shmem"],
+                         uss=r["private_clean"] + r["private_dirty"], anon=r["anon"], rss=r["rss"])
+
+
+def tree_memory(pid: int | None = None) -> list[ProcessMemory]:
+    """Every process of the tree rooted at ``pid`` (default: this one, named ``"engine"``); children
+    carry their OS names (the pipeline's are cuzk-synth-<i> and cuzk-prover-<dev>)."""
     try:
         root = psutil.Process(pid or os.getpid())
         procs = [root, *root.children(recursive=True)]
@@ -60,84 +74,41 @@ def _tree(pid: int | None) -> list[tuple[str, psutil.Process]]:
     out = []
     for p in procs:
         try:
-            out.append(("engine" if p.pid == root.pid else p.name(), p))
+            name = "engine" if p.pid == root.pid else p.name()
         except (psutil.NoSuchProcess, psutil.AccessDenied):
             continue
+        mem = process_memory(p.pid, name)
+        if mem is not None:
+            out.append(mem)
     return out
 
 
-def _by_name(pid: int | None, read: Callable[[psutil.Process], int]) -> dict[str, int]:
-    """``read(process)`` summed per name over the tree (vanished processes are skipped)."""
-    out: dict[str, int] = {}
-    for name, p in _tree(pid):
-        try:
-            out[name] = out.get(name, 0) + read(p)
-        except (psutil.NoSuchProcess, psutil.AccessDenied):
-            continue
-    return out
-
-
-def tree_rss(pid: int | None = None) -> dict[str, int]:
-    """RSS (bytes) of a process and each descendant, keyed ``<name>`` (the OS process name; the
-    pipeline's children set theirs to cuzk-synth-<i> / cuzk-gpu-<dev>); the root is ``"engine"``."""
-    return _by_name(pid, lambda p: int(p.memory_info().rss))
-
-
-def _peak_rss(p: psutil.Process) -> int:
-    """The kernel's high-water mark of the process's RSS (``VmHWM``); its RSS where there is none."""
-    try:
-        with open(f"/proc/{p.pid}/status", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("VmHWM:"):
-                    return int(line.split()[1]) * 1024
-    except OSError:
-        pass
-    return int(p.memory_info().rss)
-
-
-def tree_peak_rss(pid: int | None = None) -> dict[str, int]:
-    """Peak RSS (bytes) of each process of the tree since its start or its last :func:`reset_peak_rss`.
-
-    Exact where sampling is not: the kernel keeps the high-water mark, so a transient peak between
-    two samples is not missed. Keyed like :func:`tree_rss`.
-    """
-    return _by_name(pid, _peak_rss)
-
-
-def reset_peak_rss(pid: int | None = None) -> bool:
-    """Reset every tree process's RSS high-water mark to its current RSS (Linux ``clear_refs`` 5).
-
-    Returns False when some process's mark could not be reset (not Linux, or not permitted); its
-    peak then also counts what it used before the reset (errs high).
-    """
-    ok = True
-    for _, p in _tree(pid):
-        try:
-            with open(f"/proc/{p.pid}/clear_refs", "w", encoding="ascii") as f:
-                f.write("5")
-        except OSError:
-            ok = False
-    return ok
-
-
-def tree_rss_bytes(pid: int | None = None) -> int:
-    """RSS of a process and all its descendants (bytes; vanished processes are skipped)."""
-    return sum(tree_rss(pid).values())
+def host_bytes(tree: list[ProcessMemory], shm: int) -> int:
+    """The host memory of the pipeline: the tree's PSS plus the ring's shm bytes."""
+    return sum(m.pss for m in tree) + shm
 
 
 class MemorySampler:
-    """A thread sampling host RSS (tree) + shm bytes of ``prefix`` every ``interval_s``; keeps the peaks."""
+    """A thread that samples the tree and the ring's shm every ``interval_s``; keeps the peaks.
+
+    Per-process peaks are kept by process name (a restarted child keeps its name), so a
+    kind's working set can be read off them; ``timeline`` has (time, host bytes) of every sample.
+    """
 
     def __init__(self, prefix: str, interval_s: float = 0.1, pid: int | None = None) -> None:
         self.prefix = prefix
         self.interval_s = interval_s
         self.pid = pid or os.getpid()
         self.peak_host_bytes = 0
+        self.peak_pss_bytes = 0
         self.peak_rss_bytes = 0
         self.peak_shm_bytes = 0
         self.peak_live_segments = 0
+        self.peak_pss: dict[str, int] = {}
+        self.peak_uss: dict[str, int] = {}
+        self.peak_anon: dict[str, int] = {}
         self.samples = 0
-        self.timeline: list[tuple[float, int]] = []  # (time.time(), host bytes) of every sample
+        self.timeline: list[tuple[float, int]] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="cuzk-mem-sampler", daemon=True)
@@ -147,19 +118,29 @@ class MemorySampler:
         self._thread.start()
         return self
 
-    def sample(self) -> None:
+    def sample(self) -> list[ProcessMemory]:
         """Take one sample now (thread-safe: the sampler thread and event callbacks both call it)."""
         with self._lock:
-            self._sample()
+            tree, shm = tree_memory(self.pid), shm_bytes(self.prefix)
+            host = host_bytes(tree, shm)
+            self.peak_host_bytes = max(self.peak_host_bytes, host)
+            self.peak_pss_bytes = max(self.peak_pss_bytes, host - shm)
+            self.peak_rss_bytes = max(self.peak_rss_bytes, sum(m.rss for m in tree))
+            self.peak_shm_bytes = max(self.peak_shm_bytes, shm)
+            self.peak_live_segments = max(self.peak_live_segments, live_segments(self.prefix))
+            for m in tree:
+                for peaks, value in ((self.peak_pss, m.pss), (self.peak_uss, m.uss), (self.peak_anon, m.anon)):
+                    peaks[m.name] = max(peaks.get(m.name, 0), value)
+            self.timeline.append((time.time(), host))
+            self.samples += 1
+            return tree
 
-    def _sample(self) -> None:
-        rss, shm = tree_rss_bytes(self.pid), shm_bytes(self.prefix)
-        self.peak_rss_bytes = max(self.peak_rss_bytes, rss)
-        self.peak_shm_bytes = max(self.peak_shm_bytes, shm)
-        self.peak_host_bytes = max(self.peak_host_bytes, rss + shm)
-        self.timeline.append((time.time(), rss + shm))
-        self.peak_live_segments = max(self.peak_live_segments, live_segments(self.prefix))
-        self.samples += 1
+    def reset_peaks(self) -> None:
+        """Forget the peaks so far (the timeline stays)."""
+        with self._lock:
+            self.peak_host_bytes = self.peak_pss_bytes = self.peak_rss_bytes = self.peak_shm_bytes = 0
+            self.peak_live_segments = 0
+            self.peak_pss, self.peak_uss, self.peak_anon = {}, {}, {}
 
     def _run(self) -> None:
         while not self._stop.is_set():
@@ -167,11 +148,12 @@ class MemorySampler:
             self._stop.wait(self.interval_s)
 
     def stop(self) -> dict[str, object]:
-        """Stop and return the peaks (totals) and the timeline of (time, host bytes) samples."""
+        """Stop and return the peaks (totals and per process) and the timeline."""
         self._stop.set()
         if self._thread.is_alive():
             self._thread.join(5.0)
-        return {"peak_host_bytes": self.peak_host_bytes, "peak_rss_bytes": self.peak_rss_bytes,
-                "peak_shm_bytes": self.peak_shm_bytes, "peak_live_segments": self.peak_live_segments,
+        return {"peak_host_bytes": self.peak_host_bytes, "peak_pss_bytes": self.peak_pss_bytes,
+                "peak_rss_bytes": self.peak_rss_bytes, "peak_shm_bytes": self.peak_shm_bytes,
+                "peak_live_segments": self.peak_live_segments, "peak_pss_by_process": dict(self.peak_pss),
+                "peak_uss_by_process": dict(self.peak_uss), "peak_anon_by_process": dict(self.peak_anon),
                 "samples": self.samples, "timeline": list(self.timeline)}
-

@@ -5,7 +5,7 @@ be initialised in a forked child), its command pipe and death pipe, and the
 child-side bootstrap (environment before any heavy import, process name, log
 prefix, signal handling, the death-pipe watcher).
 
-Protocol (kept consistent with :class:`cuzk_mp.pipeline.engine.Engine`):
+Protocol (kept consistent with :class:`cuzk_mp.pipeline.engine.RunningEngine`):
 
 1. parent: ``spawn_child`` starts the process with the child ends of a duplex
    command pipe and of a one-way death pipe (the parent keeps the write end);
@@ -16,8 +16,8 @@ Protocol (kept consistent with :class:`cuzk_mp.pipeline.engine.Engine`):
    watches the death pipe: EOF means the parent is gone, and it stops itself
    (SIGTERM to itself, hard exit 10 s later).
 
-Process names are ``cuzk-synth-<i>`` and ``cuzk-gpu-<dev>``; every log line of
-a child starts with ``(<name> pid=<pid>)``.
+Process names are ``cuzk-synth-<i>`` and ``cuzk-prover-<dev>`` (the prover role on
+every backend); every log line of a child starts with ``(<name> pid=<pid>)``.
 """
 
 from __future__ import annotations
@@ -53,8 +53,8 @@ ORPHAN_WAIT_S = 1.0
 class ChildSpec:
     """What to start: a role module (with ``main(ctx)``), a name, the environment and a payload."""
 
-    role: str  # "synth" | "gpu"
-    index: int  # worker index (synth) or device id (gpu)
+    role: str  # "synth" | "prover"
+    index: int  # worker index (synth) or device id (prover)
     module: str
     env: dict[str, str]
     payload: Any  # picklable start arguments for the role's main
@@ -62,7 +62,7 @@ class ChildSpec:
 
     @property
     def name(self) -> str:
-        """``cuzk-synth-<i>`` or ``cuzk-gpu-<dev>``."""
+        """``cuzk-synth-<i>`` or ``cuzk-prover-<dev>``."""
         return f"cuzk-{self.role}-{self.index}"
 
 
@@ -77,7 +77,6 @@ class ChildHandle:
     started_at: float
     ready: bool = False
     reaped: bool = False  # its death was handled (the sentinel is no longer watched)
-    info: dict[str, Any] = field(default_factory=dict)
     send_lock: threading.Lock = field(default_factory=threading.Lock)
 
     @property

@@ -1,4 +1,4 @@
-"""Prover processes (``cuzk-gpu-<dev>``): ring slot -> staged partition -> MSM sums -> proof.
+"""Prover processes (``cuzk-prover-<dev>``): ring slot -> staged partition -> MSM sums -> proof.
 
 One OS process per device, bound to its GPU before anything imports CuPy (the
 engine sets ``CUDA_VISIBLE_DEVICES=<dev>`` in the child's environment, so the
@@ -13,11 +13,11 @@ Threads:
 
 * ``gpu_workers_per_device`` workers: take the oldest READY slot, map it,
   stage (copy to the device, or into private memory on the CPU), **unlink the
-  segment and free the slot right after staging, before compute** (DESIGN.md
-  section 1), then run ``prove_start`` under the per-device lock, so staging of
-  one partition overlaps the compute of another while kernels never interleave;
+  segment and free the slot right after staging, before compute** (docs/ring.md),
+  then run ``prove_start`` under the per-device lock, so staging of one partition
+  overlaps the compute of another while kernels never interleave;
 * one finalizer: assembly with fresh r, s and the self-verification, off the
-  workers' path;
+  workers' path; the proof leaves as snarkjs proof.json, the form the caller gets;
 * one reader: engine messages (load/evict key, cancel, stop).
 """
 
@@ -244,7 +244,7 @@ class Prover:
             with self.device_lock:
                 t1 = time.perf_counter()
                 self._check(job)
-                job.sums = prove_start(self.backend, job.key.handle, staged)
+                job.sums = prove_start(self.backend, job.key.handle, staged, job.meta.n_public)
             job.timings["device_wait"], job.timings["device"] = t1 - t0, time.perf_counter() - t1
         except BaseException:
             self.keys.release(job.key)
@@ -290,7 +290,7 @@ class DeviceMemoryWatch:
         self.interval_s = interval_s
         self.used = self.peak = 0
         self._stop = threading.Event()
-        threading.Thread(target=self._run, name="cuzk-gpu-memwatch", daemon=True).start()
+        threading.Thread(target=self._run, name="cuzk-prover-memwatch", daemon=True).start()
 
     def _run(self) -> None:
         while not self._stop.wait(self.interval_s):
@@ -309,10 +309,7 @@ class DeviceMemoryWatch:
 
 def backend_stats(backend: Any, memwatch: DeviceMemoryWatch | None) -> dict[str, float]:
     """``busy_seconds`` (the backend's kernel-busy counter; CUDA events on the GPU) and device memory."""
-    stats: dict[str, float] = {}
-    busy = getattr(backend, "busy_seconds", None)
-    if busy is not None:
-        stats["busy_seconds"] = float(busy)
+    stats = {"busy_seconds": float(backend.busy_seconds)}
     if memwatch is not None:
         stats.update(memwatch.stats())
     return stats

@@ -4,7 +4,7 @@ Owns every named IPC object of one engine, all named ``/<prefix>-...``:
 
 * ``/<prefix>-ctl``  the control block (shm): one 64-byte record per slot,
 * ``/<prefix>-free``, ``/<prefix>-ready``  named semaphores (free / ready slots),
-* ``/<prefix>-<slot>``  the segment of a slot, alive only between FILLING and STAGING.
+* ``/<prefix>-<slot>``  the segment of a slot, alive only from FILLING to STAGING.
 
 Control block layout (little-endian)::
 
@@ -16,8 +16,17 @@ Control block layout (little-endian)::
 Slot states and who owns the slot (the pid in ``owner_pid``)::
 
     FREE --producer claims--> FILLING --producer publishes--> READY --consumer takes--> STAGING
-      ^      (owner: synth worker; segment created and filled)      (owner: prover process)  |
-      +------------------ consumer unlinks the segment right after staging ------------------+
+      ^   (owner: synthesis worker: it creates the segment      (owner: prover process)   |
+      |    and synthesises the partition straight into it)                                |
+      +------------------ consumer unlinks the segment right after staging ---------------+
+
+A producer claims a FREE slot *before* it computes (:meth:`Ring.acquire_free`
+blocks while none is free: that is the backpressure), creates the slot's segment
+(:meth:`Ring.create_segment`) and writes w, a, b, c into its array views; there is
+no private copy of the vectors and no second copy into the ring. It publishes the
+slot with the partition's metadata (:meth:`Ring.publish`), or gives it back
+(:meth:`Ring.abandon`) when the partition fails or is cancelled. When a process
+dies, the engine frees what it owned (:meth:`Ring.reclaim`).
 
 The control block is the truth; the semaphores are wake-ups that count free and
 ready slots. Every wait is ``acquire(timeout)`` followed by a re-scan of the
@@ -28,8 +37,14 @@ process) plus an ``fcntl`` lock on the control block's fd (processes): the kerne
 drops the latter when its holder dies, so ``kill -9`` never leaves the ring locked.
 
 Memory bound: a segment exists only for a slot in FILLING, READY or STAGING, so at
-most ``n_slots`` segments exist at any moment. The consumer unlinks a segment and
-unmaps it as soon as its copy is done (before compute), so its pages return at once.
+most ``n_slots`` segments exist at any moment, each :func:`segment_bytes` long; host
+memory for partitions is exactly ring_slots x segment. The consumer unlinks a
+segment and unmaps it as soon as its copy is done (before compute), so its pages
+return at once.
+
+Segment layout: a fixed header of :data:`HEADER_BYTES` (u64 length, then a msgpack
+``_Layout`` with the partition's metadata and the array offsets, written at
+publish), then each ``(rows, 4)`` uint64 array on a page boundary.
 
 First-touch cost (measured with ``python -m cuzk_mp.pipeline.shmprobe``, results in
 perf/results/pipeline-shm-first-touch.json): writing into a fresh tmpfs mapping
@@ -40,7 +55,7 @@ the whole segment in one kernel call, ``madvise(MADV_POPULATE_WRITE)`` (2.0 and
 1-byte-per-page touch where the kernel lacks it), and the consumer maps with
 ``MAP_POPULATE``.
 We keep one fresh segment per partition (no reuse of segments across partitions)
-so that memory returns to the system at staging, as the design requires.
+so that memory returns to the system at staging, as the ring's rules require.
 """
 
 from __future__ import annotations
@@ -70,7 +85,9 @@ SLOT_DTYPE = np.dtype([
 ])
 POLL_S = 0.25
 ALIGN = 4096  # arrays start on page boundaries (host registration of sub-ranges needs it)
+HEADER_BYTES = 4 * ALIGN  # layout + metadata of a segment (job id, circuit paths, timings: a few hundred bytes)
 MADV_POPULATE_WRITE = 23  # linux/mman.h (kernel >= 5.14); Python 3.11's mmap module lacks the name
+FR_BYTES = 32  # one Fr element: 4 uint64 limbs
 
 
 @dataclass(frozen=True)
@@ -91,9 +108,8 @@ class SlotClaim:
     priority: int
 
 
-@dataclass(frozen=True)
-class SlotRecord:
-    """A copy of one slot's control-block record."""
+class SlotRecord(msgspec.Struct, frozen=True):
+    """A copy of one slot's control-block record (the ring's own status row)."""
 
     slot: int
     state: str
@@ -106,19 +122,74 @@ class SlotRecord:
     t_ready: float
 
 
+class RingStats(msgspec.Struct, frozen=True):
+    """The ring's counters: live and peak segments, waits, and slot transitions since creation."""
+
+    live: int
+    peak_live: int
+    free_waits: int  # a producer found no free slot and blocked
+    ready_waits: int  # a consumer found no ready slot and blocked
+    published: int
+    released: int
+    reclaimed: int  # freed because their owner died
+
+
 class _Layout(msgspec.Struct, array_like=True):
     meta: bytes
     arrays: list[tuple[int, int, int]]  # (offset, rows, cols) of (rows, cols) uint64 arrays
 
 
+def partition_shapes(domain_size: int, n_vars: int) -> list[tuple[int, int]]:
+    """The arrays of one partition in its segment, in order: a, b, c (domain rows) and w (n_vars rows)."""
+    return [(domain_size, 4)] * 3 + [(n_vars, 4)]
+
+
+def _offsets(shapes: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, int, int]], int]:
+    pos = HEADER_BYTES
+    offsets = []
+    for rows, cols in shapes:
+        offsets.append((pos, int(rows), int(cols)))
+        pos += _round_up(int(rows) * int(cols) * 8)
+    return offsets, pos
+
+
+def segment_bytes(shapes: Sequence[tuple[int, int]]) -> int:
+    """The exact size of a segment holding uint64 arrays of these shapes (the header included).
+
+    This is the memory model's unit: host memory for partitions is ring_slots x this.
+    """
+    return _offsets(shapes)[1]
+
+
+def partition_segment_bytes(domain_size: int, n_vars: int) -> int:
+    """:func:`segment_bytes` of one partition of a circuit (its a, b, c and w)."""
+    return segment_bytes(partition_shapes(domain_size, n_vars))
+
+
+def _round_up(n: int) -> int:
+    return max(ALIGN, -(-n // ALIGN) * ALIGN)
+
+
 class SegmentView:
     """A mapped segment: ``meta`` (opaque bytes) and uint64 array views. Call :meth:`close`."""
 
-    def __init__(self, buf: mmap.mmap, meta: bytes, arrays: list[np.ndarray]) -> None:
+    def __init__(self, buf: mmap.mmap, meta: bytes, arrays: list[np.ndarray],
+                 layout: list[tuple[int, int, int]]) -> None:
         self._buf: mmap.mmap | None = buf
         self.meta = meta
         self.arrays = arrays
+        self.layout = layout
         self.nbytes = len(buf)
+
+    def write_header(self, meta: bytes) -> None:
+        """Write the layout and ``meta`` into the header (the producer, before it publishes)."""
+        head = msgspec.msgpack.encode(_Layout(meta, self.layout))
+        if 8 + len(head) > HEADER_BYTES:
+            raise ValueError(f"segment metadata of {len(head)} bytes does not fit the {HEADER_BYTES}-byte header")
+        assert self._buf is not None
+        self._buf[:8] = len(head).to_bytes(8, "little")
+        self._buf[8 : 8 + len(head)] = head
+        self.meta = meta
 
     def close(self) -> None:
         """Drop the views and unmap (idempotent). Copies must be taken before this.
@@ -140,25 +211,6 @@ class SegmentView:
 
     def __exit__(self, *exc: object) -> None:
         self.close()
-
-
-def segment_layout(meta: bytes, shapes: Sequence[tuple[int, int]]) -> tuple[bytes, int]:
-    """The encoded layout header and the total segment size for uint64 arrays of these shapes.
-
-    The header (u64 length, then a msgpack ``_Layout``) gets a reserved space of
-    ``8 + len(meta) + 64 + 32 per array`` bytes rounded up to a page; msgpack
-    needs at most 9 bytes per integer, so 3 integers per array always fit.
-    """
-    pos = _round_up(8 + len(meta) + 64 + 32 * len(shapes))
-    offsets = []
-    for rows, cols in shapes:
-        offsets.append((pos, int(rows), int(cols)))
-        pos += _round_up(int(rows) * int(cols) * 8)
-    return msgspec.msgpack.encode(_Layout(meta, offsets)), pos
-
-
-def _round_up(n: int) -> int:
-    return max(ALIGN, -(-n // ALIGN) * ALIGN)
 
 
 class Ring:
@@ -203,6 +255,11 @@ class Ring:
             raise RuntimeError(f"/{handle.prefix}-ctl is not a ring control block of {handle.n_slots} slots")
         return ring
 
+    @property
+    def closed(self) -> bool:
+        """Whether this process's handles are released (after :meth:`close` or :meth:`destroy`)."""
+        return self._closed
+
     def close(self) -> None:
         """Release this process's handles (idempotent); the named objects stay."""
         if self._closed:
@@ -245,10 +302,14 @@ class Ring:
             return slot
         return self._wait_claim(self._free, _FREE_WAITS, take, abort, timeout_s)
 
-    def write_segment(self, slot: int, meta: bytes, arrays: Sequence[np.ndarray]) -> int:
-        """Create the slot's segment, pre-fault it, copy ``arrays`` in; returns its size."""
+    def create_segment(self, slot: int, shapes: Sequence[tuple[int, int]]) -> SegmentView:
+        """Create the FILLING slot's segment, pre-fault it, and return writable views of its arrays.
+
+        The producer writes the partition straight into ``view.arrays`` and then calls
+        :meth:`publish` (or :meth:`abandon`). The segment's size is recorded in the slot.
+        """
         self._check_owner(slot, FILLING)
-        head, size = segment_layout(meta, [a.shape for a in arrays])
+        layout, size = _offsets(shapes)
         shm = _create_shm(self._name(slot), size)
         try:
             buf = mmap.mmap(shm.fd, size)
@@ -256,22 +317,23 @@ class Ring:
             os.close(shm.fd)
         try:
             _prefault(buf)
-            buf[:8] = len(head).to_bytes(8, "little")
-            buf[8 : 8 + len(head)] = head
-            for (off, rows, cols), arr in zip(msgspec.msgpack.decode(head, type=_Layout).arrays, arrays):
-                np.copyto(np.ndarray((rows, cols), np.uint64, buffer=buf, offset=off), arr, casting="no")
-        finally:
+        except BaseException:
             buf.close()
+            raise
+        arrays = [np.ndarray((rows, cols), np.uint64, buffer=buf, offset=off) for off, rows, cols in layout]
         with self._locked():
             self._slots["nbytes"][slot] = size
-        return size
+        return SegmentView(buf, b"", arrays, layout)
 
-    def publish(self, slot: int) -> None:
-        """FILLING -> READY, then post ``ready``.
+    def publish(self, slot: int, segment: SegmentView, meta: bytes) -> None:
+        """Write ``meta`` into the segment's header, unmap it, FILLING -> READY, then post ``ready``.
 
-        Order matters (kept consistent with :meth:`take_ready`): the record says
-        READY before the token exists, so a woken consumer always finds it.
+        Order matters (kept consistent with :meth:`take_ready`): the header is complete
+        and the record says READY before the token exists, so a woken consumer always
+        finds a whole segment.
         """
+        segment.write_header(meta)
+        segment.close()
         with self._locked():
             self._check_owner(slot, FILLING)
             self._slots["state"][slot] = READY
@@ -280,7 +342,10 @@ class Ring:
         self._ready.release()
 
     def abandon(self, slot: int) -> None:
-        """A producer gives its FILLING slot back (cancelled task): unlink, FREE, post ``free``."""
+        """A producer gives its FILLING slot back (failed or cancelled task): unlink, FREE, post ``free``.
+
+        Idempotent: a slot already reclaimed or freed is left alone.
+        """
         self._free_where(lambda r: r.slot == slot and r.state == "filling" and r.owner_pid == os.getpid())
 
     # ---- consumer side (prover process)
@@ -314,7 +379,7 @@ class Ring:
         n = int.from_bytes(buf[:8], "little")
         layout = msgspec.msgpack.decode(buf[8 : 8 + n], type=_Layout)
         arrays = [np.ndarray((rows, cols), np.uint64, buffer=buf, offset=off) for off, rows, cols in layout.arrays]
-        return SegmentView(buf, layout.meta, arrays)
+        return SegmentView(buf, layout.meta, arrays, layout.arrays)
 
     def release(self, slot: int) -> None:
         """The consumer is done copying: unlink the segment, mark FREE, post ``free``.
@@ -340,13 +405,13 @@ class Ring:
         with self._locked():
             return [self._record(s) for s in range(self.handle.n_slots)]
 
-    def stats(self) -> dict[str, int]:
-        """Counters: peak_live, free_waits (producer blocked), ready_waits, published, released, reclaimed."""
+    def stats(self) -> RingStats:
+        """The ring's counters (see :class:`RingStats`)."""
         with self._locked():
             h = [int(x) for x in self._header]
-        live = sum(r.state != "free" for r in self.snapshot())
-        return {"live": live, "peak_live": h[_PEAK], "free_waits": h[_FREE_WAITS], "ready_waits": h[_READY_WAITS],
-                "published": h[_PUBLISHED], "released": h[_RELEASED], "reclaimed": h[_RECLAIMED]}
+            live = int(np.count_nonzero(self._slots["state"] != FREE))
+        return RingStats(live=live, peak_live=h[_PEAK], free_waits=h[_FREE_WAITS], ready_waits=h[_READY_WAITS],
+                         published=h[_PUBLISHED], released=h[_RELEASED], reclaimed=h[_RECLAIMED])
 
     def record(self, slot: int) -> SlotRecord:
         """A copy of one slot's record."""

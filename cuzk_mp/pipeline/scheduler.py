@@ -2,10 +2,12 @@
 
 Owns: the job table, one priority queue of partition attempts for all jobs
 (ordered by priority, then submit order, then partition index), the state of
-every attempt, the retry policy and the results. The engine calls the ``on_*``
-methods as messages arrive and forwards what they return (finished partitions
-and jobs, tasks to cancel in the children) — so every rule about "when is a
-job done, failed, retried" lives here and is testable without processes.
+every attempt, the stage timings each process reported for it, the retry policy
+and the results. The engine calls the ``on_*`` methods as messages arrive and
+forwards what they return (finished partitions and jobs, tasks to cancel in the
+children) — so every rule about "when is a job done, failed, retried" lives here
+and is testable without processes. It renders its own status rows
+(:meth:`Scheduler.rows`, :meth:`Scheduler.queue`, :meth:`Scheduler.counters`).
 
 Attempt (task) states: queued -> synthesizing -> ready (in a ring slot) ->
 proving -> done, or failed / lost (its process died) / cancelled. A partition
@@ -21,6 +23,8 @@ import time
 from collections import deque
 from dataclasses import dataclass, field
 from typing import Any
+
+import msgspec
 
 from .messages import CircuitRef
 from .types import JobResult, JobSpec, PartitionResult
@@ -43,6 +47,7 @@ class Task:
     device: int | None = None
     slot: int | None = None
     t_dispatch: float | None = None
+    timings: dict[str, float] = field(default_factory=dict)  # stages reported so far, merged
 
     def order(self) -> tuple[int, int, int, int]:
         """Queue key: priority, job submit order, partition index, attempt id."""
@@ -72,6 +77,50 @@ class Job:
         return self.state in ("done", "failed", "cancelled")
 
 
+class PartitionRow(msgspec.Struct):
+    """One partition of a job as the status shows it (states: pending, synthesizing, ready, proving,
+    done, failed, cancelled)."""
+
+    index: int
+    state: str
+    attempts: int
+    device: int | None
+    timings: dict[str, float]
+    error: str | None
+
+
+class JobRow(msgspec.Struct):
+    """One job as the status shows it."""
+
+    job_id: str
+    circuit_id: str
+    state: str
+    priority: str
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    error: str | None
+    partitions: list[PartitionRow]
+
+
+class QueueStatus(msgspec.Struct):
+    """Attempts waiting for a synthesis worker, and attempts in a child process."""
+
+    pending: int
+    in_flight: int
+
+
+class SchedulerCounters(msgspec.Struct):
+    """What only grows: jobs and partitions by outcome since the engine started."""
+
+    jobs_submitted: int
+    jobs_finished: dict[str, int]  # by final state: done, failed, cancelled
+    partitions_proved: int
+    partitions_failed: int
+    partition_retries: int
+    late_proofs_used: int
+
+
 @dataclass
 class Outcome:
     """What the engine must do after a scheduler event."""
@@ -99,7 +148,7 @@ class Scheduler:
         self._queue: list[tuple[tuple[int, int, int, int], Task]] = []
         self._ids = itertools.count(1)
         self._seqs = itertools.count(1)
-        self.counters: dict[str, int] = {k: 0 for k in (
+        self._counts: dict[str, int] = {k: 0 for k in (
             "jobs_submitted", "jobs_done", "jobs_failed", "jobs_cancelled", "partitions_proved",
             "partitions_failed", "partition_retries", "late_proofs_used")}
 
@@ -112,7 +161,7 @@ class Scheduler:
         self.jobs[spec.job_id] = job
         for index in range(len(spec.partitions)):
             self._enqueue(job, index)
-        self.counters["jobs_submitted"] += 1
+        self._counts["jobs_submitted"] += 1
         return job
 
     def _enqueue(self, job: Job, index: int) -> Task:
@@ -157,10 +206,13 @@ class Scheduler:
         return [t for t in self.tasks.values() if t.state in ("synthesizing", "ready", "proving")]
 
     # ---- events from the children
-    def on_published(self, task_id: int, slot: int) -> None:
-        """A synthesis worker put the attempt into a ring slot."""
+    def on_published(self, task_id: int, slot: int, timings: dict[str, float] | None = None) -> None:
+        """A synthesis worker published the attempt's ring slot; its stage timings join the record."""
         task = self.tasks.get(task_id)
-        if task is not None and task.state == "synthesizing":
+        if task is None:
+            return
+        task.timings.update(timings or {})
+        if task.state == "synthesizing":
             task.state, task.slot = "ready", slot
 
     def on_taken(self, task_id: int, prover: str, device: int | None) -> None:
@@ -178,15 +230,15 @@ class Scheduler:
             return out
         job = task.job
         if task.state == "lost":
-            self.counters["late_proofs_used"] += 1
+            self._counts["late_proofs_used"] += 1
             newer = job.current.get(task.index)
             if newer is not None and newer is not task:
                 out.cancel.append(self._retire(newer, "cancelled"))
         task.state = "done"
-        timings = dict(timings, total=time.time() - job.submitted_at)
+        timings = {**task.timings, **timings, "total": time.time() - job.submitted_at}
         result = PartitionResult(task.index, proof, public, timings, device, job.attempts[task.index])
         job.results[task.index] = result
-        self.counters["partitions_proved"] += 1
+        self._counts["partitions_proved"] += 1
         out.partitions.append((job.spec.job_id, result))
         if all(r is not None for r in job.results):
             out.jobs.append(self._finish(job, "done", None))
@@ -214,13 +266,13 @@ class Scheduler:
         job = task.job
         task.state = "lost" if kind in ("WorkerDied", "GpuDead") else "failed"
         if kind not in NOT_RETRIED and job.attempts[task.index] < self.max_attempts:
-            self.counters["partition_retries"] += 1
+            self._counts["partition_retries"] += 1
             self._enqueue(job, task.index)
             return Outcome()
         text = f"partition {task.index}: {message} (attempt {job.attempts[task.index]} of {self.max_attempts})"
         if kind in NOT_RETRIED:
             text = f"partition {task.index}: {message}"
-        self.counters["partitions_failed"] += 1
+        self._counts["partitions_failed"] += 1
         return self._fail_job(job, text, {task.index: (message, kind)})
 
     # ---- job-level transitions
@@ -239,12 +291,17 @@ class Scheduler:
                 out.merge(self._fail_job(job, message, {}))
         return out
 
-    def fail_all(self, message: str) -> Outcome:
-        """Fail every unfinished job (the engine is stopping, or no workers are left)."""
+    def fail_all(self, message: str, kind: str | None = None) -> Outcome:
+        """Fail every unfinished job (the engine is stopping, or a role keeps dying).
+
+        With ``kind`` (an error kind such as ``WorkerDied``) every unproved partition carries
+        ``message`` as its error; without it they read as not proved because the job failed.
+        """
         out = Outcome()
         for job in list(self.jobs.values()):
             if not job.finished:
-                out.merge(self._fail_job(job, message, {}))
+                errors = {} if kind is None else {i: (message, kind) for i in range(len(job.results))}
+                out.merge(self._fail_job(job, message, errors))
         return out
 
     def _fail_job(self, job: Job, error: str | None, errors: dict[int, tuple[str, str]],
@@ -255,8 +312,9 @@ class Scheduler:
                 continue
             message, kind = errors.get(index, (f"not proved: job {state}" + (f" ({error})" if error else ""),
                                                 "Cancelled"))
-            job.results[index] = PartitionResult(index, None, [], {}, None, job.attempts[index], message, kind)
-            out.partitions.append((job.spec.job_id, job.results[index]))
+            failed = PartitionResult(index, None, [], {}, None, job.attempts[index], message, kind)
+            job.results[index] = failed
+            out.partitions.append((job.spec.job_id, failed))
             task = job.current.get(index)
             if task is not None and task.state == "queued":
                 self._retire(task, "cancelled")
@@ -271,15 +329,55 @@ class Scheduler:
         return task
 
     def _finish(self, job: Job, state: str, error: str | None) -> JobResult:
-        job.state, job.error, job.finished_at = state, error, time.time()
-        self.counters[f"jobs_{state}"] += 1
+        finished_at = time.time()
+        job.state, job.error, job.finished_at = state, error, finished_at
+        self._counts[f"jobs_{state}"] += 1
         self.jobs.pop(job.spec.job_id, None)
         self.finished.append(job)
         for task in job.tasks:
             self.tasks.pop(task.task_id, None)
-        return JobResult(job.spec.job_id, job.spec.circuit_id, state, list(job.results),  # type: ignore[arg-type]
-                         error, job.submitted_at, job.started_at, job.finished_at)
+        results = [r for r in job.results if r is not None]  # every partition has one by now
+        return JobResult(job.spec.job_id, job.spec.circuit_id, state, results, error, job.submitted_at,
+                         job.started_at, finished_at)
 
     def uses_circuit(self, circuit_id: str) -> bool:
         """True if an unfinished job proves with this circuit."""
         return any(j.spec.circuit_id == circuit_id for j in self.jobs.values())
+
+    # ---- status
+    def rows(self) -> list[JobRow]:
+        """Every unfinished job, then the last finished ones (``KEEP_FINISHED``)."""
+        return [_job_row(j) for j in self.jobs.values()] + [_job_row(j) for j in self.finished]
+
+    def queue(self) -> QueueStatus:
+        """Pending and in-flight attempts."""
+        return QueueStatus(pending=self.pending(), in_flight=len(self.in_flight()))
+
+    def counters(self) -> SchedulerCounters:
+        """The counters since the engine started."""
+        c = self._counts
+        return SchedulerCounters(
+            jobs_submitted=c["jobs_submitted"],
+            jobs_finished={s: c[f"jobs_{s}"] for s in ("done", "failed", "cancelled")},
+            partitions_proved=c["partitions_proved"], partitions_failed=c["partitions_failed"],
+            partition_retries=c["partition_retries"], late_proofs_used=c["late_proofs_used"])
+
+
+def _partition_rows(job: Job) -> list[PartitionRow]:
+    rows = []
+    for index, result in enumerate(job.results):
+        if result is not None:
+            state = "done" if result.proof is not None else ("cancelled" if result.error_kind == "Cancelled"
+                                                             else "failed")
+            rows.append(PartitionRow(index, state, result.attempts, result.device, result.timings, result.error))
+            continue
+        task = job.current.get(index)
+        state = "pending" if task is None or task.state == "queued" else task.state
+        rows.append(PartitionRow(index, state, job.attempts[index], task.device if task else None,
+                                 dict(task.timings) if task else {}, None))
+    return rows
+
+
+def _job_row(job: Job) -> JobRow:
+    return JobRow(job.spec.job_id, job.spec.circuit_id, job.state, job.spec.priority.name, job.submitted_at,
+                  job.started_at, job.finished_at, job.error, _partition_rows(job))

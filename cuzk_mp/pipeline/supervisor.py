@@ -1,16 +1,26 @@
-"""The engine's child processes: which ones exist, their start-up, restarts and shutdown.
+"""The engine's child processes: which ones exist, their start-up, restarts with backoff, shutdown.
 
-Owns the :class:`~cuzk_mp.pipeline.procs.ChildHandle` of every synthesis
-worker (``cuzk-synth-<i>``) and prover process (``cuzk-gpu-<dev>``), their
-restart counters and which synthesis worker holds which task. It starts and
-stops processes; what a death *means* for jobs is the engine's business.
+Owns the :class:`Child` of every synthesis worker (``cuzk-synth-<i>``) and prover
+process (``cuzk-prover-<dev>``, the prover role on every backend): its spec, its
+current process, its restart counters, and which task a synthesis worker holds.
+It starts, reaps and restarts processes and renders their status rows
+(:meth:`Supervisor.rows`); what a death *means* for jobs is the engine's business.
+
+Restarts never stop. A child that dies after a long, healthy run is restarted at
+once; one that keeps dying (before READY, or within ``MIN_UPTIME_S`` of it) waits
+longer each time (``BACKOFF_BASE_S`` doubling up to ``BACKOFF_MAX_S``). A role
+with no READY process while one of its children has died ``CRASH_LOOP`` times in
+a row before READY is *degraded*: :meth:`Supervisor.degraded` says which role and
+why, and the engine reports it and fails the jobs that cannot progress until a
+child of that role is READY again. (A child killed while it works is not a crash
+loop: its partitions are retried, and it is back within a start-up.)
 
 Environment per child, set in the child before any heavy import:
 
 * prover, GPU backend: ``CUDA_VISIBLE_DEVICES=<dev>`` (binds the process to
   its GPU; it sees it as device 0);
 * prover, CPU backend: ``NUMBA_NUM_THREADS = cores // processes`` and no GPU;
-* synthesis worker: ``NUMBA_NUM_THREADS = synthesis_threads``.
+* synthesis worker: ``NUMBA_NUM_THREADS = threads_per_partition``.
 
 Shutdown (:meth:`Supervisor.stop_all`): ``Stop`` message, a short wait,
 then SIGTERM -> 5 s -> SIGKILL for whatever is still alive.
@@ -20,32 +30,81 @@ from __future__ import annotations
 
 import logging
 import os
+import signal
 import time
 from dataclasses import dataclass, field
+from typing import Any
 
+import msgspec
+
+from . import messages as msg
 from .procs import ChildHandle, ChildSpec, spawn_child
 from .prover_proc import ProverPayload
 from .ring import RingHandle
 from .synth import SynthPayload
-from . import messages as msg
 from .types import EngineConfig
 
 log = logging.getLogger("cuzk_mp.pipeline.supervisor")
-MAX_FAILED_STARTS = 3  # consecutive deaths before READY, then the supervisor gives up on that child
+ROLES = ("prover", "synth")
+ROLE_MODULES = {"prover": "cuzk_mp.pipeline.prover_proc", "synth": "cuzk_mp.pipeline.synth"}
+CRASH_LOOP = 3  # consecutive deaths before READY that make a role with no live process degraded
+BACKOFF_BASE_S = 0.5
+BACKOFF_MAX_S = 30.0
+MIN_UPTIME_S = 10.0  # a READY child that dies sooner than this counts as a quick death
 TERM_WAIT_S = 5.0
 
 
+class ProcessRow(msgspec.Struct):
+    """One supervised process as the status shows it."""
+
+    name: str
+    role: str
+    pid: int
+    device: int | None  # the device id of a prover process
+    alive: bool
+    ready: bool
+    restarts: int
+    failed_starts: int  # consecutive deaths before READY (0 once READY)
+    busy_task: int | None  # the task a synthesis worker holds
+    last_exit: str | None
+    restart_in_s: float | None  # a restart is scheduled (backoff)
+    info: dict[str, str | int | float | None]  # what the process said in READY
+
+
+class Degraded(msgspec.Struct):
+    """A role with no live process that keeps dying: why, and since when (epoch seconds)."""
+
+    role: str
+    reason: str
+    since: float
+
+
 @dataclass
-class ChildSlot:
-    """One logical child (survives restarts): its spec, current handle and counters."""
+class Death:
+    """What :meth:`Supervisor.reap` found: the process gone and what it held."""
+
+    name: str
+    role: str
+    pid: int
+    exit_text: str
+    was_ready: bool
+    busy: int | None
+
+
+@dataclass
+class Child:
+    """One supervised process slot (survives restarts): its spec, current process and counters."""
 
     spec: ChildSpec
-    handle: ChildHandle | None = None
+    handle: ChildHandle
     restarts: int = 0
-    failed_starts: int = 0
-    given_up: bool = False
+    streak: int = 0  # consecutive quick deaths: the backoff
+    failed_starts: int = 0  # consecutive deaths before READY: the crash loop
     busy: int | None = None  # synthesis worker: the task id in hand
     last_exit: str | None = None
+    ready_at: float | None = None  # monotonic time of the current process's READY
+    restart_at: float | None = None  # monotonic time of a scheduled restart
+    down_since: float | None = None  # epoch time the role's last live process of this child died
     info: dict[str, object] = field(default_factory=dict)
 
 
@@ -54,67 +113,166 @@ def child_specs(config: EngineConfig, ring: RingHandle, backend: str, devices: l
     cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
     # children log at the engine's level unless CUZK_MP_LOG_LEVEL says otherwise
     level = os.environ.get("CUZK_MP_LOG_LEVEL") or logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    threads = config.threads_per_partition()
     specs = []
     for dev in devices:
         env = {"CUDA_VISIBLE_DEVICES": str(dev)} if backend == "gpu" else {
             "NUMBA_NUM_THREADS": str(cpu_threads), "CUDA_VISIBLE_DEVICES": ""}
         payload = ProverPayload(ring, backend, dev, config.gpu_workers_per_device, config.verify_proofs,
                                 config.srs_budget_bytes)
-        specs.append(ChildSpec("gpu", dev, "cuzk_mp.pipeline.prover_proc", {**env, "CUZK_MP_LOG_LEVEL": level}, payload,
+        specs.append(ChildSpec("prover", dev, ROLE_MODULES["prover"], {**env, "CUZK_MP_LOG_LEVEL": level}, payload,
                                ring.prefix))
     for i in range(config.partition_workers):
-        env = {"NUMBA_NUM_THREADS": str(config.synthesis_threads), "CUDA_VISIBLE_DEVICES": ""}
-        specs.append(ChildSpec("synth", i, "cuzk_mp.pipeline.synth", {**env, "CUZK_MP_LOG_LEVEL": level},
-                               SynthPayload(ring), ring.prefix))
+        env = {"NUMBA_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": ""}
+        specs.append(ChildSpec("synth", i, ROLE_MODULES["synth"], {**env, "CUZK_MP_LOG_LEVEL": level},
+                               SynthPayload(ring, threads), ring.prefix))
     return specs
 
 
+def describe_exit(code: int | None) -> str:
+    """``exit code 3`` / ``killed by SIGKILL``."""
+    if code is None:
+        return "exit status unknown"
+    if code < 0:
+        try:
+            return f"killed by {signal.Signals(-code).name}"
+        except ValueError:
+            return f"killed by signal {-code}"
+    return f"exit code {code}"
+
+
+def backoff_s(streak: int) -> float:
+    """How long a restart waits after ``streak`` consecutive quick deaths (0 for the first)."""
+    if streak <= 1:
+        return 0.0
+    return min(BACKOFF_MAX_S, BACKOFF_BASE_S * 2 ** (streak - 2))
+
+
 class Supervisor:
-    """Starts, restarts and stops the engine's children."""
+    """Starts, restarts and stops the engine's children (see the module docstring)."""
 
-    def __init__(self, specs: list[ChildSpec]) -> None:
-        self.slots: dict[str, ChildSlot] = {s.name: ChildSlot(s) for s in specs}
+    def __init__(self, children: dict[str, Child]) -> None:
+        self.children = children
 
-    def spawn_all(self) -> None:
-        """Start every child (no READY wait: READY arrives as a message)."""
-        for slot in self.slots.values():
-            slot.handle = spawn_child(slot.spec)
-            log.info("[start] %s pid=%d", slot.spec.name, slot.handle.pid)
+    @classmethod
+    def start(cls, specs: list[ChildSpec]) -> Supervisor:
+        """Spawn every child (no READY wait: READY arrives as a message)."""
+        children: dict[str, Child] = {}
+        try:
+            for spec in specs:
+                children[spec.name] = Child(spec, spawn_child(spec))
+                log.info("[start] %s pid=%d", spec.name, children[spec.name].handle.pid)
+        except BaseException:
+            cls(children).stop_all(deadline_s=0)
+            raise
+        return cls(children)
 
-    def respawn(self, name: str) -> bool:
-        """Start a replacement for a dead child; False if it failed to start too often."""
-        slot = self.slots[name]
-        if slot.failed_starts >= MAX_FAILED_STARTS:
-            if not slot.given_up:
-                log.error("%s died %d times before READY; not restarting it (last: %s)",
-                          name, slot.failed_starts, slot.last_exit)
-            slot.given_up = True
-            return False
-        slot.restarts += 1
-        slot.busy = None
-        slot.handle = spawn_child(slot.spec)
-        log.warning("[start] %s restarted as pid=%d (restart %d)", name, slot.handle.pid, slot.restarts)
-        return True
+    # ---- events
+    def on_ready(self, name: str, m: msg.Ready) -> None:
+        """The child finished its start-up."""
+        child = self.children[name]
+        child.handle.ready = True
+        child.failed_starts = 0
+        child.ready_at, child.restart_at, child.down_since = time.monotonic(), None, None
+        child.info = dict(m.info)
+        log.info("[start] %s pid=%d READY %s", name, m.pid, m.info)
 
-    def live(self, role: str | None = None) -> list[ChildSlot]:
+    def reap(self, name: str) -> Death | None:
+        """The child's sentinel fired: reap it and count the death; None if already reaped."""
+        child = self.children[name]
+        h = child.handle
+        if h.reaped:
+            return None
+        h.proc.join(1.0)  # the sentinel fired: the process is gone, this reaps it
+        h.reaped = True
+        h.close()
+        exit_text = describe_exit(h.proc.exitcode)
+        quick = not h.ready or child.ready_at is None or time.monotonic() - child.ready_at < MIN_UPTIME_S
+        child.streak = child.streak + 1 if quick else 0
+        child.failed_starts = 0 if h.ready else child.failed_starts + 1
+        child.last_exit = exit_text
+        if child.down_since is None:
+            child.down_since = time.time()
+        busy, child.busy = child.busy, None
+        return Death(name, child.spec.role, h.pid, exit_text, h.ready, busy)
+
+    def schedule_restart(self, name: str) -> float:
+        """Restart the child after its backoff (now, after a healthy run); returns the delay."""
+        child = self.children[name]
+        delay = backoff_s(child.streak)
+        child.restart_at = time.monotonic() + delay
+        if delay:
+            log.error("%s keeps dying (%d times in a row, last: %s): restarting it in %.1f s",
+                      name, child.streak, child.last_exit, delay)
+        return delay
+
+    def restart_due(self) -> list[str]:
+        """Spawn the children whose scheduled restart is due; their names."""
+        now = time.monotonic()
+        started = []
+        for name, child in self.children.items():
+            if child.restart_at is None or child.restart_at > now:
+                continue
+            child.restart_at = None
+            child.restarts += 1
+            child.ready_at = None
+            child.handle = spawn_child(child.spec)
+            log.warning("[start] %s restarted as pid=%d (restart %d)", name, child.handle.pid, child.restarts)
+            started.append(name)
+        return started
+
+    def next_restart_in(self) -> float | None:
+        """Seconds until the next scheduled restart (None when none is scheduled)."""
+        due = [c.restart_at for c in self.children.values() if c.restart_at is not None]
+        return max(0.0, min(due) - time.monotonic()) if due else None
+
+    # ---- views
+    def live(self, role: str | None = None) -> list[Child]:
         """Children with a running process (optionally of one role)."""
-        return [s for s in self.slots.values()
-                if s.handle is not None and s.handle.proc.is_alive() and (role is None or s.spec.role == role)]
+        return [c for c in self.children.values()
+                if not c.handle.reaped and c.handle.proc.is_alive() and (role is None or c.spec.role == role)]
 
-    def ready(self, role: str) -> list[ChildSlot]:
+    def ready(self, role: str) -> list[Child]:
         """Children of ``role`` that sent READY and are alive."""
-        return [s for s in self.live(role) if s.handle is not None and s.handle.ready]
+        return [c for c in self.live(role) if c.handle.ready]
 
-    def usable(self, role: str) -> bool:
-        """True while at least one child of ``role`` is alive or can still be restarted."""
-        return any(not s.given_up for s in self.slots.values() if s.spec.role == role)
+    def all_ready(self) -> bool:
+        """Whether every child is alive and READY."""
+        return all(not c.handle.reaped and c.handle.ready for c in self.children.values())
 
-    def by_fd(self) -> dict[object, tuple[str, str]]:
-        """Waitable objects -> (child name, "conn" | "sentinel")."""
-        table: dict[object, tuple[str, str]] = {}
-        for name, slot in self.slots.items():
-            h = slot.handle
-            if h is None or h.reaped:
+    def degraded(self) -> list[Degraded]:
+        """The roles with no READY process while one of their children keeps dying before READY."""
+        out = []
+        for role in ROLES:
+            looping = [c for c in self.children.values() if c.spec.role == role and c.failed_starts >= CRASH_LOOP]
+            if self.ready(role) or not looping:
+                continue
+            worst = max(looping, key=lambda c: c.failed_starts)
+            wait = None if worst.restart_at is None else max(0.0, worst.restart_at - time.monotonic())
+            retry = f"next restart in {wait:.1f} s" if wait is not None else "restarting it now"
+            out.append(Degraded(role, f"no {role} process is running: {worst.spec.name} died {worst.failed_starts} "
+                                      f"times in a row before READY (last: {worst.last_exit}); {retry}",
+                                worst.down_since or time.time()))
+        return out
+
+    def rows(self) -> list[ProcessRow]:
+        """One status row per child."""
+        now = time.monotonic()
+        return [ProcessRow(name=name, role=c.spec.role, pid=c.handle.pid,
+                           device=c.spec.index if c.spec.role == "prover" else None,
+                           alive=not c.handle.reaped and c.handle.proc.is_alive(), ready=c.handle.ready,
+                           restarts=c.restarts, failed_starts=c.failed_starts, busy_task=c.busy, last_exit=c.last_exit,
+                           restart_in_s=None if c.restart_at is None else max(0.0, c.restart_at - now),
+                           info={k: v if isinstance(v, (str, int, float)) or v is None else str(v)
+                                 for k, v in c.info.items()})
+                for name, c in self.children.items()]
+
+    def by_fd(self) -> dict[Any, tuple[str, str]]:
+        """Waitable objects (pipes, sentinels) -> (child name, "conn" | "sentinel")."""
+        table: dict[Any, tuple[str, str]] = {}
+        for name, child in self.children.items():
+            h = child.handle
+            if h.reaped:
                 continue
             if not h.conn.closed:
                 table[h.conn] = (name, "conn")
@@ -123,12 +281,15 @@ class Supervisor:
 
     def broadcast(self, message: msg.ToChild, role: str | None = None) -> None:
         """Send one message to every live child (of ``role``)."""
-        for slot in self.live(role):
-            slot.handle.send(message)  # type: ignore[union-attr]
+        for child in self.live(role):
+            child.handle.send(message)
 
+    # ---- shutdown
     def stop_all(self, deadline_s: float = 10.0) -> None:
         """Stop message, wait up to ``deadline_s``, then terminate -> 5 s -> kill."""
-        handles = [s.handle for s in self.slots.values() if s.handle is not None]
+        for child in self.children.values():
+            child.restart_at = None
+        handles = [c.handle for c in self.children.values() if not c.handle.reaped]
         for h in handles:
             if h.ready:  # a child still starting reads no messages yet: it gets SIGTERM at once
                 h.send(msg.Stop())
@@ -147,9 +308,8 @@ class Supervisor:
 
     def close_all(self) -> None:
         """Close the parent's pipe ends of every child (after the event thread has stopped)."""
-        for slot in self.slots.values():
-            if slot.handle is not None:
-                slot.handle.close()
+        for child in self.children.values():
+            child.handle.close()
 
 
 def _join_all(handles: list[ChildHandle], timeout_s: float) -> None:

@@ -1,25 +1,29 @@
-"""Synthesis worker processes (``cuzk-synth-<i>``): partition input -> a, b, c, w in a ring slot.
+"""Synthesis worker processes (``cuzk-synth-<i>``): a partition's input -> w, a, b, c in a ring slot.
 
-Owns, per process: the circuits it has seen (mapped zkey, the
-:class:`~cuzk_mp.groth16.synthesis.ConstraintEvaluator` with its CSR matrices,
-the witness source), the vectors of the partition in hand, and at most one ring
-slot in FILLING state.
+Owns, per process: the circuits it has seen (the
+:class:`~cuzk_mp.groth16.synthesis.ConstraintEvaluator` of each, built from the
+zkey and r1cs files, and the witness source) and at most one ring slot in
+FILLING state with its mapped segment. It holds no copy of a partition's
+vectors: they are computed in the slot (docs/ring.md).
 
 One task at a time (the engine hands a worker a new task only when it is idle):
 
-1. witness: circom wasm on the input JSON, the given ``.wtns`` bytes, or the
-   PoRep-shaped synthetic generator (seed, partition index);
-2. a = A w, b = B w, c = a o b (numba kernels), plus the witness check against
-   the r1cs when the circuit has one: an unsatisfied witness fails this task
+1. take a FREE slot (FILLING; this blocks while none is free: the backpressure
+   that bounds host memory by the ring) and create its segment (``shm_write``);
+2. the witness, straight into the slot's w: the synthetic generator (seed,
+   partition index), or a given ``.wtns`` or the circom wasm's output copied in;
+3. a = A w, b = B w, c = a o b into the slot's a, b, c with
+   ``threads_per_partition`` threads, and the witness check against the r1cs when
+   the circuit has one: an unsatisfied witness fails this task
    (``UnsatisfiedWitness`` names the first failing constraint) and the engine
    fails that job alone;
-3. wait for a free slot, holding the finished vectors (backpressure: this is
-   what bounds host memory by the ring), write them, publish the slot.
+4. publish the slot with the partition's metadata and stage timings.
 
-Cancellation is checked at each boundary (after the witness, after a/b/c,
-while waiting for a slot); a cancelled task gives its slot back and reports
-``Cancelled``. A reader thread takes engine messages off the pipe, so a cancel
-or a stop is seen while the main thread computes or waits.
+A task that fails or is cancelled gives its slot back (the segment is unlinked,
+the slot FREE); a worker killed while FILLING leaves its slot to the engine,
+which reclaims it. Cancellation is checked at each boundary (slot taken,
+witness done, a/b/c done); a reader thread takes engine messages off the pipe,
+so a cancel or a stop is seen while the main thread computes or waits.
 """
 
 from __future__ import annotations
@@ -37,9 +41,9 @@ import numpy as np
 from ..errors import Cancelled, InputError
 from . import messages as msg
 from .procs import ChildContext
-from .ring import Ring, RingHandle, SlotClaim
+from .ring import Ring, RingHandle, SlotClaim, partition_shapes
 
-CIRCUIT_CACHE = 2  # circuits kept per worker (each holds its CSR matrices)
+CIRCUIT_CACHE = 2  # circuits kept per worker (each holds its evaluator)
 
 
 @dataclass(frozen=True)
@@ -47,34 +51,35 @@ class SynthPayload:
     """Start arguments of a synthesis worker."""
 
     ring: RingHandle
+    threads: int  # cores one partition's synthesis may use
 
 
 class _Circuit:
     """One circuit as a synthesis worker holds it: evaluator + witness source."""
 
     def __init__(self, ref: msg.CircuitRef) -> None:
-        from ..formats.r1cs import read_r1cs
-        from ..formats.zkey import read_zkey
         from ..groth16.synthesis import ConstraintEvaluator
 
         self.ref = ref
-        self.zkey = read_zkey(ref.zkey)
-        r1cs = read_r1cs(ref.r1cs) if ref.r1cs else None
-        self.evaluator = ConstraintEvaluator.from_zkey(self.zkey, r1cs)
+        self.evaluator = ConstraintEvaluator.from_files(ref.zkey, ref.r1cs)
         self._wasm: Any = None
         self._synthetic: Any = None
 
-    def witness(self, task: msg.SynthTask) -> np.ndarray:
-        """The partition's full witness (standard form, ``(n_vars, 4) uint64``)."""
+    def witness_into(self, task: msg.SynthTask, out: np.ndarray, threads: int) -> None:
+        """Write the partition's full witness (standard form) into ``out``, the slot's w."""
+        if task.kind == "synthetic":
+            self._synthetic_circuit().witness_into(task.seed, task.partition, out, threads=threads)
+            return
         if task.kind == "wtns":
             from ..formats.wtns import read_wtns
 
-            return read_wtns(task.data, name=f"job {task.job_id} partition {task.partition} (.wtns)")
-        if task.kind == "json":
-            return self._wasm_calculator().calculate(_input_json(task.data, task))
-        if task.kind == "synthetic":
-            return self._synthetic_circuit().witness(task.seed, task.partition)
-        raise InputError(f"job {task.job_id} partition {task.partition}: unknown input kind {task.kind!r}")
+            values = read_wtns(task.data, name=f"job {task.job_id} partition {task.partition} (.wtns)")
+        else:
+            values = self._wasm_calculator().calculate(_input_json(task.data, task))
+        if values.shape != out.shape:
+            raise InputError(f"job {task.job_id} partition {task.partition}: the witness has {values.shape[0]} "
+                             f"values, circuit {self.ref.circuit_id} has {out.shape[0]} wires")
+        np.copyto(out, values, casting="no")
 
     def _wasm_calculator(self) -> Any:
         if self._wasm is None:
@@ -94,10 +99,6 @@ class _Circuit:
             self._synthetic = synthetic_circuit(self.ref.synthetic, self.ref.log_n)
         return self._synthetic
 
-    def close(self) -> None:
-        """Drop the key mapping."""
-        self.zkey.close()
-
 
 def _input_json(data: bytes, task: msg.SynthTask) -> dict[str, object]:
     """Parse circom input JSON with the same rules as ``cuzk-mp wtns calculate`` (one implementation)."""
@@ -109,9 +110,10 @@ def _input_json(data: bytes, task: msg.SynthTask) -> dict[str, object]:
 class SynthWorker:
     """The main loop of one synthesis worker process."""
 
-    def __init__(self, ctx: ChildContext, ring: Ring) -> None:
+    def __init__(self, ctx: ChildContext, ring: Ring, threads: int) -> None:
         self.ctx = ctx
         self.ring = ring
+        self.threads = threads
         self.tasks: queue.Queue[msg.SynthTask] = queue.Queue()
         self.cancelled: set[int] = set()
         self.circuits: OrderedDict[str, _Circuit] = OrderedDict()
@@ -148,35 +150,46 @@ class SynthWorker:
             raise Cancelled(f"job {task.job_id} partition {task.partition} was cancelled")
 
     def run_task(self, task: msg.SynthTask) -> None:
-        """Steps 1-3 of the module docstring for one task."""
+        """Steps 1-4 of the module docstring for one task."""
         t0 = time.time()
         circuit = self._circuit(task.circuit)
-        w = circuit.witness(task)
-        self._check(task)
-        t1 = time.time()
-        inputs = circuit.evaluator.evaluate(w)
-        self._check(task)
-        t2 = time.time()
+        t_loaded = time.time()
         claim = SlotClaim(task.task_id, task.job_seq, task.partition, task.priority)
         slot = self.ring.acquire_free(claim, abort=lambda: self.ctx.stopping.is_set() or task.task_id in self.cancelled)
         if slot is None:
             self._check(task)
-            raise Cancelled(f"{self.ctx.name} is stopping: job {task.job_id} partition {task.partition} not published")
-        t3 = time.time()
-        timings = {"queue_wait": task.t_dispatch - task.t_submit, "witness": t1 - t0, "synthesis": t2 - t0,
-                   "ring_wait": t3 - t2}
-        meta = msg.SegmentMeta(task.task_id, task.job_id, task.partition, task.attempt, task.circuit,
-                               circuit.evaluator.n_public, timings)
+            raise Cancelled(f"{self.ctx.name} is stopping: job {task.job_id} partition {task.partition} not started")
+        t_slot = time.time()
+        timings = {"queue_wait": task.t_dispatch - task.t_submit, "ring_wait": t_slot - t_loaded}
         try:
-            nbytes = self.ring.write_segment(slot, msg.encode(meta), [inputs.a, inputs.b, inputs.c, inputs.w])
-            self._check(task)
+            ev = circuit.evaluator
+            seg = self.ring.create_segment(slot, partition_shapes(ev.domain_size, ev.n_vars))
+            try:
+                timings["shm_write"] = time.time() - t_slot
+                self._fill(task, circuit, seg.arrays, timings)
+                timings["synthesis"] += t_loaded - t0  # a circuit's first task also loads it
+                meta = msg.SegmentMeta(task.task_id, task.job_id, task.partition, task.attempt, task.circuit,
+                                       ev.n_public, timings)
+                self.ring.publish(slot, seg, msg.encode(meta))
+            finally:
+                seg.close()  # idempotent: publish has unmapped it already
         except BaseException:
-            self.ring.abandon(slot)
+            self.ring.abandon(slot)  # FILLING -> FREE, the segment unlinked (a no-op once published)
             raise
-        timings["shm_write"] = time.time() - t3
-        # order: the SegmentMeta above was written without shm_write; the prover adds its own stages
-        self.ring.publish(slot)
-        self.ctx.send(msg.Published(task.task_id, slot, nbytes, timings))
+        self.ctx.send(msg.Published(task.task_id, slot, seg.nbytes, timings))
+
+    def _fill(self, task: msg.SynthTask, circuit: _Circuit, arrays: list[np.ndarray],
+              timings: dict[str, float]) -> None:
+        """Witness, then a, b, c, straight into the slot's views (they go out of scope on return)."""
+        a, b, c, w = arrays
+        t0 = time.time()
+        self._check(task)
+        circuit.witness_into(task, w, self.threads)
+        timings["witness"] = time.time() - t0
+        self._check(task)
+        circuit.evaluator.evaluate_into(w, a, b, c, threads=self.threads)
+        self._check(task)
+        timings["synthesis"] = time.time() - t0
 
     def _circuit(self, ref: msg.CircuitRef) -> _Circuit:
         have = self.circuits.get(ref.circuit_id)
@@ -184,9 +197,9 @@ class SynthWorker:
             self.circuits.move_to_end(ref.circuit_id)
             return have
         if have is not None:
-            self.circuits.pop(ref.circuit_id).close()
+            self.circuits.pop(ref.circuit_id)
         while len(self.circuits) >= CIRCUIT_CACHE:
-            self.circuits.popitem(last=False)[1].close()
+            self.circuits.popitem(last=False)
         self.circuits[ref.circuit_id] = _Circuit(ref)
         return self.circuits[ref.circuit_id]
 
@@ -197,7 +210,8 @@ def _warm_up() -> None:
 
     one = fr.from_ints([1, 2, 3])
     fr.mul(one, one)
-    fr.csr_matvec(np.array([0, 1, 2, 3], np.int64), np.array([0, 1, 2], np.uint32), one, fr.from_ints([1, 2, 3], mont=False))
+    indptr, indices = np.array([0, 1, 2, 3], np.int64), np.array([0, 1, 2], np.uint32)
+    fr.csr_matvec(indptr, indices, one, fr.from_ints([1, 2, 3], mont=False))
 
 
 def main(ctx: ChildContext, payload: SynthPayload) -> None:
@@ -205,10 +219,10 @@ def main(ctx: ChildContext, payload: SynthPayload) -> None:
     ring = Ring.attach(payload.ring)
     try:
         _warm_up()
-        worker = SynthWorker(ctx, ring)
+        worker = SynthWorker(ctx, ring, payload.threads)
         threading.Thread(target=worker.read_messages, name=f"{ctx.name}-io", daemon=True).start()
-        ctx.send(msg.Ready(os.getpid(), ctx.name, {"numba_threads": os.environ.get("NUMBA_NUM_THREADS")}))
-        ctx.log.info("[start] ready")
+        ctx.send(msg.Ready(os.getpid(), ctx.name, {"threads": payload.threads}))
+        ctx.log.info("[start] ready (%d threads per partition)", payload.threads)
         worker.run()
     finally:
         ring.close()

@@ -1,21 +1,27 @@
 """The public data types of the pipeline: what callers submit and what they get back.
 
-These are the names of the Engine API (``/work/briefs/engine_api.md``) that the
-daemon and ``cuzk-mp bench`` code against: plain, picklable dataclasses with
-no behaviour beyond validation. The messages that travel between the engine
-and its child processes are a separate concern (:mod:`.messages`).
+These are the names of the engine's contract (docs/engine.md) that the daemon and
+``cuzk-mp bench`` code against: plain, picklable dataclasses with no behaviour
+beyond validation. The messages that travel between the engine and its child
+processes are a separate concern (:mod:`.messages`), and so is the engine's
+status (:mod:`.status`).
 
-Timings in :class:`PartitionResult` are seconds, one entry per stage:
+Timings in :class:`PartitionResult` are seconds, one entry per stage; every stage a
+process measures for a partition reaches its result:
 
 * ``queue_wait``  submit -> handed to a synthesis worker
-* ``synthesis``   witness + a = A w, b = B w, c = a o b (+ the r1cs check)
-* ``ring_wait``   vectors done -> a free slot (backpressure), plus published -> taken by a prover
-* ``shm_write``   copy of a, b, c, w into the fresh segment (extra key)
+* ``ring_wait``   handed over -> a free slot (backpressure), plus published -> taken by a prover
+* ``shm_write``   the slot's segment created and pre-faulted (before synthesis writes into it)
+* ``witness``     the witness, written into the slot (part of ``synthesis``)
+* ``synthesis``   witness + a = A w, b = B w, c = a o b (+ the r1cs check), all in the slot
 * ``staging``     segment -> backend memory (device copy; on the CPU backend, the prover's own memory)
-* ``device_wait`` staged -> the device lock (another partition computing; extra key)
-* ``device``      prove_start: NTTs for H and the five MSMs
+* ``device_wait`` staged -> the device lock (another partition computing)
+* ``device``      prove_start: H and the five MSMs
 * ``finalize``    assembly with fresh r, s and the self-verification
 * ``total``       submit -> result
+
+A proof is snarkjs ``proof.json`` (a dict of decimal strings) from the prover
+process to the caller: it is never converted on the way.
 """
 
 from __future__ import annotations
@@ -24,15 +30,12 @@ import os
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import Any
 
-from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
 from ..errors import ConfigError
 
-if TYPE_CHECKING:
-    from ..formats.snarkjs_json import Proof
-
-STAGES = ("queue_wait", "synthesis", "ring_wait", "shm_write", "staging", "device_wait", "device", "finalize", "total")
+STAGES = ("queue_wait", "ring_wait", "shm_write", "witness", "synthesis", "staging", "device_wait", "device",
+          "finalize", "total")
 INPUT_KINDS = ("json", "wtns", "synthetic")
 BACKENDS = ("auto", "cpu", "gpu")
 
@@ -80,10 +83,10 @@ class JobSpec:
 
 @dataclass
 class PartitionResult:
-    """The outcome of one partition: a proof and its public signals, or an error."""
+    """The outcome of one partition: a proof (snarkjs proof.json) and its public signals, or an error."""
 
     index: int
-    proof: Proof | None
+    proof: dict[str, Any] | None
     public: list[int]
     timings: dict[str, float]
     device: int | None
@@ -112,13 +115,17 @@ def _default_cache() -> Path:
 
 @dataclass
 class EngineConfig:
-    """How many processes and slots the engine runs; see engine_api.md for each field."""
+    """How many processes and slots the engine runs (docs/engine.md describes each field).
+
+    ``synthesis_threads`` is the number of cores one partition's synthesis uses (None: the
+    machine's cores / ``partition_workers``).
+    """
 
     backend: str = "auto"
     devices: list[int] | None = None
     gpu_workers_per_device: int = 2
     partition_workers: int = 2
-    synthesis_threads: int = 1
+    synthesis_threads: int | None = None
     ring_slots: int = 4
     shm_prefix: str | None = None
     verify_proofs: bool = True
@@ -136,6 +143,8 @@ class EngineConfig:
             raise ConfigError(f"EngineConfig.devices: {self.devices!r} must be distinct ids >= 0 (or None for all)")
         for name in ("gpu_workers_per_device", "partition_workers", "synthesis_threads", "ring_slots", "max_attempts"):
             value = getattr(self, name)
+            if name == "synthesis_threads" and value is None:
+                continue
             if not isinstance(value, int) or value < 1:
                 raise ConfigError(f"EngineConfig.{name}: {value!r} must be an integer >= 1")
         if self.ring_slots > 256:
@@ -150,6 +159,12 @@ class EngineConfig:
     def prefix(self) -> str:
         """The shm/semaphore name prefix: ``shm_prefix`` or ``cuzk-<pid>``."""
         return self.shm_prefix or f"cuzk-{os.getpid()}"
+
+    def threads_per_partition(self) -> int:
+        """``synthesis_threads``, or the machine's cores shared among the synthesis workers."""
+        if self.synthesis_threads is not None:
+            return self.synthesis_threads
+        return max(1, (os.cpu_count() or 1) // self.partition_workers)
 
 
 def _good_prefix(prefix: str) -> bool:

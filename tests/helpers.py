@@ -1,16 +1,24 @@
-"""Helpers for the daemon's end-to-end tests (no tests here): a daemon subprocess, its config,
-a strict Prometheus text parser, /dev/shm accounting, and proof checking against two
-verifiers: cuzk-mp's own pairing check and, when the node tools are installed, snarkjs."""
+"""Helpers shared by the pipeline and daemon tests (imported by them; fixtures built on these live in
+conftest.py): a result collector, the synthetic test key and an independent proof checker, a daemon
+subprocess and its config, a strict Prometheus text parser, /dev/shm accounting, and proof checking
+against two verifiers: cuzk-mp's own pairing check and, when the node tools are installed, snarkjs.
+
+The synthetic circuit's dev key lives in ``.cache/pipeline-test-keys`` (git-ignored) and is rebuilt
+by :func:`ensure_synthetic_key` only when the generator changes.
+"""
 
 from __future__ import annotations
 
+import fcntl
 import os
 import re
 import signal
 import socket
-import subprocess
 import struct
+import subprocess
 import sys
+import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -19,11 +27,124 @@ from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import Client
 from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json, vk_from_json
 from cuzk_mp.groth16.verifier import verify
+from cuzk_mp.pipeline.types import JobResult, PartitionResult
 
 REPO = Path(__file__).resolve().parents[1]
 PY = [sys.executable, "-m", "cuzk_mp.cli"]
 ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
        "CUZK_MP": f"{sys.executable} -m cuzk_mp.cli"}
+KEY_CACHE = REPO / ".cache" / "pipeline-test-keys"
+LOG_N = 10  # the smallest porep-like circuit: fast on the 2-core CI machine
+
+
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def prefix_for(tag: str) -> str:
+    """A per-run shm prefix (so concurrent test runs on one machine never collide)."""
+    return f"cuzk-t{tag}-{os.getpid()}"
+
+
+class Collector:
+    """Collects engine callbacks; :meth:`wait` blocks until a job is reported."""
+
+    def __init__(self) -> None:
+        self.cond = threading.Condition()
+        self.jobs: dict[str, JobResult] = {}
+        self.partitions: list[tuple[str, PartitionResult]] = []
+        self.threads: set[str] = set()
+
+    def job(self, result: JobResult) -> None:
+        """on_job_done."""
+        with self.cond:
+            self.threads.add(threading.current_thread().name)
+            self.jobs[result.job_id] = result
+            self.cond.notify_all()
+
+    def partition(self, job_id: str, result: PartitionResult) -> None:
+        """on_partition_done."""
+        with self.cond:
+            self.threads.add(threading.current_thread().name)
+            self.partitions.append((job_id, result))
+
+    def wait(self, job_id: str, timeout: float = 180.0) -> JobResult:
+        """The job's result, once reported (AssertionError after ``timeout``)."""
+        with self.cond:
+            assert self.cond.wait_for(lambda: job_id in self.jobs, timeout), f"job {job_id} not done in {timeout} s"
+            return self.jobs[job_id]
+
+
+def synthetic_key() -> tuple[Path, Path]:
+    """(zkey, r1cs) of porep-like 2^LOG_N in the test key cache, keyed by snarkjs when it can be.
+
+    With the node tools installed, the zkey comes from snarkjs ``groth16 setup`` on
+    the oracle's 2^10 ptau (plus one contribution): a key made outside cuzk-mp. It
+    is put into the cache under the names :func:`ensure_synthetic_key` uses, next
+    to the generator's r1cs, so the engine's own lookup finds it (the r1cs bytes
+    match) and runs no setup. Without the tools, ensure_synthetic_key makes the
+    key with cuzk-mp's dev setup, so the pipeline tests still run.
+    """
+    from cuzk_mp.circuits.synthetic import PorepLike
+    from cuzk_mp.formats.r1cs import write_r1cs
+    from cuzk_mp.pipeline.keys import ensure_synthetic_key, synthetic_key_paths
+
+    from tests.oracle import _ORACLE, groth16_setup, tools_missing
+
+    if tools_missing() is not None:
+        return ensure_synthetic_key("porep-like", LOG_N, KEY_CACHE, "cpu")
+    zkey, r1cs = synthetic_key_paths("porep-like", LOG_N, KEY_CACHE)
+    KEY_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(KEY_CACHE / f"porep-like-{LOG_N}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        with tempfile.TemporaryDirectory(dir=KEY_CACHE) as tmp:
+            fresh = Path(tmp) / "c.r1cs"
+            write_r1cs(fresh, PorepLike(LOG_N).r1cs())
+            if not (zkey.exists() and r1cs.exists() and fresh.read_bytes() == r1cs.read_bytes()):
+                made = groth16_setup(fresh, _ORACLE.ptau(), Path(tmp) / "k.zkey")
+                os.replace(fresh, r1cs)
+                os.replace(made, zkey)
+    return ensure_synthetic_key("porep-like", LOG_N, KEY_CACHE, "cpu")
+
+
+class ProofChecker:
+    """Independent checks of pipeline output for the synthetic circuit."""
+
+    def __init__(self, zkey_path: Path) -> None:
+        from cuzk_mp.circuits.synthetic import PorepLike
+        from cuzk_mp.formats.zkey import read_zkey
+        from cuzk_mp.groth16.keys import prepare_vk, vk_from_zkey
+
+        with read_zkey(zkey_path) as zkey:
+            self.pvk = prepare_vk(vk_from_zkey(zkey))
+            self.n_public = zkey.n_public
+        self.circuit = PorepLike(LOG_N)
+
+    def expected_public(self, seed: int, partition: int) -> list[int]:
+        """w[1..n_public] of the generator's own witness."""
+        from cuzk_mp.algebra.field import limbs_to_ints
+
+        w = self.circuit.witness(seed, partition)
+        return limbs_to_ints(w[1 : self.n_public + 1])
+
+    def verifies(self, public: list[int], proof: dict[str, Any] | None) -> bool:
+        """The pairing check of a snarkjs proof.json with the zkey's verification key."""
+        return proof is not None and bool(verify(self.pvk, public, proof_from_json(proof)))
+
+
+def wait_until(predicate: Any, timeout: float = 120.0, interval: float = 0.05) -> Any:
+    """Poll ``predicate`` until it returns something truthy; returns it (AssertionError on timeout)."""
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(interval)
+    raise AssertionError(f"condition not met within {timeout} s")
+
 
 _SAMPLE = re.compile(
     r'^([a-zA-Z_:][a-zA-Z0-9_:]*)(\{(?:[a-zA-Z_][a-zA-Z0-9_]*="(?:[^"\\]|\\.)*",?)*\})? '
@@ -221,3 +342,10 @@ def raw_roundtrip(path: str, payloads: list[bytes], timeout: float = 30.0) -> li
     finally:
         s.close()
     return out
+
+
+def status_of(engine: Any) -> dict[str, Any]:
+    """A running engine's typed status as JSON-able data (what the daemon serves)."""
+    import msgspec
+
+    return msgspec.to_builtins(engine.status())

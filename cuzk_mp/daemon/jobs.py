@@ -1,13 +1,18 @@
 """The job table: every job the daemon accepted, from submit to pruning.
 
-This module owns the daemon's view of jobs (the engine owns their execution). It gives the
-lifecycle APIs cuzk lacked (reference/cuzk.md sections 1.14 and 7.10) real behaviour:
+This module owns the daemon's own view of jobs: request ids, waiters, the journal, retention.
+The engine owns their execution, their ordering (priority, then submit order) and the
+validation of their inputs. It gives the lifecycle APIs cuzk lacked (idempotent submits,
+real await timeouts, cancel, results kept for a while) real behaviour:
 
 * **Idempotency.** ``request_id`` is the job's key and id. A repeat with the same inputs returns
   the existing job (queued, running or finished and not yet pruned); a repeat with *different*
   inputs is an InputError, never a silent second job.
-* **Durability.** A job is written to the journal before the submit is acknowledged, then handed
-  to the engine. Concurrent repeats of one request_id wait for the first one's journal write.
+* **Validation once.** The engine validates a job as it queues it (``RunningEngine.submit``);
+  a job it refuses is refused to the client and never journaled.
+* **Durability.** A job is written to the journal before the submit is acknowledged (if the write
+  fails, the job is cancelled in the engine and the submit fails). Concurrent repeats of one
+  request_id wait for the first one's journal write.
 * **Waiting with a real timeout.** AwaitProof returns when the job ends or when ``timeout_s``
   passes (then ``timed_out`` is set and the job goes on).
 * **Cancel.** Forwarded to the engine (queued partitions are dropped, running ones stop at the
@@ -29,18 +34,16 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Coroutine, Iterable
+from typing import Any, Protocol
 
 import msgspec
 
 from cuzk_mp.daemon.config import CircuitConfig
+from cuzk_mp.daemon.job_records import TERMINAL, JobRecord, pending_partitions, reply_of, to_partition_out
 from cuzk_mp.daemon.journal import Journal, JournalEntry
 from cuzk_mp.daemon.metrics import DaemonMetrics
 from cuzk_mp.daemon.protocol import JobReply, PartitionIn, Prove, SubmitProof
-from cuzk_mp.daemon.scheduler.convert import (
-    TERMINAL, JobRecord, pending_partitions, reply_of, to_partition_out, validate_partitions,
-)
 from cuzk_mp.errors import InputError, ResourceError
 from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionInput, PartitionResult, Priority
 
@@ -53,7 +56,7 @@ class EngineLike(Protocol):
     """The part of :class:`cuzk_mp.pipeline.engine.Engine` the job table drives."""
 
     def submit(self, job: JobSpec) -> None:
-        """Queue a job (InputError for bad partitions)."""
+        """Queue a job; InputError (naming the partition) for inputs the circuit cannot take."""
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a job; False if it is unknown or already finished."""
@@ -93,11 +96,11 @@ class JobTable:
         if len(req.request_id) > MAX_REQUEST_ID or not req.request_id.isprintable():
             raise InputError(f"SubmitProof.request_id: at most {MAX_REQUEST_ID} printable "
                              "characters")
-        validate_partitions(req.partitions, cc)
         return cc
 
     async def submit(self, req: SubmitProof | Prove) -> tuple[JobRecord, bool]:
-        """Accept a job (journaled, then queued in the engine); returns (record, duplicate)."""
+        """Accept a job (queued in the engine, which validates it, then journaled before the
+        reply); returns (record, duplicate)."""
         cc = self._check(req)
         digest = digest_of(req.circuit_id, req.partitions)
         existing = self.jobs.get(req.request_id) if req.request_id else None
@@ -113,17 +116,25 @@ class JobTable:
                         partitions=list(req.partitions), submitted_at=time.time())
         self.jobs[job_id] = rec
         try:
-            await self.journal.add(self._entry(rec))
             self._to_engine(rec)
         except BaseException as e:
-            self.jobs.pop(job_id, None)
-            rec.accepted.set_exception(e)
-            rec.accepted.exception()  # retrieved: waiters re-raise it; no "never retrieved" log
+            self._refused(rec, e)
+            raise
+        try:
+            await self.journal.add(self._entry(rec))
+        except BaseException as e:  # not durable: the job must not run unacknowledged
+            self.engine.cancel(job_id)
+            self._refused(rec, e)
             if not isinstance(e, asyncio.CancelledError):
                 await self.journal.remove([job_id])
             raise
         rec.accepted.set_result(None)
         return rec, False
+
+    def _refused(self, rec: JobRecord, e: BaseException) -> None:
+        self.jobs.pop(rec.job_id, None)
+        rec.accepted.set_exception(e)
+        rec.accepted.exception()  # retrieved: waiters re-raise it; no "never retrieved" log
 
     def _entry(self, rec: JobRecord) -> JournalEntry:
         return JournalEntry(job_id=rec.job_id, request_id=rec.request_id,
@@ -241,8 +252,8 @@ class JobTable:
         log.info("job %s %s (%d partitions, %.3f s)", rec.job_id, rec.state,
                  len(rec.partitions), rec.finished_at - rec.submitted_at)
 
-    def _write(self, coro: object) -> None:
-        task: asyncio.Task[None] = asyncio.ensure_future(coro)  # type: ignore[arg-type]
+    def _write(self, coro: Coroutine[Any, Any, None]) -> None:
+        task = asyncio.ensure_future(coro)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 

@@ -1,27 +1,23 @@
 """Job records and their conversions: engine results and journal rows to wire replies.
 
 This module owns :class:`JobRecord` (one job as the daemon tracks it) and the pure functions
-that check partition inputs at the door and turn the engine's :class:`PartitionResult` /
-the record into protocol messages. Proof points become snarkjs JSON (decimal strings), public
-signals decimal strings, so a client can write them to disk as they are.
+that turn the engine's :class:`PartitionResult` and the record into protocol messages. The proof
+is snarkjs proof.json as the prover made it (passed through, never rebuilt), public signals
+become decimal strings, so a client can write both to disk as they are. Partition inputs are
+validated once, by the engine (``RunningEngine.submit``), not here.
 """
 
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 
-from cuzk_mp.daemon.config import CircuitConfig
 from cuzk_mp.daemon.journal import JournalEntry
 from cuzk_mp.daemon.protocol import JobReply, PartitionIn, PartitionOut, PartitionState
-from cuzk_mp.errors import InputError
-from cuzk_mp.formats.snarkjs_json import proof_to_json, public_to_json
+from cuzk_mp.formats.snarkjs_json import public_to_json
 from cuzk_mp.pipeline.types import PartitionResult, Priority
 
 TERMINAL = frozenset({"done", "failed", "cancelled"})
-MAX_PARTITIONS = 1024
-MAX_SEED = 2**63 - 1
 
 
 @dataclass(eq=False)
@@ -64,46 +60,6 @@ class JobRecord:
         return rec
 
 
-def validate_partitions(partitions: list[PartitionIn], cc: CircuitConfig) -> None:
-    """Reject inputs the circuit cannot take, naming the partition and what is wrong.
-
-    ``json`` needs a circuit with a wasm and must be a JSON object; ``wtns`` must carry the
-    .wtns magic; ``synthetic`` (a seed in 0..2^63-1) needs a synthetic circuit.
-    """
-    if not partitions:
-        raise InputError("SubmitProof.partitions: a job needs at least one partition")
-    if len(partitions) > MAX_PARTITIONS:
-        raise InputError(f"SubmitProof.partitions: {len(partitions)} partitions, "
-                         f"at most {MAX_PARTITIONS}")
-    spec = cc.spec
-    for i, p in enumerate(partitions):
-        where = f"SubmitProof.partitions[{i}]"
-        if p.kind == "synthetic":
-            if spec.synthetic is None:
-                raise InputError(f"{where}: circuit {spec.circuit_id!r} is a circom circuit; "
-                                 "send kind \"json\" (inputs for its wasm) or \"wtns\"")
-            if not 0 <= p.seed <= MAX_SEED:
-                raise InputError(f"{where}.seed: must be in 0..2^63-1, got {p.seed}")
-        elif p.kind == "json":
-            if spec.wasm is None:
-                raise InputError(f"{where}: circuit {spec.circuit_id!r} has no wasm to compute "
-                                 "a witness from input JSON; send kind \"wtns\""
-                                 + (" or \"synthetic\"" if spec.synthetic else ""))
-            _check_json(p.data, where)
-        elif not p.data.startswith(b"wtns"):
-            raise InputError(f"{where}.data: not a .wtns file (it does not start with 'wtns')")
-
-
-def _check_json(data: bytes, where: str) -> None:
-    try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{where}.data: not valid input JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise InputError(f"{where}.data: input JSON must be an object of signal names, "
-                         f"got {type(obj).__name__}")
-
-
 def to_partition_out(r: PartitionResult) -> PartitionOut:
     """The wire form of one engine partition result."""
     state: PartitionState
@@ -115,7 +71,7 @@ def to_partition_out(r: PartitionResult) -> PartitionOut:
         state = "failed"
     return PartitionOut(
         index=r.index, state=state,
-        proof=proof_to_json(r.proof) if r.proof is not None and state == "done" else None,
+        proof=r.proof if state == "done" else None,
         public=public_to_json(r.public) if state == "done" else [],
         timings={k: float(v) for k, v in r.timings.items()}, device=r.device,
         attempts=r.attempts, error=r.error, error_kind=r.error_kind)

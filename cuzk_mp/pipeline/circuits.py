@@ -1,0 +1,170 @@
+"""The circuits an engine proves, what a job's input must be, and where each proving key is resident.
+
+Owns three things the engine keeps about circuits:
+
+* the registered circuits: one :class:`~.messages.CircuitRef` per id, with the
+  absolute paths the children open (a synthetic circuit's dev key is made once in
+  the param cache, :func:`~.keys.ensure_synthetic_key`);
+* the one validation of a job and its partition inputs (:meth:`CircuitTable.check_job`,
+  called by ``Engine.submit``): nothing upstream checks them again, and a worker
+  only parses what passed here;
+* the resident-key table the prover processes report (:class:`~.messages.KeyState`),
+  rendered as status rows (:meth:`CircuitTable.rows`).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import msgspec
+
+from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
+from ..errors import InputError
+from . import messages as msg
+from .types import INPUT_KINDS, CircuitSpec, JobSpec, Priority
+
+MAX_PARTITIONS = 1024
+MAX_SEED = 2**63 - 1
+MAX_JOB_ID = 256  # a job id rides in the header of every ring segment
+
+
+class KeyRow(msgspec.Struct):
+    """A proving key and where it lives: resident in a prover process ("device" on a GPU, "host" on
+    the CPU backend), or only on "disk" (``process`` None)."""
+
+    circuit: str
+    process: str | None
+    tier: str | None  # None: the process failed to load it (see ``error``)
+    bytes: int
+    error: str | None
+
+
+class CircuitTable:
+    """Registered circuits, job validation and resident keys (see the module docstring)."""
+
+    def __init__(self, param_cache: Path, backend: str) -> None:
+        self.param_cache = param_cache
+        self.backend = backend
+        self.refs: dict[str, msg.CircuitRef] = {}
+        self._keys: dict[tuple[str, str], msg.KeyState] = {}  # (circuit, process) -> its last report
+
+    # ---- circuits
+    def make_ref(self, spec: CircuitSpec) -> msg.CircuitRef:
+        """Validate a circuit and build its reference (synthetic: make its dev key once)."""
+        cid = spec.circuit_id
+        if not cid or spec.partitions < 1:
+            raise InputError(f"circuit {cid!r}: needs a non-empty id and partitions >= 1 (got {spec.partitions})")
+        if spec.synthetic is not None:
+            if spec.synthetic not in SYNTHETIC_KINDS or spec.log_n is None:
+                raise InputError(f"circuit {cid}: synthetic must be one of {SYNTHETIC_KINDS} with log_n set")
+            from .keys import ensure_synthetic_key
+
+            zkey, r1cs = ensure_synthetic_key(spec.synthetic, spec.log_n, self.param_cache, self.backend)
+            return msg.CircuitRef(cid, str(zkey), str(r1cs), None, spec.synthetic, spec.log_n)
+        paths: dict[str, str | None] = {}
+        for what, path, required in (("zkey", spec.zkey, True), ("r1cs", spec.r1cs, True), ("wasm", spec.wasm, False)):
+            if path is None:
+                if required:
+                    raise InputError(f"circuit {cid}: {what} is required for a circom circuit")
+                paths[what] = None
+                continue
+            if not Path(path).is_file():
+                raise InputError(f"circuit {cid}: {what} file {path} does not exist")
+            paths[what] = str(Path(path).resolve())
+        return msg.CircuitRef(cid, str(paths["zkey"]), paths["r1cs"], paths["wasm"])
+
+    def ref(self, circuit_id: str) -> msg.CircuitRef:
+        """The registered circuit (InputError naming the registered ones if unknown)."""
+        ref = self.refs.get(circuit_id)
+        if ref is None:
+            raise InputError(f"unknown circuit {circuit_id!r} (registered: {', '.join(sorted(self.refs)) or 'none'})")
+        return ref
+
+    # ---- jobs
+    def check_job(self, job: JobSpec) -> msg.CircuitRef:
+        """Validate a job against its registered circuit (see :func:`check_job`); the circuit's reference."""
+        if not job.job_id or len(job.job_id) > MAX_JOB_ID or not job.job_id.isprintable():
+            raise InputError(f"job {job.job_id!r}: a job id is 1-{MAX_JOB_ID} printable characters")
+        ref = self.ref(job.circuit_id)
+        check_job(job, ref)
+        return ref
+
+    # ---- resident keys
+    def on_key_state(self, process: str, m: msg.KeyState) -> None:
+        """A prover process loaded, evicted or failed to load a key."""
+        if m.tier is None and m.error is None:
+            self._keys.pop((m.circuit_id, process), None)
+        else:
+            self._keys[(m.circuit_id, process)] = m
+
+    def forget(self, circuit_id: str, processes: list[str]) -> None:
+        """Drop what these processes reported for a circuit (before asking them again)."""
+        for name in processes:
+            self._keys.pop((circuit_id, name), None)
+
+    def reported(self, circuit_id: str, processes: list[str]) -> bool:
+        """Whether every one of these processes has reported on the circuit's key."""
+        return all((circuit_id, name) in self._keys for name in processes)
+
+    def errors(self, circuit_id: str, processes: list[str]) -> list[str]:
+        """``process: error`` for each of these processes that failed to load the key."""
+        out = []
+        for name in processes:
+            ks = self._keys.get((circuit_id, name))
+            if ks is not None and ks.error:
+                out.append(f"{name}: {ks.error}")
+        return out
+
+    def drop_process(self, process: str) -> None:
+        """A prover process died: the keys it held are gone with it."""
+        for key in [k for k in self._keys if k[1] == process]:
+            del self._keys[key]
+
+    def rows(self) -> list[KeyRow]:
+        """Resident keys per prover process; registered circuits resident nowhere are tier "disk"."""
+        rows = [KeyRow(cid, proc, ks.tier, ks.nbytes, ks.error) for (cid, proc), ks in sorted(self._keys.items())]
+        resident = {cid for cid, _ in self._keys}
+        for cid, ref in sorted(self.refs.items()):
+            if cid not in resident:
+                size = os.path.getsize(ref.zkey) if os.path.exists(ref.zkey) else 0
+                rows.append(KeyRow(cid, None, "disk", size, None))
+        return rows
+
+
+def check_job(job: JobSpec, ref: msg.CircuitRef) -> None:
+    """The one validation of a job and each partition's input against its circuit (InputError naming
+    the job, the partition and what is wrong)."""
+    if not isinstance(job.priority, Priority):
+        raise InputError(f"job {job.job_id}: priority {job.priority!r} is not one of "
+                         f"{', '.join(p.name for p in Priority)}")
+    if not job.partitions:
+        raise InputError(f"job {job.job_id}: a job needs at least one partition")
+    if len(job.partitions) > MAX_PARTITIONS:
+        raise InputError(f"job {job.job_id}: {len(job.partitions)} partitions, at most {MAX_PARTITIONS}")
+    for i, p in enumerate(job.partitions):
+        _check_partition(f"job {job.job_id} partitions[{i}]", p.kind, p.data, p.seed, ref)
+
+
+def _check_partition(where: str, kind: str, data: bytes, seed: int, ref: msg.CircuitRef) -> None:
+    """One partition's input against its circuit (the rules of docs/engine.md, "Inputs")."""
+    if kind not in INPUT_KINDS:
+        raise InputError(f"{where}: input kind {kind!r} is not one of {', '.join(INPUT_KINDS)}")
+    if kind == "synthetic":
+        if ref.synthetic is None:
+            raise InputError(f"{where}: circuit {ref.circuit_id!r} is a circom circuit; send kind \"json\" "
+                             "(inputs for its wasm) or \"wtns\"")
+        if not 0 <= seed <= MAX_SEED:
+            raise InputError(f"{where}.seed: must be in 0..2^63-1, got {seed}")
+    elif kind == "json":
+        if ref.wasm is None:
+            raise InputError(f"{where}: circuit {ref.circuit_id!r} has no wasm to compute a witness from input "
+                             "JSON; send kind \"wtns\"" + (" or \"synthetic\"" if ref.synthetic else ""))
+        from ..circuits.circom import parse_input_json
+
+        try:
+            parse_input_json(data, f"{where} input JSON")
+        except (ValueError, RecursionError) as exc:  # numbers or nesting Python's JSON reader refuses
+            raise InputError(f"{where}.data: input JSON cannot be read: {type(exc).__name__}: {exc}") from None
+    elif not data.startswith(b"wtns"):
+        raise InputError(f"{where}.data: not a .wtns file (it does not start with 'wtns')")

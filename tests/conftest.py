@@ -1,0 +1,29 @@
+"""Fixtures shared by the test modules (the helpers they are built on are in tests/helpers.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from tests import helpers
+from tests.helpers import ProofChecker, synthetic_key
+from tests.oracle import oracle  # noqa: F401 - the snarkjs/circom oracle's session fixture, for every module
+
+
+@pytest.fixture(scope="session")
+def test_key() -> tuple[Path, Path]:
+    """(zkey, r1cs) of the porep-like 2^10 test circuit, made once per machine in .cache/."""
+    return synthetic_key()
+
+
+@pytest.fixture(scope="session")
+def checker(test_key: tuple[Path, Path]) -> ProofChecker:
+    """An independent checker of proofs and public signals of the test circuit."""
+    return ProofChecker(test_key[0])
+
+
+@pytest.fixture
+def free_port() -> int:
+    """A TCP port on 127.0.0.1 that was free a moment ago."""
+    return helpers.free_port()
