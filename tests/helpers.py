@@ -113,7 +113,7 @@ def synthetic_key() -> tuple[Path, Path]:
 class ProofChecker:
     """Independent checks of pipeline output for the synthetic circuit."""
 
-    def __init__(self, zkey_path: Path) -> None:
+    def __init__(self, zkey_path: Path, log_n: int = LOG_N) -> None:
         from cuzk_mp.circuits.synthetic import PorepLike
         from cuzk_mp.formats.zkey import read_zkey
         from cuzk_mp.groth16.keys import prepare_vk, vk_from_zkey
@@ -121,7 +121,7 @@ class ProofChecker:
         with read_zkey(zkey_path) as zkey:
             self.pvk = prepare_vk(vk_from_zkey(zkey))
             self.n_public = zkey.n_public
-        self.circuit = PorepLike(LOG_N)
+        self.circuit = PorepLike(log_n)
 
     def expected_public(self, seed: int, partition: int) -> list[int]:
         """w[1..n_public] of the generator's own witness."""

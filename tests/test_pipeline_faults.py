@@ -2,10 +2,12 @@
 
 One engine for the module: ring_slots = 2, one prover process with one worker
 thread (the slow consumer) and two synthesis workers (fast producers). The
-tests kill processes with SIGKILL mid-job and check that the job is retried and
-completes (or, after the retry, fails with an error naming the process), that
-the ring's slots and segments are reclaimed, and that nothing with the prefix
-is left in /dev/shm after shutdown.
+tests kill processes with SIGKILL mid-job, among them a worker caught while its
+slot is FILLING, and check that the job is retried and completes (or, after the
+retry, fails with an error naming the process), that the ring's slots and
+segments are reclaimed, that a cancelled or unsatisfied partition gives its
+FILLING slot back, and that nothing with the prefix is left in /dev/shm after
+shutdown. A prover that keeps dying before READY degrades its own engine.
 """
 
 from __future__ import annotations
@@ -18,7 +20,8 @@ import time
 import pytest
 
 from cuzk_mp.pipeline.engine import Engine, RunningEngine
-from cuzk_mp.pipeline.ring import live_segments, shm_entries
+from cuzk_mp.pipeline.keys import synthetic_key_paths
+from cuzk_mp.pipeline.ring import Ring, RingHandle, SlotRecord, live_segments, shm_entries
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput
 
 from tests.helpers import KEY_CACHE, LOG_N, Collector, ProofChecker, prefix_for, status_of, wait_until
@@ -112,22 +115,44 @@ def test_kill_synthesis_worker_mid_job(running, checker: ProofChecker) -> None:
     assert status_of(engine)["ring"]["stats"]["live"] == 0 and live_segments(PREFIX) == 0
 
 
+FILL_LOG_N = 16  # a partition whose synthesis takes long enough to be caught FILLING on a loaded machine
+
+
+def _big_job(engine: RunningEngine, job_id: str, seed: int) -> JobSpec:
+    engine.register_circuit(CircuitSpec("porep16", synthetic="porep-like", log_n=FILL_LOG_N))
+    return JobSpec(job_id, "porep16", [PartitionInput("synthetic", seed=seed)])
+
+
+def _kill_prover_holding(engine: RunningEngine, job_id: str, attempts: int) -> None:
+    """SIGKILL the prover while it holds an attempt of ``job_id`` it has not finished.
+
+    It is stopped first and the engine given a moment to read anything it sent: only if the
+    attempt is still "proving" then (no proof can leave a stopped process) is it killed.
+    """
+    while True:
+        wait_until(lambda: _partition_state(engine, job_id, "proving", attempts))
+        pid = _process(engine, "cuzk-prover-0")["pid"]
+        os.kill(pid, signal.SIGSTOP)
+        time.sleep(0.5)
+        if _partition_state(engine, job_id, "proving", attempts) is not None:
+            os.kill(pid, signal.SIGKILL)
+            return
+        os.kill(pid, signal.SIGCONT)
+
+
 def test_kill_prover_mid_job_then_retry_exhausted(running, checker: ProofChecker) -> None:
     engine, results = running
-    engine.submit(_job("kill-prover", 3, base=200))
-    wait_until(lambda: _partition_state(engine, "kill-prover", "proving"))
-    pid = _process(engine, "cuzk-prover-0")["pid"]
-    os.kill(pid, signal.SIGKILL)
+    engine.submit(_big_job(engine, "kill-prover", 200))  # a 2^16 partition: seconds in the prover
+    big = ProofChecker(synthetic_key_paths("porep-like", FILL_LOG_N, KEY_CACHE)[0], FILL_LOG_N)
+    _kill_prover_holding(engine, "kill-prover", attempts=1)
     first = results.wait("kill-prover")
-    assert _all_verify(first, checker) and max(p.attempts for p in first.partitions) == 2
+    assert _all_verify(first, big) and max(p.attempts for p in first.partitions) == 2
     assert _process(engine, "cuzk-prover-0")["restarts"] == 1
 
     # now kill the prover twice on the same partition: its retry is used up and the job fails alone
-    engine.submit(_job("doomed", 2, base=300))
-    wait_until(lambda: _partition_state(engine, "doomed", "proving"))
-    os.kill(_process(engine, "cuzk-prover-0")["pid"], signal.SIGKILL)
-    wait_until(lambda: _partition_state(engine, "doomed", "proving", attempts=2))
-    os.kill(_process(engine, "cuzk-prover-0")["pid"], signal.SIGKILL)
+    engine.submit(_big_job(engine, "doomed", 300))
+    _kill_prover_holding(engine, "doomed", attempts=1)
+    _kill_prover_holding(engine, "doomed", attempts=2)
     engine.submit(_job("survivor", 2, base=400))
     doomed = results.wait("doomed")
     assert doomed.state == "failed"
@@ -140,7 +165,7 @@ def test_kill_prover_mid_job_then_retry_exhausted(running, checker: ProofChecker
 ORPHAN_SCRIPT = """
 import sys, time
 from pathlib import Path
-from cuzk_mp.pipeline.engine import Engine, RunningEngine
+from cuzk_mp.pipeline.engine import Engine
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput
 engine = Engine(EngineConfig(backend="cpu", devices=[0], partition_workers=1, ring_slots=2,
                              shm_prefix=sys.argv[1], param_cache=Path(sys.argv[2]))).start()
@@ -215,3 +240,81 @@ def test_crash_loop_degrades_then_recovers(checker: ProofChecker) -> None:
     finally:
         engine.stop(grace_s=5)
     assert shm_entries(prefix) == []
+
+
+def _stop_a_filling_worker(ring: Ring, workers: set[int], timeout: float = 120.0) -> SlotRecord:
+    """SIGSTOP a synthesis worker caught while its slot is FILLING; the slot's record.
+
+    A worker stopped just as it published (or inside the ring's lock, which would block this
+    check) is let go again and another one caught.
+    """
+    end = time.monotonic() + timeout
+    while time.monotonic() < end:
+        rec = next((r for r in ring.snapshot() if r.state == "filling" and r.owner_pid in workers), None)
+        if rec is None:
+            continue
+        os.kill(rec.owner_pid, signal.SIGSTOP)
+        got: list[SlotRecord] = []
+        check = threading.Thread(target=lambda: got.append(ring.record(rec.slot)), daemon=True)
+        check.start()
+        check.join(1.0)
+        if got and got[0].state == "filling" and got[0].owner_pid == rec.owner_pid:
+            return got[0]
+        os.kill(rec.owner_pid, signal.SIGCONT)
+        check.join()
+    raise AssertionError("no synthesis worker caught with a FILLING slot")
+
+
+@pytest.fixture
+def ring_view():
+    view = Ring.attach(RingHandle(PREFIX, 2))
+    yield view
+    view.close()
+
+
+def _synth_pids(engine: RunningEngine) -> set[int]:
+    return {p.pid for p in engine.status().processes if p.role == "synth" and p.alive}
+
+
+def test_worker_death_while_filling_reclaims_the_slot(running, ring_view: Ring) -> None:
+    engine, results = running
+    engine.submit(_big_job(engine, "fill-kill", 700))
+    rec = _stop_a_filling_worker(ring_view, _synth_pids(engine))
+    os.kill(rec.owner_pid, signal.SIGKILL)
+    result = results.wait("fill-kill")
+    assert result.state == "done" and result.partitions[0].attempts == 2  # tried again, proved
+    assert ring_view.stats().reclaimed >= 1
+    wait_until(lambda: status_of(engine)["ring"]["stats"]["live"] == 0, timeout=30)
+    assert live_segments(PREFIX) == 0
+
+
+def test_cancel_while_filling_gives_the_slot_back(running, ring_view: Ring) -> None:
+    engine, results = running
+    engine.submit(_big_job(engine, "fill-cancel", 800))
+    rec = _stop_a_filling_worker(ring_view, _synth_pids(engine))
+    try:
+        assert engine.cancel("fill-cancel")
+    finally:
+        os.kill(rec.owner_pid, signal.SIGCONT)  # it sees the cancel at its next boundary
+    assert results.wait("fill-cancel").state == "cancelled"
+    wait_until(lambda: status_of(engine)["ring"]["stats"]["live"] == 0
+               and status_of(engine)["queue"]["in_flight"] == 0, timeout=30)
+    assert live_segments(PREFIX) == 0
+    worker = next(p for p in status_of(engine)["processes"] if p["pid"] == rec.owner_pid)
+    assert worker["alive"] and worker["ready"]  # the same process carried on: a cancel is not a death
+
+
+def test_unsatisfied_witness_abandons_its_slot(running, checker: ProofChecker) -> None:
+    from cuzk_mp.formats.wtns import wtns_bytes
+
+    engine, results = running
+    w = checker.circuit.witness(9, 0)
+    w[checker.n_public + 40, 0] ^= 1
+    before = engine.status().ring.stats
+    engine.submit(JobSpec("unsat", "porep", [PartitionInput("wtns", wtns_bytes(w))]))
+    failed = results.wait("unsat")
+    assert failed.state == "failed" and failed.partitions[0].error_kind == "UnsatisfiedWitness"
+    after = engine.status().ring.stats
+    # the slot was FILLING (taken, segment created, synthesised into) and given back, never published
+    assert after.published == before.published and after.released == before.released + 1
+    assert after.live == 0 and live_segments(PREFIX) == 0

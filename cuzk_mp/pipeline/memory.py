@@ -13,7 +13,8 @@ segments once, as shm::
          + ring_slots x segment                    exact: the ring's rule (ring.partition_segment_bytes)
          + partition_workers x synth               a worker's private memory: scratch, never the vectors
          + provers x prover                        staged partitions and H scratch (CPU backend), or
-                                                   the host side of staging (GPU backend)
+                                                   the host side of a GPU process (CUDA context,
+                                                   pinned pools): the device stages from the segment
 
 The working sets come from :func:`model_working_sets` (constants measured on the
 2-core CPU machine, perf/results/pipeline-memory-model.json, and sizes derived
@@ -41,7 +42,10 @@ SYNTH_SCRATCH_BYTES = 64 * MiB
 ENGINE_ALLOWANCE_BYTES = 64 * MiB  # job tables and results kept in the engine process
 H_SCRATCH_ROWS = 6  # CPU backend: domain-sized vectors alive while H is computed (copies, products)
 MSM_OBJECT_BYTES = 96  # CPU backend: one arkworks scalar object of a non-trivial MSM scalar
+GPU_PROVER_HOST_BYTES = 1 * GiB  # GPU backend: a prover's host memory beyond its base (CUDA context, pinned pools)
 MIN_RING_SLOTS = 2  # one slot filling while another is staged
+COEF_ENTRIES_PER_ROW = 2  # A and B entries per constraint row of a PoRep-shaped circuit (estimate)
+DATA_BYTES_PER_ENTRY = 8  # what synthesis keeps of a matrix entry, shared: an int32 column and a coefficient index
 
 _UNITS = {
     "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -103,7 +107,7 @@ class CircuitSize:
     domain_size: int
     n_vars: int
     key_bytes: int  # the zkey (mapped by the provers, counted once)
-    data_bytes: int  # what synthesis reads of the circuit (matrix rows, constants), counted once
+    data_bytes: int  # what synthesis reads of the circuit (matrix rows, constants), shared: counted once
 
     @property
     def segment_bytes(self) -> int:
@@ -144,9 +148,9 @@ class Bound:
 def estimated_circuit_size(domain_size: int, n_vars: int) -> CircuitSize:
     """A circuit's sizes before its key exists: the zkey's point sections (A, B1, C and H in G1, 96
     bytes a point; B2 in G2, 192) and its coefficient section (~2 entries a row, 44 bytes each)."""
-    coefs = 2 * domain_size * 44
-    key = n_vars * (3 * 96 + 192) + domain_size * 96 + coefs
-    return CircuitSize(domain_size=domain_size, n_vars=n_vars, key_bytes=key, data_bytes=coefs)
+    entries = COEF_ENTRIES_PER_ROW * domain_size
+    key = n_vars * (3 * 96 + 192) + domain_size * 96 + entries * 44
+    return CircuitSize(domain_size=domain_size, n_vars=n_vars, key_bytes=key, data_bytes=entries * DATA_BYTES_PER_ENTRY)
 
 
 def circuit_size(zkey_path: str | os.PathLike[str]) -> CircuitSize:
@@ -155,21 +159,18 @@ def circuit_size(zkey_path: str | os.PathLike[str]) -> CircuitSize:
 
     with read_zkey(zkey_path) as zkey:
         return CircuitSize(domain_size=zkey.domain_size, n_vars=zkey.n_vars, key_bytes=os.path.getsize(zkey_path),
-                           data_bytes=int(zkey.coefs.nbytes))
+                           data_bytes=int(zkey.coefs.shape[0]) * DATA_BYTES_PER_ENTRY)
 
 
 def model_working_sets(circuit: CircuitSize, backend: str, prover_workers: int) -> WorkingSets:
-    """Predicted working sets: a worker's scratch (never a partition's vectors); a prover's staged
-    partitions (CPU: a private copy each, plus H scratch and MSM scalar objects; GPU: the host side
-    of one staging buffer per worker)."""
-    staged = circuit.segment_bytes
-    if backend == "cpu":
-        h = H_SCRATCH_ROWS * circuit.domain_size * 32
-        scalars = (4 * circuit.n_vars + circuit.domain_size) * MSM_OBJECT_BYTES
-        prover = prover_workers * staged + h + scalars
-    else:
-        prover = prover_workers * staged
-    return WorkingSets(synth=SYNTH_SCRATCH_BYTES, prover=prover)
+    """Predicted working sets: a worker's scratch (never a partition's vectors); a prover's host
+    memory (CPU: a private copy of each staged partition, plus H scratch and MSM scalar objects;
+    GPU: a fixed allowance, as the device stages straight from the ring's segment)."""
+    if backend != "cpu":
+        return WorkingSets(synth=SYNTH_SCRATCH_BYTES, prover=GPU_PROVER_HOST_BYTES)
+    h = H_SCRATCH_ROWS * circuit.domain_size * 32
+    scalars = (4 * circuit.n_vars + circuit.domain_size) * MSM_OBJECT_BYTES
+    return WorkingSets(synth=SYNTH_SCRATCH_BYTES, prover=prover_workers * circuit.segment_bytes + h + scalars)
 
 
 def fixed_bytes(processes: int, circuit: CircuitSize) -> int:

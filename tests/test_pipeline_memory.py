@@ -1,0 +1,137 @@
+"""Host memory bounded by the ring: the memory model's shapes for a few machines, and a real bench
+whose synthesis workers are watched from outside the engine (their private memory must not grow
+with the partition: w, a, b, c are written into the ring slot, never copied)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import threading
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+from cuzk_mp.errors import ConfigError
+from cuzk_mp.pipeline import bench
+from cuzk_mp.pipeline.memory import (
+    GiB, MiB, Shape, derive_shape, estimated_circuit_size, host_bound, host_budget_bytes, model_working_sets,
+)
+from cuzk_mp.pipeline.ring import partition_segment_bytes
+from tests.helpers import KEY_CACHE
+
+POREP_24 = estimated_circuit_size(1 << 24, (1 << 24) - 300)  # a PoRep-like partition at 2^24 rows
+POREP_26 = estimated_circuit_size(1 << 26, (1 << 26) - 300)
+POREP_18 = estimated_circuit_size(1 << 18, (1 << 18) - 300)
+
+
+@pytest.mark.parametrize("machine, cores, ram, backend, provers, circuit, want", [
+    ("2 cores, 24 GiB, CPU backend", 2, 24 * GiB, "cpu", 1, POREP_18, Shape(3, 2, 1)),
+    ("16 cores, 128 GiB, one H200", 16, 128 * GiB, "gpu", 1, POREP_24, Shape(3, 2, 8)),
+    ("16 cores, 128 GiB, one H200, 2^26", 16, 128 * GiB, "gpu", 1, POREP_26, Shape(3, 2, 8)),
+    ("64 cores, 512 GiB, 4 GPUs", 64, 512 * GiB, "gpu", 4, POREP_24, Shape(12, 8, 8)),
+])
+def test_shape_for_a_machine_fits_its_budget(machine: str, cores: int, ram: int, backend: str, provers: int,
+                                             circuit, want: Shape) -> None:  # type: ignore[no-untyped-def]
+    budget = host_budget_bytes("auto", "host_budget", total=ram)
+    assert budget == ram - 4 * GiB
+    shape = derive_shape(budget, circuit, cores=cores, backend=backend, provers=provers, prover_workers=2)
+    assert shape == want, machine
+    bound = host_bound(shape, circuit, provers, model_working_sets(circuit, backend, 2))
+    assert bound.total <= budget and bound.ring == shape.ring_slots * partition_segment_bytes(
+        circuit.domain_size, circuit.n_vars)
+    assert shape.partition_workers * shape.threads_per_partition <= cores
+    if backend == "gpu" and provers == 1:  # the target: ring_slots x segment + the key + 4 GiB
+        assert bound.total <= bound.ring + circuit.key_bytes + 4 * GiB, bound.as_dict()
+
+
+def test_a_smaller_budget_takes_workers_then_slots_away() -> None:
+    full = derive_shape(124 * GiB, POREP_24, cores=16, backend="gpu", provers=1)
+    tight = derive_shape(17 * GiB, POREP_24, cores=16, backend="gpu", provers=1)
+    assert (full.ring_slots, full.partition_workers) == (3, 2)
+    assert (tight.ring_slots, tight.partition_workers, tight.threads_per_partition) == (2, 1, 16)
+    assert host_bound(tight, POREP_24, 1, model_working_sets(POREP_24, "gpu", 2)).total <= 17 * GiB
+    kept = derive_shape(124 * GiB, POREP_24, cores=16, backend="gpu", provers=1,
+                        given={"ring_slots": 6, "threads_per_partition": 4})
+    assert (kept.ring_slots, kept.partition_workers, kept.threads_per_partition) == (6, 2, 4)
+    with pytest.raises(ConfigError, match="memory.host_budget.*smallest pipeline"):
+        derive_shape(8 * GiB, POREP_24, cores=16, backend="gpu", provers=1)
+
+
+def _private(pid: int) -> tuple[int, int] | None:
+    """(anonymous, USS) bytes of a process, read from its smaps_rollup by this test itself."""
+    try:
+        text = Path(f"/proc/{pid}/smaps_rollup").read_text()
+    except OSError:
+        return None
+    kb = {line.split(":")[0]: int(line.split()[1]) for line in text.splitlines()[1:]}
+    return kb["Anonymous"] * 1024, (kb["Private_Clean"] + kb["Private_Dirty"]) * 1024
+
+
+@pytest.mark.slow
+def test_synthesis_workers_hold_no_copy_of_a_partition(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A bench at 2^16 (ring 2, two workers); a sampler outside the engine reads each synthesis
+    worker's private memory: after the first job (circuit loaded), it grows by less than a small
+    fixed allowance while partitions go through, though each partition is an 8 MiB segment.
+
+    The children run with a fixed malloc mmap threshold, so that a big array freed after a
+    partition goes back to the system instead of staying in the heap's high-water mark: their
+    anonymous memory then shows what they hold, and a private copy of a partition would show.
+    """
+    allowance = 4 * MiB
+    monkeypatch.setenv("MALLOC_MMAP_THRESHOLD_", str(128 * 1024))  # glibc: fixed, not raised on free
+    samples: dict[int, list[tuple[float, int, int]]] = {}
+    stop = threading.Event()
+
+    def sample() -> None:
+        me = psutil.Process()
+        while not stop.is_set():
+            for child in me.children(recursive=True):
+                try:
+                    if not child.name().startswith("cuzk-synth"):
+                        continue
+                except psutil.NoSuchProcess:
+                    continue
+                got = _private(child.pid)
+                if got is not None:
+                    samples.setdefault(child.pid, []).append((time.time(), *got))
+            time.sleep(0.01)
+
+    out = tmp_path / "bench.json"
+    parser = argparse.ArgumentParser()
+    bench.add_parser(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(["bench", "--backend", "cpu", "--log-n", "16", "--partitions", "2", "--jobs", "2",
+                              "--in-flight", "1", "--partition-workers", "2", "--ring-slots", "2",
+                              "--cache", str(KEY_CACHE), "--json", str(out), "--quiet"])
+    watcher = threading.Thread(target=sample, daemon=True)
+    watcher.start()
+    try:
+        assert args.func(args) == 0
+    finally:
+        stop.set()
+        watcher.join(5)
+    result = json.loads(out.read_text())
+    bound = result["memory_bound"]
+    segment = bound["segment_bytes"]
+    assert segment > 2 * allowance  # a private copy of one partition could not hide in the allowance
+    first_job_done = min(max(p["t_done"] for p in result["partitions"] if p["job"] == job)
+                         for job in {p["job"] for p in result["partitions"]})
+    assert len(samples) == 2
+    for pid, rows in samples.items():
+        # with one job in flight, every worker is idle when the first job completes: its baseline
+        _, anon0, uss0 = [r for r in rows if r[0] <= first_job_done][-1]
+        later = [r for r in rows if r[0] > first_job_done]
+        assert len(later) > 10, f"worker {pid}: too few samples after the first job"
+        grew = max(r[1] for r in later) - anon0
+        assert grew <= allowance, f"worker {pid}: anonymous memory grew {grew} bytes over a partition"
+        # USS also counts the slot's pages while the worker writes them: at most one segment on top
+        grew = max(r[2] for r in later) - uss0
+        assert grew <= segment + allowance, f"worker {pid}: USS grew {grew} bytes"
+    # the whole tree (PSS, shared pages once) plus the ring's shm stayed under the model's bound
+    assert bound["peak_host_bytes"] <= bound["model_bound_bytes"], bound["model_bound_parts"]
+    assert bound["ring_margin_bytes"] >= 0 and result["peak_live_segments"] <= 2
+    assert result["proofs_verified"] == result["proofs_total"] == 4
+    assert set(result["peak_uss_by_process"]) >= {"cuzk-synth-0", "cuzk-synth-1", "cuzk-prover-0"}
+    assert os.cpu_count() is None or result["config"]["synthesis_threads"] == max(1, (os.cpu_count() or 1) // 2)
