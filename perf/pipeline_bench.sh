@@ -2,6 +2,9 @@
 # The pipeline measurements behind perf/results/pipeline-*.json (run from the repo root).
 #
 #   perf/pipeline_bench.sh cpu   # 2^12, 10 partitions x 6 jobs, partition_workers 1 and 2 -> pipeline-cpu.json
+#   perf/pipeline_bench.sh cpu-ring  # 2^18, ring 2, 2 synthesis workers, 4 partitions x 2 jobs: s/partition,
+#                                    # synthesis core-seconds, peak PSS vs the bound, each process's USS
+#                                    # -> pipeline-cpu-ring.json
 #   perf/pipeline_bench.sh gpu   # the GPU defaults of `cuzk-mp bench`, 3 processes  -> pipeline-gpu.json
 #   perf/pipeline_bench.sh gpu-sweep  # issue 4's H200 sweep: PoRep-like 2^22, 10 partitions x 8 jobs, 8 in
 #                                     # flight, partition_workers 4/8/12 x ring_slots 2/4/8 -> pipeline-gpu-sweep.json
@@ -29,6 +32,9 @@ if [ "$KIND" = cpu ]; then
     bench "pw$pw" --backend cpu --log-n 12 --partitions 10 --jobs 6 --in-flight 2 \
       --partition-workers "$pw" --gpu-workers 2 --ring-slots 4
   done
+elif [ "$KIND" = cpu-ring ]; then
+  bench "lg18-k2" --backend cpu --log-n 18 --partitions 4 --jobs 2 --in-flight 1 \
+    --partition-workers 2 --gpu-workers 2 --ring-slots 2
 elif [ "$KIND" = gpu-sweep ]; then
   LOG_N=${LOG_N:-22}
   for pw in 4 8 12; do
@@ -43,7 +49,7 @@ else
   done
 fi
 
-"$PY" - "$TMP" "$OUT/pipeline-$KIND.json" "$LOAD_BEFORE" <<'PYEOF'
+"$PY" - "$TMP" "$OUT/pipeline-$KIND.json" "$LOAD_BEFORE" "$KIND" <<'PYEOF'
 import json, os, pathlib, statistics, sys
 tmp, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
 load_before = [float(x) for x in sys.argv[3].split()]
@@ -51,15 +57,23 @@ runs = {p.stem: json.loads(p.read_text()) for p in sorted(tmp.glob("*.json"))}
 for r in runs.values():
     r.pop("partitions", None)  # per-partition rows stay out of the committed summary
 summary = {name: {**{k: r[k] for k in ("s_per_proof", "first_job_s", "proofs_total", "proofs_verified",
-                                        "peak_host_bytes", "peak_shm_bytes", "peak_live_segments",
-                                        "gpu_busy_fraction", "device_busy_fraction_by_device")},
+                                        "peak_host_bytes", "peak_pss_bytes", "peak_shm_bytes", "peak_live_segments",
+                                        "gpu_busy_fraction", "device_busy_fraction_by_device", "synthesis_core_s",
+                                        "peak_uss_by_process")},
+                  "median_stage_s": {k: r["median_stage_s"][k] for k in ("synthesis", "device") if k in r["median_stage_s"]},
                   "memory_bound_bytes": r["memory_bound"]["bound_bytes"],
                   "memory_margin_bytes": r["memory_bound"]["margin_bytes"],
+                  "model_bound_bytes": r["memory_bound"]["model_bound_bytes"],
+                  "model_margin_bytes": r["memory_bound"]["model_margin_bytes"],
+                  "segment_bytes": r["memory_bound"]["segment_bytes"],
                   "working_set_excess_bytes": r["memory_bound"]["working_set_excess_bytes"],
                   "peak_host_bytes_by_job": r["memory_bound"]["peak_host_bytes_by_job"],
                   "ring_margin_bytes": r["memory_bound"]["ring_margin_bytes"]} for name, r in runs.items()}
 spp = [r["s_per_proof"] for r in runs.values()]
-out.write_text(json.dumps({"summary": summary, "s_per_proof_median": statistics.median(spp),
+out.write_text(json.dumps({"command": "perf/pipeline_bench.sh " + sys.argv[4],
+                           "accounting": "host bytes = PSS of the process tree (shared pages once, without shm) "
+                                         "+ the ring's shm; USS per process beside it",
+                           "summary": summary, "s_per_proof_median": statistics.median(spp),
                            "s_per_proof_min_max": [min(spp), max(spp)], "loadavg_before": load_before,
                            "loadavg_after": os.getloadavg(), "runs": runs}, indent=1) + "\n")
 print(f"wrote {out}")

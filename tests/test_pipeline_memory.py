@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import threading
 import time
 from pathlib import Path
@@ -20,6 +19,7 @@ from cuzk_mp.pipeline.memory import (
     GiB, MiB, Shape, derive_shape, estimated_circuit_size, host_bound, host_budget_bytes, model_working_sets,
 )
 from cuzk_mp.pipeline.ring import partition_segment_bytes
+from cuzk_mp.pipeline.types import default_synthesis_threads
 from tests.helpers import KEY_CACHE
 
 POREP_24 = estimated_circuit_size(1 << 24, (1 << 24) - 300)  # a PoRep-like partition at 2^24 rows
@@ -134,4 +134,4 @@ def test_synthesis_workers_hold_no_copy_of_a_partition(tmp_path: Path, monkeypat
     assert bound["ring_margin_bytes"] >= 0 and result["peak_live_segments"] <= 2
     assert result["proofs_verified"] == result["proofs_total"] == 4
     assert set(result["peak_uss_by_process"]) >= {"cuzk-synth-0", "cuzk-synth-1", "cuzk-prover-0"}
-    assert os.cpu_count() is None or result["config"]["synthesis_threads"] == max(1, (os.cpu_count() or 1) // 2)
+    assert result["config"]["synthesis_threads"] == default_synthesis_threads(2, cpu_provers=1)

@@ -36,10 +36,11 @@ from __future__ import annotations
 
 import platform
 import threading
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
 
-from prometheus_client import CollectorRegistry, Counter, Gauge, Histogram, disable_created_metrics, generate_latest
+import prometheus_client
+from prometheus_client import CollectorRegistry, Counter, Histogram, disable_created_metrics, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from cuzk_mp import __version__
@@ -51,16 +52,22 @@ DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.
                     120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 
+Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
+Gauge = tuple[str, str, Mapping[Labels, float] | float]  # (name, help, one value or a value per label set)
+
+
 @dataclass
 class Scrape:
-    """What the daemon knows at scrape time besides its counters: its own figures and the engine's."""
+    """What the daemon knows at scrape time besides its counters: its own figures, the engine's, and
+    gauges other parts of the daemon add (``extra``)."""
 
-    uptime_s: float
-    queue_depth: int
-    job_counts: Mapping[str, int]
-    srs_budget_bytes: int
-    engine: EngineStatus | None
-    engine_metrics: EngineMetrics | None
+    uptime_s: float = 0.0
+    queue_depth: int = 0
+    job_counts: Mapping[str, int] = field(default_factory=dict)
+    srs_budget_bytes: int = 0
+    engine: EngineStatus | None = None
+    engine_metrics: EngineMetrics | None = None
+    extra: Sequence[Gauge] = ()
 
 
 class DaemonMetrics:
@@ -69,7 +76,7 @@ class DaemonMetrics:
     def __init__(self) -> None:
         self.registry = CollectorRegistry(auto_describe=True)
         r = self.registry
-        Gauge("cuzk_build_info", "The daemon's version and Python (value 1).", ["version", "python"],
+        prometheus_client.Gauge("cuzk_build_info", "The daemon's version and Python (value 1).", ["version", "python"],
               registry=r).labels(__version__, platform.python_version()).set(1)
         self.proofs_completed = Counter("cuzk_proofs_completed", "Partition proofs completed, by circuit.",
                                         ["circuit"], registry=r)
@@ -144,6 +151,13 @@ class DaemonMetrics:
             yield from _status_families(s.engine)
         if s.engine_metrics is not None:
             yield from _engine_families(s.engine_metrics)
+        for name, help_text, values in s.extra:
+            if isinstance(values, Mapping):
+                names = [k for k, _ in next(iter(values), ())]
+                yield _gauge(name, help_text, {tuple(names): None},
+                             [(tuple(v for _, v in labels), float(value)) for labels, value in values.items()])
+            else:
+                yield _gauge(name, help_text, float(values))
 
 
 

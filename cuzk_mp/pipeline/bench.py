@@ -14,9 +14,9 @@ the measurement around it:
   --json`` several times (perf/pipeline_bench.sh does) and compare the files;
 * every proof is verified again at the end, in this process, against the
   zkey's verification key (independently of the provers' self-check);
-* host memory is sampled every 0.2 s with the monitor's accounting (PSS of the
-  process tree, shared pages once, plus the ring's shm), with each process's
-  PSS, USS and anonymous memory beside it.
+* host memory is sampled every ``SAMPLE_INTERVAL_S`` with the monitor's accounting
+  (PSS of the process tree, shared pages once, plus the ring's shm), with each
+  process's PSS, USS and anonymous memory beside it; and at every job's end.
 
 The pipeline's shape comes from the flags, or from ``--host-budget`` (the memory
 model derives what the flags leave out, :func:`~.memory.derive_shape`).
@@ -54,6 +54,9 @@ if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other 
     from .monitor import MemorySampler
     from .status import EngineStatus
 
+# smaps_rollup walks a process's mappings (4 ms for a CPU prover holding a 2^16 key): sampling the tree
+# more often takes CPU time the provers of a small machine need
+SAMPLE_INTERVAL_S = 0.5
 # defaults that finish in well under 5 minutes on the 2-core CPU machine / use an H200 sensibly
 DEFAULTS = {
     "cpu": {"log_n": 14, "partitions": 10, "jobs": 3, "in_flight": 2, "partition_workers": 1, "gpu_workers": 2},
@@ -189,7 +192,7 @@ class BenchRun:
         running = self.running = engine.start()
         try:
             running.preload(spec.circuit_id)
-            sampler = self.sampler = MemorySampler(running.prefix, interval_s=0.2)
+            sampler = self.sampler = MemorySampler(running.prefix, interval_s=SAMPLE_INTERVAL_S)
             idle = sampler.sample()  # every process idle, the key loaded
             sampler.start()
             self.progress = None if a.quiet else Progress(a.jobs * a.partitions * a.repeat)
@@ -427,7 +430,7 @@ def _circuit_size(args: argparse.Namespace, backend: str) -> CircuitSize:
 
 def _shape(args: argparse.Namespace, backend: str, circuit: CircuitSize) -> None:
     """Ring slots, partition workers and synthesis threads: from the flags, derived from ``--host-budget``
-    for those not given, else the defaults (4 slots; the cores shared among the workers)."""
+    for those not given, else the defaults (4 slots; :func:`~.types.default_synthesis_threads`)."""
     from .memory import derive_shape, host_budget_bytes
 
     if args.host_budget:
@@ -442,8 +445,11 @@ def _shape(args: argparse.Namespace, backend: str, circuit: CircuitSize) -> None
         args.ring_slots, args.partition_workers = shape.ring_slots, shape.partition_workers
         args.synthesis_threads = shape.threads_per_partition
         return
+    from .types import default_synthesis_threads
+
     args.ring_slots = args.ring_slots or 4
-    args.synthesis_threads = args.synthesis_threads or max(1, (os.cpu_count() or 1) // args.partition_workers)
+    cpu_provers = (len(args.devices) if args.devices else 1) if backend == "cpu" else 0
+    args.synthesis_threads = args.synthesis_threads or default_synthesis_threads(args.partition_workers, cpu_provers)
 
 
 def run(args: argparse.Namespace) -> int:

@@ -87,12 +87,9 @@ def machine_info(gpu_devices: list[int]) -> dict[str, Any]:
                 break
     except OSError:
         pass
-    try:
-        import psutil
+    import psutil
 
-        mem = psutil.virtual_memory().total
-    except ImportError:  # pragma: no cover - psutil is a dependency
-        mem = None
+    mem = psutil.virtual_memory().total
     return {"cpu_model": model, "cores": os.cpu_count(), "memory_bytes": mem, "gpus": gpu_names(gpu_devices),
             "python": platform.python_version(), "loadavg_at_end": list(os.getloadavg()),
             "git_commit": _git_commit()}
@@ -128,7 +125,8 @@ def _fmt_s(x: float | None) -> str:
 def _bound_row(bound: dict[str, Any]) -> str:
     excess = bound["working_set_excess_bytes"]
     return (f"{_fmt_bytes(bound['bound_bytes'])}, peak {_fmt_bytes(bound['peak_host_bytes'])} "
-            f"(margin {_fmt_bytes(bound['margin_bytes'])}); "
+            f"(margin {_fmt_bytes(bound['margin_bytes'])}; model's bound {_fmt_bytes(bound['model_bound_bytes'])}, "
+            f"margin {_fmt_bytes(bound['model_margin_bytes'])}); "
             + ("no process outgrew its first-job working set" if excess <= 0
                else f"a process outgrew its first-job working set by {_fmt_bytes(excess)}"))
 
@@ -150,7 +148,11 @@ def table(result: dict[str, Any]) -> str:
         ("device stage busy (per device)", ", ".join(
             f"{d}: {f:.1%}" for d, f in (result.get("device_busy_fraction_by_device") or {}).items()) or "n/a"),
         ("partitions by device", ", ".join(f"{d}: {n}" for d, n in result["partitions_by_device"].items())),
-        ("peak host memory (RSS tree + shm)", _fmt_bytes(result["peak_host_bytes"])),
+        ("synthesis core-seconds / partition", "n/a" if result["synthesis_core_s"] is None
+         else f"{result['synthesis_core_s']:.3f} ({result['config']['synthesis_threads']} thread(s))"),
+        ("peak host memory (PSS tree + shm)", _fmt_bytes(result["peak_host_bytes"])),
+        ("  peak USS per process", ", ".join(f"{name} {_fmt_bytes(v)}"
+                                              for name, v in sorted(result["peak_uss_by_process"].items()))),
         ("  of which shm (peak)", f"{_fmt_bytes(result['peak_shm_bytes'])}, "
                                   f"{result['peak_live_segments']} live segment(s) max"),
         ("host memory bound (first-job calib.)", _bound_row(result["memory_bound"])),

@@ -15,7 +15,8 @@ Two objects, one per phase of an engine's life:
   (plus a wake-up pipe for the caller's threads), handles messages, notices deaths,
   restarts children when their backoff is over, dispatches partitions to idle
   synthesis workers and runs the callbacks. Callers' threads only change state
-  under the lock and wake it.
+  under the lock and wake it. A second thread, ``cuzk-engine-memory``, reads the
+  process tree's memory once a second, so a status poll never waits on /proc.
 
 Lifecycle of a running engine: starting -> running -> draining (``stop``: no new
 jobs start, started jobs may finish until the grace runs out) -> stopping ->
@@ -64,6 +65,7 @@ from .types import CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionResul
 
 log = logging.getLogger("cuzk_mp.pipeline.engine")
 POLL_S = 0.5
+MEMORY_REFRESH_S = 1.0  # the tree's memory is read from /proc this often, off the callers' path
 _LIVE_PREFIXES: set[str] = set()  # prefixes of this process's engines not yet stopped (one ring per prefix)
 _LIVE_LOCK = threading.Lock()
 
@@ -157,10 +159,13 @@ class RunningEngine:
         self._start_error: str | None = None
         self._degraded: list[Degraded] = []
         self._callbacks: deque[Callable[[], None]] = deque()
+        self._memory_last: MemoryStatus | None = None
+        self._memory_stop = threading.Event()
         self._wake_r, self._wake_w = os.pipe()
         self._finalizer = weakref.finalize(self, _release_ipc, self.prefix, self._wake_r, self._wake_w)
         self._thread = threading.Thread(target=self._loop, name="cuzk-engine-events", daemon=True)
         self._thread.start()
+        threading.Thread(target=self._watch_memory, name="cuzk-engine-memory", daemon=True).start()
 
     @property
     def state(self) -> str:
@@ -177,7 +182,8 @@ class RunningEngine:
                 self._state = "running"
                 log.info("[start] engine %s running: %s backend, devices %s, %d synthesis workers x %d threads, "
                          "%d slots", self.prefix, self.backend, self.devices, self.config.partition_workers,
-                         self.config.threads_per_partition(), self.config.ring_slots)
+                         self.config.threads_per_partition(len(self.devices) if self.backend == "cpu" else 0),
+                         self.config.ring_slots)
                 return
         self.stop(grace_s=0)
         raise WorkerDied(f"engine {self.prefix} failed to start: {error}")
@@ -196,6 +202,7 @@ class RunningEngine:
             self._state = "stopping"
             self._wake()
         self.sup.stop_all()
+        self._memory_stop.set()
         with self._cond:
             self._state = "stopped"
             self._wake()
@@ -277,13 +284,31 @@ class RunningEngine:
             state, degraded, queue, jobs = self._state, list(self._degraded), self.sched.queue(), self.sched.rows()
             processes, ring, srs, device = self.sup.rows(), RingStatus(*self._ring_view()), self.circuits.rows(), \
                 self._prover_snapshot()
-        tree, shm = tree_memory(), shm_bytes(self.prefix)  # /proc reads: outside the lock
-        memory = MemoryStatus(host_bytes=host_bytes(tree, shm), host_pss_bytes=sum(m.pss for m in tree),
-                              host_rss_bytes=sum(m.rss for m in tree), shm_bytes=shm,
-                              live_segments=live_segments(self.prefix), processes=tree, device=device)
+        memory = msgspec.structs.replace(self._memory(), device=device)
         return EngineStatus(state=state, prefix=self.prefix, backend=self.backend, devices=list(self.devices),
                             degraded=degraded, queue=queue, jobs=jobs, processes=processes, ring=ring, srs=srs,
                             memory=memory)
+
+    def _memory(self) -> MemoryStatus:
+        """The tree's memory as the ``cuzk-engine-memory`` thread last read it (read now if never)."""
+        return self._memory_last or self._read_memory()
+
+    def _read_memory(self) -> MemoryStatus:
+        """Read the tree's memory (monitor accounting). smaps_rollup walks every mapping of a process,
+        so this runs on its own thread every ``MEMORY_REFRESH_S``, not on every status poll."""
+        tree, shm = tree_memory(), shm_bytes(self.prefix)
+        memory = MemoryStatus(host_bytes=host_bytes(tree, shm), host_pss_bytes=sum(m.pss for m in tree),
+                              host_rss_bytes=sum(m.rss for m in tree), shm_bytes=shm,
+                              live_segments=live_segments(self.prefix), processes=tree, device={})
+        self._memory_last = memory
+        return memory
+
+    def _watch_memory(self) -> None:
+        while not self._memory_stop.wait(MEMORY_REFRESH_S):
+            try:
+                self._read_memory()
+            except Exception:  # noqa: BLE001 - a failed read must not end the refreshes
+                log.exception("reading the process tree's memory failed")
 
     def metrics(self) -> EngineMetrics:
         """Counters and gauges (docs/engine.md, "Metrics")."""

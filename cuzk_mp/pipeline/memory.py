@@ -17,9 +17,12 @@ segments once, as shm::
                                                    pinned pools): the device stages from the segment
 
 The working sets come from :func:`model_working_sets` (constants measured on the
-2-core CPU machine, perf/results/pipeline-memory-model.json, and sizes derived
-from the circuit) or, in the bench, from the measured growth of each kind of
-process during the first job.
+2-core CPU machine, perf/results/pipeline-cpu-ring.json, and sizes derived from
+the circuit) or, in the bench, from the measured growth of each kind of process
+during the first job. Circuit data is counted once, shared by every worker (the
+form synthesis reads it in: an int32 column and a coefficient index per matrix
+entry); a worker that keeps its own copy of the circuit's matrices adds that
+copy to its working set, which the bench's first-job calibration sees.
 """
 
 from __future__ import annotations
@@ -30,18 +33,22 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .ring import partition_segment_bytes
+from .types import default_synthesis_threads
 
 GiB = 2**30
 MiB = 2**20
-# PSS of one idle cuzk-mp process with numpy, numba and its compiled kernels loaded (measured: 75-110 MiB
-# for a synthesis worker or a CPU prover on the 2-core machine; rounded up for bigger kernel caches).
+# PSS of one idle cuzk-mp process with numpy, numba and its compiled kernels loaded (measured 76 MiB for a
+# synthesis worker on the 2-core machine, perf/results/pipeline-cpu-ring.json; rounded up for bigger
+# kernel caches and a GPU process's libraries).
 PROCESS_BASE_BYTES = 192 * MiB
 # What a synthesis worker holds beyond its base and the circuit's data: numba's per-thread scratch,
 # an input's parsed witness before it is copied into the slot (json / wtns inputs), allocator slack.
 SYNTH_SCRATCH_BYTES = 64 * MiB
 ENGINE_ALLOWANCE_BYTES = 64 * MiB  # job tables and results kept in the engine process
-H_SCRATCH_ROWS = 6  # CPU backend: domain-sized vectors alive while H is computed (copies, products)
-MSM_OBJECT_BYTES = 96  # CPU backend: one arkworks scalar object of a non-trivial MSM scalar
+# CPU backend: a prover's memory per domain row beyond its staged copies: H's coset vectors, the MSMs'
+# scalar objects, point lists and buckets (measured 1.1-1.4 KiB a row at 2^16 and 2^18, porep-like,
+# perf/results/pipeline-cpu-ring.json; rounded up)
+CPU_PROVER_BYTES_PER_ROW = 1536
 GPU_PROVER_HOST_BYTES = 1 * GiB  # GPU backend: a prover's host memory beyond its base (CUDA context, pinned pools)
 MIN_RING_SLOTS = 2  # one slot filling while another is staged
 COEF_ENTRIES_PER_ROW = 2  # A and B entries per constraint row of a PoRep-shaped circuit (estimate)
@@ -168,9 +175,8 @@ def model_working_sets(circuit: CircuitSize, backend: str, prover_workers: int) 
     GPU: a fixed allowance, as the device stages straight from the ring's segment)."""
     if backend != "cpu":
         return WorkingSets(synth=SYNTH_SCRATCH_BYTES, prover=GPU_PROVER_HOST_BYTES)
-    h = H_SCRATCH_ROWS * circuit.domain_size * 32
-    scalars = (4 * circuit.n_vars + circuit.domain_size) * MSM_OBJECT_BYTES
-    return WorkingSets(synth=SYNTH_SCRATCH_BYTES, prover=prover_workers * circuit.segment_bytes + h + scalars)
+    scratch = CPU_PROVER_BYTES_PER_ROW * circuit.domain_size
+    return WorkingSets(synth=SYNTH_SCRATCH_BYTES, prover=prover_workers * circuit.segment_bytes + scratch)
 
 
 def fixed_bytes(processes: int, circuit: CircuitSize) -> int:
@@ -193,7 +199,8 @@ def derive_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None,
     Values in ``given`` (``ring_slots``, ``partition_workers``, ``threads_per_partition``) are
     kept. The rest follow a policy: two synthesis workers per prover (one finishing while the
     next starts), at most one per core; a slot for each worker and one more per prover (staging);
-    all cores shared among the workers. While that does not fit, workers and then slots are
+    the cores shared among the workers (and the provers, on the CPU backend:
+    :func:`~.types.default_synthesis_threads`). While that does not fit, workers and then slots are
     taken away (down to one worker and two slots); ConfigError naming ``memory.host_budget`` and
     the smallest bound if even that does not fit.
     """
@@ -203,8 +210,10 @@ def derive_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None,
     workers = given.get("partition_workers", max(1, min(cores, 2 * provers)))
     slots = given.get("ring_slots", max(MIN_RING_SLOTS, workers + provers))
 
+    cpu_provers = provers if backend == "cpu" else 0
+
     def shape(w: int, k: int) -> Shape:
-        return Shape(k, w, given.get("threads_per_partition", max(1, cores // w)))
+        return Shape(k, w, given.get("threads_per_partition", default_synthesis_threads(w, cpu_provers, cores)))
 
     def fits(w: int, k: int) -> bool:
         return host_bound(shape(w, k), circuit, provers, ws).total <= budget

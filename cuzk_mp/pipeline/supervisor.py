@@ -113,7 +113,7 @@ def child_specs(config: EngineConfig, ring: RingHandle, backend: str, devices: l
     cpu_threads = max(1, (os.cpu_count() or 1) // len(devices))
     # children log at the engine's level unless CUZK_MP_LOG_LEVEL says otherwise
     level = os.environ.get("CUZK_MP_LOG_LEVEL") or logging.getLevelName(logging.getLogger().getEffectiveLevel())
-    threads = config.threads_per_partition()
+    threads = config.threads_per_partition(len(devices) if backend == "cpu" else 0)
     specs = []
     for dev in devices:
         env = {"CUDA_VISIBLE_DEVICES": str(dev)} if backend == "gpu" else {

@@ -117,8 +117,8 @@ def _default_cache() -> Path:
 class EngineConfig:
     """How many processes and slots the engine runs (docs/engine.md describes each field).
 
-    ``synthesis_threads`` is the number of cores one partition's synthesis uses (None: the
-    machine's cores / ``partition_workers``).
+    ``synthesis_threads`` is the number of cores one partition's synthesis uses (None:
+    :func:`default_synthesis_threads`).
     """
 
     backend: str = "auto"
@@ -160,11 +160,21 @@ class EngineConfig:
         """The shm/semaphore name prefix: ``shm_prefix`` or ``cuzk-<pid>``."""
         return self.shm_prefix or f"cuzk-{os.getpid()}"
 
-    def threads_per_partition(self) -> int:
-        """``synthesis_threads``, or the machine's cores shared among the synthesis workers."""
+    def threads_per_partition(self, cpu_provers: int = 0) -> int:
+        """``synthesis_threads``, or :func:`default_synthesis_threads` (``cpu_provers``: the prover
+        processes that prove on the same cores, i.e. with the CPU backend)."""
         if self.synthesis_threads is not None:
             return self.synthesis_threads
-        return max(1, (os.cpu_count() or 1) // self.partition_workers)
+        return default_synthesis_threads(self.partition_workers, cpu_provers)
+
+
+def default_synthesis_threads(partition_workers: int, cpu_provers: int = 0, cores: int | None = None) -> int:
+    """Cores one partition's synthesis uses unless told: the machine's cores shared among the
+    synthesis workers and, with the CPU backend, the prover processes, which prove on the same
+    cores (more threads than cores make every parallel step wait for a thread the scheduler
+    parked: measured 0.002 s -> 0.14 s of synthesis at 2^12 on the 2-core machine)."""
+    cores = cores or os.cpu_count() or 1
+    return max(1, cores // (partition_workers + cpu_provers))
 
 
 def _good_prefix(prefix: str) -> bool:
