@@ -83,8 +83,7 @@ class _Circuit:
 
     def _wasm_calculator(self) -> Any:
         if self._wasm is None:
-            if not self.ref.wasm:
-                raise InputError(f"circuit {self.ref.circuit_id} has no wasm: 'json' inputs need one")
+            assert self.ref.wasm, "RunningEngine.submit lets 'json' inputs through only for circuits with a wasm"
             from ..circuits.circom import WitnessCalculator
 
             self._wasm = WitnessCalculator(self.ref.wasm)
@@ -92,8 +91,8 @@ class _Circuit:
 
     def _synthetic_circuit(self) -> Any:
         if self._synthetic is None:
-            if self.ref.synthetic is None or self.ref.log_n is None:
-                raise InputError(f"circuit {self.ref.circuit_id} is not synthetic: 'synthetic' inputs need one")
+            assert self.ref.synthetic is not None and self.ref.log_n is not None, \
+                "RunningEngine.submit lets 'synthetic' inputs through only for synthetic circuits"
             from ..circuits.synthetic_kinds import synthetic_circuit
 
             self._synthetic = synthetic_circuit(self.ref.synthetic, self.ref.log_n)
