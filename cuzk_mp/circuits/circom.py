@@ -233,6 +233,12 @@ def _check_values(inputs: dict[str, object], name: str) -> None:
                                  f"array, not {what}")
 
     for signal, value in inputs.items():
+        if not signal.isascii():
+            try:
+                signal.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InputError(f"{name}: signal name {signal!r} is not valid Unicode (a lone "
+                                 "surrogate escape)") from None
         check(signal, [value])
 
 

@@ -14,6 +14,7 @@ Relative paths in the file are taken relative to the directory that holds the fi
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import tomllib
@@ -41,6 +42,10 @@ class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     status_listen: str = ""
     journal: str = ""
     max_frame_bytes: SizeValue = "128MiB"
+    frame_timeout: DurationValue = "60s"
+    max_connections: int = 256
+    tokens: list[str] = []
+    admin_tokens: list[str] = []
     result_ttl: DurationValue = "1h"
     shutdown_grace: DurationValue = "30s"
 
@@ -143,6 +148,10 @@ class DaemonConfig:
     engine: EngineConfig
     log_level: str
     log_format: str
+    frame_timeout_s: float = 60.0
+    max_connections: int = 256
+    tokens: tuple[str, ...] = ()
+    admin_tokens: tuple[str, ...] = ()
 
 
 _UNITS = {
@@ -152,6 +161,7 @@ _UNITS = {
 _SIZE_RE = re.compile(r"^\s*([0-9]+(?:\.[0-9]+)?)\s*([A-Za-z]*)\s*$")
 _DURATIONS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "": 1.0}
 _CIRCUIT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_TOKEN_RE = re.compile(r"^[\x21-\x7e]{16,256}$")
 
 
 def parse_size(value: object, key: str, *, allow_auto: bool = False) -> int | None:
@@ -306,6 +316,34 @@ def _socket_mode(value: str, source: str) -> int:
     return mode
 
 
+def default_shm_prefix(journal_path: Path) -> str:
+    """The shm prefix of a daemon whose config sets none: ``cuzk-`` and a hash of the journal's
+    absolute path, so the same config always gets the same prefix and a restart removes what a
+    killed predecessor left in /dev/shm (two daemons never share a journal: it is locked)."""
+    digest = hashlib.blake2b(str(journal_path.resolve()).encode(), digest_size=6).hexdigest()
+    return f"cuzk-{digest}"
+
+
+def _check_tokens(d: DaemonSection, listen: Address, status_listen: Address | None,
+                  source: str) -> None:
+    """Tokens are long printable secrets; a listener beyond loopback needs them."""
+    for key in ("tokens", "admin_tokens"):
+        for i, token in enumerate(getattr(d, key)):
+            if not _TOKEN_RE.match(token):
+                raise ConfigError(f"{source}: daemon.{key}[{i}]: a token is 16-256 printable "
+                                  "ASCII characters without spaces")
+    if set(d.tokens) & set(d.admin_tokens) or len(set(d.tokens)) != len(d.tokens):
+        raise ConfigError(f"{source}: daemon.tokens / daemon.admin_tokens: every token must be "
+                          "distinct (a token is one client's identity)")
+    if d.tokens or d.admin_tokens:
+        return
+    for key, addr in (("listen", listen), ("status_listen", status_listen)):
+        if addr is not None and not addr.loopback:
+            raise ConfigError(f"{source}: daemon.{key} = {str(addr)!r} is reachable from other "
+                              "hosts: set daemon.tokens (clients then pass --token or "
+                              "$CUZK_MP_TOKEN), or listen on a loopback address or a unix socket")
+
+
 def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> DaemonConfig:
     """Validate a parsed TOML document and build the :class:`DaemonConfig`.
 
@@ -322,6 +360,13 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         raise ConfigError(f"{source}: daemon: {e}") from None
     if status_listen is not None and status_listen == listen:
         raise ConfigError(f"{source}: daemon.status_listen: same address as daemon.listen")
+    _check_tokens(d, listen, status_listen, source)
+    if d.max_connections < 1:
+        raise ConfigError(f"{source}: daemon.max_connections: must be >= 1, got {d.max_connections}")
+    frame_timeout = parse_duration(d.frame_timeout, f"{source}: daemon.frame_timeout")
+    if frame_timeout <= 0:
+        raise ConfigError(f"{source}: daemon.frame_timeout: must be > 0 (an unfinished frame "
+                          "must not hold its memory forever)")
     param_cache = _path(cfg.srs.param_cache, base)
     circuits = {cid: _circuit(cid, c, base, source) for cid, c in circuit_tables.items()}
     for cid in cfg.srs.preload:
@@ -337,12 +382,14 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     margin = parse_size(cfg.memory.safety_margin, f"{source}: memory.safety_margin")
     assert margin is not None
     total = psutil.virtual_memory().total if total is None else total
+    journal_path = _path(d.journal, base) if d.journal else param_cache / "journal.sqlite"
     engine = EngineConfig(
         backend=cfg.gpus.backend, devices=cfg.gpus.devices,
         gpu_workers_per_device=cfg.gpus.gpu_workers_per_device,
         partition_workers=cfg.synthesis.partition_workers,
         synthesis_threads=cfg.synthesis.threads, ring_slots=cfg.pipeline.ring_slots,
-        shm_prefix=cfg.pipeline.shm_prefix or None, verify_proofs=cfg.pipeline.verify_proofs,
+        shm_prefix=cfg.pipeline.shm_prefix or default_shm_prefix(journal_path),
+        verify_proofs=cfg.pipeline.verify_proofs,
         max_attempts=cfg.pipeline.max_attempts, param_cache=param_cache,
         start_timeout_s=parse_duration(cfg.pipeline.start_timeout,
                                        f"{source}: pipeline.start_timeout"),
@@ -352,13 +399,14 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     return DaemonConfig(
         path=None, listen=listen, socket_mode=_socket_mode(d.socket_mode, source),
         status_listen=status_listen,
-        journal_path=_path(d.journal, base) if d.journal else param_cache / "journal.sqlite",
-        max_frame_bytes=max_frame,
+        journal_path=journal_path, max_frame_bytes=max_frame,
         result_ttl_s=parse_duration(d.result_ttl, f"{source}: daemon.result_ttl"),
         shutdown_grace_s=parse_duration(d.shutdown_grace, f"{source}: daemon.shutdown_grace"),
         param_cache=param_cache, preload=tuple(cfg.srs.preload), circuits=circuits,
         memory_total_bytes=total, safety_margin_bytes=margin, engine=engine,
         log_level=cfg.logging.level, log_format=cfg.logging.format,
+        frame_timeout_s=frame_timeout, max_connections=d.max_connections,
+        tokens=tuple(d.tokens), admin_tokens=tuple(d.admin_tokens),
     )
 
 

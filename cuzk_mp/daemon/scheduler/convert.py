@@ -9,19 +9,18 @@ signals decimal strings, so a client can write them to disk as they are.
 from __future__ import annotations
 
 import asyncio
-import json
 from dataclasses import dataclass, field
 
 from cuzk_mp.daemon.config import CircuitConfig
 from cuzk_mp.daemon.journal import JournalEntry
-from cuzk_mp.daemon.protocol import JobReply, PartitionIn, PartitionOut, PartitionState
+from cuzk_mp.daemon.protocol import (
+    MAX_PARTITIONS, MAX_SEED, JobReply, PartitionIn, PartitionOut, PartitionState,
+)
 from cuzk_mp.errors import InputError
 from cuzk_mp.formats.snarkjs_json import proof_to_json, public_to_json
 from cuzk_mp.pipeline.types import PartitionResult, Priority
 
 TERMINAL = frozenset({"done", "failed", "cancelled"})
-MAX_PARTITIONS = 1024
-MAX_SEED = 2**63 - 1
 
 
 @dataclass(eq=False)
@@ -35,6 +34,7 @@ class JobRecord:
     digest: str
     partitions: list[PartitionIn]
     submitted_at: float
+    owner: str = ""  # the submitting client's identity (daemon.access); "" without tokens
     state: str = "queued"
     started_at: float | None = None
     finished_at: float | None = None
@@ -52,7 +52,7 @@ class JobRecord:
         """A record rebuilt from the journal (finished ones carry their reply)."""
         rec = cls(job_id=e.job_id, request_id=e.request_id, circuit_id=e.circuit_id,
                   priority=Priority(e.priority), digest=e.digest, partitions=e.partitions,
-                  submitted_at=e.submitted_at)
+                  submitted_at=e.submitted_at, owner=e.owner)
         rec.accepted.set_result(None)
         r = e.result
         if r is not None and r.state in TERMINAL:
@@ -95,13 +95,10 @@ def validate_partitions(partitions: list[PartitionIn], cc: CircuitConfig) -> Non
 
 
 def _check_json(data: bytes, where: str) -> None:
-    try:
-        obj = json.loads(data)
-    except (UnicodeDecodeError, json.JSONDecodeError) as e:
-        raise InputError(f"{where}.data: not valid input JSON: {e}") from None
-    if not isinstance(obj, dict):
-        raise InputError(f"{where}.data: input JSON must be an object of signal names, "
-                         f"got {type(obj).__name__}")
+    """The synthesis workers' own parser, so what it refuses is refused here, at submit."""
+    from cuzk_mp.circuits.circom import parse_input_json
+
+    parse_input_json(data, f"{where}.data")
 
 
 def to_partition_out(r: PartitionResult) -> PartitionOut:

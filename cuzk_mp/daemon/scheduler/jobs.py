@@ -96,12 +96,19 @@ class JobTable:
         validate_partitions(req.partitions, cc)
         return cc
 
-    async def submit(self, req: SubmitProof | Prove) -> tuple[JobRecord, bool]:
-        """Accept a job (journaled, then queued in the engine); returns (record, duplicate)."""
-        cc = self._check(req)
+    async def submit(self, req: SubmitProof | Prove, owner: str = "") -> tuple[JobRecord, bool]:
+        """Accept a job (journaled, then queued in the engine); returns (record, duplicate).
+
+        ``owner`` is the submitting client's identity; input JSON is parsed on a worker thread.
+        """
+        heavy = any(p.kind == "json" for p in req.partitions)
+        cc = await asyncio.to_thread(self._check, req) if heavy else self._check(req)
         digest = digest_of(req.circuit_id, req.partitions)
         existing = self.jobs.get(req.request_id) if req.request_id else None
         if existing is not None:
+            if existing.owner != owner:
+                raise InputError(f"SubmitProof.request_id: {req.request_id!r} is already in use; "
+                                 "choose another")
             if existing.digest != digest:
                 raise InputError(f"SubmitProof.request_id: {req.request_id!r} already names a "
                                  "different job (other circuit or inputs)")
@@ -110,7 +117,7 @@ class JobTable:
         job_id = req.request_id or uuid.uuid4().hex
         rec = JobRecord(job_id=job_id, request_id=req.request_id, circuit_id=req.circuit_id,
                         priority=self._priority(req, cc), digest=digest,
-                        partitions=list(req.partitions), submitted_at=time.time())
+                        partitions=list(req.partitions), submitted_at=time.time(), owner=owner)
         self.jobs[job_id] = rec
         try:
             await self.journal.add(self._entry(rec))
@@ -129,7 +136,7 @@ class JobTable:
         return JournalEntry(job_id=rec.job_id, request_id=rec.request_id,
                             circuit_id=rec.circuit_id, priority=int(rec.priority),
                             digest=rec.digest, partitions=rec.partitions,
-                            submitted_at=rec.submitted_at)
+                            submitted_at=rec.submitted_at, owner=rec.owner)
 
     def _to_engine(self, rec: JobRecord) -> None:
         parts = [PartitionInput(kind=p.kind, data=p.data, seed=p.seed) for p in rec.partitions]
@@ -138,17 +145,19 @@ class JobTable:
 
     # -- queries, waiting, cancel ---------------------------------------------------------
 
-    def get(self, job_id: str) -> JobRecord:
-        """The job, or InputError naming the unknown (or already pruned) id."""
+    def get(self, job_id: str, owner: str | None = None) -> JobRecord:
+        """The job, or InputError naming the unknown (or already pruned) id; with ``owner``
+        (None: any), another client's job is unknown too."""
         rec = self.jobs.get(job_id)
-        if rec is None:
+        if rec is None or (owner is not None and rec.owner != owner):
             raise InputError(f"job_id: unknown job {job_id!r} (never submitted, or its result "
                              f"was pruned after result_ttl = {self.result_ttl_s:g} s)")
         return rec
 
-    async def wait(self, job_id: str, timeout_s: float | None) -> tuple[JobRecord, bool]:
+    async def wait(self, job_id: str, timeout_s: float | None,
+                   owner: str | None = None) -> tuple[JobRecord, bool]:
         """Wait until the job ends or ``timeout_s`` passes; returns (record, timed_out)."""
-        rec = self.get(job_id)
+        rec = self.get(job_id, owner)
         if rec.state in TERMINAL:
             return rec, False
         if timeout_s is not None and timeout_s < 0:
@@ -168,9 +177,9 @@ class JobTable:
                                 "resumes when the daemon restarts")
         return rec, True
 
-    def cancel(self, job_id: str) -> tuple[JobRecord, bool]:
+    def cancel(self, job_id: str, owner: str | None = None) -> tuple[JobRecord, bool]:
         """Ask the engine to cancel the job; (record, whether a cancel was started)."""
-        rec = self.get(job_id)
+        rec = self.get(job_id, owner)
         if rec.state in TERMINAL:
             return rec, False
         ok = self.engine.cancel(job_id)
