@@ -19,9 +19,9 @@ enc = msgspec.msgpack.encode
 class FrameProbe:
     """One hostile frame: ``body`` is sent framed (length prefix) unless ``raw``.
 
-    The daemon must answer with an ErrorReply of ``kind`` carrying ``reply_id``; then it closes
-    the connection when ``closes`` (the rest of the stream cannot be trusted) or when the reply's
-    id is 0 (the client cannot match the error to a call; the close fails them all).
+    The daemon must answer with an ErrorReply of ``kind`` carrying ``reply_id`` (0: it could not
+    read one) and go on serving the connection, or, when ``closes``, close it (the rest of the
+    stream cannot be trusted).
     """
 
     name: str
@@ -32,11 +32,6 @@ class FrameProbe:
     raw: bool = False
     closes: bool = False
     says: str = ""
-
-    @property
-    def ends_connection(self) -> bool:
-        """Whether the daemon closes the connection after its reply."""
-        return self.closes or self.reply_id == 0
 
     def wire(self) -> bytes:
         """The bytes to send."""
@@ -69,7 +64,7 @@ def frame_probes(max_frame_bytes: int) -> list[FrameProbe]:
         FrameProbe("100k nested arrays, id first", "depth", _map(("id", 7), ("x", deep)), reply_id=7,
                    says="nested deeper"),
         FrameProbe("100k nested arrays before the id", "depth", _map(("x", deep), ("id", 8)),
-                   says="nested deeper"),  # the id lies beyond the walk's budget: reply id 0, closed
+                   says="nested deeper"),  # the id lies beyond the walk's budget: reply id 0
         FrameProbe("9-deep nesting before the id", "depth", _map(("x", b"\x91" * 9 + b"\xc0"), ("id", 6)),
                    reply_id=6, says="nested deeper"),
         FrameProbe("100k nested maps", "depth", _map(("id", 9), ("x", b"\x81\xa1k" * 100_000 + b"\xc0")),

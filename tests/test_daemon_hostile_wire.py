@@ -81,12 +81,12 @@ def test_every_hostile_frame_gets_a_typed_reply(tmp_path: Path, probe: FrameProb
     async def body(d: Daemon, addr: str) -> None:
         follow = frame(P.encode(P.GetMetrics(id=999)))
         replies, closed = await asyncio.to_thread(exchange, str(tmp_path / "d.sock"), probe.wire() + follow,
-                                                  1 if probe.ends_connection else 2)
+                                                  1 if probe.closes else 2)
         first = replies[0]
         assert isinstance(first, P.ErrorReply), first
         assert (first.kind, first.id) == (probe.kind, probe.reply_id), first
         assert probe.says in first.message, first.message
-        if probe.ends_connection:
+        if probe.closes:
             assert closed and len(replies) == 1
         else:
             assert isinstance(replies[1], P.MetricsReply) and replies[1].id == 999

@@ -267,9 +267,6 @@ class Daemon:
                 reply_now = self._admit(data, len(tasks))
                 if isinstance(reply_now, P.ErrorReply):
                     await self._send(comm, lock, reply_now)
-                    if reply_now.id == 0:
-                        break  # a malformed request without a readable id: the client cannot
-                        # match the error to its call, so the close tells it every call failed
                     continue
                 task = asyncio.ensure_future(self._serve_one(comm, lock, reply_now))
                 tasks.add(task)
