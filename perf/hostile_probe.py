@@ -49,45 +49,24 @@ sys.path.insert(0, str(REPO))
 from cuzk_mp.daemon import protocol as P  # noqa: E402
 from cuzk_mp.daemon.client import Client, synthetic_partitions  # noqa: E402
 from cuzk_mp.daemon.config import default_shm_prefix  # noqa: E402
+from cuzk_mp.daemon.transport import frame  # noqa: E402
 from cuzk_mp.errors import InputError  # noqa: E402
 from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json, vk_from_json  # noqa: E402
 from cuzk_mp.groth16.verifier import verify  # noqa: E402
-from tests.hostile_corpus import INPUT_JSON_PROBES, frame_probes  # noqa: E402
+from tests.hostile_corpus import INPUT_JSON_PROBES, exchange, frame_probes, shm_inodes  # noqa: E402
+from tests.test_daemon_support import ENV, PY, DaemonProcess, config_text  # noqa: E402
 
 MAX_FRAME = 8 * 2**20
 FRAME_TIMEOUT_S = 3.0
 MAX_CONNECTIONS = 64
-CONFIG = """
-[daemon]
-listen = "unix://{work}/cuzk.sock"
-status_listen = "127.0.0.1:{port}"
-journal = "{work}/journal.sqlite"
-max_frame_bytes = "{max_frame}"
-frame_timeout = "{frame_timeout}s"
-max_connections = {max_connections}
-[srs]
-param_cache = "{work}/keys"
-[memory]
-total_budget = "16GiB"
-safety_margin = "1GiB"
-[synthesis]
-partition_workers = 1
-[pipeline]
-ring_slots = 2
-[gpus]
-backend = "cpu"
-devices = [0]
-gpu_workers_per_device = 1
-[logging]
-level = "warning"
-[circuits.syn]
-synthetic = "porep-like"
-log_n = 10
-partitions = 2
-{extra}
-"""
-PY = [sys.executable, "-m", "cuzk_mp.cli"]
-ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def probe_config(work: Path, port: int | None, extra: str = "") -> str:
+    """The daemon's config: the test suite's small CPU config, with the default shm prefix, an
+    8 MiB frame limit, a 3 s frame deadline and a 64-connection cap."""
+    return config_text(work, work / "keys", prefix="", status_port=port, extra=extra).replace(
+        'max_frame_bytes = "4MiB"\n',
+        f'max_frame_bytes = {MAX_FRAME}\nframe_timeout = "{FRAME_TIMEOUT_S}s"\nmax_connections = {MAX_CONNECTIONS}\n')
 
 
 def log(msg: str) -> None:
@@ -100,61 +79,29 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def shm_entries(prefix: str) -> dict[str, int]:
-    """/dev/shm entries of ``prefix`` (segments and semaphores) with their inodes."""
-    out = {}
-    for name in os.listdir("/dev/shm"):
-        if name.startswith(f"{prefix}-") or name.startswith(f"sem.{prefix}-"):
-            try:
-                out[name] = os.stat(f"/dev/shm/{name}").st_ino
-            except FileNotFoundError:
-                pass
-    return out
+def serving(d: DaemonProcess) -> bool:
+    """Whether the daemon is alive and answers GetStatus as running."""
+    if d.proc.poll() is not None:
+        return False
+    try:
+        with Client(d.addr, connect_timeout=10) as c:
+            return bool(c.status()["daemon"]["state"] == "running")
+    except Exception:  # noqa: BLE001 - any failure means "not serving"
+        return False
 
 
-class Daemon:
-    """A ``cuzk-mp daemon`` subprocess logging to ``work/daemon.log``."""
-
-    def __init__(self, config: Path, work: Path) -> None:
-        self.addr = f"unix://{work}/cuzk.sock"
-        self.log = open(work / "daemon.log", "ab")
-        self.proc = subprocess.Popen([*PY, "daemon", "--config", str(config)], cwd=REPO, env=ENV,
-                                     stdout=self.log, stderr=subprocess.STDOUT)
-
-    def wait_ready(self, timeout: float = 600) -> None:
-        deadline = time.monotonic() + timeout
-        while time.monotonic() < deadline:
-            if self.proc.poll() is not None:
-                raise RuntimeError(f"daemon exited {self.proc.returncode}")
-            try:
-                with Client(self.addr) as c:
-                    if c.status()["daemon"]["state"] == "running":
-                        return
-            except OSError:
-                pass
-            time.sleep(0.3)
-        raise TimeoutError("daemon not ready")
-
-    def serving(self) -> bool:
-        if self.proc.poll() is not None:
-            return False
-        try:
-            with Client(self.addr, connect_timeout=10) as c:
-                return bool(c.status()["daemon"]["state"] == "running")
-        except Exception:  # noqa: BLE001 - any failure means "not serving"
-            return False
-
-    def rss(self) -> int:
-        try:
-            return int(psutil.Process(self.proc.pid).memory_info().rss)
-        except psutil.NoSuchProcess:
-            return 0
+def rss(d: DaemonProcess) -> int:
+    """The daemon process's resident set (the frames it reads live there)."""
+    try:
+        return int(psutil.Process(d.proc.pid).memory_info().rss)
+    except psutil.NoSuchProcess:
+        return 0
 
 
 class Record:
     """Counts per family, the failures, and the daemon's health after each probe."""
 
-    def __init__(self, daemon: Daemon) -> None:
+    def __init__(self, daemon: DaemonProcess) -> None:
         self.daemon = daemon
         self.families: dict[str, dict[str, int]] = {}
         self.failures: list[dict[str, str]] = []
@@ -166,7 +113,7 @@ class Record:
         except Exception as e:  # noqa: BLE001 - a probe that raises did not get its answer
             result = f"{type(e).__name__}: {e}"
         ok = result is True
-        alive = self.daemon.serving() if needs_daemon else True
+        alive = serving(self.daemon) if needs_daemon else True
         fam = self.families.setdefault(family, {"tried": 0, "as_expected": 0, "survived": 0})
         fam["tried"] += 1
         fam["as_expected"] += ok
@@ -177,38 +124,6 @@ class Record:
             log(f"  FAIL {family}: {name}: {str(result)[:200]} (serving: {alive})")
         elif time.monotonic() - t0 > 5:
             log(f"  ok {family}: {name} ({time.monotonic() - t0:.1f} s)")
-
-
-def exchange(path: str, data: bytes, n_replies: int, timeout: float = 30.0) -> tuple[list[Any], bool]:
-    """Raw bytes on a fresh connection: (replies, whether the daemon closed it)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    s.connect(path)
-    try:
-        try:
-            s.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        out, buf = [], b""
-        while len(out) < n_replies:
-            try:
-                chunk = s.recv(1 << 16)
-            except ConnectionResetError:
-                chunk = b""
-            if not chunk:
-                return out, True
-            buf += chunk
-            while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
-                n = struct.unpack(">I", buf[:4])[0]
-                out.append(P.decode_reply(buf[4:4 + n]))
-                buf = buf[4 + n:]
-        return out, False
-    finally:
-        s.close()
-
-
-def frame(payload: bytes) -> bytes:
-    return struct.pack(">I", len(payload)) + payload
 
 
 class Load:
@@ -290,9 +205,9 @@ def json_family(rec: Record, addr: str) -> None:
         rec.probe(f"input-json/{family}", name, run)
 
 
-def slowloris(rec: Record, path: str, daemon: Daemon, n: int = 20) -> dict[str, Any]:
+def slowloris(rec: Record, path: str, daemon: DaemonProcess, n: int = 20) -> dict[str, Any]:
     """``n`` connections each announce a 4 MiB frame, send 1 MiB of it and stall."""
-    base = daemon.rss()
+    base = rss(daemon)
     socks, peak = [], base
     for _ in range(n):
         s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
@@ -303,7 +218,7 @@ def slowloris(rec: Record, path: str, daemon: Daemon, n: int = 20) -> dict[str, 
     answered = 0
     for s in socks:
         s.settimeout(FRAME_TIMEOUT_S + 20)
-        peak = max(peak, daemon.rss())
+        peak = max(peak, rss(daemon))
         try:
             data = s.recv(1 << 16)
             n_body = struct.unpack(">I", data[:4])[0]
@@ -386,12 +301,12 @@ def cli_family(rec: Record, work: Path, addr: str) -> None:
         rec.probe("cli/wtns-calculate", name, run)
 
 
-def twin(rec: Record, config: Path, daemon: Daemon, prefix: str) -> None:
+def twin(rec: Record, config: Path, prefix: str) -> None:
     def run() -> bool | str:
-        before = shm_entries(prefix)
+        before = shm_inodes(prefix)
         p = subprocess.run([*PY, "daemon", "--config", str(config)], env=ENV, capture_output=True, text=True,
                            timeout=120, check=False)
-        after = shm_entries(prefix)
+        after = shm_inodes(prefix)
         kept = all(after.get(k) == v for k, v in before.items() if k.endswith(("-ctl", "-free", "-ready")))
         return (p.returncode == 4 and kept and "Traceback" not in p.stderr) or \
             f"exit {p.returncode}, ring kept: {kept}: {p.stderr[-300:]}"
@@ -406,8 +321,7 @@ def journals(rec: Record, work: Path) -> None:
 
     def start_on(d: Path) -> bool | str:
         cfg = d / "cuzk.toml"
-        cfg.write_text(CONFIG.format(work=d, port=free_port(), max_frame=MAX_FRAME, frame_timeout=FRAME_TIMEOUT_S,
-                                     max_connections=MAX_CONNECTIONS, extra=""))
+        cfg.write_text(probe_config(d, free_port()))
         p = subprocess.run([*PY, "daemon", "--config", str(cfg)], env=ENV, capture_output=True, text=True,
                            timeout=120, check=False)
         return (p.returncode == 5 and "refusing to start" in p.stderr and not (d / "keys").exists()) or \
@@ -474,17 +388,16 @@ def main() -> int:
     extra = build_circom(work)
     port = free_port()
     config = work / "cuzk.toml"
-    config.write_text(CONFIG.format(work=work, port=port, max_frame=MAX_FRAME, frame_timeout=FRAME_TIMEOUT_S,
-                                    max_connections=MAX_CONNECTIONS, extra=extra))
+    config.write_text(probe_config(work, port, extra))
     prefix = default_shm_prefix(work / "journal.sqlite")
     path = str(work / "cuzk.sock")
-    daemon = Daemon(config, work)
-    daemon.wait_ready()
+    daemon = DaemonProcess(config, work)
+    daemon.wait_ready(600)
     log(f"daemon pid {daemon.proc.pid} ready; shm prefix {prefix}")
     rec = Record(daemon)
     load = Load(daemon.addr)
     load.start()
-    memory: dict[str, Any] = {"daemon_rss_at_start_bytes": daemon.rss()}
+    memory: dict[str, Any] = {"daemon_rss_at_start_bytes": rss(daemon)}
 
     log("frames")
     frame_family(rec, path)
@@ -503,32 +416,32 @@ def main() -> int:
     log("CLI")
     cli_family(rec, work, daemon.addr)
     log("twin daemon")
-    twin(rec, config, daemon, prefix)
+    twin(rec, config, prefix)
     log("damaged journals")
     journals(rec, work)
-    memory["daemon_rss_after_probes_bytes"] = daemon.rss()
+    memory["daemon_rss_after_probes_bytes"] = rss(daemon)
 
     log("whole-tree SIGKILL mid-load, then restart")
     for _ in range(4):
         load.submit_one()
     time.sleep(2.0)
-    before_kill = shm_entries(prefix)
+    before_kill = shm_inodes(prefix)
     tree = [psutil.Process(daemon.proc.pid), *psutil.Process(daemon.proc.pid).children(recursive=True)]
     for p in tree:
         p.send_signal(signal.SIGKILL)
     psutil.wait_procs(tree, timeout=30)
     daemon.proc.wait()
     load.stop()
-    left_by_kill = shm_entries(prefix)
-    daemon = Daemon(config, work)
-    daemon.wait_ready()
+    left_by_kill = shm_inodes(prefix)
+    daemon = DaemonProcess(config, work)
+    daemon.wait_ready(600)
     rec.daemon = daemon
-    kept_after_restart = [k for k, ino in left_by_kill.items() if shm_entries(prefix).get(k) == ino]
+    kept_after_restart = [k for k, ino in left_by_kill.items() if shm_inodes(prefix).get(k) == ino]
     log(f"killed tree left {len(left_by_kill)} entries; {len(kept_after_restart)} survived the restart")
     done, not_done = verified(daemon.addr, load.jobs, timeout=600)
     daemon.proc.send_signal(signal.SIGTERM)
     exit_code = daemon.proc.wait(120)
-    left_at_stop = shm_entries(prefix)
+    left_at_stop = shm_inodes(prefix)
 
     tried = sum(f["tried"] for f in rec.families.values())
     survived = sum(f["survived"] for f in rec.families.values())

@@ -18,6 +18,7 @@ import pytest
 
 from cuzk_mp.daemon.client import synthetic_partitions
 from cuzk_mp.daemon.config import default_shm_prefix
+from tests.hostile_corpus import shm_inodes
 from tests.test_daemon_support import ENV, PY, DaemonProcess, check_proofs, config_text, shm_leftovers
 
 
@@ -30,16 +31,6 @@ def _free_port() -> int:
 
 def _cli(*args: str, timeout: float = 120) -> subprocess.CompletedProcess[str]:
     return subprocess.run([*PY, *args], env=ENV, capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def _shm_inodes(prefix: str) -> dict[str, int]:
-    out = {}
-    for name in shm_leftovers(prefix):
-        try:
-            out[name] = os.stat(f"/dev/shm/{name}").st_ino
-        except FileNotFoundError:
-            continue
-    return out
 
 
 def test_a_twin_daemon_exits_at_once_and_harms_nothing(tmp_path: Path) -> None:
@@ -55,7 +46,7 @@ def test_a_twin_daemon_exits_at_once_and_harms_nothing(tmp_path: Path) -> None:
         with first.client() as c:
             job = c.submit("syn", synthetic_partitions(6, first_seed=70)).job_id
             before = {p["name"]: (p["pid"], p["restarts"]) for p in c.status(detail=True)["processes"]}
-            shm_before = _shm_inodes(prefix)
+            shm_before = shm_inodes(prefix)
             for twin_cfg in (cfg, no_port):
                 t0 = time.monotonic()
                 twin = _cli("daemon", "--config", str(twin_cfg), timeout=60)
@@ -63,8 +54,8 @@ def test_a_twin_daemon_exits_at_once_and_harms_nothing(tmp_path: Path) -> None:
                 assert time.monotonic() - t0 < 30
                 assert f"pid {first.proc.pid}" in twin.stderr and "journal.sqlite" in twin.stderr
                 assert "Traceback" not in twin.stderr
-            assert _shm_inodes(prefix).keys() >= {k for k in shm_before if k.endswith(("-ctl", "-free", "-ready"))}
-            assert all(_shm_inodes(prefix).get(k) == v for k, v in shm_before.items()
+            assert shm_inodes(prefix).keys() >= {k for k in shm_before if k.endswith(("-ctl", "-free", "-ready"))}
+            assert all(shm_inodes(prefix).get(k) == v for k, v in shm_before.items()
                        if k.endswith(("-ctl", "-free", "-ready")))
             r = c.await_proof(job, timeout_s=300)
             assert r.state == "done", r
@@ -101,13 +92,13 @@ def test_a_killed_process_tree_leaves_nothing_after_the_restart(tmp_path: Path) 
         psutil.wait_procs(tree, timeout=30)
     finally:
         first.sigkill()
-    left = _shm_inodes(prefix)
+    left = shm_inodes(prefix)
     assert left, "the killed tree should have left its ring behind"
 
     second = DaemonProcess(cfg, tmp_path)
     try:
         second.wait_ready()
-        now = _shm_inodes(prefix)
+        now = shm_inodes(prefix)
         assert not [k for k, ino in left.items() if now.get(k) == ino], "the restart kept the dead ring's entries"
         with second.client() as c:
             r = c.await_proof(job, timeout_s=300)  # the journaled job survives the kill

@@ -19,14 +19,13 @@ from typing import Any
 import pytest
 
 from cuzk_mp.daemon import budget
-from cuzk_mp.daemon import config as C
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.daemon.transport import frame
 from cuzk_mp.errors import AuthError, InputError, ResourceError
-from tests.hostile_corpus import INPUT_JSON_PROBES, FrameProbe, frame_probes
-from tests.test_daemon_protocol import FakeEngine, run_daemon
+from tests.hostile_corpus import INPUT_JSON_PROBES, FrameProbe, exchange, frame_probes
+from tests.test_daemon_protocol import run_daemon
 
 MAX_FRAME = "4MiB"
 ALICE, BOB, ADMIN = "alice-token-0000000001", "bob-token-00000000002", "admin-token-000000003"
@@ -36,41 +35,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return int(s.getsockname()[1])
-
-
-def exchange(path: str, data: bytes, n_replies: int, timeout: float = 20.0) -> tuple[list[Any], bool]:
-    """Send raw bytes on a fresh connection; (replies read, whether the daemon closed it)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    s.connect(path)
-    try:
-        try:
-            s.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass
-        out, buf, closed = [], b"", False
-        while len(out) < n_replies:
-            try:
-                chunk = s.recv(1 << 16)
-            except ConnectionResetError:
-                chunk = b""
-            if not chunk:
-                closed = True
-                break
-            buf += chunk
-            while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
-                n = struct.unpack(">I", buf[:4])[0]
-                out.append(P.decode_reply(buf[4:4 + n]))
-                buf = buf[4 + n:]
-        if not closed and n_replies == len(out):
-            s.settimeout(0.2)
-            try:
-                closed = s.recv(1) == b""
-            except (TimeoutError, ConnectionResetError):
-                closed = False
-        return out, closed
-    finally:
-        s.close()
 
 
 PROBES = frame_probes(4 * 2**20)
@@ -184,24 +148,6 @@ def circom_circuit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str,
     return {"zkey": str(tmp_path / "c.zkey"), "r1cs": str(tmp_path / "c.r1cs"), "wasm": str(tmp_path / "c.wasm")}
 
 
-def _run_with_circom(tmp_path: Path, circuit: dict[str, Any], body: Any, **daemon: Any) -> Daemon:
-    raw = {"daemon": {"listen": f"unix://{tmp_path}/d.sock", "max_frame_bytes": MAX_FRAME, **daemon},
-           "srs": {"param_cache": str(tmp_path / "cache")}, "memory": {"total_budget": "64GiB"},
-           "circuits": {"syn": {"synthetic": "porep-like", "log_n": 10}, "circ": circuit}}
-    cfg = C.resolve(raw, base=tmp_path)
-
-    async def main() -> Daemon:
-        d = Daemon(cfg, engine_factory=FakeEngine)
-        await d.start()
-        try:
-            await body(d, str(cfg.listen))
-        finally:
-            await d.stop()
-        return d
-
-    return asyncio.run(main())
-
-
 def test_hostile_input_json_is_refused_at_submit(tmp_path: Path, circom_circuit: dict[str, Any]) -> None:
     async def body(d: Daemon, addr: str) -> None:
         async with await AsyncClient.connect(addr) as c:
@@ -215,7 +161,7 @@ def test_hostile_input_json_is_refused_at_submit(tmp_path: Path, circom_circuit:
             ok = await c.submit("circ", [P.PartitionIn("json", b'{"a": [1, "2"], "b": "0x03"}')])
             assert d.engine.submitted == [ok.job_id]
 
-    _run_with_circom(tmp_path, circom_circuit, body)
+    run_daemon(tmp_path, body, circuits={"circ": circom_circuit}, max_frame_bytes=MAX_FRAME)
 
 
 def test_error_texts_quoting_lone_surrogates_still_reach_the_client() -> None:
