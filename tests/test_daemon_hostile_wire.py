@@ -128,6 +128,20 @@ def test_connections_beyond_the_cap_are_refused_with_a_reply(tmp_path: Path) -> 
             with pytest.raises(ResourceError, match="max_connections"):
                 async with await AsyncClient.connect(addr) as extra:
                     await extra.status()
+
+            def refused_clients() -> list[str]:  # each hears the refusal, never a reset or broken pipe
+                seen = []
+                for _ in range(30):
+                    try:
+                        with Client(addr) as c:
+                            c.status()
+                        seen.append("served")
+                    except ResourceError:
+                        seen.append("refused")
+                    except OSError as e:
+                        seen.append(repr(e))
+                return seen
+            assert set(await asyncio.to_thread(refused_clients)) == {"refused"}
         finally:
             await held.pop().close()
         await asyncio.sleep(0.1)

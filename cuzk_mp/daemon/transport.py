@@ -43,6 +43,7 @@ from cuzk_mp.errors import ConfigError, InputError
 _LEN = struct.Struct(">I")
 log = logging.getLogger("cuzk_mp.daemon.transport")
 REFUSAL_LOG_INTERVAL_S = 10.0
+REFUSAL_DRAIN_S = 1.0
 
 
 class CommClosedError(ConnectionError):
@@ -327,6 +328,14 @@ async def listen(addr: Address, on_comm: Callable[[StreamComm], Awaitable[None]]
         with contextlib.suppress(CommClosedError, FrameTooLarge):
             if refusal:
                 await comm.write(refusal)
+        # Closing with the peer's request unread would reset the connection and lose the refusal:
+        # end our side, then discard what the peer sends for a moment (bounded in time and size).
+        with contextlib.suppress(OSError, RuntimeError, TimeoutError, asyncio.IncompleteReadError):
+            if comm.writer.can_write_eof():
+                comm.writer.write_eof()
+            async with asyncio.timeout(REFUSAL_DRAIN_S):
+                while await comm.reader.read(1 << 16):
+                    pass
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal open_comms
