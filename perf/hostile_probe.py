@@ -229,7 +229,9 @@ def slowloris(rec: Record, path: str, daemon: DaemonProcess, n: int = 20) -> dic
         s.close()
     cut_s = time.monotonic() - t0
     for i in range(n):
-        rec.probe("slowloris", f"stalled 4 MiB frame #{i}", lambda i=i: i < answered or "not cut off")
+        def cut_off(i: int = i) -> bool | str:
+            return i < answered or "not cut off"
+        rec.probe("slowloris", f"stalled 4 MiB frame #{i}", cut_off)
     return {"connections": n, "answered_and_closed": answered, "all_cut_within_s": round(cut_s, 2),
             "daemon_rss_before_bytes": base, "daemon_rss_peak_bytes": peak}
 
@@ -277,14 +279,14 @@ def cli_family(rec: Record, work: Path, addr: str) -> None:
         return subprocess.run([*PY, *args], env=ENV, capture_output=True, text=True, timeout=120, check=False)
 
     for t in ("1e300", "inf", "nan", "-1"):
-        def run(t: str = t) -> bool | str:
+        def timeout_arg(t: str = t) -> bool | str:
             p = cli("client", "await", "x", "--connect", addr, f"--timeout={t}")
             return (p.returncode == 2 and "Traceback" not in p.stderr) or f"exit {p.returncode}: {p.stderr[-300:]}"
-        rec.probe("cli/timeout", t, run)
+        rec.probe("cli/timeout", t, timeout_arg)
     data = REPO / "tests" / "data_formats"
     deep = "[" * 100_000 + "]" * 100_000
     for which, content in (("public", "[" + "1" * 5000 + "]"), ("proof", deep), ("vk", '{"nPublic": NaN}')):
-        def run(which: str = which, content: str = content) -> bool | str:
+        def verify_file(which: str = which, content: str = content) -> bool | str:
             files = {"vk": data / "verification_key.json", "public": data / "public.json", "proof": data / "proof.json"}
             bad = work / f"bad-{which}.json"
             bad.write_text(content)
@@ -292,13 +294,13 @@ def cli_family(rec: Record, work: Path, addr: str) -> None:
             p = cli("groth16", "verify", str(files["vk"]), str(files["public"]), str(files["proof"]))
             return (p.returncode == 2 and str(bad) in p.stderr and "Traceback" not in p.stderr
                     and "OK!" not in p.stdout) or f"exit {p.returncode}: {p.stderr[-300:]}"
-        rec.probe("cli/groth16-verify", f"hostile {which}", run)
-    for name, content in (("5000 digits", b'{"a": ' + b"9" * 5000 + b"}"), ("deep", b'{"a": ' + deep.encode() + b"}")):
-        def run(content: bytes = content) -> bool | str:
-            (work / "in.json").write_bytes(content)
+        rec.probe("cli/groth16-verify", f"hostile {which}", verify_file)
+    for name, raw in (("5000 digits", b'{"a": ' + b"9" * 5000 + b"}"), ("deep", b'{"a": ' + deep.encode() + b"}")):
+        def wtns_input(raw: bytes = raw) -> bool | str:
+            (work / "in.json").write_bytes(raw)
             p = cli("wtns", "calculate", str(work / "none.wasm"), str(work / "in.json"), str(work / "w.wtns"))
             return (p.returncode == 2 and "Traceback" not in p.stderr) or f"exit {p.returncode}: {p.stderr[-300:]}"
-        rec.probe("cli/wtns-calculate", name, run)
+        rec.probe("cli/wtns-calculate", name, wtns_input)
 
 
 def twin(rec: Record, config: Path, prefix: str) -> None:
@@ -338,13 +340,13 @@ def journals(rec: Record, work: Path) -> None:
         asyncio.run(fill())
         return j
 
-    cases: dict[str, Callable[[Path], None]] = {
+    cases: dict[str, Callable[[Path], object]] = {
         "truncated to 0 bytes": lambda p: p.write_bytes(b""),
         "deleted": lambda p: p.unlink(),
         "garbage": lambda p: p.write_bytes(os.urandom(40960)),
     }
     for name, damage in cases.items():
-        def run(name: str = name, damage: Callable[[Path], None] = damage) -> bool | str:
+        def run(name: str = name, damage: Callable[[Path], object] = damage) -> bool | str:
             d = work / f"journal-{name.replace(' ', '-')}"
             make(d).close()
             damage(d / "journal.sqlite")
@@ -445,14 +447,15 @@ def main() -> int:
 
     tried = sum(f["tried"] for f in rec.families.values())
     survived = sum(f["survived"] for f in rec.families.values())
-    result = {
+    leaked = len(kept_after_restart) + len(left_at_stop)
+    result: dict[str, Any] = {
         "what": "hostile probes against a live CPU-backend cuzk-mp daemon (porep-like 2^10 and the circom "
                 "multiplier circuit) under a light legitimate load, then a whole-tree SIGKILL mid-load and a restart",
         "command": "python perf/hostile_probe.py",
         "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
                     "kernel": platform.release(), "loadavg_at_end": list(os.getloadavg())},
         "counts": {"inputs_tried": tried, "survived": survived, "jobs_lost": len(not_done),
-                   "entries_leaked": len(kept_after_restart) + len(left_at_stop)},
+                   "entries_leaked": leaked},
         "families": rec.families,
         "failures": rec.failures,
         "legit_jobs": {"acknowledged": len(load.jobs), "done_and_verified": done, "not_done": not_done,
@@ -469,9 +472,9 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(result, indent=1) + "\n")
     log(f"{tried} tried, {survived} survived, {len(not_done)} jobs lost, "
-        f"{result['counts']['entries_leaked']} entries leaked -> {args.json}")
+        f"{leaked} entries leaked -> {args.json}")
     shutil.rmtree(work, ignore_errors=True)
-    return 0 if survived == tried and not not_done and not result["counts"]["entries_leaked"] else 1
+    return 0 if survived == tried and not not_done and not leaked else 1
 
 
 def _cpu_model() -> str:

@@ -205,7 +205,8 @@ def exchange(path: str, data: bytes, n_replies: int, timeout: float = 20.0) -> t
             s.sendall(data)
         except (BrokenPipeError, ConnectionResetError):
             pass  # the daemon closed early; what it answered is still readable
-        out, buf, closed = [], b"", False
+        out: list[Any] = []
+        buf, closed = b"", False
         while len(out) < n_replies:
             try:
                 chunk = s.recv(1 << 16)
