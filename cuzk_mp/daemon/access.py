@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     from cuzk_mp.daemon.config import DaemonConfig
 
 PID_KEYS = frozenset({"pid", "owner_pid", "ppid", "pids"})
+_SCALARS = frozenset({int, float, bool, type(None)})
 # An absolute path inside any text (a whole value or quoted in an error message).
 _PATH = re.compile(r"(?<![\w.])/(?:[^\s/'\",;:]+/)+")
 
@@ -109,17 +110,20 @@ def status_view(doc: Mapping[str, Any], ident: Identity, detail: bool,
         return ident.admin or (isinstance(job_id, str) and owner_of_job(job_id) == ident.owner)
 
     def walk(value: Any) -> Any:
-        if isinstance(value, Mapping):
+        kind = type(value)
+        if kind is str:
+            return redact_text(value) if not detail else value
+        if kind in _SCALARS:
+            return value
+        if kind is dict or isinstance(value, Mapping):
             out = {}
             for k, v in value.items():
-                hidden = (not detail and k in PID_KEYS) or (k == "job" and isinstance(v, str) and not mine(v))
+                hidden = (not detail and k in PID_KEYS) or (k == "job" and type(v) is str and not mine(v))
                 out[k] = None if hidden else walk(v)
             return out
-        if isinstance(value, (list, tuple)):
+        if kind is list or kind is tuple:
             return [walk(v) for v in value
-                    if not (isinstance(v, Mapping) and "job_id" in v and not mine(v["job_id"]))]
-        if isinstance(value, str) and not detail:
-            return redact_text(value)
+                    if not (type(v) is dict and "job_id" in v and not mine(v["job_id"]))]
         return value
 
     view = walk(doc)
