@@ -162,6 +162,7 @@ class Journal:
         self.path = path
         self._conn = conn
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-journal")
+        self._closed = False
         self.quarantined_now: list[dict[str, Any]] = []
 
     @classmethod
@@ -293,7 +294,10 @@ class Journal:
 
     async def report(self) -> dict[str, Any]:
         """The journal's health for the status document: quarantined rows (all time: count; the
-        latest few with their reasons) and those quarantined at this start."""
+        latest few with their reasons) and those quarantined at this start; ``closed`` once
+        the daemon has closed the journal (a status asked for during the very end of a drain)."""
+        if self._closed:
+            return {"closed": True}
         return await self._run(self._report)
 
     def _report(self) -> dict[str, Any]:
@@ -307,6 +311,7 @@ class Journal:
 
     def close(self) -> None:
         """Finish pending writes and close the file (idempotent)."""
+        self._closed = True
         self._pool.shutdown(wait=True)
         try:
             self._conn.close()
