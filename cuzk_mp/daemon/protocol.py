@@ -35,7 +35,10 @@ values, a bounded loop that also reads the top-level ``id`` so the ErrorReply re
 call), then decodes it with the typed schema, whose fields carry their own limits (string
 lengths, at most ``MAX_PARTITIONS`` partitions, timeouts in ``0..MAX_TIMEOUT_S``). Whatever it
 refuses is a :class:`MalformedRequest` (an InputError) carrying that id; memory stays within a
-small multiple of the frame, which the transport has already bounded.
+small multiple of the frame, which the transport has already bounded. An ErrorReply with id 0
+answers a frame whose id could not be read (the connection goes on serving), or a frame the
+stream cannot recover from (too large, or not complete within the deadline: the daemon then
+closes the connection).
 
 Every request carries ``token``, the client's shared secret when the daemon requires one
 (see :mod:`cuzk_mp.daemon.access`); it is never echoed back.
