@@ -288,3 +288,27 @@ def test_without_tokens_the_status_still_hides_paths_and_pids_unless_asked(tmp_p
         assert detail["detail"]
 
     run_daemon(tmp_path, body)
+
+
+def test_a_taken_status_port_is_a_message_and_starts_nothing(tmp_path: Path) -> None:
+    from tests.test_daemon_protocol import FakeEngine, make_config
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = make_config(tmp_path, status_listen=f"127.0.0.1:{port}")
+        started: list[Any] = []
+
+        def factory(*a: Any) -> FakeEngine:
+            started.append(a)
+            return FakeEngine(*a)
+
+        async def main() -> None:
+            d = Daemon(cfg, engine_factory=factory)
+            with pytest.raises(ResourceError, match=f"daemon.status_listen = '127.0.0.1:{port}': cannot listen"):
+                await d.start()
+            assert d.state.value == "failed"
+        asyncio.run(main())
+    assert started == [] and not (tmp_path / "d.sock").exists()
+    assert not (tmp_path / "cache" / "journal.sqlite").exists()  # not even the journal was opened
