@@ -169,3 +169,43 @@ def test_client_token_from_the_environment_and_the_flag(tmp_path: Path) -> None:
     finally:
         d.kill()
     assert shm_leftovers(prefix) == []
+
+
+def test_instance_locks_name_the_holder_and_go_with_it(tmp_path: Path) -> None:
+    from cuzk_mp.daemon.instance_lock import AlreadyRunning, InstanceLock, lock_paths
+
+    paths = lock_paths(tmp_path / "j" / "journal.sqlite", [str(tmp_path / "s.sock")])
+    assert [p.name for p in paths] == ["journal.sqlite.lock", "s.sock.lock"]
+    prefix = f"cuzk-lock-{os.getpid()}"
+    first = InstanceLock(paths, prefix)
+    first.acquire()
+    try:
+        for other in (InstanceLock(paths[:1]), InstanceLock(paths[1:]), InstanceLock([], prefix)):
+            with pytest.raises(AlreadyRunning, match=f"pid {os.getpid()}"):
+                other.acquire()
+        both = InstanceLock([tmp_path / "free.lock"], prefix)
+        with pytest.raises(AlreadyRunning, match="shm prefix"):
+            both.acquire()
+        assert not both._fds  # all or nothing: the free lock was given back
+        InstanceLock([tmp_path / "free.lock"]).acquire()  # and can be taken
+    finally:
+        first.release()
+    again = InstanceLock(paths, prefix)
+    again.acquire()
+    again.release()
+    # a SIGKILLed holder leaves nothing that blocks the next one
+    holder = subprocess.Popen([*PY[:1], "-c", (
+        "import sys, time; from pathlib import Path; from cuzk_mp.daemon.instance_lock import InstanceLock; "
+        f"lock = InstanceLock([Path({str(paths[0])!r})], {prefix!r}); lock.acquire(); print('held', flush=True); "
+        "time.sleep(60)")],
+        env=ENV, stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        with pytest.raises(AlreadyRunning, match=f"pid {holder.pid}"):
+            InstanceLock([], prefix).acquire()
+    finally:
+        holder.kill()
+        holder.wait()
+    last = InstanceLock(paths, prefix)
+    last.acquire()
+    last.release()

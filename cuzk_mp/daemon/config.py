@@ -318,8 +318,9 @@ def _socket_mode(value: str, source: str) -> int:
 
 def default_shm_prefix(journal_path: Path) -> str:
     """The shm prefix of a daemon whose config sets none: ``cuzk-`` and a hash of the journal's
-    absolute path, so the same config always gets the same prefix and a restart removes what a
-    killed predecessor left in /dev/shm (two daemons never share a journal: it is locked)."""
+    real path, so the same config always gets the same prefix and a restart removes what a
+    killed predecessor left in /dev/shm (two daemons never share a journal or a prefix: both
+    are locked, see daemon.instance_lock)."""
     digest = hashlib.blake2b(str(journal_path.resolve()).encode(), digest_size=6).hexdigest()
     return f"cuzk-{digest}"
 

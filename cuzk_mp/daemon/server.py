@@ -97,7 +97,8 @@ class Daemon:
         self.view: StatusView | None = None
         self.access = Access(cfg.tokens, cfg.admin_tokens)
         self.lock = InstanceLock(lock_paths(cfg.journal_path, [
-            a.path for a in (cfg.listen, cfg.status_listen) if a is not None and a.kind == "unix"]))
+            a.path for a in (cfg.listen, cfg.status_listen) if a is not None and a.kind == "unix"]),
+            cfg.engine.shm_prefix)
         self._comms: set[Comm] = set()
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
