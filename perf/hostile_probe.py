@@ -426,7 +426,12 @@ def main() -> int:
     log("whole-tree SIGKILL mid-load, then restart")
     for _ in range(4):
         load.submit_one()
-    time.sleep(2.0)
+    with Client(daemon.addr) as c:  # a long job, so that ring slots are live when the tree dies
+        big = c.submit("syn", synthetic_partitions(30, 50_000)).job_id
+        load.jobs.append(big)
+        deadline = time.monotonic() + 300
+        while not any(p.state == "done" for p in c.await_proof(big, 0.2).partitions) and time.monotonic() < deadline:
+            pass
     before_kill = shm_inodes(prefix)
     tree = [psutil.Process(daemon.proc.pid), *psutil.Process(daemon.proc.pid).children(recursive=True)]
     for p in tree:
