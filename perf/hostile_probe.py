@@ -53,8 +53,9 @@ from cuzk_mp.daemon.transport import frame  # noqa: E402
 from cuzk_mp.errors import InputError  # noqa: E402
 from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json, vk_from_json  # noqa: E402
 from cuzk_mp.groth16.verifier import verify  # noqa: E402
-from tests.hostile_corpus import INPUT_JSON_PROBES, exchange, frame_probes, shm_inodes  # noqa: E402
-from tests.test_daemon_support import ENV, PY, DaemonProcess, config_text  # noqa: E402
+from cuzk_mp.pipeline.benchreport import machine_info  # noqa: E402
+from tests.hostile_corpus import INPUT_JSON_PROBES, frame_probes  # noqa: E402
+from tests.test_daemon_support import ENV, PY, DaemonProcess, config_text, exchange, shm_inodes  # noqa: E402
 
 MAX_FRAME = 8 * 2**20
 FRAME_TIMEOUT_S = 3.0
@@ -457,8 +458,7 @@ def main() -> int:
         "what": "hostile probes against a live CPU-backend cuzk-mp daemon (porep-like 2^10 and the circom "
                 "multiplier circuit) under a light legitimate load, then a whole-tree SIGKILL mid-load and a restart",
         "command": "python perf/hostile_probe.py",
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
-                    "kernel": platform.release(), "loadavg_at_end": list(os.getloadavg())},
+        "machine": {**machine_info([]), "kernel": platform.release()},
         "counts": {"inputs_tried": tried, "survived": survived, "jobs_lost": len(not_done),
                    "entries_leaked": leaked},
         "families": rec.families,
@@ -480,16 +480,6 @@ def main() -> int:
         f"{leaked} entries leaked -> {args.json}")
     shutil.rmtree(work, ignore_errors=True)
     return 0 if survived == tried and not not_done and not leaked else 1
-
-
-def _cpu_model() -> str:
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                return line.split(":", 1)[1].strip()
-    except OSError:
-        pass
-    return platform.machine()
 
 
 if __name__ == "__main__":

@@ -1,7 +1,6 @@
 """Hostile inputs for the daemon (no tests here): wire frames and input JSON documents, in
 families (depth, size, numbers, encodings, schema, truncation), each with the reply it must get,
-and two helpers of the suites that use them: :func:`exchange` (raw bytes in, replies out) and
-:func:`shm_inodes`.
+``exchange`` and ``shm_inodes`` (tests/test_daemon_support.py) send them and watch /dev/shm.
 
 Used by tests/test_daemon_hostile_wire.py against an in-process daemon and by
 perf/hostile_probe.py against a live one, so both try the same things.
@@ -9,16 +8,10 @@ perf/hostile_probe.py against a live one, so both try the same things.
 
 from __future__ import annotations
 
-import os
-import socket
 import struct
 from dataclasses import dataclass
-from typing import Any
 
 import msgspec
-
-from cuzk_mp.daemon import protocol as P
-from tests.test_daemon_support import shm_leftovers
 
 enc = msgspec.msgpack.encode
 
@@ -193,51 +186,3 @@ INPUT_JSON_PROBES: list[tuple[str, str, bytes, str]] = [
     ("empty", "truncation", b"", "not valid JSON"),
 ]
 
-
-def exchange(path: str, data: bytes, n_replies: int, timeout: float = 20.0) -> tuple[list[Any], bool]:
-    """Send raw bytes on a fresh unix-socket connection; (the replies read, up to ``n_replies``,
-    and whether the daemon closed the connection)."""
-    s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-    s.settimeout(timeout)
-    s.connect(path)
-    try:
-        try:
-            s.sendall(data)
-        except (BrokenPipeError, ConnectionResetError):
-            pass  # the daemon closed early; what it answered is still readable
-        out: list[Any] = []
-        buf, closed = b"", False
-        while len(out) < n_replies:
-            try:
-                chunk = s.recv(1 << 16)
-            except ConnectionResetError:
-                chunk = b""
-            if not chunk:
-                closed = True
-                break
-            buf += chunk
-            while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
-                n = struct.unpack(">I", buf[:4])[0]
-                out.append(P.decode_reply(buf[4:4 + n]))
-                buf = buf[4 + n:]
-        if not closed:
-            s.settimeout(0.2)
-            try:
-                closed = s.recv(1) == b""
-            except (TimeoutError, ConnectionResetError):
-                closed = False
-        return out, closed
-    finally:
-        s.close()
-
-
-def shm_inodes(prefix: str) -> dict[str, int]:
-    """/dev/shm entries named with ``prefix`` and their inodes (an entry re-created under the
-    same name has a new inode, so a restart's cleanup shows even when the names come back)."""
-    out = {}
-    for name in shm_leftovers(prefix):
-        try:
-            out[name] = os.stat(f"/dev/shm/{name}").st_ino
-        except FileNotFoundError:
-            continue
-    return out

@@ -18,8 +18,7 @@ import pytest
 
 from cuzk_mp.daemon.client import synthetic_partitions
 from cuzk_mp.daemon.config import default_shm_prefix
-from tests.hostile_corpus import shm_inodes
-from tests.test_daemon_support import ENV, PY, DaemonProcess, check_proofs, config_text, shm_leftovers
+from tests.test_daemon_support import ENV, PY, DaemonProcess, check_proofs, config_text, shm_inodes, shm_leftovers
 
 
 def _free_port() -> int:

@@ -24,8 +24,9 @@ from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.daemon.transport import frame
 from cuzk_mp.errors import AuthError, InputError, ResourceError
-from tests.hostile_corpus import INPUT_JSON_PROBES, FrameProbe, exchange, frame_probes
+from tests.hostile_corpus import INPUT_JSON_PROBES, FrameProbe, frame_probes
 from tests.test_daemon_protocol import run_daemon
+from tests.test_daemon_support import exchange
 
 MAX_FRAME = "4MiB"
 ALICE, BOB, ADMIN = "alice-token-0000000001", "bob-token-00000000002", "admin-token-000000003"
