@@ -1,4 +1,8 @@
-"""Helpers of the fleet tests: box processes whose events the test can wait for, inputs, fast knobs."""
+"""Helpers of the fleet tests: box processes whose events the test can wait for, inputs, fast knobs.
+
+The queue library and psycopg are imported only inside the helpers that need them, so that the
+test modules import without the ``fleet`` extra and skip (through the ``pg`` fixture) with a reason.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +15,13 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuzk_mp.daemon.fleet.inputs import InputsRef, store_inputs
+
+if TYPE_CHECKING:
+    from cuzk_mp.daemon.fleet.queue import Fleet
+    from cuzk_mp.daemon.fleet.worker import FleetWorker
 
 BOX_SCRIPT = Path(__file__).with_name("box_process.py")
 # Fast renewals, and a stall timeout no busy CI machine reaches by accident: a box that is merely
@@ -21,6 +29,27 @@ BOX_SCRIPT = Path(__file__).with_name("box_process.py")
 FAST = {"heartbeat_interval_s": 0.5, "stall_timeout_s": 30.0, "retry_delay_s": 0.0}
 # For the tests about stalled boxes: claims lapse 3 s after the last renewal (6 heartbeats).
 STALLING = {**FAST, "stall_timeout_s": 3.0}
+
+
+async def connect(dsn: str, box: str, **knobs: Any) -> Fleet:
+    """A Fleet for box ``box`` with the FAST knobs unless overridden."""
+    from cuzk_mp.daemon.fleet.queue import Fleet
+    return await Fleet.connect(dsn, box, **{**FAST, **knobs})
+
+
+def worker(*args: Any, **kw: Any) -> FleetWorker:
+    """A FleetWorker (imported here, with the queue library)."""
+    from cuzk_mp.daemon.fleet.worker import FleetWorker
+    return FleetWorker(*args, **kw)
+
+
+def query_one(dsn: str, query: str) -> tuple[Any, ...]:
+    """The first row of a query, on a connection of its own."""
+    import psycopg
+    with psycopg.connect(dsn) as conn:
+        row = conn.execute(query).fetchone()  # type: ignore[arg-type]
+    assert row is not None
+    return tuple(row)
 
 
 def make_inputs(directory: Path, n: int, tag: str = "") -> list[InputsRef]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncio
 from pathlib import Path
 
-from fleet_helpers import FAST, make_inputs
+from fleet_helpers import connect, make_inputs
 
 from cuzk_mp.daemon.fleet.keys import (
     KeyView,
@@ -64,13 +64,11 @@ def test_a_small_backlog_held_elsewhere_is_left_to_its_holders() -> None:
 
 def test_decision_from_a_real_fleet(fleet_dsn: str, tmp_path: Path) -> None:
     """An idle box holding x sees y's backlog that no live box holds, and decides to swap x for y."""
-    from cuzk_mp.daemon.fleet.queue import Fleet
-
     inputs = make_inputs(tmp_path, 4)
 
     async def main() -> None:
-        idle = await Fleet.connect(fleet_dsn, "idle", **FAST)  # type: ignore[arg-type]
-        other = await Fleet.connect(fleet_dsn, "other", **FAST)  # type: ignore[arg-type]
+        idle = await connect(fleet_dsn, "idle")
+        other = await connect(fleet_dsn, "other")
         for inp in inputs[:3]:
             await other.submit(None, "y", inp.ref, inp.sha256)
         await other.submit(None, "x", inputs[3].ref, inputs[3].sha256)

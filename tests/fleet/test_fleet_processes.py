@@ -9,10 +9,7 @@ import json
 import time
 from pathlib import Path
 
-import psycopg
-from fleet_helpers import FAST, STALLING, BoxProcess, make_inputs
-
-from cuzk_mp.daemon.fleet.queue import Fleet
+from fleet_helpers import STALLING, BoxProcess, connect, make_inputs, query_one
 
 
 def run(coro):  # type: ignore[no-untyped-def]
@@ -28,7 +25,7 @@ def test_cancel_from_box_a_stops_the_job_running_on_box_b(fleet_dsn: str, tmp_pa
         b.wait_for("ready")
 
         async def main() -> None:
-            a = await Fleet.connect(fleet_dsn, "a", **FAST)  # type: ignore[arg-type]
+            a = await connect(fleet_dsn, "a")
             ref = await a.submit(None, "x", inp.ref, inp.sha256)
             await asyncio.to_thread(b.wait_for, "started", job_id=ref.job_id)
             t0 = time.time()
@@ -54,7 +51,7 @@ def test_sigkill_of_a_box_mid_job_its_job_completes_elsewhere_once(fleet_dsn: st
         k.wait_for("ready")
 
         async def main() -> None:
-            s = await Fleet.connect(fleet_dsn, "s", **STALLING)  # type: ignore[arg-type]
+            s = await connect(fleet_dsn, "s", **STALLING)
             ref = await s.submit("req-kill", "x", inp.ref, inp.sha256)
             await asyncio.to_thread(k.wait_for, "started", job_id=ref.job_id)
             await asyncio.sleep(0.6)  # at least one renewal of k's claim
@@ -78,8 +75,7 @@ def test_sigkill_of_a_box_mid_job_its_job_completes_elsewhere_once(fleet_dsn: st
         run(main())
     finally:
         k.stop()
-    with psycopg.connect(fleet_dsn) as conn:
-        assert conn.execute("SELECT count(*), sum(claims) FROM cuzk_fleet_jobs").fetchone() == (1, 2)
+    assert query_one(fleet_dsn, "SELECT count(*), sum(claims) FROM cuzk_fleet_jobs") == (1, 2)
 
 
 def test_three_box_processes_prove_every_job_exactly_once(fleet_dsn: str, tmp_path: Path) -> None:
@@ -91,7 +87,7 @@ def test_three_box_processes_prove_every_job_exactly_once(fleet_dsn: str, tmp_pa
             b.wait_for("ready")
 
         async def main() -> dict[str, str]:
-            client = await Fleet.connect(fleet_dsn, "client", **FAST)  # type: ignore[arg-type]
+            client = await connect(fleet_dsn, "client")
             jobs = {}
             for i, inp in enumerate(inputs):
                 ref = await client.submit(f"req-{i}", "xy"[i % 2], inp.ref, inp.sha256)

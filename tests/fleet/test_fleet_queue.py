@@ -9,12 +9,9 @@ import asyncio
 import time
 from pathlib import Path
 
-import psycopg
 import pytest
-from fleet_helpers import FAST, STALLING, make_inputs
+from fleet_helpers import STALLING, connect, make_inputs, query_one, worker
 
-from cuzk_mp.daemon.fleet.queue import Fleet
-from cuzk_mp.daemon.fleet.worker import FleetWorker
 from cuzk_mp.errors import InputError, ProofError
 from cuzk_mp.pipeline.types import Priority
 
@@ -22,10 +19,6 @@ from cuzk_mp.pipeline.types import Priority
 def run(coro):  # type: ignore[no-untyped-def]
     """Run one test's coroutine on a fresh event loop."""
     return asyncio.run(coro)
-
-
-async def connect(dsn: str, box: str, **kw: object) -> Fleet:
-    return await Fleet.connect(dsn, box, **{**FAST, **kw})  # type: ignore[arg-type]
 
 
 def test_one_request_id_sent_to_two_boxes_is_one_job(fleet_dsn: str, tmp_path: Path) -> None:
@@ -48,9 +41,8 @@ def test_one_request_id_sent_to_two_boxes_is_one_job(fleet_dsn: str, tmp_path: P
             await box.close()
 
     run(main())
-    with psycopg.connect(fleet_dsn) as conn:
-        assert conn.execute("SELECT count(*) FROM cuzk_fleet_jobs").fetchone() == (1,)
-        assert conn.execute("SELECT count(*) FROM cuzk_pgqueuer").fetchone() == (0,)
+    assert query_one(fleet_dsn, "SELECT count(*) FROM cuzk_fleet_jobs") == (1,)
+    assert query_one(fleet_dsn, "SELECT count(*) FROM cuzk_pgqueuer") == (0,)
 
 
 def test_priorities_on_a_one_slot_box(fleet_dsn: str, tmp_path: Path) -> None:
@@ -94,7 +86,7 @@ def test_affinity_boxes_claim_only_resident_circuits(fleet_dsn: str, tmp_path: P
             return run_job
 
         stop = asyncio.Event()
-        workers = [FleetWorker(boxes[n], runner(n), resident=lambda n=n: resident[n], capacity=lambda: 2)
+        workers = [worker(boxes[n], runner(n), resident=lambda n=n: resident[n], capacity=lambda: 2)
                    for n in resident]
         tasks = [asyncio.create_task(w.run(stop)) for w in workers]
         for job_id in jobs:
@@ -190,8 +182,8 @@ def test_await_result_wakes_on_notify(fleet_dsn: str, tmp_path: Path) -> None:
 
     async def main() -> None:
         # Heartbeats and polls every 30 s: only NOTIFY can wake the waiter in time.
-        a = await Fleet.connect(fleet_dsn, "a", heartbeat_interval_s=30, stall_timeout_s=90)
-        b = await Fleet.connect(fleet_dsn, "b", heartbeat_interval_s=30, stall_timeout_s=90)
+        a = await connect(fleet_dsn, "a", heartbeat_interval_s=30, stall_timeout_s=90)
+        b = await connect(fleet_dsn, "b", heartbeat_interval_s=30, stall_timeout_s=90)
         ref = await a.submit(None, "x", inp.ref, inp.sha256)
         t0 = time.monotonic()
         st = await a.await_result(ref.job_id, 0.3)
@@ -291,7 +283,7 @@ def test_worker_settles_errors_by_kind(fleet_dsn: str, tmp_path: Path) -> None:
             return b"proof"
 
         stop = asyncio.Event()
-        task = asyncio.create_task(FleetWorker(a, run_job, resident=lambda: ["x"], capacity=lambda: 1).run(stop))
+        task = asyncio.create_task(worker(a, run_job, resident=lambda: ["x"], capacity=lambda: 1).run(stop))
         states = {n: await a.await_result(j, 20) for n, j in ids.items()}
         stop.set()
         await task
@@ -311,3 +303,45 @@ def test_boxes_migrate_concurrently_on_a_fresh_database(fleet_dsn: str) -> None:
             await f.close()
 
     run(main())
+
+
+def test_a_box_that_renews_its_own_lapsed_claim_does_not_run_the_job_twice(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        # No heartbeats: as if the database had been unreachable for longer than the stall timeout.
+        a = await connect(fleet_dsn, "a", heartbeats=False, heartbeat_interval_s=0.3, stall_timeout_s=1.0)
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        [held] = await a.claim(["x"], 2)
+        await asyncio.sleep(1.3)
+        assert await a.claim(["x"], 2) == []  # re-picked, but it is already running here
+        assert [c.job_id for c in a.held()] == [ref.job_id] and not held.aborted.is_set()
+        assert await a.heartbeat() == []
+        assert await a.complete(ref.job_id, b"once")
+        assert (await a.status(ref.job_id)).claims == 2
+        await a.close()
+
+    run(main())
+
+
+def test_prune_forgets_finished_jobs_and_their_request_ids(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a")
+        old = await a.submit("req-p", "x", inp.ref, inp.sha256)
+        await a.claim(["x"], 1)
+        await a.complete(old.job_id, b"r")
+        running = await a.submit(None, "x", inp.ref, inp.sha256)
+        assert await a.prune(3600) == 0
+        assert await a.prune(0) == 1
+        with pytest.raises(InputError, match="unknown job"):
+            await a.status(old.job_id)
+        assert (await a.status(running.job_id)).state == "queued"
+        again = await a.submit("req-p", "x", inp.ref, inp.sha256)
+        assert again.job_id != old.job_id and not again.duplicate
+        await a.close()
+
+    run(main())
+    assert query_one(fleet_dsn, "SELECT count(*) FROM cuzk_pgqueuer_log WHERE aggregated") == (0,)
+    assert query_one(fleet_dsn, "SELECT sum(count) FROM cuzk_pgqueuer_statistics")[0] >= 3

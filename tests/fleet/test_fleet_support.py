@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from fleet_helpers import FAST, make_inputs
+from fleet_helpers import connect, make_inputs
 
 from cuzk_mp.daemon.config import parse_duration
 from cuzk_mp.daemon.fleet import report
@@ -90,17 +90,15 @@ def test_inputs_that_changed_or_are_missing_are_input_errors(tmp_path: Path) -> 
 
 def test_status_report_cli_and_metrics(fleet_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     from cuzk_mp.daemon.fleet.cli import add_parser
-    from cuzk_mp.daemon.fleet.queue import Fleet
-
     inputs = make_inputs(tmp_path, 3)
 
     async def main() -> tuple[list, list]:  # type: ignore[type-arg]
-        a = await Fleet.connect(fleet_dsn, "gpu-a", **FAST)  # type: ignore[arg-type]
+        a = await connect(fleet_dsn, "gpu-a")
         for inp in inputs:
             await a.submit(None, "x", inp.ref, inp.sha256)
         await a.claim(["x"], 1)
         await a.close()  # leaves, giving its claim back
-        observer = await Fleet.connect(fleet_dsn, "observer", register=False)
+        observer = await connect(fleet_dsn, "observer", register=False)
         boxes, depths = await observer.boxes(), await observer.queue_depths()
         await observer.close()
         return boxes, depths
@@ -130,12 +128,10 @@ def test_status_report_cli_and_metrics(fleet_dsn: str, tmp_path: Path, capsys: p
 
 
 def test_fleet_status_while_jobs_run(fleet_dsn: str, tmp_path: Path) -> None:
-    from cuzk_mp.daemon.fleet.queue import Fleet
-
     inputs = make_inputs(tmp_path, 3)
 
     async def main() -> None:
-        a = await Fleet.connect(fleet_dsn, "gpu-a", **FAST)  # type: ignore[arg-type]
+        a = await connect(fleet_dsn, "gpu-a")
         for i, inp in enumerate(inputs):
             await a.submit(None, "xy"[i % 2], inp.ref, inp.sha256)
         await a.claim(["x"], 5)

@@ -46,6 +46,7 @@ from pgqueuer.domain import models as pgq
 from pgqueuer.domain.settings import DBSettings
 from pgqueuer.domain.types import JOB_STATUS, JobId, QueueEntrypoint, QueueManagerId
 from pgqueuer.ports.repository import EntrypointExecutionParameter
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -231,7 +232,11 @@ class Fleet:
         The request-id row, the queue row and the job row commit in one transaction.
         """
         _check_submit(request_id, circuit_id, inputs_ref, inputs_sha256, n_partitions)
-        priority = Priority(priority)
+        try:
+            priority = Priority(priority)
+        except ValueError:
+            raise InputError(f"priority: one of {', '.join(f'{p.value} ({p.name})' for p in Priority)}, "
+                             f"got {priority!r}") from None
         job_id = uuid.uuid4().hex
         async with self._tx() as (conn, queries):
             if request_id:
@@ -291,9 +296,15 @@ class Fleet:
             orphans = [j for j in picked if int(j.id) not in rows]
             if orphans:  # queue rows without a live job: settle them so no box picks them again
                 await queries.log_jobs([(j, "deleted", None) for j in orphans])
-        return [self._hold(rows[int(j.id)], j) for j in picked if int(j.id) in rows]
+        return [c for j in picked if int(j.id) in rows and (c := self._hold(rows[int(j.id)], j)) is not None]
 
-    def _hold(self, row: dict[str, Any], queue_job: pgq.Job) -> Claimed:
+    def _hold(self, row: dict[str, Any], queue_job: pgq.Job) -> Claimed | None:
+        """Record a claim; None if this process already runs the job (its own lapsed claim re-picked)."""
+        if row["job_id"] in self._held:
+            log.warning("fleet: box %s renewed its own lapsed claim on job %s (heartbeats failed for "
+                        "longer than the stall timeout)", self.box, row["job_id"])
+            self._held[row["job_id"]].queue_job = queue_job
+            return None
         c = Claimed(job_id=row["job_id"], circuit_id=row["circuit_id"], priority=Priority(row["priority"]),
                     inputs_ref=row["inputs_ref"], inputs_sha256=row["inputs_sha256"],
                     n_partitions=row["n_partitions"], attempts=row["attempts"], claims=row["claims"],
@@ -586,13 +597,23 @@ class Fleet:
             kv[0][0], -kv[0][1]))]
 
     async def prune(self, older_than_s: float) -> int:
-        """Delete jobs (and their request ids) that ended more than ``older_than_s`` ago."""
-        async with self._tx() as (conn, _):
+        """Delete what ended more than ``older_than_s`` ago; the number of jobs deleted.
+
+        Jobs go with their request ids (a later submit with the same request_id makes a new
+        job), boxes that left go too, and the queue library's per-transition log rows are first
+        folded into its statistics table (its own ``aggregate_logs``), then deleted: the library
+        keeps no retention of its own and the log grows by several rows per job.
+        """
+        async with self._tx() as (conn, queries):
             cur = await conn.execute("DELETE FROM cuzk_fleet_jobs WHERE finished_at < now() - "
                                      "make_interval(secs => %s)", (older_than_s,))
             n = cur.rowcount
             await conn.execute("DELETE FROM cuzk_fleet_boxes WHERE left_at < now() - make_interval(secs => %s)",
                                (older_than_s,))
+            await queries.aggregate_logs()
+            await conn.execute(sql.SQL("DELETE FROM {} WHERE aggregated AND created < now() - "
+                                       "make_interval(secs => %s)").format(
+                sql.Identifier(*self._settings.qualified.queue_table_log.split("."))), (older_than_s,))
         return n
 
 

@@ -60,11 +60,19 @@ class FleetWorker:
                 if claimed:
                     continue
                 if free > 0 and self.on_idle is not None:
-                    await self.on_idle()
+                    await self._idle()
                 await self._sleep(stopper)
         finally:
             stopper.cancel()
             await self._drain(grace_s)
+
+    async def _idle(self) -> None:
+        """The daemon's idle hook (key loading); its failure is logged, the loop goes on."""
+        assert self.on_idle is not None
+        try:
+            await self.on_idle()
+        except Exception:
+            log.exception("fleet: the idle hook of box %s failed", self.fleet.box)
 
     async def _claim(self, free: int) -> list[Claimed]:
         if free <= 0:
