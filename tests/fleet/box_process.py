@@ -4,7 +4,8 @@
 the fleet and runs a :class:`FleetWorker` whose job reads the inputs through their reference,
 checks their sha256, works for ``--work-s`` seconds (cancellable) and returns a small JSON result
 naming the box and the digest it computed. It prints one JSON line per event on stdout
-(``ready``, ``started``, ``aborted``) so the test can follow it, and exits 0 on SIGTERM.
+(``ready``, ``started``, ``aborted``, ``stopped``) so the test can follow it, logs on stderr,
+and exits 0 on SIGTERM. It imports cuzk_mp from PYTHONPATH (set by the helper that starts it).
 """
 
 from __future__ import annotations
@@ -13,12 +14,10 @@ import argparse
 import asyncio
 import hashlib
 import json
+import logging
 import signal
 import sys
 import time
-from pathlib import Path
-
-sys.path.insert(0, str(Path(__file__).resolve().parents[2]))
 
 from cuzk_mp.daemon.fleet.inputs import load_inputs
 from cuzk_mp.daemon.fleet.models import Claimed
@@ -71,4 +70,5 @@ if __name__ == "__main__":
     p.add_argument("--heartbeat", type=float, default=0.5)
     p.add_argument("--stall", type=float, default=2.0)
     p.add_argument("--poll", type=float, default=0.5)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(asyncio.run(main(p.parse_args())))

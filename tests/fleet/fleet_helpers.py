@@ -24,6 +24,7 @@ if TYPE_CHECKING:
     from cuzk_mp.daemon.fleet.worker import FleetWorker
 
 BOX_SCRIPT = Path(__file__).with_name("box_process.py")
+REPO = Path(__file__).resolve().parents[2]
 # Fast renewals, and a stall timeout no busy CI machine reaches by accident: a box that is merely
 # slow for a while must not lose its claims in tests that are not about stalls.
 FAST = {"heartbeat_interval_s": 0.5, "stall_timeout_s": 30.0, "retry_delay_s": 0.0}
@@ -67,7 +68,9 @@ class BoxProcess:
                "--slots", str(slots), "--work-s", str(work_s), "--heartbeat", str(heartbeat_s),
                "--stall", str(stall_s), "--poll", str(heartbeat_s)]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                     env={**os.environ, "PYTHONUNBUFFERED": "1"})
+                                     env={**os.environ, "PYTHONUNBUFFERED": "1",
+                                          "PYTHONPATH": os.pathsep.join(filter(None, (
+                                              str(REPO), os.environ.get("PYTHONPATH"))))})
         self.events: list[dict[str, Any]] = []
         self._new: queue.Queue[dict[str, Any]] = queue.Queue()
         self._stderr: list[str] = []
@@ -106,9 +109,9 @@ class BoxProcess:
         """Every event of that name so far."""
         return [ev for ev in self.events if ev["event"] == event]
 
-    def stderr(self) -> str:
-        """What the child wrote on stderr (its log)."""
-        return "".join(self._stderr)[-4000:]
+    def stderr(self, tail: int = 4000) -> str:
+        """The last ``tail`` characters the child wrote on stderr (its log)."""
+        return "".join(self._stderr)[-tail:]
 
     def kill(self) -> None:
         """SIGKILL: no cleanup of any kind runs in the child."""

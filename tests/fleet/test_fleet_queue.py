@@ -345,3 +345,23 @@ def test_prune_forgets_finished_jobs_and_their_request_ids(fleet_dsn: str, tmp_p
     run(main())
     assert query_one(fleet_dsn, "SELECT count(*) FROM cuzk_pgqueuer_log WHERE aggregated") == (0,)
     assert query_one(fleet_dsn, "SELECT sum(count) FROM cuzk_pgqueuer_statistics")[0] >= 3
+
+
+def test_a_heartbeat_racing_a_claim_keeps_the_new_claim(fleet_dsn: str, tmp_path: Path) -> None:
+    """A job claimed while a heartbeat's read is in flight is not in that read; it is not "removed"."""
+    inputs = make_inputs(tmp_path, 40)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a", heartbeats=False)
+        for inp in inputs:
+            await a.submit(None, "x", inp.ref, inp.sha256)
+        claimed = []
+        for _ in range(len(inputs)):
+            lost, got = await asyncio.gather(a.heartbeat(), a.claim(["x"], 1))
+            assert lost == []
+            claimed += got
+        assert len(claimed) == len(inputs) and not any(c.aborted.is_set() for c in claimed)
+        assert await a.heartbeat() == [] and len(a.held()) == len(inputs)
+        await a.close()
+
+    run(main())

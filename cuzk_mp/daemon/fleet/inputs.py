@@ -44,6 +44,8 @@ def check_ref(ref: str, sha256: str) -> None:
     """InputError unless ``ref`` is an absolute path or a file/http(s) URL and ``sha256`` is hex."""
     if not SHA256_RE.match(sha256):
         raise InputError(f"inputs_sha256: expected 64 lowercase hex digits, got {sha256!r}")
+    if not ref.isprintable():
+        raise InputError(f"inputs_ref: must be printable, got {ref[:200]!r}")
     if ref.startswith("/"):
         return
     scheme = urllib.parse.urlsplit(ref).scheme

@@ -197,14 +197,17 @@ class Fleet:
 
     @contextlib.asynccontextmanager
     async def _tx(self) -> AsyncIterator[tuple[psycopg.AsyncConnection, Queries]]:
-        """One transaction on a pooled connection; database trouble becomes ResourceError."""
+        """One transaction on a pooled connection; database errors become ResourceError (InputError
+        for a value the database refuses)."""
         if self._closed and self._pool.closed:
             raise ResourceError(f"fleet: box {self.box} is closed")
         try:
             async with self._pool.connection() as conn, conn.transaction():
                 yield conn, self._queries(conn)
-        except (psycopg.OperationalError, PoolTimeout) as e:
-            raise ResourceError(f"fleet: database {redact_dsn(self.cfg.dsn)} unavailable: {e}") from None
+        except psycopg.DataError as e:
+            raise InputError(f"fleet: the database refused a value: {e}") from None
+        except (psycopg.Error, PoolTimeout) as e:
+            raise ResourceError(f"fleet: database {redact_dsn(self.cfg.dsn)}: {type(e).__name__}: {e}") from None
 
     async def _register(self) -> None:
         async with self._tx() as (conn, _):
@@ -318,6 +321,10 @@ class Fleet:
             log.info("fleet: box %s claimed job %s (%s)", self.box, c.job_id, c.circuit_id)
         return c
 
+    def forget(self, job_id: str) -> None:
+        """Stop renewing a claim without touching the database: the job lapses to another box."""
+        self._drop(job_id)
+
     def held(self) -> list[Claimed]:
         """The jobs this process holds now."""
         return [h.claimed for h in self._held.values()]
@@ -340,26 +347,29 @@ class Fleet:
         A claim is lost when the job was cancelled, finished by another box, or claimed again
         elsewhere after this box's heartbeat stalled.
         """
-        lost: list[tuple[str, str]] = []
+        lost: dict[str, str] = {}
+        # The claims as they are now: claim() and complete() may change self._held while this
+        # transaction awaits, and a job claimed after the read below must not look "removed".
+        checked = list(self._held)
         async with self._tx() as (conn, queries):
             await conn.execute(
                 "UPDATE cuzk_fleet_boxes SET last_heartbeat = now(), resident = %s, free_slots = %s, "
                 "running = %s, left_at = NULL WHERE box = %s AND instance = %s",
-                (list(self._resident), self._free_slots, len(self._held), self.box, self.instance))
-            if self._held:
+                (list(self._resident), self._free_slots, len(checked), self.box, self.instance))
+            if checked:
                 cur = await conn.execute("SELECT job_id, state, owner, box FROM cuzk_fleet_jobs "
-                                         "WHERE job_id = ANY(%s)", (list(self._held),))
+                                         "WHERE job_id = ANY(%s)", (checked,))
                 rows = {r[0]: r for r in await cur.fetchall()}
-                for job_id in list(self._held):
+                for job_id in checked:
                     reason = _lost_reason(rows.get(job_id), self.instance)
                     if reason:
-                        lost.append((job_id, reason))
-                keep = [self._held[j].queue_job.id for j in self._held if j not in dict(lost)]
+                        lost[job_id] = reason
+                keep = [h.queue_job.id for j in checked if j not in lost and (h := self._held.get(j)) is not None]
                 if keep:
                     await queries.update_heartbeat(keep)
-        for job_id, reason in lost:
+        for job_id, reason in lost.items():
             self._abort(job_id, reason)
-        return [job_id for job_id, _ in lost]
+        return list(lost)
 
     async def _heartbeat_loop(self) -> None:
         while True:

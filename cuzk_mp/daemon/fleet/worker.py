@@ -12,7 +12,9 @@ the inputs, submit to the engine, wait for the JobResult, encode it). The loop:
 * settles each job: a result -> ``complete``; InputError -> ``fail`` without retry (the inputs
   will not get better); any other error -> ``fail`` with retry (another attempt, maybe on
   another box); an abort (cancel, finished elsewhere, claim taken over) -> the task running the
-  job is cancelled and nothing is written;
+  job is cancelled and nothing is written. While the database is unreachable, settling is
+  retried a few times; then the claim is let go (another box runs the job after the stall
+  timeout) rather than renewed forever for a result that cannot be written;
 * on stop, gives running jobs ``grace_s`` to finish and releases the rest to the queue.
 """
 
@@ -26,11 +28,12 @@ from typing import Any
 
 from cuzk_mp.daemon.fleet.models import Claimed
 from cuzk_mp.daemon.fleet.queue import Fleet
-from cuzk_mp.errors import CuzkError, InputError, error_kind
+from cuzk_mp.errors import CuzkError, InputError, ResourceError, error_kind
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
 RunJob = Callable[[Claimed], Awaitable[bytes]]
+SETTLE_RETRY_DELAYS_S = (0.5, 2.0, 5.0)
 
 
 class FleetWorker:
@@ -106,24 +109,39 @@ class FleetWorker:
                 self.aborted += 1
                 log.info("fleet: job %s stopped on box %s: %s", c.job_id, self.fleet.box, c.abort_reason)
                 return
-            await self._settle(c, work)
+            await self._settle_retrying(c, work)
         except asyncio.CancelledError:
             work.cancel()
             raise
-        except CuzkError as e:
-            log.warning("fleet: could not settle job %s on box %s: %s (its claim lapses and it runs "
-                        "again elsewhere)", c.job_id, self.fleet.box, e)
         finally:
             abort.cancel()
             self.running.pop(c.job_id, None)
             self._slot_freed.set()
 
+    async def _settle_retrying(self, c: Claimed, work: asyncio.Future[bytes]) -> None:
+        """Settle, retrying while the database is unreachable; then let the claim lapse."""
+        for delay in (*SETTLE_RETRY_DELAYS_S, None):
+            try:
+                await self._settle(c, work)
+                return
+            except ResourceError as e:
+                if delay is None:
+                    log.error("fleet: could not settle job %s on box %s: %s; its claim lapses and it runs "
+                              "again elsewhere after the stall timeout", c.job_id, self.fleet.box, e)
+                    self.fleet.forget(c.job_id)
+                    return
+                log.warning("fleet: settling job %s failed (%s); again in %g s", c.job_id, e, delay)
+                await asyncio.sleep(delay)
+
     async def _settle(self, c: Claimed, work: asyncio.Future[bytes]) -> None:
         exc = work.exception()
         if exc is None:
-            if await self.fleet.complete(c.job_id, work.result()):
-                self.completed += 1
-            return
+            try:
+                if await self.fleet.complete(c.job_id, work.result()):
+                    self.completed += 1
+                return
+            except InputError as e:  # a result the database does not take (too large)
+                exc = e
         self.failed += 1
         if not isinstance(exc, CuzkError):
             log.error("fleet: job %s raised %s on box %s", c.job_id, type(exc).__name__, self.fleet.box,
