@@ -121,6 +121,10 @@ def test_status_report_cli_and_metrics(fleet_dsn: str, tmp_path: Path, capsys: p
     assert "gpu-a" in out and "NORMAL" in out
     args = parser.parse_args(["fleet", "status", "--dsn", "postgresql://nobody@127.0.0.1:9/x", "--timeout", "1"])
     assert args.func(args) == 3
+    missing = fleet_dsn.rsplit("/", 1)[0] + "/no_such_db"
+    args = parser.parse_args(["fleet", "status", "--dsn", missing])
+    assert args.func(args) == 3
+    assert 'database "no_such_db" does not exist' in capsys.readouterr().err
 
     text = DaemonMetrics().render(report.gauges(boxes, depths))
     assert 'cuzk_fleet_queue_jobs{circuit="x",priority="NORMAL",state="queued"} 3' in text

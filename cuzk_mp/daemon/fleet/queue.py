@@ -29,6 +29,7 @@ import asyncio
 import contextlib
 import json
 import logging
+import math
 import os
 import socket
 import time
@@ -137,19 +138,23 @@ class Fleet:
         ``register=False`` connects an observer (status, metrics) that is not listed as a box.
         """
         check_fleet(cfg, "fleet")
-        pool = AsyncConnectionPool(cfg.dsn, min_size=1, max_size=POOL_MAX, open=False,
-                                   timeout=cfg.connect_timeout_s, name=f"cuzk-fleet-{cfg.box}",
-                                   kwargs={"autocommit": True, "application_name": f"cuzk-fleet {cfg.box}"})
-        try:
-            await pool.open(wait=True, timeout=cfg.connect_timeout_s)
-        except PoolTimeout:
-            await pool.close()
-            raise ResourceError(f"fleet: cannot connect to {redact_dsn(cfg.dsn)} within "
-                                f"{cfg.connect_timeout_s:g} s") from None
+        kwargs = {"autocommit": True, "application_name": f"cuzk-fleet {cfg.box}",
+                  "connect_timeout": max(1, math.ceil(cfg.connect_timeout_s))}
+        try:  # one plain connection first: a wrong DSN fails at once, with the server's reason
+            first = await psycopg.AsyncConnection.connect(cfg.dsn, **kwargs)  # type: ignore[arg-type]
+        except psycopg.Error as e:
+            raise ResourceError(f"fleet: cannot connect to {redact_dsn(cfg.dsn)}: {e}") from None
+        pool = AsyncConnectionPool(cfg.dsn, min_size=1, max_size=POOL_MAX, open=False, kwargs=kwargs,
+                                   timeout=cfg.connect_timeout_s, name=f"cuzk-fleet-{cfg.box}")
         fleet = cls(cfg, pool, on_abort)
         try:
-            async with pool.connection() as conn:
-                await schema.migrate(conn, fleet._queries(conn))
+            async with first:
+                await schema.migrate(first, fleet._queries(first))
+            try:
+                await pool.open(wait=True, timeout=cfg.connect_timeout_s)
+            except PoolTimeout:
+                raise ResourceError(f"fleet: cannot connect to {redact_dsn(cfg.dsn)} within "
+                                    f"{cfg.connect_timeout_s:g} s") from None
             if register:
                 await fleet._register()
             await fleet._events.start()
