@@ -365,3 +365,23 @@ def test_a_heartbeat_racing_a_claim_keeps_the_new_claim(fleet_dsn: str, tmp_path
         await a.close()
 
     run(main())
+
+
+def test_two_processes_with_one_box_name_keep_their_claims_apart(fleet_dsn: str, tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    inputs = make_inputs(tmp_path, 2)
+
+    async def main() -> None:
+        first = await connect(fleet_dsn, "twin", heartbeats=False)
+        for inp in inputs:
+            await first.submit(None, "x", inp.ref, inp.sha256)
+        [mine] = await first.claim(["x"], 1)
+        second = await connect(fleet_dsn, "twin", heartbeats=False)  # takes the name over
+        [theirs] = await second.claim(["x"], 1)
+        assert await first.heartbeat() == [] and await second.heartbeat() == []
+        assert "another process took over box name twin" in caplog.text
+        assert await first.complete(mine.job_id, b"1") and await second.complete(theirs.job_id, b"2")
+        for f in (first, second):
+            await f.close()
+
+    run(main())

@@ -30,9 +30,10 @@ def resolve(table: dict[str, object], base: Path = Path("/etc/cuzk")) -> FleetCo
 def test_config_section_resolves_and_names_bad_keys() -> None:
     assert resolve({}) is None  # no dsn: this box runs alone
     cfg = resolve({"dsn": "postgresql://cuzk@db/fleet", "box": "gpu-1", "heartbeat_interval": "2s",
-                   "stall_timeout": "1m", "inputs_dir": "inputs"})
+                   "stall_timeout": "1m", "inputs_dir": "inputs", "max_jobs": 2})
     assert cfg is not None
-    assert (cfg.box, cfg.heartbeat_interval_s, cfg.stall_timeout_s, cfg.max_attempts) == ("gpu-1", 2.0, 60.0, 3)
+    assert (cfg.box, cfg.heartbeat_interval_s, cfg.stall_timeout_s, cfg.max_attempts, cfg.max_jobs) == (
+        "gpu-1", 2.0, 60.0, 3, 2)
     assert cfg.inputs_dir == Path("/etc/cuzk/inputs")
     assert resolve({"dsn": "host=db dbname=fleet"}).box  # type: ignore[union-attr]  # host name by default
     with pytest.raises(msgspec.ValidationError, match="heartbeat"):
@@ -40,6 +41,7 @@ def test_config_section_resolves_and_names_bad_keys() -> None:
     bad = [({"dsn": "mysql://db"}, "fleet.dsn"), ({"dsn": "postgresql://db", "box": "a b"}, "fleet.box"),
            ({"dsn": "postgresql://db", "heartbeat_interval": "10s", "stall_timeout": "20s"}, "fleet.stall_timeout"),
            ({"dsn": "postgresql://db", "max_attempts": 0}, "fleet.max_attempts"),
+           ({"dsn": "postgresql://db", "max_jobs": -1}, "fleet.max_jobs"),
            ({"dsn": "postgresql://db", "stall_timeout": "soon"}, "fleet.stall_timeout")]
     for table, key in bad:
         with pytest.raises(ConfigError, match=f"cfg.toml: {key}"):

@@ -44,6 +44,7 @@ class FleetSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     retry_delay: DurationValue = "2s"
     connect_timeout: DurationValue = "10s"
     inputs_dir: str = ""
+    max_jobs: int = 0
 
 
 @dataclass(frozen=True)
@@ -52,7 +53,8 @@ class FleetConfig:
 
     ``inputs_dir`` is where this box writes the inputs of the jobs its clients submit (a
     directory every box can read at the same path, e.g. a network mount); None means clients
-    pass their own references.
+    pass their own references. ``max_jobs`` is how many jobs this box runs at once; 0 lets the
+    daemon choose (one per prover process).
     """
 
     dsn: str
@@ -63,6 +65,7 @@ class FleetConfig:
     retry_delay_s: float = 2.0
     connect_timeout_s: float = 10.0
     inputs_dir: Path | None = None
+    max_jobs: int = 0
 
 
 def redact_dsn(dsn: str) -> str:
@@ -89,6 +92,8 @@ def check_fleet(cfg: FleetConfig, key: str) -> None:
         raise ConfigError(f"{key}.max_attempts: must be >= 1, got {cfg.max_attempts}")
     if cfg.connect_timeout_s <= 0:
         raise ConfigError(f"{key}.connect_timeout: must be > 0, got {cfg.connect_timeout_s:g} s")
+    if cfg.max_jobs < 0:
+        raise ConfigError(f"{key}.max_jobs: must be >= 0 (0: one per prover process), got {cfg.max_jobs}")
 
 
 def resolve_fleet(section: FleetSection, *, source: str, base: Path,
@@ -112,6 +117,6 @@ def resolve_fleet(section: FleetSection, *, source: str, base: Path,
                       max_attempts=section.max_attempts,
                       retry_delay_s=duration(section.retry_delay, f"{key}.retry_delay"),
                       connect_timeout_s=duration(section.connect_timeout, f"{key}.connect_timeout"),
-                      inputs_dir=inputs_dir)
+                      inputs_dir=inputs_dir, max_jobs=section.max_jobs)
     check_fleet(cfg, key)
     return cfg

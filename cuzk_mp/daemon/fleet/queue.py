@@ -116,6 +116,8 @@ class Fleet:
             on_reconnect=self._on_reconnect), cfg.connect_timeout_s)
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
+        self._registered = False
+        self._name_lost = False
         self._closed = False
 
     # -- lifecycle ------------------------------------------------------------------------
@@ -215,6 +217,7 @@ class Fleet:
             raise ResourceError(f"fleet: database {redact_dsn(self.cfg.dsn)}: {type(e).__name__}: {e}") from None
 
     async def _register(self) -> None:
+        self._registered = True
         async with self._tx() as (conn, _):
             cur = await conn.execute(
                 "SELECT host, pid, extract(epoch FROM now() - last_heartbeat) FROM cuzk_fleet_boxes "
@@ -357,10 +360,14 @@ class Fleet:
         # transaction awaits, and a job claimed after the read below must not look "removed".
         checked = list(self._held)
         async with self._tx() as (conn, queries):
-            await conn.execute(
+            cur = await conn.execute(
                 "UPDATE cuzk_fleet_boxes SET last_heartbeat = now(), resident = %s, free_slots = %s, "
                 "running = %s, left_at = NULL WHERE box = %s AND instance = %s",
                 (list(self._resident), self._free_slots, len(checked), self.box, self.instance))
+            if cur.rowcount == 0 and self._registered and not self._name_lost:
+                self._name_lost = True  # claims stay safe (they carry this process's instance id)
+                log.error("fleet: another process took over box name %s; give each daemon its own "
+                          "[fleet] box", self.box)
             if checked:
                 cur = await conn.execute("SELECT job_id, state, owner, box FROM cuzk_fleet_jobs "
                                          "WHERE job_id = ANY(%s)", (checked,))

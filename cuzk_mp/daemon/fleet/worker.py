@@ -78,9 +78,7 @@ class FleetWorker:
             log.exception("fleet: the idle hook of box %s failed", self.fleet.box)
 
     async def _claim(self, free: int) -> list[Claimed]:
-        if free <= 0:
-            return []
-        try:
+        try:  # with no free slot this only records resident keys and free slots for the heartbeat
             return await self.fleet.claim(self.resident(), free)
         except CuzkError as e:
             log.warning("fleet: claim failed on box %s: %s", self.fleet.box, e)
