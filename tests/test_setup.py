@@ -139,7 +139,8 @@ def test_coefficients_in_snarkjs_order(key) -> None:  # type: ignore[no-untyped-
     for c, (a, b, _) in enumerate(CONSTRAINTS):
         want += [(0, c, wire, coef) for wire, coef in a.items()] + [(1, c, wire, coef) for wire, coef in b.items()]
     want += [(0, len(CONSTRAINTS) + j, j, 1) for j in range(N_PUB_OUT + N_PUB_IN + 1)]
-    got = [(int(e["matrix"]), int(e["constraint"]), int(e["signal"]), fr.to_ints(e["value"].reshape(1, 4), mont=False)[0])
+    got = [(int(e["matrix"]), int(e["constraint"]), int(e["signal"]),
+            fr.to_ints(e["value"].reshape(1, 4), mont=False)[0])
            for e in key.coefs]
     assert got == [(m, c, wire, coef * FR.r2 % R_MOD) for m, c, wire, coef in want]
 
