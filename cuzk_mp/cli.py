@@ -33,6 +33,7 @@ from . import __version__
 from .daemon.cli import EXIT_FAILED, EXIT_INPUT, EXIT_TIMEOUT, EXIT_UNREACHABLE
 from .errors import CuzkError, InputError, ResourceError
 from .logs import FORMATS, configure
+from .paths import default_cache_dir
 
 if TYPE_CHECKING:  # numpy loads with a verb, not for --help
     import numpy as np
@@ -256,6 +257,8 @@ def _service_verbs(sub: argparse._SubParsersAction) -> None:
 
     add_bench_parser(sub)
     add_daemon_parsers(sub)
+    # the param cache follows $CUZK_MP_CACHE / $XDG_CACHE_HOME (cuzk_mp.paths), whatever bench's own default
+    sub.choices["bench"].set_defaults(cache=default_cache_dir())
 
 
 def _log_level(value: str) -> str:

@@ -44,7 +44,7 @@ if ! "$vpy" -m pip install -q -e ".[$extras]" 2> "$log"; then
     cat "$log" >&2; exit 1
   fi
   why=$(grep -E '^(ERROR|error):' "$log" | tail -n 1 || true)
-  say "an NVIDIA GPU is here, but pip could not install the '$gpu' extra (${why:-see pip's output}): installed without it, the CPU backend will run"
+  say "an NVIDIA GPU is here, but pip could not install the '$gpu' extra (${why:-no error line from pip}): installed without it, the CPU backend will run"
   gpu=""
   "$vpy" -m pip install -q -e ".[test]"
 fi
