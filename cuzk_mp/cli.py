@@ -26,13 +26,14 @@ import os
 import sys
 import time
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__
 from .daemon.cli import EXIT_FAILED, EXIT_INPUT, EXIT_TIMEOUT, EXIT_UNREACHABLE
 from .errors import CuzkError, InputError, ResourceError
-from .logs import FORMATS, configure
+from .logs import child_format, configure
 from .paths import default_cache_dir
 
 if TYPE_CHECKING:  # numpy loads with a verb, not for --help
@@ -150,84 +151,71 @@ def _cmd_circuit(args: argparse.Namespace) -> int:
 
 # --- the parsers -----------------------------------------------------------------------------
 
-def _file(p: argparse.ArgumentParser, dest: str, default: str, what: str) -> None:
-    """An optional positional file argument with snarkjs's default name."""
-    p.add_argument(dest, type=Path, nargs="?", default=Path(default), help=f"{what} (default {default})")
+# The positional files of each snarkjs verb: (dest, snarkjs 0.7.6's default name, what it is).
+ZKEY = ("zkey", "circuit_final.zkey", "proving key")
+PROOF_OUT = ("proof", "proof.json", "proof written here")
+PUBLIC_OUT = ("public", "public.json", "public signals written here")
+WASM = ("wasm", "circuit.wasm", "circom witness generator")
+INPUT = ("input", "input.json", "circuit input")
 
 
-def _prover_options(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--backend", default="auto", choices=BACKENDS)
-    p.add_argument("--r1cs", type=Path, help="check the witness against this circuit first (names the failing "
-                   "constraint)")
-    p.add_argument("--no-verify", action="store_true", help="skip the self-verification of the proof (benchmarks)")
+@dataclass(frozen=True)
+class SnarkjsVerb:
+    """One snarkjs verb: its alias, its long form's words, its positional files and its function."""
+
+    alias: str
+    words: tuple[str, ...]
+    help: str
+    files: tuple[tuple[str, str, str], ...]
+    func: Callable[[argparse.Namespace], int]
+    proves: bool = False  # takes --backend, --r1cs and --no-verify
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        """The verb's positional files (each optional, with snarkjs's default) and options."""
+        for dest, default, what in self.files:
+            p.add_argument(dest, type=Path, nargs="?", default=Path(default), help=f"{what} (default {default})")
+        if self.proves:
+            p.add_argument("--backend", default="auto", choices=BACKENDS)
+            p.add_argument("--r1cs", type=Path,
+                           help="check the witness against this circuit first (names the failing constraint)")
+            p.add_argument("--no-verify", action="store_true",
+                           help="skip the self-verification of the proof (benchmarks)")
+        p.set_defaults(func=self.func)
 
 
-def _prove_args(p: argparse.ArgumentParser) -> None:
-    _file(p, "zkey", "circuit_final.zkey", "proving key")
-    _file(p, "wtns", "witness.wtns", "witness")
-    _file(p, "proof", "proof.json", "proof written here")
-    _file(p, "public", "public.json", "public signals written here")
-    _prover_options(p)
-    p.set_defaults(func=_cmd_prove)
-
-
-def _fullprove_args(p: argparse.ArgumentParser) -> None:
-    _file(p, "input", "input.json", "circuit input")
-    _file(p, "wasm", "circuit.wasm", "circom witness generator")
-    _file(p, "zkey", "circuit_final.zkey", "proving key")
-    _file(p, "proof", "proof.json", "proof written here")
-    _file(p, "public", "public.json", "public signals written here")
-    _prover_options(p)
-    p.set_defaults(func=_cmd_fullprove)
-
-
-def _verify_args(p: argparse.ArgumentParser) -> None:
-    _file(p, "vk", "verification_key.json", "verification key")
-    _file(p, "public", "public.json", "public signals")
-    _file(p, "proof", "proof.json", "proof")
-    p.set_defaults(func=_cmd_verify)
-
-
-def _export_vk_args(p: argparse.ArgumentParser) -> None:
-    _file(p, "zkey", "circuit_final.zkey", "proving key")
-    _file(p, "vk", "circuit_vk.json", "verification key written here (snarkjs's default name)")
-    p.set_defaults(func=_cmd_export_vk)
-
-
-def _wtns_calculate_args(p: argparse.ArgumentParser) -> None:
-    _file(p, "wasm", "circuit.wasm", "circom witness generator")
-    _file(p, "input", "input.json", "circuit input")
-    _file(p, "wtns", "witness.wtns", "witness written here")
-    p.set_defaults(func=_cmd_wtns_calculate)
-
-
-# (alias, the long form's words, its help, the function adding its arguments), as snarkjs names them
-SNARKJS_VERBS: tuple[tuple[str, tuple[str, ...], str, Callable[[argparse.ArgumentParser], None]], ...] = (
-    ("g16p", ("groth16", "prove"), "a proof from a witness: ZKEY WTNS PROOF.json PUBLIC.json", _prove_args),
-    ("g16f", ("groth16", "fullprove"), "witness + proof in one call (no .wtns on disk): INPUT.json WASM ZKEY "
-     "PROOF.json PUBLIC.json", _fullprove_args),
-    ("g16v", ("groth16", "verify"), "verify VK.json PUBLIC.json PROOF.json: prints OK! (exit 0) or why not "
-     "(exit 1)", _verify_args),
-    ("zkev", ("zkey", "export", "verificationkey"), "export the verification key: ZKEY VK.json", _export_vk_args),
-    ("wc", ("wtns", "calculate"), "calculate a witness: WASM INPUT.json WITNESS.wtns", _wtns_calculate_args),
+SNARKJS_VERBS = (
+    SnarkjsVerb("g16p", ("groth16", "prove"), "a proof from a witness: ZKEY WTNS PROOF.json PUBLIC.json",
+                (ZKEY, ("wtns", "witness.wtns", "witness"), PROOF_OUT, PUBLIC_OUT), _cmd_prove, proves=True),
+    SnarkjsVerb("g16f", ("groth16", "fullprove"), "witness + proof in one call (no .wtns on disk): INPUT.json "
+                "WASM ZKEY PROOF.json PUBLIC.json", (INPUT, WASM, ZKEY, PROOF_OUT, PUBLIC_OUT), _cmd_fullprove,
+                proves=True),
+    SnarkjsVerb("g16v", ("groth16", "verify"), "verify VK.json PUBLIC.json PROOF.json: prints OK! (exit 0) or "
+                "why not (exit 1)", (("vk", "verification_key.json", "verification key"),
+                                     ("public", "public.json", "public signals"), ("proof", "proof.json", "proof")),
+                _cmd_verify),
+    SnarkjsVerb("zkev", ("zkey", "export", "verificationkey"), "export the verification key: ZKEY VK.json",
+                (ZKEY, ("vk", "circuit_vk.json", "verification key written here (snarkjs's default name)")),
+                _cmd_export_vk),
+    SnarkjsVerb("wc", ("wtns", "calculate"), "calculate a witness: WASM INPUT.json WITNESS.wtns",
+                (WASM, INPUT, ("wtns", "witness.wtns", "witness written here")), _cmd_wtns_calculate),
 )
+GROUP_HELP = {("groth16",): "prove and verify (snarkjs's arguments)", ("zkey",): "zkey tools",
+              ("zkey", "export"): "export parts of a zkey", ("wtns",): "witness tools"}
 
 
 def _snarkjs_verbs(sub: argparse._SubParsersAction) -> None:
     groups: dict[tuple[str, ...], argparse._SubParsersAction] = {}
-    helps = {("groth16",): "prove and verify (snarkjs's arguments)", ("zkey",): "zkey tools",
-             ("zkey", "export"): "export parts of a zkey", ("wtns",): "witness tools"}
-    for _alias, words, help_text, add_args in SNARKJS_VERBS:
+    for verb in SNARKJS_VERBS:
         parent = sub
-        for depth in range(1, len(words)):
-            prefix = words[:depth]
+        for depth in range(1, len(verb.words)):
+            prefix = verb.words[:depth]
             if prefix not in groups:
-                group = parent.add_parser(prefix[-1], help=helps[prefix])
+                group = parent.add_parser(prefix[-1], help=GROUP_HELP[prefix])
                 groups[prefix] = group.add_subparsers(dest=f"verb{depth}", required=True, metavar="VERB")
             parent = groups[prefix]
-        add_args(parent.add_parser(words[-1], help=help_text))
-    for alias, words, _, add_args in SNARKJS_VERBS:
-        add_args(sub.add_parser(alias, help=f"= {' '.join(words)} (snarkjs alias)"))
+        verb.add_arguments(parent.add_parser(verb.words[-1], help=verb.help))
+    for verb in SNARKJS_VERBS:
+        verb.add_arguments(sub.add_parser(verb.alias, help=f"= {' '.join(verb.words)} (snarkjs alias)"))
 
 
 def _own_verbs(sub: argparse._SubParsersAction) -> None:
@@ -270,8 +258,8 @@ def _log_level(value: str) -> str:
 
 def _epilog() -> str:
     codes = "\n".join(f"  {code:>3}  {what}" for code, what in EXIT_CODES)
-    return (f"global options (--log-level, -v) may stand anywhere on the line; CUZK_MP_LOG_FORMAT=json "
-            f"logs JSON lines.\n\nexit codes:\n{codes}")
+    return ("--log-level and -v may stand anywhere on the line; CUZK_MP_LOG_FORMAT=json logs JSON lines.\n\n"
+            f"exit codes:\n{codes}")
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -326,8 +314,7 @@ def _configure_logging(args: argparse.Namespace) -> str:
     """
     level: str = args.log_level or ("DEBUG" if args.verbose >= 2 else "INFO" if args.verbose
                                     else getattr(args, "default_log_level", "WARNING"))
-    fmt = os.environ.get("CUZK_MP_LOG_FORMAT", "text")
-    configure(level, fmt if fmt in FORMATS else "text", process="cuzk-mp", text_format=LOG_FORMAT)
+    configure(level, child_format(), process="cuzk-mp", text_format=LOG_FORMAT)
     return level
 
 
