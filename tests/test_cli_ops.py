@@ -9,16 +9,20 @@ tests/test_daemon_e2e.py).
 
 from __future__ import annotations
 
+import json
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from cuzk_mp.daemon import notify
+from cuzk_mp.daemon.client import Client
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
@@ -310,3 +314,63 @@ def test_starting_sends_status_and_extension(tmp_path: Path, monkeypatch: pytest
         assert int(fields["EXTEND_TIMEOUT_USEC"]) == int(notify.MIN_STEP_S * 1e6)
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert not notify.starting("outside systemd", 10.0)
+
+
+DAEMON_CONFIG = """
+[daemon]
+listen = "unix://{work}/cuzk.sock"
+journal = "{work}/journal.sqlite"
+[srs]
+param_cache = "{work}/keys"
+[memory]
+total_budget = "8GiB"
+safety_margin = "1GiB"
+[synthesis]
+partition_workers = 1
+[pipeline]
+ring_slots = 2
+shm_prefix = "cuzk-batch-{pid}"
+[gpus]
+backend = "cpu"
+devices = [0]
+gpu_workers_per_device = 1
+[circuits.syn]
+synthetic = "porep-like"
+log_n = 10
+"""
+
+
+def test_batch_prove_long_names_through_a_daemon(tmp_path: Path) -> None:
+    """Two inputs whose long names share their first 100 characters, through a real daemon: both
+    jobs are proved (one request id each) and every proof verifies (``--verify``)."""
+    from cuzk_mp.circuits.synthetic import write_circuit
+
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "CUZK_MP": f"{sys.executable} -m cuzk_mp"}
+    (tmp_path / "cuzk.toml").write_text(DAEMON_CONFIG.format(work=tmp_path, pid=os.getpid()))
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    prefix = "sector-" + "0123456789" * 10
+    for seed, tail in ((1, "a"), (2, "b")):
+        _, wtns = write_circuit(10, tmp_path / f"w{seed}", seed=seed)
+        wtns.rename(inputs / f"{prefix}-{tail}.wtns")
+    with open(tmp_path / "daemon.log", "wb") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "cuzk_mp", "daemon", "--config", str(tmp_path / "cuzk.toml")],
+                                  env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            addr = f"unix://{tmp_path}/cuzk.sock"
+            ready = subprocess.run([str(SCRIPTS / "wait-ready.sh"), "--connect", addr, "--timeout", "300"], env=env,
+                                   capture_output=True, text=True, timeout=320)
+            assert ready.returncode == 0, ready.stderr + (tmp_path / "daemon.log").read_text()[-4000:]
+            proc = subprocess.run([str(SCRIPTS / "batch-prove.sh"), str(inputs), "--verify", "--circuit", "syn",
+                                   "--connect", addr, "-j", "2", "--out", str(tmp_path / "out")], env=env,
+                                  capture_output=True, text=True, timeout=300)
+            assert proc.returncode == 0, proc.stdout + proc.stderr
+            assert proc.stdout.count("[ok]") == 2 and "2 of 2 jobs done" in proc.stdout
+            with Client(addr) as client:
+                jobs = [json.loads((tmp_path / "out" / f"{prefix}-{t}" / "result.json").read_text())["job_id"]
+                        for t in "ab"]
+                assert len(set(jobs)) == 2 and all(client.await_proof(j, 10).state == "done" for j in jobs)
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(60) == 0
