@@ -19,7 +19,9 @@ from pathlib import Path
 import pytest
 
 from cuzk_mp.algebra.field import R_MOD
-from tests.oracle import CIRCUITS, SNARKJS_CIRCUITS, Oracle, groth16_verify, snarkjs, write_json
+from tests.oracle import (
+    CIRCUITS, SNARKJS_CIRCUITS, Oracle, groth16_verify, groth16_verify_many, snarkjs, write_json,
+)
 from tests.oracle import oracle  # noqa: F401  (the session fixture, for pytest to find)
 
 pytestmark = pytest.mark.snarkjs
@@ -58,16 +60,20 @@ def test_aliases_and_fullprove_against_snarkjs(name: str, oracle: Oracle, tmp_pa
     _ok(cuzk("zkev", key.zkey, "vk.json", cwd=tmp_path))
     assert json.loads((tmp_path / "vk.json").read_text()) == json.loads(key.vk.read_text())
     public = json.loads((tmp_path / "s1.json").read_text())
+    proofs = [json.loads((tmp_path / f"p{i}.json").read_text()) for i in (1, 2, 3)]
     for i in (1, 2, 3):
-        proof, pub = tmp_path / f"p{i}.json", tmp_path / f"s{i}.json"
-        assert json.loads(pub.read_text()) == public  # one input, one set of public signals
-        assert groth16_verify(key.vk, pub, proof), f"snarkjs rejects proof {i}"
-        g16v = _ok(cuzk("g16v", key.vk, pub, proof, cwd=tmp_path))
+        assert json.loads((tmp_path / f"s{i}.json").read_text()) == public  # one input, one set of public signals
+    cases: list[tuple[object, object]] = [(public, proof) for proof in proofs]
+    bumped = [str((int(public[0]) + 1) % R_MOD), *public[1:]] if public else None
+    if bumped:
+        cases.append((bumped, proofs[1]))
+    assert groth16_verify_many(key.vk, cases) == [True, True, True] + ([False] if bumped else [])
+    for i in (1, 2, 3):
+        g16v = _ok(cuzk("g16v", key.vk, f"s{i}.json", f"p{i}.json", cwd=tmp_path))
         assert g16v.stdout.strip() == "OK!"
-    if public:
-        bumped = write_json(tmp_path / "bumped.json", [str((int(public[0]) + 1) % R_MOD), *public[1:]])
-        assert not groth16_verify(key.vk, bumped, tmp_path / "p2.json")
-        assert cuzk("g16v", key.vk, bumped, "p2.json", cwd=tmp_path).returncode == 1
+    if bumped:
+        write_json(tmp_path / "bumped.json", bumped)
+        assert cuzk("g16v", key.vk, "bumped.json", "p2.json", cwd=tmp_path).returncode == 1
 
 
 def test_snarkjs_default_names_end_to_end(oracle: Oracle, tmp_path: Path) -> None:  # noqa: F811
