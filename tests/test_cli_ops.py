@@ -314,6 +314,7 @@ def test_starting_sends_status_and_extension(tmp_path: Path, monkeypatch: pytest
         assert int(fields["EXTEND_TIMEOUT_USEC"]) == int(notify.MIN_STEP_S * 1e6)
     monkeypatch.delenv("NOTIFY_SOCKET")
     assert not notify.starting("outside systemd", 10.0)
+    assert notify.setup_budget_s(20) > notify.setup_budget_s(16) > notify.MIN_STEP_S
 
 
 DAEMON_CONFIG = """
