@@ -254,3 +254,13 @@ def test_setup_cli_json_logs(tmp_path: Path) -> None:
     records = [json.loads(line) for line in proc.stderr.strip().splitlines()]
     assert [r["level"] for r in records][0] == "warning" and "INSECURE" in records[0]["msg"]
     assert any("100%" in r["msg"] for r in records) and "written in" in records[-1]["msg"]
+
+
+def test_chunk_rows() -> None:
+    """Sections of 2^20 rows and more move at least four times; big ones in the cheapest calls."""
+    assert dev.chunk_rows(1000) == dev.MIN_CHUNK_ROWS
+    assert dev.chunk_rows(1 << 20) == 1 << 18 and dev.chunk_rows((1 << 20) - 5) == 1 << 18
+    assert dev.chunk_rows(1 << 21) == 1 << 19
+    assert dev.chunk_rows(1 << 22) == dev.chunk_rows(1 << 27) == dev.CHUNK_ROWS
+    for n in (1 << 20, (1 << 20) + 7, 3 << 20, 1 << 24):
+        assert -(-n // dev.chunk_rows(n)) >= 4

@@ -32,8 +32,8 @@ CPU backend, the GPU backend's kernels otherwise), in chunks of CHUNK_ROWS.
 
 Progress goes through logging (so JSON log lines stay JSON): :class:`ProgressLog` weighs each
 chunk by its group's cost (a G2 row counts G2_WEIGHT G1 rows) and logs the done fraction, the
-rate and the ETA at most every ``interval_s``; with 2^18-row chunks a 2^20 key moves about 30
-times.
+rate and the ETA at most every ``interval_s``; every section of 2^20 rows or more goes in at
+least four chunks, so a 2^20 key moves about 20 times.
 """
 
 from __future__ import annotations
@@ -58,9 +58,14 @@ from ..formats.zkey import COEF_DTYPE, ZKey, coefs_from_arrays, empty_contributi
 
 log = logging.getLogger("cuzk_mp.groth16.setup")
 
-# fixed-base rows per backend call: the unit of progress. The window table is rebuilt per call,
-# yet 2^20 G1 rows took 5.8 s in one call and 6.1 s in four on the 2-core CPU machine.
-CHUNK_ROWS = 1 << 18
+# Fixed-base rows per backend call, which is the unit of progress: a section of n rows goes in
+# n/4 pieces, but never smaller than MIN_CHUNK_ROWS nor larger than CHUNK_ROWS. Each call rebuilds
+# its window table (2^15 additions per window, against 2^18 or 2^20 rows), so a 2^20 key pays up
+# to ~12% for moving four times per section, and keys of 2^22 and more nothing extra
+# (perf/setup_chunks.py: 2^20 G1 rows in four calls took 4% longer than in one, 2 idle cores).
+CHUNK_ROWS = 1 << 20
+MIN_CHUNK_ROWS = 1 << 18
+PROGRESS_CHUNKS = 4
 G2_WEIGHT = 3  # a G2 fixed-base row costs about three G1 rows (Fq2 arithmetic), for the rate and ETA
 PROGRESS_INTERVAL_S = 10.0  # at most one progress line per this many seconds
 Progress = Callable[[str, int, int], None]  # (section label, rows done, rows in the section)
@@ -219,16 +224,23 @@ def _domain_log(r1cs: R1CS) -> int:
 
 def _fixed_base(fn: Callable[[Any, np.ndarray], np.ndarray], base: Any, scalars: np.ndarray, label: str,
                 report: Progress) -> list[np.ndarray]:
-    """fn(base, scalars) in CHUNK_ROWS pieces, reporting the start and each piece; the pieces are the section."""
+    """fn(base, scalars) in :func:`chunk_rows` pieces, reporting the start and each piece (the section)."""
     chunks = []
     n = scalars.shape[0]
+    step = chunk_rows(n)
     report(label, 0, n)
-    for lo in range(0, n, CHUNK_ROWS):
-        chunks.append(fn(base, np.ascontiguousarray(scalars[lo : lo + CHUNK_ROWS])))
-        report(label, min(n, lo + CHUNK_ROWS), n)
+    for lo in range(0, n, step):
+        chunks.append(fn(base, np.ascontiguousarray(scalars[lo : lo + step])))
+        report(label, min(n, lo + step), n)
     if n == 0:
         chunks.append(fn(base, scalars))
     return chunks
+
+
+def chunk_rows(n: int) -> int:
+    """Rows per fixed-base call for a section of ``n`` rows (see CHUNK_ROWS): a power of two."""
+    quarter = 1 << max(0, (n // PROGRESS_CHUNKS).bit_length() - 1)
+    return max(MIN_CHUNK_ROWS, min(CHUNK_ROWS, quarter))
 
 
 def lagrange_values(tau: int, size: int, xs: np.ndarray) -> np.ndarray:
