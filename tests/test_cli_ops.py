@@ -23,6 +23,7 @@ import pytest
 
 from cuzk_mp.daemon import notify
 from cuzk_mp.daemon.client import Client
+from tests.test_daemon_support import config_text
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = REPO / "scripts"
@@ -317,30 +318,6 @@ def test_starting_sends_status_and_extension(tmp_path: Path, monkeypatch: pytest
     assert notify.setup_budget_s(20) > notify.setup_budget_s(16) > notify.MIN_STEP_S
 
 
-DAEMON_CONFIG = """
-[daemon]
-listen = "unix://{work}/cuzk.sock"
-journal = "{work}/journal.sqlite"
-[srs]
-param_cache = "{work}/keys"
-[memory]
-total_budget = "8GiB"
-safety_margin = "1GiB"
-[synthesis]
-partition_workers = 1
-[pipeline]
-ring_slots = 2
-shm_prefix = "cuzk-batch-{pid}"
-[gpus]
-backend = "cpu"
-devices = [0]
-gpu_workers_per_device = 1
-[circuits.syn]
-synthetic = "porep-like"
-log_n = 10
-"""
-
-
 def test_batch_prove_long_names_through_a_daemon(tmp_path: Path) -> None:
     """Two inputs whose long names share their first 100 characters, through a real daemon: both
     jobs are proved (one request id each) and every proof verifies (``--verify``)."""
@@ -348,7 +325,7 @@ def test_batch_prove_long_names_through_a_daemon(tmp_path: Path) -> None:
 
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "CUZK_MP": f"{sys.executable} -m cuzk_mp"}
-    (tmp_path / "cuzk.toml").write_text(DAEMON_CONFIG.format(work=tmp_path, pid=os.getpid()))
+    (tmp_path / "cuzk.toml").write_text(config_text(tmp_path, tmp_path / "keys", prefix=f"cuzk-batch-{os.getpid()}"))
     inputs = tmp_path / "in"
     inputs.mkdir()
     prefix = "sector-" + "0123456789" * 10
