@@ -51,7 +51,7 @@ def test_priorities_on_a_one_slot_box(fleet_dsn: str, tmp_path: Path) -> None:
 
     async def main() -> list[str]:
         a = await connect(fleet_dsn, "a")
-        ids = [(await a.submit(None, "x", i.ref, i.sha256, p)).job_id for i, p in zip(inputs, order)]
+        ids = [(await a.submit(None, "x", i.ref, i.sha256, p)).job_id for i, p in zip(inputs, order, strict=True)]
         ran = []
         while claimed := await a.claim(["x"], 1):
             assert len(claimed) == 1

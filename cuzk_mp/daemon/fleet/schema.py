@@ -68,7 +68,8 @@ DDL = (
         CHECK (state <> 'done' OR result IS NOT NULL)
     )""",
     "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_queue_id ON cuzk_fleet_jobs (queue_id)",
-    "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_finished ON cuzk_fleet_jobs (finished_at) WHERE finished_at IS NOT NULL",
+    ("CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_finished ON cuzk_fleet_jobs (finished_at) "
+     "WHERE finished_at IS NOT NULL"),
     "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_owner ON cuzk_fleet_jobs (owner) WHERE state = 'running'",
     f"""CREATE TABLE IF NOT EXISTS cuzk_fleet_requests (
         request_id  text PRIMARY KEY CHECK (length(request_id) BETWEEN 1 AND {MAX_REQUEST_ID_CHARS}),
