@@ -1,8 +1,9 @@
 """The shared job queue of a fleet of boxes: :class:`Fleet`, one per daemon process.
 
-This module owns a box's side of the shared PostgreSQL queue: its connection pool, its claims
-(the jobs this process holds, in memory and in the database), its heartbeat task and its
-registration in ``cuzk_fleet_boxes``. The queue mechanics are pgqueuer's (see the package
+This module owns a box's side of the shared PostgreSQL queue: its claims (the jobs this process
+holds, in memory and in the database), its heartbeat task, its LISTEN connection and its
+registration in ``cuzk_fleet_boxes``; the database access and the read-only views are
+:mod:`.store`'s. The queue mechanics are pgqueuer's (see the package
 docstring for why): ``enqueue`` on submit, ``dequeue`` to claim (``FOR UPDATE SKIP LOCKED``,
 priorities, one entrypoint per resident circuit, and re-picking of jobs whose heartbeat is
 older than the stall timeout, all in one statement), ``update_heartbeat``, ``retry_job``,
@@ -27,27 +28,22 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import json
 import logging
 import math
 import os
 import socket
 import time
 import uuid
-from collections.abc import AsyncIterator, Callable, Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import Any, Self, cast
 
 import psycopg
-from pgqueuer.adapters.drivers.psycopg import PsycopgDriver
-from pgqueuer.adapters.persistence import qb
 from pgqueuer.adapters.persistence.queries import Queries
 from pgqueuer.domain import models as pgq
-from pgqueuer.domain.settings import DBSettings
 from pgqueuer.domain.types import JOB_STATUS, JobId, QueueEntrypoint, QueueManagerId
 from pgqueuer.ports.repository import EntrypointExecutionParameter
-from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -57,16 +53,14 @@ from cuzk_mp.daemon.fleet.events import EventHandlers, FleetEvents
 from cuzk_mp.daemon.fleet.inputs import check_ref
 from cuzk_mp.daemon.fleet.models import (
     FINAL_STATES,
-    BoxInfo,
     Claimed,
     JobRef,
     JobState,
     JobStatus,
-    QueueDepth,
-    circuit_of,
     entrypoint,
     queue_priority,
 )
+from cuzk_mp.daemon.fleet.store import FleetStore, notify
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
 
@@ -77,12 +71,6 @@ AWAIT_RECHECK_S = 60.0  # a safety net only: waiters wake on NOTIFY, and on ever
 MAX_CIRCUIT_ID_CHARS = 64
 AbortCallback = Callable[[str, str], None]
 
-_JOB_COLUMNS = ("job_id, request_id, circuit_id, state, priority, n_partitions, inputs_ref, "
-                "inputs_sha256, submitted_by, box, claims, attempts, "
-                "extract(epoch FROM submitted_at) AS submitted_at, "
-                "extract(epoch FROM started_at) AS started_at, "
-                "extract(epoch FROM finished_at) AS finished_at, result, error, error_kind")
-
 
 @dataclass
 class _Held:
@@ -92,33 +80,27 @@ class _Held:
     queue_job: pgq.Job
 
 
-class Fleet:
+class Fleet(FleetStore):
     """One box's handle on the shared queue; create with :meth:`connect`, end with :meth:`close`."""
 
     def __init__(self, cfg: FleetConfig, pool: AsyncConnectionPool, on_abort: AbortCallback | None) -> None:
-        self.cfg, self.box = cfg, cfg.box
+        super().__init__(cfg, pool)
+        self.box = cfg.box
         self.instance = uuid.uuid4()
-        self._pool = pool
         self._on_abort = on_abort
-        settings = DBSettings(prefix=schema.QUEUE_PREFIX)
-        self._settings = settings
-        self._qbe = qb.QueryBuilderEnvironment(settings=settings)
-        self._qbq = qb.QueryQueueBuilder(settings=settings)
-        self._qbs = qb.QuerySchedulerBuilder(settings=settings)
         self._held: dict[str, _Held] = {}
         self._by_queue_id: dict[int, str] = {}
         self._waiters: dict[str, set[asyncio.Event]] = {}
         self._work = asyncio.Event()
         self._resident: tuple[str, ...] = ()
         self._free_slots = 0
-        self._events = FleetEvents(cfg.dsn, (settings.channel, schema.EVENTS_CHANNEL), EventHandlers(
+        self._events = FleetEvents(cfg.dsn, (self._settings.channel, schema.EVENTS_CHANNEL), EventHandlers(
             on_work=self._work.set, on_cancel=self._on_cancel, on_finished=self._wake_waiters,
             on_reconnect=self._on_reconnect), cfg.connect_timeout_s)
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._registered = False
         self._name_lost = False
-        self._closed = False
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -198,23 +180,6 @@ class Fleet:
 
     async def __aexit__(self, *_: object) -> None:
         await self.close()
-
-    def _queries(self, conn: psycopg.AsyncConnection) -> Queries:
-        return Queries(PsycopgDriver(conn), qbe=self._qbe, qbq=self._qbq, qbs=self._qbs)
-
-    @contextlib.asynccontextmanager
-    async def _tx(self) -> AsyncIterator[tuple[psycopg.AsyncConnection, Queries]]:
-        """One transaction on a pooled connection; database errors become ResourceError (InputError
-        for a value the database refuses)."""
-        if self._closed and self._pool.closed:
-            raise ResourceError(f"fleet: box {self.box} is closed")
-        try:
-            async with self._pool.connection() as conn, conn.transaction():
-                yield conn, self._queries(conn)
-        except psycopg.DataError as e:
-            raise InputError(f"fleet: the database refused a value: {e}") from None
-        except (psycopg.Error, PoolTimeout) as e:
-            raise ResourceError(f"fleet: database {redact_dsn(self.cfg.dsn)}: {type(e).__name__}: {e}") from None
 
     async def _register(self) -> None:
         self._registered = True
@@ -406,7 +371,7 @@ class Fleet:
             row = await cur.fetchone()
             if row is not None:
                 await self._settle(queries, job_id, row[0], "successful")
-                await self._notify(conn, {"event": "finished", "job_id": job_id})
+                await notify(conn, {"event": "finished", "job_id": job_id})
         self._drop(job_id)
         if row is None:
             log.info("fleet: result of job %s from box %s discarded: the job had already ended", job_id, self.box)
@@ -438,7 +403,7 @@ class Fleet:
                 await conn.execute("UPDATE cuzk_fleet_jobs SET state = 'queued', owner = NULL, attempts = %s, "
                                    "error = %s, error_kind = %s WHERE job_id = %s",
                                    (attempts, error, error_kind, job_id))
-                await self._notify(conn, {"event": "requeued", "circuit_id": circuit_id})
+                await notify(conn, {"event": "requeued", "circuit_id": circuit_id})
             else:
                 if queue_job is not None:
                     await queries.log_jobs([(queue_job, "exception", _traceback(queue_job.id, error_kind, error))])
@@ -446,7 +411,7 @@ class Fleet:
                 await conn.execute("UPDATE cuzk_fleet_jobs SET state = 'failed', owner = NULL, attempts = %s, "
                                    "error = %s, error_kind = %s, finished_at = now() WHERE job_id = %s",
                                    (attempts, error, error_kind, job_id))
-                await self._notify(conn, {"event": "finished", "job_id": job_id})
+                await notify(conn, {"event": "finished", "job_id": job_id})
         self._drop(job_id)
         log.info("fleet: job %s failed on box %s (attempt %d, %s): %s -> %s", job_id, self.box, attempts,
                  error_kind, error[:200], new_state)
@@ -463,7 +428,7 @@ class Fleet:
                 queue_job = await self._queue_job(queries, job_id, row[0])
                 if queue_job is not None:
                     await queries.retry_job(queue_job, timedelta(0), None)
-                await self._notify(conn, {"event": "requeued", "circuit_id": row[1]})
+                await notify(conn, {"event": "requeued", "circuit_id": row[1]})
         self._drop(job_id)
         return row is not None
 
@@ -486,7 +451,7 @@ class Fleet:
                 return False
             if row[0] is not None:
                 await queries.mark_job_as_cancelled([JobId(row[0])])
-            await self._notify(conn, {"event": "finished", "job_id": job_id})
+            await notify(conn, {"event": "finished", "job_id": job_id})
         log.info("fleet: box %s cancelled job %s", self.box, job_id)
         return True
 
@@ -500,10 +465,6 @@ class Fleet:
         queue_job = await self._queue_job(queries, job_id, queue_id)
         if queue_job is not None:
             await queries.log_jobs([(queue_job, status, None)])
-
-    @staticmethod
-    async def _notify(conn: psycopg.AsyncConnection, event: dict[str, str]) -> None:
-        await conn.execute("SELECT pg_notify(%s, %s)", (schema.EVENTS_CHANNEL, json.dumps(event)))
 
     def _drop(self, job_id: str) -> Claimed | None:
         held = self._held.pop(job_id, None)
@@ -546,16 +507,6 @@ class Fleet:
 
     # -- reading --------------------------------------------------------------------------
 
-    async def status(self, job_id: str) -> JobStatus:
-        """The job as the shared tables record it (InputError if unknown or pruned)."""
-        async with self._tx() as (conn, _):
-            cur = await conn.cursor(row_factory=dict_row).execute(
-                f"SELECT {_JOB_COLUMNS} FROM cuzk_fleet_jobs WHERE job_id = %s", (job_id,))
-            row = await cur.fetchone()
-        if row is None:
-            raise InputError(f"job_id: unknown job {job_id!r}")
-        return _status(row)
-
     async def await_result(self, job_id: str, timeout_s: float | None) -> JobStatus:
         """Wait (LISTEN/NOTIFY, no polling) until the job ends or ``timeout_s`` passes; its status.
 
@@ -584,59 +535,6 @@ class Fleet:
         for ev in self._waiters.get(job_id, ()):
             ev.set()
 
-    async def boxes(self) -> list[BoxInfo]:
-        """Every box that has joined: its state, resident keys, free slots and running jobs."""
-        async with self._tx() as (conn, _):
-            cur = await conn.cursor(row_factory=dict_row).execute(
-                "SELECT b.box, b.host, b.pid, b.resident, b.free_slots, b.left_at IS NOT NULL AS left, "
-                "extract(epoch FROM b.started_at) AS started_at, "
-                "extract(epoch FROM now() - b.last_heartbeat) AS age, "
-                "(SELECT count(*) FROM cuzk_fleet_jobs j WHERE j.state = 'running' AND j.box = b.box "
-                " AND j.owner = b.instance) AS running FROM cuzk_fleet_boxes b ORDER BY b.box")
-            rows = await cur.fetchall()
-        return [BoxInfo(box=r["box"], state="left" if r["left"] else
-                        "stale" if float(r["age"]) > self.cfg.stall_timeout_s else "up",
-                        host=r["host"], pid=r["pid"], resident=tuple(r["resident"]), free_slots=r["free_slots"],
-                        running=int(r["running"]), started_at=float(r["started_at"]),
-                        heartbeat_age_s=float(r["age"])) for r in rows]
-
-    async def queue_depths(self) -> list[QueueDepth]:
-        """Per circuit and priority: queued, running, and running on a box that stalled."""
-        async with self._tx() as (_, queries):
-            sizes = await queries.queue_size()
-            stale = await queries.stale_jobs(timedelta(seconds=self.cfg.stall_timeout_s), limit=100_000)
-        counts: dict[tuple[str, int], list[int]] = {}
-        for s in sizes:
-            cid = circuit_of(s.entrypoint)
-            if cid is not None and s.status in ("queued", "picked"):
-                counts.setdefault((cid, s.priority), [0, 0, 0])[0 if s.status == "queued" else 1] += s.count
-        for j in stale:
-            cid = circuit_of(j.entrypoint)
-            if cid is not None:
-                c = counts.setdefault((cid, j.priority), [0, 0, 0])
-                c[1], c[2] = max(c[1] - 1, 0), c[2] + 1
-        return [QueueDepth(cid, Priority(-p), *c) for (cid, p), c in sorted(counts.items(), key=lambda kv: (
-            kv[0][0], -kv[0][1]))]
-
-    async def prune(self, older_than_s: float) -> int:
-        """Delete what ended more than ``older_than_s`` ago; the number of jobs deleted.
-
-        Jobs go with their request ids (a later submit with the same request_id makes a new
-        job), boxes that left go too, and the queue library's per-transition log rows are first
-        folded into its statistics table (its own ``aggregate_logs``), then deleted: the library
-        keeps no retention of its own and the log grows by several rows per job.
-        """
-        async with self._tx() as (conn, queries):
-            cur = await conn.execute("DELETE FROM cuzk_fleet_jobs WHERE finished_at < now() - "
-                                     "make_interval(secs => %s)", (older_than_s,))
-            n = cur.rowcount
-            await conn.execute("DELETE FROM cuzk_fleet_boxes WHERE left_at < now() - make_interval(secs => %s)",
-                               (older_than_s,))
-            await queries.aggregate_logs()
-            await conn.execute(sql.SQL("DELETE FROM {} WHERE aggregated AND created < now() - "
-                                       "make_interval(secs => %s)").format(
-                sql.Identifier(*self._settings.qualified.queue_table_log.split("."))), (older_than_s,))
-        return n
 
 
 def _check_submit(request_id: str | None, circuit_id: str, inputs_ref: str, inputs_sha256: str,
@@ -671,16 +569,3 @@ def _traceback(queue_id: int, kind: str, message: str) -> pgq.TracebackRecord:
     """The library's log record of a failed run (shown by its own tools)."""
     return pgq.TracebackRecord(job_id=JobId(queue_id), timestamp=pgq.utc_now(), exception_type=kind,
                                exception_message=message[:4000], traceback="", additional_context=None)
-
-
-def _status(row: dict[str, Any]) -> JobStatus:
-    def ts(v: Any) -> float | None:
-        return None if v is None else float(v)
-    return JobStatus(job_id=row["job_id"], request_id=row["request_id"], circuit_id=row["circuit_id"],
-                     state=row["state"], priority=Priority(row["priority"]), n_partitions=row["n_partitions"],
-                     inputs_ref=row["inputs_ref"], inputs_sha256=row["inputs_sha256"],
-                     submitted_by=row["submitted_by"], box=row["box"], claims=row["claims"],
-                     attempts=row["attempts"], submitted_at=float(row["submitted_at"]),
-                     started_at=ts(row["started_at"]), finished_at=ts(row["finished_at"]),
-                     result=None if row["result"] is None else bytes(row["result"]), error=row["error"],
-                     error_kind=row["error_kind"])
