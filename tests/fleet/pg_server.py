@@ -73,14 +73,28 @@ def _service_user() -> str | None:
         with contextlib.suppress(KeyError):
             pwd.getpwnam(name)
             return name
-    subprocess.run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+    subprocess.run([_sbin("useradd"), "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
                     FALLBACK_USER], check=True, capture_output=True)
     return FALLBACK_USER
 
 
+def _sbin(program: str) -> str:
+    """A system program that may live outside a non-login PATH (runuser, useradd)."""
+    path = os.pathsep.join((os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin", "/bin"))
+    return shutil.which(program, path=path) or program
+
+
+def _temp_root(user: str | None) -> str:
+    """A temp directory the server's user can reach: $TMPDIR when others may traverse it, else /tmp."""
+    tmp = tempfile.gettempdir()
+    if user is not None and not os.stat(tmp).st_mode & 0o001:
+        tmp = "/tmp"
+    return tmp
+
+
 def _run_as(user: str | None, argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
     """Run ``argv`` (as ``user`` through runuser when given), raising with its output on failure."""
-    cmd = ["runuser", "-u", user, "--", *argv] if user else argv
+    cmd = [_sbin("runuser"), "-u", user, "--", *argv] if user else argv
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "LANG": "C"}
     proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
     if proc.returncode != 0:
@@ -116,7 +130,7 @@ def _start(bins: PgBinaries, root: Path, user: str | None) -> int:
 def running_server(bins: PgBinaries) -> Iterator[PgServer]:
     """Initialise and start a server in a fresh temp directory; stop it and remove the directory."""
     user = _service_user()
-    root = Path(tempfile.mkdtemp(prefix="cuzk-fleet-pg-"))
+    root = Path(tempfile.mkdtemp(prefix="cuzk-fleet-pg-", dir=_temp_root(user)))
     try:
         os.chmod(root, 0o700)
         if user is not None:
