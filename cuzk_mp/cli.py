@@ -31,7 +31,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from . import __version__
-from .daemon.cli import EXIT_FAILED, EXIT_INPUT, EXIT_TIMEOUT, EXIT_UNREACHABLE
+from .daemon.cli import (
+    EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT, EXIT_JOURNAL_DAMAGED, EXIT_TIMEOUT, EXIT_UNREACHABLE,
+)
 from .errors import CuzkError, InputError, ResourceError
 from .logs import child_format, configure
 from .paths import default_cache_dir
@@ -51,7 +53,11 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_INPUT, "bad input: usage, a missing or malformed file, an unsatisfied witness, a bad config"),
     (EXIT_UNREACHABLE, "the daemon could not be reached (client verbs)"),
     (EXIT_RESOURCES, "not enough memory (host, shared memory or GPU) for what was asked"),
+    (EXIT_JOURNAL_DAMAGED, "daemon: its journal is damaged or missing; nothing was changed (the message says how "
+                           "to start afresh)"),
     (EXIT_INTERNAL, "internal error: a bug; rerun with --log-level DEBUG for the traceback"),
+    (EXIT_ALREADY_RUNNING, "daemon: another daemon runs with this journal, socket or shm prefix; nothing was "
+                           "changed"),
     (EXIT_TIMEOUT, "client await/prove timed out (the job goes on in the daemon)"),
     (EXIT_INTERRUPTED, "interrupted (SIGINT)"),
 )

@@ -311,13 +311,13 @@ def twin(rec: Record, config: Path, prefix: str) -> None:
                            timeout=120, check=False)
         after = shm_inodes(prefix)
         kept = all(after.get(k) == v for k, v in before.items() if k.endswith(("-ctl", "-free", "-ready")))
-        return (p.returncode == 4 and kept and "Traceback" not in p.stderr) or \
+        return (p.returncode == 75 and kept and "Traceback" not in p.stderr) or \
             f"exit {p.returncode}, ring kept: {kept}: {p.stderr[-300:]}"
     rec.probe("twin", "same config, status port taken", run)
 
 
 def journals(rec: Record, work: Path) -> None:
-    """Daemons started on damaged journals exit 5 with a message (before touching the engine)."""
+    """Daemons started on damaged journals exit 65 with a message (before touching the engine)."""
     import asyncio
 
     from cuzk_mp.daemon.journal import Journal, JournalEntry
@@ -327,7 +327,7 @@ def journals(rec: Record, work: Path) -> None:
         cfg.write_text(probe_config(d, free_port()))
         p = subprocess.run([*PY, "daemon", "--config", str(cfg)], env=ENV, capture_output=True, text=True,
                            timeout=120, check=False)
-        return (p.returncode == 5 and "refusing to start" in p.stderr and not (d / "keys").exists()) or \
+        return (p.returncode == 65 and "refusing to start" in p.stderr and not (d / "keys").exists()) or \
             f"exit {p.returncode}: {p.stderr[-300:]}"
 
     def make(d: Path) -> Journal:

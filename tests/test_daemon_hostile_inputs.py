@@ -79,7 +79,8 @@ def test_js_bigint_refuses_an_overlong_string_from_any_caller() -> None:
         js_bigint("9" * 5000, "signal x")
 
 
-def test_load_input_json_refuses_an_oversized_file_before_reading(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_load_input_json_refuses_an_oversized_file_before_reading(tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     path = tmp_path / "in.json"
     path.write_bytes(b'{"a": [' + b"1," * 600 + b"1]}")
     monkeypatch.setattr(circom, "MAX_INPUT_BYTES", 1000)

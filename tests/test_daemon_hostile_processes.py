@@ -1,5 +1,5 @@
 """Faults around whole daemon processes, with the real engine (CPU backend): a twin started with
-the same config exits at once (code 4) and harms nothing, with or without a status port; a
+the same config exits at once (code 75) and harms nothing, with or without a status port; a
 SIGKILL of the whole process tree leaves /dev/shm entries that the restart removes (the default
 shm prefix is stable per config); and the CLI ends hostile arguments with a message and code."""
 
@@ -49,7 +49,7 @@ def test_a_twin_daemon_exits_at_once_and_harms_nothing(tmp_path: Path) -> None:
             for twin_cfg in (cfg, no_port):
                 t0 = time.monotonic()
                 twin = _cli("daemon", "--config", str(twin_cfg), timeout=60)
-                assert twin.returncode == 4, twin.stderr
+                assert twin.returncode == 75, twin.stderr
                 assert time.monotonic() - t0 < 30
                 assert f"pid {first.proc.pid}" in twin.stderr and "journal.sqlite" in twin.stderr
                 assert "Traceback" not in twin.stderr

@@ -23,7 +23,7 @@ from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.daemon.transport import frame
-from cuzk_mp.errors import AuthError, InputError, ResourceError
+from cuzk_mp.errors import AuthError, ConfigError, InputError, ResourceError
 from tests.hostile_corpus import INPUT_JSON_PROBES, FrameProbe, frame_probes
 from tests.test_daemon_protocol import run_daemon
 from tests.test_daemon_support import exchange
@@ -307,7 +307,7 @@ def test_a_taken_status_port_is_a_message_and_starts_nothing(tmp_path: Path) -> 
 
         async def main() -> None:
             d = Daemon(cfg, engine_factory=factory)
-            with pytest.raises(ResourceError, match=f"daemon.status_listen = '127.0.0.1:{port}': cannot listen"):
+            with pytest.raises(ConfigError, match=f"daemon.status_listen = '127.0.0.1:{port}': cannot listen"):
                 await d.start()
             assert d.state.value == "failed"
         asyncio.run(main())

@@ -1,6 +1,6 @@
 """The journal defends itself: a bad row is quarantined and the other jobs start; a journal that
 is missing, emptied, swapped, not a database, failing SQLite's check, or whose write-ahead log
-would silently drop committed jobs stops the start with a message (the daemon exits 5 and
+would silently drop committed jobs stops the start with a message (the daemon exits 65 and
 changes nothing), never an empty journal in its place."""
 
 from __future__ import annotations
@@ -209,7 +209,7 @@ def test_a_first_start_and_an_empty_file_without_history_are_fine(tmp_path: Path
     j.close()
 
 
-def test_the_daemon_refuses_a_damaged_journal_with_exit_5_touching_nothing(tmp_path: Path) -> None:
+def test_the_daemon_refuses_a_damaged_journal_with_exit_65_touching_nothing(tmp_path: Path) -> None:
     prefix = "cuzk-jd-test"
     cfg = tmp_path / "cuzk.toml"
     cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=prefix))
@@ -217,7 +217,7 @@ def test_the_daemon_refuses_a_damaged_journal_with_exit_5_touching_nothing(tmp_p
     (tmp_path / "journal.sqlite").write_bytes(b"")
     proc = subprocess.run([*PY, "daemon", "--config", str(cfg)], env=ENV, capture_output=True, text=True,
                           timeout=120, check=False)
-    assert proc.returncode == 5, proc.stderr
+    assert proc.returncode == 65, proc.stderr
     assert "refusing to start" in proc.stderr and "empty (0 bytes)" in proc.stderr
     assert "Traceback" not in proc.stderr
     assert not (tmp_path / "cuzk.sock").exists() and not (tmp_path / "keys").exists()

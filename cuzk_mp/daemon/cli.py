@@ -5,10 +5,11 @@ both verbs to the one ``cuzk-mp`` parser (cuzk_mp/cli.py), and each verb has a r
 
 ``cuzk-mp daemon --config FILE`` serves until SIGTERM/SIGINT (``--check`` only validates the
 file and prints warnings about weak access settings). Its exit codes: 0 stopped after a drain
-(or ``--check`` passed); 1 start-up failed (the engine, a listen address in use: the message
-says which); 2 the configuration is invalid; 4 another daemon already runs with this journal
-or socket (this one changed nothing); 5 the journal is damaged or missing (the message names
-the file and how to start afresh; nothing was changed).
+(or ``--check`` passed); 1 start-up failed (the engine: the message says why); 2 the
+configuration is invalid (or a listen address is taken); 65 (EX_DATAERR) the journal is damaged
+or missing (the message names the file and how to start afresh; nothing was changed); 75
+(EX_TEMPFAIL) another daemon already runs with this journal, socket or shm prefix (this one
+changed nothing).
 
 ``cuzk-mp client VERB --connect ADDR`` talks to a daemon (ADDR defaults to
 ``$CUZK_MP_CONNECT``, else ``127.0.0.1:9820``; ``--token`` defaults to ``$CUZK_MP_TOKEN``)::
@@ -45,7 +46,7 @@ from typing import Any
 from cuzk_mp.errors import InputError
 
 EXIT_FAILED, EXIT_INPUT, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 124
-EXIT_ALREADY_RUNNING, EXIT_JOURNAL_DAMAGED = 4, 5
+EXIT_JOURNAL_DAMAGED, EXIT_ALREADY_RUNNING = 65, 75  # sysexits.h EX_DATAERR, EX_TEMPFAIL
 PRIORITIES = ("CRITICAL", "HIGH", "NORMAL", "LOW")
 
 

@@ -49,7 +49,7 @@ from cuzk_mp.daemon.status_http import StatusHandlers, start_status_server
 from cuzk_mp.daemon.transport import (
     Comm, CommClosedError, FrameTimeout, FrameTooLarge, Listener, listen,
 )
-from cuzk_mp.errors import CuzkError, InputError, ResourceError, error_kind
+from cuzk_mp.errors import ConfigError, CuzkError, InputError, ResourceError, error_kind
 
 log = logging.getLogger("cuzk_mp.daemon")
 
@@ -424,12 +424,12 @@ class Daemon:
 
 
 async def _bound(key: str, addr: Any, bind: Any) -> Any:
-    """Await a listener's bind; an address in use (or not bindable) is a ResourceError naming
-    the config key, not an OSError traceback."""
+    """Await a listener's bind; an address in use (or not bindable) is a ConfigError naming the
+    config key, not an OSError traceback."""
     try:
         return await bind
     except OSError as e:
-        raise ResourceError(f"{key} = {str(addr)!r}: cannot listen there: {e.strerror or e}") from None
+        raise ConfigError(f"{key} = {str(addr)!r}: cannot listen there: {e.strerror or e}") from None
 
 
 async def serve(cfg: DaemonConfig) -> int:
