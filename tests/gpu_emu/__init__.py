@@ -33,7 +33,7 @@ import time
 import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -69,7 +69,7 @@ class _Stream:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         pass
 
-    def __enter__(self) -> "_Stream":
+    def __enter__(self) -> Self:
         return self
 
     def __exit__(self, *exc: object) -> None:

@@ -42,52 +42,12 @@ from ...formats.zkey import ZKey
 from ..base import ProverInputs
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
+from .knobs import MULTIPLES_ENV, SECTIONS, plan_multiples
 from .ntt import GpuNtt
 
 _H2D = 1  # cudaMemcpyHostToDevice
-SECTIONS = ("a", "b1", "b2", "c", "h")
-MULTIPLES_ENV = "CUZK_GPU_MSM_MULTIPLES"
-# Device memory kept free for partitions in flight and MSM / NTT scratch when the multiples
-# tables are planned: a fixed part plus this much per domain row (3 partitions of a, b, c, w
-# ~400 B, two concurrent MSMs' sort keys and their sort's scratch ~650 B, NTT tables, slack).
-RESERVE_FIXED = 4 << 30
-RESERVE_PER_ROW = 1536
 BOUNCE_BYTES = 64 << 20  # one pinned staging buffer (two per thread)
 COPY_THREADS = 4  # host threads filling a bounce buffer (numpy copies release the GIL)
-
-
-def plan_multiples(section_bytes: dict[str, int], free: int, domain_size: int,
-                   choice: str | None = None) -> dict[str, int]:
-    """Which sections get precomputed multiples, and their window bits.
-
-    ``choice``: "none", "auto" (default) or a comma list of sections. "auto" takes
-    sections in the order h, b2, a, b1, c while the tables ((W - 1) more copies of
-    the section) leave ``RESERVE_FIXED + RESERVE_PER_ROW * domain_size`` free.
-    ``section_bytes``: bytes of each section's points; ``free``: device bytes free
-    once the sections are resident.
-    """
-    choice = (choice or "auto").strip().lower()
-    if choice in ("none", "0", "off", ""):
-        return {}
-    rows = {name: b // (192 if name == "b2" else 96) for name, b in section_bytes.items()}
-    windows = {name: gmsm.choose_multiples_window(max(1, r)) for name, r in rows.items() if r}
-    if choice != "auto":
-        picked = [s.strip() for s in choice.split(",") if s.strip()]
-        unknown = [s for s in picked if s not in SECTIONS]
-        if unknown:
-            raise InputError(f"{MULTIPLES_ENV}={choice!r}: unknown sections {unknown} (use none, auto or "
-                             f"a comma list of {', '.join(SECTIONS)})")
-        return {s: windows[s] for s in picked if s in windows}
-    budget = free - RESERVE_FIXED - RESERVE_PER_ROW * domain_size
-    out = {}
-    for name in ("h", "b2", "a", "b1", "c"):
-        if name not in windows:
-            continue
-        extra = (gmsm.window_count(windows[name]) - 1) * section_bytes[name]
-        if extra <= budget:
-            out[name] = windows[name]
-            budget -= extra
-    return out
 
 
 @dataclass

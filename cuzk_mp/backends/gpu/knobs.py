@@ -1,4 +1,5 @@
-"""Compile-time knobs of the kernel modules, and the module variants the package ships compiled.
+"""Knobs of the kernel modules: compile-time defines, launch geometry and the module variants
+the package ships compiled.
 
 Each kernel module is one translation unit (:mod:`.source`) compiled with ``-D``
 knobs; a (module, knobs) pair is a *variant*. :data:`SHIPPED` lists the variants
@@ -6,6 +7,9 @@ built ahead of time by ``scripts/build_kernels.py`` into ``kernels/bin`` (a fatb
 per variant with machine code for the listed architectures), which
 :mod:`.modules` loads instead of compiling. No CuPy here: the build script and
 the CI check of the shipped binaries import this on machines without a GPU.
+
+The geometry choices that need no device live here too: MSM window sizes, and which key
+sections get precomputed multiples (:func:`plan_multiples`).
 
 Groups: ``prover`` (what a prover process loads before it reports READY),
 ``setup`` (the dev setup's fixed-base kernels, also used for the MSM's
@@ -18,7 +22,7 @@ from __future__ import annotations
 from dataclasses import dataclass, replace
 from typing import Any
 
-from ...errors import ConfigError
+from ...errors import ConfigError, InputError
 
 # Every GPU generation the prover supports, as SASS targets; bench variants: the H200 only.
 ALL_ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100")
@@ -98,6 +102,88 @@ class MsmParams:
             out["EC_FP2_CALLS"] = int(self.fp2_calls)
             out["EC_FP2_LAZY"] = int(self.fp2_lazy)
         return out
+
+
+SCALAR_BITS = 256  # windows cover 256 bits: the Booth carry out of bit 254 still fits
+
+
+def choose_window(m: int) -> int:
+    """Window bits for m scalars without precomputed multiples: floor(log2 m) - 4, in [5, 21].
+
+    21 caps the bucket memory (13 windows x 2^20 XYZZ buckets: 2.6 GB for G1).
+    """
+    return min(max(m.bit_length() - 1 - 4, 5), 21)
+
+
+def window_count(c: int) -> int:
+    """Signed c-bit windows needed for scalars below 2^255 (digits.cuh)."""
+    return -(-SCALAR_BITS // c)
+
+
+def choose_multiples_window(n: int) -> int:
+    """Window bits for precomputed multiples of n points: the c in [8, 24] that minimises
+    the model n W(c) + 3 * 2^c (mixed additions of the accumulation, plus the one shared
+    bucket set's reduction: 2^(c-1) buckets x 2 full additions at ~1.5 mixed ones each).
+    2^24 points: 22 (12 windows; 13 at c = 20 without multiples), 2^20: 19, 2^16: 16."""
+    return min(range(8, 25), key=lambda c: (n * window_count(c) + 3 * (1 << c), c))
+
+
+def ones_segment(n1: int, resident: int | None, seg: int) -> int:
+    """Entries per thread for the sum of the n1 ones: the fewest whole waves of
+    ``resident`` threads with at most ``seg`` entries each.
+
+    With a fixed seg the last wave can be nearly empty (G2 at 2^24 PoRep-like:
+    6.7 M ones / 64 = 105 k threads = 3.1 waves of 33.8 k, so ~22 % of the ones
+    time idles); one segment per thread and wave costs nothing extra. ``resident``
+    None (no occupancy figure, e.g. the CPU emulator) keeps ``seg``.
+    """
+    if not resident:
+        return seg
+    waves = max(1, -(-n1 // (resident * seg)))
+    return max(1, -(-n1 // (waves * resident)))
+
+
+SECTIONS = ("a", "b1", "b2", "c", "h")
+MULTIPLES_ENV = "CUZK_GPU_MSM_MULTIPLES"
+# Device memory kept free for partitions in flight and MSM / NTT scratch when the multiples
+# tables are planned: a fixed part plus this much per domain row (3 partitions of a, b, c, w
+# ~400 B, two concurrent MSMs' sort keys and their sort's scratch ~650 B, NTT tables, slack).
+RESERVE_FIXED = 4 << 30
+RESERVE_PER_ROW = 1536
+
+
+def plan_multiples(section_bytes: dict[str, int], free: int, domain_size: int,
+                   choice: str | None = None) -> dict[str, int]:
+    """Which sections get precomputed multiples, and their window bits.
+
+    ``choice``: "none", "auto" (default) or a comma list of sections. "auto" takes
+    sections in the order h, b2, a, b1, c while the tables ((W - 1) more copies of
+    the section) leave ``RESERVE_FIXED + RESERVE_PER_ROW * domain_size`` free.
+    ``section_bytes``: bytes of each section's points; ``free``: device bytes free
+    once the sections are resident.
+    """
+    choice = (choice or "auto").strip().lower()
+    if choice in ("none", "0", "off", ""):
+        return {}
+    rows = {name: b // (192 if name == "b2" else 96) for name, b in section_bytes.items()}
+    windows = {name: choose_multiples_window(max(1, r)) for name, r in rows.items() if r}
+    if choice != "auto":
+        picked = [s.strip() for s in choice.split(",") if s.strip()]
+        unknown = [s for s in picked if s not in SECTIONS]
+        if unknown:
+            raise InputError(f"{MULTIPLES_ENV}={choice!r}: unknown sections {unknown} (use none, auto or "
+                             f"a comma list of {', '.join(SECTIONS)})")
+        return {s: windows[s] for s in picked if s in windows}
+    budget = free - RESERVE_FIXED - RESERVE_PER_ROW * domain_size
+    out: dict[str, int] = {}
+    for name in ("h", "b2", "a", "b1", "c"):
+        if name not in windows:
+            continue
+        extra = (window_count(windows[name]) - 1) * section_bytes[name]
+        if extra <= budget:
+            out[name] = windows[name]
+            budget -= extra
+    return out
 
 
 @dataclass(frozen=True)

@@ -51,7 +51,7 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 from ...algebra.curve import g1_to_ark, g2_to_ark
 from ...algebra.field import Q_MOD, fq2_inv_int, fq2_mul_int, limbs_to_ints
 from ...errors import InputError
-from .knobs import MSM_PATH, MsmParams
+from .knobs import MSM_PATH, MsmParams, choose_multiples_window, choose_window, ones_segment, window_count
 from .modules import get_module, occupancy
 
 __all__ = [
@@ -74,46 +74,9 @@ __all__ = [
     "window_count",
 ]
 
-SCALAR_BITS = 256  # windows cover 256 bits: the Booth carry out of bit 254 still fits
 OP_COMBINE, OP_BUCKETS, OP_GROUPS, OP_ADD = 0, 1, 2, 3  # msm_reduce ops (msm.cu)
 _NULL = np.uint64(0)  # a null device pointer argument
 _D2H = 2  # cudaMemcpyDeviceToHost
-
-
-def choose_window(m: int) -> int:
-    """Window bits for m scalars without precomputed multiples: floor(log2 m) - 4, in [5, 21].
-
-    21 caps the bucket memory (13 windows x 2^20 XYZZ buckets: 2.6 GB for G1).
-    """
-    return min(max(m.bit_length() - 1 - 4, 5), 21)
-
-
-def window_count(c: int) -> int:
-    """Signed c-bit windows needed for scalars below 2^255 (digits.cuh)."""
-    return -(-SCALAR_BITS // c)
-
-
-def choose_multiples_window(n: int) -> int:
-    """Window bits for precomputed multiples of n points: the c in [8, 24] that minimises
-    the model n W(c) + 3 * 2^c (mixed additions of the accumulation, plus the one shared
-    bucket set's reduction: 2^(c-1) buckets x 2 full additions at ~1.5 mixed ones each).
-    2^24 points: 22 (12 windows; 13 at c = 20 without multiples), 2^20: 19, 2^16: 16."""
-    return min(range(8, 25), key=lambda c: (n * window_count(c) + 3 * (1 << c), c))
-
-
-def ones_segment(n1: int, resident: int | None, seg: int) -> int:
-    """Entries per thread for the sum of the n1 ones: the fewest whole waves of
-    ``resident`` threads with at most ``seg`` entries each.
-
-    With a fixed seg the last wave can be nearly empty (G2 at 2^24 PoRep-like:
-    6.7 M ones / 64 = 105 k threads = 3.1 waves of 33.8 k, so ~22 % of the ones
-    time idles); one segment per thread and wave costs nothing extra. ``resident``
-    None (no occupancy figure, e.g. the CPU emulator) keeps ``seg``.
-    """
-    if not resident:
-        return seg
-    waves = max(1, -(-n1 // (resident * seg)))
-    return max(1, -(-n1 // (waves * resident)))
 
 
 # ------------------------------------------------------------------ result conversion
@@ -434,9 +397,9 @@ class _Msm:
         per_batch = max(1, min(nw_total, self.params.max_entries // n2))
         wb = max(1, (per_batch - 1).bit_length()) if mul is not None else 0
         cfg = c | wb << 8
-        n_buckets = (1 << (c - 1)) if mul is not None else None
-        shared = None
-        wsums = None if mul is not None else cupy.empty((nw_total, self._xw), dtype=np.uint64)
+        shared: Any = None  # with multiples: the one bucket set of every window
+        wsums: Any = cupy.empty((nw_total, self._xw), dtype=np.uint64)  # without: a sum per window
+        nb = 1 << (c - 1)
         for w0 in range(0, nw_total, per_batch):
             nw = min(per_batch, nw_total - w0)
             keys = cupy.empty(nw * n2, dtype=np.uint32)
@@ -446,18 +409,17 @@ class _Msm:
             perm = cupy.argsort(keys)
             marks.mark("sort")
             if mul is None:
-                buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, nw << (c - 1), self.d_points, 0)
+                buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, nw * nb, self.d_points, 0)
                 marks.mark("accumulate")
                 wsums[w0 : w0 + nw] = self._window_sums(buckets, nw, c)
             else:
-                table = mul.table[w0 * mul.n :]
-                buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, n_buckets, table, mul.n)
+                buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, nb, mul.table[w0 * mul.n :], mul.n)
                 marks.mark("accumulate")
                 if shared is None:
                     shared = buckets
                 else:
-                    self._launch("msm_reduce", n_buckets, _u32(OP_ADD), buckets, _NULL, _NULL, shared, _NULL,
-                                 _u64(n_buckets), _u32(0), _u32(0))
+                    self._launch("msm_reduce", nb, _u32(OP_ADD), buckets, _NULL, _NULL, shared, _NULL,
+                                 _u64(nb), _u32(0), _u32(0))
             marks.mark("reduce")
         if mul is not None:
             return self._window_sums(shared, 1, c), [], 0, c
