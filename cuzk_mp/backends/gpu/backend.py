@@ -189,6 +189,9 @@ class GpuBackend:
                         mult = gmsm.Multiples(fixed_base.multiples_table(dev[name], c, w), c, w, dev[name].shape[0])
                         dev[name] = mult.table[: mult.n]
                     msms[name] = (gmsm.MsmG2 if name == "b2" else gmsm.MsmG1)(dev[name], None, mult)
+                n = int(zkey.domain_size)
+                if n >= 2 and n & (n - 1) == 0:
+                    self.ntt_engine.plan(n.bit_length() - 1)  # the H step's tables, before any partition
                 s.synchronize()
             except BaseException:
                 for m in msms.values():

@@ -140,6 +140,8 @@ class NttPlan:
         arrays = [self.tw_half, self.inv_n, *(t["tw_in"] for t in self.tables.values())]
         arrays += [a for a in self.coset.values() if isinstance(a, cupy.ndarray)]
         self.nbytes = sum(int(a.nbytes) for a in arrays)
+        # Built on the current stream; other threads' streams use the tables next: finish them now.
+        cupy.cuda.get_current_stream().synchronize()
 
 
 class GpuNtt:
