@@ -40,6 +40,7 @@ BIN = ROOT / "cuzk_mp" / "backends" / "gpu" / "kernels" / "bin"
 MANIFEST = BIN / "manifest.json"
 NVCC_FLAGS = ("-std=c++17", "-fatbin", "--compress-mode=size", "-Xptxas", "-v")
 _PTXAS = re.compile(r"ptxas info\s*: Compiling entry function '(\w+)' for '(sm_\d+)'")
+_PROPS = re.compile(r"Function properties for (\w+)")
 _USED = re.compile(r"Used (\d+) registers")
 
 
@@ -60,24 +61,42 @@ def gencode(archs: tuple[str, ...]) -> list[str]:
 
 
 def ptxas_figures(log: str, arch: str = "sm_90") -> dict[str, dict[str, int]]:
-    """{kernel: {registers, spill_stores, spill_loads, stack}} from ``-Xptxas -v`` for one arch."""
+    """{kernel: {registers, spill_stores, spill_loads, stack}} from ``-Xptxas -v`` for one arch
+    (the properties of called ``__noinline__`` functions, listed after each entry, are skipped)."""
     out: dict[str, dict[str, int]] = {}
-    current = None
+    current, props = None, None
     for line in log.splitlines():
         m = _PTXAS.search(line)
         if m:
             current = m.group(1) if m.group(2) == arch else None
             continue
+        p = _PROPS.search(line)
+        if p:
+            props = p.group(1)
+            continue
         if current is None:
             continue
         fig = out.setdefault(current, {})
-        if "bytes stack frame" in line:
+        if "bytes stack frame" in line and props == current:
             nums = [int(x) for x in re.findall(r"(\d+) bytes", line)]
             fig["stack"], fig["spill_stores"], fig["spill_loads"] = nums[0], nums[1], nums[2]
         u = _USED.search(line)
         if u:
             fig["registers"] = int(u.group(1))
     return out
+
+
+def figures(v: knobs.Variant, nvcc: str) -> dict[str, dict[str, int]]:
+    """ptxas figures of a variant on sm_90 alone (a cubin, no fatbin): refreshes a manifest entry."""
+    with tempfile.TemporaryDirectory() as tmp:
+        cu = Path(tmp) / (Path(v.path).stem + ".cu")
+        cu.write_text(assemble(v.path))
+        cmd = [nvcc, "-std=c++17", "-cubin", "-arch=sm_90", "-Xptxas", "-v",
+               *(f"-D{k}={val}" for k, val in define_items(v.define_dict)), "-o", str(Path(tmp) / "m.cubin"), str(cu)]
+        res = subprocess.run(cmd, capture_output=True, text=True, check=False)
+        if res.returncode:
+            raise SystemExit(f"nvcc failed on {v.path} {v.define_dict}:\n{res.stderr[-4000:]}")
+    return ptxas_figures(res.stdout + res.stderr)
 
 
 def entry_is_fresh(v: knobs.Variant, entry: dict | None) -> bool:
@@ -121,6 +140,8 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--all", action="store_true", help="rebuild every variant")
     ap.add_argument("--check", action="store_true", help="only check (no nvcc); exit 1 when something is stale")
+    ap.add_argument("--figures", action="store_true",
+                    help="only recompute the manifest's ptxas figures (sm_90 cubins; binaries untouched)")
     ap.add_argument("--jobs", type=int, default=max(1, (os.cpu_count() or 2)), help="parallel nvcc processes")
     args = ap.parse_args()
     old = json.loads(MANIFEST.read_text()) if MANIFEST.is_file() else {"modules": []}
@@ -134,6 +155,16 @@ def main() -> None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         raise SystemExit("nvcc not found")
+    if args.figures:
+        with ThreadPoolExecutor(max_workers=args.jobs) as ex:
+            figs = list(ex.map(lambda v: figures(v, nvcc), knobs.SHIPPED))
+        for v, f in zip(knobs.SHIPPED, figs):
+            e = entries.get(_key(v.path, [list(kv) for kv in define_items(v.define_dict)]))
+            if e is not None and entry_is_fresh(v, e):
+                e["ptxas_sm_90"] = f
+        MANIFEST.write_text(json.dumps({**old, "modules": [entries[k] for k in sorted(entries)]}, indent=1) + "\n")
+        print("ptxas figures refreshed")
+        return
     version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
     BIN.mkdir(parents=True, exist_ok=True)
     print(f"building {len(todo)} of {len(knobs.SHIPPED)} variants with {version}", flush=True)

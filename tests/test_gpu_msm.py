@@ -193,7 +193,7 @@ def test_fewer_scalars_than_points(msm: Any, g2: bool) -> None:
     obj = (msm.MsmG2 if g2 else msm.MsmG1)(points)
     assert obj.run(scalars) == _oracle(points, scalars, g2)
     assert obj.run(scalars[:0]) == (G2Point if g2 else G1Point).identity()
-    assert set(obj.last_timings) >= {"classify", "ones", "finish", "total"}
+    assert set(obj.last_timings) >= {"ones", "d2h", "finish", "total"}
     assert obj.nbytes == points.nbytes
     obj.close()
     assert obj.nbytes == 0

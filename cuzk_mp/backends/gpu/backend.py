@@ -26,6 +26,7 @@ holds on the host and the device.
 
 from __future__ import annotations
 
+import logging
 import os
 import threading
 import time
@@ -37,13 +38,15 @@ import cupy
 import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point
 
-from ...errors import InputError
+from ...errors import InputError, ResourceError
 from ...formats.zkey import ZKey
 from ..base import ProverInputs
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
-from .knobs import MULTIPLES_ENV, SECTIONS, plan_multiples
+from .knobs import MULTIPLES_ENV, SECTIONS, FixedBaseParams, plan_multiples
 from .ntt import GpuNtt
+
+log = logging.getLogger("cuzk_mp.backends.gpu.backend")
 
 _H2D = 1  # cudaMemcpyHostToDevice
 BOUNCE_BYTES = 64 << 20  # one pinned staging buffer (two per thread)
@@ -52,12 +55,18 @@ COPY_THREADS = 4  # host threads filling a bounce buffer (numpy copies release t
 
 @dataclass
 class GpuKey:
-    """A zkey made resident: one MSM object per point section."""
+    """A zkey made resident: one MSM object per point section.
+
+    ``nbytes`` counts the key's own points on the device (what the prover's key cache
+    budgets); ``multiples_bytes`` the precomputed multiples on top of them (sized by
+    :func:`.knobs.plan_multiples` against free device memory, so never a reason to evict).
+    """
 
     zkey: ZKey
     msms: dict[str, Any]
     counts: dict[str, int]
     nbytes: int
+    multiples_bytes: int = 0
     host_released: int = 0  # bytes of key-file pages dropped after the upload
     multiples: dict[str, int] = field(default_factory=dict)  # section -> window bits of its multiples
 
@@ -66,7 +75,7 @@ class GpuKey:
         for m in self.msms.values():
             m.close()
         self.msms = {}
-        self.nbytes = 0
+        self.nbytes = self.multiples_bytes = 0
 
 
 @dataclass
@@ -142,14 +151,14 @@ class GpuBackend:
 
     def stats(self) -> dict[str, float]:
         """What the backend holds: ``busy_seconds``; ``device_key_bytes`` (resident points and
-        multiples); ``host_key_resident_bytes`` (pages of the loaded keys' files this process
+        their multiples); ``host_key_resident_bytes`` (pages of the loaded keys' files this process
         still maps); ``host_key_released_bytes`` (section pages dropped after upload);
         ``host_pinned_bytes`` (staging buffers)."""
         keys = [k for k in self._keys if k.msms]
         arrays = [getattr(k.zkey, name) for k in keys for name in SECTIONS]
         return {
             "busy_seconds": float(self.busy_seconds),
-            "device_key_bytes": float(sum(k.nbytes for k in keys)),
+            "device_key_bytes": float(sum(k.nbytes + k.multiples_bytes for k in keys)),
             "host_key_resident_bytes": float(hostmem.mapped_rss([a for a in arrays if a is not None])),
             "host_key_released_bytes": float(sum(k.host_released for k in keys)),
             "host_pinned_bytes": float(self._pinned_bytes),
@@ -180,13 +189,10 @@ class GpuBackend:
                 free, _ = memory.free_bytes()
                 plan = plan_multiples(sizes, free, int(zkey.domain_size), os.environ.get(MULTIPLES_ENV))
                 for name in SECTIONS:
-                    mult = None
-                    if name in plan:
-                        c = plan[name]
-                        w = gmsm.window_count(c)
-                        memory.ensure_free((w - 1) * sizes[name] + 5 * sizes[name],
-                                           f"precomputed multiples of key section {name}")
-                        mult = gmsm.Multiples(fixed_base.multiples_table(dev[name], c, w), c, w, dev[name].shape[0])
+                    mult = self._multiples(dev[name], plan.get(name), name)
+                    if mult is None:
+                        plan.pop(name, None)
+                    else:
                         dev[name] = mult.table[: mult.n]
                     msms[name] = (gmsm.MsmG2 if name == "b2" else gmsm.MsmG1)(dev[name], None, mult)
                 n = int(zkey.domain_size)
@@ -197,12 +203,28 @@ class GpuBackend:
                 for m in msms.values():
                     m.close()
                 raise
-        key = GpuKey(zkey, msms, {n: int(a.shape[0]) for n, a in host.items()},
-                     sum(int(m.nbytes) for m in msms.values()), released,
-                     {n: plan[n] for n in plan})
+        points = sum(sizes.values())
+        key = GpuKey(zkey, msms, {n: int(a.shape[0]) for n, a in host.items()}, points,
+                     sum(int(m.nbytes) for m in msms.values()) - points, released, {n: plan[n] for n in plan})
         with self._lock:
             self._keys = [k for k in self._keys if k.msms] + [key]
         return key
+
+    @staticmethod
+    def _multiples(d_points: Any, c: int | None, name: str) -> Any:
+        """The multiples table of one resident section (None without c, or when the device has
+        no room for it now: the section then runs without, and the log says so)."""
+        if c is None:
+            return None
+        w = gmsm.window_count(c)
+        n, width = int(d_points.shape[0]), int(d_points.shape[1])
+        scratch = min(FixedBaseParams().chunk, n) * 5 * (width // 2) * 8
+        try:
+            memory.ensure_free(w * int(d_points.nbytes) + scratch, f"precomputed multiples of key section {name}")
+        except ResourceError as exc:
+            log.warning("key section %s runs without precomputed multiples: %s", name, exc)
+            return None
+        return gmsm.Multiples(fixed_base.multiples_table(d_points, c, w), c, w, n)
 
     # ---- partitions
     def stage(self, key: GpuKey, inputs: ProverInputs) -> GpuStaged:
