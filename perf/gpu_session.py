@@ -214,7 +214,8 @@ def msm_rows(ses: Session, sizes_g1: tuple[int, ...], lg_g2: int, reps: int) -> 
     for name, params in G2_VARIANTS.items():
         key = f"g2_msm_random_2^{lg_g2}" + ("" if name == "inline" else f"_{name}")
         put(key, mb.time_msm(g2, s, reps, params))
-    put(f"g2_msm_random_2^{lg_g2}_multiples", mb.time_msm(g2, s, reps, multiples=msm.choose_multiples_window(1 << lg_g2)))
+    c2 = msm.choose_multiples_window(1 << lg_g2)
+    put(f"g2_msm_random_2^{lg_g2}_multiples", mb.time_msm(g2, s, reps, multiples=c2))
     del g2
     _free()
 
@@ -475,7 +476,8 @@ def main() -> None:
     sections: dict[str, Callable[[], None]] = {
         "fresh": lambda: fresh_rows(ses, backend, 10 if args.dry_run else 16),
         "tests": lambda: test_rows(ses, collect_only=args.dry_run),
-        "msm": (lambda: msm_rows(ses, (7,), 6, 1)) if args.dry_run else (lambda: msm_rows(ses, (24, 26), 24, args.reps)),
+        "msm": (lambda: msm_rows(ses, (7,), 6, 1)) if args.dry_run else
+        (lambda: msm_rows(ses, (24, 26), 24, args.reps)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
         (lambda: partition_rows(ses, 24, args.reps)),
         "proofs": (lambda: None) if args.dry_run else (lambda: proof_rows(ses, 20, args.reps)),

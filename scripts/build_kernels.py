@@ -33,8 +33,8 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cuzk_mp.backends.gpu import knobs
-from cuzk_mp.backends.gpu.source import assemble, define_items, kernel_names, module_digest
+from cuzk_mp.backends.gpu import knobs  # noqa: E402
+from cuzk_mp.backends.gpu.source import assemble, define_items, kernel_names, module_digest  # noqa: E402
 
 BIN = ROOT / "cuzk_mp" / "backends" / "gpu" / "kernels" / "bin"
 MANIFEST = BIN / "manifest.json"
@@ -136,6 +136,10 @@ def _key(path: str, defines: list) -> tuple:
     return path, tuple(tuple(kv) for kv in defines)
 
 
+def _variant_key(v: knobs.Variant) -> tuple:
+    return _key(v.path, [list(kv) for kv in define_items(v.define_dict)])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--all", action="store_true", help="rebuild every variant")
@@ -146,8 +150,7 @@ def main() -> None:
     args = ap.parse_args()
     old = json.loads(MANIFEST.read_text()) if MANIFEST.is_file() else {"modules": []}
     entries = {_key(e["path"], e["defines"]): e for e in old["modules"]}
-    todo = [v for v in knobs.SHIPPED
-            if args.all or not entry_is_fresh(v, entries.get(_key(v.path, [list(kv) for kv in define_items(v.define_dict)])))]
+    todo = [v for v in knobs.SHIPPED if args.all or not entry_is_fresh(v, entries.get(_variant_key(v)))]
     if args.check:
         for v in todo:
             print(f"stale: {v.path} {v.define_dict}")
@@ -159,13 +162,14 @@ def main() -> None:
         with ThreadPoolExecutor(max_workers=args.jobs) as ex:
             figs = list(ex.map(lambda v: figures(v, nvcc), knobs.SHIPPED))
         for v, f in zip(knobs.SHIPPED, figs):
-            e = entries.get(_key(v.path, [list(kv) for kv in define_items(v.define_dict)]))
+            e = entries.get(_variant_key(v))
             if e is not None and entry_is_fresh(v, e):
                 e["ptxas_sm_90"] = f
         MANIFEST.write_text(json.dumps({**old, "modules": [entries[k] for k in sorted(entries)]}, indent=1) + "\n")
         print("ptxas figures refreshed")
         return
-    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout.strip().splitlines()[-1]
+    version = subprocess.run([nvcc, "--version"], capture_output=True, text=True, check=True).stdout
+    version = version.strip().splitlines()[-1]
     BIN.mkdir(parents=True, exist_ok=True)
     print(f"building {len(todo)} of {len(knobs.SHIPPED)} variants with {version}", flush=True)
     with ThreadPoolExecutor(max_workers=args.jobs) as ex:
@@ -173,7 +177,7 @@ def main() -> None:
             entries[_key(e["path"], e["defines"])] = e
             print(f"  {e['file']}  {e['path']} {dict(e['defines'])}: {e['bytes'] / 1e6:.2f} MB in {e['build_s']} s",
                   flush=True)
-    keep = {_key(v.path, [list(kv) for kv in define_items(v.define_dict)]) for v in knobs.SHIPPED}
+    keep = {_variant_key(v) for v in knobs.SHIPPED}
     modules = [entries[k] for k in sorted(entries) if k in keep]
     for f in BIN.glob("*.fatbin"):
         if f.name not in {m["file"] for m in modules}:

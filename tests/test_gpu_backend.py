@@ -212,7 +212,10 @@ def _fake_zkey(log_n: int, n_vars: int, n_public: int, rng: random.Random) -> Si
     g2 = _random_points(16, True, rng)
     pts[5] = 0
     g2[3] = 0
-    pick = lambda m, src: src[np.array([rng.randrange(len(src)) for _ in range(m)])]
+
+    def pick(m: int, src: np.ndarray) -> np.ndarray:
+        return src[np.array([rng.randrange(len(src)) for _ in range(m)])]
+
     return SimpleNamespace(
         path="random-test-key", domain_size=1 << log_n, n_vars=n_vars, n_public=n_public,
         a=pick(n_vars, pts), b1=pick(n_vars, pts), b2=pick(n_vars, g2),

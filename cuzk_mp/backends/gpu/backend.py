@@ -385,9 +385,10 @@ class GpuBackend:
             for _, _, end in run.events:
                 end.synchronize()
             ref = run.events[0][1]
-            since = lambda ev: float(cupy.cuda.get_elapsed_time(ref, ev))
+            starts = [float(cupy.cuda.get_elapsed_time(ref, a)) for _, a, _ in run.events]  # signed ms
+            ends = [float(cupy.cuda.get_elapsed_time(ref, b)) for _, _, b in run.events]
             spans = {name: float(cupy.cuda.get_elapsed_time(a, b)) for name, a, b in run.events}
-            spans["total"] = max(since(b) for _, _, b in run.events) - min(since(a) for _, a, _ in run.events)
+            spans["total"] = max(ends) - min(starts)
             spans.update(staged.timings)
             self.last_timings = spans
             self._add_busy(spans["total"])
