@@ -252,6 +252,7 @@ def partition_keys(lg: int, n_public: int, seed: int) -> tuple[Any, Any, Any, An
     n = 1 << lg
     g1, g2 = mb.Bases(False, n, seed), mb.Bases(True, n, seed + 1)
     p1, p2 = _to_host(g1.d_points), _to_host(g2.d_points)
+    g1.d_points = g2.d_points = None  # the key's own upload holds them; the checks need only t and G
     key = SimpleNamespace(path=None, domain_size=n, n_vars=n, n_public=n_public, a=p1, b1=p1, b2=p2,
                           c=p1[: n - n_public - 1], h=p1)
     return key, g1, g2, (p1, p2)
@@ -273,6 +274,7 @@ def partition_rows(ses: Session, lg: int, reps: int, check_every: bool = False) 
 
     n_public = 4
     zkey, g1, g2, _ = partition_keys(lg, n_public, seed=11)
+    _free()
     n = 1 << lg
     abc = [_dense_mont(n, 100 + i) for i in range(3)]
     witnesses = {tag: _witness(n, tag, 200 + i) for i, tag in enumerate(("porep", "random"))}

@@ -291,12 +291,11 @@ def test_stage_rejects_wrong_shapes(gpu: object) -> None:
 def test_load_key_lets_file_pages_go(gpu: object, tmp_path: Path) -> None:
     """Sections uploaded from the key file's mapping; afterwards this process holds (almost) none
     of their pages, the ZKey still reads them back from the file, and stats() says so."""
-    from cuzk_mp.backends.cpu import CpuBackend
     from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
     from cuzk_mp.formats.zkey import read_zkey, write_zkey
     from cuzk_mp.groth16 import setup as dev
 
-    write_zkey(tmp_path / "k.zkey", dev.setup(synthetic_circuit("porep-like", 12).r1cs(), CpuBackend(threads=2)))
+    write_zkey(tmp_path / "k.zkey", dev.setup(synthetic_circuit("porep-like", 12).r1cs(), gpu))
     with read_zkey(tmp_path / "k.zkey") as zkey:
         section_bytes = sum(getattr(zkey, s).nbytes for s in ("a", "b1", "b2", "c", "h"))
         digests = {s: hashlib.sha256(getattr(zkey, s).tobytes()).hexdigest() for s in ("a", "b2", "h")}
