@@ -262,7 +262,7 @@ def _to_host(a: Any) -> np.ndarray:
     return np.asarray(a.get() if hasattr(a, "get") else a)
 
 
-def partition_rows(ses: Session, lg: int, reps: int, check_every: bool = False) -> None:
+def partition_rows(ses: Session, lg: int, reps: int) -> None:
     """Device work of one 2^lg partition through the protocol recipe, multiples none vs default."""
     import cupy
     import gpu_msm_bench as mb
