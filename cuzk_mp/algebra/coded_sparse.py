@@ -116,7 +116,7 @@ def _row_value(ptr, cols, codes, r, w, tmont, tr2):  # type: ignore[no-untyped-d
     return m0, m1, m2, m3
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def _evaluate(a_ptr, a_col, a_code, b_ptr, b_col, b_code, c_ptr, c_col, c_code, tmont, tr2, w,  # type: ignore[no-untyped-def]
               out_a, out_b, out_c, block, first_bad, n_bad):
     # One copy of the row loop serves A, B and C (selected per pass): the kernel compiles in

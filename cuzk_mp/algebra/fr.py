@@ -18,10 +18,10 @@ F = mont.generate(FR)
 fmul = F.mul
 fadd = F.add
 fsub = F.sub
+fredc = F.redc
 NL = 4
 ONE_MONT = int_to_limbs(FR.r_mod, NL)
 _R2 = int_to_limbs(FR.r2, NL)
-_ONE_STD = int_to_limbs(1, NL)
 _SCAN_BLOCK = 1 << 14
 
 
@@ -37,6 +37,12 @@ def _vmul_scalar(a, c, out):  # type: ignore[no-untyped-def]
     c0, c1, c2, c3 = c[0], c[1], c[2], c[3]
     for i in prange(a.shape[0]):
         out[i, 0], out[i, 1], out[i, 2], out[i, 3] = fmul(a[i, 0], a[i, 1], a[i, 2], a[i, 3], c0, c1, c2, c3)
+
+
+@njit(parallel=True, cache=True)
+def _vredc(a, out):  # type: ignore[no-untyped-def]
+    for i in prange(a.shape[0]):
+        out[i, 0], out[i, 1], out[i, 2], out[i, 3] = fredc(a[i, 0], a[i, 1], a[i, 2], a[i, 3])
 
 
 @njit(parallel=True, cache=True)
@@ -217,15 +223,15 @@ def to_mont(a: np.ndarray) -> np.ndarray:
 
 
 def from_mont(a: np.ndarray) -> np.ndarray:
-    """Montgomery form -> standard form (multiply by 1)."""
+    """Montgomery form -> standard form (one Montgomery reduction)."""
     out = np.empty_like(_check(a))
-    _vmul_scalar(a, _ONE_STD, out)
+    _vredc(a, out)
     return out
 
 
 def from_mont_into(a: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Montgomery form -> standard form into ``out`` (``out`` may be ``a``: converts in place)."""
-    _vmul_scalar(_check(a), _ONE_STD, out)
+    _vredc(_check(a), out)
     return out
 
 

@@ -1,0 +1,285 @@
+"""Synthesis cost of one partition: witness, a/b/c, witness check, in core-seconds, per thread count.
+
+For each size it makes the synthetic circuit's .r1cs and a synthesis-only .zkey (its coefficient
+section is what snarkjs's setup writes; every point is zero, no setup runs) in a work directory,
+unless the param cache already holds the real pair (``$CUZK_MP_CACHE/<kind>-<log_n>.{zkey,r1cs}``),
+then measures, on a partition whose w, a, b, c live in one POSIX shm segment (as a ring slot):
+
+* cache: building the circuit-data cache (once per circuit), its size next to the 32-byte CSR
+  form it replaces, and opening it (header + body hash, what every worker pays once);
+* per thread count: ``witness_into`` (witness), ``evaluate_into`` without the r1cs (abc) and
+  with it (abc+check; check = the difference), wall and CPU seconds (CPU = core-seconds: every
+  thread of the process), best of ``--reps``; and the peak of the process's anonymous memory
+  above its level before the call (private memory of one ``evaluate_into``), sampled by a
+  thread while the kernel runs without the GIL.
+
+``--legacy`` measures the code this replaced instead (32-byte CSR mat-vecs, a separate C w,
+new arrays per call); run it on an older checkout to get the "before" numbers, and pass its
+JSON to ``--before`` to keep both in one file. Examples:
+
+    .venv/bin/python perf/synthesis_bench.py --log-n 20,22 --threads 1,2 --out perf/results/synthesis-cpu.json
+    python3 perf/synthesis_bench.py --log-n 24 --threads 1,4,16          # the 16-core GPU box
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import mmap
+import os
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+PHASES = ("witness", "abc", "check")
+
+
+def _anon_bytes() -> int:
+    """Anonymous (private heap) memory of this process: smaps_rollup's Anonymous line."""
+    with open("/proc/self/smaps_rollup") as f:
+        for line in f:
+            if line.startswith("Anonymous:"):
+                return int(line.split()[1]) * 1024
+    return 0
+
+
+class AnonPeak:
+    """Peak of the anonymous memory above its level at start, sampled every millisecond by a thread."""
+
+    def __enter__(self) -> AnonPeak:
+        self.base = _anon_bytes()
+        self.peak = self.base
+        self._stop = threading.Event()
+        self._t = threading.Thread(target=self._run, daemon=True)
+        self._t.start()
+        return self
+
+    def _run(self) -> None:
+        while not self._stop.wait(0.001):
+            self.peak = max(self.peak, _anon_bytes())
+
+    def __exit__(self, *exc: object) -> None:
+        self._stop.set()
+        self._t.join()
+        self.peak = max(self.peak, _anon_bytes())
+
+    @property
+    def delta(self) -> int:
+        """Peak minus the starting level, in bytes."""
+        return self.peak - self.base
+
+
+def timed(fn: Any, reps: int) -> dict[str, float]:
+    """Best wall and CPU seconds of ``reps`` calls of fn()."""
+    wall, cpu = [], []
+    for _ in range(reps):
+        t0, c0 = time.perf_counter(), time.process_time()
+        fn()
+        wall.append(time.perf_counter() - t0)
+        cpu.append(time.process_time() - c0)
+    return {"wall_s": min(wall), "cpu_s": min(cpu)}
+
+
+def circuit_files(kind: str, log_n: int, work: Path) -> tuple[Path, Path, str]:
+    """(zkey, r1cs, where they came from): the param cache's real key, else a synthesis-only key made here."""
+    from cuzk_mp.formats.r1cs import write_r1cs
+    from cuzk_mp.formats.zkey import ZKey, empty_contributions, write_zkey
+    from cuzk_mp.groth16.setup import snarkjs_coefs
+    from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+    from cuzk_mp.algebra.field import Q_MOD, R_MOD
+
+    cache = Path(os.environ.get("CUZK_MP_CACHE", Path.home() / ".cache" / "cuzk-mp")).expanduser()
+    zkey, r1cs = cache / f"{kind}-{log_n}.zkey", cache / f"{kind}-{log_n}.r1cs"
+    if zkey.exists() and r1cs.exists():
+        return zkey, r1cs, "param cache (real key)"
+    zkey, r1cs = work / f"{kind}-{log_n}.zkey", work / f"{kind}-{log_n}.r1cs"
+    if zkey.exists() and r1cs.exists():
+        return zkey, r1cs, "work dir (synthesis-only key)"
+    t0 = time.perf_counter()
+    rc = synthetic_circuit(kind, log_n).r1cs()
+    write_r1cs(r1cs, rc)
+    n, nv, npub = 1 << log_n, rc.n_wires, rc.n_public
+    zero = lambda rows, width: [np.broadcast_to(np.zeros(width, np.uint64), (rows, width))]  # noqa: E731
+    g1, g2 = np.zeros(12, np.uint64), np.zeros(24, np.uint64)
+    write_zkey(zkey, ZKey(path=None, n8q=48, q=Q_MOD, n8r=32, r=R_MOD, n_vars=nv, n_public=npub, domain_size=n,
+                          alpha1=g1, beta1=g1, beta2=g2, gamma2=g2, delta1=g1, delta2=g2, ic=zero(npub + 1, 12),
+                          coefs=snarkjs_coefs(rc), a=zero(nv, 12), b1=zero(nv, 12), b2=zero(nv, 24),
+                          c=zero(nv - npub - 1, 12), h=zero(n, 12), contributions=empty_contributions()))
+    print(f"  made {r1cs.name} and a synthesis-only {zkey.name} in {time.perf_counter() - t0:.1f} s", flush=True)
+    return zkey, r1cs, "work dir (synthesis-only key)"
+
+
+class Slot:
+    """w, a, b, c of one partition in one POSIX shm segment (like a ring slot)."""
+
+    def __init__(self, n_vars: int, domain: int) -> None:
+        self.size = (3 * domain + n_vars) * 32
+        self.path = Path("/dev/shm") / f"synthesis-bench-{os.getpid()}"
+        with open(self.path, "w+b") as f:
+            f.truncate(self.size)
+            self.mm = mmap.mmap(f.fileno(), self.size)
+        buf = np.frombuffer(self.mm, dtype=np.uint64)
+        self.w = buf[: 4 * n_vars].reshape(n_vars, 4)
+        rest = buf[4 * n_vars :].reshape(3, domain, 4)
+        self.a, self.b, self.c = rest[0], rest[1], rest[2]
+        buf[:] = 0  # first touch outside the measurements
+
+    def close(self) -> None:
+        self.w = self.a = self.b = self.c = None  # type: ignore[assignment]
+        self.mm.close()
+        self.path.unlink(missing_ok=True)
+
+
+def bench_new(kind: str, log_n: int, threads: list[int], reps: int, work: Path) -> dict[str, Any]:
+    from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+    from cuzk_mp.groth16.circuit_data import cache_candidates
+    from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+
+    zkey, r1cs, source = circuit_files(kind, log_n, work)
+    out: dict[str, Any] = {"kind": kind, "log_n": log_n, "key": source}
+    cache_dir = work / "circuit-data"
+    for path in cache_candidates(zkey, True, cache_dir) + cache_candidates(zkey, False, cache_dir):
+        path.unlink(missing_ok=True)
+    t0 = time.perf_counter()
+    checked = ConstraintEvaluator.from_files(str(zkey), str(r1cs), cache_dir=str(cache_dir))
+    t_build = time.perf_counter() - t0
+    t0 = time.perf_counter()
+    ConstraintEvaluator.from_files(str(zkey), str(r1cs), cache_dir=str(cache_dir)).close()
+    t_open = time.perf_counter() - t0
+    plain = ConstraintEvaluator.from_files(str(zkey), None, cache_dir=str(cache_dir))
+    counts = checked.data.counts
+    csr_bytes = 36 * (counts.a_nnz + counts.b_nnz + counts.c_nnz) + 8 * (counts.a_rows + counts.b_rows + counts.c_rows + 3)
+    out["cache"] = {"build_s": t_build, "open_s": t_open, "bytes": os.path.getsize(checked.data.path or ""),
+                    "bytes_without_c": os.path.getsize(plain.data.path or ""), "csr_32byte_bytes": csr_bytes,
+                    "entries": {"a": counts.a_nnz, "b": counts.b_nnz, "c": counts.c_nnz}, "distinct": counts.n_codes}
+    circuit = synthetic_circuit(kind, log_n)
+    slot = Slot(checked.n_vars, checked.domain_size)
+    try:
+        circuit.witness_into(1, 0, slot.w)  # warm-up: kernels load from numba's cache (or compile)
+        checked.evaluate_into(slot.w, slot.a, slot.b, slot.c, threads=1)
+        plain.evaluate_into(slot.w, slot.a, slot.b, slot.c, threads=1)
+        out["threads"] = {}
+        for t in threads:
+            row: dict[str, Any] = {}
+            row["witness"] = timed(lambda: circuit.witness_into(7, 3, slot.w, threads=t), reps)
+            row["abc"] = timed(lambda: plain.evaluate_into(slot.w, slot.a, slot.b, slot.c, threads=t), reps)
+            both = timed(lambda: checked.evaluate_into(slot.w, slot.a, slot.b, slot.c, threads=t), reps)
+            row["check"] = {k: max(0.0, both[k] - row["abc"][k]) for k in both}
+            row["total"] = {k: row["witness"][k] + both[k] for k in both}
+            with AnonPeak() as peak:
+                checked.evaluate_into(slot.w, slot.a, slot.b, slot.c, threads=t)
+            row["evaluate_into_private_peak_bytes"] = peak.delta
+            out["threads"][str(t)] = row
+            print(f"  2^{log_n} {kind} threads {t}: " + ", ".join(
+                f"{p} {row[p]['cpu_s']:.3f} core-s ({row[p]['wall_s']:.3f} s)" for p in (*PHASES, "total"))
+                + f"; evaluate_into private peak {peak.delta / 2**20:.1f} MiB", flush=True)
+    finally:
+        slot.close()
+        checked.close()
+        plain.close()
+    return out
+
+
+def bench_legacy(kind: str, log_n: int, threads: list[int], reps: int) -> dict[str, Any]:
+    """The replaced path: 32-byte CSR A, B (from section 4) and C (from the r1cs), new arrays per call."""
+    import numba
+
+    from cuzk_mp.algebra import fr
+    from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+    from cuzk_mp.formats.zkey import ZKey, coef_matrices
+    from cuzk_mp.groth16.setup import snarkjs_coefs
+
+    circuit = synthetic_circuit(kind, log_n)
+    rc = circuit.r1cs()
+    zk = ZKey(path=None, n8q=48, q=0, n8r=32, r=0, n_vars=rc.n_wires, n_public=rc.n_public, domain_size=1 << log_n,
+              alpha1=None, beta1=None, beta2=None, gamma2=None, delta1=None, delta2=None, ic=None,  # type: ignore[arg-type]
+              coefs=snarkjs_coefs(rc), a=None, b1=None, b2=None, c=None, h=None, contributions=b"")  # type: ignore[arg-type]
+    a, b = coef_matrices(zk)
+    c = rc.c.to_r2_form()
+    out: dict[str, Any] = {"kind": kind, "log_n": log_n, "csr_bytes": a.nbytes + b.nbytes + c.nbytes, "threads": {}}
+    state: dict[str, Any] = {}
+
+    def witness() -> None:
+        state["w"] = circuit.witness(7, 3)
+
+    def abc() -> None:
+        w = state["w"]
+        fr.first_noncanonical(w)
+        state["c"] = fr.mul(a.matvec(w), b.matvec(w))
+
+    def check() -> None:
+        cw = c.matvec(state["w"])
+        assert not (state["c"][: cw.shape[0]] != cw).any()
+
+    witness(), abc(), check()  # warm-up
+    for t in threads:
+        numba.set_num_threads(min(t, numba.config.NUMBA_NUM_THREADS))
+        row = {"witness": timed(witness, reps), "abc": timed(abc, reps), "check": timed(check, reps)}
+        row["total"] = {k: sum(row[p][k] for p in PHASES) for k in ("wall_s", "cpu_s")}
+        out["threads"][str(t)] = row
+        print(f"  legacy 2^{log_n} {kind} threads {t}: " + ", ".join(
+            f"{p} {row[p]['cpu_s']:.3f} core-s ({row[p]['wall_s']:.3f} s)" for p in (*PHASES, "total")), flush=True)
+    return out
+
+
+def table(results: list[dict[str, Any]]) -> str:
+    """A short text table: one line per (size, threads), core-seconds per phase."""
+    lines = [f"{'size':>6} {'thr':>4} {'witness':>9} {'a/b/c':>9} {'check':>9} {'total':>9} {'wall':>8} {'priv MiB':>9}"]
+    for r in results:
+        for t, row in r["threads"].items():
+            priv = row.get("evaluate_into_private_peak_bytes")
+            lines.append(f"2^{r['log_n']:<4} {t:>4} " + " ".join(f"{row[p]['cpu_s']:9.3f}" for p in (*PHASES, "total"))
+                         + f" {row['total']['wall_s']:8.3f} " + (f"{priv / 2**20:9.1f}" if priv is not None else f"{'-':>9}"))
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--log-n", default="20,22", help="sizes, comma-separated (default 20,22)")
+    ap.add_argument("--threads", default="1,2", help="threads per partition, comma-separated (default 1,2)")
+    ap.add_argument("--kind", default="porep-like", help="synthetic circuit (porep-like | dense-random)")
+    ap.add_argument("--reps", type=int, default=3, help="calls per measurement, the best is kept")
+    ap.add_argument("--work-dir", type=Path, default=None, help="keep keys and caches here (default: a temp dir)")
+    ap.add_argument("--legacy", action="store_true", help="measure the replaced 32-byte CSR path instead")
+    ap.add_argument("--before", type=Path, default=None, help="a --legacy JSON to keep beside these results")
+    ap.add_argument("--out", type=Path, default=None, help="write the results as JSON here")
+    a = ap.parse_args()
+    sizes = [int(x) for x in a.log_n.split(",")]
+    threads = [int(x) for x in a.threads.split(",")]
+    from cuzk_mp.pipeline.benchreport import machine_info
+
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+                              "mode": "legacy" if a.legacy else "new", "units": "cpu_s = core-seconds (process CPU "
+                              "time, all threads); wall_s = elapsed; best of reps", "results": []}
+    with tempfile.TemporaryDirectory(prefix="synthesis-bench-") as tmp:
+        work = a.work_dir or Path(tmp)
+        work.mkdir(parents=True, exist_ok=True)
+        for k in sizes:
+            print(f"2^{k} {a.kind}:", flush=True)
+            run = bench_legacy(a.kind, k, threads, a.reps) if a.legacy else bench_new(a.kind, k, threads, a.reps, work)
+            result["results"].append(run)
+            if not a.legacy:
+                c = run["cache"]
+                print(f"  cache: {c['bytes'] / 2**20:.1f} MiB (32-byte CSR: {c['csr_32byte_bytes'] / 2**20:.1f} MiB), "
+                      f"built in {c['build_s']:.1f} s, opened in {c['open_s']:.2f} s", flush=True)
+    if a.before is not None:
+        result["before"] = json.loads(a.before.read_text())
+    result["machine"] = machine_info([])
+    print(table(result["results"]))
+    if a.out is not None:
+        a.out.parent.mkdir(parents=True, exist_ok=True)
+        a.out.write_text(json.dumps(result, indent=1) + "\n")
+        print(f"wrote {a.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
