@@ -90,11 +90,9 @@ def timed(fn: Any, reps: int) -> dict[str, float]:
 
 def circuit_files(kind: str, log_n: int, work: Path) -> tuple[Path, Path, str]:
     """(zkey, r1cs, where they came from): the param cache's real key, else a synthesis-only key made here."""
-    from cuzk_mp.formats.r1cs import write_r1cs
-    from cuzk_mp.formats.zkey import ZKey, empty_contributions, write_zkey
-    from cuzk_mp.groth16.setup import snarkjs_coefs
     from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
-    from cuzk_mp.algebra.field import Q_MOD, R_MOD
+    from cuzk_mp.formats.r1cs import write_r1cs
+    from cuzk_mp.groth16.synthesis_key import write_synthesis_only_zkey
 
     cache = Path(os.environ.get("CUZK_MP_CACHE", Path.home() / ".cache" / "cuzk-mp")).expanduser()
     zkey, r1cs = cache / f"{kind}-{log_n}.zkey", cache / f"{kind}-{log_n}.r1cs"
@@ -106,13 +104,7 @@ def circuit_files(kind: str, log_n: int, work: Path) -> tuple[Path, Path, str]:
     t0 = time.perf_counter()
     rc = synthetic_circuit(kind, log_n).r1cs()
     write_r1cs(r1cs, rc)
-    n, nv, npub = 1 << log_n, rc.n_wires, rc.n_public
-    zero = lambda rows, width: [np.broadcast_to(np.zeros(width, np.uint64), (rows, width))]  # noqa: E731
-    g1, g2 = np.zeros(12, np.uint64), np.zeros(24, np.uint64)
-    write_zkey(zkey, ZKey(path=None, n8q=48, q=Q_MOD, n8r=32, r=R_MOD, n_vars=nv, n_public=npub, domain_size=n,
-                          alpha1=g1, beta1=g1, beta2=g2, gamma2=g2, delta1=g1, delta2=g2, ic=zero(npub + 1, 12),
-                          coefs=snarkjs_coefs(rc), a=zero(nv, 12), b1=zero(nv, 12), b2=zero(nv, 24),
-                          c=zero(nv - npub - 1, 12), h=zero(n, 12), contributions=empty_contributions()))
+    write_synthesis_only_zkey(rc, zkey)
     print(f"  made {r1cs.name} and a synthesis-only {zkey.name} in {time.perf_counter() - t0:.1f} s", flush=True)
     return zkey, r1cs, "work dir (synthesis-only key)"
 

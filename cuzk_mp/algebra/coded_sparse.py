@@ -2,7 +2,7 @@
 
 A constraint system has tens of millions of coefficients but few distinct ones (most are 1 or
 -1, the rest small integers or a handful of constants), so a :class:`CodedMatrix` stores per
-entry a uint32 column and a uint8/16/32 code instead of a 32-byte Montgomery word: 5-6 bytes
+entry a uint32 column and a uint16 (or uint32) code instead of a 32-byte Montgomery word: 6 bytes
 an entry instead of 36. Codes :data:`CODE_ONE` and :data:`CODE_MINUS_ONE` are reserved for
 +1 and -1; the table holds every value twice, as v R (Montgomery form) and v R^2.
 
@@ -48,8 +48,8 @@ _EMPTY = np.int64(-1)
 class CodedMatrix:
     """rows x cols sparse matrix: row r has columns ``cols[indptr[r]:indptr[r+1]]`` and codes ``codes[...]``.
 
-    ``indptr`` and ``cols`` are uint32 (fewer than 2^32 entries), ``codes`` uint8, uint16 or
-    uint32 (the narrowest that holds the table). Rows past ``n_rows`` are empty.
+    ``indptr`` and ``cols`` are uint32 (fewer than 2^32 entries), ``codes`` uint16 (uint32 past
+    65536 distinct values). Rows past ``n_rows`` are empty.
     """
 
     indptr: np.ndarray
@@ -73,8 +73,9 @@ class CodedMatrix:
 
 
 def code_dtype(n_codes: int) -> np.dtype:
-    """The narrowest unsigned dtype that holds codes 0 .. n_codes-1."""
-    for dt in (np.uint8, np.uint16, np.uint32):
+    """uint16 codes, uint32 past 65536 distinct values (uint8 would save 1 byte an entry for
+    small tables, at the price of a third compiled variant of the kernel)."""
+    for dt in (np.uint16, np.uint32):
         if n_codes <= np.iinfo(dt).max + 1:
             return np.dtype(dt)
     raise ValueError(f"{n_codes} distinct coefficients do not fit 32-bit codes")
@@ -119,8 +120,6 @@ def _row_value(ptr, cols, codes, r, w, tmont, tr2):  # type: ignore[no-untyped-d
 @njit(parallel=True, nogil=True, cache=True)
 def _evaluate(a_ptr, a_col, a_code, b_ptr, b_col, b_code, c_ptr, c_col, c_code, tmont, tr2, w,  # type: ignore[no-untyped-def]
               out_a, out_b, out_c, block, first_bad, n_bad):
-    # One copy of the row loop serves A, B and C (selected per pass): the kernel compiles in
-    # seconds, and no per-row call passes (and reference-counts) the arrays.
     n = out_a.shape[0]
     n_check = c_ptr.shape[0] - 1
     for blk in prange(first_bad.shape[0]):
@@ -129,21 +128,15 @@ def _evaluate(a_ptr, a_col, a_code, b_ptr, b_col, b_code, c_ptr, c_col, c_code, 
         fb = _EMPTY
         nb = 0
         for r in range(lo, hi):
-            for m in range(3):
-                if m == 0:
-                    ptr, cols, codes = a_ptr, a_col, a_code
-                elif m == 1:
-                    ptr, cols, codes = b_ptr, b_col, b_code
-                else:
-                    ptr, cols, codes = c_ptr, c_col, c_code
-                x0, x1, x2, x3 = _row_value(ptr, cols, codes, r, w, tmont, tr2)
-                if m == 0:
-                    out_a[r, 0], out_a[r, 1], out_a[r, 2], out_a[r, 3] = x0, x1, x2, x3
-                elif m == 1:
-                    out_b[r, 0], out_b[r, 1], out_b[r, 2], out_b[r, 3] = x0, x1, x2, x3
-                    out_c[r, 0], out_c[r, 1], out_c[r, 2], out_c[r, 3] = fmul(
-                        out_a[r, 0], out_a[r, 1], out_a[r, 2], out_a[r, 3], x0, x1, x2, x3)
-                elif r < n_check and (x0 != out_c[r, 0] or x1 != out_c[r, 1] or x2 != out_c[r, 2] or x3 != out_c[r, 3]):
+            a0, a1, a2, a3 = _row_value(a_ptr, a_col, a_code, r, w, tmont, tr2)
+            b0, b1, b2, b3 = _row_value(b_ptr, b_col, b_code, r, w, tmont, tr2)
+            c0, c1, c2, c3 = fmul(a0, a1, a2, a3, b0, b1, b2, b3)
+            out_a[r, 0], out_a[r, 1], out_a[r, 2], out_a[r, 3] = a0, a1, a2, a3
+            out_b[r, 0], out_b[r, 1], out_b[r, 2], out_b[r, 3] = b0, b1, b2, b3
+            out_c[r, 0], out_c[r, 1], out_c[r, 2], out_c[r, 3] = c0, c1, c2, c3
+            if r < n_check:
+                x0, x1, x2, x3 = _row_value(c_ptr, c_col, c_code, r, w, tmont, tr2)
+                if x0 != c0 or x1 != c1 or x2 != c2 or x3 != c3:
                     if fb < 0:
                         fb = r
                     nb += 1

@@ -4,7 +4,7 @@ The witness map reads the A and B rows of the zkey's coefficient section (sectio
 the witness check, the C rows of the circuit's .r1cs. Decoded as 32-byte coefficients they take
 3.4 GiB at 2^24, and every synthesis worker used to hold its own copy. Here they are stored once
 per circuit as :class:`~cuzk_mp.algebra.coded_sparse.CodedMatrix` rows (uint32 columns and
-row pointers, a uint8/16/32 code per entry into one table of the distinct coefficients, with
+row pointers, a uint16 (uint32 past 65536 values) code per entry into one table of the distinct coefficients, with
 +1 and -1 on reserved codes), and mapped read-only, so the page cache holds one copy that every
 worker shares. (The synthetic circuits' witness generators need no circuit data beyond a few
 module constants, so nothing else is cached.)
@@ -34,7 +34,6 @@ the old one keeps a valid mapping. The lock file stays (removing it would race w
 
 from __future__ import annotations
 
-import errno
 import fcntl
 import hashlib
 import logging
@@ -485,10 +484,9 @@ def open_or_build(zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLik
                 return data
             try:
                 build_cache(zkey_path, r1cs_path, path)
-            except OSError as exc:
-                if exc.errno not in (errno.EACCES, errno.EROFS, errno.EPERM, errno.ENOSPC):
-                    raise
-                problems.append(f"{path.parent}: {exc.strerror or exc}")
+            except OSError as exc:  # not writable, full, or in the way: the next place is tried
+                log.warning("cannot write the circuit-data cache %s: %s", path, exc.strerror or exc)
+                problems.append(f"{path}: {exc.strerror or exc}")
                 continue
             try:
                 return open_cache(path, zid, rid)
