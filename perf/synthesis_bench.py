@@ -32,7 +32,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
@@ -54,7 +54,7 @@ def _anon_bytes() -> int:
 class AnonPeak:
     """Peak of the anonymous memory above its level at start, sampled every millisecond by a thread."""
 
-    def __enter__(self) -> AnonPeak:
+    def __enter__(self) -> Self:
         self.base = _anon_bytes()
         self.peak = self.base
         self._stop = threading.Event()
@@ -161,9 +161,9 @@ def bench_new(kind: str, log_n: int, threads: list[int], reps: int, work: Path) 
         out["threads"] = {}
         for t in threads:
             row: dict[str, Any] = {}
-            row["witness"] = timed(lambda: circuit.witness_into(7, 3, slot.w, threads=t), reps)
-            row["abc"] = timed(lambda: plain.evaluate_into(slot.w, slot.a, slot.b, slot.c, threads=t), reps)
-            both = timed(lambda: checked.evaluate_into(slot.w, slot.a, slot.b, slot.c, threads=t), reps)
+            row["witness"] = timed(lambda t=t: circuit.witness_into(7, 3, slot.w, threads=t), reps)
+            row["abc"] = timed(lambda t=t: plain.evaluate_into(slot.w, slot.a, slot.b, slot.c, threads=t), reps)
+            both = timed(lambda t=t: checked.evaluate_into(slot.w, slot.a, slot.b, slot.c, threads=t), reps)
             row["check"] = {k: max(0.0, both[k] - row["abc"][k]) for k in both}
             row["total"] = {k: row["witness"][k] + both[k] for k in both}
             with AnonPeak() as peak:

@@ -15,7 +15,12 @@ from hypothesis import strategies as st
 
 from cuzk_mp.algebra import fr
 from cuzk_mp.algebra.coded_sparse import (
-    CODE_MINUS_ONE, CODE_ONE, CodedMatrix, DistinctValues, code_dtype, evaluate_rows_into,
+    CODE_MINUS_ONE,
+    CODE_ONE,
+    CodedMatrix,
+    DistinctValues,
+    code_dtype,
+    evaluate_rows_into,
 )
 from cuzk_mp.algebra.field import R_MOD, limbs_to_ints
 from cuzk_mp.algebra.sparse import CsrMatrix

@@ -174,8 +174,10 @@ def evaluate_rows_into(a: CodedMatrix, b: CodedMatrix, c: CodedMatrix | None, tm
     nblocks = -(-out_a.shape[0] // block)
     first_bad = np.empty(nblocks, dtype=np.int64)
     n_bad = np.empty(nblocks, dtype=np.int64)
-    _evaluate(*(x for m in mats for x in (m.indptr, m.cols, m.codes)), _readonly(tmont), _readonly(tr2),
-              _readonly(np.ascontiguousarray(w)), out_a, out_b, out_c, block, first_bad, n_bad)
+    ma, mb, mc = mats
+    _evaluate(ma.indptr, ma.cols, ma.codes, mb.indptr, mb.cols, mb.codes, mc.indptr, mc.cols, mc.codes,
+              _readonly(tmont), _readonly(tr2), _readonly(np.ascontiguousarray(w)), out_a, out_b, out_c, block,
+              first_bad, n_bad)
     bad = first_bad[first_bad >= 0]
     return (int(bad[0]) if bad.size else -1), int(n_bad.sum())
 

@@ -16,7 +16,7 @@ import numba
 
 def pool_size() -> int:
     """Threads in numba's pool (``NUMBA_NUM_THREADS``)."""
-    return int(numba.config.NUMBA_NUM_THREADS)
+    return int(numba.config.NUMBA_NUM_THREADS)  # type: ignore[attr-defined]
 
 
 @contextmanager

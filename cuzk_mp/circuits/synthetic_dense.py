@@ -22,13 +22,14 @@ parallel loop (numba, one lane per iteration).
 from __future__ import annotations
 
 from functools import cache, cached_property
+
 import numpy as np
 from numba import njit, prange
 
 from ..algebra import fr
 from ..algebra.field import R_MOD
-from ..algebra.threads import numba_threads
 from ..algebra.sparse import CsrMatrix
+from ..algebra.threads import numba_threads
 from ..errors import InputError
 from ..formats.r1cs import R1CS
 from .synthetic_kinds import check_shape

@@ -27,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 
@@ -121,7 +122,7 @@ class R1csLayout:
         """Release the mapping."""
         self.bf.close()
 
-    def __enter__(self) -> R1csLayout:
+    def __enter__(self) -> Self:
         """Context manager: :meth:`close` on exit."""
         return self
 

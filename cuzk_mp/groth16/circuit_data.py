@@ -469,30 +469,38 @@ def open_or_build(zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLik
         data = _try_open(path, zid, rid)
         if data is not None:
             return data
-    problems = []
+    problems: list[str] = []
     for path in candidates:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            lock = open(path.with_name(path.name + ".lock"), "a")
-        except OSError as exc:
-            problems.append(f"{path.parent}: {exc.strerror or exc}")
-            continue
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            data = _try_open(path, zid, rid, quiet=True)  # another process may have built it meanwhile
-            if data is not None:
-                return data
-            try:
-                build_cache(zkey_path, r1cs_path, path)
-            except OSError as exc:  # not writable, full, or in the way: the next place is tried
-                log.warning("cannot write the circuit-data cache %s: %s", path, exc.strerror or exc)
-                problems.append(f"{path}: {exc.strerror or exc}")
-                continue
-            try:
-                return open_cache(path, zid, rid)
-            except (OSError, ValueError) as exc:
-                raise CuzkError(f"{path}: the circuit-data cache just built does not open: {exc}") from exc
+        data = _build_at(path, zkey_path, r1cs_path, zid, rid, problems)
+        if data is not None:
+            return data
     raise CuzkError(f"no writable place for the circuit-data cache of {os.fspath(zkey_path)}: {'; '.join(problems)}")
+
+
+def _build_at(path: Path, zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLike[str] | None,
+              zid: FileIdentity, rid: FileIdentity | None, problems: list[str]) -> CircuitData | None:
+    """Build the cache at ``path`` under its lock (unless another process just did); None if it cannot go there."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        problems.append(f"{path.parent}: {exc.strerror or exc}")
+        return None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = _try_open(path, zid, rid, quiet=True)  # another process may have built it meanwhile
+        if data is not None:
+            return data
+        try:
+            build_cache(zkey_path, r1cs_path, path)
+        except OSError as exc:  # not writable, full, or in the way: the next place is tried
+            log.warning("cannot write the circuit-data cache %s: %s", path, exc.strerror or exc)
+            problems.append(f"{path}: {exc.strerror or exc}")
+            return None
+        try:
+            return open_cache(path, zid, rid)
+        except (OSError, ValueError) as exc:
+            raise CuzkError(f"{path}: the circuit-data cache just built does not open: {exc}") from exc
 
 
 def _try_open(path: Path, zid: FileIdentity, rid: FileIdentity | None, quiet: bool = False) -> CircuitData | None:

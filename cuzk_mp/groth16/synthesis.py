@@ -23,6 +23,7 @@ from __future__ import annotations
 import os
 
 import numpy as np
+
 from ..algebra import fr
 from ..algebra.coded_sparse import evaluate_rows_into
 from ..algebra.field import R_MOD, limbs_to_ints
@@ -32,6 +33,7 @@ from ..errors import InputError, UnsatisfiedWitness
 from ..formats.r1cs import R1CS
 from ..formats.zkey import ZKey
 from .circuit_data import CircuitData, build_in_memory, open_or_build
+
 
 class ConstraintEvaluator:
     """Evaluates witnesses for one proving key (and, with its r1cs, checks them)."""

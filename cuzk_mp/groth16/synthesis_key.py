@@ -10,6 +10,7 @@ sections are written from one broadcast row, so memory stays flat whatever the s
 from __future__ import annotations
 
 import os
+from typing import Any
 
 import numpy as np
 
@@ -24,7 +25,7 @@ def write_synthesis_only_zkey(r1cs: R1CS, path: str | os.PathLike[str]) -> None:
     n = 1 << domain_log_size(r1cs.n_constraints + r1cs.n_public + 1)
     nv, npub = r1cs.n_wires, r1cs.n_public
 
-    def zeros(rows: int, width: int) -> list[np.ndarray]:
+    def zeros(rows: int, width: int) -> Any:  # a one-chunk list, as write_zkey takes big sections
         return [np.broadcast_to(np.zeros(width, np.uint64), (rows, width))]
 
     g1, g2 = np.zeros(12, np.uint64), np.zeros(24, np.uint64)
