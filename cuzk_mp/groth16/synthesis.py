@@ -33,6 +33,7 @@ from ..errors import InputError, UnsatisfiedWitness
 from ..formats.r1cs import R1CS
 from ..formats.zkey import ZKey
 from .circuit_data import CircuitData, build_in_memory, open_or_build
+from .synthesis_key import tiny_zkey_and_r1cs
 
 
 class ConstraintEvaluator:
@@ -124,3 +125,16 @@ class ConstraintEvaluator:
             f"({n_bad} constraint(s) fail in all): <A,w>*<B,w> = {lhs} but <C,w> = {rhs} "
             f"(difference {(lhs - rhs) % R_MOD})",
         )
+
+
+def warm_up() -> None:
+    """Load (or, the first time on a machine, compile: about half a minute) the synthesis kernels.
+
+    A worker calls it before it reports ready, so its first partition is not slowed down.
+    """
+    zkey, r1cs = tiny_zkey_and_r1cs()
+    ev = ConstraintEvaluator.from_zkey(zkey, r1cs)
+    w = np.zeros((ev.n_vars, 4), dtype=np.uint64)
+    w[0, 0] = 1
+    a, b, c = (np.empty((ev.domain_size, 4), dtype=np.uint64) for _ in range(3))
+    ev.evaluate_into(w, a, b, c, threads=1)
