@@ -22,7 +22,9 @@ index, so both public inputs and outputs are functions of (seed, partition).
 Size (measured): 5.36 entries per row (A 2.47, B 1.38, C 1.51; Filecoin's PoRep circuit has
 2.4 / 1.0 / 2.2), so the three matrices take 3.4 GiB at 2^24 (32-byte coefficients dominate);
 80.4% of witness values are 0 or 1 (42% zeros, 38% ones), the rest mostly full 255-bit field
-elements. Witness on one core: 0.06 s at 2^20, ~2 s at 2^24; R1CS: ~16 s at 2^24.
+elements. Witness (``witness_into``, lanes in parallel on ``threads`` cores): 0.016 core-s at
+2^20 and 0.063 at 2^22 on one core of the 2-core CI machine (perf/results/synthesis-cpu.json),
+about half of it the sponge's S-boxes; R1CS: ~16 s at 2^24.
 """
 
 from __future__ import annotations
