@@ -88,6 +88,21 @@ def timed(fn: Any, reps: int) -> dict[str, float]:
     return {"wall_s": min(wall), "cpu_s": min(cpu)}
 
 
+def witness_profile(make: Any) -> dict[str, Any]:
+    """Where one witness's time goes (cProfile, one thread): the six functions with the most self time."""
+    import cProfile
+    import pstats
+
+    prof = cProfile.Profile()
+    prof.enable()
+    make()
+    prof.disable()
+    stats = pstats.Stats(prof)
+    total = stats.total_tt  # type: ignore[attr-defined]
+    top = sorted(((v[2], f"{Path(k[0]).name}:{k[2]}") for k, v in stats.stats.items()), reverse=True)[:6]  # type: ignore[attr-defined]
+    return {"total_s": total, "top": [{"function": name, "self_s": t, "share": t / total} for t, name in top]}
+
+
 def circuit_files(kind: str, log_n: int, work: Path) -> tuple[Path, Path, str]:
     """(zkey, r1cs, where they came from): the param cache's real key, else a synthesis-only key made here."""
     from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
@@ -131,6 +146,7 @@ class Slot:
 
 
 def bench_new(kind: str, log_n: int, threads: list[int], reps: int, work: Path) -> dict[str, Any]:
+    from cuzk_mp.algebra.threads import numba_threads
     from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
     from cuzk_mp.groth16.circuit_data import cache_candidates
     from cuzk_mp.groth16.synthesis import ConstraintEvaluator
@@ -160,6 +176,8 @@ def bench_new(kind: str, log_n: int, threads: list[int], reps: int, work: Path) 
         circuit.witness_into(1, 0, slot.w)  # warm-up: kernels load from numba's cache (or compile)
         checked.evaluate_into(slot.w, slot.a, slot.b, slot.c, threads=1)
         plain.evaluate_into(slot.w, slot.a, slot.b, slot.c, threads=1)
+        with numba_threads(1):
+            out["witness_profile"] = witness_profile(lambda: circuit.witness_into(9, 1, slot.w))
         out["threads"] = {}
         for t in threads:
             row: dict[str, Any] = {}
@@ -214,6 +232,8 @@ def bench_legacy(kind: str, log_n: int, threads: list[int], reps: int) -> dict[s
         assert not (state["c"][: cw.shape[0]] != cw).any()
 
     witness(), abc(), check()  # warm-up
+    numba.set_num_threads(1)
+    out["witness_profile"] = witness_profile(lambda: circuit.witness(9, 1))
     for t in threads:
         numba.set_num_threads(min(t, numba.config.NUMBA_NUM_THREADS))
         row = {"witness": timed(witness, reps), "abc": timed(abc, reps), "check": timed(check, reps)}
