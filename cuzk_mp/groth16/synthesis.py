@@ -52,7 +52,8 @@ class ConstraintEvaluator:
     def from_files(cls, zkey_path: str, r1cs_path: str | None, *, cache_dir: str | None = None) -> ConstraintEvaluator:
         """Map the circuit's shared data (built once, beside the key or in the cache directory).
 
-        The key itself is not read when a valid cache exists; with ``r1cs_path`` witnesses are checked.
+        Only the headers of the key and r1cs are read when a valid cache exists; with ``r1cs_path``
+        witnesses are checked.
         """
         return cls(open_or_build(zkey_path, r1cs_path, cache_dir), os.fspath(zkey_path))
 
