@@ -88,19 +88,25 @@ def timed(fn: Any, reps: int) -> dict[str, float]:
     return {"wall_s": min(wall), "cpu_s": min(cpu)}
 
 
-def witness_profile(make: Any) -> dict[str, Any]:
-    """Where one witness's time goes (cProfile, one thread): the six functions with the most self time."""
+def witness_profile(make: Any, runs: int = 3) -> dict[str, Any]:
+    """Where one witness's time goes (cProfile, one thread, the fastest of ``runs``): the six
+    functions with the most self time."""
     import cProfile
     import pstats
 
-    prof = cProfile.Profile()
-    prof.enable()
-    make()
-    prof.disable()
-    stats = pstats.Stats(prof)
-    total = stats.total_tt  # type: ignore[attr-defined]
-    top = sorted(((v[2], f"{Path(k[0]).name}:{k[2]}") for k, v in stats.stats.items()), reverse=True)[:6]  # type: ignore[attr-defined]
-    return {"total_s": total, "top": [{"function": name, "self_s": t, "share": t / total} for t, name in top]}
+    best: dict[str, Any] | None = None
+    for _ in range(runs):
+        prof = cProfile.Profile()
+        prof.enable()
+        make()
+        prof.disable()
+        stats = pstats.Stats(prof)
+        total = stats.total_tt  # type: ignore[attr-defined]
+        top = sorted(((v[2], f"{Path(k[0]).name}:{k[2]}") for k, v in stats.stats.items()), reverse=True)[:6]  # type: ignore[attr-defined]
+        if best is None or total < best["total_s"]:
+            best = {"total_s": total, "top": [{"function": name, "self_s": t, "share": t / total} for t, name in top]}
+    assert best is not None
+    return best
 
 
 def circuit_files(kind: str, log_n: int, work: Path) -> tuple[Path, Path, str]:

@@ -155,9 +155,12 @@ def test_damaged_cache_is_detected_and_rebuilt(files: tuple[Path, Path], circuit
     else:
         raw = bytearray()
     path.write_bytes(bytes(raw))
+    stale = path.with_name(f".{path.name}.dead1234.tmp")  # what a builder killed mid-build leaves
+    stale.write_bytes(b"half a cache")
     with caplog.at_level(logging.WARNING, logger="cuzk_mp.groth16.circuit_data"):
         ev = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
     assert "rebuilding" in caplog.text
+    assert not stale.exists()
     w = circuit.witness(5, 5)
     assert np.array_equal(ev.evaluate(w).c, reference(zkey, w)[2])
 

@@ -22,7 +22,8 @@ Where it lives: beside the key (``<key path>.synth-ab[c]``); when the key's dire
 writable, in ``$CUZK_MP_CACHE/circuit-data`` (default ``~/.cache/cuzk-mp/circuit-data``) under the
 key's name and a hash of its absolute path; or in an explicit ``cache_dir``. It is built under an
 exclusive ``flock`` of ``<cache>.lock`` (concurrent workers wait for one builder), written to a
-temporary file, flushed and renamed into place, so a reader never sees half a file. Opening
+temporary file, flushed and renamed into place, so a reader never sees half a file (a builder
+that died leaves its temporary file, removed by the next builder, who holds the lock). Opening
 checks the header, the key's identity, the size the counts imply and the body hash; any mismatch
 (a changed key, a truncated or damaged file, another version) rebuilds it, never a wrong result.
 
@@ -491,6 +492,8 @@ def _build_at(path: Path, zkey_path: str | os.PathLike[str], r1cs_path: str | os
         data = _try_open(path, zid, rid, quiet=True)  # another process may have built it meanwhile
         if data is not None:
             return data
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a builder that died: none runs now
+            stale.unlink(missing_ok=True)
         try:
             build_cache(zkey_path, r1cs_path, path)
         except OSError as exc:  # not writable, full, or in the way: the next place is tried
