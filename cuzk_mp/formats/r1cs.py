@@ -75,7 +75,8 @@ class R1CS:
         return self.n_pub_out + self.n_pub_in
 
 
-def read_r1cs(path_or_bytes: str | os.PathLike[str] | bytes | bytearray | memoryview, *, name: str | None = None) -> R1CS:
+def read_r1cs(path_or_bytes: str | os.PathLike[str] | bytes | bytearray | memoryview, *,
+              name: str | None = None) -> R1CS:
     """Parse an .r1cs file (a path or its bytes); FormatError names file, section and field."""
     with open_source(path_or_bytes, name, MAGIC, (VERSION,), SECTION_LABELS) as bf:
         layout = _layout(bf)
@@ -265,5 +266,5 @@ def _constraint_chunks(r1cs: R1CS) -> Iterator[memoryview]:
         if status[0] != 0:
             raise ValueError(f"constraint {status[1]}, matrix {LC_NAMES[status[2]]}: "
                              f"{'wire id >= n_wires' if status[0] == ERR_WIRE else 'coefficient >= r'}")
-        yield memoryview(buf[:size])
+        yield buf[:size].data
         lo, done = hi, int(ends[hi - 1])
