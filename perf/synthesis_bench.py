@@ -172,7 +172,8 @@ def bench_new(kind: str, log_n: int, threads: list[int], reps: int, work: Path) 
     t_open = time.perf_counter() - t0
     plain = ConstraintEvaluator.from_files(str(zkey), None, cache_dir=str(cache_dir))
     counts = checked.data.counts
-    csr_bytes = 36 * (counts.a_nnz + counts.b_nnz + counts.c_nnz) + 8 * (counts.a_rows + counts.b_rows + counts.c_rows + 3)
+    rows = counts.a_rows + counts.b_rows + counts.c_rows
+    csr_bytes = 36 * (counts.a_nnz + counts.b_nnz + counts.c_nnz) + 8 * (rows + 3)
     out["cache"] = {"build_s": t_build, "open_s": t_open, "bytes": os.path.getsize(checked.data.path or ""),
                     "bytes_without_c": os.path.getsize(plain.data.path or ""), "csr_32byte_bytes": csr_bytes,
                     "entries": {"a": counts.a_nnz, "b": counts.b_nnz, "c": counts.c_nnz}, "distinct": counts.n_codes}
@@ -260,12 +261,14 @@ def projection(run: dict[str, Any]) -> dict[str, Any]:
 
 def table(results: list[dict[str, Any]]) -> str:
     """A short text table: one line per (size, threads), core-seconds per phase."""
-    lines = [f"{'size':>6} {'thr':>4} {'witness':>9} {'a/b/c':>9} {'check':>9} {'total':>9} {'wall':>8} {'priv MiB':>9}"]
+    head = ("size", "thr", "witness", "a/b/c", "check", "total", "wall", "priv MiB")
+    lines = [" ".join(f"{h:>{w}}" for h, w in zip(head, (6, 4, 9, 9, 9, 9, 8, 9), strict=True))]
     for r in results:
         for t, row in r["threads"].items():
             priv = row.get("evaluate_into_private_peak_bytes")
             lines.append(f"2^{r['log_n']:<4} {t:>4} " + " ".join(f"{row[p]['cpu_s']:9.3f}" for p in (*PHASES, "total"))
-                         + f" {row['total']['wall_s']:8.3f} " + (f"{priv / 2**20:9.1f}" if priv is not None else f"{'-':>9}"))
+                         + f" {row['total']['wall_s']:8.3f} "
+                         + (f"{priv / 2**20:9.1f}" if priv is not None else f"{'-':>9}"))
     return "\n".join(lines)
 
 
@@ -284,7 +287,8 @@ def main() -> int:
     threads = [int(x) for x in a.threads.split(",")]
     from cuzk_mp.pipeline.benchreport import machine_info
 
-    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "command": " ".join([Path(sys.argv[0]).name] + sys.argv[1:]),
+    command = " ".join([Path(sys.argv[0]).name] + sys.argv[1:])
+    result: dict[str, Any] = {"date": time.strftime("%Y-%m-%d"), "command": command,
                               "mode": "legacy" if a.legacy else "new", "units": "cpu_s = core-seconds (process CPU "
                               "time, all threads); wall_s = elapsed; best of reps", "results": []}
     with tempfile.TemporaryDirectory(prefix="synthesis-bench-") as tmp:

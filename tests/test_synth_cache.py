@@ -123,7 +123,8 @@ def test_concurrent_openers_build_once(files: tuple[Path, Path]) -> None:
     assert len({g[1:] for g in got}) == 1
 
 
-def test_rebuilt_when_the_key_changes(files: tuple[Path, Path], circuit: PorepLike, caplog: pytest.LogCaptureFixture) -> None:
+def test_rebuilt_when_the_key_changes(files: tuple[Path, Path], circuit: PorepLike,
+                                      caplog: pytest.LogCaptureFixture) -> None:
     zkey, r1cs = files
     ev = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
     first = os.stat(ev.data.path).st_ino  # type: ignore[arg-type]

@@ -136,4 +136,5 @@ def generate(params: MontParams) -> SimpleNamespace:
     ns: dict[str, Any] = {"mac": mac, "adc": adc, "sbb": sbb, "U0": np.uint64(0), "INV": np.uint64(params.inv)}
     ns.update({f"P{i}": np.uint64(int(params.limbs[i])) for i in range(n)})
     exec(_source(n), ns)  # noqa: S102 - generated straight-line limb arithmetic
-    return SimpleNamespace(**{k: njit(inline="always")(ns[k]) for k in ("mul", "add", "sub", "redc", "is_zero", "lt_modulus")})
+    names = ("mul", "add", "sub", "redc", "is_zero", "lt_modulus")
+    return SimpleNamespace(**{k: njit(inline="always")(ns[k]) for k in names})

@@ -119,7 +119,8 @@ class LaneWriter:
         self._fields.append((off, std))
 
     def spec(self, off: int) -> tuple[np.ndarray, int, int, int, int]:
-        """(out, first wire of block ``off`` in lane 0, lane width, whole lanes, wires the truncated lane keeps - off)."""
+        """(out, first wire of block ``off`` in lane 0, lane width, whole lanes, wires of the block the
+        truncated lane keeps): where :func:`permute_lanes` writes a block of wires at offset ``off``."""
         return self.out, self.base + off, self.width, self.n_full, self.partial_width - off
 
     def flush(self) -> None:
@@ -133,7 +134,8 @@ class LaneWriter:
         f_offs = np.array([f[0] for f in self._fields], dtype=np.int64)
         f_vals = np.stack([f[1] for f in self._fields]) if self._fields else np.zeros((0, lanes, 4), np.uint64)
         write_lane_wires(self.out, self.base, self.width, self.n_full, self.partial_width, offs, nbits,
-                         np.ascontiguousarray(vals, dtype=np.uint64), f_offs, np.ascontiguousarray(f_vals, dtype=np.uint64))
+                         np.ascontiguousarray(vals, dtype=np.uint64), f_offs,
+                         np.ascontiguousarray(f_vals, dtype=np.uint64))
         self._bits.clear()
         self._fields.clear()
 

@@ -1,11 +1,11 @@
-"""The numba kernel of the synthetic circuit's field part: a sponge permutation over all lanes.
+"""The numba kernels of the PoRep-shaped circuit's witness: the sponge over all lanes, and the wire writer.
 
 Owns :func:`permute_lanes`, the witness side of :meth:`LaneCS.permute
 <cuzk_mp.circuits.synthetic_gadgets.LaneCS.permute>`: every round of x^5 S-boxes of every lane in
 one parallel call (one call per unit instead of a dozen vector-kernel launches per S-box, whose
 thread-pool start-up dominated at small lane counts), writing each lane's wires straight into the
-witness; and :func:`write_lane_wires`, the lane-parallel writer of the bit words. Field arithmetic is the inline Montgomery
-namespace of :mod:`cuzk_mp.algebra.fr`.
+witness; and :func:`write_lane_wires`, the lane-parallel writer of the bit words. Field arithmetic
+is the inline Montgomery namespace of :mod:`cuzk_mp.algebra.fr`.
 """
 
 from __future__ import annotations

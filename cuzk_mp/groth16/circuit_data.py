@@ -307,7 +307,8 @@ class _CSource:
             self.name = r1cs.bf.name
         self.nnz = int(np.sum(self.row_counts, dtype=np.int64))
         if self.nnz > MAX_ENTRIES:
-            raise InputError(f"{self.name}: C has {self.nnz} entries, more than the {MAX_ENTRIES} the witness check supports")
+            raise InputError(f"{self.name}: C has {self.nnz} entries, more than the {MAX_ENTRIES} "
+                             "the witness check supports")
 
     def chunks(self) -> Iterator[tuple[int, CsrMatrix]]:
         """(first row, rows lo .. lo+k-1 as CSR with standard-form data), in row order."""
