@@ -2,7 +2,8 @@
 
 For each size it makes the synthetic circuit's .r1cs and a synthesis-only .zkey (its coefficient
 section is what snarkjs's setup writes; every point is zero, no setup runs) in a work directory,
-unless the param cache already holds the real pair (``$CUZK_MP_CACHE/<kind>-<log_n>.{zkey,r1cs}``),
+unless the param cache already holds the real pair (``<kind>-<log_n>.{zkey,r1cs}`` in cuzk-mp's cache
+folder: ``$CUZK_MP_CACHE``, else ``$XDG_CACHE_HOME/cuzk-mp``, else ``~/.cache/cuzk-mp``),
 then measures, on a partition whose w, a, b, c live in one POSIX shm segment (as a ring slot):
 
 * cache: building the circuit-data cache (once per circuit), its size next to the 32-byte CSR
@@ -114,8 +115,9 @@ def circuit_files(kind: str, log_n: int, work: Path) -> tuple[Path, Path, str]:
     from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
     from cuzk_mp.formats.r1cs import write_r1cs
     from cuzk_mp.groth16.synthesis_key import write_synthesis_only_zkey
+    from cuzk_mp.paths import default_cache_dir
 
-    cache = Path(os.environ.get("CUZK_MP_CACHE", Path.home() / ".cache" / "cuzk-mp")).expanduser()
+    cache = default_cache_dir()
     zkey, r1cs = cache / f"{kind}-{log_n}.zkey", cache / f"{kind}-{log_n}.r1cs"
     if zkey.exists() and r1cs.exists():
         return zkey, r1cs, "param cache (real key)"

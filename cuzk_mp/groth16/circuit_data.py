@@ -19,7 +19,8 @@ The cache file (``<key>.synth-abc`` with the r1cs's C rows, ``<key>.synth-ab`` w
   B and C: row pointers, columns, codes. Offsets follow from the counts alone.
 
 Where it lives: beside the key (``<key path>.synth-ab[c]``); when the key's directory is not
-writable, in ``$CUZK_MP_CACHE/circuit-data`` (default ``~/.cache/cuzk-mp/circuit-data``) under the
+writable, in ``circuit-data`` of cuzk-mp's cache folder (:func:`cuzk_mp.paths.default_cache_dir`:
+``$CUZK_MP_CACHE``, else ``$XDG_CACHE_HOME/cuzk-mp``, else ``~/.cache/cuzk-mp``) under the
 key's name and a hash of its absolute path; or in an explicit ``cache_dir``. It is built under an
 exclusive ``flock`` of ``<cache>.lock`` (concurrent workers wait for one builder), written to a
 temporary file, flushed and renamed into place, so a reader never sees half a file (a builder
@@ -65,6 +66,7 @@ from ..formats.zkey import SECTION_LABELS as ZKEY_LABELS
 from ..formats.zkey import VERSION as ZKEY_VERSION
 from ..formats.zkey import ZKey, read_zkey
 from ..formats.zkey_kernels import count_rows
+from ..paths import default_cache_dir
 from .circuit_data_kernels import body_hash, scatter_rows
 
 log = logging.getLogger("cuzk_mp.groth16.circuit_data")
@@ -189,8 +191,8 @@ def _stat(path: str | os.PathLike[str]) -> os.stat_result:
 
 
 def default_cache_root() -> Path:
-    """Where caches go when the key's directory is not writable: ``$CUZK_MP_CACHE/circuit-data``."""
-    return Path(os.environ.get("CUZK_MP_CACHE", Path.home() / ".cache" / "cuzk-mp")).expanduser() / "circuit-data"
+    """Where caches go when the key's directory is not writable: ``circuit-data`` in cuzk-mp's cache folder."""
+    return default_cache_dir() / "circuit-data"
 
 
 def cache_candidates(zkey_path: str | os.PathLike[str], with_c: bool, cache_dir: str | os.PathLike[str] | None = None
