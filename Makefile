@@ -4,17 +4,22 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TOOLS_STAMP := tools/node_modules/.installed-stamp
-EXTRAS ?= test
+# Extras to install, comma-separated. Empty (the default): `test`, plus the GPU extra matching
+# this machine's NVIDIA driver (`gpu` for CUDA 12, `gpu-cuda13` for CUDA 13; none without a GPU).
+# `make print-extras` shows the choice; `make venv EXTRAS=test,plot` overrides it.
+EXTRAS ?=
 
-.PHONY: venv tools test test-fast test-gpu bench clean
+.PHONY: venv print-extras tools lint test test-fast test-gpu bench bench-gpu clean
 
 venv: $(STAMP)
 
 $(STAMP): pyproject.toml
-	test -x $(VPY) || $(PY) -m venv $(VENV)
-	$(VPY) -m pip install -q --upgrade pip
-	$(VPY) -m pip install -q -e '.[$(EXTRAS)]'
+	scripts/install-venv.sh "$(PY)" "$(VENV)" "$(EXTRAS)"
 	touch $@
+
+# What `make venv` would install here, without installing anything.
+print-extras:
+	@scripts/install-venv.sh --dry-run "$(PY)" "$(VENV)" "$(EXTRAS)"
 
 # snarkjs + circom2 from the committed lock file: the outside oracle for tests, never the product.
 tools: $(TOOLS_STAMP)
@@ -23,7 +28,12 @@ $(TOOLS_STAMP): tools/package.json tools/package-lock.json
 	cd tools && npm ci --no-audit --no-fund --loglevel=error
 	touch $@
 
-test: $(STAMP) $(TOOLS_STAMP)
+# The lint gate: ruff on everything, mypy on the packages listed in pyproject.toml ([tool.mypy]).
+lint: $(STAMP)
+	$(VENV)/bin/ruff check cuzk_mp tests scripts perf
+	$(VENV)/bin/mypy
+
+test: lint $(TOOLS_STAMP)
 	$(VPY) -m pytest tests
 
 # Everything but the slow and snarkjs-oracle tests (a quick local loop).
@@ -38,5 +48,9 @@ test-gpu:
 bench: $(STAMP)
 	$(VENV)/bin/cuzk-mp bench
 
+# `make bench` on the GPU machine: its system python3 and the carried wheels, no .venv.
+bench-gpu:
+	PYTHONPATH=$(CURDIR):$$PYTHONPATH python3 -m cuzk_mp bench
+
 clean:
-	rm -rf $(VENV) tools/node_modules .pytest_cache
+	rm -rf $(VENV) tools/node_modules .pytest_cache .mypy_cache .ruff_cache

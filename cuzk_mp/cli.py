@@ -1,51 +1,110 @@
-"""The one ``cuzk-mp`` command line.
+"""The one ``cuzk-mp`` command line: snarkjs's Groth16 verbs, then the engine's own.
 
-The snarkjs-compatible verbs take the same positional arguments as snarkjs,
-so a script can swap ``snarkjs`` for ``cuzk-mp``::
+The snarkjs-compatible verbs take snarkjs's positional arguments, its short aliases and, where
+snarkjs has them, its default file names, so a script can swap ``snarkjs`` for ``cuzk-mp``::
 
-    cuzk-mp groth16 prove CIRCUIT.zkey WITNESS.wtns PROOF.json PUBLIC.json
-    cuzk-mp groth16 verify VK.json PUBLIC.json PROOF.json
-    cuzk-mp zkey export verificationkey CIRCUIT.zkey VK.json
-    cuzk-mp wtns calculate CIRCUIT.wasm INPUT.json WITNESS.wtns
+    cuzk-mp groth16 prove    [circuit_final.zkey] [witness.wtns] [proof.json] [public.json]   (g16p)
+    cuzk-mp groth16 fullprove [input.json] [circuit.wasm] [circuit_final.zkey] [proof.json] [public.json]  (g16f)
+    cuzk-mp groth16 verify   [verification_key.json] [public.json] [proof.json]               (g16v)
+    cuzk-mp zkey export verificationkey [circuit_final.zkey] [circuit_vk.json]                (zkev)
+    cuzk-mp wtns calculate   [circuit.wasm] [input.json] [witness.wtns]                       (wc)
 
 plus ``setup``, ``circuit porep-like|dense-random``, ``bench``, ``daemon`` and ``client``.
 Heavy modules are imported inside the verbs so ``--help`` stays instant.
-Exit codes: 0 success, 1 a proof did not verify or a job failed, 2 bad input,
-3 daemon unreachable and 124 timed out (``client`` verbs).
+
+The global options (``--log-level``, ``-v``/``--verbose``) are accepted anywhere on the line,
+as snarkjs accepts ``-v`` after its arguments. Every way out of :func:`main` is an exit code
+from :data:`EXIT_CODES` with a one-line message on stderr, never a traceback (an unexpected
+exception is reported as an internal error; ``--log-level DEBUG`` adds its traceback).
 """
 
 from __future__ import annotations
 
 import argparse
 import logging
+import os
 import sys
 import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING
 
-from .errors import CuzkError, InputError
+from . import __version__
+from .daemon.cli import (
+    EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT, EXIT_JOURNAL_DAMAGED, EXIT_TIMEOUT, EXIT_UNREACHABLE,
+)
+from .errors import CuzkError, InputError, ResourceError
+from .logs import child_format, configure
+from .paths import default_cache_dir
+
+if TYPE_CHECKING:  # numpy loads with a verb, not for --help
+    import numpy as np
 
 log = logging.getLogger("cuzk_mp.cli")
 
+EXIT_OK = 0
+EXIT_RESOURCES = 4
+EXIT_INTERNAL = 70  # sysexits.h EX_SOFTWARE
+EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+EXIT_CODES: tuple[tuple[int, str], ...] = (
+    (EXIT_OK, "success (groth16 verify: the proof is valid)"),
+    (EXIT_FAILED, "failed: a proof did not verify, a job failed or was cancelled, a worker died"),
+    (EXIT_INPUT, "bad input: usage, a missing or malformed file, an unsatisfied witness, a bad config"),
+    (EXIT_UNREACHABLE, "the daemon could not be reached (client verbs)"),
+    (EXIT_RESOURCES, "not enough memory (host, shared memory or GPU) for what was asked"),
+    (EXIT_JOURNAL_DAMAGED, "daemon: its journal is damaged or missing; nothing was changed (the message says how "
+                           "to start afresh)"),
+    (EXIT_INTERNAL, "internal error: a bug; rerun with --log-level DEBUG for the traceback"),
+    (EXIT_ALREADY_RUNNING, "daemon: another daemon runs with this journal, socket or shm prefix; nothing was "
+                           "changed"),
+    (EXIT_TIMEOUT, "client await/prove timed out (the job goes on in the daemon)"),
+    (EXIT_INTERRUPTED, "interrupted (SIGINT)"),
+)
+LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
+LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
+BACKENDS = ("auto", "cpu", "gpu")
 
-def _cmd_prove(args: argparse.Namespace) -> int:
+
+# --- the verbs -------------------------------------------------------------------------------
+
+def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: argparse.Namespace) -> int:
+    """Shared tail of ``groth16 prove`` and ``fullprove``: key, witness, proof, two JSON files."""
     from .backends import get_backend
     from .formats.r1cs import read_r1cs
     from .formats.snarkjs_json import proof_to_json, public_to_json, write_json
-    from .formats.wtns import read_wtns
     from .formats.zkey import read_zkey
     from .groth16.prover import prove
 
     t0 = time.perf_counter()
-    zkey = read_zkey(args.zkey)
-    w = read_wtns(args.wtns)
+    zkey = read_zkey(zkey_path)
+    w = witness()
     r1cs = read_r1cs(args.r1cs) if args.r1cs else None
     backend = get_backend(args.backend)
     proof, public = prove(backend, zkey, w, r1cs=r1cs, verify=not args.no_verify)
     write_json(args.proof, proof_to_json(proof))
     write_json(args.public, public_to_json(public))
-    log.info("proved with the %s backend in %.3f s", backend.name, time.perf_counter() - t0)
-    return 0
+    log.info("proved with the %s backend in %.3f s: %s, %s", backend.name, time.perf_counter() - t0,
+             args.proof, args.public)
+    return EXIT_OK
+
+
+def _cmd_prove(args: argparse.Namespace) -> int:
+    from .formats.wtns import read_wtns
+
+    return _prove_and_write(args.zkey, lambda: read_wtns(args.wtns), args)
+
+
+def _cmd_fullprove(args: argparse.Namespace) -> int:
+    from .circuits.circom import WitnessCalculator, load_input_json
+
+    def witness() -> np.ndarray:
+        t0 = time.perf_counter()
+        w = WitnessCalculator(args.wasm).calculate(load_input_json(args.input))
+        log.info("witness of %d values from %s in %.3f s", len(w), args.wasm, time.perf_counter() - t0)
+        return w
+
+    return _prove_and_write(args.zkey, witness, args)
 
 
 def _cmd_verify(args: argparse.Namespace) -> int:
@@ -58,9 +117,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     problem = check(vk, public, proof)
     if problem is None:
         print("OK!")
-        return 0
+        return EXIT_OK
     print(f"Invalid proof: {problem}")
-    return 1
+    return EXIT_FAILED
 
 
 def _cmd_export_vk(args: argparse.Namespace) -> int:
@@ -69,14 +128,14 @@ def _cmd_export_vk(args: argparse.Namespace) -> int:
     from .groth16.keys import vk_from_zkey
 
     write_json(args.vk, vk_to_json(vk_from_zkey(read_zkey(args.zkey))))
-    return 0
+    return EXIT_OK
 
 
 def _cmd_wtns_calculate(args: argparse.Namespace) -> int:
     from .circuits.circom import calculate_witness_file
 
     calculate_witness_file(args.wasm, args.input, args.wtns)
-    return 0
+    return EXIT_OK
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:
@@ -84,7 +143,7 @@ def _cmd_setup(args: argparse.Namespace) -> int:
     from .groth16.setup import setup_file
 
     setup_file(args.r1cs, args.zkey, get_backend(args.backend))
-    return 0
+    return EXIT_OK
 
 
 def _cmd_circuit(args: argparse.Namespace) -> int:
@@ -93,51 +152,85 @@ def _cmd_circuit(args: argparse.Namespace) -> int:
     r1cs, wtns = write_synthetic(args.kind, args.log_n, Path(args.out_dir), seed=args.seed, partition=args.partition)
     print(r1cs)
     print(wtns)
-    return 0
+    return EXIT_OK
+
+
+# --- the parsers -----------------------------------------------------------------------------
+
+# The positional files of each snarkjs verb: (dest, snarkjs 0.7.6's default name, what it is).
+ZKEY = ("zkey", "circuit_final.zkey", "proving key")
+PROOF_OUT = ("proof", "proof.json", "proof written here")
+PUBLIC_OUT = ("public", "public.json", "public signals written here")
+WASM = ("wasm", "circuit.wasm", "circom witness generator")
+INPUT = ("input", "input.json", "circuit input")
+
+
+@dataclass(frozen=True)
+class SnarkjsVerb:
+    """One snarkjs verb: its alias, its long form's words, its positional files and its function."""
+
+    alias: str
+    words: tuple[str, ...]
+    help: str
+    files: tuple[tuple[str, str, str], ...]
+    func: Callable[[argparse.Namespace], int]
+    proves: bool = False  # takes --backend, --r1cs and --no-verify
+
+    def add_arguments(self, p: argparse.ArgumentParser) -> None:
+        """The verb's positional files (each optional, with snarkjs's default) and options."""
+        for dest, default, what in self.files:
+            p.add_argument(dest, type=Path, nargs="?", default=Path(default), help=f"{what} (default {default})")
+        if self.proves:
+            p.add_argument("--backend", default="auto", choices=BACKENDS)
+            p.add_argument("--r1cs", type=Path,
+                           help="check the witness against this circuit first (names the failing constraint)")
+            p.add_argument("--no-verify", action="store_true",
+                           help="skip the self-verification of the proof (benchmarks)")
+        p.set_defaults(func=self.func)
+
+
+SNARKJS_VERBS = (
+    SnarkjsVerb("g16p", ("groth16", "prove"), "a proof from a witness: ZKEY WTNS PROOF.json PUBLIC.json",
+                (ZKEY, ("wtns", "witness.wtns", "witness"), PROOF_OUT, PUBLIC_OUT), _cmd_prove, proves=True),
+    SnarkjsVerb("g16f", ("groth16", "fullprove"), "witness + proof in one call (no .wtns on disk): INPUT.json "
+                "WASM ZKEY PROOF.json PUBLIC.json", (INPUT, WASM, ZKEY, PROOF_OUT, PUBLIC_OUT), _cmd_fullprove,
+                proves=True),
+    SnarkjsVerb("g16v", ("groth16", "verify"), "verify VK.json PUBLIC.json PROOF.json: prints OK! (exit 0) or "
+                "why not (exit 1)", (("vk", "verification_key.json", "verification key"),
+                                     ("public", "public.json", "public signals"), ("proof", "proof.json", "proof")),
+                _cmd_verify),
+    SnarkjsVerb("zkev", ("zkey", "export", "verificationkey"), "export the verification key: ZKEY VK.json",
+                (ZKEY, ("vk", "circuit_vk.json", "verification key written here (snarkjs's default name)")),
+                _cmd_export_vk),
+    SnarkjsVerb("wc", ("wtns", "calculate"), "calculate a witness: WASM INPUT.json WITNESS.wtns",
+                (WASM, INPUT, ("wtns", "witness.wtns", "witness written here")), _cmd_wtns_calculate),
+)
+GROUP_HELP = {("groth16",): "prove and verify (snarkjs's arguments)", ("zkey",): "zkey tools",
+              ("zkey", "export"): "export parts of a zkey", ("wtns",): "witness tools"}
 
 
 def _snarkjs_verbs(sub: argparse._SubParsersAction) -> None:
-    g16 = sub.add_parser("groth16", help="prove and verify (snarkjs-compatible arguments)")
-    g16_sub = g16.add_subparsers(dest="verb", required=True)
-    p = g16_sub.add_parser("prove", help="prove CIRCUIT.zkey WITNESS.wtns PROOF.json PUBLIC.json")
-    p.add_argument("zkey", type=Path)
-    p.add_argument("wtns", type=Path)
-    p.add_argument("proof", type=Path)
-    p.add_argument("public", type=Path)
-    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu"])
-    p.add_argument("--r1cs", type=Path, help="check the witness against this circuit first (names the failing constraint)")
-    p.add_argument("--no-verify", action="store_true", help="skip the self-verification of the proof (benchmarks)")
-    p.set_defaults(func=_cmd_prove)
-    v = g16_sub.add_parser("verify", help="verify VK.json PUBLIC.json PROOF.json: prints OK! (exit 0) or why not (exit 1)")
-    v.add_argument("vk", type=Path)
-    v.add_argument("public", type=Path)
-    v.add_argument("proof", type=Path)
-    v.set_defaults(func=_cmd_verify)
-
-    zk = sub.add_parser("zkey", help="zkey tools")
-    zk_sub = zk.add_subparsers(dest="verb", required=True)
-    e = zk_sub.add_parser("export", help="export parts of a zkey")
-    e_sub = e.add_subparsers(dest="what", required=True)
-    ev = e_sub.add_parser("verificationkey", help="export verificationkey CIRCUIT.zkey VK.json")
-    ev.add_argument("zkey", type=Path)
-    ev.add_argument("vk", type=Path)
-    ev.set_defaults(func=_cmd_export_vk)
-
-    wt = sub.add_parser("wtns", help="witness tools")
-    wt_sub = wt.add_subparsers(dest="verb", required=True)
-    wc = wt_sub.add_parser("calculate", help="calculate CIRCUIT.wasm INPUT.json WITNESS.wtns")
-    wc.add_argument("wasm", type=Path)
-    wc.add_argument("input", type=Path)
-    wc.add_argument("wtns", type=Path)
-    wc.set_defaults(func=_cmd_wtns_calculate)
+    groups: dict[tuple[str, ...], argparse._SubParsersAction] = {}
+    for verb in SNARKJS_VERBS:
+        parent = sub
+        for depth in range(1, len(verb.words)):
+            prefix = verb.words[:depth]
+            if prefix not in groups:
+                group = parent.add_parser(prefix[-1], help=GROUP_HELP[prefix])
+                groups[prefix] = group.add_subparsers(dest=f"verb{depth}", required=True, metavar="VERB")
+            parent = groups[prefix]
+        verb.add_arguments(parent.add_parser(verb.words[-1], help=verb.help))
+    for verb in SNARKJS_VERBS:
+        verb.add_arguments(sub.add_parser(verb.alias, help=f"= {' '.join(verb.words)} (snarkjs alias)"))
 
 
 def _own_verbs(sub: argparse._SubParsersAction) -> None:
-    s = sub.add_parser("setup", help="INSECURE development setup: CIRCUIT.r1cs -> CIRCUIT.zkey (random toxic waste)")
+    s = sub.add_parser("setup", help="INSECURE development setup: CIRCUIT.r1cs -> CIRCUIT.zkey (random "
+                       "toxic waste)")
     s.add_argument("r1cs", type=Path)
     s.add_argument("zkey", type=Path)
-    s.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu"])
-    s.set_defaults(func=_cmd_setup)
+    s.add_argument("--backend", default="auto", choices=BACKENDS)
+    s.set_defaults(func=_cmd_setup, default_log_level="INFO")  # long runs: progress, rate and ETA by default
 
     c = sub.add_parser("circuit", help="generate benchmark circuits")
     c_sub = c.add_subparsers(dest="kind", required=True)
@@ -158,39 +251,124 @@ def _service_verbs(sub: argparse._SubParsersAction) -> None:
 
     add_bench_parser(sub)
     add_daemon_parsers(sub)
+    # the param cache follows $CUZK_MP_CACHE / $XDG_CACHE_HOME (cuzk_mp.paths), whatever bench's own default
+    sub.choices["bench"].set_defaults(cache=default_cache_dir())
+
+
+def _log_level(value: str) -> str:
+    level = value.upper()
+    if level not in LOG_LEVELS:
+        raise argparse.ArgumentTypeError(f"{value!r} is not a log level; use one of {', '.join(LOG_LEVELS)}")
+    return level
+
+
+def _epilog() -> str:
+    codes = "\n".join(f"  {code:>3}  {what}" for code, what in EXIT_CODES)
+    return ("--log-level and -v may stand anywhere on the line; CUZK_MP_LOG_FORMAT=json logs JSON lines.\n\n"
+            f"exit codes:\n{codes}")
 
 
 def build_parser() -> argparse.ArgumentParser:
     """The full argument parser of ``cuzk-mp``."""
-    parser = argparse.ArgumentParser(prog="cuzk-mp", description="Groth16 (BLS12-381) prover, snarkjs-compatible.")
-    parser.add_argument("--log-level", default="WARNING", help="DEBUG, INFO, WARNING (default), ERROR")
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(prog="cuzk-mp", description="Groth16 (BLS12-381) prover, snarkjs-compatible.",
+                                     epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--version", action="version", version=f"cuzk-mp {__version__}")
+    parser.add_argument("--log-level", type=_log_level, metavar="LEVEL",
+                        help=f"{', '.join(LOG_LEVELS)} (default WARNING; -v is INFO, -vv DEBUG)")
+    parser.add_argument("-v", "--verbose", action="count", default=0, help="more log lines (as snarkjs's -v)")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _snarkjs_verbs(sub)
     _own_verbs(sub)
     _service_verbs(sub)
     return parser
 
 
-def main(argv: list[str] | None = None) -> int:
-    """Entry point of the console script; returns the exit code."""
+def global_options_first(argv: Sequence[str]) -> list[str]:
+    """``argv`` with ``--log-level X``, ``--log-level=X``, ``-v``/``-vv``/``--verbose`` moved to the front.
+
+    argparse takes a top-level option only before the verb; snarkjs users put ``-v`` last.
+    Nothing after a ``--`` moves. A ``--log-level`` without a value stays where it is, for
+    argparse to report.
+    """
+    front: list[str] = []
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        arg = argv[i]
+        if arg == "--":
+            rest.extend(argv[i:])
+            break
+        if arg == "--log-level" and i + 1 < len(argv):
+            front += argv[i : i + 2]
+            i += 2
+            continue
+        if arg.startswith("--log-level=") or arg == "--verbose" or (arg.startswith("-v") and set(arg[1:]) == {"v"}):
+            front.append(arg)
+        else:
+            rest.append(arg)
+        i += 1
+    return front + rest
+
+
+# --- the entry point -------------------------------------------------------------------------
+
+def _configure_logging(args: argparse.Namespace) -> str:
+    """Root logging at the chosen level, text or (``CUZK_MP_LOG_FORMAT=json``) JSON lines, on stderr.
+
+    The level: ``--log-level``, else ``-v`` (INFO) / ``-vv`` (DEBUG), else the verb's default
+    (INFO for ``setup``, whose progress lines are INFO), else WARNING.
+    """
+    level: str = args.log_level or ("DEBUG" if args.verbose >= 2 else "INFO" if args.verbose
+                                    else getattr(args, "default_log_level", "WARNING"))
+    configure(level, child_format(), process="cuzk-mp", text_format=LOG_FORMAT)
+    return level
+
+
+def _error(code: int, message: str) -> int:
+    print(f"cuzk-mp: {message}", file=sys.stderr)
+    return code
+
+
+def exit_code(exc: BaseException) -> tuple[int, str]:
+    """The exit code and the one-line message for an exception that ended a verb."""
+    if isinstance(exc, InputError):
+        return EXIT_INPUT, f"error: {exc}"
+    if isinstance(exc, ResourceError):
+        return EXIT_RESOURCES, f"not enough resources: {exc}"
+    if isinstance(exc, CuzkError):
+        return EXIT_FAILED, f"{type(exc).__name__}: {exc}"
+    if isinstance(exc, MemoryError):
+        return EXIT_RESOURCES, "not enough resources: out of host memory"
+    if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)):
+        return EXIT_INPUT, f"error: {exc.filename}: {exc.strerror}"
+    if isinstance(exc, OSError):
+        where = f"{exc.filename}: " if exc.filename else ""
+        return EXIT_FAILED, f"error: {where}{exc.strerror or exc}"
+    if isinstance(exc, KeyboardInterrupt):
+        return EXIT_INTERRUPTED, "interrupted"
+    return EXIT_INTERNAL, (f"internal error: {type(exc).__name__}: {exc} (a bug; rerun with --log-level DEBUG "
+                           "for the traceback)")
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Entry point of the console script; returns the exit code (see :data:`EXIT_CODES`)."""
     parser = build_parser()
-    args = parser.parse_args(argv)
-    logging.basicConfig(level=args.log_level.upper(), format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    try:
+        args = parser.parse_args(global_options_first(sys.argv[1:] if argv is None else argv))
+    except SystemExit as exc:  # --help, --version (0) or a usage error (2), already printed by argparse
+        return exc.code if isinstance(exc.code, int) else EXIT_INPUT
+    _configure_logging(args)
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)
-    except InputError as exc:
-        print(f"cuzk-mp: error: {exc}", file=sys.stderr)
-        return 2
-    except CuzkError as exc:
-        print(f"cuzk-mp: {type(exc).__name__}: {exc}", file=sys.stderr)
-        return 1
-    except FileNotFoundError as exc:
-        print(f"cuzk-mp: error: {exc.filename}: no such file", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        return 130
+    except BrokenPipeError:  # stdout closed early (`cuzk-mp client status | head`): nothing more to say
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_FAILED
+    except (Exception, KeyboardInterrupt) as exc:
+        code, message = exit_code(exc)
+        log.debug("%s ended with exit code %d", args.command, code, exc_info=True)
+        return _error(code, message)
 
 
-if __name__ == "__main__":
+if __name__ == "__main__":  # spawned worker processes import this module again as __mp_main__
     sys.exit(main())

@@ -46,6 +46,10 @@ class ConfigError(InputError):
     """A configuration file or value is invalid; the message names the key."""
 
 
+class AuthError(InputError):
+    """A request without the token the daemon requires, or beyond what its token may do."""
+
+
 class ProofError(CuzkError):
     """A proof could not be produced (the job fails; the process carries on)."""
 
@@ -73,7 +77,7 @@ class Cancelled(CuzkError):
 _KINDS: dict[str, type[CuzkError]] = {
     cls.__name__: cls
     for cls in (
-        CuzkError, InputError, FormatError, UnsatisfiedWitness, ConfigError, ProofError,
+        CuzkError, InputError, FormatError, UnsatisfiedWitness, ConfigError, AuthError, ProofError,
         VerificationFailed, ResourceError, WorkerDied, GpuDead, Cancelled,
     )
 }

@@ -5,9 +5,10 @@ Run from the repository root on the GPU machine:
 Prints a table (last) and writes ``perf/results/gpu-h200.json`` (and DIR/gpu-h200.json):
 a flat JSON object with gpu, date and one key per row. Every figure is the median
 of several CUDA-event-timed runs after a warm-up run; every timed kernel's output
-is checked (field chains against Python ints, NTTs by a round trip). A row whose
-pieces are missing (helper B's MSM bench, the dev setup) is recorded as
-"not run: <why>" instead of a number.
+is checked (field chains against Python ints, NTTs by a round trip). A section
+that fails is recorded as "<section>_error" and the others still run.
+perf/gpu_session.py is the one-call device session (tests, checked MSM and
+partition rows of old and new variants, fresh-box timings).
 """
 
 from __future__ import annotations
@@ -36,6 +37,7 @@ from cuzk_mp.backends.gpu.modules import get_module  # noqa: E402
 from cuzk_mp.backends.gpu.ntt import GpuNtt  # noqa: E402
 
 REPS = 5
+BENCH_KERNELS = ROOT / "perf" / "kernels"  # ff/bench.cu: multiply-throughput kernels (not shipped)
 
 
 def time_ms(fn: Callable[[], Any], reps: int = REPS) -> float:
@@ -87,7 +89,7 @@ def field_rate(kind: str, chains: int, n_threads: int, iters: int, rng: random.R
         host = ints_to_limbs([v[0] for v in vals], words)
     rows = np.resize(host, (n_threads, words))
     d_in, d_out = cupy.asarray(rows), cupy.empty((n_threads, words), dtype=np.uint64)
-    kern = get_module("ff/bench.cu", {"FF_BENCH_CHAINS": chains}).get_function(f"ff_bench_{kind}")
+    kern = get_module("ff/bench.cu", {"FF_BENCH_CHAINS": chains}, root=BENCH_KERNELS).get_function(f"ff_bench_{kind}")
     grid = (n_threads + 255) // 256
     ms = time_ms(lambda: kern((grid,), (256,), (d_in, d_out, np.uint64(n_threads), np.uint32(iters))))
     out = limbs_to_ints(cupy.asnumpy(d_out[:64]))
@@ -210,7 +212,7 @@ def sass_rows(out_dir: Path | None) -> dict[str, Any]:
         return {"sass": "not run: nvcc or cuobjdump missing"}
     with tempfile.TemporaryDirectory() as tmp:
         cu, cubin = Path(tmp) / "bench.cu", Path(tmp) / "bench.cubin"
-        cu.write_text(assemble("ff/bench.cu"))
+        cu.write_text(assemble("ff/bench.cu", BENCH_KERNELS))
         subprocess.run(["nvcc", "-arch=sm_90", "-std=c++17", "-cubin", "-o", str(cubin), str(cu)], check=True)
         sass = subprocess.run(["cuobjdump", "-sass", str(cubin)], check=True, capture_output=True, text=True).stdout
     if out_dir:
@@ -227,16 +229,10 @@ def sass_rows(out_dir: Path | None) -> dict[str, Any]:
 # ---------------------------------------------------------------- MSM and whole-proof rows
 
 def msm_rows(quick: bool) -> dict[str, Any]:
-    """Helper B's MSM rows (perf/gpu_msm_bench.py: msm_rows(quick) -> dict), or why not."""
-    try:
-        import gpu_msm_bench
-    except ImportError as exc:
-        why = f"not run: perf/gpu_msm_bench.py unavailable ({exc})"
-        return {k: why for k in ("g1_msm_random_2^20_ms", "g1_msm_porep_2^20_ms", "g2_msm_random_2^20_ms")}
-    fn = getattr(gpu_msm_bench, "msm_rows", None)
-    if fn is None:
-        return {"g1_msm_random_2^20_ms": "not run: perf/gpu_msm_bench.py has no msm_rows(quick)"}
-    return dict(fn(quick))
+    """The MSM rows of perf/gpu_msm_bench.py (msm_rows(quick))."""
+    import gpu_msm_bench
+
+    return dict(gpu_msm_bench.msm_rows(quick))
 
 
 def prove_rows(sizes: list[int], cache_dir: Path, proof_dir: Path | None = None) -> dict[str, Any]:
@@ -246,18 +242,13 @@ def prove_rows(sizes: list[int], cache_dir: Path, proof_dir: Path | None = None)
     (device part only, dense random a, b, c, w against the porep key). With ``proof_dir``, each
     kind's last proof, public signals and verification key are written as snarkjs JSON
     (``<tag>-2^N/{proof,public,verification_key}.json``) for ``snarkjs groth16 verify`` elsewhere."""
-    try:
-        from cuzk_mp.backends.gpu import msm  # noqa: F401
-        from cuzk_mp.groth16 import setup  # noqa: F401
-    except ImportError as exc:
-        return {f"prove_porep_2^{lg}_s": f"not run: {exc}" for lg in sizes}
     from cuzk_mp.backends.base import ProverInputs
     from cuzk_mp.backends.gpu.backend import GpuBackend
     from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
     from cuzk_mp.formats.snarkjs_json import proof_to_json, public_to_json, vk_to_json, write_json
     from cuzk_mp.formats.zkey import read_zkey
     from cuzk_mp.groth16.keys import vk_from_zkey
-    from cuzk_mp.groth16.prover import prove
+    from cuzk_mp.groth16.prover import prove, prove_start
     from cuzk_mp.groth16.synthesis import ConstraintEvaluator
     from cuzk_mp.pipeline.keys import ensure_synthetic_key
 
@@ -288,19 +279,19 @@ def prove_rows(sizes: list[int], cache_dir: Path, proof_dir: Path | None = None)
                 w_rand = g.integers(0, 1 << 62, size=(zkey.n_vars, 4), dtype=np.uint64)
                 staged = backend.stage(key, ProverInputs(*dense, w_rand))
                 t0 = time.perf_counter()
-                backend.prove_msms(key, staged)
+                prove_start(backend, key, staged, zkey.n_public)
                 rows[f"prove_msms_random_2^{lg}_s"] = time.perf_counter() - t0
-                rows.update({f"prove_msms_random_2^{lg}_{k}_ms": v for k, v in backend.last_timings.items()})
                 backend.release(staged)
+                rows.update({f"prove_msms_random_2^{lg}_{k}_ms": v for k, v in backend.last_timings.items()})
             key.close()
             zkey.close()
     return rows
 
 
 def prove_msms_random_rows(sizes: tuple[int, ...] = (20,)) -> dict[str, Any]:
-    """prove_msms (H + the five MSMs) on dense random a, b, c, w against a key-shaped set of
-    random points (64 G1 / 16 G2 points repeated: the work per MSM is that of distinct points),
-    with the backend's per-stage splits; needs helper B's msm.py."""
+    """The device work of a partition (H + the five MSMs, groth16.prover.prove_start) on dense
+    random a, b, c, w against a key-shaped set of random points (64 G1 / 16 G2 points repeated:
+    the work per MSM is that of distinct points), with the backend's per-stage splits."""
     from types import SimpleNamespace
 
     from py_arkworks_bls12381 import G1Point, G2Point, Scalar
@@ -308,6 +299,7 @@ def prove_msms_random_rows(sizes: tuple[int, ...] = (20,)) -> dict[str, Any]:
     from cuzk_mp.algebra import curve
     from cuzk_mp.backends.base import ProverInputs
     from cuzk_mp.backends.gpu.backend import GpuBackend
+    from cuzk_mp.groth16.prover import prove_start
 
     rng = random.Random(3)
     scal = lambda: Scalar.from_le_bytes(rng.randrange(1, R_MOD).to_bytes(32, "little"))  # noqa: E731
@@ -325,7 +317,7 @@ def prove_msms_random_rows(sizes: tuple[int, ...] = (20,)) -> dict[str, Any]:
         for _ in range(3):
             staged = backend.stage(key, ProverInputs(*dense))
             t0 = time.perf_counter()
-            backend.prove_msms(key, staged)
+            prove_start(backend, key, staged, n_pub)
             times.append(time.perf_counter() - t0)
             backend.release(staged)
         rows[f"prove_msms_random_2^{lg}_s"] = statistics.median(times)

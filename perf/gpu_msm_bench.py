@@ -1,4 +1,4 @@
-"""GPU MSM and fixed-base benchmark (helper B's rows of perf/gpu_bench.py), checked as it goes.
+"""GPU MSM and fixed-base benchmark (the MSM rows of perf/gpu_bench.py), checked as it goes.
 
 Bases are made on the device by the fixed-base kernel from known discrete logs
 t_i (t_i G), so every timed MSM is also checked: sum_i s_i (t_i G) must equal
@@ -10,9 +10,10 @@ accumulate, reduce, finish).
 
 Usage: ``python3 perf/gpu_msm_bench.py [--quick | --g2-variants] [--out FILE.json]``;
 prints a table last. ``msm_rows(quick)`` is what perf/gpu_bench.py calls.
-``--g2-variants`` times only the compiled G2 variants of :data:`G2_VARIANTS` and
-the reduction knobs at 2^24 (random and PoRep-like, every result checked), after
-compiling all variants at once in parallel processes (CuPy's disk cache).
+``--g2-variants`` times only the G2 module variants of ``knobs.G2_VARIANTS`` (shipped
+precompiled for sm_90) and the reduction knobs at 2^24 (random and PoRep-like,
+every result checked). :func:`time_msm` with ``multiples=c`` times the MSM over
+precomputed multiples (the table build is timed apart).
 """
 
 from __future__ import annotations
@@ -20,11 +21,9 @@ from __future__ import annotations
 import argparse
 import datetime
 import json
-import multiprocessing
 import statistics
 import sys
 import time
-from concurrent.futures import ProcessPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -38,20 +37,11 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar  # noqa: E402
 from cuzk_mp.algebra import fr  # noqa: E402
 from cuzk_mp.algebra.field import R_MOD  # noqa: E402
 from cuzk_mp.backends.gpu import fixed_base, msm  # noqa: E402
+from cuzk_mp.backends.gpu.knobs import G2_VARIANTS  # noqa: E402
 from cuzk_mp.backends.gpu.modules import get_module  # noqa: E402
 
 CHECKPOINT: Any = lambda rows: None  # main() points this at the --out writer (partial results survive a timeout)
-PHASES = ("classify", "ones", "digits", "sort", "accumulate", "reduce", "finish")
-# Compiled G2 module variants (perf/gpu_msm_notes.md has their ptxas/SASS figures).
-G2_VARIANTS = {
-    "inline": msm.MsmParams(),  # the default: Fq2 products inlined, 255 registers, 2 blocks/SM
-    "inline_mb3": msm.MsmParams(acc_min_blocks=3),  # 168 registers, 3 blocks/SM, spills in L1
-    "calls": msm.MsmParams(fp2_calls=True),  # Fq2 mul/sqr as calls: ~3x less code per step
-    "calls_mb3": msm.MsmParams(fp2_calls=True, acc_min_blocks=3),
-    "lazy": msm.MsmParams(fp2_lazy=True),  # Fq2 mul with two reductions: -13 % IMADs
-    "calls_lazy": msm.MsmParams(fp2_calls=True, fp2_lazy=True),
-    "calls_lazy_mb3": msm.MsmParams(fp2_calls=True, fp2_lazy=True, acc_min_blocks=3),
-}
+PHASES = ("ones", "digits", "sort", "accumulate", "reduce", "d2h", "finish")
 
 
 def random_scalars(n: int, dist: str, seed: int) -> np.ndarray:
@@ -100,18 +90,33 @@ class Bases:
 
 
 def time_msm(bases: Bases, s: np.ndarray, reps: int, params: msm.MsmParams | None = None,
-             check: bool = True) -> dict[str, Any]:
-    """Median ms (CUDA events) and phase split of ``reps`` runs; ``ok`` = result checked."""
-    obj = (msm.MsmG2 if bases.g2 else msm.MsmG1)(bases.d_points[: s.shape[0]], params)
+             check: bool = True, multiples: int | None = None) -> dict[str, Any]:
+    """Median ms (CUDA events, classification excluded: the prover classifies while staging)
+    and phase split of ``reps`` runs; ``ok`` = result checked. ``multiples``: the window bits
+    of a precomputed multiples table (its build time is ``build_ms``)."""
+    n = s.shape[0]
+    mult, build_ms = None, 0.0
+    if multiples is not None:
+        ev = [cupy.cuda.Event() for _ in range(2)]
+        ev[0].record()
+        w = msm.window_count(multiples)
+        mult = msm.Multiples(fixed_base.multiples_table(bases.d_points[:n], multiples, w), multiples, w, n)
+        ev[1].record()
+        ev[1].synchronize()
+        build_ms = float(cupy.cuda.get_elapsed_time(ev[0], ev[1]))
+    cls = msm.MsmG2 if bases.g2 else msm.MsmG1
+    obj = cls(mult.table[:n] if mult is not None else bases.d_points[:n], params, mult)
     d_s = cupy.asarray(s)
-    got = obj.run(d_s)  # warm-up (and compile on first use)
+    plan = msm.classify(d_s)
+    got = obj.launch(d_s, plan).result()  # warm-up
     runs = []
     for _ in range(reps):
         t0 = time.perf_counter()
-        obj.run(d_s)
-        runs.append((dict(obj.last_timings), time.perf_counter() - t0))
+        pending = obj.launch(d_s, plan)
+        pending.result()
+        runs.append((dict(pending.timings), time.perf_counter() - t0))
     row: dict[str, Any] = {"ms": statistics.median(r[0]["total"] for r in runs),
-                           "wall_ms": 1e3 * statistics.median(r[1] for r in runs)}
+                           "wall_ms": 1e3 * statistics.median(r[1] for r in runs), "build_ms": build_ms}
     for ph in PHASES:
         row[ph] = statistics.median(r[0].get(ph, 0.0) for r in runs)
     row["ok"] = bool(got == bases.expected(s)) if check else None
@@ -141,6 +146,8 @@ def _flatten(rows: dict[str, Any], key: str, r: dict[str, Any]) -> None:
     rows[f"{key}_ms"] = r["ms"]
     rows[f"{key}_ok"] = r["ok"]
     rows[f"{key}_resident_threads"] = r["resident_threads"]
+    if r.get("build_ms"):
+        rows[f"{key}_build_ms"] = r["build_ms"]
     for ph in PHASES:
         rows[f"{key}_{ph}_ms"] = r[ph]
 
@@ -181,14 +188,11 @@ def bench_rows(plan: dict[bool, tuple[int, ...]], reps: int, sweep_lg: int | Non
 
 
 def variant_rows(lg: int = 24, reps: int = 3) -> dict[str, Any]:
-    """G2 rows at 2^lg for every :data:`G2_VARIANTS` entry (random and PoRep-like, checked),
+    """G2 rows at 2^lg for every ``knobs.G2_VARIANTS`` entry (random and PoRep-like, checked),
     then the runtime reduction knobs on the default module."""
     rows: dict[str, Any] = {}
-    jobs = {f"compile_msm_g2_{name}_s": (msm.MSM_PATH, p.defines(True)) for name, p in G2_VARIANTS.items()}
-    jobs["compile_fixed_base_g2_s"] = (fixed_base.FB_PATH, fixed_base.FixedBaseParams().defines(True))
-    t0 = time.perf_counter()
-    rows.update(precompile(jobs))
-    rows["compile_parallel_wall_s"] = time.perf_counter() - t0
+    for name, params in G2_VARIANTS.items():
+        _load(rows, f"msm_g2_{name}", msm.MSM_PATH, params.defines(True))
     CHECKPOINT(rows)
     bases = Bases(True, 1 << lg, seed=7)
     for dist in ("random", "porep"):
@@ -202,32 +206,19 @@ def variant_rows(lg: int = 24, reps: int = 3) -> dict[str, Any]:
     return rows
 
 
-def _compile_one(path: str, defines: dict[str, int]) -> float:
+def _load(rows: dict[str, Any], label: str, path: str, defines: dict[str, int]) -> None:
+    """Load one module (the shipped binary, or NVRTC where none fits); seconds in ``load_<label>_s``."""
     t0 = time.perf_counter()
     get_module(path, defines)
-    return time.perf_counter() - t0
-
-
-def precompile(jobs: dict[str, tuple[str, dict[str, int]]]) -> dict[str, float]:
-    """Compile {label: (module path, defines)} in parallel processes; seconds each.
-
-    Each worker's NVRTC result lands in CuPy's disk cache, so this process then
-    loads every variant in milliseconds (one G2 module is ~1 min of NVRTC).
-    """
-    ctx = multiprocessing.get_context("spawn")
-    with ProcessPoolExecutor(max_workers=len(jobs), mp_context=ctx) as ex:
-        futures = {label: ex.submit(_compile_one, path, defines) for label, (path, defines) in jobs.items()}
-        return {label: f.result() for label, f in futures.items()}
+    rows[f"load_{label}_s"] = time.perf_counter() - t0
 
 
 def _compile(rows: dict[str, Any], g2: bool) -> None:
-    """Compile (or load from CuPy's disk cache) one group's modules; seconds each."""
+    """Load one group's modules; seconds each."""
     grp = "g2" if g2 else "g1"
     for path, defines in ((msm.MSM_PATH, msm.MsmParams().defines(g2)),
                           (fixed_base.FB_PATH, fixed_base.FixedBaseParams().defines(g2))):
-        t0 = time.perf_counter()
-        get_module(path, defines)
-        rows[f"compile_{path.split('/')[0]}_{grp}_s"] = time.perf_counter() - t0
+        _load(rows, f"{path.split('/')[0]}_{grp}", path, defines)
         CHECKPOINT(rows)
 
 
@@ -261,7 +252,7 @@ def _table(rows: dict[str, Any]) -> str:
             lines.append(f"{base:36} {rows[k]:9.2f} {str(rows[base + '_ok'])[0]}    "
                          + " ".join(f"{rows.get(f'{base}_{p}_ms', 0.0):7.2f}" for p in PHASES))
     lines += [f"{k:48} {v:9.2f}" for k, v in sorted(rows.items())
-              if isinstance(v, float) and ("sweep" in k or "fixed_base" in k or k.startswith("compile"))]
+              if isinstance(v, float) and ("sweep" in k or "fixed_base" in k or k.startswith("load"))]
     return "\n".join(lines)
 
 

@@ -38,7 +38,6 @@ import shutil
 import subprocess
 import sys
 import tempfile
-import types
 from collections import Counter
 from pathlib import Path
 from typing import Any
@@ -46,11 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-try:
-    import cupy  # noqa: F401
-except ImportError:  # msm.py imports cupy but only uses it at run time: a stand-in lets us read MsmParams
-    sys.modules["cupy"] = types.ModuleType("cupy")
-from cuzk_mp.backends.gpu.msm import MSM_PATH, MsmParams  # noqa: E402
+from cuzk_mp.backends.gpu.knobs import G2_VARIANTS, MSM_PATH, MsmParams  # noqa: E402
 from cuzk_mp.backends.gpu.source import assemble  # noqa: E402
 _FUNC = re.compile(r"Function properties for (\S+)")
 _ENTRY = re.compile(r"Compiling entry function '(\S+)'")
@@ -252,14 +247,12 @@ def main() -> None:
     ap.add_argument("--fp2-lazy", action="store_true", help="MsmParams.fp2_lazy")
     ap.add_argument("-D", dest="defines", action="append", default=[], help="extra define K=V")
     ap.add_argument("--variants", action="store_true",
-                    help="G1 default and every G2 variant of perf/gpu_msm_bench.py's G2_VARIANTS")
+                    help="G1 default and every G2 variant of knobs.G2_VARIANTS")
     ap.add_argument("--json", type=Path, default=None, help="write the full report here")
     ap.add_argument("--sass", type=Path, default=None, help="write the SASS listing here")
     args = ap.parse_args()
     defines = dict(d.split("=", 1) if "=" in d else (d, "1") for d in args.defines)
     if args.variants:
-        from gpu_msm_bench import G2_VARIANTS
-
         reps = {"g1_default": compile_report(False, MsmParams(), defines)}
         print(summary(reps["g1_default"]), flush=True)
         for name, params in G2_VARIANTS.items():

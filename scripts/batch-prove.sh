@@ -1,22 +1,38 @@
 #!/usr/bin/env bash
 # Prove a directory of inputs through a running cuzk-mp daemon, N jobs in flight, resumable.
-#
-#   scripts/batch-prove.sh --circuit ID --out OUT_DIR [--connect ADDR] [-j N] [--verify]
-#                          [--priority P] [--timeout S] INPUT_DIR
-#
-# Each entry of INPUT_DIR is one job:
-#   NAME.json / NAME.wtns   a job of one partition (circom input JSON, or a witness)
-#   NAME/                   a job whose partitions are NAME/*.json|*.wtns in name order
-# Results go to OUT_DIR/NAME/: proof_<i>.json, public_<i>.json, verification_key.json (snarkjs
-# JSON), result.json (the job summary), client.log, and a .done marker once complete (and, with
-# --verify, every proof verified by `cuzk-mp groth16 verify`).
-#
-# Resumable: entries with a .done marker are skipped. Each job's request id is
-# batch-<circuit>-<NAME>-<attempt>, so rerunning after an interruption re-attaches to the job the
-# daemon already has (no proof is computed twice); an entry whose job failed gets a new attempt.
-# Exit 0 if every entry is done, 1 if any failed, 2 on bad arguments.
-# $CUZK_MP overrides the command (default: cuzk-mp), e.g. CUZK_MP="python -m cuzk_mp.cli".
+# `scripts/batch-prove.sh --help` for the usage.
 set -euo pipefail
+
+usage() {
+  cat <<'EOF_USAGE'
+usage: batch-prove.sh --circuit ID --out OUT_DIR [--connect ADDR] [-j N] [--verify]
+                      [--priority P] [--timeout S] INPUT_DIR
+       (options and INPUT_DIR in any order; --opt=VALUE works too)
+
+Each entry of INPUT_DIR is one job:
+  NAME.json / NAME.wtns   a job of one partition (circom input JSON, or a witness)
+  NAME/                   a job whose partitions are NAME/*.json|*.wtns in name order
+Results go to OUT_DIR/NAME/: proof_<i>.json, public_<i>.json, verification_key.json (snarkjs
+JSON), result.json (the job summary), client.log, and a .done marker once complete (and, with
+--verify, every proof verified by `cuzk-mp groth16 verify`).
+
+Resumable: entries with a .done marker are skipped. A job's request id is
+batch-<start of NAME>-<hash>-<attempt>, the hash (SHA-256) covering the circuit id, NAME and
+the name and content of every input file: a rerun after an interruption re-attaches to the job
+the daemon already has (no proof is computed twice), two entries never share an id however
+alike their names, and an input changed since the last run is a new job. An entry whose job
+failed gets a new attempt.
+
+  --connect ADDR   unix:///path or host:port (default $CUZK_MP_CONNECT or 127.0.0.1:9820)
+  -j, --jobs N     jobs in flight (default 4)
+  --verify         check every proof with `cuzk-mp groth16 verify` before marking it done
+  --priority P     CRITICAL, HIGH, NORMAL or LOW (default: the circuit's)
+  --timeout S      give up waiting for a job after S seconds (it goes on in the daemon)
+
+Exit 0 if every entry is done, 1 if any failed, 2 on bad arguments.
+$CUZK_MP overrides the command (default: cuzk-mp), e.g. CUZK_MP="python -m cuzk_mp".
+EOF_USAGE
+}
 
 connect="${CUZK_MP_CONNECT:-127.0.0.1:9820}"
 jobs=4
@@ -26,30 +42,56 @@ timeout=""
 circuit=""
 out=""
 input=""
-usage() { sed -n '2,20p' "$0"; }
+bad() { echo "batch-prove.sh: $*" >&2; echo "batch-prove.sh: --help for the usage" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
-  case "$1" in
-    --circuit) circuit="$2"; shift 2 ;;
-    --out) out="$2"; shift 2 ;;
-    --connect) connect="$2"; shift 2 ;;
-    -j|--jobs) jobs="$2"; shift 2 ;;
-    --verify) verify=1; shift ;;
-    --priority) priority="$2"; shift 2 ;;
-    --timeout) timeout="$2"; shift 2 ;;
+  arg="$1"; shift
+  value=""
+  case "$arg" in
+    --*=*) value="${arg#*=}"; arg="${arg%%=*}" ;;
+    -j?*) value="${arg#-j}"; arg="-j" ;;
+    --circuit|--out|--connect|-j|--jobs|--priority|--timeout)
+      [[ $# -gt 0 ]] || bad "$arg needs a value"
+      value="$1"; shift ;;
+  esac
+  case "$arg" in
+    --circuit) circuit="$value" ;;
+    --out) out="$value" ;;
+    --connect) connect="$value" ;;
+    -j|--jobs) jobs="$value" ;;
+    --priority) priority="$value" ;;
+    --timeout) timeout="$value" ;;
+    --verify) verify=1 ;;
     -h|--help) usage; exit 0 ;;
-    -*) echo "batch-prove.sh: unknown option $1" >&2; exit 2 ;;
-    *) [[ -z "$input" ]] || { echo "batch-prove.sh: one INPUT_DIR only" >&2; exit 2; }
-       input="$1"; shift ;;
+    --) for arg in "$@"; do [[ -z "$input" ]] || bad "one INPUT_DIR only"; input="$arg"; done
+        shift $# ;;
+    -*) bad "unknown option $arg" ;;
+    *) [[ -z "$input" ]] || bad "one INPUT_DIR only"
+       input="$arg" ;;
   esac
 done
-if [[ -z "$circuit" || -z "$out" || -z "$input" ]]; then
-  usage >&2; exit 2
-fi
-[[ -d "$input" ]] || { echo "batch-prove.sh: $input is not a directory" >&2; exit 2; }
-[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || { echo "batch-prove.sh: -j needs a positive integer" >&2; exit 2; }
+[[ -n "$circuit" ]] || bad "--circuit ID is required"
+[[ -n "$out" ]] || bad "--out OUT_DIR is required"
+[[ -n "$input" ]] || bad "INPUT_DIR is required"
+[[ -d "$input" ]] || bad "$input is not a directory"
+[[ "$jobs" =~ ^[1-9][0-9]*$ ]] || bad "-j needs a positive integer, not '$jobs'"
 mkdir -p "$out"
 export BP_CONNECT="$connect" BP_CIRCUIT="$circuit" BP_OUT="$out" BP_VERIFY="$verify" \
        BP_PRIORITY="$priority" BP_TIMEOUT="$timeout" BP_CUZK="${CUZK_MP:-cuzk-mp}"
+
+# The request id of an entry (NAME and its input files): see the usage text.
+request_id() {
+  local name="$1" attempt="$2" f digest
+  shift 2
+  digest=$({
+    printf '%s\0%s\0' "$BP_CIRCUIT" "$name"
+    for f in "$@"; do
+      printf '%s\0' "${f##*/}"
+      sha256sum < "$f" | cut -d' ' -f1
+    done
+  } | sha256sum | cut -c1-40)
+  echo "batch-$(printf '%s' "$name" | tr -c 'A-Za-z0-9_.-' '_' | cut -c1-24)-${digest}-${attempt}"
+}
+export -f request_id
 
 # One job: prove an entry, write its files, verify, mark it done. Runs in a child bash.
 prove_one() {
@@ -66,11 +108,11 @@ prove_one() {
     attempt=$((attempt + 1)); rm -f "$dir/.failed"
   fi
   echo "$attempt" > "$dir/.attempt"
-  rid="batch-${BP_CIRCUIT}-$(echo "$name" | tr -c 'A-Za-z0-9_.\n-' '_' | cut -c1-80)-${attempt}"
   local -a files=("$entry") extra=()
   if [[ -d "$entry" ]]; then
     mapfile -t files < <(find "$entry" -maxdepth 1 -type f \( -name '*.json' -o -name '*.wtns' \) | sort)
   fi
+  rid=$(request_id "$name" "$attempt" "${files[@]}")
   [[ -n "$BP_PRIORITY" ]] && extra+=(--priority "$BP_PRIORITY")
   [[ -n "$BP_TIMEOUT" ]] && extra+=(--timeout "$BP_TIMEOUT")
   rc=0

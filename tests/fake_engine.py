@@ -171,22 +171,25 @@ class FakeEngine:
                     self._finish(job_id, "done")
 
 
-def make_config(tmp_path: Path, **daemon: Any) -> C.DaemonConfig:
-    """A daemon config in ``tmp_path`` with two synthetic circuits (a unix socket, 64 KiB frames)."""
+def make_config(tmp_path: Path, circuits: dict[str, Any] | None = None, **daemon: Any) -> C.DaemonConfig:
+    """A daemon config in ``tmp_path`` with two synthetic circuits (a unix socket, 64 KiB frames);
+    ``circuits``: more [circuits.ID] tables, ``daemon``: [daemon] keys."""
     raw = {
         "daemon": {"listen": f"unix://{tmp_path}/d.sock", "max_frame_bytes": "64KiB", **daemon},
         "srs": {"param_cache": str(tmp_path / "cache")},
         "memory": {"total_budget": "64GiB"},
         "circuits": {"syn": {"synthetic": "porep-like", "log_n": 10, "partitions": 2},
-                     "crit": {"synthetic": "porep-like", "log_n": 10, "priority": "CRITICAL"}},
+                     "crit": {"synthetic": "porep-like", "log_n": 10, "priority": "CRITICAL"},
+                     **(circuits or {})},
     }
     return C.resolve(raw, base=tmp_path, source="test.toml")
 
 
 def run_daemon(tmp_path: Path, body: Callable[[Daemon, str], Awaitable[None]],
-               **daemon: Any) -> Daemon:
-    """Start a Daemon with the FakeEngine, run ``body(daemon, address)``, stop it."""
-    cfg = make_config(tmp_path, **daemon)
+               circuits: dict[str, Any] | None = None, **daemon: Any) -> Daemon:
+    """Start a Daemon with the FakeEngine, run ``body(daemon, address)``, stop it (``circuits``:
+    more [circuits.ID] tables, ``daemon``: [daemon] keys)."""
+    cfg = make_config(tmp_path, circuits, **daemon)
 
     async def main() -> Daemon:
         d = Daemon(cfg, engine_factory=FakeEngine)

@@ -319,28 +319,59 @@ def snarkjs_verify(vk: dict[str, Any], cases: list[tuple[Any, Any]]) -> None:
 
 def raw_roundtrip(path: str, payloads: list[bytes], timeout: float = 30.0) -> list[Any]:
     """Send raw frames on a fresh unix-socket connection; the decoded replies until EOF or timeout."""
+    # One write: the frames are small enough to sit in the socket buffer at once, so a server
+    # that answers an oversized frame and closes cannot break the pipe mid-send.
+    return exchange(path, b"".join(payloads), len(payloads), timeout, see_close=False)[0]
+
+
+def exchange(path: str, data: bytes, n_replies: int, timeout: float = 20.0,
+             see_close: bool = True) -> tuple[list[Any], bool]:
+    """Send raw bytes on a fresh unix-socket connection; (the replies read, up to ``n_replies``,
+    and whether the daemon closed the connection: with ``see_close``, also after the last reply,
+    waiting 0.2 s for the close)."""
     s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     s.settimeout(timeout)
     s.connect(path)
     try:
-        # One write: the frames are small enough to sit in the socket buffer at once, so a
-        # server that answers an oversized frame and closes cannot break the pipe mid-send.
-        s.sendall(b"".join(payloads))
-    except (BrokenPipeError, ConnectionResetError):
-        pass  # the server already closed; its reply (if any) is still readable below
-    out, buf = [], b""
-    try:
-        while len(out) < len(payloads):
-            chunk = s.recv(65536)
+        try:
+            s.sendall(data)
+        except (BrokenPipeError, ConnectionResetError):
+            pass  # the daemon closed early; what it answered is still readable
+        out: list[Any] = []
+        buf, closed = b"", False
+        while len(out) < n_replies:
+            try:
+                chunk = s.recv(1 << 16)
+            except ConnectionResetError:
+                chunk = b""
             if not chunk:
+                closed = True
                 break
             buf += chunk
             while len(buf) >= 4 and len(buf) >= 4 + struct.unpack(">I", buf[:4])[0]:
                 n = struct.unpack(">I", buf[:4])[0]
                 out.append(P.decode_reply(buf[4:4 + n]))
                 buf = buf[4 + n:]
+        if not closed and see_close:
+            s.settimeout(0.2)
+            try:
+                closed = s.recv(1) == b""
+            except (TimeoutError, ConnectionResetError):
+                closed = False
+        return out, closed
     finally:
         s.close()
+
+
+def shm_inodes(prefix: str) -> dict[str, int]:
+    """/dev/shm entries named with ``prefix`` and their inodes (an entry re-created under the
+    same name has a new inode, so a restart's cleanup shows even when the names come back)."""
+    out = {}
+    for name in shm_leftovers(prefix):
+        try:
+            out[name] = os.stat(f"/dev/shm/{name}").st_ino
+        except FileNotFoundError:
+            continue
     return out
 
 

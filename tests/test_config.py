@@ -44,7 +44,8 @@ def test_example_config_loads_and_maps_onto_the_engine(tmp_path: Path) -> None:
     # threads_per_partition = "auto": the machine's cores shared among the workers
     assert (e.partition_workers, e.synthesis_threads, e.ring_slots) == (2, max(1, (os.cpu_count() or 1) // 2), 4)
     assert (e.verify_proofs, e.max_attempts, e.start_timeout_s) == (True, 2, 300.0)
-    assert e.param_cache == tmp_path and e.shm_prefix is None
+    assert e.param_cache == tmp_path and e.shm_prefix == C.default_shm_prefix(tmp_path / "journal.sqlite")
+    assert (cfg.frame_timeout_s, cfg.max_connections, cfg.tokens, cfg.admin_tokens) == (60.0, 256, (), ())
     assert e.srs_budget_bytes is not None and e.srs_budget_bytes > 0
     spec = cfg.circuits["porep-like-10"].spec
     assert (spec.synthetic, spec.log_n, spec.partitions) == ("porep-like", 10, 1)
@@ -297,3 +298,67 @@ def test_not_toml_and_missing_file(tmp_path: Path) -> None:
         C.load_config(write(tmp_path, "[daemon\nlisten = 1"))
     with pytest.raises(ConfigError, match="not found"):
         C.load_config(tmp_path / "nope.toml")
+
+
+TOKEN = "t0ken-for-tests-0001"
+
+
+@pytest.mark.parametrize("daemon, key", [
+    ({"listen": "0.0.0.0:9820"}, "daemon.listen = '0.0.0.0:9820' is reachable from other hosts"),
+    ({"listen": "[::]:9820"}, "daemon.listen"),
+    ({"listen": "example.org:9820"}, "daemon.listen"),
+    ({"status_listen": "192.168.1.5:9821"}, "daemon.status_listen"),
+    ({"tokens": ["short"]}, "daemon.tokens[0]: a token is 16-256"),
+    ({"tokens": ["has a space in it!!!"]}, "daemon.tokens[0]"),
+    ({"admin_tokens": [TOKEN], "tokens": [TOKEN]}, "distinct"),
+    ({"tokens": [TOKEN, TOKEN]}, "distinct"),
+    ({"max_connections": 0}, "daemon.max_connections"),
+    ({"frame_timeout": 0}, "daemon.frame_timeout"),
+    ({"frame_timeout": "forever"}, "daemon.frame_timeout"),
+])
+def test_access_settings_are_checked(daemon: dict, key: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape(key)) as info:
+        resolve({"daemon": daemon}, tmp_path)
+    assert TOKEN not in str(info.value) or "distinct" in key  # a secret is never echoed
+
+
+def test_non_loopback_listeners_need_tokens(tmp_path: Path) -> None:
+    for listen in ("127.0.0.1:9820", "127.5.0.1:9820", "[::1]:9820", "localhost:9820",
+                   "unix:///tmp/x.sock"):
+        assert resolve({"daemon": {"listen": listen}}, tmp_path).tokens == ()
+    cfg = resolve({"daemon": {"listen": "0.0.0.0:9820", "tokens": [TOKEN],
+                              "admin_tokens": ["admin-token-0000001"], "frame_timeout": "5s",
+                              "max_connections": 3}}, tmp_path)
+    assert cfg.tokens == (TOKEN,) and cfg.admin_tokens == ("admin-token-0000001",)
+    assert (cfg.frame_timeout_s, cfg.max_connections) == (5.0, 3)
+
+
+def test_default_shm_prefix_is_stable_per_journal(tmp_path: Path) -> None:
+    a = resolve({"daemon": {"journal": "a/journal.sqlite"}}, tmp_path)
+    again = resolve({"daemon": {"journal": str(tmp_path / "a" / "journal.sqlite")}}, tmp_path)
+    b = resolve({"daemon": {"journal": "b/journal.sqlite"}}, tmp_path)
+    assert a.engine.shm_prefix == again.engine.shm_prefix != b.engine.shm_prefix
+    assert re.fullmatch(r"cuzk-[0-9a-f]{12}", a.engine.shm_prefix or "")
+    (tmp_path / "link").symlink_to(tmp_path / "a")
+    via_link = resolve({"daemon": {"journal": "link/journal.sqlite"}}, tmp_path)
+    assert via_link.engine.shm_prefix == a.engine.shm_prefix  # one journal, one prefix
+    fixed = resolve({"pipeline": {"shm_prefix": "cuzk-fixed"}}, tmp_path)
+    assert fixed.engine.shm_prefix == "cuzk-fixed"
+
+
+def test_check_warns_about_weak_access(tmp_path: Path) -> None:
+    from cuzk_mp.daemon.access import config_warnings
+
+    quiet = resolve({"daemon": {"listen": f"unix://{tmp_path}/d.sock"}}, tmp_path)
+    assert config_warnings(quiet) == []
+    loud = resolve({"daemon": {"listen": f"unix://{tmp_path}/d.sock", "socket_mode": "0777"}}, tmp_path)
+    [w] = config_warnings(loud)
+    assert "0777" in w and "world-writable" in w and "every job" in w
+    remote = resolve({"daemon": {"listen": "0.0.0.0:9820", "tokens": [TOKEN]}}, tmp_path)
+    [w] = config_warnings(remote)
+    assert "clear text" in w
+    p = write(tmp_path, f'[daemon]\ntokens = ["{TOKEN}"]\n[memory]\ntotal_budget = "64GiB"\n')
+    p.chmod(0o644)
+    assert any("every user can read it" in w for w in config_warnings(C.load_config(p)))
+    p.chmod(0o600)
+    assert config_warnings(C.load_config(p)) == []

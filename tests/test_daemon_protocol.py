@@ -130,7 +130,7 @@ def test_errors_are_data_and_the_daemon_keeps_serving(tmp_path: Path) -> None:
                 (c.await_proof("no-such-job"), "unknown job"),
                 (c.cancel("no-such-job"), "unknown job"),
                 (c.preload("nope"), "unknown circuit"),
-                (c.await_proof("x", timeout_s=-1), "unknown job"),
+                (c.await_proof("x", timeout_s=-1), "timeout_s"),
             ]
             for coro, pattern in cases:
                 with pytest.raises(InputError, match=pattern):

@@ -1,13 +1,17 @@
-"""GpuBackend and the GPU plumbing: source assembly, compilation, memory checks, H, MSM sums.
+"""GpuBackend and the GPU plumbing: source assembly, memory planning, host pages, the protocol.
 
-CPU-only tests check the source assembler and, when ``nvcc`` is installed,
-that every shipped translation unit compiles for sm_90 (catches kernel errors
-before device time is spent). GPU tests (marker ``gpu``) compare the backend's
-primitives and a whole ``prove_msms`` with the CPU backend on random inputs.
+CPU-only tests check the source assembler, the multiples planner and the release of
+key-file pages, and, when ``nvcc`` is installed, that the test and benchmark kernels
+kept outside the package still compile (the shipped ones are built and checked by
+scripts/build_kernels.py and tests/test_gpu_kernels_shipped.py). GPU tests (marker
+``gpu``) compare the backend's primitives and its protocol methods (stage, h_values,
+msm Futures, release) with the CPU backend on random inputs.
 """
 
 from __future__ import annotations
 
+import hashlib
+import mmap
 import os
 import random
 import shutil
@@ -21,11 +25,14 @@ import pytest
 
 from cuzk_mp.algebra import curve, fr
 from cuzk_mp.backends.base import ProverInputs
-from cuzk_mp.backends.gpu.source import assemble, read_kernel_file
+from cuzk_mp.backends.gpu import hostmem
+from cuzk_mp.backends.gpu.source import assemble, kernel_names, read_kernel_file
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
+from tests.gpu_emu import KERNELS
 
 SEED = int(os.environ.get("CUZK_TEST_SEED", random.randrange(1 << 30)))
-UNITS = ["ntt/ntt.cu", "h/h.cu", "ff/check.cu", "ff/bench.cu"]
+ROOT = Path(__file__).resolve().parent.parent
+OUTSIDE_UNITS = [("ff/check.cu", KERNELS), ("ec/check.cu", KERNELS), ("ff/bench.cu", ROOT / "perf" / "kernels")]
 
 
 # ---------------------------------------------------------------- no GPU needed
@@ -44,17 +51,69 @@ def test_assemble_reports_missing_file() -> None:
         read_kernel_file("nope.cu")
 
 
+def test_assemble_outside_root_uses_package_headers() -> None:
+    """A test kernel outside the package includes the package's headers unchanged."""
+    src = assemble("ec/check.cu", KERNELS)
+    assert src.count('#line 1 "ff/fp2_lazy.cuh"') == 1 and src.count('#line 1 "ff/mont.cuh"') == 1
+    assert kernel_names("ec/check.cu", KERNELS) == ["ec_fp2_mul_check"]
+    assert kernel_names("msm/msm.cu") == ["msm_classify", "msm_digits", "msm_accumulate", "msm_reduce"]
+    assert not (ROOT / "cuzk_mp" / "backends" / "gpu" / "kernels" / "ec" / "check.cu").exists()
+
+
 @pytest.mark.slow
-@pytest.mark.parametrize("unit", UNITS)
-def test_unit_compiles_with_nvcc(unit: str, tmp_path: Path) -> None:
+@pytest.mark.parametrize("unit,root", OUTSIDE_UNITS, ids=[u for u, _ in OUTSIDE_UNITS])
+def test_outside_unit_compiles_with_nvcc(unit: str, root: Path, tmp_path: Path) -> None:
     nvcc = shutil.which("nvcc")
     if nvcc is None:
         pytest.skip("nvcc not installed")
     cu = tmp_path / "unit.cu"
-    cu.write_text(assemble(unit))
+    cu.write_text(assemble(unit, root))
     res = subprocess.run([nvcc, "-arch=sm_90", "-std=c++17", "-cubin", "-o", str(tmp_path / "u.cubin"), str(cu)],
-                         capture_output=True, text=True)
+                         capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr[-3000:]
+
+
+def test_plan_multiples() -> None:
+    """Sections in the order h, b2, a, b1, c while the tables leave the reserve free."""
+    from cuzk_mp.backends.gpu.knobs import RESERVE_FIXED, RESERVE_PER_ROW, plan_multiples
+
+    n = 1 << 24
+    sizes = {"a": 96 * n, "b1": 96 * n, "b2": 192 * n, "c": 96 * (n - 3), "h": 96 * n}
+    assert plan_multiples(sizes, 133 << 30, n) == {s: 22 for s in ("h", "b2", "a", "b1", "c")}  # an H200
+    free = 100 << 30
+    got = plan_multiples(sizes, free, n)
+    assert list(got) == ["h", "b2", "a"] and set(got.values()) == {22}
+    used = sum(11 * sizes[s] for s in got)
+    assert used <= free - RESERVE_FIXED - RESERVE_PER_ROW * n < used + 11 * sizes["b1"]
+    assert plan_multiples(sizes, 20 << 30, n) == {}
+    assert plan_multiples(sizes, free, n, "none") == {}
+    assert plan_multiples(sizes, 1 << 20, n, "h, c") == {"h": 22, "c": 22}
+    small = {k: v >> 14 for k, v in sizes.items()}
+    assert plan_multiples(small, 8 << 30, 1 << 10) == {s: 10 for s in ("h", "b2", "a", "b1", "c")}
+    with pytest.raises(InputError, match="unknown sections"):
+        plan_multiples(sizes, free, n, "h,x")
+
+
+def test_release_pages_of_a_file_mapping(tmp_path: Path) -> None:
+    """A file-backed read-only view loses its pages (RSS) but keeps its contents; anonymous
+    memory is never touched."""
+    path = tmp_path / "k.bin"
+    data = np.random.default_rng(SEED).integers(0, 1 << 63, size=(1 << 21) + 3, dtype=np.uint64)
+    data.tofile(path)
+    with open(path, "rb") as f:
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    view = np.frombuffer(mm, dtype=np.uint64, offset=24)  # not page aligned: the edges stay
+    total = int(view.sum(dtype=np.uint64))
+    assert hostmem.mapped_rss([view]) >= view.nbytes - hostmem.PAGE
+    released = hostmem.release_pages(view)
+    assert view.nbytes - 2 * hostmem.PAGE <= released <= view.nbytes
+    assert hostmem.mapped_rss([view]) <= 2 * hostmem.PAGE
+    assert int(view.sum(dtype=np.uint64)) == total  # read back from the file
+    anon = data.copy()
+    assert hostmem.release_pages(anon) == 0 and np.array_equal(anon, data)
+    assert hostmem.release_pages(np.zeros(0, dtype=np.uint64)) == 0
+    del view
+    mm.close()
 
 
 # ---------------------------------------------------------------- on the GPU
@@ -115,11 +174,25 @@ def test_pinned_ranges_register_and_release(gpu: object) -> None:
 @pytest.mark.gpu
 def test_threads_get_their_own_streams(gpu: object) -> None:
     seen = []
-    t = threading.Thread(target=lambda: seen.append(gpu.stream()))
+    t = threading.Thread(target=lambda: seen.append(gpu.streams()))
     t.start()
     t.join()
-    assert seen[0] is not gpu.stream()
-    assert gpu.stream() is gpu.stream()
+    mine = gpu.streams()
+    assert seen[0] is not mine and seen[0].main is not mine.main
+    assert mine.main is not mine.side and gpu.stream() is mine.main
+
+
+@pytest.mark.gpu
+def test_occupancy_query(gpu: object) -> None:
+    """The accumulation kernel's resident threads come from the driver (no fallback)."""
+    import cupy
+
+    from cuzk_mp.backends.gpu import modules, msm
+
+    k = modules.get_function(msm.MSM_PATH, "msm_accumulate", msm.MsmParams().defines(False))
+    sms = cupy.cuda.runtime.getDeviceProperties(0)["multiProcessorCount"]
+    got = modules.occupancy(k, 128)
+    assert got % (128 * sms) == 0 and 128 * sms <= got <= 2048 * sms
 
 
 def _random_points(n: int, g2: bool, rng: random.Random) -> np.ndarray:
@@ -134,38 +207,75 @@ def _random_points(n: int, g2: bool, rng: random.Random) -> np.ndarray:
 
 
 def _fake_zkey(log_n: int, n_vars: int, n_public: int, rng: random.Random) -> SimpleNamespace:
-    """The fields of a ZKey that load_key/stage/prove_msms read, with random points."""
+    """The fields of a ZKey that load_key and stage read, with random points (one infinity each)."""
     pts = _random_points(64, False, rng)
     g2 = _random_points(16, True, rng)
-    pick = lambda m, src: src[np.array([rng.randrange(len(src)) for _ in range(m)])]  # noqa: E731
+    pts[5] = 0
+    g2[3] = 0
+
+    def pick(m: int, src: np.ndarray) -> np.ndarray:
+        return src[np.array([rng.randrange(len(src)) for _ in range(m)])]
+
     return SimpleNamespace(
         path="random-test-key", domain_size=1 << log_n, n_vars=n_vars, n_public=n_public,
         a=pick(n_vars, pts), b1=pick(n_vars, pts), b2=pick(n_vars, g2),
         c=pick(n_vars - n_public - 1, pts), h=pick(1 << log_n, pts))
 
 
-@pytest.mark.gpu
-def test_prove_msms_matches_cpu_backend(gpu: object) -> None:
-    pytest.importorskip("cuzk_mp.backends.gpu.msm", reason="helper B's GPU MSM is not in this checkout")
+def _cpu_sums(zkey: SimpleNamespace, inputs: ProverInputs) -> dict[str, object]:
+    """The five MSMs on the CPU backend's primitives (arkworks), H through its coset_h."""
     from cuzk_mp.backends.cpu import CpuBackend
 
+    cpu = CpuBackend(threads=2)
+    w, k = inputs.w, zkey.n_public + 1
+    return {"a": cpu.msm_g1(zkey.a, w), "b1": cpu.msm_g1(zkey.b1, w), "b2": cpu.msm_g2(zkey.b2, w),
+            "c": cpu.msm_g1(zkey.c, w[k:]), "h": cpu.msm_g1(zkey.h, cpu.coset_h(inputs.a, inputs.b, inputs.c))}
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("multiples", ["none", "auto", "h,b2"])
+def test_protocol_matches_cpu_backend(gpu: object, multiples: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """stage, then the recipe's order (b2, a, b1, c on w[n_public + 1:], h on h_values), all
+    enqueued before any result is taken; sums equal the CPU backend's. Witness: 0, 1, r - 1
+    and random values; sizes that are no multiple of any block (700 variables, n_public 3)."""
+    monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", multiples)
     rng = random.Random(SEED)
     zkey = _fake_zkey(10, 700, 3, rng)
-    w = fr.from_ints([rng.choice([0, 1, rng.randrange(fr.R_MOD)]) for _ in range(700)], mont=False)
+    w = fr.from_ints([rng.choice([0, 1, fr.R_MOD - 1, rng.randrange(fr.R_MOD)]) for _ in range(700)], mont=False)
     inputs = ProverInputs(*(_random_mont(1 << 10, rng) for _ in range(3)), w)
-    cpu = CpuBackend(threads=2)
-    want = cpu.prove_msms(cpu.load_key(zkey), cpu.stage(cpu.load_key(zkey), inputs))
+    want = _cpu_sums(zkey, inputs)
     key = gpu.load_key(zkey)
+    assert set(key.multiples) == ({"a", "b1", "b2", "c", "h"} if multiples == "auto" else
+                                  set() if multiples == "none" else {"h", "b2"})
+    busy0 = gpu.busy_seconds
     staged = gpu.stage(key, inputs)
     try:
-        got = gpu.prove_msms(key, staged)
+        sw = staged.w
+        pending = {"b2": gpu.msm(key, "b2", sw), "a": gpu.msm(key, "a", sw), "b1": gpu.msm(key, "b1", sw),
+                   "c": gpu.msm(key, "c", sw[zkey.n_public + 1:])}
+        pending["h"] = gpu.msm(key, "h", gpu.h_values(key, staged))
+        got = {name: f.result() for name, f in pending.items()}
+        with pytest.raises(InputError, match="699 scalars for the section's 700 points"):
+            gpu.msm(key, "a", sw[1:])
+        with pytest.raises(InputError, match="unknown MSM section"):
+            gpu.msm(key, "z", sw)
     finally:
         gpu.release(staged)
-        key.close()
+        gpu.release(staged)  # idempotent
     for name in ("a", "b1", "b2", "c", "h"):
-        assert getattr(got, name) == getattr(want, name), f"seed={SEED}: MSM {name} differs"
-    assert set(gpu.last_timings) >= {"h2d", "ntt_h", "msm_a", "msm_b1", "msm_b2", "msm_c", "msm_h", "total"}
-    assert gpu.busy_seconds > 0
+        assert got[name] == want[name], f"seed={SEED}: MSM {name} differs ({multiples})"
+    assert set(gpu.last_timings) >= {"h2d", "classify", "ntt_h", "msm_a", "msm_b1", "msm_b2", "msm_c", "msm_h",
+                                     "total"}
+    assert gpu.busy_seconds > busy0
+    # a vector that is no staged partition's: classified on the spot
+    import cupy
+
+    assert gpu.msm(key, "a", cupy.asarray(w)).result() == want["a"]
+    stats = gpu.stats()
+    assert stats["device_key_bytes"] >= sum(getattr(zkey, s).nbytes for s in ("a", "b1", "b2", "c", "h"))
+    key.close()
+    with pytest.raises(InputError, match="closed key"):
+        gpu.msm(key, "a", w)
 
 
 @pytest.mark.gpu
@@ -175,6 +285,30 @@ def test_stage_rejects_wrong_shapes(gpu: object) -> None:
     good = np.zeros((16, 4), dtype=np.uint64)
     with pytest.raises(InputError, match="vector w"):
         gpu.stage(key, ProverInputs(good, good, good, np.zeros((9, 4), dtype=np.uint64)))
+
+
+@pytest.mark.gpu
+def test_load_key_lets_file_pages_go(gpu: object, tmp_path: Path) -> None:
+    """Sections uploaded from the key file's mapping; afterwards this process holds (almost) none
+    of their pages, the ZKey still reads them back from the file, and stats() says so."""
+    from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+    from cuzk_mp.formats.zkey import read_zkey, write_zkey
+    from cuzk_mp.groth16 import setup as dev
+
+    write_zkey(tmp_path / "k.zkey", dev.setup(synthetic_circuit("porep-like", 12).r1cs(), gpu))
+    with read_zkey(tmp_path / "k.zkey") as zkey:
+        section_bytes = sum(getattr(zkey, s).nbytes for s in ("a", "b1", "b2", "c", "h"))
+        digests = {s: hashlib.sha256(getattr(zkey, s).tobytes()).hexdigest() for s in ("a", "b2", "h")}
+        before = hostmem.mapped_rss([zkey.a])
+        key = gpu.load_key(zkey)
+        try:
+            assert key.host_released >= section_bytes - 10 * hostmem.PAGE
+            stats = gpu.stats()
+            assert stats["host_key_resident_bytes"] <= before - key.host_released + 16 * hostmem.PAGE
+            assert stats["host_key_released_bytes"] >= key.host_released
+            assert all(hashlib.sha256(getattr(zkey, s).tobytes()).hexdigest() == digests[s] for s in digests)
+        finally:
+            key.close()
 
 
 def _prove_synthetic(backend: object, tmp_path: Path, log_n: int = 10, kind: str = "porep-like") -> None:
@@ -202,5 +336,4 @@ def _prove_synthetic(backend: object, tmp_path: Path, log_n: int = 10, kind: str
 @pytest.mark.parametrize("kind", ["porep-like", "dense-random"])
 def test_whole_proof_on_gpu_verifies(gpu: object, tmp_path: Path, kind: str) -> None:
     """Both witness shapes: mostly 0/1 (the MSMs' 0/1 split) and every value full-width."""
-    pytest.importorskip("cuzk_mp.backends.gpu.msm", reason="helper B's GPU MSM is not in this checkout")
     _prove_synthetic(gpu, tmp_path, kind=kind)

@@ -188,15 +188,16 @@ def _operands(rng: random.Random, p: int, r_mod: int, n: int) -> tuple[list[int]
 
 @pytest.fixture(scope="module")
 def gpu_check() -> object:
-    """The ff/check.cu module (skips without CuPy or a device)."""
+    """The ff/check.cu test module (tests/gpu_emu/kernels; skips without CuPy or a device)."""
     cupy = pytest.importorskip("cupy")
     from cuzk_mp.backends import gpu_available
 
     if not gpu_available():
         pytest.skip("no CUDA device")
     from cuzk_mp.backends.gpu.modules import get_module
+    from tests.gpu_emu import KERNELS
 
-    return cupy, get_module("ff/check.cu")
+    return cupy, get_module("ff/check.cu", root=KERNELS)
 
 
 @pytest.mark.gpu

@@ -12,12 +12,15 @@ Edge cases: sizes 1, 7, 1000, 2^12 + 3 (and 2^16, 2^20 on the GPU), random and
 PoRep-like (80 % 0/1) scalars, 0 / 1 / r - 1, all zero, only ones, infinity
 among the bases, repeated points (P + P in one bucket), P next to -P, fewer
 scalars than points, tiny knobs that force several window batches and
-combine levels at small sizes, and the compiled G2 variants (Fq2 products as
-calls, a register cap).
+combine levels at small sizes, the compiled G2 variants (Fq2 products as
+calls, the lazy-reduction Fq2 product), precomputed multiples (one shared
+bucket set, several window batches), and scalar plans (classified once,
+cut for a suffix, several MSMs enqueued before any result is collected).
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 import os
 import random
@@ -30,9 +33,10 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 from cuzk_mp.algebra import curve
 from cuzk_mp.algebra.field import Q_MOD, R_MOD, ints_to_limbs, limbs_to_ints
 from cuzk_mp.backends.cpu import msm as cpu_msm
+from cuzk_mp.backends.gpu.knobs import G2_VARIANTS
 from cuzk_mp.errors import ConfigError, InputError
 from tests import gpu_emu
-from tests.gpu_emu import module_for
+from tests.gpu_emu import KERNELS, module_for
 
 SEED = int(os.environ.get("CUZK_TEST_SEED", random.randrange(1 << 30)))
 KINDS = [pytest.param("emu", marks=pytest.mark.slow), pytest.param("gpu", marks=pytest.mark.gpu)]
@@ -61,7 +65,7 @@ def _ark(x: int) -> Scalar:
     return Scalar.from_le_bytes((x % R_MOD).to_bytes(32, "little"))
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _points(n: int, g2: bool) -> np.ndarray:
     """n random points (random multiples of the generator), zkey layout."""
     rng = random.Random(SEED ^ (n << 1 | g2))
@@ -152,15 +156,13 @@ def test_special_bases(msm: Any, g2: bool, dist: str) -> None:
 
 @pytest.mark.parametrize("dist", ["porep", "same"])
 def test_compiled_knobs(msm: Any, dist: str) -> None:
-    """G2 module variants: Fq2 products as calls (EC_FP2_CALLS), the lazy-reduction Fq2
-    product (EC_FP2_LAZY) and a register cap (MSM_ACC_MIN_BLOCKS), on the special bases
-    (P + P, P - P, infinity) with small segments."""
+    """The G2 module variants the device benchmark times (Fq2 products as calls, the
+    lazy-reduction Fq2 product, both) on the special bases (P + P, P - P, infinity), with
+    small segments and windows."""
     points, scalars = _special(True, dist)
-    for params in (msm.MsmParams(fp2_calls=True, seg=5, window_bits=7),
-                   msm.MsmParams(fp2_calls=True, acc_min_blocks=3, seg=64),
-                   msm.MsmParams(fp2_lazy=True, seg=5, window_bits=7),
-                   msm.MsmParams(fp2_lazy=True, fp2_calls=True, seg=64)):
-        assert _run(msm, points, scalars, True, params) == _oracle(points, scalars, True), f"seed {SEED} {params}"
+    for name, base in G2_VARIANTS.items():
+        params = dataclasses.replace(base, seg=5, window_bits=7)
+        assert _run(msm, points, scalars, True, params) == _oracle(points, scalars, True), f"seed {SEED} {name}"
 
 
 def test_params_defines(msm: Any) -> None:
@@ -191,7 +193,7 @@ def test_fewer_scalars_than_points(msm: Any, g2: bool) -> None:
     obj = (msm.MsmG2 if g2 else msm.MsmG1)(points)
     assert obj.run(scalars) == _oracle(points, scalars, g2)
     assert obj.run(scalars[:0]) == (G2Point if g2 else G1Point).identity()
-    assert set(obj.last_timings) >= {"classify", "ones", "finish", "total"}
+    assert set(obj.last_timings) >= {"ones", "d2h", "finish", "total"}
     assert obj.nbytes == points.nbytes
     obj.close()
     assert obj.nbytes == 0
@@ -206,7 +208,8 @@ def test_ones_segment(msm: Any) -> None:
     assert f(6_700_000, None, 64) == 64  # no occupancy figure: params.seg
     for n1 in (1, 999, r * 64, r * 64 + 1, 10**7):
         seg = f(n1, r, 64)
-        waves = -(-(-(-n1 // seg)) // r)
+        threads = -(-n1 // seg)
+        waves = -(-threads // r)
         assert seg <= 64 and waves == max(1, -(-n1 // (r * 64))), n1
 
 
@@ -232,7 +235,7 @@ def _launch_check(kind: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Run ec/check.cu's ec_fp2_mul_check on the device or in the emulator; (n, 24) out."""
     n = a.shape[0]
     if kind == "emu":
-        kernel = gpu_emu.get_module("ec/check.cu").get_function("ec_fp2_mul_check")
+        kernel = gpu_emu.get_module("ec/check.cu", root=KERNELS).get_function("ec_fp2_mul_check")
         out = np.zeros((n, 24), dtype=np.uint64)
         kernel((-(-n // 128),), (128,), (a, b, out, np.uint64(n)))
         return out
@@ -240,10 +243,92 @@ def _launch_check(kind: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     from cuzk_mp.backends.gpu.modules import get_module
 
-    kernel = get_module("ec/check.cu").get_function("ec_fp2_mul_check")
+    kernel = get_module("ec/check.cu", root=KERNELS).get_function("ec_fp2_mul_check")
     d_out = cupy.zeros((n, 24), dtype=np.uint64)
     kernel((-(-n // 128),), (128,), (cupy.asarray(a), cupy.asarray(b), d_out, np.uint64(n)))
     return cupy.asnumpy(d_out)
+
+
+# ------------------------------------------------------------------ precomputed multiples
+
+
+def _to_device(kind: str, a: np.ndarray) -> Any:
+    if kind == "emu":
+        return a
+    import cupy
+
+    return cupy.asarray(a)
+
+
+def _with_multiples(kind: str, msm: Any, points: np.ndarray, g2: bool, c: int, params: Any = None) -> Any:
+    """An MSM object over ``points`` whose key-style multiples table (c-bit windows) is built
+    by the fixed-base kernels, as GpuBackend.load_key does."""
+    fixed_base = module_for(kind, "fixed_base")
+    d_points = _to_device(kind, points)
+    w = msm.window_count(c)
+    table = fixed_base.multiples_table(d_points, c, w)
+    mul = msm.Multiples(table, c, w, points.shape[0])
+    return (msm.MsmG2 if g2 else msm.MsmG1)(table[: points.shape[0]], params, mul)
+
+
+@pytest.mark.parametrize("n", [1, 7, 1000])
+@pytest.mark.parametrize("dist", ["random", "porep", "edge"])
+def test_multiples_match_arkworks(kind: str, msm: Any, g2: bool, n: int, dist: str) -> None:
+    """Every window adds 2^(c w) P_i into one shared bucket set; c = 7 (37 windows), and a
+    max_entries that cuts them into window batches whose bucket sets are added (OP_ADD)."""
+    points, scalars = _points(n, g2), _scalars(n, dist, SEED + 31 + n)
+    for params in (None, msm.MsmParams(max_entries=3 * n + 1, seg=5)):
+        obj = _with_multiples(kind, msm, points, g2, 7, params)
+        assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED} {params}"
+        assert obj.nbytes == points.nbytes * msm.window_count(7)
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "same"])
+def test_multiples_special_bases(kind: str, msm: Any, g2: bool, dist: str) -> None:
+    """Infinity rows, P + P and P - P inside buckets, fewer scalars than points, with multiples."""
+    points, scalars = _special(g2, dist)
+    obj = _with_multiples(kind, msm, points, g2, 9, msm.MsmParams(seg=3, combine_seg=2, group=2))
+    assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED}"
+    assert obj.run(scalars[:77]) == _oracle(points, scalars[:77], g2), f"seed {SEED}"
+
+
+def test_choose_multiples_window(msm: Any) -> None:
+    """The cost model's picks: fewer windows than without multiples, larger buckets sets."""
+    assert [msm.choose_multiples_window(1 << lg) for lg in (16, 20, 24, 26)] == [16, 19, 22, 24]
+    assert msm.window_count(22) == 12 and msm.window_count(msm.choose_window(1 << 24)) == 13
+    assert all(8 <= msm.choose_multiples_window(n) <= 24 for n in (1, 2, 100, 10**9))
+
+
+# ------------------------------------------------------------------ scalar plans
+
+
+def test_plan_cut_and_enqueued_msms(kind: str, msm: Any, g2: bool) -> None:
+    """One classification of w serves w and its suffix w[k:] (the C MSM's scalars): the cut
+    plan equals a fresh classification of the suffix, and four MSMs enqueued before any result
+    is collected (plans, a dense plan, one with multiples) all match arkworks."""
+    n, k = 600, 5
+    points, scalars = _points(n, g2), _scalars(n, "porep", SEED + 41)
+    scalars[3] = ints_to_limbs([1], 4)[0]
+    d_s = _to_device(kind, scalars)
+    plan = msm.classify(d_s, cuts=(k,))
+    assert k in plan.cuts
+    cut, fresh = plan.tail(k), msm.classify(_to_device(kind, scalars[k:].copy()))
+    assert (cut.m, cut.n1, cut.n2) == (fresh.m, fresh.n1, fresh.n2) == (n - k, fresh.n1, fresh.n2)
+    host = (lambda a: np.asarray(a)) if kind == "emu" else (lambda a: a.get())
+    assert np.array_equal(host(cut.ones), host(fresh.ones)) and np.array_equal(host(cut.other), host(fresh.other))
+    assert plan.tail(0) is plan and msm.dense_plan(9).tail(4).n2 == 5
+    cls = msm.MsmG2 if g2 else msm.MsmG1
+    full, tail_obj = cls(points), cls(points[k:])
+    dense = msm.dense_plan(n)
+    with_mul = _with_multiples(kind, msm, points, g2, 8)
+    pending = [full.launch(d_s, plan), tail_obj.launch(d_s[k:], cut), full.launch(d_s, dense),
+               with_mul.launch(d_s, plan)]
+    want_full, want_tail = _oracle(points, scalars, g2), _oracle(points[k:], scalars[k:], g2)
+    got = [p.result() for p in pending[::-1]][::-1]  # collected in reverse order
+    assert got == [want_full, want_tail, want_full, want_full], f"seed {SEED}"
+    assert {"ones", "digits", "sort", "accumulate", "reduce", "d2h", "finish", "total"} <= set(pending[0].timings)
+    with pytest.raises(InputError, match="plan of 600 scalars for 595"):
+        full.launch(d_s[k:], plan)
 
 
 def test_bad_inputs(msm: Any) -> None:

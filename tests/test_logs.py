@@ -6,6 +6,7 @@ import json
 import logging
 import multiprocessing as mp
 import os
+from collections.abc import Iterator
 
 import pytest
 
@@ -24,7 +25,21 @@ def _child_logs(q: "mp.Queue[str]") -> None:
     q.put(stream.getvalue())
 
 
-def test_json_lines_and_inheritance(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def root_logger_restored() -> Iterator[None]:
+    """The root logger's level and handlers as they were: ``configure`` replaces them, and a handler
+    left on this test's captured stderr, or an INFO level, would leak into the tests after it."""
+    root = logging.getLogger()
+    level, handlers = root.level, list(root.handlers)
+    try:
+        yield
+    finally:
+        root.setLevel(level)
+        root.handlers[:] = handlers
+
+
+def test_json_lines_and_inheritance(monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str],
+                                    root_logger_restored: None) -> None:
     monkeypatch.setenv("CUZK_MP_LOG_LEVEL", "WARNING")
     monkeypatch.setenv("CUZK_MP_LOG_FORMAT", "text")
     logs.configure("info", "json", process="cuzk-daemon")
@@ -41,4 +56,3 @@ def test_json_lines_and_inheritance(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     assert rec["msg"] == "hello from the child" and rec["process"] == "cuzk-test-child"
     with pytest.raises(ValueError, match="not one of"):
         logs.configure("info", "xml")
-    logging.basicConfig(force=True)

@@ -9,8 +9,13 @@ tests/test_interop_snarkjs.py.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import random
+import re
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -139,7 +144,8 @@ def test_coefficients_in_snarkjs_order(key) -> None:  # type: ignore[no-untyped-
     for c, (a, b, _) in enumerate(CONSTRAINTS):
         want += [(0, c, wire, coef) for wire, coef in a.items()] + [(1, c, wire, coef) for wire, coef in b.items()]
     want += [(0, len(CONSTRAINTS) + j, j, 1) for j in range(N_PUB_OUT + N_PUB_IN + 1)]
-    got = [(int(e["matrix"]), int(e["constraint"]), int(e["signal"]), fr.to_ints(e["value"].reshape(1, 4), mont=False)[0])
+    got = [(int(e["matrix"]), int(e["constraint"]), int(e["signal"]),
+            fr.to_ints(e["value"].reshape(1, 4), mont=False)[0])
            for e in key.coefs]
     assert got == [(m, c, wire, coef * FR.r2 % R_MOD) for m, c, wire, coef in want]
 
@@ -194,3 +200,67 @@ def test_lagrange_values_closed_form() -> None:
     pts = [pow(w, i, R_MOD) for i in range(32)]
     got = fr.to_ints(dev.lagrange_values(tau, 32, fr.from_ints(pts)))
     assert got == [_lagrange(tau, pts, i) for i in range(32)]
+
+
+def test_progress_moves_at_2_20_with_rate_and_eta(caplog: pytest.LogCaptureFixture) -> None:
+    """The sections of a 2^20 key through ``_fixed_base`` with a clock advanced by each chunk's work
+    (G2 rows G2_WEIGHT times slower): progress lines come every interval, their fraction grows to
+    100%, the rate is the simulated one and the ETA counts down to zero."""
+    n, n_vars, n_pub, rate = 1 << 20, (1 << 20) - 5, 2, 20_000.0  # G1 rows per second
+    sections = {"IC": (n_pub + 1, 1), "C": (n_vars - n_pub - 1, 1), "A": (n_vars, 1), "B1": (n_vars, 1),
+                "B2": (n_vars, dev.G2_WEIGHT), "H": (n, 1)}
+    caplog.set_level(logging.INFO, logger="cuzk_mp.groth16.setup")
+    now = [1000.0]
+    progress = dev.ProgressLog("test.zkey", sections, clock=lambda: now[0])
+    for label, (rows, weight) in sections.items():
+        def fake_fixed_base(base: object, scalars: np.ndarray, weight: int = weight) -> np.ndarray:
+            now[0] += scalars.shape[0] * weight / rate
+            return np.zeros((scalars.shape[0], 12), np.uint64)
+
+        chunks = dev._fixed_base(fake_fixed_base, None, np.zeros((rows, 4), np.uint64), label, progress)
+        assert sum(c.shape[0] for c in chunks) == rows
+    lines = [r.getMessage() for r in caplog.records if r.name == "cuzk_mp.groth16.setup"]
+    assert len(lines) >= 20, lines  # chunks of 2^18 rows: several lines per 2^20 section
+    parsed = [re.search(r": (\d+)% .*, (\d+) G1-rows/s, .* elapsed, ETA (\S+)$", line) for line in lines]
+    assert all(parsed), lines
+    percents = [int(m.group(1)) for m in parsed if m]
+    assert percents == sorted(set(percents)) and percents[-1] == 100 and percents[0] < 10
+    assert all(abs(int(m.group(2)) - rate) <= 1 for m in parsed if m)
+    assert parsed[-1] and parsed[-1].group(3) == "0.0s"
+    assert parsed[0] and re.fullmatch(r"\d+m\d\ds", parsed[0].group(3))  # minutes left at the start
+
+
+def test_setup_file_logs_instead_of_printing(backend: CpuBackend, tmp_path: Path,
+                                             caplog: pytest.LogCaptureFixture,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    write_r1cs(tmp_path / "c.r1cs", _r1cs())
+    with caplog.at_level(logging.INFO, logger="cuzk_mp.groth16.setup"):
+        dev.setup_file(tmp_path / "c.r1cs", tmp_path / "c.zkey", backend)
+    out = capsys.readouterr()
+    assert "[setup]" not in out.out + out.err
+    messages = [r.getMessage() for r in caplog.records]
+    assert any("written in" in m for m in messages) and any("100%" in m for m in messages), messages
+
+
+def test_setup_cli_json_logs(tmp_path: Path) -> None:
+    """``CUZK_MP_LOG_FORMAT=json cuzk-mp setup``: every stderr line is a JSON object."""
+    write_r1cs(tmp_path / "c.r1cs", _r1cs())
+    repo = Path(__file__).resolve().parents[1]
+    env = {**os.environ, "CUZK_MP_LOG_FORMAT": "json",
+           "PYTHONPATH": str(repo) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    proc = subprocess.run([sys.executable, "-m", "cuzk_mp", "setup", "--backend", "cpu", str(tmp_path / "c.r1cs"),
+                           str(tmp_path / "c.zkey")], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    records = [json.loads(line) for line in proc.stderr.strip().splitlines()]
+    assert [r["level"] for r in records][0] == "warning" and "INSECURE" in records[0]["msg"]
+    assert any("100%" in r["msg"] for r in records) and "written in" in records[-1]["msg"]
+
+
+def test_chunk_rows() -> None:
+    """Sections of 2^20 rows and more move at least four times; big ones in the cheapest calls."""
+    assert dev.chunk_rows(1000) == dev.MIN_CHUNK_ROWS
+    assert dev.chunk_rows(1 << 20) == 1 << 18 and dev.chunk_rows((1 << 20) - 5) == 1 << 18
+    assert dev.chunk_rows(1 << 21) == 1 << 19
+    assert dev.chunk_rows(1 << 22) == dev.chunk_rows(1 << 27) == dev.CHUNK_ROWS
+    for n in (1 << 20, (1 << 20) + 7, 3 << 20, 1 << 24):
+        assert -(-n // dev.chunk_rows(n)) >= 4

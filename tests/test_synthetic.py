@@ -114,6 +114,18 @@ def test_deterministic_and_witness_into() -> None:
         assert np.array_equal(ma.data, mb.data)
 
 
+@pytest.mark.parametrize("log_n", [13, 16])
+def test_witness_into_same_bytes_for_any_thread_count(log_n: int) -> None:
+    c = PorepLike(log_n)
+    assert c.partial_rows > 0 and c.n_lanes > 4  # whole lanes and a truncated one
+    ref = c.witness(11, 12)
+    for threads in (1, 2, 64):  # 64: more than the pool, clamped
+        buf = np.full((c.n_wires, 4), 0x5A5A, dtype=np.uint64)  # every wire must be written
+        c.witness_into(11, 12, buf, threads=threads)
+        assert np.array_equal(buf, ref), threads
+    assert failing_rows(c.r1cs(), ref).size == 0
+
+
 def test_partitions_and_seeds_give_different_witnesses() -> None:
     c = PorepLike(11)
     w00, w01, w10 = c.witness(0, 0), c.witness(0, 1), c.witness(1, 0)

@@ -82,6 +82,15 @@ def test_python_int_oracle_agrees_with_the_recurrence() -> None:
     assert c.public_inputs(seed, partition) == limbs_to_ints(w[1 : c.n_public + 1])
 
 
+def test_witness_into_same_bytes_for_any_thread_count() -> None:
+    c = DenseRandom(14)
+    ref = c.witness(3, 8)
+    for threads in (1, 2, 64):
+        buf = np.full((c.n_wires, 4), 0x5A5A, dtype=np.uint64)
+        c.witness_into(3, 8, buf, threads=threads)
+        assert np.array_equal(buf, ref), threads
+
+
 def test_deterministic_witness_into_and_inputs_matter() -> None:
     a, b = DenseRandom(12), DenseRandom(12)
     w = a.witness(5, 9)

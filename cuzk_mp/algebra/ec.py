@@ -30,7 +30,9 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from . import fq, fr
-from .fq2 import FQ2_ZERO, FQ_ZERO, fe_add, fe_inv, fe_is_zero, fe_load, fe_mul, fe_one, fe_sqr, fe_store, fe_sub, fe_zero
+from .fq2 import (
+    FQ2_ZERO, FQ_ZERO, fe_add, fe_inv, fe_is_zero, fe_load, fe_mul, fe_one, fe_sqr, fe_store, fe_sub, fe_zero,
+)
 
 G1Affine = tuple[int, int]
 G2Affine = tuple[tuple[int, int], tuple[int, int]]
@@ -382,7 +384,8 @@ def window_bits(n: int) -> int:
 
 def _fixed_base(base: np.ndarray, scalars: np.ndarray, group: SimpleNamespace, window: int | None) -> np.ndarray:
     if not isinstance(scalars, np.ndarray) or scalars.dtype != np.uint64 or scalars.ndim != 2 or scalars.shape[1] != 4:
-        raise ValueError(f"scalars must be an (n, 4) uint64 Fr array, got {getattr(scalars, 'dtype', None)} {np.shape(scalars)}")
+        raise ValueError(f"scalars must be an (n, 4) uint64 Fr array, got {getattr(scalars, 'dtype', None)} "
+                         f"{np.shape(scalars)}")
     scalars = np.ascontiguousarray(scalars)
     bad = fr.first_noncanonical(scalars)
     if bad >= 0:

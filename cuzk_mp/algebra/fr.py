@@ -12,16 +12,17 @@ import numpy as np
 from numba import njit, prange
 
 from . import mont
-from .field import FR, R_MOD, first_not_below, int_to_limbs, ints_to_limbs, limbs_to_ints
+from .field import FR, R_MOD, int_to_limbs, ints_to_limbs, limbs_to_ints
 
 F = mont.generate(FR)
 fmul = F.mul
 fadd = F.add
 fsub = F.sub
+fredc = F.redc
 NL = 4
 ONE_MONT = int_to_limbs(FR.r_mod, NL)
 _R2 = int_to_limbs(FR.r2, NL)
-_ONE_STD = int_to_limbs(1, NL)
+_SCAN_BLOCK = 1 << 14
 
 
 @njit(parallel=True, cache=True)
@@ -36,6 +37,12 @@ def _vmul_scalar(a, c, out):  # type: ignore[no-untyped-def]
     c0, c1, c2, c3 = c[0], c[1], c[2], c[3]
     for i in prange(a.shape[0]):
         out[i, 0], out[i, 1], out[i, 2], out[i, 3] = fmul(a[i, 0], a[i, 1], a[i, 2], a[i, 3], c0, c1, c2, c3)
+
+
+@njit(parallel=True, cache=True)
+def _vredc(a, out):  # type: ignore[no-untyped-def]
+    for i in prange(a.shape[0]):
+        out[i, 0], out[i, 1], out[i, 2], out[i, 3] = fredc(a[i, 0], a[i, 1], a[i, 2], a[i, 3])
 
 
 @njit(parallel=True, cache=True)
@@ -112,6 +119,22 @@ def _batch_inverse_chunks(a, out, chunk, inv_totals):  # type: ignore[no-untyped
     n = a.shape[0]
     for c in prange(inv_totals.shape[0]):
         _batch_inverse_serial(a, out, c * chunk, min(n, (c + 1) * chunk), inv_totals[c])
+
+
+@njit(parallel=True, cache=True)
+def _first_noncanonical(a, r, block, first):  # type: ignore[no-untyped-def]
+    n = a.shape[0]
+    for blk in prange(first.shape[0]):
+        first[blk] = -1
+        for i in range(blk * block, min(n, (blk + 1) * block)):
+            below = False
+            for j in range(NL - 1, -1, -1):
+                if a[i, j] != r[j]:
+                    below = a[i, j] < r[j]
+                    break
+            if not below:
+                first[blk] = i
+                break
 
 
 @njit(parallel=True, cache=True)
@@ -200,21 +223,26 @@ def to_mont(a: np.ndarray) -> np.ndarray:
 
 
 def from_mont(a: np.ndarray) -> np.ndarray:
-    """Montgomery form -> standard form (multiply by 1)."""
+    """Montgomery form -> standard form (one Montgomery reduction)."""
     out = np.empty_like(_check(a))
-    _vmul_scalar(a, _ONE_STD, out)
+    _vredc(a, out)
     return out
 
 
 def from_mont_into(a: np.ndarray, out: np.ndarray) -> np.ndarray:
     """Montgomery form -> standard form into ``out`` (``out`` may be ``a``: converts in place)."""
-    _vmul_scalar(_check(a), _ONE_STD, out)
+    _vredc(_check(a), out)
     return out
 
 
 def first_noncanonical(a: np.ndarray) -> int:
-    """Index of the first element >= r, or -1 when every element is canonical."""
-    return first_not_below(_check(a), FR.limbs)
+    """Index of the first element >= r, or -1 when every element is canonical (parallel over blocks)."""
+    if a.dtype != np.uint64 or a.ndim != 2 or a.shape[1] != NL:
+        raise ValueError(f"expected an (n, 4) uint64 Fr array, got {a.dtype} {a.shape}")
+    first = np.empty(max(1, -(-a.shape[0] // _SCAN_BLOCK)), dtype=np.int64)
+    _first_noncanonical(a, FR.limbs, _SCAN_BLOCK, first)
+    bad = first[first >= 0]
+    return int(bad[0]) if bad.size else -1
 
 
 def powers(base: int, n: int, start: int = 1) -> np.ndarray:

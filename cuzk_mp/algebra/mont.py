@@ -112,7 +112,15 @@ def _source(n: int) -> str:
     src += ["    if br != U0:", "        c = U0"]
     src += [f"        t{i}, c = adc(t{i}, P{i}, c)" for i in range(n)]
     src += [f"    return {t}", ""]
-    src += [f"def is_zero({a}):", "    return (" + " | ".join(f"a{i}" for i in range(n)) + ") == U0", ""]
+    src += [f"def redc({a}):"] + [f"    t{i} = a{i}" for i in range(n)] + ["    z = U0"]
+    for _ in range(n):  # mul(a, 1): the products with the zero limbs of 1 drop out
+        src.append("    m = t0 * INV")
+        src.append("    C = mac(m, P0, t0, z)[1]")
+        for j in range(1, n):
+            src.append(f"    t{j - 1}, C = mac(m, P{j}, t{j}, C)")
+        src.append(f"    t{n - 1} = C")
+    src += _final_sub("t", n)
+    src += ["", f"def is_zero({a}):", "    return (" + " | ".join(f"a{i}" for i in range(n)) + ") == U0", ""]
     src += [f"def lt_modulus({a}):", "    br = U0"]
     src += [f"    d{i}, br = sbb(a{i}, P{i}, br)" for i in range(n)]
     src += ["    return br != U0", ""]
@@ -120,9 +128,13 @@ def _source(n: int) -> str:
 
 
 def generate(params: MontParams) -> SimpleNamespace:
-    """Inline-able numba functions ``mul, add, sub, is_zero, lt_modulus`` on limb tuples."""
+    """Inline-able numba functions ``mul, add, sub, redc, is_zero, lt_modulus`` on limb tuples.
+
+    ``redc(a)`` = a R^-1 (Montgomery form -> standard form), half the work of ``mul(a, 1)``.
+    """
     n = params.nlimbs
     ns: dict[str, Any] = {"mac": mac, "adc": adc, "sbb": sbb, "U0": np.uint64(0), "INV": np.uint64(params.inv)}
     ns.update({f"P{i}": np.uint64(int(params.limbs[i])) for i in range(n)})
     exec(_source(n), ns)  # noqa: S102 - generated straight-line limb arithmetic
-    return SimpleNamespace(**{k: njit(inline="always")(ns[k]) for k in ("mul", "add", "sub", "is_zero", "lt_modulus")})
+    names = ("mul", "add", "sub", "redc", "is_zero", "lt_modulus")
+    return SimpleNamespace(**{k: njit(inline="always")(ns[k]) for k in names})

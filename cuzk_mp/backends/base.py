@@ -127,6 +127,10 @@ class Backend(Protocol):
     def release(self, staged: Staged) -> None:
         """Free a staged partition's backend memory (idempotent)."""
 
+    def stats(self) -> dict[str, float]:
+        """What the backend reports to its prover process's status: ``busy_seconds`` at least (the
+        GPU backend adds what it holds of its keys on the device and on the host)."""
+
     # ---- primitives kept for tests and the dev setup (host numpy in, host out)
     def ntt(self, values: np.ndarray, inverse: bool = False) -> np.ndarray:
         """Radix-2 NTT of a power-of-two length Montgomery Fr vector (natural order in and out)."""

@@ -182,6 +182,10 @@ class CpuBackend:
         """Drop the partition's copy (idempotent)."""
         staged.a = staged.b = staged.c = staged.w = None
 
+    def stats(self) -> dict[str, float]:
+        """``busy_seconds`` (kept at 0: the bench measures the CPU prover by its device stage)."""
+        return {"busy_seconds": float(self.busy_seconds)}
+
     # ---- primitives
     def ntt(self, values: np.ndarray, inverse: bool = False) -> np.ndarray:
         """Forward NTT, or the 1/n-scaled inverse."""

@@ -23,12 +23,15 @@ Differences from snarkjs, on purpose (the results for accepted inputs are identi
 - an input name that is not an input signal is always an error (circom's wasm reports size 0
   for it, so snarkjs says "Too many values for input signal X", or accepts ``X: []``);
 - a JSON number that a JavaScript double cannot hold exactly (e.g. 2^64 + 1 unquoted) is an
-  error asking for a string, where snarkjs silently rounds it to the nearest double.
+  error asking for a string, where snarkjs silently rounds it to the nearest double;
+- input JSON is read within limits (:func:`parse_input_json`): arrays nested at most
+  ``MAX_INPUT_DEPTH`` deep, values of at most ``MAX_VALUE_CHARS`` characters, at most
+  ``MAX_INPUT_BYTES`` in all; beyond them, and for JSON that is not JSON (NaN, invalid UTF-8),
+  the error is an InputError naming the input, never an exception from deep inside Python.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import math
 import re
@@ -41,6 +44,7 @@ import wasmtime
 
 from cuzk_mp.algebra.field import FR_BYTES, FR_LIMBS, R_MOD
 from cuzk_mp.errors import FormatError, InputError, ResourceError
+from cuzk_mp.formats import json_bounds
 from cuzk_mp.formats.wtns import write_wtns
 
 log = logging.getLogger(__name__)
@@ -68,6 +72,11 @@ _JS_DEC = re.compile(r"[+-]?[0-9]+")
 _JS_RADIX = {"x": (16, re.compile(r"[0-9a-fA-F]+")), "o": (8, re.compile(r"[0-7]+")),
              "b": (2, re.compile(r"[01]+"))}
 _JS_SAFE = 1 << 53  # integers of magnitude <= 2^53 are exact JavaScript doubles
+
+# Limits of input JSON (what any real circuit's input stays far below).
+MAX_INPUT_DEPTH = 32  # the input object plus nested arrays (one per signal dimension)
+MAX_VALUE_CHARS = 1000  # one value: a number literal or a string (a field element is 78 digits)
+MAX_INPUT_BYTES = 256 << 20
 
 # Reading a witness back costs one getWitness(i) call per wire; through wasmtime-py each call
 # from Python costs ~50 us. This helper module, linked to the generator's own exports in the
@@ -125,6 +134,9 @@ def js_bigint(value: object, where: str) -> int:
 
 
 def _js_string_to_bigint(text: str, where: str) -> int:
+    if len(text) > MAX_VALUE_CHARS:
+        raise InputError(f"{where}: a value of {len(text)} characters, more than the limit of "
+                         f"{MAX_VALUE_CHARS}")
     s = text.strip(_JS_SPACE)
     if not s:
         return 0
@@ -153,11 +165,15 @@ def flatten_values(value: object, name: str) -> list[object]:
 
 def _json_number(literal: str) -> int | float:
     """A JSON number literal as JavaScript's JSON.parse sees it (an IEEE double)."""
+    if len(literal) <= 15 and literal.lstrip("-").isdigit():
+        return int(literal)  # below 10^15 < 2^53: exact as a double, the common case
+    as_double = float(literal)
+    if not math.isfinite(as_double):
+        raise InputError(f"JSON number {literal[:40]} is beyond the range of a JavaScript number")
     try:
         exact = Decimal(literal)
     except InvalidOperation:  # pragma: no cover - json only hands us valid literals
         raise InputError(f"bad JSON number {literal!r}") from None
-    as_double = float(literal)
     if exact == exact.to_integral_value() and abs(exact) > _JS_SAFE and Decimal(as_double) != exact:
         raise InputError(
             f"JSON number {literal} is not exact as a JavaScript number (snarkjs would use "
@@ -165,13 +181,13 @@ def _json_number(literal: str) -> int | float:
     return as_double if "." in literal or "e" in literal.lower() else int(exact)
 
 
-def _json_constant(name: str) -> object:
-    raise InputError(f"{name} is not valid JSON")
-
-
 def load_input_json(path: str | Path) -> dict[str, object]:
     """Read a snarkjs input file: one JSON object mapping input signal names to values."""
     try:
+        size = Path(path).stat().st_size
+        if size > MAX_INPUT_BYTES:
+            raise FormatError(path, None, f"{size} bytes of input JSON, more than the limit of "
+                              f"{MAX_INPUT_BYTES}")
         data = Path(path).read_bytes()
     except OSError as exc:
         raise InputError(f"{path}: cannot read the input file: {exc.strerror}") from exc
@@ -179,20 +195,51 @@ def load_input_json(path: str | Path) -> dict[str, object]:
 
 
 def parse_input_json(data: bytes | str, name: str = "input.json") -> dict[str, object]:
-    """Parse snarkjs input JSON (bytes or text); errors name ``name``."""
-    try:
-        text = data.decode("utf-8") if isinstance(data, bytes) else data
-        parsed = json.loads(text, parse_int=_json_number, parse_float=_json_number,
-                            parse_constant=_json_constant)
-    except InputError as exc:
-        raise InputError(f"{name}: {exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise FormatError(name, None, f"not UTF-8 text: {exc}") from exc
-    except json.JSONDecodeError as exc:
-        raise FormatError(name, None, f"not valid JSON: {exc}") from exc
+    """Parse snarkjs input JSON (bytes or text) within the limits of this module.
+
+    The one parser of circom inputs (``wtns calculate``, synthesis workers, and the daemon when
+    it accepts a job). Every refusal is an InputError (FormatError for what is not JSON) that
+    names ``name``: malformed or non-UTF-8 text, NaN/Infinity, nesting deeper than
+    ``MAX_INPUT_DEPTH``, a number or string value longer than ``MAX_VALUE_CHARS``, a number a
+    JavaScript double cannot hold, a value that is null or an object, a top level that is not
+    an object.
+    """
+    parsed = json_bounds.loads(data, name, max_depth=MAX_INPUT_DEPTH, max_number_chars=MAX_VALUE_CHARS,
+                               max_bytes=MAX_INPUT_BYTES, parse_number=_json_number)
     if not isinstance(parsed, dict):
         raise FormatError(name, None, "the input must be a JSON object {signal: value, ...}")
+    _check_values(parsed, name)
     return parsed
+
+
+def _check_values(inputs: dict[str, object], name: str) -> None:
+    """Every value is a number, a string of at most MAX_VALUE_CHARS, a bool, or an array of them
+    (recursion is bounded: the parser already refused nesting deeper than MAX_INPUT_DEPTH)."""
+
+    def check(signal: str, values: list[object]) -> None:
+        for value in values:
+            kind = type(value)
+            if kind is int or kind is float or kind is bool:
+                continue
+            if kind is list:
+                check(signal, value)  # type: ignore[arg-type]
+            elif kind is str:
+                if len(value) > MAX_VALUE_CHARS:  # type: ignore[arg-type]
+                    raise InputError(f"{name}: signal {signal}: a value of {len(value)} characters, "  # type: ignore[arg-type]
+                                     f"more than the limit of {MAX_VALUE_CHARS}")
+            else:
+                what = "null" if value is None else "an object" if kind is dict else kind.__name__
+                raise InputError(f"{name}: signal {signal}: a value must be a number, a string or an "
+                                 f"array, not {what}")
+
+    for signal, value in inputs.items():
+        if not signal.isascii():
+            try:
+                signal.encode("utf-8")
+            except UnicodeEncodeError:
+                raise InputError(f"{name}: signal name {signal!r} is not valid Unicode (a lone "
+                                 "surrogate escape)") from None
+        check(signal, [value])
 
 
 class _CircomException(Exception):
@@ -390,5 +437,6 @@ class WitnessCalculator:
 def calculate_witness_file(wasm_path: str | Path, input_json_path: str | Path,
                            out_wtns_path: str | Path) -> None:
     """``cuzk-mp wtns calculate CIRCUIT.wasm INPUT.json WITNESS.wtns`` (snarkjs's verb)."""
-    witness = WitnessCalculator(wasm_path).calculate(load_input_json(input_json_path))
+    inputs = load_input_json(input_json_path)  # a bad input fails before the wasm is compiled
+    witness = WitnessCalculator(wasm_path).calculate(inputs)
     write_wtns(out_wtns_path, witness)

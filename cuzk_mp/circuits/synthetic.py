@@ -22,7 +22,9 @@ index, so both public inputs and outputs are functions of (seed, partition).
 Size (measured): 5.36 entries per row (A 2.47, B 1.38, C 1.51; Filecoin's PoRep circuit has
 2.4 / 1.0 / 2.2), so the three matrices take 3.4 GiB at 2^24 (32-byte coefficients dominate);
 80.4% of witness values are 0 or 1 (42% zeros, 38% ones), the rest mostly full 255-bit field
-elements. Witness on one core: 0.06 s at 2^20, ~2 s at 2^24; R1CS: ~16 s at 2^24.
+elements. Witness (``witness_into``, lanes in parallel on ``threads`` cores): 0.016 core-s at
+2^20 and 0.063 at 2^22 on one core of the 2-core CI machine (perf/results/synthesis-cpu.json),
+about half of it the sponge's S-boxes; R1CS: ~16 s at 2^24.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ import numpy as np
 
 from ..algebra import fr
 from ..algebra.field import R_MOD, ints_to_limbs
+from ..algebra.threads import numba_threads
 from ..errors import ConfigError, InputError
 from ..formats.r1cs import R1CS
 from .synthetic_csr import Block, CoefTable, Template, assemble
@@ -126,18 +129,22 @@ class PorepLike:
     def witness_into(self, seed: int, partition: int, out: np.ndarray, threads: int = 1) -> None:
         """Write the witness for (seed, partition) into ``out`` (``(n_wires, 4)`` uint64, e.g. a shm view).
 
-        Temporaries are O(lanes) rows per gadget, not O(n_wires).
+        Uses ``threads`` cores (lanes in parallel); the bytes are the same for any count.
+        Temporaries are O(lanes) words per gadget, not O(n_wires).
         """
         if not isinstance(out, np.ndarray) or out.dtype != np.uint64 or out.shape != (self.n_wires, 4):
             got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
             raise InputError(f"porep-like 2^{self.log_n}: witness_into needs a ({self.n_wires}, 4) uint64 array, "
                              f"got {got}")
-        out.fill(0)
-        out[0, 0] = 1
-        pro = LaneCS(n_lanes=1, writer=LaneWriter(out, self.prologue_base, self._prologue.n_wires, 1))
-        synth_prologue(pro, self._check_partition(partition), self.partition_wire)
-        lane_writer = LaneWriter(out, self.lane_base, self.lane_width, self.n_lanes, self.partial_width)
-        out[1 : 1 + self.n_public] = ints_to_limbs(self._lanes(seed, partition, lane_writer), 4)
+        partition = self._check_partition(partition)
+        with numba_threads(threads):
+            out[: self.prologue_base] = 0
+            out[0, 0] = 1
+            pro_writer = LaneWriter(out, self.prologue_base, self._prologue.n_wires, 1)
+            synth_prologue(LaneCS(n_lanes=1, writer=pro_writer), partition, self.partition_wire)
+            pro_writer.flush()
+            lane_writer = LaneWriter(out, self.lane_base, self.lane_width, self.n_lanes, self.partial_width)
+            out[1 : 1 + self.n_public] = ints_to_limbs(self._lanes(seed, partition, lane_writer), 4)
 
     def public_inputs(self, seed: int, partition: int) -> list[int]:
         """The public signals w[1..n_public] (outputs, then the partition index), as snarkjs lists them."""
@@ -151,6 +158,8 @@ class PorepLike:
         cs = LaneCS(n_lanes=n, rand=rand, writer=writer)
         part = Word((), np.full(n, partition, dtype=np.uint64), (1 << PARTITION_BITS) - 1)
         outs = fr.to_ints(fr.from_mont(synth_lane(cs, part).value[: self.n_lanes]), mont=False)  # type: ignore[index]
+        if writer is not None:
+            writer.flush()
         public = [sum(outs) % R_MOD] + [outs[(j - 1) % self.n_lanes] for j in range(1, self.n_pub_out)]
         return public[: self.n_pub_out] + [partition]
 

@@ -22,12 +22,14 @@ parallel loop (numba, one lane per iteration).
 from __future__ import annotations
 
 from functools import cache, cached_property
+
 import numpy as np
 from numba import njit, prange
 
 from ..algebra import fr
 from ..algebra.field import R_MOD
 from ..algebra.sparse import CsrMatrix
+from ..algebra.threads import numba_threads
 from ..errors import InputError
 from ..formats.r1cs import R1CS
 from .synthetic_kinds import check_shape
@@ -35,7 +37,7 @@ from .synthetic_kinds import check_shape
 ALPHA_PERIOD, BETA_PERIOD = 251, 241
 PARTITION_LIMIT = 1 << 32
 
-_fadd, _fmul = fr.fadd, fr.fmul
+_fadd, _fmul, _fredc = fr.fadd, fr.fmul, fr.fredc
 
 
 def _lanes(log_n: int) -> int:
@@ -43,22 +45,31 @@ def _lanes(log_n: int) -> int:
     return min(1024, 1 << (log_n - 6))
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def _chain(v, lanes, alpha, beta, p):  # type: ignore[no-untyped-def]
-    """v[i] = (v[i-2L] + alpha[i % 251] (+ p at i = 2L)) * (v[i-L] + beta[i % 241]), Montgomery form."""
+    """v[i] = (v[i-2L] + alpha[i % 251] (+ p at i = 2L)) * (v[i-L] + beta[i % 241]) over Montgomery forms.
+
+    ``v[:2L]`` holds the inputs (read as Montgomery forms); every v[i] is written in standard
+    form. A lane's two previous values stay in registers, so each row is read never and
+    written once (one pass, lane-parallel).
+    """
     m = v.shape[0]
     na, nb = alpha.shape[0], beta.shape[0]
     for lane in prange(lanes):
+        u0, u1, u2, u3 = v[lane, 0], v[lane, 1], v[lane, 2], v[lane, 3]  # v[i - 2L]
+        t0, t1, t2, t3 = v[lane + lanes, 0], v[lane + lanes, 1], v[lane + lanes, 2], v[lane + lanes, 3]  # v[i - L]
+        v[lane, 0], v[lane, 1], v[lane, 2], v[lane, 3] = _fredc(u0, u1, u2, u3)
+        v[lane + lanes, 0], v[lane + lanes, 1], v[lane + lanes, 2], v[lane + lanes, 3] = _fredc(t0, t1, t2, t3)
         i = lane + 2 * lanes
         while i < m:
             ka, kb = i % na, i % nb
-            x0, x1, x2, x3 = _fadd(v[i - 2 * lanes, 0], v[i - 2 * lanes, 1], v[i - 2 * lanes, 2],
-                                   v[i - 2 * lanes, 3], alpha[ka, 0], alpha[ka, 1], alpha[ka, 2], alpha[ka, 3])
+            x0, x1, x2, x3 = _fadd(u0, u1, u2, u3, alpha[ka, 0], alpha[ka, 1], alpha[ka, 2], alpha[ka, 3])
             if i == 2 * lanes:
                 x0, x1, x2, x3 = _fadd(x0, x1, x2, x3, p[0], p[1], p[2], p[3])
-            y0, y1, y2, y3 = _fadd(v[i - lanes, 0], v[i - lanes, 1], v[i - lanes, 2], v[i - lanes, 3],
-                                   beta[kb, 0], beta[kb, 1], beta[kb, 2], beta[kb, 3])
-            v[i, 0], v[i, 1], v[i, 2], v[i, 3] = _fmul(x0, x1, x2, x3, y0, y1, y2, y3)
+            y0, y1, y2, y3 = _fadd(t0, t1, t2, t3, beta[kb, 0], beta[kb, 1], beta[kb, 2], beta[kb, 3])
+            u0, u1, u2, u3 = t0, t1, t2, t3
+            t0, t1, t2, t3 = _fmul(x0, x1, x2, x3, y0, y1, y2, y3)
+            v[i, 0], v[i, 1], v[i, 2], v[i, 3] = _fredc(t0, t1, t2, t3)
             i += lanes
 
 
@@ -141,7 +152,10 @@ class DenseRandom:
         return out
 
     def witness_into(self, seed: int, partition: int, out: np.ndarray, threads: int = 1) -> None:
-        """Write the witness for (seed, partition) into ``out`` (``(n_wires, 4)`` uint64, e.g. a shm view)."""
+        """Write the witness for (seed, partition) into ``out`` (``(n_wires, 4)`` uint64, e.g. a shm view).
+
+        Uses ``threads`` cores (chain lanes in parallel); the bytes are the same for any count.
+        """
         if not isinstance(out, np.ndarray) or out.dtype != np.uint64 or out.shape != (self.n_wires, 4):
             got = f"{out.dtype} {out.shape}" if isinstance(out, np.ndarray) else type(out).__name__
             raise InputError(f"dense-random 2^{self.log_n}: witness_into needs a ({self.n_wires}, 4) uint64 array, "
@@ -149,8 +163,8 @@ class DenseRandom:
         partition = self._check(seed, partition)
         v = out[self.base :]
         v[: 2 * self.lanes] = self.chain_inputs(seed, partition)  # read as Montgomery representatives
-        _chain(v, self.lanes, *_row_constants(), fr.const(partition))
-        fr.from_mont_into(v, v)
+        with numba_threads(threads):
+            _chain(v, self.lanes, *_row_constants(), fr.const(partition))
         out[: self.base] = 0
         out[0, 0] = 1
         out[1 : 1 + self.n_pub_out] = v[self.m - 1 - np.arange(self.n_pub_out)]

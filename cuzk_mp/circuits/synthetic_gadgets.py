@@ -29,7 +29,7 @@ import numpy as np
 
 from ..algebra import fr
 from ..algebra.field import R_MOD
-from .synthetic_kernels import mont_table, permute_lanes, small_table
+from .synthetic_kernels import mont_table, permute_lanes, small_table, write_lane_wires
 
 ONE = -1  # ref of wire 0, the constant one
 MASK32 = (1 << 32) - 1
@@ -94,34 +94,50 @@ class LaneWriter:
     then (if ``partial_width``) one truncated lane that keeps only its first ``partial_width`` wires.
 
     Lane ``i < n_full`` owns wires ``base + i*width + off``; the truncated lane is lane ``n_full``.
+    Bit words and single field wires are collected as the gadgets produce them (one value per
+    lane each) and written by :meth:`flush` in one lane-parallel pass, each lane's wires in
+    order (a lane's wires are contiguous: no strided writes across lanes); the sponge kernel
+    writes its blocks of wires itself (:meth:`spec`). Every lane wire is written exactly once,
+    all four limbs, so the region needs no clearing first.
     """
 
     def __init__(self, out: np.ndarray, base: int, width: int, n_full: int, partial_width: int = 0) -> None:
-        end = base + n_full * width
+        self.out = out
+        self.base = base
+        self.width = width
         self.n_full = n_full
-        self.full = out[base:end].reshape(n_full, width, 4)
-        self.part = out[end : end + partial_width]
         self.partial_width = partial_width
+        self._bits: list[tuple[int, int, np.ndarray]] = []
+        self._fields: list[tuple[int, np.ndarray]] = []
 
     def put_bits(self, off: int, value: np.ndarray, nbits: int) -> None:
-        """Write the nbits low bits of ``value`` (one uint64 per lane) to wires off .. off+nbits-1."""
-        bits = (value[:, None] >> _SHIFTS[None, :nbits]) & np.uint64(1)
-        self.full[:, off : off + nbits, 0] = bits[: self.n_full]
-        keep = min(nbits, self.partial_width - off)
-        if keep > 0:
-            self.part[off : off + keep, 0] = bits[self.n_full, :keep]
+        """Wires off .. off+nbits-1 get the nbits low bits of ``value`` (one uint64 per lane)."""
+        self._bits.append((off, nbits, value))
 
     def put_field(self, off: int, std: np.ndarray) -> None:
-        """Write standard-form field elements (``(n_lanes, 4)``) to wire ``off`` of every lane."""
-        self.put_block(off, std[:, None, :])
+        """Wire ``off`` of every lane gets a standard-form field element (``(n_lanes, 4)``)."""
+        self._fields.append((off, std))
 
-    def put_block(self, off: int, std: np.ndarray) -> None:
-        """Write ``(n_lanes, k, 4)`` standard-form elements to wires off .. off+k-1 of every lane."""
-        k = std.shape[1]
-        self.full[:, off : off + k, :] = std[: self.n_full]
-        keep = min(k, self.partial_width - off)
-        if keep > 0:
-            self.part[off : off + keep, :] = std[self.n_full, :keep]
+    def spec(self, off: int) -> tuple[np.ndarray, int, int, int, int]:
+        """(out, first wire of block ``off`` in lane 0, lane width, whole lanes, wires of the block the
+        truncated lane keeps): where :func:`permute_lanes` writes a block of wires at offset ``off``."""
+        return self.out, self.base + off, self.width, self.n_full, self.partial_width - off
+
+    def flush(self) -> None:
+        """Write every collected wire (on numba's current thread count)."""
+        if not self._bits and not self._fields:
+            return
+        lanes = (self._bits[0][2] if self._bits else self._fields[0][1]).shape[0]
+        offs = np.array([b[0] for b in self._bits], dtype=np.int64)
+        nbits = np.array([b[1] for b in self._bits], dtype=np.int64)
+        vals = np.stack([b[2] for b in self._bits]) if self._bits else np.zeros((0, lanes), np.uint64)
+        f_offs = np.array([f[0] for f in self._fields], dtype=np.int64)
+        f_vals = np.stack([f[1] for f in self._fields]) if self._fields else np.zeros((0, lanes, 4), np.uint64)
+        write_lane_wires(self.out, self.base, self.width, self.n_full, self.partial_width, offs, nbits,
+                         np.ascontiguousarray(vals, dtype=np.uint64), f_offs,
+                         np.ascontiguousarray(f_vals, dtype=np.uint64))
+        self._bits.clear()
+        self._fields.clear()
 
 
 class LaneCS:
@@ -276,9 +292,8 @@ class LaneCS:
             return state  # type: ignore[return-value]
         off = self._alloc(9 * len(consts))
         prev = None if state is None else np.stack([f.value for f in state], axis=1)  # type: ignore[misc]
-        new, wires = permute_lanes(prev, p.value, mont_table(consts), small_table(mds))  # type: ignore[arg-type]
-        if self.writer is not None:
-            self.writer.put_block(off, wires)
+        new = permute_lanes(prev, p.value, mont_table(consts), small_table(mds),  # type: ignore[arg-type]
+                            None if self.writer is None else self.writer.spec(off))
         last = off + 9 * (len(consts) - 1)
         return [Field(last + 3 * i + 2, np.ascontiguousarray(new[:, i])) for i in range(3)]
 

@@ -1,10 +1,11 @@
-"""The numba kernel of the synthetic circuit's field part: a sponge permutation over all lanes.
+"""The numba kernels of the PoRep-shaped circuit's witness: the sponge over all lanes, and the wire writer.
 
 Owns :func:`permute_lanes`, the witness side of :meth:`LaneCS.permute
 <cuzk_mp.circuits.synthetic_gadgets.LaneCS.permute>`: every round of x^5 S-boxes of every lane in
 one parallel call (one call per unit instead of a dozen vector-kernel launches per S-box, whose
-thread-pool start-up dominated at small lane counts). Field arithmetic is the inline Montgomery
-namespace of :mod:`cuzk_mp.algebra.fr`.
+thread-pool start-up dominated at small lane counts), writing each lane's wires straight into the
+witness; and :func:`write_lane_wires`, the lane-parallel writer of the bit words. Field arithmetic
+is the inline Montgomery namespace of :mod:`cuzk_mp.algebra.fr`.
 """
 
 from __future__ import annotations
@@ -15,16 +16,21 @@ import numpy as np
 from numba import njit, prange
 
 from ..algebra import fr
-from ..algebra.field import FR, int_to_limbs, ints_to_limbs
+from ..algebra.field import FR, ints_to_limbs
 
 fmul = fr.F.mul
 fadd = fr.F.add
-_STD_ONE = int_to_limbs(1, 4)  # Montgomery-multiplying by standard 1 leaves Montgomery form
+fredc = fr.F.redc
 
 
 @njit(inline="always")
 def _mul(a, b):  # type: ignore[no-untyped-def]
     return fmul(a[0], a[1], a[2], a[3], b[0], b[1], b[2], b[3])
+
+
+@njit(inline="always")
+def _std(a):  # type: ignore[no-untyped-def]
+    return fredc(a[0], a[1], a[2], a[3])
 
 
 @njit(inline="always")
@@ -63,10 +69,12 @@ def _linear(state, lane, i, r, has_state, p, consts, mds):  # type: ignore[no-un
     return acc
 
 
-@njit(parallel=True, cache=True)
-def _permute(state, has_state, p, consts, mds, one, out):  # type: ignore[no-untyped-def]
+@njit(parallel=True, nogil=True, cache=True)
+def _permute(state, has_state, p, consts, mds, out, base, width, n_full, keep_partial):  # type: ignore[no-untyped-def]
     n_rounds = consts.shape[0]
     for lane in prange(state.shape[0]):
+        start = base + lane * width
+        keep = 9 * n_rounds if lane < n_full else min(9 * n_rounds, keep_partial)
         for r in range(n_rounds):
             x0 = _linear(state, lane, 0, r, has_state, p, consts, mds)
             x1 = _linear(state, lane, 1, r, has_state, p, consts, mds)
@@ -77,10 +85,42 @@ def _permute(state, has_state, p, consts, mds, one, out):  # type: ignore[no-unt
                 t4 = _mul(t2, t2)
                 y = _mul(t4, x)
                 k = 9 * r + 3 * i
-                _put(out, lane, k, _mul(t2, one))
-                _put(out, lane, k + 1, _mul(t4, one))
-                _put(out, lane, k + 2, _mul(y, one))
+                if k < keep:
+                    _put_row(out, start + k, _std(t2))
+                if k + 1 < keep:
+                    _put_row(out, start + k + 1, _std(t4))
+                if k + 2 < keep:
+                    _put_row(out, start + k + 2, _std(y))
                 _put(state, lane, i, y)
+
+
+@njit(inline="always")
+def _put_row(out, row, v):  # type: ignore[no-untyped-def]
+    out[row, 0], out[row, 1], out[row, 2], out[row, 3] = v[0], v[1], v[2], v[3]
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def write_lane_wires(out, base, width, n_full, partial_width, offs, nbits, vals, f_offs, f_vals):  # type: ignore[no-untyped-def]
+    """Lane-parallel write of collected wires: bit word j of lane l (``vals[j, l]``, ``nbits[j]``
+    bits) to wires ``offs[j]..`` of the lane, field wire j (``f_vals[j, l]``, standard form) to
+    wire ``f_offs[j]``; lane ``n_full`` (the truncated one) keeps its first ``partial_width`` wires.
+    """
+    lanes = vals.shape[1] if vals.shape[0] else f_vals.shape[1]
+    for lane in prange(lanes):
+        start = base + lane * width
+        keep = width if lane < n_full else partial_width
+        for j in range(offs.shape[0]):
+            v = vals[j, lane]
+            off = offs[j]
+            for bit in range(min(nbits[j], keep - off)):
+                row = start + off + bit
+                out[row, 0] = (v >> np.uint64(bit)) & np.uint64(1)
+                out[row, 1] = 0
+                out[row, 2] = 0
+                out[row, 3] = 0
+        for j in range(f_offs.shape[0]):
+            if f_offs[j] < keep:
+                _put_row(out, start + f_offs[j], f_vals[j, lane])
 
 
 def small_table(values: Sequence[Sequence[int]]) -> np.ndarray:
@@ -97,19 +137,20 @@ def mont_table(values: Sequence[Sequence[int]]) -> np.ndarray:
     return ints_to_limbs(flat, 4).reshape(len(values), len(values[0]), 4)
 
 
-def permute_lanes(state: np.ndarray | None, p: np.ndarray, consts: np.ndarray,
-                  mds: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Run the sponge rounds on every lane.
+def permute_lanes(state: np.ndarray | None, p: np.ndarray, consts: np.ndarray, mds: np.ndarray,
+                  write: tuple[np.ndarray, int, int, int, int] | None = None) -> np.ndarray:
+    """Run the sponge rounds on every lane; returns the new state.
 
     ``state``: ``(lanes, 3, 4)`` Montgomery (None: no state yet, only ``p`` enters); ``p``:
     ``(lanes, 4)`` Montgomery, absorbed in round 0 with the MDS column 0; ``consts``:
-    ``(rounds, 3, 4)`` Montgomery; ``mds``: ``(3, 3)`` small ints (:func:`small_table`). Returns (the new state, the
-    standard-form wires ``(lanes, 9 * rounds, 4)``: t2, t4, y of S-box i of round r at
-    ``9 r + 3 i + 0, 1, 2``).
+    ``(rounds, 3, 4)`` Montgomery; ``mds``: ``(3, 3)`` small ints (:func:`small_table`).
+    With ``write`` = (out, base, width, whole lanes, wires the truncated lane keeps) the round
+    wires go to ``out`` in standard form, lane l's from row ``base + l * width``: t2, t4, y of
+    S-box i of round r at ``9 r + 3 i + 0, 1, 2`` (lane-parallel, each lane's block contiguous).
     """
     lanes = p.shape[0]
     has_state = state is not None
     new = np.array(state, dtype=np.uint64) if has_state else np.zeros((lanes, 3, 4), dtype=np.uint64)
-    out = np.empty((lanes, 9 * consts.shape[0], 4), dtype=np.uint64)
-    _permute(new, has_state, np.ascontiguousarray(p), consts, mds, _STD_ONE, out)
-    return new, out
+    out, base, width, n_full, keep = write if write is not None else (np.zeros((0, 4), np.uint64), 0, 0, 0, 0)
+    _permute(new, has_state, np.ascontiguousarray(p), consts, mds, out, base, width, n_full, keep)
+    return new

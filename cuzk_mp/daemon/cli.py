@@ -4,23 +4,32 @@ This module owns the command-line face of the daemon package: ``add_parsers(subp
 both verbs to the one ``cuzk-mp`` parser (cuzk_mp/cli.py), and each verb has a run function.
 
 ``cuzk-mp daemon --config FILE`` serves until SIGTERM/SIGINT (``--check`` only validates the
-file). ``cuzk-mp client VERB --connect ADDR`` talks to a daemon (ADDR defaults to
-``$CUZK_MP_CONNECT``, else ``127.0.0.1:9820``)::
+file and prints warnings about weak access settings). Its exit codes: 0 stopped after a drain
+(or ``--check`` passed); 1 start-up failed (the engine: the message says why); 2 the
+configuration is invalid (or a listen address is taken); 65 (EX_DATAERR) the journal is damaged
+or missing (the message names the file and how to start afresh; nothing was changed); 75
+(EX_TEMPFAIL) another daemon already runs with this journal, socket or shm prefix (this one
+changed nothing).
+
+``cuzk-mp client VERB --connect ADDR`` talks to a daemon (ADDR defaults to
+``$CUZK_MP_CONNECT``, else ``127.0.0.1:9820``; ``--token`` defaults to ``$CUZK_MP_TOKEN``)::
 
     submit  --circuit ID [INPUT.json|INPUT.wtns ...] [--partitions N] [--priority P]
             [--request-id R]                       -> {"job_id", "state", "duplicate"}
     await   JOB_ID [--timeout S] [--out DIR]       -> job summary (proofs written with --out)
     prove   --circuit ID --out DIR [INPUT ...]     -> DIR/proof_<i>.json, public_<i>.json,
                                                       verification_key.json; job summary
-    cancel  JOB_ID | status | metrics | preload ID | evict ID
+    cancel  JOB_ID | status [--detail] | metrics | preload ID | evict ID
     ready                                          -> exit 0 once the daemon serves (an
                                                       addition to the issue's verbs, for
                                                       scripts/wait-ready.sh)
 
 A synthetic circuit given no inputs gets seeds 0..P-1 (P = ``--partitions`` or the circuit's
 configured default). Exit codes: 0 success; 1 the job failed or was cancelled (or an eviction
-was refused); 2 bad input (the daemon's InputError, a bad file); 3 the daemon could not be
-reached; 124 AwaitProof/Prove timed out (the job goes on).
+was refused); 2 bad input (the daemon's InputError, a bad file, a missing or refused token, an
+argument out of range such as ``--timeout nan``, ``inf``, ``1e300`` or a negative one); 3 the
+daemon could not be reached (or broke the connection); 124 AwaitProof/Prove timed out (the job
+goes on).
 """
 
 from __future__ import annotations
@@ -37,7 +46,45 @@ from typing import Any
 from cuzk_mp.errors import InputError
 
 EXIT_FAILED, EXIT_INPUT, EXIT_UNREACHABLE, EXIT_TIMEOUT = 1, 2, 3, 124
+EXIT_JOURNAL_DAMAGED, EXIT_ALREADY_RUNNING = 65, 75  # sysexits.h EX_DATAERR, EX_TEMPFAIL
 PRIORITIES = ("CRITICAL", "HIGH", "NORMAL", "LOW")
+
+
+def _timeout_arg(text: str) -> float:
+    """argparse type of --timeout: seconds, finite, 0..MAX_TIMEOUT_S (else exit 2 with a message)."""
+    from cuzk_mp.daemon.client import check_timeout
+
+    try:
+        value = float(text)
+        return check_timeout(value)  # type: ignore[return-value]
+    except (ValueError, InputError):
+        from cuzk_mp.daemon.protocol import MAX_TIMEOUT_S
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds in 0..{MAX_TIMEOUT_S:g} "
+                                         "(leave --timeout out to wait until the job ends)") from None
+
+
+def _count_arg(text: str) -> int:
+    """argparse type of --partitions: 1..MAX_PARTITIONS."""
+    from cuzk_mp.daemon.protocol import MAX_PARTITIONS
+
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1 <= value <= MAX_PARTITIONS:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a partition count in 1..{MAX_PARTITIONS}")
+    return value
+
+
+def _frame_arg(text: str) -> int:
+    """argparse type of --max-frame-bytes: 1 KiB .. 4 GiB - 1 (the u32 length prefix)."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = 0
+    if not 1024 <= value <= 2**32 - 1:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a byte count in 1024..4294967295")
+    return value
 
 
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
@@ -55,28 +102,31 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--connect", default=os.environ.get("CUZK_MP_CONNECT", "127.0.0.1:9820"),
                        help="unix:///path or host:port (default $CUZK_MP_CONNECT or "
                             "127.0.0.1:9820)")
-        p.add_argument("--max-frame-bytes", type=int, default=128 * 2**20)
+        p.add_argument("--max-frame-bytes", type=_frame_arg, default=128 * 2**20)
+        p.add_argument("--token", default=None,
+                       help="the daemon's shared-secret token (default $CUZK_MP_TOKEN)")
         p.set_defaults(func=run_client)
         return p
 
     def job_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--circuit", required=True, help="circuit id from the daemon's config")
         p.add_argument("inputs", nargs="*", type=Path, help="input .json / .wtns per partition")
-        p.add_argument("--partitions", type=int, help="synthetic circuits: seeds 0..N-1")
+        p.add_argument("--partitions", type=_count_arg, help="synthetic circuits: seeds 0..N-1")
         p.add_argument("--priority", choices=PRIORITIES)
         p.add_argument("--request-id", default="", help="idempotency key (and the job id)")
 
     job_args(verb("submit", "queue a job, print its id"))
     a = verb("await", "wait for a job")
     a.add_argument("job_id")
-    a.add_argument("--timeout", type=float, help="seconds (default: wait until it ends)")
+    a.add_argument("--timeout", type=_timeout_arg, help="seconds (default: wait until it ends)")
     a.add_argument("--out", type=Path, help="write proofs, public signals and the vk here")
     p = verb("prove", "submit, wait, write DIR/proof_<i>.json, public_<i>.json, vk")
     job_args(p)
     p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--timeout", type=float)
+    p.add_argument("--timeout", type=_timeout_arg)
     verb("cancel", "cancel a job").add_argument("job_id")
-    verb("status", "print the status JSON")
+    verb("status", "print the status JSON").add_argument(
+        "--detail", action="store_true", help="include paths and process ids (admin token)")
     verb("ready", "exit 0 if the daemon is running and serving, 1 if not, 3 if unreachable")
     verb("metrics", "print the Prometheus metrics")
     verb("preload", "load a circuit's proving key").add_argument("circuit_id")
@@ -85,18 +135,36 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
 def run_daemon(args: argparse.Namespace) -> int:
     """``cuzk-mp daemon``: load the config, then serve until a signal drains the daemon."""
+    import logging
+
+    from cuzk_mp.daemon.access import config_warnings
     from cuzk_mp.daemon.config import load_config
+    from cuzk_mp.daemon.instance_lock import AlreadyRunning
+    from cuzk_mp.daemon.journal import JournalDamaged
     from cuzk_mp.daemon.ops import setup_logging
     from cuzk_mp.daemon.server import serve
 
     cfg = load_config(args.config)
+    warnings = config_warnings(cfg)
     if args.check:
+        for w in warnings:
+            print(f"cuzk-mp daemon: warning: {w}", file=sys.stderr)
         print(f"{cfg.path}: OK ({len(cfg.circuits)} circuits, listen {cfg.listen}, "
-              f"SRS budget {cfg.engine.srs_budget_bytes} bytes)")
+              f"SRS budget {cfg.engine.srs_budget_bytes} bytes"
+              f"{f', {len(warnings)} warnings' if warnings else ''})")
         return 0
     multiprocessing.current_process().name = "cuzk-daemon"
     setup_logging(cfg.log_level, cfg.log_format)
-    return asyncio.run(serve(cfg))
+    for w in warnings:
+        logging.getLogger("cuzk_mp.daemon").warning("[start] %s", w)
+    try:
+        return asyncio.run(serve(cfg))
+    except AlreadyRunning as e:
+        print(f"cuzk-mp daemon: {e}", file=sys.stderr)
+        return EXIT_ALREADY_RUNNING
+    except JournalDamaged as e:
+        print(f"cuzk-mp daemon: refusing to start: {e}", file=sys.stderr)
+        return EXIT_JOURNAL_DAMAGED
 
 
 def _summary(reply: Any) -> dict[str, Any]:
@@ -162,7 +230,7 @@ def _client_verb(client: Any, args: argparse.Namespace) -> int:
         _print({"job_id": r.job_id, "cancelled": r.cancelled, "state": r.state})
         return 0
     if v == "status":
-        _print(client.status())
+        _print(client.status(args.detail))
         return 0
     if v == "ready":
         state = client.status()["daemon"]["state"]
@@ -186,7 +254,7 @@ def run_client(args: argparse.Namespace) -> int:
     from cuzk_mp.daemon.transport import CommClosedError
 
     try:
-        client = Client(args.connect, max_frame_bytes=args.max_frame_bytes)
+        client = Client(args.connect, max_frame_bytes=args.max_frame_bytes, token=args.token)
     except OSError as e:
         print(f"cuzk-mp client: cannot reach the daemon at {args.connect}: {e}", file=sys.stderr)
         return EXIT_UNREACHABLE

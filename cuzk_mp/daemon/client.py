@@ -16,9 +16,13 @@ from __future__ import annotations
 
 import asyncio
 import itertools
+import math
+import os
 import socket
 from pathlib import Path
 from typing import Any
+
+import msgspec
 
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.transport import (
@@ -43,26 +47,58 @@ def _result(reply: P.Message) -> Any:
     return reply
 
 
+class MalformedReply(CommClosedError):
+    """The daemon sent a frame that is not a reply; the connection is no longer usable."""
+
+
+def _decode_reply(data: bytes) -> P.Reply:
+    """A reply frame, or MalformedReply."""
+    try:
+        return P.decode_reply(data)
+    except (msgspec.DecodeError, msgspec.ValidationError, RecursionError) as e:
+        raise MalformedReply(f"the daemon sent a malformed reply: {e}") from None
+
+
+def check_timeout(timeout_s: float | None) -> float | None:
+    """``timeout_s`` if it is None or a number of seconds in 0..MAX_TIMEOUT_S, else InputError
+    (NaN, infinities, negatives and absurd values never reach a socket or the daemon)."""
+    if timeout_s is None:
+        return None
+    if isinstance(timeout_s, bool) or not isinstance(timeout_s, (int, float)) \
+            or not math.isfinite(timeout_s) or not 0 <= timeout_s <= P.MAX_TIMEOUT_S:
+        raise InputError(f"timeout_s: {timeout_s!r} is not a number of seconds in "
+                         f"0..{P.MAX_TIMEOUT_S:g} (leave it out to wait without limit)")
+    return float(timeout_s)
+
+
+def default_token() -> str:
+    """The token from ``$CUZK_MP_TOKEN`` ("" if unset)."""
+    return os.environ.get("CUZK_MP_TOKEN", "")
+
+
 class AsyncClient:
     """A pipelining asyncio client; create with ``await AsyncClient.connect(addr)``."""
 
-    def __init__(self, comm: StreamComm) -> None:
+    def __init__(self, comm: StreamComm, token: str = "") -> None:
         self._comm = comm
+        self.token = token
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[P.Message]] = {}
         self._reader = asyncio.ensure_future(self._read_loop())
 
     @classmethod
-    async def connect(cls, addr: str | Address, *, max_frame_bytes: int = DEFAULT_MAX_FRAME
-                      ) -> AsyncClient:
-        """Connect to the daemon at ``addr`` (``unix:///path`` or ``host:port``)."""
-        return cls(await connect(_address(addr), max_frame_bytes))
+    async def connect(cls, addr: str | Address, *, max_frame_bytes: int = DEFAULT_MAX_FRAME,
+                      token: str | None = None) -> AsyncClient:
+        """Connect to the daemon at ``addr`` (``unix:///path`` or ``host:port``); ``token``
+        (default ``$CUZK_MP_TOKEN``) goes with every request."""
+        return cls(await connect(_address(addr), max_frame_bytes),
+                   default_token() if token is None else token)
 
     async def _read_loop(self) -> None:
         error: BaseException = CommClosedError("daemon closed the connection")
         try:
             while True:
-                reply = P.decode_reply(await self._comm.read())
+                reply = _decode_reply(await self._comm.read())
                 if reply.id == 0 and isinstance(reply, P.ErrorReply):
                     error = error_from_kind(reply.kind, reply.message)
                     continue  # the daemon could not tell which call failed; it closes next
@@ -70,16 +106,19 @@ class AsyncClient:
                 if fut is not None and not fut.done():
                     fut.set_result(reply)
         except (CommClosedError, Exception) as e:
-            error = error if isinstance(e, CommClosedError) else e
+            error = error if isinstance(e, CommClosedError) and not isinstance(e, MalformedReply) else e
+            self._comm.close()
         finally:
             for fut in self._pending.values():
                 if not fut.done():
                     fut.set_exception(error)
             self._pending.clear()
 
-    async def request(self, msg: P.Message) -> Any:
-        """Send ``msg`` (its ``id`` is assigned here) and return the reply, or raise its error."""
+    async def request(self, msg: P.Call) -> Any:
+        """Send ``msg`` (its ``id`` and token are set here) and return the reply, or raise its
+        error."""
         msg.id = next(self._ids)
+        msg.token = self.token
         fut: asyncio.Future[P.Message] = asyncio.get_running_loop().create_future()
         self._pending[msg.id] = fut
         if self._reader.done():
@@ -97,7 +136,7 @@ class AsyncClient:
 
     async def await_proof(self, job_id: str, timeout_s: float | None = None) -> P.JobReply:
         """Wait for a job (``timed_out`` set on the reply if ``timeout_s`` passed first)."""
-        return await self.request(P.AwaitProof(id=0, job_id=job_id, timeout_s=timeout_s))
+        return await self.request(P.AwaitProof(id=0, job_id=job_id, timeout_s=check_timeout(timeout_s)))
 
     async def prove(self, circuit_id: str, partitions: list[P.PartitionIn], *,
                     priority: str | None = None, request_id: str = "",
@@ -105,15 +144,15 @@ class AsyncClient:
         """Submit and wait in one call."""
         return await self.request(P.Prove(id=0, circuit_id=circuit_id, partitions=partitions,
                                           priority=priority, request_id=request_id,
-                                          timeout_s=timeout_s))
+                                          timeout_s=check_timeout(timeout_s)))
 
     async def cancel(self, job_id: str) -> P.CancelReply:
         """Cancel a job."""
         return await self.request(P.CancelProof(id=0, job_id=job_id))
 
-    async def status(self) -> dict[str, Any]:
-        """The status document."""
-        return (await self.request(P.GetStatus(id=0))).status
+    async def status(self, detail: bool = False) -> dict[str, Any]:
+        """The status document (``detail``: with paths and process ids)."""
+        return (await self.request(P.GetStatus(id=0, detail=detail))).status
 
     async def metrics(self) -> str:
         """Prometheus text."""
@@ -147,21 +186,23 @@ class Client:
     """A blocking client (one call at a time); a context manager."""
 
     def __init__(self, addr: str | Address, *, max_frame_bytes: int = DEFAULT_MAX_FRAME,
-                 connect_timeout: float = 10.0) -> None:
+                 connect_timeout: float = 10.0, token: str | None = None) -> None:
         self.addr = _address(addr)
         self.max_frame_bytes = max_frame_bytes
+        self.token = default_token() if token is None else token
         self._sock: socket.socket | None = open_socket(self.addr, connect_timeout)
         self._ids = itertools.count(1)
 
-    def request(self, msg: P.Message, deadline_s: float | None = None) -> Any:
+    def request(self, msg: P.Call, deadline_s: float | None = None) -> Any:
         """Send ``msg`` and wait (up to ``deadline_s``, None = forever) for its reply."""
         if self._sock is None:
             raise CommClosedError("client is closed")
         msg.id = next(self._ids)
+        msg.token = self.token
         self._sock.settimeout(deadline_s)
         send_frame(self._sock, P.encode(msg), self.max_frame_bytes)
         while True:
-            reply = P.decode_reply(recv_frame(self._sock, self.max_frame_bytes))
+            reply = _decode_reply(recv_frame(self._sock, self.max_frame_bytes))
             if reply.id in (msg.id, 0):
                 return _result(reply)
 
@@ -178,6 +219,7 @@ class Client:
 
     def await_proof(self, job_id: str, timeout_s: float | None = None) -> P.JobReply:
         """Wait for a job (``timed_out`` set on the reply if ``timeout_s`` passed first)."""
+        timeout_s = check_timeout(timeout_s)
         return self.request(P.AwaitProof(id=0, job_id=job_id, timeout_s=timeout_s),
                             self._deadline(timeout_s))
 
@@ -185,6 +227,7 @@ class Client:
               priority: str | None = None, request_id: str = "",
               timeout_s: float | None = None) -> P.JobReply:
         """Submit and wait in one call."""
+        timeout_s = check_timeout(timeout_s)
         return self.request(P.Prove(id=0, circuit_id=circuit_id, partitions=partitions,
                                     priority=priority, request_id=request_id,
                                     timeout_s=timeout_s), self._deadline(timeout_s))
@@ -193,9 +236,9 @@ class Client:
         """Cancel a job."""
         return self.request(P.CancelProof(id=0, job_id=job_id), DEADLINE_MARGIN_S)
 
-    def status(self) -> dict[str, Any]:
-        """The status document."""
-        return self.request(P.GetStatus(id=0), DEADLINE_MARGIN_S).status
+    def status(self, detail: bool = False) -> dict[str, Any]:
+        """The status document (``detail``: with paths and process ids)."""
+        return self.request(P.GetStatus(id=0, detail=detail), DEADLINE_MARGIN_S).status
 
     def metrics(self) -> str:
         """Prometheus text."""

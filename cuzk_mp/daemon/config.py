@@ -15,6 +15,7 @@ Relative paths in the file are taken relative to the directory that holds the fi
 
 from __future__ import annotations
 
+import hashlib
 import math
 import re
 import tomllib
@@ -43,6 +44,10 @@ class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     status_listen: str = ""
     journal: str = ""
     max_frame_bytes: SizeValue = "128MiB"
+    frame_timeout: DurationValue = "60s"
+    max_connections: int = 256
+    tokens: list[str] = []
+    admin_tokens: list[str] = []
     result_ttl: DurationValue = "1h"
     shutdown_grace: DurationValue = "30s"
 
@@ -148,10 +153,15 @@ class DaemonConfig:
     log_level: str
     log_format: str
     host_budget_bytes: int
+    frame_timeout_s: float = 60.0
+    max_connections: int = 256
+    tokens: tuple[str, ...] = ()
+    admin_tokens: tuple[str, ...] = ()
 
 
 _DURATIONS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "": 1.0}
 _CIRCUIT_ID_RE = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,63}$")
+_TOKEN_RE = re.compile(r"^[\x21-\x7e]{16,256}$")
 
 
 def parse_duration(value: object, key: str) -> float:
@@ -241,9 +251,10 @@ def _circuit(cid: str, c: CircuitSection, base: Path, source: str) -> CircuitCon
                                   "(or set synthetic = \"porep-like\" or \"dense-random\")")
             files[name] = None
             continue
-        files[name] = _path(value, base)
-        if not files[name].is_file():
-            raise ConfigError(f"{key}.{name}: file not found: {files[name]}")
+        path = _path(value, base)
+        if not path.is_file():
+            raise ConfigError(f"{key}.{name}: file not found: {path}")
+        files[name] = path
     spec = CircuitSpec(circuit_id=cid, zkey=files["zkey"], wasm=files["wasm"],
                        r1cs=files["r1cs"], partitions=c.partitions)
     return CircuitConfig(spec, Priority[c.priority])
@@ -253,7 +264,7 @@ def _check_counts(cfg: RawConfig, source: str) -> None:
     """Reject impossible worker, slot and device counts."""
     checks = [
         ("synthesis.partition_workers", cfg.synthesis.partition_workers, 1),
-        ("synthesis.threads", cfg.synthesis.threads or 1, 1),
+        ("synthesis.threads", 1 if cfg.synthesis.threads is None else cfg.synthesis.threads, 1),
         ("synthesis.threads_per_partition", 1 if cfg.synthesis.threads_per_partition == "auto"
          else cfg.synthesis.threads_per_partition, 1),
         ("pipeline.ring_slots", cfg.pipeline.ring_slots, 1),
@@ -289,6 +300,35 @@ def _socket_mode(value: str, source: str) -> int:
     return mode
 
 
+def default_shm_prefix(journal_path: Path) -> str:
+    """The shm prefix of a daemon whose config sets none: ``cuzk-`` and a hash of the journal's
+    real path, so the same config always gets the same prefix and a restart removes what a
+    killed predecessor left in /dev/shm (two daemons never share a journal or a prefix: both
+    are locked, see daemon.instance_lock)."""
+    digest = hashlib.blake2b(str(journal_path.resolve()).encode(), digest_size=6).hexdigest()
+    return f"cuzk-{digest}"
+
+
+def _check_tokens(d: DaemonSection, listen: Address, status_listen: Address | None,
+                  source: str) -> None:
+    """Tokens are long printable secrets; a listener beyond loopback needs them."""
+    for key in ("tokens", "admin_tokens"):
+        for i, token in enumerate(getattr(d, key)):
+            if not _TOKEN_RE.match(token):
+                raise ConfigError(f"{source}: daemon.{key}[{i}]: a token is 16-256 printable "
+                                  "ASCII characters without spaces")
+    if set(d.tokens) & set(d.admin_tokens) or len(set(d.tokens)) != len(d.tokens):
+        raise ConfigError(f"{source}: daemon.tokens / daemon.admin_tokens: every token must be "
+                          "distinct (a token is one client's identity)")
+    if d.tokens or d.admin_tokens:
+        return
+    for key, addr in (("listen", listen), ("status_listen", status_listen)):
+        if addr is not None and not addr.loopback:
+            raise ConfigError(f"{source}: daemon.{key} = {str(addr)!r} is reachable from other "
+                              "hosts: set daemon.tokens (clients then pass --token or "
+                              "$CUZK_MP_TOKEN), or listen on a loopback address or a unix socket")
+
+
 def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> DaemonConfig:
     """Validate a parsed TOML document and build the :class:`DaemonConfig`.
 
@@ -305,6 +345,13 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         raise ConfigError(f"{source}: daemon: {e}") from None
     if status_listen is not None and status_listen == listen:
         raise ConfigError(f"{source}: daemon.status_listen: same address as daemon.listen")
+    _check_tokens(d, listen, status_listen, source)
+    if d.max_connections < 1:
+        raise ConfigError(f"{source}: daemon.max_connections: must be >= 1, got {d.max_connections}")
+    frame_timeout = parse_duration(d.frame_timeout, f"{source}: daemon.frame_timeout")
+    if frame_timeout <= 0:
+        raise ConfigError(f"{source}: daemon.frame_timeout: must be > 0 (an unfinished frame "
+                          "must not hold its memory forever)")
     param_cache = _path(cfg.srs.param_cache, base)
     circuits = {cid: _circuit(cid, c, base, source) for cid, c in circuit_tables.items()}
     for cid in cfg.srs.preload:
@@ -325,12 +372,14 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
                           f"memory.safety_margin ({margin})")
     host = parse_size(cfg.memory.host_budget, f"{source}: memory.host_budget", allow_auto=True)
     host = total - margin if host is None else host
+    journal_path = _path(d.journal, base) if d.journal else param_cache / "journal.sqlite"
     engine = EngineConfig(
         backend=cfg.gpus.backend, devices=cfg.gpus.devices,
         gpu_workers_per_device=cfg.gpus.gpu_workers_per_device,
         partition_workers=cfg.synthesis.partition_workers,
         synthesis_threads=_threads(cfg.synthesis), ring_slots=cfg.pipeline.ring_slots,
-        shm_prefix=cfg.pipeline.shm_prefix or None, verify_proofs=cfg.pipeline.verify_proofs,
+        shm_prefix=cfg.pipeline.shm_prefix or default_shm_prefix(journal_path),
+        verify_proofs=cfg.pipeline.verify_proofs,
         max_attempts=cfg.pipeline.max_attempts, param_cache=param_cache,
         start_timeout_s=parse_duration(cfg.pipeline.start_timeout,
                                        f"{source}: pipeline.start_timeout"),
@@ -346,13 +395,14 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     return DaemonConfig(
         path=None, listen=listen, socket_mode=_socket_mode(d.socket_mode, source),
         status_listen=status_listen,
-        journal_path=_path(d.journal, base) if d.journal else param_cache / "journal.sqlite",
-        max_frame_bytes=max_frame,
+        journal_path=journal_path, max_frame_bytes=max_frame,
         result_ttl_s=parse_duration(d.result_ttl, f"{source}: daemon.result_ttl"),
         shutdown_grace_s=parse_duration(d.shutdown_grace, f"{source}: daemon.shutdown_grace"),
         param_cache=param_cache, preload=tuple(cfg.srs.preload), circuits=circuits,
         memory_total_bytes=total, safety_margin_bytes=margin, engine=engine,
         log_level=cfg.logging.level, log_format=cfg.logging.format, host_budget_bytes=host,
+        frame_timeout_s=frame_timeout, max_connections=d.max_connections,
+        tokens=tuple(d.tokens), admin_tokens=tuple(d.admin_tokens),
     )
 
 

@@ -31,6 +31,7 @@ class JobRecord:
     digest: str
     partitions: list[PartitionIn]
     submitted_at: float
+    owner: str = ""  # the submitting client's identity (daemon.access); "" without tokens
     state: str = "queued"
     started_at: float | None = None
     finished_at: float | None = None
@@ -48,7 +49,7 @@ class JobRecord:
         """A record rebuilt from the journal (finished ones carry their reply)."""
         rec = cls(job_id=e.job_id, request_id=e.request_id, circuit_id=e.circuit_id,
                   priority=Priority(e.priority), digest=e.digest, partitions=e.partitions,
-                  submitted_at=e.submitted_at)
+                  submitted_at=e.submitted_at, owner=e.owner)
         rec.accepted.set_result(None)
         r = e.result
         if r is not None and r.state in TERMINAL:

@@ -98,13 +98,20 @@ class JobTable:
                              "characters")
         return cc
 
-    async def submit(self, req: SubmitProof | Prove) -> tuple[JobRecord, bool]:
+    async def submit(self, req: SubmitProof | Prove, owner: str = "") -> tuple[JobRecord, bool]:
         """Accept a job (queued in the engine, which validates it, then journaled before the
-        reply); returns (record, duplicate)."""
+        reply); returns (record, duplicate).
+
+        ``owner`` is the submitting client's identity; a job with input JSON is handed to the
+        engine (which parses it to validate it) on a worker thread, off the loop.
+        """
         cc = self._check(req)
         digest = digest_of(req.circuit_id, req.partitions)
         existing = self.jobs.get(req.request_id) if req.request_id else None
         if existing is not None:
+            if existing.owner != owner:
+                raise InputError(f"SubmitProof.request_id: {req.request_id!r} is already in use; "
+                                 "choose another")
             if existing.digest != digest:
                 raise InputError(f"SubmitProof.request_id: {req.request_id!r} already names a "
                                  "different job (other circuit or inputs)")
@@ -113,10 +120,13 @@ class JobTable:
         job_id = req.request_id or uuid.uuid4().hex
         rec = JobRecord(job_id=job_id, request_id=req.request_id, circuit_id=req.circuit_id,
                         priority=self._priority(req, cc), digest=digest,
-                        partitions=list(req.partitions), submitted_at=time.time())
+                        partitions=list(req.partitions), submitted_at=time.time(), owner=owner)
         self.jobs[job_id] = rec
         try:
-            self._to_engine(rec)
+            if any(p.kind == "json" for p in req.partitions):
+                await asyncio.to_thread(self._to_engine, rec)
+            else:
+                self._to_engine(rec)
         except BaseException as e:
             self._refused(rec, e)
             raise
@@ -140,7 +150,7 @@ class JobTable:
         return JournalEntry(job_id=rec.job_id, request_id=rec.request_id,
                             circuit_id=rec.circuit_id, priority=int(rec.priority),
                             digest=rec.digest, partitions=rec.partitions,
-                            submitted_at=rec.submitted_at)
+                            submitted_at=rec.submitted_at, owner=rec.owner)
 
     def _to_engine(self, rec: JobRecord) -> None:
         parts = [PartitionInput(kind=p.kind, data=p.data, seed=p.seed) for p in rec.partitions]
@@ -149,17 +159,19 @@ class JobTable:
 
     # -- queries, waiting, cancel ---------------------------------------------------------
 
-    def get(self, job_id: str) -> JobRecord:
-        """The job, or InputError naming the unknown (or already pruned) id."""
+    def get(self, job_id: str, owner: str | None = None) -> JobRecord:
+        """The job, or InputError naming the unknown (or already pruned) id; with ``owner``
+        (None: any), another client's job is unknown too."""
         rec = self.jobs.get(job_id)
-        if rec is None:
+        if rec is None or (owner is not None and rec.owner != owner):
             raise InputError(f"job_id: unknown job {job_id!r} (never submitted, or its result "
                              f"was pruned after result_ttl = {self.result_ttl_s:g} s)")
         return rec
 
-    async def wait(self, job_id: str, timeout_s: float | None) -> tuple[JobRecord, bool]:
+    async def wait(self, job_id: str, timeout_s: float | None,
+                   owner: str | None = None) -> tuple[JobRecord, bool]:
         """Wait until the job ends or ``timeout_s`` passes; returns (record, timed_out)."""
-        rec = self.get(job_id)
+        rec = self.get(job_id, owner)
         if rec.state in TERMINAL:
             return rec, False
         if timeout_s is not None and timeout_s < 0:
@@ -179,9 +191,9 @@ class JobTable:
                                 "resumes when the daemon restarts")
         return rec, True
 
-    def cancel(self, job_id: str) -> tuple[JobRecord, bool]:
+    def cancel(self, job_id: str, owner: str | None = None) -> tuple[JobRecord, bool]:
         """Ask the engine to cancel the job; (record, whether a cancel was started)."""
-        rec = self.get(job_id)
+        rec = self.get(job_id, owner)
         if rec.state in TERMINAL:
             return rec, False
         ok = self.engine.cancel(job_id)
@@ -230,6 +242,14 @@ class JobTable:
         """Record a job's end, journal it and wake its waiters."""
         rec = self.jobs.get(result.job_id)
         if rec is None or rec.state in TERMINAL:
+            return
+        if not rec.accepted.done():  # ended before its journal row was written: record it after that
+
+            def once_accepted(accepted: asyncio.Future[None]) -> None:
+                if accepted.exception() is None:
+                    self.on_job_done(result)
+
+            rec.accepted.add_done_callback(once_accepted)
             return
         if self.draining and result.state != "done" and not rec.cancel_requested:
             log.info("[shutdown] job %s stopped by the drain (%s); it stays in the journal and "

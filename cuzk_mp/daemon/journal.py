@@ -8,6 +8,20 @@ the job ends its row gets the final state and the reply a client would receive (
 the daemon reads the rows back: finished ones answer AwaitProof again, unfinished ones (state
 ``queued``) are submitted to the engine again, in their original order.
 
+The journal is the source of truth, so it is defended:
+
+* **Damage refuses the start.** :meth:`Journal.open` raises :class:`JournalDamaged` (the daemon
+  exits with a message naming the file and what to do) for a file that is not a database, one
+  that fails SQLite's ``quick_check``, a write-ahead log whose committed frames SQLite would
+  silently ignore (:mod:`.journal_wal`), and a journal that is missing or empty although this
+  place held one: ``<journal>.id`` records the journal's identity the first time it is created,
+  so a deleted, truncated or swapped journal is noticed instead of starting silently empty.
+  Nothing is repaired or emptied automatically; the message says how to start afresh.
+* **A bad row is quarantined, the rest start.** :meth:`Journal.load` checks every row against
+  the schema (types, priority 0..3, a state it knows, decodable partitions and result that
+  agree with the row); a row that fails is moved, as it was, into the ``quarantine`` table with
+  the reason, logged, and counted in :meth:`Journal.report` (the status document's ``journal``).
+
 All SQLite work runs on one dedicated thread (``cuzk-journal``), so the asyncio loop never
 blocks on an fsync and writes keep their order; the async methods await that thread.
 """
@@ -15,17 +29,28 @@ blocks on an fsync and writes keep their order; the async methods await that thr
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import logging
+import os
 import sqlite3
+import time
+import uuid
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
-from typing import Any, Callable, TypeVar
+from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from cuzk_mp.daemon.protocol import JobReply, PartitionIn
-from cuzk_mp.errors import ConfigError
+from cuzk_mp.daemon.journal_wal import wal_damage
+from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions
+from cuzk_mp.errors import ConfigError, CuzkError
 
-SCHEMA_VERSION = 1
+log = logging.getLogger("cuzk_mp.daemon.journal")
+
+SCHEMA_VERSION = 2
+_COLUMNS = ("seq, job_id, request_id, circuit_id, priority, digest, partitions, submitted_at, state,"
+            " finished_at, result, owner")
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (
@@ -39,29 +64,95 @@ CREATE TABLE IF NOT EXISTS jobs (
     submitted_at REAL NOT NULL,
     state        TEXT NOT NULL,   -- queued | done | failed | cancelled
     finished_at  REAL,
-    result       BLOB             -- msgpack JobReply once finished
+    result       BLOB,            -- msgpack JobReply once finished
+    owner        TEXT NOT NULL DEFAULT ''  -- the submitting client's identity ('' without tokens)
 );
 """
+# Rows moved aside as they were (no types or constraints: whatever was in them), with the reason.
+_QUARANTINE = """
+CREATE TABLE IF NOT EXISTS quarantine (
+    seq, job_id, request_id, circuit_id, priority, digest, partitions, submitted_at, state,
+    finished_at, result, owner, reason TEXT NOT NULL, quarantined_at REAL NOT NULL
+);
+"""
+_MIGRATE_1_TO_2 = "ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''"
+QUARANTINE_IN_STATUS = 20
 
 T = TypeVar("T")
-_partitions_decoder = msgspec.msgpack.Decoder(list[PartitionIn])
+_partitions_decoder = msgspec.msgpack.Decoder(Partitions)
 _reply_decoder = msgspec.msgpack.Decoder(JobReply)
 _encoder = msgspec.msgpack.Encoder()
 
 
-class JournalEntry(msgspec.Struct, kw_only=True):
-    """One journaled job (``result`` is set once the job has ended)."""
+class JournalDamaged(CuzkError):
+    """The journal file is missing, damaged or not a journal; the daemon refuses to start."""
 
-    job_id: str
-    request_id: str
-    circuit_id: str
-    priority: int
+
+class JournalEntry(msgspec.Struct, kw_only=True):
+    """One journaled job (``result`` is set once the job has ended); the field constraints are
+    what :meth:`Journal.load` checks every row against."""
+
+    job_id: Annotated[str, msgspec.Meta(min_length=1, max_length=MAX_ID_CHARS)]
+    request_id: Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
+    circuit_id: Annotated[str, msgspec.Meta(min_length=1, max_length=64)]
+    priority: Annotated[int, msgspec.Meta(ge=0, le=3)]
     digest: str
-    partitions: list[PartitionIn]
-    submitted_at: float
-    state: str = "queued"
-    finished_at: float | None = None
+    partitions: Partitions
+    submitted_at: Annotated[float, msgspec.Meta(ge=0)]
+    state: Literal["queued", "done", "failed", "cancelled"] = "queued"
+    finished_at: Annotated[float, msgspec.Meta(ge=0)] | None = None
     result: JobReply | None = None
+    owner: str = ""
+
+
+def _entry_of(row: tuple[Any, ...]) -> JournalEntry:
+    """Validate one row (columns as in ``_COLUMNS``); ValueError/msgspec errors say what is wrong."""
+    _, job_id, request_id, circuit_id, priority, digest, partitions, submitted_at, state, \
+        finished_at, result, owner = row
+    if not isinstance(partitions, bytes) or not (result is None or isinstance(result, bytes)):
+        raise ValueError("partitions/result are not msgpack blobs")
+    entry = msgspec.convert({
+        "job_id": job_id, "request_id": request_id, "circuit_id": circuit_id, "priority": priority,
+        "digest": digest, "partitions": _partitions_decoder.decode(partitions),
+        "submitted_at": submitted_at, "state": state, "finished_at": finished_at,
+        "result": _reply_decoder.decode(result) if result is not None else None, "owner": owner,
+    }, JournalEntry)
+    if not entry.partitions:
+        raise ValueError("a job without partitions")
+    if (entry.state == "queued") != (entry.result is None):
+        raise ValueError(f"state {entry.state!r} with{'' if entry.result else 'out'} a result")
+    if entry.result is not None and (entry.result.job_id != entry.job_id
+                                     or entry.result.state != entry.state
+                                     or len(entry.result.partitions) != len(entry.partitions)):
+        raise ValueError("the result belongs to another job, state or partition count")
+    return entry
+
+
+def _marker_path(path: Path) -> Path:
+    return path.with_name(path.name + ".id")
+
+
+def _check_file(path: Path) -> str | None:
+    """Before SQLite touches anything: the journal is present (if it ever was) and its WAL
+    would not drop committed transactions. Returns the journal id the marker records."""
+    marker = _marker_path(path)
+    recorded = marker.read_text().strip() if marker.exists() else None
+    size = path.stat().st_size if path.exists() else None
+    how_to = (f"; to start with an empty journal (losing its jobs), move {path}, its -wal and "
+              f"-shm files and {marker} aside")
+    if recorded and not size:
+        state = "missing" if size is None else "empty (0 bytes)"
+        raise JournalDamaged(f"{path}: the journal is {state}, but {marker} says a journal with "
+                             f"id {recorded} was here: its accepted jobs and results are lost unless "
+                             f"it is restored from a backup{how_to}")
+    if size is None and Path(f"{path}-wal").exists():
+        raise JournalDamaged(f"{path}: missing, but its write-ahead log {path}-wal exists{how_to}")
+    problem = wal_damage(Path(f"{path}-wal"))
+    if problem:
+        raise JournalDamaged(f"{path}-wal: the journal's write-ahead log is damaged: {problem}; "
+                             f"SQLite would silently drop those jobs (copy both files before any "
+                             f"repair){how_to}")
+    return recorded
 
 
 class Journal:
@@ -71,25 +162,77 @@ class Journal:
         self.path = path
         self._conn = conn
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-journal")
+        self._closed = False
+        self.quarantined_now: list[dict[str, Any]] = []
 
     @classmethod
     def open(cls, path: Path) -> Journal:
-        """Open (creating if needed) the journal at ``path``; ConfigError if it is unusable."""
+        """Open (creating if needed) the journal at ``path``: JournalDamaged if it is damaged or
+        missing (see the module docstring), ConfigError for a schema from a newer version."""
         path.parent.mkdir(parents=True, exist_ok=True)
+        recorded = _check_file(path)
         try:
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
+        except sqlite3.Error as e:
+            raise JournalDamaged(f"{path}: cannot open the journal: {e}") from None
+        try:
+            journal_id = cls._prepare(conn, path, recorded)
+        except BaseException:
+            conn.close()
+            raise
+        if recorded is None:
+            tmp = path.with_name(path.name + ".id.tmp")
+            tmp.write_text(journal_id + "\n")
+            os.replace(tmp, _marker_path(path))
+        return cls(path, conn)
+
+    @staticmethod
+    def _prepare(conn: sqlite3.Connection, path: Path, recorded: str | None) -> str:
+        """Integrity check, schema (created or migrated) and identity; the journal's id."""
+        try:
+            check = [r[0] for r in conn.execute("PRAGMA quick_check").fetchall()]
+            if check != ["ok"]:
+                raise JournalDamaged(f"{path}: the journal fails SQLite's integrity check: "
+                                     f"{'; '.join(map(str, check[:5]))}; move it aside (with its "
+                                     f"-wal and .id files) to start with an empty journal")
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
-            conn.executescript(_SCHEMA)
-            row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+            conn.execute("BEGIN IMMEDIATE")
+            has_jobs = conn.execute("SELECT 1 FROM sqlite_master WHERE name='jobs'").fetchone()
+            version = None
+            if has_jobs:
+                row = conn.execute("SELECT value FROM meta WHERE key='schema'").fetchone()
+                version = int(row[0]) if row else None
+                if version is None or version > SCHEMA_VERSION:
+                    raise ConfigError(f"{path}: journal schema {version}, this daemon writes "
+                                      f"{SCHEMA_VERSION}; move the file away to start afresh")
+            for stmt in (_SCHEMA + _QUARANTINE).split(";"):
+                if stmt.strip():
+                    conn.execute(stmt)
+            if version == 1:
+                conn.execute(_MIGRATE_1_TO_2)
+                log.info("[start] journal %s: schema 1 -> 2 (job owners, quarantine)", path)
+            conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
+            row = conn.execute("SELECT value FROM meta WHERE key='journal_id'").fetchone()
+            journal_id = row[0] if row else uuid.uuid4().hex
             if row is None:
-                conn.execute("INSERT INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
-            elif int(row[0]) != SCHEMA_VERSION:
-                raise ConfigError(f"{path}: journal schema {row[0]}, this daemon writes "
-                                  f"{SCHEMA_VERSION}; move the file away to start afresh")
+                if recorded is not None and has_jobs:
+                    raise JournalDamaged(f"{path}: this journal has no id but {_marker_path(path)} "
+                                         f"records {recorded}: not the journal that was here")
+                conn.execute("INSERT INTO meta VALUES ('journal_id', ?)", (journal_id,))
+            elif recorded is not None and recorded != journal_id:
+                raise JournalDamaged(f"{path}: this is journal {journal_id}, but {_marker_path(path)} "
+                                     f"records {recorded}: another journal was put in its place; "
+                                     "restore the right one, or move both aside to start afresh")
+            conn.execute("COMMIT")
+            return str(journal_id)
         except sqlite3.DatabaseError as e:
-            raise ConfigError(f"{path}: cannot use the journal: {e}") from None
-        return cls(path, conn)
+            raise JournalDamaged(f"{path}: not a usable journal ({e}); move it aside (with its -wal "
+                                 "and .id files) to start with an empty journal") from None
+        finally:
+            with contextlib.suppress(sqlite3.Error):
+                if conn.in_transaction:
+                    conn.execute("ROLLBACK")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
         return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
@@ -97,9 +240,9 @@ class Journal:
     def _insert(self, e: JournalEntry) -> None:
         self._conn.execute(
             "INSERT INTO jobs (job_id, request_id, circuit_id, priority, digest, partitions,"
-            " submitted_at, state) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued')",
+            " submitted_at, state, owner) VALUES (?, ?, ?, ?, ?, ?, ?, 'queued', ?)",
             (e.job_id, e.request_id, e.circuit_id, e.priority, e.digest,
-             _encoder.encode(e.partitions), e.submitted_at))
+             _encoder.encode(e.partitions), e.submitted_at, e.owner))
 
     def _finish(self, job_id: str, reply: JobReply) -> None:
         self._conn.execute(
@@ -123,20 +266,52 @@ class Journal:
             await self._run(self._remove, job_ids)
 
     def load(self) -> list[JournalEntry]:
-        """Every journaled job, oldest first (called once at start-up, before serving)."""
-        rows = self._conn.execute(
-            "SELECT job_id, request_id, circuit_id, priority, digest, partitions, submitted_at,"
-            " state, finished_at, result FROM jobs ORDER BY seq").fetchall()
+        """Every valid journaled job, oldest first (called once at start-up, before serving).
+
+        A row that fails the checks of :class:`JournalEntry` is quarantined (moved as it was
+        into the ``quarantine`` table with the reason, and logged) and the others load.
+        """
         out = []
-        for r in rows:
-            out.append(JournalEntry(
-                job_id=r[0], request_id=r[1], circuit_id=r[2], priority=r[3], digest=r[4],
-                partitions=_partitions_decoder.decode(r[5]), submitted_at=r[6], state=r[7],
-                finished_at=r[8], result=_reply_decoder.decode(r[9]) if r[9] else None))
+        for row in self._conn.execute(f"SELECT {_COLUMNS} FROM jobs ORDER BY seq").fetchall():
+            try:
+                out.append(_entry_of(row))
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError,
+                    RecursionError) as e:
+                self._quarantine(row[0], row[1], f"{type(e).__name__}: {e}")
         return out
+
+    def _quarantine(self, seq: Any, job_id: Any, reason: str) -> None:
+        now = time.time()
+        with self._conn:
+            self._conn.execute("BEGIN IMMEDIATE")
+            self._conn.execute(f"INSERT INTO quarantine SELECT {_COLUMNS}, ?, ? FROM jobs WHERE seq=?",
+                               (reason, now, seq))
+            self._conn.execute("DELETE FROM jobs WHERE seq=?", (seq,))
+        shown = job_id if isinstance(job_id, str) else repr(job_id)
+        self.quarantined_now.append({"job_id": shown, "reason": reason, "quarantined_at": now})
+        log.error("[start] journal %s: job %s is unreadable and was quarantined (moved into the "
+                  "quarantine table): %s", self.path, shown, reason)
+
+    async def report(self) -> dict[str, Any]:
+        """The journal's health for the status document: quarantined rows (all time: count; the
+        latest few with their reasons) and those quarantined at this start; ``closed`` once
+        the daemon has closed the journal (a status asked for during the very end of a drain)."""
+        if self._closed:
+            return {"closed": True}
+        return await self._run(self._report)
+
+    def _report(self) -> dict[str, Any]:
+        total = self._conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
+        latest = self._conn.execute(
+            "SELECT job_id, reason, quarantined_at FROM quarantine ORDER BY quarantined_at DESC "
+            "LIMIT ?", (QUARANTINE_IN_STATUS,)).fetchall()
+        return {"quarantined": int(total), "quarantined_at_start": len(self.quarantined_now),
+                "quarantine": [{"job_id": j if isinstance(j, str) else repr(j), "reason": r,
+                                "quarantined_at": t} for j, r, t in latest]}
 
     def close(self) -> None:
         """Finish pending writes and close the file (idempotent)."""
+        self._closed = True
         self._pool.shutdown(wait=True)
         try:
             self._conn.close()

@@ -197,9 +197,12 @@ def _status_families(st: EngineStatus) -> Iterator[Metric]:
                  "once; host = PSS + shm; RSS for reference).", {("kind",): None},
                  [(("host_bytes",), float(m.host_bytes)), (("host_pss_bytes",), float(m.host_pss_bytes)),
                   (("host_rss_bytes",), float(m.host_rss_bytes)), (("shm_bytes",), float(m.shm_bytes))])
-    yield _gauge("cuzk_process_memory_bytes", "Each engine process's PSS and USS (private) bytes.",
-                 {("process", "kind"): None},
-                 [((p.name, kind), float(v)) for p in m.processes for kind, v in (("pss", p.pss), ("uss", p.uss))])
+    per_name: dict[tuple[str, str], float] = {}
+    for pm in m.processes:  # processes of one name (helpers such as multiprocessing's) add up
+        for kind, v in (("pss", pm.pss), ("uss", pm.uss)):
+            per_name[(pm.name, kind)] = per_name.get((pm.name, kind), 0.0) + v
+    yield _gauge("cuzk_process_memory_bytes", "The engine's processes' PSS and USS (private) bytes, by name.",
+                 {("process", "kind"): None}, sorted(per_name.items()))
     alive: dict[str, int] = {}
     for p in st.processes:
         alive[p.role] = alive.get(p.role, 0) + int(p.alive)

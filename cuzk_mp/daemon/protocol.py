@@ -29,6 +29,20 @@ class name from :mod:`cuzk_mp.errors` so the client re-raises the same type.
 Large integers (proof coordinates, public signals) travel as decimal strings, exactly as in
 snarkjs JSON, because msgpack integers stop at 64 bits.
 
+Hostile frames. :func:`decode_request` first walks the frame's msgpack structure without
+building anything (:func:`scan_frame`: at most ``MAX_REQUEST_DEPTH`` deep and ``MAX_REQUEST_ITEMS``
+values, a bounded loop that also reads the top-level ``id`` so the ErrorReply reaches the right
+call), then decodes it with the typed schema, whose fields carry their own limits (string
+lengths, at most ``MAX_PARTITIONS`` partitions, timeouts in ``0..MAX_TIMEOUT_S``). Whatever it
+refuses is a :class:`MalformedRequest` (an InputError) carrying that id; memory stays within a
+small multiple of the frame, which the transport has already bounded. An ErrorReply with id 0
+answers a frame whose id could not be read (the connection goes on serving), or a frame the
+stream cannot recover from (too large, or not complete within the deadline: the daemon then
+closes the connection).
+
+Every request carries ``token``, the client's shared secret when the daemon requires one
+(see :mod:`cuzk_mp.daemon.access`); it is never echoed back.
+
 Job states: ``queued`` (accepted and journaled; no partition finished yet; GetStatus shows
 ``running`` as soon as the engine has started one), ``running`` (at least one partition
 finished), then one of ``done``, ``failed``, ``cancelled``. Partition states in replies:
@@ -38,13 +52,27 @@ synthesizing, ready, proving).
 
 from __future__ import annotations
 
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 
 import msgspec
+
+from cuzk_mp.errors import InputError
 
 PriorityName = Literal["CRITICAL", "HIGH", "NORMAL", "LOW"]
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
 PartitionState = Literal["pending", "done", "failed", "cancelled"]
+
+MAX_PARTITIONS = 1024
+MAX_ID_CHARS = 128  # job_id and request_id
+MAX_TOKEN_CHARS = 256
+MAX_TIMEOUT_S = 1e7  # about 115 days: longer waits are a mistake, not a plan
+MAX_REQUEST_DEPTH = 8  # the deepest request nests 3 (message, partitions, partition)
+MAX_REQUEST_ITEMS = 65536  # values in one request (a 1024-partition submit has ~7200)
+MAX_SEED = 2**63 - 1
+
+CircuitId = Annotated[str, msgspec.Meta(max_length=64)]
+JobId = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
+Timeout = Annotated[float, msgspec.Meta(ge=0, le=MAX_TIMEOUT_S)]
 
 
 class PartitionIn(msgspec.Struct, forbid_unknown_fields=True):
@@ -53,7 +81,10 @@ class PartitionIn(msgspec.Struct, forbid_unknown_fields=True):
 
     kind: Literal["json", "wtns", "synthetic"]
     data: bytes = b""
-    seed: int = 0
+    seed: Annotated[int, msgspec.Meta(ge=0, le=MAX_SEED)] = 0
+
+
+Partitions = Annotated[list[PartitionIn], msgspec.Meta(max_length=MAX_PARTITIONS)]
 
 
 class Message(msgspec.Struct, tag=True, kw_only=True, forbid_unknown_fields=True):
@@ -62,62 +93,71 @@ class Message(msgspec.Struct, tag=True, kw_only=True, forbid_unknown_fields=True
     id: int
 
 
-class SubmitProof(Message):
+class Call(Message, kw_only=True):
+    """Base of every request: ``token`` is the client's shared secret ("" when none is needed)."""
+
+    token: Annotated[str, msgspec.Meta(max_length=MAX_TOKEN_CHARS)] = ""
+
+
+class SubmitProof(Call):
     """Accept a job; returns at once with its id (the job is journaled before the reply)."""
 
-    circuit_id: str
-    partitions: list[PartitionIn]
+    circuit_id: CircuitId
+    partitions: Partitions
     priority: PriorityName | None = None
-    request_id: str = ""
+    request_id: JobId = ""
 
 
-class AwaitProof(Message):
+class AwaitProof(Call):
     """Wait for a job to finish; ``timeout_s`` None waits without limit."""
 
-    job_id: str
-    timeout_s: float | None = None
+    job_id: JobId
+    timeout_s: Timeout | None = None
 
 
-class Prove(Message):
+class Prove(Call):
     """Submit and wait in one call."""
 
-    circuit_id: str
-    partitions: list[PartitionIn]
+    circuit_id: CircuitId
+    partitions: Partitions
     priority: PriorityName | None = None
-    request_id: str = ""
-    timeout_s: float | None = None
+    request_id: JobId = ""
+    timeout_s: Timeout | None = None
 
 
-class CancelProof(Message):
+class CancelProof(Call):
     """Cancel a job: queued partitions are dropped, running ones stop at the next boundary."""
 
-    job_id: str
+    job_id: JobId
 
 
-class GetStatus(Message):
-    """The daemon's status document (the same JSON as HTTP /status)."""
+class GetStatus(Call):
+    """The daemon's status document (the same JSON as HTTP /status); ``detail`` adds paths and
+    process ids (for an admin token only, when the daemon requires tokens)."""
+
+    detail: bool = False
 
 
-class GetMetrics(Message):
+class GetMetrics(Call):
     """Prometheus text (the same as HTTP /metrics)."""
 
 
-class PreloadSRS(Message):
+class PreloadSRS(Call):
     """Load a circuit's proving key into the prover processes now."""
 
-    circuit_id: str
+    circuit_id: CircuitId
 
 
-class EvictSRS(Message):
+class EvictSRS(Call):
     """Unload a circuit's proving key (refused while a queued or running job uses it)."""
 
-    circuit_id: str
+    circuit_id: CircuitId
 
 
-class GetVerificationKey(Message):
+class GetVerificationKey(Call):
     """The circuit's verification key as snarkjs JSON."""
 
-    circuit_id: str
+    circuit_id: CircuitId
 
 
 Request = (SubmitProof | AwaitProof | Prove | CancelProof | GetStatus | GetMetrics | PreloadSRS
@@ -226,36 +266,130 @@ _reply_decoder = msgspec.msgpack.Decoder(Reply)
 MAX_ERROR_TEXT = 4000
 
 
+class MalformedRequest(InputError):
+    """A frame that is not a valid request; ``request_id`` is its readable ``id`` (else 0)."""
+
+    def __init__(self, message: str, request_id: int) -> None:
+        super().__init__(message)
+        self.request_id = request_id
+
+
 def encode(msg: Message) -> bytes:
     """The msgpack bytes of a message."""
     return _encoder.encode(msg)
 
 
 def decode_request(data: bytes) -> Request:
-    """Decode a request frame (msgspec.DecodeError / ValidationError if it is not one)."""
-    return _request_decoder.decode(data)
+    """Decode a request frame within the limits above (MalformedRequest if it is not one)."""
+    request_id, problem = scan_frame(data, MAX_REQUEST_DEPTH, MAX_REQUEST_ITEMS)
+    if problem is not None:
+        raise MalformedRequest(f"malformed request: {problem}", request_id)
+    try:
+        return _request_decoder.decode(data)
+    except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        raise MalformedRequest(f"malformed request: {e}", request_id) from None
 
 
 def decode_reply(data: bytes) -> Reply:
-    """Decode a reply frame."""
+    """Decode a reply frame (msgspec errors, or RecursionError for a hostile nesting)."""
     return _reply_decoder.decode(data)
 
 
-def salvage_id(data: bytes) -> int:
-    """The ``id`` of a frame that failed to decode, if it has a readable one, else 0.
+# msgpack type bytes -> (bytes of a length or value field, what follows): "int" a value of that
+# many bytes, "raw" that many payload bytes, "ext" payload plus a type byte, "array"/"map" items.
+_HEADS: dict[int, tuple[int, str]] = {
+    0xC4: (1, "raw"), 0xC5: (2, "raw"), 0xC6: (4, "raw"),
+    0xC7: (1, "ext"), 0xC8: (2, "ext"), 0xC9: (4, "ext"),
+    0xCA: (4, "skip"), 0xCB: (8, "skip"),
+    0xCC: (1, "uint"), 0xCD: (2, "uint"), 0xCE: (4, "uint"), 0xCF: (8, "uint"),
+    0xD0: (1, "sint"), 0xD1: (2, "sint"), 0xD2: (4, "sint"), 0xD3: (8, "sint"),
+    0xD4: (2, "skip"), 0xD5: (3, "skip"), 0xD6: (5, "skip"), 0xD7: (9, "skip"), 0xD8: (17, "skip"),
+    0xD9: (1, "str"), 0xDA: (2, "str"), 0xDB: (4, "str"),
+    0xDC: (2, "array"), 0xDD: (4, "array"), 0xDE: (2, "map"), 0xDF: (4, "map"),
+}
 
-    Lets a pipelining client match the ErrorReply of a malformed request to its call.
+
+def scan_frame(data: bytes, max_depth: int, max_items: int) -> tuple[int, str | None]:
+    """Walk a msgpack frame's structure without decoding it: (id, problem).
+
+    ``id`` is the top-level map's integer ``id`` (0 if it has none readable); ``problem`` says
+    why the frame is refused (nesting deeper than ``max_depth``, more than ``max_items`` values,
+    truncated, an invalid type byte, bytes after the message), None if the structure is
+    acceptable. The walk goes on past a nesting too deep, to find an ``id`` that follows it. The
+    loop runs at most ``max_items`` times, copies nothing and holds one counter per open
+    container, so its cost is bounded whatever the frame claims.
     """
-    try:
-        obj = msgspec.msgpack.decode(data)
-    except msgspec.DecodeError:
-        return 0
-    if isinstance(obj, dict) and isinstance(obj.get("id"), int) and 0 <= obj["id"] < 2**63:
-        return int(obj["id"])
-    return 0
+    n, pos, items = len(data), 0, 0
+    left: list[int] = []  # values still to read in each open container
+    request_id, key_is_id, top_index = 0, False, 0
+    too_deep: str | None = None
+    while True:
+        if pos >= n:
+            return request_id, too_deep or "truncated msgpack"
+        items += 1
+        if items > max_items:
+            return request_id, too_deep or f"more than {max_items} values in one request"
+        b = data[pos]
+        pos += 1
+        number: int | None = None
+        text_at, text_len = -1, 0
+        children = -1  # >= 0: a container with that many values
+        if b <= 0x7F or b >= 0xE0:
+            number = b if b <= 0x7F else b - 0x100
+        elif b <= 0x8F:
+            children = 2 * (b & 0x0F)
+        elif b <= 0x9F:
+            children = b & 0x0F
+        elif b <= 0xBF:
+            text_at, text_len = pos, b & 0x1F
+            pos += text_len
+        elif b in _HEADS:
+            size, what = _HEADS[b]
+            if pos + size > n:
+                return request_id, "truncated msgpack"
+            if what == "skip":
+                pos += size
+            else:
+                field = int.from_bytes(data[pos:pos + size], "big", signed=what == "sint")
+                pos += size
+                if what in ("uint", "sint"):
+                    number = field
+                elif what == "str":
+                    text_at, text_len = pos, field
+                    pos += field
+                elif what in ("raw", "ext"):
+                    pos += field + (what == "ext")
+                else:
+                    children = field * (2 if what == "map" else 1)
+        elif b not in (0xC0, 0xC2, 0xC3):
+            return request_id, too_deep or f"invalid msgpack type byte 0x{b:02x}"
+        if pos > n:
+            return request_id, too_deep or "truncated msgpack"
+        if len(left) == 1:  # an entry of the top-level map: remember the value of key "id"
+            if top_index % 2 == 0:
+                key_is_id = text_len == 2 and data[text_at:text_at + 2] == b"id"
+            elif key_is_id and number is not None and 0 <= number < 2**63:
+                request_id = number
+            top_index += 1
+        if left:
+            left[-1] -= 1
+        if children >= 0:
+            if len(left) >= max_depth:
+                too_deep = too_deep or f"nested deeper than {max_depth}"
+            left.append(children)
+        while left and left[-1] == 0:
+            left.pop()
+        if not left:
+            return request_id, too_deep or (f"{n - pos} bytes after the message" if pos < n else None)
+
+
+def _text(s: str) -> str:
+    """``s`` as text msgpack can carry (lone surrogates escaped)."""
+    return s if s.isascii() else s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_reply(id: int, kind: str, message: str, traceback_text: str = "") -> ErrorReply:
-    """An ErrorReply with its texts truncated to a bounded size (dask error_message)."""
-    return ErrorReply(id=id, kind=kind, message=message[:MAX_ERROR_TEXT],
-                      traceback_text=traceback_text[-MAX_ERROR_TEXT:])
+    """An ErrorReply with its texts truncated to a bounded size (dask error_message) and made
+    encodable whatever they quote."""
+    return ErrorReply(id=id, kind=kind, message=_text(message[:MAX_ERROR_TEXT]),
+                      traceback_text=_text(traceback_text[-MAX_ERROR_TEXT:]))

@@ -10,11 +10,13 @@ Lifecycle (``DaemonState``)::
 
     CREATED -> STARTING -> RUNNING -> DRAINING -> STOPPED      (FAILED if start-up fails)
 
-STARTING opens the journal, starts the engine (READY handshake of its processes), registers the
-circuits, resubmits unfinished journaled jobs, preloads ``[srs] preload`` keys, then listens and
-tells systemd READY=1. While RUNNING, the engine may be *degraded* (a role has no live process and
-keeps dying): ``/healthz`` answers 503 naming the cause, GetStatus and the metrics say why, and
-the jobs that cannot progress fail with that cause.
+STARTING first takes the instance lock (:mod:`.instance_lock`: a second daemon with the same
+journal or socket exits here, having touched nothing), then opens the journal (refusing a
+damaged one: :mod:`.journal`), starts the engine (READY handshake of its processes), registers
+the circuits, resubmits unfinished journaled jobs, preloads ``[srs] preload`` keys, then listens
+and tells systemd READY=1. While RUNNING, the engine may be *degraded* (a role has no live
+process and keeps dying): ``/healthz`` answers 503 naming the cause, GetStatus and the metrics
+say why, and the jobs that cannot progress fail with that cause.
 
 SIGTERM or SIGINT moves to DRAINING: the listener closes (and its socket file is removed), new
 submits are refused, the engine finishes in-flight partitions within the grace period and stops
@@ -27,6 +29,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import contextvars
 import enum
 import logging
 import os
@@ -36,19 +39,21 @@ import traceback
 from collections.abc import Callable
 from typing import Any
 
-import msgspec
-
 from cuzk_mp import __version__
 from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon.access import OPEN, Access, Identity, status_view
 from cuzk_mp.daemon.config import DaemonConfig
+from cuzk_mp.daemon.instance_lock import InstanceLock, lock_paths
 from cuzk_mp.daemon.jobs import JobTable
 from cuzk_mp.daemon.journal import Journal
 from cuzk_mp.daemon.metrics import DaemonMetrics, Scrape
 from cuzk_mp.daemon.ops import sd_notify
 from cuzk_mp.daemon.status import StatusView
 from cuzk_mp.daemon.status_http import StatusHandlers, start_status_server
-from cuzk_mp.daemon.transport import Comm, CommClosedError, FrameTooLarge, Listener, listen
-from cuzk_mp.errors import CuzkError, InputError, ResourceError, error_kind
+from cuzk_mp.daemon.transport import (
+    Comm, CommClosedError, FrameTimeout, FrameTooLarge, Listener, listen,
+)
+from cuzk_mp.errors import ConfigError, CuzkError, InputError, ResourceError, error_kind
 
 log = logging.getLogger("cuzk_mp.daemon")
 
@@ -59,6 +64,8 @@ PRUNE_INTERVAL_MAX_S = 60.0
 ENGINE_KILL_ESCALATION_S = 6.0
 
 EngineFactory = Callable[..., Any]
+# The caller of the request being handled (each request runs in its own task, so its own context).
+_CALLER: contextvars.ContextVar[Identity] = contextvars.ContextVar("cuzk_caller", default=OPEN)
 
 
 class DaemonState(enum.Enum):
@@ -93,6 +100,10 @@ class Daemon:
         self.listener: Listener | None = None
         self.http: asyncio.AbstractServer | None = None
         self.view: StatusView | None = None
+        self.access = Access(cfg.tokens, cfg.admin_tokens)
+        self.lock = InstanceLock(lock_paths(cfg.journal_path, [
+            a.path for a in (cfg.listen, cfg.status_listen) if a is not None and a.kind == "unix"]),
+            cfg.engine.shm_prefix)
         self._comms: set[Comm] = set()
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
@@ -110,9 +121,12 @@ class Daemon:
         self.state = DaemonState.STARTING
         loop = asyncio.get_running_loop()
         try:
+            self.lock.acquire()  # before anything another daemon could be using
             if self.cfg.status_listen is not None:
-                self.http = await start_status_server(self.cfg.status_listen, StatusHandlers(
-                    self.status_doc, self.metrics_text, self.health), self.cfg.socket_mode)
+                self.http = await _bound("daemon.status_listen", self.cfg.status_listen,
+                                         start_status_server(self.cfg.status_listen, StatusHandlers(
+                                             self.http_status, self.metrics_text, self.health),
+                                             self.cfg.socket_mode))
             self.journal = Journal.open(self.cfg.journal_path)
             configured = self._engine_factory(
                 self.cfg.engine,
@@ -132,9 +146,12 @@ class Daemon:
                 t0 = time.perf_counter()
                 await asyncio.to_thread(self.engine.preload, cid)
                 log.info("[start] preloaded %s in %.2f s", cid, time.perf_counter() - t0)
-            self.listener = await listen(self.cfg.listen, self.handle_comm,
-                                         max_frame_bytes=self.cfg.max_frame_bytes,
-                                         socket_mode=self.cfg.socket_mode)
+            self.listener = await _bound("daemon.listen", self.cfg.listen, listen(
+                self.cfg.listen, self.handle_comm, max_frame_bytes=self.cfg.max_frame_bytes,
+                socket_mode=self.cfg.socket_mode, frame_timeout_s=self.cfg.frame_timeout_s,
+                max_connections=self.cfg.max_connections, refusal=P.encode(P.error_reply(
+                    0, "ResourceError", f"the daemon serves at most {self.cfg.max_connections} "
+                    "connections at once ([daemon] max_connections); try again later"))))
         except BaseException:
             self.state = DaemonState.FAILED
             await self._teardown(grace_s=0.0)
@@ -201,6 +218,7 @@ class Daemon:
             if self.cfg.status_listen is not None and self.cfg.status_listen.kind == "unix":
                 with contextlib.suppress(FileNotFoundError):
                     os.unlink(self.cfg.status_listen.path)
+        self.lock.release()
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
@@ -252,9 +270,9 @@ class Daemon:
             while True:
                 try:
                     data = await comm.read()
-                except FrameTooLarge as e:
+                except (FrameTooLarge, FrameTimeout) as e:
                     await self._send(comm, lock, P.error_reply(0, "InputError", str(e)))
-                    break  # the oversized body was not read, so the stream cannot be resynced
+                    break  # the rest of that frame was not read: the stream cannot be resynced
                 except CommClosedError:
                     break
                 reply_now = self._admit(data, len(tasks))
@@ -273,16 +291,20 @@ class Daemon:
         """The decoded request, or the ErrorReply that answers it at once."""
         try:
             msg = P.decode_request(data)
-        except (msgspec.DecodeError, msgspec.ValidationError) as e:
+        except P.MalformedRequest as e:
             self.metrics.observe_request("malformed", 0.0, "InputError")
-            return P.error_reply(P.salvage_id(data), "InputError", f"malformed request: {e}")
+            return P.error_reply(e.request_id, "InputError", str(e))
         if in_flight >= MAX_IN_FLIGHT_PER_CONN:
             return P.error_reply(msg.id, "ResourceError", f"more than {MAX_IN_FLIGHT_PER_CONN} "
                                  "requests in flight on one connection")
         return msg
 
     async def _send(self, comm: Comm, lock: asyncio.Lock, msg: P.Message) -> None:
-        data = P.encode(msg)
+        try:
+            data = P.encode(msg)
+        except (TypeError, ValueError, OverflowError) as e:  # never leave a caller waiting
+            log.exception("%s reply (id %d) cannot be encoded", type(msg).__name__, msg.id)
+            data = P.encode(P.error_reply(msg.id, "InternalError", f"the reply cannot be encoded: {e}"))
         if len(data) > comm.max_frame_bytes:  # never leave a caller waiting for a lost reply
             log.warning("%s reply of %d bytes exceeds max_frame_bytes", type(msg).__name__,
                         len(data))
@@ -304,6 +326,7 @@ class Daemon:
         t0 = time.perf_counter()
         kind = None
         try:
+            _CALLER.set(self.access.identify(msg.token))
             reply: P.Message = await self.handlers[type(msg)](msg)
         except CuzkError as e:
             kind = error_kind(e)
@@ -324,28 +347,29 @@ class Daemon:
         return self.jobs
 
     async def _submit(self, m: P.SubmitProof) -> P.Submitted:
-        rec, dup = await asyncio.shield(self._need_running().submit(m))
+        rec, dup = await asyncio.shield(self._need_running().submit(m, _CALLER.get().owner))
         return P.Submitted(id=m.id, job_id=rec.job_id, state=rec.state,  # type: ignore[arg-type]
                            duplicate=dup)
 
     async def _await(self, m: P.AwaitProof) -> P.JobReply:
         assert self.jobs is not None
-        rec, timed_out = await self.jobs.wait(m.job_id, m.timeout_s)
+        rec, timed_out = await self.jobs.wait(m.job_id, m.timeout_s, _CALLER.get().only)
         return self.jobs.reply(rec, m.id, timed_out)
 
     async def _prove(self, m: P.Prove) -> P.JobReply:
         jobs = self._need_running()
-        rec, _ = await asyncio.shield(jobs.submit(m))
-        rec, timed_out = await jobs.wait(rec.job_id, m.timeout_s)
+        caller = _CALLER.get()
+        rec, _ = await asyncio.shield(jobs.submit(m, caller.owner))
+        rec, timed_out = await jobs.wait(rec.job_id, m.timeout_s, caller.only)
         return jobs.reply(rec, m.id, timed_out)
 
     async def _cancel(self, m: P.CancelProof) -> P.CancelReply:
-        rec, ok = self._need_running().cancel(m.job_id)
+        rec, ok = self._need_running().cancel(m.job_id, _CALLER.get().only)
         return P.CancelReply(id=m.id, job_id=rec.job_id, cancelled=ok,
                              state=rec.state)  # type: ignore[arg-type]
 
     async def _status(self, m: P.GetStatus) -> P.StatusReply:
-        return P.StatusReply(id=m.id, status=await self.status_doc())
+        return P.StatusReply(id=m.id, status=await self.status_doc(_CALLER.get(), m.detail))
 
     async def _metrics(self, m: P.GetMetrics) -> P.MetricsReply:
         return P.MetricsReply(id=m.id, text=await self.metrics_text())
@@ -357,6 +381,7 @@ class Daemon:
 
     async def _preload(self, m: P.PreloadSRS) -> P.PreloadReply:
         self._need_running()
+        self.access.need_admin(_CALLER.get(), "PreloadSRS")
         self._circuit(m.circuit_id)
         t0 = time.perf_counter()
         await asyncio.to_thread(self.engine.preload, m.circuit_id)
@@ -364,6 +389,7 @@ class Daemon:
 
     async def _evict(self, m: P.EvictSRS) -> P.EvictReply:
         jobs = self._need_running()
+        self.access.need_admin(_CALLER.get(), "EvictSRS")
         self._circuit(m.circuit_id)
         if jobs.in_use(m.circuit_id):
             return P.EvictReply(id=m.id, circuit_id=m.circuit_id, evicted=False,
@@ -380,14 +406,24 @@ class Daemon:
 
     # -- status and metrics ---------------------------------------------------------------
 
-    async def status_doc(self) -> dict[str, Any]:
-        """The /status document (engine state read on a worker thread)."""
+    async def status_doc(self, caller: Identity = OPEN, detail: bool = False) -> dict[str, Any]:
+        """The /status document as ``caller`` may see it (paths and pids only with ``detail``;
+        see :mod:`.access`); the engine state is read on a worker thread."""
         engine_status = None
         if self.engine is not None and self.state is not DaemonState.STARTING:
             engine_status = await asyncio.to_thread(self.engine.status)
         if self.view is None:
-            return {"daemon": {"state": self.state.value, "pid": os.getpid()}}
-        return self.view.document(self.state.value, engine_status)
+            doc: dict[str, Any] = {"daemon": {"state": self.state.value, "pid": os.getpid()}}
+        else:
+            doc = self.view.document(self.state.value, engine_status)
+        if self.journal is not None:
+            doc["journal"] = await self.journal.report()
+        jobs = self.jobs.jobs if self.jobs is not None else {}
+        return status_view(doc, caller, detail, lambda j: jobs[j].owner if j in jobs else None)
+
+    async def http_status(self, detail: bool, token: str) -> dict[str, Any]:
+        """GET /status: the caller is the bearer token's identity (AuthError without one)."""
+        return await self.status_doc(self.access.identify(token), detail)
 
     async def metrics_text(self) -> str:
         """The /metrics text (engine status and metrics read on a worker thread)."""
@@ -399,6 +435,15 @@ class Daemon:
             uptime_s=time.time() - self.started_at, queue_depth=view.queue_depth() if view else 0,
             job_counts=jobs.counts() if jobs else {}, srs_budget_bytes=view.budget["srs"] if view else 0,
             engine=status, engine_metrics=em))
+
+
+async def _bound(key: str, addr: Any, bind: Any) -> Any:
+    """Await a listener's bind; an address in use (or not bindable) is a ConfigError naming the
+    config key, not an OSError traceback."""
+    try:
+        return await bind
+    except OSError as e:
+        raise ConfigError(f"{key} = {str(addr)!r}: cannot listen there: {e.strerror or e}") from None
 
 
 async def serve(cfg: DaemonConfig) -> int:

@@ -9,6 +9,11 @@ server, so this module knows nothing about jobs or the engine.
 ``/healthz`` answers 200 ``ok`` while the daemon is running and its engine healthy, and 503 with
 what is wrong otherwise (starting, draining, or "degraded: " and the cause), which is what
 ``scripts/wait-ready.sh`` and load balancers poll.
+
+``/status`` takes the caller's token as ``Authorization: Bearer TOKEN`` (401 when the daemon
+requires tokens and it is missing or wrong) and ``?detail=1`` for paths and process ids; what
+the caller may see is decided by the status handler (daemon.access). /metrics and /healthz
+are open.
 """
 
 from __future__ import annotations
@@ -21,13 +26,15 @@ from dataclasses import dataclass
 from typing import Any
 
 from cuzk_mp.daemon.transport import Address, bind_unix
+from cuzk_mp.errors import AuthError
 
 log = logging.getLogger("cuzk_mp.daemon.http")
 
 MAX_HEAD_BYTES = 8192
 HEAD_TIMEOUT_S = 10.0
-_REASONS = {200: "OK", 400: "Bad Request", 404: "Not Found", 405: "Method Not Allowed",
-            500: "Internal Server Error", 503: "Service Unavailable"}
+_REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
+            404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
+            503: "Service Unavailable"}
 
 
 @dataclass
@@ -35,7 +42,7 @@ class StatusHandlers:
     """What the endpoint serves: async producers of the status dict and the metrics text,
     and a health probe returning (healthy, what is wrong or "ok")."""
 
-    status: Callable[[], Awaitable[dict[str, Any]]]
+    status: Callable[[bool, str], Awaitable[dict[str, Any]]]  # (detail, bearer token)
     metrics: Callable[[], Awaitable[str]]
     health: Callable[[], tuple[bool, str]]
 
@@ -49,25 +56,48 @@ def _response(code: int, body: bytes, content_type: str, head_only: bool) -> byt
     return head if head_only else head + body
 
 
-async def _read_head(reader: asyncio.StreamReader) -> tuple[str, str] | None:
-    """(method, path) of the request line, after reading the whole head; None if malformed."""
+@dataclass
+class _Request:
+    method: str
+    path: str
+    query: str
+    token: str
+
+
+async def _read_head(reader: asyncio.StreamReader) -> _Request | None:
+    """The request line and bearer token, after reading the whole head; None if malformed."""
     try:
         head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), HEAD_TIMEOUT_S)
     except (asyncio.IncompleteReadError, asyncio.LimitOverrunError, asyncio.TimeoutError,
             ConnectionError):
         return None
-    parts = head.split(b"\r\n", 1)[0].decode("latin-1").split()
+    lines = head.decode("latin-1").split("\r\n")
+    parts = lines[0].split()
     if len(parts) != 3 or not parts[2].startswith("HTTP/"):
         return None
-    return parts[0], parts[1].split("?", 1)[0]
+    token = ""
+    for line in lines[1:]:
+        name, _, value = line.partition(":")
+        if name.strip().lower() == "authorization" and value.strip()[:7].lower() == "bearer ":
+            token = value.strip()[7:].strip()
+    path, _, query = parts[1].partition("?")
+    return _Request(parts[0], path, query, token)
 
 
-async def _answer(handlers: StatusHandlers, method: str, path: str) -> bytes:
+async def _answer(handlers: StatusHandlers, req: _Request) -> bytes:
+    method, path = req.method, req.path
     head_only = method == "HEAD"
     if method not in ("GET", "HEAD"):
         return _response(405, b"method not allowed\n", "text/plain", False)
     if path == "/status":
-        body = json.dumps(await handlers.status(), indent=1, default=str).encode()
+        detail = any(p in ("detail", "detail=1", "detail=true", "detail=yes")
+                     for p in req.query.split("&"))
+        try:
+            doc = await handlers.status(detail, req.token)
+        except AuthError as e:
+            return _response(403 if req.token else 401,
+                             f"{e}\n".encode(), "text/plain", head_only)
+        body = json.dumps(doc, indent=1, default=str).encode()
         return _response(200, body + b"\n", "application/json", head_only)
     if path == "/metrics":
         text = await handlers.metrics()
@@ -92,9 +122,9 @@ async def start_status_server(addr: Address, handlers: StatusHandlers,
                 data = _response(400, b"bad request\n", "text/plain", False)
             else:
                 try:
-                    data = await _answer(handlers, *req)
+                    data = await _answer(handlers, req)
                 except Exception:
-                    log.exception("[http] %s %s failed", *req)
+                    log.exception("[http] %s %s failed", req.method, req.path)
                     data = _response(500, b"internal error (see the daemon log)\n",
                                      "text/plain", False)
             writer.write(data)

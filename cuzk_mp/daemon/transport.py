@@ -6,6 +6,14 @@ length is checked against ``max_frame_bytes`` *before* anything is read, so a pe
 4 GiB frame costs nothing (the kv example's missing check). Addresses are
 ``unix:///abs/path.sock`` or ``host:port`` / ``tcp://host:port`` (``[::1]:9820`` for IPv6).
 
+Slow or stuck peers are bounded too: once the first byte of a frame has arrived, the whole frame
+must arrive within ``frame_timeout_s`` (else :class:`FrameTimeout`), and a frame written to a peer
+that does not read it within that time closes the connection; :func:`listen` serves at most
+``max_connections`` connections at once and answers any more with a given refusal frame. So the
+memory held by unfinished frames is at most ``max_connections x max_frame_bytes``, and never for
+longer than ``frame_timeout_s``. An idle connection between frames has no deadline (a client
+may wait hours for a proof).
+
 A :class:`Comm` reads and writes whole frames. :class:`StreamComm` wraps asyncio streams (unix
 or TCP); :func:`inproc_pair` gives two connected in-process comms for tests. :func:`listen`
 binds a server: a unix socket is created under a random temporary name, chmod-ed to the
@@ -18,11 +26,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import logging
 import os
 import secrets
 import socket
 import stat
 import struct
+import time
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -30,6 +41,9 @@ from pathlib import Path
 from cuzk_mp.errors import ConfigError, InputError
 
 _LEN = struct.Struct(">I")
+log = logging.getLogger("cuzk_mp.daemon.transport")
+REFUSAL_LOG_INTERVAL_S = 10.0
+REFUSAL_DRAIN_S = 1.0
 
 
 class CommClosedError(ConnectionError):
@@ -38,6 +52,10 @@ class CommClosedError(ConnectionError):
 
 class FrameTooLarge(InputError):
     """A frame's announced length exceeds ``max_frame_bytes``."""
+
+
+class FrameTimeout(InputError):
+    """A frame that had started to arrive was not complete within ``frame_timeout_s``."""
 
 
 @dataclass(frozen=True)
@@ -53,6 +71,17 @@ class Address:
         if self.kind == "unix":
             return f"unix://{self.path}"
         return f"[{self.host}]:{self.port}" if ":" in self.host else f"{self.host}:{self.port}"
+
+    @property
+    def loopback(self) -> bool:
+        """Whether only this host can reach the address (a unix socket, or TCP on a loopback
+        address; a host name counts as reachable from elsewhere, whatever it resolves to now)."""
+        if self.kind == "unix" or self.host == "localhost":
+            return True
+        try:
+            return ipaddress.ip_address(self.host).is_loopback
+        except ValueError:
+            return False
 
 
 def parse_address(text: str) -> Address:
@@ -107,33 +136,50 @@ class Comm:
 
 
 class StreamComm(Comm):
-    """A Comm over an asyncio StreamReader/StreamWriter pair (unix or TCP)."""
+    """A Comm over an asyncio StreamReader/StreamWriter pair (unix or TCP).
+
+    ``frame_timeout_s`` (None: no deadline) bounds how long one frame may take to arrive once
+    its first byte has, and how long a written frame may wait for the peer to take it.
+    """
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
-                 max_frame_bytes: int) -> None:
+                 max_frame_bytes: int, frame_timeout_s: float | None = None) -> None:
         self.reader, self.writer = reader, writer
         self.max_frame_bytes = max_frame_bytes
+        self.frame_timeout_s = frame_timeout_s
         self.peer = str(writer.get_extra_info("peername") or "local")
 
     async def read(self) -> bytes:
-        """The next frame (length checked before the body is read)."""
+        """The next frame (length checked before the body is read; FrameTimeout if it stalls)."""
         try:
-            (n,) = _LEN.unpack(await self.reader.readexactly(_LEN.size))
-            self._check(n)
-            return await self.reader.readexactly(n)
+            first = await self.reader.readexactly(1)  # idle between frames: no deadline
+            try:
+                async with asyncio.timeout(self.frame_timeout_s):
+                    (n,) = _LEN.unpack(first + await self.reader.readexactly(_LEN.size - 1))
+                    self._check(n)
+                    return await self.reader.readexactly(n)
+            except TimeoutError:
+                raise FrameTimeout(f"a frame from {self.peer} was not complete within "
+                                   f"frame_timeout = {self.frame_timeout_s:g} s") from None
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             raise CommClosedError(f"connection from {self.peer} closed mid-frame"
                                   if getattr(e, "partial", b"") else
                                   f"connection from {self.peer} closed") from None
 
     async def write(self, payload: bytes) -> None:
-        """Send one frame and wait until the kernel buffer accepts it."""
+        """Send one frame and wait until the kernel buffer accepts it (a peer that does not
+        take it within ``frame_timeout_s`` loses the connection)."""
         self._check(len(payload))
         if self.writer.is_closing():
             raise CommClosedError(f"connection to {self.peer} is closed")
         self.writer.write(frame(payload))
         try:
-            await self.writer.drain()
+            async with asyncio.timeout(self.frame_timeout_s):
+                await self.writer.drain()
+        except TimeoutError:
+            self.writer.transport.abort()  # close() would wait for the unread bytes forever
+            raise CommClosedError(f"{self.peer} did not read a {len(payload)}-byte frame within "
+                                  f"frame_timeout = {self.frame_timeout_s:g} s; connection closed") from None
         except ConnectionError as e:
             raise CommClosedError(f"connection to {self.peer} broke: {e}") from None
 
@@ -262,13 +308,47 @@ class Listener:
 
 
 async def listen(addr: Address, on_comm: Callable[[StreamComm], Awaitable[None]], *,
-                 max_frame_bytes: int, socket_mode: int = 0o600) -> Listener:
-    """Serve ``addr``, calling ``on_comm`` with a StreamComm for each connection."""
+                 max_frame_bytes: int, socket_mode: int = 0o600,
+                 frame_timeout_s: float | None = None, max_connections: int | None = None,
+                 refusal: bytes = b"") -> Listener:
+    """Serve ``addr``, calling ``on_comm`` with a StreamComm for each connection.
+
+    Beyond ``max_connections`` open connections a new one is sent the ``refusal`` frame (if
+    any) and closed.
+    """
+    open_comms = 0
+    last_log = [0.0]
+
+    async def refuse(comm: StreamComm) -> None:
+        now = time.monotonic()
+        if now - last_log[0] >= REFUSAL_LOG_INTERVAL_S:
+            last_log[0] = now
+            log.warning("connection from %s refused: %d connections open (max_connections)",
+                        comm.peer, open_comms)
+        with contextlib.suppress(CommClosedError, FrameTooLarge):
+            if refusal:
+                await comm.write(refusal)
+        # Closing with the peer's request unread would reset the connection and lose the refusal:
+        # end our side, then discard what the peer sends for a moment (bounded in time and size).
+        with contextlib.suppress(OSError, RuntimeError, TimeoutError, asyncio.IncompleteReadError):
+            if comm.writer.can_write_eof():
+                comm.writer.write_eof()
+            async with asyncio.timeout(REFUSAL_DRAIN_S):
+                while await comm.reader.read(1 << 16):
+                    pass
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
-        comm = StreamComm(reader, writer, max_frame_bytes)
+        nonlocal open_comms
+        comm = StreamComm(reader, writer, max_frame_bytes, frame_timeout_s)
         try:
-            await on_comm(comm)
+            if max_connections is not None and open_comms >= max_connections:
+                await refuse(comm)
+                return
+            open_comms += 1
+            try:
+                await on_comm(comm)
+            finally:
+                open_comms -= 1
         finally:
             comm.close()
 

@@ -109,12 +109,14 @@ class BinFile:
     def _parse(self, versions: Sequence[int]) -> int:
         buf, total = self._buf, len(self._buf)
         if total < _HEAD.size:
-            raise FormatError(self.name, None, f"truncated header: file is {total} bytes, the header needs {_HEAD.size}")
+            raise FormatError(self.name, None,
+                              f"truncated header: file is {total} bytes, the header needs {_HEAD.size}")
         magic, version, n_sections = _HEAD.unpack_from(buf, 0)
         if magic != self.magic.encode("ascii"):
             raise FormatError(self.name, None, f"wrong magic {magic!r}: not a .{self.magic} file")
         if version not in versions:
-            raise FormatError(self.name, None, f"version {version} not supported (expected {' or '.join(map(str, versions))})")
+            raise FormatError(self.name, None,
+                              f"version {version} not supported (expected {' or '.join(map(str, versions))})")
         pos = _HEAD.size
         for k in range(n_sections):
             if pos + _SECTION_HEAD.size > total:
@@ -126,7 +128,8 @@ class BinFile:
                 raise FormatError(self.name, self.where(sid), f"truncated: {size} bytes declared at byte {start}, "
                                   f"only {total - start} left in the file")
             if sid in self._sections:
-                raise FormatError(self.name, self.where(sid), f"duplicated (at bytes {self._sections[sid][0]} and {start})")
+                raise FormatError(self.name, self.where(sid),
+                                  f"duplicated (at bytes {self._sections[sid][0]} and {start})")
             self._sections[sid] = (start, size)
             self._order.append(sid)
             pos = start + size
@@ -320,7 +323,8 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO
         raise
 
 
-def write_binfile(path: str | os.PathLike[str], magic: str, version: int, sections: Sequence[tuple[int, Payload]]) -> None:
+def write_binfile(path: str | os.PathLike[str], magic: str, version: int,
+                  sections: Sequence[tuple[int, Payload]]) -> None:
     """Stream an iden3 binfile to ``path``, sections in the given order.
 
     Each payload is one buffer (bytes, memoryview, numpy array: raw C-order

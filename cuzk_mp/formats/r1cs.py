@@ -11,7 +11,8 @@ Layout (snarkjs-formats.md section 5.3; r1csfile ``readR1cs``):
 Section 2 has variable-length records, so it is parsed by two numba kernels:
 a sequential scan that finds each constraint's offset and term counts (pointer
 hopping, three reads per constraint), then a parallel fill of the CSR arrays
-that also validates wire ids, coefficients (< r) and duplicates. The writer
+that also validates wire ids, coefficients (< r) and duplicates, one matrix at a
+time (:class:`R1csLayout` lets a reader decode one matrix, a range of rows at a time). The writer
 encodes rows the same way, a bounded chunk at a time.
 
 Decisions: custom-gate sections 4/5 (PLONK only) are rejected; a wire that
@@ -26,6 +27,7 @@ from __future__ import annotations
 import os
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import Self
 
 import numpy as np
 
@@ -33,7 +35,7 @@ from ..algebra.field import FR, R_MOD
 from ..algebra.sparse import CsrMatrix
 from .binfile import BinFile, FieldReader, open_source, write_binfile
 from .r1cs_kernels import (
-    ERR_COEF, ERR_DUPLICATE, ERR_WIRE, LC_NAMES, encode_rows, fill_constraints, scan_constraints,
+    ERR_COEF, ERR_DUPLICATE, ERR_WIRE, LC_NAMES, encode_rows, fill_matrix, scan_constraints,
 )
 
 MAGIC = "r1cs"
@@ -73,19 +75,86 @@ class R1CS:
         return self.n_pub_out + self.n_pub_in
 
 
-def read_r1cs(path_or_bytes: str | os.PathLike[str] | bytes | bytearray | memoryview, *, name: str | None = None) -> R1CS:
+def read_r1cs(path_or_bytes: str | os.PathLike[str] | bytes | bytearray | memoryview, *,
+              name: str | None = None) -> R1CS:
     """Parse an .r1cs file (a path or its bytes); FormatError names file, section and field."""
     with open_source(path_or_bytes, name, MAGIC, (VERSION,), SECTION_LABELS) as bf:
-        for sid in (4, 5):
-            if bf.has(sid):
-                raise bf.error(sid, "custom gates are PLONK-only; Groth16 circuits cannot use them")
-        head = _read_header(bf)
-        a, b, c = _read_constraints(bf, head["n_wires"], head["n_constraints"])
+        layout = _layout(bf)
+        n = layout.head["n_constraints"]
+        a, b, c = (layout.decode(m, 0, n) for m in range(3))
         labels = None
         if bf.has(3):
-            labels = bf.section_array(3, "<u8", head["n_wires"]).astype(np.uint64)
+            labels = bf.section_array(3, "<u8", layout.head["n_wires"]).astype(np.uint64)
         path = None if isinstance(path_or_bytes, (bytes, bytearray, memoryview)) else os.fspath(path_or_bytes)
-        return R1CS(prime=R_MOD, a=a, b=b, c=c, wire_to_label=labels, path=path, **head)
+        return R1CS(prime=R_MOD, a=a, b=b, c=c, wire_to_label=labels, path=path, **layout.head)
+
+
+@dataclass
+class R1csLayout:
+    """An .r1cs file mapped and framed but not decoded: its header, and where each constraint starts.
+
+    For readers that need one matrix, or a bounded range of rows at a time (the C rows of a
+    2^27 circuit decoded at once would take 7 GB): :meth:`decode` validates what it decodes
+    exactly as :func:`read_r1cs` does.
+    """
+
+    bf: BinFile
+    head: dict[str, int]
+    raw: np.ndarray  # section 2, uint8 view over the mapping
+    offsets: np.ndarray  # (n_constraints,) int64 byte offset of each constraint
+    counts: np.ndarray  # (3, n_constraints) uint32 terms of its A, B, C
+
+    def decode(self, m: int, lo: int, hi: int) -> CsrMatrix:
+        """Matrix ``m`` (0 A, 1 B, 2 C) of constraints lo .. hi-1 as CSR (standard-form coefficients)."""
+        indptr = np.zeros(hi - lo + 1, dtype=np.int64)
+        np.cumsum(self.counts[m, lo:hi], out=indptr[1:])
+        idx = np.empty(int(indptr[-1]), dtype=np.uint32)
+        data = np.empty((int(indptr[-1]), 4), dtype=np.uint64)
+        errors = np.zeros(hi - lo, dtype=np.int8)
+        fill_matrix(self.raw, self.offsets, self.counts, m, lo, indptr, idx, data, self.head["n_wires"], FR.limbs,
+                    errors)
+        bad = np.flatnonzero(errors)
+        if bad.size:
+            i = lo + int(bad[0])
+            _raise_term_error(self.bf, self.raw, int(self.offsets[i]), i, int(errors[bad[0]]), self.head["n_wires"])
+        return CsrMatrix(indptr, idx, data, self.head["n_wires"])
+
+    def close(self) -> None:
+        """Release the mapping."""
+        self.bf.close()
+
+    def __enter__(self) -> Self:
+        """Context manager: :meth:`close` on exit."""
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        """Release the mapping."""
+        self.close()
+
+
+def scan_r1cs(path: str | os.PathLike[str], *, name: str | None = None) -> R1csLayout:
+    """Map an .r1cs file and frame its constraints (header and section-2 framing validated)."""
+    bf = open_source(path, name, MAGIC, (VERSION,), SECTION_LABELS)
+    try:
+        return _layout(bf)
+    except BaseException:
+        bf.close()
+        raise
+
+
+def _layout(bf: BinFile) -> R1csLayout:
+    for sid in (4, 5):
+        if bf.has(sid):
+            raise bf.error(sid, "custom gates are PLONK-only; Groth16 circuits cannot use them")
+    head = _read_header(bf)
+    n_constraints = head["n_constraints"]
+    raw = np.frombuffer(bf.section(2), dtype=np.uint8)
+    offsets = np.empty(n_constraints, dtype=np.int64)
+    counts = np.empty((3, n_constraints), dtype=np.uint32)  # a count is a u32 in the file
+    status = scan_constraints(raw, N8, offsets, counts)
+    if status[0] != 0:
+        _raise_scan_error(bf, raw, status, n_constraints)
+    return R1csLayout(bf, head, raw, offsets, counts)
 
 
 def _read_header(bf: BinFile) -> dict[str, int]:
@@ -104,27 +173,6 @@ def _read_header(bf: BinFile) -> dict[str, int]:
     if n_io + 1 > head["n_wires"]:
         raise bf.error(1, f"nWires {head['n_wires']} < 1 + nPubOut + nPubIn + nPrvIn = {n_io + 1}")
     return head
-
-
-def _read_constraints(bf: BinFile, n_wires: int, n_constraints: int) -> tuple[CsrMatrix, CsrMatrix, CsrMatrix]:
-    raw = np.frombuffer(bf.section(2), dtype=np.uint8)
-    offsets = np.empty(n_constraints, dtype=np.int64)
-    counts = np.empty((3, n_constraints), dtype=np.uint32)  # a count is a u32 in the file
-    status = scan_constraints(raw, N8, offsets, counts)
-    if status[0] != 0:
-        _raise_scan_error(bf, raw, status, n_constraints)
-    indptr = np.zeros((3, n_constraints + 1), dtype=np.int64)
-    np.cumsum(counts, axis=1, out=indptr[:, 1:])
-    idx = [np.empty(int(indptr[m, -1]), dtype=np.uint32) for m in range(3)]
-    data = [np.empty((int(indptr[m, -1]), 4), dtype=np.uint64) for m in range(3)]
-    errors = np.zeros(n_constraints, dtype=np.int8)
-    fill_constraints(raw, offsets, indptr, idx[0], idx[1], idx[2], data[0], data[1], data[2],
-                     n_wires, FR.limbs, errors)
-    bad = np.flatnonzero(errors)
-    if bad.size:
-        _raise_term_error(bf, raw, int(offsets[bad[0]]), int(bad[0]), int(errors[bad[0]]), n_wires)
-    mats = tuple(CsrMatrix(indptr[m], idx[m], data[m], n_wires) for m in range(3))  # rows of indptr are contiguous
-    return mats  # type: ignore[return-value]
 
 
 def _raise_scan_error(bf: BinFile, raw: np.ndarray, status: np.ndarray, n_constraints: int) -> None:
@@ -218,5 +266,5 @@ def _constraint_chunks(r1cs: R1CS) -> Iterator[memoryview]:
         if status[0] != 0:
             raise ValueError(f"constraint {status[1]}, matrix {LC_NAMES[status[2]]}: "
                              f"{'wire id >= n_wires' if status[0] == ERR_WIRE else 'coefficient >= r'}")
-        yield memoryview(buf[:size])
+        yield buf[:size].data
         lo, done = hi, int(ends[hi - 1])

@@ -4,8 +4,9 @@ Section 2 is nConstraints x {A, B, C}; each linear combination is nTerms u32
 then nTerms x {wireId u32, coef 32 bytes LE}. Records have variable length,
 so decoding is two passes: :func:`scan_constraints` hops from count to count
 (sequential, it only reads 3 u32 per constraint) and records each constraint's
-byte offset; :func:`fill_constraints` then decodes the constraints in parallel
-into CSR arrays whose row pointers came from the counts. :func:`encode_rows`
+byte offset; :func:`fill_matrix` then decodes one matrix of a range of
+constraints in parallel into CSR arrays whose row pointers came from the
+counts (so one matrix can be read alone, a bounded chunk at a time). :func:`encode_rows`
 is the inverse for a range of rows. Bytes are assembled by shifts, so nothing
 depends on the alignment of the mapped file.
 """
@@ -122,15 +123,18 @@ def _read_lc(raw, pos, idx, data, dst, n_wires, r):  # type: ignore[no-untyped-d
 
 
 @njit(parallel=True, cache=True)
-def fill_constraints(raw, offsets, indptr, ia, ib, ic, da, db, dc, n_wires, r, errors):  # type: ignore[no-untyped-def]
-    """Pass 2 (parallel over constraints): decode into the CSR arrays; errors[i] = first error code of i."""
-    for i in prange(offsets.shape[0]):
-        pos, err = _read_lc(raw, offsets[i], ia, da, indptr[0, i], n_wires, r)
-        if err == 0:
-            pos, err = _read_lc(raw, pos, ib, db, indptr[1, i], n_wires, r)
-        if err == 0:
-            pos, err = _read_lc(raw, pos, ic, dc, indptr[2, i], n_wires, r)
-        errors[i] = err
+def fill_matrix(raw, offsets, counts, m, lo, indptr, idx, data, n_wires, r, errors):  # type: ignore[no-untyped-def]
+    """Pass 2 (parallel over constraints): decode matrix ``m`` (0 A, 1 B, 2 C) of constraints
+    lo .. lo+len(errors)-1 into CSR arrays (constraint lo+j from entry indptr[j] - indptr[0]);
+    errors[j] = its error code (0: fine)."""
+    base = indptr[0]
+    for j in prange(errors.shape[0]):
+        i = lo + j
+        pos = offsets[i]
+        for k in range(m):
+            pos += 4 + np.int64(counts[k, i]) * TERM_BYTES
+        _, err = _read_lc(raw, pos, idx, data, np.int64(indptr[j] - base), n_wires, r)
+        errors[j] = err
 
 
 @njit(cache=True)

@@ -28,11 +28,14 @@ from typing import Any
 from ..algebra.curve import G1Affine, G2Affine
 from ..algebra.field import Q_MOD, R_MOD, fq2_inv_int, fq2_mul_int
 from ..errors import FormatError, InputError
+from . import json_bounds
 from .binfile import atomic_output
 
 PROTOCOL = "groth16"
 CURVE = "bls12381"
-_DECIMAL = re.compile(r"[0-9]{1,200}")
+MAX_DIGITS = 200  # a decimal value (coordinates are < q, 115 digits)
+MAX_JSON_DEPTH = 16  # the deepest snarkjs file, a vk with vk_alphabeta_12, nests 4 deep
+_DECIMAL = re.compile(rf"[0-9]{{1,{MAX_DIGITS}}}")
 Fq2 = tuple[int, int]
 
 
@@ -127,6 +130,8 @@ class _Ctx:
             raise self.fail(where, f"not a decimal string ({type(value).__name__})")
         if isinstance(value, str):
             if not _DECIMAL.fullmatch(value):
+                if len(value) > MAX_DIGITS and value.isdigit():
+                    raise self.fail(where, f"a decimal string of {len(value)} digits, more than {MAX_DIGITS}")
                 raise self.fail(where, f"not a decimal string: {value[:40]!r}")
             value = int(value)
         if not 0 <= value < bound:
@@ -241,18 +246,15 @@ def vk_from_json(obj: Any, name: str = "verification_key.json") -> VerificationK
 
 
 def read_json(path: str | os.PathLike[str]) -> Any:
-    """Load a JSON file; InputError if unreadable, FormatError (naming the line) if not JSON."""
+    """Load a snarkjs JSON file; InputError if unreadable, FormatError naming the file if it is
+    not JSON (with the line) or breaks the limits every snarkjs JSON file keeps: nesting at most
+    ``MAX_JSON_DEPTH`` deep, number literals of at most ``MAX_DIGITS`` characters, no NaN."""
     try:
-        with open(path, encoding="utf-8") as f:
-            text = f.read()
+        with open(path, "rb") as f:
+            data = f.read(json_bounds.DEFAULT_MAX_BYTES + 1)
     except OSError as exc:
         raise InputError(f"{os.fspath(path)}: cannot read: {exc.strerror or exc}") from exc
-    except UnicodeDecodeError as exc:
-        raise FormatError(os.fspath(path), None, f"not UTF-8 text ({exc.reason})") from exc
-    try:
-        return json.loads(text)
-    except json.JSONDecodeError as exc:
-        raise FormatError(os.fspath(path), None, f"not valid JSON: {exc.msg} at line {exc.lineno} column {exc.colno}") from exc
+    return json_bounds.loads(data, os.fspath(path), max_depth=MAX_JSON_DEPTH, max_number_chars=MAX_DIGITS)
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:

@@ -27,7 +27,8 @@ N8 = 32
 SECTION_LABELS = {1: "header", 2: "witness"}
 
 
-def read_wtns(path_or_bytes: str | os.PathLike[str] | bytes | bytearray | memoryview, *, name: str | None = None) -> np.ndarray:
+def read_wtns(path_or_bytes: str | os.PathLike[str] | bytes | bytearray | memoryview, *,
+              name: str | None = None) -> np.ndarray:
     """The witness of a .wtns file as an ``(n, 4) uint64`` standard-form array.
 
     FormatError (naming file and section) unless n8 == 32, the prime is

@@ -141,7 +141,7 @@ def _read(bf: BinFile, src: object) -> ZKey:
         raise bf.error(1, f"protocol is {protocol} ({found}), only Groth16 (1) is supported")
     head = _read_header(bf)
     n_vars, n_public, n = head["n_vars"], head["n_public"], head["domain_size"]
-    arrays = dict(
+    arrays: dict[str, Any] = dict(
         ic=bf.section_array(3, "<u8", (n_public + 1, G1_LIMBS)),
         a=bf.section_array(5, "<u8", (n_vars, G1_LIMBS)),
         b1=bf.section_array(6, "<u8", (n_vars, G1_LIMBS)),
@@ -154,7 +154,7 @@ def _read(bf: BinFile, src: object) -> ZKey:
                        "(csHash and the number of contributions)")
     _check_coordinates(bf, 3, arrays["ic"])
     return ZKey(
-        path=None if isinstance(src, (bytes, bytearray, memoryview)) else os.fspath(src),  # type: ignore[arg-type]
+        path=None if isinstance(src, (bytes, bytearray, memoryview)) else os.fspath(src),  # type: ignore[call-overload]
         coefs=_read_coefs(bf, n_vars, n), contributions=bytes(bf.section(10)), **arrays, **head,
     )
 

@@ -29,6 +29,11 @@ standard-form product, so the Lagrange values are kept in Montgomery form and
 everything derived from them comes out ready to be a fixed-base scalar.
 The fixed-base work goes through ``backend.fixed_base_g1/g2`` (numba on the
 CPU backend, the GPU backend's kernels otherwise), in chunks of CHUNK_ROWS.
+
+Progress goes through logging (so JSON log lines stay JSON): :class:`ProgressLog` weighs each
+chunk by its group's cost (a G2 row counts G2_WEIGHT G1 rows) and logs the done fraction, the
+rate and the ETA at most every ``interval_s``; every section of 2^20 rows or more goes in at
+least four chunks, so a 2^20 key moves about 20 times.
 """
 
 from __future__ import annotations
@@ -36,7 +41,6 @@ from __future__ import annotations
 import logging
 import os
 import secrets
-import sys
 import time
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -54,8 +58,16 @@ from ..formats.zkey import COEF_DTYPE, ZKey, coefs_from_arrays, empty_contributi
 
 log = logging.getLogger("cuzk_mp.groth16.setup")
 
-CHUNK_ROWS = 1 << 20  # fixed-base rows per backend call (its window table is rebuilt per call: ~3% at 2^20)
-PROGRESS_MIN_ROWS = 1 << 16  # setup_file prints progress for keys with at least this many domain rows
+# Fixed-base rows per backend call, which is the unit of progress: a section of n rows goes in
+# n/4 pieces, but never smaller than MIN_CHUNK_ROWS nor larger than CHUNK_ROWS. Each call rebuilds
+# its window table (2^15 additions per window, against 2^18 or 2^20 rows), so a 2^20 key pays up
+# to ~12% for moving four times per section, and keys of 2^22 and more nothing extra
+# (perf/setup_chunks.py: 2^20 G1 rows in four calls took 4% longer than in one, 2 idle cores).
+CHUNK_ROWS = 1 << 20
+MIN_CHUNK_ROWS = 1 << 18
+PROGRESS_CHUNKS = 4
+G2_WEIGHT = 3  # a G2 fixed-base row costs about three G1 rows (Fq2 arithmetic), for the rate and ETA
+PROGRESS_INTERVAL_S = 10.0  # at most one progress line per this many seconds
 Progress = Callable[[str, int, int], None]  # (section label, rows done, rows in the section)
 INSECURE_WARNING = ("INSECURE development setup: the toxic waste (tau, alpha, beta, delta) was random and is "
                     "now discarded, but whoever ran this could have kept it and forge proofs. "
@@ -114,10 +126,12 @@ def setup(r1cs: R1CS, backend: Any, *, progress: Progress | None = None, toxic: 
     b2 = _fixed_base(backend.fixed_base_g2, g2, v, "B2", report)
     del v
     h = _fixed_base(backend.fixed_base_g1, g1, _h_scalars(toxic, log_n), "H", report)
+    # the big sections are lists of row chunks, which write_zkey accepts (ZKey's fields name the read form)
     return ZKey(
         path=None, n8q=48, q=Q_MOD, n8r=32, r=R_MOD, n_vars=n_vars, n_public=n_public, domain_size=1 << log_n,
         alpha1=head1[0], beta1=head1[1], beta2=head2[0], gamma2=head2[1], delta1=head1[2], delta2=head2[2],
-        ic=ic, coefs=snarkjs_coefs(r1cs), a=a, b1=b1, b2=b2, c=c, h=h, contributions=empty_contributions(),
+        coefs=snarkjs_coefs(r1cs), contributions=empty_contributions(),
+        ic=ic, a=a, b1=b1, b2=b2, c=c, h=h,  # type: ignore[arg-type]
     )
 
 
@@ -125,26 +139,78 @@ def setup_file(r1cs_path: str | os.PathLike[str], zkey_path: str | os.PathLike[s
                *, progress: Progress | None = None) -> None:
     """``cuzk-mp setup``: read an .r1cs, make its INSECURE dev key, write the .zkey (atomically).
 
-    Warns on stderr (logging) that the key is insecure; without ``progress``, big keys
-    (>= PROGRESS_MIN_ROWS domain rows) print one stderr line per finished chunk.
+    Warns (logging) that the key is insecure; without ``progress``, a :class:`ProgressLog`
+    reports at INFO (fraction, rate, ETA), then one line when the key is written.
     """
     t0 = time.perf_counter()
     r1cs = read_r1cs(r1cs_path)
+    log_n = _domain_log(r1cs)
+    name = f"{os.fspath(zkey_path)} (2^{log_n} domain, {r1cs.n_wires} wires)"
     log.warning("%s: %s", os.fspath(zkey_path), INSECURE_WARNING)
-    if progress is None and (1 << _domain_log(r1cs)) >= PROGRESS_MIN_ROWS:
-        progress = _stderr_progress(t0)
-    zkey = setup(r1cs, backend, progress=progress)
+    log.info("setup %s: the QAP at tau, then %d fixed-base points", name,
+             sum(rows for rows, _ in section_rows(r1cs).values()))
+    zkey = setup(r1cs, backend, progress=progress or ProgressLog(name, section_rows(r1cs)))
+    t_write = time.perf_counter()
     write_zkey(zkey_path, zkey)
-    if progress is not None:
-        print(f"[setup] wrote {os.fspath(zkey_path)} (2^{_domain_log(r1cs)} domain, {r1cs.n_wires} wires) "
-              f"in {time.perf_counter() - t0:.1f} s", file=sys.stderr)
+    log.info("setup %s: written in %.1f s (%.1f s writing)", name, time.perf_counter() - t0,
+             time.perf_counter() - t_write)
 
 
-def _stderr_progress(t0: float) -> Progress:
-    def show(label: str, done: int, total: int) -> None:
-        print(f"[setup] {label}: {done}/{total} points ({time.perf_counter() - t0:.1f} s)", file=sys.stderr, flush=True)
+def section_rows(r1cs: R1CS) -> dict[str, tuple[int, int]]:
+    """Each fixed-base section of the key: label -> (rows, cost weight of one row)."""
+    n_pub, n_vars = r1cs.n_public, r1cs.n_wires
+    return {"IC": (n_pub + 1, 1), "C": (n_vars - n_pub - 1, 1), "A": (n_vars, 1), "B1": (n_vars, 1),
+            "B2": (n_vars, G2_WEIGHT), "H": (1 << _domain_log(r1cs), 1)}
 
-    return show
+
+class ProgressLog:
+    """A :data:`Progress` that logs the whole setup's done fraction, rate and ETA.
+
+    ``sections`` is :func:`section_rows`. The clock starts at the first report (the first
+    section's 0 rows done, after the QAP), so the rate is the fixed-base rate; a line is logged
+    at most every ``interval_s`` and once when every section is done.
+    """
+
+    def __init__(self, name: str, sections: dict[str, tuple[int, int]], *, interval_s: float = PROGRESS_INTERVAL_S,
+                 clock: Callable[[], float] = time.monotonic) -> None:
+        self.name = name
+        self.weights = {label: weight for label, (_, weight) in sections.items()}
+        self.total = sum(rows * weight for rows, weight in sections.values())
+        self.interval_s = interval_s
+        self.clock = clock
+        self.done_rows: dict[str, int] = {}
+        self.work = 0  # weighted rows done
+        self.t0: float | None = None
+        self.last = 0.0
+
+    def __call__(self, label: str, done: int, total: int) -> None:
+        """One report of ``setup``: ``done`` of the ``total`` rows of section ``label``."""
+        now = self.clock()
+        if self.t0 is None:
+            self.t0 = self.last = now
+        self.work += (done - self.done_rows.get(label, 0)) * self.weights[label]
+        self.done_rows[label] = done
+        finished = self.work >= self.total
+        if not finished and (done == 0 or now - self.last < self.interval_s):
+            return
+        self.last = now
+        elapsed = now - self.t0
+        rate = self.work / elapsed if elapsed > 0 else 0.0
+        eta = (self.total - self.work) / rate if rate > 0 else float("inf")
+        log.info("setup %s: %.0f%% (section %s %d/%d rows), %.0f G1-rows/s, %s elapsed, ETA %s", self.name,
+                 100.0 * self.work / max(self.total, 1), label, done, total, rate, _duration(elapsed),
+                 _duration(eta))
+
+
+def _duration(seconds: float) -> str:
+    """``1h02m03s`` / ``2m03s`` / ``4.5s``; ``?`` when unknown."""
+    if seconds != seconds or seconds == float("inf"):
+        return "?"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(int(seconds + 0.5), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
 def _domain_log(r1cs: R1CS) -> int:
@@ -158,15 +224,23 @@ def _domain_log(r1cs: R1CS) -> int:
 
 def _fixed_base(fn: Callable[[Any, np.ndarray], np.ndarray], base: Any, scalars: np.ndarray, label: str,
                 report: Progress) -> list[np.ndarray]:
-    """fn(base, scalars) in CHUNK_ROWS pieces, reporting each one; the pieces are the section."""
+    """fn(base, scalars) in :func:`chunk_rows` pieces, reporting the start and each piece (the section)."""
     chunks = []
     n = scalars.shape[0]
-    for lo in range(0, n, CHUNK_ROWS):
-        chunks.append(fn(base, np.ascontiguousarray(scalars[lo : lo + CHUNK_ROWS])))
-        report(label, min(n, lo + CHUNK_ROWS), n)
+    step = chunk_rows(n)
+    report(label, 0, n)
+    for lo in range(0, n, step):
+        chunks.append(fn(base, np.ascontiguousarray(scalars[lo : lo + step])))
+        report(label, min(n, lo + step), n)
     if n == 0:
         chunks.append(fn(base, scalars))
     return chunks
+
+
+def chunk_rows(n: int) -> int:
+    """Rows per fixed-base call for a section of ``n`` rows (see CHUNK_ROWS): a power of two."""
+    quarter = 1 << max(0, (n // PROGRESS_CHUNKS).bit_length() - 1)
+    return max(MIN_CHUNK_ROWS, min(CHUNK_ROWS, quarter))
 
 
 def lagrange_values(tau: int, size: int, xs: np.ndarray) -> np.ndarray:

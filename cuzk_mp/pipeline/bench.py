@@ -385,6 +385,8 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         # exact, from the ring's control block (the sampler can miss short-lived segments)
         "peak_live_segments": max(raw["memory"]["peak_live_segments"], status.ring.stats.peak_live),
         "peak_device_bytes": max((d for d in device_peaks if d is not None), default=None),
+        # what each prover holds (busy seconds; on the GPU: its keys on the device and on the host)
+        "prover_stats": {name: msgspec.to_builtins(v) for name, v in status.memory.device.items()},
         "gpu_busy_fraction": (sum(busy.values()) / len(devices)) if busy else None,
         "gpu_busy_fraction_by_device": busy,
         "device_busy_fraction_by_device": _device_fractions(partitions, runs),

@@ -163,7 +163,7 @@ def _check_partition(where: str, kind: str, data: bytes, seed: int, ref: msg.Cir
         from ..circuits.circom import parse_input_json
 
         try:
-            parse_input_json(data, f"{where} input JSON")
+            parse_input_json(data, f"{where}.data")
         except (ValueError, RecursionError) as exc:  # numbers or nesting Python's JSON reader refuses
             raise InputError(f"{where}.data: input JSON cannot be read: {type(exc).__name__}: {exc}") from None
     elif not data.startswith(b"wtns"):

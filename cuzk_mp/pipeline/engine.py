@@ -411,7 +411,7 @@ class RunningEngine:
 
     def _prover_stats(self, name: str, values: dict[str, float]) -> None:
         stats = self.provers.setdefault(name, ProverStats())
-        for key in ("busy_seconds", "device_used_bytes", "device_peak_bytes"):
+        for key in ProverStats.__struct_fields__:
             if key in values:
                 setattr(stats, key, float(values[key]))
 

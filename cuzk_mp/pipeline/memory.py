@@ -19,10 +19,9 @@ segments once, as shm::
 The working sets come from :func:`model_working_sets` (constants measured on the
 2-core CPU machine, perf/results/pipeline-cpu-ring.json, and sizes derived from
 the circuit) or, in the bench, from the measured growth of each kind of process
-during the first job. Circuit data is counted once, shared by every worker (the
-form synthesis reads it in: an int32 column and a coefficient index per matrix
-entry); a worker that keeps its own copy of the circuit's matrices adds that
-copy to its working set, which the bench's first-job calibration sees.
+during the first job. Circuit data is counted once: every worker maps the same
+read-only file of it (:mod:`cuzk_mp.groth16.circuit_data`; estimated here at an
+int32 column and a coefficient index per matrix entry).
 """
 
 from __future__ import annotations

@@ -125,6 +125,7 @@ class KeyCache:
         self.keys[ref.circuit_id] = key
         self.ctx.log.info("loaded key %s (%d bytes) in %.2f s", ref.circuit_id, key.nbytes, time.perf_counter() - t0)
         self.ctx.send(msg.KeyState(ref.circuit_id, self.tier, key.nbytes))
+        self.ctx.send(msg.Stats(dict(self.backend.stats())))  # what the backend now holds of its keys
         self._shrink()
         return key
 
@@ -308,8 +309,9 @@ class DeviceMemoryWatch:
 
 
 def backend_stats(backend: Any, memwatch: DeviceMemoryWatch | None) -> dict[str, float]:
-    """``busy_seconds`` (the backend's kernel-busy counter; CUDA events on the GPU) and device memory."""
-    stats = {"busy_seconds": float(backend.busy_seconds)}
+    """The backend's own figures (``busy_seconds``: its kernel-busy counter, CUDA events on the GPU;
+    what it holds of its keys) and the device memory in use."""
+    stats = dict(backend.stats())
     if memwatch is not None:
         stats.update(memwatch.stats())
     return stats

@@ -20,11 +20,16 @@ from .supervisor import Degraded, ProcessRow
 
 
 class ProverStats(msgspec.Struct):
-    """What a prover process reports besides proofs: kernel-busy seconds and device memory (GPU)."""
+    """What a prover process reports besides proofs: kernel-busy seconds, and on the GPU backend its
+    device memory and what it holds of its keys (on the device, and still mapped on the host)."""
 
     busy_seconds: float = 0.0
     device_used_bytes: float | None = None
     device_peak_bytes: float | None = None
+    device_key_bytes: float | None = None  # resident points (and their precomputed multiples)
+    host_key_resident_bytes: float | None = None  # pages of the keys' files this process still maps
+    host_key_released_bytes: float | None = None  # section pages dropped after the upload
+    host_pinned_bytes: float | None = None  # pinned staging buffers
 
 
 class RingStatus(msgspec.Struct):

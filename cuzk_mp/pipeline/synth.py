@@ -43,7 +43,7 @@ from . import messages as msg
 from .procs import ChildContext
 from .ring import Ring, RingHandle, SlotClaim, partition_shapes
 
-CIRCUIT_CACHE = 2  # circuits kept per worker (each holds its evaluator)
+CIRCUIT_CACHE = 2  # circuits kept per worker (each maps its circuit's shared data)
 
 
 @dataclass(frozen=True)
@@ -196,28 +196,20 @@ class SynthWorker:
             self.circuits.move_to_end(ref.circuit_id)
             return have
         if have is not None:
-            self.circuits.pop(ref.circuit_id)
+            self.circuits.pop(ref.circuit_id).evaluator.close()
         while len(self.circuits) >= CIRCUIT_CACHE:
-            self.circuits.popitem(last=False)
+            self.circuits.popitem(last=False)[1].evaluator.close()
         self.circuits[ref.circuit_id] = _Circuit(ref)
         return self.circuits[ref.circuit_id]
 
 
-def _warm_up() -> None:
-    """Load (or compile, the first time) the numba kernels synthesis uses, before READY."""
-    from ..algebra import fr
-
-    one = fr.from_ints([1, 2, 3])
-    fr.mul(one, one)
-    indptr, indices = np.array([0, 1, 2, 3], np.int64), np.array([0, 1, 2], np.uint32)
-    fr.csr_matvec(indptr, indices, one, fr.from_ints([1, 2, 3], mont=False))
-
-
 def main(ctx: ChildContext, payload: SynthPayload) -> None:
     """Process entry (called by :func:`cuzk_mp.pipeline.procs.bootstrap`)."""
+    from ..groth16.synthesis import warm_up
+
     ring = Ring.attach(payload.ring)
     try:
-        _warm_up()
+        warm_up()  # load (or compile, the first time) the synthesis kernels before READY
         worker = SynthWorker(ctx, ring, payload.threads)
         threading.Thread(target=worker.read_messages, name=f"{ctx.name}-io", daemon=True).start()
         ctx.send(msg.Ready(os.getpid(), ctx.name, {"threads": payload.threads}))

@@ -2,13 +2,18 @@
 
 Test-only. :func:`load` imports a fresh copy of a ``cuzk_mp.backends.gpu`` module
 (``msm``, ``fixed_base``) with ``cupy`` replaced by :data:`fake_cupy` (numpy
-arrays play device arrays) and ``get_module`` replaced by :func:`get_module`,
-which compiles the kernel file as HOST C++ (``g++``; the field headers' portable
-carry-chain fallback) into a shared library and launches kernels by looping
-over the grid (``prelude.h``). The host code, the kernel bodies, the include
-assembly (:func:`cuzk_mp.backends.gpu.source.assemble`) and the launch
-arguments are the real ones; only the parallel execution is serial, so the
-emulation is valid for kernels without inter-thread cooperation.
+arrays play device arrays, streams and events are no-ops: everything runs at
+once, in order) and ``get_module`` replaced by :func:`get_module`, which compiles
+the kernel file as HOST C++ (``g++``; the field headers' portable carry-chain
+fallback) into a shared library and launches kernels by looping over the grid
+(``prelude.h``). The host code, the kernel bodies, the include assembly
+(:func:`cuzk_mp.backends.gpu.source.assemble`) and the launch arguments are the
+real ones; only the parallel execution is serial, so the emulation is valid for
+kernels without inter-thread cooperation. Device-to-host copies, which need a
+device pointer, are plain numpy copies here.
+
+``kernels/`` beside this file holds test kernels (``ff/check.cu``, ``ec/check.cu``)
+that include the package's headers: :data:`KERNELS` is their ``root``.
 
 Built libraries are cached under the system temp dir by a digest of the
 assembled source and the defines.
@@ -28,11 +33,13 @@ import time
 import types
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import numpy as np
 
 PRELUDE = Path(__file__).with_name("prelude.h")
+KERNELS = Path(__file__).with_name("kernels")
+SLOTS = 16  # kernel argument slots of emu_launch (prelude.h)
 CACHE = Path(tempfile.gettempdir()) / "cuzk-gpu-emu"
 _lock = threading.Lock()
 _libs: dict[str, ctypes.CDLL] = {}
@@ -44,7 +51,9 @@ def available() -> bool:
 
 
 class _Event:
-    def __init__(self) -> None:
+    done = True
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         self.t = 0.0
 
     def record(self, stream: Any = None) -> None:
@@ -54,6 +63,28 @@ class _Event:
         return None
 
 
+class _Stream:
+    ptr = 0
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        pass
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+    def wait_event(self, event: Any) -> None:
+        return None
+
+
+_STREAM = _Stream()
+
+
 def _elapsed_ms(a: _Event, b: _Event) -> float:
     return (b.t - a.t) * 1e3
 
@@ -61,9 +92,14 @@ def _elapsed_ms(a: _Event, b: _Event) -> float:
 fake_cupy = types.SimpleNamespace(
     ndarray=np.ndarray, asarray=np.asarray, asnumpy=np.asarray, ascontiguousarray=np.ascontiguousarray,
     empty=np.empty, zeros=np.zeros, stack=np.stack, flatnonzero=np.flatnonzero, argsort=np.argsort,
-    count_nonzero=np.count_nonzero, concatenate=np.concatenate, arange=np.arange,
-    cuda=types.SimpleNamespace(Event=_Event, get_elapsed_time=_elapsed_ms),
+    count_nonzero=np.count_nonzero, concatenate=np.concatenate, arange=np.arange, searchsorted=np.searchsorted,
+    cuda=types.SimpleNamespace(Event=_Event, Stream=_Stream, get_elapsed_time=_elapsed_ms,
+                               get_current_stream=lambda: _STREAM, alloc_pinned_memory=bytearray),
 )
+
+
+def _copy_to_host(d: np.ndarray, host: np.ndarray, stream: Any) -> None:
+    np.copyto(host, d)
 
 
 def _arg(a: Any) -> int:
@@ -82,9 +118,9 @@ class _Kernel:
         self.fn = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
 
     def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], **_: Any) -> None:
-        if len(args) > 12:
-            raise ValueError(f"{self.name}: more than 12 kernel arguments")
-        slots = (ctypes.c_uint64 * 12)(*([_arg(a) for a in args] + [0] * (12 - len(args))))
+        if len(args) > SLOTS:
+            raise ValueError(f"{self.name}: more than {SLOTS} kernel arguments")
+        slots = (ctypes.c_uint64 * SLOTS)(*([_arg(a) for a in args] + [0] * (SLOTS - len(args))))
         self.lib.emu_launch(ctypes.c_void_p(self.fn), ctypes.c_uint(grid[0]), ctypes.c_uint(block[0]), slots)
 
 
@@ -96,11 +132,11 @@ class _Module:
         return _Kernel(self.lib, name)
 
 
-def get_module(path: str, defines: Mapping[str, Any] | None = None) -> _Module:
+def get_module(path: str, defines: Mapping[str, Any] | None = None, root: Path | None = None) -> _Module:
     """Host build of ``kernels/<path>`` with the ``-D`` knobs (same signature as modules.get_module)."""
     from cuzk_mp.backends.gpu.source import assemble
 
-    src = assemble(path)
+    src = assemble(path, root)
     dflags = [f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in sorted((defines or {}).items())]
     digest = hashlib.sha256((src + " ".join(dflags) + PRELUDE.read_text()).encode()).hexdigest()[:20]
     with _lock:
@@ -131,13 +167,16 @@ def load(name: str) -> types.ModuleType:
     full = f"cuzk_mp.backends.gpu.{name}"
     fake_modules = types.ModuleType("cuzk_mp.backends.gpu.modules")
     fake_modules.get_module = get_module  # type: ignore[attr-defined]
-    fake_modules.register = lambda path, defines=None, group="prover": None  # type: ignore[attr-defined]
+    fake_modules.occupancy = lambda kernel, nthreads: None  # type: ignore[attr-defined]
     saved = {k: sys.modules.get(k) for k in ("cupy", "cuzk_mp.backends.gpu.modules", full)}
     try:
         sys.modules["cupy"] = fake_cupy  # type: ignore[assignment]
         sys.modules["cuzk_mp.backends.gpu.modules"] = fake_modules
         sys.modules.pop(full, None)
-        return importlib.import_module(full)
+        mod = importlib.import_module(full)
+        if hasattr(mod, "_copy_to_host_async"):
+            mod._copy_to_host_async = _copy_to_host  # type: ignore[attr-defined]
+        return mod
     finally:
         for k, v in saved.items():
             if v is None:

@@ -9,7 +9,7 @@
  *
  * Calling convention: every kernel parameter is a pointer or an integer of <= 64 bits,
  * so under the x86-64 SysV ABI each occupies one 64-bit register or stack slot and a
- * callee reads the low bits of it; emu_launch therefore passes 12 uint64 slots to any
+ * callee reads the low bits of it; emu_launch therefore passes 16 uint64 slots to any
  * kernel (extra trailing arguments are ignored by the callee).
  */
 #pragma once
@@ -22,8 +22,9 @@ static emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define __launch_bounds__(...)
 
+#define EMU_SLOTS 16
 typedef void (*emu_kernel_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t,
-                              uint64_t, uint64_t, uint64_t, uint64_t);
+                              uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);
 
 extern "C" void emu_launch(void* fn, unsigned grid, unsigned block, const uint64_t* a) {
     emu_kernel_fn f = (emu_kernel_fn)fn;
@@ -33,7 +34,7 @@ extern "C" void emu_launch(void* fn, unsigned grid, unsigned block, const uint64
         for (unsigned t = 0; t < block; t++) {
             blockIdx = {b, 0, 0};
             threadIdx = {t, 0, 0};
-            f(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11]);
+            f(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]);
         }
     }
 }

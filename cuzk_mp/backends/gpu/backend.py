@@ -1,24 +1,36 @@
-"""GpuBackend: the Backend Protocol on one CUDA device (NTT/H here, MSMs from msm.py).
+"""GpuBackend: the Backend protocol on one CUDA device (the recipe lives in groth16/prover.py).
 
-Device state it owns: the key's point sections (zkey sections 5..9 uploaded as
-is, wrapped in helper B's resident ``MsmG1``/``MsmG2``), the NTT tables
-(:class:`.ntt.GpuNtt`), one CUDA stream per calling thread, and each staged
-partition's a, b, c, w buffers until :meth:`GpuBackend.release`.
+Device state it owns: the key's point sections (zkey sections 5..9, uploaded
+straight from the key file's mapping, optionally with precomputed multiples,
+wrapped in resident :class:`.msm.MsmG1` / :class:`.msm.MsmG2`), the NTT tables
+(:class:`.ntt.GpuNtt`), two CUDA streams per calling thread, and each staged
+partition's a, b, c, w buffers and scalar plan until :meth:`GpuBackend.release`.
 
-Concurrency contract (DESIGN.md section 1): :meth:`stage` runs on the calling
-thread's own stream, so one partition's upload overlaps another's compute;
-:meth:`prove_msms` must be serialised per device by the caller (a per-device
-lock held around it) - the backend adds no lock of its own there.
+Streams and waits. Every thread that calls the backend gets a ``main`` stream
+(staging, H, the G1 MSMs) and a ``side`` stream (the G2 MSM), both non-blocking,
+so one thread's staging overlaps another's compute and nothing waits for the
+whole device. :meth:`stage` copies a partition through pinned bounce buffers and
+classifies the witness's scalars (0 / 1 / other, the only host wait of a
+partition before its results). :meth:`h_values` and :meth:`msm` only enqueue:
+G2 starts first on the side stream (after an event that marks the staged data
+ready), the G1 MSMs and the H step follow on the main stream, and each
+:meth:`msm` returns a Future that a finisher thread completes when that MSM's
+result copy has landed (its host part, Horner over the window sums, runs there).
 
-Timings: ``last_timings`` holds ms per stage of the last stage()/prove_msms()
-(h2d, ntt_h, msm_a, msm_b1, msm_b2, msm_c, msm_h, total) from CUDA events;
-``busy_seconds`` accumulates event-timed device work (the pipeline's
-GPU-busy fraction).
+Timings: ``last_timings`` holds ms per stage of the last released partition from
+CUDA events (h2d, ntt_h, msm_a, msm_b1, msm_b2, msm_c, msm_h, total = first event
+to last, with G2 overlapping the rest); ``busy_seconds`` adds up each partition's
+total (the pipeline's GPU-busy fraction). :meth:`stats` says what the backend
+holds on the host and the device.
 """
 
 from __future__ import annotations
 
+import logging
+import os
 import threading
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -26,165 +38,364 @@ import cupy
 import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point
 
-from ...errors import ConfigError, InputError
+from ...errors import InputError, ResourceError
 from ...formats.zkey import ZKey
-from ..base import MsmSums, ProverInputs
-from . import memory
+from ..base import ProverInputs
+from . import fixed_base, hostmem, memory
+from . import msm as gmsm
+from .knobs import MULTIPLES_ENV, SECTIONS, FixedBaseParams, plan_multiples
 from .ntt import GpuNtt
 
+log = logging.getLogger("cuzk_mp.backends.gpu.backend")
+
 _H2D = 1  # cudaMemcpyHostToDevice
-
-
-def _msm_module() -> Any:
-    try:
-        from . import msm
-    except ImportError as exc:  # helper B's module not present in this checkout
-        raise ConfigError(f"GPU MSMs unavailable: cuzk_mp.backends.gpu.msm cannot be imported ({exc})") from exc
-    return msm
+BOUNCE_BYTES = 64 << 20  # one pinned staging buffer (two per thread)
+COPY_THREADS = 4  # host threads filling a bounce buffer (numpy copies release the GIL)
 
 
 @dataclass
 class GpuKey:
-    """A zkey made resident: one MSM object per point section."""
+    """A zkey made resident: one MSM object per point section.
+
+    ``nbytes`` counts the key's own points on the device (what the prover's key cache
+    budgets); ``multiples_bytes`` the precomputed multiples on top of them (sized by
+    :func:`.knobs.plan_multiples` against free device memory, so never a reason to evict).
+    """
 
     zkey: ZKey
     msms: dict[str, Any]
+    counts: dict[str, int]
     nbytes: int
+    multiples_bytes: int = 0
+    host_released: int = 0  # bytes of key-file pages dropped after the upload
+    multiples: dict[str, int] = field(default_factory=dict)  # section -> window bits of its multiples
 
     def close(self) -> None:
         """Free the device copies of the points (idempotent)."""
         for m in self.msms.values():
             m.close()
         self.msms = {}
-        self.nbytes = 0
+        self.nbytes = self.multiples_bytes = 0
+
+
+@dataclass
+class _Run:
+    """Events and pending MSMs of one partition's device work."""
+
+    events: list[tuple[str, Any, Any]] = field(default_factory=list)  # (name, start, end)
+    pending: dict[str, Any] = field(default_factory=dict)
 
 
 @dataclass
 class GpuStaged:
-    """One partition on the device: a, b, c (Montgomery) and w (standard)."""
+    """One partition on the device: a, b, c (Montgomery), w (standard) and w's scalar plan."""
 
     device: int
-    stream: Any
     d: dict[str, Any]
+    plan: Any
+    ready: Any  # event: the staged data is on the device
     nbytes: int
     timings: dict[str, float] = field(default_factory=dict)
+    h: Any = None
+    h_ready: Any = None  # event: the H values are on the device
+    run: _Run = field(default_factory=_Run)
+
+    @property
+    def w(self) -> Any:
+        """The witness on the device, ``(n_vars, 4)`` standard form (the protocol's Staged.w)."""
+        if not self.d:
+            raise InputError("the partition was released")
+        return self.d["w"]
 
 
-class _Events:
-    """Named CUDA events on one stream; elapsed ms between marks."""
-
-    def __init__(self, stream: Any) -> None:
-        self.stream = stream
-        self.marks: list[tuple[str, Any]] = []
-
-    def mark(self, name: str) -> None:
-        ev = cupy.cuda.Event()
-        ev.record(self.stream)
-        self.marks.append((name, ev))
-
-    def spans(self) -> dict[str, float]:
-        """ms from each mark to the next, keyed by the later mark's name, plus 'total'."""
-        self.marks[-1][1].synchronize()
-        out = {name: cupy.cuda.get_elapsed_time(a, b) for (_, a), (name, b) in zip(self.marks, self.marks[1:])}
-        out["total"] = cupy.cuda.get_elapsed_time(self.marks[0][1], self.marks[-1][1])
-        return out
+class _Streams:
+    def __init__(self) -> None:
+        self.main = cupy.cuda.Stream(non_blocking=True)
+        self.side = cupy.cuda.Stream(non_blocking=True)
+        self.bounce: list[np.ndarray] = []
+        self.bounce_events: list[Any] = []
 
 
 class GpuBackend:
-    """The Backend Protocol on CUDA device ``device`` (see the module docstring)."""
+    """The Backend protocol on CUDA device ``device`` (see the module docstring)."""
 
     name = "gpu"
 
     def __init__(self, device: int = 0) -> None:
         self.device = device
         self._local = threading.local()
-        self._busy_lock = threading.Lock()
+        self._lock = threading.Lock()
+        self._parts: dict[int, GpuStaged] = {}  # w's device pointer -> staged partition
+        self._finisher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cuzk-gpu-finish")
+        self._copier = ThreadPoolExecutor(max_workers=COPY_THREADS, thread_name_prefix="cuzk-gpu-copy")
+        self._keys: list[GpuKey] = []
+        self._pinned_bytes = 0
         self.last_timings: dict[str, float] = {}
         self.busy_seconds = 0.0
         with cupy.cuda.Device(device):
             self.ntt_engine = GpuNtt()
 
     # ---- plumbing
-    def stream(self) -> Any:
-        """The calling thread's own non-blocking stream on this device."""
-        s = getattr(self._local, "stream", None)
+    def streams(self) -> _Streams:
+        """The calling thread's two non-blocking streams on this device."""
+        s = getattr(self._local, "streams", None)
         if s is None:
             with cupy.cuda.Device(self.device):
-                s = cupy.cuda.Stream(non_blocking=True)
-            self._local.stream = s
+                s = _Streams()
+            self._local.streams = s
         return s
 
-    def _add_busy(self, ms: float) -> None:
-        with self._busy_lock:
-            self.busy_seconds += ms / 1000.0
+    def stream(self) -> Any:
+        """The calling thread's main stream."""
+        return self.streams().main
 
-    # ---- keys and partitions
+    def stats(self) -> dict[str, float]:
+        """What the backend holds: ``busy_seconds``; ``device_key_bytes`` (resident points and
+        their multiples); ``host_key_resident_bytes`` (pages of the loaded keys' files this process
+        still maps); ``host_key_released_bytes`` (section pages dropped after upload);
+        ``host_pinned_bytes`` (staging buffers)."""
+        keys = [k for k in self._keys if k.msms]
+        arrays = [getattr(k.zkey, name) for k in keys for name in SECTIONS]
+        return {
+            "busy_seconds": float(self.busy_seconds),
+            "device_key_bytes": float(sum(k.nbytes + k.multiples_bytes for k in keys)),
+            "host_key_resident_bytes": float(hostmem.mapped_rss([a for a in arrays if a is not None])),
+            "host_key_released_bytes": float(sum(k.host_released for k in keys)),
+            "host_pinned_bytes": float(self._pinned_bytes),
+        }
+
+    # ---- keys
     def load_key(self, zkey: ZKey) -> GpuKey:
-        """Upload sections 5..9 (A, B1, B2, C, H) and build the resident MSM objects."""
-        msm = _msm_module()
-        sections = {"a": zkey.a, "b1": zkey.b1, "b2": zkey.b2, "c": zkey.c, "h": zkey.h}
-        need = sum(int(np.asarray(v).nbytes) for v in sections.values())
-        with cupy.cuda.Device(self.device):
-            memory.ensure_free(need, f"the proving key {zkey.path or ''} (sections 5..9)")
+        """Upload sections 5..9 (A, B1, B2, C, H) from the key's mapping, chunk by chunk, let
+        the host pages go, and build the resident MSM objects (with precomputed multiples for
+        the sections :func:`plan_multiples` picks; env ``CUZK_GPU_MSM_MULTIPLES``)."""
+        host = {name: getattr(zkey, name) for name in SECTIONS}
+        for name, arr in host.items():
+            width = 24 if name == "b2" else 12
+            if arr is None or arr.ndim != 2 or arr.shape[1] != width or arr.dtype != np.uint64:
+                raise InputError(f"zkey section {name}: expected (n, {width}) uint64 points, got "
+                                 f"{None if arr is None else (arr.dtype, arr.shape)} (a closed key?)")
+        sizes = {name: int(arr.nbytes) for name, arr in host.items()}
+        s = self.stream()
+        with cupy.cuda.Device(self.device), s:
+            memory.ensure_free(sum(sizes.values()), f"the proving key {zkey.path or ''} (sections 5..9)")
             msms: dict[str, Any] = {}
+            released = 0
             try:
-                for name, pts in sections.items():
-                    d_pts = cupy.asarray(np.ascontiguousarray(pts))
-                    msms[name] = (msm.MsmG2 if name == "b2" else msm.MsmG1)(d_pts)
+                dev = {}
+                for name, arr in host.items():
+                    dev[name] = cupy.empty(arr.shape, dtype=np.uint64)
+                    released += _upload_release(dev[name], arr, s)
+                free, _ = memory.free_bytes()
+                plan = plan_multiples(sizes, free, int(zkey.domain_size), os.environ.get(MULTIPLES_ENV))
+                for name in SECTIONS:
+                    mult = self._multiples(dev[name], plan.get(name), name)
+                    if mult is None:
+                        plan.pop(name, None)
+                    else:
+                        dev[name] = mult.table[: mult.n]
+                    msms[name] = (gmsm.MsmG2 if name == "b2" else gmsm.MsmG1)(dev[name], None, mult)
+                n = int(zkey.domain_size)
+                if n >= 2 and n & (n - 1) == 0:
+                    self.ntt_engine.plan(n.bit_length() - 1)  # the H step's tables, before any partition
+                s.synchronize()
             except BaseException:
                 for m in msms.values():
                     m.close()
                 raise
-            return GpuKey(zkey, msms, sum(int(m.nbytes) for m in msms.values()))
+        points = sum(sizes.values())
+        key = GpuKey(zkey, msms, {n: int(a.shape[0]) for n, a in host.items()}, points,
+                     sum(int(m.nbytes) for m in msms.values()) - points, released, {n: plan[n] for n in plan})
+        with self._lock:
+            self._keys = [k for k in self._keys if k.msms] + [key]
+        return key
 
+    @staticmethod
+    def _multiples(d_points: Any, c: int | None, name: str) -> Any:
+        """The multiples table of one resident section (None without c, or when the device has
+        no room for it now: the section then runs without, and the log says so)."""
+        if c is None:
+            return None
+        w = gmsm.window_count(c)
+        n, width = int(d_points.shape[0]), int(d_points.shape[1])
+        scratch = min(FixedBaseParams().chunk, n) * 5 * (width // 2) * 8
+        try:
+            memory.ensure_free(w * int(d_points.nbytes) + scratch, f"precomputed multiples of key section {name}")
+        except ResourceError as exc:
+            log.warning("key section %s runs without precomputed multiples: %s", name, exc)
+            return None
+        return gmsm.Multiples(fixed_base.multiples_table(d_points, c, w), c, w, n)
+
+    # ---- partitions
     def stage(self, key: GpuKey, inputs: ProverInputs) -> GpuStaged:
-        """Copy a, b, c, w to the device on this thread's stream; returns once the copy is done."""
+        """Copy a, b, c, w to the device on this thread's main stream and classify w's scalars;
+        on return the host vectors are no longer read (the caller may free them)."""
         z = key.zkey
         shapes = {"a": (z.domain_size, 4), "b": (z.domain_size, 4), "c": (z.domain_size, 4), "w": (z.n_vars, 4)}
         host = {k: np.ascontiguousarray(getattr(inputs, k), dtype=np.uint64) for k in shapes}
         for k, shape in shapes.items():
             if host[k].shape != shape:
                 raise InputError(f"partition vector {k} has shape {host[k].shape}, the key expects {shape}")
-        stream = self.stream()
-        with cupy.cuda.Device(self.device):
+        st = self.streams()
+        with cupy.cuda.Device(self.device), st.main:
             memory.ensure_free(inputs.nbytes, "staging a partition (a, b, c, w)")
-            with memory.PinnedRanges(list(host.values())):
-                ev = _Events(stream)
-                ev.mark("start")
-                d = {k: cupy.empty(v.shape, dtype=np.uint64) for k, v in host.items()}
-                for k, v in host.items():
-                    cupy.cuda.runtime.memcpyAsync(d[k].data.ptr, v.ctypes.data, v.nbytes, _H2D, stream.ptr)
-                ev.mark("h2d")
-                timings = ev.spans()  # synchronizes: the host buffers may go after this
-        self.last_timings = {"h2d": timings["h2d"]}
-        return GpuStaged(self.device, stream, d, sum(int(a.nbytes) for a in d.values()), dict(self.last_timings))
+            start = cupy.cuda.Event()
+            start.record(st.main)
+            d = {k: cupy.empty(v.shape, dtype=np.uint64) for k, v in host.items()}
+            for k, v in host.items():
+                self._h2d(d[k], v, st)
+            ready = cupy.cuda.Event()
+            ready.record(st.main)
+            t0 = time.perf_counter()
+            plan = gmsm.classify(d["w"], cuts=(z.n_public + 1,))  # waits for the copies
+            classify_ms = 1e3 * (time.perf_counter() - t0)
+            h2d_ms = float(cupy.cuda.get_elapsed_time(start, ready))
+        staged = GpuStaged(self.device, d, plan, ready, sum(int(a.nbytes) for a in d.values()),
+                           {"h2d": h2d_ms, "classify": classify_ms})
+        with self._lock:
+            self._parts[int(d["w"].data.ptr)] = staged
+        return staged
 
-    def prove_msms(self, key: GpuKey, staged: GpuStaged) -> MsmSums:
-        """H (3 iNTT, coset scaling, 3 NTT, a*b - c) then the five MSMs; caller holds the device lock."""
-        if not staged.d:
-            raise InputError("prove_msms on a released partition")
+    def _h2d(self, dst: Any, src: np.ndarray, st: _Streams) -> None:
+        """src -> dst on st.main: straight from page-locked memory, else through the thread's two
+        pinned bounce buffers, each filled by parallel host copies while the other one's DMA runs."""
+        if src.nbytes == 0:
+            return
+        if _is_pinned(src):
+            cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes, _H2D, st.main.ptr)
+            return
+        if not st.bounce:
+            for _ in range(2):
+                mem = cupy.cuda.alloc_pinned_memory(BOUNCE_BYTES)
+                st.bounce.append(np.frombuffer(mem, dtype=np.uint8, count=BOUNCE_BYTES))
+                st.bounce_events.append(None)
+            with self._lock:
+                self._pinned_bytes += 2 * BOUNCE_BYTES
+        flat = src.reshape(-1).view(np.uint8)
+        for i, lo in enumerate(range(0, flat.nbytes, BOUNCE_BYTES)):
+            k = i % 2
+            n = min(BOUNCE_BYTES, flat.nbytes - lo)
+            if st.bounce_events[k] is not None:
+                st.bounce_events[k].synchronize()  # that buffer's previous DMA is done
+            self._parallel_copy(st.bounce[k][:n], flat[lo : lo + n])
+            cupy.cuda.runtime.memcpyAsync(dst.data.ptr + lo, st.bounce[k].ctypes.data, n, _H2D, st.main.ptr)
+            ev = cupy.cuda.Event(disable_timing=True)
+            ev.record(st.main)
+            st.bounce_events[k] = ev
+
+    def _parallel_copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        step = -(-src.nbytes // COPY_THREADS)
+        futs = [self._copier.submit(np.copyto, dst[lo : lo + step], src[lo : lo + step])
+                for lo in range(0, src.nbytes, step)]
+        for f in futs:
+            f.result()
+
+    def _context(self, scalars: Any) -> tuple[GpuStaged | None, Any, Any]:
+        """(partition, plan, event to wait for) for MSM scalars: the staged w or a row suffix of
+        it (w's plan, cut; the staging event), a partition's H values (a dense plan; the H step's
+        event), or (None, None, None) for anything else."""
+        if not isinstance(scalars, cupy.ndarray) or scalars.ndim != 2 or not scalars.flags.c_contiguous:
+            return None, None, None
+        ptr = int(scalars.data.ptr)
+        with self._lock:
+            parts = list(self._parts.values())
+        for p in parts:
+            if p.h is not None and int(p.h.data.ptr) == ptr and p.h.shape == scalars.shape:
+                return p, gmsm.dense_plan(int(scalars.shape[0])), p.h_ready
+            w = p.d.get("w")
+            if w is None:
+                continue
+            lo = int(w.data.ptr)
+            k, rem = divmod(ptr - lo, 32)
+            if lo <= ptr < lo + int(w.nbytes) + 1 and not rem and k + scalars.shape[0] == w.shape[0]:
+                return p, p.plan.tail(k), p.ready
+        return None, None, None
+
+    def h_values(self, key: GpuKey, staged: GpuStaged) -> Any:
+        """p[j] = (A*B - C)(w_2n^(2j+1)) in standard form, written over the staged a (b and c are
+        clobbered); enqueued on this thread's main stream."""
+        if not staged.d or staged.h is not None:
+            raise InputError("h_values on a released partition, or twice on one")
+        st = self.streams()
+        with cupy.cuda.Device(self.device), st.main:
+            st.main.wait_event(staged.ready)
+            start = _record(st.main)
+            d = staged.d
+            p = self.ntt_engine.coset_h_in_place(d["a"], d["b"], d["c"], stream=st.main)
+            end = _record(st.main)
+            staged.run.events.append(("ntt_h", start, end))
+        staged.h, staged.h_ready = p, end
+        return p
+
+    def msm(self, key: GpuKey, section: str, scalars: Any) -> Future:
+        """sum_i scalars[i] P_i over key section ``section`` (G2 for "b2"), enqueued; the Future's
+        result is an arkworks point. Scalars: a device (or host) ``(n, 4)`` standard-form array
+        with exactly the section's point count."""
+        if section not in SECTIONS:
+            raise InputError(f"unknown MSM section {section!r}: expected one of {', '.join(SECTIONS)}")
         if not key.msms:
-            raise InputError("prove_msms with a closed key")
-        d, s, n_pub = staged.d, staged.stream, key.zkey.n_public
-        with cupy.cuda.Device(self.device):
-            ev = _Events(s)
-            ev.mark("start")
-            d_p = self.ntt_engine.coset_h_in_place(d["a"], d["b"], d["c"], stream=s)
-            ev.mark("ntt_h")
-            out = {}
-            for name, scalars in (("h", d_p), ("a", d["w"]), ("b1", d["w"]), ("b2", d["w"]),
-                                  ("c", d["w"][n_pub + 1 :])):
-                out[name] = key.msms[name].run(scalars, stream=s)
-                ev.mark(f"msm_{name}")
-            spans = ev.spans()
-        spans["h2d"] = staged.timings.get("h2d", 0.0)
-        self.last_timings = spans
-        self._add_busy(spans["total"])
-        return MsmSums(a=out["a"], b1=out["b1"], b2=out["b2"], c=out["c"], h=out["h"])
+            raise InputError("msm with a closed key")
+        want = key.counts[section]
+        got = int(scalars.shape[0]) if getattr(scalars, "ndim", 0) == 2 else -1
+        if got != want:
+            raise InputError(f"MSM {section}: {got} scalars for the section's {want} points"
+                             if got >= 0 else f"MSM {section}: scalars must be an (n, 4) array, got "
+                             f"{getattr(scalars, 'shape', type(scalars).__name__)}")
+        st = self.streams()
+        s = st.side if section == "b2" else st.main
+        m = key.msms[section]
+        with cupy.cuda.Device(self.device), s:
+            part, plan, ready = self._context(scalars)  # C's cut of w's plan is enqueued on s
+            if part is None:
+                d_scalars = cupy.ascontiguousarray(cupy.asarray(scalars))
+                plan = gmsm.classify(d_scalars, m.params.nthreads)
+            else:
+                d_scalars = scalars
+                s.wait_event(ready)
+            start = _record(s)
+            pending = m.launch(d_scalars, plan)
+            end = _record(s)
+        if part is not None:
+            part.run.events.append((f"msm_{section}", start, end))
+            part.run.pending[section] = pending
+            return self._finisher.submit(pending.result)
+        return self._finisher.submit(self._standalone, pending, start, end)
+
+    def _standalone(self, pending: Any, start: Any, end: Any) -> Any:
+        out = pending.result()
+        end.synchronize()
+        self._add_busy(float(cupy.cuda.get_elapsed_time(start, end)))
+        return out
+
+    def _add_busy(self, ms: float) -> None:
+        with self._lock:
+            self.busy_seconds += ms / 1000.0
 
     def release(self, staged: GpuStaged) -> None:
-        """Drop the partition's device buffers (they return to CuPy's pool); idempotent."""
+        """Drop the partition's device buffers (back to CuPy's pool) after its enqueued work is
+        done; records its timings as ``last_timings``. Idempotent."""
+        if not staged.d:
+            return
+        with self._lock:
+            self._parts.pop(int(staged.d["w"].data.ptr), None)
+        run = staged.run
+        for p in run.pending.values():
+            p.wait_device()  # the device must be done with these buffers before they go
+        if run.events:
+            for _, _, end in run.events:
+                end.synchronize()
+            ref = run.events[0][1]
+            starts = [float(cupy.cuda.get_elapsed_time(ref, a)) for _, a, _ in run.events]  # signed ms
+            ends = [float(cupy.cuda.get_elapsed_time(ref, b)) for _, _, b in run.events]
+            spans = {name: float(cupy.cuda.get_elapsed_time(a, b)) for name, a, b in run.events}
+            spans["total"] = max(ends) - min(starts)
+            spans.update(staged.timings)
+            self.last_timings = spans
+            self._add_busy(spans["total"])
         staged.d = {}
+        staged.h = None
+        staged.plan = None
+        staged.run = _Run()
 
     # ---- primitives
     def _upload(self, a: np.ndarray) -> Any:
@@ -196,49 +407,76 @@ class GpuBackend:
 
     def ntt(self, values: np.ndarray, inverse: bool = False) -> np.ndarray:
         """Natural-order NTT (or the 1/n-scaled inverse) of a Montgomery Fr vector."""
-        with cupy.cuda.Device(self.device):
+        s = self.stream()
+        with cupy.cuda.Device(self.device), s:
             d = self._upload(values)
-            self.ntt_engine.ntt_in_place(d, inverse=inverse, stream=self.stream())
-            self.stream().synchronize()
-            return cupy.asnumpy(d)
+            self.ntt_engine.ntt_in_place(d, inverse=inverse, stream=s)
+            out = cupy.asnumpy(d, stream=s)
+            s.synchronize()
+            return out
 
     def coset_h(self, a: np.ndarray, b: np.ndarray, c: np.ndarray) -> np.ndarray:
         """Standard-form H scalars: odd-coset values of A*B - C."""
-        with cupy.cuda.Device(self.device):
+        s = self.stream()
+        with cupy.cuda.Device(self.device), s:
             da, db, dc = (self._upload(x) for x in (a, b, c))
-            self.ntt_engine.coset_h_in_place(da, db, dc, stream=self.stream())
-            self.stream().synchronize()
-            return cupy.asnumpy(da)
+            self.ntt_engine.coset_h_in_place(da, db, dc, stream=s)
+            out = cupy.asnumpy(da, stream=s)
+            s.synchronize()
+            return out
 
     def msm_g1(self, points: np.ndarray, scalars: np.ndarray) -> G1Point:
-        """G1 MSM over zkey-layout points (helper B's kernels)."""
-        with cupy.cuda.Device(self.device):
-            return _msm_module().msm_g1(points, scalars)
+        """G1 MSM over zkey-layout points."""
+        with cupy.cuda.Device(self.device), self.stream():
+            return gmsm.msm_g1(points, scalars)
 
     def msm_g2(self, points: np.ndarray, scalars: np.ndarray) -> G2Point:
-        """G2 MSM over zkey-layout points (helper B's kernels)."""
-        with cupy.cuda.Device(self.device):
-            return _msm_module().msm_g2(points, scalars)
+        """G2 MSM over zkey-layout points."""
+        with cupy.cuda.Device(self.device), self.stream():
+            return gmsm.msm_g2(points, scalars)
 
     def fixed_base_g1(self, base: G1Point, scalars: np.ndarray) -> np.ndarray:
-        """[s_i * base] in zkey layout (helper B's batch fixed-base kernels)."""
-        with cupy.cuda.Device(self.device):
-            return _fixed_base_module().fixed_base_g1(base, scalars)
+        """[s_i * base] in zkey layout (batch fixed-base kernels)."""
+        with cupy.cuda.Device(self.device), self.stream():
+            return fixed_base.fixed_base_g1(base, scalars)
 
     def fixed_base_g2(self, base: G2Point, scalars: np.ndarray) -> np.ndarray:
-        """[s_i * base] in zkey layout (helper B's batch fixed-base kernels)."""
-        with cupy.cuda.Device(self.device):
-            return _fixed_base_module().fixed_base_g2(base, scalars)
+        """[s_i * base] in zkey layout (batch fixed-base kernels)."""
+        with cupy.cuda.Device(self.device), self.stream():
+            return fixed_base.fixed_base_g2(base, scalars)
 
     def close(self) -> None:
-        """Return CuPy's idle pool blocks to the driver."""
+        """Stop the helper threads and return CuPy's idle pool blocks to the driver."""
+        self._finisher.shutdown(wait=True)
+        self._copier.shutdown(wait=True)
         with cupy.cuda.Device(self.device):
             cupy.get_default_memory_pool().free_all_blocks()
 
 
-def _fixed_base_module() -> Any:
+def _record(stream: Any) -> Any:
+    ev = cupy.cuda.Event()
+    ev.record(stream)
+    return ev
+
+
+def _is_pinned(a: np.ndarray) -> bool:
+    """Whether a host array lies in page-locked memory (cudaHostAlloc'd or registered)."""
     try:
-        from . import fixed_base
-    except ImportError as exc:
-        raise ConfigError(f"GPU fixed-base unavailable: cuzk_mp.backends.gpu.fixed_base cannot be imported ({exc})") from exc
-    return fixed_base
+        attrs = cupy.cuda.runtime.pointerGetAttributes(int(a.ctypes.data))
+    except cupy.cuda.runtime.CUDARuntimeError:
+        return False
+    return int(getattr(attrs, "type", 0)) == 1  # cudaMemoryTypeHost
+
+
+def _upload_release(dst: Any, src: np.ndarray, stream: Any, chunk: int = 256 << 20) -> int:
+    """Copy a host array to the device chunk by chunk (pageable copies: the driver stages them,
+    no second host copy of the key) and release each chunk's pages once the copy returned
+    (:func:`hostmem.release_pages`: only file-mapped memory); bytes released."""
+    flat = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
+    released = 0
+    for lo in range(0, flat.nbytes, chunk):
+        part = flat[lo : lo + chunk]
+        cupy.cuda.runtime.memcpyAsync(dst.data.ptr + lo, part.ctypes.data, part.nbytes, _H2D, stream.ptr)
+        stream.synchronize()
+        released += hostmem.release_pages(part)
+    return released

@@ -1,4 +1,4 @@
-"""Batch fixed-base scalar multiplication on the GPU: [s_i * G] in zkey layout, for the dev setup.
+"""Batch fixed-base work on the GPU: [s_i * G] for the dev setup, 2^(c w) P_i for the MSM.
 
 Device state: a :class:`FixedBase` owns the window table of its base (32 x 255
 affine points: 0.8 MB for G1, 1.6 MB for G2, built on the host with arkworks)
@@ -9,12 +9,13 @@ chunks of ``FixedBaseParams.chunk`` rows, so device memory stays bounded
 
 :func:`fixed_base_g1` / :func:`fixed_base_g2` are the host-array entry points
 the backend calls; :meth:`FixedBase.run_device` keeps everything on the device
-(used to make large test and benchmark bases).
+(used to make large test and benchmark bases). :func:`multiples_table` makes the
+MSM's precomputed multiples of resident key points (``fixed_base_pow2``: c
+doublings per multiple, affine by the same per-thread Montgomery trick).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Any
 
 import cupy
@@ -23,24 +24,21 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 
 from ...algebra.curve import g1_ark_to_lem, g2_ark_to_lem
 from ...errors import InputError
-from .modules import get_module, register
+from .knobs import FB_PATH, FixedBaseParams
+from .modules import get_module
 
-FB_PATH = "fixed_base/fixed_base.cu"
+__all__ = [
+    "FB_PATH",
+    "FixedBase",
+    "FixedBaseParams",
+    "fixed_base_g1",
+    "fixed_base_g2",
+    "multiples_table",
+    "window_table",
+]
+
 WBITS, NWIN = 8, 32  # fixed_base.cuh: FB_WBITS, FB_NWIN
 ROWS = (1 << WBITS) - 1  # table rows per window (digits 1 .. 255)
-
-
-@dataclass(frozen=True)
-class FixedBaseParams:
-    """Knobs: ``nthreads`` is compiled in (``-DFB_NTHREADS``); the rest is launch geometry."""
-
-    nthreads: int = 128  # threads per block
-    per_thread: int = 32  # points per thread (one field inversion each)
-    chunk: int = 1 << 22  # rows per launch (bounds device memory)
-
-    def defines(self, g2: bool) -> dict[str, int]:
-        """The ``-D`` knobs of the kernel module for one group."""
-        return {"FB_G2": int(g2), "FB_NTHREADS": self.nthreads}
 
 
 def window_table(base: G1Point | G2Point) -> np.ndarray:
@@ -109,5 +107,28 @@ def fixed_base_g2(base: G2Point, scalars: np.ndarray) -> np.ndarray:
     return FixedBase(base).run(scalars)
 
 
-register(FB_PATH, FixedBaseParams().defines(False), group="setup")
-register(FB_PATH, FixedBaseParams().defines(True), group="setup")
+
+def multiples_table(d_points: Any, c: int, windows: int, params: FixedBaseParams | None = None) -> Any:
+    """``(windows n, AW)`` device table whose rows [w n, (w + 1) n) are 2^(c w) P_i, from the
+    ``(n, AW)`` device points P (AW = 12 for G1, 24 for G2; rows [0, n) are a copy of P).
+    Scratch is bounded by ``params.chunk`` rows; runs on the current stream."""
+    params = params or FixedBaseParams()
+    n, aw = int(d_points.shape[0]), int(d_points.shape[1])
+    if aw not in (12, 24) or d_points.dtype != np.uint64:
+        raise InputError(f"multiples of points: expected an (n, 12) or (n, 24) uint64 array, got "
+                         f"{d_points.dtype} {tuple(d_points.shape)}")
+    if not 1 <= c <= 32 or windows < 1:
+        raise InputError(f"multiples of points: c={c}, windows={windows}")
+    kernel = get_module(FB_PATH, params.defines(aw == 24)).get_function("fixed_base_pow2")
+    table = cupy.empty((windows * n, aw), dtype=np.uint64)
+    table[:n] = d_points
+    chunk = min(params.chunk, max(n, 1))
+    scratch = cupy.empty((chunk, 5 * (aw // 2)), dtype=np.uint64)
+    per, block = params.per_thread, params.nthreads
+    for w in range(1, windows):
+        for lo in range(0, n, chunk):
+            cnt = min(chunk, n - lo)
+            threads = -(-cnt // per)
+            kernel((-(-threads // block),), (block,), (table[(w - 1) * n + lo:], table[w * n + lo:], scratch,
+                                                        np.uint64(cnt), np.uint32(per), np.uint32(c)))
+    return table

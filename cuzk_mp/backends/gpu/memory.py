@@ -13,7 +13,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Self
 
 import cupy
 import numpy as np
@@ -80,8 +80,8 @@ class PinnedRanges:
             cupy.cuda.runtime.hostUnregister(lo)
         self.registered = []
 
-    def __enter__(self) -> "PinnedRanges":
+    def __enter__(self) -> Self:
         return self
 
-    def __exit__(self, *exc: Any) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()

@@ -1,76 +1,130 @@
-"""Compiled CUDA modules: one ``cupy.RawModule`` per (kernel file, defines, device arch).
+"""Loaded CUDA modules: the package's precompiled binaries, NVRTC only where none fits.
 
-:func:`get_module` assembles ``kernels/<path>`` into a single source string
-(:mod:`.source`), appends the knob defines as ``-D`` options and compiles it
-through NVRTC. CuPy picks the target itself (``-arch=sm_XY`` of the current
-device when NVRTC supports it, so a cubin with Hopper SASS on the H200) and keeps
-the cubin in its disk cache keyed by source + options + NVRTC version + arch: a
-second process, or a daemon restart, loads it in milliseconds. Within a process
-modules are cached here, guarded by a lock (GPU worker threads share them).
+:func:`get_module` returns one module per (kernel file, ``-D`` knobs, device):
 
-:func:`warm_up` compiles every registered module variant (:func:`register`; the
-prover's own modules register themselves on import) before the GPU process
-reports READY, so no proof pays a compile.
+1. the shipped fatbin of that variant (``kernels/bin``, built by
+   ``scripts/build_kernels.py`` for the architectures of :data:`.knobs.ALL_ARCHS`),
+   when its manifest entry has machine code for this device and was built from the
+   sources the package holds now (the assembled source's digest matches): loading
+   takes milliseconds, so a fresh machine proves without compiling;
+2. otherwise NVRTC on the assembled source (CuPy's disk cache keeps the result for
+   the next process), after ONE log line per variant saying why no binary served
+   (no entry, no code for this architecture, sources changed, or a load error).
+
+Kernel files outside the package (test and benchmark kernels, ``root``) always go
+through NVRTC. Within a process modules are cached here, guarded by a lock (GPU
+worker threads share them). :func:`warm_up` loads every shipped variant of some
+groups before the prover process reports READY, so no proof pays a load.
 """
 
 from __future__ import annotations
 
+import json
+import logging
 import threading
 import time
 from collections.abc import Mapping
+from importlib import resources
+from pathlib import Path
 from typing import Any
 
 import cupy
 
 from ...errors import ConfigError
-from .source import assemble
+from . import knobs
+from .source import assemble, define_items, kernel_names, module_digest
 
-# Options for every module. -std=c++17 for `static constexpr` members and `if
-# constexpr`; --device-int128 lets a kernel use unsigned __int128 (the 64-bit-limb
-# baseline of the field benchmark). The target arch is added by CuPy.
-BASE_OPTIONS: tuple[str, ...] = ("-std=c++17", "--device-int128")
+log = logging.getLogger("cuzk_mp.backends.gpu.modules")
 
-# The prover's translation units (default knobs); others add theirs with register().
-MODULES: tuple[str, ...] = ("ntt/ntt.cu", "h/h.cu")
-# Host modules whose import registers more module variants (helper B's MSM and fixed-base).
-_REGISTERING_IMPORTS = ("msm", "fixed_base")
+# NVRTC options of every module: -std=c++17 for `static constexpr` members and `if constexpr`.
+# The target architecture is added by CuPy (the current device's).
+NVRTC_OPTIONS: tuple[str, ...] = ("-std=c++17",)
+MANIFEST = "manifest.json"
 
 _lock = threading.Lock()
-_cache: dict[tuple[str, tuple[tuple[str, str], ...], str], Any] = {}
-_registry: dict[tuple[str, tuple[tuple[str, str], ...]], tuple[Mapping[str, Any] | None, str]] = {}
+_cache: dict[tuple[Any, ...], Any] = {}
+_warned: set[tuple[Any, ...]] = set()
+_manifest_cache: dict[str, Any] | None = None
 
 
 def device_arch(device: int | None = None) -> str:
-    """Compute capability of a device as CuPy spells it (``"90"`` on an H200)."""
+    """SASS target of a device as nvcc spells it (``"sm_90"`` on an H200)."""
     dev = cupy.cuda.Device() if device is None else cupy.cuda.Device(device)
-    return str(dev.compute_capability)
+    return f"sm_{dev.compute_capability}"
 
 
-def _define_options(defines: Mapping[str, Any] | None) -> tuple[tuple[str, str], ...]:
-    if not defines:
-        return ()
-    items = []
-    for key, val in sorted(defines.items()):
-        if not key.isidentifier():
-            raise ConfigError(f"bad CUDA define name {key!r}")
-        items.append((key, str(int(val)) if isinstance(val, bool) else str(val)))
-    return tuple(items)
+def bin_dir() -> Path:
+    """The folder of the shipped binaries and their manifest."""
+    return Path(str(resources.files(__package__).joinpath("kernels").joinpath("bin")))
 
 
-def get_module(path: str, defines: Mapping[str, Any] | None = None) -> Any:
-    """The compiled ``cupy.RawModule`` for ``kernels/<path>`` with the given ``-D`` knobs."""
-    dkey = _define_options(defines)
-    key = (path, dkey, device_arch())
+def manifest() -> dict[str, Any]:
+    """The shipped binaries' manifest (``{"modules": []}`` when none are installed)."""
+    global _manifest_cache
+    if _manifest_cache is None:
+        path = bin_dir() / MANIFEST
+        _manifest_cache = json.loads(path.read_text()) if path.is_file() else {"modules": []}
+    return _manifest_cache
+
+
+def manifest_entry(path: str, defines: Mapping[str, Any] | None) -> dict[str, Any] | None:
+    """The manifest entry of one variant, or None."""
+    want = [list(kv) for kv in define_items(defines)]
+    for entry in manifest().get("modules", []):
+        if entry["path"] == path and [[k, str(v)] for k, v in entry["defines"]] == want:
+            return dict(entry)
+    return None
+
+
+def _shipped_module(path: str, defines: Mapping[str, Any] | None, arch: str) -> tuple[Any, str]:
+    """(module, "") from the shipped binary, or (None, why not)."""
+    entry = manifest_entry(path, defines)
+    if entry is None:
+        return None, "no precompiled binary of this variant in the package"
+    if arch not in entry["archs"]:
+        return None, f"the binary has code for {', '.join(entry['archs'])}, this device is {arch}"
+    if entry["source_sha256"] != module_digest(path, defines):
+        return None, "the kernel sources changed since the binary was built (run scripts/build_kernels.py)"
+    file = bin_dir() / entry["file"]
+    if not file.is_file():
+        return None, f"{file.name} is missing from the package"
+    try:
+        mod = cupy.RawModule(path=str(file))
+        mod.get_function(entry["kernels"][0])  # loads the module now: errors surface here
+    except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
+        return None, f"loading {file.name} failed ({exc})"
+    return mod, ""
+
+
+def _nvrtc_module(path: str, defines: Mapping[str, Any] | None, root: Path | None) -> Any:
+    options = NVRTC_OPTIONS + tuple(f"-D{k}={v}" for k, v in define_items(defines))
+    mod = cupy.RawModule(code=assemble(path, root), options=options)
+    try:
+        mod.compile()
+    except cupy.cuda.compiler.CompileException as exc:
+        raise ConfigError(f"NVRTC failed on kernels/{path} with {options}:\n{exc}") from exc
+    return mod
+
+
+def get_module(path: str, defines: Mapping[str, Any] | None = None, root: Path | None = None) -> Any:
+    """The loaded module (``cupy.RawModule``) of ``kernels/<path>`` with the given ``-D`` knobs.
+
+    ``root``: a folder of test or benchmark kernels searched before the package
+    (:func:`.source.assemble`); such modules are compiled with NVRTC.
+    """
+    arch = device_arch()
+    key = (path, define_items(defines), arch, None if root is None else str(root))
     with _lock:
         mod = _cache.get(key)
         if mod is not None:
             return mod
-        options = BASE_OPTIONS + tuple(f"-D{k}={v}" for k, v in dkey)
-        mod = cupy.RawModule(code=assemble(path), options=options)
-        try:
-            mod.compile()
-        except cupy.cuda.compiler.CompileException as exc:
-            raise ConfigError(f"NVRTC failed on kernels/{path} with {options}:\n{exc}") from exc
+        if root is None:
+            mod, why = _shipped_module(path, defines, arch)
+            if mod is None and key not in _warned:
+                _warned.add(key)
+                log.warning("kernels/%s %s: compiling with NVRTC (%s)", path, dict(define_items(defines)), why)
+        if mod is None:
+            mod = _nvrtc_module(path, defines, root)
         _cache[key] = mod
         return mod
 
@@ -80,31 +134,35 @@ def get_function(path: str, name: str, defines: Mapping[str, Any] | None = None)
     return get_module(path, defines).get_function(name)
 
 
-def register(path: str, defines: Mapping[str, Any] | None = None, *, group: str = "prover") -> None:
-    """Add a (module, knobs) variant to what :func:`warm_up` compiles for ``group``.
-
-    Groups keep start-up honest: a prover process warms only the "prover"
-    modules; the dev setup's fixed-base kernels ("setup") compile when setup runs.
-    """
-    with _lock:
-        _registry[(path, _define_options(defines))] = (defines, group)
-
-
-def warm_up(paths: tuple[str, ...] = MODULES, groups: tuple[str, ...] = ("prover",)) -> dict[str, float]:
-    """Compile (or load from CuPy's disk cache) ``paths`` and the registered variants of ``groups``; s each."""
-    import importlib
-
-    for name in _REGISTERING_IMPORTS:
-        try:
-            importlib.import_module(f"{__package__}.{name}")
-        except ImportError:
-            continue  # not in this checkout: nothing of it to warm
-    with _lock:
-        variants = [(p, None) for p in paths] + [(p, d) for (p, _), (d, g) in _registry.items() if g in groups]
+def warm_up(groups: tuple[str, ...] = ("prover",)) -> dict[str, float]:
+    """Load (or compile) every shipped variant of ``groups``; seconds each, by label."""
     took = {}
-    for path, defines in variants:
+    for v in knobs.variants(groups):
         t0 = time.perf_counter()
-        get_module(path, defines)
-        label = path if not defines else f"{path} {dict(_define_options(defines))}"
+        get_module(v.path, v.define_dict)
+        label = v.path if not v.defines else f"{v.path} {v.define_dict}"
         took[label] = time.perf_counter() - t0
     return took
+
+
+def occupancy(kernel: Any, nthreads: int) -> int:
+    """Threads of ``kernel`` (a RawKernel) resident at once on the current device:
+    blocks per SM for ``nthreads``-thread blocks (the driver's occupancy calculator on
+    the kernel's CUfunction handle) x SMs x ``nthreads``."""
+    fn_ptr = kernel.kernel.ptr  # RawKernel.kernel: the loaded cupy.cuda.function.Function
+    blocks = int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn_ptr, nthreads, 0))
+    sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
+    return blocks * sms * nthreads
+
+
+__all__ = [
+    "bin_dir",
+    "device_arch",
+    "get_function",
+    "get_module",
+    "kernel_names",
+    "manifest",
+    "manifest_entry",
+    "occupancy",
+    "warm_up",
+]

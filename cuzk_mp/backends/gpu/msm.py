@@ -1,40 +1,47 @@
 """Multi-scalar multiplication on the GPU over G1 and G2 (Pippenger, signed digits, 0/1 split).
 
-Device state: an :class:`MsmG1` / :class:`MsmG2` holds a reference to its
-resident point array (zkey layout, ``(n, 12)`` / ``(n, 24)`` uint64, Montgomery
-coordinates, infinity = all zeros) and the compiled kernels of
-``kernels/msm/msm.cu``; every other buffer lives only for one :meth:`run` (CuPy's
-memory pool recycles them).
+Device state: an :class:`MsmG1` / :class:`MsmG2` holds its resident point array
+(zkey layout, ``(n, 12)`` / ``(n, 24)`` uint64, Montgomery coordinates,
+infinity = all zeros), optionally the precomputed multiples 2^(c w) P of every
+point (:class:`Multiples`), and the kernels of ``kernels/msm/msm.cu``; every
+other buffer lives only for one run (CuPy's stream-ordered pool recycles them).
 
 One run, for m standard-form scalars (``(m, 4)`` uint64, each < 2^255):
 
-1. ``msm_classify`` tags each scalar 0, 1 or other (one 3-number sync).
+1. A :class:`ScalarPlan` says which scalars are 0, 1 or other: :func:`classify`
+   (``msm_classify``; it waits for the device, so the prover does it once per
+   partition while staging: A, B1, B2 and C share the witness, and
+   :meth:`ScalarPlan.tail` gives C's part without a wait) or
+   :func:`dense_plan` (every scalar "other": the H values).
 2. Zeros are dropped. The points whose scalar is 1 are summed by the
-   accumulation kernel as ONE bucket (keys all 0, identity order): one mixed
-   addition per point, load-balanced in segments, instead of ~W in Pippenger
-   (supraseal's batch-add split for boolean-heavy witnesses). Reusing the kernel
-   keeps one inlined copy of the G2 mixed addition per module (each copy costs
-   ~15 s of NVVM time).
+   accumulation kernel as ONE bucket (one mixed addition per point, in
+   load-balanced segments) instead of ~W additions in Pippenger (supraseal's
+   batch-add split for boolean-heavy witnesses).
 3. The other scalars go through Pippenger with c-bit signed windows
    (W = ceil(256 / c)): ``msm_digits`` writes one sort key per (window,
    scalar), ``cupy.argsort`` (CUB radix sort) orders them by bucket,
    ``msm_accumulate`` adds each run of a bucket with segmented, load-balanced
    threads, ``msm_reduce`` combines runs that cross segments and reduces
-   buckets to window sums (running sums per chunk). Windows are processed in
-   batches so at most ``MsmParams.max_entries`` keys exist at once.
-4. The W window sums and the ones' sum come back to the host, become arkworks
-   points (:func:`point_from_xyzz`, Python ints) and are Horner-combined there
-   (:func:`horner`: a c (W - 1) doubling chain that one GPU thread ran ~10x
-   slower than arkworks does).
+   buckets to window sums. Windows are processed in batches so at most
+   ``MsmParams.max_entries`` keys exist at once. With precomputed multiples
+   every window adds the multiple 2^(c w) P_i into ONE shared bucket set, so
+   the reduction runs once instead of W times and larger windows pay
+   (:func:`choose_multiples_window`).
+4. The window sums and the ones' sum are copied into pinned host memory on the
+   same stream; :meth:`PendingMsm.result` waits for that copy alone, turns them
+   into arkworks points and Horner-combines them on the host (:func:`horner`).
 
-``last_timings`` holds CUDA-event ms per phase of the last run.
+:meth:`_Msm.launch` enqueues all of it on a stream without waiting for the
+device (the only host waits inside are the sort's, which are local to that
+stream), so the caller can enqueue more work, on this stream or another, before
+it collects any result.
 """
 
 from __future__ import annotations
 
 import contextlib
-import logging
-from dataclasses import dataclass
+import time
+from dataclasses import dataclass, field
 from typing import Any
 
 import cupy
@@ -43,104 +50,33 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 
 from ...algebra.curve import g1_to_ark, g2_to_ark
 from ...algebra.field import Q_MOD, fq2_inv_int, fq2_mul_int, limbs_to_ints
-from ...errors import ConfigError, InputError
-from .modules import get_module, register
+from ...errors import InputError
+from .knobs import MSM_PATH, MsmParams, choose_multiples_window, choose_window, ones_segment, window_count
+from .modules import get_module, occupancy
 
-log = logging.getLogger("cuzk_mp.backends.gpu.msm")
+__all__ = [
+    "MSM_PATH",
+    "MsmG1",
+    "MsmG2",
+    "MsmParams",
+    "Multiples",
+    "PendingMsm",
+    "ScalarPlan",
+    "choose_multiples_window",
+    "choose_window",
+    "classify",
+    "dense_plan",
+    "horner",
+    "msm_g1",
+    "msm_g2",
+    "ones_segment",
+    "point_from_xyzz",
+    "window_count",
+]
 
-MSM_PATH = "msm/msm.cu"
-SCALAR_BITS = 256  # windows cover 256 bits: the Booth carry out of bit 254 still fits
-OP_COMBINE, OP_BUCKETS, OP_GROUPS = 0, 1, 2  # msm_reduce ops (msm.cu)
+OP_COMBINE, OP_BUCKETS, OP_GROUPS, OP_ADD = 0, 1, 2, 3  # msm_reduce ops (msm.cu)
 _NULL = np.uint64(0)  # a null device pointer argument
-
-
-@dataclass(frozen=True)
-class MsmParams:
-    """Knobs of one MSM object. Compiled in (one module per value, see :meth:`defines`):
-    ``nthreads``, ``acc_min_blocks``, ``fp2_calls``, ``fp2_lazy``; the rest is launch geometry."""
-
-    nthreads: int = 128  # threads per block of every kernel
-    # msm_accumulate's __launch_bounds__ minimum blocks per SM (caps its registers at
-    # 64 K / (nthreads x this)); None: 384 // nthreads for G1 (3 blocks of 128 at <= 168
-    # registers: its occupancy before the by-value fix), 1 for G2 (255 registers, 2 blocks)
-    acc_min_blocks: int | None = None
-    fp2_calls: bool = False  # G2: Fq2 mul/sqr of the mixed addition as calls (EC_FP2_CALLS, ec/xyzz.cuh)
-    fp2_lazy: bool = False  # G2: Fq2 mul with two reductions instead of three (EC_FP2_LAZY, ec/fp2_lazy.cuh)
-    seg: int = 64  # sorted entries per accumulation thread
-    combine_seg: int = 32  # heads per thread in each combine level
-    group: int = 32  # inputs per thread in group sums
-    reduce_threads: int = 1 << 16  # target thread count of the bucket reduction
-    max_entries: int = 1 << 28  # sort keys alive at once (4 B key + 8 B index each)
-    window_bits: int | None = None  # None: choose_window(number of tail scalars)
-
-    def __post_init__(self) -> None:
-        def pow2(x: int) -> bool:
-            return x >= 1 and x & (x - 1) == 0
-
-        if self.nthreads % 32 or not 32 <= self.nthreads <= 1024:
-            raise ConfigError(f"MsmParams.nthreads={self.nthreads}: a multiple of 32 in [32, 1024]")
-        if not pow2(self.group) or self.group < 2:
-            raise ConfigError(f"MsmParams.group={self.group}: a power of two >= 2 (groups must not straddle windows)")
-        if self.seg < 1 or self.combine_seg < 2 or self.reduce_threads < 1:
-            raise ConfigError(f"MsmParams: seg >= 1, combine_seg >= 2, thread counts >= 1 (got {self})")
-        if self.window_bits is not None and not 2 <= self.window_bits <= 24:
-            raise ConfigError(f"MsmParams.window_bits={self.window_bits}: in [2, 24] (sort key packing)")
-        if self.max_entries < 1:
-            raise ConfigError(f"MsmParams.max_entries={self.max_entries}: >= 1")
-        if self.acc_min_blocks is not None and not 1 <= self.acc_min_blocks <= 32:
-            raise ConfigError(f"MsmParams.acc_min_blocks={self.acc_min_blocks}: in [1, 32] or None")
-
-    def defines(self, g2: bool) -> dict[str, int]:
-        """The ``-D`` knobs of the kernel module for one group."""
-        min_blocks = self.acc_min_blocks or (1 if g2 else max(1, 384 // self.nthreads))
-        out = {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads, "MSM_ACC_MIN_BLOCKS": min_blocks}
-        if g2:
-            out["EC_FP2_CALLS"] = int(self.fp2_calls)
-            out["EC_FP2_LAZY"] = int(self.fp2_lazy)
-        return out
-
-
-def choose_window(m: int) -> int:
-    """Window bits for m scalars: floor(log2 m) - 4, clamped to [5, 21].
-
-    21 caps the bucket memory (13 windows x 2^20 XYZZ buckets: 2.6 GB for G1).
-    """
-    return min(max(m.bit_length() - 1 - 4, 5), 21)
-
-
-def window_count(c: int) -> int:
-    """Signed c-bit windows needed for scalars below 2^255 (digits.cuh)."""
-    return -(-SCALAR_BITS // c)
-
-
-def ones_segment(n1: int, resident: int | None, seg: int) -> int:
-    """Entries per thread for the sum of the n1 ones: the fewest whole waves of
-    ``resident`` threads with at most ``seg`` entries each.
-
-    With a fixed seg the last wave can be nearly empty (G2 at 2^24 PoRep-like:
-    6.7 M ones / 64 = 105 k threads = 3.1 waves of 33.8 k, so ~22 % of the ones
-    time idles); one segment per thread and wave costs nothing extra. ``resident``
-    None (no occupancy query, e.g. the CPU emulator) keeps ``seg``.
-    """
-    if not resident:
-        return seg
-    waves = max(1, -(-n1 // (resident * seg)))
-    return max(1, -(-n1 // (waves * resident)))
-
-
-def _resident_threads(kernel: Any, nthreads: int) -> int | None:
-    """Threads of ``kernel`` resident at once on the current device (occupancy x SMs);
-    None where CuPy has no driver API (the CPU emulator's stand-in)."""
-    driver = getattr(cupy.cuda, "driver", None)
-    if driver is None:
-        return None
-    try:
-        blocks = int(driver.occupancyMaxActiveBlocksPerMultiprocessor(kernel.ptr, nthreads, 0))
-        sms = int(cupy.cuda.runtime.getDeviceProperties(cupy.cuda.Device().id)["multiProcessorCount"])
-    except Exception as exc:  # noqa: BLE001 - a tuning query: without it the ones' sum keeps `seg`
-        log.warning("occupancy query failed (%s: %s); the ones' sum uses the fixed segment", type(exc).__name__, exc)
-        return None
-    return blocks * sms * nthreads
+_D2H = 2  # cudaMemcpyDeviceToHost
 
 
 # ------------------------------------------------------------------ result conversion
@@ -183,27 +119,104 @@ def horner(wsums: np.ndarray, c: int, extra: np.ndarray, g2: bool) -> G1Point | 
     return acc
 
 
+# ------------------------------------------------------------------ scalar plans
+
+
+@dataclass
+class ScalarPlan:
+    """Which of m scalars are 0, 1 or other (device index lists, ascending).
+
+    ``ones`` / ``other``: int64 device arrays of the rows equal to 1 / of the other
+    non-zero rows; ``other`` None means every row is "other" (a dense plan, no
+    index list). ``cuts`` maps an offset k to (ones, others) among rows < k, so
+    :meth:`tail` needs no host sync for those offsets.
+    """
+
+    m: int
+    n1: int
+    n2: int
+    ones: Any
+    other: Any
+    cuts: dict[int, tuple[int, int]] = field(default_factory=dict)
+
+    def tail(self, k: int) -> ScalarPlan:
+        """The plan of ``scalars[k:]`` (index arithmetic enqueued on the current stream; a host
+        sync only for an offset that is not in ``cuts``)."""
+        if k == 0:
+            return self
+        if not 0 <= k <= self.m:
+            raise InputError(f"scalar offset {k} outside 0 .. {self.m}")
+        if self.other is None:  # dense: every row is "other", none is 1
+            return dense_plan(self.m - k)
+        if k not in self.cuts:
+            self.cuts[k] = (_count_below(self.ones, k), _count_below(self.other, k))
+        j1, j2 = self.cuts[k]
+        shift = np.int64(k)
+        ones = self.ones[j1:] - shift if self.n1 > j1 else None
+        return ScalarPlan(self.m - k, self.n1 - j1, self.n2 - j2, ones, self.other[j2:] - shift)
+
+
+def _count_below(idx: Any, k: int) -> int:
+    return 0 if idx is None or int(idx.shape[0]) == 0 else int(cupy.searchsorted(idx, k))
+
+
+def dense_plan(m: int) -> ScalarPlan:
+    """Every scalar "other", in order (the H values: no 0/1 split, no index list)."""
+    return ScalarPlan(m, 0, m, None, None)
+
+
+def classify(scalars: Any, nthreads: int = 128, cuts: tuple[int, ...] = ()) -> ScalarPlan:
+    """The 0/1/other plan of ``(m, 4)`` device scalars on the current stream (waits for it:
+    the index lists' lengths and the counts come back to the host).
+
+    Raises InputError when a scalar has bit 255 set (not a canonical Fr element).
+    ``cuts``: offsets whose :meth:`ScalarPlan.tail` is precomputed in the same sync.
+    """
+    m = int(scalars.shape[0])
+    kernel = get_module(MSM_PATH, MsmParams().defines(False)).get_function("msm_classify")
+    cls = cupy.empty(m, dtype=np.uint8)
+    flag = cupy.zeros(1, dtype=np.uint32)
+    if m:
+        kernel((-(-m // nthreads),), (nthreads,), (scalars, cls, flag, np.uint64(m)))
+    ones = cupy.flatnonzero(cls == 1)
+    other = cupy.flatnonzero(cls == 2)
+    ks = [k for k in cuts if 0 < k <= m]
+    head = [cupy.count_nonzero(cls[:k] == v) for k in ks for v in (1, 2)]
+    vals = [int(v) for v in cupy.asnumpy(cupy.stack([flag[0].astype(np.int64)] + head))] if head else \
+        [int(cupy.asnumpy(flag)[0])]
+    if vals[0]:
+        raise InputError("MSM scalars: a row has bit 255 set (expected canonical standard-form Fr elements)")
+    plan = ScalarPlan(m, int(ones.shape[0]), int(other.shape[0]), ones, other)
+    plan.cuts = {k: (vals[1 + 2 * i], vals[2 + 2 * i]) for i, k in enumerate(ks)}
+    return plan
+
+
 # ------------------------------------------------------------------ helpers
 
 
 class _Marks:
-    """CUDA events on the current stream; ms per named span (repeated names add up)."""
+    """CUDA events on one stream; ms per named span (repeated names add up)."""
 
-    def __init__(self) -> None:
+    def __init__(self, stream: Any) -> None:
+        self.stream = stream
         self.marks: list[tuple[str, Any]] = []
         self.mark("start")
 
     def mark(self, name: str) -> None:
         ev = cupy.cuda.Event()
-        ev.record()
+        ev.record(self.stream)
         self.marks.append((name, ev))
 
+    @property
+    def last(self) -> Any:
+        return self.marks[-1][1]
+
     def spans(self) -> dict[str, float]:
-        self.marks[-1][1].synchronize()
+        self.last.synchronize()
         out: dict[str, float] = {}
         for (_, a), (name, b) in zip(self.marks, self.marks[1:]):
             out[name] = out.get(name, 0.0) + float(cupy.cuda.get_elapsed_time(a, b))
-        out["total"] = float(cupy.cuda.get_elapsed_time(self.marks[0][1], self.marks[-1][1]))
+        out["total"] = float(cupy.cuda.get_elapsed_time(self.marks[0][1], self.last))
         return out
 
 
@@ -223,6 +236,46 @@ def _u64(x: int) -> np.uint64:
     return np.uint64(x)
 
 
+@dataclass
+class Multiples:
+    """Precomputed multiples of n resident points: ``table`` rows [w n, (w + 1) n) hold
+    2^(c w) P_i for w < windows (rows [0, n) are the points themselves)."""
+
+    table: Any
+    c: int
+    windows: int
+    n: int
+
+
+class PendingMsm:
+    """An enqueued MSM: :meth:`result` waits for its result copy and finishes on the host."""
+
+    def __init__(self, g2: bool, host: np.ndarray, nw: int, c: int, marks: _Marks, owner: _Msm) -> None:
+        self.g2, self._host, self._nw, self._c, self._marks, self._owner = g2, host, nw, c, marks, owner
+        self._result: Any = None
+        self.timings: dict[str, float] = {}
+
+    def done(self) -> bool:
+        """Whether the device part has finished (never blocks)."""
+        return self._result is not None or bool(self._marks.last.done)
+
+    def wait_device(self) -> None:
+        """Wait until the device part has finished (the host part is :meth:`result`'s)."""
+        self._marks.last.synchronize()
+
+    def result(self) -> G1Point | G2Point:
+        """The sum as an arkworks point (waits for this MSM's device work only)."""
+        if self._result is None:
+            self._marks.last.synchronize()
+            t0 = time.perf_counter()
+            words = self._host
+            self._result = horner(words[: self._nw], self._c, words[self._nw :], self.g2)
+            self.timings = self._marks.spans()
+            self.timings["finish"] = 1e3 * (time.perf_counter() - t0)
+            self._owner.last_timings = self.timings
+        return self._result
+
+
 # ------------------------------------------------------------------ the MSM objects
 
 
@@ -231,16 +284,21 @@ class _Msm:
 
     G2 = False
 
-    def __init__(self, d_points: Any, params: MsmParams | None = None) -> None:
+    def __init__(self, d_points: Any, params: MsmParams | None = None, multiples: Multiples | None = None) -> None:
         self.params = params or MsmParams()
         self._aw = 24 if self.G2 else 12  # uint64 words per affine point
         self._xw = 2 * self._aw  # per XYZZ point
         self.d_points = _as_rows(d_points, self._aw, f"{type(self).__name__} points")
         self.n = int(self.d_points.shape[0])
+        if multiples is not None and (multiples.n != self.n or int(multiples.table.shape[0]) != multiples.n *
+                                      multiples.windows or multiples.windows != window_count(multiples.c)):
+            raise InputError(f"{type(self).__name__}: a multiples table of {multiples.table.shape[0]} rows "
+                             f"(c={multiples.c}, {multiples.windows} windows) does not fit {self.n} points")
+        self.multiples = multiples
         mod = get_module(MSM_PATH, self.params.defines(self.G2))
         self._k = {name: mod.get_function(name) for name in
                    ("msm_classify", "msm_digits", "msm_accumulate", "msm_reduce")}
-        self._resident = _resident_threads(self._k["msm_accumulate"], self.params.nthreads)
+        self._resident = occupancy(self._k["msm_accumulate"], self.params.nthreads)
         self.last_timings: dict[str, float] = {}
 
     @property
@@ -250,62 +308,70 @@ class _Msm:
 
     @property
     def nbytes(self) -> int:
-        """Device bytes held between runs (the resident points; no precomputation)."""
-        return 0 if self.d_points is None else int(self.d_points.nbytes)
+        """Device bytes held between runs (the resident points, or their multiples table)."""
+        if self.d_points is None:
+            return 0
+        return int(self.multiples.table.nbytes) if self.multiples is not None else int(self.d_points.nbytes)
 
     def close(self) -> None:
-        """Drop the reference to the points (idempotent)."""
+        """Drop the references to the points and the multiples (idempotent)."""
         self.d_points = None
+        self.multiples = None
 
-    def run(self, d_scalars: Any, *, stream: Any = None) -> G1Point | G2Point:
-        """sum_i scalars[i] * points[i] for the first m = len(scalars) points.
-
-        ``d_scalars``: ``(m, 4)`` uint64 standard form (device or host), m <= n.
-        Runs on ``stream`` (default: the current stream); returns when done.
-        """
+    def _check(self, d_scalars: Any) -> Any:
         if self.d_points is None:
             raise InputError(f"{type(self).__name__}.run after close()")
         scalars = _as_rows(d_scalars, 4, f"{type(self).__name__} scalars")
         if scalars.shape[0] > self.n:
             raise InputError(f"{type(self).__name__}: {scalars.shape[0]} scalars for {self.n} points")
+        return scalars
+
+    def run(self, d_scalars: Any, *, stream: Any = None) -> G1Point | G2Point:
+        """sum_i scalars[i] * points[i] for the first m = len(scalars) points.
+
+        ``d_scalars``: ``(m, 4)`` uint64 standard form (device or host), m <= n.
+        Classifies, enqueues and waits on ``stream`` (default: the current stream).
+        """
+        scalars = self._check(d_scalars)
         with stream if stream is not None else contextlib.nullcontext():
-            return self._run(scalars)
+            plan = classify(scalars, self.params.nthreads)
+            return self.launch(scalars, plan).result()
+
+    def launch(self, d_scalars: Any, plan: ScalarPlan, stream: Any = None) -> PendingMsm:
+        """Enqueue the MSM of ``d_scalars`` (device, (m, 4), m <= n) with its plan on
+        ``stream`` (default: the current one); no host sync but the sort's."""
+        scalars = self._check(d_scalars)
+        if plan.m != scalars.shape[0]:
+            raise InputError(f"{type(self).__name__}: a plan of {plan.m} scalars for {scalars.shape[0]}")
+        with stream if stream is not None else contextlib.nullcontext():
+            s = cupy.cuda.get_current_stream()
+            marks = _Marks(s)
+            parts = []
+            if plan.n1:
+                parts.append(self._sum_ones(plan.ones, plan.n1))
+            marks.mark("ones")
+            nw, c = 0, 0
+            if plan.n2:
+                wsums, extra, nw, c = self._pippenger(scalars, plan.other, plan.n2, marks)
+                parts = [wsums, *extra, *parts]
+            host = np.zeros((sum(int(p.shape[0]) for p in parts), self._xw), dtype=np.uint64)
+            if parts:
+                host = _pinned_like(host)
+                _copy_to_host_async(cupy.concatenate(parts) if len(parts) > 1 else parts[0], host, s)
+            marks.mark("d2h")
+            return PendingMsm(self.G2, host, nw, c, marks, self)
 
     def _launch(self, name: str, threads: int, *args: Any) -> None:
         block = self.params.nthreads
         self._k[name]((max(1, -(-threads // block)),), (block,), args)
 
-    def _run(self, scalars: Any) -> G1Point | G2Point:
-        m = int(scalars.shape[0])
-        marks = _Marks()
-        cls = cupy.empty(m, dtype=np.uint8)
-        flag = cupy.zeros(1, dtype=np.uint32)
-        if m:
-            self._launch("msm_classify", m, scalars, cls, flag, _u64(m))
-        n1, n2, bad = (int(v) for v in cupy.asnumpy(cupy.stack(
-            [cupy.count_nonzero(cls == 1), cupy.count_nonzero(cls == 2), flag[0].astype(np.int64)])))
-        if bad:
-            raise InputError(f"{type(self).__name__} scalars: a row has bit 255 set "
-                             "(expected canonical standard-form Fr elements)")
-        marks.mark("classify")
-        ones = self._sum_ones(cls, n1) if n1 else None
-        marks.mark("ones")
-        wsums, nw, c = self._pippenger(scalars, cls, n2, marks) if n2 else (None, 0, 0)
-        parts = [a for a in (wsums, ones) if a is not None]
-        words = cupy.asnumpy(cupy.concatenate(parts)) if parts else np.zeros((0, self._xw), dtype=np.uint64)
-        result = horner(words[:nw], c, words[nw:], self.G2)
-        marks.mark("finish")
-        self.last_timings = marks.spans()
-        return result
-
     # ---- 0/1 split
-    def _sum_ones(self, cls: Any, n1: int) -> Any:
+    def _sum_ones(self, ones: Any, n1: int) -> Any:
         """Sum of the points whose scalar is 1: one bucket of the accumulation kernel, in
         segments sized by :func:`ones_segment` (whole waves of resident threads)."""
-        idx = cupy.flatnonzero(cls == 1)
         keys = cupy.zeros(n1, dtype=np.uint32)  # window 0, bucket 0, positive
         seg = ones_segment(n1, self._resident, self.params.seg)
-        return self._accumulate(cupy.arange(n1, dtype=np.int64), keys, idx, n1, n1, 1, 1, seg)
+        return self._accumulate(cupy.arange(n1, dtype=np.int64), keys, ones, n1, n1, 1, 1, self.d_points, 0, seg)
 
     def _sum_blocks(self, arr: Any, blocks: int, per: int) -> Any:
         """Sum each run of ``per`` consecutive XYZZ points: ``(blocks, xw)``.
@@ -323,39 +389,54 @@ class _Msm:
         return arr
 
     # ---- Pippenger on the rest
-    def _pippenger(self, scalars: Any, cls: Any, n2: int, marks: _Marks) -> tuple[Any, int, int]:
-        m = int(scalars.shape[0])
-        idx = None if n2 == m else cupy.flatnonzero(cls == 2)
-        c = self.params.window_bits or choose_window(n2)
+    def _pippenger(self, scalars: Any, idx: Any, n2: int, marks: _Marks) -> tuple[Any, list[Any], int, int]:
+        """(window sums for Horner, other rows to add, their window count, c)."""
+        mul = self.multiples
+        c = mul.c if mul is not None else self.params.window_bits or choose_window(n2)
         nw_total = window_count(c)
         per_batch = max(1, min(nw_total, self.params.max_entries // n2))
-        wsums = cupy.empty((nw_total, self._xw), dtype=np.uint64)
+        wb = max(1, (per_batch - 1).bit_length()) if mul is not None else 0
+        cfg = c | wb << 8
+        shared: Any = None  # with multiples: the one bucket set of every window
+        wsums: Any = cupy.empty((nw_total, self._xw), dtype=np.uint64)  # without: a sum per window
+        nb = 1 << (c - 1)
         for w0 in range(0, nw_total, per_batch):
             nw = min(per_batch, nw_total - w0)
             keys = cupy.empty(nw * n2, dtype=np.uint32)
             self._launch("msm_digits", n2, scalars, _NULL if idx is None else idx, keys, _u64(n2),
-                         _u32(w0), _u32(nw), _u32(c))
+                         _u32(w0), _u32(nw), _u32(cfg))
             marks.mark("digits")
             perm = cupy.argsort(keys)
             marks.mark("sort")
-            buckets = self._accumulate(perm, keys, idx, nw * n2, n2, c, nw << (c - 1))
-            marks.mark("accumulate")
-            wsums[w0 : w0 + nw] = self._window_sums(buckets, nw, c)
+            if mul is None:
+                buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, nw * nb, self.d_points, 0)
+                marks.mark("accumulate")
+                wsums[w0 : w0 + nw] = self._window_sums(buckets, nw, c)
+            else:
+                buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, nb, mul.table[w0 * mul.n :], mul.n)
+                marks.mark("accumulate")
+                if shared is None:
+                    shared = buckets
+                else:
+                    self._launch("msm_reduce", nb, _u32(OP_ADD), buckets, _NULL, _NULL, shared, _NULL,
+                                 _u64(nb), _u32(0), _u32(0))
             marks.mark("reduce")
-        return wsums, nw_total, c
+        if mul is not None:
+            return self._window_sums(shared, 1, c), [], 0, c
+        return wsums, [], nw_total, c
 
-    def _accumulate(self, perm: Any, keys: Any, idx: Any, n: int, m: int, c: int, n_buckets: int,
-                    seg: int | None = None) -> Any:
+    def _accumulate(self, perm: Any, keys: Any, idx: Any, n: int, m: int, cfg: int, n_buckets: int,
+                    points: Any, stride: int, seg: int | None = None) -> Any:
         """Buckets ``(n_buckets, xw)`` from n sorted entries (accumulate.cuh): key = keys[perm[j]],
-        bucket key >> 1, scalar perm[j] - (key >> c) m, point row idx[scalar] (or the scalar);
-        ``seg`` entries per thread (default ``params.seg``)."""
+        bucket and local window from the key (cfg), scalar perm[j] - wl m, point row
+        wl stride + idx[scalar] (or + scalar); ``seg`` entries per thread (default ``params.seg``)."""
         seg = seg or self.params.seg
         buckets = cupy.zeros((n_buckets, self._xw), dtype=np.uint64)
         t = -(-n // seg)
         heads = cupy.empty((t, self._xw), dtype=np.uint64)
         head_keys = cupy.empty(t, dtype=np.uint32)
-        self._launch("msm_accumulate", t, perm, keys, _NULL if idx is None else idx, self.d_points, buckets,
-                     heads, head_keys, _u64(n), _u64(m), _u32(c), _u32(seg))
+        self._launch("msm_accumulate", t, perm, keys, _NULL if idx is None else idx, points, buckets,
+                     heads, head_keys, _u64(n), _u64(m), _u32(cfg), _u64(stride), _u32(seg))
         seg2 = self.params.combine_seg
         while t > 1:
             t2 = -(-t // seg2)
@@ -378,12 +459,25 @@ class _Msm:
         return self._sum_blocks(shares, nw, per)
 
 
+def _copy_to_host_async(d: Any, host: np.ndarray, stream: Any) -> None:
+    """Enqueue device -> page-locked host copy of a whole C-contiguous array on ``stream``."""
+    cupy.cuda.runtime.memcpyAsync(host.ctypes.data, d.data.ptr, host.nbytes, _D2H, stream.ptr)
+
+
+def _pinned_like(a: np.ndarray) -> np.ndarray:
+    """A zeroed page-locked host array of ``a``'s shape and dtype (the target of an async copy)."""
+    mem = cupy.cuda.alloc_pinned_memory(max(1, a.nbytes))
+    out = np.frombuffer(mem, dtype=a.dtype, count=a.size).reshape(a.shape)
+    out[...] = 0
+    return out
+
+
 class MsmG1(_Msm):
     """G1 MSM over resident ``(n, 12)`` zkey-layout points."""
 
     G2 = False
 
-    def run(self, d_scalars: Any, *, stream: Any = None) -> G1Point:  # noqa: D102 - see _Msm.run
+    def run(self, d_scalars: Any, *, stream: Any = None) -> G1Point:
         result = super().run(d_scalars, stream=stream)
         assert isinstance(result, G1Point)
         return result
@@ -394,7 +488,7 @@ class MsmG2(_Msm):
 
     G2 = True
 
-    def run(self, d_scalars: Any, *, stream: Any = None) -> G2Point:  # noqa: D102 - see _Msm.run
+    def run(self, d_scalars: Any, *, stream: Any = None) -> G2Point:
         result = super().run(d_scalars, stream=stream)
         assert isinstance(result, G2Point)
         return result
@@ -418,7 +512,3 @@ def msm_g1(points: Any, scalars: Any) -> G1Point:
 def msm_g2(points: Any, scalars: Any) -> G2Point:
     """One-shot G2 MSM (points and scalars on the host or the device; counts must match)."""
     return _one_shot(MsmG2, points, scalars)  # type: ignore[return-value]
-
-
-register(MSM_PATH, MsmParams().defines(False))
-register(MSM_PATH, MsmParams().defines(True))

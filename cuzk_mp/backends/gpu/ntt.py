@@ -25,45 +25,26 @@ from __future__ import annotations
 
 import threading
 from contextlib import nullcontext
-from dataclasses import dataclass, replace
+from dataclasses import replace
 from typing import Any
 
 import cupy
 import numpy as np
 
-from ...algebra.field import R_MOD, FR, coset_shift, fr_root_of_unity, ints_to_limbs, log2_exact
+from ...algebra.field import FR, R_MOD, coset_shift, fr_root_of_unity, ints_to_limbs, log2_exact
 from ...errors import GpuDead, InputError
 from . import memory
-from .modules import get_function, register
+from .knobs import H_PATH, NTT_PATH, NttParams
+from .knobs import NTT_KERNEL_DEFAULTS as KERNEL_DEFAULTS
+from .modules import get_function
 
+__all__ = ["KERNEL_DEFAULTS", "MAX_LG", "GpuNtt", "NttParams", "NttPlan", "pass_schedule", "plan_params"]
+
+DEFAULT_PARAMS = NttParams()
 MAX_LG = 28  # 2^28 rows: uint32 element indices in the kernels stay < 2^32
 
 
-@dataclass(frozen=True)
-class NttParams:
-    """Compile-time knobs of kernels/ntt/ntt.cu (each becomes a -D define), and the chunk policy."""
-
-    tile_lg: int = 10  # shared-memory tile: 2^tile_lg Fr elements (32 KiB at 10)
-    # Contiguous rows per access in the non-low passes: 4 x 32 B = one 128-byte line. 2 rather
-    # than 3 leaves 8 bits per pass, so 2^25..2^26 need 3 passes instead of 4 (measured on the
-    # H200, 2026-11-30: chunk 2 and 3 equal at 2^24, where both take 3 passes). Sizes where
-    # chunk - 1 saves a pass use it (see plan_params).
-    chunk_lg: int = 2
-    threads: int = 256
-    adapt_chunk: bool = True  # let plan_params lower chunk_lg where that saves a pass
-
-    def defines(self) -> dict[str, int]:
-        """The -D knobs that differ from the kernel's own #ifndef defaults (which equal this
-        class's defaults), so the default variant is the one modules.warm_up() compiles."""
-        knobs = {"NTT_TILE_LG": self.tile_lg, "NTT_CHUNK_LG": self.chunk_lg, "NTT_THREADS": self.threads}
-        return {k: v for k, v in knobs.items() if v != KERNEL_DEFAULTS[k]}
-
-
-# The #ifndef defaults of kernels/ntt/ntt.cu (tests/test_gpu_ntt.py checks they match).
-KERNEL_DEFAULTS = {"NTT_TILE_LG": 10, "NTT_CHUNK_LG": 2, "NTT_THREADS": 256}
-
-
-def pass_schedule(lg: int, params: NttParams = NttParams()) -> list[tuple[int, int]]:
+def pass_schedule(lg: int, params: NttParams = DEFAULT_PARAMS) -> list[tuple[int, int]]:
     """(s_lo, k) of each pass in ascending bit order (the DIT order; DIF runs it reversed)."""
     k0 = min(lg, params.tile_lg)
     passes = [(0, k0)]
@@ -104,7 +85,7 @@ def _two_level(root: int, lg: int, hi_scale: int = 1) -> tuple[list[int], list[i
     return _powers(root, 1 << b), _powers(pow(root, 1 << b, R_MOD), 1 << (lg - b), hi_scale), b
 
 
-def twiddle_ints(lg: int, inverse: bool, params: NttParams = NttParams()) -> dict[str, Any]:
+def twiddle_ints(lg: int, inverse: bool, params: NttParams = DEFAULT_PARAMS) -> dict[str, Any]:
     """Tables of one size and direction as standard-form ints: the two-level form of the
     FORWARD root's powers (expanded into the half table on the device) and the sub-DFT
     twiddles of this direction."""
@@ -135,17 +116,13 @@ def launch(kernel: Any, grid: int, block: int, args: tuple[Any, ...], what: str)
         raise GpuDead(f"{getattr(kernel, 'name', 'kernel')} grid={grid} block={block} ({what}) failed: {exc}") from exc
 
 
-# warm_up() also compiles the chunk variant that plan_params picks for 2^27.
-register("ntt/ntt.cu", replace(NttParams(), chunk_lg=NttParams().chunk_lg - 1).defines())
-
-
 class NttPlan:
     """Device tables of one transform size (both directions and the coset), built once."""
 
     def __init__(self, lg: int, params: NttParams, expand: Any) -> None:
         self.lg = lg
         self.params = plan_params(lg, params)
-        self.pass_kernel = get_function("ntt/ntt.cu", "ntt_pass", self.params.defines())
+        self.pass_kernel = get_function(NTT_PATH, "ntt_pass", self.params.defines())
         self.passes = pass_schedule(lg, self.params)
         half = max(1, 1 << (lg - 1))
         memory.ensure_free(half * 32, f"the 2^{lg} NTT twiddle table")
@@ -163,18 +140,20 @@ class NttPlan:
         arrays = [self.tw_half, self.inv_n, *(t["tw_in"] for t in self.tables.values())]
         arrays += [a for a in self.coset.values() if isinstance(a, cupy.ndarray)]
         self.nbytes = sum(int(a.nbytes) for a in arrays)
+        # Built on the current stream; other threads' streams use the tables next: finish them now.
+        cupy.cuda.get_current_stream().synchronize()
 
 
 class GpuNtt:
     """Launches the NTT kernels of one device; plans are cached per size."""
 
-    def __init__(self, params: NttParams = NttParams()) -> None:
+    def __init__(self, params: NttParams = DEFAULT_PARAMS) -> None:
         self.params = params
         self._plans: dict[int, NttPlan] = {}
         self._lock = threading.Lock()
-        self._bitrev = get_function("ntt/ntt.cu", "ntt_bit_reverse", params.defines())
-        self._expand = get_function("ntt/ntt.cu", "ntt_expand_powers", params.defines())
-        self._combine = get_function("h/h.cu", "h_combine")
+        self._bitrev = get_function(NTT_PATH, "ntt_bit_reverse", params.defines())
+        self._expand = get_function(NTT_PATH, "ntt_expand_powers", params.defines())
+        self._combine = get_function(H_PATH, "h_combine")
 
     def plan(self, lg: int) -> NttPlan:
         """The (cached) tables for a 2^lg transform on the current device."""

@@ -25,7 +25,7 @@
  */
 #pragma once
 #include "affine.cuh"
-#include "fp2_lazy.cuh"
+#include "../ff/fp2_lazy.cuh"
 
 #ifdef __CUDACC__
 #define EC_NOINLINE __host__ __device__ __noinline__

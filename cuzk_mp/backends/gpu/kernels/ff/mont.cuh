@@ -276,7 +276,7 @@ struct mont_t {
 
     /* w R^-1 mod p for a 2N-word w < p R (high half below p): REDC of the low half plus
      * the high half; the sum is < 2p and one final subtraction makes it canonical.
-     * Shared by sqr() and the lazy Fq2 product (ec/fp2_lazy.cuh). Clobbers w. */
+     * Shared by sqr() and the lazy Fq2 product (ff/fp2_lazy.cuh). Clobbers w. */
     FF_INLINE static mont_t redc_wide(uint32_t* w) {
         uint32_t P[N], odd[N];
         load_mod(P);

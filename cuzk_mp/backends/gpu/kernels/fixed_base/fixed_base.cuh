@@ -1,17 +1,21 @@
-/* Batch fixed-base scalar multiplication s_i * G with a precomputed window table,
- * results in affine zkey layout (the dev setup's workload: millions of s_i, one G).
+/* Batch fixed-base work with affine outputs in zkey layout:
+ *   fixed_base_body  s_i * G from a precomputed window table (the dev setup: millions of
+ *                    s_i, one G);
+ *   pow2_body        2^c * P_i for every point of a table (the MSM's precomputed
+ *                    multiples of resident key points: 2^(c w) P is c doublings of
+ *                    2^(c (w-1)) P, one launch per multiple w).
  *
- * Table (built on the host, uploaded once): FB_NWIN = 32 unsigned 8-bit windows,
- * row j * 255 + d - 1 holds d 2^(8 j) G (affine, zkey layout), so
+ * Table of fixed_base_body (built on the host, uploaded once): FB_NWIN = 32 unsigned
+ * 8-bit windows, row j * 255 + d - 1 holds d 2^(8 j) G (affine, zkey layout), so
  * s G = sum_j table[j][byte_j(s)] over the non-zero bytes: at most 32 mixed XYZZ
  * additions, no doublings, and any 256-bit s works (s mod r follows from G's order).
  *
- * Affine output by Montgomery's trick per thread: a thread makes `per` consecutive
- * points, keeping each XYZZ sum and the running product of the ZZZ's in `scratch`;
- * one inversion of the product gives every 1/ZZZ_i on the way back, and since
- * ZZ^3 = ZZZ^2, 1/ZZ_i = (ZZ_i / ZZZ_i)^2: x = X (ZZ/ZZZ)^2, y = Y / ZZZ. Cost per
- * point ~ 32 x (8M + 2S) + 3M (trick) + 4M (affine) + 1/per inversion.
- * A zero scalar (or a sum that is infinity) stores the all-zero point.
+ * Affine output by Montgomery's trick per thread (fb_stash / fb_to_affine): a thread
+ * makes `per` consecutive points, keeping each XYZZ result and the running product of
+ * the ZZZ's in `scratch`; one inversion of the product gives every 1/ZZZ_i on the way
+ * back, and since ZZ^3 = ZZZ^2, 1/ZZ_i = (ZZ_i / ZZZ_i)^2: x = X (ZZ/ZZZ)^2, y = Y / ZZZ.
+ * Cost per point: 3M (trick) + 4M (affine) + 1/per inversion. A result at infinity
+ * (zero scalar, or an input point at infinity) stores the all-zero point.
  */
 #pragma once
 #include "../ec/xyzz.cuh"
@@ -31,23 +35,17 @@ EC_NOINLINE F fb_inv_call(const F& a) {
 
 /* scratch row of item i: XYZZ (4 CW words), then the prefix product (CW words). */
 template <class F>
-FF_INLINE void fixed_base_body(uint64_t t, const uint64_t* scalars, const uint64_t* table, uint64_t* out,
-                               uint64_t* scratch, uint64_t n, uint32_t per) {
-    const int AW = affine_t<F>::WORDS, XW = xyzz_t<F>::WORDS, CW = xyzz_t<F>::CW, SW = XW + CW;
-    uint64_t i0 = t * per, i1 = i0 + per < n ? i0 + per : n;
-    F prod = F::one();
-#pragma unroll 1
-    for (uint64_t i = i0; i < i1; i++) {
-        xyzz_t<F> acc = xyzz_t<F>::inf();
-#pragma unroll 1
-        for (int j = 0; j < FB_NWIN; j++) {
-            uint32_t d = (uint32_t)(scalars[4 * i + j / 8] >> (8 * (j % 8))) & 0xff;
-            if (d) acc.add_affine(affine_t<F>::load(table + (uint64_t)(j * FB_ROWS + d - 1) * AW));
-        }
-        if (!acc.is_inf()) prod = prod * acc.ZZZ;
-        acc.store(scratch + i * SW);
-        prod.store(scratch + i * SW + XW);
-    }
+FF_INLINE void fb_stash(const xyzz_t<F>& acc, F& prod, uint64_t* scratch, uint64_t i) {
+    const int XW = xyzz_t<F>::WORDS, SW = XW + xyzz_t<F>::CW;
+    if (!acc.is_inf()) prod = prod * acc.ZZZ;
+    acc.store(scratch + i * SW);
+    prod.store(scratch + i * SW + XW);
+}
+
+/* The back pass over items [i0, i1) stashed by fb_stash: out[i] = affine form of item i. */
+template <class F>
+FF_INLINE void fb_to_affine(F prod, const uint64_t* scratch, uint64_t* out, uint64_t i0, uint64_t i1) {
+    const int AW = affine_t<F>::WORDS, XW = xyzz_t<F>::WORDS, SW = XW + xyzz_t<F>::CW;
     F inv = fb_inv_call(prod);
 #pragma unroll 1
     for (uint64_t i = i1; i-- > i0;) {
@@ -62,4 +60,42 @@ FF_INLINE void fixed_base_body(uint64_t t, const uint64_t* scalars, const uint64
         }
         a.store(out + i * AW);
     }
+}
+
+template <class F>
+FF_INLINE void fixed_base_body(uint64_t t, const uint64_t* scalars, const uint64_t* table, uint64_t* out,
+                               uint64_t* scratch, uint64_t n, uint32_t per) {
+    const int AW = affine_t<F>::WORDS;
+    uint64_t i0 = t * per, i1 = i0 + per < n ? i0 + per : n;
+    F prod = F::one();
+#pragma unroll 1
+    for (uint64_t i = i0; i < i1; i++) {
+        xyzz_t<F> acc = xyzz_t<F>::inf();
+#pragma unroll 1
+        for (int j = 0; j < FB_NWIN; j++) {
+            uint32_t d = (uint32_t)(scalars[4 * i + j / 8] >> (8 * (j % 8))) & 0xff;
+            if (d) acc.add_affine(affine_t<F>::load(table + (uint64_t)(j * FB_ROWS + d - 1) * AW));
+        }
+        fb_stash(acc, prod, scratch, i);
+    }
+    fb_to_affine(prod, scratch, out, i0, i1);
+}
+
+/* out[i] = 2^c src[i] (c >= 1) for the items [t per, (t + 1) per) of n: the affine
+ * doubling, then c - 1 XYZZ doublings. src and out must not overlap. */
+template <class F>
+FF_INLINE void pow2_body(uint64_t t, const uint64_t* src, uint64_t* out, uint64_t* scratch, uint64_t n,
+                         uint32_t per, uint32_t c) {
+    const int AW = affine_t<F>::WORDS;
+    uint64_t i0 = t * per, i1 = i0 + per < n ? i0 + per : n;
+    F prod = F::one();
+#pragma unroll 1
+    for (uint64_t i = i0; i < i1; i++) {
+        affine_t<F> p = affine_t<F>::load(src + i * AW);
+        xyzz_t<F> acc = p.is_inf() ? xyzz_t<F>::inf() : xyzz_dbl_affine_call(p);
+#pragma unroll 1
+        for (uint32_t k = 1; k < c; k++) acc.dbl();
+        fb_stash(acc, prod, scratch, i);
+    }
+    fb_to_affine(prod, scratch, out, i0, i1);
 }

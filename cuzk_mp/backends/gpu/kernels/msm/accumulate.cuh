@@ -3,8 +3,10 @@
  *
  * Level 1 (msm_accumulate_body). The sorted entries of a window batch are cut into
  * segments of `seg` consecutive entries, one thread each. Entry j is point
- * perm[j] of the batch's key array: key = keys[perm[j]], local window wl = key >> c,
- * scalar i = perm[j] - wl m, point row tail_idx[i] (or i). A thread adds its
+ * perm[j] of the batch's key array: key = keys[perm[j]], local window wl and bucket
+ * from the key (digits.cuh, cfg), scalar i = perm[j] - wl m, point row
+ * wl stride + tail_idx[i] (or + i; stride = 0 without precomputed multiples, else the
+ * rows between two multiples, the host passing the batch's first multiple). A thread adds its
  * entries run by run (a run = consecutive entries of one bucket) into an XYZZ
  * accumulator with mixed additions, negating the point for a negative digit, and
  * flushes each run when the bucket changes:
@@ -43,10 +45,14 @@ template <class F>
 FF_INLINE void msm_accumulate_body(uint64_t t, const int64_t* perm, const uint32_t* keys,
                                    const int64_t* tail_idx, const uint64_t* points, uint64_t* buckets,
                                    uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m,
-                                   uint32_t c, uint32_t seg) {
+                                   uint32_t cfg, uint64_t stride, uint32_t seg) {
     const int AW = affine_t<F>::WORDS;
     uint64_t j0 = t * seg, j1 = j0 + seg < n ? j0 + seg : n;
-    uint32_t prev = t ? keys[perm[j0 - 1]] >> 1 : MSM_BUCKET_NONE;
+    uint32_t prev = MSM_BUCKET_NONE;
+    if (t) {
+        uint32_t k = keys[perm[j0 - 1]];
+        if (k != MSM_KEY_NONE) prev = msm_key_bucket(k, cfg);
+    }
     uint32_t cur = MSM_BUCKET_NONE;
     bool first = true, wrote_head = false;
     xyzz_t<F> acc = xyzz_t<F>::inf();
@@ -55,7 +61,7 @@ FF_INLINE void msm_accumulate_body(uint64_t t, const int64_t* perm, const uint32
         uint64_t p = (uint64_t)perm[j];
         uint32_t key = keys[p];
         if (key == MSM_KEY_NONE) break; /* zero digits sort last */
-        uint32_t b = key >> 1;
+        uint32_t b = msm_key_bucket(key, cfg);
         if (b != cur) {
             if (cur != MSM_BUCKET_NONE) {
                 bool head = first && cur == prev;
@@ -66,8 +72,9 @@ FF_INLINE void msm_accumulate_body(uint64_t t, const int64_t* perm, const uint32
             cur = b;
             acc = xyzz_t<F>::inf();
         }
-        uint64_t i = p - (uint64_t)(key >> c) * m;
-        uint64_t row = tail_idx ? (uint64_t)tail_idx[i] : i;
+        uint64_t wl = msm_key_window(key, cfg);
+        uint64_t i = p - wl * m;
+        uint64_t row = wl * stride + (tail_idx ? (uint64_t)tail_idx[i] : i);
         affine_t<F> pt = affine_t<F>::load(points + row * AW);
         acc.add_affine((key & 1) ? pt.neg() : pt);
     }

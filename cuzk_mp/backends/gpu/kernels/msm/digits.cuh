@@ -8,16 +8,34 @@
  * the top window's t is 0, i.e. W c >= 256 with bit 255 clear (the host picks
  * W = ceil(256 / c), and msm_classify flags any scalar with bit 255 set).
  *
- * Sort key of digit d in local window wl (the host sorts the keys of a batch of
- * windows at once):  key = wl << c | (|d| - 1) << 1 | (d < 0),  so key >> 1 is the
- * global bucket id (wl 2^(c-1) + |d| - 1) and key >> c the local window. A zero
- * digit gets MSM_KEY_NONE, which sorts after every real key.
+ * Sort keys (the host sorts the keys of a batch of windows at once; cfg = c | wb << 8):
+ *   wb = 0, one bucket set per window:
+ *     key = wl << c | (|d| - 1) << 1 | (d < 0);  bucket key >> 1 (= wl 2^(c-1) + |d| - 1),
+ *     local window key >> c;
+ *   wb > 0, precomputed multiples 2^(c w) P of every point (all windows share ONE bucket
+ *   set, the window only picks the multiple):
+ *     key = (|d| - 1) << (1 + wb) | wl << 1 | (d < 0);  bucket key >> (1 + wb),
+ *     local window (key >> 1) & (2^wb - 1)  (wb bits hold every local window of the batch).
+ * Either way the keys of one bucket sort together, and a zero digit gets MSM_KEY_NONE,
+ * which sorts after every real key.
  */
 #pragma once
 #include "../common/types.cuh"
 
 #define MSM_KEY_NONE 0xffffffffu
 #define MSM_BUCKET_NONE 0x7fffffffu /* MSM_KEY_NONE >> 1: never a real bucket id */
+
+FF_INLINE uint32_t msm_cfg_c(uint32_t cfg) { return cfg & 0xff; }
+FF_INLINE uint32_t msm_cfg_wb(uint32_t cfg) { return (cfg >> 8) & 0xff; }
+FF_INLINE uint32_t msm_key_bucket(uint32_t key, uint32_t cfg) { return key >> (1 + msm_cfg_wb(cfg)); }
+FF_INLINE uint32_t msm_key_window(uint32_t key, uint32_t cfg) {
+    uint32_t wb = msm_cfg_wb(cfg);
+    return wb ? (key >> 1) & ((1u << wb) - 1) : key >> msm_cfg_c(cfg);
+}
+FF_INLINE uint32_t msm_key(uint32_t wl, uint32_t mag, uint32_t neg, uint32_t cfg) {
+    uint32_t wb = msm_cfg_wb(cfg);
+    return wb ? ((mag - 1) << (1 + wb)) | (wl << 1) | neg : (wl << msm_cfg_c(cfg)) | ((mag - 1) << 1) | neg;
+}
 
 /* Bits [pos, pos + len) of a 256-bit scalar (len <= 32; bits past 255 read as 0). */
 FF_INLINE uint32_t msm_scalar_bits(const uint64_t* s, uint32_t pos, uint32_t len) {
@@ -40,7 +58,8 @@ FF_INLINE void msm_classify_one(uint64_t i, const uint64_t* scalars, uint8_t* cl
 /* Keys of scalar i (scalars[idx[i]] when idx is given) for windows w0 .. w0 + nw - 1,
  * written to keys[wl * m + i]. */
 FF_INLINE void msm_digits_one(uint64_t i, const uint64_t* scalars, const int64_t* idx, uint32_t* keys,
-                              uint64_t m, uint32_t w0, uint32_t nw, uint32_t c) {
+                              uint64_t m, uint32_t w0, uint32_t nw, uint32_t cfg) {
+    uint32_t c = msm_cfg_c(cfg);
     uint64_t row = idx ? (uint64_t)idx[i] : i;
     uint64_t s[4];
 #pragma unroll
@@ -53,8 +72,7 @@ FF_INLINE void msm_digits_one(uint64_t i, const uint64_t* scalars, const int64_t
         int32_t d = (int32_t)(v >> 1) + (int32_t)(v & 1) - (int32_t)(((v >> c) & 1) << c);
         uint32_t key = MSM_KEY_NONE;
         if (d != 0) {
-            uint32_t mag = (uint32_t)(d < 0 ? -d : d);
-            key = (wl << c) | ((mag - 1) << 1) | (uint32_t)(d < 0);
+            key = msm_key(wl, (uint32_t)(d < 0 ? -d : d), (uint32_t)(d < 0), cfg);
         }
         keys[(uint64_t)wl * m + i] = key;
     }

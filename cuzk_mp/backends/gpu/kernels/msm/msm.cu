@@ -45,23 +45,24 @@ msm_classify(const uint64_t* scalars, uint8_t* cls, uint32_t* flag, uint64_t m) 
     if (t < m) msm_classify_one(t, scalars, cls, flag);
 }
 
-/* threads = m (scalars of the tail): keys[wl m + i] for windows w0 .. w0 + nw - 1. */
+/* threads = m (scalars of the tail): keys[wl m + i] for windows w0 .. w0 + nw - 1;
+ * cfg = c | wb << 8 picks the key layout (digits.cuh). */
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
 msm_digits(const uint64_t* scalars, const int64_t* idx, uint32_t* keys, uint64_t m, uint32_t w0,
-           uint32_t nw, uint32_t c) {
+           uint32_t nw, uint32_t cfg) {
     uint64_t t = MSM_TID;
-    if (t < m) msm_digits_one(t, scalars, idx, keys, m, w0, nw, c);
+    if (t < m) msm_digits_one(t, scalars, idx, keys, m, w0, nw, cfg);
 }
 
 /* threads = ceil(n / seg): level-1 accumulation of the n sorted entries (accumulate.cuh). */
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS, MSM_ACC_MIN_BLOCKS)
 msm_accumulate(const int64_t* perm, const uint32_t* keys, const int64_t* tail_idx, const uint64_t* points,
-               uint64_t* buckets, uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m, uint32_t c,
-               uint32_t seg) {
+               uint64_t* buckets, uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m, uint32_t cfg,
+               uint64_t stride, uint32_t seg) {
     uint64_t t = MSM_TID;
     if (t * seg < n)
-        msm_accumulate_body<msm_field_t>(t, perm, keys, tail_idx, points, buckets, heads, head_keys, n, m, c,
-                                         seg);
+        msm_accumulate_body<msm_field_t>(t, perm, keys, tail_idx, points, buckets, heads, head_keys, n, m, cfg,
+                                         stride, seg);
 }
 
 /* The four reduction steps share ONE entry point, chosen by `op`: ptxas compiles the
@@ -73,11 +74,13 @@ msm_accumulate(const int64_t* perm, const uint32_t* keys, const int64_t* tail_id
  *   MSM_OP_BUCKETS  threads = n: chunk shares of window sums, buckets a -> out;
  *                   p1 = nb (buckets per window), p2 = chunk
  *   MSM_OP_GROUPS   threads = ceil(n / p1): out[t] = sum of a[t p1 .. ) (n inputs)
+ *   MSM_OP_ADD      threads = n: out[t] += a[t] (two bucket sets made one)
  * The last step, Horner over the window sums (c (W - 1) doublings in a chain), runs
  * on the host (msm.py): one GPU thread took 9.5 ms for it on G2, arkworks ~1 ms. */
 #define MSM_OP_COMBINE 0
 #define MSM_OP_BUCKETS 1
 #define MSM_OP_GROUPS 2
+#define MSM_OP_ADD 3
 
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
 msm_reduce(uint32_t op, const uint64_t* a, const uint32_t* a_keys, uint64_t* b, uint64_t* out,
@@ -92,6 +95,9 @@ msm_reduce(uint32_t op, const uint64_t* a, const uint32_t* a_keys, uint64_t* b, 
         break;
     case MSM_OP_GROUPS:
         if (t * p1 < n) msm_sum_groups_body<msm_field_t>(t, a, out, n, p1);
+        break;
+    case MSM_OP_ADD:
+        if (t < n) msm_add_sets_body<msm_field_t>(t, a, out);
         break;
     }
 }

@@ -39,3 +39,13 @@ FF_INLINE void msm_sum_groups_body(uint64_t t, const uint64_t* in, uint64_t* out
     for (uint64_t j = j0; j < j1; j++) acc.add(xyzz_t<F>::load(in + j * XW));
     acc.store(out + t * XW);
 }
+
+/* acc[t] += in[t]: two bucket sets of the same windows made one (precomputed multiples,
+ * where every window batch accumulates a set of its own). */
+template <class F>
+FF_INLINE void msm_add_sets_body(uint64_t t, const uint64_t* in, uint64_t* acc) {
+    const int XW = xyzz_t<F>::WORDS;
+    xyzz_t<F> x = xyzz_t<F>::load(acc + t * XW);
+    x.add(xyzz_t<F>::load(in + t * XW));
+    x.store(acc + t * XW);
+}

@@ -17,7 +17,7 @@
  * subtraction are fp_t::redc_wide, the tail fp_t::sqr() shares.
  */
 #pragma once
-#include "../ff/fp2.cuh"
+#include "fp2.cuh"
 
 namespace fp2_lazy {
 

@@ -4,7 +4,7 @@
  * Montgomery form) with fp2_lazy::mul into out[2 t] and with fp2_t::operator* into
  * out[2 t + 1]. No shared memory, no cooperation (runs in the CPU emulator too).
  */
-#include "fp2_lazy.cuh"
+#include "../ff/fp2_lazy.cuh"
 
 extern "C" __global__ void ec_fp2_mul_check(const uint64_t* a, const uint64_t* b, uint64_t* out, uint64_t n) {
     uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;

@@ -1,0 +1,254 @@
+"""Knobs of the kernel modules: compile-time defines, launch geometry and the module variants
+the package ships compiled.
+
+Each kernel module is one translation unit (:mod:`.source`) compiled with ``-D``
+knobs; a (module, knobs) pair is a *variant*. :data:`SHIPPED` lists the variants
+built ahead of time by ``scripts/build_kernels.py`` into ``kernels/bin`` (a fatbin
+per variant with machine code for the listed architectures), which
+:mod:`.modules` loads instead of compiling. No CuPy here: the build script and
+the CI check of the shipped binaries import this on machines without a GPU.
+
+The geometry choices that need no device live here too: MSM window sizes, and which key
+sections get precomputed multiples (:func:`plan_multiples`).
+
+Groups: ``prover`` (what a prover process loads before it reports READY),
+``setup`` (the dev setup's fixed-base kernels, also used for the MSM's
+precomputed multiples) and ``bench`` (variants that only the device benchmark
+times; shipped for the H200's sm_90 alone).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from ...errors import ConfigError, InputError
+
+# Every GPU generation the prover supports, as SASS targets; bench variants: the H200 only.
+ALL_ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100")
+BENCH_ARCHS: tuple[str, ...] = ("sm_90",)
+
+MSM_PATH = "msm/msm.cu"
+FB_PATH = "fixed_base/fixed_base.cu"
+NTT_PATH = "ntt/ntt.cu"
+H_PATH = "h/h.cu"
+
+
+@dataclass(frozen=True)
+class NttParams:
+    """Compile-time knobs of kernels/ntt/ntt.cu (each becomes a -D define), and the chunk policy."""
+
+    tile_lg: int = 10  # shared-memory tile: 2^tile_lg Fr elements (32 KiB at 10)
+    # Contiguous rows per access in the non-low passes: 4 x 32 B = one 128-byte line. 2 rather
+    # than 3 leaves 8 bits per pass, so 2^25..2^26 need 3 passes instead of 4 (measured on the
+    # H200, 2026-11-30: chunk 2 and 3 equal at 2^24, where both take 3 passes). Sizes where
+    # chunk - 1 saves a pass use it (see ntt.plan_params).
+    chunk_lg: int = 2
+    threads: int = 256
+    adapt_chunk: bool = True  # let plan_params lower chunk_lg where that saves a pass
+
+    def defines(self) -> dict[str, int]:
+        """The -D knobs that differ from the kernel's own #ifndef defaults (which equal this
+        class's defaults), so the default variant is the one shipped without defines."""
+        knobs = {"NTT_TILE_LG": self.tile_lg, "NTT_CHUNK_LG": self.chunk_lg, "NTT_THREADS": self.threads}
+        return {k: v for k, v in knobs.items() if v != NTT_KERNEL_DEFAULTS[k]}
+
+
+# The #ifndef defaults of kernels/ntt/ntt.cu (tests/test_gpu_ntt.py checks they match).
+NTT_KERNEL_DEFAULTS = {"NTT_TILE_LG": 10, "NTT_CHUNK_LG": 2, "NTT_THREADS": 256}
+
+
+@dataclass(frozen=True)
+class MsmParams:
+    """Knobs of one MSM object. Compiled in (one module per value, see :meth:`defines`):
+    ``nthreads``, ``acc_min_blocks``, ``fp2_calls``, ``fp2_lazy``; the rest is launch geometry."""
+
+    nthreads: int = 128  # threads per block of every kernel
+    # msm_accumulate's __launch_bounds__ minimum blocks per SM (caps its registers at
+    # 64 K / (nthreads x this)); None: 384 // nthreads for G1 (3 blocks of 128 at <= 168
+    # registers), 1 for G2 (255 registers, 2 blocks)
+    acc_min_blocks: int | None = None
+    fp2_calls: bool = False  # G2: Fq2 mul/sqr of the curve formulas as calls (EC_FP2_CALLS, ec/xyzz.cuh)
+    fp2_lazy: bool = False  # G2: Fq2 mul with two reductions instead of three (EC_FP2_LAZY, ff/fp2_lazy.cuh)
+    seg: int = 64  # sorted entries per accumulation thread
+    combine_seg: int = 32  # heads per thread in each combine level
+    group: int = 32  # inputs per thread in group sums
+    reduce_threads: int = 1 << 16  # target thread count of the bucket reduction
+    max_entries: int = 1 << 28  # sort keys alive at once (4 B key + 8 B index each)
+    window_bits: int | None = None  # None: choose_window(number of tail scalars); ignored with precomputed multiples
+
+    def __post_init__(self) -> None:
+        def pow2(x: int) -> bool:
+            return x >= 1 and x & (x - 1) == 0
+
+        if self.nthreads % 32 or not 32 <= self.nthreads <= 1024:
+            raise ConfigError(f"MsmParams.nthreads={self.nthreads}: a multiple of 32 in [32, 1024]")
+        if not pow2(self.group) or self.group < 2:
+            raise ConfigError(f"MsmParams.group={self.group}: a power of two >= 2 (groups must not straddle windows)")
+        if self.seg < 1 or self.combine_seg < 2 or self.reduce_threads < 1:
+            raise ConfigError(f"MsmParams: seg >= 1, combine_seg >= 2, thread counts >= 1 (got {self})")
+        if self.window_bits is not None and not 2 <= self.window_bits <= 24:
+            raise ConfigError(f"MsmParams.window_bits={self.window_bits}: in [2, 24] (sort key packing)")
+        if self.max_entries < 1:
+            raise ConfigError(f"MsmParams.max_entries={self.max_entries}: >= 1")
+        if self.acc_min_blocks is not None and not 1 <= self.acc_min_blocks <= 32:
+            raise ConfigError(f"MsmParams.acc_min_blocks={self.acc_min_blocks}: in [1, 32] or None")
+
+    def defines(self, g2: bool) -> dict[str, int]:
+        """The ``-D`` knobs of the kernel module for one group."""
+        min_blocks = self.acc_min_blocks or (1 if g2 else max(1, 384 // self.nthreads))
+        out = {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads, "MSM_ACC_MIN_BLOCKS": min_blocks}
+        if g2:
+            out["EC_FP2_CALLS"] = int(self.fp2_calls)
+            out["EC_FP2_LAZY"] = int(self.fp2_lazy)
+        return out
+
+
+SCALAR_BITS = 256  # windows cover 256 bits: the Booth carry out of bit 254 still fits
+
+
+def choose_window(m: int) -> int:
+    """Window bits for m scalars without precomputed multiples: floor(log2 m) - 4, in [5, 21].
+
+    21 caps the bucket memory (13 windows x 2^20 XYZZ buckets: 2.6 GB for G1).
+    """
+    return min(max(m.bit_length() - 1 - 4, 5), 21)
+
+
+def window_count(c: int) -> int:
+    """Signed c-bit windows needed for scalars below 2^255 (digits.cuh)."""
+    return -(-SCALAR_BITS // c)
+
+
+def choose_multiples_window(n: int) -> int:
+    """Window bits for precomputed multiples of n points: the c in [8, 24] that minimises
+    the model n W(c) + 3 * 2^c (mixed additions of the accumulation, plus the one shared
+    bucket set's reduction: 2^(c-1) buckets x 2 full additions at ~1.5 mixed ones each).
+    2^24 points: 22 (12 windows; 13 at c = 20 without multiples), 2^20: 19, 2^16: 16."""
+    return min(range(8, 25), key=lambda c: (n * window_count(c) + 3 * (1 << c), c))
+
+
+def ones_segment(n1: int, resident: int | None, seg: int) -> int:
+    """Entries per thread for the sum of the n1 ones: the fewest whole waves of
+    ``resident`` threads with at most ``seg`` entries each.
+
+    With a fixed seg the last wave can be nearly empty (G2 at 2^24 PoRep-like:
+    6.7 M ones / 64 = 105 k threads = 3.1 waves of 33.8 k, so ~22 % of the ones
+    time idles); one segment per thread and wave costs nothing extra. ``resident``
+    None (no occupancy figure, e.g. the CPU emulator) keeps ``seg``.
+    """
+    if not resident:
+        return seg
+    waves = max(1, -(-n1 // (resident * seg)))
+    return max(1, -(-n1 // (waves * resident)))
+
+
+SECTIONS = ("a", "b1", "b2", "c", "h")
+MULTIPLES_ENV = "CUZK_GPU_MSM_MULTIPLES"
+# Device memory kept free for partitions in flight and MSM / NTT scratch when the multiples
+# tables are planned: a fixed part plus this much per domain row (3 partitions of a, b, c, w
+# ~400 B, two concurrent MSMs' sort keys and their sort's scratch ~650 B, NTT tables, slack).
+RESERVE_FIXED = 4 << 30
+RESERVE_PER_ROW = 1536
+
+
+def plan_multiples(section_bytes: dict[str, int], free: int, domain_size: int,
+                   choice: str | None = None) -> dict[str, int]:
+    """Which sections get precomputed multiples, and their window bits.
+
+    ``choice``: "none", "auto" (default) or a comma list of sections. "auto" takes
+    sections in the order h, b2, a, b1, c while the tables ((W - 1) more copies of
+    the section) leave ``RESERVE_FIXED + RESERVE_PER_ROW * domain_size`` free.
+    ``section_bytes``: bytes of each section's points; ``free``: device bytes free
+    once the sections are resident.
+    """
+    choice = (choice or "auto").strip().lower()
+    if choice in ("none", "0", "off", ""):
+        return {}
+    rows = {name: b // (192 if name == "b2" else 96) for name, b in section_bytes.items()}
+    windows = {name: choose_multiples_window(max(1, r)) for name, r in rows.items() if r}
+    if choice != "auto":
+        picked = [s.strip() for s in choice.split(",") if s.strip()]
+        unknown = [s for s in picked if s not in SECTIONS]
+        if unknown:
+            raise InputError(f"{MULTIPLES_ENV}={choice!r}: unknown sections {unknown} (use none, auto or "
+                             f"a comma list of {', '.join(SECTIONS)})")
+        return {s: windows[s] for s in picked if s in windows}
+    budget = free - RESERVE_FIXED - RESERVE_PER_ROW * domain_size
+    out: dict[str, int] = {}
+    for name in ("h", "b2", "a", "b1", "c"):
+        if name not in windows:
+            continue
+        extra = (window_count(windows[name]) - 1) * section_bytes[name]
+        if extra <= budget:
+            out[name] = windows[name]
+            budget -= extra
+    return out
+
+
+@dataclass(frozen=True)
+class FixedBaseParams:
+    """Knobs: ``nthreads`` is compiled in (``-DFB_NTHREADS``); the rest is launch geometry."""
+
+    nthreads: int = 128  # threads per block
+    per_thread: int = 32  # points per thread (one field inversion each)
+    chunk: int = 1 << 22  # rows per launch (bounds device memory)
+
+    def defines(self, g2: bool) -> dict[str, int]:
+        """The ``-D`` knobs of the kernel module for one group."""
+        return {"FB_G2": int(g2), "FB_NTHREADS": self.nthreads}
+
+
+# The G2 MSM module variants the device benchmark times beside the default (ec/xyzz.cuh):
+# Fq2 products as calls (a third of the code per bucket step), the lazy-reduction Fq2
+# product (-13 % multiplies), and both. perf/gpu_msm_notes.md has their static figures.
+G2_VARIANTS: dict[str, MsmParams] = {
+    "inline": MsmParams(),
+    "calls": MsmParams(fp2_calls=True),
+    "lazy": MsmParams(fp2_lazy=True),
+    "calls_lazy": MsmParams(fp2_calls=True, fp2_lazy=True),
+}
+
+
+@dataclass(frozen=True)
+class Variant:
+    """One shipped module variant: kernel file, ``-D`` knobs, SASS targets, group."""
+
+    path: str
+    defines: tuple[tuple[str, Any], ...]
+    archs: tuple[str, ...]
+    group: str
+
+    @property
+    def define_dict(self) -> dict[str, Any]:
+        """The knobs as a dict."""
+        return dict(self.defines)
+
+
+def _v(path: str, defines: dict[str, Any] | None, group: str, archs: tuple[str, ...] = ALL_ARCHS) -> Variant:
+    return Variant(path, tuple(sorted((defines or {}).items())), archs, group)
+
+
+def _shipped() -> tuple[Variant, ...]:
+    ntt_chunk1 = replace(NttParams(), chunk_lg=NttParams().chunk_lg - 1).defines()  # ntt.plan_params at 2^19/27/28
+    out = [
+        _v(NTT_PATH, None, "prover"),
+        _v(NTT_PATH, ntt_chunk1, "prover"),
+        _v(H_PATH, None, "prover"),
+        _v(MSM_PATH, MsmParams().defines(False), "prover"),
+        _v(MSM_PATH, MsmParams().defines(True), "prover"),
+        _v(FB_PATH, FixedBaseParams().defines(False), "setup"),
+        _v(FB_PATH, FixedBaseParams().defines(True), "setup"),
+    ]
+    for params in G2_VARIANTS.values():
+        if params != MsmParams():
+            out.append(_v(MSM_PATH, params.defines(True), "bench", BENCH_ARCHS))
+    return tuple(out)
+
+
+SHIPPED: tuple[Variant, ...] = _shipped()
+
+
+def variants(groups: tuple[str, ...]) -> list[Variant]:
+    """The shipped variants of some groups."""
+    return [v for v in SHIPPED if v.group in groups]

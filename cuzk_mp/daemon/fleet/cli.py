@@ -1,0 +1,63 @@
+"""The ``cuzk-mp fleet`` verb: look at the shared queue from any machine that reaches its database.
+
+``cuzk-mp fleet status --dsn DSN [--json]`` prints the boxes (state, host, running jobs, free
+slots, heartbeat age, resident keys) and the queue depths per circuit and priority. The DSN
+defaults to ``$CUZK_MP_FLEET_DSN``. It connects as an observer: it is not listed as a box and
+claims nothing.
+Exit codes: 0 shown; 2 bad arguments; 3 the database could not be reached.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import os
+import sys
+
+from cuzk_mp.errors import CuzkError, InputError, ResourceError
+
+EXIT_INPUT, EXIT_UNREACHABLE = 2, 3
+DSN_ENV = "CUZK_MP_FLEET_DSN"
+
+
+def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) -> None:
+    """Add the ``fleet`` verb to the ``cuzk-mp`` parser."""
+    f = subparsers.add_parser("fleet", help="the shared PostgreSQL queue of several daemons")
+    f_sub = f.add_subparsers(dest="fleet_verb", required=True)
+    s = f_sub.add_parser("status", help="boxes, their resident keys, and queue depths")
+    s.add_argument("--dsn", default=os.environ.get(DSN_ENV, ""),
+                   help=f"PostgreSQL DSN of the fleet (default ${DSN_ENV})")
+    s.add_argument("--json", action="store_true", help="print JSON instead of a table")
+    s.add_argument("--timeout", type=float, default=10.0, help="connect timeout in seconds")
+    s.set_defaults(func=run_status)
+
+
+async def _status(dsn: str, as_json: bool, timeout_s: float) -> str:
+    from cuzk_mp.daemon.fleet import report
+    from cuzk_mp.daemon.fleet.queue import Fleet
+    fleet = await Fleet.connect(dsn, "status", register=False, connect_timeout_s=timeout_s)
+    try:
+        boxes = await fleet.boxes()
+        depths = await fleet.queue_depths()
+    finally:
+        await fleet.close()
+    if as_json:
+        return json.dumps(report.document(boxes, depths), indent=2) + "\n"
+    return report.text(boxes, depths)
+
+
+def run_status(args: argparse.Namespace) -> int:
+    """``cuzk-mp fleet status``: print the fleet and return the exit code."""
+    if not args.dsn:
+        print(f"cuzk-mp fleet status: give --dsn or set ${DSN_ENV}", file=sys.stderr)
+        return EXIT_INPUT
+    try:
+        sys.stdout.write(asyncio.run(_status(args.dsn, args.json, args.timeout)))
+    except ResourceError as e:
+        print(f"cuzk-mp fleet status: {e}", file=sys.stderr)
+        return EXIT_UNREACHABLE
+    except (InputError, CuzkError) as e:
+        print(f"cuzk-mp fleet status: {e}", file=sys.stderr)
+        return EXIT_INPUT
+    return 0

@@ -1,0 +1,112 @@
+"""Job inputs outside the database: a reference (path or URL) plus the sha256 of the bytes.
+
+Witness inputs can be hundreds of megabytes per job, so the shared queue carries only where they
+are and what they hash to. The box that accepts a submit stores the bytes (:func:`store_inputs`:
+content-addressed, written atomically into a directory every box can read at the same path);
+the box that claims the job reads them back (:func:`load_inputs`), and the sha256 check turns a
+truncated copy, a stale mount or a swapped file into a clear InputError instead of a wrong proof.
+
+References are absolute paths, ``file://`` URLs or ``http(s)://`` URLs (read with a timeout and
+a size bound). Nothing here knows about the queue.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import os
+import re
+import tempfile
+import urllib.error
+import urllib.parse
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+
+from cuzk_mp.errors import InputError, ResourceError
+
+SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
+URL_SCHEMES = ("file", "http", "https")
+DEFAULT_MAX_INPUT_BYTES = 4 << 30
+READ_CHUNK = 1 << 20
+
+
+@dataclass(frozen=True)
+class InputsRef:
+    """Where a job's inputs are and the sha256 (hex) of their bytes."""
+
+    ref: str
+    sha256: str
+    size: int
+
+
+def check_ref(ref: str, sha256: str) -> None:
+    """InputError unless ``ref`` is an absolute path or a file/http(s) URL and ``sha256`` is hex."""
+    if not SHA256_RE.match(sha256):
+        raise InputError(f"inputs_sha256: expected 64 lowercase hex digits, got {sha256!r}")
+    if not ref.isprintable():
+        raise InputError(f"inputs_ref: must be printable, got {ref[:200]!r}")
+    if ref.startswith("/"):
+        return
+    scheme = urllib.parse.urlsplit(ref).scheme
+    if scheme not in URL_SCHEMES:
+        raise InputError(f"inputs_ref: expected an absolute path or a {'/'.join(URL_SCHEMES)} URL, "
+                         f"got {ref[:200]!r}")
+
+
+def store_inputs(data: bytes, directory: Path) -> InputsRef:
+    """Write ``data`` as ``<directory>/<sha256>.inputs`` (atomically; kept if already there)."""
+    digest = hashlib.sha256(data).hexdigest()
+    directory.mkdir(parents=True, exist_ok=True)
+    path = directory.resolve() / f"{digest}.inputs"
+    if not (path.exists() and path.stat().st_size == len(data)):
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".incoming-")
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+    return InputsRef(str(path), digest, len(data))
+
+
+def _open(ref: str, timeout_s: float) -> io.BufferedIOBase:
+    """A binary file object for the reference (a local file or an HTTP response)."""
+    parts = urllib.parse.urlsplit(ref)
+    if ref.startswith("/") or parts.scheme == "file":
+        path = ref if ref.startswith("/") else urllib.request.url2pathname(parts.path)
+        try:
+            return open(path, "rb")
+        except FileNotFoundError:
+            raise InputError(f"inputs_ref: no such file: {path}") from None
+        except OSError as e:
+            raise ResourceError(f"inputs_ref: cannot read {path}: {e}") from None
+    try:
+        response: io.BufferedIOBase = urllib.request.urlopen(ref, timeout=timeout_s)
+        return response
+    except urllib.error.HTTPError as e:
+        raise InputError(f"inputs_ref: {ref[:200]} answered HTTP {e.code}") from None
+    except (urllib.error.URLError, OSError) as e:
+        raise ResourceError(f"inputs_ref: cannot fetch {ref[:200]}: {e}") from None
+
+
+def load_inputs(ref: str, sha256: str, *, max_bytes: int = DEFAULT_MAX_INPUT_BYTES,
+                timeout_s: float = 60.0) -> bytes:
+    """The bytes behind ``ref``, checked against ``sha256`` (InputError on a mismatch or if larger
+    than ``max_bytes``; ResourceError if the storage cannot be reached)."""
+    check_ref(ref, sha256)
+    h = hashlib.sha256()
+    chunks: list[bytes] = []
+    size = 0
+    with _open(ref, timeout_s) as f:
+        while chunk := f.read(READ_CHUNK):
+            size += len(chunk)
+            if size > max_bytes:
+                raise InputError(f"inputs_ref: {ref[:200]} is larger than {max_bytes} bytes")
+            h.update(chunk)
+            chunks.append(chunk)
+    if h.hexdigest() != sha256:
+        raise InputError(f"inputs_ref: {ref[:200]} has sha256 {h.hexdigest()}, the job says {sha256} "
+                         "(the file changed or was truncated)")
+    return b"".join(chunks)

@@ -1,0 +1,98 @@
+"""Which proving key an idle box loads for the fleet's backlog, and which keys it evicts for it.
+
+A pure decision, so that the daemon can call it with what it knows (its resident keys in LRU
+order, their sizes, the key budget) and what the fleet reports (backlog per circuit from
+:meth:`Fleet.queue_depths`, holders per circuit from :meth:`Fleet.boxes`), and tests can check it
+without a database. The rules:
+
+1. A box whose own resident circuits have a backlog claims those first: it loads nothing.
+2. Candidates are circuits this box can prove, not resident here, with a backlog. A circuit no
+   live box holds comes first (its jobs wait for nobody otherwise); then the largest backlog per
+   holder. A circuit already held elsewhere is taken on only when its backlog is at least
+   ``min_backlog_per_holder`` per holder, so boxes do not all pile onto one small backlog.
+3. The key must fit the budget: least recently used keys that are not in use and have no
+   backlog are evicted until it does. If it cannot fit that way, nothing is done.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from cuzk_mp.daemon.fleet.models import BoxInfo, QueueDepth
+
+DEFAULT_MIN_BACKLOG_PER_HOLDER = 2
+
+
+@dataclass(frozen=True)
+class KeyView:
+    """This box's keys: ``resident`` least recently used first; sizes in bytes."""
+
+    resident: tuple[str, ...]
+    busy: frozenset[str]
+    provable: frozenset[str]
+    key_bytes: Mapping[str, int]
+    budget_bytes: int
+
+
+@dataclass(frozen=True)
+class KeyDecision:
+    """Load ``load`` (None: nothing) after evicting ``evict`` in order; ``reason`` for the log."""
+
+    load: str | None
+    evict: tuple[str, ...]
+    reason: str
+
+
+def backlog_by_circuit(depths: Iterable[QueueDepth]) -> dict[str, int]:
+    """Jobs waiting for a box, per circuit (queued plus those on stalled boxes)."""
+    out: dict[str, int] = {}
+    for d in depths:
+        out[d.circuit_id] = out.get(d.circuit_id, 0) + d.backlog
+    return out
+
+
+def holders_by_circuit(boxes: Iterable[BoxInfo], *, exclude: str = "") -> dict[str, int]:
+    """How many live boxes (other than ``exclude``) hold each circuit's key resident."""
+    out: dict[str, int] = {}
+    for b in boxes:
+        if b.state == "up" and b.box != exclude:
+            for c in b.resident:
+                out[c] = out.get(c, 0) + 1
+    return out
+
+
+def plan_key_load(view: KeyView, backlog: Mapping[str, int], holders: Mapping[str, int], *,
+                  min_backlog_per_holder: int = DEFAULT_MIN_BACKLOG_PER_HOLDER) -> KeyDecision:
+    """The key an idle box should load for the fleet's backlog (see the module docstring)."""
+    own = [c for c in view.resident if backlog.get(c, 0) > 0]
+    if own:
+        return KeyDecision(None, (), f"resident circuit {own[0]} has a backlog; claim it first")
+    candidates = [c for c in view.provable
+                  if c not in view.resident and backlog.get(c, 0) > 0
+                  and backlog[c] >= min_backlog_per_holder * holders.get(c, 0)]
+    if not candidates:
+        return KeyDecision(None, (), "no backlog that needs another box")
+    candidates.sort(key=lambda c: (holders.get(c, 0) > 0, -backlog[c] / (holders.get(c, 0) + 1), c))
+    for c in candidates:
+        evict = _make_room(view, view.key_bytes.get(c, 0), backlog)
+        if evict is not None:
+            who = f"{holders.get(c, 0)} other boxes hold it" if holders.get(c, 0) else "no live box holds it"
+            return KeyDecision(c, evict, f"{backlog[c]} jobs of {c} wait and {who}")
+    return KeyDecision(None, (), "no candidate key fits the budget without evicting a key in use")
+
+
+def _make_room(view: KeyView, need: int, backlog: Mapping[str, int]) -> tuple[str, ...] | None:
+    """LRU keys to evict so that ``need`` more bytes fit; None if impossible."""
+    if need > view.budget_bytes:
+        return None
+    used = sum(view.key_bytes.get(c, 0) for c in view.resident)
+    evict: list[str] = []
+    for c in view.resident:  # least recently used first
+        if used + need <= view.budget_bytes:
+            break
+        if c in view.busy or backlog.get(c, 0) > 0:
+            continue
+        evict.append(c)
+        used -= view.key_bytes.get(c, 0)
+    return tuple(evict) if used + need <= view.budget_bytes else None

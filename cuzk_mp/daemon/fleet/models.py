@@ -1,0 +1,134 @@
+"""The values the fleet layer hands to the daemon: job references, claims, statuses, boxes, depths.
+
+Plain dataclasses with no behaviour beyond small conveniences; the queue itself lives in
+:mod:`.queue`. Priorities are the engine's (:class:`cuzk_mp.pipeline.types.Priority`, lower runs
+first); the mapping onto the queue library's "higher runs first" integers is :func:`queue_priority`.
+
+Job states::
+
+    queued -> running -> done | failed | cancelled
+      ^          |
+      +----------+   a failed attempt with retries left, or a stalled box's claim taken over
+"""
+
+from __future__ import annotations
+
+import asyncio
+from dataclasses import dataclass, field
+from typing import Literal
+
+from cuzk_mp.pipeline.types import Priority
+
+JobState = Literal["queued", "running", "done", "failed", "cancelled"]
+FINAL_STATES: tuple[JobState, ...] = ("done", "failed", "cancelled")
+BoxState = Literal["up", "stale", "left"]
+
+ENTRYPOINT_PREFIX = "prove:"
+
+
+def entrypoint(circuit_id: str) -> str:
+    """The queue library's entrypoint of a circuit: one queue per circuit is key affinity."""
+    return ENTRYPOINT_PREFIX + circuit_id
+
+
+def circuit_of(entrypoint_name: str) -> str | None:
+    """The circuit id of an entrypoint, None for entrypoints this layer did not make."""
+    if entrypoint_name.startswith(ENTRYPOINT_PREFIX):
+        return entrypoint_name[len(ENTRYPOINT_PREFIX):]
+    return None
+
+
+def queue_priority(priority: Priority) -> int:
+    """The library claims the highest number first; the engine runs the lowest Priority first."""
+    return -int(priority)
+
+
+@dataclass(frozen=True)
+class JobRef:
+    """What submit returns: the job's id, its state, and whether the request_id named it already."""
+
+    job_id: str
+    state: JobState
+    duplicate: bool = False
+
+
+@dataclass
+class Claimed:
+    """A job this box claimed and must run: complete, fail, or stop when ``aborted`` is set.
+
+    ``aborted`` is set when the job is cancelled from any box, finished by another box, or its
+    claim was taken over after this box's heartbeat stalled; ``abort_reason`` says which.
+    ``claims`` counts how many times the job was claimed (1 on its first run).
+    """
+
+    job_id: str
+    circuit_id: str
+    priority: Priority
+    inputs_ref: str
+    inputs_sha256: str
+    n_partitions: int
+    attempts: int
+    claims: int
+    request_id: str | None
+    aborted: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
+    abort_reason: str = ""
+
+
+@dataclass(frozen=True)
+class JobStatus:
+    """A job as the shared tables record it; ``result`` is set once the job is ``done``."""
+
+    job_id: str
+    request_id: str | None
+    circuit_id: str
+    state: JobState
+    priority: Priority
+    n_partitions: int
+    inputs_ref: str
+    inputs_sha256: str
+    submitted_by: str
+    box: str | None
+    claims: int
+    attempts: int
+    submitted_at: float
+    started_at: float | None
+    finished_at: float | None
+    result: bytes | None
+    error: str | None
+    error_kind: str | None
+
+    @property
+    def finished(self) -> bool:
+        """True once the job is done, failed or cancelled."""
+        return self.state in FINAL_STATES
+
+
+@dataclass(frozen=True)
+class BoxInfo:
+    """One box of the fleet as its last heartbeat described it."""
+
+    box: str
+    state: BoxState
+    host: str
+    pid: int
+    resident: tuple[str, ...]
+    free_slots: int
+    running: int
+    started_at: float
+    heartbeat_age_s: float
+
+
+@dataclass(frozen=True)
+class QueueDepth:
+    """Jobs of one circuit and priority: waiting, running, and running on a stalled box."""
+
+    circuit_id: str
+    priority: Priority
+    queued: int
+    running: int
+    stalled: int
+
+    @property
+    def backlog(self) -> int:
+        """Jobs waiting for a box: queued plus those whose box stopped renewing its claim."""
+        return self.queued + self.stalled

@@ -1,0 +1,571 @@
+"""The shared job queue of a fleet of boxes: :class:`Fleet`, one per daemon process.
+
+This module owns a box's side of the shared PostgreSQL queue: its claims (the jobs this process
+holds, in memory and in the database), its heartbeat task, its LISTEN connection and its
+registration in ``cuzk_fleet_boxes``; the database access and the read-only views are
+:mod:`.store`'s. The queue mechanics are pgqueuer's (see the package
+docstring for why): ``enqueue`` on submit, ``dequeue`` to claim (``FOR UPDATE SKIP LOCKED``,
+priorities, one entrypoint per resident circuit, and re-picking of jobs whose heartbeat is
+older than the stall timeout, all in one statement), ``update_heartbeat``, ``retry_job``,
+``log_jobs`` and ``mark_job_as_cancelled`` (which NOTIFYs the box running the job). Our tables
+(:mod:`.schema`) add what the library does not keep: the request-id table, the job's life and
+its result written once, and the boxes.
+
+Every operation is one transaction on a pooled connection, so a submit's request-id row, its
+queue row and its job row commit together, and a result write, its queue row's removal and the
+``finished`` notification commit together. Guards:
+
+* ``complete`` writes the result only while the job is queued or running (the first valid
+  result wins; a later one, from a box whose claim was taken over, is discarded and reported);
+* ``fail`` and ``release`` act only while this process still holds the claim (``owner``), so a
+  box that lost its claim cannot send a job that another box now runs back to the queue.
+
+Errors: bad arguments raise InputError naming the field; an unreachable database raises
+ResourceError; neither ever loses another job's state, which lives in the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import math
+import os
+import socket
+import time
+import uuid
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from datetime import timedelta
+from typing import Any, Self, cast
+
+import psycopg
+from pgqueuer.adapters.persistence.queries import Queries
+from pgqueuer.domain import models as pgq
+from pgqueuer.domain.types import JOB_STATUS, JobId, QueueEntrypoint, QueueManagerId
+from pgqueuer.ports.repository import EntrypointExecutionParameter
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from cuzk_mp.daemon.fleet import schema
+from cuzk_mp.daemon.fleet.config import FleetConfig, check_fleet, redact_dsn
+from cuzk_mp.daemon.fleet.events import EventHandlers, FleetEvents
+from cuzk_mp.daemon.fleet.inputs import check_ref
+from cuzk_mp.daemon.fleet.models import (
+    FINAL_STATES,
+    Claimed,
+    JobRef,
+    JobState,
+    JobStatus,
+    entrypoint,
+    queue_priority,
+)
+from cuzk_mp.daemon.fleet.store import FleetStore, notify
+from cuzk_mp.errors import CuzkError, InputError, ResourceError
+from cuzk_mp.pipeline.types import Priority
+
+log = logging.getLogger("cuzk_mp.daemon.fleet")
+
+POOL_MAX = 4
+AWAIT_RECHECK_S = 60.0  # a safety net only: waiters wake on NOTIFY, and on every LISTEN reconnect
+MAX_CIRCUIT_ID_CHARS = 64
+AbortCallback = Callable[[str, str], None]
+
+
+@dataclass
+class _Held:
+    """A claim this process holds: what the daemon runs, and the library's row to settle."""
+
+    claimed: Claimed
+    queue_job: pgq.Job
+
+
+class Fleet(FleetStore):
+    """One box's handle on the shared queue; create with :meth:`connect`, end with :meth:`close`."""
+
+    def __init__(self, cfg: FleetConfig, pool: AsyncConnectionPool, on_abort: AbortCallback | None) -> None:
+        super().__init__(cfg, pool)
+        self.box = cfg.box
+        self.instance = uuid.uuid4()
+        self._on_abort = on_abort
+        self._held: dict[str, _Held] = {}
+        self._by_queue_id: dict[int, str] = {}
+        self._waiters: dict[str, set[asyncio.Event]] = {}
+        self._work = asyncio.Event()
+        self._resident: tuple[str, ...] = ()
+        self._free_slots = 0
+        self._events = FleetEvents(cfg.dsn, (self._settings.channel, schema.EVENTS_CHANNEL), EventHandlers(
+            on_work=self._work.set, on_cancel=self._on_cancel, on_finished=self._wake_waiters,
+            on_reconnect=self._on_reconnect), cfg.connect_timeout_s)
+        self._heartbeat_task: asyncio.Task[None] | None = None
+        self._background: set[asyncio.Task[None]] = set()
+        self._registered = False
+        self._name_lost = False
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    @classmethod
+    async def connect(cls, dsn: str, box: str, *, on_abort: AbortCallback | None = None,
+                      heartbeats: bool = True, register: bool = True, **knobs: Any) -> Fleet:
+        """Connect box ``box`` to the queue at ``dsn``; ``knobs`` are FleetConfig fields."""
+        return await cls.from_config(FleetConfig(dsn=dsn, box=box, **knobs), on_abort=on_abort,
+                                     heartbeats=heartbeats, register=register)
+
+    @classmethod
+    async def from_config(cls, cfg: FleetConfig, *, on_abort: AbortCallback | None = None,
+                          heartbeats: bool = True, register: bool = True) -> Fleet:
+        """Connect, migrate the schema, register this box, LISTEN and start heartbeating.
+
+        ``on_abort(job_id, reason)`` is called (on the event loop) when a job this box holds
+        must stop: cancelled from any box, finished elsewhere, or its claim taken over.
+        ``heartbeats=False`` leaves the renewal to explicit :meth:`heartbeat` calls;
+        ``register=False`` connects an observer (status, metrics) that is not listed as a box.
+        """
+        check_fleet(cfg, "fleet")
+        kwargs = {"autocommit": True, "application_name": f"cuzk-fleet {cfg.box}",
+                  "connect_timeout": max(1, math.ceil(cfg.connect_timeout_s))}
+        try:  # one plain connection first: a wrong DSN fails at once, with the server's reason
+            first = await psycopg.AsyncConnection.connect(cfg.dsn, **kwargs)  # type: ignore[arg-type]
+        except psycopg.Error as e:
+            raise ResourceError(f"fleet: cannot connect to {redact_dsn(cfg.dsn)}: {e}") from None
+        pool = AsyncConnectionPool(cfg.dsn, min_size=1, max_size=POOL_MAX, open=False, kwargs=kwargs,
+                                   timeout=cfg.connect_timeout_s, name=f"cuzk-fleet-{cfg.box}")
+        fleet = cls(cfg, pool, on_abort)
+        try:
+            async with first:
+                await schema.migrate(first, fleet._queries(first))
+            try:
+                await pool.open(wait=True, timeout=cfg.connect_timeout_s)
+            except PoolTimeout:
+                raise ResourceError(f"fleet: cannot connect to {redact_dsn(cfg.dsn)} within "
+                                    f"{cfg.connect_timeout_s:g} s") from None
+            if register:
+                await fleet._register()
+            await fleet._events.start()
+        except BaseException:
+            await fleet._events.close()
+            await pool.close()
+            raise
+        if heartbeats and register:
+            fleet._heartbeat_task = asyncio.create_task(fleet._heartbeat_loop(),
+                                                        name=f"cuzk-fleet-heartbeat-{cfg.box}")
+        log.info("[start] fleet: box %s (instance %s) joined %s", cfg.box, fleet.instance,
+                 redact_dsn(cfg.dsn))
+        return fleet
+
+    async def close(self) -> None:
+        """Release held claims back to the queue, mark the box as left, and disconnect."""
+        if self._closed:
+            return
+        self._closed = True
+        if self._heartbeat_task is not None:
+            self._heartbeat_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._heartbeat_task
+        with contextlib.suppress(CuzkError, psycopg.Error):
+            for job_id in list(self._held):
+                await self.release(job_id)
+            async with self._tx() as (conn, _):
+                await conn.execute("UPDATE cuzk_fleet_boxes SET left_at = now(), free_slots = 0, "
+                                   "running = 0 WHERE box = %s AND instance = %s", (self.box, self.instance))
+        await self._events.close()
+        await self._pool.close()
+        for waiters in self._waiters.values():
+            for ev in waiters:
+                ev.set()
+        log.info("[shutdown] fleet: box %s left", self.box)
+
+    async def __aenter__(self) -> Self:
+        return self
+
+    async def __aexit__(self, *_: object) -> None:
+        await self.close()
+
+    async def _register(self) -> None:
+        self._registered = True
+        async with self._tx() as (conn, _):
+            cur = await conn.execute(
+                "SELECT host, pid, extract(epoch FROM now() - last_heartbeat) FROM cuzk_fleet_boxes "
+                "WHERE box = %s AND left_at IS NULL FOR UPDATE", (self.box,))
+            prev = await cur.fetchone()
+            if prev is not None and prev[2] < self.cfg.stall_timeout_s:
+                log.warning("fleet: box name %s was in use by pid %s on %s (heartbeat %.1f s ago); "
+                            "this process takes it over", self.box, prev[1], prev[0], prev[2])
+            await conn.execute(
+                "INSERT INTO cuzk_fleet_boxes (box, instance, host, pid) VALUES (%s, %s, %s, %s) "
+                "ON CONFLICT (box) DO UPDATE SET instance = EXCLUDED.instance, host = EXCLUDED.host, "
+                "pid = EXCLUDED.pid, started_at = now(), last_heartbeat = now(), resident = '{}', "
+                "free_slots = 0, running = 0, left_at = NULL",
+                (self.box, self.instance, socket.gethostname(), os.getpid()))
+
+    # -- submit ---------------------------------------------------------------------------
+
+    async def submit(self, request_id: str | None, circuit_id: str, inputs_ref: str, inputs_sha256: str,
+                     priority: Priority = Priority.NORMAL, n_partitions: int = 1) -> JobRef:
+        """Queue a job; the same non-empty ``request_id`` from any box returns the same job.
+
+        A repeat with a different circuit or inputs is an InputError, never a second job.
+        The request-id row, the queue row and the job row commit in one transaction.
+        """
+        _check_submit(request_id, circuit_id, inputs_ref, inputs_sha256, n_partitions)
+        try:
+            priority = Priority(priority)
+        except ValueError:
+            raise InputError(f"priority: one of {', '.join(f'{p.value} ({p.name})' for p in Priority)}, "
+                             f"got {priority!r}") from None
+        job_id = uuid.uuid4().hex
+        async with self._tx() as (conn, queries):
+            if request_id:
+                cur = await conn.execute(
+                    "INSERT INTO cuzk_fleet_requests (request_id, job_id) VALUES (%s, %s) "
+                    "ON CONFLICT (request_id) DO NOTHING RETURNING job_id", (request_id, job_id))
+                if await cur.fetchone() is None:
+                    return await self._existing(conn, request_id, circuit_id, inputs_sha256)
+            [queue_id] = await queries.enqueue(entrypoint(circuit_id), job_id.encode(), queue_priority(priority))
+            await conn.execute(
+                "INSERT INTO cuzk_fleet_jobs (job_id, request_id, circuit_id, priority, n_partitions, "
+                "inputs_ref, inputs_sha256, queue_id, submitted_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                (job_id, request_id or None, circuit_id, int(priority), n_partitions, inputs_ref,
+                 inputs_sha256, queue_id, self.box))
+        log.info("fleet: queued job %s (%s, %s, %d partitions)", job_id, circuit_id, priority.name, n_partitions)
+        return JobRef(job_id, "queued")
+
+    @staticmethod
+    async def _existing(conn: psycopg.AsyncConnection, request_id: str, circuit_id: str,
+                        inputs_sha256: str) -> JobRef:
+        cur = await conn.execute(
+            "SELECT j.job_id, j.state, j.circuit_id, j.inputs_sha256 FROM cuzk_fleet_requests r "
+            "JOIN cuzk_fleet_jobs j USING (job_id) WHERE r.request_id = %s", (request_id,))
+        row = await cur.fetchone()
+        if row is None:
+            raise ResourceError(f"request_id {request_id!r}: its job is being removed; submit again")
+        if (row[2], row[3]) != (circuit_id, inputs_sha256):
+            raise InputError(f"request_id: {request_id!r} already names job {row[0]} with different "
+                             f"inputs ({row[2]}, sha256 {row[3][:12]}...)")
+        return JobRef(row[0], row[1], duplicate=True)
+
+    # -- claims ---------------------------------------------------------------------------
+
+    async def claim(self, resident_circuits: Sequence[str], capacity: int) -> list[Claimed]:
+        """Claim up to ``capacity`` jobs of the circuits whose keys this box holds, best first.
+
+        Jobs whose box stopped renewing its claim for ``stall_timeout`` are claimed again here.
+        """
+        self._resident, self._free_slots = tuple(resident_circuits), max(capacity, 0)
+        if capacity <= 0 or not resident_circuits:
+            return []
+        eps = {QueueEntrypoint(entrypoint(c)): EntrypointExecutionParameter(concurrency_limit=0)
+               for c in resident_circuits}
+        async with self._tx() as (conn, queries):
+            picked = await queries.dequeue(
+                batch_size=capacity, entrypoints=eps, queue_manager_id=QueueManagerId(self.instance),
+                global_concurrency_limit=None, heartbeat_timeout=timedelta(seconds=self.cfg.stall_timeout_s))
+            if not picked:
+                return []
+            cur = await conn.cursor(row_factory=dict_row).execute(
+                "UPDATE cuzk_fleet_jobs SET state = 'running', box = %s, owner = %s, claims = claims + 1, "
+                "started_at = COALESCE(started_at, now()) WHERE queue_id = ANY(%s) "
+                "AND state IN ('queued', 'running') RETURNING job_id, queue_id, circuit_id, priority, "
+                "inputs_ref, inputs_sha256, n_partitions, attempts, claims, request_id",
+                (self.box, self.instance, [int(j.id) for j in picked]))
+            rows = {int(r["queue_id"]): r for r in await cur.fetchall()}
+            orphans = [j for j in picked if int(j.id) not in rows]
+            if orphans:  # queue rows without a live job: settle them so no box picks them again
+                await queries.log_jobs([(j, "deleted", None) for j in orphans])
+        return [c for j in picked if int(j.id) in rows and (c := self._hold(rows[int(j.id)], j)) is not None]
+
+    def _hold(self, row: dict[str, Any], queue_job: pgq.Job) -> Claimed | None:
+        """Record a claim; None if this process already runs the job (its own lapsed claim re-picked)."""
+        if row["job_id"] in self._held:
+            log.warning("fleet: box %s renewed its own lapsed claim on job %s (heartbeats failed for "
+                        "longer than the stall timeout)", self.box, row["job_id"])
+            self._held[row["job_id"]].queue_job = queue_job
+            return None
+        c = Claimed(job_id=row["job_id"], circuit_id=row["circuit_id"], priority=Priority(row["priority"]),
+                    inputs_ref=row["inputs_ref"], inputs_sha256=row["inputs_sha256"],
+                    n_partitions=row["n_partitions"], attempts=row["attempts"], claims=row["claims"],
+                    request_id=row["request_id"])
+        self._held[c.job_id] = _Held(c, queue_job)
+        self._by_queue_id[int(queue_job.id)] = c.job_id
+        if c.claims > 1:
+            log.warning("fleet: box %s claimed job %s again (claim %d): its previous box stopped "
+                        "renewing it", self.box, c.job_id, c.claims)
+        else:
+            log.info("fleet: box %s claimed job %s (%s)", self.box, c.job_id, c.circuit_id)
+        return c
+
+    def forget(self, job_id: str) -> None:
+        """Stop renewing a claim without touching the database: the job lapses to another box."""
+        self._drop(job_id)
+
+    def held(self) -> list[Claimed]:
+        """The jobs this process holds now."""
+        return [h.claimed for h in self._held.values()]
+
+    async def wait_for_work(self, timeout_s: float) -> bool:
+        """Sleep until a job may have become claimable (NOTIFY) or ``timeout_s``; True if woken."""
+        try:
+            await asyncio.wait_for(self._work.wait(), timeout_s)
+            return True
+        except TimeoutError:
+            return False
+        finally:
+            self._work.clear()
+
+    # -- heartbeat ------------------------------------------------------------------------
+
+    async def heartbeat(self) -> list[str]:
+        """Renew this box's row and its claims; the job ids it lost (they are aborted too).
+
+        A claim is lost when the job was cancelled, finished by another box, or claimed again
+        elsewhere after this box's heartbeat stalled.
+        """
+        lost: dict[str, str] = {}
+        # The claims as they are now: claim() and complete() may change self._held while this
+        # transaction awaits, and a job claimed after the read below must not look "removed".
+        checked = list(self._held)
+        async with self._tx() as (conn, queries):
+            cur = await conn.execute(
+                "UPDATE cuzk_fleet_boxes SET last_heartbeat = now(), resident = %s, free_slots = %s, "
+                "running = %s, left_at = NULL WHERE box = %s AND instance = %s",
+                (list(self._resident), self._free_slots, len(checked), self.box, self.instance))
+            if cur.rowcount == 0 and self._registered and not self._name_lost:
+                self._name_lost = True  # claims stay safe (they carry this process's instance id)
+                log.error("fleet: another process took over box name %s; give each daemon its own "
+                          "[fleet] box", self.box)
+            if checked:
+                cur = await conn.execute("SELECT job_id, state, owner, box FROM cuzk_fleet_jobs "
+                                         "WHERE job_id = ANY(%s)", (checked,))
+                rows = {r[0]: r for r in await cur.fetchall()}
+                for job_id in checked:
+                    reason = _lost_reason(rows.get(job_id), self.instance)
+                    if reason:
+                        lost[job_id] = reason
+                keep = [h.queue_job.id for j in checked if j not in lost and (h := self._held.get(j)) is not None]
+                if keep:
+                    await queries.update_heartbeat(keep)
+        for job_id, reason in lost.items():
+            self._abort(job_id, reason)
+        return list(lost)
+
+    async def _heartbeat_loop(self) -> None:
+        while True:
+            await asyncio.sleep(self.cfg.heartbeat_interval_s)
+            try:
+                await self.heartbeat()
+            except CuzkError as e:
+                log.warning("fleet: heartbeat of box %s failed: %s", self.box, e)
+
+    # -- settling a job -------------------------------------------------------------------
+
+    async def complete(self, job_id: str, result: bytes) -> bool:
+        """Write the job's result, once: False (and nothing written) if it already ended."""
+        if len(result) > schema.MAX_RESULT_BYTES:
+            raise InputError(f"result: {len(result)} bytes, more than {schema.MAX_RESULT_BYTES}; results "
+                             "live in the database and must stay small")
+        async with self._tx() as (conn, queries):
+            cur = await conn.execute(
+                "UPDATE cuzk_fleet_jobs SET state = 'done', result = %s, finished_at = now(), box = %s, "
+                "error = NULL, error_kind = NULL WHERE job_id = %s AND state IN ('queued', 'running') "
+                "RETURNING queue_id", (result, self.box, job_id))
+            row = await cur.fetchone()
+            if row is not None:
+                await self._settle(queries, job_id, row[0], "successful")
+                await notify(conn, {"event": "finished", "job_id": job_id})
+        self._drop(job_id)
+        if row is None:
+            log.info("fleet: result of job %s from box %s discarded: the job had already ended", job_id, self.box)
+            return False
+        log.info("fleet: job %s done on box %s", job_id, self.box)
+        return True
+
+    async def fail(self, job_id: str, error: str, *, error_kind: str = "ProofError", retry: bool = True) -> JobState:
+        """Record a failed run: back to the queue while attempts remain and ``retry``, else failed.
+
+        Acts only while this process holds the claim; otherwise returns the job's state unchanged.
+        """
+        async with self._tx() as (conn, queries):
+            cur = await conn.execute("SELECT state, owner, attempts, queue_id, circuit_id FROM cuzk_fleet_jobs "
+                                     "WHERE job_id = %s FOR UPDATE", (job_id,))
+            row = await cur.fetchone()
+            if row is None:
+                raise InputError(f"job_id: unknown job {job_id!r}")
+            state, owner, attempts, queue_id, circuit_id = row
+            if state != "running" or owner != self.instance:
+                self._drop(job_id)
+                return cast(JobState, state)
+            attempts += 1
+            queue_job = await self._queue_job(queries, job_id, queue_id)
+            if retry and attempts < self.cfg.max_attempts and queue_job is not None:
+                await queries.retry_job(queue_job, timedelta(seconds=self.cfg.retry_delay_s),
+                                        _traceback(queue_job.id, error_kind, error))
+                new_state: JobState = "queued"
+                await conn.execute("UPDATE cuzk_fleet_jobs SET state = 'queued', owner = NULL, attempts = %s, "
+                                   "error = %s, error_kind = %s WHERE job_id = %s",
+                                   (attempts, error, error_kind, job_id))
+                await notify(conn, {"event": "requeued", "circuit_id": circuit_id})
+            else:
+                if queue_job is not None:
+                    await queries.log_jobs([(queue_job, "exception", _traceback(queue_job.id, error_kind, error))])
+                new_state = "failed"
+                await conn.execute("UPDATE cuzk_fleet_jobs SET state = 'failed', owner = NULL, attempts = %s, "
+                                   "error = %s, error_kind = %s, finished_at = now() WHERE job_id = %s",
+                                   (attempts, error, error_kind, job_id))
+                await notify(conn, {"event": "finished", "job_id": job_id})
+        self._drop(job_id)
+        log.info("fleet: job %s failed on box %s (attempt %d, %s): %s -> %s", job_id, self.box, attempts,
+                 error_kind, error[:200], new_state)
+        return new_state
+
+    async def release(self, job_id: str) -> bool:
+        """Give a held job back to the queue at once (this box is stopping); no attempt is counted."""
+        async with self._tx() as (conn, queries):
+            cur = await conn.execute(
+                "UPDATE cuzk_fleet_jobs SET state = 'queued', owner = NULL WHERE job_id = %s AND owner = %s "
+                "AND state = 'running' RETURNING queue_id, circuit_id", (job_id, self.instance))
+            row = await cur.fetchone()
+            if row is not None:
+                queue_job = await self._queue_job(queries, job_id, row[0])
+                if queue_job is not None:
+                    await queries.retry_job(queue_job, timedelta(0), None)
+                await notify(conn, {"event": "requeued", "circuit_id": row[1]})
+        self._drop(job_id)
+        return row is not None
+
+    async def cancel(self, job_id: str) -> bool:
+        """Cancel a job from any box: False if it had already ended (InputError if unknown).
+
+        A queued job never runs; a running one is aborted on its box through the library's
+        cancellation NOTIFY (and, should that be missed, at that box's next heartbeat).
+        """
+        async with self._tx() as (conn, queries):
+            cur = await conn.execute(
+                "UPDATE cuzk_fleet_jobs SET state = 'cancelled', finished_at = now(), error = 'cancelled', "
+                "error_kind = 'Cancelled' WHERE job_id = %s AND state IN ('queued', 'running') "
+                "RETURNING queue_id, box", (job_id,))
+            row = await cur.fetchone()
+            if row is None:
+                cur = await conn.execute("SELECT state FROM cuzk_fleet_jobs WHERE job_id = %s", (job_id,))
+                if await cur.fetchone() is None:
+                    raise InputError(f"job_id: unknown job {job_id!r}")
+                return False
+            if row[0] is not None:
+                await queries.mark_job_as_cancelled([JobId(row[0])])
+            await notify(conn, {"event": "finished", "job_id": job_id})
+        log.info("fleet: box %s cancelled job %s", self.box, job_id)
+        return True
+
+    async def _queue_job(self, queries: Queries, job_id: str, queue_id: int | None) -> pgq.Job | None:
+        held = self._held.get(job_id)
+        if held is not None:
+            return held.queue_job
+        return None if queue_id is None else await queries.queue_job_by_id(JobId(queue_id))
+
+    async def _settle(self, queries: Queries, job_id: str, queue_id: int | None, status: JOB_STATUS) -> None:
+        queue_job = await self._queue_job(queries, job_id, queue_id)
+        if queue_job is not None:
+            await queries.log_jobs([(queue_job, status, None)])
+
+    def _drop(self, job_id: str) -> Claimed | None:
+        held = self._held.pop(job_id, None)
+        if held is None:
+            return None
+        self._by_queue_id.pop(int(held.queue_job.id), None)
+        return held.claimed
+
+    def _abort(self, job_id: str, reason: str) -> None:
+        claimed = self._drop(job_id)
+        if claimed is None:
+            return
+        claimed.abort_reason = reason
+        claimed.aborted.set()
+        log.info("fleet: box %s stops job %s: %s", self.box, job_id, reason)
+        if self._on_abort is not None:
+            try:
+                self._on_abort(job_id, reason)
+            except Exception:
+                log.exception("fleet: on_abort(%s) raised", job_id)
+
+    def _on_cancel(self, queue_ids: list[int]) -> None:
+        for qid in queue_ids:
+            job_id = self._by_queue_id.get(qid)
+            if job_id is not None:
+                self._abort(job_id, "cancelled")
+
+    def _on_reconnect(self) -> None:
+        for job_id in list(self._waiters):
+            self._wake_waiters(job_id)
+        self._work.set()
+        if self._held and not self._closed:
+            task = asyncio.get_running_loop().create_task(self._heartbeat_quietly())
+            self._background.add(task)
+            task.add_done_callback(self._background.discard)
+
+    async def _heartbeat_quietly(self) -> None:
+        with contextlib.suppress(CuzkError):
+            await self.heartbeat()
+
+    # -- reading --------------------------------------------------------------------------
+
+    async def await_result(self, job_id: str, timeout_s: float | None) -> JobStatus:
+        """Wait (LISTEN/NOTIFY, no polling) until the job ends or ``timeout_s`` passes; its status.
+
+        On a timeout the returned status is not ``finished``; the job goes on.
+        """
+        ev = asyncio.Event()
+        self._waiters.setdefault(job_id, set()).add(ev)
+        deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        try:
+            while True:
+                ev.clear()  # before the read: a NOTIFY committed after it sets the event again
+                st = await self.status(job_id)
+                left = AWAIT_RECHECK_S if deadline is None else deadline - time.monotonic()
+                if st.finished or left <= 0 or self._closed:
+                    return st
+                with contextlib.suppress(asyncio.TimeoutError):
+                    await asyncio.wait_for(ev.wait(), min(left, AWAIT_RECHECK_S))
+        finally:
+            waiters = self._waiters.get(job_id)
+            if waiters is not None:
+                waiters.discard(ev)
+                if not waiters:
+                    del self._waiters[job_id]
+
+    def _wake_waiters(self, job_id: str) -> None:
+        for ev in self._waiters.get(job_id, ()):
+            ev.set()
+
+
+
+def _check_submit(request_id: str | None, circuit_id: str, inputs_ref: str, inputs_sha256: str,
+                  n_partitions: int) -> None:
+    """InputError naming the first bad argument of a submit."""
+    if request_id is not None and (len(request_id) > schema.MAX_REQUEST_ID_CHARS or not request_id.isprintable()):
+        raise InputError(f"request_id: at most {schema.MAX_REQUEST_ID_CHARS} printable characters")
+    if not circuit_id or len(circuit_id) > MAX_CIRCUIT_ID_CHARS or not circuit_id.isprintable():
+        raise InputError(f"circuit_id: 1-{MAX_CIRCUIT_ID_CHARS} printable characters, got {circuit_id!r}")
+    if len(inputs_ref) > schema.MAX_REF_CHARS:
+        raise InputError(f"inputs_ref: at most {schema.MAX_REF_CHARS} characters")
+    check_ref(inputs_ref, inputs_sha256)
+    if n_partitions < 1:
+        raise InputError(f"n_partitions: must be >= 1, got {n_partitions}")
+
+
+def _lost_reason(row: tuple[Any, ...] | None, instance: uuid.UUID) -> str:
+    """Why a held claim is no longer this process's ('' if it still is)."""
+    if row is None:
+        return "the job was removed"
+    _, state, owner, box = row
+    if state == "cancelled":
+        return "cancelled"
+    if state in FINAL_STATES:
+        return f"{state} on box {box}"
+    if owner != instance:
+        return f"claimed again by box {box}" if owner is not None else "returned to the queue"
+    return ""
+
+
+def _traceback(queue_id: int, kind: str, message: str) -> pgq.TracebackRecord:
+    """The library's log record of a failed run (shown by its own tools)."""
+    return pgq.TracebackRecord(job_id=JobId(queue_id), timestamp=pgq.utc_now(), exception_type=kind,
+                               exception_message=message[:4000], traceback="", additional_context=None)

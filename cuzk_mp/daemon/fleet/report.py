@@ -1,0 +1,86 @@
+"""How the fleet describes itself: the ``cuzk-mp fleet status`` document and text, /metrics gauges.
+
+This module owns the presentation of :meth:`Fleet.boxes` and :meth:`Fleet.queue_depths`: a
+JSON-able document (for ``--json`` and the daemon's /status), a fixed-width text table for
+people, and the scrape-time gauges in the shape the daemon's metrics renderer takes
+(``(name, help, {labels: value})``, labels as sorted ``(key, value)`` pairs). It reads nothing
+itself.
+
+Gauges (all prefixed ``cuzk_fleet_``): ``boxes{state}``, ``box_up{box}``,
+``box_heartbeat_age_seconds{box}``, ``box_free_slots{box}``, ``box_running_jobs{box}``,
+``box_resident_key{box,circuit}`` (1 per resident key), ``queue_jobs{circuit,priority,state}``
+(state: queued, running, stalled).
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from cuzk_mp.daemon.fleet.models import BoxInfo, QueueDepth
+
+Labels = tuple[tuple[str, str], ...]
+Gauge = tuple[str, str, Mapping[Labels, float] | float]
+BOX_STATES = ("up", "stale", "left")
+
+
+def _labels(**kv: object) -> Labels:
+    return tuple(sorted((k, str(v)) for k, v in kv.items()))
+
+
+def document(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth]) -> dict[str, Any]:
+    """The fleet as JSON-able data: boxes (with their keys) and queue depths."""
+    return {
+        "boxes": [{"box": b.box, "state": b.state, "host": b.host, "pid": b.pid, "resident": list(b.resident),
+                   "free_slots": b.free_slots, "running": b.running,
+                   "heartbeat_age_s": round(b.heartbeat_age_s, 3),
+                   "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(b.started_at))}
+                  for b in boxes],
+        "queues": [{"circuit": d.circuit_id, "priority": d.priority.name, "queued": d.queued,
+                    "running": d.running, "stalled": d.stalled} for d in depths],
+    }
+
+
+def text(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth]) -> str:
+    """A table for people: one line per box, then one per circuit and priority."""
+    lines = [f"{'BOX':<20} {'STATE':<6} {'HOST':<16} {'RUNNING':>7} {'FREE':>5} {'HEARTBEAT':>10}  KEYS"]
+    for b in boxes:
+        lines.append(f"{b.box:<20} {b.state:<6} {b.host[:16]:<16} {b.running:>7} {b.free_slots:>5} "
+                     f"{b.heartbeat_age_s:>9.1f}s  {', '.join(b.resident) or '-'}")
+    if not boxes:
+        lines.append("(no box has joined)")
+    lines.append("")
+    lines.append(f"{'CIRCUIT':<24} {'PRIORITY':<9} {'QUEUED':>7} {'RUNNING':>8} {'STALLED':>8}")
+    for d in depths:
+        lines.append(f"{d.circuit_id:<24} {d.priority.name:<9} {d.queued:>7} {d.running:>8} {d.stalled:>8}")
+    if not depths:
+        lines.append("(no queued or running jobs)")
+    return "\n".join(lines) + "\n"
+
+
+def gauges(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth]) -> list[Gauge]:
+    """Scrape-time gauges for the daemon's /metrics."""
+    per_state: dict[Labels, float] = {_labels(state=s): 0.0 for s in BOX_STATES}
+    for b in boxes:
+        per_state[_labels(state=b.state)] += 1
+    resident = {_labels(box=b.box, circuit=c): 1.0 for b in boxes if b.state == "up" for c in b.resident}
+    queue: dict[Labels, float] = {}
+    for d in depths:
+        for state, n in (("queued", d.queued), ("running", d.running), ("stalled", d.stalled)):
+            queue[_labels(circuit=d.circuit_id, priority=d.priority.name, state=state)] = float(n)
+    return [
+        ("cuzk_fleet_boxes", ("Boxes of the fleet by state (up, stale: no heartbeat within the stall "
+                              "timeout, left)."), per_state),
+        ("cuzk_fleet_box_up", "1 if the box renewed its heartbeat within the stall timeout.",
+         {_labels(box=b.box): float(b.state == "up") for b in boxes}),
+        ("cuzk_fleet_box_heartbeat_age_seconds", "Seconds since the box's last heartbeat.",
+         {_labels(box=b.box): b.heartbeat_age_s for b in boxes}),
+        ("cuzk_fleet_box_free_slots", "Free job slots the box reported at its last heartbeat.",
+         {_labels(box=b.box): float(b.free_slots) for b in boxes}),
+        ("cuzk_fleet_box_running_jobs", "Jobs the box holds a claim on.",
+         {_labels(box=b.box): float(b.running) for b in boxes}),
+        ("cuzk_fleet_box_resident_key", "1 for each circuit whose key a live box holds resident.", resident),
+        ("cuzk_fleet_queue_jobs", ("Jobs of the shared queue by circuit, priority and state "
+                                   "(stalled: claimed by a box that stopped renewing it)."), queue),
+    ]

@@ -1,0 +1,120 @@
+"""The fleet's tables in the shared database, and the idempotent migration that creates them.
+
+This module owns the DDL. The queue itself is the queue library's (pgqueuer: its job, log and
+statistics tables, its NOTIFY trigger), installed or upgraded by the library's own schema code.
+Beside it live three tables of ours, for what the library does not keep:
+
+* ``cuzk_fleet_jobs``: one row per job for its whole life: inputs reference and sha256, state,
+  the box and fleet instance holding the claim, claim and attempt counts, and the result,
+  written once by a guarded update (``... WHERE state IN ('queued', 'running')``). The library's
+  row exists only while the job is queued or picked.
+* ``cuzk_fleet_requests``: request_id -> job_id, so the same request_id sent to any box makes one
+  job, also after the job finished (until it is pruned with its job).
+* ``cuzk_fleet_boxes``: each box's last heartbeat, resident keys and free slots (fleet status,
+  metrics and the key-loading decision).
+
+:func:`migrate` runs at every :meth:`Fleet.connect`, under an advisory lock so
+that boxes starting together do not race; every statement is safe to repeat. ``SCHEMA_VERSION``
+is recorded for later migrations to build on.
+"""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import psycopg
+    from pgqueuer.queries import Queries
+
+log = logging.getLogger("cuzk_mp.daemon.fleet")
+
+SCHEMA_VERSION = 1
+# Advisory lock key: the ASCII of "cuzkflt1" as a signed 64-bit integer.
+MIGRATION_LOCK_KEY = int.from_bytes(b"cuzkflt1", "big", signed=True)
+QUEUE_PREFIX = "cuzk_"
+EVENTS_CHANNEL = "cuzk_fleet_events"
+MAX_RESULT_BYTES = 4 << 20
+MAX_REF_CHARS = 4096
+MAX_REQUEST_ID_CHARS = 256
+
+DDL = (
+    """CREATE TABLE IF NOT EXISTS cuzk_fleet_meta (
+        key   text PRIMARY KEY,
+        value text NOT NULL
+    )""",
+    f"""CREATE TABLE IF NOT EXISTS cuzk_fleet_jobs (
+        job_id        text PRIMARY KEY,
+        request_id    text,
+        circuit_id    text NOT NULL,
+        priority      smallint NOT NULL CHECK (priority BETWEEN 0 AND 3),
+        n_partitions  integer NOT NULL CHECK (n_partitions >= 1),
+        inputs_ref    text NOT NULL CHECK (length(inputs_ref) BETWEEN 1 AND {MAX_REF_CHARS}),
+        inputs_sha256 text NOT NULL CHECK (inputs_sha256 ~ '^[0-9a-f]{{64}}$'),
+        queue_id      bigint,
+        state         text NOT NULL DEFAULT 'queued'
+                      CHECK (state IN ('queued', 'running', 'done', 'failed', 'cancelled')),
+        box           text,
+        owner         uuid,
+        claims        integer NOT NULL DEFAULT 0,
+        attempts      integer NOT NULL DEFAULT 0,
+        submitted_by  text NOT NULL,
+        submitted_at  timestamptz NOT NULL DEFAULT now(),
+        started_at    timestamptz,
+        finished_at   timestamptz,
+        result        bytea CHECK (octet_length(result) <= {MAX_RESULT_BYTES}),
+        error         text,
+        error_kind    text,
+        CHECK (state <> 'done' OR result IS NOT NULL)
+    )""",
+    "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_queue_id ON cuzk_fleet_jobs (queue_id)",
+    ("CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_finished ON cuzk_fleet_jobs (finished_at) "
+     "WHERE finished_at IS NOT NULL"),
+    "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_owner ON cuzk_fleet_jobs (owner) WHERE state = 'running'",
+    f"""CREATE TABLE IF NOT EXISTS cuzk_fleet_requests (
+        request_id  text PRIMARY KEY CHECK (length(request_id) BETWEEN 1 AND {MAX_REQUEST_ID_CHARS}),
+        job_id      text NOT NULL REFERENCES cuzk_fleet_jobs (job_id)
+                    ON DELETE CASCADE DEFERRABLE INITIALLY DEFERRED,
+        created_at  timestamptz NOT NULL DEFAULT now()
+    )""",
+    "CREATE INDEX IF NOT EXISTS cuzk_fleet_requests_job ON cuzk_fleet_requests (job_id)",
+    """CREATE TABLE IF NOT EXISTS cuzk_fleet_boxes (
+        box             text PRIMARY KEY,
+        instance        uuid NOT NULL,
+        host            text NOT NULL,
+        pid             integer NOT NULL,
+        started_at      timestamptz NOT NULL DEFAULT now(),
+        last_heartbeat  timestamptz NOT NULL DEFAULT now(),
+        resident        text[] NOT NULL DEFAULT '{}',
+        free_slots      integer NOT NULL DEFAULT 0,
+        running         integer NOT NULL DEFAULT 0,
+        left_at         timestamptz
+    )""",
+)
+
+
+async def migrate(conn: psycopg.AsyncConnection, queries: Queries) -> None:
+    """Install or upgrade the queue library's schema, then create ours; safe to run concurrently.
+
+    ``conn`` is an autocommit connection and ``queries`` the library's query object over it. The
+    lock is session-level because the library's upgrade statements must not share a transaction.
+    """
+    await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
+    try:
+        if await queries.schema_is_installed():
+            plan = await queries.apply_upgrade()
+            if plan.statements:
+                log.info("[start] fleet: upgraded the queue schema (%d statements)",
+                         len(plan.statements))
+        else:
+            await queries.install()
+            log.info("[start] fleet: installed the queue schema")
+        async with conn.transaction():
+            for statement in DDL:
+                await conn.execute(statement)
+            await conn.execute(
+                "INSERT INTO cuzk_fleet_meta (key, value) VALUES ('schema_version', %s) "
+                "ON CONFLICT (key) DO UPDATE SET value = GREATEST(cuzk_fleet_meta.value::int, "
+                "EXCLUDED.value::int)::text", (str(SCHEMA_VERSION),))
+    finally:
+        await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))

@@ -1,0 +1,152 @@
+"""The fleet's database access: transactions, the queue library's query objects, read-only views.
+
+This module owns how a box talks to the shared database: the connection pool, one transaction
+per operation (:meth:`FleetStore._tx`, which turns database errors into ResourceError, or
+InputError for a value the database refuses), the queue library's ``Queries`` over each
+transaction's connection (its tables prefixed ``cuzk_``), the ``finished``/``requeued``
+notifications of :data:`~.schema.EVENTS_CHANNEL`, and everything that only reads or trims the
+shared state: a job's status, the boxes, the queue depths, pruning. What changes claims lives in
+:mod:`.queue` (:class:`~.queue.Fleet` is a FleetStore).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from datetime import timedelta
+from typing import Any
+
+import psycopg
+from pgqueuer.adapters.drivers.psycopg import PsycopgDriver
+from pgqueuer.adapters.persistence import qb
+from pgqueuer.adapters.persistence.queries import Queries
+from pgqueuer.domain.settings import DBSettings
+from psycopg import sql
+from psycopg.rows import dict_row
+from psycopg_pool import AsyncConnectionPool, PoolTimeout
+
+from cuzk_mp.daemon.fleet import schema
+from cuzk_mp.daemon.fleet.config import FleetConfig, redact_dsn
+from cuzk_mp.daemon.fleet.models import BoxInfo, JobStatus, QueueDepth, circuit_of
+from cuzk_mp.errors import InputError, ResourceError
+from cuzk_mp.pipeline.types import Priority
+
+JOB_COLUMNS = ("job_id, request_id, circuit_id, state, priority, n_partitions, inputs_ref, "
+               "inputs_sha256, submitted_by, box, claims, attempts, "
+               "extract(epoch FROM submitted_at) AS submitted_at, "
+               "extract(epoch FROM started_at) AS started_at, "
+               "extract(epoch FROM finished_at) AS finished_at, result, error, error_kind")
+
+
+class FleetStore:
+    """Database access shared by every operation of a box (see the module docstring)."""
+
+    def __init__(self, cfg: FleetConfig, pool: AsyncConnectionPool) -> None:
+        self.cfg = cfg
+        self._pool = pool
+        self._settings = DBSettings(prefix=schema.QUEUE_PREFIX)
+        self._qbe = qb.QueryBuilderEnvironment(settings=self._settings)
+        self._qbq = qb.QueryQueueBuilder(settings=self._settings)
+        self._qbs = qb.QuerySchedulerBuilder(settings=self._settings)
+        self._closed = False
+
+    def _queries(self, conn: psycopg.AsyncConnection) -> Queries:
+        return Queries(PsycopgDriver(conn), qbe=self._qbe, qbq=self._qbq, qbs=self._qbs)
+
+    @contextlib.asynccontextmanager
+    async def _tx(self) -> AsyncIterator[tuple[psycopg.AsyncConnection, Queries]]:
+        """One transaction on a pooled connection; database errors become ResourceError (InputError
+        for a value the database refuses)."""
+        if self._closed and self._pool.closed:
+            raise ResourceError(f"fleet: box {self.cfg.box} is closed")
+        try:
+            async with self._pool.connection() as conn, conn.transaction():
+                yield conn, self._queries(conn)
+        except psycopg.DataError as e:
+            raise InputError(f"fleet: the database refused a value: {e}") from None
+        except (psycopg.Error, PoolTimeout) as e:
+            raise ResourceError(f"fleet: database {redact_dsn(self.cfg.dsn)}: {type(e).__name__}: {e}") from None
+
+    async def status(self, job_id: str) -> JobStatus:
+        """The job as the shared tables record it (InputError if unknown or pruned)."""
+        async with self._tx() as (conn, _):
+            cur = await conn.cursor(row_factory=dict_row).execute(
+                f"SELECT {JOB_COLUMNS} FROM cuzk_fleet_jobs WHERE job_id = %s", (job_id,))
+            row = await cur.fetchone()
+        if row is None:
+            raise InputError(f"job_id: unknown job {job_id!r}")
+        return status_of(row)
+
+    async def boxes(self) -> list[BoxInfo]:
+        """Every box that has joined: its state, resident keys, free slots and running jobs."""
+        async with self._tx() as (conn, _):
+            cur = await conn.cursor(row_factory=dict_row).execute(
+                "SELECT b.box, b.host, b.pid, b.resident, b.free_slots, b.left_at IS NOT NULL AS left, "
+                "extract(epoch FROM b.started_at) AS started_at, "
+                "extract(epoch FROM now() - b.last_heartbeat) AS age, "
+                "(SELECT count(*) FROM cuzk_fleet_jobs j WHERE j.state = 'running' AND j.box = b.box "
+                " AND j.owner = b.instance) AS running FROM cuzk_fleet_boxes b ORDER BY b.box")
+            rows = await cur.fetchall()
+        return [BoxInfo(box=r["box"], state="left" if r["left"] else
+                        "stale" if float(r["age"]) > self.cfg.stall_timeout_s else "up",
+                        host=r["host"], pid=r["pid"], resident=tuple(r["resident"]), free_slots=r["free_slots"],
+                        running=int(r["running"]), started_at=float(r["started_at"]),
+                        heartbeat_age_s=float(r["age"])) for r in rows]
+
+    async def queue_depths(self) -> list[QueueDepth]:
+        """Per circuit and priority: queued, running, and running on a box that stalled."""
+        async with self._tx() as (_, queries):
+            sizes = await queries.queue_size()
+            stale = await queries.stale_jobs(timedelta(seconds=self.cfg.stall_timeout_s), limit=100_000)
+        counts: dict[tuple[str, int], list[int]] = {}
+        for s in sizes:
+            cid = circuit_of(s.entrypoint)
+            if cid is not None and s.status in ("queued", "picked"):
+                counts.setdefault((cid, s.priority), [0, 0, 0])[0 if s.status == "queued" else 1] += s.count
+        for j in stale:
+            cid = circuit_of(j.entrypoint)
+            if cid is not None:
+                c = counts.setdefault((cid, j.priority), [0, 0, 0])
+                c[1], c[2] = max(c[1] - 1, 0), c[2] + 1
+        return [QueueDepth(cid, Priority(-p), *c) for (cid, p), c in sorted(counts.items(), key=lambda kv: (
+            kv[0][0], -kv[0][1]))]
+
+    async def prune(self, older_than_s: float) -> int:
+        """Delete what ended more than ``older_than_s`` ago; the number of jobs deleted.
+
+        Jobs go with their request ids (a later submit with the same request_id makes a new
+        job), boxes that left go too, and the queue library's per-transition log rows are first
+        folded into its statistics table (its own ``aggregate_logs``), then deleted: the library
+        keeps no retention of its own and the log grows by several rows per job.
+        """
+        async with self._tx() as (conn, queries):
+            cur = await conn.execute("DELETE FROM cuzk_fleet_jobs WHERE finished_at < now() - "
+                                     "make_interval(secs => %s)", (older_than_s,))
+            n = cur.rowcount
+            await conn.execute("DELETE FROM cuzk_fleet_boxes WHERE left_at < now() - make_interval(secs => %s)",
+                               (older_than_s,))
+            await queries.aggregate_logs()
+            await conn.execute(sql.SQL("DELETE FROM {} WHERE aggregated AND created < now() - "
+                                       "make_interval(secs => %s)").format(
+                sql.Identifier(*self._settings.qualified.queue_table_log.split("."))), (older_than_s,))
+        return n
+
+
+async def notify(conn: psycopg.AsyncConnection, event: dict[str, str]) -> None:
+    """Send a fleet event; it is delivered when the surrounding transaction commits."""
+    await conn.execute("SELECT pg_notify(%s, %s)", (schema.EVENTS_CHANNEL, json.dumps(event)))
+
+
+def status_of(row: dict[str, Any]) -> JobStatus:
+    """A JobStatus from a ``SELECT JOB_COLUMNS`` row."""
+    def ts(v: Any) -> float | None:
+        return None if v is None else float(v)
+    return JobStatus(job_id=row["job_id"], request_id=row["request_id"], circuit_id=row["circuit_id"],
+                     state=row["state"], priority=Priority(row["priority"]), n_partitions=row["n_partitions"],
+                     inputs_ref=row["inputs_ref"], inputs_sha256=row["inputs_sha256"],
+                     submitted_by=row["submitted_by"], box=row["box"], claims=row["claims"],
+                     attempts=row["attempts"], submitted_at=float(row["submitted_at"]),
+                     started_at=ts(row["started_at"]), finished_at=ts(row["finished_at"]),
+                     result=None if row["result"] is None else bytes(row["result"]), error=row["error"],
+                     error_kind=row["error_kind"])

@@ -1,0 +1,158 @@
+"""A box's claim loop: claim while there are free slots, run each job, settle it, stop on abort.
+
+This module owns the loop the daemon runs beside its engine when a fleet is configured. It has
+no policy about proving: ``run_job(claimed) -> result bytes`` does the work (the daemon's: load
+the inputs, submit to the engine, wait for the JobResult, encode it). The loop:
+
+* claims ``capacity() - running`` jobs of ``resident()`` circuits whenever that is positive,
+  and otherwise sleeps until a NOTIFY says a job may be claimable, a job of its own ends, or
+  ``poll_s`` passes (stalled claims and delayed retries have no NOTIFY; the poll finds them);
+* when idle with free slots, calls ``on_idle()`` (where the daemon runs the key-loading
+  decision of :mod:`.keys`), at most once per poll;
+* settles each job: a result -> ``complete``; InputError -> ``fail`` without retry (the inputs
+  will not get better); any other error -> ``fail`` with retry (another attempt, maybe on
+  another box); an abort (cancel, finished elsewhere, claim taken over) -> the task running the
+  job is cancelled and nothing is written. While the database is unreachable, settling is
+  retried a few times; then the claim is let go (another box runs the job after the stall
+  timeout) rather than renewed forever for a result that cannot be written;
+* on stop, gives running jobs ``grace_s`` to finish and releases the rest to the queue.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+from collections.abc import Awaitable, Callable, Sequence
+from typing import Any
+
+from cuzk_mp.daemon.fleet.models import Claimed
+from cuzk_mp.daemon.fleet.queue import Fleet
+from cuzk_mp.errors import CuzkError, InputError, ResourceError, error_kind
+
+log = logging.getLogger("cuzk_mp.daemon.fleet")
+
+RunJob = Callable[[Claimed], Awaitable[bytes]]
+SETTLE_RETRY_DELAYS_S = (0.5, 2.0, 5.0)
+
+
+class FleetWorker:
+    """Runs claimed jobs with ``run_job``; ``await worker.run(stop)`` until ``stop`` is set."""
+
+    def __init__(self, fleet: Fleet, run_job: RunJob, *, resident: Callable[[], Sequence[str]],
+                 capacity: Callable[[], int], poll_s: float | None = None,
+                 on_idle: Callable[[], Awaitable[None]] | None = None) -> None:
+        self.fleet, self.run_job = fleet, run_job
+        self.resident, self.capacity, self.on_idle = resident, capacity, on_idle
+        self.poll_s = fleet.cfg.heartbeat_interval_s if poll_s is None else poll_s
+        self.running: dict[str, asyncio.Task[None]] = {}
+        self._slot_freed = asyncio.Event()
+        self.completed = 0
+        self.failed = 0
+        self.aborted = 0
+
+    async def run(self, stop: asyncio.Event, grace_s: float = 0.0) -> None:
+        """Claim and run jobs until ``stop`` is set, then drain for ``grace_s`` and release the rest."""
+        stopper = asyncio.ensure_future(stop.wait())
+        try:
+            while not stop.is_set():
+                free = self.capacity() - len(self.running)
+                claimed = await self._claim(free)
+                for c in claimed:
+                    self.running[c.job_id] = asyncio.create_task(self._run_one(c), name=f"cuzk-fleet-job-{c.job_id}")
+                if claimed:
+                    continue
+                if free > 0 and self.on_idle is not None:
+                    await self._idle()
+                await self._sleep(stopper)
+        finally:
+            stopper.cancel()
+            await self._drain(grace_s)
+
+    async def _idle(self) -> None:
+        """The daemon's idle hook (key loading); its failure is logged, the loop goes on."""
+        assert self.on_idle is not None
+        try:
+            await self.on_idle()
+        except Exception:
+            log.exception("fleet: the idle hook of box %s failed", self.fleet.box)
+
+    async def _claim(self, free: int) -> list[Claimed]:
+        try:  # with no free slot this only records resident keys and free slots for the heartbeat
+            return await self.fleet.claim(self.resident(), free)
+        except CuzkError as e:
+            log.warning("fleet: claim failed on box %s: %s", self.fleet.box, e)
+            return []
+
+    async def _sleep(self, stopper: asyncio.Future[Any]) -> None:
+        """Until work may be claimable, a slot frees, stop, or the poll interval passes."""
+        self._slot_freed.clear()
+        waits = {asyncio.ensure_future(self.fleet.wait_for_work(self.poll_s)),
+                 asyncio.ensure_future(self._slot_freed.wait())}
+        try:
+            await asyncio.wait(waits | {stopper}, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            for w in waits:
+                w.cancel()
+
+    async def _run_one(self, c: Claimed) -> None:
+        work = asyncio.ensure_future(self.run_job(c))
+        abort = asyncio.ensure_future(c.aborted.wait())
+        try:
+            await asyncio.wait({work, abort}, return_when=asyncio.FIRST_COMPLETED)
+            if c.aborted.is_set():
+                work.cancel()
+                with contextlib.suppress(asyncio.CancelledError, Exception):
+                    await work
+                self.aborted += 1
+                log.info("fleet: job %s stopped on box %s: %s", c.job_id, self.fleet.box, c.abort_reason)
+                return
+            await self._settle_retrying(c, work)
+        except asyncio.CancelledError:
+            work.cancel()
+            raise
+        finally:
+            abort.cancel()
+            self.running.pop(c.job_id, None)
+            self._slot_freed.set()
+
+    async def _settle_retrying(self, c: Claimed, work: asyncio.Future[bytes]) -> None:
+        """Settle, retrying while the database is unreachable; then let the claim lapse."""
+        for delay in (*SETTLE_RETRY_DELAYS_S, None):
+            try:
+                await self._settle(c, work)
+                return
+            except ResourceError as e:
+                if delay is None:
+                    log.error("fleet: could not settle job %s on box %s: %s; its claim lapses and it runs "
+                              "again elsewhere after the stall timeout", c.job_id, self.fleet.box, e)
+                    self.fleet.forget(c.job_id)
+                    return
+                log.warning("fleet: settling job %s failed (%s); again in %g s", c.job_id, e, delay)
+                await asyncio.sleep(delay)
+
+    async def _settle(self, c: Claimed, work: asyncio.Future[bytes]) -> None:
+        exc = work.exception()
+        if exc is None:
+            try:
+                if await self.fleet.complete(c.job_id, work.result()):
+                    self.completed += 1
+                return
+            except InputError as e:  # a result the database does not take (too large)
+                exc = e
+        self.failed += 1
+        if not isinstance(exc, CuzkError):
+            log.error("fleet: job %s raised %s on box %s", c.job_id, type(exc).__name__, self.fleet.box,
+                      exc_info=exc)
+        await self.fleet.fail(c.job_id, str(exc) or type(exc).__name__, error_kind=error_kind(exc),
+                              retry=not isinstance(exc, InputError))
+
+    async def _drain(self, grace_s: float) -> None:
+        if self.running and grace_s > 0:
+            await asyncio.wait(list(self.running.values()), timeout=grace_s)
+        for job_id, task in list(self.running.items()):
+            task.cancel()
+            with contextlib.suppress(asyncio.CancelledError, Exception):
+                await task
+            with contextlib.suppress(CuzkError):
+                await self.fleet.release(job_id)

@@ -1,0 +1,106 @@
+"""Single-instance safety: one daemon per journal (and per unix socket) at a time.
+
+A daemon takes an exclusive ``flock`` on ``<journal>.lock`` (and, for a unix-socket listener,
+``<socket>.lock``), and binds the abstract unix socket ``cuzk-mp-shm:<prefix>`` for its shm
+prefix, before it touches anything else: the status port, the journal, the engine, its shared
+memory or its socket. A second daemon started with the same config (or one sharing the journal,
+the socket or the shm prefix) therefore finds a lock taken and exits at once with
+:class:`AlreadyRunning`, naming the holder's pid, having changed nothing; the first one never
+notices. Both kinds of lock belong to the process's open files, so they go away with it, however
+it dies (SIGKILL included): no stale lock can block a restart. The lock files are left in place
+on exit (unlinking a lock file races with the next daemon opening it); they hold the pid of the
+last daemon that took them, for messages only. The abstract socket leaves no file at all (so
+nothing in /dev/shm); it is per network namespace, which daemons sharing /dev/shm share too in
+the usual setups.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import fcntl
+import os
+import socket
+import struct
+from pathlib import Path
+
+from cuzk_mp.errors import CuzkError
+
+
+class AlreadyRunning(CuzkError):
+    """Another daemon holds the lock of this journal or socket."""
+
+
+class InstanceLock:
+    """Exclusive locks on a set of lock files, held until :meth:`release` or process exit."""
+
+    def __init__(self, paths: list[Path], shm_prefix: str | None = None) -> None:
+        self.paths = paths
+        self.shm_prefix = shm_prefix
+        self._fds: list[int] = []
+        self._sock: socket.socket | None = None
+
+    def acquire(self) -> None:
+        """Take every lock, or none: AlreadyRunning (naming the holder) if one is taken."""
+        try:
+            for path in self.paths:
+                self._fds.append(self._lock(path))
+            if self.shm_prefix is not None:
+                self._sock = self._bind(self.shm_prefix)
+        except BaseException:
+            self.release()
+            raise
+
+    @staticmethod
+    def _bind(prefix: str) -> socket.socket:
+        name = f"\0cuzk-mp-shm:{prefix}"
+        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            sock.bind(name)
+            sock.listen(1)  # never accepted: a second daemon's connect only reads the holder's pid
+        except OSError:
+            sock.close()
+            holder = "unknown"
+            with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
+                probe.settimeout(1.0)
+                probe.connect(name)
+                holder = str(struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                                  struct.calcsize("3i")))[0])
+            raise AlreadyRunning(f"another cuzk-mp daemon (pid {holder}) already uses the shm prefix "
+                                 f"{prefix!r}; this one exits without touching anything "
+                                 "(give each daemon its own [pipeline] shm_prefix)") from None
+        return sock
+
+    @staticmethod
+    def _lock(path: Path) -> int:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise AlreadyRunning(f"another cuzk-mp daemon (pid {holder}) already uses "
+                                 f"{str(path).removesuffix('.lock')} (its lock {path} is held); "
+                                 "this one exits without touching anything") from None
+        except BaseException:
+            os.close(fd)
+            raise
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return fd
+
+    def release(self) -> None:
+        """Drop every lock held (idempotent)."""
+        if self._sock is not None:
+            self._sock.close()
+            self._sock = None
+        while self._fds:
+            fd = self._fds.pop()
+            with contextlib.suppress(OSError):
+                fcntl.flock(fd, fcntl.LOCK_UN)
+            os.close(fd)
+
+
+def lock_paths(journal: Path, unix_sockets: list[str]) -> list[Path]:
+    """The lock files of a daemon: beside its journal and beside each unix socket it binds."""
+    return [journal.with_name(journal.name + ".lock")] + [Path(p + ".lock") for p in unix_sockets]

@@ -1,0 +1,47 @@
+"""What systemd shows and waits for while the daemon starts: ``STATUS=`` and ``EXTEND_TIMEOUT_USEC=``.
+
+A start can outlast any fixed ``TimeoutStartSec``: a synthetic circuit's first development
+setup, or proving keys of tens of GiB read from disk. Before each such step the daemon calls
+:func:`starting`, which shows the step in ``systemctl status`` and asks systemd for ``budget_s``
+more seconds from now (``EXTEND_TIMEOUT_USEC``): a step that overruns its own budget still
+fails the start, so a hung start is not kept alive forever. :func:`key_load_budget_s` and
+:func:`setup_budget_s` are budgets for reading a key of a given size and for a development
+setup. Outside systemd (no ``$NOTIFY_SOCKET``) every call is a no-op; the datagram itself is
+sent by :func:`cuzk_mp.daemon.ops.sd_notify`.
+"""
+
+from __future__ import annotations
+
+import math
+
+from .ops import sd_notify
+
+MIN_STEP_S = 60.0  # the least extension asked for a step
+KEY_READ_BYTES_PER_S = 50 * 2**20  # a slow disk under load: budgets stay generous
+# A development setup computes about 8 G1-row equivalents per domain row (C, A, B1, H and B2
+# at three times the cost); 110k such rows/s were measured at 2^17 on 2 CPU cores: 20x slack.
+SETUP_ROWS_PER_S = 5_000.0
+
+
+def starting(step: str, budget_s: float) -> bool:
+    """Show ``step`` as the unit's status and allow it ``budget_s`` seconds (at least MIN_STEP_S).
+
+    Returns whether systemd got the message (False outside systemd).
+    """
+    usec = math.ceil(max(budget_s, MIN_STEP_S) * 1e6)
+    return sd_notify(f"STATUS={_one_line(step)}\nEXTEND_TIMEOUT_USEC={usec}")
+
+
+def key_load_budget_s(nbytes: int) -> float:
+    """Seconds to allow for reading (and checking) a proving key of ``nbytes``."""
+    return MIN_STEP_S + nbytes / KEY_READ_BYTES_PER_S
+
+
+def setup_budget_s(log_n: int) -> float:
+    """Seconds to allow for a synthetic circuit's first development setup at 2^log_n rows."""
+    return MIN_STEP_S + 8 * (1 << log_n) / SETUP_ROWS_PER_S
+
+
+def _one_line(text: str) -> str:
+    """sd_notify's fields are newline-separated: a status must stay on one line."""
+    return " ".join(text.split())

@@ -1,0 +1,520 @@
+"""What synthesis needs from a circuit, prepared once into a compact read-only file mapped by every worker.
+
+The witness map reads the A and B rows of the zkey's coefficient section (section 4) and, for
+the witness check, the C rows of the circuit's .r1cs. Decoded as 32-byte coefficients they take
+3.4 GiB at 2^24, and every synthesis worker used to hold its own copy. Here they are stored once
+per circuit as :class:`~cuzk_mp.algebra.coded_sparse.CodedMatrix` rows (uint32 columns and
+row pointers, a uint16 code per entry, uint32 past 65536 values, into one table of the distinct
+coefficients, with +1 and -1 on reserved codes: 707 MiB instead of 3.4 GiB at 2^24), mapped
+read-only, so the page cache holds one copy that every worker shares. (The synthetic circuits'
+witness generators need no circuit data beyond a few module constants: nothing else is cached.)
+
+The cache file (``<key>.synth-abc`` with the r1cs's C rows, ``<key>.synth-ab`` without):
+
+* a 4096-byte header: magic, version, a CRC of the header, the file size, a hash of the body,
+  the identity of the key (size, mtime in ns, a digest of its header section, whose points
+  differ for every setup) and of the r1cs (size, mtime, a digest of its header section), the
+  circuit's sizes and each matrix's row and entry counts;
+* the body, every array 64-byte aligned in this order: table (v R), table (v R^2), then for A,
+  B and C: row pointers, columns, codes. Offsets follow from the counts alone.
+
+Where it lives: beside the key (``<key path>.synth-ab[c]``); when the key's directory is not
+writable, in ``circuit-data`` of cuzk-mp's cache folder (:func:`cuzk_mp.paths.default_cache_dir`:
+``$CUZK_MP_CACHE``, else ``$XDG_CACHE_HOME/cuzk-mp``, else ``~/.cache/cuzk-mp``) under the
+key's name and a hash of its absolute path; or in an explicit ``cache_dir``. It is built under an
+exclusive ``flock`` of ``<cache>.lock`` (concurrent workers wait for one builder), written to a
+temporary file, flushed and renamed into place, so a reader never sees half a file (a builder
+that died leaves its temporary file, removed by the next builder, who holds the lock). Opening
+checks the header, the key's identity, the size the counts imply and the body hash; any mismatch
+(a changed key, a truncated or damaged file, another version) rebuilds it, never a wrong result.
+
+Decisions: the key's identity is its size, mtime and header digest, not a hash of section 4
+(that would read gigabytes at every open): a key rewritten in place with the same size, mtime
+and header keeps its cache. A stale cache is replaced, never deleted, so a worker that mapped
+the old one keeps a valid mapping. The lock file stays (removing it would race with a waiter).
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import logging
+import mmap
+import os
+import struct
+import tempfile
+import time
+import zlib
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+
+from ..algebra import fr
+from ..algebra.coded_sparse import CODE_MINUS_ONE, CODE_ONE, MAX_ENTRIES, CodedMatrix, DistinctValues, code_dtype
+from ..algebra.field import FR, R_MOD, int_to_limbs
+from ..algebra.sparse import CsrMatrix
+from ..errors import CuzkError, InputError
+from ..formats.binfile import BinFile
+from ..formats.r1cs import MAGIC as R1CS_MAGIC
+from ..formats.r1cs import R1CS, R1csLayout, scan_r1cs
+from ..formats.r1cs import SECTION_LABELS as R1CS_LABELS
+from ..formats.r1cs import VERSION as R1CS_VERSION
+from ..formats.zkey import MAGIC as ZKEY_MAGIC
+from ..formats.zkey import SECTION_LABELS as ZKEY_LABELS
+from ..formats.zkey import VERSION as ZKEY_VERSION
+from ..formats.zkey import ZKey, read_zkey
+from ..formats.zkey_kernels import count_rows
+from ..paths import default_cache_dir
+from .circuit_data_kernels import body_hash, scatter_rows
+
+log = logging.getLogger("cuzk_mp.groth16.circuit_data")
+
+MAGIC = b"CUZKSYNT"
+VERSION = 1
+HEADER_BYTES = 4096
+ALIGN = 64
+C_ROW_CHUNK = 1 << 20  # r1cs constraints decoded at a time while building (bounded memory)
+_HEAD = struct.Struct("<8sII QQ QQ16s QQ16s II QQQQQ QQQQQQ")
+_CRC_AT = 12  # byte offset of the header CRC (zeroed while it is computed)
+_ONE_MONT = int_to_limbs(FR.r_mod, 4)
+_MINUS_ONE_MONT = int_to_limbs(R_MOD - FR.r_mod, 4)
+
+
+@dataclass(frozen=True)
+class FileIdentity:
+    """What a cache records of a source file: size, mtime (ns) and a digest of its header section."""
+
+    size: int
+    mtime_ns: int
+    digest: bytes
+
+    @classmethod
+    def none(cls) -> FileIdentity:
+        """The identity of an absent file (an in-memory key, no r1cs)."""
+        return cls(0, 0, bytes(16))
+
+
+@dataclass(frozen=True)
+class Counts:
+    """The sizes that fix a cache file's layout."""
+
+    has_c: bool
+    code_bytes: int
+    n_vars: int
+    n_public: int
+    domain_size: int
+    n_constraints: int  # rows of C (0 without the r1cs)
+    n_codes: int
+    a_rows: int
+    a_nnz: int
+    b_rows: int
+    b_nnz: int
+    c_rows: int
+    c_nnz: int
+
+    def arrays(self) -> list[tuple[str, np.dtype, tuple[int, ...]]]:
+        """(name, dtype, shape) of every body array, in file order."""
+        codes = np.dtype(f"<u{self.code_bytes}")
+        out: list[tuple[str, np.dtype, tuple[int, ...]]] = [
+            ("table_mont", np.dtype("<u8"), (self.n_codes, 4)), ("table_r2", np.dtype("<u8"), (self.n_codes, 4))]
+        mats = [("a", self.a_rows, self.a_nnz), ("b", self.b_rows, self.b_nnz)]
+        if self.has_c:
+            mats.append(("c", self.c_rows, self.c_nnz))
+        for name, rows, nnz in mats:
+            out += [(f"{name}_ptr", np.dtype("<u4"), (rows + 1,)),
+                    (f"{name}_col", np.dtype("<u4"), (nnz,)), (f"{name}_code", codes, (nnz,))]
+        return out
+
+    def layout(self) -> tuple[dict[str, tuple[int, np.dtype, tuple[int, ...]]], int]:
+        """({name: (offset, dtype, shape)}, file size): arrays 64-byte aligned after the header."""
+        pos, out = HEADER_BYTES, {}
+        for name, dt, shape in self.arrays():
+            out[name] = (pos, dt, shape)
+            pos += -(-int(np.prod(shape)) * dt.itemsize // ALIGN) * ALIGN
+        return out, pos
+
+
+@dataclass
+class CircuitData:
+    """The coded A, B (and C) rows of one circuit and their coefficient table, usually a read-only mapping."""
+
+    counts: Counts
+    a: CodedMatrix
+    b: CodedMatrix
+    c: CodedMatrix | None
+    table_mont: np.ndarray  # (n_codes, 4): v R
+    table_r2: np.ndarray  # (n_codes, 4): v R^2
+    path: str | None  # the cache file (None when built in memory)
+    _buffer: object = None  # keeps the mapping (or the in-memory bytes) alive
+
+    @property
+    def nbytes(self) -> int:
+        """Bytes of the body arrays."""
+        return int(self.table_mont.nbytes * 2 + self.a.nbytes + self.b.nbytes + (self.c.nbytes if self.c else 0))
+
+    def close(self) -> None:
+        """Drop the arrays and the mapping (views taken earlier keep it alive until they are gone)."""
+        self.a = self.b = self.c = None  # type: ignore[assignment]
+        self.table_mont = self.table_r2 = None  # type: ignore[assignment]
+        self._buffer = None
+
+
+# ------------------------------------------------------------------ identities and paths
+
+
+def zkey_identity(path: str | os.PathLike[str]) -> FileIdentity:
+    """Size, mtime and the digest of the zkey's header section (maps the file; reads one page or two)."""
+    return _identity(path, ZKEY_MAGIC, ZKEY_VERSION, ZKEY_LABELS, 2)
+
+
+def r1cs_identity(path: str | os.PathLike[str]) -> FileIdentity:
+    """Size, mtime and the digest of the r1cs's header section."""
+    return _identity(path, R1CS_MAGIC, R1CS_VERSION, R1CS_LABELS, 1)
+
+
+def _identity(path: str | os.PathLike[str], magic: str, version: int, labels: dict[int, str], sid: int) -> FileIdentity:
+    st = _stat(path)
+    with BinFile.open(path, magic, (version,), labels=labels) as bf:
+        if not bf.has(sid):
+            raise bf.error(sid, "section is missing")
+        digest = hashlib.blake2b(bytes(bf.section(sid)), digest_size=16).digest()
+    return FileIdentity(st.st_size, st.st_mtime_ns, digest)
+
+
+def _stat(path: str | os.PathLike[str]) -> os.stat_result:
+    try:
+        return os.stat(path)
+    except OSError as exc:
+        raise InputError(f"{os.fspath(path)}: cannot read: {exc.strerror or exc}") from exc
+
+
+def default_cache_root() -> Path:
+    """Where caches go when the key's directory is not writable: ``circuit-data`` in cuzk-mp's cache folder."""
+    return default_cache_dir() / "circuit-data"
+
+
+def cache_candidates(zkey_path: str | os.PathLike[str], with_c: bool, cache_dir: str | os.PathLike[str] | None = None
+                     ) -> list[Path]:
+    """The cache files tried in order: beside the key, then the fallback directory (or only ``cache_dir``)."""
+    key = Path(zkey_path).resolve()
+    suffix = ".synth-abc" if with_c else ".synth-ab"
+    tagged = f"{key.name}-{hashlib.sha256(str(key).encode()).hexdigest()[:16]}{suffix}"
+    if cache_dir is not None:
+        return [Path(cache_dir).expanduser() / tagged]
+    return [key.with_name(key.name + suffix), default_cache_root() / tagged]
+
+
+# ------------------------------------------------------------------ header
+
+
+def _pack_header(counts: Counts, file_size: int, body: int, zkey: FileIdentity, r1cs: FileIdentity) -> bytes:
+    c = counts
+    raw = _HEAD.pack(MAGIC, VERSION, 0, file_size, body, zkey.size, zkey.mtime_ns, zkey.digest,
+                     r1cs.size, r1cs.mtime_ns, r1cs.digest, int(c.has_c), c.code_bytes, c.n_vars, c.n_public,
+                     c.domain_size, c.n_constraints, c.n_codes, c.a_rows, c.a_nnz, c.b_rows, c.b_nnz, c.c_rows, c.c_nnz)
+    head = bytearray(raw.ljust(HEADER_BYTES, b"\0"))
+    struct.pack_into("<I", head, _CRC_AT, zlib.crc32(head))
+    return bytes(head)
+
+
+def _unpack_header(head: bytes) -> tuple[Counts, int, int, FileIdentity, FileIdentity]:
+    """(counts, file size, body hash, zkey identity, r1cs identity); ValueError says what is wrong."""
+    if len(head) < HEADER_BYTES:
+        raise ValueError(f"{len(head)} bytes, shorter than the {HEADER_BYTES}-byte header")
+    f = _HEAD.unpack_from(head)
+    if f[0] != MAGIC:
+        raise ValueError(f"wrong magic {f[0]!r}")
+    if f[1] != VERSION:
+        raise ValueError(f"version {f[1]}, this code reads version {VERSION}")
+    zeroed = bytearray(head[:HEADER_BYTES])
+    struct.pack_into("<I", zeroed, _CRC_AT, 0)
+    if zlib.crc32(zeroed) != f[2]:
+        raise ValueError("header checksum mismatch")
+    counts = Counts(bool(f[11]), *f[12:])
+    if counts.code_bytes not in (1, 2, 4):
+        raise ValueError(f"code width {counts.code_bytes} bytes")
+    return counts, f[3], f[4], FileIdentity(*f[5:8]), FileIdentity(*f[8:11])
+
+
+# ------------------------------------------------------------------ opening
+
+
+def open_cache(path: str | os.PathLike[str], zkey: FileIdentity, r1cs: FileIdentity | None) -> CircuitData:
+    """Map a cache file read-only after checking it is complete, intact and made from these files.
+
+    ``r1cs`` None: a cache without C rows is expected. ValueError (or OSError) says why the
+    file cannot be used; the caller rebuilds it.
+    """
+    with open(path, "rb") as f:
+        size = os.fstat(f.fileno()).st_size
+        if size < HEADER_BYTES:
+            raise ValueError(f"{size} bytes, shorter than the {HEADER_BYTES}-byte header")
+        mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+    try:
+        counts, file_size, body, zid, rid = _unpack_header(mm[:HEADER_BYTES])
+        if file_size != size:
+            raise ValueError(f"truncated or extended: {size} bytes, the header says {file_size}")
+        if zid != zkey:
+            raise ValueError("made from another key (size, mtime or header differ)")
+        if counts.has_c != (r1cs is not None) or (r1cs is not None and rid != r1cs):
+            raise ValueError("made from another r1cs (size, mtime or header differ)")
+        return _from_buffer(mm, counts, body, os.fspath(path))
+    except BaseException:
+        try:
+            mm.close()
+        except BufferError:  # a view is still held by the traceback: the mapping goes with it
+            pass
+        raise
+
+
+def _from_buffer(buf: mmap.mmap | np.ndarray, counts: Counts, body: int | None, path: str | None) -> CircuitData:
+    layout, size = counts.layout()
+    raw = np.frombuffer(buf, dtype=np.uint8)
+    if raw.shape[0] != size:
+        raise ValueError(f"{raw.shape[0]} bytes, the counts imply {size}")
+    if body is not None:
+        got = body_hash(raw[HEADER_BYTES:].view(np.uint64))
+        if got != body:
+            raise ValueError("body hash mismatch (damaged file)")
+
+    def arr(name: str) -> np.ndarray:
+        off, dt, shape = layout[name]
+        return np.frombuffer(buf, dtype=dt, count=int(np.prod(shape)), offset=off).reshape(shape)
+
+    mats = {m: CodedMatrix(arr(f"{m}_ptr"), arr(f"{m}_col"), arr(f"{m}_code")) for m in ("a", "b", "c")
+            if m != "c" or counts.has_c}
+    return CircuitData(counts, mats["a"], mats["b"], mats.get("c"), arr("table_mont"), arr("table_r2"), path, buf)
+
+
+# ------------------------------------------------------------------ building
+
+
+class _CSource:
+    """The C rows of the r1cs, a bounded chunk at a time: from a mapped file or an in-memory R1CS."""
+
+    def __init__(self, r1cs: R1CS | R1csLayout) -> None:
+        self.r1cs = r1cs
+        if isinstance(r1cs, R1CS):
+            self.n_rows, self.n_wires, self.n_public = r1cs.n_constraints, r1cs.n_wires, r1cs.n_public
+            self.nnz_a, self.nnz_b = r1cs.a.nnz, r1cs.b.nnz
+            self.row_counts = np.diff(r1cs.c.indptr)
+            self.name = str(r1cs.path or "r1cs")
+        else:
+            h = r1cs.head
+            self.n_rows, self.n_wires, self.n_public = h["n_constraints"], h["n_wires"], h["n_pub_out"] + h["n_pub_in"]
+            self.nnz_a, self.nnz_b = int(r1cs.counts[0].sum(dtype=np.int64)), int(r1cs.counts[1].sum(dtype=np.int64))
+            self.row_counts = r1cs.counts[2]
+            self.name = r1cs.bf.name
+        self.nnz = int(np.sum(self.row_counts, dtype=np.int64))
+        if self.nnz > MAX_ENTRIES:
+            raise InputError(f"{self.name}: C has {self.nnz} entries, more than the {MAX_ENTRIES} "
+                             "the witness check supports")
+
+    def chunks(self) -> Iterator[tuple[int, CsrMatrix]]:
+        """(first row, rows lo .. lo+k-1 as CSR with standard-form data), in row order."""
+        for lo in range(0, self.n_rows, C_ROW_CHUNK):
+            hi = min(self.n_rows, lo + C_ROW_CHUNK)
+            if isinstance(self.r1cs, R1CS):
+                c = self.r1cs.c
+                p0, p1 = int(c.indptr[lo]), int(c.indptr[hi])
+                yield lo, CsrMatrix(c.indptr[lo : hi + 1] - p0, c.indices[p0:p1], c.data[p0:p1], c.n_cols)
+            else:
+                yield lo, self.r1cs.decode(2, lo, hi)
+
+
+def _check_match(zkey: ZKey, src: _CSource, a_nnz: int, b_nnz: int) -> None:
+    """The r1cs must be the circuit of the key (what snarkjs's setup derives from it)."""
+    where = f"{src.name} does not match {zkey.path or 'zkey'}"
+    if src.n_wires != zkey.n_vars or src.n_public != zkey.n_public:
+        raise InputError(f"{where}: r1cs has {src.n_wires} wires / {src.n_public} public, "
+                         f"zkey has {zkey.n_vars} / {zkey.n_public}")
+    if src.n_rows + src.n_public + 1 > zkey.domain_size:
+        raise InputError(f"{where}: {src.n_rows} constraints do not fit the domain of {zkey.domain_size}")
+    if a_nnz != src.nnz_a + src.n_public + 1 or b_nnz != src.nnz_b:
+        raise InputError(f"{where}: coefficient counts differ (zkey A/B {a_nnz}/{b_nnz}, "
+                         f"r1cs A/B {src.nnz_a}/{src.nnz_b} + {src.n_public + 1} public rows)")
+
+
+class _Builder:
+    """Two passes: collect the distinct coefficients and the counts (the layout), then fill a buffer."""
+
+    def __init__(self, zkey: ZKey, r1cs: R1CS | R1csLayout | None) -> None:
+        self.zkey = zkey
+        coefs = zkey.coefs
+        self.m, self.c, self.s, self.v = coefs["matrix"], coefs["constraint"], coefs["signal"], coefs["value"]
+        row_counts = np.zeros((2, zkey.domain_size), dtype=np.int64)
+        bad = count_rows(self.m, self.c, zkey.domain_size, row_counts)
+        if bad >= 0:
+            raise InputError(f"{zkey.path or 'zkey'}: coefficient {bad}: matrix {self.m[bad]}, "
+                             f"constraint {self.c[bad]} (domain {zkey.domain_size})")
+        self.rows = [_used_rows(row_counts[k]) for k in range(2)]
+        self.ptr_ab = [np.cumsum(np.concatenate([[0], row_counts[k, : self.rows[k]]])) for k in range(2)]
+        self.src = _CSource(r1cs) if r1cs is not None else None
+        if self.src is not None:
+            _check_match(zkey, self.src, int(self.ptr_ab[0][-1]), int(self.ptr_ab[1][-1]))
+        self.zvals = DistinctValues()
+        self.zvals.add(self.v)
+        self.cvals = DistinctValues()
+        if self.src is not None:
+            for _, chunk in self.src.chunks():
+                self.cvals.add(chunk.data)
+        self.table_mont, self.zmap, self.cmap = self._table()
+        src = self.src
+        self.counts = Counts(
+            has_c=src is not None, code_bytes=code_dtype(self.table_mont.shape[0]).itemsize, n_vars=zkey.n_vars,
+            n_public=zkey.n_public, domain_size=zkey.domain_size, n_constraints=src.n_rows if src else 0,
+            n_codes=self.table_mont.shape[0], a_rows=self.rows[0], a_nnz=int(self.ptr_ab[0][-1]), b_rows=self.rows[1],
+            b_nnz=int(self.ptr_ab[1][-1]), c_rows=src.n_rows if src else 0, c_nnz=src.nnz if src else 0)
+
+    def _table(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The global table (v R): +1, -1, then the zkey's values, then the r1cs's new ones; and the maps to it."""
+        rows: dict[bytes, int] = {_ONE_MONT.tobytes(): CODE_ONE, _MINUS_ONE_MONT.tobytes(): CODE_MINUS_ONE}
+        table = [_ONE_MONT, _MINUS_ONE_MONT]
+
+        def codes_of(mont: np.ndarray) -> np.ndarray:
+            out = np.empty(mont.shape[0], dtype=np.uint32)
+            for i, row in enumerate(mont):
+                key = row.tobytes()
+                if key not in rows:
+                    rows[key] = len(table)
+                    table.append(row)
+                out[i] = rows[key]
+            return out
+
+        zmap = codes_of(fr.from_mont(np.ascontiguousarray(self.zvals.values)))  # v R^2 -> v R
+        cmap = codes_of(fr.to_mont(np.ascontiguousarray(self.cvals.values)))  # v -> v R
+        return np.stack(table), zmap, cmap
+
+    def fill(self, buf: np.ndarray) -> None:
+        """Write the body arrays into ``buf`` (the whole file's bytes; the header is left alone)."""
+        layout, _ = self.counts.layout()
+
+        def arr(name: str) -> np.ndarray:
+            off, dt, shape = layout[name]
+            return buf[off : off + int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape)
+
+        arr("table_mont")[:] = self.table_mont
+        arr("table_r2")[:] = fr.to_mont(self.table_mont)
+        codes = np.empty(self.m.shape[0], dtype=code_dtype(self.counts.n_codes))
+        self.zvals.lookup_into(self.v, self.zmap, codes)
+        for k, name in enumerate("ab"):
+            arr(f"{name}_ptr")[:] = self.ptr_ab[k]
+        scatter_rows(self.m, self.c, self.s, codes, arr("a_ptr"), arr("b_ptr"), arr("a_col"), arr("b_col"),
+                     arr("a_code"), arr("b_code"))
+        del codes
+        if self.src is not None:
+            ptr, col, code = arr("c_ptr"), arr("c_col"), arr("c_code")
+            ptr[0] = 0
+            ptr[1:] = np.cumsum(self.src.row_counts, dtype=np.int64)
+            for lo, chunk in self.src.chunks():
+                p0 = int(ptr[lo])
+                col[p0 : p0 + chunk.nnz] = chunk.indices
+                self.cvals.lookup_into(chunk.data, self.cmap, code[p0 : p0 + chunk.nnz])
+
+
+def _used_rows(row_counts: np.ndarray) -> int:
+    """Rows up to the last non-empty one (later rows are implicitly empty)."""
+    nz = np.flatnonzero(row_counts)
+    return int(nz[-1]) + 1 if nz.size else 0
+
+
+def build_in_memory(zkey: ZKey, r1cs: R1CS | None = None) -> CircuitData:
+    """The circuit data of an in-memory key (and r1cs), in the same layout as a cache file."""
+    builder = _Builder(zkey, r1cs)
+    _, size = builder.counts.layout()
+    buf = np.zeros(size, dtype=np.uint8)
+    builder.fill(buf)
+    return _from_buffer(buf, builder.counts, None, None)
+
+
+def build_cache(zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLike[str] | None, dest: Path) -> None:
+    """Build the cache file ``dest`` from the key (and r1cs): a temporary file renamed into place."""
+    t0 = time.perf_counter()
+    zid = zkey_identity(zkey_path)
+    rid = r1cs_identity(r1cs_path) if r1cs_path is not None else FileIdentity.none()
+    with read_zkey(zkey_path) as zkey:
+        layout = scan_r1cs(r1cs_path) if r1cs_path is not None else None
+        try:
+            builder = _Builder(zkey, layout)
+            _, size = builder.counts.layout()
+            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+            try:
+                with os.fdopen(fd, "r+b") as f:
+                    f.truncate(size)
+                    with mmap.mmap(f.fileno(), size) as mm:
+                        buf = np.frombuffer(mm, dtype=np.uint8)
+                        builder.fill(buf)
+                        body = body_hash(buf[HEADER_BYTES:].view(np.uint64))
+                        mm[:HEADER_BYTES] = _pack_header(builder.counts, size, body, zid, rid)
+                        del buf
+                        mm.flush()
+                    os.fsync(f.fileno())
+                os.replace(tmp, dest)
+            except BaseException:
+                Path(tmp).unlink(missing_ok=True)
+                raise
+        finally:
+            if layout is not None:
+                layout.close()
+    c = builder.counts
+    log.info("built %s: %d A + %d B + %d C entries, %d distinct coefficients, %.1f MiB in %.1f s", dest, c.a_nnz,
+             c.b_nnz, c.c_nnz, c.n_codes, size / 2**20, time.perf_counter() - t0)
+
+
+def open_or_build(zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLike[str] | None,
+                  cache_dir: str | os.PathLike[str] | None = None) -> CircuitData:
+    """The circuit data of (key, r1cs): a valid cache mapped read-only, built first when there is none."""
+    zid = zkey_identity(zkey_path)
+    rid = r1cs_identity(r1cs_path) if r1cs_path is not None else None
+    candidates = cache_candidates(zkey_path, r1cs_path is not None, cache_dir)
+    for path in candidates:
+        data = _try_open(path, zid, rid)
+        if data is not None:
+            return data
+    problems: list[str] = []
+    for path in candidates:
+        data = _build_at(path, zkey_path, r1cs_path, zid, rid, problems)
+        if data is not None:
+            return data
+    raise CuzkError(f"no writable place for the circuit-data cache of {os.fspath(zkey_path)}: {'; '.join(problems)}")
+
+
+def _build_at(path: Path, zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLike[str] | None,
+              zid: FileIdentity, rid: FileIdentity | None, problems: list[str]) -> CircuitData | None:
+    """Build the cache at ``path`` under its lock (unless another process just did); None if it cannot go there."""
+    try:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        lock = open(path.with_name(path.name + ".lock"), "a")  # noqa: SIM115 - closed by the with below
+    except OSError as exc:
+        problems.append(f"{path.parent}: {exc.strerror or exc}")
+        return None
+    with lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        data = _try_open(path, zid, rid, quiet=True)  # another process may have built it meanwhile
+        if data is not None:
+            return data
+        for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a builder that died: none runs now
+            stale.unlink(missing_ok=True)
+        try:
+            build_cache(zkey_path, r1cs_path, path)
+        except OSError as exc:  # not writable, full, or in the way: the next place is tried
+            log.warning("cannot write the circuit-data cache %s: %s", path, exc.strerror or exc)
+            problems.append(f"{path}: {exc.strerror or exc}")
+            return None
+        try:
+            return open_cache(path, zid, rid)
+        except (OSError, ValueError) as exc:
+            raise CuzkError(f"{path}: the circuit-data cache just built does not open: {exc}") from exc
+
+
+def _try_open(path: Path, zid: FileIdentity, rid: FileIdentity | None, quiet: bool = False) -> CircuitData | None:
+    if not path.exists():
+        return None
+    try:
+        return open_cache(path, zid, rid)
+    except (OSError, ValueError) as exc:
+        if not quiet:
+            log.warning("circuit-data cache %s cannot be used (%s): rebuilding it", path, exc)
+        return None

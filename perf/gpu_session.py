@@ -1,0 +1,505 @@
+#!/usr/bin/env python3
+"""One GPU session in one call: fresh-box CLI timings, the GPU tests of what changed, checked MSM
+and partition timings (old and new variants side by side), real 2^20 proofs; a table last.
+
+On the GPU machine (repository root, the cp312 wheels installed as README "The GPU machine" says):
+
+    python3 perf/gpu_session.py --out $OUT            # ~7-8 min, budget 530 s
+
+writes ``$OUT/gpu-session.tar.gz`` (``gpu-session.json``, ``logs/``, ``proofs/`` with snarkjs
+JSON of each real proof) and prints the table last. Sections, in this order (``--skip`` any):
+
+* ``fresh``  whole processes on a box where nothing ran yet: ``cuzk-mp circuit porep-like
+  --log-n 16``, ``cuzk-mp setup --backend gpu``, the first ``cuzk-mp groth16 prove --backend gpu``
+  and three warm ones (``fresh_*_s``), and how many kernel modules fell back to NVRTC
+  (``fresh_nvrtc_fallbacks``: 0 when the shipped binaries load);
+* ``tests``  ``pytest -m gpu`` on the changed areas (backend protocol, MSMs with multiples and
+  plans, fixed-base, the shipped binaries): ``tests_passed`` / ``tests_failed``;
+* ``msm``    G1 random 2^24 and 2^26, G2 random 2^24: the plain Pippenger (``*_ms``), with
+  precomputed multiples (``*_multiples_ms``, table build ``*_multiples_build_ms``) and the G2
+  module variants (``g2_msm_random_2^24_{calls,lazy,calls_lazy}_ms``); every result checked
+  by the discrete-log identity (``*_ok``);
+* ``partition``  the device work of one 2^24 partition (stage, h_values, the five MSMs: the
+  protocol recipe ``groth16.prover.prove_start``) on a key-shaped set of points t_i G (the four
+  G1 sections share one set; no dev setup needed), witness PoRep-like (40 % 0, 40 % 1) and
+  dense-random; ``prove_{porep,random}_2^24_total_ms`` with the default multiples plan and
+  ``..._multiples_none_total_ms`` without, each stage's split, every sum checked;
+* ``proofs``  real 2^20 proofs of both synthetic circuits (GPU dev setup, ``prove``, self-verified,
+  written for ``snarkjs groth16 verify``): ``prove_{porep,random}_2^20_s`` and device totals.
+
+Each section checks the time left against its estimate and records "not run: ..." instead of
+overrunning. ``--dry-run`` (no GPU): parses, runs the MSM section on the CPU kernel emulator at
+2^7, the partition section's CPU references at 2^10, the fresh-box command lines with the CPU
+backend at 2^10, collects the tests, and writes the tar, so the device run does not die on a typo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import inspect
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tarfile
+import tempfile
+import time
+import traceback
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+sys.path.insert(0, str(ROOT / "perf"))
+
+BUDGET_S = 530.0
+TEST_FILES = ["tests/test_gpu_kernels_shipped.py", "tests/test_gpu_backend.py", "tests/test_gpu_msm.py",
+              "tests/test_gpu_fixed_base.py"]
+# Estimated seconds per section on the H200 (for the budget check before each one starts).
+ESTIMATE_S = {"fresh": 90.0, "tests": 150.0, "msm": 70.0, "partition": 80.0, "proofs": 45.0}
+TABLE_KEYS = [
+    "fresh_setup_2^16_s", "fresh_prove_2^16_first_s", "fresh_prove_2^16_warm_s", "fresh_nvrtc_fallbacks",
+    "tests_passed", "tests_failed",
+    "g1_msm_random_2^24_ms", "g1_msm_random_2^24_multiples_ms", "g1_msm_random_2^26_ms",
+    "g1_msm_random_2^26_multiples_ms", "g2_msm_random_2^24_ms", "g2_msm_random_2^24_calls_ms",
+    "g2_msm_random_2^24_lazy_ms", "g2_msm_random_2^24_calls_lazy_ms", "g2_msm_random_2^24_multiples_ms",
+    "prove_porep_2^24_multiples_none_total_ms", "prove_porep_2^24_total_ms",
+    "prove_random_2^24_multiples_none_total_ms", "prove_random_2^24_total_ms",
+    "prove_porep_2^20_s", "prove_random_2^20_s", "checks_failed",
+]
+
+
+class Session:
+    """Rows, logs and the time budget of one run."""
+
+    def __init__(self, out: Path, budget_s: float, dry: bool) -> None:
+        self.out, self.budget_s, self.dry = out, budget_s, dry
+        self.t0 = time.perf_counter()
+        self.rows: dict[str, Any] = {"date": _dt.date.today().isoformat(), "dry_run": dry}
+        self.logs = out / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.failed_checks: list[str] = []
+
+    def left(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.t0)
+
+    def log(self, msg: str) -> None:
+        line = f"[{time.perf_counter() - self.t0:6.1f} s] {msg}"
+        print(line, flush=True)
+        with open(self.logs / "session.log", "a") as f:
+            f.write(line + "\n")
+
+    def check(self, key: str, ok: bool) -> None:
+        self.rows[key] = bool(ok)
+        if not ok:
+            self.failed_checks.append(key)
+            self.log(f"CHECK FAILED: {key}")
+
+    def save(self) -> None:
+        self.rows["checks_failed"] = len(self.failed_checks)
+        self.rows["failed_checks"] = self.failed_checks
+        self.rows["session_s"] = time.perf_counter() - self.t0
+        (self.out / "gpu-session.json").write_text(json.dumps(self.rows, indent=1, sort_keys=True, default=str) + "\n")
+
+
+# ---------------------------------------------------------------- fresh box (whole processes)
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cuzk_mp.cli", *args]
+
+
+def _timed(ses: Session, label: str, cmd: list[str], timeout: float) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    timeout *= 5 if ses.dry else 1  # the dry run's CPU box compiles numba on 2 shared cores
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
+    took = time.perf_counter() - t0
+    text = f"$ {' '.join(cmd)}\n--- rc {res.returncode} in {took:.2f} s\n{res.stdout}\n{res.stderr}"
+    (ses.logs / f"{label}.log").write_text(text)
+    if res.returncode:
+        raise RuntimeError(f"{label} failed (rc {res.returncode}): {res.stderr[-800:]}")
+    return took, res.stdout + res.stderr
+
+
+def fresh_rows(ses: Session, backend: str, log_n: int) -> None:
+    """circuit, setup, first prove and warm proves of the 2^log_n PoRep-like circuit, as processes."""
+    work = Path(tempfile.mkdtemp(prefix="cuzk-fresh-"))
+    ses.rows[f"fresh_circuit_2^{log_n}_s"], _ = _timed(
+        ses, "fresh_circuit", _cli("circuit", "porep-like", "--log-n", str(log_n), str(work)), 300)
+    r1cs, wtns = work / f"porep-like-{log_n}.r1cs", work / f"porep-like-{log_n}.wtns"
+    zkey = work / "k.zkey"
+    took, out = _timed(ses, "fresh_setup", _cli("--log-level", "INFO", "setup", "--backend", backend, str(r1cs),
+                                                   str(zkey)), 240)
+    ses.rows[f"fresh_setup_2^{log_n}_s"] = took
+    fallbacks = out.count("compiling with NVRTC")
+    prove = _cli("--log-level", "INFO", "groth16", "prove", "--backend", backend, str(zkey), str(wtns),
+                 str(work / "proof.json"), str(work / "public.json"))
+    took, out = _timed(ses, "fresh_prove_first", prove, 240)
+    ses.rows[f"fresh_prove_2^{log_n}_first_s"] = took
+    fallbacks += out.count("compiling with NVRTC")
+    warm = [_timed(ses, f"fresh_prove_warm{i}", prove, 120)[0] for i in range(3)]
+    ses.rows[f"fresh_prove_2^{log_n}_warm_s"] = statistics.median(warm)
+    ses.rows["fresh_nvrtc_fallbacks"] = fallbacks
+    (ses.out / "proofs" / f"fresh-porep-2^{log_n}").mkdir(parents=True, exist_ok=True)
+    for name in ("proof.json", "public.json"):
+        (ses.out / "proofs" / f"fresh-porep-2^{log_n}" / name).write_bytes((work / name).read_bytes())
+
+
+# ---------------------------------------------------------------- GPU tests
+
+def _text(x: str | bytes | None) -> str:
+    return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
+
+
+def test_rows(ses: Session, collect_only: bool) -> None:
+    """The gpu-marked tests of the changed areas, bounded by a timeout."""
+    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu" if not collect_only else "gpu or not gpu",
+           "-p", "no:cacheprovider", *TEST_FILES]
+    if collect_only:
+        cmd.append("--collect-only")
+    t0 = time.perf_counter()
+    try:
+        res = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, min(240.0, ses.left() - 200)),
+                             cwd=ROOT, check=False)
+        text, rc = res.stdout + res.stderr, res.returncode
+    except subprocess.TimeoutExpired as exc:
+        text, rc = f"{_text(exc.stdout)}\n{_text(exc.stderr)}\nTIMEOUT", -1
+    (ses.logs / "tests.log").write_text(text)
+    ses.rows["tests_s"] = time.perf_counter() - t0
+    tail = text.strip().splitlines()[-1] if text.strip() else ""
+    ses.rows["tests_summary"] = tail
+
+    def count(word: str) -> int:
+        import re
+
+        m = re.search(rf"(\d+) {word}", tail)
+        return int(m.group(1)) if m else 0
+
+    if collect_only:
+        ses.rows["tests_collected"] = count("tests? collected") or len([ln for ln in text.splitlines() if "::" in ln])
+        return
+    ses.rows["tests_passed"], ses.rows["tests_failed"] = count("passed"), count("failed") + count("error")
+    ses.check("tests_ok", rc == 0)
+
+
+# ---------------------------------------------------------------- MSM rows
+
+def msm_rows(ses: Session, sizes_g1: tuple[int, ...], lg_g2: int, reps: int) -> None:
+    """G1/G2 random MSMs: plain, with precomputed multiples, and the G2 module variants; checked."""
+    import gpu_msm_bench as mb
+
+    from cuzk_mp.backends.gpu import msm
+    from cuzk_mp.backends.gpu.knobs import G2_VARIANTS
+
+    def put(key: str, r: dict[str, Any]) -> None:
+        mb._flatten(ses.rows, key, r)
+        ses.check(f"{key}_ok", bool(r["ok"]))
+        ses.log(f"{key}: {r['ms']:.2f} ms (build {r.get('build_ms', 0.0):.0f} ms) ok={r['ok']}")
+
+    g1 = mb.Bases(False, 1 << max(sizes_g1), seed=7)
+    ses.rows[f"g1_bases_2^{max(sizes_g1)}_ms"] = g1.make_ms
+    for lg in sizes_g1:
+        s = mb.random_scalars(1 << lg, "random", lg)
+        put(f"g1_msm_random_2^{lg}", mb.time_msm(g1, s, reps))
+        put(f"g1_msm_random_2^{lg}_multiples", mb.time_msm(g1, s, reps, multiples=msm.choose_multiples_window(1 << lg)))
+        _free()
+    del g1
+    _free()
+    g2 = mb.Bases(True, 1 << lg_g2, seed=8)
+    s = mb.random_scalars(1 << lg_g2, "random", lg_g2)
+    for name, params in G2_VARIANTS.items():
+        key = f"g2_msm_random_2^{lg_g2}" + ("" if name == "inline" else f"_{name}")
+        put(key, mb.time_msm(g2, s, reps, params))
+    c2 = msm.choose_multiples_window(1 << lg_g2)
+    put(f"g2_msm_random_2^{lg_g2}_multiples", mb.time_msm(g2, s, reps, multiples=c2))
+    del g2
+    _free()
+
+
+def _free() -> None:
+    import cupy
+
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
+
+
+# ---------------------------------------------------------------- one partition's device work
+
+def _witness(n: int, dist: str, seed: int) -> np.ndarray:
+    import gpu_msm_bench as mb
+
+    return mb.random_scalars(n, "porep" if dist == "porep" else "random", seed)
+
+
+def _dense_mont(n: int, seed: int) -> np.ndarray:
+    """n canonical Fr rows (any value < r works as Montgomery form)."""
+    import gpu_msm_bench as mb
+
+    return mb.random_scalars(n, "random", seed)
+
+
+def partition_keys(lg: int, n_public: int, seed: int) -> tuple[Any, Any, Any, Any]:
+    """(key namespace, G1 discrete logs, G2 discrete logs, bases) of a key-shaped set of points:
+    t_i G (G1, shared by a, b1, c, h) and u_i G (G2)."""
+    from types import SimpleNamespace
+
+    import gpu_msm_bench as mb
+
+    n = 1 << lg
+    g1, g2 = mb.Bases(False, n, seed), mb.Bases(True, n, seed + 1)
+    p1, p2 = _to_host(g1.d_points), _to_host(g2.d_points)
+    g1.d_points = g2.d_points = None  # the key's own upload holds them; the checks need only t and G
+    key = SimpleNamespace(path=None, domain_size=n, n_vars=n, n_public=n_public, a=p1, b1=p1, b2=p2,
+                          c=p1[: n - n_public - 1], h=p1)
+    return key, g1, g2, (p1, p2)
+
+
+def _to_host(a: Any) -> np.ndarray:
+    return np.asarray(a.get() if hasattr(a, "get") else a)
+
+
+def partition_rows(ses: Session, lg: int, reps: int) -> None:
+    """Device work of one 2^lg partition through the protocol recipe, multiples none vs default."""
+    import cupy
+    import gpu_msm_bench as mb
+
+    from cuzk_mp.backends.base import ProverInputs
+    from cuzk_mp.backends.gpu.backend import GpuBackend
+    from cuzk_mp.backends.gpu.knobs import MULTIPLES_ENV
+    from cuzk_mp.groth16.prover import prove_start
+
+    n_public = 4
+    zkey, g1, g2, _ = partition_keys(lg, n_public, seed=11)
+    _free()
+    n = 1 << lg
+    abc = [_dense_mont(n, 100 + i) for i in range(3)]
+    witnesses = {tag: _witness(n, tag, 200 + i) for i, tag in enumerate(("porep", "random"))}
+    backend = GpuBackend(0)
+    for variant in ("none", "auto"):
+        os.environ[MULTIPLES_ENV] = variant
+        t0 = time.perf_counter()
+        key = backend.load_key(zkey)
+        suffix = "_multiples_none" if variant == "none" else ""
+        ses.rows[f"partition_2^{lg}{suffix}_load_key_s"] = time.perf_counter() - t0
+        ses.rows[f"partition_2^{lg}{suffix}_multiples"] = ",".join(sorted(key.multiples)) or "-"
+        ses.log(f"key 2^{lg} multiples={variant}: {ses.rows[f'partition_2^{lg}{suffix}_load_key_s']:.1f} s, "
+                f"tables for {ses.rows[f'partition_2^{lg}{suffix}_multiples']}")
+        for tag, w in witnesses.items():
+            runs = []
+            for rep in range(reps + 1):
+                t0 = time.perf_counter()
+                staged = backend.stage(key, ProverInputs(*abc, w))
+                stage_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                sums = prove_start(backend, key, staged, n_public)
+                wall = time.perf_counter() - t0
+                if rep == 0:  # warm-up run, checked
+                    p = cupy.asnumpy(staged.h)
+                    _check_sums(ses, f"prove_{tag}_2^{lg}{suffix}", sums, w, p, g1, g2, n_public, mb)
+                backend.release(staged)
+                if rep:
+                    runs.append((dict(backend.last_timings), wall, stage_s))
+            base = f"prove_{tag}_2^{lg}{suffix}"
+            for k in runs[0][0]:
+                ses.rows[f"{base}_{k}_ms"] = statistics.median(r[0][k] for r in runs)
+            ses.rows[f"{base}_wall_ms"] = 1e3 * statistics.median(r[1] for r in runs)
+            ses.rows[f"{base}_stage_wall_ms"] = 1e3 * statistics.median(r[2] for r in runs)
+            ses.log(f"{base}: total {ses.rows[f'{base}_total_ms']:.1f} ms, wall {ses.rows[f'{base}_wall_ms']:.1f} ms, "
+                    + ", ".join(f"{k} {ses.rows[f'{base}_{k}_ms']:.1f}" for k in runs[0][0] if k != "total"))
+        ses.rows.update({f"partition_2^{lg}{suffix}_stats_{k}": v for k, v in backend.stats().items()})
+        key.close()
+        _free()
+    os.environ.pop(MULTIPLES_ENV, None)
+    backend.close()
+
+
+def _check_sums(ses: Session, base: str, sums: Any, w: np.ndarray, p: np.ndarray, g1: Any, g2: Any,
+                n_public: int, mb: Any) -> None:
+    """Each of the five sums against (sum_i s_i t_i) G with the known discrete logs."""
+    from py_arkworks_bls12381 import Scalar
+
+    def at(bases: Any, s: np.ndarray, t: np.ndarray) -> Any:
+        return bases.gen * Scalar.from_le_bytes(mb.dot_mod_r(s, t).to_bytes(32, "little"))
+
+    k = n_public + 1
+    want = {"a": at(g1, w, g1.t), "b1": at(g1, w, g1.t), "b2": at(g2, w, g2.t),
+            "c": at(g1, w[k:], g1.t[: w.shape[0] - k]), "h": at(g1, p, g1.t[: p.shape[0]])}
+    for name, point in want.items():
+        ses.check(f"{base}_{name}_ok", getattr(sums, name) == point)
+
+
+def partition_cpu_references(ses: Session, lg: int) -> None:
+    """The partition section's host side without a GPU: witnesses, the dot products of the checks."""
+    import gpu_msm_bench as mb
+
+    n = 1 << lg
+    w = _witness(n, "porep", 1)
+    t = mb.random_scalars(n, "random", 2)
+    frac = float(np.mean(~w.any(axis=1))), float(np.mean((w[:, 0] == 1) & ~w[:, 1:].any(axis=1)))
+    direct = sum(int.from_bytes(a.tobytes(), "little") * int.from_bytes(b.tobytes(), "little")
+                 for a, b in zip(w, t)) % mb.R_MOD
+    ses.check("dry_dot_mod_r_ok", mb.dot_mod_r(w, t) == direct)
+    ses.rows["dry_porep_zero_one_fraction"] = frac
+
+
+# ---------------------------------------------------------------- real proofs
+
+def proof_rows(ses: Session, lg: int, reps: int) -> None:
+    """Real proofs of both synthetic circuits with GPU dev keys, self-verified, kept for snarkjs."""
+    from cuzk_mp.backends.gpu.backend import GpuBackend
+    from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+    from cuzk_mp.formats.snarkjs_json import proof_to_json, public_to_json, vk_to_json, write_json
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.groth16.keys import vk_from_zkey
+    from cuzk_mp.groth16.prover import prove
+    from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+    from cuzk_mp.pipeline.keys import ensure_synthetic_key
+
+    backend = GpuBackend(0)
+    cache = Path(tempfile.mkdtemp(prefix="cuzk-keys-"))
+    for kind, tag in (("porep-like", "porep"), ("dense-random", "random")):
+        t0 = time.perf_counter()
+        zkey = read_zkey(ensure_synthetic_key(kind, lg, cache, backend="gpu")[0])
+        ses.rows[f"setup_{tag}_2^{lg}_s"] = time.perf_counter() - t0
+        key, ev = backend.load_key(zkey), ConstraintEvaluator.from_zkey(zkey)
+        w = synthetic_circuit(kind, lg).witness(seed=1, partition=0)
+        times = []
+        for _ in range(reps):
+            t0 = time.perf_counter()
+            proof, public = prove(backend, zkey, w, key=key, evaluator=ev)  # self-verified
+            times.append(time.perf_counter() - t0)
+        ses.rows[f"prove_{tag}_2^{lg}_s"] = statistics.median(times)
+        ses.rows.update({f"prove_{tag}_2^{lg}_{k}_ms": v for k, v in backend.last_timings.items()})
+        ses.check(f"prove_{tag}_2^{lg}_verified", True)
+        out = ses.out / "proofs" / f"{tag}-2^{lg}"
+        out.mkdir(parents=True, exist_ok=True)
+        write_json(out / "proof.json", proof_to_json(proof))
+        write_json(out / "public.json", public_to_json(public))
+        write_json(out / "verification_key.json", vk_to_json(vk_from_zkey(zkey)))
+        ses.log(f"prove {tag} 2^{lg}: {ses.rows[f'prove_{tag}_2^{lg}_s']:.3f} s, device "
+                f"{backend.last_timings.get('total', float('nan')):.1f} ms")
+        key.close()
+        zkey.close()
+    backend.close()
+
+
+# ---------------------------------------------------------------- driver
+
+def _protocol_ready() -> str:
+    """'' when groth16.prover.prove_start is the backend-protocol recipe, else why not."""
+    from cuzk_mp.groth16 import prover
+
+    params = list(inspect.signature(prover.prove_start).parameters)
+    return "" if "n_public" in params else ("groth16.prover.prove_start(backend, key, staged, n_public) is not "
+                                            "in this checkout (the recipe of the backend protocol)")
+
+
+def run_section(ses: Session, name: str, fn: Callable[[], None]) -> None:
+    if ses.left() < ESTIMATE_S.get(name, 30.0) and not ses.dry:
+        ses.rows[f"{name}_status"] = f"not run: {ses.left():.0f} s left, ~{ESTIMATE_S[name]:.0f} s needed"
+        ses.log(ses.rows[f"{name}_status"])
+        return
+    ses.log(f"section {name} ...")
+    t0 = time.perf_counter()
+    try:
+        fn()
+        ses.rows[f"{name}_status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - a failed section is recorded, the others still run
+        ses.rows[f"{name}_status"] = f"error: {type(exc).__name__}: {exc}"[:2000]
+        (ses.logs / f"{name}.error.log").write_text(traceback.format_exc())
+        ses.failed_checks.append(f"{name}_section")
+        ses.log(f"section {name} FAILED: {type(exc).__name__}: {exc}")
+    ses.rows[f"{name}_s"] = time.perf_counter() - t0
+    ses.log(f"section {name}: {ses.rows[f'{name}_s']:.1f} s")
+    ses.save()
+
+
+def _dry_run_setup() -> None:
+    """Bind cuzk_mp.backends.gpu to the CPU kernel emulator (numpy arrays as device arrays)."""
+    import types
+
+    from tests import gpu_emu
+
+    fake_modules = types.ModuleType("cuzk_mp.backends.gpu.modules")
+    fake_modules.get_module = gpu_emu.get_module  # type: ignore[attr-defined]
+    fake_modules.occupancy = lambda kernel, nthreads: None  # type: ignore[attr-defined]
+    sys.modules["cupy"] = gpu_emu.fake_cupy  # type: ignore[assignment]
+    sys.modules["cuzk_mp.backends.gpu.modules"] = fake_modules
+    from cuzk_mp.backends.gpu import msm
+
+    msm._copy_to_host_async = gpu_emu._copy_to_host  # type: ignore[attr-defined]
+    gpu_emu.fake_cupy.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
+    gpu_emu.fake_cupy.get_default_pinned_memory_pool = gpu_emu.fake_cupy.get_default_memory_pool
+
+
+def table(rows: dict[str, Any]) -> str:
+    lines = [f"{'row':44} value"]
+    for k in TABLE_KEYS:
+        if k in rows:
+            v = rows[k]
+            lines.append(f"{k:44} {v:.4g}" if isinstance(v, float) else f"{k:44} {v}")
+    for k in sorted(rows):
+        if k.endswith("_status") and rows[k] != "ok":
+            lines.append(f"{k:44} {rows[k][:70]}")
+    return "\n".join(lines)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")), help="output folder ($OUT)")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="stop starting sections after this")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip: fresh,tests,msm,partition,proofs")
+    ap.add_argument("--reps", type=int, default=3, help="timed runs per row (after a checked warm-up)")
+    ap.add_argument("--dry-run", action="store_true", help="no GPU: emulator and CPU references at tiny sizes")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    unknown = skip - set(ESTIMATE_S)
+    if unknown:
+        ap.error(f"unknown sections {sorted(unknown)}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    ses = Session(args.out, args.budget_s, args.dry_run)
+    if args.dry_run:
+        _dry_run_setup()
+        ses.rows["gpu"] = "none (dry run: CPU kernel emulator)"
+    else:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        ses.rows.update({"gpu": props["name"].decode(), "sm_count": props["multiProcessorCount"],
+                         "cupy": cupy.__version__, "cuda_driver": cupy.cuda.runtime.driverGetVersion()})
+    why = _protocol_ready()
+    ses.rows["protocol_recipe"] = why or "ok"
+    ses.log(f"{ses.rows['gpu']}; recipe: {ses.rows['protocol_recipe']}; budget {args.budget_s:.0f} s")
+    backend = "cpu" if args.dry_run else "gpu"
+    sections: dict[str, Callable[[], None]] = {
+        "fresh": lambda: fresh_rows(ses, backend, 10 if args.dry_run else 16),
+        "tests": lambda: test_rows(ses, collect_only=args.dry_run),
+        "msm": (lambda: msm_rows(ses, (7,), 6, 1)) if args.dry_run else
+        (lambda: msm_rows(ses, (24, 26), 24, args.reps)),
+        "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
+        (lambda: partition_rows(ses, 24, args.reps)),
+        "proofs": (lambda: None) if args.dry_run else (lambda: proof_rows(ses, 20, args.reps)),
+    }
+    for name, fn in sections.items():
+        if name in skip:
+            continue
+        if why and name in ("partition", "proofs") and not args.dry_run:
+            ses.rows[f"{name}_status"] = f"not run: {why}"
+            continue
+        run_section(ses, name, fn)
+    ses.save()
+    tar = args.out / "gpu-session.tar.gz"
+    with tarfile.open(tar, "w:gz") as tf:
+        for item in ("gpu-session.json", "logs", "proofs"):
+            if (args.out / item).exists():
+                tf.add(args.out / item, arcname=item)
+    print(f"wrote {tar}")
+    print(table(ses.rows))
+
+
+if __name__ == "__main__":
+    main()

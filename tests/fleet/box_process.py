@@ -1,0 +1,74 @@
+"""One fleet box as its own process, for the tests that need real processes (SIGKILL, concurrency).
+
+``python box_process.py --dsn DSN --box NAME --circuits a,b [--slots N] [--work-s S] ...`` joins
+the fleet and runs a :class:`FleetWorker` whose job reads the inputs through their reference,
+checks their sha256, works for ``--work-s`` seconds (cancellable) and returns a small JSON result
+naming the box and the digest it computed. It prints one JSON line per event on stdout
+(``ready``, ``started``, ``aborted``, ``stopped``) so the test can follow it, logs on stderr,
+and exits 0 on SIGTERM. It imports cuzk_mp from PYTHONPATH (set by the helper that starts it).
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import json
+import logging
+import signal
+import sys
+import time
+
+from cuzk_mp.daemon.fleet.inputs import load_inputs
+from cuzk_mp.daemon.fleet.models import Claimed
+from cuzk_mp.daemon.fleet.queue import Fleet
+from cuzk_mp.daemon.fleet.worker import FleetWorker
+
+
+def emit(event: str, **fields: object) -> None:
+    """One JSON line on stdout, flushed at once (the test reads it while the box runs)."""
+    print(json.dumps({"event": event, "t": time.time(), **fields}), flush=True)
+
+
+async def main(args: argparse.Namespace) -> int:
+    """Run the box until SIGTERM."""
+    circuits = args.circuits.split(",")
+
+    async def run_job(c: Claimed) -> bytes:
+        emit("started", job_id=c.job_id, circuit=c.circuit_id, claims=c.claims)
+        data = load_inputs(c.inputs_ref, c.inputs_sha256)
+        await asyncio.sleep(args.work_s)
+        return json.dumps({"box": args.box, "digest": hashlib.sha256(data).hexdigest(),
+                           "circuit": c.circuit_id}).encode()
+
+    def on_abort(job_id: str, reason: str) -> None:
+        emit("aborted", job_id=job_id, reason=reason)
+
+    fleet = await Fleet.connect(args.dsn, args.box, on_abort=on_abort, heartbeat_interval_s=args.heartbeat,
+                                stall_timeout_s=args.stall)
+    stop = asyncio.Event()
+    loop = asyncio.get_running_loop()
+    loop.add_signal_handler(signal.SIGTERM, stop.set)
+    worker = FleetWorker(fleet, run_job, resident=lambda: circuits, capacity=lambda: args.slots,
+                         poll_s=args.poll)
+    emit("ready", box=args.box)
+    try:
+        await worker.run(stop)
+    finally:
+        await fleet.close()
+    emit("stopped", completed=worker.completed, failed=worker.failed, aborted=worker.aborted)
+    return 0
+
+
+if __name__ == "__main__":
+    p = argparse.ArgumentParser()
+    p.add_argument("--dsn", required=True)
+    p.add_argument("--box", required=True)
+    p.add_argument("--circuits", required=True)
+    p.add_argument("--slots", type=int, default=1)
+    p.add_argument("--work-s", type=float, default=0.0)
+    p.add_argument("--heartbeat", type=float, default=0.5)
+    p.add_argument("--stall", type=float, default=2.0)
+    p.add_argument("--poll", type=float, default=0.5)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
+    sys.exit(asyncio.run(main(p.parse_args())))

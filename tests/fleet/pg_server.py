@@ -1,0 +1,147 @@
+"""A throwaway PostgreSQL server for the fleet tests: a temp directory, 127.0.0.1, a free port.
+
+PostgreSQL refuses to run as root, and the tests (here and in CI) run as root, so the server is
+initialised and started as an unprivileged system user: ``postgres`` when it exists, else a
+system user created for the purpose. Run as any other user, the server runs as that user.
+The binaries are looked up on PATH, then in ``/usr/lib/postgresql/<version>/bin``; when none are
+found, :func:`find_binaries` returns None and the tests skip with that reason.
+
+The server is tuned for tests, not durability (``fsync=off``): it lives for one pytest session.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import glob
+import os
+import pwd
+import shutil
+import socket
+import subprocess
+import tempfile
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+SERVICE_USER = "postgres"
+FALLBACK_USER = "cuzk-pg"
+SUPERUSER = "cuzk"
+START_TIMEOUT_S = 60
+
+
+@dataclass(frozen=True)
+class PgBinaries:
+    """The server programs this module runs."""
+
+    initdb: str
+    pg_ctl: str
+
+
+@dataclass(frozen=True)
+class PgServer:
+    """A running server: ``dsn(dbname)`` connects to one of its databases."""
+
+    host: str
+    port: int
+    root: Path
+    user: str | None
+
+    def dsn(self, dbname: str = "postgres") -> str:
+        """A libpq URI for ``dbname`` as the trusted superuser."""
+        return f"postgresql://{SUPERUSER}@{self.host}:{self.port}/{dbname}"
+
+
+def find_binaries() -> PgBinaries | None:
+    """initdb and pg_ctl from PATH, else from the newest /usr/lib/postgresql/*/bin; None if absent."""
+    initdb, pg_ctl = shutil.which("initdb"), shutil.which("pg_ctl")
+    if initdb and pg_ctl:
+        return PgBinaries(initdb, pg_ctl)
+    dirs = sorted(glob.glob("/usr/lib/postgresql/*/bin"),
+                  key=lambda d: int(Path(d).parent.name) if Path(d).parent.name.isdigit() else 0)
+    for d in reversed(dirs):
+        if os.access(f"{d}/initdb", os.X_OK) and os.access(f"{d}/pg_ctl", os.X_OK):
+            return PgBinaries(f"{d}/initdb", f"{d}/pg_ctl")
+    return None
+
+
+def _service_user() -> str | None:
+    """The user to run the server as: None when not root, else an unprivileged system user."""
+    if os.geteuid() != 0:
+        return None
+    for name in (SERVICE_USER, FALLBACK_USER):
+        with contextlib.suppress(KeyError):
+            pwd.getpwnam(name)
+            return name
+    subprocess.run([_sbin("useradd"), "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                    FALLBACK_USER], check=True, capture_output=True)
+    return FALLBACK_USER
+
+
+def _sbin(program: str) -> str:
+    """A system program that may live outside a non-login PATH (runuser, useradd)."""
+    path = os.pathsep.join((os.environ.get("PATH", ""), "/usr/sbin", "/sbin", "/usr/bin", "/bin"))
+    return shutil.which(program, path=path) or program
+
+
+def _temp_root(user: str | None) -> str:
+    """A temp directory the server's user can reach: $TMPDIR when others may traverse it, else /tmp."""
+    tmp = tempfile.gettempdir()
+    if user is not None and not os.stat(tmp).st_mode & 0o001:
+        tmp = "/tmp"
+    return tmp
+
+
+def _run_as(user: str | None, argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` (as ``user`` through runuser when given), raising with its output on failure."""
+    cmd = [_sbin("runuser"), "-u", user, "--", *argv] if user else argv
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "LANG": "C"}
+    proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
+    if proc.returncode != 0:
+        raise RuntimeError(f"{' '.join(argv[:2])} failed ({proc.returncode}):\n{proc.stdout}\n{proc.stderr}")
+    return proc  # type: ignore[no-any-return]
+
+
+def _free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+def _start(bins: PgBinaries, root: Path, user: str | None) -> int:
+    """pg_ctl start on a free port; a few tries in case another process takes the port first."""
+    last: Exception | None = None
+    for _ in range(3):
+        port = _free_port()
+        opts = (f"-h 127.0.0.1 -p {port} -k {root} -c fsync=off -c synchronous_commit=off "
+                "-c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB")
+        try:
+            _run_as(user, [bins.pg_ctl, "-D", str(root / "data"), "-l", str(root / "server.log"),
+                           "-w", "-t", str(START_TIMEOUT_S), "-o", opts, "start"])
+            return port
+        except RuntimeError as e:
+            last = e
+            time.sleep(0.2)
+    log = (root / "server.log").read_text(errors="replace") if (root / "server.log").exists() else ""
+    raise RuntimeError(f"PostgreSQL did not start: {last}\n{log[-4000:]}")
+
+
+@contextlib.contextmanager
+def running_server(bins: PgBinaries) -> Iterator[PgServer]:
+    """Initialise and start a server in a fresh temp directory; stop it and remove the directory."""
+    user = _service_user()
+    root = Path(tempfile.mkdtemp(prefix="cuzk-fleet-pg-", dir=_temp_root(user)))
+    try:
+        os.chmod(root, 0o700)
+        if user is not None:
+            pw = pwd.getpwnam(user)
+            os.chown(root, pw.pw_uid, pw.pw_gid)
+        _run_as(user, [bins.initdb, "-D", str(root / "data"), "-U", SUPERUSER, "-A", "trust",
+                       "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions"])
+        port = _start(bins, root, user)
+        try:
+            yield PgServer("127.0.0.1", port, root, user)
+        finally:
+            _run_as(user, [bins.pg_ctl, "-D", str(root / "data"), "-m", "immediate", "-w", "stop"])
+    finally:
+        shutil.rmtree(root, ignore_errors=True)

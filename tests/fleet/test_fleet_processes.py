@@ -1,0 +1,111 @@
+"""The shared queue with boxes as real processes: a cancel crosses processes, a SIGKILLed box's job is
+taken over after the stall timeout and completes once, and three boxes prove every job exactly once.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import time
+from pathlib import Path
+
+from fleet_helpers import STALLING, BoxProcess, connect, make_inputs, query_one
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    """Run one test's coroutine on a fresh event loop."""
+    return asyncio.run(coro)
+
+
+def test_cancel_from_box_a_stops_the_job_running_on_box_b(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp] = make_inputs(tmp_path, 1)
+    # b renews every 5 s: an abort within ~1 s can only have come through the cancellation NOTIFY.
+    b = BoxProcess(fleet_dsn, "b", ["x"], work_s=120, heartbeat_s=5.0, stall_s=20.0)
+    try:
+        b.wait_for("ready")
+
+        async def main() -> None:
+            a = await connect(fleet_dsn, "a")
+            ref = await a.submit(None, "x", inp.ref, inp.sha256)
+            await asyncio.to_thread(b.wait_for, "started", job_id=ref.job_id)
+            t0 = time.time()
+            assert await a.cancel(ref.job_id)
+            aborted = await asyncio.to_thread(b.wait_for, "aborted", 10.0, job_id=ref.job_id)
+            assert aborted["reason"] == "cancelled" and aborted["t"] - t0 < 2.0
+            st = await a.await_result(ref.job_id, 5)
+            assert (st.state, st.box, st.result) == ("cancelled", "b", None)
+            await a.close()
+
+        run(main())
+        assert b.stop() == 0
+        assert b.named("stopped")[0]["aborted"] == 1 and b.named("stopped")[0]["completed"] == 0
+    finally:
+        b.stop()
+
+
+def test_sigkill_of_a_box_mid_job_its_job_completes_elsewhere_once(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp] = make_inputs(tmp_path, 1)
+    stall_s = STALLING["stall_timeout_s"]
+    k = BoxProcess(fleet_dsn, "k", ["x"], work_s=120, stall_s=stall_s)
+    try:
+        k.wait_for("ready")
+
+        async def main() -> None:
+            s = await connect(fleet_dsn, "s", **STALLING)
+            ref = await s.submit("req-kill", "x", inp.ref, inp.sha256)
+            await asyncio.to_thread(k.wait_for, "started", job_id=ref.job_id)
+            await asyncio.sleep(0.6)  # at least one renewal of k's claim
+            k.kill()
+            t_kill = time.monotonic()
+            assert await s.claim(["x"], 1) == []  # k's last renewal is younger than the stall timeout
+            while not (claimed := await s.claim(["x"], 1)):
+                await asyncio.sleep(0.1)
+            waited = time.monotonic() - t_kill
+            [c] = claimed
+            assert c.job_id == ref.job_id and c.claims == 2
+            assert stall_s - STALLING["heartbeat_interval_s"] - 0.1 <= waited < stall_s + 3.0
+            assert await s.complete(c.job_id, b"from s")
+            st = await s.await_result(ref.job_id, 5)
+            assert (st.state, st.box, st.result, st.claims) == ("done", "s", b"from s", 2)
+            assert not await s.complete(c.job_id, b"twice")
+            boxes = {b.box: b.state for b in await s.boxes()}
+            assert boxes["k"] == "stale"
+            await s.close()
+
+        run(main())
+    finally:
+        k.stop()
+    assert query_one(fleet_dsn, "SELECT count(*), sum(claims) FROM cuzk_fleet_jobs") == (1, 2)
+
+
+def test_three_box_processes_prove_every_job_exactly_once(fleet_dsn: str, tmp_path: Path) -> None:
+    inputs = make_inputs(tmp_path, 45)
+    resident = {"p": ["x", "y"], "q": ["x"], "r": ["y"]}
+    boxes = [BoxProcess(fleet_dsn, name, circuits, slots=2, work_s=0.02) for name, circuits in resident.items()]
+    try:
+        for b in boxes:
+            b.wait_for("ready")
+
+        async def main() -> dict[str, str]:
+            client = await connect(fleet_dsn, "client")
+            jobs = {}
+            for i, inp in enumerate(inputs):
+                ref = await client.submit(f"req-{i}", "xy"[i % 2], inp.ref, inp.sha256)
+                jobs[ref.job_id] = inp.sha256
+            results = await asyncio.gather(*[client.await_result(j, 60) for j in jobs])
+            for st in results:
+                assert st.state == "done" and st.claims == 1, (st, [b.stderr() for b in boxes])
+                out = json.loads(st.result or b"")
+                assert out["digest"] == jobs[st.job_id] and out["box"] == st.box
+                assert st.circuit_id in resident[st.box or ""]
+            await client.close()
+            return {st.job_id: st.box or "" for st in results}
+
+        ran_on = run(main())
+    finally:
+        for b in boxes:
+            b.stop()
+    started = [(ev["job_id"], b.box) for b in boxes for ev in b.named("started")]
+    assert len(started) == len({j for j, _ in started}) == len(inputs)
+    assert dict(started) == ran_on
+    assert len(set(ran_on.values())) == 3, "every box should have taken part"

@@ -1,0 +1,387 @@
+"""The shared queue against a real PostgreSQL: several boxes as several Fleet objects in one process.
+
+Each Fleet has its own connections, so claims race in the database exactly as between machines.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+from pathlib import Path
+
+import pytest
+from fleet_helpers import STALLING, connect, make_inputs, query_one, worker
+
+from cuzk_mp.errors import InputError, ProofError
+from cuzk_mp.pipeline.types import Priority
+
+
+def run(coro):  # type: ignore[no-untyped-def]
+    """Run one test's coroutine on a fresh event loop."""
+    return asyncio.run(coro)
+
+
+def test_one_request_id_sent_to_two_boxes_is_one_job(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp], [other] = make_inputs(tmp_path, 1), make_inputs(tmp_path, 1, "other")
+
+    async def main() -> None:
+        a, b, c = [await connect(fleet_dsn, n) for n in "abc"]
+        refs = await asyncio.gather(*[box.submit("req-1", "x", inp.ref, inp.sha256)
+                                      for box in (a, b) * 8])
+        assert len({r.job_id for r in refs}) == 1
+        assert sum(not r.duplicate for r in refs) == 1
+        [claimed] = await b.claim(["x"], 4)
+        assert await b.complete(claimed.job_id, b"proof")
+        again = await c.submit("req-1", "x", inp.ref, inp.sha256)  # after it finished, from a third box
+        assert (again.job_id, again.state, again.duplicate) == (claimed.job_id, "done", True)
+        with pytest.raises(InputError, match="already names job"):
+            await a.submit("req-1", "x", other.ref, other.sha256)
+        assert await c.claim(["x"], 4) == []
+        for box in (a, b, c):
+            await box.close()
+
+    run(main())
+    assert query_one(fleet_dsn, "SELECT count(*) FROM cuzk_fleet_jobs") == (1,)
+    assert query_one(fleet_dsn, "SELECT count(*) FROM cuzk_pgqueuer") == (0,)
+
+
+def test_priorities_on_a_one_slot_box(fleet_dsn: str, tmp_path: Path) -> None:
+    inputs = make_inputs(tmp_path, 6)
+    order = [Priority.LOW, Priority.NORMAL, Priority.CRITICAL, Priority.NORMAL, Priority.HIGH, Priority.CRITICAL]
+
+    async def main() -> list[str]:
+        a = await connect(fleet_dsn, "a")
+        ids = [(await a.submit(None, "x", i.ref, i.sha256, p)).job_id for i, p in zip(inputs, order, strict=True)]
+        ran = []
+        while claimed := await a.claim(["x"], 1):
+            assert len(claimed) == 1
+            ran.append(claimed[0].job_id)
+            assert await a.complete(claimed[0].job_id, b"ok")
+        await a.close()
+        return [str(order[ids.index(j)].name) + f"#{ids.index(j)}" for j in ran]
+
+    assert run(main()) == ["CRITICAL#2", "CRITICAL#5", "HIGH#4", "NORMAL#1", "NORMAL#3", "LOW#0"]
+
+
+def test_affinity_boxes_claim_only_resident_circuits(fleet_dsn: str, tmp_path: Path) -> None:
+    inputs = make_inputs(tmp_path, 31)
+    resident = {"a": ["x"], "b": ["y"], "c": ["x", "y"]}
+
+    async def main() -> None:
+        boxes = {n: await connect(fleet_dsn, n) for n in resident}
+        jobs = {}
+        for i, inp in enumerate(inputs[:30]):
+            ref = await boxes["abc"[i % 3]].submit(None, "xy"[i % 2], inp.ref, inp.sha256)
+            jobs[ref.job_id] = "xy"[i % 2]
+        orphan = await boxes["a"].submit(None, "z", inputs[30].ref, inputs[30].sha256)
+        ran: dict[str, str] = {}
+
+        def runner(name: str):  # type: ignore[no-untyped-def]
+            async def run_job(c):  # type: ignore[no-untyped-def]
+                assert c.circuit_id in resident[name]
+                assert c.job_id not in ran
+                ran[c.job_id] = name
+                await asyncio.sleep(0.01)
+                return name.encode()
+            return run_job
+
+        stop = asyncio.Event()
+        workers = [worker(boxes[n], runner(n), resident=lambda n=n: resident[n], capacity=lambda: 2)
+                   for n in resident]
+        tasks = [asyncio.create_task(w.run(stop)) for w in workers]
+        for job_id in jobs:
+            assert (await boxes["a"].await_result(job_id, 30)).state == "done"
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert set(ran) == set(jobs)
+        for job_id, circuit in jobs.items():
+            st = await boxes["a"].status(job_id)
+            assert circuit in resident[st.box or ""] and st.result == st.box.encode() and st.claims == 1
+        assert {ran[j] for j, c in jobs.items() if c == "x"} <= {"a", "c"}
+        assert {ran[j] for j, c in jobs.items() if c == "y"} <= {"b", "c"}
+        assert (await boxes["a"].status(orphan.job_id)).state == "queued"  # no box holds z's key
+        depths = {(d.circuit_id, d.queued) for d in await boxes["a"].queue_depths()}
+        assert depths == {("z", 1)}
+        for f in boxes.values():
+            await f.close()
+
+    run(main())
+
+
+def test_every_job_claimed_once_under_concurrent_claimers(fleet_dsn: str, tmp_path: Path) -> None:
+    inputs = make_inputs(tmp_path, 120)
+
+    async def main() -> None:
+        boxes = [await connect(fleet_dsn, f"b{i}") for i in range(4)]
+        for i, inp in enumerate(inputs):
+            await boxes[i % 4].submit(None, "x", inp.ref, inp.sha256)
+        got: list[list[str]] = [[] for _ in boxes]
+
+        async def drain(i: int) -> None:
+            while claimed := await boxes[i].claim(["x"], 3):
+                got[i].extend(c.job_id for c in claimed)
+                for c in claimed:
+                    assert await boxes[i].complete(c.job_id, f"b{i}".encode())
+
+        await asyncio.gather(*[drain(i) for i in range(4)])
+        every = [j for g in got for j in g]
+        assert len(every) == len(set(every)) == len(inputs)
+        assert sum(1 for g in got if g) >= 2, "the claimers did not actually race"
+        for f in boxes:
+            await f.close()
+
+    run(main())
+
+
+def test_results_are_written_once(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a, b = await connect(fleet_dsn, "a"), await connect(fleet_dsn, "b")
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        await a.claim(["x"], 1)
+        wins = await asyncio.gather(*[box.complete(ref.job_id, box.box.encode() * 3) for box in (a, b) * 4])
+        assert sum(wins) == 1
+        st = await b.status(ref.job_id)
+        assert st.state == "done" and st.result == st.box.encode() * 3  # type: ignore[union-attr]
+        assert await a.fail(ref.job_id, "too late") == "done"
+        assert not await b.cancel(ref.job_id)
+        assert (await a.status(ref.job_id)).result == st.result
+        with pytest.raises(InputError, match="must stay small"):
+            await a.complete(ref.job_id, b"\0" * (5 << 20))
+        for f in (a, b):
+            await f.close()
+
+    run(main())
+
+
+def test_failed_attempts_retry_then_fail(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp, bad] = make_inputs(tmp_path, 2)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a", max_attempts=2)
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        [c1] = await a.claim(["x"], 1)
+        assert await a.fail(ref.job_id, "prover died", error_kind="WorkerDied") == "queued"
+        await asyncio.sleep(0.05)
+        [c2] = await a.claim(["x"], 1)
+        assert (c1.claims, c2.claims, c2.attempts) == (1, 2, 1)
+        assert await a.fail(ref.job_id, "prover died again", error_kind="WorkerDied") == "failed"
+        st = await a.await_result(ref.job_id, 5)
+        assert (st.state, st.attempts, st.error, st.error_kind) == ("failed", 2, "prover died again", "WorkerDied")
+        ref2 = await a.submit(None, "x", bad.ref, bad.sha256)
+        await a.claim(["x"], 1)
+        assert await a.fail(ref2.job_id, "witness does not satisfy", error_kind="InputError", retry=False) == "failed"
+        await a.close()
+
+    run(main())
+
+
+def test_await_result_wakes_on_notify(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        # Heartbeats and polls every 30 s: only NOTIFY can wake the waiter in time.
+        a = await connect(fleet_dsn, "a", heartbeat_interval_s=30, stall_timeout_s=90)
+        b = await connect(fleet_dsn, "b", heartbeat_interval_s=30, stall_timeout_s=90)
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        t0 = time.monotonic()
+        st = await a.await_result(ref.job_id, 0.3)
+        assert st.state == "queued" and 0.3 <= time.monotonic() - t0 < 5
+        waiter = asyncio.create_task(a.await_result(ref.job_id, 60))
+        await b.claim(["x"], 1)
+        await asyncio.sleep(0.2)
+        assert not waiter.done()
+        t0 = time.monotonic()
+        await b.complete(ref.job_id, b"r")
+        st = await waiter
+        assert st.state == "done" and st.result == b"r" and time.monotonic() - t0 < 2.0
+        for f in (a, b):
+            await f.close()
+
+    run(main())
+
+
+def test_stalled_box_loses_its_claim_and_cannot_requeue_it(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        b = await connect(fleet_dsn, "b", heartbeats=False, **STALLING)  # never renews: a box that hangs
+        c = await connect(fleet_dsn, "c", **STALLING)
+        ref = await c.submit(None, "x", inp.ref, inp.sha256)
+        [held_b] = await b.claim(["x"], 1)
+        assert await c.claim(["x"], 1) == []  # within the stall timeout the claim stands
+        await asyncio.sleep(STALLING["stall_timeout_s"] + 0.3)
+        [held_c] = await c.claim(["x"], 1)
+        assert held_c.claims == 2
+        assert await b.heartbeat() == [ref.job_id] and held_b.aborted.is_set()
+        assert "claimed again by box c" in held_b.abort_reason
+        assert await b.fail(ref.job_id, "late failure") == "running"  # not b's to requeue any more
+        assert (await c.status(ref.job_id)).box == "c"
+        assert await c.complete(ref.job_id, b"c")
+        assert await c.heartbeat() == []
+        for f in (b, c):
+            await f.close()
+
+    run(main())
+
+
+def test_a_clean_close_releases_claims_at_once(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a, b = await connect(fleet_dsn, "a"), await connect(fleet_dsn, "b", stall_timeout_s=60)
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        await b.claim(["x"], 1)
+        await b.close()
+        [again] = await a.claim(["x"], 1)  # no stall timeout to wait for
+        assert again.job_id == ref.job_id and again.attempts == 0
+        assert {x.box: x.state for x in await a.boxes()} == {"a": "up", "b": "left"}
+        await a.close()
+
+    run(main())
+
+
+def test_cancel_of_a_queued_job_and_unknown_jobs(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a")
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        assert await a.cancel(ref.job_id)
+        assert await a.claim(["x"], 1) == []
+        assert (await a.status(ref.job_id)).state == "cancelled"
+        for call in (a.status("nope"), a.cancel("nope")):
+            with pytest.raises(InputError, match="unknown job"):
+                await call
+        with pytest.raises(InputError, match="inputs_sha256"):
+            await a.submit(None, "x", inp.ref, "abc")
+        with pytest.raises(InputError, match="inputs_ref"):
+            await a.submit(None, "x", "relative/path", inp.sha256)
+        with pytest.raises(InputError, match="n_partitions"):
+            await a.submit(None, "x", inp.ref, inp.sha256, n_partitions=0)
+        await a.close()
+
+    run(main())
+
+
+def test_worker_settles_errors_by_kind(fleet_dsn: str, tmp_path: Path) -> None:
+    [good, bad, flaky] = make_inputs(tmp_path, 3)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a", max_attempts=3)
+        ids = {name: (await a.submit(None, "x", i.ref, i.sha256)).job_id
+               for name, i in (("good", good), ("bad", bad), ("flaky", flaky))}
+        tries: dict[str, int] = {}
+
+        async def run_job(c):  # type: ignore[no-untyped-def]
+            tries[c.job_id] = tries.get(c.job_id, 0) + 1
+            if c.job_id == ids["bad"]:
+                raise InputError("witness: constraint 7 not satisfied")
+            if c.job_id == ids["flaky"] and tries[c.job_id] < 3:
+                raise ProofError("verification of the fresh proof failed")
+            return b"proof"
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker(a, run_job, resident=lambda: ["x"], capacity=lambda: 1).run(stop))
+        states = {n: await a.await_result(j, 20) for n, j in ids.items()}
+        stop.set()
+        await task
+        assert states["good"].state == "done" and tries[ids["good"]] == 1
+        assert (states["bad"].state, states["bad"].error_kind, tries[ids["bad"]]) == ("failed", "InputError", 1)
+        assert (states["flaky"].state, states["flaky"].attempts, tries[ids["flaky"]]) == ("done", 2, 3)
+        await a.close()
+
+    run(main())
+
+
+def test_boxes_migrate_concurrently_on_a_fresh_database(fleet_dsn: str) -> None:
+    async def main() -> None:
+        boxes = await asyncio.gather(*[connect(fleet_dsn, f"b{i}") for i in range(4)])
+        assert sorted(b.box for b in await boxes[0].boxes()) == ["b0", "b1", "b2", "b3"]
+        for f in boxes:
+            await f.close()
+
+    run(main())
+
+
+def test_a_box_that_renews_its_own_lapsed_claim_does_not_run_the_job_twice(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        # No heartbeats: as if the database had been unreachable for longer than the stall timeout.
+        a = await connect(fleet_dsn, "a", heartbeats=False, heartbeat_interval_s=0.3, stall_timeout_s=1.0)
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        [held] = await a.claim(["x"], 2)
+        await asyncio.sleep(1.3)
+        assert await a.claim(["x"], 2) == []  # re-picked, but it is already running here
+        assert [c.job_id for c in a.held()] == [ref.job_id] and not held.aborted.is_set()
+        assert await a.heartbeat() == []
+        assert await a.complete(ref.job_id, b"once")
+        assert (await a.status(ref.job_id)).claims == 2
+        await a.close()
+
+    run(main())
+
+
+def test_prune_forgets_finished_jobs_and_their_request_ids(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a")
+        old = await a.submit("req-p", "x", inp.ref, inp.sha256)
+        await a.claim(["x"], 1)
+        await a.complete(old.job_id, b"r")
+        running = await a.submit(None, "x", inp.ref, inp.sha256)
+        assert await a.prune(3600) == 0
+        assert await a.prune(0) == 1
+        with pytest.raises(InputError, match="unknown job"):
+            await a.status(old.job_id)
+        assert (await a.status(running.job_id)).state == "queued"
+        again = await a.submit("req-p", "x", inp.ref, inp.sha256)
+        assert again.job_id != old.job_id and not again.duplicate
+        await a.close()
+
+    run(main())
+    assert query_one(fleet_dsn, "SELECT count(*) FROM cuzk_pgqueuer_log WHERE aggregated") == (0,)
+    assert query_one(fleet_dsn, "SELECT sum(count) FROM cuzk_pgqueuer_statistics")[0] >= 3
+
+
+def test_a_heartbeat_racing_a_claim_keeps_the_new_claim(fleet_dsn: str, tmp_path: Path) -> None:
+    """A job claimed while a heartbeat's read is in flight is not in that read; it is not "removed"."""
+    inputs = make_inputs(tmp_path, 40)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a", heartbeats=False)
+        for inp in inputs:
+            await a.submit(None, "x", inp.ref, inp.sha256)
+        claimed = []
+        for _ in range(len(inputs)):
+            lost, got = await asyncio.gather(a.heartbeat(), a.claim(["x"], 1))
+            assert lost == []
+            claimed += got
+        assert len(claimed) == len(inputs) and not any(c.aborted.is_set() for c in claimed)
+        assert await a.heartbeat() == [] and len(a.held()) == len(inputs)
+        await a.close()
+
+    run(main())
+
+
+def test_two_processes_with_one_box_name_keep_their_claims_apart(fleet_dsn: str, tmp_path: Path,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    inputs = make_inputs(tmp_path, 2)
+
+    async def main() -> None:
+        first = await connect(fleet_dsn, "twin", heartbeats=False)
+        for inp in inputs:
+            await first.submit(None, "x", inp.ref, inp.sha256)
+        [mine] = await first.claim(["x"], 1)
+        second = await connect(fleet_dsn, "twin", heartbeats=False)  # takes the name over
+        [theirs] = await second.claim(["x"], 1)
+        assert await first.heartbeat() == [] and await second.heartbeat() == []
+        assert "another process took over box name twin" in caplog.text
+        assert await first.complete(mine.job_id, b"1") and await second.complete(theirs.job_id, b"2")
+        for f in (first, second):
+            await f.close()
+
+    run(main())

@@ -1,0 +1,154 @@
+"""The fleet's configuration section, input references, and its status report, CLI and /metrics gauges."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import hashlib
+import http.server
+import json
+import threading
+from pathlib import Path
+
+import msgspec
+import pytest
+from fleet_helpers import connect, make_inputs
+
+from cuzk_mp.daemon.config import parse_duration
+from cuzk_mp.daemon.fleet import report
+from cuzk_mp.daemon.fleet.config import FleetConfig, FleetSection, check_fleet, redact_dsn, resolve_fleet
+from cuzk_mp.daemon.fleet.inputs import load_inputs, store_inputs
+from cuzk_mp.daemon.metrics import DaemonMetrics, Scrape
+from cuzk_mp.errors import ConfigError, InputError, ResourceError
+
+
+def resolve(table: dict[str, object], base: Path = Path("/etc/cuzk")) -> FleetConfig | None:
+    return resolve_fleet(msgspec.convert(table, FleetSection), source="cfg.toml", base=base,
+                         duration=parse_duration)
+
+
+def test_config_section_resolves_and_names_bad_keys() -> None:
+    assert resolve({}) is None  # no dsn: this box runs alone
+    cfg = resolve({"dsn": "postgresql://cuzk@db/fleet", "box": "gpu-1", "heartbeat_interval": "2s",
+                   "stall_timeout": "1m", "inputs_dir": "inputs", "max_jobs": 2})
+    assert cfg is not None
+    assert (cfg.box, cfg.heartbeat_interval_s, cfg.stall_timeout_s, cfg.max_attempts, cfg.max_jobs) == (
+        "gpu-1", 2.0, 60.0, 3, 2)
+    assert cfg.inputs_dir == Path("/etc/cuzk/inputs")
+    assert resolve({"dsn": "host=db dbname=fleet"}).box  # type: ignore[union-attr]  # host name by default
+    with pytest.raises(msgspec.ValidationError, match="heartbeat"):
+        msgspec.convert({"dsn": "x", "heartbeat": "1s"}, FleetSection)
+    bad = [({"dsn": "mysql://db"}, "fleet.dsn"), ({"dsn": "postgresql://db", "box": "a b"}, "fleet.box"),
+           ({"dsn": "postgresql://db", "heartbeat_interval": "10s", "stall_timeout": "20s"}, "fleet.stall_timeout"),
+           ({"dsn": "postgresql://db", "max_attempts": 0}, "fleet.max_attempts"),
+           ({"dsn": "postgresql://db", "max_jobs": -1}, "fleet.max_jobs"),
+           ({"dsn": "postgresql://db", "stall_timeout": "soon"}, "fleet.stall_timeout")]
+    for table, key in bad:
+        with pytest.raises(ConfigError, match=f"cfg.toml: {key}"):
+            resolve(table)
+
+
+def test_dsn_passwords_never_reach_messages() -> None:
+    assert redact_dsn("postgresql://cuzk:s3cret@db:5432/fleet") == "postgresql://cuzk:***@db:5432/fleet"
+    assert "s3cret" not in redact_dsn("host=db password=s3cret dbname=fleet")
+    with pytest.raises(ConfigError) as e:
+        check_fleet(FleetConfig(dsn="mysql://u:s3cret@db/x", box="b"), "fleet")
+    assert "s3cret" not in str(e.value)
+
+
+def test_inputs_roundtrip_by_path_url_and_http(tmp_path: Path) -> None:
+    data = b"witness bytes " * 1000
+    ref = store_inputs(data, tmp_path)
+    assert ref.sha256 == hashlib.sha256(data).hexdigest() and Path(ref.ref).name == f"{ref.sha256}.inputs"
+    assert store_inputs(data, tmp_path) == ref  # content-addressed: stored once
+    assert load_inputs(ref.ref, ref.sha256) == data
+    assert load_inputs(Path(ref.ref).as_uri(), ref.sha256) == data
+    handler = type("H", (http.server.SimpleHTTPRequestHandler,), {"log_message": lambda *a: None})
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), lambda *a: handler(*a, directory=str(tmp_path)))
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/{Path(ref.ref).name}"
+        assert load_inputs(url, ref.sha256) == data
+        with pytest.raises(InputError, match="HTTP 404"):
+            load_inputs(url + ".missing", ref.sha256)
+    finally:
+        server.shutdown()
+
+
+def test_inputs_that_changed_or_are_missing_are_input_errors(tmp_path: Path) -> None:
+    ref = store_inputs(b"original", tmp_path)
+    Path(ref.ref).write_bytes(b"tampered")
+    with pytest.raises(InputError, match="has sha256"):
+        load_inputs(ref.ref, ref.sha256)
+    with pytest.raises(InputError, match="larger than"):
+        load_inputs(ref.ref, ref.sha256, max_bytes=4)
+    with pytest.raises(InputError, match="no such file"):
+        load_inputs(str(tmp_path / "gone"), ref.sha256)
+    with pytest.raises(InputError, match="absolute path"):
+        load_inputs("ftp://host/x", ref.sha256)
+    with pytest.raises(ResourceError, match="cannot fetch"):
+        load_inputs("http://127.0.0.1:9/x", ref.sha256, timeout_s=2)
+
+
+def test_status_report_cli_and_metrics(fleet_dsn: str, tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cuzk_mp.daemon.fleet.cli import add_parser
+    inputs = make_inputs(tmp_path, 3)
+
+    async def main() -> tuple[list, list]:  # type: ignore[type-arg]
+        a = await connect(fleet_dsn, "gpu-a")
+        for inp in inputs:
+            await a.submit(None, "x", inp.ref, inp.sha256)
+        await a.claim(["x"], 1)
+        await a.close()  # leaves, giving its claim back
+        observer = await connect(fleet_dsn, "observer", register=False)
+        boxes, depths = await observer.boxes(), await observer.queue_depths()
+        await observer.close()
+        return boxes, depths
+
+    boxes, depths = asyncio.run(main())
+    doc = report.document(boxes, depths)
+    assert [(b["box"], b["state"], b["resident"], b["running"]) for b in doc["boxes"]] == [("gpu-a", "left", [], 0)]
+    assert doc["queues"] == [{"circuit": "x", "priority": "NORMAL", "queued": 3, "running": 0, "stalled": 0}]
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["fleet", "status", "--dsn", fleet_dsn, "--json"])
+    assert args.func(args) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["queues"] == doc["queues"]
+    assert [(b["box"], b["state"], b["host"]) for b in shown["boxes"]] == [("gpu-a", "left", boxes[0].host)]
+    args = parser.parse_args(["fleet", "status", "--dsn", fleet_dsn])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    assert "gpu-a" in out and "NORMAL" in out
+    args = parser.parse_args(["fleet", "status", "--dsn", "postgresql://nobody@127.0.0.1:9/x", "--timeout", "1"])
+    assert args.func(args) == 3
+    missing = fleet_dsn.rsplit("/", 1)[0] + "/no_such_db"
+    args = parser.parse_args(["fleet", "status", "--dsn", missing])
+    assert args.func(args) == 3
+    assert 'database "no_such_db" does not exist' in capsys.readouterr().err
+
+    text = DaemonMetrics().render(Scrape(extra=report.gauges(boxes, depths)))
+    assert 'cuzk_fleet_queue_jobs{circuit="x",priority="NORMAL",state="queued"} 3' in text
+    assert 'cuzk_fleet_boxes{state="left"} 1' in text and "# TYPE cuzk_fleet_box_up gauge" in text
+
+
+def test_fleet_status_while_jobs_run(fleet_dsn: str, tmp_path: Path) -> None:
+    inputs = make_inputs(tmp_path, 3)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "gpu-a")
+        for i, inp in enumerate(inputs):
+            await a.submit(None, "xy"[i % 2], inp.ref, inp.sha256)
+        await a.claim(["x"], 5)
+        await a.heartbeat()
+        [box] = await a.boxes()
+        assert (box.state, box.resident, box.running, box.free_slots) == ("up", ("x",), 2, 5)
+        depths = {(d.circuit_id, d.queued, d.running, d.stalled) for d in await a.queue_depths()}
+        assert depths == {("x", 0, 2, 0), ("y", 1, 0, 0)}
+        text = DaemonMetrics().render(Scrape(extra=report.gauges([box], await a.queue_depths())))
+        assert 'cuzk_fleet_box_resident_key{box="gpu-a",circuit="x"} 1' in text
+        assert 'cuzk_fleet_box_running_jobs{box="gpu-a"} 2' in text
+        await a.close()
+
+    asyncio.run(main())

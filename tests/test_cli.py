@@ -1,0 +1,267 @@
+"""The ``cuzk-mp`` command line as a user meets it: aliases, default names, global options,
+the version, and every way out ending in a one-line message and a documented exit code.
+
+Proofs here are of the 2^10 porep-like synthetic circuit with a development key, made through
+the CLI itself; the snarkjs side of the aliases is in tests/test_cli_snarkjs.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import logging
+import os
+import re
+import subprocess
+import sys
+from collections.abc import Callable
+from importlib import metadata
+from pathlib import Path
+
+import pytest
+
+import cuzk_mp
+from cuzk_mp import cli, errors
+from cuzk_mp.paths import default_cache_dir
+
+REPO = Path(__file__).resolve().parents[1]
+ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+
+
+def run_cli(*args: object, cwd: Path | None = None, env: dict[str, str] | None = None,
+            module: str = "cuzk_mp") -> subprocess.CompletedProcess[str]:
+    """``python -m cuzk_mp ARGS`` in a subprocess, as a user runs it."""
+    return subprocess.run([sys.executable, "-m", module, *map(str, args)], capture_output=True, text=True,
+                          timeout=300, cwd=cwd or REPO, env={**ENV, **(env or {})})
+
+
+def assert_message(proc: subprocess.CompletedProcess[str], code: int, *needles: str) -> None:
+    """Exit ``code``, no traceback, and the needles in the (short) stderr."""
+    assert proc.returncode == code, (proc.returncode, proc.stdout, proc.stderr)
+    assert "Traceback" not in proc.stderr, proc.stderr
+    for needle in needles:
+        assert needle in proc.stderr, (needle, proc.stderr)
+
+
+@pytest.fixture(scope="module")
+def circuit(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Path]:
+    """A 2^10 porep-like circuit, its witness, a dev key, its vk and a proof, made through the CLI."""
+    d = tmp_path_factory.mktemp("cli")
+    assert cli.main(["circuit", "porep-like", "--log-n", "10", str(d)]) == 0
+    files = {"r1cs": d / "porep-like-10.r1cs", "wtns": d / "porep-like-10.wtns", "zkey": d / "c.zkey",
+             "vk": d / "vk.json", "proof": d / "proof.json", "public": d / "public.json"}
+    assert cli.main(["setup", "--backend", "cpu", str(files["r1cs"]), str(files["zkey"])]) == 0
+    assert cli.main(["zkev", str(files["zkey"]), str(files["vk"])]) == 0
+    assert cli.main(["g16p", str(files["zkey"]), str(files["wtns"]), str(files["proof"]), str(files["public"]),
+                     "--backend", "cpu"]) == 0
+    return files
+
+
+# --- parsing ----------------------------------------------------------------------------------
+
+@pytest.mark.parametrize(("alias", "words"), [(v.alias, v.words) for v in cli.SNARKJS_VERBS])
+def test_alias_parses_as_its_long_form(alias: str, words: tuple[str, ...]) -> None:
+    parser = cli.build_parser()
+    long_form = vars(parser.parse_args([*words, "x1", "x2"]))
+    short = vars(parser.parse_args([alias, "x1", "x2"]))
+    assert short["func"] is long_form["func"]
+    for key in ("command", "verb1", "verb2"):
+        short.pop(key, None)
+        long_form.pop(key, None)
+    assert short == long_form
+
+
+def test_snarkjs_default_file_names() -> None:
+    """The names snarkjs 0.7.6's cli.js substitutes for missing arguments."""
+    p = cli.build_parser()
+
+    def names(*argv: str) -> list[str]:
+        ns = p.parse_args(list(argv))
+        return [str(getattr(ns, k)) for k in ("input", "wasm", "zkey", "wtns", "vk", "proof", "public")
+                if hasattr(ns, k)]
+
+    assert names("g16p") == ["circuit_final.zkey", "witness.wtns", "proof.json", "public.json"]
+    assert names("groth16", "fullprove") == ["input.json", "circuit.wasm", "circuit_final.zkey", "proof.json",
+                                             "public.json"]
+    assert names("g16v") == ["verification_key.json", "proof.json", "public.json"]
+    assert names("zkev") == ["circuit_final.zkey", "circuit_vk.json"]
+    assert names("wc") == ["input.json", "circuit.wasm", "witness.wtns"]
+    assert names("g16p", "my.zkey") == ["my.zkey", "witness.wtns", "proof.json", "public.json"]
+
+
+@pytest.mark.parametrize(("argv", "front"), [
+    (["g16v", "a", "b", "c", "-v"], ["-v"]),
+    (["g16v", "--log-level", "debug", "a"], ["--log-level", "debug"]),
+    (["client", "status", "--log-level=info", "-vv"], ["--log-level=info", "-vv"]),
+    (["g16v", "--verbose", "a", "--", "-v"], ["--verbose"]),
+])
+def test_global_options_move_to_the_front(argv: list[str], front: list[str]) -> None:
+    moved = cli.global_options_first(argv)
+    assert moved[: len(front)] == front
+    assert sorted(moved) == sorted(argv)
+    if "--" in argv:
+        assert moved[-2:] == ["--", "-v"]  # nothing after -- moves
+
+
+@pytest.mark.parametrize(("argv", "level"), [
+    (["g16v", "x"], "WARNING"), (["g16v", "x", "-v"], "INFO"), (["-vv", "g16v", "x"], "DEBUG"),
+    (["g16v", "x", "--log-level", "error", "-v"], "ERROR"), (["setup", "a", "b"], "INFO"),
+    (["setup", "a", "b", "--log-level=WARNING"], "WARNING"),
+])
+def test_log_level_from_anywhere(argv: list[str], level: str) -> None:
+    args = cli.build_parser().parse_args(cli.global_options_first(argv))
+    try:
+        assert cli._configure_logging(args) == level
+        assert logging.getLogger().getEffectiveLevel() == getattr(logging, level)
+    finally:
+        logging.getLogger().setLevel(logging.WARNING)
+
+
+def test_bad_log_level_is_a_message() -> None:
+    for argv in (["groth16", "verify", "--log-level", "loud"], ["--log-level=0", "g16v"]):
+        proc = run_cli(*argv)
+        assert_message(proc, 2, "is not a log level", "DEBUG, INFO, WARNING, ERROR, CRITICAL")
+        assert len(proc.stderr.strip().splitlines()) == 2  # usage + the message
+
+
+def test_version_is_the_distribution_version() -> None:
+    proc = run_cli("--version")
+    assert proc.returncode == 0 and proc.stdout.strip() == f"cuzk-mp {cuzk_mp.__version__}"
+    assert metadata.version("cuzk-mp") == cuzk_mp.__version__
+
+
+def test_help_documents_the_exit_codes() -> None:
+    proc = run_cli("--help")
+    assert proc.returncode == 0
+    readme = (REPO / "README.md").read_text()
+    for code, what in cli.EXIT_CODES:
+        assert re.search(rf"^\s+{code}\s+{re.escape(what)}$", proc.stdout, re.M), (code, proc.stdout)
+        assert re.search(rf"^\| {code} \| ", readme, re.M), f"README lacks exit code {code}"
+
+
+def test_bench_cache_follows_xdg(monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    monkeypatch.delenv("CUZK_MP_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert cli.build_parser().parse_args(["bench"]).cache == tmp_path / "cuzk-mp"
+
+
+def test_default_cache_dir() -> None:
+    home = {"HOME": "/home/u"}
+    assert default_cache_dir(home) == Path("/home/u/.cache/cuzk-mp")
+    assert default_cache_dir({**home, "XDG_CACHE_HOME": "/xdg"}) == Path("/xdg/cuzk-mp")
+    assert default_cache_dir({**home, "XDG_CACHE_HOME": "relative"}) == Path("/home/u/.cache/cuzk-mp")
+    assert default_cache_dir({**home, "XDG_CACHE_HOME": "/xdg", "CUZK_MP_CACHE": "/var/lib/c"}) == Path("/var/lib/c")
+    assert default_cache_dir({**home, "CUZK_MP_CACHE": "~/k"}) == Path("~/k").expanduser()
+    assert default_cache_dir({**home, "CUZK_MP_CACHE": ""}) == Path("/home/u/.cache/cuzk-mp")
+
+
+# --- proving through the aliases ----------------------------------------------------------------
+
+def test_default_names_in_the_working_folder(circuit: dict[str, Path], tmp_path: Path,
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """Prove, export and verify with no file arguments, as a snarkjs user does."""
+    (tmp_path / "circuit_final.zkey").symlink_to(circuit["zkey"])
+    (tmp_path / "witness.wtns").symlink_to(circuit["wtns"])
+    monkeypatch.chdir(tmp_path)
+    assert cli.main(["g16p", "--backend", "cpu"]) == 0
+    assert cli.main(["zkev"]) == 0
+    assert json.loads((tmp_path / "circuit_vk.json").read_text()) == json.loads(circuit["vk"].read_text())
+    (tmp_path / "verification_key.json").symlink_to(tmp_path / "circuit_vk.json")
+    proc = run_cli("g16v", cwd=tmp_path)
+    assert proc.returncode == 0 and proc.stdout.strip() == "OK!", proc.stderr
+    assert json.loads((tmp_path / "public.json").read_text()) == json.loads(circuit["public"].read_text())
+
+
+def test_tampered_proof_exits_1(circuit: dict[str, Path], tmp_path: Path) -> None:
+    public = json.loads(circuit["public"].read_text())
+    public[0] = str(int(public[0]) + 1)
+    (tmp_path / "public.json").write_text(json.dumps(public))
+    proc = run_cli("groth16", "verify", circuit["vk"], tmp_path / "public.json", circuit["proof"])
+    assert proc.returncode == 1 and proc.stdout.startswith("Invalid proof"), proc.stdout + proc.stderr
+    good = run_cli("g16v", circuit["vk"], circuit["public"], circuit["proof"], "-v")
+    assert good.returncode == 0 and good.stdout.strip() == "OK!"
+
+
+# --- every way out: a message and a documented exit code ---------------------------------------
+
+def _replace_verify(monkeypatch: pytest.MonkeyPatch, func: Callable[[argparse.Namespace], int]) -> None:
+    """``g16v`` runs ``func`` instead of the verifier."""
+    verbs = tuple(dataclasses.replace(v, func=func) if v.alias == "g16v" else v for v in cli.SNARKJS_VERBS)
+    monkeypatch.setattr(cli, "SNARKJS_VERBS", verbs)
+
+
+def test_input_errors_exit_2(circuit: dict[str, Path], tmp_path: Path) -> None:
+    garbage = tmp_path / "garbage.zkey"
+    garbage.write_bytes(b"not a zkey at all, just some bytes")
+    assert_message(run_cli("g16p", tmp_path / "missing.zkey", circuit["wtns"], tmp_path / "p.json",
+                           tmp_path / "q.json"), 2, "missing.zkey")
+    assert_message(run_cli("g16p", garbage, circuit["wtns"], tmp_path / "p.json", tmp_path / "q.json"), 2,
+                   "garbage.zkey")
+    assert_message(run_cli("g16p", circuit["zkey"], circuit["r1cs"], tmp_path / "p.json", tmp_path / "q.json"),
+                   2, "porep-like-10.r1cs")  # an .r1cs given as the witness
+    assert_message(run_cli("g16p", tmp_path, circuit["wtns"]), 2, str(tmp_path))  # a folder as the key
+    assert_message(run_cli("g16v", circuit["vk"], circuit["zkey"], circuit["proof"]), 2, "c.zkey")
+    assert_message(run_cli("setup", circuit["wtns"], tmp_path / "k.zkey"), 2, "porep-like-10.wtns")
+    assert_message(run_cli("zkev", circuit["zkey"], tmp_path / "no" / "such" / "dir" / "vk.json"), 2, "vk.json")
+    assert_message(run_cli("no-such-verb"), 2, "invalid choice")
+    assert not list(tmp_path.glob("*.json"))
+
+
+def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
+    assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
+
+
+@pytest.mark.parametrize(("exc", "code", "needle"), [
+    (errors.FormatError("k.zkey", "header", "bad"), 2, "k.zkey, section header: bad"),
+    (errors.UnsatisfiedWitness(7, "constraint 7 fails"), 2, "constraint 7 fails"),
+    (errors.ConfigError("[srs] x: bad"), 2, "[srs] x"),
+    (errors.VerificationFailed("did not verify"), 1, "VerificationFailed: did not verify"),
+    (errors.GpuDead("device 0 lost"), 1, "GpuDead: device 0 lost"),
+    (errors.Cancelled("job j"), 1, "Cancelled"),
+    (errors.ResourceError("shm: 3 GiB short"), 4, "3 GiB short"),
+    (MemoryError(), 4, "out of host memory"),
+    (FileNotFoundError(2, "No such file or directory", "in.json"), 2, "in.json: No such file or directory"),
+    (PermissionError(13, "Permission denied", "/etc/k"), 2, "/etc/k: Permission denied"),
+    (OSError(28, "No space left on device", "out.zkey"), 1, "out.zkey: No space left on device"),
+    (KeyboardInterrupt(), 130, "interrupted"),
+    (TypeError("unexpected"), 70, "internal error: TypeError: unexpected"),
+])
+def test_every_error_has_a_code_and_one_line(exc: BaseException, code: int, needle: str,
+                                             monkeypatch: pytest.MonkeyPatch,
+                                             capsys: pytest.CaptureFixture[str]) -> None:
+    def boom(args: argparse.Namespace) -> int:
+        raise exc
+
+    _replace_verify(monkeypatch, boom)
+    assert cli.main(["g16v", "a", "b", "c"]) == code
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1 and "Traceback" not in err, err
+    assert code in dict(cli.EXIT_CODES)
+
+
+def test_internal_error_traceback_only_at_debug(monkeypatch: pytest.MonkeyPatch,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    def boom(args: argparse.Namespace) -> int:
+        raise ZeroDivisionError("a bug")
+
+    _replace_verify(monkeypatch, boom)
+    try:
+        assert cli.main(["g16v", "--log-level", "DEBUG"]) == cli.EXIT_INTERNAL
+    finally:
+        logging.getLogger().setLevel(logging.WARNING)
+    err = capsys.readouterr().err
+    assert "Traceback" in err and "ZeroDivisionError: a bug" in err
+    assert err.strip().splitlines()[-1].startswith("cuzk-mp: internal error: ZeroDivisionError")
+
+
+def test_python_dash_m_cuzk_mp_with_spawned_workers(tmp_path: Path) -> None:
+    """``python -m cuzk_mp`` as the parent of spawned workers: the guard keeps the children from
+    running the command again (a bench with one synthesis worker and one prover process)."""
+    proc = run_cli("bench", "--backend", "cpu", "--log-n", "10", "--partitions", "2", "--jobs", "1",
+                   "--in-flight", "1", "--partition-workers", "1", "--gpu-workers", "1", "--quiet",
+                   "--cache", tmp_path / "keys", "--json", tmp_path / "b.json")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    assert "usage: cuzk-mp" not in proc.stderr
+    result = json.loads((tmp_path / "b.json").read_text())
+    assert result, result

@@ -1,0 +1,316 @@
+"""Hostile clients on the wire, against an in-process daemon (the protocol tests' engine double):
+every hostile frame gets a typed ErrorReply with the right id within bounded memory, stalled and
+greedy connections are cut off, and with tokens each client sees and cancels only its own jobs.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import socket
+import struct
+import time
+import tracemalloc
+import urllib.error
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cuzk_mp.daemon import budget
+from cuzk_mp.pipeline.memory import estimated_circuit_size
+from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions
+from cuzk_mp.daemon.server import Daemon
+from cuzk_mp.daemon.transport import frame
+from cuzk_mp.errors import AuthError, ConfigError, InputError, ResourceError
+from tests.hostile_corpus import INPUT_JSON_PROBES, FrameProbe, frame_probes
+from tests.fake_engine import run_daemon
+from tests.helpers import exchange
+
+MAX_FRAME = "4MiB"
+ALICE, BOB, ADMIN = "alice-token-0000000001", "bob-token-00000000002", "admin-token-000000003"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+PROBES = frame_probes(4 * 2**20)
+
+
+@pytest.mark.parametrize("probe", PROBES, ids=[f"{p.family}: {p.name}" for p in PROBES])
+def test_every_hostile_frame_gets_a_typed_reply(tmp_path: Path, probe: FrameProbe) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        follow = frame(P.encode(P.GetMetrics(id=999)))
+        replies, closed = await asyncio.to_thread(exchange, str(tmp_path / "d.sock"), probe.wire() + follow,
+                                                  1 if probe.closes else 2)
+        first = replies[0]
+        assert isinstance(first, P.ErrorReply), first
+        assert (first.kind, first.id) == (probe.kind, probe.reply_id), first
+        assert probe.says in first.message, first.message
+        if probe.closes:
+            assert closed and len(replies) == 1
+        else:
+            assert isinstance(replies[1], P.MetricsReply) and replies[1].id == 999
+        async with await AsyncClient.connect(addr) as c:  # the daemon serves on
+            assert (await c.prove("syn", synthetic_partitions(1), timeout_s=10)).state == "done"
+
+    run_daemon(tmp_path, body, max_frame_bytes=MAX_FRAME)
+
+
+def test_a_frame_of_four_million_empty_maps_costs_little_memory(tmp_path: Path) -> None:
+    many = 4 * 2**20 - 64
+    data = (b"\x82\xa2id\x05\xa1x\xdd" + struct.pack(">I", many) + b"\x80" * many)
+    wire = struct.pack(">I", len(data)) + data
+
+    async def body(d: Daemon, addr: str) -> None:
+        tracemalloc.start()
+        try:
+            tracemalloc.reset_peak()
+            base = tracemalloc.get_traced_memory()[0]
+            replies, _ = await asyncio.to_thread(exchange, str(tmp_path / "d.sock"), wire, 1)
+            peak = tracemalloc.get_traced_memory()[1] - base
+        finally:
+            tracemalloc.stop()
+        assert replies[0].kind == "InputError" and replies[0].id == 5
+        # the frame is read (the stream's buffer and the frame's bytes: 2 x 4 MiB) and nothing is
+        # built from it (a schema-less decode made ~70 x the frame's size)
+        assert peak < 3 * len(data), f"{peak / 2**20:.1f} MiB for a {len(data) / 2**20:.1f} MiB frame"
+
+    run_daemon(tmp_path, body, max_frame_bytes="5MiB")
+
+
+def test_a_stalled_frame_is_cut_off_at_the_deadline(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        path = str(tmp_path / "d.sock")
+        for partial in (b"\x00\x00", struct.pack(">I", 1000) + b"\x82\xa4type"):
+            t0 = time.monotonic()
+            replies, closed = await asyncio.to_thread(exchange, path, partial, 1, 10.0)
+            waited = time.monotonic() - t0
+            assert closed and 0.4 <= waited < 5.0, waited
+            assert replies[0].kind == "InputError" and "not complete within frame_timeout" in replies[0].message
+        # an idle connection is not a stalled frame: it may wait as long as it likes
+        async with await AsyncClient.connect(addr) as c:
+            await asyncio.sleep(1.2)
+            assert (await c.prove("syn", synthetic_partitions(1), timeout_s=10)).state == "done"
+
+    run_daemon(tmp_path, body, frame_timeout="0.5s")
+
+
+def test_a_client_that_never_reads_is_disconnected(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, 4096)
+        s.connect(str(tmp_path / "d.sock"))
+        request = P.encode(P.GetStatus(id=1))
+        s.sendall((struct.pack(">I", len(request)) + request) * 1000)  # ~1000 replies, never read
+        t0 = time.monotonic()
+        while d._comms and time.monotonic() - t0 < 15:
+            await asyncio.sleep(0.1)
+        assert not d._comms, "the daemon still holds the connection of a client that reads nothing"
+        s.close()
+        async with await AsyncClient.connect(addr) as c:
+            assert (await c.status())["daemon"]["state"] == "running"
+
+    run_daemon(tmp_path, body, frame_timeout="1s")
+
+
+def test_connections_beyond_the_cap_are_refused_with_a_reply(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        held = [await AsyncClient.connect(addr) for _ in range(3)]
+        try:
+            for c in held:
+                await c.status()
+            replies, closed = await asyncio.to_thread(exchange, str(tmp_path / "d.sock"), b"", 1)
+            assert closed and replies[0].kind == "ResourceError" and "at most 3 connections" in replies[0].message
+            with pytest.raises(ResourceError, match="max_connections"):
+                async with await AsyncClient.connect(addr) as extra:
+                    await extra.status()
+
+            def refused_clients() -> list[str]:  # each hears the refusal, never a reset or broken pipe
+                seen = []
+                for _ in range(30):
+                    try:
+                        with Client(addr) as c:
+                            c.status()
+                        seen.append("served")
+                    except ResourceError:
+                        seen.append("refused")
+                    except OSError as e:
+                        seen.append(repr(e))
+                return seen
+            assert set(await asyncio.to_thread(refused_clients)) == {"refused"}
+        finally:
+            await held.pop().close()
+        await asyncio.sleep(0.1)
+        async with await AsyncClient.connect(addr) as c:  # a slot is free again
+            assert (await c.status())["daemon"]["state"] == "running"
+        for c in held:
+            await c.close()
+
+    run_daemon(tmp_path, body, max_connections=3)
+
+
+@pytest.fixture
+def circom_circuit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+    """A circom circuit in the config (placeholder files: the engine double reads none)."""
+    for name in ("c.zkey", "c.r1cs", "c.wasm"):
+        (tmp_path / name).write_bytes(b"x")
+    monkeypatch.setattr(budget, "circuit_size", lambda spec: estimated_circuit_size(1 << 10, 1 << 10))
+    return {"zkey": str(tmp_path / "c.zkey"), "r1cs": str(tmp_path / "c.r1cs"), "wasm": str(tmp_path / "c.wasm")}
+
+
+def test_hostile_input_json_is_refused_at_submit(tmp_path: Path, circom_circuit: dict[str, Any]) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            for name, _, data, says in INPUT_JSON_PROBES:
+                good = P.PartitionIn("json", b'{"a": 1}')
+                with pytest.raises(InputError, match="partitions\\[1\\].data") as info:
+                    await c.submit("circ", [good, P.PartitionIn("json", data)])
+                assert says in str(info.value), (name, str(info.value))
+            assert d.engine.submitted == []  # nothing reached a worker, nothing was journaled
+            assert d.journal is not None and d.journal.load() == []
+            ok = await c.submit("circ", [P.PartitionIn("json", b'{"a": [1, "2"], "b": "0x03"}')])
+            assert d.engine.submitted == [ok.job_id]
+
+    run_daemon(tmp_path, body, circuits={"circ": circom_circuit}, max_frame_bytes=MAX_FRAME)
+
+
+def test_error_texts_quoting_lone_surrogates_still_reach_the_client() -> None:
+    reply = P.error_reply(3, "InputError", "signal \ud800 is odd", "tb \udcff")
+    back = P.decode_reply(P.encode(reply))
+    assert isinstance(back, P.ErrorReply) and "\\ud800" in back.message and back.id == 3
+
+
+def test_client_refuses_absurd_timeouts_before_sending(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        def sync() -> None:
+            with Client(addr) as c:
+                for bad in (float("inf"), float("nan"), 1e300, -1.0, P.MAX_TIMEOUT_S * 2):
+                    with pytest.raises(InputError, match="timeout_s"):
+                        c.await_proof("x", bad)
+                    with pytest.raises(InputError, match="timeout_s"):
+                        c.prove("syn", synthetic_partitions(1), timeout_s=bad)
+                assert c.status()["daemon"]["state"] == "running"  # the connection is intact
+        await asyncio.to_thread(sync)
+
+    run_daemon(tmp_path, body)
+
+
+# -- tokens and isolation -------------------------------------------------------------------
+
+
+def test_tokens_isolate_clients_and_admins_see_all(tmp_path: Path) -> None:
+    port = _free_port()
+
+    def http(path: str, token: str | None = None) -> tuple[int, Any]:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}")
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=10) as r:
+                return r.status, json.loads(r.read())
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+
+    async def body(d: Daemon, addr: str) -> None:
+        d.engine.gate.clear()
+        anon = await AsyncClient.connect(addr, token="")
+        alice = await AsyncClient.connect(addr, token=ALICE)
+        bob = await AsyncClient.connect(addr, token=BOB)
+        admin = await AsyncClient.connect(addr, token=ADMIN)
+        wrong = await AsyncClient.connect(addr, token="x" * 20)
+        try:
+            with pytest.raises(AuthError, match="requires a token"):
+                await anon.status()
+            with pytest.raises(AuthError, match="not one this daemon knows"):
+                await wrong.submit("syn", synthetic_partitions(1))
+            a_job = (await alice.submit("syn", synthetic_partitions(1), request_id="a-1")).job_id
+            b_job = (await bob.submit("syn", synthetic_partitions(1))).job_id
+            for call in (bob.await_proof(a_job, 0.1), bob.cancel(a_job)):
+                with pytest.raises(InputError, match="unknown job"):
+                    await call
+            with pytest.raises(InputError, match="already in use"):
+                await bob.submit("syn", synthetic_partitions(1), request_id="a-1")
+            assert (await alice.submit("syn", synthetic_partitions(1), request_id="a-1")).duplicate
+            a_status, b_status, all_status = await alice.status(), await bob.status(), await admin.status()
+            assert [j["job_id"] for j in a_status["jobs"]] == [a_job]
+            assert [j["job_id"] for j in b_status["jobs"]] == [b_job]
+            assert {j["job_id"] for j in all_status["jobs"]} == {a_job, b_job}
+            assert all(s["ring"]["slots"][1].get("job") in (None, a_job) for s in (a_status,))
+            for call in (alice.status(detail=True), alice.preload("syn"), alice.evict("syn")):
+                with pytest.raises(AuthError, match="admin token"):
+                    await call
+            detail = await admin.status(detail=True)
+            assert detail["daemon"]["pid"] and detail["daemon"]["journal"] == str(tmp_path / "journal.sqlite")
+            assert a_status["daemon"]["pid"] is None and a_status["daemon"]["journal"] == "journal.sqlite"
+            assert (await admin.cancel(a_job)).cancelled  # an admin cancels anyone's job
+            d.engine.gate.set()
+            assert (await bob.await_proof(b_job, 10)).state == "done"
+            code, doc = await asyncio.to_thread(http, "/status")
+            assert code == 401
+            code, doc = await asyncio.to_thread(http, "/status", BOB)
+            assert code == 200 and [j["job_id"] for j in doc["jobs"]] == [b_job] and doc["daemon"]["pid"] is None
+            assert (await asyncio.to_thread(http, "/status?detail=1", BOB))[0] == 403
+            code, doc = await asyncio.to_thread(http, "/status?detail=1", ADMIN)
+            assert code == 200 and doc["daemon"]["pid"] and len(doc["jobs"]) == 2
+            assert (await asyncio.to_thread(http, "/status", "y" * 20))[0] == 403
+        finally:
+            for c in (anon, alice, bob, admin, wrong):
+                await c.close()
+
+    run_daemon(tmp_path, body, tokens=[ALICE, BOB], admin_tokens=[ADMIN], status_listen=f"127.0.0.1:{port}",
+               journal=str(tmp_path / "journal.sqlite"))
+
+    async def after_restart(d: Daemon, addr: str) -> None:  # the owners were journaled
+        async with await AsyncClient.connect(addr, token=BOB) as bob:
+            assert [j["job_id"] for j in (await bob.status())["jobs"]] != []
+            assert all(j["job_id"] != "a-1" for j in (await bob.status())["jobs"])
+            with pytest.raises(InputError, match="unknown job"):
+                await bob.await_proof("a-1", 0)
+        async with await AsyncClient.connect(addr, token=ALICE) as alice:
+            assert (await alice.await_proof("a-1", 0)).state == "cancelled"
+
+    run_daemon(tmp_path, after_restart, tokens=[ALICE, BOB], admin_tokens=[ADMIN],
+               journal=str(tmp_path / "journal.sqlite"))
+
+
+def test_without_tokens_the_status_still_hides_paths_and_pids_unless_asked(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            plain, detail = await c.status(), await c.status(detail=True)
+        assert plain["daemon"]["pid"] is None and plain["processes"][0]["pid"] is None
+        assert plain["daemon"]["listen"] == "unix://d.sock" and not plain["detail"]
+        assert str(tmp_path) not in json.dumps(plain)
+        assert detail["daemon"]["pid"] > 0 and detail["daemon"]["listen"] == f"unix://{tmp_path}/d.sock"
+        assert detail["detail"]
+
+    run_daemon(tmp_path, body)
+
+
+def test_a_taken_status_port_is_a_message_and_starts_nothing(tmp_path: Path) -> None:
+    from tests.fake_engine import FakeEngine, make_config
+
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        cfg = make_config(tmp_path, status_listen=f"127.0.0.1:{port}")
+        started: list[Any] = []
+
+        def factory(*a: Any) -> FakeEngine:
+            started.append(a)
+            return FakeEngine(*a)
+
+        async def main() -> None:
+            d = Daemon(cfg, engine_factory=factory)
+            with pytest.raises(ConfigError, match=f"daemon.status_listen = '127.0.0.1:{port}': cannot listen"):
+                await d.start()
+            assert d.state.value == "failed"
+        asyncio.run(main())
+    assert started == [] and not (tmp_path / "d.sock").exists()
+    assert not (tmp_path / "cache" / "journal.sqlite").exists()  # not even the journal was opened

@@ -1,0 +1,224 @@
+"""The journal defends itself: a bad row is quarantined and the other jobs start; a journal that
+is missing, emptied, swapped, not a database, failing SQLite's check, or whose write-ahead log
+would silently drop committed jobs stops the start with a message (the daemon exits 65 and
+changes nothing), never an empty journal in its place."""
+
+from __future__ import annotations
+
+import asyncio
+import re
+import shutil
+import sqlite3
+import subprocess
+import time
+from pathlib import Path
+from typing import Any
+
+import msgspec
+import pytest
+
+from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
+from cuzk_mp.daemon.journal import Journal, JournalDamaged, JournalEntry
+from cuzk_mp.daemon.journal_wal import wal_damage
+from cuzk_mp.daemon.server import Daemon
+from cuzk_mp.errors import InputError
+from tests.fake_engine import run_daemon
+from tests.helpers import ENV, PY, config_text
+
+
+def _entry(i: int, **kw: Any) -> JournalEntry:
+    return JournalEntry(job_id=f"job-{i}", request_id="", circuit_id="syn", priority=2, digest=f"d{i}",
+                        partitions=synthetic_partitions(1, i), submitted_at=1000.0 + i, **kw)
+
+
+def _fill(path: Path, n: int) -> Journal:
+    """A journal with ``n`` queued jobs (each its own committed transaction), left open."""
+    j = Journal.open(path)
+
+    async def add() -> None:
+        for i in range(n):
+            await j.add(_entry(i))
+    asyncio.run(add())
+    return j
+
+
+def _crash_image(path: Path, dest: Path) -> Path:
+    """The files a SIGKILL would leave: the database and its WAL as they are now."""
+    dest.mkdir()
+    for suffix in ("", "-wal", ".id"):
+        shutil.copy(f"{path}{suffix}", f"{dest / path.name}{suffix}")
+    return dest / path.name
+
+
+def test_bad_rows_are_quarantined_and_the_rest_start(tmp_path: Path) -> None:
+    journal = tmp_path / "journal.sqlite"
+
+    async def first(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            for i in range(3):
+                await c.prove("syn", synthetic_partitions(1, i), request_id=f"done-{i}", timeout_s=10)
+            d.engine.gate.clear()
+            for i in range(4):
+                await c.submit("syn", synthetic_partitions(1, 10 + i), request_id=f"open-{i}")
+
+    run_daemon(tmp_path, first, journal=str(journal))
+    db = sqlite3.connect(journal)
+    with db:
+        db.execute("UPDATE jobs SET partitions = x'c1c1' WHERE job_id = 'open-0'")  # undecodable
+        db.execute("UPDATE jobs SET priority = 99 WHERE job_id = 'open-1'")
+        db.execute("UPDATE jobs SET result = x'81a178c0' WHERE job_id = 'done-0'")  # not a JobReply
+        db.execute("UPDATE jobs SET state = 'exploded' WHERE job_id = 'done-1'")
+        db.execute("UPDATE jobs SET partitions = 'text' WHERE job_id = 'open-2'")
+        db.execute("UPDATE jobs SET submitted_at = 'yesterday' WHERE job_id = 'done-2'")
+    db.close()
+
+    async def second(d: Daemon, addr: str) -> None:
+        assert d.engine.submitted == ["open-3"]  # the one good unfinished job runs again
+        async with await AsyncClient.connect(addr) as c:
+            assert (await c.await_proof("open-3", timeout_s=10)).state == "done"
+            for bad in ("open-0", "open-1", "done-0", "done-1", "open-2", "done-2"):
+                with pytest.raises(InputError, match="unknown job"):
+                    await c.await_proof(bad, 0)
+            report = (await c.status())["journal"]
+        assert report["quarantined"] == 6 and report["quarantined_at_start"] == 6
+        reasons = {q["job_id"]: q["reason"] for q in report["quarantine"]}
+        assert "priority" in reasons["open-1"] and "state" in reasons["done-1"]
+        assert "submitted_at" in reasons["done-2"] and "not msgpack" in reasons["open-2"]
+
+    run_daemon(tmp_path, second, journal=str(journal))
+    db = sqlite3.connect(journal)
+    rows = dict(db.execute("SELECT job_id, priority FROM quarantine").fetchall())
+    assert rows["open-1"] == 99 and len(rows) == 6  # moved aside as they were
+    assert db.execute("SELECT count(*) FROM jobs").fetchone()[0] == 1
+    db.close()
+
+    async def third(d: Daemon, addr: str) -> None:  # the quarantine stays reported, nothing new
+        async with await AsyncClient.connect(addr) as c:
+            report = (await c.status())["journal"]
+        assert (report["quarantined"], report["quarantined_at_start"]) == (6, 0)
+
+    run_daemon(tmp_path, third, journal=str(journal))
+
+
+def test_a_result_belonging_to_another_job_is_quarantined(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite"
+    j = _fill(path, 2)
+    reply = P.JobReply(id=0, job_id="someone-else", circuit_id="syn", state="done", priority="NORMAL",
+                       partitions=[P.PartitionOut(index=0, state="done")], submitted_at=1.0, finished_at=2.0)
+    asyncio.run(j.finish("job-0", reply))
+    assert [e.job_id for e in j.load()] == ["job-1"]
+    assert "another job" in asyncio.run(j.report())["quarantine"][0]["reason"]
+    j.close()
+
+
+@pytest.mark.parametrize("damage, message", [
+    ("truncate", "empty (0 bytes)"),
+    ("delete", "missing"),
+    ("garbage", "not a usable journal"),
+    ("half", "malformed"),
+    ("swap", "another journal was put in its place"),
+])
+def test_a_damaged_or_missing_journal_refuses_to_open(tmp_path: Path, damage: str, message: str) -> None:
+    path = tmp_path / "journal.sqlite"
+    _fill(path, 50).close()
+    assert path.with_name("journal.sqlite.id").exists()
+    if damage == "truncate":
+        path.write_bytes(b"")
+    elif damage == "delete":
+        path.unlink()
+    elif damage == "garbage":
+        path.write_bytes(b"this is not a database, it is a shopping list\n" * 100)
+    elif damage == "half":
+        data = path.read_bytes()
+        path.write_bytes(data[:len(data) // 2])
+    else:
+        path.unlink()
+        _fill(path.with_name("other.sqlite"), 1).close()
+        shutil.move(path.with_name("other.sqlite"), path)
+    before = path.read_bytes() if path.exists() else None
+    with pytest.raises(JournalDamaged, match=re.escape(message)) as info:
+        Journal.open(path)
+    assert str(path) in str(info.value) and "aside" in str(info.value)
+    assert (path.read_bytes() if path.exists() else None) == before  # nothing repaired or emptied
+
+
+def test_a_damaged_wal_is_detected_before_sqlite_drops_its_jobs(tmp_path: Path) -> None:
+    path = tmp_path / "live" / "journal.sqlite"
+    path.parent.mkdir()
+    j = _fill(path, 20)
+    try:
+        clean = _crash_image(path, tmp_path / "clean")
+        middle = _crash_image(path, tmp_path / "middle")
+        header = _crash_image(path, tmp_path / "header")
+        torn = _crash_image(path, tmp_path / "torn")
+    finally:
+        j.close()
+    assert wal_damage(Path(f"{clean}-wal")) is None
+    for image, offset in ((middle, 32 + 3 * (24 + 4096) + 24 + 200), (header, 12), (torn, -30)):
+        wal = bytearray(Path(f"{image}-wal").read_bytes())
+        wal[offset] ^= 0x5A
+        Path(f"{image}-wal").write_bytes(wal)
+    for image in (middle, header):
+        wal_before = Path(f"{image}-wal").read_bytes()
+        with pytest.raises(JournalDamaged, match="write-ahead log is damaged") as info:
+            Journal.open(image)
+        assert "committed transactions" in str(info.value)
+        assert Path(f"{image}-wal").read_bytes() == wal_before  # the evidence is kept
+    reopened = Journal.open(clean)
+    assert [e.job_id for e in reopened.load()] == [f"job-{i}" for i in range(20)]
+    reopened.close()
+    # A tear in the last transaction is what a crash mid-write leaves (never acknowledged):
+    # SQLite drops it and the journal opens with the jobs before it.
+    reopened = Journal.open(torn)
+    assert [e.job_id for e in reopened.load()] == [f"job-{i}" for i in range(19)]
+    reopened.close()
+
+
+def test_a_schema_1_journal_is_migrated_with_its_jobs(tmp_path: Path) -> None:
+    path = tmp_path / "journal.sqlite"
+    db = sqlite3.connect(path)
+    db.executescript("""
+        CREATE TABLE meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
+        CREATE TABLE jobs (seq INTEGER PRIMARY KEY AUTOINCREMENT, job_id TEXT NOT NULL UNIQUE,
+            request_id TEXT NOT NULL, circuit_id TEXT NOT NULL, priority INTEGER NOT NULL,
+            digest TEXT NOT NULL, partitions BLOB NOT NULL, submitted_at REAL NOT NULL,
+            state TEXT NOT NULL, finished_at REAL, result BLOB);
+        INSERT INTO meta VALUES ('schema', '1');
+    """)
+    db.execute("INSERT INTO jobs (job_id, request_id, circuit_id, priority, digest, partitions, submitted_at,"
+               " state) VALUES ('old', '', 'syn', 2, 'd', ?, ?, 'queued')",
+               (msgspec.msgpack.encode(synthetic_partitions(2)), time.time()))
+    db.commit()
+    db.close()
+    j = Journal.open(path)
+    [entry] = j.load()
+    assert (entry.job_id, entry.owner, len(entry.partitions)) == ("old", "", 2)
+    j.close()
+    assert sqlite3.connect(path).execute("SELECT value FROM meta WHERE key='schema'").fetchone() == ("2",)
+
+
+def test_a_first_start_and_an_empty_file_without_history_are_fine(tmp_path: Path) -> None:
+    path = tmp_path / "j" / "journal.sqlite"
+    Journal.open(path).close()
+    assert path.with_name("journal.sqlite.id").read_text().strip()
+    other = tmp_path / "touched.sqlite"
+    other.write_bytes(b"")  # e.g. created by hand or by a crash before the first write
+    j = Journal.open(other)
+    assert j.load() == []
+    j.close()
+
+
+def test_the_daemon_refuses_a_damaged_journal_with_exit_65_touching_nothing(tmp_path: Path) -> None:
+    prefix = "cuzk-jd-test"
+    cfg = tmp_path / "cuzk.toml"
+    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=prefix))
+    _fill(tmp_path / "journal.sqlite", 3).close()
+    (tmp_path / "journal.sqlite").write_bytes(b"")
+    proc = subprocess.run([*PY, "daemon", "--config", str(cfg)], env=ENV, capture_output=True, text=True,
+                          timeout=120, check=False)
+    assert proc.returncode == 65, proc.stderr
+    assert "refusing to start" in proc.stderr and "empty (0 bytes)" in proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "cuzk.sock").exists() and not (tmp_path / "keys").exists()
+    assert (tmp_path / "journal.sqlite").read_bytes() == b""

@@ -1,0 +1,235 @@
+"""The circuit-data cache and the evaluator over it (cuzk_mp.groth16.circuit_data, .synthesis).
+
+Oracles: the replaced 32-byte CSR path (``coef_matrices`` + ``fr.csr_matvec`` + ``fr.mul``) for
+a, b, c; the r1cs checked row by row for the failing constraint; pairing verification of a
+whole proof. The cache: built once by concurrent openers (counted from their logs), rebuilt
+when the key changes, when it is truncated or damaged (never a wrong result), mapped
+read-only, and placed in the fallback directory when the key's own place cannot take it.
+"""
+
+from __future__ import annotations
+
+import logging
+import mmap
+import multiprocessing as mp
+import os
+import shutil
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cuzk_mp.algebra import fr
+from cuzk_mp.backends.cpu import CpuBackend
+from cuzk_mp.circuits.synthetic import PorepLike
+from cuzk_mp.errors import InputError, UnsatisfiedWitness
+from cuzk_mp.formats.r1cs import read_r1cs, write_r1cs
+from cuzk_mp.formats.wtns import read_wtns
+from cuzk_mp.formats.zkey import coef_matrices, read_zkey
+from cuzk_mp.groth16.circuit_data import cache_candidates
+from cuzk_mp.groth16.keys import vk_from_zkey
+from cuzk_mp.groth16.prover import prove
+from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+from cuzk_mp.groth16.synthesis_key import write_synthesis_only_zkey
+from cuzk_mp.groth16.verifier import verify
+
+DATA = Path(__file__).parent / "data_formats"
+LOG_N = 12
+
+
+@pytest.fixture(scope="module")
+def circuit() -> PorepLike:
+    return PorepLike(LOG_N)
+
+
+@pytest.fixture
+def files(tmp_path: Path, circuit: PorepLike) -> tuple[Path, Path]:
+    """A synthesis-only key and the r1cs of the porep-like circuit, in a fresh directory."""
+    zkey, r1cs = tmp_path / "keys" / "p.zkey", tmp_path / "keys" / "p.r1cs"
+    zkey.parent.mkdir()
+    write_r1cs(r1cs, circuit.r1cs())
+    write_synthesis_only_zkey(circuit.r1cs(), zkey)
+    return zkey, r1cs
+
+
+def reference(zkey_path: Path, w: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    with read_zkey(zkey_path) as z:
+        a, b = coef_matrices(z)
+        ra, rb = a.with_rows(z.domain_size).matvec(w), b.with_rows(z.domain_size).matvec(w)
+    return ra, rb, fr.mul(ra, rb)
+
+
+def test_results_equal_the_csr_path_and_into_shm(files: tuple[Path, Path], circuit: PorepLike) -> None:
+    zkey, r1cs = files
+    ev = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+    assert (ev.n_vars, ev.n_public, ev.domain_size, ev.n_constraints) == (
+        circuit.n_wires, circuit.n_public, 1 << LOG_N, circuit.n_constraints)
+    assert ev.slot_bytes == (3 * ev.domain_size + ev.n_vars) * 32
+    w = circuit.witness(3, 9)
+    ra, rb, rc = reference(zkey, w)
+    got = ev.evaluate(w)
+    assert np.array_equal(got.a, ra) and np.array_equal(got.b, rb) and np.array_equal(got.c, rc)
+    # into one shared-memory segment, as a ring slot: w, a, b, c; garbage first
+    with mmap.mmap(-1, ev.slot_bytes) as mm:
+        buf = np.frombuffer(mm, dtype=np.uint64)
+        buf[:] = 0xDEAD
+        sw = buf[: 4 * ev.n_vars].reshape(-1, 4)
+        a, b, c = buf[4 * ev.n_vars :].reshape(3, ev.domain_size, 4)
+        circuit.witness_into(3, 9, sw, threads=2)
+        for threads in (1, 2):
+            ev.evaluate_into(sw, a, b, c, threads=threads)
+            assert np.array_equal(a, ra) and np.array_equal(b, rb) and np.array_equal(c, rc)
+        del sw, a, b, c, buf
+    ev.close()
+
+
+def test_data_is_a_read_only_mapping(files: tuple[Path, Path]) -> None:
+    ev = ConstraintEvaluator.from_files(str(files[0]), str(files[1]))
+    d = ev.data
+    assert d.path == str(cache_candidates(files[0], True)[0])
+    for arr in (d.a.cols, d.a.codes, d.b.indptr, d.c.cols, d.table_mont):  # type: ignore[union-attr]
+        assert not arr.flags.writeable
+        with pytest.raises(ValueError):
+            arr[0] = 0
+    assert d.nbytes < 0.25 * (36 * (d.a.nnz + d.b.nnz + d.c.nnz))  # type: ignore[union-attr]  (32-byte CSR form)
+
+
+def _open_in_child(zkey: str, r1cs: str, q: mp.Queue) -> None:  # type: ignore[type-arg]
+    builds = []
+
+    class Catch(logging.Handler):
+        def emit(self, record: logging.LogRecord) -> None:
+            if record.getMessage().startswith("built "):
+                builds.append(record.getMessage())
+
+    logger = logging.getLogger("cuzk_mp.groth16.circuit_data")
+    logger.addHandler(Catch())
+    logger.setLevel(logging.INFO)
+    ev = ConstraintEvaluator.from_files(zkey, r1cs)
+    q.put((len(builds), os.stat(ev.data.path).st_ino, int(ev.data.counts.a_nnz)))  # type: ignore[arg-type]
+
+
+def test_concurrent_openers_build_once(files: tuple[Path, Path]) -> None:
+    ctx = mp.get_context("spawn")
+    q = ctx.Queue()
+    procs = [ctx.Process(target=_open_in_child, args=(str(files[0]), str(files[1]), q)) for _ in range(3)]
+    for p in procs:
+        p.start()
+    got = [q.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+        assert p.exitcode == 0
+    assert sum(g[0] for g in got) == 1, got
+    assert len({g[1:] for g in got}) == 1
+
+
+def test_rebuilt_when_the_key_changes(files: tuple[Path, Path], circuit: PorepLike,
+                                      caplog: pytest.LogCaptureFixture) -> None:
+    zkey, r1cs = files
+    ev = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+    first = os.stat(ev.data.path).st_ino  # type: ignore[arg-type]
+    with caplog.at_level(logging.INFO, logger="cuzk_mp.groth16.circuit_data"):
+        ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+        assert not [r for r in caplog.records if r.getMessage().startswith("built ")]  # reused
+        st = os.stat(zkey)
+        os.utime(zkey, ns=(st.st_atime_ns, st.st_mtime_ns + 1_000_000_000))
+        again = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+        assert "made from another key" in caplog.text
+    assert os.stat(again.data.path).st_ino != first  # type: ignore[arg-type]
+    # the old mapping stays valid for whoever holds it
+    w = circuit.witness(1, 2)
+    assert np.array_equal(ev.evaluate(w).c, again.evaluate(w).c)
+
+
+@pytest.mark.parametrize("damage", ["truncate", "flip-body", "flip-header", "empty"])
+def test_damaged_cache_is_detected_and_rebuilt(files: tuple[Path, Path], circuit: PorepLike, damage: str,
+                                              caplog: pytest.LogCaptureFixture) -> None:
+    zkey, r1cs = files
+    path = Path(ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data.path)  # type: ignore[arg-type]
+    raw = bytearray(path.read_bytes())
+    if damage == "truncate":
+        raw = raw[: len(raw) - 64]
+    elif damage == "flip-body":
+        raw[len(raw) // 2] ^= 0x10  # inside the coded rows
+    elif damage == "flip-header":
+        raw[100] ^= 1
+    else:
+        raw = bytearray()
+    path.write_bytes(bytes(raw))
+    stale = path.with_name(f".{path.name}.dead1234.tmp")  # what a builder killed mid-build leaves
+    stale.write_bytes(b"half a cache")
+    with caplog.at_level(logging.WARNING, logger="cuzk_mp.groth16.circuit_data"):
+        ev = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+    assert "rebuilding" in caplog.text
+    assert not stale.exists()
+    w = circuit.witness(5, 5)
+    assert np.array_equal(ev.evaluate(w).c, reference(zkey, w)[2])
+
+
+def test_fallback_directory_when_the_key_place_is_unusable(files: tuple[Path, Path], tmp_path: Path,
+                                                          monkeypatch: pytest.MonkeyPatch, circuit: PorepLike) -> None:
+    zkey, r1cs = files
+    beside = cache_candidates(zkey, True)[0]
+    beside.mkdir()  # something in the way that is not a cache file (as root, a read-only directory is not enough)
+    monkeypatch.setenv("CUZK_MP_CACHE", str(tmp_path / "fallback"))
+    ev = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+    assert Path(ev.data.path).parent == tmp_path / "fallback" / "circuit-data"  # type: ignore[arg-type]
+    assert Path(ev.data.path) == cache_candidates(zkey, True)[1]  # type: ignore[arg-type]
+    w = circuit.witness(2, 2)
+    assert np.array_equal(ev.evaluate(w).a, reference(zkey, w)[0])
+    # an explicit directory is used alone
+    ev2 = ConstraintEvaluator.from_files(str(zkey), None, cache_dir=str(tmp_path / "mine"))
+    assert Path(ev2.data.path).parent == tmp_path / "mine" and ev2.n_constraints is None  # type: ignore[arg-type]
+
+
+def test_unsatisfied_witness_names_the_first_failing_constraint(files: tuple[Path, Path], circuit: PorepLike) -> None:
+    zkey, r1cs = files
+    checked = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+    unchecked = ConstraintEvaluator.from_files(str(zkey), None)
+    w = circuit.witness(4, 4)
+    bad = w.copy()
+    bad[circuit.lane_base + 200, 0] ^= 1  # a bit of lane 0: boolean still, but the gadgets reading it fail
+    rc = read_r1cs(r1cs)
+    wm = fr.to_mont(bad)
+    lhs = fr.mul(*(fr.csr_matvec(m.indptr, m.indices, fr.to_mont(m.data), wm) for m in (rc.a, rc.b)))
+    rhs = fr.csr_matvec(rc.c.indptr, rc.c.indices, fr.to_mont(rc.c.data), wm)
+    failing = np.flatnonzero((lhs != rhs).any(axis=1))
+    assert failing.size > 0
+    with pytest.raises(UnsatisfiedWitness, match=rf"does not satisfy constraint {failing[0]} of {rc.n_constraints} "
+                                                  rf"\({failing.size} constraint\(s\) fail in all\)") as info:
+        checked.evaluate(bad)
+    assert info.value.constraint == failing[0]
+    assert np.array_equal(unchecked.evaluate(bad).a, reference(zkey, bad)[0])  # no r1cs: no check
+
+
+def test_bad_inputs(files: tuple[Path, Path], circuit: PorepLike, tmp_path: Path) -> None:
+    zkey, r1cs = files
+    ev = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+    w = circuit.witness(0, 0)
+    a, b, c = (np.zeros((ev.domain_size, 4), np.uint64) for _ in range(3))
+    with pytest.raises(InputError, match=r"b must be a \(4096, 4\) uint64"):
+        ev.evaluate_into(w, a, b[:-1], c, threads=1)
+    with pytest.raises(InputError, match="wires"):
+        ev.evaluate_into(w[:-1], a, b, c, threads=1)
+    w2 = w.copy()
+    w2[7] = np.uint64(2**64 - 1)
+    with pytest.raises(InputError, match="value 7 is not a field element"):
+        ev.evaluate_into(w2, a, b, c, threads=1)
+    other = tmp_path / "other.r1cs"
+    write_r1cs(other, PorepLike(LOG_N, 3).r1cs())
+    with pytest.raises(InputError, match="does not match"):
+        ConstraintEvaluator.from_files(str(zkey), str(other))
+    with pytest.raises(InputError, match="cannot read"):
+        ConstraintEvaluator.from_files(str(tmp_path / "missing.zkey"), None)
+
+
+def test_whole_proof_with_the_file_evaluator_verifies(tmp_path: Path) -> None:
+    """snarkjs's own key and witness (tests/data_formats): our proof through the cached evaluator verifies."""
+    for name in ("mul.zkey", "mul.r1cs"):
+        shutil.copy(DATA / name, tmp_path / name)
+    zkey = read_zkey(tmp_path / "mul.zkey")
+    ev = ConstraintEvaluator.from_files(str(tmp_path / "mul.zkey"), str(tmp_path / "mul.r1cs"))
+    w = read_wtns(DATA / "mul.wtns")
+    proof, public = prove(CpuBackend(), zkey, w, evaluator=ev)
+    assert verify(vk_from_zkey(zkey), public, proof)
+    assert not verify(vk_from_zkey(zkey), [public[0] + 1] + public[1:], proof)
