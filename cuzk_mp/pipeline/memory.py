@@ -36,16 +36,17 @@ from .types import default_synthesis_threads
 
 GiB = 2**30
 MiB = 2**20
-# PSS of one idle cuzk-mp process with numpy, numba and its compiled kernels loaded (measured 76 MiB for a
-# synthesis worker on the 2-core machine, perf/results/pipeline-cpu-ring.json; rounded up for bigger
-# kernel caches and a GPU process's libraries).
+# PSS of one idle cuzk-mp process with numpy, numba and its compiled kernels loaded (measured 83 MiB for a
+# synthesis worker, 87 MiB for the engine on the 2-core machine, perf/results/pipeline-cpu-ring.json;
+# rounded up for bigger kernel caches and a GPU process's libraries).
 PROCESS_BASE_BYTES = 192 * MiB
 # What a synthesis worker holds beyond its base and the circuit's data: numba's per-thread scratch,
-# an input's parsed witness before it is copied into the slot (json / wtns inputs), allocator slack.
+# an input's parsed witness before it is copied into the slot (json / wtns inputs), allocator slack,
+# and the one-time cost of building a circuit's shared data file (measured 9 / 64 MiB at 2^18).
 SYNTH_SCRATCH_BYTES = 64 * MiB
 ENGINE_ALLOWANCE_BYTES = 64 * MiB  # job tables and results kept in the engine process
 # CPU backend: a prover's memory per domain row beyond its staged copies: H's coset vectors, the MSMs'
-# scalar objects, point lists and buckets (measured 1.1-1.4 KiB a row at 2^16 and 2^18, porep-like,
+# scalar objects, point lists and buckets (measured 1.1 KiB a row at 2^16 and 2^18, porep-like,
 # perf/results/pipeline-cpu-ring.json; rounded up)
 CPU_PROVER_BYTES_PER_ROW = 1536
 GPU_PROVER_HOST_BYTES = 1 * GiB  # GPU backend: a prover's host memory beyond its base (CUDA context, pinned pools)
