@@ -6,8 +6,10 @@
 #                                    # synthesis core-seconds, peak PSS vs the bound, each process's USS
 #                                    # -> pipeline-cpu-ring.json
 #   perf/pipeline_bench.sh gpu   # the GPU defaults of `cuzk-mp bench`, 3 processes  -> pipeline-gpu.json
-#   perf/pipeline_bench.sh gpu-sweep  # issue 4's H200 sweep: PoRep-like 2^22, 10 partitions x 8 jobs, 8 in
+#   perf/pipeline_bench.sh gpu-sweep  # the H200 sweep: PoRep-like 2^22, 10 partitions x 8 jobs, 8 in
 #                                     # flight, partition_workers 4/8/12 x ring_slots 2/4/8 -> pipeline-gpu-sweep.json
+#   perf/pipeline_bench.sh gpu-budget  # throughput against the host budget: PoRep-like 2^24, 10 partitions x 8 jobs,
+#                                      # --host-budget 24/48/96 GiB choosing the shape -> pipeline-gpu-budget.json
 #
 # Each configuration is a separate `cuzk-mp bench` process (the "across processes" spread: compare
 # the s_per_proof of the runs in the combined file). Run it when the machine is quiet: every result
@@ -42,6 +44,12 @@ elif [ "$KIND" = gpu-sweep ]; then
       bench "pw${pw}-k${k}" --backend gpu --log-n "$LOG_N" --partitions 10 --jobs 8 --in-flight 8 \
         --partition-workers "$pw" --ring-slots "$k"
     done
+  done
+elif [ "$KIND" = gpu-budget ]; then
+  LOG_N=${LOG_N:-24}
+  for gib in 24 48 96; do
+    bench "budget-${gib}GiB" --backend gpu --log-n "$LOG_N" --partitions 10 --jobs 8 --in-flight 8 \
+      --host-budget "${gib}GiB"
   done
 else
   for i in 1 2 3; do

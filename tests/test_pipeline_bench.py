@@ -46,7 +46,7 @@ def test_bench_runs_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert result["peak_host_bytes"] >= result["peak_shm_bytes"]
     assert sum(result["partitions_by_device"].values()) == 12
     assert {p["device"] for p in result["partitions"]} <= {0, 1}
-    # per-device accounting (issue 6's figures, here with two simulated devices): each prover's
+    # per-device accounting (here with two simulated devices): each prover's
     # device-stage seconds in the steady window per second of it; each prover is serialised on its
     # own lock, so each is at most 1 up to the window-edge estimate (one partition of the few here)
     busy = result["device_busy_fraction_by_device"]
