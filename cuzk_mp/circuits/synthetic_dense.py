@@ -32,7 +32,7 @@ from ..algebra.sparse import CsrMatrix
 from ..algebra.threads import numba_threads
 from ..errors import InputError
 from ..formats.r1cs import R1CS
-from .synthetic_kinds import check_shape
+from .synthetic_shape import check_shape
 
 ALPHA_PERIOD, BETA_PERIOD = 251, 241
 PARTITION_LIMIT = 1 << 32
