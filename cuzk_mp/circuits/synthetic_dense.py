@@ -1,7 +1,7 @@
 """The dense-random synthetic circuit: every witness value a full-width field element.
 
 The counterpart of :class:`~cuzk_mp.circuits.synthetic.PorepLike` for the other end of the
-benchmark range (issue 3's "witness of full-width random field elements"): with it no MSM can
+benchmark range (a witness of full-width random field elements): with it no MSM can
 skip zeros or add ones, so a prove measures full Pippenger passes. It has the same interface as
 ``PorepLike`` (``r1cs()``, ``witness(seed, partition)``, ``witness_into``, ``public_inputs``) and
 the same sizing rule: exactly ``2^log_n - n_public - 1`` constraints, so that snarkjs's domain is
