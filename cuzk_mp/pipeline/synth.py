@@ -185,7 +185,7 @@ class SynthWorker:
               timings: dict[str, float]) -> None:
         """Witness, then a, b, c, straight into the slot's views (they go out of scope on return)."""
         a, b, c, w = arrays
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.process_time()
         self._check(task)
         circuit.witness_into(task, w, self.threads)
         timings["witness"] = time.time() - t0
@@ -193,6 +193,7 @@ class SynthWorker:
         circuit.evaluator.evaluate_into(w, a, b, c, threads=self.threads)
         self._check(task)
         timings["synthesis"] = time.time() - t0
+        timings["synthesis_cpu"] = time.process_time() - cpu0  # core-seconds: every thread of this process
 
     def _circuit(self, ref: msg.CircuitRef) -> _Circuit:
         have = self.circuits.get(ref.circuit_id)
