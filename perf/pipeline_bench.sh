@@ -24,9 +24,10 @@
 #   gpu-2^26     PoRep-like 2^26, 4 partitions x 3 jobs, derived shape: only where the param cache has
 #                the 2^26 key already (its dev setup took > 570 s and writes a ~50 GB key); otherwise
 #                the model's shape and bound for this machine, and why it was skipped -> pipeline-gpu-2^26.json
-#   h200         all of it in one call (~6-7 minutes on the H200 box, the 2^24 dev key's setup included):
-#                the key, gpu-2^24, gpu-budget, synth-threads at 2^24 (1,2,4,7,14 threads), gpu-2^26;
-#                then one table                                                     -> the files above + h200-summary.json
+#   h200         all of it in one call (~7 minutes on the H200 box, the 2^24 dev key's setup included):
+#                the key, the shm first-touch probe (fresh / remapped / reused 1 GiB segments), gpu-2^24,
+#                gpu-budget, synth-threads at 2^24 (1,2,4,7,14 threads), gpu-2^26; then one table
+#                                              -> the files above + shm-first-touch-h200.json + h200-summary.json
 #
 # Each configuration is a separate `cuzk-mp bench` process (the "across processes" spread: compare the
 # s_per_proof of the runs in the combined file). Run it when the machine is quiet: every result records
@@ -120,6 +121,8 @@ if [ "$KIND" = h200 ]; then
   T0=$(date +%s)
   echo "== the 2^24 dev key (made once, in the param cache)" >&2
   "$PY" perf/pipeline_summary.py key 24 "$TMP/key.json"
+  echo "== shm first touch: fresh, remapped and reused segments (1 GiB)" >&2
+  "$PY" -m cuzk_mp.pipeline.shmprobe --mib 1024 --repeat 3 --json "$OUT/shm-first-touch-h200.json" >/dev/null
   run_mode gpu-2^24
   run_mode gpu-budget
   LOG_N=24 THREADS=${THREADS:-1,2,4,7,14} REPS=${REPS:-2} SUFFIX=-h200 run_mode synth-threads

@@ -216,6 +216,12 @@ def table(folder: Path, key_json: Path, seconds: float) -> None:
             for policy, per in policies.items():
                 lines.append(f"synthesis {size} {policy}: " + ", ".join(
                     f"{t}: {r['core_s']:.2f} core-s {r['wall_s']:.2f} s" for t, r in per.items()))
+    shm = folder / "shm-first-touch-h200.json"
+    if shm.exists():
+        probe = json.loads(shm.read_text())
+        touch = extra["shm_first_touch"] = {k: probe[k] for k in ("madv_populate", "remap", "reuse") if k in probe}
+        lines.append("shm producer, 1 GiB: " + ", ".join(
+            f"{k} {v['producer_s']:.3f} s ({v['producer_gbps']:.1f} GB/s)" for k, v in touch.items()))
     p26 = folder / "pipeline-gpu-2^26.json"
     if p26.exists():
         doc = json.loads(p26.read_text())

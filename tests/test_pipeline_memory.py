@@ -166,3 +166,23 @@ def test_synthesis_workers_hold_no_copy_of_a_partition(tmp_path: Path, monkeypat
     assert result["proofs_verified"] == result["proofs_total"] == 4
     assert set(result["peak_uss_by_process"]) >= {"cuzk-synth-0", "cuzk-synth-1", "cuzk-prover-0"}
     assert result["config"]["synthesis_threads"] == default_synthesis_threads(2, cpu_provers=1)
+
+
+def test_a_prover_lets_the_key_coefficients_go(test_key) -> None:  # type: ignore[no-untyped-def]
+    """Reading a key validates section 4 and so faults it in; a prover process never reads it again and
+    lets its pages go (a 2^24 key's 2.8 GB were the prover's idle memory on the H200 box). The data
+    stays readable: the pages come back from the file."""
+    import numpy as np
+
+    from cuzk_mp.backends.gpu.hostmem import PAGE, mapped_rss
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.pipeline.prover_proc import drop_coefficient_pages
+
+    with read_zkey(test_key[0]) as zkey:
+        coefs = np.array(zkey.coefs)  # a private copy to compare with
+        assert zkey.coefs.nbytes > 4 * PAGE
+        before = mapped_rss([zkey.a])  # the key file's mapping: every section this process touched
+        released = drop_coefficient_pages(zkey)
+        assert released >= zkey.coefs.nbytes - 2 * PAGE
+        assert before - mapped_rss([zkey.a]) >= released - PAGE
+        np.testing.assert_array_equal(zkey.coefs, coefs)

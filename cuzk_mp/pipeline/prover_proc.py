@@ -121,8 +121,8 @@ class KeyCache:
 
         t0 = time.perf_counter()
         zkey = read_zkey(ref.zkey)
+        dropped = drop_coefficient_pages(zkey)  # before the upload: the load's peak stays one section chunk
         handle = self.backend.load_key(zkey)
-        dropped = drop_coefficient_pages(zkey)
         key = _Key(ref, zkey, handle, int(getattr(handle, "nbytes", 0)))
         self.keys[ref.circuit_id] = key
         self.ctx.log.info("loaded key %s (%d bytes) in %.2f s; %.2f GiB of coefficient pages let go", ref.circuit_id,
