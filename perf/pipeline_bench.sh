@@ -1,88 +1,133 @@
 #!/usr/bin/env bash
-# The pipeline measurements behind perf/results/pipeline-*.json (run from the repo root).
+# The pipeline measurements behind perf/results/pipeline-*.json (run from anywhere; it works in the repo root).
 #
-#   perf/pipeline_bench.sh cpu   # 2^12, 10 partitions x 6 jobs, partition_workers 1 and 2 -> pipeline-cpu.json
-#   perf/pipeline_bench.sh cpu-ring  # 2^18, ring 2, 2 synthesis workers, 4 partitions x 2 jobs: s/partition,
-#                                    # synthesis core-seconds, peak PSS vs the bound, each process's USS
-#                                    # -> pipeline-cpu-ring.json
-#   perf/pipeline_bench.sh gpu   # the GPU defaults of `cuzk-mp bench`, 3 processes  -> pipeline-gpu.json
-#   perf/pipeline_bench.sh gpu-sweep  # the H200 sweep: PoRep-like 2^22, 10 partitions x 8 jobs, 8 in
-#                                     # flight, partition_workers 4/8/12 x ring_slots 2/4/8 -> pipeline-gpu-sweep.json
-#   perf/pipeline_bench.sh gpu-budget  # throughput against the host budget: PoRep-like 2^24, 10 partitions x 8 jobs,
-#                                      # --host-budget 24/48/96 GiB choosing the shape -> pipeline-gpu-budget.json
+#   perf/pipeline_bench.sh MODE [OUT_DIR]     JSON goes to OUT_DIR (default perf/results), one file per mode
 #
-# Each configuration is a separate `cuzk-mp bench` process (the "across processes" spread: compare
-# the s_per_proof of the runs in the combined file). Run it when the machine is quiet: every result
-# records the load average at its end. PY overrides the interpreter (default .venv/bin/python).
+# CPU modes (the 2-core machine):
+#   cpu          2^12, 10 partitions x 6 jobs, partition_workers 1 and 2              -> pipeline-cpu.json
+#   cpu-ring     2^18, ring 2, 2 synthesis workers, 4 partitions x 2 jobs: s/partition, synthesis
+#                core-seconds, peak PSS vs the bound, each process's USS            -> pipeline-cpu-ring.json
+#   cpu-reuse    2^20 and 2^22, ring 2, 2 workers x 1 thread, 3 partitions x 2 jobs: the stage times
+#                (shm_write: the slot's segment, made once and then reused)          -> pipeline-cpu-reuse.json
+#   synth-threads  core-seconds of one partition against threads, with numba's default OpenMP waiting
+#                and with the pipeline's (OMP_WAIT_POLICY=PASSIVE); LOG_N (20) and THREADS (1,2)
+#                                                                                   -> synthesis-threads.json
+# GPU modes (the H200 box):
+#   gpu          the GPU defaults of `cuzk-mp bench` (shape derived from the machine), 3 processes -> pipeline-gpu.json
+#   gpu-sweep    PoRep-like 2^22, 10 partitions x 8 jobs, 8 in flight, partition_workers 4/8/12 x
+#                ring_slots 2/4/8                                                   -> pipeline-gpu-sweep.json
+#   gpu-2^24     PoRep-like 2^24, 10 partitions x 8 jobs, 8 in flight, the shape the bench derives
+#                for the machine (the target: GPU kernel-busy >= 95%, s/partition <= 1.05 x the
+#                device stage, <= 6 ring slots, peak PSS <= slots x segment + zkey + 4 GiB)  -> pipeline-gpu-2^24.json
+#   gpu-budget   PoRep-like 2^24, 10 partitions x 5 jobs, --host-budget 24/48/96 GiB choosing the shape
+#                (throughput should not depend on it)                                -> pipeline-gpu-budget.json
+#   gpu-2^26     PoRep-like 2^26, 4 partitions x 3 jobs, derived shape: only where the param cache has
+#                the 2^26 key already (its dev setup took > 570 s and writes a ~50 GB key); otherwise
+#                the model's shape and bound for this machine, and why it was skipped -> pipeline-gpu-2^26.json
+#   h200         all of it in one call (~7 minutes on the H200 box, the 2^24 dev key's setup included):
+#                the key, the shm first-touch probe (fresh / remapped / reused 1 GiB segments), gpu-2^24,
+#                gpu-budget, synth-threads at 2^24 (1,2,4,7,14 threads), gpu-2^26; then one table
+#                                              -> the files above + shm-first-touch-h200.json + h200-summary.json
+#
+# Each configuration is a separate `cuzk-mp bench` process (the "across processes" spread: compare the
+# s_per_proof of the runs in the combined file). Run it when the machine is quiet: every result records
+# the load average at its end. PY overrides the interpreter (default .venv/bin/python).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-.venv/bin/python}
 KIND=${1:-cpu}
-OUT=perf/results
+OUT=${2:-perf/results}
+mkdir -p "$OUT"
+OUT=$(cd "$OUT" && pwd)
 TMP=$(mktemp -d)
 trap 'rm -rf "$TMP"' EXIT
-LOAD_BEFORE=$(cut -d' ' -f1-3 /proc/loadavg)
 
-bench() {  # bench NAME ARGS...
-  local name=$1; shift
+bench() {  # bench DIR NAME ARGS...
+  local dir=$1 name=$2; shift 2
+  mkdir -p "$dir"
   echo "== $name: cuzk-mp bench $*" >&2
-  "$PY" -m cuzk_mp.cli bench --quiet --json "$TMP/$name.json" "$@"
+  "$PY" -m cuzk_mp.cli bench --quiet --json "$dir/$name.json" "$@"
 }
 
-if [ "$KIND" = cpu ]; then
-  for pw in 1 2; do
-    bench "pw$pw" --backend cpu --log-n 12 --partitions 10 --jobs 6 --in-flight 2 \
-      --partition-workers "$pw" --gpu-workers 2 --ring-slots 4
-  done
-elif [ "$KIND" = cpu-ring ]; then
-  bench "lg18-k2" --backend cpu --log-n 18 --partitions 4 --jobs 2 --in-flight 1 \
-    --partition-workers 2 --gpu-workers 2 --ring-slots 2
-elif [ "$KIND" = gpu-sweep ]; then
-  LOG_N=${LOG_N:-22}
-  for pw in 4 8 12; do
-    for k in 2 4 8; do
-      bench "pw${pw}-k${k}" --backend gpu --log-n "$LOG_N" --partitions 10 --jobs 8 --in-flight 8 \
-        --partition-workers "$pw" --ring-slots "$k"
-    done
-  done
-elif [ "$KIND" = gpu-budget ]; then
-  LOG_N=${LOG_N:-24}
-  for gib in 24 48 96; do
-    bench "budget-${gib}GiB" --backend gpu --log-n "$LOG_N" --partitions 10 --jobs 8 --in-flight 8 \
-      --host-budget "${gib}GiB"
-  done
-else
-  for i in 1 2 3; do
-    bench "run$i" --backend gpu
-  done
-fi
+summarize() {  # summarize DIR MODE OUT_FILE LOAD_BEFORE: the runs of DIR into one JSON
+  "$PY" perf/pipeline_summary.py runs "$1" "$2" "$3" "$4"
+}
 
-"$PY" - "$TMP" "$OUT/pipeline-$KIND.json" "$LOAD_BEFORE" "$KIND" <<'PYEOF'
-import json, os, pathlib, statistics, sys
-tmp, out = pathlib.Path(sys.argv[1]), pathlib.Path(sys.argv[2])
-load_before = [float(x) for x in sys.argv[3].split()]
-runs = {p.stem: json.loads(p.read_text()) for p in sorted(tmp.glob("*.json"))}
-for r in runs.values():
-    r.pop("partitions", None)  # per-partition rows stay out of the committed summary
-summary = {name: {**{k: r[k] for k in ("s_per_proof", "first_job_s", "proofs_total", "proofs_verified",
-                                        "peak_host_bytes", "peak_pss_bytes", "peak_shm_bytes", "peak_live_segments",
-                                        "gpu_busy_fraction", "device_busy_fraction_by_device", "synthesis_core_s",
-                                        "peak_uss_by_process")},
-                  "median_stage_s": {k: r["median_stage_s"][k] for k in ("synthesis", "device") if k in r["median_stage_s"]},
-                  "memory_bound_bytes": r["memory_bound"]["bound_bytes"],
-                  "memory_margin_bytes": r["memory_bound"]["margin_bytes"],
-                  "model_bound_bytes": r["memory_bound"]["model_bound_bytes"],
-                  "model_margin_bytes": r["memory_bound"]["model_margin_bytes"],
-                  "segment_bytes": r["memory_bound"]["segment_bytes"],
-                  "working_set_excess_bytes": r["memory_bound"]["working_set_excess_bytes"],
-                  "peak_host_bytes_by_job": r["memory_bound"]["peak_host_bytes_by_job"],
-                  "ring_margin_bytes": r["memory_bound"]["ring_margin_bytes"]} for name, r in runs.items()}
-spp = [r["s_per_proof"] for r in runs.values()]
-out.write_text(json.dumps({"command": "perf/pipeline_bench.sh " + sys.argv[4],
-                           "accounting": "host bytes = PSS of the process tree (shared pages once, without shm) "
-                                         "+ the ring's shm; USS per process beside it",
-                           "summary": summary, "s_per_proof_median": statistics.median(spp),
-                           "s_per_proof_min_max": [min(spp), max(spp)], "loadavg_before": load_before,
-                           "loadavg_after": os.getloadavg(), "runs": runs}, indent=1) + "\n")
-print(f"wrote {out}")
-PYEOF
+run_mode() {  # run_mode MODE: runs into $TMP/MODE, summary into $OUT
+  local mode=$1 dir="$TMP/$1" load
+  load=$(cut -d' ' -f1-3 /proc/loadavg)
+  mkdir -p "$dir"
+  case "$mode" in
+    cpu)
+      for pw in 1 2; do
+        bench "$dir" "pw$pw" --backend cpu --log-n 12 --partitions 10 --jobs 6 --in-flight 2 \
+          --partition-workers "$pw" --gpu-workers 2 --ring-slots 4
+      done ;;
+    cpu-ring)
+      bench "$dir" "lg18-k2" --backend cpu --log-n 18 --partitions 4 --jobs 2 --in-flight 1 \
+        --partition-workers 2 --gpu-workers 2 --ring-slots 2 ;;
+    cpu-reuse)
+      for lg in 20 22; do
+        bench "$dir" "lg$lg-k2" --backend cpu --log-n "$lg" --partitions 3 --jobs 2 --in-flight 1 \
+          --partition-workers 2 --synthesis-threads 1 --ring-slots 2
+      done ;;
+    synth-threads)
+      local lg=${LOG_N:-20} threads=${THREADS:-1,2}
+      for policy in default PASSIVE; do
+        echo "== synthesis 2^$lg, threads $threads, OMP_WAIT_POLICY=$policy" >&2
+        if [ "$policy" = default ]; then
+          env -u OMP_WAIT_POLICY "$PY" perf/synthesis_bench.py --log-n "$lg" --threads "$threads" --reps "${REPS:-3}" \
+            --work-dir "$TMP/synth-work" --out "$dir/$policy.json"
+        else
+          OMP_WAIT_POLICY=$policy "$PY" perf/synthesis_bench.py --log-n "$lg" --threads "$threads" \
+            --reps "${REPS:-3}" --work-dir "$TMP/synth-work" --out "$dir/$policy.json"
+        fi
+      done
+      "$PY" perf/pipeline_summary.py threads "$dir" "$OUT/synthesis-threads${SUFFIX:-}.json" "$load"
+      return ;;
+    gpu-sweep)
+      for pw in 4 8 12; do
+        for k in 2 4 8; do
+          bench "$dir" "pw${pw}-k${k}" --backend gpu --log-n "${LOG_N:-22}" --partitions 10 --jobs 8 --in-flight 8 \
+            --partition-workers "$pw" --ring-slots "$k"
+        done
+      done ;;
+    gpu-2^24)
+      bench "$dir" "lg24-derived" --backend gpu --circuit porep-like --log-n 24 --partitions 10 --jobs 8 --in-flight 8 ;;
+    gpu-budget)
+      for gib in 24 48 96; do
+        bench "$dir" "budget-${gib}GiB" --backend gpu --log-n "${LOG_N:-24}" --partitions 10 --jobs "${JOBS:-5}" \
+          --in-flight "${JOBS:-5}" --host-budget "${gib}GiB"
+      done ;;
+    gpu-2^26)
+      if "$PY" perf/pipeline_summary.py has-key 26; then
+        bench "$dir" "lg26-derived" --backend gpu --circuit porep-like --log-n 26 --partitions 4 --jobs 3 --in-flight 3
+      else
+        "$PY" perf/pipeline_summary.py model-only 26 "$OUT/pipeline-gpu-2^26.json" "$load"
+        return
+      fi ;;
+    gpu)
+      for i in 1 2 3; do
+        bench "$dir" "run$i" --backend gpu
+      done ;;
+    *)
+      echo "unknown mode $mode (see the head of $0)" >&2
+      exit 2 ;;
+  esac
+  summarize "$dir" "$mode" "$OUT/pipeline-$mode.json" "$load"
+}
+
+if [ "$KIND" = h200 ]; then
+  T0=$(date +%s)
+  echo "== the 2^24 dev key (made once, in the param cache)" >&2
+  "$PY" perf/pipeline_summary.py key 24 "$TMP/key.json"
+  echo "== shm first touch: fresh, remapped and reused segments (1 GiB)" >&2
+  "$PY" -m cuzk_mp.pipeline.shmprobe --mib 1024 --repeat 3 --json "$OUT/shm-first-touch-h200.json" >/dev/null
+  run_mode gpu-2^24
+  run_mode gpu-budget
+  LOG_N=24 THREADS=${THREADS:-1,2,4,7,14} REPS=${REPS:-2} SUFFIX=-h200 run_mode synth-threads
+  run_mode gpu-2^26
+  "$PY" perf/pipeline_summary.py table "$OUT" "$TMP/key.json" "$(( $(date +%s) - T0 ))"
+else
+  run_mode "$KIND"
+fi

@@ -70,17 +70,63 @@ def test_bench_runs_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert shm_entries(f"cuzk-bench-{os.getpid()}") == []
 
 
-def test_bench_dense_random_circuit(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """The second synthetic kind through the whole pipeline: its dev key, synthesis, proofs that verify."""
+def test_bench_dense_random_circuit_with_the_derived_shape(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """The second synthetic kind through the whole pipeline (its dev key, synthesis, proofs that verify),
+    with no shape flags: the first lines say the backend and why, the machine, and the shape derived for
+    it through the memory model, which is the shape that ran."""
+    import psutil
+
+    from cuzk_mp.pipeline.memory import circuit_size, explain_shape, host_budget_bytes
+
     out = tmp_path / "dense.json"
     args = _parse("--backend", "cpu", "--circuit", "dense-random", "--log-n", str(LOG_N), "--partitions", "2",
-                  "--jobs", "2", "--in-flight", "2", "--partition-workers", "1", "--ring-slots", "2",
-                  "--cache", str(KEY_CACHE), "--json", str(out), "--quiet")
+                  "--jobs", "2", "--in-flight", "2", "--cache", str(KEY_CACHE), "--json", str(out), "--quiet")
     assert args.func(args) == 0
     result = json.loads(out.read_text())
     assert result["config"]["circuit"] == "dense-random"
     assert result["proofs_total"] == result["proofs_verified"] == 4
     assert (KEY_CACHE / f"dense-random-{LOG_N}.zkey").is_file()
+    first, second = capsys.readouterr().out.splitlines()[:2]
+    ram = psutil.virtual_memory().total
+    assert first.startswith("cuzk-mp bench: cpu backend (--backend cpu); 1 CPU prover process(es)")
+    assert f"{os.cpu_count()} cores, {ram / 2**30:.1f} GiB host memory" in first
+    assert second.startswith(f"shape: derived for 2^{LOG_N} rows, host budget auto (RAM - 4 GiB): ")
+    want = explain_shape(host_budget_bytes("auto", "x", total=ram),
+                         circuit_size(KEY_CACHE / f"dense-random-{LOG_N}.zkey"), backend="cpu", provers=1)
+    assert want.reason in second
+    c = result["config"]
+    assert (c["ring_slots"], c["partition_workers"], c["synthesis_threads"]) == (
+        want.shape.ring_slots, want.shape.partition_workers, want.shape.threads_per_partition)
+    assert c["shape_reason"] == second and c["backend_reason"] == "--backend cpu"
+
+
+def _fake_nvidia_smi(folder: Path, lines: str) -> None:
+    tool = folder / "nvidia-smi"
+    tool.write_text(f"#!/bin/sh\nprintf '{lines}'\n")
+    tool.chmod(0o755)
+
+
+def test_backend_choice_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """auto without a GPU says so; with an NVIDIA GPU that CuPy cannot use it says why before the CPU runs."""
+    import importlib.util
+
+    from cuzk_mp import backends
+
+    monkeypatch.setattr(backends, "gpu_available", lambda: False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
+    assert bench.choose_backend("auto") == ("cpu", "--backend auto: no NVIDIA GPU on this machine (no nvidia-smi)")
+    assert bench.choose_backend("cpu") == ("cpu", "--backend cpu")
+    _fake_nvidia_smi(tmp_path, "0, NVIDIA H200, 143771\\n")
+    assert bench._gpu_table() == {0: ("NVIDIA H200", 143771 * 2**20)}
+    backend, why = bench.choose_backend("auto")
+    assert backend == "cpu" and "this machine has 1 NVIDIA GPU(s) but CuPy" in why and "falling back" in why
+    missing = importlib.util.find_spec("cupy") is None
+    assert ("not installed" in why) == missing and ("sees no CUDA device" in why) == (not missing)
+    monkeypatch.setattr(backends, "gpu_available", lambda: True)
+    assert bench.choose_backend("auto") == ("gpu", "--backend auto: CuPy sees a GPU")
+    machine = bench.machine_for("gpu", [0])
+    assert machine.gpus == (("NVIDIA H200", 143771 * 2**20),) and machine.cores == os.cpu_count()
+    assert "GPU 0 NVIDIA H200 (140 GiB)" in bench.machine_line("gpu", "x", machine, [0])
 
 
 @pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed")

@@ -159,7 +159,7 @@ def test_priority_then_fifo_across_jobs(running) -> None:
     assert t["blocker"] < t["critical"] <= t["normal-1"] <= t["normal-2"] <= t["low"] and t["critical"] < t["low"]
 
 
-def test_children_get_their_device_before_any_import() -> None:
+def test_children_get_their_device_before_any_import(monkeypatch: pytest.MonkeyPatch) -> None:
     from cuzk_mp.pipeline import messages as msg
     from cuzk_mp.pipeline.procs import ChildSpec, spawn_child
     from cuzk_mp.pipeline.ring import RingHandle
@@ -170,6 +170,12 @@ def test_children_get_their_device_before_any_import() -> None:
     assert [(s.name, s.env["CUDA_VISIBLE_DEVICES"]) for s in specs] == [
         ("cuzk-prover-3", "3"), ("cuzk-prover-5", "5"), ("cuzk-synth-0", "")]
     assert specs[2].env["NUMBA_NUM_THREADS"] == "2" and all(s.ring_prefix == "cuzk-x" for s in specs)
+    # numba threads that wait sleep instead of spinning on cores other processes need; a set policy wins
+    monkeypatch.delenv("OMP_WAIT_POLICY", raising=False)
+    cpu = child_specs(config, RingHandle("cuzk-x", 2), "cpu", [0])
+    assert [s.env["OMP_WAIT_POLICY"] for s in cpu] == ["PASSIVE", "PASSIVE"]
+    monkeypatch.setenv("OMP_WAIT_POLICY", "ACTIVE")
+    assert child_specs(config, RingHandle("cuzk-x", 2), "cpu", [0])[1].env["OMP_WAIT_POLICY"] == "ACTIVE"
     assert specs[2].payload.threads == 2  # the evaluator gets threads_per_partition too
     # the bootstrap applies the environment before the role module is imported, and imports no cupy itself
     probe = ChildSpec("prover", 5, "tests.child_roles", {"CUDA_VISIBLE_DEVICES": "5"}, "hello")

@@ -4,10 +4,12 @@ One engine for the module: ring_slots = 2, one prover process with one worker
 thread (the slow consumer) and two synthesis workers (fast producers). The
 tests kill processes with SIGKILL mid-job, among them a worker caught while its
 slot is FILLING, and check that the job is retried and completes (or, after the
-retry, fails with an error naming the process), that the ring's slots and
-segments are reclaimed, that a cancelled or unsatisfied partition gives its
-FILLING slot back, and that nothing with the prefix is left in /dev/shm after
-shutdown. A prover that keeps dying before READY degrades its own engine.
+retry, fails with an error naming the process), that the ring's slots are
+reclaimed, that a cancelled or unsatisfied partition gives its FILLING slot
+back, that every segment left belongs to a free slot (kept for reuse, never
+more than the slots) and goes when the ring is trimmed, and that nothing with
+the prefix is left in /dev/shm after shutdown. A prover that keeps dying before
+READY degrades its own engine.
 """
 
 from __future__ import annotations
@@ -57,6 +59,15 @@ def _partition_state(engine: RunningEngine, job_id: str, state: str, attempts: i
     return None
 
 
+def _ring_idle_then_trimmed(engine: RunningEngine) -> None:
+    """Every slot free, at most one kept segment a slot, and none once the idle ring is trimmed: no
+    segment outlives its slot's record (what a leak would look like)."""
+    wait_until(lambda: status_of(engine)["ring"]["stats"]["live"] == 0, timeout=30)
+    assert live_segments(PREFIX) <= 2
+    engine.ring.trim(idle_s=0)
+    assert live_segments(PREFIX) == 0 and engine.ring.stats().held == 0
+
+
 def _all_verify(result, checker: ProofChecker) -> bool:
     return result.state == "done" and all(checker.verifies(p.public, p.proof) for p in result.partitions)
 
@@ -83,7 +94,8 @@ def test_ring_bounds_memory_and_producers_block(running, checker: ProofChecker) 
     assert max(seen) <= 2 and max(seen) >= 1, f"live segments seen: max {max(seen)}"
     assert after["peak_live"] <= 2
     assert after["free_waits"] > before["free_waits"], "producers never blocked on a free slot"
-    assert after["live"] == 0 and live_segments(PREFIX) == 0
+    assert after["segments_made"] - before["segments_made"] <= 2  # the kept segments were reused
+    _ring_idle_then_trimmed(engine)
 
 
 def test_kill_synthesis_worker_mid_job(running, checker: ProofChecker) -> None:
@@ -112,7 +124,7 @@ def test_kill_synthesis_worker_mid_job(running, checker: ProofChecker) -> None:
     assert max(p.attempts for p in result.partitions) == 2
     wait_until(lambda: _process(engine, victim["name"])["ready"] and _process(engine, victim["name"])["restarts"] == 1)
     assert "SIGKILL" in _process(engine, victim["name"])["last_exit"]
-    assert status_of(engine)["ring"]["stats"]["live"] == 0 and live_segments(PREFIX) == 0
+    _ring_idle_then_trimmed(engine)
 
 
 FILL_LOG_N = 16  # a partition whose synthesis takes long enough to be caught FILLING on a loaded machine
@@ -158,8 +170,7 @@ def test_kill_prover_mid_job_then_retry_exhausted(running, checker: ProofChecker
     assert doomed.state == "failed"
     assert "cuzk-prover-0" in doomed.error and "SIGKILL" in doomed.error and "attempt 2 of 2" in doomed.error
     assert _all_verify(results.wait("survivor"), checker)
-    wait_until(lambda: status_of(engine)["ring"]["stats"]["live"] == 0, timeout=30)
-    assert live_segments(PREFIX) == 0
+    _ring_idle_then_trimmed(engine)
 
 
 ORPHAN_SCRIPT = """
@@ -284,8 +295,7 @@ def test_worker_death_while_filling_reclaims_the_slot(running, ring_view: Ring) 
     result = results.wait("fill-kill")
     assert result.state == "done" and result.partitions[0].attempts == 2  # tried again, proved
     assert ring_view.stats().reclaimed >= 1
-    wait_until(lambda: status_of(engine)["ring"]["stats"]["live"] == 0, timeout=30)
-    assert live_segments(PREFIX) == 0
+    _ring_idle_then_trimmed(engine)
 
 
 def test_cancel_while_filling_gives_the_slot_back(running, ring_view: Ring) -> None:
@@ -299,7 +309,7 @@ def test_cancel_while_filling_gives_the_slot_back(running, ring_view: Ring) -> N
     assert results.wait("fill-cancel").state == "cancelled"
     wait_until(lambda: status_of(engine)["ring"]["stats"]["live"] == 0
                and status_of(engine)["queue"]["in_flight"] == 0, timeout=30)
-    assert live_segments(PREFIX) == 0
+    _ring_idle_then_trimmed(engine)
     worker = next(p for p in status_of(engine)["processes"] if p["pid"] == rec.owner_pid)
     assert worker["alive"] and worker["ready"]  # the same process carried on: a cancel is not a death
 
@@ -317,4 +327,4 @@ def test_unsatisfied_witness_abandons_its_slot(running, checker: ProofChecker) -
     after = engine.status().ring.stats
     # the slot was FILLING (taken, segment created, synthesised into) and given back, never published
     assert after.published == before.published and after.released == before.released + 1
-    assert after.live == 0 and live_segments(PREFIX) == 0
+    _ring_idle_then_trimmed(engine)

@@ -1,7 +1,8 @@
-"""The slot ring: round trip, ordering, backpressure, crash reclaim and cleanup (no engine involved).
+"""The slot ring: round trip, ordering, backpressure, crash reclaim, segment reuse and trimming,
+cleanup (no engine involved).
 
-A producer claims a free slot, creates its segment and writes into the segment's views
-(:func:`_put` does the three steps a synthesis worker does), then publishes it.
+A producer claims a free slot, gets its segment's views and writes into them (:func:`_put` does
+the three steps a synthesis worker does), then publishes it.
 """
 
 from __future__ import annotations
@@ -16,7 +17,7 @@ import numpy as np
 import pytest
 
 from cuzk_mp.pipeline import ring as ringmod
-from cuzk_mp.pipeline.ring import Ring, RingHandle, SlotClaim, cleanup_stale, live_segments, shm_entries
+from cuzk_mp.pipeline.ring import Ring, RingHandle, SlotClaim, cleanup_stale, live_segments, shm_bytes, shm_entries
 
 SEED = 20261130
 
@@ -37,8 +38,8 @@ def _claim(task: int, job: int = 0, part: int = 0, prio: int = 2) -> SlotClaim:
 
 
 def _put(ring: Ring, slot: int, meta: bytes, arrays: list[np.ndarray], publish: bool = True) -> int:
-    """Create the claimed slot's segment, write ``arrays`` into its views, publish; the segment's size."""
-    seg = ring.create_segment(slot, [a.shape for a in arrays])
+    """Write ``arrays`` into the claimed slot's segment views, publish; the segment's size."""
+    seg = ring.writable_segment(slot, [a.shape for a in arrays])
     for dst, src in zip(seg.arrays, arrays):
         dst[:] = src
     size = seg.nbytes
@@ -54,7 +55,7 @@ def _arrays(rng: np.random.Generator, rows: int) -> list[np.ndarray]:
         rng.integers(0, 2**63, (rows // 2 + 3, 4), dtype=np.uint64)]
 
 
-def test_round_trip_and_unlink(prefix: str) -> None:
+def test_round_trip_then_reuse_then_trim(prefix: str) -> None:
     print("seed", SEED)
     rng = np.random.default_rng(SEED)
     ring = Ring.create(prefix, 2)
@@ -62,25 +63,64 @@ def test_round_trip_and_unlink(prefix: str) -> None:
     arrays = _arrays(rng, 1000)
     slot = ring.acquire_free(_claim(7, job=3, part=1), _never)
     assert slot is not None and ring.record(slot).state == "filling"
-    seg = ring.create_segment(slot, [a.shape for a in arrays])
+    seg = ring.writable_segment(slot, [a.shape for a in arrays])
     assert live_segments(prefix) == 1 and ring.record(slot).nbytes == seg.nbytes
     for dst, src in zip(seg.arrays, arrays):
         dst[:] = src  # the producer writes straight into the segment
     size = seg.nbytes
     assert size >= sum(a.nbytes for a in arrays) and size == ringmod.segment_bytes([a.shape for a in arrays])
+    address = seg.arrays[0].ctypes.data
     ring.publish(slot, seg, b"meta-bytes")
     other = Ring.attach(RingHandle(prefix, 2))
     rec = other.take_ready(_never, timeout_s=1.0)
     assert rec is not None and (rec.slot, rec.task_id, rec.job_seq, rec.partition) == (slot, 7, 3, 1)
     with other.open_segment(rec.slot) as seg:
         assert seg.meta == b"meta-bytes"
+        consumer_address = seg.arrays[0].ctypes.data
         copies = [np.array(a) for a in seg.arrays]
     for got, want in zip(copies, arrays):
         np.testing.assert_array_equal(got, want)
     other.release(rec.slot)
-    assert live_segments(prefix) == 0 and ring.record(slot).state == "free"
+    # the slot is free again; its segment stays, pages and all, for the next partition
+    assert live_segments(prefix) == 1 and ring.record(slot).state == "free" and ring.record(slot).nbytes == size
     stats = ring.stats()
     assert (stats.published, stats.released, stats.peak_live, stats.live) == (1, 1, 1, 0)
+    assert (stats.held, stats.held_bytes, stats.segments_made) == (1, size, 1)
+
+    # the next partition of the same size: the same slot (warm in this process), the same segment
+    # and mapping, no first touch; the consumer reads the new bytes through its kept mapping
+    again = _arrays(rng, 1000)
+    assert ring.acquire_free(_claim(8, job=3, part=2), _never, nbytes=size) == slot
+    seg = ring.writable_segment(slot, [a.shape for a in again])
+    assert seg.arrays[0].ctypes.data == address  # the very same mapping: nothing faulted again
+    for dst, src in zip(seg.arrays, again):
+        dst[:] = src
+    ring.publish(slot, seg, b"second")
+    rec = other.take_ready(_never, timeout_s=1.0)
+    with other.open_segment(rec.slot) as seg:
+        assert seg.meta == b"second" and seg.arrays[0].ctypes.data == consumer_address
+        for got, want in zip(seg.arrays, again):
+            np.testing.assert_array_equal(got, want)
+    other.release(rec.slot)
+    assert ring.stats().segments_made == 1 and live_segments(prefix) == 1
+
+    # trimming: nothing while the slot has not idled long enough, then the segment goes and its pages
+    # with it, although the other process still maps it
+    assert ring.trim(idle_s=60) == [] and live_segments(prefix) == 1
+    held = shm_bytes(prefix)
+    assert ring.trim(idle_s=0) == [slot]
+    assert live_segments(prefix) == 0 and shm_bytes(prefix) <= held - size + ringmod.ALIGN
+    stats = ring.stats()
+    assert (stats.held, stats.held_bytes, stats.trimmed) == (0, 0, 1)
+    # a trimmed slot works as before: a new segment, and the consumer maps the new one
+    assert ring.acquire_free(_claim(9), _never, nbytes=size) is not None
+    _put(ring, slot, b"third", again)
+    rec = other.take_ready(_never, timeout_s=1.0)
+    with other.open_segment(rec.slot) as seg:
+        assert seg.meta == b"third"
+        np.testing.assert_array_equal(seg.arrays[3], again[3])
+    other.release(rec.slot)
+    assert ring.stats().segments_made == 2
     other.close()
     ring.destroy()
     assert shm_entries(prefix) == []
@@ -168,8 +208,9 @@ def test_reclaim_after_kill(prefix: str, state: str) -> None:
     child.join(10)
     records = ring.reclaim(child.pid)
     assert [(r.state, r.task_id, r.owner_pid) for r in records] == [(state, 1, child.pid)]
-    assert live_segments(prefix) == 0
     assert all(r.state == "free" for r in ring.snapshot()) and ring.stats().reclaimed == 1
+    assert live_segments(prefix) == 1 and ring.stats().held == 1  # kept for the next partition...
+    assert ring.trim(idle_s=0) == [records[0].slot] and live_segments(prefix) == 0  # ...until it idles
     # the ring still works: both slots can be claimed again without blocking
     assert ring.acquire_free(_claim(2), _never, timeout_s=1.0) is not None
     assert ring.acquire_free(_claim(3), _never, timeout_s=1.0) is not None
@@ -196,7 +237,7 @@ def test_drop_ready_frees_cancelled(prefix: str) -> None:
         slot = ring.acquire_free(_claim(task, part=task), _never)
         _put(ring, slot, b"", [np.zeros((4, 4), np.uint64)])
     dropped = ring.drop_ready({0, 2})
-    assert sorted(r.task_id for r in dropped) == [0, 2] and live_segments(prefix) == 1
+    assert sorted(r.task_id for r in dropped) == [0, 2] and ring.stats().live == 1
     rec = ring.take_ready(_never, timeout_s=1.0)
     assert rec.task_id == 1
     assert ring.take_ready(_never, timeout_s=0.4) is None
@@ -238,7 +279,7 @@ def test_filling_slot_is_live_and_abandon_frees_it(prefix: str) -> None:
     """A slot holds memory from the moment its producer creates the segment (before it computes)."""
     ring = Ring.create(prefix, 1)
     slot = ring.acquire_free(_claim(1), _never)
-    seg = ring.create_segment(slot, [(1 << 10, 4)])
+    seg = ring.writable_segment(slot, [(1 << 10, 4)])
     assert ring.stats().live == 1 and live_segments(prefix) == 1 and ring.record(slot).state == "filling"
     assert ring.acquire_free(_claim(2), _never, timeout_s=0.3) is None  # no free slot while one is FILLING
     with pytest.raises(ValueError, match="header"):
@@ -246,6 +287,64 @@ def test_filling_slot_is_live_and_abandon_frees_it(prefix: str) -> None:
     seg.close()
     ring.abandon(slot)
     ring.abandon(slot)  # idempotent
-    assert live_segments(prefix) == 0 and ring.record(slot).state == "free"
+    assert ring.record(slot).state == "free" and ring.stats().live == 0
     assert ring.acquire_free(_claim(3), _never, timeout_s=1.0) == slot
     ring.destroy()
+
+
+def test_a_new_size_remakes_the_segment_and_stale_mappings_are_never_used(prefix: str) -> None:
+    """Partitions of another circuit resize the slot's segment; a process that mapped the old one maps
+    the new one (its generation moved on), and the ring never holds more than one segment a slot."""
+    rng = np.random.default_rng(SEED + 1)
+    ring = Ring.create(prefix, 1)
+    other = Ring.attach(RingHandle(prefix, 1))
+    seen = []
+    for rows in (2000, 500, 500, 3000):
+        arrays = _arrays(rng, rows)
+        slot = ring.acquire_free(_claim(rows), _never, nbytes=ringmod.segment_bytes([a.shape for a in arrays]))
+        size = _put(ring, slot, b"m", arrays)
+        assert live_segments(prefix) == 1 and ring.record(slot).nbytes == size
+        assert shm_bytes(prefix) < size + 2 * ringmod.HEADER_BYTES  # a shrink gave the pages past the end back
+        rec = other.take_ready(_never, timeout_s=1.0)
+        with other.open_segment(rec.slot) as seg:
+            assert [a.shape for a in seg.arrays] == [a.shape for a in arrays]
+            for got, want in zip(seg.arrays, arrays):
+                np.testing.assert_array_equal(got, want)
+        other.release(rec.slot)
+        seen.append(ring.record(slot).gen)
+    assert seen[0] < seen[1] == seen[2] < seen[3]  # remade on each change of size only
+    assert ring.stats().segments_made == 3
+    other.close()
+    ring.destroy()
+
+
+def test_producers_prefer_warm_slots_so_idle_ones_can_be_trimmed(prefix: str) -> None:
+    """With one partition at a time, a 4-slot ring keeps using one slot: the other three never get a
+    segment (and one that had one would idle into trimming)."""
+    ring = Ring.create(prefix, 4)
+    one = [np.ones((256, 4), np.uint64)]
+    size = ringmod.segment_bytes([a.shape for a in one])
+    used = set()
+    for task in range(6):
+        slot = ring.acquire_free(_claim(task), _never, nbytes=size)
+        used.add(slot)
+        _put(ring, slot, b"", one)
+        ring.release(ring.take_ready(_never, timeout_s=1.0).slot)
+    assert len(used) == 1 and live_segments(prefix) == 1 and ring.stats().segments_made == 1
+    ring.destroy()
+
+
+def test_trim_leaves_slots_in_use_alone(prefix: str) -> None:
+    ring = Ring.create(prefix, 3)
+    one = [np.ones((256, 4), np.uint64)]
+    filling = ring.acquire_free(_claim(1), _never)
+    seg = ring.writable_segment(filling, [a.shape for a in one])
+    ready = ring.acquire_free(_claim(2), _never)
+    _put(ring, ready, b"", one)
+    staging = ring.acquire_free(_claim(3), _never)
+    _put(ring, staging, b"", one)
+    ring.take_ready(_never, timeout_s=1.0)  # takes one of the two READY slots
+    assert ring.trim(idle_s=0) == [] and live_segments(prefix) == 3
+    seg.close()
+    ring.destroy()
+    assert shm_entries(prefix) == []

@@ -18,8 +18,11 @@ the measurement around it:
   (PSS of the process tree, shared pages once, plus the ring's shm), with each
   process's PSS, USS and anonymous memory beside it; and at every job's end.
 
-The pipeline's shape comes from the flags, or from ``--host-budget`` (the memory
-model derives what the flags leave out, :func:`~.memory.derive_shape`).
+The first two lines say which backend runs and why, which devices, cores and host
+memory (:func:`machine_line`), then the pipeline's shape and why: the flags given,
+the rest derived from the machine and the partition size by the memory and
+throughput model within ``--host-budget`` (default: RAM - 4 GiB;
+:func:`~.memory.explain_shape`).
 
 Memory bound reported (``memory_bound``, see :func:`memory_bound`): the ring's
 exact bound on live shm, and the memory model's formula (:func:`~.memory.host_bound`)
@@ -34,6 +37,7 @@ import argparse
 import json
 import os
 import statistics
+import subprocess
 import threading
 import time
 from dataclasses import dataclass, field
@@ -50,7 +54,7 @@ from .types import STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, Partit
 if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other verbs build this
     # parser without loading the pipeline (numba, posix_ipc, psutil)
     from .engine import RunningEngine
-    from .memory import CircuitSize
+    from .memory import CircuitSize, Machine
     from .monitor import MemorySampler
     from .status import EngineStatus
 
@@ -58,9 +62,10 @@ if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other 
 # more often takes CPU time the provers of a small machine need
 SAMPLE_INTERVAL_S = 0.5
 # defaults that finish in well under 5 minutes on the 2-core CPU machine / use an H200 sensibly
+# (the shape, ring slots x workers x threads, is derived from the machine: see :func:`_shape`)
 DEFAULTS = {
-    "cpu": {"log_n": 14, "partitions": 10, "jobs": 3, "in_flight": 2, "partition_workers": 1, "gpu_workers": 2},
-    "gpu": {"log_n": 20, "partitions": 10, "jobs": 4, "in_flight": 2, "partition_workers": 4, "gpu_workers": 2},
+    "cpu": {"log_n": 14, "partitions": 10, "jobs": 3, "in_flight": 2, "gpu_workers": 2},
+    "gpu": {"log_n": 20, "partitions": 10, "jobs": 4, "in_flight": 2, "gpu_workers": 2},
 }
 
 
@@ -76,13 +81,14 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--partitions", type=int, help="partitions per job (10)")
     p.add_argument("--jobs", type=int, help="jobs per run (cpu 3, gpu 4)")
     p.add_argument("--in-flight", type=int, help="jobs submitted at once (2)")
-    p.add_argument("--partition-workers", type=int, help="synthesis worker processes (cpu 1, gpu 4)")
+    p.add_argument("--partition-workers", type=int,
+                   help="synthesis worker processes (derived from the machine and the partition size)")
     p.add_argument("--gpu-workers", type=int, help="worker threads per prover process (2)")
-    p.add_argument("--ring-slots", type=int, help="ring slots (4, or derived from --host-budget)")
+    p.add_argument("--ring-slots", type=int, help="ring slots (derived from the machine and the partition size)")
     p.add_argument("--synthesis-threads", type=int,
-                   help="cores one partition's synthesis uses (cores / partition workers)")
-    p.add_argument("--host-budget", help="host memory the pipeline may use, e.g. 96GiB, or 'auto' (RAM - 4 GiB): "
-                                         "ring slots, partition workers and threads not given are derived from it")
+                   help="cores one partition's synthesis uses (derived: the cores the provers leave / workers)")
+    p.add_argument("--host-budget", help="host memory the pipeline may use, e.g. 96GiB (default 'auto': RAM - 4 GiB): "
+                                         "ring slots, partition workers and threads not given are derived within it")
     p.add_argument("--devices", type=lambda s: [int(x) for x in s.split(",")],
                    help="comma-separated device ids (cpu: one prover process each); default all / one")
     p.add_argument("--repeat", type=int, default=1, help="runs of --jobs jobs in the same engine")
@@ -402,7 +408,11 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
 
 
 def _synthesis_core_seconds(partitions: list[dict[str, Any]], threads: int) -> float | None:
-    """Median core-seconds of one partition's synthesis (its wall time x the threads it may use)."""
+    """Median core-seconds of one partition's synthesis: the worker's CPU time over it (every thread),
+    or, where a worker did not report it, its wall time x the threads it may use (an upper bound)."""
+    measured = median_stage(partitions, "synthesis_cpu")
+    if measured is not None:
+        return measured
     stage = median_stage(partitions, "synthesis")
     return None if stage is None else stage * threads
 
@@ -412,7 +422,7 @@ SHAPE_KEYS = ("ring_slots", "partition_workers", "synthesis_threads")
 
 def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
     for key, value in DEFAULTS[backend].items():
-        if getattr(args, key) is None and not (args.host_budget and key in SHAPE_KEYS):
+        if getattr(args, key) is None:
             setattr(args, key, value)
     for key in ("partitions", "jobs", "in_flight", "gpu_workers", "repeat", *SHAPE_KEYS):
         if getattr(args, key) is not None and getattr(args, key) < 1:
@@ -430,42 +440,117 @@ def _circuit_size(args: argparse.Namespace, backend: str) -> CircuitSize:
     return circuit_size(args.circuit)
 
 
-def _shape(args: argparse.Namespace, backend: str, circuit: CircuitSize) -> None:
-    """Ring slots, partition workers and synthesis threads: from the flags, derived from ``--host-budget``
-    for those not given, else the defaults (4 slots; :func:`~.types.default_synthesis_threads`)."""
-    from .memory import derive_shape, host_budget_bytes
+def _provers(args: argparse.Namespace, backend: str) -> list[int]:
+    """The devices the engine will use (what it does with ``devices=None``)."""
+    if args.devices:
+        return list(args.devices)
+    if backend == "cpu":
+        return [0]
+    from .engine import visible_gpus
 
-    if args.host_budget:
-        from .engine import visible_gpus
+    return visible_gpus()
 
-        provers = len(args.devices) if args.devices else (1 if backend == "cpu" else len(visible_gpus()))
-        given = {"ring_slots": args.ring_slots, "partition_workers": args.partition_workers,
-                 "threads_per_partition": args.synthesis_threads}
-        budget = host_budget_bytes(args.host_budget, "--host-budget")
-        shape = derive_shape(budget, circuit, backend=backend, provers=provers, prover_workers=args.gpu_workers,
-                             given={k: v for k, v in given.items() if v is not None})
-        args.ring_slots, args.partition_workers = shape.ring_slots, shape.partition_workers
-        args.synthesis_threads = shape.threads_per_partition
-        return
-    from .types import default_synthesis_threads
 
-    args.ring_slots = args.ring_slots or 4
-    cpu_provers = (len(args.devices) if args.devices else 1) if backend == "cpu" else 0
-    args.synthesis_threads = args.synthesis_threads or default_synthesis_threads(args.partition_workers, cpu_provers)
+def _gpu_table() -> dict[int, tuple[str, int]]:
+    """{index: (name, memory bytes)} of this machine's NVIDIA GPUs from ``nvidia-smi`` (empty without it)."""
+    try:
+        out = subprocess.run(["nvidia-smi", "--query-gpu=index,name,memory.total", "--format=csv,noheader,nounits"],
+                             capture_output=True, text=True, timeout=30, check=True).stdout
+    except (OSError, subprocess.SubprocessError):
+        return {}
+    gpus = {}
+    for line in out.strip().splitlines():
+        parts = [x.strip() for x in line.split(",")]
+        if len(parts) == 3 and parts[0].isdigit():
+            mib = float(parts[2]) if parts[2].replace(".", "", 1).isdigit() else 0.0
+            gpus[int(parts[0])] = (parts[1], int(mib * 2**20))
+    return gpus
+
+
+def choose_backend(requested: str) -> tuple[str, str]:
+    """(backend, why): ``--backend`` resolved, with the reason in words. Where the machine has an NVIDIA
+    GPU but CuPy is missing or sees no device, the reason says so (the bench then runs on the CPU)."""
+    import importlib.util
+
+    from ..backends import resolve_backend_name
+
+    backend = resolve_backend_name(requested)
+    if requested != "auto":
+        return backend, f"--backend {requested}"
+    if backend == "gpu":
+        return backend, "--backend auto: CuPy sees a GPU"
+    gpus = _gpu_table()
+    if not gpus:
+        return backend, "--backend auto: no NVIDIA GPU on this machine (no nvidia-smi)"
+    if importlib.util.find_spec("cupy") is None:
+        why = ("CuPy is not installed (`make venv` installs the GPU extra where it finds the driver; "
+               "or pip install -e '.[gpu]')")
+    else:
+        why = ("CuPy is installed but sees no CUDA device (python -c 'import cupy; "
+               "cupy.cuda.runtime.getDeviceCount()' says why)")
+    return backend, f"--backend auto: this machine has {len(gpus)} NVIDIA GPU(s) but {why}: falling back to the CPU"
+
+
+def machine_for(backend: str, devices: list[int]) -> Machine:
+    """The machine as the shape derivation sees it: cores, RAM, the GPUs the engine will use."""
+    import psutil
+
+    from .memory import Machine
+
+    table = _gpu_table() if backend == "gpu" else {}
+    gpus = tuple(table.get(d, ("?", 0)) for d in devices) if backend == "gpu" else ()
+    return Machine(cores=os.cpu_count() or 1, memory_bytes=int(psutil.virtual_memory().total), gpus=gpus)
+
+
+def machine_line(backend: str, why: str, machine: Machine, devices: list[int]) -> str:
+    """The bench's first line: backend and why, devices, cores, host memory."""
+    if backend == "gpu":
+        used = ", ".join(f"GPU {d} {name} ({mem / 2**30:.0f} GiB)" for d, (name, mem) in zip(devices, machine.gpus))
+    else:
+        used = f"{len(devices)} CPU prover process(es)"
+    return (f"cuzk-mp bench: {backend} backend ({why}); {used}; {machine.cores} cores, "
+            f"{machine.memory_bytes / 2**30:.1f} GiB host memory")
+
+
+def _shape(args: argparse.Namespace, backend: str, circuit: CircuitSize, machine: Machine,
+           devices: list[int]) -> str:
+    """Ring slots, partition workers and synthesis threads: the flags given, the rest derived from the
+    machine and the partition size through the memory model (:func:`~.memory.explain_shape`) within
+    ``--host-budget`` (default "auto": RAM - 4 GiB). Returns the line that says what and why."""
+    from .memory import explain_shape, host_budget_bytes
+
+    given = {"ring_slots": args.ring_slots, "partition_workers": args.partition_workers,
+             "threads_per_partition": args.synthesis_threads}
+    given = {k: v for k, v in given.items() if v is not None}
+    if len(given) == 3 and not args.host_budget:
+        return (f"shape: {args.partition_workers} synthesis worker(s) x {args.synthesis_threads} thread(s), "
+                f"{args.ring_slots} ring slots (all given)")
+    budget = host_budget_bytes(args.host_budget or "auto", "--host-budget", total=machine.memory_bytes)
+    choice = explain_shape(budget, circuit, cores=machine.cores, backend=backend, provers=len(devices),
+                           prover_workers=args.gpu_workers, given=given)
+    shape = choice.shape
+    args.ring_slots, args.partition_workers = shape.ring_slots, shape.partition_workers
+    args.synthesis_threads = shape.threads_per_partition
+    source = f"--host-budget {args.host_budget}" if args.host_budget else "host budget auto (RAM - 4 GiB)"
+    flags = f"; given: {', '.join(f'{k}={v}' for k, v in given.items())}" if given else ""
+    return f"shape: derived for 2^{circuit.domain_size.bit_length() - 1} rows, {source}{flags}: {choice.reason}"
 
 
 def run(args: argparse.Namespace) -> int:
     """``cuzk-mp bench``: returns 0 when every proof verified, 1 otherwise."""
-    from ..backends import resolve_backend_name
-
     if args.plot:
         require_matplotlib()
-    backend = resolve_backend_name(args.backend)
+    backend, why = choose_backend(args.backend)
     _fill_defaults(args, backend)
+    devices = _provers(args, backend)
+    machine = machine_for(backend, devices)
+    print(machine_line(backend, why, machine, devices), flush=True)
     circuit = _circuit_size(args, backend)
-    _shape(args, backend, circuit)
+    shape_line = _shape(args, backend, circuit, machine, devices)
+    print(shape_line, flush=True)
     bench = BenchRun(args, backend)
     result = summarize(bench, bench.execute(circuit))
+    result["config"]["backend_reason"], result["config"]["shape_reason"] = why, shape_line
     print(table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

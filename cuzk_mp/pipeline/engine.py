@@ -16,7 +16,8 @@ Two objects, one per phase of an engine's life:
   restarts children when their backoff is over, dispatches partitions to idle
   synthesis workers and runs the callbacks. Callers' threads only change state
   under the lock and wake it. A second thread, ``cuzk-engine-memory``, reads the
-  process tree's memory once a second, so a status poll never waits on /proc.
+  process tree's memory once a second, so a status poll never waits on /proc, and
+  trims the ring: the segments of slots idle for ``TRIM_IDLE_S`` go back to the system.
 
 Lifecycle of a running engine: starting -> running -> draining (``stop``: no new
 jobs start, started jobs may finish until the grace runs out) -> stopping ->
@@ -57,7 +58,7 @@ from ..errors import ConfigError, CuzkError, InputError, ResourceError, WorkerDi
 from . import messages as msg
 from .circuits import CircuitTable
 from .monitor import host_bytes, tree_memory
-from .ring import Ring, RingStats, SlotRecord, cleanup_stale, live_segments, shm_bytes
+from .ring import TRIM_IDLE_S, Ring, RingStats, SlotRecord, cleanup_stale, live_segments, shm_bytes
 from .scheduler import Outcome, Scheduler, Task
 from .status import EngineMetrics, EngineStatus, MemoryStatus, ProverStats, RingStatus
 from .supervisor import ROLES, Death, Degraded, Supervisor, child_specs
@@ -165,7 +166,8 @@ class RunningEngine:
         self._finalizer = weakref.finalize(self, _release_ipc, self.prefix, self._wake_r, self._wake_w)
         self._thread = threading.Thread(target=self._loop, name="cuzk-engine-events", daemon=True)
         self._thread.start()
-        threading.Thread(target=self._watch_memory, name="cuzk-engine-memory", daemon=True).start()
+        self._memory_thread = threading.Thread(target=self._watch_memory, name="cuzk-engine-memory", daemon=True)
+        self._memory_thread.start()
 
     @property
     def state(self) -> str:
@@ -203,6 +205,8 @@ class RunningEngine:
             self._wake()
         self.sup.stop_all()
         self._memory_stop.set()
+        if self._memory_thread is not threading.current_thread():
+            self._memory_thread.join(10.0)  # it trims the ring: done before the ring goes
         with self._cond:
             self._state = "stopped"
             self._wake()
@@ -306,9 +310,18 @@ class RunningEngine:
     def _watch_memory(self) -> None:
         while not self._memory_stop.wait(MEMORY_REFRESH_S):
             try:
+                self._trim_ring()
                 self._read_memory()
             except Exception:  # noqa: BLE001 - a failed read must not end the refreshes
-                log.exception("reading the process tree's memory failed")
+                log.exception("reading the process tree's memory or trimming the ring failed")
+
+    def _trim_ring(self) -> None:
+        """Give the segments of slots idle for ``TRIM_IDLE_S`` back to the system (docs/ring.md)."""
+        before = shm_bytes(self.prefix)
+        trimmed = self.ring.trim(TRIM_IDLE_S)
+        if trimmed:
+            log.info("ring %s idle: trimmed the segments of slot(s) %s (%.2f GiB returned)", self.prefix,
+                     trimmed, (before - shm_bytes(self.prefix)) / 2**30)
 
     def metrics(self) -> EngineMetrics:
         """Counters and gauges (docs/engine.md, "Metrics")."""

@@ -1,16 +1,18 @@
-"""The pipeline's host-memory model: what the process tree holds, and the shape that fits a budget.
+"""The pipeline's host-memory model and throughput model: what the process tree holds, and the shape
+that fits a budget and keeps the devices busy.
 
 One formula (:func:`host_bound`), used three ways: by the daemon's ``[memory]``
 budget (what is left for proving keys), by ``host_budget`` (which derives
 ring_slots, partition_workers and threads_per_partition, :func:`derive_shape`),
-and by ``cuzk-mp bench`` (the bound it checks its measured peak against). It
-counts memory the way :mod:`.monitor` measures it: PSS, so a page several
-processes map (a proving key, a circuit's data) counts once, and the ring's
-segments once, as shm::
+and by ``cuzk-mp bench`` (the bound it checks its measured peak against, and its
+default shape). It counts memory the way :mod:`.monitor` measures it: PSS, so a
+page several processes map (a proving key, a circuit's data) counts once, and
+the ring's segments once, as shm::
 
-    host = fixed                                   every process idle: processes x base + keys
+    host = fixed                                   every process idle: processes x base + the key's host
+                                                   share + the circuit's data
          + engine                                  the engine's own growth (job tables, results)
-         + ring_slots x segment                    exact: the ring's rule (ring.partition_segment_bytes)
+         + ring_slots x segment                    at most: the ring's rule (ring.partition_segment_bytes)
          + partition_workers x synth               a worker's private memory: scratch, never the vectors
          + provers x prover                        staged partitions and H scratch (CPU backend), or
                                                    the host side of a GPU process (CUDA context,
@@ -20,8 +22,13 @@ The working sets come from :func:`model_working_sets` (constants measured on the
 2-core CPU machine, perf/results/pipeline-cpu-ring.json, and sizes derived from
 the circuit) or, in the bench, from the measured growth of each kind of process
 during the first job. Circuit data is counted once: every worker maps the same
-read-only file of it (:mod:`cuzk_mp.groth16.circuit_data`; estimated here at an
-int32 column and a coefficient index per matrix entry).
+read-only file of it (:mod:`cuzk_mp.groth16.circuit_data`; estimated here from its
+measured size per matrix entry).
+
+Within the budget, the shape is sized by a throughput model (GPU backend, constants
+measured on the H200 box, below): enough synthesis workers x threads that synthesis
+outruns the devices, on the cores the provers leave, and ring slots for every
+worker's partition plus each prover's staging and ready queue (:func:`explain_shape`).
 """
 
 from __future__ import annotations
@@ -50,9 +57,12 @@ ENGINE_ALLOWANCE_BYTES = 64 * MiB  # job tables and results kept in the engine p
 # perf/results/pipeline-cpu-ring.json; rounded up)
 CPU_PROVER_BYTES_PER_ROW = 1536
 GPU_PROVER_HOST_BYTES = 1 * GiB  # GPU backend: a prover's host memory beyond its base (CUDA context, pinned pools)
+GPU_KEY_HOST_BYTES = 256 * MiB  # GPU backend: what stays of a key on the host (header, IC points, an upload chunk)
 MIN_RING_SLOTS = 2  # one slot filling while another is staged
-COEF_ENTRIES_PER_ROW = 2  # A and B entries per constraint row of a PoRep-shaped circuit (estimate)
-DATA_BYTES_PER_ENTRY = 8  # what synthesis keeps of a matrix entry, shared: an int32 column and a coefficient index
+COEF_ENTRIES_PER_ROW = 4  # A and B entries per row of a PoRep-shaped circuit (porep-like 2^24: 64.6 M, 3.85 a row)
+# what synthesis keeps per A or B entry in its shared circuit data: a uint32 column and a uint16 code per entry
+# of A, B and C, and the row pointers (porep-like 2^24: 741 MB for 64.6 M A and B entries, 11.5 bytes each)
+DATA_BYTES_PER_ENTRY = 12
 
 _UNITS = {
     "": 1, "b": 1, "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
@@ -154,7 +164,7 @@ class Bound:
 
 def estimated_circuit_size(domain_size: int, n_vars: int) -> CircuitSize:
     """A circuit's sizes before its key exists: the zkey's point sections (A, B1, C and H in G1, 96
-    bytes a point; B2 in G2, 192) and its coefficient section (~2 entries a row, 44 bytes each)."""
+    bytes a point; B2 in G2, 192) and its coefficient section (~4 entries a row, 44 bytes each)."""
     entries = COEF_ENTRIES_PER_ROW * domain_size
     key = n_vars * (3 * 96 + 192) + domain_size * 96 + entries * 44
     return CircuitSize(domain_size=domain_size, n_vars=n_vars, key_bytes=key, data_bytes=entries * DATA_BYTES_PER_ENTRY)
@@ -179,56 +189,171 @@ def model_working_sets(circuit: CircuitSize, backend: str, prover_workers: int) 
     return WorkingSets(synth=SYNTH_SCRATCH_BYTES, prover=prover_workers * circuit.segment_bytes + scratch)
 
 
-def fixed_bytes(processes: int, circuit: CircuitSize) -> int:
-    """Every process idle, with the circuit's key and data loaded (each counted once)."""
-    return processes * PROCESS_BASE_BYTES + circuit.key_bytes + circuit.data_bytes
+def key_host_bytes(circuit: CircuitSize, backend: str) -> int:
+    """What the provers keep of the key on the host, counted once: the whole key on the CPU backend
+    (its points, converted); on the GPU backend its header and IC points and one upload chunk: the
+    point sections are uploaded from the file's mapping and their pages let go, and so are the
+    coefficients (:func:`~.prover_proc.drop_coefficient_pages`)."""
+    return circuit.key_bytes if backend == "cpu" else min(circuit.key_bytes, GPU_KEY_HOST_BYTES)
 
 
-def host_bound(shape: Shape, circuit: CircuitSize, provers: int, ws: WorkingSets, fixed: int | None = None) -> Bound:
+def fixed_bytes(processes: int, circuit: CircuitSize, backend: str = "cpu") -> int:
+    """Every process idle, with the circuit's key (:func:`key_host_bytes`) and data loaded (each counted once)."""
+    return processes * PROCESS_BASE_BYTES + key_host_bytes(circuit, backend) + circuit.data_bytes
+
+
+def host_bound(shape: Shape, circuit: CircuitSize, provers: int, ws: WorkingSets, fixed: int | None = None,
+               backend: str = "cpu") -> Bound:
     """The formula of the module docstring; ``fixed`` measured (bench) or modelled (:func:`fixed_bytes`)."""
     if fixed is None:
-        fixed = fixed_bytes(1 + shape.partition_workers + provers, circuit)
+        fixed = fixed_bytes(1 + shape.partition_workers + provers, circuit, backend)
     return Bound(fixed=fixed, engine=ws.engine, ring=shape.ring_slots * circuit.segment_bytes,
                  synthesis=shape.partition_workers * ws.synth, provers=provers * ws.prover)
 
 
-def derive_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None, backend: str = "gpu",
-                 provers: int = 1, prover_workers: int = 2, given: dict[str, int] | None = None) -> Shape:
-    """The shape that keeps :func:`host_bound` within ``budget``.
+# ---- throughput: which shape keeps the devices busy (GPU backend)
+#
+# Constants measured on the H200 box (16-core Xeon, one H200, porep-like partitions), scaled linearly in the
+# partition's rows. Smaller partitions cost a GPU more per row (0.056 s at 2^20, not 0.023), so the model
+# asks for more synthesis than they need: the safe side.
+SYNTH_CORE_S_PER_ROW = 1.95 / 2**24  # one partition's synthesis on one thread: 1.95 s at 2^24
+# (perf/results/synthesis-h200-box.json: witness 0.24 + a/b/c 1.50 + check 0.21)
+SYNTH_SERIAL_S_PER_ROW = 0.109 / 2**24  # wall(t) = serial + (1.95 - serial) x overhead / t: the fit of the
+PARALLEL_OVERHEAD = 1.5  # pipeline's median synthesis stage at 2^24 with 5 threads (0.666 s) and 8 (0.457 s)
+# (perf/results/pipeline-h200-2^24-*before-reuse.json); it also gives synthesis_bench's 4-thread wall (0.80 s
+# for 0.78 measured) and overestimates its 16-thread one (0.28 for 0.22). Measured with spinning waits.
+DEVICE_S_PER_ROW = 0.367 / 2**24  # the device stage (H and five MSMs) of one partition on an H200: 0.367 s
+# at 2^24 (perf/results/pipeline-h200-2^24-before-reuse.json, median of 80 partitions)
+PROVER_CORES = 2  # cores a GPU prover process keeps busy: staging copies (4 threads fill the pinned bounce
+# buffers: ~0.5 core-s for a 2^24 partition's 2.1 GB at the 0.12 s measured for h2d), finalize, its Python threads
+FEED_MARGIN = 1.4  # synthesis capacity over the devices' rate (jitter, a new segment's first touch)
+READY_PER_PROVER = 2  # READY slots kept for each prover beyond the one it stages: its queue
 
-    Values in ``given`` (``ring_slots``, ``partition_workers``, ``threads_per_partition``) are
-    kept. The rest follow a policy: two synthesis workers per prover (one finishing while the
-    next starts), at most one per core; a slot for each worker and one more per prover (staging);
-    the cores shared among the workers (and the provers, on the CPU backend:
-    :func:`~.types.default_synthesis_threads`). While that does not fit, workers and then slots are
-    taken away (down to one worker and two slots); ConfigError naming ``memory.host_budget`` and
-    the smallest bound if even that does not fit.
+
+@dataclass(frozen=True)
+class Machine:
+    """What the shape derivation knows of the machine (and what ``cuzk-mp bench`` prints first)."""
+
+    cores: int
+    memory_bytes: int
+    gpus: tuple[tuple[str, int], ...] = ()  # (name, memory bytes) of each GPU the pipeline uses
+
+
+@dataclass(frozen=True)
+class ShapeChoice:
+    """A derived shape and why: the throughputs it was sized for and its memory bound."""
+
+    shape: Shape
+    synthesis_rate: float  # partitions/s the synthesis workers can make (model)
+    device_rate: float  # partitions/s the provers take (model; 0 where the model does not apply)
+    bound: Bound
+    budget: int
+    reason: str
+
+
+def device_seconds(circuit: CircuitSize) -> float:
+    """The device stage of one partition on an H200 (model)."""
+    return DEVICE_S_PER_ROW * circuit.domain_size
+
+
+def synthesis_seconds(circuit: CircuitSize, threads: int) -> float:
+    """Wall seconds of one partition's synthesis on ``threads`` threads (model)."""
+    rows = circuit.domain_size
+    if threads <= 1:
+        return SYNTH_CORE_S_PER_ROW * rows
+    serial = SYNTH_SERIAL_S_PER_ROW * rows
+    return serial + (SYNTH_CORE_S_PER_ROW * rows - serial) * PARALLEL_OVERHEAD / threads
+
+
+def synthesis_cores(cores: int, backend: str, provers: int) -> int:
+    """Cores the synthesis workers share: all but the prover processes' (GPU: ``PROVER_CORES`` each)."""
+    return max(1, cores - (provers * PROVER_CORES if backend != "cpu" else 0))
+
+
+def _gpu_shape(circuit: CircuitSize, cores: int, provers: int, given: dict[str, int]) -> tuple[int, int, int]:
+    """(workers, threads, slots) before the budget: the fewest workers (at least two, or one a device)
+    whose synthesis outruns the devices by ``FEED_MARGIN``, sharing the synthesis cores; a slot
+    each, and one staging plus ``READY_PER_PROVER`` ready ones a prover."""
+    spare = synthesis_cores(cores, "gpu", provers)
+    need = FEED_MARGIN * provers / device_seconds(circuit) if circuit.domain_size else 0.0
+
+    def threads(w: int) -> int:
+        return given.get("threads_per_partition", max(1, spare // w))
+
+    if "partition_workers" in given:
+        workers = given["partition_workers"]
+    else:
+        options = range(min(spare, max(2, provers)), spare + 1)
+        workers = next((w for w in options if w / synthesis_seconds(circuit, threads(w)) >= need),
+                       max(options, key=lambda w: w / synthesis_seconds(circuit, threads(w))))
+    slots = given.get("ring_slots", max(MIN_RING_SLOTS, workers + (1 + READY_PER_PROVER) * provers))
+    return workers, threads(workers), slots
+
+
+def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None, backend: str = "gpu",
+                  provers: int = 1, prover_workers: int = 2, given: dict[str, int] | None = None) -> ShapeChoice:
+    """The shape that keeps :func:`host_bound` within ``budget`` and, on the GPU backend, the devices busy.
+
+    Values in ``given`` (``ring_slots``, ``partition_workers``, ``threads_per_partition``) are kept.
+    GPU backend: the throughput model above (:func:`_gpu_shape`). CPU backend (the provers share the
+    cores and are always the slower side): two synthesis workers per prover, at most one per core,
+    a slot each and one more per prover, the cores shared among workers and provers
+    (:func:`~.types.default_synthesis_threads`). While the bound does not fit: ready slots beyond one
+    per prover go first, then workers (the rest get more threads each), then slots down to
+    ``MIN_RING_SLOTS``; ConfigError naming ``memory.host_budget`` and the smallest bound if even that
+    does not fit.
     """
     cores = cores or os.cpu_count() or 1
     given = dict(given or {})
     ws = model_working_sets(circuit, backend, prover_workers)
-    workers = given.get("partition_workers", max(1, min(cores, 2 * provers)))
-    slots = given.get("ring_slots", max(MIN_RING_SLOTS, workers + provers))
+    gpu = backend != "cpu"
+    cpu_provers = 0 if gpu else provers
+    spare = synthesis_cores(cores, backend, provers)
+    if gpu:
+        workers, _, slots = _gpu_shape(circuit, cores, provers, given)
+    else:
+        workers = given.get("partition_workers", max(1, min(cores, 2 * provers)))
+        slots = given.get("ring_slots", max(MIN_RING_SLOTS, workers + provers))
 
-    cpu_provers = provers if backend == "cpu" else 0
+    def threads_for(w: int) -> int:
+        if "threads_per_partition" in given:
+            return given["threads_per_partition"]
+        return max(1, spare // w) if gpu else default_synthesis_threads(w, cpu_provers, cores)
 
-    def shape(w: int, k: int) -> Shape:
-        return Shape(k, w, given.get("threads_per_partition", default_synthesis_threads(w, cpu_provers, cores)))
+    def bound(w: int, k: int) -> Bound:
+        return host_bound(Shape(k, w, threads_for(w)), circuit, provers, ws, backend=backend)
 
-    def fits(w: int, k: int) -> bool:
-        return host_bound(shape(w, k), circuit, provers, ws).total <= budget
-
-    while not fits(workers, slots):
-        if "partition_workers" not in given and workers > 1:
+    while bound(workers, slots).total > budget:
+        if "ring_slots" not in given and gpu and slots > max(MIN_RING_SLOTS, workers + provers):
+            slots -= 1
+        elif "partition_workers" not in given and workers > 1:
             workers -= 1
             if "ring_slots" not in given:
-                slots = max(MIN_RING_SLOTS, workers + provers)
+                slots = min(slots, max(MIN_RING_SLOTS, workers + provers))
         elif "ring_slots" not in given and slots > MIN_RING_SLOTS:
             slots -= 1
         else:
-            need = host_bound(shape(workers, slots), circuit, provers, ws).total
+            need = bound(workers, slots).total
             raise ConfigError(f"memory.host_budget: {budget / GiB:.1f} GiB cannot hold the smallest pipeline for "
                               f"this circuit ({need / GiB:.1f} GiB: {slots} ring slots of "
                               f"{circuit.segment_bytes / GiB:.2f} GiB, {workers} synthesis worker(s), {provers} "
                               "prover(s), the key); raise it, or give the shape in [pipeline] and [synthesis]")
-    return shape(workers, slots)
+    shape = Shape(slots, workers, threads_for(workers))
+    b = bound(workers, slots)
+    rate = workers / synthesis_seconds(circuit, shape.threads_per_partition) if circuit.domain_size else 0.0
+    dev = provers / device_seconds(circuit) if gpu and circuit.domain_size else 0.0
+    whose = "devices'" if provers > 1 else "device's"
+    feed = (f"synthesis ~{rate:.1f} partitions/s for the {whose} ~{dev:.1f}/s "
+            f"({device_seconds(circuit):.2f} s a partition on an H200, model)") if gpu else \
+        "the CPU provers share the cores and set the pace"
+    reason = (f"{workers} synthesis worker(s) x {shape.threads_per_partition} thread(s) on {spare} of {cores} cores: "
+              f"{feed}; {slots} ring slots x {circuit.segment_bytes / GiB:.2f} GiB; model bound "
+              f"{b.total / GiB:.1f} GiB of a {budget / GiB:.1f} GiB budget")
+    return ShapeChoice(shape, rate, dev, b, budget, reason)
+
+
+def derive_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None, backend: str = "gpu",
+                 provers: int = 1, prover_workers: int = 2, given: dict[str, int] | None = None) -> Shape:
+    """:func:`explain_shape`'s shape."""
+    return explain_shape(budget, circuit, cores=cores, backend=backend, provers=provers,
+                         prover_workers=prover_workers, given=given).shape

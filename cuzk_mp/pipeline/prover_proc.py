@@ -11,9 +11,10 @@ staged partitions in flight, and the ring slots it has taken (STAGING).
 
 Threads:
 
-* ``gpu_workers_per_device`` workers: take the oldest READY slot, map it,
-  stage (copy to the device, or into private memory on the CPU), **unlink the
-  segment and free the slot right after staging, before compute** (docs/ring.md),
+* ``gpu_workers_per_device`` workers: take the oldest READY slot, read it
+  through this process's mapping of its segment (kept across partitions,
+  docs/ring.md), stage it (copy to the device, or into private memory on the
+  CPU), **free the slot right after staging, before compute**,
   then run ``prove_start`` under the per-device lock, so staging of one partition
   overlaps the compute of another while kernels never interleave;
 * one finalizer: assembly with fresh r, s and the self-verification, off the
@@ -120,10 +121,12 @@ class KeyCache:
 
         t0 = time.perf_counter()
         zkey = read_zkey(ref.zkey)
+        dropped = drop_coefficient_pages(zkey)  # before the upload: the load's peak stays one section chunk
         handle = self.backend.load_key(zkey)
         key = _Key(ref, zkey, handle, int(getattr(handle, "nbytes", 0)))
         self.keys[ref.circuit_id] = key
-        self.ctx.log.info("loaded key %s (%d bytes) in %.2f s", ref.circuit_id, key.nbytes, time.perf_counter() - t0)
+        self.ctx.log.info("loaded key %s (%d bytes) in %.2f s; %.2f GiB of coefficient pages let go", ref.circuit_id,
+                          key.nbytes, time.perf_counter() - t0, dropped / 2**30)
         self.ctx.send(msg.KeyState(ref.circuit_id, self.tier, key.nbytes))
         self.ctx.send(msg.Stats(dict(self.backend.stats())))  # what the backend now holds of its keys
         self._shrink()
@@ -143,6 +146,19 @@ class KeyCache:
         key.handle.close()
         key.zkey.close()
         self.ctx.send(msg.KeyState(circuit_id, None, 0))
+
+
+def drop_coefficient_pages(zkey: Any) -> int:
+    """Let go of the pages of the key's section 4 (the A and B coefficients); the bytes released.
+
+    Reading a zkey validates every coefficient, which faults the whole section in (2.8 GB of a
+    2^24 PoRep-like key, 11 GB at 2^26), but a prover never reads it again: synthesis evaluates
+    the matrices from its own compact circuit data. The pages are file pages of a read-only
+    mapping, so dropping them loses nothing (a later read would fault them in from the file).
+    """
+    from ..backends.gpu.hostmem import release_pages
+
+    return release_pages(zkey.coefs) if zkey.coefs is not None else 0
 
 
 @dataclass
@@ -221,7 +237,7 @@ class Prover:
             finally:
                 seg.close()
         finally:
-            self.ring.release(rec.slot)  # unlink + free: before any compute of this partition
+            self.ring.release(rec.slot)  # FREE again: before any compute of this partition
         self._compute(job, staged)
 
     def _stage(self, job: _InFlight, arrays: list[Any]) -> Any:

@@ -2,31 +2,33 @@
 
 Owns every named IPC object of one engine, all named ``/<prefix>-...``:
 
-* ``/<prefix>-ctl``  the control block (shm): one 64-byte record per slot,
+* ``/<prefix>-ctl``  the control block (shm): one 80-byte record per slot,
 * ``/<prefix>-free``, ``/<prefix>-ready``  named semaphores (free / ready slots),
-* ``/<prefix>-<slot>``  the segment of a slot, alive only from FILLING to STAGING.
+* ``/<prefix>-<slot>``  the segment of a slot: made by the first partition that uses the
+  slot, kept (pages and all) while the ring is busy, trimmed once the slot has idled.
 
 Control block layout (little-endian)::
 
-    0     header: magic, n_slots, peak_live, free_waits, ready_waits, published, released, reclaimed (u64 each)
-    64    slot 0: state u32 | partition i32 | owner_pid i64 | task_id u64 | job_seq u64
-                  | priority i64 | nbytes u64 | t_ready f64 | uses u64
-    128   slot 1 ...
+    0     header: magic, n_slots, peak_live, free_waits, ready_waits, published, released, reclaimed,
+                  trimmed, segments_made (u64 each; 16 words)
+    128   slot 0: state u32 | partition i32 | owner_pid i64 | task_id u64 | job_seq u64
+                  | priority i64 | nbytes u64 | t_ready f64 | uses u64 | gen u64 | t_free f64
+    208   slot 1 ...
 
 Slot states and who owns the slot (the pid in ``owner_pid``)::
 
     FREE --producer claims--> FILLING --producer publishes--> READY --consumer takes--> STAGING
-      ^   (owner: synthesis worker: it creates the segment      (owner: prover process)   |
-      |    and synthesises the partition straight into it)                                |
-      +------------------ consumer unlinks the segment right after staging ---------------+
+      ^   (owner: synthesis worker: it synthesises              (owner: prover process)   |
+      |    the partition straight into the slot's segment)                                |
+      +--------------------- consumer frees the slot right after staging -----------------+
 
 A producer claims a FREE slot *before* it computes (:meth:`Ring.acquire_free`
-blocks while none is free: that is the backpressure), creates the slot's segment
-(:meth:`Ring.create_segment`) and writes w, a, b, c into its array views; there is
-no private copy of the vectors and no second copy into the ring. It publishes the
-slot with the partition's metadata (:meth:`Ring.publish`), or gives it back
-(:meth:`Ring.abandon`) when the partition fails or is cancelled. When a process
-dies, the engine frees what it owned (:meth:`Ring.reclaim`).
+blocks while none is free: that is the backpressure), gets writable views of the
+slot's segment (:meth:`Ring.writable_segment`) and writes w, a, b, c into them;
+there is no private copy of the vectors and no second copy into the ring. It
+publishes the slot with the partition's metadata (:meth:`Ring.publish`), or gives
+it back (:meth:`Ring.abandon`) when the partition fails or is cancelled. When a
+process dies, the engine frees what it owned (:meth:`Ring.reclaim`).
 
 The control block is the truth; the semaphores are wake-ups that count free and
 ready slots. Every wait is ``acquire(timeout)`` followed by a re-scan of the
@@ -36,26 +38,39 @@ Record changes happen under a lock that is a ``threading.Lock`` (threads of one
 process) plus an ``fcntl`` lock on the control block's fd (processes): the kernel
 drops the latter when its holder dies, so ``kill -9`` never leaves the ring locked.
 
-Memory bound: a segment exists only for a slot in FILLING, READY or STAGING, so at
-most ``n_slots`` segments exist at any moment, each :func:`segment_bytes` long; host
-memory for partitions is exactly ring_slots x segment. The consumer unlinks a
-segment and unmaps it as soon as its copy is done (before compute), so its pages
-return at once.
+Segments persist; first touch is off the critical path. Writing into a fresh tmpfs
+mapping allocates, zeroes and maps one 4 KiB page at a time (measured with
+``python -m cuzk_mp.pipeline.shmprobe``, perf/results/pipeline-shm-first-touch.json:
+2.0 GB/s with ``madvise(MADV_POPULATE_WRITE)`` on the H200 host, ~1 s for a 2^24
+partition's 2.1 GB, as long as its synthesis), and mapping an existing segment
+again costs a page-table fill (a few GB/s). So a slot's segment outlives the
+partition: the consumer frees the *slot* after staging, not its segment, and every
+process keeps its mapping of each slot's segment (:class:`_Mapping`, keyed by the
+slot's generation ``gen``), so in steady state a producer writes into pages that
+are already allocated and mapped, and the consumer reads them the same way. The
+generation changes whenever the segment is remade (another circuit's size) or
+trimmed; a process maps again when its generation is stale, and never touches a
+stale mapping. Where the kernel lets tmpfs use transparent huge pages
+(``shmem_enabled`` = ``advise``), the mapping asks for them (fewer faults).
+
+Memory bound: every slot holds at most one segment, the size of the last partition
+written into it (a producer resizes it, ``ftruncate``, when its partition's size
+differs), so at most ``n_slots`` segments exist at any moment and host memory for
+partitions is at most ring_slots x segment, whatever the load. Memory returns to the
+system when the ring idles: :meth:`Ring.trim` (the engine calls it every second)
+truncates and unlinks the segment of every slot that has been FREE for
+``TRIM_IDLE_S``; truncation frees the pages at once, even those still mapped by
+another process (whose mapping is stale from then on). Producers pick, among the
+FREE slots, one whose segment already has the size they need and that they map
+already, most recently freed first, so a lightly loaded ring keeps using a few warm
+slots and lets the others idle into trimming.
 
 Segment layout: a fixed header of :data:`HEADER_BYTES` (u64 length, then a msgpack
 ``_Layout`` with the partition's metadata and the array offsets, written at
-publish), then each ``(rows, 4)`` uint64 array on a page boundary.
-
-First-touch cost (measured with ``python -m cuzk_mp.pipeline.shmprobe``, results in
-perf/results/pipeline-shm-first-touch.json): writing into a fresh tmpfs mapping
-page-faults one 4 KiB page at a time (1.4 GB/s on the H200 host, 1.05 GB/s on the
-2-core VM, against ~11 GB/s for a warm memcpy). The producer therefore pre-faults
-the whole segment in one kernel call, ``madvise(MADV_POPULATE_WRITE)`` (2.0 and
-1.6 GB/s: the best of plain, fallocate, MAP_POPULATE and a 2-thread fill; a
-1-byte-per-page touch where the kernel lacks it), and the consumer maps with
-``MAP_POPULATE``.
-We keep one fresh segment per partition (no reuse of segments across partitions)
-so that memory returns to the system at staging, as the ring's rules require.
+publish), then each ``(rows, 4)`` uint64 array on a page boundary. Every byte a
+consumer reads is written by the partition's producer (the witness and a, b, c
+kernels write every row), so a reused segment never leaks one partition into the
+next.
 """
 
 from __future__ import annotations
@@ -77,16 +92,23 @@ SHM_DIR = "/dev/shm"
 FREE, FILLING, READY, STAGING = 0, 1, 2, 3
 STATE_NAMES = ("free", "filling", "ready", "staging")
 MAGIC = 0x676E6972_6B7A7563  # b"cuzkring" little-endian
-_HEADER_WORDS = 8
-_PEAK, _FREE_WAITS, _READY_WAITS, _PUBLISHED, _RELEASED, _RECLAIMED = 2, 3, 4, 5, 6, 7
+_HEADER_WORDS = 16
+_PEAK, _FREE_WAITS, _READY_WAITS, _PUBLISHED, _RELEASED, _RECLAIMED, _TRIMMED, _MADE = 2, 3, 4, 5, 6, 7, 8, 9
 SLOT_DTYPE = np.dtype([
     ("state", "<u4"), ("partition", "<i4"), ("owner_pid", "<i8"), ("task_id", "<u8"), ("job_seq", "<u8"),
-    ("priority", "<i8"), ("nbytes", "<u8"), ("t_ready", "<f8"), ("uses", "<u8"),
+    ("priority", "<i8"), ("nbytes", "<u8"), ("t_ready", "<f8"), ("uses", "<u8"), ("gen", "<u8"),
+    ("t_free", "<f8"),
 ])
 POLL_S = 0.25
+# A FREE slot's segment is trimmed (truncated and unlinked: its memory returns to the system) once the
+# slot has been FREE this long. A busy ring reuses every slot within a few device stages (seconds, even
+# at 2^26), so this only fires when the load has dropped.
+TRIM_IDLE_S = 10.0
 ALIGN = 4096  # arrays start on page boundaries (host registration of sub-ranges needs it)
 HEADER_BYTES = 4 * ALIGN  # layout + metadata of a segment (job id, circuit paths, timings: a few hundred bytes)
-MADV_POPULATE_WRITE = 23  # linux/mman.h (kernel >= 5.14); Python 3.11's mmap module lacks the name
+MADV_POPULATE_READ = 22  # linux/mman.h (kernel >= 5.14); Python 3.11's mmap module lacks the names
+MADV_POPULATE_WRITE = 23
+MADV_HUGEPAGE = 14
 FR_BYTES = 32  # one Fr element: 4 uint64 limbs
 
 
@@ -109,7 +131,10 @@ class SlotClaim:
 
 
 class SlotRecord(msgspec.Struct, frozen=True):
-    """A copy of one slot's control-block record (the ring's own status row)."""
+    """A copy of one slot's control-block record (the ring's own status row).
+
+    ``nbytes`` is the size of the segment the slot holds (0: none), whatever its state.
+    """
 
     slot: int
     state: str
@@ -120,23 +145,38 @@ class SlotRecord(msgspec.Struct, frozen=True):
     priority: int
     nbytes: int
     t_ready: float
+    gen: int = 0  # the segment's generation: changes whenever it is remade or trimmed
+    t_free: float = 0.0  # when the slot last became FREE (epoch seconds; 0: never used)
 
 
 class RingStats(msgspec.Struct, frozen=True):
-    """The ring's counters: live and peak segments, waits, and slot transitions since creation."""
+    """The ring's counters: live and peak slots in use, waits, and slot transitions since creation."""
 
-    live: int
+    live: int  # slots in use (FILLING, READY or STAGING)
     peak_live: int
     free_waits: int  # a producer found no free slot and blocked
     ready_waits: int  # a consumer found no ready slot and blocked
     published: int
     released: int
     reclaimed: int  # freed because their owner died
+    held: int = 0  # slots holding a segment (in use, or FREE and not trimmed yet)
+    held_bytes: int = 0  # bytes of those segments
+    segments_made: int = 0  # segments created or resized (each paid its first touch)
+    trimmed: int = 0  # segments trimmed after idling
 
 
 class _Layout(msgspec.Struct, array_like=True):
     meta: bytes
     arrays: list[tuple[int, int, int]]  # (offset, rows, cols) of (rows, cols) uint64 arrays
+
+
+@dataclass
+class _Mapping:
+    """This process's mapping of one slot's segment, valid while the slot's ``gen`` is unchanged."""
+
+    gen: int
+    size: int
+    buf: mmap.mmap
 
 
 def partition_shapes(domain_size: int, n_vars: int) -> list[tuple[int, int]]:
@@ -156,7 +196,7 @@ def _offsets(shapes: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, int, in
 def segment_bytes(shapes: Sequence[tuple[int, int]]) -> int:
     """The exact size of a segment holding uint64 arrays of these shapes (the header included).
 
-    This is the memory model's unit: host memory for partitions is ring_slots x this.
+    This is the memory model's unit: host memory for partitions is at most ring_slots x this.
     """
     return _offsets(shapes)[1]
 
@@ -171,7 +211,11 @@ def _round_up(n: int) -> int:
 
 
 class SegmentView:
-    """A mapped segment: ``meta`` (opaque bytes) and uint64 array views. Call :meth:`close`."""
+    """Views of a slot's segment: ``meta`` (opaque bytes) and uint64 arrays. Call :meth:`close`.
+
+    The mapping behind the views belongs to the :class:`Ring` (it outlives the partition);
+    closing a view drops its arrays, not the mapping.
+    """
 
     def __init__(self, buf: mmap.mmap, meta: bytes, arrays: list[np.ndarray],
                  layout: list[tuple[int, int, int]]) -> None:
@@ -192,19 +236,9 @@ class SegmentView:
         self.meta = meta
 
     def close(self) -> None:
-        """Drop the views and unmap (idempotent). Copies must be taken before this.
-
-        If a view is still referenced elsewhere (a traceback holding a frame, say)
-        the mapping cannot be closed yet; it is then unmapped when the last
-        reference goes, and the segment's name is unlinked regardless by the caller.
-        """
+        """Drop the views (idempotent). Copies must be taken before this."""
         self.arrays = []
-        if self._buf is not None:
-            buf, self._buf = self._buf, None
-            try:
-                buf.close()
-            except BufferError:
-                pass
+        self._buf = None
 
     def __enter__(self) -> SegmentView:
         return self
@@ -227,6 +261,8 @@ class Ring:
         self._free = posix_ipc.Semaphore(self._name("free"))
         self._ready = posix_ipc.Semaphore(self._name("ready"))
         self._tlock = threading.Lock()
+        self._maps: dict[int, _Mapping] = {}  # this process's mappings of slot segments
+        self._mlock = threading.Lock()  # guards _maps (a prover's worker threads share it)
         self._closed = False
 
     # ---- lifecycle
@@ -261,10 +297,12 @@ class Ring:
         return self._closed
 
     def close(self) -> None:
-        """Release this process's handles (idempotent); the named objects stay."""
+        """Release this process's handles and segment mappings (idempotent); the named objects stay."""
         if self._closed:
             return
         self._closed = True
+        for slot in list(self._maps):
+            self._unmap(slot)
         del self._header, self._slots
         self._ctl_map.close()
         os.close(self._ctl_fd)
@@ -289,44 +327,55 @@ class Ring:
                 fcntl.lockf(self._ctl_fd, fcntl.LOCK_UN)
 
     # ---- producer side (synthesis worker)
-    def acquire_free(self, claim: SlotClaim, abort: Callable[[], bool], timeout_s: float | None = None) -> int | None:
-        """Block until a slot is FREE, claim it (FILLING, owner = this pid); None if aborted/timed out."""
+    def acquire_free(self, claim: SlotClaim, abort: Callable[[], bool], timeout_s: float | None = None,
+                     nbytes: int = 0) -> int | None:
+        """Block until a slot is FREE, claim it (FILLING, owner = this pid); None if aborted/timed out.
+
+        ``nbytes``: the segment size the producer needs (:func:`segment_bytes`). Among the FREE
+        slots it takes one whose segment has that size and that this process maps already, then
+        one of that size, then any; the most recently freed first (see the module docstring).
+        """
         def take() -> int | None:
             free = np.flatnonzero(self._slots["state"] == FREE)
             if not free.size:
                 return None
-            slot = int(free[0])
+            rec = self._slots[free]
+            maps = dict(self._maps)
+            warm = np.array([int(s) in maps and maps[int(s)].gen == int(g) for s, g in zip(free, rec["gen"])])
+            held = rec["nbytes"] > 0
+            sized = held & (rec["nbytes"] == nbytes)
+            order = np.lexsort((-rec["t_free"], -held.astype(np.int8), -sized.astype(np.int8),
+                                -warm.astype(np.int8)))
+            slot = int(free[order[0]])
             self._set(slot, FILLING, claim)
             live = int(np.count_nonzero(self._slots["state"] != FREE))
             self._header[_PEAK] = max(int(self._header[_PEAK]), live)
             return slot
         return self._wait_claim(self._free, _FREE_WAITS, take, abort, timeout_s)
 
-    def create_segment(self, slot: int, shapes: Sequence[tuple[int, int]]) -> SegmentView:
-        """Create the FILLING slot's segment, pre-fault it, and return writable views of its arrays.
+    def writable_segment(self, slot: int, shapes: Sequence[tuple[int, int]]) -> SegmentView:
+        """Writable views of the FILLING slot's segment, laid out for arrays of ``shapes``.
 
+        The slot's segment is reused when it has the right size (no page is faulted again: in
+        steady state this costs nothing), and made, or resized, otherwise: then it is created
+        if needed, truncated to the size, mapped and pre-faulted in one ``MADV_POPULATE_WRITE``.
         The producer writes the partition straight into ``view.arrays`` and then calls
-        :meth:`publish` (or :meth:`abandon`). The segment's size is recorded in the slot.
+        :meth:`publish` (or :meth:`abandon`).
         """
         self._check_owner(slot, FILLING)
         layout, size = _offsets(shapes)
-        shm = _create_shm(self._name(slot), size)
-        try:
-            buf = mmap.mmap(shm.fd, size)
-        finally:
-            os.close(shm.fd)
-        try:
-            _prefault(buf)
-        except BaseException:
-            buf.close()
-            raise
-        arrays = [np.ndarray((rows, cols), np.uint64, buffer=buf, offset=off) for off, rows, cols in layout]
         with self._locked():
-            self._slots["nbytes"][slot] = size
+            gen, held = int(self._slots["gen"][slot]), int(self._slots["nbytes"][slot])
+            if held != size:  # remade: every process's mapping of the old one is stale from now on
+                gen += 1
+                self._slots["gen"][slot], self._slots["nbytes"][slot] = gen, size
+                self._header[_MADE] += 1
+        buf = self._mapping(slot, gen, size, writable=True)
+        arrays = [np.ndarray((rows, cols), np.uint64, buffer=buf, offset=off) for off, rows, cols in layout]
         return SegmentView(buf, b"", arrays, layout)
 
     def publish(self, slot: int, segment: SegmentView, meta: bytes) -> None:
-        """Write ``meta`` into the segment's header, unmap it, FILLING -> READY, then post ``ready``.
+        """Write ``meta`` into the segment's header, drop the views, FILLING -> READY, then post ``ready``.
 
         Order matters (kept consistent with :meth:`take_ready`): the header is complete
         and the record says READY before the token exists, so a woken consumer always
@@ -342,9 +391,9 @@ class Ring:
         self._ready.release()
 
     def abandon(self, slot: int) -> None:
-        """A producer gives its FILLING slot back (failed or cancelled task): unlink, FREE, post ``free``.
+        """A producer gives its FILLING slot back (failed or cancelled task): FREE, post ``free``.
 
-        Idempotent: a slot already reclaimed or freed is left alone.
+        Idempotent: a slot already reclaimed or freed is left alone. The segment stays for the next user.
         """
         self._free_where(lambda r: r.slot == slot and r.state == "filling" and r.owner_pid == os.getpid())
 
@@ -369,24 +418,19 @@ class Ring:
         return None if slot is None else self.record(slot)
 
     def open_segment(self, slot: int) -> SegmentView:
-        """Map a taken slot's segment (MAP_POPULATE) and return its meta and array views."""
+        """The meta and array views of a taken (STAGING) slot's segment, from this process's mapping
+        of it (mapped, and its pages populated, the first time this process sees this generation)."""
         self._check_owner(slot, STAGING)
-        shm = posix_ipc.SharedMemory(self._name(slot))
-        try:
-            buf = mmap.mmap(shm.fd, shm.size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
-        finally:
-            os.close(shm.fd)
+        with self._locked():
+            gen, size = int(self._slots["gen"][slot]), int(self._slots["nbytes"][slot])
+        buf = self._mapping(slot, gen, size, writable=False)
         n = int.from_bytes(buf[:8], "little")
         layout = msgspec.msgpack.decode(buf[8 : 8 + n], type=_Layout)
         arrays = [np.ndarray((rows, cols), np.uint64, buffer=buf, offset=off) for off, rows, cols in layout.arrays]
         return SegmentView(buf, layout.meta, arrays, layout.arrays)
 
     def release(self, slot: int) -> None:
-        """The consumer is done copying: unlink the segment, mark FREE, post ``free``.
-
-        Order (kept consistent with :meth:`acquire_free`): unlink first, so a
-        producer that reuses the slot creates a new segment under the same name.
-        """
+        """The consumer is done copying: mark the slot FREE (its segment stays), post ``free``."""
         self._free_where(lambda r: r.slot == slot and r.state == "staging" and r.owner_pid == os.getpid())
 
     # ---- supervisor side (engine)
@@ -400,6 +444,36 @@ class Ring:
         """Free READY slots holding these tasks (cancelled jobs); returns their records."""
         return self._free_where(lambda r: r.state == "ready" and r.task_id in task_ids)
 
+    def trim(self, idle_s: float = TRIM_IDLE_S) -> list[int]:
+        """Truncate and unlink the segment of every slot FREE for ``idle_s`` or more; the slots trimmed.
+
+        Truncation returns the pages to the system at once, even while another process still maps
+        the segment: that mapping's generation is stale (bumped here, under the lock), so it is
+        never read or written again. Unlinking happens under the lock, so a producer that claims
+        the slot afterwards makes a new segment under the same name; the truncation runs outside it.
+        """
+        now = time.time()
+        doomed: list[tuple[int, int | None]] = []
+        with self._locked():
+            for slot in range(self.handle.n_slots):
+                r = self._slots[slot]
+                if int(r["state"]) != FREE or int(r["nbytes"]) == 0 or now - float(r["t_free"]) < idle_s:
+                    continue
+                self._slots["gen"][slot] += 1
+                self._slots["nbytes"][slot] = 0
+                fd = _open_fd(self._name(slot))
+                _unlink_shm(self._name(slot))
+                doomed.append((slot, fd))
+            self._header[_TRIMMED] += len(doomed)
+        for slot, fd in doomed:
+            self._unmap(slot)
+            if fd is not None:
+                try:
+                    os.ftruncate(fd, 0)
+                finally:
+                    os.close(fd)
+        return [slot for slot, _ in doomed]
+
     def snapshot(self) -> list[SlotRecord]:
         """Every slot's record, read under the lock."""
         with self._locked():
@@ -410,8 +484,10 @@ class Ring:
         with self._locked():
             h = [int(x) for x in self._header]
             live = int(np.count_nonzero(self._slots["state"] != FREE))
+            held = self._slots["nbytes"][self._slots["nbytes"] > 0]
         return RingStats(live=live, peak_live=h[_PEAK], free_waits=h[_FREE_WAITS], ready_waits=h[_READY_WAITS],
-                         published=h[_PUBLISHED], released=h[_RELEASED], reclaimed=h[_RECLAIMED])
+                         published=h[_PUBLISHED], released=h[_RELEASED], reclaimed=h[_RECLAIMED],
+                         held=int(held.size), held_bytes=int(held.sum()), segments_made=h[_MADE], trimmed=h[_TRIMMED])
 
     def record(self, slot: int) -> SlotRecord:
         """A copy of one slot's record."""
@@ -419,6 +495,43 @@ class Ring:
             return self._record(slot)
 
     # ---- internals
+    def _mapping(self, slot: int, gen: int, size: int, *, writable: bool) -> mmap.mmap:
+        """This process's mapping of the slot's segment at generation ``gen`` (the caller owns the slot)."""
+        with self._mlock:
+            have = self._maps.get(slot)
+            if have is not None and have.gen == gen and have.size == size:
+                return have.buf
+            self._unmap_locked(slot)
+            buf = _map_segment(self._name(slot), size, create=writable)
+            self._maps[slot] = _Mapping(gen, size, buf)
+            return buf
+
+    def _unmap(self, slot: int) -> None:
+        """Drop this process's mapping of a slot's segment (views still alive keep it until they go)."""
+        with self._mlock:
+            self._unmap_locked(slot)
+
+    def _unmap_locked(self, slot: int) -> None:
+        have = self._maps.pop(slot, None)
+        if have is not None:
+            with contextlib.suppress(BufferError):
+                have.buf.close()
+
+    def _forget_stale(self) -> None:
+        """Unmap the segments whose generation moved on (remade or trimmed by another process).
+
+        Skipped while another thread of this process is mapping (it holds the lock for seconds
+        when it pre-faults a big segment): the next poll catches up.
+        """
+        if not self._maps or not self._mlock.acquire(blocking=False):
+            return
+        try:
+            gens = self._slots["gen"]
+            for slot in [s for s, m in self._maps.items() if int(gens[s]) != m.gen]:
+                self._unmap_locked(slot)
+        finally:
+            self._mlock.release()
+
     def _wait_claim(self, sem: posix_ipc.Semaphore, counter: int, take: Callable[[], int | None],
                     abort: Callable[[], bool], timeout_s: float | None) -> int | None:
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
@@ -435,6 +548,7 @@ class Ring:
             if slot is not None:
                 return slot
             waited = True
+            self._forget_stale()
             if abort() or (deadline is not None and time.monotonic() >= deadline):
                 return None
 
@@ -443,21 +557,17 @@ class Ring:
         s["state"][slot], s["owner_pid"][slot] = state, os.getpid()
         s["task_id"][slot], s["job_seq"][slot] = claim.task_id, claim.job_seq
         s["partition"][slot], s["priority"][slot] = claim.partition, claim.priority
-        s["nbytes"][slot], s["t_ready"][slot] = 0, 0.0
+        s["t_ready"][slot] = 0.0
         s["uses"][slot] += 1
 
     def _free_where(self, pick: Callable[[SlotRecord], bool], reclaimed: bool = False) -> list[SlotRecord]:
-        """Unlink the segment of every slot ``pick`` selects and mark it FREE, under the lock; post ``free``.
-
-        The unlink happens under the lock, so no consumer can take a slot whose
-        segment is going away (order kept consistent with :meth:`take_ready`).
-        """
+        """Mark FREE every slot ``pick`` selects, under the lock (segments stay); post ``free`` for each."""
+        now = time.time()
         with self._locked():
             records = [r for r in (self._record(s) for s in range(self.handle.n_slots)) if pick(r)]
             for r in records:
-                _unlink_shm(self._name(r.slot))
                 self._slots["state"][r.slot], self._slots["owner_pid"][r.slot] = FREE, 0
-                self._slots["nbytes"][r.slot] = 0
+                self._slots["t_free"][r.slot] = now
             self._header[_RELEASED] += len(records)
             if reclaimed:
                 self._header[_RECLAIMED] += len(records)
@@ -475,25 +585,52 @@ class Ring:
         r = self._slots[slot]
         return SlotRecord(slot, STATE_NAMES[int(r["state"])], int(r["owner_pid"]), int(r["task_id"]),
                           int(r["job_seq"]), int(r["partition"]), int(r["priority"]), int(r["nbytes"]),
-                          float(r["t_ready"]))
+                          float(r["t_ready"]), int(r["gen"]), float(r["t_free"]))
 
 
-def _create_shm(name: str, size: int) -> posix_ipc.SharedMemory:
+def _map_segment(name: str, size: int, *, create: bool) -> mmap.mmap:
+    """Map segment ``name`` (``size`` bytes) and populate its page tables.
+
+    ``create`` (the producer): open or create it and make its size ``size`` (a shrink frees the
+    pages past the end, a growth adds unallocated ones), then fault every page writable in one
+    kernel call. Otherwise (the consumer) map it as it is, pages populated for reading.
+    """
+    shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREAT if create else 0)
     try:
-        return posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=size)
-    except posix_ipc.ExistentialError:  # left by a producer killed before its slot was reclaimed
-        _unlink_shm(name)
-        return posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=size)
-
-
-def _prefault(buf: mmap.mmap) -> None:
-    """Fault every page of a fresh mapping in one kernel call (see the module docstring)."""
+        if create and os.fstat(shm.fd).st_size != size:
+            os.ftruncate(shm.fd, size)
+        buf = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED)
+    finally:
+        os.close(shm.fd)
     try:
-        buf.madvise(MADV_POPULATE_WRITE)
+        _populate(buf, write=create)
+    except BaseException:
+        buf.close()
+        raise
+    return buf
+
+
+def _populate(buf: mmap.mmap, *, write: bool) -> None:
+    """Fault every page of a mapping in one kernel call (huge pages where tmpfs allows them)."""
+    with contextlib.suppress(OSError):
+        buf.madvise(MADV_HUGEPAGE)
+    try:
+        buf.madvise(MADV_POPULATE_WRITE if write else MADV_POPULATE_READ)
     except OSError:  # kernel < 5.14: touch one byte per page instead
         view = np.frombuffer(buf, np.uint8)
-        view[:: mmap.PAGESIZE] = 0
+        if write:
+            view[:: mmap.PAGESIZE] = view[:: mmap.PAGESIZE]
+        else:
+            int(view[:: mmap.PAGESIZE].sum())
         del view
+
+
+def _open_fd(name: str) -> int | None:
+    """A read-write fd of an existing segment (None if there is none)."""
+    try:
+        return int(posix_ipc.SharedMemory(name).fd)
+    except posix_ipc.ExistentialError:
+        return None
 
 
 def _unlink_shm(name: str) -> None:
@@ -524,7 +661,7 @@ def shm_bytes(prefix: str) -> int:
 
 
 def live_segments(prefix: str) -> int:
-    """How many slot segments of ``prefix`` exist right now (from /dev/shm)."""
+    """How many slot segments of ``prefix`` exist right now (from /dev/shm; at most the ring's slots)."""
     return sum(1 for n in shm_entries(prefix) if n[len(prefix) + 1 :].isdigit())
 
 

@@ -1,14 +1,18 @@
-"""Measure the first-touch cost of fresh shm segments, to justify the ring's pre-faulting choice.
+"""Measure the first-touch cost of shm segments, to justify the ring's choices (docs/ring.md, "Costs").
 
 ``python -m cuzk_mp.pipeline.shmprobe --mib 256 --repeat 5 [--json PATH]`` writes
-one array into a fresh POSIX shm segment per strategy and reports the median
-wall time of producer (create + fill) and consumer (map + copy out):
+one array into a POSIX shm segment per strategy and reports the median wall time
+of producer (get the segment + fill) and consumer (map + copy out):
 
-* ``plain``        mmap, then numpy copy (one page fault per 4 KiB page)
-* ``fallocate``    posix_fallocate the tmpfs file first, then copy
-* ``map_populate`` mmap(MAP_POPULATE), then copy
-* ``madv_populate`` mmap, madvise(MADV_POPULATE_WRITE), then copy (what the ring does)
-* ``threads``      plain mapping, copy split over 2 threads
+* ``plain``        fresh segment: mmap, then numpy copy (one page fault per 4 KiB page)
+* ``fallocate``    fresh segment: posix_fallocate the tmpfs file first, then copy
+* ``map_populate`` fresh segment: mmap(MAP_POPULATE), then copy
+* ``madv_populate`` fresh segment: mmap, madvise(MADV_POPULATE_WRITE), then copy (a new slot segment)
+* ``threads``      fresh segment: plain mapping, copy split over 2 threads
+* ``remap``        an existing segment (pages allocated) mapped again + MADV_POPULATE_WRITE, then copy
+                   (a slot's segment in a process that has not mapped it yet)
+* ``reuse``        an existing segment through a mapping kept from before, then copy (the ring's
+                   steady state); its consumer copies out of a kept mapping too
 
 Owns nothing persistent: every segment it creates is unlinked before it returns.
 """
@@ -29,7 +33,7 @@ import posix_ipc
 
 from .ring import MADV_POPULATE_WRITE
 
-STRATEGIES = ("plain", "fallocate", "map_populate", "madv_populate", "threads")
+STRATEGIES = ("plain", "fallocate", "map_populate", "madv_populate", "threads", "remap", "reuse")
 
 
 def _fill(dst: np.ndarray, src: np.ndarray, threads: int) -> None:
@@ -48,26 +52,43 @@ def probe_once(strategy: str, src: np.ndarray, name: str) -> dict[str, float]:
     """One producer + consumer round trip with ``strategy``; seconds for each side."""
     size = src.nbytes
     shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, size=size)
+    kept: list[mmap.mmap] = []
     try:
+        if strategy in ("remap", "reuse"):  # the segment exists, every page allocated, by an earlier partition
+            first = mmap.mmap(shm.fd, size)
+            first.madvise(MADV_POPULATE_WRITE)
+            _fill(np.frombuffer(first, np.uint64), src, 1)
+            if strategy == "reuse":
+                kept = [first, mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)]
+            else:
+                first.close()
         t0 = time.perf_counter()
         if strategy == "fallocate":
             os.posix_fallocate(shm.fd, 0, size)
-        flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if strategy == "map_populate" else 0)
-        buf = mmap.mmap(shm.fd, size, flags=flags)
-        if strategy == "madv_populate":
-            buf.madvise(MADV_POPULATE_WRITE)
+        if strategy == "reuse":
+            buf = kept[0]
+        else:
+            flags = mmap.MAP_SHARED | (mmap.MAP_POPULATE if strategy == "map_populate" else 0)
+            buf = mmap.mmap(shm.fd, size, flags=flags)
+            if strategy in ("madv_populate", "remap"):
+                buf.madvise(MADV_POPULATE_WRITE)
         dst = np.frombuffer(buf, np.uint64)
         _fill(dst, src, 2 if strategy == "threads" else 1)
         t1 = time.perf_counter()
         del dst
-        buf.close()
+        if strategy != "reuse":
+            buf.close()
+        out = np.empty_like(src)
+        out[:] = 0  # the consumer's private copy is faulted in outside the timing: only the read is timed
         t2 = time.perf_counter()
-        rbuf = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
-        out = np.array(np.frombuffer(rbuf, np.uint64))
+        rbuf = kept[1] if strategy == "reuse" else mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED | mmap.MAP_POPULATE)
+        np.copyto(out, np.frombuffer(rbuf, np.uint64))
         t3 = time.perf_counter()
         del out
         rbuf.close()
     finally:
+        for m in kept:
+            m.close()
         os.close(shm.fd)
         posix_ipc.unlink_shared_memory(name)
     return {"producer_s": t1 - t0, "consumer_s": t3 - t2}

@@ -20,7 +20,9 @@ Environment per child, set in the child before any heavy import:
 * prover, GPU backend: ``CUDA_VISIBLE_DEVICES=<dev>`` (binds the process to
   its GPU; it sees it as device 0);
 * prover, CPU backend: ``NUMBA_NUM_THREADS = cores // processes`` and no GPU;
-* synthesis worker: ``NUMBA_NUM_THREADS = threads_per_partition``.
+* synthesis worker: ``NUMBA_NUM_THREADS = threads_per_partition``;
+* both: ``OMP_WAIT_POLICY=PASSIVE`` (idle numba threads sleep instead of spinning on cores
+  the other processes need: :func:`~cuzk_mp.algebra.threads.pool_environment`).
 
 Shutdown (:meth:`Supervisor.stop_all`): ``Stop`` message, a short wait,
 then SIGTERM -> 5 s -> SIGKILL for whatever is still alive.
@@ -37,6 +39,7 @@ from typing import Any
 
 import msgspec
 
+from ..algebra.threads import pool_environment
 from . import messages as msg
 from .procs import ChildHandle, ChildSpec, spawn_child
 from .prover_proc import ProverPayload
@@ -117,13 +120,13 @@ def child_specs(config: EngineConfig, ring: RingHandle, backend: str, devices: l
     specs = []
     for dev in devices:
         env = {"CUDA_VISIBLE_DEVICES": str(dev)} if backend == "gpu" else {
-            "NUMBA_NUM_THREADS": str(cpu_threads), "CUDA_VISIBLE_DEVICES": ""}
+            **pool_environment(cpu_threads), "CUDA_VISIBLE_DEVICES": ""}
         payload = ProverPayload(ring, backend, dev, config.gpu_workers_per_device, config.verify_proofs,
                                 config.srs_budget_bytes)
         specs.append(ChildSpec("prover", dev, ROLE_MODULES["prover"], {**env, "CUZK_MP_LOG_LEVEL": level}, payload,
                                ring.prefix))
     for i in range(config.partition_workers):
-        env = {"NUMBA_NUM_THREADS": str(threads), "CUDA_VISIBLE_DEVICES": ""}
+        env = {**pool_environment(threads), "CUDA_VISIBLE_DEVICES": ""}
         specs.append(ChildSpec("synth", i, ROLE_MODULES["synth"], {**env, "CUZK_MP_LOG_LEVEL": level},
                                SynthPayload(ring, threads), ring.prefix))
     return specs

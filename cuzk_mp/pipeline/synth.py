@@ -9,7 +9,9 @@ vectors: they are computed in the slot (docs/ring.md).
 One task at a time (the engine hands a worker a new task only when it is idle):
 
 1. take a FREE slot (FILLING; this blocks while none is free: the backpressure
-   that bounds host memory by the ring) and create its segment (``shm_write``);
+   that bounds host memory by the ring) and map its segment (``shm_write``: nothing
+   in steady state, where the slot's segment and this worker's mapping of it are
+   reused; the first touch of the pages when the segment is new, docs/ring.md);
 2. the witness, straight into the slot's w: the synthetic generator (seed,
    partition index), or a given ``.wtns`` or the circom wasm's output copied in;
 3. a = A w, b = B w, c = a o b into the slot's a, b, c with
@@ -19,8 +21,8 @@ One task at a time (the engine hands a worker a new task only when it is idle):
    fails that job alone;
 4. publish the slot with the partition's metadata and stage timings.
 
-A task that fails or is cancelled gives its slot back (the segment is unlinked,
-the slot FREE); a worker killed while FILLING leaves its slot to the engine,
+A task that fails or is cancelled gives its slot back (the slot FREE, its segment
+kept for the next partition); a worker killed while FILLING leaves its slot to the engine,
 which reclaims it. Cancellation is checked at each boundary (slot taken,
 witness done, a/b/c done); a reader thread takes engine messages off the pipe,
 so a cancel or a stop is seen while the main thread computes or waits.
@@ -41,7 +43,7 @@ import numpy as np
 from ..errors import Cancelled, InputError
 from . import messages as msg
 from .procs import ChildContext
-from .ring import Ring, RingHandle, SlotClaim, partition_shapes
+from .ring import Ring, RingHandle, SlotClaim, partition_shapes, segment_bytes
 
 CIRCUIT_CACHE = 2  # circuits kept per worker (each maps its circuit's shared data)
 
@@ -153,16 +155,18 @@ class SynthWorker:
         t0 = time.time()
         circuit = self._circuit(task.circuit)
         t_loaded = time.time()
+        ev = circuit.evaluator
+        shapes = partition_shapes(ev.domain_size, ev.n_vars)
         claim = SlotClaim(task.task_id, task.job_seq, task.partition, task.priority)
-        slot = self.ring.acquire_free(claim, abort=lambda: self.ctx.stopping.is_set() or task.task_id in self.cancelled)
+        slot = self.ring.acquire_free(claim, abort=lambda: self.ctx.stopping.is_set() or task.task_id in self.cancelled,
+                                      nbytes=segment_bytes(shapes))
         if slot is None:
             self._check(task)
             raise Cancelled(f"{self.ctx.name} is stopping: job {task.job_id} partition {task.partition} not started")
         t_slot = time.time()
         timings = {"queue_wait": task.t_dispatch - task.t_submit, "ring_wait": t_slot - t_loaded}
         try:
-            ev = circuit.evaluator
-            seg = self.ring.create_segment(slot, partition_shapes(ev.domain_size, ev.n_vars))
+            seg = self.ring.writable_segment(slot, shapes)
             try:
                 timings["shm_write"] = time.time() - t_slot
                 self._fill(task, circuit, seg.arrays, timings)
@@ -171,9 +175,9 @@ class SynthWorker:
                                        ev.n_public, timings)
                 self.ring.publish(slot, seg, msg.encode(meta))
             finally:
-                seg.close()  # idempotent: publish has unmapped it already
+                seg.close()  # idempotent: publish has dropped the views already
         except BaseException:
-            self.ring.abandon(slot)  # FILLING -> FREE, the segment unlinked (a no-op once published)
+            self.ring.abandon(slot)  # FILLING -> FREE, the segment kept for the next partition (a no-op once published)
             raise
         self.ctx.send(msg.Published(task.task_id, slot, seg.nbytes, timings))
 
@@ -181,7 +185,7 @@ class SynthWorker:
               timings: dict[str, float]) -> None:
         """Witness, then a, b, c, straight into the slot's views (they go out of scope on return)."""
         a, b, c, w = arrays
-        t0 = time.time()
+        t0, cpu0 = time.time(), time.process_time()
         self._check(task)
         circuit.witness_into(task, w, self.threads)
         timings["witness"] = time.time() - t0
@@ -189,6 +193,7 @@ class SynthWorker:
         circuit.evaluator.evaluate_into(w, a, b, c, threads=self.threads)
         self._check(task)
         timings["synthesis"] = time.time() - t0
+        timings["synthesis_cpu"] = time.process_time() - cpu0  # core-seconds: every thread of this process
 
     def _circuit(self, ref: msg.CircuitRef) -> _Circuit:
         have = self.circuits.get(ref.circuit_id)
