@@ -27,7 +27,8 @@ from typing import Any
 import msgspec
 
 from .messages import CircuitRef
-from .types import JobResult, JobSpec, PartitionResult
+from .timeline import ProverClocks, synthesis_spans
+from .types import JobResult, JobSpec, PartitionResult, StageSpan
 
 NOT_RETRIED = frozenset({"InputError", "FormatError", "UnsatisfiedWitness", "ConfigError", "Cancelled"})
 KEEP_FINISHED = 200  # finished jobs kept for status()
@@ -47,7 +48,10 @@ class Task:
     device: int | None = None
     slot: int | None = None
     t_dispatch: float | None = None
+    t_published: float | None = None  # when the engine heard of the publish / the take (Unix time)
+    t_taken: float | None = None
     timings: dict[str, float] = field(default_factory=dict)  # stages reported so far, merged
+    spans: list[StageSpan] = field(default_factory=list)  # the synthesis worker's, once published
 
     def order(self) -> tuple[int, int, int, int]:
         """Queue key: priority, job submit order, partition index, attempt id."""
@@ -147,6 +151,7 @@ class Scheduler:
         self.tasks: dict[int, Task] = {}
         self._queue: list[tuple[tuple[int, int, int, int], Task]] = []
         self._ids = itertools.count(1)
+        self.clocks = ProverClocks()  # places the provers' stages in time (timeline.py)
         self._seqs = itertools.count(1)
         self._counts: dict[str, int] = {k: 0 for k in (
             "jobs_submitted", "jobs_done", "jobs_failed", "jobs_cancelled", "partitions_proved",
@@ -212,14 +217,20 @@ class Scheduler:
         if task is None:
             return
         task.timings.update(timings or {})
+        if task.t_published is None:
+            now = time.time()
+            task.t_published = now
+            task.spans = synthesis_spans(timings or {}, task.worker, min(now, task.t_taken or now), task.t_dispatch)
+        task.slot = slot  # also when the prover's take was heard first
         if task.state == "synthesizing":
-            task.state, task.slot = "ready", slot
+            task.state = "ready"
 
     def on_taken(self, task_id: int, prover: str, device: int | None) -> None:
         """A prover process took the attempt's slot."""
         task = self.tasks.get(task_id)
         if task is not None and task.state in ("synthesizing", "ready"):
             task.state, task.prover, task.device = "proving", prover, device
+            task.t_taken = time.time()
 
     def on_proof(self, task_id: int, proof: Any, public: list[int], timings: dict[str, float],
                  device: int | None) -> Outcome:
@@ -235,8 +246,12 @@ class Scheduler:
             if newer is not None and newer is not task:
                 out.cancel.append(self._retire(newer, "cancelled"))
         task.state = "done"
-        timings = {**task.timings, **timings, "total": time.time() - job.submitted_at}
-        result = PartitionResult(task.index, proof, public, timings, device, job.attempts[task.index])
+        now = time.time()
+        synth_ring_wait = task.timings.get("ring_wait", 0.0)  # the prover's ring_wait adds the READY wait to it
+        timings = {**task.timings, **timings, "total": now - job.submitted_at}
+        spans = task.spans + self.clocks.spans(timings, task.prover, task.slot, task.t_taken,
+                                               timings.get("ring_wait", 0.0) - synth_ring_wait)
+        result = PartitionResult(task.index, proof, public, timings, device, job.attempts[task.index], spans=spans)
         job.results[task.index] = result
         self._counts["partitions_proved"] += 1
         out.partitions.append((job.spec.job_id, result))
