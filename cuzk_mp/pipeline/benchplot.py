@@ -162,6 +162,9 @@ def _bars(result: dict[str, Any], t0: float) -> tuple[list[dict[str, Any]], dict
 
 def draw(result: dict[str, Any]) -> Figure:
     """The figure for a bench result (the JSON as :func:`~.bench.summarize` makes it)."""
+    tl = result.get("timeline")
+    if not tl:
+        raise InputError("this bench result has no timeline (it was written by an older cuzk-mp): rerun the bench")
     import logging
 
     import matplotlib
@@ -171,9 +174,6 @@ def draw(result: dict[str, Any]) -> Figure:
     from matplotlib.figure import Figure
     from matplotlib.patches import Patch
 
-    tl = result.get("timeline")
-    if not tl:
-        raise InputError("this bench result has no timeline (it was written by an older cuzk-mp): rerun the bench")
     t0, lanes = tl["t0"], tl["lanes"]
     bars, jobs = _bars(result, t0)
     _, centres = _layout(bars, lanes)

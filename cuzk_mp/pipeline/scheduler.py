@@ -48,10 +48,8 @@ class Task:
     device: int | None = None
     slot: int | None = None
     t_dispatch: float | None = None
-    t_published: float | None = None  # when the engine heard of the publish / the take (Unix time)
-    t_taken: float | None = None
+    t_published: float | None = None  # when the engine heard of the publish (Unix time)
     timings: dict[str, float] = field(default_factory=dict)  # stages reported so far, merged
-    spans: list[StageSpan] = field(default_factory=list)  # the synthesis worker's, once published
 
     def order(self) -> tuple[int, int, int, int]:
         """Queue key: priority, job submit order, partition index, attempt id."""
@@ -218,9 +216,7 @@ class Scheduler:
             return
         task.timings.update(timings or {})
         if task.t_published is None:
-            now = time.time()
-            task.t_published = now
-            task.spans = synthesis_spans(timings or {}, task.worker, min(now, task.t_taken or now), task.t_dispatch)
+            task.t_published = time.time()
         task.slot = slot  # also when the prover's take was heard first
         if task.state == "synthesizing":
             task.state = "ready"
@@ -230,7 +226,6 @@ class Scheduler:
         task = self.tasks.get(task_id)
         if task is not None and task.state in ("synthesizing", "ready"):
             task.state, task.prover, task.device = "proving", prover, device
-            task.t_taken = time.time()
 
     def on_proof(self, task_id: int, proof: Any, public: list[int], timings: dict[str, float],
                  device: int | None) -> Outcome:
@@ -247,17 +242,26 @@ class Scheduler:
                 out.cancel.append(self._retire(newer, "cancelled"))
         task.state = "done"
         now = time.time()
-        synth_ring_wait = task.timings.get("ring_wait", 0.0)  # the prover's ring_wait adds the READY wait to it
+        synthesized = dict(task.timings)  # the synthesis worker's (its ring_wait: the wait for a free slot)
         timings = {**task.timings, **timings, "total": now - job.submitted_at}
-        spans = task.spans + self.clocks.spans(timings, task.prover, task.slot, task.t_taken,
-                                               timings.get("ring_wait", 0.0) - synth_ring_wait)
-        result = PartitionResult(task.index, proof, public, timings, device, job.attempts[task.index], spans=spans)
+        result = PartitionResult(task.index, proof, public, timings, device, job.attempts[task.index],
+                                 spans=self._spans(task, synthesized, timings, now))
         job.results[task.index] = result
         self._counts["partitions_proved"] += 1
         out.partitions.append((job.spec.job_id, result))
         if all(r is not None for r in job.results):
             out.jobs.append(self._finish(job, "done", None))
         return out
+
+    def _spans(self, task: Task, synthesized: dict[str, float], timings: dict[str, float],
+               now: float) -> list[StageSpan]:
+        """The proved attempt's stages in time (:mod:`.timeline`)."""
+        ready_wait = timings.get("ring_wait", 0.0) - synthesized.get("ring_wait", 0.0)  # the prover adds its wait
+        before = sum(timings.get(k, 0.0) for k in ("ring_wait", "shm_write", "synthesis", "staging", "device_wait"))
+        earliest = None if task.t_dispatch is None else task.t_dispatch + before
+        proving = self.clocks.spans(timings, task.prover, task.slot, now, ready_wait, earliest)
+        published = min([task.t_published or now, *(s.start for s in proving if s.process.startswith("ring-slot-"))])
+        return synthesis_spans(synthesized, task.worker, published, task.t_dispatch) + proving
 
     def on_failed(self, task_id: int, kind: str, message: str) -> Outcome:
         """An attempt failed in a child that carries on: retry, or fail the job."""

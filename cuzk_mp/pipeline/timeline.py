@@ -1,25 +1,30 @@
 """A partition's stages placed in time: which process ran each one, from when to when.
 
 The child processes report each stage as a duration (:mod:`.types` lists them). The engine
-knows, on its own clock, when it heard that an attempt's slot was published by its synthesis
-worker and taken by a prover process, and it knows how a process runs its stages. The spans
-(:class:`~.types.StageSpan`) are laid from those with the measured durations:
+knows, on its own clock, when it heard that an attempt's slot was published and when its proof
+arrived, and it knows how each process runs its stages. The spans (:class:`~.types.StageSpan`)
+are laid from those with the measured durations:
 
-* synthesis worker, backwards from the publish: ``ring_wait`` (waiting for a free slot),
-  ``shm_write``, ``synthesis`` (``witness`` is its first part, drawn inside it);
 * prover process: ``staging``, ``device_wait``, ``device``, then ``finalize``. A prover's device
   stages are serialised by its device lock and its finalize stages by its one finalizer thread,
-  and proofs arrive in that order; so a partition that waited for the lock started its device
-  stage when the one before it ended, and a finalize starts when both its device stage and the
-  finalize before it have ended. Only a chain that found the device free is placed from the
-  take itself (``staging`` and ``device_wait`` lead up to the device stage either way);
-* the ring: ``ring_wait`` on ``ring-slot-<n>``, the time the partition sat READY, ending where
-  its staging began (its length is what the prover measured).
+  and its proofs arrive in that order. So a partition that waited for the lock began its device
+  stage when the one before it ended (or, if the thread was scheduled late, when all that came
+  before it could have been done since the dispatch); one that found the device free began it as late as the
+  proof's arrival allows (arrival less finalize and device: the message is heard after it was
+  sent); ``staging`` and ``device_wait`` lead up to it; a finalize begins once both its device
+  stage and the finalize before it have ended;
+* the ring: ``ring_wait`` on ``ring-slot-<n>``, the time the partition sat READY (what the prover
+  measured from the publish to its take), ending where its staging began;
+* synthesis worker, backwards from the publish (when the READY wait began, or when the engine
+  heard of the publish if that was earlier): ``ring_wait`` (waiting for a free slot),
+  ``shm_write``, ``synthesis`` (``witness`` is its first part, drawn inside it).
 
-Where the take anchors a chain, it is the time the engine received the prover's message: a few
-milliseconds late on a busy machine, so such spans may sit that much late. A synthesis worker's
-first task of a circuit also loads the circuit, which its ``synthesis`` time includes (the load
-came before its slot wait; the span shows it at the end).
+So nothing is placed before it happened: a span is exact in length and late by at most the few
+milliseconds (more on a machine whose cores the provers keep busy) a message takes to be heard,
+plus, for the READY wait and the stages before it, the unmeasured moment between a prover's take
+and its staging (mapping the slot). A synthesis worker's first task of a circuit also loads the
+circuit, which its ``synthesis`` time includes (the load came before its slot wait; the span
+shows it at the end).
 """
 
 from __future__ import annotations
@@ -38,13 +43,13 @@ def synthesis_spans(timings: Mapping[str, float], worker: str | None, published_
     if worker is None:
         return []
     spans: list[StageSpan] = []
-    end = published_at
     floor = dispatched_at if dispatched_at is not None else float("-inf")
+    end = max(published_at, floor)
     for stage in reversed(SYNTH_ORDER):
         if stage not in timings:
             continue
         start = max(end - float(timings[stage]), floor)
-        spans.append(StageSpan(stage, worker, start, max(start, end)))
+        spans.append(StageSpan(stage, worker, start, end))
         if stage == "synthesis" and "witness" in timings:
             spans.append(StageSpan("witness", worker, start, min(start + float(timings["witness"]), end)))
         end = start
@@ -59,18 +64,25 @@ class ProverClocks:
         self._device_free: dict[str, float] = {}
         self._finalizer_free: dict[str, float] = {}
 
-    def spans(self, timings: Mapping[str, float], prover: str | None, slot: int | None, taken_at: float | None,
-              ready_wait: float | None = None) -> list[StageSpan]:
-        """The prover's stages of one proved attempt (in the order the proofs arrive), and the READY
-        wait of ``ready_wait`` seconds in ``slot`` before them."""
-        if prover is None or taken_at is None or "device" not in timings:
+    def spans(self, timings: Mapping[str, float], prover: str | None, slot: int | None, done_at: float,
+              ready_wait: float | None = None, earliest: float | None = None) -> list[StageSpan]:
+        """The prover's stages of one proved attempt (called in the order the proofs arrive; ``done_at``:
+        when the proof was heard of), and the READY wait of ``ready_wait`` seconds in ``slot`` before them;
+        ``earliest``: the soonest the device stage can have begun (the dispatch plus every stage before it)."""
+        if prover is None or "device" not in timings:
             return []
         staging, wait = float(timings.get("staging", 0.0)), float(timings.get("device_wait", 0.0))
-        device_free = self._device_free.get(prover)
-        start = taken_at + staging + wait
-        if device_free is not None and (start < device_free or (wait > LOCK_WAIT_S and device_free >= start - wait)):
-            start = device_free  # it waited for (or, placed from a late take, would overlap) the one before
-        end = start + float(timings["device"])
+        device, finalize = float(timings["device"]), float(timings.get("finalize", 0.0))
+        # the latest the device stage can have begun: the proof's message is heard after it was sent
+        latest = done_at - finalize - device
+        free = self._device_free.get(prover)
+        if free is not None and wait > LOCK_WAIT_S and free <= latest:
+            start = free  # it waited for the lock: it got it when the stage before it ended
+        else:
+            start = latest if free is None else max(latest, free)
+        if earliest is not None:  # the lock's hand-over can lag on a busy machine: never before it could be
+            start = max(start, earliest)
+        end = start + device
         self._device_free[prover] = end
         spans = []
         staged = start - wait - staging
@@ -83,7 +95,6 @@ class ProverClocks:
         spans.append(StageSpan("device", prover, start, end))
         if "finalize" in timings:
             f_start = max(end, self._finalizer_free.get(prover, end))
-            f_end = f_start + float(timings["finalize"])
-            self._finalizer_free[prover] = f_end
-            spans.append(StageSpan("finalize", prover, f_start, f_end))
+            self._finalizer_free[prover] = f_start + finalize
+            spans.append(StageSpan("finalize", prover, f_start, f_start + finalize))
         return spans
