@@ -432,7 +432,7 @@ class Daemon:
             status, em = await asyncio.to_thread(lambda: (self.engine.status(), self.engine.metrics()))
         jobs, view = self.jobs, self.view
         return self.metrics.render(Scrape(
-            uptime_s=time.time() - self.started_at, queue_depth=view.queue_depth() if view else 0,
+            started_at=self.started_at, queue_depth=view.queue_depth() if view else 0,
             job_counts=jobs.counts() if jobs else {}, srs_budget_bytes=view.budget["srs"] if view else 0,
             engine=status, engine_metrics=em))
 
