@@ -252,3 +252,17 @@ def test_start_tells_systemd_each_long_step(tmp_path: Path, monkeypatch: pytest.
     assert steps[3][1] == int(notify.key_load_budget_s(0) * 1e6)
     ready = [m for m in messages if m.get("READY") == "1"]
     assert len(ready) == 1 and messages.index(ready[0]) == len(steps)  # READY after the last step
+
+
+def test_every_cache_default_is_the_one_cache_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine, the daemon and the bench default to cuzk_mp.paths.default_cache_dir, and nothing
+    else in the package or perf/ makes up a cache folder of its own."""
+    from cuzk_mp.pipeline.types import EngineConfig
+
+    monkeypatch.delenv("CUZK_MP_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert EngineConfig().param_cache == tmp_path / "cuzk-mp" == cli.build_parser().parse_args(["bench"]).cache
+    own = re.compile(r'Path\.home\(\)|environ(?:\.get)?\(\s*"(?:CUZK_MP_CACHE|XDG_CACHE_HOME)"|"~/\.cache')
+    found = [f"{p.relative_to(REPO)}:{i}" for p in [*(REPO / "cuzk_mp").rglob("*.py"), *(REPO / "perf").glob("*.py")]
+             if p.name != "paths.py" for i, line in enumerate(p.read_text().splitlines(), 1) if own.search(line)]
+    assert found == []
