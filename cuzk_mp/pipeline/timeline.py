@@ -8,23 +8,24 @@ are laid from those with the measured durations:
 * prover process: ``staging``, ``device_wait``, ``device``, then ``finalize``. A prover's device
   stages are serialised by its device lock and its finalize stages by its one finalizer thread,
   and its proofs arrive in that order. So a partition that waited for the lock began its device
-  stage when the one before it ended (or, if the thread was scheduled late, when all that came
-  before it could have been done since the dispatch); one that found the device free began it as late as the
-  proof's arrival allows (arrival less finalize and device: the message is heard after it was
-  sent); ``staging`` and ``device_wait`` lead up to it; a finalize begins once both its device
-  stage and the finalize before it have ended;
+  stage when the one before it ended; one that found the device free began it as late as its
+  proof's arrival allows (the arrival less finalize and device: a message is heard after it was
+  sent); neither before its dispatch plus all it measured before its device stage. ``staging``
+  and ``device_wait`` lead up to the device stage; a finalize begins once both its device stage
+  and the finalize before it have ended;
 * the ring: ``ring_wait`` on ``ring-slot-<n>``, the time the partition sat READY (what the prover
   measured from the publish to its take), ending where its staging began;
 * synthesis worker, backwards from the publish (when the READY wait began, or when the engine
   heard of the publish if that was earlier): ``ring_wait`` (waiting for a free slot),
   ``shm_write``, ``synthesis`` (``witness`` is its first part, drawn inside it).
 
-So nothing is placed before it happened: a span is exact in length and late by at most the few
-milliseconds (more on a machine whose cores the provers keep busy) a message takes to be heard,
-plus, for the READY wait and the stages before it, the unmeasured moment between a prover's take
-and its staging (mapping the slot). A synthesis worker's first task of a circuit also loads the
-circuit, which its ``synthesis`` time includes (the load came before its slot wait; the span
-shows it at the end).
+A span is exact in length and placed to within the few milliseconds a message takes to be heard
+(more on a machine whose cores the provers keep busy), mostly late: a chain placed from its
+proof's arrival sits that much late, and so do the chains that waited for it; a lock hand-over
+the OS scheduled late puts the next chain that much early. The READY wait and the stages before
+it are also late by the unmeasured moment between a prover's take and its staging (mapping the
+slot). A synthesis worker's first task of a circuit also loads the circuit, which its
+``synthesis`` time includes (the load came before its slot wait; the span shows it at the end).
 """
 
 from __future__ import annotations
