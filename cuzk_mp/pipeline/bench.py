@@ -446,7 +446,8 @@ def _circuit_size(args: argparse.Namespace, backend: str) -> CircuitSize:
     if args.circuit in SYNTHETIC_KINDS:
         from .keys import ensure_synthetic_key
 
-        return circuit_size(ensure_synthetic_key(args.circuit, args.log_n, args.cache, backend)[0])
+        with step(f"the development key of {args.circuit} 2^{args.log_n} in {args.cache} (made once when missing)"):
+            return circuit_size(ensure_synthetic_key(args.circuit, args.log_n, args.cache, backend)[0])
     return circuit_size(args.circuit)
 
 
