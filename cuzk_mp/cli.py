@@ -36,7 +36,6 @@ from .daemon.cli import (
 )
 from .errors import CuzkError, InputError, ResourceError
 from .logs import child_format, configure
-from .paths import default_cache_dir
 
 if TYPE_CHECKING:  # numpy loads with a verb, not for --help
     import numpy as np
@@ -251,8 +250,6 @@ def _service_verbs(sub: argparse._SubParsersAction) -> None:
 
     add_bench_parser(sub)
     add_daemon_parsers(sub)
-    # the param cache follows $CUZK_MP_CACHE / $XDG_CACHE_HOME (cuzk_mp.paths), whatever bench's own default
-    sub.choices["bench"].set_defaults(cache=default_cache_dir())
 
 
 def _log_level(value: str) -> str:

@@ -35,6 +35,7 @@ from cuzk_mp.algebra.field import FQ, FR, Q_MOD, R_MOD, ints_to_limbs, limbs_to_
 from cuzk_mp.backends.gpu import memory  # noqa: E402
 from cuzk_mp.backends.gpu.modules import get_module  # noqa: E402
 from cuzk_mp.backends.gpu.ntt import GpuNtt  # noqa: E402
+from cuzk_mp.paths import default_cache_dir  # noqa: E402
 
 REPS = 5
 BENCH_KERNELS = ROOT / "perf" / "kernels"  # ff/bench.cu: multiply-throughput kernels (not shipped)
@@ -336,7 +337,8 @@ def main() -> None:
     ap.add_argument("--sizes", default="20,24,26", help="NTT sizes as log2, comma separated")
     ap.add_argument("--skip", default="", help="comma list of sections to skip: field,ntt,h2d,msm,ntt_knobs,prove_msms,sass,prove")
     ap.add_argument("--prove-sizes", default="20,24", help="whole-proof sizes as log2")
-    ap.add_argument("--key-cache", type=Path, default=Path("~/.cache/cuzk-mp/keys"), help="dev key cache")
+    ap.add_argument("--key-cache", type=Path, default=default_cache_dir(),
+                    help="dev key cache (default: cuzk-mp's cache folder, $CUZK_MP_CACHE or $XDG_CACHE_HOME/cuzk-mp)")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     sizes = [int(s) for s in args.sizes.split(",")]

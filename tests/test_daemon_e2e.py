@@ -230,7 +230,7 @@ def test_status_and_metrics_over_http(daemon: DaemonProcess) -> None:
     with urllib.request.urlopen(f"{base}/metrics", timeout=10) as resp:
         samples = parse_prometheus(resp.read().decode())
     assert samples[("cuzk_proofs_completed_total", (("circuit", "syn"),))] >= 10
-    assert samples[("cuzk_jobs_total", (("circuit", "syn"), ("state", "cancelled")))] == 2
+    assert samples[("cuzk_jobs_finished_total", (("circuit", "syn"), ("state", "cancelled")))] == 2
     assert samples[("cuzk_job_duration_seconds_count", (("circuit", "syn"),))] >= 5
     assert samples[("cuzk_gpu_busy_seconds_total", (("device", "0"),))] > 0
     assert ("cuzk_queue_depth", ()) in samples and ("cuzk_ring_occupancy", ()) in samples

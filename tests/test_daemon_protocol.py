@@ -293,7 +293,7 @@ def test_http_status_metrics_healthz(tmp_path: Path) -> None:
         assert doc["job_counts"]["done"] == 1 and doc["jobs"][0]["partitions"][1]["state"] == "done"
         code, ctype, text = await asyncio.to_thread(get, "/metrics")
         assert code == 200 and ctype.startswith("text/plain; version=0.0.4")
-        assert 'cuzk_jobs_total{circuit="syn",state="done"} 1' in text
+        assert 'cuzk_jobs_finished_total{circuit="syn",state="done"} 1' in text
         assert await asyncio.to_thread(get, "/healthz") == (200, "text/plain", "ok\n")
         assert (await asyncio.to_thread(get, "/nope"))[0] == 404
 

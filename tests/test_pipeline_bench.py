@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -129,8 +129,10 @@ def test_backend_choice_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert "GPU 0 NVIDIA H200 (140 GiB)" in bench.machine_line("gpu", "x", machine, [0])
 
 
-@pytest.mark.skipif(importlib.util.find_spec("matplotlib") is not None, reason="matplotlib is installed")
-def test_plot_without_matplotlib_says_so(tmp_path: Path) -> None:
-    args = _parse("--backend", "cpu", "--plot", str(tmp_path / "t.png"))
+def test_plot_without_matplotlib_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Without matplotlib, --plot stops before any work with a message saying what to install."""
+    monkeypatch.setitem(sys.modules, "matplotlib", None)  # `import matplotlib` raises ImportError
+    args = _parse("--backend", "cpu", "--plot", str(tmp_path / "t.png"), "--cache", str(tmp_path / "nothing"))
     with pytest.raises(InputError, match="matplotlib"):
         args.func(args)
+    assert not (tmp_path / "nothing").exists()  # no key was made: it stopped first

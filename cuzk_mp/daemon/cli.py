@@ -4,12 +4,13 @@ This module owns the command-line face of the daemon package: ``add_parsers(subp
 both verbs to the one ``cuzk-mp`` parser (cuzk_mp/cli.py), and each verb has a run function.
 
 ``cuzk-mp daemon --config FILE`` serves until SIGTERM/SIGINT (``--check`` only validates the
-file and prints warnings about weak access settings). Its exit codes: 0 stopped after a drain
-(or ``--check`` passed); 1 start-up failed (the engine: the message says why); 2 the
-configuration is invalid (or a listen address is taken); 65 (EX_DATAERR) the journal is damaged
-or missing (the message names the file and how to start afresh; nothing was changed); 75
-(EX_TEMPFAIL) another daemon already runs with this journal, socket or shm prefix (this one
-changed nothing).
+file, prints what it resolved to, sizes in GiB, and warnings about weak access settings and keys
+it ignores). The command line's ``--log-level`` (or ``-v``) overrides ``[logging] level``. Its
+exit codes: 0 stopped after a drain (or ``--check`` passed); 1 start-up failed (the engine: the
+message says why); 2 the configuration is invalid (or a listen address is taken); 65
+(EX_DATAERR) the journal is damaged or missing (the message names the file and how to start
+afresh; nothing was changed); 75 (EX_TEMPFAIL) another daemon already runs with this journal,
+socket or shm prefix (this one changed nothing).
 
 ``cuzk-mp client VERB --connect ADDR`` talks to a daemon (ADDR defaults to
 ``$CUZK_MP_CONNECT``, else ``127.0.0.1:9820``; ``--token`` defaults to ``$CUZK_MP_TOKEN``)::
@@ -145,16 +146,14 @@ def run_daemon(args: argparse.Namespace) -> int:
     from cuzk_mp.daemon.server import serve
 
     cfg = load_config(args.config)
-    warnings = config_warnings(cfg)
+    warnings = [*cfg.warnings, *config_warnings(cfg)]
     if args.check:
         for w in warnings:
             print(f"cuzk-mp daemon: warning: {w}", file=sys.stderr)
-        print(f"{cfg.path}: OK ({len(cfg.circuits)} circuits, listen {cfg.listen}, "
-              f"SRS budget {cfg.engine.srs_budget_bytes} bytes"
-              f"{f', {len(warnings)} warnings' if warnings else ''})")
+        print(check_summary(cfg, len(warnings)))
         return 0
     multiprocessing.current_process().name = "cuzk-daemon"
-    setup_logging(cfg.log_level, cfg.log_format)
+    setup_logging(_log_level(args) or cfg.log_level, cfg.log_format)
     for w in warnings:
         logging.getLogger("cuzk_mp.daemon").warning("[start] %s", w)
     try:
@@ -165,6 +164,31 @@ def run_daemon(args: argparse.Namespace) -> int:
     except JournalDamaged as e:
         print(f"cuzk-mp daemon: refusing to start: {e}", file=sys.stderr)
         return EXIT_JOURNAL_DAMAGED
+
+
+def _log_level(args: argparse.Namespace) -> str | None:
+    """The command line's level (``--log-level``, else ``-v`` INFO / ``-vv`` DEBUG), if it gives one."""
+    verbose = getattr(args, "verbose", 0) or 0
+    level: str | None = getattr(args, "log_level", None)
+    return level or ("DEBUG" if verbose >= 2 else "INFO" if verbose else None)
+
+
+def _gib(n: int | None) -> str:
+    return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def check_summary(cfg: Any, warnings: int = 0) -> str:
+    """What ``daemon --check`` prints of a valid config: where it listens, the circuits, the pipeline's
+    shape and the memory split (sizes in GiB)."""
+    e = cfg.engine
+    devices = "every visible device" if e.devices is None else ", ".join(map(str, e.devices))
+    return (f"{cfg.path}: OK ({len(cfg.circuits)} circuits, listen {cfg.listen}"
+            f"{f', {warnings} warnings' if warnings else ''})\n"
+            f"  engine: {e.backend} backend, devices {devices}, {e.partition_workers} synthesis workers x "
+            f"{e.synthesis_threads} threads, {e.ring_slots} ring slots, shm prefix {e.shm_prefix}\n"
+            f"  memory: total {_gib(cfg.memory_total_bytes)}, safety margin {_gib(cfg.safety_margin_bytes)}, "
+            f"pipeline (host budget) {_gib(cfg.host_budget_bytes)}, proving keys {_gib(e.srs_budget_bytes)}\n"
+            f"  files: journal {cfg.journal_path}, param cache {cfg.param_cache}")
 
 
 def _summary(reply: Any) -> dict[str, Any]:

@@ -11,6 +11,12 @@ per ``[circuits.ID]`` table, and what ``[memory]`` decides (:mod:`.budget`): the
 where the file leaves it to ``host_budget``, and the SRS memory budget.
 
 Relative paths in the file are taken relative to the directory that holds the file.
+
+A file written for cuzk mostly works as it is: ``gpus.devices = []`` means every visible GPU and
+``synthesis.threads = 0`` the automatic thread count, as there; ``logging.level`` takes cuzk's
+``trace`` and ``warn``; and the keys of cuzk that mean nothing here (:data:`FOREIGN_KEYS`, one table
+with the reason for each) are accepted with a warning naming them, never silently. Any other
+unknown key is still an error.
 """
 
 from __future__ import annotations
@@ -29,11 +35,36 @@ import psutil
 from cuzk_mp.daemon.budget import largest, memory_budget, shape_for
 from cuzk_mp.daemon.transport import Address, parse_address
 from cuzk_mp.errors import ConfigError
+from cuzk_mp.paths import default_cache_dir
 from cuzk_mp.pipeline.memory import parse_size
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, Priority
 
 SizeValue = int | str
 DurationValue = int | float | str
+LOG_LEVELS = ("debug", "info", "warning", "error")
+LOG_LEVEL_ALIASES = {"trace": "debug", "warn": "warning"}  # cuzk's (Rust tracing) names
+
+# Keys of cuzk's configuration that have no meaning in cuzk-mp: accepted with a warning naming
+# each, so a file written for cuzk starts. Key -> why it does nothing here (what does it instead).
+FOREIGN_KEYS: dict[str, str] = {
+    "memory.pinned_budget": "the proving keys' memory is what memory.total_budget leaves after the pipeline",
+    "memory.working_memory_budget": "the pipeline's memory is memory.host_budget",
+    "memory.eviction_min_idle": "an idle key is evicted, least recently used first, as soon as the key "
+                                "memory budget needs the room",
+    "gpus.gpu_threads": "each prover process sizes its own CPU threads",
+    "gpus.affinity": "each device has its own prover process",
+    "scheduler.max_batch_size": "each partition is proved on its own (synthesis.partition_workers and "
+                                "pipeline.ring_slots set the parallelism)",
+    "scheduler.max_batch_wait_ms": "each partition is proved on its own",
+    "scheduler.sort_by_type": "jobs run by priority ([circuits.ID] priority), then in submit order",
+    "pipeline.enabled": "the pipeline is the only way to prove",
+    "pipeline.synthesis_lookahead": "how far synthesis runs ahead of the provers is pipeline.ring_slots",
+    "pipeline.synthesis_concurrency": "concurrent syntheses are synthesis.partition_workers",
+    "pipeline.max_parallel_synthesis": "concurrent syntheses are synthesis.partition_workers (or derived "
+                                       "from memory.host_budget)",
+    "pipeline.slot_size": "a ring slot holds one partition, sized by the circuit",
+    "pipeline.max_gpu_queue_depth": "the ring is the queue in front of the provers: pipeline.ring_slots",
+}
 
 
 class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -53,9 +84,10 @@ class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 
 
 class SrsSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
-    """``[srs]``: the parameter cache and the keys loaded at start-up."""
+    """``[srs]``: the parameter cache and the keys loaded at start-up (``param_cache`` "":
+    :func:`cuzk_mp.paths.default_cache_dir`)."""
 
-    param_cache: str = "~/.cache/cuzk-mp"
+    param_cache: str = ""
     preload: list[str] = []
 
 
@@ -71,8 +103,8 @@ class SynthesisSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
     """``[synthesis]``: the synthesis worker processes."""
 
     partition_workers: int = 2
-    threads_per_partition: int | Literal["auto"] = "auto"
-    threads: int | None = None  # the older name of threads_per_partition
+    threads_per_partition: int | Literal["auto"] = "auto"  # 0 is "auto" too
+    threads: int | None = None  # the older name of threads_per_partition (cuzk's; 0 = auto)
 
 
 class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -89,14 +121,14 @@ class GpusSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``[gpus]``: the backend and the devices that prove."""
 
     backend: Literal["auto", "cpu", "gpu"] = "auto"
-    devices: list[int] | None = None
+    devices: list[int] | None = None  # None or []: every visible device
     gpu_workers_per_device: int = 2
 
 
 class LoggingSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``[logging]``: level and line format of the daemon's log."""
 
-    level: Literal["debug", "info", "warning", "error"] = "info"
+    level: str = "info"  # LOG_LEVELS, or an alias of LOG_LEVEL_ALIASES
     format: Literal["text", "json"] = "text"
 
 
@@ -157,6 +189,7 @@ class DaemonConfig:
     max_connections: int = 256
     tokens: tuple[str, ...] = ()
     admin_tokens: tuple[str, ...] = ()
+    warnings: tuple[str, ...] = ()  # keys accepted but ignored (FOREIGN_KEYS), with why
 
 
 _DURATIONS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "": 1.0}
@@ -192,7 +225,49 @@ def _explain(err: msgspec.ValidationError, prefix: str) -> str:
     if m:
         key = ".".join(p for p in (where, m.group(1)) if p)
         return f"unknown key `{key}`"
+    allowed = _enum_values(where)
+    if text.startswith("Invalid enum value") and allowed:
+        text += f" (one of: {', '.join(v if v == 'an integer' else repr(v) for v in allowed)})"
     return f"`{where}`: {text}" if where else text
+
+
+def _enum_values(key: str) -> tuple[object, ...]:
+    """The values a Literal-typed key takes (``gpus.backend``, ``circuits.ID.priority``, ...; "an integer"
+    among them where the key also takes one); () if none."""
+    parts = key.split(".")
+    if parts[0] == "circuits":
+        struct: Any = CircuitSection
+        parts = parts[2:]
+    else:
+        struct = RawConfig
+    info: Any = msgspec.inspect.type_info(struct)
+    for i, name in enumerate(parts):
+        field = next((f for f in getattr(info, "fields", ()) if f.name == name), None)
+        if field is None:
+            return ()
+        if i < len(parts) - 1:
+            info = field.type
+            continue
+        kinds = field.type.types if isinstance(field.type, msgspec.inspect.UnionType) else (field.type,)
+        values = tuple(v for t in kinds if isinstance(t, msgspec.inspect.LiteralType) for v in t.values)
+        return values + (("an integer",) if any(isinstance(t, msgspec.inspect.IntType) for t in kinds) else ())
+    return ()
+
+
+def _foreign_keys(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]:
+    """``raw`` without the keys of :data:`FOREIGN_KEYS` (and a section only they made), and a
+    warning naming each one found."""
+    tables = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
+    warnings = []
+    for key, why in FOREIGN_KEYS.items():
+        section, name = key.split(".")
+        table = tables.get(section)
+        if isinstance(table, dict) and name in table:
+            del table[name]
+            warnings.append(f"{source}: {key} is a cuzk setting with no meaning here, ignored: {why}")
+            if not table and section not in RawConfig.__struct_fields__:
+                del tables[section]
+    return tables, warnings
 
 
 def _decode(raw: dict[str, Any], source: str) -> tuple[RawConfig, dict[str, CircuitSection]]:
@@ -264,9 +339,9 @@ def _check_counts(cfg: RawConfig, source: str) -> None:
     """Reject impossible worker, slot and device counts."""
     checks = [
         ("synthesis.partition_workers", cfg.synthesis.partition_workers, 1),
-        ("synthesis.threads", 1 if cfg.synthesis.threads is None else cfg.synthesis.threads, 1),
+        ("synthesis.threads", 1 if cfg.synthesis.threads is None else cfg.synthesis.threads, 0),
         ("synthesis.threads_per_partition", 1 if cfg.synthesis.threads_per_partition == "auto"
-         else cfg.synthesis.threads_per_partition, 1),
+         else cfg.synthesis.threads_per_partition, 0),
         ("pipeline.ring_slots", cfg.pipeline.ring_slots, 1),
         ("pipeline.max_attempts", cfg.pipeline.max_attempts, 1),
         ("gpus.gpu_workers_per_device", cfg.gpus.gpu_workers_per_device, 1),
@@ -274,14 +349,11 @@ def _check_counts(cfg: RawConfig, source: str) -> None:
     for key, value, low in checks:
         if value < low:
             raise ConfigError(f"{source}: {key}: must be >= {low}, got {value}")
-    if cfg.synthesis.threads is not None and cfg.synthesis.threads_per_partition != "auto":
+    if cfg.synthesis.threads is not None and cfg.synthesis.threads_per_partition not in ("auto", 0):
         raise ConfigError(f"{source}: synthesis.threads: the older name of synthesis.threads_per_partition; "
                           "give one of them")
     devices = cfg.gpus.devices
-    if devices is not None:
-        if not devices:
-            raise ConfigError(f"{source}: gpus.devices: an empty list proves nothing; "
-                              "leave the key out to use every visible device")
+    if devices:  # [] is every visible device, as leaving the key out
         if len(set(devices)) != len(devices) or min(devices) < 0:
             raise ConfigError(f"{source}: gpus.devices: ids must be distinct and >= 0, "
                               f"got {devices}")
@@ -335,8 +407,14 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     ``base`` is the directory relative paths are taken from; ``source`` names the file in
     messages. Every error is a ConfigError naming the key.
     """
+    raw, warnings = _foreign_keys(raw, source)
     cfg, circuit_tables = _decode(raw, source)
     _check_counts(cfg, source)
+    level = LOG_LEVEL_ALIASES.get(cfg.logging.level.lower(), cfg.logging.level.lower())
+    if level not in LOG_LEVELS:
+        aliases = ", ".join(f"{a} is read as {b}" for a, b in LOG_LEVEL_ALIASES.items())
+        raise ConfigError(f"{source}: `logging.level`: {cfg.logging.level!r} is not a log level (one of: "
+                          f"{', '.join(LOG_LEVELS)}; {aliases})")
     d = cfg.daemon
     try:
         listen = parse_address(d.listen)
@@ -352,7 +430,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     if frame_timeout <= 0:
         raise ConfigError(f"{source}: daemon.frame_timeout: must be > 0 (an unfinished frame "
                           "must not hold its memory forever)")
-    param_cache = _path(cfg.srs.param_cache, base)
+    param_cache = _path(cfg.srs.param_cache, base) if cfg.srs.param_cache else default_cache_dir()
     circuits = {cid: _circuit(cid, c, base, source) for cid, c in circuit_tables.items()}
     for cid in cfg.srs.preload:
         if cid not in circuits:
@@ -374,7 +452,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     host = total - margin if host is None else host
     journal_path = _path(d.journal, base) if d.journal else param_cache / "journal.sqlite"
     engine = EngineConfig(
-        backend=cfg.gpus.backend, devices=cfg.gpus.devices,
+        backend=cfg.gpus.backend, devices=cfg.gpus.devices or None,
         gpu_workers_per_device=cfg.gpus.gpu_workers_per_device,
         partition_workers=cfg.synthesis.partition_workers,
         synthesis_threads=_threads(cfg.synthesis), ring_slots=cfg.pipeline.ring_slots,
@@ -400,17 +478,18 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         shutdown_grace_s=parse_duration(d.shutdown_grace, f"{source}: daemon.shutdown_grace"),
         param_cache=param_cache, preload=tuple(cfg.srs.preload), circuits=circuits,
         memory_total_bytes=total, safety_margin_bytes=margin, engine=engine,
-        log_level=cfg.logging.level, log_format=cfg.logging.format, host_budget_bytes=host,
+        log_level=level, log_format=cfg.logging.format, host_budget_bytes=host,
         frame_timeout_s=frame_timeout, max_connections=d.max_connections,
-        tokens=tuple(d.tokens), admin_tokens=tuple(d.admin_tokens),
+        tokens=tuple(d.tokens), admin_tokens=tuple(d.admin_tokens), warnings=tuple(warnings),
     )
 
 
 def _threads(s: SynthesisSection) -> int | None:
-    """``threads_per_partition`` (or its older name ``threads``); None for "auto"."""
+    """``threads_per_partition`` (or its older name ``threads``); None for "auto" (or 0)."""
     if s.threads is not None:
-        return s.threads
-    return None if s.threads_per_partition == "auto" else s.threads_per_partition
+        return s.threads or None
+    per = s.threads_per_partition
+    return None if per == "auto" or per == 0 else per
 
 
 def _given_shape(raw: dict[str, Any], engine: EngineConfig) -> dict[str, int]:

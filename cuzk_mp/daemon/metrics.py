@@ -11,13 +11,14 @@ Metric names (all prefixed ``cuzk_``):
 
 * ``build_info{version,python}`` = 1
 * ``proofs_completed_total{circuit}``, ``proofs_failed_total{circuit}``: partitions
-* ``jobs_total{circuit,state}``: finished jobs by final state (done, failed, cancelled)
+* ``jobs_finished_total{circuit,state}``: finished jobs by final state (done, failed, cancelled)
 * ``job_duration_seconds{circuit}``: submit to finish of jobs that completed (histogram)
 * ``engine_stage_seconds{stage}``: the one histogram of per-partition stage times, as the engine
   measured them (queue_wait, ring_wait, shm_write, witness, synthesis, staging, device, ...)
 * ``gpu_busy_seconds_total{device}``: sum of the proved partitions' device-compute time
 * ``requests_total{op}``, ``request_errors_total{op,kind}``, ``request_duration_seconds{op}``
-* scrape time: ``uptime_seconds``, ``queue_depth``, ``jobs{state}``, ``srs_budget_bytes``,
+* scrape time: ``start_time_seconds`` (Unix time; uptime = ``time() - cuzk_start_time_seconds``),
+  ``queue_depth``, ``jobs{state}`` (the job table now), ``srs_budget_bytes``,
   ``ring_slots{state}``, ``ring_occupancy``, ``srs_bytes{circuit,process,tier}``,
   ``memory_bytes{kind}`` (host, host_pss, host_rss, shm), ``process_memory_bytes{process,kind}``
   (each process's PSS and USS), ``processes_alive{role}``, ``degraded{role}`` (1 while a role has
@@ -61,7 +62,7 @@ class Scrape:
     """What the daemon knows at scrape time besides its counters: its own figures, the engine's, and
     gauges other parts of the daemon add (``extra``)."""
 
-    uptime_s: float = 0.0
+    started_at: float = 0.0  # Unix time the daemon started
     queue_depth: int = 0
     job_counts: Mapping[str, int] = field(default_factory=dict)
     srs_budget_bytes: int = 0
@@ -82,8 +83,8 @@ class DaemonMetrics:
                                         ["circuit"], registry=r)
         self.proofs_failed = Counter("cuzk_proofs_failed", "Partition proofs that failed, by circuit.",
                                      ["circuit"], registry=r)
-        self.jobs = Counter("cuzk_jobs", "Finished jobs by circuit and final state.", ["circuit", "state"],
-                            registry=r)
+        self.jobs = Counter("cuzk_jobs_finished", "Finished jobs by circuit and final state.",
+                            ["circuit", "state"], registry=r)
         self.job_duration = Histogram("cuzk_job_duration_seconds", "Submit-to-finish time of completed jobs.",
                                       ["circuit"], buckets=DURATION_BUCKETS, registry=r)
         self.stage = Histogram("cuzk_engine_stage_seconds",
@@ -142,7 +143,7 @@ class DaemonMetrics:
         s = self._scrape
         if s is None:
             return
-        yield _gauge("cuzk_uptime_seconds", "Seconds since the daemon started.", s.uptime_s)
+        yield _gauge("cuzk_start_time_seconds", "When the daemon started (Unix time).", s.started_at)
         yield _gauge("cuzk_queue_depth", "Partitions accepted and not yet finished.", s.queue_depth)
         yield _gauge("cuzk_jobs", "Jobs in the job table by state.", {("state",): None},
                      [((k,), float(v)) for k, v in s.job_counts.items()])
@@ -209,7 +210,8 @@ def _status_families(st: EngineStatus) -> Iterator[Metric]:
     yield _gauge("cuzk_processes_alive", "Live engine processes by role.", {("role",): None},
                  [((k,), float(v)) for k, v in sorted(alive.items())])
     degraded = {d.role for d in st.degraded}
-    yield _gauge("cuzk_degraded", "1 while a role has no live process and keeps dying (GetStatus says why).",
+    yield _gauge("cuzk_degraded", "Whether a role is degraded: 1 while it has no live process and keeps dying "
+                 "(GetStatus says why).",
                  {("role",): None}, [((role,), float(role in degraded)) for role in ("prover", "synth")])
 
 

@@ -47,6 +47,7 @@ from cuzk_mp.daemon.instance_lock import InstanceLock, lock_paths
 from cuzk_mp.daemon.jobs import JobTable
 from cuzk_mp.daemon.journal import Journal
 from cuzk_mp.daemon.metrics import DaemonMetrics, Scrape
+from cuzk_mp.daemon.notify import key_load_budget_s, setup_budget_s, starting
 from cuzk_mp.daemon.ops import sd_notify
 from cuzk_mp.daemon.status import StatusView
 from cuzk_mp.daemon.status_http import StatusHandlers, start_status_server
@@ -62,6 +63,7 @@ PRUNE_INTERVAL_MAX_S = 60.0
 # The engine's stop escalates terminate -> 5 s -> kill after its grace; keep the whole drain
 # inside [daemon] shutdown_grace by giving the engine that much less.
 ENGINE_KILL_ESCALATION_S = 6.0
+ENGINE_START_SLACK_S = 60.0  # systemd's allowance for the engine's start beyond its own start_timeout
 
 EngineFactory = Callable[..., Any]
 # The caller of the request being handled (each request runs in its own task, so its own context).
@@ -133,16 +135,22 @@ class Daemon:
                 lambda r: self._forward(loop, self._job_done, r),
                 lambda j, r: self._forward(loop, self._partition_done, j, r))
             log.info("[start] engine starting (%s backend)", self.cfg.engine.backend)
+            starting("starting the engine's processes (a first start compiles kernels)",
+                     self.cfg.engine.start_timeout_s + ENGINE_START_SLACK_S)
             self.engine = await asyncio.to_thread(configured.start)  # a failed start leaves nothing behind
             self.jobs = JobTable(self.engine, self.journal, self.cfg.circuits, self.metrics,
                                  self.cfg.result_ttl_s)
             self.view = StatusView(self.cfg, self.jobs, self.started_at)
             for cc in self.cfg.circuits.values():  # synthetic: may run the dev setup once
+                _announce_setup(cc.spec, self.cfg.param_cache)
                 await asyncio.to_thread(self.engine.register_circuit, cc.spec)
             kept, again = self.jobs.restore(self.journal.load())
             log.info("[start] journal %s: %d finished results kept, %d jobs resubmitted",
                      self.cfg.journal_path, kept, again)
             for cid in self.cfg.preload:
+                key = _key_file(self.cfg.circuits[cid].spec, self.cfg.param_cache)
+                size = key.stat().st_size if key is not None and key.is_file() else 0
+                starting(f"loading the proving key of {cid} ({size / 2**30:.2f} GiB)", key_load_budget_s(size))
                 t0 = time.perf_counter()
                 await asyncio.to_thread(self.engine.preload, cid)
                 log.info("[start] preloaded %s in %.2f s", cid, time.perf_counter() - t0)
@@ -432,9 +440,29 @@ class Daemon:
             status, em = await asyncio.to_thread(lambda: (self.engine.status(), self.engine.metrics()))
         jobs, view = self.jobs, self.view
         return self.metrics.render(Scrape(
-            uptime_s=time.time() - self.started_at, queue_depth=view.queue_depth() if view else 0,
+            started_at=self.started_at, queue_depth=view.queue_depth() if view else 0,
             job_counts=jobs.counts() if jobs else {}, srs_budget_bytes=view.budget["srs"] if view else 0,
             engine=status, engine_metrics=em))
+
+
+def _key_file(spec: Any, param_cache: Any) -> Any:
+    """The zkey a circuit proves with (a synthetic one's dev key in the param cache)."""
+    if spec.synthetic is None:
+        return spec.zkey
+    from cuzk_mp.pipeline.keys import synthetic_key_paths
+
+    return synthetic_key_paths(spec.synthetic, spec.log_n, param_cache)[0]
+
+
+def _announce_setup(spec: Any, param_cache: Any) -> None:
+    """Before a synthetic circuit's registration: tell systemd (and allow for) its dev setup, made
+    once when its key is not in the param cache yet."""
+    if spec.synthetic is None:
+        return
+    key = _key_file(spec, param_cache)
+    what = "checking the" if key.is_file() else "making (once) the INSECURE"
+    starting(f"{what} development key of {spec.circuit_id} ({spec.synthetic} 2^{spec.log_n})",
+             setup_budget_s(spec.log_n))
 
 
 async def _bound(key: str, addr: Any, bind: Any) -> Any:

@@ -1,10 +1,10 @@
 """The HTTP status endpoint: GET /status (JSON), /metrics (Prometheus text), /healthz.
 
 This module owns one small asyncio HTTP/1.1 server on ``[daemon] status_listen`` (no new
-dependency, as in cuzk's hand-written server). It reads one request
-head (bounded: 8 KiB, 10 s), answers it and closes the connection. Only GET and HEAD are served;
-other paths are 404 and other methods 405. The handlers are plain callables supplied by the
-server, so this module knows nothing about jobs or the engine.
+dependency, as in cuzk's hand-written server). It reads one request head (bounded: 8 KiB, 10 s),
+answers it and closes the connection. Only GET and HEAD are served; other paths are 404 and other
+methods 405 with an ``Allow`` header. The handlers are plain callables supplied by the server, so
+this module knows nothing about jobs or the engine.
 
 ``/healthz`` answers 200 ``ok`` while the daemon is running and its engine healthy, and 503 with
 what is wrong otherwise (starting, draining, or "degraded: " and the cause), which is what
@@ -31,6 +31,7 @@ from cuzk_mp.errors import AuthError
 log = logging.getLogger("cuzk_mp.daemon.http")
 
 MAX_HEAD_BYTES = 8192
+ALLOWED = ("GET", "HEAD")  # the methods served (a 405 lists them in its Allow header, RFC 9110)
 HEAD_TIMEOUT_S = 10.0
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
@@ -47,10 +48,11 @@ class StatusHandlers:
     health: Callable[[], tuple[bool, str]]
 
 
-def _response(code: int, body: bytes, content_type: str, head_only: bool) -> bytes:
+def _response(code: int, body: bytes, content_type: str, head_only: bool, extra: str = "") -> bytes:
     head = (f"HTTP/1.1 {code} {_REASONS.get(code, 'Unknown')}\r\n"
             f"Content-Type: {content_type}\r\n"
             f"Content-Length: {len(body)}\r\n"
+            f"{extra}"
             "Cache-Control: no-store\r\n"
             "Connection: close\r\n\r\n").encode()
     return head if head_only else head + body
@@ -87,8 +89,9 @@ async def _read_head(reader: asyncio.StreamReader) -> _Request | None:
 async def _answer(handlers: StatusHandlers, req: _Request) -> bytes:
     method, path = req.method, req.path
     head_only = method == "HEAD"
-    if method not in ("GET", "HEAD"):
-        return _response(405, b"method not allowed\n", "text/plain", False)
+    if method not in ALLOWED:
+        return _response(405, f"method not allowed: use {', '.join(ALLOWED)}\n".encode(), "text/plain", False,
+                         f"Allow: {', '.join(ALLOWED)}\r\n")
     if path == "/status":
         detail = any(p in ("detail", "detail=1", "detail=true", "detail=yes")
                      for p in req.query.split("&"))

@@ -34,6 +34,7 @@ sampled peak of the whole run.
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import os
 import statistics
@@ -48,7 +49,9 @@ from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
 import msgspec
 
 from ..errors import InputError
-from .benchreport import Progress, machine_info, median_stage, plot_timeline, require_matplotlib, table
+from ..paths import default_cache_dir
+from .benchplot import plot_timeline, timeline_section
+from .benchreport import Progress, machine_info, median_stage, require_matplotlib, step, table
 from .types import STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult
 
 if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other verbs build this
@@ -94,13 +97,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=1, help="runs of --jobs jobs in the same engine")
     p.add_argument("--json", type=Path, help="write the result as JSON")
     p.add_argument("--plot", type=Path, help="write a timeline plot (needs matplotlib)")
-    p.add_argument("--cache", type=Path,
-                   default=Path(os.environ.get("CUZK_MP_CACHE", Path.home() / ".cache" / "cuzk-mp")),
-                   help="param cache for synthetic dev keys (default ~/.cache/cuzk-mp)")
+    p.add_argument("--cache", type=Path, default=default_cache_dir(),
+                   help="param cache for synthetic dev keys (default $CUZK_MP_CACHE, else $XDG_CACHE_HOME/cuzk-mp, "
+                        "else ~/.cache/cuzk-mp)")
     p.add_argument("--start-timeout", type=float, default=900.0,
                    help="seconds for the processes to start (a cold GPU machine compiles its kernels first)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
-    p.set_defaults(func=run)
+    p.set_defaults(func=run, default_log_level="INFO")  # the engine's start-up steps show while it starts
 
 
 @dataclass
@@ -195,9 +198,14 @@ class BenchRun:
         except BaseException:
             engine.stop()
             raise
-        running = self.running = engine.start()
+        provers = len(a.devices) if a.devices else "one per device"
+        with step(f"starting the engine: {a.partition_workers} synthesis worker(s), {provers} prover process(es) "
+                  f"(a first start on a machine compiles the kernels; limit {a.start_timeout:g} s)"):
+            running = self.running = engine.start()
         try:
-            running.preload(spec.circuit_id)
+            zkey = Path(running.circuits.ref(spec.circuit_id).zkey)
+            with step(f"loading the proving key {zkey.name} ({zkey.stat().st_size / 2**20:.1f} MiB) into the provers"):
+                running.preload(spec.circuit_id)
             sampler = self.sampler = MemorySampler(running.prefix, interval_s=SAMPLE_INTERVAL_S)
             idle = sampler.sample()  # every process idle, the key loaded
             sampler.start()
@@ -371,7 +379,8 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
             for p in job.partitions:
                 partitions.append({"run": r, "job": job.job_id, "index": p.index, "device": p.device,
                                    "attempts": p.attempts, "timings": p.timings, "error": p.error,
-                                   "t_submit": job.submitted_at, "t_done": bench.part_done.get((job.job_id, p.index))})
+                                   "t_submit": job.submitted_at, "t_done": bench.part_done.get((job.job_id, p.index)),
+                                   "spans": [dataclasses.asdict(s) for s in p.spans]})
     per_run = [steady_s_per_proof(run, bench.part_done, a.partitions) for run in runs]
     total, verified = verify_all(raw["zkey"], runs)
     device_peaks = [v.device_peak_bytes for v in status.memory.device.values()]
@@ -380,6 +389,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
               "in_flight": a.in_flight, "partition_workers": a.partition_workers, "gpu_workers": a.gpu_workers,
               "synthesis_threads": a.synthesis_threads, "ring_slots": a.ring_slots, "host_budget": a.host_budget,
               "devices": devices, "backend": bench.backend, "repeat": a.repeat}
+    bound = memory_bound(raw, config)
     result = {
         "config": config,
         "s_per_proof": statistics.median(per_run), "s_per_proof_runs": per_run,
@@ -398,13 +408,23 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         "device_busy_fraction_by_device": _device_fractions(partitions, runs),
         "median_stage_s": {s: median_stage(partitions, s) for s in STAGES if median_stage(partitions, s) is not None},
         "partitions_by_device": {str(d): sum(1 for p in partitions if p["device"] == d) for d in devices},
-        "memory_bound": memory_bound(raw, config),
+        "memory_bound": bound,
         "synthesis_core_s": _synthesis_core_seconds(partitions, a.synthesis_threads),
         "ring": msgspec.to_builtins(status.ring.stats),
         "machine": machine_info(devices if bench.backend == "gpu" else []),
         "partitions": partitions,
+        "timeline": timeline_section(partitions, raw["memory"]["timeline_detail"], {
+            "bound_bytes": bound["bound_bytes"], "model_bound_bytes": bound["model_bound_bytes"],
+            "host_budget_bytes": _host_budget(a.host_budget)}),
     }
     return result
+
+
+def _host_budget(text: str | None) -> int | None:
+    """``--host-budget`` in bytes (None when not given)."""
+    from .memory import host_budget_bytes
+
+    return host_budget_bytes(text, "--host-budget") if text else None
 
 
 def _synthesis_core_seconds(partitions: list[dict[str, Any]], threads: int) -> float | None:
@@ -436,7 +456,8 @@ def _circuit_size(args: argparse.Namespace, backend: str) -> CircuitSize:
     if args.circuit in SYNTHETIC_KINDS:
         from .keys import ensure_synthetic_key
 
-        return circuit_size(ensure_synthetic_key(args.circuit, args.log_n, args.cache, backend)[0])
+        with step(f"the development key of {args.circuit} 2^{args.log_n} in {args.cache} (made once when missing)"):
+            return circuit_size(ensure_synthetic_key(args.circuit, args.log_n, args.cache, backend)[0])
     return circuit_size(args.circuit)
 
 

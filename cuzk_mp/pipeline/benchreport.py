@@ -1,12 +1,13 @@
-"""Presentation for ``cuzk-mp bench``: the stderr progress bar, the summary table, the timeline plot.
+"""Presentation for ``cuzk-mp bench``: the stderr progress bar, the summary table, the machine.
 
-Owns no pipeline state: it formats what :mod:`.bench` measured. matplotlib is
-an optional extra (``pip install 'cuzk-mp[plot]'``); without it ``--plot``
-fails with a message saying so, before any work starts.
+Owns no pipeline state: it formats what :mod:`.bench` measured (the picture is
+:mod:`.benchplot`). matplotlib is an optional extra (``pip install 'cuzk-mp[plot]'``);
+without it ``--plot`` fails with a message saying so, before any work starts.
 """
 
 from __future__ import annotations
 
+import logging
 import os
 import platform
 import statistics
@@ -14,14 +15,41 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
 
+log = logging.getLogger("cuzk_mp.bench")
+HEARTBEAT_S = 15.0  # a long step says it is still at work this often
+
+
+@contextmanager
+def step(what: str, heartbeat_s: float = HEARTBEAT_S) -> Iterator[None]:
+    """Log ``what`` when it begins, every ``heartbeat_s`` while it lasts, and its time when it ends
+    (the lines a user sees while the engine starts: kernels compile, keys load)."""
+    t0 = time.monotonic()
+    log.info("[bench] %s ...", what)
+    stop = threading.Event()
+
+    def beat() -> None:
+        while not stop.wait(heartbeat_s):
+            log.info("[bench] still %s (%.0f s so far)", what, time.monotonic() - t0)
+
+    threading.Thread(target=beat, name="cuzk-bench-heartbeat", daemon=True).start()
+    try:
+        yield
+    finally:
+        stop.set()
+    log.info("[bench] %s: done in %.1f s", what, time.monotonic() - t0)
+
 
 class Progress:
-    """A one-line progress bar on stderr (a new line every 10 % when stderr is not a terminal)."""
+    """A one-line progress bar on stderr (a new line every 10 % when stderr is not a terminal),
+    with the elapsed time and, from the second finished item on, an ETA at the rate since the first
+    (the first one carries the cold start)."""
 
     def __init__(self, total: int, label: str = "proofs") -> None:
         self.total = max(1, total)
@@ -29,17 +57,27 @@ class Progress:
         self.done = 0
         self.failed = 0
         self.t0 = time.monotonic()
+        self.t_first: float | None = None
         self._lock = threading.Lock()
         self._tty = sys.stderr.isatty()
         self._last_draw = 0.0
         self._last_decile = -1
+        self._last_len = 0
 
     def advance(self, ok: bool = True) -> None:
         """Count one finished partition (called from the engine's thread)."""
         with self._lock:
             self.done += 1
             self.failed += 0 if ok else 1
+            if self.t_first is None:
+                self.t_first = time.monotonic()
             self._draw(final=self.done >= self.total)
+
+    def eta_s(self, now: float) -> float | None:
+        """Seconds left at the rate since the first finished item; None before the second one."""
+        if self.t_first is None or self.done < 2 or self.done >= self.total:
+            return None
+        return (now - self.t_first) / (self.done - 1) * (self.total - self.done)
 
     def _draw(self, final: bool = False) -> None:
         now = time.monotonic()
@@ -52,10 +90,20 @@ class Progress:
         width = 30
         fill = width * self.done // self.total
         elapsed = now - self.t0
+        eta = self.eta_s(now)
         line = (f"[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} {self.label}"
-                f"{f' ({self.failed} failed)' if self.failed else ''}  {elapsed:6.1f} s")
-        sys.stderr.write(("\r" + line + ("\n" if final else "")) if self._tty else line + "\n")
+                f"{f' ({self.failed} failed)' if self.failed else ''}  {elapsed:6.1f} s"
+                + ("" if final else "  ETA " + ("?" if eta is None else _fmt_duration(eta))))
+        padded, self._last_len = line.ljust(self._last_len), len(line)  # a shorter line covers the last one
+        sys.stderr.write(("\r" + padded + ("\n" if final else "")) if self._tty else line + "\n")
         sys.stderr.flush()
+
+
+def _fmt_duration(seconds: float) -> str:
+    if seconds < 60:
+        return f"{seconds:.0f} s"
+    minutes, sec = divmod(int(round(seconds)), 60)
+    return f"{minutes} min {sec:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def require_matplotlib() -> None:
@@ -164,32 +212,3 @@ def table(result: dict[str, Any]) -> str:
             f"{result['config']['partitions']} partitions x {result['config']['jobs']} jobs, "
             f"{result['config']['backend']} backend, devices {result['config']['devices']}")
     return "\n".join([head, "-" * len(head)] + [f"{k:<{width}}  {v}" for k, v in rows])
-
-
-def plot_timeline(result: dict[str, Any], path: Path) -> None:
-    """One lane per device (device compute) and per synthesis attempt row; saved to ``path``."""
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    parts = result["partitions"]
-    if not parts:
-        return
-    t0 = min(p["t_submit"] for p in parts)
-    fig, ax = plt.subplots(figsize=(12, 4))
-    devices = sorted({p["device"] for p in parts if p["device"] is not None})
-    for p in parts:
-        t = p["timings"]
-        synth_start = p["t_submit"] - t0 + t.get("queue_wait", 0.0)
-        ax.barh(-1, t.get("synthesis", 0.0), left=synth_start, height=0.6, color="tab:orange", alpha=0.4)
-        dev_end = p["t_done"] - t0 - t.get("finalize", 0.0)
-        if p["device"] is not None:
-            ax.barh(devices.index(p["device"]), t.get("device", 0.0), left=dev_end - t.get("device", 0.0),
-                    height=0.6, color="tab:blue")
-    ax.set_yticks([-1, *range(len(devices))], ["synthesis", *[f"device {d}" for d in devices]])
-    ax.set_xlabel("seconds since the first submit")
-    ax.set_title(f"s/proof {result['s_per_proof']}")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)

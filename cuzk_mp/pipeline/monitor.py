@@ -92,7 +92,8 @@ class MemorySampler:
     """A thread that samples the tree and the ring's shm every ``interval_s``; keeps the peaks.
 
     Per-process peaks are kept by process name (a restarted child keeps its name), so a
-    kind's working set can be read off them; ``timeline`` has (time, host bytes) of every sample.
+    kind's working set can be read off them; ``timeline`` has (time, host bytes) of every sample, and
+    ``timeline_detail`` (time, PSS by process name, shm bytes) of the same samples.
     """
 
     def __init__(self, prefix: str, interval_s: float = 0.1, pid: int | None = None) -> None:
@@ -109,6 +110,7 @@ class MemorySampler:
         self.peak_anon: dict[str, int] = {}
         self.samples = 0
         self.timeline: list[tuple[float, int]] = []
+        self.timeline_detail: list[tuple[float, dict[str, int], int]] = []
         self._stop = threading.Event()
         self._lock = threading.Lock()
         self._thread = threading.Thread(target=self._run, name="cuzk-mem-sampler", daemon=True)
@@ -131,7 +133,12 @@ class MemorySampler:
             for m in tree:
                 for peaks, value in ((self.peak_pss, m.pss), (self.peak_uss, m.uss), (self.peak_anon, m.anon)):
                     peaks[m.name] = max(peaks.get(m.name, 0), value)
-            self.timeline.append((time.time(), host))
+            now = time.time()
+            self.timeline.append((now, host))
+            by_name: dict[str, int] = {}
+            for m in tree:
+                by_name[m.name] = by_name.get(m.name, 0) + m.pss
+            self.timeline_detail.append((now, by_name, shm))
             self.samples += 1
             return tree
 
@@ -156,4 +163,5 @@ class MemorySampler:
                 "peak_rss_bytes": self.peak_rss_bytes, "peak_shm_bytes": self.peak_shm_bytes,
                 "peak_live_segments": self.peak_live_segments, "peak_pss_by_process": dict(self.peak_pss),
                 "peak_uss_by_process": dict(self.peak_uss), "peak_anon_by_process": dict(self.peak_anon),
-                "samples": self.samples, "timeline": list(self.timeline)}
+                "samples": self.samples, "timeline": list(self.timeline),
+                "timeline_detail": list(self.timeline_detail)}

@@ -27,7 +27,8 @@ from typing import Any
 import msgspec
 
 from .messages import CircuitRef
-from .types import JobResult, JobSpec, PartitionResult
+from .timeline import ProverClocks, synthesis_spans
+from .types import JobResult, JobSpec, PartitionResult, StageSpan
 
 NOT_RETRIED = frozenset({"InputError", "FormatError", "UnsatisfiedWitness", "ConfigError", "Cancelled"})
 KEEP_FINISHED = 200  # finished jobs kept for status()
@@ -47,6 +48,7 @@ class Task:
     device: int | None = None
     slot: int | None = None
     t_dispatch: float | None = None
+    t_published: float | None = None  # when the engine heard of the publish (Unix time)
     timings: dict[str, float] = field(default_factory=dict)  # stages reported so far, merged
 
     def order(self) -> tuple[int, int, int, int]:
@@ -147,6 +149,7 @@ class Scheduler:
         self.tasks: dict[int, Task] = {}
         self._queue: list[tuple[tuple[int, int, int, int], Task]] = []
         self._ids = itertools.count(1)
+        self.clocks = ProverClocks()  # places the provers' stages in time (timeline.py)
         self._seqs = itertools.count(1)
         self._counts: dict[str, int] = {k: 0 for k in (
             "jobs_submitted", "jobs_done", "jobs_failed", "jobs_cancelled", "partitions_proved",
@@ -212,8 +215,11 @@ class Scheduler:
         if task is None:
             return
         task.timings.update(timings or {})
+        if task.t_published is None:
+            task.t_published = time.time()
+        task.slot = slot  # also when the prover's take was heard first
         if task.state == "synthesizing":
-            task.state, task.slot = "ready", slot
+            task.state = "ready"
 
     def on_taken(self, task_id: int, prover: str, device: int | None) -> None:
         """A prover process took the attempt's slot."""
@@ -235,14 +241,27 @@ class Scheduler:
             if newer is not None and newer is not task:
                 out.cancel.append(self._retire(newer, "cancelled"))
         task.state = "done"
-        timings = {**task.timings, **timings, "total": time.time() - job.submitted_at}
-        result = PartitionResult(task.index, proof, public, timings, device, job.attempts[task.index])
+        now = time.time()
+        synthesized = dict(task.timings)  # the synthesis worker's (its ring_wait: the wait for a free slot)
+        timings = {**task.timings, **timings, "total": now - job.submitted_at}
+        result = PartitionResult(task.index, proof, public, timings, device, job.attempts[task.index],
+                                 spans=self._spans(task, synthesized, timings, now))
         job.results[task.index] = result
         self._counts["partitions_proved"] += 1
         out.partitions.append((job.spec.job_id, result))
         if all(r is not None for r in job.results):
             out.jobs.append(self._finish(job, "done", None))
         return out
+
+    def _spans(self, task: Task, synthesized: dict[str, float], timings: dict[str, float],
+               now: float) -> list[StageSpan]:
+        """The proved attempt's stages in time (:mod:`.timeline`)."""
+        ready_wait = timings.get("ring_wait", 0.0) - synthesized.get("ring_wait", 0.0)  # the prover adds its wait
+        before = sum(timings.get(k, 0.0) for k in ("ring_wait", "shm_write", "synthesis", "staging", "device_wait"))
+        earliest = None if task.t_dispatch is None else task.t_dispatch + before
+        proving = self.clocks.spans(timings, task.prover, task.slot, now, ready_wait, earliest)
+        published = min([task.t_published or now, *(s.start for s in proving if s.process.startswith("ring-slot-"))])
+        return synthesis_spans(synthesized, task.worker, published, task.t_dispatch) + proving
 
     def on_failed(self, task_id: int, kind: str, message: str) -> Outcome:
         """An attempt failed in a child that carries on: retry, or fail the job."""

@@ -20,6 +20,9 @@ process measures for a partition reaches its result:
 * ``finalize``    assembly with fresh r, s and the self-verification
 * ``total``       submit -> result
 
+:class:`PartitionResult` also places its stages in time (``spans``, :class:`StageSpan`): which
+process ran each stage, from when to when (:mod:`.timeline` says how they are placed).
+
 A proof is snarkjs ``proof.json`` (a dict of decimal strings) from the prover
 process to the caller: it is never converted on the way.
 """
@@ -33,6 +36,7 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import ConfigError
+from ..paths import default_cache_dir
 
 STAGES = ("queue_wait", "ring_wait", "shm_write", "witness", "synthesis", "staging", "device_wait", "device",
           "finalize", "total")
@@ -81,9 +85,27 @@ class JobSpec:
     priority: Priority = Priority.NORMAL
 
 
+@dataclass(frozen=True)
+class StageSpan:
+    """One stage of a partition in time: ``start`` and ``end`` are Unix times (seconds).
+
+    ``process`` is the process that ran it (``cuzk-synth-<i>``, ``cuzk-prover-<dev>``), or
+    ``ring-slot-<n>`` for the time the partition waited READY in slot n for a prover.
+    """
+
+    stage: str
+    process: str
+    start: float
+    end: float
+
+
 @dataclass
 class PartitionResult:
-    """The outcome of one partition: a proof (snarkjs proof.json) and its public signals, or an error."""
+    """The outcome of one partition: a proof (snarkjs proof.json) and its public signals, or an error.
+
+    ``spans``: the stages of the attempt that brought the proof, placed in time (empty for a
+    partition that failed).
+    """
 
     index: int
     proof: dict[str, Any] | None
@@ -93,6 +115,7 @@ class PartitionResult:
     attempts: int
     error: str | None = None
     error_kind: str | None = None
+    spans: list[StageSpan] = field(default_factory=list)
 
 
 @dataclass
@@ -107,10 +130,6 @@ class JobResult:
     submitted_at: float
     started_at: float | None
     finished_at: float
-
-
-def _default_cache() -> Path:
-    return Path(os.environ.get("CUZK_MP_CACHE", Path.home() / ".cache" / "cuzk-mp"))
 
 
 @dataclass
@@ -130,7 +149,7 @@ class EngineConfig:
     shm_prefix: str | None = None
     verify_proofs: bool = True
     max_attempts: int = 2
-    param_cache: Path = field(default_factory=_default_cache)
+    param_cache: Path = field(default_factory=default_cache_dir)
     srs_budget_bytes: int | None = None
     start_timeout_s: float = 300.0
 

@@ -1,0 +1,268 @@
+"""A config written for cuzk mostly works; what the daemon says about a config; its start-up status.
+
+cuzk's keys that mean nothing here are accepted with a warning naming each, ``gpus.devices = []`` is
+every GPU and ``threads = 0`` the automatic count; enum errors list the allowed values; ``--check``
+prints sizes in GiB; the command line's log level overrides the file's; the install text of the unit
+and the README yields a config that agrees with the unit; systemd hears of each long start-up step.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import re
+import socket
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cuzk_mp import cli
+from cuzk_mp.daemon import config as C
+from cuzk_mp.daemon import notify
+from cuzk_mp.daemon.server import Daemon
+from cuzk_mp.errors import ConfigError
+from cuzk_mp.paths import default_cache_dir
+from cuzk_mp.pipeline.keys import synthetic_key_paths
+
+from tests.fake_engine import FakeEngine
+
+REPO = Path(__file__).resolve().parents[1]
+EXAMPLE = REPO / "config" / "cuzk-mp.example.toml"
+UNIT = REPO / "config" / "cuzk-mp.service"
+
+# A file as cuzk's documentation writes one (its listener moved to loopback: without tokens this
+# daemon refuses one that other hosts reach), with every key cuzk documents.
+CUZK_STYLE = """
+[daemon]
+listen = "127.0.0.1:9820"
+status_listen = ""
+
+[srs]
+param_cache = "{cache}"
+preload = []
+
+[memory]
+total_budget = "64GiB"
+safety_margin = "5GiB"
+eviction_min_idle = "5m"
+pinned_budget = "100GiB"
+working_memory_budget = "50GiB"
+
+[synthesis]
+threads = 0
+partition_workers = 2
+
+[gpus]
+devices = []
+gpu_threads = 32
+gpu_workers_per_device = 2
+
+[gpus.affinity]
+porep = [0]
+
+[scheduler]
+max_batch_size = 1
+max_batch_wait_ms = 10000
+sort_by_type = true
+
+[pipeline]
+enabled = true
+synthesis_lookahead = 1
+synthesis_concurrency = 1
+max_parallel_synthesis = 18
+slot_size = 0
+max_gpu_queue_depth = 0
+
+[logging]
+level = "warn"
+
+[circuits.porep-like-10]
+synthetic = "porep-like"
+log_n = 10
+"""
+
+
+def test_a_cuzk_config_starts_with_a_warning_per_ignored_key(tmp_path: Path) -> None:
+    path = tmp_path / "cuzk.toml"
+    path.write_text(CUZK_STYLE.format(cache=tmp_path / "params"))
+    cfg = C.load_config(path)
+    assert cfg.engine.devices is None  # [] is every visible GPU
+    assert cfg.engine.synthesis_threads == max(1, (os.cpu_count() or 1) // 2)  # threads = 0: automatic
+    assert cfg.engine.partition_workers == 2 and cfg.engine.gpu_workers_per_device == 2
+    assert cfg.log_level == "warning" and cfg.param_cache == tmp_path / "params"
+    named = sorted(re.match(rf"{re.escape(str(path))}: (\S+) is a cuzk setting", w).group(1)  # type: ignore[union-attr]
+                   for w in cfg.warnings)
+    assert named == sorted(C.FOREIGN_KEYS)  # each ignored key once, by its name, with the file's
+    for w in cfg.warnings:
+        key = w.split(": ", 1)[1].split(" ", 1)[0]
+        assert w.endswith(C.FOREIGN_KEYS[key])  # and why it does nothing here
+
+
+def test_unknown_keys_that_are_not_cuzks_are_still_errors(tmp_path: Path) -> None:
+    for raw, key in (({"gpus": {"gpu_thread": 32}}, "gpus.gpu_thread"),
+                     ({"scheduler": {"max_batch": 2}}, "scheduler"),
+                     ({"pipeline": {"enabled": True, "slots": 4}}, "pipeline.slots")):
+        with pytest.raises(ConfigError, match=re.escape(f"unknown key `{key}")):
+            C.resolve({"memory": {"total_budget": "64GiB"}, **raw}, base=tmp_path, source="t.toml")
+
+
+@pytest.mark.parametrize("raw, key, allowed", [
+    ({"gpus": {"backend": "tpu"}}, "gpus.backend", "'auto', 'cpu', 'gpu'"),
+    ({"logging": {"format": "xml"}}, "logging.format", "'json', 'text'"),
+    ({"synthesis": {"threads_per_partition": "many"}}, "synthesis.threads_per_partition", "'auto', an integer"),
+    ({"circuits": {"c": {"synthetic": "sparse", "log_n": 10}}}, "circuits.c.synthetic",
+     "'dense-random', 'porep-like'"),
+    ({"circuits": {"c": {"synthetic": "porep-like", "log_n": 10, "priority": "URGENT"}}}, "circuits.c.priority",
+     "'CRITICAL', 'HIGH', 'LOW', 'NORMAL'"),
+])
+def test_enum_errors_list_the_allowed_values(raw: dict[str, Any], key: str, allowed: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        C.resolve({"memory": {"total_budget": "64GiB"}, **raw}, base=tmp_path, source="t.toml")
+    assert f"`{key}`" in str(e.value) and f"(one of: {allowed})" in str(e.value)
+
+
+def test_log_levels(tmp_path: Path) -> None:
+    def level(value: str) -> str:
+        return C.resolve({"memory": {"total_budget": "64GiB"}, "logging": {"level": value}}, base=tmp_path).log_level
+
+    assert [level(v) for v in ("debug", "INFO", "warning", "error", "trace", "warn")] == \
+        ["debug", "info", "warning", "error", "debug", "warning"]
+    with pytest.raises(ConfigError, match=r"logging.level.*'loud'.*one of: debug, info, warning, error"):
+        level("loud")
+
+
+def test_threads_zero_means_auto_and_devices_still_checked(tmp_path: Path) -> None:
+    auto = C.resolve({"memory": {"total_budget": "64GiB"}, "synthesis": {"threads_per_partition": 0}},
+                     base=tmp_path)
+    assert auto.engine.synthesis_threads == max(1, (os.cpu_count() or 1) // 2)
+    with pytest.raises(ConfigError, match="synthesis.threads_per_partition: must be >= 0"):
+        C.resolve({"memory": {"total_budget": "64GiB"}, "synthesis": {"threads_per_partition": -1}}, base=tmp_path)
+    with pytest.raises(ConfigError, match="gpus.devices"):
+        C.resolve({"memory": {"total_budget": "64GiB"}, "gpus": {"devices": [1, 1]}}, base=tmp_path)
+
+
+def test_param_cache_defaults_to_the_one_cache_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.delenv("CUZK_MP_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "xdg"))
+    cfg = C.resolve({"memory": {"total_budget": "64GiB"}}, base=tmp_path)
+    assert cfg.param_cache == default_cache_dir() == tmp_path / "xdg" / "cuzk-mp"
+    assert cfg.engine.param_cache == cfg.param_cache and cfg.journal_path == cfg.param_cache / "journal.sqlite"
+    monkeypatch.setenv("CUZK_MP_CACHE", str(tmp_path / "own"))
+    assert C.resolve({"memory": {"total_budget": "64GiB"}}, base=tmp_path).param_cache == tmp_path / "own"
+
+
+def test_check_prints_gib_and_the_ignored_keys(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = tmp_path / "cuzk.toml"
+    path.write_text(CUZK_STYLE.format(cache=tmp_path / "params"))
+    assert cli.main(["daemon", "--config", str(path), "--check"]) == 0
+    out, err = capsys.readouterr()
+    assert f"{path.resolve()}: OK (1 circuits" in out and f"{len(C.FOREIGN_KEYS)} warnings" in out
+    assert "total 64.00 GiB, safety margin 5.00 GiB, pipeline (host budget) 59.00 GiB" in out
+    assert re.search(r"proving keys \d+\.\d\d GiB", out) and " bytes" not in out
+    assert all(f"warning: {path}: {key} is a cuzk setting" in err for key in C.FOREIGN_KEYS)
+
+
+@pytest.mark.parametrize("argv, want", [([], "warning"), (["--log-level", "DEBUG"], "DEBUG"),
+                                        (["-v"], "INFO"), (["daemon-args", "--log-level=ERROR"], "ERROR")])
+def test_command_line_log_level_overrides_the_file(argv: list[str], want: str, tmp_path: Path,
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuzk_mp.daemon import ops, server
+
+    path = tmp_path / "cuzk.toml"
+    path.write_text(CUZK_STYLE.format(cache=tmp_path / "params"))  # level = "warn"
+    got: list[str] = []
+    monkeypatch.setattr(ops, "setup_logging", lambda level, fmt: got.append(level))
+
+    async def serve(cfg: C.DaemonConfig) -> int:
+        return 0
+
+    monkeypatch.setattr(server, "serve", serve)
+    rest = [a for a in argv if a != "daemon-args"]
+    assert cli.main(["daemon", "--config", str(path), *rest]) == 0
+    assert got == [want]
+
+
+def _install_settings(text: str) -> dict[str, str]:
+    """The ``key = "value"`` settings the install text asks for in the config file."""
+    return dict(re.findall(r'\b(listen|param_cache|shm_prefix|journal|socket_mode) = "([^"]*)"', text))
+
+
+def test_install_text_agrees_with_the_code_and_the_unit() -> None:
+    readme = (REPO / "README.md").read_text()
+    unit = UNIT.read_text()
+    install = readme[readme.index("### Running the daemon under systemd"):]
+    install = install[:install.index("```", install.index("```sh") + 5)]
+    header = "".join(line for line in unit.splitlines(keepends=True) if line.startswith("#"))
+    for text in (install, header):
+        asked = _install_settings(text)
+        # what the install text asks for, applied to the example, gives a config that fits the unit: the
+        # socket in RuntimeDirectory, keys and journal in StateDirectory, and a prefix that is the same
+        # at every start (derived from the journal) so a restart removes what a killed daemon left
+        assert asked.get("shm_prefix", "") == ""
+        raw = tomllib.loads(EXAMPLE.read_text())
+        raw["daemon"]["listen"] = asked["listen"]
+        raw["srs"]["param_cache"] = asked["param_cache"]
+        cfg = C.resolve(raw, base=EXAMPLE.parent)
+        assert str(cfg.listen) == "unix:///run/cuzk-mp/cuzk.sock" and "RuntimeDirectory=cuzk-mp" in unit
+        assert cfg.journal_path == Path("/var/lib/cuzk-mp/journal.sqlite") and "StateDirectory=cuzk-mp" in unit
+        assert cfg.engine.shm_prefix == C.default_shm_prefix(cfg.journal_path)
+        assert "journal" in text and "prefix" in text  # and says so
+
+
+# ---- start-up status for systemd
+
+def test_start_tells_systemd_each_long_step(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    raw = {"daemon": {"listen": f"unix://{tmp_path}/d.sock"}, "srs": {"param_cache": str(tmp_path / "cache"),
+                                                                      "preload": ["syn"]},
+           "memory": {"total_budget": "64GiB"}, "pipeline": {"start_timeout": "120s"},
+           "circuits": {"syn": {"synthetic": "porep-like", "log_n": 12},
+                        "made": {"synthetic": "dense-random", "log_n": 10}}}
+    made = synthetic_key_paths("dense-random", 10, tmp_path / "cache")[0]  # its key is in the cache already
+    made.parent.mkdir(parents=True)
+    made.write_bytes(b"z" * 4096)
+    cfg = C.resolve(raw, base=tmp_path)
+    with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
+        sock.bind(str(tmp_path / "notify"))
+        sock.settimeout(5)
+        monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+
+        async def main() -> None:
+            d = Daemon(cfg, engine_factory=FakeEngine)
+            await d.start()
+            await d.stop()
+
+        asyncio.run(main())
+        messages = []
+        while True:
+            fields = dict(line.split("=", 1) for line in sock.recv(4096).decode().splitlines())
+            messages.append(fields)
+            if "STOPPING" in fields:
+                break
+    steps = [(m["STATUS"], int(m["EXTEND_TIMEOUT_USEC"])) for m in messages if "EXTEND_TIMEOUT_USEC" in m]
+    assert [s for s, _ in steps] == [
+        "starting the engine's processes (a first start compiles kernels)",
+        "making (once) the INSECURE development key of syn (porep-like 2^12)",  # not in the cache yet
+        "checking the development key of made (dense-random 2^10)",
+        "loading the proving key of syn (0.00 GiB)",
+    ]
+    assert steps[0][1] == int((120 + 60) * 1e6)
+    assert steps[1][1] == int(notify.setup_budget_s(12) * 1e6)
+    assert steps[3][1] == int(notify.key_load_budget_s(0) * 1e6)
+    ready = [m for m in messages if m.get("READY") == "1"]
+    assert len(ready) == 1 and messages.index(ready[0]) == len(steps)  # READY after the last step
+
+
+def test_every_cache_default_is_the_one_cache_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine, the daemon and the bench default to cuzk_mp.paths.default_cache_dir, and nothing
+    else in the package or perf/ makes up a cache folder of its own."""
+    from cuzk_mp.pipeline.types import EngineConfig
+
+    monkeypatch.delenv("CUZK_MP_CACHE", raising=False)
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path))
+    assert EngineConfig().param_cache == tmp_path / "cuzk-mp" == cli.build_parser().parse_args(["bench"]).cache
+    own = re.compile(r'Path\.home\(\)|environ(?:\.get)?\(\s*"(?:CUZK_MP_CACHE|XDG_CACHE_HOME)"|"~/\.cache')
+    found = [f"{p.relative_to(REPO)}:{i}" for p in [*(REPO / "cuzk_mp").rglob("*.py"), *(REPO / "perf").glob("*.py")]
+             if p.name != "paths.py" for i, line in enumerate(p.read_text().splitlines(), 1) if own.search(line)]
+    assert found == []

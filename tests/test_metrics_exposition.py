@@ -1,0 +1,175 @@
+"""/metrics as Prometheus reads it: parsed by ``prometheus_client``'s own parser, every family typed as
+what it measures (counters for what only grows, gauges for levels, histograms for durations), named
+without ids, labelled, documented; ``build_info``; and the HTTP server's 405 with its ``Allow`` header.
+
+The daemon runs in-process around the engine double (tests/fake_engine.py), so the test is fast and
+still scrapes the real HTTP endpoint.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import http.client
+import platform
+import re
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+from prometheus_client.parser import text_string_to_metric_families
+
+from cuzk_mp import __version__
+from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
+from cuzk_mp.daemon.server import Daemon
+
+from tests.fake_engine import run_daemon
+from tests.helpers import free_port
+
+# Every family the daemon exports: its type and its label names. A new metric joins this table, so
+# whoever adds one decides what it is.
+FAMILIES: dict[str, tuple[str, frozenset[str]]] = {name: (kind, frozenset(labels)) for name, kind, labels in (
+    ("cuzk_build_info", "gauge", ("version", "python")),
+    ("cuzk_proofs_completed", "counter", ("circuit",)),
+    ("cuzk_proofs_failed", "counter", ("circuit",)),
+    ("cuzk_jobs_finished", "counter", ("circuit", "state")),
+    ("cuzk_job_duration_seconds", "histogram", ("circuit",)),
+    ("cuzk_engine_stage_seconds", "histogram", ("stage",)),
+    ("cuzk_gpu_busy_seconds", "counter", ("device",)),
+    ("cuzk_requests", "counter", ("op",)),
+    ("cuzk_request_errors", "counter", ("op", "kind")),
+    ("cuzk_request_duration_seconds", "histogram", ("op",)),
+    ("cuzk_start_time_seconds", "gauge", ()),
+    ("cuzk_queue_depth", "gauge", ()),
+    ("cuzk_jobs", "gauge", ("state",)),
+    ("cuzk_srs_budget_bytes", "gauge", ()),
+    ("cuzk_ring_slots", "gauge", ("state",)),
+    ("cuzk_ring_occupancy", "gauge", ()),
+    ("cuzk_srs_bytes", "gauge", ("circuit", "process", "tier")),
+    ("cuzk_memory_bytes", "gauge", ("kind",)),
+    ("cuzk_process_memory_bytes", "gauge", ("process", "kind")),
+    ("cuzk_processes_alive", "gauge", ("role",)),
+    ("cuzk_degraded", "gauge", ("role",)),
+    ("cuzk_engine_jobs_submitted", "counter", ()),
+    ("cuzk_engine_jobs_finished", "counter", ("state",)),
+    ("cuzk_engine_partitions_proved", "counter", ()),
+    ("cuzk_engine_partitions_failed", "counter", ()),
+    ("cuzk_engine_partition_retries", "counter", ()),
+    ("cuzk_engine_late_proofs_used", "counter", ()),
+    ("cuzk_engine_process_restarts", "counter", ("role",)),
+    ("cuzk_engine_ring_transitions", "counter", ("event",)),
+    ("cuzk_engine_ring_waits", "counter", ("side",)),
+    ("cuzk_engine_queue_pending", "gauge", ()),
+    ("cuzk_engine_partitions_in_flight", "gauge", ()),
+    ("cuzk_engine_jobs_active", "gauge", ()),
+    ("cuzk_engine_ring_live_slots", "gauge", ()),
+    ("cuzk_engine_ring_peak_live_slots", "gauge", ()),
+    ("cuzk_engine_prover_busy_seconds", "counter", ("process",)),
+    ("cuzk_engine_prover_device_bytes", "gauge", ("process", "kind")),
+)}
+# a gauge named like one of these accumulates: it would have to be a counter
+CUMULATIVE = re.compile(r"(_total|_count|_sum|_bucket|_created|_seconds_spent|uptime.*)$")
+
+
+def _scrape(port: int) -> tuple[str, str]:
+    with urllib.request.urlopen(f"http://127.0.0.1:{port}/metrics", timeout=10) as r:
+        return r.headers["Content-Type"], r.read().decode()
+
+
+def _families(text: str) -> dict[str, Any]:
+    fams = list(text_string_to_metric_families(text))
+    names = [f.name for f in fams]
+    assert len(names) == len(set(names)), f"a family name twice: {sorted(n for n in names if names.count(n) > 1)}"
+    return {f.name: f for f in fams}
+
+
+def _check_family(f: Any) -> None:
+    kind, labels = FAMILIES[f.name]
+    assert f.type == kind, f"{f.name} is a {f.type}, should be a {kind}"
+    assert re.fullmatch(r"cuzk_[a-z]+(_[a-z]+)*", f.name), f"{f.name}: ids and values go in labels, not names"
+    doc = f.documentation
+    assert len(doc) >= 15 and doc[-1] in ".)" and doc[0].isupper() and f.name not in doc, f"{f.name}: help {doc!r}"
+    if ("seconds" in f.name) != f.name.endswith("_seconds"):
+        raise AssertionError(f"{f.name}: a time in seconds is named *_seconds (and only a time is)")
+    if kind == "gauge":
+        assert not CUMULATIVE.search(f.name), f"{f.name}: a gauge named like a running total"
+    for s in f.samples:
+        assert set(s.labels) - {"le"} == labels, f"{s.name}: labels {sorted(s.labels)}, want {sorted(labels)}"
+        assert all(re.fullmatch(r"[a-z][a-z_]*", k) for k in s.labels), s
+        if kind == "counter":
+            assert s.name == f.name + "_total" and s.value >= 0, s
+        elif kind == "gauge":
+            assert s.name == f.name, s
+    if kind == "histogram":
+        for key in {tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) for s in f.samples}:
+            mine = [s for s in f.samples if tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) == key]
+            buckets = [s.value for s in mine if s.name.endswith("_bucket")]
+            count = [s.value for s in mine if s.name.endswith("_count")]
+            inf = [s.value for s in mine if s.name.endswith("_bucket") and s.labels["le"] == "+Inf"]
+            assert buckets == sorted(buckets) and count and inf == count, f"{f.name}{dict(key)}"
+            assert any(s.name.endswith("_sum") for s in mine)
+
+
+def test_metrics_parse_as_typed_documented_labelled_families(tmp_path: Path) -> None:
+    port = free_port()
+
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            await c.prove("syn", synthetic_partitions(2), timeout_s=10)
+        ctype, first = await asyncio.to_thread(_scrape, port)
+        assert ctype.startswith("text/plain; version=0.0.4")
+        fams = _families(first)
+        assert set(fams) == set(FAMILIES), (f"not exported: {sorted(set(FAMILIES) - set(fams))}; "
+                                            f"not classified here: {sorted(set(fams) - set(FAMILIES))}")
+        for f in fams.values():
+            _check_family(f)
+        (info,) = fams["cuzk_build_info"].samples
+        assert info.value == 1 and info.labels == {"version": __version__, "python": platform.python_version()}
+        done = {s.labels["circuit"]: s.value for s in fams["cuzk_proofs_completed"].samples}
+        assert done == {"syn": 2}
+        assert [(s.labels, s.value) for s in fams["cuzk_jobs_finished"].samples] == \
+            [({"circuit": "syn", "state": "done"}, 1.0)]
+        stage_count = {s.labels["stage"]: s.value for s in fams["cuzk_engine_stage_seconds"].samples
+                       if s.name.endswith("_count")}
+        assert stage_count["device"] == 2
+        # more work: no counter goes back, and the ones that count it moved
+        async with await AsyncClient.connect(addr) as c:
+            await c.prove("syn", synthetic_partitions(2), timeout_s=10)
+            await c.status()
+        again = _families((await asyncio.to_thread(_scrape, port))[1])
+        for name, f in again.items():
+            if f.type != "counter":
+                continue
+            before = {tuple(sorted(s.labels.items())): s.value for s in fams[name].samples}
+            for s in f.samples:
+                assert s.value >= before.get(tuple(sorted(s.labels.items())), 0.0), f"{s.name} went back"
+        moved = {s.labels["circuit"]: s.value for s in again["cuzk_proofs_completed"].samples}
+        assert moved == {"syn": 4}
+        started = again["cuzk_start_time_seconds"].samples[0].value
+        assert started == fams["cuzk_start_time_seconds"].samples[0].value == d.started_at  # a level, not a count
+
+    run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")
+
+
+def test_http_answers_other_methods_with_405_and_allow(tmp_path: Path) -> None:
+    port = free_port()
+
+    def ask(method: str, path: str) -> tuple[int, str | None, bytes]:
+        conn = http.client.HTTPConnection("127.0.0.1", port, timeout=5)
+        try:
+            conn.request(method, path, body=b"x" if method in ("POST", "PUT") else None)
+            r = conn.getresponse()
+            return r.status, r.getheader("Allow"), r.read()
+        finally:
+            conn.close()
+
+    async def body(d: Daemon, addr: str) -> None:
+        for method in ("POST", "PUT", "DELETE", "OPTIONS"):
+            code, allow, text = await asyncio.to_thread(ask, method, "/metrics")
+            assert (code, allow) == (405, "GET, HEAD"), method
+            assert b"GET, HEAD" in text
+        code, allow, _ = await asyncio.to_thread(ask, "GET", "/metrics")
+        assert code == 200 and allow is None
+        code, _, text = await asyncio.to_thread(ask, "HEAD", "/metrics")
+        assert code == 200 and text == b""
+
+    run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")
