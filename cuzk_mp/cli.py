@@ -247,10 +247,12 @@ def _own_verbs(sub: argparse._SubParsersAction) -> None:
 def _service_verbs(sub: argparse._SubParsersAction) -> None:
     """Verbs owned by the pipeline and daemon packages (each adds its own parsers)."""
     from .daemon.cli import add_parsers as add_daemon_parsers
+    from .daemon.fleet.cli import add_parser as add_fleet_parser
     from .pipeline.bench import add_parser as add_bench_parser
 
     add_bench_parser(sub)
     add_daemon_parsers(sub)
+    add_fleet_parser(sub)
     # the param cache follows $CUZK_MP_CACHE / $XDG_CACHE_HOME (cuzk_mp.paths), whatever bench's own default
     sub.choices["bench"].set_defaults(cache=default_cache_dir())
 
