@@ -21,7 +21,6 @@ from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import threading
 import time
@@ -29,91 +28,32 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-import psutil
 import pytest
+from fleet_daemons import OTHER_TOKEN, TOKEN, BoxSpec, DaemonFleet, Timing
 
 from cuzk_mp.daemon import protocol as P
-from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions
+from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.errors import InputError
-from cuzk_mp.pipeline.ring import cleanup_stale
-from tests.helpers import ENV, PY, DaemonProcess, ProofChecker, parse_prometheus, shm_leftovers, snarkjs_verify
+from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json
+from cuzk_mp.groth16.verifier import verify
+from tests.helpers import ENV, PY, ProofChecker, parse_prometheus, snarkjs_verify
 
-HEARTBEAT_S, STALL_S = 0.5, 5.0
-TOKEN = "fleet-client-token-one"  # the tests' client (every daemon knows it)
-OTHER_TOKEN = "fleet-client-token-two"  # another client of the same fleet
-BOXES: dict[str, dict[str, Any]] = {
-    "a": {"circuits": ["x", "y", "z"], "preload": ["x", "y"], "max_jobs": 2},
-    "b": {"circuits": ["x", "p"], "preload": ["x", "p"], "max_jobs": 1},
-    "c": {"circuits": ["y", "z"], "preload": ["y"], "max_jobs": 0},
-}
+TIMING = Timing(heartbeat_s=0.5, stall_s=5.0)
+SPECS = [BoxSpec("a", ("x", "y", "z"), ("x", "y"), max_jobs=2), BoxSpec("b", ("x", "p"), ("x", "p"), max_jobs=1),
+         BoxSpec("c", ("y", "z"), ("y",))]
+CIRCUITS = {s.name: s.circuits for s in SPECS}
+BOXES = list(CIRCUITS)
 
 
-def box_config(work: Path, cache: Path, dsn: str, box: str, inputs: Path) -> str:
-    """A small CPU daemon that is box ``box`` of the fleet at ``dsn``."""
-    spec = BOXES[box]
-    circuits = "".join(f'[circuits.{c}]\nsynthetic = "porep-like"\nlog_n = 10\n' for c in spec["circuits"])
-    return f"""
-[daemon]
-listen = "unix://{work}/cuzk.sock"
-journal = "{work}/journal.sqlite"
-shutdown_grace = "20s"
-max_frame_bytes = "16MiB"
-tokens = ["{TOKEN}", "{OTHER_TOKEN}"]
-[srs]
-param_cache = "{cache}"
-preload = {json.dumps(spec["preload"])}
-[memory]
-total_budget = "16GiB"
-safety_margin = "1GiB"
-[synthesis]
-partition_workers = 1
-[pipeline]
-ring_slots = 2
-shm_prefix = "cuzk-fleet{box}-{os.getpid()}"
-[gpus]
-backend = "cpu"
-devices = [0]
-gpu_workers_per_device = 1
-[logging]
-level = "info"
-[fleet]
-dsn = "{dsn}"
-box = "{box}"
-heartbeat_interval = "{HEARTBEAT_S}s"
-stall_timeout = "{STALL_S}s"
-retry_delay = "0s"
-inputs_dir = "{inputs}"
-max_jobs = {spec["max_jobs"]}
-{circuits}"""
+class Fleet3(DaemonFleet):
+    """The three daemons, and the checks of their proofs."""
 
-
-class Fleet3:
-    """The three daemons, their database, and what the tests ask of them."""
-
-    def __init__(self, dsn: str, daemons: dict[str, DaemonProcess], checker: ProofChecker) -> None:
-        self.dsn, self.daemons, self.checker = dsn, daemons, checker
-        with self.client("a") as c:
-            self.vk = c.verification_key("x")  # every circuit here has the same (synthetic) key
-
-    def client(self, box: str, token: str = TOKEN) -> Client:
-        return Client(self.daemons[box].addr, token=token)
-
-    def rows(self, query: str, *args: Any) -> list[tuple[Any, ...]]:
-        import psycopg
-        with psycopg.connect(self.dsn) as conn:
-            return [tuple(r) for r in conn.execute(query, args).fetchall()]  # type: ignore[arg-type]
-
-    def engine_done(self, box: str, state: str = "done") -> float:
-        """Jobs the box's engine finished in ``state`` so far."""
-        with self.client(box) as c:
-            samples = parse_prometheus(c.metrics())
-        return samples.get(("cuzk_engine_jobs_finished_total", (("state", state),)), 0.0)
+    checker: ProofChecker
+    vk: dict[str, Any]
 
     def check(self, replies: list[P.JobReply], seeds: dict[str, list[int]]) -> None:
         """Every partition of every reply verifies, has the generator's public signals for its
         seed, and fails with a changed public input; snarkjs agrees on all of them."""
-        from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json
-        from cuzk_mp.groth16.verifier import verify
         cases = []
         for r in replies:
             assert r.state == "done" and not r.timed_out, r
@@ -127,42 +67,21 @@ class Fleet3:
                 cases.append((p.public, p.proof))
         snarkjs_verify(self.vk, cases)
 
-    def wait_running(self, job_id: str, timeout_s: float = 60.0) -> str:
-        """The box that runs the job, once one does."""
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline:
-            [(state, box)] = self.rows("SELECT state, box FROM cuzk_fleet_jobs WHERE job_id = %s", job_id)
-            assert state in ("queued", "running"), state
-            if state == "running":
-                return str(box)
-            time.sleep(0.05)
-        raise AssertionError(f"job {job_id} not running after {timeout_s} s")
-
 
 @pytest.fixture(scope="module")
 def fleet3(module_fleet_dsn: str, checker: ProofChecker, test_key: tuple[Path, Path],
            tmp_path_factory: pytest.TempPathFactory) -> Iterator[Fleet3]:
-    cache = test_key[0].parent  # the session's test key: no daemon runs a setup
-    inputs = tmp_path_factory.mktemp("fleet-inputs")
-    daemons: dict[str, DaemonProcess] = {}
-    with pytest.MonkeyPatch.context() as mp:
-        mp.setenv("CUZK_MP_TOKEN", TOKEN)
-        try:
-            for box in BOXES:
-                work = tmp_path_factory.mktemp(f"box-{box}")
-                (work / "cuzk.toml").write_text(box_config(work, cache, module_fleet_dsn, box, inputs))
-                daemons[box] = DaemonProcess(work / "cuzk.toml", work)
-            for d in daemons.values():
-                d.wait_ready()
-            yield Fleet3(module_fleet_dsn, daemons, checker)
-        finally:
-            for box, d in daemons.items():
-                if d.proc.poll() is None:
-                    code = d.terminate(60)
-                    assert code == 0, d.log()
-                else:
-                    d.kill()
-                assert shm_leftovers(f"cuzk-fleet{box}-{os.getpid()}") == [], box
+    fleet = Fleet3(module_fleet_dsn, SPECS, tmp_path_factory.mktemp("fleet"), cache=test_key[0].parent,
+                   timing=TIMING)
+    fleet.checker = checker
+    try:
+        fleet.start()
+        with fleet.client("a") as c:
+            fleet.vk = c.verification_key("x")  # every circuit here has the same (synthetic) key
+        yield fleet
+    finally:
+        codes = fleet.stop()
+    assert all(code == 0 for code in codes.values()), codes
 
 
 def _submit_all(fleet: Fleet3, plan: list[tuple[str, str, list[int]]]) -> dict[str, list[int]]:
@@ -178,7 +97,7 @@ def _submit_all(fleet: Fleet3, plan: list[tuple[str, str, list[int]]]) -> dict[s
 
 
 def test_every_job_is_proved_once_by_a_box_holding_its_key(fleet3: Fleet3) -> None:
-    before = {box: fleet3.engine_done(box) for box in BOXES}
+    before = {box: fleet3.engine_jobs(box) for box in BOXES}
     # x: boxes a and b hold it; y: a and c; z: nobody holds it at first, a and c may load it.
     plan = [("ab"[i % 2], "x", [100 + i]) for i in range(6)]
     plan += [("ac"[i % 2], "y", [200 + i, 300 + i]) for i in range(6)]
@@ -205,11 +124,11 @@ def test_every_job_is_proved_once_by_a_box_holding_its_key(fleet3: Fleet3) -> No
     resident = {b["box"]: set(b["resident"]) for b in fleet["boxes"]}
     assert {b["box"]: b["state"] for b in fleet["boxes"]} == {"a": "up", "b": "up", "c": "up"}
     for circuit, box, _ in ran.values():  # affinity: a box proves only circuits whose key it holds
-        assert circuit in BOXES[box]["circuits"] and circuit in resident[box], (circuit, box, resident)
+        assert circuit in CIRCUITS[box] and circuit in resident[box], (circuit, box, resident)
     assert "z" in resident["a"] | resident["c"], resident  # a key was loaded for the backlog
     by_box = {box: sum(1 for _, b, _ in ran.values() if b == box) for box in BOXES}
     assert by_box["b"] > 0 and by_box["c"] > 0 and by_box["a"] > 0, by_box
-    after = {box: fleet3.engine_done(box) for box in BOXES}
+    after = {box: fleet3.engine_jobs(box) for box in BOXES}
     assert {box: after[box] - before[box] for box in BOXES} == by_box  # each proved once, nothing twice
 
 
@@ -284,7 +203,7 @@ def test_priorities_on_a_one_slot_box(fleet3: Fleet3) -> None:
 
 
 def test_a_cancel_sent_to_one_daemon_stops_a_job_running_on_another(fleet3: Fleet3) -> None:
-    cancelled_before = fleet3.engine_done("b", "cancelled")
+    cancelled_before = fleet3.engine_jobs("b", "cancelled")
     with fleet3.client("b") as c:
         job = c.submit("p", synthetic_partitions(24, first_seed=800)).job_id
     assert fleet3.wait_running(job) == "b"
@@ -292,7 +211,7 @@ def test_a_cancel_sent_to_one_daemon_stops_a_job_running_on_another(fleet3: Flee
         reply = c.cancel(job)
     assert (reply.job_id, reply.cancelled, reply.state) == (job, True, "cancelled")
     t0 = time.monotonic()
-    while fleet3.engine_done("b", "cancelled") == cancelled_before:  # b's engine stopped the job
+    while fleet3.engine_jobs("b", "cancelled") == cancelled_before:  # b's engine stopped the job
         assert time.monotonic() - t0 < 10, "box b's engine did not stop the cancelled job"
         time.sleep(0.1)
     with fleet3.client("c") as c:
@@ -309,29 +228,24 @@ def test_sigkill_of_a_daemon_mid_job_its_job_completes_elsewhere_once(fleet3: Fl
         job = c.submit("x", synthetic_partitions(16, first_seed=1000)).job_id
     victim = fleet3.wait_running(job)
     survivor = "b" if victim == "a" else "a"
-    done_before = fleet3.engine_done(survivor)
+    done_before = fleet3.engine_jobs(survivor)
     time.sleep(1.0)  # a few renewals of the claim; partitions are being proved
     assert fleet3.rows("SELECT state FROM cuzk_fleet_jobs WHERE job_id = %s", job) == [("running",)]
-    children = psutil.Process(fleet3.daemons[victim].proc.pid).children(recursive=True)
-    fleet3.daemons[victim].sigkill()
     t_kill = time.monotonic()
+    fleet3.sigkill(victim)  # and reaps what a restart would: its workers, its shm objects
     while fleet3.rows("SELECT claims FROM cuzk_fleet_jobs WHERE job_id = %s", job) == [(1,)]:
-        assert time.monotonic() - t_kill < STALL_S + 30
+        assert time.monotonic() - t_kill < TIMING.stall_s + 30
         time.sleep(0.05)
     reclaimed_after = time.monotonic() - t_kill
-    assert reclaimed_after >= STALL_S - HEARTBEAT_S - 0.2, reclaimed_after  # not before the stall timeout
+    # not before the stall timeout (counted from the last renewal, at most one heartbeat before the kill)
+    assert reclaimed_after >= TIMING.stall_s - TIMING.heartbeat_s - 0.2, reclaimed_after
     with fleet3.client(survivor) as c:
         r = c.await_proof(job, timeout_s=180)
     fleet3.check([r], {job: list(range(1000, 1016))})
     assert fleet3.rows("SELECT state, box, claims FROM cuzk_fleet_jobs WHERE job_id = %s", job) == [
         ("done", survivor, 2)]
-    assert fleet3.engine_done(survivor) - done_before == 1
+    assert fleet3.engine_jobs(survivor) - done_before == 1
     boxes = {row[0]: row[1] for row in fleet3.rows("SELECT box, extract(epoch FROM now() - last_heartbeat) "
                                                    "FROM cuzk_fleet_boxes")}
-    assert boxes[victim] > STALL_S  # the killed box is stale
-    # What a restart of the killed daemon would do: its workers exit on their death pipes, and
-    # what they left in /dev/shm is removed.
-    _, alive = psutil.wait_procs(children, timeout=30)
-    assert alive == [], alive
-    cleanup_stale(f"cuzk-fleet{victim}-{os.getpid()}")
+    assert boxes[victim] > TIMING.stall_s  # the killed box is stale
 
