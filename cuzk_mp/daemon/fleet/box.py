@@ -122,8 +122,8 @@ class FleetBox:
 
     def capacity(self) -> int:
         """Jobs this box runs at once: ``[fleet] max_jobs``, else one per prover process; none
-        while the engine is degraded (its jobs would only fail)."""
-        if self.engine.degraded():
+        while the engine is degraded (its jobs would only fail) or the daemon is stopping."""
+        if self._closing or self.engine.degraded():
             return 0
         return self.fcfg.max_jobs or self._provers
 
@@ -152,12 +152,19 @@ class FleetBox:
         return out
 
     async def _load_for_backlog(self) -> None:
-        """The worker's idle hook: load a key for jobs that wait elsewhere (see :mod:`.keys`)."""
+        """The worker's idle hook: load a key for jobs that wait elsewhere (see :mod:`.keys`); a
+        failure is logged and tried again later."""
         now = time.monotonic()
-        if now < max(self._next_idle_check, self._next_load) or self.fleet is None:
+        if now < max(self._next_idle_check, self._next_load) or self.fleet is None or self._closing:
             return
         self._next_idle_check = now + self.fcfg.heartbeat_interval_s
-        depths, boxes = await self.fleet.queue_depths(), await self.fleet.boxes()
+        try:
+            await self._plan_and_load(self.fleet, now)
+        except CuzkError as e:
+            log.warning("fleet: box %s could not load a key for the backlog: %s", self.fcfg.box, e)
+
+    async def _plan_and_load(self, fleet: Fleet, now: float) -> None:
+        depths, boxes = await fleet.queue_depths(), await fleet.boxes()
         busy = frozenset(cid for cid in self.cfg.circuits if self.jobs.in_use(cid))
         budget = self.cfg.engine.srs_budget_bytes
         view = KeyView(resident=self.resident(), busy=busy, provable=frozenset(self.cfg.circuits),
