@@ -30,7 +30,6 @@ import json
 import sys
 import tempfile
 import time
-from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -38,8 +37,8 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "fleet"))
 
-import pg_server  # noqa: E402
 from fleet_daemons import TOKEN, BoxSpec, DaemonFleet, Timing  # noqa: E402
+from fleet_queue import database, pct  # noqa: E402
 
 from cuzk_mp.daemon import protocol as P  # noqa: E402
 from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions  # noqa: E402
@@ -49,25 +48,6 @@ from tests.helpers import ProofChecker, synthetic_key  # noqa: E402
 
 BOXES = ("a", "b", "c")
 VICTIM = "c"
-
-
-def pct(xs: list[float], q: float) -> float:
-    """The q-quantile (0..1) of xs, in milliseconds, rounded."""
-    xs = sorted(xs)
-    return round(1000 * xs[min(len(xs) - 1, int(q * len(xs)))], 2)
-
-
-@contextlib.contextmanager
-def database(dsn: str | None) -> Iterator[str]:
-    """The given database, or a fresh one on a throwaway server."""
-    if dsn is not None:
-        yield dsn
-        return
-    bins = pg_server.find_binaries()
-    if bins is None:
-        raise SystemExit("no PostgreSQL server programs found; pass --dsn")
-    with pg_server.running_server(bins) as server, pg_server.fresh_database(server, "fleet_e2e") as fresh:
-        yield fresh
 
 
 async def drive(args: argparse.Namespace, fleet: DaemonFleet) -> dict[str, Any]:
@@ -186,7 +166,7 @@ def main() -> int:
     zkey, _ = synthetic_key()
     checker = ProofChecker(zkey)
     specs = [BoxSpec(b, ("x", "y"), ("x", "y"), max_jobs=args.slots) for b in BOXES]
-    with database(args.dsn) as dsn, tempfile.TemporaryDirectory(prefix="cuzk-fleet-e2e-") as tmp:
+    with database(args.dsn, "fleet_e2e") as dsn, tempfile.TemporaryDirectory(prefix="cuzk-fleet-e2e-") as tmp:
         fleet = DaemonFleet(dsn, specs, Path(tmp), cache=zkey.parent,
                             timing=Timing(heartbeat_s=args.heartbeat_s, stall_s=args.stall_s))
         try:

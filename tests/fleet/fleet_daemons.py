@@ -19,7 +19,7 @@ from typing import Any
 import psutil
 
 from cuzk_mp.daemon.client import Client
-from tests.helpers import DaemonProcess, parse_prometheus, shm_leftovers
+from tests.helpers import DaemonProcess, config_text, parse_prometheus, shm_leftovers
 
 TOKEN = "fleet-client-token-one"  # the tests' client (every daemon knows it)
 OTHER_TOKEN = "fleet-client-token-two"  # another client of the same fleet
@@ -51,31 +51,7 @@ def shm_prefix(box: str) -> str:
 def box_config(work: Path, cache: Path, dsn: str, spec: BoxSpec, inputs: Path, timing: Timing) -> str:
     """The daemon config of box ``spec`` in the fleet at ``dsn``."""
     circuits = "".join(f'[circuits.{c}]\nsynthetic = "porep-like"\nlog_n = 10\n' for c in spec.circuits)
-    return f"""
-[daemon]
-listen = "unix://{work}/cuzk.sock"
-journal = "{work}/journal.sqlite"
-shutdown_grace = "20s"
-max_frame_bytes = "16MiB"
-tokens = ["{TOKEN}", "{OTHER_TOKEN}"]
-[srs]
-param_cache = "{cache}"
-preload = {json.dumps(list(spec.preload))}
-[memory]
-total_budget = "16GiB"
-safety_margin = "1GiB"
-[synthesis]
-partition_workers = 1
-[pipeline]
-ring_slots = 2
-shm_prefix = "{shm_prefix(spec.name)}"
-[gpus]
-backend = "cpu"
-devices = [0]
-gpu_workers_per_device = 1
-[logging]
-level = "info"
-[fleet]
+    fleet = f"""[fleet]
 dsn = "{dsn}"
 box = "{spec.name}"
 heartbeat_interval = "{timing.heartbeat_s}s"
@@ -83,7 +59,10 @@ stall_timeout = "{timing.stall_s}s"
 retry_delay = "0s"
 inputs_dir = "{inputs}"
 max_jobs = {spec.max_jobs}
-{circuits}"""
+"""
+    return config_text(work, cache, prefix=shm_prefix(spec.name), grace="20s",
+                       daemon=f'tokens = ["{TOKEN}", "{OTHER_TOKEN}"]',
+                       srs=f"preload = {json.dumps(list(spec.preload))}", circuits=circuits, extra=fleet)
 
 
 @dataclass
