@@ -92,9 +92,20 @@ class FleetBox:
             self._resident[cid] = None
         self.worker = FleetWorker(self.fleet, self._run, resident=self.resident, capacity=self.capacity,
                                   on_idle=self._load_for_backlog)
-        self._task = asyncio.create_task(self.worker.run(self._stop), name="cuzk-fleet-worker")
+        self._task = asyncio.create_task(self._claim_loop(self.worker), name="cuzk-fleet-worker")
         log.info("[start] fleet: box %s claims jobs of %s, %d at once", self.fcfg.box,
                  ", ".join(self._resident) or "no circuit yet", self.capacity())
+
+    async def _claim_loop(self, worker: FleetWorker) -> None:
+        """Run the claim loop until the daemon stops; should it fail, it starts again (a box that
+        silently stopped claiming would look alive to the fleet)."""
+        while not self._stop.is_set():
+            try:
+                await worker.run(self._stop)
+            except Exception:
+                log.exception("fleet: the claim loop of box %s failed; it starts again in %g s", self.fcfg.box,
+                              self.fcfg.heartbeat_interval_s)
+                await asyncio.sleep(self.fcfg.heartbeat_interval_s)
 
     async def stop(self, grace_s: float) -> None:
         """Let running jobs finish for ``grace_s``, give the rest back to the queue, leave the fleet."""
