@@ -78,7 +78,8 @@ class FleetBox:
         self._provers = max(1, len(getattr(engine, "devices", None) or [0]))
         self._stop = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
-        self._closing = False
+        self._closing = False  # stopping: no new claims, waiters answer that the job goes on elsewhere
+        self._left = False
         self._next_idle_check = 0.0
         self._next_load = 0.0
 
@@ -119,10 +120,11 @@ class FleetBox:
                 await self._task  # the worker releases what still runs
         if self.fleet is not None:
             await self.fleet.close()
+        self._left = True
 
     def _need(self) -> Fleet:
-        if self.fleet is None or self._closing:
-            raise ResourceError("the daemon is leaving the fleet")
+        if self.fleet is None or self._left:
+            raise ResourceError("the daemon has left the fleet")
         return self.fleet
 
     # -- keys and capacity ------------------------------------------------------------------
