@@ -4,8 +4,9 @@ VENV := .venv
 VPY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed-stamp
 TOOLS_STAMP := tools/node_modules/.installed-stamp
-# Extras to install, comma-separated. Empty (the default): `test`, plus the GPU extra matching
-# this machine's NVIDIA driver (`gpu` for CUDA 12, `gpu-cuda13` for CUDA 13; none without a GPU).
+# Extras to install, comma-separated. Empty (the default): `test` and `fleet` (the fleet tests'
+# queue library), plus the GPU extra matching this machine's NVIDIA driver (`gpu` for CUDA 12,
+# `gpu-cuda13` for CUDA 13; none without a GPU).
 # `make print-extras` shows the choice; `make venv EXTRAS=test,plot` overrides it.
 EXTRAS ?=
 

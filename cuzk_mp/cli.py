@@ -246,10 +246,12 @@ def _own_verbs(sub: argparse._SubParsersAction) -> None:
 def _service_verbs(sub: argparse._SubParsersAction) -> None:
     """Verbs owned by the pipeline and daemon packages (each adds its own parsers)."""
     from .daemon.cli import add_parsers as add_daemon_parsers
+    from .daemon.fleet.cli import add_parser as add_fleet_parser
     from .pipeline.bench import add_parser as add_bench_parser
 
     add_bench_parser(sub)
     add_daemon_parsers(sub)
+    add_fleet_parser(sub)
 
 
 def _log_level(value: str) -> str:

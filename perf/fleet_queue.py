@@ -33,7 +33,6 @@ sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "tests" / "fleet"))
 
 import pg_server  # noqa: E402
-import psycopg  # noqa: E402
 from fleet_helpers import BoxProcess, make_inputs  # noqa: E402
 
 from cuzk_mp.daemon.fleet.queue import Fleet  # noqa: E402
@@ -47,18 +46,16 @@ def pct(xs: list[float], q: float) -> float:
 
 
 @contextlib.contextmanager
-def database(dsn: str | None) -> Iterator[str]:
-    """A fresh database on the given server, or on a throwaway one."""
+def database(dsn: str | None, name: str = "fleet_perf") -> Iterator[str]:
+    """The given database, or a fresh one on a throwaway server."""
     if dsn is not None:
         yield dsn
         return
     bins = pg_server.find_binaries()
     if bins is None:
         raise SystemExit("no PostgreSQL server programs found; pass --dsn")
-    with pg_server.running_server(bins) as server:
-        with psycopg.connect(server.dsn(), autocommit=True) as conn:
-            conn.execute("CREATE DATABASE fleet_perf")
-        yield server.dsn("fleet_perf")
+    with pg_server.running_server(bins) as server, pg_server.fresh_database(server, name) as fresh:
+        yield fresh
 
 
 async def drive(args: argparse.Namespace, dsn: str, boxes: list[BoxProcess], tmp: Path) -> dict[str, Any]:

@@ -4,12 +4,13 @@
 #
 #   scripts/install-venv.sh [--dry-run] PYTHON VENV [EXTRAS]
 #
-# EXTRAS (comma-separated, e.g. "test,gpu") is installed as given. Without it: `test` plus the
+# EXTRAS (comma-separated, e.g. "test,gpu") is installed as given. Without it: `test` and `fleet`
+# (the fleet tests need its queue library; they start their own PostgreSQL server) plus the
 # GPU extra that scripts/gpu-extra.sh picks for this machine's NVIDIA driver (none without one).
 # Where that GPU extra cannot be installed (pip fails: no network, no wheel for this platform)
 # or CuPy cannot use the GPU once installed, one line says so and why, and the CPU backend is
 # what runs; extras given explicitly are never dropped (pip's failure fails the install).
-# --dry-run prints the extras that would be installed ("extras: test,gpu") and installs nothing.
+# --dry-run prints the extras that would be installed ("extras: test,fleet,gpu") and installs nothing.
 # After installing, scripts/warm_caches.py runs one small proof so that numba's kernels are
 # compiled into their on-disk cache once, here, and not by the first real proof.
 set -euo pipefail
@@ -26,7 +27,7 @@ say() { echo "cuzk-mp: $*" >&2; }
 gpu=""
 if [[ -z "$extras" ]]; then
   gpu=$("$here/gpu-extra.sh")
-  extras="test${gpu:+,$gpu}"
+  extras="test,fleet${gpu:+,$gpu}"
 fi
 if (( dry )); then
   echo "extras: $extras"
@@ -46,7 +47,7 @@ if ! "$vpy" -m pip install -q -e ".[$extras]" 2> "$log"; then
   why=$(grep -E '^(ERROR|error):' "$log" | tail -n 1 || true)
   say "an NVIDIA GPU is here, but pip could not install the '$gpu' extra (${why:-no error line from pip}): installed without it, the CPU backend will run"
   gpu=""
-  "$vpy" -m pip install -q -e ".[test]"
+  "$vpy" -m pip install -q -e ".[test,fleet]"
 fi
 if [[ -n "$gpu" ]]; then
   if ! why=$("$vpy" -c 'import cupy; print(cupy.cuda.runtime.getDeviceCount(), "CUDA device(s)")' 2>&1); then

@@ -151,9 +151,22 @@ _SAMPLE = re.compile(
     r'(-?[0-9.e+-]+|\+Inf|-Inf|NaN)$')
 
 
+DEFAULT_CIRCUITS = """[circuits.syn]
+synthetic = "porep-like"
+log_n = 10
+partitions = 2
+[circuits.crit]
+synthetic = "porep-like"
+log_n = 10
+priority = "CRITICAL"
+"""
+
+
 def config_text(workdir: Path, cache: Path, *, prefix: str, status_port: int | None = None,
-                grace: str = "30s", devices: str = "[0]", extra: str = "") -> str:
-    """A small CPU-backend daemon config on a unix socket in ``workdir``."""
+                grace: str = "30s", devices: str = "[0]", extra: str = "", daemon: str = "", srs: str = "",
+                circuits: str = DEFAULT_CIRCUITS) -> str:
+    """A small CPU-backend daemon config on a unix socket in ``workdir``; ``daemon`` and ``srs`` are
+    more lines of those sections, ``circuits`` the circuit tables, ``extra`` more sections."""
     return f"""
 [daemon]
 listen = "unix://{workdir}/cuzk.sock"
@@ -161,8 +174,10 @@ status_listen = "{f'127.0.0.1:{status_port}' if status_port else ''}"
 journal = "{workdir}/journal.sqlite"
 shutdown_grace = "{grace}"
 max_frame_bytes = "4MiB"
+{daemon}
 [srs]
 param_cache = "{cache}"
+{srs}
 [memory]
 total_budget = "16GiB"
 safety_margin = "1GiB"
@@ -178,15 +193,7 @@ gpu_workers_per_device = 1
 [logging]
 level = "info"
 format = "json"
-[circuits.syn]
-synthetic = "porep-like"
-log_n = 10
-partitions = 2
-[circuits.crit]
-synthetic = "porep-like"
-log_n = 10
-priority = "CRITICAL"
-{extra}
+{circuits}{extra}
 """
 
 

@@ -73,9 +73,9 @@ def _extras(proc: subprocess.CompletedProcess[str]) -> str:
 
 # --- the Makefile's GPU extra ------------------------------------------------------------------
 
-@pytest.mark.parametrize(("cuda", "extras"), [("12.8", "test,gpu"), ("12.0", "test,gpu"),
-                                              ("13.0", "test,gpu-cuda13"), ("14.1", "test,gpu-cuda13"),
-                                              ("11.8", "test")])
+@pytest.mark.parametrize(("cuda", "extras"), [("12.8", "test,fleet,gpu"), ("12.0", "test,fleet,gpu"),
+                                              ("13.0", "test,fleet,gpu-cuda13"), ("14.1", "test,fleet,gpu-cuda13"),
+                                              ("11.8", "test,fleet")])
 def test_print_extras_follows_nvidia_smi(tmp_path: Path, cuda: str, extras: str) -> None:
     proc = print_extras(tmp_path, smi=SMI_HEADER.format(driver="570.86.15", cuda=cuda))
     assert _extras(proc) == extras
@@ -84,7 +84,7 @@ def test_print_extras_follows_nvidia_smi(tmp_path: Path, cuda: str, extras: str)
 
 def test_print_extras_without_gpu(tmp_path: Path) -> None:
     proc = print_extras(tmp_path)
-    assert _extras(proc) == "test"
+    assert _extras(proc) == "test,fleet"
     assert "no NVIDIA driver" in proc.stderr
 
 
@@ -95,12 +95,12 @@ def test_print_extras_when_nvidia_smi_fails(tmp_path: Path) -> None:
            "CUZK_MP_NVIDIA_PROC": str(tmp_path / "none")}
     proc = subprocess.run(["make", "-s", "--no-print-directory", "print-extras"], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=60)
-    assert _extras(proc) == "test"
+    assert _extras(proc) == "test,fleet"
     assert "nvidia-smi failed (NVIDIA-SMI has failed" in proc.stderr
 
 
-@pytest.mark.parametrize(("driver", "extras"), [("580.65.06", "test,gpu-cuda13"), ("535.104.05", "test,gpu"),
-                                                ("470.82.01", "test")])
+@pytest.mark.parametrize(("driver", "extras"), [("580.65.06", "test,fleet,gpu-cuda13"),
+                                                ("535.104.05", "test,fleet,gpu"), ("470.82.01", "test,fleet")])
 def test_print_extras_from_the_driver_version_without_nvidia_smi(tmp_path: Path, driver: str, extras: str) -> None:
     line = f"NVRM version: NVIDIA UNIX x86_64 Kernel Module  {driver}  Sun Jul 27 06:54:38 UTC 2025\n"
     assert _extras(print_extras(tmp_path, proc_file=line)) == extras
@@ -117,7 +117,7 @@ FAKE_PYTHON = r"""
 # A stand-in venv python: pip refuses cupy, CuPy's probe fails when asked to, the rest succeeds.
 echo "$*" >> "$(dirname "$0")/calls.log"
 case "$*" in
-  *"pip install -q -e .[test,gpu]"*)
+  *"pip install -q -e .[test,fleet,gpu]"* | *"pip install -q -e .[test,gpu]"*)
     echo "ERROR: Could not find a version that satisfies the requirement cupy-cuda12x>=13" >&2; exit 1 ;;
   *"import cupy"*)
     if [[ -f "$(dirname "$0")/no-device" ]]; then
@@ -148,7 +148,7 @@ def test_gpu_extra_that_cannot_install_falls_back_with_one_line(tmp_path: Path) 
     proc = _install(tmp_path)
     assert proc.returncode == 0, proc.stderr
     calls = _calls(tmp_path)
-    assert "-m pip install -q -e .[test,gpu]" in calls and calls[-2] == "-m pip install -q -e .[test]"
+    assert "-m pip install -q -e .[test,fleet,gpu]" in calls and calls[-2] == "-m pip install -q -e .[test,fleet]"
     assert calls[-1] == "scripts/warm_caches.py"  # the numba caches are warmed after the install
     said = [line for line in proc.stderr.splitlines() if "could not install" in line]
     assert len(said) == 1 and "cupy-cuda12x>=13" in said[0] and "CPU backend" in said[0], proc.stderr
@@ -166,7 +166,7 @@ def test_cupy_that_sees_no_device_is_said(tmp_path: Path) -> None:
 def test_extras_given_explicitly_are_never_dropped(tmp_path: Path) -> None:
     proc = _install(tmp_path, "test,gpu")
     assert proc.returncode == 1 and "cupy-cuda12x" in proc.stderr
-    assert "-m pip install -q -e .[test]" not in _calls(tmp_path)
+    assert not any(c.startswith("-m pip install -q -e .[test") and "gpu" not in c for c in _calls(tmp_path))
 
 
 # --- the systemd unit --------------------------------------------------------------------------

@@ -55,7 +55,7 @@ def test_every_key_is_documented_in_the_example() -> None:
     text = EXAMPLE.read_text()
     sections = {"daemon": C.DaemonSection, "srs": C.SrsSection, "memory": C.MemorySection,
                 "synthesis": C.SynthesisSection, "pipeline": C.PipelineSection,
-                "gpus": C.GpusSection, "logging": C.LoggingSection}
+                "gpus": C.GpusSection, "logging": C.LoggingSection, "fleet": C.FleetSection}
     for name, struct in sections.items():
         assert f"[{name}]" in text
         for field in struct.__struct_fields__:

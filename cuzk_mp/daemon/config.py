@@ -33,6 +33,7 @@ import msgspec
 import psutil
 
 from cuzk_mp.daemon.budget import largest, memory_budget, shape_for
+from cuzk_mp.daemon.fleet.config import FleetConfig, FleetSection, resolve_fleet
 from cuzk_mp.daemon.transport import Address, parse_address
 from cuzk_mp.errors import ConfigError
 from cuzk_mp.paths import default_cache_dir
@@ -154,6 +155,7 @@ class RawConfig(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     pipeline: PipelineSection = msgspec.field(default_factory=PipelineSection)
     gpus: GpusSection = msgspec.field(default_factory=GpusSection)
     logging: LoggingSection = msgspec.field(default_factory=LoggingSection)
+    fleet: FleetSection = msgspec.field(default_factory=FleetSection)
 
 
 @dataclass(frozen=True)
@@ -190,6 +192,7 @@ class DaemonConfig:
     tokens: tuple[str, ...] = ()
     admin_tokens: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # keys accepted but ignored (FOREIGN_KEYS), with why
+    fleet: FleetConfig | None = None  # [fleet] with a dsn: this daemon is one box of a fleet
 
 
 _DURATIONS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "": 1.0}
@@ -481,6 +484,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         log_level=level, log_format=cfg.logging.format, host_budget_bytes=host,
         frame_timeout_s=frame_timeout, max_connections=d.max_connections,
         tokens=tuple(d.tokens), admin_tokens=tuple(d.admin_tokens), warnings=tuple(warnings),
+        fleet=resolve_fleet(cfg.fleet, source=source, base=base, duration=parse_duration),
     )
 
 

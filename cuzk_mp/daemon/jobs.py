@@ -22,6 +22,9 @@ real await timeouts, cancel, results kept for a while) real behaviour:
 * **Shutdown.** While the daemon drains, only completed jobs and client-requested cancellations
   are final; a job the engine gives up because it is stopping stays ``queued`` in the journal
   and runs again after the restart.
+* **Fleet jobs.** A job this box claimed from a fleet's shared queue (:mod:`.fleet`) runs through
+  :meth:`JobTable.run_claimed`: into the engine like any other, but not journaled (the fleet's
+  database is its journal) and kept here only while it runs.
 
 Engine callbacks arrive on an engine thread; the server forwards them into the loop with
 ``call_soon_threadsafe``, so every method here runs on the asyncio loop thread.
@@ -80,13 +83,16 @@ class JobTable:
         self.draining = False
         self.closing = asyncio.Event()
         self._writes: set[asyncio.Task[None]] = set()
+        self._unjournaled: set[str] = set()  # jobs run for a fleet: its database keeps them
 
     # -- submit ---------------------------------------------------------------------------
 
-    def _priority(self, req: SubmitProof | Prove, cc: CircuitConfig) -> Priority:
+    def priority_of(self, req: SubmitProof | Prove, cc: CircuitConfig) -> Priority:
+        """The job's priority: the request's, else its circuit's default."""
         return Priority[req.priority] if req.priority is not None else cc.priority
 
-    def _check(self, req: SubmitProof | Prove) -> CircuitConfig:
+    def admit(self, req: SubmitProof | Prove) -> CircuitConfig:
+        """The door checks of a submit (not draining, known circuit, request_id bounds); its circuit."""
         if self.draining:
             raise ResourceError("the daemon is shutting down and accepts no new jobs")
         cc = self.circuits.get(req.circuit_id)
@@ -105,7 +111,7 @@ class JobTable:
         ``owner`` is the submitting client's identity; a job with input JSON is handed to the
         engine (which parses it to validate it) on a worker thread, off the loop.
         """
-        cc = self._check(req)
+        cc = self.admit(req)
         digest = digest_of(req.circuit_id, req.partitions)
         existing = self.jobs.get(req.request_id) if req.request_id else None
         if existing is not None:
@@ -119,7 +125,7 @@ class JobTable:
             return existing, True
         job_id = req.request_id or uuid.uuid4().hex
         rec = JobRecord(job_id=job_id, request_id=req.request_id, circuit_id=req.circuit_id,
-                        priority=self._priority(req, cc), digest=digest,
+                        priority=self.priority_of(req, cc), digest=digest,
                         partitions=list(req.partitions), submitted_at=time.time(), owner=owner)
         self.jobs[job_id] = rec
         try:
@@ -140,6 +146,34 @@ class JobTable:
             raise
         rec.accepted.set_result(None)
         return rec, False
+
+    async def run_claimed(self, rec: JobRecord) -> JobRecord:
+        """Run a job this box claimed from a fleet: into the engine (which validates it), not
+        journaled; returns the record once the job ended. Cancelling the caller cancels the job
+        in the engine. The record is dropped from the table when this returns."""
+        if rec.job_id in self.jobs:
+            raise ResourceError(f"job {rec.job_id} is already running on this box")
+        self.jobs[rec.job_id] = rec
+        self._unjournaled.add(rec.job_id)
+        try:
+            if any(p.kind == "json" for p in rec.partitions):
+                await asyncio.to_thread(self._to_engine, rec)
+            else:
+                self._to_engine(rec)
+            rec.accepted.set_result(None)
+            try:
+                await rec.done.wait()
+            except asyncio.CancelledError:
+                self.engine.cancel(rec.job_id)
+                raise
+            return rec
+        finally:
+            self.jobs.pop(rec.job_id, None)
+            self._unjournaled.discard(rec.job_id)
+
+    def journaled(self, job_id: str) -> bool:
+        """Whether the job is one this daemon accepted itself (journaled), not one run for a fleet."""
+        return job_id in self.jobs and job_id not in self._unjournaled
 
     def _refused(self, rec: JobRecord, e: BaseException) -> None:
         self.jobs.pop(rec.job_id, None)
@@ -251,7 +285,8 @@ class JobTable:
 
             rec.accepted.add_done_callback(once_accepted)
             return
-        if self.draining and result.state != "done" and not rec.cancel_requested:
+        journaled = rec.job_id not in self._unjournaled
+        if self.draining and journaled and result.state != "done" and not rec.cancel_requested:
             log.info("[shutdown] job %s stopped by the drain (%s); it stays in the journal and "
                      "runs again after a restart", rec.job_id, result.state)
             return
@@ -267,7 +302,8 @@ class JobTable:
         rec.error_kind = ("Cancelled" if rec.state == "cancelled" else kinds[0] if kinds
                           else "ProofError" if rec.state == "failed" else None)
         self.metrics.observe_job(rec.circuit_id, rec.state, rec.finished_at - rec.submitted_at)
-        self._write(self.journal.finish(rec.job_id, reply_of(rec, 0)))
+        if journaled:
+            self._write(self.journal.finish(rec.job_id, reply_of(rec, 0)))
         rec.done.set()
         log.info("job %s %s (%d partitions, %.3f s)", rec.job_id, rec.state,
                  len(rec.partitions), rec.finished_at - rec.submitted_at)

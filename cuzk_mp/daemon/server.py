@@ -18,6 +18,12 @@ and tells systemd READY=1. While RUNNING, the engine may be *degraded* (a role h
 process and keeps dying): ``/healthz`` answers 503 naming the cause, GetStatus and the metrics
 say why, and the jobs that cannot progress fail with that cause.
 
+With a ``[fleet]`` section the daemon is one box of a fleet (:mod:`.fleet.box`): after the
+preloads it joins the shared PostgreSQL queue, its submits go there (the database, not the
+journal, keeps them), await, cancel and status reach any job of the fleet, and its engine also
+runs the jobs it claims. On the drain its running fleet jobs get the grace period, the rest go
+back to the queue for other boxes, and it leaves the fleet before the engine stops.
+
 SIGTERM or SIGINT moves to DRAINING: the listener closes (and its socket file is removed), new
 submits are refused, the engine finishes in-flight partitions within the grace period and stops
 its processes (removing every shm segment and semaphore); jobs it did not finish stay in the
@@ -37,7 +43,7 @@ import signal
 import time
 import traceback
 from collections.abc import Callable
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from cuzk_mp import __version__
 from cuzk_mp.daemon import protocol as P
@@ -55,6 +61,9 @@ from cuzk_mp.daemon.transport import (
     Comm, CommClosedError, FrameTimeout, FrameTooLarge, Listener, listen,
 )
 from cuzk_mp.errors import ConfigError, CuzkError, InputError, ResourceError, error_kind
+
+if TYPE_CHECKING:
+    from cuzk_mp.daemon.fleet.box import FleetBox
 
 log = logging.getLogger("cuzk_mp.daemon")
 
@@ -102,6 +111,7 @@ class Daemon:
         self.listener: Listener | None = None
         self.http: asyncio.AbstractServer | None = None
         self.view: StatusView | None = None
+        self.fleet: FleetBox | None = None  # [fleet]: this daemon is one box of a fleet
         self.access = Access(cfg.tokens, cfg.admin_tokens)
         self.lock = InstanceLock(lock_paths(cfg.journal_path, [
             a.path for a in (cfg.listen, cfg.status_listen) if a is not None and a.kind == "unix"]),
@@ -154,6 +164,10 @@ class Daemon:
                 t0 = time.perf_counter()
                 await asyncio.to_thread(self.engine.preload, cid)
                 log.info("[start] preloaded %s in %.2f s", cid, time.perf_counter() - t0)
+            if self.cfg.fleet is not None:  # the queue library loads only when a fleet is configured
+                from cuzk_mp.daemon.fleet.box import FleetBox
+                self.fleet = FleetBox(self.cfg, self.engine, self.jobs)
+                await self.fleet.start(self.cfg.preload)
             self.listener = await _bound("daemon.listen", self.cfg.listen, listen(
                 self.cfg.listen, self.handle_comm, max_frame_bytes=self.cfg.max_frame_bytes,
                 socket_mode=self.cfg.socket_mode, frame_timeout_s=self.cfg.frame_timeout_s,
@@ -206,9 +220,12 @@ class Daemon:
             self.jobs.draining = True
         if self.listener is not None:
             await self.listener.close()
+        t0 = time.monotonic()
+        if self.fleet is not None:  # its jobs finish or go back to the queue while the engine runs
+            await self.fleet.stop(max(grace_s - ENGINE_KILL_ESCALATION_S, 0.0))
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop,
-                                    max(grace_s - ENGINE_KILL_ESCALATION_S, 0.0))
+                                    max(grace_s - (time.monotonic() - t0) - ENGINE_KILL_ESCALATION_S, 0.0))
         for _ in range(3):  # let callbacks forwarded by the engine before it stopped run
             await asyncio.sleep(0)
         if self.jobs is not None:
@@ -241,6 +258,8 @@ class Daemon:
             n = await self.jobs.prune()
             if n:
                 log.info("pruned %d finished jobs older than result_ttl", n)
+            if self.fleet is not None:
+                await self.fleet.prune(self.cfg.result_ttl_s)
 
     @staticmethod
     def _forward(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
@@ -354,25 +373,43 @@ class Daemon:
             raise ResourceError(f"the daemon is {self.state.value}")
         return self.jobs
 
+    def _in_fleet(self, job_id: str) -> FleetBox | None:
+        """The fleet box when ``job_id`` is a fleet job (any job but those this daemon journaled)."""
+        if self.fleet is None or (self.jobs is not None and self.jobs.journaled(job_id)):
+            return None
+        return self.fleet
+
     async def _submit(self, m: P.SubmitProof) -> P.Submitted:
-        rec, dup = await asyncio.shield(self._need_running().submit(m, _CALLER.get().owner))
+        jobs = self._need_running()
+        if self.fleet is not None:
+            ref = await asyncio.shield(self.fleet.submit(m, _CALLER.get().owner))
+            return P.Submitted(id=m.id, job_id=ref.job_id, state=ref.state, duplicate=ref.duplicate)
+        rec, dup = await asyncio.shield(jobs.submit(m, _CALLER.get().owner))
         return P.Submitted(id=m.id, job_id=rec.job_id, state=rec.state,  # type: ignore[arg-type]
                            duplicate=dup)
 
     async def _await(self, m: P.AwaitProof) -> P.JobReply:
         assert self.jobs is not None
+        if (fleet := self._in_fleet(m.job_id)) is not None:
+            return await fleet.wait(m.job_id, m.timeout_s, _CALLER.get().only, m.id)
         rec, timed_out = await self.jobs.wait(m.job_id, m.timeout_s, _CALLER.get().only)
         return self.jobs.reply(rec, m.id, timed_out)
 
     async def _prove(self, m: P.Prove) -> P.JobReply:
         jobs = self._need_running()
         caller = _CALLER.get()
+        if self.fleet is not None:
+            ref = await asyncio.shield(self.fleet.submit(m, caller.owner))
+            return await self.fleet.wait(ref.job_id, m.timeout_s, caller.only, m.id)
         rec, _ = await asyncio.shield(jobs.submit(m, caller.owner))
         rec, timed_out = await jobs.wait(rec.job_id, m.timeout_s, caller.only)
         return jobs.reply(rec, m.id, timed_out)
 
     async def _cancel(self, m: P.CancelProof) -> P.CancelReply:
-        rec, ok = self._need_running().cancel(m.job_id, _CALLER.get().only)
+        jobs = self._need_running()
+        if (fleet := self._in_fleet(m.job_id)) is not None:
+            return await fleet.cancel(m.job_id, _CALLER.get().only, m.id)
+        rec, ok = jobs.cancel(m.job_id, _CALLER.get().only)
         return P.CancelReply(id=m.id, job_id=rec.job_id, cancelled=ok,
                              state=rec.state)  # type: ignore[arg-type]
 
@@ -393,6 +430,8 @@ class Daemon:
         self._circuit(m.circuit_id)
         t0 = time.perf_counter()
         await asyncio.to_thread(self.engine.preload, m.circuit_id)
+        if self.fleet is not None:
+            self.fleet.loaded(m.circuit_id)
         return P.PreloadReply(id=m.id, circuit_id=m.circuit_id, seconds=time.perf_counter() - t0)
 
     async def _evict(self, m: P.EvictSRS) -> P.EvictReply:
@@ -403,6 +442,8 @@ class Daemon:
             return P.EvictReply(id=m.id, circuit_id=m.circuit_id, evicted=False,
                                 reason="a queued or running job uses this circuit")
         ok = await asyncio.to_thread(self.engine.evict, m.circuit_id)
+        if ok and self.fleet is not None:
+            self.fleet.evicted(m.circuit_id)
         return P.EvictReply(id=m.id, circuit_id=m.circuit_id, evicted=ok,
                             reason="" if ok else "the engine still uses this key")
 
@@ -426,6 +467,8 @@ class Daemon:
             doc = self.view.document(self.state.value, engine_status)
         if self.journal is not None:
             doc["journal"] = await self.journal.report()
+        if self.fleet is not None:
+            doc["fleet"] = await self.fleet.document()
         jobs = self.jobs.jobs if self.jobs is not None else {}
         return status_view(doc, caller, detail, lambda j: jobs[j].owner if j in jobs else None)
 
@@ -442,7 +485,7 @@ class Daemon:
         return self.metrics.render(Scrape(
             started_at=self.started_at, queue_depth=view.queue_depth() if view else 0,
             job_counts=jobs.counts() if jobs else {}, srs_budget_bytes=view.budget["srs"] if view else 0,
-            engine=status, engine_metrics=em))
+            engine=status, engine_metrics=em, extra=await self.fleet.gauges() if self.fleet is not None else ()))
 
 
 def _key_file(spec: Any, param_cache: Any) -> Any:

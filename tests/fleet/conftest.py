@@ -31,12 +31,12 @@ def pg() -> Iterator[pg_server.PgServer]:
 @pytest.fixture
 def fleet_dsn(pg: pg_server.PgServer) -> Iterator[str]:
     """The DSN of a database created for this test alone (dropped afterwards)."""
-    import psycopg
-    name = f"fleet_{next(_db_numbers)}"
-    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
-        # FILE_COPY (PostgreSQL 15+) copies the small template faster than the WAL_LOG default.
-        strategy = " STRATEGY FILE_COPY" if conn.info.server_version >= 150000 else ""
-        conn.execute(f"CREATE DATABASE {name}{strategy}")
-    yield pg.dsn(name)
-    with psycopg.connect(pg.dsn(), autocommit=True) as conn:
-        conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
+    with pg_server.fresh_database(pg, f"fleet_{next(_db_numbers)}") as dsn:
+        yield dsn
+
+
+@pytest.fixture(scope="module")
+def module_fleet_dsn(pg: pg_server.PgServer) -> Iterator[str]:
+    """The DSN of a database shared by the tests of one module (dropped after them)."""
+    with pg_server.fresh_database(pg, f"fleet_m{next(_db_numbers)}") as dsn:
+        yield dsn

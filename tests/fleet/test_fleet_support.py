@@ -152,3 +152,102 @@ def test_fleet_status_while_jobs_run(fleet_dsn: str, tmp_path: Path) -> None:
         await a.close()
 
     asyncio.run(main())
+
+
+def test_daemon_config_with_and_without_a_fleet(tmp_path: Path) -> None:
+    from cuzk_mp.daemon.config import resolve as resolve_daemon
+    alone = resolve_daemon({"fleet": {"dsn": ""}}, base=tmp_path, source="d.toml")
+    assert alone.fleet is None
+    cfg = resolve_daemon({"fleet": {"dsn": "postgresql://cuzk@db/fleet", "box": "gpu-1", "inputs_dir": "in"}},
+                         base=tmp_path, source="d.toml")
+    assert cfg.fleet is not None and (cfg.fleet.box, cfg.fleet.inputs_dir) == ("gpu-1", tmp_path / "in")
+    with pytest.raises(ConfigError, match="d.toml: fleet.box"):
+        resolve_daemon({"fleet": {"dsn": "postgresql://db/x", "box": "no spaces"}}, base=tmp_path, source="d.toml")
+    with pytest.raises(ConfigError, match="unknown key `fleet.dns`"):
+        resolve_daemon({"fleet": {"dns": "postgresql://db/x"}}, base=tmp_path, source="d.toml")
+
+
+def test_stored_inputs_go_once_stale_and_named_by_no_job(fleet_dsn: str, tmp_path: Path) -> None:
+    import os
+    import time
+
+    from cuzk_mp.daemon.fleet.inputs import remove_stale_inputs, stale_inputs
+    kept, dropped, fresh = make_inputs(tmp_path, 3)
+    for ref in (kept, dropped):
+        os.utime(ref.ref, (time.time() - 100, time.time() - 100))
+    assert sorted(map(str, stale_inputs(tmp_path, 50))) == sorted([kept.ref, dropped.ref])
+    assert store_inputs(Path(kept.ref).read_bytes(), tmp_path) == kept  # stored again: fresh again
+    assert [str(p) for p in stale_inputs(tmp_path, 50)] == [dropped.ref]
+    os.utime(kept.ref, (time.time() - 100, time.time() - 100))
+
+    async def named() -> set[str]:
+        a = await connect(fleet_dsn, "a")
+        await a.submit(None, "x", kept.ref, kept.sha256)
+        out = await a.referenced([kept.ref, dropped.ref, fresh.ref])
+        await a.close()
+        return out
+
+    assert asyncio.run(named()) == {kept.ref}
+    stale = [p for p in stale_inputs(tmp_path, 50) if str(p) != kept.ref]
+    assert remove_stale_inputs(stale, 50) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(r.ref).name for r in (kept, fresh))
+
+
+def test_a_job_is_found_by_its_request_id_and_only_by_its_client(fleet_dsn: str, tmp_path: Path) -> None:
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a, b = await connect(fleet_dsn, "a"), await connect(fleet_dsn, "b")
+        ref = await a.submit("req-c", "x", inp.ref, inp.sha256, client="alice")
+        for box in (a, b):
+            for name in (ref.job_id, "req-c"):
+                st = await box.status(name, "alice")
+                assert (st.job_id, st.client, st.request_id) == (ref.job_id, "alice", "req-c")
+                assert (await box.status(name, None)).job_id == ref.job_id  # an admin sees every job
+                with pytest.raises(InputError, match="unknown job"):
+                    await box.status(name, "bob")
+        with pytest.raises(InputError, match="already in use"):
+            await b.submit("req-c", "x", inp.ref, inp.sha256, client="bob")
+        with pytest.raises(InputError, match="unknown job"):
+            await b.cancel("req-c", "bob")
+        with pytest.raises(InputError, match="unknown job"):
+            await b.await_result("req-c", 0, "bob")
+        [c] = await b.claim(["x"], 1)
+        assert (c.job_id, c.client) == (ref.job_id, "alice") and c.submitted_at > 0
+        waiter = asyncio.ensure_future(a.await_result("req-c", 30, "alice"))  # named by request_id
+        await asyncio.sleep(0.2)
+        assert await b.complete(c.job_id, b"proof")
+        st = await asyncio.wait_for(waiter, 10)
+        assert (st.job_id, st.state, st.result) == (ref.job_id, "done", b"proof")
+        assert not await a.cancel("req-c", "alice")  # already ended
+        for box in (a, b):
+            await box.close()
+
+    asyncio.run(main())
+
+
+def test_job_replies_of_fleet_jobs_in_every_state() -> None:
+    import msgspec
+
+    from cuzk_mp.daemon import protocol as P
+    from cuzk_mp.daemon.fleet.box import job_reply
+    from cuzk_mp.daemon.fleet.models import JobStatus
+    from cuzk_mp.pipeline.types import Priority
+
+    def status(state: str, result: bytes | None = None, error: str | None = None) -> JobStatus:
+        return JobStatus(job_id="j1", request_id=None, circuit_id="x", state=state, priority=Priority.HIGH,  # type: ignore[arg-type]
+                         n_partitions=2, inputs_ref="/i", inputs_sha256="0" * 64, submitted_by="a", client="",
+                         box="b", claims=1, attempts=0, submitted_at=1.0, started_at=2.0, finished_at=None,
+                         result=result, error=error, error_kind="Cancelled" if state == "cancelled" else None)
+
+    stored = P.JobReply(id=0, job_id="j1.1", circuit_id="x", state="done", priority="HIGH", submitted_at=1.0,
+                        partitions=[P.PartitionOut(index=i, state="done", public=["7"]) for i in range(2)])
+    done = job_reply(status("done", msgspec.msgpack.encode(stored)), 9)
+    assert (done.id, done.job_id, done.state, [p.public for p in done.partitions]) == (9, "j1", "done", [["7"]] * 2)
+    running = job_reply(status("running"), 3, timed_out=True)
+    assert (running.state, running.timed_out, running.priority) == ("running", True, "HIGH")
+    assert [p.state for p in running.partitions] == ["pending", "pending"]
+    cancelled = job_reply(status("cancelled", error="cancelled"), 4)
+    assert [p.state for p in cancelled.partitions] == ["cancelled"] * 2 and cancelled.error_kind == "Cancelled"
+    with pytest.raises(ResourceError, match="cannot be read"):
+        job_reply(status("done", b"\xc1 not msgpack"), 5)

@@ -2,8 +2,8 @@
 
 ``cuzk-mp fleet status --dsn DSN [--json]`` prints the boxes (state, host, running jobs, free
 slots, heartbeat age, resident keys) and the queue depths per circuit and priority. The DSN
-defaults to ``$CUZK_MP_FLEET_DSN``. It connects as an observer: it is not listed as a box and
-claims nothing.
+comes from ``--dsn``, else from ``[fleet] dsn`` of a daemon's config file (``--config``), else
+``$CUZK_MP_FLEET_DSN``. It connects as an observer: it is not listed as a box and claims nothing.
 Exit codes: 0 shown; 2 bad arguments; 3 the database could not be reached.
 """
 
@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import sys
+from pathlib import Path
 
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
 
@@ -26,8 +27,8 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     f = subparsers.add_parser("fleet", help="the shared PostgreSQL queue of several daemons")
     f_sub = f.add_subparsers(dest="fleet_verb", required=True)
     s = f_sub.add_parser("status", help="boxes, their resident keys, and queue depths")
-    s.add_argument("--dsn", default=os.environ.get(DSN_ENV, ""),
-                   help=f"PostgreSQL DSN of the fleet (default ${DSN_ENV})")
+    s.add_argument("--dsn", default="", help=f"PostgreSQL DSN of the fleet (default: --config's, else ${DSN_ENV})")
+    s.add_argument("--config", type=Path, help="a daemon config file whose [fleet] dsn to use")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.add_argument("--timeout", type=float, default=10.0, help="connect timeout in seconds")
     s.set_defaults(func=run_status)
@@ -47,13 +48,27 @@ async def _status(dsn: str, as_json: bool, timeout_s: float) -> str:
     return report.text(boxes, depths)
 
 
+def _dsn(args: argparse.Namespace) -> str:
+    """The DSN to use: --dsn, else the config file's [fleet] dsn, else $CUZK_MP_FLEET_DSN."""
+    if args.dsn:
+        return str(args.dsn)
+    if args.config is not None:
+        from cuzk_mp.daemon.config import load_config
+        fleet = load_config(args.config).fleet
+        if fleet is None:
+            raise InputError(f"{args.config}: no [fleet] dsn: this daemon runs alone")
+        return fleet.dsn
+    return os.environ.get(DSN_ENV, "")
+
+
 def run_status(args: argparse.Namespace) -> int:
     """``cuzk-mp fleet status``: print the fleet and return the exit code."""
-    if not args.dsn:
-        print(f"cuzk-mp fleet status: give --dsn or set ${DSN_ENV}", file=sys.stderr)
-        return EXIT_INPUT
     try:
-        sys.stdout.write(asyncio.run(_status(args.dsn, args.json, args.timeout)))
+        dsn = _dsn(args)
+        if not dsn:
+            print(f"cuzk-mp fleet status: give --dsn or --config, or set ${DSN_ENV}", file=sys.stderr)
+            return EXIT_INPUT
+        sys.stdout.write(asyncio.run(_status(dsn, args.json, args.timeout)))
     except ResourceError as e:
         print(f"cuzk-mp fleet status: {e}", file=sys.stderr)
         return EXIT_UNREACHABLE

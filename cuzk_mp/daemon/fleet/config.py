@@ -13,6 +13,7 @@ configuration includes this module, never the reverse.
 
 from __future__ import annotations
 
+import importlib.util
 import re
 import socket
 from collections.abc import Callable
@@ -107,6 +108,9 @@ def resolve_fleet(section: FleetSection, *, source: str, base: Path,
     if not section.dsn:
         return None
     key = f"{source}: fleet"
+    if importlib.util.find_spec("pgqueuer") is None or importlib.util.find_spec("psycopg") is None:
+        raise ConfigError(f"{key}.dsn: a fleet needs the optional `fleet` extra (pgqueuer, psycopg): "
+                          "pip install 'cuzk-mp[fleet]'")
     inputs_dir = None
     if section.inputs_dir:
         inputs_dir = Path(section.inputs_dir).expanduser()

@@ -7,16 +7,20 @@ the box that claims the job reads them back (:func:`load_inputs`), and the sha25
 truncated copy, a stale mount or a swapped file into a clear InputError instead of a wrong proof.
 
 References are absolute paths, ``file://`` URLs or ``http(s)://`` URLs (read with a timeout and
-a size bound). Nothing here knows about the queue.
+a size bound). Stored inputs are removed by :func:`remove_stale_inputs` once no job names them
+and nobody stored them again for the retention time (a re-store refreshes the file's mtime).
+Nothing here knows about the queue.
 """
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import io
 import os
 import re
 import tempfile
+import time
 import urllib.error
 import urllib.parse
 import urllib.request
@@ -29,6 +33,7 @@ SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 URL_SCHEMES = ("file", "http", "https")
 DEFAULT_MAX_INPUT_BYTES = 4 << 30
 READ_CHUNK = 1 << 20
+INPUTS_SUFFIX = ".inputs"
 
 
 @dataclass(frozen=True)
@@ -55,11 +60,18 @@ def check_ref(ref: str, sha256: str) -> None:
 
 
 def store_inputs(data: bytes, directory: Path) -> InputsRef:
-    """Write ``data`` as ``<directory>/<sha256>.inputs`` (atomically; kept if already there)."""
+    """Write ``data`` as ``<directory>/<sha256>.inputs`` (atomically; kept if already there, its
+    mtime refreshed so that :func:`remove_stale_inputs` leaves it for the retention time)."""
     digest = hashlib.sha256(data).hexdigest()
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory.resolve() / f"{digest}.inputs"
-    if not (path.exists() and path.stat().st_size == len(data)):
+    path = directory.resolve() / f"{digest}{INPUTS_SUFFIX}"
+    try:
+        kept = path.stat().st_size == len(data)
+        if kept:
+            os.utime(path)
+    except FileNotFoundError:  # absent, or removed as stale a moment ago
+        kept = False
+    if not kept:
         fd, tmp = tempfile.mkstemp(dir=directory, prefix=".incoming-")
         try:
             with os.fdopen(fd, "wb") as f:
@@ -69,6 +81,33 @@ def store_inputs(data: bytes, directory: Path) -> InputsRef:
             Path(tmp).unlink(missing_ok=True)
             raise
     return InputsRef(str(path), digest, len(data))
+
+
+def stale_inputs(directory: Path, older_than_s: float) -> list[Path]:
+    """Stored inputs in ``directory`` not stored (or stored again) for ``older_than_s`` seconds."""
+    cutoff = time.time() - older_than_s
+    try:
+        entries = list(directory.glob(f"*{INPUTS_SUFFIX}"))
+    except OSError:
+        return []
+    out = []
+    for path in entries:
+        with contextlib.suppress(OSError):
+            if SHA256_RE.match(path.name[:-len(INPUTS_SUFFIX)]) and path.stat().st_mtime < cutoff:
+                out.append(path)
+    return out
+
+
+def remove_stale_inputs(paths: list[Path], older_than_s: float) -> int:
+    """Remove these stored inputs (those no job names) unless stored again meanwhile; how many went."""
+    cutoff = time.time() - older_than_s
+    removed = 0
+    for path in paths:
+        with contextlib.suppress(OSError):
+            if path.stat().st_mtime < cutoff:  # a submit that stored the same bytes since keeps them
+                path.unlink()
+                removed += 1
+    return removed
 
 
 def _open(ref: str, timeout_s: float) -> io.BufferedIOBase:

@@ -58,7 +58,8 @@ class Claimed:
 
     ``aborted`` is set when the job is cancelled from any box, finished by another box, or its
     claim was taken over after this box's heartbeat stalled; ``abort_reason`` says which.
-    ``claims`` counts how many times the job was claimed (1 on its first run).
+    ``claims`` counts how many times the job was claimed (1 on its first run); ``client`` is the
+    identity of the client that submitted it and ``submitted_at`` when (epoch seconds).
     """
 
     job_id: str
@@ -70,13 +71,19 @@ class Claimed:
     attempts: int
     claims: int
     request_id: str | None
+    client: str = ""
+    submitted_at: float = 0.0
     aborted: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     abort_reason: str = ""
 
 
 @dataclass(frozen=True)
 class JobStatus:
-    """A job as the shared tables record it; ``result`` is set once the job is ``done``."""
+    """A job as the shared tables record it; ``result`` is set once the job is ``done``.
+
+    ``submitted_by`` is the box that accepted the job, ``client`` the identity of the client that
+    submitted it (the daemon's access identity; "" without tokens), ``box`` the box that ran it.
+    """
 
     job_id: str
     request_id: str | None
@@ -87,6 +94,7 @@ class JobStatus:
     inputs_ref: str
     inputs_sha256: str
     submitted_by: str
+    client: str
     box: str | None
     claims: int
     attempts: int

@@ -201,10 +201,11 @@ class Fleet(FleetStore):
     # -- submit ---------------------------------------------------------------------------
 
     async def submit(self, request_id: str | None, circuit_id: str, inputs_ref: str, inputs_sha256: str,
-                     priority: Priority = Priority.NORMAL, n_partitions: int = 1) -> JobRef:
+                     priority: Priority = Priority.NORMAL, n_partitions: int = 1, *, client: str = "") -> JobRef:
         """Queue a job; the same non-empty ``request_id`` from any box returns the same job.
 
-        A repeat with a different circuit or inputs is an InputError, never a second job.
+        A repeat with a different circuit or inputs is an InputError, never a second job; so is a
+        repeat from another ``client`` (the submitting client's identity, recorded with the job).
         The request-id row, the queue row and the job row commit in one transaction.
         """
         _check_submit(request_id, circuit_id, inputs_ref, inputs_sha256, n_partitions)
@@ -220,25 +221,28 @@ class Fleet(FleetStore):
                     "INSERT INTO cuzk_fleet_requests (request_id, job_id) VALUES (%s, %s) "
                     "ON CONFLICT (request_id) DO NOTHING RETURNING job_id", (request_id, job_id))
                 if await cur.fetchone() is None:
-                    return await self._existing(conn, request_id, circuit_id, inputs_sha256)
+                    return await self._existing(conn, request_id, circuit_id, inputs_sha256, client)
             [queue_id] = await queries.enqueue(entrypoint(circuit_id), job_id.encode(), queue_priority(priority))
             await conn.execute(
                 "INSERT INTO cuzk_fleet_jobs (job_id, request_id, circuit_id, priority, n_partitions, "
-                "inputs_ref, inputs_sha256, queue_id, submitted_by) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                "inputs_ref, inputs_sha256, queue_id, submitted_by, client) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (job_id, request_id or None, circuit_id, int(priority), n_partitions, inputs_ref,
-                 inputs_sha256, queue_id, self.box))
+                 inputs_sha256, queue_id, self.box, client))
         log.info("fleet: queued job %s (%s, %s, %d partitions)", job_id, circuit_id, priority.name, n_partitions)
         return JobRef(job_id, "queued")
 
     @staticmethod
     async def _existing(conn: psycopg.AsyncConnection, request_id: str, circuit_id: str,
-                        inputs_sha256: str) -> JobRef:
+                        inputs_sha256: str, client: str) -> JobRef:
         cur = await conn.execute(
-            "SELECT j.job_id, j.state, j.circuit_id, j.inputs_sha256 FROM cuzk_fleet_requests r "
+            "SELECT j.job_id, j.state, j.circuit_id, j.inputs_sha256, j.client FROM cuzk_fleet_requests r "
             "JOIN cuzk_fleet_jobs j USING (job_id) WHERE r.request_id = %s", (request_id,))
         row = await cur.fetchone()
         if row is None:
             raise ResourceError(f"request_id {request_id!r}: its job is being removed; submit again")
+        if row[4] != client:
+            raise InputError(f"request_id: {request_id!r} is already in use; choose another")
         if (row[2], row[3]) != (circuit_id, inputs_sha256):
             raise InputError(f"request_id: {request_id!r} already names job {row[0]} with different "
                              f"inputs ({row[2]}, sha256 {row[3][:12]}...)")
@@ -266,7 +270,8 @@ class Fleet(FleetStore):
                 "UPDATE cuzk_fleet_jobs SET state = 'running', box = %s, owner = %s, claims = claims + 1, "
                 "started_at = COALESCE(started_at, now()) WHERE queue_id = ANY(%s) "
                 "AND state IN ('queued', 'running') RETURNING job_id, queue_id, circuit_id, priority, "
-                "inputs_ref, inputs_sha256, n_partitions, attempts, claims, request_id",
+                "inputs_ref, inputs_sha256, n_partitions, attempts, claims, request_id, client, "
+                "extract(epoch FROM submitted_at) AS submitted_at",
                 (self.box, self.instance, [int(j.id) for j in picked]))
             rows = {int(r["queue_id"]): r for r in await cur.fetchall()}
             orphans = [j for j in picked if int(j.id) not in rows]
@@ -284,7 +289,8 @@ class Fleet(FleetStore):
         c = Claimed(job_id=row["job_id"], circuit_id=row["circuit_id"], priority=Priority(row["priority"]),
                     inputs_ref=row["inputs_ref"], inputs_sha256=row["inputs_sha256"],
                     n_partitions=row["n_partitions"], attempts=row["attempts"], claims=row["claims"],
-                    request_id=row["request_id"])
+                    request_id=row["request_id"], client=row["client"],
+                    submitted_at=float(row["submitted_at"]))
         self._held[c.job_id] = _Held(c, queue_job)
         self._by_queue_id[int(queue_job.id)] = c.job_id
         if c.claims > 1:
@@ -432,12 +438,14 @@ class Fleet(FleetStore):
         self._drop(job_id)
         return row is not None
 
-    async def cancel(self, job_id: str) -> bool:
+    async def cancel(self, job_id: str, client: str | None = None) -> bool:
         """Cancel a job from any box: False if it had already ended (InputError if unknown).
 
         A queued job never runs; a running one is aborted on its box through the library's
         cancellation NOTIFY (and, should that be missed, at that box's next heartbeat).
+        ``job_id`` and ``client`` are read as by :meth:`status`.
         """
+        job_id = (await self.status(job_id, client)).job_id
         async with self._tx() as (conn, queries):
             cur = await conn.execute(
                 "UPDATE cuzk_fleet_jobs SET state = 'cancelled', finished_at = now(), error = 'cancelled', "
@@ -445,9 +453,6 @@ class Fleet(FleetStore):
                 "RETURNING queue_id, box", (job_id,))
             row = await cur.fetchone()
             if row is None:
-                cur = await conn.execute("SELECT state FROM cuzk_fleet_jobs WHERE job_id = %s", (job_id,))
-                if await cur.fetchone() is None:
-                    raise InputError(f"job_id: unknown job {job_id!r}")
                 return False
             if row[0] is not None:
                 await queries.mark_job_as_cancelled([JobId(row[0])])
@@ -507,29 +512,39 @@ class Fleet(FleetStore):
 
     # -- reading --------------------------------------------------------------------------
 
-    async def await_result(self, job_id: str, timeout_s: float | None) -> JobStatus:
+    async def await_result(self, job_id: str, timeout_s: float | None, client: str | None = None) -> JobStatus:
         """Wait (LISTEN/NOTIFY, no polling) until the job ends or ``timeout_s`` passes; its status.
 
-        On a timeout the returned status is not ``finished``; the job goes on.
+        On a timeout the returned status is not ``finished``; the job goes on. ``job_id`` and
+        ``client`` are read as by :meth:`status`.
         """
         ev = asyncio.Event()
-        self._waiters.setdefault(job_id, set()).add(ev)
+        key = job_id
+        self._waiters.setdefault(key, set()).add(ev)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
         try:
             while True:
                 ev.clear()  # before the read: a NOTIFY committed after it sets the event again
-                st = await self.status(job_id)
+                st = await self.status(key, client)
+                if st.job_id != key:  # named by its request_id: wait under the job id, then read again
+                    self._unwait(key, ev)
+                    key = st.job_id
+                    self._waiters.setdefault(key, set()).add(ev)
+                    continue
                 left = AWAIT_RECHECK_S if deadline is None else deadline - time.monotonic()
                 if st.finished or left <= 0 or self._closed:
                     return st
                 with contextlib.suppress(asyncio.TimeoutError):
                     await asyncio.wait_for(ev.wait(), min(left, AWAIT_RECHECK_S))
         finally:
-            waiters = self._waiters.get(job_id)
-            if waiters is not None:
-                waiters.discard(ev)
-                if not waiters:
-                    del self._waiters[job_id]
+            self._unwait(key, ev)
+
+    def _unwait(self, job_id: str, ev: asyncio.Event) -> None:
+        waiters = self._waiters.get(job_id)
+        if waiters is not None:
+            waiters.discard(ev)
+            if not waiters:
+                del self._waiters[job_id]
 
     def _wake_waiters(self, job_id: str) -> None:
         for ev in self._waiters.get(job_id, ()):

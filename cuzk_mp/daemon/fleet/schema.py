@@ -5,7 +5,8 @@ statistics tables, its NOTIFY trigger), installed or upgraded by the library's o
 Beside it live three tables of ours, for what the library does not keep:
 
 * ``cuzk_fleet_jobs``: one row per job for its whole life: inputs reference and sha256, state,
-  the box and fleet instance holding the claim, claim and attempt counts, and the result,
+  the client that submitted it (its identity travels with the job, so the same client sees it
+  at any box), the box and fleet instance holding the claim, claim and attempt counts, and the result,
   written once by a guarded update (``... WHERE state IN ('queued', 'running')``). The library's
   row exists only while the job is queued or picked.
 * ``cuzk_fleet_requests``: request_id -> job_id, so the same request_id sent to any box makes one
@@ -15,7 +16,8 @@ Beside it live three tables of ours, for what the library does not keep:
 
 :func:`migrate` runs at every :meth:`Fleet.connect`, under an advisory lock so
 that boxes starting together do not race; every statement is safe to repeat. ``SCHEMA_VERSION``
-is recorded for later migrations to build on.
+is recorded for later migrations to build on (version 2 added ``cuzk_fleet_jobs.client``; the
+``ALTER ... ADD COLUMN IF NOT EXISTS`` brings a version-1 database up to it).
 """
 
 from __future__ import annotations
@@ -29,7 +31,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 2
 # Advisory lock key: the ASCII of "cuzkflt1" as a signed 64-bit integer.
 MIGRATION_LOCK_KEY = int.from_bytes(b"cuzkflt1", "big", signed=True)
 QUEUE_PREFIX = "cuzk_"
@@ -59,6 +61,7 @@ DDL = (
         claims        integer NOT NULL DEFAULT 0,
         attempts      integer NOT NULL DEFAULT 0,
         submitted_by  text NOT NULL,
+        client        text NOT NULL DEFAULT '',
         submitted_at  timestamptz NOT NULL DEFAULT now(),
         started_at    timestamptz,
         finished_at   timestamptz,
@@ -67,6 +70,7 @@ DDL = (
         error_kind    text,
         CHECK (state <> 'done' OR result IS NOT NULL)
     )""",
+    "ALTER TABLE cuzk_fleet_jobs ADD COLUMN IF NOT EXISTS client text NOT NULL DEFAULT ''",
     "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_queue_id ON cuzk_fleet_jobs (queue_id)",
     ("CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_finished ON cuzk_fleet_jobs (finished_at) "
      "WHERE finished_at IS NOT NULL"),

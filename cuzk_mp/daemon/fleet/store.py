@@ -33,10 +33,14 @@ from cuzk_mp.errors import InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
 
 JOB_COLUMNS = ("job_id, request_id, circuit_id, state, priority, n_partitions, inputs_ref, "
-               "inputs_sha256, submitted_by, box, claims, attempts, "
+               "inputs_sha256, submitted_by, client, box, claims, attempts, "
                "extract(epoch FROM submitted_at) AS submitted_at, "
                "extract(epoch FROM started_at) AS started_at, "
                "extract(epoch FROM finished_at) AS finished_at, result, error, error_kind")
+
+# The job a client's id names: a job id, else the job of that request_id.
+RESOLVE_ID = ("COALESCE((SELECT job_id FROM cuzk_fleet_jobs WHERE job_id = %(id)s), "
+              "(SELECT job_id FROM cuzk_fleet_requests WHERE request_id = %(id)s))")
 
 
 class FleetStore:
@@ -68,14 +72,20 @@ class FleetStore:
         except (psycopg.Error, PoolTimeout) as e:
             raise ResourceError(f"fleet: database {redact_dsn(self.cfg.dsn)}: {type(e).__name__}: {e}") from None
 
-    async def status(self, job_id: str) -> JobStatus:
-        """The job as the shared tables record it (InputError if unknown or pruned)."""
+    async def status(self, job_id: str, client: str | None = None) -> JobStatus:
+        """The job as the shared tables record it (InputError if unknown or pruned).
+
+        ``job_id`` may also be the request_id the job was submitted with (a single daemon names a
+        job by its request_id, so clients written for one keep working against a fleet). With
+        ``client`` (None: any), another client's job is unknown too, exactly like one that never
+        existed.
+        """
         async with self._tx() as (conn, _):
             cur = await conn.cursor(row_factory=dict_row).execute(
-                f"SELECT {JOB_COLUMNS} FROM cuzk_fleet_jobs WHERE job_id = %s", (job_id,))
+                f"SELECT {JOB_COLUMNS} FROM cuzk_fleet_jobs WHERE job_id = {RESOLVE_ID}", {"id": job_id})
             row = await cur.fetchone()
-        if row is None:
-            raise InputError(f"job_id: unknown job {job_id!r}")
+        if row is None or (client is not None and row["client"] != client):
+            raise InputError(f"job_id: unknown job {job_id!r} (never submitted, or pruned after it ended)")
         return status_of(row)
 
     async def boxes(self) -> list[BoxInfo]:
@@ -132,6 +142,15 @@ class FleetStore:
                 sql.Identifier(*self._settings.qualified.queue_table_log.split("."))), (older_than_s,))
         return n
 
+    async def referenced(self, refs: list[str]) -> set[str]:
+        """Which of these input references a job (of any state, not yet pruned) still names."""
+        if not refs:
+            return set()
+        async with self._tx() as (conn, _):
+            cur = await conn.execute("SELECT DISTINCT inputs_ref FROM cuzk_fleet_jobs WHERE inputs_ref = ANY(%s)",
+                                     (refs,))
+            return {r[0] for r in await cur.fetchall()}
+
 
 async def notify(conn: psycopg.AsyncConnection, event: dict[str, str]) -> None:
     """Send a fleet event; it is delivered when the surrounding transaction commits."""
@@ -145,8 +164,8 @@ def status_of(row: dict[str, Any]) -> JobStatus:
     return JobStatus(job_id=row["job_id"], request_id=row["request_id"], circuit_id=row["circuit_id"],
                      state=row["state"], priority=Priority(row["priority"]), n_partitions=row["n_partitions"],
                      inputs_ref=row["inputs_ref"], inputs_sha256=row["inputs_sha256"],
-                     submitted_by=row["submitted_by"], box=row["box"], claims=row["claims"],
-                     attempts=row["attempts"], submitted_at=float(row["submitted_at"]),
+                     submitted_by=row["submitted_by"], client=row["client"], box=row["box"],
+                     claims=row["claims"], attempts=row["attempts"], submitted_at=float(row["submitted_at"]),
                      started_at=ts(row["started_at"]), finished_at=ts(row["finished_at"]),
                      result=None if row["result"] is None else bytes(row["result"]), error=row["error"],
                      error_kind=row["error_kind"])

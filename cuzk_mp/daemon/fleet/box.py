@@ -1,0 +1,328 @@
+"""A daemon as one box of a fleet: its clients' jobs go to the shared queue, its engine runs what it claims.
+
+This module owns what a daemon with a ``[fleet]`` section does differently from one that runs
+alone, so that the daemon's server only routes requests here:
+
+* **Submit** (SubmitProof, Prove): the daemon's own door checks (:meth:`JobTable.admit`: not
+  draining, a configured circuit, request_id bounds) and the engine's validation of every
+  partition (the one the engine applies to a job it queues, without queueing it), then the
+  partitions' msgpack is stored content-addressed in ``[fleet] inputs_dir`` (a directory every
+  box reads at the same path) and the job enters the shared queue with that reference, its
+  sha256 and the client's identity, in one transaction with its request_id.
+* **Await, status, cancel** of any job from any box, by job id or by request_id; a client sees
+  only its own jobs (its identity travels with the job), an admin every job. A cancel reaches
+  the box that runs the job through the queue's abort NOTIFY.
+* **Claiming**: a :class:`~.worker.FleetWorker` claims jobs of the circuits whose keys this box
+  holds resident (``[srs] preload`` at start, then every preload, evict and key loaded for the
+  fleet's backlog; least recently used first), as many as it has free slots (``[fleet]
+  max_jobs``, else one per prover process; none while the engine is degraded). Each claimed job
+  runs through :meth:`JobTable.run_claimed` under a per-claim engine job id
+  (``<job_id>.<claim>``, so a job claimed here again never meets its previous run in the
+  engine); its JobReply (every partition's proof and public signals) is the result written to
+  the database, once.
+* **Keys for the backlog**: when idle with free slots, the box asks :func:`.keys.plan_key_load`
+  whether to load a key for jobs that wait elsewhere, evicting least recently used idle keys
+  to fit the key budget; at most one load per ``stall_timeout``.
+* **Retention**: finished jobs and their request ids are pruned after ``result_ttl``, and the
+  stored inputs that no job names any more with them.
+
+Errors: the fleet's database unreachable is a ResourceError for the request at hand, never the
+end of the daemon; bad requests are InputErrors naming the field, as on a daemon alone.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import collections
+import contextlib
+import logging
+import time
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+import msgspec
+
+from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon.config import DaemonConfig
+from cuzk_mp.daemon.fleet import report
+from cuzk_mp.daemon.fleet.inputs import load_inputs, remove_stale_inputs, stale_inputs, store_inputs
+from cuzk_mp.daemon.fleet.keys import KeyView, backlog_by_circuit, holders_by_circuit, plan_key_load
+from cuzk_mp.daemon.fleet.models import Claimed, JobRef, JobStatus
+from cuzk_mp.daemon.fleet.queue import Fleet
+from cuzk_mp.daemon.fleet.worker import FleetWorker
+from cuzk_mp.daemon.job_records import JobRecord, reply_of
+from cuzk_mp.daemon.jobs import JobTable
+from cuzk_mp.daemon.metrics import Gauge
+from cuzk_mp.errors import Cancelled, CuzkError, InputError, ResourceError, error_from_kind
+from cuzk_mp.pipeline.types import JobSpec, PartitionInput
+
+log = logging.getLogger("cuzk_mp.daemon.fleet")
+
+_partitions = msgspec.msgpack.Decoder(list[P.PartitionIn])
+_job_reply = msgspec.msgpack.Decoder(P.JobReply)
+
+
+class FleetBox:
+    """This daemon's part in the fleet; :meth:`start` after the engine and the preloads, :meth:`stop`
+    before the engine stops."""
+
+    def __init__(self, cfg: DaemonConfig, engine: Any, jobs: JobTable) -> None:
+        assert cfg.fleet is not None
+        self.cfg, self.fcfg = cfg, cfg.fleet
+        self.engine, self.jobs = engine, jobs
+        self.fleet: Fleet | None = None
+        self.worker: FleetWorker | None = None
+        # Resident keys, least recently used first (a claim of the circuit's job moves it last).
+        self._resident: collections.OrderedDict[str, None] = collections.OrderedDict()
+        self._provers = max(1, len(getattr(engine, "devices", None) or [0]))
+        self._stop = asyncio.Event()
+        self._task: asyncio.Task[None] | None = None
+        self._closing = False  # stopping: no new claims, waiters answer that the job goes on elsewhere
+        self._left = False
+        self._next_idle_check = 0.0
+        self._next_load = 0.0
+
+    # -- lifecycle ------------------------------------------------------------------------
+
+    async def start(self, resident: Sequence[str]) -> None:
+        """Join the fleet with ``resident`` keys and start claiming (ResourceError if the
+        database cannot be reached)."""
+        self.fleet = await Fleet.from_config(self.fcfg)
+        for cid in resident:
+            self._resident[cid] = None
+        self.worker = FleetWorker(self.fleet, self._run, resident=self.resident, capacity=self.capacity,
+                                  on_idle=self._load_for_backlog)
+        self._task = asyncio.create_task(self._claim_loop(self.worker), name="cuzk-fleet-worker")
+        log.info("[start] fleet: box %s claims jobs of %s, %d at once", self.fcfg.box,
+                 ", ".join(self._resident) or "no circuit yet", self.capacity())
+
+    async def _claim_loop(self, worker: FleetWorker) -> None:
+        """Run the claim loop until the daemon stops; should it fail, it starts again (a box that
+        silently stopped claiming would look alive to the fleet)."""
+        while not self._stop.is_set():
+            try:
+                await worker.run(self._stop)
+            except Exception:
+                log.exception("fleet: the claim loop of box %s failed; it starts again in %g s", self.fcfg.box,
+                              self.fcfg.heartbeat_interval_s)
+                await asyncio.sleep(self.fcfg.heartbeat_interval_s)
+
+    async def stop(self, grace_s: float) -> None:
+        """Let running jobs finish for ``grace_s``, give the rest back to the queue, leave the fleet."""
+        self._closing = True
+        if self.worker is not None and self.worker.running and grace_s > 0:
+            log.info("[shutdown] fleet: %d running jobs get %g s to finish", len(self.worker.running), grace_s)
+            await asyncio.wait(list(self.worker.running.values()), timeout=grace_s)
+        self._stop.set()
+        if self._task is not None:
+            with contextlib.suppress(Exception):
+                await self._task  # the worker releases what still runs
+        if self.fleet is not None:
+            await self.fleet.close()
+        self._left = True
+
+    def _need(self) -> Fleet:
+        if self.fleet is None or self._left:
+            raise ResourceError("the daemon has left the fleet")
+        return self.fleet
+
+    # -- keys and capacity ------------------------------------------------------------------
+
+    def resident(self) -> tuple[str, ...]:
+        """The circuits whose keys this box holds, least recently used first."""
+        return tuple(self._resident)
+
+    def capacity(self) -> int:
+        """Jobs this box runs at once: ``[fleet] max_jobs``, else one per prover process; none
+        while the engine is degraded (its jobs would only fail) or the daemon is stopping."""
+        if self._closing or self.engine.degraded():
+            return 0
+        return self.fcfg.max_jobs or self._provers
+
+    def loaded(self, circuit_id: str) -> None:
+        """A key became resident (PreloadSRS, or a load for the backlog): claim its jobs."""
+        self._resident[circuit_id] = None
+        self._resident.move_to_end(circuit_id)
+
+    def evicted(self, circuit_id: str) -> None:
+        """A key left (EvictSRS, or evicted to make room): claim its jobs no more."""
+        self._resident.pop(circuit_id, None)
+
+    def _key_bytes(self) -> dict[str, int]:
+        """Each provable circuit's key size: its zkey file's (0 while a synthetic key is not made)."""
+        from cuzk_mp.pipeline.keys import synthetic_key_paths
+        out = {}
+        for cid, cc in self.cfg.circuits.items():
+            spec = cc.spec
+            path = spec.zkey
+            if path is None and spec.synthetic is not None and spec.log_n is not None:
+                path = synthetic_key_paths(spec.synthetic, spec.log_n, self.cfg.param_cache)[0]
+            try:
+                out[cid] = Path(path).stat().st_size if path is not None else 0
+            except OSError:
+                out[cid] = 0
+        return out
+
+    async def _load_for_backlog(self) -> None:
+        """The worker's idle hook: load a key for jobs that wait elsewhere (see :mod:`.keys`); a
+        failure is logged and tried again later."""
+        now = time.monotonic()
+        if now < max(self._next_idle_check, self._next_load) or self.fleet is None or self._closing:
+            return
+        self._next_idle_check = now + self.fcfg.heartbeat_interval_s
+        try:
+            await self._plan_and_load(self.fleet, now)
+        except CuzkError as e:
+            log.warning("fleet: box %s could not load a key for the backlog: %s", self.fcfg.box, e)
+
+    async def _plan_and_load(self, fleet: Fleet, now: float) -> None:
+        depths, boxes = await fleet.queue_depths(), await fleet.boxes()
+        busy = frozenset(cid for cid in self.cfg.circuits if self.jobs.in_use(cid))
+        budget = self.cfg.engine.srs_budget_bytes
+        view = KeyView(resident=self.resident(), busy=busy, provable=frozenset(self.cfg.circuits),
+                       key_bytes=self._key_bytes(), budget_bytes=NO_BUDGET if budget is None else budget)
+        decision = plan_key_load(view, backlog_by_circuit(depths), holders_by_circuit(boxes, exclude=self.fcfg.box))
+        if decision.load is None:
+            log.debug("fleet: box %s loads no key: %s", self.fcfg.box, decision.reason)
+            return
+        self._next_load = now + self.fcfg.stall_timeout_s
+        log.info("fleet: box %s loads the key of %s%s: %s", self.fcfg.box, decision.load,
+                 f" (evicting {', '.join(decision.evict)})" if decision.evict else "", decision.reason)
+        for cid in decision.evict:
+            if await asyncio.to_thread(self.engine.evict, cid):
+                self.evicted(cid)
+        t0 = time.perf_counter()
+        await asyncio.to_thread(self.engine.preload, decision.load)
+        self.loaded(decision.load)
+        log.info("fleet: box %s holds %s after %.2f s; it claims its jobs", self.fcfg.box, decision.load,
+                 time.perf_counter() - t0)
+
+    # -- running a claimed job ------------------------------------------------------------
+
+    async def _run(self, c: Claimed) -> bytes:
+        """Prove a claimed job in the engine; the JobReply (msgpack) that becomes its result."""
+        if c.circuit_id in self._resident:
+            self._resident.move_to_end(c.circuit_id)
+        cc = self.cfg.circuits.get(c.circuit_id)
+        if cc is None:  # resident keys are configured circuits; a later config change may differ
+            raise ResourceError(f"box {self.fcfg.box} has no circuit {c.circuit_id!r} configured")
+        data = await asyncio.to_thread(load_inputs, c.inputs_ref, c.inputs_sha256)
+        try:
+            partitions = _partitions.decode(data)
+        except msgspec.MsgspecError as e:
+            raise InputError(f"inputs of job {c.job_id} ({c.inputs_ref}): not a list of partitions: {e}") from None
+        if len(partitions) != c.n_partitions:
+            raise InputError(f"inputs of job {c.job_id}: {len(partitions)} partitions, the job says {c.n_partitions}")
+        rec = JobRecord(job_id=f"{c.job_id}.{c.claims}", request_id=c.request_id or "", circuit_id=c.circuit_id,
+                        priority=c.priority, digest=c.inputs_sha256, partitions=partitions,
+                        submitted_at=c.submitted_at or time.time(), owner=c.client)
+        await self.jobs.run_claimed(rec)
+        if rec.state == "done":
+            return msgspec.msgpack.encode(msgspec.structs.replace(reply_of(rec, 0), job_id=c.job_id))
+        if rec.state == "cancelled":  # not asked by the fleet (that cancels this task): run it again
+            raise Cancelled(f"job {c.job_id}: the engine cancelled it ({rec.error or 'no reason given'})")
+        raise error_from_kind(rec.error_kind or "ProofError", rec.error or "the job failed")
+
+    # -- requests -------------------------------------------------------------------------
+
+    async def submit(self, req: P.SubmitProof | P.Prove, owner: str) -> JobRef:
+        """Queue a client's job in the fleet (the module docstring says what is checked)."""
+        cc = self.jobs.admit(req)
+        fleet = self._need()
+        if self.fcfg.inputs_dir is None:
+            raise ResourceError(f"box {self.fcfg.box} takes no submits: [fleet] inputs_dir is not set "
+                                "(a directory every box reads); submit to another box")
+        spec = JobSpec(job_id="submit", circuit_id=req.circuit_id, priority=self.jobs.priority_of(req, cc),
+                       partitions=[PartitionInput(kind=p.kind, data=p.data, seed=p.seed) for p in req.partitions])
+        check = self.engine.circuits.check_job
+        if any(p.kind == "json" for p in req.partitions):
+            await asyncio.to_thread(check, spec)
+        else:
+            check(spec)
+        try:
+            inp = await asyncio.to_thread(store_inputs, msgspec.msgpack.encode(req.partitions), self.fcfg.inputs_dir)
+        except OSError as e:
+            raise ResourceError(f"[fleet] inputs_dir {self.fcfg.inputs_dir}: cannot store the inputs: {e}") from None
+        return await fleet.submit(req.request_id or None, req.circuit_id, inp.ref, inp.sha256, spec.priority,
+                                  len(req.partitions), client=owner)
+
+    async def wait(self, job_id: str, timeout_s: float | None, only: str | None, id: int) -> P.JobReply:
+        """AwaitProof from any box: the job's reply once it ended, or where it is after ``timeout_s``."""
+        if timeout_s is not None and timeout_s < 0:
+            raise InputError(f"AwaitProof.timeout_s: must be >= 0, got {timeout_s}")
+        st = await self._need().await_result(job_id, timeout_s, only)
+        if not st.finished and self._closing:
+            raise ResourceError(f"the daemon is shutting down; job {st.job_id} goes on in the fleet: "
+                                "await it at another box")
+        return job_reply(st, id, timed_out=not st.finished)
+
+    async def cancel(self, job_id: str, only: str | None, id: int) -> P.CancelReply:
+        """CancelProof from any box; the box that runs the job stops it."""
+        fleet = self._need()
+        st = await fleet.status(job_id, only)
+        ok = await fleet.cancel(st.job_id, only)
+        state = "cancelled" if ok else (await fleet.status(st.job_id)).state
+        return P.CancelReply(id=id, job_id=st.job_id, cancelled=ok, state=state)
+
+    # -- status, metrics, retention ---------------------------------------------------------
+
+    async def document(self) -> dict[str, Any]:
+        """The ``fleet`` part of the status document: this box, then every box and the queues."""
+        doc: dict[str, Any] = {"box": self.fcfg.box, "resident": list(self._resident), "capacity": self.capacity(),
+                               "running": len(self.worker.running) if self.worker else 0}
+        try:
+            fleet = self._need()
+            doc.update(report.document(await fleet.boxes(), await fleet.queue_depths()))
+        except CuzkError as e:
+            doc["error"] = str(e)
+        return doc
+
+    async def gauges(self) -> list[Gauge]:
+        """The fleet's /metrics gauges (:mod:`.report`), and whether its database answered."""
+        try:
+            fleet = self._need()
+            boxes, depths = await fleet.boxes(), await fleet.queue_depths()
+        except CuzkError as e:
+            log.warning("fleet: no fleet figures for this scrape: %s", e)
+            return [(*DATABASE_UP, 0.0)]
+        return [(*DATABASE_UP, 1.0), *report.gauges(boxes, depths)]
+
+    async def prune(self, result_ttl_s: float) -> int:
+        """Prune finished jobs, their request ids and the inputs no job names any more (logged,
+        never raised: the next round tries again)."""
+        try:
+            fleet = self._need()
+            n = await fleet.prune(result_ttl_s)
+            removed = 0
+            if self.fcfg.inputs_dir is not None:
+                stale = await asyncio.to_thread(stale_inputs, self.fcfg.inputs_dir, result_ttl_s)
+                named = await fleet.referenced([str(p) for p in stale])
+                removed = await asyncio.to_thread(remove_stale_inputs, [p for p in stale if str(p) not in named],
+                                                  result_ttl_s)
+        except CuzkError as e:
+            log.warning("fleet: pruning failed (again at the next round): %s", e)
+            return 0
+        if n or removed:
+            log.info("fleet: pruned %d finished jobs and %d stored inputs older than result_ttl", n, removed)
+        return n
+
+
+NO_BUDGET = 1 << 62  # no [memory] key budget: every key fits
+DATABASE_UP = ("cuzk_fleet_database_up", "1 if this scrape read the fleet's database, 0 if it could not.")
+
+
+def job_reply(st: JobStatus, id: int, timed_out: bool = False) -> P.JobReply:
+    """The JobReply of a fleet job: the stored reply of a done job, else one built from its status."""
+    if st.state == "done" and st.result is not None:
+        try:
+            return msgspec.structs.replace(_job_reply.decode(st.result), id=id, job_id=st.job_id, timed_out=False)
+        except msgspec.MsgspecError as e:
+            raise ResourceError(f"job {st.job_id}: its stored result cannot be read: {e}") from None
+    fill: P.PartitionState = {"cancelled": "cancelled", "failed": "failed"}.get(st.state, "pending")  # type: ignore[assignment]
+    return P.JobReply(id=id, job_id=st.job_id, circuit_id=st.circuit_id, state=st.state,
+                      priority=st.priority.name,  # type: ignore[arg-type]
+                      partitions=[P.PartitionOut(index=i, state=fill) for i in range(st.n_partitions)],
+                      submitted_at=st.submitted_at, started_at=st.started_at, finished_at=st.finished_at,
+                      error=st.error, error_kind=st.error_kind, timed_out=timed_out)
+
