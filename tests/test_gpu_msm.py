@@ -388,3 +388,79 @@ def _fast_scalars(g: np.random.Generator, n: int, dist: str) -> np.ndarray:
         s[pick < 0.8] = 0
         s[pick < 0.4, 0] = 1
     return s
+
+
+# ------------------------------------------------------------------ batch-affine accumulation
+
+
+def _ba(msm: Any, **kw: Any) -> Any:
+    """Batch-affine params: tiny segments and windows, so a few hundred scalars make many
+    segments, runs across segments, several virtual blocks per persistent block and every
+    round's pairing (odd runs, runs of 1 and 2 flushed early)."""
+    base = {"ba_rounds": 3, "ba_seg": 9, "window_bits": 6, "nthreads": 32}
+    return msm.MsmParams(**{**base, **kw})
+
+
+@pytest.mark.parametrize("n", [1, 7, 300, 1000])
+@pytest.mark.parametrize("dist", ["random", "porep", "same", "edge"])
+def test_batch_affine_matches_arkworks(msm: Any, g2: bool, n: int, dist: str) -> None:
+    """msm_accumulate_affine (batch_affine.cuh) against arkworks: 0 / 1 / r - 1 scalars, one
+    bucket for everything ("same": every round pairs the whole segment), sizes that are no
+    multiple of the segment or the block."""
+    points, scalars = _points(n, g2), _scalars(n, dist, SEED + 51 + n)
+    assert _run(msm, points, scalars, g2, _ba(msm)) == _oracle(points, scalars, g2), f"seed {SEED}"
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "same"])
+def test_batch_affine_special_bases(msm: Any, g2: bool, dist: str) -> None:
+    """Infinity operands, P + P (the affine doubling inside a batch) and P + (-P) (infinity,
+    denominator 1) in the batch-affine rounds, for several segment and round counts (rounds 0:
+    the XYZZ pass alone inside the same kernel)."""
+    points, scalars = _special(g2, dist)
+    want = _oracle(points, scalars, g2)
+    for rounds, seg in ((1, 4), (2, 2), (3, 9), (8, 64), (0, 5)):
+        got = _run(msm, points, scalars, g2, _ba(msm, ba_rounds=rounds, ba_seg=seg))
+        assert got == want, f"seed {SEED} rounds {rounds} seg {seg}"
+
+
+def test_batch_affine_repeated_and_opposite_pairs(msm: Any, g2: bool) -> None:
+    """Pairs formed inside one round that are P + P, P + (-P), inf + P and P + inf, side by side
+    with ordinary pairs: all scalars 1 (the ones' sum: one run per segment) over bases built
+    so that every kind of pair occurs at every position of the batch."""
+    n = 240
+    base = _points(n, g2)
+    to_ark = curve.g2_lem_to_ark if g2 else curve.g1_lem_to_ark
+    to_lem = curve.g2_ark_to_lem if g2 else curve.g1_ark_to_lem
+    points = base.copy()
+    for i in range(0, n, 8):  # (P, P), (P, -P), (inf, P), (P, inf) then two ordinary pairs
+        points[i + 1] = points[i]
+        points[i + 3] = to_lem(-to_ark(points[i + 2]))
+        points[i + 4] = 0
+        points[i + 7] = 0
+    scalars = ints_to_limbs([1] * n, 4)
+    want = _oracle(points, scalars, g2)
+    for seg in (2, 8, 12, 240):
+        assert _run(msm, points, scalars, g2, _ba(msm, ba_seg=seg, ba_rounds=4)) == want, f"seed {SEED} seg {seg}"
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "edge"])
+def test_batch_affine_with_multiples(kind: str, msm: Any, g2: bool, dist: str) -> None:
+    """Batch-affine accumulation over precomputed multiples (one shared bucket set, window batches)."""
+    n = 400
+    points, scalars = _points(n, g2), _scalars(n, dist, SEED + 61)
+    for params in (_ba(msm), _ba(msm, max_entries=3 * n + 1, ba_seg=16, ba_rounds=2)):
+        obj = _with_multiples(kind, msm, points, g2, 7, dataclasses.replace(params, window_bits=None))
+        assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED} {params}"
+
+
+def test_accumulate_mode_from_env(msm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUZK_GPU_MSM_ACCUMULATE picks the default accumulation; a bad value is a ConfigError."""
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "affine")
+    assert msm.MsmParams().ba_rounds > 0
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "xyzz")
+    assert msm.MsmParams().ba_rounds == 0
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "fast")
+    with pytest.raises(ConfigError, match="CUZK_GPU_MSM_ACCUMULATE"):
+        msm.MsmParams()
+    with pytest.raises(ConfigError, match="ba_seg"):
+        msm.MsmParams(ba_seg=0)

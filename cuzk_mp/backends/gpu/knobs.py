@@ -19,7 +19,8 @@ times; shipped for the H200's sm_90 alone).
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import os
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...errors import ConfigError, InputError
@@ -58,10 +59,32 @@ class NttParams:
 NTT_KERNEL_DEFAULTS = {"NTT_TILE_LG": 10, "NTT_CHUNK_LG": 2, "NTT_THREADS": 256}
 
 
+# Bucket accumulation: "xyzz" (msm_accumulate: XYZZ mixed additions) or "affine"
+# (msm_accumulate_affine: batch-affine rounds, then XYZZ); read when MsmParams() is made.
+ACCUMULATE_ENV = "CUZK_GPU_MSM_ACCUMULATE"
+ACCUMULATE_MODES = ("xyzz", "affine")
+# Batch-affine defaults: 256 entries per thread; 3 rounds (each halves every run): a block of
+# 128 threads then shares one inversion among ~16 k, 8 k and 4 k additions, and the runs left
+# (1/8 of each) go through XYZZ, where a fourth round would save less than its inversion's latency.
+BA_ROUNDS = 3
+BA_SEG = 256
+
+
+def accumulate_rounds(mode: str | None = None) -> int:
+    """Batch-affine rounds of an accumulation mode (``mode`` None: env CUZK_GPU_MSM_ACCUMULATE,
+    default "xyzz"): 0 for "xyzz", :data:`BA_ROUNDS` for "affine"."""
+    mode = (os.environ.get(ACCUMULATE_ENV) if mode is None else mode) or "xyzz"
+    mode = mode.strip().lower()
+    if mode not in ACCUMULATE_MODES:
+        raise ConfigError(f"{ACCUMULATE_ENV}={mode!r}: one of {', '.join(ACCUMULATE_MODES)}")
+    return BA_ROUNDS if mode == "affine" else 0
+
+
 @dataclass(frozen=True)
 class MsmParams:
     """Knobs of one MSM object. Compiled in (one module per value, see :meth:`defines`):
-    ``nthreads``, ``acc_min_blocks``, ``fp2_calls``, ``fp2_lazy``; the rest is launch geometry."""
+    ``nthreads``, ``acc_min_blocks``, ``fp2_calls``, ``fp2_lazy``; the rest is launch geometry
+    (an MSM object's ``params`` may be replaced by one with other launch knobs between runs)."""
 
     nthreads: int = 128  # threads per block of every kernel
     # msm_accumulate's __launch_bounds__ minimum blocks per SM (caps its registers at
@@ -76,6 +99,10 @@ class MsmParams:
     reduce_threads: int = 1 << 16  # target thread count of the bucket reduction
     max_entries: int = 1 << 28  # sort keys alive at once (4 B key + 8 B index each)
     window_bits: int | None = None  # None: choose_window(number of tail scalars); ignored with precomputed multiples
+    # Batch-affine accumulation (kernels/msm/batch_affine.cuh): rounds of affine additions
+    # sharing one inversion per block before the XYZZ pass; 0 = msm_accumulate alone.
+    ba_rounds: int = field(default_factory=accumulate_rounds)
+    ba_seg: int = BA_SEG  # sorted entries per thread of the batch-affine kernel
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -93,6 +120,9 @@ class MsmParams:
             raise ConfigError(f"MsmParams.max_entries={self.max_entries}: >= 1")
         if self.acc_min_blocks is not None and not 1 <= self.acc_min_blocks <= 32:
             raise ConfigError(f"MsmParams.acc_min_blocks={self.acc_min_blocks}: in [1, 32] or None")
+        if not 0 <= self.ba_rounds <= 255 or not 1 <= self.ba_seg <= 1 << 16:
+            raise ConfigError(f"MsmParams: ba_rounds in [0, 255], ba_seg in [1, 65536] (got {self.ba_rounds}, "
+                              f"{self.ba_seg})")
 
     def defines(self, g2: bool) -> dict[str, int]:
         """The ``-D`` knobs of the kernel module for one group."""
