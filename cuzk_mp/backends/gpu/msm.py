@@ -53,7 +53,15 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 from ...algebra.curve import g1_to_ark, g2_to_ark
 from ...algebra.field import Q_MOD, fq2_inv_int, fq2_mul_int, limbs_to_ints
 from ...errors import InputError
-from .knobs import MSM_PATH, MsmParams, choose_multiples_window, choose_window, ones_segment, window_count
+from .knobs import (
+    MSM_PATH,
+    MsmParams,
+    accumulate_rounds,
+    choose_multiples_window,
+    choose_window,
+    ones_segment,
+    window_count,
+)
 from .modules import get_module, occupancy
 
 __all__ = [
@@ -64,6 +72,7 @@ __all__ = [
     "Multiples",
     "PendingMsm",
     "ScalarPlan",
+    "accumulate_rounds",
     "choose_multiples_window",
     "choose_window",
     "classify",
