@@ -19,7 +19,8 @@
  *       ((L-2, L-1), (L-4, L-3), ...; the first item of an odd run stays single); each
  *       pair's denominator d_k (x2 - x1; 2 y1 for P + P; 1 where no inversion is needed:
  *       an operand at infinity, P + (-P)) is multiplied into a running product and the
- *       suffix products s_k = d_k d_(k+1) ... are stored in scratch;
+ *       suffix products s_k = d_k d_(k+1) ... are stored in scratch (this pass reads the
+ *       x coordinates alone unless they are equal or zero);
  *     the block inverts the product of all its threads' products at once
  *       (ba_block_inverse: prefix and suffix scans in shared memory, ONE Fermat inversion
  *       by thread 0), which hands each thread the inverse of its own product;
@@ -134,17 +135,27 @@ struct ba_list {
     FF_INLINE uint32_t key(uint64_t i) const {
         return entries ? msm_key_bucket(keys[perm[j0 + i]], cfg) : skeys[i * G];
     }
+    /* the key of entry i and the point row it reads */
+    FF_INLINE const uint64_t* entry(uint64_t i, uint32_t& k) const {
+        uint64_t p = (uint64_t)perm[j0 + i];
+        k = keys[p];
+        uint64_t wl = msm_key_window(k, cfg), s = p - wl * m;
+        return points + (wl * stride + (tail_idx ? (uint64_t)tail_idx[s] : s)) * AW;
+    }
     FF_INLINE affine_t<F> pt(uint64_t i) const {
         if (!entries) {
             const uint64_t* p = pts + i * AW * G;
             return {ba_load<F>(p, G), ba_load<F>(p + CW * G, G)};
         }
-        uint64_t p = (uint64_t)perm[j0 + i];
-        uint32_t k = keys[p];
-        uint64_t wl = msm_key_window(k, cfg), s = p - wl * m;
-        uint64_t row = wl * stride + (tail_idx ? (uint64_t)tail_idx[s] : s);
-        affine_t<F> a = affine_t<F>::load(points + row * AW);
+        uint32_t k;
+        affine_t<F> a = affine_t<F>::load(entry(i, k));
         return (k & 1) ? a.neg() : a;
+    }
+    /* x alone (the den pass reads y only where x cannot decide the pair's kind) */
+    FF_INLINE F x(uint64_t i) const {
+        if (!entries) return ba_load<F>(pts + i * AW * G, G);
+        uint32_t k;
+        return F::load(entry(i, k));
     }
     FF_INLINE void put(uint64_t i, const affine_t<F>& a, uint32_t b) const {
         uint64_t* p = pts + i * AW * G;
@@ -189,9 +200,12 @@ FF_INLINE uint32_t ba_den_pass(const ba_list<F>& L, uint64_t len, F& acc) {
             kb = ka;
             continue;
         }
-        F den;
-        uint32_t kind = ba_kind(L.pt((uint64_t)(i - 1)), L.pt((uint64_t)i), den);
-        if (kind <= BA_DBL) acc = ec_mul(acc, den);
+        F xa = L.x((uint64_t)(i - 1)), xb = L.x((uint64_t)i);
+        F den = xb - xa;
+        /* x1 != x2, both non-zero: an ordinary addition (x = 0 may be infinity's encoding) */
+        if (den.is_zero() || xa.is_zero() || xb.is_zero())
+            ba_kind(L.pt((uint64_t)(i - 1)), L.pt((uint64_t)i), den);
+        acc = ec_mul(acc, den); /* den = 1 where the pair needs no inversion */
         L.set_suffix(np++, acc); /* suffix of the np-th pair from the end */
         i -= 2;
         if (i >= 0) kb = L.key((uint64_t)i);
