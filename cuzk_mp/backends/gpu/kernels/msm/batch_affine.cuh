@@ -22,8 +22,8 @@
  *       suffix products s_k = d_k d_(k+1) ... are stored in scratch (this pass reads the
  *       x coordinates alone unless they are equal or zero);
  *     the block inverts the product of all its threads' products at once
- *       (ba_block_inverse: prefix and suffix scans in shared memory, ONE Fermat inversion
- *       by thread 0), which hands each thread the inverse of its own product;
+ *       (ba_block_inverse: prefix and suffix scans in shared memory, ONE inversion by
+ *       thread 0, the binary algorithm: its latency is what the block waits for), which hands each thread the inverse of its own product;
  *     out pass, first item to last: pair k's inverse is inv s_(k+1), then inv *= d_k
  *       (inv is then 1 / s_(k+1)); the sum is written compacted to the front of the
  *       scratch list (never past what is still to be read). A run that gives ONE item
@@ -44,6 +44,7 @@
  * The host sizes it from the same two functions (msm.py).
  */
 #pragma once
+#include "../ff/inv_binary.cuh"
 #include "accumulate.cuh"
 
 #define BA_ADD 0u    /* x1 != x2: lambda = (y2 - y1) / (x2 - x1) */
@@ -55,9 +56,16 @@
 FF_INLINE uint64_t ba_cap(uint64_t seg) { return seg >= 3 ? 2 * seg / 3 : 1; }
 FF_INLINE uint64_t ba_half(uint64_t seg) { return seg >= 2 ? seg / 2 : 1; }
 
+/* The block's one inversion (by a single thread while the others wait: latency is what
+ * counts): the binary algorithm of ff/inv_binary.cuh; Fq2 through the norm, (c0 - c1 u) / (c0^2 + c1^2). */
+FF_INLINE fp_t ba_inv(const fp_t& a) { return inv_binary(a); }
+FF_INLINE fp2_t ba_inv(const fp2_t& a) {
+    fp_t t = inv_binary(a.c0.sqr() + a.c1.sqr());
+    return {a.c0 * t, (a.c1 * t).neg()};
+}
 template <class F>
 EC_NOINLINE F ba_inv_call(F a) {
-    return a.inv();
+    return ba_inv(a);
 }
 
 /* The kind of pair (a, b) and its denominator (1 where the pair needs no inversion). */
