@@ -1,4 +1,4 @@
-"""Issue 2's measurement: `cuzk-mp groth16 prove` vs `snarkjs groth16 prove` on the CPU.
+"""The CPU comparison with snarkjs: `cuzk-mp groth16 prove` vs `snarkjs groth16 prove` on the CPU.
 
 Same zkey and witness for both, same machine, same run, median of N runs each,
 at 2^12, 2^14 and 2^16 rows, for both synthetic circuits (keys from `cuzk-mp

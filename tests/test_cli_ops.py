@@ -321,7 +321,7 @@ def test_starting_sends_status_and_extension(tmp_path: Path, monkeypatch: pytest
 def test_batch_prove_long_names_through_a_daemon(tmp_path: Path) -> None:
     """Two inputs whose long names share their first 100 characters, through a real daemon: both
     jobs are proved (one request id each) and every proof verifies (``--verify``)."""
-    from cuzk_mp.circuits.synthetic import write_circuit
+    from cuzk_mp.circuits.synthetic_kinds import write_synthetic
 
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
            "CUZK_MP": f"{sys.executable} -m cuzk_mp"}
@@ -330,7 +330,7 @@ def test_batch_prove_long_names_through_a_daemon(tmp_path: Path) -> None:
     inputs.mkdir()
     prefix = "sector-" + "0123456789" * 10
     for seed, tail in ((1, "a"), (2, "b")):
-        _, wtns = write_circuit(10, tmp_path / f"w{seed}", seed=seed)
+        _, wtns = write_synthetic("porep-like", 10, tmp_path / f"w{seed}", seed=seed)
         wtns.rename(inputs / f"{prefix}-{tail}.wtns")
     with open(tmp_path / "daemon.log", "wb") as log:
         daemon = subprocess.Popen([sys.executable, "-m", "cuzk_mp", "daemon", "--config", str(tmp_path / "cuzk.toml")],

@@ -17,7 +17,8 @@ import pytest
 
 from cuzk_mp.algebra import fr
 from cuzk_mp.algebra.field import R_MOD, domain_log_size, limbs_to_ints
-from cuzk_mp.circuits.synthetic import PorepLike, write_circuit
+from cuzk_mp.circuits.synthetic import PorepLike
+from cuzk_mp.circuits.synthetic_kinds import write_synthetic
 from cuzk_mp.errors import ConfigError, InputError
 from cuzk_mp.formats.r1cs import R1CS, read_r1cs
 from cuzk_mp.formats.wtns import read_wtns, write_wtns
@@ -209,7 +210,7 @@ def test_bad_arguments() -> None:
 
 
 def test_write_circuit_reads_back(tmp_path: Path) -> None:
-    r1cs_path, wtns_path = write_circuit(10, tmp_path / "out", seed=4, partition=6)
+    r1cs_path, wtns_path = write_synthetic("porep-like", 10, tmp_path / "out", seed=4, partition=6)
     assert (r1cs_path.name, wtns_path.name) == ("porep-like-10.r1cs", "porep-like-10.wtns")
     c = PorepLike(10)
     back, w = read_r1cs(r1cs_path), read_wtns(wtns_path)
@@ -226,7 +227,7 @@ def test_write_circuit_reads_back(tmp_path: Path) -> None:
 @pytest.mark.snarkjs
 def test_snarkjs_wtns_check_accepts_and_rejects(tmp_path: Path) -> None:
     require_tools()
-    r1cs_path, wtns_path = write_circuit(10, tmp_path, seed=1, partition=2)
+    r1cs_path, wtns_path = write_synthetic("porep-like", 10, tmp_path, seed=1, partition=2)
     assert wtns_check(r1cs_path, wtns_path)
     w = read_wtns(wtns_path)
     c = PorepLike(10)
@@ -239,7 +240,7 @@ def test_snarkjs_wtns_check_accepts_and_rejects(tmp_path: Path) -> None:
 @pytest.mark.snarkjs
 def test_snarkjs_proof_verifies_and_a_wrong_public_input_fails(tmp_path: Path, oracle: Oracle) -> None:
     """At 2^10 the circuit fits the oracle's 2^10 ptau exactly (a full domain)."""
-    r1cs_path, wtns_path = write_circuit(10, tmp_path, seed=3, partition=5)
+    r1cs_path, wtns_path = write_synthetic("porep-like", 10, tmp_path, seed=3, partition=5)
     zkey = groth16_setup(r1cs_path, oracle.ptau(), tmp_path / "k.zkey")
     vk = export_vk(zkey, tmp_path / "vk.json")
     proof, public = tmp_path / "proof.json", tmp_path / "public.json"

@@ -1,9 +1,10 @@
 """The PoRep-shaped synthetic circuit: Filecoin's partition circuit stand-in for benchmarks.
 
 Owns :class:`PorepLike` (the circuit at 2^log_n rows: its R1CS, built once and cached, and its
-deterministic witness for (seed, partition)) and :func:`write_circuit` (``cuzk-mp circuit
-porep-like``). The gadgets are in :mod:`.synthetic_gadgets`, the lane's shape and constants in
-:mod:`.synthetic_lane`, the tiling into CSR matrices in :mod:`.synthetic_csr`.
+deterministic witness for (seed, partition)); ``cuzk-mp circuit porep-like`` writes it through
+:func:`~cuzk_mp.circuits.synthetic_kinds.write_synthetic`. The gadgets are in
+:mod:`.synthetic_gadgets`, the lane's shape and constants in :mod:`.synthetic_lane`, the tiling into
+CSR matrices in :mod:`.synthetic_csr`.
 
 Layout, in circom's wire order (wire 0 = 1, public outputs, public inputs, private):
 
@@ -31,7 +32,6 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from functools import cached_property
-from pathlib import Path
 
 import numpy as np
 
@@ -42,7 +42,7 @@ from ..errors import ConfigError, InputError
 from ..formats.r1cs import R1CS
 from .synthetic_csr import Block, CoefTable, Template, assemble
 from .synthetic_gadgets import ONE, LaneCS, LaneWriter, Word, global_ref, lc
-from .synthetic_kinds import check_shape
+from .synthetic_shape import check_shape
 from .synthetic_lane import RANDOM_WORDS, synth_lane, synth_prologue
 
 PARTITION_BITS = 32
@@ -175,9 +175,3 @@ class PorepLike:
             raise InputError(f"porep-like: partition index must be in [0, 2^{PARTITION_BITS}), got {partition}")
         return int(partition)
 
-
-def write_circuit(log_n: int, out_dir: Path, seed: int = 0, partition: int = 0) -> tuple[Path, Path]:
-    """Write ``porep-like-<log_n>.r1cs`` and a sample ``porep-like-<log_n>.wtns`` into ``out_dir``."""
-    from .synthetic_kinds import write_synthetic
-
-    return write_synthetic("porep-like", log_n, out_dir, seed=seed, partition=partition)

@@ -1,7 +1,7 @@
 """The dense-random synthetic circuit: every witness value a full-width field element.
 
 The counterpart of :class:`~cuzk_mp.circuits.synthetic.PorepLike` for the other end of the
-benchmark range (issue 3's "witness of full-width random field elements"): with it no MSM can
+benchmark range (a witness of full-width random field elements): with it no MSM can
 skip zeros or add ones, so a prove measures full Pippenger passes. It has the same interface as
 ``PorepLike`` (``r1cs()``, ``witness(seed, partition)``, ``witness_into``, ``public_inputs``) and
 the same sizing rule: exactly ``2^log_n - n_public - 1`` constraints, so that snarkjs's domain is
@@ -32,7 +32,7 @@ from ..algebra.sparse import CsrMatrix
 from ..algebra.threads import numba_threads
 from ..errors import InputError
 from ..formats.r1cs import R1CS
-from .synthetic_kinds import check_shape
+from .synthetic_shape import check_shape
 
 ALPHA_PERIOD, BETA_PERIOD = 251, 241
 PARTITION_LIMIT = 1 << 32

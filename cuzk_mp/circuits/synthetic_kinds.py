@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Union
 
 from ..errors import ConfigError
+from .synthetic_shape import MAX_LOG_N, MIN_LOG_N, check_shape
 
 if TYPE_CHECKING:
     from .synthetic import PorepLike
@@ -24,16 +25,7 @@ if TYPE_CHECKING:
     SyntheticCircuit = Union[PorepLike, DenseRandom]
 
 SYNTHETIC_KINDS = ("porep-like", "dense-random")
-MIN_LOG_N = 10
-MAX_LOG_N = 28  # 2^28 rows: wire ids stay far below 2^32 (u32 in r1cs and CSR indices)
-
-
-def check_shape(kind: str, log_n: int, n_public: int) -> None:
-    """The size rules every synthetic circuit shares (ConfigError naming the kind and the value)."""
-    if not MIN_LOG_N <= log_n <= MAX_LOG_N:
-        raise ConfigError(f"{kind}: log_n must be in [{MIN_LOG_N}, {MAX_LOG_N}], got {log_n}")
-    if n_public < 1:
-        raise ConfigError(f"{kind}: n_public must be >= 1 (the partition index), got {n_public}")
+__all__ = ["MAX_LOG_N", "MIN_LOG_N", "SYNTHETIC_KINDS", "check_shape", "synthetic_circuit", "write_synthetic"]
 
 
 def synthetic_circuit(kind: str, log_n: int) -> SyntheticCircuit:
