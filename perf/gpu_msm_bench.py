@@ -8,11 +8,11 @@ Times are CUDA-event medians of ``reps`` runs after one warm-up, with the
 per-phase split of ``MsmG1/G2.last_timings`` (classify, ones, digits, sort,
 accumulate, reduce, finish).
 
-Usage: ``python3 perf/gpu_msm_bench.py [--quick | --g2-variants] [--out FILE.json]``;
+Usage: ``python3 perf/gpu_msm_bench.py [--quick | --accumulate] [--out FILE.json]``;
 prints a table last. ``msm_rows(quick)`` is what perf/gpu_bench.py calls.
-``--g2-variants`` times only the G2 module variants of ``knobs.G2_VARIANTS`` (shipped
-precompiled for sm_90) and the reduction knobs at 2^24 (random and PoRep-like,
-every result checked). :func:`time_msm` with ``multiples=c`` times the MSM over
+``--accumulate`` times only the bucket accumulation variants of :data:`ACCUMULATE_VARIANTS`
+(XYZZ, batch-affine with a few segment / round choices) for G1 and G2 at 2^24, random and
+PoRep-like, then the reduction knobs (every result checked). :func:`time_msm` with ``multiples=c`` times the MSM over
 precomputed multiples (the table build is timed apart).
 """
 
@@ -37,11 +37,17 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar  # noqa: E402
 from cuzk_mp.algebra import fr  # noqa: E402
 from cuzk_mp.algebra.field import R_MOD  # noqa: E402
 from cuzk_mp.backends.gpu import fixed_base, msm  # noqa: E402
-from cuzk_mp.backends.gpu.knobs import G2_VARIANTS  # noqa: E402
 from cuzk_mp.backends.gpu.modules import get_module  # noqa: E402
 
 CHECKPOINT: Any = lambda rows: None  # main() points this at the --out writer (partial results survive a timeout)
 PHASES = ("ones", "digits", "sort", "accumulate", "reduce", "d2h", "finish")
+# Bucket accumulation variants timed side by side (launch knobs of one compiled module).
+ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
+    "xyzz": msm.MsmParams(ba_rounds=0),
+    "affine": msm.MsmParams(ba_rounds=3, ba_seg=256),
+    "affine_s512r4": msm.MsmParams(ba_rounds=4, ba_seg=512),
+    "affine_s128r2": msm.MsmParams(ba_rounds=2, ba_seg=128),
+}
 
 
 def random_scalars(n: int, dist: str, seed: int) -> np.ndarray:
@@ -89,21 +95,28 @@ class Bases:
         return self.gen * Scalar.from_le_bytes(total.to_bytes(32, "little"))
 
 
+def multiples_of(bases: Bases, n: int, c: int) -> tuple[msm.Multiples, float]:
+    """The precomputed multiples table (c-bit windows) of the first n bases, and its build ms."""
+    ev = [cupy.cuda.Event() for _ in range(2)]
+    ev[0].record()
+    w = msm.window_count(c)
+    mult = msm.Multiples(fixed_base.multiples_table(bases.d_points[:n], c, w), c, w, n)
+    ev[1].record()
+    ev[1].synchronize()
+    return mult, float(cupy.cuda.get_elapsed_time(ev[0], ev[1]))
+
+
 def time_msm(bases: Bases, s: np.ndarray, reps: int, params: msm.MsmParams | None = None,
-             check: bool = True, multiples: int | None = None) -> dict[str, Any]:
+             check: bool = True, multiples: int | msm.Multiples | None = None) -> dict[str, Any]:
     """Median ms (CUDA events, classification excluded: the prover classifies while staging)
     and phase split of ``reps`` runs; ``ok`` = result checked. ``multiples``: the window bits
-    of a precomputed multiples table (its build time is ``build_ms``)."""
+    of a precomputed multiples table to build (its build time is ``build_ms``), or a table."""
     n = s.shape[0]
     mult, build_ms = None, 0.0
-    if multiples is not None:
-        ev = [cupy.cuda.Event() for _ in range(2)]
-        ev[0].record()
-        w = msm.window_count(multiples)
-        mult = msm.Multiples(fixed_base.multiples_table(bases.d_points[:n], multiples, w), multiples, w, n)
-        ev[1].record()
-        ev[1].synchronize()
-        build_ms = float(cupy.cuda.get_elapsed_time(ev[0], ev[1]))
+    if isinstance(multiples, int):
+        mult, build_ms = multiples_of(bases, n, multiples)
+    elif multiples is not None:
+        mult = multiples
     cls = msm.MsmG2 if bases.g2 else msm.MsmG1
     obj = cls(mult.table[:n] if mult is not None else bases.d_points[:n], params, mult)
     d_s = cupy.asarray(s)
@@ -187,20 +200,22 @@ def bench_rows(plan: dict[bool, tuple[int, ...]], reps: int, sweep_lg: int | Non
     return rows
 
 
-def variant_rows(lg: int = 24, reps: int = 3) -> dict[str, Any]:
-    """G2 rows at 2^lg for every ``knobs.G2_VARIANTS`` entry (random and PoRep-like, checked),
-    then the runtime reduction knobs on the default module."""
+def accumulate_rows(lg: int = 24, reps: int = 3) -> dict[str, Any]:
+    """G1 and G2 rows at 2^lg for every :data:`ACCUMULATE_VARIANTS` entry (random and PoRep-like,
+    checked), then the runtime reduction knobs of the G2 default."""
     rows: dict[str, Any] = {}
-    for name, params in G2_VARIANTS.items():
-        _load(rows, f"msm_g2_{name}", msm.MSM_PATH, params.defines(True))
-    CHECKPOINT(rows)
-    bases = Bases(True, 1 << lg, seed=7)
-    for dist in ("random", "porep"):
-        s = random_scalars(1 << lg, dist, lg)
-        for name, params in G2_VARIANTS.items():
-            _flatten(rows, f"g2_variant_{name}_{dist}_2^{lg}", time_msm(bases, s, reps, params))
-            CHECKPOINT(rows)
-    _reduce_sweep(rows, "g2", bases, lg, reps)
+    for g2 in (False, True):
+        grp = "g2" if g2 else "g1"
+        bases = Bases(g2, 1 << lg, seed=7)
+        for dist in ("random", "porep"):
+            s = random_scalars(1 << lg, dist, lg)
+            for name, params in ACCUMULATE_VARIANTS.items():
+                _flatten(rows, f"{grp}_acc_{name}_{dist}_2^{lg}", time_msm(bases, s, reps, params))
+                CHECKPOINT(rows)
+        if g2:
+            _reduce_sweep(rows, grp, bases, lg, reps)
+        del bases
+        cupy.get_default_memory_pool().free_all_blocks()
     rows["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     rows["date"] = datetime.date.today().isoformat()
     return rows
@@ -260,14 +275,14 @@ def main() -> None:
     """Run the rows, print the table last, write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2^20 only, 3 reps")
-    ap.add_argument("--g2-variants", action="store_true", help="only the compiled G2 variants at 2^24")
+    ap.add_argument("--accumulate", action="store_true", help="only the accumulation variants at 2^24")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
     global CHECKPOINT
     if args.out:
         out = args.out
         CHECKPOINT = lambda rows: out.write_text(json.dumps(rows, indent=1, sort_keys=True))  # noqa: E731
-    rows = variant_rows() if args.g2_variants else msm_rows(args.quick)
+    rows = accumulate_rows() if args.accumulate else msm_rows(args.quick)
     CHECKPOINT(rows)
     print(_table(rows))
 

@@ -19,9 +19,9 @@ call-save) accesses.
 
 Usage::
 
-    python perf/gpu_msm_static.py [--g2] [--fp2-calls] [--fp2-lazy] [--min-blocks B] [--nthreads T]
+    python perf/gpu_msm_static.py [--g2] [--min-blocks B] [--nthreads T]
         [-D NAME=VALUE ...] [--json FILE] [--sass FILE]
-    python perf/gpu_msm_static.py --variants --json FILE   # G1 + every G2 bench variant
+    python perf/gpu_msm_static.py --variants --json FILE   # the G1 and G2 modules
 
 cicc (NVVM) and ptxas seconds come from nvcc's ``-time`` table.
 """
@@ -45,7 +45,7 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-from cuzk_mp.backends.gpu.knobs import G2_VARIANTS, MSM_PATH, MsmParams  # noqa: E402
+from cuzk_mp.backends.gpu.knobs import MSM_PATH, MsmParams  # noqa: E402
 from cuzk_mp.backends.gpu.source import assemble  # noqa: E402
 _FUNC = re.compile(r"Function properties for (\S+)")
 _ENTRY = re.compile(r"Compiling entry function '(\S+)'")
@@ -243,11 +243,9 @@ def main() -> None:
     ap.add_argument("--g2", action="store_true", help="the G2 module (default G1)")
     ap.add_argument("--nthreads", type=int, default=128, help="MsmParams.nthreads")
     ap.add_argument("--min-blocks", type=int, default=None, help="MsmParams.acc_min_blocks")
-    ap.add_argument("--fp2-calls", action="store_true", help="MsmParams.fp2_calls")
-    ap.add_argument("--fp2-lazy", action="store_true", help="MsmParams.fp2_lazy")
     ap.add_argument("-D", dest="defines", action="append", default=[], help="extra define K=V")
     ap.add_argument("--variants", action="store_true",
-                    help="G1 default and every G2 variant of knobs.G2_VARIANTS")
+                    help="the G1 and the G2 module")
     ap.add_argument("--json", type=Path, default=None, help="write the full report here")
     ap.add_argument("--sass", type=Path, default=None, help="write the SASS listing here")
     args = ap.parse_args()
@@ -255,14 +253,12 @@ def main() -> None:
     if args.variants:
         reps = {"g1_default": compile_report(False, MsmParams(), defines)}
         print(summary(reps["g1_default"]), flush=True)
-        for name, params in G2_VARIANTS.items():
-            reps[f"g2_{name}"] = compile_report(True, params, defines)
-            print(f"[g2 {name}] " + summary(reps[f"g2_{name}"]), flush=True)
+        reps["g2_default"] = compile_report(True, MsmParams(), defines)
+        print("[g2] " + summary(reps["g2_default"]), flush=True)
         if args.json:
             args.json.write_text(json.dumps(_with_meta(reps), indent=1, sort_keys=True))
         return
-    params = MsmParams(nthreads=args.nthreads, acc_min_blocks=args.min_blocks, fp2_calls=args.fp2_calls,
-                       fp2_lazy=args.fp2_lazy)
+    params = MsmParams(nthreads=args.nthreads, acc_min_blocks=args.min_blocks)
     rep = compile_report(args.g2, params, defines, args.sass)
     print(summary(rep))
     if args.json:

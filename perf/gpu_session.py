@@ -1,29 +1,35 @@
 #!/usr/bin/env python3
-"""One GPU session in one call: fresh-box CLI timings, the GPU tests of what changed, checked MSM
-and partition timings (old and new variants side by side), real 2^20 proofs; a table last.
+"""One GPU session in one call: the GPU tests of what changed, checked MSM and partition timings
+(old and new variants side by side), optionally fresh-box CLI timings and real 2^20 proofs; a
+table last.
 
 On the GPU machine (repository root, the cp312 wheels installed as README "The GPU machine" says):
 
-    python3 perf/gpu_session.py --out $OUT            # ~7-8 min, budget 530 s
+    python3 perf/gpu_session.py --out $OUT            # ~4.5 min: tests, msm, partition
+    python3 perf/gpu_session.py --out $OUT --sections fresh,tests,msm,partition,proofs   # ~7 min
 
 writes ``$OUT/gpu-session.tar.gz`` (``gpu-session.json``, ``logs/``, ``proofs/`` with snarkjs
-JSON of each real proof) and prints the table last. Sections, in this order (``--skip`` any):
+JSON of each real proof) and prints the table last. Sections, in this order (``--sections``
+picks, ``--skip`` drops):
 
 * ``fresh``  whole processes on a box where nothing ran yet: ``cuzk-mp circuit porep-like
   --log-n 16``, ``cuzk-mp setup --backend gpu``, the first ``cuzk-mp groth16 prove --backend gpu``
   and three warm ones (``fresh_*_s``), and how many kernel modules fell back to NVRTC
   (``fresh_nvrtc_fallbacks``: 0 when the shipped binaries load);
-* ``tests``  ``pytest -m gpu`` on the changed areas (backend protocol, MSMs with multiples and
-  plans, fixed-base, the shipped binaries): ``tests_passed`` / ``tests_failed``;
-* ``msm``    G1 random 2^24 and 2^26, G2 random 2^24: the plain Pippenger (``*_ms``), with
-  precomputed multiples (``*_multiples_ms``, table build ``*_multiples_build_ms``) and the G2
-  module variants (``g2_msm_random_2^24_{calls,lazy,calls_lazy}_ms``); every result checked
-  by the discrete-log identity (``*_ok``);
+* ``tests``  ``pytest -m gpu`` on what changed (:data:`TEST_SELECTION`: the MSM tests, with the
+  batch-affine kernel's, and the backend's page-release and whole-proof tests), bounded by a
+  timeout, failures named (``-rfE``) and the slowest listed (``--durations``):
+  ``tests_passed`` / ``tests_failed``, the log in ``logs/tests.log``;
+* ``msm``    G1 random 2^24 and 2^26, G2 random 2^24, each with both bucket accumulations: XYZZ
+  (``*_ms``, the old kernel) and batch-affine (``*_affine_ms``), plain and with precomputed
+  multiples (``*_multiples_ms`` / ``*_multiples_affine_ms``, one table per size, its build
+  ``*_multiples_build_ms``); every result checked by the discrete-log identity (``*_ok``);
 * ``partition``  the device work of one 2^24 partition (stage, h_values, the five MSMs: the
   protocol recipe ``groth16.prover.prove_start``) on a key-shaped set of points t_i G (the four
   G1 sections share one set; no dev setup needed), witness PoRep-like (40 % 0, 40 % 1) and
-  dense-random; ``prove_{porep,random}_2^24_total_ms`` with the default multiples plan and
-  ``..._multiples_none_total_ms`` without, each stage's split, every sum checked;
+  dense-random; ``prove_{porep,random}_2^24[_affine]_total_ms`` with the default multiples plan
+  and ``..._multiples_none[_affine]_total_ms`` without (one key load per plan, the MSM objects'
+  accumulation switched between XYZZ and batch-affine), each stage's split, every sum checked;
 * ``proofs``  real 2^20 proofs of both synthetic circuits (GPU dev setup, ``prove``, self-verified,
   written for ``snarkjs groth16 verify``): ``prove_{porep,random}_2^20_s`` and device totals.
 
@@ -36,6 +42,7 @@ backend at 2^10, collects the tests, and writes the tar, so the device run does 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import datetime as _dt
 import inspect
 import json
@@ -57,19 +64,28 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "perf"))
 
-BUDGET_S = 530.0
-TEST_FILES = ["tests/test_gpu_kernels_shipped.py", "tests/test_gpu_backend.py", "tests/test_gpu_msm.py",
-              "tests/test_gpu_fixed_base.py"]
+BUDGET_S = 290.0
+DEFAULT_SECTIONS = "tests,msm,partition"
+# The gpu-marked tests of what changed, in two pytest runs so that the first (the new kernel's
+# tests and the backend tests that failed or matter here) completes even if the second runs out
+# of time: (label, paths, -k expression, timeout s). The shipped-binaries tests need no GPU.
+_NEW = "batch_affine or accumulation or large or params_defines or fp2_lazy"
+TEST_GROUPS = [
+    ("new", ["tests/test_gpu_msm.py", "tests/test_gpu_backend.py::test_load_key_lets_file_pages_go",
+             "tests/test_gpu_backend.py::test_whole_proof_on_gpu_verifies"], _NEW, 70.0),
+    ("msm", ["tests/test_gpu_msm.py"], f"not ({_NEW})", 45.0),
+]
 # Estimated seconds per section on the H200 (for the budget check before each one starts).
-ESTIMATE_S = {"fresh": 90.0, "tests": 150.0, "msm": 70.0, "partition": 80.0, "proofs": 45.0}
+ESTIMATE_S = {"fresh": 90.0, "tests": 110.0, "msm": 75.0, "partition": 80.0, "proofs": 45.0}
+_MSM = ["g1_msm_random_2^24", "g1_msm_random_2^26", "g2_msm_random_2^24"]
+_PART = ["prove_porep_2^24", "prove_random_2^24"]
 TABLE_KEYS = [
     "fresh_setup_2^16_s", "fresh_prove_2^16_first_s", "fresh_prove_2^16_warm_s", "fresh_nvrtc_fallbacks",
     "tests_passed", "tests_failed",
-    "g1_msm_random_2^24_ms", "g1_msm_random_2^24_multiples_ms", "g1_msm_random_2^26_ms",
-    "g1_msm_random_2^26_multiples_ms", "g2_msm_random_2^24_ms", "g2_msm_random_2^24_calls_ms",
-    "g2_msm_random_2^24_lazy_ms", "g2_msm_random_2^24_calls_lazy_ms", "g2_msm_random_2^24_multiples_ms",
-    "prove_porep_2^24_multiples_none_total_ms", "prove_porep_2^24_total_ms",
-    "prove_random_2^24_multiples_none_total_ms", "prove_random_2^24_total_ms",
+    *[f"{b}{m}{a}_ms" for b in _MSM for m in ("", "_multiples") for a in ("", "_affine")],
+    *[f"{b}_multiples_none{a}_total_ms" for b in _PART for a in ("", "_affine")],
+    *[f"{b}{a}_total_ms" for b in _PART for a in ("", "_affine")],
+    *[f"{b}{a}_{k}_ms" for b in _PART for a in ("", "_affine") for k in ("msm_b2", "msm_a", "msm_h")],
     "prove_porep_2^20_s", "prove_random_2^20_s", "checks_failed",
 ]
 
@@ -156,66 +172,90 @@ def _text(x: str | bytes | None) -> str:
 
 
 def test_rows(ses: Session, collect_only: bool) -> None:
-    """The gpu-marked tests of the changed areas, bounded by a timeout."""
-    cmd = [sys.executable, "-m", "pytest", "-q", "-m", "gpu" if not collect_only else "gpu or not gpu",
-           "-p", "no:cacheprovider", *TEST_FILES]
+    """The gpu-marked tests of what changed (:data:`TEST_GROUPS`), each run bounded by a timeout."""
+    import re
+
+    passed = failed = collected = 0
+    ok = True
+    logs = []
+    for label, paths, expr, limit in TEST_GROUPS:
+        cmd = [sys.executable, "-m", "pytest", "-q", "-rfE", "--durations=10", "-p", "no:cacheprovider",
+               "-m", "gpu" if not collect_only else "gpu or not gpu", "-k", expr, *paths]
+        if collect_only:
+            cmd.append("--collect-only")
+        t0 = time.perf_counter()
+        timeout = max(20.0, min(limit, ses.left() - ESTIMATE_S["msm"] - ESTIMATE_S["partition"]))
+        try:
+            res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
+            text, rc = res.stdout + res.stderr, res.returncode
+        except subprocess.TimeoutExpired as exc:
+            text, rc = f"{_text(exc.stdout)}\n{_text(exc.stderr)}\nTIMEOUT after {timeout:.0f} s", -1
+        logs.append(f"$ {' '.join(cmd)}\n{text}")
+        ses.rows[f"tests_{label}_s"] = time.perf_counter() - t0
+        tail = text.strip().splitlines()[-1] if text.strip() else ""
+        ses.rows[f"tests_{label}_summary"] = tail
+
+        def count(word: str, tail: str = tail) -> int:
+            m = re.search(rf"(\d+) {word}", tail)
+            return int(m.group(1)) if m else 0
+
+        if collect_only:
+            m = re.search(r"(\d+)(?:/\d+)? tests? collected", tail)
+            collected += int(m.group(1)) if m else 0
+            continue
+        names = [ln.split()[1] for ln in text.splitlines() if ln.startswith(("FAILED ", "ERROR ")) and " " in ln]
+        if names:
+            ses.rows[f"tests_{label}_failed_names"] = names
+            ses.log(f"tests {label}: failed " + ", ".join(names))
+        passed += count("passed")
+        failed += count("failed") + count("error")
+        ok = ok and rc == 0
+        ses.log(f"tests {label}: {tail} ({ses.rows[f'tests_{label}_s']:.0f} s)")
+    (ses.logs / "tests.log").write_text("\n\n".join(logs))
     if collect_only:
-        cmd.append("--collect-only")
-    t0 = time.perf_counter()
-    try:
-        res = subprocess.run(cmd, capture_output=True, text=True, timeout=max(30.0, min(240.0, ses.left() - 200)),
-                             cwd=ROOT, check=False)
-        text, rc = res.stdout + res.stderr, res.returncode
-    except subprocess.TimeoutExpired as exc:
-        text, rc = f"{_text(exc.stdout)}\n{_text(exc.stderr)}\nTIMEOUT", -1
-    (ses.logs / "tests.log").write_text(text)
-    ses.rows["tests_s"] = time.perf_counter() - t0
-    tail = text.strip().splitlines()[-1] if text.strip() else ""
-    ses.rows["tests_summary"] = tail
-
-    def count(word: str) -> int:
-        import re
-
-        m = re.search(rf"(\d+) {word}", tail)
-        return int(m.group(1)) if m else 0
-
-    if collect_only:
-        ses.rows["tests_collected"] = count("tests? collected") or len([ln for ln in text.splitlines() if "::" in ln])
+        ses.rows["tests_collected"] = collected
         return
-    ses.rows["tests_passed"], ses.rows["tests_failed"] = count("passed"), count("failed") + count("error")
-    ses.check("tests_ok", rc == 0)
+    ses.rows["tests_passed"], ses.rows["tests_failed"] = passed, failed
+    ses.check("tests_ok", ok)
 
 
 # ---------------------------------------------------------------- MSM rows
 
 def msm_rows(ses: Session, sizes_g1: tuple[int, ...], lg_g2: int, reps: int) -> None:
-    """G1/G2 random MSMs: plain, with precomputed multiples, and the G2 module variants; checked."""
+    """G1/G2 random MSMs with both bucket accumulations, plain and with precomputed multiples; checked."""
     import gpu_msm_bench as mb
 
     from cuzk_mp.backends.gpu import msm
-    from cuzk_mp.backends.gpu.knobs import G2_VARIANTS
+    from cuzk_mp.backends.gpu.knobs import BA_ROUNDS
+
+    accs = {"": msm.MsmParams(ba_rounds=0), "_affine": msm.MsmParams(ba_rounds=BA_ROUNDS)}
 
     def put(key: str, r: dict[str, Any]) -> None:
         mb._flatten(ses.rows, key, r)
         ses.check(f"{key}_ok", bool(r["ok"]))
-        ses.log(f"{key}: {r['ms']:.2f} ms (build {r.get('build_ms', 0.0):.0f} ms) ok={r['ok']}")
+        ses.log(f"{key}: {r['ms']:.2f} ms (accumulate {r['accumulate']:.1f}, sort {r['sort']:.1f}, reduce "
+                f"{r['reduce']:.1f}) ok={r['ok']}")
+
+    def rows_for(grp: str, bases: Any, lg: int) -> None:
+        s = mb.random_scalars(1 << lg, "random", lg)
+        for suffix, params in accs.items():
+            put(f"{grp}_msm_random_2^{lg}{suffix}", mb.time_msm(bases, s, reps, params))
+        c = msm.choose_multiples_window(1 << lg)
+        mult, build_ms = mb.multiples_of(bases, 1 << lg, c)
+        ses.rows[f"{grp}_msm_random_2^{lg}_multiples_build_ms"] = build_ms
+        for suffix, params in accs.items():
+            put(f"{grp}_msm_random_2^{lg}_multiples{suffix}", mb.time_msm(bases, s, reps, params, multiples=mult))
+        del mult
+        _free()
 
     g1 = mb.Bases(False, 1 << max(sizes_g1), seed=7)
     ses.rows[f"g1_bases_2^{max(sizes_g1)}_ms"] = g1.make_ms
     for lg in sizes_g1:
-        s = mb.random_scalars(1 << lg, "random", lg)
-        put(f"g1_msm_random_2^{lg}", mb.time_msm(g1, s, reps))
-        put(f"g1_msm_random_2^{lg}_multiples", mb.time_msm(g1, s, reps, multiples=msm.choose_multiples_window(1 << lg)))
-        _free()
+        rows_for("g1", g1, lg)
     del g1
     _free()
     g2 = mb.Bases(True, 1 << lg_g2, seed=8)
-    s = mb.random_scalars(1 << lg_g2, "random", lg_g2)
-    for name, params in G2_VARIANTS.items():
-        key = f"g2_msm_random_2^{lg_g2}" + ("" if name == "inline" else f"_{name}")
-        put(key, mb.time_msm(g2, s, reps, params))
-    c2 = msm.choose_multiples_window(1 << lg_g2)
-    put(f"g2_msm_random_2^{lg_g2}_multiples", mb.time_msm(g2, s, reps, multiples=c2))
+    rows_for("g2", g2, lg_g2)
     del g2
     _free()
 
@@ -263,14 +303,10 @@ def _to_host(a: Any) -> np.ndarray:
 
 
 def partition_rows(ses: Session, lg: int, reps: int) -> None:
-    """Device work of one 2^lg partition through the protocol recipe, multiples none vs default."""
-    import cupy
-    import gpu_msm_bench as mb
-
-    from cuzk_mp.backends.base import ProverInputs
+    """Device work of one 2^lg partition through the protocol recipe: multiples none vs default,
+    each with the XYZZ and the batch-affine accumulation."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
-    from cuzk_mp.backends.gpu.knobs import MULTIPLES_ENV
-    from cuzk_mp.groth16.prover import prove_start
+    from cuzk_mp.backends.gpu.knobs import BA_ROUNDS, MULTIPLES_ENV
 
     n_public = 4
     zkey, g1, g2, _ = partition_keys(lg, n_public, seed=11)
@@ -288,33 +324,48 @@ def partition_rows(ses: Session, lg: int, reps: int) -> None:
         ses.rows[f"partition_2^{lg}{suffix}_multiples"] = ",".join(sorted(key.multiples)) or "-"
         ses.log(f"key 2^{lg} multiples={variant}: {ses.rows[f'partition_2^{lg}{suffix}_load_key_s']:.1f} s, "
                 f"tables for {ses.rows[f'partition_2^{lg}{suffix}_multiples']}")
-        for tag, w in witnesses.items():
-            runs = []
-            for rep in range(reps + 1):
-                t0 = time.perf_counter()
-                staged = backend.stage(key, ProverInputs(*abc, w))
-                stage_s = time.perf_counter() - t0
-                t0 = time.perf_counter()
-                sums = prove_start(backend, key, staged, n_public)
-                wall = time.perf_counter() - t0
-                if rep == 0:  # warm-up run, checked
-                    p = cupy.asnumpy(staged.h)
-                    _check_sums(ses, f"prove_{tag}_2^{lg}{suffix}", sums, w, p, g1, g2, n_public, mb)
-                backend.release(staged)
-                if rep:
-                    runs.append((dict(backend.last_timings), wall, stage_s))
-            base = f"prove_{tag}_2^{lg}{suffix}"
-            for k in runs[0][0]:
-                ses.rows[f"{base}_{k}_ms"] = statistics.median(r[0][k] for r in runs)
-            ses.rows[f"{base}_wall_ms"] = 1e3 * statistics.median(r[1] for r in runs)
-            ses.rows[f"{base}_stage_wall_ms"] = 1e3 * statistics.median(r[2] for r in runs)
-            ses.log(f"{base}: total {ses.rows[f'{base}_total_ms']:.1f} ms, wall {ses.rows[f'{base}_wall_ms']:.1f} ms, "
-                    + ", ".join(f"{k} {ses.rows[f'{base}_{k}_ms']:.1f}" for k in runs[0][0] if k != "total"))
+        for acc, rounds in (("", 0), ("_affine", BA_ROUNDS)):
+            for m in key.msms.values():  # launch knobs only: the same compiled module
+                m.params = dataclasses.replace(m.params, ba_rounds=rounds)
+            _partition_runs(ses, backend, key, abc, witnesses, f"{suffix}{acc}", lg, n_public, reps, g1, g2)
         ses.rows.update({f"partition_2^{lg}{suffix}_stats_{k}": v for k, v in backend.stats().items()})
         key.close()
         _free()
     os.environ.pop(MULTIPLES_ENV, None)
     backend.close()
+
+
+def _partition_runs(ses: Session, backend: Any, key: Any, abc: list[np.ndarray], witnesses: dict[str, np.ndarray],
+                    suffix: str, lg: int, n_public: int, reps: int, g1: Any, g2: Any) -> None:
+    """A checked warm-up and ``reps`` timed partitions per witness on a loaded key."""
+    import cupy
+    import gpu_msm_bench as mb
+
+    from cuzk_mp.backends.base import ProverInputs
+    from cuzk_mp.groth16.prover import prove_start
+
+    for tag, w in witnesses.items():
+        runs = []
+        for rep in range(reps + 1):
+            t0 = time.perf_counter()
+            staged = backend.stage(key, ProverInputs(*abc, w))
+            stage_s = time.perf_counter() - t0
+            t0 = time.perf_counter()
+            sums = prove_start(backend, key, staged, n_public)
+            wall = time.perf_counter() - t0
+            if rep == 0:  # warm-up run, checked
+                p = cupy.asnumpy(staged.h)
+                _check_sums(ses, f"prove_{tag}_2^{lg}{suffix}", sums, w, p, g1, g2, n_public, mb)
+            backend.release(staged)
+            if rep:
+                runs.append((dict(backend.last_timings), wall, stage_s))
+        base = f"prove_{tag}_2^{lg}{suffix}"
+        for k in runs[0][0]:
+            ses.rows[f"{base}_{k}_ms"] = statistics.median(r[0][k] for r in runs)
+        ses.rows[f"{base}_wall_ms"] = 1e3 * statistics.median(r[1] for r in runs)
+        ses.rows[f"{base}_stage_wall_ms"] = 1e3 * statistics.median(r[2] for r in runs)
+        ses.log(f"{base}: total {ses.rows[f'{base}_total_ms']:.1f} ms, wall {ses.rows[f'{base}_wall_ms']:.1f} ms, "
+                + ", ".join(f"{k} {ses.rows[f'{base}_{k}_ms']:.1f}" for k in runs[0][0] if k != "total"))
 
 
 def _check_sums(ses: Session, base: str, sums: Any, w: np.ndarray, p: np.ndarray, g1: Any, g2: Any,
@@ -452,12 +503,15 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")), help="output folder ($OUT)")
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="stop starting sections after this")
-    ap.add_argument("--skip", default="", help="comma list of sections to skip: fresh,tests,msm,partition,proofs")
+    ap.add_argument("--sections", default=DEFAULT_SECTIONS,
+                    help=f"sections to run, of fresh,tests,msm,partition,proofs (default {DEFAULT_SECTIONS})")
+    ap.add_argument("--skip", default="", help="comma list of sections to skip")
     ap.add_argument("--reps", type=int, default=3, help="timed runs per row (after a checked warm-up)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: emulator and CPU references at tiny sizes")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
-    unknown = skip - set(ESTIMATE_S)
+    chosen = set(filter(None, args.sections.split(",")))
+    unknown = (skip | chosen) - set(ESTIMATE_S)
     if unknown:
         ap.error(f"unknown sections {sorted(unknown)}")
     args.out.mkdir(parents=True, exist_ok=True)
@@ -485,7 +539,7 @@ def main() -> None:
         "proofs": (lambda: None) if args.dry_run else (lambda: proof_rows(ses, 20, args.reps)),
     }
     for name, fn in sections.items():
-        if name in skip:
+        if name in skip or name not in chosen:
             continue
         if why and name in ("partition", "proofs") and not args.dry_run:
             ses.rows[f"{name}_status"] = f"not run: {why}"

@@ -31,6 +31,7 @@ HOST_DRIVER = r"""
 #include <cstring>
 #include "ff/fp2.cuh"
 #include "ff/fr.cuh"
+#include "ff/inv_binary.cuh"
 template <class T> static T rd(int nl) {
     uint64_t w[12];
     for (int i = 0; i < nl; i++)
@@ -52,6 +53,7 @@ template <class T> static void run(const char* op, int nl) {
     else if (!strcmp(op, "sqr")) wr(a.sqr(), nl);
     else if (!strcmp(op, "dbl")) wr(a.dbl(), nl);
     else if (!strcmp(op, "inv")) wr(a.inv(), nl);
+    else if (!strcmp(op, "inb")) wr(inv_binary(a), nl);
     else if (!strcmp(op, "tom")) wr(a.to_mont(), nl);
     else if (!strcmp(op, "frm")) wr(a.from_mont(), nl);
     else if (!strcmp(op, "eq")) printf("%x\n", (int)(a == b));
@@ -96,6 +98,8 @@ def _field_cases(rng: random.Random, tag: str, p: int, nl: int, count: int) -> l
         }
         if i < 40:
             expect["inv"] = pow(a * ri, -1, p) * r % p if a else 0
+        if i < 200:  # the binary algorithm's paths depend on the value: more cases (it is cheap)
+            expect["inb"] = pow(a * ri, -1, p) * r % p if a else 0
         for op, val in expect.items():
             cases.append((f"{tag} {op} {_limbs(a, nl)} {_limbs(b, nl)}", val))
         cases.append((f"{tag} eq {_limbs(a, nl)} {_limbs(a if i % 2 else b, nl)}", int(i % 2 == 1 or a == b)))
@@ -168,14 +172,15 @@ def test_host_build_matches_python_ints(host_driver: Path) -> None:
 # ---------------------------------------------------------------- on the GPU (NVRTC build)
 
 _OPS = {"mul": 0, "add": 1, "sub": 2, "neg": 3, "sqr": 4, "dbl": 5, "inv": 6, "tom": 7, "frm": 8, "eq": 9,
-        "nr": 10, "mfp": 11}
+        "nr": 10, "mfp": 11, "inb": 12}
 
 
 def _expect(op: str, a: int, b: int, p: int, r: int) -> int:
     ri = pow(r, -1, p)
     return {
         "mul": a * b * ri, "add": a + b, "sub": a - b, "neg": -a, "sqr": a * a * ri, "dbl": 2 * a,
-        "inv": pow(a * ri, -1, p) * r if a else 0, "tom": a * r, "frm": a * ri,
+        "inv": pow(a * ri, -1, p) * r if a else 0, "inb": pow(a * ri, -1, p) * r if a else 0, "tom": a * r,
+        "frm": a * ri,
     }[op] % p
 
 
@@ -211,7 +216,7 @@ def test_gpu_field_ops_match_python_ints(gpu_check: tuple, field: str) -> None:
     da, db = cupy.asarray(ints_to_limbs(a, nl)), cupy.asarray(ints_to_limbs(b, nl))
     out = cupy.empty_like(da)
     kern = mod.get_function(f"ff_check_{field}")
-    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "tom", "frm", "eq"):
+    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "inb", "tom", "frm", "eq"):
         out.fill(0xDEADBEEF)  # poison: every row must be written
         m = 200 if op == "inv" else n
         kern(((m + 255) // 256,), (256,), (np.int32(_OPS[op]), da, db, out, np.uint64(m)))

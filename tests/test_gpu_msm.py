@@ -12,10 +12,12 @@ Edge cases: sizes 1, 7, 1000, 2^12 + 3 (and 2^16, 2^20 on the GPU), random and
 PoRep-like (80 % 0/1) scalars, 0 / 1 / r - 1, all zero, only ones, infinity
 among the bases, repeated points (P + P in one bucket), P next to -P, fewer
 scalars than points, tiny knobs that force several window batches and
-combine levels at small sizes, the compiled G2 variants (Fq2 products as
-calls, the lazy-reduction Fq2 product), precomputed multiples (one shared
-bucket set, several window batches), and scalar plans (classified once,
-cut for a suffix, several MSMs enqueued before any result is collected).
+combine levels at small sizes, the G2 module's Fq2 products (calls, the
+lazy-reduction product), precomputed multiples (one shared bucket set,
+several window batches), scalar plans (classified once, cut for a suffix,
+several MSMs enqueued before any result is collected), and the batch-affine
+accumulation (pairs of every kind inside one batch inversion, rounds and
+segment sizes, with and without multiples).
 """
 
 from __future__ import annotations
@@ -33,7 +35,6 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 from cuzk_mp.algebra import curve
 from cuzk_mp.algebra.field import Q_MOD, R_MOD, ints_to_limbs, limbs_to_ints
 from cuzk_mp.backends.cpu import msm as cpu_msm
-from cuzk_mp.backends.gpu.knobs import G2_VARIANTS
 from cuzk_mp.errors import ConfigError, InputError
 from tests import gpu_emu
 from tests.gpu_emu import KERNELS, module_for
@@ -155,25 +156,24 @@ def test_special_bases(msm: Any, g2: bool, dist: str) -> None:
 
 
 @pytest.mark.parametrize("dist", ["porep", "same"])
-def test_compiled_knobs(msm: Any, dist: str) -> None:
-    """The G2 module variants the device benchmark times (Fq2 products as calls, the
-    lazy-reduction Fq2 product, both) on the special bases (P + P, P - P, infinity), with
-    small segments and windows."""
+def test_accumulation_modes(msm: Any, dist: str) -> None:
+    """Both accumulation kernels (XYZZ, batch-affine) of the default G2 module on the special
+    bases (P + P, P - P, infinity), with small segments and windows."""
     points, scalars = _special(True, dist)
-    for name, base in G2_VARIANTS.items():
-        params = dataclasses.replace(base, seg=5, window_bits=7)
-        assert _run(msm, points, scalars, True, params) == _oracle(points, scalars, True), f"seed {SEED} {name}"
+    for rounds in (0, 3):
+        params = msm.MsmParams(seg=5, window_bits=7, ba_rounds=rounds, ba_seg=7)
+        assert _run(msm, points, scalars, True, params) == _oracle(points, scalars, True), f"seed {SEED} {rounds}"
 
 
 def test_params_defines(msm: Any) -> None:
-    """Compiled knobs per group: G1 keeps 3 blocks of 128 resident, G2 alone gets the Fq2 knobs."""
+    """Compiled knobs per group: G1 keeps 3 blocks of 128 resident, G2 compiles its Fq2
+    products as calls with the lazy-reduction product."""
     p = msm.MsmParams()
     assert p.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 3}
-    assert p.defines(True) == {"MSM_G2": 1, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 1, "EC_FP2_CALLS": 0,
-                               "EC_FP2_LAZY": 0}
-    q = msm.MsmParams(nthreads=64, acc_min_blocks=4, fp2_calls=True, fp2_lazy=True)
+    assert p.defines(True) == {"MSM_G2": 1, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 1, "EC_FP2_CALLS": 1,
+                               "EC_FP2_LAZY": 1}
+    q = msm.MsmParams(nthreads=64, acc_min_blocks=4, ba_rounds=2)
     assert q.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 64, "MSM_ACC_MIN_BLOCKS": 4}
-    assert q.defines(True)["EC_FP2_CALLS"] == 1 and q.defines(True)["EC_FP2_LAZY"] == 1
     assert msm.MsmParams(nthreads=512).defines(False)["MSM_ACC_MIN_BLOCKS"] == 1
     with pytest.raises(ConfigError, match="acc_min_blocks"):
         msm.MsmParams(acc_min_blocks=0)
@@ -214,7 +214,7 @@ def test_ones_segment(msm: Any) -> None:
 
 
 def test_fp2_lazy_mul(kind: str, msm: Any) -> None:  # msm: skips where this kind cannot run
-    """fp2_lazy::mul (ec/fp2_lazy.cuh, the EC_FP2_LAZY variant) and fp2_t's product against
+    """fp2_lazy::mul (ff/fp2_lazy.cuh, the G2 MSM's Fq2 product) and fp2_t's product against
     Python ints on Montgomery-form Fq2 elements, with 0, 1, q - 1, q - 2, R mod q, ... among
     the coordinates (both signs of a0 b0 - a1 b1, the largest sums a0 + a1)."""
     rng = random.Random(SEED + 17)
@@ -357,10 +357,13 @@ def test_one_shot_helpers(msm: Any) -> None:
         assert fn(points, scalars) == _oracle(points, scalars, g2)
 
 
+@pytest.mark.parametrize("acc", ["xyzz", "affine"])
 @pytest.mark.parametrize("lg", [16, 20])
 @pytest.mark.parametrize("dist", ["random", "porep"])
-def test_large_against_discrete_logs(kind: str, msm: Any, g2: bool, lg: int, dist: str) -> None:
-    """Bases t_i G from the fixed-base kernel; sum_i s_i t_i G must equal (sum_i s_i t_i) G."""
+def test_large_against_discrete_logs(kind: str, msm: Any, g2: bool, lg: int, dist: str, acc: str) -> None:
+    """Bases t_i G from the fixed-base kernel; sum_i s_i t_i G must equal (sum_i s_i t_i) G, with
+    either accumulation kernel (batch-affine at 2^20: more segments than resident blocks, so the
+    persistent blocks loop)."""
     if kind != "gpu":
         pytest.skip("large sizes run on the GPU only")
     import cupy
@@ -373,7 +376,8 @@ def test_large_against_discrete_logs(kind: str, msm: Any, g2: bool, lg: int, dis
     s = _scalars(n, dist, SEED + lg) if lg <= 16 else _fast_scalars(g, n, dist)
     gen = G2Point() if g2 else G1Point()
     d_points = fixed_base.FixedBase(gen).run_device(cupy.asarray(t))
-    got = (msm.MsmG2 if g2 else msm.MsmG1)(d_points).run(cupy.asarray(s), stream=cupy.cuda.Stream())
+    params = msm.MsmParams(ba_rounds=msm.accumulate_rounds(acc))
+    got = (msm.MsmG2 if g2 else msm.MsmG1)(d_points, params).run(cupy.asarray(s), stream=cupy.cuda.Stream())
     tv = [int.from_bytes(r.tobytes(), "little") for r in t]
     sv = [int.from_bytes(r.tobytes(), "little") for r in s]
     assert got == gen * _ark(sum(a * b for a, b in zip(sv, tv))), f"seed {SEED}"
@@ -388,3 +392,83 @@ def _fast_scalars(g: np.random.Generator, n: int, dist: str) -> np.ndarray:
         s[pick < 0.8] = 0
         s[pick < 0.4, 0] = 1
     return s
+
+
+# ------------------------------------------------------------------ batch-affine accumulation
+
+
+def _ba(msm: Any, **kw: Any) -> Any:
+    """Batch-affine params: tiny segments and windows, so a few hundred scalars make many
+    segments, runs across segments and every round's pairing (odd runs, runs of 1 and 2
+    flushed early); in the emulator also blocks of 32, so that the grid of 2 persistent
+    blocks loops over several virtual blocks (the GPU keeps the shipped 128)."""
+    emulated = getattr(msm, "cupy", None) is gpu_emu.fake_cupy
+    base = {"ba_rounds": 3, "ba_seg": 9, "window_bits": 6, "nthreads": 32 if emulated else 128}
+    return msm.MsmParams(**{**base, **kw})
+
+
+@pytest.mark.parametrize("n", [1, 7, 300, 1000])
+@pytest.mark.parametrize("dist", ["random", "porep", "same", "edge"])
+def test_batch_affine_matches_arkworks(msm: Any, g2: bool, n: int, dist: str) -> None:
+    """msm_accumulate_affine (batch_affine.cuh) against arkworks: 0 / 1 / r - 1 scalars, one
+    bucket for everything ("same": every round pairs the whole segment), sizes that are no
+    multiple of the segment or the block."""
+    points, scalars = _points(n, g2), _scalars(n, dist, SEED + 51 + n)
+    assert _run(msm, points, scalars, g2, _ba(msm)) == _oracle(points, scalars, g2), f"seed {SEED}"
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "same"])
+def test_batch_affine_special_bases(msm: Any, g2: bool, dist: str) -> None:
+    """Infinity operands, P + P (the affine doubling inside a batch) and P + (-P) (infinity,
+    denominator 1) in the batch-affine rounds, for several segment and round counts (rounds 0:
+    the XYZZ pass alone inside the same kernel)."""
+    points, scalars = _special(g2, dist)
+    want = _oracle(points, scalars, g2)
+    for rounds, seg in ((1, 4), (2, 2), (3, 9), (8, 64), (0, 5)):
+        got = _run(msm, points, scalars, g2, _ba(msm, ba_rounds=rounds, ba_seg=seg))
+        assert got == want, f"seed {SEED} rounds {rounds} seg {seg}"
+
+
+def test_batch_affine_repeated_and_opposite_pairs(msm: Any, g2: bool) -> None:
+    """Pairs formed inside one round that are P + P, P + (-P), inf + P and P + inf, side by side
+    with ordinary pairs: all scalars 1 (the ones' sum: one run per segment) over bases built
+    so that every kind of pair occurs at every position of the batch."""
+    n = 240
+    base = _points(n, g2)
+    to_ark = curve.g2_lem_to_ark if g2 else curve.g1_lem_to_ark
+    to_lem = curve.g2_ark_to_lem if g2 else curve.g1_ark_to_lem
+    points = base.copy()
+    for i in range(0, n, 8):  # (P, P), (P, -P), (inf, P), (P, inf) then two ordinary pairs
+        points[i + 1] = points[i]
+        points[i + 3] = to_lem(-to_ark(points[i + 2]))
+        points[i + 4] = 0
+        points[i + 7] = 0
+    scalars = ints_to_limbs([1] * n, 4)
+    want = _oracle(points, scalars, g2)
+    for seg in (2, 8, 12, 240):
+        assert _run(msm, points, scalars, g2, _ba(msm, ba_seg=seg, ba_rounds=4)) == want, f"seed {SEED} seg {seg}"
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "edge"])
+def test_batch_affine_with_multiples(kind: str, msm: Any, g2: bool, dist: str) -> None:
+    """Batch-affine accumulation over precomputed multiples (one shared bucket set, window batches)."""
+    n = 400
+    points, scalars = _points(n, g2), _scalars(n, dist, SEED + 61)
+    for params in (_ba(msm), _ba(msm, max_entries=3 * n + 1, ba_seg=16, ba_rounds=2)):
+        obj = _with_multiples(kind, msm, points, g2, 7, dataclasses.replace(params, window_bits=None))
+        assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED} {params}"
+
+
+def test_accumulate_mode_from_env(msm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUZK_GPU_MSM_ACCUMULATE picks the default accumulation; a bad value is a ConfigError."""
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "affine")
+    assert msm.MsmParams().ba_rounds > 0
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "xyzz")
+    assert msm.MsmParams().ba_rounds == 0
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "fast")
+    with pytest.raises(ConfigError, match="CUZK_GPU_MSM_ACCUMULATE"):
+        msm.MsmParams()
+    monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
+    assert msm.MsmParams().ba_rounds == 0  # unset: XYZZ
+    with pytest.raises(ConfigError, match="ba_seg"):
+        msm.MsmParams(ba_seg=0)

@@ -9,7 +9,9 @@ fallback) into a shared library and launches kernels by looping over the grid
 (``prelude.h``). The host code, the kernel bodies, the include assembly
 (:func:`cuzk_mp.backends.gpu.source.assemble`) and the launch arguments are the
 real ones; only the parallel execution is serial, so the emulation is valid for
-kernels without inter-thread cooperation. Device-to-host copies, which need a
+kernels without inter-thread cooperation, and, in modules that use
+``__syncthreads``, for block-level cooperation through shared memory (the threads
+of a block run as fibers that meet at every barrier). Device-to-host copies, which need a
 device pointer, are plain numpy copies here.
 
 ``kernels/`` beside this file holds test kernels (``ff/check.cu``, ``ec/check.cu``)
@@ -113,23 +115,24 @@ def _arg(a: Any) -> int:
 
 
 class _Kernel:
-    def __init__(self, lib: ctypes.CDLL, name: str) -> None:
+    def __init__(self, lib: ctypes.CDLL, name: str, coop: bool) -> None:
         self.lib, self.name = lib, name
         self.fn = ctypes.cast(getattr(lib, name), ctypes.c_void_p).value
+        self.launch = lib.emu_launch_coop if coop else lib.emu_launch
 
     def __call__(self, grid: tuple[int, ...], block: tuple[int, ...], args: tuple[Any, ...], **_: Any) -> None:
         if len(args) > SLOTS:
             raise ValueError(f"{self.name}: more than {SLOTS} kernel arguments")
         slots = (ctypes.c_uint64 * SLOTS)(*([_arg(a) for a in args] + [0] * (SLOTS - len(args))))
-        self.lib.emu_launch(ctypes.c_void_p(self.fn), ctypes.c_uint(grid[0]), ctypes.c_uint(block[0]), slots)
+        self.launch(ctypes.c_void_p(self.fn), ctypes.c_uint(grid[0]), ctypes.c_uint(block[0]), slots)
 
 
 class _Module:
-    def __init__(self, lib: ctypes.CDLL) -> None:
-        self.lib = lib
+    def __init__(self, lib: ctypes.CDLL, coop: bool) -> None:
+        self.lib, self.coop = lib, coop
 
     def get_function(self, name: str) -> _Kernel:
-        return _Kernel(self.lib, name)
+        return _Kernel(self.lib, name, self.coop)
 
 
 def get_module(path: str, defines: Mapping[str, Any] | None = None, root: Path | None = None) -> _Module:
@@ -139,9 +142,10 @@ def get_module(path: str, defines: Mapping[str, Any] | None = None, root: Path |
     src = assemble(path, root)
     dflags = [f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in sorted((defines or {}).items())]
     digest = hashlib.sha256((src + " ".join(dflags) + PRELUDE.read_text()).encode()).hexdigest()[:20]
+    coop = "__syncthreads" in src  # a module with block-level cooperation: fibers (prelude.h)
     with _lock:
         if digest in _libs:
-            return _Module(_libs[digest])
+            return _Module(_libs[digest], coop)
         CACHE.mkdir(parents=True, exist_ok=True)
         so = CACHE / f"{digest}.so"
         if not so.exists():
@@ -153,9 +157,10 @@ def get_module(path: str, defines: Mapping[str, Any] | None = None, root: Path |
             subprocess.run(cmd, check=True, capture_output=True, text=True)
             tmp.rename(so)
         lib = ctypes.CDLL(str(so))
-        lib.emu_launch.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_uint64)]
+        for launcher in (lib.emu_launch, lib.emu_launch_coop):
+            launcher.argtypes = [ctypes.c_void_p, ctypes.c_uint, ctypes.c_uint, ctypes.POINTER(ctypes.c_uint64)]
         _libs[digest] = lib
-        return _Module(lib)
+        return _Module(lib, coop)
 
 
 def load(name: str) -> types.ModuleType:

@@ -2,18 +2,26 @@
  *
  * types.cuh already maps __global__/__device__/__host__ to nothing outside nvcc, so an
  * `extern "C" __global__` kernel becomes a plain exported C function. This adds the
- * launch geometry variables and emu_launch, which runs every (block, thread) of a 1-D
- * grid in order. That is a faithful execution only for kernels whose threads do not
- * cooperate (no shared memory, barriers, warp intrinsics or atomics), which is the
- * contract of msm.cu and fixed_base.cu.
+ * launch geometry variables and two launchers:
+ *   emu_launch       runs every (block, thread) of a 1-D grid in order, each thread to its
+ *                    end: a faithful execution for kernels whose threads do not cooperate;
+ *   emu_launch_coop  runs the threads of one block as fibers (ucontext) that switch at
+ *                    every __syncthreads(): all threads run up to the barrier, then all
+ *                    continue, so block-level cooperation through __shared__ memory
+ *                    (a static here: blocks run one after another) executes as on the GPU,
+ *                    as long as every thread of the block reaches the same barriers (the
+ *                    CUDA rule too). Warp intrinsics and atomics are not emulated.
  *
  * Calling convention: every kernel parameter is a pointer or an integer of <= 64 bits,
  * so under the x86-64 SysV ABI each occupies one 64-bit register or stack slot and a
- * callee reads the low bits of it; emu_launch therefore passes 16 uint64 slots to any
+ * callee reads the low bits of it; the launchers therefore pass 16 uint64 slots to any
  * kernel (extra trailing arguments are ignored by the callee).
  */
 #pragma once
 #include <cstdint>
+#include <cstdlib>
+#include <ucontext.h>
+#include <vector>
 
 struct emu_dim3 {
     unsigned x, y, z;
@@ -21,6 +29,7 @@ struct emu_dim3 {
 static emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define __launch_bounds__(...)
+#define __shared__ static
 
 #define EMU_SLOTS 16
 typedef void (*emu_kernel_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t,
@@ -37,4 +46,68 @@ extern "C" void emu_launch(void* fn, unsigned grid, unsigned block, const uint64
             f(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]);
         }
     }
+}
+
+/* ------------------------------------------------------------ block-cooperative launches */
+struct emu_fiber {
+    ucontext_t ctx;
+    unsigned tid;
+    bool done;
+};
+static ucontext_t emu_sched;
+static emu_fiber* emu_cur = nullptr;
+static emu_kernel_fn emu_fn;
+static const uint64_t* emu_args;
+
+/* A barrier: back to the scheduler, which resumes this fiber once every thread got here. */
+static void __syncthreads() {
+    if (!emu_cur) abort(); /* a barrier in a kernel launched with emu_launch */
+    swapcontext(&emu_cur->ctx, &emu_sched);
+}
+
+static void emu_fiber_main() {
+    const uint64_t* a = emu_args;
+    emu_fn(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7], a[8], a[9], a[10], a[11], a[12], a[13], a[14], a[15]);
+    emu_cur->done = true;
+}
+
+extern "C" void emu_launch_coop(void* fn, unsigned grid, unsigned block, const uint64_t* a) {
+    const size_t STACK = 256 << 10;
+    emu_fn = (emu_kernel_fn)fn;
+    emu_args = a;
+    gridDim = {grid, 1, 1};
+    blockDim = {block, 1, 1};
+    std::vector<emu_fiber> fibers(block);
+    char* stacks = (char*)malloc((size_t)block * STACK); /* uninitialised: no 32 MB memset per launch */
+    if (!stacks) abort();
+    for (unsigned b = 0; b < grid; b++) {
+        blockIdx = {b, 0, 0};
+        for (unsigned t = 0; t < block; t++) {
+            emu_fiber& f = fibers[t];
+            f.tid = t;
+            f.done = false;
+            getcontext(&f.ctx);
+            f.ctx.uc_stack.ss_sp = stacks + (size_t)t * STACK;
+            f.ctx.uc_stack.ss_size = STACK;
+            f.ctx.uc_link = &emu_sched;
+            makecontext(&f.ctx, emu_fiber_main, 0);
+        }
+        for (;;) { /* one sweep = every live thread runs to its next barrier or its end */
+            unsigned live = 0, ended = 0;
+            for (unsigned t = 0; t < block; t++) {
+                emu_fiber& f = fibers[t];
+                if (f.done) continue;
+                live++;
+                emu_cur = &f;
+                threadIdx = {t, 0, 0};
+                swapcontext(&emu_sched, &f.ctx);
+                ended += f.done;
+            }
+            /* threads that end while others wait at a barrier: a divergent barrier (UB in CUDA) */
+            if (ended && ended != live) abort();
+            if (!live) break;
+        }
+    }
+    emu_cur = nullptr;
+    free(stacks);
 }

@@ -11,22 +11,21 @@ the CI check of the shipped binaries import this on machines without a GPU.
 The geometry choices that need no device live here too: MSM window sizes, and which key
 sections get precomputed multiples (:func:`plan_multiples`).
 
-Groups: ``prover`` (what a prover process loads before it reports READY),
+Groups: ``prover`` (what a prover process loads before it reports READY) and
 ``setup`` (the dev setup's fixed-base kernels, also used for the MSM's
-precomputed multiples) and ``bench`` (variants that only the device benchmark
-times; shipped for the H200's sm_90 alone).
+precomputed multiples).
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+import os
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ...errors import ConfigError, InputError
 
-# Every GPU generation the prover supports, as SASS targets; bench variants: the H200 only.
+# Every GPU generation the prover supports, as SASS targets.
 ALL_ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100")
-BENCH_ARCHS: tuple[str, ...] = ("sm_90",)
 
 MSM_PATH = "msm/msm.cu"
 FB_PATH = "fixed_base/fixed_base.cu"
@@ -58,24 +57,48 @@ class NttParams:
 NTT_KERNEL_DEFAULTS = {"NTT_TILE_LG": 10, "NTT_CHUNK_LG": 2, "NTT_THREADS": 256}
 
 
+# Bucket accumulation: "xyzz" (msm_accumulate: XYZZ mixed additions) or "affine"
+# (msm_accumulate_affine: batch-affine rounds, then XYZZ); read when MsmParams() is made.
+ACCUMULATE_ENV = "CUZK_GPU_MSM_ACCUMULATE"
+ACCUMULATE_MODES = ("xyzz", "affine")
+# Batch-affine defaults: 256 entries per thread; 3 rounds (each halves every run): a block of
+# 128 threads then shares one inversion among ~16 k, 8 k and 4 k additions, and the runs left
+# (1/8 of each) go through XYZZ, where a fourth round would save less than its inversion's latency.
+BA_ROUNDS = 3
+BA_SEG = 256
+
+
+def accumulate_rounds(mode: str | None = None) -> int:
+    """Batch-affine rounds of an accumulation mode (``mode`` None: env CUZK_GPU_MSM_ACCUMULATE,
+    default "xyzz"): 0 for "xyzz", :data:`BA_ROUNDS` for "affine"."""
+    mode = (os.environ.get(ACCUMULATE_ENV) if mode is None else mode) or "xyzz"
+    mode = mode.strip().lower()
+    if mode not in ACCUMULATE_MODES:
+        raise ConfigError(f"{ACCUMULATE_ENV}={mode!r}: one of {', '.join(ACCUMULATE_MODES)}")
+    return BA_ROUNDS if mode == "affine" else 0
+
+
 @dataclass(frozen=True)
 class MsmParams:
     """Knobs of one MSM object. Compiled in (one module per value, see :meth:`defines`):
-    ``nthreads``, ``acc_min_blocks``, ``fp2_calls``, ``fp2_lazy``; the rest is launch geometry."""
+    ``nthreads``, ``acc_min_blocks``; the rest is launch geometry (an MSM object's ``params``
+    may be replaced by one with other launch knobs between runs)."""
 
     nthreads: int = 128  # threads per block of every kernel
     # msm_accumulate's __launch_bounds__ minimum blocks per SM (caps its registers at
     # 64 K / (nthreads x this)); None: 384 // nthreads for G1 (3 blocks of 128 at <= 168
     # registers), 1 for G2 (255 registers, 2 blocks)
     acc_min_blocks: int | None = None
-    fp2_calls: bool = False  # G2: Fq2 mul/sqr of the curve formulas as calls (EC_FP2_CALLS, ec/xyzz.cuh)
-    fp2_lazy: bool = False  # G2: Fq2 mul with two reductions instead of three (EC_FP2_LAZY, ff/fp2_lazy.cuh)
     seg: int = 64  # sorted entries per accumulation thread
     combine_seg: int = 32  # heads per thread in each combine level
     group: int = 32  # inputs per thread in group sums
     reduce_threads: int = 1 << 16  # target thread count of the bucket reduction
     max_entries: int = 1 << 28  # sort keys alive at once (4 B key + 8 B index each)
     window_bits: int | None = None  # None: choose_window(number of tail scalars); ignored with precomputed multiples
+    # Batch-affine accumulation (kernels/msm/batch_affine.cuh): rounds of affine additions
+    # sharing one inversion per block before the XYZZ pass; 0 = msm_accumulate alone.
+    ba_rounds: int = field(default_factory=accumulate_rounds)
+    ba_seg: int = BA_SEG  # sorted entries per thread of the batch-affine kernel
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -93,16 +116,24 @@ class MsmParams:
             raise ConfigError(f"MsmParams.max_entries={self.max_entries}: >= 1")
         if self.acc_min_blocks is not None and not 1 <= self.acc_min_blocks <= 32:
             raise ConfigError(f"MsmParams.acc_min_blocks={self.acc_min_blocks}: in [1, 32] or None")
+        if not 0 <= self.ba_rounds <= 255 or not 1 <= self.ba_seg <= 1 << 16:
+            raise ConfigError(f"MsmParams: ba_rounds in [0, 255], ba_seg in [1, 65536] (got {self.ba_rounds}, "
+                              f"{self.ba_seg})")
 
     def defines(self, g2: bool) -> dict[str, int]:
         """The ``-D`` knobs of the kernel module for one group."""
         min_blocks = self.acc_min_blocks or (1 if g2 else max(1, 384 // self.nthreads))
         out = {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads, "MSM_ACC_MIN_BLOCKS": min_blocks}
         if g2:
-            out["EC_FP2_CALLS"] = int(self.fp2_calls)
-            out["EC_FP2_LAZY"] = int(self.fp2_lazy)
+            out.update(G2_FP2)
         return out
 
+
+# How the G2 MSM module compiles its Fq2 products (ec/xyzz.cuh): as __noinline__ calls (a third
+# of the code per bucket step) with the lazy-reduction product (ff/fp2_lazy.cuh, two Montgomery
+# reductions instead of three). Measured on the H200 at 2^24 random: 334 ms, against 440 inline,
+# 372 calls alone, 493 lazy alone (perf/gpu_msm_notes.md).
+G2_FP2 = {"EC_FP2_CALLS": 1, "EC_FP2_LAZY": 1}
 
 SCALAR_BITS = 256  # windows cover 256 bits: the Booth carry out of bit 254 still fits
 
@@ -199,16 +230,6 @@ class FixedBaseParams:
         return {"FB_G2": int(g2), "FB_NTHREADS": self.nthreads}
 
 
-# The G2 MSM module variants the device benchmark times beside the default (ec/xyzz.cuh):
-# Fq2 products as calls (a third of the code per bucket step), the lazy-reduction Fq2
-# product (-13 % multiplies), and both. perf/gpu_msm_notes.md has their static figures.
-G2_VARIANTS: dict[str, MsmParams] = {
-    "inline": MsmParams(),
-    "calls": MsmParams(fp2_calls=True),
-    "lazy": MsmParams(fp2_lazy=True),
-    "calls_lazy": MsmParams(fp2_calls=True, fp2_lazy=True),
-}
-
 
 @dataclass(frozen=True)
 class Variant:
@@ -240,9 +261,6 @@ def _shipped() -> tuple[Variant, ...]:
         _v(FB_PATH, FixedBaseParams().defines(False), "setup"),
         _v(FB_PATH, FixedBaseParams().defines(True), "setup"),
     ]
-    for params in G2_VARIANTS.values():
-        if params != MsmParams():
-            out.append(_v(MSM_PATH, params.defines(True), "bench", BENCH_ARCHS))
     return tuple(out)
 
 

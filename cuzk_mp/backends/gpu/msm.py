@@ -21,7 +21,9 @@ One run, for m standard-form scalars (``(m, 4)`` uint64, each < 2^255):
    (W = ceil(256 / c)): ``msm_digits`` writes one sort key per (window,
    scalar), ``cupy.argsort`` (CUB radix sort) orders them by bucket,
    ``msm_accumulate`` adds each run of a bucket with segmented, load-balanced
-   threads, ``msm_reduce`` combines runs that cross segments and reduces
+   threads (or ``msm_accumulate_affine``, ``MsmParams.ba_rounds`` > 0: the same
+   segments summed by batch-affine rounds, one inversion per block and round,
+   then XYZZ), ``msm_reduce`` combines runs that cross segments and reduces
    buckets to window sums. Windows are processed in batches so at most
    ``MsmParams.max_entries`` keys exist at once. With precomputed multiples
    every window adds the multiple 2^(c w) P_i into ONE shared bucket set, so
@@ -51,7 +53,15 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 from ...algebra.curve import g1_to_ark, g2_to_ark
 from ...algebra.field import Q_MOD, fq2_inv_int, fq2_mul_int, limbs_to_ints
 from ...errors import InputError
-from .knobs import MSM_PATH, MsmParams, choose_multiples_window, choose_window, ones_segment, window_count
+from .knobs import (
+    MSM_PATH,
+    MsmParams,
+    accumulate_rounds,
+    choose_multiples_window,
+    choose_window,
+    ones_segment,
+    window_count,
+)
 from .modules import get_module, occupancy
 
 __all__ = [
@@ -62,6 +72,7 @@ __all__ = [
     "Multiples",
     "PendingMsm",
     "ScalarPlan",
+    "accumulate_rounds",
     "choose_multiples_window",
     "choose_window",
     "classify",
@@ -297,8 +308,9 @@ class _Msm:
         self.multiples = multiples
         mod = get_module(MSM_PATH, self.params.defines(self.G2))
         self._k = {name: mod.get_function(name) for name in
-                   ("msm_classify", "msm_digits", "msm_accumulate", "msm_reduce")}
+                   ("msm_classify", "msm_digits", "msm_accumulate", "msm_accumulate_affine", "msm_reduce")}
         self._resident = occupancy(self._k["msm_accumulate"], self.params.nthreads)
+        self._ba_resident = occupancy(self._k["msm_accumulate_affine"], self.params.nthreads)
         self.last_timings: dict[str, float] = {}
 
     @property
@@ -370,7 +382,7 @@ class _Msm:
         """Sum of the points whose scalar is 1: one bucket of the accumulation kernel, in
         segments sized by :func:`ones_segment` (whole waves of resident threads)."""
         keys = cupy.zeros(n1, dtype=np.uint32)  # window 0, bucket 0, positive
-        seg = ones_segment(n1, self._resident, self.params.seg)
+        seg = None if self.params.ba_rounds else ones_segment(n1, self._resident, self.params.seg)
         return self._accumulate(cupy.arange(n1, dtype=np.int64), keys, ones, n1, n1, 1, 1, self.d_points, 0, seg)
 
     def _sum_blocks(self, arr: Any, blocks: int, per: int) -> Any:
@@ -430,13 +442,16 @@ class _Msm:
         """Buckets ``(n_buckets, xw)`` from n sorted entries (accumulate.cuh): key = keys[perm[j]],
         bucket and local window from the key (cfg), scalar perm[j] - wl m, point row
         wl stride + idx[scalar] (or + scalar); ``seg`` entries per thread (default ``params.seg``)."""
-        seg = seg or self.params.seg
         buckets = cupy.zeros((n_buckets, self._xw), dtype=np.uint64)
-        t = -(-n // seg)
-        heads = cupy.empty((t, self._xw), dtype=np.uint64)
-        head_keys = cupy.empty(t, dtype=np.uint32)
-        self._launch("msm_accumulate", t, perm, keys, _NULL if idx is None else idx, points, buckets,
-                     heads, head_keys, _u64(n), _u64(m), _u32(cfg), _u64(stride), _u32(seg))
+        if self.params.ba_rounds:
+            heads, head_keys, t = self._accumulate_affine(perm, keys, idx, n, m, cfg, points, stride, buckets)
+        else:
+            seg = seg or self.params.seg
+            t = -(-n // seg)
+            heads = cupy.empty((t, self._xw), dtype=np.uint64)
+            head_keys = cupy.empty(t, dtype=np.uint32)
+            self._launch("msm_accumulate", t, perm, keys, _NULL if idx is None else idx, points, buckets,
+                         heads, head_keys, _u64(n), _u64(m), _u32(cfg), _u64(stride), _u32(seg))
         seg2 = self.params.combine_seg
         while t > 1:
             t2 = -(-t // seg2)
@@ -446,6 +461,28 @@ class _Msm:
                          _u64(t), _u32(seg2), _u32(0))
             heads, head_keys, t = out, out_keys, t2
         return buckets
+
+    def _accumulate_affine(self, perm: Any, keys: Any, idx: Any, n: int, m: int, cfg: int, points: Any,
+                           stride: int, buckets: Any) -> tuple[Any, Any, int]:
+        """Level 1 by batch-affine rounds (batch_affine.cuh) into ``buckets``: (heads, head
+        keys, segments). A persistent grid of the blocks resident at once, each thread with its
+        scratch column: ``ba_cap(seg)`` points, ``ba_half(seg)`` suffix products, ``ba_cap(seg)``
+        bucket ids (word-major, see the kernel)."""
+        seg, block = self.params.ba_seg, self.params.nthreads
+        nseg = -(-n // seg)
+        nvb = -(-nseg // block)
+        resident_blocks = self._ba_resident // block if self._ba_resident else 2
+        grid = max(1, min(nvb, resident_blocks))
+        g = grid * block
+        cap = 2 * seg // 3 if seg >= 3 else 1
+        half = seg // 2 if seg >= 2 else 1
+        scratch = cupy.empty(g * (cap * self._aw + half * (self._aw // 2)) + -(-g * cap // 2), dtype=np.uint64)
+        heads = cupy.empty((nseg, self._xw), dtype=np.uint64)
+        head_keys = cupy.empty(nseg, dtype=np.uint32)
+        self._k["msm_accumulate_affine"]((grid,), (block,), (
+            perm, keys, _NULL if idx is None else idx, points, buckets, heads, head_keys, _u64(n), _u64(m),
+            _u32(cfg | self.params.ba_rounds << 16), _u64(stride), _u32(seg), scratch))
+        return heads, head_keys, nseg
 
     def _window_sums(self, buckets: Any, nw: int, c: int) -> Any:
         """sum_k k B_k per window: chunk shares (reduce.cuh), then group sums."""

@@ -3,10 +3,11 @@
  * grid: ceil(n / 256) blocks of 256; a, b, out are (n, W) uint64 with W = 6 (Fq),
  * 4 (Fr) or 12 (Fq2); op codes: 0 mul, 1 add, 2 sub, 3 neg, 4 sqr, 5 dbl, 6 inv,
  * 7 to_mont, 8 from_mont, 9 eq (out[i][0] = a == b), 10 mul_by_nonresidue (Fq2),
- * 11 mul_by_fp (Fq2: a times b.c0).
+ * 11 mul_by_fp (Fq2: a times b.c0), 12 inv_binary (Fq, Fr).
  */
 #include "fp2.cuh"
 #include "fr.cuh"
+#include "inv_binary.cuh"
 
 template <class T>
 DEV_INLINE T ff_apply(int op, const T& a, const T& b) {
@@ -18,6 +19,7 @@ DEV_INLINE T ff_apply(int op, const T& a, const T& b) {
         case 4: return a.sqr();
         case 5: return a.dbl();
         case 6: return a.inv();
+        case 12: return inv_binary(a);
         case 7: return a.to_mont();
         case 8: return a.from_mont();
         default: return T::zero();

@@ -5,12 +5,14 @@
  * geometry. All kernels are 1-D: grid = ceil(threads / MSM_NTHREADS) blocks of
  * MSM_NTHREADS, thread t = blockIdx.x * blockDim.x + threadIdx.x, no shared
  * memory, no inter-thread cooperation (so each body also runs on a CPU, where the
- * test emulator loops over t). Layouts: scalars (m, 4) uint64 standard form;
+ * test emulator loops over t), except msm_accumulate_affine, whose blocks cooperate
+ * through shared memory (the emulator runs a block's threads as fibers). Layouts: scalars (m, 4) uint64 standard form;
  * points zkey layout (affine_t); buckets / partial sums xyzz_t; index arrays int64.
  */
 #include "../ec/xyzz.cuh"
 #include "digits.cuh"
 #include "accumulate.cuh"
+#include "batch_affine.cuh"
 #include "reduce.cuh"
 
 #ifndef MSM_G2
@@ -63,6 +65,17 @@ msm_accumulate(const int64_t* perm, const uint32_t* keys, const int64_t* tail_id
     if (t * seg < n)
         msm_accumulate_body<msm_field_t>(t, perm, keys, tail_idx, points, buckets, heads, head_keys, n, m, cfg,
                                          stride, seg);
+}
+
+/* grid = persistent blocks of MSM_NTHREADS (the host: as many as are resident at once):
+ * msm_accumulate's level 1 with batch-affine rounds (batch_affine.cuh); same outputs,
+ * heads for ceil(n / seg) segments; cfg bits 16.. = the number of rounds. */
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS, MSM_ACC_MIN_BLOCKS)
+msm_accumulate_affine(const int64_t* perm, const uint32_t* keys, const int64_t* tail_idx, const uint64_t* points,
+                      uint64_t* buckets, uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m, uint32_t cfg,
+                      uint64_t stride, uint32_t seg, uint64_t* scratch) {
+    msm_accumulate_affine_body<msm_field_t, MSM_NTHREADS>(perm, keys, tail_idx, points, buckets, heads, head_keys, n,
+                                                          m, cfg, stride, seg, scratch);
 }
 
 /* The four reduction steps share ONE entry point, chosen by `op`: ptxas compiles the
