@@ -163,7 +163,7 @@ class Backend(Protocol):
         """[s_i * base] as an ``(n, 24)`` zkey-layout array (dev setup)."""
 
 
-def msm_each(backend: Backend, key: KeyHandle, section: str, scalars: Sequence[Any]) -> list[Future[Any]]:
+def msm_each(backend: Any, key: Any, section: str, scalars: Sequence[Any]) -> list[Future[Any]]:
     """:meth:`Backend.msm_batch` as k separate MSMs (the fallback of a backend with no batched path)."""
     return [backend.msm(key, section, s) for s in scalars]
 
