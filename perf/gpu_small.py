@@ -20,6 +20,9 @@ writes ``$OUT/gpu-small.json`` (the rows for perf/results/gpu-small-h200.json), 
   its default multiples; ``..._events_ms`` the backend's CUDA-event total) and
   ``device_2^N_batch4_ms`` (prove_start_batch over 4 staged partitions / 4); at 2^16 also without
   multiples (``..._multiples_none``); every proof assembled and self-verified (pairing);
+* ``params``    at 2^12 and 2^16, lone device time per proof for MSM launch geometries (sorted entries
+  per accumulation thread, heads per combine thread): ``device_2^N_lone_s{seg}c{combine_seg}_ms``,
+  and which one the backend picks for the size (``params_2^N_chosen``);
 * ``oneshot``   ``cuzk-mp groth16 prove --backend gpu`` at 2^16 as whole processes after ``warm``:
   the first and the median of three warm ones (``oneshot_2^16_first_s`` / ``_warm_s``), the
   in-process steps from its log line (``oneshot_2^16_step_*_ms``), imports (``-X importtime``);
@@ -56,8 +59,8 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 BUDGET_S = 230.0
-ESTIMATE_S = {"warm": 60.0, "keys": 25.0, "timeline": 8.0, "device": 20.0, "oneshot": 20.0, "pipeline": 80.0,
-              "daemon": 45.0}
+ESTIMATE_S = {"warm": 60.0, "keys": 25.0, "timeline": 8.0, "device": 20.0, "params": 8.0, "oneshot": 20.0,
+              "pipeline": 80.0, "daemon": 45.0}
 SIZES = (12, 14, 16, 18)
 BATCH = 4
 REPS = 10
@@ -68,6 +71,8 @@ TABLE_KEYS = [
     "timeline_2^16_batch4_span_ms", "timeline_2^16_batch4_busy_ms",
     *(f"device_2^{n}_{k}_ms" for n in SIZES for k in ("lone", "lone_events", "batch4")),
     "device_2^16_lone_multiples_none_ms", "device_2^16_batch4_multiples_none_ms",
+    *(f"device_2^{n}_lone_{label}_ms" for n in (12, 16) for label in ("s64c32", "s16c16", "s8c8", "s4c4")),
+    "params_2^12_chosen", "params_2^16_chosen",
     "oneshot_2^16_first_s", "oneshot_2^16_warm_s", "oneshot_2^16_import_s",
     "pipeline_2^16_s_per_partition", "pipeline_2^16_s_per_partition_nobatch", "pipeline_2^16_device_ms",
     "pipeline_2^16_device_ms_nobatch", "pipeline_2^16_proofs_verified",
@@ -381,6 +386,34 @@ def device_rows(ses: Session, sizes: tuple[int, ...], reps: int) -> None:
         backend.close()
 
 
+PARAM_SWEEP = {"s64c32": (64, 32), "s16c16": (16, 16), "s8c8": (8, 8), "s4c4": (4, 4)}  # (seg, combine_seg)
+
+
+def param_rows(ses: Session, sizes: tuple[int, ...], reps: int) -> None:
+    """Lone device time per proof with each MSM launch geometry of :data:`PARAM_SWEEP` (the key's
+    MSM objects rebuilt over the same resident points and multiples); the backend's own choice for
+    the size is ``msm_params_for``."""
+    backend_mod, backend = _backend(ses)
+    try:
+        for n in sizes:
+            p = _Prover(ses, backend, n)
+            try:
+                chosen = backend_mod.msm_params_for(1 << n)
+                ses.rows[f"params_2^{n}_chosen"] = f"s{chosen.seg}c{chosen.combine_seg}"
+                for label, (seg, cseg) in PARAM_SWEEP.items():
+                    params = backend_mod.gmsm.MsmParams(seg=seg, combine_seg=cseg)
+                    p.key.msms = {name: type(m)(m.d_points, params, m.multiples) for name, m in p.key.msms.items()}
+                    p.prove(1)
+                    times = [p.prove(1) for _ in range(reps)]
+                    ses.rows[f"device_2^{n}_lone_{label}_ms"] = 1e3 * statistics.median(times)
+                ses.log(f"MSM geometry 2^{n} (chosen {ses.rows[f'params_2^{n}_chosen']}): " + ", ".join(
+                    f"{label} {ses.rows[f'device_2^{n}_lone_{label}_ms']:.2f} ms" for label in PARAM_SWEEP))
+            finally:
+                p.close()
+    finally:
+        backend.close()
+
+
 # ---------------------------------------------------------------- whole processes
 
 def warm_rows(ses: Session) -> None:
@@ -521,6 +554,7 @@ def main() -> int:
         "keys": lambda: key_rows(ses, sizes),
         "timeline": lambda: timeline_rows(ses, mid),
         "device": lambda: device_rows(ses, sizes, 2 if args.dry_run else REPS),
+        "params": lambda: param_rows(ses, sizes if args.dry_run else (12, 16), 1 if args.dry_run else 5),
         "oneshot": lambda: oneshot_rows(ses, mid, "cpu" if args.dry_run else "gpu"),
         "pipeline": lambda: pipeline_rows(ses, 16),
         "daemon": lambda: daemon_rows(ses, 12),

@@ -201,7 +201,8 @@ class GpuBackend:
                         plan.pop(name, None)
                     else:
                         dev[name] = mult.table[: mult.n]
-                    msms[name] = (gmsm.MsmG2 if name == "b2" else gmsm.MsmG1)(dev[name], None, mult)
+                    cls = gmsm.MsmG2 if name == "b2" else gmsm.MsmG1
+                    msms[name] = cls(dev[name], msm_params_for(int(host[name].shape[0])), mult)
                 n = int(zkey.domain_size)
                 if n >= 2 and n & (n - 1) == 0:
                     self.ntt_engine.plan(n.bit_length() - 1)  # the H step's tables, before any partition
@@ -480,6 +481,26 @@ class GpuBackend:
         self._copier.shutdown(wait=True)
         with cupy.cuda.Device(self.device):
             cupy.get_default_memory_pool().free_all_blocks()
+
+
+# Launch geometry of the MSMs of small keys (no compiled-in knob changes: the shipped modules
+# serve). A small MSM runs far fewer accumulation threads than the device holds at once, so its
+# time is the length of each thread's chain of dependent additions: ``seg`` sorted entries per
+# accumulation thread, then ``combine_seg`` heads per thread in each combine level. Shorter
+# chains cost a few more additions in all (one head per segment) and cut the latency.
+SMALL_MSM_PARAMS: tuple[tuple[int, gmsm.MsmParams], ...] = (
+    (1 << 14, gmsm.MsmParams(seg=8, combine_seg=8)),
+    (1 << 18, gmsm.MsmParams(seg=16, combine_seg=16)),
+)
+
+
+def msm_params_for(n_points: int) -> gmsm.MsmParams:
+    """The MSM parameters of a key section of ``n_points`` points (:data:`SMALL_MSM_PARAMS`, else
+    the defaults)."""
+    for limit, params in SMALL_MSM_PARAMS:
+        if n_points <= limit:
+            return params
+    return gmsm.MsmParams()
 
 
 def _record(stream: Any) -> Any:
