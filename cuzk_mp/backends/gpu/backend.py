@@ -9,7 +9,10 @@ partition's a, b, c, w buffers and scalar plan until :meth:`GpuBackend.release`.
 Streams and waits. Every thread that calls the backend gets a ``main`` stream
 (staging, H, the G1 MSMs) and a ``side`` stream (the G2 MSM), both non-blocking,
 so one thread's staging overlaps another's compute and nothing waits for the
-whole device. :meth:`stage` copies a partition through pinned bounce buffers and
+whole device. A small key's MSMs (domain up to 2^18) each take a stream of a
+per-thread pool instead: their kernels are short chains of dependent additions
+on few threads, so the five MSMs of a proof, and those of a batch, run side by
+side rather than one after another; events order each after its inputs. :meth:`stage` copies a partition through pinned bounce buffers and
 classifies the witness's scalars (0 / 1 / other, the only host wait of a
 partition before its results). :meth:`h_values` and :meth:`msm` only enqueue:
 G2 starts first on the side stream (after an event that marks the staged data
@@ -53,6 +56,8 @@ _H2D = 1  # cudaMemcpyHostToDevice
 BOUNCE_BYTES = 64 << 20  # one pinned staging buffer at most (two per thread)
 MIN_BOUNCE_BYTES = 1 << 20
 PARALLEL_COPY_BYTES = 8 << 20  # below this a bounce buffer is filled by one thread
+SMALL_KEY_ROWS = 1 << 18  # keys up to this domain size run their MSMs on a pool of streams
+MSM_STREAMS = 8  # the pool, per calling thread
 COPY_THREADS = 4  # host threads filling a bounce buffer (numpy copies release the GIL)
 
 
@@ -115,9 +120,21 @@ class _Streams:
     def __init__(self) -> None:
         self.main = cupy.cuda.Stream(non_blocking=True)
         self.side = cupy.cuda.Stream(non_blocking=True)
+        self.pool: list[Any] = []  # small keys: one stream per MSM of a pass (see msm_stream)
         self.bounce: list[np.ndarray] = []
         self.bounce_events: list[Any] = []
         self.turn = 1  # the bounce buffer filled last
+
+    def msm_stream(self, key: GpuKey, section: str, i: int) -> Any:
+        """The stream of the i-th MSM of ``section`` in a pass. A large key's MSMs keep to two
+        streams (G2 on ``side``, the rest on ``main``): each fills the device. A small key's MSMs
+        each get a stream of the pool, so their short, latency-bound kernels run side by side
+        (the five of one proof, and those of the other proofs of a batch)."""
+        if int(key.zkey.domain_size) > SMALL_KEY_ROWS:
+            return self.side if section == "b2" else self.main
+        if not self.pool:
+            self.pool = [cupy.cuda.Stream(non_blocking=True) for _ in range(MSM_STREAMS)]
+        return self.pool[(SECTIONS.index(section) + len(SECTIONS) * i) % MSM_STREAMS]
 
 
 class GpuBackend:
@@ -370,8 +387,8 @@ class GpuBackend:
                                  if got >= 0 else f"MSM {section}: scalars must be an (n, 4) array, got "
                                  f"{getattr(v, 'shape', type(v).__name__)}")
         st = self.streams()
-        s = st.side if section == "b2" else st.main
-        return [self._enqueue_msm(key.msms[section], section, v, s) for v in scalars]
+        return [self._enqueue_msm(key.msms[section], section, v, st.msm_stream(key, section, i))
+                for i, v in enumerate(scalars)]
 
     def _enqueue_msm(self, m: Any, section: str, scalars: Any, s: Any) -> Future:
         with cupy.cuda.Device(self.device), s:
