@@ -68,18 +68,30 @@ BACKENDS = ("auto", "cpu", "gpu")
 # --- the verbs -------------------------------------------------------------------------------
 
 def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: argparse.Namespace) -> int:
-    """Shared tail of ``groth16 prove`` and ``fullprove``: key, witness, proof, two JSON files."""
+    """Shared tail of ``groth16 prove`` and ``fullprove``: key, witness, proof, two JSON files.
+
+    The backend starts (CuPy's import, the CUDA context, the kernel modules) on a helper thread
+    while this one reads the key and the witness; ``prove`` then loads the key for this proof alone
+    beside the witness map (no precomputed tables that only pay over many proofs)."""
+    from concurrent.futures import ThreadPoolExecutor
+
     from .backends import get_backend
-    from .formats.r1cs import read_r1cs
-    from .formats.snarkjs_json import proof_to_json, public_to_json, write_json
-    from .formats.zkey import read_zkey
-    from .groth16.prover import prove
 
     t0 = time.perf_counter()
-    zkey = read_zkey(zkey_path)
-    w = witness()
-    r1cs = read_r1cs(args.r1cs) if args.r1cs else None
-    backend = get_backend(args.backend)
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-backend-start") as pool:
+        starting = pool.submit(get_backend, args.backend)  # first: the CUDA start overlaps the imports below
+        from .formats.r1cs import read_r1cs
+        from .formats.snarkjs_json import proof_to_json, public_to_json, write_json
+        from .formats.zkey import read_zkey
+        from .groth16.prover import prove
+
+        zkey = read_zkey(zkey_path)
+        w = witness()
+        r1cs = read_r1cs(args.r1cs) if args.r1cs else None
+        t1 = time.perf_counter()
+        backend = starting.result()
+    log.info("imports, key and witness in %.3f s, backend %s ready %.3f s later", t1 - t0, backend.name,
+             time.perf_counter() - t1)
     proof, public = prove(backend, zkey, w, r1cs=r1cs, verify=not args.no_verify)
     write_json(args.proof, proof_to_json(proof))
     write_json(args.public, public_to_json(public))
@@ -267,8 +279,9 @@ def _epilog() -> str:
             f"exit codes:\n{codes}")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    """The full argument parser of ``cuzk-mp``."""
+def build_parser(services: bool = True) -> argparse.ArgumentParser:
+    """The argument parser of ``cuzk-mp``; without ``services`` the engine's verbs (bench, daemon,
+    client), whose parsers import the pipeline and daemon packages, are left out."""
     parser = argparse.ArgumentParser(prog="cuzk-mp", description="Groth16 (BLS12-381) prover, snarkjs-compatible.",
                                      epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"cuzk-mp {__version__}")
@@ -278,8 +291,27 @@ def build_parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
     _snarkjs_verbs(sub)
     _own_verbs(sub)
-    _service_verbs(sub)
+    if services:
+        _service_verbs(sub)
     return parser
+
+
+# Verbs whose parsers need nothing of the pipeline and daemon packages: a one-shot prove starts
+# without importing them (and asyncio, multiprocessing) just to build the parser.
+LOCAL_VERBS = frozenset({"groth16", "zkey", "wtns", "setup", "circuit", *(v.alias for v in SNARKJS_VERBS)})
+
+
+def _verb(argv: Sequence[str]) -> str | None:
+    """The first word that is not a global option (after :func:`global_options_first`)."""
+    i = 0
+    while i < len(argv):
+        if argv[i] == "--log-level":
+            i += 2
+        elif argv[i].startswith("-"):
+            i += 1
+        else:
+            return argv[i]
+    return None
 
 
 def global_options_first(argv: Sequence[str]) -> list[str]:
@@ -351,9 +383,10 @@ def exit_code(exc: BaseException) -> tuple[int, str]:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code (see :data:`EXIT_CODES`)."""
-    parser = build_parser()
+    line = global_options_first(sys.argv[1:] if argv is None else argv)
+    parser = build_parser(services=_verb(line) not in LOCAL_VERBS)
     try:
-        args = parser.parse_args(global_options_first(sys.argv[1:] if argv is None else argv))
+        args = parser.parse_args(line)
     except SystemExit as exc:  # --help, --version (0) or a usage error (2), already printed by argparse
         return exc.code if isinstance(exc.code, int) else EXIT_INPUT
     _configure_logging(args)

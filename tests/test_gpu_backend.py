@@ -342,3 +342,78 @@ def _prove_synthetic(backend: object, tmp_path: Path, log_n: int = 10, kind: str
 def test_whole_proof_on_gpu_verifies(gpu: object, tmp_path: Path, kind: str) -> None:
     """Both witness shapes: mostly 0/1 (the MSMs' 0/1 split) and every value full-width."""
     _prove_synthetic(gpu, tmp_path, kind=kind)
+
+
+# ---------------------------------------------------------------- the backend's host code, emulated
+
+@pytest.fixture(scope="module")
+def emu_gpu() -> object:
+    """A GpuBackend whose host code is the real one over a fake CuPy (tests/gpu_emu/backend.py):
+    the MSM and fixed-base kernels compiled as host C++, the H step the CPU oracle's."""
+    from tests import gpu_emu
+
+    if not gpu_emu.available():
+        pytest.skip("no host C++ compiler for the kernel emulator")
+    from tests.gpu_emu.backend import load_backend
+
+    backend = load_backend().GpuBackend(0)
+    yield backend
+    backend.close()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("lasting", [False, True], ids=["one-proof-key", "lasting-key"])
+def test_emulated_backend_batches_equal_cpu_backend(emu_gpu: object, test_key: tuple[Path, Path],
+                                                    lasting: bool) -> None:
+    """prove_start_batch over three staged partitions of the porep-like 2^10 test key on the GPU
+    backend's host code equals the CPU backend partition by partition, and so does the lone
+    prove_start; the proofs verify. A one-proof key gets no precomputed multiples, a lasting one
+    all five; the bounce buffers are sized to the partition, not 2 x 64 MiB; a bad vector in a
+    batch is refused before anything is enqueued."""
+    from cuzk_mp.backends.cpu import CpuBackend
+    from cuzk_mp.circuits.synthetic import PorepLike
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.groth16.keys import prepare_vk, vk_from_zkey
+    from cuzk_mp.groth16.prover import prove_finalize, prove_start, prove_start_batch, public_signals
+    from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+    from cuzk_mp.groth16.verifier import verify
+    from tests.helpers import LOG_N
+
+    cpu = CpuBackend(threads=2)
+    with read_zkey(test_key[0]) as zkey:
+        ev = ConstraintEvaluator.from_zkey(zkey)
+        inputs = [ev.evaluate(PorepLike(LOG_N).witness(SEED + i, 0)) for i in range(3)]
+        ckey = cpu.load_key(zkey)
+        want = []
+        for x in inputs:
+            s = cpu.stage(ckey, x)
+            want.append(prove_start(cpu, ckey, s, zkey.n_public))
+            cpu.release(s)
+        key = emu_gpu.load_key(zkey, lasting=lasting)
+        try:
+            assert set(key.multiples) == ({"a", "b1", "b2", "c", "h"} if lasting else set())
+            staged = [emu_gpu.stage(key, x) for x in inputs]
+            try:
+                with pytest.raises(InputError, match="MSM a: 3 scalars"):
+                    emu_gpu.msm_batch(key, "a", [staged[0].w, staged[1].w[:3]])
+                assert all(not s.run.pending for s in staged)
+                got = prove_start_batch(emu_gpu, key, staged, zkey.n_public)
+            finally:
+                for s in staged:
+                    emu_gpu.release(s)
+            lone_staged = emu_gpu.stage(key, inputs[0])
+            try:
+                lone = prove_start(emu_gpu, key, lone_staged, zkey.n_public)
+            finally:
+                emu_gpu.release(lone_staged)
+        finally:
+            key.close()
+        pvk = prepare_vk(vk_from_zkey(zkey))
+        for i, (g, c) in enumerate(zip(got, want)):
+            for name in ("a", "b1", "b2", "c", "h"):
+                assert getattr(g, name) == getattr(c, name), f"seed={SEED}: partition {i} MSM {name}"
+            public = public_signals(inputs[i].w, zkey.n_public)
+            assert verify(pvk, public, prove_finalize(zkey, g, public))
+        assert all(getattr(lone, n) == getattr(want[0], n) for n in ("a", "b1", "b2", "c", "h"))
+    assert set(emu_gpu.last_timings) >= {"h2d", "classify", "ntt_h", "msm_a", "msm_h", "total"}
+    assert emu_gpu.stats()["host_pinned_bytes"] == 2 * (1 << 20)  # 2^10 partitions: two 1 MiB buffers

@@ -21,6 +21,7 @@ Data layouts shared by every backend (docs/architecture.md, "Conventions"):
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -100,8 +101,12 @@ class Backend(Protocol):
     busy_seconds: float  # accumulated device-busy seconds (CUDA events on the GPU)
     last_timings: dict[str, float]  # ms per backend stage of the last partition (the backend's own split)
 
-    def load_key(self, zkey: ZKey) -> KeyHandle:
-        """Make the key's point sections resident (idempotent per zkey path is the caller's job)."""
+    def load_key(self, zkey: ZKey, *, lasting: bool = True) -> KeyHandle:
+        """Make the key's point sections resident (idempotent per zkey path is the caller's job).
+
+        ``lasting=False``: the key serves one proof and goes (a one-shot ``groth16 prove``), so
+        set-up that only pays back over many proofs (the GPU's precomputed multiples) is skipped.
+        """
 
     def stage(self, key: KeyHandle, inputs: ProverInputs) -> Staged:
         """Copy a, b, c, w into backend memory; on return the caller may free ``inputs`` (the ring slot).
@@ -122,6 +127,13 @@ class Backend(Protocol):
         The number of scalars must equal the section's point count (else InputError naming
         both counts). Returns at once with a Future whose result is a py_arkworks_bls12381
         G1Point / G2Point; the backend may overlap MSMs (G2 on its own stream or thread).
+        """
+
+    def msm_batch(self, key: KeyHandle, section: str, scalars: Sequence[Any]) -> list[Future[Any]]:
+        """The MSMs of k scalar vectors over the same key section, as one pass where the backend can.
+
+        Each vector as in :meth:`msm`; returns k Futures in order. A backend without a batched
+        kernel path enqueues them one after another (:func:`msm_each`).
         """
 
     def release(self, staged: Staged) -> None:
@@ -149,6 +161,11 @@ class Backend(Protocol):
 
     def fixed_base_g2(self, base: G2Point, scalars: np.ndarray) -> np.ndarray:
         """[s_i * base] as an ``(n, 24)`` zkey-layout array (dev setup)."""
+
+
+def msm_each(backend: Any, key: Any, section: str, scalars: Sequence[Any]) -> list[Future[Any]]:
+    """:meth:`Backend.msm_batch` as k separate MSMs (the fallback of a backend with no batched path)."""
+    return [backend.msm(key, section, s) for s in scalars]
 
 
 def check_scalar_count(section: str, n_points: int, n_scalars: int) -> None:

@@ -27,7 +27,7 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 from ..algebra import curve, ec, ntt
 from ..errors import InputError
 from ..formats.zkey import ZKey
-from .base import SECTIONS, ProverInputs, check_scalar_count
+from .base import SECTIONS, ProverInputs, check_scalar_count, msm_each
 
 
 @dataclass
@@ -137,8 +137,9 @@ class CpuBackend:
         self.busy_seconds = 0.0
 
     # ---- keys and partitions
-    def load_key(self, zkey: ZKey) -> CpuKey:
-        """Convert sections 5..9 to arkworks objects (on the pool, G2 beside G1)."""
+    def load_key(self, zkey: ZKey, *, lasting: bool = True) -> CpuKey:
+        """Convert sections 5..9 to arkworks objects (on the pool, G2 beside G1); ``lasting`` changes
+        nothing here (the conversion is what every proof needs)."""
         g2 = self._pool.submit(curve.g2_lem_to_ark_list, zkey.b2)
         g1 = [curve.g1_lem_to_ark_list(s) for s in (zkey.a, zkey.b1, zkey.c, zkey.h)]
         key = CpuKey(zkey, g1[0], g1[1], g2.result(), g1[2], g1[3])
@@ -177,6 +178,10 @@ class CpuBackend:
         parts += [self._pool.submit(_pippenger, points, scalars, chunk, identity)
                   for chunk in np.array_split(rest, pieces)]
         return _combined(parts)
+
+    def msm_batch(self, key: CpuKey, section: str, scalars: Sequence[np.ndarray]) -> list[Future[Any]]:
+        """k MSMs over one section: queued one after another on the pool (arkworks has no batched MSM)."""
+        return msm_each(self, key, section, scalars)
 
     def release(self, staged: CpuStaged) -> None:
         """Drop the partition's copy (idempotent)."""

@@ -112,6 +112,7 @@ class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``[pipeline]``: the shared-memory slot ring and per-partition policy."""
 
     ring_slots: int = 4
+    prover_batch: int = 4
     shm_prefix: str = ""
     verify_proofs: bool = True
     max_attempts: int = 2
@@ -347,6 +348,7 @@ def _check_counts(cfg: RawConfig, source: str) -> None:
          else cfg.synthesis.threads_per_partition, 0),
         ("pipeline.ring_slots", cfg.pipeline.ring_slots, 1),
         ("pipeline.max_attempts", cfg.pipeline.max_attempts, 1),
+        ("pipeline.prover_batch", cfg.pipeline.prover_batch, 1),
         ("gpus.gpu_workers_per_device", cfg.gpus.gpu_workers_per_device, 1),
     ]
     for key, value, low in checks:
@@ -461,7 +463,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         synthesis_threads=_threads(cfg.synthesis), ring_slots=cfg.pipeline.ring_slots,
         shm_prefix=cfg.pipeline.shm_prefix or default_shm_prefix(journal_path),
         verify_proofs=cfg.pipeline.verify_proofs,
-        max_attempts=cfg.pipeline.max_attempts, param_cache=param_cache,
+        max_attempts=cfg.pipeline.max_attempts, prover_batch=cfg.pipeline.prover_batch, param_cache=param_cache,
         start_timeout_s=parse_duration(cfg.pipeline.start_timeout,
                                        f"{source}: pipeline.start_timeout"),
     )

@@ -15,17 +15,23 @@
      pi_c = C + H + s pi_a + r b1 - r s delta1
 5. self-verification: the proof passes the pairing check before it is returned.
 
-Steps 2-3 are ``prove_start`` (device work); 4-5 are ``prove_finalize``
-(host work), so a GPU process can start the next partition while the last
-one finalizes. The backend exposes primitives (:mod:`cuzk_mp.backends.base`):
-the recipe, which scalars each MSM takes, is written here and nowhere else.
+Steps 2-3 are ``prove_start`` (device work; ``prove_start_batch`` does k
+partitions of one key in one pass); 4-5 are ``prove_finalize`` (host work), so
+a GPU process can start the next partition while the last one finalizes. The
+backend exposes primitives (:mod:`cuzk_mp.backends.base`): the recipe, which
+scalars each MSM takes, is written here and nowhere else.
 """
 
 from __future__ import annotations
 
+import logging
 import secrets
+import time
 import weakref
+from collections.abc import Callable, Sequence
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
+from typing import Any, TypeVar
 
 import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point, Scalar
@@ -40,6 +46,9 @@ from ..formats.zkey import ZKey
 from .keys import prepared_vk_of
 from .synthesis import ConstraintEvaluator
 from .verifier import pairing_holds
+
+log = logging.getLogger("cuzk_mp.groth16.prover")
+T = TypeVar("T")
 
 
 @dataclass
@@ -89,13 +98,20 @@ def prove_start(backend: Backend, key: KeyHandle, staged: Staged, n_public: int)
     witness MSMs, and the GPU backend start G2 on its own stream first. Returns when
     every MSM is done (the caller holds the per-device lock around it).
     """
-    w = staged.w
-    pending = {"b2": backend.msm(key, "b2", w),
-               "a": backend.msm(key, "a", w),
-               "b1": backend.msm(key, "b1", w),
-               "c": backend.msm(key, "c", w[n_public + 1 :])}
-    pending["h"] = backend.msm(key, "h", backend.h_values(key, staged))
-    return MsmSums(**{name: f.result() for name, f in pending.items()})
+    return prove_start_batch(backend, key, [staged], n_public)[0]
+
+
+def prove_start_batch(backend: Backend, key: KeyHandle, staged: Sequence[Staged], n_public: int) -> list[MsmSums]:
+    """:func:`prove_start` for k staged partitions of one key in one pass: each section's k MSMs
+    go to the backend together (:meth:`Backend.msm_batch`: G2 first, then A, B1, C, the k H
+    steps and the H MSMs). Returns the k sums in order, when every MSM is done."""
+    ws = [s.w for s in staged]
+    pending = {"b2": backend.msm_batch(key, "b2", ws),
+               "a": backend.msm_batch(key, "a", ws),
+               "b1": backend.msm_batch(key, "b1", ws),
+               "c": backend.msm_batch(key, "c", [w[n_public + 1 :] for w in ws])}
+    pending["h"] = backend.msm_batch(key, "h", [backend.h_values(key, s) for s in staged])
+    return [MsmSums(**{name: futs[i].result() for name, futs in pending.items()}) for i in range(len(ws))]
 
 
 def prove_finalize(zkey: ZKey, sums: MsmSums, public: list[int], *, verify: bool = True) -> Proof:
@@ -123,14 +139,55 @@ def prove(
     r1cs: R1CS | None = None,
     verify: bool = True,
 ) -> tuple[Proof, list[int]]:
-    """One whole proof: witness map, device work, assembly; returns (proof, public signals)."""
-    evaluator = evaluator or ConstraintEvaluator.from_zkey(zkey, r1cs)
-    inputs = evaluator.evaluate(w)
-    key = key or backend.load_key(zkey)
-    staged = backend.stage(key, inputs)
+    """One whole proof: witness map, device work, assembly; returns (proof, public signals).
+
+    Without ``key`` the key is loaded for this proof alone (``lasting=False``) on a helper
+    thread while the witness map runs on this one, and closed afterwards.
+    """
+    t0 = time.perf_counter()
+    marks: dict[str, float] = {}
+    with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-key-load") as pool:
+        loading = pool.submit(_timed, backend.load_key, zkey, lasting=False) if key is None else None
+        try:
+            evaluator = evaluator or ConstraintEvaluator.from_zkey(zkey, r1cs)
+            inputs = evaluator.evaluate(w)
+            marks["witness_map"] = time.perf_counter() - t0
+        except BaseException:
+            if loading is not None:
+                _close_quietly(loading)
+            raise
+        if loading is not None:
+            key, marks["load_key"] = loading.result()
+            marks["key_wait"] = time.perf_counter() - t0 - marks["witness_map"]
+    assert key is not None
     try:
-        sums = prove_start(backend, key, staged, zkey.n_public)
+        t1 = time.perf_counter()
+        staged = backend.stage(key, inputs)
+        t2 = time.perf_counter()
+        try:
+            sums = prove_start(backend, key, staged, zkey.n_public)
+        finally:
+            backend.release(staged)
+        t3 = time.perf_counter()
+        public = public_signals(inputs.w, zkey.n_public)
+        proof = prove_finalize(zkey, sums, public, verify=verify)
+        marks.update(stage=t2 - t1, device=t3 - t2, finalize=time.perf_counter() - t3)
     finally:
-        backend.release(staged)
-    public = public_signals(inputs.w, zkey.n_public)
-    return prove_finalize(zkey, sums, public, verify=verify), public
+        if loading is not None:
+            key.close()
+    log.info("prove: %s", ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in marks.items()))
+    return proof, public
+
+
+def _timed(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, float]:
+    t0 = time.perf_counter()
+    out = fn(*args, **kwargs)
+    return out, time.perf_counter() - t0
+
+
+def _close_quietly(loading: Future[tuple[KeyHandle, float]]) -> None:
+    """Close a key whose load was started for a proof that failed before using it."""
+    try:
+        loading.result()[0].close()
+    except Exception:  # noqa: BLE001 - the proof's own error is the one to report
+        log.debug("closing the key of a failed proof", exc_info=True)

@@ -14,9 +14,12 @@ Threads:
 * ``gpu_workers_per_device`` workers: take the oldest READY slot, read it
   through this process's mapping of its segment (kept across partitions,
   docs/ring.md), stage it (copy to the device, or into private memory on the
-  CPU), **free the slot right after staging, before compute**,
-  then run ``prove_start`` under the per-device lock, so staging of one partition
-  overlaps the compute of another while kernels never interleave;
+  CPU), **free the slot right after staging, before compute**, then run
+  ``prove_start_batch`` under the per-device lock, so staging of one partition
+  overlaps the compute of another while kernels never interleave. When more
+  small partitions are READY at that moment, a worker takes up to ``batch_max``
+  in all (never waiting for more) and proves those of one key in one pass: a
+  lone partition goes alone, at once;
 * one finalizer: assembly with fresh r, s and the self-verification, off the
   workers' path; the proof leaves as snarkjs proof.json, the form the caller gets;
 * one reader: engine messages (load/evict key, cancel, stop).
@@ -26,6 +29,7 @@ from __future__ import annotations
 
 import os
 import queue
+import sys
 import threading
 import time
 from collections import OrderedDict
@@ -38,6 +42,16 @@ from .procs import ChildContext
 from .ring import Ring, RingHandle, SlotRecord
 
 
+BATCH_ENV = "CUZK_MP_PROVER_BATCH"  # overrides the configured batch cap (benchmarks: 1 = no batching)
+# Partitions up to this segment size are batched (2^18 rows: 32 MiB; a, b, c and w of k partitions
+# are on the device at once, and above this size the per-proof fixed costs are small beside the work).
+BATCH_MAX_BYTES = 48 << 20
+# The interpreter's GIL hand-over interval in the prover: every kernel launch and device wait
+# drops the GIL, and with the default 5 ms another busy thread (a finisher's host part, a
+# worker's staging) could hold it that long each time it is wanted back.
+SWITCH_INTERVAL_S = 0.0005
+
+
 @dataclass(frozen=True)
 class ProverPayload:
     """Start arguments of a prover process."""
@@ -48,6 +62,7 @@ class ProverPayload:
     workers: int
     verify: bool
     srs_budget_bytes: int | None
+    batch_max: int = 1  # READY partitions of one key proved in one pass, at most
 
 
 @dataclass
@@ -182,6 +197,7 @@ class Prover:
         self.device_lock = threading.Lock()
         self.finalize_q: queue.Queue[_InFlight | None] = queue.Queue()
         self.cancelled: set[int] = set()
+        self.batch_max = max(1, int(os.environ.get(BATCH_ENV) or payload.batch_max))
         self.memwatch = DeviceMemoryWatch() if backend.name == "gpu" else None
 
     def read_messages(self) -> None:
@@ -209,20 +225,44 @@ class Prover:
             self.ctx.send(msg.KeyState(circuit_id, None, 0, error=f"{type(exc).__name__}: {exc}"))
 
     def work(self) -> None:
-        """A worker thread: take, stage, release the slot, compute under the device lock."""
+        """A worker thread: take a slot (and, when small partitions wait in the ring, up to
+        ``batch_max - 1`` more), stage each and release its slot, compute under the device lock
+        (the partitions of one key in one pass)."""
         while not self.ctx.stopping.is_set():
             rec = self.ring.take_ready(abort=self.ctx.stopping.is_set)
             if rec is None:
                 continue
-            self.ctx.send(msg.Taken(rec.task_id, rec.slot, os.getpid()))
-            try:
-                self._prove_slot(rec)
-            except GpuDead:
-                raise
-            except Exception as exc:  # noqa: BLE001 - the task fails, the process carries on
-                self.ctx.fail(rec.task_id, exc)
+            recs = [rec, *self._more_ready(rec)]
+            for r in recs:
+                self.ctx.send(msg.Taken(r.task_id, r.slot, os.getpid()))
+            staged: list[tuple[_InFlight, Any]] = []
+            for r in recs:
+                try:
+                    staged.append(self._take_slot(r))
+                except GpuDead:
+                    raise
+                except Exception as exc:  # noqa: BLE001 - the task fails, the process carries on
+                    self.ctx.fail(r.task_id, exc)
+            for group in _by_key(staged):
+                self._compute_batch(group)
 
-    def _prove_slot(self, rec: SlotRecord) -> None:
+    def _more_ready(self, first: SlotRecord) -> list[SlotRecord]:
+        """Up to ``batch_max - 1`` more READY slots, taken without waiting, when the first partition
+        is small enough to batch (:data:`BATCH_MAX_BYTES`) and others are ready now."""
+        want = self.batch_max - 1
+        if want <= 0 or first.nbytes > BATCH_MAX_BYTES:
+            return []
+        ready = sum(1 for r in self.ring.snapshot() if r.state == "ready")
+        out: list[SlotRecord] = []
+        for _ in range(min(want, ready)):
+            rec = self.ring.take_ready(abort=lambda: True, timeout_s=0)
+            if rec is None:  # another worker was first
+                break
+            out.append(rec)
+        return out
+
+    def _take_slot(self, rec: SlotRecord) -> tuple[_InFlight, Any]:
+        """Stage a taken slot's partition and free the slot (before any compute of it)."""
         t_taken = time.time()
         try:
             seg = self.ring.open_segment(rec.slot)
@@ -238,7 +278,7 @@ class Prover:
                 seg.close()
         finally:
             self.ring.release(rec.slot)  # FREE again: before any compute of this partition
-        self._compute(job, staged)
+        return job, staged
 
     def _stage(self, job: _InFlight, arrays: list[Any]) -> Any:
         from ..backends.base import ProverInputs
@@ -252,23 +292,53 @@ class Prover:
             self.keys.release(job.key)
             raise
 
-    def _compute(self, job: _InFlight, staged: Any) -> None:
-        from ..groth16.prover import prove_start
+    def _compute_batch(self, group: list[tuple[_InFlight, Any]]) -> None:
+        """prove_start_batch over staged partitions of one key under the device lock; a cancelled
+        partition drops out (before the lock, and again once it is held), a failure fails each of
+        the group's tasks. Each partition's ``device`` timing is its share of the pass
+        (``device_batch``: how many shared it)."""
+        from ..groth16.prover import prove_start_batch
 
+        t0 = time.perf_counter()
+        live = self._drop_cancelled(group)
+        if not live:
+            return
+        sums: list[Any] = []
         try:
-            self._check(job)
-            t0 = time.perf_counter()
             with self.device_lock:
                 t1 = time.perf_counter()
-                self._check(job)
-                job.sums = prove_start(self.backend, job.key.handle, staged, job.meta.n_public)
-            job.timings["device_wait"], job.timings["device"] = t1 - t0, time.perf_counter() - t1
-        except BaseException:
-            self.keys.release(job.key)
+                live = self._drop_cancelled(live)
+                if live:
+                    sums = prove_start_batch(self.backend, live[0][0].key.handle, [s for _, s in live],
+                                             live[0][0].meta.n_public)
+            t2 = time.perf_counter()
+        except GpuDead:
             raise
-        finally:
+        except Exception as exc:  # noqa: BLE001 - the group's tasks fail, the process carries on
+            for job, staged in live:
+                self.backend.release(staged)
+                self.keys.release(job.key)
+                self.ctx.fail(job.meta.task_id, exc)
+            return
+        for (job, staged), s in zip(live, sums):
             self.backend.release(staged)
-        self.finalize_q.put(job)
+            job.sums = s
+            job.timings["device_wait"], job.timings["device"] = t1 - t0, (t2 - t1) / len(live)
+            job.timings["device_batch"] = float(len(live))
+            self.finalize_q.put(job)
+
+    def _drop_cancelled(self, group: list[tuple[_InFlight, Any]]) -> list[tuple[_InFlight, Any]]:
+        live = []
+        for job, staged in group:
+            try:
+                self._check(job)
+            except Cancelled as exc:
+                self.backend.release(staged)
+                self.keys.release(job.key)
+                self.ctx.fail(job.meta.task_id, exc)
+            else:
+                live.append((job, staged))
+        return live
 
     def _check(self, job: _InFlight) -> None:
         if job.meta.task_id in self.cancelled:
@@ -324,6 +394,14 @@ class DeviceMemoryWatch:
         self._stop.set()
 
 
+def _by_key(staged: list[tuple[_InFlight, Any]]) -> list[list[tuple[_InFlight, Any]]]:
+    """Staged partitions grouped by resident key, in the order the keys first appear."""
+    groups: dict[int, list[tuple[_InFlight, Any]]] = {}
+    for item in staged:
+        groups.setdefault(id(item[0].key), []).append(item)
+    return list(groups.values())
+
+
 def backend_stats(backend: Any, memwatch: DeviceMemoryWatch | None) -> dict[str, float]:
     """The backend's own figures (``busy_seconds``: its kernel-busy counter, CUDA events on the GPU;
     what it holds of its keys) and the device memory in use."""
@@ -343,6 +421,7 @@ def _make_backend(payload: ProverPayload) -> Any:
 
 def main(ctx: ChildContext, payload: ProverPayload) -> None:
     """Process entry (called by :func:`cuzk_mp.pipeline.procs.bootstrap`)."""
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     ring = Ring.attach(payload.ring)
     backend = _make_backend(payload)
     if payload.backend == "gpu":

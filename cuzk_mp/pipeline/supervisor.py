@@ -122,7 +122,7 @@ def child_specs(config: EngineConfig, ring: RingHandle, backend: str, devices: l
         env = {"CUDA_VISIBLE_DEVICES": str(dev)} if backend == "gpu" else {
             **pool_environment(cpu_threads), "CUDA_VISIBLE_DEVICES": ""}
         payload = ProverPayload(ring, backend, dev, config.gpu_workers_per_device, config.verify_proofs,
-                                config.srs_budget_bytes)
+                                config.srs_budget_bytes, config.prover_batch)
         specs.append(ChildSpec("prover", dev, ROLE_MODULES["prover"], {**env, "CUZK_MP_LOG_LEVEL": level}, payload,
                                ring.prefix))
     for i in range(config.partition_workers):

@@ -152,6 +152,7 @@ class EngineConfig:
     param_cache: Path = field(default_factory=default_cache_dir)
     srs_budget_bytes: int | None = None
     start_timeout_s: float = 300.0
+    prover_batch: int = 4  # READY small partitions of one key a prover worker proves in one pass, at most
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad field."""
@@ -160,7 +161,8 @@ class EngineConfig:
         if self.devices is not None and (not self.devices or len(set(self.devices)) != len(self.devices)
                                          or min(self.devices) < 0):
             raise ConfigError(f"EngineConfig.devices: {self.devices!r} must be distinct ids >= 0 (or None for all)")
-        for name in ("gpu_workers_per_device", "partition_workers", "synthesis_threads", "ring_slots", "max_attempts"):
+        for name in ("gpu_workers_per_device", "partition_workers", "synthesis_threads", "ring_slots", "max_attempts",
+                     "prover_batch"):
             value = getattr(self, name)
             if name == "synthesis_threads" and value is None:
                 continue

@@ -9,7 +9,10 @@ partition's a, b, c, w buffers and scalar plan until :meth:`GpuBackend.release`.
 Streams and waits. Every thread that calls the backend gets a ``main`` stream
 (staging, H, the G1 MSMs) and a ``side`` stream (the G2 MSM), both non-blocking,
 so one thread's staging overlaps another's compute and nothing waits for the
-whole device. :meth:`stage` copies a partition through pinned bounce buffers and
+whole device. A small key's MSMs (domain up to 2^18) each take a stream of a
+per-thread pool instead: their kernels are short chains of dependent additions
+on few threads, so the five MSMs of a proof, and those of a batch, run side by
+side rather than one after another; events order each after its inputs. :meth:`stage` copies a partition through pinned bounce buffers and
 classifies the witness's scalars (0 / 1 / other, the only host wait of a
 partition before its results). :meth:`h_values` and :meth:`msm` only enqueue:
 G2 starts first on the side stream (after an event that marks the staged data
@@ -30,6 +33,7 @@ import logging
 import os
 import threading
 import time
+from collections.abc import Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,7 +53,11 @@ from .ntt import GpuNtt
 log = logging.getLogger("cuzk_mp.backends.gpu.backend")
 
 _H2D = 1  # cudaMemcpyHostToDevice
-BOUNCE_BYTES = 64 << 20  # one pinned staging buffer (two per thread)
+BOUNCE_BYTES = 64 << 20  # one pinned staging buffer at most (two per thread)
+MIN_BOUNCE_BYTES = 1 << 20
+PARALLEL_COPY_BYTES = 8 << 20  # below this a bounce buffer is filled by one thread
+SMALL_KEY_ROWS = 1 << 18  # keys up to this domain size run their MSMs on a pool of streams
+MSM_STREAMS = 8  # the pool, per calling thread
 COPY_THREADS = 4  # host threads filling a bounce buffer (numpy copies release the GIL)
 
 
@@ -112,8 +120,21 @@ class _Streams:
     def __init__(self) -> None:
         self.main = cupy.cuda.Stream(non_blocking=True)
         self.side = cupy.cuda.Stream(non_blocking=True)
+        self.pool: list[Any] = []  # small keys: one stream per MSM of a pass (see msm_stream)
         self.bounce: list[np.ndarray] = []
         self.bounce_events: list[Any] = []
+        self.turn = 1  # the bounce buffer filled last
+
+    def msm_stream(self, key: GpuKey, section: str, i: int) -> Any:
+        """The stream of the i-th MSM of ``section`` in a pass. A large key's MSMs keep to two
+        streams (G2 on ``side``, the rest on ``main``): each fills the device. A small key's MSMs
+        each get a stream of the pool, so their short, latency-bound kernels run side by side
+        (the five of one proof, and those of the other proofs of a batch)."""
+        if int(key.zkey.domain_size) > SMALL_KEY_ROWS:
+            return self.side if section == "b2" else self.main
+        if not self.pool:
+            self.pool = [cupy.cuda.Stream(non_blocking=True) for _ in range(MSM_STREAMS)]
+        return self.pool[(SECTIONS.index(section) + len(SECTIONS) * i) % MSM_STREAMS]
 
 
 class GpuBackend:
@@ -165,10 +186,12 @@ class GpuBackend:
         }
 
     # ---- keys
-    def load_key(self, zkey: ZKey) -> GpuKey:
+    def load_key(self, zkey: ZKey, *, lasting: bool = True) -> GpuKey:
         """Upload sections 5..9 (A, B1, B2, C, H) from the key's mapping, chunk by chunk, let
         the host pages go, and build the resident MSM objects (with precomputed multiples for
-        the sections :func:`plan_multiples` picks; env ``CUZK_GPU_MSM_MULTIPLES``)."""
+        the sections :func:`plan_multiples` picks; env ``CUZK_GPU_MSM_MULTIPLES``). A key for one
+        proof (``lasting=False``) gets no multiples unless that env names some: building them
+        costs more than they save in one proof (2 s per 2^24 G1 section, 5.4 s for G2)."""
         host = {name: getattr(zkey, name) for name in SECTIONS}
         for name, arr in host.items():
             width = 24 if name == "b2" else 12
@@ -187,14 +210,16 @@ class GpuBackend:
                     dev[name] = cupy.empty(arr.shape, dtype=np.uint64)
                     released += _upload_release(dev[name], arr, s)
                 free, _ = memory.free_bytes()
-                plan = plan_multiples(sizes, free, int(zkey.domain_size), os.environ.get(MULTIPLES_ENV))
+                choice = os.environ.get(MULTIPLES_ENV) or (None if lasting else "none")
+                plan = plan_multiples(sizes, free, int(zkey.domain_size), choice)
                 for name in SECTIONS:
                     mult = self._multiples(dev[name], plan.get(name), name)
                     if mult is None:
                         plan.pop(name, None)
                     else:
                         dev[name] = mult.table[: mult.n]
-                    msms[name] = (gmsm.MsmG2 if name == "b2" else gmsm.MsmG1)(dev[name], None, mult)
+                    cls = gmsm.MsmG2 if name == "b2" else gmsm.MsmG1
+                    msms[name] = cls(dev[name], msm_params_for(int(host[name].shape[0])), mult)
                 n = int(zkey.domain_size)
                 if n >= 2 and n & (n - 1) == 0:
                     self.ntt_engine.plan(n.bit_length() - 1)  # the H step's tables, before any partition
@@ -264,17 +289,12 @@ class GpuBackend:
         if _is_pinned(src):
             cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.ctypes.data, src.nbytes, _H2D, st.main.ptr)
             return
-        if not st.bounce:
-            for _ in range(2):
-                mem = cupy.cuda.alloc_pinned_memory(BOUNCE_BYTES)
-                st.bounce.append(np.frombuffer(mem, dtype=np.uint8, count=BOUNCE_BYTES))
-                st.bounce_events.append(None)
-            with self._lock:
-                self._pinned_bytes += 2 * BOUNCE_BYTES
+        self._ensure_bounce(st, src.nbytes)
+        size = int(st.bounce[0].nbytes)
         flat = src.reshape(-1).view(np.uint8)
-        for i, lo in enumerate(range(0, flat.nbytes, BOUNCE_BYTES)):
-            k = i % 2
-            n = min(BOUNCE_BYTES, flat.nbytes - lo)
+        for lo in range(0, flat.nbytes, size):
+            k = st.turn = st.turn ^ 1  # alternate across arrays too: b fills one buffer while a's DMA runs
+            n = min(size, flat.nbytes - lo)
             if st.bounce_events[k] is not None:
                 st.bounce_events[k].synchronize()  # that buffer's previous DMA is done
             self._parallel_copy(st.bounce[k][:n], flat[lo : lo + n])
@@ -283,7 +303,25 @@ class GpuBackend:
             ev.record(st.main)
             st.bounce_events[k] = ev
 
+    def _ensure_bounce(self, st: _Streams, nbytes: int) -> None:
+        """The thread's two pinned bounce buffers, at least min(nbytes, BOUNCE_BYTES) each: sized to
+        the partition (a power of two from 1 MiB), so a small proof does not page-lock 128 MiB."""
+        want = min(BOUNCE_BYTES, max(MIN_BOUNCE_BYTES, 1 << max(0, nbytes - 1).bit_length()))
+        have = int(st.bounce[0].nbytes) if st.bounce else 0
+        if have >= min(nbytes, BOUNCE_BYTES):
+            return
+        for ev in st.bounce_events:
+            if ev is not None:
+                ev.synchronize()  # the old buffers' last DMA is done before they go back to the pool
+        st.bounce = [np.frombuffer(cupy.cuda.alloc_pinned_memory(want), dtype=np.uint8, count=want) for _ in range(2)]
+        st.bounce_events = [None, None]
+        with self._lock:
+            self._pinned_bytes += 2 * (want - have)
+
     def _parallel_copy(self, dst: np.ndarray, src: np.ndarray) -> None:
+        if src.nbytes < PARALLEL_COPY_BYTES:  # a thread hand-off costs more than it saves
+            np.copyto(dst, src)
+            return
         step = -(-src.nbytes // COPY_THREADS)
         futs = [self._copier.submit(np.copyto, dst[lo : lo + step], src[lo : lo + step])
                 for lo in range(0, src.nbytes, step)]
@@ -331,19 +369,28 @@ class GpuBackend:
         """sum_i scalars[i] P_i over key section ``section`` (G2 for "b2"), enqueued; the Future's
         result is an arkworks point. Scalars: a device (or host) ``(n, 4)`` standard-form array
         with exactly the section's point count."""
+        return self.msm_batch(key, section, [scalars])[0]
+
+    def msm_batch(self, key: GpuKey, section: str, scalars: Sequence[Any]) -> list[Future]:
+        """The MSMs of k scalar vectors over one section, enqueued back to back on one stream (the
+        side stream for G2) with no host wait between them but the sorts'; every vector is checked
+        before any is enqueued. Futures in order, as :meth:`msm`'s."""
         if section not in SECTIONS:
             raise InputError(f"unknown MSM section {section!r}: expected one of {', '.join(SECTIONS)}")
         if not key.msms:
             raise InputError("msm with a closed key")
         want = key.counts[section]
-        got = int(scalars.shape[0]) if getattr(scalars, "ndim", 0) == 2 else -1
-        if got != want:
-            raise InputError(f"MSM {section}: {got} scalars for the section's {want} points"
-                             if got >= 0 else f"MSM {section}: scalars must be an (n, 4) array, got "
-                             f"{getattr(scalars, 'shape', type(scalars).__name__)}")
+        for v in scalars:
+            got = int(v.shape[0]) if getattr(v, "ndim", 0) == 2 else -1
+            if got != want:
+                raise InputError(f"MSM {section}: {got} scalars for the section's {want} points"
+                                 if got >= 0 else f"MSM {section}: scalars must be an (n, 4) array, got "
+                                 f"{getattr(v, 'shape', type(v).__name__)}")
         st = self.streams()
-        s = st.side if section == "b2" else st.main
-        m = key.msms[section]
+        return [self._enqueue_msm(key.msms[section], section, v, st.msm_stream(key, section, i))
+                for i, v in enumerate(scalars)]
+
+    def _enqueue_msm(self, m: Any, section: str, scalars: Any, s: Any) -> Future:
         with cupy.cuda.Device(self.device), s:
             part, plan, ready = self._context(scalars)  # C's cut of w's plan is enqueued on s
             if part is None:
@@ -451,6 +498,26 @@ class GpuBackend:
         self._copier.shutdown(wait=True)
         with cupy.cuda.Device(self.device):
             cupy.get_default_memory_pool().free_all_blocks()
+
+
+# Launch geometry of the MSMs of small keys (no compiled-in knob changes: the shipped modules
+# serve). A small MSM runs far fewer accumulation threads than the device holds at once, so its
+# time is the length of each thread's chain of dependent additions: ``seg`` sorted entries per
+# accumulation thread, then ``combine_seg`` heads per thread in each combine level. Shorter
+# chains cost a few more additions in all (one head per segment) and cut the latency.
+SMALL_MSM_PARAMS: tuple[tuple[int, gmsm.MsmParams], ...] = (
+    (1 << 14, gmsm.MsmParams(seg=8, combine_seg=8)),
+    (1 << 18, gmsm.MsmParams(seg=16, combine_seg=16)),
+)
+
+
+def msm_params_for(n_points: int) -> gmsm.MsmParams:
+    """The MSM parameters of a key section of ``n_points`` points (:data:`SMALL_MSM_PARAMS`, else
+    the defaults)."""
+    for limit, params in SMALL_MSM_PARAMS:
+        if n_points <= limit:
+            return params
+    return gmsm.MsmParams()
 
 
 def _record(stream: Any) -> Any:

@@ -1,0 +1,571 @@
+#!/usr/bin/env python3
+"""Small circuits on the GPU in one call (~4 min): where a small proof's time goes, lone and batched
+device time per proof, the pipeline at 2^16, the one-shot CLI, the daemon's latency; a table last.
+
+On the GPU machine (repository root, the cp312 wheels installed as README "The GPU machine" says):
+
+    python3 perf/gpu_small.py --out $OUT          # budget 230 s
+
+writes ``$OUT/gpu-small.json`` (the rows for perf/results/gpu-small-h200.json), ``$OUT/logs/`` and
+``$OUT/timeline-2^16.json``, and prints the table last. Sections, in this order (``--skip`` any):
+
+* ``warm``      ``scripts/warm_caches.py``, as an install runs it (numba's kernels into its cache);
+* ``keys``      GPU dev keys of the porep-like circuit at 2^12, 2^14, 2^16, 2^18 (``setup_2^N_s``);
+* ``timeline``  one traced 2^16 proof, lone and in a batch of 4: every kernel launch and every CuPy
+  call of the backend and the MSMs between two CUDA events on its stream, with host clocks around
+  it; ``timeline_2^16_*``: the device span, the kernel-busy time (union of the intervals), the
+  idle gaps, the host time spent blocked in calls that wait for the device (sorts, index lists,
+  copies back), the launch count; the full list goes to ``timeline-2^16.json``;
+* ``device``    per size: ``device_2^N_lone_ms`` (prove_start wall, median of 10, resident key with
+  its default multiples; ``..._events_ms`` the backend's CUDA-event total) and
+  ``device_2^N_batch4_ms`` (prove_start_batch over 4 staged partitions / 4); at 2^16 also without
+  multiples (``..._multiples_none``); every proof assembled and self-verified (pairing);
+* ``params``    at 2^12 and 2^16, lone device time per proof for MSM launch geometries (sorted entries
+  per accumulation thread, heads per combine thread): ``device_2^N_lone_s{seg}c{combine_seg}_ms``,
+  and which one the backend picks for the size (``params_2^N_chosen``);
+* ``oneshot``   ``cuzk-mp groth16 prove --backend gpu`` at 2^16 as whole processes after ``warm``:
+  the first and the median of three warm ones (``oneshot_2^16_first_s`` / ``_warm_s``), the
+  in-process steps from its log line (``oneshot_2^16_step_*_ms``), imports (``-X importtime``);
+* ``pipeline``  ``cuzk-mp bench --backend gpu --log-n 16`` (10 jobs x 10 partitions, 8 synthesis
+  workers, ring 8): ``pipeline_2^16_s_per_partition`` with batching (the default cap 4) and
+  ``..._nobatch`` (``CUZK_MP_PROVER_BATCH=1``); every proof verified by the bench;
+* ``daemon``    ``perf/daemon_latency.py --backend gpu --log-n 12``: ``daemon_2^12_latency_p50_ms``
+  (client submit -> proof on disk) and the daemon's own overhead.
+
+``--dry-run`` (no GPU): the backend's host code on the kernel emulator (tests/gpu_emu) at 2^10 for
+keys, timeline and device; warm and oneshot with the CPU backend at 2^10; pipeline and daemon skipped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import datetime as _dt
+import json
+import os
+import re
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import traceback
+import types
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+BUDGET_S = 230.0
+ESTIMATE_S = {"warm": 60.0, "keys": 25.0, "timeline": 8.0, "device": 20.0, "params": 8.0, "oneshot": 20.0,
+              "pipeline": 80.0, "daemon": 45.0}
+SIZES = (12, 14, 16, 18)
+BATCH = 4
+REPS = 10
+TABLE_KEYS = [
+    "warm_s", *(f"setup_2^{n}_s" for n in SIZES),
+    "timeline_2^16_lone_span_ms", "timeline_2^16_lone_busy_ms", "timeline_2^16_lone_idle_ms",
+    "timeline_2^16_lone_host_blocked_ms", "timeline_2^16_lone_launches",
+    "timeline_2^16_batch4_span_ms", "timeline_2^16_batch4_busy_ms",
+    *(f"device_2^{n}_{k}_ms" for n in SIZES for k in ("lone", "lone_events", "batch4")),
+    "device_2^16_lone_multiples_none_ms", "device_2^16_batch4_multiples_none_ms",
+    *(f"device_2^{n}_lone_{label}_ms" for n in (12, 16) for label in ("s64c32", "s16c16", "s8c8", "s4c4")),
+    "params_2^12_chosen", "params_2^16_chosen",
+    "oneshot_2^16_first_s", "oneshot_2^16_warm_s", "oneshot_2^16_import_s",
+    "pipeline_2^16_s_per_partition", "pipeline_2^16_s_per_partition_nobatch", "pipeline_2^16_device_ms",
+    "pipeline_2^16_device_ms_nobatch", "pipeline_2^16_proofs_verified",
+    "daemon_2^12_latency_p50_ms", "daemon_2^12_overhead_ms", "daemon_2^12_proofs_verified",
+    "proofs_verified", "checks_failed",
+]
+
+
+class Session:
+    """Rows, logs and the time budget of one run."""
+
+    def __init__(self, out: Path, budget_s: float, dry: bool) -> None:
+        self.out, self.budget_s, self.dry = out, budget_s, dry
+        self.t0 = time.perf_counter()
+        self.rows: dict[str, Any] = {"date": _dt.date.today().isoformat(), "dry_run": dry, "proofs_verified": 0}
+        self.logs = out / "logs"
+        self.logs.mkdir(parents=True, exist_ok=True)
+        self.failed: list[str] = []
+        self.cache = Path(tempfile.mkdtemp(prefix="cuzk-small-keys-"))
+
+    def left(self) -> float:
+        return self.budget_s - (time.perf_counter() - self.t0)
+
+    def log(self, msg: str) -> None:
+        line = f"[{time.perf_counter() - self.t0:6.1f} s] {msg}"
+        print(line, flush=True)
+        with open(self.logs / "session.log", "a") as f:
+            f.write(line + "\n")
+
+    def fail(self, what: str) -> None:
+        self.failed.append(what)
+        self.log(f"CHECK FAILED: {what}")
+
+    def save(self) -> None:
+        self.rows["checks_failed"] = len(self.failed)
+        self.rows["failed_checks"] = self.failed
+        self.rows["session_s"] = time.perf_counter() - self.t0
+        (self.out / "gpu-small.json").write_text(json.dumps(self.rows, indent=1, sort_keys=True, default=str) + "\n")
+
+
+def _cli(*args: str) -> list[str]:
+    return [sys.executable, "-m", "cuzk_mp.cli", *args]
+
+
+def _run(ses: Session, label: str, cmd: list[str], timeout: float, env: dict[str, str] | None = None
+         ) -> tuple[float, str]:
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * (6 if ses.dry else 1), cwd=ROOT,
+                         check=False, env={**os.environ, **(env or {})})
+    took = time.perf_counter() - t0
+    (ses.logs / f"{label}.log").write_text(f"$ {' '.join(cmd)}\n--- rc {res.returncode} in {took:.2f} s\n"
+                                           f"{res.stdout}\n{res.stderr}")
+    if res.returncode:
+        raise RuntimeError(f"{label} failed (rc {res.returncode}): {res.stderr[-800:]}")
+    return took, res.stdout + res.stderr
+
+
+# ---------------------------------------------------------------- keys and the backend
+
+def _backend(ses: Session) -> tuple[types.ModuleType, Any]:
+    """(the backend module, a GpuBackend on device 0): the emulated one in a dry run."""
+    if ses.dry:
+        from tests.gpu_emu.backend import load_backend
+
+        mod = load_backend()
+    else:
+        from cuzk_mp.backends.gpu import backend as mod
+    return mod, mod.GpuBackend(0)
+
+
+def key_rows(ses: Session, sizes: tuple[int, ...]) -> None:
+    """GPU dev keys of the porep-like circuit (the CPU setup in a dry run)."""
+    from cuzk_mp.pipeline.keys import ensure_synthetic_key
+
+    for n in sizes:
+        t0 = time.perf_counter()
+        ensure_synthetic_key("porep-like", n, ses.cache, backend="cpu" if ses.dry else "gpu")
+        ses.rows[f"setup_2^{n}_s"] = time.perf_counter() - t0
+        ses.log(f"key 2^{n}: {ses.rows[f'setup_2^{n}_s']:.1f} s")
+
+
+class _Prover:
+    """One resident key, its evaluator and fresh witnesses; proves lone or batched, every proof checked."""
+
+    def __init__(self, ses: Session, backend: Any, n: int, lasting: bool = True) -> None:
+        from cuzk_mp.circuits.synthetic import PorepLike
+        from cuzk_mp.formats.zkey import read_zkey
+        from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+        from cuzk_mp.pipeline.keys import synthetic_key_paths
+
+        self.ses, self.backend, self.n = ses, backend, n
+        self.zkey = read_zkey(synthetic_key_paths("porep-like", n, ses.cache)[0])
+        self.key = backend.load_key(self.zkey, lasting=lasting)
+        ev = ConstraintEvaluator.from_zkey(self.zkey)
+        circuit = PorepLike(n)
+        self.inputs = [ev.evaluate(circuit.witness(100 + i, 0)) for i in range(BATCH)]
+
+    def prove(self, k: int) -> float:
+        """Stage k partitions, prove them in one pass (k = 1: prove_start), check every proof;
+        seconds of the device pass (prove_start[_batch] wall)."""
+        from cuzk_mp.groth16.prover import prove_finalize, prove_start, prove_start_batch, public_signals
+
+        staged = [self.backend.stage(self.key, x) for x in self.inputs[:k]]
+        try:
+            t0 = time.perf_counter()
+            if k == 1:
+                sums = [prove_start(self.backend, self.key, staged[0], self.zkey.n_public)]
+            else:
+                sums = prove_start_batch(self.backend, self.key, staged, self.zkey.n_public)
+            took = time.perf_counter() - t0
+        finally:
+            for s in staged:
+                self.backend.release(s)
+        for x, s in zip(self.inputs, sums):
+            prove_finalize(self.zkey, s, public_signals(x.w, self.zkey.n_public))  # raises unless it verifies
+            self.ses.rows["proofs_verified"] += 1
+        return took
+
+    def close(self) -> None:
+        self.key.close()
+        self.zkey.close()
+
+
+# ---------------------------------------------------------------- the timeline of one proof
+
+class _CupyProxy:
+    """CuPy with some calls traced (the module attribute ``cupy`` of the traced modules)."""
+
+    def __init__(self, real: Any, tracer: Tracer, names: tuple[str, ...]) -> None:
+        self._real = real
+        for name in names:
+            setattr(self, name, tracer.wrap(f"cupy.{name}", getattr(real, name)))
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._real, name)
+
+
+class _TracedKernel:
+    def __init__(self, kernel: Any, name: str, tracer: Tracer) -> None:
+        self._kernel, self.name, self._call = kernel, name, tracer.wrap(f"k.{name}", kernel)
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        return self._call(*args, **kwargs)
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._kernel, name)
+
+
+class Tracer:
+    """Each traced call between two CUDA events on the current stream, with host clocks."""
+
+    CUPY_CALLS = ("argsort", "flatnonzero", "count_nonzero", "asnumpy", "concatenate", "zeros", "empty", "arange",
+                  "searchsorted", "stack", "ascontiguousarray", "asarray")
+
+    def __init__(self, cupy: Any) -> None:
+        self.cupy = cupy
+        self.ops: list[tuple[str, int, float, float, Any, Any, str]] = []
+        self.lock = threading.Lock()
+        self.on = False
+        self.ref: Any = None
+        self.h_ref = 0.0
+
+    def wrap(self, name: str, fn: Callable[..., Any]) -> Callable[..., Any]:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            if not self.on:
+                return fn(*args, **kwargs)
+            s = self.cupy.cuda.get_current_stream()
+            e0 = self.cupy.cuda.Event()
+            e0.record(s)
+            h0 = time.perf_counter()
+            out = fn(*args, **kwargs)
+            h1 = time.perf_counter()
+            e1 = self.cupy.cuda.Event()
+            e1.record(s)
+            with self.lock:
+                self.ops.append((name, int(s.ptr), h0, h1, e0, e1, threading.current_thread().name))
+            return out
+        return call
+
+    def start(self) -> None:
+        self.ops = []
+        self.ref = self.cupy.cuda.Event()
+        self.ref.record(self.cupy.cuda.get_current_stream())
+        self.h_ref = time.perf_counter()
+        self.on = True
+
+    def stop(self) -> list[dict[str, Any]]:
+        self.on = False
+        rows = []
+        for name, stream, h0, h1, e0, e1, thread in self.ops:
+            e1.synchronize()
+            rows.append({"op": name, "stream": stream, "thread": thread,
+                         "host_start_ms": 1e3 * (h0 - self.h_ref), "host_ms": 1e3 * (h1 - h0),
+                         "dev_start_ms": float(self.cupy.cuda.get_elapsed_time(self.ref, e0)),
+                         "dev_ms": float(self.cupy.cuda.get_elapsed_time(e0, e1))})
+        return sorted(rows, key=lambda r: r["dev_start_ms"])
+
+
+def _install_tracer(backend_mod: Any, backend: Any, key: Any) -> Tracer:
+    """Trace the kernels of the key's MSMs, the NTT engine and classify, and the CuPy calls of the
+    backend and msm modules."""
+    msm_mod = backend_mod.gmsm
+    tracer = Tracer(backend_mod.cupy)
+    for m in key.msms.values():
+        m._k = {name: _TracedKernel(k, name, tracer) for name, k in m._k.items()}
+    real_get_module = msm_mod.get_module
+
+    def get_module(path: str, defines: Any = None) -> Any:
+        mod = real_get_module(path, defines)
+        return types.SimpleNamespace(get_function=lambda name: _TracedKernel(mod.get_function(name), name, tracer))
+
+    msm_mod.get_module = get_module
+    msm_mod.cupy = _CupyProxy(msm_mod.cupy, tracer, Tracer.CUPY_CALLS)
+    backend_mod.cupy = _CupyProxy(backend_mod.cupy, tracer, Tracer.CUPY_CALLS)
+    ntt = backend.ntt_engine
+    for attr in ("_bitrev", "_combine"):
+        if hasattr(ntt, attr):
+            setattr(ntt, attr, _TracedKernel(getattr(ntt, attr), attr.strip("_"), tracer))
+    for plan in getattr(ntt, "_plans", {}).values():
+        plan.pass_kernel = _TracedKernel(plan.pass_kernel, "ntt_pass", tracer)
+    if not hasattr(ntt, "_plans"):  # the dry run's CPU H step
+        ntt.coset_h_in_place = tracer.wrap("cpu.coset_h", ntt.coset_h_in_place)
+    pending = msm_mod.PendingMsm
+    pending.result = tracer.wrap("host.msm_result", pending.result)
+    return tracer
+
+
+def _union_ms(intervals: list[tuple[float, float]]) -> float:
+    total, end = 0.0, float("-inf")
+    for a, b in sorted(intervals):
+        if b <= end:
+            continue
+        total += b - max(a, end)
+        end = b
+    return total
+
+
+def _summary(rows: list[dict[str, Any]], wall_s: float) -> dict[str, Any]:
+    device = [r for r in rows if not r["op"].startswith("host.")]  # host.*: finisher-thread work, no device span
+    ends = [(r["dev_start_ms"], r["dev_start_ms"] + r["dev_ms"]) for r in device]
+    span = max(b for _, b in ends) - min(a for a, _ in ends) if ends else 0.0
+    busy = _union_ms([(r["dev_start_ms"], r["dev_start_ms"] + r["dev_ms"]) for r in device if r["op"].startswith("k.")])
+    blocked = sum(r["host_ms"] for r in rows if r["op"].startswith("cupy.") and r["host_ms"] > 0.2)
+    by_op: dict[str, dict[str, float]] = {}
+    for r in rows:
+        agg = by_op.setdefault(r["op"], {"dev_ms": 0.0, "host_ms": 0.0, "count": 0})
+        agg["dev_ms"] += r["dev_ms"]
+        agg["host_ms"] += r["host_ms"]
+        agg["count"] += 1
+    return {"wall_ms": 1e3 * wall_s, "span_ms": span, "busy_ms": busy, "idle_ms": span - busy,
+            "host_blocked_ms": blocked, "launches": sum(1 for r in rows if r["op"].startswith("k.")),
+            "by_op": dict(sorted(by_op.items(), key=lambda kv: -kv[1]["dev_ms"]))}
+
+
+def timeline_rows(ses: Session, n: int) -> None:
+    """One traced proof at 2^n, lone, then a batch of 4 (after an untraced warm-up of each)."""
+    backend_mod, backend = _backend(ses)
+    p = _Prover(ses, backend, n)
+    out: dict[str, Any] = {}
+    try:
+        p.prove(1)
+        p.prove(BATCH)
+        tracer = _install_tracer(backend_mod, backend, p.key)
+        for label, k in (("lone", 1), (f"batch{BATCH}", BATCH)):
+            tracer.start()
+            wall = p.prove(k)
+            rows = tracer.stop()
+            s = _summary(rows, wall)
+            out[label] = {"summary": s, "ops": rows, "backend_last_timings": dict(backend.last_timings)}
+            for key in ("wall_ms", "span_ms", "busy_ms", "idle_ms", "host_blocked_ms", "launches"):
+                ses.rows[f"timeline_2^{n}_{label}_{key}"] = s[key]
+            top = ", ".join(f"{op} {v['dev_ms']:.2f}/{v['host_ms']:.2f} ms x{v['count']}"
+                            for op, v in list(s["by_op"].items())[:8])
+            ses.log(f"timeline 2^{n} {label}: wall {s['wall_ms']:.2f} ms, device span {s['span_ms']:.2f}, kernels "
+                    f"busy {s['busy_ms']:.2f}, idle {s['idle_ms']:.2f}, host blocked {s['host_blocked_ms']:.2f} ms, "
+                    f"{s['launches']} launches; top (device/host): {top}")
+    finally:
+        p.close()
+        backend.close()
+    (ses.out / f"timeline-2^{n}.json").write_text(json.dumps(out, indent=1) + "\n")
+
+
+# ---------------------------------------------------------------- device time per proof
+
+def device_rows(ses: Session, sizes: tuple[int, ...], reps: int) -> None:
+    _, backend = _backend(ses)
+    try:
+        for n in sizes:
+            for lasting, tag in ((True, ""), (False, "_multiples_none")):
+                if not lasting and n != 16:
+                    continue
+                p = _Prover(ses, backend, n, lasting)
+                try:
+                    p.prove(1)
+                    p.prove(BATCH)  # warm: plans, pools, bounce buffers
+                    lone, events = [], []
+                    for _ in range(reps):
+                        lone.append(p.prove(1))
+                        events.append(backend.last_timings.get("total", float("nan")))
+                    batch = [p.prove(BATCH) / BATCH for _ in range(max(1, reps // BATCH))]
+                finally:
+                    p.close()
+                ses.rows[f"device_2^{n}_lone{tag}_ms"] = 1e3 * statistics.median(lone)
+                ses.rows[f"device_2^{n}_lone{tag}_events_ms"] = statistics.median(events)
+                ses.rows[f"device_2^{n}_batch{BATCH}{tag}_ms"] = 1e3 * statistics.median(batch)
+                ses.rows.update({f"device_2^{n}{tag}_split_{k}_ms": v for k, v in backend.last_timings.items()})
+                ses.log(f"device 2^{n}{tag}: lone {ses.rows[f'device_2^{n}_lone{tag}_ms']:.2f} ms (events "
+                        f"{ses.rows[f'device_2^{n}_lone{tag}_events_ms']:.2f}), batch of {BATCH} "
+                        f"{ses.rows[f'device_2^{n}_batch{BATCH}{tag}_ms']:.2f} ms per proof")
+    finally:
+        backend.close()
+
+
+PARAM_SWEEP = {"s64c32": (64, 32), "s16c16": (16, 16), "s8c8": (8, 8), "s4c4": (4, 4)}  # (seg, combine_seg)
+
+
+def param_rows(ses: Session, sizes: tuple[int, ...], reps: int) -> None:
+    """Lone device time per proof with each MSM launch geometry of :data:`PARAM_SWEEP` (the key's
+    MSM objects rebuilt over the same resident points and multiples); the backend's own choice for
+    the size is ``msm_params_for``."""
+    backend_mod, backend = _backend(ses)
+    try:
+        for n in sizes:
+            p = _Prover(ses, backend, n)
+            try:
+                chosen = backend_mod.msm_params_for(1 << n)
+                ses.rows[f"params_2^{n}_chosen"] = f"s{chosen.seg}c{chosen.combine_seg}"
+                for label, (seg, cseg) in PARAM_SWEEP.items():
+                    params = backend_mod.gmsm.MsmParams(seg=seg, combine_seg=cseg)
+                    p.key.msms = {name: type(m)(m.d_points, params, m.multiples) for name, m in p.key.msms.items()}
+                    p.prove(1)
+                    times = [p.prove(1) for _ in range(reps)]
+                    ses.rows[f"device_2^{n}_lone_{label}_ms"] = 1e3 * statistics.median(times)
+                ses.log(f"MSM geometry 2^{n} (chosen {ses.rows[f'params_2^{n}_chosen']}): " + ", ".join(
+                    f"{label} {ses.rows[f'device_2^{n}_lone_{label}_ms']:.2f} ms" for label in PARAM_SWEEP))
+            finally:
+                p.close()
+    finally:
+        backend.close()
+
+
+# ---------------------------------------------------------------- whole processes
+
+def warm_rows(ses: Session) -> None:
+    ses.rows["warm_s"], _ = _run(ses, "warm_caches", [sys.executable, "scripts/warm_caches.py"], 300)
+
+
+STEP = re.compile(r"prove: (.*)$", re.M)
+
+
+def oneshot_rows(ses: Session, n: int, backend: str) -> None:
+    """The one-shot CLI prove as whole processes: first after warm_caches, then three warm."""
+    from cuzk_mp.circuits.synthetic import PorepLike
+    from cuzk_mp.formats.wtns import write_wtns
+    from cuzk_mp.pipeline.keys import synthetic_key_paths
+
+    zkey = synthetic_key_paths("porep-like", n, ses.cache)[0]
+    work = Path(tempfile.mkdtemp(prefix="cuzk-oneshot-"))
+    wtns = work / "w.wtns"
+    write_wtns(wtns, PorepLike(n).witness(7, 0))
+    cmd = _cli("--log-level", "INFO", "groth16", "prove", "--backend", backend, str(zkey), str(wtns),
+               str(work / "proof.json"), str(work / "public.json"))
+    ses.rows[f"oneshot_2^{n}_first_s"], _ = _run(ses, "oneshot_first", cmd, 120)
+    warm, text = [], ""
+    for i in range(3):
+        took, text = _run(ses, f"oneshot_warm{i}", cmd, 60)
+        warm.append(took)
+    ses.rows[f"oneshot_2^{n}_warm_s"] = statistics.median(warm)
+    ses.rows["proofs_verified"] += 4  # each process self-verified its proof (exit 0)
+    m = STEP.search(text)
+    if m:
+        for part in m.group(1).split(", "):
+            name, value, _ = part.rsplit(" ", 2)
+            ses.rows[f"oneshot_2^{n}_step_{name}_ms"] = float(value)
+    imp = work / "importtime.txt"
+    _run(ses, "oneshot_importtime", [sys.executable, "-X", "importtime", *cmd[1:]], 60)
+    text = (ses.logs / "oneshot_importtime.log").read_text()
+    imp.write_text(text)
+    top = [(int(c), name.strip()) for _, c, name in re.findall(r"import time:\s+(\d+) \|\s+(\d+) \|( [^ ].*)$",
+                                                                 text, re.M)]
+    ses.rows[f"oneshot_2^{n}_import_s"] = sum(c for c, _ in top) / 1e6
+    ses.rows[f"oneshot_2^{n}_imports_top"] = {name: c / 1e3 for c, name in sorted(top, reverse=True)[:8]}
+    ses.log(f"one-shot 2^{n}: first {ses.rows[f'oneshot_2^{n}_first_s']:.2f} s, warm "
+            f"{ses.rows[f'oneshot_2^{n}_warm_s']:.2f} s, imports {ses.rows[f'oneshot_2^{n}_import_s']:.2f} s; "
+            f"steps {m.group(1) if m else '?'}")
+
+
+def pipeline_rows(ses: Session, n: int) -> None:
+    for tag, env in (("", {}), ("_nobatch", {"CUZK_MP_PROVER_BATCH": "1"})):
+        out = ses.out / f"bench-2^{n}{tag}.json"
+        _run(ses, f"bench{tag}", _cli("bench", "--backend", "gpu", "--log-n", str(n), "--partitions", "10",
+                                      "--jobs", "10", "--partition-workers", "8", "--ring-slots", "8",
+                                      "--cache", str(ses.cache), "--json", str(out)), 150, env)
+        r = json.loads(out.read_text())
+        ses.rows[f"pipeline_2^{n}_s_per_partition{tag}"] = r["s_per_proof"]
+        ses.rows[f"pipeline_2^{n}_device_ms{tag}"] = 1e3 * r["median_stage_s"].get("device", float("nan"))
+        ses.rows[f"pipeline_2^{n}_proofs_verified{tag}"] = r["proofs_verified"]
+        ses.rows["proofs_verified"] += r["proofs_verified"]
+        if r["proofs_verified"] != r["proofs_total"]:
+            ses.fail(f"pipeline{tag}: {r['proofs_verified']} of {r['proofs_total']} verified")
+        ses.log(f"pipeline 2^{n}{tag}: {r['s_per_proof']:.4f} s/partition, device "
+                f"{ses.rows[f'pipeline_2^{n}_device_ms{tag}']:.1f} ms, {r['proofs_verified']}/{r['proofs_total']}")
+
+
+def daemon_rows(ses: Session, n: int) -> None:
+    out = ses.out / f"daemon-latency-gpu-2^{n}.json"
+    _run(ses, "daemon_latency", [sys.executable, "perf/daemon_latency.py", "--backend", "gpu", "--log-n", str(n),
+                                 "--jobs", "20", "--cache", str(ses.cache), "--json", str(out)], 150)
+    r = json.loads(out.read_text())
+    ses.rows[f"daemon_2^{n}_latency_p50_ms"] = 1e3 * r["latency_s"]["p50"]
+    ses.rows[f"daemon_2^{n}_latency_p90_ms"] = 1e3 * r["latency_s"]["p90"]
+    ses.rows[f"daemon_2^{n}_overhead_ms"] = 1e3 * r["overhead_p50_s"]
+    ses.rows[f"daemon_2^{n}_in_process_ms"] = 1e3 * r["in_process_proof_s"]["total"]
+    ses.rows[f"daemon_2^{n}_proofs_verified"] = r["proofs_verified"]
+    ses.rows["proofs_verified"] += r["proofs_verified"]
+    ses.log(f"daemon 2^{n}: p50 {ses.rows[f'daemon_2^{n}_latency_p50_ms']:.1f} ms, overhead "
+            f"{ses.rows[f'daemon_2^{n}_overhead_ms']:.1f} ms, {r['proofs_verified']}/{r['jobs']} verified")
+
+
+# ---------------------------------------------------------------- driver
+
+def run_section(ses: Session, name: str, fn: Callable[[], None]) -> None:
+    if ses.left() < ESTIMATE_S[name] and not ses.dry:
+        ses.rows[f"{name}_status"] = f"not run: {ses.left():.0f} s left, ~{ESTIMATE_S[name]:.0f} s needed"
+        ses.log(ses.rows[f"{name}_status"])
+        return
+    ses.log(f"section {name} ...")
+    t0 = time.perf_counter()
+    try:
+        fn()
+        ses.rows[f"{name}_status"] = "ok"
+    except Exception as exc:  # noqa: BLE001 - a failed section is recorded, the others still run
+        ses.rows[f"{name}_status"] = f"error: {type(exc).__name__}: {exc}"[:2000]
+        (ses.logs / f"{name}.error.log").write_text(traceback.format_exc())
+        ses.fail(f"{name}_section")
+    ses.rows[f"{name}_s"] = time.perf_counter() - t0
+    ses.log(f"section {name}: {ses.rows[f'{name}_s']:.1f} s")
+    ses.save()
+
+
+def table(rows: dict[str, Any]) -> str:
+    lines = [f"{'row':44} value"]
+    for k in TABLE_KEYS:
+        if k in rows:
+            v = rows[k]
+            lines.append(f"{k:44} {v:.4g}" if isinstance(v, float) else f"{k:44} {v}")
+    for k in sorted(rows):
+        if k.endswith("_status") and rows[k] != "ok":
+            lines.append(f"{k:44} {rows[k][:70]}")
+    return "\n".join(lines)
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")), help="output folder ($OUT)")
+    ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="stop starting sections after this")
+    ap.add_argument("--skip", default="", help=f"comma list of sections to skip: {','.join(ESTIMATE_S)}")
+    ap.add_argument("--dry-run", action="store_true", help="no GPU: the kernel emulator and the CPU backend at 2^10")
+    args = ap.parse_args()
+    skip = set(filter(None, args.skip.split(",")))
+    if skip - set(ESTIMATE_S):
+        ap.error(f"unknown sections {sorted(skip - set(ESTIMATE_S))}")
+    args.out.mkdir(parents=True, exist_ok=True)
+    ses = Session(args.out, args.budget_s, args.dry_run)
+    if args.dry_run:
+        ses.rows["gpu"] = "none (dry run: kernel emulator, CPU backend)"
+        skip |= {"pipeline", "daemon"}
+    else:
+        import cupy
+
+        props = cupy.cuda.runtime.getDeviceProperties(0)
+        ses.rows.update({"gpu": props["name"].decode(), "sm_count": props["multiProcessorCount"],
+                         "cupy": cupy.__version__, "cuda_driver": cupy.cuda.runtime.driverGetVersion()})
+    ses.log(f"{ses.rows['gpu']}; budget {args.budget_s:.0f} s")
+    sizes = (10,) if args.dry_run else SIZES
+    mid = 10 if args.dry_run else 16
+    sections: dict[str, Callable[[], None]] = {
+        "warm": lambda: warm_rows(ses),
+        "keys": lambda: key_rows(ses, sizes),
+        "timeline": lambda: timeline_rows(ses, mid),
+        "device": lambda: device_rows(ses, sizes, 2 if args.dry_run else REPS),
+        "params": lambda: param_rows(ses, sizes if args.dry_run else (12, 16), 1 if args.dry_run else 5),
+        "oneshot": lambda: oneshot_rows(ses, mid, "cpu" if args.dry_run else "gpu"),
+        "pipeline": lambda: pipeline_rows(ses, 16),
+        "daemon": lambda: daemon_rows(ses, 12),
+    }
+    for name, fn in sections.items():
+        if name not in skip:
+            run_section(ses, name, fn)
+    ses.save()
+    print(table(ses.rows))
+    return 1 if ses.failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

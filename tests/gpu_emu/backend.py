@@ -1,0 +1,142 @@
+"""The GPU backend's host code on the CPU: ``GpuBackend`` over a fake CuPy and the kernel emulator.
+
+Test-only. :func:`load_backend` imports fresh copies of ``cuzk_mp.backends.gpu``'s
+``memory``, ``fixed_base``, ``msm``, ``ntt`` and ``backend`` modules bound to a fake
+CuPy whose "device arrays" are numpy arrays with a ``data.ptr`` (so the backend's
+pointer bookkeeping, row slices included, runs as on the device), whose copies are
+``memmove``, and whose streams and events run everything at once, in order. The MSM
+and fixed-base kernels are the real ones compiled as host C++ (:mod:`tests.gpu_emu`);
+the NTT kernels cooperate through shared memory, which the emulator cannot run, so
+the H step is the CPU oracle's (:func:`cuzk_mp.algebra.ntt.coset_h`), written over
+the staged ``a`` as the device version does. sys.modules is restored afterwards, so
+a real-CuPy import in the same process is unaffected.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import sys
+import types
+from typing import Any
+
+import numpy as np
+
+from . import _Event, _Stream, get_module
+
+GPU = "cuzk_mp.backends.gpu"
+MODULES = ("memory", "fixed_base", "msm", "ntt", "backend")  # import order: dependencies first
+
+
+class DevArray(np.ndarray):
+    """A numpy array that answers ``.data.ptr`` as a CuPy array does (views keep the type)."""
+
+    @property
+    def data(self) -> Any:  # type: ignore[override]
+        return types.SimpleNamespace(ptr=int(self.ctypes.data))
+
+
+def _dev(a: Any) -> DevArray:
+    return np.asarray(a).view(DevArray)
+
+
+def _wrap(fn: Any) -> Any:
+    def call(*args: Any, **kwargs: Any) -> Any:
+        out = fn(*args, **kwargs)
+        return out.view(DevArray) if isinstance(out, np.ndarray) else out
+    return call
+
+
+class _Pool:
+    def free_bytes(self) -> int:
+        return 0
+
+    def free_all_blocks(self) -> None:
+        return None
+
+
+class _Device:
+    id = 0
+    compute_capability = "90"
+
+    def __init__(self, device: int | None = None) -> None:
+        self.id = device or 0
+
+    def __enter__(self) -> _Device:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        return None
+
+    def synchronize(self) -> None:
+        return None
+
+
+class CUDARuntimeError(RuntimeError):
+    """Stands in for cupy.cuda.runtime.CUDARuntimeError."""
+
+
+def _memcpy_async(dst: int, src: int, nbytes: int, kind: int, stream: int) -> None:
+    ctypes.memmove(dst, src, nbytes)
+
+
+def _pointer_attributes(ptr: int) -> Any:
+    raise CUDARuntimeError("not device memory")  # every host array is pageable here
+
+
+FREE_BYTES = 8 << 30
+
+
+def fake_cupy() -> types.SimpleNamespace:
+    """The CuPy subset the backend, msm, fixed_base and memory modules use."""
+    runtime = types.SimpleNamespace(memcpyAsync=_memcpy_async, pointerGetAttributes=_pointer_attributes,
+                                    memGetInfo=lambda: (FREE_BYTES, 2 * FREE_BYTES), CUDARuntimeError=CUDARuntimeError)
+    cuda = types.SimpleNamespace(Event=_Event, Stream=_Stream, Device=_Device, runtime=runtime,
+                                 get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
+                                 get_current_stream=lambda: _Stream(), alloc_pinned_memory=bytearray)
+    ns = types.SimpleNamespace(ndarray=DevArray, cuda=cuda, get_default_memory_pool=_Pool, asnumpy=np.array)
+    for name in ("asarray", "ascontiguousarray", "empty", "zeros", "stack", "flatnonzero", "argsort",
+                 "concatenate", "arange", "searchsorted"):
+        setattr(ns, name, _wrap(getattr(np, name)))
+    ns.count_nonzero = np.count_nonzero
+    return ns
+
+
+class CpuNtt:
+    """GpuNtt's interface with the CPU oracle's H step (the NTT kernels cannot be emulated)."""
+
+    def plan(self, lg: int) -> None:
+        return None
+
+    def coset_h_in_place(self, d_a: Any, d_b: Any, d_c: Any, stream: Any = None) -> Any:
+        from cuzk_mp.algebra.ntt import coset_h
+
+        d_a[...] = coset_h(np.array(d_a), np.array(d_b), np.array(d_c))
+        return d_a
+
+
+def load_backend() -> types.ModuleType:
+    """A fresh ``cuzk_mp.backends.gpu.backend`` on the fake CuPy, the emulated kernels and the
+    CPU H step (:class:`CpuNtt`)."""
+    fake_modules = types.ModuleType(f"{GPU}.modules")
+    fake_modules.get_module = get_module  # type: ignore[attr-defined]
+    fake_modules.get_function = lambda path, name, defines=None: get_module(path, defines).get_function(name)  # type: ignore[attr-defined]
+    fake_modules.occupancy = lambda kernel, nthreads: None  # type: ignore[attr-defined]
+    names = ["cupy", f"{GPU}.modules", *(f"{GPU}.{m}" for m in MODULES)]
+    saved = {k: sys.modules.get(k) for k in names}
+    try:
+        sys.modules["cupy"] = fake_cupy()  # type: ignore[assignment]
+        sys.modules[f"{GPU}.modules"] = fake_modules
+        for m in MODULES:
+            sys.modules.pop(f"{GPU}.{m}", None)
+        msm = importlib.import_module(f"{GPU}.msm")
+        msm._copy_to_host_async = lambda d, host, stream: np.copyto(host, d)  # type: ignore[attr-defined]
+        backend = importlib.import_module(f"{GPU}.backend")
+        backend.GpuNtt = CpuNtt  # type: ignore[attr-defined]
+        return backend
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v

@@ -1,0 +1,48 @@
+"""The one-shot ``groth16 prove`` start: what it imports and does before proving.
+
+The snarkjs verbs build their parser without the engine's verbs (no pipeline or bench modules
+imported for a one-shot prove), ``--help`` still lists every verb, and a one-shot prove on the CPU
+backend (the backend started beside the key and witness reads, the key loaded for that proof
+alone) writes a proof that verifies, logging the time of each step.
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuzk_mp.cli import LOCAL_VERBS, _verb, main
+
+DATA = Path(__file__).parent / "data_formats"
+
+
+def test_verb_is_found_after_global_options() -> None:
+    assert _verb(["--log-level", "INFO", "-v", "groth16", "prove"]) == "groth16"
+    assert _verb(["-vv"]) is None
+    assert {"groth16", "g16p", "zkey", "wtns", "setup", "circuit"} <= LOCAL_VERBS
+    assert not {"bench", "daemon", "client"} & LOCAL_VERBS
+
+
+def test_snarkjs_verbs_do_not_import_the_engine() -> None:
+    code = ("import sys; from cuzk_mp.cli import main; main(['groth16', 'verify', 'nope.json', 'nope.json', "
+            "'nope.json']); print(sorted(m for m in sys.modules if m.startswith(('cuzk_mp.pipeline', 'asyncio'))))")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert "cuzk_mp.pipeline.bench" not in out and "cuzk_mp.pipeline.engine" not in out
+    helptext = subprocess.run([sys.executable, "-m", "cuzk_mp.cli", "--help"], capture_output=True, text=True,
+                              check=True).stdout
+    assert all(verb in helptext for verb in ("bench", "daemon", "client", "groth16"))
+
+
+def test_one_shot_prove_logs_its_steps_and_verifies(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+    proof, public, vk = tmp_path / "proof.json", tmp_path / "public.json", tmp_path / "vk.json"
+    assert main(["--log-level", "INFO", "groth16", "prove", "--backend", "cpu", str(DATA / "mul.zkey"),
+                 str(DATA / "mul.wtns"), str(proof), str(public)]) == 0
+    steps = [line for line in capfd.readouterr().err.splitlines() if "prove: witness_map" in line]
+    assert steps and all(f"{k} " in steps[0] for k in ("load_key", "stage", "device", "finalize"))
+    assert main(["zkey", "export", "verificationkey", str(DATA / "mul.zkey"), str(vk)]) == 0
+    assert main(["groth16", "verify", str(vk), str(public), str(proof)]) == 0
+    assert json.loads(public.read_text()) == json.loads((DATA / "public.json").read_text())

@@ -1,0 +1,139 @@
+"""A prover worker batches the small partitions that wait READY in the ring (CPU backend).
+
+The ring and the Prover's threads run in this process (no engine): partitions of the
+porep-like 2^10 test key are synthesised into ring slots as a synthesis worker does, then one
+worker thread proves them. With three READY at once and ``batch_max`` 4 they go in one pass;
+with ``batch_max`` 1 one at a time; a lone partition goes alone at once. Every slot is freed,
+every proof verifies with the right public signals, and a partition cancelled while READY fails
+alone while the rest of its batch is proved.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Any
+
+import pytest
+
+from cuzk_mp.backends.cpu import CpuBackend
+from cuzk_mp.circuits.synthetic import PorepLike
+from cuzk_mp.formats.zkey import read_zkey
+from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+from cuzk_mp.pipeline import messages as msg
+from cuzk_mp.pipeline.prover_proc import Prover, ProverPayload
+from cuzk_mp.pipeline.ring import Ring, SlotClaim, partition_shapes
+from tests.helpers import LOG_N, ProofChecker, prefix_for
+
+
+class _Ctx:
+    """The parts of a ChildContext a Prover uses; messages are kept."""
+
+    def __init__(self) -> None:
+        self.name = "test-prover"
+        self.stopping = threading.Event()
+        self.log = logging.getLogger("test-prover")
+        self.sent: list[Any] = []
+        self.cond = threading.Condition()
+
+    def send(self, m: Any) -> None:
+        with self.cond:
+            self.sent.append(m)
+            self.cond.notify_all()
+
+    def fail(self, task_id: int, exc: BaseException) -> None:
+        self.send(msg.TaskFailed(task_id, type(exc).__name__, str(exc), ""))
+
+    def done(self, kinds: tuple[type, ...]) -> list[Any]:
+        return [m for m in self.sent if isinstance(m, kinds)]
+
+
+@pytest.fixture(scope="module")
+def setup(test_key: tuple[Path, Path]):  # type: ignore[no-untyped-def]
+    zkey_path = test_key[0]
+    with read_zkey(zkey_path) as zkey:
+        ev = ConstraintEvaluator.from_zkey(zkey)
+    yield SimpleNamespace(ev=ev, ref=msg.CircuitRef("syn", str(zkey_path)), checker=ProofChecker(zkey_path))
+
+
+def _publish(ring: Ring, setup: SimpleNamespace, task_id: int, seed: int) -> None:
+    ev = setup.ev
+    slot = ring.acquire_free(SlotClaim(task_id, 1, 0, 0), abort=lambda: False)
+    assert slot is not None
+    seg = ring.create_segment(slot, partition_shapes(ev.domain_size, ev.n_vars))
+    a, b, c, w = seg.arrays
+    w[:] = PorepLike(LOG_N).witness(seed, 0)
+    ev.evaluate_into(w, a, b, c, threads=1)
+    meta = msg.SegmentMeta(task_id, f"job-{task_id}", 0, 1, setup.ref, ev.n_public, {})
+    ring.publish(slot, seg, msg.encode(meta))
+    seg.close()
+
+
+def _run(setup: SimpleNamespace, batch_max: int, seeds: list[int], cancel: set[int] = frozenset()  # type: ignore[assignment]
+         ) -> tuple[_Ctx, Ring]:
+    """Publish one partition per seed (task ids 1, 2, ...), then run one worker until each is answered."""
+    ring = Ring.create(prefix_for(f"pb{batch_max}{len(seeds)}"), 4)
+    ctx = _Ctx()
+    backend = CpuBackend(threads=2)
+    try:
+        for i, seed in enumerate(seeds):
+            _publish(ring, setup, i + 1, seed)
+        prover = Prover(ctx, ring, backend, ProverPayload(ring.handle, "cpu", 0, 1, True, None, batch_max))  # type: ignore[arg-type]
+        prover.cancelled.update(cancel)
+        threads = [threading.Thread(target=prover.work, daemon=True), threading.Thread(target=prover.finalize)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 300
+        with ctx.cond:
+            while len(ctx.done((msg.ProofDone, msg.TaskFailed))) < len(seeds):
+                assert ctx.cond.wait(max(0.0, deadline - time.monotonic())), "no answer for every partition"
+        ctx.stopping.set()
+        prover.finalize_q.put(None)
+        for t in threads:
+            t.join(30)
+        assert ring.stats().live == 0 and all(r.state == "free" for r in ring.snapshot())
+        return ctx, ring
+    finally:
+        backend.close()
+        ring.destroy()
+
+
+def _check_proofs(ctx: _Ctx, setup: SimpleNamespace, seeds: list[int], batch: float) -> None:
+    done = {m.task_id: m for m in ctx.done((msg.ProofDone,))}
+    for task_id, m in done.items():
+        public = [int(x) for x in m.public]
+        assert public == setup.checker.expected_public(seeds[task_id - 1], 0)
+        assert setup.checker.verifies(public, m.proof)
+        assert m.timings["device_batch"] == batch and m.timings["device"] > 0
+
+
+def test_ready_partitions_are_proved_in_one_pass(setup: SimpleNamespace) -> None:
+    seeds = [11, 12, 13]
+    ctx, _ = _run(setup, 4, seeds)
+    assert sorted(m.task_id for m in ctx.done((msg.Taken,))) == [1, 2, 3]
+    assert len(ctx.done((msg.ProofDone,))) == 3
+    _check_proofs(ctx, setup, seeds, 3.0)
+
+
+def test_batch_cap_one_proves_one_at_a_time(setup: SimpleNamespace) -> None:
+    seeds = [11, 12]
+    ctx, _ = _run(setup, 1, seeds)
+    assert len(ctx.done((msg.ProofDone,))) == 2
+    _check_proofs(ctx, setup, seeds, 1.0)
+
+
+def test_lone_partition_goes_alone(setup: SimpleNamespace) -> None:
+    ctx, _ = _run(setup, 4, [21])
+    _check_proofs(ctx, setup, [21], 1.0)
+
+
+def test_cancelled_partition_fails_alone_in_its_batch(setup: SimpleNamespace) -> None:
+    seeds = [31, 32, 33]
+    ctx, _ = _run(setup, 4, seeds, cancel={2})
+    failed = ctx.done((msg.TaskFailed,))
+    assert [m.task_id for m in failed] == [2] and failed[0].kind == "Cancelled"
+    assert sorted(m.task_id for m in ctx.done((msg.ProofDone,))) == [1, 3]
+    _check_proofs(ctx, setup, seeds, 2.0)
