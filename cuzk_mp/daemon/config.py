@@ -54,9 +54,9 @@ FOREIGN_KEYS: dict[str, str] = {
                                 "memory budget needs the room",
     "gpus.gpu_threads": "each prover process sizes its own CPU threads",
     "gpus.affinity": "each device has its own prover process",
-    "scheduler.max_batch_size": "each partition is proved on its own (synthesis.partition_workers and "
-                                "pipeline.ring_slots set the parallelism)",
-    "scheduler.max_batch_wait_ms": "each partition is proved on its own",
+    "scheduler.max_batch_size": "small partitions already READY are proved together, up to "
+                                "pipeline.prover_batch; large ones one at a time",
+    "scheduler.max_batch_wait_ms": "a prover never waits to fill a batch: it takes what is READY",
     "scheduler.sort_by_type": "jobs run by priority ([circuits.ID] priority), then in submit order",
     "pipeline.enabled": "the pipeline is the only way to prove",
     "pipeline.synthesis_lookahead": "how far synthesis runs ahead of the provers is pipeline.ring_slots",
