@@ -34,6 +34,7 @@ import logging
 import os
 import signal
 import time
+from multiprocessing.connection import wait as mp_wait
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -289,25 +290,30 @@ class Supervisor:
 
     # ---- shutdown
     def stop_all(self, deadline_s: float = 10.0) -> None:
-        """Stop message, wait up to ``deadline_s``, then terminate -> 5 s -> kill."""
+        """Stop message, wait up to ``deadline_s``, then terminate -> 5 s -> kill.
+
+        Whether a child still runs is read from its sentinel, never from ``is_alive()``: the
+        engine's event thread reaps a child whose sentinel fires at the same moment, and the
+        second ``waitpid`` of that pid fails as if the child were still running (a prover that
+        takes a second to let go of its device then looked as if it ignored SIGTERM)."""
         for child in self.children.values():
             child.restart_at = None
         handles = [c.handle for c in self.children.values() if not c.handle.reaped]
         for h in handles:
             if h.ready:  # a child still starting reads no messages yet: it gets SIGTERM at once
                 h.send(msg.Stop())
-        _join_all([h for h in handles if h.ready], deadline_s)
-        alive = [h for h in handles if h.proc.is_alive()]
-        for h in alive:
+        running = _running([h for h in handles if h.ready], deadline_s)
+        running += _running([h for h in handles if not h.ready], 0.0)
+        for h in running:
             if h.ready:
                 log.warning("[shutdown] %s pid=%d did not stop: SIGTERM", h.spec.name, h.pid)
             h.proc.terminate()
-        _join_all(alive, TERM_WAIT_S)
-        for h in alive:
-            if h.proc.is_alive():
-                log.error("[shutdown] %s pid=%d ignored SIGTERM: SIGKILL", h.spec.name, h.pid)
-                h.proc.kill()
-                h.proc.join(TERM_WAIT_S)
+        for h in _running(running, TERM_WAIT_S):
+            log.error("[shutdown] %s pid=%d ignored SIGTERM: SIGKILL", h.spec.name, h.pid)
+            h.proc.kill()
+            _running([h], TERM_WAIT_S)
+        for h in handles:
+            h.proc.join(0)  # reap what has exited (harmless where the event thread did)
 
     def close_all(self) -> None:
         """Close the parent's pipe ends of every child (after the event thread has stopped)."""
@@ -315,7 +321,15 @@ class Supervisor:
             child.handle.close()
 
 
-def _join_all(handles: list[ChildHandle], timeout_s: float) -> None:
+def _running(handles: list[ChildHandle], timeout_s: float) -> list[ChildHandle]:
+    """Wait up to ``timeout_s`` for the handles' processes to exit; those still running. A
+    process has exited once its sentinel is readable, whoever reaps it."""
     end = time.monotonic() + timeout_s
-    for h in handles:
-        h.proc.join(max(0.0, end - time.monotonic()))
+    pending = {h.proc.sentinel: h for h in handles}
+    while pending:
+        left = end - time.monotonic()
+        exited = set(mp_wait(list(pending), max(0.0, left)))
+        pending = {s: h for s, h in pending.items() if s not in exited}
+        if left <= 0:
+            break
+    return list(pending.values())
