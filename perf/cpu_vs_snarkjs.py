@@ -66,9 +66,9 @@ def bench_prove(kind: str, log_n: int, work: Path, runs: int) -> dict[str, objec
 
 def bench_setup(log_n: int, work: Path) -> float:
     """Wall time of `cuzk-mp setup` (CPU backend) for the synthetic circuit."""
-    from cuzk_mp.circuits.synthetic import write_circuit
+    from cuzk_mp.circuits.synthetic_kinds import write_synthetic
 
-    r1cs, _ = write_circuit(log_n, work)
+    r1cs, _ = write_synthetic("porep-like", log_n, work)
     return _run(CUZK + ["setup", str(r1cs), str(work / f"s{log_n}.zkey"), "--backend", "cpu"])
 
 

@@ -258,9 +258,12 @@ def test_host_budget_derives_what_the_file_leaves_out(tmp_path: Path) -> None:
     circuits = {"big": {"synthetic": "porep-like", "log_n": 20}}
     roomy = resolve({"memory": {"total_budget": "64GiB", "host_budget": "32GiB"}, "gpus": {"devices": [0]},
                      "circuits": circuits}, tmp_path)
-    e = roomy.engine
-    assert (e.partition_workers, e.ring_slots) == (min(2, os.cpu_count() or 1), min(2, os.cpu_count() or 1) + 1)
-    assert e.synthesis_threads == max(1, (os.cpu_count() or 1) // e.partition_workers)
+    e = roomy.engine  # the GPU model (backend auto): the cores the prover leaves, a slot per worker + 3
+    from cuzk_mp.pipeline.memory import MIN_RING_SLOTS, READY_PER_PROVER, synthesis_cores
+    spare = synthesis_cores(os.cpu_count() or 1, "gpu", 1)
+    assert 1 <= e.partition_workers <= spare
+    assert e.ring_slots == max(MIN_RING_SLOTS, e.partition_workers + 1 + READY_PER_PROVER)
+    assert e.synthesis_threads == max(1, spare // e.partition_workers)
     assert roomy.host_budget_bytes == 32 * GiB
     kept = resolve({"memory": {"total_budget": "64GiB", "host_budget": "32GiB"}, "gpus": {"devices": [0]},
                     "pipeline": {"ring_slots": 5}, "synthesis": {"threads_per_partition": 3},

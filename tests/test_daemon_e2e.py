@@ -56,11 +56,11 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
 
 def wtns_inputs(out: Path, seeds: list[int]) -> list[Path]:
     """Witness files of the 2^10 porep-like circuit (what a client may send as .wtns)."""
-    from cuzk_mp.circuits.synthetic import write_circuit
+    from cuzk_mp.circuits.synthetic_kinds import write_synthetic
 
     paths = []
     for s in seeds:
-        _, wtns = write_circuit(10, out / f"s{s}", seed=s, partition=0)
+        _, wtns = write_synthetic("porep-like", 10, out / f"s{s}", seed=s, partition=0)
         paths.append(wtns.rename(out / f"seed{s}.wtns"))
     return paths
 

@@ -39,8 +39,11 @@ def test_sigterm_mid_job_then_restart_completes_from_the_journal(tmp_path: Path)
     first = DaemonProcess(cfg, tmp_path, env={"NOTIFY_SOCKET": str(tmp_path / "notify.sock")})
     try:
         first.wait_ready()
-        ready = notify.recv(4096).decode()
-        assert ready.startswith("READY=1\n") and f"MAINPID={first.proc.pid}" in ready
+        starting = []  # STATUS lines while the engine starts, then READY
+        while not (ready := notify.recv(4096).decode()).startswith("READY=1"):
+            starting.append(ready)
+        assert f"MAINPID={first.proc.pid}" in ready
+        assert starting and all(m.startswith("STATUS=") for m in starting), starting
         with first.client() as c:
             # 30 partitions: far more than the drain's 1 s of engine grace can finish
             job = c.submit("syn", synthetic_partitions(30, first_seed=1000),
@@ -51,7 +54,9 @@ def test_sigterm_mid_job_then_restart_completes_from_the_journal(tmp_path: Path)
         t0 = time.monotonic()
         assert first.terminate(timeout=60) == 0, first.log()
         assert time.monotonic() - t0 < 7 + 3, "drain overran shutdown_grace"
-        assert notify.recv(4096) == b"STOPPING=1"
+        while (stopping := notify.recv(4096)).startswith(b"STATUS="):
+            pass
+        assert stopping == b"STOPPING=1"
     finally:
         first.kill()
         notify.close()

@@ -63,13 +63,12 @@ def _publish(ring: Ring, setup: SimpleNamespace, task_id: int, seed: int) -> Non
     ev = setup.ev
     slot = ring.acquire_free(SlotClaim(task_id, 1, 0, 0), abort=lambda: False)
     assert slot is not None
-    seg = ring.create_segment(slot, partition_shapes(ev.domain_size, ev.n_vars))
+    seg = ring.writable_segment(slot, partition_shapes(ev.domain_size, ev.n_vars))
     a, b, c, w = seg.arrays
     w[:] = PorepLike(LOG_N).witness(seed, 0)
     ev.evaluate_into(w, a, b, c, threads=1)
     meta = msg.SegmentMeta(task_id, f"job-{task_id}", 0, 1, setup.ref, ev.n_public, {})
     ring.publish(slot, seg, msg.encode(meta))
-    seg.close()
 
 
 def _run(setup: SimpleNamespace, batch_max: int, seeds: list[int], cancel: set[int] = frozenset()  # type: ignore[assignment]

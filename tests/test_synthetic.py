@@ -209,7 +209,7 @@ def test_bad_arguments() -> None:
         c.witness_into(0, 0, np.zeros((c.n_wires - 1, 4), dtype=np.uint64))
 
 
-def test_write_circuit_reads_back(tmp_path: Path) -> None:
+def test_write_synthetic_reads_back(tmp_path: Path) -> None:
     r1cs_path, wtns_path = write_synthetic("porep-like", 10, tmp_path / "out", seed=4, partition=6)
     assert (r1cs_path.name, wtns_path.name) == ("porep-like-10.r1cs", "porep-like-10.wtns")
     c = PorepLike(10)

@@ -280,12 +280,15 @@ def _gpu_shape(circuit: CircuitSize, cores: int, provers: int, given: dict[str, 
     def threads(w: int) -> int:
         return given.get("threads_per_partition", max(1, spare // w))
 
+    def rate(w: int) -> float:  # partitions/s of w workers; a circuit of unknown size (0 rows) costs nothing
+        seconds = synthesis_seconds(circuit, threads(w))
+        return w / seconds if seconds > 0 else float("inf")
+
     if "partition_workers" in given:
         workers = given["partition_workers"]
     else:
         options = range(min(spare, max(2, provers)), spare + 1)
-        workers = next((w for w in options if w / synthesis_seconds(circuit, threads(w)) >= need),
-                       max(options, key=lambda w: w / synthesis_seconds(circuit, threads(w))))
+        workers = next((w for w in options if rate(w) >= need), max(options, key=rate))
     slots = given.get("ring_slots", max(MIN_RING_SLOTS, workers + (1 + READY_PER_PROVER) * provers))
     return workers, threads(workers), slots
 
