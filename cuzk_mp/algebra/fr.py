@@ -148,6 +148,40 @@ def _csr_matvec(indptr, indices, data, w, out):  # type: ignore[no-untyped-def]
         out[r, 0], out[r, 1], out[r, 2], out[r, 3] = s0, s1, s2, s3
 
 
+@njit(parallel=True, cache=True)
+def _csr_rmatvec(indptr, indices, data, w, bounds, out):  # type: ignore[no-untyped-def]
+    # out[j] = sum_r M[r, j] w[r]. Task t owns the output rows (columns of M) bounds[t] .. bounds[t+1]-1:
+    # it scans every entry and keeps its own, so no two tasks write one output row (no transpose, no atomics).
+    for t in prange(bounds.shape[0] - 1):
+        lo, hi = bounds[t], bounds[t + 1]
+        for j in range(lo, hi):
+            out[j, 0] = out[j, 1] = out[j, 2] = out[j, 3] = 0
+        for r in range(indptr.shape[0] - 1):
+            for k in range(indptr[r], indptr[r + 1]):
+                c = np.int64(indices[k])
+                if c >= lo and c < hi:
+                    p0, p1, p2, p3 = fmul(data[k, 0], data[k, 1], data[k, 2], data[k, 3],
+                                          w[r, 0], w[r, 1], w[r, 2], w[r, 3])
+                    out[c, 0], out[c, 1], out[c, 2], out[c, 3] = fadd(
+                        out[c, 0], out[c, 1], out[c, 2], out[c, 3], p0, p1, p2, p3)
+
+
+@njit(parallel=True, cache=True)
+def _vadd_scaled2(a, ca, b, cb, out):  # type: ignore[no-untyped-def]
+    for i in prange(a.shape[0]):
+        x0, x1, x2, x3 = fmul(a[i, 0], a[i, 1], a[i, 2], a[i, 3], ca[0], ca[1], ca[2], ca[3])
+        y0, y1, y2, y3 = fmul(b[i, 0], b[i, 1], b[i, 2], b[i, 3], cb[0], cb[1], cb[2], cb[3])
+        x0, x1, x2, x3 = fadd(x0, x1, x2, x3, y0, y1, y2, y3)
+        out[i, 0], out[i, 1], out[i, 2], out[i, 3] = fadd(x0, x1, x2, x3, out[i, 0], out[i, 1], out[i, 2], out[i, 3])
+
+
+@njit(parallel=True, cache=True)
+def _scalar_sub(c, a, out):  # type: ignore[no-untyped-def]
+    c0, c1, c2, c3 = c[0], c[1], c[2], c[3]
+    for i in prange(a.shape[0]):
+        out[i, 0], out[i, 1], out[i, 2], out[i, 3] = fsub(c0, c1, c2, c3, a[i, 0], a[i, 1], a[i, 2], a[i, 3])
+
+
 # ------------------------------------------------------------------ Python API
 
 
@@ -286,4 +320,47 @@ def csr_matvec(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, w: np.
     """
     out = np.empty((indptr.shape[0] - 1, NL), dtype=np.uint64)
     _csr_matvec(indptr, indices, _check(data), _check(w), out)
+    return out
+
+
+def csr_rmatvec(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, w: np.ndarray, n_cols: int,
+                tasks: int | None = None) -> np.ndarray:
+    """The transposed product: ``out[j] = sum_r M[r, j] w[r]`` for the CSR matrix M, ``(n_cols, 4)``.
+
+    Linear in the entries and parallel over column ranges of about equal entry counts (each
+    thread reads every column index and keeps its own range's), with no transposed copy of M.
+    Forms multiply as in :func:`csr_matvec`. ``w`` needs at least M's row count of entries.
+    ``tasks``: the number of column ranges (default: one per pool thread, one for small M).
+    """
+    w = _check(w)
+    if w.shape[0] < indptr.shape[0] - 1:
+        raise ValueError(f"vector has {w.shape[0]} entries, matrix has {indptr.shape[0] - 1} rows")
+    out = np.empty((n_cols, NL), dtype=np.uint64)
+    _csr_rmatvec(indptr, indices, _check(data), w, _column_bounds(indices, n_cols, tasks), out)
+    return out
+
+
+def _column_bounds(indices: np.ndarray, n_cols: int, tasks: int | None) -> np.ndarray:
+    """``tasks`` column ranges (bounds), split where a sample of ``indices`` has equal counts."""
+    import numba
+
+    if tasks is None:
+        tasks = min(numba.get_num_threads(), max(1, indices.shape[0] >> 16))
+    if tasks <= 1 or n_cols == 0 or indices.shape[0] == 0:
+        return np.array([0, n_cols], dtype=np.int64)
+    sample = np.sort(indices[:: max(1, indices.shape[0] >> 16)].astype(np.int64))
+    cuts = sample[(np.arange(1, tasks) * sample.shape[0]) // tasks]
+    return np.concatenate([[0], np.clip(cuts, 0, n_cols), [n_cols]]).astype(np.int64)
+
+
+def add_scaled2_into(out: np.ndarray, a: np.ndarray, ca: int, b: np.ndarray, cb: int) -> np.ndarray:
+    """``out += ca a + cb b`` in place for int constants (one pass, no temporaries; forms as in :func:`scale`)."""
+    _vadd_scaled2(_check(a), const(ca), _check(b), const(cb), out)
+    return out
+
+
+def scalar_sub(c: int, a: np.ndarray) -> np.ndarray:
+    """``c - a`` elementwise for an int constant c (Montgomery in, Montgomery out)."""
+    out = np.empty_like(_check(a))
+    _scalar_sub(const(c), a, out)
     return out

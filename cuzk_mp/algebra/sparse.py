@@ -45,6 +45,10 @@ class CsrMatrix:
             raise ValueError(f"vector has {w.shape[0]} entries, matrix has {self.n_cols} columns")
         return fr.csr_matvec(self.indptr, self.indices, self.data, w)
 
+    def rmatvec(self, w: np.ndarray) -> np.ndarray:
+        """The transpose of this matrix times ``w`` (one entry per row): one output row per column."""
+        return fr.csr_rmatvec(self.indptr, self.indices, self.data, w, self.n_cols)
+
     def with_rows(self, n_rows: int) -> CsrMatrix:
         """The same matrix padded with empty rows (or truncated) to ``n_rows`` rows."""
         if n_rows >= self.n_rows:

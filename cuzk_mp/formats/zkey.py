@@ -29,8 +29,10 @@ csHash and count, its records are kept as raw bytes.
 
 from __future__ import annotations
 
+import itertools
 import os
 import struct
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -64,7 +66,7 @@ class ZKey:
     Read from a file, the big arrays (ic, coefs, a, b1, b2, c, h) are
     read-only views over the mapping; :meth:`close` drops them (views taken
     earlier keep the mapping alive until they are gone). For
-    :func:`write_zkey` any big array may instead be a list of row chunks.
+    :func:`write_zkey` any big array may instead be a list of row chunks or a :class:`ChunkStream`.
     """
 
     path: str | None
@@ -248,13 +250,47 @@ def coef_matrices(zkey: ZKey) -> tuple[CsrMatrix, CsrMatrix]:
 # ---------------------------------------------------------------------- writing
 
 
+@dataclass
+class ChunkStream:
+    """A big section made while it is written: its row count known up front, its chunks produced on demand.
+
+    :func:`write_zkey` takes one wherever it takes a list of chunks, and pulls ``chunks`` (an
+    iterator, consumed once) as it writes, so the producer need not hold the whole section.
+    Each chunk is checked as it passes; a count that comes out different from ``rows`` is a
+    ValueError after the fact (the temporary file is removed; nothing is renamed into place).
+    """
+
+    rows: int
+    chunks: Iterable[np.ndarray]
+
+
+def _streamed(stream: ChunkStream, label: str, rows: int, check: Callable[[int, np.ndarray], None]) -> Payload:
+    if stream.rows != rows:
+        raise ValueError(f"zkey.{label} stream declares {stream.rows} rows, expected {rows}")
+
+    def chunks() -> Iterator[np.ndarray]:
+        total = 0
+        for k, chunk in enumerate(stream.chunks):
+            check(k, chunk)
+            total += chunk.shape[0]
+            yield chunk
+        if total != rows:
+            raise ValueError(f"zkey.{label} stream had {total} rows, expected {rows}")
+    return chunks()
+
+
 def _rows(value: Any, label: str, rows: int, width: int) -> Payload:
-    """A big array (or list of row chunks) checked to be ``(rows, width)`` uint64 in total."""
+    """A big array (or list of row chunks, or a :class:`ChunkStream`) checked to be ``(rows, width)`` uint64."""
+    def check(k: int, chunk: np.ndarray) -> None:
+        if chunk.dtype != np.uint64 or chunk.ndim != 2 or chunk.shape[1] != width:
+            raise ValueError(f"zkey.{label} chunk {k}: expected (n, {width}) uint64, got {chunk.dtype} {chunk.shape}")
+
+    if isinstance(value, ChunkStream):
+        return _streamed(value, label, rows, check)
     chunks = [value] if isinstance(value, np.ndarray) else list(value)
     total = 0
     for k, chunk in enumerate(chunks):
-        if chunk.dtype != np.uint64 or chunk.ndim != 2 or chunk.shape[1] != width:
-            raise ValueError(f"zkey.{label} chunk {k}: expected (n, {width}) uint64, got {chunk.dtype} {chunk.shape}")
+        check(k, chunk)
         total += chunk.shape[0]
     if total != rows:
         raise ValueError(f"zkey.{label} has {total} rows, expected {rows}")
@@ -262,10 +298,15 @@ def _rows(value: Any, label: str, rows: int, width: int) -> Payload:
 
 
 def _coef_payload(value: Any) -> Payload:
-    chunks = [value] if isinstance(value, np.ndarray) else list(value)
-    for k, chunk in enumerate(chunks):
+    def check(k: int, chunk: np.ndarray) -> None:
         if chunk.dtype != COEF_DTYPE or chunk.ndim != 1:
             raise ValueError(f"zkey.coefs chunk {k}: expected a 1-d COEF_DTYPE array, got {chunk.dtype} {chunk.shape}")
+
+    if isinstance(value, ChunkStream):
+        return itertools.chain([struct.pack("<I", value.rows)], _streamed(value, "coefs", value.rows, check))
+    chunks = [value] if isinstance(value, np.ndarray) else list(value)
+    for k, chunk in enumerate(chunks):
+        check(k, chunk)
     count = sum(chunk.shape[0] for chunk in chunks)
     return [struct.pack("<I", count), *chunks]
 
@@ -289,7 +330,8 @@ def write_zkey(path: str | os.PathLike[str], zkey: ZKey) -> None:
 
     Accepted: ``ic, a, b1, b2, c, h`` as ``(n, 12)`` / ``(n, 24)`` uint64 arrays
     or lists of such row chunks (their rows must add up to what the header
-    implies); ``coefs`` as a COEF_DTYPE array or a list of them (written in the
+    implies) or :class:`ChunkStream` s of them, made as they are written in
+    file order (3, 4, 5, ... 9); ``coefs`` as a COEF_DTYPE array, a list of them or a stream (written in the
     given order: snarkjs sorts them by constraint); ``contributions`` as bytes
     (at least csHash + count; :func:`empty_contributions` makes the minimal one).
     Nothing is concatenated: chunks go to disk one by one.

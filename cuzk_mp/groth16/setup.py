@@ -42,21 +42,23 @@ import logging
 import os
 import secrets
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, TypeVar
 
 import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point
 
 from ..algebra import fr
 from ..algebra.field import FR, FR_TWO_ADICITY, Q_MOD, R_MOD, domain_log_size, fr_root_of_unity, int_to_limbs
-from ..algebra.sparse import CsrMatrix, from_coo
+from ..algebra.sparse import CsrMatrix
 from ..errors import InputError
 from ..formats.r1cs import R1CS, read_r1cs
-from ..formats.zkey import COEF_DTYPE, ZKey, coefs_from_arrays, empty_contributions, write_zkey
+from ..formats.zkey import COEF_DTYPE, ChunkStream, ZKey, coefs_from_arrays, empty_contributions, write_zkey
+from .setup_kernels import fill_coefs
 
 log = logging.getLogger("cuzk_mp.groth16.setup")
+_R2_LIMBS = int_to_limbs(FR.r2, 4)
 
 # Fixed-base rows per backend call, which is the unit of progress: a section of n rows goes in
 # n/4 pieces, but never smaller than MIN_CHUNK_ROWS nor larger than CHUNK_ROWS. Each call rebuilds
@@ -67,6 +69,7 @@ CHUNK_ROWS = 1 << 20
 MIN_CHUNK_ROWS = 1 << 18
 PROGRESS_CHUNKS = 4
 G2_WEIGHT = 3  # a G2 fixed-base row costs about three G1 rows (Fq2 arithmetic), for the rate and ETA
+COEF_CHUNK_ROWS = 1 << 20  # constraints per coefficient chunk when the section is streamed (~170 MB)
 PROGRESS_INTERVAL_S = 10.0  # at most one progress line per this many seconds
 Progress = Callable[[str, int, int], None]  # (section label, rows done, rows in the section)
 INSECURE_WARNING = ("INSECURE development setup: the toxic waste (tau, alpha, beta, delta) was random and is "
@@ -101,59 +104,90 @@ class ToxicWaste:
             raise ValueError(f"toxic waste: tau is a 2^{log_n + 1}-th root of unity (Lagrange values undefined)")
 
 
-def setup(r1cs: R1CS, backend: Any, *, progress: Progress | None = None, toxic: ToxicWaste | None = None) -> ZKey:
+def setup(r1cs: R1CS, backend: Any, *, progress: Progress | None = None, toxic: ToxicWaste | None = None,
+          name: str = "key") -> ZKey:
     """The Groth16 proving key of ``r1cs`` with random toxic waste (``toxic``: for tests only).
 
     ``backend`` provides ``fixed_base_g1(G1Point, scalars) -> (n, 12)`` and
     ``fixed_base_g2(G2Point, scalars) -> (n, 24)``. The returned key's big
     sections are lists of row chunks, as :func:`cuzk_mp.formats.zkey.write_zkey` accepts.
+    The host steps are logged (INFO) under ``name``.
     """
+    return _key(r1cs, backend, progress or (lambda label, done, total: None), toxic, name, stream=False)
+
+
+def setup_file(r1cs_path: str | os.PathLike[str], zkey_path: str | os.PathLike[str], backend: Any,
+               *, progress: Progress | None = None, toxic: ToxicWaste | None = None) -> None:
+    """``cuzk-mp setup``: read an .r1cs, make its INSECURE dev key, write the .zkey (atomically).
+
+    Warns (logging) that the key is insecure; without ``progress``, a :class:`ProgressLog`
+    reports at INFO (fraction, rate, ETA), then one line when the key is written. Sections
+    are made while they are written (file order), so the host holds the QAP scalars and one
+    chunk of points or coefficients, never a whole section; the file is byte-identical to
+    ``write_zkey(setup(...))`` for the same toxic waste (``toxic``: for tests only).
+    """
+    t0 = time.perf_counter()
+    log.warning("%s: %s", os.fspath(zkey_path), INSECURE_WARNING)
+    r1cs = _host_step(os.fspath(zkey_path), f"reading {os.fspath(r1cs_path)}", lambda: read_r1cs(r1cs_path))
+    log_n = _domain_log(r1cs)
+    name = f"{os.fspath(zkey_path)} (2^{log_n} domain, {r1cs.n_wires} wires)"
+    log.info("setup %s: the QAP at tau, then %d fixed-base points", name,
+             sum(rows for rows, _ in section_rows(r1cs).values()))
+    report = progress or ProgressLog(name, section_rows(r1cs))
+    write_zkey(zkey_path, _key(r1cs, backend, report, toxic, name, stream=True))
+    log.info("setup %s: written in %.1f s", name, time.perf_counter() - t0)
+
+
+def _key(r1cs: R1CS, backend: Any, report: Progress, toxic: ToxicWaste | None, name: str, *, stream: bool) -> ZKey:
+    """The key's sections in file order: lists of chunks, or (``stream``) :class:`ChunkStream` s made
+    while ``write_zkey`` writes them; each stream drops the scalars it was the last to need."""
     log_n = _domain_log(r1cs)
     toxic = toxic or ToxicWaste.fresh(log_n)
     toxic.check(log_n)
     n_public, n_vars = r1cs.n_public, r1cs.n_wires
-    report = progress or (lambda label, done, total: None)
-    u, v, k = _qap_columns(r1cs, toxic, log_n)
+    u, v, k = _host_step(name, "the QAP at tau", lambda: _qap_columns(r1cs, toxic, log_n))
+    scalars = {"u": u, "v": v, "k": k}
+    del u, v, k
     g1, g2 = G1Point(), G2Point()
     head1 = backend.fixed_base_g1(g1, fr.from_ints([toxic.alpha, toxic.beta, toxic.delta], mont=False))
     head2 = backend.fixed_base_g2(g2, fr.from_ints([toxic.beta, 1, toxic.delta], mont=False))
-    ic = _fixed_base(backend.fixed_base_g1, g1, k[: n_public + 1], "IC", report)
-    c = _fixed_base(backend.fixed_base_g1, g1, fr.scale(k[n_public + 1 :], pow(toxic.delta, -1, R_MOD)), "C", report)
-    del k
-    a = _fixed_base(backend.fixed_base_g1, g1, u, "A", report)
-    del u
-    b1 = _fixed_base(backend.fixed_base_g1, g1, v, "B1", report)
-    b2 = _fixed_base(backend.fixed_base_g2, g2, v, "B2", report)
-    del v
-    h = _fixed_base(backend.fixed_base_g1, g1, _h_scalars(toxic, log_n), "H", report)
-    # the big sections are lists of row chunks, which write_zkey accepts (ZKey's fields name the read form)
+    d_inv = pow(toxic.delta, -1, R_MOD)
+
+    def points(fn: Callable[[Any, np.ndarray], np.ndarray], base: Any, label: str,
+               take: Callable[[], np.ndarray]) -> ChunkStream | list[np.ndarray]:
+        chunks = _fixed_base_chunks(fn, base, take, label, report)
+        return ChunkStream(section_rows(r1cs)[label][0], chunks) if stream else list(chunks)
+
+    # built in file order (sections 3, 4, 5, 6, 7, 8, 9): in the eager case each list is made here
+    ic = points(backend.fixed_base_g1, g1, "IC", lambda: scalars["k"][: n_public + 1])
+    n_coefs = r1cs.a.nnz + r1cs.b.nnz + n_public + 1
+    coefs: ChunkStream | np.ndarray = (ChunkStream(n_coefs, _logged_coef_chunks(r1cs, name)) if stream else
+                                       _host_step(name, "the coefficient section", lambda: snarkjs_coefs(r1cs)))
+    a = points(backend.fixed_base_g1, g1, "A", lambda: scalars.pop("u"))
+    b1 = points(backend.fixed_base_g1, g1, "B1", lambda: scalars["v"])
+    b2 = points(backend.fixed_base_g2, g2, "B2", lambda: scalars.pop("v"))
+    c = points(backend.fixed_base_g1, g1, "C", lambda: fr.scale(scalars.pop("k")[n_public + 1 :], d_inv))
+    h = points(backend.fixed_base_g1, g1, "H", lambda: _host_step(name, "the H scalars",
+                                                                   lambda: _h_scalars(toxic, log_n)))
+    # the big sections are chunk lists or streams, which write_zkey accepts (ZKey's fields name the read form)
     return ZKey(
         path=None, n8q=48, q=Q_MOD, n8r=32, r=R_MOD, n_vars=n_vars, n_public=n_public, domain_size=1 << log_n,
         alpha1=head1[0], beta1=head1[1], beta2=head2[0], gamma2=head2[1], delta1=head1[2], delta2=head2[2],
-        coefs=snarkjs_coefs(r1cs), contributions=empty_contributions(),
+        coefs=coefs, contributions=empty_contributions(),  # type: ignore[arg-type]
         ic=ic, a=a, b1=b1, b2=b2, c=c, h=h,  # type: ignore[arg-type]
     )
 
 
-def setup_file(r1cs_path: str | os.PathLike[str], zkey_path: str | os.PathLike[str], backend: Any,
-               *, progress: Progress | None = None) -> None:
-    """``cuzk-mp setup``: read an .r1cs, make its INSECURE dev key, write the .zkey (atomically).
+_T = TypeVar("_T")
 
-    Warns (logging) that the key is insecure; without ``progress``, a :class:`ProgressLog`
-    reports at INFO (fraction, rate, ETA), then one line when the key is written.
-    """
+
+def _host_step(name: str, what: str, fn: Callable[[], _T]) -> _T:
+    """``fn()``, logged at INFO when it starts and with its time when done (a long setup is never silent)."""
+    log.info("setup %s: %s ...", name, what)
     t0 = time.perf_counter()
-    r1cs = read_r1cs(r1cs_path)
-    log_n = _domain_log(r1cs)
-    name = f"{os.fspath(zkey_path)} (2^{log_n} domain, {r1cs.n_wires} wires)"
-    log.warning("%s: %s", os.fspath(zkey_path), INSECURE_WARNING)
-    log.info("setup %s: the QAP at tau, then %d fixed-base points", name,
-             sum(rows for rows, _ in section_rows(r1cs).values()))
-    zkey = setup(r1cs, backend, progress=progress or ProgressLog(name, section_rows(r1cs)))
-    t_write = time.perf_counter()
-    write_zkey(zkey_path, zkey)
-    log.info("setup %s: written in %.1f s (%.1f s writing)", name, time.perf_counter() - t0,
-             time.perf_counter() - t_write)
+    out = fn()
+    log.info("setup %s: %s in %.1f s", name, what, time.perf_counter() - t0)
+    return out
 
 
 def section_rows(r1cs: R1CS) -> dict[str, tuple[int, int]]:
@@ -225,16 +259,21 @@ def _domain_log(r1cs: R1CS) -> int:
 def _fixed_base(fn: Callable[[Any, np.ndarray], np.ndarray], base: Any, scalars: np.ndarray, label: str,
                 report: Progress) -> list[np.ndarray]:
     """fn(base, scalars) in :func:`chunk_rows` pieces, reporting the start and each piece (the section)."""
-    chunks = []
+    return list(_fixed_base_chunks(fn, base, lambda: scalars, label, report))
+
+
+def _fixed_base_chunks(fn: Callable[[Any, np.ndarray], np.ndarray], base: Any, take: Callable[[], np.ndarray],
+                       label: str, report: Progress) -> Iterator[np.ndarray]:
+    """The chunks of :func:`_fixed_base` one at a time; the scalars are ``take()`` n when the first is asked for."""
+    scalars = take()
     n = scalars.shape[0]
     step = chunk_rows(n)
     report(label, 0, n)
     for lo in range(0, n, step):
-        chunks.append(fn(base, np.ascontiguousarray(scalars[lo : lo + step])))
+        yield fn(base, np.ascontiguousarray(scalars[lo : lo + step]))
         report(label, min(n, lo + step), n)
     if n == 0:
-        chunks.append(fn(base, scalars))
-    return chunks
+        yield fn(base, scalars)
 
 
 def chunk_rows(n: int) -> int:
@@ -248,16 +287,14 @@ def lagrange_values(tau: int, size: int, xs: np.ndarray) -> np.ndarray:
 
     L_x(tau) = (tau^size - 1) / size * x / (tau - x)  (Z(X) = X^size - 1, Z'(x) = size / x).
     """
-    tau_vec = np.broadcast_to(fr.const(tau), xs.shape).copy()
-    ratio = fr.mul(xs, fr.batch_inverse(fr.sub(tau_vec, xs)))
+    ratio = fr.batch_inverse(fr.scalar_sub(tau, xs))
+    fr.mul_into(ratio, xs, ratio)
     return fr.scale(ratio, (pow(tau, size, R_MOD) - 1) * pow(size, -1, R_MOD))
 
 
 def _column_sums(m: CsrMatrix, lag: np.ndarray) -> np.ndarray:
     """sum_c M[c, j] lag[c] for every column j: standard-form (n_cols, 4) (standard M x Montgomery lag)."""
-    rows = np.repeat(np.arange(m.n_rows, dtype=np.int64), np.diff(m.indptr))
-    transposed = from_coo(m.indices.astype(np.int64), rows, m.data, m.n_cols, m.n_rows)
-    return transposed.matvec(lag)
+    return m.rmatvec(lag)
 
 
 def _qap_columns(r1cs: R1CS, toxic: ToxicWaste, log_n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -268,7 +305,9 @@ def _qap_columns(r1cs: R1CS, toxic: ToxicWaste, log_n: int) -> tuple[np.ndarray,
     extra = fr.from_mont(lag[r1cs.n_constraints :])  # the extra rows: A[nC + s, s] = 1
     u[: r1cs.n_public + 1] = fr.add(u[: r1cs.n_public + 1], extra)
     v = _column_sums(r1cs.b, lag)
-    k = fr.add(fr.add(fr.scale(u, toxic.beta), fr.scale(v, toxic.alpha)), _column_sums(r1cs.c, lag))
+    k = _column_sums(r1cs.c, lag)
+    del lag
+    fr.add_scaled2_into(k, u, toxic.beta, v, toxic.alpha)
     return u, v, k
 
 
@@ -283,20 +322,52 @@ def _h_scalars(toxic: ToxicWaste, log_n: int) -> np.ndarray:
 def snarkjs_coefs(r1cs: R1CS) -> np.ndarray:
     """Section 4 in snarkjs order: per constraint its A then its B entries, then the extra A rows.
 
-    Values are coef * R^2 mod r. Entries keep their r1cs order within a row; the
-    merge is by destination index (A entries of row c start after the B entries of
-    rows < c, and B entries follow row c's A entries), so no sort is needed.
+    Values are coef * R^2 mod r. Entries keep their r1cs order within a row; where each row's
+    entries go follows from the two row pointers (:func:`.setup_kernels.fill_coefs`), so no sort
+    is needed.
     """
-    a, b = r1cs.a, r1cs.b
-    n_c, n_pub = r1cs.n_constraints, r1cs.n_public
-    rows_a = np.repeat(np.arange(n_c, dtype=np.int64), np.diff(a.indptr))
-    rows_b = np.repeat(np.arange(n_c, dtype=np.int64), np.diff(b.indptr))
-    out = np.empty(a.nnz + b.nnz + n_pub + 1, dtype=COEF_DTYPE)
-    dest_a = np.arange(a.nnz, dtype=np.int64) + b.indptr[rows_a]
-    dest_b = np.arange(b.nnz, dtype=np.int64) + a.indptr[rows_b + 1]
-    out[dest_a] = coefs_from_arrays(np.zeros(a.nnz, np.uint32), rows_a, a.indices, a.to_r2_form().data)
-    out[dest_b] = coefs_from_arrays(np.ones(b.nnz, np.uint32), rows_b, b.indices, b.to_r2_form().data)
-    publics = np.arange(n_pub + 1, dtype=np.uint32)
-    one_r2 = np.broadcast_to(int_to_limbs(FR.r2, 4), (n_pub + 1, 4))  # the coefficient 1, times R^2
-    out[a.nnz + b.nnz :] = coefs_from_arrays(np.zeros(n_pub + 1, np.uint32), n_c + publics, publics, one_r2)
+    n_ab = r1cs.a.nnz + r1cs.b.nnz
+    out = np.empty(n_ab + r1cs.n_public + 1, dtype=COEF_DTYPE)
+    _fill(r1cs, 0, r1cs.n_constraints, out[:n_ab])
+    out[n_ab:] = _public_coefs(r1cs)
     return out
+
+
+def coef_chunks(r1cs: R1CS, rows: int = COEF_CHUNK_ROWS) -> Iterator[np.ndarray]:
+    """:func:`snarkjs_coefs` in pieces of ``rows`` constraints, then the extra A rows (one host chunk at a time)."""
+    a, b = r1cs.a, r1cs.b
+    for lo in range(0, r1cs.n_constraints, max(1, rows)):
+        hi = min(r1cs.n_constraints, lo + max(1, rows))
+        out = np.empty(int(a.indptr[hi] - a.indptr[lo] + b.indptr[hi] - b.indptr[lo]), dtype=COEF_DTYPE)
+        _fill(r1cs, lo, hi, out)
+        yield out
+    yield _public_coefs(r1cs)
+
+
+def _fill(r1cs: R1CS, lo: int, hi: int, out: np.ndarray) -> None:
+    a, b = r1cs.a, r1cs.b
+    fill_coefs(a.indptr, a.indices, np.ascontiguousarray(a.data), b.indptr, b.indices, np.ascontiguousarray(b.data),
+               lo, hi, _R2_LIMBS, out["matrix"], out["constraint"], out["signal"], out["value"])
+
+
+def _public_coefs(r1cs: R1CS) -> np.ndarray:
+    """The extra A rows: A[nC + s, s] = 1 for s = 0 .. nPublic."""
+    n_pub = r1cs.n_public
+    publics = np.arange(n_pub + 1, dtype=np.uint32)
+    one_r2 = np.broadcast_to(_R2_LIMBS, (n_pub + 1, 4))  # the coefficient 1, times R^2
+    return coefs_from_arrays(np.zeros(n_pub + 1, np.uint32), r1cs.n_constraints + publics, publics, one_r2)
+
+
+def _logged_coef_chunks(r1cs: R1CS, name: str) -> Iterator[np.ndarray]:
+    """:func:`coef_chunks`, logged as one host step (its start, and its time without the writing)."""
+    log.info("setup %s: the coefficient section ...", name)
+    busy = 0.0
+    chunks = coef_chunks(r1cs)
+    while True:
+        t0 = time.perf_counter()
+        chunk = next(chunks, None)
+        busy += time.perf_counter() - t0
+        if chunk is None:
+            break
+        yield chunk
+    log.info("setup %s: the coefficient section in %.1f s", name, busy)
