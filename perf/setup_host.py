@@ -1,7 +1,8 @@
 """Where the host time of the development setup goes: each host step of ``cuzk-mp setup`` for
 the porep-like circuit, with the fixed-base calls stubbed out (they return zero rows of the
 right shape), so what is timed is only what runs on the host before, between and after the
-backend's fixed-base kernels. Also the r1cs generation, its write and read, and ``write_zkey``.
+backend's fixed-base kernels. Also the r1cs generation, its write and read, ``write_zkey`` of the
+in-memory key, and ``setup_file`` (read, set up and write, streamed where the code streams) as a whole.
 
 Each size runs in a child process (a fresh heap: its peak RSS is its own)::
 
@@ -16,6 +17,7 @@ the growth factor per doubling of each step and an extrapolation of the host tim
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import logging
 import os
@@ -33,7 +35,7 @@ import numpy as np
 import psutil
 
 STEPS = ("r1cs_generate", "r1cs_write", "r1cs_read", "lagrange", "column_sums_a", "column_sums_b",
-         "column_sums_c", "qap_columns", "h_scalars", "coefs", "setup_total", "write_zkey")
+         "column_sums_c", "qap_columns", "h_scalars", "coefs", "setup_total", "write_zkey", "setup_file")
 
 
 class StubBackend:
@@ -82,14 +84,17 @@ def one_size(log_n: int) -> dict[str, Any]:
         lag = _timed(times, "lagrange", lambda: dev.lagrange_values(
             toxic.tau, 1 << log_n, fr.powers(fr_root_of_unity(log_n), n_rows)))
         for m in "abc":
-            _timed(times, f"column_sums_{m}", lambda m=m: dev._column_sums(getattr(r1cs, m), lag))
+            _timed(times, f"column_sums_{m}", functools.partial(dev._column_sums, getattr(r1cs, m), lag))
         _timed(times, "qap_columns", lambda: dev._qap_columns(r1cs, toxic, log_n))
         _timed(times, "h_scalars", lambda: dev._h_scalars(toxic, log_n))
         _timed(times, "coefs", lambda: dev.snarkjs_coefs(r1cs))
         zkey = _timed(times, "setup_total", lambda: dev.setup(r1cs, StubBackend(), toxic=toxic))
-        _timed(times, "write_zkey", lambda: write_zkey(Path(tmp) / "c.zkey", zkey))
+        _timed(times, "write_zkey", functools.partial(write_zkey, Path(tmp) / "c.zkey", zkey))
         zkey_bytes = (Path(tmp) / "c.zkey").stat().st_size
-    return {"log_n": log_n, "n_wires": int(zkey.n_vars), "nnz": {m: int(getattr(r1cs, m).nnz) for m in "abc"},
+        del zkey
+        (Path(tmp) / "c.zkey").unlink()
+        _timed(times, "setup_file", lambda: dev.setup_file(path, Path(tmp) / "f.zkey", StubBackend()))
+    return {"log_n": log_n, "n_wires": int(r1cs.n_wires), "nnz": {m: int(getattr(r1cs, m).nnz) for m in "abc"},
             "zkey_bytes": zkey_bytes, "seconds": times,
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
 

@@ -264,7 +264,8 @@ class ChunkStream:
     chunks: Iterable[np.ndarray]
 
 
-def _streamed(stream: ChunkStream, label: str, rows: int, check: Callable[[int, np.ndarray], None]) -> Payload:
+def _streamed(stream: ChunkStream, label: str, rows: int,
+              check: Callable[[int, np.ndarray], None]) -> Iterator[np.ndarray]:
     if stream.rows != rows:
         raise ValueError(f"zkey.{label} stream declares {stream.rows} rows, expected {rows}")
 
