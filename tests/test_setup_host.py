@@ -203,3 +203,12 @@ def test_stream_with_wrong_rows_fails_and_leaves_no_file(backend: CpuBackend, tm
     with pytest.raises(ValueError, match="chunk 0"):
         write_zkey(tmp_path / "bad.zkey", key)
     assert list(tmp_path.iterdir()) == []
+
+
+@pytest.mark.parametrize("log_n", [1, 3, 6])
+def test_h_scalars_equal_the_separate_passes(log_n: int) -> None:
+    toxic = _toxic(log_n)
+    n = 1 << log_n
+    odd = fr.powers(fr_root_of_unity(log_n), n, start=fr_root_of_unity(log_n + 1))
+    want = fr.from_mont(fr.scale(dev.lagrange_values(toxic.tau, 2 * n, odd), pow(toxic.delta, -1, R_MOD)))
+    assert np.array_equal(dev._h_scalars(toxic, log_n), want)

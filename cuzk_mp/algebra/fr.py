@@ -359,6 +359,13 @@ def add_scaled2_into(out: np.ndarray, a: np.ndarray, ca: int, b: np.ndarray, cb:
     return out
 
 
+def scale_from_mont(a: np.ndarray, c: int) -> np.ndarray:
+    """``from_mont(scale(a, c))`` in one pass: Montgomery a times the int c, out in standard form."""
+    out = np.empty_like(_check(a))
+    _vmul_scalar(a, int_to_limbs(c % R_MOD, NL), out)
+    return out
+
+
 def scalar_sub(c: int, a: np.ndarray) -> np.ndarray:
     """``c - a`` elementwise for an int constant c (Montgomery in, Montgomery out)."""
     out = np.empty_like(_check(a))

@@ -30,10 +30,23 @@ everything derived from them comes out ready to be a fixed-base scalar.
 The fixed-base work goes through ``backend.fixed_base_g1/g2`` (numba on the
 CPU backend, the GPU backend's kernels otherwise), in chunks of CHUNK_ROWS.
 
-Progress goes through logging (so JSON log lines stay JSON): :class:`ProgressLog` weighs each
+Host steps, all linear in the circuit and parallel over numba's pool: the Lagrange values at
+tau (powers, one batch inversion); the column sums u, v, w as transposed sparse products
+(:meth:`CsrMatrix.rmatvec`: each thread scans every entry and keeps its own column range, so
+there is no transposed copy of a matrix and no sort); beta u + alpha v + w in place; the H
+scalars; the coefficient section filled row-parallel from the two CSR row pointers
+(:mod:`.setup_kernels`).
+
+Progress goes through logging (so JSON log lines stay JSON): each host step logs its start
+and its time; :class:`ProgressLog` weighs each
 chunk by its group's cost (a G2 row counts G2_WEIGHT G1 rows) and logs the done fraction, the
 rate and the ETA at most every ``interval_s``; every section of 2^20 rows or more goes in at
 least four chunks, so a 2^20 key moves about 20 times.
+
+Memory: ``setup`` returns every section in host memory (about 47 GB of points at 2^26);
+``setup_file`` makes the sections in file order while ``write_zkey`` writes them
+(:class:`~cuzk_mp.formats.zkey.ChunkStream`), so beyond the r1cs it holds the three QAP
+scalar vectors (shrinking as sections finish) and one chunk of points or coefficients.
 """
 
 from __future__ import annotations
@@ -58,7 +71,8 @@ from ..formats.zkey import COEF_DTYPE, ChunkStream, ZKey, coefs_from_arrays, emp
 from .setup_kernels import fill_coefs
 
 log = logging.getLogger("cuzk_mp.groth16.setup")
-_R2_LIMBS = int_to_limbs(FR.r2, 4)
+_R2_LIMBS = int_to_limbs(FR.r2, 4)  # the coefficient 1 in v R^2 form
+_R3_LIMBS = int_to_limbs(FR.to_mont_int(FR.r2), 4)  # R^3 mod r: a Montgomery product with it takes v to v R^2
 
 # Fixed-base rows per backend call, which is the unit of progress: a section of n rows goes in
 # n/4 pieces, but never smaller than MIN_CHUNK_ROWS nor larger than CHUNK_ROWS. Each call rebuilds
@@ -201,7 +215,8 @@ class ProgressLog:
     """A :data:`Progress` that logs the whole setup's done fraction, rate and ETA.
 
     ``sections`` is :func:`section_rows`. The clock starts at the first report (the first
-    section's 0 rows done, after the QAP), so the rate is the fixed-base rate; a line is logged
+    section's 0 rows done, after the QAP), so the rate is the fixed-base rate (when ``setup_file``
+    streams, it includes the coefficient section's few seconds, made between IC and A); a line is logged
     at most every ``interval_s`` and once when every section is done.
     """
 
@@ -287,9 +302,18 @@ def lagrange_values(tau: int, size: int, xs: np.ndarray) -> np.ndarray:
 
     L_x(tau) = (tau^size - 1) / size * x / (tau - x)  (Z(X) = X^size - 1, Z'(x) = size / x).
     """
+    return fr.scale(_lagrange_ratios(tau, xs), _lagrange_factor(tau, size))
+
+
+def _lagrange_ratios(tau: int, xs: np.ndarray) -> np.ndarray:
+    """x / (tau - x) for Montgomery x, Montgomery form."""
     ratio = fr.batch_inverse(fr.scalar_sub(tau, xs))
-    fr.mul_into(ratio, xs, ratio)
-    return fr.scale(ratio, (pow(tau, size, R_MOD) - 1) * pow(size, -1, R_MOD))
+    return fr.mul_into(ratio, xs, ratio)
+
+
+def _lagrange_factor(tau: int, size: int) -> int:
+    """(tau^size - 1) / size: the factor every Lagrange value of the ``size``-point domain shares."""
+    return (pow(tau, size, R_MOD) - 1) * pow(size, -1, R_MOD) % R_MOD
 
 
 def _column_sums(m: CsrMatrix, lag: np.ndarray) -> np.ndarray:
@@ -315,8 +339,9 @@ def _h_scalars(toxic: ToxicWaste, log_n: int) -> np.ndarray:
     """L^(2n)_(2j+1)(tau) / delta for j < n, standard form (the odd points are w_2n * w_n^j)."""
     n = 1 << log_n
     odd = fr.powers(fr_root_of_unity(log_n), n, start=fr_root_of_unity(log_n + 1))
-    lag = lagrange_values(toxic.tau, 2 * n, odd)
-    return fr.from_mont(fr.scale(lag, pow(toxic.delta, -1, R_MOD)))
+    ratios = _lagrange_ratios(toxic.tau, odd)
+    del odd
+    return fr.scale_from_mont(ratios, _lagrange_factor(toxic.tau, 2 * n) * pow(toxic.delta, -1, R_MOD))
 
 
 def snarkjs_coefs(r1cs: R1CS) -> np.ndarray:
@@ -347,7 +372,7 @@ def coef_chunks(r1cs: R1CS, rows: int = COEF_CHUNK_ROWS) -> Iterator[np.ndarray]
 def _fill(r1cs: R1CS, lo: int, hi: int, out: np.ndarray) -> None:
     a, b = r1cs.a, r1cs.b
     fill_coefs(a.indptr, a.indices, np.ascontiguousarray(a.data), b.indptr, b.indices, np.ascontiguousarray(b.data),
-               lo, hi, _R2_LIMBS, out["matrix"], out["constraint"], out["signal"], out["value"])
+               lo, hi, _R3_LIMBS, out["matrix"], out["constraint"], out["signal"], out["value"])
 
 
 def _public_coefs(r1cs: R1CS) -> np.ndarray:

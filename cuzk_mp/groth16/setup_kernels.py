@@ -5,7 +5,7 @@ snarkjs order: per constraint its A entries then its B entries, in r1cs order. W
 constraint's entries go is known from the two CSR row pointers (row c starts at
 ``a.indptr[c] + b.indptr[c]``), so :func:`fill_coefs` writes any range of constraints straight
 into a structured array's fields, in parallel over rows, converting the value to v R^2 on the way
-(numpy would sort nothing but make a dozen full passes with temporaries).
+with one Montgomery product (numpy made a dozen single-threaded passes with temporaries).
 """
 
 from __future__ import annotations
@@ -16,27 +16,27 @@ from ..algebra.fr import fmul
 
 
 @njit(inline="always", cache=True)
-def _put(m, c, k, d, idx, data, r2, matrix, constraint, signal, value):  # type: ignore[no-untyped-def]
+def _put(m, c, k, d, idx, data, r3, matrix, constraint, signal, value):  # type: ignore[no-untyped-def]
     matrix[d] = m
     constraint[d] = c
     signal[d] = idx[k]
-    x0, x1, x2, x3 = fmul(data[k, 0], data[k, 1], data[k, 2], data[k, 3], r2[0], r2[1], r2[2], r2[3])  # v R
-    value[d, 0], value[d, 1], value[d, 2], value[d, 3] = fmul(x0, x1, x2, x3, r2[0], r2[1], r2[2], r2[3])  # v R^2
+    value[d, 0], value[d, 1], value[d, 2], value[d, 3] = fmul(data[k, 0], data[k, 1], data[k, 2], data[k, 3],
+                                                              r3[0], r3[1], r3[2], r3[3])  # v R^3 / R
 
 
 @njit(parallel=True, cache=True)
-def fill_coefs(a_indptr, a_idx, a_data, b_indptr, b_idx, b_data, lo, hi, r2,  # type: ignore[no-untyped-def]
+def fill_coefs(a_indptr, a_idx, a_data, b_indptr, b_idx, b_data, lo, hi, r3,  # type: ignore[no-untyped-def]
                matrix, constraint, signal, value):
     """Constraints lo .. hi-1 into the fields of a coefficient array whose entry 0 is constraint lo's first.
 
-    ``r2`` is R^2 mod r as limbs: two Montgomery products with it take a standard v to v R^2.
+    ``r3`` is R^3 mod r as limbs: one Montgomery product with it takes a standard v to v R^2.
     """
     base = a_indptr[lo] + b_indptr[lo]
     for c in prange(lo, hi):
         d = a_indptr[c] + b_indptr[c] - base
         for k in range(a_indptr[c], a_indptr[c + 1]):
-            _put(0, c, k, d, a_idx, a_data, r2, matrix, constraint, signal, value)
+            _put(0, c, k, d, a_idx, a_data, r3, matrix, constraint, signal, value)
             d += 1
         for k in range(b_indptr[c], b_indptr[c + 1]):
-            _put(1, c, k, d, b_idx, b_data, r2, matrix, constraint, signal, value)
+            _put(1, c, k, d, b_idx, b_data, r3, matrix, constraint, signal, value)
             d += 1
