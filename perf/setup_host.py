@@ -11,7 +11,8 @@ Each size runs in a child process (a fresh heap: its peak RSS is its own)::
 
 With ``--json`` the sizes' results go into the file under ``--label`` (other labels in the
 file are kept, so one file holds the before and the after), with the command, the machine,
-the growth factor per doubling of each step and an extrapolation of the host time to 2^26.
+the growth factor per doubling of each step (wall and CPU seconds) and the host time at 2^26
+extrapolated two ways: by each step's last growth per doubling, and linearly from the largest size.
 """
 
 from __future__ import annotations
@@ -49,10 +50,13 @@ class StubBackend:
 
 
 def _timed(times: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
-    t0 = time.perf_counter()
+    """``fn()``; its wall time into ``times[name]``, its CPU time (every thread of the process) into
+    ``times[name + "_cpu"]``: the work done, which the other load on a shared machine blurs less."""
+    t0, c0 = time.perf_counter(), time.process_time()
     out = fn()
     times[name] = round(time.perf_counter() - t0, 3)
-    print(f"  {name}: {times[name]:.3f} s", file=sys.stderr, flush=True)
+    times[name + "_cpu"] = round(time.process_time() - c0, 3)
+    print(f"  {name}: {times[name]:.3f} s ({times[name + '_cpu']:.3f} s CPU)", file=sys.stderr, flush=True)
     return out
 
 
@@ -102,7 +106,7 @@ def one_size(log_n: int) -> dict[str, Any]:
 def growth(results: list[dict[str, Any]]) -> dict[str, list[float]]:
     """Per step: t(2^(k+d)) / t(2^k) per doubling (d-th root when sizes skip), for consecutive sizes."""
     out: dict[str, list[float]] = {}
-    for step in STEPS:
+    for step in [s for step in STEPS for s in (step, step + "_cpu")]:
         ratios = []
         for lo, hi in zip(results, results[1:]):
             t0, t1 = lo["seconds"][step], hi["seconds"][step]
@@ -116,7 +120,7 @@ def extrapolate(results: list[dict[str, Any]], log_n: int) -> dict[str, float]:
     """Each step at 2^log_n from the largest measured size times its last growth per doubling."""
     last, grow = results[-1], growth(results)
     k = log_n - last["log_n"]
-    return {step: round(last["seconds"][step] * (grow[step][-1] if grow[step] else 2.0) ** k, 1) for step in STEPS}
+    return {step: round(last["seconds"][step] * (grow[step][-1] if grow[step] else 2.0) ** k, 1) for step in grow}
 
 
 def main() -> None:
@@ -139,6 +143,8 @@ def main() -> None:
         "sizes": results,
         "growth_per_doubling": growth(results),
         "extrapolated_s_at_2^26": extrapolate(results, 26) if len(results) > 1 else None,
+        "linear_s_at_2^26": {step: round(t * 2 ** (26 - results[-1]["log_n"]), 1)
+                             for step, t in results[-1]["seconds"].items()},
         "machine": {"cpu": platform.processor() or platform.machine(), "cores": os.cpu_count(),
                     "numba_threads": os.environ.get("NUMBA_NUM_THREADS", str(os.cpu_count())),
                     "memory_gib": round(psutil.virtual_memory().total / 2**30, 1),
