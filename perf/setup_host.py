@@ -4,7 +4,8 @@ right shape), so what is timed is only what runs on the host before, between and
 backend's fixed-base kernels. Also the r1cs generation, its write and read, ``write_zkey`` of the
 in-memory key, and ``setup_file`` (read, set up and write, streamed where the code streams) as a whole.
 
-Each size runs in a child process (a fresh heap: its peak RSS is its own)::
+Each size runs in a child process (a fresh heap: its peak RSS is its own), and ``setup_file`` in
+another (``setup_file_peak_rss_gib``: what the command holds, r1cs included)::
 
     .venv/bin/python perf/setup_host.py [--log-n 18 20 22] [--label after]
         [--json perf/results/setup-host-cpu.json]
@@ -60,8 +61,8 @@ def _timed(times: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
     return out
 
 
-def one_size(log_n: int) -> dict[str, Any]:
-    """Every host step at 2^log_n (run in a child process)."""
+def one_size(log_n: int, work: Path) -> dict[str, Any]:
+    """Every host step at 2^log_n but ``setup_file`` (run in a child process); leaves ``work/c.r1cs``."""
     from cuzk_mp.algebra import fr
     from cuzk_mp.algebra.field import fr_root_of_unity
     from cuzk_mp.circuits.synthetic import PorepLike
@@ -80,7 +81,7 @@ def one_size(log_n: int) -> dict[str, Any]:
     r1cs = _timed(times, "r1cs_generate", circuit.r1cs)
     toxic = dev.ToxicWaste.fresh(log_n)
     with tempfile.TemporaryDirectory(prefix="setup-host-") as tmp:
-        path = Path(tmp) / "c.r1cs"
+        path = work / "c.r1cs"
         _timed(times, "r1cs_write", lambda: write_r1cs(path, r1cs))
         del r1cs, circuit
         r1cs = _timed(times, "r1cs_read", lambda: read_r1cs(path))
@@ -95,12 +96,19 @@ def one_size(log_n: int) -> dict[str, Any]:
         zkey = _timed(times, "setup_total", lambda: dev.setup(r1cs, StubBackend(), toxic=toxic))
         _timed(times, "write_zkey", functools.partial(write_zkey, Path(tmp) / "c.zkey", zkey))
         zkey_bytes = (Path(tmp) / "c.zkey").stat().st_size
-        del zkey
-        (Path(tmp) / "c.zkey").unlink()
-        _timed(times, "setup_file", lambda: dev.setup_file(path, Path(tmp) / "f.zkey", StubBackend()))
     return {"log_n": log_n, "n_wires": int(r1cs.n_wires), "nnz": {m: int(getattr(r1cs, m).nnz) for m in "abc"},
             "zkey_bytes": zkey_bytes, "seconds": times,
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+
+
+def file_size(log_n: int, work: Path) -> dict[str, Any]:
+    """``setup_file`` alone on ``work/c.r1cs`` (a fresh child process: the peak RSS is setup_file's)."""
+    from cuzk_mp.groth16 import setup as dev
+
+    times: dict[str, float] = {}
+    print(f"2^{log_n} setup_file:", file=sys.stderr, flush=True)
+    _timed(times, "setup_file", lambda: dev.setup_file(work / "c.r1cs", work / "f.zkey", StubBackend()))
+    return {"seconds": times, "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
 
 
 def growth(results: list[dict[str, Any]]) -> dict[str, list[float]]:
@@ -129,15 +137,24 @@ def main() -> None:
     ap.add_argument("--label", default="current", help="the key the results go under in the JSON file")
     ap.add_argument("--json", help="write (merge) the results into this file")
     ap.add_argument("--one", type=int, help=argparse.SUPPRESS)  # a child: one size, JSON on stdout
+    ap.add_argument("--file", type=int, help=argparse.SUPPRESS)  # a child: setup_file at one size
+    ap.add_argument("--work", help=argparse.SUPPRESS)  # the children's shared folder
     a = ap.parse_args()
-    if a.one is not None:
+    if a.one is not None or a.file is not None:
         logging.basicConfig(level=logging.INFO, stream=sys.stderr, format="    %(message)s")
-        print(json.dumps(one_size(a.one)))
+        print(json.dumps(one_size(a.one, Path(a.work)) if a.one is not None else file_size(a.file, Path(a.work))))
         return
     results = []
     for log_n in a.log_n:
-        proc = subprocess.run([sys.executable, __file__, "--one", str(log_n)], stdout=subprocess.PIPE, check=True)
-        results.append(json.loads(proc.stdout))
+        with tempfile.TemporaryDirectory(prefix="setup-host-") as work:
+            run_child = lambda *args: json.loads(subprocess.run(  # noqa: E731
+                [sys.executable, __file__, *args, str(log_n), "--work", work], stdout=subprocess.PIPE,
+                check=True).stdout)
+            result = run_child("--one")
+            whole = run_child("--file")
+        result["seconds"].update(whole["seconds"])
+        result["setup_file_peak_rss_gib"] = whole["peak_rss_gib"]
+        results.append(result)
     run = {
         "command": "python perf/setup_host.py --log-n " + " ".join(map(str, a.log_n)) + f" --label {a.label}",
         "sizes": results,

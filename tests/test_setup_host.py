@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import logging
 import random
+from collections.abc import Iterator
 from pathlib import Path
 
 import numpy as np
@@ -168,9 +169,19 @@ def test_streamed_setup_file_is_byte_identical(seed: int, backend: CpuBackend, t
     r1cs, toxic = _r1cs(seed, repeats=False), _toxic(seed)
     write_r1cs(tmp_path / "c.r1cs", r1cs)
     write_zkey(tmp_path / "eager.zkey", dev.setup(r1cs, backend, toxic=toxic))
+    made: list[int] = []
+    chunks = dev.coef_chunks
+
+    def counted(r1cs: R1CS, rows: int | None = None) -> Iterator[np.ndarray]:
+        for chunk in chunks(r1cs, rows):
+            made.append(chunk.shape[0])
+            yield chunk
+
     with pytest.MonkeyPatch.context() as mp, caplog.at_level(logging.INFO, logger="cuzk_mp.groth16.setup"):
         mp.setattr(dev, "COEF_CHUNK_ROWS", 16)
+        mp.setattr(dev, "coef_chunks", counted)
         dev.setup_file(tmp_path / "c.r1cs", tmp_path / "streamed.zkey", backend, toxic=toxic)
+    assert len(made) == -(-r1cs.n_constraints // 16) + 1 and sum(made) == dev.snarkjs_coefs(r1cs).shape[0]
     assert (tmp_path / "streamed.zkey").read_bytes() == (tmp_path / "eager.zkey").read_bytes()
     messages = [r.getMessage() for r in caplog.records]
     for step in ("reading", "the QAP at tau", "the coefficient section", "the H scalars"):

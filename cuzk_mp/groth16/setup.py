@@ -279,7 +279,7 @@ def _fixed_base(fn: Callable[[Any, np.ndarray], np.ndarray], base: Any, scalars:
 
 def _fixed_base_chunks(fn: Callable[[Any, np.ndarray], np.ndarray], base: Any, take: Callable[[], np.ndarray],
                        label: str, report: Progress) -> Iterator[np.ndarray]:
-    """The chunks of :func:`_fixed_base` one at a time; the scalars are ``take()`` n when the first is asked for."""
+    """The chunks of :func:`_fixed_base` one at a time; ``take()`` gives the scalars when the first is asked for."""
     scalars = take()
     n = scalars.shape[0]
     step = chunk_rows(n)
@@ -358,11 +358,13 @@ def snarkjs_coefs(r1cs: R1CS) -> np.ndarray:
     return out
 
 
-def coef_chunks(r1cs: R1CS, rows: int = COEF_CHUNK_ROWS) -> Iterator[np.ndarray]:
-    """:func:`snarkjs_coefs` in pieces of ``rows`` constraints, then the extra A rows (one host chunk at a time)."""
+def coef_chunks(r1cs: R1CS, rows: int | None = None) -> Iterator[np.ndarray]:
+    """:func:`snarkjs_coefs` in pieces of ``rows`` constraints (default COEF_CHUNK_ROWS), then the extra
+    A rows: one host chunk at a time."""
     a, b = r1cs.a, r1cs.b
-    for lo in range(0, r1cs.n_constraints, max(1, rows)):
-        hi = min(r1cs.n_constraints, lo + max(1, rows))
+    step = max(1, rows or COEF_CHUNK_ROWS)
+    for lo in range(0, r1cs.n_constraints, step):
+        hi = min(r1cs.n_constraints, lo + step)
         out = np.empty(int(a.indptr[hi] - a.indptr[lo] + b.indptr[hi] - b.indptr[lo]), dtype=COEF_DTYPE)
         _fill(r1cs, lo, hi, out)
         yield out
