@@ -223,3 +223,17 @@ def test_h_scalars_equal_the_separate_passes(log_n: int) -> None:
     odd = fr.powers(fr_root_of_unity(log_n), n, start=fr_root_of_unity(log_n + 1))
     want = fr.from_mont(fr.scale(dev.lagrange_values(toxic.tau, 2 * n, odd), pow(toxic.delta, -1, R_MOD)))
     assert np.array_equal(dev._h_scalars(toxic, log_n), want)
+
+
+@pytest.mark.parametrize("n", [0, 1, 5, 1023, 1025, 70_000])
+def test_geometric_ratios_equal_the_separate_passes(n: int) -> None:
+    """Chunk edges (chunks of 1024 and more), both output forms, and tau on a point refused."""
+    rng = random.Random(n)
+    tau, factor, w, start = (rng.randrange(1, R_MOD) for _ in range(4))
+    xs = fr.powers(w, n, start=start)
+    want = fr.scale(fr.mul(xs, fr.batch_inverse(fr.sub(np.broadcast_to(fr.const(tau), xs.shape).copy(), xs))), factor)
+    assert np.array_equal(fr.geometric_ratios(tau, factor, w, start, n), want)
+    assert np.array_equal(fr.geometric_ratios(tau, factor, w, start, n, mont=False), fr.from_mont(want))
+    if n:
+        with pytest.raises(ValueError, match="tau is one of the points"):
+            fr.geometric_ratios(start * pow(w, n - 1, R_MOD) % R_MOD, factor, w, start, n)

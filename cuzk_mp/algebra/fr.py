@@ -182,6 +182,36 @@ def _scalar_sub(c, a, out):  # type: ignore[no-untyped-def]
         out[i, 0], out[i, 1], out[i, 2], out[i, 3] = fsub(c0, c1, c2, c3, a[i, 0], a[i, 1], a[i, 2], a[i, 3])
 
 
+@njit(parallel=True, cache=True)
+def _ratios_forward(tau, w, starts, chunk, n, prefix, totals, ends):  # type: ignore[no-untyped-def]
+    # per chunk: x_i = start w^i, d_i = tau - x_i; prefix[i] = product of the chunk's d before i
+    for c in prange(starts.shape[0]):
+        x0, x1, x2, x3 = starts[c, 0], starts[c, 1], starts[c, 2], starts[c, 3]
+        a0, a1, a2, a3 = ONE_MONT[0], ONE_MONT[1], ONE_MONT[2], ONE_MONT[3]
+        for i in range(c * chunk, min(n, (c + 1) * chunk)):
+            prefix[i, 0], prefix[i, 1], prefix[i, 2], prefix[i, 3] = a0, a1, a2, a3
+            d0, d1, d2, d3 = fsub(tau[0], tau[1], tau[2], tau[3], x0, x1, x2, x3)
+            a0, a1, a2, a3 = fmul(a0, a1, a2, a3, d0, d1, d2, d3)
+            x0, x1, x2, x3 = fmul(x0, x1, x2, x3, w[0], w[1], w[2], w[3])
+        totals[c, 0], totals[c, 1], totals[c, 2], totals[c, 3] = a0, a1, a2, a3
+        ends[c, 0], ends[c, 1], ends[c, 2], ends[c, 3] = x0, x1, x2, x3
+
+
+@njit(parallel=True, cache=True)
+def _ratios_backward(tau, w_inv, ends, inv_totals, shift, chunk, out):  # type: ignore[no-untyped-def]
+    # out[i] = inv_total * prefix[i] * (the chunk's d after i) - shift = K / d_i - shift (out holds prefix)
+    n = out.shape[0]
+    for c in prange(ends.shape[0]):
+        x0, x1, x2, x3 = ends[c, 0], ends[c, 1], ends[c, 2], ends[c, 3]
+        t0, t1, t2, t3 = inv_totals[c, 0], inv_totals[c, 1], inv_totals[c, 2], inv_totals[c, 3]
+        for i in range(min(n, (c + 1) * chunk) - 1, c * chunk - 1, -1):
+            x0, x1, x2, x3 = fmul(x0, x1, x2, x3, w_inv[0], w_inv[1], w_inv[2], w_inv[3])
+            d0, d1, d2, d3 = fsub(tau[0], tau[1], tau[2], tau[3], x0, x1, x2, x3)
+            v0, v1, v2, v3 = fmul(t0, t1, t2, t3, out[i, 0], out[i, 1], out[i, 2], out[i, 3])
+            t0, t1, t2, t3 = fmul(t0, t1, t2, t3, d0, d1, d2, d3)
+            out[i, 0], out[i, 1], out[i, 2], out[i, 3] = fsub(v0, v1, v2, v3, shift[0], shift[1], shift[2], shift[3])
+
+
 # ------------------------------------------------------------------ Python API
 
 
@@ -359,15 +389,42 @@ def add_scaled2_into(out: np.ndarray, a: np.ndarray, ca: int, b: np.ndarray, cb:
     return out
 
 
-def scale_from_mont(a: np.ndarray, c: int) -> np.ndarray:
-    """``from_mont(scale(a, c))`` in one pass: Montgomery a times the int c, out in standard form."""
-    out = np.empty_like(_check(a))
-    _vmul_scalar(a, int_to_limbs(c % R_MOD, NL), out)
-    return out
-
-
 def scalar_sub(c: int, a: np.ndarray) -> np.ndarray:
     """``c - a`` elementwise for an int constant c (Montgomery in, Montgomery out)."""
     out = np.empty_like(_check(a))
     _scalar_sub(const(c), a, out)
+    return out
+
+
+def geometric_ratios(tau: int, factor: int, w: int, start: int, n: int, *, mont: bool = True) -> np.ndarray:
+    """``factor * x_i / (tau - x_i)`` for ``x_i = start * w^i``, ``i < n`` (e.g. Lagrange values at tau
+    over a coset of roots of unity), in Montgomery form, or standard form when ``mont=False``.
+
+    Written as ``factor tau / (tau - x_i) - factor`` and fused into one batch inversion: per element
+    five multiplications (the powers, the prefix products and the walk back, with the constant
+    folded into each chunk's inverted total), where powers, subtraction, inversion and two scalings
+    as separate passes take seven and five more memory passes. ValueError when some x_i = tau.
+    """
+    out = np.empty((n, NL), dtype=np.uint64)
+    if n == 0:
+        return out
+    chunk = max(1024, -(-n // 64))
+    nchunks = -(-n // chunk)
+    step = pow(w, chunk, R_MOD)
+    starts, s = [], start % R_MOD
+    for _ in range(nchunks):
+        starts.append(s)
+        s = s * step % R_MOD
+    totals = np.empty((nchunks, NL), dtype=np.uint64)
+    ends = np.empty((nchunks, NL), dtype=np.uint64)
+    tau_m = const(tau)
+    _ratios_forward(tau_m, const(w), from_ints(starts), chunk, n, out, totals, ends)
+    total_ints = to_ints(totals)
+    if any(t == 0 for t in total_ints):
+        raise ValueError("geometric_ratios: tau is one of the points")
+    k = factor * tau % R_MOD
+    inv_totals = [k * pow(t, -1, R_MOD) % R_MOD for t in total_ints]
+    # standard-form constants make every product with them come out in standard form
+    consts = from_ints(inv_totals + [factor]) if mont else ints_to_limbs([x % R_MOD for x in inv_totals + [factor]], NL)
+    _ratios_backward(tau_m, const(pow(w, -1, R_MOD)), ends, np.ascontiguousarray(consts[:-1]), consts[-1], chunk, out)
     return out

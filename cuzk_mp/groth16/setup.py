@@ -31,11 +31,11 @@ The fixed-base work goes through ``backend.fixed_base_g1/g2`` (numba on the
 CPU backend, the GPU backend's kernels otherwise), in chunks of CHUNK_ROWS.
 
 Host steps, all linear in the circuit and parallel over numba's pool: the Lagrange values at
-tau (powers, one batch inversion); the column sums u, v, w as transposed sparse products
+tau and the H scalars (:func:`cuzk_mp.algebra.fr.geometric_ratios`: the powers and one batch
+inversion fused); the column sums u, v, w as transposed sparse products
 (:meth:`CsrMatrix.rmatvec`: each thread scans every entry and keeps its own column range, so
-there is no transposed copy of a matrix and no sort); beta u + alpha v + w in place; the H
-scalars; the coefficient section filled row-parallel from the two CSR row pointers
-(:mod:`.setup_kernels`).
+there is no transposed copy of a matrix and no sort); beta u + alpha v + w in place; the
+coefficient section filled row-parallel from the two CSR row pointers (:mod:`.setup_kernels`).
 
 Progress goes through logging (so JSON log lines stay JSON): each host step logs its start
 and its time; :class:`ProgressLog` weighs each
@@ -301,14 +301,11 @@ def lagrange_values(tau: int, size: int, xs: np.ndarray) -> np.ndarray:
     """L_x(tau) for points x (Montgomery ``(m, 4)``) of the ``size``-point domain, Montgomery form.
 
     L_x(tau) = (tau^size - 1) / size * x / (tau - x)  (Z(X) = X^size - 1, Z'(x) = size / x).
+    For points w^i the setup uses :func:`cuzk_mp.algebra.fr.geometric_ratios`, the same values fused.
     """
-    return fr.scale(_lagrange_ratios(tau, xs), _lagrange_factor(tau, size))
-
-
-def _lagrange_ratios(tau: int, xs: np.ndarray) -> np.ndarray:
-    """x / (tau - x) for Montgomery x, Montgomery form."""
     ratio = fr.batch_inverse(fr.scalar_sub(tau, xs))
-    return fr.mul_into(ratio, xs, ratio)
+    fr.mul_into(ratio, xs, ratio)
+    return fr.scale(ratio, _lagrange_factor(tau, size))
 
 
 def _lagrange_factor(tau: int, size: int) -> int:
@@ -324,7 +321,7 @@ def _column_sums(m: CsrMatrix, lag: np.ndarray) -> np.ndarray:
 def _qap_columns(r1cs: R1CS, toxic: ToxicWaste, log_n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(u, v, beta u + alpha v + w) at tau, one row per wire, standard form."""
     n_rows = r1cs.n_constraints + r1cs.n_public + 1
-    lag = lagrange_values(toxic.tau, 1 << log_n, fr.powers(fr_root_of_unity(log_n), n_rows))
+    lag = fr.geometric_ratios(toxic.tau, _lagrange_factor(toxic.tau, 1 << log_n), fr_root_of_unity(log_n), 1, n_rows)
     u = _column_sums(r1cs.a, lag)
     extra = fr.from_mont(lag[r1cs.n_constraints :])  # the extra rows: A[nC + s, s] = 1
     u[: r1cs.n_public + 1] = fr.add(u[: r1cs.n_public + 1], extra)
@@ -338,10 +335,8 @@ def _qap_columns(r1cs: R1CS, toxic: ToxicWaste, log_n: int) -> tuple[np.ndarray,
 def _h_scalars(toxic: ToxicWaste, log_n: int) -> np.ndarray:
     """L^(2n)_(2j+1)(tau) / delta for j < n, standard form (the odd points are w_2n * w_n^j)."""
     n = 1 << log_n
-    odd = fr.powers(fr_root_of_unity(log_n), n, start=fr_root_of_unity(log_n + 1))
-    ratios = _lagrange_ratios(toxic.tau, odd)
-    del odd
-    return fr.scale_from_mont(ratios, _lagrange_factor(toxic.tau, 2 * n) * pow(toxic.delta, -1, R_MOD))
+    factor = _lagrange_factor(toxic.tau, 2 * n) * pow(toxic.delta, -1, R_MOD)
+    return fr.geometric_ratios(toxic.tau, factor, fr_root_of_unity(log_n), fr_root_of_unity(log_n + 1), n, mont=False)
 
 
 def snarkjs_coefs(r1cs: R1CS) -> np.ndarray:
