@@ -11,7 +11,8 @@ another (``setup_file_peak_rss_gib``: what the command holds, r1cs included)::
         [--json perf/results/setup-host-cpu.json]
 
 With ``--json`` the sizes' results go into the file under ``--label`` (other labels in the
-file are kept, so one file holds the before and the after), with the command, the machine,
+file are kept, so one file holds the before and the after; with both labels ``before`` and
+``after`` present, ``before_vs_after`` compares them), with the command, the machine,
 the growth factor per doubling of each step (wall and CPU seconds) and the host time at 2^26
 extrapolated two ways: by each step's last growth per doubling, and linearly from the largest size.
 """
@@ -70,8 +71,6 @@ def _timed(times: dict[str, float], name: str, fn: Callable[[], Any]) -> Any:
 
 def one_size(log_n: int, work: Path) -> dict[str, Any]:
     """Every host step at 2^log_n but ``setup_file`` (run in a child process); leaves ``work/c.r1cs``."""
-    from cuzk_mp.algebra import fr
-    from cuzk_mp.algebra.field import fr_root_of_unity
     from cuzk_mp.circuits.synthetic import PorepLike
     from cuzk_mp.formats.r1cs import read_r1cs, write_r1cs
     from cuzk_mp.formats.zkey import write_zkey
@@ -82,6 +81,7 @@ def one_size(log_n: int, work: Path) -> dict[str, Any]:
         write_r1cs(Path(tmp) / "w.r1cs", warm)
         warm = read_r1cs(Path(tmp) / "w.r1cs")
         write_zkey(Path(tmp) / "w.zkey", dev.setup(warm, StubBackend(), toxic=dev.ToxicWaste(5, 7, 11, 13)))
+        _lagrange(5, 10, 1000)
     times: dict[str, float] = {}
     print(f"2^{log_n}:", file=sys.stderr, flush=True)
     circuit = PorepLike(log_n)
@@ -93,8 +93,7 @@ def one_size(log_n: int, work: Path) -> dict[str, Any]:
         del r1cs, circuit
         r1cs = _timed(times, "r1cs_read", lambda: read_r1cs(path))
         n_rows = r1cs.n_constraints + r1cs.n_public + 1
-        lag = _timed(times, "lagrange", lambda: dev.lagrange_values(
-            toxic.tau, 1 << log_n, fr.powers(fr_root_of_unity(log_n), n_rows)))
+        lag = _timed(times, "lagrange", lambda: _lagrange(toxic.tau, log_n, n_rows))
         for m in "abc":
             _timed(times, f"column_sums_{m}", functools.partial(dev._column_sums, getattr(r1cs, m), lag))
         _timed(times, "qap_columns", lambda: dev._qap_columns(r1cs, toxic, log_n))
@@ -106,6 +105,19 @@ def one_size(log_n: int, work: Path) -> dict[str, Any]:
     return {"log_n": log_n, "n_wires": int(r1cs.n_wires), "nnz": {m: int(getattr(r1cs, m).nnz) for m in "abc"},
             "zkey_bytes": zkey_bytes, "seconds": times,
             "peak_rss_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2)}
+
+
+def _lagrange(tau: int, log_n: int, n_rows: int) -> np.ndarray:
+    """The QAP's Lagrange values as the setup computes them: fused where ``fr.geometric_ratios`` exists
+    (the code after), else powers then ``lagrange_values`` (before)."""
+    from cuzk_mp.algebra import fr
+    from cuzk_mp.algebra.field import fr_root_of_unity
+    from cuzk_mp.groth16 import setup as dev
+
+    n, w = 1 << log_n, fr_root_of_unity(log_n)
+    if hasattr(fr, "geometric_ratios"):
+        return fr.geometric_ratios(tau, dev._lagrange_factor(tau, n), w, 1, n_rows)
+    return dev.lagrange_values(tau, n, fr.powers(w, n_rows))
 
 
 def file_size(log_n: int, work: Path) -> dict[str, Any]:
@@ -136,6 +148,24 @@ def extrapolate(results: list[dict[str, Any]], log_n: int) -> dict[str, float]:
     last, grow = results[-1], growth(results)
     k = log_n - last["log_n"]
     return {step: round(last["seconds"][step] * (grow[step][-1] if grow[step] else 2.0) ** k, 1) for step in grow}
+
+
+def compare(doc: dict[str, Any], before: str = "before", after: str = "after") -> dict[str, Any]:
+    """Per size and step: before / after seconds (wall and CPU), from two labels of one results file."""
+    out: dict[str, Any] = {}
+    sizes = {s["log_n"]: s for s in doc[before]["sizes"]}
+    for s in doc[after]["sizes"]:
+        b = sizes.get(s["log_n"])
+        if b is None:
+            continue
+        out[f"2^{s['log_n']}"] = {
+            step: {"before_s": b["seconds"][step], "after_s": s["seconds"][step],
+                   "speedup_wall": round(b["seconds"][step] / max(s["seconds"][step], 1e-3), 2),
+                   "speedup_cpu": round(b["seconds"][step + "_cpu"] / max(s["seconds"][step + "_cpu"], 1e-3), 2)}
+            for step in STEPS if step in s["seconds"] and step in b["seconds"]}
+        out[f"2^{s['log_n']}"]["setup_file_peak_rss_gib"] = {"before": b.get("setup_file_peak_rss_gib"),
+                                                              "after": s.get("setup_file_peak_rss_gib")}
+    return out
 
 
 def main() -> None:
@@ -180,6 +210,8 @@ def main() -> None:
         doc = json.loads(path.read_text()) if path.exists() else {}
         doc.setdefault("what", "host steps of the development setup (fixed-base calls stubbed), porep-like circuit")
         doc[a.label] = run
+        if "before" in doc and "after" in doc:
+            doc["before_vs_after"] = compare(doc)
         path.write_text(json.dumps(doc, indent=1) + "\n")
 
 
