@@ -5,7 +5,8 @@ porep-like 2^10 test key are synthesised into ring slots as a synthesis worker d
 worker thread proves them. With three READY at once and ``batch_max`` 4 they go in one pass;
 with ``batch_max`` 1 one at a time; a lone partition goes alone at once. Every slot is freed,
 every proof verifies with the right public signals, and a partition cancelled while READY fails
-alone while the rest of its batch is proved.
+alone while the rest of its batch is proved. The finalizer takes the partitions queued for it at
+once and verifies those of one key together, skipping one cancelled while it waited.
 """
 
 from __future__ import annotations
@@ -136,3 +137,45 @@ def test_cancelled_partition_fails_alone_in_its_batch(setup: SimpleNamespace) ->
     assert [m.task_id for m in failed] == [2] and failed[0].kind == "Cancelled"
     assert sorted(m.task_id for m in ctx.done((msg.ProofDone,))) == [1, 3]
     _check_proofs(ctx, setup, seeds, 2.0)
+
+
+def test_queued_partitions_are_finalized_together_and_a_cancelled_one_skipped(setup: SimpleNamespace) -> None:
+    """Four partitions proved in one pass wait in the finalizer's queue; one is cancelled there. The
+    finalizer, started then, takes the four at once: the three live ones are verified together
+    (``finalize_batch`` 3), the cancelled one fails alone, every key use is released."""
+    seeds = [51, 52, 53, 54]
+    ring = Ring.create(prefix_for("pbfin"), 4)
+    ctx = _Ctx()
+    backend = CpuBackend(threads=2)
+    try:
+        for i, seed in enumerate(seeds):
+            _publish(ring, setup, i + 1, seed)
+        prover = Prover(ctx, ring, backend, ProverPayload(ring.handle, "cpu", 0, 1, True, None, 4))  # type: ignore[arg-type]
+        worker = threading.Thread(target=prover.work, daemon=True)
+        worker.start()
+        deadline = time.monotonic() + 300
+        while prover.finalize_q.qsize() < len(seeds):
+            assert time.monotonic() < deadline, "the partitions never reached the finalizer"
+            time.sleep(0.05)
+        prover.cancelled.add(2)
+        finalizer = threading.Thread(target=prover.finalize)
+        finalizer.start()
+        with ctx.cond:
+            while len(ctx.done((msg.ProofDone, msg.TaskFailed))) < len(seeds):
+                assert ctx.cond.wait(max(0.0, deadline - time.monotonic())), "no answer for every partition"
+        ctx.stopping.set()
+        prover.finalize_q.put(None)
+        worker.join(30)
+        finalizer.join(30)
+        assert not finalizer.is_alive()
+        failed = ctx.done((msg.TaskFailed,))
+        assert [(m.task_id, m.kind) for m in failed] == [(2, "Cancelled")]
+        done = ctx.done((msg.ProofDone,))
+        assert sorted(m.task_id for m in done) == [1, 3, 4]
+        _check_proofs(ctx, setup, seeds, 4.0)
+        assert all(m.timings["finalize_batch"] == 3.0 and m.timings["finalize"] > 0 for m in done)
+        assert [k.users for k in prover.keys.keys.values()] == [0]
+        assert ring.stats().live == 0
+    finally:
+        backend.close()
+        ring.destroy()
