@@ -54,9 +54,8 @@ BATCH_MAX_BYTES = 48 << 20
 # drops the GIL, and with the default 5 ms another busy thread (a finisher's host part, a
 # worker's staging) could hold it that long each time it is wanted back.
 SWITCH_INTERVAL_S = 0.0005
-# Partitions finalized together at most: their self-verification is one pairing check of k + 3 pairs.
-# arkworks holds the GIL through a pairing check, so this also bounds how long the finalizer keeps
-# the workers from the interpreter in one call (perf/finalize_bench.py measures both).
+# Partitions finalized together at most: their self-verification is one pairing check of k + 3 pairs
+# (arkworks lets the other threads have the GIL while it runs: perf/finalize_bench.py measures it).
 FINALIZE_BATCH_MAX = 16
 T = TypeVar("T")
 
