@@ -9,7 +9,8 @@ k + 3 pairs; this measures, on this machine's CPU, for each key size and each k:
 * ``former_ms`` (k = 1 only): the finalize this replaced, term by term as snarkjs writes it
   (five G1 multiplications and one G2) and a four-pair check per proof.
 
-Each figure is the median of ``--reps`` runs of 16 proofs each (16 / k batches). The MSM sums
+Each figure is the median of ``--reps`` runs of 16 proofs each (16 / k batches); within a rep
+every variant runs in turn, so a change in a shared machine's load falls on all alike. The MSM sums
 come from real proofs of the synthetic PoRep-like circuit on the CPU backend (``--distinct``
 witnesses, used in turn): finalize costs do not depend on the witness, only on the number of
 public signals. Keys: ``ensure_synthetic_key`` in cuzk-mp's cache folder (made once).
@@ -103,29 +104,34 @@ def former_finalize(zkey: ZKey, sums: MsmSums, public: list[int]) -> Proof:
     return Proof(pi_a=curve.ark_to_g1(pi_a), pi_b=curve.ark_to_g2(pi_b), pi_c=curve.ark_to_g1(pi_c))
 
 
-def per_proof_ms(zkey: ZKey, items: list[tuple[MsmSums, list[int]]], k: int, reps: int, verify: bool) -> list[float]:
-    """ms per proof of each rep (16 proofs in batches of k); every proof must pass."""
-    out = []
-    for rep in range(reps):
-        t0 = time.perf_counter()
-        for b in range(PROOFS_PER_REP // k):
-            start = (rep * PROOFS_PER_REP + b * k) % len(items)
-            batch = [items[(start + i) % len(items)] for i in range(k)]
-            results = prove_finalize_batch(zkey, batch, verify=verify)
-            assert all(isinstance(p, Proof) for p in results), "a proof failed self-verification"
-        out.append(1e3 * (time.perf_counter() - t0) / PROOFS_PER_REP)
-    return out
+def batch_rep_ms(zkey: ZKey, items: list[tuple[MsmSums, list[int]]], k: int, rep: int, verify: bool) -> float:
+    """ms per proof of 16 proofs finalized in batches of k; every proof must pass."""
+    t0 = time.perf_counter()
+    for b in range(PROOFS_PER_REP // k):
+        start = rep * PROOFS_PER_REP + b * k
+        results = prove_finalize_batch(zkey, [items[(start + i) % len(items)] for i in range(k)], verify=verify)
+        assert all(isinstance(p, Proof) for p in results), "a proof failed self-verification"
+    return 1e3 * (time.perf_counter() - t0) / PROOFS_PER_REP
 
 
-def former_ms(zkey: ZKey, items: list[tuple[MsmSums, list[int]]], reps: int) -> list[float]:
-    """ms per proof of the former finalize, each rep 16 proofs."""
-    out = []
+def former_rep_ms(zkey: ZKey, items: list[tuple[MsmSums, list[int]]], rep: int) -> float:
+    """ms per proof of 16 proofs finalized the former way."""
+    t0 = time.perf_counter()
+    for i in range(PROOFS_PER_REP):
+        former_finalize(zkey, *items[(rep * PROOFS_PER_REP + i) % len(items)])
+    return 1e3 * (time.perf_counter() - t0) / PROOFS_PER_REP
+
+
+def measure(zkey: ZKey, items: list[tuple[MsmSums, list[int]]], ks: list[int], reps: int) -> dict[str, list[float]]:
+    """Every variant's ms per proof in each rep; the variants take turns within a rep, so a change
+    in the machine's load falls on all of them alike."""
+    samples: dict[str, list[float]] = {}
     for rep in range(reps):
-        t0 = time.perf_counter()
-        for i in range(PROOFS_PER_REP):
-            former_finalize(zkey, *items[(rep * PROOFS_PER_REP + i) % len(items)])
-        out.append(1e3 * (time.perf_counter() - t0) / PROOFS_PER_REP)
-    return out
+        samples.setdefault("former", []).append(former_rep_ms(zkey, items, rep))
+        for k in ks:
+            samples.setdefault(f"finalize/{k}", []).append(batch_rep_ms(zkey, items, k, rep, True))
+            samples.setdefault(f"assembly/{k}", []).append(batch_rep_ms(zkey, items, k, rep, False))
+    return samples
 
 
 def gil_probe(zkey: ZKey, pairs: int, calls: int = 20) -> dict[str, Any]:
@@ -196,17 +202,14 @@ def main() -> None:
     for log_n in [int(x) for x in a.log_n.split(",")]:
         zkey, items = make_sums(log_n, a.distinct, a.cache or default_cache_dir())
         row: dict[str, Any] = {"n_public": zkey.n_public, "distinct_witnesses": len(items), "k": {}}
-        former = former_ms(zkey, items, a.reps)
-        row["former_ms"] = statistics.median(former)
+        samples = measure(zkey, items, ks, a.reps)
+        med = {name: statistics.median(v) for name, v in samples.items()}
+        row["former_ms"] = med["former"]
         for k in ks:
-            fin = per_proof_ms(zkey, items, k, a.reps, True)
-            asm = per_proof_ms(zkey, items, k, a.reps, False)
-            row["k"][str(k)] = {"finalize_ms": statistics.median(fin), "finalize_ms_min": min(fin),
-                                "assembly_ms": statistics.median(asm),
-                                "verify_ms": statistics.median(fin) - statistics.median(asm),
-                                "proofs_per_s": 1e3 / statistics.median(fin)}
-            log(f"2^{log_n} k={k}: finalize {statistics.median(fin):.2f} ms/proof "
-                f"(assembly {statistics.median(asm):.2f}); former {row['former_ms']:.2f}")
+            fin, asm = med[f"finalize/{k}"], med[f"assembly/{k}"]
+            row["k"][str(k)] = {"finalize_ms": fin, "finalize_ms_min": min(samples[f"finalize/{k}"]),
+                                "assembly_ms": asm, "verify_ms": fin - asm, "proofs_per_s": 1e3 / fin}
+            log(f"2^{log_n} k={k}: finalize {fin:.2f} ms/proof (assembly {asm:.2f}); former {med['former']:.2f}")
         sizes[str(log_n)] = row
         if not gil:
             sys.setswitchinterval(a.switch_interval)

@@ -128,6 +128,7 @@ def test_batch_cap_one_proves_one_at_a_time(setup: SimpleNamespace) -> None:
 def test_lone_partition_goes_alone(setup: SimpleNamespace) -> None:
     ctx, _ = _run(setup, 4, [21])
     _check_proofs(ctx, setup, [21], 1.0)
+    assert [m.timings["finalize_batch"] for m in ctx.done((msg.ProofDone,))] == [1.0]
 
 
 def test_cancelled_partition_fails_alone_in_its_batch(setup: SimpleNamespace) -> None:
