@@ -6,7 +6,8 @@ worker thread proves them. With three READY at once and ``batch_max`` 4 they go 
 with ``batch_max`` 1 one at a time; a lone partition goes alone at once. Every slot is freed,
 every proof verifies with the right public signals, and a partition cancelled while READY fails
 alone while the rest of its batch is proved. The finalizer takes the partitions queued for it at
-once and verifies those of one key together, skipping one cancelled while it waited.
+once and verifies those of one key together, skipping one cancelled while it waited; a partition
+whose finalize raises or fails self-verification fails alone, the rest of its batch is proved.
 """
 
 from __future__ import annotations
@@ -14,11 +15,13 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from py_arkworks_bls12381 import G1Point
 
 from cuzk_mp.backends.cpu import CpuBackend
 from cuzk_mp.circuits.synthetic import PorepLike
@@ -140,12 +143,10 @@ def test_cancelled_partition_fails_alone_in_its_batch(setup: SimpleNamespace) ->
     _check_proofs(ctx, setup, seeds, 2.0)
 
 
-def test_queued_partitions_are_finalized_together_and_a_cancelled_one_skipped(setup: SimpleNamespace) -> None:
-    """Four partitions proved in one pass wait in the finalizer's queue; one is cancelled there. The
-    finalizer, started then, takes the four at once: the three live ones are verified together
-    (``finalize_batch`` 3), the cancelled one fails alone, every key use is released."""
-    seeds = [51, 52, 53, 54]
-    ring = Ring.create(prefix_for("pbfin"), 4)
+def _finalize_queued(setup: SimpleNamespace, seeds: list[int], tag: str, prepare: Any) -> tuple[_Ctx, Prover]:
+    """Prove one partition per seed (task ids 1, 2, ...) in one pass with the finalizer stopped, call
+    ``prepare(prover)`` while they wait in its queue, then run the finalizer until each is answered."""
+    ring = Ring.create(prefix_for(tag), 4)
     ctx = _Ctx()
     backend = CpuBackend(threads=2)
     try:
@@ -158,7 +159,7 @@ def test_queued_partitions_are_finalized_together_and_a_cancelled_one_skipped(se
         while prover.finalize_q.qsize() < len(seeds):
             assert time.monotonic() < deadline, "the partitions never reached the finalizer"
             time.sleep(0.05)
-        prover.cancelled.add(2)
+        prepare(prover)
         finalizer = threading.Thread(target=prover.finalize)
         finalizer.start()
         with ctx.cond:
@@ -169,14 +170,43 @@ def test_queued_partitions_are_finalized_together_and_a_cancelled_one_skipped(se
         worker.join(30)
         finalizer.join(30)
         assert not finalizer.is_alive()
-        failed = ctx.done((msg.TaskFailed,))
-        assert [(m.task_id, m.kind) for m in failed] == [(2, "Cancelled")]
-        done = ctx.done((msg.ProofDone,))
-        assert sorted(m.task_id for m in done) == [1, 3, 4]
-        _check_proofs(ctx, setup, seeds, 4.0)
-        assert all(m.timings["finalize_batch"] == 3.0 and m.timings["finalize"] > 0 for m in done)
-        assert [k.users for k in prover.keys.keys.values()] == [0]
+        assert [k.users for k in prover.keys.keys.values()] == [0]  # every key use released
         assert ring.stats().live == 0
+        return ctx, prover
     finally:
         backend.close()
         ring.destroy()
+
+
+def test_queued_partitions_are_finalized_together_and_a_cancelled_one_skipped(setup: SimpleNamespace) -> None:
+    """Four partitions proved in one pass wait in the finalizer's queue; one is cancelled there. The
+    finalizer takes the four at once: the three live ones are verified together (``finalize_batch``
+    3), the cancelled one fails alone."""
+    seeds = [51, 52, 53, 54]
+    ctx, _ = _finalize_queued(setup, seeds, "pbfin", lambda prover: prover.cancelled.add(2))
+    failed = ctx.done((msg.TaskFailed,))
+    assert [(m.task_id, m.kind) for m in failed] == [(2, "Cancelled")]
+    done = ctx.done((msg.ProofDone,))
+    assert sorted(m.task_id for m in done) == [1, 3, 4]
+    _check_proofs(ctx, setup, seeds, 4.0)
+    assert all(m.timings["finalize_batch"] == 3.0 and m.timings["finalize"] > 0 for m in done)
+
+
+def test_a_bad_partition_fails_alone_in_its_finalize_batch(setup: SimpleNamespace) -> None:
+    """Of four queued partitions, one's sums are not points of the right group (the batch raises)
+    and one's proof fails self-verification: the finalizer falls back to one at a time, those two
+    fail, each with its own error, and the other two are proved."""
+    seeds = [61, 62, 63, 64]
+
+    def spoil(prover: Prover) -> None:
+        jobs = {job.meta.task_id: job for job in prover.finalize_q.queue if job is not None}
+        jobs[2].sums = replace(jobs[2].sums, b2=jobs[2].sums.a)  # a G1 point where a G2 one belongs
+        jobs[3].sums = replace(jobs[3].sums, h=jobs[3].sums.h + G1Point())
+
+    ctx, _ = _finalize_queued(setup, seeds, "pbbad", spoil)
+    failed = {m.task_id: m.kind for m in ctx.done((msg.TaskFailed,))}
+    assert failed == {2: "TypeError", 3: "VerificationFailed"}
+    done = ctx.done((msg.ProofDone,))
+    assert sorted(m.task_id for m in done) == [1, 4]
+    _check_proofs(ctx, setup, seeds, 4.0)
+    assert all(m.timings["finalize_batch"] == 1.0 for m in done)

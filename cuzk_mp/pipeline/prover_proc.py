@@ -36,8 +36,8 @@ import sys
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import dataclass, field
 from collections.abc import Callable
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
 from ..errors import Cancelled, GpuDead
@@ -381,13 +381,8 @@ class Prover:
         return jobs, False
 
     def _finalize_group(self, group: list[_InFlight]) -> None:
-        """prove_finalize_batch over partitions of one key; a cancelled one is skipped, a proof that
-        fails self-verification fails its own task alone. Each partition's ``finalize`` timing is its
-        share of the batch (``finalize_batch``: how many shared it)."""
-        from ..errors import VerificationFailed
-        from ..formats.snarkjs_json import proof_to_json
-        from ..groth16.prover import prove_finalize_batch
-
+        """Finalize partitions of one key together; a cancelled one is skipped. Every key use is
+        released once its partition is answered."""
         live: list[_InFlight] = []
         for job in group:
             try:
@@ -396,26 +391,46 @@ class Prover:
             except Cancelled as exc:
                 self.ctx.fail(job.meta.task_id, exc)
                 self.keys.release(job.key)
-        if not live:
-            return
+        try:
+            if live:
+                self._finalize_live(live)
+        finally:
+            for job in live:
+                self.keys.release(job.key)
+
+    def _finalize_live(self, live: list[_InFlight]) -> None:
+        """prove_finalize_batch over partitions of one key: a proof that fails self-verification fails
+        its own task alone; if the batch raises, each partition is finalized alone, so one bad input
+        fails only its task. Each partition's ``finalize`` timing is its share of the batch
+        (``finalize_batch``: how many shared it)."""
+        from ..errors import VerificationFailed
+        from ..formats.snarkjs_json import proof_to_json
+        from ..groth16.prover import prove_finalize_batch
+
         try:
             t0 = time.perf_counter()
             results = prove_finalize_batch(live[0].key.zkey, [(job.sums, job.public) for job in live],
                                            verify=self.payload.verify)
             share = (time.perf_counter() - t0) / len(live)
-            for job, result in zip(live, results):
-                if isinstance(result, VerificationFailed):
-                    self.ctx.fail(job.meta.task_id, result)
-                    continue
-                job.timings["finalize"], job.timings["finalize_batch"] = share, float(len(live))
+        except Exception as exc:  # noqa: BLE001 - the task fails, the process carries on
+            if len(live) == 1:
+                self.ctx.fail(live[0].meta.task_id, exc)
+            else:
+                self.ctx.log.warning("finalizing %d partitions together failed (%s: %s): one by one",
+                                     len(live), type(exc).__name__, exc)
+                for job in live:
+                    self._finalize_live([job])
+            return
+        for job, result in zip(live, results):
+            if isinstance(result, VerificationFailed):
+                self.ctx.fail(job.meta.task_id, result)
+                continue
+            job.timings["finalize"], job.timings["finalize_batch"] = share, float(len(live))
+            try:
                 self.ctx.send(msg.ProofDone(job.meta.task_id, proof_to_json(result), [str(x) for x in job.public],
                                             job.timings, backend_stats(self.backend, self.memwatch)))
-        except Exception as exc:  # noqa: BLE001 - the group's tasks fail, the process carries on
-            for job in live:
+            except Exception as exc:  # noqa: BLE001 - the task fails, the process carries on
                 self.ctx.fail(job.meta.task_id, exc)
-        finally:
-            for job in live:
-                self.keys.release(job.key)
 
 
 class DeviceMemoryWatch:
