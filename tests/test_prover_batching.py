@@ -28,7 +28,7 @@ from cuzk_mp.circuits.synthetic import PorepLike
 from cuzk_mp.formats.zkey import read_zkey
 from cuzk_mp.groth16.synthesis import ConstraintEvaluator
 from cuzk_mp.pipeline import messages as msg
-from cuzk_mp.pipeline.prover_proc import Prover, ProverPayload
+from cuzk_mp.pipeline.prover_proc import FINALIZE_BATCH_ENV, Prover, ProverPayload
 from cuzk_mp.pipeline.ring import Ring, SlotClaim, partition_shapes
 from tests.helpers import LOG_N, ProofChecker, prefix_for
 
@@ -210,3 +210,14 @@ def test_a_bad_partition_fails_alone_in_its_finalize_batch(setup: SimpleNamespac
     assert sorted(m.task_id for m in done) == [1, 4]
     _check_proofs(ctx, setup, seeds, 4.0)
     assert all(m.timings["finalize_batch"] == 1.0 for m in done)
+
+
+def test_finalize_batch_cap_one_finalizes_one_at_a_time(setup: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    monkeypatch.setenv(FINALIZE_BATCH_ENV, "1")
+    seeds = [71, 72]
+    ctx, _ = _finalize_queued(setup, seeds, "pbone", lambda prover: None)
+    done = ctx.done((msg.ProofDone,))
+    assert sorted(m.task_id for m in done) == [1, 2]
+    _check_proofs(ctx, setup, seeds, 2.0)
+    assert [m.timings["finalize_batch"] for m in done] == [1.0, 1.0]

@@ -57,6 +57,7 @@ SWITCH_INTERVAL_S = 0.0005
 # Partitions finalized together at most: their self-verification is one pairing check of k + 3 pairs
 # (arkworks lets the other threads have the GIL while it runs: perf/finalize_bench.py measures it).
 FINALIZE_BATCH_MAX = 16
+FINALIZE_BATCH_ENV = "CUZK_MP_FINALIZE_BATCH"  # overrides FINALIZE_BATCH_MAX (benchmarks: 1 = one at a time)
 T = TypeVar("T")
 
 
@@ -356,21 +357,27 @@ class Prover:
         """The finalizer thread: proof assembly with fresh r, s and self-verification. It takes every
         partition already queued (up to :data:`FINALIZE_BATCH_MAX`, never waiting for more) and
         finalizes those of one key together, verified in one pairing check; a lone one goes at once."""
+        try:
+            cap = max(1, int(os.environ.get(FINALIZE_BATCH_ENV) or FINALIZE_BATCH_MAX))
+        except ValueError:
+            self.ctx.log.error("%s=%r is not an integer: finalizing up to %d at once", FINALIZE_BATCH_ENV,
+                               os.environ.get(FINALIZE_BATCH_ENV), FINALIZE_BATCH_MAX)
+            cap = FINALIZE_BATCH_MAX
         while True:
-            jobs, stop = self._queued_for_finalize()
+            jobs, stop = self._queued_for_finalize(cap)
             for group in _by_key(jobs, lambda job: job.key):
                 self._finalize_group(group)
             if stop:
                 return
 
-    def _queued_for_finalize(self) -> tuple[list[_InFlight], bool]:
-        """The next partition to finalize (waiting for one) and those queued behind it, without waiting;
-        and whether the stop marker came."""
+    def _queued_for_finalize(self, cap: int) -> tuple[list[_InFlight], bool]:
+        """The next partition to finalize (waiting for one) and up to ``cap - 1`` queued behind it,
+        without waiting; and whether the stop marker came."""
         first = self.finalize_q.get()
         if first is None:
             return [], True
         jobs = [first]
-        while len(jobs) < FINALIZE_BATCH_MAX:
+        while len(jobs) < cap:
             try:
                 job = self.finalize_q.get_nowait()
             except queue.Empty:
