@@ -6,9 +6,13 @@ the measurement around it:
 * the first (cold) job is reported apart: ``first_job_s`` runs from the first
   submit to that job's completion (key already resident: ``preload`` runs
   before the clock starts, so "cold" means cold pipeline, warm key);
-* steady state: ``s_per_proof = (t_last_partition_done - t_first_job_done) /
-  (partitions completed after t_first_job_done)`` per run (with ``--jobs 1``: that
-  job's time / partitions);
+* steady state per partition: ``s_per_partition = (t_last_partition_done -
+  t_first_job_done) / (partitions completed after t_first_job_done)`` per run (with
+  ``--jobs 1``: that job's time / partitions); ``s_per_proof`` is the same figure under
+  its former name, kept in the JSON so older readers keep working;
+* steady state per whole job (all its partitions: a 10-partition PoRep proof is one job):
+  ``s_per_job = (t_last_job_done - t_first_job_done) / (jobs completed after the first)``
+  per run, from job completion times (with ``--jobs 1``: that job's time);
   ``--repeat R`` repeats the batch of jobs R times in the same engine and
   reports the median and min-max. Across processes: run ``cuzk-mp bench
   --json`` several times (perf/pipeline_bench.sh does) and compare the files;
@@ -254,6 +258,16 @@ def steady_s_per_proof(run: _Run, part_done: dict[tuple[str, int], float], parti
     return (first - run.t_start) / partitions
 
 
+def steady_s_per_job(run: _Run) -> float:
+    """Seconds per whole job after the run's first job completed (the cold start excluded):
+    (last job completion - first job completion) / jobs completed after the first. With one job:
+    that job's time."""
+    done = sorted(run.t_done.values())
+    if len(done) > 1:
+        return (done[-1] - done[0]) / (len(done) - 1)
+    return done[0] - run.t_start
+
+
 def _steady_window(runs: list[_Run]) -> tuple[float, float]:
     """(start, end) of the steady window of all runs: first job done (run 0) to last job done."""
     return min(runs[0].t_done.values()), max(max(r.t_done.values()) for r in runs)
@@ -382,6 +396,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
                                    "t_submit": job.submitted_at, "t_done": bench.part_done.get((job.job_id, p.index)),
                                    "spans": [dataclasses.asdict(s) for s in p.spans]})
     per_run = [steady_s_per_proof(run, bench.part_done, a.partitions) for run in runs]
+    per_job = [steady_s_per_job(run) for run in runs]
     total, verified = verify_all(raw["zkey"], runs)
     device_peaks = [v.device_peak_bytes for v in status.memory.device.values()]
     busy = _busy_fractions(bench, runs)
@@ -392,6 +407,9 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
     bound = memory_bound(raw, config)
     result = {
         "config": config,
+        "s_per_partition": statistics.median(per_run), "s_per_partition_runs": per_run,
+        "s_per_job": statistics.median(per_job), "s_per_job_runs": per_job,
+        # former names of s_per_partition(_runs), kept for readers of older result files
         "s_per_proof": statistics.median(per_run), "s_per_proof_runs": per_run,
         "first_job_s": min(runs[0].t_done.values()) - runs[0].t_start,
         "proofs_total": total, "proofs_verified": verified,
