@@ -170,3 +170,28 @@ def test_per_partition_figure_of_older_results() -> None:
     old = {"s_per_proof": 0.5, "s_per_proof_runs": [0.5, 0.6]}
     assert s_per_partition(old) == (0.5, [0.5, 0.6])
     assert s_per_partition({**old, "s_per_partition": 0.4, "s_per_partition_runs": [0.4]}) == (0.4, [0.4])
+
+
+def test_device_plan_line(test_key: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU bench's third line: the key's device plan on the first GPU's memory; a GPU too small
+    for the key says so with the sizes; an unknown GPU memory says that."""
+    from cuzk_mp.backends.gpu.plan import KeyShape, plan_device
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.pipeline.memory import Machine
+
+    monkeypatch.delenv("CUZK_GPU_MSM_MULTIPLES", raising=False)
+    h200 = Machine(cores=16, memory_bytes=128 << 30, gpus=(("NVIDIA H200", 139 << 30),))
+    line = bench.device_plan_line(test_key[0], h200, [0], 2)
+    with read_zkey(test_key[0]) as zkey:
+        want = plan_device(KeyShape.of(zkey), 139 << 30, workers=2, multiples="auto")
+    assert line == f"{want.summary()} (GPU 0, 2 prover worker(s))" and "fits" in line
+    from cuzk_mp.backends.gpu.plan import largest_fitting_domain
+
+    tiny = Machine(cores=16, memory_bytes=128 << 30, gpus=(("small", 514 << 20),))  # the margin and a bit
+    small = bench.device_plan_line(test_key[0], tiny, [3], 2)
+    best = largest_fitting_domain(want.shape, 514 << 20)
+    assert best is not None and best < want.shape.domain_size
+    assert small.startswith("device plan: GPU 3: the proving key (domain 2^10") and "only 0.50 GiB is free" in small
+    assert f"largest domain of this circuit's shape that fits is 2^{best.bit_length() - 1}" in small
+    unknown = Machine(cores=16, memory_bytes=128 << 30, gpus=(("?", 0),))
+    assert "not known" in bench.device_plan_line(test_key[0], unknown, [0], 2)

@@ -26,7 +26,8 @@ The first two lines say which backend runs and why, which devices, cores and hos
 memory (:func:`machine_line`), then the pipeline's shape and why: the flags given,
 the rest derived from the machine and the partition size by the memory and
 throughput model within ``--host-budget`` (default: RAM - 4 GiB;
-:func:`~.memory.explain_shape`).
+:func:`~.memory.explain_shape`); on the GPU backend a third line gives the key's
+device-memory plan (:func:`device_plan_line`).
 
 Memory bound reported (``memory_bound``, see :func:`memory_bound`): the ring's
 exact bound on live shm, and the memory model's formula (:func:`~.memory.host_bound`)
@@ -467,16 +468,35 @@ def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
             raise InputError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
 
 
-def _circuit_size(args: argparse.Namespace, backend: str) -> CircuitSize:
-    """The benched circuit's sizes (a synthetic circuit's dev key is made here, once, if needed)."""
-    from .memory import circuit_size
-
+def _zkey_path(args: argparse.Namespace, backend: str) -> Path:
+    """The benched circuit's proving key (a synthetic circuit's dev key is made here, once, if needed)."""
     if args.circuit in SYNTHETIC_KINDS:
         from .keys import ensure_synthetic_key
 
         with step(f"the development key of {args.circuit} 2^{args.log_n} in {args.cache} (made once when missing)"):
-            return circuit_size(ensure_synthetic_key(args.circuit, args.log_n, args.cache, backend)[0])
-    return circuit_size(args.circuit)
+            return Path(ensure_synthetic_key(args.circuit, args.log_n, args.cache, backend)[0])
+    return Path(args.circuit)
+
+
+def device_plan_line(zkey_path: Path, machine: Machine, devices: list[int], workers: int) -> str:
+    """The GPU backend's device-memory plan of the benched key on the first device (its total memory:
+    the prover process sees a little less free, its CUDA context's share): what the key and
+    ``workers`` partitions in flight need, and the fallback it takes (docs/backend-protocol.md)."""
+    from ..backends.gpu.knobs import MULTIPLES_ENV
+    from ..backends.gpu.plan import KeyShape, plan_device
+    from ..errors import DeviceMemoryError
+    from ..formats.zkey import read_zkey
+
+    total = machine.gpus[0][1] if machine.gpus else 0
+    if not total:
+        return f"device plan: GPU {devices[0] if devices else '?'}'s memory is not known (no nvidia-smi)"
+    with read_zkey(zkey_path) as zkey:
+        shape = KeyShape.of(zkey)
+    try:
+        plan = plan_device(shape, total, workers=workers, multiples=os.environ.get(MULTIPLES_ENV) or "auto")
+    except DeviceMemoryError as exc:
+        return f"device plan: GPU {devices[0]}: {exc}"
+    return f"{plan.summary()} (GPU {devices[0]}, {workers} prover worker(s))"
 
 
 def _provers(args: argparse.Namespace, backend: str) -> list[int]:
@@ -584,12 +604,19 @@ def run(args: argparse.Namespace) -> int:
     devices = _provers(args, backend)
     machine = machine_for(backend, devices)
     print(machine_line(backend, why, machine, devices), flush=True)
-    circuit = _circuit_size(args, backend)
+    from .memory import circuit_size
+
+    zkey_path = _zkey_path(args, backend)
+    circuit = circuit_size(zkey_path)
     shape_line = _shape(args, backend, circuit, machine, devices)
     print(shape_line, flush=True)
+    plan_line = device_plan_line(zkey_path, machine, devices, args.gpu_workers) if backend == "gpu" else None
+    if plan_line:
+        print(plan_line, flush=True)
     bench = BenchRun(args, backend)
     result = summarize(bench, bench.execute(circuit))
     result["config"]["backend_reason"], result["config"]["shape_reason"] = why, shape_line
+    result["config"]["device_plan"] = plan_line
     print(table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
