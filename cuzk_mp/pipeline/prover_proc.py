@@ -489,7 +489,8 @@ def _make_backend(payload: ProverPayload) -> Any:
     from ..backends import get_backend
 
     if payload.backend == "gpu":
-        return get_backend("gpu", device=0)  # CUDA_VISIBLE_DEVICES=<dev>: our GPU is device 0 here
+        # CUDA_VISIBLE_DEVICES=<dev>: our GPU is device 0 here; each worker holds one partition on it
+        return get_backend("gpu", device=0, in_flight=payload.workers)
     return get_backend("cpu", threads=int(os.environ.get("NUMBA_NUM_THREADS", "1")))
 
 
