@@ -21,7 +21,8 @@ check of k + 3 pairs, a G2 and a G1 multiplication, a 3-term multiexp), then sle
 the counter's progress during the call over its progress during the sleep is ~0 for a call that
 holds the GIL throughout and ~1 for one that releases it (less when the cores are busy: the
 counter may find no free core); also how many calls let it run more than the switch interval
-at the call's start could explain.
+at the call's start could explain. Then the same counter beside whole finalizes (the former way
+and in batches of each k): its pace, and its stalls per proof finalized.
 
     .venv/bin/python perf/finalize_bench.py --log-n 12,16 --out perf/results/finalize-cpu.json
 """
@@ -29,6 +30,7 @@ at the call's start could explain.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import os
 import statistics
@@ -135,6 +137,59 @@ def measure(zkey: ZKey, items: list[tuple[MsmSums, list[int]]], ks: list[int], r
     return samples
 
 
+def _batch_rep_verified(zkey: ZKey, items: list[tuple[MsmSums, list[int]]], k: int, rep: int) -> float:
+    return batch_rep_ms(zkey, items, k, rep, True)
+
+
+def _idle(rep: int) -> float:
+    """Nothing for 50 ms: the counter's pace alone."""
+    time.sleep(0.05)
+    return 0.0
+
+
+def gil_share(zkey: ZKey, items: list[tuple[MsmSums, list[int]]], ks: list[int], reps: int) -> dict[str, Any]:
+    """What finalizing leaves of the interpreter to another thread (a worker's staging, say): a
+    pure-Python thread counts while this one finalizes 16 proofs per rep, the former way and in
+    batches of each k. Reported per variant: the counter's pace next to its pace alone, and its
+    stalls (gaps over 1 ms between two counts: the GIL held by the finalizer, or no free core)
+    in ms per proof finalized and the longest one."""
+    variants: dict[str, Callable[[int], float]] = {"former": lambda rep: former_rep_ms(zkey, items, rep)}
+    for k in ks:
+        variants[f"k={k}"] = functools.partial(_batch_rep_verified, zkey, items, k)
+    variants["alone"] = _idle
+
+    def run(fn: Callable[[int], float], rep: int) -> tuple[float, float, float]:
+        stop, out = threading.Event(), {"n": 0, "stalled": 0.0, "longest": 0.0}
+
+        def count() -> None:
+            last, n, stalled, longest = time.perf_counter(), 0, 0.0, 0.0
+            while not stop.is_set():
+                now = time.perf_counter()
+                if now - last > 0.001:
+                    stalled, longest = stalled + now - last, max(longest, now - last)
+                last, n = now, n + 1
+            out.update(n=n, stalled=stalled, longest=longest)
+
+        t = threading.Thread(target=count)
+        t.start()
+        t0 = time.perf_counter()
+        fn(rep)
+        wall = time.perf_counter() - t0
+        stop.set()
+        t.join()
+        return out["n"] / wall, out["stalled"], out["longest"]
+
+    runs: dict[str, list[tuple[float, float, float]]] = {name: [] for name in variants}
+    for rep in range(reps):
+        for name, fn in variants.items():
+            runs[name].append(run(fn, rep))
+    alone = statistics.median(r[0] for r in runs.pop("alone"))
+    return {name: {"counter_pace_vs_alone": statistics.median(r[0] for r in rs) / alone,
+                   "counter_stalled_ms_per_proof": 1e3 * statistics.median(r[1] for r in rs) / PROOFS_PER_REP,
+                   "counter_longest_stall_ms": 1e3 * statistics.median(r[2] for r in rs)}
+            for name, rs in runs.items()}
+
+
 def gil_probe(zkey: ZKey, pairs: int, calls: int = 20) -> dict[str, Any]:
     """Whether arkworks calls let a pure-Python thread run: a counting thread's progress during one
     call next to its progress during a sleep as long (a call holding the GIL throughout: ~0; one
@@ -216,7 +271,8 @@ def main() -> None:
         sizes[str(log_n)] = row
         if not gil:
             sys.setswitchinterval(a.switch_interval)
-            gil = {"switch_interval_s": a.switch_interval, **gil_probe(zkey, 4), **gil_probe(zkey, max(ks) + 3)}
+            gil = {"switch_interval_s": a.switch_interval, **gil_probe(zkey, 4), **gil_probe(zkey, max(ks) + 3),
+                   "beside_finalizing": gil_share(zkey, items, ks, a.reps)}
             log(f"GIL: {gil}")
         zkey.close()
     doc = {"what": "prover finalizer per proof: assembly + batched self-verification (prove_finalize_batch)",
