@@ -62,6 +62,12 @@ class ResourceError(CuzkError):
     """Not enough memory (host, shm or device) for what was asked."""
 
 
+class DeviceMemoryError(ResourceError):
+    """A proving key and the partitions it needs in flight do not fit the GPU's free memory, even
+    without precomputed multiples and with one partition in flight (the message names need, free
+    and the largest domain that fits)."""
+
+
 class WorkerDied(CuzkError):
     """A worker process exited unexpectedly; its supervisor restarts it."""
 
@@ -78,7 +84,7 @@ _KINDS: dict[str, type[CuzkError]] = {
     cls.__name__: cls
     for cls in (
         CuzkError, InputError, FormatError, UnsatisfiedWitness, ConfigError, AuthError, ProofError,
-        VerificationFailed, ResourceError, WorkerDied, GpuDead, Cancelled,
+        VerificationFailed, ResourceError, DeviceMemoryError, WorkerDied, GpuDead, Cancelled,
     )
 }
 

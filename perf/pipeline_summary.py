@@ -20,6 +20,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from cuzk_mp.pipeline.benchreport import s_per_partition
+
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
@@ -46,13 +48,16 @@ def _run_summary(r: dict[str, Any]) -> dict[str, Any]:
     if zkey_bytes is not None:
         target = config["ring_slots"] * bound["segment_bytes"] + zkey_bytes + 4 * GiB
     prover = next(iter(r.get("prover_stats", {}).values()), {})
+    per_partition = s_per_partition(r)[0]
     return {
         "shape": {k: config[k] for k in ("ring_slots", "partition_workers", "synthesis_threads", "gpu_workers")},
         "shape_reason": config.get("shape_reason"), "backend_reason": config.get("backend_reason"),
-        **{k: r[k] for k in ("s_per_proof", "first_job_s", "proofs_total", "proofs_verified", "peak_host_bytes",
+        # s_per_proof: the former name of s_per_partition (older readers); s_per_job None in older files
+        "s_per_partition": per_partition, "s_per_proof": per_partition, "s_per_job": r.get("s_per_job"),
+        **{k: r[k] for k in ("first_job_s", "proofs_total", "proofs_verified", "peak_host_bytes",
                              "peak_pss_bytes", "peak_shm_bytes", "peak_live_segments", "gpu_busy_fraction",
                              "device_busy_fraction_by_device", "synthesis_core_s", "peak_uss_by_process")},
-        "s_per_partition_over_device": (r["s_per_proof"] / device) if device else None,
+        "s_per_partition_over_device": (per_partition / device) if device else None,
         "median_stage_s": {k: stages[k] for k in ("ring_wait", "shm_write", "witness", "synthesis", "staging",
                                                   "device_wait", "device") if k in stages},
         "ring": r.get("ring"),
@@ -90,8 +95,11 @@ def runs(folder: Path, mode: str, out: Path, load_before: str) -> None:
         r.pop("partitions", None)
         r["zkey_bytes"] = _zkey_bytes(r["config"])
     summary = {name: _run_summary(r) for name, r in found.items()}
-    spp = [r["s_per_proof"] for r in found.values()]
+    spp = [s_per_partition(r)[0] for r in found.values()]
     doc = {**_envelope(f"perf/pipeline_bench.sh {mode}", load_before), "summary": summary,
+           "s_per_partition_median": statistics.median(spp) if spp else None,
+           "s_per_partition_min_max": [min(spp), max(spp)] if spp else None,
+           # former names of the two above, for readers of older summaries
            "s_per_proof_median": statistics.median(spp) if spp else None,
            "s_per_proof_min_max": [min(spp), max(spp)] if spp else None, "runs": found}
     out.write_text(json.dumps(doc, indent=1, default=str) + "\n")
@@ -188,15 +196,16 @@ def table(folder: Path, key_json: Path, seconds: float) -> None:
             st = s["median_stage_s"]
             rows.append({
                 "run": run, "shape": "{partition_workers}x{synthesis_threads} k{ring_slots}".format(**s["shape"]),
-                "s_per_partition": s["s_per_proof"], "device_s": st.get("device"),
+                "s_per_partition": s.get("s_per_partition", s["s_per_proof"]), "s_per_job": s.get("s_per_job"),
+                "device_s": st.get("device"),
                 "ratio": s["s_per_partition_over_device"], "gpu_busy": s["gpu_busy_fraction"],
                 "shm_write_s": st.get("shm_write"), "synthesis_s": st.get("synthesis"),
                 "synthesis_core_s": s["synthesis_core_s"], "peak_host_gib": _fmt_gib(s["peak_host_bytes"]),
                 "target_gib": _fmt_gib(s["target_bound_bytes"]),
                 "prover_key_host_gib": _fmt_gib(s["host_key_resident_bytes"]),
                 "verified": f"{s['proofs_verified']}/{s['proofs_total']}"})
-    head = ("run", "shape", "s/part", "device", "ratio", "busy", "shm_wr", "synth", "core-s", "peakGiB", "target",
-            "keyGiB", "verified")
+    head = ("run", "shape", "s/part", "s/job", "device", "ratio", "busy", "shm_wr", "synth", "core-s", "peakGiB",
+            "target", "keyGiB", "verified")
     lines = ["  ".join(f"{h:>9}" for h in head)]
 
     def f(x: Any, spec: str) -> str:
@@ -204,7 +213,8 @@ def table(folder: Path, key_json: Path, seconds: float) -> None:
 
     for r in rows:
         lines.append("  ".join(f"{v:>9}" for v in (
-            r["run"][:9], r["shape"], f(r["s_per_partition"], ".3f"), f(r["device_s"], ".3f"), f(r["ratio"], ".2f"),
+            r["run"][:9], r["shape"], f(r["s_per_partition"], ".3f"), f(r["s_per_job"], ".2f"),
+            f(r["device_s"], ".3f"), f(r["ratio"], ".2f"),
             f(r["gpu_busy"], ".1%"), f(r["shm_write_s"], ".3f"), f(r["synthesis_s"], ".3f"),
             f(r["synthesis_core_s"], ".2f"), r["peak_host_gib"], r["target_gib"], r["prover_key_host_gib"],
             r["verified"])))

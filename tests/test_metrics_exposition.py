@@ -173,3 +173,20 @@ def test_http_answers_other_methods_with_405_and_allow(tmp_path: Path) -> None:
         assert code == 200 and text == b""
 
     run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")
+
+
+def test_stage_histogram_takes_only_stage_seconds() -> None:
+    """Timings also carry counts (device_batch, finalize_batch) and core-seconds (synthesis_cpu): none of
+    them is a stage duration, so none becomes a label of the stage histogram."""
+    from prometheus_client import generate_latest
+
+    from cuzk_mp.daemon.metrics import DaemonMetrics
+    from cuzk_mp.pipeline.types import STAGES
+
+    m = DaemonMetrics()
+    m.observe_partition("c", True, {"synthesis": 0.5, "device": 0.2, "device_batch": 4.0, "finalize_batch": 16.0,
+                                    "synthesis_cpu": 3.0, "finalize": 0.01}, 0)
+    text = generate_latest(m.registry).decode()
+    stages = {s.labels["stage"] for f in text_string_to_metric_families(text)
+              if f.name == "cuzk_engine_stage_seconds" for s in f.samples}
+    assert stages == {"synthesis", "device", "finalize"} and stages <= set(STAGES)

@@ -16,7 +16,8 @@ from cuzk_mp.pipeline.ring import shm_entries
 
 from tests.helpers import KEY_CACHE, LOG_N
 
-REQUIRED = ("s_per_proof", "s_per_proof_runs", "first_job_s", "proofs_total", "proofs_verified", "peak_host_bytes",
+REQUIRED = ("s_per_partition", "s_per_partition_runs", "s_per_job", "s_per_job_runs", "s_per_proof", "s_per_proof_runs",
+            "first_job_s", "proofs_total", "proofs_verified", "peak_host_bytes",
             "peak_shm_bytes", "peak_live_segments", "gpu_busy_fraction", "median_stage_s", "partitions",
             "partitions_by_device", "machine", "memory_bound")
 
@@ -35,12 +36,20 @@ def test_bench_runs_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
                   "--cache", str(KEY_CACHE), "--json", str(out))
     assert args.func(args) == 0
     text = capsys.readouterr()
-    assert "s/proof (steady state)" in text.out and "proofs verified" in text.out and "12 / 12" in text.out
+    assert "s/partition (steady state)" in text.out and "s/job of 2 partitions (steady)" in text.out
+    assert "proofs verified" in text.out and "12 / 12" in text.out
     assert "12/12 proofs" in text.err  # the progress bar
     result = json.loads(out.read_text())
     assert all(k in result for k in REQUIRED)
     assert result["proofs_total"] == result["proofs_verified"] == 12
-    assert len(result["s_per_proof_runs"]) == 2 and result["s_per_proof"] > 0 and result["first_job_s"] > 0
+    assert len(result["s_per_partition_runs"]) == 2 and result["s_per_partition"] > 0 and result["first_job_s"] > 0
+    assert result["s_per_proof"] == result["s_per_partition"]  # the former name, kept as an alias
+    assert result["s_per_proof_runs"] == result["s_per_partition_runs"]
+    # per whole job, from the job completion times: each run's three jobs end in order, after the partitions
+    assert len(result["s_per_job_runs"]) == 2 and result["s_per_job"] > 0
+    for r, s_job in enumerate(result["s_per_job_runs"]):
+        ends = sorted(max(p["t_done"] for p in result["partitions"] if p["job"] == f"bench-{r}-{j}") for j in range(3))
+        assert s_job == pytest.approx((ends[-1] - ends[0]) / 2, abs=0.05)
     assert result["gpu_busy_fraction"] is None  # cpu backend
     assert 1 <= result["peak_live_segments"] <= 2  # never more segments than ring slots
     assert result["peak_host_bytes"] >= result["peak_shm_bytes"]
@@ -136,3 +145,53 @@ def test_plot_without_matplotlib_says_so(tmp_path: Path, monkeypatch: pytest.Mon
     with pytest.raises(InputError, match="matplotlib"):
         args.func(args)
     assert not (tmp_path / "nothing").exists()  # no key was made: it stopped first
+
+
+def test_steady_figures_per_partition_and_per_job() -> None:
+    """Three jobs of 2 partitions finishing 10, 14 and 20 s after the start: the cold first job is
+    apart; per job (20 - 10) / 2 jobs; per partition the later partitions' window over their count;
+    one job alone: its own time."""
+    run = bench._Run(t_start=100.0)
+    run.results = [argparse.Namespace(job_id=j) for j in ("j0", "j1", "j2")]
+    run.t_done = {"j0": 110.0, "j1": 114.0, "j2": 120.0}
+    part_done = {("j0", 0): 109.0, ("j0", 1): 110.0, ("j1", 0): 112.0, ("j1", 1): 114.0,
+                 ("j2", 0): 118.0, ("j2", 1): 120.0}
+    assert bench.steady_s_per_job(run) == 5.0
+    assert bench.steady_s_per_proof(run, part_done, 2) == 2.5  # 4 partitions in (110, 120]
+    lone = bench._Run(t_start=100.0, t_done={"j0": 107.0})
+    assert bench.steady_s_per_job(lone) == 7.0
+
+
+def test_per_partition_figure_of_older_results() -> None:
+    """A result written before s_per_partition existed: its s_per_proof is the per-partition figure
+    (what the table, the plot title and perf/pipeline_summary.py read)."""
+    from cuzk_mp.pipeline.benchreport import s_per_partition
+
+    old = {"s_per_proof": 0.5, "s_per_proof_runs": [0.5, 0.6]}
+    assert s_per_partition(old) == (0.5, [0.5, 0.6])
+    assert s_per_partition({**old, "s_per_partition": 0.4, "s_per_partition_runs": [0.4]}) == (0.4, [0.4])
+
+
+def test_device_plan_line(test_key: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU bench's third line: the key's device plan on the first GPU's memory; a GPU too small
+    for the key says so with the sizes; an unknown GPU memory says that."""
+    from cuzk_mp.backends.gpu.plan import KeyShape, plan_device
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.pipeline.memory import Machine
+
+    monkeypatch.delenv("CUZK_GPU_MSM_MULTIPLES", raising=False)
+    h200 = Machine(cores=16, memory_bytes=128 << 30, gpus=(("NVIDIA H200", 139 << 30),))
+    line = bench.device_plan_line(test_key[0], h200, [0], 2)
+    with read_zkey(test_key[0]) as zkey:
+        want = plan_device(KeyShape.of(zkey), 139 << 30, workers=2, multiples="auto")
+    assert line == f"{want.summary()} (GPU 0, 2 prover worker(s))" and "fits" in line
+    from cuzk_mp.backends.gpu.plan import largest_fitting_domain
+
+    tiny = Machine(cores=16, memory_bytes=128 << 30, gpus=(("small", 514 << 20),))  # the margin and a bit
+    small = bench.device_plan_line(test_key[0], tiny, [3], 2)
+    best = largest_fitting_domain(want.shape, 514 << 20)
+    assert best is not None and best < want.shape.domain_size
+    assert small.startswith("device plan: GPU 3: the proving key (domain 2^10") and "only 0.50 GiB is free" in small
+    assert f"largest domain of this circuit's shape that fits is 2^{best.bit_length() - 1}" in small
+    unknown = Machine(cores=16, memory_bytes=128 << 30, gpus=(("?", 0),))
+    assert "not known" in bench.device_plan_line(test_key[0], unknown, [0], 2)

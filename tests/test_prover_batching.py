@@ -5,7 +5,9 @@ porep-like 2^10 test key are synthesised into ring slots as a synthesis worker d
 worker thread proves them. With three READY at once and ``batch_max`` 4 they go in one pass;
 with ``batch_max`` 1 one at a time; a lone partition goes alone at once. Every slot is freed,
 every proof verifies with the right public signals, and a partition cancelled while READY fails
-alone while the rest of its batch is proved.
+alone while the rest of its batch is proved. The finalizer takes the partitions queued for it at
+once and verifies those of one key together, skipping one cancelled while it waited; a partition
+whose finalize raises or fails self-verification fails alone, the rest of its batch is proved.
 """
 
 from __future__ import annotations
@@ -13,18 +15,20 @@ from __future__ import annotations
 import logging
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
+from py_arkworks_bls12381 import G1Point
 
 from cuzk_mp.backends.cpu import CpuBackend
 from cuzk_mp.circuits.synthetic import PorepLike
 from cuzk_mp.formats.zkey import read_zkey
 from cuzk_mp.groth16.synthesis import ConstraintEvaluator
 from cuzk_mp.pipeline import messages as msg
-from cuzk_mp.pipeline.prover_proc import Prover, ProverPayload
+from cuzk_mp.pipeline.prover_proc import FINALIZE_BATCH_ENV, Prover, ProverPayload
 from cuzk_mp.pipeline.ring import Ring, SlotClaim, partition_shapes
 from tests.helpers import LOG_N, ProofChecker, prefix_for
 
@@ -127,6 +131,7 @@ def test_batch_cap_one_proves_one_at_a_time(setup: SimpleNamespace) -> None:
 def test_lone_partition_goes_alone(setup: SimpleNamespace) -> None:
     ctx, _ = _run(setup, 4, [21])
     _check_proofs(ctx, setup, [21], 1.0)
+    assert [m.timings["finalize_batch"] for m in ctx.done((msg.ProofDone,))] == [1.0]
 
 
 def test_cancelled_partition_fails_alone_in_its_batch(setup: SimpleNamespace) -> None:
@@ -136,3 +141,83 @@ def test_cancelled_partition_fails_alone_in_its_batch(setup: SimpleNamespace) ->
     assert [m.task_id for m in failed] == [2] and failed[0].kind == "Cancelled"
     assert sorted(m.task_id for m in ctx.done((msg.ProofDone,))) == [1, 3]
     _check_proofs(ctx, setup, seeds, 2.0)
+
+
+def _finalize_queued(setup: SimpleNamespace, seeds: list[int], tag: str, prepare: Any) -> tuple[_Ctx, Prover]:
+    """Prove one partition per seed (task ids 1, 2, ...) in one pass with the finalizer stopped, call
+    ``prepare(prover)`` while they wait in its queue, then run the finalizer until each is answered."""
+    ring = Ring.create(prefix_for(tag), 4)
+    ctx = _Ctx()
+    backend = CpuBackend(threads=2)
+    try:
+        for i, seed in enumerate(seeds):
+            _publish(ring, setup, i + 1, seed)
+        prover = Prover(ctx, ring, backend, ProverPayload(ring.handle, "cpu", 0, 1, True, None, 4))  # type: ignore[arg-type]
+        worker = threading.Thread(target=prover.work, daemon=True)
+        worker.start()
+        deadline = time.monotonic() + 300
+        while prover.finalize_q.qsize() < len(seeds):
+            assert time.monotonic() < deadline, "the partitions never reached the finalizer"
+            time.sleep(0.05)
+        prepare(prover)
+        finalizer = threading.Thread(target=prover.finalize)
+        finalizer.start()
+        with ctx.cond:
+            while len(ctx.done((msg.ProofDone, msg.TaskFailed))) < len(seeds):
+                assert ctx.cond.wait(max(0.0, deadline - time.monotonic())), "no answer for every partition"
+        ctx.stopping.set()
+        prover.finalize_q.put(None)
+        worker.join(30)
+        finalizer.join(30)
+        assert not finalizer.is_alive()
+        assert [k.users for k in prover.keys.keys.values()] == [0]  # every key use released
+        assert ring.stats().live == 0
+        return ctx, prover
+    finally:
+        backend.close()
+        ring.destroy()
+
+
+def test_queued_partitions_are_finalized_together_and_a_cancelled_one_skipped(setup: SimpleNamespace) -> None:
+    """Four partitions proved in one pass wait in the finalizer's queue; one is cancelled there. The
+    finalizer takes the four at once: the three live ones are verified together (``finalize_batch``
+    3), the cancelled one fails alone."""
+    seeds = [51, 52, 53, 54]
+    ctx, _ = _finalize_queued(setup, seeds, "pbfin", lambda prover: prover.cancelled.add(2))
+    failed = ctx.done((msg.TaskFailed,))
+    assert [(m.task_id, m.kind) for m in failed] == [(2, "Cancelled")]
+    done = ctx.done((msg.ProofDone,))
+    assert sorted(m.task_id for m in done) == [1, 3, 4]
+    _check_proofs(ctx, setup, seeds, 4.0)
+    assert all(m.timings["finalize_batch"] == 3.0 and m.timings["finalize"] > 0 for m in done)
+
+
+def test_a_bad_partition_fails_alone_in_its_finalize_batch(setup: SimpleNamespace) -> None:
+    """Of four queued partitions, one's sums are not points of the right group (the batch raises)
+    and one's proof fails self-verification: the finalizer falls back to one at a time, those two
+    fail, each with its own error, and the other two are proved."""
+    seeds = [61, 62, 63, 64]
+
+    def spoil(prover: Prover) -> None:
+        jobs = {job.meta.task_id: job for job in prover.finalize_q.queue if job is not None}
+        jobs[2].sums = replace(jobs[2].sums, b2=jobs[2].sums.a)  # a G1 point where a G2 one belongs
+        jobs[3].sums = replace(jobs[3].sums, h=jobs[3].sums.h + G1Point())
+
+    ctx, _ = _finalize_queued(setup, seeds, "pbbad", spoil)
+    failed = {m.task_id: m.kind for m in ctx.done((msg.TaskFailed,))}
+    assert failed == {2: "TypeError", 3: "VerificationFailed"}
+    done = ctx.done((msg.ProofDone,))
+    assert sorted(m.task_id for m in done) == [1, 4]
+    _check_proofs(ctx, setup, seeds, 4.0)
+    assert all(m.timings["finalize_batch"] == 1.0 for m in done)
+
+
+def test_finalize_batch_cap_one_finalizes_one_at_a_time(setup: SimpleNamespace, monkeypatch: pytest.MonkeyPatch
+                                                         ) -> None:
+    monkeypatch.setenv(FINALIZE_BATCH_ENV, "1")
+    seeds = [71, 72]
+    ctx, _ = _finalize_queued(setup, seeds, "pbone", lambda prover: None)
+    done = ctx.done((msg.ProofDone,))
+    assert sorted(m.task_id for m in done) == [1, 2]
+    _check_proofs(ctx, setup, seeds, 2.0)
+    assert [m.timings["finalize_batch"] for m in done] == [1.0, 1.0]

@@ -16,10 +16,10 @@ from __future__ import annotations
 from typing import Optional
 
 import numpy as np
-from py_arkworks_bls12381 import G1Point, G2Point
+from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 
 from . import fq
-from .field import FQ, FQ_BYTES, int_to_limbs, limbs_to_ints
+from .field import FQ, FQ_BYTES, R_MOD, int_to_limbs, limbs_to_ints
 
 G1Affine = Optional[tuple[int, int]]
 G2Affine = Optional[tuple[tuple[int, int], tuple[int, int]]]
@@ -58,6 +58,11 @@ def g1_to_lem(p: G1Affine) -> np.ndarray:
 def g2_to_lem(p: G2Affine) -> np.ndarray:
     """Affine ints -> zkey-layout ``(24,)`` row."""
     return np.zeros(24, dtype=np.uint64) if p is None else _lem_from_coords([p[0][0], p[0][1], p[1][0], p[1][1]])
+
+
+def fr_to_ark(x: int) -> Scalar:
+    """An integer as an arkworks scalar of Fr (reduced mod r)."""
+    return Scalar.from_le_bytes((x % R_MOD).to_bytes(32, "little"))
 
 
 def _xy_bytes(coords: list[int]) -> bytes:

@@ -46,6 +46,7 @@ from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metri
 
 from cuzk_mp import __version__
 from cuzk_mp.pipeline.status import EngineMetrics, EngineStatus
+from cuzk_mp.pipeline.types import STAGES
 
 disable_created_metrics()  # no *_created series: scrapes show what the daemon measured, nothing else
 
@@ -108,7 +109,8 @@ class DaemonMetrics:
         """Count one finished partition and record its stage timings."""
         (self.proofs_completed if ok else self.proofs_failed).labels(circuit).inc()
         for stage, seconds in timings.items():
-            self.stage.labels(stage).observe(seconds)
+            if stage in STAGES:  # not the counts (device_batch, finalize_batch) nor core-seconds (synthesis_cpu)
+                self.stage.labels(stage).observe(seconds)
         if ok and "device" in timings:
             self.gpu_busy.labels("cpu" if device is None else str(device)).inc(timings["device"])
 

@@ -4,16 +4,26 @@ Accept iff e(-pi_a, pi_b) e(cpub, gamma2) e(pi_c, delta2) e(alpha1, beta2) = 1,
 with cpub = IC_0 + sum_i pub_i IC_(i+1), after checking that every public input
 is < r and that the three proof points are on the curve *and in the prime-order
 subgroup* (snarkjs checks only the curve).
+
+:func:`batch_pairing_holds` checks k proofs of one key in one pairing check (k + 3
+pairs, one final exponentiation): what the prover's self-verification of a batch uses.
 """
 
 from __future__ import annotations
 
-from py_arkworks_bls12381 import GT, G1Point, G2Point, Scalar
+import secrets
+from collections.abc import Sequence
+
+from py_arkworks_bls12381 import GT, G1Point, G2Point
 
 from ..algebra import curve
 from ..algebra.field import R_MOD
 from ..formats.snarkjs_json import Proof, VerificationKey
 from .keys import PreparedVk, prepare_vk
+
+BATCH_WEIGHT_BITS = 128  # a batch of proofs with a bad one passes with probability <= 2^-128
+# (public signals, pi_a, pi_b, pi_c) of one proof, its points already validated
+PairingItem = tuple[list[int], G1Point, G2Point, G1Point]
 
 
 def check(vk: VerificationKey | PreparedVk, public: list[int], proof: Proof) -> str | None:
@@ -46,8 +56,44 @@ def pairing_holds(pvk: PreparedVk, public: list[int], a: G1Point, b: G2Point, c:
     """The Groth16 pairing equation for already-validated points."""
     cpub = pvk.ic[0]
     if public:
-        cpub = cpub + G1Point.multiexp_unchecked(pvk.ic[1:], [Scalar.from_le_bytes(v.to_bytes(32, "little")) for v in public])
+        cpub = cpub + G1Point.multiexp_unchecked(pvk.ic[1:], [curve.fr_to_ark(v) for v in public])
     return bool(GT.pairing_check([-a, cpub, c, pvk.alpha1], [b, pvk.gamma2, pvk.delta2, pvk.beta2]))
+
+
+def batch_pairing_holds(pvk: PreparedVk, items: Sequence[PairingItem]) -> bool:
+    """The Groth16 pairing equation of k proofs of one key at once, for already-validated points.
+
+    Proof i holds iff X_i = e(-A_i, B_i) e(cpub_i, gamma2) e(C_i, delta2) e(alpha1, beta2) = 1.
+    With independent secret weights rho_i drawn uniformly from [1, 2^128), bilinearity gives
+
+        prod_i X_i^rho_i = prod_i e(-rho_i A_i, B_i) * e(sum_i rho_i cpub_i, gamma2)
+                           * e(sum_i rho_i C_i, delta2) * e((sum_i rho_i) alpha1, beta2),
+
+    one pairing check of k + 3 pairs (a multi-Miller loop and one final exponentiation), where
+    sum_i rho_i cpub_i = (sum_i rho_i) IC_0 + sum_j (sum_i rho_i pub_ij) IC_(j+1) is one
+    multi-exponentiation over IC. Every pairing of subgroup points lies in the order-r subgroup
+    of GT. If every X_i = 1 the product is 1. If some X_j != 1, X_j has order r > 2^128, so with
+    the other weights fixed, rho_j -> X_j^rho_j is injective on [1, 2^128): at most one value of
+    rho_j makes the product 1, and the check passes with probability <= 2^-128. The weights must
+    stay secret from whoever made the proofs (the OS CSPRNG, drawn per call).
+
+    k = 1 is :func:`pairing_holds` itself (weight 1: no randomness is needed for one equation).
+    A False names no culprit: check the proofs one by one to find the bad ones.
+    """
+    for public, *_ in items:
+        if len(public) != pvk.n_public:
+            raise ValueError(f"expected {pvk.n_public} public signals, got {len(public)}")
+    if len(items) <= 1:
+        return all(pairing_holds(pvk, *item) for item in items)
+    rhos = [1 + secrets.randbelow(2**BATCH_WEIGHT_BITS - 1) for _ in items]
+    ic_weights = [sum(rhos)] + [sum(rho * public[j] for rho, (public, *_) in zip(rhos, items))
+                                for j in range(pvk.n_public)]
+    cpub = G1Point.multiexp_unchecked(pvk.ic, [curve.fr_to_ark(x) for x in ic_weights])
+    c_sum = G1Point.multiexp_unchecked([c for *_, c in items], [curve.fr_to_ark(rho) for rho in rhos])
+    g1 = [-(a * curve.fr_to_ark(rho)) for rho, (_, a, _, _) in zip(rhos, items)]
+    g2 = [b for _, _, b, _ in items]
+    return bool(GT.pairing_check([*g1, cpub, c_sum, pvk.alpha1 * curve.fr_to_ark(sum(rhos))],
+                                 [*g2, pvk.gamma2, pvk.delta2, pvk.beta2]))
 
 
 def verify(vk: VerificationKey | PreparedVk, public: list[int], proof: Proof) -> bool:

@@ -6,9 +6,13 @@ the measurement around it:
 * the first (cold) job is reported apart: ``first_job_s`` runs from the first
   submit to that job's completion (key already resident: ``preload`` runs
   before the clock starts, so "cold" means cold pipeline, warm key);
-* steady state: ``s_per_proof = (t_last_partition_done - t_first_job_done) /
-  (partitions completed after t_first_job_done)`` per run (with ``--jobs 1``: that
-  job's time / partitions);
+* steady state per partition: ``s_per_partition = (t_last_partition_done -
+  t_first_job_done) / (partitions completed after t_first_job_done)`` per run (with
+  ``--jobs 1``: that job's time / partitions); ``s_per_proof`` is the same figure under
+  its former name, kept in the JSON so older readers keep working;
+* steady state per whole job (all its partitions: a 10-partition PoRep proof is one job):
+  ``s_per_job = (t_last_job_done - t_first_job_done) / (jobs completed after the first)``
+  per run, from job completion times (with ``--jobs 1``: that job's time);
   ``--repeat R`` repeats the batch of jobs R times in the same engine and
   reports the median and min-max. Across processes: run ``cuzk-mp bench
   --json`` several times (perf/pipeline_bench.sh does) and compare the files;
@@ -22,7 +26,8 @@ The first two lines say which backend runs and why, which devices, cores and hos
 memory (:func:`machine_line`), then the pipeline's shape and why: the flags given,
 the rest derived from the machine and the partition size by the memory and
 throughput model within ``--host-budget`` (default: RAM - 4 GiB;
-:func:`~.memory.explain_shape`).
+:func:`~.memory.explain_shape`); on the GPU backend a third line gives the key's
+device-memory plan (:func:`device_plan_line`).
 
 Memory bound reported (``memory_bound``, see :func:`memory_bound`): the ring's
 exact bound on live shm, and the memory model's formula (:func:`~.memory.host_bound`)
@@ -254,6 +259,16 @@ def steady_s_per_proof(run: _Run, part_done: dict[tuple[str, int], float], parti
     return (first - run.t_start) / partitions
 
 
+def steady_s_per_job(run: _Run) -> float:
+    """Seconds per whole job after the run's first job completed (the cold start excluded):
+    (last job completion - first job completion) / jobs completed after the first. With one job:
+    that job's time."""
+    done = sorted(run.t_done.values())
+    if len(done) > 1:
+        return (done[-1] - done[0]) / (len(done) - 1)
+    return done[0] - run.t_start
+
+
 def _steady_window(runs: list[_Run]) -> tuple[float, float]:
     """(start, end) of the steady window of all runs: first job done (run 0) to last job done."""
     return min(runs[0].t_done.values()), max(max(r.t_done.values()) for r in runs)
@@ -382,6 +397,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
                                    "t_submit": job.submitted_at, "t_done": bench.part_done.get((job.job_id, p.index)),
                                    "spans": [dataclasses.asdict(s) for s in p.spans]})
     per_run = [steady_s_per_proof(run, bench.part_done, a.partitions) for run in runs]
+    per_job = [steady_s_per_job(run) for run in runs]
     total, verified = verify_all(raw["zkey"], runs)
     device_peaks = [v.device_peak_bytes for v in status.memory.device.values()]
     busy = _busy_fractions(bench, runs)
@@ -392,6 +408,9 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
     bound = memory_bound(raw, config)
     result = {
         "config": config,
+        "s_per_partition": statistics.median(per_run), "s_per_partition_runs": per_run,
+        "s_per_job": statistics.median(per_job), "s_per_job_runs": per_job,
+        # former names of s_per_partition(_runs), kept for readers of older result files
         "s_per_proof": statistics.median(per_run), "s_per_proof_runs": per_run,
         "first_job_s": min(runs[0].t_done.values()) - runs[0].t_start,
         "proofs_total": total, "proofs_verified": verified,
@@ -449,16 +468,35 @@ def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
             raise InputError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
 
 
-def _circuit_size(args: argparse.Namespace, backend: str) -> CircuitSize:
-    """The benched circuit's sizes (a synthetic circuit's dev key is made here, once, if needed)."""
-    from .memory import circuit_size
-
+def _zkey_path(args: argparse.Namespace, backend: str) -> Path:
+    """The benched circuit's proving key (a synthetic circuit's dev key is made here, once, if needed)."""
     if args.circuit in SYNTHETIC_KINDS:
         from .keys import ensure_synthetic_key
 
         with step(f"the development key of {args.circuit} 2^{args.log_n} in {args.cache} (made once when missing)"):
-            return circuit_size(ensure_synthetic_key(args.circuit, args.log_n, args.cache, backend)[0])
-    return circuit_size(args.circuit)
+            return Path(ensure_synthetic_key(args.circuit, args.log_n, args.cache, backend)[0])
+    return Path(args.circuit)
+
+
+def device_plan_line(zkey_path: Path, machine: Machine, devices: list[int], workers: int) -> str:
+    """The GPU backend's device-memory plan of the benched key on the first device (its total memory:
+    the prover process sees a little less free, its CUDA context's share): what the key and
+    ``workers`` partitions in flight need, and the fallback it takes (docs/backend-protocol.md)."""
+    from ..backends.gpu.knobs import MULTIPLES_ENV
+    from ..backends.gpu.plan import KeyShape, plan_device
+    from ..errors import DeviceMemoryError
+    from ..formats.zkey import read_zkey
+
+    total = machine.gpus[0][1] if machine.gpus else 0
+    if not total:
+        return f"device plan: GPU {devices[0] if devices else '?'}'s memory is not known (no nvidia-smi)"
+    with read_zkey(zkey_path) as zkey:
+        shape = KeyShape.of(zkey)
+    try:
+        plan = plan_device(shape, total, workers=workers, multiples=os.environ.get(MULTIPLES_ENV) or "auto")
+    except DeviceMemoryError as exc:
+        return f"device plan: GPU {devices[0]}: {exc}"
+    return f"{plan.summary()} (GPU {devices[0]}, {workers} prover worker(s))"
 
 
 def _provers(args: argparse.Namespace, backend: str) -> list[int]:
@@ -566,12 +604,19 @@ def run(args: argparse.Namespace) -> int:
     devices = _provers(args, backend)
     machine = machine_for(backend, devices)
     print(machine_line(backend, why, machine, devices), flush=True)
-    circuit = _circuit_size(args, backend)
+    from .memory import circuit_size
+
+    zkey_path = _zkey_path(args, backend)
+    circuit = circuit_size(zkey_path)
     shape_line = _shape(args, backend, circuit, machine, devices)
     print(shape_line, flush=True)
+    plan_line = device_plan_line(zkey_path, machine, devices, args.gpu_workers) if backend == "gpu" else None
+    if plan_line:
+        print(plan_line, flush=True)
     bench = BenchRun(args, backend)
     result = summarize(bench, bench.execute(circuit))
     result["config"]["backend_reason"], result["config"]["shape_reason"] = why, shape_line
+    result["config"]["device_plan"] = plan_line
     print(table(result))
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)

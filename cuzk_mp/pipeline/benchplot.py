@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
+from .benchreport import s_per_partition
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -142,7 +143,8 @@ def title_text(result: dict[str, Any]) -> str:
     machine = ", ".join(x for x in (m.get("cpu_model") or "", f"{m['cores']} cores" if m.get("cores") else "",
                                     f"{_fmt_gib(m['memory_bytes'])} RAM" if m.get("memory_bytes") else "",
                                     "; ".join(m.get("gpus") or [])) if x)
-    line3 = (f"{result['s_per_proof']:.3f} s/proof steady, first job {result['first_job_s']:.2f} s, "
+    per_job = f", {result['s_per_job']:.2f} s/job" if result.get("s_per_job") is not None else ""
+    line3 = (f"{s_per_partition(result)[0]:.3f} s/partition steady{per_job}, first job {result['first_job_s']:.2f} s, "
              f"peak host {_fmt_gib(result['peak_host_bytes'])}, "
              f"{result['proofs_verified']}/{result['proofs_total']} proofs verified"
              + (f", commit {m['git_commit']}" if m.get("git_commit") else ""))

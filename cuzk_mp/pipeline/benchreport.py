@@ -179,15 +179,29 @@ def _bound_row(bound: dict[str, Any]) -> str:
                else f"a process outgrew its first-job working set by {_fmt_bytes(excess)}"))
 
 
+def s_per_partition(result: dict[str, Any]) -> tuple[float, list[float]]:
+    """(steady-state seconds per partition, per run) of a bench result: ``s_per_partition``, or in
+    files written before it had that name, ``s_per_proof``."""
+    if "s_per_partition" in result:
+        return result["s_per_partition"], list(result.get("s_per_partition_runs") or [])
+    return result["s_per_proof"], list(result.get("s_per_proof_runs") or [])
+
+
+def _spread(runs: list[float]) -> str:
+    if len(runs) < 2:
+        return ""
+    return f"  (median of {len(runs)} runs; min {min(runs):.3f}, max {max(runs):.3f})"
+
+
 def table(result: dict[str, Any]) -> str:
     """The one summary table (text)."""
-    runs = result["s_per_proof_runs"]
-    spread = ""
-    if len(runs) > 1:
-        spread = f"  (median of {len(runs)} runs; min {min(runs):.3f}, max {max(runs):.3f})"
     busy = result["gpu_busy_fraction"]
+    per_part, per_part_runs = s_per_partition(result)
     rows = [
-        ("s/proof (steady state)", (_fmt_s(result["s_per_proof"]) + spread)),
+        ("s/partition (steady state)", _fmt_s(per_part) + _spread(per_part_runs)),
+        (f"s/job of {result['config']['partitions']} partitions (steady)",
+         "n/a (older result)" if result.get("s_per_job") is None
+         else _fmt_s(result["s_per_job"]) + _spread(result.get("s_per_job_runs") or [])),
         ("first (cold) job", _fmt_s(result["first_job_s"])),
         ("synthesis / partition (median)", _fmt_s(result["median_stage_s"].get("synthesis"))),
         ("device / partition (median)", _fmt_s(result["median_stage_s"].get("device"))),

@@ -21,7 +21,10 @@ Threads:
   in all (never waiting for more) and proves those of one key in one pass: a
   lone partition goes alone, at once;
 * one finalizer: assembly with fresh r, s and the self-verification, off the
-  workers' path; the proof leaves as snarkjs proof.json, the form the caller gets;
+  workers' path; it takes every partition already queued (up to
+  ``FINALIZE_BATCH_MAX``, never waiting) and verifies those of one key in one
+  pairing check, a lone one at once; the proof leaves as snarkjs proof.json, the
+  form the caller gets;
 * one reader: engine messages (load/evict key, cancel, stop).
 """
 
@@ -33,8 +36,9 @@ import sys
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, TypeVar
 
 from ..errors import Cancelled, GpuDead
 from . import messages as msg
@@ -50,6 +54,11 @@ BATCH_MAX_BYTES = 48 << 20
 # drops the GIL, and with the default 5 ms another busy thread (a finisher's host part, a
 # worker's staging) could hold it that long each time it is wanted back.
 SWITCH_INTERVAL_S = 0.0005
+# Partitions finalized together at most: their self-verification is one pairing check of k + 3 pairs
+# (arkworks lets the other threads have the GIL while it runs: perf/finalize_bench.py measures it).
+FINALIZE_BATCH_MAX = 16
+FINALIZE_BATCH_ENV = "CUZK_MP_FINALIZE_BATCH"  # overrides FINALIZE_BATCH_MAX (benchmarks: 1 = one at a time)
+T = TypeVar("T")
 
 
 @dataclass(frozen=True)
@@ -243,7 +252,7 @@ class Prover:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the task fails, the process carries on
                     self.ctx.fail(r.task_id, exc)
-            for group in _by_key(staged):
+            for group in _by_key(staged, lambda item: item[0].key):
                 self._compute_batch(group)
 
     def _more_ready(self, first: SlotRecord) -> list[SlotRecord]:
@@ -345,25 +354,90 @@ class Prover:
             raise Cancelled(f"job {job.meta.job_id} partition {job.meta.partition} was cancelled")
 
     def finalize(self) -> None:
-        """The finalizer thread: proof assembly with fresh r, s and self-verification."""
-        from ..formats.snarkjs_json import proof_to_json
-        from ..groth16.prover import prove_finalize
-
+        """The finalizer thread: proof assembly with fresh r, s and self-verification. It takes every
+        partition already queued (up to :data:`FINALIZE_BATCH_MAX`, never waiting for more) and
+        finalizes those of one key together, verified in one pairing check; a lone one goes at once."""
+        try:
+            cap = max(1, int(os.environ.get(FINALIZE_BATCH_ENV) or FINALIZE_BATCH_MAX))
+        except ValueError:
+            self.ctx.log.error("%s=%r is not an integer: finalizing up to %d at once", FINALIZE_BATCH_ENV,
+                               os.environ.get(FINALIZE_BATCH_ENV), FINALIZE_BATCH_MAX)
+            cap = FINALIZE_BATCH_MAX
         while True:
-            job = self.finalize_q.get()
-            if job is None:
+            jobs, stop = self._queued_for_finalize(cap)
+            for group in _by_key(jobs, lambda job: job.key):
+                self._finalize_group(group)
+            if stop:
                 return
+
+    def _queued_for_finalize(self, cap: int) -> tuple[list[_InFlight], bool]:
+        """The next partition to finalize (waiting for one) and up to ``cap - 1`` queued behind it,
+        without waiting; and whether the stop marker came."""
+        first = self.finalize_q.get()
+        if first is None:
+            return [], True
+        jobs = [first]
+        while len(jobs) < cap:
+            try:
+                job = self.finalize_q.get_nowait()
+            except queue.Empty:
+                break
+            if job is None:
+                return jobs, True
+            jobs.append(job)
+        return jobs, False
+
+    def _finalize_group(self, group: list[_InFlight]) -> None:
+        """Finalize partitions of one key together; a cancelled one is skipped. Every key use is
+        released once its partition is answered."""
+        live: list[_InFlight] = []
+        for job in group:
             try:
                 self._check(job)
-                t0 = time.perf_counter()
-                proof = prove_finalize(job.key.zkey, job.sums, job.public, verify=self.payload.verify)
-                job.timings["finalize"] = time.perf_counter() - t0
-                self.ctx.send(msg.ProofDone(job.meta.task_id, proof_to_json(proof), [str(x) for x in job.public],
+                live.append(job)
+            except Cancelled as exc:
+                self.ctx.fail(job.meta.task_id, exc)
+                self.keys.release(job.key)
+        try:
+            if live:
+                self._finalize_live(live)
+        finally:
+            for job in live:
+                self.keys.release(job.key)
+
+    def _finalize_live(self, live: list[_InFlight]) -> None:
+        """prove_finalize_batch over partitions of one key: a proof that fails self-verification fails
+        its own task alone; if the batch raises, each partition is finalized alone, so one bad input
+        fails only its task. Each partition's ``finalize`` timing is its share of the batch
+        (``finalize_batch``: how many shared it)."""
+        from ..errors import VerificationFailed
+        from ..formats.snarkjs_json import proof_to_json
+        from ..groth16.prover import prove_finalize_batch
+
+        try:
+            t0 = time.perf_counter()
+            results = prove_finalize_batch(live[0].key.zkey, [(job.sums, job.public) for job in live],
+                                           verify=self.payload.verify)
+            share = (time.perf_counter() - t0) / len(live)
+        except Exception as exc:  # noqa: BLE001 - the task fails, the process carries on
+            if len(live) == 1:
+                self.ctx.fail(live[0].meta.task_id, exc)
+            else:
+                self.ctx.log.warning("finalizing %d partitions together failed (%s: %s): one by one",
+                                     len(live), type(exc).__name__, exc)
+                for job in live:
+                    self._finalize_live([job])
+            return
+        for job, result in zip(live, results):
+            if isinstance(result, VerificationFailed):
+                self.ctx.fail(job.meta.task_id, result)
+                continue
+            job.timings["finalize"], job.timings["finalize_batch"] = share, float(len(live))
+            try:
+                self.ctx.send(msg.ProofDone(job.meta.task_id, proof_to_json(result), [str(x) for x in job.public],
                                             job.timings, backend_stats(self.backend, self.memwatch)))
             except Exception as exc:  # noqa: BLE001 - the task fails, the process carries on
                 self.ctx.fail(job.meta.task_id, exc)
-            finally:
-                self.keys.release(job.key)
 
 
 class DeviceMemoryWatch:
@@ -394,11 +468,11 @@ class DeviceMemoryWatch:
         self._stop.set()
 
 
-def _by_key(staged: list[tuple[_InFlight, Any]]) -> list[list[tuple[_InFlight, Any]]]:
-    """Staged partitions grouped by resident key, in the order the keys first appear."""
-    groups: dict[int, list[tuple[_InFlight, Any]]] = {}
-    for item in staged:
-        groups.setdefault(id(item[0].key), []).append(item)
+def _by_key(items: list[T], key_of: Callable[[T], Any]) -> list[list[T]]:
+    """Items grouped by resident key (``key_of``: an item's key), in the order the keys first appear."""
+    groups: dict[int, list[T]] = {}
+    for item in items:
+        groups.setdefault(id(key_of(item)), []).append(item)
     return list(groups.values())
 
 
@@ -415,7 +489,8 @@ def _make_backend(payload: ProverPayload) -> Any:
     from ..backends import get_backend
 
     if payload.backend == "gpu":
-        return get_backend("gpu", device=0)  # CUDA_VISIBLE_DEVICES=<dev>: our GPU is device 0 here
+        # CUDA_VISIBLE_DEVICES=<dev>: our GPU is device 0 here; each worker holds one partition on it
+        return get_backend("gpu", device=0, in_flight=payload.workers)
     return get_backend("cpu", threads=int(os.environ.get("NUMBA_NUM_THREADS", "1")))
 
 

@@ -5,6 +5,9 @@ straight from the key file's mapping, optionally with precomputed multiples,
 wrapped in resident :class:`.msm.MsmG1` / :class:`.msm.MsmG2`), the NTT tables
 (:class:`.ntt.GpuNtt`), two CUDA streams per calling thread, and each staged
 partition's a, b, c, w buffers and scalar plan until :meth:`GpuBackend.release`.
+Before a key's upload, its device-memory plan (:mod:`.plan`) sets how much of that
+fits: which multiples, how many staged partitions at once (:meth:`GpuBackend.stage`
+waits for a free place), or a DeviceMemoryError before any byte is uploaded.
 
 Streams and waits. Every thread that calls the backend gets a ``main`` stream
 (staging, H, the G1 MSMs) and a ``side`` stream (the G2 MSM), both non-blocking,
@@ -47,8 +50,9 @@ from ...formats.zkey import ZKey
 from ..base import ProverInputs
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
-from .knobs import MULTIPLES_ENV, SECTIONS, FixedBaseParams, plan_multiples
+from .knobs import MULTIPLES_ENV, SECTIONS, FixedBaseParams
 from .ntt import GpuNtt
+from .plan import DevicePlan, KeyShape, plan_device, point_words
 
 log = logging.getLogger("cuzk_mp.backends.gpu.backend")
 
@@ -77,6 +81,7 @@ class GpuKey:
     multiples_bytes: int = 0
     host_released: int = 0  # bytes of key-file pages dropped after the upload
     multiples: dict[str, int] = field(default_factory=dict)  # section -> window bits of its multiples
+    plan: DevicePlan | None = None  # the device-memory plan it was loaded under
 
     def close(self) -> None:
         """Free the device copies of the points (idempotent)."""
@@ -107,6 +112,7 @@ class GpuStaged:
     h: Any = None
     h_ready: Any = None  # event: the H values are on the device
     run: _Run = field(default_factory=_Run)
+    holder: list[int] | None = None  # the staging thread's count of partitions it holds (in-flight limit)
 
     @property
     def w(self) -> Any:
@@ -142,8 +148,15 @@ class GpuBackend:
 
     name = "gpu"
 
-    def __init__(self, device: int = 0) -> None:
+    def __init__(self, device: int = 0, in_flight: int = 1) -> None:
         self.device = device
+        # partitions the caller keeps on the device at once (the prover's worker threads); a key's
+        # device plan may lower it (see :meth:`load_key`), and :meth:`stage` keeps to the limit
+        self.workers = max(1, int(in_flight))
+        self.in_flight_limit = self.workers
+        self._staged_by = threading.local()  # partitions the calling thread holds staged
+        self._slots = threading.Condition()
+        self._staged_count = 0
         self._local = threading.local()
         self._lock = threading.Lock()
         self._parts: dict[int, GpuStaged] = {}  # w's device pointer -> staged partition
@@ -187,20 +200,28 @@ class GpuBackend:
 
     # ---- keys
     def load_key(self, zkey: ZKey, *, lasting: bool = True) -> GpuKey:
-        """Upload sections 5..9 (A, B1, B2, C, H) from the key's mapping, chunk by chunk, let
-        the host pages go, and build the resident MSM objects (with precomputed multiples for
-        the sections :func:`plan_multiples` picks; env ``CUZK_GPU_MSM_MULTIPLES``). A key for one
+        """Plan the device memory (:func:`.plan.plan_device`: points, multiples, NTT tables,
+        the partitions in flight and their MSM scratch, against free memory; it drops multiples,
+        then lowers :attr:`in_flight_limit`, or raises DeviceMemoryError before any upload), then
+        upload sections 5..9 (A, B1, B2, C, H) from the key's mapping, chunk by chunk, let the
+        host pages go, and build the resident MSM objects (with precomputed multiples for the
+        sections the plan keeps; env ``CUZK_GPU_MSM_MULTIPLES``, default "auto"). A key for one
         proof (``lasting=False``) gets no multiples unless that env names some: building them
         costs more than they save in one proof (2 s per 2^24 G1 section, 5.4 s for G2)."""
         host = {name: getattr(zkey, name) for name in SECTIONS}
         for name, arr in host.items():
-            width = 24 if name == "b2" else 12
+            width = point_words(name)
             if arr is None or arr.ndim != 2 or arr.shape[1] != width or arr.dtype != np.uint64:
                 raise InputError(f"zkey section {name}: expected (n, {width}) uint64 points, got "
                                  f"{None if arr is None else (arr.dtype, arr.shape)} (a closed key?)")
         sizes = {name: int(arr.nbytes) for name, arr in host.items()}
         s = self.stream()
         with cupy.cuda.Device(self.device), s:
+            choice = os.environ.get(MULTIPLES_ENV) or ("auto" if lasting else "none")
+            dplan = plan_device(KeyShape.of(zkey), memory.free_bytes()[0], workers=self.workers, multiples=choice)
+            log.info("key %s: %s", zkey.path or "", dplan.summary())
+            for step in dplan.steps:
+                log.warning("key %s does not fit as configured: %s", zkey.path or "", step)
             memory.ensure_free(sum(sizes.values()), f"the proving key {zkey.path or ''} (sections 5..9)")
             msms: dict[str, Any] = {}
             released = 0
@@ -209,9 +230,7 @@ class GpuBackend:
                 for name, arr in host.items():
                     dev[name] = cupy.empty(arr.shape, dtype=np.uint64)
                     released += _upload_release(dev[name], arr, s)
-                free, _ = memory.free_bytes()
-                choice = os.environ.get(MULTIPLES_ENV) or (None if lasting else "none")
-                plan = plan_multiples(sizes, free, int(zkey.domain_size), choice)
+                plan = dict(dplan.multiples)
                 for name in SECTIONS:
                     mult = self._multiples(dev[name], plan.get(name), name)
                     if mult is None:
@@ -230,9 +249,13 @@ class GpuBackend:
                 raise
         points = sum(sizes.values())
         key = GpuKey(zkey, msms, {n: int(a.shape[0]) for n, a in host.items()}, points,
-                     sum(int(m.nbytes) for m in msms.values()) - points, released, {n: plan[n] for n in plan})
+                     sum(int(m.nbytes) for m in msms.values()) - points, released, {n: plan[n] for n in plan}, dplan)
         with self._lock:
             self._keys = [k for k in self._keys if k.msms] + [key]
+            limits = [k.plan.in_flight for k in self._keys if k.plan is not None]
+        with self._slots:
+            self.in_flight_limit = min([self.workers, *limits])
+            self._slots.notify_all()
         return key
 
     @staticmethod
@@ -262,24 +285,50 @@ class GpuBackend:
             if host[k].shape != shape:
                 raise InputError(f"partition vector {k} has shape {host[k].shape}, the key expects {shape}")
         st = self.streams()
-        with cupy.cuda.Device(self.device), st.main:
-            memory.ensure_free(inputs.nbytes, "staging a partition (a, b, c, w)")
-            start = cupy.cuda.Event()
-            start.record(st.main)
-            d = {k: cupy.empty(v.shape, dtype=np.uint64) for k, v in host.items()}
-            for k, v in host.items():
-                self._h2d(d[k], v, st)
-            ready = cupy.cuda.Event()
-            ready.record(st.main)
-            t0 = time.perf_counter()
-            plan = gmsm.classify(d["w"], cuts=(z.n_public + 1,))  # waits for the copies
-            classify_ms = 1e3 * (time.perf_counter() - t0)
-            h2d_ms = float(cupy.cuda.get_elapsed_time(start, ready))
+        holder = self._take_stage_slot()
+        try:
+            with cupy.cuda.Device(self.device), st.main:
+                memory.ensure_free(inputs.nbytes, "staging a partition (a, b, c, w)")
+                start = cupy.cuda.Event()
+                start.record(st.main)
+                d = {k: cupy.empty(v.shape, dtype=np.uint64) for k, v in host.items()}
+                for k, v in host.items():
+                    self._h2d(d[k], v, st)
+                ready = cupy.cuda.Event()
+                ready.record(st.main)
+                t0 = time.perf_counter()
+                plan = gmsm.classify(d["w"], cuts=(z.n_public + 1,))  # waits for the copies
+                classify_ms = 1e3 * (time.perf_counter() - t0)
+                h2d_ms = float(cupy.cuda.get_elapsed_time(start, ready))
+        except BaseException:
+            self._free_stage_slot(holder)
+            raise
         staged = GpuStaged(self.device, d, plan, ready, sum(int(a.nbytes) for a in d.values()),
-                           {"h2d": h2d_ms, "classify": classify_ms})
+                           {"h2d": h2d_ms, "classify": classify_ms}, holder=holder)
         with self._lock:
             self._parts[int(d["w"].data.ptr)] = staged
         return staged
+
+    def _take_stage_slot(self) -> list[int]:
+        """Wait until fewer than :attr:`in_flight_limit` partitions are staged, unless the calling
+        thread already holds one (a worker staging a batch never waits for itself); count one more."""
+        held = getattr(self._staged_by, "held", None)
+        if held is None:
+            held = self._staged_by.held = [0]
+        with self._slots:
+            if held[0] == 0:
+                self._slots.wait_for(lambda: self._staged_count < self.in_flight_limit)
+            self._staged_count += 1
+            held[0] += 1
+        return held
+
+    def _free_stage_slot(self, held: list[int] | None) -> None:
+        if held is None:
+            return
+        with self._slots:
+            self._staged_count -= 1
+            held[0] -= 1
+            self._slots.notify_all()
 
     def _h2d(self, dst: Any, src: np.ndarray, st: _Streams) -> None:
         """src -> dst on st.main: straight from page-locked memory, else through the thread's two
@@ -443,6 +492,8 @@ class GpuBackend:
         staged.h = None
         staged.plan = None
         staged.run = _Run()
+        self._free_stage_slot(staged.holder)
+        staged.holder = None
 
     # ---- primitives
     def _upload(self, a: np.ndarray) -> Any:

@@ -19,11 +19,8 @@ import cupy
 import numpy as np
 
 from ...errors import ResourceError
+from .plan import DEFAULT_MARGIN, GIB
 
-GIB = float(1 << 30)
-# Left free for CuPy/cuBLAS workspaces, kernel launches and the MSM's own scratch
-# that is not counted in `need` by the caller.
-DEFAULT_MARGIN = 512 << 20
 # Arrays smaller than this are copied pageable: registering costs ~53 ms/GiB plus
 # a fixed ~0.1 ms, a loss for small copies.
 PIN_THRESHOLD = 32 << 20

@@ -1,0 +1,294 @@
+"""The device-memory plan of a proving key: what it needs on the GPU, against what is free, before any upload.
+
+A key that does not fit must fail at once with a message that says by how much, not with a CUDA
+out-of-memory error half way through its upload or, worse, in the middle of a partition's MSM
+after minutes of synthesis. :func:`plan_device` adds up, with the byte formulas the backend runs
+with (the point and field sizes of :mod:`cuzk_mp.algebra.field`, the MSM geometry of
+:mod:`.knobs`), the device memory of one key and the partitions a prover keeps in flight:
+
+* resident, for the key's life: the point sections A, B1, B2 (G2), C and H as the zkey stores
+  them (affine, Montgomery: 96 B per G1 point, 192 B per G2 point; IC stays on the host, the
+  proof's assembly reads it there), the precomputed multiples of the sections
+  :func:`.knobs.plan_multiples` picks (W - 1 more copies of a section, W windows of its c), and
+  the H step's twiddle table (n/2 Fr elements);
+* per partition in flight: a, b, c (domain_size x 32 B each), w (n_vars x 32 B), the witness's
+  0/1/other index lists (8 B per witness row, kept from staging to release) and the classify
+  pass's transient bytes;
+* the compute scratch of the one partition that computes at a time (the prover's per-device lock):
+  the largest G1 MSM's and the G2 MSM's (they run side by side on two streams): sort keys, the
+  argsort's copy, index output and radix double buffers, the previous window batch's index, the
+  bucket sets, the accumulation heads and the window sums (:func:`msm_scratch_bytes`), plus C's
+  cut of the witness plan. The H step works in place over a, b, c and needs only the tables.
+
+Every MSM is planned dense (every scalar neither 0 nor 1, as in the dense-random circuit): the
+bound holds whatever the witness.
+
+How many partitions are on the device at once: each prover worker thread stages one partition,
+holds it while it waits for the device lock and computes, and releases it when its MSMs are
+done, so ``gpu_workers_per_device`` partitions at most (one computing, the others staged).
+
+When it does not fit, the plan falls back automatically, in this order, and says so (the
+``choice`` and ``steps`` fields; the backend logs them):
+
+1. drop precomputed multiples, the least useful section first (c, b1, a, b2, h: the reverse of
+   the order they are picked in): they are a speed-up only, and at 2^26 and above one section's
+   tables alone outweigh a partition;
+2. fewer partitions in flight, down to one (the next partition's upload no longer overlaps the
+   compute: slower, but every proof still comes out);
+3. refuse: :class:`~cuzk_mp.errors.DeviceMemoryError` names the need and the free memory and the
+   largest domain size of this circuit's shape that would fit, before a byte is uploaded.
+
+Pure Python (no CuPy): the CLI and CI compute plans on machines without a GPU.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+from ...algebra.field import FR_BYTES, G1_BYTES, G2_BYTES
+from ...errors import DeviceMemoryError
+from .knobs import SECTIONS, MsmParams, choose_window, plan_multiples, window_count
+
+GIB = float(1 << 30)
+# Left free on top of a plan: CuPy/cuBLAS workspaces, kernel launches, small per-call arrays (the
+# MSM's result rows, the classify flags). memory.ensure_free keeps the same margin.
+DEFAULT_MARGIN = 512 << 20
+INDEX_BYTES = 8  # int64: the witness plan's index lists (cupy.flatnonzero) and the MSM's argsort output
+KEY_BYTES = 4  # uint32 sort key per (window, scalar) (msm_digits)
+# Alive per sort key while a window batch sorts: its key, cupy.argsort's copy of the keys and its
+# int64 output, the radix sort's double buffers (key and index), and the previous batch's index
+# array, dropped only once the new one is assigned.
+SORT_BYTES_PER_KEY = KEY_BYTES + KEY_BYTES + INDEX_BYTES + (KEY_BYTES + INDEX_BYTES) + INDEX_BYTES
+# classify: one uint8 class per scalar, a boolean mask per class tested, and the prefix sum of
+# cupy.flatnonzero (int64), transient while a partition stages.
+CLASSIFY_BYTES_PER_ROW = 1 + 1 + INDEX_BYTES
+HEAD_KEY_BYTES = 4  # uint32 key of each accumulation head
+# The fallbacks' order of multiples to drop: the reverse of plan_multiples' picking order.
+DROP_ORDER = ("c", "b1", "a", "b2", "h")
+
+
+def point_bytes(section: str) -> int:
+    """Bytes of one affine point of a key section as the device holds it (zkey layout)."""
+    return G2_BYTES if section == "b2" else G1_BYTES
+
+
+def point_words(section: str) -> int:
+    """uint64 words of one affine point of a key section (the backend's ``(n, words)`` arrays)."""
+    return point_bytes(section) // 8
+
+
+@dataclass(frozen=True)
+class KeyShape:
+    """What the plan needs of a key: its domain, witness length and public signals."""
+
+    domain_size: int
+    n_vars: int
+    n_public: int
+
+    @classmethod
+    def of(cls, zkey: Any) -> KeyShape:
+        """The shape of a loaded :class:`~cuzk_mp.formats.zkey.ZKey` (its header fields)."""
+        return cls(int(zkey.domain_size), int(zkey.n_vars), int(zkey.n_public))
+
+    def rows(self) -> dict[str, int]:
+        """Points per section, as the zkey stores them: A, B1, B2 n_vars; C the private
+        signals; H domain_size."""
+        n = self.n_vars
+        return {"a": n, "b1": n, "b2": n, "c": n - self.n_public - 1, "h": self.domain_size}
+
+    def section_bytes(self) -> dict[str, int]:
+        """Device bytes of each section's points."""
+        return {s: r * point_bytes(s) for s, r in self.rows().items()}
+
+    def scaled(self, domain_size: int) -> KeyShape:
+        """The same circuit shape at another domain size (n_vars in proportion)."""
+        ratio = self.n_vars / max(1, self.domain_size)
+        return KeyShape(domain_size, max(self.n_public + 2, int(ratio * domain_size)), self.n_public)
+
+
+def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
+                      multiples_c: int | None = None) -> int:
+    """Device bytes one MSM run allocates beyond its points and scalars, at its peak, with every
+    scalar "other" (the Pippenger path of :meth:`.msm._Msm._pippenger`; the sum of the ones uses
+    less per scalar): windows of c bits (``multiples_c``, else the params' or
+    :func:`.knobs.choose_window`), batches of at most ``params.max_entries`` sort keys, each with
+    the sort's bytes (:data:`SORT_BYTES_PER_KEY`), its bucket sets (one per window of the batch
+    without multiples; the shared set and the batch's with them), the accumulation heads and
+    their combine levels; plus the window sums. An upper bound: the sort's buffers and the heads
+    are counted as alive together."""
+    p = params or MsmParams()
+    m = max(1, int(n_scalars))
+    xyzz = 2 * (G2_BYTES if g2 else G1_BYTES)
+    c = multiples_c or p.window_bits or choose_window(m)
+    windows = window_count(c)
+    per_batch = max(1, min(windows, p.max_entries // m))
+    entries = per_batch * m
+    buckets = 1 << (c - 1)
+    bucket_bytes = (2 * buckets if multiples_c else per_batch * buckets) * xyzz
+    seg = p.ba_seg if p.ba_rounds else p.seg
+    heads, t = 0, -(-entries // seg)
+    heads += t * (xyzz + HEAD_KEY_BYTES)
+    while t > 1:
+        t = -(-t // p.combine_seg)
+        heads += t * (xyzz + HEAD_KEY_BYTES)
+    return entries * SORT_BYTES_PER_KEY + bucket_bytes + heads + windows * xyzz
+
+
+def ntt_table_bytes(domain_size: int) -> int:
+    """The H step's resident table: w^i for i < n/2 (the small sub-DFT and coset tables are
+    kilobytes, inside the margin)."""
+    return max(1, domain_size // 2) * FR_BYTES
+
+
+def partition_bytes(shape: KeyShape) -> dict[str, int]:
+    """Device bytes one staged partition holds from staging to release."""
+    n, v = shape.domain_size, shape.n_vars
+    return {"a": n * FR_BYTES, "b": n * FR_BYTES, "c": n * FR_BYTES, "w": v * FR_BYTES,
+            "w_plan": v * INDEX_BYTES, "classify": v * CLASSIFY_BYTES_PER_ROW}
+
+
+def compute_scratch_bytes(shape: KeyShape, multiples: dict[str, int], params: MsmParams | None = None,
+                          g2_params: MsmParams | None = None) -> dict[str, int]:
+    """Scratch of the partition that computes: the largest G1 MSM and the G2 MSM (side by side on
+    two streams) and C's cut of the witness plan."""
+    rows = shape.rows()
+    g1 = max(msm_scratch_bytes(rows[s], False, params, multiples.get(s)) for s in SECTIONS if s != "b2")
+    g2 = msm_scratch_bytes(rows["b2"], True, g2_params or params, multiples.get("b2"))
+    return {"msm_g1": g1, "msm_g2": g2, "c_plan": rows["c"] * INDEX_BYTES}
+
+
+@dataclass
+class DevicePlan:
+    """A key's device memory, part by part (bytes), against the free memory; see the module docstring.
+
+    ``choice``: what the plan settled on in words ("as configured", "without multiples of h",
+    "1 partition in flight", ...); ``steps``: each fallback taken, in order.
+    """
+
+    shape: KeyShape
+    points: dict[str, int]
+    multiples: dict[str, int]  # section -> window bits c of its precomputed multiples
+    multiples_bytes: dict[str, int]  # section -> bytes of its tables beyond the points
+    ntt_tables: int
+    per_partition: dict[str, int]
+    in_flight: int
+    workers: int
+    scratch: dict[str, int]
+    margin: int
+    free: int
+    choice: str = "as configured"
+    steps: list[str] = field(default_factory=list)
+
+    @property
+    def points_total(self) -> int:
+        """The key's points on the device."""
+        return sum(self.points.values())
+
+    @property
+    def partition_total(self) -> int:
+        """One partition in flight."""
+        return sum(self.per_partition.values())
+
+    @property
+    def resident(self) -> int:
+        """What stays for the key's life: points, multiples, NTT tables."""
+        return self.points_total + sum(self.multiples_bytes.values()) + self.ntt_tables
+
+    @property
+    def total(self) -> int:
+        """Everything the plan needs at once, the margin included."""
+        return self.resident + self.in_flight * self.partition_total + sum(self.scratch.values()) + self.margin
+
+    @property
+    def fits(self) -> bool:
+        """Whether the total is within the free memory."""
+        return self.total <= self.free
+
+    def summary(self) -> str:
+        """One line: the parts in GiB, the total against the free memory, the choice."""
+        mult = ", ".join(f"{s} c={c}" for s, c in self.multiples.items()) or "none"
+        return (f"device plan 2^{self.shape.domain_size.bit_length() - 1}: points {self.points_total / GIB:.1f} GiB"
+                f" + multiples {sum(self.multiples_bytes.values()) / GIB:.1f} GiB ({mult})"
+                f" + NTT tables {self.ntt_tables / GIB:.1f} GiB + {self.in_flight} partition(s) in flight x "
+                f"{self.partition_total / GIB:.1f} GiB + MSM scratch {sum(self.scratch.values()) / GIB:.1f} GiB"
+                f" + margin {self.margin / GIB:.1f} GiB = {self.total / GIB:.1f} GiB of {self.free / GIB:.1f} GiB"
+                f" free: {'fits' if self.fits else 'does NOT fit'}; {self.choice}")
+
+    def as_dict(self) -> dict[str, Any]:
+        """JSON-able, with the totals."""
+        return {"domain_size": self.shape.domain_size, "n_vars": self.shape.n_vars, "points": self.points,
+                "multiples": self.multiples, "multiples_bytes": self.multiples_bytes, "ntt_tables": self.ntt_tables,
+                "per_partition": self.per_partition, "in_flight": self.in_flight, "workers": self.workers,
+                "scratch": self.scratch, "margin": self.margin, "total": self.total, "free": self.free,
+                "fits": self.fits, "choice": self.choice, "steps": list(self.steps)}
+
+
+def _build(shape: KeyShape, multiples: dict[str, int], in_flight: int, workers: int, free: int, margin: int,
+           params: MsmParams | None) -> DevicePlan:
+    points = shape.section_bytes()
+    extra = {s: (window_count(c) - 1) * points[s] for s, c in multiples.items()}
+    return DevicePlan(shape, points, dict(multiples), extra, ntt_table_bytes(shape.domain_size),
+                      partition_bytes(shape), in_flight, workers, compute_scratch_bytes(shape, multiples, params),
+                      margin, free)
+
+
+def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str | None = "none",
+                margin: int = DEFAULT_MARGIN, params: MsmParams | None = None) -> DevicePlan:
+    """The device plan of a key of ``shape`` with ``free`` usable device bytes and ``workers``
+    partitions in flight at most (the prover's ``gpu_workers_per_device``), falling back as the
+    module docstring says. ``multiples``: the precomputed-multiples choice ("none", "auto" or a
+    comma list of sections, as :func:`.knobs.plan_multiples`; "auto" sizes them against the free
+    memory left once the points are resident). Raises DeviceMemoryError when even one partition
+    without multiples does not fit."""
+    workers = max(1, int(workers))
+    points = shape.section_bytes()
+    chosen = plan_multiples(points, free - sum(points.values()), shape.domain_size, multiples)
+    plan = _build(shape, chosen, workers, workers, free, margin, params)
+    steps: list[str] = []
+    for s in DROP_ORDER:
+        if plan.fits or not chosen:
+            break
+        if s in chosen:
+            chosen = {k: v for k, v in chosen.items() if k != s}
+            steps.append(f"dropped the precomputed multiples of {s}")
+            plan = _build(shape, chosen, workers, workers, free, margin, params)
+    k = workers
+    while not plan.fits and k > 1:
+        k -= 1
+        plan = _build(shape, chosen, k, workers, free, margin, params)
+        steps.append(f"{k} partition(s) in flight instead of {workers}")
+    plan.steps = steps
+    if steps:
+        dropped = [s for s in DROP_ORDER if any(st.endswith(f"multiples of {s}") for st in steps)]
+        parts = [f"without the precomputed multiples of {', '.join(dropped)}"] if dropped else []
+        if plan.in_flight < workers:
+            parts.append(f"{plan.in_flight} partition(s) in flight instead of {workers}")
+        plan.choice = "; ".join(parts)
+    if not plan.fits:
+        raise DeviceMemoryError(refusal(plan, margin, params))
+    return plan
+
+
+def largest_fitting_domain(shape: KeyShape, free: int, margin: int = DEFAULT_MARGIN,
+                           params: MsmParams | None = None) -> int | None:
+    """The largest power-of-two domain of this circuit's shape (n_vars in proportion) whose key
+    and one partition, without multiples, fit ``free`` bytes (None: not even 2^1)."""
+    for lg in range(max(1, shape.domain_size.bit_length() - 1), 0, -1):
+        if _build(shape.scaled(1 << lg), {}, 1, 1, free, margin, params).fits:
+            return 1 << lg
+    return None
+
+
+def refusal(plan: DevicePlan, margin: int = DEFAULT_MARGIN, params: MsmParams | None = None) -> str:
+    """The message of a key that does not fit even with every fallback: need vs free, the parts,
+    and the largest domain that would fit."""
+    best = largest_fitting_domain(plan.shape, plan.free, margin, params)
+    fit = (f"the largest domain of this circuit's shape that fits is 2^{best.bit_length() - 1} ({best} rows)"
+           if best else "not even a 2-row domain of this shape fits")
+    return (f"the proving key (domain 2^{plan.shape.domain_size.bit_length() - 1}, {plan.shape.n_vars} witness "
+            f"rows) needs {plan.total / GIB:.2f} GiB of device memory with no precomputed multiples and one "
+            f"partition in flight (points {plan.points_total / GIB:.2f} GiB, NTT tables {plan.ntt_tables / GIB:.2f}"
+            f" GiB, partition {plan.partition_total / GIB:.2f} GiB, MSM scratch "
+            f"{sum(plan.scratch.values()) / GIB:.2f} GiB, margin {plan.margin / GIB:.2f} GiB) but only "
+            f"{plan.free / GIB:.2f} GiB is free; {fit}")

@@ -1,0 +1,212 @@
+"""The GPU backend's device-memory plan (cuzk_mp/backends/gpu/plan.py): sizes, fallbacks, refusal.
+
+The plans of PoRep-like keys at 2^24, 2^26 and 2^27 on a 139 GiB device (an H200) and on devices
+too small; the point bytes against a real key's arrays; load_key on the emulated backend refusing a
+key before any upload, and keeping to the in-flight count its plan chose.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from cuzk_mp.backends.gpu.knobs import SECTIONS, window_count
+from cuzk_mp.backends.gpu.plan import (
+    DEFAULT_MARGIN,
+    KeyShape,
+    compute_scratch_bytes,
+    largest_fitting_domain,
+    msm_scratch_bytes,
+    partition_bytes,
+    plan_device,
+)
+from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+from cuzk_mp.errors import DeviceMemoryError, ResourceError
+
+GIB = 1 << 30
+H200_FREE = 139 * GIB
+
+
+def porep(log_n: int) -> KeyShape:
+    c = synthetic_circuit("porep-like", log_n)
+    return KeyShape(1 << log_n, c.n_wires, c.n_public)
+
+
+def test_points_match_a_real_key(test_key: tuple[Path, Path]) -> None:
+    """The plan's point bytes per section are the key file's section arrays' bytes (what load_key
+    uploads), and its partition bytes the a, b, c, w shapes the backend stages."""
+    from cuzk_mp.formats.zkey import read_zkey
+
+    with read_zkey(test_key[0]) as zkey:
+        shape = KeyShape.of(zkey)
+        assert shape.section_bytes() == {s: int(getattr(zkey, s).nbytes) for s in SECTIONS}
+        part = partition_bytes(shape)
+        assert part["a"] == part["b"] == part["c"] == zkey.domain_size * 4 * 8
+        assert part["w"] == zkey.n_vars * 4 * 8
+
+
+def test_porep_2_24_on_an_h200_keeps_every_multiple() -> None:
+    """2^24: the points (9 GiB) and all five multiples tables (c = 22: 11 more copies each) fit
+    with two partitions in flight; the tables are the 107.6 GiB the H200 run measured as the
+    key's device bytes."""
+    plan = plan_device(porep(24), H200_FREE, workers=2, multiples="auto")
+    assert plan.fits and plan.total <= H200_FREE and not plan.steps and plan.choice == "as configured"
+    assert plan.multiples == {s: 22 for s in ("h", "b2", "a", "b1", "c")}
+    assert plan.multiples_bytes == {s: (window_count(22) - 1) * plan.points[s] for s in plan.multiples}
+    key = plan.points_total + sum(plan.multiples_bytes.values())
+    assert 107 * GIB < key < 108 * GIB
+    assert plan.in_flight == 2 and plan.total == (plan.resident + 2 * plan.partition_total + sum(plan.scratch.values())
+                                                   + DEFAULT_MARGIN)
+
+
+def test_porep_2_26_on_an_h200() -> None:
+    """2^26: 36 GiB of points; the multiples of even one section (10 more copies) would not leave
+    the partitions room, so "auto" takes none; three workers' partitions fit."""
+    plan = plan_device(porep(26), H200_FREE, workers=3, multiples="auto")
+    assert plan.fits and plan.multiples == {} and plan.in_flight == 3
+    assert 35 * GIB < plan.points_total < 37 * GIB
+    # asked for the multiples of h explicitly: they do not fit, and the plan drops them
+    forced = plan_device(porep(26), H200_FREE, workers=2, multiples="h")
+    assert forced.multiples == {} and forced.steps == ["dropped the precomputed multiples of h"]
+    assert forced.in_flight == 2 and forced.fits
+
+
+def test_porep_2_27_on_an_h200() -> None:
+    """2^27: ~77 GB of points (72 GiB), no multiples; two partitions of 18 GiB in flight fit, a
+    third does not, so a prover with three workers keeps two on the device."""
+    shape = porep(27)
+    plan = plan_device(shape, H200_FREE, workers=2, multiples="auto")
+    assert 76e9 < plan.points_total < 78e9 and plan.multiples == {}
+    assert plan.fits and plan.in_flight == 2 and not plan.steps
+    assert 17 * GIB < plan.partition_total < 19 * GIB
+    three = plan_device(shape, H200_FREE, workers=3, multiples="auto")
+    assert three.in_flight == 2 and three.steps == ["2 partition(s) in flight instead of 3"]
+    assert three.choice == "2 partition(s) in flight instead of 3" and three.fits
+    assert "does NOT fit" not in three.summary() and "2 partition(s) in flight" in three.summary()
+    # one more partition than the plan allows would not fit: the fallback was needed
+    over = three.total + three.partition_total
+    assert over > H200_FREE
+    # multiples asked for on the 2^27 key go first, then the in-flight count
+    both = plan_device(shape, H200_FREE, workers=3, multiples="h,b2")
+    assert both.steps == ["dropped the precomputed multiples of b2", "dropped the precomputed multiples of h",
+                          "2 partition(s) in flight instead of 3"]
+    assert both.multiples == {} and both.in_flight == 2
+
+
+def test_too_small_device_is_refused_with_the_sizes() -> None:
+    """2^27 on 80 GiB: not even one partition without multiples fits; the error names the need,
+    the free memory and the largest domain of this shape that fits (2^26)."""
+    shape = porep(27)
+    with pytest.raises(DeviceMemoryError) as err:
+        plan_device(shape, 80 * GIB, workers=2, multiples="auto")
+    text = str(err.value)
+    one = plan_device(shape, 10**15, workers=1)  # the need with every fallback taken
+    assert f"needs {one.total / GIB:.2f} GiB" in text and "only 80.00 GiB is free" in text
+    assert "largest domain of this circuit's shape that fits is 2^26" in text
+    assert isinstance(err.value, ResourceError)
+    assert largest_fitting_domain(shape, 80 * GIB) == 1 << 26
+    assert plan_device(porep(26), 80 * GIB, workers=1).fits
+    with pytest.raises(DeviceMemoryError, match="not even a 2-row domain"):
+        plan_device(KeyShape(1 << 12, 1 << 12, 1), 1 << 20)
+
+
+def test_msm_scratch_follows_the_window_geometry() -> None:
+    """Dense 2^27 G1: c = 21, 13 windows, batches of 2 windows (max_entries 2^28): the sort's
+    bytes per key dominate; G2's XYZZ buckets are twice G1's; multiples with c = 24 keep two
+    bucket sets of 2^23."""
+    from cuzk_mp.backends.gpu.knobs import MsmParams
+
+    n = 1 << 27
+    g1, g2 = msm_scratch_bytes(n, False), msm_scratch_bytes(n, True)
+    assert 9 * GIB < g1 < g2 < 12 * GIB
+    assert msm_scratch_bytes(n, False, MsmParams(max_entries=1 << 27)) < g1  # fewer keys alive at once
+    with_mult = msm_scratch_bytes(1 << 20, False, multiples_c=24)
+    assert with_mult > 2 * (1 << 23) * 192
+    shape = porep(27)
+    scratch = compute_scratch_bytes(shape, {})
+    # the largest G1 MSM is H's (domain_size scalars > n_vars); G2 runs over n_vars
+    assert scratch == {"msm_g1": g1, "msm_g2": msm_scratch_bytes(shape.n_vars, True), "c_plan": 8 * shape.rows()["c"]}
+
+
+# ---------------------------------------------------------------- load_key on the emulated backend
+
+
+@pytest.fixture
+def emu(monkeypatch: pytest.MonkeyPatch) -> object:
+    """The GPU backend module over the fake CuPy (tests/gpu_emu/backend.py)."""
+    from tests import gpu_emu
+
+    if not gpu_emu.available():
+        pytest.skip("no host C++ compiler for the kernel emulator")
+    from tests.gpu_emu.backend import load_backend
+
+    return load_backend()
+
+
+def _set_free(monkeypatch: pytest.MonkeyPatch, mod: object, free: int) -> None:
+    runtime = mod.memory.cupy.cuda.runtime  # type: ignore[attr-defined]
+    monkeypatch.setattr(runtime, "memGetInfo", lambda: (free, 2 * free))
+
+
+def test_load_key_refuses_before_any_upload(emu: object, test_key: tuple[Path, Path],
+                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key that does not fit the (fake) device's free memory fails in load_key with the plan's
+    message, and nothing was uploaded."""
+    from cuzk_mp.formats.zkey import read_zkey
+
+    uploads: list[int] = []
+    monkeypatch.setattr(emu, "_upload_release", lambda dst, src, stream: uploads.append(src.nbytes) or 0)
+    backend = emu.GpuBackend(0, in_flight=2)  # type: ignore[attr-defined]
+    try:
+        with read_zkey(test_key[0]) as zkey:
+            one = plan_device(KeyShape.of(zkey), 10**15, workers=1)
+            _set_free(monkeypatch, emu, one.total - 1)
+            with pytest.raises(DeviceMemoryError, match=r"needs .* GiB of device memory .* is free; the largest "
+                                                         r"domain of this circuit's shape that fits is 2\^9"):
+                backend.load_key(zkey)
+        assert uploads == []
+    finally:
+        backend.close()
+
+
+@pytest.mark.slow
+def test_load_key_keeps_to_the_planned_in_flight_count(emu: object, test_key: tuple[Path, Path],
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """Free memory for one partition in flight but not two: load_key drops the multiples and
+    lowers the in-flight count; a second thread's stage waits until the first partition is
+    released, while the thread that holds one may stage another (a batch never waits for itself)."""
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+    from tests.helpers import LOG_N
+
+    monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "auto")
+    backend = emu.GpuBackend(0, in_flight=2)  # type: ignore[attr-defined]
+    try:
+        with read_zkey(test_key[0]) as zkey:
+            shape = KeyShape.of(zkey)
+            one = plan_device(shape, 10**15, workers=1)
+            _set_free(monkeypatch, emu, one.total + one.partition_total // 2)
+            key = backend.load_key(zkey)
+            assert key.plan.in_flight == 1 and key.multiples == {} and backend.in_flight_limit == 1
+            assert key.plan.steps[-1] == "1 partition(s) in flight instead of 2"
+            from cuzk_mp.circuits.synthetic import PorepLike
+
+            inputs = ConstraintEvaluator.from_zkey(zkey).evaluate(PorepLike(LOG_N).witness(7, 0))
+            first = backend.stage(key, inputs)
+            second = backend.stage(key, inputs)  # the same thread: no wait
+            backend.release(second)
+            got: list[object] = []
+            t = threading.Thread(target=lambda: got.append(backend.stage(key, inputs)))
+            t.start()
+            time.sleep(0.5)
+            assert not got and t.is_alive()  # waits for the first partition's place
+            backend.release(first)
+            t.join(30)
+            assert len(got) == 1
+            backend.release(got[0])
+            key.close()
+    finally:
+        backend.close()
