@@ -3,9 +3,11 @@
 Seeded random R1CSs (rows with no entries, a column repeated inside one row, columns in no row,
 coefficients 0 and -1): the column sums (a transposed product split over column ranges) equal
 the sums over an explicitly transposed CSR matrix, for any number of ranges; the QAP columns
-equal the combination done with separate scale/add passes; the coefficient section (a row-parallel
-fill, whole or in chunks) equals the numpy scatter; the streamed ``setup_file`` writes the very
-bytes of ``write_zkey(setup(...))``; a stream with the wrong row count fails and leaves no file.
+equal the combination done with separate scale/add passes; the fused Lagrange ratios and the H
+scalars equal powers, inversion and scalings done one by one; the coefficient section (a
+row-parallel fill, whole or in chunks) equals the numpy scatter; the streamed ``setup_file``
+writes the very bytes of ``write_zkey(setup(...))`` and logs each host step; a stream with the
+wrong row count fails and leaves no file.
 """
 
 from __future__ import annotations
