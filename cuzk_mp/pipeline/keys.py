@@ -80,10 +80,17 @@ def _same_bytes(a: Path, b: Path) -> bool:
                 return True
 
 
-def _setup(r1cs: str, zkey: str, backend: str) -> None:
+def _setup(r1cs: str, zkey: str, backend: str, log_level: str | None = None) -> None:
+    """The setup itself; in a spawned child (``log_level`` given) logging is set up first, at the
+    engine's level, so the setup's progress lines (INFO) reach the log as they would in-process."""
     from ..backends import get_backend
     from ..groth16.setup import setup_file
 
+    if log_level is not None:
+        from ..logs import child_format, configure
+
+        configure(log_level, child_format(), process="cuzk-key-setup",
+                  text_format=f"(cuzk-key-setup pid={os.getpid()}) %(asctime)s %(levelname)s %(name)s: %(message)s")
     setup_file(r1cs, zkey, get_backend(backend))
 
 
@@ -94,7 +101,8 @@ def _run_setup(r1cs: Path, zkey: Path, backend: str) -> None:
     if resolved == "cpu":
         _setup(str(r1cs), str(zkey), "cpu")
         return
-    proc = mp.get_context("spawn").Process(target=_setup, args=(str(r1cs), str(zkey), resolved),
+    level = os.environ.get("CUZK_MP_LOG_LEVEL") or logging.getLevelName(logging.getLogger().getEffectiveLevel())
+    proc = mp.get_context("spawn").Process(target=_setup, args=(str(r1cs), str(zkey), resolved, level),
                                            name="cuzk-key-setup")
     proc.start()
     proc.join()
