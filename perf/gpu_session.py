@@ -43,9 +43,7 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import datetime as _dt
 import inspect
-import json
 import os
 import statistics
 import subprocess
@@ -53,12 +51,12 @@ import sys
 import tarfile
 import tempfile
 import time
-import traceback
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from device_run import DeviceRun, cli, table  # perf/, the script's own folder
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -90,74 +88,25 @@ TABLE_KEYS = [
 ]
 
 
-class Session:
-    """Rows, logs and the time budget of one run."""
-
-    def __init__(self, out: Path, budget_s: float, dry: bool) -> None:
-        self.out, self.budget_s, self.dry = out, budget_s, dry
-        self.t0 = time.perf_counter()
-        self.rows: dict[str, Any] = {"date": _dt.date.today().isoformat(), "dry_run": dry}
-        self.logs = out / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.failed_checks: list[str] = []
-
-    def left(self) -> float:
-        return self.budget_s - (time.perf_counter() - self.t0)
-
-    def log(self, msg: str) -> None:
-        line = f"[{time.perf_counter() - self.t0:6.1f} s] {msg}"
-        print(line, flush=True)
-        with open(self.logs / "session.log", "a") as f:
-            f.write(line + "\n")
-
-    def check(self, key: str, ok: bool) -> None:
-        self.rows[key] = bool(ok)
-        if not ok:
-            self.failed_checks.append(key)
-            self.log(f"CHECK FAILED: {key}")
-
-    def save(self) -> None:
-        self.rows["checks_failed"] = len(self.failed_checks)
-        self.rows["failed_checks"] = self.failed_checks
-        self.rows["session_s"] = time.perf_counter() - self.t0
-        (self.out / "gpu-session.json").write_text(json.dumps(self.rows, indent=1, sort_keys=True, default=str) + "\n")
-
-
 # ---------------------------------------------------------------- fresh box (whole processes)
 
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cuzk_mp.cli", *args]
-
-
-def _timed(ses: Session, label: str, cmd: list[str], timeout: float) -> tuple[float, str]:
-    t0 = time.perf_counter()
-    timeout *= 5 if ses.dry else 1  # the dry run's CPU box compiles numba on 2 shared cores
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=ROOT, check=False)
-    took = time.perf_counter() - t0
-    text = f"$ {' '.join(cmd)}\n--- rc {res.returncode} in {took:.2f} s\n{res.stdout}\n{res.stderr}"
-    (ses.logs / f"{label}.log").write_text(text)
-    if res.returncode:
-        raise RuntimeError(f"{label} failed (rc {res.returncode}): {res.stderr[-800:]}")
-    return took, res.stdout + res.stderr
-
-
-def fresh_rows(ses: Session, backend: str, log_n: int) -> None:
+def fresh_rows(ses: DeviceRun, backend: str, log_n: int) -> None:
     """circuit, setup, first prove and warm proves of the 2^log_n PoRep-like circuit, as processes."""
     work = Path(tempfile.mkdtemp(prefix="cuzk-fresh-"))
-    ses.rows[f"fresh_circuit_2^{log_n}_s"], _ = _timed(
-        ses, "fresh_circuit", _cli("circuit", "porep-like", "--log-n", str(log_n), str(work)), 300)
+    ses.rows[f"fresh_circuit_2^{log_n}_s"], _ = ses.command(
+        "fresh_circuit", cli("circuit", "porep-like", "--log-n", str(log_n), str(work)), 300)
     r1cs, wtns = work / f"porep-like-{log_n}.r1cs", work / f"porep-like-{log_n}.wtns"
     zkey = work / "k.zkey"
-    took, out = _timed(ses, "fresh_setup", _cli("--log-level", "INFO", "setup", "--backend", backend, str(r1cs),
+    took, out = ses.command("fresh_setup", cli("--log-level", "INFO", "setup", "--backend", backend, str(r1cs),
                                                    str(zkey)), 240)
     ses.rows[f"fresh_setup_2^{log_n}_s"] = took
     fallbacks = out.count("compiling with NVRTC")
-    prove = _cli("--log-level", "INFO", "groth16", "prove", "--backend", backend, str(zkey), str(wtns),
+    prove = cli("--log-level", "INFO", "groth16", "prove", "--backend", backend, str(zkey), str(wtns),
                  str(work / "proof.json"), str(work / "public.json"))
-    took, out = _timed(ses, "fresh_prove_first", prove, 240)
+    took, out = ses.command("fresh_prove_first", prove, 240)
     ses.rows[f"fresh_prove_2^{log_n}_first_s"] = took
     fallbacks += out.count("compiling with NVRTC")
-    warm = [_timed(ses, f"fresh_prove_warm{i}", prove, 120)[0] for i in range(3)]
+    warm = [ses.command(f"fresh_prove_warm{i}", prove, 120)[0] for i in range(3)]
     ses.rows[f"fresh_prove_2^{log_n}_warm_s"] = statistics.median(warm)
     ses.rows["fresh_nvrtc_fallbacks"] = fallbacks
     (ses.out / "proofs" / f"fresh-porep-2^{log_n}").mkdir(parents=True, exist_ok=True)
@@ -171,7 +120,7 @@ def _text(x: str | bytes | None) -> str:
     return x.decode(errors="replace") if isinstance(x, bytes) else (x or "")
 
 
-def test_rows(ses: Session, collect_only: bool) -> None:
+def test_rows(ses: DeviceRun, collect_only: bool) -> None:
     """The gpu-marked tests of what changed (:data:`TEST_GROUPS`), each run bounded by a timeout."""
     import re
 
@@ -221,7 +170,7 @@ def test_rows(ses: Session, collect_only: bool) -> None:
 
 # ---------------------------------------------------------------- MSM rows
 
-def msm_rows(ses: Session, sizes_g1: tuple[int, ...], lg_g2: int, reps: int) -> None:
+def msm_rows(ses: DeviceRun, sizes_g1: tuple[int, ...], lg_g2: int, reps: int) -> None:
     """G1/G2 random MSMs with both bucket accumulations, plain and with precomputed multiples; checked."""
     import gpu_msm_bench as mb
 
@@ -302,7 +251,7 @@ def _to_host(a: Any) -> np.ndarray:
     return np.asarray(a.get() if hasattr(a, "get") else a)
 
 
-def partition_rows(ses: Session, lg: int, reps: int) -> None:
+def partition_rows(ses: DeviceRun, lg: int, reps: int) -> None:
     """Device work of one 2^lg partition through the protocol recipe: multiples none vs default,
     each with the XYZZ and the batch-affine accumulation."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
@@ -335,7 +284,7 @@ def partition_rows(ses: Session, lg: int, reps: int) -> None:
     backend.close()
 
 
-def _partition_runs(ses: Session, backend: Any, key: Any, abc: list[np.ndarray], witnesses: dict[str, np.ndarray],
+def _partition_runs(ses: DeviceRun, backend: Any, key: Any, abc: list[np.ndarray], witnesses: dict[str, np.ndarray],
                     suffix: str, lg: int, n_public: int, reps: int, g1: Any, g2: Any) -> None:
     """A checked warm-up and ``reps`` timed partitions per witness on a loaded key."""
     import cupy
@@ -368,7 +317,7 @@ def _partition_runs(ses: Session, backend: Any, key: Any, abc: list[np.ndarray],
                 + ", ".join(f"{k} {ses.rows[f'{base}_{k}_ms']:.1f}" for k in runs[0][0] if k != "total"))
 
 
-def _check_sums(ses: Session, base: str, sums: Any, w: np.ndarray, p: np.ndarray, g1: Any, g2: Any,
+def _check_sums(ses: DeviceRun, base: str, sums: Any, w: np.ndarray, p: np.ndarray, g1: Any, g2: Any,
                 n_public: int, mb: Any) -> None:
     """Each of the five sums against (sum_i s_i t_i) G with the known discrete logs."""
     from py_arkworks_bls12381 import Scalar
@@ -383,7 +332,7 @@ def _check_sums(ses: Session, base: str, sums: Any, w: np.ndarray, p: np.ndarray
         ses.check(f"{base}_{name}_ok", getattr(sums, name) == point)
 
 
-def partition_cpu_references(ses: Session, lg: int) -> None:
+def partition_cpu_references(ses: DeviceRun, lg: int) -> None:
     """The partition section's host side without a GPU: witnesses, the dot products of the checks."""
     import gpu_msm_bench as mb
 
@@ -399,7 +348,7 @@ def partition_cpu_references(ses: Session, lg: int) -> None:
 
 # ---------------------------------------------------------------- real proofs
 
-def proof_rows(ses: Session, lg: int, reps: int) -> None:
+def proof_rows(ses: DeviceRun, lg: int, reps: int) -> None:
     """Real proofs of both synthetic circuits with GPU dev keys, self-verified, kept for snarkjs."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
     from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
@@ -449,26 +398,6 @@ def _protocol_ready() -> str:
                                             "in this checkout (the recipe of the backend protocol)")
 
 
-def run_section(ses: Session, name: str, fn: Callable[[], None]) -> None:
-    if ses.left() < ESTIMATE_S.get(name, 30.0) and not ses.dry:
-        ses.rows[f"{name}_status"] = f"not run: {ses.left():.0f} s left, ~{ESTIMATE_S[name]:.0f} s needed"
-        ses.log(ses.rows[f"{name}_status"])
-        return
-    ses.log(f"section {name} ...")
-    t0 = time.perf_counter()
-    try:
-        fn()
-        ses.rows[f"{name}_status"] = "ok"
-    except Exception as exc:  # noqa: BLE001 - a failed section is recorded, the others still run
-        ses.rows[f"{name}_status"] = f"error: {type(exc).__name__}: {exc}"[:2000]
-        (ses.logs / f"{name}.error.log").write_text(traceback.format_exc())
-        ses.failed_checks.append(f"{name}_section")
-        ses.log(f"section {name} FAILED: {type(exc).__name__}: {exc}")
-    ses.rows[f"{name}_s"] = time.perf_counter() - t0
-    ses.log(f"section {name}: {ses.rows[f'{name}_s']:.1f} s")
-    ses.save()
-
-
 def _dry_run_setup() -> None:
     """Bind cuzk_mp.backends.gpu to the CPU kernel emulator (numpy arrays as device arrays)."""
     import types
@@ -487,18 +416,6 @@ def _dry_run_setup() -> None:
     gpu_emu.fake_cupy.get_default_pinned_memory_pool = gpu_emu.fake_cupy.get_default_memory_pool
 
 
-def table(rows: dict[str, Any]) -> str:
-    lines = [f"{'row':44} value"]
-    for k in TABLE_KEYS:
-        if k in rows:
-            v = rows[k]
-            lines.append(f"{k:44} {v:.4g}" if isinstance(v, float) else f"{k:44} {v}")
-    for k in sorted(rows):
-        if k.endswith("_status") and rows[k] != "ok":
-            lines.append(f"{k:44} {rows[k][:70]}")
-    return "\n".join(lines)
-
-
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")), help="output folder ($OUT)")
@@ -515,7 +432,7 @@ def main() -> None:
     if unknown:
         ap.error(f"unknown sections {sorted(unknown)}")
     args.out.mkdir(parents=True, exist_ok=True)
-    ses = Session(args.out, args.budget_s, args.dry_run)
+    ses = DeviceRun(args.out, args.budget_s, args.dry_run, "gpu-session.json", ESTIMATE_S)
     if args.dry_run:
         _dry_run_setup()
         ses.rows["gpu"] = "none (dry run: CPU kernel emulator)"
@@ -544,7 +461,7 @@ def main() -> None:
         if why and name in ("partition", "proofs") and not args.dry_run:
             ses.rows[f"{name}_status"] = f"not run: {why}"
             continue
-        run_section(ses, name, fn)
+        ses.section(name, fn)
     ses.save()
     tar = args.out / "gpu-session.tar.gz"
     with tarfile.open(tar, "w:gz") as tf:
@@ -552,7 +469,7 @@ def main() -> None:
             if (args.out / item).exists():
                 tf.add(args.out / item, arcname=item)
     print(f"wrote {tar}")
-    print(table(ses.rows))
+    print(table(ses.rows, TABLE_KEYS))
 
 
 if __name__ == "__main__":

@@ -39,21 +39,20 @@ keys, timeline and device; warm and oneshot with the CPU backend at 2^10; pipeli
 from __future__ import annotations
 
 import argparse
-import datetime as _dt
 import json
 import os
 import re
 import statistics
-import subprocess
 import sys
 import tempfile
 import threading
 import time
-import traceback
 import types
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
+
+from device_run import DeviceRun, cli, table  # perf/, the script's own folder
 
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
@@ -81,53 +80,12 @@ TABLE_KEYS = [
 ]
 
 
-class Session:
-    """Rows, logs and the time budget of one run."""
+class Session(DeviceRun):
+    """The run's rows, logs and budget (:class:`device_run.DeviceRun`), and the folder of its dev keys."""
 
     def __init__(self, out: Path, budget_s: float, dry: bool) -> None:
-        self.out, self.budget_s, self.dry = out, budget_s, dry
-        self.t0 = time.perf_counter()
-        self.rows: dict[str, Any] = {"date": _dt.date.today().isoformat(), "dry_run": dry, "proofs_verified": 0}
-        self.logs = out / "logs"
-        self.logs.mkdir(parents=True, exist_ok=True)
-        self.failed: list[str] = []
+        super().__init__(out, budget_s, dry, "gpu-small.json", ESTIMATE_S, proofs_verified=0)
         self.cache = Path(tempfile.mkdtemp(prefix="cuzk-small-keys-"))
-
-    def left(self) -> float:
-        return self.budget_s - (time.perf_counter() - self.t0)
-
-    def log(self, msg: str) -> None:
-        line = f"[{time.perf_counter() - self.t0:6.1f} s] {msg}"
-        print(line, flush=True)
-        with open(self.logs / "session.log", "a") as f:
-            f.write(line + "\n")
-
-    def fail(self, what: str) -> None:
-        self.failed.append(what)
-        self.log(f"CHECK FAILED: {what}")
-
-    def save(self) -> None:
-        self.rows["checks_failed"] = len(self.failed)
-        self.rows["failed_checks"] = self.failed
-        self.rows["session_s"] = time.perf_counter() - self.t0
-        (self.out / "gpu-small.json").write_text(json.dumps(self.rows, indent=1, sort_keys=True, default=str) + "\n")
-
-
-def _cli(*args: str) -> list[str]:
-    return [sys.executable, "-m", "cuzk_mp.cli", *args]
-
-
-def _run(ses: Session, label: str, cmd: list[str], timeout: float, env: dict[str, str] | None = None
-         ) -> tuple[float, str]:
-    t0 = time.perf_counter()
-    res = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout * (6 if ses.dry else 1), cwd=ROOT,
-                         check=False, env={**os.environ, **(env or {})})
-    took = time.perf_counter() - t0
-    (ses.logs / f"{label}.log").write_text(f"$ {' '.join(cmd)}\n--- rc {res.returncode} in {took:.2f} s\n"
-                                           f"{res.stdout}\n{res.stderr}")
-    if res.returncode:
-        raise RuntimeError(f"{label} failed (rc {res.returncode}): {res.stderr[-800:]}")
-    return took, res.stdout + res.stderr
 
 
 # ---------------------------------------------------------------- keys and the backend
@@ -417,7 +375,7 @@ def param_rows(ses: Session, sizes: tuple[int, ...], reps: int) -> None:
 # ---------------------------------------------------------------- whole processes
 
 def warm_rows(ses: Session) -> None:
-    ses.rows["warm_s"], _ = _run(ses, "warm_caches", [sys.executable, "scripts/warm_caches.py"], 300)
+    ses.rows["warm_s"], _ = ses.command("warm_caches", [sys.executable, "scripts/warm_caches.py"], 300)
 
 
 STEP = re.compile(r"prove: (.*)$", re.M)
@@ -433,12 +391,12 @@ def oneshot_rows(ses: Session, n: int, backend: str) -> None:
     work = Path(tempfile.mkdtemp(prefix="cuzk-oneshot-"))
     wtns = work / "w.wtns"
     write_wtns(wtns, PorepLike(n).witness(7, 0))
-    cmd = _cli("--log-level", "INFO", "groth16", "prove", "--backend", backend, str(zkey), str(wtns),
+    cmd = cli("--log-level", "INFO", "groth16", "prove", "--backend", backend, str(zkey), str(wtns),
                str(work / "proof.json"), str(work / "public.json"))
-    ses.rows[f"oneshot_2^{n}_first_s"], _ = _run(ses, "oneshot_first", cmd, 120)
+    ses.rows[f"oneshot_2^{n}_first_s"], _ = ses.command("oneshot_first", cmd, 120)
     warm, text = [], ""
     for i in range(3):
-        took, text = _run(ses, f"oneshot_warm{i}", cmd, 60)
+        took, text = ses.command(f"oneshot_warm{i}", cmd, 60)
         warm.append(took)
     ses.rows[f"oneshot_2^{n}_warm_s"] = statistics.median(warm)
     ses.rows["proofs_verified"] += 4  # each process self-verified its proof (exit 0)
@@ -448,7 +406,7 @@ def oneshot_rows(ses: Session, n: int, backend: str) -> None:
             name, value, _ = part.rsplit(" ", 2)
             ses.rows[f"oneshot_2^{n}_step_{name}_ms"] = float(value)
     imp = work / "importtime.txt"
-    _run(ses, "oneshot_importtime", [sys.executable, "-X", "importtime", *cmd[1:]], 60)
+    ses.command("oneshot_importtime", [sys.executable, "-X", "importtime", *cmd[1:]], 60)
     text = (ses.logs / "oneshot_importtime.log").read_text()
     imp.write_text(text)
     top = [(int(c), name.strip()) for _, c, name in re.findall(r"import time:\s+(\d+) \|\s+(\d+) \|( [^ ].*)$",
@@ -463,9 +421,9 @@ def oneshot_rows(ses: Session, n: int, backend: str) -> None:
 def pipeline_rows(ses: Session, n: int) -> None:
     for tag, env in (("", {}), ("_nobatch", {"CUZK_MP_PROVER_BATCH": "1"})):
         out = ses.out / f"bench-2^{n}{tag}.json"
-        _run(ses, f"bench{tag}", _cli("bench", "--backend", "gpu", "--log-n", str(n), "--partitions", "10",
-                                      "--jobs", "10", "--partition-workers", "8", "--ring-slots", "8",
-                                      "--cache", str(ses.cache), "--json", str(out)), 150, env)
+        ses.command(f"bench{tag}", cli("bench", "--backend", "gpu", "--log-n", str(n), "--partitions", "10",
+                                       "--jobs", "10", "--partition-workers", "8", "--ring-slots", "8",
+                                       "--cache", str(ses.cache), "--json", str(out)), 150, env=env, dry_factor=6)
         r = json.loads(out.read_text())
         ses.rows[f"pipeline_2^{n}_s_per_partition{tag}"] = r["s_per_proof"]
         ses.rows[f"pipeline_2^{n}_device_ms{tag}"] = 1e3 * r["median_stage_s"].get("device", float("nan"))
@@ -479,7 +437,7 @@ def pipeline_rows(ses: Session, n: int) -> None:
 
 def daemon_rows(ses: Session, n: int) -> None:
     out = ses.out / f"daemon-latency-gpu-2^{n}.json"
-    _run(ses, "daemon_latency", [sys.executable, "perf/daemon_latency.py", "--backend", "gpu", "--log-n", str(n),
+    ses.command("daemon_latency", [sys.executable, "perf/daemon_latency.py", "--backend", "gpu", "--log-n", str(n),
                                  "--jobs", "20", "--cache", str(ses.cache), "--json", str(out)], 150)
     r = json.loads(out.read_text())
     ses.rows[f"daemon_2^{n}_latency_p50_ms"] = 1e3 * r["latency_s"]["p50"]
@@ -493,37 +451,6 @@ def daemon_rows(ses: Session, n: int) -> None:
 
 
 # ---------------------------------------------------------------- driver
-
-def run_section(ses: Session, name: str, fn: Callable[[], None]) -> None:
-    if ses.left() < ESTIMATE_S[name] and not ses.dry:
-        ses.rows[f"{name}_status"] = f"not run: {ses.left():.0f} s left, ~{ESTIMATE_S[name]:.0f} s needed"
-        ses.log(ses.rows[f"{name}_status"])
-        return
-    ses.log(f"section {name} ...")
-    t0 = time.perf_counter()
-    try:
-        fn()
-        ses.rows[f"{name}_status"] = "ok"
-    except Exception as exc:  # noqa: BLE001 - a failed section is recorded, the others still run
-        ses.rows[f"{name}_status"] = f"error: {type(exc).__name__}: {exc}"[:2000]
-        (ses.logs / f"{name}.error.log").write_text(traceback.format_exc())
-        ses.fail(f"{name}_section")
-    ses.rows[f"{name}_s"] = time.perf_counter() - t0
-    ses.log(f"section {name}: {ses.rows[f'{name}_s']:.1f} s")
-    ses.save()
-
-
-def table(rows: dict[str, Any]) -> str:
-    lines = [f"{'row':44} value"]
-    for k in TABLE_KEYS:
-        if k in rows:
-            v = rows[k]
-            lines.append(f"{k:44} {v:.4g}" if isinstance(v, float) else f"{k:44} {v}")
-    for k in sorted(rows):
-        if k.endswith("_status") and rows[k] != "ok":
-            lines.append(f"{k:44} {rows[k][:70]}")
-    return "\n".join(lines)
-
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -561,9 +488,9 @@ def main() -> int:
     }
     for name, fn in sections.items():
         if name not in skip:
-            run_section(ses, name, fn)
+            ses.section(name, fn)
     ses.save()
-    print(table(ses.rows))
+    print(table(ses.rows, TABLE_KEYS))
     return 1 if ses.failed else 0
 
 
