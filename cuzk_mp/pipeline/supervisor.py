@@ -313,7 +313,9 @@ class Supervisor:
             h.proc.kill()
             _running([h], TERM_WAIT_S)
         for h in handles:
-            h.proc.join(0)  # reap what has exited (harmless where the event thread did)
+            # reap: the sentinel fired, so this returns as soon as the exit status is there
+            # (at once where the event thread reaped it first)
+            h.proc.join(TERM_WAIT_S)
 
     def close_all(self) -> None:
         """Close the parent's pipe ends of every child (after the event thread has stopped)."""
