@@ -54,6 +54,13 @@ def export_for_children(level: str, fmt: str) -> None:
     os.environ["CUZK_MP_LOG_FORMAT"] = fmt
 
 
+def configure_child(name: str, level: str) -> None:
+    """Logging of a spawned child process ``name``: its lines carry its name and pid, in the format the
+    parent exported (:func:`export_for_children`)."""
+    configure(level, child_format(), process=name,
+              text_format=f"({name} pid={os.getpid()}) %(asctime)s %(levelname)s %(name)s: %(message)s")
+
+
 def child_format() -> str:
     """The format a child should use (``CUZK_MP_LOG_FORMAT``, default text)."""
     fmt = os.environ.get("CUZK_MP_LOG_FORMAT", "text")

@@ -33,7 +33,7 @@ REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 sys.path.insert(0, str(REPO / "perf"))
 
-from daemon_load import _cpu_model, percentile  # noqa: E402
+from daemon_load import _cpu_model, launch_daemon, percentile  # noqa: E402
 
 from cuzk_mp.daemon.client import Client, synthetic_partitions, write_outputs  # noqa: E402
 
@@ -64,23 +64,8 @@ SPLIT = ("queue_wait", "ring_wait", "shm_write", "synthesis", "staging", "device
 
 
 def start_daemon(work: Path, cache: Path, backend: str, log_n: int) -> tuple[subprocess.Popen[bytes], str]:
-    """Launch the daemon and wait until it serves; returns (process, address)."""
-    (work / "cuzk.toml").write_text(CONFIG.format(work=work, cache=cache, backend=backend, log_n=log_n))
-    log = open(work / "daemon.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "cuzk_mp.cli", "daemon", "--config", str(work / "cuzk.toml")],
-                            cwd=REPO, stdout=log, stderr=log)
-    addr = f"unix://{work}/cuzk.sock"
-    deadline = time.monotonic() + 900
-    while time.monotonic() < deadline:
-        if proc.poll() is not None:
-            raise RuntimeError((work / "daemon.log").read_text())
-        try:
-            with Client(addr) as c:
-                if c.status()["daemon"]["state"] == "running":
-                    return proc, addr
-        except OSError:
-            time.sleep(0.2)
-    raise TimeoutError("daemon did not start")
+    """Launch the daemon and wait until it serves (a first GPU start compiles); returns (process, address)."""
+    return launch_daemon(work, CONFIG.format(work=work, cache=cache, backend=backend, log_n=log_n), 900)
 
 
 def one_job(addr: str, seed: int, out_dir: Path) -> tuple[float, Any]:

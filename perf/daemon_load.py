@@ -72,12 +72,18 @@ def percentile(xs: list[float], q: float) -> float:
 
 def start_daemon(work: Path, workers: int, log_n: int) -> tuple[subprocess.Popen[bytes], str]:
     """Launch the daemon and wait until it serves; returns (process, address)."""
-    (work / "cuzk.toml").write_text(CONFIG.format(work=work, workers=workers, log_n=log_n))
+    return launch_daemon(work, CONFIG.format(work=work, workers=workers, log_n=log_n), 600)
+
+
+def launch_daemon(work: Path, config: str, timeout_s: float) -> tuple[subprocess.Popen[bytes], str]:
+    """Write ``config`` as work/cuzk.toml, start `cuzk-mp daemon` on it (log in work/daemon.log) and wait
+    up to ``timeout_s`` until it serves on unix://work/cuzk.sock; returns (process, address)."""
+    (work / "cuzk.toml").write_text(config)
     log = open(work / "daemon.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "cuzk_mp.cli", "daemon", "--config",
                              str(work / "cuzk.toml")], cwd=REPO, stdout=log, stderr=log)
     addr = f"unix://{work}/cuzk.sock"
-    deadline = time.monotonic() + 600
+    deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
         if proc.poll() is not None:
             raise RuntimeError((work / "daemon.log").read_text())

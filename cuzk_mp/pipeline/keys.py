@@ -87,10 +87,9 @@ def _setup(r1cs: str, zkey: str, backend: str, log_level: str | None = None) -> 
     from ..groth16.setup import setup_file
 
     if log_level is not None:
-        from ..logs import child_format, configure
+        from ..logs import configure_child
 
-        configure(log_level, child_format(), process="cuzk-key-setup",
-                  text_format=f"(cuzk-key-setup pid={os.getpid()}) %(asctime)s %(levelname)s %(name)s: %(message)s")
+        configure_child("cuzk-key-setup", log_level)
     setup_file(r1cs, zkey, get_backend(backend))
 
 

@@ -38,7 +38,7 @@ from typing import Any
 
 import msgspec
 
-from ..logs import child_format, configure
+from ..logs import configure_child
 from . import messages as msg
 
 log = logging.getLogger("cuzk_mp.pipeline")
@@ -180,8 +180,7 @@ def bootstrap(spec: ChildSpec, conn: Connection, death_r: Connection) -> None:
     """Entry point of every child (runs in the fresh spawned interpreter)."""
     os.environ.update(spec.env)  # before any import of numba / cupy (see the module docstring)
     _set_thread_name(spec.name)
-    configure(os.environ.get("CUZK_MP_LOG_LEVEL", "WARNING"), child_format(), process=spec.name,
-              text_format=f"({spec.name} pid={os.getpid()}) %(asctime)s %(levelname)s %(name)s: %(message)s")
+    configure_child(spec.name, os.environ.get("CUZK_MP_LOG_LEVEL", "WARNING"))
     ctx = ChildContext(spec, conn)
     _install_signals(ctx)
     threading.Thread(target=_watch_parent, args=(death_r, ctx), name=f"{spec.name}-death", daemon=True).start()
