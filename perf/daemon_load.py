@@ -76,8 +76,8 @@ def start_daemon(work: Path, workers: int, log_n: int) -> tuple[subprocess.Popen
 
 
 def launch_daemon(work: Path, config: str, timeout_s: float) -> tuple[subprocess.Popen[bytes], str]:
-    """Write ``config`` as work/cuzk.toml, start `cuzk-mp daemon` on it (log in work/daemon.log) and wait
-    up to ``timeout_s`` until it serves on unix://work/cuzk.sock; returns (process, address)."""
+    """Write ``config`` as ``<work>/cuzk.toml``, start `cuzk-mp daemon` on it (log in ``<work>/daemon.log``)
+    and wait up to ``timeout_s`` until it serves on ``unix://<work>/cuzk.sock``; returns (process, address)."""
     (work / "cuzk.toml").write_text(config)
     log = open(work / "daemon.log", "wb")
     proc = subprocess.Popen([sys.executable, "-m", "cuzk_mp.cli", "daemon", "--config",
