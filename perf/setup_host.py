@@ -97,7 +97,7 @@ def one_size(log_n: int, work: Path) -> dict[str, Any]:
         for m in "abc":
             _timed(times, f"column_sums_{m}", functools.partial(dev._column_sums, getattr(r1cs, m), lag))
         _timed(times, "qap_columns", lambda: dev._qap_columns(r1cs, toxic, log_n))
-        _timed(times, "h_scalars", lambda: dev._h_scalars(toxic, log_n))
+        _timed(times, "h_scalars", lambda: dev.h_scalars(toxic, log_n))
         _timed(times, "coefs", lambda: dev.snarkjs_coefs(r1cs))
         zkey = _timed(times, "setup_total", lambda: dev.setup(r1cs, StubBackend(), toxic=toxic))
         _timed(times, "write_zkey", functools.partial(write_zkey, Path(tmp) / "c.zkey", zkey))
@@ -116,7 +116,7 @@ def _lagrange(tau: int, log_n: int, n_rows: int) -> np.ndarray:
 
     n, w = 1 << log_n, fr_root_of_unity(log_n)
     if hasattr(fr, "geometric_ratios"):
-        return fr.geometric_ratios(tau, dev._lagrange_factor(tau, n), w, 1, n_rows)
+        return fr.geometric_ratios(tau, dev.lagrange_factor(tau, n), w, 1, n_rows)
     return dev.lagrange_values(tau, n, fr.powers(w, n_rows))
 
 

@@ -182,6 +182,52 @@ def evaluate_rows_into(a: CodedMatrix, b: CodedMatrix, c: CodedMatrix | None, tm
     return (int(bad[0]) if bad.size else -1), int(n_bad.sum())
 
 
+# ------------------------------------------------------------------ transposed product
+
+
+@njit(parallel=True, nogil=True, cache=True)
+def _rmatvec(ptr, cols, codes, tmont, x, bounds, out):  # type: ignore[no-untyped-def]
+    # out[j] = sum_r M[r, j] x[r] (Montgomery x, v R table: Montgomery out). Task t owns the columns
+    # bounds[t] .. bounds[t+1]-1 and scans every entry, as fr.csr_rmatvec does (no transpose, no atomics).
+    for t in prange(bounds.shape[0] - 1):
+        lo, hi = bounds[t], bounds[t + 1]
+        for j in range(lo, hi):
+            out[j, 0] = out[j, 1] = out[j, 2] = out[j, 3] = U0
+        for r in range(ptr.shape[0] - 1):
+            x0, x1, x2, x3 = x[r, 0], x[r, 1], x[r, 2], x[r, 3]
+            for k in range(ptr[r], ptr[r + 1]):
+                j = np.int64(cols[k])
+                if j < lo or j >= hi:
+                    continue
+                c = codes[k]
+                if c == CODE_ONE:
+                    p0, p1, p2, p3 = x0, x1, x2, x3
+                elif c == CODE_MINUS_ONE:
+                    p0, p1, p2, p3 = fsub(U0, U0, U0, U0, x0, x1, x2, x3)
+                else:
+                    p0, p1, p2, p3 = fmul(tmont[c, 0], tmont[c, 1], tmont[c, 2], tmont[c, 3], x0, x1, x2, x3)
+                out[j, 0], out[j, 1], out[j, 2], out[j, 3] = fadd(out[j, 0], out[j, 1], out[j, 2], out[j, 3],
+                                                                  p0, p1, p2, p3)
+
+
+def rmatvec(m: CodedMatrix, tmont: np.ndarray, x: np.ndarray, n_cols: int, tasks: int | None = None) -> np.ndarray:
+    """The transposed product ``out[j] = sum_r M[r, j] x[r]`` in standard form, ``(n_cols, 4)``.
+
+    ``x`` is in Montgomery form (at least M's row count of entries) and ``tmont`` the table as v R;
+    a coefficient +-1 costs an addition, any other one Montgomery multiply. Parallel over column
+    ranges of about equal entry counts (:func:`cuzk_mp.algebra.fr.column_bounds`); the result does
+    not depend on the thread count. This is what a setup needs of the circuit (the QAP columns at
+    tau: x = the Lagrange values) when it has only the compact matrices.
+    """
+    if x.shape[0] < m.n_rows:
+        raise ValueError(f"vector has {x.shape[0]} entries, matrix has {m.n_rows} rows")
+    out = np.empty((n_cols, 4), dtype=np.uint64)
+    mat = readonly_matrix(m)
+    _rmatvec(mat.indptr, mat.cols, mat.codes, _readonly(tmont), _readonly(np.ascontiguousarray(x)),
+             fr.column_bounds(m.cols, n_cols, tasks), out)
+    return fr.from_mont_into(out, out)
+
+
 # ------------------------------------------------------------------ distinct values
 
 

@@ -366,11 +366,11 @@ def csr_rmatvec(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, w: np
     if w.shape[0] < indptr.shape[0] - 1:
         raise ValueError(f"vector has {w.shape[0]} entries, matrix has {indptr.shape[0] - 1} rows")
     out = np.empty((n_cols, NL), dtype=np.uint64)
-    _csr_rmatvec(indptr, indices, _check(data), w, _column_bounds(indices, n_cols, tasks), out)
+    _csr_rmatvec(indptr, indices, _check(data), w, column_bounds(indices, n_cols, tasks), out)
     return out
 
 
-def _column_bounds(indices: np.ndarray, n_cols: int, tasks: int | None) -> np.ndarray:
+def column_bounds(indices: np.ndarray, n_cols: int, tasks: int | None) -> np.ndarray:
     """``tasks`` column ranges (bounds), split where a sample of ``indices`` has equal counts."""
     import numba
 

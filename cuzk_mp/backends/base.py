@@ -21,7 +21,7 @@ Data layouts shared by every backend (docs/architecture.md, "Conventions"):
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import Any, Protocol, runtime_checkable
@@ -107,6 +107,14 @@ class Backend(Protocol):
         ``lasting=False``: the key serves one proof and goes (a one-shot ``groth16 prove``), so
         set-up that only pays back over many proofs (the GPU's precomputed multiples) is skipped.
         """
+
+    def generate_key(self, head: ZKey, sections: Sequence[tuple[str, str, Callable[[], np.ndarray]]], *,
+                     lasting: bool = True) -> KeyHandle:
+        """Make a key resident from its sections' scalars, with no key file (the dev setup of
+        :func:`cuzk_mp.groth16.setup_resident.setup_resident`): ``head`` is a :class:`ZKey` with
+        its header points and sizes; each ``(section, "g1" | "g2", scalars)`` gives the section's
+        standard-form scalars s_i, whose points s_i G (G the group's generator) the backend makes
+        where it keeps keys, in the order given, dropping each section's scalars when done."""
 
     def stage(self, key: KeyHandle, inputs: ProverInputs) -> Staged:
         """Copy a, b, c, w into backend memory; on return the caller may free ``inputs`` (the ring slot).

@@ -11,11 +11,12 @@ computes H on its own thread while the pool runs the witness MSMs.
 
 from __future__ import annotations
 
+import dataclasses
 import operator
 import os
 import sys
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import reduce
@@ -146,6 +147,17 @@ class CpuBackend:
         n_g1 = sum(len(x) for x in g1)
         key.nbytes = n_g1 * sys.getsizeof(G1Point()) + len(key.b2) * sys.getsizeof(G2Point()) + 8 * (n_g1 + len(key.b2))
         return key
+
+    def generate_key(self, head: ZKey, sections: Sequence[tuple[str, str, Callable[[], np.ndarray]]], *,
+                     lasting: bool = True) -> CpuKey:
+        """Each section's points by the numba fixed-base kernel (host memory), then :meth:`load_key`."""
+        made: dict[str, np.ndarray] = {}
+        for name, group, scalars in sections:
+            if name not in SECTIONS:
+                raise InputError(f"generate_key: unknown section {name!r} (sections: {', '.join(SECTIONS)})")
+            made[name] = (self.fixed_base_g2(G2Point(), scalars()) if group == "g2"
+                          else self.fixed_base_g1(G1Point(), scalars()))
+        return self.load_key(dataclasses.replace(head, **made), lasting=lasting)
 
     def stage(self, key: CpuKey, inputs: ProverInputs) -> CpuStaged:
         """Copy the partition into private memory (after this the ring segment may be unlinked)."""

@@ -45,7 +45,7 @@ import struct
 import tempfile
 import time
 import zlib
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -53,7 +53,7 @@ import numpy as np
 
 from ..algebra import fr
 from ..algebra.coded_sparse import CODE_MINUS_ONE, CODE_ONE, MAX_ENTRIES, CodedMatrix, DistinctValues, code_dtype
-from ..algebra.field import FR, R_MOD, int_to_limbs
+from ..algebra.field import FR, Q_MOD, R_MOD, domain_log_size, int_to_limbs
 from ..algebra.sparse import CsrMatrix
 from ..errors import CuzkError, InputError
 from ..formats.binfile import BinFile
@@ -431,33 +431,54 @@ def build_in_memory(zkey: ZKey, r1cs: R1CS | None = None) -> CircuitData:
 
 def build_cache(zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLike[str] | None, dest: Path) -> None:
     """Build the cache file ``dest`` from the key (and r1cs): a temporary file renamed into place."""
-    t0 = time.perf_counter()
     zid = zkey_identity(zkey_path)
     rid = r1cs_identity(r1cs_path) if r1cs_path is not None else FileIdentity.none()
     with read_zkey(zkey_path) as zkey:
         layout = scan_r1cs(r1cs_path) if r1cs_path is not None else None
         try:
-            builder = _Builder(zkey, layout)
-            _, size = builder.counts.layout()
-            fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
-            try:
-                with os.fdopen(fd, "r+b") as f:
-                    f.truncate(size)
-                    with mmap.mmap(f.fileno(), size) as mm:
-                        buf = np.frombuffer(mm, dtype=np.uint8)
-                        builder.fill(buf)
-                        body = body_hash(buf[HEADER_BYTES:].view(np.uint64))
-                        mm[:HEADER_BYTES] = _pack_header(builder.counts, size, body, zid, rid)
-                        del buf
-                        mm.flush()
-                    os.fsync(f.fileno())
-                os.replace(tmp, dest)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            _write_cache(_Builder(zkey, layout), dest, zid, rid)
         finally:
             if layout is not None:
                 layout.close()
+
+
+def build_from_r1cs(r1cs: R1CS, dest: Path, identity: FileIdentity) -> None:
+    """Build the cache file ``dest`` of an in-memory circuit, with no key file: its A and B rows are
+    the coefficient section a setup of ``r1cs`` would write (:func:`~.setup.snarkjs_coefs`), its C
+    rows the r1cs's. ``identity`` stands for both the key and the r1cs in the header (what
+    :func:`open_cache` is later asked to match): a key generated into a backend from this data has
+    no file of its own."""
+    from .setup import snarkjs_coefs
+
+    n = 1 << domain_log_size(r1cs.n_constraints + r1cs.n_public + 1)
+    none = np.zeros(0, np.uint64)
+    head = ZKey(path=f"{r1cs.path or 'circuit'} (no key file)", n8q=48, q=Q_MOD, n8r=32, r=R_MOD,
+                n_vars=r1cs.n_wires, n_public=r1cs.n_public, domain_size=n, alpha1=none, beta1=none, beta2=none,
+                gamma2=none, delta1=none, delta2=none, ic=none, coefs=snarkjs_coefs(r1cs), a=none, b1=none,
+                b2=none, c=none, h=none, contributions=b"")
+    _write_cache(_Builder(head, r1cs), dest, identity, identity)
+
+
+def _write_cache(builder: _Builder, dest: Path, zid: FileIdentity, rid: FileIdentity) -> None:
+    """Fill a temporary file with the builder's body and header, flush it and rename it to ``dest``."""
+    t0 = time.perf_counter()
+    _, size = builder.counts.layout()
+    fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
+    try:
+        with os.fdopen(fd, "r+b") as f:
+            f.truncate(size)
+            with mmap.mmap(f.fileno(), size) as mm:
+                buf = np.frombuffer(mm, dtype=np.uint8)
+                builder.fill(buf)
+                body = body_hash(buf[HEADER_BYTES:].view(np.uint64))
+                mm[:HEADER_BYTES] = _pack_header(builder.counts, size, body, zid, rid)
+                del buf
+                mm.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, dest)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
     c = builder.counts
     log.info("built %s: %d A + %d B + %d C entries, %d distinct coefficients, %.1f MiB in %.1f s", dest, c.a_nnz,
              c.b_nnz, c.c_nnz, c.n_codes, size / 2**20, time.perf_counter() - t0)
@@ -475,14 +496,27 @@ def open_or_build(zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLik
             return data
     problems: list[str] = []
     for path in candidates:
-        data = _build_at(path, zkey_path, r1cs_path, zid, rid, problems)
+        data = _build_at(path, zid, rid, lambda dest: build_cache(zkey_path, r1cs_path, dest), problems)
         if data is not None:
             return data
     raise CuzkError(f"no writable place for the circuit-data cache of {os.fspath(zkey_path)}: {'; '.join(problems)}")
 
 
-def _build_at(path: Path, zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLike[str] | None,
-              zid: FileIdentity, rid: FileIdentity | None, problems: list[str]) -> CircuitData | None:
+def open_or_build_from(path: Path, identity: FileIdentity, make_r1cs: Callable[[], R1CS]) -> CircuitData:
+    """The circuit data at ``path`` if it was built for ``identity``, else built first from
+    ``make_r1cs()`` (:func:`build_from_r1cs`, under the same lock as any other build)."""
+    data = _try_open(path, identity, identity)
+    if data is not None:
+        return data
+    problems: list[str] = []
+    data = _build_at(path, identity, identity, lambda dest: build_from_r1cs(make_r1cs(), dest, identity), problems)
+    if data is None:
+        raise CuzkError(f"cannot write the circuit data {path}: {'; '.join(problems)}")
+    return data
+
+
+def _build_at(path: Path, zid: FileIdentity, rid: FileIdentity | None, build: Callable[[Path], None],
+              problems: list[str]) -> CircuitData | None:
     """Build the cache at ``path`` under its lock (unless another process just did); None if it cannot go there."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -498,7 +532,7 @@ def _build_at(path: Path, zkey_path: str | os.PathLike[str], r1cs_path: str | os
         for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a builder that died: none runs now
             stale.unlink(missing_ok=True)
         try:
-            build_cache(zkey_path, r1cs_path, path)
+            build(path)
         except OSError as exc:  # not writable, full, or in the way: the next place is tried
             log.warning("cannot write the circuit-data cache %s: %s", path, exc.strerror or exc)
             problems.append(f"{path}: {exc.strerror or exc}")

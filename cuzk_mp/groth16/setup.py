@@ -182,7 +182,7 @@ def _key(r1cs: R1CS, backend: Any, report: Progress, toxic: ToxicWaste | None, n
     b2 = points(backend.fixed_base_g2, g2, "B2", lambda: scalars.pop("v"))
     c = points(backend.fixed_base_g1, g1, "C", lambda: fr.scale(scalars.pop("k")[n_public + 1 :], d_inv))
     h = points(backend.fixed_base_g1, g1, "H", lambda: _host_step(name, "the H scalars",
-                                                                   lambda: _h_scalars(toxic, log_n)))
+                                                                   lambda: h_scalars(toxic, log_n)))
     # the big sections are chunk lists or streams, which write_zkey accepts (ZKey's fields name the read form)
     return ZKey(
         path=None, n8q=48, q=Q_MOD, n8r=32, r=R_MOD, n_vars=n_vars, n_public=n_public, domain_size=1 << log_n,
@@ -305,10 +305,10 @@ def lagrange_values(tau: int, size: int, xs: np.ndarray) -> np.ndarray:
     """
     ratio = fr.batch_inverse(fr.scalar_sub(tau, xs))
     fr.mul_into(ratio, xs, ratio)
-    return fr.scale(ratio, _lagrange_factor(tau, size))
+    return fr.scale(ratio, lagrange_factor(tau, size))
 
 
-def _lagrange_factor(tau: int, size: int) -> int:
+def lagrange_factor(tau: int, size: int) -> int:
     """(tau^size - 1) / size: the factor every Lagrange value of the ``size``-point domain shares."""
     return (pow(tau, size, R_MOD) - 1) * pow(size, -1, R_MOD) % R_MOD
 
@@ -321,7 +321,7 @@ def _column_sums(m: CsrMatrix, lag: np.ndarray) -> np.ndarray:
 def _qap_columns(r1cs: R1CS, toxic: ToxicWaste, log_n: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """(u, v, beta u + alpha v + w) at tau, one row per wire, standard form."""
     n_rows = r1cs.n_constraints + r1cs.n_public + 1
-    lag = fr.geometric_ratios(toxic.tau, _lagrange_factor(toxic.tau, 1 << log_n), fr_root_of_unity(log_n), 1, n_rows)
+    lag = fr.geometric_ratios(toxic.tau, lagrange_factor(toxic.tau, 1 << log_n), fr_root_of_unity(log_n), 1, n_rows)
     u = _column_sums(r1cs.a, lag)
     extra = fr.from_mont(lag[r1cs.n_constraints :])  # the extra rows: A[nC + s, s] = 1
     u[: r1cs.n_public + 1] = fr.add(u[: r1cs.n_public + 1], extra)
@@ -332,10 +332,10 @@ def _qap_columns(r1cs: R1CS, toxic: ToxicWaste, log_n: int) -> tuple[np.ndarray,
     return u, v, k
 
 
-def _h_scalars(toxic: ToxicWaste, log_n: int) -> np.ndarray:
+def h_scalars(toxic: ToxicWaste, log_n: int) -> np.ndarray:
     """L^(2n)_(2j+1)(tau) / delta for j < n, standard form (the odd points are w_2n * w_n^j)."""
     n = 1 << log_n
-    factor = _lagrange_factor(toxic.tau, 2 * n) * pow(toxic.delta, -1, R_MOD)
+    factor = lagrange_factor(toxic.tau, 2 * n) * pow(toxic.delta, -1, R_MOD)
     return fr.geometric_ratios(toxic.tau, factor, fr_root_of_unity(log_n), fr_root_of_unity(log_n + 1), n, mont=False)
 
 

@@ -36,7 +36,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any
@@ -63,6 +63,7 @@ PARALLEL_COPY_BYTES = 8 << 20  # below this a bounce buffer is filled by one thr
 SMALL_KEY_ROWS = 1 << 18  # keys up to this domain size run their MSMs on a pool of streams
 MSM_STREAMS = 8  # the pool, per calling thread
 COPY_THREADS = 4  # host threads filling a bounce buffer (numpy copies release the GIL)
+GEN_CHUNK_ROWS = 1 << 22  # scalars uploaded at a time by generate_key (128 MiB)
 
 
 @dataclass
@@ -214,22 +215,72 @@ class GpuBackend:
             if arr is None or arr.ndim != 2 or arr.shape[1] != width or arr.dtype != np.uint64:
                 raise InputError(f"zkey section {name}: expected (n, {width}) uint64 points, got "
                                  f"{None if arr is None else (arr.dtype, arr.shape)} (a closed key?)")
-        sizes = {name: int(arr.nbytes) for name, arr in host.items()}
+        released = 0
+
+        def upload(s: Any) -> dict[str, Any]:
+            nonlocal released
+            dev = {}
+            for name, arr in host.items():
+                dev[name] = cupy.empty(arr.shape, dtype=np.uint64)
+                released += _upload_release(dev[name], arr, s)
+            return dev
+
+        return self._resident(zkey, lasting, upload, lambda: released)
+
+    def generate_key(self, head: ZKey, sections: Sequence[tuple[str, str, Callable[[], np.ndarray]]], *,
+                     lasting: bool = True) -> GpuKey:
+        """Make a key resident from its sections' scalars instead of a file (the dev setup of
+        :func:`cuzk_mp.groth16.setup_resident.setup_resident`): the same plan as :meth:`load_key`,
+        then for each ``(section, "g1" | "g2", scalars())`` the fixed-base kernel writes s_i G
+        straight into the section's device array (scalars uploaded GEN_CHUNK_ROWS at a time; each
+        section's host scalars dropped once its points exist), then the same MSM objects."""
+        shape = KeyShape.of(head)
+        rows = shape.rows()
+        names = [name for name, _, _ in sections]
+        if sorted(names) != sorted(SECTIONS):
+            raise InputError(f"generate_key: sections {names}, expected each of {list(SECTIONS)} once")
+
+        def generate(s: Any) -> dict[str, Any]:
+            dev = {}
+            t0 = time.perf_counter()
+            done, total = 0, sum(rows[n] * (3 if g == "g2" else 1) for n, g, _ in sections)
+            for name, group, take in sections:
+                scalars = take()
+                if scalars.shape != (rows[name], 4) or scalars.dtype != np.uint64:
+                    raise InputError(f"generate_key: section {name} scalars {scalars.dtype} {scalars.shape}, "
+                                     f"expected ({rows[name]}, 4) uint64")
+                base = G2Point() if group == "g2" else G1Point()
+                fb = fixed_base.FixedBase(base)
+                dev[name] = out = cupy.empty((rows[name], point_words(name)), dtype=np.uint64)
+                for lo in range(0, rows[name], GEN_CHUNK_ROWS):
+                    hi = min(rows[name], lo + GEN_CHUNK_ROWS)
+                    fb.run_device(cupy.asarray(scalars[lo:hi]), out[lo:hi])
+                s.synchronize()
+                del scalars, fb
+                done += rows[name] * (3 if group == "g2" else 1)
+                log.info("key %s: section %s generated (%d points); %.0f%% of the key in %.1f s", head.path or "",
+                         name, rows[name], 100.0 * done / max(total, 1), time.perf_counter() - t0)
+            return dev
+
+        return self._resident(head, lasting, generate, lambda: 0)
+
+    def _resident(self, zkey: ZKey, lasting: bool, fill: Callable[[Any], dict[str, Any]],
+                  released: Callable[[], int]) -> GpuKey:
+        """Plan, then ``fill(stream)`` -> the sections' device arrays, then the MSM objects and the
+        NTT tables; the key registered with its in-flight limit."""
+        shape = KeyShape.of(zkey)
+        sizes = shape.section_bytes()
         s = self.stream()
         with cupy.cuda.Device(self.device), s:
             choice = os.environ.get(MULTIPLES_ENV) or ("auto" if lasting else "none")
-            dplan = plan_device(KeyShape.of(zkey), memory.free_bytes()[0], workers=self.workers, multiples=choice)
+            dplan = plan_device(shape, memory.free_bytes()[0], workers=self.workers, multiples=choice)
             log.info("key %s: %s", zkey.path or "", dplan.summary())
             for step in dplan.steps:
                 log.warning("key %s does not fit as configured: %s", zkey.path or "", step)
             memory.ensure_free(sum(sizes.values()), f"the proving key {zkey.path or ''} (sections 5..9)")
             msms: dict[str, Any] = {}
-            released = 0
             try:
-                dev = {}
-                for name, arr in host.items():
-                    dev[name] = cupy.empty(arr.shape, dtype=np.uint64)
-                    released += _upload_release(dev[name], arr, s)
+                dev = fill(s)
                 plan = dict(dplan.multiples)
                 for name in SECTIONS:
                     mult = self._multiples(dev[name], plan.get(name), name)
@@ -238,7 +289,7 @@ class GpuBackend:
                     else:
                         dev[name] = mult.table[: mult.n]
                     cls = gmsm.MsmG2 if name == "b2" else gmsm.MsmG1
-                    msms[name] = cls(dev[name], msm_params_for(int(host[name].shape[0])), mult)
+                    msms[name] = cls(dev[name], msm_params_for(int(dev[name].shape[0])), mult)
                 n = int(zkey.domain_size)
                 if n >= 2 and n & (n - 1) == 0:
                     self.ntt_engine.plan(n.bit_length() - 1)  # the H step's tables, before any partition
@@ -248,8 +299,8 @@ class GpuBackend:
                     m.close()
                 raise
         points = sum(sizes.values())
-        key = GpuKey(zkey, msms, {n: int(a.shape[0]) for n, a in host.items()}, points,
-                     sum(int(m.nbytes) for m in msms.values()) - points, released, {n: plan[n] for n in plan}, dplan)
+        key = GpuKey(zkey, msms, shape.rows(), points, sum(int(m.nbytes) for m in msms.values()) - points,
+                     released(), {n: plan[n] for n in plan}, dplan)
         with self._lock:
             self._keys = [k for k in self._keys if k.msms] + [key]
             limits = [k.plan.in_flight for k in self._keys if k.plan is not None]

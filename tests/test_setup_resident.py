@@ -1,0 +1,136 @@
+"""Keys generated into a backend from the circuit's compact data, against the file-writing setup.
+
+The same toxic waste must give the same key: the head points, IC and every point section of
+:func:`setup_resident` (on the CPU backend, and on the GPU backend's host code over the kernel
+emulator) equal :func:`setup`'s byte for byte, and the QAP columns from the coded matrices equal
+those from the r1cs. A proof made with the generated key verifies with the verification key of
+its head; the same proof fails against a head made with other toxic waste.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from cuzk_mp.algebra import coded_sparse, fr
+from cuzk_mp.backends.cpu import CpuBackend
+from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+from cuzk_mp.groth16 import setup as dev
+from cuzk_mp.groth16.circuit_data import FileIdentity, build_from_r1cs, open_cache, open_or_build_from
+from cuzk_mp.groth16.keys import prepare_vk, vk_from_zkey
+from cuzk_mp.groth16.prover import prove
+from cuzk_mp.groth16.setup_resident import qap_columns, setup_resident
+from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+from cuzk_mp.groth16.verifier import verify
+
+TOXIC = dev.ToxicWaste(tau=0x1234567890ABCDEF1234567, alpha=987654321987654321, beta=55555555555555555555,
+                       delta=31415926535897932384626)
+IDENTITY = FileIdentity(1, 0, b"resident-setup-t")
+
+
+def _sections(key: object) -> dict[str, np.ndarray]:
+    return {name: np.concatenate(getattr(key, name)) if isinstance(getattr(key, name), list)
+            else np.asarray(getattr(key, name)) for name in ("ic", "a", "b1", "b2", "c", "h")}
+
+
+@pytest.fixture(scope="module", params=["porep-like", "dense-random"])
+def circuit(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> tuple[object, object, Path]:
+    """(synthetic circuit, its r1cs, circuit data file) at 2^10 rows."""
+    c = synthetic_circuit(request.param, 10)
+    r1cs = c.r1cs()
+    path = tmp_path_factory.mktemp("resident") / f"{request.param}.synth-abc"
+    build_from_r1cs(r1cs, path, IDENTITY)
+    return c, r1cs, path
+
+
+def test_coded_transpose_equals_the_csr_one(circuit: tuple[object, object, Path]) -> None:
+    _, r1cs, path = circuit
+    data = open_cache(path, IDENTITY, IDENTITY)
+    rng = np.random.default_rng(7)
+    x = fr.from_ints([int(v) for v in rng.integers(0, 2**62, size=data.c.n_rows)])  # Montgomery form
+    for tasks in (1, 3):
+        got = coded_sparse.rmatvec(data.c, data.table_mont, x, data.counts.n_vars, tasks=tasks)
+        assert np.array_equal(got, r1cs.c.rmatvec(x))
+    with pytest.raises(ValueError, match="rows"):
+        coded_sparse.rmatvec(data.c, data.table_mont, x[:1], data.counts.n_vars)
+
+
+def test_qap_from_circuit_data_equals_the_r1cs_one(circuit: tuple[object, object, Path]) -> None:
+    _, r1cs, path = circuit
+    data = open_cache(path, IDENTITY, IDENTITY)
+    log_n = dev._domain_log(r1cs)
+    for got, want in zip(qap_columns(data, TOXIC), dev._qap_columns(r1cs, TOXIC, log_n)):
+        assert np.array_equal(got, want)
+
+
+def test_cpu_resident_key_is_the_setup_key_and_proves(circuit: tuple[object, object, Path]) -> None:
+    c, r1cs, path = circuit
+    backend = CpuBackend(threads=2)
+    try:
+        want = dev.setup(r1cs, backend, toxic=TOXIC)
+        data = open_cache(path, IDENTITY, IDENTITY)
+        made = setup_resident(data, backend, TOXIC, name="test key")
+        head = made.head
+        for name in ("alpha1", "beta1", "beta2", "gamma2", "delta1", "delta2"):
+            assert np.array_equal(getattr(head, name), getattr(want, name)), name
+        got = _sections(made.handle.zkey)
+        for name, arr in _sections(want).items():
+            assert np.array_equal(got[name], arr), name
+        assert head.coefs is None and head.a.shape[0] == 0  # the head holds no section
+        w = c.witness(seed=3, partition=0)
+        proof, public = prove(backend, head, w, key=made.handle, evaluator=ConstraintEvaluator(data, "test"))
+        assert verify(prepare_vk(vk_from_zkey(head)), public, proof)
+        other = setup_resident(data, backend, dev.ToxicWaste(TOXIC.tau + 1, TOXIC.alpha, TOXIC.beta, TOXIC.delta))
+        assert not verify(prepare_vk(vk_from_zkey(other.head)), public, proof)
+    finally:
+        backend.close()
+
+
+def test_open_or_build_from_builds_once_and_rebuilds_for_another_identity(tmp_path: Path) -> None:
+    c = synthetic_circuit("porep-like", 10)
+    calls: list[int] = []
+
+    def make() -> object:
+        calls.append(1)
+        return c.r1cs()
+
+    path = tmp_path / "p.synth-abc"
+    first = open_or_build_from(path, IDENTITY, make)  # type: ignore[arg-type]
+    again = open_or_build_from(path, IDENTITY, make)  # type: ignore[arg-type]
+    assert len(calls) == 1 and first.counts == again.counts
+    other = FileIdentity(2, 0, b"another-generatr")
+    open_or_build_from(path, other, make)  # type: ignore[arg-type]
+    assert len(calls) == 2
+    with pytest.raises(ValueError, match="another key"):
+        open_cache(path, IDENTITY, IDENTITY)
+
+
+def test_emulated_gpu_generates_the_same_points(circuit: tuple[object, object, Path],
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU backend's generate_key (fixed-base kernels on the emulator, the device plan, the
+    resident MSM objects) against the CPU backend's points."""
+    from tests import gpu_emu
+
+    if not gpu_emu.available():
+        pytest.skip("no host C++ compiler for the kernel emulator")
+    from tests.gpu_emu.backend import load_backend
+
+    _, r1cs, path = circuit
+    data = open_cache(path, IDENTITY, IDENTITY)
+    cpu = CpuBackend(threads=2)
+    try:
+        want = _sections(dev.setup(r1cs, cpu, toxic=TOXIC))
+    finally:
+        cpu.close()
+    monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "none")  # the points alone (multiples have their own tests)
+    backend = load_backend().GpuBackend(0)
+    try:
+        made = setup_resident(data, backend, TOXIC)
+        for name in ("a", "b1", "b2", "c", "h"):
+            assert np.array_equal(np.asarray(made.handle.msms[name].d_points), want[name]), name
+        assert np.array_equal(made.head.ic, want["ic"])
+        made.handle.close()
+    finally:
+        backend.close()
