@@ -177,21 +177,46 @@ def test_device_plan_line(test_key: tuple[Path, Path], monkeypatch: pytest.Monke
     for the key says so with the sizes; an unknown GPU memory says that."""
     from cuzk_mp.backends.gpu.plan import KeyShape, plan_device
     from cuzk_mp.formats.zkey import read_zkey
-    from cuzk_mp.pipeline.memory import Machine
+    from cuzk_mp.pipeline.memory import Machine, circuit_size
 
     monkeypatch.delenv("CUZK_GPU_MSM_MULTIPLES", raising=False)
     h200 = Machine(cores=16, memory_bytes=128 << 30, gpus=(("NVIDIA H200", 139 << 30),))
-    line = bench.device_plan_line(test_key[0], h200, [0], 2)
+    size = circuit_size(test_key[0])
+    line = bench.device_plan_line(size, h200, [0], 2)
     with read_zkey(test_key[0]) as zkey:
         want = plan_device(KeyShape.of(zkey), 139 << 30, workers=2, multiples="auto")
     assert line == f"{want.summary()} (GPU 0, 2 prover worker(s))" and "fits" in line
     from cuzk_mp.backends.gpu.plan import largest_fitting_domain
 
     tiny = Machine(cores=16, memory_bytes=128 << 30, gpus=(("small", 514 << 20),))  # the margin and a bit
-    small = bench.device_plan_line(test_key[0], tiny, [3], 2)
+    small = bench.device_plan_line(size, tiny, [3], 2)
     best = largest_fitting_domain(want.shape, 514 << 20)
     assert best is not None and best < want.shape.domain_size
     assert small.startswith("device plan: GPU 3: the proving key (domain 2^10") and "only 0.50 GiB is free" in small
     assert f"largest domain of this circuit's shape that fits is 2^{best.bit_length() - 1}" in small
     unknown = Machine(cores=16, memory_bytes=128 << 30, gpus=(("?", 0),))
-    assert "not known" in bench.device_plan_line(test_key[0], unknown, [0], 2)
+    assert "not known" in bench.device_plan_line(size, unknown, [0], 2)
+
+
+def test_bench_with_a_key_generated_in_the_provers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--key-source device``: no key file is written (the param cache holds the circuit data alone), each
+    of two provers generates the key from the engine's toxic waste, and every proof (made by either)
+    verifies against the verification key a prover reported; a .zkey circuit refuses the option."""
+    cache = tmp_path / "cache"
+    out = tmp_path / "bench.json"
+    args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partitions", "2", "--jobs", "2", "--in-flight", "2",
+                  "--partition-workers", "1", "--devices", "0,1", "--ring-slots", "2", "--key-source", "device",
+                  "--cache", str(cache), "--json", str(out))
+    assert args.func(args) == 0
+    text = capsys.readouterr().out
+    assert "generated in the provers" in text and "4 / 4" in text
+    result = json.loads(out.read_text())
+    assert result["proofs_total"] == result["proofs_verified"] == 4
+    assert result["config"]["key_source"] == "device" and result["key_load_s"] > 0
+    assert sorted({p["device"] for p in result["partitions"]}) == [0, 1]  # both provers' keys proved
+    files = sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock"))
+    assert files == [f"porep-like-{LOG_N}.device.synth-abc"]
+    zkey_args = _parse("--backend", "cpu", "--circuit", str(tmp_path / "x.zkey"), "--key-source", "device",
+                       "--cache", str(cache))
+    with pytest.raises(InputError, match="key-source device is for the synthetic circuits"):
+        zkey_args.func(zkey_args)

@@ -157,7 +157,11 @@ class CpuBackend:
                 raise InputError(f"generate_key: unknown section {name!r} (sections: {', '.join(SECTIONS)})")
             made[name] = (self.fixed_base_g2(G2Point(), scalars()) if group == "g2"
                           else self.fixed_base_g1(G1Point(), scalars()))
-        return self.load_key(dataclasses.replace(head, **made), lasting=lasting)
+        missing = set(SECTIONS) - set(made)
+        if missing:
+            raise InputError(f"generate_key: no scalars for section(s) {', '.join(sorted(missing))}")
+        key = dataclasses.replace(head, a=made["a"], b1=made["b1"], b2=made["b2"], c=made["c"], h=made["h"])
+        return self.load_key(key, lasting=lasting)
 
     def stage(self, key: CpuKey, inputs: ProverInputs) -> CpuStaged:
         """Copy the partition into private memory (after this the ring segment may be unlinked)."""

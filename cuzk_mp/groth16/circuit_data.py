@@ -269,6 +269,18 @@ def open_cache(path: str | os.PathLike[str], zkey: FileIdentity, r1cs: FileIdent
         raise
 
 
+def read_counts(path: str | os.PathLike[str]) -> Counts:
+    """The sizes a cache file's header records (its header alone is read and checked)."""
+    with open(path, "rb") as f:
+        head = f.read(HEADER_BYTES)
+    if len(head) < HEADER_BYTES:
+        raise InputError(f"{os.fspath(path)}: {len(head)} bytes, shorter than the {HEADER_BYTES}-byte header")
+    try:
+        return _unpack_header(head)[0]
+    except ValueError as exc:
+        raise InputError(f"{os.fspath(path)}: not a circuit-data file ({exc})") from None
+
+
 def _from_buffer(buf: mmap.mmap | np.ndarray, counts: Counts, body: int | None, path: str | None) -> CircuitData:
     layout, size = counts.layout()
     raw = np.frombuffer(buf, dtype=np.uint8)

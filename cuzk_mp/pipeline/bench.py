@@ -17,7 +17,10 @@ the measurement around it:
   reports the median and min-max. Across processes: run ``cuzk-mp bench
   --json`` several times (perf/pipeline_bench.sh does) and compare the files;
 * every proof is verified again at the end, in this process, against the
-  zkey's verification key (independently of the provers' self-check);
+  zkey's verification key (independently of the provers' self-check); with
+  ``--key-source device`` (a synthetic circuit's INSECURE dev key generated in the provers,
+  no key file) against the verification key the provers report, and ``key_load_s`` says
+  how long loading or generating the key took;
 * host memory is sampled every ``SAMPLE_INTERVAL_S`` with the monitor's accounting
   (PSS of the process tree, shared pages once, plus the ring's shm), with each
   process's PSS, USS and anonymous memory beside it; and at every job's end.
@@ -53,11 +56,11 @@ from typing import TYPE_CHECKING, Any
 from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
 import msgspec
 
-from ..errors import InputError
+from ..errors import CuzkError, InputError
 from ..paths import default_cache_dir
 from .benchplot import plot_timeline, timeline_section
 from .benchreport import Progress, machine_info, median_stage, require_matplotlib, step, table
-from .types import STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult
+from .types import KEY_SOURCES, STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult
 
 if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other verbs build this
     # parser without loading the pipeline (numba, posix_ipc, psutil)
@@ -86,6 +89,10 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--wtns", type=Path, help="witness used for every partition of a zkey circuit")
     p.add_argument("--r1cs", type=Path, help="r1cs of a zkey circuit (the witness check)")
     p.add_argument("--log-n", type=int, help="synthetic circuit size, log2 rows (cpu 14, gpu 20)")
+    p.add_argument("--key-source", choices=KEY_SOURCES, default="file",
+                   help="a synthetic circuit's INSECURE dev key: 'file' (made once in the param cache) or 'device' "
+                        "(generated in each prover from the circuit data, no key file: sizes whose keys do not fit "
+                        "the disk)")
     p.add_argument("--partitions", type=int, help="partitions per job (10)")
     p.add_argument("--jobs", type=int, help="jobs per run (cpu 3, gpu 4)")
     p.add_argument("--in-flight", type=int, help="jobs submitted at once (2)")
@@ -158,7 +165,7 @@ class BenchRun:
         """The circuit and one job's partition inputs (synthetic seeds vary per job, see :meth:`inputs`)."""
         a = self.args
         if a.circuit in SYNTHETIC_KINDS:
-            return CircuitSpec(a.circuit, synthetic=a.circuit, log_n=a.log_n), []
+            return CircuitSpec(a.circuit, synthetic=a.circuit, log_n=a.log_n, key_source=a.key_source), []
         if a.wtns is None or a.r1cs is None:
             raise InputError("--circuit ZKEY needs --wtns WITNESS.wtns and --r1cs CIRCUIT.r1cs")
         spec = CircuitSpec(Path(a.circuit).stem, zkey=Path(a.circuit), r1cs=a.r1cs)
@@ -208,9 +215,18 @@ class BenchRun:
                   f"(a first start on a machine compiles the kernels; limit {a.start_timeout:g} s)"):
             running = self.running = engine.start()
         try:
-            zkey = Path(running.circuits.ref(spec.circuit_id).zkey)
-            with step(f"loading the proving key {zkey.name} ({zkey.stat().st_size / 2**20:.1f} MiB) into the provers"):
+            ref = running.circuits.ref(spec.circuit_id)
+            if ref.key_source == "device":
+                what = (f"generating the INSECURE dev key of {ref.synthetic} 2^{ref.log_n} in the provers "
+                        "(no key file)")
+            else:
+                zkey = Path(ref.zkey)
+                what = f"loading the proving key {zkey.name} ({zkey.stat().st_size / 2**20:.1f} MiB) into the provers"
+            t_key = time.perf_counter()
+            with step(what):
                 running.preload(spec.circuit_id)
+            key_load_s = time.perf_counter() - t_key
+            vk = running.circuits.vk(spec.circuit_id)
             sampler = self.sampler = MemorySampler(running.prefix, interval_s=SAMPLE_INTERVAL_S)
             idle = sampler.sample()  # every process idle, the key loaded
             sampler.start()
@@ -224,18 +240,24 @@ class BenchRun:
         finally:
             running.stop()
         return {"spec": spec, "runs": runs, "memory": memory, "status": status, "circuit": circuit,
-                "zkey": Path(running.circuits.ref(spec.circuit_id).zkey)}
+                "zkey": Path(ref.zkey) if ref.key_source == "file" else None, "vk": vk, "key_load_s": key_load_s}
 
 
-def verify_all(zkey_path: Path, runs: list[_Run]) -> tuple[int, int]:
-    """(proofs total, proofs that pass verification against the zkey's verification key)."""
-    from ..formats.snarkjs_json import proof_from_json
+def verify_all(zkey_path: Path | None, runs: list[_Run], vk_json: bytes | None = None) -> tuple[int, int]:
+    """(proofs total, proofs that pass verification against the zkey's verification key, or against
+    ``vk_json``, a snarkjs verification_key.json, for a key with no file)."""
+    from ..formats.snarkjs_json import proof_from_json, vk_from_json
     from ..formats.zkey import read_zkey
     from ..groth16.keys import prepare_vk, vk_from_zkey
     from ..groth16.verifier import verify
 
-    with read_zkey(zkey_path) as zkey:
-        pvk = prepare_vk(vk_from_zkey(zkey))
+    if zkey_path is None:
+        if vk_json is None:
+            raise CuzkError("no verification key: the provers reported none for the generated key")
+        pvk = prepare_vk(vk_from_json(json.loads(vk_json)))
+    else:
+        with read_zkey(zkey_path) as zkey:
+            pvk = prepare_vk(vk_from_zkey(zkey))
     total = ok = 0
     for run in runs:
         for job in run.results:
@@ -398,13 +420,13 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
                                    "spans": [dataclasses.asdict(s) for s in p.spans]})
     per_run = [steady_s_per_proof(run, bench.part_done, a.partitions) for run in runs]
     per_job = [steady_s_per_job(run) for run in runs]
-    total, verified = verify_all(raw["zkey"], runs)
+    total, verified = verify_all(raw["zkey"], runs, raw.get("vk"))
     device_peaks = [v.device_peak_bytes for v in status.memory.device.values()]
     busy = _busy_fractions(bench, runs)
     config = {"circuit": a.circuit, "log_n": a.log_n, "partitions": a.partitions, "jobs": a.jobs,
               "in_flight": a.in_flight, "partition_workers": a.partition_workers, "gpu_workers": a.gpu_workers,
               "synthesis_threads": a.synthesis_threads, "ring_slots": a.ring_slots, "host_budget": a.host_budget,
-              "devices": devices, "backend": bench.backend, "repeat": a.repeat}
+              "devices": devices, "backend": bench.backend, "repeat": a.repeat, "key_source": a.key_source}
     bound = memory_bound(raw, config)
     result = {
         "config": config,
@@ -413,6 +435,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         # former names of s_per_partition(_runs), kept for readers of older result files
         "s_per_proof": statistics.median(per_run), "s_per_proof_runs": per_run,
         "first_job_s": min(runs[0].t_done.values()) - runs[0].t_start,
+        "key_load_s": raw.get("key_load_s"),
         "proofs_total": total, "proofs_verified": verified,
         "peak_host_bytes": raw["memory"]["peak_host_bytes"], "peak_pss_bytes": raw["memory"]["peak_pss_bytes"],
         "peak_rss_bytes": raw["memory"]["peak_rss_bytes"], "peak_shm_bytes": raw["memory"]["peak_shm_bytes"],
@@ -460,12 +483,28 @@ SHAPE_KEYS = ("ring_slots", "partition_workers", "synthesis_threads")
 
 
 def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
+    if args.key_source != "file" and args.circuit not in SYNTHETIC_KINDS:
+        raise InputError("--key-source device is for the synthetic circuits; a .zkey circuit's key is its file")
     for key, value in DEFAULTS[backend].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     for key in ("partitions", "jobs", "in_flight", "gpu_workers", "repeat", *SHAPE_KEYS):
         if getattr(args, key) is not None and getattr(args, key) < 1:
             raise InputError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+
+
+def _circuit(args: argparse.Namespace, backend: str) -> CircuitSize:
+    """The benched circuit's sizes, from its proving key (a synthetic circuit's dev key is made here,
+    once, if needed) or, for a key generated in the provers (``--key-source device``), from its
+    circuit data (made here, once per generator version)."""
+    from .memory import circuit_data_size, circuit_size
+
+    if args.circuit in SYNTHETIC_KINDS and args.key_source == "device":
+        from .keys import ensure_synthetic_circuit_data
+
+        with step(f"the circuit data of {args.circuit} 2^{args.log_n} in {args.cache} (made once per generator)"):
+            return circuit_data_size(ensure_synthetic_circuit_data(args.circuit, args.log_n, args.cache))
+    return circuit_size(_zkey_path(args, backend))
 
 
 def _zkey_path(args: argparse.Namespace, backend: str) -> Path:
@@ -478,20 +517,18 @@ def _zkey_path(args: argparse.Namespace, backend: str) -> Path:
     return Path(args.circuit)
 
 
-def device_plan_line(zkey_path: Path, machine: Machine, devices: list[int], workers: int) -> str:
+def device_plan_line(circuit: CircuitSize, machine: Machine, devices: list[int], workers: int) -> str:
     """The GPU backend's device-memory plan of the benched key on the first device (its total memory:
     the prover process sees a little less free, its CUDA context's share): what the key and
     ``workers`` partitions in flight need, and the fallback it takes (docs/backend-protocol.md)."""
     from ..backends.gpu.knobs import MULTIPLES_ENV
     from ..backends.gpu.plan import KeyShape, plan_device
     from ..errors import DeviceMemoryError
-    from ..formats.zkey import read_zkey
 
     total = machine.gpus[0][1] if machine.gpus else 0
     if not total:
         return f"device plan: GPU {devices[0] if devices else '?'}'s memory is not known (no nvidia-smi)"
-    with read_zkey(zkey_path) as zkey:
-        shape = KeyShape.of(zkey)
+    shape = KeyShape(circuit.domain_size, circuit.n_vars, circuit.n_public)
     try:
         plan = plan_device(shape, total, workers=workers, multiples=os.environ.get(MULTIPLES_ENV) or "auto")
     except DeviceMemoryError as exc:
@@ -604,13 +641,10 @@ def run(args: argparse.Namespace) -> int:
     devices = _provers(args, backend)
     machine = machine_for(backend, devices)
     print(machine_line(backend, why, machine, devices), flush=True)
-    from .memory import circuit_size
-
-    zkey_path = _zkey_path(args, backend)
-    circuit = circuit_size(zkey_path)
+    circuit = _circuit(args, backend)
     shape_line = _shape(args, backend, circuit, machine, devices)
     print(shape_line, flush=True)
-    plan_line = device_plan_line(zkey_path, machine, devices, args.gpu_workers) if backend == "gpu" else None
+    plan_line = device_plan_line(circuit, machine, devices, args.gpu_workers) if backend == "gpu" else None
     if plan_line:
         print(plan_line, flush=True)
     bench = BenchRun(args, backend)

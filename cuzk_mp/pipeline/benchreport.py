@@ -166,6 +166,15 @@ def _fmt_bytes(n: float | None) -> str:
     return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
+def _key_line(result: dict[str, Any]) -> str:
+    """How the key got into the provers, and how long it took (before the clock of the jobs)."""
+    seconds = result.get("key_load_s")
+    took = "" if seconds is None else f" in {_fmt_s(seconds)}"
+    if result["config"].get("key_source") == "device":
+        return f"generated in the provers{took} (INSECURE dev key, no file)"
+    return f"loaded{took}"
+
+
 def _fmt_s(x: float | None) -> str:
     return "n/a" if x is None else f"{x:.3f} s"
 
@@ -203,6 +212,7 @@ def table(result: dict[str, Any]) -> str:
          "n/a (older result)" if result.get("s_per_job") is None
          else _fmt_s(result["s_per_job"]) + _spread(result.get("s_per_job_runs") or [])),
         ("first (cold) job", _fmt_s(result["first_job_s"])),
+        ("proving key", _key_line(result)),
         ("synthesis / partition (median)", _fmt_s(result["median_stage_s"].get("synthesis"))),
         ("device / partition (median)", _fmt_s(result["median_stage_s"].get("device"))),
         ("GPU kernel-busy fraction", "n/a (cpu backend)" if busy is None else f"{busy:.1%}" + "".join(

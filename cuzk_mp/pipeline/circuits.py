@@ -22,7 +22,7 @@ import msgspec
 from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
 from ..errors import InputError
 from . import messages as msg
-from .types import INPUT_KINDS, CircuitSpec, JobSpec, Priority
+from .types import INPUT_KINDS, KEY_SOURCES, CircuitSpec, JobSpec, Priority
 
 MAX_PARTITIONS = 1024
 MAX_SEED = 2**63 - 1
@@ -55,9 +55,17 @@ class CircuitTable:
         cid = spec.circuit_id
         if not cid or spec.partitions < 1:
             raise InputError(f"circuit {cid!r}: needs a non-empty id and partitions >= 1 (got {spec.partitions})")
+        if spec.key_source not in KEY_SOURCES:
+            raise InputError(f"circuit {cid}: key_source must be one of {', '.join(KEY_SOURCES)}, "
+                             f"got {spec.key_source!r}")
+        if spec.key_source == "device" and spec.synthetic is None:
+            raise InputError(f"circuit {cid}: key_source \"device\" is for synthetic circuits (a circom "
+                             "circuit's key is its zkey file)")
         if spec.synthetic is not None:
             if spec.synthetic not in SYNTHETIC_KINDS or spec.log_n is None:
                 raise InputError(f"circuit {cid}: synthetic must be one of {SYNTHETIC_KINDS} with log_n set")
+            if spec.key_source == "device":
+                return self._device_ref(cid, spec.synthetic, spec.log_n)
             from .keys import ensure_synthetic_key
 
             zkey, r1cs = ensure_synthetic_key(spec.synthetic, spec.log_n, self.param_cache, self.backend)
@@ -73,6 +81,24 @@ class CircuitTable:
                 raise InputError(f"circuit {cid}: {what} file {path} does not exist")
             paths[what] = str(Path(path).resolve())
         return msg.CircuitRef(cid, str(paths["zkey"]), paths["r1cs"], paths["wasm"])
+
+    def _device_ref(self, cid: str, kind: str, log_n: int) -> msg.CircuitRef:
+        """A synthetic circuit whose INSECURE dev key the provers generate: its circuit data made once,
+        the toxic waste drawn here (every prover must generate the same key) and kept only in memory."""
+        from ..groth16.setup import ToxicWaste
+        from .keys import ensure_synthetic_circuit_data
+
+        data = ensure_synthetic_circuit_data(kind, log_n, self.param_cache)
+        t = ToxicWaste.fresh(log_n)
+        return msg.CircuitRef(cid, "", None, None, kind, log_n, key_source="device", circuit_data=str(data),
+                              toxic=[str(t.tau), str(t.alpha), str(t.beta), str(t.delta)])
+
+    def vk(self, circuit_id: str) -> bytes | None:
+        """The verification key (snarkjs JSON) a prover reported for a key it generated (None if none did)."""
+        for (cid, _), ks in sorted(self._keys.items()):
+            if cid == circuit_id and ks.vk is not None:
+                return ks.vk
+        return None
 
     def ref(self, circuit_id: str) -> msg.CircuitRef:
         """The registered circuit (InputError naming the registered ones if unknown)."""
@@ -126,9 +152,11 @@ class CircuitTable:
         rows = [KeyRow(cid, proc, ks.tier, ks.nbytes, ks.error) for (cid, proc), ks in sorted(self._keys.items())]
         resident = {cid for cid, _ in self._keys}
         for cid, ref in sorted(self.refs.items()):
-            if cid not in resident:
+            if cid not in resident and ref.key_source == "file":
                 size = os.path.getsize(ref.zkey) if os.path.exists(ref.zkey) else 0
                 rows.append(KeyRow(cid, None, "disk", size, None))
+            elif cid not in resident:  # a generated key exists only where a prover made it
+                rows.append(KeyRow(cid, None, None, 0, "not generated yet (key_source device)"))
         return rows
 
 

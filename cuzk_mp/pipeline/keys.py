@@ -10,11 +10,21 @@ concurrent engines wait for one builder instead of racing.
 
 With the GPU backend the setup runs in a spawned child process, so the engine
 process itself never creates a CUDA context (its prover processes own the GPUs).
+
+Keys with no file (``key_source = "device"``, :func:`ensure_synthetic_circuit_data`): the
+param cache holds only the circuit's compact data, ``<kind>-<log_n>.device.synth-abc``, from
+which every prover generates the key (:mod:`cuzk_mp.groth16.setup_resident`) and synthesis
+evaluates the matrices. No r1cs is written, so what stands for the circuit in that file's header
+(:func:`synthetic_identity`) is a digest of the kind, the size and the source of the synthetic
+generators: a changed generator rebuilds the file. Decision: the digest covers the generator
+modules (``cuzk_mp/circuits/synthetic*.py``), not the field arithmetic they call, which changes
+no circuit.
 """
 
 from __future__ import annotations
 
 import fcntl
+import hashlib
 import logging
 import multiprocessing as mp
 import os
@@ -23,6 +33,7 @@ from pathlib import Path
 
 from ..circuits.synthetic_kinds import synthetic_circuit
 from ..errors import CuzkError
+from ..groth16.circuit_data import FileIdentity
 
 log = logging.getLogger("cuzk_mp.pipeline.keys")
 
@@ -60,6 +71,42 @@ def ensure_synthetic_key(kind: str, log_n: int, cache_dir: Path, backend: str = 
         finally:
             fresh.unlink(missing_ok=True)
     return zkey, r1cs
+
+
+def synthetic_identity(kind: str, log_n: int) -> FileIdentity:
+    """What stands for a synthetic circuit with no files in its circuit data's header (see the module
+    docstring): log_n, and a digest of the kind, the size and the generators' source."""
+    from .. import circuits
+
+    h = hashlib.blake2b(f"{kind}:{log_n}".encode(), digest_size=16)
+    for src in sorted(Path(circuits.__file__).parent.glob("synthetic*.py")):
+        h.update(src.name.encode())
+        h.update(src.read_bytes())
+    return FileIdentity(log_n, 0, h.digest())
+
+
+def device_circuit_data_path(kind: str, log_n: int, cache_dir: Path) -> Path:
+    """Where the circuit data of a synthetic circuit with a generated key lives in the param cache."""
+    return Path(cache_dir) / f"{kind}-{log_n}.device.synth-abc"
+
+
+def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path) -> Path:
+    """Make (once per generator) and return the circuit data of a synthetic circuit whose key is
+    generated in the provers: built from the generator's r1cs in memory, no r1cs or zkey file."""
+    from ..groth16.circuit_data import open_or_build_from
+
+    circuit = synthetic_circuit(kind, log_n)  # ConfigError for an unknown kind or size
+    cache_dir = Path(cache_dir).expanduser().resolve()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = device_circuit_data_path(kind, log_n, cache_dir)
+
+    def make() -> object:
+        log.warning("building the circuit data of %s 2^%d in %s (once per generator version)", kind, log_n,
+                    cache_dir)
+        return circuit.r1cs()
+
+    open_or_build_from(path, synthetic_identity(kind, log_n), make).close()  # type: ignore[arg-type]
+    return path
 
 
 def _temp_path(final: Path) -> Path:

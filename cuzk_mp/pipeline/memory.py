@@ -123,8 +123,9 @@ class CircuitSize:
 
     domain_size: int
     n_vars: int
-    key_bytes: int  # the zkey (mapped by the provers, counted once)
+    key_bytes: int  # the zkey (mapped by the provers, counted once; 0 for a key generated on the device)
     data_bytes: int  # what synthesis reads of the circuit (matrix rows, constants), shared: counted once
+    n_public: int = 0  # public signals (the device-memory plan's C section)
 
     @property
     def segment_bytes(self) -> int:
@@ -176,7 +177,17 @@ def circuit_size(zkey_path: str | os.PathLike[str]) -> CircuitSize:
 
     with read_zkey(zkey_path) as zkey:
         return CircuitSize(domain_size=zkey.domain_size, n_vars=zkey.n_vars, key_bytes=os.path.getsize(zkey_path),
-                           data_bytes=int(zkey.coefs.shape[0]) * DATA_BYTES_PER_ENTRY)
+                           data_bytes=int(zkey.coefs.shape[0]) * DATA_BYTES_PER_ENTRY, n_public=zkey.n_public)
+
+
+def circuit_data_size(path: str | os.PathLike[str]) -> CircuitSize:
+    """A circuit's sizes from its circuit-data file, for a key with no file (generated in the provers:
+    no host copy of the key, so ``key_bytes`` 0; the file is what synthesis and the provers map)."""
+    from ..groth16.circuit_data import read_counts
+
+    counts = read_counts(path)
+    return CircuitSize(domain_size=counts.domain_size, n_vars=counts.n_vars, key_bytes=0,
+                       data_bytes=os.path.getsize(path), n_public=counts.n_public)
 
 
 def model_working_sets(circuit: CircuitSize, backend: str, prover_workers: int) -> WorkingSets:

@@ -24,7 +24,12 @@ import msgspec
 
 
 class CircuitRef(msgspec.Struct, frozen=True):
-    """Everything a child needs to find a circuit's files (paths as strings)."""
+    """Everything a child needs to find a circuit's files (paths as strings).
+
+    ``key_source`` "device": a synthetic circuit whose INSECURE dev key has no file (``zkey`` is
+    empty): each prover generates it from ``circuit_data`` and ``toxic`` (tau, alpha, beta, delta as
+    decimal strings, the same for every prover), and synthesis maps ``circuit_data``.
+    """
 
     circuit_id: str
     zkey: str
@@ -32,6 +37,9 @@ class CircuitRef(msgspec.Struct, frozen=True):
     wasm: str | None = None
     synthetic: str | None = None
     log_n: int | None = None
+    key_source: str = "file"
+    circuit_data: str | None = None
+    toxic: list[str] | None = None
 
 
 # ---- engine -> synthesis worker / prover process
@@ -129,6 +137,8 @@ class KeyState(msgspec.Struct, tag="key_state"):
     tier: str | None
     nbytes: int
     error: str | None = None
+    vk: bytes | None = None  # snarkjs verification_key.json of a key generated in the prover (no file to read it from)
+    load_s: float = 0.0  # seconds the load (or the generation) took
 
 
 class Stats(msgspec.Struct, tag="stats"):

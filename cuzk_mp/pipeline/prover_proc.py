@@ -30,6 +30,7 @@ Threads:
 
 from __future__ import annotations
 
+import json
 import os
 import queue
 import sys
@@ -141,20 +142,45 @@ class KeyCache:
                 self.evicting.add(circuit_id)
 
     def _load(self, ref: msg.CircuitRef) -> _Key:
-        from ..formats.zkey import read_zkey
-
         t0 = time.perf_counter()
-        zkey = read_zkey(ref.zkey)
-        dropped = drop_coefficient_pages(zkey)  # before the upload: the load's peak stays one section chunk
-        handle = self.backend.load_key(zkey)
+        vk: bytes | None = None
+        if ref.key_source == "device":
+            zkey, handle = self._generate(ref)
+            vk = vk_json(zkey)
+            what = "generated the INSECURE dev key"
+        else:
+            from ..formats.zkey import read_zkey
+
+            zkey = read_zkey(ref.zkey)
+            dropped = drop_coefficient_pages(zkey)  # before the upload: the load's peak stays one section chunk
+            handle = self.backend.load_key(zkey)
+            what = f"loaded key ({dropped / 2**30:.2f} GiB of coefficient pages let go)"
         key = _Key(ref, zkey, handle, int(getattr(handle, "nbytes", 0)))
         self.keys[ref.circuit_id] = key
-        self.ctx.log.info("loaded key %s (%d bytes) in %.2f s; %.2f GiB of coefficient pages let go", ref.circuit_id,
-                          key.nbytes, time.perf_counter() - t0, dropped / 2**30)
-        self.ctx.send(msg.KeyState(ref.circuit_id, self.tier, key.nbytes))
+        seconds = time.perf_counter() - t0
+        self.ctx.log.info("%s %s (%d bytes) in %.2f s", what, ref.circuit_id, key.nbytes, seconds)
+        self.ctx.send(msg.KeyState(ref.circuit_id, self.tier, key.nbytes, vk=vk, load_s=seconds))
         self.ctx.send(msg.Stats(dict(self.backend.stats())))  # what the backend now holds of its keys
         self._shrink()
         return key
+
+    def _generate(self, ref: msg.CircuitRef) -> tuple[Any, Any]:
+        """A synthetic circuit's dev key generated into the backend from its circuit data and the
+        engine's toxic waste (:func:`cuzk_mp.groth16.setup_resident.setup_resident`)."""
+        from ..groth16.circuit_data import open_cache
+        from ..groth16.setup import ToxicWaste
+        from ..groth16.setup_resident import setup_resident
+        from .keys import synthetic_identity
+
+        assert ref.circuit_data and ref.toxic and ref.synthetic and ref.log_n, "CircuitTable makes device refs whole"
+        ident = synthetic_identity(ref.synthetic, ref.log_n)
+        data = open_cache(ref.circuit_data, ident, ident)
+        try:
+            made = setup_resident(data, self.backend, ToxicWaste(*(int(x) for x in ref.toxic)),
+                                  name=f"{ref.circuit_id} ({ref.synthetic} 2^{ref.log_n})")
+        finally:
+            data.close()
+        return made.head, made.handle
 
     def _shrink(self) -> None:
         if self.budget is None:
@@ -170,6 +196,14 @@ class KeyCache:
         key.handle.close()
         key.zkey.close()
         self.ctx.send(msg.KeyState(circuit_id, None, 0))
+
+
+def vk_json(zkey: Any) -> bytes:
+    """The snarkjs verification_key.json of a key's head, as bytes."""
+    from ..formats.snarkjs_json import vk_to_json
+    from ..groth16.keys import vk_from_zkey
+
+    return json.dumps(vk_to_json(vk_from_zkey(zkey))).encode()
 
 
 def drop_coefficient_pages(zkey: Any) -> int:

@@ -63,7 +63,15 @@ class _Circuit:
         from ..groth16.synthesis import ConstraintEvaluator
 
         self.ref = ref
-        self.evaluator = ConstraintEvaluator.from_files(ref.zkey, ref.r1cs)
+        if ref.key_source == "device":  # no key file: the circuit data the engine made for the generated key
+            from ..groth16.circuit_data import open_cache
+            from .keys import synthetic_identity
+
+            assert ref.circuit_data and ref.synthetic and ref.log_n, "CircuitTable makes device refs whole"
+            ident = synthetic_identity(ref.synthetic, ref.log_n)
+            self.evaluator = ConstraintEvaluator(open_cache(ref.circuit_data, ident, ident), ref.circuit_id)
+        else:
+            self.evaluator = ConstraintEvaluator.from_files(ref.zkey, ref.r1cs)
         self._wasm: Any = None
         self._synthetic: Any = None
 

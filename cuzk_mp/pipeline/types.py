@@ -64,6 +64,10 @@ class CircuitSpec:
     synthetic: str | None = None
     log_n: int | None = None
     partitions: int = 1
+    key_source: str = "file"  # synthetic only: "file" (a dev key in the param cache) or "device" (KEY_SOURCES)
+
+
+KEY_SOURCES = ("file", "device")  # where a synthetic circuit's INSECURE dev key comes from (docs/engine.md)
 
 
 @dataclass(frozen=True)
