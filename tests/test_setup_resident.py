@@ -134,3 +134,33 @@ def test_emulated_gpu_generates_the_same_points(circuit: tuple[object, object, P
         made.handle.close()
     finally:
         backend.close()
+
+
+@pytest.mark.gpu
+def test_gpu_generated_key_equals_the_cpu_one_and_proves(circuit: tuple[object, object, Path]) -> None:
+    """On the device: the same points as the CPU setup, and a proof from the resident key verifies
+    (against the head's verification key; not against another toxic waste's)."""
+    pytest.importorskip("cupy")
+    from cuzk_mp.backends.gpu.backend import GpuBackend
+
+    c, r1cs, path = circuit
+    data = open_cache(path, IDENTITY, IDENTITY)
+    cpu = CpuBackend(threads=2)
+    try:
+        want = _sections(dev.setup(r1cs, cpu, toxic=TOXIC))
+    finally:
+        cpu.close()
+    backend = GpuBackend(0)
+    try:
+        made = setup_resident(data, backend, TOXIC)
+        import cupy
+
+        for name in ("a", "b1", "b2", "c", "h"):
+            assert np.array_equal(cupy.asnumpy(made.handle.msms[name].d_points), want[name]), name
+        assert np.array_equal(made.head.ic, want["ic"])
+        w = c.witness(seed=5, partition=1)
+        proof, public = prove(backend, made.head, w, key=made.handle, evaluator=ConstraintEvaluator(data, "t"))
+        assert verify(prepare_vk(vk_from_zkey(made.head)), public, proof)
+        made.handle.close()
+    finally:
+        backend.close()
