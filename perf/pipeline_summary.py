@@ -1,12 +1,10 @@
 """The summaries of ``perf/pipeline_bench.sh``: its bench runs combined into one JSON, the synthesis
-thread sweep, the dev key it needs, the model-only answer where a run cannot be made, and the table
+thread sweep, the dev key it needs, and the table
 printed at the end of the one-call H200 mode.
 
     python perf/pipeline_summary.py runs DIR MODE OUT.json "LOADAVG"   # bench JSONs of DIR -> OUT.json
     python perf/pipeline_summary.py threads DIR OUT.json "LOADAVG"     # synthesis_bench JSONs (one per policy)
     python perf/pipeline_summary.py key LOG_N OUT.json                 # make the porep-like dev key, timed
-    python perf/pipeline_summary.py has-key LOG_N                      # exit 0 if the param cache holds it
-    python perf/pipeline_summary.py model-only LOG_N OUT.json "LOADAVG"  # the derived shape and bound, no run
     python perf/pipeline_summary.py table OUT_DIR KEY.json SECONDS      # the H200 table
 """
 
@@ -144,43 +142,6 @@ def key(log_n: int, out: Path) -> None:
     print(f"porep-like 2^{log_n} dev key: {took:.1f} s ({zkey.stat().st_size / GiB:.1f} GiB)")
 
 
-def has_key(log_n: int) -> bool:
-    from cuzk_mp.paths import default_cache_dir
-
-    cache = default_cache_dir()
-    return (cache / f"porep-like-{log_n}.zkey").is_file() and (cache / f"porep-like-{log_n}.r1cs").is_file()
-
-
-def model_only(log_n: int, out: Path, load_before: str) -> None:
-    """No key to run with: the shape the bench would derive on this machine, its bound, and why no run."""
-    import shutil
-
-    from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
-    from cuzk_mp.paths import default_cache_dir
-    from cuzk_mp.pipeline.bench import _gpu_table
-    from cuzk_mp.pipeline.memory import estimated_circuit_size, explain_shape, host_budget_bytes
-
-    import psutil
-
-    ram = int(psutil.virtual_memory().total)
-    circuit = estimated_circuit_size(1 << log_n, synthetic_circuit("porep-like", log_n).n_wires)
-    gpus = max(1, len(_gpu_table()))
-    choice = explain_shape(host_budget_bytes("auto", "host_budget", total=ram), circuit, cores=os.cpu_count(),
-                           backend="gpu", provers=gpus)
-    cache = default_cache_dir()
-    cache.mkdir(parents=True, exist_ok=True)
-    free = shutil.disk_usage(cache).free
-    why = (f"no porep-like 2^{log_n} key in {cache}: its dev setup took > 570 s on this box and writes a "
-           f"~{circuit.key_bytes / GiB:.0f} GiB key (+ its r1cs) where {free / GiB:.0f} GiB of disk is free; "
-           f"make it once with `cuzk-mp bench --log-n {log_n}` (or copy it there) and run this mode again")
-    doc = {**_envelope(f"perf/pipeline_bench.sh gpu-2^{log_n}", load_before), "skipped": why,
-           "model": {"shape": choice.shape.__dict__, "reason": choice.reason, "bound": choice.bound.as_dict(),
-                     "budget": choice.budget, "segment_bytes": circuit.segment_bytes,
-                     "estimated_key_bytes": circuit.key_bytes, "fits": choice.bound.total <= choice.budget}}
-    out.write_text(json.dumps(doc, indent=1) + "\n")
-    print(f"gpu-2^{log_n} skipped: {why}\n  model: {choice.reason}")
-
-
 def _fmt_gib(n: float | None) -> str:
     return "-" if n is None else f"{n / GiB:.1f}"
 
@@ -255,10 +216,6 @@ def main(argv: list[str]) -> int:
         threads(Path(argv[1]), Path(argv[2]), argv[3])
     elif what == "key":
         key(int(argv[1]), Path(argv[2]))
-    elif what == "has-key":
-        return 0 if has_key(int(argv[1])) else 1
-    elif what == "model-only":
-        model_only(int(argv[1]), Path(argv[2]), argv[3])
     elif what == "table":
         table(Path(argv[1]), Path(argv[2]), float(argv[3]))
     else:
