@@ -220,3 +220,18 @@ def test_bench_with_a_key_generated_in_the_provers(tmp_path: Path, capsys: pytes
                        "--cache", str(cache))
     with pytest.raises(InputError, match="key-source device is for the synthetic circuits"):
         zkey_args.func(zkey_args)
+
+
+def test_a_generated_keys_vk_outlives_later_reports(tmp_path: Path) -> None:
+    """The prover reports a generated key more than once (loaded, preloaded, evicted): the verification
+    key of the first report stays, whatever the later ones carry."""
+    from cuzk_mp.pipeline import messages as msg
+    from cuzk_mp.pipeline.circuits import CircuitTable
+
+    table = CircuitTable(tmp_path, "cpu")
+    assert table.vk("c") is None
+    table.on_key_state("cuzk-prover-0", msg.KeyState("c", "host", 1, vk=b"{}"))
+    table.on_key_state("cuzk-prover-0", msg.KeyState("c", "host", 1))
+    assert table.vk("c") == b"{}"
+    table.on_key_state("cuzk-prover-0", msg.KeyState("c", None, 0))
+    assert table.vk("c") == b"{}"

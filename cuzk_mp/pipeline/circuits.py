@@ -48,6 +48,7 @@ class CircuitTable:
         self.backend = backend
         self.refs: dict[str, msg.CircuitRef] = {}
         self._keys: dict[tuple[str, str], msg.KeyState] = {}  # (circuit, process) -> its last report
+        self._vks: dict[str, bytes] = {}  # circuit -> the verification key a prover reported for a generated key
 
     # ---- circuits
     def make_ref(self, spec: CircuitSpec) -> msg.CircuitRef:
@@ -90,15 +91,14 @@ class CircuitTable:
 
         data = ensure_synthetic_circuit_data(kind, log_n, self.param_cache)
         t = ToxicWaste.fresh(log_n)
+        self._vks.pop(cid, None)  # new toxic waste: the key of an earlier registration is another key
         return msg.CircuitRef(cid, "", None, None, kind, log_n, key_source="device", circuit_data=str(data),
                               toxic=[str(t.tau), str(t.alpha), str(t.beta), str(t.delta)])
 
     def vk(self, circuit_id: str) -> bytes | None:
-        """The verification key (snarkjs JSON) a prover reported for a key it generated (None if none did)."""
-        for (cid, _), ks in sorted(self._keys.items()):
-            if cid == circuit_id and ks.vk is not None:
-                return ks.vk
-        return None
+        """The verification key (snarkjs JSON) a prover reported for a key it generated (None if none did);
+        it outlives the key's eviction (the next generation, from the same toxic waste, is the same key)."""
+        return self._vks.get(circuit_id)
 
     def ref(self, circuit_id: str) -> msg.CircuitRef:
         """The registered circuit (InputError naming the registered ones if unknown)."""
@@ -119,6 +119,8 @@ class CircuitTable:
     # ---- resident keys
     def on_key_state(self, process: str, m: msg.KeyState) -> None:
         """A prover process loaded, evicted or failed to load a key."""
+        if m.vk is not None:
+            self._vks[m.circuit_id] = m.vk
         if m.tier is None and m.error is None:
             self._keys.pop((m.circuit_id, process), None)
         else:

@@ -82,6 +82,7 @@ class _Key:
     handle: Any
     nbytes: int
     users: int = 0
+    vk: bytes | None = None  # the verification key of a generated key (sent with every KeyState of it)
 
 
 class KeyCache:
@@ -122,7 +123,7 @@ class KeyCache:
     def preload(self, ref: msg.CircuitRef) -> None:
         """Load without using (engine ``preload``); always answers with a ``KeyState``."""
         key = self.acquire(ref)
-        self.ctx.send(msg.KeyState(ref.circuit_id, self.tier, key.nbytes))
+        self.ctx.send(msg.KeyState(ref.circuit_id, self.tier, key.nbytes, vk=key.vk))
         self.release(key)
 
     @property
@@ -155,7 +156,7 @@ class KeyCache:
             dropped = drop_coefficient_pages(zkey)  # before the upload: the load's peak stays one section chunk
             handle = self.backend.load_key(zkey)
             what = f"loaded key ({dropped / 2**30:.2f} GiB of coefficient pages let go)"
-        key = _Key(ref, zkey, handle, int(getattr(handle, "nbytes", 0)))
+        key = _Key(ref, zkey, handle, int(getattr(handle, "nbytes", 0)), vk=vk)
         self.keys[ref.circuit_id] = key
         seconds = time.perf_counter() - t0
         self.ctx.log.info("%s %s (%d bytes) in %.2f s", what, ref.circuit_id, key.nbytes, seconds)
