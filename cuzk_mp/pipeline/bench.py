@@ -346,7 +346,8 @@ def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
       with the key loaded, and each kind's working set = the largest growth of one
       process of that kind from idle to its sampled peak when the first job completed
       (``bound_bytes``; ``margin_bytes`` is how far the sampled peak of the whole run
-      stayed under it), or the model's predicted working sets (``model_bound_bytes``,
+      stayed under it), or the model's predicted working sets with the circuit data added to
+      ``fixed`` (``model_bound_bytes``,
       ``model_margin_bytes``: what the daemon's budget and ``--host-budget`` rely on);
     * flat across jobs: ``working_set_excess_bytes`` is the most any synthesis or
       prover process's peak PSS of the whole run went past idle + its kind's
@@ -372,8 +373,10 @@ def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     shape = Shape(config["ring_slots"], config["partition_workers"], config["synthesis_threads"])
     provers, fixed = len(config["devices"]), sum(idle.values())
     bound = host_bound(shape, circuit, provers, calibrated, fixed=fixed)
+    # the model's fixed part as the daemon budgets it (:func:`~.memory.fixed_bytes`): the measured idle PSS
+    # plus the circuit data, which no process has touched while idle (synthesis maps it on its first task)
     model = host_bound(shape, circuit, provers, model_working_sets(circuit, config["backend"], config["gpu_workers"]),
-                       fixed=fixed)
+                       fixed=fixed + circuit.data_bytes)
     workers = [n for n in end if kind(n) in ("cuzk-synth", "cuzk-prover")]
     excess = max((end[n] - idle.get(n, 0) - ws.get(kind(n), 0) for n in workers), default=0)
     peak_host, peak_shm = mem["peak_host_bytes"], mem["peak_shm_bytes"]
