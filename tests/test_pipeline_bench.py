@@ -201,15 +201,26 @@ def test_device_plan_line(test_key: tuple[Path, Path], monkeypatch: pytest.Monke
 def test_bench_with_a_key_generated_in_the_provers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
     """``--key-source device``: no key file is written (the param cache holds the circuit data alone), each
     of two provers generates the key from the engine's toxic waste, and every proof (made by either)
-    verifies against the verification key a prover reported; a .zkey circuit refuses the option."""
+    verifies against the verification key a prover reported, and in snarkjs (``--proofs-dir``); a tampered
+    proof does not; a .zkey circuit refuses the option."""
     cache = tmp_path / "cache"
     out = tmp_path / "bench.json"
+    proofs = tmp_path / "proofs"
     args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partitions", "2", "--jobs", "2", "--in-flight", "2",
                   "--partition-workers", "1", "--devices", "0,1", "--ring-slots", "2", "--key-source", "device",
-                  "--cache", str(cache), "--json", str(out))
+                  "--cache", str(cache), "--json", str(out), "--proofs-dir", str(proofs))
     assert args.func(args) == 0
     text = capsys.readouterr().out
     assert "generated in the provers" in text and "4 / 4" in text
+    assert "wrote verification_key.json and 4 proof(s)" in text
+    from tests import oracle
+
+    if oracle.tools_missing() is None:  # snarkjs, the outside check (CI has it: `make test` installs the tools)
+        cases = [(json.loads((proofs / f"bench-0-{j}-{i}.public.json").read_text()),
+                  json.loads((proofs / f"bench-0-{j}-{i}.proof.json").read_text())) for j in range(2) for i in range(2)]
+        bad_public = [str(int(cases[0][0][0]) + 1)] + cases[0][0][1:]
+        assert oracle.groth16_verify_many(proofs / "verification_key.json",
+                                          [*cases, (bad_public, cases[0][1])]) == [True] * 4 + [False]
     result = json.loads(out.read_text())
     assert result["proofs_total"] == result["proofs_verified"] == 4
     assert result["config"]["key_source"] == "device" and result["key_load_s"] > 0

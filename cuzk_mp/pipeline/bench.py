@@ -108,6 +108,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="comma-separated device ids (cpu: one prover process each); default all / one")
     p.add_argument("--repeat", type=int, default=1, help="runs of --jobs jobs in the same engine")
     p.add_argument("--json", type=Path, help="write the result as JSON")
+    p.add_argument("--proofs-dir", type=Path,
+                   help="also write verification_key.json and every proof as JOB-PARTITION.{proof,public}.json "
+                        "(snarkjs files: `snarkjs groth16 verify` checks them)")
     p.add_argument("--plot", type=Path, help="write a timeline plot (needs matplotlib)")
     p.add_argument("--cache", type=Path, default=default_cache_dir(),
                    help="param cache for synthetic dev keys (default $CUZK_MP_CACHE, else $XDG_CACHE_HOME/cuzk-mp, "
@@ -241,6 +244,30 @@ class BenchRun:
             running.stop()
         return {"spec": spec, "runs": runs, "memory": memory, "status": status, "circuit": circuit,
                 "zkey": Path(ref.zkey) if ref.key_source == "file" else None, "vk": vk, "key_load_s": key_load_s}
+
+
+def write_proofs(folder: Path, zkey_path: Path | None, vk_json: bytes | None, runs: list[_Run]) -> int:
+    """verification_key.json and each proof's snarkjs files into ``folder``; the proofs written."""
+    from ..formats.snarkjs_json import public_to_json, vk_to_json, write_json
+
+    folder.mkdir(parents=True, exist_ok=True)
+    if zkey_path is not None:
+        from ..formats.zkey import read_zkey
+        from ..groth16.keys import vk_from_zkey
+
+        with read_zkey(zkey_path) as zkey:
+            write_json(folder / "verification_key.json", vk_to_json(vk_from_zkey(zkey)))
+    elif vk_json is not None:
+        write_json(folder / "verification_key.json", json.loads(vk_json))
+    written = 0
+    for run in runs:
+        for job in run.results:
+            for p in job.partitions:
+                if p.proof is not None:
+                    write_json(folder / f"{job.job_id}-{p.index}.proof.json", p.proof)
+                    write_json(folder / f"{job.job_id}-{p.index}.public.json", public_to_json(p.public))
+                    written += 1
+    return written
 
 
 def verify_all(zkey_path: Path | None, runs: list[_Run], vk_json: bytes | None = None) -> tuple[int, int]:
@@ -651,10 +678,14 @@ def run(args: argparse.Namespace) -> int:
     if plan_line:
         print(plan_line, flush=True)
     bench = BenchRun(args, backend)
-    result = summarize(bench, bench.execute(circuit))
+    raw = bench.execute(circuit)
+    result = summarize(bench, raw)
     result["config"]["backend_reason"], result["config"]["shape_reason"] = why, shape_line
     result["config"]["device_plan"] = plan_line
     print(table(result))
+    if args.proofs_dir:
+        n = write_proofs(args.proofs_dir, raw["zkey"], raw.get("vk"), raw["runs"])
+        print(f"wrote verification_key.json and {n} proof(s) to {args.proofs_dir}", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
