@@ -30,8 +30,8 @@ from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.transport import frame
 from cuzk_mp.errors import InputError
 from tests.helpers import (
-    ENV, PY, REPO, DaemonProcess, free_port, check_proofs, config_text, parse_prometheus, raw_roundtrip,
-    shm_leftovers, snarkjs_verify,
+    DEFAULT_CIRCUITS, ENV, PY, REPO, DaemonProcess, free_port, check_proofs, config_text, parse_prometheus,
+    raw_roundtrip, shm_leftovers, snarkjs_verify,
 )
 
 
@@ -41,7 +41,9 @@ def daemon(tmp_path_factory: pytest.TempPathFactory) -> Iterator[DaemonProcess]:
     prefix = f"cuzk-e2e-{os.getpid()}"
     port = free_port()
     keys = tmp_path_factory.mktemp("keys")
-    (work / "cuzk.toml").write_text(config_text(work, keys, prefix=prefix, status_port=port))
+    gen = '[circuits.gen]\nsynthetic = "porep-like"\nlog_n = 10\nkey_source = "device"\n'
+    (work / "cuzk.toml").write_text(config_text(work, keys, prefix=prefix, status_port=port,
+                                                circuits=DEFAULT_CIRCUITS + gen))
     d = DaemonProcess(work / "cuzk.toml", work)
     d.prefix, d.http = prefix, f"http://127.0.0.1:{port}"  # type: ignore[attr-defined]
     try:
@@ -86,6 +88,20 @@ def test_prove_verifies_and_the_cli_writes_snarkjs_files(daemon: DaemonProcess,
                              str(out / f"public_{i}.json"), str(out / f"proof_{i}.json")],
                             env=ENV, capture_output=True, text=True, timeout=60)
         assert ok.returncode == 0 and "OK!" in ok.stdout
+
+
+def test_a_key_generated_in_the_provers(daemon: DaemonProcess) -> None:
+    """key_source "device": no key file in the param cache, the vk comes from the provers, proofs verify
+    with it (ours and snarkjs, in check_proofs) and not with the file key's vk of the same circuit."""
+    with daemon.client() as c:
+        r = c.prove("gen", synthetic_partitions(1), timeout_s=120)
+        assert r.state == "done" and r.error is None, r
+        vk = c.verification_key("gen")
+        other = c.verification_key("syn")
+    check_proofs(vk, r)
+    assert vk != other
+    with pytest.raises(AssertionError):
+        check_proofs(other, r)
 
 
 def test_submit_then_await_with_and_without_timeout(daemon: DaemonProcess) -> None:

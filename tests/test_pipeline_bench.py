@@ -246,3 +246,18 @@ def test_a_generated_keys_vk_outlives_later_reports(tmp_path: Path) -> None:
     assert table.vk("c") == b"{}"
     table.on_key_state("cuzk-prover-0", msg.KeyState("c", None, 0))
     assert table.vk("c") == b"{}"
+
+
+def test_the_toxic_waste_of_a_generated_key_is_kept_in_the_param_cache(tmp_path: Path) -> None:
+    """Drawn once (mode 0600) and read back by every later engine: the same key after a restart; a damaged
+    file is replaced by fresh secrets, never used."""
+    from cuzk_mp.pipeline.keys import device_toxic_waste
+
+    first = device_toxic_waste("porep-like", 10, tmp_path)
+    path = tmp_path / "porep-like-10.device.toxic"
+    assert path.stat().st_mode & 0o777 == 0o600
+    assert device_toxic_waste("porep-like", 10, tmp_path) == first
+    assert device_toxic_waste("porep-like", 12, tmp_path) != first  # each circuit its own
+    path.write_text("1 2 three 4\n")
+    again = device_toxic_waste("porep-like", 10, tmp_path)
+    assert again != first and device_toxic_waste("porep-like", 10, tmp_path) == again

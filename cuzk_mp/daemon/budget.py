@@ -23,6 +23,7 @@ operator can see where the memory goes.
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Iterable
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
@@ -71,7 +72,9 @@ def circuit_size(spec: CircuitSpec) -> CircuitSize:
         from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
 
         assert spec.log_n is not None
-        return estimated_circuit_size(1 << spec.log_n, synthetic_circuit(spec.synthetic, spec.log_n).n_wires)
+        size = estimated_circuit_size(1 << spec.log_n, synthetic_circuit(spec.synthetic, spec.log_n).n_wires)
+        # a key generated in the provers has no host copy (and no file): nothing of it to budget on the host
+        return dataclasses.replace(size, key_bytes=0) if spec.key_source == "device" else size
     from cuzk_mp.pipeline.memory import circuit_size as of_zkey
 
     assert spec.zkey is not None

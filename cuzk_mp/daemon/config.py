@@ -142,6 +142,7 @@ class CircuitSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     r1cs: str | None = None
     synthetic: Literal["porep-like", "dense-random"] | None = None
     log_n: int | None = None
+    key_source: Literal["file", "device"] = "file"  # synthetic only: where its INSECURE dev key comes from
     partitions: int = 1
     priority: Literal["CRITICAL", "HIGH", "NORMAL", "LOW"] = "NORMAL"
 
@@ -317,10 +318,13 @@ def _circuit(cid: str, c: CircuitSection, base: Path, source: str) -> CircuitCon
             raise ConfigError(f"{key}.log_n: a synthetic circuit needs log_n in "
                               f"{MIN_LOG_N}..{MAX_LOG_N}, got {c.log_n}")
         spec = CircuitSpec(circuit_id=cid, synthetic=c.synthetic, log_n=c.log_n,
-                           partitions=c.partitions)
+                           partitions=c.partitions, key_source=c.key_source)
         return CircuitConfig(spec, Priority[c.priority])
     if c.log_n is not None:
         raise ConfigError(f"{key}.log_n: only a synthetic circuit takes log_n")
+    if c.key_source != "file":
+        raise ConfigError(f"{key}.key_source: \"device\" is for synthetic circuits (a circom circuit's key is "
+                          "its zkey file)")
     files: dict[str, Path | None] = {}
     for name in ("zkey", "r1cs", "wasm"):
         value = getattr(c, name)

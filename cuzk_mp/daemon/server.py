@@ -150,7 +150,7 @@ class Daemon:
             self.engine = await asyncio.to_thread(configured.start)  # a failed start leaves nothing behind
             self.jobs = JobTable(self.engine, self.journal, self.cfg.circuits, self.metrics,
                                  self.cfg.result_ttl_s)
-            self.view = StatusView(self.cfg, self.jobs, self.started_at)
+            self.view = StatusView(self.cfg, self.jobs, self.started_at, self._generated_vk)
             for cc in self.cfg.circuits.values():  # synthetic: may run the dev setup once
                 _announce_setup(cc.spec, self.cfg.param_cache)
                 await asyncio.to_thread(self.engine.register_circuit, cc.spec)
@@ -447,6 +447,12 @@ class Daemon:
         return P.EvictReply(id=m.id, circuit_id=m.circuit_id, evicted=ok,
                             reason="" if ok else "the engine still uses this key")
 
+    def _generated_vk(self, circuit_id: str) -> bytes | None:
+        """The vk of a key the provers generate (key_source "device"): resident first, then as reported."""
+        assert self.engine is not None
+        self.engine.preload(circuit_id)
+        return self.engine.circuits.vk(circuit_id)
+
     async def _vk(self, m: P.GetVerificationKey) -> P.VkReply:
         self._circuit(m.circuit_id)
         assert self.view is not None
@@ -489,9 +495,12 @@ class Daemon:
 
 
 def _key_file(spec: Any, param_cache: Any) -> Any:
-    """The zkey a circuit proves with (a synthetic one's dev key in the param cache)."""
+    """The zkey a circuit proves with (a synthetic one's dev key in the param cache; None for a key the
+    provers generate, which has no file)."""
     if spec.synthetic is None:
         return spec.zkey
+    if spec.key_source == "device":
+        return None
     from cuzk_mp.pipeline.keys import synthetic_key_paths
 
     return synthetic_key_paths(spec.synthetic, spec.log_n, param_cache)[0]
@@ -503,6 +512,10 @@ def _announce_setup(spec: Any, param_cache: Any) -> None:
     if spec.synthetic is None:
         return
     key = _key_file(spec, param_cache)
+    if key is None:
+        starting(f"the circuit data of {spec.circuit_id} ({spec.synthetic} 2^{spec.log_n}; its INSECURE dev key "
+                 "is generated in the provers)", setup_budget_s(spec.log_n))
+        return
     what = "checking the" if key.is_file() else "making (once) the INSECURE"
     starting(f"{what} development key of {spec.circuit_id} ({spec.synthetic} 2^{spec.log_n})",
              setup_budget_s(spec.log_n))

@@ -11,9 +11,11 @@ as it is: nothing is parsed, guessed or invented here.
 
 from __future__ import annotations
 
+import json
 import os
 import threading
 import time
+from collections.abc import Callable
 from typing import Any
 
 import msgspec
@@ -21,6 +23,7 @@ import msgspec
 from cuzk_mp import __version__
 from cuzk_mp.daemon.budget import breakdown, largest
 from cuzk_mp.daemon.config import DaemonConfig
+from cuzk_mp.errors import CuzkError
 from cuzk_mp.daemon.job_records import TERMINAL, JobRecord
 from cuzk_mp.daemon.jobs import JobTable
 from cuzk_mp.pipeline.scheduler import PartitionRow
@@ -32,8 +35,12 @@ MAX_FINISHED_IN_STATUS = 200
 class StatusView:
     """Builds the status document from the job table and the engine's typed status."""
 
-    def __init__(self, cfg: DaemonConfig, jobs: JobTable, started_at: float) -> None:
+    def __init__(self, cfg: DaemonConfig, jobs: JobTable, started_at: float,
+                 generated_vk: Callable[[str], bytes | None] | None = None) -> None:
+        """``generated_vk(circuit_id)``: the verification key of a key the provers generate (no file to
+        derive it from), making the key resident first if needed."""
         self.cfg, self.jobs, self.started_at = cfg, jobs, started_at
+        self.generated_vk = generated_vk
         self.budget = breakdown(cfg.memory_total_bytes, cfg.safety_margin_bytes, cfg.engine,
                                 largest(c.spec for c in cfg.circuits.values())).as_dict()
         self._vks: dict[str, dict[str, Any]] = {}
@@ -121,6 +128,12 @@ class StatusView:
         from cuzk_mp.pipeline.keys import ensure_synthetic_key
 
         spec = self.cfg.circuits[circuit_id].spec
+        if spec.key_source == "device":  # no key file: the provers generate the key and report its vk
+            raw = self.generated_vk(circuit_id) if self.generated_vk is not None else None
+            if raw is None:
+                raise CuzkError(f"circuit {circuit_id}: the provers reported no verification key for its "
+                                "generated key")
+            return dict(json.loads(raw))
         zkey_path = spec.zkey
         if zkey_path is None:
             assert spec.synthetic is not None and spec.log_n is not None

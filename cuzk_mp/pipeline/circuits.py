@@ -84,16 +84,17 @@ class CircuitTable:
         return msg.CircuitRef(cid, str(paths["zkey"]), paths["r1cs"], paths["wasm"])
 
     def _device_ref(self, cid: str, kind: str, log_n: int) -> msg.CircuitRef:
-        """A synthetic circuit whose INSECURE dev key the provers generate: its circuit data made once,
-        the toxic waste drawn here (every prover must generate the same key) and kept only in memory."""
-        from ..groth16.setup import ToxicWaste
-        from .keys import ensure_synthetic_circuit_data
+        """A synthetic circuit whose INSECURE dev key the provers generate: its circuit data and its toxic
+        waste made once in the param cache (every prover, and every later engine, generates the same key)."""
+        from .keys import device_toxic_waste, ensure_synthetic_circuit_data
 
         data = ensure_synthetic_circuit_data(kind, log_n, self.param_cache)
-        t = ToxicWaste.fresh(log_n)
-        self._vks.pop(cid, None)  # new toxic waste: the key of an earlier registration is another key
-        return msg.CircuitRef(cid, "", None, None, kind, log_n, key_source="device", circuit_data=str(data),
-                              toxic=[str(t.tau), str(t.alpha), str(t.beta), str(t.delta)])
+        t = device_toxic_waste(kind, log_n, self.param_cache)
+        ref = msg.CircuitRef(cid, "", None, None, kind, log_n, key_source="device", circuit_data=str(data),
+                             toxic=[str(t.tau), str(t.alpha), str(t.beta), str(t.delta)])
+        if self.refs.get(cid) != ref:  # another key under this id: what a prover said of the old one is stale
+            self._vks.pop(cid, None)
+        return ref
 
     def vk(self, circuit_id: str) -> bytes | None:
         """The verification key (snarkjs JSON) a prover reported for a key it generated (None if none did);

@@ -18,7 +18,11 @@ evaluates the matrices. No r1cs is written, so what stands for the circuit in th
 (:func:`synthetic_identity`) is a digest of the kind, the size and the source of the synthetic
 generators: a changed generator rebuilds the file. Decision: the digest covers the generator
 modules (``cuzk_mp/circuits/synthetic*.py``), not the field arithmetic they call, which changes
-no circuit.
+no circuit. The toxic waste of such a key is kept beside it, ``<kind>-<log_n>.device.toxic``
+(mode 0600; :func:`device_toxic_waste`), so every engine on this param cache, before and after a
+restart, generates the same key: proofs a daemon made before it restarted still verify with the
+verification key it serves after. Whoever can read that file can forge proofs for the key: it is
+the INSECURE dev setup, as every key of this module is.
 """
 
 from __future__ import annotations
@@ -30,10 +34,14 @@ import multiprocessing as mp
 import os
 import tempfile
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from ..circuits.synthetic_kinds import synthetic_circuit
 from ..errors import CuzkError
 from ..groth16.circuit_data import FileIdentity
+
+if TYPE_CHECKING:
+    from ..groth16.setup import ToxicWaste
 
 log = logging.getLogger("cuzk_mp.pipeline.keys")
 
@@ -88,6 +96,37 @@ def synthetic_identity(kind: str, log_n: int) -> FileIdentity:
 def device_circuit_data_path(kind: str, log_n: int, cache_dir: Path) -> Path:
     """Where the circuit data of a synthetic circuit with a generated key lives in the param cache."""
     return Path(cache_dir) / f"{kind}-{log_n}.device.synth-abc"
+
+
+def device_toxic_waste(kind: str, log_n: int, cache_dir: Path) -> ToxicWaste:
+    """The toxic waste of a synthetic circuit's generated key: drawn once and kept in the param cache
+    (see the module docstring); a file that does not hold four valid secrets is replaced."""
+    from ..groth16.setup import ToxicWaste
+
+    cache_dir = Path(cache_dir).expanduser().resolve()
+    cache_dir.mkdir(parents=True, exist_ok=True)
+    path = cache_dir / f"{kind}-{log_n}.device.toxic"
+    with open(cache_dir / f"{kind}-{log_n}.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            values = [int(x) for x in path.read_text().split()]
+            toxic = ToxicWaste(*values)
+            toxic.check(log_n)
+            return toxic
+        except FileNotFoundError:
+            pass
+        except (ValueError, TypeError) as exc:
+            log.warning("%s cannot be used (%s): drawing new toxic waste (keys made with the old one will not "
+                        "verify with the new verification key)", path, exc)
+        toxic = ToxicWaste.fresh(log_n)
+        tmp = _temp_path(path)
+        try:
+            os.chmod(tmp, 0o600)
+            tmp.write_text(f"{toxic.tau} {toxic.alpha} {toxic.beta} {toxic.delta}\n")
+            os.replace(tmp, path)
+        finally:
+            tmp.unlink(missing_ok=True)
+        return toxic
 
 
 def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path) -> Path:
