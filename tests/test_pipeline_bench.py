@@ -199,7 +199,8 @@ def test_device_plan_line(test_key: tuple[Path, Path], monkeypatch: pytest.Monke
 
 
 def test_bench_with_a_key_generated_in_the_provers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``--key-source device``: no key file is written (the param cache holds the circuit data alone), each
+    """``--key-source device``: no key file is written (the param cache holds the circuit data and the toxic
+    waste alone), each
     of two provers generates the key from the engine's toxic waste, and every proof (made by either)
     verifies against the verification key a prover reported, and in snarkjs (``--proofs-dir``); a tampered
     proof does not; a .zkey circuit refuses the option."""
@@ -226,7 +227,7 @@ def test_bench_with_a_key_generated_in_the_provers(tmp_path: Path, capsys: pytes
     assert result["config"]["key_source"] == "device" and result["key_load_s"] > 0
     assert sorted({p["device"] for p in result["partitions"]}) == [0, 1]  # both provers' keys proved
     files = sorted(p.name for p in cache.iterdir() if not p.name.endswith(".lock"))
-    assert files == [f"porep-like-{LOG_N}.device.synth-abc"]
+    assert files == [f"porep-like-{LOG_N}.device.synth-abc", f"porep-like-{LOG_N}.device.toxic"]
     zkey_args = _parse("--backend", "cpu", "--circuit", str(tmp_path / "x.zkey"), "--key-source", "device",
                        "--cache", str(cache))
     with pytest.raises(InputError, match="key-source device is for the synthetic circuits"):
