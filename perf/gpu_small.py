@@ -21,7 +21,8 @@ writes ``$OUT/gpu-small.json`` (the rows for perf/results/gpu-small-h200.json), 
   ``device_2^N_batch4_ms`` (prove_start_batch over 4 staged partitions / 4); at 2^16 also without
   multiples (``..._multiples_none``); every proof assembled and self-verified (pairing);
 * ``params``    at 2^12 and 2^16, lone device time per proof for MSM launch geometries (sorted entries
-  per accumulation thread, heads per combine thread): ``device_2^N_lone_s{seg}c{combine_seg}_ms``,
+  per accumulation thread, heads per combine thread, group sums, buckets per reduction thread):
+  ``device_2^N_lone_s{seg}c{combine_seg}[g{group}b{bucket_chunk_min}]_ms``,
   and which one the backend picks for the size (``params_2^N_chosen``);
 * ``oneshot``   ``cuzk-mp groth16 prove --backend gpu`` at 2^16 as whole processes after ``warm``:
   the first and the median of three warm ones (``oneshot_2^16_first_s`` / ``_warm_s``), the
@@ -58,11 +59,22 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 BUDGET_S = 230.0
-ESTIMATE_S = {"warm": 60.0, "keys": 25.0, "timeline": 8.0, "device": 20.0, "params": 8.0, "oneshot": 20.0,
+ESTIMATE_S = {"warm": 60.0, "keys": 25.0, "timeline": 8.0, "device": 20.0, "params": 25.0, "oneshot": 20.0,
               "pipeline": 80.0, "daemon": 45.0}
 SIZES = (12, 14, 16, 18)
 BATCH = 4
 REPS = 10
+# label -> MsmParams knobs: sorted entries per accumulation thread (s), heads per combine thread (c), group
+# sums per thread (g), fewest buckets per reduction thread (b)
+PARAM_SWEEP = {
+    "s16c16": {"seg": 16, "combine_seg": 16},
+    "s8c8": {"seg": 8, "combine_seg": 8},
+    "s4c4": {"seg": 4, "combine_seg": 4},
+    "s4c4g4b2": {"seg": 4, "combine_seg": 4, "group": 4, "bucket_chunk_min": 2},
+    "s4c4g4b1": {"seg": 4, "combine_seg": 4, "group": 4, "bucket_chunk_min": 1},
+    "s2c2g2b2": {"seg": 2, "combine_seg": 2, "group": 2, "bucket_chunk_min": 2},
+    "s8c8g8b4": {"seg": 8, "combine_seg": 8, "group": 8, "bucket_chunk_min": 4},
+}
 TABLE_KEYS = [
     "warm_s", *(f"setup_2^{n}_s" for n in SIZES),
     "timeline_2^16_lone_span_ms", "timeline_2^16_lone_busy_ms", "timeline_2^16_lone_idle_ms",
@@ -70,7 +82,7 @@ TABLE_KEYS = [
     "timeline_2^16_batch4_span_ms", "timeline_2^16_batch4_busy_ms",
     *(f"device_2^{n}_{k}_ms" for n in SIZES for k in ("lone", "lone_events", "batch4")),
     "device_2^16_lone_multiples_none_ms", "device_2^16_batch4_multiples_none_ms",
-    *(f"device_2^{n}_lone_{label}_ms" for n in (12, 16) for label in ("s64c32", "s16c16", "s8c8", "s4c4")),
+    *(f"device_2^{n}_lone_{label}_ms" for n in (12, 16, 18) for label in PARAM_SWEEP),
     "params_2^12_chosen", "params_2^16_chosen",
     "oneshot_2^16_first_s", "oneshot_2^16_warm_s", "oneshot_2^16_import_s",
     "pipeline_2^16_s_per_partition", "pipeline_2^16_s_per_partition_nobatch", "pipeline_2^16_device_ms",
@@ -344,7 +356,6 @@ def device_rows(ses: Session, sizes: tuple[int, ...], reps: int) -> None:
         backend.close()
 
 
-PARAM_SWEEP = {"s64c32": (64, 32), "s16c16": (16, 16), "s8c8": (8, 8), "s4c4": (4, 4)}  # (seg, combine_seg)
 
 
 def param_rows(ses: Session, sizes: tuple[int, ...], reps: int) -> None:
@@ -357,9 +368,10 @@ def param_rows(ses: Session, sizes: tuple[int, ...], reps: int) -> None:
             p = _Prover(ses, backend, n)
             try:
                 chosen = backend_mod.msm_params_for(1 << n)
-                ses.rows[f"params_2^{n}_chosen"] = f"s{chosen.seg}c{chosen.combine_seg}"
-                for label, (seg, cseg) in PARAM_SWEEP.items():
-                    params = backend_mod.gmsm.MsmParams(seg=seg, combine_seg=cseg)
+                ses.rows[f"params_2^{n}_chosen"] = (f"s{chosen.seg}c{chosen.combine_seg}g{chosen.group}"
+                                                    f"b{chosen.bucket_chunk_min}")
+                for label, knobs in PARAM_SWEEP.items():
+                    params = backend_mod.gmsm.MsmParams(**knobs)
                     p.key.msms = {name: type(m)(m.d_points, params, m.multiples) for name, m in p.key.msms.items()}
                     p.prove(1)
                     times = [p.prove(1) for _ in range(reps)]
@@ -481,7 +493,7 @@ def main() -> int:
         "keys": lambda: key_rows(ses, sizes),
         "timeline": lambda: timeline_rows(ses, mid),
         "device": lambda: device_rows(ses, sizes, 2 if args.dry_run else REPS),
-        "params": lambda: param_rows(ses, sizes if args.dry_run else (12, 16), 1 if args.dry_run else 5),
+        "params": lambda: param_rows(ses, sizes if args.dry_run else (12, 16, 18), 1 if args.dry_run else 5),
         "oneshot": lambda: oneshot_rows(ses, mid, "cpu" if args.dry_run else "gpu"),
         "pipeline": lambda: pipeline_rows(ses, 16),
         "daemon": lambda: daemon_rows(ses, 12),

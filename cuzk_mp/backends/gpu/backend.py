@@ -605,11 +605,15 @@ class GpuBackend:
 # Launch geometry of the MSMs of small keys (no compiled-in knob changes: the shipped modules
 # serve). A small MSM runs far fewer accumulation threads than the device holds at once, so its
 # time is the length of each thread's chain of dependent additions: ``seg`` sorted entries per
-# accumulation thread, then ``combine_seg`` heads per thread in each combine level. Shorter
-# chains cost a few more additions in all (one head per segment) and cut the latency.
+# accumulation thread, then ``combine_seg`` heads per thread in each combine level, then the bucket
+# reduction (``bucket_chunk_min`` buckets per thread and a scalar multiple of their sum) and the
+# group sums (``group`` per thread and level). Shorter chains cost a few more additions in all and
+# cut the latency: on the H200 at 2^16, 4/4 lowered a lone proof from 13.6 to 11.3 ms against 16/16
+# (perf/results/gpu-small-h200.json), and a 2^16 proof's kernel time was 85% bucket reduction and
+# group sums at chunk 16 and groups of 32 (its timeline), hence chunks of 2 and groups of 4.
 SMALL_MSM_PARAMS: tuple[tuple[int, gmsm.MsmParams], ...] = (
-    (1 << 14, gmsm.MsmParams(seg=8, combine_seg=8)),
-    (1 << 18, gmsm.MsmParams(seg=16, combine_seg=16)),
+    (1 << 16, gmsm.MsmParams(seg=4, combine_seg=4, group=4, bucket_chunk_min=2)),
+    (1 << 18, gmsm.MsmParams(seg=8, combine_seg=8, group=8, bucket_chunk_min=4)),
 )
 
 

@@ -93,6 +93,10 @@ class MsmParams:
     combine_seg: int = 32  # heads per thread in each combine level
     group: int = 32  # inputs per thread in group sums
     reduce_threads: int = 1 << 16  # target thread count of the bucket reduction
+    # fewest buckets per thread of the bucket reduction (a power of two): a thread's chain is 2 chunk
+    # additions plus a ~c-bit scalar multiplication, so small MSMs, whose few threads leave the GPU
+    # latency-bound, want short chunks (and small groups, combine_seg); large ones are throughput-bound
+    bucket_chunk_min: int = 16
     max_entries: int = 1 << 28  # sort keys alive at once (4 B key + 8 B index each)
     window_bits: int | None = None  # None: choose_window(number of tail scalars); ignored with precomputed multiples
     # Batch-affine accumulation (kernels/msm/batch_affine.cuh): rounds of affine additions
@@ -108,6 +112,8 @@ class MsmParams:
             raise ConfigError(f"MsmParams.nthreads={self.nthreads}: a multiple of 32 in [32, 1024]")
         if not pow2(self.group) or self.group < 2:
             raise ConfigError(f"MsmParams.group={self.group}: a power of two >= 2 (groups must not straddle windows)")
+        if not pow2(self.bucket_chunk_min):
+            raise ConfigError(f"MsmParams.bucket_chunk_min={self.bucket_chunk_min}: a power of two >= 1")
         if self.seg < 1 or self.combine_seg < 2 or self.reduce_threads < 1:
             raise ConfigError(f"MsmParams: seg >= 1, combine_seg >= 2, thread counts >= 1 (got {self})")
         if self.window_bits is not None and not 2 <= self.window_bits <= 24:

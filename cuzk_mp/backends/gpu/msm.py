@@ -488,7 +488,7 @@ class _Msm:
         """sum_k k B_k per window: chunk shares (reduce.cuh), then group sums."""
         nb = 1 << (c - 1)
         want = max(1, (nw * nb) // self.params.reduce_threads)
-        chunk = min(max(1 << (want.bit_length() - 1), 16), nb)
+        chunk = min(max(1 << (want.bit_length() - 1), self.params.bucket_chunk_min), nb)
         per = nb // chunk
         shares = cupy.empty((nw * per, self._xw), dtype=np.uint64)
         self._launch("msm_reduce", nw * per, _u32(OP_BUCKETS), buckets, _NULL, _NULL, shares, _NULL,
