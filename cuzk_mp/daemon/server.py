@@ -532,7 +532,13 @@ async def _bound(key: str, addr: Any, bind: Any) -> Any:
 
 async def serve(cfg: DaemonConfig) -> int:
     """Run a daemon for ``cfg`` in the current loop until it is stopped; the exit code."""
+    from cuzk_mp import stackprof
+
     daemon = Daemon(cfg)
-    with contextlib.suppress(asyncio.CancelledError):
-        return await daemon.run()
-    return 0
+    sampler = stackprof.start_from_env()  # CUZK_MP_STACK_PROFILE: the daemon's threads (its children: theirs)
+    try:
+        with contextlib.suppress(asyncio.CancelledError):
+            return await daemon.run()
+        return 0
+    finally:
+        stackprof.finish(sampler, "daemon")

@@ -678,7 +678,13 @@ def run(args: argparse.Namespace) -> int:
     if plan_line:
         print(plan_line, flush=True)
     bench = BenchRun(args, backend)
-    raw = bench.execute(circuit)
+    from .. import stackprof
+
+    sampler = stackprof.start_from_env()  # the engine's own threads (the children sample theirs)
+    try:
+        raw = bench.execute(circuit)
+    finally:
+        stackprof.finish(sampler, "engine")
     result = summarize(bench, raw)
     result["config"]["backend_reason"], result["config"]["shape_reason"] = why, shape_line
     result["config"]["device_plan"] = plan_line

@@ -38,6 +38,7 @@ from typing import Any
 
 import msgspec
 
+from .. import stackprof
 from ..logs import configure_child
 from . import messages as msg
 
@@ -185,6 +186,7 @@ def bootstrap(spec: ChildSpec, conn: Connection, death_r: Connection) -> None:
     _install_signals(ctx)
     threading.Thread(target=_watch_parent, args=(death_r, ctx), name=f"{spec.name}-death", daemon=True).start()
     role = importlib.import_module(spec.module)
+    sampler = stackprof.start_from_env()
     try:
         role.main(ctx, spec.payload)
     except SystemExit:
@@ -195,6 +197,7 @@ def bootstrap(spec: ChildSpec, conn: Connection, death_r: Connection) -> None:
         ctx.log.critical("[shutdown] fatal error:\n%s", traceback.format_exc())
         os._exit(3)
     _leave_no_orphans(ctx, ORPHAN_WAIT_S if ctx.engine_gone.is_set() else 0.0)
+    stackprof.finish(sampler, spec.name)
     ctx.log.info("[shutdown] exiting")
 
 
