@@ -14,6 +14,12 @@ own process when the bench or the daemon runs with it): each writes ``DIR/<name>
 it exits, the stacks in the collapsed form flame-graph tools read (``thread;outer;...;inner count``)
 after a summary of each thread's most frequent innermost frames. Sampling costs the sampled
 process the GIL for ~50 us per sample: at the default 5 ms, about 1%.
+
+For diagnosis runs only: while it walks a stack (microseconds) the sampler holds that thread's
+frames, and a frame keeps its function's locals alive, so in that window a buffer they still
+export cannot be released; code that closes a memory map right after dropping its last view
+(building a circuit-data cache) can then fail with BufferError. Frames are never held between
+samples.
 """
 
 from __future__ import annotations
@@ -51,15 +57,19 @@ class StackSampler(threading.Thread):
         me = threading.get_ident()
         while not self._halt.wait(self.interval_s):
             names = {t.ident: t.name for t in threading.enumerate()}
-            for tid, frame in sys._current_frames().items():
+            frames = sys._current_frames()
+            f = None
+            for tid in list(frames):
                 if tid == me:
                     continue
                 stack: list[str] = []
-                f = frame
+                f = frames.pop(tid)
                 while f is not None and len(stack) < MAX_DEPTH:
                     stack.append(_frame_name(f.f_code))
                     f = f.f_back
                 self.counts[(names.get(tid, str(tid)), tuple(reversed(stack)))] += 1
+            frames.clear()  # hold no frame between samples: a frame keeps its function's locals alive
+            del frames, f
             self.samples += 1
 
     def stop(self) -> None:

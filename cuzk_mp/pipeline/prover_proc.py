@@ -242,7 +242,7 @@ class Prover:
         self.finalize_q: queue.Queue[_InFlight | None] = queue.Queue()
         self.cancelled: set[int] = set()
         self.batch_max = max(1, int(os.environ.get(BATCH_ENV) or payload.batch_max))
-        self.memwatch = DeviceMemoryWatch() if backend.name == "gpu" else None
+        self.memwatch = DeviceMemoryWatch(refresh=backend.refresh_host_stats) if backend.name == "gpu" else None
 
     def read_messages(self) -> None:
         """Reader thread: key management, cancellations, stop."""
@@ -477,22 +477,30 @@ class Prover:
 
 class DeviceMemoryWatch:
     """Bytes in use on this process's GPU (total - usable free, CuPy's idle pool blocks counted free),
-    sampled every ``interval_s`` by a thread; keeps the peak. Short peaks between samples are missed."""
+    sampled every ``interval_s`` by a thread; keeps the peak. Short peaks between samples are missed.
+    Every ``refresh_s`` the same thread calls ``refresh`` (the backend's host-memory figures, too slow
+    to read on a proof's path)."""
 
-    def __init__(self, interval_s: float = 0.05) -> None:
+    def __init__(self, interval_s: float = 0.05, refresh: Callable[[], None] | None = None,
+                 refresh_s: float = 10.0) -> None:
         from ..backends.gpu.memory import free_bytes
 
         self._free_bytes = free_bytes
         self.interval_s = interval_s
+        self.refresh, self.refresh_s = refresh, refresh_s
         self.used = self.peak = 0
         self._stop = threading.Event()
         threading.Thread(target=self._run, name="cuzk-prover-memwatch", daemon=True).start()
 
     def _run(self) -> None:
+        last = time.monotonic()
         while not self._stop.wait(self.interval_s):
             free, total = self._free_bytes()
             self.used = total - free
             self.peak = max(self.peak, self.used)
+            if self.refresh is not None and time.monotonic() - last >= self.refresh_s:
+                last = time.monotonic()
+                self.refresh()
 
     def stats(self) -> dict[str, float]:
         """``device_used_bytes`` (last sample) and ``device_peak_bytes``."""

@@ -165,6 +165,7 @@ class GpuBackend:
         self._copier = ThreadPoolExecutor(max_workers=COPY_THREADS, thread_name_prefix="cuzk-gpu-copy")
         self._keys: list[GpuKey] = []
         self._pinned_bytes = 0
+        self._host_key_rss = 0  # see refresh_host_stats
         self.last_timings: dict[str, float] = {}
         self.busy_seconds = 0.0
         with cupy.cuda.Device(device):
@@ -188,18 +189,26 @@ class GpuBackend:
         """What the backend holds: ``busy_seconds``; ``device_key_bytes`` (resident points and
         their multiples); ``host_key_resident_bytes`` (pages of the loaded keys' files this process
         still maps); ``host_key_released_bytes`` (section pages dropped after upload);
-        ``host_pinned_bytes`` (staging buffers)."""
+        ``host_pinned_bytes`` (staging buffers). Cheap (every proof reports it): the resident bytes
+        are those :meth:`refresh_host_stats` last read."""
         keys = [k for k in self._keys if k.msms]
-        arrays = [getattr(k.zkey, name) for k in keys for name in SECTIONS]
         return {
             "busy_seconds": float(self.busy_seconds),
             "device_key_bytes": float(sum(k.nbytes + k.multiples_bytes for k in keys)),
-            "host_key_resident_bytes": float(hostmem.mapped_rss([a for a in arrays if a is not None])),
+            "host_key_resident_bytes": float(self._host_key_rss),
             "host_key_released_bytes": float(sum(k.host_released for k in keys)),
             "host_pinned_bytes": float(self._pinned_bytes),
         }
 
     # ---- keys
+    def refresh_host_stats(self) -> None:
+        """Read how much of the loaded keys' files this process still maps (``/proc/self/smaps``: tens of
+        milliseconds in a process with a CUDA context, so never on a proof's path): after each key
+        load, and periodically from the prover's memory-watch thread."""
+        with self._lock:
+            arrays = [getattr(k.zkey, name) for k in self._keys if k.msms for name in SECTIONS]
+        self._host_key_rss = hostmem.mapped_rss([a for a in arrays if a is not None])
+
     def load_key(self, zkey: ZKey, *, lasting: bool = True) -> GpuKey:
         """Plan the device memory (:func:`.plan.plan_device`: points, multiples, NTT tables,
         the partitions in flight and their MSM scratch, against free memory; it drops multiples,
@@ -307,6 +316,7 @@ class GpuBackend:
         with self._slots:
             self.in_flight_limit = min([self.workers, *limits])
             self._slots.notify_all()
+        self.refresh_host_stats()
         return key
 
     @staticmethod
