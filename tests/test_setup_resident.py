@@ -30,9 +30,13 @@ TOXIC = dev.ToxicWaste(tau=0x1234567890ABCDEF1234567, alpha=987654321987654321, 
 IDENTITY = FileIdentity(1, 0, b"resident-setup-t")
 
 
+HEAD = ("alpha1", "beta1", "beta2", "gamma2", "delta1", "delta2")
+POINTS = ("a", "b1", "b2", "c", "h")
+
+
 def _sections(key: object) -> dict[str, np.ndarray]:
     return {name: np.concatenate(getattr(key, name)) if isinstance(getattr(key, name), list)
-            else np.asarray(getattr(key, name)) for name in ("ic", "a", "b1", "b2", "c", "h")}
+            else np.asarray(getattr(key, name)) for name in ("ic", *HEAD, *POINTS)}
 
 
 @pytest.fixture(scope="module", params=["porep-like", "dense-random"])
@@ -43,6 +47,24 @@ def circuit(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFac
     path = tmp_path_factory.mktemp("resident") / f"{request.param}.synth-abc"
     build_from_r1cs(r1cs, path, IDENTITY)
     return c, r1cs, path
+
+
+@pytest.fixture(scope="module")
+def want(circuit: tuple[object, object, Path]) -> dict[str, np.ndarray]:
+    """The file setup's key (CPU backend, TOXIC), section by section: what every generated key must equal."""
+    cpu = CpuBackend(threads=2)
+    try:
+        return _sections(dev.setup(circuit[1], cpu, toxic=TOXIC))  # type: ignore[arg-type]
+    finally:
+        cpu.close()
+
+
+def _assert_resident_points(made: object, want: dict[str, np.ndarray], to_host: object = np.asarray) -> None:
+    """The GPU backend's resident sections and the head's IC equal the file setup's."""
+    for name in POINTS:
+        got = to_host(made.handle.msms[name].d_points)  # type: ignore[attr-defined, operator]
+        assert np.array_equal(got, want[name]), name
+    assert np.array_equal(made.head.ic, want["ic"])  # type: ignore[attr-defined]
 
 
 def test_coded_transpose_equals_the_csr_one(circuit: tuple[object, object, Path]) -> None:
@@ -65,18 +87,16 @@ def test_qap_from_circuit_data_equals_the_r1cs_one(circuit: tuple[object, object
         assert np.array_equal(got, want)
 
 
-def test_cpu_resident_key_is_the_setup_key_and_proves(circuit: tuple[object, object, Path]) -> None:
-    c, r1cs, path = circuit
+def test_cpu_resident_key_is_the_setup_key_and_proves(circuit: tuple[object, object, Path],
+                                                      want: dict[str, np.ndarray]) -> None:
+    c, _, path = circuit
     backend = CpuBackend(threads=2)
     try:
-        want = dev.setup(r1cs, backend, toxic=TOXIC)
         data = open_cache(path, IDENTITY, IDENTITY)
         made = setup_resident(data, backend, TOXIC, name="test key")
         head = made.head
-        for name in ("alpha1", "beta1", "beta2", "gamma2", "delta1", "delta2"):
-            assert np.array_equal(getattr(head, name), getattr(want, name)), name
         got = _sections(made.handle.zkey)
-        for name, arr in _sections(want).items():
+        for name, arr in want.items():
             assert np.array_equal(got[name], arr), name
         assert head.coefs is None and head.a.shape[0] == 0  # the head holds no section
         w = c.witness(seed=3, partition=0)
@@ -107,7 +127,7 @@ def test_open_or_build_from_builds_once_and_rebuilds_for_another_identity(tmp_pa
         open_cache(path, IDENTITY, IDENTITY)
 
 
-def test_emulated_gpu_generates_the_same_points(circuit: tuple[object, object, Path],
+def test_emulated_gpu_generates_the_same_points(circuit: tuple[object, object, Path], want: dict[str, np.ndarray],
                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """The GPU backend's generate_key (fixed-base kernels on the emulator, the device plan, the
     resident MSM objects) against the CPU backend's points."""
@@ -117,47 +137,33 @@ def test_emulated_gpu_generates_the_same_points(circuit: tuple[object, object, P
         pytest.skip("no host C++ compiler for the kernel emulator")
     from tests.gpu_emu.backend import load_backend
 
-    _, r1cs, path = circuit
-    data = open_cache(path, IDENTITY, IDENTITY)
-    cpu = CpuBackend(threads=2)
-    try:
-        want = _sections(dev.setup(r1cs, cpu, toxic=TOXIC))
-    finally:
-        cpu.close()
+    data = open_cache(circuit[2], IDENTITY, IDENTITY)
     monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "none")  # the points alone (multiples have their own tests)
     backend = load_backend().GpuBackend(0)
     try:
         made = setup_resident(data, backend, TOXIC)
-        for name in ("a", "b1", "b2", "c", "h"):
-            assert np.array_equal(np.asarray(made.handle.msms[name].d_points), want[name]), name
-        assert np.array_equal(made.head.ic, want["ic"])
+        _assert_resident_points(made, want)
         made.handle.close()
     finally:
         backend.close()
 
 
 @pytest.mark.gpu
-def test_gpu_generated_key_equals_the_cpu_one_and_proves(circuit: tuple[object, object, Path]) -> None:
+def test_gpu_generated_key_equals_the_cpu_one_and_proves(circuit: tuple[object, object, Path],
+                                                         want: dict[str, np.ndarray]) -> None:
     """On the device: the same points as the CPU setup, and a proof from the resident key verifies
     (against the head's verification key; not against another toxic waste's)."""
     pytest.importorskip("cupy")
     from cuzk_mp.backends.gpu.backend import GpuBackend
 
-    c, r1cs, path = circuit
+    import cupy
+
+    c, _, path = circuit
     data = open_cache(path, IDENTITY, IDENTITY)
-    cpu = CpuBackend(threads=2)
-    try:
-        want = _sections(dev.setup(r1cs, cpu, toxic=TOXIC))
-    finally:
-        cpu.close()
     backend = GpuBackend(0)
     try:
         made = setup_resident(data, backend, TOXIC)
-        import cupy
-
-        for name in ("a", "b1", "b2", "c", "h"):
-            assert np.array_equal(cupy.asnumpy(made.handle.msms[name].d_points), want[name]), name
-        assert np.array_equal(made.head.ic, want["ic"])
+        _assert_resident_points(made, want, cupy.asnumpy)
         w = c.witness(seed=5, partition=1)
         proof, public = prove(backend, made.head, w, key=made.handle, evaluator=ConstraintEvaluator(data, "t"))
         assert verify(prepare_vk(vk_from_zkey(made.head)), public, proof)
