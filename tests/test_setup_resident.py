@@ -170,3 +170,41 @@ def test_gpu_generated_key_equals_the_cpu_one_and_proves(circuit: tuple[object, 
         made.handle.close()
     finally:
         backend.close()
+
+
+def test_a_key_that_does_not_fit_is_refused_before_any_point_is_made(circuit: tuple[object, object, Path],
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """generate_key plans the device memory first: too little free memory is a DeviceMemoryError naming
+    the need, and no section's scalars were even asked for; sections other than the five are refused."""
+    from tests import gpu_emu
+
+    if not gpu_emu.available():
+        pytest.skip("no host C++ compiler for the kernel emulator")
+    from cuzk_mp.backends.gpu.plan import KeyShape, plan_device
+    from cuzk_mp.errors import DeviceMemoryError, InputError
+    from tests.gpu_emu.backend import load_backend
+
+    data = open_cache(circuit[2], IDENTITY, IDENTITY)
+    emu = load_backend()
+    c = data.counts
+    need = plan_device(KeyShape(c.domain_size, c.n_vars, c.n_public), 10**15, workers=1).total
+    monkeypatch.setattr(emu.memory.cupy.cuda.runtime, "memGetInfo", lambda: (need - 1, 2 * need))
+    backend = emu.GpuBackend(0)
+    asked: list[str] = []
+
+    def scalars(name: str) -> object:
+        return lambda: asked.append(name) or np.zeros((1, 4), np.uint64)
+
+    cpu = CpuBackend(threads=1)  # the key's head (and its sizes), made on the CPU
+    try:
+        head = setup_resident(data, cpu, TOXIC).head
+    finally:
+        cpu.close()
+    try:
+        with pytest.raises(DeviceMemoryError, match="device memory"):
+            backend.generate_key(head, [(n, "g2" if n == "b2" else "g1", scalars(n)) for n in POINTS])
+        assert asked == []
+        with pytest.raises(InputError, match="expected each of"):
+            backend.generate_key(head, [("a", "g1", scalars("a"))])
+    finally:
+        backend.close()
