@@ -30,6 +30,8 @@ picks, ``--skip`` drops):
   dense-random; ``prove_{porep,random}_2^24[_affine]_total_ms`` with the default multiples plan
   and ``..._multiples_none[_affine]_total_ms`` without (one key load per plan, the MSM objects'
   accumulation switched between XYZZ and batch-affine), each stage's split, every sum checked;
+  ``--partition-log-n 27 --partition-quick``: one 2^27 partition's split (default plan, XYZZ,
+  PoRep-like: ``prove_porep_2^27_*_ms``);
 * ``proofs``  real 2^20 proofs of both synthetic circuits (GPU dev setup, ``prove``, self-verified,
   written for ``snarkjs groth16 verify``): ``prove_{porep,random}_2^20_s`` and device totals.
 
@@ -251,9 +253,10 @@ def _to_host(a: Any) -> np.ndarray:
     return np.asarray(a.get() if hasattr(a, "get") else a)
 
 
-def partition_rows(ses: DeviceRun, lg: int, reps: int) -> None:
+def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False) -> None:
     """Device work of one 2^lg partition through the protocol recipe: multiples none vs default,
-    each with the XYZZ and the batch-affine accumulation."""
+    each with the XYZZ and the batch-affine accumulation (``quick``: the default multiples, XYZZ and
+    the PoRep-like witness alone: at 2^27, where no multiples fit, one 77 GB key and ~3 s a partition)."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
     from cuzk_mp.backends.gpu.knobs import BA_ROUNDS, MULTIPLES_ENV
 
@@ -262,9 +265,10 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int) -> None:
     _free()
     n = 1 << lg
     abc = [_dense_mont(n, 100 + i) for i in range(3)]
-    witnesses = {tag: _witness(n, tag, 200 + i) for i, tag in enumerate(("porep", "random"))}
+    tags = ("porep",) if quick else ("porep", "random")
+    witnesses = {tag: _witness(n, tag, 200 + i) for i, tag in enumerate(tags)}
     backend = GpuBackend(0)
-    for variant in ("none", "auto"):
+    for variant in ("none", "auto") if not quick else ("auto",):
         os.environ[MULTIPLES_ENV] = variant
         t0 = time.perf_counter()
         key = backend.load_key(zkey)
@@ -273,7 +277,7 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int) -> None:
         ses.rows[f"partition_2^{lg}{suffix}_multiples"] = ",".join(sorted(key.multiples)) or "-"
         ses.log(f"key 2^{lg} multiples={variant}: {ses.rows[f'partition_2^{lg}{suffix}_load_key_s']:.1f} s, "
                 f"tables for {ses.rows[f'partition_2^{lg}{suffix}_multiples']}")
-        for acc, rounds in (("", 0), ("_affine", BA_ROUNDS)):
+        for acc, rounds in (("", 0), ("_affine", BA_ROUNDS)) if not quick else (("", 0),):
             for m in key.msms.values():  # launch knobs only: the same compiled module
                 m.params = dataclasses.replace(m.params, ba_rounds=rounds)
             _partition_runs(ses, backend, key, abc, witnesses, f"{suffix}{acc}", lg, n_public, reps, g1, g2)
@@ -425,6 +429,9 @@ def main() -> None:
     ap.add_argument("--skip", default="", help="comma list of sections to skip")
     ap.add_argument("--reps", type=int, default=3, help="timed runs per row (after a checked warm-up)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: emulator and CPU references at tiny sizes")
+    ap.add_argument("--partition-log-n", type=int, default=24, help="rows of the partition section's partition")
+    ap.add_argument("--partition-quick", action="store_true",
+                    help="partition section: default multiples, XYZZ, PoRep-like witness only (for 2^26, 2^27)")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     chosen = set(filter(None, args.sections.split(",")))
@@ -452,7 +459,7 @@ def main() -> None:
         "msm": (lambda: msm_rows(ses, (7,), 6, 1)) if args.dry_run else
         (lambda: msm_rows(ses, (24, 26), 24, args.reps)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
-        (lambda: partition_rows(ses, 24, args.reps)),
+        (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick)),
         "proofs": (lambda: None) if args.dry_run else (lambda: proof_rows(ses, 20, args.reps)),
     }
     for name, fn in sections.items():
