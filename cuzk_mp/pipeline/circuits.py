@@ -31,7 +31,8 @@ MAX_JOB_ID = 256  # a job id rides in the header of every ring segment
 
 class KeyRow(msgspec.Struct):
     """A proving key and where it lives: resident in a prover process ("device" on a GPU, "host" on
-    the CPU backend), or only on "disk" (``process`` None)."""
+    the CPU backend), or only on "disk" (``process`` None), or, for a key with no file that no prover
+    has generated yet, "generated on load"."""
 
     circuit: str
     process: str | None
@@ -158,8 +159,8 @@ class CircuitTable:
             if cid not in resident and ref.key_source == "file":
                 size = os.path.getsize(ref.zkey) if os.path.exists(ref.zkey) else 0
                 rows.append(KeyRow(cid, None, "disk", size, None))
-            elif cid not in resident:  # a generated key exists only where a prover made it
-                rows.append(KeyRow(cid, None, None, 0, "not generated yet (key_source device)"))
+            elif cid not in resident:  # a generated key exists only where a prover made it: nowhere yet
+                rows.append(KeyRow(cid, None, "generated on load", 0, None))
         return rows
 
 
