@@ -44,6 +44,7 @@ if TYPE_CHECKING:
     from ..groth16.setup import ToxicWaste
 
 log = logging.getLogger("cuzk_mp.pipeline.keys")
+CHILD_BUILD_LOG_N = 22  # from this size the circuit data is built in a spawned child process
 
 
 def synthetic_key_paths(kind: str, log_n: int, cache_dir: Path) -> tuple[Path, Path]:
@@ -129,23 +130,52 @@ def device_toxic_waste(kind: str, log_n: int, cache_dir: Path) -> ToxicWaste:
         return toxic
 
 
-def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path) -> Path:
+def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path, *, child: bool | None = None) -> Path:
     """Make (once per generator) and return the circuit data of a synthetic circuit whose key is
-    generated in the provers: built from the generator's r1cs in memory, no r1cs or zkey file."""
-    from ..groth16.circuit_data import open_or_build_from
+    generated in the provers: built from the generator's r1cs in memory, no r1cs or zkey file.
+
+    The build holds the r1cs and the coefficient section at once (~2 GB at 2^22, ~65 GB at 2^27), so
+    from 2^CHILD_BUILD_LOG_N rows (or with ``child``) it runs in a spawned child process: the engine's
+    or the daemon's own process never grows by it. A valid file is only opened and checked here."""
+    from ..groth16.circuit_data import open_cache, open_or_build_from
 
     circuit = synthetic_circuit(kind, log_n)  # ConfigError for an unknown kind or size
     cache_dir = Path(cache_dir).expanduser().resolve()
     cache_dir.mkdir(parents=True, exist_ok=True)
     path = device_circuit_data_path(kind, log_n, cache_dir)
+    ident = synthetic_identity(kind, log_n)
+    in_child = log_n >= CHILD_BUILD_LOG_N if child is None else child
+    if in_child:
+        try:
+            open_cache(path, ident, ident).close()
+            return path
+        except (OSError, ValueError):
+            pass  # missing, stale or damaged: the child builds it (and says why in its log)
+        level = os.environ.get("CUZK_MP_LOG_LEVEL") or logging.getLevelName(logging.getLogger().getEffectiveLevel())
+        proc = mp.get_context("spawn").Process(target=_build_circuit_data, args=(kind, log_n, str(cache_dir), level),
+                                               name="cuzk-circuit-data")
+        proc.start()
+        proc.join()
+        if proc.exitcode != 0:
+            raise CuzkError(f"building the circuit data of {kind} 2^{log_n} failed (exit code {proc.exitcode}); "
+                            "see the log above")
+        return path
 
     def make() -> object:
         log.warning("building the circuit data of %s 2^%d in %s (once per generator version)", kind, log_n,
                     cache_dir)
         return circuit.r1cs()
 
-    open_or_build_from(path, synthetic_identity(kind, log_n), make).close()  # type: ignore[arg-type]
+    open_or_build_from(path, ident, make).close()  # type: ignore[arg-type]
     return path
+
+
+def _build_circuit_data(kind: str, log_n: int, cache_dir: str, log_level: str) -> None:
+    """The build of :func:`ensure_synthetic_circuit_data` in its spawned child (logging as the parent's)."""
+    from ..logs import configure_child
+
+    configure_child("cuzk-circuit-data", log_level)
+    ensure_synthetic_circuit_data(kind, log_n, Path(cache_dir), child=False)
 
 
 def _temp_path(final: Path) -> Path:
