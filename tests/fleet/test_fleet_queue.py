@@ -385,3 +385,27 @@ def test_two_processes_with_one_box_name_keep_their_claims_apart(fleet_dsn: str,
             await f.close()
 
     run(main())
+
+
+def test_close_ends_a_heartbeat_whose_cancel_became_a_database_error(fleet_dsn: str) -> None:
+    """A cancel that lands inside the heartbeat's query surfaces as a database error (psycopg cancels
+    the query: QueryCanceled), not as CancelledError: close() must still end the loop and return."""
+    from cuzk_mp.errors import ResourceError
+
+    async def main() -> None:
+        box = await connect(fleet_dsn, "hb", heartbeat_interval_s=0.01)
+        inside = asyncio.Event()
+
+        async def heartbeat_swallowing_the_cancel() -> None:
+            inside.set()
+            try:
+                await asyncio.sleep(30)
+            except asyncio.CancelledError:
+                raise ResourceError("fleet: database: QueryCanceled: canceling statement due to user request") \
+                    from None
+
+        box.heartbeat = heartbeat_swallowing_the_cancel  # type: ignore[method-assign]
+        await asyncio.wait_for(inside.wait(), 10)
+        await asyncio.wait_for(box.close(), 10)  # returned: the loop saw the box closed
+
+    run(main())

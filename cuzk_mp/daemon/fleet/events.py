@@ -54,6 +54,7 @@ class FleetEvents:
         self.connect_timeout_s = connect_timeout_s
         self._conn: psycopg.AsyncConnection | None = None
         self._task: asyncio.Task[None] | None = None
+        self._closing = False
         self.reconnects = 0
 
     async def start(self) -> None:
@@ -63,6 +64,7 @@ class FleetEvents:
 
     async def close(self) -> None:
         """Stop listening and close the connection."""
+        self._closing = True  # the watch loop ends even where a cancel comes back as a psycopg error
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
@@ -79,12 +81,14 @@ class FleetEvents:
         return conn
 
     async def _watch(self) -> None:
-        while True:
+        while not self._closing:
             assert self._conn is not None
             try:
                 async for note in self._conn.notifies():
                     self._dispatch(note.channel, note.payload)
             except psycopg.Error as e:
+                if self._closing:
+                    return
                 log.warning("fleet: LISTEN connection lost (%s); reconnecting", e)
             with contextlib.suppress(Exception):
                 await self._conn.close()

@@ -355,11 +355,19 @@ class Fleet(FleetStore):
         return list(lost)
 
     async def _heartbeat_loop(self) -> None:
-        while True:
+        # Ends when the box closes, whether or not the cancel reaches it as CancelledError: a cancel
+        # that lands inside a query comes back from psycopg as QueryCanceled, which _tx turns into a
+        # ResourceError like any database error; a loop that only logged it ran on for ever, and
+        # close(), awaiting it, never returned.
+        while not self._closed:
             await asyncio.sleep(self.cfg.heartbeat_interval_s)
+            if self._closed:
+                return
             try:
                 await self.heartbeat()
             except CuzkError as e:
+                if self._closed:
+                    return
                 log.warning("fleet: heartbeat of box %s failed: %s", self.box, e)
 
     # -- settling a job -------------------------------------------------------------------
