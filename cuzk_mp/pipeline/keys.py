@@ -33,6 +33,7 @@ import logging
 import multiprocessing as mp
 import os
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
@@ -151,14 +152,8 @@ def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path, *, chi
             return path
         except (OSError, ValueError):
             pass  # missing, stale or damaged: the child builds it (and says why in its log)
-        level = os.environ.get("CUZK_MP_LOG_LEVEL") or logging.getLevelName(logging.getLogger().getEffectiveLevel())
-        proc = mp.get_context("spawn").Process(target=_build_circuit_data, args=(kind, log_n, str(cache_dir), level),
-                                               name="cuzk-circuit-data")
-        proc.start()
-        proc.join()
-        if proc.exitcode != 0:
-            raise CuzkError(f"building the circuit data of {kind} 2^{log_n} failed (exit code {proc.exitcode}); "
-                            "see the log above")
+        _in_child("cuzk-circuit-data", _build_circuit_data, (kind, log_n, str(cache_dir)),
+                  f"building the circuit data of {kind} 2^{log_n}")
         return path
 
     def make() -> object:
@@ -216,11 +211,16 @@ def _run_setup(r1cs: Path, zkey: Path, backend: str) -> None:
     if resolved == "cpu":
         _setup(str(r1cs), str(zkey), "cpu")
         return
+    _in_child("cuzk-key-setup", _setup, (str(r1cs), str(zkey), resolved),
+              f"dev setup of {r1cs.name} on the {resolved} backend")
+
+
+def _in_child(name: str, target: Callable[..., None], args: tuple[object, ...], what: str) -> None:
+    """Run ``target(*args, log_level)`` in a spawned child named ``name`` (logging at this process's level)
+    and wait for it; CuzkError naming ``what`` when it fails."""
     level = os.environ.get("CUZK_MP_LOG_LEVEL") or logging.getLevelName(logging.getLogger().getEffectiveLevel())
-    proc = mp.get_context("spawn").Process(target=_setup, args=(str(r1cs), str(zkey), resolved, level),
-                                           name="cuzk-key-setup")
+    proc = mp.get_context("spawn").Process(target=target, args=(*args, level), name=name)
     proc.start()
     proc.join()
     if proc.exitcode != 0:
-        raise CuzkError(f"dev setup of {r1cs.name} on the {resolved} backend failed (exit code {proc.exitcode}); "
-                        "see the log above")
+        raise CuzkError(f"{what} failed (exit code {proc.exitcode}); see the log above")
