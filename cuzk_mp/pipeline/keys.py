@@ -42,6 +42,7 @@ from ..errors import CuzkError
 from ..groth16.circuit_data import FileIdentity
 
 if TYPE_CHECKING:
+    from ..groth16.circuit_data import CircuitData
     from ..groth16.setup import ToxicWaste
 
 log = logging.getLogger("cuzk_mp.pipeline.keys")
@@ -131,6 +132,15 @@ def device_toxic_waste(kind: str, log_n: int, cache_dir: Path) -> ToxicWaste:
         return toxic
 
 
+def open_device_circuit_data(path: str | Path, kind: str, log_n: int) -> CircuitData:
+    """Map the circuit data :func:`ensure_synthetic_circuit_data` made (checked against the generator's
+    identity): what a prover generates a key from and a synthesis worker evaluates."""
+    from ..groth16.circuit_data import open_cache
+
+    ident = synthetic_identity(kind, log_n)
+    return open_cache(path, ident, ident)
+
+
 def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path, *, child: bool | None = None) -> Path:
     """Make (once per generator) and return the circuit data of a synthetic circuit whose key is
     generated in the provers: built from the generator's r1cs in memory, no r1cs or zkey file.
@@ -138,7 +148,7 @@ def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path, *, chi
     The build holds the r1cs and the coefficient section at once (~2 GB at 2^22, ~65 GB at 2^27), so
     from 2^CHILD_BUILD_LOG_N rows (or with ``child``) it runs in a spawned child process: the engine's
     or the daemon's own process never grows by it. A valid file is only opened and checked here."""
-    from ..groth16.circuit_data import open_cache, open_or_build_from
+    from ..groth16.circuit_data import open_or_build_from
 
     circuit = synthetic_circuit(kind, log_n)  # ConfigError for an unknown kind or size
     cache_dir = Path(cache_dir).expanduser().resolve()
@@ -148,7 +158,7 @@ def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path, *, chi
     in_child = log_n >= CHILD_BUILD_LOG_N if child is None else child
     if in_child:
         try:
-            open_cache(path, ident, ident).close()
+            open_device_circuit_data(path, kind, log_n).close()
             return path
         except (OSError, ValueError):
             pass  # missing, stale or damaged: the child builds it (and says why in its log)

@@ -168,14 +168,12 @@ class KeyCache:
     def _generate(self, ref: msg.CircuitRef) -> tuple[Any, Any]:
         """A synthetic circuit's dev key generated into the backend from its circuit data and the
         engine's toxic waste (:func:`cuzk_mp.groth16.setup_resident.setup_resident`)."""
-        from ..groth16.circuit_data import open_cache
         from ..groth16.setup import ToxicWaste
         from ..groth16.setup_resident import setup_resident
-        from .keys import synthetic_identity
+        from .keys import open_device_circuit_data
 
         assert ref.circuit_data and ref.toxic and ref.synthetic and ref.log_n, "CircuitTable makes device refs whole"
-        ident = synthetic_identity(ref.synthetic, ref.log_n)
-        data = open_cache(ref.circuit_data, ident, ident)
+        data = open_device_circuit_data(ref.circuit_data, ref.synthetic, ref.log_n)
         try:
             made = setup_resident(data, self.backend, ToxicWaste(*(int(x) for x in ref.toxic)),
                                   name=f"{ref.circuit_id} ({ref.synthetic} 2^{ref.log_n})")

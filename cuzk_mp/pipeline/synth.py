@@ -64,12 +64,11 @@ class _Circuit:
 
         self.ref = ref
         if ref.key_source == "device":  # no key file: the circuit data the engine made for the generated key
-            from ..groth16.circuit_data import open_cache
-            from .keys import synthetic_identity
+            from .keys import open_device_circuit_data
 
             assert ref.circuit_data and ref.synthetic and ref.log_n, "CircuitTable makes device refs whole"
-            ident = synthetic_identity(ref.synthetic, ref.log_n)
-            self.evaluator = ConstraintEvaluator(open_cache(ref.circuit_data, ident, ident), ref.circuit_id)
+            self.evaluator = ConstraintEvaluator(open_device_circuit_data(ref.circuit_data, ref.synthetic, ref.log_n),
+                                                 ref.circuit_id)
         else:
             self.evaluator = ConstraintEvaluator.from_files(ref.zkey, ref.r1cs)
         self._wasm: Any = None
