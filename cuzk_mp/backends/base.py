@@ -71,6 +71,7 @@ class MsmSums:
 
 
 SECTIONS = ("a", "b1", "b2", "c", "h")  # zkey sections 5, 6, 7 (G2), 8 and 9
+G2_ROW_COST = 3  # a G2 fixed-base row costs about three G1 rows (Fq2 arithmetic): for progress and ETAs
 
 
 class KeyHandle(Protocol):
@@ -180,3 +181,9 @@ def check_scalar_count(section: str, n_points: int, n_scalars: int) -> None:
     """InputError naming both counts unless an MSM over ``section`` gets one scalar per point."""
     if n_points != n_scalars:
         raise InputError(f"MSM over key section {section!r}: {n_scalars} scalars for its {n_points} points")
+
+
+def check_key_sections(names: Sequence[str]) -> None:
+    """InputError unless ``generate_key`` got each of the five point sections exactly once."""
+    if sorted(names) != sorted(SECTIONS):
+        raise InputError(f"generate_key: sections {list(names)}, expected each of {list(SECTIONS)} once")

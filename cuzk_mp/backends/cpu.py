@@ -28,7 +28,7 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 from ..algebra import curve, ec, ntt
 from ..errors import InputError
 from ..formats.zkey import ZKey
-from .base import SECTIONS, ProverInputs, check_scalar_count, msm_each
+from .base import SECTIONS, ProverInputs, check_key_sections, check_scalar_count, msm_each
 
 
 @dataclass
@@ -151,15 +151,11 @@ class CpuBackend:
     def generate_key(self, head: ZKey, sections: Sequence[tuple[str, str, Callable[[], np.ndarray]]], *,
                      lasting: bool = True) -> CpuKey:
         """Each section's points by the numba fixed-base kernel (host memory), then :meth:`load_key`."""
+        check_key_sections([name for name, _, _ in sections])
         made: dict[str, np.ndarray] = {}
         for name, group, scalars in sections:
-            if name not in SECTIONS:
-                raise InputError(f"generate_key: unknown section {name!r} (sections: {', '.join(SECTIONS)})")
             made[name] = (self.fixed_base_g2(G2Point(), scalars()) if group == "g2"
                           else self.fixed_base_g1(G1Point(), scalars()))
-        missing = set(SECTIONS) - set(made)
-        if missing:
-            raise InputError(f"generate_key: no scalars for section(s) {', '.join(sorted(missing))}")
         key = dataclasses.replace(head, a=made["a"], b1=made["b1"], b2=made["b2"], c=made["c"], h=made["h"])
         return self.load_key(key, lasting=lasting)
 

@@ -65,6 +65,7 @@ from py_arkworks_bls12381 import G1Point, G2Point
 from ..algebra import fr
 from ..algebra.field import FR, FR_TWO_ADICITY, Q_MOD, R_MOD, domain_log_size, fr_root_of_unity, int_to_limbs
 from ..algebra.sparse import CsrMatrix
+from ..backends.base import G2_ROW_COST
 from ..errors import InputError
 from ..formats.r1cs import R1CS, read_r1cs
 from ..formats.zkey import COEF_DTYPE, ChunkStream, ZKey, coefs_from_arrays, empty_contributions, write_zkey
@@ -82,7 +83,7 @@ _R3_LIMBS = int_to_limbs(FR.to_mont_int(FR.r2), 4)  # R^3 mod r: a Montgomery pr
 CHUNK_ROWS = 1 << 20
 MIN_CHUNK_ROWS = 1 << 18
 PROGRESS_CHUNKS = 4
-G2_WEIGHT = 3  # a G2 fixed-base row costs about three G1 rows (Fq2 arithmetic), for the rate and ETA
+G2_WEIGHT = G2_ROW_COST  # what a G2 fixed-base row costs in G1 rows, for the rate and ETA
 COEF_CHUNK_ROWS = 1 << 20  # constraints per coefficient chunk when the section is streamed (~170 MB)
 PROGRESS_INTERVAL_S = 10.0  # at most one progress line per this many seconds
 Progress = Callable[[str, int, int], None]  # (section label, rows done, rows in the section)

@@ -47,7 +47,7 @@ from py_arkworks_bls12381 import G1Point, G2Point
 
 from ...errors import InputError, ResourceError
 from ...formats.zkey import ZKey
-from ..base import ProverInputs
+from ..base import G2_ROW_COST, ProverInputs, check_key_sections
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
 from .knobs import MULTIPLES_ENV, SECTIONS, FixedBaseParams
@@ -243,16 +243,14 @@ class GpuBackend:
         then for each ``(section, "g1" | "g2", scalars())`` the fixed-base kernel writes s_i G
         straight into the section's device array (scalars uploaded GEN_CHUNK_ROWS at a time; each
         section's host scalars dropped once its points exist), then the same MSM objects."""
-        shape = KeyShape.of(head)
-        rows = shape.rows()
-        names = [name for name, _, _ in sections]
-        if sorted(names) != sorted(SECTIONS):
-            raise InputError(f"generate_key: sections {names}, expected each of {list(SECTIONS)} once")
+        check_key_sections([name for name, _, _ in sections])
+        rows = KeyShape.of(head).rows()
+        work = {name: rows[name] * (G2_ROW_COST if group == "g2" else 1) for name, group, _ in sections}
 
         def generate(s: Any) -> dict[str, Any]:
             dev = {}
             t0 = time.perf_counter()
-            done, total = 0, sum(rows[n] * (3 if g == "g2" else 1) for n, g, _ in sections)
+            done, total = 0, sum(work.values())
             for name, group, take in sections:
                 scalars = take()
                 if scalars.shape != (rows[name], 4) or scalars.dtype != np.uint64:
@@ -266,7 +264,7 @@ class GpuBackend:
                     fb.run_device(cupy.asarray(scalars[lo:hi]), out[lo:hi])
                 s.synchronize()
                 del scalars, fb
-                done += rows[name] * (3 if group == "g2" else 1)
+                done += work[name]
                 log.info("key %s: section %s generated (%d points); %.0f%% of the key in %.1f s", head.path or "",
                          name, rows[name], 100.0 * done / max(total, 1), time.perf_counter() - t0)
             return dev
