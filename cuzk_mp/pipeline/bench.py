@@ -64,6 +64,7 @@ from .types import KEY_SOURCES, STAGES, CircuitSpec, EngineConfig, JobResult, Jo
 
 if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other verbs build this
     # parser without loading the pipeline (numba, posix_ipc, psutil)
+    from ..formats.snarkjs_json import VerificationKey
     from .engine import RunningEngine
     from .memory import CircuitSize, Machine
     from .monitor import MemorySampler
@@ -243,22 +244,30 @@ class BenchRun:
         finally:
             running.stop()
         return {"spec": spec, "runs": runs, "memory": memory, "status": status, "circuit": circuit,
-                "zkey": Path(ref.zkey) if ref.key_source == "file" else None, "vk": vk, "key_load_s": key_load_s}
+                "vk": bench_vk(Path(ref.zkey) if ref.key_source == "file" else None, vk), "key_load_s": key_load_s}
 
 
-def write_proofs(folder: Path, zkey_path: Path | None, vk_json: bytes | None, runs: list[_Run]) -> int:
+def bench_vk(zkey_path: Path | None, vk_json: bytes | None) -> VerificationKey:
+    """The benched key's verification key: from its zkey, or for a key with no file the snarkjs
+    ``vk_json`` the provers reported."""
+    from ..formats.snarkjs_json import vk_from_json
+    from ..formats.zkey import read_zkey
+    from ..groth16.keys import vk_from_zkey
+
+    if zkey_path is not None:
+        with read_zkey(zkey_path) as zkey:
+            return vk_from_zkey(zkey)
+    if vk_json is None:
+        raise CuzkError("no verification key: the provers reported none for the generated key")
+    return vk_from_json(json.loads(vk_json))
+
+
+def write_proofs(folder: Path, vk: VerificationKey, runs: list[_Run]) -> int:
     """verification_key.json and each proof's snarkjs files into ``folder``; the proofs written."""
     from ..formats.snarkjs_json import public_to_json, vk_to_json, write_json
 
     folder.mkdir(parents=True, exist_ok=True)
-    if zkey_path is not None:
-        from ..formats.zkey import read_zkey
-        from ..groth16.keys import vk_from_zkey
-
-        with read_zkey(zkey_path) as zkey:
-            write_json(folder / "verification_key.json", vk_to_json(vk_from_zkey(zkey)))
-    elif vk_json is not None:
-        write_json(folder / "verification_key.json", json.loads(vk_json))
+    write_json(folder / "verification_key.json", vk_to_json(vk))
     written = 0
     for run in runs:
         for job in run.results:
@@ -270,21 +279,13 @@ def write_proofs(folder: Path, zkey_path: Path | None, vk_json: bytes | None, ru
     return written
 
 
-def verify_all(zkey_path: Path | None, runs: list[_Run], vk_json: bytes | None = None) -> tuple[int, int]:
-    """(proofs total, proofs that pass verification against the zkey's verification key, or against
-    ``vk_json``, a snarkjs verification_key.json, for a key with no file)."""
-    from ..formats.snarkjs_json import proof_from_json, vk_from_json
-    from ..formats.zkey import read_zkey
-    from ..groth16.keys import prepare_vk, vk_from_zkey
+def verify_all(vk: VerificationKey, runs: list[_Run]) -> tuple[int, int]:
+    """(proofs total, proofs that pass verification against ``vk``)."""
+    from ..formats.snarkjs_json import proof_from_json
+    from ..groth16.keys import prepare_vk
     from ..groth16.verifier import verify
 
-    if zkey_path is None:
-        if vk_json is None:
-            raise CuzkError("no verification key: the provers reported none for the generated key")
-        pvk = prepare_vk(vk_from_json(json.loads(vk_json)))
-    else:
-        with read_zkey(zkey_path) as zkey:
-            pvk = prepare_vk(vk_from_zkey(zkey))
+    pvk = prepare_vk(vk)
     total = ok = 0
     for run in runs:
         for job in run.results:
@@ -450,7 +451,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
                                    "spans": [dataclasses.asdict(s) for s in p.spans]})
     per_run = [steady_s_per_proof(run, bench.part_done, a.partitions) for run in runs]
     per_job = [steady_s_per_job(run) for run in runs]
-    total, verified = verify_all(raw["zkey"], runs, raw.get("vk"))
+    total, verified = verify_all(raw["vk"], runs)
     device_peaks = [v.device_peak_bytes for v in status.memory.device.values()]
     busy = _busy_fractions(bench, runs)
     config = {"circuit": a.circuit, "log_n": a.log_n, "partitions": a.partitions, "jobs": a.jobs,
@@ -690,7 +691,7 @@ def run(args: argparse.Namespace) -> int:
     result["config"]["device_plan"] = plan_line
     print(table(result))
     if args.proofs_dir:
-        n = write_proofs(args.proofs_dir, raw["zkey"], raw.get("vk"), raw["runs"])
+        n = write_proofs(args.proofs_dir, raw["vk"], raw["runs"])
         print(f"wrote verification_key.json and {n} proof(s) to {args.proofs_dir}", flush=True)
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
