@@ -77,16 +77,16 @@ PARAM_SWEEP = {
 }
 TABLE_KEYS = [
     "warm_s", *(f"setup_2^{n}_s" for n in SIZES),
-    "timeline_2^16_lone_span_ms", "timeline_2^16_lone_busy_ms", "timeline_2^16_lone_idle_ms",
-    "timeline_2^16_lone_host_blocked_ms", "timeline_2^16_lone_launches",
-    "timeline_2^16_batch4_span_ms", "timeline_2^16_batch4_busy_ms",
+    *(f"timeline_2^{n}_{k}" for n in SIZES for k in ("lone_span_ms", "lone_busy_ms", "lone_idle_ms",
+                                                      "lone_host_blocked_ms", "lone_launches", "batch4_span_ms",
+                                                      "batch4_busy_ms")),
     *(f"device_2^{n}_{k}_ms" for n in SIZES for k in ("lone", "lone_events", "batch4")),
     "device_2^16_lone_multiples_none_ms", "device_2^16_batch4_multiples_none_ms",
     *(f"device_2^{n}_lone_{label}_ms" for n in (12, 16, 18) for label in PARAM_SWEEP),
     "params_2^12_chosen", "params_2^16_chosen",
     "oneshot_2^16_first_s", "oneshot_2^16_warm_s", "oneshot_2^16_import_s",
-    "pipeline_2^16_s_per_partition", "pipeline_2^16_s_per_partition_nobatch", "pipeline_2^16_device_ms",
-    "pipeline_2^16_device_ms_nobatch", "pipeline_2^16_proofs_verified",
+    *(f"pipeline_2^{n}_{k}" for n in SIZES for k in ("s_per_partition", "s_per_partition_nobatch", "device_ms",
+                                                      "device_ms_nobatch", "proofs_verified")),
     "daemon_2^12_latency_p50_ms", "daemon_2^12_overhead_ms", "daemon_2^12_proofs_verified",
     "proofs_verified", "checks_failed",
 ]
@@ -470,6 +470,8 @@ def main() -> int:
     ap.add_argument("--budget-s", type=float, default=BUDGET_S, help="stop starting sections after this")
     ap.add_argument("--skip", default="", help=f"comma list of sections to skip: {','.join(ESTIMATE_S)}")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: the kernel emulator and the CPU backend at 2^10")
+    ap.add_argument("--timeline-sizes", default="16", help="comma list of log2 sizes traced by the timeline section")
+    ap.add_argument("--pipeline-sizes", default="16", help="comma list of log2 sizes of the pipeline section")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     if skip - set(ESTIMATE_S):
@@ -488,14 +490,16 @@ def main() -> int:
     ses.log(f"{ses.rows['gpu']}; budget {args.budget_s:.0f} s")
     sizes = (10,) if args.dry_run else SIZES
     mid = 10 if args.dry_run else 16
+    tl_sizes = tuple(int(x) for x in args.timeline_sizes.split(",") if x)
+    pl_sizes = tuple(int(x) for x in args.pipeline_sizes.split(",") if x)
     sections: dict[str, Callable[[], None]] = {
         "warm": lambda: warm_rows(ses),
         "keys": lambda: key_rows(ses, sizes),
-        "timeline": lambda: timeline_rows(ses, mid),
+        "timeline": lambda: [timeline_rows(ses, n) for n in ((10,) if args.dry_run else tl_sizes)],
         "device": lambda: device_rows(ses, sizes, 2 if args.dry_run else REPS),
         "params": lambda: param_rows(ses, sizes if args.dry_run else (12, 16, 18), 1 if args.dry_run else 5),
         "oneshot": lambda: oneshot_rows(ses, mid, "cpu" if args.dry_run else "gpu"),
-        "pipeline": lambda: pipeline_rows(ses, 16),
+        "pipeline": lambda: [pipeline_rows(ses, n) for n in pl_sizes],
         "daemon": lambda: daemon_rows(ses, 12),
     }
     for name, fn in sections.items():
