@@ -18,7 +18,8 @@ writes ``$OUT/gpu-small.json`` (the rows for perf/results/gpu-small-h200.json), 
   copies back), the launch count; the full list goes to ``timeline-2^16.json``;
 * ``device``    per size: ``device_2^N_lone_ms`` (prove_start wall, median of 10, resident key with
   its default multiples; ``..._events_ms`` the backend's CUDA-event total) and
-  ``device_2^N_batch4_ms`` (prove_start_batch over 4 staged partitions / 4); at 2^16 also without
+  ``device_2^N_batch4_ms`` / ``_batch8_ms`` (prove_start_batch over 4 / 8 staged partitions, per
+  proof; the copies of staging are waited for before the clock starts); at 2^16 also without
   multiples (``..._multiples_none``); every proof assembled and self-verified (pairing);
 * ``params``    at 2^12 and 2^16, lone device time per proof for MSM launch geometries (sorted entries
   per accumulation thread, heads per combine thread, group sums, buckets per reduction thread):
@@ -29,7 +30,8 @@ writes ``$OUT/gpu-small.json`` (the rows for perf/results/gpu-small-h200.json), 
   in-process steps from its log line (``oneshot_2^16_step_*_ms``), imports (``-X importtime``);
 * ``pipeline``  ``cuzk-mp bench --backend gpu --log-n 16`` (10 jobs x 10 partitions, 8 synthesis
   workers, ring 8): ``pipeline_2^16_s_per_partition`` with batching (the default cap 4) and
-  ``..._nobatch`` (``CUZK_MP_PROVER_BATCH=1``); every proof verified by the bench;
+  ``..._nobatch`` (``CUZK_MP_PROVER_BATCH=1``) and ``..._batch8`` (8); every proof verified by the bench
+  (``--pipeline-sizes``: the sizes);
 * ``daemon``    ``perf/daemon_latency.py --backend gpu --log-n 12``: ``daemon_2^12_latency_p50_ms``
   (client submit -> proof on disk) and the daemon's own overhead.
 
@@ -60,9 +62,10 @@ sys.path.insert(0, str(ROOT))
 
 BUDGET_S = 230.0
 ESTIMATE_S = {"warm": 60.0, "keys": 25.0, "timeline": 8.0, "device": 20.0, "params": 25.0, "oneshot": 20.0,
-              "pipeline": 80.0, "daemon": 45.0}
+              "pipeline": 60.0, "daemon": 45.0}
 SIZES = (12, 14, 16, 18)
 BATCH = 4
+BIG_BATCH = 8  # device rows also at this batch size (one batched MSM per section for small keys)
 REPS = 10
 # label -> MsmParams knobs: sorted entries per accumulation thread (s), heads per combine thread (c), group
 # sums per thread (g), fewest buckets per reduction thread (b)
@@ -80,13 +83,14 @@ TABLE_KEYS = [
     *(f"timeline_2^{n}_{k}" for n in SIZES for k in ("lone_span_ms", "lone_busy_ms", "lone_idle_ms",
                                                       "lone_host_blocked_ms", "lone_launches", "batch4_span_ms",
                                                       "batch4_busy_ms")),
-    *(f"device_2^{n}_{k}_ms" for n in SIZES for k in ("lone", "lone_events", "batch4")),
+    *(f"device_2^{n}_{k}_ms" for n in SIZES for k in ("lone", "lone_events", "batch4", "batch8")),
     "device_2^16_lone_multiples_none_ms", "device_2^16_batch4_multiples_none_ms",
     *(f"device_2^{n}_lone_{label}_ms" for n in (12, 16, 18) for label in PARAM_SWEEP),
     "params_2^12_chosen", "params_2^16_chosen",
     "oneshot_2^16_first_s", "oneshot_2^16_warm_s", "oneshot_2^16_import_s",
-    *(f"pipeline_2^{n}_{k}" for n in SIZES for k in ("s_per_partition", "s_per_partition_nobatch", "device_ms",
-                                                      "device_ms_nobatch", "proofs_verified")),
+    *(f"pipeline_2^{n}_{k}" for n in SIZES for k in ("s_per_partition", "s_per_partition_nobatch",
+                                                      "s_per_partition_batch8", "device_ms", "device_ms_nobatch",
+                                                      "device_ms_batch8", "proofs_verified")),
     "daemon_2^12_latency_p50_ms", "daemon_2^12_overhead_ms", "daemon_2^12_proofs_verified",
     "proofs_verified", "checks_failed",
 ]
@@ -138,7 +142,7 @@ class _Prover:
         self.key = backend.load_key(self.zkey, lasting=lasting)
         ev = ConstraintEvaluator.from_zkey(self.zkey)
         circuit = PorepLike(n)
-        self.inputs = [ev.evaluate(circuit.witness(100 + i, 0)) for i in range(BATCH)]
+        self.inputs = [ev.evaluate(circuit.witness(100 + i, 0)) for i in range(BIG_BATCH)]
 
     def prove(self, k: int) -> float:
         """Stage k partitions, prove them in one pass (k = 1: prove_start), check every proof;
@@ -147,6 +151,7 @@ class _Prover:
 
         staged = [self.backend.stage(self.key, x) for x in self.inputs[:k]]
         try:
+            self.backend.stream().synchronize()  # the copies (staging waits for nothing on small keys)
             t0 = time.perf_counter()
             if k == 1:
                 sums = [prove_start(self.backend, self.key, staged[0], self.zkey.n_public)]
@@ -343,15 +348,18 @@ def device_rows(ses: Session, sizes: tuple[int, ...], reps: int) -> None:
                         lone.append(p.prove(1))
                         events.append(backend.last_timings.get("total", float("nan")))
                     batch = [p.prove(BATCH) / BATCH for _ in range(max(1, reps // BATCH))]
+                    big = [p.prove(BIG_BATCH) / BIG_BATCH for _ in range(max(1, reps // BATCH))]
                 finally:
                     p.close()
                 ses.rows[f"device_2^{n}_lone{tag}_ms"] = 1e3 * statistics.median(lone)
                 ses.rows[f"device_2^{n}_lone{tag}_events_ms"] = statistics.median(events)
                 ses.rows[f"device_2^{n}_batch{BATCH}{tag}_ms"] = 1e3 * statistics.median(batch)
+                ses.rows[f"device_2^{n}_batch{BIG_BATCH}{tag}_ms"] = 1e3 * statistics.median(big)
                 ses.rows.update({f"device_2^{n}{tag}_split_{k}_ms": v for k, v in backend.last_timings.items()})
                 ses.log(f"device 2^{n}{tag}: lone {ses.rows[f'device_2^{n}_lone{tag}_ms']:.2f} ms (events "
                         f"{ses.rows[f'device_2^{n}_lone{tag}_events_ms']:.2f}), batch of {BATCH} "
-                        f"{ses.rows[f'device_2^{n}_batch{BATCH}{tag}_ms']:.2f} ms per proof")
+                        f"{ses.rows[f'device_2^{n}_batch{BATCH}{tag}_ms']:.2f} ms per proof, of {BIG_BATCH} "
+                        f"{ses.rows[f'device_2^{n}_batch{BIG_BATCH}{tag}_ms']:.2f}")
     finally:
         backend.close()
 
@@ -431,7 +439,8 @@ def oneshot_rows(ses: Session, n: int, backend: str) -> None:
 
 
 def pipeline_rows(ses: Session, n: int) -> None:
-    for tag, env in (("", {}), ("_nobatch", {"CUZK_MP_PROVER_BATCH": "1"})):
+    for tag, env in (("", {}), ("_nobatch", {"CUZK_MP_PROVER_BATCH": "1"}),
+                     (f"_batch{BIG_BATCH}", {"CUZK_MP_PROVER_BATCH": str(BIG_BATCH)})):
         out = ses.out / f"bench-2^{n}{tag}.json"
         ses.command(f"bench{tag}", cli("bench", "--backend", "gpu", "--log-n", str(n), "--partitions", "10",
                                        "--jobs", "10", "--partition-workers", "8", "--ring-slots", "8",

@@ -362,14 +362,20 @@ def emu_gpu() -> object:
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("lasting", [False, True], ids=["one-proof-key", "lasting-key"])
+@pytest.mark.parametrize(("lasting", "dense"), [(False, True), (True, True), (False, False)],
+                         ids=["one-proof-key", "lasting-key", "one-proof-key-split"])
 def test_emulated_backend_batches_equal_cpu_backend(emu_gpu: object, test_key: tuple[Path, Path],
-                                                    lasting: bool) -> None:
+                                                    lasting: bool, dense: bool,
+                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     """prove_start_batch over three staged partitions of the porep-like 2^10 test key on the GPU
     backend's host code equals the CPU backend partition by partition, and so does the lone
-    prove_start; the proofs verify. A one-proof key gets no precomputed multiples, a lasting one
-    all five; the bounce buffers are sized to the partition, not 2 x 64 MiB; a bad vector in a
-    batch is refused before anything is enqueued."""
+    prove_start; the proofs verify. A small key's partitions have dense plans and their batch is
+    one batched MSM per section; ``split``: the 0/1 split and one MSM per partition, as for keys
+    above DENSE_KEY_ROWS. A one-proof key gets no precomputed multiples, a lasting one all five;
+    the bounce buffers are sized to the partition, not 2 x 64 MiB; a bad vector in a batch is
+    refused before anything is enqueued."""
+    if not dense:
+        monkeypatch.setitem(type(emu_gpu).stage.__globals__, "DENSE_KEY_ROWS", 0)
     from cuzk_mp.backends.cpu import CpuBackend
     from cuzk_mp.circuits.synthetic import PorepLike
     from cuzk_mp.formats.zkey import read_zkey
@@ -393,6 +399,7 @@ def test_emulated_backend_batches_equal_cpu_backend(emu_gpu: object, test_key: t
         try:
             assert set(key.multiples) == ({"a", "b1", "b2", "c", "h"} if lasting else set())
             staged = [emu_gpu.stage(key, x) for x in inputs]
+            assert all((s.plan.other is None) == dense for s in staged)
             try:
                 with pytest.raises(InputError, match="MSM a: 3 scalars"):
                     emu_gpu.msm_batch(key, "a", [staged[0].w, staged[1].w[:3]])
@@ -406,6 +413,14 @@ def test_emulated_backend_batches_equal_cpu_backend(emu_gpu: object, test_key: t
                 lone = prove_start(emu_gpu, key, lone_staged, zkey.n_public)
             finally:
                 emu_gpu.release(lone_staged)
+            bad_w = inputs[0].w.copy()
+            bad_w[5, 3] |= np.uint64(1 << 63)  # not a canonical Fr element: refused at staging or at the results
+            with pytest.raises(InputError, match="bit 255"):
+                bad = emu_gpu.stage(key, ProverInputs(inputs[0].a, inputs[0].b, inputs[0].c, bad_w))
+                try:
+                    prove_start(emu_gpu, key, bad, zkey.n_public)
+                finally:
+                    emu_gpu.release(bad)
         finally:
             key.close()
         pvk = prepare_vk(vk_from_zkey(zkey))

@@ -343,6 +343,42 @@ def test_plan_cut_and_enqueued_msms(kind: str, msm: Any, g2: bool) -> None:
         full.launch(d_s[k:], plan)
 
 
+@pytest.mark.parametrize("mul", [None, 7], ids=["plain", "multiples"])
+def test_batched_msms(kind: str, msm: Any, g2: bool, mul: int | None) -> None:
+    """k MSMs of one section as one pass (launch_batch, dense plans): each equals its own
+    arkworks MSM, whatever the mix (random, PoRep-like, all zero, edge values), with window
+    batches (small max_entries) and with a batch split because its keys would not fit 32 bits."""
+    n, k = 300, 4
+    points = _points(n, g2)
+    vecs = [_scalars(n, d, SEED + 61 + j) for j, d in enumerate(("random", "porep", "edge", "random"))]
+    vecs[3][:] = 0
+    want = [_oracle(points, v, g2) for v in vecs]
+    plans = [msm.dense_plan(n)] * k
+    cls = msm.MsmG2 if g2 else msm.MsmG1
+    for params in (None, msm.MsmParams(max_entries=2 * k * n + 1, seg=3, combine_seg=2, group=2)):
+        obj = _with_multiples(kind, msm, points, g2, mul, params) if mul else cls(points, params)
+        got = [p.result() for p in obj.launch_batch([_to_device(kind, v) for v in vecs], plans)]
+        assert got == want, f"seed {SEED} {params}"
+        obj._batch_fit = lambda m: 3  # noqa: ARG005 - force a split into 3 + 1
+        got = [p.result() for p in obj.launch_batch([_to_device(kind, v) for v in vecs], plans)]
+        assert got == want, f"seed {SEED} {params} (split)"
+    assert cls(points)._batch_fit(n) >= 64 and _with_multiples(kind, msm, points, g2, 7)._batch_fit(n) >= 64
+
+
+def test_batched_msms_refuse_mixed_plans(kind: str, msm: Any) -> None:
+    """A batch needs dense plans of one length: an index-list plan or a length mismatch is refused."""
+    n = 40
+    points, scalars = _points(n, False), _scalars(n, "porep", SEED + 71)
+    obj = msm.MsmG1(points)
+    d_s = _to_device(kind, scalars)
+    with pytest.raises(InputError, match="dense plans of one length"):
+        obj.launch_batch([d_s, d_s], [msm.classify(d_s), msm.dense_plan(n)])
+    with pytest.raises(InputError, match="dense plans of one length"):
+        obj.launch_batch([d_s, d_s[:20]], [msm.dense_plan(n), msm.dense_plan(20)])
+    with pytest.raises(InputError, match="2 scalar vectors for 1 plans"):
+        obj.launch_batch([d_s, d_s], [msm.dense_plan(n)])
+
+
 def test_bad_inputs(msm: Any) -> None:
     points = _points(8, False)
     obj = msm.MsmG1(points)

@@ -61,6 +61,12 @@ BOUNCE_BYTES = 64 << 20  # one pinned staging buffer at most (two per thread)
 MIN_BOUNCE_BYTES = 1 << 20
 PARALLEL_COPY_BYTES = 8 << 20  # below this a bounce buffer is filled by one thread
 SMALL_KEY_ROWS = 1 << 18  # keys up to this domain size run their MSMs on a pool of streams
+# Keys up to this domain size skip the 0/1 split: every scalar goes through the Pippenger windows
+# (a zero costs a sort key per window, a one a single addition, as in the split), so staging waits
+# for nothing (no index lists come back to the host), a proof's MSM is one chain of kernels instead
+# of the ones' chain then Pippenger's, and k proofs' MSMs of one section run as ONE batched pass
+# (:meth:`.msm._Msm.launch_batch`). Above it the sort of the zeros' keys costs more than the split.
+DENSE_KEY_ROWS = 1 << 16
 MSM_STREAMS = 8  # the pool, per calling thread
 COPY_THREADS = 4  # host threads filling a bounce buffer (numpy copies release the GIL)
 GEN_CHUNK_ROWS = 1 << 22  # scalars uploaded at a time by generate_key (128 MiB)
@@ -112,6 +118,8 @@ class GpuStaged:
     timings: dict[str, float] = field(default_factory=dict)
     h: Any = None
     h_ready: Any = None  # event: the H values are on the device
+    canonical: np.ndarray | None = None  # pinned flag of a dense plan's deferred check (see stage)
+    copy_start: Any = None  # event before the copies (h2d = copy_start .. ready)
     run: _Run = field(default_factory=_Run)
     holder: list[int] | None = None  # the staging thread's count of partitions it holds (in-flight limit)
 
@@ -335,8 +343,10 @@ class GpuBackend:
 
     # ---- partitions
     def stage(self, key: GpuKey, inputs: ProverInputs) -> GpuStaged:
-        """Copy a, b, c, w to the device on this thread's main stream and classify w's scalars;
-        on return the host vectors are no longer read (the caller may free them)."""
+        """Copy a, b, c, w to the device on this thread's main stream and classify w's scalars
+        (a key up to :data:`DENSE_KEY_ROWS`: a dense plan, and the check that every scalar is
+        canonical is read when the MSMs' results are, so nothing here waits for the device); on
+        return the host vectors are no longer read (the caller may free them)."""
         z = key.zkey
         shapes = {"a": (z.domain_size, 4), "b": (z.domain_size, 4), "c": (z.domain_size, 4), "w": (z.n_vars, 4)}
         host = {k: np.ascontiguousarray(getattr(inputs, k), dtype=np.uint64) for k in shapes}
@@ -353,17 +363,21 @@ class GpuBackend:
                 d = {k: cupy.empty(v.shape, dtype=np.uint64) for k, v in host.items()}
                 for k, v in host.items():
                     self._h2d(d[k], v, st)
-                ready = cupy.cuda.Event()
-                ready.record(st.main)
                 t0 = time.perf_counter()
-                plan = gmsm.classify(d["w"], cuts=(z.n_public + 1,))  # waits for the copies
-                classify_ms = 1e3 * (time.perf_counter() - t0)
-                h2d_ms = float(cupy.cuda.get_elapsed_time(start, ready))
+                canonical = None
+                if int(z.domain_size) <= DENSE_KEY_ROWS:
+                    canonical = gmsm.check_canonical(d["w"], st.main)
+                    plan = gmsm.dense_plan(int(d["w"].shape[0]))
+                    ready = _record(st.main)
+                else:
+                    ready = _record(st.main)
+                    plan = gmsm.classify(d["w"], cuts=(z.n_public + 1,))  # waits for the copies
+                timings = {"classify": 1e3 * (time.perf_counter() - t0)}
         except BaseException:
             self._free_stage_slot(holder)
             raise
-        staged = GpuStaged(self.device, d, plan, ready, sum(int(a.nbytes) for a in d.values()),
-                           {"h2d": h2d_ms, "classify": classify_ms}, holder=holder)
+        staged = GpuStaged(self.device, d, plan, ready, sum(int(a.nbytes) for a in d.values()), timings,
+                           holder=holder, canonical=canonical, copy_start=start)
         with self._lock:
             self._parts[int(d["w"].data.ptr)] = staged
         return staged
@@ -480,9 +494,11 @@ class GpuBackend:
         return self.msm_batch(key, section, [scalars])[0]
 
     def msm_batch(self, key: GpuKey, section: str, scalars: Sequence[Any]) -> list[Future]:
-        """The MSMs of k scalar vectors over one section, enqueued back to back on one stream (the
-        side stream for G2) with no host wait between them but the sorts'; every vector is checked
-        before any is enqueued. Futures in order, as :meth:`msm`'s."""
+        """The MSMs of k scalar vectors over one section; every vector is checked before any is
+        enqueued. A key up to :data:`DENSE_KEY_ROWS` whose vectors are all staged partitions' (w, its
+        suffix, or H values) runs them as ONE batched pass on the section's stream; otherwise each
+        is enqueued on its own (:meth:`_Streams.msm_stream`) with no host wait but the sorts'.
+        Futures in order, as :meth:`msm`'s."""
         if section not in SECTIONS:
             raise InputError(f"unknown MSM section {section!r}: expected one of {', '.join(SECTIONS)}")
         if not key.msms:
@@ -495,6 +511,10 @@ class GpuBackend:
                                  if got >= 0 else f"MSM {section}: scalars must be an (n, 4) array, got "
                                  f"{getattr(v, 'shape', type(v).__name__)}")
         st = self.streams()
+        if len(scalars) > 1 and int(key.zkey.domain_size) <= DENSE_KEY_ROWS:
+            batched = self._enqueue_batch(key.msms[section], section, scalars, st.msm_stream(key, section, 0))
+            if batched is not None:
+                return batched
         return [self._enqueue_msm(key.msms[section], section, v, st.msm_stream(key, section, i))
                 for i, v in enumerate(scalars)]
 
@@ -513,8 +533,36 @@ class GpuBackend:
         if part is not None:
             part.run.events.append((f"msm_{section}", start, end))
             part.run.pending[section] = pending
-            return self._finisher.submit(pending.result)
+            return self._finisher.submit(self._finish, pending, part.canonical)
         return self._finisher.submit(self._standalone, pending, start, end)
+
+    def _enqueue_batch(self, m: Any, section: str, scalars: Sequence[Any], s: Any) -> list[Future] | None:
+        """The k MSMs as one :meth:`.msm._Msm.launch_batch` on ``s`` (after every partition's data
+        is ready), or None when some vector is not a staged partition's with a dense plan."""
+        with cupy.cuda.Device(self.device), s:
+            ctx = [self._context(v) for v in scalars]
+            if any(part is None or plan.other is not None for part, plan, _ in ctx):
+                return None
+            for _, _, ready in ctx:
+                s.wait_event(ready)
+            start = _record(s)
+            pendings = m.launch_batch(list(scalars), [plan for _, plan, _ in ctx])
+            end = _record(s)
+        futures = []
+        for (part, _, _), pending in zip(ctx, pendings):
+            part.run.events.append((f"msm_{section}", start, end))
+            part.run.pending[section] = pending
+            futures.append(self._finisher.submit(self._finish, pending, part.canonical))
+        return futures
+
+    @staticmethod
+    def _finish(pending: Any, canonical: np.ndarray | None) -> Any:
+        """The MSM's point, after the deferred canonical check of a dense plan's witness (its flag
+        was copied back before the partition's ready event, which the MSM's stream waited for)."""
+        out = pending.result()
+        if canonical is not None and canonical[0]:
+            raise InputError(gmsm.NON_CANONICAL)
+        return out
 
     def _standalone(self, pending: Any, start: Any, end: Any) -> Any:
         out = pending.result()
@@ -545,6 +593,8 @@ class GpuBackend:
             spans = {name: float(cupy.cuda.get_elapsed_time(a, b)) for name, a, b in run.events}
             spans["total"] = max(ends) - min(starts)
             spans.update(staged.timings)
+            if staged.copy_start is not None:
+                spans["h2d"] = float(cupy.cuda.get_elapsed_time(staged.copy_start, staged.ready))
             self.last_timings = spans
             self._add_busy(spans["total"])
         staged.d = {}

@@ -66,6 +66,7 @@ from .modules import get_module, occupancy
 
 __all__ = [
     "MSM_PATH",
+    "NON_CANONICAL",
     "MsmG1",
     "MsmG2",
     "MsmParams",
@@ -75,6 +76,7 @@ __all__ = [
     "accumulate_rounds",
     "choose_multiples_window",
     "choose_window",
+    "check_canonical",
     "classify",
     "dense_plan",
     "horner",
@@ -176,6 +178,24 @@ def dense_plan(m: int) -> ScalarPlan:
     return ScalarPlan(m, 0, m, None, None)
 
 
+NON_CANONICAL = "MSM scalars: a row has bit 255 set (expected canonical standard-form Fr elements)"
+
+
+def check_canonical(scalars: Any, stream: Any, nthreads: int = 128) -> np.ndarray:
+    """Enqueue on ``stream`` the check :func:`classify` makes (no scalar has bit 255 set) without
+    waiting: returns a pinned uint32[1] that holds nonzero once the stream reaches this point if
+    some scalar fails (read it after a later event of that stream; :data:`NON_CANONICAL` says why)."""
+    m = int(scalars.shape[0])
+    kernel = get_module(MSM_PATH, MsmParams().defines(False)).get_function("msm_classify")
+    flag = cupy.zeros(1, dtype=np.uint32)
+    if m:
+        cls = cupy.empty(m, dtype=np.uint8)
+        kernel((-(-m // nthreads),), (nthreads,), (scalars, cls, flag, np.uint64(m)))
+    host = _pinned_like(np.zeros(1, dtype=np.uint32))
+    _copy_to_host_async(flag, host, stream)
+    return host
+
+
 def classify(scalars: Any, nthreads: int = 128, cuts: tuple[int, ...] = ()) -> ScalarPlan:
     """The 0/1/other plan of ``(m, 4)`` device scalars on the current stream (waits for it:
     the index lists' lengths and the counts come back to the host).
@@ -196,7 +216,7 @@ def classify(scalars: Any, nthreads: int = 128, cuts: tuple[int, ...] = ()) -> S
     vals = [int(v) for v in cupy.asnumpy(cupy.stack([flag[0].astype(np.int64)] + head))] if head else \
         [int(cupy.asnumpy(flag)[0])]
     if vals[0]:
-        raise InputError("MSM scalars: a row has bit 255 set (expected canonical standard-form Fr elements)")
+        raise InputError(NON_CANONICAL)
     plan = ScalarPlan(m, int(ones.shape[0]), int(other.shape[0]), ones, other)
     plan.cuts = {k: (vals[1 + 2 * i], vals[2 + 2 * i]) for i, k in enumerate(ks)}
     return plan
@@ -352,26 +372,79 @@ class _Msm:
     def launch(self, d_scalars: Any, plan: ScalarPlan, stream: Any = None) -> PendingMsm:
         """Enqueue the MSM of ``d_scalars`` (device, (m, 4), m <= n) with its plan on
         ``stream`` (default: the current one); no host sync but the sort's."""
-        scalars = self._check(d_scalars)
-        if plan.m != scalars.shape[0]:
-            raise InputError(f"{type(self).__name__}: a plan of {plan.m} scalars for {scalars.shape[0]}")
+        return self.launch_batch([d_scalars], [plan], stream)[0]
+
+    def launch_batch(self, d_scalars: list[Any], plans: list[ScalarPlan], stream: Any = None) -> list[PendingMsm]:
+        """Enqueue the MSMs of k scalar vectors over these points as ONE Pippenger pass (one
+        digit pass, one sort, one accumulation, one reduction; each vector keeps its own buckets)
+        on ``stream``: k proofs' MSMs of one key section cost the launches and host calls of
+        one. With k > 1 every vector must have the same length and a dense plan (no 0/1 split:
+        zeros and ones go through the windows like any scalar). A batch whose sort keys would
+        not fit 32 bits is split. No host sync but the sort's."""
+        if len(d_scalars) != len(plans) or not plans:
+            raise InputError(f"{type(self).__name__}: {len(d_scalars)} scalar vectors for {len(plans)} plans")
+        vecs = [self._check(v) for v in d_scalars]
+        for v, plan in zip(vecs, plans):
+            if plan.m != v.shape[0]:
+                raise InputError(f"{type(self).__name__}: a plan of {plan.m} scalars for {v.shape[0]}")
+        if len(vecs) > 1 and (any(p.other is not None for p in plans) or len({int(v.shape[0]) for v in vecs}) > 1):
+            raise InputError(f"{type(self).__name__}: a batch of MSMs needs dense plans of one length")
         with stream if stream is not None else contextlib.nullcontext():
-            s = cupy.cuda.get_current_stream()
-            marks = _Marks(s)
-            parts = []
-            if plan.n1:
-                parts.append(self._sum_ones(plan.ones, plan.n1))
-            marks.mark("ones")
-            nw, c = 0, 0
-            if plan.n2:
-                wsums, extra, nw, c = self._pippenger(scalars, plan.other, plan.n2, marks)
-                parts = [wsums, *extra, *parts]
-            host = np.zeros((sum(int(p.shape[0]) for p in parts), self._xw), dtype=np.uint64)
-            if parts:
-                host = _pinned_like(host)
-                _copy_to_host_async(cupy.concatenate(parts) if len(parts) > 1 else parts[0], host, s)
+            if len(vecs) == 1:
+                return [self._launch_one(vecs[0], plans[0])]
+            fit = self._batch_fit(int(vecs[0].shape[0]))
+            out: list[PendingMsm] = []
+            for lo in range(0, len(vecs), fit):
+                out += self._launch_dense(vecs[lo : lo + fit])
+            return out
+
+    def _launch_one(self, scalars: Any, plan: ScalarPlan) -> PendingMsm:
+        s = cupy.cuda.get_current_stream()
+        marks = _Marks(s)
+        parts = []
+        if plan.n1:
+            parts.append(self._sum_ones(plan.ones, plan.n1))
+        marks.mark("ones")
+        nw, c = 0, 0
+        if plan.n2:
+            wsums, c = self._pippenger(scalars, plan.other, plan.n2, plan.n2, marks)
+            nw = int(wsums.shape[1])
+            parts = [wsums[0], *parts]
+        host = np.zeros((sum(int(p.shape[0]) for p in parts), self._xw), dtype=np.uint64)
+        if parts:
+            host = _pinned_like(host)
+            _copy_to_host_async(cupy.concatenate(parts) if len(parts) > 1 else parts[0], host, s)
+        marks.mark("d2h")
+        return PendingMsm(self.G2, host, nw, c, marks, self)
+
+    def _launch_dense(self, vecs: list[Any]) -> list[PendingMsm]:
+        """k dense MSMs of m scalars each as one pass over their concatenation."""
+        s = cupy.cuda.get_current_stream()
+        marks = _Marks(s)
+        k, m = len(vecs), int(vecs[0].shape[0])
+        marks.mark("ones")
+        if m == 0:
+            host = np.zeros((k, 0, self._xw), dtype=np.uint64)
             marks.mark("d2h")
-            return PendingMsm(self.G2, host, nw, c, marks, self)
+            return [PendingMsm(self.G2, host[j], 0, 0, marks, self) for j in range(k)]
+        scalars = cupy.concatenate(vecs) if k > 1 else vecs[0]
+        wsums, c = self._pippenger(scalars, None, k * m, m, marks)
+        host = _pinned_like(np.zeros(wsums.shape, dtype=np.uint64))
+        _copy_to_host_async(wsums, host, s)
+        marks.mark("d2h")
+        return [PendingMsm(self.G2, host[j], int(wsums.shape[1]), c, marks, self) for j in range(k)]
+
+    def _window_bits(self, n2: int) -> int:
+        mul = self.multiples
+        return mul.c if mul is not None else self.params.window_bits or choose_window(n2)
+
+    def _batch_fit(self, m: int) -> int:
+        """The most MSMs of m scalars one dense pass takes: their sort keys (digits.cuh) must stay
+        below MSM_KEY_NONE = 2^32 - 1 for every window batch."""
+        c = self._window_bits(m)
+        if self.multiples is not None:  # key < (k 2^(c-1)) << (1 + wb), wb <= bits of the window count
+            return max(1, ((1 << 32) - 1) >> (c + max(1, (window_count(c) - 1).bit_length())))
+        return max(1, ((1 << 32) - 1) // (window_count(c) << c))  # key < (k nw) << c
 
     def _launch(self, name: str, threads: int, *args: Any) -> None:
         block = self.params.nthreads
@@ -383,7 +456,8 @@ class _Msm:
         segments sized by :func:`ones_segment` (whole waves of resident threads)."""
         keys = cupy.zeros(n1, dtype=np.uint32)  # window 0, bucket 0, positive
         seg = None if self.params.ba_rounds else ones_segment(n1, self._resident, self.params.seg)
-        return self._accumulate(cupy.arange(n1, dtype=np.int64), keys, ones, n1, n1, 1, 1, self.d_points, 0, seg)
+        return self._accumulate(cupy.arange(n1, dtype=np.int64), keys, ones, n1, n1, 1, 1, self.d_points, 0, n1,
+                                seg)
 
     def _sum_blocks(self, arr: Any, blocks: int, per: int) -> Any:
         """Sum each run of ``per`` consecutive XYZZ points: ``(blocks, xw)``.
@@ -401,57 +475,62 @@ class _Msm:
         return arr
 
     # ---- Pippenger on the rest
-    def _pippenger(self, scalars: Any, idx: Any, n2: int, marks: _Marks) -> tuple[Any, list[Any], int, int]:
-        """(window sums for Horner, other rows to add, their window count, c)."""
+    def _pippenger(self, scalars: Any, idx: Any, n2: int, per: int, marks: _Marks) -> tuple[Any, int]:
+        """Window sums ``(k, windows, xw)`` of the k = n2 / per MSMs of ``scalars`` (``per``
+        scalars each; k = 1 with an index list), for Horner with window bits c: (sums, c).
+        With precomputed multiples each MSM has one "window" (its shared bucket set's sum)."""
         mul = self.multiples
-        c = mul.c if mul is not None else self.params.window_bits or choose_window(n2)
+        k = n2 // per
+        c = self._window_bits(per)
         nw_total = window_count(c)
         per_batch = max(1, min(nw_total, self.params.max_entries // n2))
         wb = max(1, (per_batch - 1).bit_length()) if mul is not None else 0
         cfg = c | wb << 8
-        shared: Any = None  # with multiples: the one bucket set of every window
-        wsums: Any = cupy.empty((nw_total, self._xw), dtype=np.uint64)  # without: a sum per window
+        shared: Any = None  # with multiples: the one bucket set of every window (per MSM)
+        wsums: Any = cupy.empty((k, nw_total, self._xw), dtype=np.uint64)  # without: a sum per window
         nb = 1 << (c - 1)
         for w0 in range(0, nw_total, per_batch):
             nw = min(per_batch, nw_total - w0)
             keys = cupy.empty(nw * n2, dtype=np.uint32)
             self._launch("msm_digits", n2, scalars, _NULL if idx is None else idx, keys, _u64(n2),
-                         _u32(w0), _u32(nw), _u32(cfg))
+                         _u32(w0), _u32(nw), _u32(cfg), _u64(per))
             marks.mark("digits")
             perm = cupy.argsort(keys)
             marks.mark("sort")
             if mul is None:
-                buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, nw * nb, self.d_points, 0)
+                buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, k * nw * nb, self.d_points, 0, per)
                 marks.mark("accumulate")
-                wsums[w0 : w0 + nw] = self._window_sums(buckets, nw, c)
+                wsums[:, w0 : w0 + nw] = self._window_sums(buckets, k * nw, c).reshape(k, nw, self._xw)
             else:
-                buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, nb, mul.table[w0 * mul.n :], mul.n)
+                buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, k * nb, mul.table[w0 * mul.n :],
+                                           mul.n, per)
                 marks.mark("accumulate")
                 if shared is None:
                     shared = buckets
                 else:
-                    self._launch("msm_reduce", nb, _u32(OP_ADD), buckets, _NULL, _NULL, shared, _NULL,
-                                 _u64(nb), _u32(0), _u32(0))
+                    self._launch("msm_reduce", k * nb, _u32(OP_ADD), buckets, _NULL, _NULL, shared, _NULL,
+                                 _u64(k * nb), _u32(0), _u32(0))
             marks.mark("reduce")
         if mul is not None:
-            return self._window_sums(shared, 1, c), [], 0, c
-        return wsums, [], nw_total, c
+            return self._window_sums(shared, k, c).reshape(k, 1, self._xw), c
+        return wsums, c
 
     def _accumulate(self, perm: Any, keys: Any, idx: Any, n: int, m: int, cfg: int, n_buckets: int,
-                    points: Any, stride: int, seg: int | None = None) -> Any:
-        """Buckets ``(n_buckets, xw)`` from n sorted entries (accumulate.cuh): key = keys[perm[j]],
-        bucket and local window from the key (cfg), scalar perm[j] - wl m, point row
-        wl stride + idx[scalar] (or + scalar); ``seg`` entries per thread (default ``params.seg``)."""
+                    points: Any, stride: int, per: int, seg: int | None = None) -> Any:
+        """Buckets ``(n_buckets, xw)`` from n sorted entries (accumulate.cuh): key = keys[p],
+        p = perm[j], bucket from the key (cfg), local window wl = p / m, scalar i = p - wl m, point
+        row wl stride + idx[i] (or + i mod per: ``per`` scalars per MSM of a batch); ``seg``
+        entries per thread (default ``params.seg``)."""
         buckets = cupy.zeros((n_buckets, self._xw), dtype=np.uint64)
         if self.params.ba_rounds:
-            heads, head_keys, t = self._accumulate_affine(perm, keys, idx, n, m, cfg, points, stride, buckets)
+            heads, head_keys, t = self._accumulate_affine(perm, keys, idx, n, m, cfg, points, stride, per, buckets)
         else:
             seg = seg or self.params.seg
             t = -(-n // seg)
             heads = cupy.empty((t, self._xw), dtype=np.uint64)
             head_keys = cupy.empty(t, dtype=np.uint32)
             self._launch("msm_accumulate", t, perm, keys, _NULL if idx is None else idx, points, buckets,
-                         heads, head_keys, _u64(n), _u64(m), _u32(cfg), _u64(stride), _u32(seg))
+                         heads, head_keys, _u64(n), _u64(m), _u32(cfg), _u64(stride), _u32(seg), _u64(per))
         seg2 = self.params.combine_seg
         while t > 1:
             t2 = -(-t // seg2)
@@ -463,7 +542,7 @@ class _Msm:
         return buckets
 
     def _accumulate_affine(self, perm: Any, keys: Any, idx: Any, n: int, m: int, cfg: int, points: Any,
-                           stride: int, buckets: Any) -> tuple[Any, Any, int]:
+                           stride: int, per: int, buckets: Any) -> tuple[Any, Any, int]:
         """Level 1 by batch-affine rounds (batch_affine.cuh) into ``buckets``: (heads, head
         keys, segments). A persistent grid of the blocks resident at once, each thread with its
         scratch column: ``ba_cap(seg)`` points, ``ba_half(seg)`` suffix products, ``ba_cap(seg)``
@@ -481,7 +560,7 @@ class _Msm:
         head_keys = cupy.empty(nseg, dtype=np.uint32)
         self._k["msm_accumulate_affine"]((grid,), (block,), (
             perm, keys, _NULL if idx is None else idx, points, buckets, heads, head_keys, _u64(n), _u64(m),
-            _u32(cfg | self.params.ba_rounds << 16), _u64(stride), _u32(seg), scratch))
+            _u32(cfg | self.params.ba_rounds << 16), _u64(stride), _u32(seg), scratch, _u64(per)))
         return heads, head_keys, nseg
 
     def _window_sums(self, buckets: Any, nw: int, c: int) -> Any:

@@ -2,10 +2,10 @@
  * (one huge bucket or 2^c tiny ones) gives every thread the same amount of work.
  *
  * Level 1 (msm_accumulate_body). The sorted entries of a window batch are cut into
- * segments of `seg` consecutive entries, one thread each. Entry j is point
- * perm[j] of the batch's key array: key = keys[perm[j]], local window wl and bucket
- * from the key (digits.cuh, cfg), scalar i = perm[j] - wl m, point row
- * wl stride + tail_idx[i] (or + i; stride = 0 without precomputed multiples, else the
+ * segments of `seg` consecutive entries, one thread each. Entry j is position
+ * p = perm[j] of the batch's key array: key = keys[p], bucket from the key (digits.cuh,
+ * cfg), local window wl = p / m, scalar i = p - wl m, point row wl stride + tail_idx[i]
+ * (or + i mod per, see msm_entry_row; stride = 0 without precomputed multiples, else the
  * rows between two multiples, the host passing the batch's first multiple). A thread adds its
  * entries run by run (a run = consecutive entries of one bucket) into an XYZZ
  * accumulator with mixed additions, negating the point for a negative digit, and
@@ -45,7 +45,7 @@ template <class F>
 FF_INLINE void msm_accumulate_body(uint64_t t, const int64_t* perm, const uint32_t* keys,
                                    const int64_t* tail_idx, const uint64_t* points, uint64_t* buckets,
                                    uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m,
-                                   uint32_t cfg, uint64_t stride, uint32_t seg) {
+                                   uint32_t cfg, uint64_t stride, uint32_t seg, uint64_t per) {
     const int AW = affine_t<F>::WORDS;
     uint64_t j0 = t * seg, j1 = j0 + seg < n ? j0 + seg : n;
     uint32_t prev = MSM_BUCKET_NONE;
@@ -72,10 +72,7 @@ FF_INLINE void msm_accumulate_body(uint64_t t, const int64_t* perm, const uint32
             cur = b;
             acc = xyzz_t<F>::inf();
         }
-        uint64_t wl = msm_key_window(key, cfg);
-        uint64_t i = p - wl * m;
-        uint64_t row = wl * stride + (tail_idx ? (uint64_t)tail_idx[i] : i);
-        affine_t<F> pt = affine_t<F>::load(points + row * AW);
+        affine_t<F> pt = affine_t<F>::load(points + msm_entry_row(p, m, per, stride, tail_idx) * AW);
         acc.add_affine((key & 1) ? pt.neg() : pt);
     }
     if (cur != MSM_BUCKET_NONE) {

@@ -131,7 +131,7 @@ struct ba_list {
     const uint32_t* keys;
     const int64_t* tail_idx;
     const uint64_t* points;
-    uint64_t j0, m, stride;
+    uint64_t j0, m, stride, per;
     uint32_t cfg;
     /* this thread's column of the scratch (already offset by g) */
     uint64_t* pts;
@@ -147,8 +147,7 @@ struct ba_list {
     FF_INLINE const uint64_t* entry(uint64_t i, uint32_t& k) const {
         uint64_t p = (uint64_t)perm[j0 + i];
         k = keys[p];
-        uint64_t wl = msm_key_window(k, cfg), s = p - wl * m;
-        return points + (wl * stride + (tail_idx ? (uint64_t)tail_idx[s] : s)) * AW;
+        return points + msm_entry_row(p, m, per, stride, tail_idx) * AW;
     }
     FF_INLINE affine_t<F> pt(uint64_t i) const {
         if (!entries) {
@@ -293,7 +292,7 @@ template <class F, int B>
 DEV_INLINE void msm_accumulate_affine_body(const int64_t* perm, const uint32_t* keys, const int64_t* tail_idx,
                                            const uint64_t* points, uint64_t* buckets, uint64_t* heads,
                                            uint32_t* head_keys, uint64_t n, uint64_t m, uint32_t cfg,
-                                           uint64_t stride, uint32_t seg, uint64_t* scratch) {
+                                           uint64_t stride, uint32_t seg, uint64_t* scratch, uint64_t per) {
     const uint32_t rounds = cfg >> 16;
     cfg &= 0xffff;
     const uint64_t G = (uint64_t)gridDim.x * B, g = (uint64_t)blockIdx.x * B + threadIdx.x;
@@ -305,6 +304,7 @@ DEV_INLINE void msm_accumulate_affine_body(const int64_t* perm, const uint32_t* 
     L.points = points;
     L.m = m;
     L.stride = stride;
+    L.per = per;
     L.cfg = cfg;
     L.G = G;
     L.pts = scratch + g;

@@ -8,16 +8,19 @@
  * the top window's t is 0, i.e. W c >= 256 with bit 255 clear (the host picks
  * W = ceil(256 / c), and msm_classify flags any scalar with bit 255 set).
  *
- * Sort keys (the host sorts the keys of a batch of windows at once; cfg = c | wb << 8):
- *   wb = 0, one bucket set per window:
- *     key = wl << c | (|d| - 1) << 1 | (d < 0);  bucket key >> 1 (= wl 2^(c-1) + |d| - 1),
- *     local window key >> c;
- *   wb > 0, precomputed multiples 2^(c w) P of every point (all windows share ONE bucket
- *   set, the window only picks the multiple):
- *     key = (|d| - 1) << (1 + wb) | wl << 1 | (d < 0);  bucket key >> (1 + wb),
- *     local window (key >> 1) & (2^wb - 1)  (wb bits hold every local window of the batch).
+ * Sort keys (the host sorts the keys of a batch of windows at once; cfg = c | wb << 8).
+ * The m scalars may be the vectors of several MSMs over the same points, `per` scalars
+ * each (a batch of proofs: scalar i belongs to MSM j = i / per, point i - j per); each
+ * MSM has its own bucket sets (j = 0 and per = m for a single MSM):
+ *   wb = 0, one bucket set per window and MSM:
+ *     key = (j nw + wl) << c | (|d| - 1) << 1 | (d < 0);  bucket key >> 1
+ *     (= (j nw + wl) 2^(c-1) + |d| - 1);
+ *   wb > 0, precomputed multiples 2^(c w) P of every point (all windows of an MSM share ONE
+ *   bucket set, the window only picks the multiple):
+ *     key = (j 2^(c-1) + |d| - 1) << (1 + wb) | wl << 1 | (d < 0);  bucket key >> (1 + wb).
  * Either way the keys of one bucket sort together, and a zero digit gets MSM_KEY_NONE,
- * which sorts after every real key.
+ * which sorts after every real key. The accumulation finds an entry's scalar and point
+ * from its position in the key array (msm_entry_row), not from the key.
  */
 #pragma once
 #include "../common/types.cuh"
@@ -28,13 +31,19 @@
 FF_INLINE uint32_t msm_cfg_c(uint32_t cfg) { return cfg & 0xff; }
 FF_INLINE uint32_t msm_cfg_wb(uint32_t cfg) { return (cfg >> 8) & 0xff; }
 FF_INLINE uint32_t msm_key_bucket(uint32_t key, uint32_t cfg) { return key >> (1 + msm_cfg_wb(cfg)); }
-FF_INLINE uint32_t msm_key_window(uint32_t key, uint32_t cfg) {
-    uint32_t wb = msm_cfg_wb(cfg);
-    return wb ? (key >> 1) & ((1u << wb) - 1) : key >> msm_cfg_c(cfg);
+/* The key of digit +-mag of MSM j (of a batch) in local window wl of nw. */
+FF_INLINE uint32_t msm_key(uint32_t j, uint32_t nw, uint32_t wl, uint32_t mag, uint32_t neg, uint32_t cfg) {
+    uint32_t wb = msm_cfg_wb(cfg), c = msm_cfg_c(cfg);
+    return wb ? (((j << (c - 1)) + mag - 1) << (1 + wb)) | (wl << 1) | neg
+              : ((j * nw + wl) << c) | ((mag - 1) << 1) | neg;
 }
-FF_INLINE uint32_t msm_key(uint32_t wl, uint32_t mag, uint32_t neg, uint32_t cfg) {
-    uint32_t wb = msm_cfg_wb(cfg);
-    return wb ? ((mag - 1) << (1 + wb)) | (wl << 1) | neg : (wl << msm_cfg_c(cfg)) | ((mag - 1) << 1) | neg;
+
+/* The point row of the entry at key position p = wl m + i (m scalars in all, `per` per MSM
+ * of a batch): row wl stride + tail_idx[i] (an index list: a single MSM), else wl stride +
+ * (i mod per). stride = 0 without precomputed multiples. */
+FF_INLINE uint64_t msm_entry_row(uint64_t p, uint64_t m, uint64_t per, uint64_t stride, const int64_t* tail_idx) {
+    uint64_t wl = p / m, i = p - wl * m;
+    return wl * stride + (tail_idx ? (uint64_t)tail_idx[i] : (per == m ? i : i % per));
 }
 
 /* Bits [pos, pos + len) of a 256-bit scalar (len <= 32; bits past 255 read as 0). */
@@ -56,10 +65,11 @@ FF_INLINE void msm_classify_one(uint64_t i, const uint64_t* scalars, uint8_t* cl
 }
 
 /* Keys of scalar i (scalars[idx[i]] when idx is given) for windows w0 .. w0 + nw - 1,
- * written to keys[wl * m + i]. */
+ * written to keys[wl * m + i]; scalar i belongs to MSM i / per of the batch. */
 FF_INLINE void msm_digits_one(uint64_t i, const uint64_t* scalars, const int64_t* idx, uint32_t* keys,
-                              uint64_t m, uint32_t w0, uint32_t nw, uint32_t cfg) {
+                              uint64_t m, uint32_t w0, uint32_t nw, uint32_t cfg, uint64_t per) {
     uint32_t c = msm_cfg_c(cfg);
+    uint32_t j = per == m ? 0 : (uint32_t)(i / per);
     uint64_t row = idx ? (uint64_t)idx[i] : i;
     uint64_t s[4];
 #pragma unroll
@@ -72,7 +82,7 @@ FF_INLINE void msm_digits_one(uint64_t i, const uint64_t* scalars, const int64_t
         int32_t d = (int32_t)(v >> 1) + (int32_t)(v & 1) - (int32_t)(((v >> c) & 1) << c);
         uint32_t key = MSM_KEY_NONE;
         if (d != 0) {
-            key = msm_key(wl, (uint32_t)(d < 0 ? -d : d), (uint32_t)(d < 0), cfg);
+            key = msm_key(j, nw, wl, (uint32_t)(d < 0 ? -d : d), (uint32_t)(d < 0), cfg);
         }
         keys[(uint64_t)wl * m + i] = key;
     }

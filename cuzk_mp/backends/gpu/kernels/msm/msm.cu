@@ -47,24 +47,25 @@ msm_classify(const uint64_t* scalars, uint8_t* cls, uint32_t* flag, uint64_t m) 
     if (t < m) msm_classify_one(t, scalars, cls, flag);
 }
 
-/* threads = m (scalars of the tail): keys[wl m + i] for windows w0 .. w0 + nw - 1;
- * cfg = c | wb << 8 picks the key layout (digits.cuh). */
+/* threads = m (scalars of the tail, or of a batch of MSMs, `per` each): keys[wl m + i] for
+ * windows w0 .. w0 + nw - 1; cfg = c | wb << 8 picks the key layout (digits.cuh). */
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
 msm_digits(const uint64_t* scalars, const int64_t* idx, uint32_t* keys, uint64_t m, uint32_t w0,
-           uint32_t nw, uint32_t cfg) {
+           uint32_t nw, uint32_t cfg, uint64_t per) {
     uint64_t t = MSM_TID;
-    if (t < m) msm_digits_one(t, scalars, idx, keys, m, w0, nw, cfg);
+    if (t < m) msm_digits_one(t, scalars, idx, keys, m, w0, nw, cfg, per);
 }
 
-/* threads = ceil(n / seg): level-1 accumulation of the n sorted entries (accumulate.cuh). */
+/* threads = ceil(n / seg): level-1 accumulation of the n sorted entries (accumulate.cuh); m scalars,
+ * `per` per MSM of a batch. */
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS, MSM_ACC_MIN_BLOCKS)
 msm_accumulate(const int64_t* perm, const uint32_t* keys, const int64_t* tail_idx, const uint64_t* points,
                uint64_t* buckets, uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m, uint32_t cfg,
-               uint64_t stride, uint32_t seg) {
+               uint64_t stride, uint32_t seg, uint64_t per) {
     uint64_t t = MSM_TID;
     if (t * seg < n)
         msm_accumulate_body<msm_field_t>(t, perm, keys, tail_idx, points, buckets, heads, head_keys, n, m, cfg,
-                                         stride, seg);
+                                         stride, seg, per);
 }
 
 /* grid = persistent blocks of MSM_NTHREADS (the host: as many as are resident at once):
@@ -73,9 +74,9 @@ msm_accumulate(const int64_t* perm, const uint32_t* keys, const int64_t* tail_id
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS, MSM_ACC_MIN_BLOCKS)
 msm_accumulate_affine(const int64_t* perm, const uint32_t* keys, const int64_t* tail_idx, const uint64_t* points,
                       uint64_t* buckets, uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m, uint32_t cfg,
-                      uint64_t stride, uint32_t seg, uint64_t* scratch) {
+                      uint64_t stride, uint32_t seg, uint64_t* scratch, uint64_t per) {
     msm_accumulate_affine_body<msm_field_t, MSM_NTHREADS>(perm, keys, tail_idx, points, buckets, heads, head_keys, n,
-                                                          m, cfg, stride, seg, scratch);
+                                                          m, cfg, stride, seg, scratch, per);
 }
 
 /* The four reduction steps share ONE entry point, chosen by `op`: ptxas compiles the
