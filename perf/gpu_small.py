@@ -29,9 +29,9 @@ writes ``$OUT/gpu-small.json`` (the rows for perf/results/gpu-small-h200.json), 
   the first and the median of three warm ones (``oneshot_2^16_first_s`` / ``_warm_s``), the
   in-process steps from its log line (``oneshot_2^16_step_*_ms``), imports (``-X importtime``);
 * ``pipeline``  ``cuzk-mp bench --backend gpu --log-n 16`` (10 jobs x 10 partitions, 8 synthesis
-  workers, ring 8): ``pipeline_2^16_s_per_partition`` with batching (the default cap 4) and
-  ``..._nobatch`` (``CUZK_MP_PROVER_BATCH=1``) and ``..._batch8`` (8); every proof verified by the bench
-  (``--pipeline-sizes``: the sizes);
+  workers): ``pipeline_2^16_s_per_partition`` with batching (the default cap, 8) and
+  ``..._nobatch`` (``CUZK_MP_PROVER_BATCH=1``) and ``..._batch4`` (4), the ring slots derived; every proof
+  verified by the bench (``--pipeline-sizes``: the sizes);
 * ``daemon``    ``perf/daemon_latency.py --backend gpu --log-n 12``: ``daemon_2^12_latency_p50_ms``
   (client submit -> proof on disk) and the daemon's own overhead.
 
@@ -66,7 +66,7 @@ ESTIMATE_S = {"warm": 60.0, "keys": 25.0, "timeline": 8.0, "device": 20.0, "para
 SIZES = (12, 14, 16, 18)
 BATCH = 4
 BIG_BATCH = 8  # device rows also at this batch size (one batched MSM per section for small keys)
-REPS = 10
+REPS = 20
 # label -> MsmParams knobs: sorted entries per accumulation thread (s), heads per combine thread (c), group
 # sums per thread (g), fewest buckets per reduction thread (b)
 PARAM_SWEEP = {
@@ -89,8 +89,8 @@ TABLE_KEYS = [
     "params_2^12_chosen", "params_2^16_chosen",
     "oneshot_2^16_first_s", "oneshot_2^16_warm_s", "oneshot_2^16_import_s",
     *(f"pipeline_2^{n}_{k}" for n in SIZES for k in ("s_per_partition", "s_per_partition_nobatch",
-                                                      "s_per_partition_batch8", "device_ms", "device_ms_nobatch",
-                                                      "device_ms_batch8", "proofs_verified")),
+                                                      "s_per_partition_batch4", "device_ms", "device_ms_nobatch",
+                                                      "device_ms_batch4", "proofs_verified")),
     "daemon_2^12_latency_p50_ms", "daemon_2^12_overhead_ms", "daemon_2^12_proofs_verified",
     "proofs_verified", "checks_failed",
 ]
@@ -440,10 +440,10 @@ def oneshot_rows(ses: Session, n: int, backend: str) -> None:
 
 def pipeline_rows(ses: Session, n: int) -> None:
     for tag, env in (("", {}), ("_nobatch", {"CUZK_MP_PROVER_BATCH": "1"}),
-                     (f"_batch{BIG_BATCH}", {"CUZK_MP_PROVER_BATCH": str(BIG_BATCH)})):
+                     (f"_batch{BATCH}", {"CUZK_MP_PROVER_BATCH": str(BATCH)})):
         out = ses.out / f"bench-2^{n}{tag}.json"
         ses.command(f"bench{tag}", cli("bench", "--backend", "gpu", "--log-n", str(n), "--partitions", "10",
-                                       "--jobs", "10", "--partition-workers", "8", "--ring-slots", "8",
+                                       "--jobs", "10", "--partition-workers", "8",
                                        "--cache", str(ses.cache), "--json", str(out)), 150, env=env, dry_factor=6)
         r = json.loads(out.read_text())
         ses.rows[f"pipeline_2^{n}_s_per_partition{tag}"] = r["s_per_proof"]
@@ -482,6 +482,11 @@ def main() -> int:
     ap.add_argument("--timeline-sizes", default="16", help="comma list of log2 sizes traced by the timeline section")
     ap.add_argument("--pipeline-sizes", default="16", help="comma list of log2 sizes of the pipeline section")
     args = ap.parse_args()
+    # the GIL hand-over interval of a prover process (kernel launches on one thread, MSM finishers on
+    # others): the in-process rows see the launch latency the pipeline's prover sees
+    from cuzk_mp.pipeline.prover_proc import SWITCH_INTERVAL_S
+
+    sys.setswitchinterval(SWITCH_INTERVAL_S)
     skip = set(filter(None, args.skip.split(",")))
     if skip - set(ESTIMATE_S):
         ap.error(f"unknown sections {sorted(skip - set(ESTIMATE_S))}")

@@ -16,8 +16,8 @@ import pytest
 from cuzk_mp.errors import ConfigError
 from cuzk_mp.pipeline import bench
 from cuzk_mp.pipeline.memory import (
-    FEED_MARGIN, GiB, MiB, Shape, derive_shape, device_seconds, estimated_circuit_size, explain_shape, host_bound,
-    host_budget_bytes, model_working_sets, synthesis_cores, synthesis_seconds,
+    FEED_MARGIN, READY_PER_PROVER, GiB, MiB, Shape, derive_shape, device_seconds, estimated_circuit_size, explain_shape,
+    host_bound, host_budget_bytes, model_working_sets, ready_per_prover, synthesis_cores, synthesis_seconds,
 )
 from cuzk_mp.pipeline.ring import partition_segment_bytes
 from cuzk_mp.pipeline.types import default_synthesis_threads
@@ -89,6 +89,21 @@ def test_budget_takes_ready_slots_then_workers_then_slots_away() -> None:
     assert kept.partition_workers * 4 / synthesis_seconds(POREP_24, 4) >= 0  # workers still derived
     with pytest.raises(ConfigError, match="memory.host_budget.*smallest pipeline"):
         derive_shape(4 * GiB, POREP_24, cores=16, backend="gpu", provers=1)
+
+
+def test_batched_small_partitions_get_a_full_batch_ready_per_worker() -> None:
+    """Partitions small enough to batch: the ring keeps a full batch READY for each prover worker
+    (with 3 slots a prover the second worker of a batching prover finds nothing); a large partition,
+    or no batching, keeps the usual queue; given slots are kept."""
+    small = estimated_circuit_size(1 << 16, (1 << 16) - 300)
+    base = derive_shape(100 * GiB, small, cores=16, backend="gpu", provers=1, prover_workers=2)
+    batched = derive_shape(100 * GiB, small, cores=16, backend="gpu", provers=1, prover_workers=2, batch=8)
+    assert batched.ring_slots == batched.partition_workers + 1 + 2 * 8
+    assert base.ring_slots == base.partition_workers + 1 + READY_PER_PROVER
+    assert derive_shape(100 * GiB, POREP_24, cores=16, backend="gpu", provers=1, batch=8) == Shape(5, 2, 7)
+    assert ready_per_prover(small, 2, 8) == 16 and ready_per_prover(POREP_24, 2, 8) == READY_PER_PROVER
+    assert derive_shape(100 * GiB, small, cores=16, backend="gpu", provers=1, batch=8,
+                        given={"ring_slots": 6}).ring_slots == 6
 
 
 def _private(pid: int) -> tuple[int, int] | None:

@@ -32,6 +32,7 @@ from cuzk_mp.errors import ConfigError
 from cuzk_mp.pipeline.memory import (
     PROCESS_BASE_BYTES, CircuitSize, Shape, derive_shape, estimated_circuit_size, host_bound, model_working_sets,
 )
+from cuzk_mp.pipeline.types import prover_batch
 
 if TYPE_CHECKING:
     from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig
@@ -95,7 +96,8 @@ def shape_for(budget: int, engine: EngineConfig, circuit: CircuitSize, given: di
     """The pipeline's shape for a host budget (``given`` values kept; the model derives the rest)."""
     provers = len(engine.devices) if engine.devices else 1
     return derive_shape(budget, circuit, backend=_model_backend(engine), provers=provers,
-                        prover_workers=engine.gpu_workers_per_device, given=given)
+                        prover_workers=engine.gpu_workers_per_device, given=given,
+                        batch=prover_batch(engine.prover_batch))
 
 
 def breakdown(total: int, margin: int, engine: EngineConfig, circuit: CircuitSize) -> BudgetBreakdown:

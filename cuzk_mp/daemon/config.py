@@ -112,7 +112,7 @@ class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``[pipeline]``: the shared-memory slot ring and per-partition policy."""
 
     ring_slots: int = 4
-    prover_batch: int = 4
+    prover_batch: int = 8
     shm_prefix: str = ""
     verify_proofs: bool = True
     max_attempts: int = 2

@@ -60,7 +60,9 @@ from ..errors import CuzkError, InputError
 from ..paths import default_cache_dir
 from .benchplot import plot_timeline, timeline_section
 from .benchreport import Progress, machine_info, median_stage, require_matplotlib, step, table
-from .types import KEY_SOURCES, STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult
+from .types import (
+    KEY_SOURCES, STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult, prover_batch,
+)
 
 if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other verbs build this
     # parser without loading the pipeline (numba, posix_ipc, psutil)
@@ -654,7 +656,8 @@ def _shape(args: argparse.Namespace, backend: str, circuit: CircuitSize, machine
                 f"{args.ring_slots} ring slots (all given)")
     budget = host_budget_bytes(args.host_budget or "auto", "--host-budget", total=machine.memory_bytes)
     choice = explain_shape(budget, circuit, cores=machine.cores, backend=backend, provers=len(devices),
-                           prover_workers=args.gpu_workers, given=given)
+                           prover_workers=args.gpu_workers, given=given,
+                           batch=prover_batch(EngineConfig.prover_batch))
     shape = choice.shape
     args.ring_slots, args.partition_workers = shape.ring_slots, shape.partition_workers
     args.synthesis_threads = shape.threads_per_partition

@@ -39,7 +39,7 @@ from dataclasses import dataclass
 
 from ..errors import ConfigError
 from .ring import partition_segment_bytes
-from .types import default_synthesis_threads
+from .types import BATCH_MAX_BYTES, default_synthesis_threads
 
 GiB = 2**30
 MiB = 2**20
@@ -281,10 +281,20 @@ def synthesis_cores(cores: int, backend: str, provers: int) -> int:
     return max(1, cores - (provers * PROVER_CORES if backend != "cpu" else 0))
 
 
-def _gpu_shape(circuit: CircuitSize, cores: int, provers: int, given: dict[str, int]) -> tuple[int, int, int]:
+def ready_per_prover(circuit: CircuitSize, prover_workers: int, batch: int) -> int:
+    """READY slots the ring keeps for each prover: :data:`READY_PER_PROVER`, or, for partitions small
+    enough to batch (:data:`~.types.BATCH_MAX_BYTES`), a full batch for each of its workers (a worker
+    takes up to ``batch`` READY partitions at once; with fewer slots the other worker finds none)."""
+    if batch > 1 and 0 < circuit.segment_bytes <= BATCH_MAX_BYTES:
+        return max(READY_PER_PROVER, prover_workers * batch)
+    return READY_PER_PROVER
+
+
+def _gpu_shape(circuit: CircuitSize, cores: int, provers: int, given: dict[str, int],
+               ready: int = READY_PER_PROVER) -> tuple[int, int, int]:
     """(workers, threads, slots) before the budget: the fewest workers (at least two, or one a device)
     whose synthesis outruns the devices by ``FEED_MARGIN``, sharing the synthesis cores; a slot
-    each, and one staging plus ``READY_PER_PROVER`` ready ones a prover."""
+    each, and one staging plus ``ready`` (:func:`ready_per_prover`) ready ones a prover."""
     spare = synthesis_cores(cores, "gpu", provers)
     need = FEED_MARGIN * provers / device_seconds(circuit) if circuit.domain_size else 0.0
 
@@ -300,12 +310,13 @@ def _gpu_shape(circuit: CircuitSize, cores: int, provers: int, given: dict[str, 
     else:
         options = range(min(spare, max(2, provers)), spare + 1)
         workers = next((w for w in options if rate(w) >= need), max(options, key=rate))
-    slots = given.get("ring_slots", max(MIN_RING_SLOTS, workers + (1 + READY_PER_PROVER) * provers))
+    slots = given.get("ring_slots", max(MIN_RING_SLOTS, workers + (1 + ready) * provers))
     return workers, threads(workers), slots
 
 
 def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None, backend: str = "gpu",
-                  provers: int = 1, prover_workers: int = 2, given: dict[str, int] | None = None) -> ShapeChoice:
+                  provers: int = 1, prover_workers: int = 2, given: dict[str, int] | None = None,
+                  batch: int = 1) -> ShapeChoice:
     """The shape that keeps :func:`host_bound` within ``budget`` and, on the GPU backend, the devices busy.
 
     Values in ``given`` (``ring_slots``, ``partition_workers``, ``threads_per_partition``) are kept.
@@ -324,7 +335,8 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
     cpu_provers = 0 if gpu else provers
     spare = synthesis_cores(cores, backend, provers)
     if gpu:
-        workers, _, slots = _gpu_shape(circuit, cores, provers, given)
+        workers, _, slots = _gpu_shape(circuit, cores, provers, given,
+                                       ready_per_prover(circuit, prover_workers, batch))
     else:
         workers = given.get("partition_workers", max(1, min(cores, 2 * provers)))
         slots = given.get("ring_slots", max(MIN_RING_SLOTS, workers + provers))
@@ -367,7 +379,8 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
 
 
 def derive_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None, backend: str = "gpu",
-                 provers: int = 1, prover_workers: int = 2, given: dict[str, int] | None = None) -> Shape:
+                 provers: int = 1, prover_workers: int = 2, given: dict[str, int] | None = None,
+                 batch: int = 1) -> Shape:
     """:func:`explain_shape`'s shape."""
     return explain_shape(budget, circuit, cores=cores, backend=backend, provers=provers,
-                         prover_workers=prover_workers, given=given).shape
+                         prover_workers=prover_workers, given=given, batch=batch).shape

@@ -45,12 +45,9 @@ from ..errors import Cancelled, GpuDead
 from . import messages as msg
 from .procs import ChildContext
 from .ring import Ring, RingHandle, SlotRecord
+from .types import BATCH_MAX_BYTES, prover_batch
 
 
-BATCH_ENV = "CUZK_MP_PROVER_BATCH"  # overrides the configured batch cap (benchmarks: 1 = no batching)
-# Partitions up to this segment size are batched (2^18 rows: 32 MiB; a, b, c and w of k partitions
-# are on the device at once, and above this size the per-proof fixed costs are small beside the work).
-BATCH_MAX_BYTES = 48 << 20
 # The interpreter's GIL hand-over interval in the prover: every kernel launch and device wait
 # drops the GIL, and with the default 5 ms another busy thread (a finisher's host part, a
 # worker's staging) could hold it that long each time it is wanted back.
@@ -239,7 +236,7 @@ class Prover:
         self.device_lock = threading.Lock()
         self.finalize_q: queue.Queue[_InFlight | None] = queue.Queue()
         self.cancelled: set[int] = set()
-        self.batch_max = max(1, int(os.environ.get(BATCH_ENV) or payload.batch_max))
+        self.batch_max = prover_batch(payload.batch_max)
         self.memwatch = DeviceMemoryWatch(refresh=backend.refresh_host_stats) if backend.name == "gpu" else None
 
     def read_messages(self) -> None:

@@ -42,6 +42,15 @@ STAGES = ("queue_wait", "ring_wait", "shm_write", "witness", "synthesis", "stagi
           "finalize", "total")
 INPUT_KINDS = ("json", "wtns", "synthetic")
 BACKENDS = ("auto", "cpu", "gpu")
+BATCH_ENV = "CUZK_MP_PROVER_BATCH"  # overrides the configured batch cap (benchmarks: 1 = no batching)
+# Partitions up to this segment size are batched (2^18 rows: 32 MiB; a, b, c and w of k partitions
+# are on the device at once, and above this size the per-proof fixed costs are small beside the work).
+BATCH_MAX_BYTES = 48 << 20
+
+
+def prover_batch(configured: int) -> int:
+    """The batch cap a prover uses: env :data:`BATCH_ENV` if set, else the configured one."""
+    return max(1, int(os.environ.get(BATCH_ENV) or configured))
 
 
 class Priority(IntEnum):
@@ -156,7 +165,7 @@ class EngineConfig:
     param_cache: Path = field(default_factory=default_cache_dir)
     srs_budget_bytes: int | None = None
     start_timeout_s: float = 300.0
-    prover_batch: int = 4  # READY small partitions of one key a prover worker proves in one pass, at most
+    prover_batch: int = 8  # READY small partitions of one key a prover worker proves in one pass, at most
 
     def validate(self) -> None:
         """Raise :class:`ConfigError` naming the first bad field."""
