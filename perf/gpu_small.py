@@ -30,8 +30,9 @@ writes ``$OUT/gpu-small.json`` (the rows for perf/results/gpu-small-h200.json), 
   in-process steps from its log line (``oneshot_2^16_step_*_ms``), imports (``-X importtime``);
 * ``pipeline``  ``cuzk-mp bench --backend gpu --log-n 16`` (10 jobs x 10 partitions, 8 synthesis
   workers): ``pipeline_2^16_s_per_partition`` with batching (the default cap, 8) and
-  ``..._nobatch`` (``CUZK_MP_PROVER_BATCH=1``) and ``..._batch4`` (4), the ring slots derived; every proof
-  verified by the bench (``--pipeline-sizes``: the sizes);
+  ``..._nobatch`` (``CUZK_MP_PROVER_BATCH=1``) and ``..._batch4`` (4), the ring slots derived; ``..._inflight8``:
+  30 jobs, 8 at a time (:data:`PIPELINE_VARIANTS`); every proof verified by the bench (``--pipeline-sizes``:
+  the sizes; ``CUZK_MP_STACK_PROFILE=DIR``: a stack profile of each bench's processes under DIR);
 * ``daemon``    ``perf/daemon_latency.py --backend gpu --log-n 12``: ``daemon_2^12_latency_p50_ms``
   (client submit -> proof on disk) and the daemon's own overhead.
 
@@ -89,8 +90,9 @@ TABLE_KEYS = [
     "params_2^12_chosen", "params_2^16_chosen",
     "oneshot_2^16_first_s", "oneshot_2^16_warm_s", "oneshot_2^16_import_s",
     *(f"pipeline_2^{n}_{k}" for n in SIZES for k in ("s_per_partition", "s_per_partition_nobatch",
-                                                      "s_per_partition_batch4", "device_ms", "device_ms_nobatch",
-                                                      "device_ms_batch4", "proofs_verified")),
+                                                      "s_per_partition_batch4", "s_per_partition_inflight8",
+                                                      "device_ms", "device_ms_nobatch", "device_ms_batch4",
+                                                      "device_ms_inflight8", "proofs_verified")),
     "daemon_2^12_latency_p50_ms", "daemon_2^12_overhead_ms", "daemon_2^12_proofs_verified",
     "proofs_verified", "checks_failed",
 ]
@@ -438,12 +440,25 @@ def oneshot_rows(ses: Session, n: int, backend: str) -> None:
             f"steps {m.group(1) if m else '?'}")
 
 
+# pipeline variants: (tag, env, bench flags beyond the common ones). The first three submit 2 jobs at a
+# time (the bench's default); "_inflight8" keeps 8 jobs of 10 partitions in the system (a busy daemon),
+# 30 of them, so the steady state is not bounded by two jobs' latency.
+PIPELINE_VARIANTS: tuple[tuple[str, dict[str, str], tuple[str, ...]], ...] = (
+    ("", {}, ("--jobs", "10")),
+    ("_nobatch", {"CUZK_MP_PROVER_BATCH": "1"}, ("--jobs", "10")),
+    (f"_batch{BATCH}", {"CUZK_MP_PROVER_BATCH": str(BATCH)}, ("--jobs", "10")),
+    ("_inflight8", {}, ("--jobs", "30", "--in-flight", "8")),
+)
+
+
 def pipeline_rows(ses: Session, n: int) -> None:
-    for tag, env in (("", {}), ("_nobatch", {"CUZK_MP_PROVER_BATCH": "1"}),
-                     (f"_batch{BATCH}", {"CUZK_MP_PROVER_BATCH": str(BATCH)})):
+    for tag, env, flags in PIPELINE_VARIANTS:
         out = ses.out / f"bench-2^{n}{tag}.json"
-        ses.command(f"bench{tag}", cli("bench", "--backend", "gpu", "--log-n", str(n), "--partitions", "10",
-                                       "--jobs", "10", "--partition-workers", "8",
+        prof = os.environ.get("CUZK_MP_STACK_PROFILE")
+        if prof:  # a profile per bench run
+            env = {**env, "CUZK_MP_STACK_PROFILE": str(Path(prof) / f"2^{n}{tag}")}
+        ses.command(f"bench_2^{n}{tag}", cli("bench", "--backend", "gpu", "--log-n", str(n), "--partitions", "10",
+                                       *flags, "--partition-workers", "8",
                                        "--cache", str(ses.cache), "--json", str(out)), 150, env=env, dry_factor=6)
         r = json.loads(out.read_text())
         ses.rows[f"pipeline_2^{n}_s_per_partition{tag}"] = r["s_per_proof"]
