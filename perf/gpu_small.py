@@ -30,9 +30,10 @@ writes ``$OUT/gpu-small.json`` (the rows for perf/results/gpu-small-h200.json), 
   in-process steps from its log line (``oneshot_2^16_step_*_ms``), imports (``-X importtime``);
 * ``pipeline``  ``cuzk-mp bench --backend gpu --log-n 16`` (10 jobs x 10 partitions, 8 synthesis
   workers): ``pipeline_2^16_s_per_partition`` with batching (the default cap, 8) and
-  ``..._nobatch`` (``CUZK_MP_PROVER_BATCH=1``) and ``..._batch4`` (4), the ring slots derived; ``..._inflight8``:
-  30 jobs, 8 at a time (:data:`PIPELINE_VARIANTS`); every proof verified by the bench (``--pipeline-sizes``:
-  the sizes; ``CUZK_MP_STACK_PROFILE=DIR``: a stack profile of each bench's processes under DIR);
+  ``..._nobatch`` (``CUZK_MP_PROVER_BATCH=1``) and ``..._batch4`` (4), the ring slots derived;
+  ``..._inflight8``: 30 jobs, 8 at a time, ``..._inflight8_w3`` with 3 prover workers
+  (:data:`PIPELINE_VARIANTS`); every proof verified by the bench (``--pipeline-sizes``: the sizes;
+  ``CUZK_MP_STACK_PROFILE=DIR``: a stack profile of each bench's processes under DIR);
 * ``daemon``    ``perf/daemon_latency.py --backend gpu --log-n 12``: ``daemon_2^12_latency_p50_ms``
   (client submit -> proof on disk) and the daemon's own overhead.
 
@@ -92,7 +93,8 @@ TABLE_KEYS = [
     *(f"pipeline_2^{n}_{k}" for n in SIZES for k in ("s_per_partition", "s_per_partition_nobatch",
                                                       "s_per_partition_batch4", "s_per_partition_inflight8",
                                                       "device_ms", "device_ms_nobatch", "device_ms_batch4",
-                                                      "device_ms_inflight8", "proofs_verified")),
+                                                      "device_ms_inflight8", "s_per_partition_inflight8_w3",
+                                                      "proofs_verified")),
     "daemon_2^12_latency_p50_ms", "daemon_2^12_overhead_ms", "daemon_2^12_proofs_verified",
     "proofs_verified", "checks_failed",
 ]
@@ -448,6 +450,7 @@ PIPELINE_VARIANTS: tuple[tuple[str, dict[str, str], tuple[str, ...]], ...] = (
     ("_nobatch", {"CUZK_MP_PROVER_BATCH": "1"}, ("--jobs", "10")),
     (f"_batch{BATCH}", {"CUZK_MP_PROVER_BATCH": str(BATCH)}, ("--jobs", "10")),
     ("_inflight8", {}, ("--jobs", "30", "--in-flight", "8")),
+    ("_inflight8_w3", {}, ("--jobs", "30", "--in-flight", "8", "--gpu-workers", "3")),
 )
 
 
