@@ -348,7 +348,7 @@ def test_batched_msms(kind: str, msm: Any, g2: bool, mul: int | None) -> None:
     """k MSMs of one section as one pass (launch_batch, dense plans): each equals its own
     arkworks MSM, whatever the mix (random, PoRep-like, all zero, edge values), with window
     batches (small max_entries) and with a batch split because its keys would not fit 32 bits."""
-    n, k = 300, 4
+    n, k = 120, 4
     points = _points(n, g2)
     vecs = [_scalars(n, d, SEED + 61 + j) for j, d in enumerate(("random", "porep", "edge", "random"))]
     vecs[3][:] = 0
