@@ -558,7 +558,9 @@ class GpuBackend:
     @staticmethod
     def _finish(pending: Any, canonical: np.ndarray | None) -> Any:
         """The MSM's point, after the deferred canonical check of a dense plan's witness (its flag
-        was copied back before the partition's ready event, which the MSM's stream waited for)."""
+        was copied back before the partition's ready event, which the MSM's stream waited for). In the
+        pipeline synthesis has already refused any witness value >= r before it reached a ring slot, so
+        this is a second line of defence; where it fires inside a batch the whole pass fails."""
         out = pending.result()
         if canonical is not None and canonical[0]:
             raise InputError(gmsm.NON_CANONICAL)
