@@ -531,10 +531,15 @@ class GpuBackend:
             pending = m.launch(d_scalars, plan)
             end = _record(s)
         if part is not None:
-            part.run.events.append((f"msm_{section}", start, end))
-            part.run.pending[section] = pending
-            return self._finisher.submit(self._finish, pending, part.canonical)
+            return self._track(part, section, pending, start, end)
         return self._finisher.submit(self._standalone, pending, start, end)
+
+    def _track(self, part: GpuStaged, section: str, pending: Any, start: Any, end: Any) -> Future:
+        """Record a partition's enqueued MSM (its span for the timings, its pending result for
+        :meth:`release`) and hand its host part to a finisher thread."""
+        part.run.events.append((f"msm_{section}", start, end))
+        part.run.pending[section] = pending
+        return self._finisher.submit(self._finish, pending, part.canonical)
 
     def _enqueue_batch(self, m: Any, section: str, scalars: Sequence[Any], s: Any) -> list[Future] | None:
         """The k MSMs as one :meth:`.msm._Msm.launch_batch` on ``s`` (after every partition's data
@@ -548,12 +553,7 @@ class GpuBackend:
             start = _record(s)
             pendings = m.launch_batch(list(scalars), [plan for _, plan, _ in ctx])
             end = _record(s)
-        futures = []
-        for (part, _, _), pending in zip(ctx, pendings):
-            part.run.events.append((f"msm_{section}", start, end))
-            part.run.pending[section] = pending
-            futures.append(self._finisher.submit(self._finish, pending, part.canonical))
-        return futures
+        return [self._track(part, section, pending, start, end) for (part, _, _), pending in zip(ctx, pendings)]
 
     @staticmethod
     def _finish(pending: Any, canonical: np.ndarray | None) -> Any:

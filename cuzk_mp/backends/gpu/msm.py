@@ -181,16 +181,23 @@ def dense_plan(m: int) -> ScalarPlan:
 NON_CANONICAL = "MSM scalars: a row has bit 255 set (expected canonical standard-form Fr elements)"
 
 
+def _classify_rows(scalars: Any, nthreads: int) -> tuple[Any, Any]:
+    """``msm_classify`` on the current stream: (per-row class 0 / 1 / 2 as uint8, a uint32[1] flag
+    set when some row has bit 255 set), both on the device, nothing waited for."""
+    m = int(scalars.shape[0])
+    kernel = get_module(MSM_PATH, MsmParams().defines(False)).get_function("msm_classify")
+    cls = cupy.empty(m, dtype=np.uint8)
+    flag = cupy.zeros(1, dtype=np.uint32)
+    if m:
+        kernel((-(-m // nthreads),), (nthreads,), (scalars, cls, flag, np.uint64(m)))
+    return cls, flag
+
+
 def check_canonical(scalars: Any, stream: Any, nthreads: int = 128) -> np.ndarray:
     """Enqueue on ``stream`` the check :func:`classify` makes (no scalar has bit 255 set) without
     waiting: returns a pinned uint32[1] that holds nonzero once the stream reaches this point if
     some scalar fails (read it after a later event of that stream; :data:`NON_CANONICAL` says why)."""
-    m = int(scalars.shape[0])
-    kernel = get_module(MSM_PATH, MsmParams().defines(False)).get_function("msm_classify")
-    flag = cupy.zeros(1, dtype=np.uint32)
-    if m:
-        cls = cupy.empty(m, dtype=np.uint8)
-        kernel((-(-m // nthreads),), (nthreads,), (scalars, cls, flag, np.uint64(m)))
+    _, flag = _classify_rows(scalars, nthreads)
     host = _pinned_like(np.zeros(1, dtype=np.uint32))
     _copy_to_host_async(flag, host, stream)
     return host
@@ -204,11 +211,7 @@ def classify(scalars: Any, nthreads: int = 128, cuts: tuple[int, ...] = ()) -> S
     ``cuts``: offsets whose :meth:`ScalarPlan.tail` is precomputed in the same sync.
     """
     m = int(scalars.shape[0])
-    kernel = get_module(MSM_PATH, MsmParams().defines(False)).get_function("msm_classify")
-    cls = cupy.empty(m, dtype=np.uint8)
-    flag = cupy.zeros(1, dtype=np.uint32)
-    if m:
-        kernel((-(-m // nthreads),), (nthreads,), (scalars, cls, flag, np.uint64(m)))
+    cls, flag = _classify_rows(scalars, nthreads)
     ones = cupy.flatnonzero(cls == 1)
     other = cupy.flatnonzero(cls == 2)
     ks = [k for k in cuts if 0 < k <= m]
