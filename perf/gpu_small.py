@@ -22,8 +22,8 @@ writes ``$OUT/gpu-small.json`` (the rows for perf/results/gpu-small-h200.json), 
   proof; the copies of staging are waited for before the clock starts); at 2^16 also without
   multiples (``..._multiples_none``); every proof assembled and self-verified (pairing);
 * ``params``    at 2^12 and 2^16, lone device time per proof for MSM launch geometries (sorted entries
-  per accumulation thread, heads per combine thread, group sums, buckets per reduction thread):
-  ``device_2^N_lone_s{seg}c{combine_seg}[g{group}b{bucket_chunk_min}]_ms``,
+  per accumulation thread, heads per combine thread, group sums, buckets per reduction thread;
+  ``_graph``: the dense passes as CUDA graphs): ``device_2^N_lone_s{seg}c{combine_seg}[g{group}b{bucket_chunk_min}][_graph]_ms``,
   and which one the backend picks for the size (``params_2^N_chosen``);
 * ``oneshot``   ``cuzk-mp groth16 prove --backend gpu`` at 2^16 as whole processes after ``warm``:
   the first and the median of three warm ones (``oneshot_2^16_first_s`` / ``_warm_s``), the
@@ -79,6 +79,11 @@ PARAM_SWEEP = {
     "s4c4g4b1": {"seg": 4, "combine_seg": 4, "group": 4, "bucket_chunk_min": 1},
     "s2c2g2b2": {"seg": 2, "combine_seg": 2, "group": 2, "bucket_chunk_min": 2},
     "s8c8g8b4": {"seg": 8, "combine_seg": 8, "group": 8, "bucket_chunk_min": 4},
+    "s4c4g4b2_graph": {"seg": 4, "combine_seg": 4, "group": 4, "bucket_chunk_min": 2, "graphs": True},
+    "s2c2g2b2_graph": {"seg": 2, "combine_seg": 2, "group": 2, "bucket_chunk_min": 2, "graphs": True},
+    "s2c2g2b1_graph": {"seg": 2, "combine_seg": 2, "group": 2, "bucket_chunk_min": 1, "graphs": True},
+    "s4c2g2b2_graph": {"seg": 4, "combine_seg": 2, "group": 2, "bucket_chunk_min": 2, "graphs": True},
+    "s8c4g4b4_graph": {"seg": 8, "combine_seg": 4, "group": 4, "bucket_chunk_min": 4, "graphs": True},
 }
 TABLE_KEYS = [
     "warm_s", *(f"setup_2^{n}_s" for n in SIZES),
@@ -381,7 +386,7 @@ def param_rows(ses: Session, sizes: tuple[int, ...], reps: int) -> None:
             try:
                 chosen = backend_mod.msm_params_for(1 << n)
                 ses.rows[f"params_2^{n}_chosen"] = (f"s{chosen.seg}c{chosen.combine_seg}g{chosen.group}"
-                                                    f"b{chosen.bucket_chunk_min}")
+                                                    f"b{chosen.bucket_chunk_min}{'_graph' if chosen.graphs else ''}")
                 for label, knobs in PARAM_SWEEP.items():
                     params = backend_mod.gmsm.MsmParams(**knobs)
                     p.key.msms = {name: type(m)(m.d_points, params, m.multiples) for name, m in p.key.msms.items()}

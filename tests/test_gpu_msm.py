@@ -15,7 +15,8 @@ scalars than points, tiny knobs that force several window batches and
 combine levels at small sizes, the G2 module's Fq2 products (calls, the
 lazy-reduction product), precomputed multiples (one shared bucket set,
 several window batches), scalar plans (classified once, cut for a suffix,
-several MSMs enqueued before any result is collected), and the batch-affine
+several MSMs enqueued before any result is collected), batched and graphed passes, the
+counting and the radix sorts, and the batch-affine
 accumulation (pairs of every kind inside one batch inversion, rounds and
 segment sizes, with and without multiples).
 """
@@ -272,6 +273,16 @@ def _to_device(kind: str, a: np.ndarray) -> Any:
     return cupy.asarray(a)
 
 
+def _streams(kind: str, count: int) -> list[Any]:
+    """``count`` non-blocking streams after the device is idle (uploads done), or [None] on the emulator."""
+    if kind == "emu":
+        return [None]
+    import cupy
+
+    cupy.cuda.Device().synchronize()
+    return [cupy.cuda.Stream(non_blocking=True) for _ in range(count)]
+
+
 def _with_multiples(kind: str, msm: Any, points: np.ndarray, g2: bool, c: int, params: Any = None) -> Any:
     """An MSM object over ``points`` whose key-style multiples table (c-bit windows) is built
     by the fixed-base kernels, as GpuBackend.load_key does."""
@@ -363,6 +374,56 @@ def test_batched_msms(kind: str, msm: Any, g2: bool, mul: int | None) -> None:
         got = [p.result() for p in obj.launch_batch([_to_device(kind, v) for v in vecs], plans)]
         assert got == want, f"seed {SEED} {params} (split)"
     assert cls(points)._batch_fit(n) >= 64 and _with_multiples(kind, msm, points, g2, 7)._batch_fit(n) >= 64
+
+
+@pytest.mark.parametrize("mul", [None, 7], ids=["plain", "multiples"])
+def test_graphed_msms(kind: str, msm: Any, g2: bool, mul: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Dense passes as captured CUDA graphs (params.graphs): lone and batched MSMs, many launched
+    before any result is read (graphs reused while earlier runs are in flight, on two streams),
+    each equal to arkworks; a pass above GRAPH_MAX_ENTRIES runs without a graph. Where graphs
+    cannot be captured (the emulator) the same calls run the plain passes."""
+    n, k = 300, 3
+    points = _points(n, g2)
+    vecs = [_scalars(n, d, SEED + 81 + j) for j, d in enumerate(("random", "porep", "edge", "same", "random"))]
+    want = [_oracle(points, v, g2) for v in vecs]
+    params = msm.MsmParams(seg=4, combine_seg=4, group=4, bucket_chunk_min=2, graphs=True)
+    cls = msm.MsmG2 if g2 else msm.MsmG1
+    obj = _with_multiples(kind, msm, points, g2, mul, params) if mul else cls(points, params)
+    d = [_to_device(kind, v) for v in vecs]
+    streams = _streams(kind, 2)
+    pending = []
+    for rep in range(3):
+        for i, v in enumerate(d):
+            pending.append((i, obj.launch(v, msm.dense_plan(n), streams[(rep + i) % len(streams)])))
+        batch = obj.launch_batch(d[:k], [msm.dense_plan(n)] * k, streams[rep % len(streams)])
+        pending += list(enumerate(batch))
+    for i, p in pending[::-1]:
+        assert p.result() == want[i], f"seed {SEED} vector {i}"
+    graphs = obj._graphs
+    if msm.graphs_supported():
+        assert set(graphs) == {1, k} and all(1 <= len(runs) <= msm.GRAPH_RUNS for runs in graphs.values())
+        assert "graph" in pending[0][1].timings
+    else:
+        assert graphs == {}
+    monkeypatch.setattr(msm, "GRAPH_MAX_ENTRIES", n)  # any pass is larger now
+    fresh = cls(points, params) if mul is None else obj
+    fresh._graphs = {}
+    assert fresh.launch(d[0], msm.dense_plan(n)).result() == want[0] and fresh._graphs == {}
+    obj.close()
+    assert obj._graphs == {}
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "same"])
+def test_counting_and_radix_sorts_agree(msm: Any, g2: bool, dist: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The counting sort (window batches of few buckets) and the radix sort (any other) give the
+    same sums: the accumulation needs only each bucket's entries together, zero digits last."""
+    n = 500
+    points, scalars = _points(n, g2), _scalars(n, dist, SEED + 91)
+    want = _oracle(points, scalars, g2)
+    for bins in (1 << 20, 0):  # 0: every batch takes the radix sort
+        monkeypatch.setattr(msm, "COUNTING_SORT_BINS", bins)
+        for params in (None, msm.MsmParams(max_entries=3 * n, seg=3, combine_seg=2, group=2)):
+            assert _run(msm, points, scalars, g2, params) == want, f"seed {SEED} bins {bins} {params}"
 
 
 def test_batched_msms_refuse_mixed_plans(kind: str, msm: Any) -> None:

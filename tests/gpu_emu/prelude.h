@@ -10,7 +10,8 @@
  *                    continue, so block-level cooperation through __shared__ memory
  *                    (a static here: blocks run one after another) executes as on the GPU,
  *                    as long as every thread of the block reaches the same barriers (the
- *                    CUDA rule too). Warp intrinsics and atomics are not emulated.
+ *                    CUDA rule too). Warp intrinsics are not emulated; atomicAdd is a plain
+ *                   read-modify-write (threads run one at a time).
  *
  * Calling convention: every kernel parameter is a pointer or an integer of <= 64 bits,
  * so under the x86-64 SysV ABI each occupies one 64-bit register or stack slot and a
@@ -30,6 +31,13 @@ static emu_dim3 threadIdx, blockIdx, blockDim, gridDim;
 
 #define __launch_bounds__(...)
 #define __shared__ static
+
+/* Atomics: the emulated threads run one at a time, so a read-modify-write is atomic. */
+static inline unsigned atomicAdd(unsigned* p, unsigned v) {
+    unsigned old = *p;
+    *p = old + v;
+    return old;
+}
 
 #define EMU_SLOTS 16
 typedef void (*emu_kernel_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t,

@@ -38,7 +38,7 @@ import threading
 import time
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import cupy
@@ -50,7 +50,7 @@ from ...formats.zkey import ZKey
 from ..base import G2_ROW_COST, ProverInputs, check_key_sections
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
-from .knobs import MULTIPLES_ENV, SECTIONS, FixedBaseParams
+from .knobs import MULTIPLES_ENV, SECTIONS, FixedBaseParams, msm_graphs_enabled
 from .ntt import GpuNtt
 from .plan import DevicePlan, KeyShape, plan_device, point_words
 
@@ -672,17 +672,17 @@ class GpuBackend:
 # (perf/results/gpu-small-h200.json), and a 2^16 proof's kernel time was 85% bucket reduction and
 # group sums at chunk 16 and groups of 32 (its timeline), hence chunks of 2 and groups of 4.
 SMALL_MSM_PARAMS: tuple[tuple[int, gmsm.MsmParams], ...] = (
-    (1 << 16, gmsm.MsmParams(seg=4, combine_seg=4, group=4, bucket_chunk_min=2)),
+    (1 << 16, gmsm.MsmParams(seg=4, combine_seg=4, group=4, bucket_chunk_min=2, graphs=True)),
     (1 << 18, gmsm.MsmParams(seg=8, combine_seg=8, group=8, bucket_chunk_min=4)),
 )
 
 
 def msm_params_for(n_points: int) -> gmsm.MsmParams:
     """The MSM parameters of a key section of ``n_points`` points (:data:`SMALL_MSM_PARAMS`, else
-    the defaults)."""
+    the defaults); CUDA graphs only while env CUZK_GPU_MSM_GRAPHS leaves them on."""
     for limit, params in SMALL_MSM_PARAMS:
         if n_points <= limit:
-            return params
+            return replace(params, graphs=params.graphs and msm_graphs_enabled())
     return gmsm.MsmParams()
 
 

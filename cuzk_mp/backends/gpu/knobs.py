@@ -103,6 +103,9 @@ class MsmParams:
     # sharing one inversion per block before the XYZZ pass; 0 = msm_accumulate alone.
     ba_rounds: int = field(default_factory=accumulate_rounds)
     ba_seg: int = BA_SEG  # sorted entries per thread of the batch-affine kernel
+    # Dense passes small enough run as captured CUDA graphs (msm.py, GRAPH_MAX_ENTRIES): one launch
+    # instead of ~20, for MSMs whose kernels are shorter than their launches.
+    graphs: bool = False
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -140,6 +143,16 @@ class MsmParams:
 # reductions instead of three). Measured on the H200 at 2^24 random: 334 ms, against 440 inline,
 # 372 calls alone, 493 lazy alone (perf/gpu_msm_notes.md).
 G2_FP2 = {"EC_FP2_CALLS": 1, "EC_FP2_LAZY": 1}
+
+# "0" / "off" / "false" turns the small MSMs' CUDA graphs off (msm_graphs_enabled), e.g. where a
+# driver's graph support misbehaves; anything else, or unset, leaves them on.
+GRAPHS_ENV = "CUZK_GPU_MSM_GRAPHS"
+
+
+def msm_graphs_enabled() -> bool:
+    """Whether env CUZK_GPU_MSM_GRAPHS leaves the small MSMs' CUDA graphs on (default: on)."""
+    return os.environ.get(GRAPHS_ENV, "").strip().lower() not in ("0", "off", "false", "no")
+
 
 SCALAR_BITS = 256  # windows cover 256 bits: the Booth carry out of bit 254 still fits
 

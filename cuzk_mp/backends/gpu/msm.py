@@ -19,7 +19,9 @@ One run, for m standard-form scalars (``(m, 4)`` uint64, each < 2^255):
    batch-add split for boolean-heavy witnesses).
 3. The other scalars go through Pippenger with c-bit signed windows
    (W = ceil(256 / c)): ``msm_digits`` writes one sort key per (window,
-   scalar), ``cupy.argsort`` (CUB radix sort) orders them by bucket,
+   scalar), a counting sort by bucket (``msm_sort_*``, three launches, no host wait) orders
+   them when the batch has at most :data:`COUNTING_SORT_BINS` buckets, else ``cupy.argsort``
+   (CUB radix sort; it waits for the host),
    ``msm_accumulate`` adds each run of a bucket with segmented, load-balanced
    threads (or ``msm_accumulate_affine``, ``MsmParams.ba_rounds`` > 0: the same
    segments summed by batch-affine rounds, one inversion per block and round,
@@ -34,14 +36,22 @@ One run, for m standard-form scalars (``(m, 4)`` uint64, each < 2^255):
    into arkworks points and Horner-combines them on the host (:func:`horner`).
 
 :meth:`_Msm.launch` enqueues all of it on a stream without waiting for the
-device (the only host waits inside are the sort's, which are local to that
+device (the only host waits inside are the radix sort's, which are local to that
 stream), so the caller can enqueue more work, on this stream or another, before
 it collects any result.
+
+CUDA graphs (``MsmParams.graphs``, small MSMs): a dense pass whose sort keys number at most
+:data:`GRAPH_MAX_ENTRIES` is captured once per batch size into a graph that owns its buffers
+(:class:`_GraphRun`); each run copies the scalars into the graph's input, launches the graph
+(one call instead of ~20 launches and allocations) and copies the window sums back. A small
+MSM's kernels take tens of microseconds each, so the host's launches, not the device, set the
+latency of a lone small proof without them.
 """
 
 from __future__ import annotations
 
 import contextlib
+import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -89,7 +99,18 @@ __all__ = [
 
 OP_COMBINE, OP_BUCKETS, OP_GROUPS, OP_ADD = 0, 1, 2, 3  # msm_reduce ops (msm.cu)
 _NULL = np.uint64(0)  # a null device pointer argument
-_D2H = 2  # cudaMemcpyDeviceToHost
+_D2H, _D2D = 2, 3  # cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice
+# A window batch with at most this many buckets is ordered by the counting sort (sort.cuh): its
+# one-block scan walks the counters in ranges of bins / SCAN_THREADS, so far larger bucket sets
+# (2^24-point MSMs without multiples) keep the radix sort.
+COUNTING_SORT_BINS = 1 << 20
+SCAN_THREADS = 512  # msm_sort_scan's block (MSM_SCAN_THREADS in msm.cu)
+# A dense pass is captured into a CUDA graph when its sort keys number at most this (a graph keeps
+# its buffers: keys, order, heads and buckets, up to ~80 bytes per entry for G2, ~170 MB at the
+# limit; a 2^12 proof has ~90 K entries per MSM, a 2^16 one ~1 M) ...
+GRAPH_MAX_ENTRIES = 1 << 21
+GRAPH_RUNS = 2  # ... and each MSM object keeps at most this many graphs per batch size
+_CAPTURE_LOCK = threading.Lock()  # one capture at a time in the process (see _GraphRun.capture)
 
 
 # ------------------------------------------------------------------ result conversion
@@ -254,6 +275,63 @@ class _Marks:
         return out
 
 
+class _NoMarks(_Marks):
+    """Marks that record nothing: a pass being captured into a graph (events recorded inside a
+    capture are not timing events)."""
+
+    def __init__(self) -> None:
+        self.marks = []
+
+    def mark(self, name: str) -> None:
+        return None
+
+
+@dataclass
+class _GraphRun:
+    """A dense pass of k MSMs of m scalars captured into a CUDA graph, with the buffers it owns:
+    ``d_in`` (the k m scalars, copied in before each launch) and ``wsums`` (its output); every
+    buffer the pass allocates while captured stays alive in ``held`` as long as the graph does.
+    ``free``: the event after the last run's copy of ``wsums`` (None: never run); ``busy``: a
+    launch has taken it and not yet recorded that event."""
+
+    graph: Any
+    d_in: Any
+    wsums: Any
+    c: int
+    held: list[Any]
+    free: Any = None
+    busy: bool = False
+
+    @classmethod
+    def capture(cls, msm: _Msm, k: int, m: int) -> _GraphRun:
+        """Capture ``msm``'s dense pass over k x m scalars on a private stream (relaxed mode, so
+        the memory pool may grow meanwhile; its allocations are recorded and kept)."""
+        held: list[Any] = []
+        pool = cupy.get_default_memory_pool()
+
+        def alloc(size: int) -> Any:
+            mem = pool.malloc(size)
+            held.append(mem)
+            return mem
+
+        d_in = cupy.zeros((k * m, 4), dtype=np.uint64)
+        cs = cupy.cuda.Stream(non_blocking=True)
+        with _CAPTURE_LOCK, cupy.cuda.using_allocator(alloc), cs:
+            cs.begin_capture()
+            try:
+                wsums, c = msm._pippenger(d_in, None, k * m, m, _NoMarks())
+            finally:
+                graph = cs.end_capture()
+        return cls(graph, d_in, wsums, c, held)
+
+
+def graphs_supported() -> bool:
+    """Whether this CuPy can capture CUDA graphs (not on HIP, nor on a stand-in without streams
+    that capture)."""
+    runtime = getattr(cupy.cuda, "runtime", None)
+    return hasattr(cupy.cuda.Stream, "begin_capture") and not getattr(runtime, "is_hip", False)
+
+
 def _as_rows(a: Any, width: int, what: str) -> Any:
     """A C-contiguous ``(n, width)`` uint64 device array (uploads a host array)."""
     d = cupy.ascontiguousarray(cupy.asarray(a))
@@ -331,10 +409,13 @@ class _Msm:
         self.multiples = multiples
         mod = get_module(MSM_PATH, self.params.defines(self.G2))
         self._k = {name: mod.get_function(name) for name in
-                   ("msm_classify", "msm_digits", "msm_accumulate", "msm_accumulate_affine", "msm_reduce")}
+                   ("msm_classify", "msm_digits", "msm_accumulate", "msm_accumulate_affine", "msm_reduce",
+                    "msm_sort_count", "msm_sort_scan", "msm_sort_scatter")}
         self._resident = occupancy(self._k["msm_accumulate"], self.params.nthreads)
         self._ba_resident = occupancy(self._k["msm_accumulate_affine"], self.params.nthreads)
         self.last_timings: dict[str, float] = {}
+        self._graphs: dict[int, list[_GraphRun]] = {}  # batch size k -> captured dense passes
+        self._graph_lock = threading.Lock()
 
     @property
     def resident_threads(self) -> int | None:
@@ -349,9 +430,11 @@ class _Msm:
         return int(self.multiples.table.nbytes) if self.multiples is not None else int(self.d_points.nbytes)
 
     def close(self) -> None:
-        """Drop the references to the points and the multiples (idempotent)."""
+        """Drop the references to the points, the multiples and the captured graphs (idempotent)."""
         self.d_points = None
         self.multiples = None
+        with self._graph_lock:
+            self._graphs = {}
 
     def _check(self, d_scalars: Any) -> Any:
         if self.d_points is None:
@@ -383,7 +466,8 @@ class _Msm:
         on ``stream``: k proofs' MSMs of one key section cost the launches and host calls of
         one. With k > 1 every vector must have the same length and a dense plan (no 0/1 split:
         zeros and ones go through the windows like any scalar). A batch whose sort keys would
-        not fit 32 bits is split. No host sync but the sort's."""
+        not fit 32 bits is split. Dense passes run as CUDA graphs where ``params.graphs`` and
+        their size allow (:data:`GRAPH_MAX_ENTRIES`). No host sync but the radix sort's."""
         if len(d_scalars) != len(plans) or not plans:
             raise InputError(f"{type(self).__name__}: {len(d_scalars)} scalar vectors for {len(plans)} plans")
         vecs = [self._check(v) for v in d_scalars]
@@ -393,7 +477,7 @@ class _Msm:
         if len(vecs) > 1 and (any(p.other is not None for p in plans) or len({int(v.shape[0]) for v in vecs}) > 1):
             raise InputError(f"{type(self).__name__}: a batch of MSMs needs dense plans of one length")
         with stream if stream is not None else contextlib.nullcontext():
-            if len(vecs) == 1:
+            if len(vecs) == 1 and plans[0].other is not None:
                 return [self._launch_one(vecs[0], plans[0])]
             fit = self._batch_fit(int(vecs[0].shape[0]))
             out: list[PendingMsm] = []
@@ -430,12 +514,49 @@ class _Msm:
             host = np.zeros((k, 0, self._xw), dtype=np.uint64)
             marks.mark("d2h")
             return [PendingMsm(self.G2, host[j], 0, 0, marks, self) for j in range(k)]
-        scalars = cupy.concatenate(vecs) if k > 1 else vecs[0]
-        wsums, c = self._pippenger(scalars, None, k * m, m, marks)
+        run = self._graph_run(k, m, s)
+        if run is None:
+            scalars = cupy.concatenate(vecs) if k > 1 else vecs[0]
+            wsums, c = self._pippenger(scalars, None, k * m, m, marks)
+        else:
+            for j, v in enumerate(vecs):
+                _copy_device_async(v, run.d_in[j * m : (j + 1) * m], s)
+            run.graph.launch(s)
+            marks.mark("graph")
+            wsums, c = run.wsums, run.c
         host = _pinned_like(np.zeros(wsums.shape, dtype=np.uint64))
         _copy_to_host_async(wsums, host, s)
         marks.mark("d2h")
+        if run is not None:
+            with self._graph_lock:
+                run.free, run.busy = marks.last, False
         return [PendingMsm(self.G2, host[j], int(wsums.shape[1]), c, marks, self) for j in range(k)]
+
+    def _graph_run(self, k: int, m: int, s: Any) -> _GraphRun | None:
+        """A captured dense pass of k x m scalars for a launch on ``s``, marked busy: one whose last
+        run is over, else (at :data:`GRAPH_RUNS`) the first idle one with ``s`` waiting on the
+        device for its last run, else a new capture. None where graphs are off or the pass is too
+        large for one."""
+        if not self.params.graphs or not graphs_supported():
+            return None
+        c = self._window_bits(m)
+        if k * m * window_count(c) > GRAPH_MAX_ENTRIES:
+            return None
+        with self._graph_lock:
+            runs = self._graphs.setdefault(k, [])
+            idle = [r for r in runs if not r.busy]
+            done = [r for r in idle if r.free is None or r.free.done]
+            if done or (idle and len(runs) >= GRAPH_RUNS):
+                run = (done or idle)[0]
+                run.busy = True
+                if not done:
+                    s.wait_event(run.free)
+                return run
+        run = _GraphRun.capture(self, k, m)
+        run.busy = True
+        with self._graph_lock:
+            self._graphs[k].append(run)
+        return run
 
     def _window_bits(self, n2: int) -> int:
         mul = self.multiples
@@ -498,7 +619,7 @@ class _Msm:
             self._launch("msm_digits", n2, scalars, _NULL if idx is None else idx, keys, _u64(n2),
                          _u32(w0), _u32(nw), _u32(cfg), _u64(per))
             marks.mark("digits")
-            perm = cupy.argsort(keys)
+            perm = self._sort(keys, nw * n2, k * nb * (1 if mul is not None else nw), cfg)
             marks.mark("sort")
             if mul is None:
                 buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, k * nw * nb, self.d_points, 0, per)
@@ -517,6 +638,18 @@ class _Msm:
         if mul is not None:
             return self._window_sums(shared, k, c).reshape(k, 1, self._xw), c
         return wsums, c
+
+    def _sort(self, keys: Any, n: int, bins: int, cfg: int) -> Any:
+        """Positions of the n keys ordered by bucket (``bins`` buckets; zero digits last): the counting
+        sort (sort.cuh) up to :data:`COUNTING_SORT_BINS` buckets, else the radix sort."""
+        if bins > COUNTING_SORT_BINS or n >= 1 << 32:
+            return cupy.argsort(keys)
+        counts = cupy.zeros(bins + 1, dtype=np.uint32)
+        perm = cupy.empty(n, dtype=np.int64)
+        self._launch("msm_sort_count", n, keys, counts, _u64(n), _u32(cfg), _u32(bins))
+        self._k["msm_sort_scan"]((1,), (SCAN_THREADS,), (counts, _u64(bins + 1)))
+        self._launch("msm_sort_scatter", n, keys, counts, perm, _u64(n), _u32(cfg), _u32(bins))
+        return perm
 
     def _accumulate(self, perm: Any, keys: Any, idx: Any, n: int, m: int, cfg: int, n_buckets: int,
                     points: Any, stride: int, per: int, seg: int | None = None) -> Any:
@@ -576,6 +709,11 @@ class _Msm:
         self._launch("msm_reduce", nw * per, _u32(OP_BUCKETS), buckets, _NULL, _NULL, shares, _NULL,
                      _u64(nw * per), _u32(nb), _u32(chunk))
         return self._sum_blocks(shares, nw, per)
+
+
+def _copy_device_async(src: Any, dst: Any, stream: Any) -> None:
+    """Enqueue a device -> device copy of a whole C-contiguous array into another of its size."""
+    cupy.cuda.runtime.memcpyAsync(dst.data.ptr, src.data.ptr, dst.nbytes, _D2D, stream.ptr)
 
 
 def _copy_to_host_async(d: Any, host: np.ndarray, stream: Any) -> None:

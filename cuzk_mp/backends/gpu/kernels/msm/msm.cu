@@ -12,6 +12,7 @@
 #include "../ec/xyzz.cuh"
 #include "digits.cuh"
 #include "accumulate.cuh"
+#include "sort.cuh"
 #include "batch_affine.cuh"
 #include "reduce.cuh"
 
@@ -54,6 +55,31 @@ msm_digits(const uint64_t* scalars, const int64_t* idx, uint32_t* keys, uint64_t
            uint32_t nw, uint32_t cfg, uint64_t per) {
     uint64_t t = MSM_TID;
     if (t < m) msm_digits_one(t, scalars, idx, keys, m, w0, nw, cfg, per);
+}
+
+/* The counting sort of a window batch's n keys (sort.cuh); bins + 1 counters (the last one for
+ * zero digits), zeroed by the host. threads = n for count and scatter; scan: ONE block of
+ * MSM_SCAN_THREADS over the bins + 1 counters. */
+#ifndef MSM_SCAN_THREADS
+#define MSM_SCAN_THREADS 512
+#endif
+
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+msm_sort_count(const uint32_t* keys, uint32_t* counts, uint64_t n, uint32_t cfg, uint32_t bins) {
+    uint64_t t = MSM_TID;
+    if (t < n) msm_sort_count_one(t, keys, counts, cfg, bins);
+}
+
+extern "C" __global__ void __launch_bounds__(MSM_SCAN_THREADS)
+msm_sort_scan(uint32_t* counts, uint64_t n) {
+    __shared__ uint32_t part[MSM_SCAN_THREADS];
+    msm_sort_scan_body(threadIdx.x, blockDim.x, counts, n, part);
+}
+
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+msm_sort_scatter(const uint32_t* keys, uint32_t* offsets, int64_t* perm, uint64_t n, uint32_t cfg, uint32_t bins) {
+    uint64_t t = MSM_TID;
+    if (t < n) msm_sort_scatter_one(t, keys, offsets, perm, cfg, bins);
 }
 
 /* threads = ceil(n / seg): level-1 accumulation of the n sorted entries (accumulate.cuh); m scalars,
