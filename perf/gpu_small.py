@@ -23,7 +23,8 @@ writes ``$OUT/gpu-small.json`` (the rows for perf/results/gpu-small-h200.json), 
   multiples (``..._multiples_none``); every proof assembled and self-verified (pairing);
 * ``params``    at 2^12 and 2^16, lone device time per proof for MSM launch geometries (sorted entries
   per accumulation thread, heads per combine thread, group sums, buckets per reduction thread;
-  ``_graph``: the dense passes as CUDA graphs): ``device_2^N_lone_s{seg}c{combine_seg}[g{group}b{bucket_chunk_min}][_graph]_ms``,
+  ``_graph``: the dense passes as CUDA graphs):
+  ``device_2^N_lone_s{seg}c{combine_seg}[g{group}b{bucket_chunk_min}][_graph]_ms``,
   and which one the backend picks for the size (``params_2^N_chosen``);
 * ``oneshot``   ``cuzk-mp groth16 prove --backend gpu`` at 2^16 as whole processes after ``warm``:
   the first and the median of three warm ones (``oneshot_2^16_first_s`` / ``_warm_s``), the

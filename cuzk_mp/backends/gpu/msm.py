@@ -615,7 +615,7 @@ class _Msm:
         nb = 1 << (c - 1)
         for w0 in range(0, nw_total, per_batch):
             nw = min(per_batch, nw_total - w0)
-            keys = cupy.empty(nw * n2, dtype=np.uint32)
+            keys = cupy.empty(nw * n2 + 1, dtype=np.uint32)  # + 1: the counting sort's sentinel
             self._launch("msm_digits", n2, scalars, _NULL if idx is None else idx, keys, _u64(n2),
                          _u32(w0), _u32(nw), _u32(cfg), _u64(per))
             marks.mark("digits")
@@ -640,15 +640,16 @@ class _Msm:
         return wsums, c
 
     def _sort(self, keys: Any, n: int, bins: int, cfg: int) -> Any:
-        """Positions of the n keys ordered by bucket (``bins`` buckets; zero digits last): the counting
-        sort (sort.cuh) up to :data:`COUNTING_SORT_BINS` buckets, else the radix sort."""
+        """Positions of the n keys (``keys`` holds n + 1: the last is scratch) ordered by bucket
+        (``bins`` buckets; zero digits last): the counting sort (sort.cuh) up to
+        :data:`COUNTING_SORT_BINS` buckets, else the radix sort."""
         if bins > COUNTING_SORT_BINS or n >= 1 << 32:
-            return cupy.argsort(keys)
-        counts = cupy.zeros(bins + 1, dtype=np.uint32)
+            return cupy.argsort(keys[:n])
+        counts = cupy.zeros(bins, dtype=np.uint32)
         perm = cupy.empty(n, dtype=np.int64)
-        self._launch("msm_sort_count", n, keys, counts, _u64(n), _u32(cfg), _u32(bins))
-        self._k["msm_sort_scan"]((1,), (SCAN_THREADS,), (counts, _u64(bins + 1)))
-        self._launch("msm_sort_scatter", n, keys, counts, perm, _u64(n), _u32(cfg), _u32(bins))
+        self._launch("msm_sort_count", n, keys, counts, perm, _u64(n), _u32(cfg))
+        self._k["msm_sort_scan"]((1,), (SCAN_THREADS,), (counts, _u64(bins)))
+        self._launch("msm_sort_scatter", n, keys, counts, perm, _u64(n), _u32(cfg))
         return perm
 
     def _accumulate(self, perm: Any, keys: Any, idx: Any, n: int, m: int, cfg: int, n_buckets: int,

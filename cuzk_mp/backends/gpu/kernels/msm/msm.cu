@@ -57,17 +57,17 @@ msm_digits(const uint64_t* scalars, const int64_t* idx, uint32_t* keys, uint64_t
     if (t < m) msm_digits_one(t, scalars, idx, keys, m, w0, nw, cfg, per);
 }
 
-/* The counting sort of a window batch's n keys (sort.cuh); bins + 1 counters (the last one for
- * zero digits), zeroed by the host. threads = n for count and scatter; scan: ONE block of
- * MSM_SCAN_THREADS over the bins + 1 counters. */
+/* The counting sort of a window batch's n keys (sort.cuh): `keys` has n + 1 elements (the last
+ * one is set to MSM_KEY_NONE), `counts` the batch's bins bucket counters, zeroed by the host.
+ * threads = n for count and scatter; scan: ONE block of MSM_SCAN_THREADS over the counters. */
 #ifndef MSM_SCAN_THREADS
 #define MSM_SCAN_THREADS 512
 #endif
 
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
-msm_sort_count(const uint32_t* keys, uint32_t* counts, uint64_t n, uint32_t cfg, uint32_t bins) {
+msm_sort_count(uint32_t* keys, uint32_t* counts, int64_t* perm, uint64_t n, uint32_t cfg) {
     uint64_t t = MSM_TID;
-    if (t < n) msm_sort_count_one(t, keys, counts, cfg, bins);
+    if (t < n) msm_sort_count_one(t, keys, counts, perm, n, cfg);
 }
 
 extern "C" __global__ void __launch_bounds__(MSM_SCAN_THREADS)
@@ -77,9 +77,9 @@ msm_sort_scan(uint32_t* counts, uint64_t n) {
 }
 
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
-msm_sort_scatter(const uint32_t* keys, uint32_t* offsets, int64_t* perm, uint64_t n, uint32_t cfg, uint32_t bins) {
+msm_sort_scatter(const uint32_t* keys, uint32_t* offsets, int64_t* perm, uint64_t n, uint32_t cfg) {
     uint64_t t = MSM_TID;
-    if (t < n) msm_sort_scatter_one(t, keys, offsets, perm, cfg, bins);
+    if (t < n) msm_sort_scatter_one(t, keys, offsets, perm, cfg);
 }
 
 /* threads = ceil(n / seg): level-1 accumulation of the n sorted entries (accumulate.cuh); m scalars,
