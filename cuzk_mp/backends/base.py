@@ -101,6 +101,10 @@ class Backend(Protocol):
     name: str  # "cpu" | "gpu"
     busy_seconds: float  # accumulated device-busy seconds (CUDA events on the GPU)
     last_timings: dict[str, float]  # ms per backend stage of the last partition (the backend's own split)
+    # True where h_values and msm only enqueue device work: the recipe then starts the H chain (the H
+    # step, then its MSM: the longest dependent chain of a small proof) right after G2, not after the
+    # witness MSMs (a backend that computes H on the calling thread wants those submitted first)
+    h_early: bool
 
     def load_key(self, zkey: ZKey, *, lasting: bool = True) -> KeyHandle:
         """Make the key's point sections resident (idempotent per zkey path is the caller's job).

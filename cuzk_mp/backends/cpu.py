@@ -130,6 +130,7 @@ class CpuBackend:
     """Backend on the host CPU (see module docstring)."""
 
     name = "cpu"
+    h_early = False  # H runs on the calling thread while the pool runs the witness MSMs
 
     def __init__(self, threads: int | None = None) -> None:
         self.threads = max(1, threads or os.cpu_count() or 1)

@@ -102,14 +102,22 @@ def prove_start(backend: Backend, key: KeyHandle, staged: Staged, n_public: int)
 
 def prove_start_batch(backend: Backend, key: KeyHandle, staged: Sequence[Staged], n_public: int) -> list[MsmSums]:
     """:func:`prove_start` for k staged partitions of one key in one pass: each section's k MSMs
-    go to the backend together (:meth:`Backend.msm_batch`: G2 first, then A, B1, C, the k H
-    steps and the H MSMs). Returns the k sums in order, when every MSM is done."""
+    go to the backend together (:meth:`Backend.msm_batch`): G2 first, then A, B1, C and last the
+    k H steps and the H MSMs, or, where the backend only enqueues (``h_early``), the H chain right
+    after G2. Returns the k sums in order, when every MSM is done."""
     ws = [s.w for s in staged]
-    pending = {"b2": backend.msm_batch(key, "b2", ws),
-               "a": backend.msm_batch(key, "a", ws),
-               "b1": backend.msm_batch(key, "b1", ws),
-               "c": backend.msm_batch(key, "c", [w[n_public + 1 :] for w in ws])}
-    pending["h"] = backend.msm_batch(key, "h", [backend.h_values(key, s) for s in staged])
+    pending = {"b2": backend.msm_batch(key, "b2", ws)}
+
+    def h_chain() -> None:
+        pending["h"] = backend.msm_batch(key, "h", [backend.h_values(key, s) for s in staged])
+
+    if backend.h_early:
+        h_chain()
+    pending["a"] = backend.msm_batch(key, "a", ws)
+    pending["b1"] = backend.msm_batch(key, "b1", ws)
+    pending["c"] = backend.msm_batch(key, "c", [w[n_public + 1 :] for w in ws])
+    if not backend.h_early:
+        h_chain()
     return [MsmSums(**{name: futs[i].result() for name, futs in pending.items()}) for i in range(len(ws))]
 
 

@@ -156,6 +156,7 @@ class GpuBackend:
     """The Backend protocol on CUDA device ``device`` (see the module docstring)."""
 
     name = "gpu"
+    h_early = True  # h_values and msm only enqueue: the H chain starts right after G2
 
     def __init__(self, device: int = 0, in_flight: int = 1) -> None:
         self.device = device
@@ -670,10 +671,15 @@ class GpuBackend:
 # group sums (``group`` per thread and level). Shorter chains cost a few more additions in all and
 # cut the latency: on the H200 at 2^16, 4/4 lowered a lone proof from 13.6 to 11.3 ms against 16/16
 # (perf/results/gpu-small-h200.json), and a 2^16 proof's kernel time was 85% bucket reduction and
-# group sums at chunk 16 and groups of 32 (its timeline), hence chunks of 2 and groups of 4.
+# group sums at chunk 16 and groups of 32 (its timeline), hence short chunks and groups. Once the
+# dense passes ran as CUDA graphs (launches nearly free), pairwise combine levels and group sums won
+# at 2^12 (G2's MSM 2.79 -> 2.36 ms, G1's 1.68 -> 1.36 ms in a lone proof), while 2^16 and 2^18 kept
+# 8 entries per accumulation thread and 4-way levels (2^16: 8.2 against 8.6-8.9 ms; 2^18: 13.1 against
+# 14.7 ms): perf/results/gpu-small-h200.json, the ``params`` rows.
 SMALL_MSM_PARAMS: tuple[tuple[int, gmsm.MsmParams], ...] = (
-    (1 << 16, gmsm.MsmParams(seg=4, combine_seg=4, group=4, bucket_chunk_min=2, graphs=True)),
-    (1 << 18, gmsm.MsmParams(seg=8, combine_seg=8, group=8, bucket_chunk_min=4)),
+    (1 << 14, gmsm.MsmParams(seg=4, combine_seg=2, group=2, bucket_chunk_min=2, graphs=True)),
+    (1 << 16, gmsm.MsmParams(seg=8, combine_seg=4, group=4, bucket_chunk_min=4, graphs=True)),
+    (1 << 18, gmsm.MsmParams(seg=8, combine_seg=4, group=4, bucket_chunk_min=4)),
 )
 
 
