@@ -522,6 +522,8 @@ def main() -> int:
     else:
         import cupy
 
+        import cuzk_mp.backends.gpu  # noqa: F401 - its CUDA context settings before the first CUDA call
+
         props = cupy.cuda.runtime.getDeviceProperties(0)
         ses.rows.update({"gpu": props["name"].decode(), "sm_count": props["multiProcessorCount"],
                          "cupy": cupy.__version__, "cuda_driver": cupy.cuda.runtime.driverGetVersion()})
