@@ -514,7 +514,7 @@ class _Msm:
             host = np.zeros((k, 0, self._xw), dtype=np.uint64)
             marks.mark("d2h")
             return [PendingMsm(self.G2, host[j], 0, 0, marks, self) for j in range(k)]
-        run = self._graph_run(k, m, s)
+        run = self._graph_run(k, m)
         if run is None:
             scalars = cupy.concatenate(vecs) if k > 1 else vecs[0]
             wsums, c = self._pippenger(scalars, None, k * m, m, marks)
@@ -532,11 +532,11 @@ class _Msm:
                 run.free, run.busy = marks.last, False
         return [PendingMsm(self.G2, host[j], int(wsums.shape[1]), c, marks, self) for j in range(k)]
 
-    def _graph_run(self, k: int, m: int, s: Any) -> _GraphRun | None:
-        """A captured dense pass of k x m scalars for a launch on ``s``, marked busy: one whose last
-        run is over, else (at :data:`GRAPH_RUNS`) the first idle one with ``s`` waiting on the
-        device for its last run, else a new capture. None where graphs are off or the pass is too
-        large for one."""
+    def _graph_run(self, k: int, m: int) -> _GraphRun | None:
+        """A captured dense pass of k x m scalars whose last run is over, marked busy, else a new
+        capture while there are fewer than :data:`GRAPH_RUNS`; None where graphs are off, the pass
+        is too large for one, or every graph of this size is still running (the pass then runs
+        without one: waiting for a graph would serialise MSMs that may overlap on the device)."""
         if not self.params.graphs or not graphs_supported():
             return None
         c = self._window_bits(m)
@@ -544,14 +544,12 @@ class _Msm:
             return None
         with self._graph_lock:
             runs = self._graphs.setdefault(k, [])
-            idle = [r for r in runs if not r.busy]
-            done = [r for r in idle if r.free is None or r.free.done]
-            if done or (idle and len(runs) >= GRAPH_RUNS):
-                run = (done or idle)[0]
-                run.busy = True
-                if not done:
-                    s.wait_event(run.free)
-                return run
+            done = [r for r in runs if not r.busy and (r.free is None or r.free.done)]
+            if done:
+                done[0].busy = True
+                return done[0]
+            if len(runs) >= GRAPH_RUNS:
+                return None
         run = _GraphRun.capture(self, k, m)
         run.busy = True
         with self._graph_lock:
