@@ -380,8 +380,10 @@ def test_batched_msms(kind: str, msm: Any, g2: bool, mul: int | None) -> None:
 def test_graphed_msms(kind: str, msm: Any, g2: bool, mul: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
     """Dense passes as captured CUDA graphs (params.graphs): lone and batched MSMs, many launched
     before any result is read (graphs reused while earlier runs are in flight, on two streams),
-    each equal to arkworks; a pass above GRAPH_MAX_ENTRIES runs without a graph. Where graphs
-    cannot be captured (the emulator) the same calls run the plain passes."""
+    each equal to arkworks; a pass above GRAPH_MAX_ENTRIES runs without a graph. The emulator cannot
+    capture graphs (its passes without them are every other test's)."""
+    if kind != "gpu":
+        pytest.skip("CUDA graphs need a CUDA device")
     n, k = 300, 3
     points = _points(n, g2)
     vecs = [_scalars(n, d, SEED + 81 + j) for j, d in enumerate(("random", "porep", "edge", "same", "random"))]
@@ -400,11 +402,8 @@ def test_graphed_msms(kind: str, msm: Any, g2: bool, mul: int | None, monkeypatc
     for i, p in pending[::-1]:
         assert p.result() == want[i], f"seed {SEED} vector {i}"
     graphs = obj._graphs
-    if msm.graphs_supported():
-        assert set(graphs) == {1, k} and all(1 <= len(runs) <= msm.GRAPH_RUNS for runs in graphs.values())
-        assert "graph" in pending[0][1].timings
-    else:
-        assert graphs == {}
+    assert msm.graphs_supported() and set(graphs) == {1, k}
+    assert sum(len(runs) for runs in graphs.values()) <= msm.GRAPH_RUNS and "graph" in pending[0][1].timings
     monkeypatch.setattr(msm, "GRAPH_MAX_ENTRIES", n)  # any pass is larger now
     fresh = cls(points, params) if mul is None else obj
     fresh._graphs = {}
@@ -417,7 +416,7 @@ def test_graphed_msms(kind: str, msm: Any, g2: bool, mul: int | None, monkeypatc
 def test_counting_and_radix_sorts_agree(msm: Any, g2: bool, dist: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The counting sort (window batches of few buckets) and the radix sort (any other) give the
     same sums: the accumulation needs only each bucket's entries together, zero digits last."""
-    n = 500
+    n = 200
     points, scalars = _points(n, g2), _scalars(n, dist, SEED + 91)
     want = _oracle(points, scalars, g2)
     for bins in (1 << 20, 0):  # 0: every batch takes the radix sort

@@ -131,6 +131,36 @@ def test_msm_scratch_follows_the_window_geometry() -> None:
     assert scratch == {"msm_g1": g1, "msm_g2": msm_scratch_bytes(shape.n_vars, True), "c_plan": 8 * shape.rows()["c"]}
 
 
+def test_graphs_are_planned_and_dropped_first() -> None:
+    """A small key whose MSMs run as CUDA graphs plans the graphs' buffers (GRAPH_RUNS per section
+    of its largest captured pass); where they do not fit, the first fallback runs the MSMs without
+    graphs, before any multiple is dropped or any partition leaves the device."""
+    from dataclasses import replace
+
+    from cuzk_mp.backends.gpu.knobs import GRAPH_MAX_ENTRIES, GRAPH_RUNS, MsmParams
+    from cuzk_mp.backends.gpu.plan import COUNTING_SORT_BYTES_PER_KEY, graph_bytes
+
+    shape = porep(12)
+    params = MsmParams(seg=4, combine_seg=2, group=2, bucket_chunk_min=2, graphs=True)
+    roomy = plan_device(shape, H200_FREE, workers=2, multiples="auto", graph_params=params)
+    assert roomy.graphs and roomy.steps == [] and roomy.scratch["msm_graphs"] == graph_bytes(shape, roomy.multiples,
+                                                                                                params)
+    m, c = shape.rows()["b2"], roomy.multiples["b2"]
+    k = min(8, GRAPH_MAX_ENTRIES // (m * window_count(c)))
+    g2_run = msm_scratch_bytes(k * m, True, params, c, COUNTING_SORT_BYTES_PER_KEY)
+    assert g2_run < msm_scratch_bytes(k * m, True, params, c)  # the counting sort's 12 B per key, not the radix's
+    assert roomy.scratch["msm_graphs"] >= GRAPH_RUNS * g2_run >= 1 << 20
+    assert graph_bytes(shape, roomy.multiples, replace(params, graphs=False)) == 0
+    assert "msm_graphs" not in plan_device(shape, H200_FREE, workers=2, multiples="auto").scratch
+    every = ",".join(SECTIONS)
+    roomy = plan_device(shape, H200_FREE, workers=2, multiples=every, graph_params=params)
+    tight = roomy.total - roomy.scratch["msm_graphs"] // 2
+    fallback = plan_device(shape, tight, workers=2, multiples=every, graph_params=params)
+    assert fallback.fits and not fallback.graphs and fallback.steps == ["MSMs without CUDA graphs"]
+    assert fallback.multiples == roomy.multiples and fallback.in_flight == 2 and "msm_graphs" not in fallback.scratch
+    assert fallback.choice == "MSMs without CUDA graphs"
+
+
 # ---------------------------------------------------------------- load_key on the emulated backend
 
 

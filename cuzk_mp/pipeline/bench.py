@@ -554,7 +554,7 @@ def device_plan_line(circuit: CircuitSize, machine: Machine, devices: list[int],
     """The GPU backend's device-memory plan of the benched key on the first device (its total memory:
     the prover process sees a little less free, its CUDA context's share): what the key and
     ``workers`` partitions in flight need, and the fallback it takes (docs/backend-protocol.md)."""
-    from ..backends.gpu.knobs import MULTIPLES_ENV
+    from ..backends.gpu.knobs import MULTIPLES_ENV, graph_params_for
     from ..backends.gpu.plan import KeyShape, plan_device
     from ..errors import DeviceMemoryError
 
@@ -563,7 +563,8 @@ def device_plan_line(circuit: CircuitSize, machine: Machine, devices: list[int],
         return f"device plan: GPU {devices[0] if devices else '?'}'s memory is not known (no nvidia-smi)"
     shape = KeyShape(circuit.domain_size, circuit.n_vars, circuit.n_public)
     try:
-        plan = plan_device(shape, total, workers=workers, multiples=os.environ.get(MULTIPLES_ENV) or "auto")
+        plan = plan_device(shape, total, workers=workers, multiples=os.environ.get(MULTIPLES_ENV) or "auto",
+                           graph_params=graph_params_for(circuit.domain_size))
     except DeviceMemoryError as exc:
         return f"device plan: GPU {devices[0]}: {exc}"
     return f"{plan.summary()} (GPU {devices[0]}, {workers} prover worker(s))"

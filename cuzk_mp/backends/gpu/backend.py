@@ -50,7 +50,7 @@ from ...formats.zkey import ZKey
 from ..base import G2_ROW_COST, ProverInputs, check_key_sections
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
-from .knobs import MULTIPLES_ENV, SECTIONS, FixedBaseParams, msm_graphs_enabled
+from .knobs import MULTIPLES_ENV, SECTIONS, FixedBaseParams, graph_params_for, msm_params_for
 from .ntt import GpuNtt
 from .plan import DevicePlan, KeyShape, plan_device, point_words
 
@@ -289,7 +289,8 @@ class GpuBackend:
         s = self.stream()
         with cupy.cuda.Device(self.device), s:
             choice = os.environ.get(MULTIPLES_ENV) or ("auto" if lasting else "none")
-            dplan = plan_device(shape, memory.free_bytes()[0], workers=self.workers, multiples=choice)
+            dplan = plan_device(shape, memory.free_bytes()[0], workers=self.workers, multiples=choice,
+                                graph_params=graph_params_for(int(shape.domain_size)))
             log.info("key %s: %s", zkey.path or "", dplan.summary())
             for step in dplan.steps:
                 log.warning("key %s does not fit as configured: %s", zkey.path or "", step)
@@ -305,7 +306,8 @@ class GpuBackend:
                     else:
                         dev[name] = mult.table[: mult.n]
                     cls = gmsm.MsmG2 if name == "b2" else gmsm.MsmG1
-                    msms[name] = cls(dev[name], msm_params_for(int(dev[name].shape[0])), mult)
+                    params = msm_params_for(int(dev[name].shape[0]))
+                    msms[name] = cls(dev[name], replace(params, graphs=params.graphs and dplan.graphs), mult)
                 n = int(zkey.domain_size)
                 if n >= 2 and n & (n - 1) == 0:
                     self.ntt_engine.plan(n.bit_length() - 1)  # the H step's tables, before any partition
@@ -661,35 +663,6 @@ class GpuBackend:
         self._copier.shutdown(wait=True)
         with cupy.cuda.Device(self.device):
             cupy.get_default_memory_pool().free_all_blocks()
-
-
-# Launch geometry of the MSMs of small keys (no compiled-in knob changes: the shipped modules
-# serve). A small MSM runs far fewer accumulation threads than the device holds at once, so its
-# time is the length of each thread's chain of dependent additions: ``seg`` sorted entries per
-# accumulation thread, then ``combine_seg`` heads per thread in each combine level, then the bucket
-# reduction (``bucket_chunk_min`` buckets per thread and a scalar multiple of their sum) and the
-# group sums (``group`` per thread and level). Shorter chains cost a few more additions in all and
-# cut the latency: on the H200 at 2^16, 4/4 lowered a lone proof from 13.6 to 11.3 ms against 16/16
-# (perf/results/gpu-small-h200.json), and a 2^16 proof's kernel time was 85% bucket reduction and
-# group sums at chunk 16 and groups of 32 (its timeline), hence short chunks and groups. Once the
-# dense passes ran as CUDA graphs (launches nearly free), pairwise combine levels and group sums won
-# at 2^12 (G2's MSM 2.79 -> 2.36 ms, G1's 1.68 -> 1.36 ms in a lone proof), while 2^16 and 2^18 kept
-# 8 entries per accumulation thread and 4-way levels (2^16: 8.2 against 8.6-8.9 ms; 2^18: 13.1 against
-# 14.7 ms): perf/results/gpu-small-h200.json, the ``params`` rows.
-SMALL_MSM_PARAMS: tuple[tuple[int, gmsm.MsmParams], ...] = (
-    (1 << 14, gmsm.MsmParams(seg=4, combine_seg=2, group=2, bucket_chunk_min=2, graphs=True)),
-    (1 << 16, gmsm.MsmParams(seg=8, combine_seg=4, group=4, bucket_chunk_min=4, graphs=True)),
-    (1 << 18, gmsm.MsmParams(seg=8, combine_seg=4, group=4, bucket_chunk_min=4)),
-)
-
-
-def msm_params_for(n_points: int) -> gmsm.MsmParams:
-    """The MSM parameters of a key section of ``n_points`` points (:data:`SMALL_MSM_PARAMS`, else
-    the defaults); CUDA graphs only while env CUZK_GPU_MSM_GRAPHS leaves them on."""
-    for limit, params in SMALL_MSM_PARAMS:
-        if n_points <= limit:
-            return replace(params, graphs=params.graphs and msm_graphs_enabled())
-    return gmsm.MsmParams()
 
 
 def _record(stream: Any) -> Any:

@@ -144,6 +144,15 @@ class MsmParams:
 # 372 calls alone, 493 lazy alone (perf/gpu_msm_notes.md).
 G2_FP2 = {"EC_FP2_CALLS": 1, "EC_FP2_LAZY": 1}
 
+# A dense MSM pass (msm.py) is captured into a CUDA graph when it batches at most GRAPH_MAX_BATCH
+# vectors (the prover's batch cap) and its sort keys number at most GRAPH_MAX_ENTRIES (a 2^12 proof
+# has ~90 K per MSM, a 2^16 one ~1 M); each MSM object keeps at most GRAPH_RUNS graphs in all (any
+# batch sizes; past that a pass runs without one), each with its own buffers for the object's life:
+# ~200 MB for G2 at the entry limit (plan.graph_bytes counts them).
+GRAPH_MAX_BATCH = 8
+GRAPH_MAX_ENTRIES = 1 << 21
+GRAPH_RUNS = 3
+
 # "0" / "off" / "false" turns the small MSMs' CUDA graphs off (msm_graphs_enabled), e.g. where a
 # driver's graph support misbehaves; anything else, or unset, leaves them on.
 GRAPHS_ENV = "CUZK_GPU_MSM_GRAPHS"
@@ -152,6 +161,44 @@ GRAPHS_ENV = "CUZK_GPU_MSM_GRAPHS"
 def msm_graphs_enabled() -> bool:
     """Whether env CUZK_GPU_MSM_GRAPHS leaves the small MSMs' CUDA graphs on (default: on)."""
     return os.environ.get(GRAPHS_ENV, "").strip().lower() not in ("0", "off", "false", "no")
+
+
+# Launch geometry of the MSMs of small keys (no compiled-in knob changes: the shipped modules
+# serve). A small MSM runs far fewer accumulation threads than the device holds at once, so its
+# time is the length of each thread's chain of dependent additions: ``seg`` sorted entries per
+# accumulation thread, then ``combine_seg`` heads per thread in each combine level, then the bucket
+# reduction (``bucket_chunk_min`` buckets per thread and a scalar multiple of their sum) and the
+# group sums (``group`` per thread and level). Shorter chains cost a few more additions in all and
+# cut the latency: on the H200 at 2^16, 4/4 lowered a lone proof from 13.6 to 11.3 ms against 16/16
+# (perf/results/gpu-small-h200.json), and a 2^16 proof's kernel time was 85% bucket reduction and
+# group sums at chunk 16 and groups of 32 (its timeline), hence short chunks and groups. Once the
+# dense passes ran as CUDA graphs (launches nearly free), pairwise combine levels and group sums won
+# at 2^12 (G2's MSM 2.79 -> 2.36 ms, G1's 1.68 -> 1.36 ms in a lone proof), while 2^16 and 2^18 kept
+# 8 entries per accumulation thread and 4-way levels (2^16: 8.2 against 8.6-8.9 ms; 2^18: 13.1 against
+# 14.7 ms): perf/results/gpu-small-h200.json, the ``params`` rows.
+# (Knobs, not MsmParams: an MsmParams reads CUZK_GPU_MSM_ACCUMULATE when it is made.)
+SMALL_MSM_PARAMS: tuple[tuple[int, dict[str, Any]], ...] = (
+    (1 << 14, {"seg": 4, "combine_seg": 2, "group": 2, "bucket_chunk_min": 2, "graphs": True}),
+    (1 << 16, {"seg": 8, "combine_seg": 4, "group": 4, "bucket_chunk_min": 4, "graphs": True}),
+    (1 << 18, {"seg": 8, "combine_seg": 4, "group": 4, "bucket_chunk_min": 4}),
+)
+
+
+def msm_params_for(n_points: int) -> MsmParams:
+    """The MSM parameters of a key section of ``n_points`` points (:data:`SMALL_MSM_PARAMS`, else
+    the defaults); CUDA graphs only while env CUZK_GPU_MSM_GRAPHS leaves them on."""
+    for limit, knobs in SMALL_MSM_PARAMS:
+        if n_points <= limit:
+            params = MsmParams(**knobs)
+            return replace(params, graphs=params.graphs and msm_graphs_enabled())
+    return MsmParams()
+
+
+def graph_params_for(domain_size: int) -> MsmParams | None:
+    """The MSM geometry of a key of ``domain_size`` rows when its MSMs run as CUDA graphs (what its
+    device plan counts the graphs' buffers with: :func:`.plan.plan_device`), else None."""
+    params = msm_params_for(domain_size)
+    return params if params.graphs else None
 
 
 SCALAR_BITS = 256  # windows cover 256 bits: the Booth carry out of bit 254 still fits

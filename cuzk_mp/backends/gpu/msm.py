@@ -41,7 +41,7 @@ stream), so the caller can enqueue more work, on this stream or another, before
 it collects any result.
 
 CUDA graphs (``MsmParams.graphs``, small MSMs): a dense pass whose sort keys number at most
-:data:`GRAPH_MAX_ENTRIES` is captured once per batch size into a graph that owns its buffers
+:data:`.knobs.GRAPH_MAX_ENTRIES` is captured once per batch size into a graph that owns its buffers
 (:class:`_GraphRun`); each run copies the scalars into the graph's input, launches the graph
 (one call instead of ~20 launches and allocations) and copies the window sums back. A small
 MSM's kernels take tens of microseconds each, so the host's launches, not the device, set the
@@ -64,6 +64,9 @@ from ...algebra.curve import g1_to_ark, g2_to_ark
 from ...algebra.field import Q_MOD, fq2_inv_int, fq2_mul_int, limbs_to_ints
 from ...errors import InputError
 from .knobs import (
+    GRAPH_MAX_BATCH,
+    GRAPH_MAX_ENTRIES,
+    GRAPH_RUNS,
     MSM_PATH,
     MsmParams,
     accumulate_rounds,
@@ -105,11 +108,6 @@ _D2H, _D2D = 2, 3  # cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice
 # (2^24-point MSMs without multiples) keep the radix sort.
 COUNTING_SORT_BINS = 1 << 20
 SCAN_THREADS = 512  # msm_sort_scan's block (MSM_SCAN_THREADS in msm.cu)
-# A dense pass is captured into a CUDA graph when its sort keys number at most this (a graph keeps
-# its buffers: keys, order, heads and buckets, up to ~80 bytes per entry for G2, ~170 MB at the
-# limit; a 2^12 proof has ~90 K entries per MSM, a 2^16 one ~1 M) ...
-GRAPH_MAX_ENTRIES = 1 << 21
-GRAPH_RUNS = 2  # ... and each MSM object keeps at most this many graphs per batch size
 _CAPTURE_LOCK = threading.Lock()  # one capture at a time in the process (see _GraphRun.capture)
 
 
@@ -467,7 +465,7 @@ class _Msm:
         one. With k > 1 every vector must have the same length and a dense plan (no 0/1 split:
         zeros and ones go through the windows like any scalar). A batch whose sort keys would
         not fit 32 bits is split. Dense passes run as CUDA graphs where ``params.graphs`` and
-        their size allow (:data:`GRAPH_MAX_ENTRIES`). No host sync but the radix sort's."""
+        their size allow (:data:`.knobs.GRAPH_MAX_ENTRIES`). No host sync but the radix sort's."""
         if len(d_scalars) != len(plans) or not plans:
             raise InputError(f"{type(self).__name__}: {len(d_scalars)} scalar vectors for {len(plans)} plans")
         vecs = [self._check(v) for v in d_scalars]
@@ -534,13 +532,14 @@ class _Msm:
 
     def _graph_run(self, k: int, m: int) -> _GraphRun | None:
         """A captured dense pass of k x m scalars whose last run is over, marked busy, else a new
-        capture while there are fewer than :data:`GRAPH_RUNS`; None where graphs are off, the pass
-        is too large for one, or every graph of this size is still running (the pass then runs
-        without one: waiting for a graph would serialise MSMs that may overlap on the device)."""
+        capture while this object holds fewer than :data:`.knobs.GRAPH_RUNS` graphs; None where
+        graphs are off, the pass is too large for one (GRAPH_MAX_BATCH, GRAPH_MAX_ENTRIES), or no
+        graph is free and no more may be made (the pass then runs without one: waiting for a graph
+        would serialise MSMs that may overlap on the device)."""
         if not self.params.graphs or not graphs_supported():
             return None
         c = self._window_bits(m)
-        if k * m * window_count(c) > GRAPH_MAX_ENTRIES:
+        if k > GRAPH_MAX_BATCH or k * m * window_count(c) > GRAPH_MAX_ENTRIES:
             return None
         with self._graph_lock:
             runs = self._graphs.setdefault(k, [])
@@ -548,7 +547,7 @@ class _Msm:
             if done:
                 done[0].busy = True
                 return done[0]
-            if len(runs) >= GRAPH_RUNS:
+            if sum(len(r) for r in self._graphs.values()) >= GRAPH_RUNS:
                 return None
         run = _GraphRun.capture(self, k, m)
         run.busy = True

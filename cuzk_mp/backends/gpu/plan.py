@@ -18,7 +18,8 @@ with (the point and field sizes of :mod:`cuzk_mp.algebra.field`, the MSM geometr
   the largest G1 MSM's and the G2 MSM's (they run side by side on two streams): sort keys, the
   argsort's copy, index output and radix double buffers, the previous window batch's index, the
   bucket sets, the accumulation heads and the window sums (:func:`msm_scratch_bytes`), plus C's
-  cut of the witness plan. The H step works in place over a, b, c and needs only the tables.
+  cut of the witness plan. The H step works in place over a, b, c and needs only the tables;
+* for small keys whose MSMs run as CUDA graphs, the buffers those graphs keep (:func:`graph_bytes`).
 
 Every MSM is planned dense (every scalar neither 0 nor 1, as in the dense-random circuit): the
 bound holds whatever the witness.
@@ -30,6 +31,7 @@ done, so ``gpu_workers_per_device`` partitions at most (one computing, the other
 When it does not fit, the plan falls back automatically, in this order, and says so (the
 ``choice`` and ``steps`` fields; the backend logs them):
 
+0. run the MSMs without CUDA graphs (small keys: a latency gain only);
 1. drop precomputed multiples, the least useful section first (c, b1, a, b2, h: the reverse of
    the order they are picked in): they are a speed-up only, and at 2^26 and above one section's
    tables alone outweigh a partition;
@@ -48,7 +50,16 @@ from typing import Any
 
 from ...algebra.field import FR_BYTES, G1_BYTES, G2_BYTES
 from ...errors import DeviceMemoryError
-from .knobs import SECTIONS, MsmParams, choose_window, plan_multiples, window_count
+from .knobs import (
+    GRAPH_MAX_BATCH,
+    GRAPH_MAX_ENTRIES,
+    GRAPH_RUNS,
+    SECTIONS,
+    MsmParams,
+    choose_window,
+    plan_multiples,
+    window_count,
+)
 
 GIB = float(1 << 30)
 # Left free on top of a plan: CuPy/cuBLAS workspaces, kernel launches, small per-call arrays (the
@@ -60,12 +71,15 @@ KEY_BYTES = 4  # uint32 sort key per (window, scalar) (msm_digits)
 # int64 output, the radix sort's double buffers (key and index), and the previous batch's index
 # array, dropped only once the new one is assigned.
 SORT_BYTES_PER_KEY = KEY_BYTES + KEY_BYTES + INDEX_BYTES + (KEY_BYTES + INDEX_BYTES) + INDEX_BYTES
+# The counting sort (kernels/msm/sort.cuh, every pass a graph captures): the key and its position.
+COUNTING_SORT_BYTES_PER_KEY = KEY_BYTES + INDEX_BYTES
 # classify: one uint8 class per scalar, a boolean mask per class tested, and the prefix sum of
 # cupy.flatnonzero (int64), transient while a partition stages.
 CLASSIFY_BYTES_PER_ROW = 1 + 1 + INDEX_BYTES
 HEAD_KEY_BYTES = 4  # uint32 key of each accumulation head
 # The fallbacks' order of multiples to drop: the reverse of plan_multiples' picking order.
 DROP_ORDER = ("c", "b1", "a", "b2", "h")
+NO_GRAPHS = "MSMs without CUDA graphs"  # the first fallback (small keys)
 
 
 def point_bytes(section: str) -> int:
@@ -108,15 +122,15 @@ class KeyShape:
 
 
 def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
-                      multiples_c: int | None = None) -> int:
+                      multiples_c: int | None = None, sort_bytes: int = SORT_BYTES_PER_KEY) -> int:
     """Device bytes one MSM run allocates beyond its points and scalars, at its peak, with every
     scalar "other" (the Pippenger path of :meth:`.msm._Msm._pippenger`; the sum of the ones uses
     less per scalar): windows of c bits (``multiples_c``, else the params' or
     :func:`.knobs.choose_window`), batches of at most ``params.max_entries`` sort keys, each with
-    the sort's bytes (:data:`SORT_BYTES_PER_KEY`), its bucket sets (one per window of the batch
-    without multiples; the shared set and the batch's with them), the accumulation heads and
-    their combine levels; plus the window sums. An upper bound: the sort's buffers and the heads
-    are counted as alive together."""
+    the sort's bytes per key (``sort_bytes``: :data:`SORT_BYTES_PER_KEY`, the radix sort's), its
+    bucket sets (one per window of the batch without multiples; the shared set and the batch's
+    with them), the accumulation heads and their combine levels; plus the window sums. An upper
+    bound: the sort's buffers and the heads are counted as alive together."""
     p = params or MsmParams()
     m = max(1, int(n_scalars))
     xyzz = 2 * (G2_BYTES if g2 else G1_BYTES)
@@ -132,7 +146,7 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
     while t > 1:
         t = -(-t // p.combine_seg)
         heads += t * (xyzz + HEAD_KEY_BYTES)
-    return entries * SORT_BYTES_PER_KEY + bucket_bytes + heads + windows * xyzz
+    return entries * sort_bytes + bucket_bytes + heads + windows * xyzz
 
 
 def ntt_table_bytes(domain_size: int) -> int:
@@ -148,14 +162,36 @@ def partition_bytes(shape: KeyShape) -> dict[str, int]:
             "w_plan": v * INDEX_BYTES, "classify": v * CLASSIFY_BYTES_PER_ROW}
 
 
+def graph_bytes(shape: KeyShape, multiples: dict[str, int], params: MsmParams) -> int:
+    """What the key's captured MSM graphs may hold for its life when ``params.graphs``: per section,
+    GRAPH_RUNS graphs of the largest dense pass the msm module captures (k <= GRAPH_MAX_BATCH
+    vectors, k m W sort keys at most GRAPH_MAX_ENTRIES), each its scratch and its input copy."""
+    if not params.graphs:
+        return 0
+    total = 0
+    for s, m in shape.rows().items():
+        c = multiples.get(s) or params.window_bits or choose_window(max(1, m))
+        k = min(GRAPH_MAX_BATCH, GRAPH_MAX_ENTRIES // (max(1, m) * window_count(c)))
+        if k >= 1:
+            run = msm_scratch_bytes(k * m, s == "b2", params, c, COUNTING_SORT_BYTES_PER_KEY)
+            total += GRAPH_RUNS * (run + k * m * FR_BYTES)
+    return total
+
+
 def compute_scratch_bytes(shape: KeyShape, multiples: dict[str, int], params: MsmParams | None = None,
-                          g2_params: MsmParams | None = None) -> dict[str, int]:
+                          g2_params: MsmParams | None = None, graph_params: MsmParams | None = None
+                          ) -> dict[str, int]:
     """Scratch of the partition that computes: the largest G1 MSM and the G2 MSM (side by side on
-    two streams) and C's cut of the witness plan."""
+    two streams), C's cut of the witness plan, and the MSM graphs of ``graph_params`` (the small
+    keys' geometry with ``graphs`` on; :func:`graph_bytes`)."""
     rows = shape.rows()
     g1 = max(msm_scratch_bytes(rows[s], False, params, multiples.get(s)) for s in SECTIONS if s != "b2")
     g2 = msm_scratch_bytes(rows["b2"], True, g2_params or params, multiples.get("b2"))
-    return {"msm_g1": g1, "msm_g2": g2, "c_plan": rows["c"] * INDEX_BYTES}
+    out = {"msm_g1": g1, "msm_g2": g2, "c_plan": rows["c"] * INDEX_BYTES}
+    graphs = graph_bytes(shape, multiples, graph_params) if graph_params is not None else 0
+    if graphs:
+        out["msm_graphs"] = graphs
+    return out
 
 
 @dataclass
@@ -179,6 +215,7 @@ class DevicePlan:
     free: int
     choice: str = "as configured"
     steps: list[str] = field(default_factory=list)
+    graphs: bool = False  # the MSMs may run as CUDA graphs (their buffers are in ``scratch``)
 
     @property
     def points_total(self) -> int:
@@ -225,43 +262,51 @@ class DevicePlan:
 
 
 def _build(shape: KeyShape, multiples: dict[str, int], in_flight: int, workers: int, free: int, margin: int,
-           params: MsmParams | None) -> DevicePlan:
+           params: MsmParams | None, graph_params: MsmParams | None) -> DevicePlan:
     points = shape.section_bytes()
     extra = {s: (window_count(c) - 1) * points[s] for s, c in multiples.items()}
     return DevicePlan(shape, points, dict(multiples), extra, ntt_table_bytes(shape.domain_size),
-                      partition_bytes(shape), in_flight, workers, compute_scratch_bytes(shape, multiples, params),
-                      margin, free)
+                      partition_bytes(shape), in_flight, workers,
+                      compute_scratch_bytes(shape, multiples, params, graph_params=graph_params), margin, free,
+                      graphs=bool(graph_params and graph_params.graphs))
 
 
 def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str | None = "none",
-                margin: int = DEFAULT_MARGIN, params: MsmParams | None = None) -> DevicePlan:
+                margin: int = DEFAULT_MARGIN, params: MsmParams | None = None,
+                graph_params: MsmParams | None = None) -> DevicePlan:
     """The device plan of a key of ``shape`` with ``free`` usable device bytes and ``workers``
     partitions in flight at most (the prover's ``gpu_workers_per_device``), falling back as the
     module docstring says. ``multiples``: the precomputed-multiples choice ("none", "auto" or a
     comma list of sections, as :func:`.knobs.plan_multiples`; "auto" sizes them against the free
-    memory left once the points are resident). Raises DeviceMemoryError when even one partition
-    without multiples does not fit."""
+    memory left once the points are resident). ``graph_params``: the MSM geometry of a key whose
+    MSMs run as CUDA graphs (their buffers are planned, and dropped first). Raises DeviceMemoryError
+    when even one partition without multiples does not fit."""
     workers = max(1, int(workers))
     points = shape.section_bytes()
     chosen = plan_multiples(points, free - sum(points.values()), shape.domain_size, multiples)
-    plan = _build(shape, chosen, workers, workers, free, margin, params)
+    plan = _build(shape, chosen, workers, workers, free, margin, params, graph_params)
     steps: list[str] = []
+    if not plan.fits and plan.graphs:
+        graph_params = None
+        steps.append(NO_GRAPHS)
+        plan = _build(shape, chosen, workers, workers, free, margin, params, graph_params)
     for s in DROP_ORDER:
         if plan.fits or not chosen:
             break
         if s in chosen:
             chosen = {k: v for k, v in chosen.items() if k != s}
             steps.append(f"dropped the precomputed multiples of {s}")
-            plan = _build(shape, chosen, workers, workers, free, margin, params)
+            plan = _build(shape, chosen, workers, workers, free, margin, params, graph_params)
     k = workers
     while not plan.fits and k > 1:
         k -= 1
-        plan = _build(shape, chosen, k, workers, free, margin, params)
+        plan = _build(shape, chosen, k, workers, free, margin, params, graph_params)
         steps.append(f"{k} partition(s) in flight instead of {workers}")
     plan.steps = steps
     if steps:
         dropped = [s for s in DROP_ORDER if any(st.endswith(f"multiples of {s}") for st in steps)]
-        parts = [f"without the precomputed multiples of {', '.join(dropped)}"] if dropped else []
+        parts = [st for st in steps if st == NO_GRAPHS]
+        parts += [f"without the precomputed multiples of {', '.join(dropped)}"] if dropped else []
         if plan.in_flight < workers:
             parts.append(f"{plan.in_flight} partition(s) in flight instead of {workers}")
         plan.choice = "; ".join(parts)
@@ -275,7 +320,7 @@ def largest_fitting_domain(shape: KeyShape, free: int, margin: int = DEFAULT_MAR
     """The largest power-of-two domain of this circuit's shape (n_vars in proportion) whose key
     and one partition, without multiples, fit ``free`` bytes (None: not even 2^1)."""
     for lg in range(max(1, shape.domain_size.bit_length() - 1), 0, -1):
-        if _build(shape.scaled(1 << lg), {}, 1, 1, free, margin, params).fits:
+        if _build(shape.scaled(1 << lg), {}, 1, 1, free, margin, params, None).fits:
             return 1 << lg
     return None
 
