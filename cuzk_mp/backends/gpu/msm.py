@@ -107,7 +107,7 @@ _D2H, _D2D = 2, 3  # cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice
 # one-block scan walks the counters in ranges of bins / SCAN_THREADS, so far larger bucket sets
 # (2^24-point MSMs without multiples) keep the radix sort.
 COUNTING_SORT_BINS = 1 << 20
-SCAN_THREADS = 512  # msm_sort_scan's block (MSM_SCAN_THREADS in msm.cu)
+SCAN_THREADS = 512  # msm_sort_scan's largest block (MSM_SCAN_THREADS in msm.cu)
 _CAPTURE_LOCK = threading.Lock()  # one capture at a time in the process (see _GraphRun.capture)
 
 
@@ -321,6 +321,13 @@ class _GraphRun:
             finally:
                 graph = cs.end_capture()
         return cls(graph, d_in, wsums, c, held)
+
+
+def scan_threads(bins: int) -> int:
+    """msm_sort_scan's block for ``bins`` counters: ~16 counters per thread, a multiple of 32 from
+    32 to SCAN_THREADS (a few thousand buckets need no 512 threads; nor does the emulator, whose
+    block runs as fibers)."""
+    return min(SCAN_THREADS, max(32, -(-bins // (16 * 32)) * 32))
 
 
 def graphs_supported() -> bool:
@@ -645,7 +652,7 @@ class _Msm:
         counts = cupy.zeros(bins, dtype=np.uint32)
         perm = cupy.empty(n, dtype=np.int64)
         self._launch("msm_sort_count", n, keys, counts, perm, _u64(n), _u32(cfg))
-        self._k["msm_sort_scan"]((1,), (SCAN_THREADS,), (counts, _u64(bins)))
+        self._k["msm_sort_scan"]((1,), (scan_threads(bins),), (counts, _u64(bins)))
         self._launch("msm_sort_scatter", n, keys, counts, perm, _u64(n), _u32(cfg))
         return perm
 
