@@ -404,7 +404,9 @@ def test_graphed_msms(kind: str, msm: Any, g2: bool, mul: int | None, monkeypatc
     graphs = obj._graphs
     assert msm.graphs_supported() and set(graphs) == {1, k}
     assert sum(len(runs) for runs in graphs.values()) <= msm.GRAPH_RUNS and "graph" in pending[0][1].timings
-    monkeypatch.setattr(msm, "GRAPH_MAX_ENTRIES", n)  # any pass is larger now
+    from cuzk_mp.backends.gpu import knobs
+
+    monkeypatch.setattr(knobs, "GRAPH_MAX_ENTRIES", n)  # any pass is larger now
     fresh = cls(points, params) if mul is None else obj
     fresh._graphs = {}
     assert fresh.launch(d[0], msm.dense_plan(n)).result() == want[0] and fresh._graphs == {}

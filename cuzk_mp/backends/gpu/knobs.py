@@ -194,6 +194,13 @@ def msm_params_for(n_points: int) -> MsmParams:
     return MsmParams()
 
 
+def graph_batch_limit(m: int, c: int) -> int:
+    """The most vectors of m scalars (c-bit windows) a dense pass may batch and still be captured
+    into a CUDA graph: GRAPH_MAX_BATCH, fewer where k m W sort keys would pass GRAPH_MAX_ENTRIES
+    (0: not even one vector)."""
+    return min(GRAPH_MAX_BATCH, GRAPH_MAX_ENTRIES // (max(1, m) * window_count(c)))
+
+
 def graph_params_for(domain_size: int) -> MsmParams | None:
     """The MSM geometry of a key of ``domain_size`` rows when its MSMs run as CUDA graphs (what its
     device plan counts the graphs' buffers with: :func:`.plan.plan_device`), else None."""

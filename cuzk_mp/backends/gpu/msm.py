@@ -64,14 +64,13 @@ from ...algebra.curve import g1_to_ark, g2_to_ark
 from ...algebra.field import Q_MOD, fq2_inv_int, fq2_mul_int, limbs_to_ints
 from ...errors import InputError
 from .knobs import (
-    GRAPH_MAX_BATCH,
-    GRAPH_MAX_ENTRIES,
     GRAPH_RUNS,
     MSM_PATH,
     MsmParams,
     accumulate_rounds,
     choose_multiples_window,
     choose_window,
+    graph_batch_limit,
     ones_segment,
     window_count,
 )
@@ -540,13 +539,12 @@ class _Msm:
     def _graph_run(self, k: int, m: int) -> _GraphRun | None:
         """A captured dense pass of k x m scalars whose last run is over, marked busy, else a new
         capture while this object holds fewer than :data:`.knobs.GRAPH_RUNS` graphs; None where
-        graphs are off, the pass is too large for one (GRAPH_MAX_BATCH, GRAPH_MAX_ENTRIES), or no
+        graphs are off, the pass is too large for one (:func:`.knobs.graph_batch_limit`), or no
         graph is free and no more may be made (the pass then runs without one: waiting for a graph
         would serialise MSMs that may overlap on the device)."""
         if not self.params.graphs or not graphs_supported():
             return None
-        c = self._window_bits(m)
-        if k > GRAPH_MAX_BATCH or k * m * window_count(c) > GRAPH_MAX_ENTRIES:
+        if k > graph_batch_limit(m, self._window_bits(m)):
             return None
         with self._graph_lock:
             runs = self._graphs.setdefault(k, [])
@@ -559,7 +557,7 @@ class _Msm:
         run = _GraphRun.capture(self, k, m)
         run.busy = True
         with self._graph_lock:
-            self._graphs[k].append(run)
+            self._graphs.setdefault(k, []).append(run)  # (close() may have emptied the dict meanwhile)
         return run
 
     def _window_bits(self, n2: int) -> int:

@@ -51,12 +51,11 @@ from typing import Any
 from ...algebra.field import FR_BYTES, G1_BYTES, G2_BYTES
 from ...errors import DeviceMemoryError
 from .knobs import (
-    GRAPH_MAX_BATCH,
-    GRAPH_MAX_ENTRIES,
     GRAPH_RUNS,
     SECTIONS,
     MsmParams,
     choose_window,
+    graph_batch_limit,
     plan_multiples,
     window_count,
 )
@@ -164,14 +163,14 @@ def partition_bytes(shape: KeyShape) -> dict[str, int]:
 
 def graph_bytes(shape: KeyShape, multiples: dict[str, int], params: MsmParams) -> int:
     """What the key's captured MSM graphs may hold for its life when ``params.graphs``: per section,
-    GRAPH_RUNS graphs of the largest dense pass the msm module captures (k <= GRAPH_MAX_BATCH
-    vectors, k m W sort keys at most GRAPH_MAX_ENTRIES), each its scratch and its input copy."""
+    GRAPH_RUNS graphs of the largest dense pass the msm module captures (k vectors, k at most
+    :func:`.knobs.graph_batch_limit`), each its scratch and its input copy."""
     if not params.graphs:
         return 0
     total = 0
     for s, m in shape.rows().items():
         c = multiples.get(s) or params.window_bits or choose_window(max(1, m))
-        k = min(GRAPH_MAX_BATCH, GRAPH_MAX_ENTRIES // (max(1, m) * window_count(c)))
+        k = graph_batch_limit(m, c)
         if k >= 1:
             run = msm_scratch_bytes(k * m, s == "b2", params, c, COUNTING_SORT_BYTES_PER_KEY)
             total += GRAPH_RUNS * (run + k * m * FR_BYTES)
