@@ -17,7 +17,7 @@ import os
 
 # Hardware work queues of the CUDA context (read when it is created, so before any kernel module
 # loads): with the default 8, the ~10 streams of a prover thread (main, side, the small MSMs' pool)
-# share queues, and two streams on one queue run one after the other: a lone 2^12 proof's C MSM
-# waited on the H200 for the G2 MSM it did not depend on (1.2 ms). 32 is the most CUDA allows; an
-# operator's own setting wins.
+# share queues, and two streams on one queue run one after the other: in a lone 2^12 proof traced on
+# the H200 the C MSM started only when the G2 MSM it did not depend on had ended. 32 is the most
+# CUDA allows; an operator's own setting wins.
 os.environ.setdefault("CUDA_DEVICE_MAX_CONNECTIONS", "32")

@@ -173,9 +173,10 @@ def msm_graphs_enabled() -> bool:
 # (perf/results/gpu-small-h200.json), and a 2^16 proof's kernel time was 85% bucket reduction and
 # group sums at chunk 16 and groups of 32 (its timeline), hence short chunks and groups. Once the
 # dense passes ran as CUDA graphs (launches nearly free), pairwise combine levels and group sums won
-# at 2^12 (G2's MSM 2.79 -> 2.36 ms, G1's 1.68 -> 1.36 ms in a lone proof), while 2^16 and 2^18 kept
-# 8 entries per accumulation thread and 4-way levels (2^16: 8.2 against 8.6-8.9 ms; 2^18: 13.1 against
-# 14.7 ms): perf/results/gpu-small-h200.json, the ``params`` rows.
+# at 2^12 (a lone proof 3.22 ms with 4 entries per thread, 3.07 with 2, against 3.23 and 3.45 with
+# 4-way levels), while 2^16 and 2^18 kept 8 entries per accumulation thread and 4-way levels (2^16:
+# 6.83 against 8.51-11.04 ms; 2^18: 12.41 against 13.16-20.79 ms): perf/results/gpu-small-h200.json,
+# the ``params`` rows.
 # (Knobs, not MsmParams: an MsmParams reads CUZK_GPU_MSM_ACCUMULATE when it is made.)
 SMALL_MSM_PARAMS: tuple[tuple[int, dict[str, Any]], ...] = (
     (1 << 14, {"seg": 4, "combine_seg": 2, "group": 2, "bucket_chunk_min": 2, "graphs": True}),
