@@ -47,6 +47,8 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "affine": msm.MsmParams(ba_rounds=3, ba_seg=256),
     "affine_s512r4": msm.MsmParams(ba_rounds=4, ba_seg=512),
     "affine_s128r2": msm.MsmParams(ba_rounds=2, ba_seg=128),
+    "xyzz_pf_l2": msm.MsmParams(ba_rounds=0, acc_prefetch=1),
+    "xyzz_pf_l1": msm.MsmParams(ba_rounds=0, acc_prefetch=2),
 }
 
 
@@ -200,19 +202,20 @@ def bench_rows(plan: dict[bool, tuple[int, ...]], reps: int, sweep_lg: int | Non
     return rows
 
 
-def accumulate_rows(lg: int = 24, reps: int = 3) -> dict[str, Any]:
-    """G1 and G2 rows at 2^lg for every :data:`ACCUMULATE_VARIANTS` entry (random and PoRep-like,
-    checked), then the runtime reduction knobs of the G2 default."""
+def accumulate_rows(lg: int = 24, reps: int = 3, names: list[str] | None = None) -> dict[str, Any]:
+    """G1 and G2 rows at 2^lg for the :data:`ACCUMULATE_VARIANTS` entries ``names`` (all: None;
+    random and PoRep-like, checked), then, for all, the runtime reduction knobs of the G2 default."""
     rows: dict[str, Any] = {}
+    picked = {k: ACCUMULATE_VARIANTS[k] for k in (names or ACCUMULATE_VARIANTS)}
     for g2 in (False, True):
         grp = "g2" if g2 else "g1"
         bases = Bases(g2, 1 << lg, seed=7)
         for dist in ("random", "porep"):
             s = random_scalars(1 << lg, dist, lg)
-            for name, params in ACCUMULATE_VARIANTS.items():
+            for name, params in picked.items():
                 _flatten(rows, f"{grp}_acc_{name}_{dist}_2^{lg}", time_msm(bases, s, reps, params))
                 CHECKPOINT(rows)
-        if g2:
+        if g2 and names is None:
             _reduce_sweep(rows, grp, bases, lg, reps)
         del bases
         cupy.get_default_memory_pool().free_all_blocks()
@@ -276,13 +279,19 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2^20 only, 3 reps")
     ap.add_argument("--accumulate", action="store_true", help="only the accumulation variants at 2^24")
+    ap.add_argument("--variants", default=None,
+                    help=f"with --accumulate: a comma list of {', '.join(ACCUMULATE_VARIANTS)} (default all)")
+    ap.add_argument("--reps", type=int, default=3, help="with --accumulate: timed runs per row")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
     global CHECKPOINT
     if args.out:
         out = args.out
         CHECKPOINT = lambda rows: out.write_text(json.dumps(rows, indent=1, sort_keys=True))  # noqa: E731
-    rows = accumulate_rows() if args.accumulate else msm_rows(args.quick)
+    names = args.variants.split(",") if args.variants else None
+    if names and set(names) - set(ACCUMULATE_VARIANTS):
+        ap.error(f"unknown variants {sorted(set(names) - set(ACCUMULATE_VARIANTS))}")
+    rows = accumulate_rows(reps=args.reps, names=names) if args.accumulate else msm_rows(args.quick)
     CHECKPOINT(rows)
     print(_table(rows))
 
