@@ -47,8 +47,6 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "affine": msm.MsmParams(ba_rounds=3, ba_seg=256),
     "affine_s512r4": msm.MsmParams(ba_rounds=4, ba_seg=512),
     "affine_s128r2": msm.MsmParams(ba_rounds=2, ba_seg=128),
-    "xyzz_pf_l2": msm.MsmParams(ba_rounds=0, acc_prefetch=1),
-    "xyzz_pf_l1": msm.MsmParams(ba_rounds=0, acc_prefetch=2),
 }
 
 

@@ -414,30 +414,6 @@ def test_graphed_msms(kind: str, msm: Any, g2: bool, mul: int | None, monkeypatc
     assert obj._graphs == {}
 
 
-@pytest.mark.parametrize("prefetch", [1, 2], ids=["l2", "l1"])
-def test_accumulate_prefetch(kind: str, msm: Any, g2: bool, prefetch: int) -> None:
-    """msm_accumulate with the next entry's point prefetched (MSM_ACC_PREFETCH): the same sums
-    through every way a point row is found: an index list (PoRep-like plans), precomputed
-    multiples (a stride), a batch of MSMs (i mod per), segments of 3 and 64 entries, zero
-    digits at the end of the sort and the counting sort's sentinel position."""
-    n = 300
-    points, scalars = _points(n, g2), _scalars(n, "porep", SEED + 91)
-    want = _oracle(points, scalars, g2)
-    cls = msm.MsmG2 if g2 else msm.MsmG1
-    for seg in (3, 64):
-        params = msm.MsmParams(seg=seg, window_bits=6, acc_prefetch=prefetch)
-        assert params.defines(g2)["MSM_ACC_PREFETCH"] == prefetch
-        assert _run(msm, points, scalars, g2, params) == want, f"seed {SEED} seg {seg}"
-        with_mul = _with_multiples(kind, msm, points, g2, 7, params)
-        assert with_mul.run(scalars) == want, f"seed {SEED} seg {seg} multiples"
-        vecs = [scalars, _scalars(n, "random", SEED + 92)]
-        obj = cls(points, params)
-        got = [p.result() for p in obj.launch_batch([_to_device(kind, v) for v in vecs], [msm.dense_plan(n)] * 2)]
-        assert got == [want, _oracle(points, vecs[1], g2)], f"seed {SEED} seg {seg} batch"
-    with pytest.raises(ConfigError, match="acc_prefetch"):
-        msm.MsmParams(acc_prefetch=3)
-
-
 @pytest.mark.parametrize("dist", ["random", "porep", "same"])
 def test_counting_and_radix_sorts_agree(msm: Any, g2: bool, dist: str, monkeypatch: pytest.MonkeyPatch) -> None:
     """The counting sort (window batches of few buckets) and the radix sort (any other) give the

@@ -81,7 +81,7 @@ def accumulate_rounds(mode: str | None = None) -> int:
 @dataclass(frozen=True)
 class MsmParams:
     """Knobs of one MSM object. Compiled in (one module per value, see :meth:`defines`):
-    ``nthreads``, ``acc_min_blocks``, ``acc_prefetch``; the rest is launch geometry (an MSM object's ``params``
+    ``nthreads``, ``acc_min_blocks``; the rest is launch geometry (an MSM object's ``params``
     may be replaced by one with other launch knobs between runs)."""
 
     nthreads: int = 128  # threads per block of every kernel
@@ -103,9 +103,6 @@ class MsmParams:
     # sharing one inversion per block before the XYZZ pass; 0 = msm_accumulate alone.
     ba_rounds: int = field(default_factory=accumulate_rounds)
     ba_seg: int = BA_SEG  # sorted entries per thread of the batch-affine kernel
-    # msm_accumulate prefetches the next entry's point (kernels/msm/accumulate.cuh,
-    # MSM_ACC_PREFETCH): 0 off, 1 into L2, 2 into L1; compiled in.
-    acc_prefetch: int = 0
     # Dense passes small enough run as captured CUDA graphs (msm.py, GRAPH_MAX_ENTRIES): one launch
     # instead of ~20, for MSMs whose kernels are shorter than their launches.
     graphs: bool = False
@@ -128,8 +125,6 @@ class MsmParams:
             raise ConfigError(f"MsmParams.max_entries={self.max_entries}: >= 1")
         if self.acc_min_blocks is not None and not 1 <= self.acc_min_blocks <= 32:
             raise ConfigError(f"MsmParams.acc_min_blocks={self.acc_min_blocks}: in [1, 32] or None")
-        if self.acc_prefetch not in (0, 1, 2):
-            raise ConfigError(f"MsmParams.acc_prefetch={self.acc_prefetch}: 0 (off), 1 (L2) or 2 (L1)")
         if not 0 <= self.ba_rounds <= 255 or not 1 <= self.ba_seg <= 1 << 16:
             raise ConfigError(f"MsmParams: ba_rounds in [0, 255], ba_seg in [1, 65536] (got {self.ba_rounds}, "
                               f"{self.ba_seg})")
@@ -138,8 +133,6 @@ class MsmParams:
         """The ``-D`` knobs of the kernel module for one group."""
         min_blocks = self.acc_min_blocks or (1 if g2 else max(1, 384 // self.nthreads))
         out = {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads, "MSM_ACC_MIN_BLOCKS": min_blocks}
-        if self.acc_prefetch:
-            out["MSM_ACC_PREFETCH"] = self.acc_prefetch
         if g2:
             out.update(G2_FP2)
         return out

@@ -15,10 +15,6 @@
  *   - every other run started here, so this thread is the only one that starts that
  *     bucket: it STORES it to buckets[b] (the host zeroes buckets first).
  * Segments without such a head get head_keys[t] = MSM_BUCKET_NONE.
- * With MSM_ACC_PREFETCH (1: into L2, 2: into L1), a thread asks for the point of its next
- * entry (and the key and index-list word of the one after) before it adds the current one,
- * so the gather's latency runs under the addition instead of before it; a prefetch is only
- * a hint (no registers held, no fault, the emulator skips it).
  *
  * Level k >= 2 (msm_combine_body): the (heads, head_keys) list is again sorted by
  * bucket, and all heads of one bucket are contiguous (a bucket that spans segments
@@ -30,51 +26,6 @@
 #pragma once
 #include "../ec/xyzz.cuh"
 #include "digits.cuh"
-
-#ifndef MSM_ACC_PREFETCH
-#define MSM_ACC_PREFETCH 0
-#endif
-
-/* A cache hint for the 32-byte sector holding *p (MSM_ACC_PREFETCH: 1 L2, 2 L1). */
-FF_INLINE void msm_prefetch(const void* p) {
-#if defined(__CUDA_ARCH__) && MSM_ACC_PREFETCH == 1
-    asm volatile("prefetch.global.L2 [%0];" ::"l"(p));
-#elif defined(__CUDA_ARCH__) && MSM_ACC_PREFETCH == 2
-    asm volatile("prefetch.global.L1 [%0];" ::"l"(p));
-#else
-    (void)p;
-#endif
-}
-
-/* Prefetch what entry j + 1 (its point) and j + 2 (its key and index-list word) of the
- * thread's segment [.., j1) will read; positions p >= n (the counting sort's sentinel) and
- * past the segment are skipped. */
-template <class F>
-FF_INLINE void msm_prefetch_ahead(uint64_t j, uint64_t j1, const int64_t* perm, const uint32_t* keys,
-                                  const int64_t* tail_idx, const uint64_t* points, uint64_t n, uint64_t m,
-                                  uint64_t stride, uint64_t per) {
-#if MSM_ACC_PREFETCH
-    const int AW = affine_t<F>::WORDS;
-    if (j + 2 < j1) {
-        uint64_t p2 = (uint64_t)perm[j + 2];
-        if (p2 < n) {
-            msm_prefetch(keys + p2);
-            if (tail_idx) msm_prefetch(tail_idx + (((p2 | m) >> 32) ? p2 % m : (uint32_t)p2 % (uint32_t)m));
-        }
-    }
-    if (j + 1 < j1) {
-        uint64_t p1 = (uint64_t)perm[j + 1];
-        if (p1 < n) {
-            const uint64_t* q = points + msm_entry_row(p1, m, per, stride, tail_idx) * AW;
-#pragma unroll
-            for (int w = 0; w < AW; w += 4) msm_prefetch(q + w); /* 4 words = one 32-byte sector */
-        }
-    }
-#else
-    (void)j, (void)j1, (void)perm, (void)keys, (void)tail_idx, (void)points, (void)n, (void)m, (void)stride,
-        (void)per;
-#endif
-}
 
 template <class F>
 FF_INLINE void msm_flush(xyzz_t<F>& acc, uint32_t b, bool to_head, bool add_to_bucket, uint64_t t,
@@ -110,7 +61,6 @@ FF_INLINE void msm_accumulate_body(uint64_t t, const int64_t* perm, const uint32
         uint64_t p = (uint64_t)perm[j];
         uint32_t key = keys[p];
         if (key == MSM_KEY_NONE) break; /* zero digits sort last */
-        msm_prefetch_ahead<F>(j, j1, perm, keys, tail_idx, points, n, m, stride, per);
         uint32_t b = msm_key_bucket(key, cfg);
         if (b != cur) {
             if (cur != MSM_BUCKET_NONE) {

@@ -42,19 +42,8 @@ FF_INLINE uint32_t msm_key(uint32_t j, uint32_t nw, uint32_t wl, uint32_t mag, u
  * of a batch): row wl stride + tail_idx[i] (an index list: a single MSM), else wl stride +
  * (i mod per). stride = 0 without precomputed multiples. */
 FF_INLINE uint64_t msm_entry_row(uint64_t p, uint64_t m, uint64_t per, uint64_t stride, const int64_t* tail_idx) {
-    uint64_t wl, i;
-    if ((p | m) >> 32) { /* a 64-bit division: ~10x the instructions of a 32-bit one */
-        wl = p / m;
-        i = p - wl * m;
-        if (!tail_idx && per != m) i %= per;
-    } else { /* every batch of at most 2^32 keys (MsmParams.max_entries is far below) */
-        uint32_t p32 = (uint32_t)p, m32 = (uint32_t)m;
-        wl = p32 / m32;
-        uint32_t i32 = p32 - (uint32_t)wl * m32;
-        if (!tail_idx && per != m) i32 %= (uint32_t)per;
-        i = i32;
-    }
-    return wl * stride + (tail_idx ? (uint64_t)tail_idx[i] : i);
+    uint64_t wl = p / m, i = p - wl * m;
+    return wl * stride + (tail_idx ? (uint64_t)tail_idx[i] : (per == m ? i : i % per));
 }
 
 /* Bits [pos, pos + len) of a 256-bit scalar (len <= 32; bits past 255 read as 0). */
