@@ -47,6 +47,11 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "affine": msm.MsmParams(ba_rounds=3, ba_seg=256),
     "affine_s512r4": msm.MsmParams(ba_rounds=4, ba_seg=512),
     "affine_s128r2": msm.MsmParams(ba_rounds=2, ba_seg=128),
+    # msm_accumulate's resident blocks of 128 (its register cap): G1 defaults to 4, G2 to 1 (= 2)
+    "xyzz_mb2": msm.MsmParams(ba_rounds=0, acc_min_blocks=2),
+    "xyzz_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3),
+    "xyzz_mb4": msm.MsmParams(ba_rounds=0, acc_min_blocks=4),
+    "xyzz_mb5": msm.MsmParams(ba_rounds=0, acc_min_blocks=5),
 }
 
 

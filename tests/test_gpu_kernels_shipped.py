@@ -66,10 +66,10 @@ def test_binaries_stay_small_and_nothing_else_is_shipped() -> None:
 
 def test_ptxas_reports_no_register_spills_in_the_hot_loops() -> None:
     """Registers and spills on sm_90 as the build recorded them: the G1 accumulation stays at
-    3 blocks of 128 threads (<= 168 registers) and the NTT passes and H step do not spill."""
+    4 blocks of 128 threads (<= 128 registers) and the NTT passes and H step do not spill."""
     figs = {(e["path"], tuple(map(tuple, e["defines"]))): e["ptxas_sm_90"] for e in _manifest()["modules"]}
     g1 = figs[(knobs.MSM_PATH, tuple(define_items(knobs.MsmParams().defines(False))))]
-    assert g1["msm_accumulate"]["registers"] <= 168
+    assert g1["msm_accumulate"]["registers"] <= 128
     for path in (knobs.NTT_PATH, knobs.H_PATH):
         for kernel, f in figs[(path, ())].items():
             assert f["spill_stores"] == 0 and f["spill_loads"] == 0, (path, kernel, f)

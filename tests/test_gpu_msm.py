@@ -167,15 +167,16 @@ def test_accumulation_modes(msm: Any, dist: str) -> None:
 
 
 def test_params_defines(msm: Any) -> None:
-    """Compiled knobs per group: G1 keeps 3 blocks of 128 resident, G2 compiles its Fq2
+    """Compiled knobs per group: G1 keeps 4 blocks of 128 resident, G2 compiles its Fq2
     products as calls with the lazy-reduction product."""
     p = msm.MsmParams()
-    assert p.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 3}
+    assert p.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 4}
     assert p.defines(True) == {"MSM_G2": 1, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 1, "EC_FP2_CALLS": 1,
                                "EC_FP2_LAZY": 1}
     q = msm.MsmParams(nthreads=64, acc_min_blocks=4, ba_rounds=2)
     assert q.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 64, "MSM_ACC_MIN_BLOCKS": 4}
     assert msm.MsmParams(nthreads=512).defines(False)["MSM_ACC_MIN_BLOCKS"] == 1
+    assert msm.MsmParams(nthreads=1024).defines(False)["MSM_ACC_MIN_BLOCKS"] == 1
     with pytest.raises(ConfigError, match="acc_min_blocks"):
         msm.MsmParams(acc_min_blocks=0)
 

@@ -86,8 +86,9 @@ class MsmParams:
 
     nthreads: int = 128  # threads per block of every kernel
     # msm_accumulate's __launch_bounds__ minimum blocks per SM (caps its registers at
-    # 64 K / (nthreads x this)); None: 384 // nthreads for G1 (3 blocks of 128 at <= 168
-    # registers), 1 for G2 (255 registers, 2 blocks)
+    # 64 K / (nthreads x this)); None: 512 // nthreads for G1 (4 blocks of 128 at <= 128
+    # registers: ptxas spills no more there than at 3 blocks' 168, and the kernel's IMAD chains
+    # want the warps), 1 for G2 (255 registers, 2 blocks)
     acc_min_blocks: int | None = None
     seg: int = 64  # sorted entries per accumulation thread
     combine_seg: int = 32  # heads per thread in each combine level
@@ -131,7 +132,7 @@ class MsmParams:
 
     def defines(self, g2: bool) -> dict[str, int]:
         """The ``-D`` knobs of the kernel module for one group."""
-        min_blocks = self.acc_min_blocks or (1 if g2 else max(1, 384 // self.nthreads))
+        min_blocks = self.acc_min_blocks or (1 if g2 else max(1, 512 // self.nthreads))
         out = {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads, "MSM_ACC_MIN_BLOCKS": min_blocks}
         if g2:
             out.update(G2_FP2)
