@@ -352,8 +352,11 @@ def partition_cpu_references(ses: DeviceRun, lg: int) -> None:
 
 # ---------------------------------------------------------------- real proofs
 
-def proof_rows(ses: DeviceRun, lg: int, reps: int) -> None:
-    """Real proofs of both synthetic circuits with GPU dev keys, self-verified, kept for snarkjs."""
+def proof_rows(ses: DeviceRun, lg: int, reps: int, kinds: tuple[str, ...] = ("porep-like", "dense-random")) -> None:
+    """Real proofs of the synthetic circuits with GPU dev keys, self-verified, kept for snarkjs:
+    ``prove()`` wall with a resident key, the witness map on the device (``prove_<tag>_2^N_s``, the
+    default path) and on the host (``..._hostmap_s``: ConstraintEvaluator.evaluate, then a, b, c
+    copied; ``witness_map_host_<tag>_2^N_ms`` the host map alone)."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
     from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
     from cuzk_mp.formats.snarkjs_json import proof_to_json, public_to_json, vk_to_json, write_json
@@ -365,19 +368,27 @@ def proof_rows(ses: DeviceRun, lg: int, reps: int) -> None:
 
     backend = GpuBackend(0)
     cache = Path(tempfile.mkdtemp(prefix="cuzk-keys-"))
-    for kind, tag in (("porep-like", "porep"), ("dense-random", "random")):
+    tags = {"porep-like": "porep", "dense-random": "random"}
+    for kind, tag in ((k, tags[k]) for k in kinds):
         t0 = time.perf_counter()
         zkey = read_zkey(ensure_synthetic_key(kind, lg, cache, backend="gpu")[0])
         ses.rows[f"setup_{tag}_2^{lg}_s"] = time.perf_counter() - t0
         key, ev = backend.load_key(zkey), ConstraintEvaluator.from_zkey(zkey)
         w = synthetic_circuit(kind, lg).witness(seed=1, partition=0)
-        times = []
-        for _ in range(reps):
-            t0 = time.perf_counter()
-            proof, public = prove(backend, zkey, w, key=key, evaluator=ev)  # self-verified
-            times.append(time.perf_counter() - t0)
-        ses.rows[f"prove_{tag}_2^{lg}_s"] = statistics.median(times)
-        ses.rows.update({f"prove_{tag}_2^{lg}_{k}_ms": v for k, v in backend.last_timings.items()})
+        for label, on_device in (("_hostmap", False), ("", True)):  # the device map last: its proof is kept
+            backend.witness_on_device = on_device  # this instance only: the A/B of the two maps
+            prove(backend, zkey, w, key=key, evaluator=ev)  # warm-up (the device rows go up once)
+            times = []
+            for _ in range(reps):
+                t0 = time.perf_counter()
+                proof, public = prove(backend, zkey, w, key=key, evaluator=ev)  # self-verified
+                times.append(time.perf_counter() - t0)
+            ses.rows[f"prove_{tag}_2^{lg}{label}_s"] = statistics.median(times)
+            ses.rows.update({f"prove_{tag}_2^{lg}{label}_{k}_ms": v for k, v in backend.last_timings.items()})
+            ses.log(f"prove {tag} 2^{lg}{label}: {ses.rows[f'prove_{tag}_2^{lg}{label}_s']:.3f} s")
+        t0 = time.perf_counter()
+        ev.evaluate(w)
+        ses.rows[f"witness_map_host_{tag}_2^{lg}_ms"] = 1e3 * (time.perf_counter() - t0)
         ses.check(f"prove_{tag}_2^{lg}_verified", True)
         out = ses.out / "proofs" / f"{tag}-2^{lg}"
         out.mkdir(parents=True, exist_ok=True)
@@ -430,6 +441,8 @@ def main() -> None:
     ap.add_argument("--reps", type=int, default=3, help="timed runs per row (after a checked warm-up)")
     ap.add_argument("--dry-run", action="store_true", help="no GPU: emulator and CPU references at tiny sizes")
     ap.add_argument("--partition-log-n", type=int, default=24, help="rows of the partition section's partition")
+    ap.add_argument("--proofs-log-n", type=int, default=20, help="rows of the proofs section's circuits")
+    ap.add_argument("--proofs-kinds", default="porep-like,dense-random", help="the proofs section's circuits")
     ap.add_argument("--partition-quick", action="store_true",
                     help="partition section: default multiples, XYZZ, PoRep-like witness only (for 2^26, 2^27)")
     args = ap.parse_args()
@@ -460,7 +473,8 @@ def main() -> None:
         (lambda: msm_rows(ses, (24, 26), 24, args.reps)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
         (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick)),
-        "proofs": (lambda: None) if args.dry_run else (lambda: proof_rows(ses, 20, args.reps)),
+        "proofs": (lambda: None) if args.dry_run else
+        (lambda: proof_rows(ses, args.proofs_log_n, args.reps, tuple(args.proofs_kinds.split(",")))),
     }
     for name, fn in sections.items():
         if name in skip or name not in chosen:

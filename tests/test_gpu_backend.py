@@ -316,8 +316,10 @@ def test_load_key_lets_file_pages_go(gpu: object, tmp_path: Path) -> None:
             key.close()
 
 
-def _prove_synthetic(backend: object, tmp_path: Path, log_n: int = 10, kind: str = "porep-like") -> None:
-    """Dev key (CPU setup) for the 2^log_n synthetic circuit, a proof on ``backend``, checks."""
+def _prove_synthetic(backend: object, tmp_path: Path, log_n: int = 10, kind: str = "porep-like",
+                     check_r1cs: bool = True) -> None:
+    """Dev key (CPU setup) for the 2^log_n synthetic circuit, a proof on ``backend``, checks; without
+    ``check_r1cs`` the prover's witness map runs where the backend keeps a, b, c (the device's)."""
     from cuzk_mp.backends.cpu import CpuBackend
     from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
     from cuzk_mp.formats.zkey import read_zkey, write_zkey
@@ -331,7 +333,7 @@ def _prove_synthetic(backend: object, tmp_path: Path, log_n: int = 10, kind: str
     write_zkey(tmp_path / "k.zkey", dev.setup(r1cs, CpuBackend(threads=2)))
     with read_zkey(tmp_path / "k.zkey") as zkey:
         w = circuit.witness(seed=SEED, partition=1)
-        proof, public = prove(backend, zkey, w, r1cs=r1cs)  # self-verifies before returning
+        proof, public = prove(backend, zkey, w, r1cs=r1cs if check_r1cs else None)  # self-verifies
         vk = vk_from_zkey(zkey)
         assert verify(vk, public, proof), f"seed={SEED}"
         assert not verify(vk, [public[0] + 1, *public[1:]], proof)
@@ -340,8 +342,11 @@ def _prove_synthetic(backend: object, tmp_path: Path, log_n: int = 10, kind: str
 @pytest.mark.gpu
 @pytest.mark.parametrize("kind", ["porep-like", "dense-random"])
 def test_whole_proof_on_gpu_verifies(gpu: object, tmp_path: Path, kind: str) -> None:
-    """Both witness shapes: mostly 0/1 (the MSMs' 0/1 split) and every value full-width."""
+    """Both witness shapes: mostly 0/1 (the MSMs' 0/1 split) and every value full-width; with the
+    witness checked against the r1cs (the host's witness map) and without (the device's)."""
     _prove_synthetic(gpu, tmp_path, kind=kind)
+    (tmp_path / "device-map").mkdir()
+    _prove_synthetic(gpu, tmp_path / "device-map", kind=kind, check_r1cs=False)
 
 
 # ---------------------------------------------------------------- the backend's host code, emulated
@@ -359,6 +364,56 @@ def emu_gpu() -> object:
     backend = load_backend().GpuBackend(0)
     yield backend
     backend.close()
+
+
+@pytest.mark.slow
+def test_emulated_witness_map_stages_what_the_host_evaluates(emu_gpu: object, test_key: tuple[Path, Path]) -> None:
+    """stage_witness (w copied, a, b, c made by the device witness map) stages the same a, b, c as
+    the host's ConstraintEvaluator, reuses the key's device rows for the same circuit data and
+    replaces them for another; prove() takes that path (no r1cs) and its proof verifies; with an
+    r1cs it keeps the host's map, which names an unsatisfied constraint."""
+    from cuzk_mp.circuits.synthetic import PorepLike
+    from cuzk_mp.errors import UnsatisfiedWitness
+    from cuzk_mp.formats.r1cs import read_r1cs
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.groth16.keys import vk_from_zkey
+    from cuzk_mp.groth16.prover import prove
+    from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+    from cuzk_mp.groth16.verifier import verify
+    from tests.helpers import LOG_N
+
+    assert emu_gpu.witness_on_device
+    with read_zkey(test_key[0]) as zkey:
+        ev = ConstraintEvaluator.from_zkey(zkey)
+        w = PorepLike(LOG_N).witness(SEED, 0)
+        want = ev.evaluate(w)
+        key = emu_gpu.load_key(zkey, lasting=False)
+        try:
+            for _ in range(2):
+                staged = emu_gpu.stage_witness(key, ev.data, w)
+                try:
+                    for name in "abcw":
+                        got = np.asarray(staged.d[name])
+                        assert np.array_equal(got, getattr(want, name)), f"seed={SEED}: {name}"
+                finally:
+                    emu_gpu.release(staged)
+            rows = key.witness_map[1]
+            emu_gpu.release(emu_gpu.stage_witness(key, ev.data, w))
+            assert key.witness_map[1] is rows  # the same data: the rows stay
+            other = ConstraintEvaluator.from_zkey(zkey)
+            emu_gpu.release(emu_gpu.stage_witness(key, other.data, w))
+            assert key.witness_map[0] is other.data and rows._d == []  # replaced, the old rows freed
+            with pytest.raises(InputError, match="witness has shape"):
+                emu_gpu.stage_witness(key, ev.data, w[:-1])
+        finally:
+            key.close()
+        assert key.witness_map is None
+        proof, public = prove(emu_gpu, zkey, w, evaluator=ev)
+        assert verify(vk_from_zkey(zkey), public, proof), f"seed={SEED}"
+        bad = w.copy()
+        bad[1:] = w[1:][::-1]  # the wires reversed: constraints fail
+        with pytest.raises(UnsatisfiedWitness):
+            prove(emu_gpu, zkey, bad, r1cs=read_r1cs(test_key[1]))
 
 
 @pytest.mark.slow

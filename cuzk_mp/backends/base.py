@@ -24,13 +24,16 @@ from __future__ import annotations
 from collections.abc import Callable, Sequence
 from concurrent.futures import Future
 from dataclasses import dataclass
-from typing import Any, Protocol, runtime_checkable
+from typing import TYPE_CHECKING, Any, Protocol, runtime_checkable
 
 import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point
 
 from ..errors import InputError
 from ..formats.zkey import ZKey
+
+if TYPE_CHECKING:
+    from ..algebra.coded_sparse import CodedMatrix
 
 
 @dataclass
@@ -84,6 +87,16 @@ class KeyHandle(Protocol):
         """Release what the backend holds for this key."""
 
 
+class WitnessRows(Protocol):
+    """The coded A and B rows of a circuit and their coefficient table (the shared circuit data,
+    :class:`cuzk_mp.groth16.circuit_data.CircuitData`): what the witness map reads."""
+
+    a: CodedMatrix
+    b: CodedMatrix
+    table_mont: np.ndarray  # (n_codes, 4): v R
+    table_r2: np.ndarray  # (n_codes, 4): v R^2
+
+
 class Staged(Protocol):
     """A partition copied into backend memory; ``w`` is the witness as a backend-resident Vector.
 
@@ -105,6 +118,9 @@ class Backend(Protocol):
     # step, then its MSM: the longest dependent chain of a small proof) right after G2, not after the
     # witness MSMs (a backend that computes H on the calling thread wants those submitted first)
     h_early: bool
+    # True where :meth:`stage_witness` computes a, b, c from w where the partition is kept (the GPU):
+    # a one-shot proof then copies only w, and the host does no witness map
+    witness_on_device: bool
 
     def load_key(self, zkey: ZKey, *, lasting: bool = True) -> KeyHandle:
         """Make the key's point sections resident (idempotent per zkey path is the caller's job).
@@ -120,6 +136,12 @@ class Backend(Protocol):
         its header points and sizes; each ``(section, "g1" | "g2", scalars)`` gives the section's
         standard-form scalars s_i, whose points s_i G (G the group's generator) the backend makes
         where it keeps keys, in the order given, dropping each section's scalars when done."""
+
+    def stage_witness(self, key: KeyHandle, rows: WitnessRows, w: np.ndarray) -> Staged:
+        """Stage a partition from its witness alone: copy ``w`` (validated: canonical, ``n_vars``
+        rows) and compute a = A w, b = B w, c = a o b from the circuit's coded ``rows`` where the
+        partition is kept (only where :attr:`witness_on_device`; NotImplementedError elsewhere).
+        The same bytes as :meth:`cuzk_mp.groth16.synthesis.ConstraintEvaluator.evaluate`."""
 
     def stage(self, key: KeyHandle, inputs: ProverInputs) -> Staged:
         """Copy a, b, c, w into backend memory; on return the caller may free ``inputs`` (the ring slot).

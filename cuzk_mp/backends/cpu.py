@@ -131,6 +131,7 @@ class CpuBackend:
 
     name = "cpu"
     h_early = False  # H runs on the calling thread while the pool runs the witness MSMs
+    witness_on_device = False  # the witness map is the host's (ConstraintEvaluator); stage takes a, b, c
 
     def __init__(self, threads: int | None = None) -> None:
         self.threads = max(1, threads or os.cpu_count() or 1)
@@ -159,6 +160,10 @@ class CpuBackend:
                           else self.fixed_base_g1(G1Point(), scalars()))
         key = dataclasses.replace(head, a=made["a"], b1=made["b1"], b2=made["b2"], c=made["c"], h=made["h"])
         return self.load_key(key, lasting=lasting)
+
+    def stage_witness(self, key: CpuKey, rows: Any, w: np.ndarray) -> CpuStaged:
+        """Not here: the host's witness map is the ConstraintEvaluator's (``witness_on_device`` False)."""
+        raise NotImplementedError("the CPU backend stages a, b, c (ConstraintEvaluator.evaluate), not a witness")
 
     def stage(self, key: CpuKey, inputs: ProverInputs) -> CpuStaged:
         """Copy the partition into private memory (after this the ring segment may be unlinked)."""

@@ -41,7 +41,7 @@ from py_arkworks_bls12381 import G1Point, G2Point
 
 from ..algebra import curve
 from ..algebra.field import R_MOD, limbs_to_ints
-from ..backends.base import Backend, KeyHandle, MsmSums, Staged
+from ..backends.base import Backend, KeyHandle, MsmSums, ProverInputs, Staged
 from ..errors import VerificationFailed
 from ..formats.r1cs import R1CS
 from ..formats.snarkjs_json import Proof
@@ -181,15 +181,23 @@ def prove(
     """One whole proof: witness map, device work, assembly; returns (proof, public signals).
 
     Without ``key`` the key is loaded for this proof alone (``lasting=False``) on a helper
-    thread while the witness map runs on this one, and closed afterwards.
+    thread while the witness map runs on this one, and closed afterwards. Where the backend
+    computes a, b, c where it keeps them (``witness_on_device``: the GPU) and no r1cs asks for the
+    witness to be checked against C, only w is validated here and staged; a, b, c are made there.
     """
     t0 = time.perf_counter()
     marks: dict[str, float] = {}
+    inputs: ProverInputs | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-key-load") as pool:
         loading = pool.submit(_timed, backend.load_key, zkey, lasting=False) if key is None else None
         try:
             evaluator = evaluator or ConstraintEvaluator.from_zkey(zkey, r1cs)
-            inputs = evaluator.evaluate(w)
+            on_device = backend.witness_on_device and evaluator.data.c is None
+            if on_device:
+                w = evaluator.validate_witness(w)
+            else:
+                inputs = evaluator.evaluate(w)
+                w = inputs.w
             marks["witness_map"] = time.perf_counter() - t0
         except BaseException:
             if loading is not None:
@@ -201,14 +209,14 @@ def prove(
     assert key is not None
     try:
         t1 = time.perf_counter()
-        staged = backend.stage(key, inputs)
+        staged = backend.stage(key, inputs) if inputs is not None else backend.stage_witness(key, evaluator.data, w)
         t2 = time.perf_counter()
         try:
             sums = prove_start(backend, key, staged, zkey.n_public)
         finally:
             backend.release(staged)
         t3 = time.perf_counter()
-        public = public_signals(inputs.w, zkey.n_public)
+        public = public_signals(w, zkey.n_public)
         proof = prove_finalize(zkey, sums, public, verify=verify)
         marks.update(stage=t2 - t1, device=t3 - t2, finalize=time.perf_counter() - t3)
     finally:

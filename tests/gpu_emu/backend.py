@@ -1,7 +1,7 @@
 """The GPU backend's host code on the CPU: ``GpuBackend`` over a fake CuPy and the kernel emulator.
 
 Test-only. :func:`load_backend` imports fresh copies of ``cuzk_mp.backends.gpu``'s
-``memory``, ``fixed_base``, ``msm``, ``ntt`` and ``backend`` modules bound to a fake
+``memory``, ``fixed_base``, ``msm``, ``ntt``, ``witness_map`` and ``backend`` modules bound to a fake
 CuPy whose "device arrays" are numpy arrays with a ``data.ptr`` (so the backend's
 pointer bookkeeping, row slices included, runs as on the device), whose copies are
 ``memmove``, and whose streams and events run everything at once, in order. The MSM
@@ -25,7 +25,7 @@ import numpy as np
 from . import _Event, _Stream, get_module
 
 GPU = "cuzk_mp.backends.gpu"
-MODULES = ("memory", "fixed_base", "msm", "ntt", "backend")  # import order: dependencies first
+MODULES = ("memory", "fixed_base", "msm", "ntt", "witness_map", "backend")  # import order: dependencies first
 
 
 class DevArray(np.ndarray):

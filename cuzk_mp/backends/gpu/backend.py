@@ -47,12 +47,13 @@ from py_arkworks_bls12381 import G1Point, G2Point
 
 from ...errors import InputError, ResourceError
 from ...formats.zkey import ZKey
-from ..base import G2_ROW_COST, ProverInputs, check_key_sections
+from ..base import G2_ROW_COST, ProverInputs, WitnessRows, check_key_sections
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
 from .knobs import MULTIPLES_ENV, SECTIONS, FixedBaseParams, graph_params_for, msm_params_for
 from .ntt import GpuNtt
 from .plan import DevicePlan, KeyShape, plan_device, point_words
+from .witness_map import DeviceWitnessMap, matrices_bytes
 
 log = logging.getLogger("cuzk_mp.backends.gpu.backend")
 
@@ -89,12 +90,17 @@ class GpuKey:
     host_released: int = 0  # bytes of key-file pages dropped after the upload
     multiples: dict[str, int] = field(default_factory=dict)  # section -> window bits of its multiples
     plan: DevicePlan | None = None  # the device-memory plan it was loaded under
+    # (the coded rows it was made from, their device copy): stage_witness's witness map
+    witness_map: tuple[Any, DeviceWitnessMap] | None = None
 
     def close(self) -> None:
-        """Free the device copies of the points (idempotent)."""
+        """Free the device copies of the points and of the witness map's rows (idempotent)."""
         for m in self.msms.values():
             m.close()
         self.msms = {}
+        if self.witness_map is not None:
+            self.witness_map[1].close()
+            self.witness_map = None
         self.nbytes = self.multiples_bytes = 0
 
 
@@ -157,6 +163,7 @@ class GpuBackend:
 
     name = "gpu"
     h_early = True  # h_values and msm only enqueue: the H chain starts right after G2
+    witness_on_device = True  # stage_witness: a, b, c made on the device from w
 
     def __init__(self, device: int = 0, in_flight: int = 1) -> None:
         self.device = device
@@ -356,16 +363,46 @@ class GpuBackend:
         for k, shape in shapes.items():
             if host[k].shape != shape:
                 raise InputError(f"partition vector {k} has shape {host[k].shape}, the key expects {shape}")
+        return self._stage(key, host, None, "staging a partition (a, b, c, w)")
+
+    def stage_witness(self, key: GpuKey, rows: WitnessRows, w: np.ndarray) -> GpuStaged:
+        """Copy w and compute a, b, c from it on the device (:mod:`.witness_map`): the key keeps the
+        circuit's coded rows on the device from its first such partition (for the same ``rows``
+        object; another one replaces them). ``w`` must be canonical (the caller validates it)."""
+        z = key.zkey
+        w = np.ascontiguousarray(w, dtype=np.uint64)
+        if w.shape != (z.n_vars, 4):
+            raise InputError(f"witness has shape {w.shape}, the key expects {(z.n_vars, 4)}")
+        with cupy.cuda.Device(self.device), self._lock:
+            if key.witness_map is None or key.witness_map[0] is not rows:
+                if key.witness_map is not None:
+                    key.witness_map[1].close()
+                    key.witness_map = None
+                memory.ensure_free(matrices_bytes(rows.a, rows.b, rows.table_mont, rows.table_r2),
+                                   "the witness map's coded rows")
+                key.witness_map = (rows, DeviceWitnessMap(rows.a, rows.b, rows.table_mont, rows.table_r2,
+                                                          z.domain_size))
+            wmap = key.witness_map[1]
+        return self._stage(key, {"w": w}, wmap, "staging a partition (w, and a, b, c made from it)")
+
+    def _stage(self, key: GpuKey, host: dict[str, np.ndarray], wmap: DeviceWitnessMap | None,
+               what: str) -> GpuStaged:
+        """Copy ``host``'s vectors on this thread's main stream (with ``wmap``: w alone, then a, b, c
+        computed from it there) and classify w (see :meth:`stage`)."""
+        z = key.zkey
         st = self.streams()
         holder = self._take_stage_slot()
         try:
             with cupy.cuda.Device(self.device), st.main:
-                memory.ensure_free(inputs.nbytes, "staging a partition (a, b, c, w)")
+                rows = {"a": z.domain_size, "b": z.domain_size, "c": z.domain_size, "w": z.n_vars}
+                memory.ensure_free(32 * sum(rows.values()), what)
                 start = cupy.cuda.Event()
                 start.record(st.main)
-                d = {k: cupy.empty(v.shape, dtype=np.uint64) for k, v in host.items()}
+                d = {k: cupy.empty((n, 4), dtype=np.uint64) for k, n in rows.items()}
                 for k, v in host.items():
                     self._h2d(d[k], v, st)
+                if wmap is not None:
+                    wmap.run(d["w"], d["a"], d["b"], d["c"])
                 t0 = time.perf_counter()
                 canonical = None
                 if int(z.domain_size) <= DENSE_KEY_ROWS:

@@ -31,6 +31,7 @@ MSM_PATH = "msm/msm.cu"
 FB_PATH = "fixed_base/fixed_base.cu"
 NTT_PATH = "ntt/ntt.cu"
 H_PATH = "h/h.cu"
+WITNESS_MAP_PATH = "witness/witness_map.cu"
 
 
 @dataclass(frozen=True)
@@ -331,6 +332,7 @@ def _shipped() -> tuple[Variant, ...]:
         _v(NTT_PATH, None, "prover"),
         _v(NTT_PATH, ntt_chunk1, "prover"),
         _v(H_PATH, None, "prover"),
+        _v(WITNESS_MAP_PATH, None, "prover"),
         _v(MSM_PATH, MsmParams().defines(False), "prover"),
         _v(MSM_PATH, MsmParams().defines(True), "prover"),
         _v(FB_PATH, FixedBaseParams().defines(False), "setup"),

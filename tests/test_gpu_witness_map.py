@@ -1,0 +1,95 @@
+"""The witness map on the device (cuzk_mp.backends.gpu.witness_map) against the host's.
+
+Two kinds, as tests/test_gpu_msm.py: ``emu`` (the kernel compiled as host C++, marker ``slow``)
+and ``gpu`` (marker ``gpu``). The oracle is :func:`cuzk_mp.algebra.coded_sparse.evaluate_rows_into`:
+a, b, c must be the same bytes. Inputs: coded rows with every per-entry path (witness 0 and 1,
+coefficients +1 and -1 over any witness value, other coefficients), empty rows, fewer rows than
+the domain (zero padding), uint16 and uint32 codes, the edge values 1, r - 1 in the witness.
+"""
+
+from __future__ import annotations
+
+import os
+import random
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cuzk_mp.algebra.coded_sparse import CODE_MINUS_ONE, CODE_ONE, CodedMatrix, evaluate_rows_into
+from cuzk_mp.algebra.field import FR, R_MOD, ints_to_limbs
+from tests.gpu_emu import module_for
+
+SEED = int(os.environ.get("CUZK_TEST_SEED", random.randrange(1 << 30)))
+KINDS = [pytest.param("emu", marks=pytest.mark.slow), pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    return str(request.param)
+
+
+@pytest.fixture(scope="module")
+def wm(kind: str) -> Any:
+    print(f"seed {SEED}")
+    return module_for(kind, "witness_map")
+
+
+def _rows(rng: random.Random, n_rows: int, n_vars: int, n_codes: int, dtype: type) -> CodedMatrix:
+    counts = [0 if rng.random() < 0.1 else rng.randrange(1, 9) for _ in range(n_rows)]
+    indptr = np.zeros(n_rows + 1, dtype=np.uint32)
+    indptr[1:] = np.cumsum(counts)
+    nnz = int(indptr[-1])
+    cols = np.array([rng.randrange(n_vars) for _ in range(nnz)], dtype=np.uint32)
+    pick = [rng.random() for _ in range(nnz)]
+    codes = np.array([CODE_ONE if p < 0.35 else CODE_MINUS_ONE if p < 0.5 else rng.randrange(2, n_codes)
+                      for p in pick], dtype=dtype)
+    return CodedMatrix(indptr, cols, codes)
+
+
+def _case(seed: int, dtype: type, domain: int = 512, n_vars: int = 300) -> tuple[Any, ...]:
+    rng = random.Random(seed)
+    n_codes = 40
+    values = [1, R_MOD - 1] + [rng.randrange(R_MOD) for _ in range(n_codes - 2)]
+    tmont = ints_to_limbs([FR.to_mont_int(v) for v in values], 4)
+    tr2 = ints_to_limbs([FR.to_mont_int(FR.to_mont_int(v)) for v in values], 4)
+    a = _rows(rng, domain - 37, n_vars, n_codes, dtype)  # fewer rows than the domain: zero padding
+    b = _rows(rng, domain - 5, n_vars, n_codes, dtype)
+    wv = [1] + [rng.choice([0, 1, R_MOD - 1, rng.randrange(R_MOD), rng.randrange(1 << 64)]) for _ in range(n_vars - 1)]
+    return a, b, tmont, tr2, ints_to_limbs(wv, 4), domain
+
+
+def _host(a: CodedMatrix, b: CodedMatrix, tmont: np.ndarray, tr2: np.ndarray, w: np.ndarray,
+          domain: int) -> list[np.ndarray]:
+    out = [np.empty((domain, 4), dtype=np.uint64) for _ in range(3)]
+    evaluate_rows_into(a, b, None, tmont, tr2, w, *out)
+    return out
+
+
+def _device(kind: str, wm: Any, a: CodedMatrix, b: CodedMatrix, tmont: np.ndarray, tr2: np.ndarray, w: np.ndarray,
+            domain: int) -> list[np.ndarray]:
+    xp = np if kind == "emu" else __import__("cupy")
+    dmap = wm.DeviceWitnessMap(a, b, tmont, tr2, domain)
+    assert dmap.nbytes == wm.matrices_bytes(a, b, tmont, tr2)
+    out = [xp.full((domain, 4), 7, dtype=np.uint64) for _ in range(3)]  # garbage: every row must be written
+    dmap.run(xp.asarray(w), *out)
+    dmap.close()
+    return [np.asarray(o) if kind == "emu" else o.get() for o in out]
+
+
+@pytest.mark.parametrize("dtype", [np.uint16, np.uint32], ids=["u16", "u32"])
+def test_witness_map_matches_host(kind: str, wm: Any, dtype: type) -> None:
+    case = _case(SEED, dtype)
+    for got, want, name in zip(_device(kind, wm, *case), _host(*case), "abc"):
+        assert np.array_equal(got, want), f"seed {SEED} {name}"
+
+
+def test_witness_map_refuses_bad_rows(wm: Any) -> None:
+    from cuzk_mp.errors import InputError
+
+    a, b, tmont, tr2, _, domain = _case(SEED, np.uint16)
+    with pytest.raises(InputError, match="rows for a domain of 64"):
+        wm.DeviceWitnessMap(a, b, tmont, tr2, 64)
+    b32 = CodedMatrix(b.indptr, b.cols, b.codes.astype(np.uint32))
+    with pytest.raises(InputError, match="codes must be uint16 or uint32 in both"):
+        wm.DeviceWitnessMap(a, b32, tmont, tr2, domain)
