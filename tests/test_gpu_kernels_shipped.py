@@ -75,6 +75,14 @@ def test_ptxas_reports_no_register_spills_in_the_hot_loops() -> None:
             assert f["spill_stores"] == 0 and f["spill_loads"] == 0, (path, kernel, f)
 
 
+def test_the_loader_finds_every_compiled_kernel() -> None:
+    """The loader looks kernels up by the names of their ``extern "C"`` lines (kernel_names); those
+    must be the entry points ptxas compiled (a kernel made by a macro would be looked up by the
+    macro's parameter name and fail on the device)."""
+    for e in _manifest()["modules"]:
+        assert set(kernel_names(e["path"])) == set(e["ptxas_sm_90"]), e["path"]
+
+
 def test_build_script_check_mode_agrees() -> None:
     res = subprocess.run([sys.executable, str(ROOT / "scripts" / "build_kernels.py"), "--check"],
                          capture_output=True, text=True, check=False)

@@ -17,7 +17,8 @@ per-thread pool instead: their kernels are short chains of dependent additions
 on few threads, so the five MSMs of a proof, and those of a batch, run side by
 side rather than one after another; events order each after its inputs. :meth:`stage` copies a partition through pinned bounce buffers and
 classifies the witness's scalars (0 / 1 / other, the only host wait of a
-partition before its results). :meth:`h_values` and :meth:`msm` only enqueue:
+partition before its results); :meth:`stage_witness` copies w alone and makes a, b, c from it
+on the device (:mod:`.witness_map`, the key keeping the circuit's coded rows there). :meth:`h_values` and :meth:`msm` only enqueue:
 G2 starts first on the side stream (after an event that marks the staged data
 ready), the G1 MSMs and the H step follow on the main stream, and each
 :meth:`msm` returns a Future that a finisher thread completes when that MSM's

@@ -57,16 +57,22 @@ FF_INLINE void wm_one(uint64_t r, const uint32_t* a_ptr, uint64_t a_rows, const 
     (va * vb).store(c + 4 * r);
 }
 
-/* grid: ceil(n / WM_THREADS) blocks; n = the domain size (rows of a, b, c); codes uint16 or uint32. */
-#define WM_KERNEL(NAME, CODE)                                                                                    \
-    extern "C" __global__ void __launch_bounds__(WM_THREADS)                                                      \
-    NAME(const uint32_t* a_ptr, uint64_t a_rows, const uint32_t* a_cols, const CODE* a_codes,                     \
-         const uint32_t* b_ptr, uint64_t b_rows, const uint32_t* b_cols, const CODE* b_codes,                     \
-         const uint64_t* tmont, const uint64_t* tr2, const uint64_t* w, uint64_t* a, uint64_t* b, uint64_t* c,  \
-         uint64_t n) {                                                                                            \
-        uint64_t r = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;                                             \
-        if (r < n) wm_one<CODE>(r, a_ptr, a_rows, a_cols, a_codes, b_ptr, b_rows, b_cols, b_codes, tmont, tr2, w, \
-                                a, b, c);                                                                         \
-    }
-WM_KERNEL(witness_map_u16, uint16_t)
-WM_KERNEL(witness_map_u32, uint32_t)
+/* grid: ceil(n / WM_THREADS) blocks; n = the domain size (rows of a, b, c); codes uint16 or uint32
+ * (one entry point each, written out: the package finds its kernels by their extern "C" lines). */
+extern "C" __global__ void __launch_bounds__(WM_THREADS)
+witness_map_u16(const uint32_t* a_ptr, uint64_t a_rows, const uint32_t* a_cols, const uint16_t* a_codes,
+                const uint32_t* b_ptr, uint64_t b_rows, const uint32_t* b_cols, const uint16_t* b_codes,
+                const uint64_t* tmont, const uint64_t* tr2, const uint64_t* w, uint64_t* a, uint64_t* b, uint64_t* c,
+                uint64_t n) {
+    uint64_t r = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < n) wm_one<uint16_t>(r, a_ptr, a_rows, a_cols, a_codes, b_ptr, b_rows, b_cols, b_codes, tmont, tr2, w, a, b, c);
+}
+
+extern "C" __global__ void __launch_bounds__(WM_THREADS)
+witness_map_u32(const uint32_t* a_ptr, uint64_t a_rows, const uint32_t* a_cols, const uint32_t* a_codes,
+                const uint32_t* b_ptr, uint64_t b_rows, const uint32_t* b_cols, const uint32_t* b_codes,
+                const uint64_t* tmont, const uint64_t* tr2, const uint64_t* w, uint64_t* a, uint64_t* b, uint64_t* c,
+                uint64_t n) {
+    uint64_t r = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (r < n) wm_one<uint32_t>(r, a_ptr, a_rows, a_cols, a_codes, b_ptr, b_rows, b_cols, b_codes, tmont, tr2, w, a, b, c);
+}
