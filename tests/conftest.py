@@ -9,6 +9,7 @@ import pytest
 from tests import helpers
 from tests.helpers import ProofChecker, synthetic_key
 from tests.oracle import oracle  # noqa: F401 - the snarkjs/circom oracle's session fixture, for every module
+from tests.gpu_emu import kind  # noqa: F401 - "emu" or "gpu": the kernel tests run on both (tests/gpu_emu)
 
 
 @pytest.fixture(scope="session")

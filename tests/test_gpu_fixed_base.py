@@ -23,14 +23,7 @@ from cuzk_mp.errors import InputError
 from tests.gpu_emu import module_for
 
 SEED = int(os.environ.get("CUZK_TEST_SEED", random.randrange(1 << 30)))
-KINDS = [pytest.param("emu", marks=pytest.mark.slow), pytest.param("gpu", marks=pytest.mark.gpu)]
 EDGE = [0, 1, 2, R_MOD - 1, R_MOD, R_MOD + 1, (1 << 256) - 1, 255, 256, 1 << 200, (1 << 64) + 1]
-
-
-@pytest.fixture(scope="module", params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    """Which implementation runs the kernels."""
-    return str(request.param)
 
 
 @pytest.fixture(scope="module")

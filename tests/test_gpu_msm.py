@@ -41,13 +41,6 @@ from tests import gpu_emu
 from tests.gpu_emu import KERNELS, module_for
 
 SEED = int(os.environ.get("CUZK_TEST_SEED", random.randrange(1 << 30)))
-KINDS = [pytest.param("emu", marks=pytest.mark.slow), pytest.param("gpu", marks=pytest.mark.gpu)]
-
-
-@pytest.fixture(scope="module", params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    """Which implementation runs the kernels."""
-    return str(request.param)
 
 
 @pytest.fixture(scope="module")

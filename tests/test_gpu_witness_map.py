@@ -21,12 +21,6 @@ from cuzk_mp.algebra.field import FR, R_MOD, ints_to_limbs
 from tests.gpu_emu import module_for
 
 SEED = int(os.environ.get("CUZK_TEST_SEED", random.randrange(1 << 30)))
-KINDS = [pytest.param("emu", marks=pytest.mark.slow), pytest.param("gpu", marks=pytest.mark.gpu)]
-
-
-@pytest.fixture(scope="module", params=KINDS)
-def kind(request: pytest.FixtureRequest) -> str:
-    return str(request.param)
 
 
 @pytest.fixture(scope="module")

@@ -38,12 +38,23 @@ from pathlib import Path
 from typing import Any, Self
 
 import numpy as np
+import pytest
 
 PRELUDE = Path(__file__).with_name("prelude.h")
 KERNELS = Path(__file__).with_name("kernels")
 SLOTS = 16  # kernel argument slots of emu_launch (prelude.h)
 CACHE = Path(tempfile.gettempdir()) / "cuzk-gpu-emu"
 _lock = threading.Lock()
+# The two kinds a kernel test runs on: "emu" (this module: host C++, marker slow) and "gpu" (CuPy on a
+# device, marker gpu); the ``kind`` fixture below (every test module has it: tests/conftest.py) runs a test on both.
+KINDS = [pytest.param("emu", marks=pytest.mark.slow), pytest.param("gpu", marks=pytest.mark.gpu)]
+
+
+@pytest.fixture(scope="module", params=KINDS)
+def kind(request: pytest.FixtureRequest) -> str:
+    """Which implementation runs the kernels."""
+    return str(request.param)
+
 _libs: dict[str, ctypes.CDLL] = {}
 
 
