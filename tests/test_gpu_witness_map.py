@@ -1,8 +1,9 @@
 """The witness map on the device (cuzk_mp.backends.gpu.witness_map) against the host's.
 
 Two kinds, as tests/test_gpu_msm.py: ``emu`` (the kernel compiled as host C++, marker ``slow``)
-and ``gpu`` (marker ``gpu``). The oracle is :func:`cuzk_mp.algebra.coded_sparse.evaluate_rows_into`:
-a, b, c must be the same bytes. Inputs: coded rows with every per-entry path (witness 0 and 1,
+and ``gpu`` (marker ``gpu``). The oracle is the definition in Python ints (a_r = sum of v w
+over row r, in Montgomery form: the bytes the host's :func:`cuzk_mp.algebra.coded_sparse.evaluate_rows_into`
+writes too). Inputs: coded rows with every per-entry path (witness 0 and 1,
 coefficients +1 and -1 over any witness value, other coefficients), empty rows, fewer rows than
 the domain (zero padding), uint16 and uint32 codes, the edge values 1, r - 1 in the witness.
 """
@@ -16,8 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cuzk_mp.algebra.coded_sparse import CODE_MINUS_ONE, CODE_ONE, CodedMatrix, evaluate_rows_into
-from cuzk_mp.algebra.field import FR, R_MOD, ints_to_limbs
+from cuzk_mp.algebra.coded_sparse import CODE_MINUS_ONE, CODE_ONE, CodedMatrix
+from cuzk_mp.algebra.field import FR, R_MOD, ints_to_limbs, limbs_to_ints
 from tests.gpu_emu import module_for
 
 SEED = int(os.environ.get("CUZK_TEST_SEED", random.randrange(1 << 30)))
@@ -55,9 +56,19 @@ def _case(seed: int, dtype: type, domain: int = 512, n_vars: int = 300) -> tuple
 
 def _host(a: CodedMatrix, b: CodedMatrix, tmont: np.ndarray, tr2: np.ndarray, w: np.ndarray,
           domain: int) -> list[np.ndarray]:
-    out = [np.empty((domain, 4), dtype=np.uint64) for _ in range(3)]
-    evaluate_rows_into(a, b, None, tmont, tr2, w, *out)
-    return out
+    """a, b, c (Montgomery form) from the definition: the coefficient of code k is v_k = tmont[k] R^-1."""
+    values = [FR.from_mont_int(x) for x in limbs_to_ints(tmont)]
+    wv = limbs_to_ints(w)
+
+    def rows(m: CodedMatrix) -> list[int]:
+        ptr = m.indptr.tolist()
+        out = [sum(values[int(m.codes[k])] * wv[int(m.cols[k])] for k in range(ptr[r], ptr[r + 1])) % R_MOD
+               for r in range(m.n_rows)]
+        return out + [0] * (domain - m.n_rows)
+
+    va, vb = rows(a), rows(b)
+    vc = [x * y % R_MOD for x, y in zip(va, vb)]
+    return [ints_to_limbs([FR.to_mont_int(x) for x in xs], 4) for xs in (va, vb, vc)]
 
 
 def _device(kind: str, wm: Any, a: CodedMatrix, b: CodedMatrix, tmont: np.ndarray, tr2: np.ndarray, w: np.ndarray,
