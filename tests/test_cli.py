@@ -158,6 +158,35 @@ def test_default_cache_dir() -> None:
 
 # --- proving through the aliases ----------------------------------------------------------------
 
+def test_prove_keeps_the_keys_rows_for_the_next_proof(circuit: dict[str, Path], tmp_path: Path,
+                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """g16p leaves the key's coded rows beside it (the fixture's proof made them) and the next proof
+    maps them; with --r1cs the rows include C and a broken witness is named by its constraint; with
+    no writable place for them the proof builds them for itself."""
+    from cuzk_mp.formats.wtns import read_wtns, write_wtns
+
+    assert Path(f"{circuit['zkey']}.synth-ab").is_file()
+    out = [tmp_path / "p.json", tmp_path / "s.json"]
+    assert cli.main(["g16p", str(circuit["zkey"]), str(circuit["wtns"]), *map(str, out), "--backend", "cpu",
+                     "--r1cs", str(circuit["r1cs"])]) == 0
+    assert Path(f"{circuit['zkey']}.synth-abc").is_file()
+    w = read_wtns(circuit["wtns"])
+    w[1:] = w[1:][::-1].copy()  # the wires reversed: constraints fail
+    write_wtns(tmp_path / "bad.wtns", w)
+    assert_message(run_cli("g16p", circuit["zkey"], tmp_path / "bad.wtns", *out, "--backend", "cpu",
+                           "--r1cs", circuit["r1cs"]), 2, "constraint")
+    from cuzk_mp.errors import CuzkError
+    from cuzk_mp.groth16 import synthesis
+
+    def nowhere(*args: object, **kwargs: object) -> None:
+        raise CuzkError("no writable place for the circuit-data cache")
+
+    monkeypatch.setattr(synthesis, "open_or_build", nowhere)
+    out[1].unlink()
+    assert cli.main(["g16p", str(circuit["zkey"]), str(circuit["wtns"]), *map(str, out), "--backend", "cpu"]) == 0
+    assert json.loads(out[1].read_text()) == json.loads(circuit["public"].read_text())
+
+
 def test_default_names_in_the_working_folder(circuit: dict[str, Path], tmp_path: Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """Prove, export and verify with no file arguments, as a snarkjs user does."""
