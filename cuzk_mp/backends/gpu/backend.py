@@ -17,8 +17,9 @@ per-thread pool instead: their kernels are short chains of dependent additions
 on few threads, so the five MSMs of a proof, and those of a batch, run side by
 side rather than one after another; events order each after its inputs. :meth:`stage` copies a partition through pinned bounce buffers and
 classifies the witness's scalars (0 / 1 / other, the only host wait of a
-partition before its results); :meth:`stage_witness` copies w alone and makes a, b, c from it
-on the device (:mod:`.witness_map`, the key keeping the circuit's coded rows there). :meth:`h_values` and :meth:`msm` only enqueue:
+partition before its results); :meth:`stage_witness` copies w alone and makes a, b, c
+from it on the device (:mod:`.witness_map`, the key keeping the circuit's coded rows
+there). :meth:`h_values` and :meth:`msm` only enqueue:
 G2 starts first on the side stream (after an event that marks the staged data
 ready), the G1 MSMs and the H step follow on the main stream, and each
 :meth:`msm` returns a Future that a finisher thread completes when that MSM's
@@ -376,7 +377,8 @@ class GpuBackend:
             raise InputError(f"witness has shape {w.shape}, the key expects {(z.n_vars, 4)}")
         with cupy.cuda.Device(self.device), self._lock:
             if key.witness_map is None or key.witness_map[0] is not rows:
-                if key.witness_map is not None:
+                if key.witness_map is not None:  # rare (another evaluator for this key): let every
+                    cupy.cuda.Device().synchronize()  # thread's map that reads the old rows finish first
                     key.witness_map[1].close()
                     key.witness_map = None
                 memory.ensure_free(matrices_bytes(rows.a, rows.b, rows.table_mont, rows.table_r2),
