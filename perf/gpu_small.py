@@ -28,7 +28,9 @@ writes ``$OUT/gpu-small.json`` (the rows for perf/results/gpu-small-h200.json), 
   and which one the backend picks for the size (``params_2^N_chosen``);
 * ``oneshot``   ``cuzk-mp groth16 prove --backend gpu`` at 2^16 as whole processes after ``warm``:
   the first and the median of three warm ones (``oneshot_2^16_first_s`` / ``_warm_s``), the
-  in-process steps from its log line (``oneshot_2^16_step_*_ms``), imports (``-X importtime``);
+  in-process steps from its log line (``oneshot_2^16_step_*_ms``), the start (imports, key and
+  witness: ``_start_s``; the backend ready after that: ``_backend_after_s``), imports (``-X
+  importtime``) and one warm process under cProfile (``_profile_top``: cumulative ms by function);
 * ``pipeline``  ``cuzk-mp bench --backend gpu --log-n 16`` (10 jobs x 10 partitions, 8 synthesis
   workers): ``pipeline_2^16_s_per_partition`` with batching (the default cap, 8) and
   ``..._nobatch`` (``CUZK_MP_PROVER_BATCH=1``) and ``..._batch4`` (4), the ring slots derived;
@@ -47,6 +49,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import pstats
 import re
 import statistics
 import sys
@@ -409,6 +412,7 @@ def warm_rows(ses: Session) -> None:
 
 
 STEP = re.compile(r"prove: (.*)$", re.M)
+START = re.compile(r"imports, key and witness in ([0-9.]+) s, backend \S+ ready ([0-9.]+) s later")
 
 
 def oneshot_rows(ses: Session, n: int, backend: str) -> None:
@@ -435,6 +439,17 @@ def oneshot_rows(ses: Session, n: int, backend: str) -> None:
         for part in m.group(1).split(", "):
             name, value, _ = part.rsplit(" ", 2)
             ses.rows[f"oneshot_2^{n}_step_{name}_ms"] = float(value)
+    m = START.search(text)
+    if m:
+        ses.rows[f"oneshot_2^{n}_start_s"], ses.rows[f"oneshot_2^{n}_backend_after_s"] = map(float, m.groups())
+    # Where a warm process's wall goes, by function: one more warm run under cProfile (its own
+    # overhead included), the 25 heaviest by cumulative time.
+    prof = work / "oneshot.prof"
+    ses.command("oneshot_profile", [sys.executable, "-m", "cProfile", "-o", str(prof), *cmd[1:]], 60)
+    stats = pstats.Stats(str(prof))
+    heavy = sorted(stats.stats.items(), key=lambda kv: kv[1][3], reverse=True)[:25]  # type: ignore[attr-defined]
+    ses.rows[f"oneshot_2^{n}_profile_top"] = {f"{Path(f).name}:{line}({fn})": round(v[3] * 1e3, 1)
+                                               for (f, line, fn), v in heavy}
     imp = work / "importtime.txt"
     ses.command("oneshot_importtime", [sys.executable, "-X", "importtime", *cmd[1:]], 60)
     text = (ses.logs / "oneshot_importtime.log").read_text()
