@@ -193,6 +193,14 @@ def test_coef_and_point_errors() -> None:
         coefs = z.coefs.copy()
         coefs["value"][5] = ints_to_limbs([v], 4)[0]
         bad(ref_sections(ZKey(**{**z.__dict__, "coefs": coefs})), r"section 4 \(coefs\): coefficient 5: value is >= r")
+    # check_coefs=False (a caller whose circuit comes from a cache checked at its build) reads the
+    # entries as they are; the section's size is still checked
+    coefs = z.coefs.copy()
+    coefs["matrix"][5] = 2
+    sec = ref_sections(ZKey(**{**z.__dict__, "coefs": coefs}))
+    assert read_zkey(assemble(sec), check_coefs=False).coefs["matrix"][5] == 2
+    with pytest.raises(FormatError, match=r"section 4 \(coefs\): size is \d+ bytes, expected \d+"):
+        read_zkey(assemble({**sec, 4: sec[4][:-1]}), check_coefs=False)
     ic = z.ic.copy()
     ic[2, 6:] = ints_to_limbs([Q_MOD], 6)[0]
     bad(ref_sections(ZKey(**{**z.__dict__, "ic": ic})), r"section 3 \(IC\): point 2: coordinate 1 is >= q")

@@ -46,3 +46,21 @@ def test_one_shot_prove_logs_its_steps_and_verifies(tmp_path: Path, capfd: pytes
     assert main(["zkey", "export", "verificationkey", str(DATA / "mul.zkey"), str(vk)]) == 0
     assert main(["groth16", "verify", str(vk), str(public), str(proof)]) == 0
     assert json.loads(public.read_text()) == json.loads((DATA / "public.json").read_text())
+
+
+def test_console_script_leaves_at_once_with_its_files_written(tmp_path: Path) -> None:
+    """``python -m cuzk_mp`` (:func:`cuzk_mp.cli.run`): after a one-shot verb the process skips the
+    interpreter's teardown, yet its files are whole, its log lines out and its exit code right."""
+    proof, public, vk = tmp_path / "proof.json", tmp_path / "public.json", tmp_path / "vk.json"
+    cmd = [sys.executable, "-m", "cuzk_mp", "--log-level", "INFO"]
+    res = subprocess.run([*cmd, "g16p", "--backend", "cpu", str(DATA / "mul.zkey"), str(DATA / "mul.wtns"),
+                          str(proof), str(public)], capture_output=True, text=True, check=False)
+    assert res.returncode == 0, res.stderr
+    assert "proved with the cpu backend" in res.stderr
+    assert subprocess.run([*cmd, "zkev", str(DATA / "mul.zkey"), str(vk)], check=False).returncode == 0
+    res = subprocess.run([*cmd, "g16v", str(vk), str(public), str(proof)], capture_output=True, text=True,
+                         check=False)
+    assert (res.returncode, res.stdout.strip()) == (0, "OK!")
+    res = subprocess.run([*cmd, "g16p", str(tmp_path / "absent.zkey"), str(DATA / "mul.wtns"), str(proof),
+                          str(public)], capture_output=True, text=True, check=False)
+    assert res.returncode == 2 and "absent.zkey" in res.stderr

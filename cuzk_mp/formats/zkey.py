@@ -122,11 +122,16 @@ class ZKey:
         self.close()
 
 
-def read_zkey(path: str | os.PathLike[str] | bytes | bytearray | memoryview, *, name: str | None = None) -> ZKey:
-    """Map a .zkey (or parse its bytes) and validate it; FormatError names file, section, field."""
+def read_zkey(path: str | os.PathLike[str] | bytes | bytearray | memoryview, *, name: str | None = None,
+              check_coefs: bool = True) -> ZKey:
+    """Map a .zkey (or parse its bytes) and validate it; FormatError names file, section, field.
+
+    ``check_coefs=False`` leaves out the pass over section 4's entries (matrix, row, signal and
+    value ranges; its size is still checked): for a caller that takes the circuit from a cache
+    built, and checked, from this same file, and never reads ``coefs`` itself."""
     bf = open_source(path, name, MAGIC, (VERSION,), SECTION_LABELS)
     try:
-        zkey = _read(bf, path)
+        zkey = _read(bf, path, check_coefs)
     except BaseException:
         bf.close()
         raise
@@ -134,7 +139,7 @@ def read_zkey(path: str | os.PathLike[str] | bytes | bytearray | memoryview, *, 
     return zkey
 
 
-def _read(bf: BinFile, src: object) -> ZKey:
+def _read(bf: BinFile, src: object, check_coefs: bool = True) -> ZKey:
     rd = FieldReader(bf, 1)
     protocol = rd.u32("protocol")
     rd.end()
@@ -157,7 +162,7 @@ def _read(bf: BinFile, src: object) -> ZKey:
     _check_coordinates(bf, 3, arrays["ic"])
     return ZKey(
         path=None if isinstance(src, (bytes, bytearray, memoryview)) else os.fspath(src),  # type: ignore[call-overload]
-        coefs=_read_coefs(bf, n_vars, n), contributions=bytes(bf.section(10)), **arrays, **head,
+        coefs=_read_coefs(bf, n_vars, n, check_coefs), contributions=bytes(bf.section(10)), **arrays, **head,
     )
 
 
@@ -202,10 +207,12 @@ def _check_coordinates(bf: BinFile, sid: int, points: np.ndarray, label: str | N
         raise bf.error(sid, f"{what}: coordinate {bad % per_point} is >= q (not a Montgomery Fq element)")
 
 
-def _read_coefs(bf: BinFile, n_vars: int, domain_size: int) -> np.ndarray:
+def _read_coefs(bf: BinFile, n_vars: int, domain_size: int, check: bool = True) -> np.ndarray:
     rd = FieldReader(bf, 4)
     n_coefs = rd.u32("nCoefs")
     coefs = bf.section_array(4, COEF_DTYPE, n_coefs, offset=4)
+    if not check:
+        return coefs
     status = check_coefs(coefs["matrix"], coefs["constraint"], coefs["signal"], coefs["value"],
                          domain_size, n_vars, FR.limbs)
     code, i = int(status[0]), int(status[1])
