@@ -28,7 +28,8 @@
  * here is a compile-time constant.
  *
  * Montgomery reduction, word by word in radix 2^48: with T_i the (complete) column i,
- * m_i = T_i (-p^-1) mod 2^48 (three IMADs), and m_i p adds m_i p_j to columns i + j.
+ * m_i = T_i (-p^-1) mod 2^48 (three IMADs: the top 48 bits of T_i (-p^-1 2^16) mod 2^64,
+ * which land where the double's bits want them), and m_i p adds m_i p_j to columns i + j.
  * The low half of m_i p_0 is (-T_i) mod 2^48 by construction, so it is not computed:
  * column i becomes a multiple of 2^48 and carries ceil(T_i / 2^48) into column i + 1.
  *
@@ -116,26 +117,64 @@ FF_INLINE void limb_words(const uint32_t* w, int k, uint32_t& hi, uint32_t& lo) 
         hi = w[j + 1] >> 16;
     }
 }
+/* (w & 0xffff) | bits 16..31 of c: one PRMT on the device. */
+FF_INLINE uint32_t low16_with(uint32_t w, uint32_t c) {
+#ifdef __CUDA_ARCH__
+    return __byte_perm(w, c, 0x7610);
+#else
+    return (w & 0xffffu) | (c & 0xffff0000u);
+#endif
+}
 /* The limbs as integer-valued doubles: (limb | bits(2^52)) - 2^52, exact. */
 FF_INLINE void to_limbs(const uint32_t* w, double* x) {
 #pragma unroll
     for (int k = 0; k < L; k++) {
-        uint32_t hi, lo;
-        limb_words(w, k, hi, lo);
-        x[k] = from_words(hi | HI52, lo) - TWO52;
+        int j = k % 2 == 0 ? 3 * k / 2 : (3 * k - 1) / 2;
+        uint32_t hi = k % 2 == 0 ? low16_with(w[j + 1], HI52) : (w[j + 1] >> 16) | HI52;
+        uint32_t lo = k % 2 == 0 ? w[j] : (w[j] >> 16) | (w[j + 1] << 16);
+        x[k] = from_words(hi, lo) - TWO52;
     }
 }
-/* p's limbs, 2^100 - 2^52 p_j and 2^100 + 2^52 - 2^52 p_j: constants after unrolling. */
-FF_INLINE double p_limb(int j) {
-    uint32_t P[12];
-#pragma unroll
-    for (int i = 0; i < 12; i++) P[i] = fq_field::mod(i);
-    uint32_t hi, lo;
-    limb_words(P, j, hi, lo);
-    return (double)(((uint64_t)hi << 32) | lo);
+/* p's limbs p_j, 2^100 - 2^52 p_j and 2^100 + 2^52 - 2^52 p_j as doubles (exact: integers
+ * below 2^101 with at most 49 significant bits), computed at compile time. On the device
+ * they sit in constant memory, which a DFMA / DADD reads as an operand (as literals they
+ * are rebuilt in registers inside the loop: DFMA has no 64-bit immediate). */
+constexpr uint32_t P_WORDS[12] = {FQ_MOD};
+constexpr double p_limb_c(int j) {
+    return (double)(j % 2 == 0 ? P_WORDS[3 * j / 2] | (uint64_t)(P_WORDS[3 * j / 2 + 1] & 0xffffu) << 32
+                               : (P_WORDS[3 * j / 2] >> 16) | (uint64_t)P_WORDS[3 * j / 2 + 1] << 16);
 }
-FF_INLINE double p_k1(int j) { return TWO100 - TWO52 * p_limb(j); }
-FF_INLINE double p_k2(int j) { return C2 - TWO52 * p_limb(j); }
+constexpr double p_k1_c(int j) { return TWO100 - TWO52 * p_limb_c(j); }
+constexpr double p_k2_c(int j) { return C2 - TWO52 * p_limb_c(j); }
+#ifdef __CUDA_ARCH__
+__constant__ double P_K1[L] = {p_k1_c(0), p_k1_c(1), p_k1_c(2), p_k1_c(3),
+                               p_k1_c(4), p_k1_c(5), p_k1_c(6), p_k1_c(7)};
+__constant__ double P_K2[L] = {p_k2_c(0), p_k2_c(1), p_k2_c(2), p_k2_c(3),
+                               p_k2_c(4), p_k2_c(5), p_k2_c(6), p_k2_c(7)};
+__constant__ double P_L[L] = {p_limb_c(0), p_limb_c(1), p_limb_c(2), p_limb_c(3),
+                              p_limb_c(4), p_limb_c(5), p_limb_c(6), p_limb_c(7)};
+#endif
+FF_INLINE double p_limb(int j) {
+#ifdef __CUDA_ARCH__
+    return P_L[j];
+#else
+    return p_limb_c(j);
+#endif
+}
+FF_INLINE double p_k1(int j) {
+#ifdef __CUDA_ARCH__
+    return P_K1[j];
+#else
+    return p_k1_c(j);
+#endif
+}
+FF_INLINE double p_k2(int j) {
+#ifdef __CUDA_ARCH__
+    return P_K2[j];
+#else
+    return p_k2_c(j);
+#endif
+}
 
 /* ------------------------------------------------------------ products into columns */
 /* T[k] += a b mod 2^48, T[k + 1] += floor(a b / 2^48), for integers a, b with a b < 2^100. */
@@ -156,8 +195,8 @@ FF_INLINE void mac_p(uint64_t* T, int k, double x, int j) {
  * of 2^48 whose quotient is carried into column i + 1. */
 FF_INLINE void redc_step(uint64_t* T, int i) {
     uint64_t ti = T[i];
-    uint64_t m = ti * PINV; /* its low 48 bits are m_i */
-    double x = from_words(((uint32_t)(m >> 32) & 0xffffu) | HI52, (uint32_t)m); /* 2^52 + m_i */
+    uint64_t m = ti * (PINV << 16); /* m_i 2^16 mod 2^64: m_i is its top 48 bits */
+    double x = from_words((uint32_t)(m >> 48) | HI52, (uint32_t)(m >> 16)); /* 2^52 + m_i */
     T[i + 1] += (ti + MASK48) >> 48; /* (T_i + (m_i p_0 mod 2^48)) / 2^48 */
     T[i + 1] += bits(fma_rz(x, p_limb(0), p_k1(0))) - BITS100;
 #pragma unroll
@@ -216,27 +255,7 @@ FF_INLINE void square_fp(uint64_t* T, const uint32_t* a) {
         for (int j = i + 1; j < L; j++) mac(T, i + j, x[i], x2[j]);
     }
 }
-/* The 24 words of a 768-bit value as 16 columns of 48 bits. */
-FF_INLINE void words_to_columns(uint64_t* T, const uint32_t* w) {
-#pragma unroll
-    for (int k = 0; k < 2 * L; k++) {
-        uint32_t hi, lo;
-        limb_words(w, k, hi, lo);
-        T[k] = ((uint64_t)hi << 32) | lo;
-    }
-}
-/* Columns of a^2 from mont_t's integer square (its cross products once, doubled). */
-FF_INLINE void square_imad(uint64_t* T, const uint32_t* a) {
-    uint32_t w[24];
-    fp_t::sqr_wide(w, a);
-    words_to_columns(T, w);
-}
-
 }  // namespace fq_dfma
-
-#ifndef FQ_DFMA_SQR
-#define FQ_DFMA_SQR 0 /* a^2: 0 = FP64 limb products, 1 = mont_t's 32-bit integer square */
-#endif
 
 /* a * b * 2^-384 mod p, as fp_t's a * b. */
 FF_INLINE fp_t fq_mul_dfma(const fp_t& a, const fp_t& b) {
@@ -248,10 +267,6 @@ FF_INLINE fp_t fq_mul_dfma(const fp_t& a, const fp_t& b) {
 /* a^2 * 2^-384 mod p, as fp_t's a.sqr(). */
 FF_INLINE fp_t fq_sqr_dfma(const fp_t& a) {
     uint64_t T[2 * fq_dfma::L];
-#if FQ_DFMA_SQR
-    fq_dfma::square_imad(T, a.l);
-#else
     fq_dfma::square_fp(T, a.l);
-#endif
     return fq_dfma::reduce(T);
 }
