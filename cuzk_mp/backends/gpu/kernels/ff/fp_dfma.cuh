@@ -105,18 +105,6 @@ FF_INLINE double from_words(uint32_t hi, uint32_t lo) {
 }
 
 /* ------------------------------------------------------------ limbs */
-/* 48-bit limb k of a 12-word value: (hi, lo) = its bits 32..47 and 0..31. */
-FF_INLINE void limb_words(const uint32_t* w, int k, uint32_t& hi, uint32_t& lo) {
-    if (k % 2 == 0) {
-        int j = 3 * k / 2;
-        lo = w[j];
-        hi = w[j + 1] & 0xffffu;
-    } else {
-        int j = (3 * k - 1) / 2;
-        lo = (w[j] >> 16) | (w[j + 1] << 16);
-        hi = w[j + 1] >> 16;
-    }
-}
 /* (w & 0xffff) | bits 16..31 of c: one PRMT on the device. */
 FF_INLINE uint32_t low16_with(uint32_t w, uint32_t c) {
 #ifdef __CUDA_ARCH__
@@ -125,7 +113,8 @@ FF_INLINE uint32_t low16_with(uint32_t w, uint32_t c) {
     return (w & 0xffffu) | (c & 0xffff0000u);
 #endif
 }
-/* The limbs as integer-valued doubles: (limb | bits(2^52)) - 2^52, exact. */
+/* The 48-bit limbs as integer-valued doubles: (limb | bits(2^52)) - 2^52, exact. Limb k
+ * starts at word 3k/2 (k even) or at bit 16 of word (3k-1)/2 (k odd). */
 FF_INLINE void to_limbs(const uint32_t* w, double* x) {
 #pragma unroll
     for (int k = 0; k < L; k++) {
@@ -255,6 +244,7 @@ FF_INLINE void square_fp(uint64_t* T, const uint32_t* a) {
         for (int j = i + 1; j < L; j++) mac(T, i + j, x[i], x2[j]);
     }
 }
+
 }  // namespace fq_dfma
 
 /* a * b * 2^-384 mod p, as fp_t's a * b. */
