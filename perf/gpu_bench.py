@@ -80,7 +80,8 @@ def _expected_row(kind: str, x: list[int], y: list[int], iters: int, chains: int
 
 def field_rate(kind: str, chains: int, n_threads: int, iters: int, rng: random.Random) -> float:
     """Multiplies per second of one bench kernel (ff/bench.cu), output checked on 64 rows."""
-    words = {"fq": 6, "fq64": 6, "fr": 4, "fr64": 4, "fq2": 12, "fq_sqr": 6, "fr_sqr": 4}[kind]
+    words = {"fq": 6, "fq64": 6, "fr": 4, "fr64": 4, "fq2": 12, "fq_sqr": 6, "fr_sqr": 4, "fq_dfma": 6,
+             "fq_dfma_sqr": 6}[kind]
     p = R_MOD if kind.startswith("fr") else Q_MOD
     n_el = 2 if kind == "fq2" else 1
     vals = [[rng.randrange(p) for _ in range(n_el)] for _ in range(4096)]
@@ -109,7 +110,7 @@ def field_rows(quick: bool) -> dict[str, Any]:
     rng = random.Random(1)
     n, iters = (1 << 18, 256) if quick else (1 << 20, 1024)
     rows: dict[str, Any] = {}
-    for kind in ("fq", "fq64", "fq_sqr", "fr", "fr64", "fr_sqr", "fq2"):
+    for kind in ("fq", "fq64", "fq_sqr", "fq_dfma", "fq_dfma_sqr", "fr", "fr64", "fr_sqr", "fq2"):
         for chains in ((1,) if kind.endswith("64") else (1, 2)):
             label = kind.replace("_sqr", "") + ("_sqr" if kind.endswith("_sqr") else "_mul")
             rows[f"{label}_chains{chains}_per_s"] = field_rate(kind, chains, n, iters, rng)

@@ -15,12 +15,14 @@ import random
 import shutil
 import subprocess
 import sys
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cuzk_mp.algebra.field import FQ, FR, Q_MOD, R_MOD, ints_to_limbs, limbs_to_ints
+from tests import gpu_emu
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "cuzk_mp" / "backends" / "gpu" / "kernels"
@@ -244,3 +246,80 @@ def test_gpu_fq2_ops_match_python_ints(gpu_check: tuple) -> None:
         got = limbs_to_ints(cupy.asnumpy(out))
         bad = [i for i, (_, want) in enumerate(rows) if got[i] != want]
         assert not bad, f"seed={SEED} fq2 {op}: {len(bad)} of {len(rows)} wrong"
+
+
+# ---------------------------------------------------------------- the FP64-pipe product (ff/fp_dfma.cuh)
+
+_DFMA_OPS = {"dmul": 13, "dsqr": 14}
+
+
+@pytest.fixture(scope="module")
+def fq_rows(kind: str, request: pytest.FixtureRequest) -> Callable[[str, list[int], list[int]], list[int]]:
+    """ff_check_fq's op on rows of (a, b), on the device or in the host build of the kernel (``kind``)."""
+    if kind == "gpu":
+        cupy, mod = request.getfixturevalue("gpu_check")
+        kern = mod.get_function("ff_check_fq")
+        to_dev, to_host = cupy.asarray, cupy.asnumpy
+    else:
+        if not gpu_emu.available():
+            pytest.skip("no host C++ compiler for the kernel emulator")
+        kern = gpu_emu.get_module("ff/check.cu", root=gpu_emu.KERNELS).get_function("ff_check_fq")
+        to_dev = to_host = np.asarray
+
+    def run(op: str, a: list[int], b: list[int]) -> list[int]:
+        da, db = to_dev(ints_to_limbs(a, 6)), to_dev(ints_to_limbs(b, 6))
+        out = to_dev(np.full((len(a), 6), 0xDEADBEEF, dtype=np.uint64))  # poison: every row must be written
+        code = _DFMA_OPS[op] if op in _DFMA_OPS else _OPS[op]
+        kern(((len(a) + 255) // 256,), (256,), (np.int32(code), da, db, out, np.uint64(len(a))))
+        return limbs_to_ints(to_host(out))
+
+    return run
+
+
+def _dfma_edge() -> list[int]:
+    """Fq operands that stress the 48-bit limbs and 32-bit words: _edge's values, all-ones and
+    all-zero words and limbs, 2^383 - 1 and 2^384 - 1 reduced."""
+    p = Q_MOD
+    ones_words = sum(0xFFFFFFFF << (32 * i) for i in range(0, 12, 2))  # words 0, 2, 4, ... all ones
+    ones_limbs = sum(((1 << 48) - 1) << (48 * i) for i in range(0, 8, 2))  # 48-bit limbs 0, 2, 4, 6
+    vals = _edge(p, FQ.r_mod) + [
+        (1 << 380) - 1, (1 << 336) - 1, (1 << 48) - 1, (1 << 96) - (1 << 48), ones_words % p, ones_limbs % p,
+        (ones_words << 32) % p, (ones_limbs << 48) % p, ((1 << 383) - 1) % p, ((1 << 384) - 1) % p, p >> 1 << 1,
+    ]
+    return list(dict.fromkeys(v % p for v in vals))
+
+
+def test_fq_dfma_matches_python_ints(fq_rows: Callable[[str, list[int], list[int]], list[int]]) -> None:
+    """fq_mul_dfma / fq_sqr_dfma against Python ints and fp_t's own a * b and a.sqr(): every pair of
+    edge values (a = b among them), then random canonical operands."""
+    rng = random.Random(SEED + 13)
+    edge = _dfma_edge()
+    a = [x for x in edge for _ in edge] + [rng.randrange(Q_MOD) for _ in range(3000)]
+    b = [y for _ in edge for y in edge] + [rng.randrange(Q_MOD) for _ in range(3000)]
+    for op, plain in (("dmul", "mul"), ("dsqr", "sqr")):
+        got = fq_rows(op, a, b)
+        want = [_expect(plain, x, y, Q_MOD, FQ.r) for x, y in zip(a, b)]
+        bad = [i for i in range(len(a)) if got[i] != want[i]]
+        assert not bad, f"seed={SEED} {op}: {len(bad)} wrong, first a={a[bad[0]]:#x} b={b[bad[0]]:#x}"
+        assert got == fq_rows(plain, a, b), f"seed={SEED} {op} differs from fp_t's {plain}"
+
+
+def test_fq_dfma_long_chain(fq_rows: Callable[[str, list[int], list[int]], list[int]]) -> None:
+    """x = x * y and x = x^2, 1000 dependent steps: the FP64-pipe product tracks fp_t's at every step
+    and ends at x y^1000 R^-1000 (x^(2^1000) R^-(2^1000 - 1)) by Python ints."""
+    rng = random.Random(SEED + 14)
+    n = 64
+    y = [rng.randrange(Q_MOD) for _ in range(n - 2)] + [Q_MOD - 1, 1]
+    x0 = [rng.randrange(Q_MOD) for _ in range(n - 1)] + [Q_MOD - 1]
+    for op, plain in (("dmul", "mul"), ("dsqr", "sqr")):
+        x = xp = x0
+        for step in range(1000):
+            x, xp = fq_rows(op, x, y), fq_rows(plain, xp, y)
+            assert x == xp, f"seed={SEED} {op} chain leaves fp_t's at step {step}"
+        ri = pow(FQ.r, -1, Q_MOD)
+        if op == "dmul":
+            want = [v * pow(w * ri, 1000, Q_MOD) % Q_MOD for v, w in zip(x0, y)]
+        else:
+            e = pow(2, 1000, Q_MOD - 1)
+            want = [pow(v * ri, e, Q_MOD) * FQ.r % Q_MOD for v in x0]
+        assert x == want, f"seed={SEED} {op} chain"

@@ -10,9 +10,13 @@
  *     unsigned __int128 (the baseline the reference measured at 1.88e10 Fq mul/s)
  *   ff_bench_fq2: fp2_t Karatsuba multiply (3 Fq mul + 5 add/sub)
  *   ff_bench_fq_sqr / ff_bench_fr_sqr: x = x.sqr() (the dedicated squaring), y unused
+ *   ff_bench_fq_dfma / ff_bench_fq_dfma_sqr: fq_mul_dfma / fq_sqr_dfma (ff/fp_dfma.cuh,
+ *     the partial products on the FP64 pipe); y's limbs are rebuilt every multiply (as
+ *     where both operands vary), not hoisted out of the loop
  */
 #include "fp2.cuh"
 #include "fr.cuh"
+#include "fp_dfma.cuh"
 
 #ifndef FF_BENCH_THREADS
 #define FF_BENCH_THREADS 256
@@ -87,6 +91,24 @@ DEV_INLINE void bench_chain(const uint64_t* a, uint64_t* out, uint64_t n, uint32
     acc.store(out + W * i);
 }
 
+/* fp_t with the FP64-pipe product and square: the interface bench_chain uses. The
+ * right operand's words pass an empty asm, so its conversion to limbs stays in the loop. */
+struct fq_dfma_bench_t {
+    fp_t v;
+    DEV_INLINE static fq_dfma_bench_t load(const uint64_t* p) { return {fp_t::load(p)}; }
+    DEV_INLINE void store(uint64_t* p) const { v.store(p); }
+    DEV_INLINE fq_dfma_bench_t operator*(const fq_dfma_bench_t& b) const {
+        fp_t y = b.v;
+#ifdef __CUDA_ARCH__
+#pragma unroll
+        for (int i = 0; i < 12; i++) asm volatile("" : "+r"(y.l[i]));
+#endif
+        return {fq_mul_dfma(v, y)};
+    }
+    DEV_INLINE fq_dfma_bench_t sqr() const { return {fq_sqr_dfma(v)}; }
+    DEV_INLINE fq_dfma_bench_t operator+(const fq_dfma_bench_t& b) const { return {v + b.v}; }
+};
+
 template <class F, int N>
 DEV_INLINE void bench_chain64(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters, uint64_t m0) {
     size_t i = (size_t)blockIdx.x * FF_BENCH_THREADS + threadIdx.x;
@@ -114,6 +136,14 @@ ff_bench_fq_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
 ff_bench_fr_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
     bench_chain<fr_t, 4, true>(a, out, n, iters);
+}
+extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
+ff_bench_fq_dfma(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
+    bench_chain<fq_dfma_bench_t, 6>(a, out, n, iters);
+}
+extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
+ff_bench_fq_dfma_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
+    bench_chain<fq_dfma_bench_t, 6, true>(a, out, n, iters);
 }
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
 ff_bench_fq2(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) { bench_chain<fp2_t, 12>(a, out, n, iters); }
