@@ -80,7 +80,7 @@ def _expected_row(kind: str, x: list[int], y: list[int], iters: int, chains: int
 
 def field_rate(kind: str, chains: int, n_threads: int, iters: int, rng: random.Random) -> float:
     """Multiplies per second of one bench kernel (ff/bench.cu), output checked on 64 rows."""
-    words = {"fq": 6, "fq64": 6, "fr": 4, "fr64": 4, "fq2": 12, "fq_sqr": 6, "fr_sqr": 4, "fq_dfma": 6,
+    words = {"fq": 6, "fr": 4, "fq2": 12, "fq_sqr": 6, "fr_sqr": 4, "fq_dfma": 6,
              "fq_dfma_sqr": 6}[kind]
     p = R_MOD if kind.startswith("fr") else Q_MOD
     n_el = 2 if kind == "fq2" else 1
@@ -95,13 +95,12 @@ def field_rate(kind: str, chains: int, n_threads: int, iters: int, rng: random.R
     grid = (n_threads + 255) // 256
     ms = time_ms(lambda: kern((grid,), (256,), (d_in, d_out, np.uint64(n_threads), np.uint32(iters))))
     out = limbs_to_ints(cupy.asnumpy(d_out[:64]))
-    chains_eff = 1 if kind.endswith("64") else chains
     for i in range(64):
         x, y = vals[i % 4096], vals[(i + 1) % n_threads % 4096]
-        want = _expected_row(kind, x, y, iters, chains_eff)
+        want = _expected_row(kind, x, y, iters, chains)
         if out[i] != want:
             raise AssertionError(f"ff_bench_{kind} chains={chains}: row {i} is wrong")
-    muls = n_threads * iters * chains_eff
+    muls = n_threads * iters * chains
     return muls / (ms / 1000.0)
 
 
@@ -110,8 +109,8 @@ def field_rows(quick: bool) -> dict[str, Any]:
     rng = random.Random(1)
     n, iters = (1 << 18, 256) if quick else (1 << 20, 1024)
     rows: dict[str, Any] = {}
-    for kind in ("fq", "fq64", "fq_sqr", "fq_dfma", "fq_dfma_sqr", "fr", "fr64", "fr_sqr", "fq2"):
-        for chains in ((1,) if kind.endswith("64") else (1, 2)):
+    for kind in ("fq", "fq_sqr", "fq_dfma", "fq_dfma_sqr", "fr", "fr_sqr", "fq2"):
+        for chains in (1, 2):
             label = kind.replace("_sqr", "") + ("_sqr" if kind.endswith("_sqr") else "_mul")
             rows[f"{label}_chains{chains}_per_s"] = field_rate(kind, chains, n, iters, rng)
     rows["fq_mul_per_s"] = max(rows["fq_mul_chains1_per_s"], rows["fq_mul_chains2_per_s"])

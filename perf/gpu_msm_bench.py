@@ -52,6 +52,11 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "xyzz_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3),
     "xyzz_mb4": msm.MsmParams(ba_rounds=0, acc_min_blocks=4),
     "xyzz_mb5": msm.MsmParams(ba_rounds=0, acc_min_blocks=5),
+    # G1 only (G2 ignores the knob): the Fq products on the FP64 pipe (ff/fp_dfma.cuh); its
+    # msm_accumulate spills ~0.9 KB at 4 blocks (128 registers), ~0.2 KB at 3, none at 2 (255)
+    "dfma_mb2": msm.MsmParams(ba_rounds=0, acc_min_blocks=2, fq_dfma=True),
+    "dfma_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3, fq_dfma=True),
+    "dfma_mb4": msm.MsmParams(ba_rounds=0, acc_min_blocks=4, fq_dfma=True),
 }
 
 
@@ -205,12 +210,13 @@ def bench_rows(plan: dict[bool, tuple[int, ...]], reps: int, sweep_lg: int | Non
     return rows
 
 
-def accumulate_rows(lg: int = 24, reps: int = 3, names: list[str] | None = None) -> dict[str, Any]:
-    """G1 and G2 rows at 2^lg for the :data:`ACCUMULATE_VARIANTS` entries ``names`` (all: None;
+def accumulate_rows(lg: int = 24, reps: int = 3, names: list[str] | None = None,
+                    groups: tuple[str, ...] = ("g1", "g2")) -> dict[str, Any]:
+    """Rows at 2^lg of ``groups`` for the :data:`ACCUMULATE_VARIANTS` entries ``names`` (all: None;
     random and PoRep-like, checked), then, for all, the runtime reduction knobs of the G2 default."""
     rows: dict[str, Any] = {}
     picked = {k: ACCUMULATE_VARIANTS[k] for k in (names or ACCUMULATE_VARIANTS)}
-    for g2 in (False, True):
+    for g2 in [g == "g2" for g in ("g1", "g2") if g in groups]:
         grp = "g2" if g2 else "g1"
         bases = Bases(g2, 1 << lg, seed=7)
         for dist in ("random", "porep"):
@@ -285,6 +291,7 @@ def main() -> None:
     ap.add_argument("--variants", default=None,
                     help=f"with --accumulate: a comma list of {', '.join(ACCUMULATE_VARIANTS)} (default all)")
     ap.add_argument("--reps", type=int, default=3, help="with --accumulate: timed runs per row")
+    ap.add_argument("--groups", default="g1,g2", help="with --accumulate: g1, g2 or both (default)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
     global CHECKPOINT
@@ -294,7 +301,11 @@ def main() -> None:
     names = args.variants.split(",") if args.variants else None
     if names and set(names) - set(ACCUMULATE_VARIANTS):
         ap.error(f"unknown variants {sorted(set(names) - set(ACCUMULATE_VARIANTS))}")
-    rows = accumulate_rows(reps=args.reps, names=names) if args.accumulate else msm_rows(args.quick)
+    groups = tuple(args.groups.split(","))
+    if set(groups) - {"g1", "g2"}:
+        ap.error(f"--groups: g1 and/or g2, not {args.groups}")
+    rows = (accumulate_rows(reps=args.reps, names=names, groups=groups) if args.accumulate
+            else msm_rows(args.quick))
     CHECKPOINT(rows)
     print(_table(rows))
 

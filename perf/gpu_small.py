@@ -445,7 +445,11 @@ def oneshot_rows(ses: Session, n: int, backend: str) -> None:
     # Where a warm process's wall goes, by function: one more warm run under cProfile (its own
     # overhead included), the 25 heaviest by cumulative time.
     prof = work / "oneshot.prof"
-    ses.command("oneshot_profile", [sys.executable, "-m", "cProfile", "-o", str(prof), *cmd[1:]], 60)
+    # (cuzk_mp.cli.main under cProfile: the console script's run() leaves by os._exit, before
+    # `python -m cProfile` would write its file)
+    code = (f"import cProfile, sys; sys.argv = {['cuzk-mp', *cmd[3:]]!r}; import cuzk_mp.cli as c; "
+            f"cProfile.run('c.main()', {str(prof)!r})")
+    ses.command("oneshot_profile", [sys.executable, "-c", code], 60)
     stats = pstats.Stats(str(prof))
     heavy = sorted(stats.stats.items(), key=lambda kv: kv[1][3], reverse=True)[:25]  # type: ignore[attr-defined]
     ses.rows[f"oneshot_2^{n}_profile_top"] = {f"{Path(f).name}:{line}({fn})": round(v[3] * 1e3, 1)

@@ -159,6 +159,18 @@ def test_accumulation_modes(msm: Any, dist: str) -> None:
         assert _run(msm, points, scalars, True, params) == _oracle(points, scalars, True), f"seed {SEED} {rounds}"
 
 
+@pytest.mark.parametrize("dist", ["random", "porep", "same"])
+def test_fq_dfma_module(msm: Any, dist: str) -> None:
+    """The G1 module with the FP64-pipe Fq products (EC_FQ_DFMA=1) on the special bases (P + P,
+    P - P, infinity) and on 1000 random ones; G2 modules ignore the knob."""
+    params = msm.MsmParams(fq_dfma=True, acc_min_blocks=2)
+    assert params.defines(False)["EC_FQ_DFMA"] == 1 and "EC_FQ_DFMA" not in params.defines(True)
+    points, scalars = _special(False, dist)
+    assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
+    points, scalars = _points(1000, False), _scalars(1000, dist, SEED + 11)
+    assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
+
+
 def test_params_defines(msm: Any) -> None:
     """Compiled knobs per group: G1 keeps 4 blocks of 128 resident, G2 compiles its Fq2
     products as calls with the lazy-reduction product."""

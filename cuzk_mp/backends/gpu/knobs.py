@@ -108,6 +108,9 @@ class MsmParams:
     # Dense passes small enough run as captured CUDA graphs (msm.py, GRAPH_MAX_ENTRIES): one launch
     # instead of ~20, for MSMs whose kernels are shorter than their launches.
     graphs: bool = False
+    # G1 modules: the curve formulas' Fq products on the FP64 pipe (ff/fp_dfma.cuh, EC_FQ_DFMA=1)
+    # instead of mont_t's IMAD chains; compiled in (not shipped: NVRTC builds it on first use).
+    fq_dfma: bool = False
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -137,6 +140,8 @@ class MsmParams:
         out = {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads, "MSM_ACC_MIN_BLOCKS": min_blocks}
         if g2:
             out.update(G2_FP2)
+        elif self.fq_dfma:
+            out["EC_FQ_DFMA"] = 1
         return out
 
 

@@ -6,10 +6,10 @@
  * rows against Python ints (x * y^iters * R^-iters) and divides
  * threads * iters * CHAINS by the event-timed kernel time.
  *   ff_bench_fq / ff_bench_fr: mont_t (12 / 8 x 32-bit words, even/odd PTX CIOS)
- *   ff_bench_fq64 / ff_bench_fr64: plain CIOS on 6 / 4 x 64-bit limbs with
- *     unsigned __int128 (the baseline the reference measured at 1.88e10 Fq mul/s)
  *   ff_bench_fq2: fp2_t Karatsuba multiply (3 Fq mul + 5 add/sub)
  *   ff_bench_fq_sqr / ff_bench_fr_sqr: x = x.sqr() (the dedicated squaring), y unused
+ * (The plain 64-bit-limb CIOS baseline of perf/gpu_notes.md, 1.64e10 Fq mul/s, is gone: NVRTC 13
+ * refuses unsigned __int128 in device code.)
  *   ff_bench_fq_dfma / ff_bench_fq_dfma_sqr: fq_mul_dfma / fq_sqr_dfma (ff/fp_dfma.cuh,
  *     the partial products on the FP64 pipe); y's limbs are rebuilt every multiply (as
  *     where both operands vary), not hoisted out of the loop
@@ -24,53 +24,6 @@
 #ifndef FF_BENCH_CHAINS
 #define FF_BENCH_CHAINS 1
 #endif
-
-/* Montgomery CIOS on N 64-bit limbs (Koc et al. 1996), final conditional subtraction. */
-template <class F, int N>
-DEV_INLINE void mul64(uint64_t* r, const uint64_t* a, const uint64_t* b, uint64_t m0) {
-    uint64_t p[N];
-#pragma unroll
-    for (int i = 0; i < N; i++) p[i] = ((uint64_t)F::mod(2 * i + 1) << 32) | F::mod(2 * i);
-    uint64_t t[N + 2];
-#pragma unroll
-    for (int i = 0; i < N + 2; i++) t[i] = 0;
-#pragma unroll
-    for (int i = 0; i < N; i++) {
-        unsigned __int128 uv = 0;
-        uint64_t c = 0;
-#pragma unroll
-        for (int j = 0; j < N; j++) {
-            uv = (unsigned __int128)a[j] * b[i] + t[j] + c;
-            t[j] = (uint64_t)uv;
-            c = (uint64_t)(uv >> 64);
-        }
-        uv = (unsigned __int128)t[N] + c;
-        t[N] = (uint64_t)uv;
-        t[N + 1] = (uint64_t)(uv >> 64);
-        uint64_t m = t[0] * m0;
-        uv = (unsigned __int128)m * p[0] + t[0];
-        c = (uint64_t)(uv >> 64);
-#pragma unroll
-        for (int j = 1; j < N; j++) {
-            uv = (unsigned __int128)m * p[j] + t[j] + c;
-            t[j - 1] = (uint64_t)uv;
-            c = (uint64_t)(uv >> 64);
-        }
-        uv = (unsigned __int128)t[N] + c;
-        t[N - 1] = (uint64_t)uv;
-        t[N] = t[N + 1] + (uint64_t)(uv >> 64);
-    }
-    uint64_t s[N], borrow = 0;
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-        unsigned __int128 d = (unsigned __int128)t[j] - p[j] - borrow;
-        s[j] = (uint64_t)d;
-        borrow = (uint64_t)(d >> 64) & 1;
-    }
-    bool keep = borrow && !t[N];
-#pragma unroll
-    for (int j = 0; j < N; j++) r[j] = keep ? t[j] : s[j];
-}
 
 template <class T, int W, bool SQR = false>
 DEV_INLINE void bench_chain(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
@@ -109,22 +62,6 @@ struct fq_dfma_bench_t {
     DEV_INLINE fq_dfma_bench_t operator+(const fq_dfma_bench_t& b) const { return {v + b.v}; }
 };
 
-template <class F, int N>
-DEV_INLINE void bench_chain64(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters, uint64_t m0) {
-    size_t i = (size_t)blockIdx.x * FF_BENCH_THREADS + threadIdx.x;
-    if (i >= n) return;
-    uint64_t x[N], y[N];
-#pragma unroll
-    for (int j = 0; j < N; j++) {
-        x[j] = a[N * i + j];
-        y[j] = a[N * ((i + 1) % n) + j];
-    }
-#pragma unroll 1
-    for (uint32_t k = 0; k < iters; k++) mul64<F, N>(x, x, y, m0);
-#pragma unroll
-    for (int j = 0; j < N; j++) out[N * i + j] = x[j];
-}
-
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
 ff_bench_fq(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) { bench_chain<fp_t, 6>(a, out, n, iters); }
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
@@ -147,11 +84,3 @@ ff_bench_fq_dfma_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iter
 }
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
 ff_bench_fq2(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) { bench_chain<fp2_t, 12>(a, out, n, iters); }
-extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
-ff_bench_fq64(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
-    bench_chain64<fq_field, 6>(a, out, n, iters, FQ_M0_64);
-}
-extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
-ff_bench_fr64(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
-    bench_chain64<fr_field, 4>(a, out, n, iters, FR_M0_64);
-}

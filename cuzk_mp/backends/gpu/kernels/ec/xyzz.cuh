@@ -26,6 +26,7 @@
 #pragma once
 #include "affine.cuh"
 #include "../ff/fp2_lazy.cuh"
+#include "../ff/fp_dfma.cuh"
 
 #ifdef __CUDACC__
 #define EC_NOINLINE __host__ __device__ __noinline__
@@ -72,6 +73,25 @@ template <class F>
 FF_INLINE F ec_sqr(const F& a) {
     return a.sqr();
 }
+/* EC_FQ_DFMA=1 (G1 modules): the Fq products and squares of every formula are
+ * fq_mul_dfma / fq_sqr_dfma (ff/fp_dfma.cuh: the 48-bit limb products on the FP64 pipe,
+ * the column sums on the integer ALU) instead of mont_t's IMAD carry chains. */
+#ifndef EC_FQ_DFMA
+#define EC_FQ_DFMA 0
+#endif
+#if EC_FQ_DFMA != 0 && EC_FQ_DFMA != 1
+#error "EC_FQ_DFMA must be 0 or 1"
+#endif
+#if EC_FQ_DFMA
+template <>
+FF_INLINE fp_t ec_mul<fp_t>(const fp_t& a, const fp_t& b) {
+    return fq_mul_dfma(a, b);
+}
+template <>
+FF_INLINE fp_t ec_sqr<fp_t>(const fp_t& a) {
+    return fq_sqr_dfma(a);
+}
+#endif
 #if EC_FP2_CALLS
 EC_NOINLINE fp2_t ec_fp2_mul_call(fp2_t a, fp2_t b) {
     return ec_fp2_mul(a, b);
