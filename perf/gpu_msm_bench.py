@@ -54,9 +54,13 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "xyzz_mb5": msm.MsmParams(ba_rounds=0, acc_min_blocks=5),
     # G1 only (G2 ignores the knob): the Fq products on the FP64 pipe (ff/fp_dfma.cuh); its
     # msm_accumulate spills ~0.9 KB at 4 blocks (128 registers), ~0.2 KB at 3, none at 2 (255)
-    "dfma_mb2": msm.MsmParams(ba_rounds=0, acc_min_blocks=2, fq_dfma=True),
-    "dfma_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3, fq_dfma=True),
-    "dfma_mb4": msm.MsmParams(ba_rounds=0, acc_min_blocks=4, fq_dfma=True),
+    "dfma_mb2": msm.MsmParams(ba_rounds=0, acc_min_blocks=2, fq_mul="dfma"),
+    "dfma_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3, fq_mul="dfma"),
+    "dfma_mb4": msm.MsmParams(ba_rounds=0, acc_min_blocks=4, fq_mul="dfma"),
+    # every other product of the mixed addition on the FP64 pipe, the rest on IMAD
+    "mixed_mb2": msm.MsmParams(ba_rounds=0, acc_min_blocks=2, fq_mul="mixed"),
+    "mixed_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3, fq_mul="mixed"),
+    "mixed_mb4": msm.MsmParams(ba_rounds=0, acc_min_blocks=4, fq_mul="mixed"),
 }
 
 

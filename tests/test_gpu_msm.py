@@ -160,15 +160,20 @@ def test_accumulation_modes(msm: Any, dist: str) -> None:
 
 
 @pytest.mark.parametrize("dist", ["random", "porep", "same"])
-def test_fq_dfma_module(kind: str, msm: Any, dist: str) -> None:
-    """The G1 module with the FP64-pipe Fq products (EC_FQ_DFMA=1) on the special bases (P + P,
-    P - P, infinity) and on 1000 random ones; G2 modules ignore the knob. On the device only: the
-    emulator checks the products themselves (test_gpu_field.py) and would spend ~50 s building
-    this module variant for a knob the prover does not use by default."""
+@pytest.mark.parametrize("mode", ["dfma", "mixed"])
+def test_fq_dfma_module(kind: str, msm: Any, dist: str, mode: str) -> None:
+    """The G1 modules with FP64-pipe Fq products (EC_FQ_DFMA=1: all, 2: every other one of the
+    mixed addition) on the special bases (P + P, P - P, infinity) and on 1000 random ones; G2
+    modules ignore the knob. On the device only: the emulator checks the products themselves
+    (test_gpu_field.py) and would spend ~50 s building each module variant for a knob the
+    prover does not use by default."""
     if kind == "emu":
-        pytest.skip("the FP64-pipe G1 module runs on the device; its products are emulator-tested")
-    params = msm.MsmParams(fq_dfma=True, acc_min_blocks=2)
-    assert params.defines(False)["EC_FQ_DFMA"] == 1 and "EC_FQ_DFMA" not in params.defines(True)
+        pytest.skip("the FP64-pipe G1 modules run on the device; their products are emulator-tested")
+    params = msm.MsmParams(fq_mul=mode, acc_min_blocks=2)
+    assert params.defines(False)["EC_FQ_DFMA"] == {"dfma": 1, "mixed": 2}[mode]
+    assert "EC_FQ_DFMA" not in params.defines(True) and "EC_FQ_DFMA" not in msm.MsmParams().defines(False)
+    with pytest.raises(ConfigError, match="fq_mul"):
+        msm.MsmParams(fq_mul="fp64")
     points, scalars = _special(False, dist)
     assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
     points, scalars = _points(1000, False), _scalars(1000, dist, SEED + 11)

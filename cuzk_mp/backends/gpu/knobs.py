@@ -69,6 +69,10 @@ BA_ROUNDS = 3
 BA_SEG = 256
 
 
+# MsmParams.fq_mul's values, in the order of their EC_FQ_DFMA define (ec/xyzz.cuh).
+FQ_MUL_MODES = ("imad", "dfma", "mixed")
+
+
 def accumulate_rounds(mode: str | None = None) -> int:
     """Batch-affine rounds of an accumulation mode (``mode`` None: env CUZK_GPU_MSM_ACCUMULATE,
     default "xyzz"): 0 for "xyzz", :data:`BA_ROUNDS` for "affine"."""
@@ -108,9 +112,11 @@ class MsmParams:
     # Dense passes small enough run as captured CUDA graphs (msm.py, GRAPH_MAX_ENTRIES): one launch
     # instead of ~20, for MSMs whose kernels are shorter than their launches.
     graphs: bool = False
-    # G1 modules: the curve formulas' Fq products on the FP64 pipe (ff/fp_dfma.cuh, EC_FQ_DFMA=1)
-    # instead of mont_t's IMAD chains; compiled in (not shipped: NVRTC builds it on first use).
-    fq_dfma: bool = False
+    # G1 modules: where the curve formulas' Fq products run (ec/xyzz.cuh, EC_FQ_DFMA): "imad"
+    # (mont_t's carry chains), "dfma" (all on the FP64 pipe, ff/fp_dfma.cuh) or "mixed" (every
+    # other product of the mixed addition on the FP64 pipe); compiled in, only "imad" is shipped
+    # (NVRTC builds the others on first use). perf/gpu_msm_notes.md has the measurements.
+    fq_mul: str = "imad"
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -130,6 +136,8 @@ class MsmParams:
             raise ConfigError(f"MsmParams.max_entries={self.max_entries}: >= 1")
         if self.acc_min_blocks is not None and not 1 <= self.acc_min_blocks <= 32:
             raise ConfigError(f"MsmParams.acc_min_blocks={self.acc_min_blocks}: in [1, 32] or None")
+        if self.fq_mul not in FQ_MUL_MODES:
+            raise ConfigError(f"MsmParams.fq_mul={self.fq_mul!r}: one of {', '.join(FQ_MUL_MODES)}")
         if not 0 <= self.ba_rounds <= 255 or not 1 <= self.ba_seg <= 1 << 16:
             raise ConfigError(f"MsmParams: ba_rounds in [0, 255], ba_seg in [1, 65536] (got {self.ba_rounds}, "
                               f"{self.ba_seg})")
@@ -140,8 +148,8 @@ class MsmParams:
         out = {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads, "MSM_ACC_MIN_BLOCKS": min_blocks}
         if g2:
             out.update(G2_FP2)
-        elif self.fq_dfma:
-            out["EC_FQ_DFMA"] = 1
+        elif self.fq_mul != "imad":
+            out["EC_FQ_DFMA"] = FQ_MUL_MODES.index(self.fq_mul)
         return out
 
 

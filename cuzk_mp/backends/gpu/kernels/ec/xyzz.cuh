@@ -73,22 +73,46 @@ template <class F>
 FF_INLINE F ec_sqr(const F& a) {
     return a.sqr();
 }
-/* EC_FQ_DFMA=1 (G1 modules): the Fq products and squares of every formula are
- * fq_mul_dfma / fq_sqr_dfma (ff/fp_dfma.cuh: the 48-bit limb products on the FP64 pipe,
- * the column sums on the integer ALU) instead of mont_t's IMAD carry chains. */
+/* How the G1 modules compute Fq products (-D EC_FQ_DFMA):
+ *   0  mont_t's IMAD carry chains everywhere (default);
+ *   1  every product and square of every formula is fq_mul_dfma / fq_sqr_dfma
+ *      (ff/fp_dfma.cuh: the 48-bit limb products on the FP64 pipe, the column sums on
+ *      the integer ALU);
+ *   2  mixed: the mixed addition (the accumulation's inner loop) takes every other
+ *      product on the FP64 pipe (ec_mul2 / ec_sqr2), the rest stays on IMAD, so the
+ *      warps of an SM keep both pipes busy; the other formulas stay on IMAD. */
 #ifndef EC_FQ_DFMA
 #define EC_FQ_DFMA 0
 #endif
-#if EC_FQ_DFMA != 0 && EC_FQ_DFMA != 1
-#error "EC_FQ_DFMA must be 0 or 1"
+#if EC_FQ_DFMA != 0 && EC_FQ_DFMA != 1 && EC_FQ_DFMA != 2
+#error "EC_FQ_DFMA must be 0, 1 or 2"
 #endif
-#if EC_FQ_DFMA
+#if EC_FQ_DFMA == 1
 template <>
 FF_INLINE fp_t ec_mul<fp_t>(const fp_t& a, const fp_t& b) {
     return fq_mul_dfma(a, b);
 }
 template <>
 FF_INLINE fp_t ec_sqr<fp_t>(const fp_t& a) {
+    return fq_sqr_dfma(a);
+}
+#endif
+/* The "other pipe" product of the mixed addition: ec_mul / ec_sqr unless EC_FQ_DFMA == 2. */
+template <class F>
+FF_INLINE F ec_mul2(const F& a, const F& b) {
+    return ec_mul(a, b);
+}
+template <class F>
+FF_INLINE F ec_sqr2(const F& a) {
+    return ec_sqr(a);
+}
+#if EC_FQ_DFMA == 2
+template <>
+FF_INLINE fp_t ec_mul2<fp_t>(const fp_t& a, const fp_t& b) {
+    return fq_mul_dfma(a, b);
+}
+template <>
+FF_INLINE fp_t ec_sqr2<fp_t>(const fp_t& a) {
     return fq_sqr_dfma(a);
 }
 #endif
@@ -186,20 +210,20 @@ struct xyzz_t {
             *this = from_affine(p);
             return;
         }
-        F P = ec_mul(p.x, ZZ) - X;
+        F P = ec_mul2(p.x, ZZ) - X;  /* ec_mul2 / ec_sqr2: every other product (EC_FQ_DFMA == 2) */
         F R = ec_mul(p.y, ZZZ) - Y;
         if (P.is_zero()) {
             if (R.is_zero()) *this = xyzz_dbl_affine_call(p); /* same point */
             else *this = inf();                    /* p = -this */
             return;
         }
-        F PP = ec_sqr(P);
+        F PP = ec_sqr2(P);
         ZZ = ec_mul(ZZ, PP);
-        F PPP = ec_mul(P, PP);
+        F PPP = ec_mul2(P, PP);
         ZZZ = ec_mul(ZZZ, PPP);
-        F Q = ec_mul(X, PP);
+        F Q = ec_mul2(X, PP);
         X = ec_sqr(R) - PPP - Q.dbl();
-        Y = ec_mul(R, Q - X) - ec_mul(Y, PPP);
+        Y = ec_mul2(R, Q - X) - ec_mul(Y, PPP);
     }
 
     /* this += q (add-2008-s): U1 = X1 ZZ2, U2 = X2 ZZ1, S1 = Y1 ZZZ2, S2 = Y2 ZZZ1,
