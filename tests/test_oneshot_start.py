@@ -9,6 +9,7 @@ alone) writes a proof that verifies, logging the time of each step.
 from __future__ import annotations
 
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -37,9 +38,19 @@ def test_snarkjs_verbs_do_not_import_the_engine() -> None:
     assert all(verb in helptext for verb in ("bench", "daemon", "client", "groth16"))
 
 
-def test_one_shot_prove_logs_its_steps_and_verifies(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
+@pytest.fixture
+def key(tmp_path: Path) -> Path:
+    """A copy of the test key: the first proof writes the circuit-data cache beside it, and
+    that must not land in the repository."""
+    dest = tmp_path / "mul.zkey"
+    shutil.copyfile(DATA / "mul.zkey", dest)
+    return dest
+
+
+def test_one_shot_prove_logs_its_steps_and_verifies(tmp_path: Path, key: Path,
+                                                    capfd: pytest.CaptureFixture[str]) -> None:
     proof, public, vk = tmp_path / "proof.json", tmp_path / "public.json", tmp_path / "vk.json"
-    assert main(["--log-level", "INFO", "groth16", "prove", "--backend", "cpu", str(DATA / "mul.zkey"),
+    assert main(["--log-level", "INFO", "groth16", "prove", "--backend", "cpu", str(key),
                  str(DATA / "mul.wtns"), str(proof), str(public)]) == 0
     steps = [line for line in capfd.readouterr().err.splitlines() if "prove: witness_map" in line]
     assert steps and all(f"{k} " in steps[0] for k in ("load_key", "stage", "device", "finalize"))
@@ -48,15 +59,16 @@ def test_one_shot_prove_logs_its_steps_and_verifies(tmp_path: Path, capfd: pytes
     assert json.loads(public.read_text()) == json.loads((DATA / "public.json").read_text())
 
 
-def test_console_script_leaves_at_once_with_its_files_written(tmp_path: Path) -> None:
+def test_console_script_leaves_at_once_with_its_files_written(tmp_path: Path, key: Path) -> None:
     """``python -m cuzk_mp`` (:func:`cuzk_mp.cli.run`): after a one-shot verb the process skips the
     interpreter's teardown, yet its files are whole, its log lines out and its exit code right."""
     proof, public, vk = tmp_path / "proof.json", tmp_path / "public.json", tmp_path / "vk.json"
     cmd = [sys.executable, "-m", "cuzk_mp", "--log-level", "INFO"]
-    res = subprocess.run([*cmd, "g16p", "--backend", "cpu", str(DATA / "mul.zkey"), str(DATA / "mul.wtns"),
+    res = subprocess.run([*cmd, "g16p", "--backend", "cpu", str(key), str(DATA / "mul.wtns"),
                           str(proof), str(public)], capture_output=True, text=True, check=False)
     assert res.returncode == 0, res.stderr
     assert "proved with the cpu backend" in res.stderr
+    assert (tmp_path / "mul.zkey.synth-ab").is_file()  # the cache went beside the key, as built
     assert subprocess.run([*cmd, "zkev", str(DATA / "mul.zkey"), str(vk)], check=False).returncode == 0
     res = subprocess.run([*cmd, "g16v", str(vk), str(public), str(proof)], capture_output=True, text=True,
                          check=False)
