@@ -421,9 +421,10 @@ def run() -> None:
     """The console script: :func:`main`, then out of the process.
 
     After a one-shot verb (its files written and closed) the process leaves with ``os._exit``
-    once stdout, stderr and the log handlers are flushed: the interpreter's teardown (the CUDA
-    context, numba's thread pool, module finalisers) would add ~0.3 s to every ``groth16 prove``
-    and changes nothing on disk. The engine's verbs (daemon, bench, client) end normally."""
+    once stdout, stderr and the log handlers are flushed: the interpreter's teardown (numba's
+    thread pool, module finalisers) changes nothing on disk and cost ~0.35 s a ``groth16 prove``
+    on the CPU backend (perf/results/oneshot-start-cpu.json); a CUDA context is released by the
+    driver at exit either way. The engine's verbs (daemon, bench, client) end normally."""
     line = global_options_first(sys.argv[1:])
     code = main()
     if _verb(line) in LOCAL_VERBS:
