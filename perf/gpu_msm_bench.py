@@ -61,6 +61,11 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "mixed_mb2": msm.MsmParams(ba_rounds=0, acc_min_blocks=2, fq_mul="mixed"),
     "mixed_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3, fq_mul="mixed"),
     "mixed_mb4": msm.MsmParams(ba_rounds=0, acc_min_blocks=4, fq_mul="mixed"),
+    # both groups: Karatsuba Fq products (ff/mont.cuh mul_karatsuba, FF_KARATSUBA=1); G1 at its
+    # default 4 blocks spills ~0.45 KB, at 3 ~0.1 KB, none at 2 (232 registers)
+    "kara": msm.MsmParams(ba_rounds=0, fq_karatsuba=True),
+    "kara_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3, fq_karatsuba=True),
+    "kara_mb2": msm.MsmParams(ba_rounds=0, acc_min_blocks=2, fq_karatsuba=True),
 }
 
 

@@ -49,6 +49,8 @@ template <class T> static void wr(const T& x, int nl) {
 template <class T> static void run(const char* op, int nl) {
     T a = rd<T>(nl), b = rd<T>(nl);
     if (!strcmp(op, "mul")) wr(a * b, nl);
+    else if (!strcmp(op, "kmul")) wr(a.mul_karatsuba(b), nl);
+    else if (!strcmp(op, "ksqr")) wr(a.sqr_karatsuba(), nl);
     else if (!strcmp(op, "add")) wr(a + b, nl);
     else if (!strcmp(op, "sub")) wr(a - b, nl);
     else if (!strcmp(op, "neg")) wr(a.neg(), nl);
@@ -82,6 +84,18 @@ def _edge(p: int, r_mod: int) -> list[int]:
     return [0, 1, 2, p - 1, p - 2, r_mod, p // 2, p // 2 + 1, (1 << 255) % p, p - r_mod]
 
 
+def _half_edge(p: int, nl: int) -> list[int]:
+    """Values whose halves (nl / 2 limbs each) stress the Karatsuba product: equal halves (the
+    middle product is 0), one half 0 or all ones, the low half just above or below the high one."""
+    hb = 32 * nl  # bits in a half
+    top = (p >> hb) - 1  # a high half that keeps the value below p
+    lo_max = (1 << hb) - 1
+    vals = [c * ((1 << hb) + 1) for c in (1, 2, top, top // 2)]
+    vals += [top << hb, (top << hb) | lo_max, lo_max, 1 << hb, (1 << hb) - 1, (top << hb) | (top + 1),
+             (top << hb) | (top - 1), (1 << hb) | lo_max, p - (1 << hb)]
+    return list(dict.fromkeys(v % p for v in vals))
+
+
 def _limbs(x: int, nl: int) -> str:
     return " ".join(f"{(x >> (64 * i)) & ((1 << 64) - 1):x}" for i in range(nl))
 
@@ -97,6 +111,7 @@ def _field_cases(rng: random.Random, tag: str, p: int, nl: int, count: int) -> l
         expect = {
             "mul": a * b * ri % p, "add": (a + b) % p, "sub": (a - b) % p, "neg": -a % p,
             "sqr": a * a * ri % p, "dbl": 2 * a % p, "tom": a * r % p, "frm": a * ri % p,
+            "kmul": a * b * ri % p, "ksqr": a * a * ri % p,
         }
         if i < 40:
             expect["inv"] = pow(a * ri, -1, p) * r % p if a else 0
@@ -105,6 +120,11 @@ def _field_cases(rng: random.Random, tag: str, p: int, nl: int, count: int) -> l
         for op, val in expect.items():
             cases.append((f"{tag} {op} {_limbs(a, nl)} {_limbs(b, nl)}", val))
         cases.append((f"{tag} eq {_limbs(a, nl)} {_limbs(a if i % 2 else b, nl)}", int(i % 2 == 1 or a == b)))
+    half = _half_edge(p, nl) + vals
+    for a in half:
+        for b in half:
+            cases.append((f"{tag} kmul {_limbs(a, nl)} {_limbs(b, nl)}", a * b * ri % p))
+        cases.append((f"{tag} ksqr {_limbs(a, nl)} {_limbs(a, nl)}", a * a * ri % p))
     return cases
 
 
@@ -131,16 +151,18 @@ def _fp2_cases(rng: random.Random, count: int) -> list[tuple[str, int]]:
     return cases
 
 
-@pytest.fixture(scope="module")
-def host_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The field headers compiled as host C++ into a small stdin/stdout calculator."""
+@pytest.fixture(scope="module", params=[0, 1], ids=["cios", "karatsuba"])
+def host_driver(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The field headers compiled as host C++ into a small stdin/stdout calculator, with Fq's
+    operator* / sqr() as CIOS and schoolbook (FF_KARATSUBA=0) or as the Karatsuba forms (=1)."""
     cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no host C++ compiler to build the field headers with")
     d = tmp_path_factory.mktemp("ffhost")
     (d / "drv.cpp").write_text(HOST_DRIVER)
     exe = d / "drv"
-    subprocess.run([cxx, "-O1", "-std=c++17", "-w", f"-I{KERNELS}", str(d / "drv.cpp"), "-o", str(exe)],
+    subprocess.run([cxx, "-O1", "-std=c++17", "-w", f"-DFF_KARATSUBA={request.param}", f"-I{KERNELS}",
+                    str(d / "drv.cpp"), "-o", str(exe)],
                    check=True, capture_output=True, text=True)
     return exe
 
@@ -174,7 +196,7 @@ def test_host_build_matches_python_ints(host_driver: Path) -> None:
 # ---------------------------------------------------------------- on the GPU (NVRTC build)
 
 _OPS = {"mul": 0, "add": 1, "sub": 2, "neg": 3, "sqr": 4, "dbl": 5, "inv": 6, "tom": 7, "frm": 8, "eq": 9,
-        "nr": 10, "mfp": 11, "inb": 12}
+        "nr": 10, "mfp": 11, "inb": 12, "kmul": 15, "ksqr": 16}
 
 
 def _expect(op: str, a: int, b: int, p: int, r: int) -> int:
@@ -182,12 +204,13 @@ def _expect(op: str, a: int, b: int, p: int, r: int) -> int:
     return {
         "mul": a * b * ri, "add": a + b, "sub": a - b, "neg": -a, "sqr": a * a * ri, "dbl": 2 * a,
         "inv": pow(a * ri, -1, p) * r if a else 0, "inb": pow(a * ri, -1, p) * r if a else 0, "tom": a * r,
+        "kmul": a * b * ri, "ksqr": a * a * ri,
         "frm": a * ri,
     }[op] % p
 
 
-def _operands(rng: random.Random, p: int, r_mod: int, n: int) -> tuple[list[int], list[int]]:
-    edge = _edge(p, r_mod)
+def _operands(rng: random.Random, p: int, r_mod: int, nl: int, n: int) -> tuple[list[int], list[int]]:
+    edge = _edge(p, r_mod) + _half_edge(p, nl)
     a = [edge[i % len(edge)] if i < len(edge) ** 2 else rng.randrange(p) for i in range(n)]
     b = [edge[(i // len(edge)) % len(edge)] if i < len(edge) ** 2 else rng.randrange(p) for i in range(n)]
     return a, b
@@ -214,11 +237,11 @@ def test_gpu_field_ops_match_python_ints(gpu_check: tuple, field: str) -> None:
     p, fp, nl = (Q_MOD, FQ, 6) if field == "fq" else (R_MOD, FR, 4)
     rng = random.Random(SEED + nl)
     n = 3000
-    a, b = _operands(rng, p, fp.r_mod, n)
+    a, b = _operands(rng, p, fp.r_mod, nl, n)
     da, db = cupy.asarray(ints_to_limbs(a, nl)), cupy.asarray(ints_to_limbs(b, nl))
     out = cupy.empty_like(da)
     kern = mod.get_function(f"ff_check_{field}")
-    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "inb", "tom", "frm", "eq"):
+    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "inb", "tom", "frm", "eq", "kmul", "ksqr"):
         out.fill(0xDEADBEEF)  # poison: every row must be written
         m = 200 if op == "inv" else n
         kern(((m + 255) // 256,), (256,), (np.int32(_OPS[op]), da, db, out, np.uint64(m)))

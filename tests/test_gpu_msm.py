@@ -241,17 +241,19 @@ def test_ones_segment(msm: Any) -> None:
         assert seg <= 64 and waves == max(1, -(-n1 // (r * 64))), n1
 
 
-def test_fp2_lazy_mul(kind: str, msm: Any) -> None:  # msm: skips where this kind cannot run
+@pytest.mark.parametrize("karatsuba", [0, 1])
+def test_fp2_lazy_mul(kind: str, msm: Any, karatsuba: int) -> None:  # msm: skips where this kind cannot run
     """fp2_lazy::mul (ff/fp2_lazy.cuh, the G2 MSM's Fq2 product) and fp2_t's product against
     Python ints on Montgomery-form Fq2 elements, with 0, 1, q - 1, q - 2, R mod q, ... among
-    the coordinates (both signs of a0 b0 - a1 b1, the largest sums a0 + a1)."""
+    the coordinates (both signs of a0 b0 - a1 b1, the largest sums a0 + a1); with the
+    schoolbook and the Karatsuba wide products (FF_KARATSUBA)."""
     rng = random.Random(SEED + 17)
     edge = [0, 1, Q_MOD - 1, Q_MOD - 2, (1 << 384) % Q_MOD, (Q_MOD - 1) // 2, 1 << 380]
     n = 500
     vals = [[rng.choice(edge) if rng.random() < 0.5 else rng.randrange(Q_MOD) for _ in range(4)] for _ in range(n)]
     a = ints_to_limbs([v for x in vals for v in x[:2]], 6).reshape(n, 12)
     b = ints_to_limbs([v for x in vals for v in x[2:]], 6).reshape(n, 12)
-    out = _launch_check(kind, a, b)
+    out = _launch_check(kind, a, b, {"FF_KARATSUBA": karatsuba})
     r_inv = pow(1 << 384, -1, Q_MOD)
     for i, (a0, a1, b0, b1) in enumerate(vals):
         want = [(a0 * b0 - a1 * b1) * r_inv % Q_MOD, (a0 * b1 + a1 * b0) * r_inv % Q_MOD]
@@ -259,11 +261,11 @@ def test_fp2_lazy_mul(kind: str, msm: Any) -> None:  # msm: skips where this kin
         assert got[:2] == want and got[2:] == want, f"seed {SEED} row {i}: {vals[i]}"
 
 
-def _launch_check(kind: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+def _launch_check(kind: str, a: np.ndarray, b: np.ndarray, defines: dict[str, int]) -> np.ndarray:
     """Run ec/check.cu's ec_fp2_mul_check on the device or in the emulator; (n, 24) out."""
     n = a.shape[0]
     if kind == "emu":
-        kernel = gpu_emu.get_module("ec/check.cu", root=KERNELS).get_function("ec_fp2_mul_check")
+        kernel = gpu_emu.get_module("ec/check.cu", defines, root=KERNELS).get_function("ec_fp2_mul_check")
         out = np.zeros((n, 24), dtype=np.uint64)
         kernel((-(-n // 128),), (128,), (a, b, out, np.uint64(n)))
         return out
@@ -271,10 +273,25 @@ def _launch_check(kind: str, a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
     from cuzk_mp.backends.gpu.modules import get_module
 
-    kernel = get_module("ec/check.cu", root=KERNELS).get_function("ec_fp2_mul_check")
+    kernel = get_module("ec/check.cu", defines, root=KERNELS).get_function("ec_fp2_mul_check")
     d_out = cupy.zeros((n, 24), dtype=np.uint64)
     kernel((-(-n // 128),), (128,), (cupy.asarray(a), cupy.asarray(b), d_out, np.uint64(n)))
     return cupy.asnumpy(d_out)
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "same"])
+def test_fq_karatsuba_module(kind: str, msm: Any, g2: bool, dist: str) -> None:
+    """The MSM modules with Karatsuba Fq products (FF_KARATSUBA=1) on the special bases (P + P,
+    P - P, infinity) and on 1000 random ones. On the device only: the emulator checks the products
+    themselves (test_gpu_field.py, test_fp2_lazy_mul) and would spend ~50 s building each module."""
+    if kind == "emu":
+        pytest.skip("the Karatsuba MSM modules run on the device; their products are emulator-tested")
+    params = msm.MsmParams(fq_karatsuba=True)
+    assert params.defines(g2)["FF_KARATSUBA"] == 1 and "FF_KARATSUBA" not in msm.MsmParams().defines(g2)
+    points, scalars = _special(g2, dist)
+    assert _run(msm, points, scalars, g2, params) == _oracle(points, scalars, g2), f"seed {SEED}"
+    points, scalars = _points(1000, g2), _scalars(1000, dist, SEED + 11)
+    assert _run(msm, points, scalars, g2, params) == _oracle(points, scalars, g2), f"seed {SEED}"
 
 
 # ------------------------------------------------------------------ precomputed multiples

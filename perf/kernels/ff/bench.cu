@@ -10,6 +10,8 @@
  *   ff_bench_fq_sqr / ff_bench_fr_sqr: x = x.sqr() (the dedicated squaring), y unused
  * (The plain 64-bit-limb CIOS baseline of perf/gpu_notes.md, 1.64e10 Fq mul/s, is gone: NVRTC 13
  * refuses unsigned __int128 in device code.)
+ *   ff_bench_fq_kara / ff_bench_fq_kara_sqr / ff_bench_fr_kara / ff_bench_fr_kara_sqr:
+ *     mont_t's Karatsuba product and square (mul_karatsuba / sqr_karatsuba)
  *   ff_bench_fq_dfma / ff_bench_fq_dfma_sqr: fq_mul_dfma / fq_sqr_dfma (ff/fp_dfma.cuh,
  *     the partial products on the FP64 pipe); y's limbs are rebuilt every multiply (as
  *     where both operands vary), not hoisted out of the loop
@@ -62,6 +64,33 @@ struct fq_dfma_bench_t {
     DEV_INLINE fq_dfma_bench_t operator+(const fq_dfma_bench_t& b) const { return {v + b.v}; }
 };
 
+/* mont_t with its Karatsuba product and square behind the interface bench_chain uses. */
+template <class T>
+struct kara_bench_t {
+    T v;
+    DEV_INLINE static kara_bench_t load(const uint64_t* p) { return {T::load(p)}; }
+    DEV_INLINE void store(uint64_t* p) const { v.store(p); }
+    DEV_INLINE kara_bench_t operator*(const kara_bench_t& b) const { return {v.mul_karatsuba(b.v)}; }
+    DEV_INLINE kara_bench_t sqr() const { return {v.sqr_karatsuba()}; }
+    DEV_INLINE kara_bench_t operator+(const kara_bench_t& b) const { return {v + b.v}; }
+};
+
+extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
+ff_bench_fq_kara(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
+    bench_chain<kara_bench_t<fp_t>, 6>(a, out, n, iters);
+}
+extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
+ff_bench_fq_kara_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
+    bench_chain<kara_bench_t<fp_t>, 6, true>(a, out, n, iters);
+}
+extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
+ff_bench_fr_kara(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
+    bench_chain<kara_bench_t<fr_t>, 4>(a, out, n, iters);
+}
+extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
+ff_bench_fr_kara_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
+    bench_chain<kara_bench_t<fr_t>, 4, true>(a, out, n, iters);
+}
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
 ff_bench_fq(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) { bench_chain<fp_t, 6>(a, out, n, iters); }
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)

@@ -4,7 +4,8 @@
  * 4 (Fr) or 12 (Fq2); op codes: 0 mul, 1 add, 2 sub, 3 neg, 4 sqr, 5 dbl, 6 inv,
  * 7 to_mont, 8 from_mont, 9 eq (out[i][0] = a == b), 10 mul_by_nonresidue (Fq2),
  * 11 mul_by_fp (Fq2: a times b.c0), 12 inv_binary (Fq, Fr), 13 fq_mul_dfma and
- * 14 fq_sqr_dfma (Fq only: the FP64-pipe product of ff/fp_dfma.cuh).
+ * 14 fq_sqr_dfma (Fq only: the FP64-pipe product of ff/fp_dfma.cuh), 15 mul_karatsuba and
+ * 16 sqr_karatsuba (Fq, Fr).
  */
 #include "fp2.cuh"
 #include "fr.cuh"
@@ -28,6 +29,8 @@ DEV_INLINE T ff_apply(int op, const T& a, const T& b) {
         case 5: return a.dbl();
         case 6: return a.inv();
         case 12: return inv_binary(a);
+        case 15: return a.mul_karatsuba(b);
+        case 16: return a.sqr_karatsuba();
         case 7: return a.to_mont();
         case 8: return a.from_mont();
         case 13:

@@ -12,9 +12,8 @@
  * REDC(lo half) <= p (mont.cuh's sqr bound), so REDC(lo) + hi < 2p and one conditional
  * subtraction makes the result canonical, exactly as fp_t::sqr() finishes.
  *
- * Double-width products split the rows over two accumulators as fp_t does (mont.cuh),
- * so each row is one unbroken carry chain (see mul_wide). The reduction and the final
- * subtraction are fp_t::redc_wide, the tail fp_t::sqr() shares.
+ * The double-width products are fp_t's (mont.cuh: mul_wide, mul_wide_karatsuba), as are
+ * the reduction and the final subtraction (fp_t::redc_wide, the tail fp_t::sqr() shares).
  */
 #pragma once
 #include "fp2.cuh"
@@ -32,43 +31,11 @@ FF_INLINE void add_raw(uint32_t* r, const uint32_t* a, const uint32_t* b) {
     r[N - 1] = ptx::addc(a[N - 1], b[N - 1], cc);
 }
 
-/* acc[q], acc[q + 1] += a[j] bi for j = j0, j0 + 2, ... < N, q = q0 + j - j0, in one
- * chain; the carry goes to the word above, which holds at most the previous row's carry
- * (rows come in pairs with one span). Past word 2N - 1 it is zero: no accumulator ever
- * exceeds the product a b < 2^(64 N). */
-FF_INLINE void wide_row(uint32_t* acc, const uint32_t* a, uint32_t bi, int j0, int q0) {
-    ptx::cc_t cc;
-    int q = q0;
-    acc[q] = ptx::mad_lo_cc(a[j0], bi, acc[q], cc);
-    acc[q + 1] = ptx::madc_hi_cc(a[j0], bi, acc[q + 1], cc);
-#pragma unroll
-    for (int j = j0 + 2; j < N; j += 2) {
-        q += 2;
-        acc[q] = ptx::madc_lo_cc(a[j], bi, acc[q], cc);
-        acc[q + 1] = ptx::madc_hi_cc(a[j], bi, acc[q + 1], cc);
-    }
-    if (q + 2 < 2 * N) acc[q + 2] = ptx::addc(acc[q + 2], 0, cc);
-}
-
-/* w (2N words) = a b for a, b < 2^(32 N). A product a[j] b[i] with i + j even goes to
- * words {i + j, i + j + 1} of w, one with i + j odd to words {i + j - 1, i + j} of od,
- * which stands one word higher: every pair starts on an even word, as IMAD.WIDE's
- * register pairs want (a layout by the parity of j alone costs ~600 MOVs per Fq2 mul). */
+/* w (2N words) = a b for a, b < 2^(32 N - 1): fp_t's schoolbook wide product, or its
+ * Karatsuba form in modules built with FF_KARATSUBA=1 (mont.cuh). */
 FF_INLINE void mul_wide(uint32_t* w, const uint32_t* a, const uint32_t* b) {
-    uint32_t od[2 * N];
-#pragma unroll
-    for (int k = 0; k < 2 * N; k++) w[k] = od[k] = 0;
-#pragma unroll
-    for (int i = 0; i < N; i++) {
-        int par = i & 1;
-        wide_row(w, a, b[i], par, i + par);
-        wide_row(od, a, b[i], 1 - par, i - par);
-    }
-    ptx::cc_t cc;
-    w[1] = ptx::add_cc(w[1], od[0], cc);
-#pragma unroll
-    for (int k = 2; k < 2 * N - 1; k++) w[k] = ptx::addc_cc(w[k], od[k - 1], cc);
-    w[2 * N - 1] = ptx::addc(w[2 * N - 1], od[2 * N - 2], cc);
+    if constexpr (FF_KARATSUBA) fp_t::mul_wide_karatsuba(w, a, b);
+    else fp_t::mul_wide<N>(w, a, b);
 }
 
 /* r = a - b over 2N words; returns all ones when it borrowed. */

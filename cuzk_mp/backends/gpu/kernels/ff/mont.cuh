@@ -25,6 +25,12 @@
 #pragma once
 #include "../common/ptx.cuh"
 
+/* FF_KARATSUBA=1: Fq's operator* and sqr() are the Karatsuba forms (mul_karatsuba,
+ * sqr_karatsuba), and so is the wide product of ff/fp2_lazy.cuh; 0: CIOS and schoolbook. */
+#ifndef FF_KARATSUBA
+#define FF_KARATSUBA 0
+#endif
+
 template <class F>
 struct mont_t {
     static constexpr int N = F::N;
@@ -184,7 +190,13 @@ struct mont_t {
         cmad_n(lo, P, m, cc);
         hi[N - 1] = ptx::addc(hi[N - 1], 0, cc);
     }
+    /* The product every caller uses: CIOS, or for Fq (N >= 12) the Karatsuba product when
+     * the module is built with FF_KARATSUBA=1 (see mul_karatsuba). */
     FF_INLINE mont_t operator*(const mont_t& b) const {
+        if constexpr (FF_KARATSUBA && N >= 12) return mul_karatsuba(b);
+        else return mul_cios(b);
+    }
+    FF_INLINE mont_t mul_cios(const mont_t& b) const {
         uint32_t even[N], odd[N];
 #pragma unroll
         for (int i = 0; i < N; i += 2) {
@@ -202,53 +214,56 @@ struct mont_t {
         return r;
     }
     /* ------------------------------------------------------------ square */
-    /* One row of cross products a[i] * a[j], j = j0, j0 + 2, ... < N, added into acc at
+    /* One row of cross products a[i] * a[j], j = j0, j0 + 2, ... < K, added into acc at
      * position i + j: the pairs {i+j, i+j+1} do not overlap, so it is ONE chain; its carry
      * lands on a word that holds at most an earlier row's carry (see sqr_wide). */
+    template <int K>
     FF_INLINE static void sqr_row(uint32_t* acc, const uint32_t* a, int i, int j0) {
         ptx::cc_t cc;
         int p = i + j0;
         acc[p] = ptx::mad_lo_cc(a[i], a[j0], acc[p], cc);
         acc[p + 1] = ptx::madc_hi_cc(a[i], a[j0], acc[p + 1], cc);
 #pragma unroll
-        for (int j = j0 + 2; j < N; j += 2) {
+        for (int j = j0 + 2; j < K; j += 2) {
             p = i + j;
             acc[p] = ptx::madc_lo_cc(a[i], a[j], acc[p], cc);
             acc[p + 1] = ptx::madc_hi_cc(a[i], a[j], acc[p + 1], cc);
         }
         acc[p + 2] = ptx::addc(acc[p + 2], 0, cc);
     }
-    /* w (2N words) = a^2: cross products once (odd offsets j - i in one accumulator, even
-     * ones in another, so every row is one carry chain), doubled, plus the squares a[i]^2.
-     * N(N-1)/2 + N products instead of N^2. Row tops: a row's carry word is at most 2N-1
-     * and was written before only by the previous row's carry, so it cannot overflow. */
+    /* w (2K words) = a^2 for a K-word a: cross products once (odd offsets j - i in one
+     * accumulator, even ones in another, so every row is one carry chain), doubled, plus the
+     * squares a[i]^2. K(K-1)/2 + K products instead of K^2. Row tops: a row's carry word is
+     * at most 2K-1 and was written before only by the previous row's carry, so it cannot
+     * overflow. */
+    template <int K = N>
     FF_INLINE static void sqr_wide(uint32_t* w, const uint32_t* a) {
-        uint32_t odd[2 * N], even[2 * N];
+        uint32_t odd[2 * K], even[2 * K];
 #pragma unroll
-        for (int k = 0; k < 2 * N; k++) odd[k] = even[k] = 0;
+        for (int k = 0; k < 2 * K; k++) odd[k] = even[k] = 0;
 #pragma unroll
-        for (int i = 0; i < N - 1; i++) {
-            sqr_row(odd, a, i, i + 1);
-            if (i + 2 < N) sqr_row(even, a, i, i + 2);
+        for (int i = 0; i < K - 1; i++) {
+            sqr_row<K>(odd, a, i, i + 1);
+            if (i + 2 < K) sqr_row<K>(even, a, i, i + 2);
         }
         ptx::cc_t cc;
-        uint32_t s[2 * N];  /* cross-product sum < 2^(64N - 1) */
+        uint32_t s[2 * K];  /* cross-product sum < 2^(64K - 1) */
         s[0] = ptx::add_cc(odd[0], even[0], cc);
 #pragma unroll
-        for (int k = 1; k < 2 * N - 1; k++) s[k] = ptx::addc_cc(odd[k], even[k], cc);
-        s[2 * N - 1] = ptx::addc(odd[2 * N - 1], even[2 * N - 1], cc);
+        for (int k = 1; k < 2 * K - 1; k++) s[k] = ptx::addc_cc(odd[k], even[k], cc);
+        s[2 * K - 1] = ptx::addc(odd[2 * K - 1], even[2 * K - 1], cc);
         w[0] = s[0] << 1;
 #pragma unroll
-        for (int k = 1; k < 2 * N; k++) w[k] = (s[k] << 1) | (s[k - 1] >> 31);
+        for (int k = 1; k < 2 * K; k++) w[k] = (s[k] << 1) | (s[k - 1] >> 31);
         w[0] = ptx::mad_lo_cc(a[0], a[0], w[0], cc);
         w[1] = ptx::madc_hi_cc(a[0], a[0], w[1], cc);
 #pragma unroll
-        for (int i = 1; i < N - 1; i++) {
+        for (int i = 1; i < K - 1; i++) {
             w[2 * i] = ptx::madc_lo_cc(a[i], a[i], w[2 * i], cc);
             w[2 * i + 1] = ptx::madc_hi_cc(a[i], a[i], w[2 * i + 1], cc);
         }
-        w[2 * N - 2] = ptx::madc_lo_cc(a[N - 1], a[N - 1], w[2 * N - 2], cc);
-        w[2 * N - 1] = ptx::madc_hi(a[N - 1], a[N - 1], w[2 * N - 1], cc);
+        w[2 * K - 2] = ptx::madc_lo_cc(a[K - 1], a[K - 1], w[2 * K - 2], cc);
+        w[2 * K - 1] = ptx::madc_hi(a[K - 1], a[K - 1], w[2 * K - 1], cc);
     }
     /* One Montgomery reduction step on the even/odd accumulators (as mad_n_redc without the
      * a * b row): the one-word shift of hi is fused into the m * p_odd chain. */
@@ -269,6 +284,7 @@ struct mont_t {
     /* a^2 R^-1 = REDC(w_lo) + w_hi with w = a^2: REDC(w_lo) <= p and w_hi < p - 1, so the
      * sum is < 2p and one final subtraction makes it canonical. */
     FF_INLINE mont_t sqr() const {
+        if constexpr (FF_KARATSUBA && N >= 12) return sqr_karatsuba();
         uint32_t w[2 * N];
         sqr_wide(w, l);
         return redc_wide(w);
@@ -297,6 +313,143 @@ struct mont_t {
         r.l[N - 1] = ptx::addc(r.l[N - 1], w[2 * N - 1], cc);
         final_sub(r.l);
         return r;
+    }
+
+    /* ------------------------------------------------------------ Karatsuba */
+    /* Why: the CIOS product above is bound by the IMAD pipe (one 32 x 32 -> 64 product per
+     * IMAD.WIDE, two issue slots each), and its 2 N^2 products are the whole cost. One level of
+     * Karatsuba on the halves (H = N / 2 words) computes a * b with 3 H^2 products instead of
+     * N^2 (Fq: 108 instead of 144), and the word-by-word reduction of the 2N-word product
+     * (redc_wide) adds N^2 + N; the extra additions run on the ALU pipe, which the product
+     * leaves half idle. The same holds for the square: 3 H(H+1)/2 products instead of
+     * N(N+1)/2.
+     *
+     * Subtractive form, so every operand stays H words: with a = a1 2^(32H) + a0,
+     * z1 = a0 b1 + a1 b0 = z0 + z2 - (a0 - a1)(b0 - b1). For a, b < 2^(32N - 1) (both fields
+     * have a spare top bit) z1 < 2^(32N), so z1 is computed mod 2^(32N) and no carry word
+     * is needed. */
+
+    /* w (2K words) = a * b for K-word a, b (K even), schoolbook. Product a[j] b[i] lands on
+     * words {i+j, i+j+1}: those with i + j even go to accumulator A at that index, the others
+     * to B one word lower (B stands a word higher), so every pair starts on an even index
+     * (an aligned register pair for IMAD.WIDE; a split by the parity of j alone costs ~600
+     * MOVs per Fq2 product) and each row is one carry chain in A and one in B. Row i's carry
+     * lands on a word that only an earlier row's carry touched, and neither accumulator
+     * exceeds a * b < 2^(64K), so the last rows carry nothing out. */
+    template <int K>
+    FF_INLINE static void mul_wide(uint32_t* w, const uint32_t* a, const uint32_t* b) {
+        uint32_t A[2 * K], B[2 * K];
+#pragma unroll
+        for (int j = 0; j < K; j += 2) {  /* row 0: plain products */
+            A[j] = ptx::mul_lo(a[j], b[0]);
+            A[j + 1] = ptx::mul_hi(a[j], b[0]);
+            B[j] = ptx::mul_lo(a[j + 1], b[0]);
+            B[j + 1] = ptx::mul_hi(a[j + 1], b[0]);
+        }
+#pragma unroll
+        for (int k = K; k < 2 * K; k++) A[k] = B[k] = 0;
+#pragma unroll
+        for (int i = 1; i < K; i++) {
+#pragma unroll
+            for (int into_b = 0; into_b < 2; into_b++) {
+                uint32_t* acc = into_b ? B : A;
+                /* j runs over the parity that makes i + j even (A) or odd (B) */
+                int j0 = (i & 1) ^ into_b, sh = into_b;
+                ptx::cc_t cc;
+                int p = i + j0 - sh;
+                acc[p] = ptx::mad_lo_cc(a[j0], b[i], acc[p], cc);
+                acc[p + 1] = ptx::madc_hi_cc(a[j0], b[i], acc[p + 1], cc);
+#pragma unroll
+                for (int j = j0 + 2; j < K; j += 2) {
+                    p = i + j - sh;
+                    acc[p] = ptx::madc_lo_cc(a[j], b[i], acc[p], cc);
+                    acc[p + 1] = ptx::madc_hi_cc(a[j], b[i], acc[p + 1], cc);
+                }
+                if (p + 2 < 2 * K) acc[p + 2] = ptx::addc(acc[p + 2], 0, cc);
+            }
+        }
+        ptx::cc_t cc;
+        w[0] = A[0];
+        w[1] = ptx::add_cc(A[1], B[0], cc);
+#pragma unroll
+        for (int k = 2; k < 2 * K - 1; k++) w[k] = ptx::addc_cc(A[k], B[k - 1], cc);
+        w[2 * K - 1] = ptx::addc(A[2 * K - 1], B[2 * K - 2], cc);
+    }
+    /* d = |x - y| on H words; returns all ones when x < y, else 0. */
+    template <int H>
+    FF_INLINE static uint32_t sub_abs(uint32_t* d, const uint32_t* x, const uint32_t* y) {
+        ptx::cc_t cc;
+        d[0] = ptx::sub_cc(x[0], y[0], cc);
+#pragma unroll
+        for (int i = 1; i < H; i++) d[i] = ptx::subc_cc(x[i], y[i], cc);
+        uint32_t mask = ptx::subc(0, 0, cc);
+        /* (d ^ mask) + (mask & 1): the two's complement negation when x < y */
+        d[0] = ptx::add_cc(d[0] ^ mask, mask & 1, cc);
+#pragma unroll
+        for (int i = 1; i < H - 1; i++) d[i] = ptx::addc_cc(d[i] ^ mask, 0, cc);
+        d[H - 1] = ptx::addc(d[H - 1] ^ mask, 0, cc);
+        return mask;
+    }
+    /* w[H .. 2N) += z1 (N words), so w = z0 + z1 2^(32H) + z2 2^(32N) = a * b < 2^(64N). */
+    FF_INLINE static void add_middle(uint32_t* w, const uint32_t* z1) {
+        constexpr int H = N / 2;
+        ptx::cc_t cc;
+        w[H] = ptx::add_cc(w[H], z1[0], cc);
+#pragma unroll
+        for (int k = 1; k < N; k++) w[H + k] = ptx::addc_cc(w[H + k], z1[k], cc);
+#pragma unroll
+        for (int k = H + N; k < 2 * N - 1; k++) w[k] = ptx::addc_cc(w[k], 0, cc);
+        w[2 * N - 1] = ptx::addc(w[2 * N - 1], 0, cc);
+    }
+    /* w (2N words) = a * b for a, b < 2^(32N - 1), one Karatsuba level over mul_wide<N/2>. */
+    FF_INLINE static void mul_wide_karatsuba(uint32_t* w, const uint32_t* a, const uint32_t* b) {
+        constexpr int H = N / 2;
+        uint32_t m[N], da[H], db[H];
+        mul_wide<H>(w, a, b);              /* z0 -> words [0, N) */
+        mul_wide<H>(w + N, a + H, b + H);  /* z2 -> words [N, 2N) */
+        uint32_t sa = sub_abs<H>(da, a, a + H);
+        uint32_t sb = sub_abs<H>(db, b, b + H);
+        mul_wide<H>(m, da, db);  /* |(a0 - a1)(b0 - b1)| */
+        /* x = all ones when that product is >= 0 (subtract m: add ~m + 1), 0 when it is < 0 */
+        uint32_t x = ~(sa ^ sb);
+        uint32_t z1[N];
+        ptx::cc_t cc;
+        z1[0] = ptx::add_cc(w[0], w[N], cc);
+#pragma unroll
+        for (int k = 1; k < N - 1; k++) z1[k] = ptx::addc_cc(w[k], w[N + k], cc);
+        z1[N - 1] = ptx::addc(w[N - 1], w[2 * N - 1], cc);
+        (void)ptx::add_cc(x & 1, 0xffffffffu, cc);  /* carry in = x & 1 */
+#pragma unroll
+        for (int k = 0; k < N - 1; k++) z1[k] = ptx::addc_cc(z1[k], m[k] ^ x, cc);
+        z1[N - 1] = ptx::addc(z1[N - 1], m[N - 1] ^ x, cc);
+        add_middle(w, z1);
+    }
+    /* a * b R^-1 for canonical a and b: the Karatsuba product, then redc_wide. */
+    FF_INLINE mont_t mul_karatsuba(const mont_t& b) const {
+        uint32_t w[2 * N];
+        mul_wide_karatsuba(w, l, b.l);
+        return redc_wide(w);
+    }
+    /* a^2 R^-1 for canonical a: z1 = z0 + z2 - (a0 - a1)^2, always >= 0. */
+    FF_INLINE mont_t sqr_karatsuba() const {
+        constexpr int H = N / 2;
+        uint32_t w[2 * N], m[N], d[H];
+        sqr_wide<H>(w, l);
+        sqr_wide<H>(w + N, l + H);
+        (void)sub_abs<H>(d, l, l + H);
+        sqr_wide<H>(m, d);
+        uint32_t z1[N];
+        ptx::cc_t cc;
+        z1[0] = ptx::add_cc(w[0], w[N], cc);
+#pragma unroll
+        for (int k = 1; k < N - 1; k++) z1[k] = ptx::addc_cc(w[k], w[N + k], cc);
+        z1[N - 1] = ptx::addc(w[N - 1], w[2 * N - 1], cc);
+        z1[0] = ptx::sub_cc(z1[0], m[0], cc);
+#pragma unroll
+        for (int k = 1; k < N - 1; k++) z1[k] = ptx::subc_cc(z1[k], m[k], cc);
+        z1[N - 1] = ptx::subc(z1[N - 1], m[N - 1], cc);
+        add_middle(w, z1);
+        return redc_wide(w);
     }
 
     FF_INLINE mont_t& operator+=(const mont_t& b) { return *this = *this + b; }
