@@ -49,6 +49,9 @@ template <class T> static void wr(const T& x, int nl) {
 template <class T> static void run(const char* op, int nl) {
     T a = rd<T>(nl), b = rd<T>(nl);
     if (!strcmp(op, "mul")) wr(a * b, nl);
+    else if (!strcmp(op, "madd")) {
+        if constexpr (T::N == 12) wr(T::mul_add(a, b, a + b, a * b), nl);
+    }
     else if (!strcmp(op, "kmul")) wr(a.mul_karatsuba(b), nl);
     else if (!strcmp(op, "ksqr")) wr(a.sqr_karatsuba(), nl);
     else if (!strcmp(op, "add")) wr(a + b, nl);
@@ -96,6 +99,12 @@ def _half_edge(p: int, nl: int) -> list[int]:
     return list(dict.fromkeys(v % p for v in vals))
 
 
+def _madd(a: int, b: int, p: int, ri: int) -> int:
+    """The tests' mont_t::mul_add(a, b, a + b, a * b) on Montgomery-form values: (a b + c d) R^-1."""
+    c, d = (a + b) % p, a * b * ri % p
+    return (a * b + c * d) * ri % p
+
+
 def _limbs(x: int, nl: int) -> str:
     return " ".join(f"{(x >> (64 * i)) & ((1 << 64) - 1):x}" for i in range(nl))
 
@@ -113,6 +122,8 @@ def _field_cases(rng: random.Random, tag: str, p: int, nl: int, count: int) -> l
             "sqr": a * a * ri % p, "dbl": 2 * a % p, "tom": a * r % p, "frm": a * ri % p,
             "kmul": a * b * ri % p, "ksqr": a * a * ri % p,
         }
+        if tag == "q":  # mont_t::mul_add is Fq's alone (it needs 3p < R)
+            expect["madd"] = _madd(a, b, p, ri)
         if i < 40:
             expect["inv"] = pow(a * ri, -1, p) * r % p if a else 0
         if i < 200:  # the binary algorithm's paths depend on the value: more cases (it is cheap)
@@ -196,7 +207,7 @@ def test_host_build_matches_python_ints(host_driver: Path) -> None:
 # ---------------------------------------------------------------- on the GPU (NVRTC build)
 
 _OPS = {"mul": 0, "add": 1, "sub": 2, "neg": 3, "sqr": 4, "dbl": 5, "inv": 6, "tom": 7, "frm": 8, "eq": 9,
-        "nr": 10, "mfp": 11, "inb": 12, "kmul": 15, "ksqr": 16}
+        "nr": 10, "mfp": 11, "inb": 12, "kmul": 15, "ksqr": 16, "madd": 17}
 
 
 def _expect(op: str, a: int, b: int, p: int, r: int) -> int:
@@ -204,7 +215,7 @@ def _expect(op: str, a: int, b: int, p: int, r: int) -> int:
     return {
         "mul": a * b * ri, "add": a + b, "sub": a - b, "neg": -a, "sqr": a * a * ri, "dbl": 2 * a,
         "inv": pow(a * ri, -1, p) * r if a else 0, "inb": pow(a * ri, -1, p) * r if a else 0, "tom": a * r,
-        "kmul": a * b * ri, "ksqr": a * a * ri,
+        "kmul": a * b * ri, "ksqr": a * a * ri, "madd": _madd(a, b, p, ri),
         "frm": a * ri,
     }[op] % p
 
@@ -241,7 +252,7 @@ def test_gpu_field_ops_match_python_ints(gpu_check: tuple, field: str) -> None:
     da, db = cupy.asarray(ints_to_limbs(a, nl)), cupy.asarray(ints_to_limbs(b, nl))
     out = cupy.empty_like(da)
     kern = mod.get_function(f"ff_check_{field}")
-    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "inb", "tom", "frm", "eq", "kmul", "ksqr"):
+    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "inb", "tom", "frm", "eq", "kmul", "ksqr") + (("madd",) if field == "fq" else ()):
         out.fill(0xDEADBEEF)  # poison: every row must be written
         m = 200 if op == "inv" else n
         kern(((m + 255) // 256,), (256,), (np.int32(_OPS[op]), da, db, out, np.uint64(m)))

@@ -294,6 +294,21 @@ def test_fq_karatsuba_module(kind: str, msm: Any, g2: bool, dist: str) -> None:
     assert _run(msm, points, scalars, g2, params) == _oracle(points, scalars, g2), f"seed {SEED}"
 
 
+@pytest.mark.parametrize("dist", ["random", "porep", "same"])
+def test_fq_fused_module(kind: str, msm: Any, dist: str) -> None:
+    """The G1 module whose formulas compute Y3 = a b - c d with one reduction (EC_FQ_FUSED=1) on the
+    special bases (P + P, P - P, infinity) and on 1000 random ones; G2 modules ignore the knob. On
+    the device only, as test_fq_karatsuba_module (the product itself is emulator-tested)."""
+    if kind == "emu":
+        pytest.skip("the fused G1 module runs on the device; mul_add is emulator-tested")
+    params = msm.MsmParams(fq_fused=True)
+    assert params.defines(False)["EC_FQ_FUSED"] == 1 and "EC_FQ_FUSED" not in params.defines(True)
+    points, scalars = _special(False, dist)
+    assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
+    points, scalars = _points(1000, False), _scalars(1000, dist, SEED + 11)
+    assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
+
+
 # ------------------------------------------------------------------ precomputed multiples
 
 

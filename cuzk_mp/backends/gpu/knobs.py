@@ -121,6 +121,9 @@ class MsmParams:
     # (ff/mont.cuh mul_karatsuba, FF_KARATSUBA=1; also the G2 module's lazy Fq2 product) instead
     # of CIOS: 264 instead of 300 32-bit products per Fq multiply.
     fq_karatsuba: bool = False
+    # G1 modules with the IMAD product: every formula's Y3 = a b - c d as one CIOS pass with one
+    # reduction (ff/mont.cuh mul_add, ec/xyzz.cuh EC_FQ_FUSED=1): 444 instead of 600 products.
+    fq_fused: bool = False
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -156,6 +159,8 @@ class MsmParams:
             out["EC_FQ_DFMA"] = FQ_MUL_MODES.index(self.fq_mul)
         if self.fq_karatsuba:
             out["FF_KARATSUBA"] = 1
+        if self.fq_fused and not g2:
+            out["EC_FQ_FUSED"] = 1
         return out
 
 

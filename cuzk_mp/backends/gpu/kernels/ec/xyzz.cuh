@@ -116,6 +116,30 @@ FF_INLINE fp_t ec_sqr2<fp_t>(const fp_t& a) {
     return fq_sqr_dfma(a);
 }
 #endif
+/* a b - c d, the Y3 of every formula. EC_FQ_FUSED=1 (G1, with the IMAD product): one
+ * Montgomery reduction for both products (mont_t::mul_add with -c); otherwise two products. */
+#ifndef EC_FQ_FUSED
+#define EC_FQ_FUSED 0
+#endif
+template <class F>
+FF_INLINE F ec_mul_sub(const F& a, const F& b, const F& c, const F& d) {
+    return ec_mul(a, b) - ec_mul(c, d);
+}
+/* The mixed addition's form: its first product is an "other pipe" one (ec_mul2). */
+template <class F>
+FF_INLINE F ec_mul2_sub(const F& a, const F& b, const F& c, const F& d) {
+    return ec_mul2(a, b) - ec_mul(c, d);
+}
+#if EC_FQ_FUSED && EC_FQ_DFMA == 0
+template <>
+FF_INLINE fp_t ec_mul_sub<fp_t>(const fp_t& a, const fp_t& b, const fp_t& c, const fp_t& d) {
+    return fp_t::mul_add(a, b, c.neg(), d);
+}
+template <>
+FF_INLINE fp_t ec_mul2_sub<fp_t>(const fp_t& a, const fp_t& b, const fp_t& c, const fp_t& d) {
+    return ec_mul_sub(a, b, c, d);
+}
+#endif
 #if EC_FP2_CALLS
 EC_NOINLINE fp2_t ec_fp2_mul_call(fp2_t a, fp2_t b) {
     return ec_fp2_mul(a, b);
@@ -185,7 +209,7 @@ struct xyzz_t {
         F M = ec_sqr(X);
         M = M + M.dbl();
         X = ec_sqr(M) - S.dbl();
-        Y = ec_mul(M, S - X) - ec_mul(W, Y);
+        Y = ec_mul_sub(M, S - X, W, Y);
     }
 
     /* mdbl-2008-s-1: the double of an affine point (ZZ = ZZZ = 1). 4M + 3S. */
@@ -197,7 +221,7 @@ struct xyzz_t {
         F M = ec_sqr(p.x);
         M = M + M.dbl();
         F X3 = ec_sqr(M) - S.dbl();
-        F Y3 = ec_mul(M, S - X3) - ec_mul(W, p.y);
+        F Y3 = ec_mul_sub(M, S - X3, W, p.y);
         return {X3, Y3, V, W};
     }
 
@@ -223,7 +247,7 @@ struct xyzz_t {
         ZZZ = ec_mul(ZZZ, PPP);
         F Q = ec_mul2(X, PP);
         X = ec_sqr(R) - PPP - Q.dbl();
-        Y = ec_mul2(R, Q - X) - ec_mul(Y, PPP);
+        Y = ec_mul2_sub(R, Q - X, Y, PPP);
     }
 
     /* this += q (add-2008-s): U1 = X1 ZZ2, U2 = X2 ZZ1, S1 = Y1 ZZZ2, S2 = Y2 ZZZ1,
@@ -252,7 +276,7 @@ struct xyzz_t {
         ZZZ = ec_mul(ec_mul(ZZZ, q.ZZZ), PPP);
         F Q = ec_mul(U1, PP);
         X = ec_sqr(R) - PPP - Q.dbl();
-        Y = ec_mul(R, Q - X) - ec_mul(S1, PPP);
+        Y = ec_mul_sub(R, Q - X, S1, PPP);
     }
 
     /* this * e for a small e (double-and-add, MSB first); e = 0 gives infinity. */

@@ -169,9 +169,12 @@ struct mont_t {
         acc[N - 1] = ptx::madc_hi(a[N - 2], bi, 0, cc);  /* no carry out: bounds above */
     }
     /* One CIOS step: lo = low accumulator (word 0 of the running value), hi = the one
-     * standing a word higher. Adds a * bi, then m * p with m = lo[0] * M0, zeroing lo[0]. */
+     * standing a word higher. Adds a * bi (and c * di when c is given: mul_add), then
+     * m * p with m = lo[0] * M0, zeroing lo[0]. A chain's carry out of hi is 0 and one out
+     * of lo lands on hi[N - 1] without overflow: the value lo + hi 2^32 stays below
+     * 2^(32N + 32) (the bounds above, with 3p for two products). */
     FF_INLINE static void mad_n_redc(uint32_t* lo, uint32_t* hi, const uint32_t* a, uint32_t bi,
-                                     bool first) {
+                                     bool first, const uint32_t* c = nullptr, uint32_t di = 0) {
         uint32_t P[N];
         load_mod(P);
         ptx::cc_t cc;
@@ -183,6 +186,11 @@ struct mont_t {
             lo[0] = ptx::add_cc(lo[0], hi[1], cc);
             madc_n_rshift(hi, a + 1, bi, cc);
             cmad_n(lo, a, bi, cc);
+            hi[N - 1] = ptx::addc(hi[N - 1], 0, cc);
+        }
+        if (c != nullptr) {
+            cmad_n(hi, c + 1, di, cc);
+            cmad_n(lo, c, di, cc);
             hi[N - 1] = ptx::addc(hi[N - 1], 0, cc);
         }
         uint32_t m = lo[0] * F::M0;
@@ -203,7 +211,27 @@ struct mont_t {
             mad_n_redc(even, odd, l, b.l[i], i == 0);
             mad_n_redc(odd, even, l, b.l[i + 1], false);
         }
-        /* value = odd + even * 2^32 with odd[0] == 0: result = even + (odd >> 32) < 2p */
+        return fold(even, odd);
+    }
+    /* (a b + c d) R^-1 for canonical a and c, any b and d, with ONE reduction: each CIOS step
+     * adds a * b_i and c * d_i before its m * p. 3 N^2 + N products instead of 4 N^2 + 2N for
+     * two products (Fq: 444 against 600), and one final subtraction: the running value stays
+     * below 3p + 1, which fits N words only where 3p < R (Fq: p < 2^381; not Fr, whose
+     * 3r > 2^256), and the result below p + 2 p^2 / R < 2p. Why: the curve formulas' Y3 = R (Q - X3) - Y1 PPP is one of these with
+     * c = -Y1 (Matter Labs' reduce(a b) - reduce(c d) = reduce(a b - c d)). */
+    FF_INLINE static mont_t mul_add(const mont_t& a, const mont_t& b, const mont_t& c, const mont_t& d) {
+        static_assert(N == 12, "mul_add needs 3p < R: Fq only");
+        uint32_t even[N], odd[N];
+#pragma unroll
+        for (int i = 0; i < N; i += 2) {
+            mad_n_redc(even, odd, a.l, b.l[i], i == 0, c.l, d.l[i]);
+            mad_n_redc(odd, even, a.l, b.l[i + 1], false, c.l, d.l[i + 1]);
+        }
+        return fold(even, odd);
+    }
+    /* The CIOS tail: value = odd + even * 2^32 with odd[0] == 0, so the result is
+     * even + (odd >> 32) < 2p; one final subtraction makes it canonical. */
+    FF_INLINE static mont_t fold(const uint32_t* even, const uint32_t* odd) {
         ptx::cc_t cc;
         mont_t r;
         r.l[0] = ptx::add_cc(even[0], odd[1], cc);
