@@ -181,14 +181,14 @@ def test_fq_dfma_module(kind: str, msm: Any, dist: str, mode: str) -> None:
 
 
 def test_params_defines(msm: Any) -> None:
-    """Compiled knobs per group: G1 keeps 4 blocks of 128 resident, G2 compiles its Fq2
-    products as calls with the lazy-reduction product."""
+    """Compiled knobs per group: G1 keeps 4 blocks of 128 resident and fuses the formulas' Y3
+    products, G2 compiles its Fq2 products as calls with the lazy-reduction product."""
     p = msm.MsmParams()
-    assert p.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 4}
+    assert p.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 4, "EC_FQ_FUSED": 1}
     assert p.defines(True) == {"MSM_G2": 1, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 1, "EC_FP2_CALLS": 1,
                                "EC_FP2_LAZY": 1}
     q = msm.MsmParams(nthreads=64, acc_min_blocks=4, ba_rounds=2)
-    assert q.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 64, "MSM_ACC_MIN_BLOCKS": 4}
+    assert q.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 64, "MSM_ACC_MIN_BLOCKS": 4, "EC_FQ_FUSED": 1}
     assert msm.MsmParams(nthreads=512).defines(False)["MSM_ACC_MIN_BLOCKS"] == 1
     assert msm.MsmParams(nthreads=1024).defines(False)["MSM_ACC_MIN_BLOCKS"] == 1
     with pytest.raises(ConfigError, match="acc_min_blocks"):
@@ -295,14 +295,17 @@ def test_fq_karatsuba_module(kind: str, msm: Any, g2: bool, dist: str) -> None:
 
 
 @pytest.mark.parametrize("dist", ["random", "porep", "same"])
-def test_fq_fused_module(kind: str, msm: Any, dist: str) -> None:
-    """The G1 module whose formulas compute Y3 = a b - c d with one reduction (EC_FQ_FUSED=1) on the
-    special bases (P + P, P - P, infinity) and on 1000 random ones; G2 modules ignore the knob. On
-    the device only, as test_fq_karatsuba_module (the product itself is emulator-tested)."""
+def test_fq_unfused_module(kind: str, msm: Any, dist: str) -> None:
+    """The G1 module whose formulas compute Y3 = a b - c d as two products (fq_fused=False; the
+    default, EC_FQ_FUSED=1, is what every other test here runs) on the special bases (P + P, P - P,
+    infinity) and on 1000 random ones. On the device only, as test_fq_karatsuba_module."""
     if kind == "emu":
-        pytest.skip("the fused G1 module runs on the device; mul_add is emulator-tested")
-    params = msm.MsmParams(fq_fused=True)
-    assert params.defines(False)["EC_FQ_FUSED"] == 1 and "EC_FQ_FUSED" not in params.defines(True)
+        pytest.skip("the unfused G1 module runs on the device; its products are emulator-tested")
+    params = msm.MsmParams(fq_fused=False)
+    default = msm.MsmParams()
+    assert default.defines(False)["EC_FQ_FUSED"] == 1 and "EC_FQ_FUSED" not in default.defines(True)
+    assert "EC_FQ_FUSED" not in params.defines(False)
+    assert "EC_FQ_FUSED" not in msm.MsmParams(fq_mul="dfma").defines(False)
     points, scalars = _special(False, dist)
     assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
     points, scalars = _points(1000, False), _scalars(1000, dist, SEED + 11)

@@ -119,11 +119,15 @@ class MsmParams:
     fq_mul: str = "imad"
     # Both groups: Fq products and squares as one Karatsuba level plus a word-by-word reduction
     # (ff/mont.cuh mul_karatsuba, FF_KARATSUBA=1; also the G2 module's lazy Fq2 product) instead
-    # of CIOS: 264 instead of 300 32-bit products per Fq multiply.
+    # of CIOS: 264 instead of 300 32-bit products per Fq multiply. Measured on the H200: the bare
+    # multiply 3 % faster, the square 4 % slower, the G1 accumulation at 2^24 16 % slower (the
+    # extra additions and moves land on the IMAD pipe too): off.
     fq_karatsuba: bool = False
     # G1 modules with the IMAD product: every formula's Y3 = a b - c d as one CIOS pass with one
     # reduction (ff/mont.cuh mul_add, ec/xyzz.cuh EC_FQ_FUSED=1): 444 instead of 600 products.
-    fq_fused: bool = False
+    # Measured on the H200 at 2^24 random: accumulation 103.2 ms against 108.9, the MSM 128.6
+    # against 135.0 (perf/gpu_msm_notes.md), so it is the default.
+    fq_fused: bool = True
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -159,7 +163,7 @@ class MsmParams:
             out["EC_FQ_DFMA"] = FQ_MUL_MODES.index(self.fq_mul)
         if self.fq_karatsuba:
             out["FF_KARATSUBA"] = 1
-        if self.fq_fused and not g2:
+        if self.fq_fused and not g2 and self.fq_mul == "imad":
             out["EC_FQ_FUSED"] = 1
         return out
 
