@@ -66,8 +66,8 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "kara": msm.MsmParams(ba_rounds=0, fq_karatsuba=True),
     "kara_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3, fq_karatsuba=True),
     "kara_mb2": msm.MsmParams(ba_rounds=0, acc_min_blocks=2, fq_karatsuba=True),
-    # the formulas' Y3 = a b - c d as two products, not the default's fused form (EC_FQ_FUSED=1:
-    # mont_t::mul_add for G1, fp2_lazy::mul_sub for G2)
+    # G1 only: the formulas' Y3 = a b - c d as two products, not the default's one reduction
+    # (mont_t::mul_add, EC_FQ_FUSED=1)
     "unfused": msm.MsmParams(ba_rounds=0, fq_fused=False),
 }
 

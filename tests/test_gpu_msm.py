@@ -181,12 +181,12 @@ def test_fq_dfma_module(kind: str, msm: Any, dist: str, mode: str) -> None:
 
 
 def test_params_defines(msm: Any) -> None:
-    """Compiled knobs per group: G1 keeps 4 blocks of 128 resident, G2 compiles its Fq2 products
-    as calls with the lazy-reduction product, and both fuse the formulas' Y3 products."""
+    """Compiled knobs per group: G1 keeps 4 blocks of 128 resident and fuses the formulas' Y3
+    products, G2 compiles its Fq2 products as calls with the lazy-reduction product."""
     p = msm.MsmParams()
     assert p.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 4, "EC_FQ_FUSED": 1}
     assert p.defines(True) == {"MSM_G2": 1, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 1, "EC_FP2_CALLS": 1,
-                               "EC_FP2_LAZY": 1, "EC_FQ_FUSED": 1}
+                               "EC_FP2_LAZY": 1}
     q = msm.MsmParams(nthreads=64, acc_min_blocks=4, ba_rounds=2)
     assert q.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 64, "MSM_ACC_MIN_BLOCKS": 4, "EC_FQ_FUSED": 1}
     assert msm.MsmParams(nthreads=512).defines(False)["MSM_ACC_MIN_BLOCKS"] == 1
@@ -255,30 +255,17 @@ def test_fp2_lazy_mul(kind: str, msm: Any, karatsuba: int) -> None:  # msm: skip
     b = ints_to_limbs([v for x in vals for v in x[2:]], 6).reshape(n, 12)
     out = _launch_check(kind, a, b, {"FF_KARATSUBA": karatsuba})
     r_inv = pow(1 << 384, -1, Q_MOD)
-
-    def mont(x: tuple[int, int], y: tuple[int, int]) -> tuple[int, int]:
-        return ((x[0] * y[0] - x[1] * y[1]) * r_inv % Q_MOD, (x[0] * y[1] + x[1] * y[0]) * r_inv % Q_MOD)
-
     for i, (a0, a1, b0, b1) in enumerate(vals):
-        want = list(mont((a0, a1), (b0, b1)))
+        want = [(a0 * b0 - a1 * b1) * r_inv % Q_MOD, (a0 * b1 + a1 * b0) * r_inv % Q_MOD]
         got = limbs_to_ints(out[i].reshape(4, 6))
         assert got[:2] == want and got[2:] == want, f"seed {SEED} row {i}: {vals[i]}"
-    # fp2_lazy::mul_sub(x, y, x + y, x * y): the G2 formulas' fused Y3 = x y - (x + y)(x y)
-    out = _launch_check(kind, a, b, {"FF_KARATSUBA": karatsuba}, "ec_fp2_mul_sub_check")
-    for i, (a0, a1, b0, b1) in enumerate(vals):
-        xy = mont((a0, a1), (b0, b1))
-        cd = mont(((a0 + b0) % Q_MOD, (a1 + b1) % Q_MOD), xy)
-        want = [(xy[0] - cd[0]) % Q_MOD, (xy[1] - cd[1]) % Q_MOD]
-        assert limbs_to_ints(out[i, :12].reshape(2, 6)) == want, f"seed {SEED} mul_sub row {i}: {vals[i]}"
 
 
-def _launch_check(kind: str, a: np.ndarray, b: np.ndarray, defines: dict[str, int],
-                  name: str = "ec_fp2_mul_check") -> np.ndarray:
-    """Run one of ec/check.cu's kernels on the device or in the emulator; (n, 24) out (mul_sub
-    fills the first 12 words of each row)."""
+def _launch_check(kind: str, a: np.ndarray, b: np.ndarray, defines: dict[str, int]) -> np.ndarray:
+    """Run ec/check.cu's ec_fp2_mul_check on the device or in the emulator; (n, 24) out."""
     n = a.shape[0]
     if kind == "emu":
-        kernel = gpu_emu.get_module("ec/check.cu", defines, root=KERNELS).get_function(name)
+        kernel = gpu_emu.get_module("ec/check.cu", defines, root=KERNELS).get_function("ec_fp2_mul_check")
         out = np.zeros((n, 24), dtype=np.uint64)
         kernel((-(-n // 128),), (128,), (a, b, out, np.uint64(n)))
         return out
@@ -286,7 +273,7 @@ def _launch_check(kind: str, a: np.ndarray, b: np.ndarray, defines: dict[str, in
 
     from cuzk_mp.backends.gpu.modules import get_module
 
-    kernel = get_module("ec/check.cu", defines, root=KERNELS).get_function(name)
+    kernel = get_module("ec/check.cu", defines, root=KERNELS).get_function("ec_fp2_mul_check")
     d_out = cupy.zeros((n, 24), dtype=np.uint64)
     kernel((-(-n // 128),), (128,), (cupy.asarray(a), cupy.asarray(b), d_out, np.uint64(n)))
     return cupy.asnumpy(d_out)
@@ -308,19 +295,21 @@ def test_fq_karatsuba_module(kind: str, msm: Any, g2: bool, dist: str) -> None:
 
 
 @pytest.mark.parametrize("dist", ["random", "porep", "same"])
-def test_fq_unfused_module(kind: str, msm: Any, g2: bool, dist: str) -> None:
-    """The modules whose formulas compute Y3 = a b - c d as two products (fq_fused=False; the
+def test_fq_unfused_module(kind: str, msm: Any, dist: str) -> None:
+    """The G1 module whose formulas compute Y3 = a b - c d as two products (fq_fused=False; the
     default, EC_FQ_FUSED=1, is what every other test here runs) on the special bases (P + P, P - P,
     infinity) and on 1000 random ones. On the device only, as test_fq_karatsuba_module."""
     if kind == "emu":
-        pytest.skip("the unfused modules run on the device; their products are emulator-tested")
+        pytest.skip("the unfused G1 module runs on the device; its products are emulator-tested")
     params = msm.MsmParams(fq_fused=False)
-    assert msm.MsmParams().defines(g2)["EC_FQ_FUSED"] == 1 and "EC_FQ_FUSED" not in params.defines(g2)
+    default = msm.MsmParams()
+    assert default.defines(False)["EC_FQ_FUSED"] == 1 and "EC_FQ_FUSED" not in default.defines(True)
+    assert "EC_FQ_FUSED" not in params.defines(False)
     assert "EC_FQ_FUSED" not in msm.MsmParams(fq_mul="dfma").defines(False)
-    points, scalars = _special(g2, dist)
-    assert _run(msm, points, scalars, g2, params) == _oracle(points, scalars, g2), f"seed {SEED}"
-    points, scalars = _points(1000, g2), _scalars(1000, dist, SEED + 11)
-    assert _run(msm, points, scalars, g2, params) == _oracle(points, scalars, g2), f"seed {SEED}"
+    points, scalars = _special(False, dist)
+    assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
+    points, scalars = _points(1000, False), _scalars(1000, dist, SEED + 11)
+    assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
 
 
 # ------------------------------------------------------------------ precomputed multiples

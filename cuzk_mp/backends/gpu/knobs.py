@@ -123,11 +123,10 @@ class MsmParams:
     # multiply 3 % faster, the square 4 % slower, the G1 accumulation at 2^24 16 % slower (the
     # extra additions and moves land on the IMAD pipe too): off.
     fq_karatsuba: bool = False
-    # Every formula's Y3 = a b - c d with fewer reductions (ec/xyzz.cuh EC_FQ_FUSED=1): G1 modules
-    # with the IMAD product as one CIOS pass (ff/mont.cuh mul_add: 444 instead of 600 products),
-    # G2 modules with two reductions instead of four (ff/fp2_lazy.cuh mul_sub: 1176 instead of
-    # 1488). G1 measured on the H200 at 2^24 random: accumulation 103.2 ms against 108.9, the MSM
-    # 128.6 against 135.0 (perf/gpu_msm_notes.md), so it is the default.
+    # G1 modules with the IMAD product: every formula's Y3 = a b - c d as one CIOS pass with one
+    # reduction (ff/mont.cuh mul_add, ec/xyzz.cuh EC_FQ_FUSED=1): 444 instead of 600 products.
+    # Measured on the H200 at 2^24 random: accumulation 103.2 ms against 108.9, the MSM 128.6
+    # against 135.0 (perf/gpu_msm_notes.md), so it is the default.
     fq_fused: bool = True
 
     def __post_init__(self) -> None:
@@ -164,7 +163,7 @@ class MsmParams:
             out["EC_FQ_DFMA"] = FQ_MUL_MODES.index(self.fq_mul)
         if self.fq_karatsuba:
             out["FF_KARATSUBA"] = 1
-        if self.fq_fused and (g2 or self.fq_mul == "imad"):
+        if self.fq_fused and not g2 and self.fq_mul == "imad":
             out["EC_FQ_FUSED"] = 1
         return out
 

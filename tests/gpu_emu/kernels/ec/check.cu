@@ -2,8 +2,7 @@
  *
  * ec_fp2_mul_check: thread t < n multiplies a[t] by b[t] (fp2_t, 12 uint64 each,
  * Montgomery form) with fp2_lazy::mul into out[2 t] and with fp2_t::operator* into
- * out[2 t + 1]. ec_fp2_mul_sub_check: fp2_lazy::mul_sub(a, b, a + b, a * b) into out[t]
- * (the first 12 of 24 uint64 a row). No shared memory, no cooperation (runs in the CPU emulator too).
+ * out[2 t + 1]. No shared memory, no cooperation (runs in the CPU emulator too).
  */
 #include "../ff/fp2_lazy.cuh"
 
@@ -13,12 +12,4 @@ extern "C" __global__ void ec_fp2_mul_check(const uint64_t* a, const uint64_t* b
     fp2_t x = fp2_t::load(a + 12 * t), y = fp2_t::load(b + 12 * t);
     fp2_lazy::mul(x, y).store(out + 24 * t);
     (x * y).store(out + 24 * t + 12);
-}
-
-extern "C" __global__ void ec_fp2_mul_sub_check(const uint64_t* a, const uint64_t* b, uint64_t* out,
-                                                uint64_t n) {
-    uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
-    if (t >= n) return;
-    fp2_t x = fp2_t::load(a + 12 * t), y = fp2_t::load(b + 12 * t);
-    fp2_lazy::mul_sub(x, y, x + y, x * y).store(out + 24 * t);
 }

@@ -116,9 +116,8 @@ FF_INLINE fp_t ec_sqr2<fp_t>(const fp_t& a) {
     return fq_sqr_dfma(a);
 }
 #endif
-/* a b - c d, the Y3 of every formula. EC_FQ_FUSED=1: G1 (with the IMAD product) does one
- * Montgomery reduction for both products (mont_t::mul_add with -c), G2 (with the lazy Fq2
- * product) two instead of four (fp2_lazy::mul_sub, below); otherwise two products. */
+/* a b - c d, the Y3 of every formula. EC_FQ_FUSED=1 (G1, with the IMAD product): one
+ * Montgomery reduction for both products (mont_t::mul_add with -c); otherwise two products. */
 #ifndef EC_FQ_FUSED
 #define EC_FQ_FUSED 0
 #endif
@@ -160,27 +159,6 @@ FF_INLINE fp2_t ec_sqr<fp2_t>(const fp2_t& a) {
 template <>
 FF_INLINE fp2_t ec_mul<fp2_t>(const fp2_t& a, const fp2_t& b) {
     return ec_fp2_mul(a, b);
-}
-#endif
-/* G2's fused Y3 (EC_FQ_FUSED with the lazy Fq2 product): fp2_lazy::mul_sub, a call like the
- * other Fq2 products where EC_FP2_CALLS. */
-#if EC_FQ_FUSED && EC_FP2_LAZY
-#if EC_FP2_CALLS
-EC_NOINLINE fp2_t ec_fp2_mul_sub_call(fp2_t a, fp2_t b, fp2_t c, fp2_t d) {
-    return fp2_lazy::mul_sub(a, b, c, d);
-}
-#else
-FF_INLINE fp2_t ec_fp2_mul_sub_call(const fp2_t& a, const fp2_t& b, const fp2_t& c, const fp2_t& d) {
-    return fp2_lazy::mul_sub(a, b, c, d);
-}
-#endif
-template <>
-FF_INLINE fp2_t ec_mul_sub<fp2_t>(const fp2_t& a, const fp2_t& b, const fp2_t& c, const fp2_t& d) {
-    return ec_fp2_mul_sub_call(a, b, c, d);
-}
-template <>
-FF_INLINE fp2_t ec_mul2_sub<fp2_t>(const fp2_t& a, const fp2_t& b, const fp2_t& c, const fp2_t& d) {
-    return ec_fp2_mul_sub_call(a, b, c, d);
 }
 #endif
 

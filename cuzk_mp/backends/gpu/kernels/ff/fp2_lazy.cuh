@@ -85,36 +85,4 @@ FF_INLINE fp2_t mul(const fp2_t& a, const fp2_t& b) {
     return r;
 }
 
-/* a b - c d in Fq2 with two Montgomery reductions instead of four (the curve formulas' Y3;
- * ec/xyzz.cuh EC_FQ_FUSED). With c' = -c: U = a0 b0 + c'0 d0, V = a1 b1 + c'1 d1 (each < 2p^2),
- * S = (a0 + a1)(b0 + b1) + (c'0 + c'1)(d0 + d1) (< 8p^2); real = U - V in (-2p^2, 2p^2), plus p R
- * when it borrowed: in [0, p R); imag = S - U - V = a0 b1 + a1 b0 + c'0 d1 + c'1 d0 in [0, 4p^2),
- * below p R as 4p < R. Both high halves are below p, as redc_wide needs. Six wide products
- * and two reductions: 1176 products instead of 1488. */
-FF_INLINE fp2_t mul_sub(const fp2_t& a, const fp2_t& b, const fp2_t& c, const fp2_t& d) {
-    fp2_t cn = c.neg();
-    uint32_t u[2 * N], v[2 * N], t[2 * N], w[2 * N];
-    mul_wide(u, a.c0.l, b.c0.l);
-    mul_wide(t, cn.c0.l, d.c0.l);
-    add_wide(u, u, t);
-    mul_wide(v, a.c1.l, b.c1.l);
-    mul_wide(t, cn.c1.l, d.c1.l);
-    add_wide(v, v, t);
-    add_wide(w, u, v);                     /* U + V < 4 p^2 */
-    add_pr(u, sub_wide(u, u, v));          /* real, in [0, p R) */
-    fp2_t r;
-    r.c0 = fp_t::redc_wide(u);
-    uint32_t sa[N], sb[N];
-    add_raw(sa, a.c0.l, a.c1.l);
-    add_raw(sb, b.c0.l, b.c1.l);
-    mul_wide(u, sa, sb);
-    add_raw(sa, cn.c0.l, cn.c1.l);
-    add_raw(sb, d.c0.l, d.c1.l);
-    mul_wide(t, sa, sb);
-    add_wide(u, u, t);                     /* S < 8 p^2 */
-    sub_wide(u, u, w);                     /* imag: no borrow */
-    r.c1 = fp_t::redc_wide(u);
-    return r;
-}
-
 }  // namespace fp2_lazy
