@@ -398,6 +398,8 @@ def test_emulated_witness_map_stages_what_the_host_evaluates(emu_gpu: object, te
                 finally:
                     emu_gpu.release(staged)
             rows = key.witness_map[1]
+            held = emu_gpu.stats()["device_witness_map_bytes"]
+            assert held == rows.nbytes >= ev.data.a.nbytes + ev.data.b.nbytes > 0
             emu_gpu.release(emu_gpu.stage_witness(key, ev.data, w))
             assert key.witness_map[1] is rows  # the same data: the rows stay
             other = ConstraintEvaluator.from_zkey(zkey)
@@ -407,7 +409,7 @@ def test_emulated_witness_map_stages_what_the_host_evaluates(emu_gpu: object, te
                 emu_gpu.stage_witness(key, ev.data, w[:-1])
         finally:
             key.close()
-        assert key.witness_map is None
+        assert key.witness_map is None and emu_gpu.stats()["device_witness_map_bytes"] == 0
         proof, public = prove(emu_gpu, zkey, w, evaluator=ev)
         assert verify(vk_from_zkey(zkey), public, proof), f"seed={SEED}"
         bad = w.copy()

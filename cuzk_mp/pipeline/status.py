@@ -27,6 +27,7 @@ class ProverStats(msgspec.Struct):
     device_used_bytes: float | None = None
     device_peak_bytes: float | None = None
     device_key_bytes: float | None = None  # resident points (and their precomputed multiples)
+    device_witness_map_bytes: float | None = None  # circuits' coded rows kept for the device witness map
     host_key_resident_bytes: float | None = None  # pages of the keys' files this process still maps
     host_key_released_bytes: float | None = None  # section pages dropped after the upload
     host_pinned_bytes: float | None = None  # pinned staging buffers

@@ -205,7 +205,8 @@ class GpuBackend:
 
     def stats(self) -> dict[str, float]:
         """What the backend holds: ``busy_seconds``; ``device_key_bytes`` (resident points and
-        their multiples); ``host_key_resident_bytes`` (pages of the loaded keys' files this process
+        their multiples); ``device_witness_map_bytes`` (the circuits' coded rows kept on the device
+        for the witness map); ``host_key_resident_bytes`` (pages of the loaded keys' files this process
         still maps); ``host_key_released_bytes`` (section pages dropped after upload);
         ``host_pinned_bytes`` (staging buffers). Cheap (every proof reports it): the resident bytes
         are those :meth:`refresh_host_stats` last read."""
@@ -213,6 +214,7 @@ class GpuBackend:
         return {
             "busy_seconds": float(self.busy_seconds),
             "device_key_bytes": float(sum(k.nbytes + k.multiples_bytes for k in keys)),
+            "device_witness_map_bytes": float(sum(k.witness_map[1].nbytes for k in keys if k.witness_map)),
             "host_key_resident_bytes": float(self._host_key_rss),
             "host_key_released_bytes": float(sum(k.host_released for k in keys)),
             "host_pinned_bytes": float(self._pinned_bytes),
