@@ -418,6 +418,15 @@ struct mont_t {
         d[H - 1] = ptx::addc(d[H - 1] ^ mask, 0, cc);
         return mask;
     }
+    /* z = z0 + z2 mod 2^(32N) for w = z0 + z2 2^(32N): the Karatsuba middle term before its
+     * correction (the corrected term is below 2^(32N), so the wrap cancels). */
+    FF_INLINE static void sum_halves(uint32_t* z, const uint32_t* w) {
+        ptx::cc_t cc;
+        z[0] = ptx::add_cc(w[0], w[N], cc);
+#pragma unroll
+        for (int k = 1; k < N - 1; k++) z[k] = ptx::addc_cc(w[k], w[N + k], cc);
+        z[N - 1] = ptx::addc(w[N - 1], w[2 * N - 1], cc);
+    }
     /* w[H .. 2N) += z1 (N words), so w = z0 + z1 2^(32H) + z2 2^(32N) = a * b < 2^(64N). */
     FF_INLINE static void add_middle(uint32_t* w, const uint32_t* z1) {
         constexpr int H = N / 2;
@@ -441,11 +450,8 @@ struct mont_t {
         /* x = all ones when that product is >= 0 (subtract m: add ~m + 1), 0 when it is < 0 */
         uint32_t x = ~(sa ^ sb);
         uint32_t z1[N];
+        sum_halves(z1, w);
         ptx::cc_t cc;
-        z1[0] = ptx::add_cc(w[0], w[N], cc);
-#pragma unroll
-        for (int k = 1; k < N - 1; k++) z1[k] = ptx::addc_cc(w[k], w[N + k], cc);
-        z1[N - 1] = ptx::addc(w[N - 1], w[2 * N - 1], cc);
         (void)ptx::add_cc(x & 1, 0xffffffffu, cc);  /* carry in = x & 1 */
 #pragma unroll
         for (int k = 0; k < N - 1; k++) z1[k] = ptx::addc_cc(z1[k], m[k] ^ x, cc);
@@ -467,11 +473,8 @@ struct mont_t {
         (void)sub_abs<H>(d, l, l + H);
         sqr_wide<H>(m, d);
         uint32_t z1[N];
+        sum_halves(z1, w);
         ptx::cc_t cc;
-        z1[0] = ptx::add_cc(w[0], w[N], cc);
-#pragma unroll
-        for (int k = 1; k < N - 1; k++) z1[k] = ptx::addc_cc(w[k], w[N + k], cc);
-        z1[N - 1] = ptx::addc(w[N - 1], w[2 * N - 1], cc);
         z1[0] = ptx::sub_cc(z1[0], m[0], cc);
 #pragma unroll
         for (int k = 1; k < N - 1; k++) z1[k] = ptx::subc_cc(z1[k], m[k], cc);
