@@ -143,27 +143,16 @@ __constant__ double P_K2[L] = {p_k2_c(0), p_k2_c(1), p_k2_c(2), p_k2_c(3),
 __constant__ double P_L[L] = {p_limb_c(0), p_limb_c(1), p_limb_c(2), p_limb_c(3),
                               p_limb_c(4), p_limb_c(5), p_limb_c(6), p_limb_c(7)};
 #endif
-FF_INLINE double p_limb(int j) {
+/* The constant table on the device, its compile-time function on the host. */
 #ifdef __CUDA_ARCH__
-    return P_L[j];
+#define DFMA_CONST(table, fn, j) table[j]
 #else
-    return p_limb_c(j);
+#define DFMA_CONST(table, fn, j) fn(j)
 #endif
-}
-FF_INLINE double p_k1(int j) {
-#ifdef __CUDA_ARCH__
-    return P_K1[j];
-#else
-    return p_k1_c(j);
-#endif
-}
-FF_INLINE double p_k2(int j) {
-#ifdef __CUDA_ARCH__
-    return P_K2[j];
-#else
-    return p_k2_c(j);
-#endif
-}
+FF_INLINE double p_limb(int j) { return DFMA_CONST(P_L, p_limb_c, j); }
+FF_INLINE double p_k1(int j) { return DFMA_CONST(P_K1, p_k1_c, j); }
+FF_INLINE double p_k2(int j) { return DFMA_CONST(P_K2, p_k2_c, j); }
+#undef DFMA_CONST
 
 /* ------------------------------------------------------------ products into columns */
 /* T[k] += a b mod 2^48, T[k + 1] += floor(a b / 2^48), for integers a, b with a b < 2^100. */
