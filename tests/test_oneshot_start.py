@@ -76,3 +76,54 @@ def test_console_script_leaves_at_once_with_its_files_written(tmp_path: Path, ke
     res = subprocess.run([*cmd, "g16p", str(tmp_path / "absent.zkey"), str(DATA / "mul.wtns"), str(proof),
                           str(public)], capture_output=True, text=True, check=False)
     assert res.returncode == 2 and "absent.zkey" in res.stderr
+
+
+NO_NUMBA = r"""
+import importlib.abc, sys
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("numba", "llvmlite"):
+            raise ImportError(f"{name} imported on the one-shot GPU path")
+        return None
+
+sys.meta_path.insert(0, Refuse())
+key, wtns = sys.argv[1], sys.argv[2]
+import numpy as np
+import cuzk_mp.cli
+from cuzk_mp.errors import InputError
+from cuzk_mp.algebra.field import FR
+from cuzk_mp.formats.snarkjs_json import proof_to_json, public_to_json
+from cuzk_mp.formats.wtns import read_wtns
+from cuzk_mp.formats.zkey import read_zkey
+from cuzk_mp.groth16.keys import prepared_vk_of
+from cuzk_mp.groth16.prover import header_points, prove
+from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+from tests.gpu_emu.backend import load_backend
+
+evaluator = ConstraintEvaluator.from_files(key, None)  # the cache's open and body hash
+zkey = read_zkey(key, check_coefs=False)
+w = evaluator.validate_witness(read_wtns(wtns))  # the witness's range check
+bad = w.copy()
+bad[1] = FR.limbs
+try:
+    evaluator.validate_witness(bad)
+    raise SystemExit("a value >= r passed the range check")
+except InputError as exc:
+    assert "witness value 1" in str(exc), exc
+header_points(zkey), prepared_vk_of(zkey)
+load_backend()  # the GPU backend's modules (over the emulator's CuPy)
+print("numba-free")
+"""
+
+
+def test_one_shot_gpu_path_loads_no_numba(tmp_path: Path, key: Path) -> None:
+    """What a one-shot GPU proof does on the host, from the imports to the key, the cached circuit
+    data (its body hash), the witness's range check, the proof's header points and the GPU
+    backend's modules, runs with numba's import refused: numba's ~0.35 s import and its kernels'
+    first loads are not paid by a one-shot GPU process (the device does the witness map)."""
+    main(["groth16", "prove", "--backend", "cpu", str(key), str(DATA / "mul.wtns"), str(tmp_path / "p.json"),
+          str(tmp_path / "q.json")])  # builds the circuit-data cache beside the key (numba: a build's own)
+    res = subprocess.run([sys.executable, "-c", NO_NUMBA, str(key), str(DATA / "mul.wtns")], capture_output=True,
+                         text=True, check=False, cwd=Path(__file__).parents[1])
+    assert res.returncode == 0 and res.stdout.strip() == "numba-free", res.stderr

@@ -1,95 +1,35 @@
-"""Vector arithmetic over Fq (the BLS12-381 base field) as numba kernels.
+"""Vector arithmetic over Fq (the BLS12-381 base field).
 
 Arrays are ``(n, 6) uint64``, little-endian limbs, in Montgomery form (x R mod q,
 R = 2^384: the zkey's "LEM" coordinates) unless a function says otherwise.
-Every function returns a new array. Kernels run in parallel over numba's thread
-pool and are cached on disk after the first compile.
-
-``F`` is the inline namespace (``mul, add, sub, is_zero, lt_modulus`` from
-:func:`cuzk_mp.algebra.mont.generate`, plus ``neg`` and ``inv`` defined here)
-that the curve kernels in :mod:`cuzk_mp.algebra.ec` build on.
+Every function returns a new array. The loops are numba kernels (:mod:`.fq_kernels`, with the
+inline namespace ``F`` that the curve kernels build on), run in parallel over numba's thread
+pool, cached on disk after the first compile and imported at their first call: importing this
+module loads no numba.
 """
 
 from __future__ import annotations
 
-from types import SimpleNamespace
+from types import ModuleType
 
 import numpy as np
-from numba import njit, prange
 
-from . import mont
 from .field import FQ, Q_MOD, first_not_below, int_to_limbs, ints_to_limbs, limbs_to_ints
 
-_G = mont.generate(FQ)
-fmul = _G.mul
-fadd = _G.add
-fsub = _G.sub
 NL = 6
-U0 = np.uint64(0)
 ONE_MONT = int_to_limbs(FQ.r_mod, NL)  # 1 in Montgomery form = 2^384 mod q
 _R2 = int_to_limbs(FQ.r2, NL)  # 2^768 mod q: mont_mul(x, R^2) = x R
 _ONE_STD = int_to_limbs(1, NL)  # mont_mul(xR, 1) = x
-# Fermat inversion exponent q - 2, as bits from the most significant one down.
-_INV_BITS = np.array([int(c) for c in bin(Q_MOD - 2)[2:]], dtype=np.uint8)
-
-
-@njit(inline="always")
-def _neg(a0, a1, a2, a3, a4, a5):  # type: ignore[no-untyped-def]
-    return fsub(U0, U0, U0, U0, U0, U0, a0, a1, a2, a3, a4, a5)
-
-
-@njit(cache=True)
-def _inv(a0, a1, a2, a3, a4, a5):  # type: ignore[no-untyped-def]
-    # a^(q-2) by left-to-right square-and-multiply (Fermat): 380 squarings + ~190 mults.
-    # The inverse of 0 comes out as 0 (callers that care check is_zero first).
-    r0, r1, r2, r3, r4, r5 = a0, a1, a2, a3, a4, a5
-    for k in range(1, _INV_BITS.shape[0]):
-        r0, r1, r2, r3, r4, r5 = fmul(r0, r1, r2, r3, r4, r5, r0, r1, r2, r3, r4, r5)
-        if _INV_BITS[k]:
-            r0, r1, r2, r3, r4, r5 = fmul(r0, r1, r2, r3, r4, r5, a0, a1, a2, a3, a4, a5)
-    return r0, r1, r2, r3, r4, r5
-
-
-F = SimpleNamespace(mul=fmul, add=fadd, sub=fsub, is_zero=_G.is_zero, lt_modulus=_G.lt_modulus, neg=_neg, inv=_inv)
-
-
-@njit(parallel=True, cache=True)
-def _vmul(a, b, out):  # type: ignore[no-untyped-def]
-    for i in prange(a.shape[0]):
-        out[i, 0], out[i, 1], out[i, 2], out[i, 3], out[i, 4], out[i, 5] = fmul(
-            a[i, 0], a[i, 1], a[i, 2], a[i, 3], a[i, 4], a[i, 5], b[i, 0], b[i, 1], b[i, 2], b[i, 3], b[i, 4], b[i, 5])
-
-
-@njit(parallel=True, cache=True)
-def _vmul_scalar(a, c, out):  # type: ignore[no-untyped-def]
-    c0, c1, c2, c3, c4, c5 = c[0], c[1], c[2], c[3], c[4], c[5]
-    for i in prange(a.shape[0]):
-        out[i, 0], out[i, 1], out[i, 2], out[i, 3], out[i, 4], out[i, 5] = fmul(
-            a[i, 0], a[i, 1], a[i, 2], a[i, 3], a[i, 4], a[i, 5], c0, c1, c2, c3, c4, c5)
-
-
-@njit(parallel=True, cache=True)
-def _vadd(a, b, out):  # type: ignore[no-untyped-def]
-    for i in prange(a.shape[0]):
-        out[i, 0], out[i, 1], out[i, 2], out[i, 3], out[i, 4], out[i, 5] = fadd(
-            a[i, 0], a[i, 1], a[i, 2], a[i, 3], a[i, 4], a[i, 5], b[i, 0], b[i, 1], b[i, 2], b[i, 3], b[i, 4], b[i, 5])
-
-
-@njit(parallel=True, cache=True)
-def _vsub(a, b, out):  # type: ignore[no-untyped-def]
-    for i in prange(a.shape[0]):
-        out[i, 0], out[i, 1], out[i, 2], out[i, 3], out[i, 4], out[i, 5] = fsub(
-            a[i, 0], a[i, 1], a[i, 2], a[i, 3], a[i, 4], a[i, 5], b[i, 0], b[i, 1], b[i, 2], b[i, 3], b[i, 4], b[i, 5])
-
-
-@njit(parallel=True, cache=True)
-def _vinv(a, out):  # type: ignore[no-untyped-def]
-    for i in prange(a.shape[0]):
-        out[i, 0], out[i, 1], out[i, 2], out[i, 3], out[i, 4], out[i, 5] = _inv(
-            a[i, 0], a[i, 1], a[i, 2], a[i, 3], a[i, 4], a[i, 5])
 
 
 # ------------------------------------------------------------------ Python API
+
+
+def _k() -> ModuleType:
+    """The kernels module (numba is imported with it, at the first call that needs a loop)."""
+    from . import fq_kernels
+
+    return fq_kernels
 
 
 def _check(a: np.ndarray) -> np.ndarray:
@@ -119,7 +59,7 @@ def mul(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Elementwise a*b (Montgomery inputs give Montgomery output)."""
     a = _check(a)
     out = np.empty_like(a)
-    _vmul(a, _check(b), out)
+    _k()._vmul(a, _check(b), out)
     return out
 
 
@@ -127,7 +67,7 @@ def scale(a: np.ndarray, c: int) -> np.ndarray:
     """a * c for an int constant c (Montgomery in, Montgomery out)."""
     a = _check(a)
     out = np.empty_like(a)
-    _vmul_scalar(a, const(c), out)
+    _k()._vmul_scalar(a, const(c), out)
     return out
 
 
@@ -135,7 +75,7 @@ def add(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Elementwise a+b."""
     a = _check(a)
     out = np.empty_like(a)
-    _vadd(a, _check(b), out)
+    _k()._vadd(a, _check(b), out)
     return out
 
 
@@ -143,7 +83,7 @@ def sub(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     """Elementwise a-b."""
     a = _check(a)
     out = np.empty_like(a)
-    _vsub(a, _check(b), out)
+    _k()._vsub(a, _check(b), out)
     return out
 
 
@@ -151,7 +91,7 @@ def inv(a: np.ndarray) -> np.ndarray:
     """Elementwise inverse by Fermat (a^(q-2)); 0 maps to 0. Slow: for chunk totals, not bulk."""
     a = _check(a)
     out = np.empty_like(a)
-    _vinv(a, out)
+    _k()._vinv(a, out)
     return out
 
 
@@ -159,7 +99,7 @@ def to_mont(a: np.ndarray) -> np.ndarray:
     """Standard form -> Montgomery form (multiply by R^2, one Montgomery reduction)."""
     a = _check(a)
     out = np.empty_like(a)
-    _vmul_scalar(a, _R2, out)
+    _k()._vmul_scalar(a, _R2, out)
     return out
 
 
@@ -167,7 +107,7 @@ def from_mont(a: np.ndarray) -> np.ndarray:
     """Montgomery form -> standard form (multiply by 1)."""
     a = _check(a)
     out = np.empty_like(a)
-    _vmul_scalar(a, _ONE_STD, out)
+    _k()._vmul_scalar(a, _ONE_STD, out)
     return out
 
 

@@ -25,7 +25,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import overload
 
-from .fq import F, ONE_MONT
+from .fq import ONE_MONT
+from .fq_kernels import F
 
 FQ_T = types.UniTuple(types.uint64, 6)
 FQ2_T = types.UniTuple(FQ_T, 2)

@@ -17,12 +17,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from . import fr
+from . import fr, fr_kernels
 from .field import R_MOD, coset_shift, fr_root_of_unity, log2_exact
 
-fmul = fr.fmul
-fadd = fr.fadd
-fsub = fr.fsub
+fmul = fr_kernels.fmul
+fadd = fr_kernels.fadd
+fsub = fr_kernels.fsub
 
 
 @njit(parallel=True, cache=True)

@@ -26,7 +26,7 @@ from functools import cache, cached_property
 import numpy as np
 from numba import njit, prange
 
-from ..algebra import fr
+from ..algebra import fr, fr_kernels
 from ..algebra.field import R_MOD
 from ..algebra.sparse import CsrMatrix
 from ..algebra.threads import numba_threads
@@ -37,7 +37,7 @@ from .synthetic_shape import check_shape
 ALPHA_PERIOD, BETA_PERIOD = 251, 241
 PARTITION_LIMIT = 1 << 32
 
-_fadd, _fmul, _fredc = fr.fadd, fr.fmul, fr.fredc
+_fadd, _fmul, _fredc = fr_kernels.fadd, fr_kernels.fmul, fr_kernels.fredc
 
 
 def _lanes(log_n: int) -> int:

@@ -15,12 +15,12 @@ from collections.abc import Sequence
 import numpy as np
 from numba import njit, prange
 
-from ..algebra import fr
+from ..algebra import fr_kernels
 from ..algebra.field import FR, ints_to_limbs
 
-fmul = fr.F.mul
-fadd = fr.F.add
-fredc = fr.F.redc
+fmul = fr_kernels.F.mul
+fadd = fr_kernels.F.add
+fredc = fr_kernels.F.redc
 
 
 @njit(inline="always")

@@ -34,9 +34,6 @@ import numpy as np
 from ..algebra.field import FR, R_MOD
 from ..algebra.sparse import CsrMatrix
 from .binfile import BinFile, FieldReader, open_source, write_binfile
-from .r1cs_kernels import (
-    ERR_COEF, ERR_DUPLICATE, ERR_WIRE, LC_NAMES, encode_rows, fill_matrix, scan_constraints,
-)
 
 MAGIC = "r1cs"
 VERSION = 1
@@ -44,6 +41,13 @@ N8 = 32
 HEADER_BYTES = 4 + N8 + 4 * 4 + 8 + 4
 SECTION_LABELS = {1: "header", 2: "constraints", 3: "wire-to-label map", 4: "custom gates list", 5: "custom gates uses"}
 _ENCODE_CHUNK_BYTES = 32 << 20
+# status codes of the section 2 kernels (:mod:`.r1cs_kernels`)
+ERR_TRUNCATED = 1
+ERR_EXTRA = 2
+ERR_WIRE = 3
+ERR_COEF = 4
+ERR_DUPLICATE = 5
+LC_NAMES = ("A", "B", "C")
 
 
 @dataclass
@@ -111,6 +115,8 @@ class R1csLayout:
         idx = np.empty(int(indptr[-1]), dtype=np.uint32)
         data = np.empty((int(indptr[-1]), 4), dtype=np.uint64)
         errors = np.zeros(hi - lo, dtype=np.int8)
+        from .r1cs_kernels import fill_matrix  # numba (as the two below): loaded by the first decode
+
         fill_matrix(self.raw, self.offsets, self.counts, m, lo, indptr, idx, data, self.head["n_wires"], FR.limbs,
                     errors)
         bad = np.flatnonzero(errors)
@@ -151,6 +157,8 @@ def _layout(bf: BinFile) -> R1csLayout:
     raw = np.frombuffer(bf.section(2), dtype=np.uint8)
     offsets = np.empty(n_constraints, dtype=np.int64)
     counts = np.empty((3, n_constraints), dtype=np.uint32)  # a count is a u32 in the file
+    from .r1cs_kernels import scan_constraints
+
     status = scan_constraints(raw, N8, offsets, counts)
     if status[0] != 0:
         _raise_scan_error(bf, raw, status, n_constraints)
@@ -262,6 +270,8 @@ def _constraint_chunks(r1cs: R1CS) -> Iterator[memoryview]:
         starts = np.empty(hi - lo, dtype=np.int64)
         starts[0] = 0
         starts[1:] = ends[lo : hi - 1] - done
+        from .r1cs_kernels import encode_rows
+
         status = encode_rows(*mats[0], *mats[1], *mats[2], lo, starts, r1cs.n_wires, FR.limbs, buf)
         if status[0] != 0:
             raise ValueError(f"constraint {status[1]}, matrix {LC_NAMES[status[2]]}: "

@@ -8,7 +8,8 @@ byte offset; :func:`fill_matrix` then decodes one matrix of a range of
 constraints in parallel into CSR arrays whose row pointers came from the
 counts (so one matrix can be read alone, a bounded chunk at a time). :func:`encode_rows`
 is the inverse for a range of rows. Bytes are assembled by shifts, so nothing
-depends on the alignment of the mapped file.
+depends on the alignment of the mapped file. :mod:`.r1cs` imports this module at its first
+decode or encode, so reading a key's header costs no numba.
 """
 
 from __future__ import annotations
@@ -16,12 +17,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-ERR_TRUNCATED = 1
-ERR_EXTRA = 2
-ERR_WIRE = 3
-ERR_COEF = 4
-ERR_DUPLICATE = 5
-LC_NAMES = ("A", "B", "C")
+from .r1cs import ERR_COEF, ERR_DUPLICATE, ERR_EXTRA, ERR_TRUNCATED, ERR_WIRE
+
 TERM_BYTES = 4 + 32
 
 

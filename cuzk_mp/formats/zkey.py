@@ -41,7 +41,6 @@ import numpy as np
 from ..algebra.field import FQ, FR, Q_MOD, R_MOD, first_not_below, log2_exact
 from ..algebra.sparse import CsrMatrix
 from .binfile import BinFile, FieldReader, Payload, open_source, write_binfile
-from .zkey_kernels import check_coefs, count_rows, fill_rows
 
 MAGIC = "zkey"
 VERSION = 1
@@ -213,6 +212,8 @@ def _read_coefs(bf: BinFile, n_vars: int, domain_size: int, check: bool = True) 
     coefs = bf.section_array(4, COEF_DTYPE, n_coefs, offset=4)
     if not check:
         return coefs
+    from .zkey_kernels import check_coefs  # numba: only where section 4 is checked
+
     status = check_coefs(coefs["matrix"], coefs["constraint"], coefs["signal"], coefs["value"],
                          domain_size, n_vars, FR.limbs)
     code, i = int(status[0]), int(status[1])
@@ -237,6 +238,8 @@ def coef_matrices(zkey: ZKey) -> tuple[CsrMatrix, CsrMatrix]:
     which would first copy each matrix's 44-byte entries out by a mask and
     argsort them: ~10x slower for the tens of millions of entries of a 2^24 key.
     """
+    from .zkey_kernels import count_rows, fill_rows  # numba: only where the rows are built
+
     coefs = zkey.coefs
     m, c, s, v = coefs["matrix"], coefs["constraint"], coefs["signal"], coefs["value"]
     counts = np.zeros((2, zkey.domain_size), dtype=np.int64)

@@ -69,7 +69,6 @@ from ..backends.base import G2_ROW_COST
 from ..errors import InputError
 from ..formats.r1cs import R1CS, read_r1cs
 from ..formats.zkey import COEF_DTYPE, ChunkStream, ZKey, coefs_from_arrays, empty_contributions, write_zkey
-from .setup_kernels import fill_coefs
 
 log = logging.getLogger("cuzk_mp.groth16.setup")
 _R2_LIMBS = int_to_limbs(FR.r2, 4)  # the coefficient 1 in v R^2 form
@@ -369,6 +368,8 @@ def coef_chunks(r1cs: R1CS, rows: int | None = None) -> Iterator[np.ndarray]:
 
 def _fill(r1cs: R1CS, lo: int, hi: int, out: np.ndarray) -> None:
     a, b = r1cs.a, r1cs.b
+    from .setup_kernels import fill_coefs  # numba: a setup's own (the prover never writes section 4)
+
     fill_coefs(a.indptr, a.indices, np.ascontiguousarray(a.data), b.indptr, b.indices, np.ascontiguousarray(b.data),
                lo, hi, _R3_LIMBS, out["matrix"], out["constraint"], out["signal"], out["value"])
 

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from numba import njit, prange
 
-from ..algebra.fr import fmul
+from ..algebra.fr_kernels import fmul
 
 
 @njit(inline="always", cache=True)
