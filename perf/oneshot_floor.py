@@ -3,9 +3,10 @@
 The one-shot CLI overlaps its steps (the backend starts on a helper thread beside the key and
 witness reads), so its log cannot say what each step costs. This script runs them one after
 another in fresh processes and times each: the interpreter up to the first line of the script
-(from just before the parent starts it), numpy, numba, CuPy, the CUDA context (a first allocation), the
-GPU backend (its kernel modules), the prover's modules (``cuzk_mp.groth16.prover``, which pull
-in numba through the algebra package) and the process's exit (measured from outside). The sum is
+(from just before the parent starts it), numpy, CuPy, the CUDA context (a first allocation), the
+GPU backend (its kernel modules), the prover's modules (``cuzk_mp.groth16.prover``) and the
+process's exit (measured from outside); numba's import only for ``--backend cpu`` (the GPU path
+imports none: ``numba_loaded`` in the result says so). The sum is
 the floor a one-shot process starts from whatever the proof itself takes.
 
 Usage: ``python3 perf/oneshot_floor.py [--runs 3] [--out FILE.json]`` on a GPU machine (with
@@ -36,7 +37,8 @@ def step(name, fn):
     out[name + "_s"] = now - t
     t = now
 step("numpy", lambda: __import__("numpy"))
-step("numba", lambda: __import__("numba"))
+if sys.argv[1] == "cpu":  # the CPU backend's kernels are numba's; the GPU path imports no numba
+    step("numba", lambda: __import__("numba"))
 if sys.argv[1] == "gpu":
     step("cupy", lambda: __import__("cupy"))
     def context():
@@ -48,17 +50,18 @@ if sys.argv[1] == "gpu":
         get_backend("gpu")
     step("gpu_backend", backend)
 step("prover_modules", lambda: __import__("cuzk_mp.groth16.prover"))
+out["numba_loaded"] = "numba" in sys.modules
 out["exit_at"] = time.time()
 sys.stdout.write(json.dumps(out) + "\n")
 sys.stdout.flush()
 """
 
 
-def one(backend: str) -> dict[str, float]:
-    """One fresh process: its steps, and its exit time after the last step."""
+def one(backend: str, env: dict[str, str]) -> dict[str, float]:
+    """One fresh process (``env`` added to its environment): its steps, and its exit time after the last step."""
     path = os.pathsep.join(p for p in (str(ROOT), os.environ.get("PYTHONPATH", "")) if p)
     res = subprocess.run([sys.executable, "-c", CHILD, backend, repr(time.time())], capture_output=True, text=True,
-                         check=True, cwd=ROOT, env={**os.environ, "PYTHONPATH": path})
+                         check=True, cwd=ROOT, env={**os.environ, **env, "PYTHONPATH": path})
     ended = time.time()
     row: dict[str, float] = json.loads(res.stdout.strip().splitlines()[-1])
     row["exit_s"] = ended - row.pop("exit_at")
@@ -70,14 +73,18 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--backend", choices=("gpu", "cpu"), default="gpu")
+    ap.add_argument("--env", action="append", default=[], metavar="K=V",
+                    help="an environment variable for the children (e.g. OPENBLAS_NUM_THREADS=1); repeatable")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    one(args.backend)  # warm-up: page cache, CuPy's and numba's caches
-    runs = [one(args.backend) for _ in range(args.runs)]
-    medians = {k: statistics.median(r[k] for r in runs) for k in runs[0]}
+    env = dict(kv.split("=", 1) for kv in args.env)
+    one(args.backend, env)  # warm-up: page cache, CuPy's and numba's caches
+    runs = [one(args.backend, env) for _ in range(args.runs)]
+    medians = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k.endswith("_s")}
     medians["total_s"] = sum(medians.values())
     result = {"what": __doc__.splitlines()[0], "command": f"python3 perf/oneshot_floor.py --runs {args.runs}"
-              f" --backend {args.backend}", "medians": medians, "runs": runs}
+              f" --backend {args.backend}" + "".join(f" --env {kv}" for kv in args.env), "medians": medians,
+              "numba_loaded": any(r["numba_loaded"] for r in runs), "runs": runs}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))
     for k, v in medians.items():

@@ -17,7 +17,8 @@ from typing import Any
 import numpy as np
 import pytest
 
-from cuzk_mp.algebra.coded_sparse import CODE_MINUS_ONE, CODE_ONE, CodedMatrix
+from cuzk_mp.algebra.coded_sparse import CodedMatrix
+from cuzk_mp.algebra.row_codes import CODE_MINUS_ONE, CODE_ONE
 from cuzk_mp.algebra.field import FR, R_MOD, ints_to_limbs, limbs_to_ints
 from tests.gpu_emu import module_for
 

@@ -3,7 +3,7 @@
 A constraint system has tens of millions of coefficients but few distinct ones (most are 1 or
 -1, the rest small integers or a handful of constants), so a :class:`CodedMatrix` stores per
 entry a uint32 column and a uint16 (or uint32) code instead of a 32-byte Montgomery word: 6 bytes
-an entry instead of 36. Codes :data:`CODE_ONE` and :data:`CODE_MINUS_ONE` are reserved for
+an entry instead of 36. Codes :data:`~.row_codes.CODE_ONE` and :data:`~.row_codes.CODE_MINUS_ONE` are reserved for
 +1 and -1; the table holds every value twice, as v R (Montgomery form) and v R^2.
 
 :func:`evaluate_rows_into` is the witness map over such matrices: a = A w, b = B w (Montgomery
@@ -33,8 +33,6 @@ import numpy as np
 
 from . import fr
 
-CODE_ONE = 0
-CODE_MINUS_ONE = 1
 ROW_BLOCK = 4096  # rows per parallel work item of the witness map
 
 

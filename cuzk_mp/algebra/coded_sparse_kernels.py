@@ -12,8 +12,8 @@ import numpy as np
 from numba import njit, prange
 
 from . import fr_kernels
-from .coded_sparse import CODE_MINUS_ONE, CODE_ONE
 from .field import FR, int_to_limbs
+from .row_codes import CODE_MINUS_ONE, CODE_ONE
 
 fmul = fr_kernels.F.mul
 fadd = fr_kernels.F.add

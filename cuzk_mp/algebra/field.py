@@ -67,6 +67,7 @@ class MontParams:
         self.inv = (-pow(modulus, -1, 1 << 64)) % (1 << 64)  # -p^-1 mod 2^64
         self.r_inv = pow(self.r, -1, modulus)  # R^-1 mod p (from_mont_int)
         self.limbs = int_to_limbs(modulus, nlimbs)
+        self.one_limbs = int_to_limbs(self.r_mod, nlimbs)  # 1 in Montgomery form, as limbs
 
     def to_mont_int(self, x: int) -> int:
         """x * R mod p (a single element, Python ints)."""

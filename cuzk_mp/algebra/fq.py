@@ -17,7 +17,7 @@ import numpy as np
 from .field import FQ, Q_MOD, first_not_below, int_to_limbs, ints_to_limbs, limbs_to_ints
 
 NL = 6
-ONE_MONT = int_to_limbs(FQ.r_mod, NL)  # 1 in Montgomery form = 2^384 mod q
+ONE_MONT = FQ.one_limbs  # 1 in Montgomery form = 2^384 mod q
 _R2 = int_to_limbs(FQ.r2, NL)  # 2^768 mod q: mont_mul(x, R^2) = x R
 _ONE_STD = int_to_limbs(1, NL)  # mont_mul(xR, 1) = x
 

@@ -16,7 +16,7 @@ import numpy as np
 from .field import FR, R_MOD, first_not_below, int_to_limbs, ints_to_limbs, limbs_to_ints
 
 NL = 4
-ONE_MONT = int_to_limbs(FR.r_mod, NL)
+ONE_MONT = FR.one_limbs
 _R2 = int_to_limbs(FR.r2, NL)
 
 

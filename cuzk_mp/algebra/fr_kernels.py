@@ -13,8 +13,8 @@ from numba import njit, prange
 
 from . import mont
 from .field import FR
-from .fr import ONE_MONT
 
+ONE_MONT = FR.one_limbs
 F = mont.generate(FR)
 fmul = F.mul
 fadd = F.add

@@ -41,13 +41,6 @@ N8 = 32
 HEADER_BYTES = 4 + N8 + 4 * 4 + 8 + 4
 SECTION_LABELS = {1: "header", 2: "constraints", 3: "wire-to-label map", 4: "custom gates list", 5: "custom gates uses"}
 _ENCODE_CHUNK_BYTES = 32 << 20
-# status codes of the section 2 kernels (:mod:`.r1cs_kernels`)
-ERR_TRUNCATED = 1
-ERR_EXTRA = 2
-ERR_WIRE = 3
-ERR_COEF = 4
-ERR_DUPLICATE = 5
-LC_NAMES = ("A", "B", "C")
 
 
 @dataclass
@@ -184,8 +177,10 @@ def _read_header(bf: BinFile) -> dict[str, int]:
 
 
 def _raise_scan_error(bf: BinFile, raw: np.ndarray, status: np.ndarray, n_constraints: int) -> None:
+    from .r1cs_kernels import ERR_TRUNCATED, LC_NAMES  # loaded already: the status is a kernel's
+
     code, i, m, pos = (int(x) for x in status)
-    if code == 1:
+    if code == ERR_TRUNCATED:
         raise bf.error(2, f"truncated in constraint {i} of {n_constraints}, matrix {LC_NAMES[m]} at byte {pos} "
                        f"(section is {raw.size} bytes)")
     raise bf.error(2, f"{raw.size - pos} extra bytes after the last of {n_constraints} constraints")
@@ -193,6 +188,8 @@ def _raise_scan_error(bf: BinFile, raw: np.ndarray, status: np.ndarray, n_constr
 
 def _raise_term_error(bf: BinFile, raw: np.ndarray, pos: int, i: int, code: int, n_wires: int) -> None:
     """Decode constraint ``i`` again in Python to name the bad term exactly."""
+    from .r1cs_kernels import ERR_COEF, ERR_DUPLICATE, ERR_WIRE, LC_NAMES  # loaded already, as above
+
     seen: set[int] = set()
     for m in range(3):
         k = int.from_bytes(raw[pos : pos + 4].tobytes(), "little")
@@ -270,7 +267,7 @@ def _constraint_chunks(r1cs: R1CS) -> Iterator[memoryview]:
         starts = np.empty(hi - lo, dtype=np.int64)
         starts[0] = 0
         starts[1:] = ends[lo : hi - 1] - done
-        from .r1cs_kernels import encode_rows
+        from .r1cs_kernels import ERR_WIRE, LC_NAMES, encode_rows
 
         status = encode_rows(*mats[0], *mats[1], *mats[2], lo, starts, r1cs.n_wires, FR.limbs, buf)
         if status[0] != 0:

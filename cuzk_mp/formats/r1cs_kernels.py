@@ -17,8 +17,12 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .r1cs import ERR_COEF, ERR_DUPLICATE, ERR_EXTRA, ERR_TRUNCATED, ERR_WIRE
-
+ERR_TRUNCATED = 1
+ERR_EXTRA = 2
+ERR_WIRE = 3
+ERR_COEF = 4
+ERR_DUPLICATE = 5
+LC_NAMES = ("A", "B", "C")
 TERM_BYTES = 4 + 32
 
 

@@ -54,8 +54,9 @@ from pathlib import Path
 import numpy as np
 
 from ..algebra import fr
-from ..algebra.coded_sparse import CODE_MINUS_ONE, CODE_ONE, MAX_ENTRIES, CodedMatrix, DistinctValues, code_dtype
+from ..algebra.coded_sparse import MAX_ENTRIES, CodedMatrix, DistinctValues, code_dtype
 from ..algebra.field import FR, Q_MOD, R_MOD, domain_log_size, int_to_limbs
+from ..algebra.row_codes import CODE_MINUS_ONE, CODE_ONE
 from ..algebra.sparse import CsrMatrix
 from ..errors import CuzkError, InputError
 from ..formats.binfile import BinFile
