@@ -14,15 +14,9 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from cuzk_mp.algebra import fr
-from cuzk_mp.algebra.coded_sparse import (
-    CODE_MINUS_ONE,
-    CODE_ONE,
-    CodedMatrix,
-    DistinctValues,
-    code_dtype,
-    evaluate_rows_into,
-)
+from cuzk_mp.algebra.coded_sparse import CodedMatrix, DistinctValues, code_dtype, evaluate_rows_into
 from cuzk_mp.algebra.field import R_MOD, limbs_to_ints
+from cuzk_mp.algebra.row_codes import CODE_MINUS_ONE, CODE_ONE
 from cuzk_mp.algebra.sparse import CsrMatrix
 from cuzk_mp.algebra.threads import numba_threads, pool_size
 
