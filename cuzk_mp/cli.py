@@ -71,7 +71,8 @@ def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: a
     """Shared tail of ``groth16 prove`` and ``fullprove``: key, witness, proof, two JSON files.
 
     The backend starts (CuPy's import, the CUDA context, the kernel modules) on a helper thread
-    while this one reads the key and the witness; ``prove`` then loads the key for this proof alone
+    while this one reads the key and the witness (a GPU's context on a third, beside CuPy's
+    import: :mod:`.backends.gpu.early_context`); ``prove`` then loads the key for this proof alone
     beside the witness map (no precomputed tables that only pay over many proofs). The key's coded
     A, B (and with ``--r1cs`` C) rows are the shared circuit data cache (``KEY.zkey.synth-ab``
     beside the key, else in the cache folder), built by the first proof and mapped by the next
@@ -81,6 +82,10 @@ def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: a
     from .backends import get_backend
 
     t0 = time.perf_counter()
+    if args.backend in ("gpu", "auto"):  # the CUDA context, made beside CuPy's import (best effort)
+        from .backends.gpu.early_context import start_primary_context
+
+        start_primary_context()
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-backend-start") as pool:
         starting = pool.submit(get_backend, args.backend)  # first: the CUDA start overlaps the imports below
         from .formats.r1cs import read_r1cs
