@@ -8,10 +8,14 @@ worker) on a unix socket in a temp dir, warms it (key loaded, kernels compiled),
 against the daemon's verification key. Each job's partition timings (synthesis, staging,
 device, finalize, ...) say where the time went; what is left is the daemon's own per-job
 overhead (protocol, journal, engine messages, ring hand-offs). Next to it: the same proof in
-this process (witness map, stage, device work, assembly + self-verification on a resident key)::
+this process (witness map, stage, device work, assembly + self-verification on a resident key).
+Then ``--client-processes`` whole ``cuzk-mp client prove`` processes, one after another, timed
+from their start to their exit: what a shell script that proves through the resident daemon
+pays per proof (interpreter, the client's imports, the job, the files), beside a one-shot
+``groth16 prove`` process::
 
     .venv/bin/python perf/daemon_latency.py [--backend cpu] [--log-n 12] [--jobs 30] \
-        [--json perf/results/daemon-latency-cpu.json]
+        [--client-processes 5] [--json perf/results/daemon-latency-cpu.json]
 """
 
 from __future__ import annotations
@@ -77,6 +81,18 @@ def one_job(addr: str, seed: int, out_dir: Path) -> tuple[float, Any]:
     return time.perf_counter() - t0, reply
 
 
+def client_process(addr: str, out_dir: Path) -> float:
+    """One whole ``cuzk-mp client prove`` process (one partition): seconds from start to exit."""
+    cmd = [sys.executable, "-m", "cuzk_mp", "client", "prove", "--connect", addr, "--circuit", "syn",
+           "--partitions", "1", "--out", str(out_dir), "--timeout", "600"]
+    t0 = time.perf_counter()
+    res = subprocess.run(cmd, capture_output=True, text=True, check=False, cwd=REPO)
+    took = time.perf_counter() - t0
+    if res.returncode != 0:
+        raise RuntimeError(f"{' '.join(cmd)} exited {res.returncode}: {res.stderr[-2000:]}")
+    return took
+
+
 def in_process(backend_name: str, zkey_path: Path, log_n: int, reps: int) -> dict[str, float]:
     """The same proof in this process on a resident key: median seconds of each step."""
     from cuzk_mp.backends import get_backend
@@ -110,7 +126,7 @@ def in_process(backend_name: str, zkey_path: Path, log_n: int, reps: int) -> dic
     return {k: round(statistics.median(v), 5) for k, v in steps.items()}
 
 
-def measure(backend: str, log_n: int, jobs: int, cache: Path) -> dict[str, Any]:
+def measure(backend: str, log_n: int, jobs: int, cache: Path, client_processes: int = 0) -> dict[str, Any]:
     """Run the daemon, the jobs and the in-process reference; the report's fields."""
     from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json, vk_from_json
     from cuzk_mp.groth16.keys import prepare_vk
@@ -140,6 +156,13 @@ def measure(backend: str, log_n: int, jobs: int, cache: Path) -> dict[str, Any]:
                 proof = proof_from_json(json.loads((out / "proof_0.json").read_text()))
                 public = public_from_json(json.loads((out / "public_0.json").read_text()))
                 verified += bool(reply.state == "done" and verify(pvk, public, proof))
+            procs: list[float] = []
+            for i in range(client_processes):
+                out = work / f"client-{i}"
+                procs.append(client_process(addr, out))
+                proof = proof_from_json(json.loads((out / "proof_0.json").read_text()))
+                public = public_from_json(json.loads((out / "public_0.json").read_text()))
+                verified += bool(verify(pvk, public, proof))
         finally:
             proc.send_signal(signal.SIGTERM)
             rc = proc.wait(120)
@@ -151,7 +174,10 @@ def measure(backend: str, log_n: int, jobs: int, cache: Path) -> dict[str, Any]:
     p50 = percentile(lat, 0.5)
     return {
         "daemon_start_s": round(start_s, 3),
-        "jobs": jobs, "proofs_verified": verified, "daemon_exit_code_after_sigterm": rc,
+        "jobs": jobs, "client_processes": client_processes, "proofs_verified": verified,
+        "daemon_exit_code_after_sigterm": rc,
+        "client_process_s": {"median": round(statistics.median(procs), 4), "min": round(min(procs), 4),
+                             "max": round(max(procs), 4)} if procs else None,
         "latency_s": {"p50": round(p50, 5), "p90": round(percentile(lat, 0.9), 5), "min": round(min(lat), 5),
                       "max": round(max(lat), 5), "mean": round(statistics.fmean(lat), 5)},
         "partition_stage_median_s": {k: round(v, 5) for k, v in med.items()},
@@ -168,13 +194,15 @@ def main() -> int:
     ap.add_argument("--backend", default="cpu", choices=("cpu", "gpu"))
     ap.add_argument("--log-n", type=int, default=12)
     ap.add_argument("--jobs", type=int, default=30)
+    ap.add_argument("--client-processes", type=int, default=5,
+                    help="whole `cuzk-mp client prove` processes timed after the jobs (0: none)")
     ap.add_argument("--cache", type=Path, default=REPO / ".cache" / "daemon-latency-keys",
                     help="where the synthetic circuit's dev key is made once and kept")
     ap.add_argument("--json", type=Path, default=REPO / "perf" / "results" / "daemon-latency-cpu.json")
     args = ap.parse_args()
     args.cache.mkdir(parents=True, exist_ok=True)
     load_before = os.getloadavg()
-    out = measure(args.backend, args.log_n, args.jobs, args.cache)
+    out = measure(args.backend, args.log_n, args.jobs, args.cache, args.client_processes)
     report = {
         "what": f"one-partition jobs (porep-like 2^{args.log_n}, {args.backend} backend) one after another, "
                 "each: connect, Prove, write proof.json + public.json; latency = client submit -> files on disk",
@@ -187,7 +215,8 @@ def main() -> int:
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(report, indent=1) + "\n")
     print(json.dumps(report, indent=1))
-    return 0 if out["proofs_verified"] == args.jobs and out["daemon_exit_code_after_sigterm"] == 0 else 1
+    ok = out["proofs_verified"] == args.jobs + args.client_processes and out["daemon_exit_code_after_sigterm"] == 0
+    return 0 if ok else 1
 
 
 if __name__ == "__main__":
