@@ -127,3 +127,38 @@ def test_one_shot_gpu_path_loads_no_numba(tmp_path: Path, key: Path) -> None:
     res = subprocess.run([sys.executable, "-c", NO_NUMBA, str(key), str(DATA / "mul.wtns")], capture_output=True,
                          text=True, check=False, cwd=Path(__file__).parents[1])
     assert res.returncode == 0 and res.stdout.strip() == "numba-free", res.stderr
+
+
+NO_NUMPY = r"""
+import importlib.abc, json, sys, types
+from pathlib import Path
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("numpy", "numba", "py_arkworks_bls12381"):
+            raise ImportError(f"{name} imported by a client process")
+        return None
+
+sys.meta_path.insert(0, Refuse())
+import cuzk_mp.cli
+from cuzk_mp.daemon.client import write_outputs
+
+proof = {"pi_a": ["1", "2", "1"], "protocol": "groth16", "curve": "bls12381"}
+part = types.SimpleNamespace(index=0, proof=proof, public=["33"])
+out = Path(sys.argv[1])
+write_outputs(types.SimpleNamespace(partitions=[part]), out, {"vk": []})
+print(sorted(p.name for p in out.iterdir()))
+"""
+
+
+def test_client_process_writes_proofs_without_numpy(tmp_path: Path) -> None:
+    """``cuzk-mp client prove`` writes the proof it received with the standard library alone (no
+    numpy, numba or curve arithmetic: ~0.3 s of imports a process), the bytes as snarkjs writes them."""
+    from cuzk_mp.formats.snarkjs_json import write_json
+
+    res = subprocess.run([sys.executable, "-c", NO_NUMPY, str(tmp_path / "out")], capture_output=True, text=True,
+                         check=False, cwd=Path(__file__).parents[1])
+    assert res.returncode == 0, res.stderr
+    assert res.stdout.strip() == "['proof_0.json', 'public_0.json', 'verification_key.json']"
+    write_json(tmp_path / "want.json", {"pi_a": ["1", "2", "1"], "protocol": "groth16", "curve": "bls12381"})
+    assert (tmp_path / "out" / "proof_0.json").read_bytes() == (tmp_path / "want.json").read_bytes()

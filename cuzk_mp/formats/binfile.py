@@ -24,15 +24,14 @@ from __future__ import annotations
 
 import mmap
 import os
-import secrets
 import struct
-from collections.abc import Iterable, Iterator, Mapping, Sequence
-from contextlib import contextmanager
+from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any, Union
 
 import numpy as np
 
 from ..errors import FormatError, InputError
+from .atomic import atomic_output
 
 Chunk = Union[bytes, bytearray, memoryview, np.ndarray]
 Payload = Union[Chunk, Iterable[Chunk]]
@@ -302,25 +301,6 @@ def write_sections(f: IO[bytes], magic: str, version: int, sections: Sequence[tu
         f.seek(head_at)
         f.write(_SECTION_HEAD.pack(sid, size))
         f.seek(end)
-
-
-@contextmanager
-def atomic_output(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
-    """Open a uniquely named temporary file next to ``path``; rename it onto ``path`` on success.
-
-    Readers never see half a file, and a failed write leaves nothing behind.
-    The file is created with ``open(..., "x")``, so the umask applies as usual.
-    """
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
-    try:
-        with open(tmp, mode.replace("w", "x")) as f:
-            yield f
-        os.replace(tmp, path)
-    except BaseException:
-        if os.path.exists(tmp):
-            os.unlink(tmp)
-        raise
 
 
 def write_binfile(path: str | os.PathLike[str], magic: str, version: int,

@@ -19,7 +19,6 @@ integers are accepted too (snarkjs passes them to BigInt); anything else
 
 from __future__ import annotations
 
-import json
 import os
 import re
 from dataclasses import dataclass
@@ -29,7 +28,7 @@ from ..algebra.curve import G1Affine, G2Affine
 from ..algebra.field import Q_MOD, R_MOD, fq2_inv_int, fq2_mul_int
 from ..errors import FormatError, InputError
 from . import json_bounds
-from .binfile import atomic_output
+from .atomic import write_json as write_json  # re-exported: where the readers are
 
 PROTOCOL = "groth16"
 CURVE = "bls12381"
@@ -255,14 +254,3 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     except OSError as exc:
         raise InputError(f"{os.fspath(path)}: cannot read: {exc.strerror or exc}") from exc
     return json_bounds.loads(data, os.fspath(path), max_depth=MAX_JSON_DEPTH, max_number_chars=MAX_DIGITS)
-
-
-def write_json(path: str | os.PathLike[str], obj: Any) -> None:
-    """Write ``obj`` as snarkjs does (bfj, ``space: 1``): one-space indent, no trailing newline.
-
-    Byte-identical to snarkjs's output except for empty arrays/objects (bfj
-    writes them over two lines, we write ``[]``); the JSON is equal.
-    """
-    text = json.dumps(obj, indent=1)
-    with atomic_output(path, "wb") as f:
-        f.write(text.encode("utf-8"))
