@@ -17,7 +17,7 @@ points at once, sharing one field inversion per block and step (Montgomery's
 trick), which costs about 6M + 1S per addition instead of 7M + 4S (mixed
 Jacobian) plus a final normalisation.
 
-numba's disk cache is keyed on this file only: after editing fq2.py or fq.py,
+numba's disk cache is keyed on this file only: after editing fq2.py or fq_kernels.py,
 delete the algebra package's ``__pycache__``.
 """
 

@@ -2,7 +2,7 @@
 
 One generator serves both fields (Fr with 4 limbs, Fq with 6): it emits
 straight-line Python for ``mul``/``add``/``sub``/``neg`` on limb tuples, which
-numba inlines into the vector kernels of :mod:`.fr` and :mod:`.fq`.
+numba inlines into the vector kernels of :mod:`.fr_kernels` and :mod:`.fq_kernels`.
 The multiply is CIOS with the "no-carry" shortcut (valid because each top limb
 is < 2^63 - 1; Acar's thesis / gnark's "Faster Montgomery multiplication").
 64x64 -> 128-bit products come from a tiny LLVM intrinsic.
