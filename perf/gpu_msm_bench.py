@@ -223,15 +223,16 @@ def bench_rows(plan: dict[bool, tuple[int, ...]], reps: int, sweep_lg: int | Non
 
 
 def accumulate_rows(lg: int = 24, reps: int = 3, names: list[str] | None = None,
-                    groups: tuple[str, ...] = ("g1", "g2")) -> dict[str, Any]:
+                    groups: tuple[str, ...] = ("g1", "g2"), dists: tuple[str, ...] = ("random", "porep")
+                    ) -> dict[str, Any]:
     """Rows at 2^lg of ``groups`` for the :data:`ACCUMULATE_VARIANTS` entries ``names`` (all: None;
-    random and PoRep-like, checked), then, for all, the runtime reduction knobs of the G2 default."""
+    the scalar distributions ``dists``, checked), then, for all, the runtime reduction knobs of the G2 default."""
     rows: dict[str, Any] = {}
     picked = {k: ACCUMULATE_VARIANTS[k] for k in (names or ACCUMULATE_VARIANTS)}
     for g2 in [g == "g2" for g in ("g1", "g2") if g in groups]:
         grp = "g2" if g2 else "g1"
         bases = Bases(g2, 1 << lg, seed=7)
-        for dist in ("random", "porep"):
+        for dist in dists:
             s = random_scalars(1 << lg, dist, lg)
             for name, params in picked.items():
                 _flatten(rows, f"{grp}_acc_{name}_{dist}_2^{lg}", time_msm(bases, s, reps, params))
@@ -304,6 +305,8 @@ def main() -> None:
                     help=f"with --accumulate: a comma list of {', '.join(ACCUMULATE_VARIANTS)} (default all)")
     ap.add_argument("--reps", type=int, default=3, help="with --accumulate: timed runs per row")
     ap.add_argument("--groups", default="g1,g2", help="with --accumulate: g1, g2 or both (default)")
+    ap.add_argument("--lg", type=int, default=24, help="with --accumulate: log2 of the MSM size (default 24)")
+    ap.add_argument("--dists", default="random,porep", help="with --accumulate: random, porep or both (default)")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
     global CHECKPOINT
@@ -316,7 +319,10 @@ def main() -> None:
     groups = tuple(args.groups.split(","))
     if set(groups) - {"g1", "g2"}:
         ap.error(f"--groups: g1 and/or g2, not {args.groups}")
-    rows = (accumulate_rows(reps=args.reps, names=names, groups=groups) if args.accumulate
+    dists = tuple(args.dists.split(","))
+    if set(dists) - {"random", "porep"}:
+        ap.error(f"--dists: random and/or porep, not {args.dists}")
+    rows = (accumulate_rows(args.lg, args.reps, names, groups, dists) if args.accumulate
             else msm_rows(args.quick))
     CHECKPOINT(rows)
     print(_table(rows))
