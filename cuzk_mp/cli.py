@@ -28,7 +28,7 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from . import __version__
 from .daemon.cli import (
@@ -39,6 +39,8 @@ from .logs import child_format, configure
 
 if TYPE_CHECKING:  # numpy loads with a verb, not for --help
     import numpy as np
+
+    from .daemon.client import Client
 
 log = logging.getLogger("cuzk_mp.cli")
 
@@ -121,9 +123,84 @@ def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: a
 
 
 def _cmd_prove(args: argparse.Namespace) -> int:
+    if args.connect:
+        return _prove_through_daemon(args)
     from .formats.wtns import read_wtns
 
     return _prove_and_write(args.zkey, lambda: read_wtns(args.wtns), args)
+
+
+def _prove_through_daemon(args: argparse.Namespace) -> int:
+    """``groth16 prove --connect ADDR``: the running daemon at ADDR proves the witness with its
+    resident key (the circuit of its config whose ``zkey`` is this very file, see
+    :func:`_circuit_of_key`) and this process writes the two files: no numpy, CuPy or CUDA start
+    here, ~0.2 s a 2^16 proof on the H200 (perf/results/daemon-latency-gpu-2^16-h200.json). The
+    daemon checks the witness, proves and verifies; its error comes back with its exit code (2 for
+    a bad witness or a refused token, 1 for a failed job, 3 when the daemon is out of reach)."""
+    from .daemon.client import Client, partition_from_file
+    from .daemon.transport import CommClosedError
+    from .errors import ProofError, error_from_kind
+    from .formats.atomic import write_json
+
+    if args.backend != "auto" or args.r1cs or args.no_verify:
+        raise InputError("--connect: the daemon's config decides the backend, the constraint check and the "
+                         "verification; leave out --backend, --r1cs and --no-verify")
+    if not args.zkey.is_file():
+        raise InputError(f"{args.zkey}: no such key file")
+    if args.wtns.suffix != ".wtns":
+        raise InputError(f"{args.wtns}: --connect sends a .wtns witness")
+    part = partition_from_file(args.wtns)
+    try:
+        client = Client(args.connect, token=args.token)
+    except OSError as unreachable:
+        return _error(EXIT_UNREACHABLE, f"cannot reach the daemon at {args.connect}: {unreachable}")
+    try:
+        with client:
+            cid = _circuit_of_key(client, args.zkey, args.connect)
+            reply = client.prove(cid, [part])
+    except (CommClosedError, ConnectionError, TimeoutError) as lost:
+        return _error(EXIT_UNREACHABLE, f"lost the daemon at {args.connect}: {lost}")
+    if reply.state != "done":
+        why = error_from_kind(reply.error_kind or "", reply.error or f"job {reply.job_id} {reply.state}")
+        raise why if isinstance(why, InputError) else ProofError(f"the daemon's job {reply.job_id} "
+                                                                 f"{reply.state}: {why}")
+    done = reply.partitions[0]
+    write_json(args.proof, done.proof)
+    write_json(args.public, done.public)
+    log.info("proved by the daemon at %s (circuit %s, job %s): %s, %s", args.connect, cid, reply.job_id,
+             args.proof, args.public)
+    return EXIT_OK
+
+
+def _circuit_of_key(client: Client, zkey: Path, addr: str) -> str:
+    """The daemon's circuit whose configured ``zkey`` is the file ``zkey`` (InputError if none).
+
+    The match is the file's identity (:func:`os.path.samefile`: the same device and inode, however
+    the path is spelt: relative, through a symlink), not its name or its contents: a copy of the
+    key is another file, one the daemon never read, and hashing a key of several GiB here would
+    cost more than the proof. The status document names files by their last component only
+    unless its ``detail`` is asked for (:mod:`cuzk_mp.daemon.access`), so the key paths come from
+    ``status(detail=True)``; a daemon with tokens gives the detail to an admin token only (one
+    without tokens to every caller), and for any other token --connect stops with an AuthError
+    saying so (exit 2) rather than guess from a bare file name, which another circuit's key may
+    share. The paths are compared on this machine: a daemon on another host matches a key only
+    through a file system both see at the same path."""
+    from .errors import AuthError
+
+    try:
+        circuits: dict[str, Any] = client.status(detail=True)["daemon"]["circuits"]
+    except AuthError as refused:
+        raise AuthError(f"--connect finds the circuit by its key file, and the daemon at {addr} shows key "
+                        f"files to an admin token only ({refused}); pass an admin token with --token or "
+                        "$CUZK_MP_TOKEN, or name the circuit: cuzk-mp client prove --circuit ID") from None
+    for cid, c in sorted(circuits.items()):
+        try:
+            if c.get("zkey") and os.path.samefile(c["zkey"], zkey):
+                return cid
+        except OSError:  # the daemon's key path is no file here
+            continue
+    keys = ", ".join(f"{cid}: {c.get('zkey') or 'synthetic'}" for cid, c in sorted(circuits.items()))
+    raise InputError(f"the daemon at {addr} has no circuit with the key {zkey} (its circuits: {keys or 'none'})")
 
 
 def _cmd_fullprove(args: argparse.Namespace) -> int:
@@ -206,6 +283,7 @@ class SnarkjsVerb:
     files: tuple[tuple[str, str, str], ...]
     func: Callable[[argparse.Namespace], int]
     proves: bool = False  # takes --backend, --r1cs and --no-verify
+    connects: bool = False  # takes --connect and --token (a running daemon proves)
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         """The verb's positional files (each optional, with snarkjs's default) and options."""
@@ -217,12 +295,20 @@ class SnarkjsVerb:
                            help="check the witness against this circuit first (names the failing constraint)")
             p.add_argument("--no-verify", action="store_true",
                            help="skip the self-verification of the proof (benchmarks)")
+        if self.connects:
+            p.add_argument("--connect", metavar="ADDR",
+                           help="prove through the running daemon at ADDR (unix:///path or host:port) whose "
+                                "config has this key: no start-up here, ~0.2 s a small proof")
+            p.add_argument("--token", default=os.environ.get("CUZK_MP_TOKEN", ""),
+                           help="the daemon's shared-secret token (default $CUZK_MP_TOKEN): an admin token "
+                                "where the daemon has tokens, as only an admin sees which file each key is")
         p.set_defaults(func=self.func)
 
 
 SNARKJS_VERBS = (
     SnarkjsVerb("g16p", ("groth16", "prove"), "a proof from a witness: ZKEY WTNS PROOF.json PUBLIC.json",
-                (ZKEY, ("wtns", "witness.wtns", "witness"), PROOF_OUT, PUBLIC_OUT), _cmd_prove, proves=True),
+                (ZKEY, ("wtns", "witness.wtns", "witness"), PROOF_OUT, PUBLIC_OUT), _cmd_prove, proves=True,
+                connects=True),
     SnarkjsVerb("g16f", ("groth16", "fullprove"), "witness + proof in one call (no .wtns on disk): INPUT.json "
                 "WASM ZKEY PROOF.json PUBLIC.json", (INPUT, WASM, ZKEY, PROOF_OUT, PUBLIC_OUT), _cmd_fullprove,
                 proves=True),

@@ -35,6 +35,19 @@ ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTH
        "CUZK_MP": f"{sys.executable} -m cuzk_mp.cli"}
 KEY_CACHE = REPO / ".cache" / "pipeline-test-keys"
 LOG_N = 10  # the smallest porep-like circuit: fast on the 2-core CI machine
+# Prepended to a ``python -c`` program: any import of numpy, numba or the arkworks curve arithmetic
+# then fails (what a client process must do without: ~0.3 s of imports a process).
+REFUSE_NUMPY = r"""
+import importlib.abc, sys
+
+class Refuse(importlib.abc.MetaPathFinder):
+    def find_spec(self, name, path=None, target=None):
+        if name.split(".")[0] in ("numpy", "numba", "py_arkworks_bls12381"):
+            raise ImportError(f"{name} imported by a client process")
+        return None
+
+sys.meta_path.insert(0, Refuse())
+"""
 
 
 def free_port() -> int:

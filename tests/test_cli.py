@@ -8,6 +8,7 @@ the CLI itself; the snarkjs side of the aliases is in tests/test_cli_snarkjs.py.
 from __future__ import annotations
 
 import argparse
+import asyncio
 import dataclasses
 import json
 import logging
@@ -239,6 +240,47 @@ def test_input_errors_exit_2(circuit: dict[str, Path], tmp_path: Path) -> None:
 
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
+
+
+def test_prove_connect_finds_the_circuit_by_its_key_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``groth16 prove --connect``: the daemon's circuit is the one whose zkey is this very file (through a
+    symlink too; a copy is another file), read from the status detail, which a daemon with tokens gives an
+    admin token only; the client process imports no numpy. The daemon here runs the engine double (its
+    proofs are generator points): tests/test_daemon_circom.py proves for real and verifies with snarkjs."""
+    from cuzk_mp.daemon import budget
+    from cuzk_mp.daemon.server import Daemon
+    from cuzk_mp.pipeline.memory import estimated_circuit_size
+    from tests.fake_engine import PROOF, run_daemon
+    from tests.helpers import REFUSE_NUMPY
+
+    for name in ("c.zkey", "c.r1cs", "copy.zkey"):
+        (tmp_path / name).write_bytes(b"x")  # placeholders: the engine double reads none
+    (tmp_path / "link.zkey").symlink_to(tmp_path / "c.zkey")
+    (tmp_path / "w.wtns").write_bytes(b"wtns" + bytes(60))
+    monkeypatch.setattr(budget, "circuit_size", lambda spec: estimated_circuit_size(1 << 10, 1 << 10))
+    client_token, admin_token = "client-token-000000001", "admin-token-0000000002"
+    proof, public = tmp_path / "proof.json", tmp_path / "public.json"
+    no_numpy = REFUSE_NUMPY + "from cuzk_mp.cli import main\nsys.exit(main(sys.argv[1:]))\n"
+
+    def prove(addr: str, token: str, key: str, *more: str) -> subprocess.CompletedProcess[str]:
+        return subprocess.run([sys.executable, "-c", no_numpy, "groth16", "prove", "--connect", addr, "--token",
+                               token, *more, str(tmp_path / key), str(tmp_path / "w.wtns"), str(proof), str(public)],
+                              capture_output=True, text=True, timeout=300, cwd=REPO, env=ENV)
+
+    async def body(d: Daemon, addr: str) -> None:
+        assert_message(await asyncio.to_thread(prove, addr, client_token, "c.zkey"), 2, "admin token",
+                       "client prove --circuit")
+        assert not proof.exists()
+        assert_message(await asyncio.to_thread(prove, addr, admin_token, "copy.zkey"), 2,
+                       "has no circuit with the key", str(tmp_path / "c.zkey"))
+        assert_message(await asyncio.to_thread(prove, addr, admin_token, "c.zkey", "--backend", "cpu"), 2,
+                       "leave out --backend")
+        assert_message(await asyncio.to_thread(prove, addr, admin_token, "link.zkey"), 0)
+        assert json.loads(proof.read_text()) == PROOF and json.loads(public.read_text()) == ["0", "0"]
+
+    run_daemon(tmp_path, body, circuits={"circ": {"zkey": str(tmp_path / "c.zkey"), "r1cs": str(tmp_path / "c.r1cs")}},
+               tokens=[client_token], admin_tokens=[admin_token])
+    assert_message(prove(f"unix://{tmp_path}/d.sock", admin_token, "c.zkey"), 3, "cannot reach the daemon")
 
 
 @pytest.mark.parametrize(("exc", "code", "needle"), [

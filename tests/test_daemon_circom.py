@@ -45,6 +45,23 @@ def test_circom_inputs_prove_and_snarkjs_verifies(oracle: Oracle, tmp_path: Path
         assert groth16_verify_many(key.vk, cases) == [True, True]
         assert json.loads((out / "verification_key.json").read_text()) == json.loads(
             key.vk.read_text())
+        # groth16 prove --connect: snarkjs's arguments, the daemon's resident key (found by its file)
+        wtns, proof, public = tmp_path / "w.wtns", tmp_path / "proof.json", tmp_path / "public.json"
+        subprocess.run([*PY, "wtns", "calculate", str(files.wasm), str(inputs[0]), str(wtns)], env=ENV, check=True)
+        proc = subprocess.run([*PY, "groth16", "prove", "--connect", d.addr, str(key.zkey), str(wtns), str(proof),
+                               str(public)], env=ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 0, proc.stderr + d.log()
+        assert groth16_verify_many(key.vk, [(json.loads(public.read_text()), json.loads(proof.read_text()))]) == [True]
+        other = tmp_path / "other.zkey"
+        other.write_bytes(key.zkey.read_bytes())  # the same bytes, not the configured file
+        proc = subprocess.run([*PY, "groth16", "prove", "--connect", d.addr, str(other), str(wtns), str(proof),
+                               str(public)], env=ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and "has no circuit with the key" in proc.stderr, proc.stderr
+        short = tmp_path / "short.wtns"
+        short.write_bytes(wtns.read_bytes()[:-32])  # the last witness value cut off
+        proc = subprocess.run([*PY, "groth16", "prove", "--connect", d.addr, str(key.zkey), str(short), str(proof),
+                               str(public)], env=ENV, capture_output=True, text=True, timeout=300)
+        assert proc.returncode == 2 and "(.wtns), section 2 (witness): truncated" in proc.stderr, proc.stderr
         missing = {k: v for k, v in json.loads(inputs[0].read_text()).items()}
         missing.pop(next(iter(missing)))
         (tmp_path / "bad.json").write_text(json.dumps(missing))

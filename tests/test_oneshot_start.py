@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from cuzk_mp.cli import LOCAL_VERBS, _verb, main
+from tests.helpers import REFUSE_NUMPY
 
 DATA = Path(__file__).parent / "data_formats"
 
@@ -129,17 +130,10 @@ def test_one_shot_gpu_path_loads_no_numba(tmp_path: Path, key: Path) -> None:
     assert res.returncode == 0 and res.stdout.strip() == "numba-free", res.stderr
 
 
-NO_NUMPY = r"""
-import importlib.abc, json, sys, types
+NO_NUMPY = REFUSE_NUMPY + r"""
+import types
 from pathlib import Path
 
-class Refuse(importlib.abc.MetaPathFinder):
-    def find_spec(self, name, path=None, target=None):
-        if name.split(".")[0] in ("numpy", "numba", "py_arkworks_bls12381"):
-            raise ImportError(f"{name} imported by a client process")
-        return None
-
-sys.meta_path.insert(0, Refuse())
 import cuzk_mp.cli
 from cuzk_mp.daemon.client import write_outputs
 
