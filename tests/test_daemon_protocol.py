@@ -26,7 +26,7 @@ from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon, DaemonState
 from cuzk_mp.daemon.transport import frame, inproc_pair
-from cuzk_mp.errors import InputError, ResourceError
+from cuzk_mp.errors import ConfigError, InputError, ResourceError
 from cuzk_mp.pipeline.supervisor import Degraded
 from tests.fake_engine import FakeEngine, run_daemon
 from tests.helpers import parse_prometheus, raw_roundtrip
@@ -225,6 +225,41 @@ def test_results_are_pruned_after_ttl(tmp_path: Path) -> None:
             assert not again.duplicate
 
     run_daemon(tmp_path, body, result_ttl="60s")
+
+
+def test_exit_when_idle_waits_for_connections_and_jobs(tmp_path: Path) -> None:
+    async def stops_within(d: Daemon, s: float) -> bool:
+        t_end = time.monotonic() + s
+        while time.monotonic() < t_end:
+            if d._stop.is_set():
+                return True
+            await asyncio.sleep(0.05)
+        return d._stop.is_set()
+
+    async def body(d: Daemon, addr: str) -> None:
+        d.engine.gate.clear()
+        async with await AsyncClient.connect(addr) as c:  # an open connection keeps it up
+            sub = await c.submit("syn", synthetic_partitions(1))
+            assert not await stops_within(d, 1.0)
+        assert not await stops_within(d, 1.0)  # a queued job keeps it up
+        d.engine.gate.set()
+        async with await AsyncClient.connect(addr) as c:
+            assert (await c.await_proof(sub.job_id, timeout_s=10)).state == "done"
+        t0 = time.monotonic()
+        assert await stops_within(d, 5.0)  # idle: it drains by itself
+        assert time.monotonic() - t0 >= 0.3
+
+    run_daemon(tmp_path, body, exit_when_idle="0.4s")
+
+
+def test_exit_when_idle_is_refused_for_a_fleet_box(tmp_path: Path) -> None:
+    raw = {"daemon": {"listen": f"unix://{tmp_path}/d.sock", "exit_when_idle": "5m"},
+           "fleet": {"dsn": "postgresql://127.0.0.1/x"}, "circuits": {"syn": {"synthetic": "porep-like",
+                                                                          "log_n": 10}}}
+    with pytest.raises(ConfigError, match="exit_when_idle"):
+        C.resolve(raw, base=tmp_path, source="t.toml")
+    raw["daemon"]["exit_when_idle"] = 0
+    assert C.resolve(raw, base=tmp_path, source="t.toml").exit_when_idle_s == 0
 
 
 def test_journal_restores_results_and_resubmits_unfinished(tmp_path: Path) -> None:

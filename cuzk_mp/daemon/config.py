@@ -82,6 +82,7 @@ class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     admin_tokens: list[str] = []
     result_ttl: DurationValue = "1h"
     shutdown_grace: DurationValue = "30s"
+    exit_when_idle: DurationValue = 0  # 0: never
 
 
 class SrsSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -195,6 +196,7 @@ class DaemonConfig:
     admin_tokens: tuple[str, ...] = ()
     warnings: tuple[str, ...] = ()  # keys accepted but ignored (FOREIGN_KEYS), with why
     fleet: FleetConfig | None = None  # [fleet] with a dsn: this daemon is one box of a fleet
+    exit_when_idle_s: float = 0.0  # stop after this long with no connection and no job (0: never)
 
 
 _DURATIONS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "": 1.0}
@@ -479,6 +481,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     engine = replace(engine, ring_slots=shape.ring_slots, partition_workers=shape.partition_workers,
                      synthesis_threads=shape.threads_per_partition)
     engine = replace(engine, srs_budget_bytes=memory_budget(total, margin, engine, circuit, source))
+    fleet = resolve_fleet(cfg.fleet, source=source, base=base, duration=parse_duration)
     return DaemonConfig(
         path=None, listen=listen, socket_mode=_socket_mode(d.socket_mode, source),
         status_listen=status_listen,
@@ -490,8 +493,18 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         log_level=level, log_format=cfg.logging.format, host_budget_bytes=host,
         frame_timeout_s=frame_timeout, max_connections=d.max_connections,
         tokens=tuple(d.tokens), admin_tokens=tuple(d.admin_tokens), warnings=tuple(warnings),
-        fleet=resolve_fleet(cfg.fleet, source=source, base=base, duration=parse_duration),
+        fleet=fleet, exit_when_idle_s=_idle_exit(d, fleet is not None, source),
     )
+
+
+def _idle_exit(d: DaemonSection, in_fleet: bool, source: str) -> float:
+    """``daemon.exit_when_idle`` in seconds (0: never). A fleet box takes jobs from the shared
+    queue, not only from its connections, so it never counts as idle: the two are refused together."""
+    s = parse_duration(d.exit_when_idle, f"{source}: daemon.exit_when_idle")
+    if s and in_fleet:
+        raise ConfigError(f"{source}: daemon.exit_when_idle: a fleet box serves the shared queue and "
+                          "is never idle; leave it 0 (never) with [fleet]")
+    return s
 
 
 def _threads(s: SynthesisSection) -> int | None:

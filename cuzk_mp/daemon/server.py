@@ -117,6 +117,7 @@ class Daemon:
             a.path for a in (cfg.listen, cfg.status_listen) if a is not None and a.kind == "unix"]),
             cfg.engine.shm_prefix)
         self._comms: set[Comm] = set()
+        self._last_active = time.monotonic()  # when the daemon was last seen busy (exit_when_idle)
         self._stop = asyncio.Event()
         self._tasks: set[asyncio.Task[Any]] = set()
         self.handlers: dict[type, Callable[[Any], Any]] = {
@@ -179,6 +180,8 @@ class Daemon:
             await self._teardown(grace_s=0.0)
             raise
         self._spawn(self._prune_loop())
+        if self.cfg.exit_when_idle_s:
+            self._spawn(self._idle_loop(self.cfg.exit_when_idle_s))
         self.state = DaemonState.RUNNING
         sd_notify(f"READY=1\nSTATUS=serving on {self.cfg.listen}\nMAINPID={os.getpid()}")
         log.info("[start] cuzk-mp %s daemon pid=%d serving on %s%s", __version__, os.getpid(),
@@ -261,6 +264,25 @@ class Daemon:
             if self.fleet is not None:
                 await self.fleet.prune(self.cfg.result_ttl_s)
 
+    def idle(self) -> bool:
+        """No open connection and no queued or running job: nothing would notice a stop."""
+        if self._comms or self.jobs is None:
+            return False
+        counts = self.jobs.counts()
+        return not counts["queued"] and not counts["running"]
+
+    async def _idle_loop(self, limit_s: float) -> None:
+        """``[daemon] exit_when_idle``: drain and stop once :meth:`idle` has held for ``limit_s``
+        (a daemon started on demand for one user's proofs goes away when they stop coming)."""
+        while not self._stop.is_set():
+            if not self.idle():
+                self._last_active = time.monotonic()
+            left = self._last_active + limit_s - time.monotonic()
+            if left <= 0:
+                self.request_stop(f"idle for {limit_s:g} s (exit_when_idle)")
+                return
+            await asyncio.sleep(min(left, 1.0))
+
     @staticmethod
     def _forward(loop: asyncio.AbstractEventLoop, fn: Callable[..., None], *args: Any) -> None:
         """Engine thread -> loop thread."""
@@ -311,6 +333,7 @@ class Daemon:
                 task.add_done_callback(tasks.discard)
         finally:
             self._comms.discard(comm)
+            self._last_active = time.monotonic()
             for t in tasks:
                 t.cancel()  # abandoned waits; submits inside are shielded and complete
 
