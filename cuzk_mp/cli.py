@@ -123,11 +123,19 @@ def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: a
 
 
 def _cmd_prove(args: argparse.Namespace) -> int:
+    if args.connect and args.keep_warm:
+        raise InputError("--connect and --keep-warm: give one (the daemon at ADDR, or a warm daemon of this key)")
     if args.connect:
         return _prove_through_daemon(args)
+    if args.keep_warm:
+        return _prove_warm(args)
     from .formats.wtns import read_wtns
 
     return _prove_and_write(args.zkey, lambda: read_wtns(args.wtns), args)
+
+
+class _Unreachable(Exception):
+    """The daemon did not answer or went away mid-call (exit 3, or a warm daemon started again)."""
 
 
 def _prove_through_daemon(args: argparse.Namespace) -> int:
@@ -137,37 +145,76 @@ def _prove_through_daemon(args: argparse.Namespace) -> int:
     here, ~0.2 s a 2^16 proof on the H200 (perf/results/daemon-latency-gpu-2^16-h200.json). The
     daemon checks the witness, proves and verifies; its error comes back with its exit code (2 for
     a bad witness or a refused token, 1 for a failed job, 3 when the daemon is out of reach)."""
+    if args.backend != "auto" or args.r1cs or args.no_verify:
+        raise InputError("--connect: the daemon's config decides the backend, the constraint check and the "
+                         "verification; leave out --backend, --r1cs and --no-verify")
+    _check_daemon_inputs(args)
+    try:
+        return _prove_at(args.connect, args.token, None, args)
+    except _Unreachable as e:
+        return _error(EXIT_UNREACHABLE, str(e))
+
+
+def _prove_warm(args: argparse.Namespace) -> int:
+    """``groth16 prove --keep-warm SECONDS``: the one-shot prove's result (same key, witness,
+    --backend, --r1cs, --no-verify) from this user's warm daemon of the key
+    (:mod:`cuzk_mp.daemon.warm`), started here when none runs and left running until SECONDS pass
+    with no proof: the first call pays the daemon's start and key load, the next ones ~0.2 s on
+    the H200 at 2^16 where a one-shot process takes ~1.4 s. A daemon that idles out between finding
+    it and proving is started again, once."""
+    from .daemon.warm import CIRCUIT_ID, WarmSpec, ensure
+
+    if not (0 < args.keep_warm < float("inf")):
+        raise InputError(f"--keep-warm {args.keep_warm:g}: a number of seconds > 0")
+    _check_daemon_inputs(args)
+    spec = WarmSpec(args.zkey.absolute(), args.backend, args.r1cs.absolute() if args.r1cs else None,
+                    not args.no_verify, args.keep_warm)
+    for again in (False, True):
+        addr = ensure(spec)
+        try:
+            return _prove_at(addr, "", CIRCUIT_ID, args)
+        except _Unreachable as e:
+            if again:
+                return _error(EXIT_UNREACHABLE, str(e))
+            log.info("%s; starting it again", e)
+    raise AssertionError("unreachable")
+
+
+def _check_daemon_inputs(args: argparse.Namespace) -> None:
+    if not args.zkey.is_file():
+        raise InputError(f"{args.zkey}: no such key file")
+    if args.wtns.suffix != ".wtns":
+        raise InputError(f"{args.wtns}: a daemon proves from a .wtns witness")
+
+
+def _prove_at(addr: str, token: str, circuit: str | None, args: argparse.Namespace) -> int:
+    """Prove args.wtns with the daemon at ``addr`` (its circuit ``circuit``, or the one whose key
+    file is args.zkey) and write args.proof, args.public; _Unreachable if the daemon is not there."""
     from .daemon.client import Client, partition_from_file
     from .daemon.transport import CommClosedError
     from .errors import ProofError, error_from_kind
     from .formats.atomic import write_json
 
-    if args.backend != "auto" or args.r1cs or args.no_verify:
-        raise InputError("--connect: the daemon's config decides the backend, the constraint check and the "
-                         "verification; leave out --backend, --r1cs and --no-verify")
-    if not args.zkey.is_file():
-        raise InputError(f"{args.zkey}: no such key file")
-    if args.wtns.suffix != ".wtns":
-        raise InputError(f"{args.wtns}: --connect sends a .wtns witness")
     part = partition_from_file(args.wtns)
     try:
-        client = Client(args.connect, token=args.token)
+        client = Client(addr, token=token)
     except OSError as unreachable:
-        return _error(EXIT_UNREACHABLE, f"cannot reach the daemon at {args.connect}: {unreachable}")
+        raise _Unreachable(f"cannot reach the daemon at {addr}: {unreachable}") from None
     try:
         with client:
-            cid = _circuit_of_key(client, args.zkey, args.connect)
+            cid = circuit or _circuit_of_key(client, args.zkey, addr)
             reply = client.prove(cid, [part])
     except (CommClosedError, ConnectionError, TimeoutError) as lost:
-        return _error(EXIT_UNREACHABLE, f"lost the daemon at {args.connect}: {lost}")
+        raise _Unreachable(f"lost the daemon at {addr}: {lost}") from None
     if reply.state != "done":
         why = error_from_kind(reply.error_kind or "", reply.error or f"job {reply.job_id} {reply.state}")
-        raise why if isinstance(why, InputError) else ProofError(f"the daemon's job {reply.job_id} "
-                                                                 f"{reply.state}: {why}")
+        if isinstance(why, InputError):  # the daemon knows the witness as its job's partition 0
+            raise type(why)(f"{args.wtns}: {why}")
+        raise ProofError(f"the daemon's job {reply.job_id} {reply.state}: {why}")
     done = reply.partitions[0]
     write_json(args.proof, done.proof)
     write_json(args.public, done.public)
-    log.info("proved by the daemon at %s (circuit %s, job %s): %s, %s", args.connect, cid, reply.job_id,
+    log.info("proved by the daemon at %s (circuit %s, job %s): %s, %s", addr, cid, reply.job_id,
              args.proof, args.public)
     return EXIT_OK
 
@@ -302,6 +349,11 @@ class SnarkjsVerb:
             p.add_argument("--token", default=os.environ.get("CUZK_MP_TOKEN", ""),
                            help="the daemon's shared-secret token (default $CUZK_MP_TOKEN): an admin token "
                                 "where the daemon has tokens, as only an admin sees which file each key is")
+            p.add_argument("--keep-warm", type=float, metavar="SECONDS",
+                           default=os.environ.get("CUZK_MP_KEEP_WARM") or None,
+                           help="prove through this user's warm daemon of the key, started when none runs and "
+                                "gone after SECONDS without a proof: later proofs skip the start-up "
+                                "(default $CUZK_MP_KEEP_WARM; unset or 0: a one-shot process)")
         p.set_defaults(func=self.func)
 
 
@@ -351,7 +403,7 @@ def _own_verbs(sub: argparse._SubParsersAction) -> None:
 
     c = sub.add_parser("circuit", help="generate benchmark circuits")
     c_sub = c.add_subparsers(dest="kind", required=True)
-    for kind, what in (("porep-like", "the PoRep-shaped synthetic circuit (80% of the witness 0 or 1)"),
+    for kind, what in (("porep-like", "the PoRep-shaped synthetic circuit (80%% of the witness 0 or 1)"),
                        ("dense-random", "the dense synthetic circuit (every witness value full-width random)")):
         pl = c_sub.add_parser(kind, help=f"{what}: writes its .r1cs and a sample .wtns")
         pl.add_argument("--log-n", type=int, required=True, help="log2 of the number of rows (domain size)")

@@ -132,6 +132,23 @@ def test_version_is_the_distribution_version() -> None:
     assert metadata.version("cuzk-mp") == cuzk_mp.__version__
 
 
+def test_every_command_renders_its_help() -> None:
+    """``cuzk-mp ... --help`` at every level: argparse expands ``%`` in help strings, so one stray
+    percent sign breaks that command's help (and only at run time)."""
+    from cuzk_mp.cli import build_parser
+
+    def walk(p: argparse.ArgumentParser, path: str) -> int:
+        assert p.format_help(), path
+        n = 1
+        for action in p._actions:
+            if isinstance(action, argparse._SubParsersAction):
+                for name, sub in action.choices.items():
+                    n += walk(sub, f"{path} {name}")
+        return n
+
+    assert walk(build_parser(), "cuzk-mp") > 20
+
+
 def test_help_documents_the_exit_codes() -> None:
     proc = run_cli("--help")
     assert proc.returncode == 0

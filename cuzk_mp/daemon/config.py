@@ -331,8 +331,8 @@ def _circuit(cid: str, c: CircuitSection, base: Path, source: str) -> CircuitCon
     for name in ("zkey", "r1cs", "wasm"):
         value = getattr(c, name)
         if value is None:
-            if name != "wasm":
-                raise ConfigError(f"{key}.{name}: a circom circuit needs `{name}` "
+            if name == "zkey":
+                raise ConfigError(f"{key}.zkey: a circom circuit needs `zkey` "
                                   "(or set synthetic = \"porep-like\" or \"dense-random\")")
             files[name] = None
             continue

@@ -181,6 +181,7 @@ class Daemon:
             raise
         self._spawn(self._prune_loop())
         if self.cfg.exit_when_idle_s:
+            self._last_active = time.monotonic()  # the start (engine, preloads) is no idle time
             self._spawn(self._idle_loop(self.cfg.exit_when_idle_s))
         self.state = DaemonState.RUNNING
         sd_notify(f"READY=1\nSTATUS=serving on {self.cfg.listen}\nMAINPID={os.getpid()}")

@@ -73,7 +73,7 @@ class CircuitTable:
             zkey, r1cs = ensure_synthetic_key(spec.synthetic, spec.log_n, self.param_cache, self.backend)
             return msg.CircuitRef(cid, str(zkey), str(r1cs), None, spec.synthetic, spec.log_n)
         paths: dict[str, str | None] = {}
-        for what, path, required in (("zkey", spec.zkey, True), ("r1cs", spec.r1cs, True), ("wasm", spec.wasm, False)):
+        for what, path, required in (("zkey", spec.zkey, True), ("r1cs", spec.r1cs, False), ("wasm", spec.wasm, False)):
             if path is None:
                 if required:
                     raise InputError(f"circuit {cid}: {what} is required for a circom circuit")

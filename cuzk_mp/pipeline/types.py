@@ -64,7 +64,10 @@ class Priority(IntEnum):
 
 @dataclass(frozen=True)
 class CircuitSpec:
-    """A circuit the engine can prove: a circom circuit (zkey + wasm + r1cs) or a synthetic one."""
+    """A circuit the engine can prove: a circom circuit (its zkey; a wasm to take input JSON; an r1cs to
+    check each witness against its constraints, naming the first that fails: without one, an unsatisfied
+    witness fails only the proof's self-verification, as a one-shot ``groth16 prove`` without --r1cs)
+    or a synthetic one."""
 
     circuit_id: str
     zkey: Path | None = None

@@ -1,0 +1,189 @@
+"""Warm daemons: a private proving daemon per key, started on demand, gone when idle.
+
+Why: a one-shot ``cuzk-mp groth16 prove`` process pays the interpreter, numpy, the accelerator's
+context and the key's load every time (~1.4 s for a 2^16 proof on the H200, most of it before the
+first kernel; perf/results/oneshot-numba-free-h200.json), while a resident daemon proves the same
+witness in ~20 ms and a client process that only talks to it takes ~0.2 s
+(perf/results/daemon-latency-gpu-2^16-h200.json). Shell scripts that prove in a loop want the
+second without running a service: ``groth16 prove --keep-warm SECONDS`` asks :func:`ensure` for
+the daemon of its key, which starts one (``cuzk-mp daemon`` in its own session, detached) when
+none answers, and that daemon drains and exits after SECONDS with no connection and no job
+(``[daemon] exit_when_idle``). The same pattern as a build tool's background server.
+
+One daemon per (key file, backend, r1cs, verify): its id (:func:`warm_id`) hashes the key's
+resolved path and identity (device, inode, size, mtime), so an edited or replaced key gets a new
+daemon and the old one idles out. Its files live in :func:`warm_dir` (``$XDG_RUNTIME_DIR/cuzk-mp``,
+else ``/tmp/cuzk-mp-UID``), a directory of mode 0700 that must belong to this user: a directory
+another user made there is refused, never used. Each daemon has there ``ID.toml`` (its config),
+``ID.sock`` (its unix socket, 0600), ``ID.journal`` and ``ID.log`` (what it logs).
+
+Two invocations that race to start the same daemon are safe: the second daemon finds the first
+one's journal lock and exits (code 75), and both invocations wait for the one socket.
+"""
+
+from __future__ import annotations
+
+import fcntl
+import hashlib
+import json
+import logging
+import os
+import stat
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from cuzk_mp.daemon.transport import CommClosedError
+from cuzk_mp.errors import ConfigError, InputError, ResourceError
+
+log = logging.getLogger("cuzk_mp.daemon.warm")
+
+CIRCUIT_ID = "key"  # the one circuit of a warm daemon's config
+START_TIMEOUT_S = 900.0  # engine start (kernel loads on a fresh box) + the key's load
+POLL_S = 0.05
+PROGRESS_EVERY_S = 5.0
+EXIT_ALREADY_RUNNING = 75  # cuzk_mp.daemon.cli: another daemon holds the journal
+MAX_SOCKET_PATH = 104  # bytes of a unix socket's path that every platform takes (Linux: 107)
+
+
+@dataclass(frozen=True)
+class WarmSpec:
+    """What a warm daemon proves with: the key and the one-shot prove's options."""
+
+    zkey: Path
+    backend: str = "auto"  # "auto", "cpu" or "gpu"
+    r1cs: Path | None = None  # check each witness against it first
+    verify: bool = True  # self-verify each proof
+    idle_s: float = 300.0  # exit_when_idle
+
+
+def warm_dir() -> Path:
+    """The private directory of this user's warm daemons (made 0700 if missing; ConfigError if it
+    exists but is not a directory of this user's alone)."""
+    runtime = os.environ.get("XDG_RUNTIME_DIR", "")
+    base = Path(runtime) / "cuzk-mp" if runtime and Path(runtime).is_dir() else Path(f"/tmp/cuzk-mp-{os.getuid()}")
+    try:
+        base.mkdir(mode=0o700, exist_ok=True)
+        st = base.lstat()
+    except OSError as e:
+        raise ConfigError(f"{base}: cannot make the warm daemons' directory: {e}") from None
+    if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid() or stat.S_IMODE(st.st_mode) & 0o077:
+        raise ConfigError(f"{base}: the warm daemons' directory must be a directory of this user with mode 0700 "
+                          f"(it is {stat.filemode(st.st_mode)}, owner uid {st.st_uid}); remove it or set "
+                          "$XDG_RUNTIME_DIR")
+    return base
+
+
+def warm_id(spec: WarmSpec) -> str:
+    """16 hex digits naming the daemon of ``spec`` (InputError if the key is no file)."""
+    parts = [CIRCUIT_ID, spec.backend, str(spec.verify)]
+    for path in (spec.zkey, spec.r1cs):
+        if path is None:
+            parts.append("-")
+            continue
+        try:
+            real, st = os.path.realpath(path), os.stat(path)
+        except OSError as e:
+            raise InputError(f"{path}: {e.strerror or e}") from None
+        if not stat.S_ISREG(st.st_mode):
+            raise InputError(f"{path}: not a file")
+        parts += [real, str(st.st_dev), str(st.st_ino), str(st.st_size), str(st.st_mtime_ns)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def config_text(spec: WarmSpec, sock: Path, journal: Path) -> str:
+    """The warm daemon's TOML: a unix socket, the idle exit, one synthesis worker, the key
+    preloaded before the socket opens (so a connect means ready)."""
+    q = json.dumps  # a JSON string is a TOML basic string
+    lines = [
+        "# A warm daemon of `cuzk-mp groth16 prove --keep-warm` (written by cuzk_mp.daemon.warm).",
+        "[daemon]", f"listen = {q('unix://' + str(sock))}", 'socket_mode = "0600"', f"journal = {q(str(journal))}",
+        f"exit_when_idle = {spec.idle_s!r}", 'result_ttl = "10m"', 'shutdown_grace = "30s"',
+        "[srs]", f"preload = [{q(CIRCUIT_ID)}]",
+        "[synthesis]", "partition_workers = 1",
+        "[pipeline]", "ring_slots = 2", f"verify_proofs = {'true' if spec.verify else 'false'}",
+        "[gpus]", f"backend = {q(spec.backend)}", "gpu_workers_per_device = 1",
+        f"[circuits.{CIRCUIT_ID}]", f"zkey = {q(os.path.realpath(spec.zkey))}",
+    ]
+    if spec.r1cs is not None:
+        lines.append(f"r1cs = {q(os.path.realpath(spec.r1cs))}")
+    return "\n".join(lines) + "\n"
+
+
+def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
+    """The address of the warm daemon of ``spec``, started first if none answers; returns once
+    it accepts connections (its key loaded). ResourceError if it does not come up in time or
+    exits with an error (the message quotes its log's last lines)."""
+    base = warm_dir()
+    wid = warm_id(spec)
+    sock, log_path, journal = base / f"{wid}.sock", base / f"{wid}.log", base / f"{wid}.journal"
+    if len(os.fsencode(sock)) > MAX_SOCKET_PATH:
+        raise ConfigError(f"{sock}: too long for a unix socket ({len(os.fsencode(sock))} bytes, at most "
+                          f"{MAX_SOCKET_PATH}); set $XDG_RUNTIME_DIR to a shorter directory")
+    addr = f"unix://{sock}"
+    if _answers(sock):
+        return addr
+    cfg = base / f"{wid}.toml"
+    tmp = cfg.with_name(f"{cfg.name}.{os.getpid()}.tmp")
+    tmp.write_text(config_text(spec, sock, journal))
+    os.replace(tmp, cfg)
+    log.info("starting a warm daemon for %s (%s backend, exits after %g s idle; log %s)", spec.zkey, spec.backend,
+             spec.idle_s, log_path)
+    with open(log_path, "ab") as out:
+        child = subprocess.Popen([sys.executable, "-m", "cuzk_mp.cli", "daemon", "--config", str(cfg)],
+                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                 start_new_session=True, close_fds=True)
+    t0 = time.monotonic()
+    next_note = t0 + PROGRESS_EVERY_S
+    while True:
+        if _answers(sock):
+            log.info("warm daemon %s ready in %.1f s", wid, time.monotonic() - t0)
+            return addr
+        code = child.poll()
+        # 75: another invocation's daemon holds the journal and is starting; while it holds it, wait
+        if code is not None and (code != EXIT_ALREADY_RUNNING or _lock_free(journal)) and not _answers(sock):
+            raise ResourceError(f"the warm daemon for {spec.zkey} exited (code {code}) before it was ready; "
+                                f"its log {log_path} ends:\n{_tail(log_path)}")
+        now = time.monotonic()
+        if now - t0 > timeout_s:
+            raise ResourceError(f"the warm daemon for {spec.zkey} was not ready within {timeout_s:g} s; "
+                                f"see its log {log_path}")
+        if now >= next_note:
+            log.info("waiting for the warm daemon %s (%.0f s; a first start loads kernels and the key)", wid, now - t0)
+            next_note = now + PROGRESS_EVERY_S
+        time.sleep(POLL_S)
+
+
+def _answers(sock: Path) -> bool:
+    """Whether a daemon accepts connections on ``sock`` (a stale socket file does not)."""
+    from cuzk_mp.daemon.transport import open_socket, parse_address
+
+    if not sock.exists():
+        return False
+    try:
+        open_socket(parse_address(f"unix://{sock}"), 1.0).close()
+    except (OSError, CommClosedError):
+        return False
+    return True
+
+
+def _lock_free(journal: Path) -> bool:
+    """Whether no daemon holds ``journal``'s instance lock (:mod:`.instance_lock`): the one that
+    made another start exit 75 has since gone too."""
+    try:
+        with open(f"{journal}.lock", "rb") as f:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file closes
+    except BlockingIOError:
+        return False
+    except OSError:
+        return True
+    return True
+
+
+def _tail(path: Path, lines: int = 15) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no log)"

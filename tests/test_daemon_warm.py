@@ -1,0 +1,133 @@
+"""Warm daemons (:mod:`cuzk_mp.daemon.warm`): their private directory, their ids, their config.
+
+The end-to-end path (``groth16 prove --keep-warm``: a daemon started, reused, gone when idle) is in
+tests/test_cli.py.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from cuzk_mp.daemon import config as C
+from cuzk_mp.daemon import warm
+from cuzk_mp.errors import ConfigError, InputError
+
+DATA = Path(__file__).parent / "data_formats"
+
+
+@pytest.fixture
+def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
+    """A fresh $XDG_RUNTIME_DIR with a short path (a unix socket's path has ~104 bytes; pytest's
+    tmp_path can be longer)."""
+    run = Path(tempfile.mkdtemp(prefix="kw", dir="/tmp"))
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
+    yield run
+    shutil.rmtree(run, ignore_errors=True)
+
+
+def test_the_directory_is_private_and_must_be_ours(runtime: Path) -> None:
+    d = warm.warm_dir()
+    assert d == runtime / "cuzk-mp" and (d.stat().st_mode & 0o777) == 0o700
+    d.chmod(0o755)  # readable by others: refused, not used
+    with pytest.raises(ConfigError, match="mode 0700"):
+        warm.warm_dir()
+    d.rmdir()
+    d.symlink_to(runtime)  # a link planted in its place: refused too
+    with pytest.raises(ConfigError, match="must be a directory"):
+        warm.warm_dir()
+
+
+def test_a_socket_path_too_long_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    deep = tmp_path / ("d" * 100)
+    deep.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(deep))
+    with pytest.raises(ConfigError, match="too long for a unix socket"):
+        warm.ensure(warm.WarmSpec(DATA / "mul.zkey"))
+
+
+def test_ids_follow_the_key_file_and_the_options(tmp_path: Path) -> None:
+    key = tmp_path / "k.zkey"
+    shutil.copyfile(DATA / "mul.zkey", key)
+    spec = warm.WarmSpec(key)
+    first = warm.warm_id(spec)
+    assert len(first) == 16 and first == warm.warm_id(warm.WarmSpec(tmp_path / "." / "k.zkey"))
+    (tmp_path / "link.zkey").symlink_to(key)
+    assert warm.warm_id(warm.WarmSpec(tmp_path / "link.zkey")) == first  # the same file
+    others = {warm.warm_id(warm.WarmSpec(key, backend="cpu")), warm.warm_id(warm.WarmSpec(key, verify=False)),
+              warm.warm_id(warm.WarmSpec(key, r1cs=DATA / "mul.r1cs")), warm.warm_id(warm.WarmSpec(DATA / "mul.zkey"))}
+    assert first not in others and len(others) == 4
+    st = key.stat()
+    os.utime(key, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a key rewritten in place: a new daemon
+    assert warm.warm_id(spec) != first
+    with pytest.raises(InputError, match="absent.zkey"):
+        warm.warm_id(warm.WarmSpec(tmp_path / "absent.zkey"))
+    with pytest.raises(InputError, match="not a file"):
+        warm.warm_id(warm.WarmSpec(tmp_path))
+
+
+def test_the_config_is_a_valid_daemon_config(tmp_path: Path) -> None:
+    spec = warm.WarmSpec(DATA / "mul.zkey", backend="cpu", r1cs=DATA / "mul.r1cs", verify=False, idle_s=42.5)
+    text = warm.config_text(spec, tmp_path / "w.sock", tmp_path / "w.journal")
+    (tmp_path / "w.toml").write_text(text)
+    cfg = C.load_config(tmp_path / "w.toml")
+    assert cfg.exit_when_idle_s == 42.5 and cfg.preload == (warm.CIRCUIT_ID,)
+    assert str(cfg.listen) == f"unix://{tmp_path / 'w.sock'}" and cfg.socket_mode == 0o600
+    assert cfg.journal_path == tmp_path / "w.journal" and not cfg.tokens
+    assert cfg.engine.backend == "cpu" and not cfg.engine.verify_proofs and cfg.engine.partition_workers == 1
+    spec_c = cfg.circuits[warm.CIRCUIT_ID].spec
+    assert Path(spec_c.zkey) == (DATA / "mul.zkey").resolve() and Path(spec_c.r1cs) == (DATA / "mul.r1cs").resolve()
+
+
+def test_keep_warm_starts_one_daemon_reuses_it_and_it_retires(runtime: Path, tmp_path: Path) -> None:
+    """``groth16 prove --keep-warm``: two first calls at once start ONE daemon (the second daemon finds
+    the first one's lock and leaves), later calls reuse it without importing numpy, a bad witness fails
+    its call alone, every proof verifies, and after the idle time the daemon drains and its socket goes."""
+    from cuzk_mp.cli import main
+    from tests.helpers import ENV, REFUSE_NUMPY
+
+    key = tmp_path / "mul.zkey"  # a copy: the circuit-data cache is written beside the key
+    shutil.copyfile(DATA / "mul.zkey", key)
+    bad = tmp_path / "bad.wtns"
+    bad.write_bytes((DATA / "mul.wtns").read_bytes()[:-40])
+    env = {**ENV, "XDG_RUNTIME_DIR": str(runtime)}
+
+    def prove(i: int, wtns: Path = DATA / "mul.wtns", *, no_numpy: bool = False) -> subprocess.CompletedProcess[str]:
+        head = ["-c", REFUSE_NUMPY + "from cuzk_mp.cli import main\nsys.exit(main(sys.argv[1:]))\n"] if no_numpy \
+            else ["-m", "cuzk_mp"]
+        return subprocess.run([sys.executable, *head, "--log-level", "INFO", "groth16", "prove",
+                               "--keep-warm", "5", "--backend", "cpu", str(key), str(wtns),
+                               str(tmp_path / f"proof{i}.json"), str(tmp_path / f"public{i}.json")],
+                              capture_output=True, text=True, timeout=600, env=env)
+
+    with ThreadPoolExecutor(2) as pool:
+        first = list(pool.map(prove, (1, 2)))
+    assert all(r.returncode == 0 for r in first), [r.stderr[-2000:] for r in first]
+    res = prove(3, bad)
+    assert res.returncode == 2 and "bad.wtns" in res.stderr and "truncated" in res.stderr, res.stderr[-2000:]
+    res = prove(4, no_numpy=True)  # a warm call is a client process: no numpy, no curve arithmetic
+    assert res.returncode == 0 and "starting a warm daemon" not in res.stderr, res.stderr[-2000:]
+    wid = warm.warm_id(warm.WarmSpec(key, backend="cpu"))
+    d = runtime / "cuzk-mp"
+    daemon_log = (d / f"{wid}.log").read_text()
+    assert daemon_log.count("serving on unix://") == 1, daemon_log[-3000:]
+    assert main(["zkey", "export", "verificationkey", str(key), str(tmp_path / "vk.json")]) == 0
+    for i in (1, 2, 4):
+        assert main(["groth16", "verify", str(tmp_path / "vk.json"), str(tmp_path / f"public{i}.json"),
+                     str(tmp_path / f"proof{i}.json")]) == 0
+        assert json.loads((tmp_path / f"public{i}.json").read_text()) == json.loads((DATA / "public.json").read_text())
+    deadline = time.monotonic() + 120
+    while (d / f"{wid}.sock").exists() and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert not (d / f"{wid}.sock").exists()
+    assert "idle for 5 s (exit_when_idle)" in (d / f"{wid}.log").read_text()
