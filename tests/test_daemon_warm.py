@@ -115,6 +115,13 @@ def test_keep_warm_starts_one_daemon_reuses_it_and_it_retires(runtime: Path, tmp
     assert all(r.returncode == 0 for r in first), [r.stderr[-2000:] for r in first]
     res = prove(3, bad)
     assert res.returncode == 2 and "bad.wtns" in res.stderr and "truncated" in res.stderr, res.stderr[-2000:]
+    wrong = tmp_path / "wrong.wtns"  # well formed, but not a solution: with no r1cs, self-verification fails it
+    raw = bytearray((DATA / "mul.wtns").read_bytes())
+    raw[-32] ^= 1
+    wrong.write_bytes(bytes(raw))
+    res = prove(5, wrong)
+    assert res.returncode == 1 and "verif" in res.stderr, res.stderr[-2000:]
+    assert not (tmp_path / "proof5.json").exists()
     res = prove(4, no_numpy=True)  # a warm call is a client process: no numpy, no curve arithmetic
     assert res.returncode == 0 and "starting a warm daemon" not in res.stderr, res.stderr[-2000:]
     wid = warm.warm_id(warm.WarmSpec(key, backend="cpu"))
