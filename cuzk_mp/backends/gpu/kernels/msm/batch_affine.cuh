@@ -68,6 +68,36 @@ EC_NOINLINE F ba_inv_call(F a) {
     return ba_inv(a);
 }
 
+/* The kernel's Fq products and the XYZZ tail's mixed addition are calls (one body each) in the
+ * G1 module: inlined, the den pass, the out pass, the block inversion and the XYZZ tail made
+ * 261 KB of SASS (16 720 instructions) that alternate within every block, against 73 KB for the
+ * XYZZ kernel's whole bucket step; the G2 XYZZ kernel lost 2 x to instruction fetch at 214 KB
+ * until its Fq2 products became calls (gpu_msm_notes.md). The G2 module's Fq2 products are calls
+ * already (EC_FP2_CALLS), so it keeps them. */
+template <class F>
+FF_INLINE F ba_mul(const F& a, const F& b) {
+    return ec_mul(a, b);
+}
+template <class F>
+FF_INLINE F ba_sqr(const F& a) {
+    return ec_sqr(a);
+}
+EC_NOINLINE fp_t ba_fq_mul_call(fp_t a, fp_t b) { return ec_mul(a, b); }
+EC_NOINLINE fp_t ba_fq_sqr_call(fp_t a) { return ec_sqr(a); }
+template <>
+FF_INLINE fp_t ba_mul<fp_t>(const fp_t& a, const fp_t& b) {
+    return ba_fq_mul_call(a, b);
+}
+template <>
+FF_INLINE fp_t ba_sqr<fp_t>(const fp_t& a) {
+    return ba_fq_sqr_call(a);
+}
+template <class F>
+EC_NOINLINE xyzz_t<F> ba_add_affine_call(xyzz_t<F> acc, affine_t<F> p) {
+    acc.add_affine(p);
+    return acc;
+}
+
 /* The kind of pair (a, b) and its denominator (1 where the pair needs no inversion). */
 template <class F>
 FF_INLINE uint32_t ba_kind(const affine_t<F>& a, const affine_t<F>& b, F& den) {
@@ -96,12 +126,12 @@ FF_INLINE affine_t<F> ba_finish(uint32_t kind, const affine_t<F>& a, const affin
     if (kind == BA_ADD) {
         num = b.y - a.y;
     } else {
-        F xx = ec_sqr(a.x);
+        F xx = ba_sqr(a.x);
         num = xx + xx.dbl();
     }
-    F l = ec_mul(num, inv);
-    F x3 = ec_sqr(l) - a.x - b.x;
-    F y3 = ec_mul(l, a.x - x3) - a.y;
+    F l = ba_mul(num, inv);
+    F x3 = ba_sqr(l) - a.x - b.x;
+    F y3 = ba_mul(l, a.x - x3) - a.y;
     return {x3, y3};
 }
 
@@ -212,7 +242,7 @@ FF_INLINE uint32_t ba_den_pass(const ba_list<F>& L, uint64_t len, F& acc) {
         /* x1 != x2, both non-zero: an ordinary addition (x = 0 may be infinity's encoding) */
         if (den.is_zero() || xa.is_zero() || xb.is_zero())
             ba_kind(L.pt((uint64_t)(i - 1)), L.pt((uint64_t)i), den);
-        acc = ec_mul(acc, den); /* den = 1 where the pair needs no inversion */
+        acc = ba_mul(acc, den); /* den = 1 where the pair needs no inversion */
         L.set_suffix(np++, acc); /* suffix of the np-th pair from the end */
         i -= 2;
         if (i >= 0) kb = L.key((uint64_t)i);
@@ -242,8 +272,8 @@ FF_INLINE uint64_t ba_out_pass(ba_list<F>& L, uint64_t len, uint32_t np, F inv, 
                 F den;
                 uint32_t kind = ba_kind(a, c, den);
                 /* 1 / d_k = inv * s_(k+1); s_(k+1) is stored as the (np - 2 - k)-th from the end */
-                F ik = k + 1 < np ? ec_mul(inv, L.suffix(np - 2 - k)) : inv;
-                if (kind <= BA_DBL) inv = ec_mul(inv, den);
+                F ik = k + 1 < np ? ba_mul(inv, L.suffix(np - 2 - k)) : inv;
+                if (kind <= BA_DBL) inv = ba_mul(inv, den);
                 r = ba_finish(kind, a, c, ik);
                 i += 2;
                 k++;
@@ -272,8 +302,8 @@ DEV_INLINE F ba_block_inverse(const F& x) {
 #pragma unroll 1
     for (uint32_t d = 1; d < (uint32_t)B; d <<= 1) { /* inclusive scans: prefix and suffix products */
         F a = pre[t], s = post[t];
-        if (t >= d) a = ec_mul(pre[t - d], a);
-        if (t + d < (uint32_t)B) s = ec_mul(s, post[t + d]);
+        if (t >= d) a = ba_mul(pre[t - d], a);
+        if (t + d < (uint32_t)B) s = ba_mul(s, post[t + d]);
         __syncthreads();
         pre[t] = a;
         post[t] = s;
@@ -282,8 +312,8 @@ DEV_INLINE F ba_block_inverse(const F& x) {
     if (t == 0) total = ba_inv_call(pre[B - 1]);
     __syncthreads();
     F r = total;
-    if (t > 0) r = ec_mul(r, pre[t - 1]);
-    if (t + 1 < (uint32_t)B) r = ec_mul(r, post[t + 1]);
+    if (t > 0) r = ba_mul(r, pre[t - 1]);
+    if (t + 1 < (uint32_t)B) r = ba_mul(r, post[t + 1]);
     __syncthreads(); /* the next call rewrites the arrays */
     return r;
 }
@@ -349,7 +379,7 @@ DEV_INLINE void msm_accumulate_affine_body(const int64_t* perm, const uint32_t* 
                     cur = b;
                     acc = xyzz_t<F>::inf();
                 }
-                acc.add_affine(L.pt(i));
+                acc = ba_add_affine_call(acc, L.pt(i));
             }
             if (cur != MSM_BUCKET_NONE) fl.flush(acc, cur);
             if (!fl.wrote_head) head_keys[t] = MSM_BUCKET_NONE;
