@@ -125,8 +125,10 @@ def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: a
 def _cmd_prove(args: argparse.Namespace) -> int:
     if args.connect and args.keep_warm:
         raise InputError("--connect and --keep-warm: give one (the daemon at ADDR, or a warm daemon of this key)")
-    if args.connect:
+    if args.connect:  # over $CUZK_MP_KEEP_WARM too
         return _prove_through_daemon(args)
+    if args.keep_warm is None:
+        args.keep_warm = _env_seconds("CUZK_MP_KEEP_WARM")
     if args.keep_warm:
         return _prove_warm(args)
     from .formats.wtns import read_wtns
@@ -178,6 +180,15 @@ def _prove_warm(args: argparse.Namespace) -> int:
                 return _error(EXIT_UNREACHABLE, str(e))
             log.info("%s; starting it again", e)
     raise AssertionError("unreachable")
+
+
+def _env_seconds(name: str) -> float:
+    """A number of seconds from the environment (0 where unset or empty)."""
+    value = os.environ.get(name, "").strip()
+    try:
+        return float(value) if value else 0.0
+    except ValueError:
+        raise InputError(f"${name}={value!r}: a number of seconds") from None
 
 
 def _check_daemon_inputs(args: argparse.Namespace) -> None:
@@ -350,10 +361,9 @@ class SnarkjsVerb:
                            help="the daemon's shared-secret token (default $CUZK_MP_TOKEN): an admin token "
                                 "where the daemon has tokens, as only an admin sees which file each key is")
             p.add_argument("--keep-warm", type=float, metavar="SECONDS",
-                           default=os.environ.get("CUZK_MP_KEEP_WARM") or None,
                            help="prove through this user's warm daemon of the key, started when none runs and "
-                                "gone after SECONDS without a proof: later proofs skip the start-up "
-                                "(default $CUZK_MP_KEEP_WARM; unset or 0: a one-shot process)")
+                                "gone after SECONDS without a proof: later proofs skip the start-up (default "
+                                "$CUZK_MP_KEEP_WARM, which --connect overrides; unset or 0: a one-shot process)")
         p.set_defaults(func=self.func)
 
 

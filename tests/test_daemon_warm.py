@@ -103,12 +103,14 @@ def test_keep_warm_starts_one_daemon_reuses_it_and_it_retires(runtime: Path, tmp
     env = {**ENV, "XDG_RUNTIME_DIR": str(runtime)}
 
     def prove(i: int, wtns: Path = DATA / "mul.wtns", *, no_numpy: bool = False) -> subprocess.CompletedProcess[str]:
+        """A --keep-warm call; the numpy-free one takes the idle time from $CUZK_MP_KEEP_WARM instead."""
         head = ["-c", REFUSE_NUMPY + "from cuzk_mp.cli import main\nsys.exit(main(sys.argv[1:]))\n"] if no_numpy \
             else ["-m", "cuzk_mp"]
         return subprocess.run([sys.executable, *head, "--log-level", "INFO", "groth16", "prove",
-                               "--keep-warm", "5", "--backend", "cpu", str(key), str(wtns),
+                               *([] if no_numpy else ["--keep-warm", "5"]), "--backend", "cpu", str(key), str(wtns),
                                str(tmp_path / f"proof{i}.json"), str(tmp_path / f"public{i}.json")],
-                              capture_output=True, text=True, timeout=600, env=env)
+                              capture_output=True, text=True, timeout=600,
+                              env={**env, "CUZK_MP_KEEP_WARM": "5"} if no_numpy else env)
 
     with ThreadPoolExecutor(2) as pool:
         first = list(pool.map(prove, (1, 2)))
@@ -138,3 +140,18 @@ def test_keep_warm_starts_one_daemon_reuses_it_and_it_retires(runtime: Path, tmp
         time.sleep(0.2)
     assert not (d / f"{wid}.sock").exists()
     assert "idle for 5 s (exit_when_idle)" in (d / f"{wid}.log").read_text()
+
+
+def test_keep_warm_from_the_environment_is_checked_and_connect_overrides_it(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    from cuzk_mp.cli import main
+
+    files = [str(DATA / "mul.zkey"), str(DATA / "mul.wtns"), str(tmp_path / "p.json"), str(tmp_path / "q.json")]
+    monkeypatch.setenv("CUZK_MP_KEEP_WARM", "soon")
+    assert main(["groth16", "prove", *files]) == 2
+    assert "$CUZK_MP_KEEP_WARM='soon': a number of seconds" in capsys.readouterr().err
+    assert main(["groth16", "prove", "--keep-warm", "-1", *files]) == 2
+    assert "a number of seconds > 0" in capsys.readouterr().err
+    monkeypatch.setenv("CUZK_MP_KEEP_WARM", "60")  # --connect wins over the environment: no daemon is started
+    assert main(["groth16", "prove", "--connect", f"unix://{tmp_path}/none.sock", *files]) == 3
+    assert "cannot reach the daemon" in capsys.readouterr().err
