@@ -131,7 +131,9 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
     os.replace(tmp, cfg)
     log.info("starting a warm daemon for %s (%s backend, exits after %g s idle; log %s)", spec.zkey, spec.backend,
              spec.idle_s, log_path)
-    with open(log_path, "ab") as out:
+    if _lock_free(journal):  # no daemon of this key runs or starts: its log begins afresh
+        log_path.write_bytes(b"")
+    with open(log_path, "ab") as out:  # O_APPEND: racing starts both write whole lines
         child = subprocess.Popen([sys.executable, "-m", "cuzk_mp.cli", "daemon", "--config", str(cfg)],
                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
                                  start_new_session=True, close_fds=True)
