@@ -122,15 +122,22 @@ def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: a
     return EXIT_OK
 
 
-def _cmd_prove(args: argparse.Namespace) -> int:
+def _through_a_daemon(args: argparse.Namespace) -> int | None:
+    """The exit code where a daemon proves (``--connect``, ``--keep-warm`` or $CUZK_MP_KEEP_WARM),
+    None for a one-shot process."""
     if args.connect and args.keep_warm:
         raise InputError("--connect and --keep-warm: give one (the daemon at ADDR, or a warm daemon of this key)")
     if args.connect:  # over $CUZK_MP_KEEP_WARM too
         return _prove_through_daemon(args)
     if args.keep_warm is None:
         args.keep_warm = _env_seconds("CUZK_MP_KEEP_WARM")
-    if args.keep_warm:
-        return _prove_warm(args)
+    return _prove_warm(args) if args.keep_warm else None
+
+
+def _cmd_prove(args: argparse.Namespace) -> int:
+    code = _through_a_daemon(args)
+    if code is not None:
+        return code
     from .formats.wtns import read_wtns
 
     return _prove_and_write(args.zkey, lambda: read_wtns(args.wtns), args)
@@ -169,8 +176,9 @@ def _prove_warm(args: argparse.Namespace) -> int:
     if not (0 < args.keep_warm < float("inf")):
         raise InputError(f"--keep-warm {args.keep_warm:g}: a number of seconds > 0")
     _check_daemon_inputs(args)
+    wasm = getattr(args, "wasm", None)  # fullprove: the daemon computes the witness
     spec = WarmSpec(args.zkey.absolute(), args.backend, args.r1cs.absolute() if args.r1cs else None,
-                    not args.no_verify, args.keep_warm)
+                    not args.no_verify, args.keep_warm, wasm.absolute() if wasm else None)
     for again in (False, True):
         addr = ensure(spec)
         try:
@@ -194,19 +202,32 @@ def _env_seconds(name: str) -> float:
 def _check_daemon_inputs(args: argparse.Namespace) -> None:
     if not args.zkey.is_file():
         raise InputError(f"{args.zkey}: no such key file")
-    if args.wtns.suffix != ".wtns":
+    if hasattr(args, "wtns") and args.wtns.suffix != ".wtns":
         raise InputError(f"{args.wtns}: a daemon proves from a .wtns witness")
+
+
+def _daemon_input(args: argparse.Namespace) -> tuple[Path, Any]:
+    """(the file, the job's partition): prove's .wtns, or fullprove's input JSON (whatever its name)."""
+    from .daemon.client import partition_from_file
+    from .daemon.protocol import PartitionIn
+
+    if hasattr(args, "wtns"):
+        return args.wtns, partition_from_file(args.wtns)
+    try:
+        return args.input, PartitionIn(kind="json", data=args.input.read_bytes())
+    except OSError as e:
+        raise InputError(f"{args.input}: {e.strerror or e}") from None
 
 
 def _prove_at(addr: str, token: str, circuit: str | None, args: argparse.Namespace) -> int:
     """Prove args.wtns with the daemon at ``addr`` (its circuit ``circuit``, or the one whose key
     file is args.zkey) and write args.proof, args.public; _Unreachable if the daemon is not there."""
-    from .daemon.client import Client, partition_from_file
+    from .daemon.client import Client
     from .daemon.transport import CommClosedError
     from .errors import ProofError, error_from_kind
     from .formats.atomic import write_json
 
-    part = partition_from_file(args.wtns)
+    source, part = _daemon_input(args)
     try:
         client = Client(addr, token=token)
     except OSError as unreachable:
@@ -219,8 +240,8 @@ def _prove_at(addr: str, token: str, circuit: str | None, args: argparse.Namespa
         raise _Unreachable(f"lost the daemon at {addr}: {lost}") from None
     if reply.state != "done":
         why = error_from_kind(reply.error_kind or "", reply.error or f"job {reply.job_id} {reply.state}")
-        if isinstance(why, InputError):  # the daemon knows the witness as its job's partition 0
-            raise type(why)(f"{args.wtns}: {why}")
+        if isinstance(why, InputError):  # the daemon knows the witness (or input) as its job's partition 0
+            raise type(why)(f"{source}: {why}")
         raise ProofError(f"the daemon's job {reply.job_id} {reply.state}: {why}")
     done = reply.partitions[0]
     write_json(args.proof, done.proof)
@@ -262,6 +283,9 @@ def _circuit_of_key(client: Client, zkey: Path, addr: str) -> str:
 
 
 def _cmd_fullprove(args: argparse.Namespace) -> int:
+    code = _through_a_daemon(args)  # the daemon runs the wasm (compiled once, kept warm)
+    if code is not None:
+        return code
     from .circuits.circom import WitnessCalculator, load_input_json
 
     def witness() -> np.ndarray:
@@ -373,7 +397,7 @@ SNARKJS_VERBS = (
                 connects=True),
     SnarkjsVerb("g16f", ("groth16", "fullprove"), "witness + proof in one call (no .wtns on disk): INPUT.json "
                 "WASM ZKEY PROOF.json PUBLIC.json", (INPUT, WASM, ZKEY, PROOF_OUT, PUBLIC_OUT), _cmd_fullprove,
-                proves=True),
+                proves=True, connects=True),
     SnarkjsVerb("g16v", ("groth16", "verify"), "verify VK.json PUBLIC.json PROOF.json: prints OK! (exit 0) or "
                 "why not (exit 1)", (("vk", "verification_key.json", "verification key"),
                                      ("public", "public.json", "public signals"), ("proof", "proof.json", "proof")),

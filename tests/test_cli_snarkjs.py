@@ -14,6 +14,7 @@ import os
 import random
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -103,3 +104,33 @@ def test_fullprove_bad_input_is_a_message(oracle: Oracle, tmp_path: Path) -> Non
     (tmp_path / "in.json").write_text("{not json")
     proc = cuzk("g16f", "in.json", files.wasm, key.zkey, cwd=tmp_path)
     assert proc.returncode == 2 and "in.json" in proc.stderr and "Traceback" not in proc.stderr
+
+
+def test_fullprove_keep_warm_runs_the_wasm_in_the_warm_daemon(oracle: Oracle, tmp_path: Path,  # noqa: F811
+                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    """``fullprove --keep-warm``: the key's warm daemon (with the wasm) computes the witness and proves;
+    the second call finds it running; a bad input fails its call alone, naming the file; snarkjs
+    verifies the proofs. (The daemon side: tests/test_daemon_warm.py.)"""
+    import shutil
+    import tempfile
+
+    files, key = oracle.circuit("multiplier"), oracle.snarkjs_key("multiplier")
+    runtime = Path(tempfile.mkdtemp(prefix="kw", dir="/tmp"))  # a short path: unix sockets have ~104 bytes
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    zkey = shutil.copyfile(key.zkey, tmp_path / "m.zkey")  # its circuit-data cache lands in tmp_path
+    try:
+        write_json(tmp_path / "in.json", CIRCUITS["multiplier"].sample_input(random.Random(SEED)))
+        for i in (1, 2):
+            res = _ok(cuzk("-v", "g16f", "--keep-warm", "5", "--backend", "cpu", "in.json", files.wasm, zkey,
+                           f"p{i}.json", f"s{i}.json", cwd=tmp_path))
+            assert ("starting a warm daemon" in res.stderr) == (i == 1), res.stderr[-2000:]
+            assert groth16_verify(key.vk, tmp_path / f"s{i}.json", tmp_path / f"p{i}.json")
+        write_json(tmp_path / "bad.json", {"a": "3", "nope": "4"})
+        res = cuzk("g16f", "--keep-warm", "5", "--backend", "cpu", "bad.json", files.wasm, zkey, "p3.json",
+                   "s3.json", cwd=tmp_path)
+        assert res.returncode == 2 and "bad.json" in res.stderr and not (tmp_path / "p3.json").exists(), res.stderr
+    finally:
+        deadline = time.monotonic() + 60  # the daemon leaves by itself after 5 s idle
+        while list(runtime.glob("cuzk-mp/*.sock")) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        shutil.rmtree(runtime, ignore_errors=True)

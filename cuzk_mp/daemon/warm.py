@@ -5,12 +5,13 @@ context and the key's load every time (~1.4 s for a 2^16 proof on the H200, most
 first kernel; perf/results/oneshot-numba-free-h200.json), while a resident daemon proves the same
 witness in ~20 ms and a client process that only talks to it takes ~0.2 s
 (perf/results/daemon-latency-gpu-2^16-h200.json). Shell scripts that prove in a loop want the
-second without running a service: ``groth16 prove --keep-warm SECONDS`` asks :func:`ensure` for
+second without running a service: ``groth16 prove --keep-warm SECONDS`` (and ``fullprove``, whose
+daemon also keeps the witness generator's wasm compiled) asks :func:`ensure` for
 the daemon of its key, which starts one (``cuzk-mp daemon`` in its own session, detached) when
 none answers, and that daemon drains and exits after SECONDS with no connection and no job
 (``[daemon] exit_when_idle``). The same pattern as a build tool's background server.
 
-One daemon per (key file, backend, r1cs, verify): its id (:func:`warm_id`) hashes the key's
+One daemon per (key file, backend, r1cs, verify, wasm): its id (:func:`warm_id`) hashes the key's
 resolved path and identity (device, inode, size, mtime), so an edited or replaced key gets a new
 daemon and the old one idles out. Its files live in :func:`warm_dir` (``$XDG_RUNTIME_DIR/cuzk-mp``,
 else ``/tmp/cuzk-mp-UID``), a directory of mode 0700 that must belong to this user: a directory
@@ -57,6 +58,7 @@ class WarmSpec:
     r1cs: Path | None = None  # check each witness against it first
     verify: bool = True  # self-verify each proof
     idle_s: float = 300.0  # exit_when_idle
+    wasm: Path | None = None  # the witness generator: jobs send input JSON (fullprove)
 
 
 def warm_dir() -> Path:
@@ -79,7 +81,7 @@ def warm_dir() -> Path:
 def warm_id(spec: WarmSpec) -> str:
     """16 hex digits naming the daemon of ``spec`` (InputError if the key is no file)."""
     parts = [CIRCUIT_ID, spec.backend, str(spec.verify)]
-    for path in (spec.zkey, spec.r1cs):
+    for path in (spec.zkey, spec.r1cs, spec.wasm):
         if path is None:
             parts.append("-")
             continue
@@ -107,8 +109,9 @@ def config_text(spec: WarmSpec, sock: Path, journal: Path) -> str:
         "[gpus]", f"backend = {q(spec.backend)}", "gpu_workers_per_device = 1",
         f"[circuits.{CIRCUIT_ID}]", f"zkey = {q(os.path.realpath(spec.zkey))}",
     ]
-    if spec.r1cs is not None:
-        lines.append(f"r1cs = {q(os.path.realpath(spec.r1cs))}")
+    for name, path in (("r1cs", spec.r1cs), ("wasm", spec.wasm)):
+        if path is not None:
+            lines.append(f"{name} = {q(os.path.realpath(path))}")
     return "\n".join(lines) + "\n"
 
 
