@@ -31,6 +31,8 @@ writes ``$OUT/gpu-small.json`` (the rows for perf/results/gpu-small-h200.json), 
   in-process steps from its log line (``oneshot_2^16_step_*_ms``), the start (imports, key and
   witness: ``_start_s``; the backend ready after that: ``_backend_after_s``), imports (``-X
   importtime``) and one warm process under cProfile (``_profile_top``: cumulative ms by function);
+  then ``perf/keep_warm.py``: the call that starts the key's warm daemon (``_keep_warm_start_s``)
+  and the median of three calls that find it (``_keep_warm_s``);
 * ``pipeline``  ``cuzk-mp bench --backend gpu --log-n 16`` (10 jobs x 10 partitions, 8 synthesis
   workers): ``pipeline_2^16_s_per_partition`` with batching (the default cap, 8) and
   ``..._nobatch`` (``CUZK_MP_PROVER_BATCH=1``) and ``..._batch4`` (4), the ring slots derived;
@@ -67,7 +69,7 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 BUDGET_S = 230.0
-ESTIMATE_S = {"warm": 60.0, "keys": 25.0, "timeline": 8.0, "device": 20.0, "params": 25.0, "oneshot": 20.0,
+ESTIMATE_S = {"warm": 60.0, "keys": 25.0, "timeline": 8.0, "device": 20.0, "params": 25.0, "oneshot": 45.0,
               "pipeline": 60.0, "daemon": 45.0}
 SIZES = (12, 14, 16, 18)
 BATCH = 4
@@ -98,7 +100,8 @@ TABLE_KEYS = [
     "device_2^16_lone_multiples_none_ms", "device_2^16_batch4_multiples_none_ms",
     *(f"device_2^{n}_lone_{label}_ms" for n in (12, 16, 18) for label in PARAM_SWEEP),
     "params_2^12_chosen", "params_2^16_chosen",
-    "oneshot_2^16_first_s", "oneshot_2^16_warm_s", "oneshot_2^16_import_s",
+    "oneshot_2^16_first_s", "oneshot_2^16_warm_s", "oneshot_2^16_import_s", "oneshot_2^16_keep_warm_start_s",
+    "oneshot_2^16_keep_warm_s",
     *(f"pipeline_2^{n}_{k}" for n in SIZES for k in ("s_per_partition", "s_per_partition_nobatch",
                                                       "s_per_partition_batch4", "s_per_partition_inflight8",
                                                       "device_ms", "device_ms_nobatch", "device_ms_batch4",
@@ -434,6 +437,17 @@ def oneshot_rows(ses: Session, n: int, backend: str) -> None:
         warm.append(took)
     ses.rows[f"oneshot_2^{n}_warm_s"] = statistics.median(warm)
     ses.rows["proofs_verified"] += 4  # each process self-verified its proof (exit 0)
+    # The same proof through `--keep-warm` (perf/keep_warm.py: one-shot, the call that starts the
+    # key's warm daemon, calls that find it; every proof checked by `groth16 verify`)
+    kw = work / "keep_warm.json"
+    ses.command("keep_warm", [sys.executable, "perf/keep_warm.py", "--zkey", str(zkey), "--wtns", str(wtns),
+                              "--backend", backend, "--runs", "3", "--idle", "5", "--out", str(kw)], 300)
+    if kw.is_file():
+        got = json.loads(kw.read_text())
+        ses.rows[f"oneshot_2^{n}_keep_warm_start_s"] = got["keep_warm_start_s"]
+        ses.rows[f"oneshot_2^{n}_keep_warm_s"] = got["keep_warm_median_s"]
+        ses.rows[f"oneshot_2^{n}_keep_warm_runs_s"] = got["keep_warm_s"]
+        ses.rows["proofs_verified"] += 2 * got["runs"] + 2
     m = STEP.search(text)
     if m:
         for part in m.group(1).split(", "):
