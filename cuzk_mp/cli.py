@@ -40,8 +40,6 @@ from .logs import child_format, configure
 if TYPE_CHECKING:  # numpy loads with a verb, not for --help
     import numpy as np
 
-    from .daemon.client import Client
-
 log = logging.getLogger("cuzk_mp.cli")
 
 EXIT_OK = 0
@@ -143,47 +141,47 @@ def _cmd_prove(args: argparse.Namespace) -> int:
     return _prove_and_write(args.zkey, lambda: read_wtns(args.wtns), args)
 
 
-class _Unreachable(Exception):
-    """The daemon did not answer or went away mid-call (exit 3, or a warm daemon started again)."""
-
-
 def _prove_through_daemon(args: argparse.Namespace) -> int:
-    """``groth16 prove --connect ADDR``: the running daemon at ADDR proves the witness with its
-    resident key (the circuit of its config whose ``zkey`` is this very file, see
-    :func:`_circuit_of_key`) and this process writes the two files: no numpy, CuPy or CUDA start
-    here, ~0.2 s a 2^16 proof on the H200 (perf/results/daemon-latency-gpu-2^16-h200.json). The
-    daemon checks the witness, proves and verifies; its error comes back with its exit code (2 for
-    a bad witness or a refused token, 1 for a failed job, 3 when the daemon is out of reach)."""
+    """``groth16 prove|fullprove --connect ADDR``: the running daemon at ADDR proves with its
+    resident key (the circuit of its config whose ``zkey`` is this very file,
+    :func:`cuzk_mp.daemon.prove_files.circuit_of_key`) and this process writes the two files: no
+    numpy, CuPy or CUDA start here, ~0.2 s a 2^16 proof on the H200
+    (perf/results/daemon-latency-gpu-2^16-h200.json). The daemon checks the witness, proves and
+    verifies; its error comes back with its exit code (2 for a bad witness or a refused token, 1
+    for a failed job, 3 when the daemon is out of reach)."""
+    from .daemon.prove_files import Unreachable
+
     if args.backend != "auto" or args.r1cs or args.no_verify:
         raise InputError("--connect: the daemon's config decides the backend, the constraint check and the "
                          "verification; leave out --backend, --r1cs and --no-verify")
-    _check_daemon_inputs(args)
+    job = _daemon_job(args)
     try:
-        return _prove_at(args.connect, args.token, None, args)
-    except _Unreachable as e:
+        return _prove_at(args.connect, args.token, None, args, job)
+    except Unreachable as e:
         return _error(EXIT_UNREACHABLE, str(e))
 
 
 def _prove_warm(args: argparse.Namespace) -> int:
-    """``groth16 prove --keep-warm SECONDS``: the one-shot prove's result (same key, witness,
-    --backend, --r1cs, --no-verify) from this user's warm daemon of the key
+    """``groth16 prove|fullprove --keep-warm SECONDS``: the one-shot command's result (same key,
+    witness or input, --backend, --r1cs, --no-verify) from this user's warm daemon of the key
     (:mod:`cuzk_mp.daemon.warm`), started here when none runs and left running until SECONDS pass
-    with no proof: the first call pays the daemon's start and key load, the next ones ~0.2 s on
-    the H200 at 2^16 where a one-shot process takes ~1.4 s. A daemon that idles out between finding
-    it and proving is started again, once."""
+    with no proof: the first call pays the daemon's start and key load, the next ones are client
+    processes (~0.2 s where a one-shot GPU process takes ~1.4 s at 2^16 on the H200). A daemon that
+    idles out between finding it and proving is started again, once."""
+    from .daemon.prove_files import Unreachable
     from .daemon.warm import CIRCUIT_ID, WarmSpec, ensure
 
     if not (0 < args.keep_warm < float("inf")):
         raise InputError(f"--keep-warm {args.keep_warm:g}: a number of seconds > 0")
-    _check_daemon_inputs(args)
     wasm = getattr(args, "wasm", None)  # fullprove: the daemon computes the witness
+    job = _daemon_job(args)  # the inputs are checked before a daemon is started for them
     spec = WarmSpec(args.zkey.absolute(), args.backend, args.r1cs.absolute() if args.r1cs else None,
                     not args.no_verify, args.keep_warm, wasm.absolute() if wasm else None)
     for again in (False, True):
         addr = ensure(spec)
         try:
-            return _prove_at(addr, "", CIRCUIT_ID, args)
-        except _Unreachable as e:
+            return _prove_at(addr, "", CIRCUIT_ID, args, job)
+        except Unreachable as e:
             if again:
                 return _error(EXIT_UNREACHABLE, str(e))
             log.info("%s; starting it again", e)
@@ -199,87 +197,26 @@ def _env_seconds(name: str) -> float:
         raise InputError(f"${name}={value!r}: a number of seconds") from None
 
 
-def _check_daemon_inputs(args: argparse.Namespace) -> None:
+def _daemon_job(args: argparse.Namespace) -> tuple[Path, Any]:
+    """(the file, the job's partition): prove's .wtns or fullprove's input, the key file checked."""
+    from .daemon.prove_files import input_partition, witness_partition
+
     if not args.zkey.is_file():
         raise InputError(f"{args.zkey}: no such key file")
-    if hasattr(args, "wtns") and args.wtns.suffix != ".wtns":
-        raise InputError(f"{args.wtns}: a daemon proves from a .wtns witness")
-
-
-def _daemon_input(args: argparse.Namespace) -> tuple[Path, Any]:
-    """(the file, the job's partition): prove's .wtns, or fullprove's input JSON (whatever its name)."""
-    from .daemon.client import partition_from_file
-    from .daemon.protocol import PartitionIn
-
     if hasattr(args, "wtns"):
-        return args.wtns, partition_from_file(args.wtns)
-    try:
-        return args.input, PartitionIn(kind="json", data=args.input.read_bytes())
-    except OSError as e:
-        raise InputError(f"{args.input}: {e.strerror or e}") from None
+        return args.wtns, witness_partition(args.wtns)
+    return args.input, input_partition(args.input)
 
 
-def _prove_at(addr: str, token: str, circuit: str | None, args: argparse.Namespace) -> int:
-    """Prove args.wtns with the daemon at ``addr`` (its circuit ``circuit``, or the one whose key
-    file is args.zkey) and write args.proof, args.public; _Unreachable if the daemon is not there."""
-    from .daemon.client import Client
-    from .daemon.transport import CommClosedError
-    from .errors import ProofError, error_from_kind
-    from .formats.atomic import write_json
+def _prove_at(addr: str, token: str, circuit: str | None, args: argparse.Namespace, job: tuple[Path, Any]) -> int:
+    """The proof of ``job`` (:func:`_daemon_job`) by the daemon at ``addr``, written to args.proof
+    and args.public (:func:`cuzk_mp.daemon.prove_files.prove_to_files`)."""
+    from .daemon.prove_files import prove_to_files
 
-    source, part = _daemon_input(args)
-    try:
-        client = Client(addr, token=token)
-    except OSError as unreachable:
-        raise _Unreachable(f"cannot reach the daemon at {addr}: {unreachable}") from None
-    try:
-        with client:
-            cid = circuit or _circuit_of_key(client, args.zkey, addr)
-            reply = client.prove(cid, [part])
-    except (CommClosedError, ConnectionError, TimeoutError) as lost:
-        raise _Unreachable(f"lost the daemon at {addr}: {lost}") from None
-    if reply.state != "done":
-        why = error_from_kind(reply.error_kind or "", reply.error or f"job {reply.job_id} {reply.state}")
-        if isinstance(why, InputError):  # the daemon knows the witness (or input) as its job's partition 0
-            raise type(why)(f"{source}: {why}")
-        raise ProofError(f"the daemon's job {reply.job_id} {reply.state}: {why}")
-    done = reply.partitions[0]
-    write_json(args.proof, done.proof)
-    write_json(args.public, done.public)
-    log.info("proved by the daemon at %s (circuit %s, job %s): %s, %s", addr, cid, reply.job_id,
-             args.proof, args.public)
+    cid, job_id = prove_to_files(addr, token, circuit, args.zkey, *job, args.proof, args.public)
+    log.info("proved by the daemon at %s (circuit %s, job %s): %s, %s", addr, cid, job_id, args.proof,
+             args.public)
     return EXIT_OK
-
-
-def _circuit_of_key(client: Client, zkey: Path, addr: str) -> str:
-    """The daemon's circuit whose configured ``zkey`` is the file ``zkey`` (InputError if none).
-
-    The match is the file's identity (:func:`os.path.samefile`: the same device and inode, however
-    the path is spelt: relative, through a symlink), not its name or its contents: a copy of the
-    key is another file, one the daemon never read, and hashing a key of several GiB here would
-    cost more than the proof. The status document names files by their last component only
-    unless its ``detail`` is asked for (:mod:`cuzk_mp.daemon.access`), so the key paths come from
-    ``status(detail=True)``; a daemon with tokens gives the detail to an admin token only (one
-    without tokens to every caller), and for any other token --connect stops with an AuthError
-    saying so (exit 2) rather than guess from a bare file name, which another circuit's key may
-    share. The paths are compared on this machine: a daemon on another host matches a key only
-    through a file system both see at the same path."""
-    from .errors import AuthError
-
-    try:
-        circuits: dict[str, Any] = client.status(detail=True)["daemon"]["circuits"]
-    except AuthError as refused:
-        raise AuthError(f"--connect finds the circuit by its key file, and the daemon at {addr} shows key "
-                        f"files to an admin token only ({refused}); pass an admin token with --token or "
-                        "$CUZK_MP_TOKEN, or name the circuit: cuzk-mp client prove --circuit ID") from None
-    for cid, c in sorted(circuits.items()):
-        try:
-            if c.get("zkey") and os.path.samefile(c["zkey"], zkey):
-                return cid
-        except OSError:  # the daemon's key path is no file here
-            continue
-    keys = ", ".join(f"{cid}: {c.get('zkey') or 'synthetic'}" for cid, c in sorted(circuits.items()))
-    raise InputError(f"the daemon at {addr} has no circuit with the key {zkey} (its circuits: {keys or 'none'})")
 
 
 def _cmd_fullprove(args: argparse.Namespace) -> int:
