@@ -155,3 +155,28 @@ def test_keep_warm_from_the_environment_is_checked_and_connect_overrides_it(
     monkeypatch.setenv("CUZK_MP_KEEP_WARM", "60")  # --connect wins over the environment: no daemon is started
     assert main(["groth16", "prove", "--connect", f"unix://{tmp_path}/none.sock", *files]) == 3
     assert "cannot reach the daemon" in capsys.readouterr().err
+
+
+def test_the_journal_lock_holder_is_read_never_locked(tmp_path: Path) -> None:
+    """A call whose daemon lost the start race (exit 75) waits while the winner lives: the winner's
+    pid comes from the lock file's text (taking the lock, even for an instant, could make a starting
+    daemon exit 75), and a pid that now names another program does not count."""
+    journal = tmp_path / "w.journal"
+    lock = tmp_path / "w.journal.lock"
+    assert not warm._holder_alive(journal)  # no lock file
+    holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "cuzk_mp-daemon-stand-in"])
+    other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+    try:
+        lock.write_text(f"{holder.pid}\n")
+        assert warm._holder_alive(journal)
+        lock.write_text(f"{other.pid}\n")  # alive, but not a cuzk-mp process: a reused pid
+        assert not warm._holder_alive(journal)
+        lock.write_text("")
+        assert not warm._holder_alive(journal)
+        lock.write_text(f"{holder.pid}\n")
+    finally:
+        holder.kill()
+        other.kill()
+        holder.wait()
+        other.wait()
+    assert not warm._holder_alive(journal)

@@ -24,7 +24,7 @@ one's journal lock and exits (code 75), and both invocations wait for the one so
 
 from __future__ import annotations
 
-import fcntl
+import contextlib
 import hashlib
 import json
 import logging
@@ -46,6 +46,7 @@ START_TIMEOUT_S = 900.0  # engine start (kernel loads on a fresh box) + the key'
 POLL_S = 0.05
 PROGRESS_EVERY_S = 5.0
 EXIT_ALREADY_RUNNING = 75  # cuzk_mp.daemon.cli: another daemon holds the journal
+LOG_KEEP_BYTES = 1 << 20  # a daemon's log is rotated (one old copy) when it grows past this
 MAX_SOCKET_PATH = 104  # bytes of a unix socket's path that every platform takes (Linux: 107)
 
 
@@ -134,8 +135,9 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
     os.replace(tmp, cfg)
     log.info("starting a warm daemon for %s (%s backend, exits after %g s idle; log %s)", spec.zkey, spec.backend,
              spec.idle_s, log_path)
-    if _lock_free(journal):  # no daemon of this key runs or starts: its log begins afresh
-        log_path.write_bytes(b"")
+    with contextlib.suppress(OSError):  # one older log is kept (a racing start may still write to it)
+        if log_path.stat().st_size > LOG_KEEP_BYTES:
+            os.replace(log_path, log_path.with_name(log_path.name + ".1"))
     with open(log_path, "ab") as out:  # O_APPEND: racing starts both write whole lines
         child = subprocess.Popen([sys.executable, "-m", "cuzk_mp.cli", "daemon", "--config", str(cfg)],
                                  stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
@@ -147,8 +149,8 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
             log.info("warm daemon %s ready in %.1f s", wid, time.monotonic() - t0)
             return addr
         code = child.poll()
-        # 75: another invocation's daemon holds the journal and is starting; while it holds it, wait
-        if code is not None and (code != EXIT_ALREADY_RUNNING or _lock_free(journal)) and not _answers(sock):
+        # 75: another invocation's daemon holds the journal and is starting; while it lives, wait
+        if code is not None and (code != EXIT_ALREADY_RUNNING or not _holder_alive(journal)) and not _answers(sock):
             raise ResourceError(f"the warm daemon for {spec.zkey} exited (code {code}) before it was ready; "
                                 f"its log {log_path} ends:\n{_tail(log_path)}")
         now = time.monotonic()
@@ -174,17 +176,22 @@ def _answers(sock: Path) -> bool:
     return True
 
 
-def _lock_free(journal: Path) -> bool:
-    """Whether no daemon holds ``journal``'s instance lock (:mod:`.instance_lock`): the one that
-    made another start exit 75 has since gone too."""
+def _holder_alive(journal: Path) -> bool:
+    """Whether the daemon whose pid ``journal``'s instance lock records (:mod:`.instance_lock`)
+    still runs. Read, never locked: taking the lock even for an instant could make a daemon that
+    is starting exit 75."""
     try:
-        with open(f"{journal}.lock", "rb") as f:
-            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)  # released when the file closes
-    except BlockingIOError:
+        pid = int(Path(f"{journal}.lock").read_text().strip())
+        os.kill(pid, 0)
+    except PermissionError:
+        return True
+    except (OSError, ValueError):
         return False
+    try:
+        cmdline = Path(f"/proc/{pid}/cmdline").read_bytes()
     except OSError:
         return True
-    return True
+    return b"cuzk_mp" in cmdline or b"cuzk-mp" in cmdline  # not a reused pid
 
 
 def _tail(path: Path, lines: int = 15) -> str:
