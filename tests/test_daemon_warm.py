@@ -87,6 +87,12 @@ def test_the_config_is_a_valid_daemon_config(tmp_path: Path) -> None:
     assert cfg.engine.backend == "cpu" and not cfg.engine.verify_proofs and cfg.engine.partition_workers == 1
     spec_c = cfg.circuits[warm.CIRCUIT_ID].spec
     assert Path(spec_c.zkey) == (DATA / "mul.zkey").resolve() and Path(spec_c.r1cs) == (DATA / "mul.r1cs").resolve()
+    assert not cfg.warnings
+    for verify, says in ((True, "checked only by the proof's self-verification"), (False, "returned as done")):
+        text = warm.config_text(warm.WarmSpec(DATA / "mul.zkey", verify=verify), tmp_path / "w.sock",
+                                tmp_path / "w.journal")
+        (tmp_path / "w.toml").write_text(text)  # no r1cs: accepted, and said so
+        assert [w for w in C.load_config(tmp_path / "w.toml").warnings if "has no r1cs" in w and says in w]
 
 
 def test_keep_warm_starts_one_daemon_reuses_it_and_it_retires(runtime: Path, tmp_path: Path) -> None:

@@ -194,7 +194,7 @@ class DaemonConfig:
     max_connections: int = 256
     tokens: tuple[str, ...] = ()
     admin_tokens: tuple[str, ...] = ()
-    warnings: tuple[str, ...] = ()  # keys accepted but ignored (FOREIGN_KEYS), with why
+    warnings: tuple[str, ...] = ()  # keys accepted but ignored (FOREIGN_KEYS), circuits without an r1cs
     fleet: FleetConfig | None = None  # [fleet] with a dsn: this daemon is one box of a fleet
     exit_when_idle_s: float = 0.0  # stop after this long with no connection and no job (0: never)
 
@@ -482,6 +482,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
                      synthesis_threads=shape.threads_per_partition)
     engine = replace(engine, srs_budget_bytes=memory_budget(total, margin, engine, circuit, source))
     fleet = resolve_fleet(cfg.fleet, source=source, base=base, duration=parse_duration)
+    warnings += _witness_check_warnings(circuits, engine.verify_proofs, source)
     return DaemonConfig(
         path=None, listen=listen, socket_mode=_socket_mode(d.socket_mode, source),
         status_listen=status_listen,
@@ -495,6 +496,21 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         tokens=tuple(d.tokens), admin_tokens=tuple(d.admin_tokens), warnings=tuple(warnings),
         fleet=fleet, exit_when_idle_s=_idle_exit(d, fleet is not None, source),
     )
+
+
+def _witness_check_warnings(circuits: dict[str, CircuitConfig], verify: bool, source: str) -> list[str]:
+    """What checks a circom circuit's witnesses when its table gives no r1cs (accepted: a one-shot
+    ``groth16 prove`` without --r1cs is the same): only the self-verification, or nothing."""
+    out = []
+    for cid, cc in sorted(circuits.items()):
+        if cc.spec.synthetic is not None or cc.spec.r1cs is not None:
+            continue
+        out.append(f"{source}: circuits.{cid} has no r1cs: " + (
+            "a witness is checked only by the proof's self-verification (an unsatisfied one fails its job "
+            "without naming the constraint)" if verify else
+            "and pipeline.verify_proofs = false: an unsatisfied witness gives a proof that does not verify, "
+            "returned as done"))
+    return out
 
 
 def _idle_exit(d: DaemonSection, in_fleet: bool, source: str) -> float:
