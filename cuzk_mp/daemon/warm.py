@@ -36,7 +36,7 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
-from cuzk_mp.daemon.transport import CommClosedError
+from cuzk_mp.daemon.transport import CommClosedError, open_socket, parse_address
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
 
 log = logging.getLogger("cuzk_mp.daemon.warm")
@@ -165,8 +165,6 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
 
 def _answers(sock: Path) -> bool:
     """Whether a daemon accepts connections on ``sock`` (a stale socket file does not)."""
-    from cuzk_mp.daemon.transport import open_socket, parse_address
-
     if not sock.exists():
         return False
     try:
