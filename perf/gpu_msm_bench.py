@@ -69,6 +69,8 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     # G1 only: the formulas' Y3 = a b - c d as two products, not the default's one reduction
     # (mont_t::mul_add, EC_FQ_FUSED=1)
     "unfused": msm.MsmParams(ba_rounds=0, fq_fused=False),
+    # G1 only: the Fq products inlined at every use (EC_FQ_CALLS=0; the default makes them calls)
+    "inline": msm.MsmParams(ba_rounds=0, fq_calls=False),
 }
 
 

@@ -20,16 +20,16 @@ picks, ``--skip`` drops):
   batch-affine kernel's, and the backend's page-release and whole-proof tests), bounded by a
   timeout, failures named (``-rfE``) and the slowest listed (``--durations``):
   ``tests_passed`` / ``tests_failed``, the log in ``logs/tests.log``;
-* ``msm``    G1 random 2^24 and 2^26, G2 random 2^24, each with both bucket accumulations: XYZZ
-  (``*_ms``, the old kernel) and batch-affine (``*_affine_ms``), plain and with precomputed
+* ``msm``    G1 random 2^24 and 2^26, G2 random 2^24, with the XYZZ bucket accumulation
+  (``*_ms``) and, with ``--affine``, the batch-affine one (``*_affine_ms``), plain and with precomputed
   multiples (``*_multiples_ms`` / ``*_multiples_affine_ms``, one table per size, its build
   ``*_multiples_build_ms``); every result checked by the discrete-log identity (``*_ok``);
 * ``partition``  the device work of one 2^24 partition (stage, h_values, the five MSMs: the
   protocol recipe ``groth16.prover.prove_start``) on a key-shaped set of points t_i G (the four
   G1 sections share one set; no dev setup needed), witness PoRep-like (40 % 0, 40 % 1) and
   dense-random; ``prove_{porep,random}_2^24[_affine]_total_ms`` with the default multiples plan
-  and ``..._multiples_none[_affine]_total_ms`` without (one key load per plan, the MSM objects'
-  accumulation switched between XYZZ and batch-affine), each stage's split, every sum checked;
+  and ``..._multiples_none[_affine]_total_ms`` without (one key load per plan; with ``--affine``
+  the MSM objects' accumulation switched between XYZZ and batch-affine), each stage's split, every sum checked;
   ``--partition-log-n 27 --partition-quick``: one 2^27 partition's split (default plan, XYZZ,
   PoRep-like: ``prove_porep_2^27_*_ms``);
 * ``proofs``  real 2^20 proofs of both synthetic circuits (GPU dev setup, ``prove``, self-verified,
@@ -172,14 +172,17 @@ def test_rows(ses: DeviceRun, collect_only: bool) -> None:
 
 # ---------------------------------------------------------------- MSM rows
 
-def msm_rows(ses: DeviceRun, sizes_g1: tuple[int, ...], lg_g2: int, reps: int) -> None:
-    """G1/G2 random MSMs with both bucket accumulations, plain and with precomputed multiples; checked."""
+def msm_rows(ses: DeviceRun, sizes_g1: tuple[int, ...], lg_g2: int, reps: int, affine: bool = False) -> None:
+    """G1/G2 random MSMs with the XYZZ bucket accumulation (``affine``: the batch-affine one too),
+    plain and with precomputed multiples; checked."""
     import gpu_msm_bench as mb
 
     from cuzk_mp.backends.gpu import msm
     from cuzk_mp.backends.gpu.knobs import BA_ROUNDS
 
-    accs = {"": msm.MsmParams(ba_rounds=0), "_affine": msm.MsmParams(ba_rounds=BA_ROUNDS)}
+    accs = {"": msm.MsmParams(ba_rounds=0)}
+    if affine:
+        accs["_affine"] = msm.MsmParams(ba_rounds=BA_ROUNDS)
 
     def put(key: str, r: dict[str, Any]) -> None:
         mb._flatten(ses.rows, key, r)
@@ -253,9 +256,9 @@ def _to_host(a: Any) -> np.ndarray:
     return np.asarray(a.get() if hasattr(a, "get") else a)
 
 
-def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False) -> None:
+def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affine: bool = False) -> None:
     """Device work of one 2^lg partition through the protocol recipe: multiples none vs default,
-    each with the XYZZ and the batch-affine accumulation (``quick``: the default multiples, XYZZ and
+    each with the XYZZ accumulation (``affine``: and the batch-affine one) (``quick``: the default multiples, XYZZ and
     the PoRep-like witness alone: at 2^27, where no multiples fit, one 77 GB key and ~3 s a partition)."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
     from cuzk_mp.backends.gpu.knobs import BA_ROUNDS, MULTIPLES_ENV
@@ -277,7 +280,7 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False) -> N
         ses.rows[f"partition_2^{lg}{suffix}_multiples"] = ",".join(sorted(key.multiples)) or "-"
         ses.log(f"key 2^{lg} multiples={variant}: {ses.rows[f'partition_2^{lg}{suffix}_load_key_s']:.1f} s, "
                 f"tables for {ses.rows[f'partition_2^{lg}{suffix}_multiples']}")
-        for acc, rounds in (("", 0), ("_affine", BA_ROUNDS)) if not quick else (("", 0),):
+        for acc, rounds in (("", 0), ("_affine", BA_ROUNDS)) if affine and not quick else (("", 0),):
             for m in key.msms.values():  # launch knobs only: the same compiled module
                 m.params = dataclasses.replace(m.params, ba_rounds=rounds)
             _partition_runs(ses, backend, key, abc, witnesses, f"{suffix}{acc}", lg, n_public, reps, g1, g2)
@@ -445,6 +448,8 @@ def main() -> None:
     ap.add_argument("--proofs-kinds", default="porep-like,dense-random", help="the proofs section's circuits")
     ap.add_argument("--partition-quick", action="store_true",
                     help="partition section: default multiples, XYZZ, PoRep-like witness only (for 2^26, 2^27)")
+    ap.add_argument("--affine", action="store_true",
+                    help="msm and partition sections: also the batch-affine accumulation (*_affine rows)")
     args = ap.parse_args()
     skip = set(filter(None, args.skip.split(",")))
     chosen = set(filter(None, args.sections.split(",")))
@@ -470,9 +475,9 @@ def main() -> None:
         "fresh": lambda: fresh_rows(ses, backend, 10 if args.dry_run else 16),
         "tests": lambda: test_rows(ses, collect_only=args.dry_run),
         "msm": (lambda: msm_rows(ses, (7,), 6, 1)) if args.dry_run else
-        (lambda: msm_rows(ses, (24, 26), 24, args.reps)),
+        (lambda: msm_rows(ses, (24, 26), 24, args.reps, args.affine)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
-        (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick)),
+        (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick, args.affine)),
         "proofs": (lambda: None) if args.dry_run else
         (lambda: proof_rows(ses, args.proofs_log_n, args.reps, tuple(args.proofs_kinds.split(",")))),
     }

@@ -181,14 +181,17 @@ def test_fq_dfma_module(kind: str, msm: Any, dist: str, mode: str) -> None:
 
 
 def test_params_defines(msm: Any) -> None:
-    """Compiled knobs per group: G1 keeps 4 blocks of 128 resident and fuses the formulas' Y3
-    products, G2 compiles its Fq2 products as calls with the lazy-reduction product."""
+    """Compiled knobs per group: G1 keeps 4 blocks of 128 resident, fuses the formulas' Y3
+    products and calls its Fq products, G2 compiles its Fq2 products as calls with the
+    lazy-reduction product."""
     p = msm.MsmParams()
-    assert p.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 4, "EC_FQ_FUSED": 1}
+    assert p.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 4, "EC_FQ_FUSED": 1,
+                                "EC_FQ_CALLS": 1}
     assert p.defines(True) == {"MSM_G2": 1, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 1, "EC_FP2_CALLS": 1,
                                "EC_FP2_LAZY": 1}
     q = msm.MsmParams(nthreads=64, acc_min_blocks=4, ba_rounds=2)
-    assert q.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 64, "MSM_ACC_MIN_BLOCKS": 4, "EC_FQ_FUSED": 1}
+    assert q.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 64, "MSM_ACC_MIN_BLOCKS": 4, "EC_FQ_FUSED": 1,
+                                "EC_FQ_CALLS": 1}
     assert msm.MsmParams(nthreads=512).defines(False)["MSM_ACC_MIN_BLOCKS"] == 1
     assert msm.MsmParams(nthreads=1024).defines(False)["MSM_ACC_MIN_BLOCKS"] == 1
     with pytest.raises(ConfigError, match="acc_min_blocks"):
@@ -306,6 +309,22 @@ def test_fq_unfused_module(kind: str, msm: Any, dist: str) -> None:
     assert default.defines(False)["EC_FQ_FUSED"] == 1 and "EC_FQ_FUSED" not in default.defines(True)
     assert "EC_FQ_FUSED" not in params.defines(False)
     assert "EC_FQ_FUSED" not in msm.MsmParams(fq_mul="dfma").defines(False)
+    points, scalars = _special(False, dist)
+    assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
+    points, scalars = _points(1000, False), _scalars(1000, dist, SEED + 11)
+    assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "same"])
+def test_fq_inline_module(kind: str, msm: Any, dist: str) -> None:
+    """The G1 module whose formulas inline their Fq products (fq_calls=False; the default,
+    EC_FQ_CALLS=1, is what every other test here runs) on the special bases and on 1000 random
+    ones. On the device only: on the emulator both modules are the same host code."""
+    if kind == "emu":
+        pytest.skip("the inlined G1 module differs from the default only in device code")
+    params = msm.MsmParams(fq_calls=False)
+    assert "EC_FQ_CALLS" not in params.defines(False) and "EC_FQ_CALLS" not in msm.MsmParams().defines(True)
+    assert "EC_FQ_CALLS" not in msm.MsmParams(fq_mul="dfma").defines(False)
     points, scalars = _special(False, dist)
     assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
     points, scalars = _points(1000, False), _scalars(1000, dist, SEED + 11)

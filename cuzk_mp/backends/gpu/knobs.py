@@ -129,6 +129,14 @@ class MsmParams:
     # against 135.0 (perf/gpu_msm_notes.md), so it is the default. (The same fusion for G2, as an
     # Fq2 call with two reductions instead of four, was measured 35 % slower and is not kept.)
     fq_fused: bool = True
+    # G1 modules with the IMAD product: the formulas' Fq products, squares and fused a b - c d as
+    # __noinline__ calls with operands by value (ec/xyzz.cuh EC_FQ_CALLS=1): one bucket step runs
+    # through ~42 KB of code instead of ~73 KB, for ~6 % more instructions (the call moves) and
+    # ~130 L1-resident local accesses per step (call saves). Measured on the H200 at 2^24 random:
+    # the MSM 107.2 ms against 128.4 inlined (accumulation 88.2 / 103.0, reduction 9.2 / 15.6;
+    # "no instruction" stalls 31 % -> 6 % of the accumulation's samples), PoRep-like 33.3 / 39.8;
+    # with 3, 5 or 6 blocks per SM 89.4 / 91.1 / 95.4 ms of accumulation (perf/gpu_msm_notes.md).
+    fq_calls: bool = True
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -166,6 +174,8 @@ class MsmParams:
             out["FF_KARATSUBA"] = 1
         if self.fq_fused and not g2 and self.fq_mul == "imad":
             out["EC_FQ_FUSED"] = 1
+        if self.fq_calls and not g2 and self.fq_mul == "imad":
+            out["EC_FQ_CALLS"] = 1
         return out
 
 

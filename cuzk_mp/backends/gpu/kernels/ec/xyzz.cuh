@@ -97,6 +97,42 @@ FF_INLINE fp_t ec_sqr<fp_t>(const fp_t& a) {
     return fq_sqr_dfma(a);
 }
 #endif
+/* EC_FQ_CALLS=1 (G1 modules with the IMAD product): every Fq product, square and fused
+ * a b - c d of every formula is a __noinline__ call taking its operands BY VALUE, as
+ * EC_FP2_CALLS does for G2: ~600-instruction bodies once per kernel instead of at each of
+ * the mixed addition's ten products, so one bucket step runs through about a third of the
+ * code. Why: the inlined G1 accumulation spends ~30 % of its warp samples on "no
+ * instruction" stalls (Nsight Compute, H200, perf/gpu_msm_notes.md). */
+#ifndef EC_FQ_CALLS
+#define EC_FQ_CALLS 0
+#endif
+#if EC_FQ_CALLS != 0 && EC_FQ_CALLS != 1
+#error "EC_FQ_CALLS must be 0 or 1"
+#endif
+#if EC_FQ_CALLS && EC_FQ_DFMA == 0
+EC_NOINLINE fp_t ec_fq_mul_call(fp_t a, fp_t b) {
+    return a * b;
+}
+EC_NOINLINE fp_t ec_fq_sqr_call(fp_t a) {
+    return a.sqr();
+}
+template <>
+FF_INLINE fp_t ec_mul<fp_t>(const fp_t& a, const fp_t& b) {
+    return ec_fq_mul_call(a, b);
+}
+template <>
+FF_INLINE fp_t ec_sqr<fp_t>(const fp_t& a) {
+    return ec_fq_sqr_call(a);
+}
+#ifndef EC_FQ_FUSED
+#define EC_FQ_FUSED 0
+#endif
+#if EC_FQ_FUSED
+EC_NOINLINE fp_t ec_fq_mul_sub_call(fp_t a, fp_t b, fp_t c, fp_t d) {
+    return fp_t::mul_add(a, b, c.neg(), d);
+}
+#endif
+#endif
 /* The "other pipe" product of the mixed addition: ec_mul / ec_sqr unless EC_FQ_DFMA == 2. */
 template <class F>
 FF_INLINE F ec_mul2(const F& a, const F& b) {
@@ -133,7 +169,11 @@ FF_INLINE F ec_mul2_sub(const F& a, const F& b, const F& c, const F& d) {
 #if EC_FQ_FUSED && EC_FQ_DFMA == 0
 template <>
 FF_INLINE fp_t ec_mul_sub<fp_t>(const fp_t& a, const fp_t& b, const fp_t& c, const fp_t& d) {
+#if EC_FQ_CALLS
+    return ec_fq_mul_sub_call(a, b, c, d);
+#else
     return fp_t::mul_add(a, b, c.neg(), d);
+#endif
 }
 template <>
 FF_INLINE fp_t ec_mul2_sub<fp_t>(const fp_t& a, const fp_t& b, const fp_t& c, const fp_t& d) {
