@@ -47,7 +47,7 @@
  *   0  Fq2 mul is fp2_t's (default);  1  fp2_lazy::mul (fp2_lazy.cuh: Karatsuba on
  *      double-width products, two Montgomery reductions instead of three).
  * Which wins depends on the instruction cache and the register budget and is
- * measured on the device (perf/gpu_msm_notes.md). G1 (fp_t) is always inlined. */
+ * measured on the device (perf/gpu_msm_notes.md). G1 (fp_t) chooses with EC_FQ_CALLS below. */
 #ifndef EC_FP2_CALLS
 #define EC_FP2_CALLS 0
 #endif
