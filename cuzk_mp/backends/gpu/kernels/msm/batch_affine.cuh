@@ -68,12 +68,10 @@ EC_NOINLINE F ba_inv_call(F a) {
     return ba_inv(a);
 }
 
-/* The kernel's Fq products and the XYZZ tail's mixed addition are calls (one body each) in the
- * G1 module: inlined, the den pass, the out pass, the block inversion and the XYZZ tail made
- * 261 KB of SASS (16 720 instructions) that alternate within every block, against 73 KB for the
- * XYZZ kernel's whole bucket step; the G2 XYZZ kernel lost 2 x to instruction fetch at 214 KB
- * until its Fq2 products became calls (gpu_msm_notes.md). The G2 module's Fq2 products are calls
- * already (EC_FP2_CALLS), so it keeps them. */
+/* The kernel's products are the curve formulas' (ec_mul / ec_sqr): calls in both MSM modules
+ * (EC_FQ_CALLS for G1, EC_FP2_CALLS for G2), and the XYZZ tail's mixed addition is one call too:
+ * inlined, the den pass, the out pass, the block inversion and the XYZZ tail made 261 KB of SASS
+ * (16 720 instructions) that alternate within every block (gpu_msm_notes.md). */
 template <class F>
 FF_INLINE F ba_mul(const F& a, const F& b) {
     return ec_mul(a, b);
@@ -81,16 +79,6 @@ FF_INLINE F ba_mul(const F& a, const F& b) {
 template <class F>
 FF_INLINE F ba_sqr(const F& a) {
     return ec_sqr(a);
-}
-EC_NOINLINE fp_t ba_fq_mul_call(fp_t a, fp_t b) { return ec_mul(a, b); }
-EC_NOINLINE fp_t ba_fq_sqr_call(fp_t a) { return ec_sqr(a); }
-template <>
-FF_INLINE fp_t ba_mul<fp_t>(const fp_t& a, const fp_t& b) {
-    return ba_fq_mul_call(a, b);
-}
-template <>
-FF_INLINE fp_t ba_sqr<fp_t>(const fp_t& a) {
-    return ba_fq_sqr_call(a);
 }
 template <class F>
 EC_NOINLINE xyzz_t<F> ba_add_affine_call(xyzz_t<F> acc, affine_t<F> p) {
