@@ -423,6 +423,45 @@ def test_plan_cut_and_enqueued_msms(kind: str, msm: Any, g2: bool) -> None:
         full.launch(d_s[k:], plan)
 
 
+@pytest.mark.parametrize("mul", [None, 8], ids=["plain", "multiples"])
+def test_shared_sorts(kind: str, msm: Any, mul: int | None) -> None:
+    """A partition's A, B1 (G1) and B2 (G2) MSMs over one plan sort its digits once: B2 makes
+    the sorted keys on one stream, A and B1 take them on another, each result matches arkworks,
+    and the entry is gone after its last user. With one section of another window size, that
+    one sorts on its own and the other two still share."""
+    n = 700
+    scalars = _scalars(n, "porep", SEED + 43)
+    d_s = _to_device(kind, scalars)
+    pts = {"a": _points(n, False), "b1": _points(n, False)[::-1].copy(), "b2": _points(n, True)}
+    def make(name: str, c: int | None) -> Any:
+        g2 = name == "b2"
+        if c is not None:
+            return _with_multiples(kind, msm, pts[name], g2, c)
+        return (msm.MsmG2 if g2 else msm.MsmG1)(pts[name])
+    for windows in ({"a": mul, "b1": mul, "b2": mul}, {"a": mul, "b1": 9, "b2": mul}):
+        objs = {name: make(name, c) for name, c in windows.items()}
+        sorted_by = []
+        for name, obj in objs.items():
+            real = obj._sort
+            obj._sort = lambda *a, _real=real, _name=name: (sorted_by.append(_name), _real(*a))[1]
+        plan = msm.classify(d_s)
+        plan.sorts = msm.SharedSorts.for_msms([objs["a"], objs["b1"], objs["b2"]], plan.n2)
+        assert sorted(plan.sorts.users.values()) == ([3] if windows["b1"] == mul else [1, 2])
+        if kind == "gpu":
+            import cupy
+
+            side, main = cupy.cuda.Stream(non_blocking=True), cupy.cuda.Stream(non_blocking=True)
+        else:
+            side = main = None
+        pending = {"b2": objs["b2"].launch(d_s, plan, side)}
+        pending["a"] = objs["a"].launch(d_s, plan, main)
+        pending["b1"] = objs["b1"].launch(d_s, plan, main)
+        for name, p in pending.items():
+            assert p.result() == _oracle(pts[name], scalars, name == "b2"), f"seed {SEED} {name} {windows}"
+        assert sorted_by == (["b2"] if windows["b1"] == mul else ["b2", "b1"]), sorted_by
+        assert not plan.sorts._entries
+
+
 @pytest.mark.parametrize("mul", [None, 7], ids=["plain", "multiples"])
 def test_batched_msms(kind: str, msm: Any, g2: bool, mul: int | None) -> None:
     """k MSMs of one section as one pass (launch_batch, dense plans): each equals its own

@@ -70,6 +70,7 @@ SMALL_KEY_ROWS = 1 << 18  # keys up to this domain size run their MSMs on a pool
 # of the ones' chain then Pippenger's, and k proofs' MSMs of one section run as ONE batched pass
 # (:meth:`.msm._Msm.launch_batch`). Above it the sort of the zeros' keys costs more than the split.
 DENSE_KEY_ROWS = 1 << 16
+W_SECTIONS = ("a", "b1", "b2")  # the MSMs over the whole witness: one plan, so they share its sorts
 MSM_STREAMS = 8  # the pool, per calling thread
 COPY_THREADS = 4  # host threads filling a bounce buffer (numpy copies release the GIL)
 GEN_CHUNK_ROWS = 1 << 22  # scalars uploaded at a time by generate_key (128 MiB)
@@ -417,6 +418,8 @@ class GpuBackend:
                 else:
                     ready = _record(st.main)
                     plan = gmsm.classify(d["w"], cuts=(z.n_public + 1,))  # waits for the copies
+                    plan.sorts = gmsm.SharedSorts.for_msms([key.msms[s] for s in W_SECTIONS if s in key.msms],
+                                                           plan.n2)
                 timings = {"classify": 1e3 * (time.perf_counter() - t0)}
         except BaseException:
             self._free_stage_slot(holder)

@@ -85,6 +85,7 @@ __all__ = [
     "Multiples",
     "PendingMsm",
     "ScalarPlan",
+    "SharedSorts",
     "accumulate_rounds",
     "choose_multiples_window",
     "choose_window",
@@ -169,6 +170,7 @@ class ScalarPlan:
     ones: Any
     other: Any
     cuts: dict[int, tuple[int, int]] = field(default_factory=dict)
+    sorts: SharedSorts | None = None  # the sorted digits, shared by the MSMs of these scalars
 
     def tail(self, k: int) -> ScalarPlan:
         """The plan of ``scalars[k:]`` (index arithmetic enqueued on the current stream; a host
@@ -185,6 +187,77 @@ class ScalarPlan:
         shift = np.int64(k)
         ones = self.ones[j1:] - shift if self.n1 > j1 else None
         return ScalarPlan(self.m - k, self.n1 - j1, self.n2 - j2, ones, self.other[j2:] - shift)
+
+
+class SharedSorts:
+    """The sorted digit keys of one plan's scalars, made once for the MSMs that share them.
+
+    A partition's A, B1 and B2 MSMs take the same scalars (w) and, with one window size, the
+    same sort keys (digits.cuh: a key holds the digit and the window, never the point), so the
+    digit pass and the sort of each window batch run once and the other sections reuse them.
+    An entry is keyed by the sort signature (:meth:`_Msm.sort_signature`), the window batch and
+    the scalars; ``users`` says how many MSMs will ask for a signature: after that many an entry
+    is dropped, so its memory goes back to the pool as soon as the last one is enqueued. A user
+    on another stream than the one that made the entry waits for it on the device (an event),
+    and the maker's stream waits for that user's accumulation before the entry can be freed,
+    since CuPy's pool reuses freed memory in the order of the stream that allocated it.
+    """
+
+    def __init__(self, users: dict[tuple[int, int, int], int]) -> None:
+        self.users = users  # sort signature (_Msm.sort_signature) -> MSMs that will ask for it
+        self._entries: dict[tuple[int, ...], list[Any]] = {}  # key -> [keys, perm, stream, event, left]
+        self._lock = threading.Lock()
+
+    @classmethod
+    def for_msms(cls, msms: list[Any], n2: int) -> SharedSorts:
+        """The sharing of the MSMs ``msms`` over the same n2 tail scalars: users per signature,
+        counting only passes that sort all their windows in one batch (an entry then holds what
+        one MSM held anyway; a batched pass would keep every batch's keys alive at once)."""
+        users: dict[tuple[int, int, int], int] = {}
+        for m in msms:
+            sig = m.sort_signature(n2)
+            if sig[1] >= window_count(sig[0]):
+                users[sig] = users.get(sig, 0) + 1
+        return cls(users)
+
+    def take(self, key: tuple[int, ...]) -> tuple[Any, Any] | None:
+        """(keys, perm) of an entry made before, with this stream ordered after its making; None
+        when there is none (the caller makes it and :meth:`put` s it)."""
+        with self._lock:
+            e = self._entries.get(key)
+        if e is None:
+            return None
+        s = cupy.cuda.get_current_stream()
+        if s.ptr != e[2].ptr:
+            s.wait_event(e[3])
+        return e[0], e[1]
+
+    def put(self, key: tuple[int, ...], keys: Any, perm: Any) -> None:
+        """Keep a freshly made (keys, perm) for the other users (nothing kept with one user)."""
+        users = self.users.get(key[:3], 1)
+        if users < 2:
+            return
+        s = cupy.cuda.get_current_stream()
+        ev = cupy.cuda.Event(disable_timing=True)
+        ev.record(s)
+        with self._lock:
+            self._entries[key] = [keys, perm, s, ev, users]
+
+    def done(self, key: tuple[int, ...]) -> None:
+        """One user's accumulation is enqueued: order the maker's stream after it (another
+        stream's user), and drop the entry after its last user."""
+        with self._lock:
+            e = self._entries.get(key)
+            if e is None:
+                return
+            s = cupy.cuda.get_current_stream()
+            if s.ptr != e[2].ptr:
+                ev = cupy.cuda.Event(disable_timing=True)
+                ev.record(s)
+                e[2].wait_event(ev)
+            e[4] -= 1
+            if e[4] <= 0:
+                del self._entries[key]
 
 
 def _count_below(idx: Any, k: int) -> int:
@@ -344,6 +417,15 @@ def _as_rows(a: Any, width: int, what: str) -> Any:
     return d
 
 
+def _address(a: Any) -> int:
+    """Where an array's data starts (0 for None): a device pointer, or a host one under a CPU
+    stand-in for CuPy whose arrays are numpy's."""
+    if a is None:
+        return 0
+    ptr = getattr(a.data, "ptr", None)
+    return int(ptr) if ptr is not None else int(a.ctypes.data)
+
+
 def _u32(x: int) -> np.uint32:
     return np.uint32(x)
 
@@ -498,7 +580,7 @@ class _Msm:
         marks.mark("ones")
         nw, c = 0, 0
         if plan.n2:
-            wsums, c = self._pippenger(scalars, plan.other, plan.n2, plan.n2, marks)
+            wsums, c = self._pippenger(scalars, plan.other, plan.n2, plan.n2, marks, plan.sorts)
             nw = int(wsums.shape[1])
             parts = [wsums[0], *parts]
         host = np.zeros((sum(int(p.shape[0]) for p in parts), self._xw), dtype=np.uint64)
@@ -560,6 +642,15 @@ class _Msm:
             self._graphs.setdefault(k, []).append(run)  # (close() may have emptied the dict meanwhile)
         return run
 
+    def sort_signature(self, n2: int, per: int | None = None) -> tuple[int, int, int]:
+        """(window bits c, windows per sort batch, window bits in a key) of a pass over n2 tail
+        scalars (``per`` of them per MSM; default n2): MSMs over the same scalars whose
+        signatures are equal make the same sort keys (see :class:`SharedSorts`)."""
+        c = self._window_bits(n2 if per is None else per)
+        per_batch = max(1, min(window_count(c), self.params.max_entries // n2))
+        wb = max(1, (per_batch - 1).bit_length()) if self.multiples is not None else 0
+        return c, per_batch, wb
+
     def _window_bits(self, n2: int) -> int:
         mul = self.multiples
         return mul.c if mul is not None else self.params.window_bits or choose_window(n2)
@@ -601,36 +692,48 @@ class _Msm:
         return arr
 
     # ---- Pippenger on the rest
-    def _pippenger(self, scalars: Any, idx: Any, n2: int, per: int, marks: _Marks) -> tuple[Any, int]:
+    def _pippenger(self, scalars: Any, idx: Any, n2: int, per: int, marks: _Marks,
+                   sorts: SharedSorts | None = None) -> tuple[Any, int]:
         """Window sums ``(k, windows, xw)`` of the k = n2 / per MSMs of ``scalars`` (``per``
         scalars each; k = 1 with an index list), for Horner with window bits c: (sums, c).
-        With precomputed multiples each MSM has one "window" (its shared bucket set's sum)."""
+        With precomputed multiples each MSM has one "window" (its shared bucket set's sum).
+        ``sorts``: where the sorted keys of these scalars are shared with other MSMs."""
         mul = self.multiples
         k = n2 // per
-        c = self._window_bits(per)
+        c, per_batch, wb = self.sort_signature(n2, per)
         nw_total = window_count(c)
-        per_batch = max(1, min(nw_total, self.params.max_entries // n2))
-        wb = max(1, (per_batch - 1).bit_length()) if mul is not None else 0
         cfg = c | wb << 8
         shared: Any = None  # with multiples: the one bucket set of every window (per MSM)
         wsums: Any = cupy.empty((k, nw_total, self._xw), dtype=np.uint64)  # without: a sum per window
         nb = 1 << (c - 1)
         for w0 in range(0, nw_total, per_batch):
             nw = min(per_batch, nw_total - w0)
-            keys = cupy.empty(nw * n2 + 1, dtype=np.uint32)  # + 1: the counting sort's sentinel
-            self._launch("msm_digits", n2, scalars, _NULL if idx is None else idx, keys, _u64(n2),
-                         _u32(w0), _u32(nw), _u32(cfg), _u64(per))
-            marks.mark("digits")
-            perm = self._sort(keys, nw * n2, k * nb * (1 if mul is not None else nw), cfg)
+            skey = (c, per_batch, wb, w0, nw, n2, per, _address(scalars), _address(idx))
+            made = sorts.take(skey) if sorts is not None else None
+            if made is None:
+                keys = cupy.empty(nw * n2 + 1, dtype=np.uint32)  # + 1: the counting sort's sentinel
+                self._launch("msm_digits", n2, scalars, _NULL if idx is None else idx, keys, _u64(n2),
+                             _u32(w0), _u32(nw), _u32(cfg), _u64(per))
+                marks.mark("digits")
+                perm = self._sort(keys, nw * n2, k * nb * (1 if mul is not None else nw), cfg)
+                if sorts is not None:
+                    sorts.put(skey, keys, perm)
+            else:
+                keys, perm = made
+                marks.mark("digits")
             marks.mark("sort")
             if mul is None:
                 buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, k * nw * nb, self.d_points, 0, per)
                 marks.mark("accumulate")
+                if sorts is not None:
+                    sorts.done(skey)
                 wsums[:, w0 : w0 + nw] = self._window_sums(buckets, k * nw, c).reshape(k, nw, self._xw)
             else:
                 buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, k * nb, mul.table[w0 * mul.n :],
                                            mul.n, per)
                 marks.mark("accumulate")
+                if sorts is not None:
+                    sorts.done(skey)
                 if shared is None:
                     shared = buckets
                 else:
