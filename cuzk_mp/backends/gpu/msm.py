@@ -196,7 +196,7 @@ class SharedSorts:
     same sort keys (digits.cuh: a key holds the digit and the window, never the point), so the
     digit pass and the sort of each window batch run once and the other sections reuse them.
     An entry is keyed by the sort signature (:meth:`_Msm.sort_signature`), the window batch and
-    the scalars; ``users`` says how many MSMs will ask for a signature (:meth:`for_msms`): after that many an entry
+    the scalars; ``users`` says how many MSMs will ask for a signature: after that many an entry
     is dropped, so its memory goes back to the pool as soon as the last one is enqueued. A user
     on another stream than the one that made the entry waits for it on the device (an event),
     and the maker's stream waits for that user's accumulation before the entry can be freed,
@@ -211,14 +211,12 @@ class SharedSorts:
     @classmethod
     def for_msms(cls, msms: list[Any], n2: int) -> SharedSorts:
         """The sharing of the MSMs ``msms`` over the same n2 tail scalars: users per signature,
-        counting only passes that sort their windows in at most two batches. An entry keeps every
-        batch's keys alive until its last user, so it holds at most twice the ``max_entries``
-        keys one MSM holds at a time (2^27 PoRep-like: 13 windows of 27 M scalars, 10 + 3), while
-        a dense 2^27 pass (7 batches) would hold seven times that: it sorts per MSM."""
+        counting only passes that sort all their windows in one batch (an entry then holds what
+        one MSM held anyway; a batched pass would keep every batch's keys alive at once)."""
         users: dict[tuple[int, int, int], int] = {}
         for m in msms:
             sig = m.sort_signature(n2)
-            if 2 * sig[1] >= window_count(sig[0]):
+            if sig[1] >= window_count(sig[0]):
                 users[sig] = users.get(sig, 0) + 1
         return cls(users)
 
