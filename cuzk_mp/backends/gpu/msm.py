@@ -212,7 +212,9 @@ class SharedSorts:
     def for_msms(cls, msms: list[Any], n2: int) -> SharedSorts:
         """The sharing of the MSMs ``msms`` over the same n2 tail scalars: users per signature,
         counting only passes that sort all their windows in one batch (an entry then holds what
-        one MSM held anyway; a batched pass would keep every batch's keys alive at once)."""
+        one MSM held anyway; a batched pass would keep every batch's keys alive at once: shared in
+        two batches at 2^27 PoRep-like, the H200's device stage stayed at 2.25 s a partition while
+        its peak device memory rose from 113 to 120 GiB)."""
         users: dict[tuple[int, int, int], int] = {}
         for m in msms:
             sig = m.sort_signature(n2)
