@@ -189,6 +189,18 @@ class ScalarPlan:
         return ScalarPlan(self.m - k, self.n1 - j1, self.n2 - j2, ones, self.other[j2:] - shift)
 
 
+@dataclass
+class _SortEntry:
+    """One shared window batch: its keys and their order, the stream and event that made them,
+    and how many users are still to come."""
+
+    keys: Any
+    perm: Any
+    stream: Any
+    made: Any
+    left: int
+
+
 class SharedSorts:
     """The sorted digit keys of one plan's scalars, made once for the MSMs that share them.
 
@@ -205,7 +217,7 @@ class SharedSorts:
 
     def __init__(self, users: dict[tuple[int, int, int], int]) -> None:
         self.users = users  # sort signature (_Msm.sort_signature) -> MSMs that will ask for it
-        self._entries: dict[tuple[int, ...], list[Any]] = {}  # key -> [keys, perm, stream, event, left]
+        self._entries: dict[tuple[int, ...], _SortEntry] = {}
         self._lock = threading.Lock()
 
     @classmethod
@@ -230,9 +242,9 @@ class SharedSorts:
         if e is None:
             return None
         s = cupy.cuda.get_current_stream()
-        if s.ptr != e[2].ptr:
-            s.wait_event(e[3])
-        return e[0], e[1]
+        if s.ptr != e.stream.ptr:
+            s.wait_event(e.made)
+        return e.keys, e.perm
 
     def put(self, key: tuple[int, ...], keys: Any, perm: Any) -> None:
         """Keep a freshly made (keys, perm) for the other users (nothing kept with one user)."""
@@ -243,7 +255,7 @@ class SharedSorts:
         ev = cupy.cuda.Event(disable_timing=True)
         ev.record(s)
         with self._lock:
-            self._entries[key] = [keys, perm, s, ev, users]
+            self._entries[key] = _SortEntry(keys, perm, s, ev, users)
 
     def done(self, key: tuple[int, ...]) -> None:
         """One user's accumulation is enqueued: order the maker's stream after it (another
@@ -253,12 +265,12 @@ class SharedSorts:
             if e is None:
                 return
             s = cupy.cuda.get_current_stream()
-            if s.ptr != e[2].ptr:
+            if s.ptr != e.stream.ptr:
                 ev = cupy.cuda.Event(disable_timing=True)
                 ev.record(s)
-                e[2].wait_event(ev)
-            e[4] -= 1
-            if e[4] <= 0:
+                e.stream.wait_event(ev)
+            e.left -= 1
+            if e.left <= 0:
                 del self._entries[key]
 
 
@@ -726,21 +738,19 @@ class _Msm:
             marks.mark("sort")
             if mul is None:
                 buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, k * nw * nb, self.d_points, 0, per)
-                marks.mark("accumulate")
-                if sorts is not None:
-                    sorts.done(skey)
-                wsums[:, w0 : w0 + nw] = self._window_sums(buckets, k * nw, c).reshape(k, nw, self._xw)
             else:
                 buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, k * nb, mul.table[w0 * mul.n :],
                                            mul.n, per)
-                marks.mark("accumulate")
-                if sorts is not None:
-                    sorts.done(skey)
-                if shared is None:
-                    shared = buckets
-                else:
-                    self._launch("msm_reduce", k * nb, _u32(OP_ADD), buckets, _NULL, _NULL, shared, _NULL,
-                                 _u64(k * nb), _u32(0), _u32(0))
+            marks.mark("accumulate")
+            if sorts is not None:
+                sorts.done(skey)
+            if mul is None:
+                wsums[:, w0 : w0 + nw] = self._window_sums(buckets, k * nw, c).reshape(k, nw, self._xw)
+            elif shared is None:
+                shared = buckets
+            else:
+                self._launch("msm_reduce", k * nb, _u32(OP_ADD), buckets, _NULL, _NULL, shared, _NULL,
+                             _u64(k * nb), _u32(0), _u32(0))
             marks.mark("reduce")
         if mul is not None:
             return self._window_sums(shared, k, c).reshape(k, 1, self._xw), c
