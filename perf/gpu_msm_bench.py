@@ -8,7 +8,8 @@ Times are CUDA-event medians of ``reps`` runs after one warm-up, with the
 per-phase split of ``MsmG1/G2.last_timings`` (classify, ones, digits, sort,
 accumulate, reduce, finish).
 
-Usage: ``python3 perf/gpu_msm_bench.py [--quick | --accumulate] [--out FILE.json]``;
+Usage: ``python3 perf/gpu_msm_bench.py [--quick | --accumulate | --windows C,C.. [--multiples C]]
+[--out FILE.json]``;
 prints a table last. ``msm_rows(quick)`` is what perf/gpu_bench.py calls.
 ``--accumulate`` times only the bucket accumulation variants of :data:`ACCUMULATE_VARIANTS`
 (XYZZ, batch-affine with a few segment / round choices) for G1 and G2 at 2^24, random and
@@ -114,9 +115,12 @@ class Bases:
         self.make_ms = float(cupy.cuda.get_elapsed_time(ev[0], ev[1]))
 
     def expected(self, s: np.ndarray) -> Any:
-        """(sum_i s_i t_i) G."""
-        total = dot_mod_r(s, self.t[: s.shape[0]])
-        return self.gen * Scalar.from_le_bytes(total.to_bytes(32, "little"))
+        """(sum_i s_i t_i) G (remembered for the last scalar array: a 2^27 dot product takes seconds)."""
+        key = (s.ctypes.data, s.shape)
+        if getattr(self, "_last", (None, None))[0] != key:
+            total = dot_mod_r(s, self.t[: s.shape[0]])
+            self._last = (key, self.gen * Scalar.from_le_bytes(total.to_bytes(32, "little")))
+        return self._last[1]
 
 
 def multiples_of(bases: Bases, n: int, c: int) -> tuple[msm.Multiples, float]:
@@ -274,6 +278,28 @@ def _sweep(rows: dict[str, Any], grp: str, bases: Bases, lg: int, reps: int) -> 
     _reduce_sweep(rows, grp, bases, lg, reps)
 
 
+def window_rows(lg: int, reps: int, groups: tuple[str, ...], windows: tuple[int, ...],
+                multiples: int | None = None) -> dict[str, Any]:
+    """Random 2^lg MSMs (checked) at each window size of ``windows`` (precomputed multiples:
+    ``multiples`` bits instead, one row): what :func:`msm.choose_window` is tuned with."""
+    rows: dict[str, Any] = {}
+    for g2 in [g == "g2" for g in ("g1", "g2") if g in groups]:
+        grp = "g2" if g2 else "g1"
+        bases = Bases(g2, 1 << lg, seed=7)
+        s = random_scalars(1 << lg, "random", lg)
+        mult = multiples_of(bases, 1 << lg, multiples)[0] if multiples else None
+        for c in (multiples,) if multiples else windows:
+            tag = f"{grp}_{'mult' if multiples else 'window'}{c}_random_2^{lg}"
+            _flatten(rows, tag, time_msm(bases, s, reps, msm.MsmParams(window_bits=None if multiples else c),
+                                         True, mult))
+            CHECKPOINT(rows)
+        del bases, mult
+        cupy.get_default_memory_pool().free_all_blocks()
+    rows["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    rows["date"] = datetime.date.today().isoformat()
+    return rows
+
+
 def _reduce_sweep(rows: dict[str, Any], grp: str, bases: Bases, lg: int, reps: int) -> None:
     """combine_seg and group (default 32 each): the last combine / group-sum levels run
     few threads, so their chain of sequential additions (~32 per level) is latency."""
@@ -309,6 +335,10 @@ def main() -> None:
     ap.add_argument("--groups", default="g1,g2", help="with --accumulate: g1, g2 or both (default)")
     ap.add_argument("--lg", type=int, default=24, help="with --accumulate: log2 of the MSM size (default 24)")
     ap.add_argument("--dists", default="random,porep", help="with --accumulate: random, porep or both (default)")
+    ap.add_argument("--windows", default=None,
+                    help="a comma list of window bits: random MSMs at --lg for --groups at each (no --accumulate)")
+    ap.add_argument("--multiples", type=int, default=None,
+                    help="with --windows: precomputed multiples of this many bits instead")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
     global CHECKPOINT
@@ -324,8 +354,13 @@ def main() -> None:
     dists = tuple(args.dists.split(","))
     if set(dists) - {"random", "porep"}:
         ap.error(f"--dists: random and/or porep, not {args.dists}")
-    rows = (accumulate_rows(args.lg, args.reps, names, groups, dists) if args.accumulate
-            else msm_rows(args.quick))
+    if args.windows:
+        rows = window_rows(args.lg, args.reps, groups, tuple(int(c) for c in args.windows.split(",")),
+                           args.multiples)
+    elif args.accumulate:
+        rows = accumulate_rows(args.lg, args.reps, names, groups, dists)
+    else:
+        rows = msm_rows(args.quick)
     CHECKPOINT(rows)
     print(_table(rows))
 

@@ -254,11 +254,21 @@ SCALAR_BITS = 256  # windows cover 256 bits: the Booth carry out of bit 254 stil
 
 
 def choose_window(m: int) -> int:
-    """Window bits for m scalars without precomputed multiples: floor(log2 m) - 4, in [5, 21].
+    """Window bits for m scalars without precomputed multiples: floor(log2 m) - 4 in [5, 22],
+    lowered while one bit fewer needs no more windows.
 
-    21 caps the bucket memory (13 windows x 2^20 XYZZ buckets: 2.6 GB for G1).
+    A window's cost is m sort keys and mixed additions plus its 2^(c-1) buckets' reduction, so
+    a c whose window count c - 1 also gives (17 and 16: 16 windows; 21 and 20: 13; 23 and 22:
+    12) only doubles the buckets. Measured on the H200 (random G1, checked,
+    perf/results/gpu-msm-windows-h200.json): 2^25 scalars 207.5 ms at c = 20 against 215.7 at
+    21 and 219.1 at 22; 2^26 398.2 at 22 against 415.6 at 21; 2^27 771.0 at 22 against 810.7.
+    22 caps the bucket memory: at 2^26+ scalars a sort batch holds at most 4 windows
+    (``MsmParams.max_entries``), 4 x 2^21 XYZZ buckets: 1.6 GB for G1, 3.2 GB for G2.
     """
-    return min(max(m.bit_length() - 1 - 4, 5), 21)
+    c = min(max(m.bit_length() - 1 - 4, 5), 22)
+    while c > 5 and window_count(c - 1) == window_count(c):
+        c -= 1
+    return c
 
 
 def window_count(c: int) -> int:
