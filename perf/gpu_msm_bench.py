@@ -76,8 +76,13 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
 
 
 def random_scalars(n: int, dist: str, seed: int) -> np.ndarray:
-    """(n, 4) standard-form scalars below 2^254; "porep": 80 % replaced by 0 (40 %) or 1 (40 %)."""
+    """(n, 4) standard-form scalars below 2^254; "porep": 80 % replaced by 0 (40 %) or 1 (40 %);
+    "boolean": every scalar 0 or 1 (half each)."""
     g = np.random.default_rng(seed)
+    if dist == "boolean":
+        s = np.zeros((n, 4), dtype=np.uint64)
+        s[:, 0] = g.integers(0, 2, size=n, dtype=np.uint64)
+        return s
     s = g.integers(0, 1 << 63, size=(n, 4), dtype=np.uint64) * np.uint64(2) + g.integers(0, 2, size=(n, 4), dtype=np.uint64)
     s[:, 3] >>= np.uint64(2)
     if dist == "porep":

@@ -78,7 +78,7 @@ TEST_GROUPS = [
 # Estimated seconds per section on the H200 (for the budget check before each one starts).
 ESTIMATE_S = {"fresh": 90.0, "tests": 110.0, "msm": 75.0, "partition": 80.0, "proofs": 45.0}
 _MSM = ["g1_msm_random_2^24", "g1_msm_random_2^26", "g2_msm_random_2^24"]
-_PART = ["prove_porep_2^24", "prove_random_2^24"]
+_PART = ["prove_porep_2^24", "prove_random_2^24", "prove_boolean_2^24"]
 TABLE_KEYS = [
     "fresh_setup_2^16_s", "fresh_prove_2^16_first_s", "fresh_prove_2^16_warm_s", "fresh_nvrtc_fallbacks",
     "tests_passed", "tests_failed",
@@ -226,7 +226,7 @@ def _free() -> None:
 def _witness(n: int, dist: str, seed: int) -> np.ndarray:
     import gpu_msm_bench as mb
 
-    return mb.random_scalars(n, "porep" if dist == "porep" else "random", seed)
+    return mb.random_scalars(n, dist if dist in ("porep", "boolean") else "random", seed)
 
 
 def _dense_mont(n: int, seed: int) -> np.ndarray:
@@ -256,10 +256,12 @@ def _to_host(a: Any) -> np.ndarray:
     return np.asarray(a.get() if hasattr(a, "get") else a)
 
 
-def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affine: bool = False) -> None:
+def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affine: bool = False,
+                   tags: tuple[str, ...] | None = None) -> None:
     """Device work of one 2^lg partition through the protocol recipe: multiples none vs default,
     each with the XYZZ accumulation (``affine``: and the batch-affine one) (``quick``: the default multiples, XYZZ and
-    the PoRep-like witness alone: at 2^27, where no multiples fit, one 77 GB key and ~3 s a partition)."""
+    the PoRep-like witness alone: at 2^27, where no multiples fit, one 77 GB key and ~3 s a partition).
+    ``tags``: the witnesses (porep, random, boolean; default porep and random, quick: porep)."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
     from cuzk_mp.backends.gpu.knobs import BA_ROUNDS, MULTIPLES_ENV
 
@@ -268,7 +270,7 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affi
     _free()
     n = 1 << lg
     abc = [_dense_mont(n, 100 + i) for i in range(3)]
-    tags = ("porep",) if quick else ("porep", "random")
+    tags = tags or (("porep",) if quick else ("porep", "random"))
     witnesses = {tag: _witness(n, tag, 200 + i) for i, tag in enumerate(tags)}
     backend = GpuBackend(0)
     for variant in ("none", "auto") if not quick else ("auto",):
@@ -448,6 +450,9 @@ def main() -> None:
     ap.add_argument("--proofs-kinds", default="porep-like,dense-random", help="the proofs section's circuits")
     ap.add_argument("--partition-quick", action="store_true",
                     help="partition section: default multiples, XYZZ, PoRep-like witness only (for 2^26, 2^27)")
+    ap.add_argument("--partition-witnesses", default=None,
+                    help="partition section: a comma list of porep, random, boolean (every scalar 0 or 1, the "
+                         "production prover's PoRep kind); default porep,random (quick: porep)")
     ap.add_argument("--affine", action="store_true",
                     help="msm and partition sections: also the batch-affine accumulation (*_affine rows)")
     args = ap.parse_args()
@@ -477,7 +482,8 @@ def main() -> None:
         "msm": (lambda: msm_rows(ses, (7,), 6, 1)) if args.dry_run else
         (lambda: msm_rows(ses, (24, 26), 24, args.reps, args.affine)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
-        (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick, args.affine)),
+        (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick, args.affine,
+                                tuple(args.partition_witnesses.split(",")) if args.partition_witnesses else None)),
         "proofs": (lambda: None) if args.dry_run else
         (lambda: proof_rows(ses, args.proofs_log_n, args.reps, tuple(args.proofs_kinds.split(",")))),
     }

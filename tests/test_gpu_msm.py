@@ -471,6 +471,26 @@ def test_shared_sorts(kind: str, msm: Any, mul: int | None) -> None:
         assert not plan.sorts._entries
 
 
+def test_shared_sorts_of_a_boolean_plan(kind: str, msm: Any) -> None:
+    """A witness of zeros and ones alone (no tail scalars: a boolean circuit) shares no sort, and
+    A, B1, B2 are each the sum of their points whose scalar is 1 (staging such a witness once
+    divided by the tail count)."""
+    n = 300
+    scalars = _scalars(n, "porep", SEED + 47)
+    big = np.array([int.from_bytes(r.tobytes(), "little") > 1 for r in scalars])
+    scalars[big] = 0
+    scalars[big, 0] = 1
+    pts = {"a": _points(n, False), "b1": _points(n, False)[::-1].copy(), "b2": _points(n, True)}
+    objs = {name: (msm.MsmG2 if name == "b2" else msm.MsmG1)(p) for name, p in pts.items()}
+    d_s = _to_device(kind, scalars)
+    plan = msm.classify(d_s)
+    assert plan.n2 == 0 and 0 < plan.n1 < n
+    plan.sorts = msm.SharedSorts.for_msms(list(objs.values()), plan.n2)
+    assert plan.sorts.users == {}
+    for name, obj in objs.items():
+        assert obj.launch(d_s, plan).result() == _oracle(pts[name], scalars, name == "b2"), f"seed {SEED} {name}"
+
+
 @pytest.mark.parametrize("mul", [None, 7], ids=["plain", "multiples"])
 def test_batched_msms(kind: str, msm: Any, g2: bool, mul: int | None) -> None:
     """k MSMs of one section as one pass (launch_batch, dense plans): each equals its own
