@@ -418,6 +418,44 @@ def test_emulated_witness_map_stages_what_the_host_evaluates(emu_gpu: object, te
             prove(emu_gpu, zkey, bad, r1cs=read_r1cs(test_key[1]))
 
 
+def test_emulated_boolean_witness_on_the_split_path(emu_gpu: object, test_key: tuple[Path, Path],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A witness of zeros and ones alone (a boolean circuit: no scalar for Pippenger) staged as a
+    large key stages it (the 0/1 split) gives the CPU backend's five sums (its staging once
+    divided by the tail count)."""
+    monkeypatch.setitem(type(emu_gpu).stage.__globals__, "DENSE_KEY_ROWS", 0)
+    from cuzk_mp.backends.cpu import CpuBackend
+    from cuzk_mp.circuits.synthetic import PorepLike
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.groth16.prover import prove_start
+    from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+    from tests.helpers import LOG_N
+
+    cpu = CpuBackend(threads=2)
+    with read_zkey(test_key[0]) as zkey:
+        x = ConstraintEvaluator.from_zkey(zkey).evaluate(PorepLike(LOG_N).witness(SEED, 0))
+        w = np.zeros_like(x.w)
+        w[:, 0] = np.random.default_rng(SEED).integers(0, 2, size=w.shape[0], dtype=np.uint64)
+        w[0, 0] = 1
+        inputs = ProverInputs(x.a, x.b, x.c, w)
+        ckey = cpu.load_key(zkey)
+        s = cpu.stage(ckey, inputs)
+        want = prove_start(cpu, ckey, s, zkey.n_public)
+        cpu.release(s)
+        key = emu_gpu.load_key(zkey, lasting=False)
+        try:
+            staged = emu_gpu.stage(key, inputs)
+            try:
+                assert staged.plan.other is not None and staged.plan.n2 == 0 < staged.plan.n1
+                got = prove_start(emu_gpu, key, staged, zkey.n_public)
+            finally:
+                emu_gpu.release(staged)
+        finally:
+            key.close()
+    for name in ("a", "b1", "b2", "c", "h"):
+        assert getattr(got, name) == getattr(want, name), f"seed={SEED}: MSM {name}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("lasting", "dense"), [(False, True), (True, True), (False, False)],
                          ids=["one-proof-key", "lasting-key", "one-proof-key-split"])

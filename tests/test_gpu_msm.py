@@ -474,7 +474,7 @@ def test_shared_sorts(kind: str, msm: Any, mul: int | None) -> None:
 def test_shared_sorts_of_a_boolean_plan(kind: str, msm: Any) -> None:
     """A witness of zeros and ones alone (no tail scalars: a boolean circuit) shares no sort, and
     A, B1, B2 are each the sum of their points whose scalar is 1 (staging such a witness once
-    divided by the tail count)."""
+    divided by the tail count); with zeros alone each is the identity."""
     n = 300
     scalars = _scalars(n, "porep", SEED + 47)
     big = np.array([int.from_bytes(r.tobytes(), "little") > 1 for r in scalars])
@@ -489,6 +489,12 @@ def test_shared_sorts_of_a_boolean_plan(kind: str, msm: Any) -> None:
     assert plan.sorts.users == {}
     for name, obj in objs.items():
         assert obj.launch(d_s, plan).result() == _oracle(pts[name], scalars, name == "b2"), f"seed {SEED} {name}"
+    zeros = _to_device(kind, np.zeros_like(scalars))  # nor a witness of zeros alone
+    plan = msm.classify(zeros)
+    assert plan.n1 == plan.n2 == 0
+    plan.sorts = msm.SharedSorts.for_msms(list(objs.values()), plan.n2)
+    for name, obj in objs.items():
+        assert obj.launch(zeros, plan).result() == (G2Point if name == "b2" else G1Point).identity(), name
 
 
 @pytest.mark.parametrize("mul", [None, 7], ids=["plain", "multiples"])
