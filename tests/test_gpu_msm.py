@@ -489,6 +489,15 @@ def test_shared_sorts_of_a_boolean_plan(kind: str, msm: Any) -> None:
     assert plan.sorts.users == {}
     for name, obj in objs.items():
         assert obj.launch(d_s, plan).result() == _oracle(pts[name], scalars, name == "b2"), f"seed {SEED} {name}"
+    one_tail = scalars.copy()  # one tail scalar: one entry a window, shared by the three
+    one_tail[7] = _scalars(1, "random", SEED + 48)[0]
+    d_t = _to_device(kind, one_tail)
+    plan = msm.classify(d_t)
+    plan.sorts = msm.SharedSorts.for_msms(list(objs.values()), plan.n2)
+    assert plan.n2 == 1 and list(plan.sorts.users.values()) == [3]
+    for name, obj in objs.items():
+        assert obj.launch(d_t, plan).result() == _oracle(pts[name], one_tail, name == "b2"), f"seed {SEED} {name}"
+    assert not plan.sorts._entries
     zeros = _to_device(kind, np.zeros_like(scalars))  # nor a witness of zeros alone
     plan = msm.classify(zeros)
     assert plan.n1 == plan.n2 == 0
