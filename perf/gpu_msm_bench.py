@@ -8,8 +8,8 @@ Times are CUDA-event medians of ``reps`` runs after one warm-up, with the
 per-phase split of ``MsmG1/G2.last_timings`` (classify, ones, digits, sort,
 accumulate, reduce, finish).
 
-Usage: ``python3 perf/gpu_msm_bench.py [--quick | --accumulate | --windows C,C.. [--multiples C]]
-[--out FILE.json]``;
+Usage: ``python3 perf/gpu_msm_bench.py [--quick | --accumulate | --windows C,C.. | --reduce]
+[--multiples C] [--out FILE.json]``;
 prints a table last. ``msm_rows(quick)`` is what perf/gpu_bench.py calls.
 ``--accumulate`` times only the bucket accumulation variants of :data:`ACCUMULATE_VARIANTS`
 (XYZZ, batch-affine with a few segment / round choices) for G1 and G2 at 2^24, random and
@@ -305,6 +305,32 @@ def window_rows(lg: int, reps: int, groups: tuple[str, ...], windows: tuple[int,
     return rows
 
 
+REDUCE_GRID = ((32, 1 << 16), (8, 1 << 16), (2, 1 << 16), (2, 1 << 15), (2, 1 << 17))
+
+
+def reduce_rows(lg: int, reps: int, groups: tuple[str, ...], multiples: int | None = None) -> dict[str, Any]:
+    """Random 2^lg MSMs (checked) over the reduction's launch knobs of :data:`REDUCE_GRID`:
+    (k, r) = combine_seg and group both k (heads and shares per thread: the later levels of each
+    run few threads, so their chains of k additions are latency), reduce_threads r (buckets per
+    thread of the bucket reduction: nb / r). ``multiples``: over a table of that many bits."""
+    rows: dict[str, Any] = {}
+    for g2 in [g == "g2" for g in ("g1", "g2") if g in groups]:
+        grp = "g2" if g2 else "g1"
+        bases = Bases(g2, 1 << lg, seed=7)
+        s = random_scalars(1 << lg, "random", lg)
+        mult = multiples_of(bases, 1 << lg, multiples)[0] if multiples else None
+        for k, r in REDUCE_GRID:
+            tag = f"{grp}_{f'mult{multiples}' if multiples else 'plain'}_k{k}_r{r.bit_length() - 1}_random_2^{lg}"
+            params = msm.MsmParams(combine_seg=k, group=k, reduce_threads=r)
+            _flatten(rows, tag, time_msm(bases, s, reps, params, True, mult))
+            CHECKPOINT(rows)
+        del bases, mult
+        cupy.get_default_memory_pool().free_all_blocks()
+    rows["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
+    rows["date"] = datetime.date.today().isoformat()
+    return rows
+
+
 def _reduce_sweep(rows: dict[str, Any], grp: str, bases: Bases, lg: int, reps: int) -> None:
     """combine_seg and group (default 32 each): the last combine / group-sum levels run
     few threads, so their chain of sequential additions (~32 per level) is latency."""
@@ -343,7 +369,9 @@ def main() -> None:
     ap.add_argument("--windows", default=None,
                     help="a comma list of window bits: random MSMs at --lg for --groups at each (no --accumulate)")
     ap.add_argument("--multiples", type=int, default=None,
-                    help="with --windows: precomputed multiples of this many bits instead")
+                    help="with --windows or --reduce: precomputed multiples of this many bits")
+    ap.add_argument("--reduce", action="store_true",
+                    help="random MSMs at --lg for --groups over the reduction knobs of REDUCE_GRID")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
     global CHECKPOINT
@@ -359,7 +387,9 @@ def main() -> None:
     dists = tuple(args.dists.split(","))
     if set(dists) - {"random", "porep"}:
         ap.error(f"--dists: random and/or porep, not {args.dists}")
-    if args.windows:
+    if args.reduce:
+        rows = reduce_rows(args.lg, args.reps, groups, args.multiples)
+    elif args.windows:
         rows = window_rows(args.lg, args.reps, groups, tuple(int(c) for c in args.windows.split(",")),
                            args.multiples)
     elif args.accumulate:

@@ -96,9 +96,18 @@ class MsmParams:
     # want the warps), 1 for G2 (255 registers, 2 blocks)
     acc_min_blocks: int | None = None
     seg: int = 64  # sorted entries per accumulation thread
-    combine_seg: int = 32  # heads per thread in each combine level
-    group: int = 32  # inputs per thread in group sums
-    reduce_threads: int = 1 << 16  # target thread count of the bucket reduction
+    # heads per thread in each combine level, inputs per thread in each group-sum level: pairwise.
+    # A level's threads each add a chain of this many points, and the last levels run a few
+    # threads, so their chains are latency; pairwise levels do the same additions in all in the
+    # shortest chains. Measured on the H200 (perf/results/gpu-msm-reduce-h200.json, random, every
+    # result checked) against 32 / 32 and 2^16 reduction threads: G1 2^24 with multiples 92.9 ms
+    # against 96.7, G2 293.8 against 302.5, G1 2^24 plain 106.0 against 107.5, 2^27 755.3 against 772.6.
+    combine_seg: int = 2
+    group: int = 2
+    # target thread count of the bucket reduction: nb / this buckets a thread, each thread's share
+    # ending with a scalar multiplication by its first bucket's index, so fewer, longer chunks pay
+    # while the threads still fill the device (2^15 beat 2^16 and 2^17 in the runs above)
+    reduce_threads: int = 1 << 15
     # fewest buckets per thread of the bucket reduction (a power of two): a thread's chain is 2 chunk
     # additions plus a ~c-bit scalar multiplication, so small MSMs, whose few threads leave the GPU
     # latency-bound, want short chunks (and small groups, combine_seg); large ones are throughput-bound

@@ -128,8 +128,9 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
     :func:`.knobs.choose_window`), batches of at most ``params.max_entries`` sort keys, each with
     the sort's bytes per key (``sort_bytes``: :data:`SORT_BYTES_PER_KEY`, the radix sort's), its
     bucket sets (one per window of the batch without multiples; the shared set and the batch's
-    with them), the accumulation heads and their combine levels; plus the window sums. An upper
-    bound: the sort's buffers and the heads are counted as alive together."""
+    with them), the accumulation heads and the first combine level (each later level replaces the
+    one before it, which is then freed); plus the window sums. An upper bound: the sort's buffers
+    and the heads are counted as alive together."""
     p = params or MsmParams()
     m = max(1, int(n_scalars))
     xyzz = 2 * (G2_BYTES if g2 else G1_BYTES)
@@ -140,11 +141,8 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
     buckets = 1 << (c - 1)
     bucket_bytes = (2 * buckets if multiples_c else per_batch * buckets) * xyzz
     seg = p.ba_seg if p.ba_rounds else p.seg
-    heads, t = 0, -(-entries // seg)
-    heads += t * (xyzz + HEAD_KEY_BYTES)
-    while t > 1:
-        t = -(-t // p.combine_seg)
-        heads += t * (xyzz + HEAD_KEY_BYTES)
+    t = -(-entries // seg)  # the accumulation's heads and the first combine level's: each level
+    heads = (t + (-(-t // p.combine_seg) if t > 1 else 0)) * (xyzz + HEAD_KEY_BYTES)  # frees the one before
     return entries * sort_bytes + bucket_bytes + heads + windows * xyzz
 
 
