@@ -283,20 +283,19 @@ def _sweep(rows: dict[str, Any], grp: str, bases: Bases, lg: int, reps: int) -> 
     _reduce_sweep(rows, grp, bases, lg, reps)
 
 
-def window_rows(lg: int, reps: int, groups: tuple[str, ...], windows: tuple[int, ...],
-                multiples: int | None = None) -> dict[str, Any]:
-    """Random 2^lg MSMs (checked) at each window size of ``windows`` (precomputed multiples:
-    ``multiples`` bits instead, one row): what :func:`msm.choose_window` is tuned with."""
+def _random_rows(lg: int, reps: int, groups: tuple[str, ...], multiples: int | None,
+                 configs: list[tuple[str, msm.MsmParams]]) -> dict[str, Any]:
+    """Random 2^lg MSMs of ``groups``, each result checked, once per (name, params) of ``configs``
+    (over a table of ``multiples``-bit precomputed multiples, else plain): rows
+    ``<group>_<name>_random_2^lg_*``."""
     rows: dict[str, Any] = {}
     for g2 in [g == "g2" for g in ("g1", "g2") if g in groups]:
         grp = "g2" if g2 else "g1"
         bases = Bases(g2, 1 << lg, seed=7)
         s = random_scalars(1 << lg, "random", lg)
         mult = multiples_of(bases, 1 << lg, multiples)[0] if multiples else None
-        for c in (multiples,) if multiples else windows:
-            tag = f"{grp}_{'mult' if multiples else 'window'}{c}_random_2^{lg}"
-            _flatten(rows, tag, time_msm(bases, s, reps, msm.MsmParams(window_bits=None if multiples else c),
-                                         True, mult))
+        for name, params in configs:
+            _flatten(rows, f"{grp}_{name}_random_2^{lg}", time_msm(bases, s, reps, params, True, mult))
             CHECKPOINT(rows)
         del bases, mult
         cupy.get_default_memory_pool().free_all_blocks()
@@ -305,7 +304,21 @@ def window_rows(lg: int, reps: int, groups: tuple[str, ...], windows: tuple[int,
     return rows
 
 
+def window_rows(lg: int, reps: int, groups: tuple[str, ...], windows: tuple[int, ...],
+                multiples: int | None = None) -> dict[str, Any]:
+    """Random 2^lg MSMs (checked) at each window size of ``windows`` (precomputed multiples:
+    ``multiples`` bits instead, one row): what :func:`msm.choose_window` is tuned with."""
+    configs = ([(f"mult{multiples}", msm.MsmParams())] if multiples
+               else [(f"window{c}", msm.MsmParams(window_bits=c)) for c in windows])
+    return _random_rows(lg, reps, groups, multiples, configs)
+
+
+# (k, r): combine_seg and group both k, reduce_threads r; the first is the defaults before 2026-12-03
 REDUCE_GRID = ((32, 1 << 16), (8, 1 << 16), (2, 1 << 16), (2, 1 << 15), (2, 1 << 17))
+
+
+def _reduce_params(k: int, r: int) -> msm.MsmParams:
+    return msm.MsmParams(combine_seg=k, group=k, reduce_threads=r)
 
 
 def reduce_rows(lg: int, reps: int, groups: tuple[str, ...], multiples: int | None = None) -> dict[str, Any]:
@@ -313,34 +326,19 @@ def reduce_rows(lg: int, reps: int, groups: tuple[str, ...], multiples: int | No
     (k, r) = combine_seg and group both k (heads and shares per thread: the later levels of each
     run few threads, so their chains of k additions are latency), reduce_threads r (buckets per
     thread of the bucket reduction: nb / r). ``multiples``: over a table of that many bits."""
-    rows: dict[str, Any] = {}
-    for g2 in [g == "g2" for g in ("g1", "g2") if g in groups]:
-        grp = "g2" if g2 else "g1"
-        bases = Bases(g2, 1 << lg, seed=7)
-        s = random_scalars(1 << lg, "random", lg)
-        mult = multiples_of(bases, 1 << lg, multiples)[0] if multiples else None
-        for k, r in REDUCE_GRID:
-            tag = f"{grp}_{f'mult{multiples}' if multiples else 'plain'}_k{k}_r{r.bit_length() - 1}_random_2^{lg}"
-            params = msm.MsmParams(combine_seg=k, group=k, reduce_threads=r)
-            _flatten(rows, tag, time_msm(bases, s, reps, params, True, mult))
-            CHECKPOINT(rows)
-        del bases, mult
-        cupy.get_default_memory_pool().free_all_blocks()
-    rows["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
-    rows["date"] = datetime.date.today().isoformat()
-    return rows
+    pre = f"mult{multiples}" if multiples else "plain"
+    return _random_rows(lg, reps, groups, multiples,
+                        [(f"{pre}_k{k}_r{r.bit_length() - 1}", _reduce_params(k, r)) for k, r in REDUCE_GRID])
 
 
 def _reduce_sweep(rows: dict[str, Any], grp: str, bases: Bases, lg: int, reps: int) -> None:
-    """combine_seg and group (default 32 each): the last combine / group-sum levels run
-    few threads, so their chain of sequential additions (~32 per level) is latency."""
+    """The reduction knobs of :data:`REDUCE_GRID` on random and PoRep-like scalars (unchecked)."""
     for dist in ("random", "porep"):
         s = random_scalars(1 << lg, dist, 99)
-        for k in (4, 8):
-            p = msm.MsmParams(combine_seg=k, group=k)
-            r = time_msm(bases, s, reps, p, False)
-            rows[f"{grp}_sweep_{dist}_2^{lg}_combine{k}_group{k}_ms"] = r["ms"]
-            rows[f"{grp}_sweep_{dist}_2^{lg}_combine{k}_group{k}_reduce_ms"] = r["reduce"]
+        for k, r in REDUCE_GRID:
+            res = time_msm(bases, s, reps, _reduce_params(k, r), False)
+            rows[f"{grp}_sweep_{dist}_2^{lg}_k{k}_r{r.bit_length() - 1}_ms"] = res["ms"]
+            rows[f"{grp}_sweep_{dist}_2^{lg}_k{k}_r{r.bit_length() - 1}_reduce_ms"] = res["reduce"]
 
 
 def _table(rows: dict[str, Any]) -> str:
