@@ -121,7 +121,8 @@ class KeyShape:
 
 
 def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
-                      multiples_c: int | None = None, sort_bytes: int = SORT_BYTES_PER_KEY) -> int:
+                      multiples_c: int | None = None, sort_bytes: int = SORT_BYTES_PER_KEY,
+                      captured: bool = False) -> int:
     """Device bytes one MSM run allocates beyond its points and scalars, at its peak, with every
     scalar "other" (the Pippenger path of :meth:`.msm._Msm._pippenger`; the sum of the ones uses
     less per scalar): windows of c bits (``multiples_c``, else the params' or
@@ -129,8 +130,8 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
     the sort's bytes per key (``sort_bytes``: :data:`SORT_BYTES_PER_KEY`, the radix sort's), its
     bucket sets (one per window of the batch without multiples; the shared set and the batch's
     with them), the accumulation heads and the first combine level (each later level replaces the
-    one before it, which is then freed); plus the window sums. An upper bound: the sort's buffers
-    and the heads are counted as alive together."""
+    one before it, which is then freed; in a captured graph (``captured``) every level stays); plus
+    the window sums. An upper bound: the sort's buffers and the heads are counted as alive together."""
     p = params or MsmParams()
     m = max(1, int(n_scalars))
     xyzz = 2 * (G2_BYTES if g2 else G1_BYTES)
@@ -141,8 +142,14 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
     buckets = 1 << (c - 1)
     bucket_bytes = (2 * buckets if multiples_c else per_batch * buckets) * xyzz
     seg = p.ba_seg if p.ba_rounds else p.seg
-    t = -(-entries // seg)  # the accumulation's heads and the first combine level's: each level
-    heads = (t + (-(-t // p.combine_seg) if t > 1 else 0)) * (xyzz + HEAD_KEY_BYTES)  # frees the one before
+    t = -(-entries // seg)
+    heads = t
+    while t > 1:
+        t = -(-t // p.combine_seg)
+        heads += t
+        if not captured:  # the next level frees this one's input: two levels at a time at most
+            break
+    heads *= xyzz + HEAD_KEY_BYTES
     return entries * sort_bytes + bucket_bytes + heads + windows * xyzz
 
 
@@ -170,7 +177,7 @@ def graph_bytes(shape: KeyShape, multiples: dict[str, int], params: MsmParams) -
         c = multiples.get(s) or params.window_bits or choose_window(max(1, m))
         k = graph_batch_limit(m, c)
         if k >= 1:
-            run = msm_scratch_bytes(k * m, s == "b2", params, c, COUNTING_SORT_BYTES_PER_KEY)
+            run = msm_scratch_bytes(k * m, s == "b2", params, c, COUNTING_SORT_BYTES_PER_KEY, captured=True)
             total += GRAPH_RUNS * (run + k * m * FR_BYTES)
     return total
 
