@@ -125,7 +125,7 @@ def test_msm_scratch_follows_the_window_geometry() -> None:
     assert msm_scratch_bytes(n, False, MsmParams(max_entries=1 << 27)) < g1  # fewer keys alive at once
     # the combine levels: two alive at a time in a plain run (each frees its input), all in a graph
     heads = -(-(1 << 28) // MsmParams().seg) * (2 * 96 + 4)
-    assert msm_scratch_bytes(n, False, captured=True) - g1 > heads // 4 > 0  # levels 3, 4, .. ~ half of it
+    assert msm_scratch_bytes(n, False, captured=True) - g1 > heads // 4 > 0  # levels 3, 4, ..: ~half the heads more
     with_mult = msm_scratch_bytes(1 << 20, False, multiples_c=24)
     assert with_mult > 2 * (1 << 23) * 192
     shape = porep(27)
