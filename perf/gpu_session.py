@@ -31,7 +31,8 @@ picks, ``--skip`` drops):
   and ``..._multiples_none[_affine]_total_ms`` without (one key load per plan; with ``--affine``
   the MSM objects' accumulation switched between XYZZ and batch-affine), each stage's split, every sum checked;
   ``--partition-log-n 27 --partition-quick``: one 2^27 partition's split (default plan, XYZZ,
-  PoRep-like: ``prove_porep_2^27_*_ms``);
+  PoRep-like: ``prove_porep_2^27_*_ms``); ``--partition-witnesses`` picks the witnesses, among
+  them ``boolean`` (every scalar 0 or 1: ``prove_boolean_2^24_*``);
 * ``proofs``  real 2^20 proofs of both synthetic circuits (GPU dev setup, ``prove``, self-verified,
   written for ``snarkjs groth16 verify``): ``prove_{porep,random}_2^20_s`` and device totals.
 
