@@ -118,11 +118,12 @@ class Bases:
         ev[1].record()
         ev[1].synchronize()
         self.make_ms = float(cupy.cuda.get_elapsed_time(ev[0], ev[1]))
+        self._last: tuple[Any, Any] = (None, None)  # (scalars' address and shape, expected sum)
 
     def expected(self, s: np.ndarray) -> Any:
         """(sum_i s_i t_i) G (remembered for the last scalar array: a 2^27 dot product takes seconds)."""
         key = (s.ctypes.data, s.shape)
-        if getattr(self, "_last", (None, None))[0] != key:
+        if self._last[0] != key:
             total = dot_mod_r(s, self.t[: s.shape[0]])
             self._last = (key, self.gen * Scalar.from_le_bytes(total.to_bytes(32, "little")))
         return self._last[1]

@@ -79,7 +79,8 @@ TEST_GROUPS = [
 # Estimated seconds per section on the H200 (for the budget check before each one starts).
 ESTIMATE_S = {"fresh": 90.0, "tests": 110.0, "msm": 75.0, "partition": 80.0, "proofs": 45.0}
 _MSM = ["g1_msm_random_2^24", "g1_msm_random_2^26", "g2_msm_random_2^24"]
-_PART = ["prove_porep_2^24", "prove_random_2^24", "prove_boolean_2^24"]
+WITNESSES = ("porep", "random", "boolean")  # the partition section's witnesses (gpu_msm_bench.random_scalars)
+_PART = [f"prove_{w}_2^24" for w in WITNESSES]
 TABLE_KEYS = [
     "fresh_setup_2^16_s", "fresh_prove_2^16_first_s", "fresh_prove_2^16_warm_s", "fresh_nvrtc_fallbacks",
     "tests_passed", "tests_failed",
@@ -227,7 +228,7 @@ def _free() -> None:
 def _witness(n: int, dist: str, seed: int) -> np.ndarray:
     import gpu_msm_bench as mb
 
-    return mb.random_scalars(n, dist if dist in ("porep", "boolean") else "random", seed)
+    return mb.random_scalars(n, dist, seed)
 
 
 def _dense_mont(n: int, seed: int) -> np.ndarray:
@@ -457,6 +458,9 @@ def main() -> None:
     ap.add_argument("--affine", action="store_true",
                     help="msm and partition sections: also the batch-affine accumulation (*_affine rows)")
     args = ap.parse_args()
+    witnesses = tuple(args.partition_witnesses.split(",")) if args.partition_witnesses else None
+    if witnesses and set(witnesses) - set(WITNESSES):
+        ap.error(f"--partition-witnesses: {', '.join(WITNESSES)}, not {args.partition_witnesses}")
     skip = set(filter(None, args.skip.split(",")))
     chosen = set(filter(None, args.sections.split(",")))
     unknown = (skip | chosen) - set(ESTIMATE_S)
@@ -484,7 +488,7 @@ def main() -> None:
         (lambda: msm_rows(ses, (24, 26), 24, args.reps, args.affine)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
         (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick, args.affine,
-                                tuple(args.partition_witnesses.split(",")) if args.partition_witnesses else None)),
+                                witnesses)),
         "proofs": (lambda: None) if args.dry_run else
         (lambda: proof_rows(ses, args.proofs_log_n, args.reps, tuple(args.proofs_kinds.split(",")))),
     }
