@@ -32,7 +32,10 @@ picks, ``--skip`` drops):
   the MSM objects' accumulation switched between XYZZ and batch-affine), each stage's split, every sum checked;
   ``--partition-log-n 27 --partition-quick``: one 2^27 partition's split (default plan, XYZZ,
   PoRep-like: ``prove_porep_2^27_*_ms``); ``--partition-witnesses`` picks the witnesses, among
-  them ``boolean`` (every scalar 0 or 1: ``prove_boolean_2^24_*``);
+  them ``boolean`` (every scalar 0 or 1: ``prove_boolean_2^24_*``); ``--partition-key circuit``
+  shapes the key as the PoRep-like circuit's own (its wire count; infinity points on the wires a
+  section's side does not use, 55 % of B's) and allows its own witness ``circuit``
+  (``prove_circuit_2^24_circuit_key_*``, every row of that key ending in ``_circuit_key``);
 * ``proofs``  real 2^20 proofs of both synthetic circuits (GPU dev setup, ``prove``, self-verified,
   written for ``snarkjs groth16 verify``): ``prove_{porep,random}_2^20_s`` and device totals.
 
@@ -79,15 +82,16 @@ TEST_GROUPS = [
 # Estimated seconds per section on the H200 (for the budget check before each one starts).
 ESTIMATE_S = {"fresh": 90.0, "tests": 110.0, "msm": 75.0, "partition": 80.0, "proofs": 45.0}
 _MSM = ["g1_msm_random_2^24", "g1_msm_random_2^26", "g2_msm_random_2^24"]
-WITNESSES = ("porep", "random", "boolean")  # the partition section's witnesses (gpu_msm_bench.random_scalars)
+# the partition section's witnesses (gpu_msm_bench.random_scalars; "circuit": the PoRep-like circuit's own)
+WITNESSES = ("porep", "random", "boolean", "circuit")
 _PART = [f"prove_{w}_2^24" for w in WITNESSES]
 TABLE_KEYS = [
     "fresh_setup_2^16_s", "fresh_prove_2^16_first_s", "fresh_prove_2^16_warm_s", "fresh_nvrtc_fallbacks",
     "tests_passed", "tests_failed",
     *[f"{b}{m}{a}_ms" for b in _MSM for m in ("", "_multiples") for a in ("", "_affine")],
     *[f"{b}_multiples_none{a}_total_ms" for b in _PART for a in ("", "_affine")],
-    *[f"{b}{a}_total_ms" for b in _PART for a in ("", "_affine")],
-    *[f"{b}{a}_{k}_ms" for b in _PART for a in ("", "_affine") for k in ("msm_b2", "msm_a", "msm_h")],
+    *[f"{b}{a}_total_ms" for b in _PART for a in ("", "_affine", "_circuit_key")],
+    *[f"{b}{a}_{k}_ms" for b in _PART for a in ("", "_affine", "_circuit_key") for k in ("msm_b2", "msm_a", "msm_h")],
     "prove_porep_2^20_s", "prove_random_2^20_s", "checks_failed",
 ]
 
@@ -238,9 +242,34 @@ def _dense_mont(n: int, seed: int) -> np.ndarray:
     return mb.random_scalars(n, "random", seed)
 
 
-def partition_keys(lg: int, n_public: int, seed: int) -> tuple[Any, Any, Any, Any]:
-    """(key namespace, G1 discrete logs, G2 discrete logs, bases) of a key-shaped set of points:
-    t_i G (G1, shared by a, b1, c, h) and u_i G (G2)."""
+KEYS = ("points", "circuit")  # the partition section's key shapes (--partition-key)
+
+
+def circuit_shape(lg: int, n_public: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
+    """The PoRep-like circuit at 2^lg rows: per key section a, b1 (= b2), c, the wires whose point a
+    snarkjs key of it holds (not infinity: A's, with the public inputs, which setup gives an A
+    term; B's; C's section, over the private wires, combines A, B and C), and its witness (seed 1,
+    partition 0)."""
+    from cuzk_mp.circuits.synthetic import PorepLike
+
+    circuit = PorepLike(lg, n_public)
+    r1cs = circuit.r1cs()
+    used = {}
+    for side in "abc":
+        u = np.zeros(r1cs.n_wires, dtype=bool)
+        u[getattr(r1cs, side).indices] = True
+        used[side] = u
+    used["a"][: n_public + 1] = True
+    sections = {"a": used["a"], "b1": used["b"], "c": (used["a"] | used["b"] | used["c"])[n_public + 1 :]}
+    return sections, circuit.witness(1, 0)
+
+
+def partition_keys(lg: int, n_public: int, seed: int, used: dict[str, np.ndarray] | None = None
+                   ) -> tuple[Any, Any, Any, dict[str, np.ndarray]]:
+    """(key namespace, G1 bases, G2 bases, discrete log of each section's points) of a key-shaped
+    set of points: t_i G (G1, shared by a, b1, c, h) and u_i G (G2). ``used`` (:func:`circuit_shape`):
+    the key has the circuit's wire count and its points are infinity (discrete log 0) on the rows
+    each section's mask leaves out, as the circuit's own key has them."""
     from types import SimpleNamespace
 
     import gpu_msm_bench as mb
@@ -249,9 +278,21 @@ def partition_keys(lg: int, n_public: int, seed: int) -> tuple[Any, Any, Any, An
     g1, g2 = mb.Bases(False, n, seed), mb.Bases(True, n, seed + 1)
     p1, p2 = _to_host(g1.d_points), _to_host(g2.d_points)
     g1.d_points = g2.d_points = None  # the key's own upload holds them; the checks need only t and G
-    key = SimpleNamespace(path=None, domain_size=n, n_vars=n, n_public=n_public, a=p1, b1=p1, b2=p2,
-                          c=p1[: n - n_public - 1], h=p1)
-    return key, g1, g2, (p1, p2)
+    k = n_public + 1
+    if used is None:
+        key = SimpleNamespace(path=None, domain_size=n, n_vars=n, n_public=n_public, a=p1, b1=p1, b2=p2,
+                              c=p1[: n - k], h=p1)
+        return key, g1, g2, {"a": g1.t, "b1": g1.t, "b2": g2.t, "c": g1.t[: n - k], "h": g1.t}
+    nv = int(used["a"].shape[0])
+
+    def keep(a: np.ndarray, mask: np.ndarray) -> np.ndarray:
+        return np.where(mask[:, None], a[: mask.shape[0]], np.uint64(0))
+
+    key = SimpleNamespace(path=None, domain_size=n, n_vars=nv, n_public=n_public, a=keep(p1, used["a"]),
+                          b1=keep(p1, used["b1"]), b2=keep(p2, used["b1"]), c=keep(p1, used["c"]), h=p1)
+    logs = {"a": keep(g1.t, used["a"]), "b1": keep(g1.t, used["b1"]), "b2": keep(g2.t, used["b1"]),
+            "c": keep(g1.t, used["c"]), "h": g1.t}
+    return key, g1, g2, logs
 
 
 def _to_host(a: Any) -> np.ndarray:
@@ -259,27 +300,33 @@ def _to_host(a: Any) -> np.ndarray:
 
 
 def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affine: bool = False,
-                   tags: tuple[str, ...] | None = None) -> None:
+                   tags: tuple[str, ...] | None = None, key_shape: str = "points") -> None:
     """Device work of one 2^lg partition through the protocol recipe: multiples none vs default,
     each with the XYZZ accumulation (``affine``: and the batch-affine one) (``quick``: the default multiples, XYZZ and
     the PoRep-like witness alone: at 2^27, where no multiples fit, one 77 GB key and ~3 s a partition).
-    ``tags``: the witnesses (porep, random, boolean; default porep and random, quick: porep)."""
+    ``tags``: the witnesses (porep, random, boolean, circuit; default porep and random, quick: porep).
+    ``key_shape`` "circuit": the key has the PoRep-like circuit's wire count and infinity points
+    (:func:`circuit_shape`), the witness "circuit" is the circuit's own, and the rows end in
+    ``_circuit_key``; "points": a point on every row."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
     from cuzk_mp.backends.gpu.knobs import BA_ROUNDS, MULTIPLES_ENV
 
     n_public = 4
-    zkey, g1, g2, _ = partition_keys(lg, n_public, seed=11)
-    _free()
-    n = 1 << lg
-    abc = [_dense_mont(n, 100 + i) for i in range(3)]
     tags = tags or (("porep",) if quick else ("porep", "random"))
-    witnesses = {tag: _witness(n, tag, 200 + i) for i, tag in enumerate(tags)}
+    used, own = circuit_shape(lg, n_public) if key_shape == "circuit" else (None, None)
+    zkey, g1, g2, logs = partition_keys(lg, n_public, seed=11, used=used)
+    _free()
+    n, nv = 1 << lg, int(zkey.n_vars)
+    abc = [_dense_mont(n, 100 + i) for i in range(3)]
+    witnesses = {tag: own if tag == "circuit" else _witness(nv, tag, 200 + i) for i, tag in enumerate(tags)}
+    if any(w is None for w in witnesses.values()):
+        raise ValueError("the circuit witness needs the circuit key (--partition-key circuit)")
     backend = GpuBackend(0)
     for variant in ("none", "auto") if not quick else ("auto",):
         os.environ[MULTIPLES_ENV] = variant
         t0 = time.perf_counter()
         key = backend.load_key(zkey)
-        suffix = "_multiples_none" if variant == "none" else ""
+        suffix = ("_multiples_none" if variant == "none" else "") + ("_circuit_key" if used is not None else "")
         ses.rows[f"partition_2^{lg}{suffix}_load_key_s"] = time.perf_counter() - t0
         ses.rows[f"partition_2^{lg}{suffix}_multiples"] = ",".join(sorted(key.multiples)) or "-"
         ses.log(f"key 2^{lg} multiples={variant}: {ses.rows[f'partition_2^{lg}{suffix}_load_key_s']:.1f} s, "
@@ -287,7 +334,7 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affi
         for acc, rounds in (("", 0), ("_affine", BA_ROUNDS)) if affine and not quick else (("", 0),):
             for m in key.msms.values():  # launch knobs only: the same compiled module
                 m.params = dataclasses.replace(m.params, ba_rounds=rounds)
-            _partition_runs(ses, backend, key, abc, witnesses, f"{suffix}{acc}", lg, n_public, reps, g1, g2)
+            _partition_runs(ses, backend, key, abc, witnesses, f"{suffix}{acc}", lg, n_public, reps, g1, g2, logs)
         ses.rows.update({f"partition_2^{lg}{suffix}_stats_{k}": v for k, v in backend.stats().items()})
         key.close()
         _free()
@@ -296,7 +343,8 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affi
 
 
 def _partition_runs(ses: DeviceRun, backend: Any, key: Any, abc: list[np.ndarray], witnesses: dict[str, np.ndarray],
-                    suffix: str, lg: int, n_public: int, reps: int, g1: Any, g2: Any) -> None:
+                    suffix: str, lg: int, n_public: int, reps: int, g1: Any, g2: Any,
+                    logs: dict[str, np.ndarray]) -> None:
     """A checked warm-up and ``reps`` timed partitions per witness on a loaded key."""
     import cupy
     import gpu_msm_bench as mb
@@ -315,7 +363,7 @@ def _partition_runs(ses: DeviceRun, backend: Any, key: Any, abc: list[np.ndarray
             wall = time.perf_counter() - t0
             if rep == 0:  # warm-up run, checked
                 p = cupy.asnumpy(staged.h)
-                _check_sums(ses, f"prove_{tag}_2^{lg}{suffix}", sums, w, p, g1, g2, n_public, mb)
+                _check_sums(ses, f"prove_{tag}_2^{lg}{suffix}", sums, w, p, g1, g2, logs, n_public, mb)
             backend.release(staged)
             if rep:
                 runs.append((dict(backend.last_timings), wall, stage_s))
@@ -329,24 +377,29 @@ def _partition_runs(ses: DeviceRun, backend: Any, key: Any, abc: list[np.ndarray
 
 
 def _check_sums(ses: DeviceRun, base: str, sums: Any, w: np.ndarray, p: np.ndarray, g1: Any, g2: Any,
-                n_public: int, mb: Any) -> None:
-    """Each of the five sums against (sum_i s_i t_i) G with the known discrete logs."""
+                logs: dict[str, np.ndarray], n_public: int, mb: Any) -> None:
+    """Each of the five sums against (sum_i s_i t_i) G with the known discrete logs of each
+    section's points (``logs``, :func:`partition_keys`)."""
     from py_arkworks_bls12381 import Scalar
 
     def at(bases: Any, s: np.ndarray, t: np.ndarray) -> Any:
-        return bases.gen * Scalar.from_le_bytes(mb.dot_mod_r(s, t).to_bytes(32, "little"))
+        return bases.gen * Scalar.from_le_bytes(mb.dot_mod_r(s, t[: s.shape[0]]).to_bytes(32, "little"))
 
     k = n_public + 1
-    want = {"a": at(g1, w, g1.t), "b1": at(g1, w, g1.t), "b2": at(g2, w, g2.t),
-            "c": at(g1, w[k:], g1.t[: w.shape[0] - k]), "h": at(g1, p, g1.t[: p.shape[0]])}
+    want = {"a": at(g1, w, logs["a"]), "b1": at(g1, w, logs["b1"]), "b2": at(g2, w, logs["b2"]),
+            "c": at(g1, w[k:], logs["c"]), "h": at(g1, p, logs["h"])}
     for name, point in want.items():
         ses.check(f"{base}_{name}_ok", getattr(sums, name) == point)
 
 
 def partition_cpu_references(ses: DeviceRun, lg: int) -> None:
-    """The partition section's host side without a GPU: witnesses, the dot products of the checks."""
+    """The partition section's host side without a GPU: witnesses, the dot products of the checks,
+    the circuit key's shape."""
     import gpu_msm_bench as mb
 
+    used, own = circuit_shape(lg, 4)
+    ses.rows["dry_circuit_key_supports"] = {s: round(float(u.mean()), 4) for s, u in used.items()}
+    ses.check("dry_circuit_witness_rows_ok", own.shape == (used["a"].shape[0], 4))
     n = 1 << lg
     w = _witness(n, "porep", 1)
     t = mb.random_scalars(n, "random", 2)
@@ -455,12 +508,18 @@ def main() -> None:
     ap.add_argument("--partition-witnesses", default=None,
                     help="partition section: a comma list of porep, random, boolean (every scalar 0 or 1, the "
                          "production prover's PoRep kind); default porep,random (quick: porep)")
+    ap.add_argument("--partition-key", choices=KEYS, default="points",
+                    help="partition section: a point on every row (points), or the PoRep-like circuit's wire count "
+                         "and infinity points, as its own key has them (circuit: rows *_circuit_key, witness "
+                         "'circuit' allowed)")
     ap.add_argument("--affine", action="store_true",
                     help="msm and partition sections: also the batch-affine accumulation (*_affine rows)")
     args = ap.parse_args()
     witnesses = tuple(args.partition_witnesses.split(",")) if args.partition_witnesses else None
     if witnesses and set(witnesses) - set(WITNESSES):
         ap.error(f"--partition-witnesses: {', '.join(WITNESSES)}, not {args.partition_witnesses}")
+    if witnesses and "circuit" in witnesses and args.partition_key != "circuit":
+        ap.error("--partition-witnesses circuit needs --partition-key circuit")
     skip = set(filter(None, args.skip.split(",")))
     chosen = set(filter(None, args.sections.split(",")))
     unknown = (skip | chosen) - set(ESTIMATE_S)
@@ -488,7 +547,7 @@ def main() -> None:
         (lambda: msm_rows(ses, (24, 26), 24, args.reps, args.affine)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
         (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick, args.affine,
-                                witnesses)),
+                                witnesses, args.partition_key)),
         "proofs": (lambda: None) if args.dry_run else
         (lambda: proof_rows(ses, args.proofs_log_n, args.reps, tuple(args.proofs_kinds.split(",")))),
     }

@@ -456,6 +456,49 @@ def test_emulated_boolean_witness_on_the_split_path(emu_gpu: object, test_key: t
         assert getattr(got, name) == getattr(want, name), f"seed={SEED}: MSM {name}"
 
 
+def test_emulated_sparse_b_sections_take_the_rows_with_points(emu_gpu: object, test_key: tuple[Path, Path],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """The PoRep-like key's B points are infinity on the wires no B side uses: B1 and B2 share one
+    support mask, their MSMs take the plan of the rows it keeps (fewer ones and others than the
+    witness's plan, which A keeps), and the five sums equal the CPU backend's."""
+    monkeypatch.setitem(type(emu_gpu).stage.__globals__, "DENSE_KEY_ROWS", 0)
+    from cuzk_mp.backends.cpu import CpuBackend
+    from cuzk_mp.circuits.synthetic import PorepLike
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.groth16.prover import prove_start
+    from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+    from tests.helpers import LOG_N
+
+    cpu = CpuBackend(threads=2)
+    with read_zkey(test_key[0]) as zkey:
+        x = ConstraintEvaluator.from_zkey(zkey).evaluate(PorepLike(LOG_N).witness(SEED, 0))
+        inputs = ProverInputs(x.a, x.b, x.c, x.w)
+        ckey = cpu.load_key(zkey)
+        s = cpu.stage(ckey, inputs)
+        want = prove_start(cpu, ckey, s, zkey.n_public)
+        cpu.release(s)
+        key = emu_gpu.load_key(zkey, lasting=False)
+        try:
+            assert key.supports == {"b2": "b2", "b1": "b2"}, key.supports
+            mask = np.asarray(key.support_masks["b2"]).astype(bool)
+            assert mask.shape == (zkey.n_vars,) and 0.3 < mask.mean() < 0.7  # the B side uses ~45 % of wires
+            staged = emu_gpu.stage(key, inputs)
+            try:
+                plan, sub = staged.plan, staged.plan.subsets["b2"]
+                assert sub.n1 + sub.n2 < plan.n1 + plan.n2 and sub.n2 > 0
+                ones, other = np.asarray(plan.ones), np.asarray(plan.other)
+                assert np.array_equal(np.asarray(sub.ones), ones[mask[ones]])
+                assert np.array_equal(np.asarray(sub.other), other[mask[other]])
+                got = prove_start(emu_gpu, key, staged, zkey.n_public)
+            finally:
+                emu_gpu.release(staged)
+        finally:
+            key.close()
+        assert key.supports == {} and key.support_masks == {}
+    for name in ("a", "b1", "b2", "c", "h"):
+        assert getattr(got, name) == getattr(want, name), f"seed={SEED}: MSM {name}"
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("lasting", "dense"), [(False, True), (True, True), (False, False)],
                          ids=["one-proof-key", "lasting-key", "one-proof-key-split"])

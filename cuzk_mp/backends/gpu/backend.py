@@ -71,6 +71,14 @@ SMALL_KEY_ROWS = 1 << 18  # keys up to this domain size run their MSMs on a pool
 # (:meth:`.msm._Msm.launch_batch`). Above it the sort of the zeros' keys costs more than the split.
 DENSE_KEY_ROWS = 1 << 16
 W_SECTIONS = ("a", "b1", "b2")  # the MSMs over the whole witness: one plan, so they share its sorts
+# The sections whose support (rows whose point is not infinity) may give them a plan of their own,
+# most valuable first (G2 first). A section keeps the whole witness's plan unless at most
+# SUPPORT_MAX_FRACTION of its rows have a point: below that, the entries saved outweigh the second
+# classification (two more index lists) and a sort no longer shared with A. At most one support
+# mask per key (the first sparse section's; the others join it where their mask is the same): the
+# device plan bounds its index lists as one more witness plan (plan.partition_bytes).
+SUPPORT_SECTIONS = ("b2", "b1", "a")
+SUPPORT_MAX_FRACTION = 0.9
 MSM_STREAMS = 8  # the pool, per calling thread
 COPY_THREADS = 4  # host threads filling a bounce buffer (numpy copies release the GIL)
 GEN_CHUNK_ROWS = 1 << 22  # scalars uploaded at a time by generate_key (128 MiB)
@@ -95,12 +103,16 @@ class GpuKey:
     plan: DevicePlan | None = None  # the device-memory plan it was loaded under
     # (the coded rows it was made from, their device copy): stage_witness's witness map
     witness_map: tuple[Any, DeviceWitnessMap] | None = None
+    # section -> name of the support mask its MSMs take their plan from (see SUPPORT_SECTIONS)
+    supports: dict[str, str] = field(default_factory=dict)
+    support_masks: dict[str, Any] = field(default_factory=dict)  # name -> uint8 device mask of w's rows
 
     def close(self) -> None:
         """Free the device copies of the points and of the witness map's rows (idempotent)."""
         for m in self.msms.values():
             m.close()
         self.msms = {}
+        self.supports, self.support_masks = {}, {}
         if self.witness_map is not None:
             self.witness_map[1].close()
             self.witness_map = None
@@ -310,6 +322,7 @@ class GpuBackend:
             msms: dict[str, Any] = {}
             try:
                 dev = fill(s)
+                supports, masks = self._supports(dev, zkey.path or "")
                 plan = dict(dplan.multiples)
                 for name in SECTIONS:
                     mult = self._multiples(dev[name], plan.get(name), name)
@@ -330,7 +343,7 @@ class GpuBackend:
                 raise
         points = sum(sizes.values())
         key = GpuKey(zkey, msms, shape.rows(), points, sum(int(m.nbytes) for m in msms.values()) - points,
-                     released(), {n: plan[n] for n in plan}, dplan)
+                     released(), {n: plan[n] for n in plan}, dplan, supports=supports, support_masks=masks)
         with self._lock:
             self._keys = [k for k in self._keys if k.msms] + [key]
             limits = [k.plan.in_flight for k in self._keys if k.plan is not None]
@@ -339,6 +352,31 @@ class GpuBackend:
             self._slots.notify_all()
         self.refresh_host_stats()
         return key
+
+    @staticmethod
+    def _supports(dev: dict[str, Any], path: str) -> tuple[dict[str, str], dict[str, Any]]:
+        """(section -> support name, name -> mask) of the key's sparse whole-witness sections: the
+        first of :data:`SUPPORT_SECTIONS` with at most :data:`SUPPORT_MAX_FRACTION` of its rows not
+        at infinity gives the mask, and the others that have exactly that mask share it (and their
+        plan's sorts)."""
+        supports: dict[str, str] = {}
+        masks: dict[str, Any] = {}
+        for name in SUPPORT_SECTIONS:
+            if name not in dev:
+                continue
+            rows = int(dev[name].shape[0])
+            mask, kept = gmsm.support_mask(dev[name])
+            if not masks:
+                if rows and kept <= SUPPORT_MAX_FRACTION * rows:
+                    masks[name] = mask
+                    supports[name] = name
+                    log.info("key %s: section %s has points on %d of its %d rows: its MSMs skip the rest",
+                             path, name, kept, rows)
+            elif int(mask.shape[0]) == int(next(iter(masks.values())).shape[0]) and \
+                    bool(cupy.array_equal(mask, next(iter(masks.values())))):
+                supports[name] = next(iter(masks))
+            del mask
+        return supports, masks
 
     @staticmethod
     def _multiples(d_points: Any, c: int | None, name: str) -> Any:
@@ -417,9 +455,12 @@ class GpuBackend:
                     ready = _record(st.main)
                 else:
                     ready = _record(st.main)
-                    plan = gmsm.classify(d["w"], cuts=(z.n_public + 1,))  # waits for the copies
-                    plan.sorts = gmsm.SharedSorts.for_msms([key.msms[s] for s in W_SECTIONS if s in key.msms],
-                                                           plan.n2)
+                    plan = gmsm.classify(d["w"], cuts=(z.n_public + 1,), supports=key.support_masks)  # waits
+                    plan.sorts = gmsm.SharedSorts.for_msms(
+                        [key.msms[s] for s in W_SECTIONS if s in key.msms and s not in key.supports], plan.n2)
+                    for name, sub in plan.subsets.items():
+                        sub.sorts = gmsm.SharedSorts.for_msms(
+                            [key.msms[s] for s, g in key.supports.items() if g == name and s in key.msms], sub.n2)
                 timings = {"classify": 1e3 * (time.perf_counter() - t0)}
         except BaseException:
             self._free_stage_slot(holder)
@@ -563,12 +604,17 @@ class GpuBackend:
             batched = self._enqueue_batch(key.msms[section], section, scalars, st.msm_stream(key, section, 0))
             if batched is not None:
                 return batched
-        return [self._enqueue_msm(key.msms[section], section, v, st.msm_stream(key, section, i))
-                for i, v in enumerate(scalars)]
+        return [self._enqueue_msm(key.msms[section], section, v, st.msm_stream(key, section, i),
+                                  key.supports.get(section)) for i, v in enumerate(scalars)]
 
-    def _enqueue_msm(self, m: Any, section: str, scalars: Any, s: Any) -> Future:
+    def _enqueue_msm(self, m: Any, section: str, scalars: Any, s: Any, support: str | None = None) -> Future:
+        """One MSM on stream ``s``: a staged partition's scalars take its plan (the whole witness
+        over a section with a ``support`` mask: the plan of the rows that mask keeps), any other
+        vector is classified here."""
         with cupy.cuda.Device(self.device), s:
             part, plan, ready = self._context(scalars)  # C's cut of w's plan is enqueued on s
+            if part is not None and support is not None and plan is part.plan:
+                plan = plan.subsets.get(support, plan)
             if part is None:
                 d_scalars = cupy.ascontiguousarray(cupy.asarray(scalars))
                 plan = gmsm.classify(d_scalars, m.params.nthreads)

@@ -9,11 +9,13 @@ with (the point and field sizes of :mod:`cuzk_mp.algebra.field`, the MSM geometr
 * resident, for the key's life: the point sections A, B1, B2 (G2), C and H as the zkey stores
   them (affine, Montgomery: 96 B per G1 point, 192 B per G2 point; IC stays on the host, the
   proof's assembly reads it there), the precomputed multiples of the sections
-  :func:`.knobs.plan_multiples` picks (W - 1 more copies of a section, W windows of its c), and
+  :func:`.knobs.plan_multiples` picks (W - 1 more copies of a section, W windows of its c), the
+  support mask of the sparse whole-witness sections (1 B per witness row, one mask at most), and
   the H step's twiddle table (n/2 Fr elements);
 * per partition in flight: a, b, c (domain_size x 32 B each), w (n_vars x 32 B), the witness's
-  0/1/other index lists (8 B per witness row, kept from staging to release) and the classify
-  pass's transient bytes;
+  0/1/other index lists (8 B per witness row, kept from staging to release), those of the rows the
+  key's support mask keeps (the sparse B sections' own plan: at most another 8 B per row) and the
+  classify pass's transient bytes;
 * the compute scratch of the one partition that computes at a time (the prover's per-device lock):
   the largest G1 MSM's and the G2 MSM's (they run side by side on two streams): sort keys, the
   argsort's copy, index output and radix double buffers, the previous window batch's index, the
@@ -72,9 +74,10 @@ KEY_BYTES = 4  # uint32 sort key per (window, scalar) (msm_digits)
 SORT_BYTES_PER_KEY = KEY_BYTES + KEY_BYTES + INDEX_BYTES + (KEY_BYTES + INDEX_BYTES) + INDEX_BYTES
 # The counting sort (kernels/msm/sort.cuh, every pass a graph captures): the key and its position.
 COUNTING_SORT_BYTES_PER_KEY = KEY_BYTES + INDEX_BYTES
-# classify: one uint8 class per scalar, a boolean mask per class tested, and the prefix sum of
-# cupy.flatnonzero (int64), transient while a partition stages.
-CLASSIFY_BYTES_PER_ROW = 1 + 1 + INDEX_BYTES
+# classify: one uint8 class per scalar, the classes the support mask keeps (uint8), a boolean mask
+# per class tested, and the prefix sum of cupy.flatnonzero (int64), transient while a partition stages.
+CLASSIFY_BYTES_PER_ROW = 1 + 1 + 1 + INDEX_BYTES
+SUPPORT_MASK_BYTES = 1  # uint8 per witness row: the key's one support mask (backend.SUPPORT_SECTIONS)
 HEAD_KEY_BYTES = 4  # uint32 key of each accumulation head
 # The fallbacks' order of multiples to drop: the reverse of plan_multiples' picking order.
 DROP_ORDER = ("c", "b1", "a", "b2", "h")
@@ -163,7 +166,7 @@ def partition_bytes(shape: KeyShape) -> dict[str, int]:
     """Device bytes one staged partition holds from staging to release."""
     n, v = shape.domain_size, shape.n_vars
     return {"a": n * FR_BYTES, "b": n * FR_BYTES, "c": n * FR_BYTES, "w": v * FR_BYTES,
-            "w_plan": v * INDEX_BYTES, "classify": v * CLASSIFY_BYTES_PER_ROW}
+            "w_plan": v * INDEX_BYTES, "w_support_plan": v * INDEX_BYTES, "classify": v * CLASSIFY_BYTES_PER_ROW}
 
 
 def graph_bytes(shape: KeyShape, multiples: dict[str, int], params: MsmParams) -> int:
@@ -232,9 +235,14 @@ class DevicePlan:
         return sum(self.per_partition.values())
 
     @property
+    def support_mask(self) -> int:
+        """The key's support mask (sparse B sections), at most one per key."""
+        return self.shape.n_vars * SUPPORT_MASK_BYTES
+
+    @property
     def resident(self) -> int:
-        """What stays for the key's life: points, multiples, NTT tables."""
-        return self.points_total + sum(self.multiples_bytes.values()) + self.ntt_tables
+        """What stays for the key's life: points, multiples, the support mask, NTT tables."""
+        return self.points_total + sum(self.multiples_bytes.values()) + self.support_mask + self.ntt_tables
 
     @property
     def total(self) -> int:
