@@ -234,23 +234,37 @@ def _cpu_sums(zkey: SimpleNamespace, inputs: ProverInputs) -> dict[str, object]:
 
 
 @pytest.mark.gpu
-@pytest.mark.parametrize("multiples", ["none", "auto", "h,b2"])
-def test_protocol_matches_cpu_backend(gpu: object, multiples: str, monkeypatch: pytest.MonkeyPatch) -> None:
+@pytest.mark.parametrize(("multiples", "sparse_b"), [("none", False), ("auto", False), ("h,b2", False),
+                                                     ("auto", True), ("none", True)])
+def test_protocol_matches_cpu_backend(gpu: object, multiples: str, sparse_b: bool,
+                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """stage, then the recipe's order (b2, a, b1, c on w[n_public + 1:], h on h_values), all
     enqueued before any result is taken; sums equal the CPU backend's. Witness: 0, 1, r - 1
-    and random values; sizes that are no multiple of any block (700 variables, n_public 3)."""
+    and random values; sizes that are no multiple of any block (700 variables, n_public 3).
+    ``sparse_b``: B1 and B2 at infinity on 60 % of the wires, staged with the 0/1 split: their
+    MSMs take the plan of the rows with points."""
     monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", multiples)
     rng = random.Random(SEED)
     zkey = _fake_zkey(10, 700, 3, rng)
+    if sparse_b:
+        monkeypatch.setitem(type(gpu).stage.__globals__, "DENSE_KEY_ROWS", 0)
+        off = np.array([rng.random() < 0.6 for _ in range(700)])
+        zkey.b1, zkey.b2 = zkey.b1.copy(), zkey.b2.copy()
+        zkey.b1[off] = 0
+        zkey.b2[off] = 0
     w = fr.from_ints([rng.choice([0, 1, fr.R_MOD - 1, rng.randrange(fr.R_MOD)]) for _ in range(700)], mont=False)
     inputs = ProverInputs(*(_random_mont(1 << 10, rng) for _ in range(3)), w)
     want = _cpu_sums(zkey, inputs)
     key = gpu.load_key(zkey)
     assert set(key.multiples) == ({"a", "b1", "b2", "c", "h"} if multiples == "auto" else
                                   set() if multiples == "none" else {"h", "b2"})
+    assert key.supports == ({"b2": "b2", "b1": "b2"} if sparse_b else {})
     busy0 = gpu.busy_seconds
     staged = gpu.stage(key, inputs)
     try:
+        if sparse_b:
+            sub = staged.plan.subsets["b2"]
+            assert 0 < sub.n1 + sub.n2 < staged.plan.n1 + staged.plan.n2
         sw = staged.w
         pending = {"b2": gpu.msm(key, "b2", sw), "a": gpu.msm(key, "a", sw), "b1": gpu.msm(key, "b1", sw),
                    "c": gpu.msm(key, "c", sw[zkey.n_public + 1:])}
