@@ -17,8 +17,10 @@ import random
 import shutil
 import subprocess
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from types import SimpleNamespace
+from typing import Any
 
 import numpy as np
 import pytest
@@ -433,11 +435,12 @@ def test_emulated_witness_map_stages_what_the_host_evaluates(emu_gpu: object, te
             prove(emu_gpu, zkey, bad, r1cs=read_r1cs(test_key[1]))
 
 
-def test_emulated_boolean_witness_on_the_split_path(emu_gpu: object, test_key: tuple[Path, Path],
-                                                   monkeypatch: pytest.MonkeyPatch) -> None:
-    """A witness of zeros and ones alone (a boolean circuit: no scalar for Pippenger) staged as a
-    large key stages it (the 0/1 split) gives the CPU backend's five sums (its staging once
-    divided by the tail count)."""
+def _split_path_sums(emu_gpu: Any, zkey_path: Path, monkeypatch: pytest.MonkeyPatch,
+                     witness: Callable[[np.ndarray], np.ndarray],
+                     inspect: Callable[[Any, Any], None]) -> tuple[Any, Any]:
+    """(the emulated GPU backend's five sums, the CPU backend's) of the test key's partition with
+    ``witness(w)`` in place of the circuit's w, staged as a large key stages it (the 0/1 split);
+    ``inspect(key, staged)`` runs on the staged partition before its MSMs."""
     monkeypatch.setitem(type(emu_gpu).stage.__globals__, "DENSE_KEY_ROWS", 0)
     from cuzk_mp.backends.cpu import CpuBackend
     from cuzk_mp.circuits.synthetic import PorepLike
@@ -447,12 +450,9 @@ def test_emulated_boolean_witness_on_the_split_path(emu_gpu: object, test_key: t
     from tests.helpers import LOG_N
 
     cpu = CpuBackend(threads=2)
-    with read_zkey(test_key[0]) as zkey:
+    with read_zkey(zkey_path) as zkey:
         x = ConstraintEvaluator.from_zkey(zkey).evaluate(PorepLike(LOG_N).witness(SEED, 0))
-        w = np.zeros_like(x.w)
-        w[:, 0] = np.random.default_rng(SEED).integers(0, 2, size=w.shape[0], dtype=np.uint64)
-        w[0, 0] = 1
-        inputs = ProverInputs(x.a, x.b, x.c, w)
+        inputs = ProverInputs(x.a, x.b, x.c, witness(x.w))
         ckey = cpu.load_key(zkey)
         s = cpu.stage(ckey, inputs)
         want = prove_start(cpu, ckey, s, zkey.n_public)
@@ -461,12 +461,31 @@ def test_emulated_boolean_witness_on_the_split_path(emu_gpu: object, test_key: t
         try:
             staged = emu_gpu.stage(key, inputs)
             try:
-                assert staged.plan.other is not None and staged.plan.n2 == 0 < staged.plan.n1
+                inspect(key, staged)
                 got = prove_start(emu_gpu, key, staged, zkey.n_public)
             finally:
                 emu_gpu.release(staged)
         finally:
             key.close()
+        assert key.supports == {} and key.support_masks == {}
+    return got, want
+
+
+def test_emulated_boolean_witness_on_the_split_path(emu_gpu: object, test_key: tuple[Path, Path],
+                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A witness of zeros and ones alone (a boolean circuit: no scalar for Pippenger) staged as a
+    large key stages it (the 0/1 split) gives the CPU backend's five sums (its staging once
+    divided by the tail count)."""
+    def boolean(w: np.ndarray) -> np.ndarray:
+        out = np.zeros_like(w)
+        out[:, 0] = np.random.default_rng(SEED).integers(0, 2, size=w.shape[0], dtype=np.uint64)
+        out[0, 0] = 1
+        return out
+
+    def inspect(key: Any, staged: Any) -> None:
+        assert staged.plan.other is not None and staged.plan.n2 == 0 < staged.plan.n1
+
+    got, want = _split_path_sums(emu_gpu, test_key[0], monkeypatch, boolean, inspect)
     for name in ("a", "b1", "b2", "c", "h"):
         assert getattr(got, name) == getattr(want, name), f"seed={SEED}: MSM {name}"
 
@@ -476,40 +495,17 @@ def test_emulated_sparse_b_sections_take_the_rows_with_points(emu_gpu: object, t
     """The PoRep-like key's B points are infinity on the wires no B side uses: B1 and B2 share one
     support mask, their MSMs take the plan of the rows it keeps (fewer ones and others than the
     witness's plan, which A keeps), and the five sums equal the CPU backend's."""
-    monkeypatch.setitem(type(emu_gpu).stage.__globals__, "DENSE_KEY_ROWS", 0)
-    from cuzk_mp.backends.cpu import CpuBackend
-    from cuzk_mp.circuits.synthetic import PorepLike
-    from cuzk_mp.formats.zkey import read_zkey
-    from cuzk_mp.groth16.prover import prove_start
-    from cuzk_mp.groth16.synthesis import ConstraintEvaluator
-    from tests.helpers import LOG_N
+    def inspect(key: Any, staged: Any) -> None:
+        assert key.supports == {"b2": "b2", "b1": "b2"}, key.supports
+        mask = np.asarray(key.support_masks["b2"]).astype(bool)
+        assert mask.shape == (staged.plan.m,) and 0.3 < mask.mean() < 0.7  # the B side uses ~45 % of wires
+        plan, sub = staged.plan, staged.plan.subsets["b2"]
+        assert sub.n1 + sub.n2 < plan.n1 + plan.n2 and sub.n2 > 0
+        ones, other = np.asarray(plan.ones), np.asarray(plan.other)
+        assert np.array_equal(np.asarray(sub.ones), ones[mask[ones]])
+        assert np.array_equal(np.asarray(sub.other), other[mask[other]])
 
-    cpu = CpuBackend(threads=2)
-    with read_zkey(test_key[0]) as zkey:
-        x = ConstraintEvaluator.from_zkey(zkey).evaluate(PorepLike(LOG_N).witness(SEED, 0))
-        inputs = ProverInputs(x.a, x.b, x.c, x.w)
-        ckey = cpu.load_key(zkey)
-        s = cpu.stage(ckey, inputs)
-        want = prove_start(cpu, ckey, s, zkey.n_public)
-        cpu.release(s)
-        key = emu_gpu.load_key(zkey, lasting=False)
-        try:
-            assert key.supports == {"b2": "b2", "b1": "b2"}, key.supports
-            mask = np.asarray(key.support_masks["b2"]).astype(bool)
-            assert mask.shape == (zkey.n_vars,) and 0.3 < mask.mean() < 0.7  # the B side uses ~45 % of wires
-            staged = emu_gpu.stage(key, inputs)
-            try:
-                plan, sub = staged.plan, staged.plan.subsets["b2"]
-                assert sub.n1 + sub.n2 < plan.n1 + plan.n2 and sub.n2 > 0
-                ones, other = np.asarray(plan.ones), np.asarray(plan.other)
-                assert np.array_equal(np.asarray(sub.ones), ones[mask[ones]])
-                assert np.array_equal(np.asarray(sub.other), other[mask[other]])
-                got = prove_start(emu_gpu, key, staged, zkey.n_public)
-            finally:
-                emu_gpu.release(staged)
-        finally:
-            key.close()
-        assert key.supports == {} and key.support_masks == {}
+    got, want = _split_path_sums(emu_gpu, test_key[0], monkeypatch, lambda w: w, inspect)
     for name in ("a", "b1", "b2", "c", "h"):
         assert getattr(got, name) == getattr(want, name), f"seed={SEED}: MSM {name}"
 
