@@ -24,6 +24,12 @@ from ..errors import InputError
 from . import messages as msg
 from .types import INPUT_KINDS, KEY_SOURCES, CircuitSpec, JobSpec, Priority
 
+# Where a device-key circuit's a, b, c are made, per backend: the GPU makes them from w on the device
+# (its witness map kernels), so synthesis writes w alone (a quarter of the ring's bytes, and ~15 % of
+# the synthesis core-seconds: the witness without the matrix products); elsewhere the host does.
+# WITNESS_MAP_ENV=host keeps the host's map on every backend (a comparison run).
+DEVICE_WITNESS_MAP = {"gpu": "device"}
+WITNESS_MAP_ENV = "CUZK_WITNESS_MAP"
 MAX_PARTITIONS = 1024
 MAX_SEED = 2**63 - 1
 MAX_JOB_ID = 256  # a job id rides in the header of every ring segment
@@ -92,10 +98,20 @@ class CircuitTable:
         data = ensure_synthetic_circuit_data(kind, log_n, self.param_cache)
         t = device_toxic_waste(kind, log_n, self.param_cache)
         ref = msg.CircuitRef(cid, "", None, None, kind, log_n, key_source="device", circuit_data=str(data),
-                             toxic=[str(t.tau), str(t.alpha), str(t.beta), str(t.delta)])
+                             toxic=[str(t.tau), str(t.alpha), str(t.beta), str(t.delta)],
+                             witness_map=self._witness_map())
         if self.refs.get(cid) != ref:  # another key under this id: what a prover said of the old one is stale
             self._vks.pop(cid, None)
         return ref
+
+    def _witness_map(self) -> str:
+        """Where a device-key circuit's a, b, c are made (:data:`DEVICE_WITNESS_MAP`)."""
+        forced = os.environ.get(WITNESS_MAP_ENV, "")
+        if forced not in ("", "host", "device"):
+            raise InputError(f"{WITNESS_MAP_ENV}={forced!r}: expected host or device")
+        if forced == "host":
+            return "host"
+        return DEVICE_WITNESS_MAP.get(self.backend, "host")
 
     def vk(self, circuit_id: str) -> bytes | None:
         """The verification key (snarkjs JSON) a prover reported for a key it generated (None if none did);

@@ -29,6 +29,9 @@ class CircuitRef(msgspec.Struct, frozen=True):
     ``key_source`` "device": a synthetic circuit whose INSECURE dev key has no file (``zkey`` is
     empty): each prover generates it from ``circuit_data`` and ``toxic`` (tau, alpha, beta, delta as
     decimal strings, the same for every prover), and synthesis maps ``circuit_data``.
+    ``witness_map`` "device" (such a circuit on a backend that makes a, b, c where it keeps the
+    partition, the GPU): synthesis writes w alone into the ring slot and the prover makes a = A w,
+    b = B w, c = a o b on the device from ``circuit_data``; "host": synthesis writes a, b, c and w.
     """
 
     circuit_id: str
@@ -40,6 +43,7 @@ class CircuitRef(msgspec.Struct, frozen=True):
     key_source: str = "file"
     circuit_data: str | None = None
     toxic: list[str] | None = None
+    witness_map: str = "host"
 
 
 # ---- engine -> synthesis worker / prover process

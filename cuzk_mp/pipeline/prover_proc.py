@@ -14,7 +14,8 @@ Threads:
 * ``gpu_workers_per_device`` workers: take the oldest READY slot, read it
   through this process's mapping of its segment (kept across partitions,
   docs/ring.md), stage it (copy to the device, or into private memory on the
-  CPU), **free the slot right after staging, before compute**, then run
+  CPU; a segment of w alone: w copied and a, b, c made on the device from the circuit
+  data, mapped once per key), **free the slot right after staging, before compute**, then run
   ``prove_start_batch`` under the per-device lock, so staging of one partition
   overlaps the compute of another while kernels never interleave. When more
   small partitions are READY at that moment, a worker takes up to ``batch_max``
@@ -41,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..errors import Cancelled, GpuDead
+from ..errors import Cancelled, GpuDead, InputError
 from . import messages as msg
 from .procs import ChildContext
 from .ring import Ring, RingHandle, SlotRecord
@@ -80,6 +81,22 @@ class _Key:
     nbytes: int
     users: int = 0
     vk: bytes | None = None  # the verification key of a generated key (sent with every KeyState of it)
+    rows: Any = None  # the circuit data, mapped while partitions arrive as w alone (stage_witness reads it)
+    rows_lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def witness_rows(self) -> Any:
+        """The circuit's coded rows for the device witness map (mapped on first use, one object for
+        the key's life: the backend keeps their device copy for that object)."""
+        with self.rows_lock:
+            if self.rows is None:
+                from .keys import open_device_circuit_data
+
+                ref = self.ref
+                if ref.witness_map != "device" or not (ref.circuit_data and ref.synthetic and ref.log_n):
+                    raise InputError(f"circuit {ref.circuit_id}: a partition of w alone, but its witness map is "
+                                     f"the host's")
+                self.rows = open_device_circuit_data(ref.circuit_data, ref.synthetic, ref.log_n)
+            return self.rows
 
 
 class KeyCache:
@@ -191,6 +208,8 @@ class KeyCache:
         key = self.keys.pop(circuit_id)
         key.handle.close()
         key.zkey.close()
+        if key.rows is not None:
+            key.rows.close()
         self.ctx.send(msg.KeyState(circuit_id, None, 0))
 
 
@@ -323,9 +342,12 @@ class Prover:
         from ..backends.base import ProverInputs
         from ..groth16.prover import public_signals
 
-        a, b, c, w = arrays
+        w = arrays[-1]
         job.public = public_signals(w, job.meta.n_public)
         try:
+            if len(arrays) == 1:  # w alone: a, b, c are made on the device (CircuitRef.witness_map)
+                return self.backend.stage_witness(job.key.handle, job.key.witness_rows(), w)
+            a, b, c = arrays[:3]
             return self.backend.stage(job.key.handle, ProverInputs(a=a, b=b, c=c, w=w))
         except BaseException:
             self.keys.release(job.key)

@@ -179,9 +179,10 @@ class _Mapping:
     buf: mmap.mmap
 
 
-def partition_shapes(domain_size: int, n_vars: int) -> list[tuple[int, int]]:
-    """The arrays of one partition in its segment, in order: a, b, c (domain rows) and w (n_vars rows)."""
-    return [(domain_size, 4)] * 3 + [(n_vars, 4)]
+def partition_shapes(domain_size: int, n_vars: int, abc: bool = True) -> list[tuple[int, int]]:
+    """The arrays of one partition in its segment, in order: a, b, c (domain rows) and w (n_vars rows);
+    w alone without ``abc`` (a circuit whose prover makes a, b, c on the device)."""
+    return ([(domain_size, 4)] * 3 if abc else []) + [(n_vars, 4)]
 
 
 def _offsets(shapes: Sequence[tuple[int, int]]) -> tuple[list[tuple[int, int, int]], int]:

@@ -18,7 +18,9 @@ One task at a time (the engine hands a worker a new task only when it is idle):
    ``threads_per_partition`` threads, and the witness check against the r1cs when
    the circuit has one: an unsatisfied witness fails this task
    (``UnsatisfiedWitness`` names the first failing constraint) and the engine
-   fails that job alone;
+   fails that job alone. A circuit whose prover makes a, b, c on the device
+   (``CircuitRef.witness_map`` "device": a GPU prover, a generated key) gets w alone,
+   checked (shape, range, w[0] = 1), in a segment a quarter the size;
 4. publish the slot with the partition's metadata and stage timings.
 
 A task that fails or is cancelled gives its slot back (the slot FREE, its segment
@@ -71,6 +73,9 @@ class _Circuit:
                                                  ref.circuit_id)
         else:
             self.evaluator = ConstraintEvaluator.from_files(ref.zkey, ref.r1cs)
+        # w alone into the slot: the prover makes a, b, c on the device (CircuitRef.witness_map), unless
+        # the circuit data holds C, whose witness check is the host map's
+        self.w_only = ref.witness_map == "device" and self.evaluator.data.c is None
         self._wasm: Any = None
         self._synthetic: Any = None
 
@@ -163,7 +168,7 @@ class SynthWorker:
         circuit = self._circuit(task.circuit)
         t_loaded = time.time()
         ev = circuit.evaluator
-        shapes = partition_shapes(ev.domain_size, ev.n_vars)
+        shapes = partition_shapes(ev.domain_size, ev.n_vars, abc=not circuit.w_only)
         claim = SlotClaim(task.task_id, task.job_seq, task.partition, task.priority)
         slot = self.ring.acquire_free(claim, abort=lambda: self.ctx.stopping.is_set() or task.task_id in self.cancelled,
                                       nbytes=segment_bytes(shapes))
@@ -190,14 +195,19 @@ class SynthWorker:
 
     def _fill(self, task: msg.SynthTask, circuit: _Circuit, arrays: list[np.ndarray],
               timings: dict[str, float]) -> None:
-        """Witness, then a, b, c, straight into the slot's views (they go out of scope on return)."""
-        a, b, c, w = arrays
+        """Witness, then a, b, c, straight into the slot's views (they go out of scope on return); the
+        witness alone, checked, where the prover makes a, b, c (``circuit.w_only``)."""
+        w = arrays[-1]
         t0, cpu0 = time.time(), time.process_time()
         self._check(task)
         circuit.witness_into(task, w, self.threads)
         timings["witness"] = time.time() - t0
         self._check(task)
-        circuit.evaluator.evaluate_into(w, a, b, c, threads=self.threads)
+        if circuit.w_only:
+            circuit.evaluator.validate_witness(w)
+        else:
+            a, b, c = arrays[:3]
+            circuit.evaluator.evaluate_into(w, a, b, c, threads=self.threads)
         self._check(task)
         timings["synthesis"] = time.time() - t0
         timings["synthesis_cpu"] = time.process_time() - cpu0  # core-seconds: every thread of this process
