@@ -20,7 +20,8 @@ One task at a time (the engine hands a worker a new task only when it is idle):
    (``UnsatisfiedWitness`` names the first failing constraint) and the engine
    fails that job alone. A circuit whose prover makes a, b, c on the device
    (``CircuitRef.witness_map`` "device": a GPU prover, a generated key) gets w alone,
-   checked (shape, range, w[0] = 1), in a segment a quarter the size;
+   checked (shape, range, w[0] = 1), in a segment a quarter the size, for the
+   synthetic generator's witnesses (see ``_Circuit.w_only``);
 4. publish the slot with the partition's metadata and stage timings.
 
 A task that fails or is cancelled gives its slot back (the slot FREE, its segment
@@ -73,11 +74,16 @@ class _Circuit:
                                                  ref.circuit_id)
         else:
             self.evaluator = ConstraintEvaluator.from_files(ref.zkey, ref.r1cs)
-        # w alone into the slot: the prover makes a, b, c on the device (CircuitRef.witness_map), unless
-        # the circuit data holds C, whose witness check is the host map's
-        self.w_only = ref.witness_map == "device" and self.evaluator.data.c is None
         self._wasm: Any = None
         self._synthetic: Any = None
+
+    def w_only(self, task: msg.SynthTask) -> bool:
+        """Whether this task's slot gets w alone (the prover makes a, b, c on the device,
+        CircuitRef.witness_map): for the synthetic generator's witnesses, and for any witness of a
+        circuit whose data has no C. A witness from outside (.wtns, the wasm) of a circuit with C keeps
+        the host's map, whose check against C names the first unsatisfied constraint; the generator's
+        witness satisfies the circuit by construction, and every proof is verified before it leaves."""
+        return self.ref.witness_map == "device" and (task.kind == "synthetic" or self.evaluator.data.c is None)
 
     def witness_into(self, task: msg.SynthTask, out: np.ndarray, threads: int) -> None:
         """Write the partition's full witness (standard form) into ``out``, the slot's w."""
@@ -168,7 +174,7 @@ class SynthWorker:
         circuit = self._circuit(task.circuit)
         t_loaded = time.time()
         ev = circuit.evaluator
-        shapes = partition_shapes(ev.domain_size, ev.n_vars, abc=not circuit.w_only)
+        shapes = partition_shapes(ev.domain_size, ev.n_vars, abc=not circuit.w_only(task))
         claim = SlotClaim(task.task_id, task.job_seq, task.partition, task.priority)
         slot = self.ring.acquire_free(claim, abort=lambda: self.ctx.stopping.is_set() or task.task_id in self.cancelled,
                                       nbytes=segment_bytes(shapes))
@@ -196,14 +202,14 @@ class SynthWorker:
     def _fill(self, task: msg.SynthTask, circuit: _Circuit, arrays: list[np.ndarray],
               timings: dict[str, float]) -> None:
         """Witness, then a, b, c, straight into the slot's views (they go out of scope on return); the
-        witness alone, checked, where the prover makes a, b, c (``circuit.w_only``)."""
+        witness alone, checked, where the prover makes a, b, c (:meth:`_Circuit.w_only`)."""
         w = arrays[-1]
         t0, cpu0 = time.time(), time.process_time()
         self._check(task)
         circuit.witness_into(task, w, self.threads)
         timings["witness"] = time.time() - t0
         self._check(task)
-        if circuit.w_only:
+        if len(arrays) == 1:
             circuit.evaluator.validate_witness(w)
         else:
             a, b, c = arrays[:3]

@@ -1,0 +1,129 @@
+"""A generated key on the GPU backend: synthesis writes w alone into the ring, the prover makes a, b, c.
+
+The ring, a synthesis worker and a prover's threads run in this process (no engine), the prover on
+the GPU backend's host code over the kernel emulator (tests/gpu_emu). The circuit table gives a
+device-key circuit the device witness map on "gpu" (and not on "cpu", nor with the env override);
+the worker publishes segments of w alone (a quarter of the bytes), checked; the prover generates the
+INSECURE dev key, stages each partition with ``stage_witness`` from the circuit data and proves it:
+every proof verifies with the key's verification key and has the partition's public signals. A
+witness from outside (.wtns) of that circuit keeps the host's map (its check against C).
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import pytest
+
+from cuzk_mp.circuits.synthetic import PorepLike
+from cuzk_mp.pipeline import messages as msg
+from cuzk_mp.pipeline.circuits import WITNESS_MAP_ENV, CircuitTable
+from cuzk_mp.pipeline.ring import Ring, partition_segment_bytes, partition_shapes, segment_bytes
+from cuzk_mp.pipeline.types import CircuitSpec
+from tests.helpers import LOG_N, prefix_for
+from tests.test_prover_batching import _Ctx
+
+
+@pytest.fixture(scope="module")
+def emu_backend() -> Any:
+    from tests import gpu_emu
+
+    if not gpu_emu.available():
+        pytest.skip("no host C++ compiler for the kernel emulator")
+    from tests.gpu_emu.backend import load_backend
+
+    backend = load_backend().GpuBackend(0)
+    yield backend
+    backend.close()
+
+
+def _spec() -> CircuitSpec:
+    return CircuitSpec("syn", synthetic="porep-like", log_n=LOG_N, key_source="device", partitions=2)
+
+
+def test_the_table_gives_device_key_circuits_the_gpus_witness_map(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    assert CircuitTable(tmp_path, "gpu").make_ref(_spec()).witness_map == "device"
+    assert CircuitTable(tmp_path, "cpu").make_ref(_spec()).witness_map == "host"
+    monkeypatch.setenv(WITNESS_MAP_ENV, "host")
+    assert CircuitTable(tmp_path, "gpu").make_ref(_spec()).witness_map == "host"
+    monkeypatch.setenv(WITNESS_MAP_ENV, "gpu")
+    with pytest.raises(Exception, match="expected host or device"):
+        CircuitTable(tmp_path, "gpu").make_ref(_spec())
+
+
+def _task(ref: msg.CircuitRef, task_id: int, seed: int, kind: str = "synthetic", data: bytes = b"") -> msg.SynthTask:
+    return msg.SynthTask(task_id, f"job-{task_id}", 1, 0, 0, 1, ref, kind, data, seed, time.time(), time.time())
+
+
+def test_w_alone_through_the_ring_proves_on_the_device_witness_map(tmp_path: Path, emu_backend: Any,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuzk_mp.formats.snarkjs_json import proof_from_json, vk_from_json
+    from cuzk_mp.groth16.keys import prepare_vk
+    from cuzk_mp.groth16.verifier import verify
+    from cuzk_mp.pipeline.prover_proc import Prover, ProverPayload
+    from cuzk_mp.pipeline.synth import SynthWorker
+
+    # the prover's device-memory sampler reads the emulated backend's memory module
+    monkeypatch.setitem(sys.modules, "cuzk_mp.backends.gpu.memory", type(emu_backend).__init__.__globals__["memory"])
+    ref = CircuitTable(tmp_path, "gpu").make_ref(_spec())
+    ring = Ring.create(prefix_for("devwit"), 3)
+    ctx = _Ctx()
+    seeds = [5, 6]
+    try:
+        worker = SynthWorker(ctx, ring, 1)  # type: ignore[arg-type]
+        for i, seed in enumerate(seeds):
+            worker.run_task(_task(ref, i + 1, seed))
+        circuit = worker.circuits["syn"]
+        ev = circuit.evaluator
+        published = ctx.done((msg.Published,))
+        assert [p.nbytes for p in published] == [segment_bytes(partition_shapes(ev.domain_size, ev.n_vars, False))] * 2
+        assert published[0].nbytes < partition_segment_bytes(ev.domain_size, ev.n_vars) / 2  # pages, header
+        prover = Prover(ctx, ring, emu_backend, ProverPayload(ring.handle, "gpu", 0, 1, True, None, 1))  # type: ignore[arg-type]
+        threads = [threading.Thread(target=prover.work, daemon=True), threading.Thread(target=prover.finalize)]
+        for t in threads:
+            t.start()
+        deadline = time.monotonic() + 600
+        with ctx.cond:
+            while len(ctx.done((msg.ProofDone, msg.TaskFailed))) < len(seeds):
+                assert ctx.cond.wait(max(0.0, deadline - time.monotonic())), "no answer for every partition"
+        ctx.stopping.set()
+        prover.finalize_q.put(None)
+        for t in threads:
+            t.join(60)
+        if prover.memwatch is not None:
+            prover.memwatch.stop()
+        assert not ctx.done((msg.TaskFailed,)), ctx.done((msg.TaskFailed,))
+        assert ring.stats().live == 0 and all(r.state == "free" for r in ring.snapshot())
+        vks = [m.vk for m in ctx.done((msg.KeyState,)) if m.vk]
+        assert vks, "the prover reported no verification key for the key it generated"
+        pvk = prepare_vk(vk_from_json(json.loads(vks[0])))
+        circuit_gen = PorepLike(LOG_N)
+        done = ctx.done((msg.ProofDone,))
+        assert sorted(m.task_id for m in done) == [1, 2]
+        for m in done:
+            public = [int(x) for x in m.public]
+            assert public == circuit_gen.public_inputs(seeds[m.task_id - 1], 0)
+            assert verify(pvk, public, proof_from_json(m.proof)), f"task {m.task_id}"
+            bad = [public[0] + 1, *public[1:]]
+            assert not verify(pvk, bad, proof_from_json(m.proof))
+        # a .wtns witness of the same circuit: the host's map (a, b, c and w in the slot, checked against C)
+        assert not circuit.w_only(_task(ref, 9, 0, kind="wtns")) and circuit.w_only(_task(ref, 9, 0))
+        keys = prover.keys.keys
+        assert keys["syn"].rows is not None
+    finally:
+        ring.destroy()
+
+
+def test_segments_of_w_alone_are_a_quarter_of_the_bytes() -> None:
+    n = 1 << 20
+    assert partition_shapes(n, n - 7, abc=False) == [(n - 7, 4)]
+    full, w_only = partition_segment_bytes(n, n - 7), segment_bytes(partition_shapes(n, n - 7, abc=False))
+    assert 3.9 < full / w_only < 4.1
+    assert np.dtype(np.uint64).itemsize * 4 * (n - 7) <= w_only
