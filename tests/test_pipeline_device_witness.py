@@ -121,9 +121,17 @@ def test_w_alone_through_the_ring_proves_on_the_device_witness_map(tmp_path: Pat
         ring.destroy()
 
 
-def test_segments_of_w_alone_are_a_quarter_of_the_bytes() -> None:
+def test_segments_of_w_alone_are_a_quarter_of_the_bytes(tmp_path: Path) -> None:
+    """The ring's segment of w alone, and the memory model's, which the bench sizes the ring with."""
+    from cuzk_mp.pipeline.keys import ensure_synthetic_circuit_data
+    from cuzk_mp.pipeline.memory import circuit_data_size
+
     n = 1 << 20
     assert partition_shapes(n, n - 7, abc=False) == [(n - 7, 4)]
     full, w_only = partition_segment_bytes(n, n - 7), segment_bytes(partition_shapes(n, n - 7, abc=False))
     assert 3.9 < full / w_only < 4.1
     assert np.dtype(np.uint64).itemsize * 4 * (n - 7) <= w_only
+    data = ensure_synthetic_circuit_data("porep-like", LOG_N, tmp_path)
+    host, device = circuit_data_size(data), circuit_data_size(data, abc=False)
+    assert host.segment_bytes == partition_segment_bytes(host.domain_size, host.n_vars)
+    assert device.segment_bytes == segment_bytes(partition_shapes(host.domain_size, host.n_vars, False))

@@ -530,13 +530,15 @@ def _circuit(args: argparse.Namespace, backend: str) -> CircuitSize:
     """The benched circuit's sizes, from its proving key (a synthetic circuit's dev key is made here,
     once, if needed) or, for a key generated in the provers (``--key-source device``), from its
     circuit data (made here, once per generator version)."""
+    from .circuits import witness_map
     from .memory import circuit_data_size, circuit_size
 
     if args.circuit in SYNTHETIC_KINDS and args.key_source == "device":
         from .keys import ensure_synthetic_circuit_data
 
         with step(f"the circuit data of {args.circuit} 2^{args.log_n} in {args.cache} (made once per generator)"):
-            return circuit_data_size(ensure_synthetic_circuit_data(args.circuit, args.log_n, args.cache))
+            return circuit_data_size(ensure_synthetic_circuit_data(args.circuit, args.log_n, args.cache),
+                                     abc=witness_map(backend) == "host")
     return circuit_size(_zkey_path(args, backend))
 
 

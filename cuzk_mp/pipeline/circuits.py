@@ -47,6 +47,17 @@ class KeyRow(msgspec.Struct):
     error: str | None
 
 
+def witness_map(backend: str) -> str:
+    """Where a device-key circuit's a, b, c are made on ``backend`` (:data:`DEVICE_WITNESS_MAP`, the
+    env override)."""
+    forced = os.environ.get(WITNESS_MAP_ENV, "")
+    if forced not in ("", "host", "device"):
+        raise InputError(f"{WITNESS_MAP_ENV}={forced!r}: expected host or device")
+    if forced == "host":
+        return "host"
+    return DEVICE_WITNESS_MAP.get(backend, "host")
+
+
 class CircuitTable:
     """Registered circuits, job validation and resident keys (see the module docstring)."""
 
@@ -99,19 +110,10 @@ class CircuitTable:
         t = device_toxic_waste(kind, log_n, self.param_cache)
         ref = msg.CircuitRef(cid, "", None, None, kind, log_n, key_source="device", circuit_data=str(data),
                              toxic=[str(t.tau), str(t.alpha), str(t.beta), str(t.delta)],
-                             witness_map=self._witness_map())
+                             witness_map=witness_map(self.backend))
         if self.refs.get(cid) != ref:  # another key under this id: what a prover said of the old one is stale
             self._vks.pop(cid, None)
         return ref
-
-    def _witness_map(self) -> str:
-        """Where a device-key circuit's a, b, c are made (:data:`DEVICE_WITNESS_MAP`)."""
-        forced = os.environ.get(WITNESS_MAP_ENV, "")
-        if forced not in ("", "host", "device"):
-            raise InputError(f"{WITNESS_MAP_ENV}={forced!r}: expected host or device")
-        if forced == "host":
-            return "host"
-        return DEVICE_WITNESS_MAP.get(self.backend, "host")
 
     def vk(self, circuit_id: str) -> bytes | None:
         """The verification key (snarkjs JSON) a prover reported for a key it generated (None if none did);

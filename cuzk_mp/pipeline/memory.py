@@ -12,7 +12,7 @@ the ring's segments once, as shm::
     host = fixed                                   every process idle: processes x base + the key's host
                                                    share + the circuit's data
          + engine                                  the engine's own growth (job tables, results)
-         + ring_slots x segment                    at most: the ring's rule (ring.partition_segment_bytes)
+         + ring_slots x segment                    at most: the ring's rule (ring.segment_bytes of its arrays)
          + partition_workers x synth               a worker's private memory: scratch, never the vectors
          + provers x prover                        staged partitions and H scratch (CPU backend), or
                                                    the host side of a GPU process (CUDA context,
@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .ring import partition_segment_bytes
+from .ring import partition_shapes, segment_bytes
 from .types import BATCH_MAX_BYTES, default_synthesis_threads
 
 GiB = 2**30
@@ -126,11 +126,12 @@ class CircuitSize:
     key_bytes: int  # the zkey (mapped by the provers, counted once; 0 for a key generated on the device)
     data_bytes: int  # what synthesis reads of the circuit (matrix rows, constants), shared: counted once
     n_public: int = 0  # public signals (the device-memory plan's C section)
+    abc: bool = True  # its segments hold a, b, c and w; False: w alone (the prover's device witness map)
 
     @property
     def segment_bytes(self) -> int:
         """One partition's ring segment (exact)."""
-        return partition_segment_bytes(self.domain_size, self.n_vars)
+        return segment_bytes(partition_shapes(self.domain_size, self.n_vars, self.abc))
 
 
 @dataclass(frozen=True)
@@ -180,14 +181,15 @@ def circuit_size(zkey_path: str | os.PathLike[str]) -> CircuitSize:
                            data_bytes=int(zkey.coefs.shape[0]) * DATA_BYTES_PER_ENTRY, n_public=zkey.n_public)
 
 
-def circuit_data_size(path: str | os.PathLike[str]) -> CircuitSize:
+def circuit_data_size(path: str | os.PathLike[str], abc: bool = True) -> CircuitSize:
     """A circuit's sizes from its circuit-data file, for a key with no file (generated in the provers:
-    no host copy of the key, so ``key_bytes`` 0; the file is what synthesis and the provers map)."""
+    no host copy of the key, so ``key_bytes`` 0; the file is what synthesis and the provers map);
+    ``abc`` False: its partitions travel as w alone (the prover's device witness map)."""
     from ..groth16.circuit_data import read_counts
 
     counts = read_counts(path)
     return CircuitSize(domain_size=counts.domain_size, n_vars=counts.n_vars, key_bytes=0,
-                       data_bytes=os.path.getsize(path), n_public=counts.n_public)
+                       data_bytes=os.path.getsize(path), n_public=counts.n_public, abc=abc)
 
 
 def model_working_sets(circuit: CircuitSize, backend: str, prover_workers: int) -> WorkingSets:
