@@ -29,7 +29,7 @@ from .types import INPUT_KINDS, KEY_SOURCES, CircuitSpec, JobSpec, Priority
 # the synthesis core-seconds: the witness without the matrix products); elsewhere the host does.
 # WITNESS_MAP_ENV=host keeps the host's map on every backend (a comparison run).
 DEVICE_WITNESS_MAP = {"gpu": "device"}
-WITNESS_MAP_ENV = "CUZK_WITNESS_MAP"
+WITNESS_MAP_ENV = "CUZK_MP_WITNESS_MAP"
 MAX_PARTITIONS = 1024
 MAX_SEED = 2**63 - 1
 MAX_JOB_ID = 256  # a job id rides in the header of every ring segment
