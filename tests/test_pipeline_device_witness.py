@@ -51,6 +51,10 @@ def test_the_table_gives_device_key_circuits_the_gpus_witness_map(tmp_path: Path
                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
     assert CircuitTable(tmp_path, "gpu").make_ref(_spec()).witness_map == "device"
     assert CircuitTable(tmp_path, "cpu").make_ref(_spec()).witness_map == "host"
+    from cuzk_mp.backends import resolve_backend_name
+
+    auto = "device" if resolve_backend_name("auto") == "gpu" else "host"
+    assert CircuitTable(tmp_path, "auto").make_ref(_spec()).witness_map == auto
     monkeypatch.setenv(WITNESS_MAP_ENV, "host")
     assert CircuitTable(tmp_path, "gpu").make_ref(_spec()).witness_map == "host"
     monkeypatch.setenv(WITNESS_MAP_ENV, "gpu")

@@ -48,14 +48,16 @@ class KeyRow(msgspec.Struct):
 
 
 def witness_map(backend: str) -> str:
-    """Where a device-key circuit's a, b, c are made on ``backend`` (:data:`DEVICE_WITNESS_MAP`, the
-    env override)."""
+    """Where a device-key circuit's a, b, c are made on ``backend`` ("auto" resolved as the engine
+    resolves it; :data:`DEVICE_WITNESS_MAP`, the env override)."""
+    from ..backends import resolve_backend_name
+
     forced = os.environ.get(WITNESS_MAP_ENV, "")
     if forced not in ("", "host", "device"):
         raise InputError(f"{WITNESS_MAP_ENV}={forced!r}: expected host or device")
     if forced == "host":
         return "host"
-    return DEVICE_WITNESS_MAP.get(backend, "host")
+    return DEVICE_WITNESS_MAP.get(resolve_backend_name(backend), "host")
 
 
 class CircuitTable:
