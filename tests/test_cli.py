@@ -274,7 +274,7 @@ def test_prove_connect_finds_the_circuit_by_its_key_file(tmp_path: Path, monkeyp
         (tmp_path / name).write_bytes(b"x")  # placeholders: the engine double reads none
     (tmp_path / "link.zkey").symlink_to(tmp_path / "c.zkey")
     (tmp_path / "w.wtns").write_bytes(b"wtns" + bytes(60))
-    monkeypatch.setattr(budget, "circuit_size", lambda spec: estimated_circuit_size(1 << 10, 1 << 10))
+    monkeypatch.setattr(budget, "circuit_size", lambda spec, backend="cpu": estimated_circuit_size(1 << 10, 1 << 10))
     client_token, admin_token = "client-token-000000001", "admin-token-0000000002"
     proof, public = tmp_path / "proof.json", tmp_path / "public.json"
     no_numpy = REFUSE_NUMPY + "from cuzk_mp.cli import main\nsys.exit(main(sys.argv[1:]))\n"

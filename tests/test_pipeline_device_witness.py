@@ -139,3 +139,19 @@ def test_segments_of_w_alone_are_a_quarter_of_the_bytes(tmp_path: Path) -> None:
     host, device = circuit_data_size(data), circuit_data_size(data, abc=False)
     assert host.segment_bytes == partition_segment_bytes(host.domain_size, host.n_vars)
     assert device.segment_bytes == segment_bytes(partition_shapes(host.domain_size, host.n_vars, False))
+
+
+def test_the_daemons_budget_sizes_those_segments_as_w_alone(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The daemon's host budget sizes a generated-key circuit's ring segments as its engine's
+    backend fills them: w alone on the GPU, a, b, c and w on the CPU or with the override."""
+    from cuzk_mp.daemon.budget import circuit_size, largest
+
+    spec = _spec()
+    on_gpu, on_cpu = circuit_size(spec, "gpu"), circuit_size(spec, "cpu")
+    assert not on_gpu.abc and on_cpu.abc and on_gpu.key_bytes == on_cpu.key_bytes == 0
+    assert 2.9 < on_cpu.segment_bytes / on_gpu.segment_bytes <= 4.1  # 3 at 2^10: the header and page rounding
+    assert largest([spec], "gpu").segment_bytes == on_gpu.segment_bytes
+    file_key = CircuitSpec("f", synthetic="porep-like", log_n=LOG_N)
+    assert circuit_size(file_key, "gpu").abc  # a key file: the host's map
+    monkeypatch.setenv(WITNESS_MAP_ENV, "host")
+    assert circuit_size(spec, "gpu").abc

@@ -61,30 +61,34 @@ class BudgetBreakdown:
                 "provers": self.provers, "srs_per_prover": self.srs_per_prover}
 
 
-def circuit_size(spec: CircuitSpec) -> CircuitSize:
-    """The model's view of a configured circuit.
+def circuit_size(spec: CircuitSpec, backend: str = "cpu") -> CircuitSize:
+    """The model's view of a configured circuit on the engine's ``backend``.
 
     Synthetic circuits have ``2**log_n`` rows and know their wire count (building the circuit
     object costs milliseconds; its r1cs is made only on demand), and their key is estimated. For
     circom circuits the zkey header gives the sizes; it is read through a memory map, so this
-    stays cheap for big keys.
+    stays cheap for big keys. A key generated in the provers on the GPU travels as w alone
+    (:func:`cuzk_mp.pipeline.circuits.witness_map`).
     """
     if spec.synthetic is not None:
         from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+        from cuzk_mp.pipeline.circuits import witness_map
 
         assert spec.log_n is not None
         size = estimated_circuit_size(1 << spec.log_n, synthetic_circuit(spec.synthetic, spec.log_n).n_wires)
         # a key generated in the provers has no host copy (and no file): nothing of it to budget on the host
-        return dataclasses.replace(size, key_bytes=0) if spec.key_source == "device" else size
+        if spec.key_source != "device":
+            return size
+        return dataclasses.replace(size, key_bytes=0, abc=witness_map(backend) == "host")
     from cuzk_mp.pipeline.memory import circuit_size as of_zkey
 
     assert spec.zkey is not None
     return of_zkey(spec.zkey)
 
 
-def largest(circuits: Iterable[CircuitSpec]) -> CircuitSize:
-    """The configured circuit with the largest ring segment (an empty one when there is none)."""
-    sizes = [circuit_size(c) for c in circuits]
+def largest(circuits: Iterable[CircuitSpec], backend: str = "cpu") -> CircuitSize:
+    """The configured circuit with the largest ring segment on ``backend`` (an empty one when there is none)."""
+    sizes = [circuit_size(c, backend) for c in circuits]
     return max(sizes, key=lambda s: s.segment_bytes, default=CircuitSize(0, 0, 0, 0))
 
 
@@ -104,7 +108,7 @@ def breakdown(total: int, margin: int, engine: EngineConfig, circuit: CircuitSiz
     """Split ``total`` into margin, process bases, the pipeline (the model's bound) and the SRS budget."""
     provers = len(engine.devices) if engine.devices else 1
     shape = Shape(engine.ring_slots, engine.partition_workers, engine.threads_per_partition())
-    keyless = CircuitSize(circuit.domain_size, circuit.n_vars, 0, 0)  # the keys are what is left
+    keyless = CircuitSize(circuit.domain_size, circuit.n_vars, 0, 0, abc=circuit.abc)  # the keys are what is left
     ws = model_working_sets(keyless, _model_backend(engine), engine.gpu_workers_per_device)
     bound = host_bound(shape, keyless, provers, ws)
     processes = (1 + engine.partition_workers + provers) * PROCESS_BASE_BYTES

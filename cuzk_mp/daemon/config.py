@@ -473,7 +473,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         start_timeout_s=parse_duration(cfg.pipeline.start_timeout,
                                        f"{source}: pipeline.start_timeout"),
     )
-    circuit = largest(c.spec for c in circuits.values())
+    circuit = largest((c.spec for c in circuits.values()), engine.backend)
     try:
         shape = shape_for(host, engine, circuit, _given_shape(raw, engine))
     except ConfigError as e:

@@ -42,7 +42,7 @@ class StatusView:
         self.cfg, self.jobs, self.started_at = cfg, jobs, started_at
         self.generated_vk = generated_vk
         self.budget = breakdown(cfg.memory_total_bytes, cfg.safety_margin_bytes, cfg.engine,
-                                largest(c.spec for c in cfg.circuits.values())).as_dict()
+                                largest((c.spec for c in cfg.circuits.values()), cfg.engine.backend)).as_dict()
         self._vks: dict[str, dict[str, Any]] = {}
         self._vk_lock = threading.Lock()
 
