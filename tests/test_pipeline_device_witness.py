@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -27,7 +26,7 @@ from cuzk_mp.pipeline.circuits import WITNESS_MAP_ENV, CircuitTable
 from cuzk_mp.pipeline.ring import Ring, partition_segment_bytes, partition_shapes, segment_bytes
 from cuzk_mp.pipeline.types import CircuitSpec
 from tests.helpers import LOG_N, prefix_for
-from tests.test_prover_batching import _Ctx
+from tests.test_prover_batching import _Ctx, run_until_answered
 
 
 @pytest.fixture(scope="module")
@@ -90,19 +89,7 @@ def test_w_alone_through_the_ring_proves_on_the_device_witness_map(tmp_path: Pat
         assert [p.nbytes for p in published] == [segment_bytes(partition_shapes(ev.domain_size, ev.n_vars, False))] * 2
         assert published[0].nbytes < partition_segment_bytes(ev.domain_size, ev.n_vars) / 2  # pages, header
         prover = Prover(ctx, ring, emu_backend, ProverPayload(ring.handle, "gpu", 0, 1, True, None, 1))  # type: ignore[arg-type]
-        threads = [threading.Thread(target=prover.work, daemon=True), threading.Thread(target=prover.finalize)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 600
-        with ctx.cond:
-            while len(ctx.done((msg.ProofDone, msg.TaskFailed))) < len(seeds):
-                assert ctx.cond.wait(max(0.0, deadline - time.monotonic())), "no answer for every partition"
-        ctx.stopping.set()
-        prover.finalize_q.put(None)
-        for t in threads:
-            t.join(60)
-        if prover.memwatch is not None:
-            prover.memwatch.stop()
+        run_until_answered(ctx, prover, len(seeds), 600)
         assert not ctx.done((msg.TaskFailed,)), ctx.done((msg.TaskFailed,))
         assert ring.stats().live == 0 and all(r.state == "free" for r in ring.snapshot())
         vks = [m.vk for m in ctx.done((msg.KeyState,)) if m.vk]

@@ -75,6 +75,24 @@ def _publish(ring: Ring, setup: SimpleNamespace, task_id: int, seed: int) -> Non
     ring.publish(slot, seg, msg.encode(meta))
 
 
+def run_until_answered(ctx: _Ctx, prover: Prover, n: int, timeout_s: float) -> None:
+    """Run the prover's worker and finalizer threads until n partitions are answered (proved or
+    failed), then stop them."""
+    threads = [threading.Thread(target=prover.work, daemon=True), threading.Thread(target=prover.finalize)]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + timeout_s
+    with ctx.cond:
+        while len(ctx.done((msg.ProofDone, msg.TaskFailed))) < n:
+            assert ctx.cond.wait(max(0.0, deadline - time.monotonic())), "no answer for every partition"
+    ctx.stopping.set()
+    prover.finalize_q.put(None)
+    for t in threads:
+        t.join(60)
+    if prover.memwatch is not None:
+        prover.memwatch.stop()
+
+
 def _run(setup: SimpleNamespace, batch_max: int, seeds: list[int], cancel: set[int] = frozenset()  # type: ignore[assignment]
          ) -> tuple[_Ctx, Ring]:
     """Publish one partition per seed (task ids 1, 2, ...), then run one worker until each is answered."""
@@ -86,17 +104,7 @@ def _run(setup: SimpleNamespace, batch_max: int, seeds: list[int], cancel: set[i
             _publish(ring, setup, i + 1, seed)
         prover = Prover(ctx, ring, backend, ProverPayload(ring.handle, "cpu", 0, 1, True, None, batch_max))  # type: ignore[arg-type]
         prover.cancelled.update(cancel)
-        threads = [threading.Thread(target=prover.work, daemon=True), threading.Thread(target=prover.finalize)]
-        for t in threads:
-            t.start()
-        deadline = time.monotonic() + 300
-        with ctx.cond:
-            while len(ctx.done((msg.ProofDone, msg.TaskFailed))) < len(seeds):
-                assert ctx.cond.wait(max(0.0, deadline - time.monotonic())), "no answer for every partition"
-        ctx.stopping.set()
-        prover.finalize_q.put(None)
-        for t in threads:
-            t.join(30)
+        run_until_answered(ctx, prover, len(seeds), 300)
         assert ring.stats().live == 0 and all(r.state == "free" for r in ring.snapshot())
         return ctx, ring
     finally:
