@@ -160,7 +160,7 @@ def circom_circuit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str,
     """A circom circuit in the config (placeholder files: the engine double reads none)."""
     for name in ("c.zkey", "c.r1cs", "c.wasm"):
         (tmp_path / name).write_bytes(b"x")
-    monkeypatch.setattr(budget, "circuit_size", lambda spec: estimated_circuit_size(1 << 10, 1 << 10))
+    monkeypatch.setattr(budget, "circuit_size", lambda spec, backend="cpu": estimated_circuit_size(1 << 10, 1 << 10))
     return {"zkey": str(tmp_path / "c.zkey"), "r1cs": str(tmp_path / "c.r1cs"), "wasm": str(tmp_path / "c.wasm")}
 
 
