@@ -22,6 +22,7 @@ import pytest
 from cuzk_mp.daemon import config as C
 from cuzk_mp.daemon import warm
 from cuzk_mp.errors import ConfigError, InputError
+from tests.helpers import wait_until
 
 DATA = Path(__file__).parent / "data_formats"
 
@@ -173,6 +174,10 @@ def test_the_journal_lock_holder_is_read_never_locked(tmp_path: Path) -> None:
     holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)", "cuzk_mp-daemon-stand-in"])
     other = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
     try:
+        # the parent sees exec happen (close-on-exec) before the kernel sets the child's new argv:
+        # wait until /proc shows it, or a loaded machine reads the old command line
+        wait_until(lambda: b"stand-in" in Path(f"/proc/{holder.pid}/cmdline").read_bytes(), timeout=30)
+        wait_until(lambda: b"sleep" in Path(f"/proc/{other.pid}/cmdline").read_bytes(), timeout=30)
         lock.write_text(f"{holder.pid}\n")
         assert warm._holder_alive(journal)
         lock.write_text(f"{other.pid}\n")  # alive, but not a cuzk-mp process: a reused pid
