@@ -86,7 +86,7 @@ def test_w_alone_through_the_ring_proves_on_the_device_witness_map(tmp_path: Pat
         circuit = worker.circuits["syn"]
         ev = circuit.evaluator
         published = ctx.done((msg.Published,))
-        assert [p.nbytes for p in published] == [segment_bytes(partition_shapes(ev.domain_size, ev.n_vars, False))] * 2
+        assert [p.nbytes for p in published] == [partition_segment_bytes(ev.domain_size, ev.n_vars, False)] * 2
         assert published[0].nbytes < partition_segment_bytes(ev.domain_size, ev.n_vars) / 2  # pages, header
         prover = Prover(ctx, ring, emu_backend, ProverPayload(ring.handle, "gpu", 0, 1, True, None, 1))  # type: ignore[arg-type]
         run_until_answered(ctx, prover, len(seeds), 600)
@@ -119,12 +119,13 @@ def test_segments_of_w_alone_are_a_quarter_of_the_bytes(tmp_path: Path) -> None:
 
     n = 1 << 20
     assert partition_shapes(n, n - 7, abc=False) == [(n - 7, 4)]
-    full, w_only = partition_segment_bytes(n, n - 7), segment_bytes(partition_shapes(n, n - 7, abc=False))
+    full, w_only = partition_segment_bytes(n, n - 7), partition_segment_bytes(n, n - 7, abc=False)
     assert 3.9 < full / w_only < 4.1
     assert np.dtype(np.uint64).itemsize * 4 * (n - 7) <= w_only
     data = ensure_synthetic_circuit_data("porep-like", LOG_N, tmp_path)
     host, device = circuit_data_size(data), circuit_data_size(data, abc=False)
     assert host.segment_bytes == partition_segment_bytes(host.domain_size, host.n_vars)
+    assert device.segment_bytes == partition_segment_bytes(host.domain_size, host.n_vars, False)
     assert device.segment_bytes == segment_bytes(partition_shapes(host.domain_size, host.n_vars, False))
 
 

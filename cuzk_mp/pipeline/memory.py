@@ -12,7 +12,7 @@ the ring's segments once, as shm::
     host = fixed                                   every process idle: processes x base + the key's host
                                                    share + the circuit's data
          + engine                                  the engine's own growth (job tables, results)
-         + ring_slots x segment                    at most: the ring's rule (ring.segment_bytes of its arrays)
+         + ring_slots x segment                    at most: the ring's rule (ring.partition_segment_bytes)
          + partition_workers x synth               a worker's private memory: scratch, never the vectors
          + provers x prover                        staged partitions and H scratch (CPU backend), or
                                                    the host side of a GPU process (CUDA context,
@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .ring import partition_shapes, segment_bytes
+from .ring import partition_segment_bytes
 from .types import BATCH_MAX_BYTES, default_synthesis_threads
 
 GiB = 2**30
@@ -131,7 +131,7 @@ class CircuitSize:
     @property
     def segment_bytes(self) -> int:
         """One partition's ring segment (exact)."""
-        return segment_bytes(partition_shapes(self.domain_size, self.n_vars, self.abc))
+        return partition_segment_bytes(self.domain_size, self.n_vars, self.abc)
 
 
 @dataclass(frozen=True)

@@ -202,9 +202,9 @@ def segment_bytes(shapes: Sequence[tuple[int, int]]) -> int:
     return _offsets(shapes)[1]
 
 
-def partition_segment_bytes(domain_size: int, n_vars: int) -> int:
-    """:func:`segment_bytes` of one partition of a circuit (its a, b, c and w)."""
-    return segment_bytes(partition_shapes(domain_size, n_vars))
+def partition_segment_bytes(domain_size: int, n_vars: int, abc: bool = True) -> int:
+    """:func:`segment_bytes` of one partition of a circuit (its a, b, c and w; w alone without ``abc``)."""
+    return segment_bytes(partition_shapes(domain_size, n_vars, abc))
 
 
 def _round_up(n: int) -> int:

@@ -360,23 +360,21 @@ class GpuBackend:
         at infinity gives the mask, and the others that have exactly that mask share it (and their
         plan's sorts)."""
         supports: dict[str, str] = {}
-        masks: dict[str, Any] = {}
+        first: tuple[str, Any] | None = None  # (name, mask) of the first sparse section
         for name in SUPPORT_SECTIONS:
             if name not in dev:
                 continue
             rows = int(dev[name].shape[0])
             mask, kept = gmsm.support_mask(dev[name])
-            if not masks:
+            if first is None:
                 if rows and kept <= SUPPORT_MAX_FRACTION * rows:
-                    masks[name] = mask
+                    first = (name, mask)
                     supports[name] = name
                     log.info("key %s: section %s has points on %d of its %d rows: its MSMs skip the rest",
                              path, name, kept, rows)
-            elif int(mask.shape[0]) == int(next(iter(masks.values())).shape[0]) and \
-                    bool(cupy.array_equal(mask, next(iter(masks.values())))):
-                supports[name] = next(iter(masks))
-            del mask
-        return supports, masks
+            elif bool(cupy.array_equal(mask, first[1])):  # a, b1, b2: one row per wire each
+                supports[name] = first[0]
+        return supports, dict([first]) if first is not None else {}
 
     @staticmethod
     def _multiples(d_points: Any, c: int | None, name: str) -> Any:
