@@ -58,10 +58,18 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "dfma_mb2": msm.MsmParams(ba_rounds=0, acc_min_blocks=2, fq_mul="dfma"),
     "dfma_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3, fq_mul="dfma"),
     "dfma_mb4": msm.MsmParams(ba_rounds=0, acc_min_blocks=4, fq_mul="dfma"),
-    # every other product of the mixed addition on the FP64 pipe, the rest on IMAD
+    # four of the mixed addition's products on the FP64 pipe (calls), the rest on IMAD; mixedN_*:
+    # N of them (fq_mixed_n)
     "mixed_mb2": msm.MsmParams(ba_rounds=0, acc_min_blocks=2, fq_mul="mixed"),
     "mixed_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3, fq_mul="mixed"),
     "mixed_mb4": msm.MsmParams(ba_rounds=0, acc_min_blocks=4, fq_mul="mixed"),
+    "mixed3_mb4": msm.MsmParams(ba_rounds=0, acc_min_blocks=4, fq_mul="mixed", fq_mixed_n=3),
+    "mixed5_mb4": msm.MsmParams(ba_rounds=0, acc_min_blocks=4, fq_mul="mixed", fq_mixed_n=5),
+    "mixed5_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3, fq_mul="mixed", fq_mixed_n=5),
+    "mixed6_mb3": msm.MsmParams(ba_rounds=0, acc_min_blocks=3, fq_mul="mixed", fq_mixed_n=6),
+    # the mixed addition as first measured: products inlined, Y3 as two products
+    "mixed_inline_mb2": msm.MsmParams(ba_rounds=0, acc_min_blocks=2, fq_mul="mixed", fq_calls=False,
+                                      fq_fused=False),
     # both groups: Karatsuba Fq products (ff/mont.cuh mul_karatsuba, FF_KARATSUBA=1); G1 at its
     # default 4 blocks spills ~0.45 KB, at 3 ~0.1 KB, none at 2 (232 registers)
     "kara": msm.MsmParams(ba_rounds=0, fq_karatsuba=True),

@@ -162,15 +162,22 @@ def test_accumulation_modes(msm: Any, dist: str) -> None:
 @pytest.mark.parametrize("dist", ["random", "porep", "same"])
 @pytest.mark.parametrize("mode", ["dfma", "mixed"])
 def test_fq_dfma_module(kind: str, msm: Any, dist: str, mode: str) -> None:
-    """The G1 modules with FP64-pipe Fq products (EC_FQ_DFMA=1: all, 2: every other one of the
-    mixed addition) on the special bases (P + P, P - P, infinity) and on 1000 random ones; G2
-    modules ignore the knob. On the device only: the emulator checks the products themselves
-    (test_gpu_field.py) and would spend ~50 s building each module variant for a knob the
-    prover does not use by default."""
-    if kind == "emu":
-        pytest.skip("the FP64-pipe G1 modules run on the device; their products are emulator-tested")
-    params = msm.MsmParams(fq_mul=mode, acc_min_blocks=2)
-    assert params.defines(False)["EC_FQ_DFMA"] == {"dfma": 1, "mixed": 2}[mode]
+    """The G1 modules with FP64-pipe Fq products (EC_FQ_DFMA=1: all, 2: some of the mixed
+    addition's, as calls beside the IMAD calls and the fused Y3) on the special bases (P + P,
+    P - P, infinity) and on 1000 random ones; G2 modules ignore the knob. The all-FP64 module
+    on the device only: its products are emulator-tested (test_gpu_field.py) and its inlined
+    host build takes ~50 s."""
+    if kind == "emu" and mode == "dfma":
+        pytest.skip("the all-FP64 G1 module runs on the device; its products are emulator-tested")
+    params = msm.MsmParams(fq_mul=mode, acc_min_blocks=2, fq_mixed_n=5)
+    defines = params.defines(False)
+    assert defines["EC_FQ_DFMA"] == {"dfma": 1, "mixed": 2}[mode]
+    if mode == "mixed":
+        assert defines["EC_FQ_MIXED_N"] == 5 and defines["EC_FQ_CALLS"] == 1 and defines["EC_FQ_FUSED"] == 1
+    else:
+        assert "EC_FQ_CALLS" not in defines and "EC_FQ_MIXED_N" not in defines
+    with pytest.raises(ConfigError, match="fq_mixed_n"):
+        msm.MsmParams(fq_mul="mixed", fq_mixed_n=7)
     assert "EC_FQ_DFMA" not in params.defines(True) and "EC_FQ_DFMA" not in msm.MsmParams().defines(False)
     with pytest.raises(ConfigError, match="fq_mul"):
         msm.MsmParams(fq_mul="fp64")

@@ -122,23 +122,27 @@ class MsmParams:
     # instead of ~20, for MSMs whose kernels are shorter than their launches.
     graphs: bool = False
     # G1 modules: where the curve formulas' Fq products run (ec/xyzz.cuh, EC_FQ_DFMA): "imad"
-    # (mont_t's carry chains), "dfma" (all on the FP64 pipe, ff/fp_dfma.cuh) or "mixed" (every
-    # other product of the mixed addition on the FP64 pipe); compiled in, only "imad" is shipped
-    # (NVRTC builds the others on first use). perf/gpu_msm_notes.md has the measurements.
+    # (mont_t's carry chains), "dfma" (all on the FP64 pipe, ff/fp_dfma.cuh) or "mixed" (four of
+    # the mixed addition's products on the FP64 pipe, the rest on IMAD; fq_fused and fq_calls apply
+    # to it as to "imad"); compiled in, only "imad" is shipped (NVRTC builds the others on first
+    # use). perf/gpu_msm_notes.md has the measurements.
     fq_mul: str = "imad"
+    # with fq_mul "mixed": how many of the mixed addition's products run on the FP64 pipe
+    # (ec/xyzz.cuh EC_FQ_MIXED_N: U2, PPP, Q, PP, ZZ3, ZZZ3 in that order)
+    fq_mixed_n: int = 4
     # Both groups: Fq products and squares as one Karatsuba level plus a word-by-word reduction
     # (ff/mont.cuh mul_karatsuba, FF_KARATSUBA=1; also the G2 module's lazy Fq2 product) instead
     # of CIOS: 264 instead of 300 32-bit products per Fq multiply. Measured on the H200: the bare
     # multiply 3 % faster, the square 4 % slower, the G1 accumulation at 2^24 16 % slower (the
     # extra additions and moves land on the IMAD pipe too): off.
     fq_karatsuba: bool = False
-    # G1 modules with the IMAD product: every formula's Y3 = a b - c d as one CIOS pass with one
+    # G1 modules with the IMAD (or mixed) product: every formula's Y3 = a b - c d as one CIOS pass with one
     # reduction (ff/mont.cuh mul_add, ec/xyzz.cuh EC_FQ_FUSED=1): 444 instead of 600 products.
     # Measured on the H200 at 2^24 random: accumulation 103.2 ms against 108.9, the MSM 128.6
     # against 135.0 (perf/gpu_msm_notes.md), so it is the default. (The same fusion for G2, as an
     # Fq2 call with two reductions instead of four, was measured 35 % slower and is not kept.)
     fq_fused: bool = True
-    # G1 modules with the IMAD product: the formulas' Fq products, squares and fused a b - c d as
+    # G1 modules with the IMAD (or mixed) product: the formulas' Fq products, squares and fused a b - c d as
     # __noinline__ calls with operands by value (ec/xyzz.cuh EC_FQ_CALLS=1): one bucket step runs
     # through ~42 KB of code instead of ~73 KB, for ~6 % more instructions (the call moves) and
     # ~130 L1-resident local accesses per step (call saves). Measured on the H200 at 2^24 random:
@@ -167,6 +171,8 @@ class MsmParams:
             raise ConfigError(f"MsmParams.acc_min_blocks={self.acc_min_blocks}: in [1, 32] or None")
         if self.fq_mul not in FQ_MUL_MODES:
             raise ConfigError(f"MsmParams.fq_mul={self.fq_mul!r}: one of {', '.join(FQ_MUL_MODES)}")
+        if not 1 <= self.fq_mixed_n <= 6:
+            raise ConfigError(f"MsmParams.fq_mixed_n={self.fq_mixed_n}: in [1, 6]")
         if not 0 <= self.ba_rounds <= 255 or not 1 <= self.ba_seg <= 1 << 16:
             raise ConfigError(f"MsmParams: ba_rounds in [0, 255], ba_seg in [1, 65536] (got {self.ba_rounds}, "
                               f"{self.ba_seg})")
@@ -179,11 +185,13 @@ class MsmParams:
             out.update(G2_FP2)
         elif self.fq_mul != "imad":
             out["EC_FQ_DFMA"] = FQ_MUL_MODES.index(self.fq_mul)
+            if self.fq_mul == "mixed":
+                out["EC_FQ_MIXED_N"] = self.fq_mixed_n
         if self.fq_karatsuba:
             out["FF_KARATSUBA"] = 1
-        if self.fq_fused and not g2 and self.fq_mul == "imad":
+        if self.fq_fused and not g2 and self.fq_mul != "dfma":
             out["EC_FQ_FUSED"] = 1
-        if self.fq_calls and not g2 and self.fq_mul == "imad":
+        if self.fq_calls and not g2 and self.fq_mul != "dfma":
             out["EC_FQ_CALLS"] = 1
         return out
 
