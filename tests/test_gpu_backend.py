@@ -289,6 +289,7 @@ def test_protocol_matches_cpu_backend(gpu: object, multiples: str, sparse_b: boo
     import cupy
 
     assert gpu.msm(key, "a", cupy.asarray(w)).result() == want["a"]
+    assert gpu.msm(key, "b2", cupy.asarray(w)).result() == want["b2"]  # packed on the spot when sparse_b
     stats = gpu.stats()
     assert stats["device_key_bytes"] >= sum(getattr(zkey, s).nbytes for s in ("a", "b1", "b2", "c", "h"))
     key.close()
@@ -467,7 +468,7 @@ def _split_path_sums(emu_gpu: Any, zkey_path: Path, monkeypatch: pytest.MonkeyPa
                 emu_gpu.release(staged)
         finally:
             key.close()
-        assert key.supports == {} and key.support_masks == {}
+        assert key.supports == {} and key.support_rows == {}
     return got, want
 
 
@@ -493,17 +494,33 @@ def test_emulated_boolean_witness_on_the_split_path(emu_gpu: object, test_key: t
 def test_emulated_sparse_b_sections_take_the_rows_with_points(emu_gpu: object, test_key: tuple[Path, Path],
                                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """The PoRep-like key's B points are infinity on the wires no B side uses: B1 and B2 share one
-    support mask, their MSMs take the plan of the rows it keeps (fewer ones and others than the
+    support, keep only its rows' points (the key's device bytes shrink by the rest), their MSMs
+    take the plan of those rows' scalars, packed at staging (fewer ones and others than the
     witness's plan, which A keeps), and the five sums equal the CPU backend's."""
     def inspect(key: Any, staged: Any) -> None:
         assert key.supports == {"b2": "b2", "b1": "b2"}, key.supports
-        mask = np.asarray(key.support_masks["b2"]).astype(bool)
-        assert mask.shape == (staged.plan.m,) and 0.3 < mask.mean() < 0.7  # the B side uses ~45 % of wires
+        rows = np.asarray(key.support_rows["b2"])
+        m = staged.plan.m
+        assert rows.dtype == np.int32 and 0.3 < rows.size / m < 0.7  # the B side uses ~45 % of wires
+        assert np.all(np.diff(rows) > 0) and rows[-1] < m
+        zkey = key.zkey
+        for name in ("b1", "b2"):  # the packed points: the zkey's rows with a point, in order
+            assert key.msms[name].n == rows.size and getattr(zkey, name)[rows].any(axis=1).all()
+            assert not np.delete(getattr(zkey, name), rows, axis=0).any()
+        assert key.plan.shape.packed == (("b2", rows.size), ("b1", rows.size))
+        assert key.nbytes == sum(getattr(zkey, s).nbytes for s in ("a", "c", "h")) + (
+            zkey.b1[rows].nbytes + zkey.b2[rows].nbytes)
         plan, sub = staged.plan, staged.plan.subsets["b2"]
-        assert sub.n1 + sub.n2 < plan.n1 + plan.n2 and sub.n2 > 0
+        assert sub.m == rows.size and sub.n1 + sub.n2 < plan.n1 + plan.n2 and sub.n2 > 0
+        assert np.array_equal(np.asarray(sub.scalars), np.asarray(staged.w)[rows])
         ones, other = np.asarray(plan.ones), np.asarray(plan.other)
-        assert np.array_equal(np.asarray(sub.ones), ones[mask[ones]])
-        assert np.array_equal(np.asarray(sub.other), other[mask[other]])
+        assert np.array_equal(rows[np.asarray(sub.ones)], ones[np.isin(ones, rows)])
+        assert np.array_equal(rows[np.asarray(sub.other)], other[np.isin(other, rows)])
+        # a whole-witness vector of no partition: packed on the spot, the same sum
+        from cuzk_mp.backends.cpu import CpuBackend
+
+        w = np.asarray(staged.w).copy()
+        assert emu_gpu.msm(key, "b1", w).result() == CpuBackend(threads=1).msm_g1(zkey.b1, w)
 
     got, want = _split_path_sums(emu_gpu, test_key[0], monkeypatch, lambda w: w, inspect)
     for name in ("a", "b1", "b2", "c", "h"):

@@ -96,6 +96,50 @@ def test_porep_2_27_on_an_h200() -> None:
     assert both.multiples == {} and both.in_flight == 2
 
 
+def test_the_device_witness_map_rows_are_planned() -> None:
+    """A key whose partitions come as w alone keeps its circuit's coded rows on the device: the plan
+    counts them as resident (in its total, its summary and its refusal), so a device that holds the
+    key and two partitions without them keeps one partition in flight with them, and a device that
+    holds one partition only without them refuses, naming them."""
+    shape = porep(27)
+    rows = 4 * GIB
+    plain = plan_device(shape, H200_FREE, workers=2)
+    free = plain.total  # exactly the need without the rows
+    assert plan_device(shape, free, workers=2).in_flight == 2
+    plan = plan_device(shape, free, workers=2, witness_map=rows)
+    assert plan.witness_map == rows and plan.resident == plain.resident + rows
+    assert plan.in_flight == 1 and plan.steps == ["1 partition(s) in flight instead of 2"] and plan.fits
+    assert "witness map 4.0 GiB" in plan.summary() and "witness map" not in plain.summary()
+    assert plan.as_dict()["witness_map"] == rows
+    one = plan_device(shape, 10**15, workers=1).total
+    with pytest.raises(DeviceMemoryError, match="witness map 4.00 GiB") as err:
+        plan_device(shape, one, workers=1, witness_map=rows)
+    assert "largest domain of this circuit's shape that fits is 2^26" in str(err.value)
+
+
+def test_packed_b_sections_at_2_27_on_an_h200() -> None:
+    """2^27 with the PoRep-like key's B1 and B2 packed to the 45 % of wires its B side uses: the
+    points drop by the rest (~20 GiB), each partition carries the packed scalars and their index
+    lists, and the key keeps two partitions in flight beside its device witness map's rows
+    (whole, they leave room for one)."""
+    from dataclasses import replace
+
+    whole = porep(27)
+    k = int(0.45 * whole.n_vars)
+    packed = replace(whole, packed=(("b2", k), ("b1", k)))
+    assert packed.rows()["b2"] == packed.rows()["b1"] == packed.support == k and packed.rows()["a"] == whole.n_vars
+    rows = 4 * GIB
+    p = plan_device(packed, H200_FREE, workers=2, witness_map=rows)
+    w = plan_device(whole, H200_FREE, workers=2, witness_map=rows)
+    assert w.in_flight == 1 and p.in_flight == 2 and p.fits and not p.steps
+    assert w.points_total - p.points_total == (whole.n_vars - k) * (96 + 192)
+    assert p.support_rows == 4 * k and w.support_rows == 0
+    assert p.per_partition["w_support"] == 32 * k and p.per_partition["w_support_plan"] == 8 * k
+    assert p.scratch["msm_g2"] < w.scratch["msm_g2"]
+    assert f"b2, b1 packed to {k} rows of {whole.n_vars}" in p.summary() and p.as_dict()["packed"] == {"b2": k, "b1": k}
+    assert packed.scaled(1 << 26).support == k // 2 or abs(packed.scaled(1 << 26).support - k / 2) <= 1
+
+
 def test_too_small_device_is_refused_with_the_sizes() -> None:
     """2^27 on 80 GiB: not even one partition without multiples fits; the error names the need,
     the free memory and the largest domain of this shape that fits (2^26)."""

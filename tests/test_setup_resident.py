@@ -206,5 +206,11 @@ def test_a_key_that_does_not_fit_is_refused_before_any_point_is_made(circuit: tu
         assert asked == []
         with pytest.raises(InputError, match="expected each of"):
             backend.generate_key(head, [("a", "g1", scalars("a"))])
+        # room for the key and one partition, but not for the device witness map's rows beside them
+        monkeypatch.setattr(emu.memory.cupy.cuda.runtime, "memGetInfo", lambda: (need, 2 * need))
+        with pytest.raises(DeviceMemoryError, match="witness map"):
+            backend.generate_key(head, [(n, "g2" if n == "b2" else "g1", scalars(n)) for n in POINTS],
+                                 witness_rows=data)
+        assert asked == []
     finally:
         backend.close()

@@ -122,20 +122,23 @@ class Backend(Protocol):
     # a one-shot proof then copies only w, and the host does no witness map
     witness_on_device: bool
 
-    def load_key(self, zkey: ZKey, *, lasting: bool = True) -> KeyHandle:
+    def load_key(self, zkey: ZKey, *, lasting: bool = True, witness_rows: WitnessRows | None = None) -> KeyHandle:
         """Make the key's point sections resident (idempotent per zkey path is the caller's job).
 
         ``lasting=False``: the key serves one proof and goes (a one-shot ``groth16 prove``), so
         set-up that only pays back over many proofs (the GPU's precomputed multiples) is skipped.
+        ``witness_rows``: the circuit's coded rows when its partitions will come through
+        :meth:`stage_witness` (where the backend keeps them beside the key, its memory plan counts them).
         """
 
     def generate_key(self, head: ZKey, sections: Sequence[tuple[str, str, Callable[[], np.ndarray]]], *,
-                     lasting: bool = True) -> KeyHandle:
+                     lasting: bool = True, witness_rows: WitnessRows | None = None) -> KeyHandle:
         """Make a key resident from its sections' scalars, with no key file (the dev setup of
         :func:`cuzk_mp.groth16.setup_resident.setup_resident`): ``head`` is a :class:`ZKey` with
         its header points and sizes; each ``(section, "g1" | "g2", scalars)`` gives the section's
         standard-form scalars s_i, whose points s_i G (G the group's generator) the backend makes
-        where it keeps keys, in the order given, dropping each section's scalars when done."""
+        where it keeps keys, in the order given, dropping each section's scalars when done;
+        ``witness_rows`` as for :meth:`load_key`."""
 
     def stage_witness(self, key: KeyHandle, rows: WitnessRows, w: np.ndarray) -> Staged:
         """Stage a partition from its witness alone: copy ``w`` (validated: canonical, ``n_vars``

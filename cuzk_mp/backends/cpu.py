@@ -28,7 +28,7 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 from ..algebra import curve, ec, ntt
 from ..errors import InputError
 from ..formats.zkey import ZKey
-from .base import SECTIONS, ProverInputs, check_key_sections, check_scalar_count, msm_each
+from .base import SECTIONS, ProverInputs, WitnessRows, check_key_sections, check_scalar_count, msm_each
 
 
 @dataclass
@@ -140,9 +140,10 @@ class CpuBackend:
         self.busy_seconds = 0.0
 
     # ---- keys and partitions
-    def load_key(self, zkey: ZKey, *, lasting: bool = True) -> CpuKey:
-        """Convert sections 5..9 to arkworks objects (on the pool, G2 beside G1); ``lasting`` changes
-        nothing here (the conversion is what every proof needs)."""
+    def load_key(self, zkey: ZKey, *, lasting: bool = True, witness_rows: WitnessRows | None = None) -> CpuKey:
+        """Convert sections 5..9 to arkworks objects (on the pool, G2 beside G1); ``lasting`` and
+        ``witness_rows`` change nothing here (the conversion is what every proof needs; the host map
+        reads the caller's mapping)."""
         g2 = self._pool.submit(curve.g2_lem_to_ark_list, zkey.b2)
         g1 = [curve.g1_lem_to_ark_list(s) for s in (zkey.a, zkey.b1, zkey.c, zkey.h)]
         key = CpuKey(zkey, g1[0], g1[1], g2.result(), g1[2], g1[3])
@@ -151,8 +152,9 @@ class CpuBackend:
         return key
 
     def generate_key(self, head: ZKey, sections: Sequence[tuple[str, str, Callable[[], np.ndarray]]], *,
-                     lasting: bool = True) -> CpuKey:
-        """Each section's points by the numba fixed-base kernel (host memory), then :meth:`load_key`."""
+                     lasting: bool = True, witness_rows: WitnessRows | None = None) -> CpuKey:
+        """Each section's points by the numba fixed-base kernel (host memory), then :meth:`load_key`
+        (``witness_rows``: nothing to plan, the host map reads the caller's mapping)."""
         check_key_sections([name for name, _, _ in sections])
         made: dict[str, np.ndarray] = {}
         for name, group, scalars in sections:

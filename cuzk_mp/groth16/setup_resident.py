@@ -73,10 +73,13 @@ def qap_columns(data: CircuitData, toxic: ToxicWaste) -> tuple[np.ndarray, np.nd
     return u, v, k
 
 
-def setup_resident(data: CircuitData, backend: Any, toxic: ToxicWaste, *, name: str = "key") -> ResidentKey:
+def setup_resident(data: CircuitData, backend: Any, toxic: ToxicWaste, *, name: str = "key",
+                   witness_map: bool = False) -> ResidentKey:
     """The INSECURE dev key of the circuit of ``data`` with this toxic waste, resident in ``backend``.
 
     ``backend`` provides ``fixed_base_g1/g2`` (the head) and ``generate_key(head, sections)``.
+    ``witness_map``: the key's partitions will come as w alone (the backend's ``stage_witness``
+    with these rows), so the backend's memory plan counts its copy of them.
     Logged at INFO: the host QAP, then the backend's own progress.
     """
     counts = data.counts
@@ -112,7 +115,7 @@ def setup_resident(data: CircuitData, backend: Any, toxic: ToxicWaste, *, name: 
         ("h", "g1", lambda: h_scalars(toxic, log_n)),
     ]
     t0 = time.perf_counter()
-    handle = backend.generate_key(head, sections)
+    handle = backend.generate_key(head, sections, witness_rows=data if witness_map else None)
     times["points_s"] = time.perf_counter() - t0
     log.info("resident setup %s: the points in %.1f s (QAP %.1f s, head %.1f s)", name, times["points_s"],
              times["qap_s"], times["head_s"])

@@ -190,7 +190,8 @@ class KeyCache:
         data = open_device_circuit_data(ref.circuit_data, ref.synthetic, ref.log_n)
         try:
             made = setup_resident(data, self.backend, ToxicWaste(*(int(x) for x in ref.toxic)),
-                                  name=f"{ref.circuit_id} ({ref.synthetic} 2^{ref.log_n})")
+                                  name=f"{ref.circuit_id} ({ref.synthetic} 2^{ref.log_n})",
+                                  witness_map=ref.witness_map == "device")
         finally:
             data.close()
         return made.head, made.handle

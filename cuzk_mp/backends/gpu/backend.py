@@ -52,7 +52,7 @@ from ...formats.zkey import ZKey
 from ..base import G2_ROW_COST, ProverInputs, WitnessRows, check_key_sections
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
-from .knobs import MULTIPLES_ENV, SECTIONS, FixedBaseParams, graph_params_for, msm_params_for
+from .knobs import DENSE_KEY_ROWS, MULTIPLES_ENV, SECTIONS, FixedBaseParams, graph_params_for, msm_params_for
 from .ntt import GpuNtt
 from .plan import DevicePlan, KeyShape, plan_device, point_words
 from .witness_map import DeviceWitnessMap, matrices_bytes
@@ -64,19 +64,15 @@ BOUNCE_BYTES = 64 << 20  # one pinned staging buffer at most (two per thread)
 MIN_BOUNCE_BYTES = 1 << 20
 PARALLEL_COPY_BYTES = 8 << 20  # below this a bounce buffer is filled by one thread
 SMALL_KEY_ROWS = 1 << 18  # keys up to this domain size run their MSMs on a pool of streams
-# Keys up to this domain size skip the 0/1 split: every scalar goes through the Pippenger windows
-# (a zero costs a sort key per window, a one a single addition, as in the split), so staging waits
-# for nothing (no index lists come back to the host), a proof's MSM is one chain of kernels instead
-# of the ones' chain then Pippenger's, and k proofs' MSMs of one section run as ONE batched pass
-# (:meth:`.msm._Msm.launch_batch`). Above it the sort of the zeros' keys costs more than the split.
-DENSE_KEY_ROWS = 1 << 16
 W_SECTIONS = ("a", "b1", "b2")  # the MSMs over the whole witness: one plan, so they share its sorts
-# The sections whose support (rows whose point is not infinity) may give them a plan of their own,
-# most valuable first (G2 first). A section keeps the whole witness's plan unless at most
-# SUPPORT_MAX_FRACTION of its rows have a point: below that, the entries saved outweigh the second
-# classification (two more index lists) and a sort no longer shared with A. At most one support
-# mask per key (the first sparse section's; the others join it where their mask is the same): the
-# device plan bounds its index lists as one more witness plan (plan.partition_bytes).
+# The sections whose support (rows whose point is not infinity) may make them packed, most
+# valuable first (G2 first): the key keeps only those rows' points (and multiples) and their MSMs
+# take only those rows' scalars, gathered once a partition (ScalarPlan.subsets). A section stays
+# whole unless at most SUPPORT_MAX_FRACTION of its rows have a point: below that, the entries and
+# the memory saved outweigh the second classification and a sort no longer shared with A. At most
+# one support per key (the first sparse section's; the others join it where their rows are the
+# same), and only on keys above DENSE_KEY_ROWS (the 0/1-split path that classifies w); the device
+# plan counts the packed rows, the gathered scalars and their index lists (plan.KeyShape.packed).
 SUPPORT_SECTIONS = ("b2", "b1", "a")
 SUPPORT_MAX_FRACTION = 0.9
 MSM_STREAMS = 8  # the pool, per calling thread
@@ -103,16 +99,16 @@ class GpuKey:
     plan: DevicePlan | None = None  # the device-memory plan it was loaded under
     # (the coded rows it was made from, their device copy): stage_witness's witness map
     witness_map: tuple[Any, DeviceWitnessMap] | None = None
-    # section -> name of the support mask its MSMs take their plan from (see SUPPORT_SECTIONS)
+    # packed section -> name of the support whose rows it keeps (see SUPPORT_SECTIONS)
     supports: dict[str, str] = field(default_factory=dict)
-    support_masks: dict[str, Any] = field(default_factory=dict)  # name -> uint8 device mask of w's rows
+    support_rows: dict[str, Any] = field(default_factory=dict)  # name -> int32 device list of w's rows
 
     def close(self) -> None:
         """Free the device copies of the points and of the witness map's rows (idempotent)."""
         for m in self.msms.values():
             m.close()
         self.msms = {}
-        self.supports, self.support_masks = {}, {}
+        self.supports, self.support_rows = {}, {}
         if self.witness_map is not None:
             self.witness_map[1].close()
             self.witness_map = None
@@ -242,7 +238,7 @@ class GpuBackend:
             arrays = [getattr(k.zkey, name) for k in self._keys if k.msms for name in SECTIONS]
         self._host_key_rss = hostmem.mapped_rss([a for a in arrays if a is not None])
 
-    def load_key(self, zkey: ZKey, *, lasting: bool = True) -> GpuKey:
+    def load_key(self, zkey: ZKey, *, lasting: bool = True, witness_rows: WitnessRows | None = None) -> GpuKey:
         """Plan the device memory (:func:`.plan.plan_device`: points, multiples, NTT tables,
         the partitions in flight and their MSM scratch, against free memory; it drops multiples,
         then lowers :attr:`in_flight_limit`, or raises DeviceMemoryError before any upload), then
@@ -250,7 +246,9 @@ class GpuBackend:
         host pages go, and build the resident MSM objects (with precomputed multiples for the
         sections the plan keeps; env ``CUZK_GPU_MSM_MULTIPLES``, default "auto"). A key for one
         proof (``lasting=False``) gets no multiples unless that env names some: building them
-        costs more than they save in one proof (2 s per 2^24 G1 section, 5.4 s for G2)."""
+        costs more than they save in one proof (2 s per 2^24 G1 section, 5.4 s for G2).
+        ``witness_rows``: the circuit's coded rows when its partitions will come as w alone
+        (:meth:`stage_witness`): the plan counts their device copy (not uploaded here)."""
         host = {name: getattr(zkey, name) for name in SECTIONS}
         for name, arr in host.items():
             width = point_words(name)
@@ -267,10 +265,10 @@ class GpuBackend:
                 released += _upload_release(dev[name], arr, s)
             return dev
 
-        return self._resident(zkey, lasting, upload, lambda: released)
+        return self._resident(zkey, lasting, upload, lambda: released, witness_rows)
 
     def generate_key(self, head: ZKey, sections: Sequence[tuple[str, str, Callable[[], np.ndarray]]], *,
-                     lasting: bool = True) -> GpuKey:
+                     lasting: bool = True, witness_rows: WitnessRows | None = None) -> GpuKey:
         """Make a key resident from its sections' scalars instead of a file (the dev setup of
         :func:`cuzk_mp.groth16.setup_resident.setup_resident`): the same plan as :meth:`load_key`,
         then for each ``(section, "g1" | "g2", scalars())`` the fixed-base kernel writes s_i G
@@ -302,27 +300,39 @@ class GpuBackend:
                          name, rows[name], 100.0 * done / max(total, 1), time.perf_counter() - t0)
             return dev
 
-        return self._resident(head, lasting, generate, lambda: 0)
+        return self._resident(head, lasting, generate, lambda: 0, witness_rows)
 
     def _resident(self, zkey: ZKey, lasting: bool, fill: Callable[[Any], dict[str, Any]],
-                  released: Callable[[], int]) -> GpuKey:
-        """Plan, then ``fill(stream)`` -> the sections' device arrays, then the MSM objects and the
+                  released: Callable[[], int], witness_rows: WitnessRows | None = None) -> GpuKey:
+        """Plan (with the device witness map's rows of ``witness_rows``, which its first partition
+        uploads), then ``fill(stream)`` -> the sections' device arrays, then the MSM objects and the
         NTT tables; the key registered with its in-flight limit."""
         shape = KeyShape.of(zkey)
         sizes = shape.section_bytes()
         s = self.stream()
         with cupy.cuda.Device(self.device), s:
             choice = os.environ.get(MULTIPLES_ENV) or ("auto" if lasting else "none")
-            dplan = plan_device(shape, memory.free_bytes()[0], workers=self.workers, multiples=choice,
-                                graph_params=graph_params_for(int(shape.domain_size)))
+            wmap = 0 if witness_rows is None else matrices_bytes(witness_rows.a, witness_rows.b,
+                                                                  witness_rows.table_mont, witness_rows.table_r2)
+            free = memory.free_bytes()[0]
+
+            def planned(key_shape: KeyShape) -> DevicePlan:
+                return plan_device(key_shape, free, workers=self.workers, multiples=choice,
+                                   graph_params=graph_params_for(int(shape.domain_size)), witness_map=wmap)
+
+            dplan = planned(shape)  # every section whole: the upper bound, checked before any upload
             log.info("key %s: %s", zkey.path or "", dplan.summary())
-            for step in dplan.steps:
-                log.warning("key %s does not fit as configured: %s", zkey.path or "", step)
             memory.ensure_free(sum(sizes.values()), f"the proving key {zkey.path or ''} (sections 5..9)")
             msms: dict[str, Any] = {}
             try:
                 dev = fill(s)
-                supports, masks = self._supports(dev, zkey.path or "")
+                supports, rows = self._pack(dev, int(zkey.domain_size), zkey.path or "")
+                if supports:  # the same plan with the packed sections' rows: what the key really needs
+                    dplan = planned(replace(shape, packed=tuple((n, int(dev[n].shape[0])) for n in supports)))
+                    log.info("key %s, %s packed: %s", zkey.path or "", " and ".join(supports), dplan.summary())
+                for step in dplan.steps:
+                    log.warning("key %s does not fit as configured: %s", zkey.path or "", step)
+                points = sum(int(dev[name].nbytes) for name in SECTIONS)
                 plan = dict(dplan.multiples)
                 for name in SECTIONS:
                     mult = self._multiples(dev[name], plan.get(name), name)
@@ -341,9 +351,8 @@ class GpuBackend:
                 for m in msms.values():
                     m.close()
                 raise
-        points = sum(sizes.values())
         key = GpuKey(zkey, msms, shape.rows(), points, sum(int(m.nbytes) for m in msms.values()) - points,
-                     released(), {n: plan[n] for n in plan}, dplan, supports=supports, support_masks=masks)
+                     released(), {n: plan[n] for n in plan}, dplan, supports=supports, support_rows=rows)
         with self._lock:
             self._keys = [k for k in self._keys if k.msms] + [key]
             limits = [k.plan.in_flight for k in self._keys if k.plan is not None]
@@ -354,27 +363,36 @@ class GpuBackend:
         return key
 
     @staticmethod
-    def _supports(dev: dict[str, Any], path: str) -> tuple[dict[str, str], dict[str, Any]]:
-        """(section -> support name, name -> mask) of the key's sparse whole-witness sections: the
-        first of :data:`SUPPORT_SECTIONS` with at most :data:`SUPPORT_MAX_FRACTION` of its rows not
-        at infinity gives the mask, and the others that have exactly that mask share it (and their
-        plan's sorts)."""
+    def _pack(dev: dict[str, Any], domain_size: int, path: str) -> tuple[dict[str, str], dict[str, Any]]:
+        """Pack the key's sparse whole-witness sections in ``dev`` (keys above DENSE_KEY_ROWS):
+        the first of :data:`SUPPORT_SECTIONS` with at most :data:`SUPPORT_MAX_FRACTION` of its rows
+        not at infinity gives the support's rows, the others that have exactly those rows join it
+        (and share their plan's sorts), and each such section keeps only those rows' points.
+        Returns (section -> support name, name -> int32 device rows); ({}, {}) when nothing is packed."""
+        if domain_size <= DENSE_KEY_ROWS:
+            return {}, {}
         supports: dict[str, str] = {}
-        first: tuple[str, Any] | None = None  # (name, mask) of the first sparse section
+        first: tuple[str, Any] | None = None  # (name, rows) of the first sparse section
         for name in SUPPORT_SECTIONS:
             if name not in dev:
                 continue
-            rows = int(dev[name].shape[0])
-            mask, kept = gmsm.support_mask(dev[name])
+            n = int(dev[name].shape[0])
+            rows = gmsm.support_rows(dev[name])
             if first is None:
-                if rows and kept <= SUPPORT_MAX_FRACTION * rows:
-                    first = (name, mask)
+                if n and int(rows.shape[0]) <= SUPPORT_MAX_FRACTION * n:
+                    first = (name, rows)
                     supports[name] = name
-                    log.info("key %s: section %s has points on %d of its %d rows: its MSMs skip the rest",
-                             path, name, kept, rows)
-            elif bool(cupy.array_equal(mask, first[1])):  # a, b1, b2: one row per wire each
+                    log.info("key %s: section %s has points on %d of its %d rows: it keeps those alone",
+                             path, name, int(rows.shape[0]), n)
+            elif rows.shape == first[1].shape and bool(cupy.array_equal(rows, first[1])):  # one row per wire
                 supports[name] = first[0]
-        return supports, dict([first]) if first is not None else {}
+        if first is None:
+            return {}, {}
+        for name in supports:
+            packed_bytes = int(first[1].shape[0]) * int(dev[name].shape[1]) * 8
+            memory.ensure_free(packed_bytes, f"packing key section {name}")
+            dev[name] = dev[name][first[1]]  # the whole section goes back to the pool
+        return supports, {first[0]: first[1]}
 
     @staticmethod
     def _multiples(d_points: Any, c: int | None, name: str) -> Any:
@@ -453,7 +471,7 @@ class GpuBackend:
                     ready = _record(st.main)
                 else:
                     ready = _record(st.main)
-                    plan = gmsm.classify(d["w"], cuts=(z.n_public + 1,), supports=key.support_masks)  # waits
+                    plan = gmsm.classify(d["w"], cuts=(z.n_public + 1,), supports=key.support_rows)  # waits
                     plan.sorts = gmsm.SharedSorts.for_msms(
                         [key.msms[s] for s in W_SECTIONS if s in key.msms and s not in key.supports], plan.n2)
                     for name, sub in plan.subsets.items():
@@ -463,7 +481,8 @@ class GpuBackend:
         except BaseException:
             self._free_stage_slot(holder)
             raise
-        staged = GpuStaged(self.device, d, plan, ready, sum(int(a.nbytes) for a in d.values()), timings,
+        nbytes = sum(int(a.nbytes) for a in d.values()) + sum(int(p.scalars.nbytes) for p in plan.subsets.values())
+        staged = GpuStaged(self.device, d, plan, ready, nbytes, timings,
                            holder=holder, canonical=canonical, copy_start=start)
         with self._lock:
             self._parts[int(d["w"].data.ptr)] = staged
@@ -598,23 +617,33 @@ class GpuBackend:
                                  if got >= 0 else f"MSM {section}: scalars must be an (n, 4) array, got "
                                  f"{getattr(v, 'shape', type(v).__name__)}")
         st = self.streams()
-        if len(scalars) > 1 and int(key.zkey.domain_size) <= DENSE_KEY_ROWS:
+        if len(scalars) > 1 and int(key.zkey.domain_size) <= DENSE_KEY_ROWS and section not in key.supports:
             batched = self._enqueue_batch(key.msms[section], section, scalars, st.msm_stream(key, section, 0))
             if batched is not None:
                 return batched
-        return [self._enqueue_msm(key.msms[section], section, v, st.msm_stream(key, section, i),
-                                  key.supports.get(section)) for i, v in enumerate(scalars)]
+        support = key.supports.get(section)
+        rows = key.support_rows[support] if support is not None else None
+        return [self._enqueue_msm(key.msms[section], section, v, st.msm_stream(key, section, i), support, rows)
+                for i, v in enumerate(scalars)]
 
-    def _enqueue_msm(self, m: Any, section: str, scalars: Any, s: Any, support: str | None = None) -> Future:
+    def _enqueue_msm(self, m: Any, section: str, scalars: Any, s: Any, support: str | None = None,
+                     rows: Any = None) -> Future:
         """One MSM on stream ``s``: a staged partition's scalars take its plan (the whole witness
-        over a section with a ``support`` mask: the plan of the rows that mask keeps), any other
-        vector is classified here."""
+        over a section packed to a ``support``'s ``rows``: the plan of those rows' scalars, packed
+        at staging), any other vector is classified here (packed first for such a section)."""
         with cupy.cuda.Device(self.device), s:
             part, plan, ready = self._context(scalars)  # C's cut of w's plan is enqueued on s
-            if part is not None and support is not None and plan is part.plan:
-                plan = plan.subsets.get(support, plan)
-            if part is None:
+            sub = plan.subsets.get(support) if part is not None and support is not None and plan is part.plan \
+                else None
+            if part is not None and sub is not None:
+                d_scalars, plan = sub.scalars, sub
+                s.wait_event(ready)
+            elif part is None or rows is not None:  # a vector of no partition, or one not packed at staging
+                if part is not None:
+                    s.wait_event(ready)
                 d_scalars = cupy.ascontiguousarray(cupy.asarray(scalars))
+                if rows is not None:
+                    d_scalars = d_scalars[rows]
                 plan = gmsm.classify(d_scalars, m.params.nthreads)
             else:
                 d_scalars = scalars

@@ -69,6 +69,14 @@ BA_ROUNDS = 3
 BA_SEG = 256
 
 
+# Keys up to this domain size skip the 0/1 split: every scalar goes through the Pippenger windows
+# (a zero costs a sort key per window, a one a single addition, as in the split), so staging waits
+# for nothing (no index lists come back to the host), a proof's MSM is one chain of kernels instead
+# of the ones' chain then Pippenger's, and k proofs' MSMs of one section run as ONE batched pass
+# (:meth:`.msm._Msm.launch_batch`). Above it the sort of the zeros' keys costs more than the split.
+DENSE_KEY_ROWS = 1 << 16
+# The backend (and the bench's plan line) read it here; keys above it may be packed (backend.SUPPORT_SECTIONS).
+
 # MsmParams.fq_mul's values, in the order of their EC_FQ_DFMA define (ec/xyzz.cuh).
 FQ_MUL_MODES = ("imad", "dfma", "mixed")
 

@@ -97,7 +97,7 @@ __all__ = [
     "msm_g2",
     "ones_segment",
     "point_from_xyzz",
-    "support_mask",
+    "support_rows",
     "window_count",
 ]
 
@@ -172,8 +172,11 @@ class ScalarPlan:
     other: Any
     cuts: dict[int, tuple[int, int]] = field(default_factory=dict)
     sorts: SharedSorts | None = None  # the sorted digits, shared by the MSMs of these scalars
-    # name -> the plan of the same scalars over the rows a support mask keeps (see classify)
+    # name -> the plan of the same scalars over the rows a support keeps (see classify)
     subsets: dict[str, ScalarPlan] = field(default_factory=dict)
+    # the (m, 4) scalars this plan is over when they are a packed copy of the classified vector
+    # (a support's rows, in order: what the MSMs of a packed section take), else None
+    scalars: Any = None
 
     def tail(self, k: int) -> ScalarPlan:
         """The plan of ``scalars[k:]`` (index arithmetic enqueued on the current stream; a host
@@ -313,15 +316,15 @@ def check_canonical(scalars: Any, stream: Any, nthreads: int = 128) -> np.ndarra
     return host
 
 
-def support_mask(d_points: Any) -> tuple[Any, int]:
-    """(uint8 device mask of the rows of ``(n, words)`` points that are not the point at infinity
-    (the zkey's all-zero rows), how many it keeps). Why: a proving key's B points are infinity
-    for every wire that no constraint's B side uses (55 % of the PoRep-like circuit's wires;
-    Filecoin's circuit has 1.0 B entries a row), and an MSM entry whose point is infinity costs
-    its lane as much as any other (the warp runs its neighbours' additions), so the MSMs over
-    such a section take only the rows its mask keeps (bellperson's density split)."""
-    mask = d_points.any(axis=1).astype(np.uint8)
-    return mask, int(mask.sum())
+def support_rows(d_points: Any) -> Any:
+    """The ascending int32 device list of the rows of ``(n, words)`` points that are not the point
+    at infinity (the zkey's all-zero rows). Why: a proving key's B points are infinity for every
+    wire that no constraint's B side uses (55 % of the PoRep-like circuit's wires; Filecoin's
+    circuit has 1.0 B entries a row), and an MSM entry whose point is infinity costs its lane as
+    much as any other (the warp runs its neighbours' additions) and its point the memory of any
+    other, so such a section keeps only these rows' points and its MSMs take only these rows'
+    scalars (bellperson's density split)."""
+    return cupy.flatnonzero(d_points.any(axis=1)).astype(np.int32)
 
 
 def classify(scalars: Any, nthreads: int = 128, cuts: tuple[int, ...] = (),
@@ -331,8 +334,9 @@ def classify(scalars: Any, nthreads: int = 128, cuts: tuple[int, ...] = (),
 
     Raises InputError when a scalar has bit 255 set (not a canonical Fr element).
     ``cuts``: offsets whose :meth:`ScalarPlan.tail` is precomputed in the same sync.
-    ``supports``: name -> uint8 device mask of m rows (:func:`support_mask`); the plan's
-    ``subsets[name]`` is then the plan of the rows that mask keeps (their ones and others alone).
+    ``supports``: name -> ascending device row list (:func:`support_rows`, rows < m); the plan's
+    ``subsets[name]`` is then the plan of those rows' scalars, packed: its ``scalars`` are
+    ``scalars[rows]`` and its index lists count in that packed order.
     """
     m = int(scalars.shape[0])
     cls, flag = _classify_rows(scalars, nthreads)
@@ -345,12 +349,14 @@ def classify(scalars: Any, nthreads: int = 128, cuts: tuple[int, ...] = (),
     if vals[0]:
         raise InputError(NON_CANONICAL)
     subsets: dict[str, ScalarPlan] = {}
-    for name, mask in (supports or {}).items():
-        if int(mask.shape[0]) != m:
-            raise InputError(f"support mask {name!r} has {int(mask.shape[0])} rows for {m} scalars")
-        kept = cls * mask  # class 0 where the point is infinity
+    for name, rows in (supports or {}).items():
+        k = int(rows.shape[0])
+        if k > m:
+            raise InputError(f"support {name!r} keeps {k} rows of {m} scalars")
+        kept = cls[rows]  # the classes in packed order
         ones_s, other_s = cupy.flatnonzero(kept == 1), cupy.flatnonzero(kept == 2)
-        subsets[name] = ScalarPlan(m, int(ones_s.shape[0]), int(other_s.shape[0]), ones_s, other_s)
+        subsets[name] = ScalarPlan(k, int(ones_s.shape[0]), int(other_s.shape[0]), ones_s, other_s,
+                                   scalars=scalars[rows])
         del kept
     plan = ScalarPlan(m, int(ones.shape[0]), int(other.shape[0]), ones, other, subsets=subsets)
     plan.cuts = {k: (vals[1 + 2 * i], vals[2 + 2 * i]) for i, k in enumerate(ks)}

@@ -10,12 +10,15 @@ with (the point and field sizes of :mod:`cuzk_mp.algebra.field`, the MSM geometr
   them (affine, Montgomery: 96 B per G1 point, 192 B per G2 point; IC stays on the host, the
   proof's assembly reads it there), the precomputed multiples of the sections
   :func:`.knobs.plan_multiples` picks (W - 1 more copies of a section, W windows of its c), the
-  support mask of the sparse whole-witness sections (1 B per witness row, one mask at most), and
-  the H step's twiddle table (n/2 Fr elements);
+  row list of a packed key's support (4 B per kept row, one at most), and
+  the H step's twiddle table (n/2 Fr elements), and, for a circuit whose partitions arrive as w
+  alone, the coded A and B rows and coefficient tables its device witness map reads (uploaded by the
+  first such partition, kept for the key's life: ``witness_map``);
 * per partition in flight: a, b, c (domain_size x 32 B each), w (n_vars x 32 B), the witness's
-  0/1/other index lists (8 B per witness row, kept from staging to release), those of the rows the
-  key's support mask keeps (the sparse B sections' own plan: at most another 8 B per row) and the
-  classify pass's transient bytes;
+  0/1/other index lists (8 B per witness row, kept from staging to release), for a key whose sparse
+  B sections are packed (``KeyShape.packed``: they keep only the rows with a point) the scalars of
+  those rows and their own index lists (40 B per kept row; a key not known to be packed is bounded
+  by 8 B per witness row), and the classify pass's transient bytes;
 * the compute scratch of the one partition that computes at a time (the prover's per-device lock):
   the largest G1 MSM's and the G2 MSM's (they run side by side on two streams): sort keys, the
   argsort's copy, index output and radix double buffers, the previous window batch's index, the
@@ -74,10 +77,10 @@ KEY_BYTES = 4  # uint32 sort key per (window, scalar) (msm_digits)
 SORT_BYTES_PER_KEY = KEY_BYTES + KEY_BYTES + INDEX_BYTES + (KEY_BYTES + INDEX_BYTES) + INDEX_BYTES
 # The counting sort (kernels/msm/sort.cuh, every pass a graph captures): the key and its position.
 COUNTING_SORT_BYTES_PER_KEY = KEY_BYTES + INDEX_BYTES
-# classify: one uint8 class per scalar, the classes the support mask keeps (uint8), a boolean mask
+# classify: one uint8 class per scalar, the classes of the support's rows (uint8), a boolean mask
 # per class tested, and the prefix sum of cupy.flatnonzero (int64), transient while a partition stages.
 CLASSIFY_BYTES_PER_ROW = 1 + 1 + 1 + INDEX_BYTES
-SUPPORT_MASK_BYTES = 1  # uint8 per witness row: the key's one support mask (backend.SUPPORT_SECTIONS)
+SUPPORT_ROW_BYTES = 4  # int32 per kept row: the key's one support row list (backend.SUPPORT_SECTIONS)
 HEAD_KEY_BYTES = 4  # uint32 key of each accumulation head
 # The fallbacks' order of multiples to drop: the reverse of plan_multiples' picking order.
 DROP_ORDER = ("c", "b1", "a", "b2", "h")
@@ -101,6 +104,9 @@ class KeyShape:
     domain_size: int
     n_vars: int
     n_public: int
+    # (section, rows) of the sections packed to their support's rows (the backend's sparse B
+    # sections, known once their points are on the device); empty: every section whole
+    packed: tuple[tuple[str, int], ...] = ()
 
     @classmethod
     def of(cls, zkey: Any) -> KeyShape:
@@ -108,19 +114,25 @@ class KeyShape:
         return cls(int(zkey.domain_size), int(zkey.n_vars), int(zkey.n_public))
 
     def rows(self) -> dict[str, int]:
-        """Points per section, as the zkey stores them: A, B1, B2 n_vars; C the private
-        signals; H domain_size."""
+        """Points per section on the device: as the zkey stores them (A, B1, B2 n_vars; C the
+        private signals; H domain_size) but for the packed sections' rows."""
         n = self.n_vars
-        return {"a": n, "b1": n, "b2": n, "c": n - self.n_public - 1, "h": self.domain_size}
+        return {"a": n, "b1": n, "b2": n, "c": n - self.n_public - 1, "h": self.domain_size, **dict(self.packed)}
+
+    @property
+    def support(self) -> int:
+        """Rows of the packed sections' support (they share one; 0: nothing packed)."""
+        return max((r for _, r in self.packed), default=0)
 
     def section_bytes(self) -> dict[str, int]:
         """Device bytes of each section's points."""
         return {s: r * point_bytes(s) for s, r in self.rows().items()}
 
     def scaled(self, domain_size: int) -> KeyShape:
-        """The same circuit shape at another domain size (n_vars in proportion)."""
-        ratio = self.n_vars / max(1, self.domain_size)
-        return KeyShape(domain_size, max(self.n_public + 2, int(ratio * domain_size)), self.n_public)
+        """The same circuit shape at another domain size (n_vars and packed rows in proportion)."""
+        ratio = domain_size / max(1, self.domain_size)
+        return KeyShape(domain_size, max(self.n_public + 2, int(self.n_vars * ratio)), self.n_public,
+                        tuple((s, int(r * ratio)) for s, r in self.packed))
 
 
 def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
@@ -164,9 +176,10 @@ def ntt_table_bytes(domain_size: int) -> int:
 
 def partition_bytes(shape: KeyShape) -> dict[str, int]:
     """Device bytes one staged partition holds from staging to release."""
-    n, v = shape.domain_size, shape.n_vars
+    n, v, k = shape.domain_size, shape.n_vars, shape.support
     return {"a": n * FR_BYTES, "b": n * FR_BYTES, "c": n * FR_BYTES, "w": v * FR_BYTES,
-            "w_plan": v * INDEX_BYTES, "w_support_plan": v * INDEX_BYTES, "classify": v * CLASSIFY_BYTES_PER_ROW}
+            "w_plan": v * INDEX_BYTES, "w_support": k * FR_BYTES,
+            "w_support_plan": (k if shape.packed else v) * INDEX_BYTES, "classify": v * CLASSIFY_BYTES_PER_ROW}
 
 
 def graph_bytes(shape: KeyShape, multiples: dict[str, int], params: MsmParams) -> int:
@@ -223,6 +236,7 @@ class DevicePlan:
     choice: str = "as configured"
     steps: list[str] = field(default_factory=list)
     graphs: bool = False  # the MSMs may run as CUDA graphs (their buffers are in ``scratch``)
+    witness_map: int = 0  # the device witness map's coded rows and tables (0: the host makes a, b, c)
 
     @property
     def points_total(self) -> int:
@@ -235,14 +249,16 @@ class DevicePlan:
         return sum(self.per_partition.values())
 
     @property
-    def support_mask(self) -> int:
-        """The key's support mask (sparse B sections), at most one per key."""
-        return self.shape.n_vars * SUPPORT_MASK_BYTES
+    def support_rows(self) -> int:
+        """The row list of the packed sections' support (one per key at most)."""
+        return self.shape.support * SUPPORT_ROW_BYTES
 
     @property
     def resident(self) -> int:
-        """What stays for the key's life: points, multiples, the support mask, NTT tables."""
-        return self.points_total + sum(self.multiples_bytes.values()) + self.support_mask + self.ntt_tables
+        """What stays for the key's life: points, multiples, the support's rows, NTT tables, the
+        witness map's rows."""
+        return (self.points_total + sum(self.multiples_bytes.values()) + self.support_rows + self.ntt_tables
+                + self.witness_map)
 
     @property
     def total(self) -> int:
@@ -257,9 +273,14 @@ class DevicePlan:
     def summary(self) -> str:
         """One line: the parts in GiB, the total against the free memory, the choice."""
         mult = ", ".join(f"{s} c={c}" for s, c in self.multiples.items()) or "none"
+        packed = (f" ({', '.join(s for s, _ in self.shape.packed)} packed to {self.shape.support} rows of "
+                  f"{self.shape.n_vars})" if self.shape.packed else "")
         return (f"device plan 2^{self.shape.domain_size.bit_length() - 1}: points {self.points_total / GIB:.1f} GiB"
+                f"{packed}"
                 f" + multiples {sum(self.multiples_bytes.values()) / GIB:.1f} GiB ({mult})"
-                f" + NTT tables {self.ntt_tables / GIB:.1f} GiB + {self.in_flight} partition(s) in flight x "
+                f" + NTT tables {self.ntt_tables / GIB:.1f} GiB"
+                + (f" + witness map {self.witness_map / GIB:.1f} GiB" if self.witness_map else "")
+                + f" + {self.in_flight} partition(s) in flight x "
                 f"{self.partition_total / GIB:.1f} GiB + MSM scratch {sum(self.scratch.values()) / GIB:.1f} GiB"
                 f" + margin {self.margin / GIB:.1f} GiB = {self.total / GIB:.1f} GiB of {self.free / GIB:.1f} GiB"
                 f" free: {'fits' if self.fits else 'does NOT fit'}; {self.choice}")
@@ -267,52 +288,59 @@ class DevicePlan:
     def as_dict(self) -> dict[str, Any]:
         """JSON-able, with the totals."""
         return {"domain_size": self.shape.domain_size, "n_vars": self.shape.n_vars, "points": self.points,
+                "packed": dict(self.shape.packed),
                 "multiples": self.multiples, "multiples_bytes": self.multiples_bytes, "ntt_tables": self.ntt_tables,
-                "per_partition": self.per_partition, "in_flight": self.in_flight, "workers": self.workers,
+                "per_partition": self.per_partition, "witness_map": self.witness_map, "in_flight": self.in_flight,
+                "workers": self.workers,
                 "scratch": self.scratch, "margin": self.margin, "total": self.total, "free": self.free,
                 "fits": self.fits, "choice": self.choice, "steps": list(self.steps)}
 
 
 def _build(shape: KeyShape, multiples: dict[str, int], in_flight: int, workers: int, free: int, margin: int,
-           params: MsmParams | None, graph_params: MsmParams | None) -> DevicePlan:
+           params: MsmParams | None, graph_params: MsmParams | None, witness_map: int = 0) -> DevicePlan:
     points = shape.section_bytes()
     extra = {s: (window_count(c) - 1) * points[s] for s, c in multiples.items()}
     return DevicePlan(shape, points, dict(multiples), extra, ntt_table_bytes(shape.domain_size),
                       partition_bytes(shape), in_flight, workers,
                       compute_scratch_bytes(shape, multiples, params, graph_params=graph_params), margin, free,
-                      graphs=bool(graph_params and graph_params.graphs))
+                      graphs=bool(graph_params and graph_params.graphs), witness_map=witness_map)
 
 
 def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str | None = "none",
                 margin: int = DEFAULT_MARGIN, params: MsmParams | None = None,
-                graph_params: MsmParams | None = None) -> DevicePlan:
+                graph_params: MsmParams | None = None, witness_map: int = 0) -> DevicePlan:
     """The device plan of a key of ``shape`` with ``free`` usable device bytes and ``workers``
     partitions in flight at most (the prover's ``gpu_workers_per_device``), falling back as the
     module docstring says. ``multiples``: the precomputed-multiples choice ("none", "auto" or a
     comma list of sections, as :func:`.knobs.plan_multiples`; "auto" sizes them against the free
     memory left once the points are resident). ``graph_params``: the MSM geometry of a key whose
-    MSMs run as CUDA graphs (their buffers are planned, and dropped first). Raises DeviceMemoryError
-    when even one partition without multiples does not fit."""
+    MSMs run as CUDA graphs (their buffers are planned, and dropped first). ``witness_map``: the
+    device bytes of the coded rows the key's device witness map will keep (0: none). Raises
+    DeviceMemoryError when even one partition without multiples does not fit."""
     workers = max(1, int(workers))
     points = shape.section_bytes()
-    chosen = plan_multiples(points, free - sum(points.values()), shape.domain_size, multiples)
-    plan = _build(shape, chosen, workers, workers, free, margin, params, graph_params)
+    chosen = plan_multiples(points, free - sum(points.values()) - witness_map, shape.domain_size, multiples)
+
+    def _plan(mult: dict[str, int], in_flight: int, graphs: MsmParams | None) -> DevicePlan:
+        return _build(shape, mult, in_flight, workers, free, margin, params, graphs, witness_map)
+
+    plan = _plan(chosen, workers, graph_params)
     steps: list[str] = []
     if not plan.fits and plan.graphs:
         graph_params = None
         steps.append(NO_GRAPHS)
-        plan = _build(shape, chosen, workers, workers, free, margin, params, graph_params)
+        plan = _plan(chosen, workers, graph_params)
     for s in DROP_ORDER:
         if plan.fits or not chosen:
             break
         if s in chosen:
             chosen = {k: v for k, v in chosen.items() if k != s}
             steps.append(f"dropped the precomputed multiples of {s}")
-            plan = _build(shape, chosen, workers, workers, free, margin, params, graph_params)
+            plan = _plan(chosen, workers, graph_params)
     k = workers
     while not plan.fits and k > 1:
         k -= 1
-        plan = _build(shape, chosen, k, workers, free, margin, params, graph_params)
+        plan = _plan(chosen, k, graph_params)
         steps.append(f"{k} partition(s) in flight instead of {workers}")
     plan.steps = steps
     if steps:
@@ -328,11 +356,13 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
 
 
 def largest_fitting_domain(shape: KeyShape, free: int, margin: int = DEFAULT_MARGIN,
-                           params: MsmParams | None = None) -> int | None:
-    """The largest power-of-two domain of this circuit's shape (n_vars in proportion) whose key
-    and one partition, without multiples, fit ``free`` bytes (None: not even 2^1)."""
+                           params: MsmParams | None = None, witness_map: int = 0) -> int | None:
+    """The largest power-of-two domain of this circuit's shape (n_vars and the witness map's rows
+    in proportion) whose key and one partition, without multiples, fit ``free`` bytes (None: not
+    even 2^1)."""
     for lg in range(max(1, shape.domain_size.bit_length() - 1), 0, -1):
-        if _build(shape.scaled(1 << lg), {}, 1, 1, free, margin, params, None).fits:
+        wm = witness_map * (1 << lg) // max(1, shape.domain_size)
+        if _build(shape.scaled(1 << lg), {}, 1, 1, free, margin, params, None, wm).fits:
             return 1 << lg
     return None
 
@@ -340,12 +370,13 @@ def largest_fitting_domain(shape: KeyShape, free: int, margin: int = DEFAULT_MAR
 def refusal(plan: DevicePlan, margin: int = DEFAULT_MARGIN, params: MsmParams | None = None) -> str:
     """The message of a key that does not fit even with every fallback: need vs free, the parts,
     and the largest domain that would fit."""
-    best = largest_fitting_domain(plan.shape, plan.free, margin, params)
+    best = largest_fitting_domain(plan.shape, plan.free, margin, params, plan.witness_map)
+    wmap = f"witness map {plan.witness_map / GIB:.2f} GiB, " if plan.witness_map else ""
     fit = (f"the largest domain of this circuit's shape that fits is 2^{best.bit_length() - 1} ({best} rows)"
            if best else "not even a 2-row domain of this shape fits")
     return (f"the proving key (domain 2^{plan.shape.domain_size.bit_length() - 1}, {plan.shape.n_vars} witness "
             f"rows) needs {plan.total / GIB:.2f} GiB of device memory with no precomputed multiples and one "
             f"partition in flight (points {plan.points_total / GIB:.2f} GiB, NTT tables {plan.ntt_tables / GIB:.2f}"
-            f" GiB, partition {plan.partition_total / GIB:.2f} GiB, MSM scratch "
+            f" GiB, {wmap}partition {plan.partition_total / GIB:.2f} GiB, MSM scratch "
             f"{sum(plan.scratch.values()) / GIB:.2f} GiB, margin {plan.margin / GIB:.2f} GiB) but only "
             f"{plan.free / GIB:.2f} GiB is free; {fit}")
