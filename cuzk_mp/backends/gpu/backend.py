@@ -392,6 +392,11 @@ class GpuBackend:
             packed_bytes = int(first[1].shape[0]) * int(dev[name].shape[1]) * 8
             memory.ensure_free(packed_bytes, f"packing key section {name}")
             dev[name] = dev[name][first[1]]  # the whole section goes back to the pool
+        # ... and from the pool to the driver: left there, its blocks (tens of GiB at 2^27) get split by
+        # the partitions' arrays and the sorts' buffers (seen once at 2^27 without this: an H MSM's sort
+        # ran out of device memory while the plan's total was well within the device)
+        cupy.cuda.get_current_stream().synchronize()
+        cupy.get_default_memory_pool().free_all_blocks()
         return supports, {first[0]: first[1]}
 
     @staticmethod
