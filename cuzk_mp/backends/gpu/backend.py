@@ -638,21 +638,19 @@ class GpuBackend:
         at staging), any other vector is classified here (packed first for such a section)."""
         with cupy.cuda.Device(self.device), s:
             part, plan, ready = self._context(scalars)  # C's cut of w's plan is enqueued on s
+            if part is not None:
+                s.wait_event(ready)
             sub = plan.subsets.get(support) if part is not None and support is not None and plan is part.plan \
                 else None
-            if part is not None and sub is not None:
+            if sub is not None:
                 d_scalars, plan = sub.scalars, sub
-                s.wait_event(ready)
             elif part is None or rows is not None:  # a vector of no partition, or one not packed at staging
-                if part is not None:
-                    s.wait_event(ready)
                 d_scalars = cupy.ascontiguousarray(cupy.asarray(scalars))
                 if rows is not None:
                     d_scalars = d_scalars[rows]
                 plan = gmsm.classify(d_scalars, m.params.nthreads)
             else:
                 d_scalars = scalars
-                s.wait_event(ready)
             start = _record(s)
             pending = m.launch(d_scalars, plan)
             end = _record(s)

@@ -73,9 +73,10 @@ BA_SEG = 256
 # (a zero costs a sort key per window, a one a single addition, as in the split), so staging waits
 # for nothing (no index lists come back to the host), a proof's MSM is one chain of kernels instead
 # of the ones' chain then Pippenger's, and k proofs' MSMs of one section run as ONE batched pass
-# (:meth:`.msm._Msm.launch_batch`). Above it the sort of the zeros' keys costs more than the split.
+# (:meth:`.msm._Msm.launch_batch`). Above it the sort of the zeros' keys costs more than the split,
+# and the backend may pack a key's sparse B sections (backend.SUPPORT_SECTIONS; the bench's plan
+# line says so).
 DENSE_KEY_ROWS = 1 << 16
-# The backend (and the bench's plan line) read it here; keys above it may be packed (backend.SUPPORT_SECTIONS).
 
 # MsmParams.fq_mul's values, in the order of their EC_FQ_DFMA define (ec/xyzz.cuh).
 FQ_MUL_MODES = ("imad", "dfma", "mixed")
@@ -130,7 +131,7 @@ class MsmParams:
     # instead of ~20, for MSMs whose kernels are shorter than their launches.
     graphs: bool = False
     # G1 modules: where the curve formulas' Fq products run (ec/xyzz.cuh, EC_FQ_DFMA): "imad"
-    # (mont_t's carry chains), "dfma" (all on the FP64 pipe, ff/fp_dfma.cuh) or "mixed" (four of
+    # (mont_t's carry chains), "dfma" (all on the FP64 pipe, ff/fp_dfma.cuh) or "mixed" (fq_mixed_n of
     # the mixed addition's products on the FP64 pipe, the rest on IMAD; fq_fused and fq_calls apply
     # to it as to "imad"); compiled in, only "imad" is shipped (NVRTC builds the others on first
     # use). perf/gpu_msm_notes.md has the measurements.
