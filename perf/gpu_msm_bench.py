@@ -44,7 +44,7 @@ CHECKPOINT: Any = lambda rows: None  # main() points this at the --out writer (p
 PHASES = ("ones", "digits", "sort", "accumulate", "reduce", "d2h", "finish")
 # Bucket accumulation variants timed side by side (launch knobs of one compiled module).
 ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
-    "xyzz": msm.MsmParams(ba_rounds=0),
+    "xyzz": msm.MsmParams(ba_rounds=0, ga_rounds=0),
     "affine": msm.MsmParams(ba_rounds=3, ba_seg=256),
     "affine_s512r4": msm.MsmParams(ba_rounds=4, ba_seg=512),
     "affine_s128r2": msm.MsmParams(ba_rounds=2, ba_seg=128),
@@ -80,6 +80,13 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "unfused": msm.MsmParams(ba_rounds=0, fq_fused=False),
     # G1 only: the Fq products inlined at every use (EC_FQ_CALLS=0; the default makes them calls)
     "inline": msm.MsmParams(ba_rounds=0, fq_calls=False),
+    # grid batch-affine rounds (kernels/msm/grid_affine.cuh): one inversion per round over all its
+    # pairs; grid_rN: at most N rounds, grid_cN: 2^N entries a chunk, grid_tN: 2^N threads
+    "grid": msm.MsmParams(ba_rounds=0, ga_rounds=8),
+    "grid_r3": msm.MsmParams(ba_rounds=0, ga_rounds=3),
+    "grid_c26": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_chunk=1 << 26),
+    "grid_t18": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_threads=1 << 18),
+    "grid_t14": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_threads=1 << 14),
 }
 
 
@@ -243,23 +250,27 @@ def bench_rows(plan: dict[bool, tuple[int, ...]], reps: int, sweep_lg: int | Non
 
 
 def accumulate_rows(lg: int = 24, reps: int = 3, names: list[str] | None = None,
-                    groups: tuple[str, ...] = ("g1", "g2"), dists: tuple[str, ...] = ("random", "porep")
-                    ) -> dict[str, Any]:
+                    groups: tuple[str, ...] = ("g1", "g2"), dists: tuple[str, ...] = ("random", "porep"),
+                    multiples: int | None = None) -> dict[str, Any]:
     """Rows at 2^lg of ``groups`` for the :data:`ACCUMULATE_VARIANTS` entries ``names`` (all: None;
-    the scalar distributions ``dists``, checked), then, for all, the runtime reduction knobs of the G2 default."""
+    the scalar distributions ``dists``, checked; over a table of ``multiples``-bit precomputed
+    multiples, rows ``..._mult<c>_...``, else plain), then, for all, the runtime reduction knobs
+    of the G2 default."""
     rows: dict[str, Any] = {}
     picked = {k: ACCUMULATE_VARIANTS[k] for k in (names or ACCUMULATE_VARIANTS)}
+    tag = f"_mult{multiples}" if multiples else ""
     for g2 in [g == "g2" for g in ("g1", "g2") if g in groups]:
         grp = "g2" if g2 else "g1"
         bases = Bases(g2, 1 << lg, seed=7)
+        mult = multiples_of(bases, 1 << lg, multiples)[0] if multiples else None
         for dist in dists:
             s = random_scalars(1 << lg, dist, lg)
             for name, params in picked.items():
-                _flatten(rows, f"{grp}_acc_{name}_{dist}_2^{lg}", time_msm(bases, s, reps, params))
+                _flatten(rows, f"{grp}_acc_{name}{tag}_{dist}_2^{lg}", time_msm(bases, s, reps, params, True, mult))
                 CHECKPOINT(rows)
         if g2 and names is None:
             _reduce_sweep(rows, grp, bases, lg, reps)
-        del bases
+        del bases, mult
         cupy.get_default_memory_pool().free_all_blocks()
     rows["gpu"] = cupy.cuda.runtime.getDeviceProperties(0)["name"].decode()
     rows["date"] = datetime.date.today().isoformat()
@@ -376,7 +387,7 @@ def main() -> None:
     ap.add_argument("--windows", default=None,
                     help="a comma list of window bits: random MSMs at --lg for --groups at each (no --accumulate)")
     ap.add_argument("--multiples", type=int, default=None,
-                    help="with --windows or --reduce: precomputed multiples of this many bits")
+                    help="with --windows, --reduce or --accumulate: precomputed multiples of this many bits")
     ap.add_argument("--reduce", action="store_true",
                     help="random MSMs at --lg for --groups over the reduction knobs of REDUCE_GRID")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
@@ -400,7 +411,7 @@ def main() -> None:
         rows = window_rows(args.lg, args.reps, groups, tuple(int(c) for c in args.windows.split(",")),
                            args.multiples)
     elif args.accumulate:
-        rows = accumulate_rows(args.lg, args.reps, names, groups, dists)
+        rows = accumulate_rows(args.lg, args.reps, names, groups, dists, args.multiples)
     else:
         rows = msm_rows(args.quick)
     CHECKPOINT(rows)

@@ -626,13 +626,13 @@ def test_one_shot_helpers(msm: Any) -> None:
         assert fn(points, scalars) == _oracle(points, scalars, g2)
 
 
-@pytest.mark.parametrize("acc", ["xyzz", "affine"])
+@pytest.mark.parametrize("acc", ["xyzz", "affine", "grid"])
 @pytest.mark.parametrize("lg", [16, 20])
 @pytest.mark.parametrize("dist", ["random", "porep"])
 def test_large_against_discrete_logs(kind: str, msm: Any, g2: bool, lg: int, dist: str, acc: str) -> None:
     """Bases t_i G from the fixed-base kernel; sum_i s_i t_i G must equal (sum_i s_i t_i) G, with
-    either accumulation kernel (batch-affine at 2^20: more segments than resident blocks, so the
-    persistent blocks loop)."""
+    each accumulation (batch-affine at 2^20: more segments than resident blocks, so the
+    persistent blocks loop; grid batch-affine with its default chunk and thread counts)."""
     if kind != "gpu":
         pytest.skip("large sizes run on the GPU only")
     import cupy
@@ -645,7 +645,7 @@ def test_large_against_discrete_logs(kind: str, msm: Any, g2: bool, lg: int, dis
     s = _scalars(n, dist, SEED + lg) if lg <= 16 else _fast_scalars(g, n, dist)
     gen = G2Point() if g2 else G1Point()
     d_points = fixed_base.FixedBase(gen).run_device(cupy.asarray(t))
-    params = msm.MsmParams(ba_rounds=msm.accumulate_rounds(acc))
+    params = msm.MsmParams(ba_rounds=msm.accumulate_rounds(acc), ga_rounds=msm.grid_rounds(acc))
     got = (msm.MsmG2 if g2 else msm.MsmG1)(d_points, params).run(cupy.asarray(s), stream=cupy.cuda.Stream())
     tv = [int.from_bytes(r.tobytes(), "little") for r in t]
     sv = [int.from_bytes(r.tobytes(), "little") for r in s]
@@ -741,3 +741,74 @@ def test_accumulate_mode_from_env(msm: Any, monkeypatch: pytest.MonkeyPatch) -> 
     assert msm.MsmParams().ba_rounds == 0  # unset: XYZZ
     with pytest.raises(ConfigError, match="ba_seg"):
         msm.MsmParams(ba_seg=0)
+
+
+# ------------------------------------------------------------------ grid batch-affine accumulation
+
+
+def _ga(msm: Any, **kw: Any) -> Any:
+    """Grid batch-affine params: tiny windows, chunks and thread counts, so a few hundred scalars
+    make several chunks (runs across chunk boundaries), threads that walk several slots, and an
+    inversion tree of several levels; blocks of 32 in the emulator."""
+    emulated = getattr(msm, "cupy", None) is gpu_emu.fake_cupy
+    base = {"ga_rounds": 3, "ga_chunk": 500, "ga_threads": 70, "ba_rounds": 0, "window_bits": 6,
+            "nthreads": 32 if emulated else 128}
+    return msm.MsmParams(**{**base, **kw})
+
+
+@pytest.mark.parametrize("n", [1, 7, 300, 1000])
+@pytest.mark.parametrize("dist", ["random", "porep", "same", "edge"])
+def test_grid_affine_matches_arkworks(msm: Any, g2: bool, n: int, dist: str) -> None:
+    """The grid batch-affine rounds (grid_affine.cuh) against arkworks: 0 / 1 / r - 1 scalars, one
+    bucket for everything ("same"), sizes that are no multiple of a chunk, a slot or a thread count."""
+    points, scalars = _points(n, g2), _scalars(n, dist, SEED + 71 + n)
+    assert _run(msm, points, scalars, g2, _ga(msm)) == _oracle(points, scalars, g2), f"seed {SEED}"
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "same"])
+def test_grid_affine_special_bases(msm: Any, g2: bool, dist: str) -> None:
+    """Infinity operands, P + P and P + (-P) in the grid rounds, for several round, chunk and thread
+    counts (one thread for all slots; more threads than slots; an inversion tree of 3 levels;
+    rounds 0: the list's XYZZ level 1 alone)."""
+    points, scalars = _special(g2, dist)
+    want = _oracle(points, scalars, g2)
+    for rounds, chunk, threads in ((1, 64, 1), (2, 33, 1000), (3, 4096, 1500), (8, 10_000, 64), (0, 100, 8)):
+        got = _run(msm, points, scalars, g2, _ga(msm, ga_rounds=rounds, ga_chunk=chunk, ga_threads=threads))
+        assert got == want, f"seed {SEED} rounds {rounds} chunk {chunk} threads {threads}"
+
+
+def test_grid_affine_repeated_and_opposite_pairs(msm: Any, g2: bool) -> None:
+    """Every kind of pair (P + P, P + (-P), inf + P, P + inf) at every slot position of a round:
+    all scalars 1 (the ones' sum, one bucket)."""
+    n = 240
+    points = _points(n, g2).copy()
+    to_ark = curve.g2_lem_to_ark if g2 else curve.g1_lem_to_ark
+    to_lem = curve.g2_ark_to_lem if g2 else curve.g1_ark_to_lem
+    for i in range(0, n, 8):
+        points[i + 1] = points[i]
+        points[i + 3] = to_lem(-to_ark(points[i + 2]))
+        points[i + 4] = 0
+        points[i + 7] = 0
+    scalars = ints_to_limbs([1] * n, 4)
+    want = _oracle(points, scalars, g2)
+    for chunk, threads in ((7, 2), (64, 5), (240, 1000)):
+        got = _run(msm, points, scalars, g2, _ga(msm, ga_rounds=8, ga_chunk=chunk, ga_threads=threads))
+        assert got == want, f"seed {SEED} chunk {chunk} threads {threads}"
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "edge"])
+def test_grid_affine_with_multiples(kind: str, msm: Any, g2: bool, dist: str) -> None:
+    """Grid rounds over precomputed multiples (one shared bucket set, several window batches)."""
+    n = 400
+    points, scalars = _points(n, g2), _scalars(n, dist, SEED + 81)
+    for params in (_ga(msm), _ga(msm, max_entries=3 * n + 1, ga_chunk=128, ga_rounds=2)):
+        obj = _with_multiples(kind, msm, points, g2, 7, dataclasses.replace(params, window_bits=None))
+        assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED} {params}"
+
+
+def test_grid_rounds_follow_the_mean_run(msm: Any) -> None:
+    """log2 of the mean run, capped; no rounds where runs are single entries."""
+    assert msm.grid_rounds_for(201 << 20, 1 << 21, 8) == 6
+    assert msm.grid_rounds_for(1 << 20, 1, 8) == 8
+    assert msm.grid_rounds_for(100, 1000, 8) == 0
+    assert msm.grid_rounds_for(3, 1, 8) == 1

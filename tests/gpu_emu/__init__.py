@@ -104,7 +104,7 @@ def _elapsed_ms(a: _Event, b: _Event) -> float:
 
 fake_cupy = types.SimpleNamespace(
     ndarray=np.ndarray, asarray=np.asarray, asnumpy=np.asarray, ascontiguousarray=np.ascontiguousarray,
-    empty=np.empty, zeros=np.zeros, stack=np.stack, flatnonzero=np.flatnonzero, argsort=np.argsort,
+    empty=np.empty, zeros=np.zeros, stack=np.stack, flatnonzero=np.flatnonzero, argsort=np.argsort, cumsum=np.cumsum,
     count_nonzero=np.count_nonzero, concatenate=np.concatenate, arange=np.arange, searchsorted=np.searchsorted,
     cuda=types.SimpleNamespace(Event=_Event, Stream=_Stream, get_elapsed_time=_elapsed_ms,
                                get_current_stream=lambda: _STREAM, alloc_pinned_memory=bytearray),

@@ -96,7 +96,7 @@ def fake_cupy() -> types.SimpleNamespace:
                                  get_current_stream=lambda: _Stream(), alloc_pinned_memory=bytearray)
     ns = types.SimpleNamespace(ndarray=DevArray, cuda=cuda, get_default_memory_pool=_Pool, asnumpy=np.array)
     for name in ("asarray", "ascontiguousarray", "empty", "zeros", "stack", "flatnonzero", "argsort",
-                 "concatenate", "arange", "searchsorted", "array_equal"):
+                 "concatenate", "arange", "searchsorted", "array_equal", "cumsum"):
         setattr(ns, name, _wrap(getattr(np, name)))
     ns.count_nonzero = np.count_nonzero
     return ns

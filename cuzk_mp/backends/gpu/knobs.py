@@ -58,15 +58,25 @@ class NttParams:
 NTT_KERNEL_DEFAULTS = {"NTT_TILE_LG": 10, "NTT_CHUNK_LG": 2, "NTT_THREADS": 256}
 
 
-# Bucket accumulation: "xyzz" (msm_accumulate: XYZZ mixed additions) or "affine"
-# (msm_accumulate_affine: batch-affine rounds, then XYZZ); read when MsmParams() is made.
+# Bucket accumulation: "xyzz" (msm_accumulate: XYZZ mixed additions), "affine"
+# (msm_accumulate_affine: batch-affine rounds sharing an inversion per block, then XYZZ) or "grid"
+# (grid_affine.cuh: rounds sharing ONE inversion over all their pairs, then XYZZ); read when
+# MsmParams() is made.
 ACCUMULATE_ENV = "CUZK_GPU_MSM_ACCUMULATE"
-ACCUMULATE_MODES = ("xyzz", "affine")
+ACCUMULATE_MODES = ("xyzz", "affine", "grid")
 # Batch-affine defaults: 256 entries per thread; 3 rounds (each halves every run): a block of
 # 128 threads then shares one inversion among ~16 k, 8 k and 4 k additions, and the runs left
 # (1/8 of each) go through XYZZ, where a fourth round would save less than its inversion's latency.
 BA_ROUNDS = 3
 BA_SEG = 256
+# Grid batch-affine: at most GA_ROUNDS rounds (grid_rounds_for picks fewer where the runs are
+# short), GA_CHUNK sorted entries at a time (the rounds' lists cost ~2 x 8 AW + 2 CW bytes an
+# entry: ~3.9 GB for G1, ~7.3 GB for G2 at 2^24), GA_THREADS threads for the denominator and
+# sum passes, and GA_INV_FAN elements a thread in each level of the inversion tree.
+GA_ROUNDS = 8
+GA_CHUNK = 1 << 24
+GA_THREADS = 1 << 16
+GA_INV_FAN = 32
 
 
 # Keys up to this domain size skip the 0/1 split: every scalar goes through the Pippenger windows
@@ -85,11 +95,27 @@ FQ_MUL_MODES = ("imad", "dfma", "mixed")
 def accumulate_rounds(mode: str | None = None) -> int:
     """Batch-affine rounds of an accumulation mode (``mode`` None: env CUZK_GPU_MSM_ACCUMULATE,
     default "xyzz"): 0 for "xyzz", :data:`BA_ROUNDS` for "affine"."""
-    mode = (os.environ.get(ACCUMULATE_ENV) if mode is None else mode) or "xyzz"
-    mode = mode.strip().lower()
+    return BA_ROUNDS if _accumulate_mode(mode) == "affine" else 0
+
+
+def _accumulate_mode(mode: str | None) -> str:
+    mode = ((os.environ.get(ACCUMULATE_ENV) if mode is None else mode) or "xyzz").strip().lower()
     if mode not in ACCUMULATE_MODES:
         raise ConfigError(f"{ACCUMULATE_ENV}={mode!r}: one of {', '.join(ACCUMULATE_MODES)}")
-    return BA_ROUNDS if mode == "affine" else 0
+    return mode
+
+
+def grid_rounds(mode: str | None = None) -> int:
+    """Most grid batch-affine rounds of an accumulation mode (as :func:`accumulate_rounds`):
+    :data:`GA_ROUNDS` for "grid", else 0."""
+    return GA_ROUNDS if _accumulate_mode(mode) == "grid" else 0
+
+
+def grid_rounds_for(n: int, n_buckets: int, most: int) -> int:
+    """Grid batch-affine rounds for n sorted entries over n_buckets buckets: each round halves
+    every run, so log2 of the mean run (at most ``most``); the XYZZ level 1 sums what is left."""
+    mean = n / max(1, min(n_buckets, n))
+    return max(0, min(most, int(mean).bit_length() - 1))
 
 
 @dataclass(frozen=True)
@@ -127,6 +153,11 @@ class MsmParams:
     # sharing one inversion per block before the XYZZ pass; 0 = msm_accumulate alone.
     ba_rounds: int = field(default_factory=accumulate_rounds)
     ba_seg: int = BA_SEG  # sorted entries per thread of the batch-affine kernel
+    # Grid batch-affine accumulation (kernels/msm/grid_affine.cuh): at most this many rounds of
+    # affine additions sharing one inversion over all their pairs; 0 = off. Beats ba_rounds.
+    ga_rounds: int = field(default_factory=grid_rounds)
+    ga_chunk: int = GA_CHUNK  # sorted entries per pass of the rounds
+    ga_threads: int = GA_THREADS  # threads of the denominator and sum passes
     # Dense passes small enough run as captured CUDA graphs (msm.py, GRAPH_MAX_ENTRIES): one launch
     # instead of ~20, for MSMs whose kernels are shorter than their launches.
     graphs: bool = False
@@ -182,6 +213,9 @@ class MsmParams:
             raise ConfigError(f"MsmParams.fq_mul={self.fq_mul!r}: one of {', '.join(FQ_MUL_MODES)}")
         if not 1 <= self.fq_mixed_n <= 6:
             raise ConfigError(f"MsmParams.fq_mixed_n={self.fq_mixed_n}: in [1, 6]")
+        if not 0 <= self.ga_rounds <= 64 or self.ga_chunk < 2 or self.ga_threads < 1:
+            raise ConfigError(f"MsmParams: ga_rounds in [0, 64], ga_chunk >= 2, ga_threads >= 1 (got {self.ga_rounds}, "
+                              f"{self.ga_chunk}, {self.ga_threads})")
         if not 0 <= self.ba_rounds <= 255 or not 1 <= self.ba_seg <= 1 << 16:
             raise ConfigError(f"MsmParams: ba_rounds in [0, 255], ba_seg in [1, 65536] (got {self.ba_rounds}, "
                               f"{self.ba_seg})")

@@ -64,6 +64,7 @@ from ...algebra.curve import g1_to_ark, g2_to_ark
 from ...algebra.field import Q_MOD, fq2_inv_int, fq2_mul_int, limbs_to_ints
 from ...errors import InputError
 from .knobs import (
+    GA_INV_FAN,
     GRAPH_RUNS,
     MSM_PATH,
     MsmParams,
@@ -71,6 +72,8 @@ from .knobs import (
     choose_multiples_window,
     choose_window,
     graph_batch_limit,
+    grid_rounds,
+    grid_rounds_for,
     ones_segment,
     window_count,
 )
@@ -92,6 +95,8 @@ __all__ = [
     "check_canonical",
     "classify",
     "dense_plan",
+    "grid_rounds",
+    "grid_rounds_for",
     "horner",
     "msm_g1",
     "msm_g2",
@@ -543,7 +548,8 @@ class _Msm:
         mod = get_module(MSM_PATH, self.params.defines(self.G2))
         self._k = {name: mod.get_function(name) for name in
                    ("msm_classify", "msm_digits", "msm_accumulate", "msm_accumulate_affine", "msm_reduce",
-                    "msm_sort_count", "msm_sort_scan", "msm_sort_scatter")}
+                    "msm_sort_count", "msm_sort_scan", "msm_sort_scatter", "msm_ga_rows", "msm_ga_count",
+                    "msm_ga_den", "msm_ga_add", "msm_ga_inv", "msm_accumulate_list")}
         self._resident = occupancy(self._k["msm_accumulate"], self.params.nthreads)
         self._ba_resident = occupancy(self._k["msm_accumulate_affine"], self.params.nthreads)
         self.last_timings: dict[str, float] = {}
@@ -809,6 +815,9 @@ class _Msm:
         row wl stride + idx[i] (or + i mod per: ``per`` scalars per MSM of a batch); ``seg``
         entries per thread (default ``params.seg``)."""
         buckets = cupy.zeros((n_buckets, self._xw), dtype=np.uint64)
+        if self.params.ga_rounds:
+            self._accumulate_grid(perm, keys, idx, n, m, cfg, n_buckets, points, stride, per, buckets)
+            return buckets
         if self.params.ba_rounds:
             heads, head_keys, t = self._accumulate_affine(perm, keys, idx, n, m, cfg, points, stride, per, buckets)
         else:
@@ -818,15 +827,76 @@ class _Msm:
             head_keys = cupy.empty(t, dtype=np.uint32)
             self._launch("msm_accumulate", t, perm, keys, _NULL if idx is None else idx, points, buckets,
                          heads, head_keys, _u64(n), _u64(m), _u32(cfg), _u64(stride), _u32(seg), _u64(per))
+        self._combine(heads, head_keys, t, buckets)
+        return buckets
+
+    def _combine(self, heads: Any, head_keys: Any, t: int, buckets: Any, continued: bool = False) -> None:
+        """Combine levels (accumulate.cuh) until one segment covers the t heads: each adds the
+        heads of a bucket into it. ``continued``: the first segment's first run may continue a
+        bucket of an earlier list (a chunk of the grid rounds), so even one head is added."""
         seg2 = self.params.combine_seg
-        while t > 1:
+        while t > 1 or continued:
+            continued = False
             t2 = -(-t // seg2)
             out = cupy.empty((t2, self._xw), dtype=np.uint64)
             out_keys = cupy.empty(t2, dtype=np.uint32)
             self._launch("msm_reduce", t2, _u32(OP_COMBINE), heads, head_keys, buckets, out, out_keys,
                          _u64(t), _u32(seg2), _u32(0))
             heads, head_keys, t = out, out_keys, t2
-        return buckets
+
+    def _accumulate_grid(self, perm: Any, keys: Any, idx: Any, n: int, m: int, cfg: int, n_buckets: int,
+                         points: Any, stride: int, per: int, buckets: Any) -> None:
+        """Level 1 by grid batch-affine rounds (grid_affine.cuh), ``params.ga_chunk`` sorted entries
+        at a time: :func:`grid_rounds_for` rounds, each sharing one inversion among all its pairs,
+        then the XYZZ level 1 and the combine levels over what is left, into ``buckets``. A chunk
+        is a contiguous range of the sorted entries, so only its first bucket can continue the
+        previous chunk's last one, and the head rule (accumulate.cuh) adds that part. The rounds'
+        lengths stay on the device: every launch covers the chunk's upper bound."""
+        p = self.params
+        rounds = grid_rounds_for(n, n_buckets, p.ga_rounds)
+        cw = self._aw // 2
+        for j0 in range(0, n, p.ga_chunk):
+            c = min(p.ga_chunk, n - j0)
+            rows = cupy.empty(c, dtype=np.uint64)
+            bk = cupy.empty(c + 1, dtype=np.uint32)  # bk[0]: the bucket before the chunk
+            self._launch("msm_ga_rows", c, perm, keys, _NULL if idx is None else idx, _u64(j0), _u64(c), _u64(m),
+                         _u32(cfg), _u64(stride), _u64(per), rows, bk[1:])
+            src: tuple[Any, ...] = (points, rows, _NULL, bk[1:], _NULL, _u64(c))
+            slots = -(-c // 2)
+            g = min(p.ga_threads, slots)
+            if rounds:
+                counts = cupy.empty(slots, dtype=np.uint32)
+                pref = cupy.empty((slots, cw), dtype=np.uint64)
+                prods = cupy.empty((g, cw), dtype=np.uint64)
+                bufs = [(cupy.empty((c, self._aw), dtype=np.uint64), cupy.empty(c + 1, dtype=np.uint32))
+                        for _ in range(min(rounds, 2))]
+            for r in range(rounds):
+                self._launch("msm_ga_count", slots, src[3], src[4], src[5], counts, _u64(slots))
+                pos = cupy.cumsum(counts, dtype=np.int64)
+                self._launch("msm_ga_den", g, *src, pref, prods, _u64(g))
+                self._invert_all(prods, g)
+                out, out_bk = bufs[r % 2]
+                self._launch("msm_ga_add", g, *src, pos, pref, prods, out, out_bk[1:], _u64(g))
+                src = (_NULL, _NULL, out, out_bk[1:], pos[slots - 1 :], _u64(0))
+            t = -(-c // p.seg)
+            heads = cupy.empty((t, self._xw), dtype=np.uint64)
+            head_keys = cupy.empty(t, dtype=np.uint32)
+            self._launch("msm_accumulate_list", t, *src, buckets, heads, head_keys, _u32(p.seg), _u64(t))
+            self._combine(heads, head_keys, t, buckets, continued=j0 > 0)
+
+    def _invert_all(self, vals: Any, n: int) -> None:
+        """The n field elements of ``vals`` (non-zero) -> their inverses, in place: tree levels
+        of :data:`GA_INV_FAN` elements a thread, and one inversion at the top (msm_ga_inv)."""
+        cw = self._aw // 2
+        pre = cupy.empty((n, cw), dtype=np.uint64)
+        if n <= GA_INV_FAN:
+            self._launch("msm_ga_inv", 1, _u32(2), vals, pre, _NULL, _u64(n), _u64(1))
+            return
+        g = -(-n // GA_INV_FAN)
+        prods = cupy.empty((g, cw), dtype=np.uint64)
+        self._launch("msm_ga_inv", g, _u32(0), vals, pre, prods, _u64(n), _u64(g))
+        self._invert_all(prods, g)
+        self._launch("msm_ga_inv", g, _u32(1), vals, pre, prods, _u64(n), _u64(g))
 
     def _accumulate_affine(self, perm: Any, keys: Any, idx: Any, n: int, m: int, cfg: int, points: Any,
                            stride: int, per: int, buckets: Any) -> tuple[Any, Any, int]:

@@ -41,27 +41,81 @@ FF_INLINE void msm_flush(xyzz_t<F>& acc, uint32_t b, bool to_head, bool add_to_b
     acc.store(dst);
 }
 
+/* Where level 1 reads its sorted entries, in two steps as the loop needs them: head(j, b, h) reads entry j's bucket (false at the first
+ * zero digit: they sort last) and a handle h for point(j, h), its signed point, which the loop
+ * loads only after it flushed the previous run; bucket_before(j0) is the bucket of the entry
+ * before j0 (MSM_BUCKET_NONE if none).
+ *   msm_entry_src: the digit keys of a window batch (key = keys[perm[j]], its point row from
+ *                  msm_entry_row);
+ *   msm_list_src:  a list left by the grid batch-affine rounds (grid_affine.cuh): item j is the
+ *                  point row rows[j] of `points` (bit 63: negated) or, with rows null, the
+ *                  affine point pts[j]; its bucket bk[j], and bk[-1] the bucket before the list. */
+#define MSM_ROW_NEG (1ull << 63) /* a handle's / a list row's "negate the point" bit */
+
 template <class F>
-FF_INLINE void msm_accumulate_body(uint64_t t, const int64_t* perm, const uint32_t* keys,
-                                   const int64_t* tail_idx, const uint64_t* points, uint64_t* buckets,
-                                   uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m,
-                                   uint32_t cfg, uint64_t stride, uint32_t seg, uint64_t per) {
-    const int AW = affine_t<F>::WORDS;
-    uint64_t j0 = t * seg, j1 = j0 + seg < n ? j0 + seg : n;
-    uint32_t prev = MSM_BUCKET_NONE;
-    if (t) {
+struct msm_entry_src {
+    const int64_t* perm;
+    const uint32_t* keys;
+    const int64_t* tail_idx;
+    const uint64_t* points;
+    uint64_t m, stride, per;
+    uint32_t cfg;
+
+    FF_INLINE uint32_t bucket_before(uint64_t j0) const {
+        if (!j0) return MSM_BUCKET_NONE;
         uint32_t k = keys[perm[j0 - 1]];
-        if (k != MSM_KEY_NONE) prev = msm_key_bucket(k, cfg);
+        return k == MSM_KEY_NONE ? MSM_BUCKET_NONE : msm_key_bucket(k, cfg);
     }
+    FF_INLINE bool head(uint64_t j, uint32_t& b, uint64_t& h) const {
+        uint64_t p = (uint64_t)perm[j];
+        uint32_t key = keys[p];
+        if (key == MSM_KEY_NONE) return false;
+        b = msm_key_bucket(key, cfg);
+        h = p | ((key & 1) ? MSM_ROW_NEG : 0);
+        return true;
+    }
+    FF_INLINE affine_t<F> point(uint64_t, uint64_t h) const {
+        uint64_t p = h & ~MSM_ROW_NEG;
+        affine_t<F> pt = affine_t<F>::load(points + msm_entry_row(p, m, per, stride, tail_idx) * affine_t<F>::WORDS);
+        return (h & MSM_ROW_NEG) ? pt.neg() : pt;
+    }
+};
+
+template <class F>
+struct msm_list_src {
+    const uint64_t* points;
+    const uint64_t* rows;
+    const uint64_t* pts;
+    const uint32_t* bk;
+
+    FF_INLINE uint32_t bucket_before(uint64_t j0) const { return bk[(int64_t)j0 - 1]; }
+    FF_INLINE affine_t<F> point(uint64_t j, uint64_t = 0) const {
+        if (!rows) return affine_t<F>::load(pts + j * affine_t<F>::WORDS);
+        uint64_t r = rows[j];
+        affine_t<F> pt = affine_t<F>::load(points + (r & ~MSM_ROW_NEG) * affine_t<F>::WORDS);
+        return (r & MSM_ROW_NEG) ? pt.neg() : pt;
+    }
+    FF_INLINE bool head(uint64_t j, uint32_t& b, uint64_t& h) const {
+        b = bk[j];
+        h = 0;
+        return b != MSM_BUCKET_NONE;
+    }
+};
+
+/* Segment t (entries [t seg, t seg + seg) of n) of level 1, from `src`. */
+template <class F, class Src>
+FF_INLINE void msm_level1_body(uint64_t t, const Src& src, uint64_t* buckets, uint64_t* heads,
+                               uint32_t* head_keys, uint64_t n, uint32_t seg) {
+    uint64_t j0 = t * seg, j1 = j0 + seg < n ? j0 + seg : n;
+    const uint32_t prev = src.bucket_before(j0);
     uint32_t cur = MSM_BUCKET_NONE;
     bool first = true, wrote_head = false;
     xyzz_t<F> acc = xyzz_t<F>::inf();
 #pragma unroll 1
     for (uint64_t j = j0; j < j1; j++) {
-        uint64_t p = (uint64_t)perm[j];
-        uint32_t key = keys[p];
-        if (key == MSM_KEY_NONE) break; /* zero digits sort last */
-        uint32_t b = msm_key_bucket(key, cfg);
+        uint32_t b;
+        uint64_t h;
+        if (!src.head(j, b, h)) break; /* zero digits sort last */
         if (b != cur) {
             if (cur != MSM_BUCKET_NONE) {
                 bool head = first && cur == prev;
@@ -72,8 +126,7 @@ FF_INLINE void msm_accumulate_body(uint64_t t, const int64_t* perm, const uint32
             cur = b;
             acc = xyzz_t<F>::inf();
         }
-        affine_t<F> pt = affine_t<F>::load(points + msm_entry_row(p, m, per, stride, tail_idx) * AW);
-        acc.add_affine((key & 1) ? pt.neg() : pt);
+        acc.add_affine(src.point(j, h));
     }
     if (cur != MSM_BUCKET_NONE) {
         bool head = first && cur == prev;
@@ -81,6 +134,15 @@ FF_INLINE void msm_accumulate_body(uint64_t t, const int64_t* perm, const uint32
         wrote_head |= head;
     }
     if (!wrote_head) head_keys[t] = MSM_BUCKET_NONE;
+}
+
+template <class F>
+FF_INLINE void msm_accumulate_body(uint64_t t, const int64_t* perm, const uint32_t* keys,
+                                   const int64_t* tail_idx, const uint64_t* points, uint64_t* buckets,
+                                   uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m,
+                                   uint32_t cfg, uint64_t stride, uint32_t seg, uint64_t per) {
+    const msm_entry_src<F> src = {perm, keys, tail_idx, points, m, stride, per, cfg};
+    msm_level1_body<F>(t, src, buckets, heads, head_keys, n, seg);
 }
 
 template <class F>

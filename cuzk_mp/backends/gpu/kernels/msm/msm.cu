@@ -5,7 +5,8 @@
  * geometry. All kernels are 1-D: grid = ceil(threads / MSM_NTHREADS) blocks of
  * MSM_NTHREADS, thread t = blockIdx.x * blockDim.x + threadIdx.x, no shared
  * memory, no inter-thread cooperation (so each body also runs on a CPU, where the
- * test emulator loops over t), except msm_accumulate_affine, whose blocks cooperate
+ * test emulator loops over t; the grid batch-affine kernels msm_ga_* are of this kind too),
+ * except msm_accumulate_affine, whose blocks cooperate
  * through shared memory (the emulator runs a block's threads as fibers). Layouts: scalars (m, 4) uint64 standard form;
  * points zkey layout (affine_t); buckets / partial sums xyzz_t; index arrays int64.
  */
@@ -14,6 +15,7 @@
 #include "accumulate.cuh"
 #include "sort.cuh"
 #include "batch_affine.cuh"
+#include "grid_affine.cuh"
 #include "reduce.cuh"
 
 #ifndef MSM_G2
@@ -103,6 +105,70 @@ msm_accumulate_affine(const int64_t* perm, const uint32_t* keys, const int64_t* 
                       uint64_t stride, uint32_t seg, uint64_t* scratch, uint64_t per) {
     msm_accumulate_affine_body<msm_field_t, MSM_NTHREADS>(perm, keys, tail_idx, points, buckets, heads, head_keys, n,
                                                           m, cfg, stride, seg, scratch, per);
+}
+
+/* Grid batch-affine rounds (grid_affine.cuh). A list is (points, rows) or pts, with bucket ids
+ * bk (bk[-1] readable) and length *len (len null: len0).
+ *   msm_ga_rows   threads = n: round 0's list from the sorted entries [j0, j0 + n);
+ *   msm_ga_count  threads = slots (an upper bound of ceil(len / 2)): counts[s];
+ *   msm_ga_den    threads = G: prefix products pref and per-thread products prods;
+ *   msm_ga_add    threads = G: the round's output list (out, out_bk), pos = inclusive sums of counts;
+ *   msm_ga_inv    op 0 up / 1 down: threads = g over n values; op 2: the top, ONE thread;
+ *   msm_accumulate_list  threads = ceil(upper bound of len / seg): level 1 over a list. */
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+msm_ga_rows(const int64_t* perm, const uint32_t* keys, const int64_t* tail_idx, uint64_t j0, uint64_t n,
+            uint64_t m, uint32_t cfg, uint64_t stride, uint64_t per, uint64_t* rows, uint32_t* bk) {
+    uint64_t t = MSM_TID;
+    const msm_entry_src<msm_field_t> e = {perm, keys, tail_idx, nullptr, m, stride, per, cfg};
+    if (t < n) msm_ga_rows_one<msm_field_t>(t, e, j0, rows, bk);
+}
+
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+msm_ga_count(const uint32_t* bk, const int64_t* len, uint64_t len0, uint32_t* counts, uint64_t slots) {
+    uint64_t t = MSM_TID;
+    if (t >= slots) return;
+    const ga_list<msm_field_t> L = ga_make_list<msm_field_t>(nullptr, nullptr, nullptr, bk, len, len0);
+    bool pair;
+    counts[t] = L.count(t, pair);
+}
+
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+msm_ga_den(const uint64_t* points, const uint64_t* rows, const uint64_t* pts, const uint32_t* bk,
+           const int64_t* len, uint64_t len0, uint64_t* pref, uint64_t* prods, uint64_t G) {
+    uint64_t t = MSM_TID;
+    if (t < G)
+        msm_ga_den_body<msm_field_t>(t, G, ga_make_list<msm_field_t>(points, rows, pts, bk, len, len0), pref, prods);
+}
+
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+msm_ga_add(const uint64_t* points, const uint64_t* rows, const uint64_t* pts, const uint32_t* bk,
+           const int64_t* len, uint64_t len0, const int64_t* pos, const uint64_t* pref, const uint64_t* inv_prods,
+           uint64_t* out, uint32_t* out_bk, uint64_t G) {
+    uint64_t t = MSM_TID;
+    if (t < G)
+        msm_ga_add_body<msm_field_t>(t, G, ga_make_list<msm_field_t>(points, rows, pts, bk, len, len0), pos, pref,
+                                     inv_prods, out, out_bk);
+}
+
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+msm_ga_inv(uint32_t op, uint64_t* vals, uint64_t* pre, uint64_t* prods, uint64_t n, uint64_t g) {
+    uint64_t t = MSM_TID;
+    if (op == 0 && t < g) msm_ga_inv_up<msm_field_t>(t, g, n, vals, pre, prods);
+    if (op == 1 && t < g) msm_ga_inv_down<msm_field_t>(t, g, n, vals, pre, prods);
+    if (op == 2 && t == 0) msm_ga_inv_top<msm_field_t>(n, vals, pre);
+}
+
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS, MSM_ACC_MIN_BLOCKS)
+msm_accumulate_list(const uint64_t* points, const uint64_t* rows, const uint64_t* pts, const uint32_t* bk,
+                    const int64_t* len, uint64_t len0, uint64_t* buckets, uint64_t* heads, uint32_t* head_keys,
+                    uint32_t seg, uint64_t threads) {
+    uint64_t t = MSM_TID;
+    if (t >= threads) return;
+    const ga_list<msm_field_t> L = ga_make_list<msm_field_t>(points, rows, pts, bk, len, len0);
+    if (t * seg < L.len)
+        msm_level1_body<msm_field_t>(t, L.src, buckets, heads, head_keys, L.len, seg);
+    else
+        head_keys[t] = MSM_BUCKET_NONE;
 }
 
 /* The four reduction steps share ONE entry point, chosen by `op`: ptxas compiles the
