@@ -84,9 +84,13 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     # pairs; grid_rN: at most N rounds, grid_cN: 2^N entries a chunk, grid_tN: 2^N threads
     "grid": msm.MsmParams(ba_rounds=0, ga_rounds=8),
     "grid_r3": msm.MsmParams(ba_rounds=0, ga_rounds=3),
-    "grid_c26": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_chunk=1 << 26),
+    "grid_c24": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_chunk=1 << 24),
+    "grid_c28": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_chunk=1 << 28),
+    "grid_t16": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_threads=1 << 16),
     "grid_t18": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_threads=1 << 18),
-    "grid_t14": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_threads=1 << 14),
+    "grid_ilp1": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_ilp=1),
+    "grid_ilp2": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_ilp=2),
+    "grid_ilp4": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_ilp=4),
 }
 
 
@@ -179,7 +183,7 @@ def time_msm(bases: Bases, s: np.ndarray, reps: int, params: msm.MsmParams | Non
         runs.append((dict(pending.timings), time.perf_counter() - t0))
     row: dict[str, Any] = {"ms": statistics.median(r[0]["total"] for r in runs),
                            "wall_ms": 1e3 * statistics.median(r[1] for r in runs), "build_ms": build_ms}
-    for ph in PHASES:
+    for ph in PHASES + tuple(sorted(k for k in runs[0][0] if k.startswith("ga_"))):
         row[ph] = statistics.median(r[0].get(ph, 0.0) for r in runs)
     row["ok"] = bool(got == bases.expected(s)) if check else None
     row["resident_threads"] = obj.resident_threads
@@ -210,7 +214,7 @@ def _flatten(rows: dict[str, Any], key: str, r: dict[str, Any]) -> None:
     rows[f"{key}_resident_threads"] = r["resident_threads"]
     if r.get("build_ms"):
         rows[f"{key}_build_ms"] = r["build_ms"]
-    for ph in PHASES:
+    for ph in PHASES + tuple(k for k in r if k.startswith("ga_")):
         rows[f"{key}_{ph}_ms"] = r[ph]
 
 
