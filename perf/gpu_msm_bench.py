@@ -85,12 +85,10 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "grid": msm.MsmParams(ba_rounds=0, ga_rounds=8),
     "grid_r3": msm.MsmParams(ba_rounds=0, ga_rounds=3),
     "grid_c24": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_chunk=1 << 24),
+    "grid_c25": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_chunk=1 << 25),
     "grid_c28": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_chunk=1 << 28),
     "grid_t16": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_threads=1 << 16),
     "grid_t18": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_threads=1 << 18),
-    "grid_ilp1": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_ilp=1),
-    "grid_ilp2": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_ilp=2),
-    "grid_ilp4": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_ilp=4),
 }
 
 

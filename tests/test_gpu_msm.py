@@ -806,26 +806,6 @@ def test_grid_affine_with_multiples(kind: str, msm: Any, g2: bool, dist: str) ->
         assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED} {params}"
 
 
-@pytest.mark.parametrize("ilp", [1, 3])
-def test_grid_affine_chain_counts(msm: Any, g2: bool, ilp: int) -> None:
-    """Other numbers of interleaved chains in the inversion levels (a compiled-in knob): one, and
-    three (chains that end at different places of a thread's last step)."""
-    points, scalars = _points(300, g2), _scalars(300, "random", SEED + 91)
-    for threads in (1, 7, 70):
-        got = _run(msm, points, scalars, g2, _ga(msm, ga_ilp=ilp, ga_threads=threads))
-        assert got == _oracle(points, scalars, g2), f"seed {SEED} ilp {ilp} threads {threads}"
-
-
-def test_grid_ilp_matches_the_kernel() -> None:
-    """knobs.GA_ILP (the host's size of the chain totals) is grid_affine.cuh's GA_ILP default."""
-    from cuzk_mp.backends.gpu import knobs
-
-    from pathlib import Path
-
-    text = (Path(knobs.__file__).with_name("kernels") / "msm" / "grid_affine.cuh").read_text()
-    assert f"#define GA_ILP {knobs.GA_ILP}\n" in text
-
-
 def test_grid_rounds_follow_the_mean_run(msm: Any) -> None:
     """log2 of the mean run, capped; no rounds where runs are single entries."""
     assert msm.grid_rounds_for(201 << 20, 1 << 21, 8) == 6

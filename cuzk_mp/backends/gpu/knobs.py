@@ -71,16 +71,13 @@ BA_ROUNDS = 3
 BA_SEG = 256
 # Grid batch-affine: at most GA_ROUNDS rounds (grid_rounds_for picks fewer where the runs are
 # short), GA_CHUNK sorted entries at a time (the rounds' lists cost ~2 x 8 AW + 2 CW bytes an
-# entry: ~15 GB for G1, ~29 GB for G2 at 2^26), GA_THREADS threads for the first level of a
-# round's batch inversion where the occupancy is not known, GA_INV_FAN elements a thread in
-# its later levels, GA_ILP interleaved chains of products a thread (grid_affine.cuh's GA_ILP
-# default: tests/test_gpu_msm.py checks they agree; G2 takes GA_ILP_G2: four Fq2 chains spill).
+# entry: ~15 GB for G1, ~29 GB for G2 at 2^26), GA_THREADS threads for the denominator and
+# sum passes where the occupancy is not known, and GA_INV_FAN elements a thread in each level of
+# the inversion tree (each level's threads run chains of that many products: latency).
 GA_ROUNDS = 8
 GA_CHUNK = 1 << 26
 GA_THREADS = 1 << 16
-GA_INV_FAN = 64
-GA_ILP = 4
-GA_ILP_G2 = 2
+GA_INV_FAN = 8
 
 
 # Keys up to this domain size skip the 0/1 split: every scalar goes through the Pippenger windows
@@ -161,8 +158,7 @@ class MsmParams:
     # affine additions sharing one inversion over all their pairs; 0 = off. Beats ba_rounds.
     ga_rounds: int = field(default_factory=grid_rounds)
     ga_chunk: int = GA_CHUNK  # sorted entries per pass of the rounds
-    ga_threads: int | None = None  # threads of a round's first inversion level (None: from the occupancy)
-    ga_ilp: int | None = None  # chains a thread of the inversion levels (compiled in; None: GA_ILP / GA_ILP_G2)
+    ga_threads: int | None = None  # threads of the denominator and sum passes (None: from the occupancy)
     # Dense passes small enough run as captured CUDA graphs (msm.py, GRAPH_MAX_ENTRIES): one launch
     # instead of ~20, for MSMs whose kernels are shorter than their launches.
     graphs: bool = False
@@ -218,18 +214,12 @@ class MsmParams:
             raise ConfigError(f"MsmParams.fq_mul={self.fq_mul!r}: one of {', '.join(FQ_MUL_MODES)}")
         if not 1 <= self.fq_mixed_n <= 6:
             raise ConfigError(f"MsmParams.fq_mixed_n={self.fq_mixed_n}: in [1, 6]")
-        if self.ga_ilp is not None and not 1 <= self.ga_ilp <= 8:
-            raise ConfigError(f"MsmParams.ga_ilp={self.ga_ilp}: in [1, 8] or None")
         if not 0 <= self.ga_rounds <= 64 or self.ga_chunk < 2 or (self.ga_threads is not None and self.ga_threads < 1):
             raise ConfigError(f"MsmParams: ga_rounds in [0, 64], ga_chunk >= 2, ga_threads >= 1 (got {self.ga_rounds}, "
                               f"{self.ga_chunk}, {self.ga_threads})")
         if not 0 <= self.ba_rounds <= 255 or not 1 <= self.ba_seg <= 1 << 16:
             raise ConfigError(f"MsmParams: ba_rounds in [0, 255], ba_seg in [1, 65536] (got {self.ba_rounds}, "
                               f"{self.ba_seg})")
-
-    def ilp(self, g2: bool) -> int:
-        """Chains a thread of the grid inversion levels for one group."""
-        return self.ga_ilp or (GA_ILP_G2 if g2 else GA_ILP)
 
     def defines(self, g2: bool) -> dict[str, int]:
         """The ``-D`` knobs of the kernel module for one group."""
@@ -241,8 +231,6 @@ class MsmParams:
             out["EC_FQ_DFMA"] = FQ_MUL_MODES.index(self.fq_mul)
             if self.fq_mul == "mixed":
                 out["EC_FQ_MIXED_N"] = self.fq_mixed_n
-        if self.ilp(g2) != GA_ILP:
-            out["GA_ILP"] = self.ilp(g2)
         if self.fq_karatsuba:
             out["FF_KARATSUBA"] = 1
         if self.fq_fused and not g2 and self.fq_mul != "dfma":
@@ -422,10 +410,6 @@ class FixedBaseParams:
     nthreads: int = 128  # threads per block
     per_thread: int = 32  # points per thread (one field inversion each)
     chunk: int = 1 << 22  # rows per launch (bounds device memory)
-
-    def ilp(self, g2: bool) -> int:
-        """Chains a thread of the grid inversion levels for one group."""
-        return self.ga_ilp or (GA_ILP_G2 if g2 else GA_ILP)
 
     def defines(self, g2: bool) -> dict[str, int]:
         """The ``-D`` knobs of the kernel module for one group."""

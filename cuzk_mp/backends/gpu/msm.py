@@ -550,10 +550,10 @@ class _Msm:
         self._k = {name: mod.get_function(name) for name in
                    ("msm_classify", "msm_digits", "msm_accumulate", "msm_accumulate_affine", "msm_reduce",
                     "msm_sort_count", "msm_sort_scan", "msm_sort_scatter", "msm_ga_rows", "msm_ga_count",
-                    "msm_ga_den", "msm_ga_sum", "msm_ga_inv", "msm_accumulate_list")}
+                    "msm_ga_den", "msm_ga_add", "msm_ga_inv", "msm_accumulate_list")}
         self._resident = occupancy(self._k["msm_accumulate"], self.params.nthreads)
         self._ba_resident = occupancy(self._k["msm_accumulate_affine"], self.params.nthreads)
-        self._ga_resident = occupancy(self._k["msm_ga_inv"], self.params.nthreads)
+        self._ga_resident = occupancy(self._k["msm_ga_add"], self.params.nthreads)
         self.last_timings: dict[str, float] = {}
         self._graphs: dict[int, list[_GraphRun]] = {}  # batch size k -> captured dense passes
         self._graph_lock = threading.Lock()
@@ -729,7 +729,7 @@ class _Msm:
         keys = cupy.zeros(n1, dtype=np.uint32)  # window 0, bucket 0, positive
         seg = None if self.params.ba_rounds else ones_segment(n1, self._resident, self.params.seg)
         return self._accumulate(cupy.arange(n1, dtype=np.int64), keys, ones, n1, n1, 1, 1, self.d_points, 0, n1,
-                                seg)
+                                seg, grid=False)
 
     def _sum_blocks(self, arr: Any, blocks: int, per: int) -> Any:
         """Sum each run of ``per`` consecutive XYZZ points: ``(blocks, xw)``.
@@ -812,13 +812,15 @@ class _Msm:
         return perm
 
     def _accumulate(self, perm: Any, keys: Any, idx: Any, n: int, m: int, cfg: int, n_buckets: int,
-                    points: Any, stride: int, per: int, seg: int | None = None, marks: _Marks | None = None) -> Any:
+                    points: Any, stride: int, per: int, seg: int | None = None, marks: _Marks | None = None,
+                    grid: bool = True) -> Any:
         """Buckets ``(n_buckets, xw)`` from n sorted entries (accumulate.cuh): key = keys[p],
         p = perm[j], bucket from the key (cfg), local window wl = p / m, scalar i = p - wl m, point
         row wl stride + idx[i] (or + i mod per: ``per`` scalars per MSM of a batch); ``seg``
-        entries per thread (default ``params.seg``); ``marks``: where the grid rounds mark their phases."""
+        entries per thread (default ``params.seg``); ``marks``: where the grid rounds mark their phases;
+        ``grid`` False: not the grid rounds (the ones' sum, one long run: measured slower there)."""
         buckets = cupy.zeros((n_buckets, self._xw), dtype=np.uint64)
-        if self.params.ga_rounds:
+        if self.params.ga_rounds and grid:
             self._accumulate_grid(perm, keys, idx, n, m, cfg, n_buckets, points, stride, per, buckets, marks)
             return buckets
         if self.params.ba_rounds:
@@ -854,13 +856,14 @@ class _Msm:
         then the XYZZ level 1 and the combine levels over what is left, into ``buckets``. A chunk
         is a contiguous range of the sorted entries, so only its first bucket can continue the
         previous chunk's last one, and the head rule (accumulate.cuh) adds that part. The rounds'
-        lengths stay on the device: every launch covers the chunk's upper bound, and the kernels
-        read the real length. ``marks`` (timed runs): the phases ga_rows, ga_scan, ga_den, ga_inv,
-        ga_sum."""
+        lengths stay on the device: every launch covers the chunk's upper bound. The denominator
+        and sum passes run ``params.ga_threads`` threads, or (None) two waves of msm_ga_add's
+        resident threads. ``marks`` (timed runs): the phases ga_rows, ga_scan, ga_den, ga_inv, ga_add."""
         p = self.params
         rounds = grid_rounds_for(n, n_buckets, p.ga_rounds)
         cw = self._aw // 2
         mark = marks.mark if marks is not None else (lambda name: None)
+        threads = p.ga_threads or 2 * (self._ga_resident or GA_THREADS // 2)
         for j0 in range(0, n, p.ga_chunk):
             c = min(p.ga_chunk, n - j0)
             rows = cupy.empty(c, dtype=np.uint64)
@@ -870,22 +873,24 @@ class _Msm:
             mark("ga_rows")
             src: tuple[Any, ...] = (points, rows, _NULL, bk[1:], _NULL, _u64(c))
             slots = -(-c // 2)
+            g = min(threads, slots)
             if rounds:
                 counts = cupy.empty(slots, dtype=np.uint32)
-                dens = cupy.empty((slots, cw), dtype=np.uint64)
+                pref = cupy.empty((slots, cw), dtype=np.uint64)
+                prods = cupy.empty((g, cw), dtype=np.uint64)
                 bufs = [(cupy.empty((c, self._aw), dtype=np.uint64), cupy.empty(c + 1, dtype=np.uint32))
                         for _ in range(min(rounds, 2))]
             for r in range(rounds):
                 self._launch("msm_ga_count", slots, src[3], src[4], src[5], counts, _u64(slots))
                 pos = cupy.cumsum(counts, dtype=np.int64)
                 mark("ga_scan")
-                self._launch("msm_ga_den", slots, *src, dens, _u64(slots))
+                self._launch("msm_ga_den", g, *src, pref, prods, _u64(g))
                 mark("ga_den")
-                self._invert_all(dens, slots, self._ga_threads(slots), src[4])
+                self._invert_all(prods, g)
                 mark("ga_inv")
                 out, out_bk = bufs[r % 2]
-                self._launch("msm_ga_sum", slots, *src, pos, dens, out, out_bk[1:], _u64(slots))
-                mark("ga_sum")
+                self._launch("msm_ga_add", g, *src, pos, pref, prods, out, out_bk[1:], _u64(g))
+                mark("ga_add")
                 src = (_NULL, _NULL, out, out_bk[1:], pos[slots - 1 :], _u64(0))
             t = -(-c // p.seg)
             heads = cupy.empty((t, self._xw), dtype=np.uint64)
@@ -893,29 +898,19 @@ class _Msm:
             self._launch("msm_accumulate_list", t, *src, buckets, heads, head_keys, _u32(p.seg), _u64(t))
             self._combine(heads, head_keys, t, buckets, continued=j0 > 0)
 
-    def _ga_threads(self, slots: int) -> int:
-        """Threads of the first inversion level over a round's slots: ``params.ga_threads``, or the
-        resident threads of msm_ga_inv (GA_THREADS where unknown), at most one per 4 chains' worth of slots."""
-        want = self.params.ga_threads or self._ga_resident or GA_THREADS
-        return max(1, min(want, slots // (4 * self.params.ilp(self.G2))))
-
-    def _invert_all(self, vals: Any, n: int, g: int | None = None, length: Any = _NULL) -> None:
-        """The n field elements of ``vals`` (non-zero) -> their inverses, in place (msm_ga_inv):
-        a level of g threads (default n / :data:`GA_INV_FAN`), each ``params.ilp`` chains of running
-        products, the chain totals inverted the same way, then the level's inverses;
-        n <= GA_INV_FAN: one thread. ``length`` (a device int64): the first level's n is
-        ceil(length / 2), n being its upper bound (a round's slots)."""
+    def _invert_all(self, vals: Any, n: int) -> None:
+        """The n field elements of ``vals`` (non-zero) -> their inverses, in place: tree levels
+        of :data:`GA_INV_FAN` elements a thread, and one inversion at the top (msm_ga_inv)."""
         cw = self._aw // 2
         pre = cupy.empty((n, cw), dtype=np.uint64)
         if n <= GA_INV_FAN:
-            self._launch("msm_ga_inv", 1, _u32(2), vals, pre, _NULL, _u64(n), _u64(1), length)
+            self._launch("msm_ga_inv", 1, _u32(2), vals, pre, _NULL, _u64(n), _u64(1))
             return
-        g = g or -(-n // GA_INV_FAN)
-        ilp = self.params.ilp(self.G2)
-        prods = cupy.empty((ilp * g, cw), dtype=np.uint64)
-        self._launch("msm_ga_inv", g, _u32(0), vals, pre, prods, _u64(n), _u64(g), length)
-        self._invert_all(prods, ilp * g)
-        self._launch("msm_ga_inv", g, _u32(1), vals, pre, prods, _u64(n), _u64(g), length)
+        g = -(-n // GA_INV_FAN)
+        prods = cupy.empty((g, cw), dtype=np.uint64)
+        self._launch("msm_ga_inv", g, _u32(0), vals, pre, prods, _u64(n), _u64(g))
+        self._invert_all(prods, g)
+        self._launch("msm_ga_inv", g, _u32(1), vals, pre, prods, _u64(n), _u64(g))
 
     def _accumulate_affine(self, perm: Any, keys: Any, idx: Any, n: int, m: int, cfg: int, points: Any,
                            stride: int, per: int, buckets: Any) -> tuple[Any, Any, int]:

@@ -18,14 +18,12 @@
  *   msm_ga_count  counts[s]; the host makes pos = their inclusive prefix sums (slot s's outputs
  *                 end at pos[s]; the last is the next round's length, which stays on the device:
  *                 the rounds enqueue without a host wait, over upper bounds of the lengths);
- *   msm_ga_den    a thread a slot: its denominator d_s (1 for a non-pair);
- *   msm_ga_inv    the d_s -> their inverses in place (batch inversion: a level of G threads with
- *                 chains of running products, a tree of smaller levels, ONE inversion at the top);
- *   msm_ga_sum    a thread a slot: the pair's sum (ba_finish: P + P, P + (-P) and infinity
- *                 operands too) or the copies of the items.
- * The passes that multiply in chains (the inversion's levels) are apart from those that do the
- * curve arithmetic, which run a thread per slot: no thread waits on a chain of dependent
- * products there, and the chains' kernels are small enough for many warps.
+ *   msm_ga_den    thread t of G takes slots t, t + G, ...: pref[s] = the product of the
+ *                 denominators of its pairs up to slot s (non-pairs count 1); prods[t] = all of them;
+ *   msm_ga_inv    prods -> their inverses (tree levels up, one inversion at the top, levels down);
+ *   msm_ga_add    thread t walks its slots back: 1 / d_s = inv pref[s - G], then inv *= d_s, and
+ *                 writes the pair's sum (ba_finish: P + P, P + (-P) and infinity operands too) or
+ *                 copies the items.
  * A list: msm_list_src (accumulate.cuh: point rows or affine points, bucket ids with bk[-1] =
  * the bucket before the list, which level 1's head rule needs) and its length, *len on the
  * device or len0 from the host (round 0).
@@ -86,80 +84,74 @@ FF_INLINE void msm_ga_rows_one(uint64_t i, const msm_entry_src<F>& e, uint64_t j
     rows[i] = msm_entry_row(p, e.m, e.per, e.stride, e.tail_idx) | (h & MSM_ROW_NEG);
 }
 
-/* Slot s's denominator (1 where the slot is no pair or the pair needs no inversion). */
 template <class F>
-FF_INLINE void msm_ga_den_one(uint64_t s, const ga_list<F>& L, uint64_t* dens) {
-    bool pair;
-    L.count(s, pair);
-    (pair ? L.den(s) : F::one()).store(dens + s * field_words<F>::value);
+FF_INLINE void msm_ga_den_body(uint64_t t, uint64_t G, const ga_list<F>& L, uint64_t* pref, uint64_t* prods) {
+    const int CW = field_words<F>::value;
+    const uint64_t slots = (L.len + 1) / 2;
+    F acc = F::one();
+#pragma unroll 1
+    for (uint64_t s = t; s < slots; s += G) {
+        bool pair;
+        L.count(s, pair);
+        if (pair) acc = ba_mul(acc, L.den(s));
+        acc.store(pref + s * CW);
+    }
+    acc.store(prods + t * CW);
 }
 
-/* Slot s's outputs, at pos[s] - count(s): the pair's sum given inv = 1 / its denominator, or
- * the copies of its items. Thread 0 also carries bk[-1] over. */
 template <class F>
-FF_INLINE void msm_ga_sum_one(uint64_t s, const ga_list<F>& L, const int64_t* pos, const uint64_t* invs,
-                              uint64_t* out, uint32_t* out_bk) {
-    const int AW = affine_t<F>::WORDS;
-    if (s == 0) out_bk[-1] = L.src.bk[-1];
-    bool pair;
-    uint64_t o = (uint64_t)pos[s] - L.count(s, pair);
-    uint32_t b = L.bucket(2 * s);
-    if (pair) {
-        affine_t<F> a = L.point(2 * s), c = L.point(2 * s + 1);
-        F den;
-        uint32_t kind = ba_kind(a, c, den);
-        ba_finish(kind, a, c, F::load(invs + s * field_words<F>::value)).store(out + o * AW);
-        out_bk[o] = b;
-        return;
-    }
-    if (b != MSM_BUCKET_NONE) {
-        L.point(2 * s).store(out + o * AW);
-        out_bk[o++] = b;
-    }
-    uint32_t b2 = L.bucket(2 * s + 1);
-    if (b2 != MSM_BUCKET_NONE) {
-        L.point(2 * s + 1).store(out + o * AW);
-        out_bk[o] = b2;
+FF_INLINE void msm_ga_add_body(uint64_t t, uint64_t G, const ga_list<F>& L, const int64_t* pos,
+                               const uint64_t* pref, const uint64_t* inv_prods, uint64_t* out, uint32_t* out_bk) {
+    const int CW = field_words<F>::value, AW = affine_t<F>::WORDS;
+    if (t == 0) out_bk[-1] = L.src.bk[-1];
+    const uint64_t slots = (L.len + 1) / 2;
+    if (t >= slots) return;
+    F inv = F::load(inv_prods + t * CW); /* 1 / (product of this thread's denominators up to slot s) */
+    uint64_t s = t + (slots - 1 - t) / G * G;
+#pragma unroll 1
+    for (;;) {
+        bool pair;
+        uint64_t o = (uint64_t)pos[s] - L.count(s, pair);
+        uint32_t b = L.bucket(2 * s);
+        if (pair) {
+            affine_t<F> a = L.point(2 * s), c = L.point(2 * s + 1);
+            F den;
+            uint32_t kind = ba_kind(a, c, den);
+            F ik = s >= G ? ba_mul(inv, F::load(pref + (s - G) * CW)) : inv;
+            if (kind <= BA_DBL) inv = ba_mul(inv, den);
+            ba_finish(kind, a, c, ik).store(out + o * AW);
+            out_bk[o] = b;
+        } else {
+            if (b != MSM_BUCKET_NONE) {
+                L.point(2 * s).store(out + o * AW);
+                out_bk[o++] = b;
+            }
+            uint32_t b2 = L.bucket(2 * s + 1);
+            if (b2 != MSM_BUCKET_NONE) {
+                L.point(2 * s + 1).store(out + o * AW);
+                out_bk[o] = b2;
+            }
+        }
+        if (s < G) break;
+        s -= G;
     }
 }
 
 /* Inverses of n non-zero field elements (vals, (n, CW) words) in place. One tree level: thread t
- * of g takes elements t, t + g, t + 2g, ... as GA_ILP interleaved chains (element k of the thread
- * in chain k mod GA_ILP); up: pre = each chain's running products, prods[j g + t] = chain j's
- * total; down (prods holding the inverses of the totals by then): each element's inverse. A
- * chain is a run of dependent products, so one chain a thread leaves the multiplier waiting on
- * each product's latency; GA_ILP independent ones in one unrolled step let the scheduler overlap
- * them (the products are inline here, not the formulas' calls). The top: one thread,
+ * of g takes elements t, t + g, ...; up: pre = running products, prods[t] = the total; down
+ * (prods holding the inverses of the totals by then): each element's inverse. The top: one thread,
  * Montgomery's trick over n elements and one inversion (ba_inv: the binary algorithm). */
-#ifndef GA_ILP
-#define GA_ILP 4
-#endif
-
 template <class F>
 FF_INLINE void msm_ga_inv_up(uint64_t t, uint64_t g, uint64_t n, const uint64_t* vals, uint64_t* pre,
                              uint64_t* prods) {
     const int CW = field_words<F>::value;
-    F acc[GA_ILP];
-#pragma unroll
-    for (int j = 0; j < GA_ILP; j++) acc[j] = F::one();
+    F acc = F::one();
 #pragma unroll 1
-    for (uint64_t k0 = 0; t + k0 * g < n; k0 += GA_ILP) {
-        F v[GA_ILP];
-#pragma unroll
-        for (int j = 0; j < GA_ILP; j++) {
-            uint64_t s = t + (k0 + j) * g;
-            v[j] = s < n ? F::load(vals + s * CW) : F::one();
-        }
-#pragma unroll
-        for (int j = 0; j < GA_ILP; j++) acc[j] = acc[j] * v[j];
-#pragma unroll
-        for (int j = 0; j < GA_ILP; j++) {
-            uint64_t s = t + (k0 + j) * g;
-            if (s < n) acc[j].store(pre + s * CW);
-        }
+    for (uint64_t s = t; s < n; s += g) {
+        acc = ba_mul(acc, F::load(vals + s * CW));
+        acc.store(pre + s * CW);
     }
-#pragma unroll
-    for (int j = 0; j < GA_ILP; j++) acc[j].store(prods + (j * g + t) * CW);
+    acc.store(prods + t * CW);
 }
 
 template <class F>
@@ -167,28 +159,16 @@ FF_INLINE void msm_ga_inv_down(uint64_t t, uint64_t g, uint64_t n, uint64_t* val
                                const uint64_t* prods) {
     const int CW = field_words<F>::value;
     if (t >= n) return;
-    F inv[GA_ILP];
-#pragma unroll
-    for (int j = 0; j < GA_ILP; j++) inv[j] = F::load(prods + (j * g + t) * CW);
-    const uint64_t last = (n - 1 - t) / g; /* the thread's last element index k */
+    F inv = F::load(prods + t * CW);
+    uint64_t s = t + (n - 1 - t) / g * g;
 #pragma unroll 1
-    for (int64_t k0 = (int64_t)(last / GA_ILP * GA_ILP); k0 >= 0; k0 -= GA_ILP) {
-        F v[GA_ILP], p[GA_ILP], r[GA_ILP];
-#pragma unroll
-        for (int j = 0; j < GA_ILP; j++) {
-            uint64_t k = (uint64_t)k0 + j, s = t + k * g;
-            v[j] = s < n ? F::load(vals + s * CW) : F::one();
-            p[j] = k0 > 0 && s < n ? F::load(pre + (s - GA_ILP * g) * CW) : F::one();
-        }
-#pragma unroll
-        for (int j = 0; j < GA_ILP; j++) r[j] = inv[j] * p[j];
-#pragma unroll
-        for (int j = 0; j < GA_ILP; j++) inv[j] = inv[j] * v[j];
-#pragma unroll
-        for (int j = 0; j < GA_ILP; j++) {
-            uint64_t s = t + ((uint64_t)k0 + j) * g;
-            if (s < n) r[j].store(vals + s * CW);
-        }
+    for (;;) {
+        F v = F::load(vals + s * CW);
+        F r = s >= g ? ba_mul(inv, F::load(pre + (s - g) * CW)) : inv;
+        inv = ba_mul(inv, v);
+        r.store(vals + s * CW);
+        if (s < g) break;
+        s -= g;
     }
 }
 

@@ -111,10 +111,9 @@ msm_accumulate_affine(const int64_t* perm, const uint32_t* keys, const int64_t* 
  * bk (bk[-1] readable) and length *len (len null: len0).
  *   msm_ga_rows   threads = n: round 0's list from the sorted entries [j0, j0 + n);
  *   msm_ga_count  threads = slots (an upper bound of ceil(len / 2)): counts[s];
- *   msm_ga_den    threads = slots: the denominators;
- *   msm_ga_inv    op 0 up / 1 down: threads = g over n values (len given: n = ceil(*len / 2), a
- *                 round's slots); op 2: the top, ONE thread;
- *   msm_ga_sum    threads = slots: the round's output list (out, out_bk), pos = inclusive sums of counts;
+ *   msm_ga_den    threads = G: prefix products pref and per-thread products prods;
+ *   msm_ga_add    threads = G: the round's output list (out, out_bk), pos = inclusive sums of counts;
+ *   msm_ga_inv    op 0 up / 1 down: threads = g over n values; op 2: the top, ONE thread;
  *   msm_accumulate_list  threads = ceil(upper bound of len / seg): level 1 over a list. */
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
 msm_ga_rows(const int64_t* perm, const uint32_t* keys, const int64_t* tail_idx, uint64_t j0, uint64_t n,
@@ -135,28 +134,25 @@ msm_ga_count(const uint32_t* bk, const int64_t* len, uint64_t len0, uint32_t* co
 
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
 msm_ga_den(const uint64_t* points, const uint64_t* rows, const uint64_t* pts, const uint32_t* bk,
-           const int64_t* len, uint64_t len0, uint64_t* dens, uint64_t slots) {
+           const int64_t* len, uint64_t len0, uint64_t* pref, uint64_t* prods, uint64_t G) {
     uint64_t t = MSM_TID;
-    if (t >= slots) return;
-    const ga_list<msm_field_t> L = ga_make_list<msm_field_t>(points, rows, pts, bk, len, len0);
-    if (2 * t < L.len) msm_ga_den_one<msm_field_t>(t, L, dens);
+    if (t < G)
+        msm_ga_den_body<msm_field_t>(t, G, ga_make_list<msm_field_t>(points, rows, pts, bk, len, len0), pref, prods);
 }
 
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
-msm_ga_sum(const uint64_t* points, const uint64_t* rows, const uint64_t* pts, const uint32_t* bk,
-           const int64_t* len, uint64_t len0, const int64_t* pos, const uint64_t* invs, uint64_t* out,
-           uint32_t* out_bk, uint64_t slots) {
+msm_ga_add(const uint64_t* points, const uint64_t* rows, const uint64_t* pts, const uint32_t* bk,
+           const int64_t* len, uint64_t len0, const int64_t* pos, const uint64_t* pref, const uint64_t* inv_prods,
+           uint64_t* out, uint32_t* out_bk, uint64_t G) {
     uint64_t t = MSM_TID;
-    if (t >= slots) return;
-    const ga_list<msm_field_t> L = ga_make_list<msm_field_t>(points, rows, pts, bk, len, len0);
-    if (2 * t < L.len || t == 0) msm_ga_sum_one<msm_field_t>(t, L, pos, invs, out, out_bk);
+    if (t < G)
+        msm_ga_add_body<msm_field_t>(t, G, ga_make_list<msm_field_t>(points, rows, pts, bk, len, len0), pos, pref,
+                                     inv_prods, out, out_bk);
 }
 
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
-msm_ga_inv(uint32_t op, uint64_t* vals, uint64_t* pre, uint64_t* prods, uint64_t n, uint64_t g,
-           const int64_t* len) {
+msm_ga_inv(uint32_t op, uint64_t* vals, uint64_t* pre, uint64_t* prods, uint64_t n, uint64_t g) {
     uint64_t t = MSM_TID;
-    if (len) n = ((uint64_t)*len + 1) / 2; /* a round's slots: its list length from the device */
     if (op == 0 && t < g) msm_ga_inv_up<msm_field_t>(t, g, n, vals, pre, prods);
     if (op == 1 && t < g) msm_ga_inv_down<msm_field_t>(t, g, n, vals, pre, prods);
     if (op == 2 && t == 0) msm_ga_inv_top<msm_field_t>(n, vals, pre);
