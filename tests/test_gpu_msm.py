@@ -756,11 +756,12 @@ def _ga(msm: Any, **kw: Any) -> Any:
     return msm.MsmParams(**{**base, **kw})
 
 
-@pytest.mark.parametrize("n", [1, 7, 300, 1000])
+@pytest.mark.parametrize("n", [1, 7, 300])
 @pytest.mark.parametrize("dist", ["random", "porep", "same", "edge"])
 def test_grid_affine_matches_arkworks(msm: Any, g2: bool, n: int, dist: str) -> None:
     """The grid batch-affine rounds (grid_affine.cuh) against arkworks: 0 / 1 / r - 1 scalars, one
-    bucket for everything ("same"), sizes that are no multiple of a chunk, a slot or a thread count."""
+    bucket for everything ("same"), sizes that are no multiple of a chunk, a slot or a thread count
+    (300 scalars in 6-bit windows: ~13 K entries, 26 chunks of 500)."""
     points, scalars = _points(n, g2), _scalars(n, dist, SEED + 71 + n)
     assert _run(msm, points, scalars, g2, _ga(msm)) == _oracle(points, scalars, g2), f"seed {SEED}"
 
@@ -796,9 +797,10 @@ def test_grid_affine_repeated_and_opposite_pairs(msm: Any, g2: bool) -> None:
         assert got == want, f"seed {SEED} chunk {chunk} threads {threads}"
 
 
-@pytest.mark.parametrize("dist", ["random", "porep", "edge"])
+@pytest.mark.parametrize("dist", ["edge"])
 def test_grid_affine_with_multiples(kind: str, msm: Any, g2: bool, dist: str) -> None:
-    """Grid rounds over precomputed multiples (one shared bucket set, several window batches)."""
+    """Grid rounds over precomputed multiples (one shared bucket set, several window batches); the
+    "edge" scalars mix 0, 1, r - 1 and random ones."""
     n = 400
     points, scalars = _points(n, g2), _scalars(n, dist, SEED + 81)
     for params in (_ga(msm), _ga(msm, max_entries=3 * n + 1, ga_chunk=128, ga_rounds=2)):
