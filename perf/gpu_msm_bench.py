@@ -88,6 +88,8 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "grid_c25": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_chunk=1 << 25),
     "grid_c28": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_chunk=1 << 28),
     "grid_t16": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_threads=1 << 16),
+    "grid_mb3": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_min_blocks=3),
+    "grid_mb4": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_min_blocks=4),
     "grid_t18": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_threads=1 << 18),
 }
 

@@ -159,6 +159,8 @@ class MsmParams:
     ga_rounds: int = field(default_factory=grid_rounds)
     ga_chunk: int = GA_CHUNK  # sorted entries per pass of the rounds
     ga_threads: int | None = None  # threads of the denominator and sum passes (None: from the occupancy)
+    # msm_ga_add's __launch_bounds__ minimum blocks per SM (compiled in; None: ptxas chooses)
+    ga_min_blocks: int | None = None
     # Dense passes small enough run as captured CUDA graphs (msm.py, GRAPH_MAX_ENTRIES): one launch
     # instead of ~20, for MSMs whose kernels are shorter than their launches.
     graphs: bool = False
@@ -214,6 +216,8 @@ class MsmParams:
             raise ConfigError(f"MsmParams.fq_mul={self.fq_mul!r}: one of {', '.join(FQ_MUL_MODES)}")
         if not 1 <= self.fq_mixed_n <= 6:
             raise ConfigError(f"MsmParams.fq_mixed_n={self.fq_mixed_n}: in [1, 6]")
+        if self.ga_min_blocks is not None and not 1 <= self.ga_min_blocks <= 16:
+            raise ConfigError(f"MsmParams.ga_min_blocks={self.ga_min_blocks}: in [1, 16] or None")
         if not 0 <= self.ga_rounds <= 64 or self.ga_chunk < 2 or (self.ga_threads is not None and self.ga_threads < 1):
             raise ConfigError(f"MsmParams: ga_rounds in [0, 64], ga_chunk >= 2, ga_threads >= 1 (got {self.ga_rounds}, "
                               f"{self.ga_chunk}, {self.ga_threads})")
@@ -231,6 +235,8 @@ class MsmParams:
             out["EC_FQ_DFMA"] = FQ_MUL_MODES.index(self.fq_mul)
             if self.fq_mul == "mixed":
                 out["EC_FQ_MIXED_N"] = self.fq_mixed_n
+        if self.ga_min_blocks:
+            out["GA_ADD_MIN_BLOCKS"] = self.ga_min_blocks
         if self.fq_karatsuba:
             out["FF_KARATSUBA"] = 1
         if self.fq_fused and not g2 and self.fq_mul != "dfma":

@@ -42,6 +42,13 @@ struct ga_list {
         if (!src.rows) return F::load(src.pts + i * affine_t<F>::WORDS);
         return F::load(src.points + (src.rows[i] & ~MSM_ROW_NEG) * affine_t<F>::WORDS);
     }
+    FF_INLINE F y(uint64_t i) const {
+        const int CW = affine_t<F>::CW;
+        if (!src.rows) return F::load(src.pts + i * affine_t<F>::WORDS + CW);
+        uint64_t r = src.rows[i];
+        F v = F::load(src.points + (r & ~MSM_ROW_NEG) * affine_t<F>::WORDS + CW);
+        return (r & MSM_ROW_NEG) ? v.neg() : v;
+    }
     /* outputs of slot s; pair: one sum */
     FF_INLINE uint32_t count(uint64_t s, bool& pair) const {
         uint32_t a = bucket(2 * s), b = bucket(2 * s + 1);
@@ -114,12 +121,26 @@ FF_INLINE void msm_ga_add_body(uint64_t t, uint64_t G, const ga_list<F>& L, cons
         uint64_t o = (uint64_t)pos[s] - L.count(s, pair);
         uint32_t b = L.bucket(2 * s);
         if (pair) {
-            affine_t<F> a = L.point(2 * s), c = L.point(2 * s + 1);
-            F den;
-            uint32_t kind = ba_kind(a, c, den);
+            /* the ordinary addition (x1 != x2, neither 0) reads what it needs when it needs it, so
+             * fewer values live across the products; the rest goes through ba_kind / ba_finish */
+            F xa = L.x(2 * s), xb = L.x(2 * s + 1);
+            F d = xb - xa;
             F ik = s >= G ? ba_mul(inv, F::load(pref + (s - G) * CW)) : inv;
-            if (kind <= BA_DBL) inv = ba_mul(inv, den);
-            ba_finish(kind, a, c, ik).store(out + o * AW);
+            affine_t<F> r;
+            if (!d.is_zero() && !xa.is_zero() && !xb.is_zero()) {
+                inv = ba_mul(inv, d);
+                F ya = L.y(2 * s);
+                F l = ba_mul(L.y(2 * s + 1) - ya, ik);
+                F x3 = ba_sqr(l) - xa - xb;
+                r = {x3, ba_mul(l, xa - x3) - ya};
+            } else {
+                affine_t<F> a = L.point(2 * s), c = L.point(2 * s + 1);
+                F den;
+                uint32_t kind = ba_kind(a, c, den);
+                if (kind <= BA_DBL) inv = ba_mul(inv, den);
+                r = ba_finish(kind, a, c, ik);
+            }
+            r.store(out + o * AW);
             out_bk[o] = b;
         } else {
             if (b != MSM_BUCKET_NONE) {

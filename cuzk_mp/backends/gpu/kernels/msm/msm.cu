@@ -140,7 +140,13 @@ msm_ga_den(const uint64_t* points, const uint64_t* rows, const uint64_t* pts, co
         msm_ga_den_body<msm_field_t>(t, G, ga_make_list<msm_field_t>(points, rows, pts, bk, len, len0), pref, prods);
 }
 
-extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
+/* Minimum resident blocks per SM asked of ptxas for msm_ga_add (its register cap, as
+ * MSM_ACC_MIN_BLOCKS for msm_accumulate). */
+#ifndef GA_ADD_MIN_BLOCKS
+#define GA_ADD_MIN_BLOCKS 1
+#endif
+
+extern "C" __global__ void __launch_bounds__(MSM_NTHREADS, GA_ADD_MIN_BLOCKS)
 msm_ga_add(const uint64_t* points, const uint64_t* rows, const uint64_t* pts, const uint32_t* bk,
            const int64_t* len, uint64_t len0, const int64_t* pos, const uint64_t* pref, const uint64_t* inv_prods,
            uint64_t* out, uint32_t* out_bk, uint64_t G) {
