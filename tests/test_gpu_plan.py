@@ -161,7 +161,7 @@ def test_msm_scratch_follows_the_window_geometry() -> None:
     """Dense 2^27 G1: c = 22, 12 windows, batches of 2 windows (max_entries 2^28): the sort's
     bytes per key dominate; G2's XYZZ buckets are twice G1's; multiples with c = 24 keep two
     bucket sets of 2^23."""
-    from cuzk_mp.backends.gpu.knobs import MsmParams
+    from cuzk_mp.backends.gpu.knobs import MsmParams, choose_window, window_count
 
     n = 1 << 27
     g1, g2 = msm_scratch_bytes(n, False), msm_scratch_bytes(n, True)
@@ -170,6 +170,13 @@ def test_msm_scratch_follows_the_window_geometry() -> None:
     # the combine levels: two alive at a time in a plain run (each frees its input), all in a graph
     heads = -(-(1 << 28) // MsmParams().seg) * (2 * 96 + 4)
     assert msm_scratch_bytes(n, False, captured=True) - g1 > heads // 4 > 0  # levels 3, 4, ..: ~half the heads more
+    grid = MsmParams(ga_rounds=8, ga_chunk=1 << 20)
+    # the grid rounds' lists: one chunk of 2^20 entries of a batch's 2^28 (2 windows of 2^27 scalars)
+    assert msm_scratch_bytes(n, True, grid) - msm_scratch_bytes(n, True) == (1 << 20) * (8 + 4 + 2 * (192 + 4)) + (
+        1 << 19) * (4 + 16 + 96)
+    small = window_count(choose_window(100)) * 100  # a batch smaller than a chunk: a chunk of its keys
+    assert msm_scratch_bytes(100, False, grid) - msm_scratch_bytes(100, False) == small * (8 + 4 + 2 * (96 + 4)) + (
+        -(-small // 2)) * (4 + 16 + 48)
     with_mult = msm_scratch_bytes(1 << 20, False, multiples_c=24)
     assert with_mult > 2 * (1 << 23) * 192
     shape = porep(27)

@@ -165,7 +165,22 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
         if not captured:  # the next level frees this one's input: two levels at a time at most
             break
     heads *= xyzz + HEAD_KEY_BYTES
-    return entries * sort_bytes + bucket_bytes + heads + windows * xyzz
+    return entries * sort_bytes + bucket_bytes + heads + windows * xyzz + grid_list_bytes(entries, g2, p)
+
+
+def grid_list_bytes(entries: int, g2: bool, params: MsmParams) -> int:
+    """What the grid batch-affine rounds (``params.ga_rounds`` > 0) add for a window batch of
+    ``entries`` sorted keys, one chunk of at most ``params.ga_chunk`` at a time: round 0's point rows
+    and bucket ids, two output lists (points and bucket ids), and per slot (two entries) the pair
+    count, two rounds' prefix sums and a prefix product (.msm._Msm._accumulate_grid; the chunk's
+    heads are within the XYZZ heads counted beside)."""
+    if not params.ga_rounds:
+        return 0
+    aff = G2_BYTES if g2 else G1_BYTES
+    c = min(params.ga_chunk, max(1, entries))
+    slots = -(-c // 2)
+    return c * (INDEX_BYTES + HEAD_KEY_BYTES + 2 * (aff + HEAD_KEY_BYTES)) + slots * (
+        HEAD_KEY_BYTES + 2 * INDEX_BYTES + aff // 2)
 
 
 def ntt_table_bytes(domain_size: int) -> int:
