@@ -698,21 +698,26 @@ def test_batch_affine_special_bases(msm: Any, g2: bool, dist: str) -> None:
         assert got == want, f"seed {SEED} rounds {rounds} seg {seg}"
 
 
-def test_batch_affine_repeated_and_opposite_pairs(msm: Any, g2: bool) -> None:
-    """Pairs formed inside one round that are P + P, P + (-P), inf + P and P + inf, side by side
-    with ordinary pairs: all scalars 1 (the ones' sum: one run per segment) over bases built
-    so that every kind of pair occurs at every position of the batch."""
-    n = 240
-    base = _points(n, g2)
+def _pair_kinds(g2: bool, n: int = 240) -> np.ndarray:
+    """n bases where every kind of pair occurs at every position: in each 8, (P, P), (P, -P),
+    (inf, P), (P, inf), then two ordinary pairs."""
+    points = _points(n, g2).copy()
     to_ark = curve.g2_lem_to_ark if g2 else curve.g1_lem_to_ark
     to_lem = curve.g2_ark_to_lem if g2 else curve.g1_ark_to_lem
-    points = base.copy()
-    for i in range(0, n, 8):  # (P, P), (P, -P), (inf, P), (P, inf) then two ordinary pairs
+    for i in range(0, n, 8):
         points[i + 1] = points[i]
         points[i + 3] = to_lem(-to_ark(points[i + 2]))
         points[i + 4] = 0
         points[i + 7] = 0
-    scalars = ints_to_limbs([1] * n, 4)
+    return points
+
+
+def test_batch_affine_repeated_and_opposite_pairs(msm: Any, g2: bool) -> None:
+    """Pairs formed inside one round that are P + P, P + (-P), inf + P and P + inf, side by side
+    with ordinary pairs: all scalars 1 (the ones' sum: one run per segment) over bases built
+    so that every kind of pair occurs at every position of the batch."""
+    points = _pair_kinds(g2)
+    scalars = ints_to_limbs([1] * len(points), 4)
     want = _oracle(points, scalars, g2)
     for seg in (2, 8, 12, 240):
         assert _run(msm, points, scalars, g2, _ba(msm, ba_seg=seg, ba_rounds=4)) == want, f"seed {SEED} seg {seg}"
@@ -780,17 +785,10 @@ def test_grid_affine_special_bases(msm: Any, g2: bool, dist: str) -> None:
 
 def test_grid_affine_repeated_and_opposite_pairs(msm: Any, g2: bool) -> None:
     """Every kind of pair (P + P, P + (-P), inf + P, P + inf) at every slot position of a round:
-    all scalars 1 (the ones' sum, one bucket)."""
-    n = 240
-    points = _points(n, g2).copy()
-    to_ark = curve.g2_lem_to_ark if g2 else curve.g1_lem_to_ark
-    to_lem = curve.g2_ark_to_lem if g2 else curve.g1_ark_to_lem
-    for i in range(0, n, 8):
-        points[i + 1] = points[i]
-        points[i + 3] = to_lem(-to_ark(points[i + 2]))
-        points[i + 4] = 0
-        points[i + 7] = 0
-    scalars = ints_to_limbs([1] * n, 4)
+    all scalars 3, one digit in one window, so every entry is in one bucket (the ones' sum would
+    take the XYZZ path)."""
+    points = _pair_kinds(g2)
+    scalars = ints_to_limbs([3] * len(points), 4)
     want = _oracle(points, scalars, g2)
     for chunk, threads in ((7, 2), (64, 5), (240, 1000)):
         got = _run(msm, points, scalars, g2, _ga(msm, ga_rounds=8, ga_chunk=chunk, ga_threads=threads))
