@@ -806,6 +806,21 @@ def test_grid_affine_with_multiples(kind: str, msm: Any, g2: bool, dist: str) ->
         assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED} {params}"
 
 
+def test_grid_g2_mode_leaves_g1_on_xyzz(msm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUZK_GPU_MSM_ACCUMULATE=grid-g2: the G2 MSMs take the grid rounds, G1 the XYZZ kernel; "grid"
+    both; an unknown mode is refused by name."""
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid-g2")
+    p = msm.MsmParams()
+    assert p.grid(True) and not p.grid(False)
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid")
+    assert msm.MsmParams().grid(False) and msm.MsmParams().grid(True)
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "xyzz")
+    assert not msm.MsmParams().grid(True)
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "gird")
+    with pytest.raises(ConfigError, match="CUZK_GPU_MSM_ACCUMULATE='gird'"):
+        msm.MsmParams()
+
+
 def test_grid_rounds_follow_the_mean_run(msm: Any) -> None:
     """log2 of the mean run, capped; no rounds where runs are single entries."""
     assert msm.grid_rounds_for(201 << 20, 1 << 21, 8) == 6

@@ -174,6 +174,9 @@ def test_msm_scratch_follows_the_window_geometry() -> None:
     # the grid rounds' lists: one chunk of 2^20 entries of a batch's 2^28 (2 windows of 2^27 scalars)
     assert msm_scratch_bytes(n, True, grid) - msm_scratch_bytes(n, True) == (1 << 20) * (8 + 4 + 2 * (192 + 4)) + (
         1 << 19) * (4 + 16 + 96)
+    g2_only = MsmParams(ga_rounds=8, ga_chunk=1 << 20, ga_g1=False)  # "grid-g2": G1 plans its XYZZ scratch alone
+    assert msm_scratch_bytes(n, False, g2_only) == g1
+    assert msm_scratch_bytes(n, True, g2_only) == msm_scratch_bytes(n, True, grid)
     small = window_count(choose_window(100)) * 100  # a batch smaller than a chunk: a chunk of its keys
     assert msm_scratch_bytes(100, False, grid) - msm_scratch_bytes(100, False) == small * (8 + 4 + 2 * (96 + 4)) + (
         -(-small // 2)) * (4 + 16 + 48)

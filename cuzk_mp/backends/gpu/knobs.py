@@ -59,11 +59,12 @@ NTT_KERNEL_DEFAULTS = {"NTT_TILE_LG": 10, "NTT_CHUNK_LG": 2, "NTT_THREADS": 256}
 
 
 # Bucket accumulation: "xyzz" (msm_accumulate: XYZZ mixed additions), "affine"
-# (msm_accumulate_affine: batch-affine rounds sharing an inversion per block, then XYZZ) or "grid"
-# (grid_affine.cuh: rounds sharing ONE inversion over all their pairs, then XYZZ); read when
+# (msm_accumulate_affine: batch-affine rounds sharing an inversion per block, then XYZZ), "grid"
+# (grid_affine.cuh: rounds sharing ONE inversion over all their pairs, then XYZZ) or "grid-g2"
+# (grid for the G2 MSMs, XYZZ for G1: where the H200 measured grid faster); read when
 # MsmParams() is made.
 ACCUMULATE_ENV = "CUZK_GPU_MSM_ACCUMULATE"
-ACCUMULATE_MODES = ("xyzz", "affine", "grid")
+ACCUMULATE_MODES = ("xyzz", "affine", "grid", "grid-g2")
 # Batch-affine defaults: 256 entries per thread; 3 rounds (each halves every run): a block of
 # 128 threads then shares one inversion among ~16 k, 8 k and 4 k additions, and the runs left
 # (1/8 of each) go through XYZZ, where a fourth round would save less than its inversion's latency.
@@ -108,8 +109,13 @@ def _accumulate_mode(mode: str | None) -> str:
 
 def grid_rounds(mode: str | None = None) -> int:
     """Most grid batch-affine rounds of an accumulation mode (as :func:`accumulate_rounds`):
-    :data:`GA_ROUNDS` for "grid", else 0."""
-    return GA_ROUNDS if _accumulate_mode(mode) == "grid" else 0
+    :data:`GA_ROUNDS` for "grid" and "grid-g2", else 0."""
+    return GA_ROUNDS if _accumulate_mode(mode) in ("grid", "grid-g2") else 0
+
+
+def grid_for_g1(mode: str | None = None) -> bool:
+    """Whether an accumulation mode's grid rounds (if any) serve G1 MSMs too: not for "grid-g2"."""
+    return _accumulate_mode(mode) != "grid-g2"
 
 
 def grid_rounds_for(n: int, n_buckets: int, most: int) -> int:
@@ -157,6 +163,7 @@ class MsmParams:
     # Grid batch-affine accumulation (kernels/msm/grid_affine.cuh): at most this many rounds of
     # affine additions sharing one inversion over all their pairs; 0 = off. Beats ba_rounds.
     ga_rounds: int = field(default_factory=grid_rounds)
+    ga_g1: bool = field(default_factory=grid_for_g1)  # the grid rounds for G1 too (else G2 alone)
     ga_chunk: int = GA_CHUNK  # sorted entries per pass of the rounds
     ga_threads: int | None = None  # threads of the denominator and sum passes (None: from the occupancy)
     # msm_ga_add's __launch_bounds__ minimum blocks per SM (compiled in; None: ptxas chooses)
@@ -224,6 +231,10 @@ class MsmParams:
         if not 0 <= self.ba_rounds <= 255 or not 1 <= self.ba_seg <= 1 << 16:
             raise ConfigError(f"MsmParams: ba_rounds in [0, 255], ba_seg in [1, 65536] (got {self.ba_rounds}, "
                               f"{self.ba_seg})")
+
+    def grid(self, g2: bool) -> bool:
+        """Whether this group's MSMs take the grid batch-affine rounds."""
+        return self.ga_rounds > 0 and (g2 or self.ga_g1)
 
     def defines(self, g2: bool) -> dict[str, int]:
         """The ``-D`` knobs of the kernel module for one group."""
@@ -416,6 +427,10 @@ class FixedBaseParams:
     nthreads: int = 128  # threads per block
     per_thread: int = 32  # points per thread (one field inversion each)
     chunk: int = 1 << 22  # rows per launch (bounds device memory)
+
+    def grid(self, g2: bool) -> bool:
+        """Whether this group's MSMs take the grid batch-affine rounds."""
+        return self.ga_rounds > 0 and (g2 or self.ga_g1)
 
     def defines(self, g2: bool) -> dict[str, int]:
         """The ``-D`` knobs of the kernel module for one group."""

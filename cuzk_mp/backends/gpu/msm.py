@@ -820,7 +820,7 @@ class _Msm:
         entries per thread (default ``params.seg``); ``marks``: where the grid rounds mark their phases;
         ``grid`` False: not the grid rounds (the ones' sum, one long run: measured slower there)."""
         buckets = cupy.zeros((n_buckets, self._xw), dtype=np.uint64)
-        if self.params.ga_rounds and grid:
+        if grid and self.params.grid(self.G2):
             self._accumulate_grid(perm, keys, idx, n, m, cfg, n_buckets, points, stride, per, buckets, marks)
             return buckets
         if self.params.ba_rounds:

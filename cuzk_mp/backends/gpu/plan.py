@@ -169,12 +169,12 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
 
 
 def grid_list_bytes(entries: int, g2: bool, params: MsmParams) -> int:
-    """What the grid batch-affine rounds (``params.ga_rounds`` > 0) add for a window batch of
+    """What the grid batch-affine rounds (``params.grid(g2)``) add for a window batch of
     ``entries`` sorted keys, one chunk of at most ``params.ga_chunk`` at a time: round 0's point rows
     and bucket ids, two output lists (points and bucket ids), and per slot (two entries) the pair
     count, two rounds' prefix sums and a prefix product (.msm._Msm._accumulate_grid; the chunk's
     heads are within the XYZZ heads counted beside)."""
-    if not params.ga_rounds:
+    if not params.grid(g2):
         return 0
     aff = G2_BYTES if g2 else G1_BYTES
     c = min(params.ga_chunk, max(1, entries))
