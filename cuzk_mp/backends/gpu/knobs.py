@@ -428,10 +428,6 @@ class FixedBaseParams:
     per_thread: int = 32  # points per thread (one field inversion each)
     chunk: int = 1 << 22  # rows per launch (bounds device memory)
 
-    def grid(self, g2: bool) -> bool:
-        """Whether this group's MSMs take the grid batch-affine rounds."""
-        return self.ga_rounds > 0 and (g2 or self.ga_g1)
-
     def defines(self, g2: bool) -> dict[str, int]:
         """The ``-D`` knobs of the kernel module for one group."""
         return {"FB_G2": int(g2), "FB_NTHREADS": self.nthreads}

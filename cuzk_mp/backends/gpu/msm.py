@@ -903,11 +903,11 @@ class _Msm:
         of :data:`GA_INV_FAN` elements a thread, and one inversion at the top (msm_ga_inv)."""
         cw = self._aw // 2
         pre = cupy.empty((n, cw), dtype=np.uint64)
-        if n <= GA_INV_FAN:
-            self._launch("msm_ga_inv", 1, _u32(2), vals, pre, _NULL, _u64(n), _u64(1))
-            return
         g = -(-n // GA_INV_FAN)
         prods = cupy.empty((g, cw), dtype=np.uint64)
+        if n <= GA_INV_FAN:
+            self._launch("msm_ga_inv", 1, _u32(2), vals, pre, prods, _u64(n), _u64(1))
+            return
         self._launch("msm_ga_inv", g, _u32(0), vals, pre, prods, _u64(n), _u64(g))
         self._invert_all(prods, g)
         self._launch("msm_ga_inv", g, _u32(1), vals, pre, prods, _u64(n), _u64(g))

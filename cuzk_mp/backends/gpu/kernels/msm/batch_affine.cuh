@@ -104,6 +104,13 @@ FF_INLINE uint32_t ba_kind(const affine_t<F>& a, const affine_t<F>& b, F& den) {
     return BA_INF;
 }
 
+/* Whether x alone decides the pair: x1 != x2 (den = x2 - x1), neither 0 (x = 0 may be
+ * infinity's encoding); then the pair is BA_ADD with that den, else ba_kind decides. */
+template <class F>
+FF_INLINE bool ba_plain_add(const F& xa, const F& xb, const F& den) {
+    return !den.is_zero() && !xa.is_zero() && !xb.is_zero();
+}
+
 /* a + b given inv = 1 / den of ba_kind. BA_ADD: 2M + 1S. */
 template <class F>
 FF_INLINE affine_t<F> ba_finish(uint32_t kind, const affine_t<F>& a, const affine_t<F>& b, const F& inv) {
@@ -227,9 +234,7 @@ FF_INLINE uint32_t ba_den_pass(const ba_list<F>& L, uint64_t len, F& acc) {
         }
         F xa = L.x((uint64_t)(i - 1)), xb = L.x((uint64_t)i);
         F den = xb - xa;
-        /* x1 != x2, both non-zero: an ordinary addition (x = 0 may be infinity's encoding) */
-        if (den.is_zero() || xa.is_zero() || xb.is_zero())
-            ba_kind(L.pt((uint64_t)(i - 1)), L.pt((uint64_t)i), den);
+        if (!ba_plain_add(xa, xb, den)) ba_kind(L.pt((uint64_t)(i - 1)), L.pt((uint64_t)i), den);
         acc = ba_mul(acc, den); /* den = 1 where the pair needs no inversion */
         L.set_suffix(np++, acc); /* suffix of the np-th pair from the end */
         i -= 2;

@@ -59,7 +59,7 @@ struct ga_list {
     FF_INLINE F den(uint64_t s) const {
         F xa = x(2 * s), xb = x(2 * s + 1);
         F d = xb - xa;
-        if (d.is_zero() || xa.is_zero() || xb.is_zero()) ba_kind(point(2 * s), point(2 * s + 1), d);
+        if (!ba_plain_add(xa, xb, d)) ba_kind(point(2 * s), point(2 * s + 1), d);
         return d;
     }
 };
@@ -127,7 +127,7 @@ FF_INLINE void msm_ga_add_body(uint64_t t, uint64_t G, const ga_list<F>& L, cons
             F d = xb - xa;
             F ik = s >= G ? ba_mul(inv, F::load(pref + (s - G) * CW)) : inv;
             affine_t<F> r;
-            if (!d.is_zero() && !xa.is_zero() && !xb.is_zero()) {
+            if (ba_plain_add(xa, xb, d)) {
                 inv = ba_mul(inv, d);
                 F ya = L.y(2 * s);
                 F l = ba_mul(L.y(2 * s + 1) - ya, ik);
@@ -161,7 +161,7 @@ FF_INLINE void msm_ga_add_body(uint64_t t, uint64_t G, const ga_list<F>& L, cons
 /* Inverses of n non-zero field elements (vals, (n, CW) words) in place. One tree level: thread t
  * of g takes elements t, t + g, ...; up: pre = running products, prods[t] = the total; down
  * (prods holding the inverses of the totals by then): each element's inverse. The top: one thread,
- * Montgomery's trick over n elements and one inversion (ba_inv: the binary algorithm). */
+ * Montgomery's trick over n elements and one inversion (ba_inv: the binary algorithm), in `total`. */
 template <class F>
 FF_INLINE void msm_ga_inv_up(uint64_t t, uint64_t g, uint64_t n, const uint64_t* vals, uint64_t* pre,
                              uint64_t* prods) {
@@ -193,21 +193,10 @@ FF_INLINE void msm_ga_inv_down(uint64_t t, uint64_t g, uint64_t n, uint64_t* val
     }
 }
 
+/* The top: one thread, the up and down levels with g = 1 around ONE inversion of the total. */
 template <class F>
-FF_INLINE void msm_ga_inv_top(uint64_t n, uint64_t* vals, uint64_t* pre) {
-    const int CW = field_words<F>::value;
-    F acc = F::one();
-#pragma unroll 1
-    for (uint64_t i = 0; i < n; i++) {
-        acc = ba_mul(acc, F::load(vals + i * CW));
-        acc.store(pre + i * CW);
-    }
-    F inv = ba_inv_call(acc);
-#pragma unroll 1
-    for (uint64_t i = n; i-- > 0;) {
-        F v = F::load(vals + i * CW);
-        F r = i ? ba_mul(inv, F::load(pre + (i - 1) * CW)) : inv;
-        inv = ba_mul(inv, v);
-        r.store(vals + i * CW);
-    }
+FF_INLINE void msm_ga_inv_top(uint64_t n, uint64_t* vals, uint64_t* pre, uint64_t* total) {
+    msm_ga_inv_up<F>(0, 1, n, vals, pre, total);
+    ba_inv_call(F::load(total)).store(total);
+    msm_ga_inv_down<F>(0, 1, n, vals, pre, total);
 }

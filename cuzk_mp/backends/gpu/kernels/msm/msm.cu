@@ -113,7 +113,8 @@ msm_accumulate_affine(const int64_t* perm, const uint32_t* keys, const int64_t* 
  *   msm_ga_count  threads = slots (an upper bound of ceil(len / 2)): counts[s];
  *   msm_ga_den    threads = G: prefix products pref and per-thread products prods;
  *   msm_ga_add    threads = G: the round's output list (out, out_bk), pos = inclusive sums of counts;
- *   msm_ga_inv    op 0 up / 1 down: threads = g over n values; op 2: the top, ONE thread;
+ *   msm_ga_inv    op 0 up / 1 down: threads = g over n values; op 2: the top, ONE thread (prods:
+ *                 one element of scratch);
  *   msm_accumulate_list  threads = ceil(upper bound of len / seg): level 1 over a list. */
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS)
 msm_ga_rows(const int64_t* perm, const uint32_t* keys, const int64_t* tail_idx, uint64_t j0, uint64_t n,
@@ -161,7 +162,7 @@ msm_ga_inv(uint32_t op, uint64_t* vals, uint64_t* pre, uint64_t* prods, uint64_t
     uint64_t t = MSM_TID;
     if (op == 0 && t < g) msm_ga_inv_up<msm_field_t>(t, g, n, vals, pre, prods);
     if (op == 1 && t < g) msm_ga_inv_down<msm_field_t>(t, g, n, vals, pre, prods);
-    if (op == 2 && t == 0) msm_ga_inv_top<msm_field_t>(n, vals, pre);
+    if (op == 2 && t == 0) msm_ga_inv_top<msm_field_t>(n, vals, pre, prods);
 }
 
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS, MSM_ACC_MIN_BLOCKS)
