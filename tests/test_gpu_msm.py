@@ -36,6 +36,7 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 from cuzk_mp.algebra import curve
 from cuzk_mp.algebra.field import Q_MOD, R_MOD, ints_to_limbs, limbs_to_ints
 from cuzk_mp.backends.cpu import msm as cpu_msm
+from cuzk_mp.backends.gpu.knobs import msm_params_for
 from cuzk_mp.errors import ConfigError, InputError
 from tests import gpu_emu
 from tests.gpu_emu import KERNELS, module_for
@@ -743,7 +744,9 @@ def test_accumulate_mode_from_env(msm: Any, monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ConfigError, match="CUZK_GPU_MSM_ACCUMULATE"):
         msm.MsmParams()
     monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
-    assert msm.MsmParams().ba_rounds == 0  # unset: XYZZ
+    unset = msm.MsmParams()  # unset: "grid-g2" (grid rounds for G2, XYZZ for G1)
+    assert unset.ba_rounds == 0 and unset.grid(True) and not unset.grid(False)
+    assert not msm_params_for(1 << 18).grid(True) and msm_params_for(1 << 20).grid(True)  # small keys: XYZZ
     with pytest.raises(ConfigError, match="ba_seg"):
         msm.MsmParams(ba_seg=0)
 

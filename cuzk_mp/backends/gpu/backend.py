@@ -341,7 +341,7 @@ class GpuBackend:
                     else:
                         dev[name] = mult.table[: mult.n]
                     cls = gmsm.MsmG2 if name == "b2" else gmsm.MsmG1
-                    params = msm_params_for(int(dev[name].shape[0]))
+                    params = dplan.msm_params(msm_params_for(int(dev[name].shape[0])))
                     msms[name] = cls(dev[name], replace(params, graphs=params.graphs and dplan.graphs), mult)
                 n = int(zkey.domain_size)
                 if n >= 2 and n & (n - 1) == 0:

@@ -61,10 +61,15 @@ NTT_KERNEL_DEFAULTS = {"NTT_TILE_LG": 10, "NTT_CHUNK_LG": 2, "NTT_THREADS": 256}
 # Bucket accumulation: "xyzz" (msm_accumulate: XYZZ mixed additions), "affine"
 # (msm_accumulate_affine: batch-affine rounds sharing an inversion per block, then XYZZ), "grid"
 # (grid_affine.cuh: rounds sharing ONE inversion over all their pairs, then XYZZ) or "grid-g2"
-# (grid for the G2 MSMs, XYZZ for G1: where the H200 measured grid faster); read when
-# MsmParams() is made.
+# (grid for the G2 MSMs, XYZZ for G1); read when MsmParams() is made. The default is "grid-g2":
+# on the H200 grid made the G2 MSM at 2^24 6-10 % faster and the G1 one ~20 % slower
+# (perf/results/gpu-msm-grid-affine-h200.json), and the 2^24 partition, whose G2 MSM runs beside
+# the G1 chain, 2.7-4.3 % faster (perf/results/gpu-session-h200-grid-g2.json). Keys of at most
+# 2^18 rows keep XYZZ whatever the mode (SMALL_MSM_PARAMS), and the device plan shrinks the
+# rounds' lists, then turns them off, before it drops any multiple (plan.plan_device).
 ACCUMULATE_ENV = "CUZK_GPU_MSM_ACCUMULATE"
 ACCUMULATE_MODES = ("xyzz", "affine", "grid", "grid-g2")
+ACCUMULATE_DEFAULT = "grid-g2"
 # Batch-affine defaults: 256 entries per thread; 3 rounds (each halves every run): a block of
 # 128 threads then shares one inversion among ~16 k, 8 k and 4 k additions, and the runs left
 # (1/8 of each) go through XYZZ, where a fourth round would save less than its inversion's latency.
@@ -77,6 +82,9 @@ BA_SEG = 256
 # the inversion tree (each level's threads run chains of that many products: latency).
 GA_ROUNDS = 8
 GA_CHUNK = 1 << 26
+# The smallest chunk the device plan shrinks the lists to (2^22 entries: ~1.8 GB for G2) before it
+# turns the rounds off: each chunk pays an inversion tree's latency (~1 ms), so below it XYZZ wins.
+GA_CHUNK_MIN = 1 << 22
 GA_THREADS = 1 << 16
 GA_INV_FAN = 8
 
@@ -96,12 +104,12 @@ FQ_MUL_MODES = ("imad", "dfma", "mixed")
 
 def accumulate_rounds(mode: str | None = None) -> int:
     """Batch-affine rounds of an accumulation mode (``mode`` None: env CUZK_GPU_MSM_ACCUMULATE,
-    default "xyzz"): 0 for "xyzz", :data:`BA_ROUNDS` for "affine"."""
+    default :data:`ACCUMULATE_DEFAULT`): :data:`BA_ROUNDS` for "affine", else 0."""
     return BA_ROUNDS if _accumulate_mode(mode) == "affine" else 0
 
 
 def _accumulate_mode(mode: str | None) -> str:
-    mode = ((os.environ.get(ACCUMULATE_ENV) if mode is None else mode) or "xyzz").strip().lower()
+    mode = ((os.environ.get(ACCUMULATE_ENV) if mode is None else mode) or ACCUMULATE_DEFAULT).strip().lower()
     if mode not in ACCUMULATE_MODES:
         raise ConfigError(f"{ACCUMULATE_ENV}={mode!r}: one of {', '.join(ACCUMULATE_MODES)}")
     return mode
@@ -296,11 +304,12 @@ def msm_graphs_enabled() -> bool:
 # 4-way levels), while 2^16 and 2^18 kept 8 entries per accumulation thread and 4-way levels (2^16:
 # 6.83 against 8.51-11.04 ms; 2^18: 12.41 against 13.16-20.79 ms): perf/results/gpu-small-h200.json,
 # the ``params`` rows.
-# (Knobs, not MsmParams: an MsmParams reads CUZK_GPU_MSM_ACCUMULATE when it is made.)
+# (Knobs, not MsmParams: an MsmParams reads CUZK_GPU_MSM_ACCUMULATE when it is made.) No grid
+# rounds: these MSMs are latency-bound, and each round adds four launches and an inversion tree.
 SMALL_MSM_PARAMS: tuple[tuple[int, dict[str, Any]], ...] = (
-    (1 << 14, {"seg": 4, "combine_seg": 2, "group": 2, "bucket_chunk_min": 2, "graphs": True}),
-    (1 << 16, {"seg": 8, "combine_seg": 4, "group": 4, "bucket_chunk_min": 4, "graphs": True}),
-    (1 << 18, {"seg": 8, "combine_seg": 4, "group": 4, "bucket_chunk_min": 4}),
+    (1 << 14, {"seg": 4, "combine_seg": 2, "group": 2, "bucket_chunk_min": 2, "graphs": True, "ga_rounds": 0}),
+    (1 << 16, {"seg": 8, "combine_seg": 4, "group": 4, "bucket_chunk_min": 4, "graphs": True, "ga_rounds": 0}),
+    (1 << 18, {"seg": 8, "combine_seg": 4, "group": 4, "bucket_chunk_min": 4, "ga_rounds": 0}),
 )
 
 

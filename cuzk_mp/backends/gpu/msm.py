@@ -864,10 +864,25 @@ class _Msm:
         cw = self._aw // 2
         mark = marks.mark if marks is not None else (lambda name: None)
         threads = p.ga_threads or 2 * (self._ga_resident or GA_THREADS // 2)
+        # One set of chunk buffers, made once and reused by every chunk (the launches are ordered on
+        # the stream): allocating them per chunk would hold two chunks' lists at each reassignment,
+        # twice what the device plan counts (plan.grid_list_bytes).
+        c0 = min(p.ga_chunk, n)
+        rows_all = cupy.empty(c0, dtype=np.uint64)
+        bk_all = cupy.empty(c0 + 1, dtype=np.uint32)  # bk[0]: the bucket before the chunk
+        slots0 = -(-c0 // 2)
+        if rounds:
+            counts_all = cupy.empty(slots0, dtype=np.uint32)
+            pref_all = cupy.empty((slots0, cw), dtype=np.uint64)
+            prods_all = cupy.empty((min(threads, slots0), cw), dtype=np.uint64)
+            bufs_all = [(cupy.empty((c0, self._aw), dtype=np.uint64), cupy.empty(c0 + 1, dtype=np.uint32))
+                        for _ in range(min(rounds, 2))]
+        t0 = -(-c0 // p.seg)
+        heads_all = cupy.empty((t0, self._xw), dtype=np.uint64)
+        head_keys_all = cupy.empty(t0, dtype=np.uint32)
         for j0 in range(0, n, p.ga_chunk):
             c = min(p.ga_chunk, n - j0)
-            rows = cupy.empty(c, dtype=np.uint64)
-            bk = cupy.empty(c + 1, dtype=np.uint32)  # bk[0]: the bucket before the chunk
+            rows, bk = rows_all[:c], bk_all[: c + 1]
             self._launch("msm_ga_rows", c, perm, keys, _NULL if idx is None else idx, _u64(j0), _u64(c), _u64(m),
                          _u32(cfg), _u64(stride), _u64(per), rows, bk[1:])
             mark("ga_rows")
@@ -875,11 +890,8 @@ class _Msm:
             slots = -(-c // 2)
             g = min(threads, slots)
             if rounds:
-                counts = cupy.empty(slots, dtype=np.uint32)
-                pref = cupy.empty((slots, cw), dtype=np.uint64)
-                prods = cupy.empty((g, cw), dtype=np.uint64)
-                bufs = [(cupy.empty((c, self._aw), dtype=np.uint64), cupy.empty(c + 1, dtype=np.uint32))
-                        for _ in range(min(rounds, 2))]
+                counts, pref, prods = counts_all[:slots], pref_all[:slots], prods_all[:g]
+                bufs = [(o[:c], ob[: c + 1]) for o, ob in bufs_all]
             for r in range(rounds):
                 self._launch("msm_ga_count", slots, src[3], src[4], src[5], counts, _u64(slots))
                 pos = cupy.cumsum(counts, dtype=np.int64)
@@ -893,8 +905,7 @@ class _Msm:
                 mark("ga_add")
                 src = (_NULL, _NULL, out, out_bk[1:], pos[slots - 1 :], _u64(0))
             t = -(-c // p.seg)
-            heads = cupy.empty((t, self._xw), dtype=np.uint64)
-            head_keys = cupy.empty(t, dtype=np.uint32)
+            heads, head_keys = heads_all[:t], head_keys_all[:t]
             self._launch("msm_accumulate_list", t, *src, buckets, heads, head_keys, _u32(p.seg), _u64(t))
             self._combine(heads, head_keys, t, buckets, continued=j0 > 0)
 
