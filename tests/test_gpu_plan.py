@@ -147,19 +147,21 @@ def test_packed_b_sections_at_2_27_on_an_h200() -> None:
     assert packed.scaled(1 << 26).support == k // 2 or abs(packed.scaled(1 << 26).support - k / 2) <= 1
 
 
-def test_grid_lists_shrink_then_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> None:
+def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> None:
     """The default accumulation ("grid-g2"): G2's MSM plans the grid rounds' lists. The packed 2^24
-    key keeps them whole beside every multiple; the packed 2^27 key halves their chunk to fit two
-    partitions; a device that fits nothing more turns them off (XYZZ alone, grid_chunk 0) before
-    any multiple goes; the plan hands the backend the params it fitted; small keys plan none."""
+    key keeps them beside every multiple; where they do not fit (the packed 2^27 key with two
+    partitions in flight, or a device with room for the XYZZ plan alone) they go first, before
+    any multiple or partition, and the plan hands the backend params without them; small keys
+    plan none."""
     from dataclasses import replace
 
-    from cuzk_mp.backends.gpu.knobs import GA_CHUNK, GA_CHUNK_MIN, MsmParams, msm_params_for
+    from cuzk_mp.backends.gpu.knobs import MsmParams, msm_params_for
     from cuzk_mp.backends.gpu.plan import NO_GRID, grid_list_bytes
 
     monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
     configured = MsmParams()
-    assert configured.grid(True) and not configured.grid(False) and configured.ga_chunk == GA_CHUNK
+    assert configured.grid(True) and not configured.grid(False)
+    xyzz = replace(configured, ga_rounds=0)
 
     def packed(lg: int) -> KeyShape:
         whole = porep(lg)
@@ -167,27 +169,22 @@ def test_grid_lists_shrink_then_go_before_any_multiple(monkeypatch: pytest.Monke
         return replace(whole, packed=(("b2", k), ("b1", k)))
 
     p24 = plan_device(packed(24), H200_FREE, workers=2, multiples="auto")
-    assert p24.fits and not p24.steps and p24.grid_chunk is None and len(p24.multiples) == 5
+    assert p24.fits and not p24.steps and not p24.grid_off and len(p24.multiples) == 5
     assert p24.msm_params(configured) is configured
-    xyzz = compute_scratch_bytes(packed(24), p24.multiples, replace(configured, ga_rounds=0))["msm_g2"]
-    assert p24.scratch["msm_g2"] - xyzz == grid_list_bytes(1 << 26, True, configured)
+    base = compute_scratch_bytes(packed(24), p24.multiples, xyzz)["msm_g2"]
+    assert p24.scratch["msm_g2"] - base == grid_list_bytes(configured.ga_chunk, True, configured) > 20 * GIB
 
     p27 = plan_device(packed(27), H200_FREE, workers=2, multiples="auto", witness_map=4 * GIB)
-    assert p27.fits and p27.in_flight == 2 and p27.grid_chunk == GA_CHUNK // 2
-    assert p27.steps == [f"grid batch-affine lists of {GA_CHUNK // 2} entries instead of {GA_CHUNK}"]
-    assert p27.msm_params(configured).ga_chunk == GA_CHUNK // 2 and p27.msm_params(configured).grid(True)
+    assert p27.fits and p27.in_flight == 2 and p27.grid_off and p27.steps == [NO_GRID] and NO_GRID in p27.choice
+    assert not p27.msm_params(configured).grid(True) and p27.msm_params(xyzz) is xyzz
+    assert p27.total == plan_device(packed(27), H200_FREE, workers=2, params=xyzz, witness_map=4 * GIB).total
 
-    # a device with room for the key, its multiples and XYZZ scratch alone: the lists go, the multiples stay
-    tight = plan_device(packed(24), H200_FREE, workers=2, multiples="auto", params=replace(configured, ga_rounds=0))
+    # room for the key, its multiples and the XYZZ scratch alone: the lists go, the multiples stay
+    tight = plan_device(packed(24), H200_FREE, workers=2, multiples="auto", params=xyzz)
     named = ",".join(tight.multiples)  # the same tables whatever the free memory ("auto" sizes them to it)
     off = plan_device(packed(24), tight.total, workers=2, multiples=named)
-    assert off.fits and off.steps == [NO_GRID] and off.grid_chunk == 0 and off.multiples == tight.multiples
-    assert not off.msm_params(configured).grid(True) and off.total == tight.total
-    assert NO_GRID in off.choice
-    # with room for the smallest chunk only, that chunk
-    smallest = plan_device(packed(24), tight.total + grid_list_bytes(1 << 26, True, replace(
-        configured, ga_chunk=GA_CHUNK_MIN)), workers=2, multiples=named)
-    assert smallest.grid_chunk == GA_CHUNK_MIN and smallest.multiples == tight.multiples
+    assert off.fits and off.steps == [NO_GRID] and off.grid_off and off.multiples == tight.multiples
+    assert off.total == tight.total and off.in_flight == 2
 
     # a small key's MSMs keep XYZZ (msm_params_for): its plan counts no lists
     small = porep(16)

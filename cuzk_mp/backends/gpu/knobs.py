@@ -65,8 +65,9 @@ NTT_KERNEL_DEFAULTS = {"NTT_TILE_LG": 10, "NTT_CHUNK_LG": 2, "NTT_THREADS": 256}
 # on the H200 grid made the G2 MSM at 2^24 6-10 % faster and the G1 one ~20 % slower
 # (perf/results/gpu-msm-grid-affine-h200.json), and the 2^24 partition, whose G2 MSM runs beside
 # the G1 chain, 2.7-4.3 % faster (perf/results/gpu-session-h200-grid-g2.json). Keys of at most
-# 2^18 rows keep XYZZ whatever the mode (SMALL_MSM_PARAMS), and the device plan shrinks the
-# rounds' lists, then turns them off, before it drops any multiple (plan.plan_device).
+# 2^18 rows keep XYZZ whatever the mode (SMALL_MSM_PARAMS), and where the rounds' lists do not fit
+# the device plan turns them off before it drops any multiple (plan.plan_device): so the 2^27
+# PoRep-like key, where grid with half-size chunks lost 5.6 % of device time, runs XYZZ.
 ACCUMULATE_ENV = "CUZK_GPU_MSM_ACCUMULATE"
 ACCUMULATE_MODES = ("xyzz", "affine", "grid", "grid-g2")
 ACCUMULATE_DEFAULT = "grid-g2"
@@ -82,9 +83,6 @@ BA_SEG = 256
 # the inversion tree (each level's threads run chains of that many products: latency).
 GA_ROUNDS = 8
 GA_CHUNK = 1 << 26
-# The smallest chunk the device plan shrinks the lists to (2^22 entries: ~1.8 GB for G2) before it
-# turns the rounds off: each chunk pays an inversion tree's latency (~1 ms), so below it XYZZ wins.
-GA_CHUNK_MIN = 1 << 22
 GA_THREADS = 1 << 16
 GA_INV_FAN = 8
 

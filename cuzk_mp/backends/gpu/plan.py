@@ -37,9 +37,10 @@ When it does not fit, the plan falls back automatically, in this order, and says
 ``choice`` and ``steps`` fields; the backend logs them):
 
 0. run the MSMs without CUDA graphs (small keys: a latency gain only);
-0b. shrink the grid batch-affine rounds' lists (``MsmParams.ga_chunk``, halved down to
-   :data:`.knobs.GA_CHUNK_MIN` entries), then accumulate in XYZZ alone (``grid_chunk`` 0): the
-   rounds gain a few percent of the G2 MSM, a multiple's table far more;
+0b. accumulate in XYZZ alone, without the grid batch-affine rounds' lists (``grid_off``): the
+   rounds gain a few percent of the G2 MSM, a multiple's table far more. Their chunk is not made
+   smaller instead: on the H200 the 2^27 key with half-size chunks (24 a G2 MSM, each paying its
+   rounds' fixed latency) lost 5.6 % of device time to XYZZ (perf/results/gpu-session-h200-grid-g2.json);
 1. drop precomputed multiples, the least useful section first (c, b1, a, b2, h: the reverse of
    the order they are picked in): they are a speed-up only, and at 2^26 and above one section's
    tables alone outweigh a partition;
@@ -60,7 +61,6 @@ from ...algebra.field import FR_BYTES, G1_BYTES, G2_BYTES
 from ...errors import DeviceMemoryError
 from .knobs import (
     GRAPH_RUNS,
-    GA_CHUNK_MIN,
     SECTIONS,
     MsmParams,
     choose_window,
@@ -90,8 +90,7 @@ HEAD_KEY_BYTES = 4  # uint32 key of each accumulation head
 # The fallbacks' order of multiples to drop: the reverse of plan_multiples' picking order.
 DROP_ORDER = ("c", "b1", "a", "b2", "h")
 NO_GRAPHS = "MSMs without CUDA graphs"  # the first fallback (small keys)
-GRID_LISTS = "grid batch-affine lists"  # then smaller chunks of them,
-NO_GRID = "bucket accumulation in XYZZ alone (no grid batch-affine lists)"  # then none
+NO_GRID = "bucket accumulation in XYZZ alone (no grid batch-affine lists)"  # the next
 
 
 def point_bytes(section: str) -> int:
@@ -259,15 +258,11 @@ class DevicePlan:
     steps: list[str] = field(default_factory=list)
     graphs: bool = False  # the MSMs may run as CUDA graphs (their buffers are in ``scratch``)
     witness_map: int = 0  # the device witness map's coded rows and tables (0: the host makes a, b, c)
-    # the grid batch-affine chunk the plan fitted (None: the MSM parameters as configured; 0: the
-    # rounds off, XYZZ accumulation alone): :meth:`msm_params` applies it
-    grid_chunk: int | None = None
+    grid_off: bool = False  # the grid rounds' lists did not fit: XYZZ accumulation alone (:meth:`msm_params`)
 
     def msm_params(self, params: MsmParams) -> MsmParams:
-        """``params`` with the grid chunk this plan fitted (:attr:`grid_chunk`)."""
-        if self.grid_chunk is None or not (params.grid(True) or params.grid(False)):
-            return params
-        return replace(params, ga_chunk=self.grid_chunk) if self.grid_chunk else replace(params, ga_rounds=0)
+        """``params`` as this plan fitted them: without the grid rounds where :attr:`grid_off`."""
+        return replace(params, ga_rounds=0) if self.grid_off and params.ga_rounds else params
 
     @property
     def points_total(self) -> int:
@@ -348,7 +343,7 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
     MSMs run as CUDA graphs (their buffers are planned, and dropped first). ``witness_map``: the
     device bytes of the coded rows the key's device witness map will keep (0: none). ``params``:
     the MSM parameters (None: :func:`.knobs.msm_params_for` the domain size, as the backend); the
-    plan's :meth:`DevicePlan.msm_params` gives them back with the grid chunk it fitted. Raises
+    plan's :meth:`DevicePlan.msm_params` gives them back as it fitted them. Raises
     DeviceMemoryError when even one partition without multiples does not fit."""
     workers = max(1, int(workers))
     params = params or msm_params_for(shape.domain_size)  # what the backend's MSMs of this key take
@@ -364,20 +359,11 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
         graph_params = None
         steps.append(NO_GRAPHS)
         plan = _plan(chosen, workers, graph_params)
-    configured = params
-    grid_chunk: int | None = None
-    if not plan.fits and (configured.grid(True) or configured.grid(False)):
-        chunk = configured.ga_chunk
-        while not plan.fits and chunk > GA_CHUNK_MIN:
-            chunk = max(GA_CHUNK_MIN, chunk // 2)
-            params, grid_chunk = replace(configured, ga_chunk=chunk), chunk
-            plan = _plan(chosen, workers, graph_params)
-        if plan.fits:
-            steps.append(f"{GRID_LISTS} of {chunk} entries instead of {configured.ga_chunk}")
-        else:
-            params, grid_chunk = replace(configured, ga_rounds=0), 0
-            steps.append(NO_GRID)
-            plan = _plan(chosen, workers, graph_params)
+    grid_off = not plan.fits and (params.grid(True) or params.grid(False))
+    if grid_off:
+        params = replace(params, ga_rounds=0)
+        steps.append(NO_GRID)
+        plan = _plan(chosen, workers, graph_params)
     for s in DROP_ORDER:
         if plan.fits or not chosen:
             break
@@ -391,10 +377,10 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
         plan = _plan(chosen, k, graph_params)
         steps.append(f"{k} partition(s) in flight instead of {workers}")
     plan.steps = steps
-    plan.grid_chunk = grid_chunk
+    plan.grid_off = grid_off
     if steps:
         dropped = [s for s in DROP_ORDER if any(st.endswith(f"multiples of {s}") for st in steps)]
-        parts = [st for st in steps if st == NO_GRAPHS or st == NO_GRID or st.startswith(GRID_LISTS)]
+        parts = [st for st in steps if st in (NO_GRAPHS, NO_GRID)]
         parts += [f"without the precomputed multiples of {', '.join(dropped)}"] if dropped else []
         if plan.in_flight < workers:
             parts.append(f"{plan.in_flight} partition(s) in flight instead of {workers}")
