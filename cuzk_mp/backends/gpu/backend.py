@@ -273,7 +273,9 @@ class GpuBackend:
         :func:`cuzk_mp.groth16.setup_resident.setup_resident`): the same plan as :meth:`load_key`,
         then for each ``(section, "g1" | "g2", scalars())`` the fixed-base kernel writes s_i G
         straight into the section's device array (scalars uploaded GEN_CHUNK_ROWS at a time; each
-        section's host scalars dropped once its points exist), then the same MSM objects."""
+        section's host scalars dropped once its points exist), then the same MSM objects. The next
+        section's scalars are made on a helper thread while this one's kernels run (C's scaling and
+        H's ratios are seconds of host work at 2^27; their numba kernels let the GIL go)."""
         check_key_sections([name for name, _, _ in sections])
         rows = KeyShape.of(head).rows()
         work = {name: rows[name] * (G2_ROW_COST if group == "g2" else 1) for name, group, _ in sections}
@@ -282,22 +284,17 @@ class GpuBackend:
             dev = {}
             t0 = time.perf_counter()
             done, total = 0, sum(work.values())
-            for name, group, take in sections:
-                scalars = take()
-                if scalars.shape != (rows[name], 4) or scalars.dtype != np.uint64:
-                    raise InputError(f"generate_key: section {name} scalars {scalars.dtype} {scalars.shape}, "
-                                     f"expected ({rows[name]}, 4) uint64")
-                base = G2Point() if group == "g2" else G1Point()
-                fb = fixed_base.FixedBase(base)
-                dev[name] = out = cupy.empty((rows[name], point_words(name)), dtype=np.uint64)
-                for lo in range(0, rows[name], GEN_CHUNK_ROWS):
-                    hi = min(rows[name], lo + GEN_CHUNK_ROWS)
-                    fb.run_device(cupy.asarray(scalars[lo:hi]), out[lo:hi])
-                s.synchronize()
-                del scalars, fb
-                done += work[name]
-                log.info("key %s: section %s generated (%d points); %.0f%% of the key in %.1f s", head.path or "",
-                         name, rows[name], 100.0 * done / max(total, 1), time.perf_counter() - t0)
+            with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-gpu-keygen") as pool:
+                upcoming = pool.submit(sections[0][2]) if sections else None
+                for i, (name, group, _) in enumerate(sections):
+                    assert upcoming is not None
+                    scalars = upcoming.result()
+                    upcoming = pool.submit(sections[i + 1][2]) if i + 1 < len(sections) else None
+                    dev[name] = _fixed_base_rows(s, name, group, scalars, rows[name])
+                    del scalars
+                    done += work[name]
+                    log.info("key %s: section %s generated (%d points); %.0f%% of the key in %.1f s",
+                             head.path or "", name, rows[name], 100.0 * done / max(total, 1), time.perf_counter() - t0)
             return dev
 
         return self._resident(head, lasting, generate, lambda: 0, witness_rows)
@@ -784,6 +781,21 @@ class GpuBackend:
         self._copier.shutdown(wait=True)
         with cupy.cuda.Device(self.device):
             cupy.get_default_memory_pool().free_all_blocks()
+
+
+def _fixed_base_rows(s: Any, name: str, group: str, scalars: np.ndarray, n: int) -> Any:
+    """Section ``name``'s points s_i G (``group`` "g1" or "g2") on the device from its n host scalars,
+    GEN_CHUNK_ROWS at a time, done when this returns."""
+    if scalars.shape != (n, 4) or scalars.dtype != np.uint64:
+        raise InputError(f"generate_key: section {name} scalars {scalars.dtype} {scalars.shape}, "
+                         f"expected ({n}, 4) uint64")
+    fb = fixed_base.FixedBase(G2Point() if group == "g2" else G1Point())
+    out = cupy.empty((n, point_words(name)), dtype=np.uint64)
+    for lo in range(0, n, GEN_CHUNK_ROWS):
+        hi = min(n, lo + GEN_CHUNK_ROWS)
+        fb.run_device(cupy.asarray(scalars[lo:hi]), out[lo:hi])
+    s.synchronize()
+    return out
 
 
 def _record(stream: Any) -> Any:
