@@ -346,6 +346,7 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
     plan's :meth:`DevicePlan.msm_params` gives them back as it fitted them. Raises
     DeviceMemoryError when even one partition without multiples does not fit."""
     workers = max(1, int(workers))
+    given = params
     params = params or msm_params_for(shape.domain_size)  # what the backend's MSMs of this key take
     points = shape.section_bytes()
     chosen = plan_multiples(points, free - sum(points.values()) - witness_map, shape.domain_size, multiples)
@@ -386,7 +387,7 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
             parts.append(f"{plan.in_flight} partition(s) in flight instead of {workers}")
         plan.choice = "; ".join(parts)
     if not plan.fits:
-        raise DeviceMemoryError(refusal(plan, margin, params))
+        raise DeviceMemoryError(refusal(plan, margin, given))
     return plan
 
 
@@ -394,10 +395,12 @@ def largest_fitting_domain(shape: KeyShape, free: int, margin: int = DEFAULT_MAR
                            params: MsmParams | None = None, witness_map: int = 0) -> int | None:
     """The largest power-of-two domain of this circuit's shape (n_vars and the witness map's rows
     in proportion) whose key and one partition, without multiples, fit ``free`` bytes (None: not
-    even 2^1)."""
+    even 2^1). ``params`` None: each domain's own MSM parameters (:func:`.knobs.msm_params_for`)
+    without the grid rounds' lists, as with every fallback taken."""
     for lg in range(max(1, shape.domain_size.bit_length() - 1), 0, -1):
         wm = witness_map * (1 << lg) // max(1, shape.domain_size)
-        if _build(shape.scaled(1 << lg), {}, 1, 1, free, margin, params, None, wm).fits:
+        p = params or replace(msm_params_for(1 << lg), ga_rounds=0)
+        if _build(shape.scaled(1 << lg), {}, 1, 1, free, margin, p, None, wm).fits:
             return 1 << lg
     return None
 
