@@ -109,28 +109,6 @@ def test_column_sums_equal_the_transposed_product(seed: int) -> None:
                for lo, hi in zip(r1cs.a.indptr[:-1], r1cs.a.indptr[1:]))  # A repeats a column in some row
 
 
-@pytest.mark.parametrize("seed", SEEDS[:2])
-def test_column_sums_over_row_block_masks(seed: int, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Row blocks of 5 rows: each column range's task reads only the blocks whose mask has its bit
-    (more than 64 ranges: two mask words); the sums equal the transposed product's, and each mask
-    bit is set exactly where a block has an entry in that range."""
-    monkeypatch.setattr(fr, "RMATVEC_ROW_BLOCK", 5)
-    r1cs = _r1cs(seed)
-    lag = _lag(r1cs, _toxic(seed))
-    for m in (r1cs.a, r1cs.b, r1cs.c):
-        want = _column_sums_by_transpose(m, lag)
-        for tasks in (2, 7, 70, m.n_cols + 5):
-            assert np.array_equal(fr.csr_rmatvec(m.indptr, m.indices, m.data, lag, m.n_cols, tasks=tasks), want)
-            bounds = fr.column_bounds(m.indices, m.n_cols, tasks)
-            masks = fr.row_block_masks(m.indptr, m.indices, bounds, 5)
-            n_rows = m.indptr.shape[0] - 1
-            for b in range(-(-n_rows // 5)):
-                cols = m.indices[m.indptr[b * 5] : m.indptr[min(n_rows, b * 5 + 5)]].astype(np.int64)
-                hit = set((np.searchsorted(bounds, cols, side="right") - 1).tolist())
-                bits = {t for t in range(bounds.shape[0] - 1) if int(masks[b, t >> 6]) >> (t & 63) & 1}
-                assert bits == hit, (seed, tasks, b)
-
-
 def test_column_sums_oracle_ints() -> None:
     """A repeated entry counts twice; a column in no row sums to 0 (Python ints)."""
     m = CsrMatrix(np.array([0, 3, 3, 4]), np.array([1, 1, 0, 1], dtype=np.uint32),

@@ -132,18 +132,16 @@ def rmatvec(m: CodedMatrix, tmont: np.ndarray, x: np.ndarray, n_cols: int, tasks
 
     ``x`` is in Montgomery form (at least M's row count of entries) and ``tmont`` the table as v R;
     a coefficient +-1 costs an addition, any other one Montgomery multiply. Parallel over column
-    ranges of about equal entry counts (:func:`cuzk_mp.algebra.fr.column_bounds`), each reading the
-    row blocks that touch it (:func:`cuzk_mp.algebra.fr.row_block_masks`); the result does not
-    depend on the thread count. This is what a setup needs of the circuit (the QAP columns at
+    ranges of about equal entry counts (:func:`cuzk_mp.algebra.fr.column_bounds`); the result does
+    not depend on the thread count. This is what a setup needs of the circuit (the QAP columns at
     tau: x = the Lagrange values) when it has only the compact matrices.
     """
     if x.shape[0] < m.n_rows:
         raise ValueError(f"vector has {x.shape[0]} entries, matrix has {m.n_rows} rows")
     out = np.empty((n_cols, 4), dtype=np.uint64)
     mat = readonly_matrix(m)
-    bounds = fr.column_bounds(m.cols, n_cols, tasks)
-    _k()._rmatvec(mat.indptr, mat.cols, mat.codes, _readonly(tmont), _readonly(np.ascontiguousarray(x)), bounds,
-                  fr.row_block_masks(mat.indptr, mat.cols, bounds, fr.RMATVEC_ROW_BLOCK), fr.RMATVEC_ROW_BLOCK, out)
+    _k()._rmatvec(mat.indptr, mat.cols, mat.codes, _readonly(tmont), _readonly(np.ascontiguousarray(x)),
+             fr.column_bounds(m.cols, n_cols, tasks), out)
     return fr.from_mont_into(out, out)
 
 

@@ -18,7 +18,6 @@ from .row_codes import CODE_MINUS_ONE, CODE_ONE
 fmul = fr_kernels.F.mul
 fadd = fr_kernels.F.add
 fsub = fr_kernels.F.sub
-in_block_mask = fr_kernels.in_block_mask
 U0 = np.uint64(0)
 R2_LIMBS = int_to_limbs(FR.r2, 4)
 _EMPTY = np.int64(-1)
@@ -82,33 +81,28 @@ def _evaluate(a_ptr, a_col, a_code, b_ptr, b_col, b_code, c_ptr, c_col, c_code, 
 
 
 @njit(parallel=True, nogil=True, cache=True)
-def _rmatvec(ptr, cols, codes, tmont, x, bounds, masks, block, out):  # type: ignore[no-untyped-def]
+def _rmatvec(ptr, cols, codes, tmont, x, bounds, out):  # type: ignore[no-untyped-def]
     # out[j] = sum_r M[r, j] x[r] (Montgomery x, v R table: Montgomery out). Task t owns the columns
-    # bounds[t] .. bounds[t+1]-1 and scans the row blocks its mask bit marks, as fr.csr_rmatvec does
-    # (no transpose, no atomics).
-    n_rows = ptr.shape[0] - 1
+    # bounds[t] .. bounds[t+1]-1 and scans every entry, as fr.csr_rmatvec does (no transpose, no atomics).
     for t in prange(bounds.shape[0] - 1):
         lo, hi = bounds[t], bounds[t + 1]
         for j in range(lo, hi):
             out[j, 0] = out[j, 1] = out[j, 2] = out[j, 3] = U0
-        for b in range(masks.shape[0]):
-            if not in_block_mask(masks, b, t):
-                continue
-            for r in range(b * block, min(n_rows, (b + 1) * block)):
-                x0, x1, x2, x3 = x[r, 0], x[r, 1], x[r, 2], x[r, 3]
-                for k in range(ptr[r], ptr[r + 1]):
-                    j = np.int64(cols[k])
-                    if j < lo or j >= hi:
-                        continue
-                    c = codes[k]
-                    if c == CODE_ONE:
-                        p0, p1, p2, p3 = x0, x1, x2, x3
-                    elif c == CODE_MINUS_ONE:
-                        p0, p1, p2, p3 = fsub(U0, U0, U0, U0, x0, x1, x2, x3)
-                    else:
-                        p0, p1, p2, p3 = fmul(tmont[c, 0], tmont[c, 1], tmont[c, 2], tmont[c, 3], x0, x1, x2, x3)
-                    out[j, 0], out[j, 1], out[j, 2], out[j, 3] = fadd(out[j, 0], out[j, 1], out[j, 2], out[j, 3],
-                                                                      p0, p1, p2, p3)
+        for r in range(ptr.shape[0] - 1):
+            x0, x1, x2, x3 = x[r, 0], x[r, 1], x[r, 2], x[r, 3]
+            for k in range(ptr[r], ptr[r + 1]):
+                j = np.int64(cols[k])
+                if j < lo or j >= hi:
+                    continue
+                c = codes[k]
+                if c == CODE_ONE:
+                    p0, p1, p2, p3 = x0, x1, x2, x3
+                elif c == CODE_MINUS_ONE:
+                    p0, p1, p2, p3 = fsub(U0, U0, U0, U0, x0, x1, x2, x3)
+                else:
+                    p0, p1, p2, p3 = fmul(tmont[c, 0], tmont[c, 1], tmont[c, 2], tmont[c, 3], x0, x1, x2, x3)
+                out[j, 0], out[j, 1], out[j, 2], out[j, 3] = fadd(out[j, 0], out[j, 1], out[j, 2], out[j, 3],
+                                                                  p0, p1, p2, p3)
 
 
 @njit(inline="always")

@@ -170,8 +170,7 @@ def csr_rmatvec(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, w: np
     """The transposed product: ``out[j] = sum_r M[r, j] w[r]`` for the CSR matrix M, ``(n_cols, 4)``.
 
     Linear in the entries and parallel over column ranges of about equal entry counts (each
-    thread reads the column indices of the row blocks that touch its range, :func:`row_block_masks`,
-    and keeps its own range's), with no transposed copy of M.
+    thread reads every column index and keeps its own range's), with no transposed copy of M.
     Forms multiply as in :func:`csr_matvec`. ``w`` needs at least M's row count of entries.
     ``tasks``: the number of column ranges (default: one per pool thread, one for small M).
     """
@@ -179,27 +178,8 @@ def csr_rmatvec(indptr: np.ndarray, indices: np.ndarray, data: np.ndarray, w: np
     if w.shape[0] < indptr.shape[0] - 1:
         raise ValueError(f"vector has {w.shape[0]} entries, matrix has {indptr.shape[0] - 1} rows")
     out = np.empty((n_cols, NL), dtype=np.uint64)
-    bounds = column_bounds(indices, n_cols, tasks)
-    block = RMATVEC_ROW_BLOCK
-    _k()._csr_rmatvec(indptr, indices, _check(data), w, bounds, row_block_masks(indptr, indices, bounds, block),
-                      block, out)
+    _k()._csr_rmatvec(indptr, indices, _check(data), w, column_bounds(indices, n_cols, tasks), out)
     return out
-
-
-# Rows per block of the transposed products' task masks (:func:`row_block_masks`).
-RMATVEC_ROW_BLOCK = 4096
-
-
-def row_block_masks(indptr: np.ndarray, indices: np.ndarray, bounds: np.ndarray,
-                    block: int = RMATVEC_ROW_BLOCK) -> np.ndarray:
-    """For each block of ``block`` rows, the bit set of the column ranges (``bounds``' tasks) its
-    entries fall in, ``(blocks, ceil(tasks / 64))`` uint64: a transposed product's task scans only
-    the blocks with its bit. A circuit's wires are used near where they are made, so a block
-    touches ~2 of 16 ranges (the PoRep-like circuit), and the tasks no longer all read every entry."""
-    n_rows = indptr.shape[0] - 1
-    masks = np.empty((max(1, -(-n_rows // block)), -(-(bounds.shape[0] - 1) // 64)), dtype=np.uint64)
-    _k()._row_block_masks(indptr, indices, bounds, block, masks)
-    return masks
 
 
 def column_bounds(indices: np.ndarray, n_cols: int, tasks: int | None) -> np.ndarray:

@@ -129,56 +129,22 @@ def _csr_matvec(indptr, indices, data, w, out):  # type: ignore[no-untyped-def]
         out[r, 0], out[r, 1], out[r, 2], out[r, 3] = s0, s1, s2, s3
 
 
-@njit(parallel=True, nogil=True, cache=True)
-def _row_block_masks(indptr, cols, bounds, block, masks):  # type: ignore[no-untyped-def]
-    # masks[b, t >> 6] bit t & 63: rows b*block .. (b+1)*block-1 hold an entry in task t's column
-    # range bounds[t] .. bounds[t+1]-1 (each entry's task by binary search, the last one's first).
-    n_rows = indptr.shape[0] - 1
-    n_tasks = bounds.shape[0] - 1
-    for b in prange(masks.shape[0]):
-        for i in range(masks.shape[1]):
-            masks[b, i] = 0
-        t = 0
-        for k in range(indptr[b * block], indptr[min(n_rows, (b + 1) * block)]):
-            j = np.int64(cols[k])
-            if j < bounds[t] or j >= bounds[t + 1]:
-                lo, hi = 0, n_tasks
-                while hi - lo > 1:
-                    mid = (lo + hi) >> 1
-                    if bounds[mid] <= j:
-                        lo = mid
-                    else:
-                        hi = mid
-                t = lo
-            masks[b, t >> 6] |= np.uint64(1) << np.uint64(t & 63)
-
-
-@njit(inline="always")
-def in_block_mask(masks, b, t):  # type: ignore[no-untyped-def]
-    return (masks[b, t >> 6] >> np.uint64(t & 63)) & np.uint64(1) != 0
-
-
 @njit(parallel=True, cache=True)
-def _csr_rmatvec(indptr, indices, data, w, bounds, masks, block, out):  # type: ignore[no-untyped-def]
+def _csr_rmatvec(indptr, indices, data, w, bounds, out):  # type: ignore[no-untyped-def]
     # out[j] = sum_r M[r, j] w[r]. Task t owns the output rows (columns of M) bounds[t] .. bounds[t+1]-1:
-    # it scans the entries of the row blocks its mask bit marks and keeps its own, so no two tasks
-    # write one output row (no transpose, no atomics).
-    n_rows = indptr.shape[0] - 1
+    # it scans every entry and keeps its own, so no two tasks write one output row (no transpose, no atomics).
     for t in prange(bounds.shape[0] - 1):
         lo, hi = bounds[t], bounds[t + 1]
         for j in range(lo, hi):
             out[j, 0] = out[j, 1] = out[j, 2] = out[j, 3] = 0
-        for b in range(masks.shape[0]):
-            if not in_block_mask(masks, b, t):
-                continue
-            for r in range(b * block, min(n_rows, (b + 1) * block)):
-                for k in range(indptr[r], indptr[r + 1]):
-                    c = np.int64(indices[k])
-                    if c >= lo and c < hi:
-                        p0, p1, p2, p3 = fmul(data[k, 0], data[k, 1], data[k, 2], data[k, 3],
-                                              w[r, 0], w[r, 1], w[r, 2], w[r, 3])
-                        out[c, 0], out[c, 1], out[c, 2], out[c, 3] = fadd(
-                            out[c, 0], out[c, 1], out[c, 2], out[c, 3], p0, p1, p2, p3)
+        for r in range(indptr.shape[0] - 1):
+            for k in range(indptr[r], indptr[r + 1]):
+                c = np.int64(indices[k])
+                if c >= lo and c < hi:
+                    p0, p1, p2, p3 = fmul(data[k, 0], data[k, 1], data[k, 2], data[k, 3],
+                                          w[r, 0], w[r, 1], w[r, 2], w[r, 3])
+                    out[c, 0], out[c, 1], out[c, 2], out[c, 3] = fadd(
+                        out[c, 0], out[c, 1], out[c, 2], out[c, 3], p0, p1, p2, p3)
 
 
 @njit(parallel=True, cache=True)

@@ -33,8 +33,8 @@ CPU backend, the GPU backend's kernels otherwise), in chunks of CHUNK_ROWS.
 Host steps, all linear in the circuit and parallel over numba's pool: the Lagrange values at
 tau and the H scalars (:func:`cuzk_mp.algebra.fr.geometric_ratios`: the powers and one batch
 inversion fused); the column sums u, v, w as transposed sparse products
-(:meth:`CsrMatrix.rmatvec`: each thread scans the row blocks that touch its own column range and
-keeps that range's entries, so there is no transposed copy of a matrix and no sort); beta u + alpha v + w in place; the
+(:meth:`CsrMatrix.rmatvec`: each thread scans every entry and keeps its own column range, so
+there is no transposed copy of a matrix and no sort); beta u + alpha v + w in place; the
 coefficient section filled row-parallel from the two CSR row pointers (:mod:`.setup_kernels`).
 
 Progress goes through logging (so JSON log lines stay JSON): each host step logs its start
