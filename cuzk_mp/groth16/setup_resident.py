@@ -59,18 +59,57 @@ def qap_columns(data: CircuitData, toxic: ToxicWaste) -> tuple[np.ndarray, np.nd
     u and v are the column sums of the coded A (its public rows included) and B rows against the
     Lagrange values of the domain, w those of C: what :func:`~.setup.setup` computes from the r1cs.
     """
-    if data.c is None:
-        raise ValueError("a key needs the circuit's C rows: circuit data built without its r1cs")
-    counts = data.counts
-    log_n = counts.domain_size.bit_length() - 1
-    n_rows = max(data.a.n_rows, data.b.n_rows, data.c.n_rows)
-    lag = fr.geometric_ratios(toxic.tau, lagrange_factor(toxic.tau, 1 << log_n), fr_root_of_unity(log_n), 1, n_rows)
-    u = coded_sparse.rmatvec(data.a, data.table_mont, lag, counts.n_vars)
-    v = coded_sparse.rmatvec(data.b, data.table_mont, lag, counts.n_vars)
-    k = coded_sparse.rmatvec(data.c, data.table_mont, lag, counts.n_vars)
-    del lag
-    fr.add_scaled2_into(k, u, toxic.beta, v, toxic.alpha)
-    return u, v, k
+    qap = _Qap(data, toxic)
+    return qap.u(), qap.v(), qap.k()
+
+
+class _Qap:
+    """The QAP columns at tau made one at a time, on demand (:func:`setup_resident` hands them to the
+    backend as each section's scalars, so the host makes the next while the device turns the last
+    into points): the Lagrange values first, kept for the three column sums; u and v kept for k."""
+
+    def __init__(self, data: CircuitData, toxic: ToxicWaste) -> None:
+        if data.c is None:
+            raise ValueError("a key needs the circuit's C rows: circuit data built without its r1cs")
+        self.data, self.toxic = data, toxic
+        self._lag: np.ndarray | None = None
+        self._u: np.ndarray | None = None
+        self._v: np.ndarray | None = None
+        self.seconds = 0.0  # host seconds spent in the columns so far
+
+    def _sums(self, m: coded_sparse.CodedMatrix) -> np.ndarray:
+        t0 = time.perf_counter()
+        counts = self.data.counts
+        if self._lag is None:
+            log_n = counts.domain_size.bit_length() - 1
+            n_rows = max(self.data.a.n_rows, self.data.b.n_rows, self.data.c.n_rows)  # type: ignore[union-attr]
+            self._lag = fr.geometric_ratios(self.toxic.tau, lagrange_factor(self.toxic.tau, 1 << log_n),
+                                            fr_root_of_unity(log_n), 1, n_rows)
+        out = coded_sparse.rmatvec(m, self.data.table_mont, self._lag, counts.n_vars)
+        self.seconds += time.perf_counter() - t0
+        return out
+
+    def u(self) -> np.ndarray:
+        """A's column sums (kept for :meth:`k`)."""
+        if self._u is None:
+            self._u = self._sums(self.data.a)
+        return self._u
+
+    def v(self) -> np.ndarray:
+        """B's column sums (kept for :meth:`k`)."""
+        if self._v is None:
+            self._v = self._sums(self.data.b)
+        return self._v
+
+    def k(self) -> np.ndarray:
+        """beta u + alpha v + C's column sums; the Lagrange values, u and v are let go."""
+        u, v = self.u(), self.v()
+        k = self._sums(self.data.c)  # type: ignore[arg-type]
+        t0 = time.perf_counter()
+        fr.add_scaled2_into(k, u, self.toxic.beta, v, self.toxic.alpha)
+        self.seconds += time.perf_counter() - t0
+        self._lag = self._u = self._v = None
+        return k
 
 
 def setup_resident(data: CircuitData, backend: Any, toxic: ToxicWaste, *, name: str = "key",
@@ -80,43 +119,47 @@ def setup_resident(data: CircuitData, backend: Any, toxic: ToxicWaste, *, name: 
     ``backend`` provides ``fixed_base_g1/g2`` (the head) and ``generate_key(head, sections)``.
     ``witness_map``: the key's partitions will come as w alone (the backend's ``stage_witness``
     with these rows), so the backend's memory plan counts its copy of them.
-    Logged at INFO: the host QAP, then the backend's own progress.
+    Logged at INFO: the backend's progress per section, then the key's seconds and the QAP's host share.
     """
     counts = data.counts
     log_n = counts.domain_size.bit_length() - 1
     toxic.check(log_n)
     log.warning("%s: %s", name, INSECURE_WARNING)
     times: dict[str, float] = {}
-    t0 = time.perf_counter()
-    u, v, k = qap_columns(data, toxic)
-    times["qap_s"] = time.perf_counter() - t0
-    log.info("resident setup %s: the QAP at tau in %.1f s (2^%d domain, %d wires)", name, times["qap_s"], log_n,
-             counts.n_vars)
+    qap = _Qap(data, toxic)
     t0 = time.perf_counter()
     n_pub = counts.n_public
     g1, g2 = G1Point(), G2Point()
     head1 = backend.fixed_base_g1(g1, fr.from_ints([toxic.alpha, toxic.beta, toxic.delta], mont=False))
     head2 = backend.fixed_base_g2(g2, fr.from_ints([toxic.beta, 1, toxic.delta], mont=False))
-    ic = backend.fixed_base_g1(g1, np.ascontiguousarray(k[: n_pub + 1]))
     none = np.zeros((0, 12), np.uint64)
     head = ZKey(path=name, n8q=48, q=Q_MOD, n8r=32, r=R_MOD, n_vars=counts.n_vars, n_public=n_pub,
                 domain_size=counts.domain_size, alpha1=head1[0], beta1=head1[1], beta2=head2[0], gamma2=head2[1],
-                delta1=head1[2], delta2=head2[2], ic=ic, coefs=None,  # type: ignore[arg-type]
+                delta1=head1[2], delta2=head2[2], ic=np.zeros((n_pub + 1, 12), np.uint64),
+                coefs=None,  # type: ignore[arg-type]
                 a=none, b1=none, b2=np.zeros((0, 24), np.uint64), c=none, h=none, contributions=empty_contributions())
     times["head_s"] = time.perf_counter() - t0
     d_inv = pow(toxic.delta, -1, R_MOD)
-    scalars: dict[str, np.ndarray] = {"u": u, "v": v, "k": k}
-    del u, v, k
+
+    def c_scalars() -> np.ndarray:
+        # k's public rows make IC (set here: the backend copies the head once every section is made)
+        k = qap.k()
+        head.ic = backend.fixed_base_g1(g1, np.ascontiguousarray(k[: n_pub + 1]))
+        return fr.scale(k[n_pub + 1 :], d_inv)
+
+    # H first (it needs no QAP column), then A, B1, B2, C: the backend makes a section's scalars
+    # while the last one's points are made, so the host's QAP runs beside the device's kernels.
     sections: SectionScalars = [
-        ("a", "g1", lambda: scalars.pop("u")),
-        ("b1", "g1", lambda: scalars["v"]),
-        ("b2", "g2", lambda: scalars.pop("v")),
-        ("c", "g1", lambda: fr.scale(scalars.pop("k")[n_pub + 1 :], d_inv)),
         ("h", "g1", lambda: h_scalars(toxic, log_n)),
+        ("a", "g1", qap.u),
+        ("b1", "g1", qap.v),
+        ("b2", "g2", qap.v),
+        ("c", "g1", c_scalars),
     ]
     t0 = time.perf_counter()
     handle = backend.generate_key(head, sections, witness_rows=data if witness_map else None)
     times["points_s"] = time.perf_counter() - t0
-    log.info("resident setup %s: the points in %.1f s (QAP %.1f s, head %.1f s)", name, times["points_s"],
-             times["qap_s"], times["head_s"])
+    times["qap_s"] = qap.seconds
+    log.info("resident setup %s: the key in %.1f s (the QAP columns' host work %.1f s of it, beside the "
+             "device's; head %.1f s)", name, times["points_s"], times["qap_s"], times["head_s"])
     return ResidentKey(head, handle, times)
