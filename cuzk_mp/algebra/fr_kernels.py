@@ -36,7 +36,7 @@ def _vmul_scalar(a, c, out):  # type: ignore[no-untyped-def]
         out[i, 0], out[i, 1], out[i, 2], out[i, 3] = fmul(a[i, 0], a[i, 1], a[i, 2], a[i, 3], c0, c1, c2, c3)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def _vredc(a, out):  # type: ignore[no-untyped-def]
     for i in prange(a.shape[0]):
         out[i, 0], out[i, 1], out[i, 2], out[i, 3] = fredc(a[i, 0], a[i, 1], a[i, 2], a[i, 3])
@@ -147,7 +147,7 @@ def _csr_rmatvec(indptr, indices, data, w, bounds, out):  # type: ignore[no-unty
                         out[c, 0], out[c, 1], out[c, 2], out[c, 3], p0, p1, p2, p3)
 
 
-@njit(parallel=True, cache=True)
+@njit(parallel=True, nogil=True, cache=True)
 def _vadd_scaled2(a, ca, b, cb, out):  # type: ignore[no-untyped-def]
     for i in prange(a.shape[0]):
         x0, x1, x2, x3 = fmul(a[i, 0], a[i, 1], a[i, 2], a[i, 3], ca[0], ca[1], ca[2], ca[3])
