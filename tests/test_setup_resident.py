@@ -148,6 +148,62 @@ def test_emulated_gpu_generates_the_same_points(circuit: tuple[object, object, P
         backend.close()
 
 
+def test_next_sections_scalars_are_made_while_this_one_is_generated(circuit: tuple[object, object, Path],
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The GPU backend asks for a section's scalars while the section before it is turned into points
+    (the host's QAP beside the device's kernels), in the order given, each once."""
+    import threading
+    import time
+
+    from tests import gpu_emu
+
+    if not gpu_emu.available():
+        pytest.skip("no host C++ compiler for the kernel emulator")
+    from cuzk_mp.backends.gpu.plan import KeyShape
+    from tests.gpu_emu.backend import load_backend
+
+    data = open_cache(circuit[2], IDENTITY, IDENTITY)
+    cpu = CpuBackend(threads=1)
+    try:
+        head = setup_resident(data, cpu, TOXIC).head
+    finally:
+        cpu.close()
+    rows = KeyShape.of(head).rows()
+    emu = load_backend()
+    events: list[tuple[str, str]] = []
+    lock = threading.Lock()
+    real = emu._fixed_base_rows
+
+    def slow_rows(s: object, name: str, *args: object) -> object:
+        with lock:
+            events.append(("points", name))
+        time.sleep(0.3)  # a section's kernels take a while
+        out = real(s, name, *args)
+        with lock:
+            events.append(("done", name))
+        return out
+
+    def scalars(name: str) -> object:
+        def make() -> np.ndarray:
+            with lock:
+                events.append(("scalars", name))
+            return np.zeros((rows[name], 4), np.uint64)
+        return make
+
+    monkeypatch.setattr(emu, "_fixed_base_rows", slow_rows)
+    monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "none")
+    backend = emu.GpuBackend(0)
+    order = ["h", "a", "b1", "b2", "c"]
+    try:
+        key = backend.generate_key(head, [(n, "g2" if n == "b2" else "g1", scalars(n)) for n in order])
+        key.close()
+    finally:
+        backend.close()
+    assert [n for e, n in events if e == "scalars"] == order
+    for before, name in zip(order, order[1:]):  # asked for before the previous section's points were done
+        assert events.index(("scalars", name)) < events.index(("done", before)), events
+
+
 @pytest.mark.gpu
 def test_gpu_generated_key_equals_the_cpu_one_and_proves(circuit: tuple[object, object, Path],
                                                          want: dict[str, np.ndarray]) -> None:
