@@ -753,8 +753,8 @@ def test_accumulate_mode_from_env(msm: Any, monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ConfigError, match="CUZK_GPU_MSM_ACCUMULATE"):
         msm.MsmParams()
     monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
-    unset = msm.MsmParams()  # unset: "grid-g2" (grid rounds for G2, XYZZ for G1)
-    assert unset.ba_rounds == 0 and unset.grid(True) and not unset.grid(False)
+    unset = msm.MsmParams()  # unset: "auto" (grid rounds for G2 where the plan keeps B2's multiples, XYZZ for G1)
+    assert unset.ba_rounds == 0 and unset.grid(True) and not unset.grid(False) and unset.ga_needs_multiples
     assert not msm_params_for(1 << 18).grid(True) and msm_params_for(1 << 20).grid(True)  # small keys: XYZZ
     with pytest.raises(ConfigError, match="ba_seg"):
         msm.MsmParams(ba_seg=0)
@@ -820,8 +820,9 @@ def test_grid_affine_with_multiples(kind: str, msm: Any, g2: bool, dist: str) ->
 
 @pytest.mark.parametrize("dist", ["random", "porep"])
 def test_default_accumulation_matches_arkworks(msm: Any, g2: bool, dist: str, monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default accumulation ("grid-g2": the grid rounds for G2, XYZZ for G1) with the default
-    chunk and thread counts, over several window batches."""
+    """The default accumulation ("auto": an MSM object takes the grid rounds for G2, XYZZ for G1;
+    the device plan turns them off for keys without B2 multiples) with the default chunk and
+    thread counts, over several window batches."""
     monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
     n = 300
     points, scalars = _points(n, g2), _scalars(n, dist, SEED + 91)
@@ -835,7 +836,7 @@ def test_grid_g2_mode_leaves_g1_on_xyzz(msm: Any, monkeypatch: pytest.MonkeyPatc
     both; an unknown mode is refused by name."""
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid-g2")
     p = msm.MsmParams()
-    assert p.grid(True) and not p.grid(False)
+    assert p.grid(True) and not p.grid(False) and not p.ga_needs_multiples
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid")
     assert msm.MsmParams().grid(False) and msm.MsmParams().grid(True)
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "xyzz")

@@ -148,11 +148,11 @@ def test_packed_b_sections_at_2_27_on_an_h200() -> None:
 
 
 def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default accumulation ("grid-g2"): G2's MSM plans the grid rounds' lists. The packed 2^24
-    key keeps them beside every multiple; where they do not fit (the packed 2^27 key with two
-    partitions in flight, or a device with room for the XYZZ plan alone) they go first, before
-    any multiple or partition, and the plan hands the backend params without them; small keys
-    plan none."""
+    """The default accumulation ("auto"): G2's MSM plans the grid rounds' lists where B2 keeps its
+    multiples. The packed 2^24 key keeps them beside every multiple; the packed 2^27 key, without
+    multiples, runs XYZZ; where they do not fit ("grid-g2" at 2^27 with two partitions in flight,
+    or a device with room for the XYZZ plan alone) they go first, before any multiple or
+    partition, and the plan hands the backend params without them; small keys plan none."""
     from dataclasses import replace
 
     from cuzk_mp.backends.gpu.knobs import MsmParams, msm_params_for
@@ -174,10 +174,16 @@ def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> N
     base = compute_scratch_bytes(packed(24), p24.multiples, xyzz)["msm_g2"]
     assert p24.scratch["msm_g2"] - base == grid_list_bytes(configured.ga_chunk, True, configured) > 20 * GIB
 
+    # "auto" (the default): no multiples of B2 at 2^27, so no grid rounds, by rule (not a fallback)
     p27 = plan_device(packed(27), H200_FREE, workers=2, multiples="auto", witness_map=4 * GIB)
-    assert p27.fits and p27.in_flight == 2 and p27.grid_off and p27.steps == [NO_GRID] and NO_GRID in p27.choice
+    assert p27.fits and p27.in_flight == 2 and p27.grid_off and not p27.steps and p27.choice == "as configured"
     assert not p27.msm_params(configured).grid(True) and p27.msm_params(xyzz) is xyzz
     assert p27.total == plan_device(packed(27), H200_FREE, workers=2, params=xyzz, witness_map=4 * GIB).total
+    # "grid-g2" asked for: the lists do not fit beside two partitions, so they go (a fallback)
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid-g2")
+    forced = plan_device(packed(27), H200_FREE, workers=2, multiples="auto", witness_map=4 * GIB)
+    assert forced.grid_off and forced.steps == [NO_GRID] and NO_GRID in forced.choice and forced.in_flight == 2
+    monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
 
     # room for the key, its multiples and the XYZZ scratch alone: the lists go, the multiples stay
     tight = plan_device(packed(24), H200_FREE, workers=2, multiples="auto", params=xyzz)

@@ -60,17 +60,20 @@ NTT_KERNEL_DEFAULTS = {"NTT_TILE_LG": 10, "NTT_CHUNK_LG": 2, "NTT_THREADS": 256}
 
 # Bucket accumulation: "xyzz" (msm_accumulate: XYZZ mixed additions), "affine"
 # (msm_accumulate_affine: batch-affine rounds sharing an inversion per block, then XYZZ), "grid"
-# (grid_affine.cuh: rounds sharing ONE inversion over all their pairs, then XYZZ) or "grid-g2"
-# (grid for the G2 MSMs, XYZZ for G1); read when MsmParams() is made. The default is "grid-g2":
-# on the H200 grid made the G2 MSM at 2^24 6-10 % faster and the G1 one ~20 % slower
-# (perf/results/gpu-msm-grid-affine-h200.json), and the 2^24 partition, whose G2 MSM runs beside
-# the G1 chain, 2.7-4.3 % faster (perf/results/gpu-session-h200-grid-g2.json). Keys of at most
-# 2^18 rows keep XYZZ whatever the mode (SMALL_MSM_PARAMS), and where the rounds' lists do not fit
-# the device plan turns them off before it drops any multiple (plan.plan_device): so the 2^27
-# PoRep-like key, where grid with half-size chunks lost 5.6 % of device time, runs XYZZ.
+# (grid_affine.cuh: rounds sharing ONE inversion over all their pairs, then XYZZ), "grid-g2"
+# (grid for the G2 MSMs, XYZZ for G1) or "auto" (the default: "grid-g2" for keys whose B2 keeps its
+# precomputed multiples, else "xyzz"; the device plan decides, plan.plan_device); read when
+# MsmParams() is made. Measured on the H200: grid made the G2 MSM at 2^24 6-10 % faster and the G1
+# one ~20 % slower (perf/results/gpu-msm-grid-affine-h200.json); the 2^24 partition (B2 with
+# multiples), whose G2 MSM runs beside the G1 chain, 2.7-4.3 % faster, and the 2^27 pipeline (no
+# multiples; half-size chunks of the lists to fit) 5.6 % slower a partition
+# (perf/results/gpu-session-h200-grid-g2.json). 2^26 (no multiples, the lists fit) is not measured:
+# "auto" keeps it on XYZZ. Keys of at most 2^18 rows keep XYZZ whatever the mode
+# (SMALL_MSM_PARAMS), and where the rounds' lists do not fit the plan turns them off before it
+# drops any multiple.
 ACCUMULATE_ENV = "CUZK_GPU_MSM_ACCUMULATE"
-ACCUMULATE_MODES = ("xyzz", "affine", "grid", "grid-g2")
-ACCUMULATE_DEFAULT = "grid-g2"
+ACCUMULATE_MODES = ("auto", "xyzz", "affine", "grid", "grid-g2")
+ACCUMULATE_DEFAULT = "auto"
 # Batch-affine defaults: 256 entries per thread; 3 rounds (each halves every run): a block of
 # 128 threads then shares one inversion among ~16 k, 8 k and 4 k additions, and the runs left
 # (1/8 of each) go through XYZZ, where a fourth round would save less than its inversion's latency.
@@ -115,13 +118,19 @@ def _accumulate_mode(mode: str | None) -> str:
 
 def grid_rounds(mode: str | None = None) -> int:
     """Most grid batch-affine rounds of an accumulation mode (as :func:`accumulate_rounds`):
-    :data:`GA_ROUNDS` for "grid" and "grid-g2", else 0."""
-    return GA_ROUNDS if _accumulate_mode(mode) in ("grid", "grid-g2") else 0
+    :data:`GA_ROUNDS` for "grid", "grid-g2" and "auto", else 0."""
+    return GA_ROUNDS if _accumulate_mode(mode) in ("grid", "grid-g2", "auto") else 0
 
 
 def grid_for_g1(mode: str | None = None) -> bool:
-    """Whether an accumulation mode's grid rounds (if any) serve G1 MSMs too: not for "grid-g2"."""
-    return _accumulate_mode(mode) != "grid-g2"
+    """Whether an accumulation mode's grid rounds (if any) serve G1 MSMs too: not for "grid-g2" and "auto"."""
+    return _accumulate_mode(mode) not in ("grid-g2", "auto")
+
+
+def grid_needs_multiples(mode: str | None = None) -> bool:
+    """Whether an accumulation mode's G2 grid rounds are for keys whose B2 keeps its precomputed
+    multiples only ("auto"; the device plan turns them off elsewhere)."""
+    return _accumulate_mode(mode) == "auto"
 
 
 def grid_rounds_for(n: int, n_buckets: int, most: int) -> int:
@@ -170,6 +179,8 @@ class MsmParams:
     # affine additions sharing one inversion over all their pairs; 0 = off. Beats ba_rounds.
     ga_rounds: int = field(default_factory=grid_rounds)
     ga_g1: bool = field(default_factory=grid_for_g1)  # the grid rounds for G1 too (else G2 alone)
+    # the grid rounds only where the plan keeps B2's precomputed multiples ("auto": plan.plan_device)
+    ga_needs_multiples: bool = field(default_factory=grid_needs_multiples)
     ga_chunk: int = GA_CHUNK  # sorted entries per pass of the rounds
     ga_threads: int | None = None  # threads of the denominator and sum passes (None: from the occupancy)
     # msm_ga_add's __launch_bounds__ minimum blocks per SM (compiled in; None: ptxas chooses)

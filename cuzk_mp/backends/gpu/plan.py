@@ -37,6 +37,9 @@ When it does not fit, the plan falls back automatically, in this order, and says
 ``choice`` and ``steps`` fields; the backend logs them):
 
 0. run the MSMs without CUDA graphs (small keys: a latency gain only);
+(Before these, the default accumulation "auto" keeps the G2 grid rounds only for a key whose B2
+keeps its precomputed multiples: :data:`.knobs.ACCUMULATE_MODES`; ``grid_off``, no step.)
+
 0b. accumulate in XYZZ alone, without the grid batch-affine rounds' lists (``grid_off``): the
    rounds gain a few percent of the G2 MSM, a multiple's table far more. Their chunk is not made
    smaller instead: on the H200 the 2^27 key with half-size chunks (24 a G2 MSM, each paying its
@@ -360,8 +363,12 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
         graph_params = None
         steps.append(NO_GRAPHS)
         plan = _plan(chosen, workers, graph_params)
-    grid_off = not plan.fits and (params.grid(True) or params.grid(False))
+    grid_off = params.grid(True) and params.ga_needs_multiples and "b2" not in chosen  # "auto"'s rule
     if grid_off:
+        params = replace(params, ga_rounds=0)
+        plan = _plan(chosen, workers, graph_params)
+    if not plan.fits and (params.grid(True) or params.grid(False)):
+        grid_off = True
         params = replace(params, ga_rounds=0)
         steps.append(NO_GRID)
         plan = _plan(chosen, workers, graph_params)
