@@ -53,8 +53,8 @@ def msm(kind: str) -> Any:
 
 @pytest.fixture(autouse=True)
 def xyzz_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Params made without an accumulation take XYZZ here, as they did before the default became
-    "grid-g2" (keys up to 2^18 rows and a plan without room for the lists still run it): the
+    """Params made without an accumulation take XYZZ here (the path of keys up to 2^18 rows, of keys
+    without B2 multiples and of plans without room for the grid lists): the
     grid and batch-affine tests set their rounds themselves, and
     test_default_accumulation_matches_arkworks takes the default."""
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "xyzz")
