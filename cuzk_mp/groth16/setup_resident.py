@@ -50,7 +50,7 @@ class ResidentKey:
 
     head: ZKey
     handle: Any
-    seconds: dict[str, float]  # host QAP, head, points
+    seconds: dict[str, float]  # head_s, points_s (the sections), qap_s (the host QAP work inside points_s)
 
 
 def qap_columns(data: CircuitData, toxic: ToxicWaste) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
