@@ -33,13 +33,14 @@ How many partitions are on the device at once: each prover worker thread stages 
 holds it while it waits for the device lock and computes, and releases it when its MSMs are
 done, so ``gpu_workers_per_device`` partitions at most (one computing, the others staged).
 
+The default accumulation "auto" keeps the G2 grid rounds (and their lists) only for a key whose
+B2 keeps its precomputed multiples (:data:`.knobs.ACCUMULATE_MODES`): a rule, not a fallback
+(``grid_off``, no step).
+
 When it does not fit, the plan falls back automatically, in this order, and says so (the
 ``choice`` and ``steps`` fields; the backend logs them):
 
 0. run the MSMs without CUDA graphs (small keys: a latency gain only);
-(Before these, the default accumulation "auto" keeps the G2 grid rounds only for a key whose B2
-keeps its precomputed multiples: :data:`.knobs.ACCUMULATE_MODES`; ``grid_off``, no step.)
-
 0b. accumulate in XYZZ alone, without the grid batch-affine rounds' lists (``grid_off``): the
    rounds gain a few percent of the G2 MSM, a multiple's table far more. Their chunk is not made
    smaller instead: on the H200 the 2^27 key with half-size chunks (24 a G2 MSM, each paying its
@@ -353,6 +354,9 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
     params = params or msm_params_for(shape.domain_size)  # what the backend's MSMs of this key take
     points = shape.section_bytes()
     chosen = plan_multiples(points, free - sum(points.values()) - witness_map, shape.domain_size, multiples)
+    grid_off = params.grid(True) and params.ga_needs_multiples and "b2" not in chosen  # "auto"'s rule
+    if grid_off:
+        params = replace(params, ga_rounds=0)
 
     def _plan(mult: dict[str, int], in_flight: int, graphs: MsmParams | None) -> DevicePlan:
         return _build(shape, mult, in_flight, workers, free, margin, params, graphs, witness_map)
@@ -363,11 +367,7 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
         graph_params = None
         steps.append(NO_GRAPHS)
         plan = _plan(chosen, workers, graph_params)
-    grid_off = params.grid(True) and params.ga_needs_multiples and "b2" not in chosen  # "auto"'s rule
-    if grid_off:
-        params = replace(params, ga_rounds=0)
-        plan = _plan(chosen, workers, graph_params)
-    if not plan.fits and (params.grid(True) or params.grid(False)):
+    if not plan.fits and params.ga_rounds:
         grid_off = True
         params = replace(params, ga_rounds=0)
         steps.append(NO_GRID)
