@@ -42,56 +42,66 @@ from cuzk_mp.backends.gpu.modules import get_module  # noqa: E402
 
 CHECKPOINT: Any = lambda rows: None  # main() points this at the --out writer (partial results survive a timeout)
 PHASES = ("ones", "digits", "sort", "accumulate", "reduce", "d2h", "finish")
-# Bucket accumulation variants timed side by side (launch knobs of one compiled module); the
-# XYZZ ones set ga_rounds=0 (the default accumulation takes the grid rounds for G2).
+
+
+def _xyzz(**kw: Any) -> msm.MsmParams:
+    """XYZZ accumulation whatever the default (which takes the grid rounds for G2), with ``kw``."""
+    return msm.MsmParams(ba_rounds=0, ga_rounds=0, **kw)
+
+
+def _grid(**kw: Any) -> msm.MsmParams:
+    """The grid rounds for both groups (at most 8 unless ``kw`` says), with ``kw``."""
+    return msm.MsmParams(**{"ba_rounds": 0, "ga_rounds": 8, "ga_g1": True, **kw})
+
+
+# Bucket accumulation variants timed side by side (launch knobs of one compiled module).
 ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
-    "xyzz": msm.MsmParams(ba_rounds=0, ga_rounds=0),
+    "xyzz": _xyzz(),
     "affine": msm.MsmParams(ba_rounds=3, ba_seg=256, ga_rounds=0),
     "affine_s512r4": msm.MsmParams(ba_rounds=4, ba_seg=512, ga_rounds=0),
     "affine_s128r2": msm.MsmParams(ba_rounds=2, ba_seg=128, ga_rounds=0),
     # msm_accumulate's resident blocks of 128 (its register cap): G1 defaults to 4, G2 to 1 (= 2)
-    "xyzz_mb2": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=2),
-    "xyzz_mb3": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=3),
-    "xyzz_mb4": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=4),
-    "xyzz_mb5": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=5),
+    "xyzz_mb2": _xyzz(acc_min_blocks=2),
+    "xyzz_mb3": _xyzz(acc_min_blocks=3),
+    "xyzz_mb4": _xyzz(acc_min_blocks=4),
+    "xyzz_mb5": _xyzz(acc_min_blocks=5),
     # G1 only (G2 ignores the knob): the Fq products on the FP64 pipe (ff/fp_dfma.cuh); its
     # msm_accumulate spills ~0.9 KB at 4 blocks (128 registers), ~0.2 KB at 3, none at 2 (255)
-    "dfma_mb2": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=2, fq_mul="dfma"),
-    "dfma_mb3": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=3, fq_mul="dfma"),
-    "dfma_mb4": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=4, fq_mul="dfma"),
+    "dfma_mb2": _xyzz(acc_min_blocks=2, fq_mul="dfma"),
+    "dfma_mb3": _xyzz(acc_min_blocks=3, fq_mul="dfma"),
+    "dfma_mb4": _xyzz(acc_min_blocks=4, fq_mul="dfma"),
     # four of the mixed addition's products on the FP64 pipe (calls), the rest on IMAD; mixedN_*:
     # N of them (fq_mixed_n)
-    "mixed_mb2": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=2, fq_mul="mixed"),
-    "mixed_mb3": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=3, fq_mul="mixed"),
-    "mixed_mb4": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=4, fq_mul="mixed"),
-    "mixed3_mb4": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=4, fq_mul="mixed", fq_mixed_n=3),
-    "mixed5_mb4": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=4, fq_mul="mixed", fq_mixed_n=5),
-    "mixed5_mb3": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=3, fq_mul="mixed", fq_mixed_n=5),
-    "mixed6_mb3": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=3, fq_mul="mixed", fq_mixed_n=6),
+    "mixed_mb2": _xyzz(acc_min_blocks=2, fq_mul="mixed"),
+    "mixed_mb3": _xyzz(acc_min_blocks=3, fq_mul="mixed"),
+    "mixed_mb4": _xyzz(acc_min_blocks=4, fq_mul="mixed"),
+    "mixed3_mb4": _xyzz(acc_min_blocks=4, fq_mul="mixed", fq_mixed_n=3),
+    "mixed5_mb4": _xyzz(acc_min_blocks=4, fq_mul="mixed", fq_mixed_n=5),
+    "mixed5_mb3": _xyzz(acc_min_blocks=3, fq_mul="mixed", fq_mixed_n=5),
+    "mixed6_mb3": _xyzz(acc_min_blocks=3, fq_mul="mixed", fq_mixed_n=6),
     # the mixed addition as first measured: products inlined, Y3 as two products
-    "mixed_inline_mb2": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=2, fq_mul="mixed", fq_calls=False,
-                                      fq_fused=False),
+    "mixed_inline_mb2": _xyzz(acc_min_blocks=2, fq_mul="mixed", fq_calls=False, fq_fused=False),
     # both groups: Karatsuba Fq products (ff/mont.cuh mul_karatsuba, FF_KARATSUBA=1); G1 at its
     # default 4 blocks spills ~0.45 KB, at 3 ~0.1 KB, none at 2 (232 registers)
-    "kara": msm.MsmParams(ba_rounds=0, ga_rounds=0, fq_karatsuba=True),
-    "kara_mb3": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=3, fq_karatsuba=True),
-    "kara_mb2": msm.MsmParams(ba_rounds=0, ga_rounds=0, acc_min_blocks=2, fq_karatsuba=True),
+    "kara": _xyzz(fq_karatsuba=True),
+    "kara_mb3": _xyzz(acc_min_blocks=3, fq_karatsuba=True),
+    "kara_mb2": _xyzz(acc_min_blocks=2, fq_karatsuba=True),
     # G1 only: the formulas' Y3 = a b - c d as two products, not the default's one reduction
     # (mont_t::mul_add, EC_FQ_FUSED=1)
-    "unfused": msm.MsmParams(ba_rounds=0, ga_rounds=0, fq_fused=False),
+    "unfused": _xyzz(fq_fused=False),
     # G1 only: the Fq products inlined at every use (EC_FQ_CALLS=0; the default makes them calls)
-    "inline": msm.MsmParams(ba_rounds=0, ga_rounds=0, fq_calls=False),
+    "inline": _xyzz(fq_calls=False),
     # grid batch-affine rounds (kernels/msm/grid_affine.cuh): one inversion per round over all its
     # pairs; grid_rN: at most N rounds, grid_cN: 2^N entries a chunk, grid_tN: 2^N threads
-    "grid": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_g1=True),
-    "grid_r3": msm.MsmParams(ba_rounds=0, ga_rounds=3, ga_g1=True),
-    "grid_c24": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_g1=True, ga_chunk=1 << 24),
-    "grid_c25": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_g1=True, ga_chunk=1 << 25),
-    "grid_c28": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_g1=True, ga_chunk=1 << 28),
-    "grid_t16": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_g1=True, ga_threads=1 << 16),
-    "grid_mb3": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_g1=True, ga_min_blocks=3),
-    "grid_mb4": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_g1=True, ga_min_blocks=4),
-    "grid_t18": msm.MsmParams(ba_rounds=0, ga_rounds=8, ga_g1=True, ga_threads=1 << 18),
+    "grid": _grid(),
+    "grid_r3": _grid(ga_rounds=3),
+    "grid_c24": _grid(ga_chunk=1 << 24),
+    "grid_c25": _grid(ga_chunk=1 << 25),
+    "grid_c28": _grid(ga_chunk=1 << 28),
+    "grid_t16": _grid(ga_threads=1 << 16),
+    "grid_mb3": _grid(ga_min_blocks=3),
+    "grid_mb4": _grid(ga_min_blocks=4),
+    "grid_t18": _grid(ga_threads=1 << 18),
 }
 
 
