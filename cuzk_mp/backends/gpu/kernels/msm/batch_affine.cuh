@@ -111,7 +111,15 @@ FF_INLINE bool ba_plain_add(const F& xa, const F& xb, const F& den) {
     return !den.is_zero() && !xa.is_zero() && !xb.is_zero();
 }
 
-/* a + b given inv = 1 / den of ba_kind. BA_ADD: 2M + 1S. */
+/* The sum from the slope l = num / den: x3 = l^2 - xa - xb, y3 = l (xa - x3) - ya. 2M + 1S. */
+template <class F>
+FF_INLINE affine_t<F> ba_from_slope(const F& num, const F& inv, const F& xa, const F& ya, const F& xb) {
+    F l = ba_mul(num, inv);
+    F x3 = ba_sqr(l) - xa - xb;
+    return {x3, ba_mul(l, xa - x3) - ya};
+}
+
+/* a + b given inv = 1 / den of ba_kind. */
 template <class F>
 FF_INLINE affine_t<F> ba_finish(uint32_t kind, const affine_t<F>& a, const affine_t<F>& b, const F& inv) {
     if (kind == BA_TAKE_B) return b;
@@ -124,10 +132,7 @@ FF_INLINE affine_t<F> ba_finish(uint32_t kind, const affine_t<F>& a, const affin
         F xx = ba_sqr(a.x);
         num = xx + xx.dbl();
     }
-    F l = ba_mul(num, inv);
-    F x3 = ba_sqr(l) - a.x - b.x;
-    F y3 = ba_mul(l, a.x - x3) - a.y;
-    return {x3, y3};
+    return ba_from_slope(num, inv, a.x, a.y, b.x);
 }
 
 /* One field element spread over `stride`-apart words (the scratch layout). */

@@ -130,9 +130,7 @@ FF_INLINE void msm_ga_add_body(uint64_t t, uint64_t G, const ga_list<F>& L, cons
             if (ba_plain_add(xa, xb, d)) {
                 inv = ba_mul(inv, d);
                 F ya = L.y(2 * s);
-                F l = ba_mul(L.y(2 * s + 1) - ya, ik);
-                F x3 = ba_sqr(l) - xa - xb;
-                r = {x3, ba_mul(l, xa - x3) - ya};
+                r = ba_from_slope(L.y(2 * s + 1) - ya, ik, xa, ya, xb);
             } else {
                 affine_t<F> a = L.point(2 * s), c = L.point(2 * s + 1);
                 F den;
