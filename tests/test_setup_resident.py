@@ -270,3 +270,40 @@ def test_a_key_that_does_not_fit_is_refused_before_any_point_is_made(circuit: tu
         assert asked == []
     finally:
         backend.close()
+
+
+def test_zero_scalars_stay_at_infinity_without_a_kernel_lane(monkeypatch: pytest.MonkeyPatch) -> None:
+    """generate_key's fixed-base pass runs the nonzero scalars alone (a B section's zero rows are most
+    of a PoRep-like key's); the zero rows come out as the point at infinity (all-zero words) and the
+    others equal the same scalars run whole, in G1 and G2, across chunk boundaries."""
+    from tests import gpu_emu
+
+    if not gpu_emu.available():
+        pytest.skip("no host C++ compiler for the kernel emulator")
+    from tests.gpu_emu.backend import load_backend
+
+    emu = load_backend()
+    monkeypatch.setattr(emu, "GEN_CHUNK_ROWS", 16)
+    seen: list[int] = []
+    real = emu.fixed_base.FixedBase.run_device
+
+    def counting(self: object, d_scalars: np.ndarray, d_out: object = None) -> object:
+        seen.append(int(d_scalars.shape[0]))
+        return real(self, d_scalars, d_out)
+
+    rng = np.random.default_rng(7)
+    n = 40  # chunks of 16, 16, 8: one all zero, one mixed, one dense
+    scalars = fr.from_ints([int(x) for x in rng.integers(1, 1 << 62, n)], mont=False)
+    scalars[:16] = 0
+    scalars[[17, 20, 21, 30]] = 0
+    nonzero = scalars.any(axis=1)
+    for group, name in (("g1", "b1"), ("g2", "b2")):
+        whole = real(emu.fixed_base.FixedBase(emu.G2Point() if group == "g2" else emu.G1Point()), scalars)
+        seen.clear()
+        monkeypatch.setattr(emu.fixed_base.FixedBase, "run_device", counting)
+        got = np.asarray(emu._fixed_base_rows(emu.cupy.cuda.get_current_stream(), name, group, scalars, n))
+        monkeypatch.setattr(emu.fixed_base.FixedBase, "run_device", real)
+        assert seen == [12, 8], (group, seen)  # chunk 0 skipped, chunk 1 its 12 nonzero rows, chunk 2 whole
+        assert not got[~nonzero].any(), group
+        assert np.array_equal(got[nonzero], np.asarray(whole)[nonzero]), group
+        assert np.asarray(whole)[nonzero].any(axis=1).all(), group
