@@ -322,8 +322,11 @@ class GpuBackend:
             memory.ensure_free(sum(sizes.values()), f"the proving key {zkey.path or ''} (sections 5..9)")
             msms: dict[str, Any] = {}
             try:
+                t0 = time.perf_counter()
                 dev = fill(s)
+                t_fill = time.perf_counter()
                 supports, rows = self._pack(dev, int(zkey.domain_size), zkey.path or "")
+                t_pack = time.perf_counter()
                 if supports:  # the same plan with the packed sections' rows: what the key really needs
                     dplan = planned(replace(shape, packed=tuple((n, int(dev[n].shape[0])) for n in supports)))
                     log.info("key %s, %s packed: %s", zkey.path or "", " and ".join(supports), dplan.summary())
@@ -340,10 +343,15 @@ class GpuBackend:
                     cls = gmsm.MsmG2 if name == "b2" else gmsm.MsmG1
                     params = dplan.msm_params(msm_params_for(int(dev[name].shape[0])))
                     msms[name] = cls(dev[name], replace(params, graphs=params.graphs and dplan.graphs), mult)
+                t_msms = time.perf_counter()
                 n = int(zkey.domain_size)
                 if n >= 2 and n & (n - 1) == 0:
                     self.ntt_engine.plan(n.bit_length() - 1)  # the H step's tables, before any partition
                 s.synchronize()
+                t_end = time.perf_counter()
+                log.info("key %s resident in %.1f s: sections %.1f s, packing %.1f s, plan, multiples and MSM "
+                         "objects %.1f s, NTT tables %.1f s", zkey.path or "", t_end - t0, t_fill - t0,
+                         t_pack - t_fill, t_msms - t_pack, t_end - t_msms)
             except BaseException:
                 for m in msms.values():
                     m.close()
