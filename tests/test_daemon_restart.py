@@ -17,6 +17,9 @@ from tests.helpers import (
     ENV, PY, DaemonProcess, check_proofs, config_text, shm_leftovers,
 )
 
+# The job the SIGTERM cuts: ~3.5 s of proving on a 2-core machine, the drain's engine grace 1 s.
+RESTART_PARTITIONS = 90
+
 
 def test_unknown_config_key_fails_start_naming_it(tmp_path: Path) -> None:
     text = config_text(tmp_path, tmp_path / "keys", prefix="cuzk-badcfg").replace(
@@ -45,8 +48,9 @@ def test_sigterm_mid_job_then_restart_completes_from_the_journal(tmp_path: Path)
         assert f"MAINPID={first.proc.pid}" in ready
         assert starting and all(m.startswith("STATUS=") for m in starting), starting
         with first.client() as c:
-            # 30 partitions: far more than the drain's 1 s of engine grace can finish
-            job = c.submit("syn", synthetic_partitions(30, first_seed=1000),
+            # far more partitions than the drain's 1 s of engine grace can finish (a 2^10 partition
+            # takes ~40 ms on a 2-core machine: 30 of them were once all done within the grace)
+            job = c.submit("syn", synthetic_partitions(RESTART_PARTITIONS, first_seed=1000),
                            request_id="restart-me").job_id
             deadline = time.monotonic() + 120
             while not any(p.state == "done" for p in c.await_proof(job, 0.2).partitions):
@@ -67,7 +71,7 @@ def test_sigterm_mid_job_then_restart_completes_from_the_journal(tmp_path: Path)
         [entry] = journal.load()
     finally:
         journal.close()
-    assert entry.job_id == job and entry.state == "queued" and len(entry.partitions) == 30
+    assert entry.job_id == job and entry.state == "queued" and len(entry.partitions) == RESTART_PARTITIONS
 
     second = DaemonProcess(cfg, tmp_path)
     try:
@@ -77,7 +81,7 @@ def test_sigterm_mid_job_then_restart_completes_from_the_journal(tmp_path: Path)
             assert r.state == "done", r
             assert all(p.public for p in r.partitions)
             check_proofs(c.verification_key("syn"), r)
-            dup = c.submit("syn", synthetic_partitions(30, first_seed=1000),
+            dup = c.submit("syn", synthetic_partitions(RESTART_PARTITIONS, first_seed=1000),
                            request_id="restart-me")
             assert dup.duplicate and dup.state == "done"
         assert second.terminate(timeout=60) == 0, second.log()
