@@ -307,3 +307,66 @@ def test_zero_scalars_stay_at_infinity_without_a_kernel_lane(monkeypatch: pytest
         assert not got[~nonzero].any(), group
         assert np.array_equal(got[nonzero], np.asarray(whole)[nonzero]), group
         assert np.asarray(whole)[nonzero].any(axis=1).all(), group
+
+
+def test_emulated_gpu_makes_sparse_b_sections_packed(circuit: tuple[object, object, Path],
+                                                     want: dict[str, np.ndarray],
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Above DENSE_KEY_ROWS the generated key's sparse B sections come packed from the fixed-base
+    pass itself (their rows with a nonzero scalar, no whole section gathered from): B1 and B2 share
+    the support of the file setup's points, hold exactly those points in order, and only A's
+    support is read from its points; a dense B side (the dense-random circuit) stays whole."""
+    from tests import gpu_emu
+
+    if not gpu_emu.available():
+        pytest.skip("no host C++ compiler for the kernel emulator")
+    from tests.gpu_emu.backend import load_backend
+
+    emu = load_backend()
+    monkeypatch.setattr(emu, "DENSE_KEY_ROWS", 0)
+    monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "none")
+    reads: list[int] = []
+    real = emu.gmsm.support_rows
+    monkeypatch.setattr(emu.gmsm, "support_rows", lambda d: reads.append(int(d.shape[0])) or real(d))
+    rows = np.flatnonzero(want["b1"].any(axis=1))
+    sparse = rows.size <= emu.SUPPORT_MAX_FRACTION * want["b1"].shape[0]
+    backend = emu.GpuBackend(0)
+    try:
+        made = setup_resident(open_cache(circuit[2], IDENTITY, IDENTITY), backend, TOXIC)
+        key = made.handle
+        for name in ("a", "c", "h"):
+            assert np.array_equal(np.asarray(key.msms[name].d_points), want[name]), name
+        if sparse:
+            assert key.supports == {"b2": "b2", "b1": "b2"}, key.supports
+            assert np.array_equal(np.asarray(key.support_rows["b2"]), rows)
+            assert reads == [want["a"].shape[0]]  # A's alone: B1 and B2 came packed
+            assert key.plan.shape.packed == (("b2", rows.size), ("b1", rows.size))
+        else:
+            assert key.supports == {} and len(reads) == 3
+            rows = np.arange(want["b1"].shape[0])
+        for name in ("b1", "b2"):
+            assert np.array_equal(np.asarray(key.msms[name].d_points), want[name][rows]), name
+        key.close()
+    finally:
+        backend.close()
+
+
+def test_a_section_made_packed_off_the_support_is_made_whole_again() -> None:
+    """_pack with sections made packed whose rows differ: the first is the support, the other goes
+    back to its whole rows, the point at infinity (zeros) on the rows it did not keep."""
+    from tests import gpu_emu
+
+    if not gpu_emu.available():
+        pytest.skip("no host C++ compiler for the kernel emulator")
+    from tests.gpu_emu.backend import load_backend
+
+    emu = load_backend()
+    n = 10
+    rows2, rows1 = np.array([1, 4, 7], np.int32), np.array([0, 4], np.int32)
+    dev = {"b2": np.arange(3 * 24, dtype=np.uint64).reshape(3, 24) + 1,
+           "b1": np.arange(2 * 12, dtype=np.uint64).reshape(2, 12) + 1}
+    b1 = dev["b1"].copy()
+    supports, kept = emu.GpuBackend._pack(dev, 1 << 20, "t", {"b2": n, "b1": n}, {"b2": rows2, "b1": rows1})
+    assert supports == {"b2": "b2"} and np.array_equal(kept["b2"], rows2)
+    assert dev["b2"].shape == (3, 24) and dev["b1"].shape == (n, 12)
+    assert np.array_equal(dev["b1"][rows1], b1) and not np.delete(dev["b1"], rows1, axis=0).any()

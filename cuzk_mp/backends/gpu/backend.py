@@ -275,10 +275,15 @@ class GpuBackend:
         straight into the section's device array (scalars uploaded GEN_CHUNK_ROWS at a time; each
         section's host scalars dropped once its points exist), then the same MSM objects. The next
         section's scalars are made on a helper thread while this one's kernels run (C's scaling and
-        H's ratios are seconds of host work at 2^27; their numba kernels let the GIL go)."""
+        H's ratios are seconds of host work at 2^27; their numba kernels let the GIL go). A key above
+        DENSE_KEY_ROWS gets its sparse whole-witness sections packed as they are made: only the rows
+        whose scalar is not 0 get a point (:func:`_fixed_base_support`), so the whole section (26 GB
+        for the 2^27 PoRep-like B2) is never allocated nor gathered from."""
         check_key_sections([name for name, _, _ in sections])
         rows = KeyShape.of(head).rows()
         work = {name: rows[name] * (G2_ROW_COST if group == "g2" else 1) for name, group, _ in sections}
+        pack = int(head.domain_size) > DENSE_KEY_ROWS
+        packed: dict[str, Any] = {}  # name -> int32 device rows of a section made packed
 
         def generate(s: Any) -> dict[str, Any]:
             dev = {}
@@ -290,20 +295,28 @@ class GpuBackend:
                     assert upcoming is not None
                     scalars = upcoming.result()
                     upcoming = pool.submit(sections[i + 1][2]) if i + 1 < len(sections) else None
-                    dev[name] = _fixed_base_rows(s, name, group, scalars, rows[name])
+                    if pack and name in SUPPORT_SECTIONS:
+                        dev[name], kept = _fixed_base_support(s, name, group, scalars, rows[name])
+                        if kept is not None:
+                            packed[name] = kept
+                    else:
+                        dev[name] = _fixed_base_rows(s, name, group, scalars, rows[name])
                     del scalars
                     done += work[name]
-                    log.info("key %s: section %s generated (%d points); %.0f%% of the key in %.1f s",
-                             head.path or "", name, rows[name], 100.0 * done / max(total, 1), time.perf_counter() - t0)
+                    log.info("key %s: section %s generated (%d points of %d rows); %.0f%% of the key in %.1f s",
+                             head.path or "", name, int(dev[name].shape[0]), rows[name], 100.0 * done / max(total, 1),
+                             time.perf_counter() - t0)
             return dev
 
-        return self._resident(head, lasting, generate, lambda: 0, witness_rows)
+        return self._resident(head, lasting, generate, lambda: 0, witness_rows, packed)
 
     def _resident(self, zkey: ZKey, lasting: bool, fill: Callable[[Any], dict[str, Any]],
-                  released: Callable[[], int], witness_rows: WitnessRows | None = None) -> GpuKey:
+                  released: Callable[[], int], witness_rows: WitnessRows | None = None,
+                  packed: dict[str, Any] | None = None) -> GpuKey:
         """Plan (with the device witness map's rows of ``witness_rows``, which its first partition
-        uploads), then ``fill(stream)`` -> the sections' device arrays, then the MSM objects and the
-        NTT tables; the key registered with its in-flight limit."""
+        uploads), then ``fill(stream)`` -> the sections' device arrays (``packed``, filled by
+        ``fill``: the sections it made packed, name -> their int32 rows), then the MSM objects and
+        the NTT tables; the key registered with its in-flight limit."""
         shape = KeyShape.of(zkey)
         sizes = shape.section_bytes()
         s = self.stream()
@@ -325,7 +338,7 @@ class GpuBackend:
                 t0 = time.perf_counter()
                 dev = fill(s)
                 t_fill = time.perf_counter()
-                supports, rows = self._pack(dev, int(zkey.domain_size), zkey.path or "")
+                supports, rows = self._pack(dev, int(zkey.domain_size), zkey.path or "", shape.rows(), packed or {})
                 t_pack = time.perf_counter()
                 if supports:  # the same plan with the packed sections' rows: what the key really needs
                     dplan = planned(replace(shape, packed=tuple((n, int(dev[n].shape[0])) for n in supports)))
@@ -368,11 +381,14 @@ class GpuBackend:
         return key
 
     @staticmethod
-    def _pack(dev: dict[str, Any], domain_size: int, path: str) -> tuple[dict[str, str], dict[str, Any]]:
+    def _pack(dev: dict[str, Any], domain_size: int, path: str, n_rows: dict[str, int],
+              packed: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
         """Pack the key's sparse whole-witness sections in ``dev`` (keys above DENSE_KEY_ROWS):
         the first of :data:`SUPPORT_SECTIONS` with at most :data:`SUPPORT_MAX_FRACTION` of its rows
         not at infinity gives the support's rows, the others that have exactly those rows join it
         (and share their plan's sorts), and each such section keeps only those rows' points.
+        ``packed``: sections already made packed (name -> their rows; sparse by construction), which
+        are unpacked to their ``n_rows`` rows should they not join the support.
         Returns (section -> support name, name -> int32 device rows); ({}, {}) when nothing is packed."""
         if domain_size <= DENSE_KEY_ROWS:
             return {}, {}
@@ -381,27 +397,35 @@ class GpuBackend:
         for name in SUPPORT_SECTIONS:
             if name not in dev:
                 continue
-            n = int(dev[name].shape[0])
-            rows = gmsm.support_rows(dev[name])
+            n = n_rows[name]
+            rows = packed[name] if name in packed else gmsm.support_rows(dev[name])
             if first is None:
-                if n and int(rows.shape[0]) <= SUPPORT_MAX_FRACTION * n:
+                if n and (name in packed or int(rows.shape[0]) <= SUPPORT_MAX_FRACTION * n):
                     first = (name, rows)
                     supports[name] = name
                     log.info("key %s: section %s has points on %d of its %d rows: it keeps those alone",
                              path, name, int(rows.shape[0]), n)
             elif rows.shape == first[1].shape and bool(cupy.array_equal(rows, first[1])):  # one row per wire
                 supports[name] = first[0]
+        for name, rows in packed.items():
+            if name not in supports:  # made packed, but its rows are not the support's: whole again
+                memory.ensure_free(n_rows[name] * int(dev[name].shape[1]) * 8, f"unpacking key section {name}")
+                whole = cupy.zeros((n_rows[name], int(dev[name].shape[1])), dtype=np.uint64)
+                whole[rows] = dev[name]
+                dev[name] = whole
         if first is None:
             return {}, {}
-        for name in supports:
+        gathered = [name for name in supports if name not in packed]
+        for name in gathered:
             packed_bytes = int(first[1].shape[0]) * int(dev[name].shape[1]) * 8
             memory.ensure_free(packed_bytes, f"packing key section {name}")
             dev[name] = dev[name][first[1]]  # the whole section goes back to the pool
-        # ... and from the pool to the driver: left there, its blocks (tens of GiB at 2^27) get split by
-        # the partitions' arrays and the sorts' buffers (seen once at 2^27 without this: an H MSM's sort
-        # ran out of device memory while the plan's total was well within the device)
-        cupy.cuda.get_current_stream().synchronize()
-        cupy.get_default_memory_pool().free_all_blocks()
+        if gathered:
+            # ... and from the pool to the driver: left there, its blocks (tens of GiB at 2^27) get split
+            # by the partitions' arrays and the sorts' buffers (seen once at 2^27 without this: an H MSM's
+            # sort ran out of device memory while the plan's total was well within the device)
+            cupy.cuda.get_current_stream().synchronize()
+            cupy.get_default_memory_pool().free_all_blocks()
         return supports, {first[0]: first[1]}
 
     @staticmethod
@@ -812,6 +836,41 @@ def _fixed_base_rows(s: Any, name: str, group: str, scalars: np.ndarray, n: int)
             out[lo + rows] = fb.run_device(chunk[rows])
     s.synchronize()
     return out
+
+
+def _fixed_base_support(s: Any, name: str, group: str, scalars: np.ndarray, n: int) -> tuple[Any, Any | None]:
+    """Section ``name``'s points made packed (:meth:`GpuBackend._pack`'s form) where it is sparse:
+    (the points of the rows whose scalar is not 0, their ascending int32 rows) when those are at most
+    SUPPORT_MAX_FRACTION of the n rows, else (the whole section, zero rows at infinity, None). The
+    nonzero scalars are gathered on the device as they are uploaded (n x 32 B at most, transient), so
+    the whole section is allocated only where it is kept whole."""
+    if scalars.shape != (n, 4) or scalars.dtype != np.uint64:
+        raise InputError(f"generate_key: section {name} scalars {scalars.dtype} {scalars.shape}, "
+                         f"expected ({n}, 4) uint64")
+    fb = fixed_base.FixedBase(G2Point() if group == "g2" else G1Point())
+    kept = cupy.empty((n, 4), dtype=np.uint64)
+    parts, m = [], 0
+    for lo in range(0, n, GEN_CHUNK_ROWS):
+        chunk = cupy.asarray(scalars[lo : min(n, lo + GEN_CHUNK_ROWS)])
+        rows = cupy.flatnonzero(chunk.any(axis=1))
+        k = int(rows.shape[0])
+        kept[m : m + k] = chunk[rows]
+        parts.append((rows + lo).astype(np.int32))
+        m += k
+    rows = cupy.concatenate(parts) if parts else cupy.zeros(0, dtype=np.int32)
+    words = point_words(name)
+    if m <= SUPPORT_MAX_FRACTION * n:
+        out = cupy.empty((m, words), dtype=np.uint64)
+        for lo in range(0, m, GEN_CHUNK_ROWS):
+            fb.run_device(kept[lo : min(m, lo + GEN_CHUNK_ROWS)], out[lo : min(m, lo + GEN_CHUNK_ROWS)])
+        s.synchronize()
+        return out, rows
+    out = cupy.zeros((n, words), dtype=np.uint64)
+    for lo in range(0, m, GEN_CHUNK_ROWS):
+        hi = min(m, lo + GEN_CHUNK_ROWS)
+        out[rows[lo:hi]] = fb.run_device(kept[lo:hi])
+    s.synchronize()
+    return out, None
 
 
 def _record(stream: Any) -> Any:
