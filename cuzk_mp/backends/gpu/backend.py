@@ -283,7 +283,7 @@ class GpuBackend:
         rows = KeyShape.of(head).rows()
         work = {name: rows[name] * (G2_ROW_COST if group == "g2" else 1) for name, group, _ in sections}
         pack = int(head.domain_size) > DENSE_KEY_ROWS
-        packed: dict[str, Any] = {}  # name -> int32 device rows of a section made packed
+        known: dict[str, Any] = {}  # name -> int32 device rows with a point, of the sections made packable
 
         def generate(s: Any) -> dict[str, Any]:
             dev = {}
@@ -296,9 +296,7 @@ class GpuBackend:
                     scalars = upcoming.result()
                     upcoming = pool.submit(sections[i + 1][2]) if i + 1 < len(sections) else None
                     if pack and name in SUPPORT_SECTIONS:
-                        dev[name], kept = _fixed_base_support(s, name, group, scalars, rows[name])
-                        if kept is not None:
-                            packed[name] = kept
+                        dev[name], known[name] = _fixed_base_support(s, name, group, scalars, rows[name])
                     else:
                         dev[name] = _fixed_base_rows(s, name, group, scalars, rows[name])
                     del scalars
@@ -308,15 +306,16 @@ class GpuBackend:
                              time.perf_counter() - t0)
             return dev
 
-        return self._resident(head, lasting, generate, lambda: 0, witness_rows, packed)
+        return self._resident(head, lasting, generate, lambda: 0, witness_rows, known)
 
     def _resident(self, zkey: ZKey, lasting: bool, fill: Callable[[Any], dict[str, Any]],
                   released: Callable[[], int], witness_rows: WitnessRows | None = None,
-                  packed: dict[str, Any] | None = None) -> GpuKey:
+                  known: dict[str, Any] | None = None) -> GpuKey:
         """Plan (with the device witness map's rows of ``witness_rows``, which its first partition
-        uploads), then ``fill(stream)`` -> the sections' device arrays (``packed``, filled by
-        ``fill``: the sections it made packed, name -> their int32 rows), then the MSM objects and
-        the NTT tables; the key registered with its in-flight limit."""
+        uploads), then ``fill(stream)`` -> the sections' device arrays (``known``, filled by
+        ``fill``: name -> the int32 rows with a point of the sections it made, packed or whole, as
+        :meth:`_pack` takes them), then the MSM objects and the NTT tables; the key registered with
+        its in-flight limit."""
         shape = KeyShape.of(zkey)
         sizes = shape.section_bytes()
         s = self.stream()
@@ -338,7 +337,7 @@ class GpuBackend:
                 t0 = time.perf_counter()
                 dev = fill(s)
                 t_fill = time.perf_counter()
-                supports, rows = self._pack(dev, int(zkey.domain_size), zkey.path or "", shape.rows(), packed or {})
+                supports, rows = self._pack(dev, int(zkey.domain_size), zkey.path or "", shape.rows(), known or {})
                 t_pack = time.perf_counter()
                 if supports:  # the same plan with the packed sections' rows: what the key really needs
                     dplan = planned(replace(shape, packed=tuple((n, int(dev[n].shape[0])) for n in supports)))
@@ -382,40 +381,41 @@ class GpuBackend:
 
     @staticmethod
     def _pack(dev: dict[str, Any], domain_size: int, path: str, n_rows: dict[str, int],
-              packed: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
+              known: dict[str, Any]) -> tuple[dict[str, str], dict[str, Any]]:
         """Pack the key's sparse whole-witness sections in ``dev`` (keys above DENSE_KEY_ROWS):
         the first of :data:`SUPPORT_SECTIONS` with at most :data:`SUPPORT_MAX_FRACTION` of its rows
         not at infinity gives the support's rows, the others that have exactly those rows join it
         (and share their plan's sorts), and each such section keeps only those rows' points.
-        ``packed``: sections already made packed (name -> their rows; sparse by construction), which
-        are unpacked to their ``n_rows`` rows should they not join the support.
+        ``known``: the rows with a point of sections whose makers know them (:func:`_fixed_base_support`),
+        not read again from the points; such a section may come packed already (fewer rows than its
+        ``n_rows``), and is made whole again should it not join the support.
         Returns (section -> support name, name -> int32 device rows); ({}, {}) when nothing is packed."""
         if domain_size <= DENSE_KEY_ROWS:
             return {}, {}
         supports: dict[str, str] = {}
         first: tuple[str, Any] | None = None  # (name, rows) of the first sparse section
+        made_packed = {name for name in known if name in dev and int(dev[name].shape[0]) < n_rows[name]}
         for name in SUPPORT_SECTIONS:
             if name not in dev:
                 continue
             n = n_rows[name]
-            rows = packed[name] if name in packed else gmsm.support_rows(dev[name])
+            rows = known[name] if name in known else gmsm.support_rows(dev[name])
             if first is None:
-                if n and (name in packed or int(rows.shape[0]) <= SUPPORT_MAX_FRACTION * n):
+                if n and int(rows.shape[0]) <= SUPPORT_MAX_FRACTION * n:
                     first = (name, rows)
                     supports[name] = name
                     log.info("key %s: section %s has points on %d of its %d rows: it keeps those alone",
                              path, name, int(rows.shape[0]), n)
             elif rows.shape == first[1].shape and bool(cupy.array_equal(rows, first[1])):  # one row per wire
                 supports[name] = first[0]
-        for name, rows in packed.items():
-            if name not in supports:  # made packed, but its rows are not the support's: whole again
-                memory.ensure_free(n_rows[name] * int(dev[name].shape[1]) * 8, f"unpacking key section {name}")
-                whole = cupy.zeros((n_rows[name], int(dev[name].shape[1])), dtype=np.uint64)
-                whole[rows] = dev[name]
-                dev[name] = whole
+        for name in made_packed - set(supports):  # its rows are not the support's: whole again
+            memory.ensure_free(n_rows[name] * int(dev[name].shape[1]) * 8, f"unpacking key section {name}")
+            whole = cupy.zeros((n_rows[name], int(dev[name].shape[1])), dtype=np.uint64)
+            whole[known[name]] = dev[name]
+            dev[name] = whole
         if first is None:
             return {}, {}
-        gathered = [name for name in supports if name not in packed]
+        gathered = [name for name in supports if name not in made_packed]
         for name in gathered:
             packed_bytes = int(first[1].shape[0]) * int(dev[name].shape[1]) * 8
             memory.ensure_free(packed_bytes, f"packing key section {name}")
@@ -838,12 +838,13 @@ def _fixed_base_rows(s: Any, name: str, group: str, scalars: np.ndarray, n: int)
     return out
 
 
-def _fixed_base_support(s: Any, name: str, group: str, scalars: np.ndarray, n: int) -> tuple[Any, Any | None]:
-    """Section ``name``'s points made packed (:meth:`GpuBackend._pack`'s form) where it is sparse:
-    (the points of the rows whose scalar is not 0, their ascending int32 rows) when those are at most
-    SUPPORT_MAX_FRACTION of the n rows, else (the whole section, zero rows at infinity, None). The
-    nonzero scalars are gathered on the device as they are uploaded (n x 32 B at most, transient), so
-    the whole section is allocated only where it is kept whole."""
+def _fixed_base_support(s: Any, name: str, group: str, scalars: np.ndarray, n: int) -> tuple[Any, Any]:
+    """Section ``name``'s points, packed (:meth:`GpuBackend._pack`'s form) where it is sparse, and
+    its rows with a point (those whose scalar is not 0, ascending int32): packed, only those rows'
+    points, when they are at most SUPPORT_MAX_FRACTION of the n rows, else the whole section (zero
+    rows at infinity). The nonzero scalars are gathered on the device as they are uploaded (n x 32 B
+    at most, transient), so the whole section is allocated only where it is kept whole, and the rows
+    come without a pass over the points (a 2^27 section's took seconds)."""
     if scalars.shape != (n, 4) or scalars.dtype != np.uint64:
         raise InputError(f"generate_key: section {name} scalars {scalars.dtype} {scalars.shape}, "
                          f"expected ({n}, 4) uint64")
@@ -870,7 +871,7 @@ def _fixed_base_support(s: Any, name: str, group: str, scalars: np.ndarray, n: i
         hi = min(m, lo + GEN_CHUNK_ROWS)
         out[rows[lo:hi]] = fb.run_device(kept[lo:hi])
     s.synchronize()
-    return out, None
+    return out, rows
 
 
 def _record(stream: Any) -> Any:
