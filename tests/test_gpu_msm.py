@@ -753,8 +753,8 @@ def test_accumulate_mode_from_env(msm: Any, monkeypatch: pytest.MonkeyPatch) -> 
     with pytest.raises(ConfigError, match="CUZK_GPU_MSM_ACCUMULATE"):
         msm.MsmParams()
     monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
-    unset = msm.MsmParams()  # unset: "auto" (grid rounds for G2 where the plan keeps B2's multiples, XYZZ for G1)
-    assert unset.ba_rounds == 0 and unset.grid(True) and not unset.grid(False) and unset.ga_needs_multiples
+    unset = msm.MsmParams()  # unset: "auto" (grid rounds for G2 where the plan fits their lists, XYZZ for G1)
+    assert unset.ba_rounds == 0 and unset.grid(True) and not unset.grid(False) and unset.ga_where_fits
     assert not msm_params_for(1 << 18).grid(True) and msm_params_for(1 << 20).grid(True)  # small keys: XYZZ
     with pytest.raises(ConfigError, match="ba_seg"):
         msm.MsmParams(ba_seg=0)
@@ -836,7 +836,7 @@ def test_grid_g2_mode_leaves_g1_on_xyzz(msm: Any, monkeypatch: pytest.MonkeyPatc
     both; an unknown mode is refused by name."""
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid-g2")
     p = msm.MsmParams()
-    assert p.grid(True) and not p.grid(False) and not p.ga_needs_multiples
+    assert p.grid(True) and not p.grid(False) and not p.ga_where_fits
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid")
     assert msm.MsmParams().grid(False) and msm.MsmParams().grid(True)
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "xyzz")

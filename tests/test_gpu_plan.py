@@ -148,11 +148,12 @@ def test_packed_b_sections_at_2_27_on_an_h200() -> None:
 
 
 def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The default accumulation ("auto"): G2's MSM plans the grid rounds' lists where B2 keeps its
-    multiples. The packed 2^24 key keeps them beside every multiple; the packed 2^27 key, without
-    multiples, runs XYZZ; where they do not fit ("grid-g2" at 2^27 with two partitions in flight,
-    or a device with room for the XYZZ plan alone) they go first, before any multiple or
-    partition, and the plan hands the backend params without them; small keys plan none."""
+    """The default accumulation ("auto"): G2's MSM plans the grid rounds' lists where they fit as
+    configured. The packed 2^24 key keeps them beside every multiple, the packed 2^26 key beside
+    two partitions; the packed 2^27 key runs XYZZ, by rule (no fallback step); where they do not
+    fit ("grid-g2" at 2^27 with two partitions in flight, or a device with room for the XYZZ plan
+    alone) they go first, before any multiple or partition, and the plan hands the backend params
+    without them; small keys plan none."""
     from dataclasses import replace
 
     from cuzk_mp.backends.gpu.knobs import MsmParams, msm_params_for
@@ -174,7 +175,11 @@ def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> N
     base = compute_scratch_bytes(packed(24), p24.multiples, xyzz)["msm_g2"]
     assert p24.scratch["msm_g2"] - base == grid_list_bytes(configured.ga_chunk, True, configured) > 20 * GIB
 
-    # "auto" (the default): no multiples of B2 at 2^27, so no grid rounds, by rule (not a fallback)
+    p26 = plan_device(packed(26), H200_FREE, workers=2, multiples="auto", witness_map=2 * GIB)
+    assert p26.fits and p26.in_flight == 2 and not p26.grid_off and not p26.steps and not p26.multiples
+    assert p26.msm_params(configured) is configured
+
+    # "auto" (the default): the lists do not fit beside two 2^27 partitions: XYZZ, by rule (no step)
     p27 = plan_device(packed(27), H200_FREE, workers=2, multiples="auto", witness_map=4 * GIB)
     assert p27.fits and p27.in_flight == 2 and p27.grid_off and not p27.steps and p27.choice == "as configured"
     assert not p27.msm_params(configured).grid(True) and p27.msm_params(xyzz) is xyzz
@@ -186,11 +191,15 @@ def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> N
     monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
 
     # room for the key, its multiples and the XYZZ scratch alone: the lists go, the multiples stay
+    # ("auto": by rule; "grid-g2": the logged fallback)
     tight = plan_device(packed(24), H200_FREE, workers=2, multiples="auto", params=xyzz)
     named = ",".join(tight.multiples)  # the same tables whatever the free memory ("auto" sizes them to it)
-    off = plan_device(packed(24), tight.total, workers=2, multiples=named)
-    assert off.fits and off.steps == [NO_GRID] and off.grid_off and off.multiples == tight.multiples
-    assert off.total == tight.total and off.in_flight == 2
+    for mode, steps in (("auto", []), ("grid-g2", [NO_GRID])):
+        monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", mode)
+        off = plan_device(packed(24), tight.total, workers=2, multiples=named)
+        assert off.fits and off.steps == steps and off.grid_off and off.multiples == tight.multiples, mode
+        assert off.total == tight.total and off.in_flight == 2
+    monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
 
     # a small key's MSMs keep XYZZ (msm_params_for): its plan counts no lists
     small = porep(16)

@@ -33,9 +33,10 @@ How many partitions are on the device at once: each prover worker thread stages 
 holds it while it waits for the device lock and computes, and releases it when its MSMs are
 done, so ``gpu_workers_per_device`` partitions at most (one computing, the others staged).
 
-The default accumulation "auto" keeps the G2 grid rounds (and their lists) only for a key whose
-B2 keeps its precomputed multiples (:data:`.knobs.ACCUMULATE_MODES`): a rule, not a fallback
-(``grid_off``, no step).
+The default accumulation "auto" keeps the G2 grid rounds (and their lists) where the plan fits
+them as configured, and accumulates in XYZZ elsewhere (:data:`.knobs.ACCUMULATE_MODES`): a rule,
+not a fallback (step 0b below taken silently: ``grid_off``, no step). On the H200 that is 2^24
+(beside every multiple) and 2^26 (no multiples), not 2^27 (no room beside two partitions).
 
 When it does not fit, the plan falls back automatically, in this order, and says so (the
 ``choice`` and ``steps`` fields; the backend logs them):
@@ -354,9 +355,7 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
     params = params or msm_params_for(shape.domain_size)  # what the backend's MSMs of this key take
     points = shape.section_bytes()
     chosen = plan_multiples(points, free - sum(points.values()) - witness_map, shape.domain_size, multiples)
-    grid_off = params.grid(True) and params.ga_needs_multiples and "b2" not in chosen  # "auto"'s rule
-    if grid_off:
-        params = replace(params, ga_rounds=0)
+    grid_off = False
 
     def _plan(mult: dict[str, int], in_flight: int, graphs: MsmParams | None) -> DevicePlan:
         return _build(shape, mult, in_flight, workers, free, margin, params, graphs, witness_map)
@@ -369,8 +368,9 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
         plan = _plan(chosen, workers, graph_params)
     if not plan.fits and params.ga_rounds:
         grid_off = True
+        if not params.ga_where_fits:  # "auto": a rule, not a fallback
+            steps.append(NO_GRID)
         params = replace(params, ga_rounds=0)
-        steps.append(NO_GRID)
         plan = _plan(chosen, workers, graph_params)
     for s in DROP_ORDER:
         if plan.fits or not chosen:
