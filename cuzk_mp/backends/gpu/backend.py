@@ -38,7 +38,7 @@ import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass, field, replace
 from typing import Any
@@ -815,23 +815,32 @@ class GpuBackend:
             cupy.get_default_memory_pool().free_all_blocks()
 
 
-def _fixed_base_rows(s: Any, name: str, group: str, scalars: np.ndarray, n: int) -> Any:
-    """Section ``name``'s points s_i G (``group`` "g1" or "g2") on the device from its n host scalars,
-    GEN_CHUNK_ROWS at a time, done when this returns. Rows whose scalar is 0 stay the point at
-    infinity (all-zero words, as the zkey stores it) without a kernel lane: the B sections of a
-    circuit like PoRep's are 0 on most wires (55 % of the PoRep-like circuit's), and a lane of a
-    zero scalar costs its warp as much as any other, so only the nonzero rows are gathered and run."""
+def _section_fixed_base(name: str, group: str, scalars: np.ndarray, n: int) -> Any:
+    """The fixed-base kernel of section ``name`` (``group`` "g1" or "g2"), its n host scalars checked."""
     if scalars.shape != (n, 4) or scalars.dtype != np.uint64:
         raise InputError(f"generate_key: section {name} scalars {scalars.dtype} {scalars.shape}, "
                          f"expected ({n}, 4) uint64")
-    fb = fixed_base.FixedBase(G2Point() if group == "g2" else G1Point())
-    out = cupy.zeros((n, point_words(name)), dtype=np.uint64)
+    return fixed_base.FixedBase(G2Point() if group == "g2" else G1Point())
+
+
+def _nonzero_chunks(scalars: np.ndarray, n: int) -> Iterator[tuple[int, Any, Any]]:
+    """(first row, device chunk, its rows whose scalar is not 0) of n host scalars, GEN_CHUNK_ROWS at
+    a time: a zero scalar's point is the point at infinity (all-zero words, as the zkey stores it)
+    and needs no kernel lane, which would cost its warp as much as any other."""
     for lo in range(0, n, GEN_CHUNK_ROWS):
-        hi = min(n, lo + GEN_CHUNK_ROWS)
-        chunk = cupy.asarray(scalars[lo:hi])
-        rows = cupy.flatnonzero(chunk.any(axis=1))
-        if int(rows.shape[0]) == hi - lo:
-            fb.run_device(chunk, out[lo:hi])
+        chunk = cupy.asarray(scalars[lo : min(n, lo + GEN_CHUNK_ROWS)])
+        yield lo, chunk, cupy.flatnonzero(chunk.any(axis=1))
+
+
+def _fixed_base_rows(s: Any, name: str, group: str, scalars: np.ndarray, n: int) -> Any:
+    """Section ``name``'s points s_i G (``group`` "g1" or "g2") on the device from its n host scalars,
+    done when this returns; only the nonzero rows are run (:func:`_nonzero_chunks`: the B sections of
+    a circuit like PoRep's are 0 on most wires, 55 % of the PoRep-like circuit's)."""
+    fb = _section_fixed_base(name, group, scalars, n)
+    out = cupy.zeros((n, point_words(name)), dtype=np.uint64)
+    for lo, chunk, rows in _nonzero_chunks(scalars, n):
+        if int(rows.shape[0]) == int(chunk.shape[0]):
+            fb.run_device(chunk, out[lo : lo + int(chunk.shape[0])])
         elif int(rows.shape[0]):
             out[lo + rows] = fb.run_device(chunk[rows])
     s.synchronize()
@@ -845,31 +854,26 @@ def _fixed_base_support(s: Any, name: str, group: str, scalars: np.ndarray, n: i
     rows at infinity). The nonzero scalars are gathered on the device as they are uploaded (n x 32 B
     at most, transient), so the whole section is allocated only where it is kept whole, and the rows
     come without a pass over the points (a 2^27 section's took seconds)."""
-    if scalars.shape != (n, 4) or scalars.dtype != np.uint64:
-        raise InputError(f"generate_key: section {name} scalars {scalars.dtype} {scalars.shape}, "
-                         f"expected ({n}, 4) uint64")
-    fb = fixed_base.FixedBase(G2Point() if group == "g2" else G1Point())
+    fb = _section_fixed_base(name, group, scalars, n)
     kept = cupy.empty((n, 4), dtype=np.uint64)
     parts, m = [], 0
-    for lo in range(0, n, GEN_CHUNK_ROWS):
-        chunk = cupy.asarray(scalars[lo : min(n, lo + GEN_CHUNK_ROWS)])
-        rows = cupy.flatnonzero(chunk.any(axis=1))
+    for lo, chunk, rows in _nonzero_chunks(scalars, n):
         k = int(rows.shape[0])
         kept[m : m + k] = chunk[rows]
         parts.append((rows + lo).astype(np.int32))
         m += k
     rows = cupy.concatenate(parts) if parts else cupy.zeros(0, dtype=np.int32)
-    words = point_words(name)
-    if m <= SUPPORT_MAX_FRACTION * n:
-        out = cupy.empty((m, words), dtype=np.uint64)
-        for lo in range(0, m, GEN_CHUNK_ROWS):
-            fb.run_device(kept[lo : min(m, lo + GEN_CHUNK_ROWS)], out[lo : min(m, lo + GEN_CHUNK_ROWS)])
-        s.synchronize()
-        return out, rows
-    out = cupy.zeros((n, words), dtype=np.uint64)
+    packed = m <= SUPPORT_MAX_FRACTION * n
+    if packed:
+        out = cupy.empty((m, point_words(name)), dtype=np.uint64)
+    else:
+        out = cupy.zeros((n, point_words(name)), dtype=np.uint64)  # rows at infinity between the points
     for lo in range(0, m, GEN_CHUNK_ROWS):
         hi = min(m, lo + GEN_CHUNK_ROWS)
-        out[rows[lo:hi]] = fb.run_device(kept[lo:hi])
+        if packed:
+            fb.run_device(kept[lo:hi], out[lo:hi])
+        else:
+            out[rows[lo:hi]] = fb.run_device(kept[lo:hi])
     s.synchronize()
     return out, rows
 
