@@ -61,14 +61,14 @@ NTT_KERNEL_DEFAULTS = {"NTT_TILE_LG": 10, "NTT_CHUNK_LG": 2, "NTT_THREADS": 256}
 # Bucket accumulation: "xyzz" (msm_accumulate: XYZZ mixed additions), "affine"
 # (msm_accumulate_affine: batch-affine rounds sharing an inversion per block, then XYZZ), "grid"
 # (grid_affine.cuh: rounds sharing ONE inversion over all their pairs, then XYZZ), "grid-g2"
-# (grid for the G2 MSMs, XYZZ for G1) or "auto" (the default: "grid-g2" for keys whose B2 keeps its
-# precomputed multiples, else "xyzz"; the device plan decides, plan.plan_device); read when
+# (grid for the G2 MSMs, XYZZ for G1) or "auto" (the default: "grid-g2" where the device plan fits
+# the rounds' lists as configured, else "xyzz"; the plan decides, plan.plan_device); read when
 # MsmParams() is made. Measured on the H200: grid made the G2 MSM at 2^24 6-10 % faster and the G1
 # one ~20 % slower (perf/results/gpu-msm-grid-affine-h200.json); the 2^24 partition (B2 with
 # multiples), whose G2 MSM runs beside the G1 chain, 2.7-4.3 % faster, and the 2^27 pipeline (no
 # multiples; half-size chunks of the lists to fit) 5.6 % slower a partition
-# (perf/results/gpu-session-h200-grid-g2.json). 2^26 (no multiples, the lists fit) is not measured:
-# "auto" keeps it on XYZZ. Keys of at most 2^18 rows keep XYZZ whatever the mode
+# (perf/results/gpu-session-h200-grid-g2.json), and the 2^26 pipeline (no multiples, the lists fit)
+# 3.4 % faster a partition (same file). Keys of at most 2^18 rows keep XYZZ whatever the mode
 # (SMALL_MSM_PARAMS), and where the rounds' lists do not fit the plan turns them off before it
 # drops any multiple.
 ACCUMULATE_ENV = "CUZK_GPU_MSM_ACCUMULATE"
