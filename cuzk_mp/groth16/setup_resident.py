@@ -39,7 +39,7 @@ from .setup import INSECURE_WARNING, ToxicWaste, h_scalars, lagrange_factor
 
 log = logging.getLogger("cuzk_mp.groth16.setup_resident")
 
-# Sections in the order generate_key receives them (the zkey's order): name, group, scalars.
+# Sections in the order generate_key receives them: name, group, scalars.
 SectionScalars = list[tuple[str, str, Callable[[], np.ndarray]]]
 
 
@@ -147,13 +147,14 @@ def setup_resident(data: CircuitData, backend: Any, toxic: ToxicWaste, *, name: 
         head.ic = backend.fixed_base_g1(g1, np.ascontiguousarray(k[: n_pub + 1]))
         return fr.scale(k[n_pub + 1 :], d_inv)
 
-    # H first (it needs no QAP column), then A, B1, B2, C: the backend makes a section's scalars
-    # while the last one's points are made, so the host's QAP runs beside the device's kernels.
+    # H first (it needs no QAP column), then B2, B1, A, C: the backend makes the sections' scalars
+    # ahead of their points, so the host's QAP runs beside the device's kernels; B2's points (G2) take
+    # the device longest and B1 takes the same column, so the host makes A's and C's columns meanwhile.
     sections: SectionScalars = [
         ("h", "g1", lambda: h_scalars(toxic, log_n)),
-        ("a", "g1", qap.u),
-        ("b1", "g1", qap.v),
         ("b2", "g2", qap.v),
+        ("b1", "g1", qap.v),
+        ("a", "g1", qap.u),
         ("c", "g1", c_scalars),
     ]
     t0 = time.perf_counter()

@@ -273,9 +273,10 @@ class GpuBackend:
         :func:`cuzk_mp.groth16.setup_resident.setup_resident`): the same plan as :meth:`load_key`,
         then for each ``(section, "g1" | "g2", scalars())`` the fixed-base kernel writes s_i G
         straight into the section's device array (scalars uploaded GEN_CHUNK_ROWS at a time; each
-        section's host scalars dropped once its points exist), then the same MSM objects. The next
-        section's scalars are made on a helper thread while this one's kernels run (C's scaling and
-        H's ratios are seconds of host work at 2^27; their numba kernels let the GIL go). A key above
+        section's host scalars dropped once its points exist), then the same MSM objects. The sections'
+        scalars are made in order on a helper thread, ahead of the kernels (the QAP columns, C's
+        scaling and H's ratios are seconds of host work each at 2^27; their numba kernels let the GIL
+        go): the host holds at most the scalars not yet turned into points. A key above
         DENSE_KEY_ROWS gets its sparse whole-witness sections packed as they are made: only the rows
         whose scalar is not 0 get a point (:func:`_fixed_base_support`), so the whole section (26 GB
         for the 2^27 PoRep-like B2) is never allocated nor gathered from."""
@@ -290,20 +291,27 @@ class GpuBackend:
             t0 = time.perf_counter()
             done, total = 0, sum(work.values())
             with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-gpu-keygen") as pool:
-                upcoming = pool.submit(sections[0][2]) if sections else None
-                for i, (name, group, _) in enumerate(sections):
-                    assert upcoming is not None
-                    scalars = upcoming.result()
-                    upcoming = pool.submit(sections[i + 1][2]) if i + 1 < len(sections) else None
-                    if pack and name in SUPPORT_SECTIONS:
-                        dev[name], known[name] = _fixed_base_support(s, name, group, scalars, rows[name])
-                    else:
-                        dev[name] = _fixed_base_rows(s, name, group, scalars, rows[name])
-                    del scalars
-                    done += work[name]
-                    log.info("key %s: section %s generated (%d points of %d rows); %.0f%% of the key in %.1f s",
-                             head.path or "", name, int(dev[name].shape[0]), rows[name], 100.0 * done / max(total, 1),
-                             time.perf_counter() - t0)
+                # every section's scalars made in order on the helper thread, as far ahead of the kernels
+                # as it gets, not one section ahead: a section whose scalars take longer than the last
+                # one's points no longer leaves the device idle while the host catches up
+                upcoming: list[Any] = [pool.submit(make) for _, _, make in sections]
+                try:
+                    for i, (name, group, _) in enumerate(sections):
+                        scalars = upcoming[i].result()
+                        upcoming[i] = None  # the future held the scalars: gone once their points are made
+                        if pack and name in SUPPORT_SECTIONS:
+                            dev[name], known[name] = _fixed_base_support(s, name, group, scalars, rows[name])
+                        else:
+                            dev[name] = _fixed_base_rows(s, name, group, scalars, rows[name])
+                        del scalars
+                        done += work[name]
+                        log.info("key %s: section %s generated (%d points of %d rows); %.0f%% of the key in %.1f s",
+                                 head.path or "", name, int(dev[name].shape[0]), rows[name],
+                                 100.0 * done / max(total, 1), time.perf_counter() - t0)
+                finally:
+                    for f in upcoming:
+                        if f is not None:
+                            f.cancel()
             return dev
 
         return self._resident(head, lasting, generate, lambda: 0, witness_rows, known)
@@ -406,7 +414,7 @@ class GpuBackend:
                     supports[name] = name
                     log.info("key %s: section %s has points on %d of its %d rows: it keeps those alone",
                              path, name, int(rows.shape[0]), n)
-            elif rows.shape == first[1].shape and bool(cupy.array_equal(rows, first[1])):  # one row per wire
+            elif _same_rows(rows, first[1]):  # one row per wire
                 supports[name] = first[0]
         for name in made_packed - set(supports):  # its rows are not the support's: whole again
             memory.ensure_free(n_rows[name] * int(dev[name].shape[1]) * 8, f"unpacking key section {name}")
@@ -876,6 +884,15 @@ def _fixed_base_support(s: Any, name: str, group: str, scalars: np.ndarray, n: i
             out[rows[lo:hi]] = fb.run_device(kept[lo:hi])
     s.synchronize()
     return out, rows
+
+
+def _same_rows(x: Any, y: Any) -> bool:
+    """Whether two int32 device row lists are equal, compared on the host: 240 MB each at 2^27, a
+    few tens of ms, where ``cupy.array_equal`` compiles two kernels on a machine whose CuPy cache
+    has not seen them (seconds, once per machine)."""
+    if x is y:
+        return True
+    return x.shape == y.shape and bool(np.array_equal(cupy.asnumpy(x), cupy.asnumpy(y)))
 
 
 def _record(stream: Any) -> Any:
