@@ -8,7 +8,7 @@ Times are CUDA-event medians of ``reps`` runs after one warm-up, with the
 per-phase split of ``MsmG1/G2.last_timings`` (classify, ones, digits, sort,
 accumulate, reduce, finish).
 
-Usage: ``python3 perf/gpu_msm_bench.py [--quick | --accumulate | --windows C,C.. | --reduce]
+Usage: ``python3 perf/gpu_msm_bench.py [--quick | --accumulate | --windows C,C.. | --reduce | --fixed-base]
 [--multiples C] [--out FILE.json]``;
 prints a table last. ``msm_rows(quick)`` is what perf/gpu_bench.py calls.
 ``--accumulate`` times only the bucket accumulation variants of :data:`ACCUMULATE_VARIANTS`
@@ -202,12 +202,25 @@ def time_msm(bases: Bases, s: np.ndarray, reps: int, params: msm.MsmParams | Non
     return row
 
 
-def time_fixed_base(g2: bool, n: int, reps: int) -> float:
-    """Median device ms of n fixed-base products (table already resident)."""
-    fb = fixed_base.FixedBase(G2Point() if g2 else G1Point())
-    d_s = cupy.asarray(random_scalars(n, "random", n))
+def time_fixed_base(g2: bool, n: int, reps: int, params: fixed_base.FixedBaseParams | None = None,
+                    check: int = 0) -> float:
+    """Median device ms of n fixed-base products (tables already resident); with ``check``, that
+    many sampled rows (and the first) are compared with arkworks first (AssertionError if not)."""
+    fb = fixed_base.FixedBase(G2Point() if g2 else G1Point(), params)
+    host = random_scalars(n, "random", n)
+    d_s = cupy.asarray(host)
     out = cupy.empty((n, 24 if g2 else 12), dtype=np.uint64)
     fb.run_device(d_s, out)
+    if check:
+        from cuzk_mp.algebra import curve
+        from cuzk_mp.algebra.field import limbs_to_ints
+
+        rows = [0] + sorted(np.random.default_rng(n).choice(n, size=min(check, n), replace=False).tolist())
+        got = cupy.asnumpy(out[cupy.asarray(rows)])
+        to_lem = curve.g2_ark_to_lem if g2 else curve.g1_ark_to_lem
+        gen = G2Point() if g2 else G1Point()
+        for k, (i, v) in enumerate(zip(rows, limbs_to_ints(host[rows]))):
+            assert np.array_equal(got[k], to_lem(gen * Scalar.from_le_bytes((v % R_MOD).to_bytes(32, "little")))), i
     times = []
     for _ in range(reps):
         ev = [cupy.cuda.Event() for _ in range(2)]
@@ -217,6 +230,19 @@ def time_fixed_base(g2: bool, n: int, reps: int) -> float:
         ev[1].synchronize()
         times.append(float(cupy.cuda.get_elapsed_time(ev[0], ev[1])))
     return statistics.median(times)
+
+
+def fixed_base_rows(lg: int, reps: int, groups: tuple[str, ...]) -> dict[str, Any]:
+    """The dev setup's fixed-base kernel at 2^lg random scalars, the 8-bit table against the signed
+    16-bit windows (``FixedBaseParams.wbits``), 64 sampled rows of each checked against arkworks."""
+    rows: dict[str, Any] = {}
+    for grp in groups:
+        for label, params in (("w8", fixed_base.FixedBaseParams(wbits=0)), ("signed16", fixed_base.FixedBaseParams())):
+            key = f"{grp}_fixed_base_{label}_2^{lg}"
+            rows[f"{key}_ms"] = time_fixed_base(grp == "g2", 1 << lg, reps, params, check=64)
+            rows[f"{key}_ok"] = True
+            CHECKPOINT(rows)
+    return rows
 
 
 def _flatten(rows: dict[str, Any], key: str, r: dict[str, Any]) -> None:
@@ -405,6 +431,8 @@ def main() -> None:
                     help="with --windows, --reduce or --accumulate: precomputed multiples of this many bits")
     ap.add_argument("--reduce", action="store_true",
                     help="random MSMs at --lg for --groups over the reduction knobs of REDUCE_GRID")
+    ap.add_argument("--fixed-base", action="store_true",
+                    help="the fixed-base kernel at --lg for --groups: 8-bit table against signed 16-bit windows")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
     global CHECKPOINT
@@ -420,7 +448,9 @@ def main() -> None:
     dists = tuple(args.dists.split(","))
     if set(dists) - {"random", "porep"}:
         ap.error(f"--dists: random and/or porep, not {args.dists}")
-    if args.reduce:
+    if args.fixed_base:
+        rows = fixed_base_rows(args.lg, args.reps, groups)
+    elif args.reduce:
         rows = reduce_rows(args.lg, args.reps, groups, args.multiples)
     elif args.windows:
         rows = window_rows(args.lg, args.reps, groups, tuple(int(c) for c in args.windows.split(",")),

@@ -71,6 +71,44 @@ def test_odd_chunks(fb: Any, g2: bool) -> None:
     assert np.array_equal(got, _expected(base, ints)), f"seed {SEED}"
 
 
+@pytest.mark.parametrize("g2", [False, True], ids=["g1", "g2"])
+@pytest.mark.parametrize("wbits", [4, 5, 7, 16])
+def test_signed_windows_match_arkworks(kind: str, fb: Any, g2: bool, wbits: int) -> None:
+    """The signed-window kernel (every batch takes it here: signed_min_rows 0) against arkworks: the
+    edge scalars (0, r - 1, r, 2^256 - 1: a carry out of the last window), scalars whose windows are
+    all at the borrow boundary (2^(wbits-1) and 2^(wbits-1) + 1 in every window) and random ones;
+    5 and 7 bits cross the 64-bit words and leave a short last window, 16 is the default (GPU only:
+    its table is 2^19 points)."""
+    if wbits == 16 and kind != "gpu":
+        pytest.skip("the 16-bit table is 2^19 points: the GPU only")
+    rng = random.Random(SEED + wbits)
+    nwin, half = -(-256 // wbits), 1 << (wbits - 1)
+    boundary = [sum(h << (wbits * j) for j in range(nwin)) % (1 << 256) for h in (half, half + 1, 2 * half - 1)]
+    ints = EDGE + boundary + [rng.randrange(1 << 256) for _ in range(20)] + [rng.randrange(R_MOD) for _ in range(20)]
+    base = _bases(g2)[1]
+    params = fb.FixedBaseParams(nthreads=32, per_thread=3, chunk=29, wbits=wbits, signed_min_rows=0)
+    got = fb.FixedBase(base, params).run(ints_to_limbs(ints, 4))
+    assert np.array_equal(got, _expected(base, ints)), f"seed {SEED}"
+
+
+def test_signed_table_scalars(fb: Any) -> None:
+    """Rows of the signed-window table's scalars: d 2^(wbits j) (reduced mod r where it could pass
+    2^256), then the carry row 2^(wbits nwin) mod r."""
+    from cuzk_mp.algebra.field import limbs_to_ints
+
+    for wbits in (4, 5, 7, 16):
+        nwin, half = -(-256 // wbits), 1 << (wbits - 1)
+        rows = fb.signed_table_scalars(wbits)
+        assert rows.shape == (nwin * half + 1, 4)
+        got = limbs_to_ints(rows)
+        for j, d in ((0, 1), (0, half), (1, 3), (nwin // 2, half - 1), (nwin - 1, 1), (nwin - 1, half)):
+            assert got[j * half + d - 1] % R_MOD == (d << (wbits * j)) % R_MOD
+            assert got[j * half + d - 1] < 1 << 256
+        assert got[-1] == (1 << (wbits * nwin)) % R_MOD
+    with pytest.raises(ValueError, match="wbits"):
+        fb.signed_table_scalars(17)
+
+
 def test_window_table(fb: Any) -> None:
     table = fb.window_table(G1Point())
     assert table.shape == (fb.NWIN * fb.ROWS, 12)

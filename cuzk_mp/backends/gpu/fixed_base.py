@@ -1,8 +1,11 @@
 """Batch fixed-base work on the GPU: [s_i * G] for the dev setup, 2^(c w) P_i for the MSM.
 
 Device state: a :class:`FixedBase` owns the window table of its base (32 x 255
-affine points: 0.8 MB for G1, 1.6 MB for G2, built on the host with arkworks)
-and the compiled ``kernels/fixed_base/fixed_base.cu``. Scalars are processed in
+affine points: 0.8 MB for G1, 1.6 MB for G2, built on the host with arkworks),
+for large batches a table of signed 16-bit windows (2^15 x 16 + 1 points: 50 MB
+for G1, 101 MB for G2, made on the device from the first one at the first large
+batch: half the additions a point), and the compiled
+``kernels/fixed_base/fixed_base.cu``. Scalars are processed in
 chunks of ``FixedBaseParams.chunk`` rows, so device memory stays bounded
 (per row: 32 B scalar + affine output + 5 coordinates of scratch; 2^22 rows =
 1.5 GB for G1, 2.9 GB for G2) whatever the number of scalars.
@@ -16,6 +19,7 @@ doublings per multiple, affine by the same per-thread Montgomery trick).
 
 from __future__ import annotations
 
+import functools
 from typing import Any
 
 import cupy
@@ -23,6 +27,7 @@ import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 
 from ...algebra.curve import g1_ark_to_lem, g2_ark_to_lem
+from ...algebra.field import R_MOD, ints_to_limbs
 from ...errors import InputError
 from .knobs import FB_PATH, FixedBaseParams
 from .modules import get_module
@@ -34,6 +39,7 @@ __all__ = [
     "fixed_base_g1",
     "fixed_base_g2",
     "multiples_table",
+    "signed_table_scalars",
     "window_table",
 ]
 
@@ -54,6 +60,31 @@ def window_table(base: G1Point | G2Point) -> np.ndarray:
     return np.stack(rows)
 
 
+@functools.lru_cache(maxsize=4)
+def signed_table_scalars(wbits: int) -> np.ndarray:
+    """The scalars of the signed-window table (fixed_base.cuh, ``fixed_base_signed_body``): row
+    j * half + d - 1 = d 2^(wbits j) for j < ceil(256 / wbits) windows and 1 <= d <= half =
+    2^(wbits - 1), then 2^(wbits nwin) mod r (the last window's carry); ``(nwin half + 1, 4)``
+    uint64. A window whose d 2^(wbits j) could pass 2^256 is reduced mod r (the base has order r)."""
+    if not 2 <= wbits <= 16:
+        raise ValueError(f"signed fixed-base windows: wbits={wbits}, expected 2..16")
+    nwin, half = -(-256 // wbits), 1 << (wbits - 1)
+    d = np.arange(1, half + 1, dtype=np.uint64)
+    out = np.zeros((nwin * half + 1, 4), dtype=np.uint64)
+    for j in range(nwin):
+        shift, rows = wbits * j, slice(j * half, (j + 1) * half)
+        if shift + wbits > 256:
+            out[rows] = ints_to_limbs([(k << shift) % R_MOD for k in range(1, half + 1)], 4)
+            continue
+        limb, off = divmod(shift, 64)
+        out[rows, limb] = d << np.uint64(off)
+        if off and limb < 3:
+            out[rows, limb + 1] = d >> np.uint64(64 - off)
+    out[-1] = ints_to_limbs([(1 << (wbits * nwin)) % R_MOD], 4)[0]
+    out.setflags(write=False)  # shared by every caller (cached)
+    return out
+
+
 class FixedBase:
     """s_i * base for batches of scalars, on the current device and stream."""
 
@@ -62,7 +93,10 @@ class FixedBase:
         self.g2 = isinstance(base, G2Point)
         self.cw = 12 if self.g2 else 6  # uint64 words per coordinate
         self.d_table = cupy.asarray(window_table(base))
-        self._kernel = get_module(FB_PATH, self.params.defines(self.g2)).get_function("fixed_base_mul")
+        module = get_module(FB_PATH, self.params.defines(self.g2))
+        self._kernel = module.get_function("fixed_base_mul")
+        self._signed_kernel = module.get_function("fixed_base_signed")
+        self._d_signed: Any = None  # the signed-window table, made at the first large batch
 
     def run_device(self, d_scalars: Any, d_out: Any = None) -> Any:
         """``(n, 2 cw)`` uint64 device array of the products of the ``(n, 4)`` device scalars."""
@@ -72,18 +106,30 @@ class FixedBase:
                              f"{tuple(d_scalars.shape)}")
         if d_out is None:
             d_out = cupy.empty((n, 2 * self.cw), dtype=np.uint64)
+        signed = bool(self.params.wbits) and n >= self.params.signed_min_rows
+        if signed and self._d_signed is None:
+            self._d_signed = self._run(cupy.asarray(signed_table_scalars(self.params.wbits)), None, signed=False)
+        return self._run(d_scalars, d_out, signed)
+
+    def _run(self, d_scalars: Any, d_out: Any, signed: bool) -> Any:
+        n = int(d_scalars.shape[0])
+        if d_out is None:
+            d_out = cupy.empty((n, 2 * self.cw), dtype=np.uint64)
         chunk = min(self.params.chunk, max(n, 1))
         scratch = cupy.empty((chunk, 5 * self.cw), dtype=np.uint64)
         for lo in range(0, n, chunk):
             hi = min(lo + chunk, n)
-            self._launch(cupy.ascontiguousarray(d_scalars[lo:hi]), d_out[lo:hi], scratch, hi - lo)
+            self._launch(cupy.ascontiguousarray(d_scalars[lo:hi]), d_out[lo:hi], scratch, hi - lo, signed)
         return d_out
 
-    def _launch(self, d_scalars: Any, d_out: Any, scratch: Any, n: int) -> None:
+    def _launch(self, d_scalars: Any, d_out: Any, scratch: Any, n: int, signed: bool) -> None:
         per, block = self.params.per_thread, self.params.nthreads
-        threads = -(-n // per)
-        self._kernel((-(-threads // block),), (block,),
-                     (d_scalars, self.d_table, d_out, scratch, np.uint64(n), np.uint32(per)))
+        grid = (-(-(-(-n // per)) // block),)
+        if signed:
+            self._signed_kernel(grid, (block,), (d_scalars, self._d_signed, d_out, scratch, np.uint64(n),
+                                                 np.uint32(per), np.uint32(self.params.wbits)))
+        else:
+            self._kernel(grid, (block,), (d_scalars, self.d_table, d_out, scratch, np.uint64(n), np.uint32(per)))
 
     def run(self, scalars: np.ndarray) -> np.ndarray:
         """Host in, host out, chunk by chunk (device memory bounded by ``params.chunk``)."""

@@ -447,6 +447,11 @@ class FixedBaseParams:
     nthreads: int = 128  # threads per block
     per_thread: int = 32  # points per thread (one field inversion each)
     chunk: int = 1 << 22  # rows per launch (bounds device memory)
+    # Batches of at least signed_min_rows scalars go through the table of signed windows of wbits
+    # bits (16 additions a point instead of the 8-bit table's 32; its 2^15 x 16 rows are made by the
+    # 8-bit kernel once per FixedBase, a few ms); smaller ones, and wbits 0, take the 8-bit table.
+    wbits: int = 16
+    signed_min_rows: int = 1 << 16
 
     def defines(self, g2: bool) -> dict[str, int]:
         """The ``-D`` knobs of the kernel module for one group."""

@@ -5,6 +5,8 @@
  * memory; out (n, 2 CW) uint64 affine zkey layout (CW = 6 for G1, 12 for G2).
  *   fixed_base_mul   out[i] = scalars[i] G; scalars (n, 4) uint64 (any 256-bit value,
  *                    standard form), table as in fixed_base.cuh. Host side: fixed_base.py.
+ *   fixed_base_signed  the same from signed windows of wbits bits (table as in
+ *                    fixed_base.cuh, made by fixed_base_mul). Host side: fixed_base.py.
  *   fixed_base_pow2  out[i] = 2^c src[i]; src (n, 2 CW) affine zkey layout. Host side:
  *                    msm.py (precomputed multiples of key points).
  */
@@ -31,6 +33,13 @@ fixed_base_mul(const uint64_t* scalars, const uint64_t* table, uint64_t* out, ui
                uint32_t per) {
     uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
     if (t * per < n) fixed_base_body<fb_field_t>(t, scalars, table, out, scratch, n, per);
+}
+
+extern "C" __global__ void __launch_bounds__(FB_NTHREADS)
+fixed_base_signed(const uint64_t* scalars, const uint64_t* table, uint64_t* out, uint64_t* scratch, uint64_t n,
+                  uint32_t per, uint32_t wbits) {
+    uint64_t t = (uint64_t)blockIdx.x * blockDim.x + threadIdx.x;
+    if (t * per < n) fixed_base_signed_body<fb_field_t>(t, scalars, table, out, scratch, n, per, wbits);
 }
 
 extern "C" __global__ void __launch_bounds__(FB_NTHREADS)

@@ -10,6 +10,9 @@
  * s G = sum_j table[j][byte_j(s)] over the non-zero bytes: at most 32 mixed XYZZ
  * additions, no doublings, and any 256-bit s works (s mod r follows from G's order).
  *
+ * fixed_base_signed_body does the same from a table of signed windows of up to 16 bits
+ * (half the additions at 16 bits; the table is made by fixed_base_body itself).
+ *
  * Affine output by Montgomery's trick per thread (fb_stash / fb_to_affine): a thread
  * makes `per` consecutive points, keeping each XYZZ result and the running product of
  * the ZZZ's in `scratch`; one inversion of the product gives every 1/ZZZ_i on the way
@@ -76,6 +79,46 @@ FF_INLINE void fixed_base_body(uint64_t t, const uint64_t* scalars, const uint64
             uint32_t d = (uint32_t)(scalars[4 * i + j / 8] >> (8 * (j % 8))) & 0xff;
             if (d) acc.add_affine(affine_t<F>::load(table + (uint64_t)(j * FB_ROWS + d - 1) * AW));
         }
+        fb_stash(acc, prod, scratch, i);
+    }
+    fb_to_affine(prod, scratch, out, i0, i1);
+}
+
+/* s_i * G from a table of signed windows of `wbits` bits (2 <= wbits <= 16), the dev setup's
+ * large batches: nwin = ceil(256 / wbits) windows, digits in [-2^(wbits-1), 2^(wbits-1)]
+ * (a window above half borrows 2^wbits from the next: d - 2^wbits, carry 1), so a window's
+ * rows are its positive digits alone and a negative digit adds the row's negation (x, -y):
+ * at most nwin + 1 mixed additions (16 + 1 at 16 bits, half of the 8-bit table's 32).
+ * Table rows: j * half + d - 1 = d 2^(wbits j) G for j < nwin, 1 <= d <= half = 2^(wbits-1);
+ * row nwin * half = 2^(wbits nwin) G (the last window's carry). Built on the device by
+ * fixed_base_mul (fixed_base.py): 16 bits are 524 289 rows, 50 MB for G1, 101 MB for G2. */
+template <class F>
+FF_INLINE void fixed_base_signed_body(uint64_t t, const uint64_t* scalars, const uint64_t* table, uint64_t* out,
+                                      uint64_t* scratch, uint64_t n, uint32_t per, uint32_t wbits) {
+    const int AW = affine_t<F>::WORDS;
+    const uint32_t nwin = (256 + wbits - 1) / wbits, half = 1u << (wbits - 1), full = 1u << wbits;
+    uint64_t i0 = t * per, i1 = i0 + per < n ? i0 + per : n;
+    F prod = F::one();
+#pragma unroll 1
+    for (uint64_t i = i0; i < i1; i++) {
+        const uint64_t* s = scalars + 4 * i;
+        xyzz_t<F> acc = xyzz_t<F>::inf();
+        uint32_t carry = 0;
+#pragma unroll 1
+        for (uint32_t j = 0; j < nwin; j++) {
+            uint32_t bit = j * wbits, w = bit >> 6, off = bit & 63;
+            uint64_t v = s[w] >> off;
+            if (off + wbits > 64 && w < 3) v |= s[w + 1] << (64 - off);
+            uint32_t d = (uint32_t)(v & (full - 1)) + carry;
+            bool neg = d > half;
+            carry = neg;
+            if (neg) d = full - d; /* 0 when d = 2^wbits: digit 0, carry 1 */
+            if (d) {
+                affine_t<F> p = affine_t<F>::load(table + (uint64_t)(j * half + d - 1) * AW);
+                acc.add_affine(neg ? p.neg() : p);
+            }
+        }
+        if (carry) acc.add_affine(affine_t<F>::load(table + (uint64_t)nwin * half * AW));
         fb_stash(acc, prod, scratch, i);
     }
     fb_to_affine(prod, scratch, out, i0, i1);
