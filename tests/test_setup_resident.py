@@ -204,6 +204,26 @@ def test_next_sections_scalars_are_made_while_this_one_is_generated(circuit: tup
         assert events.index(("scalars", name)) < events.index(("done", before)), events
 
 
+def test_emulated_gpu_generated_key_equals_the_cpu_one(circuit: tuple[object, object, Path],
+                                                      want: dict[str, np.ndarray]) -> None:
+    """The GPU backend's generate_key on the kernel emulator (its helper thread making the sections'
+    scalars ahead of the kernels, IC's fixed-base products on that thread): the same points as the
+    CPU file setup."""
+    from tests import gpu_emu
+
+    if not gpu_emu.available():
+        pytest.skip("no host C++ compiler for the kernel emulator")
+    from tests.gpu_emu.backend import load_backend
+
+    backend = load_backend().GpuBackend(0)
+    try:
+        made = setup_resident(open_cache(circuit[2], IDENTITY, IDENTITY), backend, TOXIC)
+        _assert_resident_points(made, want)
+        made.handle.close()
+    finally:
+        backend.close()
+
+
 @pytest.mark.gpu
 def test_gpu_generated_key_equals_the_cpu_one_and_proves(circuit: tuple[object, object, Path],
                                                          want: dict[str, np.ndarray]) -> None:
