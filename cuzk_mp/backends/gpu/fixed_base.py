@@ -104,8 +104,6 @@ class FixedBase:
         if d_scalars.dtype != np.uint64 or d_scalars.ndim != 2 or d_scalars.shape[1] != 4:
             raise InputError(f"fixed-base scalars: expected an (n, 4) uint64 array, got {d_scalars.dtype} "
                              f"{tuple(d_scalars.shape)}")
-        if d_out is None:
-            d_out = cupy.empty((n, 2 * self.cw), dtype=np.uint64)
         signed = bool(self.params.wbits) and n >= self.params.signed_min_rows
         if signed and self._d_signed is None:
             self._d_signed = self._run(cupy.asarray(signed_table_scalars(self.params.wbits)), None, signed=False)
@@ -124,7 +122,8 @@ class FixedBase:
 
     def _launch(self, d_scalars: Any, d_out: Any, scratch: Any, n: int, signed: bool) -> None:
         per, block = self.params.per_thread, self.params.nthreads
-        grid = (-(-(-(-n // per)) // block),)
+        threads = -(-n // per)
+        grid = (-(-threads // block),)
         if signed:
             self._signed_kernel(grid, (block,), (d_scalars, self._d_signed, d_out, scratch, np.uint64(n),
                                                  np.uint32(per), np.uint32(self.params.wbits)))
