@@ -42,7 +42,7 @@ class NttParams:
     # Contiguous rows per access in the non-low passes: 4 x 32 B = one 128-byte line. 2 rather
     # than 3 leaves 8 bits per pass, so 2^25..2^26 need 3 passes instead of 4 (measured on the
     # H200, 2026-11-30: chunk 2 and 3 equal at 2^24, where both take 3 passes). Sizes where
-    # chunk - 1 saves a pass use it (see ntt.plan_params).
+    # chunk - 1 saves a pass use it (see plan_params).
     chunk_lg: int = 2
     threads: int = 256
     adapt_chunk: bool = True  # let plan_params lower chunk_lg where that saves a pass
@@ -56,6 +56,33 @@ class NttParams:
 
 # The #ifndef defaults of kernels/ntt/ntt.cu (tests/test_gpu_ntt.py checks they match).
 NTT_KERNEL_DEFAULTS = {"NTT_TILE_LG": 10, "NTT_CHUNK_LG": 2, "NTT_THREADS": 256}
+
+
+def pass_schedule(lg: int, params: NttParams = NttParams()) -> list[tuple[int, int]]:
+    """(s_lo, k) of each pass in ascending bit order (the DIT order; DIF runs it reversed)."""
+    k0 = min(lg, params.tile_lg)
+    passes = [(0, k0)]
+    rest, kmax = lg - k0, params.tile_lg - params.chunk_lg
+    npass = -(-rest // kmax)
+    s = k0
+    for i in range(npass):
+        k = rest // npass + (1 if i < rest % npass else 0)
+        passes.append((s, k))
+        s += k
+    return passes
+
+
+def plan_params(lg: int, params: NttParams) -> NttParams:
+    """The knobs a 2^lg transform runs with: ``chunk_lg - 1`` when that needs fewer passes.
+
+    Measured on the H200 (perf/results/gpu-h200.json, 2026-11-30): 2^27 forward NTT 55.5 ms
+    with chunk 2 (4 passes) and 48.6 ms with chunk 1 (3 passes); at 2^24 and 2^26, where both
+    take 3 passes, chunk 1 is 3-6 % slower, so the default chunk stays elsewhere.
+    """
+    if params.chunk_lg < 2 or not params.adapt_chunk:
+        return params
+    smaller = replace(params, chunk_lg=params.chunk_lg - 1)
+    return smaller if len(pass_schedule(lg, smaller)) < len(pass_schedule(lg, params)) else params
 
 
 # Bucket accumulation: "xyzz" (msm_accumulate: XYZZ mixed additions), "affine"
@@ -479,7 +506,7 @@ def _v(path: str, defines: dict[str, Any] | None, group: str, archs: tuple[str, 
 
 
 def _shipped() -> tuple[Variant, ...]:
-    ntt_chunk1 = replace(NttParams(), chunk_lg=NttParams().chunk_lg - 1).defines()  # ntt.plan_params at 2^19/27/28
+    ntt_chunk1 = replace(NttParams(), chunk_lg=NttParams().chunk_lg - 1).defines()  # plan_params at 2^19/27/28
     out = [
         _v(NTT_PATH, None, "prover"),
         _v(NTT_PATH, ntt_chunk1, "prover"),

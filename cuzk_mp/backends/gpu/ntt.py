@@ -5,7 +5,7 @@ A_k = sum_j a_j w^(jk), w = ``fr_root_of_unity(lg)``, natural order in and out,
 Montgomery form; the inverse uses w^-1 and scales by 1/n.
 
 How the work is split (kernels/ntt/ntt.cu has the math):
-* :func:`pass_schedule` cuts the lg index bits into passes of k bits; each pass
+* :func:`.knobs.pass_schedule` cuts the lg index bits into passes of k bits; each pass
   is one launch over shared-memory tiles (one read and one write of the array).
   The low pass takes up to ``2^tile_lg`` contiguous elements, the others k <=
   tile_lg - chunk_lg bits with 2^chunk_lg contiguous rows per access. With the
@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import threading
 from contextlib import nullcontext
-from dataclasses import replace
 from typing import Any
 
 import cupy
@@ -34,7 +33,7 @@ import numpy as np
 from ...algebra.field import FR, R_MOD, coset_shift, fr_root_of_unity, ints_to_limbs, log2_exact
 from ...errors import GpuDead, InputError
 from . import memory
-from .knobs import H_PATH, NTT_PATH, NttParams
+from .knobs import H_PATH, NTT_PATH, NttParams, pass_schedule, plan_params
 from .knobs import NTT_KERNEL_DEFAULTS as KERNEL_DEFAULTS
 from .modules import get_function
 
@@ -42,33 +41,6 @@ __all__ = ["KERNEL_DEFAULTS", "MAX_LG", "GpuNtt", "NttParams", "NttPlan", "pass_
 
 DEFAULT_PARAMS = NttParams()
 MAX_LG = 28  # 2^28 rows: uint32 element indices in the kernels stay < 2^32
-
-
-def pass_schedule(lg: int, params: NttParams = DEFAULT_PARAMS) -> list[tuple[int, int]]:
-    """(s_lo, k) of each pass in ascending bit order (the DIT order; DIF runs it reversed)."""
-    k0 = min(lg, params.tile_lg)
-    passes = [(0, k0)]
-    rest, kmax = lg - k0, params.tile_lg - params.chunk_lg
-    npass = -(-rest // kmax)
-    s = k0
-    for i in range(npass):
-        k = rest // npass + (1 if i < rest % npass else 0)
-        passes.append((s, k))
-        s += k
-    return passes
-
-
-def plan_params(lg: int, params: NttParams) -> NttParams:
-    """The knobs a 2^lg transform runs with: ``chunk_lg - 1`` when that needs fewer passes.
-
-    Measured on the H200 (perf/results/gpu-h200.json, 2026-11-30): 2^27 forward NTT 55.5 ms
-    with chunk 2 (4 passes) and 48.6 ms with chunk 1 (3 passes); at 2^24 and 2^26, where both
-    take 3 passes, chunk 1 is 3-6 % slower, so the default chunk stays elsewhere.
-    """
-    if params.chunk_lg < 2 or not params.adapt_chunk:
-        return params
-    smaller = replace(params, chunk_lg=params.chunk_lg - 1)
-    return smaller if len(pass_schedule(lg, smaller)) < len(pass_schedule(lg, params)) else params
 
 
 def _powers(base: int, count: int, start: int = 1) -> list[int]:
