@@ -16,7 +16,9 @@ What is counted (the backend's own choices, from :mod:`cuzk_mp.backends.gpu.knob
   where the device plan keeps them), the reduction's 2 full additions per bucket (once with
   multiples, per window without);
 * a mixed XYZZ addition: 8 products + 2 squares (ec/xyzz.cuh); a full one 12 + 2; G2 the same
-  counts of Fq2 products (Karatsuba, 3 Fq products: the measured Fq2 rate) and squares (2 Fq products);
+  counts of Fq2 products and squares (2 Fq products each); the G2 module's Fq2 product is the lazy
+  one (knobs.G2_FP2: ff/fp2_lazy.cuh, 744 IMADs against fp2_t's ~900), counted at the measured
+  fp2_t rate times 900 / 744;
 * the H step: 3 x (iNTT with the coset factor, NTT) over ``pass_schedule`` (stage 0 of every pass
   and the first pass's outer twiddle have no product) and the combine's 2 products a row.
 Not counted: sorting, digit extraction, transfers, the device witness map (memory-bound work that
@@ -57,15 +59,17 @@ FULL_ADD = (12, 2)
 # an affine addition of the grid rounds (grid_affine.cuh): 3 products of the shared inversion's
 # prefix / walk back, the slope and y3, and the square of the slope (the inversion itself amortised)
 AFFINE_ADD = (5, 1)
+LAZY_FQ2 = 900 / 744  # fp2_t's IMADs per Fq2 product over fp2_lazy's (ff/fp2_lazy.cuh)
 # The partitions modelled: (log_n, circuit, witness) -> (target ms or None, measured source).
 # witness "circuit": the circuit's own; "porep": 40 % zeros, 40 % ones, 20 % random scalars in every
 # section; "random": every scalar random. Targets: the rows of the GPU partition and 2^27 targets.
+_POINTS = "gpu-msm-2^27-h200.json:partition_2^24_points_key."  # a point on every row: dense-random shape
 _P24 = "gpu-session-h200-grid-g2.json:partition_2^24_circuit_key_ms.grid_g2."
 CASES: dict[tuple[int, str, str], tuple[float | None, str]] = {
     (24, "porep-like", "circuit"): (150.0, _P24 + "circuit.total"),
     (24, "porep-like", "porep"): (150.0, _P24 + "porep.total"),
     (24, "porep-like", "random"): (None, _P24 + "random.total"),
-    (24, "dense-random", "random"): (500.0, "gpu-session-h200-reduce.json:partition_2^24.prove_random_2^24_total_ms"),
+    (24, "dense-random", "random"): (500.0, _POINTS + "prove_random_2^24_total_ms"),
     (27, "porep-like", "circuit"): (1200.0, "pipeline-h200-2^27.json:s_per_partition"),
 }
 
@@ -85,7 +89,7 @@ def addition_seconds(kind: tuple[int, int], g2: bool, r: dict[str, float]) -> fl
     """Seconds of one curve addition's products at the measured rates."""
     muls, sqrs = kind
     if g2:
-        return muls / r["fq2_mul"] + sqrs * 2 / r["fq_mul"]
+        return muls / (r["fq2_mul"] * LAZY_FQ2) + sqrs * 2 / r["fq_mul"]
     return muls / r["fq_mul"] + sqrs / r["fq_sqr"]
 
 
@@ -173,24 +177,33 @@ def partition(lg: int, circuit: str, witness: str, sample_log_n: int, r: dict[st
 
 
 def msm_checks(r: dict[str, float]) -> list[dict[str, Any]]:
-    """The floor of single G1/G2 MSMs against their measured accumulation phase (the floor's
-    calibration: the accumulation is the phase the floor counts)."""
-    w = _load("gpu-msm-windows-h200.json")["rows"]
+    """The floor of single MSMs' window additions against their measured accumulation phase, and
+    of the ones' sums against the ones phase (the phases the floor counts: its calibration)."""
+    now = _load("gpu-msm-2^27-h200.json")["rows"]
     m = _load("gpu-msm-h200-2026-12-03.json")["rows"]
-    rows = [("g1 random 2^27, c = 22", 1 << 27, False, w["g1_window22_radix_random_2^27_accumulate_ms"],
-             "gpu-msm-windows-h200.json g1_window22_radix_random_2^27_accumulate_ms"),
-            ("g1 random 2^26", 1 << 26, False, m["g1_msm_random_2^26_accumulate_ms"],
-             "gpu-msm-h200-2026-12-03.json g1_msm_random_2^26_accumulate_ms"),
-            ("g1 random 2^24", 1 << 24, False, m["g1_msm_random_2^24_accumulate_ms"],
-             "gpu-msm-h200-2026-12-03.json g1_msm_random_2^24_accumulate_ms"),
-            ("g2 random 2^24", 1 << 24, True, m["g2_msm_random_2^24_accumulate_ms"],
-             "gpu-msm-h200-2026-12-03.json g2_msm_random_2^24_accumulate_ms")]
+    c27 = window_count(choose_window(1 << 27))
+    porep_w = int(0.2 * (1 << 27)) * window_count(choose_window(int(0.2 * (1 << 27))))
+    ones = int(0.4 * (1 << 27))
+    rows = [  # (what, mixed additions, G2, measured ms, source)
+        ("g1 random 2^27", (1 << 27) * c27, False, now["g1_acc_xyzz_random_2^27_accumulate_ms"],
+         "gpu-msm-2^27-h200.json g1_acc_xyzz_random_2^27_accumulate_ms"),
+        ("g1 porep 2^27, windows", porep_w, False, now["g1_acc_xyzz_porep_2^27_accumulate_ms"],
+         "gpu-msm-2^27-h200.json g1_acc_xyzz_porep_2^27_accumulate_ms"),
+        ("g1 porep 2^27, ones", ones, False, now["g1_acc_xyzz_porep_2^27_ones_ms"],
+         "gpu-msm-2^27-h200.json g1_acc_xyzz_porep_2^27_ones_ms"),
+        ("g2 porep 2^27, windows", porep_w, True, now["g2_acc_xyzz_porep_2^27_accumulate_ms"],
+         "gpu-msm-2^27-h200.json g2_acc_xyzz_porep_2^27_accumulate_ms"),
+        ("g2 porep 2^27, ones", ones, True, now["g2_acc_xyzz_porep_2^27_ones_ms"],
+         "gpu-msm-2^27-h200.json g2_acc_xyzz_porep_2^27_ones_ms"),
+        ("g1 random 2^24", (1 << 24) * window_count(choose_window(1 << 24)), False,
+         m["g1_msm_random_2^24_accumulate_ms"], "gpu-msm-h200-2026-12-03.json g1_msm_random_2^24_accumulate_ms"),
+        ("g2 random 2^24", (1 << 24) * window_count(choose_window(1 << 24)), True,
+         m["g2_msm_random_2^24_accumulate_ms"], "gpu-msm-h200-2026-12-03.json g2_msm_random_2^24_accumulate_ms"),
+    ]
     out = []
-    for what, n, g2, got, source in rows:
-        c = 22 if "c = 22" in what else choose_window(n)
-        madds = n * window_count(c)
+    for what, madds, g2, got, source in rows:
         floor = madds * addition_seconds(MADD, g2, r) * 1e3
-        out.append({"msm": what, "mixed_additions": madds, "floor_ms": round(floor, 1), "accumulate_ms": round(got, 1),
+        out.append({"msm": what, "mixed_additions": madds, "floor_ms": round(floor, 1), "measured_ms": round(got, 1),
                     "floor_over_measured": round(floor / got, 3), "source": source})
     return out
 
@@ -205,7 +218,7 @@ def main() -> None:
     checks = msm_checks(r)
     print("MSM accumulation against its floor (H200):")
     for c in checks:
-        print(f"  {c['msm']:<24} floor {c['floor_ms']:8.1f} ms  measured {c['accumulate_ms']:8.1f} ms  "
+        print(f"  {c['msm']:<24} floor {c['floor_ms']:8.1f} ms  measured {c['measured_ms']:8.1f} ms  "
               f"({100 * c['floor_over_measured']:.0f} %)")
     names = ["ntt_h", "msm_h", "msm_a", "msm_b1", "msm_c", "msm_b2"]
     print("\npartition floors, ms (products only, at the measured rates):")
