@@ -596,6 +596,24 @@ def test_counting_and_radix_sorts_agree(msm: Any, g2: bool, dist: str, monkeypat
             assert _run(msm, points, scalars, g2, params) == want, f"seed {SEED} bins {bins} {params}"
 
 
+@pytest.mark.parametrize("n, bits", [(1, 9), (300, 9), (5000, 25), (9000, 18), (4096, 32)])
+def test_radix_sort_is_a_stable_sort_on_the_low_bits(kind: str, msm: Any, n: int, bits: int) -> None:
+    """The window batches' radix sort (sort.cuh) against numpy's stable argsort of the keys' low
+    ``bits`` bits: one pass (9 bits) and several (18, 25, 32 bits: equal widths of at most 9),
+    one tile and several (4096 keys a tile), a partial last tile, zero digits (MSM_KEY_NONE:
+    every low bit set) and repeated keys, so stability is checked where it decides the order."""
+    rng = np.random.default_rng(SEED + n + bits)
+    top = min(1 << bits, 1 << 32) - 1
+    keys = rng.integers(0, max(2, top // 64) if bits > 12 else top, size=n + 1, dtype=np.uint64).astype(np.uint32)
+    keys[rng.random(n + 1) < 0.3] = 0xFFFFFFFF
+    keys[rng.random(n + 1) < 0.1] = keys[0]
+    want = np.argsort(keys[:n] & np.uint32(top), kind="stable")
+    obj = msm.MsmG1(_points(8, False))
+    got = obj._radix_sort(_to_device(kind, keys), n, bits)
+    got = np.asarray(got.get() if hasattr(got, "get") else got)
+    assert got.dtype == np.int64 and np.array_equal(got, want), f"seed {SEED}"
+
+
 def test_batched_msms_refuse_mixed_plans(kind: str, msm: Any) -> None:
     """A batch needs dense plans of one length: an index-list plan or a length mismatch is refused."""
     n = 40

@@ -75,10 +75,13 @@ def test_porep_2_26_on_an_h200() -> None:
     plan = plan_device(porep(26), H200_FREE, workers=3, multiples="auto")
     assert plan.fits and plan.multiples == {} and plan.in_flight == 3
     assert 35 * GIB < plan.points_total < 37 * GIB
-    # asked for the multiples of h explicitly: they do not fit, and the plan drops them
-    forced = plan_device(porep(26), H200_FREE, workers=2, multiples="h")
+    # asked for the multiples of h explicitly beside three partitions: they do not fit, and the
+    # plan drops them (beside two they fit, without the G2 grid lists: 0.2 GiB to spare)
+    forced = plan_device(porep(26), H200_FREE, workers=3, multiples="h")
     assert forced.multiples == {} and forced.steps == ["dropped the precomputed multiples of h"]
-    assert forced.in_flight == 2 and forced.fits
+    assert forced.in_flight == 3 and forced.fits
+    two = plan_device(porep(26), H200_FREE, workers=2, multiples="h")
+    assert two.fits and two.multiples == {"h": 24} and two.in_flight == 2
 
 
 def test_porep_2_27_on_an_h200() -> None:
@@ -127,8 +130,8 @@ def test_the_device_witness_map_rows_are_planned() -> None:
 def test_packed_b_sections_at_2_27_on_an_h200() -> None:
     """2^27 with the PoRep-like key's B1 and B2 packed to the 45 % of wires its B side uses: the
     points drop by the rest (~20 GiB), each partition carries the packed scalars and their index
-    lists, and the key keeps two partitions in flight beside its device witness map's rows
-    (whole, they leave room for one)."""
+    lists, and the key keeps two partitions in flight beside its device witness map's rows, ~19 GiB
+    below the whole sections' plan."""
     from dataclasses import replace
 
     whole = porep(27)
@@ -138,7 +141,8 @@ def test_packed_b_sections_at_2_27_on_an_h200() -> None:
     rows = 4 * GIB
     p = plan_device(packed, H200_FREE, workers=2, witness_map=rows)
     w = plan_device(whole, H200_FREE, workers=2, witness_map=rows)
-    assert w.in_flight == 1 and p.in_flight == 2 and p.fits and not p.steps
+    assert p.in_flight == 2 and p.fits and not p.steps and w.in_flight <= p.in_flight
+    assert p.total < w.total - 16 * GIB
     assert w.points_total - p.points_total == (whole.n_vars - k) * (96 + 192)
     assert p.support_rows == 4 * k and w.support_rows == 0
     assert p.per_partition["w_support"] == 32 * k and p.per_partition["w_support_plan"] == 8 * k

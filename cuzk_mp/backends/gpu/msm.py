@@ -20,8 +20,9 @@ One run, for m standard-form scalars (``(m, 4)`` uint64, each < 2^255):
 3. The other scalars go through Pippenger with c-bit signed windows
    (W = ceil(256 / c)): ``msm_digits`` writes one sort key per (window,
    scalar), a counting sort by bucket (``msm_sort_*``, three launches, no host wait) orders
-   them when the batch has at most :data:`COUNTING_SORT_BINS` buckets, else ``cupy.argsort``
-   (CUB radix sort; it waits for the host),
+   them when the batch has at most :data:`COUNTING_SORT_BINS` buckets, else a stable LSD radix
+   sort over the bits the batch's keys use (``msm_radix_*``, two launches and a scan a pass of
+   at most 9 bits, no host wait),
    ``msm_accumulate`` adds each run of a bucket with segmented, load-balanced
    threads (or ``msm_accumulate_affine``, ``MsmParams.ba_rounds`` > 0: the same
    segments summed by batch-affine rounds, one inversion per block and round,
@@ -36,8 +37,7 @@ One run, for m standard-form scalars (``(m, 4)`` uint64, each < 2^255):
    into arkworks points and Horner-combines them on the host (:func:`horner`).
 
 :meth:`_Msm.launch` enqueues all of it on a stream without waiting for the
-device (the only host waits inside are the radix sort's, which are local to that
-stream), so the caller can enqueue more work, on this stream or another, before
+device, so the caller can enqueue more work, on this stream or another, before
 it collects any result.
 
 CUDA graphs (``MsmParams.graphs``, small MSMs): a dense pass whose sort keys number at most
@@ -114,6 +114,11 @@ _D2H, _D2D = 2, 3  # cudaMemcpyDeviceToHost, cudaMemcpyDeviceToDevice
 # one-block scan walks the counters in ranges of bins / SCAN_THREADS, so far larger bucket sets
 # (2^24-point MSMs without multiples) keep the radix sort.
 COUNTING_SORT_BINS = 1 << 20
+# The radix sort's launch geometry (MSM_RADIX_THREADS x MSM_RADIX_ITEMS keys a tile, digits of at
+# most MSM_RADIX_MAX_BITS bits: kernels/msm/sort.cuh).
+RADIX_THREADS = 256
+RADIX_TILE = RADIX_THREADS * 16
+RADIX_MAX_BITS = 9
 SCAN_THREADS = 512  # msm_sort_scan's largest block (MSM_SCAN_THREADS in msm.cu)
 _CAPTURE_LOCK = threading.Lock()  # one capture at a time in the process (see _GraphRun.capture)
 
@@ -549,7 +554,8 @@ class _Msm:
         mod = get_module(MSM_PATH, self.params.defines(self.G2))
         self._k = {name: mod.get_function(name) for name in
                    ("msm_classify", "msm_digits", "msm_accumulate", "msm_accumulate_affine", "msm_reduce",
-                    "msm_sort_count", "msm_sort_scan", "msm_sort_scatter", "msm_ga_rows", "msm_ga_count",
+                    "msm_sort_count", "msm_sort_scan", "msm_sort_scatter", "msm_radix_hist", "msm_radix_scatter",
+                    "msm_ga_rows", "msm_ga_count",
                     "msm_ga_den", "msm_ga_add", "msm_ga_inv", "msm_accumulate_list")}
         self._resident = occupancy(self._k["msm_accumulate"], self.params.nthreads)
         self._ba_resident = occupancy(self._k["msm_accumulate_affine"], self.params.nthreads)
@@ -598,7 +604,7 @@ class _Msm:
 
     def launch(self, d_scalars: Any, plan: ScalarPlan, stream: Any = None) -> PendingMsm:
         """Enqueue the MSM of ``d_scalars`` (device, (m, 4), m <= n) with its plan on
-        ``stream`` (default: the current one); no host sync but the sort's."""
+        ``stream`` (default: the current one); no host sync."""
         return self.launch_batch([d_scalars], [plan], stream)[0]
 
     def launch_batch(self, d_scalars: list[Any], plans: list[ScalarPlan], stream: Any = None) -> list[PendingMsm]:
@@ -608,7 +614,7 @@ class _Msm:
         one. With k > 1 every vector must have the same length and a dense plan (no 0/1 split:
         zeros and ones go through the windows like any scalar). A batch whose sort keys would
         not fit 32 bits is split. Dense passes run as CUDA graphs where ``params.graphs`` and
-        their size allow (:data:`.knobs.GRAPH_MAX_ENTRIES`). No host sync but the radix sort's."""
+        their size allow (:data:`.knobs.GRAPH_MAX_ENTRIES`). No host sync."""
         if len(d_scalars) != len(plans) or not plans:
             raise InputError(f"{type(self).__name__}: {len(d_scalars)} scalar vectors for {len(plans)} plans")
         vecs = [self._check(v) for v in d_scalars]
@@ -801,14 +807,43 @@ class _Msm:
     def _sort(self, keys: Any, n: int, bins: int, cfg: int) -> Any:
         """Positions of the n keys (``keys`` holds n + 1: the last is scratch) ordered by bucket
         (``bins`` buckets; zero digits last): the counting sort (sort.cuh) up to
-        :data:`COUNTING_SORT_BINS` buckets, else the radix sort."""
-        if bins > COUNTING_SORT_BINS or n >= 1 << 32:
-            return cupy.argsort(keys[:n])
+        :data:`COUNTING_SORT_BINS` buckets, else the radix sort over the bits the keys use."""
+        if bins > COUNTING_SORT_BINS:
+            # a key is bucket << (1 + wb) | low bits < bins << (1 + wb): sorting one bit more puts
+            # MSM_KEY_NONE (every bit set) after every real key
+            return self._radix_sort(keys, n, (bins << (1 + ((cfg >> 8) & 0xFF))).bit_length())
         counts = cupy.zeros(bins, dtype=np.uint32)
         perm = cupy.empty(n, dtype=np.int64)
         self._launch("msm_sort_count", n, keys, counts, perm, _u64(n), _u32(cfg))
         self._k["msm_sort_scan"]((1,), (scan_threads(bins),), (counts, _u64(bins)))
         self._launch("msm_sort_scatter", n, keys, counts, perm, _u64(n), _u32(cfg))
+        return perm
+
+    def _radix_sort(self, keys: Any, n: int, bits: int) -> Any:
+        """The stable LSD radix sort of sort.cuh: int64 positions of ``keys[:n]`` by their low
+        ``bits`` bits, in passes of at most :data:`RADIX_MAX_BITS`; no host wait."""
+        if n >= 1 << 32:
+            raise InputError(f"a window batch of {n} sort keys: positions must fit 32 bits")
+        bits = min(32, max(1, bits))
+        passes = -(-bits // RADIX_MAX_BITS)
+        widths = [bits // passes + (1 if i < bits % passes else 0) for i in range(passes)]
+        nblocks = max(1, -(-n // RADIX_TILE))
+        counts = cupy.empty((1 << max(widths)) * nblocks, dtype=np.uint32)
+        src_k, src_v, shift, perm = keys, None, 0, None
+        for i, w in enumerate(widths):
+            last = i == passes - 1
+            cells = (1 << w) * nblocks
+            self._k["msm_radix_hist"]((nblocks,), (RADIX_THREADS,),
+                                      (src_k, _u64(n), _u32(shift), _u32(w), counts, _u32(nblocks)))
+            offsets = cupy.cumsum(counts[:cells], dtype=np.uint32)
+            offsets -= counts[:cells]
+            dst_k = None if last else cupy.empty(n, dtype=np.uint32)
+            dst_v = None if last else cupy.empty(n, dtype=np.uint32)
+            perm = cupy.empty(n, dtype=np.int64) if last else None
+            self._k["msm_radix_scatter"]((nblocks,), (RADIX_THREADS,), (
+                src_k, _NULL if src_v is None else src_v, _u64(n), _u32(shift), _u32(w), counts, offsets,
+                _u32(nblocks), _NULL if last else dst_k, _NULL if last else dst_v, perm if last else _NULL))
+            src_k, src_v, shift = dst_k, dst_v, shift + w
         return perm
 
     def _accumulate(self, perm: Any, keys: Any, idx: Any, n: int, m: int, cfg: int, n_buckets: int,

@@ -21,9 +21,9 @@ with (the point and field sizes of :mod:`cuzk_mp.algebra.field`, the MSM geometr
   by 8 B per witness row), and the classify pass's transient bytes;
 * the compute scratch of the one partition that computes at a time (the prover's per-device lock):
   the largest G1 MSM's and the G2 MSM's (they run side by side on two streams): sort keys, the
-  argsort's copy, index output and radix double buffers, the previous window batch's index, the
-  bucket sets, the accumulation heads and the window sums (:func:`msm_scratch_bytes`), plus C's
-  cut of the witness plan. The H step works in place over a, b, c and needs only the tables;
+  radix sort's pass buffers and positions, the previous window batch's positions, the bucket sets,
+  the accumulation heads and the window sums (:func:`msm_scratch_bytes`), plus C's cut of the
+  witness plan. The H step works in place over a, b, c and needs only the tables;
 * for small keys whose MSMs run as CUDA graphs, the buffers those graphs keep (:func:`graph_bytes`).
 
 Every MSM is planned dense (every scalar neither 0 nor 1, as in the dense-random circuit): the
@@ -79,12 +79,13 @@ GIB = float(1 << 30)
 # Left free on top of a plan: CuPy/cuBLAS workspaces, kernel launches, small per-call arrays (the
 # MSM's result rows, the classify flags). memory.ensure_free keeps the same margin.
 DEFAULT_MARGIN = 512 << 20
-INDEX_BYTES = 8  # int64: the witness plan's index lists (cupy.flatnonzero) and the MSM's argsort output
+INDEX_BYTES = 8  # int64: the witness plan's index lists (cupy.flatnonzero) and the MSM's sorted positions
 KEY_BYTES = 4  # uint32 sort key per (window, scalar) (msm_digits)
-# Alive per sort key while a window batch sorts: its key, cupy.argsort's copy of the keys and its
-# int64 output, the radix sort's double buffers (key and index), and the previous batch's index
-# array, dropped only once the new one is assigned.
-SORT_BYTES_PER_KEY = KEY_BYTES + KEY_BYTES + INDEX_BYTES + (KEY_BYTES + INDEX_BYTES) + INDEX_BYTES
+# Alive per sort key while a window batch sorts (kernels/msm/sort.cuh, msm._Msm._radix_sort): its
+# key, one pass's input and output (a uint32 key and position each; the last pass writes the int64
+# positions instead), the previous batch's positions, dropped only once the new ones are assigned,
+# and the digit counts and offsets (under a byte a key: 2 x 512 x 4 B a tile of 4096 keys).
+SORT_BYTES_PER_KEY = KEY_BYTES + 2 * (KEY_BYTES + KEY_BYTES) + INDEX_BYTES + 1
 # The counting sort (kernels/msm/sort.cuh, every pass a graph captures): the key and its position.
 COUNTING_SORT_BYTES_PER_KEY = KEY_BYTES + INDEX_BYTES
 # classify: one uint8 class per scalar, the classes of the support's rows (uint8), a boolean mask

@@ -84,6 +84,24 @@ msm_sort_scatter(const uint32_t* keys, uint32_t* offsets, int64_t* perm, uint64_
     if (t < n) msm_sort_scatter_one(t, keys, offsets, perm, cfg);
 }
 
+/* The radix sort of a window batch (sort.cuh): grid = nblocks = ceil(n / MSM_RADIX_TILE) blocks of
+ * MSM_RADIX_THREADS; one hist and one scatter launch a pass, the host scanning counts between. */
+extern "C" __global__ void __launch_bounds__(MSM_RADIX_THREADS)
+msm_radix_hist(const uint32_t* keys, uint64_t n, uint32_t shift, uint32_t dbits, uint32_t* counts,
+               uint32_t nblocks) {
+    __shared__ uint32_t hist[MSM_RADIX_BINS];
+    msm_radix_hist_body(blockIdx.x, threadIdx.x, keys, n, shift, dbits, counts, nblocks, hist);
+}
+
+extern "C" __global__ void __launch_bounds__(MSM_RADIX_THREADS)
+msm_radix_scatter(const uint32_t* keys_in, const uint32_t* vals_in, uint64_t n, uint32_t shift, uint32_t dbits,
+                  const uint32_t* counts, const uint32_t* offsets, uint32_t nblocks, uint32_t* keys_out,
+                  uint32_t* vals_out, int64_t* perm) {
+    __shared__ msm_radix_shared sh;
+    msm_radix_scatter_body(blockIdx.x, threadIdx.x, keys_in, vals_in, n, shift, dbits, counts, offsets, nblocks,
+                           keys_out, vals_out, perm, sh);
+}
+
 /* threads = ceil(n / seg): level-1 accumulation of the n sorted entries (accumulate.cuh); m scalars,
  * `per` per MSM of a batch. */
 extern "C" __global__ void __launch_bounds__(MSM_NTHREADS, MSM_ACC_MIN_BLOCKS)

@@ -78,3 +78,154 @@ FF_INLINE void msm_sort_scan_body(uint32_t t, uint32_t T, uint32_t* counts, uint
         run += v;
     }
 }
+
+/* ------------------------------------------------------------------ radix sort
+ * The LSD radix sort of a window batch too large for the counting sort: the positions of the n
+ * keys, stable, ordered by their low `bits` bits (the host picks bits so that MSM_KEY_NONE's low
+ * bits exceed every real key: zero digits last). Only the bits a batch's keys use are sorted (25
+ * for 4 windows of 22 bits, against 32 for a generic sort) and positions are 32-bit until the
+ * last pass writes the int64 permutation: ~56 bytes of traffic a key for 3 passes.
+ *
+ * A pass over digit (key >> shift) & (2^dbits - 1), dbits <= MSM_RADIX_MAX_BITS, is two launches
+ * over the same tiles of MSM_RADIX_TILE keys (block b: keys [b TILE, (b + 1) TILE), element
+ * b TILE + k T + t in round k of thread t: rounds in order, threads in order = key order):
+ *   msm_radix_hist     counts[d nblocks + b] = keys of tile b with digit d (digit-major, so the
+ *                      host's exclusive scan of counts gives every (digit, tile) its first slot);
+ *   msm_radix_scatter  ranks each key of the tile stably within the tile (per round: a warp's
+ *                      peers of one digit by __match_any_sync, the warps before it through
+ *                      per-warp digit counts in shared memory, the rounds before through a
+ *                      running count per digit), stores the tile sorted by digit in shared
+ *                      memory, then writes it out in order: the keys of one digit leave as
+ *                      one contiguous run (coalesced), at offsets[d nblocks + b] onwards.
+ * On the host (the kernel emulator) threads run one at a time between barriers, so the
+ * warp ranks are counted from a shared copy of the round's digits instead. */
+#ifndef MSM_RADIX_THREADS
+#define MSM_RADIX_THREADS 256
+#endif
+#define MSM_RADIX_ITEMS 16
+#define MSM_RADIX_TILE (MSM_RADIX_THREADS * MSM_RADIX_ITEMS)
+#define MSM_RADIX_MAX_BITS 9
+#define MSM_RADIX_BINS (1u << MSM_RADIX_MAX_BITS)
+#define MSM_RADIX_WARPS (MSM_RADIX_THREADS / 32)
+
+struct msm_radix_shared {
+    uint32_t keys[MSM_RADIX_TILE];  /* the tile sorted by digit */
+    uint32_t vals[MSM_RADIX_TILE];
+    uint32_t run[MSM_RADIX_BINS];   /* next free slot of each digit in the sorted tile */
+    uint32_t delta[MSM_RADIX_BINS]; /* global offset of a digit's run minus its tile offset */
+    uint16_t wc[MSM_RADIX_WARPS][MSM_RADIX_BINS]; /* this round's keys per warp and digit */
+    uint32_t scan[MSM_RADIX_THREADS];
+#ifndef __CUDA_ARCH__
+    uint32_t digit[MSM_RADIX_THREADS]; /* the emulator's view of a round's digits */
+#endif
+};
+
+FF_INLINE uint32_t msm_radix_digit(uint32_t key, uint32_t shift, uint32_t dbits) {
+    return (key >> shift) & ((1u << dbits) - 1);
+}
+
+/* Block b's histogram of digit (shift, dbits) over its tile, into counts (digit-major). */
+FF_INLINE void msm_radix_hist_body(uint32_t b, uint32_t t, const uint32_t* keys, uint64_t n, uint32_t shift,
+                                   uint32_t dbits, uint32_t* counts, uint32_t nblocks, uint32_t* hist) {
+    const uint32_t bins = 1u << dbits;
+    for (uint32_t d = t; d < bins; d += MSM_RADIX_THREADS) hist[d] = 0;
+    __syncthreads();
+    const uint64_t base = (uint64_t)b * MSM_RADIX_TILE;
+#pragma unroll 4
+    for (uint32_t k = 0; k < MSM_RADIX_ITEMS; k++) {
+        uint64_t i = base + (uint64_t)k * MSM_RADIX_THREADS + t;
+        if (i < n) atomicAdd(hist + msm_radix_digit(keys[i], shift, dbits), 1u);
+    }
+    __syncthreads();
+    for (uint32_t d = t; d < bins; d += MSM_RADIX_THREADS) counts[(uint64_t)d * nblocks + b] = hist[d];
+}
+
+/* Exclusive prefix sums over the block of one value per thread (the block's total not kept). */
+FF_INLINE uint32_t msm_radix_block_scan(uint32_t t, uint32_t v, uint32_t* scan) {
+    scan[t] = v;
+    __syncthreads();
+    /* Hillis-Steele over the block in shared memory: log2(T) steps, a barrier around each read */
+    for (uint32_t o = 1; o < MSM_RADIX_THREADS; o <<= 1) {
+        uint32_t add = t >= o ? scan[t - o] : 0;
+        __syncthreads();
+        scan[t] += add;
+        __syncthreads();
+    }
+    return scan[t] - v;
+}
+
+/* One pass of block b: keys_in (and vals_in, or the positions themselves when null) to
+ * keys_out / vals_out, or on the last pass (keys_out null) the positions to perm. */
+FF_INLINE void msm_radix_scatter_body(uint32_t b, uint32_t t, const uint32_t* keys_in, const uint32_t* vals_in,
+                                      uint64_t n, uint32_t shift, uint32_t dbits, const uint32_t* counts,
+                                      const uint32_t* offsets, uint32_t nblocks, uint32_t* keys_out,
+                                      uint32_t* vals_out, int64_t* perm, msm_radix_shared& sh) {
+    const uint32_t bins = 1u << dbits;
+    const uint32_t per = MSM_RADIX_BINS / MSM_RADIX_THREADS; /* digits per thread in the tile scan */
+    const uint64_t base = (uint64_t)b * MSM_RADIX_TILE;
+    const uint32_t lane = t & 31, warp = t >> 5;
+    /* the tile's own digit offsets (exclusive scan of its counts), and each digit's global shift */
+    uint32_t mine = 0;
+    for (uint32_t j = 0; j < per; j++) {
+        uint32_t d = t * per + j;
+        mine += d < bins ? counts[(uint64_t)d * nblocks + b] : 0;
+    }
+    uint32_t off = msm_radix_block_scan(t, mine, sh.scan);
+    for (uint32_t j = 0; j < per; j++) {
+        uint32_t d = t * per + j;
+        if (d < bins) {
+            sh.run[d] = off;
+            sh.delta[d] = offsets[(uint64_t)d * nblocks + b] - off;
+            off += counts[(uint64_t)d * nblocks + b];
+        }
+        for (uint32_t w = 0; w < MSM_RADIX_WARPS; w++) sh.wc[w][d] = 0;
+    }
+    __syncthreads();
+    for (uint32_t k = 0; k < MSM_RADIX_ITEMS; k++) {
+        uint64_t i = base + (uint64_t)k * MSM_RADIX_THREADS + t;
+        bool live = i < n;
+        uint32_t key = live ? keys_in[i] : 0, d = live ? msm_radix_digit(key, shift, dbits) : MSM_RADIX_BINS;
+        uint32_t val = live ? (vals_in ? vals_in[i] : (uint32_t)i) : 0;
+        uint32_t rank, peers_n;
+#ifdef __CUDA_ARCH__
+        unsigned peers = __match_any_sync(0xffffffffu, d);
+        rank = __popc(peers & ((1u << lane) - 1));
+        peers_n = __popc(peers);
+#else
+        sh.digit[t] = d;
+        __syncthreads();
+        rank = 0, peers_n = 0;
+        for (uint32_t u = warp * 32; u < warp * 32 + 32; u++) {
+            if (sh.digit[u] != d) continue;
+            rank += u < t;
+            peers_n++;
+        }
+        (void)lane;
+#endif
+        if (live && rank == 0) sh.wc[warp][d] = (uint16_t)peers_n;
+        __syncthreads();
+        if (live) {
+            uint32_t p = sh.run[d] + rank;
+            for (uint32_t w = 0; w < warp; w++) p += sh.wc[w][d];
+            sh.keys[p] = key;
+            sh.vals[p] = val;
+        }
+        __syncthreads();
+        if (live && rank == 0) {
+            atomicAdd(sh.run + d, peers_n);
+            sh.wc[warp][d] = 0;
+        }
+        __syncthreads();
+    }
+    const uint32_t tile_n = n - base < MSM_RADIX_TILE ? (uint32_t)(n - base) : MSM_RADIX_TILE;
+    for (uint32_t j = t; j < tile_n; j += MSM_RADIX_THREADS) {
+        uint32_t key = sh.keys[j];
+        uint32_t g = j + sh.delta[msm_radix_digit(key, shift, dbits)];
+        if (keys_out) {
+            keys_out[g] = key;
+            vals_out[g] = sh.vals[j];
+        } else {
+            perm[g] = (int64_t)sh.vals[j];
+        }
+    }
+}
