@@ -93,12 +93,13 @@ msm_radix_hist(const uint32_t* keys, uint64_t n, uint32_t shift, uint32_t dbits,
     msm_radix_hist_body(blockIdx.x, threadIdx.x, keys, n, shift, dbits, counts, nblocks, hist);
 }
 
-extern "C" __global__ void __launch_bounds__(MSM_RADIX_THREADS, 3)
+extern "C" __global__ void __launch_bounds__(MSM_RADIX_THREADS)
 msm_radix_scatter(const uint32_t* keys_in, const uint32_t* vals_in, uint64_t n, uint32_t shift, uint32_t dbits,
-                  const uint32_t* offsets, uint32_t nblocks, uint32_t* keys_out, uint32_t* vals_out, int64_t* perm) {
+                  const uint32_t* counts, const uint32_t* offsets, uint32_t nblocks, uint32_t* keys_out,
+                  uint32_t* vals_out, int64_t* perm) {
     __shared__ msm_radix_shared sh;
-    msm_radix_scatter_body(blockIdx.x, threadIdx.x, keys_in, vals_in, n, shift, dbits, offsets, nblocks, keys_out,
-                           vals_out, perm, sh);
+    msm_radix_scatter_body(blockIdx.x, threadIdx.x, keys_in, vals_in, n, shift, dbits, counts, offsets, nblocks,
+                           keys_out, vals_out, perm, sh);
 }
 
 /* threads = ceil(n / seg): level-1 accumulation of the n sorted entries (accumulate.cuh); m scalars,

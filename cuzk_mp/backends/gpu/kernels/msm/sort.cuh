@@ -83,24 +83,22 @@ FF_INLINE void msm_sort_scan_body(uint32_t t, uint32_t T, uint32_t* counts, uint
  * The LSD radix sort of a window batch too large for the counting sort: the positions of the n
  * keys, stable, ordered by their low `bits` bits (the host picks bits so that MSM_KEY_NONE's low
  * bits exceed every real key: zero digits last). Only the bits a batch's keys use are sorted (24
- * for 2 windows of 22 bits, against 32 for a generic sort), positions are 32-bit until the last
- * pass writes the int64 permutation, and no launch waits for the host.
+ * for 2 windows of 22 bits, against 32 for a generic sort) and positions are 32-bit until the
+ * last pass writes the int64 permutation: ~56 bytes of traffic a key for 3 passes.
  *
  * A pass over digit (key >> shift) & (2^dbits - 1), dbits <= MSM_RADIX_MAX_BITS, is two launches
- * over the same tiles of MSM_RADIX_TILE keys (block b: keys [b TILE, (b + 1) TILE); warp w of the
- * block owns the contiguous 32 ITEMS keys from b TILE + w 32 ITEMS, lane l key r 32 + l of them
- * in round r, so (warp, round, lane) is key order):
- *   msm_radix_hist     counts[d nblocks + b] = keys of tile b with digit d (digit-major: the
- *                      host's inclusive scan of counts, less the tile's own count, gives every
- *                      (digit, tile) its first slot);
- *   msm_radix_scatter  each warp counts its keys per digit (a round's peers of one digit by
- *                      __match_any_sync; no block barrier), one barrier, the per-(warp, digit)
- *                      counts become the slots of the tile sorted by digit (a block scan), each
- *                      warp places its keys (held in registers) there in order, and the tile
- *                      leaves in order: the keys of one digit as one contiguous run (coalesced),
- *                      at offsets[d nblocks + b] onwards.
- * On the host (the kernel emulator) threads run one at a time between barriers, so a warp's ranks
- * are counted from a shared copy of the round's digits, and a warp's barriers are the block's. */
+ * over the same tiles of MSM_RADIX_TILE keys (block b: keys [b TILE, (b + 1) TILE), element
+ * b TILE + k T + t in round k of thread t: rounds in order, threads in order = key order):
+ *   msm_radix_hist     counts[d nblocks + b] = keys of tile b with digit d (digit-major, so the
+ *                      host's exclusive scan of counts gives every (digit, tile) its first slot);
+ *   msm_radix_scatter  ranks each key of the tile stably within the tile (per round: a warp's
+ *                      peers of one digit by __match_any_sync, the warps before it through
+ *                      per-warp digit counts in shared memory, the rounds before through a
+ *                      running count per digit), stores the tile sorted by digit in shared
+ *                      memory, then writes it out in order: the keys of one digit leave as
+ *                      one contiguous run (coalesced), at offsets[d nblocks + b] onwards.
+ * On the host (the kernel emulator) threads run one at a time between barriers, so the
+ * warp ranks are counted from a shared copy of the round's digits instead. */
 #ifndef MSM_RADIX_THREADS
 #define MSM_RADIX_THREADS 256
 #endif
@@ -109,20 +107,13 @@ FF_INLINE void msm_sort_scan_body(uint32_t t, uint32_t T, uint32_t* counts, uint
 #define MSM_RADIX_MAX_BITS 9
 #define MSM_RADIX_BINS (1u << MSM_RADIX_MAX_BITS)
 #define MSM_RADIX_WARPS (MSM_RADIX_THREADS / 32)
-#if MSM_RADIX_BINS % MSM_RADIX_THREADS != 0 || MSM_RADIX_TILE > 65535
-#error "the radix sort's digits per thread and its uint16 slots need BINS % THREADS == 0, TILE < 2^16"
-#endif
-#ifdef __CUDA_ARCH__
-#define MSM_WARP_SYNC() __syncwarp()
-#else
-#define MSM_WARP_SYNC() __syncthreads()
-#endif
 
 struct msm_radix_shared {
     uint32_t keys[MSM_RADIX_TILE];  /* the tile sorted by digit */
     uint32_t vals[MSM_RADIX_TILE];
-    uint16_t slot[MSM_RADIX_WARPS][MSM_RADIX_BINS]; /* a warp's keys of a digit, then its next slot */
+    uint32_t run[MSM_RADIX_BINS];   /* next free slot of each digit in the sorted tile */
     uint32_t delta[MSM_RADIX_BINS]; /* global offset of a digit's run minus its tile offset */
+    uint16_t wc[MSM_RADIX_WARPS][MSM_RADIX_BINS]; /* this round's keys per warp and digit */
     uint32_t scan[MSM_RADIX_THREADS];
 #ifndef __CUDA_ARCH__
     uint32_t digit[MSM_RADIX_THREADS]; /* the emulator's view of a round's digits */
@@ -149,11 +140,11 @@ FF_INLINE void msm_radix_hist_body(uint32_t b, uint32_t t, const uint32_t* keys,
     for (uint32_t d = t; d < bins; d += MSM_RADIX_THREADS) counts[(uint64_t)d * nblocks + b] = hist[d];
 }
 
-/* Exclusive prefix sums over the block of one value per thread. */
+/* Exclusive prefix sums over the block of one value per thread (the block's total not kept). */
 FF_INLINE uint32_t msm_radix_block_scan(uint32_t t, uint32_t v, uint32_t* scan) {
     scan[t] = v;
     __syncthreads();
-    /* Hillis-Steele in shared memory: log2(T) steps, a barrier around each read */
+    /* Hillis-Steele over the block in shared memory: log2(T) steps, a barrier around each read */
     for (uint32_t o = 1; o < MSM_RADIX_THREADS; o <<= 1) {
         uint32_t add = t >= o ? scan[t - o] : 0;
         __syncthreads();
@@ -163,94 +154,75 @@ FF_INLINE uint32_t msm_radix_block_scan(uint32_t t, uint32_t v, uint32_t* scan) 
     return scan[t] - v;
 }
 
-/* The rank of this lane among the warp's lanes of digit d this round (lower lanes first) and how
- * many they are; d = MSM_RADIX_BINS for a lane without a key. */
-FF_INLINE void msm_radix_peers(uint32_t t, uint32_t d, uint32_t& rank, uint32_t& count, msm_radix_shared& sh) {
-#ifdef __CUDA_ARCH__
-    (void)sh;
-    unsigned peers = __match_any_sync(0xffffffffu, d);
-    rank = __popc(peers & ((1u << (t & 31)) - 1));
-    count = __popc(peers);
-#else
-    sh.digit[t] = d;
-    __syncthreads();
-    rank = 0, count = 0;
-    for (uint32_t u = t & ~31u; u < (t & ~31u) + 32; u++) {
-        if (sh.digit[u] != d) continue;
-        rank += u < t;
-        count++;
-    }
-    __syncthreads();
-#endif
-}
-
 /* One pass of block b: keys_in (and vals_in, or the positions themselves when null) to
- * keys_out / vals_out, or on the last pass (keys_out null) the positions to perm; offsets: the
- * inclusive sums of msm_radix_hist's counts. */
+ * keys_out / vals_out, or on the last pass (keys_out null) the positions to perm. */
 FF_INLINE void msm_radix_scatter_body(uint32_t b, uint32_t t, const uint32_t* keys_in, const uint32_t* vals_in,
-                                      uint64_t n, uint32_t shift, uint32_t dbits, const uint32_t* offsets,
-                                      uint32_t nblocks, uint32_t* keys_out, uint32_t* vals_out, int64_t* perm,
-                                      msm_radix_shared& sh) {
-    const uint32_t bins = 1u << dbits, per = MSM_RADIX_BINS / MSM_RADIX_THREADS;
+                                      uint64_t n, uint32_t shift, uint32_t dbits, const uint32_t* counts,
+                                      const uint32_t* offsets, uint32_t nblocks, uint32_t* keys_out,
+                                      uint32_t* vals_out, int64_t* perm, msm_radix_shared& sh) {
+    const uint32_t bins = 1u << dbits;
+    const uint32_t per = MSM_RADIX_BINS / MSM_RADIX_THREADS; /* digits per thread in the tile scan */
+    const uint64_t base = (uint64_t)b * MSM_RADIX_TILE;
     const uint32_t lane = t & 31, warp = t >> 5;
-    const uint64_t base = (uint64_t)b * MSM_RADIX_TILE, sub = base + (uint64_t)warp * 32 * MSM_RADIX_ITEMS;
-    for (uint32_t j = t; j < MSM_RADIX_WARPS * MSM_RADIX_BINS; j += MSM_RADIX_THREADS)
-        sh.slot[j / MSM_RADIX_BINS][j % MSM_RADIX_BINS] = 0;
-    __syncthreads();
-    uint32_t key[MSM_RADIX_ITEMS], val[MSM_RADIX_ITEMS];
-    /* 1. the warp's keys per digit */
-#pragma unroll
-    for (uint32_t r = 0; r < MSM_RADIX_ITEMS; r++) {
-        uint64_t i = sub + r * 32 + lane;
-        bool live = i < n;
-        key[r] = live ? keys_in[i] : 0;
-        val[r] = live ? (vals_in ? vals_in[i] : (uint32_t)i) : 0;
-        uint32_t d = live ? msm_radix_digit(key[r], shift, dbits) : MSM_RADIX_BINS, rank, count;
-        msm_radix_peers(t, d, rank, count, sh);
-        if (live && rank == 0) sh.slot[warp][d] += (uint16_t)count;
-        MSM_WARP_SYNC();
-    }
-    __syncthreads();
-    /* 2. slots: digit-major over the tile, warp order within a digit */
+    /* the tile's own digit offsets (exclusive scan of its counts), and each digit's global shift */
     uint32_t mine = 0;
-    for (uint32_t j = 0; j < per; j++)
-        for (uint32_t w = 0; w < MSM_RADIX_WARPS; w++) mine += sh.slot[w][t * per + j];
-    uint32_t run = msm_radix_block_scan(t, mine, sh.scan);
     for (uint32_t j = 0; j < per; j++) {
-        uint32_t d = t * per + j, total = 0;
-        for (uint32_t w = 0; w < MSM_RADIX_WARPS; w++) total += sh.slot[w][d];
-        /* offsets are the inclusive sums: the digit's first global slot is offsets - total */
-        if (d < bins) sh.delta[d] = offsets[(uint64_t)d * nblocks + b] - total - run;
-        for (uint32_t w = 0; w < MSM_RADIX_WARPS; w++) {
-            uint32_t c = sh.slot[w][d];
-            sh.slot[w][d] = (uint16_t)run;
-            run += c;
+        uint32_t d = t * per + j;
+        mine += d < bins ? counts[(uint64_t)d * nblocks + b] : 0;
+    }
+    uint32_t off = msm_radix_block_scan(t, mine, sh.scan);
+    for (uint32_t j = 0; j < per; j++) {
+        uint32_t d = t * per + j;
+        if (d < bins) {
+            sh.run[d] = off;
+            sh.delta[d] = offsets[(uint64_t)d * nblocks + b] - off;
+            off += counts[(uint64_t)d * nblocks + b];
         }
+        for (uint32_t w = 0; w < MSM_RADIX_WARPS; w++) sh.wc[w][d] = 0;
     }
     __syncthreads();
-    /* 3. each warp's keys into the sorted tile, in key order */
-#pragma unroll
-    for (uint32_t r = 0; r < MSM_RADIX_ITEMS; r++) {
-        bool live = sub + r * 32 + lane < n;
-        uint32_t d = live ? msm_radix_digit(key[r], shift, dbits) : MSM_RADIX_BINS, rank, count;
-        msm_radix_peers(t, d, rank, count, sh);
+    for (uint32_t k = 0; k < MSM_RADIX_ITEMS; k++) {
+        uint64_t i = base + (uint64_t)k * MSM_RADIX_THREADS + t;
+        bool live = i < n;
+        uint32_t key = live ? keys_in[i] : 0, d = live ? msm_radix_digit(key, shift, dbits) : MSM_RADIX_BINS;
+        uint32_t val = live ? (vals_in ? vals_in[i] : (uint32_t)i) : 0;
+        uint32_t rank, peers_n;
+#ifdef __CUDA_ARCH__
+        unsigned peers = __match_any_sync(0xffffffffu, d);
+        rank = __popc(peers & ((1u << lane) - 1));
+        peers_n = __popc(peers);
+#else
+        sh.digit[t] = d;
+        __syncthreads();
+        rank = 0, peers_n = 0;
+        for (uint32_t u = warp * 32; u < warp * 32 + 32; u++) {
+            if (sh.digit[u] != d) continue;
+            rank += u < t;
+            peers_n++;
+        }
+        (void)lane;
+#endif
+        if (live && rank == 0) sh.wc[warp][d] = (uint16_t)peers_n;
+        __syncthreads();
         if (live) {
-            uint32_t p = sh.slot[warp][d] + rank;
-            sh.keys[p] = key[r];
-            sh.vals[p] = val[r];
+            uint32_t p = sh.run[d] + rank;
+            for (uint32_t w = 0; w < warp; w++) p += sh.wc[w][d];
+            sh.keys[p] = key;
+            sh.vals[p] = val;
         }
-        MSM_WARP_SYNC();
-        if (live && rank == 0) sh.slot[warp][d] += (uint16_t)count;
-        MSM_WARP_SYNC();
+        __syncthreads();
+        if (live && rank == 0) {
+            atomicAdd(sh.run + d, peers_n);
+            sh.wc[warp][d] = 0;
+        }
+        __syncthreads();
     }
-    __syncthreads();
-    /* 4. out in order */
     const uint32_t tile_n = n - base < MSM_RADIX_TILE ? (uint32_t)(n - base) : MSM_RADIX_TILE;
     for (uint32_t j = t; j < tile_n; j += MSM_RADIX_THREADS) {
-        uint32_t k = sh.keys[j];
-        uint32_t g = j + sh.delta[msm_radix_digit(k, shift, dbits)];
+        uint32_t key = sh.keys[j];
+        uint32_t g = j + sh.delta[msm_radix_digit(key, shift, dbits)];
         if (keys_out) {
-            keys_out[g] = k;
+            keys_out[g] = key;
             vals_out[g] = sh.vals[j];
         } else {
             perm[g] = (int64_t)sh.vals[j];
