@@ -382,14 +382,18 @@ def _with_multiples(kind: str, msm: Any, points: np.ndarray, g2: bool, c: int, p
 
 @pytest.mark.parametrize("n", [1, 7, 400])
 @pytest.mark.parametrize("dist", ["random", "porep", "edge"])
-def test_multiples_match_arkworks(kind: str, msm: Any, g2: bool, n: int, dist: str) -> None:
+def test_multiples_match_arkworks(kind: str, msm: Any, g2: bool, n: int, dist: str,
+                                  monkeypatch: pytest.MonkeyPatch) -> None:
     """Every window adds 2^(c w) P_i into one shared bucket set; c = 7 (37 windows), and a
-    max_entries that cuts them into window batches whose bucket sets are added (OP_ADD)."""
+    max_entries that cuts them into window batches whose bucket sets are added (OP_ADD); the
+    counting sort and the radix sort (keys holding the window below the bucket: wb > 0)."""
     points, scalars = _points(n, g2), _scalars(n, dist, SEED + 31 + n)
-    for params in (None, msm.MsmParams(max_entries=3 * n + 1, seg=5)):
-        obj = _with_multiples(kind, msm, points, g2, 7, params)
-        assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED} {params}"
-        assert obj.nbytes == points.nbytes * msm.window_count(7)
+    for bins in (1 << 20, 0):  # 0: every batch takes the radix sort
+        monkeypatch.setattr(msm, "COUNTING_SORT_BINS", bins)
+        for params in (None, msm.MsmParams(max_entries=3 * n + 1, seg=5)):
+            obj = _with_multiples(kind, msm, points, g2, 7, params)
+            assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED} {params} bins {bins}"
+            assert obj.nbytes == points.nbytes * msm.window_count(7)
 
 
 @pytest.mark.parametrize("dist", ["random", "porep", "same"])
