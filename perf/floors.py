@@ -30,6 +30,7 @@ runs beside other streams): the floors are of the products alone.
 from __future__ import annotations
 
 import argparse
+import functools
 import json
 import platform
 import sys
@@ -53,7 +54,7 @@ from cuzk_mp.backends.gpu.plan import KeyShape, plan_device  # noqa: E402
 from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit  # noqa: E402
 
 RESULTS = ROOT / "perf" / "results"
-H200_FREE = 149_250_113_536  # free device bytes of an H200 with a CUDA context (device-plan-h200-model.json)
+H200_FREE = 139 << 30  # usable device bytes of an H200, as perf/device_plan.py's --free-gib default
 MADD = (8, 2)  # (products, squares) of a mixed XYZZ addition
 FULL_ADD = (12, 2)
 # an affine addition of the grid rounds (grid_affine.cuh): 3 products of the shared inversion's
@@ -93,6 +94,7 @@ def addition_seconds(kind: tuple[int, int], g2: bool, r: dict[str, float]) -> fl
     return muls / r["fq_mul"] + sqrs / r["fq_sqr"]
 
 
+@functools.cache
 def scalar_mix(kind: str, sample_log_n: int) -> dict[str, dict[str, float]]:
     """Per section: its rows as a fraction of n_wires, and the fractions of those rows whose scalar
     is 0, 1 or other, from one witness of the circuit at 2^sample_log_n."""
