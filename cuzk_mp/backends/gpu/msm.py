@@ -848,8 +848,8 @@ class _Msm:
             dst_v = None if last else cupy.empty(n, dtype=np.uint32)
             perm = cupy.empty(n, dtype=np.int64) if last else None
             self._k["msm_radix_scatter"]((nblocks,), (RADIX_THREADS,), (
-                src_k, _NULL if src_v is None else src_v, _u64(n), _u32(shift), _u32(w), counts, offsets,
-                _u32(nblocks), _NULL if last else dst_k, _NULL if last else dst_v, perm if last else _NULL))
+                src_k, _NULL if src_v is None else src_v, _u64(n), _u32(shift), _u32(w), offsets, _u32(nblocks),
+                _NULL if last else dst_k, _NULL if last else dst_v, perm if last else _NULL))
             src_k, src_v, shift = dst_k, dst_v, shift + w
         return perm
 

@@ -84,6 +84,13 @@ msm_sort_scatter(const uint32_t* keys, uint32_t* offsets, int64_t* perm, uint64_
     if (t < n) msm_sort_scatter_one(t, keys, offsets, perm, cfg);
 }
 
+/* Resident blocks per SM asked of ptxas for msm_radix_scatter: its 16 keys, values and ranks a
+ * thread take ~115 registers uncapped (2 blocks of 256 threads a SM); the cap trades a few for
+ * more warps to hide the loads' latency. */
+#ifndef MSM_RADIX_MIN_BLOCKS
+#define MSM_RADIX_MIN_BLOCKS 3
+#endif
+
 /* The radix sort of a window batch (sort.cuh): grid = nblocks = ceil(n / MSM_RADIX_TILE) blocks of
  * MSM_RADIX_THREADS; one hist and one scatter launch a pass, the host scanning counts between. */
 extern "C" __global__ void __launch_bounds__(MSM_RADIX_THREADS)
@@ -93,13 +100,13 @@ msm_radix_hist(const uint32_t* keys, uint64_t n, uint32_t shift, uint32_t dbits,
     msm_radix_hist_body(blockIdx.x, threadIdx.x, keys, n, shift, dbits, counts, nblocks, hist);
 }
 
-extern "C" __global__ void __launch_bounds__(MSM_RADIX_THREADS)
+extern "C" __global__ void __launch_bounds__(MSM_RADIX_THREADS, MSM_RADIX_MIN_BLOCKS)
 msm_radix_scatter(const uint32_t* keys_in, const uint32_t* vals_in, uint64_t n, uint32_t shift, uint32_t dbits,
-                  const uint32_t* counts, const uint32_t* offsets, uint32_t nblocks, uint32_t* keys_out,
-                  uint32_t* vals_out, int64_t* perm) {
+                  const uint32_t* offsets, uint32_t nblocks, uint32_t* keys_out, uint32_t* vals_out,
+                  int64_t* perm) {
     __shared__ msm_radix_shared sh;
-    msm_radix_scatter_body(blockIdx.x, threadIdx.x, keys_in, vals_in, n, shift, dbits, counts, offsets, nblocks,
-                           keys_out, vals_out, perm, sh);
+    msm_radix_scatter_body(blockIdx.x, threadIdx.x, keys_in, vals_in, n, shift, dbits, offsets, nblocks, keys_out,
+                           vals_out, perm, sh);
 }
 
 /* threads = ceil(n / seg): level-1 accumulation of the n sorted entries (accumulate.cuh); m scalars,

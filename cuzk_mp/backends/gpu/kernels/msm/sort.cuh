@@ -87,18 +87,23 @@ FF_INLINE void msm_sort_scan_body(uint32_t t, uint32_t T, uint32_t* counts, uint
  * last pass writes the int64 permutation: ~56 bytes of traffic a key for 3 passes.
  *
  * A pass over digit (key >> shift) & (2^dbits - 1), dbits <= MSM_RADIX_MAX_BITS, is two launches
- * over the same tiles of MSM_RADIX_TILE keys (block b: keys [b TILE, (b + 1) TILE), element
- * b TILE + k T + t in round k of thread t: rounds in order, threads in order = key order):
+ * over the same tiles of MSM_RADIX_TILE keys (block b: keys [b TILE, (b + 1) TILE); warp w of the
+ * block owns the tile's w-th run of MSM_RADIX_ITEMS x 32 keys, element w ITEMS 32 + k 32 + lane in
+ * its round k: warps in order, rounds in order, lanes in order = key order):
  *   msm_radix_hist     counts[d nblocks + b] = keys of tile b with digit d (digit-major, so the
  *                      host's exclusive scan of counts gives every (digit, tile) its first slot);
- *   msm_radix_scatter  ranks each key of the tile stably within the tile (per round: a warp's
- *                      peers of one digit by __match_any_sync, the warps before it through
- *                      per-warp digit counts in shared memory, the rounds before through a
- *                      running count per digit), stores the tile sorted by digit in shared
- *                      memory, then writes it out in order: the keys of one digit leave as
+ *   msm_radix_scatter  ranks each key of the tile stably within the tile in three steps with two
+ *                      block barriers in all: (1) each warp ranks its own keys, round by round,
+ *                      against a warp-private count per digit in shared memory (a round's peers
+ *                      of one digit by __match_any_sync, the count updated by their lowest lane:
+ *                      no block barrier); (2) one exclusive scan over (digit, warp) in
+ *                      digit-major order turns the counts into each warp's first slot of each
+ *                      digit in the sorted tile; (3) every key goes to its slot in shared memory,
+ *                      and the sorted tile is written out in order: the keys of one digit leave as
  *                      one contiguous run (coalesced), at offsets[d nblocks + b] onwards.
- * On the host (the kernel emulator) threads run one at a time between barriers, so the
- * warp ranks are counted from a shared copy of the round's digits instead. */
+ * The previous form ranked a round of the whole block at a time (three block barriers a round,
+ * 48 a tile). On the host (the kernel emulator) threads run one at a time between barriers, so
+ * the warp ranks are counted from a shared copy of the tile's digits instead. */
 #ifndef MSM_RADIX_THREADS
 #define MSM_RADIX_THREADS 256
 #endif
@@ -107,16 +112,19 @@ FF_INLINE void msm_sort_scan_body(uint32_t t, uint32_t T, uint32_t* counts, uint
 #define MSM_RADIX_MAX_BITS 9
 #define MSM_RADIX_BINS (1u << MSM_RADIX_MAX_BITS)
 #define MSM_RADIX_WARPS (MSM_RADIX_THREADS / 32)
+#define MSM_RADIX_WARP_KEYS (MSM_RADIX_ITEMS * 32)
+#if MSM_RADIX_BINS % MSM_RADIX_THREADS != 0 || MSM_RADIX_TILE > 65535
+#error "MSM_RADIX_THREADS must divide MSM_RADIX_BINS; slots of a tile must fit 16 bits"
+#endif
 
 struct msm_radix_shared {
     uint32_t keys[MSM_RADIX_TILE];  /* the tile sorted by digit */
     uint32_t vals[MSM_RADIX_TILE];
-    uint32_t run[MSM_RADIX_BINS];   /* next free slot of each digit in the sorted tile */
+    uint16_t wc[MSM_RADIX_WARPS][MSM_RADIX_BINS]; /* a warp's keys of each digit, then its first slot */
     uint32_t delta[MSM_RADIX_BINS]; /* global offset of a digit's run minus its tile offset */
-    uint16_t wc[MSM_RADIX_WARPS][MSM_RADIX_BINS]; /* this round's keys per warp and digit */
     uint32_t scan[MSM_RADIX_THREADS];
 #ifndef __CUDA_ARCH__
-    uint32_t digit[MSM_RADIX_THREADS]; /* the emulator's view of a round's digits */
+    uint16_t digit[MSM_RADIX_TILE]; /* the emulator's view of the tile's digits */
 #endif
 };
 
@@ -157,66 +165,87 @@ FF_INLINE uint32_t msm_radix_block_scan(uint32_t t, uint32_t v, uint32_t* scan) 
 /* One pass of block b: keys_in (and vals_in, or the positions themselves when null) to
  * keys_out / vals_out, or on the last pass (keys_out null) the positions to perm. */
 FF_INLINE void msm_radix_scatter_body(uint32_t b, uint32_t t, const uint32_t* keys_in, const uint32_t* vals_in,
-                                      uint64_t n, uint32_t shift, uint32_t dbits, const uint32_t* counts,
-                                      const uint32_t* offsets, uint32_t nblocks, uint32_t* keys_out,
-                                      uint32_t* vals_out, int64_t* perm, msm_radix_shared& sh) {
+                                      uint64_t n, uint32_t shift, uint32_t dbits, const uint32_t* offsets,
+                                      uint32_t nblocks, uint32_t* keys_out, uint32_t* vals_out, int64_t* perm,
+                                      msm_radix_shared& sh) {
     const uint32_t bins = 1u << dbits;
     const uint32_t per = MSM_RADIX_BINS / MSM_RADIX_THREADS; /* digits per thread in the tile scan */
     const uint64_t base = (uint64_t)b * MSM_RADIX_TILE;
-    const uint32_t lane = t & 31, warp = t >> 5;
-    /* the tile's own digit offsets (exclusive scan of its counts), and each digit's global shift */
-    uint32_t mine = 0;
+    const uint32_t lane = t & 31, warp = t >> 5, first = warp * MSM_RADIX_WARP_KEYS;
+    for (uint32_t j = 0; j < per; j++)
+        for (uint32_t w = 0; w < MSM_RADIX_WARPS; w++) sh.wc[w][t * per + j] = 0;
+    __syncthreads();
+    /* (1) this warp's keys, their digits and their ranks among the warp's keys of the same digit */
+    uint32_t key[MSM_RADIX_ITEMS], val[MSM_RADIX_ITEMS], rank[MSM_RADIX_ITEMS];
+#pragma unroll
+    for (uint32_t k = 0; k < MSM_RADIX_ITEMS; k++) {
+        uint64_t i = base + first + k * 32 + lane;
+        bool live = i < n;
+        key[k] = live ? keys_in[i] : 0;
+        val[k] = live ? (vals_in ? vals_in[i] : (uint32_t)i) : 0;
+        uint32_t d = live ? msm_radix_digit(key[k], shift, dbits) : MSM_RADIX_BINS;
+#ifdef __CUDA_ARCH__
+        unsigned peers = __match_any_sync(0xffffffffu, d);
+        unsigned leader = __ffs(peers) - 1;
+        uint32_t before = 0;
+        if (live && lane == leader) {
+            before = sh.wc[warp][d];
+            sh.wc[warp][d] = (uint16_t)(before + __popc(peers));
+        }
+        rank[k] = __shfl_sync(0xffffffffu, before, leader) + __popc(peers & ((1u << lane) - 1));
+        __syncwarp();
+#else
+        sh.digit[first + k * 32 + lane] = (uint16_t)d;
+        rank[k] = 0;
+        (void)lane;
+#endif
+    }
+#ifndef __CUDA_ARCH__
+    __syncthreads();
+    for (uint32_t k = 0; k < MSM_RADIX_ITEMS; k++) {
+        uint32_t at = first + k * 32 + lane, d = sh.digit[at];
+        if (d >= bins) continue;
+        uint32_t r = 0, all = 0;
+        for (uint32_t u = first; u < first + MSM_RADIX_WARP_KEYS; u++) {
+            if (sh.digit[u] != d) continue;
+            r += u < at;
+            all++;
+        }
+        rank[k] = r;
+        if (!r) sh.wc[warp][d] = (uint16_t)all;
+    }
+#endif
+    __syncthreads();
+    /* (2) (digit, warp) counts -> slots: a warp's first slot of digit d = the tile's keys of smaller
+     * digits + the earlier warps' keys of digit d; and each digit's global shift */
+    uint32_t tot[MSM_RADIX_BINS / MSM_RADIX_THREADS], mine = 0;
     for (uint32_t j = 0; j < per; j++) {
-        uint32_t d = t * per + j;
-        mine += d < bins ? counts[(uint64_t)d * nblocks + b] : 0;
+        uint32_t d = t * per + j, run = 0;
+        for (uint32_t w = 0; w < MSM_RADIX_WARPS; w++) {
+            uint32_t c = sh.wc[w][d];
+            sh.wc[w][d] = (uint16_t)run;
+            run += c;
+        }
+        tot[j] = run;
+        mine += run;
     }
     uint32_t off = msm_radix_block_scan(t, mine, sh.scan);
     for (uint32_t j = 0; j < per; j++) {
         uint32_t d = t * per + j;
-        if (d < bins) {
-            sh.run[d] = off;
-            sh.delta[d] = offsets[(uint64_t)d * nblocks + b] - off;
-            off += counts[(uint64_t)d * nblocks + b];
-        }
-        for (uint32_t w = 0; w < MSM_RADIX_WARPS; w++) sh.wc[w][d] = 0;
+        for (uint32_t w = 0; w < MSM_RADIX_WARPS; w++) sh.wc[w][d] = (uint16_t)(sh.wc[w][d] + off);
+        if (d < bins) sh.delta[d] = offsets[(uint64_t)d * nblocks + b] - off;
+        off += tot[j];
     }
     __syncthreads();
+    /* (3) the tile sorted by digit in shared memory, then out in order */
+#pragma unroll
     for (uint32_t k = 0; k < MSM_RADIX_ITEMS; k++) {
-        uint64_t i = base + (uint64_t)k * MSM_RADIX_THREADS + t;
-        bool live = i < n;
-        uint32_t key = live ? keys_in[i] : 0, d = live ? msm_radix_digit(key, shift, dbits) : MSM_RADIX_BINS;
-        uint32_t val = live ? (vals_in ? vals_in[i] : (uint32_t)i) : 0;
-        uint32_t rank, peers_n;
-#ifdef __CUDA_ARCH__
-        unsigned peers = __match_any_sync(0xffffffffu, d);
-        rank = __popc(peers & ((1u << lane) - 1));
-        peers_n = __popc(peers);
-#else
-        sh.digit[t] = d;
-        __syncthreads();
-        rank = 0, peers_n = 0;
-        for (uint32_t u = warp * 32; u < warp * 32 + 32; u++) {
-            if (sh.digit[u] != d) continue;
-            rank += u < t;
-            peers_n++;
-        }
-        (void)lane;
-#endif
-        if (live && rank == 0) sh.wc[warp][d] = (uint16_t)peers_n;
-        __syncthreads();
-        if (live) {
-            uint32_t p = sh.run[d] + rank;
-            for (uint32_t w = 0; w < warp; w++) p += sh.wc[w][d];
-            sh.keys[p] = key;
-            sh.vals[p] = val;
-        }
-        __syncthreads();
-        if (live && rank == 0) {
-            atomicAdd(sh.run + d, peers_n);
-            sh.wc[warp][d] = 0;
-        }
-        __syncthreads();
+        if (base + first + k * 32 + lane >= n) continue;
+        uint32_t p = sh.wc[warp][msm_radix_digit(key[k], shift, dbits)] + rank[k];
+        sh.keys[p] = key[k];
+        sh.vals[p] = val[k];
     }
+    __syncthreads();
     const uint32_t tile_n = n - base < MSM_RADIX_TILE ? (uint32_t)(n - base) : MSM_RADIX_TILE;
     for (uint32_t j = t; j < tile_n; j += MSM_RADIX_THREADS) {
         uint32_t key = sh.keys[j];
