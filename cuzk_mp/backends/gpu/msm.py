@@ -826,9 +826,9 @@ class _Msm:
         Why not ``cupy.argsort``: it waits for the host inside every MSM, so a prover's two
         partitions in flight feed the device in turns. Measured on the H200 (perf/results/
         gpu-msm-radix-sort-h200.json): the sort phase alone is slower (2^27 H-shaped MSM 76.2 ms
-        against 68.4), the 2^27 pipeline faster (1.901 s a partition against 1.958). A variant
-        whose warps ranked their own contiguous keys (``__match_any_sync`` twice a key, two block
-        barriers a tile) sorted slower still (92.7 ms)."""
+        against 68.4), the 2^27 pipeline faster (1.901 s a partition against 1.958). Ranked by
+        warps (one match a key, warp-private counts, two block barriers a tile) it takes 72.9 ms;
+        the same with two matches a key took 92.7."""
         if n >= 1 << 32:
             raise InputError(f"a window batch of {n} sort keys: positions must fit 32 bits")
         bits = min(32, max(1, bits))
