@@ -91,6 +91,12 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "unfused": _xyzz(fq_fused=False),
     # G1 only: the Fq products inlined at every use (EC_FQ_CALLS=0; the default makes them calls)
     "inline": _xyzz(fq_calls=False),
+    # G2 only (G1 ignores the knob): level 1 by lane pairs, lane c holding component c of every Fq2
+    # value (kernels/msm/split.cuh, msm_accumulate_split); split_mbN: N resident blocks of 128 asked
+    # of ptxas (sm_90: 2 -> 208 registers, no spills; 3 (default) -> 168, 0.4 KB; 4 -> 128, 1.3 KB)
+    "split": _xyzz(g2_split=True),
+    "split_mb2": _xyzz(g2_split=True, split_min_blocks=2),
+    "split_mb4": _xyzz(g2_split=True, split_min_blocks=4),
     # grid batch-affine rounds (kernels/msm/grid_affine.cuh): one inversion per round over all its
     # pairs; grid_rN: at most N rounds, grid_cN: 2^N entries a chunk, grid_tN: 2^N threads
     "grid": _grid(),

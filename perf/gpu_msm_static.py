@@ -47,6 +47,8 @@ sys.path.insert(1, str(Path(__file__).resolve().parent))
 
 from cuzk_mp.backends.gpu.knobs import MSM_PATH, MsmParams  # noqa: E402
 from cuzk_mp.backends.gpu.source import assemble  # noqa: E402
+# The level-1 kernels whose bucket step is reported (SASS loop and hot path).
+ACC_KERNELS = ("msm_accumulate", "msm_accumulate_split")
 _FUNC = re.compile(r"Function properties for (\S+)")
 _ENTRY = re.compile(r"Compiling entry function '(\S+)'")
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -99,17 +101,26 @@ def _counts(ins: list[tuple[int, str, str]]) -> dict[str, int]:
 
 
 def main_loop(ins: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
-    """Instructions of the widest loop: [target of the widest backward BRA, that BRA]."""
+    """Instructions of the widest loop: [target of the widest backward BRA, that BRA], among the
+    kernel's own code (before its first callee: a callee's out-of-line blocks, e.g. the
+    convergence fallback of a shuffle with a computed mask, also branch backwards)."""
+    calls = [_call_target(op, args) for _, op, args in ins]
+    end = min((t for t in calls if t is not None), default=1 << 62)
     best = (0, 0)
     for addr, op, args in ins:
         tgt = _branch_target(op, args)
-        if tgt is not None and tgt < addr and addr - tgt > best[1] - best[0]:
+        if tgt is not None and tgt < addr < end and addr - tgt > best[1] - best[0]:
             best = (tgt, addr)
     return [i for i in ins if best[0] <= i[0] <= best[1]]
 
 
 def _branch_target(op: str, args: str) -> int | None:
     m = re.search(r"0x([0-9a-f]+)\s*$", args.replace(" @P", "").strip()) if op.startswith("BRA") else None
+    return int(m.group(1), 16) if m else None
+
+
+def _call_target(op: str, args: str) -> int | None:
+    m = re.search(r"0x([0-9a-f]+)\s*$", args.replace(" @P", "").strip()) if op.startswith("CALL") else None
     return int(m.group(1), 16) if m else None
 
 
@@ -210,13 +221,16 @@ def compile_report(g2: bool, params: MsmParams, extra: dict[str, str] | None = N
                 sass_out.write_text(text)
             sass = parse_sass(text)
             report["sass"] = {name: _counts(ins) for name, ins in sass.items()}
-            if "msm_accumulate" in sass:
-                loop = main_loop(sass["msm_accumulate"])
-                report["sass"]["msm_accumulate:loop"] = _counts(loop)
-                func = sass["msm_accumulate"]
+            for kernel in ACC_KERNELS:  # the G2 module's msm_accumulate_split too (one lane of a pair)
+                if kernel not in sass:
+                    continue
+                loop = main_loop(sass[kernel])
+                report["sass"][f"{kernel}:loop"] = _counts(loop)
+                func = sass[kernel]
                 path = hot_path(loop, func)
-                report["sass"]["msm_accumulate:hot"] = _counts(with_callees(path, func))
-                report["hot_code_bytes"] = 16 * (len(loop) + len({i for i in with_callees(path, func)} - set(loop)))
+                report["sass"][f"{kernel}:hot"] = _counts(with_callees(path, func))
+                key = "hot_code_bytes" if kernel == "msm_accumulate" else f"hot_code_bytes:{kernel}"
+                report[key] = 16 * (len(loop) + len({i for i in with_callees(path, func)} - set(loop)))
     return report
 
 
@@ -227,12 +241,14 @@ def summary(rep: dict[str, Any]) -> str:
         if "regs" in p:
             lines.append(f"  {name:16} regs {p['regs']:3}  stack {p.get('stack', 0):5}  "
                          f"spill st/ld {p.get('spill_st', 0)}/{p.get('spill_ld', 0)}")
-    for name in ("msm_accumulate", "msm_accumulate:loop", "msm_accumulate:hot"):
-        if name in rep.get("sass", {}):
-            c = rep["sass"][name]
-            lines.append(f"  SASS {name:20} " + " ".join(f"{k} {v}" for k, v in c.items()))
-    if "hot_code_bytes" in rep:
-        lines.append(f"  code of the loop and the callees it runs: {rep['hot_code_bytes'] // 1024} KB")
+    for kernel in ACC_KERNELS:
+        for name in (kernel, f"{kernel}:loop", f"{kernel}:hot"):
+            if name in rep.get("sass", {}):
+                c = rep["sass"][name]
+                lines.append(f"  SASS {name:26} " + " ".join(f"{k} {v}" for k, v in c.items()))
+        key = "hot_code_bytes" if kernel == "msm_accumulate" else f"hot_code_bytes:{kernel}"
+        if key in rep:
+            lines.append(f"  {kernel}: code of the loop and the callees it runs: {rep[key] // 1024} KB")
     lines.append(f"  cicc {rep.get('cicc_s')} s  ptxas {rep.get('ptxas_s')} s")
     return "\n".join(lines)
 

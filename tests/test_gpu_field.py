@@ -32,6 +32,7 @@ HOST_DRIVER = r"""
 #include <cstdio>
 #include <cstring>
 #include "ff/fp2.cuh"
+#include "ff/fq_sum4.cuh"
 #include "ff/fr.cuh"
 #include "ff/inv_binary.cuh"
 template <class T> static T rd(int nl) {
@@ -51,6 +52,12 @@ template <class T> static void run(const char* op, int nl) {
     if (!strcmp(op, "mul")) wr(a * b, nl);
     else if (!strcmp(op, "madd")) {
         if constexpr (T::N == 12) wr(T::mul_add(a, b, a + b, a * b), nl);
+    }
+    else if (!strcmp(op, "madd4")) {
+        if constexpr (T::N == 12) wr(fq_mul_add4(a, b, a + b, a * b, a.neg(), b, b, a + b), nl);
+    }
+    else if (!strcmp(op, "madd4s")) {
+        if constexpr (T::N == 12) wr(fq_mul_add4(a, b, a, b, a, b, a, b), nl);
     }
     else if (!strcmp(op, "kmul")) wr(a.mul_karatsuba(b), nl);
     else if (!strcmp(op, "ksqr")) wr(a.sqr_karatsuba(), nl);
@@ -105,6 +112,12 @@ def _madd(a: int, b: int, p: int, ri: int) -> int:
     return (a * b + c * d) * ri % p
 
 
+def _madd4(a: int, b: int, p: int, ri: int) -> int:
+    """The tests' fq_mul_add4(a, b, a + b, a * b, -a, b, b, a + b): (a b + c d + e f + g h) R^-1."""
+    c, d = (a + b) % p, a * b * ri % p
+    return (a * b + c * d - a * b + b * c) * ri % p
+
+
 def _limbs(x: int, nl: int) -> str:
     return " ".join(f"{(x >> (64 * i)) & ((1 << 64) - 1):x}" for i in range(nl))
 
@@ -124,6 +137,8 @@ def _field_cases(rng: random.Random, tag: str, p: int, nl: int, count: int) -> l
         }
         if tag == "q":  # mont_t::mul_add is Fq's alone (it needs 3p < R)
             expect["madd"] = _madd(a, b, p, ri)
+            expect["madd4"] = _madd4(a, b, p, ri)  # four products, one reduction
+            expect["madd4s"] = 4 * a * b * ri % p  # a = b = p - 1: the largest running value
         if i < 40:
             expect["inv"] = pow(a * ri, -1, p) * r % p if a else 0
         if i < 200:  # the binary algorithm's paths depend on the value: more cases (it is cheap)
@@ -207,7 +222,8 @@ def test_host_build_matches_python_ints(host_driver: Path) -> None:
 # ---------------------------------------------------------------- on the GPU (NVRTC build)
 
 _OPS = {"mul": 0, "add": 1, "sub": 2, "neg": 3, "sqr": 4, "dbl": 5, "inv": 6, "tom": 7, "frm": 8, "eq": 9,
-        "nr": 10, "mfp": 11, "inb": 12, "kmul": 15, "ksqr": 16, "madd": 17}
+        "nr": 10, "mfp": 11, "inb": 12, "kmul": 15, "ksqr": 16, "madd": 17,
+        "madd4": 18}
 
 
 def _expect(op: str, a: int, b: int, p: int, r: int) -> int:
@@ -215,7 +231,7 @@ def _expect(op: str, a: int, b: int, p: int, r: int) -> int:
     return {
         "mul": a * b * ri, "add": a + b, "sub": a - b, "neg": -a, "sqr": a * a * ri, "dbl": 2 * a,
         "inv": pow(a * ri, -1, p) * r if a else 0, "inb": pow(a * ri, -1, p) * r if a else 0, "tom": a * r,
-        "kmul": a * b * ri, "ksqr": a * a * ri, "madd": _madd(a, b, p, ri),
+        "kmul": a * b * ri, "ksqr": a * a * ri, "madd": _madd(a, b, p, ri), "madd4": _madd4(a, b, p, ri),
         "frm": a * ri,
     }[op] % p
 
@@ -252,7 +268,7 @@ def test_gpu_field_ops_match_python_ints(gpu_check: tuple, field: str) -> None:
     da, db = cupy.asarray(ints_to_limbs(a, nl)), cupy.asarray(ints_to_limbs(b, nl))
     out = cupy.empty_like(da)
     kern = mod.get_function(f"ff_check_{field}")
-    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "inb", "tom", "frm", "eq", "kmul", "ksqr") + (("madd",) if field == "fq" else ()):
+    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "inb", "tom", "frm", "eq", "kmul", "ksqr") + (("madd", "madd4") if field == "fq" else ()):
         out.fill(0xDEADBEEF)  # poison: every row must be written
         m = 200 if op == "inv" else n
         kern(((m + 255) // 256,), (256,), (np.int32(_OPS[op]), da, db, out, np.uint64(m)))

@@ -18,7 +18,9 @@ several window batches), scalar plans (classified once, cut for a suffix,
 several MSMs enqueued before any result is collected), batched and graphed passes, the
 counting and the radix sorts, and the batch-affine
 accumulation (pairs of every kind inside one batch inversion, rounds and
-segment sizes, with and without multiples).
+segment sizes, with and without multiples), and the G2 accumulation by lane
+pairs (one Fq2 component a lane: P + P, P + (-P), infinity, zero digits, the
+ones' sum, with and without multiples).
 """
 
 from __future__ import annotations
@@ -56,8 +58,10 @@ def xyzz_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """Params made without an accumulation take XYZZ here (the path of keys up to 2^18 rows, of keys
     without B2 multiples and of plans without room for the grid lists): the
     grid and batch-affine tests set their rounds themselves, and
-    test_default_accumulation_matches_arkworks takes the default."""
+    test_default_accumulation_matches_arkworks takes the default. The G2 level 1 by lane pairs only
+    where a test asks for it (MsmParams.g2_split)."""
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "xyzz")
+    monkeypatch.delenv("CUZK_GPU_MSM_G2_SPLIT", raising=False)
 
 
 @pytest.fixture(params=[False, True], ids=["g1", "g2"])
@@ -874,3 +878,112 @@ def test_grid_rounds_follow_the_mean_run(msm: Any) -> None:
     assert msm.grid_rounds_for(1 << 20, 1, 8) == 8
     assert msm.grid_rounds_for(100, 1000, 8) == 0
     assert msm.grid_rounds_for(3, 1, 8) == 1
+
+
+# ------------------------------------------------------------------ G2 level 1 by lane pairs
+
+
+def _split(msm: Any, **kw: Any) -> Any:
+    """Params of the component-split G2 accumulation (msm_accumulate_split): small segments and
+    windows, so a few hundred scalars make many segments and runs across them; in the emulator
+    also blocks of 32 (16 pairs), so the last block is partly past the segments."""
+    emulated = getattr(msm, "cupy", None) is gpu_emu.fake_cupy
+    base = {"g2_split": True, "seg": 5, "window_bits": 6, "nthreads": 32 if emulated else 128, "ga_rounds": 0,
+            "ba_rounds": 0}
+    return msm.MsmParams(**{**base, **kw})
+
+
+def _run_split(msm: Any, points: np.ndarray, scalars: np.ndarray, params: Any, obj: Any = None) -> Any:
+    """An MSM over ``points`` (or ``obj``) whose level-1 launches must all be msm_accumulate_split."""
+    obj = obj if obj is not None else msm.MsmG2(points, params)
+    names: list[str] = []
+    launch = obj._launch
+
+    def record(name: str, *args: Any) -> None:
+        names.append(name)
+        launch(name, *args)
+
+    obj._launch = record
+    try:
+        got = obj.run(scalars)
+    finally:
+        obj.close()
+    assert "msm_accumulate" not in names
+    assert "msm_accumulate_split" in names or not any(scalars.ravel())
+    return got
+
+
+@pytest.mark.parametrize("n", [1, 7, 300, 1001])
+@pytest.mark.parametrize("dist", ["random", "porep", "same", "edge"])
+def test_split_matches_arkworks(msm: Any, n: int, dist: str) -> None:
+    """msm_accumulate_split (msm/split.cuh) against arkworks: 0 / 1 / r - 1 scalars (zero digits
+    sorted last, the ones' sum through the same kernel), one bucket for everything ("same"), sizes
+    that are no multiple of the segment, the pair or the block."""
+    points, scalars = _points(n, True), _scalars(n, dist, SEED + 101 + n)
+    for seg in (5, 64) if n >= 300 else (1, 5):
+        got = _run_split(msm, points, scalars, _split(msm, seg=seg))
+        assert got == _oracle(points, scalars, True), f"seed {SEED} seg {seg}"
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "same"])
+def test_split_special_bases(msm: Any, dist: str) -> None:
+    """Infinity rows, P + P (the split affine doubling) and P + (-P) (infinity, then a fresh run)
+    inside the pairs' runs, for several segment sizes."""
+    points, scalars = _special(True, dist)
+    want = _oracle(points, scalars, True)
+    for seg in (1, 3, 7, 64):
+        assert _run_split(msm, points, scalars, _split(msm, seg=seg)) == want, f"seed {SEED} seg {seg}"
+
+
+@pytest.mark.parametrize("value", [1, 3])
+def test_split_repeated_and_opposite_points(msm: Any, value: int) -> None:
+    """Runs where P + P, P + (-P), inf + P and P + inf follow each other: every scalar 1 (the ones'
+    sum, one bucket) or 3 (one digit in one window: one bucket), over bases built so that each kind
+    occurs at every position of a segment."""
+    points = _pair_kinds(True)
+    scalars = ints_to_limbs([value] * len(points), 4)
+    want = _oracle(points, scalars, True)
+    for seg in (2, 5, 8, 240):
+        assert _run_split(msm, points, scalars, _split(msm, seg=seg)) == want, f"seed {SEED} seg {seg}"
+
+
+def test_split_zero_scalars(msm: Any) -> None:
+    """All-zero scalars (no entry at all) and a single non-zero among zeros."""
+    points = _points(50, True)
+    zeros = np.zeros((50, 4), dtype=np.uint64)
+    assert _run_split(msm, points, zeros, _split(msm)) == G2Point.identity()
+    one = zeros.copy()
+    one[17] = _scalars(1, "random", SEED + 103)[0]
+    assert _run_split(msm, points, one, _split(msm)) == _oracle(points, one, True), f"seed {SEED}"
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "edge"])
+def test_split_with_multiples(kind: str, msm: Any, dist: str) -> None:
+    """The split accumulation over precomputed multiples (point rows wl stride + i, one shared
+    bucket set), in one window batch and in several."""
+    n = 301
+    points, scalars = _points(n, True), _scalars(n, dist, SEED + 107)
+    for params in (_split(msm), _split(msm, max_entries=3 * n + 1, seg=3)):
+        params = dataclasses.replace(params, window_bits=None)
+        obj = _with_multiples(kind, msm, points, True, 7, params)
+        assert _run_split(msm, points, scalars, params, obj) == _oracle(points, scalars, True), f"seed {SEED}"
+
+
+def test_split_knobs(msm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """g2_split: G2 alone (G1 MSMs keep msm_accumulate), off by default, on by env
+    CUZK_GPU_MSM_G2_SPLIT; its register cap is a define of the G2 module only when set."""
+    monkeypatch.delenv("CUZK_GPU_MSM_G2_SPLIT", raising=False)
+    assert not msm.MsmParams().g2_split
+    for value, on in (("1", True), ("on", True), ("0", False), ("off", False), ("", False)):
+        monkeypatch.setenv("CUZK_GPU_MSM_G2_SPLIT", value)
+        assert msm.MsmParams().g2_split is on, value
+    monkeypatch.delenv("CUZK_GPU_MSM_G2_SPLIT")
+    p = msm.MsmParams(g2_split=True)
+    assert p.split(True) and not p.split(False)
+    assert "MSM_SPLIT_MIN_BLOCKS" not in p.defines(True)
+    q = msm.MsmParams(g2_split=True, split_min_blocks=4)
+    assert q.defines(True)["MSM_SPLIT_MIN_BLOCKS"] == 4 and "MSM_SPLIT_MIN_BLOCKS" not in q.defines(False)
+    with pytest.raises(ConfigError, match="split_min_blocks"):
+        msm.MsmParams(split_min_blocks=0)
+    points, scalars = _points(40, False), _scalars(40, "random", SEED + 109)
+    assert _run(msm, points, scalars, False, p) == _oracle(points, scalars, False), f"seed {SEED}"

@@ -130,6 +130,16 @@ DENSE_KEY_ROWS = 1 << 16
 FQ_MUL_MODES = ("imad", "dfma", "mixed")
 
 
+# "1" / "on" / "true" / "yes" makes MsmParams.g2_split default to True (the G2 level 1 by lane pairs,
+# where the XYZZ kernel would run); unset or anything else: False. Read when MsmParams() is made.
+G2_SPLIT_ENV = "CUZK_GPU_MSM_G2_SPLIT"
+
+
+def g2_split_default() -> bool:
+    """Whether env CUZK_GPU_MSM_G2_SPLIT turns the component-split G2 accumulation on (default: off)."""
+    return os.environ.get(G2_SPLIT_ENV, "").strip().lower() in ("1", "on", "true", "yes")
+
+
 def accumulate_rounds(mode: str | None = None) -> int:
     """Batch-affine rounds of an accumulation mode (``mode`` None: env CUZK_GPU_MSM_ACCUMULATE,
     default :data:`ACCUMULATE_DEFAULT`): :data:`BA_ROUNDS` for "affine", else 0."""
@@ -246,6 +256,16 @@ class MsmParams:
     # "no instruction" stalls 31 % -> 6 % of the accumulation's samples), PoRep-like 33.3 / 39.8;
     # with 3, 5 or 6 blocks per SM 89.4 / 91.1 / 95.4 ms of accumulation (perf/gpu_msm_notes.md).
     fq_calls: bool = True
+    # G2 level 1 with two lanes per segment (kernels/msm/split.cuh, msm_accumulate_split): lane c of a
+    # pair holds component c of every Fq2 value, so each lane carries G1-sized state (Fq calls, one
+    # fused Fq product per lane and Fq2 product, partner values by shuffles) instead of one thread
+    # with 255 registers and ~1.1 KB of call-save spills at 2 blocks per SM; same heads and buckets
+    # as msm_accumulate. Taken where msm_accumulate would be (not with the grid or batch-affine
+    # rounds); off until measured on the device (env CUZK_GPU_MSM_G2_SPLIT=1 turns it on). G1 ignores it.
+    g2_split: bool = field(default_factory=g2_split_default)
+    # msm_accumulate_split's __launch_bounds__ minimum blocks per SM (compiled in, G2 modules; None:
+    # the kernel's default, 384 threads a SM: 3 blocks of 128, 168 registers on sm_90)
+    split_min_blocks: int | None = None
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -269,6 +289,8 @@ class MsmParams:
             raise ConfigError(f"MsmParams.fq_mul={self.fq_mul!r}: one of {', '.join(FQ_MUL_MODES)}")
         if not 1 <= self.fq_mixed_n <= 6:
             raise ConfigError(f"MsmParams.fq_mixed_n={self.fq_mixed_n}: in [1, 6]")
+        if self.split_min_blocks is not None and not 1 <= self.split_min_blocks <= 16:
+            raise ConfigError(f"MsmParams.split_min_blocks={self.split_min_blocks}: in [1, 16] or None")
         if self.ga_min_blocks is not None and not 1 <= self.ga_min_blocks <= 16:
             raise ConfigError(f"MsmParams.ga_min_blocks={self.ga_min_blocks}: in [1, 16] or None")
         if not 0 <= self.ga_rounds <= 64 or self.ga_chunk < 2 or (self.ga_threads is not None and self.ga_threads < 1):
@@ -277,6 +299,10 @@ class MsmParams:
         if not 0 <= self.ba_rounds <= 255 or not 1 <= self.ba_seg <= 1 << 16:
             raise ConfigError(f"MsmParams: ba_rounds in [0, 255], ba_seg in [1, 65536] (got {self.ba_rounds}, "
                               f"{self.ba_seg})")
+
+    def split(self, g2: bool) -> bool:
+        """Whether this group's level 1 takes msm_accumulate_split where it would take msm_accumulate."""
+        return g2 and self.g2_split
 
     def grid(self, g2: bool) -> bool:
         """Whether this group's MSMs take the grid batch-affine rounds."""
@@ -288,6 +314,8 @@ class MsmParams:
         out = {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads, "MSM_ACC_MIN_BLOCKS": min_blocks}
         if g2:
             out.update(G2_FP2)
+            if self.split_min_blocks:
+                out["MSM_SPLIT_MIN_BLOCKS"] = self.split_min_blocks
         elif self.fq_mul != "imad":
             out["EC_FQ_DFMA"] = FQ_MUL_MODES.index(self.fq_mul)
             if self.fq_mul == "mixed":

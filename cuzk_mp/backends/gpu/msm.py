@@ -26,8 +26,10 @@ One run, for m standard-form scalars (``(m, 4)`` uint64, each < 2^255):
    ``msm_accumulate`` adds each run of a bucket with segmented, load-balanced
    threads (or ``msm_accumulate_affine``, ``MsmParams.ba_rounds`` > 0: the same
    segments summed by batch-affine rounds, one inversion per block and round,
-   then XYZZ), ``msm_reduce`` combines runs that cross segments and reduces
-   buckets to window sums. Windows are processed in batches so at most
+   then XYZZ; or for G2 with ``MsmParams.g2_split``, ``msm_accumulate_split``: each
+   segment summed by a pair of lanes, one Fq2 component each), ``msm_reduce``
+   combines runs that cross segments and reduces buckets to window sums.
+   Windows are processed in batches so at most
    ``MsmParams.max_entries`` keys exist at once. With precomputed multiples
    every window adds the multiple 2^(c w) P_i into ONE shared bucket set, so
    the reduction runs once instead of W times and larger windows pay
@@ -557,7 +559,13 @@ class _Msm:
                     "msm_sort_count", "msm_sort_scan", "msm_sort_scatter", "msm_radix_hist", "msm_radix_scatter",
                     "msm_ga_rows", "msm_ga_count",
                     "msm_ga_den", "msm_ga_add", "msm_ga_inv", "msm_accumulate_list")}
-        self._resident = occupancy(self._k["msm_accumulate"], self.params.nthreads)
+        self._split = self.params.split(self.G2)  # level 1 by lane pairs (msm_accumulate_split, G2 modules only)
+        if self._split:
+            self._k["msm_accumulate_split"] = mod.get_function("msm_accumulate_split")
+        self._resident = occupancy(self._k["msm_accumulate_split" if self._split else "msm_accumulate"],
+                                   self.params.nthreads)
+        # level-1 segments summed at once (the ones' sum sizes its segments by them): one a pair when split
+        self._segments = self._resident // 2 if self._split and self._resident else self._resident
         self._ba_resident = occupancy(self._k["msm_accumulate_affine"], self.params.nthreads)
         self._ga_resident = occupancy(self._k["msm_ga_add"], self.params.nthreads)
         self.last_timings: dict[str, float] = {}
@@ -566,7 +574,8 @@ class _Msm:
 
     @property
     def resident_threads(self) -> int | None:
-        """msm_accumulate threads resident at once on this device (None: not known)."""
+        """Level-1 accumulation threads resident at once on this device: msm_accumulate's, or
+        msm_accumulate_split's (two a segment) where ``params.g2_split`` applies (None: not known)."""
         return self._resident
 
     @property
@@ -733,7 +742,7 @@ class _Msm:
         """Sum of the points whose scalar is 1: one bucket of the accumulation kernel, in
         segments sized by :func:`ones_segment` (whole waves of resident threads)."""
         keys = cupy.zeros(n1, dtype=np.uint32)  # window 0, bucket 0, positive
-        seg = None if self.params.ba_rounds else ones_segment(n1, self._resident, self.params.seg)
+        seg = None if self.params.ba_rounds else ones_segment(n1, self._segments, self.params.seg)
         return self._accumulate(cupy.arange(n1, dtype=np.int64), keys, ones, n1, n1, 1, 1, self.d_points, 0, n1,
                                 seg, grid=False)
 
@@ -872,7 +881,9 @@ class _Msm:
             t = -(-n // seg)
             heads = cupy.empty((t, self._xw), dtype=np.uint64)
             head_keys = cupy.empty(t, dtype=np.uint32)
-            self._launch("msm_accumulate", t, perm, keys, _NULL if idx is None else idx, points, buckets,
+            # msm_accumulate_split: two lanes a segment (t pairs)
+            name, threads = ("msm_accumulate_split", 2 * t) if self._split else ("msm_accumulate", t)
+            self._launch(name, threads, perm, keys, _NULL if idx is None else idx, points, buckets,
                          heads, head_keys, _u64(n), _u64(m), _u32(cfg), _u64(stride), _u32(seg), _u64(per))
         self._combine(heads, head_keys, t, buckets)
         return buckets

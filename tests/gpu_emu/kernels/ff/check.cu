@@ -5,9 +5,11 @@
  * 7 to_mont, 8 from_mont, 9 eq (out[i][0] = a == b), 10 mul_by_nonresidue (Fq2),
  * 11 mul_by_fp (Fq2: a times b.c0), 12 inv_binary (Fq, Fr), 13 fq_mul_dfma and
  * 14 fq_sqr_dfma (Fq only: the FP64-pipe product of ff/fp_dfma.cuh), 15 mul_karatsuba and
- * 16 sqr_karatsuba (Fq, Fr), 17 mul_add(a, b, a + b, a * b) (Fq only: Fr rows come out zero).
+ * 16 sqr_karatsuba (Fq, Fr), 17 mul_add(a, b, a + b, a * b) and 18 fq_mul_add4(a, b, a + b, a * b,
+ * -a, b, b, a + b) (Fq only: Fr rows come out zero).
  */
 #include "fp2.cuh"
+#include "fq_sum4.cuh"
 #include "fr.cuh"
 #include "inv_binary.cuh"
 #include "fp_dfma.cuh"
@@ -33,6 +35,9 @@ DEV_INLINE T ff_apply(int op, const T& a, const T& b) {
         case 16: return a.sqr_karatsuba();
         case 17:
             if constexpr (T::N == 12) return T::mul_add(a, b, a + b, a * b);
+            else return T::zero();
+        case 18:
+            if constexpr (T::N == 12) return fq_mul_add4(a, b, a + b, a * b, a.neg(), b, b, a + b);
             else return T::zero();
         case 7: return a.to_mont();
         case 8: return a.from_mont();
