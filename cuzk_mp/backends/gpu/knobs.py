@@ -261,7 +261,9 @@ class MsmParams:
     # fused Fq product per lane and Fq2 product, partner values by shuffles) instead of one thread
     # with 255 registers and ~1.1 KB of call-save spills at 2 blocks per SM; same heads and buckets
     # as msm_accumulate. Taken where msm_accumulate would be (not with the grid or batch-affine
-    # rounds); off until measured on the device (env CUZK_GPU_MSM_G2_SPLIT=1 turns it on). G1 ignores it.
+    # rounds). Measured on the H200 (perf/results/gpu-msm-split-h200.json): accumulation 1-2 % faster,
+    # the ones' sum 6 % slower at 2^27, the G2 MSM within 1 %: off (env CUZK_GPU_MSM_G2_SPLIT=1 turns
+    # it on). G1 ignores it.
     g2_split: bool = field(default_factory=g2_split_default)
     # msm_accumulate_split's __launch_bounds__ minimum blocks per SM (compiled in, G2 modules; None:
     # the kernel's default, 384 threads a SM: 3 blocks of 128, 168 registers on sm_90)
