@@ -14,36 +14,32 @@
 #pragma once
 #include "fp.cuh"
 
-/* One CIOS step of the four-product sum (mont_t::mad_n_redc with four rows). */
-FF_INLINE void fq_sum4_step(uint32_t* lo, uint32_t* hi, bool first, const uint32_t* a, uint32_t bi,
-                            const uint32_t* c, uint32_t di, const uint32_t* e, uint32_t fi, const uint32_t* g,
-                            uint32_t hi2) {
+/* One CIOS step of the four-product sum (mont_t::mad_n_redc with four rows): the rows x[k] times
+ * y[k] (k < 4) and then p times m added to the running value (lo, hi). */
+FF_INLINE void fq_sum4_step(uint32_t* lo, uint32_t* hi, bool first, const uint32_t* const x[4], const uint32_t y[4]) {
     constexpr int N = fp_t::N;
     uint32_t P[N];
     fp_t::load_mod(P);
     ptx::cc_t cc;
     if (first) {
-        fp_t::mul_n(hi, a + 1, bi);
-        fp_t::mul_n(lo, a, bi);
+        fp_t::mul_n(hi, x[0] + 1, y[0]);
+        fp_t::mul_n(lo, x[0], y[0]);
     } else {
         lo[0] = ptx::add_cc(lo[0], hi[1], cc);
-        fp_t::madc_n_rshift(hi, a + 1, bi, cc);
-        fp_t::cmad_n(lo, a, bi, cc);
+        fp_t::madc_n_rshift(hi, x[0] + 1, y[0], cc);
+        fp_t::cmad_n(lo, x[0], y[0], cc);
         hi[N - 1] = ptx::addc(hi[N - 1], 0, cc);
     }
-    fp_t::cmad_n(hi, c + 1, di, cc);
-    fp_t::cmad_n(lo, c, di, cc);
-    hi[N - 1] = ptx::addc(hi[N - 1], 0, cc);
-    fp_t::cmad_n(hi, e + 1, fi, cc);
-    fp_t::cmad_n(lo, e, fi, cc);
-    hi[N - 1] = ptx::addc(hi[N - 1], 0, cc);
-    fp_t::cmad_n(hi, g + 1, hi2, cc);
-    fp_t::cmad_n(lo, g, hi2, cc);
-    hi[N - 1] = ptx::addc(hi[N - 1], 0, cc);
-    uint32_t m = lo[0] * fq_field::M0;
-    fp_t::cmad_n(hi, P + 1, m, cc);
-    fp_t::cmad_n(lo, P, m, cc);
-    hi[N - 1] = ptx::addc(hi[N - 1], 0, cc);
+    uint32_t m = 0;
+#pragma unroll
+    for (int k = 1; k <= 4; k++) {
+        const uint32_t* row = k < 4 ? x[k] : P;
+        if (k == 4) m = lo[0] * fq_field::M0;
+        const uint32_t yk = k < 4 ? y[k] : m;
+        fp_t::cmad_n(hi, row + 1, yk, cc);
+        fp_t::cmad_n(lo, row, yk, cc);
+        hi[N - 1] = ptx::addc(hi[N - 1], 0, cc);
+    }
 }
 
 FF_INLINE fp_t fq_mul_add4(const fp_t& a, const fp_t& b, const fp_t& c, const fp_t& d, const fp_t& e,
@@ -53,8 +49,10 @@ FF_INLINE fp_t fq_mul_add4(const fp_t& a, const fp_t& b, const fp_t& c, const fp
     uint32_t even[N], odd[N];
 #pragma unroll
     for (int i = 0; i < N; i += 2) {
-        fq_sum4_step(even, odd, i == 0, a.l, b.l[i], c.l, d.l[i], e.l, f.l[i], g.l, h.l[i]);
-        fq_sum4_step(odd, even, false, a.l, b.l[i + 1], c.l, d.l[i + 1], e.l, f.l[i + 1], g.l, h.l[i + 1]);
+        const uint32_t* const x[4] = {a.l, c.l, e.l, g.l};
+        const uint32_t y0[4] = {b.l[i], d.l[i], f.l[i], h.l[i]}, y1[4] = {b.l[i + 1], d.l[i + 1], f.l[i + 1], h.l[i + 1]};
+        fq_sum4_step(even, odd, i == 0, x, y0);
+        fq_sum4_step(odd, even, false, x, y1);
     }
     return fp_t::fold(even, odd);
 }

@@ -102,15 +102,22 @@ struct msm_list_src {
     }
 };
 
-/* Segment t (entries [t seg, t seg + seg) of n) of level 1, from `src`. */
-template <class F, class Src>
-FF_INLINE void msm_level1_body(uint64_t t, const Src& src, uint64_t* buckets, uint64_t* heads,
-                               uint32_t* head_keys, uint64_t n, uint32_t seg) {
+/* The segment walk of level 1: segment t (entries [t seg, t seg + seg) of n) of `src`, in runs
+ * of one bucket, each summed by `acc` and flushed when the bucket changes (see the file comment:
+ * the segment's first run to heads[t] when it started in an earlier segment, any other run to its
+ * bucket). Acc, the bucket sum of one thread's share of a run:
+ *   reset()                          start a run (the point at infinity);
+ *   add(src, j, h)                   add entry j (its handle h from src.head);
+ *   flush(b, to_head, t)             store the run's sum (to_head: to heads[t], head_keys[t] = b);
+ *   writes_keys()                    whether this thread writes head_keys (one per segment). */
+template <class Src, class Acc>
+FF_INLINE void msm_walk_segment(uint64_t t, const Src& src, Acc& acc, uint32_t* head_keys, uint64_t n,
+                                uint32_t seg) {
     uint64_t j0 = t * seg, j1 = j0 + seg < n ? j0 + seg : n;
     const uint32_t prev = src.bucket_before(j0);
     uint32_t cur = MSM_BUCKET_NONE;
     bool first = true, wrote_head = false;
-    xyzz_t<F> acc = xyzz_t<F>::inf();
+    acc.reset();
 #pragma unroll 1
     for (uint64_t j = j0; j < j1; j++) {
         uint32_t b;
@@ -119,21 +126,46 @@ FF_INLINE void msm_level1_body(uint64_t t, const Src& src, uint64_t* buckets, ui
         if (b != cur) {
             if (cur != MSM_BUCKET_NONE) {
                 bool head = first && cur == prev;
-                msm_flush(acc, cur, head, false, t, buckets, heads, head_keys);
+                acc.flush(cur, head, t);
                 wrote_head |= head;
                 first = false;
             }
             cur = b;
-            acc = xyzz_t<F>::inf();
+            acc.reset();
         }
-        acc.add_affine(src.point(j, h));
+        acc.add(src, j, h);
     }
     if (cur != MSM_BUCKET_NONE) {
         bool head = first && cur == prev;
-        msm_flush(acc, cur, head, false, t, buckets, heads, head_keys);
+        acc.flush(cur, head, t);
         wrote_head |= head;
     }
-    if (!wrote_head) head_keys[t] = MSM_BUCKET_NONE;
+    if (!wrote_head && acc.writes_keys()) head_keys[t] = MSM_BUCKET_NONE;
+}
+
+/* One thread's XYZZ sum of a run (msm_walk_segment's Acc): mixed additions of src's points. */
+template <class F>
+struct msm_xyzz_acc {
+    uint64_t* buckets;
+    uint64_t* heads;
+    uint32_t* head_keys;
+    xyzz_t<F> v;
+
+    FF_INLINE void reset() { v = xyzz_t<F>::inf(); }
+    template <class Src>
+    FF_INLINE void add(const Src& src, uint64_t j, uint64_t h) { v.add_affine(src.point(j, h)); }
+    FF_INLINE void flush(uint32_t b, bool to_head, uint64_t t) {
+        msm_flush(v, b, to_head, false, t, buckets, heads, head_keys);
+    }
+    FF_INLINE bool writes_keys() const { return true; }
+};
+
+/* Segment t of level 1, from `src`, one thread. */
+template <class F, class Src>
+FF_INLINE void msm_level1_body(uint64_t t, const Src& src, uint64_t* buckets, uint64_t* heads,
+                               uint32_t* head_keys, uint64_t n, uint32_t seg) {
+    msm_xyzz_acc<F> acc = {buckets, heads, head_keys, xyzz_t<F>::inf()};
+    msm_walk_segment(t, src, acc, head_keys, n, seg);
 }
 
 template <class F>

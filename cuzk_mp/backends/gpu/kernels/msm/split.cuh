@@ -165,55 +165,48 @@ MSM_SPLIT_INLINE void split_add_affine(split_xyzz& acc, bool& inf, const fp_t& x
     acc.Y = split_mul_sub_call(R, Q - acc.X, acc.Y, PPP);
 }
 
-/* msm_flush (level 1: no add to the bucket) of this lane's component. */
-MSM_SPLIT_INLINE void split_flush(const split_xyzz& acc, uint32_t b, bool to_head, uint64_t t, uint32_t lane,
-                                  uint64_t* buckets, uint64_t* heads, uint32_t* head_keys) {
-    const int XW = xyzz_t<fp2_t>::WORDS, CW = xyzz_t<fp2_t>::CW, FW = CW / 2;
-    uint64_t* dst = (to_head ? heads + t * XW : buckets + (uint64_t)b * XW) + lane * FW;
-    acc.X.store(dst);
-    acc.Y.store(dst + CW);
-    acc.ZZ.store(dst + 2 * CW);
-    acc.ZZZ.store(dst + 3 * CW);
-    if (to_head && !lane) head_keys[t] = b;
-}
+/* One lane's share of a run's sum (msm_walk_segment's Acc, accumulate.cuh): this lane's component
+ * of the XYZZ sum, mixed additions in split form, stores of this lane's words (msm_flush at level 1:
+ * no add to the bucket), head_keys written by lane 0. */
+struct split_acc {
+    uint64_t* buckets;
+    uint64_t* heads;
+    uint32_t* head_keys;
+    uint32_t lane;
+    split_xyzz v;
+    bool inf; /* the point at infinity (pair-uniform; the words are zero while it is set) */
+
+    MSM_SPLIT_INLINE void reset() {
+        v = {fp_t::zero(), fp_t::zero(), fp_t::zero(), fp_t::zero()};
+        inf = true;
+    }
+    MSM_SPLIT_INLINE void add(const msm_entry_src<fp2_t>& src, uint64_t, uint64_t h) {
+        const int AW = affine_t<fp2_t>::WORDS, CW = affine_t<fp2_t>::CW;
+        const uint64_t* q = src.points +
+                            msm_entry_row(h & ~MSM_ROW_NEG, src.m, src.per, src.stride, src.tail_idx) * AW +
+                            lane * (CW / 2);
+        fp_t x = fp_t::load(q), y = fp_t::load(q + CW);
+        if (h & MSM_ROW_NEG) y = y.neg();
+        split_add_affine(v, inf, x, y);
+    }
+    MSM_SPLIT_INLINE void flush(uint32_t b, bool to_head, uint64_t t) {
+        const int XW = xyzz_t<fp2_t>::WORDS, CW = xyzz_t<fp2_t>::CW;
+        uint64_t* dst = (to_head ? heads + t * XW : buckets + (uint64_t)b * XW) + lane * (CW / 2);
+        v.X.store(dst);
+        v.Y.store(dst + CW);
+        v.ZZ.store(dst + 2 * CW);
+        v.ZZZ.store(dst + 3 * CW);
+        if (to_head && !lane) head_keys[t] = b;
+    }
+    MSM_SPLIT_INLINE bool writes_keys() const { return !lane; }
+};
 
 /* Segment t of level 1 (msm_level1_body over msm_entry_src<fp2_t>) by its pair, this lane's half. */
 MSM_SPLIT_INLINE void msm_accumulate_split_body(uint64_t t, uint32_t lane, const int64_t* perm, const uint32_t* keys,
                                                 const int64_t* tail_idx, const uint64_t* points, uint64_t* buckets,
                                                 uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m,
                                                 uint32_t cfg, uint64_t stride, uint32_t seg, uint64_t per) {
-    const int AW = affine_t<fp2_t>::WORDS, CW = affine_t<fp2_t>::CW, FW = CW / 2;
     const msm_entry_src<fp2_t> src = {perm, keys, tail_idx, points, m, stride, per, cfg};
-    uint64_t j0 = t * seg, j1 = j0 + seg < n ? j0 + seg : n;
-    const uint32_t prev = src.bucket_before(j0);
-    uint32_t cur = MSM_BUCKET_NONE;
-    bool first = true, wrote_head = false, inf = true;
-    split_xyzz acc = {fp_t::zero(), fp_t::zero(), fp_t::zero(), fp_t::zero()};
-#pragma unroll 1
-    for (uint64_t j = j0; j < j1; j++) {
-        uint32_t b;
-        uint64_t h;
-        if (!src.head(j, b, h)) break; /* zero digits sort last */
-        if (b != cur) {
-            if (cur != MSM_BUCKET_NONE) {
-                bool head = first && cur == prev;
-                split_flush(acc, cur, head, t, lane, buckets, heads, head_keys);
-                wrote_head |= head;
-                first = false;
-            }
-            cur = b;
-            acc = {fp_t::zero(), fp_t::zero(), fp_t::zero(), fp_t::zero()};
-            inf = true;
-        }
-        const uint64_t* q = points + msm_entry_row(h & ~MSM_ROW_NEG, m, per, stride, tail_idx) * AW + lane * FW;
-        fp_t x = fp_t::load(q), y = fp_t::load(q + CW);
-        if (h & MSM_ROW_NEG) y = y.neg();
-        split_add_affine(acc, inf, x, y);
-    }
-    if (cur != MSM_BUCKET_NONE) {
-        bool head = first && cur == prev;
-        split_flush(acc, cur, head, t, lane, buckets, heads, head_keys);
-        wrote_head |= head;
-    }
-    if (!wrote_head && !lane) head_keys[t] = MSM_BUCKET_NONE;
+    split_acc acc = {buckets, heads, head_keys, lane};
+    msm_walk_segment(t, src, acc, head_keys, n, seg);
 }
