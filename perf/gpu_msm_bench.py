@@ -97,8 +97,6 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "split": _xyzz(g2_split=True),
     "split_mb2": _xyzz(g2_split=True, split_min_blocks=2),
     "split_mb4": _xyzz(g2_split=True, split_min_blocks=4),
-    # the split kernel's first product form: one fused Fq product a lane (MsmParams.split_lazy=False)
-    "split_fused": _xyzz(g2_split=True, split_lazy=False),
     # grid batch-affine rounds (kernels/msm/grid_affine.cuh): one inversion per round over all its
     # pairs; grid_rN: at most N rounds, grid_cN: 2^N entries a chunk, grid_tN: 2^N threads
     "grid": _grid(),

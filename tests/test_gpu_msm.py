@@ -925,25 +925,14 @@ def test_split_matches_arkworks(msm: Any, n: int, dist: str) -> None:
         assert got == _oracle(points, scalars, True), f"seed {SEED} seg {seg}"
 
 
-@pytest.mark.parametrize("lazy", [True, False])
 @pytest.mark.parametrize("dist", ["random", "porep", "same"])
-def test_split_special_bases(msm: Any, dist: str, lazy: bool) -> None:
+def test_split_special_bases(msm: Any, dist: str) -> None:
     """Infinity rows, P + P (the split affine doubling) and P + (-P) (infinity, then a fresh run)
-    inside the pairs' runs, for several segment sizes; both product forms (MsmParams.split_lazy)."""
+    inside the pairs' runs, for several segment sizes."""
     points, scalars = _special(True, dist)
     want = _oracle(points, scalars, True)
     for seg in (1, 3, 7, 64):
-        got = _run_split(msm, points, scalars, _split(msm, seg=seg, split_lazy=lazy))
-        assert got == want, f"seed {SEED} seg {seg} lazy {lazy}"
-
-
-@pytest.mark.parametrize("dist", ["random", "edge"])
-def test_split_fused_products(msm: Any, dist: str) -> None:
-    """The split kernel's first product form (one fused Fq product a lane, MSM_SPLIT_LAZY=0) still
-    sums correctly: 0 / 1 / r - 1 and random scalars over sizes no multiple of the segment."""
-    points, scalars = _points(301, True), _scalars(301, dist, SEED + 111)
-    got = _run_split(msm, points, scalars, _split(msm, split_lazy=False))
-    assert got == _oracle(points, scalars, True), f"seed {SEED}"
+        assert _run_split(msm, points, scalars, _split(msm, seg=seg)) == want, f"seed {SEED} seg {seg}"
 
 
 @pytest.mark.parametrize("value", [1, 3])
@@ -994,9 +983,6 @@ def test_split_knobs(msm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     assert "MSM_SPLIT_MIN_BLOCKS" not in p.defines(True)
     q = msm.MsmParams(g2_split=True, split_min_blocks=4)
     assert q.defines(True)["MSM_SPLIT_MIN_BLOCKS"] == 4 and "MSM_SPLIT_MIN_BLOCKS" not in q.defines(False)
-    assert "MSM_SPLIT_LAZY" not in p.defines(True)  # the lazy products are the kernel's default
-    f = msm.MsmParams(g2_split=True, split_lazy=False)
-    assert f.defines(True)["MSM_SPLIT_LAZY"] == 0 and "MSM_SPLIT_LAZY" not in f.defines(False)
     with pytest.raises(ConfigError, match="split_min_blocks"):
         msm.MsmParams(split_min_blocks=0)
     points, scalars = _points(40, False), _scalars(40, "random", SEED + 109)

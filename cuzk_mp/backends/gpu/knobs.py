@@ -268,10 +268,6 @@ class MsmParams:
     # msm_accumulate_split's __launch_bounds__ minimum blocks per SM (compiled in, G2 modules; None:
     # the kernel's default, 384 threads a SM: 3 blocks of 128, 168 registers on sm_90)
     split_min_blocks: int | None = None
-    # msm_accumulate_split's Fq2 products: True (MSM_SPLIT_LAZY=1) the lazy Karatsuba product split
-    # across the pair (372 32-bit products a lane, one 24-word exchange); False the first form, one
-    # fused Fq product a lane (444) (kernels/msm/split.cuh). Compiled in, G2 modules.
-    split_lazy: bool = True
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -322,8 +318,6 @@ class MsmParams:
             out.update(G2_FP2)
             if self.split_min_blocks:
                 out["MSM_SPLIT_MIN_BLOCKS"] = self.split_min_blocks
-            if not self.split_lazy:
-                out["MSM_SPLIT_LAZY"] = 0
         elif self.fq_mul != "imad":
             out["EC_FQ_DFMA"] = FQ_MUL_MODES.index(self.fq_mul)
             if self.fq_mul == "mixed":

@@ -357,19 +357,16 @@ struct mont_t {
      * have a spare top bit) z1 < 2^(32N), so z1 is computed mod 2^(32N) and no carry word
      * is needed. */
 
-    /* w (K + R words) = a * b for K-word a and R-word b (K even, R <= K; R = K: the square
-     * case), schoolbook. Product a[j] b[i] lands on
+    /* w (2K words) = a * b for K-word a, b (K even), schoolbook. Product a[j] b[i] lands on
      * words {i+j, i+j+1}: those with i + j even go to accumulator A at that index, the others
      * to B one word lower (B stands a word higher), so every pair starts on an even index
      * (an aligned register pair for IMAD.WIDE; a split by the parity of j alone costs ~600
      * MOVs per Fq2 product) and each row is one carry chain in A and one in B. Row i's carry
      * lands on a word that only an earlier row's carry touched, and neither accumulator
-     * exceeds a * b < 2^(32(K + R)), so the last rows carry nothing out. */
-    template <int K, int R = K>
+     * exceeds a * b < 2^(64K), so the last rows carry nothing out. */
+    template <int K>
     FF_INLINE static void mul_wide(uint32_t* w, const uint32_t* a, const uint32_t* b) {
-        static_assert(K % 2 == 0 && 1 <= R && R <= K, "mul_wide: K even, 1 <= R <= K");
-        constexpr int W = K + R;
-        uint32_t A[W], B[W];
+        uint32_t A[2 * K], B[2 * K];
 #pragma unroll
         for (int j = 0; j < K; j += 2) {  /* row 0: plain products */
             A[j] = ptx::mul_lo(a[j], b[0]);
@@ -378,9 +375,9 @@ struct mont_t {
             B[j + 1] = ptx::mul_hi(a[j + 1], b[0]);
         }
 #pragma unroll
-        for (int k = K; k < W; k++) A[k] = B[k] = 0;
+        for (int k = K; k < 2 * K; k++) A[k] = B[k] = 0;
 #pragma unroll
-        for (int i = 1; i < R; i++) {
+        for (int i = 1; i < K; i++) {
 #pragma unroll
             for (int into_b = 0; into_b < 2; into_b++) {
                 uint32_t* acc = into_b ? B : A;
@@ -396,15 +393,15 @@ struct mont_t {
                     acc[p] = ptx::madc_lo_cc(a[j], b[i], acc[p], cc);
                     acc[p + 1] = ptx::madc_hi_cc(a[j], b[i], acc[p + 1], cc);
                 }
-                if (p + 2 < W) acc[p + 2] = ptx::addc(acc[p + 2], 0, cc);
+                if (p + 2 < 2 * K) acc[p + 2] = ptx::addc(acc[p + 2], 0, cc);
             }
         }
         ptx::cc_t cc;
         w[0] = A[0];
         w[1] = ptx::add_cc(A[1], B[0], cc);
 #pragma unroll
-        for (int k = 2; k < W - 1; k++) w[k] = ptx::addc_cc(A[k], B[k - 1], cc);
-        w[W - 1] = ptx::addc(A[W - 1], B[W - 2], cc);
+        for (int k = 2; k < 2 * K - 1; k++) w[k] = ptx::addc_cc(A[k], B[k - 1], cc);
+        w[2 * K - 1] = ptx::addc(A[2 * K - 1], B[2 * K - 2], cc);
     }
     /* d = |x - y| on H words; returns all ones when x < y, else 0. */
     template <int H>

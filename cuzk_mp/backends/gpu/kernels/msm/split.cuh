@@ -19,6 +19,9 @@
  *         one Fq product per lane;
  *   Y3 = r s - y p (every formula's): four Fq products per lane with ONE reduction
  *         (fq_mul_add4, ff/fq_sum4.cuh: 732 products instead of 888 for two fused products).
+ * (The lazy Karatsuba product split across the pair, 372 products a lane with one 24-word exchange,
+ * was measured slower: its extra ALU carry chains cost more than the products it saves;
+ * perf/gpu_msm_notes.md.)
  * The pair computes both candidates' operands with selects, so its control flow is uniform: no
  * even/odd divergence. Zero tests (the point at infinity, P == Q and P == -Q in the mixed
  * addition) hold for an Fq2 value when they hold on both lanes: split_both() votes over the pair,
@@ -41,15 +44,7 @@
  */
 #pragma once
 #include "accumulate.cuh"
-#include "../ff/fp2_lazy.cuh"
 #include "../ff/fq_sum4.cuh"
-
-/* 1 (default): the pair's Fq2 products in the lazy Karatsuba form split across the lanes (see
- * "Lazy products" below: 372 32-bit products a lane for a mul, 588 for Y3); 0: one fused Fq product
- * a lane (mont_t::mul_add, 444; Y3 fq_mul_add4, 732). */
-#ifndef MSM_SPLIT_LAZY
-#define MSM_SPLIT_LAZY 1
-#endif
 
 #ifdef __CUDACC__
 #define MSM_SPLIT_INLINE __device__ __forceinline__
@@ -73,23 +68,17 @@ MSM_SPLIT_INLINE fp_t split_sel(bool odd, const fp_t& x, const fp_t& y) {
 
 MSM_SPLIT_INLINE bool split_odd() { return threadIdx.x & 1; }
 
-/* r = the partner lane's w[0 .. n). */
-template <int n>
-MSM_SPLIT_INLINE void split_swap_words(uint32_t* r, const uint32_t* w) {
-#ifdef __CUDA_ARCH__
-    const unsigned mask = 3u << (threadIdx.x & 30);
-#pragma unroll
-    for (int i = 0; i < n; i++) r[i] = __shfl_xor_sync(mask, w[i], 1);
-#else
-    for (int i = 0; i < n; i++) r[i] = w[i];
-    emu_pair_swap(r, n);
-#endif
-}
-
 /* The partner lane's a. */
 MSM_SPLIT_INLINE fp_t split_swap(const fp_t& a) {
     fp_t r;
-    split_swap_words<fp_t::N>(r.l, a.l);
+#ifdef __CUDA_ARCH__
+    const unsigned mask = 3u << (threadIdx.x & 30);
+#pragma unroll
+    for (int i = 0; i < fp_t::N; i++) r.l[i] = __shfl_xor_sync(mask, a.l[i], 1);
+#else
+    r = a;
+    emu_pair_swap(r.l, fp_t::N);
+#endif
     return r;
 }
 
@@ -104,91 +93,6 @@ MSM_SPLIT_INLINE bool split_both(bool p) {
 #endif
 }
 
-#if MSM_SPLIT_LAZY
-/* ---- Lazy products: Karatsuba across the pair, one Montgomery reduction a lane.
- * For a b in Fq2 with t_c = a_c b_c (lane c's own components) and T = (a0 + a1)(b0 + b1), all as
- * 24-word integers: c0 = t0 - t1 and c1 = T - t0 - t1 = a0 b1 + a1 b0. Lane c computes t_c and HALF
- * of T: the rows of (b0 + b1)'s words [6c, 6c + 6), i.e. h_c = (a0 + a1) (b0 + b1)_[6c, 6c+6), and
- * T = h_0 + h_1 2^192. With z_c = placed(h_c) - t_c (h_0 at word 0, h_1 at word 6) the lanes swap
- * ONE 24-word value: lane 0 sends z_0 = h_0 - t0 and keeps t0, lane 1 sends t1 and keeps z_1, so
- *   lane 0: t0 - t1 = c0,   lane 1: z_1 + z_0 = h_1 2^192 + h_0 - t1 - t0 = c1
- * (all mod 2^768; |c| < 2 p^2 < 2^767, so the top bit is the sign). A negative value gets p R added
- * (then it is in [0, p R)), and fp_t::redc_wide (the tail of the Fq square) gives the canonical
- * component. Per lane: 144 + 72 products and the 156 of the reduction, 372 against mul_add's 444,
- * for 24 more shuffles and ~170 ALU instructions (selects, 24-word adds).
- * Y3 = r s - y p takes the same exchange once for the difference of two such products (t_c and h_c
- * both differences, signed, |c| < 2 p^2 still): 588 products a lane against fq_mul_add4's 732. */
-
-/* The canonical component of this lane from t_c and h_c (h as 24 words, sign-extended). */
-MSM_SPLIT_INLINE fp_t split_lazy_finish(const uint32_t* t, const uint32_t* h) {
-    constexpr int N = fp_t::N, H = N / 2, W = 2 * N;
-    const bool odd = split_odd();
-    uint32_t z[W], send[W], keep[W];
-    ptx::cc_t cc;
-#pragma unroll
-    for (int k = 0; k < W; k++) {
-        const uint32_t hk = k < H ? (odd ? 0u : h[k]) : (odd ? h[k - H] : h[k]); /* placed(h) */
-        z[k] = k == 0 ? ptx::sub_cc(hk, t[k], cc) : k < W - 1 ? ptx::subc_cc(hk, t[k], cc) : ptx::subc(hk, t[k], cc);
-    }
-#pragma unroll
-    for (int k = 0; k < W; k++) {
-        send[k] = odd ? t[k] : z[k];
-        keep[k] = odd ? z[k] : t[k];
-    }
-    uint32_t got[W];
-    split_swap_words<W>(got, send);
-    /* lane 0: keep - got; lane 1: keep + got = keep - ~got - 1 (the chain's borrow-in) */
-    const uint32_t m = odd ? ~0u : 0u;
-    uint32_t v[W];
-    (void)ptx::sub_cc(0u, m & 1u, cc);
-#pragma unroll
-    for (int k = 0; k < W - 1; k++) v[k] = ptx::subc_cc(keep[k], got[k] ^ m, cc);
-    v[W - 1] = ptx::subc(keep[W - 1], got[W - 1] ^ m, cc);
-    fp2_lazy::add_pr(v, (uint32_t)((int32_t)v[W - 1] >> 31));
-    return fp_t::redc_wide(v);
-}
-
-/* t = a_c b_c (24 words) and h = this lane's rows of (a + a')(b + b') (18 words, unsigned). */
-MSM_SPLIT_INLINE void split_lazy_parts(uint32_t* t, uint32_t* h, const fp_t& a, const fp_t& b) {
-    constexpr int N = fp_t::N, H = N / 2;
-    fp_t::mul_wide<N>(t, a.l, b.l);
-    const fp_t ap = split_swap(a), bp = split_swap(b);
-    uint32_t sa[N], sb[N], rows[H];
-    fp2_lazy::add_raw(sa, a.l, ap.l); /* < 2p < 2^(32 N - 1) */
-    fp2_lazy::add_raw(sb, b.l, bp.l);
-    const bool odd = split_odd();
-#pragma unroll
-    for (int i = 0; i < H; i++) rows[i] = odd ? sb[H + i] : sb[i];
-    fp_t::mul_wide<N, H>(h, sa, rows);
-}
-
-/* This lane's component of a b in Fq2 (see "Lazy products"). */
-MSM_SPLIT_CALL fp_t split_mul_call(fp_t a, fp_t b) {
-    constexpr int N = fp_t::N, H = N / 2, W = 2 * N;
-    uint32_t t[W], h[W];
-    split_lazy_parts(t, h, a, b);
-#pragma unroll
-    for (int k = N + H; k < W; k++) h[k] = 0;
-    return split_lazy_finish(t, h);
-}
-
-/* This lane's component of r s - y p in Fq2 (the mixed addition's Y3), one reduction a lane. */
-MSM_SPLIT_CALL fp_t split_mul_sub_call(fp_t r, fp_t s, fp_t y, fp_t p) {
-    constexpr int N = fp_t::N, H = N / 2, W = 2 * N;
-    uint32_t t[W], h[W], t2[W], h2[W];
-    split_lazy_parts(t, h, r, s);
-    split_lazy_parts(t2, h2, y, p);
-    fp2_lazy::sub_wide(t, t, t2); /* mod 2^768: the sign is resolved in split_lazy_finish */
-    ptx::cc_t cc;
-    h[0] = ptx::sub_cc(h[0], h2[0], cc);
-#pragma unroll
-    for (int k = 1; k < N + H; k++) h[k] = ptx::subc_cc(h[k], h2[k], cc);
-    const uint32_t ext = ptx::subc(0, 0, cc); /* all ones when h went negative: sign-extend */
-#pragma unroll
-    for (int k = N + H; k < W; k++) h[k] = ext;
-    return split_lazy_finish(t, h);
-}
-#else
 /* This lane's component of a b in Fq2 (see the file comment). */
 MSM_SPLIT_CALL fp_t split_mul_call(fp_t a, fp_t b) {
     const fp_t ap = split_swap(a), bp = split_swap(b);
@@ -206,7 +110,6 @@ MSM_SPLIT_CALL fp_t split_mul_sub_call(fp_t r, fp_t s, fp_t y, fp_t p) {
     return fq_mul_add4(r, split_sel(odd, sp, s), split_sel(odd, rp, rp.neg()), split_sel(odd, s, sp),
                           split_sel(odd, yp.neg(), ny), p, split_sel(odd, ny, yp), pp);
 }
-#endif
 
 /* This lane's component of a^2 in Fq2: (a + a')(a - a') on lane 0, (a + a) a' on lane 1. */
 MSM_SPLIT_CALL fp_t split_sqr_call(fp_t a) {
