@@ -537,8 +537,10 @@ def run() -> None:
     After a one-shot verb (its files written and closed) the process leaves with ``os._exit``
     once stdout, stderr and the log handlers are flushed: the interpreter's teardown (numba's
     thread pool, module finalisers) changes nothing on disk and cost ~0.35 s a ``groth16 prove``
-    on the CPU backend (perf/results/oneshot-start-cpu.json); a CUDA context is released by the
-    driver at exit either way. The engine's verbs (daemon, bench, client) end normally."""
+    on the CPU backend (perf/results/oneshot-start-cpu.json). A process that made a CUDA context
+    leaves its release by the driver to a forked child that outlives it
+    (:func:`.backends.gpu.early_context.hand_off_teardown`). The engine's verbs (daemon, bench,
+    client) end normally."""
     line = global_options_first(sys.argv[1:])
     code = main()
     if _verb(line) in LOCAL_VERBS:
@@ -548,6 +550,10 @@ def run() -> None:
                 stream.flush()
             except (OSError, ValueError):  # closed or broken: nothing more can be said there
                 pass
+        if "cupy" in sys.modules or __package__ + ".backends.gpu.early_context" in sys.modules:  # a CUDA context
+            from .backends.gpu.early_context import hand_off_teardown
+
+            hand_off_teardown()
         os._exit(code)
     sys.exit(code)
 

@@ -156,3 +156,49 @@ def test_client_process_writes_proofs_without_numpy(tmp_path: Path) -> None:
     assert res.stdout.strip() == "['proof_0.json', 'public_0.json', 'verification_key.json']"
     write_json(tmp_path / "want.json", {"pi_a": ["1", "2", "1"], "protocol": "groth16", "curve": "bls12381"})
     assert (tmp_path / "out" / "proof_0.json").read_bytes() == (tmp_path / "want.json").read_bytes()
+
+
+HANDOFF_CHILD = r"""
+import os, sys, time
+from cuzk_mp.backends.gpu.early_context import hand_off_teardown
+held = int(sys.argv[1])  # stands for the driver's device files: open in this process
+hand_off_teardown()
+os.close(held)           # this process's own reference is gone ...
+sys.stdout.write("bye\n")
+sys.stdout.flush()
+time.sleep(1.0)          # ... but it lives on for a second
+os._exit(3)
+"""
+
+
+@pytest.mark.parametrize("handoff", [True, False])
+def test_exit_hands_open_files_to_a_child_until_the_process_is_gone(handoff: bool) -> None:
+    """hand_off_teardown: a forked child keeps the process's open files (the CUDA driver's, in a
+    GPU process) until the process has exited, so their release happens after it; the process's
+    exit status and output are its own, the child says nothing and closes stdout/stderr (the
+    caller's read of them ends with the process). Env CUZK_GPU_EXIT_HANDOFF=0: no child."""
+    import os
+    import select
+    import time
+
+    r, w = os.pipe()
+    env = {**os.environ, "CUZK_GPU_EXIT_HANDOFF": "1" if handoff else "0"}
+    proc = subprocess.Popen([sys.executable, "-c", HANDOFF_CHILD, str(w)], pass_fds=(w,), env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    os.close(w)
+    try:
+        assert proc.stdout is not None and proc.stdout.readline() == b"bye\n"
+        t_closed = time.monotonic()  # the process has closed its own reference
+        ready, _, _ = select.select([r], [], [], 30)
+        assert ready, "the held file never closed"
+        assert os.read(r, 1) == b""
+        released = time.monotonic() - t_closed
+        out, err = proc.communicate(timeout=30)
+    finally:
+        os.close(r)
+        proc.kill()
+    assert proc.returncode == 3 and out == b"" and err == b"", (proc.returncode, out, err)
+    if handoff:
+        assert released >= 0.8, f"released {released:.2f} s after the process closed it: before it was gone"
+    else:
+        assert released < 0.8, f"released {released:.2f} s after the process closed it: something else held it"

@@ -1,4 +1,5 @@
-"""The CUDA primary context, made on a side thread while the process is still importing.
+"""The CUDA primary context of a one-shot process: made on a side thread while the process is still
+importing, and released after the process has gone.
 
 Creating a device's context takes the driver ~0.25 s on an H200 box, and a one-shot ``groth16
 prove`` used to pay it after CuPy's import, on the backend's critical path. The driver API called
@@ -7,13 +8,21 @@ the imports (CuPy's among them) and the first kernel module CuPy loads finds the
 CUDA runtime uses the same primary context. Best effort: without a driver or a device nothing
 happens and the backend reports the error as before. Importing this module sets what the package
 sets for a context (``CUDA_DEVICE_MAX_CONNECTIONS``) before anything is created.
+
+At the other end the driver releases the context when the last reference to its device files
+closes, which is the exiting process unless someone else holds them: ~0.12 s on an H200 box that
+the shell (or a script waiting on the process) sees as part of every one-shot command. With
+:func:`hand_off_teardown` a forked child holds the references and releases them once the parent
+has gone (perf/results/oneshot-teardown-h200.json).
 """
 
 from __future__ import annotations
 
 import ctypes
 import logging
+import os
 import threading
+import warnings
 
 log = logging.getLogger("cuzk_mp.backends.gpu.early_context")
 
@@ -35,3 +44,37 @@ def start_primary_context(device: int = 0) -> threading.Thread:
     thread = threading.Thread(target=_retain, args=(device,), name="cuzk-cuda-context", daemon=True)
     thread.start()
     return thread
+
+
+def hand_off_teardown() -> None:
+    """Right before ``os._exit``: fork a child that keeps this process's open files (the CUDA
+    driver's among them) until the parent has exited, so the driver releases the context in the
+    child, after the parent's exit status is out.
+
+    The child closes stdin, stdout and stderr first (a caller reading the command's output sees its
+    end with the parent's), then blocks on a pipe whose write end only the parent holds, and leaves
+    with ``os._exit`` when that pipe reads end of file: the parent is gone. It runs no Python code
+    that could take a lock another thread held at the fork. Env ``CUZK_GPU_EXIT_HANDOFF=0`` turns
+    it off (the parent then pays the release itself, as without this); any failure to fork is the
+    same."""
+    if os.environ.get("CUZK_GPU_EXIT_HANDOFF", "1").strip().lower() in ("0", "off", "false", "no"):
+        return
+    try:
+        r, w = os.pipe()
+        with warnings.catch_warnings():  # 3.12 warns on fork() in a process with threads
+            warnings.simplefilter("ignore", DeprecationWarning)
+            pid = os.fork()
+    except OSError:
+        return
+    if pid == 0:
+        try:
+            for fd in (0, 1, 2, w):
+                try:
+                    os.close(fd)
+                except OSError:
+                    pass
+            while os.read(r, 1):
+                pass
+        finally:
+            os._exit(0)
+    os.close(r)
