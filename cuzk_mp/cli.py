@@ -31,10 +31,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .daemon.cli import (
-    EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT, EXIT_JOURNAL_DAMAGED, EXIT_TIMEOUT, EXIT_UNREACHABLE,
-)
 from .errors import CuzkError, InputError, ResourceError
+from .exit_codes import (
+    EXIT_CODES, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_RESOURCES, EXIT_UNREACHABLE,
+)
 from .logs import child_format, configure
 
 if TYPE_CHECKING:  # numpy loads with a verb, not for --help
@@ -42,24 +42,6 @@ if TYPE_CHECKING:  # numpy loads with a verb, not for --help
 
 log = logging.getLogger("cuzk_mp.cli")
 
-EXIT_OK = 0
-EXIT_RESOURCES = 4
-EXIT_INTERNAL = 70  # sysexits.h EX_SOFTWARE
-EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
-EXIT_CODES: tuple[tuple[int, str], ...] = (
-    (EXIT_OK, "success (groth16 verify: the proof is valid)"),
-    (EXIT_FAILED, "failed: a proof did not verify, a job failed or was cancelled, a worker died"),
-    (EXIT_INPUT, "bad input: usage, a missing or malformed file, an unsatisfied witness, a bad config"),
-    (EXIT_UNREACHABLE, "the daemon could not be reached (client verbs)"),
-    (EXIT_RESOURCES, "not enough memory (host, shared memory or GPU) for what was asked"),
-    (EXIT_JOURNAL_DAMAGED, "daemon: its journal is damaged or missing; nothing was changed (the message says how "
-                           "to start afresh)"),
-    (EXIT_INTERNAL, "internal error: a bug; rerun with --log-level DEBUG for the traceback"),
-    (EXIT_ALREADY_RUNNING, "daemon: another daemon runs with this journal, socket or shm prefix; nothing was "
-                           "changed"),
-    (EXIT_TIMEOUT, "client await/prove timed out (the job goes on in the daemon)"),
-    (EXIT_INTERRUPTED, "interrupted (SIGINT)"),
-)
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 BACKENDS = ("auto", "cpu", "gpu")

@@ -31,9 +31,12 @@ def test_verb_is_found_after_global_options() -> None:
 
 def test_snarkjs_verbs_do_not_import_the_engine() -> None:
     code = ("import sys; from cuzk_mp.cli import main; main(['groth16', 'verify', 'nope.json', 'nope.json', "
-            "'nope.json']); print(sorted(m for m in sys.modules if m.startswith(('cuzk_mp.pipeline', 'asyncio'))))")
+            "'nope.json']); print(sorted(m for m in sys.modules if m.startswith(('cuzk_mp.pipeline', 'cuzk_mp.daemon', "
+            "'asyncio', 'multiprocessing'))))")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert "cuzk_mp.pipeline.bench" not in out and "cuzk_mp.pipeline.engine" not in out
+    # the exit codes live in cuzk_mp.exit_codes: no daemon module (nor asyncio) loads to learn a number
+    assert "cuzk_mp.daemon" not in out and "asyncio" not in out and "multiprocessing" not in out, out
     helptext = subprocess.run([sys.executable, "-m", "cuzk_mp.cli", "--help"], capture_output=True, text=True,
                               check=True).stdout
     assert all(verb in helptext for verb in ("bench", "daemon", "client", "groth16"))

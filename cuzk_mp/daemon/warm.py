@@ -38,6 +38,7 @@ from pathlib import Path
 
 from cuzk_mp.daemon.transport import CommClosedError, open_socket, parse_address
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
+from cuzk_mp.exit_codes import EXIT_ALREADY_RUNNING
 
 log = logging.getLogger("cuzk_mp.daemon.warm")
 
@@ -45,7 +46,6 @@ CIRCUIT_ID = "key"  # the one circuit of a warm daemon's config
 START_TIMEOUT_S = 900.0  # engine start (kernel loads on a fresh box) + the key's load
 POLL_S = 0.05
 PROGRESS_EVERY_S = 5.0
-EXIT_ALREADY_RUNNING = 75  # cuzk_mp.daemon.cli: another daemon holds the journal
 LOG_KEEP_BYTES = 1 << 20  # a daemon's log is rotated (one old copy) when it grows past this
 MAX_SOCKET_PATH = 104  # bytes of a unix socket's path that every platform takes (Linux: 107)
 

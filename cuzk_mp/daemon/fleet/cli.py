@@ -17,8 +17,8 @@ import sys
 from pathlib import Path
 
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
+from cuzk_mp.exit_codes import EXIT_INPUT, EXIT_UNREACHABLE
 
-EXIT_INPUT, EXIT_UNREACHABLE = 2, 3
 DSN_ENV = "CUZK_MP_FLEET_DSN"
 
 
