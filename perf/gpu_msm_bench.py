@@ -97,6 +97,9 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "split": _xyzz(g2_split=True),
     "split_mb2": _xyzz(g2_split=True, split_min_blocks=2),
     "split_mb4": _xyzz(g2_split=True, split_min_blocks=4),
+    # the radix sort's scatter at N blocks of 256 a SM (msm.cu MSM_RADIX_MIN_BLOCKS; default 2)
+    "xyzz_rmb3": _xyzz(radix_min_blocks=3),
+    "xyzz_rmb4": _xyzz(radix_min_blocks=4),
     # grid batch-affine rounds (kernels/msm/grid_affine.cuh): one inversion per round over all its
     # pairs; grid_rN: at most N rounds, grid_cN: 2^N entries a chunk, grid_tN: 2^N threads
     "grid": _grid(),

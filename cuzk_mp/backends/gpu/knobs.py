@@ -268,6 +268,9 @@ class MsmParams:
     # msm_accumulate_split's __launch_bounds__ minimum blocks per SM (compiled in, G2 modules; None:
     # the kernel's default, 384 threads a SM: 3 blocks of 128, 168 registers on sm_90)
     split_min_blocks: int | None = None
+    # msm_radix_scatter's __launch_bounds__ minimum blocks of 256 per SM (compiled in, both groups; None:
+    # the kernel's default, MSM_RADIX_MIN_BLOCKS in msm.cu)
+    radix_min_blocks: int | None = None
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -293,6 +296,8 @@ class MsmParams:
             raise ConfigError(f"MsmParams.fq_mixed_n={self.fq_mixed_n}: in [1, 6]")
         if self.split_min_blocks is not None and not 1 <= self.split_min_blocks <= 16:
             raise ConfigError(f"MsmParams.split_min_blocks={self.split_min_blocks}: in [1, 16] or None")
+        if self.radix_min_blocks is not None and not 1 <= self.radix_min_blocks <= 8:
+            raise ConfigError(f"MsmParams.radix_min_blocks={self.radix_min_blocks}: in [1, 8] or None")
         if self.ga_min_blocks is not None and not 1 <= self.ga_min_blocks <= 16:
             raise ConfigError(f"MsmParams.ga_min_blocks={self.ga_min_blocks}: in [1, 16] or None")
         if not 0 <= self.ga_rounds <= 64 or self.ga_chunk < 2 or (self.ga_threads is not None and self.ga_threads < 1):
@@ -324,6 +329,8 @@ class MsmParams:
                 out["EC_FQ_MIXED_N"] = self.fq_mixed_n
         if self.ga_min_blocks:
             out["GA_ADD_MIN_BLOCKS"] = self.ga_min_blocks
+        if self.radix_min_blocks:
+            out["MSM_RADIX_MIN_BLOCKS"] = self.radix_min_blocks
         if self.fq_karatsuba:
             out["FF_KARATSUBA"] = 1
         if self.fq_fused and not g2 and self.fq_mul != "dfma":

@@ -85,10 +85,12 @@ msm_sort_scatter(const uint32_t* keys, uint32_t* offsets, int64_t* perm, uint64_
 }
 
 /* Resident blocks per SM asked of ptxas for msm_radix_scatter: its 16 keys, values and ranks a
- * thread take ~115 registers uncapped (2 blocks of 256 threads a SM); the cap trades a few for
- * more warps to hide the loads' latency. */
+ * thread, all loaded before the ranking, take 125 registers at 2 blocks of 256 a SM (no spills);
+ * 3 blocks cap them at 80 (100 B of spills), 4 at 64 (184 B). Measured on the H200 (perf/results/
+ * gpu-msm-radix-sort-h200.json): the 2^27 H-shaped sort 59.2 ms at 2, 66.6 at 3; 2^24 7.6 / 8.6 /
+ * 9.5 ms at 2 / 3 / 4. */
 #ifndef MSM_RADIX_MIN_BLOCKS
-#define MSM_RADIX_MIN_BLOCKS 3
+#define MSM_RADIX_MIN_BLOCKS 2
 #endif
 
 /* The radix sort of a window batch (sort.cuh): grid = nblocks = ceil(n / MSM_RADIX_TILE) blocks of

@@ -139,11 +139,17 @@ FF_INLINE void msm_radix_hist_body(uint32_t b, uint32_t t, const uint32_t* keys,
     for (uint32_t d = t; d < bins; d += MSM_RADIX_THREADS) hist[d] = 0;
     __syncthreads();
     const uint64_t base = (uint64_t)b * MSM_RADIX_TILE;
-#pragma unroll 4
+    /* every load first, then the counts: the loads are all in flight at once (with a count after
+     * each load, the atomics kept them one or four at a time: the pass waited on DRAM latency) */
+    uint32_t key[MSM_RADIX_ITEMS];
+#pragma unroll
     for (uint32_t k = 0; k < MSM_RADIX_ITEMS; k++) {
         uint64_t i = base + (uint64_t)k * MSM_RADIX_THREADS + t;
-        if (i < n) atomicAdd(hist + msm_radix_digit(keys[i], shift, dbits), 1u);
+        key[k] = i < n ? keys[i] : 0;
     }
+#pragma unroll
+    for (uint32_t k = 0; k < MSM_RADIX_ITEMS; k++)
+        if (base + (uint64_t)k * MSM_RADIX_THREADS + t < n) atomicAdd(hist + msm_radix_digit(key[k], shift, dbits), 1u);
     __syncthreads();
     for (uint32_t d = t; d < bins; d += MSM_RADIX_THREADS) counts[(uint64_t)d * nblocks + b] = hist[d];
 }
@@ -175,14 +181,24 @@ FF_INLINE void msm_radix_scatter_body(uint32_t b, uint32_t t, const uint32_t* ke
     for (uint32_t j = 0; j < per; j++)
         for (uint32_t w = 0; w < MSM_RADIX_WARPS; w++) sh.wc[w][t * per + j] = 0;
     __syncthreads();
-    /* (1) this warp's keys, their digits and their ranks among the warp's keys of the same digit */
+    /* (0) this warp's keys and values, every load issued before the first is used (loaded inside
+     * the ranking loop, each round's warp match waited for its own load: 16 DRAM latencies in a row) */
     uint32_t key[MSM_RADIX_ITEMS], val[MSM_RADIX_ITEMS], rank[MSM_RADIX_ITEMS];
 #pragma unroll
     for (uint32_t k = 0; k < MSM_RADIX_ITEMS; k++) {
         uint64_t i = base + first + k * 32 + lane;
+        key[k] = i < n ? keys_in[i] : 0;
+    }
+#pragma unroll
+    for (uint32_t k = 0; k < MSM_RADIX_ITEMS; k++) {
+        uint64_t i = base + first + k * 32 + lane;
+        val[k] = i < n ? (vals_in ? vals_in[i] : (uint32_t)i) : 0;
+    }
+    /* (1) their digits and their ranks among the warp's keys of the same digit */
+#pragma unroll
+    for (uint32_t k = 0; k < MSM_RADIX_ITEMS; k++) {
+        uint64_t i = base + first + k * 32 + lane;
         bool live = i < n;
-        key[k] = live ? keys_in[i] : 0;
-        val[k] = live ? (vals_in ? vals_in[i] : (uint32_t)i) : 0;
         uint32_t d = live ? msm_radix_digit(key[k], shift, dbits) : MSM_RADIX_BINS;
 #ifdef __CUDA_ARCH__
         unsigned peers = __match_any_sync(0xffffffffu, d);
