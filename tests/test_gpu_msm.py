@@ -622,6 +622,17 @@ def test_radix_sort_is_a_stable_sort_on_the_low_bits(kind: str, msm: Any, n: int
     assert got.dtype == np.int64 and np.array_equal(got, want), f"seed {SEED}"
 
 
+def test_radix_min_blocks_knob(msm: Any) -> None:
+    """radix_min_blocks: msm_radix_scatter's register cap as a define of both groups' modules only when
+    set (the kernel's default otherwise), refused outside [1, 8]."""
+    assert "MSM_RADIX_MIN_BLOCKS" not in msm.MsmParams().defines(False)
+    p = msm.MsmParams(radix_min_blocks=3)
+    assert p.defines(False)["MSM_RADIX_MIN_BLOCKS"] == 3 and p.defines(True)["MSM_RADIX_MIN_BLOCKS"] == 3
+    for bad in (0, 9):
+        with pytest.raises(ConfigError, match="radix_min_blocks"):
+            msm.MsmParams(radix_min_blocks=bad)
+
+
 def test_batched_msms_refuse_mixed_plans(kind: str, msm: Any) -> None:
     """A batch needs dense plans of one length: an index-list plan or a length mismatch is refused."""
     n = 40
