@@ -46,12 +46,21 @@ FF_INLINE uint64_t msm_entry_row(uint64_t p, uint64_t m, uint64_t per, uint64_t 
     return wl * stride + (tail_idx ? (uint64_t)tail_idx[i] : (per == m ? i : i % per));
 }
 
-/* Bits [pos, pos + len) of a 256-bit scalar (len <= 32; bits past 255 read as 0). */
+/* s[limb] of a scalar held in registers (limb < 4), by selects: indexing the array with a
+ * runtime limb would put the scalar in local memory (a stack copy, reloaded every window). */
+FF_INLINE uint64_t msm_scalar_limb(const uint64_t* s, uint32_t limb) {
+    uint64_t v = s[0];
+    v = limb == 1 ? s[1] : v;
+    v = limb == 2 ? s[2] : v;
+    return limb == 3 ? s[3] : v;
+}
+
+/* Bits [pos, pos + len) of a 256-bit scalar in registers (len <= 32; bits past 255 read as 0). */
 FF_INLINE uint32_t msm_scalar_bits(const uint64_t* s, uint32_t pos, uint32_t len) {
     uint32_t limb = pos >> 6, off = pos & 63;
     if (limb >= 4) return 0;
-    uint64_t v = s[limb] >> off;
-    if (off + len > 64 && limb < 3) v |= s[limb + 1] << (64 - off);
+    uint64_t v = msm_scalar_limb(s, limb) >> off;
+    if (off + len > 64 && limb < 3) v |= msm_scalar_limb(s, limb + 1) << (64 - off);
     return (uint32_t)(v & ((1ull << len) - 1));
 }
 
