@@ -24,6 +24,8 @@ import os
 import threading
 import warnings
 
+from .knobs import env_switch
+
 log = logging.getLogger("cuzk_mp.backends.gpu.early_context")
 
 
@@ -57,7 +59,7 @@ def hand_off_teardown() -> None:
     that could take a lock another thread held at the fork. Env ``CUZK_GPU_EXIT_HANDOFF=0`` turns
     it off (the parent then pays the release itself, as without this); any failure to fork is the
     same."""
-    if os.environ.get("CUZK_GPU_EXIT_HANDOFF", "1").strip().lower() in ("0", "off", "false", "no"):
+    if not env_switch("CUZK_GPU_EXIT_HANDOFF", True):
         return
     try:
         r, w = os.pipe()

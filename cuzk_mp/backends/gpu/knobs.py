@@ -130,6 +130,14 @@ DENSE_KEY_ROWS = 1 << 16
 FQ_MUL_MODES = ("imad", "dfma", "mixed")
 
 
+def env_switch(name: str, default: bool) -> bool:
+    """An on/off environment knob: a default-on knob is off only for "0" / "off" / "false" / "no", a
+    default-off knob on only for "1" / "on" / "true" / "yes" (any case, spaces ignored); unset or
+    anything else keeps the default."""
+    value = os.environ.get(name, "").strip().lower()
+    return value not in ("0", "off", "false", "no") if default else value in ("1", "on", "true", "yes")
+
+
 # "1" / "on" / "true" / "yes" makes MsmParams.g2_split default to True (the G2 level 1 by lane pairs,
 # where the XYZZ kernel would run); unset or anything else: False. Read when MsmParams() is made.
 G2_SPLIT_ENV = "CUZK_GPU_MSM_G2_SPLIT"
@@ -137,7 +145,7 @@ G2_SPLIT_ENV = "CUZK_GPU_MSM_G2_SPLIT"
 
 def g2_split_default() -> bool:
     """Whether env CUZK_GPU_MSM_G2_SPLIT turns the component-split G2 accumulation on (default: off)."""
-    return os.environ.get(G2_SPLIT_ENV, "").strip().lower() in ("1", "on", "true", "yes")
+    return env_switch(G2_SPLIT_ENV, False)
 
 
 def accumulate_rounds(mode: str | None = None) -> int:
@@ -362,7 +370,7 @@ GRAPHS_ENV = "CUZK_GPU_MSM_GRAPHS"
 
 def msm_graphs_enabled() -> bool:
     """Whether env CUZK_GPU_MSM_GRAPHS leaves the small MSMs' CUDA graphs on (default: on)."""
-    return os.environ.get(GRAPHS_ENV, "").strip().lower() not in ("0", "off", "false", "no")
+    return env_switch(GRAPHS_ENV, True)
 
 
 # Launch geometry of the MSMs of small keys (no compiled-in knob changes: the shipped modules
