@@ -49,6 +49,12 @@ from cuzk_mp.backends.gpu.knobs import MSM_PATH, MsmParams  # noqa: E402
 from cuzk_mp.backends.gpu.source import assemble  # noqa: E402
 # The level-1 kernels whose bucket step is reported (SASS loop and hot path).
 ACC_KERNELS = ("msm_accumulate", "msm_accumulate_split")
+
+
+def _code_key(kernel: str) -> str:
+    """The report key of a level-1 kernel's hot code size (msm_accumulate's keeps its first name)."""
+    return "hot_code_bytes" if kernel == "msm_accumulate" else f"hot_code_bytes:{kernel}"
+
 _FUNC = re.compile(r"Function properties for (\S+)")
 _ENTRY = re.compile(r"Compiling entry function '(\S+)'")
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
@@ -229,8 +235,7 @@ def compile_report(g2: bool, params: MsmParams, extra: dict[str, str] | None = N
                 func = sass[kernel]
                 path = hot_path(loop, func)
                 report["sass"][f"{kernel}:hot"] = _counts(with_callees(path, func))
-                key = "hot_code_bytes" if kernel == "msm_accumulate" else f"hot_code_bytes:{kernel}"
-                report[key] = 16 * (len(loop) + len({i for i in with_callees(path, func)} - set(loop)))
+                report[_code_key(kernel)] = 16 * (len(loop) + len({i for i in with_callees(path, func)} - set(loop)))
     return report
 
 
@@ -246,9 +251,8 @@ def summary(rep: dict[str, Any]) -> str:
             if name in rep.get("sass", {}):
                 c = rep["sass"][name]
                 lines.append(f"  SASS {name:26} " + " ".join(f"{k} {v}" for k, v in c.items()))
-        key = "hot_code_bytes" if kernel == "msm_accumulate" else f"hot_code_bytes:{kernel}"
-        if key in rep:
-            lines.append(f"  {kernel}: code of the loop and the callees it runs: {rep[key] // 1024} KB")
+        if _code_key(kernel) in rep:
+            lines.append(f"  {kernel}: code of the loop and the callees it runs: {rep[_code_key(kernel)] // 1024} KB")
     lines.append(f"  cicc {rep.get('cicc_s')} s  ptxas {rep.get('ptxas_s')} s")
     return "\n".join(lines)
 
