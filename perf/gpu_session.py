@@ -300,16 +300,14 @@ def _to_host(a: Any) -> np.ndarray:
 
 
 def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affine: bool = False,
-                   tags: tuple[str, ...] | None = None, key_shape: str = "points",
-                   g2_shares: tuple[int, ...] = ()) -> None:
+                   tags: tuple[str, ...] | None = None, key_shape: str = "points") -> None:
     """Device work of one 2^lg partition through the protocol recipe: multiples none vs default,
     each with the XYZZ accumulation (``affine``: and the batch-affine one) (``quick``: the default multiples, XYZZ and
     the PoRep-like witness alone: at 2^27, where no multiples fit, one 77 GB key and ~3 s a partition).
     ``tags``: the witnesses (porep, random, boolean, circuit; default porep and random, quick: porep).
     ``key_shape`` "circuit": the key has the PoRep-like circuit's wire count and infinity points
     (:func:`circuit_shape`), the witness "circuit" is the circuit's own, and the rows end in
-    ``_circuit_key``; "points": a point on every row. ``g2_shares``: each value of
-    ``MsmParams.g2_share_smem`` in turn on the same key (rows end in ``_g2share<KiB>k``)."""
+    ``_circuit_key``; "points": a point on every row."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
     from cuzk_mp.backends.gpu.knobs import BA_ROUNDS, MULTIPLES_ENV
 
@@ -334,14 +332,9 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affi
         ses.log(f"key 2^{lg} multiples={variant}: {ses.rows[f'partition_2^{lg}{suffix}_load_key_s']:.1f} s, "
                 f"tables for {ses.rows[f'partition_2^{lg}{suffix}_multiples']}")
         for acc, rounds in (("", 0), ("_affine", BA_ROUNDS)) if affine and not quick else (("", 0),):
-            for share in g2_shares or (None,):
-                for m in key.msms.values():  # launch knobs only: the same compiled module
-                    m.params = dataclasses.replace(m.params, ba_rounds=rounds)
-                    if share is not None:
-                        m.params = dataclasses.replace(m.params, g2_share_smem=share)
-                tail = "" if share is None else f"_g2share{share >> 10}k"
-                _partition_runs(ses, backend, key, abc, witnesses, f"{suffix}{acc}{tail}", lg, n_public, reps, g1, g2,
-                                logs)
+            for m in key.msms.values():  # launch knobs only: the same compiled module
+                m.params = dataclasses.replace(m.params, ba_rounds=rounds)
+            _partition_runs(ses, backend, key, abc, witnesses, f"{suffix}{acc}", lg, n_public, reps, g1, g2, logs)
         ses.rows.update({f"partition_2^{lg}{suffix}_stats_{k}": v for k, v in backend.stats().items()})
         key.close()
         _free()
@@ -519,9 +512,6 @@ def main() -> None:
                     help="partition section: a point on every row (points), or the PoRep-like circuit's wire count "
                          "and infinity points, as its own key has them (circuit: rows *_circuit_key, witness "
                          "'circuit' allowed)")
-    ap.add_argument("--partition-g2-share", default="",
-                    help="partition section: a comma list of MsmParams.g2_share_smem values (bytes, or KiB with a "
-                         "K suffix) to run in turn on the same key")
     ap.add_argument("--affine", action="store_true",
                     help="msm and partition sections: also the batch-affine accumulation (*_affine rows)")
     args = ap.parse_args()
@@ -530,8 +520,6 @@ def main() -> None:
         ap.error(f"--partition-witnesses: {', '.join(WITNESSES)}, not {args.partition_witnesses}")
     if witnesses and "circuit" in witnesses and args.partition_key != "circuit":
         ap.error("--partition-witnesses circuit needs --partition-key circuit")
-    shares = tuple(int(v[:-1]) << 10 if v.upper().endswith("K") else int(v)
-                   for v in filter(None, args.partition_g2_share.split(",")))
     skip = set(filter(None, args.skip.split(",")))
     chosen = set(filter(None, args.sections.split(",")))
     unknown = (skip | chosen) - set(ESTIMATE_S)
@@ -559,7 +547,7 @@ def main() -> None:
         (lambda: msm_rows(ses, (24, 26), 24, args.reps, args.affine)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
         (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick, args.affine,
-                                witnesses, args.partition_key, shares)),
+                                witnesses, args.partition_key)),
         "proofs": (lambda: None) if args.dry_run else
         (lambda: proof_rows(ses, args.proofs_log_n, args.reps, tuple(args.proofs_kinds.split(",")))),
     }

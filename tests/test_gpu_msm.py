@@ -891,63 +891,6 @@ def test_grid_rounds_follow_the_mean_run(msm: Any) -> None:
     assert msm.grid_rounds_for(3, 1, 8) == 1
 
 
-# ------------------------------------------------------------------ G2 level 1 sharing its SMs
-
-
-def _smem_launches(obj: Any) -> dict[str, set[int]]:
-    """Record the dynamic shared memory of every kernel launch of ``obj``: name -> values seen."""
-    seen: dict[str, set[int]] = {}
-    for name, kernel in list(obj._k.items()):
-        def call(grid: Any, block: Any, args: Any, *, shared_mem: int = 0, _k: Any = kernel, _n: str = name) -> None:
-            seen.setdefault(_n, set()).add(shared_mem)
-            _k(grid, block, args, shared_mem=shared_mem)
-        obj._k[name] = call
-    return seen
-
-
-@pytest.mark.parametrize("level1", ["xyzz", "grid", "split"])
-def test_g2_share_smem_pads_level1_only(msm: Any, g2: bool, level1: str) -> None:
-    """MsmParams.g2_share_smem: a G2 MSM's level-1 launches (XYZZ, grid rounds, lane pairs; the
-    ones' sum included) ask for that much shared memory and no other launch does; a G1 MSM's none;
-    the sums stay right."""
-    pad = 116 << 10
-    params = {"xyzz": _split(msm, g2_split=False), "grid": _ga(msm), "split": _split(msm)}[level1]
-    params = dataclasses.replace(params, g2_share_smem=pad)
-    # the grid rounds run where buckets get long runs: one scalar everywhere (no ones' sum then)
-    points, scalars = _points(300, g2), _scalars(300, "same" if level1 == "grid" else "porep", SEED + 113)
-    obj = (msm.MsmG2 if g2 else msm.MsmG1)(points, params)
-    seen = _smem_launches(obj)
-    try:
-        got = obj.run(scalars)
-    finally:
-        obj.close()
-    assert got == _oracle(points, scalars, g2), f"seed {SEED}"
-    padded = {n for n, v in seen.items() if v != {0}}
-    if not g2:
-        assert not padded
-        return
-    want = {"xyzz": {"msm_accumulate"}, "grid": {"msm_ga_den", "msm_ga_add", "msm_accumulate_list"},
-            "split": {"msm_accumulate_split"}}[level1]
-    assert padded == want and all(seen[n] == {pad} for n in padded), seen
-    assert padded <= msm.SHARED_SM_KERNELS
-
-
-def test_g2_share_smem_knob(msm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """Env CUZK_GPU_MSM_G2_SHARE_SMEM: bytes or KiB (K suffix), unset 0, garbage and values past a
-    block's limit refused by name."""
-    monkeypatch.delenv("CUZK_GPU_MSM_G2_SHARE_SMEM", raising=False)
-    assert msm.MsmParams().g2_share_smem == 0
-    for value, want in (("116K", 116 << 10), ("118784", 118784), (" 64k ", 64 << 10), ("", 0)):
-        monkeypatch.setenv("CUZK_GPU_MSM_G2_SHARE_SMEM", value)
-        assert msm.MsmParams().g2_share_smem == want, value
-    monkeypatch.setenv("CUZK_GPU_MSM_G2_SHARE_SMEM", "lots")
-    with pytest.raises(ConfigError, match="CUZK_GPU_MSM_G2_SHARE_SMEM"):
-        msm.MsmParams()
-    monkeypatch.delenv("CUZK_GPU_MSM_G2_SHARE_SMEM")
-    with pytest.raises(ConfigError, match="g2_share_smem"):
-        msm.MsmParams(g2_share_smem=228 << 10)
-
-
 # ------------------------------------------------------------------ G2 level 1 by lane pairs
 
 

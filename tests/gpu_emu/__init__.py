@@ -183,7 +183,7 @@ def load(name: str) -> types.ModuleType:
     full = f"cuzk_mp.backends.gpu.{name}"
     fake_modules = types.ModuleType("cuzk_mp.backends.gpu.modules")
     fake_modules.get_module = get_module  # type: ignore[attr-defined]
-    fake_modules.occupancy = lambda kernel, nthreads, smem=0: None  # type: ignore[attr-defined]
+    fake_modules.occupancy = lambda kernel, nthreads: None  # type: ignore[attr-defined]
     saved = {k: sys.modules.get(k) for k in ("cupy", "cuzk_mp.backends.gpu.modules", full)}
     try:
         sys.modules["cupy"] = fake_cupy  # type: ignore[assignment]

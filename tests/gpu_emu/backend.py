@@ -121,7 +121,7 @@ def load_backend() -> types.ModuleType:
     fake_modules = types.ModuleType(f"{GPU}.modules")
     fake_modules.get_module = get_module  # type: ignore[attr-defined]
     fake_modules.get_function = lambda path, name, defines=None: get_module(path, defines).get_function(name)  # type: ignore[attr-defined]
-    fake_modules.occupancy = lambda kernel, nthreads, smem=0: None  # type: ignore[attr-defined]
+    fake_modules.occupancy = lambda kernel, nthreads: None  # type: ignore[attr-defined]
     names = ["cupy", f"{GPU}.modules", *(f"{GPU}.{m}" for m in MODULES)]
     saved = {k: sys.modules.get(k) for k in names}
     try:

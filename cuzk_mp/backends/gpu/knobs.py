@@ -148,24 +148,6 @@ def g2_split_default() -> bool:
     return env_switch(G2_SPLIT_ENV, False)
 
 
-# Bytes of dynamic shared memory each block of a G2 level-1 kernel asks for and leaves unused
-# (MsmParams.g2_share_smem): 0 (unset) is off; an integer, with an optional K suffix (KiB).
-G2_SHARE_ENV = "CUZK_GPU_MSM_G2_SHARE_SMEM"
-SMEM_PER_BLOCK_MAX = 227 << 10  # the most dynamic shared memory one block may take (sm_80 .. sm_100)
-
-
-def g2_share_smem_default() -> int:
-    """MsmParams.g2_share_smem from env CUZK_GPU_MSM_G2_SHARE_SMEM (bytes, or KiB with a K suffix;
-    unset: 0). A value that is not a number is a configuration error, not a silent default."""
-    raw = os.environ.get(G2_SHARE_ENV, "").strip().upper()
-    if not raw:
-        return 0
-    try:
-        return int(raw[:-1]) << 10 if raw.endswith("K") else int(raw)
-    except ValueError:
-        raise ConfigError(f"{G2_SHARE_ENV}={raw!r}: bytes of shared memory (e.g. 120K or 122880)") from None
-
-
 def accumulate_rounds(mode: str | None = None) -> int:
     """Batch-affine rounds of an accumulation mode (``mode`` None: env CUZK_GPU_MSM_ACCUMULATE,
     default :data:`ACCUMULATE_DEFAULT`): :data:`BA_ROUNDS` for "affine", else 0."""
@@ -297,12 +279,6 @@ class MsmParams:
     # msm_radix_scatter's __launch_bounds__ minimum blocks of 256 per SM (compiled in, both groups; None:
     # the kernel's default, MSM_RADIX_MIN_BLOCKS in msm.cu)
     radix_min_blocks: int | None = None
-    # G2 modules: bytes of dynamic shared memory each block of the level-1 kernels (msm_accumulate, its
-    # split form, msm_accumulate_list, msm_ga_den, msm_ga_add) asks for and does not use. Above half an
-    # SM's shared memory it keeps those kernels to one block a SM, so the registers that a second G2
-    # block would hold (2 x 128 x 255 fill the register file) run the G1 kernels of the other stream
-    # on the same SM, their products filling the G2 chain's latency; 0: off (a launch-time knob).
-    g2_share_smem: int = field(default_factory=g2_share_smem_default)
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -330,8 +306,6 @@ class MsmParams:
             raise ConfigError(f"MsmParams.split_min_blocks={self.split_min_blocks}: in [1, 16] or None")
         if self.radix_min_blocks is not None and not 1 <= self.radix_min_blocks <= 8:
             raise ConfigError(f"MsmParams.radix_min_blocks={self.radix_min_blocks}: in [1, 8] or None")
-        if not 0 <= self.g2_share_smem <= SMEM_PER_BLOCK_MAX:
-            raise ConfigError(f"MsmParams.g2_share_smem={self.g2_share_smem}: bytes in [0, {SMEM_PER_BLOCK_MAX}]")
         if self.ga_min_blocks is not None and not 1 <= self.ga_min_blocks <= 16:
             raise ConfigError(f"MsmParams.ga_min_blocks={self.ga_min_blocks}: in [1, 16] or None")
         if not 0 <= self.ga_rounds <= 64 or self.ga_chunk < 2 or (self.ga_threads is not None and self.ga_threads < 1):

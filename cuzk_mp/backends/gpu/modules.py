@@ -145,13 +145,12 @@ def warm_up(groups: tuple[str, ...] = ("prover",)) -> dict[str, float]:
     return took
 
 
-def occupancy(kernel: Any, nthreads: int, smem: int = 0) -> int:
+def occupancy(kernel: Any, nthreads: int) -> int:
     """Threads of ``kernel`` (a RawKernel) resident at once on the current device:
-    blocks per SM for ``nthreads``-thread blocks with ``smem`` bytes of dynamic shared
-    memory each (the driver's occupancy calculator on the kernel's CUfunction handle)
-    x SMs x ``nthreads``."""
+    blocks per SM for ``nthreads``-thread blocks (the driver's occupancy calculator on
+    the kernel's CUfunction handle) x SMs x ``nthreads``."""
     fn_ptr = kernel.kernel.ptr  # RawKernel.kernel: the loaded cupy.cuda.function.Function
-    blocks = int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn_ptr, nthreads, smem))
+    blocks = int(cupy.cuda.driver.occupancyMaxActiveBlocksPerMultiprocessor(fn_ptr, nthreads, 0))
     sms = int(cupy.cuda.Device().attributes["MultiProcessorCount"])
     return blocks * sms * nthreads
 

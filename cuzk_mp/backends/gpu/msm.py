@@ -90,7 +90,6 @@ __all__ = [
     "MsmParams",
     "Multiples",
     "PendingMsm",
-    "SHARED_SM_KERNELS",
     "ScalarPlan",
     "SharedSorts",
     "accumulate_rounds",
@@ -538,11 +537,6 @@ class PendingMsm:
 # ------------------------------------------------------------------ the MSM objects
 
 
-# The level-1 kernels that MsmParams.g2_share_smem pads in G2 modules (the long, latency-bound ones)
-SHARED_SM_KERNELS = frozenset(("msm_accumulate", "msm_accumulate_split", "msm_accumulate_list", "msm_ga_den",
-                               "msm_ga_add"))
-
-
 class _Msm:
     """Pippenger MSM over resident points; subclasses fix the group."""
 
@@ -568,32 +562,15 @@ class _Msm:
         self._split = self.params.split(self.G2)  # level 1 by lane pairs (msm_accumulate_split, G2 modules only)
         if self._split:
             self._k["msm_accumulate_split"] = mod.get_function("msm_accumulate_split")
+        self._resident = occupancy(self._k["msm_accumulate_split" if self._split else "msm_accumulate"],
+                                   self.params.nthreads)
+        # level-1 segments summed at once (the ones' sum sizes its segments by them): one a pair when split
+        self._segments = self._resident // 2 if self._split and self._resident else self._resident
         self._ba_resident = occupancy(self._k["msm_accumulate_affine"], self.params.nthreads)
-        self._use_pad(self.params.g2_share_smem if self.G2 else 0)
+        self._ga_resident = occupancy(self._k["msm_ga_add"], self.params.nthreads)
         self.last_timings: dict[str, float] = {}
         self._graphs: dict[int, list[_GraphRun]] = {}  # batch size k -> captured dense passes
         self._graph_lock = threading.Lock()
-
-    def _use_pad(self, pad: int) -> None:
-        """Level-1 launches ask for ``pad`` bytes of shared memory they do not use (params.g2_share_smem,
-        G2 only): allow the kernels that much and count their resident threads with it."""
-        self._pad = pad
-        if pad > 48 << 10:  # above the default limit a kernel must be allowed more
-            for name in SHARED_SM_KERNELS:
-                if name in self._k:
-                    self._k[name].max_dynamic_shared_size_bytes = pad
-        self._resident = occupancy(self._k["msm_accumulate_split" if self._split else "msm_accumulate"],
-                                   self.params.nthreads, pad)
-        # level-1 segments summed at once (the ones' sum sizes its segments by them): one a pair when split
-        self._segments = self._resident // 2 if self._split and self._resident else self._resident
-        self._ga_resident = occupancy(self._k["msm_ga_add"], self.params.nthreads, pad)
-
-    def _level1_pad(self) -> int:
-        """This run's level-1 shared-memory pad: ``params`` may have been replaced since the last."""
-        pad = self.params.g2_share_smem if self.G2 else 0
-        if pad != self._pad:
-            self._use_pad(pad)
-        return pad
 
     @property
     def resident_threads(self) -> int | None:
@@ -758,15 +735,13 @@ class _Msm:
 
     def _launch(self, name: str, threads: int, *args: Any) -> None:
         block = self.params.nthreads
-        smem = self._level1_pad() if name in SHARED_SM_KERNELS else 0
-        self._k[name]((max(1, -(-threads // block)),), (block,), args, shared_mem=smem)
+        self._k[name]((max(1, -(-threads // block)),), (block,), args)
 
     # ---- 0/1 split
     def _sum_ones(self, ones: Any, n1: int) -> Any:
         """Sum of the points whose scalar is 1: one bucket of the accumulation kernel, in
         segments sized by :func:`ones_segment` (whole waves of resident threads)."""
         keys = cupy.zeros(n1, dtype=np.uint32)  # window 0, bucket 0, positive
-        self._level1_pad()  # the resident counts below follow the current params
         seg = None if self.params.ba_rounds else ones_segment(n1, self._segments, self.params.seg)
         return self._accumulate(cupy.arange(n1, dtype=np.int64), keys, ones, n1, n1, 1, 1, self.d_points, 0, n1,
                                 seg, grid=False)
@@ -942,7 +917,6 @@ class _Msm:
         rounds = grid_rounds_for(n, n_buckets, p.ga_rounds)
         cw = self._aw // 2
         mark = marks.mark if marks is not None else (lambda name: None)
-        self._level1_pad()
         threads = p.ga_threads or 2 * (self._ga_resident or GA_THREADS // 2)
         # One set of chunk buffers, made once and reused by every chunk (the launches are ordered on
         # the stream): allocating them per chunk would hold two chunks' lists at each reassignment,
