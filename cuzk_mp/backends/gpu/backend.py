@@ -64,7 +64,6 @@ _H2D = 1  # cudaMemcpyHostToDevice
 BOUNCE_BYTES = 64 << 20  # one pinned staging buffer at most (two per thread)
 MIN_BOUNCE_BYTES = 1 << 20
 PARALLEL_COPY_BYTES = 8 << 20  # below this a bounce buffer is filled by one thread
-HIGH_PRIORITY = -5  # the CUDA stream priority of the preferred stream (knobs.stream_priority)
 SMALL_KEY_ROWS = 1 << 18  # keys up to this domain size run their MSMs on a pool of streams
 W_SECTIONS = ("a", "b1", "b2")  # the MSMs over the whole witness: one plan, so they share its sorts
 # The sections whose support (rows whose point is not infinity) may make them packed, most
@@ -152,11 +151,9 @@ class GpuStaged:
 
 class _Streams:
     def __init__(self, first: str = "equal") -> None:
-        # first (knobs.stream_priority): which stream's kernels the block scheduler prefers. CUDA
-        # priorities: 0 is the default and the lowest, negative numbers rank higher; the driver clamps
-        # a number past the device's range to its highest.
-        main, side = {"g1": (HIGH_PRIORITY, 0), "g2": (0, HIGH_PRIORITY)}.get(first, (0, 0))
-        self.priorities = main, side
+        # first (knobs.stream_priority): which stream's kernels the block scheduler prefers
+        least, greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
+        main, side = {"g1": (greatest, least), "g2": (least, greatest)}.get(first, (least, least))
         self.main = cupy.cuda.Stream(non_blocking=True, priority=main)
         self.side = cupy.cuda.Stream(non_blocking=True, priority=side)
         self.pool: list[Any] = []  # small keys: one stream per MSM of a pass (see msm_stream)
