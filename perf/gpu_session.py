@@ -56,7 +56,6 @@ import subprocess
 import sys
 import tarfile
 import tempfile
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -301,17 +300,14 @@ def _to_host(a: Any) -> np.ndarray:
 
 
 def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affine: bool = False,
-                   tags: tuple[str, ...] | None = None, key_shape: str = "points",
-                   priorities: tuple[str, ...] = ()) -> None:
+                   tags: tuple[str, ...] | None = None, key_shape: str = "points") -> None:
     """Device work of one 2^lg partition through the protocol recipe: multiples none vs default,
     each with the XYZZ accumulation (``affine``: and the batch-affine one) (``quick``: the default multiples, XYZZ and
     the PoRep-like witness alone: at 2^27, where no multiples fit, one 77 GB key and ~3 s a partition).
     ``tags``: the witnesses (porep, random, boolean, circuit; default porep and random, quick: porep).
     ``key_shape`` "circuit": the key has the PoRep-like circuit's wire count and infinity points
     (:func:`circuit_shape`), the witness "circuit" is the circuit's own, and the rows end in
-    ``_circuit_key``; "points": a point on every row. ``priorities``: each stream-priority mode
-    (knobs.STREAM_PRIORITY_MODES) in turn on the same key, fresh streams for each (rows end in
-    ``_prio_<mode>``)."""
+    ``_circuit_key``; "points": a point on every row."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
     from cuzk_mp.backends.gpu.knobs import BA_ROUNDS, MULTIPLES_ENV
 
@@ -338,13 +334,7 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affi
         for acc, rounds in (("", 0), ("_affine", BA_ROUNDS)) if affine and not quick else (("", 0),):
             for m in key.msms.values():  # launch knobs only: the same compiled module
                 m.params = dataclasses.replace(m.params, ba_rounds=rounds)
-            for prio in priorities or (None,):
-                if prio is not None:
-                    backend.stream_first = prio
-                    backend._local = threading.local()  # this thread's streams are made anew with it
-                tail = "" if prio is None else f"_prio_{prio}"
-                _partition_runs(ses, backend, key, abc, witnesses, f"{suffix}{acc}{tail}", lg, n_public, reps, g1, g2,
-                                logs)
+            _partition_runs(ses, backend, key, abc, witnesses, f"{suffix}{acc}", lg, n_public, reps, g1, g2, logs)
         ses.rows.update({f"partition_2^{lg}{suffix}_stats_{k}": v for k, v in backend.stats().items()})
         key.close()
         _free()
@@ -522,9 +512,6 @@ def main() -> None:
                     help="partition section: a point on every row (points), or the PoRep-like circuit's wire count "
                          "and infinity points, as its own key has them (circuit: rows *_circuit_key, witness "
                          "'circuit' allowed)")
-    ap.add_argument("--partition-priorities", default="",
-                    help="partition section: a comma list of stream-priority modes (equal, g1, g2) to run in turn "
-                         "on the same key")
     ap.add_argument("--affine", action="store_true",
                     help="msm and partition sections: also the batch-affine accumulation (*_affine rows)")
     args = ap.parse_args()
@@ -560,8 +547,7 @@ def main() -> None:
         (lambda: msm_rows(ses, (24, 26), 24, args.reps, args.affine)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
         (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick, args.affine,
-                                witnesses, args.partition_key, tuple(filter(None, args.partition_priorities.split(",")))
-                                )),
+                                witnesses, args.partition_key)),
         "proofs": (lambda: None) if args.dry_run else
         (lambda: proof_rows(ses, args.proofs_log_n, args.reps, tuple(args.proofs_kinds.split(",")))),
     }

@@ -176,38 +176,6 @@ def test_pinned_ranges_register_and_release(gpu: object) -> None:
     assert int(d[-1]) == (8 << 20) - 1
 
 
-def test_stream_priority_knob(monkeypatch: pytest.MonkeyPatch) -> None:
-    """Env CUZK_GPU_STREAM_PRIORITY: equal (unset), g1 or g2 in any case; anything else refused by name."""
-    from cuzk_mp.backends.gpu import knobs
-
-    monkeypatch.delenv(knobs.STREAM_PRIORITY_ENV, raising=False)
-    assert knobs.stream_priority() == "equal"
-    for value, want in (("g1", "g1"), (" G2 ", "g2"), ("equal", "equal"), ("", "equal")):
-        monkeypatch.setenv(knobs.STREAM_PRIORITY_ENV, value)
-        assert knobs.stream_priority() == want, value
-    monkeypatch.setenv(knobs.STREAM_PRIORITY_ENV, "first")
-    with pytest.raises(ConfigError, match=knobs.STREAM_PRIORITY_ENV):
-        knobs.stream_priority()
-
-
-@pytest.mark.gpu
-def test_stream_priority_orders_the_streams(gpu: object, monkeypatch: pytest.MonkeyPatch) -> None:
-    """g1: the main stream (H, G1 MSMs) outranks the side stream (G2); g2 the reverse; equal neither
-    (a lower CUDA priority number is the higher priority)."""
-    from cuzk_mp.backends.gpu import knobs
-    from cuzk_mp.backends.gpu.backend import GpuBackend
-
-    for mode, sign in (("g1", -1), ("g2", 1), ("equal", 0)):
-        monkeypatch.setenv(knobs.STREAM_PRIORITY_ENV, mode)
-        b = GpuBackend(0)
-        try:
-            s = b.streams()
-            diff = s.main.priority - s.side.priority
-            assert (diff > 0) - (diff < 0) == sign, (mode, s.main.priority, s.side.priority)
-        finally:
-            b.close()
-
-
 @pytest.mark.gpu
 def test_threads_get_their_own_streams(gpu: object) -> None:
     seen = []

@@ -90,8 +90,7 @@ FREE_BYTES = 8 << 30
 def fake_cupy() -> types.SimpleNamespace:
     """The CuPy subset the backend, msm, fixed_base and memory modules use."""
     runtime = types.SimpleNamespace(memcpyAsync=_memcpy_async, pointerGetAttributes=_pointer_attributes,
-                                    memGetInfo=lambda: (FREE_BYTES, 2 * FREE_BYTES), CUDARuntimeError=CUDARuntimeError,
-                                    deviceGetStreamPriorityRange=lambda: (0, -5))
+                                    memGetInfo=lambda: (FREE_BYTES, 2 * FREE_BYTES), CUDARuntimeError=CUDARuntimeError)
     cuda = types.SimpleNamespace(Event=_Event, Stream=_Stream, Device=_Device, runtime=runtime,
                                  get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
                                  get_current_stream=lambda: _Stream(), alloc_pinned_memory=bytearray)

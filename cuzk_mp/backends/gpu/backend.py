@@ -52,8 +52,7 @@ from ...formats.zkey import ZKey
 from ..base import G2_ROW_COST, ProverInputs, WitnessRows, check_key_sections
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
-from .knobs import (DENSE_KEY_ROWS, MULTIPLES_ENV, SECTIONS, FixedBaseParams, graph_params_for, msm_params_for,
-                    stream_priority)
+from .knobs import DENSE_KEY_ROWS, MULTIPLES_ENV, SECTIONS, FixedBaseParams, graph_params_for, msm_params_for
 from .ntt import GpuNtt
 from .plan import DevicePlan, KeyShape, plan_device, point_words
 from .witness_map import DeviceWitnessMap, matrices_bytes
@@ -150,12 +149,9 @@ class GpuStaged:
 
 
 class _Streams:
-    def __init__(self, first: str = "equal") -> None:
-        # first (knobs.stream_priority): which stream's kernels the block scheduler prefers
-        least, greatest = cupy.cuda.runtime.deviceGetStreamPriorityRange()
-        main, side = {"g1": (greatest, least), "g2": (least, greatest)}.get(first, (least, least))
-        self.main = cupy.cuda.Stream(non_blocking=True, priority=main)
-        self.side = cupy.cuda.Stream(non_blocking=True, priority=side)
+    def __init__(self) -> None:
+        self.main = cupy.cuda.Stream(non_blocking=True)
+        self.side = cupy.cuda.Stream(non_blocking=True)
         self.pool: list[Any] = []  # small keys: one stream per MSM of a pass (see msm_stream)
         self.bounce: list[np.ndarray] = []
         self.bounce_events: list[Any] = []
@@ -190,7 +186,6 @@ class GpuBackend:
         self._slots = threading.Condition()
         self._staged_count = 0
         self._local = threading.local()
-        self.stream_first = stream_priority()  # read when a thread's streams are made
         self._lock = threading.Lock()
         self._parts: dict[int, GpuStaged] = {}  # w's device pointer -> staged partition
         self._finisher = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cuzk-gpu-finish")
@@ -209,7 +204,7 @@ class GpuBackend:
         s = getattr(self._local, "streams", None)
         if s is None:
             with cupy.cuda.Device(self.device):
-                s = _Streams(self.stream_first)
+                s = _Streams()
             self._local.streams = s
         return s
 

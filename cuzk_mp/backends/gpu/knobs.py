@@ -148,21 +148,6 @@ def g2_split_default() -> bool:
     return env_switch(G2_SPLIT_ENV, False)
 
 
-# Which of a thread's two streams (backend._Streams) gets the higher CUDA priority, so that the block
-# scheduler starts its waiting blocks first when both have some: "g1" (main: the H step and the G1
-# MSMs), "g2" (side: the G2 MSM) or "equal" (the default: both at the default priority).
-STREAM_PRIORITY_ENV = "CUZK_GPU_STREAM_PRIORITY"
-STREAM_PRIORITY_MODES = ("equal", "g1", "g2")
-
-
-def stream_priority() -> str:
-    """The stream-priority mode from env CUZK_GPU_STREAM_PRIORITY (unset: "equal")."""
-    mode = (os.environ.get(STREAM_PRIORITY_ENV) or "equal").strip().lower()
-    if mode not in STREAM_PRIORITY_MODES:
-        raise ConfigError(f"{STREAM_PRIORITY_ENV}={mode!r}: one of {', '.join(STREAM_PRIORITY_MODES)}")
-    return mode
-
-
 def accumulate_rounds(mode: str | None = None) -> int:
     """Batch-affine rounds of an accumulation mode (``mode`` None: env CUZK_GPU_MSM_ACCUMULATE,
     default :data:`ACCUMULATE_DEFAULT`): :data:`BA_ROUNDS` for "affine", else 0."""
