@@ -225,3 +225,28 @@ def test_failed_start_leaves_nothing() -> None:
     assert engine.state == "failed" and shm_entries(prefix) == []
     again = Engine(EngineConfig(backend="cpu", devices=[0], shm_prefix=prefix))  # the prefix is free again
     again.stop()
+
+
+def test_child_messages_end_at_stop_and_at_eof() -> None:
+    """ChildContext.messages, the roles' reader loop: engine messages in order, then a Stop (not
+    yielded) or the pipe's EOF ends it with the stop flag set."""
+    import multiprocessing as mp
+
+    from cuzk_mp.pipeline import messages as msg
+    from cuzk_mp.pipeline.procs import ChildContext, ChildSpec
+
+    spec = ChildSpec("synth", 0, "cuzk_mp.pipeline.synth", {}, None)
+    for end in ("stop", "eof"):
+        child, engine = mp.Pipe()
+        ctx = ChildContext(spec, child)
+        engine.send_bytes(msg.encode(msg.CancelTasks([3, 4])))
+        engine.send_bytes(msg.encode(msg.EvictKey("c1")))
+        if end == "stop":
+            engine.send_bytes(msg.encode(msg.Stop()))
+        else:
+            engine.close()
+        got = list(ctx.messages())
+        assert [type(m) for m in got] == [msg.CancelTasks, msg.EvictKey], end
+        assert got[0].task_ids == [3, 4] and got[1].circuit_id == "c1"
+        assert ctx.stopping.is_set()
+        assert list(ctx.messages()) == []  # stopped: nothing more is read

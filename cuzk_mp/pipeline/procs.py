@@ -31,6 +31,7 @@ import signal
 import threading
 import time
 import traceback
+from collections.abc import Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -136,6 +137,20 @@ class ChildContext:
     def recv(self) -> msg.ToChild:
         """Block for the next engine message (EOFError when the engine closed the pipe)."""
         return msg.decode_to_child(self.conn.recv_bytes())
+
+    def messages(self) -> Iterator[msg.ToChild]:
+        """The engine's messages for a role's reader thread, until it stops: a Stop, or the pipe's
+        EOF (the engine closed it or died), sets ``stopping`` and ends the iteration."""
+        while not self.stopping.is_set():
+            try:
+                m = self.recv()
+            except (EOFError, OSError):
+                self.stopping.set()
+                return
+            if isinstance(m, msg.Stop):
+                self.stopping.set()
+                return
+            yield m
 
     def engine_dead(self, wait_s: float = 0.0) -> bool:
         """Whether the engine process has exited (we were re-parented), waiting up to ``wait_s``.

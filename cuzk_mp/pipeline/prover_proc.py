@@ -261,20 +261,13 @@ class Prover:
 
     def read_messages(self) -> None:
         """Reader thread: key management, cancellations, stop."""
-        while not self.ctx.stopping.is_set():
-            try:
-                m = self.ctx.recv()
-            except (EOFError, OSError):
-                self.ctx.stopping.set()
-                return
+        for m in self.ctx.messages():
             if isinstance(m, msg.CancelTasks):
                 self.cancelled.update(m.task_ids)
             elif isinstance(m, msg.LoadKey):
                 self._safe_key_op(m.circuit.circuit_id, lambda: self.keys.preload(m.circuit))
             elif isinstance(m, msg.EvictKey):
                 self._safe_key_op(m.circuit_id, lambda: self.keys.evict(m.circuit_id))
-            elif isinstance(m, msg.Stop):
-                self.ctx.stopping.set()
 
     def _safe_key_op(self, circuit_id: str, op: Any) -> None:
         try:

@@ -138,19 +138,13 @@ class SynthWorker:
         self.circuits: OrderedDict[str, _Circuit] = OrderedDict()
 
     def read_messages(self) -> None:
-        """Reader thread: engine messages -> task queue / cancelled set / stop flag."""
-        while not self.ctx.stopping.is_set():
-            try:
-                m = self.ctx.recv()
-            except (EOFError, OSError):
-                self.ctx.stopping.set()
-                return
+        """Reader thread: engine messages -> task queue / cancelled set (ChildContext.messages
+        sets the stop flag)."""
+        for m in self.ctx.messages():
             if isinstance(m, msg.SynthTask):
                 self.tasks.put(m)
             elif isinstance(m, msg.CancelTasks):
                 self.cancelled.update(m.task_ids)
-            elif isinstance(m, msg.Stop):
-                self.ctx.stopping.set()
 
     def run(self) -> None:
         """Take tasks until stopped."""
