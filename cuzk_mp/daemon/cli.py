@@ -45,10 +45,10 @@ from pathlib import Path
 from typing import Any
 
 from cuzk_mp.errors import InputError
-
 from cuzk_mp.exit_codes import (
     EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_JOURNAL_DAMAGED, EXIT_TIMEOUT, EXIT_UNREACHABLE,
 )
+
 PRIORITIES = ("CRITICAL", "HIGH", "NORMAL", "LOW")
 
 

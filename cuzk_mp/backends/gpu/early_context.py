@@ -28,6 +28,8 @@ from .knobs import env_switch
 
 log = logging.getLogger("cuzk_mp.backends.gpu.early_context")
 
+EXIT_HANDOFF_ENV = "CUZK_GPU_EXIT_HANDOFF"  # "0" / "off": no hand-off (see hand_off_teardown)
+
 
 def _retain(device: int) -> None:
     try:
@@ -59,7 +61,7 @@ def hand_off_teardown() -> None:
     that could take a lock another thread held at the fork. Env ``CUZK_GPU_EXIT_HANDOFF=0`` turns
     it off (the parent then pays the release itself, as without this); any failure to fork is the
     same."""
-    if not env_switch("CUZK_GPU_EXIT_HANDOFF", True):
+    if not env_switch(EXIT_HANDOFF_ENV, True):
         return
     try:
         r, w = os.pipe()
