@@ -32,7 +32,14 @@ def wm(kind: str) -> Any:
 
 
 def _rows(rng: random.Random, n_rows: int, n_vars: int, n_codes: int, dtype: type) -> CodedMatrix:
-    counts = [0 if rng.random() < 0.1 else rng.randrange(1, 9) for _ in range(n_rows)]
+    """Mostly short rows (0-8 entries), some long ones (17-70: a thread per segment, then a sum per
+    row) and one of 300 (many segments)."""
+    def count() -> int:
+        p = rng.random()
+        return 0 if p < 0.1 else rng.randrange(17, 71) if p < 0.14 else rng.randrange(1, 9)
+
+    counts = [count() for _ in range(n_rows)]
+    counts[rng.randrange(n_rows)] = 300
     indptr = np.zeros(n_rows + 1, dtype=np.uint32)
     indptr[1:] = np.cumsum(counts)
     nnz = int(indptr[-1])
@@ -86,6 +93,8 @@ def _device(kind: str, wm: Any, a: CodedMatrix, b: CodedMatrix, tmont: np.ndarra
 @pytest.mark.parametrize("dtype", [np.uint16, np.uint32], ids=["u16", "u32"])
 def test_witness_map_matches_host(kind: str, wm: Any, dtype: type) -> None:
     case = _case(SEED, dtype)
+    long = wm.LongRows.of(case[0], case[1])
+    assert long.rows.size and long.segments > long.rows.size  # the long rows' path runs too
     for got, want, name in zip(_device(kind, wm, *case), _host(*case), "abc"):
         assert np.array_equal(got, want), f"seed {SEED} {name}"
 

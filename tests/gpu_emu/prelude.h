@@ -42,6 +42,21 @@ static inline unsigned atomicAdd(unsigned* p, unsigned v) {
     return old;
 }
 
+/* The vector type and intrinsics of ntt/fr_io.cuh (16-byte Fr halves, read-only loads, bit reversal). */
+struct uint4 {
+    unsigned x, y, z, w;
+};
+static inline uint4 make_uint4(unsigned x, unsigned y, unsigned z, unsigned w) { return {x, y, z, w}; }
+template <class T>
+static inline T __ldg(const T* p) {
+    return *p;
+}
+static inline unsigned __brev(unsigned x) {
+    unsigned r = 0;
+    for (int i = 0; i < 32; i++) r |= ((x >> i) & 1u) << (31 - i);
+    return r;
+}
+
 #define EMU_SLOTS 16
 typedef void (*emu_kernel_fn)(uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t,
                               uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t, uint64_t);

@@ -6,11 +6,15 @@ still cross the bus; on the device it is one pass over the coded rows, and only 
 circuit's coded A and B rows and their coefficient table (the shared circuit data) go up once per
 key and stay while it is resident (:class:`DeviceWitnessMap`), a few bytes per coefficient.
 
-Kernel: ``kernels/witness/witness_map.cu`` (the host version's per-entry paths, so the same bytes).
+Kernels: ``kernels/witness/witness_map.cu`` (the host version's per-entry paths, so the same bytes):
+a thread per row for the short rows, and for the few long ones (:class:`LongRows`: more than
+:data:`SHORT_MAX` entries on a side) a thread per segment of such a row, then a thread per row to sum
+them, so no warp waits on one thread walking a row of thousands of entries.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any
 
 import cupy
@@ -22,31 +26,91 @@ from .knobs import WITNESS_MAP_PATH
 from .modules import get_module
 
 THREADS = 256  # the kernel's WM_THREADS
+# A row whose A or B side has more entries than this is "long": cut into segments of at most this
+# many entries of one side (a thread each), then summed by a thread per row (witness_map.cu).
+SHORT_MAX = 16
+SEG_B = 1 << 31  # the kernel's WM_SEG_B
+
+
+@dataclass(frozen=True)
+class LongRows:
+    """The long rows of a pair of coded matrices and their segments, as the kernels read them:
+    ``rows`` (int64), per row its A segments ``[first[i], mid[i])`` and B segments
+    ``[mid[i], first[i + 1])``; per segment its first entry ``seg_k`` and its entry count
+    ``seg_n`` (| :data:`SEG_B` for B's)."""
+
+    rows: np.ndarray
+    first: np.ndarray
+    mid: np.ndarray
+    seg_k: np.ndarray
+    seg_n: np.ndarray
+
+    @classmethod
+    def of(cls, a: CodedMatrix, b: CodedMatrix, short_max: int = SHORT_MAX) -> LongRows:
+        n = max(a.n_rows, b.n_rows)
+        la, lb, ka, kb = (np.zeros(n, dtype=np.int64) for _ in range(4))
+        la[: a.n_rows] = np.diff(a.indptr.astype(np.int64))
+        lb[: b.n_rows] = np.diff(b.indptr.astype(np.int64))
+        rows = np.flatnonzero((la > short_max) | (lb > short_max))
+        la, lb = la[rows], lb[rows]
+        ka[: a.n_rows] = a.indptr[:-1]
+        kb[: b.n_rows] = b.indptr[:-1]
+        ka, kb = ka[rows], kb[rows]
+        sa, sb = -(-la // short_max), -(-lb // short_max)
+        first = np.zeros(rows.shape[0] + 1, dtype=np.int64)
+        np.cumsum(sa + sb, out=first[1:])
+        owner = np.repeat(np.arange(rows.shape[0]), sa + sb)
+        j = np.arange(int(first[-1]), dtype=np.int64) - first[owner]
+        on_b = j >= sa[owner]
+        j = np.where(on_b, j - sa[owner], j)
+        seg_k = np.where(on_b, kb[owner], ka[owner]) + j * short_max
+        seg_n = np.minimum(short_max, np.where(on_b, lb[owner], la[owner]) - j * short_max) | np.where(on_b, SEG_B, 0)
+        return cls(rows, first.astype(np.uint32), (first[:-1] + sa).astype(np.uint32), seg_k.astype(np.uint32),
+                   seg_n.astype(np.uint32))
+
+    @property
+    def segments(self) -> int:
+        """How many segments the long rows are cut into."""
+        return int(self.seg_k.shape[0])
+
+    @property
+    def nbytes(self) -> int:
+        """Device bytes: the arrays and a 32-byte partial sum per segment."""
+        arrays = (self.rows, self.first, self.mid, self.seg_k, self.seg_n)
+        return int(sum(x.nbytes for x in arrays) + 32 * self.segments)
 
 
 def matrices_bytes(a: CodedMatrix, b: CodedMatrix, table_mont: np.ndarray, table_r2: np.ndarray) -> int:
-    """Device bytes of the coded A and B rows and the coefficient tables."""
-    return int(a.nbytes + b.nbytes + table_mont.nbytes + table_r2.nbytes)
+    """Device bytes of the coded A and B rows, the coefficient tables and the long rows' segments."""
+    return int(a.nbytes + b.nbytes + table_mont.nbytes + table_r2.nbytes + LongRows.of(a, b).nbytes)
 
 
 class DeviceWitnessMap:
     """A circuit's coded A and B rows and coefficient table on the current device (the caller
-    checks the room first: :func:`matrices_bytes`)."""
+    checks the room first: :func:`matrices_bytes`). ``defines``: the kernel's ``-D`` knobs and
+    ``short_max`` the long rows' threshold (benchmarks; the defaults are the shipped build's)."""
 
     def __init__(self, a: CodedMatrix, b: CodedMatrix, table_mont: np.ndarray, table_r2: np.ndarray,
-                 domain_size: int) -> None:
+                 domain_size: int, defines: dict[str, int] | None = None, short_max: int = SHORT_MAX) -> None:
         if a.codes.dtype != b.codes.dtype or a.codes.dtype not in (np.uint16, np.uint32):
             raise InputError(f"coded rows: codes must be uint16 or uint32 in both matrices, got {a.codes.dtype} "
                              f"and {b.codes.dtype}")
         if max(a.n_rows, b.n_rows) > domain_size:
             raise InputError(f"coded rows: {max(a.n_rows, b.n_rows)} rows for a domain of {domain_size}")
         self.domain_size = int(domain_size)
-        self.nbytes = matrices_bytes(a, b, table_mont, table_r2)
+        long = LongRows.of(a, b, short_max)
+        self.short_max = int(short_max)
+        self.nbytes = int(a.nbytes + b.nbytes + table_mont.nbytes + table_r2.nbytes + long.nbytes)
         self._rows = (a.n_rows, b.n_rows)
+        self._long, self._segments = int(long.rows.shape[0]), long.segments
         self._d = [cupy.asarray(np.ascontiguousarray(x)) for x in
-                   (a.indptr, a.cols, a.codes, b.indptr, b.cols, b.codes, table_mont, table_r2)]
-        name = "witness_map_u16" if a.codes.dtype == np.uint16 else "witness_map_u32"
-        self._kernel = get_module(WITNESS_MAP_PATH).get_function(name)
+                   (a.indptr, a.cols, a.codes, b.indptr, b.cols, b.codes, table_mont, table_r2,
+                    long.rows, long.first, long.mid, long.seg_k, long.seg_n)]
+        self._d.append(cupy.empty((max(1, long.segments), 4), dtype=np.uint64))  # the segments' partial sums
+        mod = get_module(WITNESS_MAP_PATH, defines)
+        codes = "u16" if a.codes.dtype == np.uint16 else "u32"
+        self._kernels = [mod.get_function(f"witness_map_{codes}"), mod.get_function(f"witness_map_seg_{codes}"),
+                         mod.get_function("witness_map_long")]
 
     def run(self, w: Any, a: Any, b: Any, c: Any) -> None:
         """Write a, b, c (device ``(domain_size, 4)`` uint64, Montgomery) from the device witness
@@ -55,10 +119,16 @@ class DeviceWitnessMap:
         if not self._d:
             raise InputError("the witness map was closed")
         n = self.domain_size
-        ap, ac, acode, bp, bc, bcode, tm, tr = self._d
-        args = (ap, np.uint64(self._rows[0]), ac, acode, bp, np.uint64(self._rows[1]), bc, bcode, tm, tr, w, a, b, c,
-                np.uint64(n))
-        self._kernel((-(-n // THREADS),), (THREADS,), args)
+        ap, ac, acode, bp, bc, bcode, tm, tr, rows, first, mid, seg_k, seg_n, partial = self._d
+        rows_k, seg_k_fn, long_k = self._kernels
+        rows_k((-(-n // THREADS),), (THREADS,), (ap, np.uint64(self._rows[0]), ac, acode, bp, np.uint64(self._rows[1]),
+                                                 bc, bcode, tm, tr, w, a, b, c, np.uint64(n),
+                                                 np.uint32(self.short_max)))
+        if self._long:
+            seg_k_fn((-(-self._segments // THREADS),), (THREADS,),
+                     (seg_k, seg_n, np.uint64(self._segments), ac, acode, bc, bcode, tm, tr, w, partial))
+            long_k((-(-self._long // THREADS),), (THREADS,),
+                   (rows, np.uint64(self._long), first, mid, partial, a, b, c))
 
     def close(self) -> None:
         """Free the device copies (idempotent)."""
