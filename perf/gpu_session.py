@@ -243,6 +243,10 @@ def _dense_mont(n: int, seed: int) -> np.ndarray:
 
 
 KEYS = ("points", "circuit")  # the partition section's key shapes (--partition-key)
+# From this size the circuit-shaped key masks B1 / B2 alone: A and C keep a point on every row (their
+# masks leave out under 0.3 % of the rows, and only the B sections are packed to their support), so
+# the host holds one masked copy per B section instead of four (2^27: ~60 GB instead of ~125 GB).
+LEAN_CIRCUIT_KEY_LOG_N = 26
 
 
 def circuit_shape(lg: int, n_public: int) -> tuple[dict[str, np.ndarray], np.ndarray]:
@@ -269,7 +273,8 @@ def partition_keys(lg: int, n_public: int, seed: int, used: dict[str, np.ndarray
     """(key namespace, G1 bases, G2 bases, discrete log of each section's points) of a key-shaped
     set of points: t_i G (G1, shared by a, b1, c, h) and u_i G (G2). ``used`` (:func:`circuit_shape`):
     the key has the circuit's wire count and its points are infinity (discrete log 0) on the rows
-    each section's mask leaves out, as the circuit's own key has them."""
+    each section's mask leaves out, as the circuit's own key has them (from
+    :data:`LEAN_CIRCUIT_KEY_LOG_N`, B1 and B2 alone)."""
     from types import SimpleNamespace
 
     import gpu_msm_bench as mb
@@ -285,13 +290,17 @@ def partition_keys(lg: int, n_public: int, seed: int, used: dict[str, np.ndarray
         return key, g1, g2, {"a": g1.t, "b1": g1.t, "b2": g2.t, "c": g1.t[: n - k], "h": g1.t}
     nv = int(used["a"].shape[0])
 
-    def keep(a: np.ndarray, mask: np.ndarray) -> np.ndarray:
+    def keep(a: np.ndarray, mask: np.ndarray, side: str) -> np.ndarray:
+        if lg >= LEAN_CIRCUIT_KEY_LOG_N and side in ("a", "c"):
+            return a[: mask.shape[0]]
         return np.where(mask[:, None], a[: mask.shape[0]], np.uint64(0))
 
-    key = SimpleNamespace(path=None, domain_size=n, n_vars=nv, n_public=n_public, a=keep(p1, used["a"]),
-                          b1=keep(p1, used["b1"]), b2=keep(p2, used["b1"]), c=keep(p1, used["c"]), h=p1)
-    logs = {"a": keep(g1.t, used["a"]), "b1": keep(g1.t, used["b1"]), "b2": keep(g2.t, used["b1"]),
-            "c": keep(g1.t, used["c"]), "h": g1.t}
+    key = SimpleNamespace(path=None, domain_size=n, n_vars=nv, n_public=n_public, a=keep(p1, used["a"], "a"),
+                          b1=keep(p1, used["b1"], "b1"), b2=keep(p2, used["b1"], "b2"), c=keep(p1, used["c"], "c"),
+                          h=p1)
+    del p2
+    logs = {"a": keep(g1.t, used["a"], "a"), "b1": keep(g1.t, used["b1"], "b1"),
+            "b2": keep(g2.t, used["b1"], "b2"), "c": keep(g1.t, used["c"], "c"), "h": g1.t}
     return key, g1, g2, logs
 
 
@@ -300,14 +309,17 @@ def _to_host(a: Any) -> np.ndarray:
 
 
 def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affine: bool = False,
-                   tags: tuple[str, ...] | None = None, key_shape: str = "points") -> None:
+                   tags: tuple[str, ...] | None = None, key_shape: str = "points",
+                   accumulate: tuple[str, ...] = ("",)) -> None:
     """Device work of one 2^lg partition through the protocol recipe: multiples none vs default,
     each with the XYZZ accumulation (``affine``: and the batch-affine one) (``quick``: the default multiples, XYZZ and
     the PoRep-like witness alone: at 2^27, where no multiples fit, one 77 GB key and ~3 s a partition).
     ``tags``: the witnesses (porep, random, boolean, circuit; default porep and random, quick: porep).
     ``key_shape`` "circuit": the key has the PoRep-like circuit's wire count and infinity points
     (:func:`circuit_shape`), the witness "circuit" is the circuit's own, and the rows end in
-    ``_circuit_key``; "points": a point on every row."""
+    ``_circuit_key``; "points": a point on every row. ``accumulate``: the loaded key's MSMs as its
+    plan set them ("") and/or with XYZZ level 1 alone ("xyzz": no grid rounds, rows ``*_xyzz``),
+    timed on the same key, interleaved rep by rep."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
     from cuzk_mp.backends.gpu.knobs import BA_ROUNDS, MULTIPLES_ENV
 
@@ -331,10 +343,22 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affi
         ses.rows[f"partition_2^{lg}{suffix}_multiples"] = ",".join(sorted(key.multiples)) or "-"
         ses.log(f"key 2^{lg} multiples={variant}: {ses.rows[f'partition_2^{lg}{suffix}_load_key_s']:.1f} s, "
                 f"tables for {ses.rows[f'partition_2^{lg}{suffix}_multiples']}")
-        for acc, rounds in (("", 0), ("_affine", BA_ROUNDS)) if affine and not quick else (("", 0),):
-            for m in key.msms.values():  # launch knobs only: the same compiled module
-                m.params = dataclasses.replace(m.params, ba_rounds=rounds)
-            _partition_runs(ses, backend, key, abc, witnesses, f"{suffix}{acc}", lg, n_public, reps, g1, g2, logs)
+        planned = {name: m.params for name, m in key.msms.items()}
+        ses.rows[f"partition_2^{lg}{suffix}_grid_rounds"] = ",".join(
+            f"{name}={m.params.ga_rounds if m.params.grid(m.G2) else 0}" for name, m in key.msms.items())
+        variants: dict[str, dict[str, Any]] = {}
+        for acc in accumulate:  # launch knobs only: the same compiled modules
+            variants[f"_{acc}" if acc else ""] = {"ga_rounds": 0} if acc == "xyzz" else {}
+        if affine and not quick:
+            variants["_affine"] = {"ba_rounds": BA_ROUNDS}
+
+        def use(knobs: dict[str, Any]) -> None:
+            for name, m in key.msms.items():
+                m.params = dataclasses.replace(planned[name], **knobs)
+
+        _partition_runs(ses, backend, key, abc, witnesses, suffix, lg, n_public, reps, g1, g2, logs,
+                        {tag: (lambda k=knobs: use(k)) for tag, knobs in variants.items()})
+        use({})
         ses.rows.update({f"partition_2^{lg}{suffix}_stats_{k}": v for k, v in backend.stats().items()})
         key.close()
         _free()
@@ -344,8 +368,10 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affi
 
 def _partition_runs(ses: DeviceRun, backend: Any, key: Any, abc: list[np.ndarray], witnesses: dict[str, np.ndarray],
                     suffix: str, lg: int, n_public: int, reps: int, g1: Any, g2: Any,
-                    logs: dict[str, np.ndarray]) -> None:
-    """A checked warm-up and ``reps`` timed partitions per witness on a loaded key."""
+                    logs: dict[str, np.ndarray], variants: dict[str, Callable[[], None]]) -> None:
+    """A checked warm-up and ``reps`` timed partitions per witness and variant on a loaded key;
+    ``variants``: row suffix -> what sets the key's MSM knobs for it, taken in turn each rep (so
+    that drift between the first and the last run falls on every variant alike)."""
     import cupy
     import gpu_msm_bench as mb
 
@@ -353,27 +379,30 @@ def _partition_runs(ses: DeviceRun, backend: Any, key: Any, abc: list[np.ndarray
     from cuzk_mp.groth16.prover import prove_start
 
     for tag, w in witnesses.items():
-        runs = []
+        runs: dict[str, list[tuple[dict[str, float], float, float]]] = {v: [] for v in variants}
         for rep in range(reps + 1):
-            t0 = time.perf_counter()
-            staged = backend.stage(key, ProverInputs(*abc, w))
-            stage_s = time.perf_counter() - t0
-            t0 = time.perf_counter()
-            sums = prove_start(backend, key, staged, n_public)
-            wall = time.perf_counter() - t0
-            if rep == 0:  # warm-up run, checked
-                p = cupy.asnumpy(staged.h)
-                _check_sums(ses, f"prove_{tag}_2^{lg}{suffix}", sums, w, p, g1, g2, logs, n_public, mb)
-            backend.release(staged)
-            if rep:
-                runs.append((dict(backend.last_timings), wall, stage_s))
-        base = f"prove_{tag}_2^{lg}{suffix}"
-        for k in runs[0][0]:
-            ses.rows[f"{base}_{k}_ms"] = statistics.median(r[0][k] for r in runs)
-        ses.rows[f"{base}_wall_ms"] = 1e3 * statistics.median(r[1] for r in runs)
-        ses.rows[f"{base}_stage_wall_ms"] = 1e3 * statistics.median(r[2] for r in runs)
-        ses.log(f"{base}: total {ses.rows[f'{base}_total_ms']:.1f} ms, wall {ses.rows[f'{base}_wall_ms']:.1f} ms, "
-                + ", ".join(f"{k} {ses.rows[f'{base}_{k}_ms']:.1f}" for k in runs[0][0] if k != "total"))
+            for var, setup in variants.items():
+                setup()
+                t0 = time.perf_counter()
+                staged = backend.stage(key, ProverInputs(*abc, w))
+                stage_s = time.perf_counter() - t0
+                t0 = time.perf_counter()
+                sums = prove_start(backend, key, staged, n_public)
+                wall = time.perf_counter() - t0
+                if rep == 0:  # warm-up run, checked
+                    p = cupy.asnumpy(staged.h)
+                    _check_sums(ses, f"prove_{tag}_2^{lg}{suffix}{var}", sums, w, p, g1, g2, logs, n_public, mb)
+                backend.release(staged)
+                if rep:
+                    runs[var].append((dict(backend.last_timings), wall, stage_s))
+        for var, got in runs.items():
+            base = f"prove_{tag}_2^{lg}{suffix}{var}"
+            for k in got[0][0]:
+                ses.rows[f"{base}_{k}_ms"] = statistics.median(r[0][k] for r in got)
+            ses.rows[f"{base}_wall_ms"] = 1e3 * statistics.median(r[1] for r in got)
+            ses.rows[f"{base}_stage_wall_ms"] = 1e3 * statistics.median(r[2] for r in got)
+            ses.log(f"{base}: total {ses.rows[f'{base}_total_ms']:.1f} ms, wall {ses.rows[f'{base}_wall_ms']:.1f} ms, "
+                    + ", ".join(f"{k} {ses.rows[f'{base}_{k}_ms']:.1f}" for k in got[0][0] if k != "total"))
 
 
 def _check_sums(ses: DeviceRun, base: str, sums: Any, w: np.ndarray, p: np.ndarray, g1: Any, g2: Any,
@@ -512,10 +541,16 @@ def main() -> None:
                     help="partition section: a point on every row (points), or the PoRep-like circuit's wire count "
                          "and infinity points, as its own key has them (circuit: rows *_circuit_key, witness "
                          "'circuit' allowed)")
+    ap.add_argument("--partition-accumulate", default="",
+                    help="partition section: a comma list of the accumulations to time on each loaded key: "
+                         "'plan' (as its device plan set them, the default) and 'xyzz' (no grid rounds: rows *_xyzz)")
     ap.add_argument("--affine", action="store_true",
                     help="msm and partition sections: also the batch-affine accumulation (*_affine rows)")
     args = ap.parse_args()
     witnesses = tuple(args.partition_witnesses.split(",")) if args.partition_witnesses else None
+    accumulate = tuple("" if a == "plan" else a for a in (args.partition_accumulate or "plan").split(","))
+    if set(accumulate) - {"", "xyzz"}:
+        ap.error(f"--partition-accumulate: plan, xyzz, not {args.partition_accumulate}")
     if witnesses and set(witnesses) - set(WITNESSES):
         ap.error(f"--partition-witnesses: {', '.join(WITNESSES)}, not {args.partition_witnesses}")
     if witnesses and "circuit" in witnesses and args.partition_key != "circuit":
@@ -547,7 +582,7 @@ def main() -> None:
         (lambda: msm_rows(ses, (24, 26), 24, args.reps, args.affine)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
         (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick, args.affine,
-                                witnesses, args.partition_key)),
+                                witnesses, args.partition_key, accumulate)),
         "proofs": (lambda: None) if args.dry_run else
         (lambda: proof_rows(ses, args.proofs_log_n, args.reps, tuple(args.proofs_kinds.split(",")))),
     }
