@@ -392,8 +392,8 @@ def emu_gpu() -> object:
 
 @pytest.mark.slow
 def test_emulated_witness_map_stages_what_the_host_evaluates(emu_gpu: object, test_key: tuple[Path, Path]) -> None:
-    """stage_witness (w copied, a, b, c made by the device witness map) stages the same a, b, c as
-    the host's ConstraintEvaluator, reuses the key's device rows for the same circuit data and
+    """stage_witness (w copied; a, b, c made by the device witness map when the partition computes)
+    gives the same a, b, c as the host's ConstraintEvaluator, reuses the key's device rows for the same circuit data and
     replaces them for another; prove() takes that path (no r1cs) and its proof verifies; with an
     r1cs it keeps the host's map, which names an unsatisfied constraint."""
     from cuzk_mp.circuits.synthetic import PorepLike
@@ -416,6 +416,8 @@ def test_emulated_witness_map_stages_what_the_host_evaluates(emu_gpu: object, te
             for _ in range(2):
                 staged = emu_gpu.stage_witness(key, ev.data, w)
                 try:
+                    assert set(staged.d) == {"w"}  # a, b, c come when the partition computes
+                    emu_gpu.map_witness(key, staged)
                     for name in "abcw":
                         got = np.asarray(staged.d[name])
                         assert np.array_equal(got, getattr(want, name)), f"seed={SEED}: {name}"

@@ -108,23 +108,46 @@ def test_porep_2_27_on_an_h200() -> None:
 
 def test_the_device_witness_map_rows_are_planned() -> None:
     """A key whose partitions come as w alone keeps its circuit's coded rows on the device: the plan
-    counts them as resident (in its total, its summary and its refusal), so a device that holds the
-    key and two partitions without them keeps one partition in flight with them, and a device that
-    holds one partition only without them refuses, naming them."""
+    counts them as resident (in its total, its summary and its refusal). Such a partition gets its
+    a, b, c only when it computes, so the partitions staged beside the computing one count w alone:
+    the rows cost the total what they weigh less a, b, c of the staged partition; a device that holds
+    the key and two partitions without them keeps one partition in flight when the rows outweigh
+    that, and a device that holds one partition only without them refuses, naming them."""
     shape = porep(27)
-    rows = 4 * GIB
     plain = plan_device(shape, H200_FREE, workers=2)
+    abc = sum(plain.per_partition[k] for k in "abc")
+    assert plain.staged_total == plain.partition_total
+    rows = 4 * GIB
+    plan = plan_device(shape, H200_FREE, workers=2, witness_map=rows)
+    assert plan.witness_map == rows and plan.resident == plain.resident + rows
+    assert plan.staged_total == plan.partition_total - abc and plan.in_flight == 2
+    assert plan.total == plain.total + rows - abc
+    assert "witness map 4.0 GiB" in plan.summary() and "witness map" not in plain.summary()
+    assert f"({plan.staged_total / GIB:.1f} GiB while staged)" in plan.summary()
+    assert plan.as_dict()["witness_map"] == rows
+    big = abc + rows  # rows that outweigh a, b, c of the staged partition
     free = plain.total  # exactly the need without the rows
     assert plan_device(shape, free, workers=2).in_flight == 2
-    plan = plan_device(shape, free, workers=2, witness_map=rows)
-    assert plan.witness_map == rows and plan.resident == plain.resident + rows
-    assert plan.in_flight == 1 and plan.steps == ["1 partition(s) in flight instead of 2"] and plan.fits
-    assert "witness map 4.0 GiB" in plan.summary() and "witness map" not in plain.summary()
-    assert plan.as_dict()["witness_map"] == rows
+    tight = plan_device(shape, free, workers=2, witness_map=big)
+    assert tight.in_flight == 1 and tight.steps == ["1 partition(s) in flight instead of 2"] and tight.fits
     one = plan_device(shape, 10**15, workers=1).total
     with pytest.raises(DeviceMemoryError, match="witness map 4.00 GiB") as err:
         plan_device(shape, one, workers=1, witness_map=rows)
     assert "largest domain of this circuit's shape that fits is 2^26" in str(err.value)
+
+
+def test_partitions_in_flight_peak_between_computations() -> None:
+    """Between two computations every partition in flight may be whole at once (the next one's
+    H step while the last one is being released) with no MSM running: the plan takes the larger of
+    that and one computing partition with its scratch beside the staged ones."""
+    from dataclasses import replace
+
+    plan = plan_device(porep(27), H200_FREE, workers=2, witness_map=GIB)
+    scratch = sum(plan.scratch.values())
+    computing = plan.partition_total + plan.staged_total + scratch
+    assert plan.in_flight_total == max(computing, 2 * plan.partition_total) == computing
+    small = replace(plan, scratch={k: 0 for k in plan.scratch})
+    assert small.in_flight_total == 2 * plan.partition_total > plan.partition_total + plan.staged_total
 
 
 def test_packed_b_sections_at_2_27_on_an_h200() -> None:
@@ -154,8 +177,9 @@ def test_packed_b_sections_at_2_27_on_an_h200() -> None:
 def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> None:
     """The default accumulation ("auto"): G2's MSM plans the grid rounds' lists where they fit as
     configured. The packed 2^24 key keeps them beside every multiple, the packed 2^26 key beside
-    two partitions; the packed 2^27 key runs XYZZ, by rule (no fallback step); where they do not
-    fit ("grid-g2" at 2^27 with two partitions in flight, or a device with room for the XYZZ plan
+    two partitions, the packed 2^27 key too when its partitions come as w alone (else XYZZ, by rule:
+    no fallback step); where they do not fit ("grid-g2" at 2^27 with a, b, c staged from the host and
+    two partitions in flight, or a device with room for the XYZZ plan
     alone) they go first, before any multiple or partition, and the plan hands the backend params
     without them; small keys plan none."""
     from dataclasses import replace
@@ -183,14 +207,19 @@ def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> N
     assert p26.fits and p26.in_flight == 2 and not p26.grid_off and not p26.steps and not p26.multiples
     assert p26.msm_params(configured) is configured
 
-    # "auto" (the default): the lists do not fit beside two 2^27 partitions: XYZZ, by rule (no step)
-    p27 = plan_device(packed(27), H200_FREE, workers=2, multiples="auto", witness_map=4 * GIB)
+    # 2^27 with the device witness map (the staged partition holds w alone): the lists fit beside two
+    # partitions; "auto" (the default) without it (a, b, c staged from the host): they do not, XYZZ by
+    # rule (no step)
+    mapped = plan_device(packed(27), H200_FREE, workers=2, multiples="auto", witness_map=4 * GIB)
+    assert mapped.fits and mapped.in_flight == 2 and not mapped.grid_off and not mapped.steps
+    assert mapped.msm_params(configured) is configured
+    p27 = plan_device(packed(27), H200_FREE, workers=2, multiples="auto")
     assert p27.fits and p27.in_flight == 2 and p27.grid_off and not p27.steps and p27.choice == "as configured"
     assert not p27.msm_params(configured).grid(True) and p27.msm_params(xyzz) is xyzz
-    assert p27.total == plan_device(packed(27), H200_FREE, workers=2, params=xyzz, witness_map=4 * GIB).total
+    assert p27.total == plan_device(packed(27), H200_FREE, workers=2, params=xyzz).total
     # "grid-g2" asked for: the lists do not fit beside two partitions, so they go (a fallback)
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid-g2")
-    forced = plan_device(packed(27), H200_FREE, workers=2, multiples="auto", witness_map=4 * GIB)
+    forced = plan_device(packed(27), H200_FREE, workers=2, multiples="auto")
     assert forced.grid_off and forced.steps == [NO_GRID] and NO_GRID in forced.choice and forced.in_flight == 2
     monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
 

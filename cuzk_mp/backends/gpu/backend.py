@@ -125,7 +125,8 @@ class _Run:
 
 @dataclass
 class GpuStaged:
-    """One partition on the device: a, b, c (Montgomery), w (standard) and w's scalar plan."""
+    """One partition on the device: a, b, c (Montgomery), w (standard) and w's scalar plan; a
+    partition staged as w alone gets its a, b, c when it computes (:meth:`GpuBackend.h_values`)."""
 
     device: int
     d: dict[str, Any]
@@ -139,6 +140,8 @@ class GpuStaged:
     copy_start: Any = None  # event before the copies (h2d = copy_start .. ready)
     run: _Run = field(default_factory=_Run)
     holder: list[int] | None = None  # the staging thread's count of partitions it holds (in-flight limit)
+    # staged as w alone: the map that makes a, b, c from it when the partition computes (h_values)
+    witness_map: DeviceWitnessMap | None = None
 
     @property
     def w(self) -> Any:
@@ -467,9 +470,11 @@ class GpuBackend:
         return self._stage(key, host, None, "staging a partition (a, b, c, w)")
 
     def stage_witness(self, key: GpuKey, rows: WitnessRows, w: np.ndarray) -> GpuStaged:
-        """Copy w and compute a, b, c from it on the device (:mod:`.witness_map`): the key keeps the
-        circuit's coded rows on the device from its first such partition (for the same ``rows``
-        object; another one replaces them). ``w`` must be canonical (the caller validates it)."""
+        """Copy w; a, b, c are computed from it on the device (:mod:`.witness_map`) when the
+        partition computes, so a staged partition waiting for the device holds w alone (the device
+        plan counts it so: :func:`.plan.partition_bytes`). The key keeps the circuit's coded rows on
+        the device from its first such partition (for the same ``rows`` object; another one
+        replaces them). ``w`` must be canonical (the caller validates it)."""
         z = key.zkey
         w = np.ascontiguousarray(w, dtype=np.uint64)
         if w.shape != (z.n_vars, 4):
@@ -485,26 +490,24 @@ class GpuBackend:
                 key.witness_map = (rows, DeviceWitnessMap(rows.a, rows.b, rows.table_mont, rows.table_r2,
                                                           z.domain_size))
             wmap = key.witness_map[1]
-        return self._stage(key, {"w": w}, wmap, "staging a partition (w, and a, b, c made from it)")
+        return self._stage(key, {"w": w}, wmap, "staging a partition (w alone; a, b, c made from it later)")
 
     def _stage(self, key: GpuKey, host: dict[str, np.ndarray], wmap: DeviceWitnessMap | None,
                what: str) -> GpuStaged:
-        """Copy ``host``'s vectors on this thread's main stream (with ``wmap``: w alone, then a, b, c
-        computed from it there) and classify w (see :meth:`stage`)."""
+        """Copy ``host``'s vectors on this thread's main stream (with ``wmap``: w alone, the map kept
+        for :meth:`h_values`) and classify w (see :meth:`stage`)."""
         z = key.zkey
         st = self.streams()
         holder = self._take_stage_slot()
         try:
             with cupy.cuda.Device(self.device), st.main:
-                rows = {"a": z.domain_size, "b": z.domain_size, "c": z.domain_size, "w": z.n_vars}
+                rows = {k: z.domain_size for k in "abc" if wmap is None} | {"w": z.n_vars}
                 memory.ensure_free(32 * sum(rows.values()), what)
                 start = cupy.cuda.Event()
                 start.record(st.main)
                 d = {k: cupy.empty((n, 4), dtype=np.uint64) for k, n in rows.items()}
                 for k, v in host.items():
                     self._h2d(d[k], v, st)
-                if wmap is not None:
-                    wmap.run(d["w"], d["a"], d["b"], d["c"])
                 t0 = time.perf_counter()
                 canonical = None
                 if int(z.domain_size) <= DENSE_KEY_ROWS:
@@ -525,7 +528,7 @@ class GpuBackend:
             raise
         nbytes = sum(int(a.nbytes) for a in d.values()) + sum(int(p.scalars.nbytes) for p in plan.subsets.values())
         staged = GpuStaged(self.device, d, plan, ready, nbytes, timings,
-                           holder=holder, canonical=canonical, copy_start=start)
+                           holder=holder, canonical=canonical, copy_start=start, witness_map=wmap)
         with self._lock:
             self._parts[int(d["w"].data.ptr)] = staged
         return staged
@@ -621,19 +624,41 @@ class GpuBackend:
 
     def h_values(self, key: GpuKey, staged: GpuStaged) -> Any:
         """p[j] = (A*B - C)(w_2n^(2j+1)) in standard form, written over the staged a (b and c are
-        clobbered); enqueued on this thread's main stream."""
+        clobbered); enqueued on this thread's main stream. A partition staged as w alone first gets
+        its a, b, c from the witness map there (the ``witness_map`` span)."""
         if not staged.d or staged.h is not None:
             raise InputError("h_values on a released partition, or twice on one")
+        self.map_witness(key, staged)
         st = self.streams()
         with cupy.cuda.Device(self.device), st.main:
             st.main.wait_event(staged.ready)
-            start = _record(st.main)
             d = staged.d
+            start = _record(st.main)
             p = self.ntt_engine.coset_h_in_place(d["a"], d["b"], d["c"], stream=st.main)
             end = _record(st.main)
             staged.run.events.append(("ntt_h", start, end))
         staged.h, staged.h_ready = p, end
         return p
+
+    def map_witness(self, key: GpuKey, staged: GpuStaged) -> None:
+        """a, b, c of a partition staged as w alone (:meth:`stage_witness`), made from w by the
+        key's witness map on this thread's main stream (the ``witness_map`` span); nothing for a
+        partition that has them. :meth:`h_values` calls it first."""
+        if staged.witness_map is None:
+            return
+        if not staged.d:
+            raise InputError("map_witness on a released partition")
+        st = self.streams()
+        n = int(key.zkey.domain_size)
+        with cupy.cuda.Device(self.device), st.main:
+            memory.ensure_free(3 * 32 * n, "a partition's a, b, c (the device witness map)")
+            st.main.wait_event(staged.ready)
+            start = _record(st.main)
+            d = staged.d
+            d.update({k: cupy.empty((n, 4), dtype=np.uint64) for k in "abc"})
+            staged.witness_map.run(d["w"], d["a"], d["b"], d["c"])
+            staged.run.events.append(("witness_map", start, _record(st.main)))
+        staged.witness_map = None
 
     def msm(self, key: GpuKey, section: str, scalars: Any) -> Future:
         """sum_i scalars[i] P_i over key section ``section`` (G2 for "b2"), enqueued; the Future's

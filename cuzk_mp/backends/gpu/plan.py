@@ -31,12 +31,16 @@ bound holds whatever the witness.
 
 How many partitions are on the device at once: each prover worker thread stages one partition,
 holds it while it waits for the device lock and computes, and releases it when its MSMs are
-done, so ``gpu_workers_per_device`` partitions at most (one computing, the others staged).
+done, so ``gpu_workers_per_device`` partitions at most (one computing, the others staged). A
+partition staged as w alone (the device witness map) gets its a, b, c when it computes, so the
+peak is one whole partition with the MSM scratch beside w-only staged ones, or, between two
+computations, every partition whole with no MSM running (:attr:`DevicePlan.in_flight_total`).
 
 The default accumulation "auto" keeps the G2 grid rounds (and their lists) where the plan fits
 them as configured, and accumulates in XYZZ elsewhere (:data:`.knobs.ACCUMULATE_MODES`): a rule,
 not a fallback (step 0b below taken silently: ``grid_off``, no step). On the H200 that is 2^24
-(beside every multiple) and 2^26 (no multiples), not 2^27 (no room beside two partitions).
+(beside every multiple), 2^26 (no multiples) and 2^27 when its partitions come as w alone (the device
+witness map: a staged partition holds w until it computes), not 2^27 with a, b, c staged from the host.
 
 When it does not fit, the plan falls back automatically, in this order, and says so (the
 ``choice`` and ``steps`` fields; the backend logs them):
@@ -293,9 +297,24 @@ class DevicePlan:
                 + self.witness_map)
 
     @property
+    def staged_total(self) -> int:
+        """One partition staged, waiting for the device: without a, b, c where the device witness map
+        makes them when the partition computes (the backend's stage_witness), else all of it."""
+        return self.partition_total - (sum(self.per_partition[k] for k in "abc") if self.witness_map else 0)
+
+    @property
+    def in_flight_total(self) -> int:
+        """The partitions at their peak together: one computing with its MSM scratch beside the
+        others staged, or, between two computations (the next one's H step while the last one is
+        being released), every one of them whole, with no MSM running."""
+        scratch = sum(self.scratch.values())
+        computing = self.partition_total + (self.in_flight - 1) * self.staged_total + scratch
+        return max(computing, self.in_flight * self.partition_total)
+
+    @property
     def total(self) -> int:
         """Everything the plan needs at once, the margin included."""
-        return self.resident + self.in_flight * self.partition_total + sum(self.scratch.values()) + self.margin
+        return self.resident + self.in_flight_total + self.margin
 
     @property
     def fits(self) -> bool:
@@ -312,8 +331,10 @@ class DevicePlan:
                 f" + multiples {sum(self.multiples_bytes.values()) / GIB:.1f} GiB ({mult})"
                 f" + NTT tables {self.ntt_tables / GIB:.1f} GiB"
                 + (f" + witness map {self.witness_map / GIB:.1f} GiB" if self.witness_map else "")
-                + f" + {self.in_flight} partition(s) in flight x "
-                f"{self.partition_total / GIB:.1f} GiB + MSM scratch {sum(self.scratch.values()) / GIB:.1f} GiB"
+                + f" + {self.in_flight} partition(s) in flight x {self.partition_total / GIB:.1f} GiB"
+                + (f" ({self.staged_total / GIB:.1f} GiB while staged)" if self.staged_total < self.partition_total
+                   else "")
+                + f" + MSM scratch {sum(self.scratch.values()) / GIB:.1f} GiB"
                 f" + margin {self.margin / GIB:.1f} GiB = {self.total / GIB:.1f} GiB of {self.free / GIB:.1f} GiB"
                 f" free: {'fits' if self.fits else 'does NOT fit'}; {self.choice}")
 
