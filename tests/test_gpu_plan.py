@@ -177,9 +177,10 @@ def test_packed_b_sections_at_2_27_on_an_h200() -> None:
 def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> None:
     """The default accumulation ("auto"): G2's MSM plans the grid rounds' lists where they fit as
     configured. The packed 2^24 key keeps them beside every multiple, the packed 2^26 key beside
-    two partitions, the packed 2^27 key too when its partitions come as w alone (else XYZZ, by rule:
-    no fallback step); where they do not fit ("grid-g2" at 2^27 with a, b, c staged from the host and
-    two partitions in flight, or a device with room for the XYZZ plan
+    two partitions; above 2^26 rows "auto" keeps XYZZ by rule (no fallback step), even where they
+    fit ("grid-g2" keeps them there: 2^27 whose partitions come as w alone); where they do not fit
+    ("grid-g2" at 2^27 with a, b, c staged from the host and two partitions in flight, or a device
+    with room for the XYZZ plan
     alone) they go first, before any multiple or partition, and the plan hands the backend params
     without them; small keys plan none."""
     from dataclasses import replace
@@ -208,11 +209,16 @@ def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> N
     assert p26.msm_params(configured) is configured
 
     # 2^27 with the device witness map (the staged partition holds w alone): the lists fit beside two
-    # partitions; "auto" (the default) without it (a, b, c staged from the host): they do not, XYZZ by
-    # rule (no step)
+    # partitions, and "grid-g2" keeps them; "auto" (the default) keeps XYZZ above 2^26 by rule (no step)
     mapped = plan_device(packed(27), H200_FREE, workers=2, multiples="auto", witness_map=4 * GIB)
-    assert mapped.fits and mapped.in_flight == 2 and not mapped.grid_off and not mapped.steps
-    assert mapped.msm_params(configured) is configured
+    assert mapped.fits and mapped.in_flight == 2 and mapped.grid_off and not mapped.steps
+    assert not mapped.msm_params(configured).grid(True)
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid-g2")
+    asked = plan_device(packed(27), H200_FREE, workers=2, multiples="auto", witness_map=4 * GIB)
+    assert asked.fits and asked.in_flight == 2 and not asked.grid_off and not asked.steps
+    assert asked.msm_params(MsmParams()).grid(True)
+    monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
+    # without it (a, b, c staged from the host) the lists do not fit beside two partitions
     p27 = plan_device(packed(27), H200_FREE, workers=2, multiples="auto")
     assert p27.fits and p27.in_flight == 2 and p27.grid_off and not p27.steps and p27.choice == "as configured"
     assert not p27.msm_params(configured).grid(True) and p27.msm_params(xyzz) is xyzz

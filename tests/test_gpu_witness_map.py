@@ -108,3 +108,38 @@ def test_witness_map_refuses_bad_rows(wm: Any) -> None:
     b32 = CodedMatrix(b.indptr, b.cols, b.codes.astype(np.uint32))
     with pytest.raises(InputError, match="codes must be uint16 or uint32 in both"):
         wm.DeviceWitnessMap(a, b32, tmont, tr2, domain)
+
+
+def test_long_rows_are_cut_into_segments_that_cover_them(wm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    """LongRows lists exactly the rows with more than ``short_max`` entries on a side (rows past a
+    matrix's last one have none there), scanning the row lengths a block at a time, and cuts each
+    side of such a row into consecutive segments of 1..short_max entries, B's flagged."""
+    rng = np.random.default_rng(SEED)
+
+    def matrix(n: int) -> CodedMatrix:
+        counts = np.where(rng.random(n) < 0.05, rng.integers(17, 80, n), rng.integers(0, 9, n))
+        indptr = np.zeros(n + 1, dtype=np.uint32)
+        indptr[1:] = np.cumsum(counts)
+        nnz = int(indptr[-1])
+        return CodedMatrix(indptr, np.zeros(nnz, dtype=np.uint32), np.zeros(nnz, dtype=np.uint16))
+
+    for na, nb, scan in ((1000, 990, 64), (500, 700, 100), (10, 10, 4)):
+        monkeypatch.setattr(wm, "SCAN_ROWS", scan)
+        a, b = matrix(na), matrix(nb)
+        long = wm.LongRows.of(a, b, 16)
+        n = max(na, nb)
+        lens = [np.zeros(n, dtype=np.int64) for _ in "ab"]
+        for m, ln in zip((a, b), lens):
+            ln[: m.n_rows] = np.diff(m.indptr.astype(np.int64))
+        assert np.array_equal(long.rows, np.flatnonzero((lens[0] > 16) | (lens[1] > 16)))
+        for i, r in enumerate(long.rows.tolist()):
+            sides = ((a, long.first[i], long.mid[i], 0), (b, long.mid[i], long.first[i + 1], wm.SEG_B))
+            for m, lo_s, hi_s, flag in sides:
+                pos = int(m.indptr[r]) if r < m.n_rows else 0
+                end = int(m.indptr[r + 1]) if r < m.n_rows else 0
+                for seg in range(int(lo_s), int(hi_s)):
+                    count = int(long.seg_n[seg]) & ~wm.SEG_B
+                    assert int(long.seg_n[seg]) & wm.SEG_B == flag and int(long.seg_k[seg]) == pos
+                    assert 0 < count <= 16
+                    pos += count
+                assert pos == end

@@ -174,9 +174,10 @@ def grid_for_g1(mode: str | None = None) -> bool:
 
 def grid_where_fits(mode: str | None = None) -> bool:
     """Whether an accumulation mode keeps its G2 grid rounds only where the device plan fits their
-    lists as configured (its multiples, its partitions in flight), and runs XYZZ elsewhere by rule,
-    not as a fallback ("auto"; measured on the H200: 3 % a partition gained at 2^24 and 2^26, where
-    they fit, 5.6 % lost at 2^27 with chunks halved to fit)."""
+    lists as configured (its multiples, its partitions in flight) and the key has at most
+    :data:`.plan.GRID_AUTO_MAX_DOMAIN` rows, and runs XYZZ elsewhere by rule, not as a fallback
+    ("auto"; measured on the H200: 3 % a partition gained at 2^24 and 2^26, 5.6 % lost at 2^27 with
+    chunks halved to fit, 7 % lost at 2^27 with whole chunks)."""
     return _accumulate_mode(mode) == "auto"
 
 

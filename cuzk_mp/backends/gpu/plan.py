@@ -39,8 +39,9 @@ computations, every partition whole with no MSM running (:attr:`DevicePlan.in_fl
 The default accumulation "auto" keeps the G2 grid rounds (and their lists) where the plan fits
 them as configured, and accumulates in XYZZ elsewhere (:data:`.knobs.ACCUMULATE_MODES`): a rule,
 not a fallback (step 0b below taken silently: ``grid_off``, no step). On the H200 that is 2^24
-(beside every multiple), 2^26 (no multiples) and 2^27 when its partitions come as w alone (the device
-witness map: a staged partition holds w until it computes), not 2^27 with a, b, c staged from the host.
+(beside every multiple) and 2^26 (no multiples); above 2^26 rows it keeps XYZZ by rule
+(:data:`GRID_AUTO_MAX_DOMAIN`: measured slower in the 2^27 pipeline, where the lists do fit beside two
+partitions that come as w alone).
 
 When it does not fit, the plan falls back automatically, in this order, and says so (the
 ``choice`` and ``steps`` fields; the backend logs them):
@@ -100,6 +101,12 @@ HEAD_KEY_BYTES = 4  # uint32 key of each accumulation head
 # The fallbacks' order of multiples to drop: the reverse of plan_multiples' picking order.
 DROP_ORDER = ("c", "b1", "a", "b2", "h")
 NO_GRAPHS = "MSMs without CUDA graphs"  # the first fallback (small keys)
+# "auto" keeps the G2 grid rounds off above this domain by rule, wherever their lists fit: in the
+# 2^27 PoRep-like pipeline on the H200 they cost 7 % of device time against XYZZ (2.013 / 1.999 s a
+# partition against 1.868 / 1.870 s, with 7 and with 4 synthesis threads a worker; one lone partition
+# gained 2.8 %: perf/results/pipeline-h200-2^27-grid.json, gpu-partition-2^27-grid-h200.json); 2^26
+# gained 3 % in its pipeline.
+GRID_AUTO_MAX_DOMAIN = 1 << 26
 NO_GRID = "bucket accumulation in XYZZ alone (no grid batch-affine lists)"  # the next
 
 
@@ -382,6 +389,9 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
     def _plan(mult: dict[str, int], in_flight: int, graphs: MsmParams | None) -> DevicePlan:
         return _build(shape, mult, in_flight, workers, free, margin, params, graphs, witness_map)
 
+    if params.ga_rounds and params.ga_where_fits and shape.domain_size > GRID_AUTO_MAX_DOMAIN:
+        grid_off = True  # "auto": a rule (measured), not a fallback
+        params = replace(params, ga_rounds=0)
     plan = _plan(chosen, workers, graph_params)
     steps: list[str] = []
     if not plan.fits and plan.graphs:

@@ -30,6 +30,7 @@ THREADS = 256  # the kernel's WM_THREADS
 # many entries of one side (a thread each), then summed by a thread per row (witness_map.cu).
 SHORT_MAX = 16
 SEG_B = 1 << 31  # the kernel's WM_SEG_B
+SCAN_ROWS = 1 << 22  # rows whose lengths the host looks at together when it finds the long ones
 
 
 @dataclass(frozen=True)
@@ -48,14 +49,26 @@ class LongRows:
     @classmethod
     def of(cls, a: CodedMatrix, b: CodedMatrix, short_max: int = SHORT_MAX) -> LongRows:
         n = max(a.n_rows, b.n_rows)
-        la, lb, ka, kb = (np.zeros(n, dtype=np.int64) for _ in range(4))
-        la[: a.n_rows] = np.diff(a.indptr.astype(np.int64))
-        lb[: b.n_rows] = np.diff(b.indptr.astype(np.int64))
-        rows = np.flatnonzero((la > short_max) | (lb > short_max))
-        la, lb = la[rows], lb[rows]
-        ka[: a.n_rows] = a.indptr[:-1]
-        kb[: b.n_rows] = b.indptr[:-1]
-        ka, kb = ka[rows], kb[rows]
+        found = []  # the long rows, a block of rows at a time: the host holds no per-row array of n
+        for lo in range(0, n, SCAN_ROWS):
+            hi = min(n, lo + SCAN_ROWS)
+            long = np.zeros(hi - lo, dtype=bool)
+            for m in (a, b):
+                if lo < m.n_rows:
+                    top = min(hi, m.n_rows)
+                    long[: top - lo] |= np.diff(m.indptr[lo : top + 1]) > short_max
+            found.append(np.flatnonzero(long) + lo)
+        rows = np.concatenate(found) if found else np.zeros(0, dtype=np.int64)
+
+        def side(m: CodedMatrix) -> tuple[np.ndarray, np.ndarray]:
+            inside = rows < m.n_rows
+            r = rows[inside]
+            k, length = np.zeros(rows.shape[0], dtype=np.int64), np.zeros(rows.shape[0], dtype=np.int64)
+            k[inside] = m.indptr[r]
+            length[inside] = m.indptr[r + 1].astype(np.int64) - k[inside]
+            return k, length
+
+        (ka, la), (kb, lb) = side(a), side(b)
         sa, sb = -(-la // short_max), -(-lb // short_max)
         first = np.zeros(rows.shape[0] + 1, dtype=np.int64)
         np.cumsum(sa + sb, out=first[1:])
@@ -65,8 +78,8 @@ class LongRows:
         j = np.where(on_b, j - sa[owner], j)
         seg_k = np.where(on_b, kb[owner], ka[owner]) + j * short_max
         seg_n = np.minimum(short_max, np.where(on_b, lb[owner], la[owner]) - j * short_max) | np.where(on_b, SEG_B, 0)
-        return cls(rows, first.astype(np.uint32), (first[:-1] + sa).astype(np.uint32), seg_k.astype(np.uint32),
-                   seg_n.astype(np.uint32))
+        return cls(rows.astype(np.int64), first.astype(np.uint32), (first[:-1] + sa).astype(np.uint32),
+                   seg_k.astype(np.uint32), seg_n.astype(np.uint32))
 
     @property
     def segments(self) -> int:
