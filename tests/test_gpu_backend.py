@@ -393,9 +393,10 @@ def emu_gpu() -> object:
 @pytest.mark.slow
 def test_emulated_witness_map_stages_what_the_host_evaluates(emu_gpu: object, test_key: tuple[Path, Path]) -> None:
     """stage_witness (w copied; a, b, c made by the device witness map when the partition computes)
-    gives the same a, b, c as the host's ConstraintEvaluator, reuses the key's device rows for the same circuit data and
-    replaces them for another; prove() takes that path (no r1cs) and its proof verifies; with an
-    r1cs it keeps the host's map, which names an unsatisfied constraint."""
+    gives the same a, b, c as the host's ConstraintEvaluator, reuses the key's device rows for the
+    same circuit data and replaces them for another (a partition staged with the old ones keeps them
+    until its release); prove() takes that path (no r1cs) and its proof verifies; with an r1cs it
+    keeps the host's map, which names an unsatisfied constraint."""
     from cuzk_mp.circuits.synthetic import PorepLike
     from cuzk_mp.errors import UnsatisfiedWitness
     from cuzk_mp.formats.r1cs import read_r1cs
@@ -431,6 +432,18 @@ def test_emulated_witness_map_stages_what_the_host_evaluates(emu_gpu: object, te
             other = ConstraintEvaluator.from_zkey(zkey)
             emu_gpu.release(emu_gpu.stage_witness(key, other.data, w))
             assert key.witness_map[0] is other.data and rows._d == []  # replaced, the old rows freed
+            # replaced while a partition staged with the old rows waits: it keeps them until released
+            pending = emu_gpu.stage_witness(key, other.data, w)
+            kept = key.witness_map[1]
+            emu_gpu.release(emu_gpu.stage_witness(key, ev.data, w))
+            assert key.witness_map[0] is ev.data and kept._d and pending.witness_map is kept
+            try:
+                emu_gpu.map_witness(key, pending)
+                for name in "abc":
+                    assert np.array_equal(np.asarray(pending.d[name]), getattr(want, name)), f"seed={SEED}: {name}"
+            finally:
+                emu_gpu.release(pending)
+            assert pending.witness_map is None
             with pytest.raises(InputError, match="witness has shape"):
                 emu_gpu.stage_witness(key, ev.data, w[:-1])
         finally:

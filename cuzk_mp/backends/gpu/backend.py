@@ -140,7 +140,8 @@ class GpuStaged:
     copy_start: Any = None  # event before the copies (h2d = copy_start .. ready)
     run: _Run = field(default_factory=_Run)
     holder: list[int] | None = None  # the staging thread's count of partitions it holds (in-flight limit)
-    # staged as w alone: the map that makes a, b, c from it when the partition computes (h_values)
+    # staged as w alone: the map that makes a, b, c from it when the partition computes (map_witness),
+    # held until its release
     witness_map: DeviceWitnessMap | None = None
 
     @property
@@ -483,8 +484,12 @@ class GpuBackend:
             if key.witness_map is None or key.witness_map[0] is not rows:
                 if key.witness_map is not None:  # rare (another evaluator for this key): let every
                     cupy.cuda.Device().synchronize()  # thread's map that reads the old rows finish first
-                    key.witness_map[1].close()
+                    old = key.witness_map[1]
                     key.witness_map = None
+                    # a partition staged with the old rows and not yet computed keeps them (its own
+                    # reference, dropped at its release, once the device is done with them)
+                    if not any(p.witness_map is old for p in self._parts.values()):
+                        old.close()
                 memory.ensure_free(matrices_bytes(rows.a, rows.b, rows.table_mont, rows.table_r2),
                                    "the witness map's coded rows")
                 key.witness_map = (rows, DeviceWitnessMap(rows.a, rows.b, rows.table_mont, rows.table_r2,
@@ -644,10 +649,10 @@ class GpuBackend:
         """a, b, c of a partition staged as w alone (:meth:`stage_witness`), made from w by the
         key's witness map on this thread's main stream (the ``witness_map`` span); nothing for a
         partition that has them. :meth:`h_values` calls it first."""
-        if staged.witness_map is None:
-            return
         if not staged.d:
             raise InputError("map_witness on a released partition")
+        if staged.witness_map is None or "a" in staged.d:
+            return
         st = self.streams()
         n = int(key.zkey.domain_size)
         with cupy.cuda.Device(self.device), st.main:
@@ -658,7 +663,6 @@ class GpuBackend:
             d.update({k: cupy.empty((n, 4), dtype=np.uint64) for k in "abc"})
             staged.witness_map.run(d["w"], d["a"], d["b"], d["c"])
             staged.run.events.append(("witness_map", start, _record(st.main)))
-        staged.witness_map = None
 
     def msm(self, key: GpuKey, section: str, scalars: Any) -> Future:
         """sum_i scalars[i] P_i over key section ``section`` (G2 for "b2"), enqueued; the Future's
@@ -786,6 +790,7 @@ class GpuBackend:
             self.last_timings = spans
             self._add_busy(spans["total"])
         staged.d = {}
+        staged.witness_map = None  # the rows it was mapped with, kept until the device is done with them
         staged.h = None
         staged.plan = None
         staged.run = _Run()
