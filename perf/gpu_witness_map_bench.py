@@ -64,7 +64,7 @@ def knobs_of(variant: str) -> tuple[dict[str, int] | None, int]:
 def run(kind: str, log_n: int, reps: int, cache: Path, variants: list[str]) -> list[dict[str, object]]:
     import cupy
 
-    from cuzk_mp.backends.gpu.witness_map import DeviceWitnessMap
+    from cuzk_mp.backends.gpu.witness_map import DeviceWitnessMap, LongRows
 
     n = 1 << log_n
     t0 = time.perf_counter()
@@ -72,7 +72,11 @@ def run(kind: str, log_n: int, reps: int, cache: Path, variants: list[str]) -> l
     rows = open_device_circuit_data(path, kind, log_n)
     build_s = time.perf_counter() - t0
     w = synthetic_circuit(kind, log_n).witness(1, 0)
-    maps = {v: DeviceWitnessMap(rows.a, rows.b, rows.table_mont, rows.table_r2, n, *knobs_of(v)) for v in variants}
+    maps = {}
+    for v in variants:
+        defines, short_max = knobs_of(v)
+        long = LongRows.of(rows.a, rows.b, short_max)
+        maps[v] = DeviceWitnessMap(rows.a, rows.b, rows.table_mont, rows.table_r2, n, long, defines)
     d_w = cupy.asarray(w)
     out = [cupy.empty((n, 4), dtype=np.uint64) for _ in range(3)]
     host = [np.empty((n, 4), dtype=np.uint64) for _ in range(3)]

@@ -55,7 +55,7 @@ from . import msm as gmsm
 from .knobs import DENSE_KEY_ROWS, MULTIPLES_ENV, SECTIONS, FixedBaseParams, graph_params_for, msm_params_for
 from .ntt import GpuNtt
 from .plan import DevicePlan, KeyShape, plan_device, point_words
-from .witness_map import DeviceWitnessMap, matrices_bytes
+from .witness_map import DeviceWitnessMap, LongRows, matrices_bytes
 
 log = logging.getLogger("cuzk_mp.backends.gpu.backend")
 
@@ -490,10 +490,11 @@ class GpuBackend:
                     # reference, dropped at its release, once the device is done with them)
                     if not any(p.witness_map is old for p in self._parts.values()):
                         old.close()
-                memory.ensure_free(matrices_bytes(rows.a, rows.b, rows.table_mont, rows.table_r2),
+                long = LongRows.of(rows.a, rows.b)
+                memory.ensure_free(matrices_bytes(rows.a, rows.b, rows.table_mont, rows.table_r2, long),
                                    "the witness map's coded rows")
                 key.witness_map = (rows, DeviceWitnessMap(rows.a, rows.b, rows.table_mont, rows.table_r2,
-                                                          z.domain_size))
+                                                          z.domain_size, long))
             wmap = key.witness_map[1]
         return self._stage(key, {"w": w}, wmap, "staging a partition (w alone; a, b, c made from it later)")
 

@@ -35,11 +35,12 @@ SCAN_ROWS = 1 << 22  # rows whose lengths the host looks at together when it fin
 
 @dataclass(frozen=True)
 class LongRows:
-    """The long rows of a pair of coded matrices and their segments, as the kernels read them:
-    ``rows`` (int64), per row its A segments ``[first[i], mid[i])`` and B segments
-    ``[mid[i], first[i + 1])``; per segment its first entry ``seg_k`` and its entry count
-    ``seg_n`` (| :data:`SEG_B` for B's)."""
+    """The long rows of a pair of coded matrices (more than ``short_max`` entries on a side) and their
+    segments, as the kernels read them: ``rows`` (int64), per row its A segments ``[first[i], mid[i])``
+    and B segments ``[mid[i], first[i + 1])``; per segment its first entry ``seg_k`` and its entry
+    count ``seg_n`` (| :data:`SEG_B` for B's)."""
 
+    short_max: int
     rows: np.ndarray
     first: np.ndarray
     mid: np.ndarray
@@ -78,7 +79,7 @@ class LongRows:
         j = np.where(on_b, j - sa[owner], j)
         seg_k = np.where(on_b, kb[owner], ka[owner]) + j * short_max
         seg_n = np.minimum(short_max, np.where(on_b, lb[owner], la[owner]) - j * short_max) | np.where(on_b, SEG_B, 0)
-        return cls(rows.astype(np.int64), first.astype(np.uint32), (first[:-1] + sa).astype(np.uint32),
+        return cls(int(short_max), rows.astype(np.int64), first.astype(np.uint32), (first[:-1] + sa).astype(np.uint32),
                    seg_k.astype(np.uint32), seg_n.astype(np.uint32))
 
     @property
@@ -93,27 +94,31 @@ class LongRows:
         return int(sum(x.nbytes for x in arrays) + 32 * self.segments)
 
 
-def matrices_bytes(a: CodedMatrix, b: CodedMatrix, table_mont: np.ndarray, table_r2: np.ndarray) -> int:
-    """Device bytes of the coded A and B rows, the coefficient tables and the long rows' segments."""
-    return int(a.nbytes + b.nbytes + table_mont.nbytes + table_r2.nbytes + LongRows.of(a, b).nbytes)
+def matrices_bytes(a: CodedMatrix, b: CodedMatrix, table_mont: np.ndarray, table_r2: np.ndarray,
+                   long: LongRows | None = None) -> int:
+    """Device bytes of the coded A and B rows, the coefficient tables and the long rows' segments
+    (``long``: :meth:`LongRows.of` the two, unless given)."""
+    long = long if long is not None else LongRows.of(a, b)
+    return int(a.nbytes + b.nbytes + table_mont.nbytes + table_r2.nbytes + long.nbytes)
 
 
 class DeviceWitnessMap:
     """A circuit's coded A and B rows and coefficient table on the current device (the caller
-    checks the room first: :func:`matrices_bytes`). ``defines``: the kernel's ``-D`` knobs and
-    ``short_max`` the long rows' threshold (benchmarks; the defaults are the shipped build's)."""
+    checks the room first: :func:`matrices_bytes`, with the same ``long``). ``long``: the matrices'
+    :class:`LongRows` (made here unless given; another threshold than :data:`SHORT_MAX` is for
+    benchmarks), ``defines``: the kernel's ``-D`` knobs (benchmarks; the default is the shipped build)."""
 
     def __init__(self, a: CodedMatrix, b: CodedMatrix, table_mont: np.ndarray, table_r2: np.ndarray,
-                 domain_size: int, defines: dict[str, int] | None = None, short_max: int = SHORT_MAX) -> None:
+                 domain_size: int, long: LongRows | None = None, defines: dict[str, int] | None = None) -> None:
         if a.codes.dtype != b.codes.dtype or a.codes.dtype not in (np.uint16, np.uint32):
             raise InputError(f"coded rows: codes must be uint16 or uint32 in both matrices, got {a.codes.dtype} "
                              f"and {b.codes.dtype}")
         if max(a.n_rows, b.n_rows) > domain_size:
             raise InputError(f"coded rows: {max(a.n_rows, b.n_rows)} rows for a domain of {domain_size}")
         self.domain_size = int(domain_size)
-        long = LongRows.of(a, b, short_max)
-        self.short_max = int(short_max)
-        self.nbytes = int(a.nbytes + b.nbytes + table_mont.nbytes + table_r2.nbytes + long.nbytes)
+        long = long if long is not None else LongRows.of(a, b)
+        self.short_max = long.short_max
+        self.nbytes = matrices_bytes(a, b, table_mont, table_r2, long)
         self._rows = (a.n_rows, b.n_rows)
         self._long, self._segments = int(long.rows.shape[0]), long.segments
         self._d = [cupy.asarray(np.ascontiguousarray(x)) for x in
