@@ -54,7 +54,9 @@ def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: a
 
     The backend starts (CuPy's import, the CUDA context, the kernel modules) on a helper thread
     while this one reads the key and the witness (a GPU's context on a third, beside CuPy's
-    import: :mod:`.backends.gpu.early_context`); ``prove`` then loads the key for this proof alone
+    import: :mod:`.backends.gpu.early_context`); both start before anything here imports numpy,
+    whose import (~0.3 s on an H200 box) would otherwise come first (``witness`` imports its reader
+    when called); ``prove`` then loads the key for this proof alone
     beside the witness map (no precomputed tables that only pay over many proofs). The key's coded
     A, B (and with ``--r1cs`` C) rows are the shared circuit data cache (``KEY.zkey.synth-ab``
     beside the key, else in the cache folder), built by the first proof and mapped by the next
@@ -118,9 +120,13 @@ def _cmd_prove(args: argparse.Namespace) -> int:
     code = _through_a_daemon(args)
     if code is not None:
         return code
-    from .formats.wtns import read_wtns
 
-    return _prove_and_write(args.zkey, lambda: read_wtns(args.wtns), args)
+    def witness() -> np.ndarray:  # numpy's import (~0.3 s on a GPU box) runs after the CUDA start has begun
+        from .formats.wtns import read_wtns
+
+        return read_wtns(args.wtns)
+
+    return _prove_and_write(args.zkey, witness, args)
 
 
 def _prove_through_daemon(args: argparse.Namespace) -> int:
@@ -205,9 +211,10 @@ def _cmd_fullprove(args: argparse.Namespace) -> int:
     code = _through_a_daemon(args)  # the daemon runs the wasm (compiled once, kept warm)
     if code is not None:
         return code
-    from .circuits.circom import WitnessCalculator, load_input_json
 
     def witness() -> np.ndarray:
+        from .circuits.circom import WitnessCalculator, load_input_json
+
         t0 = time.perf_counter()
         w = WitnessCalculator(args.wasm).calculate(load_input_json(args.input))
         log.info("witness of %d values from %s in %.3f s", len(w), args.wasm, time.perf_counter() - t0)
@@ -524,8 +531,18 @@ def run() -> None:
     (:func:`.backends.gpu.early_context.hand_off_teardown`). The engine's verbs (daemon, bench,
     client) end normally."""
     line = global_options_first(sys.argv[1:])
+    local = _verb(line) in LOCAL_VERBS
+    sampler = None
+    if local and os.environ.get("CUZK_MP_STACK_PROFILE"):  # where a one-shot command's time goes
+        from . import stackprof
+
+        sampler = stackprof.start_from_env()
     code = main()
-    if _verb(line) in LOCAL_VERBS:
+    if local:
+        if sampler is not None:
+            from . import stackprof
+
+            stackprof.finish(sampler, f"cuzk-mp-{_verb(line)}")
         logging.shutdown()
         for stream in (sys.stdout, sys.stderr):
             try:

@@ -10,7 +10,8 @@ synchronisation) shows a thread that was blocked then; any other shows one that 
 call that releases the GIL.
 
 Enabled by ``CUZK_MP_STACK_PROFILE=DIR`` for the pipeline's child processes (and the engine's
-own process when the bench or the daemon runs with it): each writes ``DIR/<name>-<pid>.txt`` when
+own process when the bench or the daemon runs with it, and a one-shot command of the CLI such as
+``groth16 prove``): each writes ``DIR/<name>-<pid>.txt`` when
 it exits, the stacks in the collapsed form flame-graph tools read (``thread;outer;...;inner count``)
 after a summary of each thread's most frequent innermost frames. Sampling costs the sampled
 process the GIL for ~50 us per sample: at the default 5 ms, about 1%.

@@ -6,8 +6,14 @@ find it running, and finally how long after the last call the daemon leaves (its
 ``--idle`` seconds, plus the drain). Every proof is checked with ``groth16 verify`` against the
 key's verification key. The warm daemon runs in a private ``$XDG_RUNTIME_DIR`` made for this run.
 
+With ``--profile DIR`` one more one-shot process runs last with ``python -X importtime``, the CLI's
+``--log-level DEBUG`` and the stack sampler (``CUZK_MP_STACK_PROFILE=DIR``): its stderr lands in
+``DIR/oneshot-stderr.txt``, its threads' stacks in ``DIR/cuzk-mp-groth16-PID.txt``, and the result
+gets the imports that took longest (cumulative: packages, and this package's modules) and the log lines with their
+offsets from the process's start. ``--env K=V`` (repeatable) adds a variable to every prove process.
+
 Usage: ``python perf/keep_warm.py --zkey K.zkey --wtns W.wtns [--backend cpu|gpu|auto] [--runs 5]
-[--idle 5] [--out FILE.json]``; prints a short table last.
+[--idle 5] [--env K=V] [--profile DIR] [--out FILE.json]``; prints a short table last.
 """
 
 from __future__ import annotations
@@ -49,6 +55,41 @@ def _prove(args: argparse.Namespace, env: dict[str, str], out: Path, i: int, kee
     return took
 
 
+def _profile(args: argparse.Namespace, env: dict[str, str], out: Path) -> dict[str, object]:
+    """One more one-shot prove with ``-X importtime``, DEBUG logs and the stack sampler into
+    ``args.profile``: the slowest top-level imports and the log lines, seconds from the start."""
+    args.profile.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-X", "importtime", "-m", "cuzk_mp", "--log-level", "DEBUG", "groth16", "prove",
+           "--backend", args.backend, str(args.zkey), str(args.wtns), str(out / "proof-p.json"),
+           str(out / "public-p.json")]
+    started = time.time()
+    res = subprocess.run(cmd, env={**env, "CUZK_MP_STACK_PROFILE": str(args.profile)}, capture_output=True,
+                         text=True)
+    took = time.time() - started
+    (args.profile / "oneshot-stderr.txt").write_text(res.stderr)
+    if res.returncode:
+        raise SystemExit(f"the profiled prove failed ({res.returncode}):\n{res.stderr[-3000:]}")
+    imports: dict[str, float] = {}
+    logs: list[str] = []
+    for line in res.stderr.splitlines():
+        if line.startswith("import time:"):
+            parts = line.split("|")
+            if len(parts) == 3 and parts[1].strip().isdigit():
+                # a package's own line (numpy, cupy) or one of this package's modules (cuzk_mp.backends.gpu.msm),
+                # wherever it is first imported: its cumulative time includes what it imports
+                name = parts[2].strip()
+                if "." not in name or name.startswith("cuzk_mp."):
+                    imports[name] = max(imports.get(name, 0.0), int(parts[1]) / 1e6)
+        elif line[:4].isdigit() and " " in line:  # "YYYY-MM-DD HH:MM:SS,mmm LEVEL name: message"
+            try:
+                when = datetime.datetime.strptime(line[:23], "%Y-%m-%d %H:%M:%S,%f").timestamp()
+            except ValueError:
+                continue
+            logs.append(f"+{when - started:6.3f} s {line[24:]}")
+    slowest = dict(sorted(imports.items(), key=lambda kv: -kv[1])[:25])
+    return {"wall_s": took, "imports_cumulative_s": slowest, "log": logs}
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--zkey", type=Path, required=True)
@@ -56,6 +97,10 @@ def main() -> None:
     ap.add_argument("--backend", default="auto", choices=("auto", "cpu", "gpu"))
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--idle", type=float, default=5.0, help="--keep-warm seconds (the daemon's idle exit)")
+    ap.add_argument("--env", action="append", default=[], metavar="K=V",
+                    help="an environment variable for every prove process (e.g. OPENBLAS_NUM_THREADS=1); repeatable")
+    ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
+                    help="one more one-shot prove with -X importtime, DEBUG logs and the stack sampler into DIR")
     ap.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = ap.parse_args()
     runtime = Path(tempfile.mkdtemp(prefix="kw", dir="/tmp"))
@@ -63,6 +108,8 @@ def main() -> None:
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PYTHONPATH": f"{ROOT}{os.pathsep}"
            f"{os.environ.get('PYTHONPATH', '')}"}
     env.pop("CUZK_MP_KEEP_WARM", None)
+    env.update(kv.split("=", 1) for kv in args.env)
+    profile: dict[str, object] | None = None
     try:
         subprocess.run([sys.executable, "-m", "cuzk_mp", "zkey", "export", "verificationkey", str(args.zkey),
                         str(work / "vk.json")], env=env, check=True, capture_output=True)
@@ -75,6 +122,8 @@ def main() -> None:
         while sock.exists() and time.perf_counter() - t0 < args.idle + 120:
             time.sleep(0.05)
         gone = time.perf_counter() - t0 if not sock.exists() else None
+        if args.profile:
+            profile = _profile(args, env, work)
     finally:
         shutil.rmtree(work, ignore_errors=True)
         shutil.rmtree(runtime, ignore_errors=True)
@@ -87,7 +136,7 @@ def main() -> None:
         "oneshot_s": oneshot, "oneshot_median_s": statistics.median(oneshot),
         "keep_warm_start_s": start,
         "keep_warm_s": warm_runs, "keep_warm_median_s": statistics.median(warm_runs),
-        "idle_s": args.idle, "daemon_gone_after_s": gone,
+        "idle_s": args.idle, "daemon_gone_after_s": gone, "env": args.env, "profile": profile,
         "machine": machine_info([]),
     }
     if args.out:
@@ -97,6 +146,11 @@ def main() -> None:
     print(f"{'--keep-warm, daemon running':28} {row['keep_warm_median_s']:8.3f} s  "
           f"({', '.join(f'{x:.2f}' for x in warm_runs)})")
     print(f"{'daemon gone after last call':28} {gone if gone is None else f'{gone:8.3f} s'}")
+    if profile is not None:
+        print(f"{'profiled one-shot':28} {profile['wall_s']:8.3f} s; slowest imports (cumulative):")
+        for name, s in profile["imports_cumulative_s"].items():  # type: ignore[union-attr]
+            print(f"  {name:40} {s:8.3f} s")
+        print("\n".join(profile["log"]))  # type: ignore[arg-type]
 
 
 def _spec(args: argparse.Namespace) -> warm.WarmSpec:

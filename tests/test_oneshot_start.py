@@ -205,3 +205,32 @@ def test_exit_hands_open_files_to_a_child_until_the_process_is_gone(handoff: boo
         assert released >= 0.8, f"released {released:.2f} s after the process closed it: before it was gone"
     else:
         assert released < 0.8, f"released {released:.2f} s after the process closed it: something else held it"
+
+
+STARTS_BEFORE_NUMPY = r"""
+import sys
+import cuzk_mp.backends.gpu.early_context as early
+
+real = early.start_primary_context
+seen = []
+
+def spy(*args, **kwargs):
+    seen.append("numpy" in sys.modules)
+    return real(*args, **kwargs)
+
+early.start_primary_context = spy
+from cuzk_mp.cli import main
+
+code = main(["groth16", "prove", "--backend", "auto", *sys.argv[1:]])
+print(code, seen)
+"""
+
+
+def test_one_shot_starts_the_device_before_numpy_loads(tmp_path: Path, key: Path) -> None:
+    """The CUDA start (context thread, then the backend's thread) begins before the one-shot prove
+    imports numpy: on an H200 box numpy's import alone takes ~0.3 s, which used to come first."""
+    res = subprocess.run([sys.executable, "-c", STARTS_BEFORE_NUMPY, str(key), str(DATA / "mul.wtns"),
+                          str(tmp_path / "p.json"), str(tmp_path / "q.json")], capture_output=True, text=True,
+                         check=False, cwd=Path(__file__).parents[1])
+    assert res.returncode == 0 and res.stdout.strip() == "0 [False]", (res.stdout, res.stderr)
+    assert json.loads((tmp_path / "p.json").read_text())["protocol"] == "groth16"

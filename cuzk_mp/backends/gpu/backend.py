@@ -237,7 +237,7 @@ class GpuBackend:
     def refresh_host_stats(self) -> None:
         """Read how much of the loaded keys' files this process still maps (``/proc/self/smaps``: tens of
         milliseconds in a process with a CUDA context, so never on a proof's path): after each key
-        load, and periodically from the prover's memory-watch thread."""
+        load (of a lasting key), and periodically from the prover's memory-watch thread."""
         with self._lock:
             arrays = [getattr(k.zkey, name) for k in self._keys if k.msms for name in SECTIONS]
         self._host_key_rss = hostmem.mapped_rss([a for a in arrays if a is not None])
@@ -388,7 +388,8 @@ class GpuBackend:
         with self._slots:
             self.in_flight_limit = min([self.workers, *limits])
             self._slots.notify_all()
-        self.refresh_host_stats()
+        if lasting:  # a key for one proof: nobody reads the figure, and smaps costs a one-shot prove ~20 ms
+            self.refresh_host_stats()
         return key
 
     @staticmethod
