@@ -998,3 +998,56 @@ def test_split_knobs(msm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
         msm.MsmParams(split_min_blocks=0)
     points, scalars = _points(40, False), _scalars(40, "random", SEED + 109)
     assert _run(msm, points, scalars, False, p) == _oracle(points, scalars, False), f"seed {SEED}"
+
+
+# ------------------------------------------------------------------ run sums in shared memory
+
+
+def _smem(msm: Any, **kw: Any) -> Any:
+    """Params of msm_accumulate with its run sums in shared memory (MsmParams.acc_smem): small
+    segments and windows, so a few hundred scalars make many segments and runs across them; in the
+    emulator blocks of 32, so the last block is partly past the segments."""
+    emulated = getattr(msm, "cupy", None) is gpu_emu.fake_cupy
+    base = {"acc_smem": True, "seg": 5, "window_bits": 6, "nthreads": 32 if emulated else 128, "ga_rounds": 0,
+            "ba_rounds": 0}
+    return msm.MsmParams(**{**base, **kw})
+
+
+@pytest.mark.parametrize("dist", ["random", "porep", "same", "edge"])
+def test_smem_accumulation_matches_arkworks(msm: Any, g2: bool, dist: str) -> None:
+    """msm_accumulate with MSM_ACC_SMEM=1 against arkworks: one bucket for everything ("same"),
+    0 / 1 / r - 1 scalars, sizes that are no multiple of the segment or the block."""
+    assert _smem(msm).defines(g2)["MSM_ACC_SMEM"] == 1 and "MSM_ACC_SMEM" not in msm.MsmParams().defines(g2)
+    for n in (7, 301):
+        points, scalars = _points(n, g2), _scalars(n, dist, SEED + 211 + n)
+        for seg in (1, 5, 64):
+            assert _run(msm, points, scalars, g2, _smem(msm, seg=seg)) == _oracle(points, scalars, g2), \
+                f"seed {SEED} n {n} seg {seg}"
+
+
+def test_smem_special_bases(msm: Any, g2: bool) -> None:
+    """Infinity rows, P + P (the affine doubling) and P + (-P) (infinity, then a fresh run) in the
+    shared-memory run sums, at every position of a segment."""
+    points, scalars = _special(g2, "porep")
+    for seg in (1, 3, 7, 64):
+        assert _run(msm, points, scalars, g2, _smem(msm, seg=seg)) == _oracle(points, scalars, g2), f"seed {SEED}"
+    points = _pair_kinds(g2)
+    for value in (1, 3):
+        scalars = ints_to_limbs([value] * len(points), 4)
+        for seg in (2, 5, 240):
+            assert _run(msm, points, scalars, g2, _smem(msm, seg=seg)) == _oracle(points, scalars, g2), \
+                f"seed {SEED} value {value} seg {seg}"
+
+
+def test_smem_with_multiples(kind: str, msm: Any, g2: bool) -> None:
+    """The shared-memory run sums over precomputed multiples, in one window batch and in several."""
+    n = 301
+    points, scalars = _points(n, g2), _scalars(n, "random", SEED + 223)
+    for params in (_smem(msm), _smem(msm, max_entries=3 * n + 1, seg=3)):
+        params = dataclasses.replace(params, window_bits=None)
+        obj = _with_multiples(kind, msm, points, g2, 7, params)
+        try:
+            got = obj.run(scalars)
+        finally:
+            obj.close()
+        assert got == _oracle(points, scalars, g2), f"seed {SEED}"
