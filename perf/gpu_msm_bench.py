@@ -97,11 +97,6 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
     "split": _xyzz(g2_split=True),
     "split_mb2": _xyzz(g2_split=True, split_min_blocks=2),
     "split_mb4": _xyzz(g2_split=True, split_min_blocks=4),
-    # msm_accumulate's run sums in shared memory (MsmParams.acc_smem, MSM_ACC_SMEM=1); smem_mbN: N
-    # resident blocks of 128 asked of ptxas (G2 sm_90: 2 -> 255 registers, 0.4/0.7 KB spills; 3 -> 168,
-    # 0.6/1.9 KB)
-    "smem": _xyzz(acc_smem=True),
-    "smem_mb3": _xyzz(acc_smem=True, acc_min_blocks=3),
     # the radix sort's scatter at N blocks of 256 a SM (msm.cu MSM_RADIX_MIN_BLOCKS; default 2)
     "xyzz_rmb3": _xyzz(radix_min_blocks=3),
     "xyzz_rmb4": _xyzz(radix_min_blocks=4),

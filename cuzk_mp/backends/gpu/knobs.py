@@ -191,7 +191,7 @@ def grid_rounds_for(n: int, n_buckets: int, most: int) -> int:
 @dataclass(frozen=True)
 class MsmParams:
     """Knobs of one MSM object. Compiled in (one module per value, see :meth:`defines`):
-    ``nthreads``, ``acc_min_blocks``, ``acc_smem``; the rest is launch geometry (an MSM object's ``params``
+    ``nthreads``, ``acc_min_blocks``; the rest is launch geometry (an MSM object's ``params``
     may be replaced by one with other launch knobs between runs)."""
 
     nthreads: int = 128  # threads per block of every kernel
@@ -200,11 +200,6 @@ class MsmParams:
     # registers: ptxas spills no more there than at 3 blocks' 168, and the kernel's IMAD chains
     # want the warps), 1 for G2 (255 registers, 2 blocks)
     acc_min_blocks: int | None = None
-    # msm_accumulate keeps each thread's run sum in shared memory, read and written where the mixed
-    # addition uses it (compiled in: MSM_ACC_SMEM=1, kernels/msm/accumulate.cuh msm_xyzz_smem_acc;
-    # 4 coordinates x the block's threads, 48 KB a G2 block of 128): fewer registers live across a
-    # bucket step, so more blocks a SM for the G2 kernel at fewer spills.
-    acc_smem: bool = False
     seg: int = 64  # sorted entries per accumulation thread
     # heads per thread in each combine level, inputs per thread in each group-sum level: pairwise.
     # A level's threads each add a chain of this many points, and the last levels run a few
@@ -347,8 +342,6 @@ class MsmParams:
             out["MSM_RADIX_MIN_BLOCKS"] = self.radix_min_blocks
         if self.fq_karatsuba:
             out["FF_KARATSUBA"] = 1
-        if self.acc_smem:
-            out["MSM_ACC_SMEM"] = 1
         if self.fq_fused and not g2 and self.fq_mul != "dfma":
             out["EC_FQ_FUSED"] = 1
         if self.fq_calls and not g2 and self.fq_mul != "dfma":

@@ -160,74 +160,6 @@ struct msm_xyzz_acc {
     FF_INLINE bool writes_keys() const { return true; }
 };
 
-/* One thread's XYZZ sum of a run kept in shared memory instead of registers (msm_walk_segment's
- * Acc; msm_accumulate with MSM_ACC_SMEM=1): the block's accumulators lie word-major, word k of
- * coordinate c (X, Y, ZZ, ZZZ) of thread i at sh[(c CW + k) stride + i] (stride = the block's
- * threads), so a warp's accesses to one word fall in consecutive banks. The mixed addition reads
- * each coordinate where the formula first needs it and writes it back as soon as it is final, so the
- * registers hold the formula's temporaries and the point, not the four coordinates across the whole
- * step (a G2 accumulator is 96 words: with it in registers the G2 kernel holds 255 registers at
- * 2 blocks a SM). madd-2008-s as xyzz_t::add_affine, the same exceptional cases. */
-template <class F>
-struct msm_xyzz_smem_acc {
-    static constexpr int CW = field_words<F>::value;
-    uint64_t* buckets;
-    uint64_t* heads;
-    uint32_t* head_keys;
-    uint64_t* sh;     /* this thread's word 0 of X */
-    uint32_t stride;  /* the block's threads */
-
-    FF_INLINE F get(int c) const {
-        uint64_t w[CW];
-#pragma unroll
-        for (int k = 0; k < CW; k++) w[k] = sh[(uint64_t)(c * CW + k) * stride];
-        return F::load(w);
-    }
-    FF_INLINE void set(int c, const F& v) const {
-        uint64_t w[CW];
-        v.store(w);
-#pragma unroll
-        for (int k = 0; k < CW; k++) sh[(uint64_t)(c * CW + k) * stride] = w[k];
-    }
-    FF_INLINE void set_all(const xyzz_t<F>& v) const {
-        set(0, v.X);
-        set(1, v.Y);
-        set(2, v.ZZ);
-        set(3, v.ZZZ);
-    }
-    FF_INLINE void reset() const { set_all(xyzz_t<F>::inf()); }
-    template <class Src>
-    FF_INLINE void add(const Src& src, uint64_t j, uint64_t h) const {
-        const affine_t<F> p = src.point(j, h);
-        if (p.is_inf()) return;
-        const F ZZ = get(2);
-        if (ZZ.is_zero()) {
-            set_all(xyzz_t<F>::from_affine(p));
-            return;
-        }
-        const F ZZZ = get(3);
-        const F P = ec_mul(p.x, ZZ) - get(0);
-        const F R = ec_mul(p.y, ZZZ) - get(1);
-        if (P.is_zero()) {
-            set_all(R.is_zero() ? xyzz_dbl_affine_call(p) : xyzz_t<F>::inf());
-            return;
-        }
-        const F PP = ec_sqr(P);
-        set(2, ec_mul(ZZ, PP));
-        const F PPP = ec_mul(P, PP);
-        set(3, ec_mul(ZZZ, PPP));
-        const F Q = ec_mul(get(0), PP);
-        const F X3 = ec_sqr(R) - PPP - Q.dbl();
-        set(0, X3);
-        set(1, ec_mul2_sub(R, Q - X3, get(1), PPP));
-    }
-    FF_INLINE void flush(uint32_t b, bool to_head, uint64_t t) const {
-        xyzz_t<F> v = {get(0), get(1), get(2), get(3)};
-        msm_flush(v, b, to_head, false, t, buckets, heads, head_keys);
-    }
-    FF_INLINE bool writes_keys() const { return true; }
-};
-
 /* Segment t of level 1, from `src`, one thread. */
 template <class F, class Src>
 FF_INLINE void msm_level1_body(uint64_t t, const Src& src, uint64_t* buckets, uint64_t* heads,
@@ -243,18 +175,6 @@ FF_INLINE void msm_accumulate_body(uint64_t t, const int64_t* perm, const uint32
                                    uint32_t cfg, uint64_t stride, uint32_t seg, uint64_t per) {
     const msm_entry_src<F> src = {perm, keys, tail_idx, points, m, stride, per, cfg};
     msm_level1_body<F>(t, src, buckets, heads, head_keys, n, seg);
-}
-
-/* msm_accumulate_body with the run sums in shared memory: `sh` is the block's 4 CW x blockDim words
- * (msm_xyzz_smem_acc), `lane` this thread's index in the block. */
-template <class F>
-FF_INLINE void msm_accumulate_smem_body(uint64_t t, uint32_t lane, uint64_t* sh, const int64_t* perm,
-                                        const uint32_t* keys, const int64_t* tail_idx, const uint64_t* points,
-                                        uint64_t* buckets, uint64_t* heads, uint32_t* head_keys, uint64_t n,
-                                        uint64_t m, uint32_t cfg, uint64_t stride, uint32_t seg, uint64_t per) {
-    const msm_entry_src<F> src = {perm, keys, tail_idx, points, m, stride, per, cfg};
-    const msm_xyzz_smem_acc<F> acc = {buckets, heads, head_keys, sh + lane, (uint32_t)blockDim.x};
-    msm_walk_segment(t, src, acc, head_keys, n, seg);
 }
 
 template <class F>

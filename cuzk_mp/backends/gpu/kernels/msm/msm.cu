@@ -34,11 +34,6 @@ typedef fp_t msm_field_t;
 #error "MSM_NTHREADS must be a multiple of 32, at most 1024"
 #endif
 
-/* 1: msm_accumulate keeps each thread's run sum in shared memory (accumulate.cuh,
- * msm_xyzz_smem_acc; 4 CW x MSM_NTHREADS words a block: 48 KB for G2 at 128 threads). */
-#ifndef MSM_ACC_SMEM
-#define MSM_ACC_SMEM 0
-#endif
 /* Minimum resident blocks per SM asked of ptxas for msm_accumulate (__launch_bounds__'s
  * second argument): it caps the registers at 64 K / (MSM_NTHREADS x this), so a value
  * above what 255 registers allow trades spills (local memory, L1-resident) for warps. */
@@ -123,16 +118,9 @@ msm_accumulate(const int64_t* perm, const uint32_t* keys, const int64_t* tail_id
                uint64_t* buckets, uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m, uint32_t cfg,
                uint64_t stride, uint32_t seg, uint64_t per) {
     uint64_t t = MSM_TID;
-#if MSM_ACC_SMEM
-    __shared__ uint64_t acc_sh[4 * field_words<msm_field_t>::value * MSM_NTHREADS];
-    if (t * seg < n)
-        msm_accumulate_smem_body<msm_field_t>(t, threadIdx.x, acc_sh, perm, keys, tail_idx, points, buckets, heads,
-                                              head_keys, n, m, cfg, stride, seg, per);
-#else
     if (t * seg < n)
         msm_accumulate_body<msm_field_t>(t, perm, keys, tail_idx, points, buckets, heads, head_keys, n, m, cfg,
                                          stride, seg, per);
-#endif
 }
 
 #if MSM_G2
