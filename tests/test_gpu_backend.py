@@ -10,6 +10,8 @@ msm Futures, release) with the CPU backend on random inputs.
 
 from __future__ import annotations
 
+import ctypes
+import ctypes.util
 import hashlib
 import mmap
 import os
@@ -119,6 +121,62 @@ def test_release_pages_of_a_file_mapping(tmp_path: Path) -> None:
     assert hostmem.release_pages(np.zeros(0, dtype=np.uint64)) == 0
     del view
     mm.close()
+
+
+def _in_memory_fs(path: Path) -> bool:
+    """Whether ``path`` lies on tmpfs / ramfs (its pages are the file: the page cache cannot drop them)."""
+    best, fstype = "", ""
+    with open("/proc/mounts") as f:
+        for line in f:
+            parts = line.split()
+            if len(parts) > 2 and str(path).startswith(parts[1]) and len(parts[1]) > len(best):
+                best, fstype = parts[1], parts[2]
+    return fstype in ("tmpfs", "ramfs")
+
+
+def _cached_fraction(path: Path) -> float:
+    """Fraction of ``path``'s pages in the page cache (``mincore`` over a fresh mapping of it)."""
+    libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+    libc.mmap.restype = ctypes.c_void_p
+    libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+    libc.mincore.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_char_p]
+    libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+    size = path.stat().st_size
+    pages = -(-size // hostmem.PAGE)
+    with open(path, "rb") as f:
+        addr = libc.mmap(None, size, mmap.PROT_READ, mmap.MAP_SHARED, f.fileno(), 0)
+    assert addr not in (None, ctypes.c_void_p(-1).value)
+    try:
+        vec = ctypes.create_string_buffer(pages)
+        assert libc.mincore(addr, size, vec) == 0, ctypes.get_errno()
+        return sum(b & 1 for b in vec.raw) / pages
+    finally:
+        libc.munmap(addr, size)
+
+
+def test_release_pages_keeps_the_page_cache_when_asked(tmp_path: Path) -> None:
+    """``drop_cache=False`` (a key loaded for one proof) drops the process's pages but leaves the
+    file in the page cache for the next process; the default drops it from the cache as well."""
+    path = tmp_path / "k.bin"
+    with open(path, "wb") as f:  # written back to disk: the page cache drops clean pages only
+        np.random.default_rng(SEED).integers(0, 1 << 63, size=1 << 20, dtype=np.uint64).tofile(f)
+        f.flush()
+        os.fsync(f.fileno())
+    for drop, want_cached in ((False, True), (True, False)):
+        with open(path, "rb") as f:
+            mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
+        view = np.frombuffer(mm, dtype=np.uint64)
+        view.sum()  # every page resident, in the process and in the page cache
+        assert _cached_fraction(path) > 0.99
+        assert hostmem.release_pages(view, drop_cache=drop) == view.nbytes
+        assert hostmem.mapped_rss([view]) == 0
+        cached = _cached_fraction(path)
+        if want_cached:
+            assert cached > 0.99, cached
+        elif not _in_memory_fs(path):  # tmpfs keeps every page: nothing to drop there
+            assert cached < 0.5, cached
+        del view
+        mm.close()
 
 
 # ---------------------------------------------------------------- on the GPU

@@ -247,7 +247,8 @@ class GpuBackend:
         the partitions in flight and their MSM scratch, against free memory; it drops multiples,
         then lowers :attr:`in_flight_limit`, or raises DeviceMemoryError before any upload), then
         upload sections 5..9 (A, B1, B2, C, H) from the key's mapping, chunk by chunk, let the
-        host pages go, and build the resident MSM objects (with precomputed multiples for the
+        host pages go (from the page cache too for a lasting key: a key for one proof leaves its file
+        cached for the next process), and build the resident MSM objects (with precomputed multiples for the
         sections the plan keeps; env ``CUZK_GPU_MSM_MULTIPLES``, default "auto"). A key for one
         proof (``lasting=False``) gets no multiples unless that env names some: building them
         costs more than they save in one proof (2 s per 2^24 G1 section, 5.4 s for G2).
@@ -266,7 +267,7 @@ class GpuBackend:
             dev = {}
             for name, arr in host.items():
                 dev[name] = cupy.empty(arr.shape, dtype=np.uint64)
-                released += _upload_release(dev[name], arr, s)
+                released += _upload_release(dev[name], arr, s, drop_cache=lasting)
             return dev
 
         return self._resident(zkey, lasting, upload, lambda: released, witness_rows)
@@ -940,15 +941,16 @@ def _is_pinned(a: np.ndarray) -> bool:
     return int(getattr(attrs, "type", 0)) == 1  # cudaMemoryTypeHost
 
 
-def _upload_release(dst: Any, src: np.ndarray, stream: Any, chunk: int = 256 << 20) -> int:
+def _upload_release(dst: Any, src: np.ndarray, stream: Any, chunk: int = 256 << 20, drop_cache: bool = True) -> int:
     """Copy a host array to the device chunk by chunk (pageable copies: the driver stages them,
     no second host copy of the key) and release each chunk's pages once the copy returned
-    (:func:`hostmem.release_pages`: only file-mapped memory); bytes released."""
+    (:func:`hostmem.release_pages`: only file-mapped memory; ``drop_cache``: from the page cache
+    too); bytes released."""
     flat = np.ascontiguousarray(src).reshape(-1).view(np.uint8)
     released = 0
     for lo in range(0, flat.nbytes, chunk):
         part = flat[lo : lo + chunk]
         cupy.cuda.runtime.memcpyAsync(dst.data.ptr + lo, part.ctypes.data, part.nbytes, _H2D, stream.ptr)
         stream.synchronize()
-        released += hostmem.release_pages(part)
+        released += hostmem.release_pages(part, drop_cache)
     return released

@@ -3,8 +3,9 @@
 A zkey read from a file is a read-only mapping (:mod:`cuzk_mp.formats.binfile`);
 its point sections are uploaded straight from the mapping, and afterwards
 :func:`release_pages` drops this process's pages of those sections
-(``madvise(MADV_DONTNEED)``) and asks the kernel to drop them from the page cache
-(``posix_fadvise(POSIX_FADV_DONTNEED)``). That is safe for every other user of the
+(``madvise(MADV_DONTNEED)``) and, for a key that stays resident (a daemon's, a bench's), asks
+the kernel to drop them from the page cache too (``posix_fadvise(POSIX_FADV_DONTNEED)``); a key
+loaded for one proof leaves the file cached for the next process. That is safe for every other user of the
 :class:`~cuzk_mp.formats.zkey.ZKey`: a later read of the same array faults the
 pages in again from the file. Memory that is not a file mapping (a key parsed from
 bytes, a key built in memory) is never released: there, dropping pages would lose
@@ -70,11 +71,14 @@ def _interior(a: np.ndarray) -> tuple[int, int]:
     return -(-lo // PAGE) * PAGE, hi // PAGE * PAGE
 
 
-def release_pages(a: np.ndarray) -> int:
-    """Drop the whole pages of ``a`` from this process and the page cache, if ``a`` lies in a
-    read-only file mapping; returns the bytes released (0 when ``a`` is not such memory).
+def release_pages(a: np.ndarray, drop_cache: bool = True) -> int:
+    """Drop the whole pages of ``a`` from this process and (``drop_cache``) from the page cache,
+    if ``a`` lies in a read-only file mapping; returns the bytes released (0 when ``a`` is not such
+    memory).
 
-    The data stays readable: a later access reads the file again.
+    The data stays readable: a later access reads the file again. ``drop_cache=False`` leaves the
+    file in the page cache, where the next process that loads the same key finds it (a one-shot
+    ``groth16 prove`` after another: its key is read again every time).
     """
     if not isinstance(a, np.ndarray) or a.nbytes == 0 or not a.flags.c_contiguous:
         return 0
@@ -86,7 +90,7 @@ def release_pages(a: np.ndarray) -> int:
         return 0
     if _libc.madvise(ctypes.c_void_p(lo), ctypes.c_size_t(hi - lo), MADV_DONTNEED) != 0:
         return 0
-    if hasattr(os, "posix_fadvise"):
+    if drop_cache and hasattr(os, "posix_fadvise"):
         try:
             fd = os.open(m.path, os.O_RDONLY)
         except OSError:
