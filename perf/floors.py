@@ -114,19 +114,43 @@ def scalar_mix(kind: str, sample_log_n: int) -> dict[str, dict[str, float]]:
 
 
 def msm_floor(n_other: int, n_one: int, g2: bool, multiples_c: int | None, grid: bool,
-              r: dict[str, float]) -> dict[str, Any]:
+              r: dict[str, float], copies: int | None = None) -> dict[str, Any]:
     """Products of one MSM: the windows' additions (affine where the grid rounds run: they merge
     nearly every entry of a bucket at the measured sizes, ~50-100 entries a bucket), the ones' sum
-    (XYZZ: the rounds never take it), the reduction."""
+    (XYZZ: the rounds never take it), the reduction. ``copies``: with ``multiples_c``, a table of
+    that many multiples (2^(c j) P, j < copies) instead of one per window, so each run of ``copies``
+    consecutive windows shares a bucket set (None: every window, one set)."""
     c = multiples_c or choose_window(max(1, n_other))
     nw = window_count(c)
-    buckets = (1 << (c - 1)) * (1 if multiples_c else nw)
+    sets = (-(-nw // copies) if copies else 1) if multiples_c else nw
+    buckets = (1 << (c - 1)) * sets
     window_adds = n_other * nw
     s = window_adds * addition_seconds(AFFINE_ADD if grid else MADD, g2, r) + n_one * addition_seconds(MADD, g2, r)
     s += 2 * buckets * addition_seconds(FULL_ADD, g2, r)
     return {"c": c, "windows": nw, "multiples": bool(multiples_c), "grid_rounds": grid,
             "window_additions": window_adds, "ones": n_one, "reduction_buckets": buckets,
             "floor_ms": round(s * 1e3, 2)}
+
+
+H_POINT_BYTES = 96  # an affine G1 point on the device (x, y: 12 uint64)
+
+
+def h_copies(lg: int, r: dict[str, float]) -> list[dict[str, Any]]:
+    """The dense H MSM at 2^lg with wider windows over a few copies of its points (2^(c j) H_i,
+    j < copies; copies = 1: no multiples, a bucket set per window): its floor and the device memory
+    the extra copies take. Where the plan has no room for a copy per window (2^27: 12 of 12 GiB),
+    a few copies let c grow (fewer window additions) without a bucket set per window."""
+    n = 1 << lg
+    out = []
+    for c in range(21, 27):
+        for copies in range(1, 6):
+            f = msm_floor(n, 0, False, c if copies > 1 else None, False, r, copies if copies > 1 else None)
+            if copies == 1 and f["c"] != c:
+                f = msm_floor(n, 0, False, c, False, r, 1)  # no multiples at this c: a set per window
+            out.append({"c": c, "copies": copies, "windows": f["windows"], "window_additions": f["window_additions"],
+                        "reduction_buckets": f["reduction_buckets"], "floor_ms": f["floor_ms"],
+                        "extra_device_gib": round((copies - 1) * n * H_POINT_BYTES / (1 << 30), 1)})
+    return out
 
 
 def ntt_floor(lg: int, r: dict[str, float]) -> dict[str, Any]:
@@ -231,11 +255,18 @@ def main() -> None:
         what = f"2^{p['log_n']} {p['circuit']} ({p['witness']})"
         target = p["target_ms"] or "-"
         print(f"  {what:<30}{row}{p['floor_total_ms']:9.1f}{p['measured_ms']:10.1f}{target:>8}")
+    copies = h_copies(27, r)
+    now = next(x for x in copies if x["c"] == choose_window(1 << 27) and x["copies"] == 1)
+    print(f"\nthe H MSM at 2^27 over copies of its points (now: c = {now['c']}, no copies, {now['floor_ms']:.1f} ms):")
+    print(f"  {'c':>3} {'copies':>7} {'windows':>8} {'buckets':>10} {'floor ms':>9} {'extra GiB':>10}")
+    for x in sorted(copies, key=lambda x: x["floor_ms"])[:8]:
+        print(f"  {x['c']:>3} {x['copies']:>7} {x['windows']:>8} {x['reduction_buckets']:>10} {x['floor_ms']:9.1f}"
+              f" {x['extra_device_gib']:10.1f}")
     if args.json:
         out = {"what": __doc__.splitlines()[0], "command": "python perf/floors.py " + " ".join(sys.argv[1:]),
                "machine": {"note": "computed from committed H200 measurements, no device involved",
                            "python": platform.python_version()},
-               "rates_per_s": r, "msm_checks": checks, "partitions": parts}
+               "rates_per_s": r, "msm_checks": checks, "partitions": parts, "h_msm_copies_2^27": copies}
         args.json.write_text(json.dumps(out, indent=1, default=str) + "\n")
 
 
