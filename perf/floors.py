@@ -187,7 +187,7 @@ def partition(lg: int, circuit: str, witness: str, sample_log_n: int, r: dict[st
     params = plan.msm_params(msm_params_for(1 << lg))
     grid_g1, grid_g2 = bool(params.ga_rounds and params.ga_g1), bool(params.ga_rounds)
     stages: dict[str, Any] = {"ntt_h": ntt_floor(lg, r)}
-    stages["msm_h"] = msm_floor(1 << lg, 0, False, mult.get("h"), grid_g1, r, plan.copies.get("h"))
+    stages["msm_h"] = msm_floor(1 << lg, 0, False, mult.get("h"), grid_g1, r)
     for name, part, g2 in (("a", "a", False), ("b1", "b", False), ("c", "c", False), ("b2", "b", True)):
         m = mix[part]
         rows = m["rows"] * n_wires

@@ -373,13 +373,12 @@ def _streams(kind: str, count: int) -> list[Any]:
     return [cupy.cuda.Stream(non_blocking=True) for _ in range(count)]
 
 
-def _with_multiples(kind: str, msm: Any, points: np.ndarray, g2: bool, c: int, params: Any = None,
-                    copies: int | None = None) -> Any:
-    """An MSM object over ``points`` whose key-style multiples table (c-bit windows; ``copies`` of
-    the points, default one per window) is built by the fixed-base kernels, as GpuBackend.load_key does."""
+def _with_multiples(kind: str, msm: Any, points: np.ndarray, g2: bool, c: int, params: Any = None) -> Any:
+    """An MSM object over ``points`` whose key-style multiples table (c-bit windows) is built
+    by the fixed-base kernels, as GpuBackend.load_key does."""
     fixed_base = module_for(kind, "fixed_base")
     d_points = _to_device(kind, points)
-    w = copies or msm.window_count(c)
+    w = msm.window_count(c)
     table = fixed_base.multiples_table(d_points, c, w)
     mul = msm.Multiples(table, c, w, points.shape[0])
     return (msm.MsmG2 if g2 else msm.MsmG1)(table[: points.shape[0]], params, mul)
@@ -399,26 +398,6 @@ def test_multiples_match_arkworks(kind: str, msm: Any, g2: bool, n: int, dist: s
             obj = _with_multiples(kind, msm, points, g2, 7, params)
             assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED} {params} bins {bins}"
             assert obj.nbytes == points.nbytes * msm.window_count(7)
-
-
-@pytest.mark.parametrize("copies", [1, 2, 5, 36])
-@pytest.mark.parametrize("dist", ["random", "porep", "edge"])
-def test_partial_multiples_match_arkworks(kind: str, msm: Any, g2: bool, copies: int, dist: str,
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """A table of fewer copies than windows (c = 7: 37 windows): each group of ``copies`` windows
-    shares a bucket set, window g copies + j reading copy j, the groups combined by Horner with steps
-    of 7 copies bits; with window batches cut inside a group (max_entries), by both sorts."""
-    n = 300
-    points, scalars = _points(n, g2), _scalars(n, dist, SEED + 37 + copies)
-    for bins in (1 << 20, 0):
-        monkeypatch.setattr(msm, "COUNTING_SORT_BINS", bins)
-        for params in (None, msm.MsmParams(max_entries=2 * n + 1, seg=5)):
-            obj = _with_multiples(kind, msm, points, g2, 7, params, copies)
-            assert obj.multiples.windows == copies and obj.nbytes == points.nbytes * copies
-            assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED} {params} bins {bins}"
-    with pytest.raises(InputError, match="multiples"):
-        bad = _with_multiples(kind, msm, points, g2, 7, None, copies)
-        (msm.MsmG2 if g2 else msm.MsmG1)(bad.d_points, None, msm.Multiples(bad.multiples.table, 7, 38, n))
 
 
 @pytest.mark.parametrize("dist", ["random", "porep", "same"])

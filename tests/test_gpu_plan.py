@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from cuzk_mp.backends.gpu.knobs import PARTIAL_COPIES_MAX, SECTIONS, choose_partial_window, window_count
+from cuzk_mp.backends.gpu.knobs import SECTIONS, window_count
 from cuzk_mp.backends.gpu.plan import (
     DEFAULT_MARGIN,
     KeyShape,
@@ -70,19 +70,10 @@ def test_porep_2_24_on_an_h200_keeps_every_multiple() -> None:
 
 
 def test_porep_2_26_on_an_h200() -> None:
-    """2^26: 36 GiB of points; a table of a copy per window for even one section (10 more copies)
-    would not leave the partitions room, so "auto" takes none of those, and gives the dense H
-    section as many copies as fit instead (each group of that many windows shares a bucket set);
-    three workers' partitions fit."""
+    """2^26: 36 GiB of points; the multiples of even one section (10 more copies) would not leave
+    the partitions room, so "auto" takes none; three workers' partitions fit."""
     plan = plan_device(porep(26), H200_FREE, workers=3, multiples="auto")
-    assert plan.fits and plan.in_flight == 3 and not plan.steps
-    copies = plan.copies["h"]
-    assert plan.multiples == {"h": choose_partial_window(plan.shape.rows()["h"], copies)}
-    assert plan.copies == {"h": copies}
-    assert 2 <= copies < window_count(plan.multiples["h"])
-    assert plan.multiples_bytes == {"h": (copies - 1) * plan.points["h"]}
-    assert f"h c={plan.multiples['h']} x{copies} copies" in plan.summary() and plan.as_dict()["copies"] == {"h": copies}
-    assert plan.total + plan.points["h"] > H200_FREE or copies == PARTIAL_COPIES_MAX  # one more would not fit
+    assert plan.fits and plan.multiples == {} and plan.in_flight == 3
     assert 35 * GIB < plan.points_total < 37 * GIB
     # asked for the multiples of h explicitly beside three partitions: they do not fit, and the
     # plan drops them (beside two they fit, without the G2 grid lists: 0.2 GiB to spare)
@@ -113,26 +104,6 @@ def test_porep_2_27_on_an_h200() -> None:
     assert both.steps == ["dropped the precomputed multiples of b2", "dropped the precomputed multiples of h",
                           "2 partition(s) in flight instead of 3"]
     assert both.multiples == {} and both.in_flight == 2
-
-
-def test_partial_h_copies_at_2_27_on_an_h200() -> None:
-    """2^27 with B1 and B2 packed (the PoRep-like key as the prover holds it): "auto" finds room for
-    one more copy of H (12 GiB) beside two partitions: c = 24, 11 windows in 6 groups of 2, where
-    without it H runs c = 22 windows each with its own bucket set. Asked for no multiples, or with
-    no room left, the plan keeps none."""
-    from dataclasses import replace
-
-    whole = porep(27)
-    k = int(0.45 * whole.n_vars)
-    packed = replace(whole, packed=(("b2", k), ("b1", k)))
-    plan = plan_device(packed, H200_FREE, workers=2, multiples="auto")
-    assert plan.fits and plan.in_flight == 2 and not plan.steps
-    assert plan.multiples == {"h": 24} and plan.copies == {"h": 2} and window_count(24) == 11
-    assert plan.multiples_bytes == {"h": plan.points["h"]} and 11 * GIB < plan.points["h"] < 13 * GIB
-    assert plan_device(packed, H200_FREE, workers=2, multiples="none").copies == {}
-    tight = plan_device(packed, plan.total - plan.points["h"], workers=2, multiples="auto")
-    assert tight.fits and tight.multiples == {} and tight.copies == {}
-    assert choose_partial_window(1 << 27, 2) == 24 and choose_partial_window(1 << 26, 2) == 22
 
 
 def test_the_device_witness_map_rows_are_planned() -> None:
@@ -234,8 +205,7 @@ def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> N
     assert p24.scratch["msm_g2"] - base == grid_list_bytes(configured.ga_chunk, True, configured) > 20 * GIB
 
     p26 = plan_device(packed(26), H200_FREE, workers=2, multiples="auto", witness_map=2 * GIB)
-    assert p26.fits and p26.in_flight == 2 and not p26.grid_off and not p26.steps
-    assert list(p26.multiples) == ["h"] and p26.copies["h"] >= 2  # copies of H beside the lists, as room allows
+    assert p26.fits and p26.in_flight == 2 and not p26.grid_off and not p26.steps and not p26.multiples
     assert p26.msm_params(configured) is configured
 
     # 2^27 with the device witness map (the staged partition holds w alone): the lists fit beside two
@@ -252,7 +222,7 @@ def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> N
     p27 = plan_device(packed(27), H200_FREE, workers=2, multiples="auto")
     assert p27.fits and p27.in_flight == 2 and p27.grid_off and not p27.steps and p27.choice == "as configured"
     assert not p27.msm_params(configured).grid(True) and p27.msm_params(xyzz) is xyzz
-    assert p27.total == plan_device(packed(27), H200_FREE, workers=2, multiples="auto", params=xyzz).total
+    assert p27.total == plan_device(packed(27), H200_FREE, workers=2, params=xyzz).total
     # "grid-g2" asked for: the lists do not fit beside two partitions, so they go (a fallback)
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid-g2")
     forced = plan_device(packed(27), H200_FREE, workers=2, multiples="auto")
@@ -431,43 +401,6 @@ def test_load_key_keeps_to_the_planned_in_flight_count(emu: object, test_key: tu
             t.join(30)
             assert len(got) == 1
             backend.release(got[0])
-            key.close()
-    finally:
-        backend.close()
-
-
-@pytest.mark.slow
-def test_load_key_builds_partial_h_copies(emu: object, test_key: tuple[Path, Path],
-                                          monkeypatch: pytest.MonkeyPatch) -> None:
-    """Free memory for a few copies of H but not a copy per window of any section: load_key builds
-    the plan's partial table (copies of H, wider windows in groups) and the H MSM over it still
-    equals the CPU's."""
-    import numpy as np
-    from py_arkworks_bls12381 import G1Point
-
-    from cuzk_mp.algebra import curve
-    from cuzk_mp.backends.cpu import msm as cpu_msm
-    from cuzk_mp.formats.zkey import read_zkey
-
-    monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "auto")
-    backend = emu.GpuBackend(0, in_flight=1)  # type: ignore[attr-defined]
-    try:
-        with read_zkey(test_key[0]) as zkey:
-            shape = KeyShape.of(zkey)
-            none = plan_device(shape, 10**15, workers=1)
-            _set_free(monkeypatch, emu, none.total + 3 * none.points["h"] + none.points["h"] // 2)
-            key = backend.load_key(zkey)
-            copies = key.plan.copies.get("h")
-            assert copies == 4 and key.plan.multiples == {"h": key.msms["h"].multiples.c}
-            h = key.msms["h"]
-            assert h.multiples.windows == copies < window_count(h.multiples.c)
-            n = int(zkey.h.shape[0])
-            rng = np.random.default_rng(1204)
-            scalars = np.zeros((n, 4), dtype=np.uint64)
-            scalars[:, :3] = rng.integers(0, 1 << 63, size=(n, 3), dtype=np.uint64)
-            scalars[::5] = 0
-            want = cpu_msm(curve.g1_lem_to_ark_list(np.asarray(zkey.h)), scalars, G1Point.identity())
-            assert h.run(scalars) == want
             key.close()
     finally:
         backend.close()

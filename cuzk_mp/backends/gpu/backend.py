@@ -360,7 +360,7 @@ class GpuBackend:
                 points = sum(int(dev[name].nbytes) for name in SECTIONS)
                 plan = dict(dplan.multiples)
                 for name in SECTIONS:
-                    mult = self._multiples(dev[name], plan.get(name), name, dplan.copies.get(name))
+                    mult = self._multiples(dev[name], plan.get(name), name)
                     if mult is None:
                         plan.pop(name, None)
                     else:
@@ -443,13 +443,12 @@ class GpuBackend:
         return supports, {first[0]: first[1]}
 
     @staticmethod
-    def _multiples(d_points: Any, c: int | None, name: str, copies: int | None = None) -> Any:
-        """The multiples table of one resident section: a copy per window of c bits, or ``copies`` of
-        them where the plan keeps fewer (None without c, or when the device has no room for it now:
-        the section then runs without, and the log says so)."""
+    def _multiples(d_points: Any, c: int | None, name: str) -> Any:
+        """The multiples table of one resident section (None without c, or when the device has
+        no room for it now: the section then runs without, and the log says so)."""
         if c is None:
             return None
-        w = copies or gmsm.window_count(c)
+        w = gmsm.window_count(c)
         n, width = int(d_points.shape[0]), int(d_points.shape[1])
         scratch = min(FixedBaseParams().chunk, n) * 5 * (width // 2) * 8
         try:

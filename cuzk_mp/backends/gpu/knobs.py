@@ -447,23 +447,6 @@ def window_count(c: int) -> int:
     return -(-SCALAR_BITS // c)
 
 
-# Mixed additions one bucket of a set costs in the reduction (2 full additions and the running sum's
-# reads), as measured on the H200: the 2^27 H-shaped MSM reduced 12 x 2^21 buckets in 32.4 ms and
-# made 1.61e9 window additions in 646.9 ms (perf/results/gpu-msm-2^27-h200.json).
-REDUCE_BUCKET_COST = 3.2
-# The most copies :func:`choose_partial_window` considers (beyond, a copy per window is the whole table).
-PARTIAL_COPIES_MAX = 10
-
-
-def choose_partial_window(n: int, copies: int) -> int:
-    """Window bits for n points with ``copies`` precomputed copies (2^(c j) P, j < copies: each group
-    of ``copies`` windows shares a bucket set): the c in [8, 24] that minimises the model
-    n W(c) + REDUCE_BUCKET_COST 2^(c-1) ceil(W(c) / copies). The dense 2^27 H MSM with 2 copies: 24
-    (11 windows, 6 bucket sets; without copies 22: 12 windows, 12 sets)."""
-    return min(range(8, 25), key=lambda c: (n * window_count(c) + REDUCE_BUCKET_COST * (1 << (c - 1))
-                                            * -(-window_count(c) // copies), c))
-
-
 def choose_multiples_window(n: int) -> int:
     """Window bits for precomputed multiples of n points: the c in [8, 24] that minimises
     the model n W(c) + 3 * 2^c (mixed additions of the accumulation, plus the one shared

@@ -497,12 +497,7 @@ def _u64(x: int) -> np.uint64:
 @dataclass
 class Multiples:
     """Precomputed multiples of n resident points: ``table`` rows [w n, (w + 1) n) hold
-    2^(c w) P_i for w < windows (rows [0, n) are the points themselves).
-
-    ``windows`` is the window count of c (one bucket set for every window: the whole table), or
-    fewer: then each run of ``windows`` consecutive windows (a group) shares a bucket set, window
-    g windows + j reading copy j, and the groups' sums are combined with steps of c windows bits
-    (a table of a few copies where one per window does not fit the device)."""
+    2^(c w) P_i for w < windows (rows [0, n) are the points themselves)."""
 
     table: Any
     c: int
@@ -554,7 +549,7 @@ class _Msm:
         self.d_points = _as_rows(d_points, self._aw, f"{type(self).__name__} points")
         self.n = int(self.d_points.shape[0])
         if multiples is not None and (multiples.n != self.n or int(multiples.table.shape[0]) != multiples.n *
-                                      multiples.windows or not 1 <= multiples.windows <= window_count(multiples.c)):
+                                      multiples.windows or multiples.windows != window_count(multiples.c)):
             raise InputError(f"{type(self).__name__}: a multiples table of {multiples.table.shape[0]} rows "
                              f"(c={multiples.c}, {multiples.windows} windows) does not fit {self.n} points")
         self.multiples = multiples
@@ -722,8 +717,7 @@ class _Msm:
         scalars (``per`` of them per MSM; default n2): MSMs over the same scalars whose
         signatures are equal make the same sort keys (see :class:`SharedSorts`)."""
         c = self._window_bits(n2 if per is None else per)
-        most = window_count(c) if self.multiples is None else self.multiples.windows  # a batch within a group
-        per_batch = max(1, min(most, self.params.max_entries // n2))
+        per_batch = max(1, min(window_count(c), self.params.max_entries // n2))
         wb = max(1, (per_batch - 1).bit_length()) if self.multiples is not None else 0
         return c, per_batch, wb
 
@@ -736,7 +730,7 @@ class _Msm:
         below MSM_KEY_NONE = 2^32 - 1 for every window batch."""
         c = self._window_bits(m)
         if self.multiples is not None:  # key < (k 2^(c-1)) << (1 + wb), wb <= bits of the window count
-            return max(1, ((1 << 32) - 1) >> (c + max(1, (self.multiples.windows - 1).bit_length())))
+            return max(1, ((1 << 32) - 1) >> (c + max(1, (window_count(c) - 1).bit_length())))
         return max(1, ((1 << 32) - 1) // (window_count(c) << c))  # key < (k nw) << c
 
     def _launch(self, name: str, threads: int, *args: Any) -> None:
@@ -771,59 +765,53 @@ class _Msm:
     def _pippenger(self, scalars: Any, idx: Any, n2: int, per: int, marks: _Marks,
                    sorts: SharedSorts | None = None) -> tuple[Any, int]:
         """Window sums ``(k, windows, xw)`` of the k = n2 / per MSMs of ``scalars`` (``per``
-        scalars each; k = 1 with an index list), for Horner with steps of ``bits``: (sums, bits).
-        Without precomputed multiples a sum per window, bits = c; with a copy per window each MSM
-        has one "window" (its shared bucket set's sum); with fewer copies (:class:`Multiples`) a sum
-        per group of ``windows`` windows, bits = c windows.
+        scalars each; k = 1 with an index list), for Horner with window bits c: (sums, c).
+        With precomputed multiples each MSM has one "window" (its shared bucket set's sum).
         ``sorts``: where the sorted keys of these scalars are shared with other MSMs."""
         mul = self.multiples
         k = n2 // per
         c, per_batch, wb = self.sort_signature(n2, per)
         nw_total = window_count(c)
-        span = nw_total if mul is None else mul.windows  # windows of a group (one bucket set with multiples)
         cfg = c | wb << 8
+        shared: Any = None  # with multiples: the one bucket set of every window (per MSM)
+        wsums: Any = cupy.empty((k, nw_total, self._xw), dtype=np.uint64)  # without: a sum per window
         nb = 1 << (c - 1)
-        groups = -(-nw_total // span) if mul is not None else 1
-        # without multiples: a sum per window; with them: a sum per group (one when the table is whole)
-        wsums: Any = cupy.empty((k, nw_total if mul is None else groups, self._xw), dtype=np.uint64)
-        for g, g0 in enumerate(range(0, nw_total, span)):
-            shared: Any = None  # with multiples: the group's one bucket set (per MSM)
-            for w0 in range(g0, min(g0 + span, nw_total), per_batch):
-                nw = min(per_batch, g0 + span - w0, nw_total - w0)
-                skey = (c, per_batch, wb, w0, nw, n2, per, _address(scalars), _address(idx))
-                made = sorts.take(skey) if sorts is not None else None
-                if made is None:
-                    keys = cupy.empty(nw * n2 + 1, dtype=np.uint32)  # + 1: the counting sort's sentinel
-                    self._launch("msm_digits", n2, scalars, _NULL if idx is None else idx, keys, _u64(n2),
-                                 _u32(w0), _u32(nw), _u32(cfg), _u64(per))
-                    marks.mark("digits")
-                    perm = self._sort(keys, nw * n2, k * nb * (1 if mul is not None else nw), cfg)
-                    if sorts is not None:
-                        sorts.put(skey, keys, perm)
-                else:
-                    keys, perm = made
-                    marks.mark("digits")
-                marks.mark("sort")
-                if mul is None:
-                    buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, k * nw * nb, self.d_points, 0, per,
-                                               marks=marks)
-                else:  # window w0 + j of the batch reads copy w0 - g0 + j
-                    buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, k * nb,
-                                               mul.table[(w0 - g0) * mul.n :], mul.n, per, marks=marks)
-                marks.mark("accumulate")
+        for w0 in range(0, nw_total, per_batch):
+            nw = min(per_batch, nw_total - w0)
+            skey = (c, per_batch, wb, w0, nw, n2, per, _address(scalars), _address(idx))
+            made = sorts.take(skey) if sorts is not None else None
+            if made is None:
+                keys = cupy.empty(nw * n2 + 1, dtype=np.uint32)  # + 1: the counting sort's sentinel
+                self._launch("msm_digits", n2, scalars, _NULL if idx is None else idx, keys, _u64(n2),
+                             _u32(w0), _u32(nw), _u32(cfg), _u64(per))
+                marks.mark("digits")
+                perm = self._sort(keys, nw * n2, k * nb * (1 if mul is not None else nw), cfg)
                 if sorts is not None:
-                    sorts.done(skey)
-                if mul is None:
-                    wsums[:, w0 : w0 + nw] = self._window_sums(buckets, k * nw, c).reshape(k, nw, self._xw)
-                elif shared is None:
-                    shared = buckets
-                else:
-                    self._launch("msm_reduce", k * nb, _u32(OP_ADD), buckets, _NULL, _NULL, shared, _NULL,
-                                 _u64(k * nb), _u32(0), _u32(0))
-                marks.mark("reduce")
-            if mul is not None:
-                wsums[:, g] = self._window_sums(shared, k, c).reshape(k, self._xw)
-        return wsums, c * span if groups > 1 else c
+                    sorts.put(skey, keys, perm)
+            else:
+                keys, perm = made
+                marks.mark("digits")
+            marks.mark("sort")
+            if mul is None:
+                buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, k * nw * nb, self.d_points, 0, per,
+                                           marks=marks)
+            else:
+                buckets = self._accumulate(perm, keys, idx, nw * n2, n2, cfg, k * nb, mul.table[w0 * mul.n :],
+                                           mul.n, per, marks=marks)
+            marks.mark("accumulate")
+            if sorts is not None:
+                sorts.done(skey)
+            if mul is None:
+                wsums[:, w0 : w0 + nw] = self._window_sums(buckets, k * nw, c).reshape(k, nw, self._xw)
+            elif shared is None:
+                shared = buckets
+            else:
+                self._launch("msm_reduce", k * nb, _u32(OP_ADD), buckets, _NULL, _NULL, shared, _NULL,
+                             _u64(k * nb), _u32(0), _u32(0))
+            marks.mark("reduce")
+        if mul is not None:
+            return self._window_sums(shared, k, c).reshape(k, 1, self._xw), c
+        return wsums, c
 
     def _sort(self, keys: Any, n: int, bins: int, cfg: int) -> Any:
         """Positions of the n keys (``keys`` holds n + 1: the last is scratch) ordered by bucket

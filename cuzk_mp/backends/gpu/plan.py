@@ -64,7 +64,6 @@ Pure Python (no CuPy): the CLI and CI compute plans on machines without a GPU.
 
 from __future__ import annotations
 
-from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -72,10 +71,8 @@ from ...algebra.field import FR_BYTES, G1_BYTES, G2_BYTES
 from ...errors import DeviceMemoryError
 from .knobs import (
     GRAPH_RUNS,
-    PARTIAL_COPIES_MAX,
     SECTIONS,
     MsmParams,
-    choose_partial_window,
     choose_window,
     graph_batch_limit,
     msm_params_for,
@@ -279,9 +276,6 @@ class DevicePlan:
     graphs: bool = False  # the MSMs may run as CUDA graphs (their buffers are in ``scratch``)
     witness_map: int = 0  # the device witness map's coded rows and tables (0: the host makes a, b, c)
     grid_off: bool = False  # the grid rounds' lists did not fit: XYZZ accumulation alone (:meth:`msm_params`)
-    # section -> copies of a partial table (2^(c j) P, j < copies; :class:`.msm.Multiples`) where the
-    # plan keeps fewer copies than windows (the dense H section when a copy per window does not fit)
-    copies: dict[str, int] = field(default_factory=dict)
 
     def msm_params(self, params: MsmParams) -> MsmParams:
         """``params`` as this plan fitted them: without the grid rounds where :attr:`grid_off`."""
@@ -336,8 +330,7 @@ class DevicePlan:
 
     def summary(self) -> str:
         """One line: the parts in GiB, the total against the free memory, the choice."""
-        mult = ", ".join(f"{s} c={c}" + (f" x{self.copies[s]} copies" if s in self.copies else "")
-                         for s, c in self.multiples.items()) or "none"
+        mult = ", ".join(f"{s} c={c}" for s, c in self.multiples.items()) or "none"
         packed = (f" ({', '.join(s for s, _ in self.shape.packed)} packed to {self.shape.support} rows of "
                   f"{self.shape.n_vars})" if self.shape.packed else "")
         return (f"device plan 2^{self.shape.domain_size.bit_length() - 1}: points {self.points_total / GIB:.1f} GiB"
@@ -356,8 +349,7 @@ class DevicePlan:
         """JSON-able, with the totals."""
         return {"domain_size": self.shape.domain_size, "n_vars": self.shape.n_vars, "points": self.points,
                 "packed": dict(self.shape.packed),
-                "multiples": self.multiples, "copies": self.copies, "multiples_bytes": self.multiples_bytes,
-                "ntt_tables": self.ntt_tables,
+                "multiples": self.multiples, "multiples_bytes": self.multiples_bytes, "ntt_tables": self.ntt_tables,
                 "per_partition": self.per_partition, "witness_map": self.witness_map, "in_flight": self.in_flight,
                 "workers": self.workers,
                 "scratch": self.scratch, "margin": self.margin, "total": self.total, "free": self.free,
@@ -365,15 +357,13 @@ class DevicePlan:
 
 
 def _build(shape: KeyShape, multiples: dict[str, int], in_flight: int, workers: int, free: int, margin: int,
-           params: MsmParams | None, graph_params: MsmParams | None, witness_map: int = 0,
-           copies: dict[str, int] | None = None) -> DevicePlan:
+           params: MsmParams | None, graph_params: MsmParams | None, witness_map: int = 0) -> DevicePlan:
     points = shape.section_bytes()
-    copies = {s: k for s, k in (copies or {}).items() if s in multiples}
-    extra = {s: (copies.get(s, window_count(c)) - 1) * points[s] for s, c in multiples.items()}
+    extra = {s: (window_count(c) - 1) * points[s] for s, c in multiples.items()}
     return DevicePlan(shape, points, dict(multiples), extra, ntt_table_bytes(shape.domain_size),
                       partition_bytes(shape), in_flight, workers,
                       compute_scratch_bytes(shape, multiples, params, graph_params=graph_params), margin, free,
-                      graphs=bool(graph_params and graph_params.graphs), witness_map=witness_map, copies=copies)
+                      graphs=bool(graph_params and graph_params.graphs), witness_map=witness_map)
 
 
 def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str | None = "none",
@@ -426,9 +416,6 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
         k -= 1
         plan = _plan(chosen, k, graph_params)
         steps.append(f"{k} partition(s) in flight instead of {workers}")
-    if plan.fits and "h" not in chosen and (multiples or "auto").strip().lower() == "auto":
-        plan = _partial_h(shape, plan, chosen, lambda m, c: _build(shape, m, plan.in_flight, workers, free, margin,
-                                                                    params, graph_params, witness_map, c))
     plan.steps = steps
     plan.grid_off = grid_off
     if steps:
@@ -440,23 +427,6 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
         plan.choice = "; ".join(parts)
     if not plan.fits:
         raise DeviceMemoryError(refusal(plan, margin, given))
-    return plan
-
-
-def _partial_h(shape: KeyShape, plan: DevicePlan, chosen: dict[str, int],
-               build: Callable[[dict[str, int], dict[str, int]], DevicePlan]) -> DevicePlan:
-    """``plan`` with the most copies of the dense H section (2 to :data:`.knobs.PARTIAL_COPIES_MAX`,
-    window bits by :func:`.knobs.choose_partial_window`) that still fit, where H has no table of a copy
-    per window: wider windows than without copies (fewer window additions), a bucket set per group of
-    windows instead of one per window. Each copy is one more H section (12 GiB at 2^27)."""
-    rows = shape.rows()["h"]
-    for copies in range(PARTIAL_COPIES_MAX, 1, -1):
-        c = choose_partial_window(max(1, rows), copies)
-        if copies >= window_count(c):
-            continue  # a copy per window: the whole table, which plan_multiples declined
-        trial = build({**chosen, "h": c}, {"h": copies})
-        if trial.fits:
-            return trial
     return plan
 
 
