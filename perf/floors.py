@@ -139,7 +139,10 @@ def h_copies(lg: int, r: dict[str, float]) -> list[dict[str, Any]]:
     """The dense H MSM at 2^lg with wider windows over a few copies of its points (2^(c j) H_i,
     j < copies; copies = 1: no multiples, a bucket set per window): its floor and the device memory
     the extra copies take. Where the plan has no room for a copy per window (2^27: 12 of 12 GiB),
-    a few copies let c grow (fewer window additions) without a bucket set per window."""
+    a few copies let c grow (fewer window additions) without a bucket set per window. Products
+    only: measured, the 2^27 pipeline with 2 copies (c = 24) ran 6.7 % slower a partition
+    (perf/results/pipeline-h200-2^27-h-copies.json: 2^23-bucket sets and a point table twice the
+    size cost the accumulation more than the products saved)."""
     n = 1 << lg
     out = []
     for c in range(21, 27):
