@@ -530,31 +530,25 @@ def run() -> None:
     leaves its release by the driver to a forked child that outlives it
     (:func:`.backends.gpu.early_context.hand_off_teardown`). The engine's verbs (daemon, bench,
     client) end normally."""
-    line = global_options_first(sys.argv[1:])
-    local = _verb(line) in LOCAL_VERBS
-    sampler = None
-    if local and os.environ.get("CUZK_MP_STACK_PROFILE"):  # where a one-shot command's time goes
-        from . import stackprof
+    verb = _verb(global_options_first(sys.argv[1:]))
+    if verb not in LOCAL_VERBS:
+        sys.exit(main())
+    from . import stackprof
 
-        sampler = stackprof.start_from_env()
+    sampler = stackprof.start_from_env()  # where a one-shot command's time goes (CUZK_MP_STACK_PROFILE)
     code = main()
-    if local:
-        if sampler is not None:
-            from . import stackprof
+    stackprof.finish(sampler, f"cuzk-mp-{verb}")
+    logging.shutdown()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # closed or broken: nothing more can be said there
+            pass
+    if "cupy" in sys.modules or __package__ + ".backends.gpu.early_context" in sys.modules:  # a CUDA context
+        from .backends.gpu.early_context import hand_off_teardown
 
-            stackprof.finish(sampler, f"cuzk-mp-{_verb(line)}")
-        logging.shutdown()
-        for stream in (sys.stdout, sys.stderr):
-            try:
-                stream.flush()
-            except (OSError, ValueError):  # closed or broken: nothing more can be said there
-                pass
-        if "cupy" in sys.modules or __package__ + ".backends.gpu.early_context" in sys.modules:  # a CUDA context
-            from .backends.gpu.early_context import hand_off_teardown
-
-            hand_off_teardown()
-        os._exit(code)
-    sys.exit(code)
+        hand_off_teardown()
+    os._exit(code)
 
 
 if __name__ == "__main__":  # spawned worker processes import this module again as __mp_main__
