@@ -56,10 +56,10 @@ def test_bench_runs_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert sum(result["partitions_by_device"].values()) == 12
     assert {p["device"] for p in result["partitions"]} <= {0, 1}
     # per-device accounting (here with two simulated devices): each prover's
-    # device-stage seconds in the steady window per second of it; each prover is serialised on its
-    # own lock, so each is at most 1 up to the window-edge estimate (one partition of the few here)
+    # device-stage seconds in the steady window per second of it: the union of its placed stages,
+    # so at most 1 however late the messages that place them
     busy = result["device_busy_fraction_by_device"]
-    assert set(busy) <= {"0", "1"} and busy and all(0 < f <= 1.5 for f in busy.values()), busy
+    assert set(busy) <= {"0", "1"} and busy and all(0 < f <= 1 for f in busy.values()), busy
     bound = result["memory_bound"]
     assert bound["segment_bytes"] > 0 and bound["bound_bytes"] == bound["peak_host_bytes"] + bound["margin_bytes"]
     assert len(bound["peak_host_bytes_by_job"]) == 6  # one window per job completion, both runs
@@ -160,6 +160,23 @@ def test_steady_figures_per_partition_and_per_job() -> None:
     assert bench.steady_s_per_proof(run, part_done, 2) == 2.5  # 4 partitions in (110, 120]
     lone = bench._Run(t_start=100.0, t_done={"j0": 107.0})
     assert bench.steady_s_per_job(lone) == 7.0
+
+
+def test_device_busy_is_the_union_of_the_placed_stages() -> None:
+    """Steady window 110-120 s. Device 0: stages placed at 109-111 (clipped to 110-111), 111-114
+    and 113.5-116 (overlapping the one before by late messages: counted once), so 6 s of 10;
+    device 1: one 2 s stage; a partition without a device (failed) counts nowhere."""
+    run = bench._Run(t_start=100.0, t_done={"j0": 110.0, "j1": 120.0})
+
+    def part(device: int | None, device_s: float, finalize_starts: float) -> dict[str, object]:
+        return {"device": device, "t_done": finalize_starts + 0.5,
+                "timings": {"device": device_s, "finalize": 0.5}}
+
+    parts = [part(0, 2.0, 111.0), part(0, 3.0, 114.0), part(0, 2.5, 116.0), part(1, 2.0, 119.0),
+             part(None, 1.0, 115.0)]
+    busy = bench._device_fractions(parts, [run])
+    assert busy is not None
+    assert busy == {"0": pytest.approx(0.6), "1": pytest.approx(0.2)}
 
 
 def test_per_partition_figure_of_older_results() -> None:

@@ -342,27 +342,35 @@ def _busy_fractions(bench: BenchRun, runs: list[_Run]) -> dict[str, float] | Non
 
 
 def _device_fractions(partitions: list[dict[str, Any]], runs: list[_Run]) -> dict[str, float] | None:
-    """Per device: seconds of its partitions' ``device`` stage (prove_start under the per-device
-    lock) completed in the steady window, per second of the window. Any backend: on the CPU it says
-    whether the prover was kept busy (synthesis kept up); on the GPU it sits beside the kernel-busy
-    fraction (the gap is host work under the lock). Keyed by device id.
+    """Per device: seconds of the steady window during which one of its partitions was in its
+    ``device`` stage (prove_start under the per-device lock), per second of the window. Any
+    backend: on the CPU it says whether the prover was kept busy (synthesis kept up); on the GPU it
+    sits beside the kernel-busy fraction (the gap is host work under the lock). Keyed by device id.
 
     Partition timings are durations, so a device stage is placed as ending where finalize began
-    (``t_done - finalize``; message passing makes that a little late) and clipped to the window:
-    the figure can be off by up to one partition's device time per window, a few percent at the
-    bench's sizes (tens of partitions per device)."""
+    (``t_done - finalize``; message passing makes that a little late) and clipped to the window.
+    The stages of one device are serial, but placed that way two of them can overlap by the
+    messages' lateness: the figure is the union of the placed stages, so it never exceeds 1."""
     start, end = _steady_window(runs)
     if end <= start:
         return None
-    out: dict[str, float] = {}
+    spans: dict[str, list[tuple[float, float]]] = {}
     for p in partitions:
         if p["device"] is None or p["t_done"] is None:
             continue
         t = p["timings"]
         d_end = p["t_done"] - t.get("finalize", 0.0)  # the device stage ends where finalize begins
-        overlap = min(d_end, end) - max(d_end - t.get("device", 0.0), start)  # clipped to the window
-        if overlap > 0:
-            out[str(p["device"])] = out.get(str(p["device"]), 0.0) + overlap / (end - start)
+        lo, hi = max(d_end - t.get("device", 0.0), start), min(d_end, end)  # clipped to the window
+        if hi > lo:
+            spans.setdefault(str(p["device"]), []).append((lo, hi))
+    out: dict[str, float] = {}
+    for dev, intervals in spans.items():
+        covered, reach = 0.0, start
+        for lo, hi in sorted(intervals):
+            if hi > reach:
+                covered += hi - max(lo, reach)
+                reach = hi
+        out[dev] = covered / (end - start)
     return dict(sorted(out.items()))
 
 
