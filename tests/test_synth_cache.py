@@ -14,6 +14,8 @@ import mmap
 import multiprocessing as mp
 import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import numpy as np
@@ -180,6 +182,32 @@ def test_fallback_directory_when_the_key_place_is_unusable(files: tuple[Path, Pa
     # an explicit directory is used alone
     ev2 = ConstraintEvaluator.from_files(str(zkey), None, cache_dir=str(tmp_path / "mine"))
     assert Path(ev2.data.path).parent == tmp_path / "mine" and ev2.n_constraints is None  # type: ignore[arg-type]
+
+
+def test_a_full_disk_at_the_key_place_falls_back(files: tuple[Path, Path], tmp_path: Path) -> None:
+    """The key on a file system with room for it but not for its cache: the cache goes to the
+    fallback directory, and the process is not killed (SIGBUS) writing pages the disk cannot back.
+    Runs in a private mount namespace (a 16 KiB-spare tmpfs there); skipped, saying so, where
+    none can be made."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1): cannot make a private mount namespace for a small tmpfs")
+    zkey = files[0]
+    small, fallback = tmp_path / "small", tmp_path / "fallback"
+    small.mkdir()
+    size = (zkey.stat().st_size + 4095) // 4096 * 4096 + 16384
+    code = ("import sys; from cuzk_mp.groth16.synthesis import ConstraintEvaluator; "
+            "ev = ConstraintEvaluator.from_files(sys.argv[1], None); print(ev.data.path)")
+    script = (f"mount -t tmpfs -o size={size} none {small} || exit 99; cp {zkey} {small}/p.zkey; "
+              f'exec {sys.executable} -c "{code}" {small}/p.zkey')
+    env = {**os.environ, "CUZK_MP_CACHE": str(fallback)}
+    prefix = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    res = subprocess.run(["unshare", *prefix, "--mount", "sh", "-c", script], env=env, capture_output=True,
+                         text=True, timeout=120)
+    if res.returncode == 99 or "unshare:" in res.stderr:
+        pytest.skip(f"no private mount namespace here: {res.stderr.strip()[-200:]}")
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert Path(res.stdout.strip().splitlines()[-1]).parent == fallback / "circuit-data"
+    assert "No space left on device" in res.stderr  # the warning that says why the key's place was passed over
 
 
 def test_unsatisfied_witness_names_the_first_failing_constraint(files: tuple[Path, Path], circuit: PorepLike) -> None:

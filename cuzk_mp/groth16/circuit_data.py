@@ -508,7 +508,9 @@ def _write_cache(builder: _Builder, dest: Path, zid: FileIdentity, rid: FileIden
     fd, tmp = tempfile.mkstemp(prefix=f".{dest.name}.", suffix=".tmp", dir=dest.parent)
     try:
         with os.fdopen(fd, "r+b") as f:
-            f.truncate(size)
+            # the blocks are reserved before the mapping is written: a full disk is then an
+            # OSError here (the next place is tried), not a SIGBUS on the first page it cannot back
+            os.posix_fallocate(f.fileno(), 0, size)
             with mmap.mmap(f.fileno(), size) as mm:
                 buf = np.frombuffer(mm, dtype=np.uint8)
                 builder.fill(buf)
