@@ -21,6 +21,7 @@ exception is reported as an internal error; ``--log-level DEBUG`` adds its trace
 from __future__ import annotations
 
 import argparse
+import contextlib
 import logging
 import os
 import sys
@@ -49,6 +50,23 @@ BACKENDS = ("auto", "cpu", "gpu")
 
 # --- the verbs -------------------------------------------------------------------------------
 
+def _refuse_outputs_over_inputs(args: argparse.Namespace, outputs: Sequence[str], inputs: Sequence[str]) -> None:
+    """Refuse, before any work, an output path that names one of the command's inputs or another
+    of its outputs (``g16p k.zkey w.wtns k.zkey public.json`` would replace the key by the proof)."""
+    seen: dict[str, str] = {}
+    for name in outputs:
+        path = getattr(args, name)
+        real = os.path.realpath(path)
+        if real in seen:
+            raise InputError(f"{path}: given as both the {seen[real]} and the {name} output: give two paths")
+        seen[real] = name
+        for source in inputs:
+            other = getattr(args, source, None)
+            with contextlib.suppress(OSError):  # a missing input is reported when it is read
+                if other is not None and os.path.samefile(path, other):
+                    raise InputError(f"{path}: the {name} output would replace the {source} input: give another path")
+
+
 def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: argparse.Namespace) -> int:
     """Shared tail of ``groth16 prove`` and ``fullprove``: key, witness, proof, two JSON files.
 
@@ -73,7 +91,8 @@ def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: a
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-backend-start") as pool:
         starting = pool.submit(get_backend, args.backend)  # first: the CUDA start overlaps the imports below
         from .formats.r1cs import read_r1cs
-        from .formats.snarkjs_json import proof_to_json, public_to_json, write_json
+        from .formats.atomic import write_json_files
+        from .formats.snarkjs_json import proof_to_json, public_to_json
         from .formats.zkey import read_zkey
         from .groth16.prover import prove
         from .groth16.synthesis import ConstraintEvaluator
@@ -97,8 +116,7 @@ def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: a
     log.info("imports, key and witness in %.3f s, backend %s ready %.3f s later", t1 - t0, backend.name,
              time.perf_counter() - t1)
     proof, public = prove(backend, zkey, w, evaluator=evaluator, r1cs=r1cs, verify=not args.no_verify)
-    write_json(args.proof, proof_to_json(proof))
-    write_json(args.public, public_to_json(public))
+    write_json_files([(args.proof, proof_to_json(proof)), (args.public, public_to_json(public))])
     log.info("proved with the %s backend in %.3f s: %s, %s", backend.name, time.perf_counter() - t0,
              args.proof, args.public)
     return EXIT_OK
@@ -117,6 +135,7 @@ def _through_a_daemon(args: argparse.Namespace) -> int | None:
 
 
 def _cmd_prove(args: argparse.Namespace) -> int:
+    _refuse_outputs_over_inputs(args, ("proof", "public"), ("zkey", "wtns", "r1cs"))
     code = _through_a_daemon(args)
     if code is not None:
         return code
@@ -208,6 +227,7 @@ def _prove_at(addr: str, token: str, circuit: str | None, args: argparse.Namespa
 
 
 def _cmd_fullprove(args: argparse.Namespace) -> int:
+    _refuse_outputs_over_inputs(args, ("proof", "public"), ("input", "wasm", "zkey", "r1cs"))
     code = _through_a_daemon(args)  # the daemon runs the wasm (compiled once, kept warm)
     if code is not None:
         return code
@@ -243,6 +263,7 @@ def _cmd_export_vk(args: argparse.Namespace) -> int:
     from .formats.zkey import read_zkey
     from .groth16.keys import vk_from_zkey
 
+    _refuse_outputs_over_inputs(args, ("vk",), ("zkey",))
     write_json(args.vk, vk_to_json(vk_from_zkey(read_zkey(args.zkey))))
     return EXIT_OK
 
@@ -250,6 +271,7 @@ def _cmd_export_vk(args: argparse.Namespace) -> int:
 def _cmd_wtns_calculate(args: argparse.Namespace) -> int:
     from .circuits.circom import calculate_witness_file
 
+    _refuse_outputs_over_inputs(args, ("wtns",), ("wasm", "input"))
     calculate_witness_file(args.wasm, args.input, args.wtns)
     return EXIT_OK
 
@@ -258,6 +280,7 @@ def _cmd_setup(args: argparse.Namespace) -> int:
     from .backends import get_backend
     from .groth16.setup import setup_file
 
+    _refuse_outputs_over_inputs(args, ("zkey",), ("r1cs",))
     setup_file(args.r1cs, args.zkey, get_backend(args.backend))
     return EXIT_OK
 

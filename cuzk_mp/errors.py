@@ -34,6 +34,17 @@ class FormatError(InputError):
         self.problem = problem
 
 
+class OutputError(InputError):
+    """An output file cannot be written (a folder in the way, no permission, a full disk).
+
+    The message names the path as the user gave it and the reason."""
+
+    def __init__(self, path: object, problem: str) -> None:
+        super().__init__(f"{path}: cannot write it: {problem}")
+        self.path = path
+        self.problem = problem
+
+
 class UnsatisfiedWitness(InputError):
     """The witness does not satisfy the circuit's constraints."""
 
@@ -83,7 +94,7 @@ class Cancelled(CuzkError):
 _KINDS: dict[str, type[CuzkError]] = {
     cls.__name__: cls
     for cls in (
-        CuzkError, InputError, FormatError, UnsatisfiedWitness, ConfigError, AuthError, ProofError,
+        CuzkError, InputError, FormatError, OutputError, UnsatisfiedWitness, ConfigError, AuthError, ProofError,
         VerificationFailed, ResourceError, DeviceMemoryError, WorkerDied, GpuDead, Cancelled,
     )
 }
@@ -101,7 +112,7 @@ def error_from_kind(kind: str, message: str) -> CuzkError:
     nearest plain base, with the message intact.
     """
     cls = _KINDS.get(kind, CuzkError)
-    if cls is FormatError:
+    if cls in (FormatError, OutputError):
         cls = InputError
     if cls is UnsatisfiedWitness:
         exc: CuzkError = InputError(message)

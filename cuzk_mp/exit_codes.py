@@ -22,7 +22,8 @@ EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "success (groth16 verify: the proof is valid)"),
     (EXIT_FAILED, "failed: a proof did not verify, a job failed or was cancelled, a worker died"),
-    (EXIT_INPUT, "bad input: usage, a missing or malformed file, an unsatisfied witness, a bad config"),
+    (EXIT_INPUT, "bad input: usage, a missing or malformed file, an output that cannot be written, an unsatisfied "
+                 "witness, a bad config"),
     (EXIT_UNREACHABLE, "the daemon could not be reached (client verbs)"),
     (EXIT_RESOURCES, "not enough memory (host, shared memory or GPU) for what was asked"),
     (EXIT_JOURNAL_DAMAGED, "daemon: its journal is damaged or missing; nothing was changed (the message says how "

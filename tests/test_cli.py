@@ -255,6 +255,26 @@ def test_input_errors_exit_2(circuit: dict[str, Path], tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.json"))
 
 
+def test_outputs_never_replace_inputs(circuit: dict[str, Path], tmp_path: Path) -> None:
+    """An output path naming an input (even through a link) or another output is refused before any
+    work, and the input is untouched; an output that cannot be written is named as given."""
+    key_bytes = circuit["zkey"].stat().st_size
+    link = tmp_path / "key-link.zkey"
+    link.symlink_to(circuit["zkey"])
+    assert_message(run_cli("g16p", circuit["zkey"], circuit["wtns"], link, tmp_path / "q.json"), 2,
+                   "the proof output would replace the zkey input")
+    assert_message(run_cli("g16p", circuit["zkey"], circuit["wtns"], tmp_path / "p.json", circuit["wtns"]), 2,
+                   "the public output would replace the wtns input")
+    assert_message(run_cli("g16p", circuit["zkey"], circuit["wtns"], tmp_path / "same.json", tmp_path / "same.json"),
+                   2, "given as both the proof and the public output")
+    assert_message(run_cli("zkev", circuit["zkey"], circuit["zkey"]), 2, "the vk output would replace the zkey input")
+    assert_message(run_cli("setup", circuit["r1cs"], circuit["r1cs"]), 2,
+                   "the zkey output would replace the r1cs input")
+    assert circuit["zkey"].stat().st_size == key_bytes
+    assert_message(run_cli("zkev", circuit["zkey"], tmp_path), 2, f"error: {tmp_path}: cannot write it: is a folder")
+    assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob(".cuzk-mp-*"))
+
+
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
 

@@ -59,7 +59,7 @@ def test_writer_matches_reference_for_every_payload_kind(tmp_path: Path) -> None
         (8, arr[:2].tobytes()), (9, b""),
     ])
     assert path.read_bytes() == expected
-    assert not list(tmp_path.glob("*.tmp-*"))
+    assert not list(tmp_path.glob(".cuzk-mp-*"))  # no temporary left
 
 
 def test_read_back_any_section_order(tmp_path: Path) -> None:

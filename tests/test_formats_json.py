@@ -173,7 +173,7 @@ def test_write_json_is_bfj_space_1(tmp_path: Path) -> None:
     expected = ('{\n "pi_a": [\n  "1",\n  "2",\n  "1"\n ],\n "pi_b": [\n  [\n   "1",\n   "2"\n  ],\n'
                 '  [\n   "3",\n   "4"\n  ]\n ],\n "protocol": "groth16"\n}')
     assert path.read_text() == expected
-    assert not list(tmp_path.glob("*.tmp-*"))
+    assert not list(tmp_path.glob(".cuzk-mp-*"))  # no temporary left
 
 
 def test_read_json_errors(tmp_path: Path) -> None:

@@ -20,7 +20,7 @@ from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import Client, partition_from_file
 from cuzk_mp.daemon.transport import CommClosedError
 from cuzk_mp.errors import AuthError, InputError, ProofError, error_from_kind
-from cuzk_mp.formats.atomic import write_json
+from cuzk_mp.formats.atomic import write_json_files
 
 
 class Unreachable(Exception):
@@ -64,8 +64,7 @@ def prove_to_files(addr: str, token: str, circuit: str | None, zkey: Path, sourc
             raise type(why)(f"{source}: {why}")
         raise ProofError(f"the daemon's job {reply.job_id} {reply.state}: {why}")
     done = reply.partitions[0]
-    write_json(proof, done.proof)
-    write_json(public, done.public)
+    write_json_files([(proof, done.proof), (public, done.public)])
     return cid, reply.job_id
 
 

@@ -1,7 +1,20 @@
 """Files that appear whole or not at all: :func:`atomic_output` and the snarkjs-style :func:`write_json`.
 
-Standard library only, so that a process that just writes a proof it received (``cuzk-mp client
-prove``) imports neither numpy nor the curve arithmetic that reading these formats needs.
+Standard library only (and the exception classes), so that a process that just writes a proof it
+received (``cuzk-mp client prove``) imports neither numpy nor the curve arithmetic that reading
+these formats needs.
+
+What an output path may be, and what happens to it:
+
+* nothing yet, or a regular file: the bytes go to a temporary file in the same folder, renamed
+  onto the path once whole. A file that was there keeps its permission bits (a witness made
+  private with ``chmod 600`` stays private) and, where this process may set it, its owner; its
+  other hard links keep the old contents, as with any replacement by rename.
+* a symbolic link: the file it points to is written, as above; the link stays a link.
+* a FIFO, a character or block device (``/dev/stdout``, a named pipe): written in place, as
+  snarkjs does; never replaced by a regular file. Not atomic: such a file has no rename.
+* a folder, or a path that cannot be written: :class:`~cuzk_mp.errors.OutputError`, naming the
+  path the user gave (never the temporary file) and why.
 """
 
 from __future__ import annotations
@@ -9,28 +22,73 @@ from __future__ import annotations
 import json
 import os
 import secrets
-from collections.abc import Iterator
-from contextlib import contextmanager
+import stat
+from collections.abc import Iterator, Sequence
+from contextlib import ExitStack, contextmanager
 from typing import IO, Any
+
+from ..errors import OutputError
 
 
 @contextmanager
 def atomic_output(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO[Any]]:
-    """Open a uniquely named temporary file next to ``path``; rename it onto ``path`` on success.
-
-    Readers never see half a file, and a failed write leaves nothing behind.
-    The file is created with ``open(..., "x")``, so the umask applies as usual.
-    """
-    path = os.fspath(path)
-    tmp = f"{path}.tmp-{os.getpid()}-{secrets.token_hex(4)}"
+    """A file to write ``path``'s new contents into: see the module's docstring for what each kind
+    of path gets. On a regular file, readers never see half a file, and a failed write leaves
+    nothing behind (the old file, if any, stays as it was). New files get the umask as usual."""
+    given = os.fspath(path)
+    real = os.path.realpath(given)  # a link's target; the path itself otherwise
     try:
-        with open(tmp, mode.replace("w", "x")) as f:
+        old: os.stat_result | None = os.stat(real)
+    except FileNotFoundError:
+        old = None
+    except OSError as exc:
+        raise OutputError(given, exc.strerror or str(exc)) from exc
+    if old is not None and stat.S_ISDIR(old.st_mode):
+        raise OutputError(given, "is a folder")
+    if old is not None and not stat.S_ISREG(old.st_mode):  # a FIFO, a device, a socket: no rename over it
+        with _as_output_error(given, None):
+            f = open(real, mode)  # noqa: SIM115 - closed below, its errors named after the path
+        with _as_output_error(given, None), f:
             yield f
-        os.replace(tmp, path)
+        return
+    # a short name of its own, so that a target name near the 255-byte limit still has a temporary
+    tmp = os.path.join(os.path.dirname(real), f".cuzk-mp-{os.getpid()}-{secrets.token_hex(4)}.tmp")
+    try:
+        with _as_output_error(given, tmp):
+            f = open(tmp, mode.replace("w", "x"))  # noqa: SIM115 - closed by the with below
+        with _as_output_error(given, tmp), f:
+            if old is not None:
+                _keep_mode_and_owner(f.fileno(), old)
+            yield f
+        with _as_output_error(given, tmp):
+            os.replace(tmp, real)
     except BaseException:
-        if os.path.exists(tmp):
+        if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
+
+
+@contextmanager
+def _as_output_error(given: str, tmp: str | None) -> Iterator[None]:
+    """Turn the OSErrors of writing ``given`` (through ``tmp``) into an OutputError naming ``given``.
+
+    An OSError naming another file (an input the caller reads while it writes) passes through."""
+    try:
+        yield
+    except OSError as exc:
+        if exc.filename is not None and exc.filename not in (given, tmp) and exc.filename2 is None:
+            raise
+        raise OutputError(given, exc.strerror or str(exc)) from exc
+
+
+def _keep_mode_and_owner(fd: int, old: os.stat_result) -> None:
+    """Give the new file the replaced one's permission bits, and its owner where we may."""
+    os.fchmod(fd, stat.S_IMODE(old.st_mode))
+    if (old.st_uid, old.st_gid) != (os.geteuid(), os.getegid()):
+        try:
+            os.fchown(fd, old.st_uid, old.st_gid)
+        except PermissionError:  # not ours to give away: the new file is ours, with the old mode
+            pass
 
 
 def write_json(path: str | os.PathLike[str], obj: Any) -> None:
@@ -39,6 +97,13 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
     Byte-identical to snarkjs's output except for empty arrays/objects (bfj
     writes them over two lines, we write ``[]``); the JSON is equal.
     """
-    text = json.dumps(obj, indent=1)
-    with atomic_output(path, "wb") as f:
-        f.write(text.encode("utf-8"))
+    write_json_files([(path, obj)])
+
+
+def write_json_files(items: Sequence[tuple[str | os.PathLike[str], Any]]) -> None:
+    """Write several JSON files (as :func:`write_json`) all or none: every one is written whole
+    before the first is renamed into place, so a proof is never left without its public signals
+    because the second path could not be written."""
+    with ExitStack() as stack:
+        for path, obj in items:
+            stack.enter_context(atomic_output(path, "wb")).write(json.dumps(obj, indent=1).encode("utf-8"))

@@ -1,0 +1,109 @@
+"""Output files (cuzk_mp.formats.atomic): what each kind of output path gets.
+
+Oracles: the file system itself (``os.stat``, ``os.readlink``), the bytes read back, and a reader
+process on a FIFO; the errors' messages name the path the caller gave.
+"""
+
+from __future__ import annotations
+
+import os
+import stat
+import threading
+from pathlib import Path
+
+import pytest
+
+from cuzk_mp.errors import InputError, OutputError
+from cuzk_mp.formats.atomic import atomic_output, write_json, write_json_files
+
+
+def leftovers(folder: Path) -> list[Path]:
+    return sorted(folder.glob(".cuzk-mp-*"))
+
+
+def test_a_new_file_and_a_replaced_one(tmp_path: Path) -> None:
+    path = tmp_path / "out.json"
+    write_json(path, [1])
+    assert path.read_text() == "[\n 1\n]"
+    path.chmod(0o600)  # a private file stays private when it is replaced
+    write_json(path, {"a": "2"})
+    assert path.read_text() == '{\n "a": "2"\n}'
+    assert stat.S_IMODE(path.stat().st_mode) == 0o600
+    assert not leftovers(tmp_path)
+
+
+def test_a_link_is_written_through(tmp_path: Path) -> None:
+    target, link = tmp_path / "real.json", tmp_path / "link.json"
+    target.write_text("old")
+    link.symlink_to(target.name)
+    write_json(link, [2])
+    assert link.is_symlink() and os.readlink(link) == target.name
+    assert target.read_text() == "[\n 2\n]"
+    dangling = tmp_path / "dangling.json"
+    dangling.symlink_to("made.json")  # as `echo > dangling` does: the file it names is made
+    write_json(dangling, [3])
+    assert dangling.is_symlink() and (tmp_path / "made.json").read_text() == "[\n 3\n]"
+    assert not leftovers(tmp_path)
+
+
+def test_a_fifo_is_written_in_place(tmp_path: Path) -> None:
+    fifo = tmp_path / "pipe"
+    os.mkfifo(fifo)
+    got: list[bytes] = []
+    reader = threading.Thread(target=lambda: got.append(fifo.read_bytes()))
+    reader.start()
+    write_json(fifo, {"x": "1"})
+    reader.join(timeout=30)
+    assert got == [b'{\n "x": "1"\n}']
+    assert stat.S_ISFIFO(fifo.stat().st_mode)  # still a FIFO, not a regular file put in its place
+    assert not leftovers(tmp_path)
+
+
+def test_a_full_device_is_an_output_error_and_stays_a_device() -> None:
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    with pytest.raises(OutputError, match="^/dev/full: cannot write it: No space left on device"):
+        write_json("/dev/full", [1])
+    assert stat.S_ISCHR(os.stat("/dev/full").st_mode)
+
+
+def test_errors_name_the_path_given(tmp_path: Path) -> None:
+    folder = tmp_path / "adir"
+    folder.mkdir()
+    with pytest.raises(OutputError, match=f"^{folder}: cannot write it: is a folder$"):
+        write_json(folder, [1])
+    under_a_file = tmp_path / "afile"
+    under_a_file.write_text("")
+    with pytest.raises(OutputError, match=f"^{under_a_file}/x.json: cannot write it: Not a directory$"):
+        write_json(under_a_file / "x.json", [1])
+    with pytest.raises(OutputError, match=f"^{tmp_path}/no/x.json: cannot write it: No such file or directory$"):
+        write_json(tmp_path / "no" / "x.json", [1])
+    assert isinstance(OutputError("p", "why"), InputError)  # exit code 2 at the command line
+    assert not leftovers(tmp_path)
+
+
+def test_a_name_at_the_length_limit(tmp_path: Path) -> None:
+    path = tmp_path / ("p" * 250 + ".json")
+    write_json(path, [1])
+    assert path.read_text() == "[\n 1\n]"
+
+
+def test_several_files_all_or_none(tmp_path: Path) -> None:
+    proof, public = tmp_path / "proof.json", tmp_path / "no" / "public.json"
+    with pytest.raises(OutputError, match="public.json"):
+        write_json_files([(proof, [1]), (public, [2])])
+    assert not proof.exists() and not leftovers(tmp_path)
+    public = tmp_path / "public.json"
+    write_json_files([(proof, [1]), (public, [2])])
+    assert proof.read_text() == "[\n 1\n]" and public.read_text() == "[\n 2\n]"
+
+
+def test_the_callers_own_errors_pass_through(tmp_path: Path) -> None:
+    """An OSError of another file, raised while the output is written, is the caller's: not an
+    OutputError of the output; the output is not made."""
+    out = tmp_path / "out.bin"
+    with pytest.raises(FileNotFoundError) as info, atomic_output(out) as f:
+        f.write(b"begun")
+        (tmp_path / "missing-input").read_bytes()
+    assert not isinstance(info.value, OutputError)
+    assert not out.exists() and not leftovers(tmp_path)
