@@ -2,21 +2,23 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
 import numpy as np
 import pytest
 
-from cuzk_mp.algebra.field import R_MOD, ints_to_limbs, limbs_to_ints
+from cuzk_mp.algebra import curve
+from cuzk_mp.algebra.field import Q_MOD, R_MOD, ints_to_limbs, limbs_to_ints
 from cuzk_mp.backends.cpu import CpuBackend
-from cuzk_mp.errors import UnsatisfiedWitness, VerificationFailed
+from cuzk_mp.errors import FormatError, UnsatisfiedWitness, VerificationFailed
 from cuzk_mp.formats.r1cs import read_r1cs
 from cuzk_mp.formats.snarkjs_json import Proof, proof_from_json, public_from_json, vk_from_json, vk_to_json
 from cuzk_mp.formats.wtns import read_wtns
 from cuzk_mp.formats.zkey import read_zkey
 from cuzk_mp.groth16.keys import vk_from_zkey
-from cuzk_mp.groth16.prover import prove
+from cuzk_mp.groth16.prover import header_points, prove
 from cuzk_mp.groth16.synthesis import ConstraintEvaluator
 from cuzk_mp.groth16.verifier import check, verify
 
@@ -89,3 +91,42 @@ def test_witness_shape_and_range_errors(zkey) -> None:  # type: ignore[no-untype
     w3[2] = np.array([2**64 - 1] * 4, dtype=np.uint64)
     with pytest.raises(Exception, match="not a field element"):
         ev.evaluate(w3)
+
+
+def g1_outside_the_subgroup() -> tuple[int, int]:
+    """A point of E(Fq) that is not in G1 (the cofactor is ~2^126: any point found this way)."""
+    x = 5
+    while pow((x**3 + 4) % Q_MOD, (Q_MOD - 1) // 2, Q_MOD) != 1:
+        x += 1
+    return x, pow((x**3 + 4) % Q_MOD, (Q_MOD + 1) // 4, Q_MOD)
+
+
+@pytest.mark.parametrize(("field", "row", "message"), [
+    ("alpha1", curve.g1_to_lem((1, 1)), r"section 2 \(header\): alpha1 is not a point of G1: .*not on the G1 curve"),
+    ("beta1", curve.g1_to_lem(g1_outside_the_subgroup()),
+     r"section 2 \(header\): beta1 is not a point of G1: .*not in the correct G1 subgroup"),
+    ("delta2", curve.g2_to_lem(((1, 0), (1, 0))), r"section 2 \(header\): delta2 is not a point of G2: .*G2 curve"),
+    ("ic", None, r"section 3 \(IC\): point 1 is not a point of G1: .*not on the G1 curve"),
+])
+def test_a_bad_fixed_point_is_named(zkey, field: str, row: np.ndarray | None,  # type: ignore[no-untyped-def]
+                                    message: str) -> None:
+    """A header or IC point off its curve or outside its subgroup: the file, section and point are
+    named (exit code 2 at the command line), by the verifying key's export and by the prover."""
+    if row is None:
+        row = zkey.ic.copy()
+        row[1] = curve.g1_to_lem((1, 1))
+    bad = dataclasses.replace(zkey, **{field: row})
+    with pytest.raises(FormatError, match=rf"mul\.zkey, {message}"):
+        vk_from_zkey(bad)
+    bad = dataclasses.replace(zkey, **{field: row})  # a fresh object: the check runs once per key
+    with pytest.raises(FormatError, match=message):
+        header_points(bad)
+
+
+def test_a_point_off_the_curve_in_a_large_section_is_named(backend: CpuBackend, zkey) -> None:  # type: ignore[no-untyped-def]
+    for field, point in (("h", curve.g1_to_lem((1, 1))), ("b2", curve.g2_to_lem(((1, 0), (1, 0))))):
+        rows = getattr(zkey, field).copy()
+        rows[2] = point
+        label = {"h": "9 \\(H\\)", "b2": "7 \\(B2\\)"}[field]
+        with pytest.raises(FormatError, match=rf"mul\.zkey, section {label}: point 2: point is not on the G[12] curve"):
+            backend.load_key(dataclasses.replace(zkey, **{field: rows}))

@@ -13,7 +13,8 @@ single-point ones use Python ints.
 
 from __future__ import annotations
 
-from typing import Optional
+from collections.abc import Callable
+from typing import Optional, TypeVar
 
 import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point, Scalar
@@ -23,6 +24,7 @@ from .field import FQ, FQ_BYTES, R_MOD, int_to_limbs, limbs_to_ints
 
 G1Affine = Optional[tuple[int, int]]
 G2Affine = Optional[tuple[tuple[int, int], tuple[int, int]]]
+PointT = TypeVar("PointT", G1Point, G2Point)
 
 
 def _coords_from_lem(row: np.ndarray) -> list[int]:
@@ -119,18 +121,24 @@ def lem_to_xy_bytes(points: np.ndarray) -> bytes:
 
 def g1_lem_to_ark_list(points: np.ndarray) -> list[G1Point]:
     """``(n, 12)`` zkey-layout G1 points -> arkworks objects (no subgroup checks: trusted key)."""
-    data = lem_to_xy_bytes(points)
-    step = 2 * FQ_BYTES
-    make = G1Point.from_xy_bytes_unchecked_le
-    return [make(data[i : i + step]) for i in range(0, len(data), step)]
+    return _ark_list(lem_to_xy_bytes(points), 2 * FQ_BYTES, G1Point.from_xy_bytes_unchecked_le)
 
 
 def g2_lem_to_ark_list(points: np.ndarray) -> list[G2Point]:
     """``(n, 24)`` zkey-layout G2 points -> arkworks objects (no subgroup checks: trusted key)."""
-    data = lem_to_xy_bytes(points)
-    step = 4 * FQ_BYTES
-    make = G2Point.from_xy_bytes_unchecked_le
-    return [make(data[i : i + step]) for i in range(0, len(data), step)]
+    return _ark_list(lem_to_xy_bytes(points), 4 * FQ_BYTES, G2Point.from_xy_bytes_unchecked_le)
+
+
+def _ark_list(data: bytes, step: int, make: Callable[[bytes], PointT]) -> list[PointT]:
+    """``make`` over each ``step`` bytes; a point that is not on the curve is a ValueError naming
+    its index."""
+    out = []
+    for i in range(0, len(data), step):
+        try:
+            out.append(make(data[i : i + step]))
+        except ValueError as exc:
+            raise ValueError(f"point {i // step}: {exc}") from None
+    return out
 
 
 def g1_lem_to_ark(row: np.ndarray) -> G1Point:

@@ -27,7 +27,7 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 
 from ..algebra import curve, ec, ntt
 from ..errors import InputError
-from ..formats.zkey import ZKey
+from ..formats.zkey import ZKey, section_error
 from .base import SECTIONS, ProverInputs, WitnessRows, check_key_sections, check_scalar_count, msm_each
 
 
@@ -144,8 +144,14 @@ class CpuBackend:
         """Convert sections 5..9 to arkworks objects (on the pool, G2 beside G1); ``lasting`` and
         ``witness_rows`` change nothing here (the conversion is what every proof needs; the host map
         reads the caller's mapping)."""
-        g2 = self._pool.submit(curve.g2_lem_to_ark_list, zkey.b2)
-        g1 = [curve.g1_lem_to_ark_list(s) for s in (zkey.a, zkey.b1, zkey.c, zkey.h)]
+        def convert(name: str) -> list[Any]:
+            try:
+                return (curve.g2_lem_to_ark_list if name == "b2" else curve.g1_lem_to_ark_list)(getattr(zkey, name))
+            except ValueError as exc:  # a point off its curve: the key file's fault, named
+                raise section_error(zkey, name, str(exc)) from None
+
+        g2 = self._pool.submit(convert, "b2")
+        g1 = [convert(name) for name in ("a", "b1", "c", "h")]
         key = CpuKey(zkey, g1[0], g1[1], g2.result(), g1[2], g1[3])
         n_g1 = sum(len(x) for x in g1)
         key.nbytes = n_g1 * sys.getsizeof(G1Point()) + len(key.b2) * sys.getsizeof(G2Point()) + 8 * (n_g1 + len(key.b2))

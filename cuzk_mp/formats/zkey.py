@@ -40,6 +40,7 @@ import numpy as np
 
 from ..algebra.field import FQ, FR, Q_MOD, R_MOD, first_not_below, log2_exact
 from ..algebra.sparse import CsrMatrix
+from ..errors import FormatError
 from .binfile import BinFile, FieldReader, Payload, open_source, write_binfile
 
 MAGIC = "zkey"
@@ -56,6 +57,8 @@ SECTION_LABELS = {1: "protocol", 2: "header", 3: "IC", 4: "coefs", 5: "A", 6: "B
                   8: "C", 9: "H", 10: "contributions"}
 _HEADER_POINTS = (("alpha1", G1_LIMBS), ("beta1", G1_LIMBS), ("beta2", G2_LIMBS),
                   ("gamma2", G2_LIMBS), ("delta1", G1_LIMBS), ("delta2", G2_LIMBS))
+HEADER_POINTS = tuple(key for key, _ in _HEADER_POINTS)
+SECTION_OF = {**{key: 2 for key in HEADER_POINTS}, "ic": 3, "a": 5, "b1": 6, "b2": 7, "c": 8, "h": 9}  # field -> id
 
 
 @dataclass(eq=False)
@@ -204,6 +207,14 @@ def _check_coordinates(bf: BinFile, sid: int, points: np.ndarray, label: str | N
         per_point = points.shape[1] // 6
         what = label or f"point {bad // per_point}"
         raise bf.error(sid, f"{what}: coordinate {bad % per_point} is >= q (not a Montgomery Fq element)")
+
+
+def section_error(zkey: ZKey, field: str, problem: str) -> FormatError:
+    """A FormatError naming ``zkey``'s file and the section that holds its point field ``field``
+    ("alpha1", "ic", "a", ... "h"): for a point found off its curve or its subgroup where the
+    points are used (the format's reader checks sizes and coordinates, not the curve)."""
+    sid = SECTION_OF[field]
+    return FormatError(zkey.path or "zkey", f"{sid} ({SECTION_LABELS[sid]})", problem)
 
 
 def _read_coefs(bf: BinFile, n_vars: int, domain_size: int, check: bool = True) -> np.ndarray:

@@ -1,4 +1,5 @@
-"""Verification keys: derived from a zkey, prepared as arkworks objects for pairing checks.
+"""Verification keys: derived from a zkey, prepared as arkworks objects for pairing checks; the
+key's fixed points checked before either uses them.
 
 ``vk_from_zkey`` is what ``cuzk-mp zkey export verificationkey`` writes (the
 snarkjs JSON, including ``vk_alphabeta_12`` = e(alpha1, beta2) as 12 Fq
@@ -16,7 +17,7 @@ from py_arkworks_bls12381 import GT, G1Point, G2Point
 from ..algebra import curve
 from ..algebra.field import FQ_BYTES, Q_MOD
 from ..formats.snarkjs_json import VerificationKey
-from ..formats.zkey import ZKey
+from ..formats.zkey import HEADER_POINTS, ZKey, section_error
 
 
 def gt_coefficients(value: GT) -> list[list[list[str]]]:
@@ -35,8 +36,33 @@ def gt_coefficients(value: GT) -> list[list[list[str]]]:
     return [[[s[6 * h + 2 * k], s[6 * h + 2 * k + 1]] for k in range(3)] for h in range(2)]
 
 
+_CHECKED: "weakref.WeakSet[ZKey]" = weakref.WeakSet()
+
+
+def check_fixed_points(zkey: ZKey) -> None:
+    """The key's header points (alpha, beta, gamma, delta) and IC points must each be a point of its
+    group: on the curve and in the prime-order subgroup (the point at infinity passes). Otherwise
+    a FormatError names the file, the section and the point. Once per zkey object: the verifying
+    key and the proof's last step read these; the large sections are the backends' to convert."""
+    if zkey in _CHECKED:
+        return
+    rows = [(name, name, getattr(zkey, name)) for name in HEADER_POINTS]
+    rows += [("ic", f"point {i}", row) for i, row in enumerate(zkey.ic)]
+    for field, label, row in rows:
+        g1 = row.shape[-1] == 12
+        try:
+            if g1:
+                curve.g1_to_ark(curve.g1_from_lem(row), checked=True)
+            else:
+                curve.g2_to_ark(curve.g2_from_lem(row), checked=True)
+        except ValueError as exc:
+            raise section_error(zkey, field, f"{label} is not a point of {'G1' if g1 else 'G2'}: {exc}") from None
+    _CHECKED.add(zkey)
+
+
 def vk_from_zkey(zkey: ZKey) -> VerificationKey:
-    """The verification key of a zkey (snarkjs ``zkey export verificationkey``)."""
+    """The verification key of a zkey (snarkjs ``zkey export verificationkey``); its points checked."""
+    check_fixed_points(zkey)
     alpha1 = curve.g1_from_lem(zkey.alpha1)
     beta2 = curve.g2_from_lem(zkey.beta2)
     alphabeta = GT.pairing(curve.g1_to_ark(alpha1), curve.g2_to_ark(beta2))

@@ -46,7 +46,7 @@ from ..errors import VerificationFailed
 from ..formats.r1cs import R1CS
 from ..formats.snarkjs_json import Proof
 from ..formats.zkey import ZKey
-from .keys import prepared_vk_of
+from .keys import check_fixed_points, prepared_vk_of
 from .synthesis import ConstraintEvaluator
 from .verifier import PairingItem, batch_pairing_holds, pairing_holds
 
@@ -72,6 +72,7 @@ def header_points(zkey: ZKey) -> HeaderPoints:
     """alpha1, beta1, beta2, delta1, delta2 of a zkey (converted once per zkey object)."""
     hp = _HEADERS.get(zkey)
     if hp is None:
+        check_fixed_points(zkey)
         hp = HeaderPoints(
             curve.g1_lem_to_ark(zkey.alpha1), curve.g1_lem_to_ark(zkey.beta1), curve.g2_lem_to_ark(zkey.beta2),
             curve.g1_lem_to_ark(zkey.delta1), curve.g2_lem_to_ark(zkey.delta2),
