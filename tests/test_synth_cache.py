@@ -9,6 +9,7 @@ read-only, and placed in the fallback directory when the key's own place cannot 
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import mmap
 import multiprocessing as mp
@@ -208,6 +209,31 @@ def test_a_full_disk_at_the_key_place_falls_back(files: tuple[Path, Path], tmp_p
     assert res.returncode == 0, res.stderr[-2000:]
     assert Path(res.stdout.strip().splitlines()[-1]).parent == fallback / "circuit-data"
     assert "No space left on device" in res.stderr  # the warning that says why the key's place was passed over
+
+
+@pytest.mark.parametrize("matrix", ["a", "b"])
+def test_an_r1cs_of_another_circuit_with_the_same_counts_is_refused(tmp_path: Path, matrix: str) -> None:
+    """mul.r1cs with one A (or B) coefficient doubled: same wires, publics and entry counts, another
+    circuit. Its C rows must not be checked against the key's A, B: refused, from the files (the
+    cache's build) and in memory; the key's own r1cs passes."""
+    r1cs = read_r1cs(DATA / "mul.r1cs")
+    m = getattr(r1cs, matrix)
+    data = m.data.copy()
+    data[0] = fr.from_ints([2 * fr.to_ints(data[:1], mont=False)[0]], mont=False)[0]
+    other = dataclasses.replace(r1cs, **{matrix: dataclasses.replace(m, data=data)}, path=None)
+    path = tmp_path / "mul2.r1cs"
+    write_r1cs(path, other)
+    zkey = tmp_path / "mul.zkey"
+    shutil.copy(DATA / "mul.zkey", zkey)
+    name = matrix.upper()
+    refused = rf"mul2\.r1cs does not match .*mul\.zkey: constraint \d+: the r1cs's {name} row"
+    with pytest.raises(InputError, match=refused):
+        ConstraintEvaluator.from_files(str(zkey), str(path))
+    assert not list(tmp_path.glob(".*.tmp"))  # the half-built cache is gone
+    with read_zkey(zkey) as z, pytest.raises(InputError, match=f"the r1cs's {name} row is not the key's"):
+        ConstraintEvaluator.from_zkey(z, other)
+    ev = ConstraintEvaluator.from_files(str(zkey), str(DATA / "mul.r1cs"))
+    assert ev.n_constraints == r1cs.n_constraints
 
 
 def test_unsatisfied_witness_names_the_first_failing_constraint(files: tuple[Path, Path], circuit: PorepLike) -> None:

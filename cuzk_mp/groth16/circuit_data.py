@@ -42,6 +42,7 @@ import hashlib
 import logging
 import mmap
 import os
+import secrets
 import struct
 import tempfile
 import time
@@ -73,7 +74,7 @@ from ..paths import default_cache_dir
 log = logging.getLogger("cuzk_mp.groth16.circuit_data")
 
 MAGIC = b"CUZKSYNT"
-VERSION = 2  # 2: the body hash is SHA-256 over 16 MiB blocks (1: a numba lane hash)
+VERSION = 3  # 3: A and B checked against the r1cs at the build; 2: the body hash is SHA-256 over 16 MiB blocks
 HEADER_BYTES = 4096
 ALIGN = 64
 HASH_BLOCK_BYTES = 16 << 20
@@ -351,15 +352,19 @@ class _CSource:
                              "the witness check supports")
 
     def chunks(self) -> Iterator[tuple[int, CsrMatrix]]:
-        """(first row, rows lo .. lo+k-1 as CSR with standard-form data), in row order."""
+        """(first row, C's rows lo .. lo+k-1 as CSR with standard-form data), in row order."""
+        return self.chunks_of(2)
+
+    def chunks_of(self, m: int) -> Iterator[tuple[int, CsrMatrix]]:
+        """The same for matrix ``m`` (0 A, 1 B, 2 C)."""
         for lo in range(0, self.n_rows, C_ROW_CHUNK):
             hi = min(self.n_rows, lo + C_ROW_CHUNK)
             if isinstance(self.r1cs, R1CS):
-                c = self.r1cs.c
+                c = (self.r1cs.a, self.r1cs.b, self.r1cs.c)[m]
                 p0, p1 = int(c.indptr[lo]), int(c.indptr[hi])
                 yield lo, CsrMatrix(c.indptr[lo : hi + 1] - p0, c.indices[p0:p1], c.data[p0:p1], c.n_cols)
             else:
-                yield lo, self.r1cs.decode(2, lo, hi)
+                yield lo, self.r1cs.decode(m, lo, hi)
 
 
 def _check_match(zkey: ZKey, src: _CSource, a_nnz: int, b_nnz: int) -> None:
@@ -378,8 +383,11 @@ def _check_match(zkey: ZKey, src: _CSource, a_nnz: int, b_nnz: int) -> None:
 class _Builder:
     """Two passes: collect the distinct coefficients and the counts (the layout), then fill a buffer."""
 
-    def __init__(self, zkey: ZKey, r1cs: R1CS | R1csLayout | None) -> None:
+    def __init__(self, zkey: ZKey, r1cs: R1CS | R1csLayout | None, *, check_ab: bool = True) -> None:
+        """``check_ab``: compare the key's A, B rows with the r1cs's (see :meth:`_check_ab`); off
+        where the key's rows were derived from this very r1cs."""
         self.zkey = zkey
+        self.check_ab = check_ab
         coefs = zkey.coefs
         self.m, self.c, self.s, self.v = coefs["matrix"], coefs["constraint"], coefs["signal"], coefs["value"]
         row_counts = np.zeros((2, zkey.domain_size), dtype=np.int64)
@@ -454,6 +462,46 @@ class _Builder:
                 p0 = int(ptr[lo])
                 col[p0 : p0 + chunk.nnz] = chunk.indices
                 self.cvals.lookup_into(chunk.data, self.cmap, code[p0 : p0 + chunk.nnz])
+            if self.check_ab:
+                self._check_ab(arr)
+
+    def _check_ab(self, arr: Callable[[str], np.ndarray]) -> None:
+        """The key's A and B rows must be the r1cs's (what a setup derives from it: its rows, then
+        A's row i = wire i for each public wire i <= nPublic), or the witness check would mix one
+        circuit's A, B with another's C. Compared as A x and B x at x = (1, t, t^2, ...) for a
+        random t, a chunk of rows at a time: two different rows agree there with probability
+        below nVars / r (Schwartz-Zippel)."""
+        src = self.src
+        assert src is not None
+        # x = t^i in Montgomery form (t^i R) for the key's rows (v R), in R^2 form for the r1cs's (v):
+        # either way a row's products come out as (sum v t^i) R
+        x_for_key = fr.powers(secrets.randbelow(R_MOD - 1) + 1, src.n_wires)
+        x_for_r1cs = fr.to_mont(x_for_key)
+        where = f"{src.name} does not match {self.zkey.path or 'zkey'}"
+        for k, name in enumerate("AB"):
+            ptr, col, code = arr(f"{name.lower()}_ptr"), arr(f"{name.lower()}_col"), arr(f"{name.lower()}_code")
+            n_key_rows = ptr.shape[0] - 1
+
+            def key_rows(lo: int, hi: int) -> np.ndarray:
+                hi_k = min(hi, n_key_rows)
+                out = np.zeros((hi - lo, 4), np.uint64)
+                if lo < hi_k:
+                    p0, p1 = int(ptr[lo]), int(ptr[hi_k])
+                    rows = CsrMatrix(ptr[lo : hi_k + 1] - p0, col[p0:p1], self.table_mont[code[p0:p1]], src.n_wires)
+                    out[: hi_k - lo] = rows.matvec(x_for_key)
+                return out
+
+            for lo, theirs in src.chunks_of(k):
+                differ = np.flatnonzero((key_rows(lo, lo + theirs.n_rows) != theirs.matvec(x_for_r1cs)).any(axis=1))
+                if differ.size:
+                    raise InputError(f"{where}: constraint {lo + int(differ[0])}: the r1cs's {name} row is not the "
+                                     "key's (the key was not made from this r1cs)")
+            if k == 0:  # the public rows a setup appends to A: wire i in row nConstraints + i
+                n_pub = src.n_public + 1
+                mine = key_rows(src.n_rows, src.n_rows + n_pub)
+                if not np.array_equal(mine, x_for_key[:n_pub]):  # a coefficient 1 (R): the wire's t^i R
+                    raise InputError(f"{where}: the key's A rows of the public wires are not the ones a setup "
+                                     "of this r1cs writes")
 
 
 def _used_rows(row_counts: np.ndarray) -> int:
@@ -498,7 +546,7 @@ def build_from_r1cs(r1cs: R1CS, dest: Path, identity: FileIdentity) -> None:
                 n_vars=r1cs.n_wires, n_public=r1cs.n_public, domain_size=n, alpha1=none, beta1=none, beta2=none,
                 gamma2=none, delta1=none, delta2=none, ic=none, coefs=snarkjs_coefs(r1cs), a=none, b1=none,
                 b2=none, c=none, h=none, contributions=b"")
-    _write_cache(_Builder(head, r1cs), dest, identity, identity)
+    _write_cache(_Builder(head, r1cs, check_ab=False), dest, identity, identity)  # A, B made from it
 
 
 def _write_cache(builder: _Builder, dest: Path, zid: FileIdentity, rid: FileIdentity) -> None:
@@ -511,13 +559,20 @@ def _write_cache(builder: _Builder, dest: Path, zid: FileIdentity, rid: FileIden
             # the blocks are reserved before the mapping is written: a full disk is then an
             # OSError here (the next place is tried), not a SIGBUS on the first page it cannot back
             os.posix_fallocate(f.fileno(), 0, size)
+            failure: BaseException | None = None
             with mmap.mmap(f.fileno(), size) as mm:
                 buf = np.frombuffer(mm, dtype=np.uint8)
-                builder.fill(buf)
-                body = body_hash(buf[HEADER_BYTES:])
-                mm[:HEADER_BYTES] = _pack_header(builder.counts, size, body, zid, rid)
+                try:
+                    builder.fill(buf)
+                except BaseException as exc:  # its frames hold views of the mapping: raised once it is closed
+                    failure = exc.with_traceback(None)
+                else:
+                    body = body_hash(buf[HEADER_BYTES:])
+                    mm[:HEADER_BYTES] = _pack_header(builder.counts, size, body, zid, rid)
+                    mm.flush()
                 del buf
-                mm.flush()
+            if failure is not None:
+                raise failure
             os.fsync(f.fileno())
         os.replace(tmp, dest)
     except BaseException:
