@@ -420,11 +420,31 @@ def _epilog() -> str:
             f"exit codes:\n{codes}")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with a verb's options allowed between its positionals, as snarkjs allows them
+    (``g16p k.zkey w.wtns --backend cpu proof.json public.json``): a verb's parser (one with no
+    sub-verbs) parses intermixed; a parser of sub-verbs, or one argparse cannot intermix, as usual."""
+
+    _intermixing = False
+
+    def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
+                         namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
+        if self._intermixing or any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+            return super().parse_known_args(args, namespace)
+        self._intermixing = True  # parse_known_intermixed_args calls back into this method
+        try:
+            return super().parse_known_intermixed_args(args, namespace)
+        except TypeError:  # a feature intermixing does not support (REMAINDER, ...): as usual
+            return super().parse_known_args(args, namespace)
+        finally:
+            self._intermixing = False
+
+
 def build_parser(services: bool = True) -> argparse.ArgumentParser:
     """The argument parser of ``cuzk-mp``; without ``services`` the engine's verbs (bench, daemon,
     client), whose parsers import the pipeline and daemon packages, are left out."""
-    parser = argparse.ArgumentParser(prog="cuzk-mp", description="Groth16 (BLS12-381) prover, snarkjs-compatible.",
-                                     epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = _Parser(prog="cuzk-mp", description="Groth16 (BLS12-381) prover, snarkjs-compatible.",
+                     epilog=_epilog(), formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--version", action="version", version=f"cuzk-mp {__version__}")
     parser.add_argument("--log-level", type=_log_level, metavar="LEVEL",
                         help=f"{', '.join(LOG_LEVELS)} (default WARNING; -v is INFO, -vv DEBUG)")

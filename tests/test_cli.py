@@ -91,6 +91,20 @@ def test_snarkjs_default_file_names() -> None:
     assert names("g16p", "my.zkey") == ["my.zkey", "witness.wtns", "proof.json", "public.json"]
 
 
+def test_options_between_positionals() -> None:
+    """A verb's options may stand between its file arguments (snarkjs's parser allows it); the
+    files keep their places, and an extra file is still a usage error."""
+    p = cli.build_parser()
+    ns = p.parse_args(["g16p", "k.zkey", "w.wtns", "--backend", "cpu", "p.json", "--r1cs", "c.r1cs", "q.json"])
+    assert [str(ns.zkey), str(ns.wtns), str(ns.proof), str(ns.public)] == ["k.zkey", "w.wtns", "p.json", "q.json"]
+    assert (ns.backend, str(ns.r1cs)) == ("cpu", "c.r1cs")
+    ns = p.parse_args(["groth16", "fullprove", "in.json", "--no-verify", "c.wasm", "k.zkey"])
+    assert ([str(ns.input), str(ns.wasm), str(ns.zkey), str(ns.proof)], ns.no_verify) == (
+        ["in.json", "c.wasm", "k.zkey", "proof.json"], True)
+    with pytest.raises(SystemExit):
+        p.parse_args(["g16p", "k.zkey", "w.wtns", "--backend", "cpu", "p.json", "q.json", "extra"])
+
+
 @pytest.mark.parametrize(("argv", "front"), [
     (["g16v", "a", "b", "c", "-v"], ["-v"]),
     (["g16v", "--log-level", "debug", "a"], ["--log-level", "debug"]),
