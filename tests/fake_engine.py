@@ -54,6 +54,7 @@ class FakeEngine:
         self.submitted: list[str] = []
         self.degraded_roles: list[Degraded] = []
         self.stopping = False
+        self.live: dict[tuple[str, int], str] = {}  # (job, partition) -> the state status reports (else queued)
         self.thread = threading.Thread(target=self._run, name="fake-engine", daemon=True)
 
     def start(self) -> FakeEngine:
@@ -105,7 +106,7 @@ class FakeEngine:
     def status(self) -> EngineStatus:
         with self.lock:
             jobs = [JobRow(j, v["spec"].circuit_id, "queued", v["spec"].priority.name, v["submitted_at"], None, None,
-                           None, [PartitionRow(i, "queued", 1, None, {}, None)
+                           None, [PartitionRow(i, self.live.get((j, i), "queued"), 1, None, {}, None)
                                   for i in range(len(v["spec"].partitions))])
                     for j, v in self.jobs.items() if not v["done"]]
             srs = [KeyRow(c, "cuzk-prover-0", "host", 1000, None) for c in sorted(self.preloaded)]

@@ -304,6 +304,29 @@ def test_sync_client_and_shutdown_refusals(tmp_path: Path) -> None:
     run_daemon(tmp_path, body)
 
 
+def test_job_counts_and_the_metric_agree_with_the_job_list(tmp_path: Path) -> None:
+    """A queued job whose first partition the engine has started is running in the job list, in
+    ``job_counts`` and in the ``cuzk_jobs`` gauge alike (not only once a partition finishes)."""
+    async def body(d: Daemon, addr: str) -> None:
+        d.engine.gate.clear()  # nothing finishes
+        try:
+            async with await AsyncClient.connect(addr) as c:
+                started = (await c.submit("syn", synthetic_partitions(2))).job_id
+                waiting = (await c.submit("syn", synthetic_partitions(1))).job_id
+                d.engine.live[(started, 0)] = "proving"
+                doc = (await c.status())
+                shown = {j["job_id"]: j["state"] for j in doc["jobs"]}
+                assert shown == {started: "running", waiting: "queued"}
+                assert (doc["job_counts"]["running"], doc["job_counts"]["queued"]) == (1, 1)
+                gauge = parse_prometheus(await c.metrics())
+                assert gauge[("cuzk_jobs", (("state", "running"),))] == 1
+                assert gauge[("cuzk_jobs", (("state", "queued"),))] == 1
+        finally:
+            d.engine.gate.set()
+
+    run_daemon(tmp_path, body)
+
+
 def test_http_status_metrics_healthz(tmp_path: Path) -> None:
     import urllib.request
 

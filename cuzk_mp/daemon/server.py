@@ -511,10 +511,10 @@ class Daemon:
         status = em = None
         if self.engine is not None and self.state is not DaemonState.STARTING:
             status, em = await asyncio.to_thread(lambda: (self.engine.status(), self.engine.metrics()))
-        jobs, view = self.jobs, self.view
+        view = self.view
         return self.metrics.render(Scrape(
             started_at=self.started_at, queue_depth=view.queue_depth() if view else 0,
-            job_counts=jobs.counts() if jobs else {}, srs_budget_bytes=view.budget["srs"] if view else 0,
+            job_counts=view.job_counts(status) if view else {}, srs_budget_bytes=view.budget["srs"] if view else 0,
             engine=status, engine_metrics=em, extra=await self.fleet.gauges() if self.fleet is not None else ()))
 
 

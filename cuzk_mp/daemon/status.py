@@ -32,6 +32,14 @@ from cuzk_mp.pipeline.status import EngineStatus
 MAX_FINISHED_IN_STATUS = 200
 
 
+def _shown_state(state: str, partition_states: list[str]) -> str:
+    """A job's state as status shows it: a queued job is running once the engine has started one
+    of its partitions (the job table moves it when the first one finishes)."""
+    if state == "queued" and any(p not in ("pending", "queued") for p in partition_states):
+        return "running"
+    return state
+
+
 class StatusView:
     """Builds the status document from the job table and the engine's typed status."""
 
@@ -60,13 +68,23 @@ class StatusView:
                 entry.update(state=row.state, attempts=row.attempts, device=row.device,
                              timings=row.timings, error=row.error)
             parts.append(entry)
-        state = rec.state
-        if state == "queued" and any(p["state"] not in ("pending", "queued") for p in parts):
-            state = "running"  # the engine has started a partition; none has finished yet
+        state = _shown_state(rec.state, [p["state"] for p in parts])
         return {"job_id": rec.job_id, "request_id": rec.request_id, "circuit_id": rec.circuit_id,
                 "state": state, "priority": rec.priority.name,
                 "submitted_at": rec.submitted_at, "started_at": rec.started_at,
                 "finished_at": rec.finished_at, "error": rec.error, "partitions": parts}
+
+    def job_counts(self, engine: EngineStatus | None) -> dict[str, int]:
+        """Jobs per state, as the job list shows them (a queued job whose first partition the
+        engine has started counts as running): the status document's and the metric's figure."""
+        counts = self.jobs.counts()
+        live = {j.job_id: j.partitions for j in engine.jobs} if engine is not None else {}
+        for rec in self.jobs.jobs.values():
+            rows = live.get(rec.job_id)
+            if rec.state == "queued" and rows and _shown_state("queued", [r.state for r in rows]) == "running":
+                counts["queued"] -= 1
+                counts["running"] += 1
+        return counts
 
     def _job_list(self, engine: EngineStatus | None) -> list[dict[str, Any]]:
         live = {j.job_id: j.partitions for j in engine.jobs} if engine is not None else {}
@@ -91,7 +109,7 @@ class StatusView:
                                    "zkey": str(cc.spec.zkey) if cc.spec.zkey else None}
                              for cid, cc in self.cfg.circuits.items()},
             },
-            "job_counts": self.jobs.counts(),
+            "job_counts": self.job_counts(engine),
             "queue_depth": self.queue_depth(),
             "jobs": self._job_list(engine),
             "memory_budget": {**self.budget, "host_budget": self.cfg.host_budget_bytes},
