@@ -363,3 +363,15 @@ def test_check_warns_about_weak_access(tmp_path: Path) -> None:
     assert any("every user can read it" in w for w in config_warnings(C.load_config(p)))
     p.chmod(0o600)
     assert config_warnings(C.load_config(p)) == []
+
+
+def test_a_short_shutdown_grace_is_warned_about(tmp_path: Path) -> None:
+    """A grace that leaves in-flight partitions little or no time after the engine's stop reserve
+    says so (at --check and at the start); 30 s (the default) does not."""
+    short = resolve({"daemon": {"shutdown_grace": "2s"}}, tmp_path)
+    assert short.shutdown_grace_s == 2
+    assert [w for w in short.warnings if "daemon.shutdown_grace = 2 s: 6 s of it is kept" in w
+            and "has 0 s to finish" in w]
+    ten = resolve({"daemon": {"shutdown_grace": "10s"}}, tmp_path)
+    assert [w for w in ten.warnings if "has 4 s to finish" in w]
+    assert not [w for w in resolve({}, tmp_path).warnings if "shutdown_grace" in w]

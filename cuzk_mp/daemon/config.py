@@ -43,6 +43,10 @@ from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, Priority
 SizeValue = int | str
 DurationValue = int | float | str
 LOG_LEVELS = ("debug", "info", "warning", "error")
+# Of [daemon] shutdown_grace, this much is kept for the engine's own stop (terminate its
+# processes, 5 s, then kill), so that the whole drain stays within the grace; in-flight
+# partitions get the rest to finish.
+ENGINE_STOP_RESERVE_S = 6.0
 LOG_LEVEL_ALIASES = {"trace": "debug", "warn": "warning"}  # cuzk's (Rust tracing) names
 
 # Keys of cuzk's configuration that have no meaning in cuzk-mp: accepted with a warning naming
@@ -483,12 +487,19 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     engine = replace(engine, srs_budget_bytes=memory_budget(total, margin, engine, circuit, source))
     fleet = resolve_fleet(cfg.fleet, source=source, base=base, duration=parse_duration)
     warnings += _witness_check_warnings(circuits, engine.verify_proofs, source)
+    grace_s = parse_duration(d.shutdown_grace, f"{source}: daemon.shutdown_grace")
+    if grace_s < 2 * ENGINE_STOP_RESERVE_S:
+        left = max(grace_s - ENGINE_STOP_RESERVE_S, 0.0)
+        warnings.append(
+            f"{source}: daemon.shutdown_grace = {grace_s:g} s: {ENGINE_STOP_RESERVE_S:g} s of it is kept for stopping "
+            f"the engine's processes, so a partition in flight at SIGTERM has {left:g} s to finish before it is "
+            "cancelled (its job is journaled and runs again after a restart)")
     return DaemonConfig(
         path=None, listen=listen, socket_mode=_socket_mode(d.socket_mode, source),
         status_listen=status_listen,
         journal_path=journal_path, max_frame_bytes=max_frame,
         result_ttl_s=parse_duration(d.result_ttl, f"{source}: daemon.result_ttl"),
-        shutdown_grace_s=parse_duration(d.shutdown_grace, f"{source}: daemon.shutdown_grace"),
+        shutdown_grace_s=grace_s,
         param_cache=param_cache, preload=tuple(cfg.srs.preload), circuits=circuits,
         memory_total_bytes=total, safety_margin_bytes=margin, engine=engine,
         log_level=level, log_format=cfg.logging.format, host_budget_bytes=host,

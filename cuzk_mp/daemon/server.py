@@ -48,7 +48,7 @@ from typing import TYPE_CHECKING, Any
 from cuzk_mp import __version__
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.access import OPEN, Access, Identity, status_view
-from cuzk_mp.daemon.config import DaemonConfig
+from cuzk_mp.daemon.config import ENGINE_STOP_RESERVE_S, DaemonConfig
 from cuzk_mp.daemon.instance_lock import InstanceLock, lock_paths
 from cuzk_mp.daemon.jobs import JobTable
 from cuzk_mp.daemon.journal import Journal
@@ -69,9 +69,6 @@ log = logging.getLogger("cuzk_mp.daemon")
 
 MAX_IN_FLIGHT_PER_CONN = 1024
 PRUNE_INTERVAL_MAX_S = 60.0
-# The engine's stop escalates terminate -> 5 s -> kill after its grace; keep the whole drain
-# inside [daemon] shutdown_grace by giving the engine that much less.
-ENGINE_KILL_ESCALATION_S = 6.0
 ENGINE_START_SLACK_S = 60.0  # systemd's allowance for the engine's start beyond its own start_timeout
 
 EngineFactory = Callable[..., Any]
@@ -226,10 +223,10 @@ class Daemon:
             await self.listener.close()
         t0 = time.monotonic()
         if self.fleet is not None:  # its jobs finish or go back to the queue while the engine runs
-            await self.fleet.stop(max(grace_s - ENGINE_KILL_ESCALATION_S, 0.0))
+            await self.fleet.stop(max(grace_s - ENGINE_STOP_RESERVE_S, 0.0))
         if self.engine is not None:
             await asyncio.to_thread(self.engine.stop,
-                                    max(grace_s - (time.monotonic() - t0) - ENGINE_KILL_ESCALATION_S, 0.0))
+                                    max(grace_s - (time.monotonic() - t0) - ENGINE_STOP_RESERVE_S, 0.0))
         for _ in range(3):  # let callbacks forwarded by the engine before it stopped run
             await asyncio.sleep(0)
         if self.jobs is not None:
