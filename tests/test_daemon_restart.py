@@ -120,3 +120,42 @@ def test_sigkill_loses_no_accepted_job(tmp_path: Path) -> None:
     finally:
         second.kill()
     assert shm_leftovers(prefix) == [] and not (tmp_path / "cuzk.sock").exists()
+
+
+def test_a_client_that_loses_the_daemon_names_its_job(tmp_path: Path) -> None:
+    """``client prove`` without --request-id, the daemon killed under it: the client exits 3 and
+    names the job it made the id of; after a restart that id awaits the finished, valid proofs."""
+    prefix = f"cuzk-rc-{os.getpid()}"
+    cfg = tmp_path / "cuzk.toml"
+    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=prefix))
+    first = DaemonProcess(cfg, tmp_path)
+    client = None
+    try:
+        first.wait_ready()
+        argv = [*PY, "client", "prove", "--connect", first.addr, "--circuit", "syn", "--partitions", "12",
+                "--out", str(tmp_path / "out")]
+        client = subprocess.Popen(argv, env=ENV, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+        with first.client() as c:
+            deadline = time.monotonic() + 120
+            while not c.status()["jobs"]:
+                assert time.monotonic() < deadline and client.poll() is None
+                time.sleep(0.05)
+            job = c.status()["jobs"][0]["job_id"]
+    finally:
+        first.sigkill()
+    assert client is not None
+    _, err = client.communicate(timeout=60)
+    assert client.returncode == 3, err
+    assert f"goes on as job {job}" in err and f"cuzk-mp client await {job}" in err
+
+    second = DaemonProcess(cfg, tmp_path)
+    try:
+        second.wait_ready()
+        with second.client() as c:
+            r = c.await_proof(job, timeout_s=300)
+            assert r.state == "done" and len(r.partitions) == 12, r
+            check_proofs(c.verification_key(r.circuit_id), r)
+        assert second.terminate(timeout=60) == 0, second.log()
+    finally:
+        second.kill()
+    assert shm_leftovers(prefix) == []

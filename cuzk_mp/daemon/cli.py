@@ -41,6 +41,7 @@ import json
 import multiprocessing
 import os
 import sys
+import uuid
 from pathlib import Path
 from typing import Any
 
@@ -115,7 +116,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("inputs", nargs="*", type=Path, help="input .json / .wtns per partition")
         p.add_argument("--partitions", type=_count_arg, help="synthetic circuits: seeds 0..N-1")
         p.add_argument("--priority", choices=PRIORITIES)
-        p.add_argument("--request-id", default="", help="idempotency key (and the job id)")
+        p.add_argument("--request-id", default="", help="idempotency key (and the job id); default: a fresh "
+                       "one, named if the daemon is lost")
 
     job_args(verb("submit", "queue a job, print its id"))
     a = verb("await", "wait for a job")
@@ -239,6 +241,8 @@ def _finish_job(client: Any, reply: Any, out: Path | None) -> int:
 
 def _client_verb(client: Any, args: argparse.Namespace) -> int:
     v = args.verb
+    if v in ("submit", "prove") and not args.request_id:  # made here, so a lost daemon can name the job
+        args.request_id = uuid.uuid4().hex
     if v == "submit":
         r = client.submit(args.circuit, _partitions(client, args), priority=args.priority,
                           request_id=args.request_id)
@@ -288,4 +292,8 @@ def run_client(args: argparse.Namespace) -> int:
             return _client_verb(client, args)
     except (CommClosedError, ConnectionError, TimeoutError) as e:
         print(f"cuzk-mp client: lost the daemon at {args.connect}: {e}", file=sys.stderr)
+        if args.verb in ("submit", "prove") and args.request_id:
+            print(f"cuzk-mp client: if the daemon took the job, it goes on as job {args.request_id} (journaled, "
+                  f"resumed after a restart): `cuzk-mp client await {args.request_id}`, or the same command with "
+                  f"--request-id {args.request_id}, which never proves it twice", file=sys.stderr)
         return EXIT_UNREACHABLE
