@@ -375,3 +375,26 @@ def test_a_short_shutdown_grace_is_warned_about(tmp_path: Path) -> None:
     ten = resolve({"daemon": {"shutdown_grace": "10s"}}, tmp_path)
     assert [w for w in ten.warnings if "has 4 s to finish" in w]
     assert not [w for w in resolve({}, tmp_path).warnings if "shutdown_grace" in w]
+
+
+def test_places_the_daemon_writes_are_checked_up_front(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The journal's folder and the param cache: a path under a regular file, or a folder this
+    process may not write (a read-only mount), is a ConfigError naming the key (exit 2, at
+    --check too); folders still to be made are judged by their nearest existing parent."""
+    from cuzk_mp.daemon.cli import check_writable_places
+
+    fine = resolve({"daemon": {"journal": str(tmp_path / "state" / "new" / "j.sqlite")},
+                    "srs": {"param_cache": str(tmp_path / "cache")}}, tmp_path)
+    check_writable_places(fine)
+    (tmp_path / "afile").write_text("")
+    under_a_file = resolve({"daemon": {"journal": str(tmp_path / "afile" / "j.sqlite")}}, tmp_path)
+    with pytest.raises(ConfigError, match=r"daemon\.journal: .*afile is not a folder"):
+        check_writable_places(under_a_file)
+    read_only = tmp_path / "ro"
+    read_only.mkdir()
+    real_access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == read_only else real_access(p, mode))
+    cache_ro = resolve({"daemon": {"journal": str(tmp_path / "j.sqlite")},
+                        "srs": {"param_cache": str(read_only / "cache")}}, tmp_path)
+    with pytest.raises(ConfigError, match=r"srs\.param_cache: .*ro/cache is not writable here"):
+        check_writable_places(cache_ro)

@@ -292,6 +292,10 @@ def test_bad_frames_and_inputs_get_clear_errors(daemon: DaemonProcess, tmp_path:
         ok = c.prove("syn", [P.PartitionIn("wtns", good.read_bytes())], timeout_s=120)
         assert ok.state == "done"
         check_proofs(c.verification_key("syn"), ok)
+    # the client CLI ends a job failed on its input with exit 2, as `groth16 prove` does
+    cli = subprocess.run([*PY, "client", "prove", "--connect", daemon.addr, "--circuit", "syn", "--out",
+                          str(tmp_path / "out"), str(bad_path)], env=ENV, capture_output=True, text=True, timeout=120)
+    assert cli.returncode == 2 and json.loads(cli.stdout)["state"] == "failed", (cli.stdout, cli.stderr)
 
 
 def test_batch_prove_script(daemon: DaemonProcess, tmp_path: Path) -> None:

@@ -47,7 +47,7 @@ from typing import Any
 
 from cuzk_mp.errors import InputError
 from cuzk_mp.exit_codes import (
-    EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_JOURNAL_DAMAGED, EXIT_TIMEOUT, EXIT_UNREACHABLE,
+    EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT, EXIT_JOURNAL_DAMAGED, EXIT_TIMEOUT, EXIT_UNREACHABLE,
 )
 
 PRIORITIES = ("CRITICAL", "HIGH", "NORMAL", "LOW")
@@ -149,6 +149,7 @@ def run_daemon(args: argparse.Namespace) -> int:
     from cuzk_mp.daemon.server import serve
 
     cfg = load_config(args.config)
+    check_writable_places(cfg)
     warnings = [*cfg.warnings, *config_warnings(cfg)]
     if args.check:
         for w in warnings:
@@ -178,6 +179,24 @@ def _log_level(args: argparse.Namespace) -> str | None:
 
 def _gib(n: int | None) -> str:
     return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
+
+
+def check_writable_places(cfg: Any) -> None:
+    """The folders the daemon writes (the journal's, the param cache) must be folders it may write,
+    or be makeable in one: a ConfigError naming the key otherwise (at ``--check`` too), rather
+    than an OSError from deep inside the start."""
+    from cuzk_mp.errors import ConfigError
+
+    source = cfg.path or "config"
+    for key, folder in (("daemon.journal", cfg.journal_path.parent), ("srs.param_cache", cfg.param_cache)):
+        nearest = Path(folder)
+        while not nearest.exists() and nearest != nearest.parent:  # made at the start: its nearest parent decides
+            nearest = nearest.parent
+        if not nearest.is_dir():
+            raise ConfigError(f"{source}: {key}: {nearest} is not a folder, so {folder} cannot be one")
+        if not os.access(nearest, os.W_OK | os.X_OK):
+            raise ConfigError(f"{source}: {key}: {folder} is not writable here "
+                              f"({nearest}: read-only file system or no write permission)")
 
 
 def check_summary(cfg: Any, warnings: int = 0) -> str:
@@ -236,7 +255,18 @@ def _finish_job(client: Any, reply: Any, out: Path | None) -> int:
     _print(_summary(reply))
     if reply.timed_out:
         return EXIT_TIMEOUT
-    return 0 if reply.state == "done" else EXIT_FAILED
+    if reply.state == "done":
+        return 0
+    return EXIT_INPUT if _failed_on_input(reply) else EXIT_FAILED
+
+
+def _failed_on_input(reply: Any) -> bool:
+    """Whether a failed job failed on its input (a bad or unsatisfied witness, bad input JSON):
+    exit 2, as the one-shot ``groth16 prove`` gives for the same file."""
+    from cuzk_mp.errors import InputError, error_from_kind
+
+    kinds = [reply.error_kind] + [p.error_kind for p in reply.partitions]
+    return reply.state == "failed" and any(k and isinstance(error_from_kind(k, ""), InputError) for k in kinds)
 
 
 def _client_verb(client: Any, args: argparse.Namespace) -> int:
