@@ -69,7 +69,7 @@ def test_circom_inputs_prove_and_snarkjs_verifies(oracle: Oracle, tmp_path: Path
                                "--out", str(tmp_path / "bad"), str(tmp_path / "bad.json")],
                               env=ENV, capture_output=True, text=True, timeout=300)
         summary = json.loads(proc.stdout)
-        assert proc.returncode == 1 and summary["state"] == "failed"
+        assert proc.returncode == 2 and summary["state"] == "failed"  # failed on its input: exit 2
         assert summary["partitions"][0]["error"] and summary["error_kind"] == "InputError", summary
         assert d.terminate() == 0
     finally:

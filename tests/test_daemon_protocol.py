@@ -327,6 +327,39 @@ def test_job_counts_and_the_metric_agree_with_the_job_list(tmp_path: Path) -> No
     run_daemon(tmp_path, body)
 
 
+def test_replies_fit_max_frame_bytes(tmp_path: Path) -> None:
+    """With max_frame_bytes = 64 KiB: a job whose proofs could not come back in one reply is
+    refused at submit, naming the most that fit; a status document larger than a frame is cut to
+    the jobs that fit (running first), saying how many were left out, and still answers ready."""
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            with pytest.raises(InputError, match=r"a job of 60 partitions .* max_frame_bytes = 65536: submit at "
+                                                 r"most 46 partitions"):
+                await c.submit("syn", synthetic_partitions(60))
+            for _ in range(30):
+                await c.prove("syn", synthetic_partitions(40), timeout_s=30)
+            d.engine.gate.clear()
+            try:
+                live = (await c.submit("syn", synthetic_partitions(2))).job_id
+                doc = await c.status()
+                assert doc["daemon"]["state"] == "running" and doc["job_counts"]["done"] == 30
+                assert doc["jobs_left_out"] > 0 and len(doc["jobs"]) + doc["jobs_left_out"] == 31
+                assert doc["jobs"][0]["job_id"] == live  # the running job is kept
+            finally:
+                d.engine.gate.set()
+
+    run_daemon(tmp_path, body)
+
+
+def test_a_tiny_frame_still_answers_ready(tmp_path: Path) -> None:
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            doc = await c.status()
+            assert doc["daemon"] == {"state": "running"} and "job_counts" in doc and "left_out" in doc
+
+    run_daemon(tmp_path, body, max_frame_bytes="1KiB")
+
+
 def test_http_status_metrics_healthz(tmp_path: Path) -> None:
     import urllib.request
 
@@ -408,8 +441,10 @@ def test_tcp_listener_and_a_reply_too_big_for_a_frame(tmp_path: Path) -> None:
                 assert r.state == "done"
                 for i in range(30):
                     await c.prove("syn", synthetic_partitions(1, first_seed=i), timeout_s=10)
-                with pytest.raises(ResourceError, match="max_frame_bytes"):
-                    await c.status()  # 31 jobs with proofs do not fit in 4 KiB
+                doc = await c.status()  # 31 jobs with proofs do not fit in 4 KiB: cut to those that do
+                assert doc["jobs_left_out"] > 0 and doc["job_counts"]["done"] == 31
+                with pytest.raises(InputError, match="max_frame_bytes = 4096: submit at most 2 partitions"):
+                    await c.prove("syn", synthetic_partitions(3), timeout_s=10)
                 assert not (await c.cancel(r.job_id)).cancelled  # the connection still serves
         finally:
             await d.stop()

@@ -63,6 +63,10 @@ JobState = Literal["queued", "running", "done", "failed", "cancelled"]
 PartitionState = Literal["pending", "done", "failed", "cancelled"]
 
 MAX_PARTITIONS = 1024
+# What a finished job's JobReply needs at least: a done partition with its proof, one public
+# signal and its timings encodes to ~1.3 KB (each further public signal adds ~80 B).
+JOB_REPLY_BASE_BYTES = 1024
+PARTITION_REPLY_BYTES = 1400
 MAX_ID_CHARS = 128  # job_id and request_id
 MAX_TOKEN_CHARS = 256
 MAX_TIMEOUT_S = 1e7  # about 115 days: longer waits are a mistake, not a plan

@@ -353,6 +353,8 @@ class Daemon:
         except (TypeError, ValueError, OverflowError) as e:  # never leave a caller waiting
             log.exception("%s reply (id %d) cannot be encoded", type(msg).__name__, msg.id)
             data = P.encode(P.error_reply(msg.id, "InternalError", f"the reply cannot be encoded: {e}"))
+        if len(data) > comm.max_frame_bytes and isinstance(msg, P.StatusReply):
+            data = _fitted_status(msg, comm.max_frame_bytes)
         if len(data) > comm.max_frame_bytes:  # never leave a caller waiting for a lost reply
             log.warning("%s reply of %d bytes exceeds max_frame_bytes", type(msg).__name__,
                         len(data))
@@ -400,8 +402,20 @@ class Daemon:
             return None
         return self.fleet
 
+    def _reply_must_fit(self, m: P.SubmitProof | P.Prove) -> None:
+        """Refuse a job whose finished reply could not be sent within ``max_frame_bytes``: its
+        proofs would be made and then be out of every client's reach."""
+        need = P.JOB_REPLY_BASE_BYTES + len(m.partitions) * P.PARTITION_REPLY_BYTES
+        limit = self.cfg.max_frame_bytes
+        if need > limit:
+            most = max((limit - P.JOB_REPLY_BASE_BYTES) // P.PARTITION_REPLY_BYTES, 0)
+            raise InputError(f"a job of {len(m.partitions)} partitions has a reply of at least {need} bytes (its "
+                             f"proofs), more than [daemon] max_frame_bytes = {limit}: submit at most {most} "
+                             "partitions a job, or raise max_frame_bytes")
+
     async def _submit(self, m: P.SubmitProof) -> P.Submitted:
         jobs = self._need_running()
+        self._reply_must_fit(m)
         if self.fleet is not None:
             ref = await asyncio.shield(self.fleet.submit(m, _CALLER.get().owner))
             return P.Submitted(id=m.id, job_id=ref.job_id, state=ref.state, duplicate=ref.duplicate)
@@ -418,6 +432,7 @@ class Daemon:
 
     async def _prove(self, m: P.Prove) -> P.JobReply:
         jobs = self._need_running()
+        self._reply_must_fit(m)
         caller = _CALLER.get()
         if self.fleet is not None:
             ref = await asyncio.shield(self.fleet.submit(m, caller.owner))
@@ -513,6 +528,31 @@ class Daemon:
             started_at=self.started_at, queue_depth=view.queue_depth() if view else 0,
             job_counts=view.job_counts(status) if view else {}, srs_budget_bytes=view.budget["srs"] if view else 0,
             engine=status, engine_metrics=em, extra=await self.fleet.gauges() if self.fleet is not None else ()))
+
+
+def _fitted_status(msg: P.StatusReply, limit: int) -> bytes:
+    """A status reply cut to ``limit`` bytes: the jobs that fit (running ones first, then the
+    newest finished), the number left out in ``jobs_left_out``; where not even the document
+    without jobs fits, the daemon's state and the job counts alone (what ``client ready`` and a
+    monitor need)."""
+    doc = msg.status
+    jobs = list(doc.get("jobs") or [])
+    running = [j for j in jobs if j.get("state") in ("queued", "running")]
+    order = running + [j for j in reversed(jobs) if j.get("state") not in ("queued", "running")]
+
+    def encoded(k: int) -> bytes:
+        return P.encode(P.StatusReply(id=msg.id, status={**doc, "jobs": order[:k], "jobs_left_out": len(order) - k}))
+
+    if len(encoded(0)) > limit:
+        return P.encode(P.StatusReply(id=msg.id, status={
+            "daemon": {"state": doc.get("daemon", {}).get("state")}, "job_counts": doc.get("job_counts"),
+            "left_out": "the status document is larger than [daemon] max_frame_bytes: only the state and the "
+                        "job counts are sent"}))
+    lo, hi = 0, len(order)  # the most jobs that fit: encoded(lo) fits
+    while lo < hi:
+        mid = (lo + hi + 1) // 2
+        lo, hi = (mid, hi) if len(encoded(mid)) <= limit else (lo, mid - 1)
+    return encoded(lo)
 
 
 def _key_file(spec: Any, param_cache: Any) -> Any:
