@@ -6,6 +6,7 @@ Also: a config with an unknown key never starts, and says which key."""
 from __future__ import annotations
 
 import os
+import signal
 import socket
 import subprocess
 import time
@@ -159,3 +160,25 @@ def test_a_client_that_loses_the_daemon_names_its_job(tmp_path: Path) -> None:
     finally:
         second.kill()
     assert shm_leftovers(prefix) == []
+
+
+def test_sighup_is_logged_and_the_daemon_keeps_serving(tmp_path: Path) -> None:
+    prefix = f"cuzk-rh-{os.getpid()}"
+    cfg = tmp_path / "cuzk.toml"
+    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=prefix))
+    d = DaemonProcess(cfg, tmp_path)
+    try:
+        d.wait_ready()
+        d.proc.send_signal(signal.SIGHUP)
+        deadline = time.monotonic() + 30
+        while "SIGHUP: ignored" not in d.log():
+            assert time.monotonic() < deadline and d.proc.poll() is None, d.log()
+            time.sleep(0.05)
+        with d.client() as c:
+            r = c.prove("syn", synthetic_partitions(1), timeout_s=120)
+            assert r.state == "done"
+            check_proofs(c.verification_key(r.circuit_id), r)
+        assert d.terminate(timeout=60) == 0, d.log()
+    finally:
+        d.kill()
+    assert shm_leftovers(prefix) == [] and not (tmp_path / "cuzk.sock").exists()

@@ -191,6 +191,7 @@ class Daemon:
         loop = asyncio.get_running_loop()
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig.name)
+        loop.add_signal_handler(signal.SIGHUP, _hangup)  # not a silent death: nothing to reload
         await self.start()
         await self._stop.wait()
         await self.stop()
@@ -528,6 +529,11 @@ class Daemon:
             started_at=self.started_at, queue_depth=view.queue_depth() if view else 0,
             job_counts=view.job_counts(status) if view else {}, srs_budget_bytes=view.budget["srs"] if view else 0,
             engine=status, engine_metrics=em, extra=await self.fleet.gauges() if self.fleet is not None else ()))
+
+
+def _hangup() -> None:
+    log.warning("SIGHUP: ignored; the daemon keeps serving (a changed config takes effect at a restart: "
+                "`systemctl restart`, which drains first)")
 
 
 def _fitted_status(msg: P.StatusReply, limit: int) -> bytes:
