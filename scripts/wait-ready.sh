@@ -1,13 +1,15 @@
 #!/usr/bin/env bash
 # Wait until a cuzk-mp daemon serves, or give up.
 #
-#   scripts/wait-ready.sh [--connect ADDR] [--timeout SECONDS] [--interval SECONDS]
+#   scripts/wait-ready.sh [--connect ADDR] [--token TOKEN] [--timeout SECONDS] [--interval SECONDS]
 #
 # ADDR is what `cuzk-mp client --connect` takes (unix:///path or host:port; default
-# $CUZK_MP_CONNECT or 127.0.0.1:9820). Polls `cuzk-mp client ready`, which succeeds once the
-# daemon has started its engine, resubmitted journaled jobs, preloaded its keys and listens.
-# Exit 0 when ready, 1 on timeout (the last answer is printed). $CUZK_MP overrides the
-# command (default: cuzk-mp), e.g. CUZK_MP="python -m cuzk_mp.cli".
+# $CUZK_MP_CONNECT or 127.0.0.1:9820); TOKEN as `client --token` (default $CUZK_MP_TOKEN). Polls
+# `cuzk-mp client ready`, which succeeds once the daemon has started its engine, resubmitted
+# journaled jobs, preloaded its keys and listens. Exit 0 when ready, 1 on timeout (the last
+# answer is printed), 2 at once when the daemon refuses the call (a token missing or wrong:
+# waiting would not change it). $CUZK_MP overrides the command (default: cuzk-mp), e.g.
+# CUZK_MP="python -m cuzk_mp.cli".
 set -euo pipefail
 
 connect="${CUZK_MP_CONNECT:-127.0.0.1:9820}"
@@ -16,9 +18,10 @@ interval=0.5
 while [[ $# -gt 0 ]]; do
   case "$1" in
     --connect) connect="$2"; shift 2 ;;
+    --token) export CUZK_MP_TOKEN="$2"; shift 2 ;;
     --timeout) timeout="$2"; shift 2 ;;
     --interval) interval="$2"; shift 2 ;;
-    -h|--help) sed -n '2,12p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "wait-ready.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done
@@ -27,9 +30,15 @@ read -r -a cuzk <<< "${CUZK_MP:-cuzk-mp}"
 deadline=$(( $(date +%s) + ${timeout%.*} ))
 last=""
 while :; do
-  if last=$("${cuzk[@]}" client ready --connect "$connect" 2>&1); then
+  code=0
+  last=$("${cuzk[@]}" client ready --connect "$connect" 2>&1) || code=$?
+  if (( code == 0 )); then
     echo "cuzk-mp daemon at $connect is ready"
     exit 0
+  fi
+  if (( code == 2 )); then
+    echo "wait-ready.sh: the daemon at $connect refused the call: ${last}" >&2
+    exit 2
   fi
   if (( $(date +%s) >= deadline )); then
     echo "wait-ready.sh: daemon at $connect not ready after ${timeout}s: ${last}" >&2

@@ -352,3 +352,28 @@ def test_batch_prove_long_names_through_a_daemon(tmp_path: Path) -> None:
         finally:
             daemon.send_signal(signal.SIGTERM)
             assert daemon.wait(60) == 0
+
+
+def test_wait_ready_with_tokens(tmp_path: Path) -> None:
+    """A daemon that requires tokens: wait-ready.sh without one stops at once with exit 2 (waiting
+    would not help); with --token it sees the daemon ready."""
+    token = "wait-ready-token-0001"
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
+           "CUZK_MP": f"{sys.executable} -m cuzk_mp"}
+    env.pop("CUZK_MP_TOKEN", None)
+    (tmp_path / "cuzk.toml").write_text(config_text(tmp_path, tmp_path / "keys", prefix=f"cuzk-wr-{os.getpid()}",
+                                                    daemon=f'tokens = ["{token}"]'))
+    with open(tmp_path / "daemon.log", "wb") as log:
+        daemon = subprocess.Popen([sys.executable, "-m", "cuzk_mp", "daemon", "--config", str(tmp_path / "cuzk.toml")],
+                                  env=env, stdout=log, stderr=subprocess.STDOUT)
+        try:
+            addr = f"unix://{tmp_path}/cuzk.sock"
+            ready = subprocess.run([str(SCRIPTS / "wait-ready.sh"), "--connect", addr, "--token", token,
+                                    "--timeout", "300"], env=env, capture_output=True, text=True, timeout=320)
+            assert ready.returncode == 0, ready.stderr + (tmp_path / "daemon.log").read_text()[-4000:]
+            refused = subprocess.run([str(SCRIPTS / "wait-ready.sh"), "--connect", addr, "--timeout", "300"],
+                                     env=env, capture_output=True, text=True, timeout=60)
+            assert refused.returncode == 2 and "refused the call" in refused.stderr, refused.stderr
+        finally:
+            daemon.send_signal(signal.SIGTERM)
+            assert daemon.wait(60) == 0

@@ -131,7 +131,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     verb("cancel", "cancel a job").add_argument("job_id")
     verb("status", "print the status JSON").add_argument(
         "--detail", action="store_true", help="include paths and process ids (admin token)")
-    verb("ready", "exit 0 if the daemon is running and serving, 1 if not, 3 if unreachable")
+    verb("ready", "exit 0 if the daemon is running and serving, 1 if not, 3 if unreachable, 2 if it refuses "
+         "the call (a token missing or wrong)")
     verb("metrics", "print the Prometheus metrics")
     verb("preload", "load a circuit's proving key").add_argument("circuit_id")
     verb("evict", "unload a circuit's proving key").add_argument("circuit_id")
