@@ -55,6 +55,7 @@ class FakeEngine:
         self.degraded_roles: list[Degraded] = []
         self.stopping = False
         self.live: dict[tuple[str, int], str] = {}  # (job, partition) -> the state status reports (else queued)
+        self.fail_with: str | None = None  # an InputError text every partition fails with (else proved)
         self.thread = threading.Thread(target=self._run, name="fake-engine", daemon=True)
 
     def start(self) -> FakeEngine:
@@ -165,6 +166,9 @@ class FakeEngine:
                 seed = job["spec"].partitions[index].seed
                 r = PartitionResult(index=index, proof=PROOF, public=[index, seed],
                                     timings={"device": 0.01, "total": 0.02}, device=0, attempts=1)
+                if self.fail_with is not None:
+                    r = PartitionResult(index=index, proof=None, public=[], timings={}, device=0, attempts=1,
+                                        error=self.fail_with, error_kind="InputError")
                 job["results"][index] = r
                 self.proved.append((job_id, index))
                 self.on_partition_done(job_id, r)

@@ -204,6 +204,22 @@ def test_client_refuses_absurd_timeouts_before_sending(tmp_path: Path) -> None:
 # -- tokens and isolation -------------------------------------------------------------------
 
 
+def test_a_tenant_sees_no_daemon_paths_in_errors(tmp_path: Path) -> None:
+    """A caller without an admin token gets error texts with the daemon's paths cut to their last
+    component (as its status shows them) and no traceback; an admin sees them whole."""
+    async def body(d: Daemon, addr: str) -> None:
+        d.engine.fail_with = "/srv/keys/mult/multiplier.wasm: not all inputs have been set"
+        async with await AsyncClient.connect(addr, token=ALICE) as alice, \
+                await AsyncClient.connect(addr, token=ADMIN) as admin:
+            mine = await alice.prove("syn", synthetic_partitions(1), timeout_s=10)
+            assert mine.state == "failed"
+            assert mine.partitions[0].error == "multiplier.wasm: not all inputs have been set"
+            whole = await admin.await_proof(mine.job_id, 10)
+            assert whole.partitions[0].error == "/srv/keys/mult/multiplier.wasm: not all inputs have been set"
+
+    run_daemon(tmp_path, body, tokens=[ALICE], admin_tokens=[ADMIN])
+
+
 def test_tokens_isolate_clients_and_admins_see_all(tmp_path: Path) -> None:
     port = _free_port()
 

@@ -45,9 +45,11 @@ import traceback
 from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
+import msgspec
+
 from cuzk_mp import __version__
 from cuzk_mp.daemon import protocol as P
-from cuzk_mp.daemon.access import OPEN, Access, Identity, status_view
+from cuzk_mp.daemon.access import OPEN, Access, Identity, redact_text, status_view
 from cuzk_mp.daemon.config import ENGINE_STOP_RESERVE_S, DaemonConfig
 from cuzk_mp.daemon.instance_lock import InstanceLock, lock_paths
 from cuzk_mp.daemon.jobs import JobTable
@@ -376,8 +378,10 @@ class Daemon:
         op = type(msg).__name__
         t0 = time.perf_counter()
         kind = None
+        caller = OPEN
         try:
-            _CALLER.set(self.access.identify(msg.token))
+            caller = self.access.identify(msg.token)
+            _CALLER.set(caller)
             reply: P.Message = await self.handlers[type(msg)](msg)
         except CuzkError as e:
             kind = error_kind(e)
@@ -388,7 +392,7 @@ class Daemon:
             reply = P.error_reply(msg.id, kind, f"{type(e).__name__}: {e}",
                                   traceback.format_exc())
         self.metrics.observe_request(op, time.perf_counter() - t0, kind)
-        return reply
+        return reply if caller.admin else _as_seen_by_a_tenant(reply)
 
     # -- handlers (pure: request in, reply out) -------------------------------------------
 
@@ -529,6 +533,17 @@ class Daemon:
             started_at=self.started_at, queue_depth=view.queue_depth() if view else 0,
             job_counts=view.job_counts(status) if view else {}, srs_budget_bytes=view.budget["srs"] if view else 0,
             engine=status, engine_metrics=em, extra=await self.fleet.gauges() if self.fleet is not None else ()))
+
+
+def _as_seen_by_a_tenant(reply: P.Message) -> P.Message:
+    """A reply for a caller without an admin token: error texts with the daemon's paths cut to
+    their last component (as the status document shows them), no traceback."""
+    if isinstance(reply, P.ErrorReply):
+        return msgspec.structs.replace(reply, message=redact_text(reply.message), traceback_text="")
+    if isinstance(reply, P.JobReply):
+        parts = [msgspec.structs.replace(p, error=redact_text(p.error)) if p.error else p for p in reply.partitions]
+        return msgspec.structs.replace(reply, error=redact_text(reply.error) if reply.error else None, partitions=parts)
+    return reply
 
 
 def _hangup() -> None:
