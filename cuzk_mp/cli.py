@@ -36,7 +36,7 @@ from .errors import CuzkError, InputError, ResourceError
 from .exit_codes import (
     EXIT_CODES, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_RESOURCES, EXIT_UNREACHABLE,
 )
-from .logs import child_format, configure
+from .logs import FORMATS, child_format, configure
 
 if TYPE_CHECKING:  # numpy loads with a verb, not for --help
     import numpy as np
@@ -513,6 +513,9 @@ def _configure_logging(args: argparse.Namespace) -> str:
     level: str = args.log_level or ("DEBUG" if args.verbose >= 2 else "INFO" if args.verbose
                                     else getattr(args, "default_log_level", "WARNING"))
     configure(level, child_format(), process="cuzk-mp", text_format=LOG_FORMAT)
+    asked = os.environ.get("CUZK_MP_LOG_FORMAT")
+    if asked is not None and asked not in FORMATS:
+        log.warning("CUZK_MP_LOG_FORMAT=%s is not one of %s: text lines are written", asked, ", ".join(FORMATS))
     return level
 
 

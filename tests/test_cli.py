@@ -140,6 +140,12 @@ def test_bad_log_level_is_a_message() -> None:
         assert len(proc.stderr.strip().splitlines()) == 2  # usage + the message
 
 
+def test_an_unknown_log_format_is_warned_about(circuit: dict[str, Path]) -> None:
+    proc = run_cli("g16v", circuit["vk"], circuit["public"], circuit["proof"], env={"CUZK_MP_LOG_FORMAT": "xml"})
+    assert_message(proc, 0, "CUZK_MP_LOG_FORMAT=xml is not one of text, json: text lines are written")
+    assert proc.stdout.strip() == "OK!"
+
+
 def test_version_is_the_distribution_version() -> None:
     proc = run_cli("--version")
     assert proc.returncode == 0 and proc.stdout.strip() == f"cuzk-mp {cuzk_mp.__version__}"
