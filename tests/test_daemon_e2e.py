@@ -358,8 +358,9 @@ def test_client_cli_verbs(daemon: DaemonProcess, tmp_path: Path,
     assert (rc, out) == (0, "running\n")
     rc, out = cli("preload", "syn")
     assert rc == 0 and json.loads(out)["circuit_id"] == "syn"
-    rc, out = cli("evict", "syn")
+    rc, out = cli("evict", "--circuit", "syn")  # as submit and prove name it, too
     assert rc == 0 and json.loads(out)["evicted"] is True
+    assert cli("evict")[0] == 2 and cli("preload", "syn", "--circuit", "syn")[0] == 2  # once, not twice
     assert cli("await", "no-such-job")[0] == 2
     assert cli("prove", "--circuit", "syn", "--out", str(tmp_path), "--partitions", "1",
                "--timeout", "0.001")[0] == 124

@@ -134,8 +134,10 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     verb("ready", "exit 0 if the daemon is running and serving, 1 if not, 3 if unreachable, 2 if it refuses "
          "the call (a token missing or wrong)")
     verb("metrics", "print the Prometheus metrics")
-    verb("preload", "load a circuit's proving key").add_argument("circuit_id")
-    verb("evict", "unload a circuit's proving key").add_argument("circuit_id")
+    for name, what in (("preload", "load a circuit's proving key"), ("evict", "unload a circuit's proving key")):
+        p = verb(name, what)
+        p.add_argument("circuit_id", nargs="?", help="circuit id from the daemon's config")
+        p.add_argument("--circuit", dest="circuit_flag", help="the same, as submit and prove take it")
 
 
 def run_daemon(args: argparse.Namespace) -> int:
@@ -272,6 +274,10 @@ def _failed_on_input(reply: Any) -> bool:
 
 def _client_verb(client: Any, args: argparse.Namespace) -> int:
     v = args.verb
+    if v in ("preload", "evict"):
+        if (args.circuit_id is None) == (args.circuit_flag is None):
+            raise InputError(f"client {v}: give the circuit once (CIRCUIT or --circuit CIRCUIT)")
+        args.circuit_id = args.circuit_id or args.circuit_flag
     if v in ("submit", "prove") and not args.request_id:  # made here, so a lost daemon can name the job
         args.request_id = uuid.uuid4().hex
     if v == "submit":
