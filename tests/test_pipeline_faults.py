@@ -328,3 +328,33 @@ def test_unsatisfied_witness_abandons_its_slot(running, checker: ProofChecker) -
     # the slot was FILLING (taken, segment created, synthesised into) and given back, never published
     assert after.published == before.published and after.released == before.released + 1
     _ring_idle_then_trimmed(engine)
+
+
+def test_a_hung_prover_is_killed_and_its_partition_retried(checker: ProofChecker) -> None:
+    """A prover stopped (SIGSTOP) while it holds an attempt never dies by itself: after
+    task_timeout the engine kills it, says why, restarts it and retries the attempt, which
+    then verifies."""
+    prefix = prefix_for("hung")
+    results = Collector()
+    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1,
+                          ring_slots=2, shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=120,
+                          task_timeout_s=3)
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
+    try:
+        engine.submit(_big_job(engine, "hung", 500))
+        big = ProofChecker(synthetic_key_paths("porep-like", FILL_LOG_N, KEY_CACHE)[0], FILL_LOG_N)
+        while True:  # stop the prover while it proves the attempt (not between two)
+            wait_until(lambda: _partition_state(engine, "hung", "proving") is not None, timeout=120)
+            pid = _process(engine, "cuzk-prover-0")["pid"]
+            os.kill(pid, signal.SIGSTOP)
+            time.sleep(0.5)
+            if _partition_state(engine, "hung", "proving") is not None:
+                break
+            os.kill(pid, signal.SIGCONT)
+        result = results.wait("hung")
+        assert _all_verify(result, big) and result.partitions[0].attempts == 2
+        prover = _process(engine, "cuzk-prover-0")
+        assert prover["restarts"] == 1 and "more than task_timeout (3 s)" in prover["last_exit"], prover
+    finally:
+        engine.stop(grace_s=10)
+    assert shm_entries(prefix) == []

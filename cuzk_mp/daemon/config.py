@@ -122,6 +122,7 @@ class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     verify_proofs: bool = True
     max_attempts: int = 2
     start_timeout: DurationValue = "300s"
+    task_timeout: DurationValue = "30m"
 
 
 class GpusSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -476,6 +477,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         max_attempts=cfg.pipeline.max_attempts, prover_batch=cfg.pipeline.prover_batch, param_cache=param_cache,
         start_timeout_s=parse_duration(cfg.pipeline.start_timeout,
                                        f"{source}: pipeline.start_timeout"),
+        task_timeout_s=parse_duration(cfg.pipeline.task_timeout, f"{source}: pipeline.task_timeout"),
     )
     circuit = largest((c.spec for c in circuits.values()), engine.backend)
     try:

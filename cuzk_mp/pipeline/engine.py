@@ -384,6 +384,7 @@ class RunningEngine:
             if table.get(obj, ("", ""))[1] == "sentinel":
                 self._on_death(table[obj][0])
         self._check_start_timeouts()
+        self._check_stalls()
         if self._state in ("running", "draining"):
             self.sup.restart_due()
             self._check_degraded()
@@ -469,13 +470,31 @@ class RunningEngine:
             h = child.handle
             if h.ready or h.reaped or not h.proc.is_alive() or time.monotonic() - h.started_at < limit:
                 continue
-            if child.last_exit == "killed: no READY in time":
+            if child.kill_reason is not None:
                 continue  # SIGKILL sent already; its sentinel follows
-            child.last_exit = "killed: no READY in time"
+            child.kill_reason = "killed: no READY in time"
             log.error("[start] %s pid=%d sent no READY within %.0f s: killing it", name, h.pid, limit)
             if self._state == "starting":
                 self._start_error = f"{name} (pid {h.pid}) sent no READY within {limit} s"
             h.proc.kill()
+
+    def _check_stalls(self) -> None:
+        """Kill a process that has held an attempt longer than ``task_timeout_s`` (synthesizing it,
+        or proving it): a hung process never dies by itself, and its partition would wait forever.
+        Its death is handled as any other: the attempt is retried, the process restarted."""
+        limit, now = self.config.task_timeout_s, time.time()
+        for task in self.sched.in_flight():
+            holder, since = ((task.worker, task.t_dispatch) if task.state == "synthesizing" else
+                             (task.prover, task.t_taken) if task.state == "proving" else (None, None))
+            if holder is None or since is None or now - since < limit:
+                continue
+            child = self.sup.children.get(holder)
+            if child is None or child.kill_reason is not None or child.handle.reaped:
+                continue  # gone, or killed already: its sentinel follows
+            child.kill_reason = (f"killed: held partition {task.index} of job {task.job.spec.job_id} for "
+                                 f"{now - since:.0f} s, more than task_timeout ({limit:g} s)")
+            log.error("%s pid=%d %s", holder, child.handle.pid, child.kill_reason)
+            child.handle.proc.kill()
 
     def _check_degraded(self) -> None:
         """Report a role that keeps dying, and fail the jobs that cannot progress while it does."""

@@ -49,6 +49,7 @@ class Task:
     slot: int | None = None
     t_dispatch: float | None = None
     t_published: float | None = None  # when the engine heard of the publish (Unix time)
+    t_taken: float | None = None  # when the engine heard a prover took it (Unix time)
     timings: dict[str, float] = field(default_factory=dict)  # stages reported so far, merged
 
     def order(self) -> tuple[int, int, int, int]:
@@ -225,7 +226,7 @@ class Scheduler:
         """A prover process took the attempt's slot."""
         task = self.tasks.get(task_id)
         if task is not None and task.state in ("synthesizing", "ready"):
-            task.state, task.prover, task.device = "proving", prover, device
+            task.state, task.prover, task.device, task.t_taken = "proving", prover, device, time.time()
 
     def on_proof(self, task_id: int, proof: Any, public: list[int], timings: dict[str, float],
                  device: int | None) -> Outcome:

@@ -106,6 +106,7 @@ class Child:
     failed_starts: int = 0  # consecutive deaths before READY: the crash loop
     busy: int | None = None  # synthesis worker: the task id in hand
     last_exit: str | None = None
+    kill_reason: str | None = None  # why the engine killed the current process (joins its exit text)
     ready_at: float | None = None  # monotonic time of the current process's READY
     restart_at: float | None = None  # monotonic time of a scheduled restart
     down_since: float | None = None  # epoch time the role's last live process of this child died
@@ -191,6 +192,8 @@ class Supervisor:
         h.reaped = True
         h.close()
         exit_text = describe_exit(h.proc.exitcode)
+        if child.kill_reason is not None:
+            exit_text, child.kill_reason = f"{exit_text}: {child.kill_reason}", None
         quick = not h.ready or child.ready_at is None or time.monotonic() - child.ready_at < MIN_UPTIME_S
         child.streak = child.streak + 1 if quick else 0
         child.failed_starts = 0 if h.ready else child.failed_starts + 1

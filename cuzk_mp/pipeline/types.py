@@ -168,6 +168,10 @@ class EngineConfig:
     param_cache: Path = field(default_factory=default_cache_dir)
     srs_budget_bytes: int | None = None
     start_timeout_s: float = 300.0
+    # An attempt a process holds (synthesizing it, or proving it) longer than this is taken as a
+    # hung process (a stopped process, a driver stuck in a call): the process is killed, and the
+    # attempt retried as for any death. Generous: a 2^27 partition's whole life is ~tens of seconds.
+    task_timeout_s: float = 1800.0
     prover_batch: int = 8  # READY small partitions of one key a prover worker proves in one pass, at most
 
     def validate(self) -> None:
@@ -190,8 +194,9 @@ class EngineConfig:
             raise ConfigError(f"EngineConfig.shm_prefix: {self.shm_prefix!r} must be 1-40 characters of [A-Za-z0-9_-]")
         if self.srs_budget_bytes is not None and self.srs_budget_bytes < 0:
             raise ConfigError(f"EngineConfig.srs_budget_bytes: {self.srs_budget_bytes} is negative")
-        if self.start_timeout_s <= 0:
-            raise ConfigError(f"EngineConfig.start_timeout_s: {self.start_timeout_s} must be positive")
+        for name in ("start_timeout_s", "task_timeout_s"):
+            if not getattr(self, name) > 0:
+                raise ConfigError(f"EngineConfig.{name}: {getattr(self, name)} must be positive")
 
     def prefix(self) -> str:
         """The shm/semaphore name prefix: ``shm_prefix`` or ``cuzk-<pid>``."""
