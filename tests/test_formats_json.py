@@ -72,13 +72,18 @@ def test_proof_reader_accepts_snarkjs_variants() -> None:
     assert proof_from_json(obj) == p
     obj["pi_c"] = [p.pi_c[0], p.pi_c[1], 1]  # JSON integers, as BigInt() would take them
     assert proof_from_json(obj) == p
+    obj["pi_c"] = [hex(p.pi_c[0]), "0x" + format(p.pi_c[1], "X"), "0x1"]  # hex, as unstringifyBigInts takes it
+    assert proof_from_json(obj) == p
     obj["pi_a"] = ["5", "7", "0"]  # z = 0 is infinity whatever x, y
     obj["pi_b"] = [["1", "2"], ["3", "4"], ["0", "0"]]
     assert proof_from_json(obj) == Proof(None, None, p.pi_c)
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
-    (lambda o: o["pi_b"][1].__setitem__(0, "0x12"), r"proof\.json: pi_b\[1\]\[0\]: not a decimal string: '0x12'"),
+    (lambda o: o["pi_b"][1].__setitem__(0, "0X12"), r"proof\.json: pi_b\[1\]\[0\]: not a decimal string: '0X12'"),
+    (lambda o: o["pi_b"][1].__setitem__(0, "0x"), r"pi_b\[1\]\[0\]: not a decimal string: '0x'"),
+    (lambda o: o["pi_b"][1].__setitem__(0, "0x" + "f" * 201), r"pi_b\[1\]\[0\]: not a decimal string"),
+    (lambda o: o["pi_c"].__setitem__(0, hex(Q_MOD)), r"pi_c\[0\]: \d+ is not < q"),
     (lambda o: o["pi_a"].__setitem__(0, "-1"), r"proof\.json: pi_a\[0\]: not a decimal string"),
     (lambda o: o["pi_a"].__setitem__(1, " 1"), r"pi_a\[1\]: not a decimal string"),
     (lambda o: o["pi_a"].__setitem__(1, "1.0"), r"pi_a\[1\]: not a decimal string"),

@@ -11,9 +11,10 @@ snarkjs: z = 1 is affine, z = 0 is infinity, any other z is Jacobian
 In Python, points are "affine ints" (cuzk_mp.algebra.curve): G1 ``(x, y)``,
 G2 ``((x0, x1), (y0, y1))``, None for infinity. This module checks syntax and
 ranges only (< q for coordinates, < r for public signals); on-curve and
-subgroup checks are the verifier's job. Decimal strings are ``[0-9]+``; JSON
-integers are accepted too (snarkjs passes them to BigInt); anything else
-(hex, signs, floats, booleans) is a FormatError naming the field, e.g.
+subgroup checks are the verifier's job. Numbers are decimal strings ``[0-9]+`` or
+``0x`` hex strings (what snarkjs's ``unstringifyBigInts`` turns into BigInts); JSON
+integers are accepted too (snarkjs passes them to BigInt); anything else (signs,
+floats, booleans, spaces) is a FormatError naming the field, e.g.
 ``proof.json: pi_b[1][0]: not a decimal string``.
 """
 
@@ -35,6 +36,7 @@ CURVE = "bls12381"
 MAX_DIGITS = 200  # a decimal value (coordinates are < q, 115 digits)
 MAX_JSON_DEPTH = 16  # the deepest snarkjs file, a vk with vk_alphabeta_12, nests 4 deep
 _DECIMAL = re.compile(rf"[0-9]{{1,{MAX_DIGITS}}}")
+_HEX = re.compile(rf"0x[0-9a-fA-F]{{1,{MAX_DIGITS}}}")  # as snarkjs's unstringifyBigInts reads it
 Fq2 = tuple[int, int]
 
 
@@ -124,10 +126,12 @@ class _Ctx:
         return FormatError(self.name, None, f"{where}: {problem}")
 
     def number(self, value: Any, where: str, bound: int, what: str) -> int:
-        """A decimal string (or JSON integer) in [0, bound)."""
+        """A decimal or ``0x`` hex string (or JSON integer) in [0, bound)."""
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise self.fail(where, f"not a decimal string ({type(value).__name__})")
-        if isinstance(value, str):
+        if isinstance(value, str) and _HEX.fullmatch(value):
+            value = int(value, 16)
+        elif isinstance(value, str):
             if not _DECIMAL.fullmatch(value):
                 if len(value) > MAX_DIGITS and value.isdigit():
                     raise self.fail(where, f"a decimal string of {len(value)} digits, more than {MAX_DIGITS}")
