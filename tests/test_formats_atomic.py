@@ -107,3 +107,27 @@ def test_the_callers_own_errors_pass_through(tmp_path: Path) -> None:
         (tmp_path / "missing-input").read_bytes()
     assert not isinstance(info.value, OutputError)
     assert not out.exists() and not leftovers(tmp_path)
+
+
+def test_an_open_descriptor_is_written_in_place(tmp_path: Path) -> None:
+    """/dev/fd/N (and /dev/stdout, a link to /proc/self/fd/1): the file behind the descriptor gets
+    the bytes appended (a shell's `>> log` stays a log), and keeps its inode; a pipe's reader
+    gets them; no link or file is replaced."""
+    log = tmp_path / "log.txt"
+    log.write_text("before\n")
+    inode = log.stat().st_ino
+    with open(log, "ab") as held:
+        write_json(f"/dev/fd/{held.fileno()}", [1])
+    assert log.read_text() == "before\n[\n 1\n]" and log.stat().st_ino == inode
+    r, w = os.pipe()
+    try:
+        write_json(f"/dev/fd/{w}", {"y": "2"})
+        os.close(w)
+        w = -1
+        assert os.read(r, 1000) == b'{\n "y": "2"\n}'
+    finally:
+        os.close(r)
+        if w >= 0:
+            os.close(w)
+    assert os.path.islink("/dev/stdout") or not os.path.exists("/dev/stdout")
+    assert not leftovers(tmp_path)

@@ -11,8 +11,9 @@ What an output path may be, and what happens to it:
   private with ``chmod 600`` stays private) and, where this process may set it, its owner; its
   other hard links keep the old contents, as with any replacement by rename.
 * a symbolic link: the file it points to is written, as above; the link stays a link.
-* a FIFO, a character or block device (``/dev/stdout``, a named pipe): written in place, as
-  snarkjs does; never replaced by a regular file. Not atomic: such a file has no rename.
+* a FIFO, a character or block device, or an open descriptor (``/dev/stdout``, ``/dev/fd/3``, a
+  named pipe): written in place (appended to), as snarkjs writes it; never replaced by a regular
+  file. Not atomic: such a file has no rename.
 * a folder, or a path that cannot be written: :class:`~cuzk_mp.errors.OutputError`, naming the
   path the user gave (never the temporary file) and why.
 """
@@ -36,21 +37,23 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO
     of path gets. On a regular file, readers never see half a file, and a failed write leaves
     nothing behind (the old file, if any, stays as it was). New files get the umask as usual."""
     given = os.fspath(path)
-    real = os.path.realpath(given)  # a link's target; the path itself otherwise
     try:
-        old: os.stat_result | None = os.stat(real)
+        old: os.stat_result | None = os.stat(given)  # through links
     except FileNotFoundError:
         old = None
     except OSError as exc:
         raise OutputError(given, exc.strerror or str(exc)) from exc
     if old is not None and stat.S_ISDIR(old.st_mode):
         raise OutputError(given, "is a folder")
-    if old is not None and not stat.S_ISREG(old.st_mode):  # a FIFO, a device, a socket: no rename over it
+    if old is not None and (not stat.S_ISREG(old.st_mode) or _a_descriptor(given)):
+        # a FIFO, a device, a socket, or an open descriptor (/dev/stdout, /dev/fd/N): no rename over
+        # it; appended to, so that a shell's `>> log` stays a log
         with _as_output_error(given, None):
-            f = open(real, mode)  # noqa: SIM115 - closed below, its errors named after the path
+            f = open(given, mode.replace("w", "a"))  # noqa: SIM115 - closed below, its errors named after the path
         with _as_output_error(given, None), f:
             yield f
         return
+    real = os.path.realpath(given)  # a link's target; the path itself otherwise
     # a short name of its own, so that a target name near the 255-byte limit still has a temporary
     tmp = os.path.join(os.path.dirname(real), f".cuzk-mp-{os.getpid()}-{secrets.token_hex(4)}.tmp")
     try:
@@ -66,6 +69,18 @@ def atomic_output(path: str | os.PathLike[str], mode: str = "wb") -> Iterator[IO
         if os.path.lexists(tmp):
             os.unlink(tmp)
         raise
+
+
+def _a_descriptor(path: str) -> bool:
+    """Whether ``path`` names an open file descriptor: it lies in a folder under /proc, or a chain
+    of links leads there (/dev/stdout -> /proc/self/fd/1; /dev/fd/3, /dev/fd being /proc/self/fd)."""
+    for _ in range(40):  # the kernel's own limit on a chain of links
+        if os.path.realpath(os.path.dirname(path) or ".").startswith("/proc/"):  # /dev/fd is /proc/self/fd
+            return True
+        if not os.path.islink(path):
+            return False
+        path = os.path.join(os.path.dirname(path), os.readlink(path))
+    return False
 
 
 @contextmanager
