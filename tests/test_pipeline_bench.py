@@ -45,11 +45,10 @@ def test_bench_runs_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
     assert len(result["s_per_partition_runs"]) == 2 and result["s_per_partition"] > 0 and result["first_job_s"] > 0
     assert result["s_per_proof"] == result["s_per_partition"]  # the former name, kept as an alias
     assert result["s_per_proof_runs"] == result["s_per_partition_runs"]
-    # per whole job, from the job completion times: each run's three jobs end in order, after the partitions
+    # per whole job: the steady per-partition rate times the 2 partitions a job has, run by run
     assert len(result["s_per_job_runs"]) == 2 and result["s_per_job"] > 0
-    for r, s_job in enumerate(result["s_per_job_runs"]):
-        ends = sorted(max(p["t_done"] for p in result["partitions"] if p["job"] == f"bench-{r}-{j}") for j in range(3))
-        assert s_job == pytest.approx((ends[-1] - ends[0]) / 2, abs=0.05)
+    for s_job, s_part in zip(result["s_per_job_runs"], result["s_per_partition_runs"]):
+        assert s_job == pytest.approx(2 * s_part)
     assert result["gpu_busy_fraction"] is None  # cpu backend
     assert 1 <= result["peak_live_segments"] <= 2  # never more segments than ring slots
     assert result["peak_host_bytes"] >= result["peak_shm_bytes"]
@@ -156,27 +155,28 @@ def test_steady_figures_per_partition_and_per_job() -> None:
     run.t_done = {"j0": 110.0, "j1": 114.0, "j2": 120.0}
     part_done = {("j0", 0): 109.0, ("j0", 1): 110.0, ("j1", 0): 112.0, ("j1", 1): 114.0,
                  ("j2", 0): 118.0, ("j2", 1): 120.0}
-    assert bench.steady_s_per_job(run) == 5.0
+    assert bench.steady_s_per_job(run, part_done, 2) == 5.0
     assert bench.steady_s_per_proof(run, part_done, 2) == 2.5  # 4 partitions in (110, 120]
     lone = bench._Run(t_start=100.0, t_done={"j0": 107.0})
-    assert bench.steady_s_per_job(lone) == 7.0
+    assert bench.steady_s_per_job(lone, {}, 2) == 7.0
 
 
 def test_device_busy_is_the_union_of_the_placed_stages() -> None:
     """Steady window 110-120 s. Device 0: stages placed at 109-111 (clipped to 110-111), 111-114
     and 113.5-116 (overlapping the one before by late messages: counted once), so 6 s of 10;
-    device 1: one 2 s stage; a partition without a device (failed) counts nowhere."""
+    device 1: a pass of 3 partitions (1 s each as their share) ending at 117 (their finalizes
+    queued: 117.1, 117.2), so 114-117.2; a partition without a device (failed) counts nowhere."""
     run = bench._Run(t_start=100.0, t_done={"j0": 110.0, "j1": 120.0})
 
-    def part(device: int | None, device_s: float, finalize_starts: float) -> dict[str, object]:
+    def part(device: int | None, device_s: float, finalize_starts: float, batch: int = 1) -> dict[str, object]:
         return {"device": device, "t_done": finalize_starts + 0.5,
-                "timings": {"device": device_s, "finalize": 0.5}}
+                "timings": {"device": device_s, "finalize": 0.5, "device_batch": float(batch)}}
 
-    parts = [part(0, 2.0, 111.0), part(0, 3.0, 114.0), part(0, 2.5, 116.0), part(1, 2.0, 119.0),
-             part(None, 1.0, 115.0)]
+    parts = [part(0, 2.0, 111.0), part(0, 3.0, 114.0), part(0, 2.5, 116.0),
+             part(1, 1.0, 117.0, 3), part(1, 1.0, 117.1, 3), part(1, 1.0, 117.2, 3), part(None, 1.0, 115.0)]
     busy = bench._device_fractions(parts, [run])
     assert busy is not None
-    assert busy == {"0": pytest.approx(0.6), "1": pytest.approx(0.2)}
+    assert busy == {"0": pytest.approx(0.6), "1": pytest.approx(0.32)}
 
 
 def test_per_partition_figure_of_older_results() -> None:

@@ -311,14 +311,11 @@ def steady_s_per_proof(run: _Run, part_done: dict[tuple[str, int], float], parti
     return (first - run.t_start) / partitions
 
 
-def steady_s_per_job(run: _Run) -> float:
-    """Seconds per whole job after the run's first job completed (the cold start excluded):
-    (last job completion - first job completion) / jobs completed after the first. With one job:
-    that job's time."""
-    done = sorted(run.t_done.values())
-    if len(done) > 1:
-        return (done[-1] - done[0]) / (len(done) - 1)
-    return done[0] - run.t_start
+def steady_s_per_job(run: _Run, part_done: dict[tuple[str, int], float], partitions: int) -> float:
+    """Seconds per whole job at the steady rate: :func:`steady_s_per_proof` times the partitions a
+    job has (with one job: that job's time). Counting whole jobs between their completions would
+    mislead where jobs run side by side: two finishing together halve that figure."""
+    return steady_s_per_proof(run, part_done, partitions) * partitions
 
 
 def _steady_window(runs: list[_Run]) -> tuple[float, float]:
@@ -349,8 +346,10 @@ def _device_fractions(partitions: list[dict[str, Any]], runs: list[_Run]) -> dic
 
     Partition timings are durations, so a device stage is placed as ending where finalize began
     (``t_done - finalize``; message passing makes that a little late) and clipped to the window.
-    The stages of one device are serial, but placed that way two of them can overlap by the
-    messages' lateness: the figure is the union of the placed stages, so it never exceeds 1."""
+    Partitions proved in one pass (``device_batch`` of them) each report their share of it as
+    ``device``: each is placed as the whole pass (share x batch), so the pass counts once. The
+    stages of one device are serial, but placed that way they can overlap by the messages'
+    lateness: the figure is the union of the placed stages, so it never exceeds 1."""
     start, end = _steady_window(runs)
     if end <= start:
         return None
@@ -360,7 +359,8 @@ def _device_fractions(partitions: list[dict[str, Any]], runs: list[_Run]) -> dic
             continue
         t = p["timings"]
         d_end = p["t_done"] - t.get("finalize", 0.0)  # the device stage ends where finalize begins
-        lo, hi = max(d_end - t.get("device", 0.0), start), min(d_end, end)  # clipped to the window
+        span = t.get("device", 0.0) * t.get("device_batch", 1.0)  # the whole pass it shared
+        lo, hi = max(d_end - span, start), min(d_end, end)  # clipped to the window
         if hi > lo:
             spans.setdefault(str(p["device"]), []).append((lo, hi))
     out: dict[str, float] = {}
@@ -460,7 +460,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
                                    "t_submit": job.submitted_at, "t_done": bench.part_done.get((job.job_id, p.index)),
                                    "spans": [dataclasses.asdict(s) for s in p.spans]})
     per_run = [steady_s_per_proof(run, bench.part_done, a.partitions) for run in runs]
-    per_job = [steady_s_per_job(run) for run in runs]
+    per_job = [steady_s_per_job(run, bench.part_done, a.partitions) for run in runs]
     total, verified = verify_all(raw["vk"], runs)
     device_peaks = [v.device_peak_bytes for v in status.memory.device.values()]
     busy = _busy_fractions(bench, runs)
