@@ -70,7 +70,16 @@ def test_ids_follow_the_key_file_and_the_options(tmp_path: Path) -> None:
     assert first not in others and len(others) == 4
     st = key.stat()
     os.utime(key, ns=(st.st_atime_ns, st.st_mtime_ns + 10**9))  # a key rewritten in place: a new daemon
-    assert warm.warm_id(spec) != first
+    second = warm.warm_id(spec)
+    assert second != first
+    # another key copied over it with its size and mtime kept (`cp -p`): the ctime still moves
+    st = key.stat()
+    time.sleep(0.01)
+    with open(key, "r+b") as f:
+        f.write(b"\0")  # a byte of another key, the same size
+    os.utime(key, ns=(st.st_atime_ns, st.st_mtime_ns))
+    assert (key.stat().st_size, key.stat().st_mtime_ns) == (st.st_size, st.st_mtime_ns)
+    assert warm.warm_id(spec) not in (first, second)
     with pytest.raises(InputError, match="absent.zkey"):
         warm.warm_id(warm.WarmSpec(tmp_path / "absent.zkey"))
     with pytest.raises(InputError, match="not a file"):

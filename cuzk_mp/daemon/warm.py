@@ -12,7 +12,7 @@ none answers, and that daemon drains and exits after SECONDS with no connection 
 (``[daemon] exit_when_idle``). The same pattern as a build tool's background server.
 
 One daemon per (key file, backend, r1cs, verify, wasm): its id (:func:`warm_id`) hashes the key's
-resolved path and identity (device, inode, size, mtime), so an edited or replaced key gets a new
+resolved path and identity (device, inode, size, mtime, ctime), so an edited or replaced key gets a new
 daemon and the old one idles out. Its files live in :func:`warm_dir` (``$XDG_RUNTIME_DIR/cuzk-mp``,
 else ``/tmp/cuzk-mp-UID``), a directory of mode 0700 that must belong to this user: a directory
 another user made there is refused, never used. Each daemon has there ``ID.toml`` (its config),
@@ -92,7 +92,9 @@ def warm_id(spec: WarmSpec) -> str:
             raise InputError(f"{path}: {e.strerror or e}") from None
         if not stat.S_ISREG(st.st_mode):
             raise InputError(f"{path}: not a file")
-        parts += [real, str(st.st_dev), str(st.st_ino), str(st.st_size), str(st.st_mtime_ns)]
+        # ctime too: a copy over the file that restores its size and mtime (`cp -p`, `rsync -t`)
+        # still moves its ctime, which no user can set back
+        parts += [real, str(st.st_dev), str(st.st_ino), str(st.st_size), str(st.st_mtime_ns), str(st.st_ctime_ns)]
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
