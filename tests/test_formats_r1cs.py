@@ -186,7 +186,12 @@ def test_constraint_errors() -> None:
     s = sections_of(6, [ok, ok])
     bad(replace_section({**s, 2: s[2] + b"\0" * 5}), r"section 2 \(constraints\): 5 extra bytes after the last of 2")
     for cut in range(1, len(s[2])):
-        bad(replace_section({**s, 2: s[2][:-cut]}), r"section 2 \(constraints\): truncated in constraint [01] of 2")
+        bad(replace_section({**s, 2: s[2][:-cut]}), r"section 2 \(constraints\): (truncated in constraint [01] of 2|"
+                                                     r"2 constraints declared, but the section's \d+ bytes hold at most [01] )")
+    # a count no section could hold is refused before anything of that size is allocated
+    bad(replace_section({**s, 1: header(6, (1, 1, 1), 0x7FFFFFFF)}),
+        r"section 2 \(constraints\): 2147483647 constraints declared, but the section's 312 bytes hold at most 26 "
+        r"\(each takes at least 12\)")
 
 
 def test_every_file_truncation() -> None:

@@ -39,6 +39,7 @@ MAGIC = "r1cs"
 VERSION = 1
 N8 = 32
 HEADER_BYTES = 4 + N8 + 4 * 4 + 8 + 4
+MIN_CONSTRAINT_BYTES = 3 * 4  # A, B and C each at least their u32 term count
 SECTION_LABELS = {1: "header", 2: "constraints", 3: "wire-to-label map", 4: "custom gates list", 5: "custom gates uses"}
 _ENCODE_CHUNK_BYTES = 32 << 20
 
@@ -148,6 +149,9 @@ def _layout(bf: BinFile) -> R1csLayout:
     head = _read_header(bf)
     n_constraints = head["n_constraints"]
     raw = np.frombuffer(bf.section(2), dtype=np.uint8)
+    if n_constraints * MIN_CONSTRAINT_BYTES > raw.size:  # before the per-constraint arrays are made
+        raise bf.error(2, f"{n_constraints} constraints declared, but the section's {raw.size} bytes hold at most "
+                       f"{raw.size // MIN_CONSTRAINT_BYTES} (each takes at least {MIN_CONSTRAINT_BYTES})")
     offsets = np.empty(n_constraints, dtype=np.int64)
     counts = np.empty((3, n_constraints), dtype=np.uint32)  # a count is a u32 in the file
     from .r1cs_kernels import scan_constraints
