@@ -24,7 +24,9 @@ import argparse
 import contextlib
 import logging
 import os
+import signal
 import sys
+import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -32,9 +34,10 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .errors import CuzkError, InputError, ResourceError
+from .errors import CuzkError, InputError, ResourceError, Terminated
 from .exit_codes import (
-    EXIT_CODES, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_RESOURCES, EXIT_UNREACHABLE,
+    EXIT_CODES, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_RESOURCES, EXIT_TERMINATED,
+    EXIT_UNREACHABLE,
 )
 from .logs import FORMATS, child_format, configure
 
@@ -539,10 +542,16 @@ def exit_code(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
         return EXIT_FAILED, f"error: {where}{exc.strerror or exc}"
+    if isinstance(exc, Terminated):
+        return EXIT_TERMINATED, "terminated (SIGTERM)"
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED, "interrupted"
     return EXIT_INTERNAL, (f"internal error: {type(exc).__name__}: {exc} (a bug; rerun with --log-level DEBUG "
                            "for the traceback)")
+
+
+def _terminate(signum: int, frame: Any) -> None:
+    raise Terminated()
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -555,6 +564,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_INPUT
     _configure_logging(args)
     func: Callable[[argparse.Namespace], int] = args.func
+    if args.command != "daemon" and threading.current_thread() is threading.main_thread():
+        signal.signal(signal.SIGTERM, _terminate)  # the daemon drains on SIGTERM by itself
     try:
         return func(args)
     except BrokenPipeError:  # stdout closed early (`cuzk-mp client status | head`): nothing more to say

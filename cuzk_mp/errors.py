@@ -91,6 +91,12 @@ class Cancelled(CuzkError):
     """The job was cancelled by a client."""
 
 
+class Terminated(KeyboardInterrupt):
+    """SIGTERM in a command other than the daemon (which drains on its own): raised in the main
+    thread as SIGINT raises KeyboardInterrupt, so that the same cleanup runs (temporary files
+    removed, an engine stopped); the command then exits 143."""
+
+
 _KINDS: dict[str, type[CuzkError]] = {
     cls.__name__: cls
     for cls in (

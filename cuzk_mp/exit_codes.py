@@ -18,6 +18,7 @@ EXIT_INTERNAL = 70  # sysexits.h EX_SOFTWARE
 EXIT_ALREADY_RUNNING = 75  # sysexits.h EX_TEMPFAIL
 EXIT_TIMEOUT = 124  # as timeout(1)
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
+EXIT_TERMINATED = 143  # 128 + SIGTERM
 
 EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_OK, "success (groth16 verify: the proof is valid)"),
@@ -33,4 +34,5 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
                            "changed"),
     (EXIT_TIMEOUT, "client await/prove timed out (the job goes on in the daemon)"),
     (EXIT_INTERRUPTED, "interrupted (SIGINT)"),
+    (EXIT_TERMINATED, "terminated (SIGTERM; the daemon drains instead and exits 0): cleaned up as on SIGINT"),
 )

@@ -14,8 +14,10 @@ import json
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
+import time
 from collections.abc import Callable
 from importlib import metadata
 from pathlib import Path
@@ -393,3 +395,21 @@ def test_python_dash_m_cuzk_mp_with_spawned_workers(tmp_path: Path) -> None:
     assert "usage: cuzk-mp" not in proc.stderr
     result = json.loads((tmp_path / "b.json").read_text())
     assert result, result
+
+
+def test_sigterm_stops_a_one_shot_command_and_cleans_up(tmp_path: Path) -> None:
+    """SIGTERM while `setup` writes its key: exit 143, one line saying so, no temporary file left
+    (the same cleanup as SIGINT's)."""
+    assert cli.main(["circuit", "porep-like", "--log-n", "16", str(tmp_path)]) == 0
+    proc = subprocess.Popen([sys.executable, "-m", "cuzk_mp", "setup", "--backend", "cpu",
+                             str(tmp_path / "porep-like-16.r1cs"), str(tmp_path / "k.zkey")],
+                            env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    while not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]:  # it has begun writing
+        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+        time.sleep(0.01)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 143 and "cuzk-mp: terminated (SIGTERM)" in err, err
+    assert "Traceback" not in err
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["porep-like-16.r1cs", "porep-like-16.wtns"]
