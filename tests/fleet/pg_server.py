@@ -108,22 +108,33 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(bins: PgBinaries, root: Path, user: str | None) -> int:
-    """pg_ctl start on a free port; a few tries in case another process takes the port first."""
+def _start(bins: PgBinaries, root: Path, user: str | None, port: int | None = None) -> int:
+    """pg_ctl start on ``port``, else on a free port (a few tries in case another process takes the
+    port first)."""
     last: Exception | None = None
-    for _ in range(3):
-        port = _free_port()
-        opts = (f"-h 127.0.0.1 -p {port} -k {root} -c fsync=off -c synchronous_commit=off "
+    for _ in range(1 if port is not None else 3):
+        chosen = port if port is not None else _free_port()
+        opts = (f"-h 127.0.0.1 -p {chosen} -k {root} -c fsync=off -c synchronous_commit=off "
                 "-c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB")
         try:
             _run_as(user, [bins.pg_ctl, "-D", str(root / "data"), "-l", str(root / "server.log"),
                            "-w", "-t", str(START_TIMEOUT_S), "-o", opts, "start"])
-            return port
+            return chosen
         except RuntimeError as e:
             last = e
             time.sleep(0.2)
     log = (root / "server.log").read_text(errors="replace") if (root / "server.log").exists() else ""
     raise RuntimeError(f"PostgreSQL did not start: {last}\n{log[-4000:]}")
+
+
+def stop(bins: PgBinaries, server: PgServer) -> None:
+    """Stop ``server`` (an outage): its clients' connections break, new ones are refused."""
+    _run_as(server.user, [bins.pg_ctl, "-D", str(server.root / "data"), "-m", "immediate", "-w", "stop"])
+
+
+def start_again(bins: PgBinaries, server: PgServer) -> None:
+    """Start a stopped ``server`` again on its own port (the end of an outage)."""
+    _start(bins, server.root, server.user, server.port)
 
 
 @contextlib.contextmanager

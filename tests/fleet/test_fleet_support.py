@@ -251,3 +251,20 @@ def test_job_replies_of_fleet_jobs_in_every_state() -> None:
     assert [p.state for p in cancelled.partitions] == ["cancelled"] * 2 and cancelled.error_kind == "Cancelled"
     with pytest.raises(ResourceError, match="cannot be read"):
         job_reply(status("done", b"\xc1 not msgpack"), 5)
+
+
+def test_fleet_status_takes_the_stall_timeout_of_its_config(tmp_path: Path) -> None:
+    """`fleet status --config FILE` judges boxes stale by that fleet's stall timeout (not the
+    default 30 s), with the config's DSN or the one --dsn gives."""
+    from cuzk_mp.daemon.fleet.cli import _dsn
+    from tests.helpers import config_text
+
+    cfg = tmp_path / "cuzk.toml"
+    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix="cuzk-fs-stall",
+                               extra='[fleet]\ndsn = "postgresql://u@127.0.0.1:5/f"\nbox = "a"\n'
+                                     'heartbeat_interval = "1s"\nstall_timeout = "6s"\n'))
+    args = argparse.Namespace(dsn="", config=cfg)
+    assert _dsn(args) == ("postgresql://u@127.0.0.1:5/f", {"stall_timeout_s": 6.0, "heartbeat_interval_s": 1.0})
+    args = argparse.Namespace(dsn="postgresql://v@127.0.0.1:6/g", config=cfg)
+    assert _dsn(args) == ("postgresql://v@127.0.0.1:6/g", {"stall_timeout_s": 6.0, "heartbeat_interval_s": 1.0})
+    assert _dsn(argparse.Namespace(dsn="postgresql://w@h/x", config=None)) == ("postgresql://w@h/x", {})

@@ -272,17 +272,25 @@ class FleetBox:
         doc: dict[str, Any] = {"box": self.fcfg.box, "resident": list(self._resident), "capacity": self.capacity(),
                                "running": len(self.worker.running) if self.worker else 0}
         try:
-            fleet = self._need()
-            doc.update(report.document(await fleet.boxes(), await fleet.queue_depths()))
+            doc.update(report.document(*await self._fleet_figures()))
         except CuzkError as e:
             doc["error"] = str(e)
         return doc
 
+    async def _fleet_figures(self) -> tuple[list[Any], list[Any]]:
+        """Every box and the queue depths, read within :data:`OBSERVE_S`: a status call or a
+        scrape during a database outage answers at once that the database is not answering,
+        rather than after the pool's connect timeout (a monitor's own timeout may be shorter)."""
+        fleet = self._need()
+        try:
+            return await asyncio.wait_for(asyncio.gather(fleet.boxes(), fleet.queue_depths()), OBSERVE_S)
+        except asyncio.TimeoutError:
+            raise ResourceError(f"fleet: the database did not answer within {OBSERVE_S:g} s") from None
+
     async def gauges(self) -> list[Gauge]:
         """The fleet's /metrics gauges (:mod:`.report`), and whether its database answered."""
         try:
-            fleet = self._need()
-            boxes, depths = await fleet.boxes(), await fleet.queue_depths()
+            boxes, depths = await self._fleet_figures()
         except CuzkError as e:
             log.warning("fleet: no fleet figures for this scrape: %s", e)
             return [(*DATABASE_UP, 0.0)]
@@ -309,6 +317,7 @@ class FleetBox:
 
 
 NO_BUDGET = 1 << 62  # no [memory] key budget: every key fits
+OBSERVE_S = 2.0  # the most a status call or a scrape waits for the fleet's database
 DATABASE_UP = ("cuzk_fleet_database_up", "1 if this scrape read the fleet's database, 0 if it could not.")
 
 

@@ -14,6 +14,7 @@ import asyncio
 import json
 import os
 import sys
+from typing import Any
 from pathlib import Path
 
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
@@ -34,10 +35,10 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     s.set_defaults(func=run_status)
 
 
-async def _status(dsn: str, as_json: bool, timeout_s: float) -> str:
+async def _status(dsn: str, as_json: bool, timeout_s: float, knobs: dict[str, Any]) -> str:
     from cuzk_mp.daemon.fleet import report
     from cuzk_mp.daemon.fleet.queue import Fleet
-    fleet = await Fleet.connect(dsn, "status", register=False, connect_timeout_s=timeout_s)
+    fleet = await Fleet.connect(dsn, "status", register=False, connect_timeout_s=timeout_s, **knobs)
     try:
         boxes = await fleet.boxes()
         depths = await fleet.queue_depths()
@@ -48,27 +49,33 @@ async def _status(dsn: str, as_json: bool, timeout_s: float) -> str:
     return report.text(boxes, depths)
 
 
-def _dsn(args: argparse.Namespace) -> str:
-    """The DSN to use: --dsn, else the config file's [fleet] dsn, else $CUZK_MP_FLEET_DSN."""
-    if args.dsn:
-        return str(args.dsn)
+def _dsn(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
+    """The DSN to use (--dsn, else the config file's [fleet] dsn, else $CUZK_MP_FLEET_DSN) and,
+    with --config, the fleet's own stall timeout (what makes a box stale in the table)."""
+    knobs: dict[str, Any] = {}
+    fleet = None
     if args.config is not None:
         from cuzk_mp.daemon.config import load_config
         fleet = load_config(args.config).fleet
-        if fleet is None:
+        if fleet is None and not args.dsn:
             raise InputError(f"{args.config}: no [fleet] dsn: this daemon runs alone")
-        return fleet.dsn
-    return os.environ.get(DSN_ENV, "")
+        if fleet is not None:
+            knobs.update(stall_timeout_s=fleet.stall_timeout_s, heartbeat_interval_s=fleet.heartbeat_interval_s)
+    if args.dsn:
+        return str(args.dsn), knobs
+    if fleet is not None:
+        return fleet.dsn, knobs
+    return os.environ.get(DSN_ENV, ""), knobs
 
 
 def run_status(args: argparse.Namespace) -> int:
     """``cuzk-mp fleet status``: print the fleet and return the exit code."""
     try:
-        dsn = _dsn(args)
+        dsn, knobs = _dsn(args)
         if not dsn:
             print(f"cuzk-mp fleet status: give --dsn or --config, or set ${DSN_ENV}", file=sys.stderr)
             return EXIT_INPUT
-        sys.stdout.write(asyncio.run(_status(dsn, args.json, args.timeout)))
+        sys.stdout.write(asyncio.run(_status(dsn, args.json, args.timeout, knobs)))
     except ResourceError as e:
         print(f"cuzk-mp fleet status: {e}", file=sys.stderr)
         return EXIT_UNREACHABLE

@@ -29,7 +29,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import math
 import os
 import socket
 import time
@@ -60,13 +59,14 @@ from cuzk_mp.daemon.fleet.models import (
     entrypoint,
     queue_priority,
 )
-from cuzk_mp.daemon.fleet.store import FleetStore, notify
+from cuzk_mp.daemon.fleet.store import FleetStore, connect_kwargs, new_pool, notify
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-POOL_MAX = 4
+OUTAGE_RECHECK_S = 5.0  # a waiter whose read failed reads again this soon (or when the LISTEN link is back)
+MIN_READ_S = 1.0  # a waiter's read may take this long even at its deadline (a timeout of 0 still reads once)
 AWAIT_RECHECK_S = 60.0  # a safety net only: waiters wake on NOTIFY, and on every LISTEN reconnect
 MAX_CIRCUIT_ID_CHARS = 64
 AbortCallback = Callable[[str, str], None]
@@ -122,14 +122,11 @@ class Fleet(FleetStore):
         ``register=False`` connects an observer (status, metrics) that is not listed as a box.
         """
         check_fleet(cfg, "fleet")
-        kwargs = {"autocommit": True, "application_name": f"cuzk-fleet {cfg.box}",
-                  "connect_timeout": max(1, math.ceil(cfg.connect_timeout_s))}
         try:  # one plain connection first: a wrong DSN fails at once, with the server's reason
-            first = await psycopg.AsyncConnection.connect(cfg.dsn, **kwargs)  # type: ignore[arg-type]
+            first = await psycopg.AsyncConnection.connect(cfg.dsn, **connect_kwargs(cfg))
         except psycopg.Error as e:
             raise ResourceError(f"fleet: cannot connect to {redact_dsn(cfg.dsn)}: {e}") from None
-        pool = AsyncConnectionPool(cfg.dsn, min_size=1, max_size=POOL_MAX, open=False, kwargs=kwargs,
-                                   timeout=cfg.connect_timeout_s, name=f"cuzk-fleet-{cfg.box}")
+        pool = new_pool(cfg)
         fleet = cls(cfg, pool, on_abort)
         try:
             async with first:
@@ -506,13 +503,20 @@ class Fleet(FleetStore):
                 self._abort(job_id, "cancelled")
 
     def _on_reconnect(self) -> None:
+        task = asyncio.get_running_loop().create_task(self._after_reconnect())
+        self._background.add(task)
+        task.add_done_callback(self._background.discard)
+
+    async def _after_reconnect(self) -> None:
+        """The database answers again: a fresh pool first (:meth:`renew_pool`), then every waiter
+        re-reads its job, the claim loop looks for work, and held claims are renewed."""
+        with contextlib.suppress(Exception):
+            await self.renew_pool()
         for job_id in list(self._waiters):
             self._wake_waiters(job_id)
         self._work.set()
         if self._held and not self._closed:
-            task = asyncio.get_running_loop().create_task(self._heartbeat_quietly())
-            self._background.add(task)
-            task.add_done_callback(self._background.discard)
+            await self._heartbeat_quietly()
 
     async def _heartbeat_quietly(self) -> None:
         with contextlib.suppress(CuzkError):
@@ -524,16 +528,33 @@ class Fleet(FleetStore):
         """Wait (LISTEN/NOTIFY, no polling) until the job ends or ``timeout_s`` passes; its status.
 
         On a timeout the returned status is not ``finished``; the job goes on. ``job_id`` and
-        ``client`` are read as by :meth:`status`.
+        ``client`` are read as by :meth:`status`. Each read is bounded by the time left; once the
+        job has been read, a read the database does not answer (an outage) is waited through, as
+        the job goes on in the fleet: the waiter reads again when the LISTEN link is back, or after
+        :data:`OUTAGE_RECHECK_S`, and at the deadline it answers with what it last read.
         """
         ev = asyncio.Event()
         key = job_id
         self._waiters.setdefault(key, set()).add(ev)
         deadline = None if timeout_s is None else time.monotonic() + timeout_s
+        st: JobStatus | None = None
         try:
             while True:
                 ev.clear()  # before the read: a NOTIFY committed after it sets the event again
-                st = await self.status(key, client)
+                left = None if deadline is None else max(deadline - time.monotonic(), MIN_READ_S)
+                try:
+                    st = await asyncio.wait_for(self.status(key, client), left)
+                except (ResourceError, asyncio.TimeoutError) as e:
+                    if st is None:  # nothing known of the job yet: the caller hears it now
+                        raise ResourceError(f"fleet: the database did not answer a read of job {job_id} "
+                                            f"({e or 'in time'})") from None
+                    if (deadline is not None and time.monotonic() >= deadline) or self._closed:
+                        return st
+                    log.info("fleet: waiting for job %s through a database outage (%s)", key, e or "no answer")
+                    pause = OUTAGE_RECHECK_S if deadline is None else min(OUTAGE_RECHECK_S, deadline - time.monotonic())
+                    with contextlib.suppress(asyncio.TimeoutError):
+                        await asyncio.wait_for(ev.wait(), max(pause, 0.0))
+                    continue
                 if st.job_id != key:  # named by its request_id: wait under the job id, then read again
                     self._unwait(key, ev)
                     key = st.job_id

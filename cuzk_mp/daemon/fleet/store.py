@@ -11,8 +11,10 @@ shared state: a job's status, the boxes, the queue depths, pruning. What changes
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 import json
+import math
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from typing import Any
@@ -38,6 +40,24 @@ JOB_COLUMNS = ("job_id, request_id, circuit_id, state, priority, n_partitions, i
                "extract(epoch FROM started_at) AS started_at, "
                "extract(epoch FROM finished_at) AS finished_at, result, error, error_kind")
 
+POOL_MAX = 4
+
+
+def connect_kwargs(cfg: FleetConfig) -> dict[str, Any]:
+    """What every connection of a box is opened with (its pool's and its first one)."""
+    return {"autocommit": True, "application_name": f"cuzk-fleet {cfg.box}",
+            "connect_timeout": max(1, math.ceil(cfg.connect_timeout_s))}
+
+
+def new_pool(cfg: FleetConfig) -> AsyncConnectionPool:
+    """A box's connection pool, not yet open. An idle connection is tested before it is lent
+    (``check``): after a database restart every idle one is dead, and the first caller would get
+    that error rather than a fresh connection."""
+    return AsyncConnectionPool(cfg.dsn, min_size=1, max_size=POOL_MAX, open=False, kwargs=connect_kwargs(cfg),
+                               timeout=cfg.connect_timeout_s, name=f"cuzk-fleet-{cfg.box}",
+                               check=AsyncConnectionPool.check_connection)
+
+
 # The job a client's id names: a job id, else the job of that request_id.
 RESOLVE_ID = ("COALESCE((SELECT job_id FROM cuzk_fleet_jobs WHERE job_id = %(id)s), "
               "(SELECT job_id FROM cuzk_fleet_requests WHERE request_id = %(id)s))")
@@ -57,6 +77,17 @@ class FleetStore:
 
     def _queries(self, conn: psycopg.AsyncConnection) -> Queries:
         return Queries(PsycopgDriver(conn), qbe=self._qbe, qbq=self._qbq, qbs=self._qbs)
+
+    async def renew_pool(self) -> None:
+        """Replace the pool by a fresh one, once the database answers again after an outage (the
+        LISTEN link is back): the old pool retries its lost connections with a doubling delay
+        (1, 2, 4 ... s), so after a long outage it would go on failing for as long again."""
+        if self._closed:
+            return
+        old, self._pool = self._pool, new_pool(self.cfg)
+        await self._pool.open(wait=False)
+        with contextlib.suppress(Exception):  # its connections are dead; nothing to wait for
+            await asyncio.wait_for(old.close(timeout=1.0), 5.0)
 
     @contextlib.asynccontextmanager
     async def _tx(self) -> AsyncIterator[tuple[psycopg.AsyncConnection, Queries]]:

@@ -1,0 +1,74 @@
+"""The fleet across a database outage, on a PostgreSQL server of its own that the test stops
+and starts again: a box whose calls kept failing through a 40 s outage answers again within
+seconds of the database's return, and a client waiting on a job lives through the outage and
+gets the job's result.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import time
+from pathlib import Path
+
+import pg_server
+import pytest
+from fleet_helpers import connect, make_inputs
+
+from cuzk_mp.errors import ResourceError
+
+OUTAGE_S = 40.0  # long enough for a pool's connect backoff of 1, 2, 4 ... s to reach 32 s
+BACK_WITHIN_S = 12.0  # the LISTEN link retries every 5 s at most, then the box renews its pool
+
+
+@pytest.mark.slow
+def test_a_box_works_again_soon_after_a_long_outage(tmp_path: Path) -> None:
+    pytest.importorskip("pgqueuer", reason="the fleet extra is not installed (pip install -e '.[fleet]')")
+    bins = pg_server.find_binaries()
+    if bins is None:
+        pytest.skip("no PostgreSQL server programs (initdb, pg_ctl) here")
+    [inp] = make_inputs(tmp_path, 1)
+    with pg_server.running_server(bins) as server, pg_server.fresh_database(server, "outage") as dsn:
+
+        async def main() -> float:
+            a = await connect(dsn, "a")
+            ref = await a.submit(None, "x", inp.ref, inp.sha256)
+            waiter = asyncio.create_task(a.await_result(ref.job_id, 600))
+            await asyncio.sleep(0.5)
+            await asyncio.to_thread(pg_server.stop, bins, server)
+
+            async def busy() -> None:  # a daemon's own calls (claims, key loads, scrapes) go on failing
+                while True:
+                    with contextlib.suppress(ResourceError):
+                        await a.status(ref.job_id)
+                    await asyncio.sleep(0.1)
+
+            callers = [asyncio.create_task(busy()) for _ in range(6)]
+            await asyncio.sleep(OUTAGE_S)  # heartbeats every 0.5 s fail meanwhile
+            for c in callers:
+                c.cancel()
+            await asyncio.gather(*callers, return_exceptions=True)
+            with pytest.raises(ResourceError):
+                await a.status(ref.job_id)
+            assert not waiter.done()
+            await asyncio.to_thread(pg_server.start_again, bins, server)
+            t0 = time.monotonic()
+            while True:
+                try:
+                    await a.status(ref.job_id)
+                    break
+                except ResourceError:
+                    assert time.monotonic() - t0 < 60
+                    await asyncio.sleep(0.2)
+            back = time.monotonic() - t0
+            b = await connect(dsn, "b")
+            assert [j.job_id for j in await b.claim(["x"], 1)] == [ref.job_id]
+            await b.complete(ref.job_id, b"r")
+            st = await asyncio.wait_for(waiter, 30)  # the client's wait outlived the outage
+            assert st.state == "done" and st.result == b"r"
+            for f in (a, b):
+                await f.close()
+            return back
+
+        back = asyncio.run(main())
+    assert back < BACK_WITHIN_S, f"the box answered {back:.1f} s after the database was back"
