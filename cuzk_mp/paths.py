@@ -1,9 +1,12 @@
-"""Where cuzk-mp keeps files that outlive a process: the cache of generated development keys.
+"""Where cuzk-mp keeps files that outlive a process, and whether a place given for them can take them.
 
-One function decides it, so the CLI, the benchmark and the daemon's defaults agree:
+The cache of generated development keys: one function decides it, so the CLI, the benchmark
+and the daemon's defaults agree:
 ``$CUZK_MP_CACHE`` if set, else ``$XDG_CACHE_HOME/cuzk-mp`` (the XDG base directory
 specification; a relative ``XDG_CACHE_HOME`` is ignored, as the specification says), else
-``~/.cache/cuzk-mp``.
+``~/.cache/cuzk-mp``. :func:`folder_problem` and :func:`output_file_problem` say, before any
+work, why a folder or an output file given on the command line or in a config could not be
+written (the daemon's journal and cache folders, the benchmark's outputs).
 """
 
 from __future__ import annotations
@@ -27,3 +30,23 @@ def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
         return Path(xdg) / APP
     home = env.get("HOME") or str(Path.home())
     return Path(home) / ".cache" / APP
+
+
+def folder_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be a folder this process writes into (made first where missing: its
+    nearest existing parent decides), or None if it can."""
+    nearest = Path(path)
+    while not nearest.exists() and nearest != nearest.parent:
+        nearest = nearest.parent
+    if not nearest.is_dir():
+        return f"{nearest} is not a folder"
+    if not os.access(nearest, os.W_OK | os.X_OK):
+        return f"{nearest} is not writable (a read-only file system, or no write permission)"
+    return None
+
+
+def output_file_problem(path: Path) -> str | None:
+    """Why ``path`` cannot be an output file (a folder in the way, or its folder unusable), or None."""
+    if not str(path) or Path(path).is_dir():
+        return "is a folder" if str(path) else "is empty"
+    return folder_problem(Path(path).absolute().parent)

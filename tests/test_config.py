@@ -396,5 +396,5 @@ def test_places_the_daemon_writes_are_checked_up_front(tmp_path: Path, monkeypat
     monkeypatch.setattr(os, "access", lambda p, mode: False if Path(p) == read_only else real_access(p, mode))
     cache_ro = resolve({"daemon": {"journal": str(tmp_path / "j.sqlite")},
                         "srs": {"param_cache": str(read_only / "cache")}}, tmp_path)
-    with pytest.raises(ConfigError, match=r"srs\.param_cache: .*ro/cache is not writable here"):
+    with pytest.raises(ConfigError, match=r"srs\.param_cache: .*ro/cache cannot be written: .*ro is not writable"):
         check_writable_places(cache_ro)

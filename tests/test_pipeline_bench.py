@@ -304,3 +304,33 @@ def test_big_circuit_data_is_built_in_a_child_process(tmp_path: Path) -> None:
     again = open_cache(path, ident, ident)
     assert again.counts == counts
     again.close()
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (("--jobs", "100000000000"), r"--jobs must be 1\.\.100000, got 100000000000"),
+    (("--in-flight", "5000"), r"--in-flight must be 1\.\.1024"),
+    (("--partitions", "2000"), r"--partitions must be 1\.\.1024"),
+    (("--start-timeout", "inf"), r"--start-timeout must be a number of seconds in \(0, 86400\], got inf"),
+    (("--start-timeout", "nan"), r"--start-timeout must be"),
+    (("--wtns", "x.wtns"), r"--wtns and --r1cs are for a \.zkey circuit; porep-like makes its own"),
+    (("--json", "{tmp}"), r"--json .*: is a folder"),
+    (("--json", "{tmp}/afile/x.json"), r"--json .*: .*afile is not a folder"),
+    (("--proofs-dir", "{tmp}/afile"), r"--proofs-dir .*: .*afile is not a folder"),
+    (("--cache", "{tmp}/afile/c"), r"--cache .*: .*afile is not a folder"),
+])
+def test_bad_options_are_refused_before_any_work(tmp_path: Path, argv: tuple[str, ...], message: str) -> None:
+    (tmp_path / "afile").write_text("")
+    args = _parse("--backend", "cpu", *(a.replace("{tmp}", str(tmp_path)) for a in argv))
+    with pytest.raises(InputError, match=message):
+        bench._fill_defaults(args, "cpu")
+
+
+def test_a_plot_in_a_format_matplotlib_cannot_write_is_refused_up_front(tmp_path: Path) -> None:
+    pytest.importorskip("matplotlib", reason="--plot needs the optional matplotlib")
+    args = _parse("--backend", "cpu", "--plot", str(tmp_path / "p.txt"))
+    with pytest.raises(InputError, match=r"--plot .*p\.txt: matplotlib writes .*\.png.*; not \.txt"):
+        bench._fill_defaults(args, "cpu")
+    same = tmp_path / "r.json"
+    args = _parse("--backend", "cpu", "--plot", str(same), "--json", str(same))
+    with pytest.raises(InputError, match="--json and --plot are both"):
+        bench._fill_defaults(args, "cpu")

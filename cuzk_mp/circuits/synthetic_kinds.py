@@ -42,14 +42,22 @@ def synthetic_circuit(kind: str, log_n: int) -> SyntheticCircuit:
 
 
 def write_synthetic(kind: str, log_n: int, out_dir: Path, seed: int = 0, partition: int = 0) -> tuple[Path, Path]:
-    """Write ``<kind>-<log_n>.r1cs`` and the witness of (seed, partition) as ``<kind>-<log_n>.wtns``."""
+    """Write ``<kind>-<log_n>.r1cs`` and the witness of (seed, partition) as ``<kind>-<log_n>.wtns``:
+    both or neither (the witness, whose arguments may be refused, is made before anything is written;
+    a folder that cannot take them is an InputError)."""
+    from ..errors import InputError
     from ..formats.r1cs import write_r1cs
     from ..formats.wtns import write_wtns
+    from ..paths import folder_problem
 
-    circuit = synthetic_circuit(kind, log_n)
     out_dir = Path(out_dir)
+    problem = folder_problem(out_dir)
+    if problem is not None:
+        raise InputError(f"{out_dir}: {problem}")
+    circuit = synthetic_circuit(kind, log_n)
+    w = circuit.witness(seed, partition)
     out_dir.mkdir(parents=True, exist_ok=True)
     r1cs_path, wtns_path = out_dir / f"{kind}-{log_n}.r1cs", out_dir / f"{kind}-{log_n}.wtns"
     write_r1cs(r1cs_path, circuit.r1cs())
-    write_wtns(wtns_path, circuit.witness(seed, partition))
+    write_wtns(wtns_path, w)
     return r1cs_path, wtns_path

@@ -189,17 +189,13 @@ def check_writable_places(cfg: Any) -> None:
     or be makeable in one: a ConfigError naming the key otherwise (at ``--check`` too), rather
     than an OSError from deep inside the start."""
     from cuzk_mp.errors import ConfigError
+    from cuzk_mp.paths import folder_problem
 
     source = cfg.path or "config"
     for key, folder in (("daemon.journal", cfg.journal_path.parent), ("srs.param_cache", cfg.param_cache)):
-        nearest = Path(folder)
-        while not nearest.exists() and nearest != nearest.parent:  # made at the start: its nearest parent decides
-            nearest = nearest.parent
-        if not nearest.is_dir():
-            raise ConfigError(f"{source}: {key}: {nearest} is not a folder, so {folder} cannot be one")
-        if not os.access(nearest, os.W_OK | os.X_OK):
-            raise ConfigError(f"{source}: {key}: {folder} is not writable here "
-                              f"({nearest}: read-only file system or no write permission)")
+        problem = folder_problem(folder)
+        if problem is not None:
+            raise ConfigError(f"{source}: {key}: {folder} cannot be written: {problem}")
 
 
 def check_summary(cfg: Any, warnings: int = 0) -> str:

@@ -523,15 +523,57 @@ def _synthesis_core_seconds(partitions: list[dict[str, Any]], threads: int) -> f
 SHAPE_KEYS = ("ring_slots", "partition_workers", "synthesis_threads")
 
 
+# Bounds on what one bench may ask for: beyond these a typo, not a benchmark (a job has at most a
+# daemon request's partitions; the jobs of a run are all kept in memory with their proofs).
+MAX_COUNTS = {"partitions": 1024, "jobs": 100_000, "in_flight": 1024, "repeat": 1000}
+MAX_START_TIMEOUT_S = 86_400.0
+
+
 def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
+    """Defaults of the backend, then every option checked before any work (InputError naming it)."""
     if args.key_source != "file" and args.circuit not in SYNTHETIC_KINDS:
         raise InputError("--key-source device is for the synthetic circuits; a .zkey circuit's key is its file")
+    if args.circuit in SYNTHETIC_KINDS and (args.wtns is not None or args.r1cs is not None):
+        raise InputError(f"--wtns and --r1cs are for a .zkey circuit; {args.circuit} makes its own")
     for key, value in DEFAULTS[backend].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
     for key in ("partitions", "jobs", "in_flight", "gpu_workers", "repeat", *SHAPE_KEYS):
-        if getattr(args, key) is not None and getattr(args, key) < 1:
-            raise InputError(f"--{key.replace('_', '-')} must be >= 1, got {getattr(args, key)}")
+        value = getattr(args, key)
+        if value is not None and not 1 <= value <= MAX_COUNTS.get(key, value):
+            bound = f"1..{MAX_COUNTS[key]}" if key in MAX_COUNTS else ">= 1"
+            raise InputError(f"--{key.replace('_', '-')} must be {bound}, got {value}")
+    if not 0 < args.start_timeout <= MAX_START_TIMEOUT_S:  # also refuses nan and inf
+        raise InputError(f"--start-timeout must be a number of seconds in (0, {MAX_START_TIMEOUT_S:g}], "
+                         f"got {args.start_timeout}")
+    _check_outputs(args)
+
+
+def _check_outputs(args: argparse.Namespace) -> None:
+    """The places the results go, checked before the run (not after it): --json and --plot are files
+    (--plot in a format matplotlib writes, and not the --json file), --proofs-dir and --cache
+    folders."""
+    from ..paths import folder_problem, output_file_problem
+
+    files = {"--json": args.json, "--plot": args.plot}
+    folders = {"--proofs-dir": args.proofs_dir, "--cache": args.cache}
+    for option, path in files.items():
+        problem = None if path is None else output_file_problem(path)
+        if problem is not None:
+            raise InputError(f"{option} {path}: {problem}")
+    for option, path in folders.items():
+        problem = None if path is None else folder_problem(path)
+        if problem is not None:
+            raise InputError(f"{option} {path}: {problem}")
+    if args.json is not None and args.plot is not None and args.json.absolute() == args.plot.absolute():
+        raise InputError(f"--json and --plot are both {args.json}: give two files")
+    if args.plot is not None:
+        from matplotlib.figure import Figure  # present: require_matplotlib ran first
+
+        formats = Figure().canvas.get_supported_filetypes()
+        if args.plot.suffix.lower().lstrip(".") not in formats:
+            raise InputError(f"--plot {args.plot}: matplotlib writes {', '.join('.' + f for f in sorted(formats))}; "
+                             f"not {args.plot.suffix or 'a file without a suffix'}")
 
 
 def _circuit(args: argparse.Namespace, backend: str) -> CircuitSize:
