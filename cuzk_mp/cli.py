@@ -181,8 +181,9 @@ def _prove_warm(args: argparse.Namespace) -> int:
     from .daemon.prove_files import Unreachable
     from .daemon.warm import CIRCUIT_ID, WarmSpec, ensure
 
-    if not (0 < args.keep_warm < float("inf")):
-        raise InputError(f"--keep-warm {args.keep_warm:g}: a number of seconds > 0")
+    if not (0 < args.keep_warm <= MAX_KEEP_WARM_S):
+        raise InputError(f"--keep-warm {args.keep_warm:g}: a number of seconds in (0, {MAX_KEEP_WARM_S:g}] "
+                         "(a daemon that should never leave is a `cuzk-mp daemon` service)")
     wasm = getattr(args, "wasm", None)  # fullprove: the daemon computes the witness
     job = _daemon_job(args)  # the inputs are checked before a daemon is started for them
     spec = WarmSpec(args.zkey.absolute(), args.backend, args.r1cs.absolute() if args.r1cs else None,
@@ -196,6 +197,9 @@ def _prove_warm(args: argparse.Namespace) -> int:
                 return _error(EXIT_UNREACHABLE, str(e))
             log.info("%s; starting it again", e)
     raise AssertionError("unreachable")
+
+
+MAX_KEEP_WARM_S = 7 * 86400.0
 
 
 def _env_seconds(name: str) -> float:
@@ -338,8 +342,9 @@ class SnarkjsVerb:
                                 "where the daemon has tokens, as only an admin sees which file each key is")
             p.add_argument("--keep-warm", type=float, metavar="SECONDS",
                            help="prove through this user's warm daemon of the key, started when none runs and "
-                                "gone after SECONDS without a proof: later proofs skip the start-up (default "
-                                "$CUZK_MP_KEEP_WARM, which --connect overrides; unset or 0: a one-shot process)")
+                                "gone after SECONDS without a proof (the SECONDS of the call that started it; at most "
+                                "7 days): later proofs skip the start-up (default $CUZK_MP_KEEP_WARM, which --connect "
+                                "overrides; unset or 0: a one-shot process)")
         p.set_defaults(func=self.func)
 
 

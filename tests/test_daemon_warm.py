@@ -166,8 +166,9 @@ def test_keep_warm_from_the_environment_is_checked_and_connect_overrides_it(
     monkeypatch.setenv("CUZK_MP_KEEP_WARM", "soon")
     assert main(["groth16", "prove", *files]) == 2
     assert "$CUZK_MP_KEEP_WARM='soon': a number of seconds" in capsys.readouterr().err
-    assert main(["groth16", "prove", "--keep-warm", "-1", *files]) == 2
-    assert "a number of seconds > 0" in capsys.readouterr().err
+    for bad in ("-1", "1e300", "inf", "nan"):
+        assert main(["groth16", "prove", "--keep-warm", bad, *files]) == 2
+        assert "a number of seconds in (0, 604800]" in capsys.readouterr().err
     monkeypatch.setenv("CUZK_MP_KEEP_WARM", "60")  # --connect wins over the environment: no daemon is started
     assert main(["groth16", "prove", "--connect", f"unix://{tmp_path}/none.sock", *files]) == 3
     assert "cannot reach the daemon" in capsys.readouterr().err
@@ -200,3 +201,17 @@ def test_the_journal_lock_holder_is_read_never_locked(tmp_path: Path) -> None:
         holder.wait()
         other.wait()
     assert not warm._holder_alive(journal)
+
+
+def test_a_truncated_key_through_keep_warm_is_the_input_error_it_is_one_shot(runtime: Path, tmp_path: Path) -> None:
+    """The warm daemon of a truncated key cannot start: the call exits 2 (as a one-shot prove of the
+    same file), naming the file, not 4 (resources)."""
+    from tests.helpers import ENV
+
+    key = tmp_path / "cut.zkey"
+    key.write_bytes((DATA / "mul.zkey").read_bytes()[:3000])
+    proc = subprocess.run([sys.executable, "-m", "cuzk_mp", "groth16", "prove", "--keep-warm", "5", str(key),
+                           str(DATA / "mul.wtns"), str(tmp_path / "p.json"), str(tmp_path / "q.json")],
+                          env={**ENV, "XDG_RUNTIME_DIR": str(runtime)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "exited (code 2)" in proc.stderr and "cut.zkey" in proc.stderr

@@ -38,7 +38,7 @@ from pathlib import Path
 
 from cuzk_mp.daemon.transport import CommClosedError, open_socket, parse_address
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
-from cuzk_mp.exit_codes import EXIT_ALREADY_RUNNING
+from cuzk_mp.exit_codes import EXIT_ALREADY_RUNNING, EXIT_INPUT
 
 log = logging.getLogger("cuzk_mp.daemon.warm")
 
@@ -153,8 +153,10 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
         code = child.poll()
         # 75: another invocation's daemon holds the journal and is starting; while it lives, wait
         if code is not None and (code != EXIT_ALREADY_RUNNING or not _holder_alive(journal)) and not _answers(sock):
-            raise ResourceError(f"the warm daemon for {spec.zkey} exited (code {code}) before it was ready; "
-                                f"its log {log_path} ends:\n{_tail(log_path)}")
+            # its exit 2 is the input's fault (a bad key, r1cs or wasm): the same code as a one-shot prove's
+            kind = InputError if code == EXIT_INPUT else ResourceError
+            raise kind(f"the warm daemon for {spec.zkey} exited (code {code}) before it was ready; "
+                       f"its log {log_path} ends:\n{_tail(log_path)}")
         now = time.monotonic()
         if now - t0 > timeout_s:
             raise ResourceError(f"the warm daemon for {spec.zkey} was not ready within {timeout_s:g} s; "
