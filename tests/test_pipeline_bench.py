@@ -130,6 +130,8 @@ def test_backend_choice_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
     assert backend == "cpu" and "this machine has 1 NVIDIA GPU(s) but CuPy" in why and "falling back" in why
     missing = importlib.util.find_spec("cupy") is None
     assert ("not installed" in why) == missing and ("sees no CUDA device" in why) == (not missing)
+    with pytest.raises(InputError, match=r"--backend gpu: CuPy (is not installed|is installed but sees no CUDA)"):
+        bench.choose_backend("gpu")  # asked for outright: no CPU fallback, the reason instead
     monkeypatch.setattr(backends, "gpu_available", lambda: True)
     assert bench.choose_backend("auto") == ("gpu", "--backend auto: CuPy sees a GPU")
     machine = bench.machine_for("gpu", [0])

@@ -227,6 +227,19 @@ def test_failed_start_leaves_nothing() -> None:
     again.stop()
 
 
+def test_a_gpu_engine_without_a_usable_gpu_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
+    """backend gpu where the GPU backend cannot run: one InputError with the reason, before any
+    process or shared memory is made (not a prover's traceback)."""
+    from cuzk_mp import backends
+
+    monkeypatch.setattr(backends, "gpu_unavailable_reason", lambda probe_device=True: "CuPy is not installed")
+    prefix = prefix_for("nogpu")
+    engine = Engine(EngineConfig(backend="gpu", devices=[0], shm_prefix=prefix))
+    with pytest.raises(InputError, match="^backend gpu: CuPy is not installed$"):
+        engine.start()
+    assert engine.state == "failed" and shm_entries(prefix) == []
+
+
 def test_child_messages_end_at_stop_and_at_eof() -> None:
     """ChildContext.messages, the roles' reader loop: engine messages in order, then a Stop (not
     yielded) or the pipe's EOF ends it with the stop flag set."""

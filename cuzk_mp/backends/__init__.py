@@ -23,6 +23,21 @@ def gpu_available() -> bool:
         return False
 
 
+def gpu_unavailable_reason(probe_device: bool = True) -> str | None:
+    """Why the GPU backend cannot run here, in words for the user, or None where it can. Without
+    ``probe_device`` only CuPy's presence is checked (no CUDA initialisation in this process:
+    the engine's parent, whose GPU work is its prover processes')."""
+    import importlib.util
+
+    if importlib.util.find_spec("cupy") is None:
+        return ("CuPy is not installed (`make venv` installs the GPU extra where it finds the driver; "
+                "or pip install -e '.[gpu]')")
+    if probe_device and not gpu_available():
+        return ("CuPy is installed but sees no CUDA device (python -c 'import cupy; "
+                "cupy.cuda.runtime.getDeviceCount()' says why)")
+    return None
+
+
 def resolve_backend_name(name: str = "auto") -> str:
     """"auto" -> "gpu" or "cpu"; other names are validated."""
     if name not in ("auto", "cpu", "gpu"):
@@ -36,8 +51,9 @@ def get_backend(name: str = "auto", device: int | None = None, **kwargs: Any) ->
     """A ready backend instance: ``CpuBackend`` or ``GpuBackend(device)``."""
     resolved = resolve_backend_name(name)
     if resolved == "gpu":
-        if not gpu_available():
-            raise InputError("backend 'gpu' asked for, but CuPy sees no CUDA device (install the gpu extra?)")
+        why = gpu_unavailable_reason()
+        if why is not None:
+            raise InputError(f"backend 'gpu' asked for, but {why}")
         from .gpu.backend import GpuBackend
 
         return GpuBackend(device=device or 0, **kwargs)

@@ -657,12 +657,15 @@ def _gpu_table() -> dict[int, tuple[str, int]]:
 
 def choose_backend(requested: str) -> tuple[str, str]:
     """(backend, why): ``--backend`` resolved, with the reason in words. Where the machine has an NVIDIA
-    GPU but CuPy is missing or sees no device, the reason says so (the bench then runs on the CPU)."""
-    import importlib.util
-
-    from ..backends import resolve_backend_name
+    GPU but CuPy is missing or sees no device, the reason says so (the bench then runs on the CPU);
+    ``--backend gpu`` where the GPU backend cannot run is an InputError saying why."""
+    from ..backends import gpu_unavailable_reason, resolve_backend_name
 
     backend = resolve_backend_name(requested)
+    if requested == "gpu":
+        why = gpu_unavailable_reason()
+        if why is not None:
+            raise InputError(f"--backend gpu: {why}")
     if requested != "auto":
         return backend, f"--backend {requested}"
     if backend == "gpu":
@@ -670,12 +673,7 @@ def choose_backend(requested: str) -> tuple[str, str]:
     gpus = _gpu_table()
     if not gpus:
         return backend, "--backend auto: no NVIDIA GPU on this machine (no nvidia-smi)"
-    if importlib.util.find_spec("cupy") is None:
-        why = ("CuPy is not installed (`make venv` installs the GPU extra where it finds the driver; "
-               "or pip install -e '.[gpu]')")
-    else:
-        why = ("CuPy is installed but sees no CUDA device (python -c 'import cupy; "
-               "cupy.cuda.runtime.getDeviceCount()' says why)")
+    why = gpu_unavailable_reason() or "CuPy sees no CUDA device"
     return backend, f"--backend auto: this machine has {len(gpus)} NVIDIA GPU(s) but {why}: falling back to the CPU"
 
 

@@ -103,13 +103,16 @@ class Engine:
         Raises WorkerDied (naming the child and why) if a child dies or stays silent
         before READY; nothing is left behind, and the prefix is free again.
         """
-        from ..backends import resolve_backend_name
+        from ..backends import gpu_unavailable_reason, resolve_backend_name
 
         if self.state != "created":
             raise CuzkError(f"engine {self.prefix}: start() called in state {self.state}")
         self.state = "starting"
         try:
             backend = resolve_backend_name(self.config.backend)
+            why = gpu_unavailable_reason(probe_device=False) if backend == "gpu" else None
+            if why is not None:
+                raise InputError(f"backend gpu: {why}")
             devices = list(self.config.devices) if self.config.devices is not None else _default_devices(backend)
             ring = Ring.create(self.prefix, self.config.ring_slots)
             try:
