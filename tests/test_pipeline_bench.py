@@ -336,3 +336,23 @@ def test_a_plot_in_a_format_matplotlib_cannot_write_is_refused_up_front(tmp_path
     args = _parse("--backend", "cpu", "--plot", str(same), "--json", str(same))
     with pytest.raises(InputError, match="--json and --plot are both"):
         bench._fill_defaults(args, "cpu")
+
+
+def test_a_bench_with_failed_proofs_ends_in_a_line_saying_why(capsys: pytest.CaptureFixture[str]) -> None:
+    def part(i: int, error: str | None = None, kind: str | None = None) -> dict[str, object]:
+        return {"job": "bench-0-0", "index": i, "error": error, "error_kind": kind}
+
+    ok = {"proofs_total": 2, "proofs_verified": 2, "partitions": [part(0), part(1)]}
+    assert bench._verdict(ok) == 0 and capsys.readouterr().err == ""
+    unsat = {"proofs_total": 2, "proofs_verified": 0,
+             "partitions": [part(0, "witness does not satisfy constraint 7", "UnsatisfiedWitness"),
+                            part(1, "witness does not satisfy constraint 7", "UnsatisfiedWitness")]}
+    assert bench._verdict(unsat) == 2  # the input's fault, as one-shot groth16 prove answers it
+    err = capsys.readouterr().err
+    assert "cuzk-mp bench: 2 of 2 proofs missing or invalid; 2 partition(s) failed, the first (bench-0-0 " \
+           "partition 0): witness does not satisfy constraint 7" in err
+    died = {"proofs_total": 2, "proofs_verified": 1,
+            "partitions": [part(0), part(1, "cuzk-prover-0 died", "WorkerDied")]}
+    assert bench._verdict(died) == 1 and "1 of 2 proofs missing or invalid" in capsys.readouterr().err
+    bad_proof = {"proofs_total": 2, "proofs_verified": 1, "partitions": [part(0), part(1)]}
+    assert bench._verdict(bad_proof) == 1 and "do not verify" in capsys.readouterr().err

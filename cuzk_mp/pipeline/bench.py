@@ -47,6 +47,7 @@ import json
 import os
 import statistics
 import subprocess
+import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -57,6 +58,7 @@ from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
 import msgspec
 
 from ..errors import CuzkError, InputError
+from ..exit_codes import EXIT_INPUT
 from ..paths import default_cache_dir
 from .benchplot import plot_timeline, timeline_section
 from .benchreport import Progress, machine_info, median_stage, require_matplotlib, step, table
@@ -457,6 +459,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
             for p in job.partitions:
                 partitions.append({"run": r, "job": job.job_id, "index": p.index, "device": p.device,
                                    "attempts": p.attempts, "timings": p.timings, "error": p.error,
+                                   "error_kind": p.error_kind,
                                    "t_submit": job.submitted_at, "t_done": bench.part_done.get((job.job_id, p.index)),
                                    "spans": [dataclasses.asdict(s) for s in p.spans]})
     per_run = [steady_s_per_proof(run, bench.part_done, a.partitions) for run in runs]
@@ -724,7 +727,7 @@ def _shape(args: argparse.Namespace, backend: str, circuit: CircuitSize, machine
 
 
 def run(args: argparse.Namespace) -> int:
-    """``cuzk-mp bench``: returns 0 when every proof verified, 1 otherwise."""
+    """``cuzk-mp bench``: returns 0 when every proof verified, else 2 or 1 (:func:`_verdict`)."""
     if args.plot:
         require_matplotlib()
     backend, why = choose_backend(args.backend)
@@ -758,4 +761,22 @@ def run(args: argparse.Namespace) -> int:
         args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
     if args.plot:
         plot_timeline(result, args.plot)
-    return 0 if result["proofs_verified"] == result["proofs_total"] else 1
+    return _verdict(result)
+
+
+def _verdict(result: dict[str, Any]) -> int:
+    """0 when every proof verified; else one closing line on stderr saying how many did not and
+    why the first failed partition failed, and exit 2 where every failure was the input's (an
+    unsatisfied or malformed witness: what one-shot `groth16 prove` answers 2 for), else 1."""
+    from ..errors import error_from_kind
+
+    total, verified = result["proofs_total"], result["proofs_verified"]
+    if verified == total:
+        return 0
+    failed = [p for p in result["partitions"] if p.get("error")]
+    why = (f"; {len(failed)} partition(s) failed, the first ({failed[0]['job']} partition {failed[0]['index']}): "
+           f"{failed[0]['error']}") if failed else "; proofs came back that do not verify"
+    print(f"cuzk-mp bench: {total - verified} of {total} proofs missing or invalid{why}", file=sys.stderr)
+    on_input = failed and len(failed) == total - verified and all(
+        p.get("error_kind") and isinstance(error_from_kind(p["error_kind"], ""), InputError) for p in failed)
+    return EXIT_INPUT if on_input else 1
