@@ -315,6 +315,7 @@ def test_big_circuit_data_is_built_in_a_child_process(tmp_path: Path) -> None:
     (("--start-timeout", "inf"), r"--start-timeout must be a number of seconds in \(0, 86400\], got inf"),
     (("--start-timeout", "nan"), r"--start-timeout must be"),
     (("--wtns", "x.wtns"), r"--wtns and --r1cs are for a \.zkey circuit; porep-like makes its own"),
+    (("--circuit", "x.zkey", "--log-n", "10"), r"--log-n is for the synthetic circuits"),
     (("--json", "{tmp}"), r"--json .*: is a folder"),
     (("--json", "{tmp}/afile/x.json"), r"--json .*: .*afile is not a folder"),
     (("--proofs-dir", "{tmp}/afile"), r"--proofs-dir .*: .*afile is not a folder"),
@@ -356,3 +357,19 @@ def test_a_bench_with_failed_proofs_ends_in_a_line_saying_why(capsys: pytest.Cap
     assert bench._verdict(died) == 1 and "1 of 2 proofs missing or invalid" in capsys.readouterr().err
     bad_proof = {"proofs_total": 2, "proofs_verified": 1, "partitions": [part(0), part(1)]}
     assert bench._verdict(bad_proof) == 1 and "do not verify" in capsys.readouterr().err
+
+
+def test_a_zkey_circuit_is_reported_at_its_keys_size(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from cuzk_mp import cli
+
+    assert cli.main(["circuit", "porep-like", "--log-n", "10", str(tmp_path)]) == 0
+    key = tmp_path / "k.zkey"
+    assert cli.main(["setup", "--backend", "cpu", str(tmp_path / "porep-like-10.r1cs"), str(key)]) == 0
+    out = tmp_path / "r.json"
+    args = _parse("--backend", "cpu", "--circuit", str(key), "--wtns", str(tmp_path / "porep-like-10.wtns"),
+                  "--r1cs", str(tmp_path / "porep-like-10.r1cs"), "--partitions", "2", "--jobs", "1",
+                  "--quiet", "--json", str(out))
+    assert args.func(args) == 0
+    result = json.loads(out.read_text())
+    assert result["config"]["log_n"] == 10 and result["proofs_verified"] == result["proofs_total"] == 2
+    assert "2^10" in capsys.readouterr().out

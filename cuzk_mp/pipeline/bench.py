@@ -538,6 +538,8 @@ def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
         raise InputError("--key-source device is for the synthetic circuits; a .zkey circuit's key is its file")
     if args.circuit in SYNTHETIC_KINDS and (args.wtns is not None or args.r1cs is not None):
         raise InputError(f"--wtns and --r1cs are for a .zkey circuit; {args.circuit} makes its own")
+    if args.circuit not in SYNTHETIC_KINDS and args.log_n is not None:
+        raise InputError("--log-n is for the synthetic circuits; a .zkey circuit's size is its key's")
     for key, value in DEFAULTS[backend].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
@@ -736,6 +738,8 @@ def run(args: argparse.Namespace) -> int:
     machine = machine_for(backend, devices)
     print(machine_line(backend, why, machine, devices), flush=True)
     circuit = _circuit(args, backend)
+    if args.circuit not in SYNTHETIC_KINDS:  # what the table and the JSON report: the key's own size
+        args.log_n = circuit.domain_size.bit_length() - 1
     shape_line = _shape(args, backend, circuit, machine, devices)
     print(shape_line, flush=True)
     plan_line = device_plan_line(circuit, machine, devices, args.gpu_workers) if backend == "gpu" else None
