@@ -367,6 +367,19 @@ def test_client_cli_verbs(daemon: DaemonProcess, tmp_path: Path,
     assert main(["client", "status", "--connect", f"unix://{tmp_path}/nobody.sock"]) == 3
 
 
+def test_a_client_whose_reader_leaves_early_says_nothing_of_the_daemon(daemon: DaemonProcess) -> None:
+    """`client metrics | true` (a reader gone before the client writes): the closed pipe is
+    stdout's, not the daemon's connection: no "lost the daemon" line, and the daemon serves on."""
+    import shlex
+
+    cmd = " ".join(shlex.quote(a) for a in [*PY, "client", "metrics", "--connect", daemon.addr])
+    proc = subprocess.run(["sh", "-c", f"{cmd} | true"], env=ENV, capture_output=True, text=True, timeout=120)
+    assert "lost the daemon" not in proc.stderr, proc.stderr
+    assert "Traceback" not in proc.stderr
+    with daemon.client() as c:
+        assert c.status()["daemon"]["state"] == "running"
+
+
 def test_zz_sigterm_drains_and_cleans_up(daemon: DaemonProcess) -> None:
     sock = Path(daemon.addr[len("unix://"):])
     assert sock.exists()

@@ -223,8 +223,20 @@ def _summary(reply: Any) -> dict[str, Any]:
     }
 
 
+class _StdoutClosed(Exception):
+    """stdout was closed by its reader (``client status | head``): not the daemon's connection."""
+
+
+def _out(text: str) -> None:
+    try:
+        sys.stdout.write(text)
+        sys.stdout.flush()
+    except BrokenPipeError:
+        raise _StdoutClosed() from None
+
+
 def _print(obj: Any) -> None:
-    print(json.dumps(obj, indent=1, default=str))
+    _out(json.dumps(obj, indent=1, default=str) + "\n")
 
 
 def _partitions(client: Any, args: argparse.Namespace) -> list[Any]:
@@ -296,10 +308,10 @@ def _client_verb(client: Any, args: argparse.Namespace) -> int:
         return 0
     if v == "ready":
         state = client.status()["daemon"]["state"]
-        print(state)
+        _out(state + "\n")
         return 0 if state == "running" else EXIT_FAILED
     if v == "metrics":
-        sys.stdout.write(client.metrics())
+        _out(client.metrics())
         return 0
     if v == "preload":
         r = client.preload(args.circuit_id)
@@ -323,6 +335,8 @@ def run_client(args: argparse.Namespace) -> int:
     try:
         with client:
             return _client_verb(client, args)
+    except _StdoutClosed:  # the reader of our output left: nothing more to say (the CLI's quiet exit)
+        raise BrokenPipeError() from None
     except (CommClosedError, ConnectionError, TimeoutError) as e:
         print(f"cuzk-mp client: lost the daemon at {args.connect}: {e}", file=sys.stderr)
         if args.verb in ("submit", "prove") and args.request_id:
