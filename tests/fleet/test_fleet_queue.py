@@ -6,6 +6,7 @@ Each Fleet has its own connections, so claims race in the database exactly as be
 from __future__ import annotations
 
 import asyncio
+import os
 import time
 from pathlib import Path
 
@@ -381,8 +382,12 @@ def test_two_processes_with_one_box_name_keep_their_claims_apart(fleet_dsn: str,
         assert await first.heartbeat() == [] and await second.heartbeat() == []
         assert "another process took over box name twin" in caplog.text
         assert await first.complete(mine.job_id, b"1") and await second.complete(theirs.job_id, b"2")
-        for f in (first, second):
-            await f.close()
+        await second.close()  # the taker leaves: the first process, still working, holds the name again
+        await first.heartbeat()
+        assert "box name twin is free again" in caplog.text
+        [row] = [b for b in await first.boxes() if b.box == "twin"]
+        assert row.state == "up" and row.pid == os.getpid()
+        await first.close()
 
     run(main())
 

@@ -328,14 +328,23 @@ class Fleet(FleetStore):
         # transaction awaits, and a job claimed after the read below must not look "removed".
         checked = list(self._held)
         async with self._tx() as (conn, queries):
+            # the row is this process's, or free again: the process that took the name over has left,
+            # or has not renewed it for longer than the stall timeout (killed)
             cur = await conn.execute(
                 "UPDATE cuzk_fleet_boxes SET last_heartbeat = now(), resident = %s, free_slots = %s, "
-                "running = %s, left_at = NULL WHERE box = %s AND instance = %s",
-                (list(self._resident), self._free_slots, len(checked), self.box, self.instance))
+                "running = %s, left_at = NULL, instance = %s, host = %s, pid = %s "
+                "WHERE box = %s AND (instance = %s OR left_at IS NOT NULL "
+                "OR last_heartbeat < now() - make_interval(secs => %s))",
+                (list(self._resident), self._free_slots, len(checked), self.instance, socket.gethostname(),
+                 os.getpid(), self.box, self.instance, self.cfg.stall_timeout_s))
             if cur.rowcount == 0 and self._registered and not self._name_lost:
                 self._name_lost = True  # claims stay safe (they carry this process's instance id)
                 log.error("fleet: another process took over box name %s; give each daemon its own "
                           "[fleet] box", self.box)
+            elif cur.rowcount == 1 and self._name_lost:
+                self._name_lost = False
+                log.warning("fleet: box name %s is free again (the process that took it over left or "
+                            "stalled); this process holds it again", self.box)
             if checked:
                 cur = await conn.execute("SELECT job_id, state, owner, box FROM cuzk_fleet_jobs "
                                          "WHERE job_id = ANY(%s)", (checked,))
