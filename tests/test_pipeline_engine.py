@@ -240,6 +240,28 @@ def test_a_gpu_engine_without_a_usable_gpu_says_why(monkeypatch: pytest.MonkeyPa
     assert engine.state == "failed" and shm_entries(prefix) == []
 
 
+def test_a_child_whose_engine_is_gone_fails_its_task_quietly(caplog: pytest.LogCaptureFixture) -> None:
+    """The engine's end of the pipe closed (the engine was killed): a send is EngineGone, and a
+    task failure (even one caused by that) is logged at INFO and raises nothing, so no thread of
+    the orphan dies with a traceback on its way out."""
+    import logging
+    import multiprocessing as mp
+
+    from cuzk_mp.pipeline import messages as msg
+    from cuzk_mp.pipeline.procs import ChildContext, ChildSpec, EngineGone
+
+    child, engine = mp.Pipe()
+    engine.close()
+    ctx = ChildContext(ChildSpec("prover", 0, "cuzk_mp.pipeline.prover_proc", {}, None), child)
+    with pytest.raises(EngineGone, match="the engine is gone"):
+        ctx.send(msg.Stats({}))
+    with caplog.at_level(logging.INFO):
+        ctx.fail(7, RuntimeError("boom"))  # an internal error, whose report cannot leave
+        ctx.fail(8, EngineGone("ProofDone not sent: the engine is gone"))
+    assert "task 7's failure not reported" in caplog.text and "task 8 not finished" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR and "task 8" in r.getMessage()]
+
+
 def test_child_messages_end_at_stop_and_at_eof() -> None:
     """ChildContext.messages, the roles' reader loop: engine messages in order, then a Stop (not
     yielded) or the pipe's EOF ends it with the stop flag set."""

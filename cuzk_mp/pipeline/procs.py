@@ -115,6 +115,11 @@ def spawn_child(spec: ChildSpec) -> ChildHandle:
     return ChildHandle(spec, proc, parent_conn, death_w, time.monotonic())
 
 
+class EngineGone(BrokenPipeError):
+    """A child's message could not be sent: the engine's end of the pipe is closed (the engine died
+    or stopped). Not a task's failure: the child is about to leave (its death pipe says so too)."""
+
+
 class ChildContext:
     """The child's side: its name, the command pipe (thread-safe send) and the stop flag."""
 
@@ -130,9 +135,12 @@ class ChildContext:
         self.log = logging.getLogger(f"cuzk_mp.pipeline.{spec.role}")
 
     def send(self, message: msgspec.Struct) -> None:
-        """Send one message to the engine (any thread)."""
+        """Send one message to the engine (any thread); EngineGone where the engine's end is closed."""
         with self._send_lock:
-            self.conn.send_bytes(msg.encode(message))
+            try:
+                self.conn.send_bytes(msg.encode(message))
+            except (BrokenPipeError, ConnectionResetError, EOFError) as exc:
+                raise EngineGone(f"{type(message).__name__} not sent: the engine is gone ({exc})") from None
 
     def recv(self) -> msg.ToChild:
         """Block for the next engine message (EOFError when the engine closed the pipe)."""
@@ -185,11 +193,17 @@ class ChildContext:
         """Report a task failure as data (kind + message + traceback), log the traceback here."""
         from ..errors import error_kind
 
+        if isinstance(exc, EngineGone):  # nobody to tell: the engine is gone, and this child leaves
+            self.log.info("task %d not finished: %s", task_id, exc)
+            return
         tb = "".join(traceback.format_exception(exc))
         kind = error_kind(exc)
         if kind == "InternalError":
             self.log.error("task %d failed:\n%s", task_id, tb)
-        self.send(msg.TaskFailed(task_id, kind, str(exc) or type(exc).__name__, tb[-4000:]))
+        try:
+            self.send(msg.TaskFailed(task_id, kind, str(exc) or type(exc).__name__, tb[-4000:]))
+        except EngineGone as gone:
+            self.log.info("task %d's failure not reported: %s", task_id, gone)
 
 
 def bootstrap(spec: ChildSpec, conn: Connection, death_r: Connection) -> None:
