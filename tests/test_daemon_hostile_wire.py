@@ -257,6 +257,9 @@ def test_tokens_isolate_clients_and_admins_see_all(tmp_path: Path) -> None:
             assert [j["job_id"] for j in a_status["jobs"]] == [a_job]
             assert [j["job_id"] for j in b_status["jobs"]] == [b_job]
             assert {j["job_id"] for j in all_status["jobs"]} == {a_job, b_job}
+            # each tenant counts its own jobs; the admin all of them
+            assert sum(a_status["job_counts"].values()) == sum(b_status["job_counts"].values()) == 1
+            assert sum(all_status["job_counts"].values()) == 2
             assert all(s["ring"]["slots"][1].get("job") in (None, a_job) for s in (a_status,))
             for call in (alice.status(detail=True), alice.preload("syn"), alice.evict("syn")):
                 with pytest.raises(AuthError, match="admin token"):

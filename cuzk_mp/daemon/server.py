@@ -512,6 +512,8 @@ class Daemon:
             doc: dict[str, Any] = {"daemon": {"state": self.state.value, "pid": os.getpid()}}
         else:
             doc = self.view.document(self.state.value, engine_status)
+            if not caller.admin:  # a tenant counts its own jobs, as its job list shows only those
+                doc["job_counts"] = self.view.job_counts(engine_status, owner=caller.owner)
         if self.journal is not None:
             doc["journal"] = await self.journal.report()
         if self.fleet is not None:

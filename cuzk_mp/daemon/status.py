@@ -74,16 +74,17 @@ class StatusView:
                 "submitted_at": rec.submitted_at, "started_at": rec.started_at,
                 "finished_at": rec.finished_at, "error": rec.error, "partitions": parts}
 
-    def job_counts(self, engine: EngineStatus | None) -> dict[str, int]:
+    def job_counts(self, engine: EngineStatus | None, owner: str | None = None) -> dict[str, int]:
         """Jobs per state, as the job list shows them (a queued job whose first partition the
-        engine has started counts as running): the status document's and the metric's figure."""
-        counts = self.jobs.counts()
+        engine has started counts as running): the status document's and the metric's figure;
+        with ``owner``, that client's jobs alone (what a caller without an admin token sees)."""
+        counts = {state: 0 for state in self.jobs.counts()}
         live = {j.job_id: j.partitions for j in engine.jobs} if engine is not None else {}
         for rec in self.jobs.jobs.values():
+            if owner is not None and rec.owner != owner:
+                continue
             rows = live.get(rec.job_id)
-            if rec.state == "queued" and rows and _shown_state("queued", [r.state for r in rows]) == "running":
-                counts["queued"] -= 1
-                counts["running"] += 1
+            counts[_shown_state(rec.state, [r.state for r in rows]) if rows else rec.state] += 1
         return counts
 
     def _job_list(self, engine: EngineStatus | None) -> list[dict[str, Any]]:
