@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import logging
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -10,6 +12,16 @@ from tests import helpers
 from tests.helpers import ProofChecker, synthetic_key
 from tests.oracle import oracle  # noqa: F401 - the snarkjs/circom oracle's session fixture, for every module
 from tests.gpu_emu import kind  # noqa: F401 - "emu" or "gpu": the kernel tests run on both (tests/gpu_emu)
+
+
+@pytest.fixture(autouse=True)
+def _root_log_level_as_it_was() -> Iterator[None]:
+    """A test that runs ``cli.main`` in-process sets the root logger's level (INFO for ``setup``):
+    put it back, so that no later test captures records another test's verb let through."""
+    root = logging.getLogger()
+    level = root.level
+    yield
+    root.setLevel(level)
 
 
 @pytest.fixture(scope="session")
