@@ -22,6 +22,14 @@ from tests.helpers import (
 RESTART_PARTITIONS = 90
 
 
+def _config(tmp_path: Path, tag: str, grace: str = "30s") -> tuple[str, Path]:
+    """(shm prefix, config file) of a test daemon in ``tmp_path``: the file written."""
+    prefix = f"cuzk-{tag}-{os.getpid()}"
+    cfg = tmp_path / "cuzk.toml"
+    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=prefix, grace=grace))
+    return prefix, cfg
+
+
 def test_unknown_config_key_fails_start_naming_it(tmp_path: Path) -> None:
     text = config_text(tmp_path, tmp_path / "keys", prefix="cuzk-badcfg").replace(
         "[synthesis]\n", "[synthesis]\npartition_wrokers = 3\n")
@@ -34,9 +42,7 @@ def test_unknown_config_key_fails_start_naming_it(tmp_path: Path) -> None:
 
 
 def test_sigterm_mid_job_then_restart_completes_from_the_journal(tmp_path: Path) -> None:
-    prefix = f"cuzk-rs-{os.getpid()}"
-    cfg = tmp_path / "cuzk.toml"
-    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=prefix, grace="7s"))
+    prefix, cfg = _config(tmp_path, "rs", grace="7s")
     notify = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
     notify.bind(str(tmp_path / "notify.sock"))
     notify.settimeout(10)
@@ -93,9 +99,7 @@ def test_sigterm_mid_job_then_restart_completes_from_the_journal(tmp_path: Path)
 
 
 def test_sigkill_loses_no_accepted_job(tmp_path: Path) -> None:
-    prefix = f"cuzk-rk-{os.getpid()}"
-    cfg = tmp_path / "cuzk.toml"
-    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=prefix))
+    prefix, cfg = _config(tmp_path, "rk")
     first = DaemonProcess(cfg, tmp_path)
     try:
         first.wait_ready()
@@ -126,9 +130,7 @@ def test_sigkill_loses_no_accepted_job(tmp_path: Path) -> None:
 def test_a_client_that_loses_the_daemon_names_its_job(tmp_path: Path) -> None:
     """``client prove`` without --request-id, the daemon killed under it: the client exits 3 and
     names the job it made the id of; after a restart that id awaits the finished, valid proofs."""
-    prefix = f"cuzk-rc-{os.getpid()}"
-    cfg = tmp_path / "cuzk.toml"
-    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=prefix))
+    prefix, cfg = _config(tmp_path, "rc")
     first = DaemonProcess(cfg, tmp_path)
     client = None
     try:
@@ -163,9 +165,7 @@ def test_a_client_that_loses_the_daemon_names_its_job(tmp_path: Path) -> None:
 
 
 def test_sighup_is_logged_and_the_daemon_keeps_serving(tmp_path: Path) -> None:
-    prefix = f"cuzk-rh-{os.getpid()}"
-    cfg = tmp_path / "cuzk.toml"
-    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=prefix))
+    prefix, cfg = _config(tmp_path, "rh")
     d = DaemonProcess(cfg, tmp_path)
     try:
         d.wait_ready()
