@@ -17,6 +17,7 @@ from cuzk_mp.daemon.protocol import JobReply, PartitionIn, PartitionOut, Partiti
 from cuzk_mp.formats.snarkjs_json import public_to_json
 from cuzk_mp.pipeline.types import PartitionResult, Priority
 
+JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
 TERMINAL = frozenset({"done", "failed", "cancelled"})
 
 

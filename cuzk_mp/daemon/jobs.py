@@ -43,7 +43,7 @@ from typing import Any, Protocol
 import msgspec
 
 from cuzk_mp.daemon.config import CircuitConfig
-from cuzk_mp.daemon.job_records import TERMINAL, JobRecord, pending_partitions, reply_of, to_partition_out
+from cuzk_mp.daemon.job_records import JOB_STATES, TERMINAL, JobRecord, pending_partitions, reply_of, to_partition_out
 from cuzk_mp.daemon.journal import Journal, JournalEntry
 from cuzk_mp.daemon.metrics import DaemonMetrics
 from cuzk_mp.daemon.protocol import JobReply, PartitionIn, Prove, SubmitProof
@@ -245,7 +245,7 @@ class JobTable:
 
     def counts(self) -> dict[str, int]:
         """Jobs per state."""
-        out = {s: 0 for s in ("queued", "running", "done", "failed", "cancelled")}
+        out = {s: 0 for s in JOB_STATES}
         for r in self.jobs.values():
             out[r.state] += 1
         return out

@@ -24,7 +24,7 @@ from cuzk_mp import __version__
 from cuzk_mp.daemon.budget import breakdown, largest
 from cuzk_mp.daemon.config import DaemonConfig
 from cuzk_mp.errors import CuzkError
-from cuzk_mp.daemon.job_records import TERMINAL, JobRecord
+from cuzk_mp.daemon.job_records import JOB_STATES, TERMINAL, JobRecord
 from cuzk_mp.daemon.jobs import JobTable
 from cuzk_mp.pipeline.scheduler import PartitionRow
 from cuzk_mp.pipeline.status import EngineStatus
@@ -78,7 +78,7 @@ class StatusView:
         """Jobs per state, as the job list shows them (a queued job whose first partition the
         engine has started counts as running): the status document's and the metric's figure;
         with ``owner``, that client's jobs alone (what a caller without an admin token sees)."""
-        counts = {state: 0 for state in self.jobs.counts()}
+        counts = {state: 0 for state in JOB_STATES}
         live = {j.job_id: j.partitions for j in engine.jobs} if engine is not None else {}
         for rec in self.jobs.jobs.values():
             if owner is not None and rec.owner != owner:
