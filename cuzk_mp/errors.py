@@ -111,6 +111,11 @@ def error_kind(exc: BaseException) -> str:
     return type(exc).__name__ if type(exc).__name__ in _KINDS else "InternalError"
 
 
+def is_input_kind(kind: str | None) -> bool:
+    """Whether an error's wire name is an input error (the user's input, exit code 2)."""
+    return bool(kind) and isinstance(error_from_kind(kind or "", ""), InputError)
+
+
 def error_from_kind(kind: str, message: str) -> CuzkError:
     """Rebuild an exception from its wire form (``kind``, ``message``).
 

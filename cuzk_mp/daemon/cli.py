@@ -274,10 +274,10 @@ def _finish_job(client: Any, reply: Any, out: Path | None) -> int:
 def _failed_on_input(reply: Any) -> bool:
     """Whether a failed job failed on its input (a bad or unsatisfied witness, bad input JSON):
     exit 2, as the one-shot ``groth16 prove`` gives for the same file."""
-    from cuzk_mp.errors import InputError, error_from_kind
+    from cuzk_mp.errors import is_input_kind
 
     kinds = [reply.error_kind] + [p.error_kind for p in reply.partitions]
-    return reply.state == "failed" and any(k and isinstance(error_from_kind(k, ""), InputError) for k in kinds)
+    return reply.state == "failed" and any(is_input_kind(k) for k in kinds)
 
 
 def _client_verb(client: Any, args: argparse.Namespace) -> int:

@@ -772,7 +772,7 @@ def _verdict(result: dict[str, Any]) -> int:
     """0 when every proof verified; else one closing line on stderr saying how many did not and
     why the first failed partition failed, and exit 2 where every failure was the input's (an
     unsatisfied or malformed witness: what one-shot `groth16 prove` answers 2 for), else 1."""
-    from ..errors import error_from_kind
+    from ..errors import is_input_kind
 
     total, verified = result["proofs_total"], result["proofs_verified"]
     if verified == total:
@@ -781,6 +781,5 @@ def _verdict(result: dict[str, Any]) -> int:
     why = (f"; {len(failed)} partition(s) failed, the first ({failed[0]['job']} partition {failed[0]['index']}): "
            f"{failed[0]['error']}") if failed else "; proofs came back that do not verify"
     print(f"cuzk-mp bench: {total - verified} of {total} proofs missing or invalid{why}", file=sys.stderr)
-    on_input = failed and len(failed) == total - verified and all(
-        p.get("error_kind") and isinstance(error_from_kind(p["error_kind"], ""), InputError) for p in failed)
+    on_input = failed and len(failed) == total - verified and all(is_input_kind(p.get("error_kind")) for p in failed)
     return EXIT_INPUT if on_input else 1
