@@ -26,7 +26,6 @@ import logging
 import os
 import signal
 import sys
-import threading
 import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -569,8 +568,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         return exc.code if isinstance(exc.code, int) else EXIT_INPUT
     _configure_logging(args)
     func: Callable[[argparse.Namespace], int] = args.func
-    if args.command != "daemon" and threading.current_thread() is threading.main_thread():
-        signal.signal(signal.SIGTERM, _terminate)  # the daemon drains on SIGTERM by itself
     try:
         return func(args)
     except BrokenPipeError:  # stdout closed early (`cuzk-mp client status | head`): nothing more to say
@@ -591,8 +588,12 @@ def run() -> None:
     on the CPU backend (perf/results/oneshot-start-cpu.json). A process that made a CUDA context
     leaves its release by the driver to a forked child that outlives it
     (:func:`.backends.gpu.early_context.hand_off_teardown`). The engine's verbs (daemon, bench,
-    client) end normally."""
+    client) end normally. SIGTERM stops any verb but the daemon as SIGINT does (:class:`Terminated`,
+    the same cleanup, exit 143); set here, in the process's own entry, not by :func:`main`, which
+    callers may run in-process."""
     verb = _verb(global_options_first(sys.argv[1:]))
+    if verb != "daemon":  # the daemon drains on SIGTERM by itself
+        signal.signal(signal.SIGTERM, _terminate)
     if verb not in LOCAL_VERBS:
         sys.exit(main())
     from . import stackprof

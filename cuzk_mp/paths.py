@@ -47,6 +47,6 @@ def folder_problem(path: Path) -> str | None:
 
 def output_file_problem(path: Path) -> str | None:
     """Why ``path`` cannot be an output file (a folder in the way, or its folder unusable), or None."""
-    if not str(path) or Path(path).is_dir():
-        return "is a folder" if str(path) else "is empty"
+    if Path(path).is_dir():  # "" too: Path("") is the current folder
+        return "is a folder"
     return folder_problem(Path(path).absolute().parent)
