@@ -268,3 +268,43 @@ def test_fleet_status_takes_the_stall_timeout_of_its_config(tmp_path: Path) -> N
     args = argparse.Namespace(dsn="postgresql://v@127.0.0.1:6/g", config=cfg)
     assert _dsn(args) == ("postgresql://v@127.0.0.1:6/g", {"stall_timeout_s": 6.0, "heartbeat_interval_s": 1.0})
     assert _dsn(argparse.Namespace(dsn="postgresql://w@h/x", config=None)) == ("postgresql://w@h/x", {})
+
+
+def test_a_dsn_the_database_refuses_fails_the_start_as_a_config_error_before_the_engine(
+        fleet_dsn: str, tmp_path: Path) -> None:
+    """A missing database or role is a bad config (exit 2), found before the engine's long start and
+    before the journal is made; a database nobody answers for stays an outage (exit 4)."""
+    import socket
+
+    from cuzk_mp.cli import exit_code
+    from cuzk_mp.daemon.config import resolve as resolve_daemon
+    from cuzk_mp.daemon.server import Daemon
+    from cuzk_mp.exit_codes import EXIT_INPUT, EXIT_RESOURCES
+
+    base = fleet_dsn.rsplit("/", 1)[0]
+    host_port = base.split("@", 1)[1]
+    with socket.socket() as s:  # a port nobody listens on
+        s.bind(("127.0.0.1", 0))
+        closed = f"postgresql://cuzk@127.0.0.1:{s.getsockname()[1]}/fleet"
+    cases = [(f"{base}/no_such_database", ConfigError, 'database "no_such_database" does not exist'),
+             (f"postgresql://no_such_role@{host_port}/postgres", ConfigError, 'role "no_such_role" does not exist'),
+             (closed, ResourceError, "cannot connect")]
+    for dsn, kind, text in cases:
+        with pytest.raises(kind, match=text):
+            asyncio.run(connect(dsn, "gpu-a"))
+        cfg = resolve_daemon({"daemon": {"listen": f"unix://{tmp_path}/d.sock"},
+                              "srs": {"param_cache": str(tmp_path / "cache")},
+                              "fleet": {"dsn": dsn, "box": "gpu-a", "inputs_dir": "in", "connect_timeout": "2s"},
+                              "circuits": {"syn": {"synthetic": "porep-like", "log_n": 10}}},
+                             base=tmp_path, source="d.toml")
+        started: list[object] = []
+
+        def engine(*args: object) -> object:
+            started.append(args)
+            raise AssertionError("the engine must not start")
+
+        with pytest.raises(kind) as e:
+            asyncio.run(Daemon(cfg, engine_factory=engine).start())
+        assert text in str(e.value) and not started
+        assert not cfg.journal_path.exists()
+        assert exit_code(e.value)[0] == {ConfigError: EXIT_INPUT, ResourceError: EXIT_RESOURCES}[kind]

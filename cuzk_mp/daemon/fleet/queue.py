@@ -59,7 +59,7 @@ from cuzk_mp.daemon.fleet.models import (
     entrypoint,
     queue_priority,
 )
-from cuzk_mp.daemon.fleet.store import FleetStore, connect_kwargs, new_pool, notify
+from cuzk_mp.daemon.fleet.store import FleetStore, first_connection, new_pool, notify
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
 
@@ -122,10 +122,7 @@ class Fleet(FleetStore):
         ``register=False`` connects an observer (status, metrics) that is not listed as a box.
         """
         check_fleet(cfg, "fleet")
-        try:  # one plain connection first: a wrong DSN fails at once, with the server's reason
-            first = await psycopg.AsyncConnection.connect(cfg.dsn, **connect_kwargs(cfg))
-        except psycopg.Error as e:
-            raise ResourceError(f"fleet: cannot connect to {redact_dsn(cfg.dsn)}: {e}") from None
+        first = await first_connection(cfg)  # a wrong DSN fails at once, with the server's reason
         pool = new_pool(cfg)
         fleet = cls(cfg, pool, on_abort)
         try:

@@ -31,7 +31,7 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from cuzk_mp.daemon.fleet import schema
 from cuzk_mp.daemon.fleet.config import FleetConfig, redact_dsn
 from cuzk_mp.daemon.fleet.models import BoxInfo, JobStatus, QueueDepth, circuit_of
-from cuzk_mp.errors import InputError, ResourceError
+from cuzk_mp.errors import ConfigError, InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
 
 JOB_COLUMNS = ("job_id, request_id, circuit_id, state, priority, n_partitions, inputs_ref, "
@@ -47,6 +47,26 @@ def connect_kwargs(cfg: FleetConfig) -> dict[str, Any]:
     """What every connection of a box is opened with (its pool's and its first one)."""
     return {"autocommit": True, "application_name": f"cuzk-fleet {cfg.box}",
             "connect_timeout": max(1, math.ceil(cfg.connect_timeout_s))}
+
+
+# What a server answers when it refuses a connection's role, password or database (libpq's texts,
+# in the server's default English): nothing a restart changes, so a bad [fleet] dsn, not an outage.
+REFUSALS = ("authentication failed", "does not exist", "no pg_hba.conf entry", "no password supplied",
+            "permission denied")
+
+
+async def first_connection(cfg: FleetConfig) -> psycopg.AsyncConnection[Any]:
+    """One plain connection, opened before anything else of a box: a database that refuses this
+    box's credentials or database name is a ConfigError (exit 2: the dsn must change), one that
+    cannot be reached a ResourceError (exit 4: it may come back); both with the server's reason."""
+    try:
+        return await psycopg.AsyncConnection.connect(cfg.dsn, **connect_kwargs(cfg))
+    except psycopg.Error as e:
+        reason = " ".join(str(e).split())
+        if any(r in reason for r in REFUSALS):
+            raise ConfigError(f"fleet.dsn: the database at {redact_dsn(cfg.dsn)} refused this box: "
+                              f"{reason}") from None
+        raise ResourceError(f"fleet: cannot connect to {redact_dsn(cfg.dsn)}: {reason}") from None
 
 
 def new_pool(cfg: FleetConfig) -> AsyncConnectionPool:
