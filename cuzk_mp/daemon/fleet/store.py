@@ -64,7 +64,7 @@ async def first_connection(cfg: FleetConfig) -> psycopg.AsyncConnection[Any]:
     except psycopg.Error as e:
         reason = " ".join(str(e).split())
         if any(r in reason for r in REFUSALS):
-            raise ConfigError(f"fleet.dsn: the database at {redact_dsn(cfg.dsn)} refused this box: "
+            raise ConfigError(f"fleet.dsn: the database at {redact_dsn(cfg.dsn)} refused the connection: "
                               f"{reason}") from None
         raise ResourceError(f"fleet: cannot connect to {redact_dsn(cfg.dsn)}: {reason}") from None
 
