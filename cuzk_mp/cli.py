@@ -242,7 +242,7 @@ def _cmd_fullprove(args: argparse.Namespace) -> int:
         from .circuits.circom import WitnessCalculator, load_input_json
 
         t0 = time.perf_counter()
-        w = WitnessCalculator(args.wasm).calculate(load_input_json(args.input))
+        w = WitnessCalculator(args.wasm).calculate(load_input_json(args.input), _print_circom_log)
         log.info("witness of %d values from %s in %.3f s", len(w), args.wasm, time.perf_counter() - t0)
         return w
 
@@ -278,8 +278,13 @@ def _cmd_wtns_calculate(args: argparse.Namespace) -> int:
     from .circuits.circom import calculate_witness_file
 
     _refuse_outputs_over_inputs(args, ("wtns",), ("wasm", "input"))
-    calculate_witness_file(args.wasm, args.input, args.wtns)
+    calculate_witness_file(args.wasm, args.input, args.wtns, _print_circom_log)
     return EXIT_OK
+
+
+def _print_circom_log(line: str) -> None:
+    """A line of the circuit's ``log()`` calls, on stdout as snarkjs prints it."""
+    print(line, flush=True)
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:
@@ -321,6 +326,7 @@ class SnarkjsVerb:
     func: Callable[[argparse.Namespace], int]
     proves: bool = False  # takes --backend, --r1cs and --no-verify
     connects: bool = False  # takes --connect and --token (a running daemon proves)
+    more_aliases: tuple[str, ...] = ()  # snarkjs's other short names of the verb
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         """The verb's positional files (each optional, with snarkjs's default) and options."""
@@ -332,6 +338,8 @@ class SnarkjsVerb:
                            help="check the witness against this circuit first (names the failing constraint)")
             p.add_argument("--no-verify", action="store_true",
                            help="skip the self-verification of the proof (benchmarks)")
+            p.add_argument("--protocol", choices=("groth16",), default="groth16",
+                           help="snarkjs's option, taken for its scripts: groth16 is the one protocol here")
         if self.connects:
             p.add_argument("--connect", metavar="ADDR",
                            help="prove through the running daemon at ADDR (unix:///path or host:port) whose "
@@ -350,10 +358,10 @@ class SnarkjsVerb:
 SNARKJS_VERBS = (
     SnarkjsVerb("g16p", ("groth16", "prove"), "a proof from a witness: ZKEY WTNS PROOF.json PUBLIC.json",
                 (ZKEY, ("wtns", "witness.wtns", "witness"), PROOF_OUT, PUBLIC_OUT), _cmd_prove, proves=True,
-                connects=True),
+                connects=True, more_aliases=("zpw",)),
     SnarkjsVerb("g16f", ("groth16", "fullprove"), "witness + proof in one call (no .wtns on disk): INPUT.json "
                 "WASM ZKEY PROOF.json PUBLIC.json", (INPUT, WASM, ZKEY, PROOF_OUT, PUBLIC_OUT), _cmd_fullprove,
-                proves=True, connects=True),
+                proves=True, connects=True, more_aliases=("g16i",)),
     SnarkjsVerb("g16v", ("groth16", "verify"), "verify VK.json PUBLIC.json PROOF.json: prints OK! (exit 0) or "
                 "why not (exit 1)", (("vk", "verification_key.json", "verification key"),
                                      ("public", "public.json", "public signals"), ("proof", "proof.json", "proof")),
@@ -380,7 +388,8 @@ def _snarkjs_verbs(sub: argparse._SubParsersAction) -> None:
             parent = groups[prefix]
         verb.add_arguments(parent.add_parser(verb.words[-1], help=verb.help))
     for verb in SNARKJS_VERBS:
-        verb.add_arguments(sub.add_parser(verb.alias, help=f"= {' '.join(verb.words)} (snarkjs alias)"))
+        verb.add_arguments(sub.add_parser(verb.alias, aliases=list(verb.more_aliases),
+                                          help=f"= {' '.join(verb.words)} (snarkjs alias)"))
 
 
 def _own_verbs(sub: argparse._SubParsersAction) -> None:
@@ -466,7 +475,8 @@ def build_parser(services: bool = True) -> argparse.ArgumentParser:
 
 # Verbs whose parsers need nothing of the pipeline and daemon packages: a one-shot prove starts
 # without importing them (and asyncio, multiprocessing) just to build the parser.
-LOCAL_VERBS = frozenset({"groth16", "zkey", "wtns", "setup", "circuit", *(v.alias for v in SNARKJS_VERBS)})
+LOCAL_VERBS = frozenset({"groth16", "zkey", "wtns", "setup", "circuit",
+                         *(a for v in SNARKJS_VERBS for a in (v.alias, *v.more_aliases))})
 
 
 def _verb(argv: Sequence[str]) -> str | None:

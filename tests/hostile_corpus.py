@@ -172,7 +172,7 @@ INPUT_JSON_PROBES: list[tuple[str, str, bytes, str]] = [
     ("1e400", "numbers", b'{"a": 1e400}', "range of a JavaScript number"),
     ("NaN", "numbers", b'{"a": NaN}', "NaN"),
     ("-Infinity", "numbers", b'{"a": [-Infinity]}', "Infinity"),
-    ("2^70 unquoted", "numbers", b'{"a": 1180591620717411303425}', "write it as a string"),
+    ("2^70 unquoted", "numbers", b'{"a": 1180591620717411303425}', "write it as a decimal string"),
     ("nesting 100,000 deep", "depth", b'{"a": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", "nested 100001 deep"),
     ("objects nesting 50,000 deep", "depth", b'{"a": ' + b'{"b": ' * 50_000 + b"1" + b"}" * 50_001,
      "nested 50001 deep"),

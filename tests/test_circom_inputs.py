@@ -78,7 +78,10 @@ def test_load_input_json_reads_numbers_as_javascript_does(tmp_path: Path) -> Non
 def test_load_input_json_rejects_integers_a_double_cannot_hold(tmp_path: Path) -> None:
     path = tmp_path / "in.json"
     path.write_text('{"a": 12345678901234567890123}')
-    with pytest.raises(InputError, match=r"in\.json.*write it as a string"):
+    with pytest.raises(InputError, match=r'in\.json.*write it as a decimal string: "12345678901234567890123"'):
+        load_input_json(path)
+    path.write_text('{"a": 1e23}')  # the advice is the number the literal means, not the literal
+    with pytest.raises(InputError, match=r'write it as a decimal string: "100000000000000000000000"'):
         load_input_json(path)
 
 
@@ -103,8 +106,15 @@ def test_witness_calculator_rejects_a_non_wasm_file(tmp_path: Path) -> None:
     from cuzk_mp.circuits.circom import WitnessCalculator
 
     path = tmp_path / "fake.wasm"
-    path.write_bytes(json.dumps({"not": "wasm"}).encode())
-    with pytest.raises(FormatError, match="fake.wasm.*not a valid wasm"):
+    for text in (json.dumps({"not": "wasm"}).encode(), b"(module)", b"module.exports = async function"):
+        path.write_bytes(text)  # WAT text too: wasmtime would compile it, circom never writes it
+        with pytest.raises(FormatError, match=r"fake\.wasm.*not a wasm module \(it does not start with \\0asm\)"):
+            WitnessCalculator(path)
+    path.write_bytes(b"\0asm\x01\0\0\0\x01\xff")  # a wasm header, then a damaged section
+    with pytest.raises(FormatError, match=r"fake\.wasm.*not a valid wasm module: [^\n]+$") as e:
         WitnessCalculator(path)
+    assert "\n" not in str(e.value)
+    with pytest.raises(InputError, match="a directory, not a circom wasm file"):
+        WitnessCalculator(tmp_path)
     with pytest.raises(InputError, match="no such circom wasm"):
         WitnessCalculator(tmp_path / "missing.wasm")

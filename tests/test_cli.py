@@ -26,6 +26,7 @@ import pytest
 
 import cuzk_mp
 from cuzk_mp import cli, errors
+from cuzk_mp.algebra.field import R_MOD
 from cuzk_mp.paths import default_cache_dir
 
 REPO = Path(__file__).resolve().parents[1]
@@ -91,6 +92,10 @@ def test_snarkjs_default_file_names() -> None:
     assert names("zkev") == ["circuit_final.zkey", "circuit_vk.json"]
     assert names("wc") == ["input.json", "circuit.wasm", "witness.wtns"]
     assert names("g16p", "my.zkey") == ["my.zkey", "witness.wtns", "proof.json", "public.json"]
+    assert names("g16i") == names("g16f") and names("zpw") == names("g16p")  # snarkjs's other short names
+    assert p.parse_args(["g16p", "--protocol", "groth16"]).protocol == "groth16"  # snarkjs's option
+    with pytest.raises(SystemExit):
+        p.parse_args(["g16f", "--protocol", "plonk"])
 
 
 def test_options_between_positionals() -> None:
@@ -250,6 +255,17 @@ def test_tampered_proof_exits_1(circuit: dict[str, Path], tmp_path: Path) -> Non
     assert proc.returncode == 1 and proc.stdout.startswith("Invalid proof"), proc.stdout + proc.stderr
     good = run_cli("g16v", circuit["vk"], circuit["public"], circuit["proof"], "-v")
     assert good.returncode == 0 and good.stdout.strip() == "OK!"
+    # the same value + r, or negative: a well-formed claim that fails, as snarkjs says ("not valid")
+    for changed in (str(int(json.loads(circuit["public"].read_text())[0]) + R_MOD), "-1"):
+        (tmp_path / "public.json").write_text(json.dumps([changed, *public[1:]]))
+        proc = run_cli("g16v", circuit["vk"], tmp_path / "public.json", circuit["proof"])
+        assert proc.returncode == 1 and proc.stdout.startswith("Invalid proof: public signal 0 is not a field "
+                                                               "element"), proc.stdout + proc.stderr
+    # a number snarkjs's JSON.parse would round: refused as a file, naming the fix
+    (tmp_path / "public.json").write_text("[" + ", ".join(json.loads(circuit["public"].read_text())) + "]")
+    assert int(json.loads(circuit["public"].read_text())[0]) > 2**53  # field-sized: a double rounds it
+    proc = run_cli("g16v", circuit["vk"], tmp_path / "public.json", circuit["proof"])
+    assert proc.returncode == 2 and "not exact as a JavaScript number" in proc.stderr, proc.stdout + proc.stderr
 
 
 # --- every way out: a message and a documented exit code ---------------------------------------

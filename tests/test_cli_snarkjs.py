@@ -95,6 +95,38 @@ def test_snarkjs_default_names_end_to_end(oracle: Oracle, tmp_path: Path) -> Non
     assert groth16_verify(tmp_path / "verification_key.json", tmp_path / "public.json", tmp_path / "proof.json")
 
 
+UNUSED_INPUT = """pragma circom 2.0.0;
+template UnusedInput() {
+    signal input a;
+    signal input salt;  // in no constraint: circom drops its wire but counts it in nPrvIn
+    signal output c;
+    c <== a * a;
+    log("c is", c);
+}
+component main {public [a]} = UnusedInput();
+"""
+
+
+def test_a_circuit_whose_unused_input_circom_dropped(oracle: Oracle, tmp_path: Path) -> None:  # noqa: F811
+    """circom's r1cs counts an unused private input without a wire: ``setup`` and ``--r1cs`` take it
+    as snarkjs does; the circuit's ``log()`` lines reach stdout as snarkjs prints them."""
+    from tests.oracle import compile_circuit
+
+    (tmp_path / "u.circom").write_text(UNUSED_INPUT)
+    r1cs, wasm = compile_circuit(tmp_path / "u.circom", tmp_path)
+    from cuzk_mp.formats.r1cs import read_r1cs
+    head = read_r1cs(r1cs)
+    assert head.n_wires < 1 + head.n_pub_out + head.n_pub_in + head.n_prv_in  # what the case is about
+    _ok(cuzk("setup", "--backend", "cpu", r1cs, "u.zkey", cwd=tmp_path))
+    write_json(tmp_path / "in.json", {"a": "3", "salt": "99"})
+    res = _ok(cuzk("g16f", "in.json", wasm, "u.zkey", "p.json", "s.json", "--r1cs", r1cs, cwd=tmp_path))
+    assert res.stdout.splitlines() == ["c is 9"]
+    assert _ok(cuzk("wc", wasm, "in.json", "w.wtns", cwd=tmp_path)).stdout.splitlines() == ["c is 9"]
+    _ok(cuzk("zkev", "u.zkey", "vk.json", cwd=tmp_path))
+    assert json.loads((tmp_path / "s.json").read_text()) == ["9", "3"]
+    assert groth16_verify(tmp_path / "vk.json", tmp_path / "s.json", tmp_path / "p.json")
+
+
 def test_fullprove_bad_input_is_a_message(oracle: Oracle, tmp_path: Path) -> None:  # noqa: F811
     files, key = oracle.circuit("multiplier"), oracle.snarkjs_key("multiplier")
     write_json(tmp_path / "in.json", {"a": "3", "nope": "4"})
@@ -129,6 +161,11 @@ def test_fullprove_keep_warm_runs_the_wasm_in_the_warm_daemon(oracle: Oracle, tm
         res = cuzk("g16f", "--keep-warm", "5", "--backend", "cpu", "bad.json", files.wasm, zkey, "p3.json",
                    "s3.json", cwd=tmp_path)
         assert res.returncode == 2 and "bad.json" in res.stderr and not (tmp_path / "p3.json").exists(), res.stderr
+        write_json(tmp_path / "null.json", {"a": None, "b": "4"})  # refused by the daemon's check at submit
+        res = cuzk("g16f", "--keep-warm", "5", "--backend", "cpu", "null.json", files.wasm, zkey, "p3.json",
+                   "s3.json", cwd=tmp_path)
+        assert res.returncode == 2 and "error: null.json: signal a: a value must be" in res.stderr, res.stderr
+        assert "partitions[" not in res.stderr
     finally:
         deadline = time.monotonic() + 60  # the daemon leaves by itself after 5 s idle
         while list(runtime.glob("cuzk-mp/*.sock")) and time.monotonic() < deadline:

@@ -37,7 +37,7 @@ HOSTILE_INPUTS = [
     ("-Infinity", b'{"a": -Infinity}', "Infinity"),
     ("1e400", b'{"a": 1e400}', "range of a JavaScript number"),
     ("-1e99999", b'{"a": -1e99999}', "range of a JavaScript number"),
-    ("2^70 unquoted", b'{"a": 1180591620717411303425}', "write it as a string"),
+    ("2^70 unquoted", b'{"a": 1180591620717411303425}', "write it as a decimal string"),
     ("null value", b'{"a": null}', "not null"),
     ("object value", b'{"a": {"b": 1}}', "not an object"),
     ("object inside an array", b'{"a": [1, [2, {"c": 3}]]}', "not an object"),

@@ -84,7 +84,7 @@ def test_proof_reader_accepts_snarkjs_variants() -> None:
     (lambda o: o["pi_b"][1].__setitem__(0, "0x"), r"pi_b\[1\]\[0\]: not a decimal string: '0x'"),
     (lambda o: o["pi_b"][1].__setitem__(0, "0x" + "f" * 201), r"pi_b\[1\]\[0\]: not a decimal string"),
     (lambda o: o["pi_c"].__setitem__(0, hex(Q_MOD)), r"pi_c\[0\]: \d+ is not < q"),
-    (lambda o: o["pi_a"].__setitem__(0, "-1"), r"proof\.json: pi_a\[0\]: not a decimal string"),
+    (lambda o: o["pi_a"].__setitem__(0, "-1"), r"proof\.json: pi_a\[0\]: -1 is negative"),
     (lambda o: o["pi_a"].__setitem__(1, " 1"), r"pi_a\[1\]: not a decimal string"),
     (lambda o: o["pi_a"].__setitem__(1, "1.0"), r"pi_a\[1\]: not a decimal string"),
     (lambda o: o["pi_a"].__setitem__(1, "\u0661"), r"pi_a\[1\]: not a decimal string"),
@@ -119,8 +119,10 @@ def test_public_signals() -> None:
     assert public_to_json(vals) == ["0", "1", "33", str(R_MOD - 1)]
     assert public_from_json(public_to_json(vals), name="public.json") == vals
     assert public_from_json([]) == []
-    with pytest.raises(FormatError, match=r"public\.json: \[1\]: \d+ is not < r"):
-        public_from_json(["1", str(R_MOD)], name="public.json")
+    # out of [0, r): read as given, for the verifier's "invalid" (snarkjs: "Public inputs are not valid")
+    assert public_from_json(["1", str(R_MOD), "-1", hex(R_MOD + 5)]) == [1, R_MOD, -1, R_MOD + 5]
+    with pytest.raises(FormatError, match=r"pub\.json: \[0\]: not a decimal string: '--1'"):
+        public_from_json(["--1"], name="pub.json")
     with pytest.raises(FormatError, match=r"pub\.json: \[0\]: not a decimal string"):
         public_from_json(["abc"], name="pub.json")
     with pytest.raises(FormatError, match=r"pub\.json: top level: expected an array, got dict"):
@@ -167,6 +169,9 @@ def test_vk_errors() -> None:
             vk_from_json({**obj, **change}, name="vk.json")
     with pytest.raises(FormatError, match=r"vk\.json: vk_beta_2: missing"):
         vk_from_json({k: v for k, v in obj.items() if k != "vk_beta_2"}, name="vk.json")
+    plonk = {"protocol": "plonk", "curve": "bls12381", "nPublic": 1, "power": 3, "Qm": ["1", "2", "1"]}
+    with pytest.raises(FormatError, match=r"vk\.json: protocol: is 'plonk', expected 'groth16'"):
+        vk_from_json(plonk, name="vk.json")  # named by its protocol, not by a groth16 key it lacks
     with pytest.raises(ValueError, match="2 IC points for nPublic 2"):
         vk_to_json(VerificationKey(2, None, None, None, None, [None, None], None))
 
@@ -195,3 +200,10 @@ def test_read_json_errors(tmp_path: Path) -> None:
     good = tmp_path / "ok.json"
     good.write_text(json.dumps(["1"]))
     assert read_json(good) == ["1"]
+    good.write_text(f"[1, {2**53}, {2**60}]")  # JSON integers a JavaScript double holds exactly
+    assert read_json(good) == [1, 2**53, 2**60]
+    inexact = tmp_path / "inexact.json"  # snarkjs's JSON.parse would round it: another value
+    inexact.write_text(f"[{R_MOD - 1}]")
+    with pytest.raises(InputError, match=rf'inexact\.json: JSON number {R_MOD - 1} is not exact as a JavaScript '
+                       rf'number .*write it as a decimal string: "{R_MOD - 1}"'):
+        read_json(inexact)

@@ -164,7 +164,9 @@ def test_header_errors() -> None:
     bad(replace_section({**s, 1: header(6, (1, 1, 1), 4, prime=7, n8=8)}), r"section 1 \(header\): n8 is 8, expected 32")
     bad(replace_section({**s, 1: s[1] + b"\0"}), r"section 1 \(header\): size is 65 bytes, its fields take 64")
     bad(replace_section({**s, 1: s[1][:-2]}), r"section 1 \(header\): truncated in field n_constraints")
-    bad(replace_section({**s, 1: header(6, (2, 2, 2), 4)}), r"section 1 \(header\): nWires 6 < 1 \+ nPubOut")
+    bad(replace_section({**s, 1: header(6, (3, 3, 0), 4)}), r"section 1 \(header\): nWires 6 < 1 \+ nPubOut \+ nPubIn = 7")
+    # circom counts a private input it dropped as unused in nPrvIn, without a wire: still readable
+    assert read_r1cs(replace_section({**s, 1: header(6, (2, 2, 9), 4)})).n_prv_in == 9
     bad(b"r1cs" + struct.pack("<II", 2, 0), r"bad\.r1cs: version 2 not supported")
     bad(b"wtns" + struct.pack("<II", 1, 0), r"bad\.r1cs: wrong magic")
     bad(replace_section(s, (2, 3)), r"section 1 \(header\): missing")

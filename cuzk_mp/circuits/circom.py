@@ -35,8 +35,7 @@ from __future__ import annotations
 import logging
 import math
 import re
-from collections.abc import Mapping
-from decimal import Decimal, InvalidOperation
+from collections.abc import Callable, Mapping
 from pathlib import Path
 
 import numpy as np
@@ -48,6 +47,25 @@ from cuzk_mp.formats import json_bounds
 from cuzk_mp.formats.wtns import write_wtns
 
 log = logging.getLogger(__name__)
+
+WASM_MAGIC = b"\0asm"
+LogSink = Callable[[str], None] | None  # where the lines of a circuit's log() calls go
+
+
+def _log_line(line: str) -> None:
+    log.info("circom log: %s", line)
+
+
+def _trap_text(exc: wasmtime.Trap) -> str:
+    """A trap in one line: what trapped and in which function (wasmtime's text adds a backtrace)."""
+    lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
+    what = next((ln.split("wasm trap:", 1)[1].strip() for ln in lines if "wasm trap:" in ln),
+                lines[0] if lines else "unknown trap")
+    names = [f.func_name for f in exc.frames or [] if f.func_name]
+    if not names:
+        return what
+    caller = f" (called from {names[1]})" if len(names) > 1 and names[1] != names[0] else ""
+    return f"{what} in {names[0]}{caller}"
 
 # runtime.exceptionHandler codes, as circom 2.2's generated witness_calculator.js names them.
 CIRCOM_EXCEPTIONS = {
@@ -71,7 +89,6 @@ _JS_SPACE = ("\t\n\v\f\r \xa0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff"
 _JS_DEC = re.compile(r"[+-]?[0-9]+")
 _JS_RADIX = {"x": (16, re.compile(r"[0-9a-fA-F]+")), "o": (8, re.compile(r"[0-7]+")),
              "b": (2, re.compile(r"[01]+"))}
-_JS_SAFE = 1 << 53  # integers of magnitude <= 2^53 are exact JavaScript doubles
 
 # Limits of input JSON (what any real circuit's input stays far below).
 MAX_INPUT_DEPTH = 32  # the input object plus nested arrays (one per signal dimension)
@@ -163,24 +180,6 @@ def flatten_values(value: object, name: str) -> list[object]:
     return [value]
 
 
-def _json_number(literal: str) -> int | float:
-    """A JSON number literal as JavaScript's JSON.parse sees it (an IEEE double)."""
-    if len(literal) <= 15 and literal.lstrip("-").isdigit():
-        return int(literal)  # below 10^15 < 2^53: exact as a double, the common case
-    as_double = float(literal)
-    if not math.isfinite(as_double):
-        raise InputError(f"JSON number {literal[:40]} is beyond the range of a JavaScript number")
-    try:
-        exact = Decimal(literal)
-    except InvalidOperation:  # pragma: no cover - json only hands us valid literals
-        raise InputError(f"bad JSON number {literal!r}") from None
-    if exact == exact.to_integral_value() and abs(exact) > _JS_SAFE and Decimal(as_double) != exact:
-        raise InputError(
-            f"JSON number {literal} is not exact as a JavaScript number (snarkjs would use "
-            f"{int(as_double)}); write it as a string: \"{literal}\"")
-    return as_double if "." in literal or "e" in literal.lower() else int(exact)
-
-
 def load_input_json(path: str | Path) -> dict[str, object]:
     """Read a snarkjs input file: one JSON object mapping input signal names to values."""
     try:
@@ -205,7 +204,7 @@ def parse_input_json(data: bytes | str, name: str = "input.json") -> dict[str, o
     an object.
     """
     parsed = json_bounds.loads(data, name, max_depth=MAX_INPUT_DEPTH, max_number_chars=MAX_VALUE_CHARS,
-                               max_bytes=MAX_INPUT_BYTES, parse_number=_json_number)
+                               max_bytes=MAX_INPUT_BYTES, parse_number=json_bounds.js_number)
     if not isinstance(parsed, dict):
         raise FormatError(name, None, "the input must be a JSON object {signal: value, ...}")
     _check_values(parsed, name)
@@ -263,10 +262,11 @@ class _Instance:
     """
 
     def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module,
-                 dump_module: wasmtime.Module) -> None:
+                 dump_module: wasmtime.Module, on_log: LogSink = None) -> None:
         self.store = wasmtime.Store(engine)
         self.errors = ""
         self.log_line = ""
+        self.on_log = on_log or _log_line
         hosts = {
             "exceptionHandler": self._exception, "printErrorMessage": self._print_error,
             "writeBufferMessage": self._write_buffer, "showSharedRWMemory": self._show_shared,
@@ -323,7 +323,7 @@ class _Instance:
     def _write_buffer(self) -> None:
         msg = self._message()
         if msg == "\n":  # circom's log() ends every call with a lone "\n"
-            log.info("circom log: %s", self.log_line)
+            self.on_log(self.log_line)
             self.log_line = ""
         else:
             self.log_line += (" " if self.log_line else "") + msg
@@ -346,20 +346,28 @@ class WitnessCalculator:
         self.path = Path(wasm_path)
         self._engine = wasmtime.Engine()
         try:
+            with open(self.path, "rb") as f:  # binary only: wasmtime would also parse WAT text
+                magic = f.read(len(WASM_MAGIC))
+            if magic != WASM_MAGIC:
+                raise FormatError(self.path, None, "not a wasm module (it does not start with \\0asm): give "
+                                  "the circuit's X_js/X.wasm")
             self._module = wasmtime.Module.from_file(self._engine, str(self.path))
         except FileNotFoundError as exc:
             raise InputError(f"{self.path}: no such circom wasm file") from exc
+        except IsADirectoryError as exc:
+            raise InputError(f"{self.path}: a directory, not a circom wasm file") from exc
         except wasmtime.WasmtimeError as exc:
-            raise FormatError(self.path, None, f"not a valid wasm module: {exc}") from exc
+            first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
+            raise FormatError(self.path, None, f"not a valid wasm module: {first}") from exc
         self._dump_module = wasmtime.Module(self._engine, _DUMP_WAT)
         self._check_header(self._instantiate())
 
     def __reduce__(self) -> tuple[type[WitnessCalculator], tuple[str]]:
         return (WitnessCalculator, (str(self.path),))
 
-    def _instantiate(self) -> _Instance:
+    def _instantiate(self, on_log: LogSink = None) -> _Instance:
         try:
-            return _Instance(self._engine, self._module, self._dump_module)
+            return _Instance(self._engine, self._module, self._dump_module, on_log)
         except KeyError as exc:
             raise FormatError(self.path, None, "not a circom 2.x witness generator: no export "
                               f"{exc.args[0]!r}") from exc
@@ -382,18 +390,20 @@ class WitnessCalculator:
         self.witness_size: int = inst.call("getWitnessSize")
         self.n_inputs: int = inst.call("getInputSize")
 
-    def calculate(self, inputs: Mapping[str, object]) -> np.ndarray:
+    def calculate(self, inputs: Mapping[str, object], on_log: LogSink = None) -> np.ndarray:
         """The full witness for ``inputs`` ({signal name: value or nested array of values}).
 
         Returns an (witness_size, 4) uint64 array of standard-form Fr elements, w[0] = 1.
         Raises InputError, naming the wasm file, for unknown signals, wrong value counts,
         values that are not integers, and circuit assertion failures (with circom's
-        "Error in template T line: L" messages).
+        "Error in template T line: L" messages). ``on_log`` takes each line of the circuit's
+        ``log()`` calls (the one-shot CLI prints them, as snarkjs does); by default they are INFO
+        log lines.
         """
         if not isinstance(inputs, Mapping):
             raise InputError(f"{self.path}: the input must be a mapping of signal names, "
                              f"not {type(inputs).__name__}")
-        inst = self._instantiate()
+        inst = self._instantiate(on_log)
         try:
             inst.call("init", 0)
             n_set = sum(self._set_signal(inst, str(name), value) for name, value in inputs.items())
@@ -406,7 +416,7 @@ class WitnessCalculator:
         except _CircomException as exc:
             raise InputError(f"{self.path}: {self._circuit_error(exc)}") from None
         except wasmtime.Trap as exc:
-            raise InputError(f"{self.path}: the witness generator trapped: {exc}") from None
+            raise InputError(f"{self.path}: the witness generator trapped: {_trap_text(exc)}") from None
         return np.frombuffer(raw, dtype="<u8").reshape(self.witness_size, FR_LIMBS).copy()
 
     def _set_signal(self, inst: _Instance, name: str, value: object) -> int:
@@ -435,8 +445,8 @@ class WitnessCalculator:
 
 
 def calculate_witness_file(wasm_path: str | Path, input_json_path: str | Path,
-                           out_wtns_path: str | Path) -> None:
+                           out_wtns_path: str | Path, on_log: LogSink = None) -> None:
     """``cuzk-mp wtns calculate CIRCUIT.wasm INPUT.json WITNESS.wtns`` (snarkjs's verb)."""
     inputs = load_input_json(input_json_path)  # a bad input fails before the wasm is compiled
-    witness = WitnessCalculator(wasm_path).calculate(inputs)
+    witness = WitnessCalculator(wasm_path).calculate(inputs, on_log)
     write_wtns(out_wtns_path, witness)

@@ -13,6 +13,7 @@ partition 0), a failed job as a ProofError, and a daemon out of reach as :class:
 from __future__ import annotations
 
 import os
+import re
 from pathlib import Path
 from typing import Any
 
@@ -21,6 +22,9 @@ from cuzk_mp.daemon.client import Client, partition_from_file
 from cuzk_mp.daemon.transport import CommClosedError
 from cuzk_mp.errors import AuthError, InputError, ProofError, error_from_kind
 from cuzk_mp.formats.atomic import write_json_files
+
+
+_ONE_PARTITION = re.compile(r"^job \S+ partitions\[0\](\.data)?: ")  # how a refusal names the one file's part
 
 
 class Unreachable(Exception):
@@ -55,7 +59,12 @@ def prove_to_files(addr: str, token: str, circuit: str | None, zkey: Path, sourc
     try:
         with client:
             cid = circuit or circuit_of_key(client, zkey, addr)
-            reply = client.prove(cid, [part])
+            try:
+                reply = client.prove(cid, [part])
+            except InputError as refused:  # the daemon's check at submit names the job's field: name the file
+                if isinstance(refused, AuthError):
+                    raise
+                raise InputError(f"{source}: {_ONE_PARTITION.sub('', str(refused), count=1)}") from None
     except (CommClosedError, ConnectionError, TimeoutError) as lost:
         raise Unreachable(f"lost the daemon at {addr}: {lost}") from None
     if reply.state != "done":

@@ -21,8 +21,10 @@ here: they cost no more than their bytes, and each format checks its own values.
 from __future__ import annotations
 
 import json
+import math
 import re
 from collections.abc import Callable
+from decimal import Decimal, InvalidOperation
 from typing import Any
 
 import numpy as np
@@ -56,6 +58,29 @@ def max_nesting(text: str) -> int:
         deepest = max(deepest, int(running.max()))
         level = int(running[-1])
     return deepest
+
+
+JS_SAFE = 1 << 53  # integers of magnitude <= 2^53 are exact JavaScript doubles
+
+
+def js_number(literal: str) -> int | float:
+    """A JSON number literal as JavaScript's JSON.parse sees it (an IEEE double), for documents
+    snarkjs reads: an integer a double cannot hold exactly is an InputError (snarkjs would use
+    another value) advising the decimal string of the value the literal means."""
+    if len(literal) <= 15 and literal.lstrip("-").isdigit():
+        return int(literal)  # below 10^15 < 2^53: exact as a double, the common case
+    as_double = float(literal)
+    if not math.isfinite(as_double):
+        raise InputError(f"JSON number {literal[:40]} is beyond the range of a JavaScript number")
+    try:
+        exact = Decimal(literal)
+    except InvalidOperation:  # pragma: no cover - json only hands us valid literals
+        raise InputError(f"bad JSON number {literal!r}") from None
+    if exact == exact.to_integral_value() and abs(exact) > JS_SAFE and Decimal(as_double) != exact:
+        raise InputError(
+            f"JSON number {literal} is not exact as a JavaScript number (snarkjs would use "
+            f"{int(as_double)}); write it as a decimal string: \"{int(exact)}\"")
+    return as_double if "." in literal or "e" in literal.lower() else int(exact)
 
 
 def _default_number(literal: str) -> int | float:

@@ -174,9 +174,11 @@ def _read_header(bf: BinFile) -> dict[str, int]:
     head["n_labels"] = rd.u64("n_labels")
     head["n_constraints"] = rd.u32("n_constraints")
     rd.end()
-    n_io = head["n_pub_out"] + head["n_pub_in"] + head["n_prv_in"]
-    if n_io + 1 > head["n_wires"]:
-        raise bf.error(1, f"nWires {head['n_wires']} < 1 + nPubOut + nPubIn + nPrvIn = {n_io + 1}")
+    # Only the public signals must be wires: circom counts a private input it removed as unused in
+    # nPrvIn but gives it no wire (snarkjs sets such circuits up and proves them).
+    n_pub = head["n_pub_out"] + head["n_pub_in"]
+    if n_pub + 1 > head["n_wires"]:
+        raise bf.error(1, f"nWires {head['n_wires']} < 1 + nPubOut + nPubIn = {n_pub + 1}")
     return head
 
 

@@ -10,10 +10,12 @@ snarkjs: z = 1 is affine, z = 0 is infinity, any other z is Jacobian
 
 In Python, points are "affine ints" (cuzk_mp.algebra.curve): G1 ``(x, y)``,
 G2 ``((x0, x1), (y0, y1))``, None for infinity. This module checks syntax and
-ranges only (< q for coordinates, < r for public signals); on-curve and
-subgroup checks are the verifier's job. Numbers are decimal strings ``[0-9]+`` or
+ranges only (< q for coordinates; public signals outside [0, r) are the verifier's
+"invalid", as in snarkjs); on-curve and subgroup checks are the verifier's job. Numbers are decimal strings ``[0-9]+`` or
 ``0x`` hex strings (what snarkjs's ``unstringifyBigInts`` turns into BigInts); JSON
-integers are accepted too (snarkjs passes them to BigInt); anything else (signs,
+integers are accepted where a JavaScript double holds them exactly (snarkjs's JSON.parse
+rounds the others, so it would check another value: :func:`read_json` refuses those,
+advising the decimal string); anything else (signs,
 floats, booleans, spaces) is a FormatError naming the field, e.g.
 ``proof.json: pi_b[1][0]: not a decimal string``.
 """
@@ -26,7 +28,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from ..algebra.curve import G1Affine, G2Affine
-from ..algebra.field import Q_MOD, R_MOD, fq2_inv_int, fq2_mul_int
+from ..algebra.field import Q_MOD, fq2_inv_int, fq2_mul_int
 from ..errors import FormatError, InputError
 from . import json_bounds
 from .atomic import write_json as write_json  # re-exported: where the readers are
@@ -125,21 +127,27 @@ class _Ctx:
         """FormatError "<name>: <where>: <problem>"."""
         return FormatError(self.name, None, f"{where}: {problem}")
 
-    def number(self, value: Any, where: str, bound: int, what: str) -> int:
-        """A decimal or ``0x`` hex string (or JSON integer) in [0, bound)."""
+    def integer(self, value: Any, where: str) -> int:
+        """A decimal string (a leading ``-`` allowed), a ``0x`` hex string or a JSON integer."""
         if isinstance(value, bool) or not isinstance(value, (str, int)):
             raise self.fail(where, f"not a decimal string ({type(value).__name__})")
-        if isinstance(value, str) and _HEX.fullmatch(value):
-            value = int(value, 16)
-        elif isinstance(value, str):
-            if not _DECIMAL.fullmatch(value):
-                if len(value) > MAX_DIGITS and value.isdigit():
-                    raise self.fail(where, f"a decimal string of {len(value)} digits, more than {MAX_DIGITS}")
-                raise self.fail(where, f"not a decimal string: {value[:40]!r}")
-            value = int(value)
-        if not 0 <= value < bound:
-            raise self.fail(where, f"{value} is not < {what}" if value >= 0 else f"{value} is negative")
-        return value
+        if isinstance(value, int):
+            return value
+        if _HEX.fullmatch(value):
+            return int(value, 16)
+        digits = value[1:] if value.startswith("-") else value
+        if not _DECIMAL.fullmatch(digits):
+            if len(digits) > MAX_DIGITS and digits.isdigit():
+                raise self.fail(where, f"a decimal string of {len(digits)} digits, more than {MAX_DIGITS}")
+            raise self.fail(where, f"not a decimal string: {value[:40]!r}")
+        return int(value)
+
+    def number(self, value: Any, where: str, bound: int, what: str) -> int:
+        """:meth:`integer` in [0, bound)."""
+        n = self.integer(value, where)
+        if not 0 <= n < bound:
+            raise self.fail(where, f"{n} is not < {what}" if n >= 0 else f"{n} is negative")
+        return n
 
     def array(self, value: Any, where: str, lengths: tuple[int, ...]) -> list[Any]:
         """A JSON array with one of the given lengths."""
@@ -186,9 +194,12 @@ class _Ctx:
         return (fq2_mul_int(x, zi2), fq2_mul_int(y, fq2_mul_int(zi2, zi)))
 
     def obj(self, value: Any, keys: tuple[str, ...]) -> dict[str, Any]:
-        """A JSON object holding every key of ``keys``."""
+        """A groth16/bls12381 JSON object holding every key of ``keys`` (the tags first: a PLONK or
+        BN254 file is named as such, not by the first key it lacks)."""
         if not isinstance(value, dict):
             raise self.fail("top level", f"expected an object, got {type(value).__name__}")
+        self.tag(value, "protocol", PROTOCOL)
+        self.tag(value, "curve", CURVE)
         for key in keys:
             if key not in value:
                 raise self.fail(key, "missing")
@@ -204,17 +215,17 @@ def proof_from_json(obj: Any, name: str = "proof.json") -> Proof:
     """Parse proof.json's object (points as snarkjs reads them; protocol/curve checked when present)."""
     ctx = _Ctx(name)
     d = ctx.obj(obj, ("pi_a", "pi_b", "pi_c"))
-    ctx.tag(d, "protocol", PROTOCOL)
-    ctx.tag(d, "curve", CURVE)
     return Proof(pi_a=ctx.g1(d["pi_a"], "pi_a"), pi_b=ctx.g2(d["pi_b"], "pi_b"), pi_c=ctx.g1(d["pi_c"], "pi_c"))
 
 
 def public_from_json(obj: Any, name: str = "public.json") -> list[int]:
-    """Parse public.json: an array of decimal strings, each < r."""
+    """Parse public.json: an array of integers (decimal strings). A value outside [0, r) is
+    returned as it is, for the verifier to call the proof invalid (as snarkjs does: "Public
+    inputs are not valid"), not refused as a malformed file: it is a well-formed claim that fails."""
     ctx = _Ctx(name)
     if not isinstance(obj, list):
         raise ctx.fail("top level", f"expected an array, got {type(obj).__name__}")
-    return [ctx.number(v, f"[{i}]", R_MOD, "r") for i, v in enumerate(obj)]
+    return [ctx.integer(v, f"[{i}]") for i, v in enumerate(obj)]
 
 
 def vk_from_json(obj: Any, name: str = "verification_key.json") -> VerificationKey:
@@ -222,8 +233,6 @@ def vk_from_json(obj: Any, name: str = "verification_key.json") -> VerificationK
     ctx = _Ctx(name)
     keys = ("nPublic", "vk_alpha_1", "vk_beta_2", "vk_gamma_2", "vk_delta_2", "IC")
     d = ctx.obj(obj, keys)
-    ctx.tag(d, "protocol", PROTOCOL)
-    ctx.tag(d, "curve", CURVE)
     n_public = d["nPublic"]
     if isinstance(n_public, bool) or not isinstance(n_public, int) or n_public < 0:
         raise ctx.fail("nPublic", f"expected a non-negative integer, got {n_public!r}")
@@ -257,4 +266,5 @@ def read_json(path: str | os.PathLike[str]) -> Any:
             data = f.read(json_bounds.DEFAULT_MAX_BYTES + 1)
     except OSError as exc:
         raise InputError(f"{os.fspath(path)}: cannot read: {exc.strerror or exc}") from exc
-    return json_bounds.loads(data, os.fspath(path), max_depth=MAX_JSON_DEPTH, max_number_chars=MAX_DIGITS)
+    return json_bounds.loads(data, os.fspath(path), max_depth=MAX_JSON_DEPTH, max_number_chars=MAX_DIGITS,
+                             parse_number=json_bounds.js_number)

@@ -244,6 +244,10 @@ def _unpack_header(head: bytes) -> tuple[Counts, int, int, FileIdentity, FileIde
 # ------------------------------------------------------------------ opening
 
 
+class StaleCache(ValueError):
+    """A sound cache file made from another key or r1cs (they were made again since)."""
+
+
 def open_cache(path: str | os.PathLike[str], zkey: FileIdentity, r1cs: FileIdentity | None) -> CircuitData:
     """Map a cache file read-only after checking it is complete, intact and made from these files.
 
@@ -260,9 +264,9 @@ def open_cache(path: str | os.PathLike[str], zkey: FileIdentity, r1cs: FileIdent
         if file_size != size:
             raise ValueError(f"truncated or extended: {size} bytes, the header says {file_size}")
         if zid != zkey:
-            raise ValueError("made from another key (size, mtime or header differ)")
+            raise StaleCache("made from another key (size, mtime or header differ)")
         if counts.has_c != (r1cs is not None) or (r1cs is not None and rid != r1cs):
-            raise ValueError("made from another r1cs (size, mtime or header differ)")
+            raise StaleCache("made from another r1cs (size, mtime or header differ)")
         return _from_buffer(mm, counts, body, os.fspath(path))
     except BaseException:
         try:
@@ -648,6 +652,7 @@ def _try_open(path: Path, zid: FileIdentity, rid: FileIdentity | None, quiet: bo
     try:
         return open_cache(path, zid, rid)
     except (OSError, ValueError) as exc:
-        if not quiet:
-            log.warning("circuit-data cache %s cannot be used (%s): rebuilding it", path, exc)
+        if not quiet:  # a key made again is routine; a damaged file is worth a warning
+            log.log(logging.INFO if isinstance(exc, StaleCache) else logging.WARNING,
+                    "circuit-data cache %s cannot be used (%s): rebuilding it", path, exc)
         return None
