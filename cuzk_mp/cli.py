@@ -33,7 +33,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import __version__
-from .errors import CuzkError, InputError, ResourceError, Terminated
+from .errors import CuzkError, InputError, ResourceError, Terminated, Unavailable
 from .exit_codes import (
     EXIT_CODES, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_RESOURCES, EXIT_TERMINATED,
     EXIT_UNREACHABLE,
@@ -545,6 +545,8 @@ def exit_code(exc: BaseException) -> tuple[int, str]:
     """The exit code and the one-line message for an exception that ended a verb."""
     if isinstance(exc, InputError):
         return EXIT_INPUT, f"error: {exc}"
+    if isinstance(exc, Unavailable):
+        return EXIT_UNREACHABLE, f"unavailable: {exc}"
     if isinstance(exc, ResourceError):
         return EXIT_RESOURCES, f"not enough resources: {exc}"
     if isinstance(exc, CuzkError):

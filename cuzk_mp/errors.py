@@ -73,6 +73,11 @@ class ResourceError(CuzkError):
     """Not enough memory (host, shm or device) for what was asked."""
 
 
+class Unavailable(CuzkError):
+    """The daemon cannot take the request now (it is starting or shutting down, or at its
+    connection cap); the request may be sent again later or to another daemon (exit code 3)."""
+
+
 class DeviceMemoryError(ResourceError):
     """A proving key and the partitions it needs in flight do not fit the GPU's free memory, even
     without precomputed multiples and with one partition in flight (the message names need, free
@@ -101,7 +106,7 @@ _KINDS: dict[str, type[CuzkError]] = {
     cls.__name__: cls
     for cls in (
         CuzkError, InputError, FormatError, OutputError, UnsatisfiedWitness, ConfigError, AuthError, ProofError,
-        VerificationFailed, ResourceError, DeviceMemoryError, WorkerDied, GpuDead, Cancelled,
+        VerificationFailed, ResourceError, DeviceMemoryError, WorkerDied, GpuDead, Cancelled, Unavailable,
     )
 }
 

@@ -24,7 +24,7 @@ from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.daemon.transport import frame
-from cuzk_mp.errors import AuthError, ConfigError, InputError, ResourceError
+from cuzk_mp.errors import AuthError, ConfigError, InputError, Unavailable
 from tests.hostile_corpus import INPUT_JSON_PROBES, FrameProbe, frame_probes
 from tests.fake_engine import run_daemon
 from tests.helpers import exchange
@@ -126,8 +126,8 @@ def test_connections_beyond_the_cap_are_refused_with_a_reply(tmp_path: Path) -> 
             for c in held:
                 await c.status()
             replies, closed = await asyncio.to_thread(exchange, str(tmp_path / "d.sock"), b"", 1)
-            assert closed and replies[0].kind == "ResourceError" and "at most 3 connections" in replies[0].message
-            with pytest.raises(ResourceError, match="max_connections"):
+            assert closed and replies[0].kind == "Unavailable" and "at most 3 connections" in replies[0].message
+            with pytest.raises(Unavailable, match="max_connections"):
                 async with await AsyncClient.connect(addr) as extra:
                     await extra.status()
 
@@ -138,7 +138,7 @@ def test_connections_beyond_the_cap_are_refused_with_a_reply(tmp_path: Path) -> 
                         with Client(addr) as c:
                             c.status()
                         seen.append("served")
-                    except ResourceError:
+                    except Unavailable:
                         seen.append("refused")
                     except OSError as e:
                         seen.append(repr(e))

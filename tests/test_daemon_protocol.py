@@ -26,7 +26,7 @@ from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon, DaemonState
 from cuzk_mp.daemon.transport import frame, inproc_pair
-from cuzk_mp.errors import ConfigError, InputError, ResourceError
+from cuzk_mp.errors import ConfigError, InputError, ResourceError, Unavailable
 from cuzk_mp.pipeline.supervisor import Degraded
 from tests.fake_engine import FakeEngine, run_daemon
 from tests.helpers import parse_prometheus, raw_roundtrip
@@ -227,6 +227,64 @@ def test_results_are_pruned_after_ttl(tmp_path: Path) -> None:
     run_daemon(tmp_path, body, result_ttl="60s")
 
 
+def test_a_journal_that_cannot_be_written_loses_and_repeats_nothing(tmp_path: Path) -> None:
+    """A full disk (the journal's writes fail): a submit is refused (ResourceError, nothing left
+    behind); a finished job's state is kept and written once the disk is back, pruning waits for
+    the journal (a pruned job must not come back) and goes on afterwards; a restart then neither
+    loses a result nor proves a finished job again."""
+    import sqlite3
+
+    from cuzk_mp.daemon.journal import Journal
+
+    full = {"on": False}
+    real = Journal._run
+
+    async def flaky(self: Journal, fn: object, *args: object) -> object:
+        if full["on"] and getattr(fn, "__name__", "") in ("_insert", "_finish", "_remove"):
+            return await real(self, _raises, *args)
+        return await real(self, fn, *args)
+
+    def _raises(*_: object) -> None:
+        raise sqlite3.OperationalError("database or disk is full")
+
+    ids: dict[str, str] = {}
+
+    async def first(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            ids["old"] = (await c.prove("syn", synthetic_partitions(1), timeout_s=10)).job_id
+            full["on"] = True
+            with pytest.raises(ResourceError, match="journal .* cannot be written: database or disk is full"):
+                await c.submit("syn", synthetic_partitions(1), request_id="refused")
+            assert "refused" not in d.jobs.jobs
+            full["on"] = False
+            d.engine.gate.clear()
+            ids["late"] = (await c.submit("syn", synthetic_partitions(1))).job_id
+            full["on"] = True  # the disk fills while it runs: its final state cannot be written
+            d.engine.gate.set()
+            assert (await c.await_proof(ids["late"], timeout_s=10)).state == "done"
+            await d.jobs.flush()
+            with pytest.raises(ResourceError):  # nothing is pruned while the journal refuses
+                await d.jobs.prune(now=time.time() + 3600)
+            assert ids["old"] in d.jobs.jobs and ids["late"] in d.jobs.jobs
+            full["on"] = False
+            assert await d.jobs.write_pending() == 0  # the next round writes the late job's state
+            assert {e.job_id: e.state for e in d.journal.load()} == {ids["old"]: "done", ids["late"]: "done"}
+            assert await d.jobs.prune(now=time.time() + 3600) == 2
+            assert d.journal.load() == []
+
+    Journal._run = flaky  # type: ignore[method-assign]
+    try:
+        run_daemon(tmp_path, first, result_ttl="60s")
+    finally:
+        Journal._run = real  # type: ignore[method-assign]
+
+    async def second(d: Daemon, addr: str) -> None:
+        assert d.engine.submitted == []  # nothing proved again, nothing pruned came back
+        assert d.jobs.jobs == {}
+
+    run_daemon(tmp_path, second)
+
+
 def test_exit_when_idle_waits_for_connections_and_jobs(tmp_path: Path) -> None:
     async def stops_within(d: Daemon, s: float) -> bool:
         t_end = time.monotonic() + s
@@ -286,6 +344,27 @@ def test_journal_restores_results_and_resubmits_unfinished(tmp_path: Path) -> No
     run_daemon(tmp_path, second)
 
 
+def test_a_restored_job_whose_circuit_is_gone_fails_and_is_counted(tmp_path: Path) -> None:
+    ids: list[str] = []
+
+    async def first(d: Daemon, addr: str) -> None:
+        d.engine.gate.clear()
+        async with await AsyncClient.connect(addr) as c:
+            ids.extend([(await c.submit("extra", synthetic_partitions(1))).job_id for _ in range(3)])
+
+    run_daemon(tmp_path, first, circuits={"extra": {"synthetic": "porep-like", "log_n": 10}})
+
+    async def second(d: Daemon, addr: str) -> None:  # "extra" is no longer configured
+        async with await AsyncClient.connect(addr) as c:
+            for job_id in ids:
+                r = await c.await_proof(job_id, timeout_s=1)
+                assert r.state == "failed" and "'extra' is no longer configured" in (r.error or "")
+        text = await d.metrics_text()
+        assert 'cuzk_jobs_finished_total{circuit="extra",state="failed"} 3' in text, text
+
+    run_daemon(tmp_path, second)
+
+
 def test_sync_client_and_shutdown_refusals(tmp_path: Path) -> None:
     async def body(d: Daemon, addr: str) -> None:
         def sync_calls() -> None:
@@ -298,8 +377,10 @@ def test_sync_client_and_shutdown_refusals(tmp_path: Path) -> None:
         await asyncio.to_thread(sync_calls)
         d.jobs.draining = True
         async with await AsyncClient.connect(addr) as c:
-            with pytest.raises(ResourceError, match="shutting down"):
+            with pytest.raises(Unavailable, match="shutting down"):  # exit 3: try later or elsewhere
                 await c.submit("syn", synthetic_partitions(1))
+        from cuzk_mp.cli import exit_code
+        assert exit_code(Unavailable("the daemon is shutting down"))[0] == 3
 
     run_daemon(tmp_path, body)
 

@@ -18,7 +18,11 @@ real await timeouts, cancel, results kept for a while) real behaviour:
 * **Cancel.** Forwarded to the engine (queued partitions are dropped, running ones stop at the
   next boundary); the final ``cancelled`` state arrives through the engine's callback.
 * **Retention.** Finished jobs answer AwaitProof for ``result_ttl`` seconds, then are pruned from
-  memory and the journal.
+  the journal and then from memory (a journal that cannot be written keeps them in both).
+* **A journal write that fails** (a full disk) refuses the submit it was for (ResourceError);
+  a job's final state that cannot be written is logged, kept in memory (its waiters have their
+  answer) and written again at each pruning round and at shutdown; while it is not written the
+  journal says ``queued``, so a restart before then runs the job again rather than lose it.
 * **Shutdown.** While the daemon drains, only completed jobs and client-requested cancellations
   are final; a job the engine gives up because it is stopping stays ``queued`` in the journal
   and runs again after the restart.
@@ -33,12 +37,13 @@ Engine callbacks arrive on an engine thread; the server forwards them into the l
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Coroutine, Iterable
-from typing import Any, Protocol
+from collections.abc import Iterable
+from typing import Protocol
 
 import msgspec
 
@@ -47,7 +52,7 @@ from cuzk_mp.daemon.job_records import JOB_STATES, TERMINAL, JobRecord, pending_
 from cuzk_mp.daemon.journal import Journal, JournalEntry
 from cuzk_mp.daemon.metrics import DaemonMetrics
 from cuzk_mp.daemon.protocol import JobReply, PartitionIn, Prove, SubmitProof
-from cuzk_mp.errors import InputError, ResourceError
+from cuzk_mp.errors import InputError, ResourceError, Unavailable
 from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionInput, PartitionResult, Priority
 
 log = logging.getLogger("cuzk_mp.daemon.jobs")
@@ -82,7 +87,8 @@ class JobTable:
         self.jobs: dict[str, JobRecord] = {}
         self.draining = False
         self.closing = asyncio.Event()
-        self._writes: set[asyncio.Task[None]] = set()
+        self._writes: set[asyncio.Task[bool]] = set()
+        self._unwritten: set[str] = set()  # finished jobs whose final state the journal lacks
         self._unjournaled: set[str] = set()  # jobs run for a fleet: its database keeps them
 
     # -- submit ---------------------------------------------------------------------------
@@ -94,7 +100,7 @@ class JobTable:
     def admit(self, req: SubmitProof | Prove) -> CircuitConfig:
         """The door checks of a submit (not draining, known circuit, request_id bounds); its circuit."""
         if self.draining:
-            raise ResourceError("the daemon is shutting down and accepts no new jobs")
+            raise Unavailable("the daemon is shutting down and accepts no new jobs")
         cc = self.circuits.get(req.circuit_id)
         if cc is None:
             raise InputError(f"SubmitProof.circuit_id: unknown circuit {req.circuit_id!r} "
@@ -142,7 +148,8 @@ class JobTable:
             self.engine.cancel(job_id)
             self._refused(rec, e)
             if not isinstance(e, asyncio.CancelledError):
-                await self.journal.remove([job_id])
+                with contextlib.suppress(ResourceError):  # the row was not written, or cannot be removed
+                    await self.journal.remove([job_id])
             raise
         rec.accepted.set_result(None)
         return rec, False
@@ -221,7 +228,7 @@ class JobTable:
         if rec.state in TERMINAL:
             return rec, False
         if self.closing.is_set():
-            raise ResourceError(f"the daemon is shutting down; job {job_id} is journaled and "
+            raise Unavailable(f"the daemon is shutting down; job {job_id} is journaled and "
                                 "resumes when the daemon restarts")
         return rec, True
 
@@ -303,31 +310,64 @@ class JobTable:
                           else "ProofError" if rec.state == "failed" else None)
         self.metrics.observe_job(rec.circuit_id, rec.state, rec.finished_at - rec.submitted_at)
         if journaled:
-            self._write(self.journal.finish(rec.job_id, reply_of(rec, 0)))
+            self._write_final(rec)
         rec.done.set()
         log.info("job %s %s (%d partitions, %.3f s)", rec.job_id, rec.state,
                  len(rec.partitions), rec.finished_at - rec.submitted_at)
 
-    def _write(self, coro: Coroutine[Any, Any, None]) -> None:
-        task = asyncio.ensure_future(coro)
+    def _write_final(self, rec: JobRecord) -> None:
+        """Journal a job's final state in the background (see the module docstring on failures)."""
+        task = asyncio.ensure_future(self._journal_final(rec))
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
+    async def _journal_final(self, rec: JobRecord, again: bool = False) -> bool:
+        try:
+            await self.journal.finish(rec.job_id, reply_of(rec, 0))
+        except ResourceError as e:
+            if not again:
+                log.error("job %s %s, but %s; it is written again at the next pruning round (until then "
+                          "a restart runs the job again)", rec.job_id, rec.state, e)
+            self._unwritten.add(rec.job_id)
+            return False
+        if again:
+            log.info("job %s: its final state is journaled now", rec.job_id)
+        self._unwritten.discard(rec.job_id)
+        return True
+
+    async def write_pending(self) -> int:
+        """Journal the final states that could not be written before; how many are still unwritten."""
+        for job_id in sorted(self._unwritten):
+            rec = self.jobs.get(job_id)
+            if rec is None:
+                self._unwritten.discard(job_id)
+            elif not await self._journal_final(rec, again=True):
+                break  # the journal still refuses: the next round tries again
+        return len(self._unwritten)
+
     async def flush(self) -> None:
-        """Wait for every pending journal write (before closing the journal)."""
+        """Wait for every pending journal write, then try the unwritten ones once more (before closing
+        the journal); a final state still unwritten is logged: that job runs again after a restart."""
         while self._writes:
             await asyncio.gather(*list(self._writes), return_exceptions=True)
+        if self._unwritten and await self.write_pending():
+            log.error("[shutdown] the journal still cannot be written: %d finished jobs (%s) run again after "
+                      "a restart", len(self._unwritten), ", ".join(sorted(self._unwritten)[:5]))
 
     # -- retention and restart ------------------------------------------------------------
 
     async def prune(self, now: float | None = None) -> int:
-        """Drop finished jobs older than ``result_ttl``; returns how many."""
+        """Journal what could not be written before, then drop finished jobs older than ``result_ttl``
+        from the journal and then from memory; returns how many were dropped. While the journal
+        cannot be written nothing is dropped (ResourceError): a pruned job must not come back."""
+        await self.write_pending()
         now = time.time() if now is None else now
         old = [j for j, r in self.jobs.items() if r.state in TERMINAL and r.finished_at is not None
                and r.finished_at + self.result_ttl_s <= now]
-        for j in old:
-            del self.jobs[j]
         await self.journal.remove(old)
+        for j in old:
+            self.jobs.pop(j, None)
+            self._unwritten.discard(j)
         return len(old)
 
     def restore(self, entries: Iterable[JournalEntry]) -> tuple[int, int]:
@@ -356,6 +396,7 @@ class JobTable:
         rec.state, rec.error, rec.error_kind = "failed", message, "InputError"
         rec.finished_at = time.time()
         rec.results = {i: p for i, p in enumerate(pending_partitions(rec, "failed"))}
-        self._write(self.journal.finish(rec.job_id, reply_of(rec, 0)))
+        self.metrics.observe_job(rec.circuit_id, rec.state, rec.finished_at - rec.submitted_at)
+        self._write_final(rec)
         rec.done.set()
         log.warning("[start] journaled job %s cannot run again: %s", rec.job_id, message)

@@ -44,7 +44,7 @@ import msgspec
 
 from cuzk_mp.daemon.journal_wal import wal_damage
 from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions
-from cuzk_mp.errors import ConfigError, CuzkError
+from cuzk_mp.errors import ConfigError, CuzkError, ResourceError
 
 log = logging.getLogger("cuzk_mp.daemon.journal")
 
@@ -235,7 +235,12 @@ class Journal:
                     conn.execute("ROLLBACK")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        """Run one write on the journal's thread; a write SQLite cannot make (a full disk or
+        database, a read-only or vanished file) is a ResourceError naming the journal."""
+        try:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
+        except sqlite3.Error as e:
+            raise ResourceError(f"the journal {self.path} cannot be written: {e}") from None
 
     def _insert(self, e: JournalEntry) -> None:
         self._conn.execute(

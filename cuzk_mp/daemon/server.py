@@ -62,7 +62,7 @@ from cuzk_mp.daemon.status_http import StatusHandlers, start_status_server
 from cuzk_mp.daemon.transport import (
     Comm, CommClosedError, FrameTimeout, FrameTooLarge, Listener, listen,
 )
-from cuzk_mp.errors import ConfigError, CuzkError, InputError, ResourceError, error_kind
+from cuzk_mp.errors import ConfigError, CuzkError, InputError, ResourceError, Unavailable, error_kind
 
 if TYPE_CHECKING:
     from cuzk_mp.daemon.fleet.box import FleetBox
@@ -175,7 +175,7 @@ class Daemon:
                 self.cfg.listen, self.handle_comm, max_frame_bytes=self.cfg.max_frame_bytes,
                 socket_mode=self.cfg.socket_mode, frame_timeout_s=self.cfg.frame_timeout_s,
                 max_connections=self.cfg.max_connections, refusal=P.encode(P.error_reply(
-                    0, "ResourceError", f"the daemon serves at most {self.cfg.max_connections} "
+                    0, "Unavailable", f"the daemon serves at most {self.cfg.max_connections} "
                     "connections at once ([daemon] max_connections); try again later"))))
         except BaseException:
             self.state = DaemonState.FAILED
@@ -262,7 +262,14 @@ class Daemon:
         while True:
             await asyncio.sleep(interval)
             assert self.jobs is not None
-            n = await self.jobs.prune()
+            try:
+                n = await self.jobs.prune()
+            except ResourceError as e:  # a full disk: nothing is dropped; the next round tries again
+                log.warning("pruning waits for the journal: %s", e)
+                continue
+            except Exception:  # noqa: BLE001 - a bug here must not end pruning for the daemon's life
+                log.exception("pruning failed; it runs again in %g s", interval)
+                continue
             if n:
                 log.info("pruned %d finished jobs older than result_ttl", n)
             if self.fleet is not None:
@@ -401,7 +408,7 @@ class Daemon:
 
     def _need_running(self) -> JobTable:
         if self.state is not DaemonState.RUNNING or self.jobs is None:
-            raise ResourceError(f"the daemon is {self.state.value}")
+            raise Unavailable(f"the daemon is {self.state.value}")
         return self.jobs
 
     def _in_fleet(self, job_id: str) -> FleetBox | None:

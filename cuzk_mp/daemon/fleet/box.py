@@ -54,7 +54,7 @@ from cuzk_mp.daemon.fleet.worker import FleetWorker
 from cuzk_mp.daemon.job_records import JobRecord, reply_of
 from cuzk_mp.daemon.jobs import JobTable
 from cuzk_mp.daemon.metrics import Gauge
-from cuzk_mp.errors import Cancelled, CuzkError, InputError, ResourceError, error_from_kind
+from cuzk_mp.errors import Cancelled, CuzkError, InputError, ResourceError, Unavailable, error_from_kind
 from cuzk_mp.pipeline.types import JobSpec, PartitionInput
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
@@ -124,7 +124,7 @@ class FleetBox:
 
     def _need(self) -> Fleet:
         if self.fleet is None or self._left:
-            raise ResourceError("the daemon has left the fleet")
+            raise Unavailable("the daemon has left the fleet")
         return self.fleet
 
     # -- keys and capacity ------------------------------------------------------------------
@@ -253,7 +253,7 @@ class FleetBox:
             raise InputError(f"AwaitProof.timeout_s: must be >= 0, got {timeout_s}")
         st = await self._need().await_result(job_id, timeout_s, only)
         if not st.finished and self._closing:
-            raise ResourceError(f"the daemon is shutting down; job {st.job_id} goes on in the fleet: "
+            raise Unavailable(f"the daemon is shutting down; job {st.job_id} goes on in the fleet: "
                                 "await it at another box")
         return job_reply(st, id, timed_out=not st.finished)
 
