@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import re
 import tomllib
@@ -40,8 +41,11 @@ def test_example_config_loads_and_maps_onto_the_engine(tmp_path: Path) -> None:
     assert cfg.result_ttl_s == 3600 and cfg.shutdown_grace_s == 30
     e = cfg.engine
     assert (e.backend, e.devices, e.gpu_workers_per_device) == ("auto", None, 2)
-    # threads_per_partition = "auto": the machine's cores shared among the workers
-    assert (e.partition_workers, e.synthesis_threads, e.ring_slots) == (2, max(1, (os.cpu_count() or 1) // 2), 4)
+    # the pipeline's shape is left to memory.host_budget, as in a file that gives nothing
+    bare = C.resolve({"srs": {"param_cache": str(tmp_path)}, "circuits": tomllib.loads(text)["circuits"]},
+                     base=tmp_path)
+    assert (e.partition_workers, e.synthesis_threads, e.ring_slots) == (
+        bare.engine.partition_workers, bare.engine.synthesis_threads, bare.engine.ring_slots)
     assert (e.verify_proofs, e.max_attempts, e.start_timeout_s) == (True, 2, 300.0)
     assert e.param_cache == tmp_path and e.shm_prefix == C.default_shm_prefix(tmp_path / "journal.sqlite")
     assert (cfg.frame_timeout_s, cfg.max_connections, cfg.tokens, cfg.admin_tokens) == (60.0, 256, (), ())
@@ -68,6 +72,29 @@ def test_example_defaults_equal_the_code_defaults() -> None:
     raw = tomllib.loads(EXAMPLE.read_text())
     raw.pop("circuits")
     assert msgspec.convert(raw, C.RawConfig) == C.RawConfig()
+
+
+def test_the_example_configures_what_an_empty_file_does(tmp_path: Path) -> None:
+    """Installed as it is, the example pins nothing: it resolves to the config of a file that gives only
+    its circuits (the pipeline's shape derived from memory.host_budget, as in an empty file)."""
+    text = EXAMPLE.read_text()
+    example = tmp_path / "example.toml"
+    example.write_text(text)
+    bare = tmp_path / "bare.toml"
+    bare.write_text(text[text.index("\n[circuits."):])  # the example circuit only
+    assert "partition_workers" not in bare.read_text() and "ring_slots" not in bare.read_text()
+    assert C.load_config(example) == dataclasses.replace(C.load_config(bare), path=example.resolve())
+
+
+def test_the_examples_commented_out_values_are_valid(tmp_path: Path) -> None:
+    """Each ``# key = value`` line of the example (a key with no fixed default, shown with an example
+    value) resolves once uncommented."""
+    text = EXAMPLE.read_text()
+    head, circuits = text[:text.index("\n[circuits.")], text[text.index("\n[circuits."):]
+    lines = re.findall(r"^# (\w+ = .+)$", head, re.M)
+    assert {line.split(" = ")[0] for line in lines} >= {"partition_workers", "ring_slots", "devices"}
+    cfg = C.load_config(write(tmp_path, re.sub(r"^# (\w+ = .+)$", r"\1", head, flags=re.M) + circuits))
+    assert (cfg.engine.partition_workers, cfg.engine.ring_slots, cfg.engine.devices) == (2, 4, [0, 1])
 
 
 @pytest.mark.parametrize("raw, key", [
@@ -128,8 +155,8 @@ def test_bad_size_in_config_names_the_key(tmp_path: Path) -> None:
 
 
 def test_wrong_type_names_the_key(tmp_path: Path) -> None:
-    with pytest.raises(ConfigError, match="synthesis.partition_workers"):
-        resolve({"synthesis": {"partition_workers": "two"}}, tmp_path)
+    with pytest.raises(ConfigError, match=re.escape("`synthesis.partition_workers`: Expected `int`, got `str`")):
+        resolve({"synthesis": {"partition_workers": "two"}}, tmp_path)  # a key left out is None: no null in TOML
     with pytest.raises(ConfigError, match="gpus.backend"):
         resolve({"gpus": {"backend": "tpu"}}, tmp_path)
     with pytest.raises(ConfigError, match="logging.format"):
@@ -398,3 +425,82 @@ def test_places_the_daemon_writes_are_checked_up_front(tmp_path: Path, monkeypat
                         "srs": {"param_cache": str(read_only / "cache")}}, tmp_path)
     with pytest.raises(ConfigError, match=r"srs\.param_cache: .*ro/cache cannot be written: .*ro is not writable"):
         check_writable_places(cache_ro)
+
+
+# ---- what the engine would refuse at the start is refused by the config (and so by --check)
+
+@pytest.mark.parametrize("raw, message", [
+    ({"pipeline": {"task_timeout": 0}}, "t.toml: pipeline.task_timeout: must be positive, got 0 s"),
+    ({"pipeline": {"start_timeout": "0s"}}, "t.toml: pipeline.start_timeout: must be positive, got 0 s"),
+    ({"pipeline": {"ring_slots": 300}}, "t.toml: pipeline.ring_slots: 300 is more than 256"),
+    ({"pipeline": {"ring_slots": 0}}, "t.toml: pipeline.ring_slots: 0 must be an integer >= 1"),
+    ({"pipeline": {"max_attempts": 0}}, "t.toml: pipeline.max_attempts: 0 must be an integer >= 1"),
+    ({"pipeline": {"prover_batch": 0}}, "t.toml: pipeline.prover_batch: 0 must be an integer >= 1"),
+    ({"synthesis": {"partition_workers": 0}}, "t.toml: synthesis.partition_workers: 0 must be an integer >= 1"),
+    ({"gpus": {"gpu_workers_per_device": 0}}, "t.toml: gpus.gpu_workers_per_device: 0 must be an integer >= 1"),
+])
+def test_what_the_engine_refuses_is_refused_naming_the_key(raw: dict, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError) as e:
+        resolve(raw, tmp_path)
+    assert str(e.value) == message
+
+
+def test_a_derived_value_the_engine_refuses_says_it_was_derived(tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=r"^t\.toml: pipeline\.ring_slots \(derived from memory\.host_budget\): "
+                                          r"\d+ is more than 256$"):
+        resolve({"gpus": {"backend": "cpu", "devices": list(range(300))}}, tmp_path)  # a slot per prover
+
+
+def test_every_engine_field_is_named_by_its_config_key() -> None:
+    from cuzk_mp.pipeline.types import EngineConfig
+
+    assert set(C.ENGINE_KEYS) == {f.name for f in dataclasses.fields(EngineConfig)}
+    with pytest.raises(ConfigError, match=r"^EngineConfig\.task_timeout_s: must be positive, got 0 s$"):
+        EngineConfig(task_timeout_s=0).validate()  # the engine's own callers read its field names
+    raw = C.RawConfig()
+    keys = {f"{section}.{name}" for section in raw.__struct_fields__
+            for name in getattr(raw, section).__struct_fields__}
+    assert set(C.ENGINE_KEYS.values()) <= keys
+
+
+def test_max_frame_bytes_must_carry_the_reply_of_a_one_partition_job(tmp_path: Path) -> None:
+    """A smaller limit would make every submit refused ("submit at most 0 partitions a job"): the
+    config refuses it, naming the least that works."""
+    from cuzk_mp.daemon import protocol as P
+
+    least = P.job_reply_bytes(1)
+    for small in ("1KiB", least - 1):
+        with pytest.raises(ConfigError, match=rf"^t\.toml: daemon\.max_frame_bytes: \d+ bytes cannot carry the reply "
+                                              rf"of a job of one partition .* set at least {least}$"):
+            resolve({"daemon": {"max_frame_bytes": small}}, tmp_path)
+    cfg = resolve({"daemon": {"max_frame_bytes": least}}, tmp_path)
+    assert P.max_job_partitions(cfg.max_frame_bytes) == 1
+    with pytest.raises(ConfigError, match=r"daemon\.max_frame_bytes: .* u32 length prefix"):
+        resolve({"daemon": {"max_frame_bytes": "4GiB"}}, tmp_path)
+
+
+def test_a_file_that_is_not_utf8_names_the_file_and_the_byte(tmp_path: Path) -> None:
+    p = tmp_path / "n.toml"
+    p.write_bytes(b'[daemon]\nlisten = "\xff"\n')
+    with pytest.raises(ConfigError, match=rf"^{re.escape(str(p))}: not valid TOML: not UTF-8 text: byte 0xff at "
+                                          r"byte offset 19 \(line 2\)$"):
+        C.load_config(p)
+
+
+def test_host_budget_is_at_most_what_the_total_leaves(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """memory.host_budget is part of memory.total_budget less memory.safety_margin: more is refused,
+    naming the keys and the numbers (with total_budget "auto", this machine's RAM)."""
+    from cuzk_mp.pipeline.memory import GiB
+
+    with pytest.raises(ConfigError) as e:
+        resolve({"memory": {"total_budget": "8GiB", "host_budget": "100GiB"}}, tmp_path)
+    assert str(e.value).startswith(
+        "t.toml: memory.host_budget: 100.00 GiB is more than memory.total_budget (8.00 GiB) less "
+        "memory.safety_margin (4.00 GiB): at most 4.00 GiB (4294967296 bytes)")
+    with pytest.raises(ConfigError, match=r"memory\.host_budget: 4\.00 GiB .* memory\.safety_margin \(5\.00 GiB\)"):
+        resolve({"memory": {"total_budget": "8GiB", "safety_margin": "5GiB", "host_budget": "4GiB"}}, tmp_path)
+    all_of_it = resolve({"memory": {"total_budget": "64GiB", "host_budget": "60GiB"}}, tmp_path)
+    assert all_of_it.host_budget_bytes == 60 * GiB
+    monkeypatch.setattr(C.psutil, "virtual_memory", lambda: type("Mem", (), {"total": 16 * GiB})())
+    with pytest.raises(ConfigError, match=r"memory\.total_budget \(auto: this machine's RAM, 16\.00 GiB\)"):
+        C.resolve({"memory": {"host_budget": "13GiB"}}, base=tmp_path, source="t.toml")

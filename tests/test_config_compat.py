@@ -102,10 +102,63 @@ def test_a_cuzk_config_starts_with_a_warning_per_ignored_key(tmp_path: Path) -> 
 
 def test_unknown_keys_that_are_not_cuzks_are_still_errors(tmp_path: Path) -> None:
     for raw, key in (({"gpus": {"gpu_thread": 32}}, "gpus.gpu_thread"),
-                     ({"scheduler": {"max_batch": 2}}, "scheduler"),
+                     ({"scheduler": {"max_batch": 2}}, "scheduler.max_batch`"),
                      ({"pipeline": {"enabled": True, "slots": 4}}, "pipeline.slots")):
         with pytest.raises(ConfigError, match=re.escape(f"unknown key `{key}")):
             C.resolve({"memory": {"total_budget": "64GiB"}, **raw}, base=tmp_path, source="t.toml")
+
+
+def test_scheduler_is_cuzks_section_and_names_its_unknown_keys(tmp_path: Path) -> None:
+    """[scheduler] has no meaning here: its cuzk keys are accepted with a warning, any other key is an
+    unknown key named in full, and an empty [scheduler] is accepted with a warning too."""
+    with pytest.raises(ConfigError) as e:
+        C.resolve({"memory": {"total_budget": "64GiB"}, "scheduler": {"max_batch_size": 1, "bogus": 2}},
+                  base=tmp_path, source="t.toml")
+    assert str(e.value).startswith("t.toml: unknown key `scheduler.bogus` ([scheduler] is a section of cuzk's")
+    assert "max_batch_size, max_batch_wait_ms, sort_by_type are accepted, and ignored" in str(e.value)
+    empty = C.resolve({"memory": {"total_budget": "64GiB"}, "scheduler": {}}, base=tmp_path, source="t.toml")
+    assert empty.warnings == ("t.toml: [scheduler] is a cuzk section with no meaning here, ignored",)
+
+
+@pytest.mark.parametrize("text, says", [
+    ("[pipeline]\ntask_timeout = 0\n", ": pipeline.task_timeout: must be positive, got 0 s"),
+    ("[pipeline]\nstart_timeout = 0\n", ": pipeline.start_timeout: must be positive, got 0 s"),
+    ("[pipeline]\nring_slots = 300\n", ": pipeline.ring_slots: 300 is more than 256"),
+    ('[daemon]\nmax_frame_bytes = "1KiB"\n', ": daemon.max_frame_bytes: 1024 bytes cannot carry"),
+    ('[memory]\ntotal_budget = "8GiB"\nhost_budget = "100GiB"\n', ": memory.host_budget: 100.00 GiB is more than"),
+    ("[scheduler]\nbogus = 1\n", ": unknown key `scheduler.bogus`"),
+])
+def test_check_refuses_what_the_start_would(text: str, says: str, tmp_path: Path,
+                                            capsys: pytest.CaptureFixture[str]) -> None:
+    """`daemon --check` (the unit's ExecStartPre) exits 2 naming the file and the key where the start
+    would fail or the daemon could not serve."""
+    path = tmp_path / "d.toml"
+    path.write_text(f'[srs]\nparam_cache = "{tmp_path / "params"}"\n' + text)
+    assert cli.main(["daemon", "--config", str(path), "--check"]) == 2
+    err = capsys.readouterr().err
+    assert f"{path}{says}" in err and "EngineConfig" not in err
+
+
+def test_check_names_a_file_it_cannot_read(tmp_path: Path, capsys: pytest.CaptureFixture[str],
+                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """Not UTF-8, a folder, not readable: exit 2 naming the file (never an internal error)."""
+    bad = tmp_path / "n.toml"
+    bad.write_bytes(b'[daemon]\nlisten = "\xff"\n')
+    assert cli.main(["daemon", "--config", str(bad), "--check"]) == 2
+    assert f"{bad}: not valid TOML: not UTF-8 text: byte 0xff at byte offset 19 (line 2)" in capsys.readouterr().err
+    folder = tmp_path / "dir.toml"
+    folder.mkdir()
+    assert cli.main(["daemon", "--config", str(folder), "--check"]) == 2
+    assert f"{folder}: Is a directory" in capsys.readouterr().err
+    locked = tmp_path / "locked.toml"
+    locked.write_text("")
+
+    def refuse(self: Path) -> bytes:
+        raise PermissionError(13, "Permission denied", str(self))
+
+    monkeypatch.setattr(Path, "read_bytes", refuse)  # as root, a mode of 0 does not stop the read
+    assert cli.main(["daemon", "--config", str(locked), "--check"]) == 2
+    assert f"{locked}: Permission denied" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("raw, key, allowed", [

@@ -438,7 +438,9 @@ def test_a_tiny_frame_still_answers_ready(tmp_path: Path) -> None:
             doc = await c.status()
             assert doc["daemon"] == {"state": "running"} and "job_counts" in doc and "left_out" in doc
 
-    run_daemon(tmp_path, body, max_frame_bytes="1KiB")
+    # the least frame the config takes, and circuits enough that the document without jobs is larger
+    many = {f"c{i}": {"synthetic": "porep-like", "log_n": 10} for i in range(20)}
+    run_daemon(tmp_path, body, circuits=many, max_frame_bytes=P.job_reply_bytes(1))
 
 
 def test_http_status_metrics_healthz(tmp_path: Path) -> None:

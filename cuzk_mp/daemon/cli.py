@@ -180,10 +180,6 @@ def _log_level(args: argparse.Namespace) -> str | None:
     return level or ("DEBUG" if verbose >= 2 else "INFO" if verbose else None)
 
 
-def _gib(n: int | None) -> str:
-    return "n/a" if n is None else f"{n / 2**30:.2f} GiB"
-
-
 def check_writable_places(cfg: Any) -> None:
     """The folders the daemon writes (the journal's, the param cache) must be folders it may write,
     or be makeable in one: a ConfigError naming the key otherwise (at ``--check`` too), rather
@@ -201,14 +197,16 @@ def check_writable_places(cfg: Any) -> None:
 def check_summary(cfg: Any, warnings: int = 0) -> str:
     """What ``daemon --check`` prints of a valid config: where it listens, the circuits, the pipeline's
     shape and the memory split (sizes in GiB)."""
+    from cuzk_mp.daemon.config import gib
+
     e = cfg.engine
     devices = "every visible device" if e.devices is None else ", ".join(map(str, e.devices))
     return (f"{cfg.path}: OK ({len(cfg.circuits)} circuits, listen {cfg.listen}"
             f"{f', {warnings} warnings' if warnings else ''})\n"
             f"  engine: {e.backend} backend, devices {devices}, {e.partition_workers} synthesis workers x "
             f"{e.synthesis_threads} threads, {e.ring_slots} ring slots, shm prefix {e.shm_prefix}\n"
-            f"  memory: total {_gib(cfg.memory_total_bytes)}, safety margin {_gib(cfg.safety_margin_bytes)}, "
-            f"pipeline (host budget) {_gib(cfg.host_budget_bytes)}, proving keys {_gib(e.srs_budget_bytes)}\n"
+            f"  memory: total {gib(cfg.memory_total_bytes)}, safety margin {gib(cfg.safety_margin_bytes)}, "
+            f"pipeline (host budget) {gib(cfg.host_budget_bytes)}, proving keys {gib(e.srs_budget_bytes)}\n"
             f"  files: journal {cfg.journal_path}, param cache {cfg.param_cache}")
 
 

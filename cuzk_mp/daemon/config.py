@@ -16,7 +16,10 @@ A file written for cuzk mostly works as it is: ``gpus.devices = []`` means every
 ``synthesis.threads = 0`` the automatic thread count, as there; ``logging.level`` takes cuzk's
 ``trace`` and ``warn``; and the keys of cuzk that mean nothing here (:data:`FOREIGN_KEYS`, one table
 with the reason for each) are accepted with a warning naming them, never silently. Any other
-unknown key is still an error.
+unknown key is still an error, in cuzk's ``[scheduler]`` section too.
+
+The resolved engine config passes :meth:`EngineConfig.validate` with messages naming the file's keys,
+so ``cuzk-mp daemon --check`` refuses whatever the engine would refuse at the start.
 """
 
 from __future__ import annotations
@@ -32,12 +35,13 @@ from typing import Any, Literal
 import msgspec
 import psutil
 
+from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.budget import largest, memory_budget, shape_for
 from cuzk_mp.daemon.fleet.config import FleetConfig, FleetSection, resolve_fleet
 from cuzk_mp.daemon.transport import Address, parse_address
 from cuzk_mp.errors import ConfigError
 from cuzk_mp.paths import default_cache_dir
-from cuzk_mp.pipeline.memory import parse_size
+from cuzk_mp.pipeline.memory import GiB, parse_size
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, Priority
 
 SizeValue = int | str
@@ -70,6 +74,18 @@ FOREIGN_KEYS: dict[str, str] = {
     "pipeline.slot_size": "a ring slot holds one partition, sized by the circuit",
     "pipeline.max_gpu_queue_depth": "the ring is the queue in front of the provers: pipeline.ring_slots",
 }
+# The key of the file that sets each EngineConfig field: EngineConfig.validate's messages name it.
+ENGINE_KEYS: dict[str, str] = {
+    "backend": "gpus.backend", "devices": "gpus.devices", "gpu_workers_per_device": "gpus.gpu_workers_per_device",
+    "partition_workers": "synthesis.partition_workers", "synthesis_threads": "synthesis.threads_per_partition",
+    "ring_slots": "pipeline.ring_slots", "shm_prefix": "pipeline.shm_prefix", "verify_proofs": "pipeline.verify_proofs",
+    "max_attempts": "pipeline.max_attempts", "prover_batch": "pipeline.prover_batch", "param_cache": "srs.param_cache",
+    "srs_budget_bytes": "memory.total_budget", "start_timeout_s": "pipeline.start_timeout",
+    "task_timeout_s": "pipeline.task_timeout",
+}
+# The EngineConfig fields of the pipeline's shape, by their name in budget.shape_for's `given`.
+SHAPE_FIELDS = {"ring_slots": "ring_slots", "partition_workers": "partition_workers",
+                "synthesis_threads": "threads_per_partition"}
 
 
 class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
@@ -108,7 +124,7 @@ class MemorySection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
 class SynthesisSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``[synthesis]``: the synthesis worker processes."""
 
-    partition_workers: int = 2
+    partition_workers: int | None = None  # None: derived from memory.host_budget
     threads_per_partition: int | Literal["auto"] = "auto"  # 0 is "auto" too
     threads: int | None = None  # the older name of threads_per_partition (cuzk's; 0 = auto)
 
@@ -116,7 +132,7 @@ class SynthesisSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True)
 class PipelineSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     """``[pipeline]``: the shared-memory slot ring and per-partition policy."""
 
-    ring_slots: int = 4
+    ring_slots: int | None = None  # None: derived from memory.host_budget
     prover_batch: int = 8
     shm_prefix: str = ""
     verify_proofs: bool = True
@@ -227,7 +243,7 @@ def parse_duration(value: object, key: str) -> float:
 
 def _explain(err: msgspec.ValidationError, prefix: str) -> str:
     """Turn msgspec's ``... - at `$.a.b``` into a message naming the TOML key ``a.b``."""
-    text = str(err)
+    text = str(err).replace(" | null`", "`")  # None stands for a key left out: TOML has no null
     where = ""
     if " - at `$" in text:
         text, _, path = text.partition(" - at `$")
@@ -267,8 +283,9 @@ def _enum_values(key: str) -> tuple[object, ...]:
 
 
 def _foreign_keys(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], list[str]]:
-    """``raw`` without the keys of :data:`FOREIGN_KEYS` (and a section only they made), and a
-    warning naming each one found."""
+    """``raw`` without the keys of :data:`FOREIGN_KEYS`, and a warning naming each one found. A section
+    of cuzk's that has none here (``[scheduler]``) is dropped; any other key in it is an unknown key,
+    named ``section.key``."""
     tables = {k: (dict(v) if isinstance(v, dict) else v) for k, v in raw.items()}
     warnings = []
     for key, why in FOREIGN_KEYS.items():
@@ -277,8 +294,17 @@ def _foreign_keys(raw: dict[str, Any], source: str) -> tuple[dict[str, Any], lis
         if isinstance(table, dict) and name in table:
             del table[name]
             warnings.append(f"{source}: {key} is a cuzk setting with no meaning here, ignored: {why}")
-            if not table and section not in RawConfig.__struct_fields__:
-                del tables[section]
+    for section in sorted({k.split(".")[0] for k in FOREIGN_KEYS} - set(RawConfig.__struct_fields__)):
+        table = tables.get(section)
+        if not isinstance(table, dict):
+            continue
+        if table:
+            known = ", ".join(k.split(".")[1] for k in FOREIGN_KEYS if k.startswith(f"{section}."))
+            raise ConfigError(f"{source}: unknown key `{section}.{next(iter(table))}` ([{section}] is a section "
+                              f"of cuzk's with no meaning here: only its keys {known} are accepted, and ignored)")
+        if not raw[section]:  # an empty table: no key of it is warned about
+            warnings.append(f"{source}: [{section}] is a cuzk section with no meaning here, ignored")
+        del tables[section]
     return tables, warnings
 
 
@@ -351,16 +377,13 @@ def _circuit(cid: str, c: CircuitSection, base: Path, source: str) -> CircuitCon
 
 
 def _check_counts(cfg: RawConfig, source: str) -> None:
-    """Reject impossible worker, slot and device counts."""
+    """Reject what only the file can get wrong: thread counts below 0 (0 is "auto"), both names of the
+    thread count, repeated or negative device ids ([] is every device), a bad shm prefix. The engine's
+    own fields are checked by EngineConfig.validate (:func:`_validate_engine`)."""
     checks = [
-        ("synthesis.partition_workers", cfg.synthesis.partition_workers, 1),
         ("synthesis.threads", 1 if cfg.synthesis.threads is None else cfg.synthesis.threads, 0),
         ("synthesis.threads_per_partition", 1 if cfg.synthesis.threads_per_partition == "auto"
          else cfg.synthesis.threads_per_partition, 0),
-        ("pipeline.ring_slots", cfg.pipeline.ring_slots, 1),
-        ("pipeline.max_attempts", cfg.pipeline.max_attempts, 1),
-        ("pipeline.prover_batch", cfg.pipeline.prover_batch, 1),
-        ("gpus.gpu_workers_per_device", cfg.gpus.gpu_workers_per_device, 1),
     ]
     for key, value, low in checks:
         if value < low:
@@ -452,26 +475,21 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         if cid not in circuits:
             raise ConfigError(f"{source}: srs.preload: unknown circuit {cid!r} "
                               f"(configured: {sorted(circuits)})")
-    max_frame = parse_size(d.max_frame_bytes, f"{source}: daemon.max_frame_bytes")
-    assert max_frame is not None
-    if not 1024 <= max_frame <= 2**32 - 1:
-        raise ConfigError(f"{source}: daemon.max_frame_bytes: must be 1KiB..4GiB-1 "
-                          f"(a u32 length prefix), got {max_frame}")
-    total = parse_size(cfg.memory.total_budget, f"{source}: memory.total_budget", allow_auto=True)
+    max_frame = _max_frame(d, source)
+    given_total = parse_size(cfg.memory.total_budget, f"{source}: memory.total_budget", allow_auto=True)
     margin = parse_size(cfg.memory.safety_margin, f"{source}: memory.safety_margin")
     assert margin is not None
-    total = psutil.virtual_memory().total if total is None else total
+    total = psutil.virtual_memory().total if given_total is None else given_total
     if total <= margin:
         raise ConfigError(f"{source}: memory.total_budget: {total} bytes do not even cover "
                           f"memory.safety_margin ({margin})")
-    host = parse_size(cfg.memory.host_budget, f"{source}: memory.host_budget", allow_auto=True)
-    host = total - margin if host is None else host
+    host = _host_budget(cfg.memory, total, margin, source, auto_total=given_total is None)
     journal_path = _path(d.journal, base) if d.journal else param_cache / "journal.sqlite"
+    given = _given_shape(cfg)
     engine = EngineConfig(
         backend=cfg.gpus.backend, devices=cfg.gpus.devices or None,
         gpu_workers_per_device=cfg.gpus.gpu_workers_per_device,
-        partition_workers=cfg.synthesis.partition_workers,
-        synthesis_threads=_threads(cfg.synthesis), ring_slots=cfg.pipeline.ring_slots,
+        **{field: given[name] for field, name in SHAPE_FIELDS.items() if name in given},
         shm_prefix=cfg.pipeline.shm_prefix or default_shm_prefix(journal_path),
         verify_proofs=cfg.pipeline.verify_proofs,
         max_attempts=cfg.pipeline.max_attempts, prover_batch=cfg.pipeline.prover_batch, param_cache=param_cache,
@@ -479,14 +497,16 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
                                        f"{source}: pipeline.start_timeout"),
         task_timeout_s=parse_duration(cfg.pipeline.task_timeout, f"{source}: pipeline.task_timeout"),
     )
+    _validate_engine(engine, cfg, given, source)  # the values the file gives, before they size anything
     circuit = largest((c.spec for c in circuits.values()), engine.backend)
     try:
-        shape = shape_for(host, engine, circuit, _given_shape(raw, engine))
+        shape = shape_for(host, engine, circuit, given)
     except ConfigError as e:
         raise ConfigError(f"{source}: {e}") from None
     engine = replace(engine, ring_slots=shape.ring_slots, partition_workers=shape.partition_workers,
                      synthesis_threads=shape.threads_per_partition)
     engine = replace(engine, srs_budget_bytes=memory_budget(total, margin, engine, circuit, source))
+    _validate_engine(engine, cfg, given, source)  # and the engine the daemon starts, as it will check it
     fleet = resolve_fleet(cfg.fleet, source=source, base=base, duration=parse_duration)
     warnings += _witness_check_warnings(circuits, engine.verify_proofs, source)
     grace_s = parse_duration(d.shutdown_grace, f"{source}: daemon.shutdown_grace")
@@ -544,25 +564,76 @@ def _threads(s: SynthesisSection) -> int | None:
     return None if per == "auto" or per == 0 else per
 
 
-def _given_shape(raw: dict[str, Any], engine: EngineConfig) -> dict[str, int]:
+def _given_shape(cfg: RawConfig) -> dict[str, int]:
     """The shape values the file gives: ``host_budget`` derives only the others."""
-    given = {}
-    if "ring_slots" in (raw.get("pipeline") or {}):
-        given["ring_slots"] = engine.ring_slots
-    if "partition_workers" in (raw.get("synthesis") or {}):
-        given["partition_workers"] = engine.partition_workers
-    if engine.synthesis_threads is not None:
-        given["threads_per_partition"] = engine.synthesis_threads
-    return given
+    given = {"ring_slots": cfg.pipeline.ring_slots, "partition_workers": cfg.synthesis.partition_workers,
+             "threads_per_partition": _threads(cfg.synthesis)}
+    return {name: value for name, value in given.items() if value is not None}
+
+
+def _validate_engine(engine: EngineConfig, cfg: RawConfig, given: dict[str, int], source: str) -> None:
+    """:meth:`EngineConfig.validate`, its messages naming the file's keys (:data:`ENGINE_KEYS`), so
+    that ``--check`` refuses what the engine would refuse at the start."""
+    def key(field: str) -> str:
+        name = ENGINE_KEYS[field]
+        if field == "synthesis_threads" and cfg.synthesis.threads is not None:
+            name = "synthesis.threads"
+        if field in SHAPE_FIELDS and SHAPE_FIELDS[field] not in given:
+            name += " (derived from memory.host_budget)"
+        return f"{source}: {name}"
+
+    engine.validate(key)
+
+
+def _max_frame(d: DaemonSection, source: str) -> int:
+    """``daemon.max_frame_bytes``: a u32 length prefix, and room for the reply of a one-partition job
+    (a smaller limit would refuse every submit)."""
+    value = parse_size(d.max_frame_bytes, f"{source}: daemon.max_frame_bytes")
+    assert value is not None
+    least = P.job_reply_bytes(1)
+    if value < least:
+        raise ConfigError(f"{source}: daemon.max_frame_bytes: {value} bytes cannot carry the reply of a job of one "
+                          f"partition (at least {least} bytes: its proof), so every submit would be refused; set "
+                          f"at least {least}")
+    if value > 2**32 - 1:
+        raise ConfigError(f"{source}: daemon.max_frame_bytes: {value} bytes is more than a u32 length prefix "
+                          f"holds (at most {2**32 - 1}, 4GiB-1)")
+    return value
+
+
+def _host_budget(m: MemorySection, total: int, margin: int, source: str, *, auto_total: bool) -> int:
+    """``memory.host_budget`` in bytes ("auto": total_budget - safety_margin); more than that is refused:
+    the pipeline's memory is part of the total, and the margin is kept free."""
+    host = parse_size(m.host_budget, f"{source}: memory.host_budget", allow_auto=True)
+    if host is None:
+        return total - margin
+    if host > total - margin:
+        whose = "auto: this machine's RAM, " if auto_total else ""
+        raise ConfigError(
+            f"{source}: memory.host_budget: {gib(host)} is more than memory.total_budget ({whose}{gib(total)}) "
+            f"less memory.safety_margin ({gib(margin)}): at most {gib(total - margin)} ({total - margin} bytes); "
+            "lower memory.host_budget, or raise memory.total_budget")
+    return host
+
+
+def gib(n: int | None) -> str:
+    """A size as the daemon reports it: ``"59.00 GiB"`` ("n/a" for None)."""
+    return "n/a" if n is None else f"{n / GiB:.2f} GiB"
 
 
 def load_config(path: str | Path) -> DaemonConfig:
     """Read, validate and resolve the TOML file at ``path`` (ConfigError naming the key)."""
     path = Path(path)
     try:
-        raw = tomllib.loads(path.read_text())
+        data = path.read_bytes()  # a folder, a file this user may not read: OSError, exit 2 naming the file
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    try:
+        raw = tomllib.loads(data.decode())
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise ConfigError(f"{path}: not valid TOML: not UTF-8 text: byte 0x{data[e.start]:02x} at byte offset "
+                          f"{e.start} (line {line})") from None
     except tomllib.TOMLDecodeError as e:
         raise ConfigError(f"{path}: not valid TOML: {e}") from None
     cfg = resolve(raw, base=path.resolve().parent, source=str(path))

@@ -79,6 +79,16 @@ JobId = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]
 Timeout = Annotated[float, msgspec.Meta(ge=0, le=MAX_TIMEOUT_S)]
 
 
+def job_reply_bytes(partitions: int) -> int:
+    """The least a finished job of ``partitions`` partitions takes in its reply frame (its proofs)."""
+    return JOB_REPLY_BASE_BYTES + partitions * PARTITION_REPLY_BYTES
+
+
+def max_job_partitions(frame_bytes: int) -> int:
+    """The most partitions a job may have for its reply to fit a frame of ``frame_bytes`` (0: none)."""
+    return max((frame_bytes - JOB_REPLY_BASE_BYTES) // PARTITION_REPLY_BYTES, 0)
+
+
 class PartitionIn(msgspec.Struct, forbid_unknown_fields=True):
     """One partition's input: ``json`` (circom input JSON bytes), ``wtns`` (.wtns bytes) or
     ``synthetic`` (a witness ``seed``)."""

@@ -420,10 +420,10 @@ class Daemon:
     def _reply_must_fit(self, m: P.SubmitProof | P.Prove) -> None:
         """Refuse a job whose finished reply could not be sent within ``max_frame_bytes``: its
         proofs would be made and then be out of every client's reach."""
-        need = P.JOB_REPLY_BASE_BYTES + len(m.partitions) * P.PARTITION_REPLY_BYTES
+        need = P.job_reply_bytes(len(m.partitions))
         limit = self.cfg.max_frame_bytes
         if need > limit:
-            most = max((limit - P.JOB_REPLY_BASE_BYTES) // P.PARTITION_REPLY_BYTES, 0)
+            most = P.max_job_partitions(limit)
             raise InputError(f"a job of {len(m.partitions)} partitions has a reply of at least {need} bytes (its "
                              f"proofs), more than [daemon] max_frame_bytes = {limit}: submit at most {most} "
                              "partitions a job, or raise max_frame_bytes")

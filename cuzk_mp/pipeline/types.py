@@ -30,6 +30,7 @@ process to the caller: it is never converted on the way.
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import IntEnum
 from pathlib import Path
@@ -42,6 +43,7 @@ STAGES = ("queue_wait", "ring_wait", "shm_write", "witness", "synthesis", "stagi
           "finalize", "total")
 INPUT_KINDS = ("json", "wtns", "synthetic")
 BACKENDS = ("auto", "cpu", "gpu")
+MAX_RING_SLOTS = 256  # EngineConfig.ring_slots, at most
 BATCH_ENV = "CUZK_MP_PROVER_BATCH"  # overrides the configured batch cap (benchmarks: 1 = no batching)
 # Partitions up to this segment size are batched (2^18 rows: 32 MiB; a, b, c and w of k partitions
 # are on the device at once, and above this size the per-proof fixed costs are small beside the work).
@@ -174,29 +176,30 @@ class EngineConfig:
     task_timeout_s: float = 1800.0
     prover_batch: int = 8  # READY small partitions of one key a prover worker proves in one pass, at most
 
-    def validate(self) -> None:
-        """Raise :class:`ConfigError` naming the first bad field."""
+    def validate(self, key: Callable[[str], str] = "EngineConfig.{}".format) -> None:
+        """Raise :class:`ConfigError` naming the first bad field; ``key`` turns a field's name into the
+        name the message gives it (the daemon passes its config file's keys)."""
         if self.backend not in BACKENDS:
-            raise ConfigError(f"EngineConfig.backend: {self.backend!r} is not one of {', '.join(BACKENDS)}")
+            raise ConfigError(f"{key('backend')}: {self.backend!r} is not one of {', '.join(BACKENDS)}")
         if self.devices is not None and (not self.devices or len(set(self.devices)) != len(self.devices)
                                          or min(self.devices) < 0):
-            raise ConfigError(f"EngineConfig.devices: {self.devices!r} must be distinct ids >= 0 (or None for all)")
+            raise ConfigError(f"{key('devices')}: {self.devices!r} must be distinct ids >= 0 (or None for all)")
         for name in ("gpu_workers_per_device", "partition_workers", "synthesis_threads", "ring_slots", "max_attempts",
                      "prover_batch"):
             value = getattr(self, name)
             if name == "synthesis_threads" and value is None:
                 continue
             if not isinstance(value, int) or value < 1:
-                raise ConfigError(f"EngineConfig.{name}: {value!r} must be an integer >= 1")
-        if self.ring_slots > 256:
-            raise ConfigError(f"EngineConfig.ring_slots: {self.ring_slots} is more than 256")
+                raise ConfigError(f"{key(name)}: {value!r} must be an integer >= 1")
+        if self.ring_slots > MAX_RING_SLOTS:
+            raise ConfigError(f"{key('ring_slots')}: {self.ring_slots} is more than {MAX_RING_SLOTS}")
         if self.shm_prefix is not None and not _good_prefix(self.shm_prefix):
-            raise ConfigError(f"EngineConfig.shm_prefix: {self.shm_prefix!r} must be 1-40 characters of [A-Za-z0-9_-]")
+            raise ConfigError(f"{key('shm_prefix')}: {self.shm_prefix!r} must be 1-40 characters of [A-Za-z0-9_-]")
         if self.srs_budget_bytes is not None and self.srs_budget_bytes < 0:
-            raise ConfigError(f"EngineConfig.srs_budget_bytes: {self.srs_budget_bytes} is negative")
+            raise ConfigError(f"{key('srs_budget_bytes')}: {self.srs_budget_bytes} is negative")
         for name in ("start_timeout_s", "task_timeout_s"):
             if not getattr(self, name) > 0:
-                raise ConfigError(f"EngineConfig.{name}: {getattr(self, name)} must be positive")
+                raise ConfigError(f"{key(name)}: must be positive, got {getattr(self, name):g} s")
 
     def prefix(self) -> str:
         """The shm/semaphore name prefix: ``shm_prefix`` or ``cuzk-<pid>``."""
