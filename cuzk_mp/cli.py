@@ -38,7 +38,7 @@ from .exit_codes import (
     EXIT_CODES, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_RESOURCES, EXIT_TERMINATED,
     EXIT_UNREACHABLE,
 )
-from .logs import FORMATS, child_format, configure
+from .logs import FORMATS, child_format, configure, library_level_problem
 
 if TYPE_CHECKING:  # numpy loads with a verb, not for --help
     import numpy as np
@@ -432,7 +432,8 @@ def _log_level(value: str) -> str:
 
 def _epilog() -> str:
     codes = "\n".join(f"  {code:>3}  {what}" for code, what in EXIT_CODES)
-    return ("--log-level and -v may stand anywhere on the line; CUZK_MP_LOG_FORMAT=json logs JSON lines.\n\n"
+    return ("--log-level and -v may stand anywhere on the line; CUZK_MP_LOG_FORMAT=json logs JSON lines;\n"
+            "numba's and CuPy's own loggers stay at WARNING unless CUZK_MP_LIBRARY_LOG_LEVEL names a level.\n\n"
             f"exit codes:\n{codes}")
 
 
@@ -525,7 +526,8 @@ def _configure_logging(args: argparse.Namespace) -> str:
     """Root logging at the chosen level, text or (``CUZK_MP_LOG_FORMAT=json``) JSON lines, on stderr.
 
     The level: ``--log-level``, else ``-v`` (INFO) / ``-vv`` (DEBUG), else the verb's default
-    (INFO for ``setup``, whose progress lines are INFO), else WARNING.
+    (INFO for ``setup``, whose progress lines are INFO), else WARNING. numba's and CuPy's loggers stay at
+    WARNING or above unless ``CUZK_MP_LIBRARY_LOG_LEVEL`` says otherwise (:mod:`.logs`).
     """
     level: str = args.log_level or ("DEBUG" if args.verbose >= 2 else "INFO" if args.verbose
                                     else getattr(args, "default_log_level", "WARNING"))
@@ -533,6 +535,9 @@ def _configure_logging(args: argparse.Namespace) -> str:
     asked = os.environ.get("CUZK_MP_LOG_FORMAT")
     if asked is not None and asked not in FORMATS:
         log.warning("CUZK_MP_LOG_FORMAT=%s is not one of %s: text lines are written", asked, ", ".join(FORMATS))
+    problem = library_level_problem()
+    if problem is not None:
+        log.warning("%s", problem)
     return level
 
 

@@ -3,6 +3,12 @@
 The daemon picks the format (``[logging] format``) and exports it as
 ``CUZK_MP_LOG_FORMAT`` (with the level as ``CUZK_MP_LOG_LEVEL``), so that the
 engine's spawned children, which inherit the environment, log the same way.
+
+The compilers' own loggers (:data:`LIBRARY_LOGGERS`: numba, with numba.cuda, and CuPy) stay at
+WARNING, or the level asked when it is higher: at DEBUG numba writes a line per step of its
+bytecode and SSA passes, hundreds of thousands for one proof on a cold cache, and would bury
+cuzk-mp's own lines and the traceback that DEBUG is asked for. ``CUZK_MP_LIBRARY_LOG_LEVEL``
+(a level name, inherited by the children as well) gives them that level instead.
 """
 
 from __future__ import annotations
@@ -15,6 +21,9 @@ import time
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s (%(processName)s pid=%(process)d): %(message)s"
 FORMATS = ("text", "json")
+LIBRARY_LOGGERS = ("numba", "cupy")  # their child loggers (numba.core.ssa, numba.cuda...) follow them
+LIBRARY_LEVEL_ENV = "CUZK_MP_LIBRARY_LOG_LEVEL"
+LIBRARY_LEVEL = logging.WARNING
 
 
 class JsonFormatter(logging.Formatter):
@@ -46,6 +55,26 @@ def configure(level: str, fmt: str, *, process: str | None = None, text_format: 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(process) if fmt == "json" else logging.Formatter(text_format))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(library_level(level))
+
+
+def library_level(level: str) -> int:
+    """The level of the compilers' loggers when cuzk-mp logs at ``level``: ``$CUZK_MP_LIBRARY_LOG_LEVEL``
+    where it names a level, else ``level`` but never below WARNING."""
+    levels = logging.getLevelNamesMapping()
+    asked = os.environ.get(LIBRARY_LEVEL_ENV, "").strip().upper()
+    if asked in levels:
+        return levels[asked]
+    return max(levels.get(level.upper(), LIBRARY_LEVEL), LIBRARY_LEVEL)
+
+
+def library_level_problem() -> str | None:
+    """What is wrong with ``$CUZK_MP_LIBRARY_LOG_LEVEL`` (None where it is unset or a level name)."""
+    asked = os.environ.get(LIBRARY_LEVEL_ENV, "").strip()
+    if not asked or asked.upper() in logging.getLevelNamesMapping():
+        return None
+    return f"{LIBRARY_LEVEL_ENV}={asked} is not a log level: the compilers' loggers stay at WARNING or above"
 
 
 def export_for_children(level: str, fmt: str) -> None:

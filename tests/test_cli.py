@@ -147,9 +147,11 @@ def test_bad_log_level_is_a_message() -> None:
         assert len(proc.stderr.strip().splitlines()) == 2  # usage + the message
 
 
-def test_an_unknown_log_format_is_warned_about(circuit: dict[str, Path]) -> None:
-    proc = run_cli("g16v", circuit["vk"], circuit["public"], circuit["proof"], env={"CUZK_MP_LOG_FORMAT": "xml"})
-    assert_message(proc, 0, "CUZK_MP_LOG_FORMAT=xml is not one of text, json: text lines are written")
+def test_an_unknown_log_format_or_library_level_is_warned_about(circuit: dict[str, Path]) -> None:
+    proc = run_cli("g16v", circuit["vk"], circuit["public"], circuit["proof"],
+                   env={"CUZK_MP_LOG_FORMAT": "xml", "CUZK_MP_LIBRARY_LOG_LEVEL": "loud"})
+    assert_message(proc, 0, "CUZK_MP_LOG_FORMAT=xml is not one of text, json: text lines are written",
+                   "CUZK_MP_LIBRARY_LOG_LEVEL=loud is not a log level")
     assert proc.stdout.strip() == "OK!"
 
 
