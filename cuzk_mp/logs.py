@@ -9,6 +9,10 @@ WARNING, or the level asked when it is higher: at DEBUG numba writes a line per 
 bytecode and SSA passes, hundreds of thousands for one proof on a cold cache, and would bury
 cuzk-mp's own lines and the traceback that DEBUG is asked for. ``CUZK_MP_LIBRARY_LOG_LEVEL``
 (a level name, inherited by the children as well) gives them that level instead.
+
+A command that fails ends with :func:`final_error`: one line on stderr, ``cuzk-mp: what went
+wrong`` with any line breaks of the message folded into spaces, or, where the process logs JSON,
+a JSON object like its log lines with the exit code added (``"exit_code"``).
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 
@@ -27,7 +32,8 @@ LIBRARY_LEVEL = logging.WARNING
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: ts, level, logger, process, pid, msg (+ exc)."""
+    """One JSON object per record: ts, level, logger, process, pid, msg (+ exc, + exit_code where the
+    record carries one: :func:`final_error`)."""
 
     def __init__(self, process: str | None = None) -> None:
         super().__init__()
@@ -45,6 +51,9 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             obj["exc"] = self.formatException(record.exc_info)
+        code = getattr(record, "exit_code", None)
+        if code is not None:
+            obj["exit_code"] = code
         return json.dumps(obj, ensure_ascii=False)
 
 
@@ -75,6 +84,26 @@ def library_level_problem() -> str | None:
     if not asked or asked.upper() in logging.getLevelNamesMapping():
         return None
     return f"{LIBRARY_LEVEL_ENV}={asked} is not a log level: the compilers' loggers stay at WARNING or above"
+
+
+def final_error(code: int, message: str, *, prefix: str = "cuzk-mp", logger: str = "cuzk_mp.cli") -> int:
+    """Write the one line a failed command ends with on stderr and return ``code``: ``prefix: message``
+    (line breaks and the blanks around them folded into one space), or where the process logs JSON
+    lines (its root logger's handler, else, before any :func:`configure`, ``CUZK_MP_LOG_FORMAT``) a
+    JSON log line at level error, from ``logger``, with ``"exit_code"``."""
+    text = re.sub(r"\s*[\r\n]+\s*", " ", message.strip())
+    handlers = logging.getLogger().handlers
+    formatter = next((h.formatter for h in handlers if isinstance(h.formatter, JsonFormatter)), None)
+    if formatter is None and not handlers and child_format() == "json":
+        formatter = JsonFormatter()
+    if formatter is not None:
+        record = logging.makeLogRecord({"name": logger, "levelno": logging.ERROR, "levelname": "ERROR",
+                                        "msg": text, "exit_code": code})
+        line = formatter.format(record)
+    else:
+        line = f"{prefix}: {text}"
+    print(line, file=sys.stderr, flush=True)
+    return code
 
 
 def export_for_children(level: str, fmt: str) -> None:

@@ -388,6 +388,51 @@ def test_every_error_has_a_code_and_one_line(exc: BaseException, code: int, need
     assert code in dict(cli.EXIT_CODES)
 
 
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_the_last_line_is_one_line_in_the_log_format(fmt: str, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A message of several lines (a database's "cannot connect ..." and its tab-indented hint) still
+    ends the command with one line; where the logs are JSON lines, one more like them, with the exit code."""
+    def boom(args: argparse.Namespace) -> int:
+        logging.getLogger("cuzk_mp.test").warning("a log line first")
+        raise errors.ResourceError('fleet: cannot connect to "db:5432": connection refused\n'
+                                   "\tIs the server running on that host?\n")
+
+    _replace_verify(monkeypatch, boom)
+    monkeypatch.setenv("CUZK_MP_LOG_FORMAT", fmt)
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    try:
+        assert cli.main(["g16v"]) == cli.EXIT_RESOURCES
+    finally:
+        root.handlers[:] = handlers  # not a JSON handler left for the tests after this one
+    logged, last = capsys.readouterr().err.splitlines()
+    message = 'not enough resources: fleet: cannot connect to "db:5432": connection refused Is the server running ' \
+              "on that host?"
+    if fmt == "text":
+        assert last == f"cuzk-mp: {message}"
+        return
+    first, end = json.loads(logged), json.loads(last)
+    assert set(first) < set(end) and end["exit_code"] == cli.EXIT_RESOURCES and "exit_code" not in first
+    assert (end["level"], end["process"], end["logger"], end["msg"]) == ("error", "cuzk-mp", "cuzk_mp.cli", message)
+
+
+def test_a_client_verb_ends_with_one_json_line_where_the_logs_are_json(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("CUZK_MP_LOG_FORMAT", "json")
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    try:
+        assert cli.main(["client", "status", "--connect", f"unix://{tmp_path}/none.sock"]) == cli.EXIT_UNREACHABLE
+    finally:
+        root.handlers[:] = handlers
+    [line] = capsys.readouterr().err.splitlines()
+    end = json.loads(line)
+    assert end["exit_code"] == cli.EXIT_UNREACHABLE and end["logger"] == "cuzk_mp.daemon.cli"
+    assert end["msg"].startswith(f"cannot reach the daemon at unix://{tmp_path}/none.sock: ")
+
+
 def test_internal_error_traceback_only_at_debug(monkeypatch: pytest.MonkeyPatch,
                                                 capsys: pytest.CaptureFixture[str]) -> None:
     def boom(args: argparse.Namespace) -> int:

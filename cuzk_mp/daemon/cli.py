@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from cuzk_mp.errors import InputError
+from cuzk_mp.logs import final_error
 from cuzk_mp.exit_codes import (
     EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT, EXIT_JOURNAL_DAMAGED, EXIT_TIMEOUT, EXIT_UNREACHABLE,
 )
@@ -166,11 +167,9 @@ def run_daemon(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(serve(cfg))
     except AlreadyRunning as e:
-        print(f"cuzk-mp daemon: {e}", file=sys.stderr)
-        return EXIT_ALREADY_RUNNING
+        return final_error(EXIT_ALREADY_RUNNING, str(e), prefix="cuzk-mp daemon", logger=__name__)
     except JournalDamaged as e:
-        print(f"cuzk-mp daemon: refusing to start: {e}", file=sys.stderr)
-        return EXIT_JOURNAL_DAMAGED
+        return final_error(EXIT_JOURNAL_DAMAGED, f"refusing to start: {e}", prefix="cuzk-mp daemon", logger=__name__)
 
 
 def _log_level(args: argparse.Namespace) -> str | None:
@@ -330,17 +329,21 @@ def run_client(args: argparse.Namespace) -> int:
     try:
         client = Client(args.connect, max_frame_bytes=args.max_frame_bytes, token=args.token)
     except OSError as e:
-        print(f"cuzk-mp client: cannot reach the daemon at {args.connect}: {e}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return _client_error(EXIT_UNREACHABLE, f"cannot reach the daemon at {args.connect}: {e}")
     try:
         with client:
             return _client_verb(client, args)
     except _StdoutClosed:  # the reader of our output left: nothing more to say (the CLI's quiet exit)
         raise BrokenPipeError() from None
     except (CommClosedError, ConnectionError, TimeoutError) as e:
-        print(f"cuzk-mp client: lost the daemon at {args.connect}: {e}", file=sys.stderr)
+        message = f"lost the daemon at {args.connect}: {e}"
         if args.verb in ("submit", "prove") and args.request_id:
-            print(f"cuzk-mp client: if the daemon took the job, it goes on as job {args.request_id} (journaled, "
-                  f"resumed after a restart): `cuzk-mp client await {args.request_id}`, or the same command with "
-                  f"--request-id {args.request_id}, which never proves it twice", file=sys.stderr)
-        return EXIT_UNREACHABLE
+            message += (f"; if the daemon took the job, it goes on as job {args.request_id} (journaled, resumed "
+                        f"after a restart): `cuzk-mp client await {args.request_id}`, or the same command with "
+                        f"--request-id {args.request_id}, which never proves it twice")
+        return _client_error(EXIT_UNREACHABLE, message)
+
+
+def _client_error(code: int, message: str) -> int:
+    """The line a failed client verb ends with (:func:`cuzk_mp.logs.final_error`)."""
+    return final_error(code, message, prefix="cuzk-mp client", logger=__name__)

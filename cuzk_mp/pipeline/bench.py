@@ -47,7 +47,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ import msgspec
 
 from ..errors import CuzkError, InputError
 from ..exit_codes import EXIT_INPUT
+from ..logs import final_error
 from ..paths import default_cache_dir
 from .benchplot import plot_timeline, timeline_section
 from .benchreport import Progress, machine_info, median_stage, require_matplotlib, step, table
@@ -780,6 +780,6 @@ def _verdict(result: dict[str, Any]) -> int:
     failed = [p for p in result["partitions"] if p.get("error")]
     why = (f"; {len(failed)} partition(s) failed, the first ({failed[0]['job']} partition {failed[0]['index']}): "
            f"{failed[0]['error']}") if failed else "; proofs came back that do not verify"
-    print(f"cuzk-mp bench: {total - verified} of {total} proofs missing or invalid{why}", file=sys.stderr)
     on_input = failed and len(failed) == total - verified and all(is_input_kind(p.get("error_kind")) for p in failed)
-    return EXIT_INPUT if on_input else 1
+    return final_error(EXIT_INPUT if on_input else 1, f"{total - verified} of {total} proofs missing or invalid{why}",
+                       prefix="cuzk-mp bench", logger=__name__)
