@@ -9,6 +9,7 @@ engine).
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import socket
@@ -16,6 +17,7 @@ import stat
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -507,3 +509,43 @@ def test_metrics_are_prometheus_client_families(tmp_path: Path) -> None:
         assert not [k for k in samples if k[0].endswith("_created")]
 
     run_daemon(tmp_path, body)
+
+
+def test_client_out_on_a_full_disk_writes_each_proof_with_its_public_signals_or_neither(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``client prove --out DIR`` where the disk fills while public_1.json is written: proof_1.json is not
+    left alone, the job's summary is still printed, and the last line names the file and how to get the
+    files again (exit 2, as for any output that cannot be written)."""
+    from contextlib import contextmanager
+
+    from cuzk_mp import cli
+    from cuzk_mp.formats import atomic
+
+    real = atomic.atomic_output
+
+    class FullDisk:
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    @contextmanager
+    def full_at_public_1(path: Any, mode: str = "wb") -> Any:
+        with real(path, mode) as f:
+            yield FullDisk() if Path(path).name == "public_1.json" else f
+
+    monkeypatch.setattr(atomic, "atomic_output", full_at_public_1)
+    out = tmp_path / "out"
+
+    async def body(d: Daemon, addr: str) -> None:
+        argv = ["client", "prove", "--connect", addr, "--circuit", "syn", "--partitions", "3", "--out", str(out)]
+        assert await asyncio.to_thread(cli.main, argv) == 2
+
+    run_daemon(tmp_path, body)
+    names = sorted(p.name for p in out.iterdir())
+    assert "proof_1.json" not in names and not any(n.startswith(".") for n in names), names
+    assert {"proof_0.json", "public_0.json"} <= set(names)
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["state"] == "done" and len(summary["partitions"]) == 3
+    last = captured.err.strip().splitlines()[-1]
+    assert f"{out / 'public_1.json'}: cannot write it: No space left on device" in last, last
+    assert f"cuzk-mp client await {summary['job_id']} --out DIR" in last

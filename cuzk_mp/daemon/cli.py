@@ -258,10 +258,20 @@ def _partitions(client: Any, args: argparse.Namespace) -> list[Any]:
 
 
 def _finish_job(client: Any, reply: Any, out: Path | None) -> int:
+    """Write a done job's files to ``out`` (if given) and print its summary. Where a file cannot be
+    written (a full disk) the summary is printed all the same, then the OutputError says how to
+    write the files again."""
     from cuzk_mp.daemon.client import write_outputs
+    from cuzk_mp.errors import OutputError
 
     if out is not None and reply.state == "done":
-        write_outputs(reply, out, client.verification_key(reply.circuit_id))
+        try:
+            write_outputs(reply, out, client.verification_key(reply.circuit_id))
+        except OutputError as e:
+            _print(_summary(reply))
+            raise OutputError(e.path, f"{e.problem}; the job is done: `cuzk-mp client await {reply.job_id} --out "
+                                      "DIR` writes its files again while the daemon keeps its result ([daemon] "
+                                      "result_ttl)") from None
     _print(_summary(reply))
     if reply.timed_out:
         return EXIT_TIMEOUT
