@@ -204,7 +204,7 @@ def test_preload_evict_and_status(tmp_path: Path) -> None:
         assert 'cuzk_proofs_completed_total{circuit="syn"} 1' in text
         assert 'cuzk_ring_slots{state="ready"} 1' in text
         assert "cuzk_ring_occupancy 0.5" in text
-        assert 'cuzk_memory_bytes{kind="host_rss_bytes"} 123' in text
+        assert 'cuzk_memory_bytes{kind="host_rss"} 123' in text
         assert "cuzk_engine_partitions_proved_total 1" in text
             # (label order within braces is the exposition library's: compare parsed samples)
         samples = parse_prometheus(text)
