@@ -31,7 +31,7 @@ from cuzk_mp.daemon.transport import frame, inproc_pair
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
 from cuzk_mp.pipeline.supervisor import Degraded
 from tests.fake_engine import FakeEngine, run_daemon
-from tests.helpers import parse_prometheus, raw_roundtrip
+from tests.helpers import free_port, parse_prometheus, raw_roundtrip
 
 
 def test_submit_await_prove_over_a_unix_socket(tmp_path: Path) -> None:
@@ -406,6 +406,34 @@ def test_http_status_metrics_healthz(tmp_path: Path) -> None:
         assert (await asyncio.to_thread(other, "", b"NONSENSE\r\n\r\n"))[0] == 400
 
     run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")
+
+
+def test_http_status_401_names_the_scheme_and_403_does_not(tmp_path: Path) -> None:
+    """A 401 carries WWW-Authenticate (RFC 9110), naming the bearer scheme /status reads its token by;
+    a token that is sent but unknown is a 403 (no challenge: another try of the same will not do)."""
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+
+    def get(path: str, token: str | None = None, method: str = "GET") -> tuple[int, str | None]:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.headers["WWW-Authenticate"]
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers["WWW-Authenticate"]
+
+    async def body(d: Daemon, addr: str) -> None:
+        for method in ("GET", "HEAD"):
+            assert await asyncio.to_thread(get, "/status", None, method) == (401, 'Bearer realm="cuzk-mp"')
+        assert await asyncio.to_thread(get, "/status", "y" * 20) == (403, None)
+        assert await asyncio.to_thread(get, "/status?detail=1", "t" * 20) == (403, None)
+        assert await asyncio.to_thread(get, "/status", "t" * 20) == (200, None)
+
+    run_daemon(tmp_path, body, tokens=["t" * 20], status_listen=f"127.0.0.1:{port}")
 
 
 def test_inproc_transport_carries_frames_and_enforces_the_limit() -> None:
