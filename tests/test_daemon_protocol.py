@@ -436,6 +436,39 @@ def test_http_status_401_names_the_scheme_and_403_does_not(tmp_path: Path) -> No
     run_daemon(tmp_path, body, tokens=["t" * 20], status_listen=f"127.0.0.1:{port}")
 
 
+def test_a_client_aimed_at_the_status_port_is_told_so_and_exits_3(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The HTTP server answers a frame with "HTTP/1.1 400 ...": those four bytes are no frame's length
+    (1.2 GB) but an address that is not the daemon's protocol socket: exit 3 (the daemon was not
+    reached), the message saying it answers HTTP; the blocking, asyncio and one-proof clients alike."""
+    from cuzk_mp import cli
+    from cuzk_mp.daemon import status_http
+    from cuzk_mp.daemon.prove_files import Unreachable, prove_to_files
+    from cuzk_mp.daemon.transport import NotTheProtocol
+
+    monkeypatch.setattr(status_http, "HEAD_TIMEOUT_S", 0.2)  # a frame has no blank line: answered at the timeout
+    port = free_port()
+    http = f"127.0.0.1:{port}"
+
+    async def body(d: Daemon, addr: str) -> None:
+        assert await asyncio.to_thread(cli.main, ["client", "status", "--connect", http]) == cli.EXIT_UNREACHABLE
+        with pytest.raises(NotTheProtocol, match="answers HTTP"):
+            with Client(http) as c:
+                await asyncio.to_thread(c.status)
+        with pytest.raises(NotTheProtocol, match="answers HTTP"):
+            async with await AsyncClient.connect(http) as ac:
+                await ac.status()
+        with pytest.raises(Unreachable, match=f"cannot reach the daemon at {http}: it answers HTTP"):
+            await asyncio.to_thread(prove_to_files, http, "", "syn", tmp_path / "k.zkey", tmp_path / "w.wtns",
+                                    synthetic_partitions(1)[0], tmp_path / "p.json", tmp_path / "q.json")
+
+    run_daemon(tmp_path, body, status_listen=http)
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"cuzk-mp client: cannot reach the daemon at {http}: it answers HTTP")
+    assert "status_listen" in line and "frame of" not in line
+
+
 def test_inproc_transport_carries_frames_and_enforces_the_limit() -> None:
     async def main() -> None:
         a, b = inproc_pair(max_frame_bytes=100)

@@ -29,8 +29,8 @@ A synthetic circuit given no inputs gets seeds 0..P-1 (P = ``--partitions`` or t
 configured default). Exit codes: 0 success; 1 the job failed or was cancelled (or an eviction
 was refused); 2 bad input (the daemon's InputError, a bad file, a missing or refused token, an
 argument out of range such as ``--timeout nan``, ``inf``, ``1e300`` or a negative one); 3 the
-daemon could not be reached (or broke the connection); 124 AwaitProof/Prove timed out (the job
-goes on).
+daemon could not be reached (or broke the connection, or ADDR answers HTTP: the status port); 124
+AwaitProof/Prove timed out (the job goes on).
 """
 
 from __future__ import annotations
@@ -334,7 +334,7 @@ def _client_verb(client: Any, args: argparse.Namespace) -> int:
 def run_client(args: argparse.Namespace) -> int:
     """``cuzk-mp client VERB``: one call to the daemon; the exit code says how it went."""
     from cuzk_mp.daemon.client import Client
-    from cuzk_mp.daemon.transport import CommClosedError
+    from cuzk_mp.daemon.transport import CommClosedError, NotTheProtocol
 
     try:
         client = Client(args.connect, max_frame_bytes=args.max_frame_bytes, token=args.token)
@@ -345,6 +345,8 @@ def run_client(args: argparse.Namespace) -> int:
             return _client_verb(client, args)
     except _StdoutClosed:  # the reader of our output left: nothing more to say (the CLI's quiet exit)
         raise BrokenPipeError() from None
+    except NotTheProtocol as e:  # an HTTP server answered: the daemon was never reached, no job was taken
+        return _client_error(EXIT_UNREACHABLE, f"cannot reach the daemon at {args.connect}: {e}")
     except (CommClosedError, ConnectionError, TimeoutError) as e:
         message = f"lost the daemon at {args.connect}: {e}"
         if args.verb in ("submit", "prove") and args.request_id:

@@ -26,7 +26,7 @@ import msgspec
 
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.transport import (
-    Address, CommClosedError, StreamComm, connect, open_socket, parse_address, recv_frame,
+    Address, CommClosedError, NotTheProtocol, StreamComm, connect, open_socket, parse_address, recv_frame,
     send_frame,
 )
 from cuzk_mp.errors import InputError, error_from_kind
@@ -106,7 +106,8 @@ class AsyncClient:
                 if fut is not None and not fut.done():
                     fut.set_result(reply)
         except (CommClosedError, Exception) as e:
-            error = error if isinstance(e, CommClosedError) and not isinstance(e, MalformedReply) else e
+            error = error if isinstance(e, CommClosedError) and not isinstance(e, (MalformedReply, NotTheProtocol)) \
+                else e
             self._comm.close()
         finally:
             for fut in self._pending.values():
