@@ -178,6 +178,26 @@ def test_every_command_renders_its_help() -> None:
     assert walk(build_parser(), "cuzk-mp") > 20
 
 
+@pytest.mark.parametrize(("command", "section"), [("bench", "## Benchmarking"),
+                                                   ("client", "## The proving daemon")])
+def test_every_option_has_help_and_a_place_in_the_readme(command: str, section: str) -> None:
+    """Each option of ``bench`` and of every ``client`` verb says what it does in ``--help`` and is
+    named in the README's section of that command."""
+    readme = (REPO / "README.md").read_text()
+    text = readme[readme.index(section):]
+    text = text[:text.index("\n## ", 1)]
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    top = sub.choices[command]
+    verbs = next((a.choices for a in top._actions if isinstance(a, argparse._SubParsersAction)), {command: top})
+    for verb, parser in verbs.items():
+        for action in parser._actions:
+            if not action.option_strings or isinstance(action, argparse._HelpAction):
+                continue
+            option = max(action.option_strings, key=len)
+            assert action.help, f"{command} {verb} {option}: no help text"
+            assert re.search(rf"{re.escape(option)}\b(?!-)", text), f"{command} {verb} {option}: not in {section}"
+
+
 def test_help_documents_the_exit_codes() -> None:
     proc = run_cli("--help")
     assert proc.returncode == 0

@@ -106,7 +106,10 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--connect", default=os.environ.get("CUZK_MP_CONNECT", "127.0.0.1:9820"),
                        help="unix:///path or host:port (default $CUZK_MP_CONNECT or "
                             "127.0.0.1:9820)")
-        p.add_argument("--max-frame-bytes", type=_frame_arg, default=128 * 2**20)
+        p.add_argument("--max-frame-bytes", type=_frame_arg, default=128 * 2**20, metavar="BYTES",
+                       help="the largest frame this client sends or takes, 1024..4294967295 (default 134217728 "
+                            "= 128 MiB, as the daemon's [daemon] max_frame_bytes): a reply over it ends the call "
+                            "(exit 2); raise both for jobs of many partitions")
         p.add_argument("--token", default=None,
                        help="the daemon's shared-secret token (default $CUZK_MP_TOKEN)")
         p.set_defaults(func=run_client)
@@ -116,19 +119,22 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--circuit", required=True, help="circuit id from the daemon's config")
         p.add_argument("inputs", nargs="*", type=Path, help="input .json / .wtns per partition")
         p.add_argument("--partitions", type=_count_arg, help="synthetic circuits: seeds 0..N-1")
-        p.add_argument("--priority", choices=PRIORITIES)
+        p.add_argument("--priority", choices=PRIORITIES,
+                       help="the job's queue priority (default: the circuit's configured one)")
         p.add_argument("--request-id", default="", help="idempotency key (and the job id); default: a fresh "
                        "one, named if the daemon is lost")
 
     job_args(verb("submit", "queue a job, print its id"))
     a = verb("await", "wait for a job")
     a.add_argument("job_id")
-    a.add_argument("--timeout", type=_timeout_arg, help="seconds (default: wait until it ends)")
+    a.add_argument("--timeout", type=_timeout_arg, help="seconds to wait (default: until it ends; exit 124 "
+                   "after, the job goes on)")
     a.add_argument("--out", type=Path, help="write proofs, public signals and the vk here")
     p = verb("prove", "submit, wait, write DIR/proof_<i>.json, public_<i>.json, vk")
     job_args(p)
-    p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--timeout", type=_timeout_arg)
+    p.add_argument("--out", required=True, type=Path, help="write proofs, public signals and the vk here")
+    p.add_argument("--timeout", type=_timeout_arg, help="seconds to wait (default: until it ends; exit 124 "
+                   "after, the job goes on)")
     verb("cancel", "cancel a job").add_argument("job_id")
     verb("status", "print the status JSON").add_argument(
         "--detail", action="store_true", help="include paths and process ids (admin token)")

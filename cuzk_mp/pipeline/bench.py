@@ -88,7 +88,8 @@ DEFAULTS = {
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``bench`` subcommand and its flags."""
     p = subparsers.add_parser("bench", help="measure throughput and memory of the pipeline (one table, JSON)")
-    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu"])
+    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu"],
+                   help="auto: the GPU where CuPy sees one, else the CPU")
     p.add_argument("--circuit", default="porep-like",
                    help="'porep-like' or 'dense-random' (synthetic) or a .zkey path (with --wtns, --r1cs)")
     p.add_argument("--wtns", type=Path, help="witness used for every partition of a zkey circuit")
