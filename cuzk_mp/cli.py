@@ -15,7 +15,8 @@ Heavy modules are imported inside the verbs so ``--help`` stays instant.
 The global options (``--log-level``, ``-v``/``--verbose``) are accepted anywhere on the line,
 as snarkjs accepts ``-v`` after its arguments. Every way out of :func:`main` is an exit code
 from :data:`EXIT_CODES` with a one-line message on stderr, never a traceback (an unexpected
-exception is reported as an internal error; ``--log-level DEBUG`` adds its traceback).
+exception is reported as an internal error; ``--log-level DEBUG`` adds its traceback). That line is
+one line whatever the message (:func:`.logs.final_error`), and a JSON log line where the logs are JSON.
 """
 
 from __future__ import annotations
@@ -38,7 +39,7 @@ from .exit_codes import (
     EXIT_CODES, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_RESOURCES, EXIT_TERMINATED,
     EXIT_UNREACHABLE,
 )
-from .logs import FORMATS, child_format, configure
+from .logs import FORMATS, child_format, configure, final_error, library_level_problem
 
 if TYPE_CHECKING:  # numpy loads with a verb, not for --help
     import numpy as np
@@ -167,7 +168,7 @@ def _prove_through_daemon(args: argparse.Namespace) -> int:
     try:
         return _prove_at(args.connect, args.token, None, args, job)
     except Unreachable as e:
-        return _error(EXIT_UNREACHABLE, str(e))
+        return final_error(EXIT_UNREACHABLE, str(e))
 
 
 def _prove_warm(args: argparse.Namespace) -> int:
@@ -193,7 +194,7 @@ def _prove_warm(args: argparse.Namespace) -> int:
             return _prove_at(addr, "", CIRCUIT_ID, args, job)
         except Unreachable as e:
             if again:
-                return _error(EXIT_UNREACHABLE, str(e))
+                return final_error(EXIT_UNREACHABLE, str(e))
             log.info("%s; starting it again", e)
     raise AssertionError("unreachable")
 
@@ -432,7 +433,8 @@ def _log_level(value: str) -> str:
 
 def _epilog() -> str:
     codes = "\n".join(f"  {code:>3}  {what}" for code, what in EXIT_CODES)
-    return ("--log-level and -v may stand anywhere on the line; CUZK_MP_LOG_FORMAT=json logs JSON lines.\n\n"
+    return ("--log-level and -v may stand anywhere on the line; CUZK_MP_LOG_FORMAT=json logs JSON lines;\n"
+            "numba's and CuPy's own loggers stay at WARNING unless CUZK_MP_LIBRARY_LOG_LEVEL names a level.\n\n"
             f"exit codes:\n{codes}")
 
 
@@ -525,7 +527,8 @@ def _configure_logging(args: argparse.Namespace) -> str:
     """Root logging at the chosen level, text or (``CUZK_MP_LOG_FORMAT=json``) JSON lines, on stderr.
 
     The level: ``--log-level``, else ``-v`` (INFO) / ``-vv`` (DEBUG), else the verb's default
-    (INFO for ``setup``, whose progress lines are INFO), else WARNING.
+    (INFO for ``setup``, whose progress lines are INFO), else WARNING. numba's and CuPy's loggers stay at
+    WARNING or above unless ``CUZK_MP_LIBRARY_LOG_LEVEL`` says otherwise (:mod:`.logs`).
     """
     level: str = args.log_level or ("DEBUG" if args.verbose >= 2 else "INFO" if args.verbose
                                     else getattr(args, "default_log_level", "WARNING"))
@@ -533,12 +536,10 @@ def _configure_logging(args: argparse.Namespace) -> str:
     asked = os.environ.get("CUZK_MP_LOG_FORMAT")
     if asked is not None and asked not in FORMATS:
         log.warning("CUZK_MP_LOG_FORMAT=%s is not one of %s: text lines are written", asked, ", ".join(FORMATS))
+    problem = library_level_problem()
+    if problem is not None:
+        log.warning("%s", problem)
     return level
-
-
-def _error(code: int, message: str) -> int:
-    print(f"cuzk-mp: {message}", file=sys.stderr)
-    return code
 
 
 def exit_code(exc: BaseException) -> tuple[int, str]:
@@ -588,7 +589,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Exception, KeyboardInterrupt) as exc:
         code, message = exit_code(exc)
         log.debug("%s ended with exit code %d", args.command, code, exc_info=True)
-        return _error(code, message)
+        return final_error(code, message)
 
 
 def run() -> None:

@@ -3,6 +3,16 @@
 The daemon picks the format (``[logging] format``) and exports it as
 ``CUZK_MP_LOG_FORMAT`` (with the level as ``CUZK_MP_LOG_LEVEL``), so that the
 engine's spawned children, which inherit the environment, log the same way.
+
+The compilers' own loggers (:data:`LIBRARY_LOGGERS`: numba, with numba.cuda, and CuPy) stay at
+WARNING, or the level asked when it is higher: at DEBUG numba writes a line per step of its
+bytecode and SSA passes, hundreds of thousands for one proof on a cold cache, and would bury
+cuzk-mp's own lines and the traceback that DEBUG is asked for. ``CUZK_MP_LIBRARY_LOG_LEVEL``
+(a level name, inherited by the children as well) gives them that level instead.
+
+A command that fails ends with :func:`final_error`: one line on stderr, ``cuzk-mp: what went
+wrong`` with any line breaks of the message folded into spaces, or, where the process logs JSON,
+a JSON object like its log lines with the exit code added (``"exit_code"``).
 """
 
 from __future__ import annotations
@@ -10,15 +20,20 @@ from __future__ import annotations
 import json
 import logging
 import os
+import re
 import sys
 import time
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s (%(processName)s pid=%(process)d): %(message)s"
 FORMATS = ("text", "json")
+LIBRARY_LOGGERS = ("numba", "cupy")  # their child loggers (numba.core.ssa, numba.cuda...) follow them
+LIBRARY_LEVEL_ENV = "CUZK_MP_LIBRARY_LOG_LEVEL"
+LIBRARY_LEVEL = logging.WARNING
 
 
 class JsonFormatter(logging.Formatter):
-    """One JSON object per record: ts, level, logger, process, pid, msg (+ exc)."""
+    """One JSON object per record: ts, level, logger, process, pid, msg (+ exc, + exit_code where the
+    record carries one: :func:`final_error`)."""
 
     def __init__(self, process: str | None = None) -> None:
         super().__init__()
@@ -36,6 +51,9 @@ class JsonFormatter(logging.Formatter):
         }
         if record.exc_info:
             obj["exc"] = self.formatException(record.exc_info)
+        code = getattr(record, "exit_code", None)
+        if code is not None:
+            obj["exit_code"] = code
         return json.dumps(obj, ensure_ascii=False)
 
 
@@ -46,6 +64,46 @@ def configure(level: str, fmt: str, *, process: str | None = None, text_format: 
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(JsonFormatter(process) if fmt == "json" else logging.Formatter(text_format))
     logging.basicConfig(level=level.upper(), handlers=[handler], force=True)
+    for name in LIBRARY_LOGGERS:
+        logging.getLogger(name).setLevel(library_level(level))
+
+
+def library_level(level: str) -> int:
+    """The level of the compilers' loggers when cuzk-mp logs at ``level``: ``$CUZK_MP_LIBRARY_LOG_LEVEL``
+    where it names a level, else ``level`` but never below WARNING."""
+    levels = logging.getLevelNamesMapping()
+    asked = os.environ.get(LIBRARY_LEVEL_ENV, "").strip().upper()
+    if asked in levels:
+        return levels[asked]
+    return max(levels.get(level.upper(), LIBRARY_LEVEL), LIBRARY_LEVEL)
+
+
+def library_level_problem() -> str | None:
+    """What is wrong with ``$CUZK_MP_LIBRARY_LOG_LEVEL`` (None where it is unset or a level name)."""
+    asked = os.environ.get(LIBRARY_LEVEL_ENV, "").strip()
+    if not asked or asked.upper() in logging.getLevelNamesMapping():
+        return None
+    return f"{LIBRARY_LEVEL_ENV}={asked} is not a log level: the compilers' loggers stay at WARNING or above"
+
+
+def final_error(code: int, message: str, *, prefix: str = "cuzk-mp", logger: str = "cuzk_mp.cli") -> int:
+    """Write the one line a failed command ends with on stderr and return ``code``: ``prefix: message``
+    (line breaks and the blanks around them folded into one space), or where the process logs JSON
+    lines (its root logger's handler, else, before any :func:`configure`, ``CUZK_MP_LOG_FORMAT``) a
+    JSON log line at level error, from ``logger``, with ``"exit_code"``."""
+    text = re.sub(r"\s*[\r\n]+\s*", " ", message.strip())
+    handlers = logging.getLogger().handlers
+    formatter = next((h.formatter for h in handlers if isinstance(h.formatter, JsonFormatter)), None)
+    if formatter is None and not handlers and child_format() == "json":
+        formatter = JsonFormatter()
+    if formatter is not None:
+        record = logging.makeLogRecord({"name": logger, "levelno": logging.ERROR, "levelname": "ERROR",
+                                        "msg": text, "exit_code": code})
+        line = formatter.format(record)
+    else:
+        line = f"{prefix}: {text}"
+    print(line, file=sys.stderr, flush=True)
+    return code
 
 
 def export_for_children(level: str, fmt: str) -> None:

@@ -147,9 +147,11 @@ def test_bad_log_level_is_a_message() -> None:
         assert len(proc.stderr.strip().splitlines()) == 2  # usage + the message
 
 
-def test_an_unknown_log_format_is_warned_about(circuit: dict[str, Path]) -> None:
-    proc = run_cli("g16v", circuit["vk"], circuit["public"], circuit["proof"], env={"CUZK_MP_LOG_FORMAT": "xml"})
-    assert_message(proc, 0, "CUZK_MP_LOG_FORMAT=xml is not one of text, json: text lines are written")
+def test_an_unknown_log_format_or_library_level_is_warned_about(circuit: dict[str, Path]) -> None:
+    proc = run_cli("g16v", circuit["vk"], circuit["public"], circuit["proof"],
+                   env={"CUZK_MP_LOG_FORMAT": "xml", "CUZK_MP_LIBRARY_LOG_LEVEL": "loud"})
+    assert_message(proc, 0, "CUZK_MP_LOG_FORMAT=xml is not one of text, json: text lines are written",
+                   "CUZK_MP_LIBRARY_LOG_LEVEL=loud is not a log level")
     assert proc.stdout.strip() == "OK!"
 
 
@@ -174,6 +176,26 @@ def test_every_command_renders_its_help() -> None:
         return n
 
     assert walk(build_parser(), "cuzk-mp") > 20
+
+
+@pytest.mark.parametrize(("command", "section"), [("bench", "## Benchmarking"),
+                                                   ("client", "## The proving daemon")])
+def test_every_option_has_help_and_a_place_in_the_readme(command: str, section: str) -> None:
+    """Each option of ``bench`` and of every ``client`` verb says what it does in ``--help`` and is
+    named in the README's section of that command."""
+    readme = (REPO / "README.md").read_text()
+    text = readme[readme.index(section):]
+    text = text[:text.index("\n## ", 1)]
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    top = sub.choices[command]
+    verbs = next((a.choices for a in top._actions if isinstance(a, argparse._SubParsersAction)), {command: top})
+    for verb, parser in verbs.items():
+        for action in parser._actions:
+            if not action.option_strings or isinstance(action, argparse._HelpAction):
+                continue
+            option = max(action.option_strings, key=len)
+            assert action.help, f"{command} {verb} {option}: no help text"
+            assert re.search(rf"{re.escape(option)}\b(?!-)", text), f"{command} {verb} {option}: not in {section}"
 
 
 def test_help_documents_the_exit_codes() -> None:
@@ -384,6 +406,51 @@ def test_every_error_has_a_code_and_one_line(exc: BaseException, code: int, need
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1 and "Traceback" not in err, err
     assert code in dict(cli.EXIT_CODES)
+
+
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_the_last_line_is_one_line_in_the_log_format(fmt: str, monkeypatch: pytest.MonkeyPatch,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """A message of several lines (a database's "cannot connect ..." and its tab-indented hint) still
+    ends the command with one line; where the logs are JSON lines, one more like them, with the exit code."""
+    def boom(args: argparse.Namespace) -> int:
+        logging.getLogger("cuzk_mp.test").warning("a log line first")
+        raise errors.ResourceError('fleet: cannot connect to "db:5432": connection refused\n'
+                                   "\tIs the server running on that host?\n")
+
+    _replace_verify(monkeypatch, boom)
+    monkeypatch.setenv("CUZK_MP_LOG_FORMAT", fmt)
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    try:
+        assert cli.main(["g16v"]) == cli.EXIT_RESOURCES
+    finally:
+        root.handlers[:] = handlers  # not a JSON handler left for the tests after this one
+    logged, last = capsys.readouterr().err.splitlines()
+    message = 'not enough resources: fleet: cannot connect to "db:5432": connection refused Is the server running ' \
+              "on that host?"
+    if fmt == "text":
+        assert last == f"cuzk-mp: {message}"
+        return
+    first, end = json.loads(logged), json.loads(last)
+    assert set(first) < set(end) and end["exit_code"] == cli.EXIT_RESOURCES and "exit_code" not in first
+    assert (end["level"], end["process"], end["logger"], end["msg"]) == ("error", "cuzk-mp", "cuzk_mp.cli", message)
+
+
+def test_a_client_verb_ends_with_one_json_line_where_the_logs_are_json(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    monkeypatch.setenv("CUZK_MP_LOG_FORMAT", "json")
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    try:
+        assert cli.main(["client", "status", "--connect", f"unix://{tmp_path}/none.sock"]) == cli.EXIT_UNREACHABLE
+    finally:
+        root.handlers[:] = handlers
+    [line] = capsys.readouterr().err.splitlines()
+    end = json.loads(line)
+    assert end["exit_code"] == cli.EXIT_UNREACHABLE and end["logger"] == "cuzk_mp.daemon.cli"
+    assert end["msg"].startswith(f"cannot reach the daemon at unix://{tmp_path}/none.sock: ")
 
 
 def test_internal_error_traceback_only_at_debug(monkeypatch: pytest.MonkeyPatch,

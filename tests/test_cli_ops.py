@@ -193,6 +193,32 @@ def test_unit_settings() -> None:
     assert "CUZK_MP_CACHE" not in UNIT.read_text()  # the daemon reads [srs] param_cache from its config
 
 
+def test_unit_starts_where_a_group_is_missing_and_says_how_to_add_one() -> None:
+    """A SupplementaryGroups= group the box lacks stops the start (status 216/GROUP: Debian 12 has no
+    "render"), and NVIDIA's device nodes are world read-write by default: the unit names no group, and
+    its comments show the drop-in for a box whose driver limits the nodes to one."""
+    assert "SupplementaryGroups" not in _unit_settings()
+    comments = [line for line in UNIT.read_text().splitlines() if line.startswith("#")]
+    assert "#   SupplementaryGroups=video" in comments and any("216/GROUP" in line for line in comments)
+
+
+def test_unit_documentation_is_installed_by_the_install_steps() -> None:
+    """Every file the unit's Documentation= names is put there by the README's install steps and by
+    the unit's own install comment."""
+    readme = (REPO / "README.md").read_text()
+    install = readme[readme.index("### Running the daemon under systemd"):]
+    install = install[:install.index("```", install.index("```sh") + 5)]
+    header = "".join(line for line in UNIT.read_text().splitlines(keepends=True) if line.startswith("#"))
+    docs = _unit_settings()["Documentation"].split()
+    assert docs
+    for doc in docs:
+        assert doc.startswith("file:///"), f"{doc}: a file the install steps put in place"
+        path = doc[len("file://"):]
+        for text in (install, header):
+            step = re.search(rf"install -D -m 0644 (\S+) {re.escape(path)}\s", text)
+            assert step and (REPO / step.group(1)).is_file(), (path, text)
+
+
 def _unit_copy(tmp_path: Path) -> Path:
     """The unit with its binary path pointing at an executable stub (verify checks it exists)."""
     stub = _fake_bin(tmp_path, "cuzk-mp", "exit 0\n") / "cuzk-mp"

@@ -250,7 +250,7 @@ def test_status_and_metrics_over_http(daemon: DaemonProcess) -> None:
     assert samples[("cuzk_job_duration_seconds_count", (("circuit", "syn"),))] >= 5
     assert samples[("cuzk_gpu_busy_seconds_total", (("device", "0"),))] > 0
     assert ("cuzk_queue_depth", ()) in samples and ("cuzk_ring_occupancy", ()) in samples
-    assert samples[("cuzk_memory_bytes", (("kind", "host_rss_bytes"),))] > 0
+    assert samples[("cuzk_memory_bytes", (("kind", "host_rss"),))] > 0
     assert samples[("cuzk_engine_partitions_proved_total", ())] >= 10
     with urllib.request.urlopen(f"{base}/healthz", timeout=10) as resp:
         assert resp.status == 200 and resp.read() == b"ok\n"

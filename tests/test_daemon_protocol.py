@@ -9,6 +9,7 @@ engine).
 from __future__ import annotations
 
 import asyncio
+import errno
 import json
 import os
 import socket
@@ -16,6 +17,7 @@ import stat
 import struct
 import time
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -29,7 +31,7 @@ from cuzk_mp.daemon.transport import frame, inproc_pair
 from cuzk_mp.errors import ConfigError, InputError, ResourceError, Unavailable
 from cuzk_mp.pipeline.supervisor import Degraded
 from tests.fake_engine import FakeEngine, run_daemon
-from tests.helpers import parse_prometheus, raw_roundtrip
+from tests.helpers import free_port, parse_prometheus, raw_roundtrip
 
 
 def test_submit_await_prove_over_a_unix_socket(tmp_path: Path) -> None:
@@ -202,7 +204,7 @@ def test_preload_evict_and_status(tmp_path: Path) -> None:
         assert 'cuzk_proofs_completed_total{circuit="syn"} 1' in text
         assert 'cuzk_ring_slots{state="ready"} 1' in text
         assert "cuzk_ring_occupancy 0.5" in text
-        assert 'cuzk_memory_bytes{kind="host_rss_bytes"} 123' in text
+        assert 'cuzk_memory_bytes{kind="host_rss"} 123' in text
         assert "cuzk_engine_partitions_proved_total 1" in text
             # (label order within braces is the exposition library's: compare parsed samples)
         samples = parse_prometheus(text)
@@ -489,6 +491,67 @@ def test_http_status_metrics_healthz(tmp_path: Path) -> None:
     run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")
 
 
+def test_http_status_401_names_the_scheme_and_403_does_not(tmp_path: Path) -> None:
+    """A 401 carries WWW-Authenticate (RFC 9110), naming the bearer scheme /status reads its token by;
+    a token that is sent but unknown is a 403 (no challenge: another try of the same will not do)."""
+    import urllib.error
+    import urllib.request
+
+    port = free_port()
+
+    def get(path: str, token: str | None = None, method: str = "GET") -> tuple[int, str | None]:
+        req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", method=method)
+        if token:
+            req.add_header("Authorization", f"Bearer {token}")
+        try:
+            with urllib.request.urlopen(req, timeout=5) as r:
+                return r.status, r.headers["WWW-Authenticate"]
+        except urllib.error.HTTPError as e:
+            return e.code, e.headers["WWW-Authenticate"]
+
+    async def body(d: Daemon, addr: str) -> None:
+        for method in ("GET", "HEAD"):
+            assert await asyncio.to_thread(get, "/status", None, method) == (401, 'Bearer realm="cuzk-mp"')
+        assert await asyncio.to_thread(get, "/status", "y" * 20) == (403, None)
+        assert await asyncio.to_thread(get, "/status?detail=1", "t" * 20) == (403, None)
+        assert await asyncio.to_thread(get, "/status", "t" * 20) == (200, None)
+
+    run_daemon(tmp_path, body, tokens=["t" * 20], status_listen=f"127.0.0.1:{port}")
+
+
+def test_a_client_aimed_at_the_status_port_is_told_so_and_exits_3(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch,
+                                                                   capsys: pytest.CaptureFixture[str]) -> None:
+    """The HTTP server answers a frame with "HTTP/1.1 400 ...": those four bytes are no frame's length
+    (1.2 GB) but an address that is not the daemon's protocol socket: exit 3 (the daemon was not
+    reached), the message saying it answers HTTP; the blocking, asyncio and one-proof clients alike."""
+    from cuzk_mp import cli
+    from cuzk_mp.daemon import status_http
+    from cuzk_mp.daemon.prove_files import Unreachable, prove_to_files
+    from cuzk_mp.daemon.transport import NotTheProtocol
+
+    monkeypatch.setattr(status_http, "HEAD_TIMEOUT_S", 0.2)  # a frame has no blank line: answered at the timeout
+    port = free_port()
+    http = f"127.0.0.1:{port}"
+
+    async def body(d: Daemon, addr: str) -> None:
+        assert await asyncio.to_thread(cli.main, ["client", "status", "--connect", http]) == cli.EXIT_UNREACHABLE
+        with pytest.raises(NotTheProtocol, match="answers HTTP"):
+            with Client(http) as c:
+                await asyncio.to_thread(c.status)
+        with pytest.raises(NotTheProtocol, match="answers HTTP"):
+            async with await AsyncClient.connect(http) as ac:
+                await ac.status()
+        with pytest.raises(Unreachable, match=f"cannot reach the daemon at {http}: it answers HTTP"):
+            await asyncio.to_thread(prove_to_files, http, "", "syn", tmp_path / "k.zkey", tmp_path / "w.wtns",
+                                    synthetic_partitions(1)[0], tmp_path / "p.json", tmp_path / "q.json")
+
+    run_daemon(tmp_path, body, status_listen=http)
+    [line] = capsys.readouterr().err.splitlines()
+    assert line.startswith(f"cuzk-mp client: cannot reach the daemon at {http}: it answers HTTP")
+    assert "status_listen" in line and "frame of" not in line
+
+
 def test_inproc_transport_carries_frames_and_enforces_the_limit() -> None:
     async def main() -> None:
         a, b = inproc_pair(max_frame_bytes=100)
@@ -590,3 +653,43 @@ def test_metrics_are_prometheus_client_families(tmp_path: Path) -> None:
         assert not [k for k in samples if k[0].endswith("_created")]
 
     run_daemon(tmp_path, body)
+
+
+def test_client_out_on_a_full_disk_writes_each_proof_with_its_public_signals_or_neither(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``client prove --out DIR`` where the disk fills while public_1.json is written: proof_1.json is not
+    left alone, the job's summary is still printed, and the last line names the file and how to get the
+    files again (exit 2, as for any output that cannot be written)."""
+    from contextlib import contextmanager
+
+    from cuzk_mp import cli
+    from cuzk_mp.formats import atomic
+
+    real = atomic.atomic_output
+
+    class FullDisk:
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    @contextmanager
+    def full_at_public_1(path: Any, mode: str = "wb") -> Any:
+        with real(path, mode) as f:
+            yield FullDisk() if Path(path).name == "public_1.json" else f
+
+    monkeypatch.setattr(atomic, "atomic_output", full_at_public_1)
+    out = tmp_path / "out"
+
+    async def body(d: Daemon, addr: str) -> None:
+        argv = ["client", "prove", "--connect", addr, "--circuit", "syn", "--partitions", "3", "--out", str(out)]
+        assert await asyncio.to_thread(cli.main, argv) == 2
+
+    run_daemon(tmp_path, body)
+    names = sorted(p.name for p in out.iterdir())
+    assert "proof_1.json" not in names and not any(n.startswith(".") for n in names), names
+    assert {"proof_0.json", "public_0.json"} <= set(names)
+    captured = capsys.readouterr()
+    summary = json.loads(captured.out)
+    assert summary["state"] == "done" and len(summary["partitions"]) == 3
+    last = captured.err.strip().splitlines()[-1]
+    assert f"{out / 'public_1.json'}: cannot write it: No space left on device" in last, last
+    assert f"cuzk-mp client await {summary['job_id']} --out DIR" in last

@@ -6,6 +6,7 @@ changes nothing), never an empty journal in its place."""
 from __future__ import annotations
 
 import asyncio
+import json
 import re
 import shutil
 import sqlite3
@@ -220,5 +221,7 @@ def test_the_daemon_refuses_a_damaged_journal_with_exit_65_touching_nothing(tmp_
     assert proc.returncode == 65, proc.stderr
     assert "refusing to start" in proc.stderr and "empty (0 bytes)" in proc.stderr
     assert "Traceback" not in proc.stderr
+    last = json.loads(proc.stderr.strip().splitlines()[-1])  # [logging] format = "json": its last line too
+    assert last["level"] == "error" and last["exit_code"] == 65 and last["msg"].startswith("refusing to start")
     assert not (tmp_path / "cuzk.sock").exists() and not (tmp_path / "keys").exists()
     assert (tmp_path / "journal.sqlite").read_bytes() == b""

@@ -1,4 +1,5 @@
-"""Log formats: JSON lines parse, and the daemon's choice reaches spawned children."""
+"""Log formats: JSON lines parse, the daemon's choice reaches spawned children, and the compilers' loggers stay
+quiet at DEBUG."""
 
 from __future__ import annotations
 
@@ -6,11 +7,16 @@ import json
 import logging
 import multiprocessing as mp
 import os
+import subprocess
+import sys
 from collections.abc import Iterator
+from pathlib import Path
 
 import pytest
 
 from cuzk_mp import logs
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _child_logs(q: "mp.Queue[str]") -> None:
@@ -56,3 +62,45 @@ def test_json_lines_and_inheritance(monkeypatch: pytest.MonkeyPatch, capsys: pyt
     assert rec["msg"] == "hello from the child" and rec["process"] == "cuzk-test-child"
     with pytest.raises(ValueError, match="not one of"):
         logs.configure("info", "xml")
+
+
+@pytest.mark.parametrize("level", ["debug", "INFO", "warning"])
+def test_compiler_loggers_stay_at_warning(level: str, monkeypatch: pytest.MonkeyPatch,
+                                          root_logger_restored: None) -> None:
+    """At DEBUG numba writes a line per step of its compiler passes (numba.core.ssa, byteflow, ...):
+    cuzk-mp's own DEBUG lines pass, the compilers' stay out, their warnings still show."""
+    monkeypatch.delenv(logs.LIBRARY_LEVEL_ENV, raising=False)
+    logs.configure(level, "text")
+    assert logging.getLogger("cuzk_mp.test").isEnabledFor(logging.getLevelNamesMapping()[level.upper()])
+    for name in ("numba.core.ssa", "numba.core.byteflow", "numba.cuda.cudadrv.driver", "cupy"):
+        assert not logging.getLogger(name).isEnabledFor(logging.INFO), name
+        assert logging.getLogger(name).isEnabledFor(logging.WARNING), name
+
+
+def test_compiler_loggers_follow_a_higher_level_and_the_variable(monkeypatch: pytest.MonkeyPatch,
+                                                                 root_logger_restored: None) -> None:
+    monkeypatch.delenv(logs.LIBRARY_LEVEL_ENV, raising=False)
+    logs.configure("error", "text")
+    assert not logging.getLogger("numba.core.ssa").isEnabledFor(logging.WARNING)
+    monkeypatch.setenv(logs.LIBRARY_LEVEL_ENV, "debug")
+    logs.configure("warning", "text")
+    assert logging.getLogger("numba.core.ssa").isEnabledFor(logging.DEBUG)
+    assert logs.library_level_problem() is None
+    monkeypatch.setenv(logs.LIBRARY_LEVEL_ENV, "loud")
+    logs.configure("debug", "text")
+    assert not logging.getLogger("numba.core.ssa").isEnabledFor(logging.INFO)
+    assert "is not a log level" in (logs.library_level_problem() or "")
+
+
+def test_a_cold_numba_compile_at_debug_writes_none_of_numbas_lines(tmp_path: Path) -> None:
+    """DEBUG with a cold numba cache: stderr has no numba.* line, unless the variable asks for them."""
+    code = ("from cuzk_mp import logs; logs.configure('DEBUG', 'text'); "
+            "import numba; f = numba.njit(lambda n: sum([i for i in range(n) if i % 3])); f(10)")
+    env = {**os.environ, "NUMBA_CACHE_DIR": str(tmp_path), "PYTHONPATH": str(REPO)}
+    env.pop(logs.LIBRARY_LEVEL_ENV, None)
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert " numba." not in proc.stderr, proc.stderr[:2000]
+    env[logs.LIBRARY_LEVEL_ENV] = "DEBUG"
+    proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and " numba.core." in proc.stderr, proc.stderr[:2000]

@@ -19,6 +19,7 @@ from typing import Any
 from prometheus_client.parser import text_string_to_metric_families
 
 from cuzk_mp import __version__
+from cuzk_mp.daemon import metrics
 from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
 
@@ -99,6 +100,7 @@ def _check_family(f: Any) -> None:
             assert s.name == f.name + "_total" and s.value >= 0, s
         elif kind == "gauge":
             assert s.name == f.name, s
+        assert not s.labels.get("kind", "").endswith(("_bytes", "_seconds")), f"{s}: the unit is the name's"
     if kind == "histogram":
         for key in {tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) for s in f.samples}:
             mine = [s for s in f.samples if tuple(sorted((k, v) for k, v in s.labels.items() if k != "le")) == key]
@@ -131,6 +133,13 @@ def test_metrics_parse_as_typed_documented_labelled_families(tmp_path: Path) -> 
         stage_count = {s.labels["stage"]: s.value for s in fams["cuzk_engine_stage_seconds"].samples
                        if s.name.endswith("_count")}
         assert stage_count["device"] == 2
+        # every ring state, 0 included (a series that vanishes reads as "no data", not as none free)
+        slots = {s.labels["state"]: s.value for s in fams["cuzk_ring_slots"].samples}
+        assert slots == {"free": 1, "filling": 0, "ready": 1, "staging": 0}
+        # the label values the module's metric reference lists
+        kinds = [s.labels["kind"] for s in fams["cuzk_memory_bytes"].samples]
+        documented = re.search(r"``memory_bytes\{kind\}`` \(([^;)]*)", metrics.__doc__ or "")
+        assert documented and kinds == re.split(r",\s+", documented.group(1)) == ["host", "host_pss", "host_rss", "shm"]
         # more work: no counter goes back, and the ones that count it moved
         async with await AsyncClient.connect(addr) as c:
             await c.prove("syn", synthetic_partitions(2), timeout_s=10)

@@ -29,8 +29,8 @@ A synthetic circuit given no inputs gets seeds 0..P-1 (P = ``--partitions`` or t
 configured default). Exit codes: 0 success; 1 the job failed or was cancelled (or an eviction
 was refused); 2 bad input (the daemon's InputError, a bad file, a missing or refused token, an
 argument out of range such as ``--timeout nan``, ``inf``, ``1e300`` or a negative one); 3 the
-daemon could not be reached (or broke the connection); 124 AwaitProof/Prove timed out (the job
-goes on).
+daemon could not be reached (or broke the connection, or ADDR answers HTTP: the status port); 124
+AwaitProof/Prove timed out (the job goes on).
 """
 
 from __future__ import annotations
@@ -46,6 +46,7 @@ from pathlib import Path
 from typing import Any
 
 from cuzk_mp.errors import InputError
+from cuzk_mp.logs import final_error
 from cuzk_mp.exit_codes import (
     EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT, EXIT_JOURNAL_DAMAGED, EXIT_TIMEOUT, EXIT_UNREACHABLE,
 )
@@ -105,7 +106,10 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--connect", default=os.environ.get("CUZK_MP_CONNECT", "127.0.0.1:9820"),
                        help="unix:///path or host:port (default $CUZK_MP_CONNECT or "
                             "127.0.0.1:9820)")
-        p.add_argument("--max-frame-bytes", type=_frame_arg, default=128 * 2**20)
+        p.add_argument("--max-frame-bytes", type=_frame_arg, default=128 * 2**20, metavar="BYTES",
+                       help="the largest frame this client sends or takes, 1024..4294967295 (default 134217728 "
+                            "= 128 MiB, as the daemon's [daemon] max_frame_bytes): a reply over it ends the call "
+                            "(exit 2); raise both for jobs of many partitions")
         p.add_argument("--token", default=None,
                        help="the daemon's shared-secret token (default $CUZK_MP_TOKEN)")
         p.set_defaults(func=run_client)
@@ -115,19 +119,22 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--circuit", required=True, help="circuit id from the daemon's config")
         p.add_argument("inputs", nargs="*", type=Path, help="input .json / .wtns per partition")
         p.add_argument("--partitions", type=_count_arg, help="synthetic circuits: seeds 0..N-1")
-        p.add_argument("--priority", choices=PRIORITIES)
+        p.add_argument("--priority", choices=PRIORITIES,
+                       help="the job's queue priority (default: the circuit's configured one)")
         p.add_argument("--request-id", default="", help="idempotency key (and the job id); default: a fresh "
                        "one, named if the daemon is lost")
 
     job_args(verb("submit", "queue a job, print its id"))
     a = verb("await", "wait for a job")
     a.add_argument("job_id")
-    a.add_argument("--timeout", type=_timeout_arg, help="seconds (default: wait until it ends)")
+    a.add_argument("--timeout", type=_timeout_arg, help="seconds to wait (default: until it ends; exit 124 "
+                   "after, the job goes on)")
     a.add_argument("--out", type=Path, help="write proofs, public signals and the vk here")
     p = verb("prove", "submit, wait, write DIR/proof_<i>.json, public_<i>.json, vk")
     job_args(p)
-    p.add_argument("--out", required=True, type=Path)
-    p.add_argument("--timeout", type=_timeout_arg)
+    p.add_argument("--out", required=True, type=Path, help="write proofs, public signals and the vk here")
+    p.add_argument("--timeout", type=_timeout_arg, help="seconds to wait (default: until it ends; exit 124 "
+                   "after, the job goes on)")
     verb("cancel", "cancel a job").add_argument("job_id")
     verb("status", "print the status JSON").add_argument(
         "--detail", action="store_true", help="include paths and process ids (admin token)")
@@ -166,11 +173,9 @@ def run_daemon(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(serve(cfg))
     except AlreadyRunning as e:
-        print(f"cuzk-mp daemon: {e}", file=sys.stderr)
-        return EXIT_ALREADY_RUNNING
+        return final_error(EXIT_ALREADY_RUNNING, str(e), prefix="cuzk-mp daemon", logger=__name__)
     except JournalDamaged as e:
-        print(f"cuzk-mp daemon: refusing to start: {e}", file=sys.stderr)
-        return EXIT_JOURNAL_DAMAGED
+        return final_error(EXIT_JOURNAL_DAMAGED, f"refusing to start: {e}", prefix="cuzk-mp daemon", logger=__name__)
 
 
 def _log_level(args: argparse.Namespace) -> str | None:
@@ -257,10 +262,20 @@ def _partitions(client: Any, args: argparse.Namespace) -> list[Any]:
 
 
 def _finish_job(client: Any, reply: Any, out: Path | None) -> int:
+    """Write a done job's files to ``out`` (if given) and print its summary. Where a file cannot be
+    written (a full disk) the summary is printed all the same, then the OutputError says how to
+    write the files again."""
     from cuzk_mp.daemon.client import write_outputs
+    from cuzk_mp.errors import OutputError
 
     if out is not None and reply.state == "done":
-        write_outputs(reply, out, client.verification_key(reply.circuit_id))
+        try:
+            write_outputs(reply, out, client.verification_key(reply.circuit_id))
+        except OutputError as e:
+            _print(_summary(reply))
+            raise OutputError(e.path, f"{e.problem}; the job is done: `cuzk-mp client await {reply.job_id} --out "
+                                      "DIR` writes its files again while the daemon keeps its result ([daemon] "
+                                      "result_ttl)") from None
     _print(_summary(reply))
     if reply.timed_out:
         return EXIT_TIMEOUT
@@ -323,22 +338,28 @@ def _client_verb(client: Any, args: argparse.Namespace) -> int:
 def run_client(args: argparse.Namespace) -> int:
     """``cuzk-mp client VERB``: one call to the daemon; the exit code says how it went."""
     from cuzk_mp.daemon.client import Client
-    from cuzk_mp.daemon.transport import CommClosedError
+    from cuzk_mp.daemon.transport import CommClosedError, NotTheProtocol
 
     try:
         client = Client(args.connect, max_frame_bytes=args.max_frame_bytes, token=args.token)
     except OSError as e:
-        print(f"cuzk-mp client: cannot reach the daemon at {args.connect}: {e}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return _client_error(EXIT_UNREACHABLE, f"cannot reach the daemon at {args.connect}: {e}")
     try:
         with client:
             return _client_verb(client, args)
     except _StdoutClosed:  # the reader of our output left: nothing more to say (the CLI's quiet exit)
         raise BrokenPipeError() from None
+    except NotTheProtocol as e:  # an HTTP server answered: the daemon was never reached, no job was taken
+        return _client_error(EXIT_UNREACHABLE, f"cannot reach the daemon at {args.connect}: {e}")
     except (CommClosedError, ConnectionError, TimeoutError) as e:
-        print(f"cuzk-mp client: lost the daemon at {args.connect}: {e}", file=sys.stderr)
+        message = f"lost the daemon at {args.connect}: {e}"
         if args.verb in ("submit", "prove") and args.request_id:
-            print(f"cuzk-mp client: if the daemon took the job, it goes on as job {args.request_id} (journaled, "
-                  f"resumed after a restart): `cuzk-mp client await {args.request_id}`, or the same command with "
-                  f"--request-id {args.request_id}, which never proves it twice", file=sys.stderr)
-        return EXIT_UNREACHABLE
+            message += (f"; if the daemon took the job, it goes on as job {args.request_id} (journaled, resumed "
+                        f"after a restart): `cuzk-mp client await {args.request_id}`, or the same command with "
+                        f"--request-id {args.request_id}, which never proves it twice")
+        return _client_error(EXIT_UNREACHABLE, message)
+
+
+def _client_error(code: int, message: str) -> int:
+    """The line a failed client verb ends with (:func:`cuzk_mp.logs.final_error`)."""
+    return final_error(code, message, prefix="cuzk-mp client", logger=__name__)

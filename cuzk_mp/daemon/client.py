@@ -9,7 +9,7 @@ on one connection. The blocking client makes one call at a time.
 Both offer the same methods: ``submit``, ``await_proof``, ``prove``, ``cancel``, ``status``,
 ``metrics``, ``preload``, ``evict``, ``verification_key``. Helpers turn input files into
 partitions and write a finished job as snarkjs files (proof_<i>.json, public_<i>.json,
-verification_key.json).
+verification_key.json; a proof with its public signals or neither).
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ import msgspec
 
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.transport import (
-    Address, CommClosedError, StreamComm, connect, open_socket, parse_address, recv_frame,
+    Address, CommClosedError, NotTheProtocol, StreamComm, connect, open_socket, parse_address, recv_frame,
     send_frame,
 )
 from cuzk_mp.errors import InputError, error_from_kind
@@ -106,7 +106,8 @@ class AsyncClient:
                 if fut is not None and not fut.done():
                     fut.set_result(reply)
         except (CommClosedError, Exception) as e:
-            error = error if isinstance(e, CommClosedError) and not isinstance(e, MalformedReply) else e
+            error = error if isinstance(e, CommClosedError) and not isinstance(e, (MalformedReply, NotTheProtocol)) \
+                else e
             self._comm.close()
         finally:
             for fut in self._pending.values():
@@ -285,17 +286,25 @@ def synthetic_partitions(count: int, first_seed: int = 0) -> list[P.PartitionIn]
 
 
 def write_outputs(reply: P.JobReply, out_dir: Path, vk: dict[str, Any] | None) -> list[Path]:
-    """Write proof_<i>.json and public_<i>.json per proved partition (and the vk), each file
-    atomically (snarkjs_json.write_json), so a file that exists is complete."""
-    from cuzk_mp.formats.atomic import write_json  # no numpy: a client process writes what it received
+    """Write the vk and, per proved partition, proof_<i>.json with public_<i>.json: each file whole
+    (atomic.write_json), and each proof with its public signals or neither (atomic.write_json_files),
+    as ``groth16 prove`` writes its two files. A file that cannot be written (a full disk) is an
+    OutputError naming it; the pairs before it stay written."""
+    from cuzk_mp.errors import OutputError
+    from cuzk_mp.formats.atomic import write_json, write_json_files  # no numpy: a client writes what it received
 
-    out_dir.mkdir(parents=True, exist_ok=True)
+    try:
+        out_dir.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OutputError(out_dir, e.strerror or str(e)) from e
     written = []
-    items: list[tuple[str, Any]] = [("verification_key.json", vk)] if vk is not None else []
+    if vk is not None:
+        write_json(out_dir / "verification_key.json", vk)
+        written.append(out_dir / "verification_key.json")
     for p in reply.partitions:
         if p.proof is not None:
-            items += [(f"proof_{p.index}.json", p.proof), (f"public_{p.index}.json", p.public)]
-    for name, obj in items:
-        write_json(out_dir / name, obj)
-        written.append(out_dir / name)
+            pair: list[tuple[Path, Any]] = [(out_dir / f"proof_{p.index}.json", p.proof),
+                                            (out_dir / f"public_{p.index}.json", p.public)]
+            write_json_files(pair)
+            written += [path for path, _ in pair]
     return written

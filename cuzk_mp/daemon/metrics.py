@@ -5,7 +5,8 @@ This module owns the daemon-side metric state: counters and histograms fed by th
 read from the engine's typed status and metrics. Both are rendered as Prometheus text format
 0.0.4 by ``prometheus_client`` (served by GET /metrics and GetMetrics). Durations are cumulative
 histograms, so rates and quantiles can be computed by Prometheus; what only grows is a counter;
-what varies is a label, never part of a name.
+what varies is a label, never part of a name; the unit is the name's (``_bytes``, ``_seconds``),
+never a label value's.
 
 Metric names (all prefixed ``cuzk_``):
 
@@ -19,10 +20,11 @@ Metric names (all prefixed ``cuzk_``):
 * ``requests_total{op}``, ``request_errors_total{op,kind}``, ``request_duration_seconds{op}``
 * scrape time: ``start_time_seconds`` (Unix time; uptime = ``time() - cuzk_start_time_seconds``),
   ``queue_depth``, ``jobs{state}`` (the job table now), ``srs_budget_bytes``,
-  ``ring_slots{state}``, ``ring_occupancy``, ``srs_bytes{circuit,process,tier}``,
-  ``memory_bytes{kind}`` (host, host_pss, host_rss, shm), ``process_memory_bytes{process,kind}``
-  (each process's PSS and USS), ``processes_alive{role}``, ``degraded{role}`` (1 while a role has
-  no live process and keeps dying; GetStatus says why)
+  ``ring_slots{state}`` (free, filling, ready, staging: every state, 0 included), ``ring_occupancy``,
+  ``srs_bytes{circuit,process,tier}``, ``memory_bytes{kind}`` (host, host_pss, host_rss,
+  shm; host = host_pss + shm), ``process_memory_bytes{process,kind}`` (each process's pss and uss),
+  ``processes_alive{role}``, ``degraded{role}`` (1 while a role has no live process and keeps dying;
+  GetStatus says why)
 * the engine's own: ``engine_jobs_submitted_total``, ``engine_jobs_finished_total{state}``,
   ``engine_partitions_proved_total``, ``engine_partitions_failed_total``,
   ``engine_partition_retries_total``, ``engine_late_proofs_used_total``,
@@ -45,6 +47,7 @@ from prometheus_client import CollectorRegistry, Counter, Histogram, disable_cre
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
 from cuzk_mp import __version__
+from cuzk_mp.pipeline.ring import STATE_NAMES
 from cuzk_mp.pipeline.status import EngineMetrics, EngineStatus
 from cuzk_mp.pipeline.types import STAGES
 
@@ -184,11 +187,11 @@ def _counter(name: str, help_text: str, labels: list[str], samples: list[tuple[l
 
 
 def _status_families(st: EngineStatus) -> Iterator[Metric]:
-    states: dict[str, int] = {}
+    states = dict.fromkeys(STATE_NAMES, 0)  # every state, 0 included: a series never vanishes
     for slot in st.ring.slots:
         states[slot.state] = states.get(slot.state, 0) + 1
     yield _gauge("cuzk_ring_slots", "Ring slots by state.", {("state",): None},
-                 [((k,), float(v)) for k, v in sorted(states.items())])
+                 [((k,), float(v)) for k, v in states.items()])
     busy = sum(v for k, v in states.items() if k != "free")
     yield _gauge("cuzk_ring_occupancy", "Fraction of ring slots not free.",
                  busy / len(st.ring.slots) if st.ring.slots else 0.0)
@@ -198,8 +201,8 @@ def _status_families(st: EngineStatus) -> Iterator[Metric]:
     m = st.memory
     yield _gauge("cuzk_memory_bytes", "Host memory of the engine's process tree by kind (PSS: shared pages "
                  "once; host = PSS + shm; RSS for reference).", {("kind",): None},
-                 [(("host_bytes",), float(m.host_bytes)), (("host_pss_bytes",), float(m.host_pss_bytes)),
-                  (("host_rss_bytes",), float(m.host_rss_bytes)), (("shm_bytes",), float(m.shm_bytes))])
+                 [(("host",), float(m.host_bytes)), (("host_pss",), float(m.host_pss_bytes)),
+                  (("host_rss",), float(m.host_rss_bytes)), (("shm",), float(m.shm_bytes))])
     per_name: dict[tuple[str, str], float] = {}
     for pm in m.processes:  # processes of one name (helpers such as multiprocessing's) add up
         for kind, v in (("pss", pm.pss), ("uss", pm.uss)):

@@ -19,7 +19,7 @@ from typing import Any
 
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import Client, partition_from_file
-from cuzk_mp.daemon.transport import CommClosedError
+from cuzk_mp.daemon.transport import CommClosedError, NotTheProtocol
 from cuzk_mp.errors import AuthError, InputError, ProofError, error_from_kind
 from cuzk_mp.formats.atomic import write_json_files
 
@@ -65,6 +65,8 @@ def prove_to_files(addr: str, token: str, circuit: str | None, zkey: Path, sourc
                 if isinstance(refused, AuthError):
                     raise
                 raise InputError(f"{source}: {_ONE_PARTITION.sub('', str(refused), count=1)}") from None
+    except NotTheProtocol as http:
+        raise Unreachable(f"cannot reach the daemon at {addr}: {http}") from None
     except (CommClosedError, ConnectionError, TimeoutError) as lost:
         raise Unreachable(f"lost the daemon at {addr}: {lost}") from None
     if reply.state != "done":

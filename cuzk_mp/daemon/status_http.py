@@ -10,10 +10,11 @@ this module knows nothing about jobs or the engine.
 what is wrong otherwise (starting, draining, or "degraded: " and the cause), which is what
 ``scripts/wait-ready.sh`` and load balancers poll.
 
-``/status`` takes the caller's token as ``Authorization: Bearer TOKEN`` (401 when the daemon
-requires tokens and it is missing or wrong) and ``?detail=1`` for paths and process ids; what
-the caller may see is decided by the status handler (daemon.access). /metrics and /healthz
-are open.
+``/status`` takes the caller's token as ``Authorization: Bearer TOKEN`` (401 with
+``WWW-Authenticate: Bearer realm="cuzk-mp"`` when the daemon requires tokens and none was sent, 403
+when the one sent is unknown or, for ``?detail=1``, not an admin's) and ``?detail=1`` for paths and
+process ids; what the caller may see is decided by the status handler (daemon.access). /metrics and
+/healthz are open.
 """
 
 from __future__ import annotations
@@ -32,6 +33,7 @@ log = logging.getLogger("cuzk_mp.daemon.http")
 
 MAX_HEAD_BYTES = 8192
 ALLOWED = ("GET", "HEAD")  # the methods served (a 405 lists them in its Allow header, RFC 9110)
+CHALLENGE = 'Bearer realm="cuzk-mp"'  # a 401's WWW-Authenticate (RFC 9110 11.6.1, RFC 6750 3)
 HEAD_TIMEOUT_S = 10.0
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
@@ -98,8 +100,9 @@ async def _answer(handlers: StatusHandlers, req: _Request) -> bytes:
         try:
             doc = await handlers.status(detail, req.token)
         except AuthError as e:
-            return _response(403 if req.token else 401,
-                             f"{e}\n".encode(), "text/plain", head_only)
+            if req.token:  # a token this daemon does not know, or not an admin's for ?detail
+                return _response(403, f"{e}\n".encode(), "text/plain", head_only)
+            return _response(401, f"{e}\n".encode(), "text/plain", head_only, f"WWW-Authenticate: {CHALLENGE}\r\n")
         body = json.dumps(doc, indent=1, default=str).encode()
         return _response(200, body + b"\n", "application/json", head_only)
     if path == "/metrics":

@@ -3,7 +3,9 @@
 This module owns sockets and byte frames and nothing else; it never interprets a message. A
 frame is a big-endian u32 length followed by that many bytes (msgspec's kv example), and the
 length is checked against ``max_frame_bytes`` *before* anything is read, so a peer announcing a
-4 GiB frame costs nothing (the kv example's missing check). Addresses are
+4 GiB frame costs nothing (the kv example's missing check), and four bytes "HTTP" where a length
+was expected are an HTTP server's answer (:class:`NotTheProtocol`: a client pointed at the daemon's
+status port), not a frame of 1.2 GB. Addresses are
 ``unix:///abs/path.sock`` or ``host:port`` / ``tcp://host:port`` (``[::1]:9820`` for IPv6).
 
 Slow or stuck peers are bounded too: once the first byte of a frame has arrived, the whole frame
@@ -58,6 +60,14 @@ class FrameTimeout(InputError):
     """A frame that had started to arrive was not complete within ``frame_timeout_s``."""
 
 
+class NotTheProtocol(CommClosedError):
+    """What came back where a frame was expected is the start of an HTTP answer: the address is not
+    the daemon's protocol socket (likely its ``status_listen`` port)."""
+
+
+HTTP_ANSWER = b"HTTP"  # how an HTTP response begins ("HTTP/1.1 400 ..."): a 1.2 GB "length" as a frame
+
+
 @dataclass(frozen=True)
 class Address:
     """A listen/connect address: ``kind`` is ``"unix"`` (``path``) or ``"tcp"`` (``host``, ``port``)."""
@@ -100,6 +110,18 @@ def parse_address(text: str) -> Address:
     if not sep or not host or not port_text.isdigit() or not 0 < int(port_text) < 65536:
         raise ConfigError(f"{text!r}: expected unix:///path or host:port with a port in 1..65535")
     return Address("tcp", host=host, port=int(port_text))
+
+
+def frame_length(header: bytes, max_frame_bytes: int) -> int:
+    """The length a frame's 4-byte ``header`` announces: FrameTooLarge above ``max_frame_bytes``,
+    NotTheProtocol where the bytes are an HTTP answer's."""
+    if header == HTTP_ANSWER:
+        raise NotTheProtocol("it answers HTTP, not the daemon's protocol: likely its status_listen port "
+                             "(connect to its listen address)")
+    (n,) = _LEN.unpack(header)
+    if n > max_frame_bytes:
+        raise FrameTooLarge(f"frame of {n} bytes exceeds max_frame_bytes ({max_frame_bytes})")
+    return n
 
 
 def frame(payload: bytes) -> bytes:
@@ -155,12 +177,13 @@ class StreamComm(Comm):
             first = await self.reader.readexactly(1)  # idle between frames: no deadline
             try:
                 async with asyncio.timeout(self.frame_timeout_s):
-                    (n,) = _LEN.unpack(first + await self.reader.readexactly(_LEN.size - 1))
-                    self._check(n)
+                    n = frame_length(first + await self.reader.readexactly(_LEN.size - 1), self.max_frame_bytes)
                     return await self.reader.readexactly(n)
             except TimeoutError:
                 raise FrameTimeout(f"a frame from {self.peer} was not complete within "
                                    f"frame_timeout = {self.frame_timeout_s:g} s") from None
+        except NotTheProtocol:
+            raise
         except (asyncio.IncompleteReadError, ConnectionError) as e:
             raise CommClosedError(f"connection from {self.peer} closed mid-frame"
                                   if getattr(e, "partial", b"") else
@@ -388,8 +411,5 @@ def send_frame(sock: socket.socket, payload: bytes, max_frame_bytes: int) -> Non
 
 
 def recv_frame(sock: socket.socket, max_frame_bytes: int) -> bytes:
-    """Blocking: receive one frame (length checked first)."""
-    (n,) = _LEN.unpack(_recv_exactly(sock, _LEN.size))
-    if n > max_frame_bytes:
-        raise FrameTooLarge(f"frame of {n} bytes exceeds max_frame_bytes ({max_frame_bytes})")
-    return _recv_exactly(sock, n)
+    """Blocking: receive one frame (length checked first: :func:`frame_length`)."""
+    return _recv_exactly(sock, frame_length(_recv_exactly(sock, _LEN.size), max_frame_bytes))

@@ -47,7 +47,6 @@ import json
 import os
 import statistics
 import subprocess
-import sys
 import threading
 import time
 from dataclasses import dataclass, field
@@ -59,6 +58,7 @@ import msgspec
 
 from ..errors import CuzkError, InputError
 from ..exit_codes import EXIT_INPUT
+from ..logs import final_error
 from ..paths import default_cache_dir
 from .benchplot import plot_timeline, timeline_section
 from .benchreport import Progress, machine_info, median_stage, require_matplotlib, step, table
@@ -88,7 +88,8 @@ DEFAULTS = {
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``bench`` subcommand and its flags."""
     p = subparsers.add_parser("bench", help="measure throughput and memory of the pipeline (one table, JSON)")
-    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu"])
+    p.add_argument("--backend", default="auto", choices=["auto", "cpu", "gpu"],
+                   help="auto: the GPU where CuPy sees one, else the CPU")
     p.add_argument("--circuit", default="porep-like",
                    help="'porep-like' or 'dense-random' (synthetic) or a .zkey path (with --wtns, --r1cs)")
     p.add_argument("--wtns", type=Path, help="witness used for every partition of a zkey circuit")
@@ -780,6 +781,6 @@ def _verdict(result: dict[str, Any]) -> int:
     failed = [p for p in result["partitions"] if p.get("error")]
     why = (f"; {len(failed)} partition(s) failed, the first ({failed[0]['job']} partition {failed[0]['index']}): "
            f"{failed[0]['error']}") if failed else "; proofs came back that do not verify"
-    print(f"cuzk-mp bench: {total - verified} of {total} proofs missing or invalid{why}", file=sys.stderr)
     on_input = failed and len(failed) == total - verified and all(is_input_kind(p.get("error_kind")) for p in failed)
-    return EXIT_INPUT if on_input else 1
+    return final_error(EXIT_INPUT if on_input else 1, f"{total - verified} of {total} proofs missing or invalid{why}",
+                       prefix="cuzk-mp bench", logger=__name__)

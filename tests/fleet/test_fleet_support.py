@@ -123,6 +123,8 @@ def test_status_report_cli_and_metrics(fleet_dsn: str, tmp_path: Path, capsys: p
     assert "gpu-a" in out and "NORMAL" in out
     args = parser.parse_args(["fleet", "status", "--dsn", "postgresql://nobody@127.0.0.1:9/x", "--timeout", "1"])
     assert args.func(args) == 3
+    err = capsys.readouterr().err  # the driver's message and its tab-indented hint: one line
+    assert err.startswith("cuzk-mp fleet status: ") and err.count("\n") == 1 and "\t" not in err, err
     missing = fleet_dsn.rsplit("/", 1)[0] + "/no_such_db"
     args = parser.parse_args(["fleet", "status", "--dsn", missing])
     assert args.func(args) == 2  # the server answered: the dsn is wrong, not the network

@@ -19,6 +19,7 @@ from pathlib import Path
 
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
 from cuzk_mp.exit_codes import EXIT_INPUT, EXIT_UNREACHABLE
+from cuzk_mp.logs import final_error
 
 DSN_ENV = "CUZK_MP_FLEET_DSN"
 
@@ -68,18 +69,20 @@ def _dsn(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     return os.environ.get(DSN_ENV, ""), knobs
 
 
+def _error(code: int, message: str) -> int:
+    """The one line ``fleet status`` ends with when it fails (a database's multi-line message folded)."""
+    return final_error(code, message, prefix="cuzk-mp fleet status", logger=__name__)
+
+
 def run_status(args: argparse.Namespace) -> int:
     """``cuzk-mp fleet status``: print the fleet and return the exit code."""
     try:
         dsn, knobs = _dsn(args)
         if not dsn:
-            print(f"cuzk-mp fleet status: give --dsn or --config, or set ${DSN_ENV}", file=sys.stderr)
-            return EXIT_INPUT
+            return _error(EXIT_INPUT, f"give --dsn or --config, or set ${DSN_ENV}")
         sys.stdout.write(asyncio.run(_status(dsn, args.json, args.timeout, knobs)))
     except ResourceError as e:
-        print(f"cuzk-mp fleet status: {e}", file=sys.stderr)
-        return EXIT_UNREACHABLE
+        return _error(EXIT_UNREACHABLE, str(e))
     except (InputError, CuzkError) as e:
-        print(f"cuzk-mp fleet status: {e}", file=sys.stderr)
-        return EXIT_INPUT
+        return _error(EXIT_INPUT, str(e))
     return 0
