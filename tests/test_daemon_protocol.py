@@ -287,6 +287,43 @@ def test_a_journal_that_cannot_be_written_loses_and_repeats_nothing(tmp_path: Pa
     run_daemon(tmp_path, second)
 
 
+def test_a_result_is_given_out_only_once_the_journal_has_it(tmp_path: Path) -> None:
+    """Between a job's end and its journal write a crash would run it again: no waiter may hold its
+    proofs before that write (an await in that window waits, and times out as for a running job)."""
+    import threading
+
+    from cuzk_mp.daemon.journal import Journal
+
+    gate = threading.Event()
+    real = Journal._finish
+
+    def held(self: Journal, job_id: str, reply: P.JobReply) -> None:
+        gate.wait(30)
+        real(self, job_id, reply)
+
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            job = (await c.submit("syn", synthetic_partitions(2))).job_id
+            deadline = time.monotonic() + 10
+            while d.jobs.jobs[job].state != "done" and time.monotonic() < deadline:
+                await asyncio.sleep(0.02)
+            assert d.jobs.jobs[job].state == "done"  # the engine is done with it; the journal is not
+            r = await c.await_proof(job, timeout_s=0.3)
+            assert r.timed_out and r.state == "running", r  # its partitions' proofs show as they come
+            assert {e.job_id: e.state for e in d.journal.load()} == {job: "queued"}
+            gate.set()
+            r = await c.await_proof(job, timeout_s=10)
+            assert r.state == "done" and not r.timed_out and all(p.proof for p in r.partitions)
+            assert {e.job_id: e.state for e in d.journal.load()} == {job: "done"}
+
+    Journal._finish = held  # type: ignore[method-assign]
+    try:
+        run_daemon(tmp_path, body)
+    finally:
+        gate.set()
+        Journal._finish = real  # type: ignore[method-assign]
+
+
 def test_exit_when_idle_waits_for_connections_and_jobs(tmp_path: Path) -> None:
     async def stops_within(d: Daemon, s: float) -> bool:
         t_end = time.monotonic() + s

@@ -23,7 +23,7 @@ import pytest
 
 from cuzk_mp.pipeline.engine import Engine, RunningEngine
 from cuzk_mp.pipeline.keys import synthetic_key_paths
-from cuzk_mp.pipeline.ring import Ring, RingHandle, SlotRecord, live_segments, shm_entries
+from cuzk_mp.pipeline.ring import Ring, SlotRecord, live_segments, shm_entries
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput
 
 from tests.helpers import KEY_CACHE, LOG_N, Collector, ProofChecker, prefix_for, status_of, wait_until
@@ -277,8 +277,8 @@ def _stop_a_filling_worker(ring: Ring, workers: set[int], timeout: float = 120.0
 
 
 @pytest.fixture
-def ring_view():
-    view = Ring.attach(RingHandle(PREFIX, 2))
+def ring_view(running):
+    view = Ring.attach(running[0].ring.handle)
     yield view
     view.close()
 

@@ -59,7 +59,10 @@ def test_round_trip_then_reuse_then_trim(prefix: str) -> None:
     print("seed", SEED)
     rng = np.random.default_rng(SEED)
     ring = Ring.create(prefix, 2)
-    assert sorted(shm_entries(prefix)) == sorted([f"{prefix}-ctl", f"sem.{prefix}-free", f"sem.{prefix}-ready"])
+    name = ring.handle.prefix
+    assert name.startswith(f"{prefix}.") and len(name) == len(prefix) + 9  # the prefix and this ring's token
+    assert sorted(shm_entries(prefix)) == sorted([f"{name}-ctl", f"sem.{name}-free", f"sem.{name}-ready"])
+    assert shm_entries(name) == shm_entries(prefix)
     arrays = _arrays(rng, 1000)
     slot = ring.acquire_free(_claim(7, job=3, part=1), _never)
     assert slot is not None and ring.record(slot).state == "filling"
@@ -71,7 +74,7 @@ def test_round_trip_then_reuse_then_trim(prefix: str) -> None:
     assert size >= sum(a.nbytes for a in arrays) and size == ringmod.segment_bytes([a.shape for a in arrays])
     address = seg.arrays[0].ctypes.data
     ring.publish(slot, seg, b"meta-bytes")
-    other = Ring.attach(RingHandle(prefix, 2))
+    other = Ring.attach(ring.handle)
     rec = other.take_ready(_never, timeout_s=1.0)
     assert rec is not None and (rec.slot, rec.task_id, rec.job_seq, rec.partition) == (slot, 7, 3, 1)
     with other.open_segment(rec.slot) as seg:
@@ -251,20 +254,43 @@ def test_cleanup_stale_and_recreate(prefix: str) -> None:
     _put(ring, slot, b"", [np.zeros((4, 4), np.uint64)], publish=False)
     ring.close()  # the "daemon" went away without destroying the ring
     assert len(shm_entries(prefix)) == 4
+    old = ring.handle.prefix
     again = Ring.create(prefix, 1)  # start-up removes the stale objects first
-    assert sorted(shm_entries(prefix)) == sorted([f"{prefix}-ctl", f"sem.{prefix}-free", f"sem.{prefix}-ready"])
+    new = again.handle.prefix
+    assert new != old and shm_entries(old) == []
+    assert sorted(shm_entries(prefix)) == sorted([f"{new}-ctl", f"sem.{new}-free", f"sem.{new}-ready"])
     assert again.record(0).state == "free"
     again.destroy()
     assert shm_entries(prefix) == []
 
 
 def test_prefix_boundary(prefix: str) -> None:
-    ring_a = Ring.create(prefix + "1", 1)
-    ring_b = Ring.create(prefix + "12", 1)
-    assert all(n.startswith((f"{prefix}1-", f"sem.{prefix}1-")) for n in shm_entries(prefix + "1"))
-    ring_a.destroy()
-    assert len(shm_entries(prefix + "12")) == 3
-    ring_b.destroy()
+    """Names are matched exactly: a prefix never claims the objects of a longer one, with or without
+    a dash between (prefixes may contain dashes), nor those of another ring of its own prefix."""
+    rings = {p: Ring.create(p, 1) for p in (prefix + "1", prefix + "12", prefix + "1-x", prefix + "1-0")}
+    for p, ring in rings.items():
+        assert all(n.removeprefix("sem.").startswith(ring.handle.prefix + "-") for n in shm_entries(p)), p
+        assert len(shm_entries(p)) == 3
+    own = shm_entries(rings[prefix + "1"].handle.prefix)
+    assert sorted(cleanup_stale(prefix + "1")) == own and shm_entries(prefix + "1") == []
+    assert [len(shm_entries(p)) for p in (prefix + "12", prefix + "1-x", prefix + "1-0")] == [3, 3, 3]
+    for ring in rings.values():
+        ring.destroy()
+
+
+def test_a_late_cleanup_of_a_dead_ring_spares_the_next_ring_of_its_prefix(prefix: str) -> None:
+    """The children of a killed engine remove their ring by its name as they leave, possibly after
+    the next engine of the same prefix has made its own ring: that one must stay whole."""
+    dead = Ring.create(prefix, 1)
+    dead.close()  # its engine was killed; its children still hold the name
+    live = Ring.create(prefix, 1)  # the restarted engine (removes the dead ring's objects)
+    slot = live.acquire_free(_claim(1), _never)
+    _put(live, slot, b"m", [np.ones((4, 4), np.uint64)])
+    before = shm_entries(prefix)
+    assert cleanup_stale(dead.handle.prefix) == []  # an orphan's last pass, late
+    assert shm_entries(prefix) == before and len(before) == 4
+    assert live.take_ready(lambda: False) is not None
+    live.destroy()
 
 
 def test_segment_layout_alignment() -> None:
@@ -297,7 +323,7 @@ def test_a_new_size_remakes_the_segment_and_stale_mappings_are_never_used(prefix
     the new one (its generation moved on), and the ring never holds more than one segment a slot."""
     rng = np.random.default_rng(SEED + 1)
     ring = Ring.create(prefix, 1)
-    other = Ring.attach(RingHandle(prefix, 1))
+    other = Ring.attach(ring.handle)
     seen = []
     for rows in (2000, 500, 500, 3000):
         arrays = _arrays(rng, rows)

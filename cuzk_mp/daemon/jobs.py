@@ -19,10 +19,13 @@ real await timeouts, cancel, results kept for a while) real behaviour:
   next boundary); the final ``cancelled`` state arrives through the engine's callback.
 * **Retention.** Finished jobs answer AwaitProof for ``result_ttl`` seconds, then are pruned from
   the journal and then from memory (a journal that cannot be written keeps them in both).
-* **A journal write that fails** (a full disk) refuses the submit it was for (ResourceError);
-  a job's final state that cannot be written is logged, kept in memory (its waiters have their
-  answer) and written again at each pruning round and at shutdown; while it is not written the
-  journal says ``queued``, so a restart before then runs the job again rather than lose it.
+* **Results after the journal.** A job's waiters (AwaitProof, Prove) get its result only once
+  its final state is journaled, so a crash never makes a job whose proofs a client holds run
+  again. A journal write that fails (a full disk) refuses the submit it was for (ResourceError);
+  a final state that cannot be written is logged, given to the waiters all the same (they are not
+  held hostage by the disk), kept in memory and written again at each pruning round and at
+  shutdown; while it is not written the journal says ``queued``, so a restart before then runs the
+  job again rather than lose it.
 * **Shutdown.** While the daemon drains, only completed jobs and client-requested cancellations
   are final; a job the engine gives up because it is stopping stays ``queued`` in the journal
   and runs again after the restart.
@@ -213,7 +216,7 @@ class JobTable:
                    owner: str | None = None) -> tuple[JobRecord, bool]:
         """Wait until the job ends or ``timeout_s`` passes; returns (record, timed_out)."""
         rec = self.get(job_id, owner)
-        if rec.state in TERMINAL:
+        if rec.done.is_set():  # ended and journaled: its result is the answer
             return rec, False
         if timeout_s is not None and timeout_s < 0:
             raise InputError(f"AwaitProof.timeout_s: must be >= 0, got {timeout_s}")
@@ -225,7 +228,7 @@ class JobTable:
         finally:
             done.cancel()
             closing.cancel()
-        if rec.state in TERMINAL:
+        if rec.done.is_set():
             return rec, False
         if self.closing.is_set():
             raise Unavailable(f"the daemon is shutting down; job {job_id} is journaled and "
@@ -242,8 +245,12 @@ class JobTable:
         return rec, ok
 
     def reply(self, rec: JobRecord, id: int, timed_out: bool = False) -> JobReply:
-        """The wire reply for a job."""
-        return reply_of(rec, id, timed_out)
+        """The wire reply for a job; one that ended but is not journaled yet is still ``running``
+        to a client (its end is not final until a restart cannot run it again)."""
+        out = reply_of(rec, id, timed_out)
+        if rec.state in TERMINAL and not rec.done.is_set():
+            out = msgspec.structs.replace(out, state="running")
+        return out
 
     def in_use(self, circuit_id: str) -> bool:
         """Whether a queued or running job uses the circuit."""
@@ -310,14 +317,17 @@ class JobTable:
                           else "ProofError" if rec.state == "failed" else None)
         self.metrics.observe_job(rec.circuit_id, rec.state, rec.finished_at - rec.submitted_at)
         if journaled:
-            self._write_final(rec)
-        rec.done.set()
+            self._write_final(rec)  # its waiters get the result once the journal has it
+        else:
+            rec.done.set()
         log.info("job %s %s (%d partitions, %.3f s)", rec.job_id, rec.state,
                  len(rec.partitions), rec.finished_at - rec.submitted_at)
 
     def _write_final(self, rec: JobRecord) -> None:
-        """Journal a job's final state in the background (see the module docstring on failures)."""
+        """Journal a job's final state in the background, then wake its waiters: a result is given
+        out only once a restart cannot run the job again (see the module docstring on failures)."""
         task = asyncio.ensure_future(self._journal_final(rec))
+        task.add_done_callback(lambda _: rec.done.set())
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
 
@@ -398,5 +408,4 @@ class JobTable:
         rec.results = {i: p for i, p in enumerate(pending_partitions(rec, "failed"))}
         self.metrics.observe_job(rec.circuit_id, rec.state, rec.finished_at - rec.submitted_at)
         self._write_final(rec)
-        rec.done.set()
         log.warning("[start] journaled job %s cannot run again: %s", rec.job_id, message)

@@ -1,11 +1,17 @@
 """The slot ring: K shared-memory slots between synthesis workers and prover processes.
 
-Owns every named IPC object of one engine, all named ``/<prefix>-...``:
+Owns every named IPC object of one engine, all named ``/<ring>-...`` where ``<ring>`` is
+``<prefix>.<8 hex digits>``, the engine's prefix and a token drawn for this ring alone:
 
-* ``/<prefix>-ctl``  the control block (shm): one 80-byte record per slot,
-* ``/<prefix>-free``, ``/<prefix>-ready``  named semaphores (free / ready slots),
-* ``/<prefix>-<slot>``  the segment of a slot: made by the first partition that uses the
+* ``/<ring>-ctl``  the control block (shm): one 80-byte record per slot,
+* ``/<ring>-free``, ``/<ring>-ready``  named semaphores (free / ready slots),
+* ``/<ring>-<slot>``  the segment of a slot: made by the first partition that uses the
   slot, kept (pages and all) while the ring is busy, trimmed once the slot has idled.
+
+Names are matched exactly (:func:`shm_entries`): the prefix ``cuzk`` never claims ``cuzk-x``'s
+objects. A new ring of a prefix removes what earlier rings of that prefix left (a crashed
+engine's); the children of a crashed engine, which remove their own ring as they leave, name it
+by its token, so a child that leaves late never touches the ring of the engine started after it.
 
 Control block layout (little-endian)::
 
@@ -79,6 +85,8 @@ import contextlib
 import fcntl
 import mmap
 import os
+import re
+import secrets
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -269,13 +277,15 @@ class Ring:
     # ---- lifecycle
     @classmethod
     def create(cls, prefix: str, n_slots: int) -> Ring:
-        """Create a fresh ring (removing stale objects with this prefix first)."""
+        """Create a fresh ring of the engine prefix ``prefix`` (removing what earlier rings of the
+        prefix left first); its own name, ``handle.prefix``, adds a token (see the module docstring)."""
         cleanup_stale(prefix)
-        handle = RingHandle(prefix, n_slots)
+        name = f"{prefix}.{secrets.token_hex(_TOKEN_BYTES)}"
+        handle = RingHandle(name, n_slots)
         size = 8 * _HEADER_WORDS + SLOT_DTYPE.itemsize * n_slots
-        ctl = posix_ipc.SharedMemory(f"/{prefix}-ctl", posix_ipc.O_CREX, size=size)
-        posix_ipc.Semaphore(f"/{prefix}-free", posix_ipc.O_CREX, initial_value=n_slots).close()
-        posix_ipc.Semaphore(f"/{prefix}-ready", posix_ipc.O_CREX, initial_value=0).close()
+        ctl = posix_ipc.SharedMemory(f"/{name}-ctl", posix_ipc.O_CREX, size=size)
+        posix_ipc.Semaphore(f"/{name}-free", posix_ipc.O_CREX, initial_value=n_slots).close()
+        posix_ipc.Semaphore(f"/{name}-ready", posix_ipc.O_CREX, initial_value=0).close()
         ring = cls(handle, ctl, owner=True)
         ring._header[:] = 0
         ring._header[0], ring._header[1] = MAGIC, n_slots
@@ -641,13 +651,26 @@ def _unlink_shm(name: str) -> None:
         pass
 
 
+_TOKEN_BYTES = 4
+_OBJECTS = r"-(?:ctl|free|ready|(?P<slot>\d+))"
+
+
+def _names_of(prefix: str) -> re.Pattern[str]:
+    """The /dev/shm names (semaphores as ``sem.<name>``) of a ring (``prefix`` holds its token) or of
+    every ring of an engine prefix (tokens, and the token-less names of older versions)."""
+    ring = re.escape(prefix) if "." in prefix else rf"{re.escape(prefix)}(?:\.[0-9a-f]{{{2 * _TOKEN_BYTES}}})?"
+    return re.compile(rf"(?:sem\.)?{ring}{_OBJECTS}")
+
+
 def shm_entries(prefix: str) -> list[str]:
-    """Names in /dev/shm that belong to ``prefix``: segments, control block and ``sem.`` semaphores."""
+    """Names in /dev/shm that belong to ``prefix`` (a ring's name, or an engine prefix: all its rings):
+    segments, control block and ``sem.`` semaphores, matched exactly."""
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return []
-    return sorted(n for n in names if n.startswith(f"{prefix}-") or n.startswith(f"sem.{prefix}-"))
+    pattern = _names_of(prefix)
+    return sorted(n for n in names if pattern.fullmatch(n))
 
 
 def shm_bytes(prefix: str) -> int:
@@ -663,11 +686,13 @@ def shm_bytes(prefix: str) -> int:
 
 def live_segments(prefix: str) -> int:
     """How many slot segments of ``prefix`` exist right now (from /dev/shm; at most the ring's slots)."""
-    return sum(1 for n in shm_entries(prefix) if n[len(prefix) + 1 :].isdigit())
+    pattern = _names_of(prefix)
+    return sum(1 for n in shm_entries(prefix) if (m := pattern.fullmatch(n)) and m["slot"] is not None)
 
 
 def cleanup_stale(prefix: str) -> list[str]:
-    """Unlink every shm segment and semaphore named with ``prefix``; returns what was removed."""
+    """Unlink every shm segment and semaphore of ``prefix`` (a ring, or every ring of an engine
+    prefix: :func:`shm_entries`); returns what was removed."""
     removed = []
     for name in shm_entries(prefix):
         try:
