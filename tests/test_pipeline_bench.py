@@ -161,6 +161,21 @@ def test_steady_figures_per_partition_and_per_job() -> None:
     assert bench.steady_s_per_proof(run, part_done, 2) == 2.5  # 4 partitions in (110, 120]
     lone = bench._Run(t_start=100.0, t_done={"j0": 107.0})
     assert bench.steady_s_per_job(lone, {}, 2) == 7.0
+    # a window that opens on partitions proved before it (j1's batch ended with j0): never faster
+    # than the pipeline's capacity
+    part_done.update({("j1", 0): 110.0, ("j1", 1): 110.0, ("j2", 0): 110.0, ("j2", 1): 110.5})
+    assert bench.steady_s_per_proof(run, part_done, 2) == 0.5
+    assert bench.steady_s_per_proof(run, part_done, 2, floor_s=2.4) == 2.4
+    assert bench.steady_s_per_job(run, part_done, 2, floor_s=2.4) == 4.8
+
+
+def test_capacity_is_the_slower_stage_over_its_parallelism() -> None:
+    parts = [{"timings": {"device": d, "witness": 0.5, "synthesis": s}}
+             for d, s in ((1.0, 3.5), (1.2, 4.5), (0.8, 2.5))]
+    assert bench.capacity_s_per_partition(parts, devices=1, workers=2) == 2.0  # synthesis: 4.0 / 2 workers
+    assert bench.capacity_s_per_partition(parts, devices=1, workers=8) == 1.0  # the device: 1.0 / 1
+    assert bench.capacity_s_per_partition(parts, devices=2, workers=8) == 0.5
+    assert bench.capacity_s_per_partition([{"timings": {}}], devices=1, workers=1) == 0.0
 
 
 def test_device_busy_is_the_union_of_the_placed_stages() -> None:

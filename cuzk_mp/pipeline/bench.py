@@ -8,11 +8,15 @@ the measurement around it:
   before the clock starts, so "cold" means cold pipeline, warm key);
 * steady state per partition: ``s_per_partition = (t_last_partition_done -
   t_first_job_done) / (partitions completed after t_first_job_done)`` per run (with
-  ``--jobs 1``: that job's time / partitions); ``s_per_proof`` is the same figure under
-  its former name, kept in the JSON so older readers keep working;
+  ``--jobs 1``: that job's time / partitions), but never below the pipeline's capacity
+  (``s_per_partition_floor``, :func:`capacity_s_per_partition`: the slower of the device stage's
+  median over the devices and synthesis's over the workers). A short run's window opens on
+  partitions mostly proved before it (jobs overlap; a prover's batch ends several at once), which
+  alone would count them as made in no time; ``s_per_partition_floored`` says where the floor
+  decided. ``s_per_proof`` is the same figure under its former name, kept in the JSON so older
+  readers keep working;
 * steady state per whole job (all its partitions: a 10-partition PoRep proof is one job):
-  ``s_per_job = (t_last_job_done - t_first_job_done) / (jobs completed after the first)``
-  per run, from job completion times (with ``--jobs 1``: that job's time);
+  ``s_per_job = s_per_partition x partitions`` per run (with ``--jobs 1``: that job's time);
   ``--repeat R`` repeats the batch of jobs R times in the same engine and
   reports the median and min-max. Across processes: run ``cuzk-mp bench
   --json`` several times (perf/pipeline_bench.sh does) and compare the files;
@@ -300,8 +304,10 @@ def verify_all(vk: VerificationKey, runs: list[_Run]) -> tuple[int, int]:
     return total, ok
 
 
-def steady_s_per_proof(run: _Run, part_done: dict[tuple[str, int], float], partitions: int) -> float:
-    """Seconds per proof after the run's first job completed (the cold start excluded).
+def steady_s_per_proof(run: _Run, part_done: dict[tuple[str, int], float], partitions: int,
+                       floor_s: float = 0.0) -> float:
+    """Seconds per proof after the run's first job completed (the cold start excluded), at least
+    ``floor_s`` (the pipeline's capacity: :func:`capacity_s_per_partition`).
 
     window = last partition completion - first job completion; counted are the
     partitions that completed inside it. With one job: that job's time / partitions.
@@ -310,15 +316,25 @@ def steady_s_per_proof(run: _Run, part_done: dict[tuple[str, int], float], parti
     jobs = {j.job_id for j in run.results}
     later = [t for (job_id, _), t in part_done.items() if job_id in jobs and t > first]
     if later:
-        return (max(later) - first) / len(later)
-    return (first - run.t_start) / partitions
+        return max((max(later) - first) / len(later), floor_s)
+    return max((first - run.t_start) / partitions, floor_s)
 
 
-def steady_s_per_job(run: _Run, part_done: dict[tuple[str, int], float], partitions: int) -> float:
+def steady_s_per_job(run: _Run, part_done: dict[tuple[str, int], float], partitions: int,
+                     floor_s: float = 0.0) -> float:
     """Seconds per whole job at the steady rate: :func:`steady_s_per_proof` times the partitions a
     job has (with one job: that job's time). Counting whole jobs between their completions would
     mislead where jobs run side by side: two finishing together halve that figure."""
-    return steady_s_per_proof(run, part_done, partitions) * partitions
+    return steady_s_per_proof(run, part_done, partitions, floor_s) * partitions
+
+
+def capacity_s_per_partition(partitions: list[dict[str, Any]], devices: int, workers: int) -> float:
+    """The fewest seconds a partition can take in steady state: its slower stage's median time over
+    that stage's parallelism (the device stage runs one partition a device at a time, its batch
+    share counted; synthesis, witness included, one a worker); 0 where no partition has timings."""
+    device = median_stage(partitions, "device") or 0.0
+    synthesis = (median_stage(partitions, "witness") or 0.0) + (median_stage(partitions, "synthesis") or 0.0)
+    return max(device / max(devices, 1), synthesis / max(workers, 1))
 
 
 def _steady_window(runs: list[_Run]) -> tuple[float, float]:
@@ -463,8 +479,10 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
                                    "error_kind": p.error_kind,
                                    "t_submit": job.submitted_at, "t_done": bench.part_done.get((job.job_id, p.index)),
                                    "spans": [dataclasses.asdict(s) for s in p.spans]})
-    per_run = [steady_s_per_proof(run, bench.part_done, a.partitions) for run in runs]
-    per_job = [steady_s_per_job(run, bench.part_done, a.partitions) for run in runs]
+    floor = capacity_s_per_partition(partitions, len(devices), a.partition_workers or 1)
+    unfloored = [steady_s_per_proof(run, bench.part_done, a.partitions) for run in runs]
+    per_run = [steady_s_per_proof(run, bench.part_done, a.partitions, floor) for run in runs]
+    per_job = [steady_s_per_job(run, bench.part_done, a.partitions, floor) for run in runs]
     total, verified = verify_all(raw["vk"], runs)
     device_peaks = [v.device_peak_bytes for v in status.memory.device.values()]
     busy = _busy_fractions(bench, runs)
@@ -477,6 +495,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         "config": config,
         "s_per_partition": statistics.median(per_run), "s_per_partition_runs": per_run,
         "s_per_job": statistics.median(per_job), "s_per_job_runs": per_job,
+        "s_per_partition_floor": floor, "s_per_partition_floored": any(u < floor for u in unfloored),
         # former names of s_per_partition(_runs), kept for readers of older result files
         "s_per_proof": statistics.median(per_run), "s_per_proof_runs": per_run,
         "first_job_s": min(runs[0].t_done.values()) - runs[0].t_start,

@@ -207,7 +207,9 @@ def table(result: dict[str, Any]) -> str:
     busy = result["gpu_busy_fraction"]
     per_part, per_part_runs = s_per_partition(result)
     rows = [
-        ("s/partition (steady state)", _fmt_s(per_part) + _spread(per_part_runs)),
+        ("s/partition (steady state)", _fmt_s(per_part) + _spread(per_part_runs)
+         + ("  (the pipeline's capacity: too few partitions were made wholly after the first job to time)"
+            if result.get("s_per_partition_floored") else "")),
         (f"s/job of {result['config']['partitions']} partitions (steady)",
          "n/a (older result)" if result.get("s_per_job") is None
          else _fmt_s(result["s_per_job"]) + _spread(result.get("s_per_job_runs") or [])),
