@@ -283,16 +283,17 @@ def test_memory_budget_is_what_is_left(tmp_path: Path) -> None:
 def test_host_budget_derives_what_the_file_leaves_out(tmp_path: Path) -> None:
     from cuzk_mp.pipeline.memory import GiB
     circuits = {"big": {"synthetic": "porep-like", "log_n": 20}}
-    roomy = resolve({"memory": {"total_budget": "64GiB", "host_budget": "32GiB"}, "gpus": {"devices": [0]},
-                     "circuits": circuits}, tmp_path)
-    e = roomy.engine  # the GPU model (backend auto): the cores the prover leaves, a slot per worker + 3
+    roomy = resolve({"memory": {"total_budget": "64GiB", "host_budget": "32GiB"},
+                     "gpus": {"devices": [0], "backend": "gpu"}, "circuits": circuits}, tmp_path)
+    e = roomy.engine  # the GPU model: the cores the prover leaves, a slot per worker + 3
     from cuzk_mp.pipeline.memory import MIN_RING_SLOTS, READY_PER_PROVER, synthesis_cores
     spare = synthesis_cores(os.cpu_count() or 1, "gpu", 1)
     assert 1 <= e.partition_workers <= spare
     assert e.ring_slots == max(MIN_RING_SLOTS, e.partition_workers + 1 + READY_PER_PROVER)
     assert e.synthesis_threads == max(1, spare // e.partition_workers)
     assert roomy.host_budget_bytes == 32 * GiB
-    kept = resolve({"memory": {"total_budget": "64GiB", "host_budget": "32GiB"}, "gpus": {"devices": [0]},
+    kept = resolve({"memory": {"total_budget": "64GiB", "host_budget": "32GiB"},
+                    "gpus": {"devices": [0], "backend": "gpu"},
                     "pipeline": {"ring_slots": 5}, "synthesis": {"threads_per_partition": 3},
                     "circuits": circuits}, tmp_path)
     assert (kept.engine.ring_slots, kept.engine.synthesis_threads) == (5, 3)  # given values are kept
@@ -504,3 +505,22 @@ def test_host_budget_is_at_most_what_the_total_leaves(tmp_path: Path, monkeypatc
     monkeypatch.setattr(C.psutil, "virtual_memory", lambda: type("Mem", (), {"total": 16 * GiB})())
     with pytest.raises(ConfigError, match=r"memory\.total_budget \(auto: this machine's RAM, 16\.00 GiB\)"):
         C.resolve({"memory": {"host_budget": "13GiB"}}, base=tmp_path, source="t.toml")
+
+
+def test_an_auto_backend_is_sized_for_the_backend_it_will_run(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """"auto" on a box without a GPU is sized as "cpu" (not by the GPU's throughput model), and
+    ``--check`` says which it resolved to."""
+    import cuzk_mp.backends as backends
+    from cuzk_mp.daemon.cli import check_summary
+
+    def shape(backend: str) -> tuple[int, int]:
+        cfg = resolve({"gpus": {"backend": backend}, "memory": {"total_budget": "64GiB"},
+                       "circuits": {"x": {"synthetic": "porep-like", "log_n": 12}}}, tmp_path)
+        return cfg.engine.ring_slots, cfg.engine.partition_workers
+
+    monkeypatch.setattr(backends, "gpu_available", lambda: False)
+    assert shape("auto") == shape("cpu")
+    cfg = resolve({"circuits": {"x": {"synthetic": "porep-like", "log_n": 12}}}, tmp_path)
+    assert "auto backend (cpu on this machine)" in check_summary(cfg, 0)
+    monkeypatch.setattr(backends, "gpu_available", lambda: True)
+    assert shape("auto") == shape("gpu") != shape("cpu")

@@ -365,8 +365,22 @@ def test_a_bench_with_failed_proofs_ends_in_a_line_saying_why(capsys: pytest.Cap
                             part(1, "witness does not satisfy constraint 7", "UnsatisfiedWitness")]}
     assert bench._verdict(unsat) == 2  # the input's fault, as one-shot groth16 prove answers it
     err = capsys.readouterr().err
-    assert "cuzk-mp bench: 2 of 2 proofs missing or invalid; 2 partition(s) failed, the first (bench-0-0 " \
-           "partition 0): witness does not satisfy constraint 7" in err
+    assert "cuzk-mp bench: 2 of 2 proofs missing or invalid; 2 partition(s) not proved, 2 of them failed, the " \
+           "first (bench-0-0 partition 0): witness does not satisfy constraint 7" in err
+    # the failure cancels its job's other partitions: still the input's fault, and named as the cause
+    sibling = {"proofs_total": 3, "proofs_verified": 0,
+               "partitions": [part(0, "not proved: job failed (partition 1: ...)", "Cancelled"),
+                              part(1, "witness does not satisfy constraint 7", "UnsatisfiedWitness"),
+                              part(2, "not proved: job failed (partition 1: ...)", "Cancelled")]}
+    assert bench._verdict(sibling) == 2
+    assert "3 partition(s) not proved, 1 of them failed, the first (bench-0-0 partition 1): witness does not " \
+           "satisfy constraint 7" in capsys.readouterr().err
+    for bad in ("a", "0,0", "-1"):
+        with pytest.raises(SystemExit):
+            _parse("--backend", "cpu", "--devices", bad)
+        assert "argument --devices" in capsys.readouterr().err
+    with pytest.raises(InputError, match="--ring-slots must be 1..256, got 300"):
+        bench._fill_defaults(_parse("--backend", "cpu", "--ring-slots", "300"), "cpu")
     died = {"proofs_total": 2, "proofs_verified": 1,
             "partitions": [part(0), part(1, "cuzk-prover-0 died", "WorkerDied")]}
     assert bench._verdict(died) == 1 and "1 of 2 proofs missing or invalid" in capsys.readouterr().err

@@ -88,12 +88,16 @@ def test_qap_from_circuit_data_equals_the_r1cs_one(circuit: tuple[object, object
 
 
 def test_cpu_resident_key_is_the_setup_key_and_proves(circuit: tuple[object, object, Path],
-                                                      want: dict[str, np.ndarray]) -> None:
+                                                      want: dict[str, np.ndarray],
+                                                      caplog: pytest.LogCaptureFixture) -> None:
     c, _, path = circuit
     backend = CpuBackend(threads=2)
     try:
         data = open_cache(path, IDENTITY, IDENTITY)
         made = setup_resident(data, backend, TOXIC, name="test key")
+        # its toxic waste is kept (every prover makes the same key): the warning must not say discarded
+        warned = [r.getMessage() for r in caplog.records if "INSECURE" in r.getMessage()]
+        assert warned and all("kept" in m and "discarded" not in m for m in warned), warned
         head = made.head
         got = _sections(made.handle.zkey)
         for name, arr in want.items():

@@ -93,7 +93,11 @@ def largest(circuits: Iterable[CircuitSpec], backend: str = "cpu") -> CircuitSiz
 
 
 def _model_backend(engine: EngineConfig) -> str:
-    return "cpu" if engine.backend == "cpu" else "gpu"
+    """The backend the engine will run ("auto" resolved as the engine resolves it: a CPU-only box is
+    sized for the CPU provers, not for a GPU it does not have)."""
+    from cuzk_mp.backends import resolve_backend_name
+
+    return resolve_backend_name(engine.backend)
 
 
 def shape_for(budget: int, engine: EngineConfig, circuit: CircuitSize, given: dict[str, int]) -> Shape:

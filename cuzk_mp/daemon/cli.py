@@ -202,13 +202,16 @@ def check_writable_places(cfg: Any) -> None:
 def check_summary(cfg: Any, warnings: int = 0) -> str:
     """What ``daemon --check`` prints of a valid config: where it listens, the circuits, the pipeline's
     shape and the memory split (sizes in GiB)."""
+    from cuzk_mp.backends import resolve_backend_name
     from cuzk_mp.daemon.config import gib
 
     e = cfg.engine
     devices = "every visible device" if e.devices is None else ", ".join(map(str, e.devices))
+    backend = f"auto backend ({resolve_backend_name('auto')} on this machine)" if e.backend == "auto" \
+        else f"{e.backend} backend"
     return (f"{cfg.path}: OK ({len(cfg.circuits)} circuits, listen {cfg.listen}"
             f"{f', {warnings} warnings' if warnings else ''})\n"
-            f"  engine: {e.backend} backend, devices {devices}, {e.partition_workers} synthesis workers x "
+            f"  engine: {backend}, devices {devices}, {e.partition_workers} synthesis workers x "
             f"{e.synthesis_threads} threads, {e.ring_slots} ring slots, shm prefix {e.shm_prefix}\n"
             f"  memory: total {gib(cfg.memory_total_bytes)}, safety margin {gib(cfg.safety_margin_bytes)}, "
             f"pipeline (host budget) {gib(cfg.host_budget_bytes)}, proving keys {gib(e.srs_budget_bytes)}\n"

@@ -35,7 +35,7 @@ from ..algebra import coded_sparse, fr
 from ..algebra.field import Q_MOD, R_MOD, fr_root_of_unity
 from ..formats.zkey import ZKey, empty_contributions
 from .circuit_data import CircuitData
-from .setup import INSECURE_WARNING, ToxicWaste, h_scalars, lagrange_factor
+from .setup import ToxicWaste, h_scalars, lagrange_factor
 
 log = logging.getLogger("cuzk_mp.groth16.setup_resident")
 
@@ -112,6 +112,12 @@ class _Qap:
         return k
 
 
+KEPT_TOXIC_WARNING = ("INSECURE development key: made from toxic waste (tau, alpha, beta, delta) that is kept "
+                      "so that every prover makes the same key (the pipeline keeps it in its param cache as "
+                      "<kind>-<log_n>.device.toxic, readable by its owner only): whoever reads it can forge "
+                      "proofs. Use this key for development and benchmarks only.")
+
+
 def setup_resident(data: CircuitData, backend: Any, toxic: ToxicWaste, *, name: str = "key",
                    witness_map: bool = False) -> ResidentKey:
     """The INSECURE dev key of the circuit of ``data`` with this toxic waste, resident in ``backend``.
@@ -124,7 +130,7 @@ def setup_resident(data: CircuitData, backend: Any, toxic: ToxicWaste, *, name: 
     counts = data.counts
     log_n = counts.domain_size.bit_length() - 1
     toxic.check(log_n)
-    log.warning("%s: %s", name, INSECURE_WARNING)
+    log.warning("%s: %s", name, KEPT_TOXIC_WARNING)
     times: dict[str, float] = {}
     qap = _Qap(data, toxic)
     t0 = time.perf_counter()

@@ -67,7 +67,8 @@ from ..paths import default_cache_dir
 from .benchplot import plot_timeline, timeline_section
 from .benchreport import Progress, machine_info, median_stage, require_matplotlib, step, table
 from .types import (
-    KEY_SOURCES, STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult, prover_batch,
+    KEY_SOURCES, MAX_RING_SLOTS, STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput,
+    PartitionResult, prover_batch,
 )
 
 if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other verbs build this
@@ -87,6 +88,17 @@ DEFAULTS = {
     "cpu": {"log_n": 14, "partitions": 10, "jobs": 3, "in_flight": 2, "gpu_workers": 2},
     "gpu": {"log_n": 20, "partitions": 10, "jobs": 4, "in_flight": 2, "gpu_workers": 2},
 }
+
+
+def device_ids(text: str) -> list[int]:
+    """``--devices``: distinct device ids >= 0, comma-separated (argparse's error names the option)."""
+    try:
+        ids = [int(x) for x in text.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: comma-separated device ids (integers), e.g. 0,1") from None
+    if min(ids) < 0 or len(set(ids)) != len(ids):
+        raise argparse.ArgumentTypeError(f"{text!r}: distinct device ids >= 0")
+    return ids
 
 
 def add_parser(subparsers: argparse._SubParsersAction) -> None:
@@ -114,9 +126,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="cores one partition's synthesis uses (derived: the cores the provers leave / workers)")
     p.add_argument("--host-budget", help="host memory the pipeline may use, e.g. 96GiB (default 'auto': RAM - 4 GiB): "
                                          "ring slots, partition workers and threads not given are derived within it")
-    p.add_argument("--devices", type=lambda s: [int(x) for x in s.split(",")],
+    p.add_argument("--devices", type=device_ids,
                    help="comma-separated device ids (cpu: one prover process each); default all / one")
-    p.add_argument("--repeat", type=int, default=1, help="runs of --jobs jobs in the same engine")
+    p.add_argument("--repeat", type=int, default=1, help="runs of --jobs jobs in the same engine (default 1)")
     p.add_argument("--json", type=Path, help="write the result as JSON")
     p.add_argument("--proofs-dir", type=Path,
                    help="also write verification_key.json and every proof as JOB-PARTITION.{proof,public}.json "
@@ -126,7 +138,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="param cache for synthetic dev keys (default $CUZK_MP_CACHE, else $XDG_CACHE_HOME/cuzk-mp, "
                         "else ~/.cache/cuzk-mp)")
     p.add_argument("--start-timeout", type=float, default=900.0,
-                   help="seconds for the processes to start (a cold GPU machine compiles its kernels first)")
+                   help="seconds for the processes to start (a cold GPU machine compiles its kernels first; "
+                        "default 900)")
     p.add_argument("--quiet", action="store_true", help="no progress bar")
     p.set_defaults(func=run, default_log_level="INFO")  # the engine's start-up steps show while it starts
 
@@ -548,7 +561,7 @@ SHAPE_KEYS = ("ring_slots", "partition_workers", "synthesis_threads")
 
 # Bounds on what one bench may ask for: beyond these a typo, not a benchmark (a job has at most a
 # daemon request's partitions; the jobs of a run are all kept in memory with their proofs).
-MAX_COUNTS = {"partitions": 1024, "jobs": 100_000, "in_flight": 1024, "repeat": 1000}
+MAX_COUNTS = {"partitions": 1024, "jobs": 100_000, "in_flight": 1024, "repeat": 1000, "ring_slots": MAX_RING_SLOTS}
 MAX_START_TIMEOUT_S = 86_400.0
 
 
@@ -797,9 +810,13 @@ def _verdict(result: dict[str, Any]) -> int:
     total, verified = result["proofs_total"], result["proofs_verified"]
     if verified == total:
         return 0
-    failed = [p for p in result["partitions"] if p.get("error")]
-    why = (f"; {len(failed)} partition(s) failed, the first ({failed[0]['job']} partition {failed[0]['index']}): "
-           f"{failed[0]['error']}") if failed else "; proofs came back that do not verify"
-    on_input = failed and len(failed) == total - verified and all(is_input_kind(p.get("error_kind")) for p in failed)
+    errored = [p for p in result["partitions"] if p.get("error")]
+    # a partition's failure cancels its job's other partitions: those follow, they are not causes
+    failed = [p for p in errored if p.get("error_kind") != "Cancelled"] or errored
+    why = (f"; {len(errored)} partition(s) not proved, {len(failed)} of them failed, the first "
+           f"({failed[0]['job']} partition {failed[0]['index']}): {failed[0]['error']}") if failed \
+        else "; proofs came back that do not verify"
+    on_input = bool(failed) and len(errored) == total - verified and all(
+        is_input_kind(p.get("error_kind")) for p in failed)
     return final_error(EXIT_INPUT if on_input else 1, f"{total - verified} of {total} proofs missing or invalid{why}",
                        prefix="cuzk-mp bench", logger=__name__)
