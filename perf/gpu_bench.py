@@ -29,13 +29,21 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "perf"))
 
-import cupy  # noqa: E402
-
 from cuzk_mp.algebra.field import FQ, FR, Q_MOD, R_MOD, ints_to_limbs, limbs_to_ints  # noqa: E402
-from cuzk_mp.backends.gpu import memory  # noqa: E402
-from cuzk_mp.backends.gpu.modules import get_module  # noqa: E402
-from cuzk_mp.backends.gpu.ntt import GpuNtt  # noqa: E402
 from cuzk_mp.paths import default_cache_dir  # noqa: E402
+
+try:  # the GPU stack; run as a script without it, only --help works (main() says why and exits 2)
+    import cupy
+
+    from cuzk_mp.backends.gpu import memory
+    from cuzk_mp.backends.gpu.modules import get_module
+    from cuzk_mp.backends.gpu.ntt import GpuNtt
+except ImportError:
+    if __name__ != "__main__":
+        raise
+    GPU_STACK = False
+else:
+    GPU_STACK = True
 
 REPS = 5
 BENCH_KERNELS = ROOT / "perf" / "kernels"  # ff/bench.cu: multiply-throughput kernels (not shipped)
@@ -330,6 +338,13 @@ def prove_msms_random_rows(sizes: tuple[int, ...] = (20,)) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- main
 
+def no_gpu() -> str | None:
+    """Why this machine cannot run the bench (no CuPy, or no CUDA device CuPy sees), or None."""
+    from cuzk_mp.backends import gpu_unavailable_reason
+
+    return gpu_unavailable_reason() or (None if GPU_STACK else "the GPU backend's modules do not import")
+
+
 def main() -> None:
     """Run the rows, print a table, write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -341,6 +356,10 @@ def main() -> None:
     ap.add_argument("--key-cache", type=Path, default=default_cache_dir(),
                     help="dev key cache (default: cuzk-mp's cache folder, $CUZK_MP_CACHE or $XDG_CACHE_HOME/cuzk-mp)")
     args = ap.parse_args()
+    reason = no_gpu()
+    if reason:
+        print(f"gpu_bench.py needs CuPy and a CUDA GPU: {reason}", file=sys.stderr)
+        sys.exit(2)
     skip = set(filter(None, args.skip.split(",")))
     sizes = [int(s) for s in args.sizes.split(",")]
     props = cupy.cuda.runtime.getDeviceProperties(0)

@@ -32,13 +32,22 @@ import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
-import cupy  # noqa: E402
 from py_arkworks_bls12381 import G1Point, G2Point, Scalar  # noqa: E402
 
 from cuzk_mp.algebra import fr  # noqa: E402
 from cuzk_mp.algebra.field import R_MOD  # noqa: E402
-from cuzk_mp.backends.gpu import fixed_base, msm  # noqa: E402
-from cuzk_mp.backends.gpu.modules import get_module  # noqa: E402
+
+try:  # the GPU stack; run as a script without it, only --help works (main() says why and exits 2)
+    import cupy
+
+    from cuzk_mp.backends.gpu import fixed_base, msm
+    from cuzk_mp.backends.gpu.modules import get_module
+except ImportError:
+    if __name__ != "__main__":
+        raise
+    GPU_STACK = False
+else:
+    GPU_STACK = True
 
 CHECKPOINT: Any = lambda rows: None  # main() points this at the --out writer (partial results survive a timeout)
 PHASES = ("ones", "digits", "sort", "accumulate", "reduce", "d2h", "finish")
@@ -55,7 +64,7 @@ def _grid(**kw: Any) -> msm.MsmParams:
 
 
 # Bucket accumulation variants timed side by side (launch knobs of one compiled module).
-ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {
+ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {} if not GPU_STACK else {
     "xyzz": _xyzz(),
     "affine": msm.MsmParams(ba_rounds=3, ba_seg=256, ga_rounds=0),
     "affine_s512r4": msm.MsmParams(ba_rounds=4, ba_seg=512, ga_rounds=0),
@@ -423,13 +432,21 @@ def _table(rows: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
+def no_gpu() -> str | None:
+    """Why this machine cannot run the bench (no CuPy, or no CUDA device CuPy sees), or None."""
+    from cuzk_mp.backends import gpu_unavailable_reason
+
+    return gpu_unavailable_reason() or (None if GPU_STACK else "the GPU backend's modules do not import")
+
+
 def main() -> None:
     """Run the rows, print the table last, write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--quick", action="store_true", help="2^20 only, 3 reps")
     ap.add_argument("--accumulate", action="store_true", help="only the accumulation variants at 2^24")
     ap.add_argument("--variants", default=None,
-                    help=f"with --accumulate: a comma list of {', '.join(ACCUMULATE_VARIANTS)} (default all)")
+                    help=f"with --accumulate: a comma list of "
+                         f"{', '.join(ACCUMULATE_VARIANTS) or 'the names in ACCUMULATE_VARIANTS'} (default all)")
     ap.add_argument("--reps", type=int, default=3, help="with --accumulate: timed runs per row")
     ap.add_argument("--groups", default="g1,g2", help="with --accumulate: g1, g2 or both (default)")
     ap.add_argument("--lg", type=int, default=24, help="with --accumulate: log2 of the MSM size (default 24)")
@@ -444,6 +461,10 @@ def main() -> None:
                     help="the fixed-base kernel at --lg for --groups: 8-bit table against signed 16-bit windows")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
+    reason = no_gpu()
+    if reason:
+        print(f"gpu_msm_bench.py needs CuPy and a CUDA GPU: {reason}", file=sys.stderr)
+        sys.exit(2)
     global CHECKPOINT
     if args.out:
         out = args.out

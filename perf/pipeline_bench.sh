@@ -21,12 +21,14 @@
 #                device stage, <= 6 ring slots, peak PSS <= slots x segment + zkey + 4 GiB)  -> pipeline-gpu-2^24.json
 #   gpu-budget   PoRep-like 2^24, 10 partitions x 5 jobs, --host-budget 24/48/96 GiB choosing the shape
 #                (throughput should not depend on it)                                -> pipeline-gpu-budget.json
-#   gpu-2^26     PoRep-like 2^26, 4 partitions x 3 jobs, derived shape, the INSECURE dev key generated in
-#                the prover (--key-source device: a ~50 GB key file would not fit the disk beside the
-#                rest)                                                               -> pipeline-gpu-2^26.json
+#   gpu-2^26     PoRep-like 2^26, 10 partitions x 3 jobs, 3 in flight, derived shape, the INSECURE dev key
+#                generated in the prover (--key-source device: a ~50 GB key file would not fit the disk
+#                beside the rest): the configuration of the run recorded in pipeline-gpu-2^26.json (a
+#                lone bench JSON there; this mode writes it under "runs" of its summary) -> pipeline-gpu-2^26.json
 #   gpu-2^27     PoRep-like 2^27 (Filecoin's partition size), 10 partitions x 3 jobs, derived shape,
 #                --key-source device                                                -> pipeline-gpu-2^27.json
-#   h200         all of it in one call (~7 minutes on the H200 box, the 2^24 dev key's setup included):
+#   h200         all of it in one call (437 s on the H200 box in h200-summary.json, the 2^24 dev key's setup
+#                included, from a run whose 2^26 step was skipped: gpu-2^26 adds its own time):
 #                the key, the shm first-touch probe (fresh / remapped / reused 1 GiB segments), gpu-2^24,
 #                gpu-budget, synth-threads at 2^24 (1,2,4,7,14 threads), gpu-2^26; then one table
 #                                              -> the files above + shm-first-touch-h200.json + h200-summary.json
@@ -102,7 +104,7 @@ run_mode() {  # run_mode MODE: runs into $TMP/MODE, summary into $OUT
           --in-flight "${JOBS:-5}" --host-budget "${gib}GiB"
       done ;;
     gpu-2^26)
-      bench "$dir" "lg26-derived" --backend gpu --circuit porep-like --log-n 26 --partitions 4 --jobs 3 --in-flight 3 \
+      bench "$dir" "lg26-derived" --backend gpu --circuit porep-like --log-n 26 --partitions 10 --jobs 3 --in-flight 3 \
         --key-source device ;;
     gpu-2^27)
       bench "$dir" "lg27-derived" --backend gpu --circuit porep-like --log-n 27 --partitions 10 --jobs 3 \

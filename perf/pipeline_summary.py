@@ -209,7 +209,10 @@ def table(folder: Path, key_json: Path, seconds: float) -> None:
 
 
 def main(argv: list[str]) -> int:
-    what = argv[0]
+    what = argv[0] if argv else ""
+    if what in ("-h", "--help"):
+        print(__doc__)
+        return 0
     if what == "runs":
         runs(Path(argv[1]), argv[2], Path(argv[3]), argv[4])
     elif what == "threads":

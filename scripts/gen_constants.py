@@ -13,6 +13,7 @@ committed file, so a stale header fails CI.
 
 from __future__ import annotations
 
+import argparse
 import sys
 from pathlib import Path
 
@@ -65,8 +66,13 @@ def render() -> str:
     ])
 
 
-def main() -> None:
+def main(argv: list[str] | None = None) -> None:
     """Write the header next to the other field headers."""
+    argparse.ArgumentParser(
+        prog="gen_constants.py",
+        description=f"Write {HEADER_PATH.relative_to(ROOT)}, the CUDA constants of the BLS12-381 fields "
+                    "(Fq and Fr: modulus, -p^-1 mod 2^32, R, R^2, p - 2), from cuzk_mp.algebra.field. "
+                    "Run it after changing the field tables; it takes no arguments.").parse_args(argv)
     HEADER_PATH.write_text(render())
     print(f"wrote {HEADER_PATH.relative_to(ROOT)}")
 

@@ -21,7 +21,7 @@ while [[ $# -gt 0 ]]; do
     --token) export CUZK_MP_TOKEN="$2"; shift 2 ;;
     --timeout) timeout="$2"; shift 2 ;;
     --interval) interval="$2"; shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,/^[^#]/{/^#/s/^# \{0,1\}//p;}' "$0"; exit 0 ;;
     *) echo "wait-ready.sh: unknown argument $1" >&2; exit 2 ;;
   esac
 done

@@ -14,6 +14,7 @@ verification. Exit status 0 when all of it worked (the proof verified), 1 otherw
 
 from __future__ import annotations
 
+import argparse
 import compileall
 import contextlib
 import io
@@ -57,6 +58,17 @@ def warm(folder: Path) -> int:
     return 0
 
 
-if __name__ == "__main__":
+def run(argv: list[str] | None = None) -> int:
+    """The script: no arguments but ``--help``; 0 when every step worked, 1 otherwise."""
+    argparse.ArgumentParser(
+        prog="warm_caches.py",
+        description="Byte-compile the cuzk_mp package and fill numba's kernel caches once, at install time: "
+                    f"make a 2^{LOG_N} synthetic circuit, its development key, a proof (CPU backend), the "
+                    "verification key and the verification, in a temporary folder. Exit 0 when all of it "
+                    "worked (the proof verified), 1 otherwise. It takes no arguments.").parse_args(argv)
     with tempfile.TemporaryDirectory(prefix="cuzk-mp-warm-") as tmp:
-        sys.exit(1 if warm(Path(tmp)) else 0)
+        return 1 if warm(Path(tmp)) else 0
+
+
+if __name__ == "__main__":
+    sys.exit(run())

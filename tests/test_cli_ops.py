@@ -380,6 +380,16 @@ def test_batch_prove_long_names_through_a_daemon(tmp_path: Path) -> None:
             assert daemon.wait(60) == 0
 
 
+def test_wait_ready_help() -> None:
+    """--help prints the script's head comment, without its comment marks and nothing of the code."""
+    proc = subprocess.run([str(SCRIPTS / "wait-ready.sh"), "--help"], capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 0 and proc.stderr == ""
+    lines = proc.stdout.splitlines()
+    assert lines[0] == "Wait until a cuzk-mp daemon serves, or give up."
+    assert lines[-1] == 'CUZK_MP="python -m cuzk_mp.cli".'
+    assert "set -" not in proc.stdout and not any(line.startswith("#") for line in lines)
+
+
 def test_wait_ready_with_tokens(tmp_path: Path) -> None:
     """A daemon that requires tokens: wait-ready.sh without one stops at once with exit 2 (waiting
     would not help); with --token it sees the daemon ready."""

@@ -2,8 +2,8 @@
 
 ``get_backend`` is the one place that decides which one runs. ``"auto"`` picks
 the GPU when CuPy imports and sees a device, else the CPU. CuPy is imported
-only inside :mod:`cuzk_mp.backends.gpu`, and only when a GPU is asked for or
-probed, so CPU-only processes never initialise CUDA.
+only inside :mod:`cuzk_mp.backends.gpu` and by the probe :func:`gpu_available`,
+so only when a GPU is asked for or probed: CPU-only processes never initialise CUDA.
 """
 
 from __future__ import annotations

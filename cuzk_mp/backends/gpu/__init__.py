@@ -1,13 +1,19 @@
-"""The GPU backend: CUDA kernels compiled at run time through CuPy (NVRTC).
+"""The GPU backend: CUDA kernels run through CuPy, from the shipped binaries or NVRTC.
 
-This package is the only place in cuzk-mp that imports ``cupy``, and only in
-the modules that launch kernels (``modules``, ``ntt``, ``msm``, ``backend``...);
-importing the package itself, or :mod:`.source`, does not touch CUDA, so a
-CPU-only process (or a forked child) can read the kernel sources safely.
+The kernels load from the precompiled fatbins shipped in ``kernels/bin`` where one
+fits the device and the current sources; NVRTC compiles them at run time only
+where none does (and for kernel files outside the package).
+
+This package is where cuzk-mp uses ``cupy``, and only in the modules that launch
+kernels (``modules``, ``ntt``, ``msm``, ``backend``...); the one other import is
+the probe in :func:`cuzk_mp.backends.gpu_available`. Importing the package itself,
+or :mod:`.source`, does not touch CUDA, so a CPU-only process (or a forked child)
+can read the kernel sources safely.
 
 Layout: ``kernels/`` holds the CUDA sources (package data: common/ ff/ ntt/ h/
-ec/ msm/ fixed_base/), :mod:`.source` assembles a translation unit,
-:mod:`.modules` compiles and caches it, :mod:`.ntt` runs NTTs and the H step,
+ec/ msm/ fixed_base/ witness/) and the shipped binaries (``bin/``), :mod:`.source`
+assembles a translation unit, :mod:`.modules` loads its shipped binary (or
+compiles it with NVRTC) and caches the module, :mod:`.ntt` runs NTTs and the H step,
 :mod:`.msm` / :mod:`.fixed_base` the curve work, :mod:`.memory` checks device
 memory, and :class:`.backend.GpuBackend` implements
 :class:`cuzk_mp.backends.base.Backend`.

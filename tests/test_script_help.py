@@ -1,0 +1,49 @@
+"""The Python scripts of scripts/ and perf/ answer --help with their usage and exit 0, doing nothing
+else (gen_constants.py leaves the header alone, warm_caches.py runs no warm-up); the GPU benchmarks
+do so without CuPy too, and run without a GPU stack they say in one line what they need (exit 2)."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+HEADER = REPO / "cuzk_mp" / "backends" / "gpu" / "kernels" / "ff" / "bls12_381.cuh"
+
+
+def _run(script: str, *args: str) -> subprocess.CompletedProcess[str]:
+    env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
+    return subprocess.run([sys.executable, str(REPO / script), *args], cwd=REPO, env=env,
+                          capture_output=True, text=True, timeout=120)
+
+
+@pytest.mark.parametrize("script", ["scripts/gen_constants.py", "scripts/warm_caches.py", "perf/gpu_bench.py",
+                                    "perf/gpu_msm_bench.py"])
+def test_help(script: str) -> None:
+    before = HEADER.stat().st_mtime_ns
+    proc = _run(script, "--help")
+    assert proc.returncode == 0, proc.stderr
+    name = Path(script).name
+    assert proc.stdout.startswith(f"usage: {name}"), proc.stdout
+    assert "warm_caches:" not in proc.stdout + proc.stderr and "wrote " not in proc.stdout
+    assert HEADER.stat().st_mtime_ns == before
+
+
+def test_pipeline_summary_help() -> None:
+    for flag in ("-h", "--help"):
+        proc = _run("perf/pipeline_summary.py", flag)
+        assert proc.returncode == 0 and "pipeline_summary.py runs DIR MODE" in proc.stdout, proc.stderr
+    assert _run("perf/pipeline_summary.py", "bogus").returncode == 2
+
+
+@pytest.mark.skipif(importlib.util.find_spec("cupy") is not None, reason="CuPy is installed")
+@pytest.mark.parametrize("script", ["perf/gpu_bench.py", "perf/gpu_msm_bench.py"])
+def test_gpu_bench_without_cupy(script: str) -> None:
+    proc = _run(script)
+    assert proc.returncode == 2 and proc.stdout == ""
+    assert proc.stderr.count("\n") == 1 and f"{Path(script).name} needs CuPy and a CUDA GPU" in proc.stderr, proc.stderr
