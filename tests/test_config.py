@@ -502,8 +502,8 @@ def test_host_budget_is_at_most_what_the_total_leaves(tmp_path: Path, monkeypatc
         resolve({"memory": {"total_budget": "8GiB", "safety_margin": "5GiB", "host_budget": "4GiB"}}, tmp_path)
     all_of_it = resolve({"memory": {"total_budget": "64GiB", "host_budget": "60GiB"}}, tmp_path)
     assert all_of_it.host_budget_bytes == 60 * GiB
-    monkeypatch.setattr(C.psutil, "virtual_memory", lambda: type("Mem", (), {"total": 16 * GiB})())
-    with pytest.raises(ConfigError, match=r"memory\.total_budget \(auto: this machine's RAM, 16\.00 GiB\)"):
+    monkeypatch.setattr(C, "machine_memory_bytes", lambda: 16 * GiB)
+    with pytest.raises(ConfigError, match=r"memory\.total_budget \(auto: this machine's memory, 16\.00 GiB\)"):
         C.resolve({"memory": {"host_budget": "13GiB"}}, base=tmp_path, source="t.toml")
 
 

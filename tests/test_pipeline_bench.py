@@ -82,9 +82,7 @@ def test_bench_dense_random_circuit_with_the_derived_shape(tmp_path: Path, capsy
     """The second synthetic kind through the whole pipeline (its dev key, synthesis, proofs that verify),
     with no shape flags: the first lines say the backend and why, the machine, and the shape derived for
     it through the memory model, which is the shape that ran."""
-    import psutil
-
-    from cuzk_mp.pipeline.memory import circuit_size, explain_shape, host_budget_bytes
+    from cuzk_mp.pipeline.memory import circuit_size, explain_shape, host_budget_bytes, machine_memory_bytes
 
     out = tmp_path / "dense.json"
     args = _parse("--backend", "cpu", "--circuit", "dense-random", "--log-n", str(LOG_N), "--partitions", "2",
@@ -95,7 +93,7 @@ def test_bench_dense_random_circuit_with_the_derived_shape(tmp_path: Path, capsy
     assert result["proofs_total"] == result["proofs_verified"] == 4
     assert (KEY_CACHE / f"dense-random-{LOG_N}.zkey").is_file()
     first, second = capsys.readouterr().out.splitlines()[:2]
-    ram = psutil.virtual_memory().total
+    ram = machine_memory_bytes()  # the RAM, or the cgroup's limit where lower
     assert first.startswith("cuzk-mp bench: cpu backend (--backend cpu); 1 CPU prover process(es)")
     assert f"{os.cpu_count()} cores, {ram / 2**30:.1f} GiB host memory" in first
     assert second.startswith(f"shape: derived for 2^{LOG_N} rows, host budget auto (RAM - 4 GiB): ")

@@ -91,6 +91,37 @@ def test_budget_takes_ready_slots_then_workers_then_slots_away() -> None:
         derive_shape(4 * GiB, POREP_24, cores=16, backend="gpu", provers=1)
 
 
+def test_the_ring_fits_the_shared_memory_tmpfs() -> None:
+    """A ring the tmpfs it lives in cannot hold kills its writers with SIGBUS: the shape leaves the
+    segments room in ``shm_bytes`` as in the host budget, and a ring that cannot shrink enough (or
+    is given) is refused naming /dev/shm and the key (or the bench's option)."""
+    seg = POREP_24.segment_bytes
+    roomy = derive_shape(96 * GiB, POREP_24, cores=16, backend="gpu", provers=1)
+    capped = derive_shape(96 * GiB, POREP_24, cores=16, backend="gpu", provers=1, shm_bytes=3 * seg + seg // 2)
+    assert roomy.ring_slots > 3 and capped.ring_slots == 3
+    with pytest.raises(ConfigError, match=r"pipeline.ring_slots: /dev/shm holds .* less than the 2 ring slots"):
+        derive_shape(96 * GiB, POREP_24, cores=16, backend="gpu", provers=1, shm_bytes=seg)
+    with pytest.raises(ConfigError, match=r"^--ring-slots: /dev/shm holds"):
+        explain_shape(96 * GiB, POREP_24, cores=16, backend="gpu", provers=1, shm_bytes=seg,
+                      given={"ring_slots": 6}, keys=("--host-budget", "--ring-slots"))
+    with pytest.raises(ConfigError, match=r"^--host-budget: .* smallest pipeline"):
+        explain_shape(4 * GiB, POREP_24, cores=16, backend="gpu", provers=1, keys=("--host-budget", "--ring-slots"))
+
+
+def test_auto_budgets_follow_the_cgroup_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """In a container or a unit with MemoryMax= the limit, not the machine's RAM, is what "auto" may use."""
+    from cuzk_mp.pipeline import memory
+
+    ram = psutil.virtual_memory().total
+    limit = tmp_path / "memory.max"
+    monkeypatch.setattr(memory, "CGROUP_LIMITS", (str(limit), str(tmp_path / "absent")))
+    limit.write_text("max\n")
+    assert memory.machine_memory_bytes() == ram
+    limit.write_text(f"{900 * MiB}\n")
+    assert memory.machine_memory_bytes() == min(ram, 900 * MiB)
+    assert host_budget_bytes("auto", "x") == max(0, min(ram, 900 * MiB) - 4 * GiB)
+
+
 def test_batched_small_partitions_get_a_full_batch_ready_per_worker() -> None:
     """Partitions small enough to batch: the ring keeps a full batch READY for each prover worker
     (with 3 slots a prover the second worker of a batching prover finds nothing); a large partition,

@@ -374,3 +374,36 @@ def test_trim_leaves_slots_in_use_alone(prefix: str) -> None:
     seg.close()
     ring.destroy()
     assert shm_entries(prefix) == []
+
+
+def test_a_full_shared_memory_tmpfs_is_a_resource_error_not_a_sigbus(prefix: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Where /dev/shm has no room for a segment's pages, writing them would kill the process with
+    SIGBUS: the segment is allocated first, and no room is a ResourceError (exit 4) naming /dev/shm."""
+    import errno
+
+    from cuzk_mp.errors import ResourceError
+
+    ring = Ring.create(prefix, 1)
+    try:
+        slot = ring.acquire_free(_claim(1), _never)
+
+        def full(fd: int, offset: int, length: int) -> None:
+            raise OSError(errno.ENOSPC, "No space left on device")
+
+        monkeypatch.setattr(ringmod.os, "posix_fallocate", full)
+        with pytest.raises(ResourceError, match=r"/dev/shm has no room for a ring segment of .* MiB free of"):
+            ring.writable_segment(slot, [(1024, 4)])
+        monkeypatch.undo()
+
+        class Unpopulatable:
+            def __len__(self) -> int:
+                return 1 << 20
+
+            def madvise(self, advice: int) -> None:
+                raise OSError(errno.EFAULT, "Bad address")
+
+        with pytest.raises(ResourceError, match="/dev/shm has no room for the pages of a ring segment"):
+            ringmod._populate(Unpopulatable(), write=True)  # type: ignore[arg-type]
+    finally:
+        ring.destroy()

@@ -31,6 +31,7 @@ from typing import TYPE_CHECKING
 from cuzk_mp.errors import ConfigError
 from cuzk_mp.pipeline.memory import (
     PROCESS_BASE_BYTES, CircuitSize, Shape, derive_shape, estimated_circuit_size, host_bound, model_working_sets,
+    shm_capacity_bytes,
 )
 from cuzk_mp.pipeline.types import prover_batch
 
@@ -105,7 +106,7 @@ def shape_for(budget: int, engine: EngineConfig, circuit: CircuitSize, given: di
     provers = len(engine.devices) if engine.devices else 1
     return derive_shape(budget, circuit, backend=_model_backend(engine), provers=provers,
                         prover_workers=engine.gpu_workers_per_device, given=given,
-                        batch=prover_batch(engine.prover_batch))
+                        batch=prover_batch(engine.prover_batch), shm_bytes=shm_capacity_bytes())
 
 
 def breakdown(total: int, margin: int, engine: EngineConfig, circuit: CircuitSize) -> BudgetBreakdown:

@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Any, Literal
 
 import msgspec
-import psutil
 
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.budget import largest, memory_budget, shape_for
@@ -41,7 +40,7 @@ from cuzk_mp.daemon.fleet.config import FleetConfig, FleetSection, resolve_fleet
 from cuzk_mp.daemon.transport import Address, parse_address
 from cuzk_mp.errors import ConfigError
 from cuzk_mp.paths import default_cache_dir
-from cuzk_mp.pipeline.memory import GiB, parse_size
+from cuzk_mp.pipeline.memory import GiB, machine_memory_bytes, parse_size
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, Priority
 
 SizeValue = int | str
@@ -479,7 +478,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     given_total = parse_size(cfg.memory.total_budget, f"{source}: memory.total_budget", allow_auto=True)
     margin = parse_size(cfg.memory.safety_margin, f"{source}: memory.safety_margin")
     assert margin is not None
-    total = psutil.virtual_memory().total if given_total is None else given_total
+    total = machine_memory_bytes() if given_total is None else given_total
     if total <= margin:
         raise ConfigError(f"{source}: memory.total_budget: {total} bytes do not even cover "
                           f"memory.safety_margin ({margin})")
@@ -608,7 +607,7 @@ def _host_budget(m: MemorySection, total: int, margin: int, source: str, *, auto
     if host is None:
         return total - margin
     if host > total - margin:
-        whose = "auto: this machine's RAM, " if auto_total else ""
+        whose = "auto: this machine's memory, " if auto_total else ""
         raise ConfigError(
             f"{source}: memory.host_budget: {gib(host)} is more than memory.total_budget ({whose}{gib(total)}) "
             f"less memory.safety_margin ({gib(margin)}): at most {gib(total - margin)} ({total - margin} bytes); "

@@ -716,14 +716,13 @@ def choose_backend(requested: str) -> tuple[str, str]:
 
 
 def machine_for(backend: str, devices: list[int]) -> Machine:
-    """The machine as the shape derivation sees it: cores, RAM, the GPUs the engine will use."""
-    import psutil
-
-    from .memory import Machine
+    """The machine as the shape derivation sees it: cores, RAM (or the cgroup's limit), the GPUs the engine
+    will use."""
+    from .memory import Machine, machine_memory_bytes
 
     table = _gpu_table() if backend == "gpu" else {}
     gpus = tuple(table.get(d, ("?", 0)) for d in devices) if backend == "gpu" else ()
-    return Machine(cores=os.cpu_count() or 1, memory_bytes=int(psutil.virtual_memory().total), gpus=gpus)
+    return Machine(cores=os.cpu_count() or 1, memory_bytes=machine_memory_bytes(), gpus=gpus)
 
 
 def machine_line(backend: str, why: str, machine: Machine, devices: list[int]) -> str:
@@ -741,18 +740,29 @@ def _shape(args: argparse.Namespace, backend: str, circuit: CircuitSize, machine
     """Ring slots, partition workers and synthesis threads: the flags given, the rest derived from the
     machine and the partition size through the memory model (:func:`~.memory.explain_shape`) within
     ``--host-budget`` (default "auto": RAM - 4 GiB). Returns the line that says what and why."""
-    from .memory import explain_shape, host_budget_bytes
+    from ..errors import ConfigError
+    from .memory import explain_shape, host_budget_bytes, shm_capacity_bytes
+    from .ring import SHM_DIR
 
     given = {"ring_slots": args.ring_slots, "partition_workers": args.partition_workers,
              "threads_per_partition": args.synthesis_threads}
     given = {k: v for k, v in given.items() if v is not None}
+    shm = shm_capacity_bytes()
     if len(given) == 3 and not args.host_budget:
+        if shm is not None and args.ring_slots * circuit.segment_bytes > shm:
+            raise InputError(f"--ring-slots {args.ring_slots}: {args.ring_slots} segments of "
+                             f"{circuit.segment_bytes / 2**30:.2f} GiB do not fit {SHM_DIR}'s "
+                             f"{shm / 2**30:.2f} GiB")
         return (f"shape: {args.partition_workers} synthesis worker(s) x {args.synthesis_threads} thread(s), "
                 f"{args.ring_slots} ring slots (all given)")
     budget = host_budget_bytes(args.host_budget or "auto", "--host-budget", total=machine.memory_bytes)
-    choice = explain_shape(budget, circuit, cores=machine.cores, backend=backend, provers=len(devices),
-                           prover_workers=args.gpu_workers, given=given,
-                           batch=prover_batch(EngineConfig.prover_batch))
+    try:
+        choice = explain_shape(budget, circuit, cores=machine.cores, backend=backend, provers=len(devices),
+                               prover_workers=args.gpu_workers, given=given,
+                               batch=prover_batch(EngineConfig.prover_batch), shm_bytes=shm,
+                               keys=("--host-budget", "--ring-slots"))
+    except ConfigError as e:  # an option of this command, not a config file's key
+        raise InputError(str(e)) from None
     shape = choice.shape
     args.ring_slots, args.partition_workers = shape.ring_slots, shape.partition_workers
     args.synthesis_threads = shape.threads_per_partition

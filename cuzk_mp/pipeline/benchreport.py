@@ -135,9 +135,9 @@ def machine_info(gpu_devices: list[int]) -> dict[str, Any]:
                 break
     except OSError:
         pass
-    import psutil
+    from .memory import machine_memory_bytes
 
-    mem = psutil.virtual_memory().total
+    mem = machine_memory_bytes()
     return {"cpu_model": model, "cores": os.cpu_count(), "memory_bytes": mem, "gpus": gpu_names(gpu_devices),
             "python": platform.python_version(), "loadavg_at_end": list(os.getloadavg()),
             "git_commit": _git_commit()}

@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .ring import partition_segment_bytes
+from .ring import SHM_DIR, partition_segment_bytes
 from .types import BATCH_MAX_BYTES, default_synthesis_threads
 
 GiB = 2**30
@@ -96,15 +96,44 @@ def parse_size(value: object, key: str, *, allow_auto: bool = False) -> int | No
 AUTO_RESERVE_BYTES = 4 * GiB  # "auto" budgets leave this much of the machine's RAM to everything else
 
 
+CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # v2, v1
+
+
+def machine_memory_bytes() -> int:
+    """The memory this process may use: the machine's RAM, or its cgroup's limit where lower (a
+    container, a systemd unit's MemoryMax=): "auto" budgets sized by RAM alone would be OOM-killed."""
+    import psutil
+
+    total = int(psutil.virtual_memory().total)
+    for path in CGROUP_LIMITS:
+        try:
+            with open(path) as f:
+                text = f.read().strip()
+        except OSError:
+            continue
+        if text.isdigit():  # "max" (v2) means no limit; v1's "no limit" is a huge number, min() drops it
+            total = min(total, int(text))
+    return total
+
+
+def shm_capacity_bytes(path: str = SHM_DIR) -> int | None:
+    """The size of the tmpfs the ring lives in (/dev/shm: a container's may be 64 MiB), or None
+    where it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_blocks * st.f_frsize
+
+
 def host_budget_bytes(value: object, key: str, total: int | None = None) -> int:
-    """A host budget in bytes: a size, or "auto" = ``total`` (default: the machine's RAM) minus 4 GiB."""
+    """A host budget in bytes: a size, or "auto" = ``total`` (default: :func:`machine_memory_bytes`)
+    minus 4 GiB."""
     size = parse_size(value, key, allow_auto=True)
     if size is not None:
         return size
     if total is None:
-        import psutil
-
-        total = int(psutil.virtual_memory().total)
+        total = machine_memory_bytes()
     return max(0, total - AUTO_RESERVE_BYTES)
 
 
@@ -318,7 +347,8 @@ def _gpu_shape(circuit: CircuitSize, cores: int, provers: int, given: dict[str, 
 
 def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None, backend: str = "gpu",
                   provers: int = 1, prover_workers: int = 2, given: dict[str, int] | None = None,
-                  batch: int = 1) -> ShapeChoice:
+                  batch: int = 1, shm_bytes: int | None = None,
+                  keys: tuple[str, str] = ("memory.host_budget", "pipeline.ring_slots")) -> ShapeChoice:
     """The shape that keeps :func:`host_bound` within ``budget`` and, on the GPU backend, the devices busy.
 
     Values in ``given`` (``ring_slots``, ``partition_workers``, ``threads_per_partition``) are kept.
@@ -328,7 +358,9 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
     (:func:`~.types.default_synthesis_threads`). While the bound does not fit: ready slots beyond one
     per prover go first, then workers (the rest get more threads each), then slots down to
     ``MIN_RING_SLOTS``; ConfigError naming ``memory.host_budget`` and the smallest bound if even that
-    does not fit.
+    does not fit. ``shm_bytes`` (:func:`shm_capacity_bytes`; None: no limit) caps the ring's segments
+    the same way: a segment the tmpfs has no room for would kill its writer with SIGBUS. ``keys``: how
+    the messages name the budget and the ring slots (the daemon's config keys, or the bench's options).
     """
     cores = cores or os.cpu_count() or 1
     given = dict(given or {})
@@ -351,7 +383,10 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
     def bound(w: int, k: int) -> Bound:
         return host_bound(Shape(k, w, threads_for(w)), circuit, provers, ws, backend=backend)
 
-    while bound(workers, slots).total > budget:
+    def fits(w: int, k: int) -> bool:
+        return bound(w, k).total <= budget and (shm_bytes is None or k * circuit.segment_bytes <= shm_bytes)
+
+    while not fits(workers, slots):
         if "ring_slots" not in given and gpu and slots > max(MIN_RING_SLOTS, workers + provers):
             slots -= 1
         elif "partition_workers" not in given and workers > 1:
@@ -361,8 +396,12 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
         elif "ring_slots" not in given and slots > MIN_RING_SLOTS:
             slots -= 1
         else:
+            if shm_bytes is not None and slots * circuit.segment_bytes > shm_bytes:
+                raise ConfigError(f"{keys[1]}: {SHM_DIR} holds {shm_bytes / GiB:.2f} GiB, less than the {slots} "
+                                  f"ring slots of {circuit.segment_bytes / GiB:.2f} GiB this circuit needs at the "
+                                  "least: give it more (a container's --shm-size), or prove a smaller circuit")
             need = bound(workers, slots).total
-            raise ConfigError(f"memory.host_budget: {budget / GiB:.1f} GiB cannot hold the smallest pipeline for "
+            raise ConfigError(f"{keys[0]}: {budget / GiB:.1f} GiB cannot hold the smallest pipeline for "
                               f"this circuit ({need / GiB:.1f} GiB: {slots} ring slots of "
                               f"{circuit.segment_bytes / GiB:.2f} GiB, {workers} synthesis worker(s), {provers} "
                               "prover(s), the key); raise it, or give the shape in [pipeline] and [synthesis]")
@@ -382,7 +421,7 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
 
 def derive_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None, backend: str = "gpu",
                  provers: int = 1, prover_workers: int = 2, given: dict[str, int] | None = None,
-                 batch: int = 1) -> Shape:
+                 batch: int = 1, shm_bytes: int | None = None) -> Shape:
     """:func:`explain_shape`'s shape."""
     return explain_shape(budget, circuit, cores=cores, backend=backend, provers=provers,
-                         prover_workers=prover_workers, given=given, batch=batch).shape
+                         prover_workers=prover_workers, given=given, batch=batch, shm_bytes=shm_bytes).shape

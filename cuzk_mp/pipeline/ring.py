@@ -82,6 +82,7 @@ next.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import mmap
 import os
@@ -95,6 +96,8 @@ from dataclasses import dataclass
 import msgspec
 import numpy as np
 import posix_ipc
+
+from ..errors import ResourceError
 
 SHM_DIR = "/dev/shm"
 FREE, FILLING, READY, STAGING = 0, 1, 2, 3
@@ -283,9 +286,15 @@ class Ring:
         name = f"{prefix}.{secrets.token_hex(_TOKEN_BYTES)}"
         handle = RingHandle(name, n_slots)
         size = 8 * _HEADER_WORDS + SLOT_DTYPE.itemsize * n_slots
-        ctl = posix_ipc.SharedMemory(f"/{name}-ctl", posix_ipc.O_CREX, size=size)
-        posix_ipc.Semaphore(f"/{name}-free", posix_ipc.O_CREX, initial_value=n_slots).close()
-        posix_ipc.Semaphore(f"/{name}-ready", posix_ipc.O_CREX, initial_value=0).close()
+        try:
+            ctl = posix_ipc.SharedMemory(f"/{name}-ctl", posix_ipc.O_CREX, size=size)
+            posix_ipc.Semaphore(f"/{name}-free", posix_ipc.O_CREX, initial_value=n_slots).close()
+            posix_ipc.Semaphore(f"/{name}-ready", posix_ipc.O_CREX, initial_value=0).close()
+        except OSError as e:
+            cleanup_stale(name)
+            if e.errno not in (errno.ENOSPC, errno.ENOMEM):
+                raise
+            raise ResourceError(shm_full("the ring's control block and semaphores")) from None
         ring = cls(handle, ctl, owner=True)
         ring._header[:] = 0
         ring._header[0], ring._header[1] = MAGIC, n_slots
@@ -610,6 +619,13 @@ def _map_segment(name: str, size: int, *, create: bool) -> mmap.mmap:
     try:
         if create and os.fstat(shm.fd).st_size != size:
             os.ftruncate(shm.fd, size)
+        if create:  # the tmpfs's pages now, or a clear error: a page it cannot give later is a SIGBUS
+            try:
+                os.posix_fallocate(shm.fd, 0, size)
+            except OSError as e:
+                if e.errno not in (errno.ENOSPC, errno.ENOMEM):
+                    raise
+                raise ResourceError(shm_full(f"a ring segment of {size / 2**20:.1f} MiB ({name})")) from None
         buf = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED)
     finally:
         os.close(shm.fd)
@@ -627,13 +643,26 @@ def _populate(buf: mmap.mmap, *, write: bool) -> None:
         buf.madvise(MADV_HUGEPAGE)
     try:
         buf.madvise(MADV_POPULATE_WRITE if write else MADV_POPULATE_READ)
-    except OSError:  # kernel < 5.14: touch one byte per page instead
+    except OSError as e:  # kernel < 5.14 (EINVAL): touch one byte per page instead
+        if e.errno != errno.EINVAL:  # the pages cannot be had (EFAULT, ENOMEM): touching them is a SIGBUS
+            raise ResourceError(shm_full(f"the pages of a ring segment of {len(buf) / 2**20:.1f} MiB")) from None
         view = np.frombuffer(buf, np.uint8)
         if write:
             view[:: mmap.PAGESIZE] = view[:: mmap.PAGESIZE]
         else:
             int(view[:: mmap.PAGESIZE].sum())
         del view
+
+
+def shm_full(what: str) -> str:
+    """The message of a ring object the shared-memory tmpfs has no room for (exit code 4)."""
+    try:
+        st = os.statvfs(SHM_DIR)
+        room = f": {st.f_bavail * st.f_frsize / 2**20:.1f} MiB free of {st.f_blocks * st.f_frsize / 2**20:.1f} MiB"
+    except OSError:
+        room = ""
+    return (f"{SHM_DIR} has no room for {what}{room} (give it more, e.g. a container's --shm-size, or fewer "
+            "ring slots)")
 
 
 def _open_fd(name: str) -> int | None:
