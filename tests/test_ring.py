@@ -379,7 +379,7 @@ def test_trim_leaves_slots_in_use_alone(prefix: str) -> None:
 def test_a_full_shared_memory_tmpfs_is_a_resource_error_not_a_sigbus(prefix: str,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Where /dev/shm has no room for a segment's pages, writing them would kill the process with
-    SIGBUS: the segment is allocated first, and no room is a ResourceError (exit 4) naming /dev/shm."""
+    SIGBUS: no room (before, or when its pages are populated) is a ResourceError (exit 4) naming /dev/shm."""
     import errno
 
     from cuzk_mp.errors import ResourceError
@@ -388,10 +388,13 @@ def test_a_full_shared_memory_tmpfs_is_a_resource_error_not_a_sigbus(prefix: str
     try:
         slot = ring.acquire_free(_claim(1), _never)
 
-        def full(fd: int, offset: int, length: int) -> None:
-            raise OSError(errno.ENOSPC, "No space left on device")
+        real = os.statvfs
 
-        monkeypatch.setattr(ringmod.os, "posix_fallocate", full)
+        def full(path: str) -> os.statvfs_result:  # /dev/shm with 4 KiB left
+            st = real(path)
+            return os.statvfs_result((st.f_bsize, 4096, st.f_blocks, 1, 1, *tuple(st)[5:]))
+
+        monkeypatch.setattr(ringmod.os, "statvfs", full)
         with pytest.raises(ResourceError, match=r"/dev/shm has no room for a ring segment of .* MiB free of"):
             ring.writable_segment(slot, [(1024, 4)])
         monkeypatch.undo()

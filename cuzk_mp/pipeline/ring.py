@@ -619,13 +619,13 @@ def _map_segment(name: str, size: int, *, create: bool) -> mmap.mmap:
     try:
         if create and os.fstat(shm.fd).st_size != size:
             os.ftruncate(shm.fd, size)
-        if create:  # the tmpfs's pages now, or a clear error: a page it cannot give later is a SIGBUS
-            try:
-                os.posix_fallocate(shm.fd, 0, size)
-            except OSError as e:
-                if e.errno not in (errno.ENOSPC, errno.ENOMEM):
-                    raise
-                raise ResourceError(shm_full(f"a ring segment of {size / 2**20:.1f} MiB ({name})")) from None
+        if create:  # a page the tmpfs cannot give is a SIGBUS when written: say so before (not
+            # posix_fallocate, which would take the pages now, small ones, where the mapping's
+            # MADV_HUGEPAGE can have huge ones)
+            missing = size - os.fstat(shm.fd).st_blocks * 512
+            st = os.statvfs(SHM_DIR)
+            if missing > st.f_bavail * st.f_frsize:
+                raise ResourceError(shm_full(f"a ring segment of {size / 2**20:.1f} MiB ({name})"))
         buf = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED)
     finally:
         os.close(shm.fd)
