@@ -21,7 +21,9 @@ batch-<start of NAME>-<hash>-<attempt>, the hash (SHA-256) covering the circuit 
 the name and content of every input file: a rerun after an interruption re-attaches to the job
 the daemon already has (no proof is computed twice), two entries never share an id however
 alike their names, and an input changed since the last run is a new job. An entry whose job
-failed gets a new attempt.
+failed (the client's exit 1 or 2, or a proof that does not verify) gets a new attempt; one that
+was only not waited for to its end (an interruption, --timeout, the daemon unreachable) keeps its
+id, so the rerun re-attaches to it.
 
   --connect ADDR   unix:///path or host:port (default $CUZK_MP_CONNECT or 127.0.0.1:9820)
   -j, --jobs N     jobs in flight (default 4)
@@ -29,7 +31,7 @@ failed gets a new attempt.
   --priority P     CRITICAL, HIGH, NORMAL or LOW (default: the circuit's)
   --timeout S      give up waiting for a job after S seconds (it goes on in the daemon)
 
-Exit 0 if every entry is done, 1 if any failed, 2 on bad arguments.
+Exit 0 if every entry is done, 1 if any is not, 2 on bad arguments, 130 when interrupted.
 $CUZK_MP overrides the command (default: cuzk-mp), e.g. CUZK_MP="python -m cuzk_mp".
 EOF_USAGE
 }
@@ -107,6 +109,7 @@ prove_one() {
   if [[ -f "$dir/.failed" ]]; then
     attempt=$((attempt + 1)); rm -f "$dir/.failed"
   fi
+  rm -f "$dir/.pending"
   echo "$attempt" > "$dir/.attempt"
   local -a files=("$entry") extra=()
   if [[ -d "$entry" ]]; then
@@ -118,18 +121,29 @@ prove_one() {
   rc=0
   "${cuzk[@]}" client prove --connect "$BP_CONNECT" --circuit "$BP_CIRCUIT" --out "$dir" \
       --request-id "$rid" "${extra[@]}" "${files[@]}" > "$dir/result.json" 2> "$dir/client.log" || rc=$?
-  if (( rc != 0 )); then
+  if (( rc == 1 || rc == 2 )); then  # the job failed (or its input is bad): a new attempt next time
     echo "exit $rc" > "$dir/.failed"
     echo "[FAILED] $name (exit $rc; see $dir/result.json and $dir/client.log)"
     return 0
   fi
+  if (( rc != 0 )); then  # not waited for to its end (124, 3, 130, 143...): the rerun re-attaches
+    echo "exit $rc" > "$dir/.pending"
+    echo "[pending] $name (exit $rc; a rerun waits for the same job; see $dir/client.log)"
+    return 0
+  fi
   if (( BP_VERIFY )); then
-    local pub
+    local pub vrc
     for pub in "$dir"/public_*.json; do
-      if ! "${cuzk[@]}" groth16 verify "$dir/verification_key.json" "$pub" \
-           "${pub/public_/proof_}" >> "$dir/client.log" 2>&1; then
+      vrc=0
+      "${cuzk[@]}" groth16 verify "$dir/verification_key.json" "$pub" \
+          "${pub/public_/proof_}" >> "$dir/client.log" 2>&1 || vrc=$?
+      if (( vrc == 1 || vrc == 2 )); then
         echo "verify $pub" > "$dir/.failed"
         echo "[FAILED] $name (proof ${pub##*/} does not verify)"
+        return 0
+      elif (( vrc != 0 )); then  # the check was interrupted, not failed: the rerun checks again
+        echo "verify exit $vrc" > "$dir/.pending"
+        echo "[pending] $name (its check was interrupted)"
         return 0
       fi
     done
@@ -139,8 +153,10 @@ prove_one() {
 }
 export -f prove_one
 
+interrupted=0  # Ctrl-C or SIGTERM: the jobs in flight stop waiting (they go on in the daemon), then the summary
+trap 'interrupted=1' INT TERM
 find "$input" -mindepth 1 -maxdepth 1 \( -type d -o -name '*.json' -o -name '*.wtns' \) -print0 \
-  | sort -z | xargs -0 -r -n 1 -P "$jobs" bash -c 'prove_one "$1"' _
+  | sort -z | xargs -0 -r -n 1 -P "$jobs" bash -c 'prove_one "$1"' _ || true
 
 total=0; done_n=0; failed=()
 while IFS= read -r -d '' entry; do
@@ -148,5 +164,9 @@ while IFS= read -r -d '' entry; do
   total=$((total + 1))
   if [[ -f "$out/$name/.done" ]]; then done_n=$((done_n + 1)); else failed+=("$name"); fi
 done < <(find "$input" -mindepth 1 -maxdepth 1 \( -type d -o -name '*.json' -o -name '*.wtns' \) -print0 | sort -z)
-echo "batch-prove.sh: $done_n of $total jobs done${failed:+; failed: ${failed[*]}}"
+echo "batch-prove.sh: $done_n of $total jobs done${failed:+; not done: ${failed[*]}}"
+if (( interrupted )); then
+  echo "batch-prove.sh: interrupted; the same command resumes (jobs the daemon took are re-attached, not proved again)"
+  exit 130
+fi
 (( ${#failed[@]} == 0 ))

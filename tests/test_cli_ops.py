@@ -254,13 +254,16 @@ log="$BP_TEST_LOG"
 while [[ $# -gt 0 ]]; do
   case "$1" in --request-id) echo "$2" >> "$log"; shift 2 ;; *) shift ;; esac
 done
+if [[ -n "${BP_TEST_EXIT:-}" ]]; then exit "$BP_TEST_EXIT"; fi
 echo '{"state": "done"}'
 """
 
 
-def batch(tmp_path: Path, *args: str) -> subprocess.CompletedProcess[str]:
+def batch(tmp_path: Path, *args: str, client_exit: int | None = None) -> subprocess.CompletedProcess[str]:
     fake = _fake_bin(tmp_path / "fakebin", "cuzk-mp", FAKE_CUZK) / "cuzk-mp"
     env = {**os.environ, "CUZK_MP": str(fake), "BP_TEST_LOG": str(tmp_path / "ids.log")}
+    if client_exit is not None:
+        env["BP_TEST_EXIT"] = str(client_exit)
     return subprocess.run([str(SCRIPTS / "batch-prove.sh"), *args], env=env, capture_output=True, text=True,
                           timeout=120)
 
@@ -310,6 +313,23 @@ def test_batch_resume_and_changed_input(tmp_path: Path) -> None:
     (job / "p1.json").write_text('{"x": "5"}')
     assert batch(tmp_path, *args).returncode == 0
     assert _ids(tmp_path)[-1] not in first  # so is a changed partition of a folder job
+
+
+def test_batch_rerun_reattaches_unless_the_job_failed(tmp_path: Path) -> None:
+    """A job not waited for to its end (timeout 124, daemon unreachable 3, interrupted 130/143) keeps its
+    request id: the rerun re-attaches and nothing is proved twice; a failed one (1, 2) gets a new attempt."""
+    inputs, out = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    (inputs / "a.json").write_text('{"x": "1"}')
+    args = ["--circuit", "c", "--out", str(out), str(inputs)]
+    for code in (124, 3, 130, 143):
+        proc = batch(tmp_path, *args, client_exit=code)
+        assert proc.returncode == 1 and "[pending] a" in proc.stdout and "not done: a" in proc.stdout, proc.stdout
+    ids = _ids(tmp_path)
+    assert len(ids) == 4 and len(set(ids)) == 1 and ids[0].endswith("-1"), ids  # one job, re-attached each time
+    assert batch(tmp_path, *args, client_exit=1).returncode == 1 and _ids(tmp_path)[-1] == ids[0]
+    assert batch(tmp_path, *args).returncode == 0  # the failed job's entry: a new attempt
+    assert _ids(tmp_path)[-1].endswith("-2") and (out / "a" / ".done").exists()
 
 
 def test_batch_help_and_argument_errors(tmp_path: Path) -> None:

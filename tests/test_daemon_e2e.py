@@ -328,7 +328,7 @@ def test_batch_prove_script(daemon: DaemonProcess, tmp_path: Path) -> None:
     assert again.returncode == 0 and again.stdout.count("[skip]") == 4
     (inputs / "broken.wtns").write_bytes(b"wtns" + b"\0" * 64)
     third = subprocess.run(cmd, env=ENV, capture_output=True, text=True, timeout=300)
-    assert third.returncode == 1 and "failed: broken" in third.stdout
+    assert third.returncode == 1 and "not done: broken" in third.stdout
     assert third.stdout.count("[skip]") == 4
 
 
