@@ -28,6 +28,7 @@ import os
 import signal
 import sys
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
@@ -166,7 +167,7 @@ def _prove_through_daemon(args: argparse.Namespace) -> int:
                          "verification; leave out --backend, --r1cs and --no-verify")
     job = _daemon_job(args)
     try:
-        return _prove_at(args.connect, args.token, None, args, job)
+        return _prove_at(args.connect, args.token, None, args, job, uuid.uuid4().hex)
     except Unreachable as e:
         return final_error(EXIT_UNREACHABLE, str(e))
 
@@ -177,7 +178,9 @@ def _prove_warm(args: argparse.Namespace) -> int:
     (:mod:`cuzk_mp.daemon.warm`), started here when none runs and left running until SECONDS pass
     with no proof: the first call pays the daemon's start and key load, the next ones are client
     processes (~0.2 s where a one-shot GPU process takes ~1.4 s at 2^16 on the H200). A daemon that
-    idles out between finding it and proving is started again, once."""
+    idles out (or is killed) between finding it and proving is started again, twice at most, and the
+    proof is asked for under one request id throughout: a daemon restarted from its journal answers
+    with the job it already has instead of proving it twice."""
     from .daemon.prove_files import Unreachable
     from .daemon.warm import CIRCUIT_ID, WarmSpec, ensure
 
@@ -188,15 +191,20 @@ def _prove_warm(args: argparse.Namespace) -> int:
     job = _daemon_job(args)  # the inputs are checked before a daemon is started for them
     spec = WarmSpec(args.zkey.absolute(), args.backend, args.r1cs.absolute() if args.r1cs else None,
                     not args.no_verify, args.keep_warm, wasm.absolute() if wasm else None)
-    for again in (False, True):
+    request_id = uuid.uuid4().hex  # the same job however often it is sent (a restarted daemon re-attaches)
+    for attempt in range(WARM_ATTEMPTS):
         addr = ensure(spec)
         try:
-            return _prove_at(addr, "", CIRCUIT_ID, args, job)
+            return _prove_at(addr, "", CIRCUIT_ID, args, job, request_id)
         except Unreachable as e:
-            if again:
+            if attempt == WARM_ATTEMPTS - 1:
                 return final_error(EXIT_UNREACHABLE, str(e))
             log.info("%s; starting it again", e)
+            time.sleep(0.2 * (attempt + 1))  # a daemon killed a moment ago may still take a connect
     raise AssertionError("unreachable")
+
+
+WARM_ATTEMPTS = 3
 
 
 MAX_KEEP_WARM_S = 7 * 86400.0
@@ -222,12 +230,13 @@ def _daemon_job(args: argparse.Namespace) -> tuple[Path, Any]:
     return args.input, input_partition(args.input)
 
 
-def _prove_at(addr: str, token: str, circuit: str | None, args: argparse.Namespace, job: tuple[Path, Any]) -> int:
+def _prove_at(addr: str, token: str, circuit: str | None, args: argparse.Namespace, job: tuple[Path, Any],
+              request_id: str) -> int:
     """The proof of ``job`` (:func:`_daemon_job`) by the daemon at ``addr``, written to args.proof
     and args.public (:func:`cuzk_mp.daemon.prove_files.prove_to_files`)."""
     from .daemon.prove_files import prove_to_files
 
-    cid, job_id = prove_to_files(addr, token, circuit, args.zkey, *job, args.proof, args.public)
+    cid, job_id = prove_to_files(addr, token, circuit, args.zkey, *job, args.proof, args.public, request_id)
     log.info("proved by the daemon at %s (circuit %s, job %s): %s, %s", addr, cid, job_id, args.proof,
              args.public)
     return EXIT_OK

@@ -215,3 +215,33 @@ def test_a_truncated_key_through_keep_warm_is_the_input_error_it_is_one_shot(run
                           env={**ENV, "XDG_RUNTIME_DIR": str(runtime)}, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 2, proc.stderr
     assert "exited (code 2)" in proc.stderr and "cut.zkey" in proc.stderr
+
+
+def test_a_lost_warm_daemon_is_asked_again_under_the_same_request_id(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm daemon killed mid-proof is started again and asked again with the same request id, so
+    the restarted daemon (its journal holds the job) re-attaches instead of proving a second time."""
+    import argparse
+
+    from cuzk_mp import cli
+    from cuzk_mp.daemon import prove_files
+
+    key, wtns = tmp_path / "k.zkey", tmp_path / "w.wtns"
+    key.write_bytes(b"zkey")
+    wtns.write_bytes(b"wtns")
+    asked: list[str] = []
+
+    def prove(addr: str, token: str, circuit: str | None, zkey: Path, source: Path, part: object,
+              proof: Path, public: Path, request_id: str = "") -> tuple[str, str]:
+        asked.append(request_id)
+        if len(asked) < 3:
+            raise prove_files.Unreachable("lost the daemon: Broken pipe")
+        return "key", request_id
+
+    monkeypatch.setattr(prove_files, "prove_to_files", prove)
+    monkeypatch.setattr(warm, "ensure", lambda spec: "unix:///nowhere.sock")
+    monkeypatch.setattr(cli.time, "sleep", lambda s: None)
+    args = argparse.Namespace(keep_warm=30.0, zkey=key, wtns=wtns, backend="cpu", r1cs=None, no_verify=False,
+                              proof=tmp_path / "p.json", public=tmp_path / "s.json")
+    assert cli._prove_warm(args) == 0
+    assert len(asked) == 3 and len(set(asked)) == 1 and asked[0], asked

@@ -6,6 +6,7 @@ process on a FIFO; the errors' messages name the path the caller gave.
 
 from __future__ import annotations
 
+import json
 import os
 import stat
 import threading
@@ -131,3 +132,31 @@ def test_an_open_descriptor_is_written_in_place(tmp_path: Path) -> None:
             os.close(w)
     assert os.path.islink("/dev/stdout") or not os.path.exists("/dev/stdout")
     assert not leftovers(tmp_path)
+
+
+def test_two_writers_of_one_pair_leave_one_writers_pair(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A writer stalled between its two renames: a second writer of the same pair waits for it, so the
+    pair left is one writer's (never A's proof beside B's public signals)."""
+    import threading
+    import time
+
+    from cuzk_mp.formats import atomic
+
+    proof, public = tmp_path / "proof.json", tmp_path / "public.json"
+    real_replace = os.replace
+    first_rename = threading.Event()
+
+    def slow_replace(src: str, dst: str) -> None:
+        real_replace(src, dst)
+        if threading.current_thread().name == "A" and not first_rename.is_set():
+            first_rename.set()
+            time.sleep(0.5)  # A stalls between its renames
+
+    monkeypatch.setattr(atomic.os, "replace", slow_replace)
+    a = threading.Thread(target=atomic.write_json_files, args=([(proof, {"w": "A"}), (public, ["A"])],), name="A")
+    a.start()
+    assert first_rename.wait(5)
+    atomic.write_json_files([(proof, {"w": "B"}), (public, ["B"])])  # waits for A's second rename
+    a.join()
+    pair = (json.loads(proof.read_text())["w"], json.loads(public.read_text())[0])
+    assert pair == ("B", "B"), pair

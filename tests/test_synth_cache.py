@@ -288,3 +288,24 @@ def test_whole_proof_with_the_file_evaluator_verifies(tmp_path: Path) -> None:
     proof, public = prove(CpuBackend(), zkey, w, evaluator=ev)
     assert verify(vk_from_zkey(zkey), public, proof)
     assert not verify(vk_from_zkey(zkey), [public[0] + 1] + public[1:], proof)
+
+
+@pytest.mark.parametrize("where", ["body_hash", "_pack_header"])
+def test_an_interrupt_while_the_cache_is_finished_stays_an_interrupt(files: tuple[Path, Path], where: str,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or SIGTERM, which the CLI raises the same way) while the built cache is hashed or its header
+    written: the interrupt comes out (exit 130/143), not a BufferError from closing a mapping that views
+    still held (exit 70), and no temporary file is left."""
+    from cuzk_mp.groth16 import circuit_data
+
+    zkey, r1cs = files
+
+    def interrupted(*args: object) -> None:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(circuit_data, where, interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+    assert not [p for p in zkey.parent.iterdir() if p.name.endswith(".tmp")]
+    monkeypatch.undo()
+    assert ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data is not None  # the next run builds it

@@ -48,10 +48,12 @@ def input_partition(input_json: Path) -> P.PartitionIn:
 
 
 def prove_to_files(addr: str, token: str, circuit: str | None, zkey: Path, source: Path, part: P.PartitionIn,
-                   proof: Path, public: Path) -> tuple[str, str]:
+                   proof: Path, public: Path, request_id: str = "") -> tuple[str, str]:
     """Have the daemon at ``addr`` prove ``part`` (read from ``source``) with its circuit ``circuit``,
     or the one whose key file is ``zkey`` (:func:`circuit_of_key`); write ``proof`` and ``public``
-    atomically. Returns (the daemon's circuit id, its job id)."""
+    atomically. Returns (the daemon's circuit id, its job id). A caller that may send the same
+    proof again (after losing the daemon) gives the same ``request_id``: the daemon, restarted
+    from its journal, answers with that job instead of proving it twice."""
     try:
         client = Client(addr, token=token)
     except OSError as unreachable:
@@ -60,7 +62,7 @@ def prove_to_files(addr: str, token: str, circuit: str | None, zkey: Path, sourc
         with client:
             cid = circuit or circuit_of_key(client, zkey, addr)
             try:
-                reply = client.prove(cid, [part])
+                reply = client.prove(cid, [part], request_id=request_id)
             except InputError as refused:  # the daemon's check at submit names the job's field: name the file
                 if isinstance(refused, AuthError):
                     raise

@@ -46,6 +46,7 @@ CIRCUIT_ID = "key"  # the one circuit of a warm daemon's config
 START_TIMEOUT_S = 900.0  # engine start (kernel loads on a fresh box) + the key's load
 POLL_S = 0.05
 PROGRESS_EVERY_S = 5.0
+MAX_RESTARTS = 2  # starts again, at most, where the daemon another call was starting died before it was ready
 LOG_KEEP_BYTES = 1 << 20  # a daemon's log is rotated (one old copy) when it grows past this
 MAX_SOCKET_PATH = 104  # bytes of a unix socket's path that every platform takes (Linux: 107)
 
@@ -140,18 +141,21 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
     with contextlib.suppress(OSError):  # one older log is kept (a racing start may still write to it)
         if log_path.stat().st_size > LOG_KEEP_BYTES:
             os.replace(log_path, log_path.with_name(log_path.name + ".1"))
-    with open(log_path, "ab") as out:  # O_APPEND: racing starts both write whole lines
-        child = subprocess.Popen([sys.executable, "-m", "cuzk_mp.cli", "daemon", "--config", str(cfg)],
-                                 stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
-                                 start_new_session=True, close_fds=True)
+    child = _spawn(cfg, log_path)
     t0 = time.monotonic()
     next_note = t0 + PROGRESS_EVERY_S
+    restarts = 0
     while True:
         if _answers(sock):
             log.info("warm daemon %s ready in %.1f s", wid, time.monotonic() - t0)
             return addr
         code = child.poll()
         # 75: another invocation's daemon holds the journal and is starting; while it lives, wait
+        if code == EXIT_ALREADY_RUNNING and not _holder_alive(journal) and not _answers(sock) \
+                and restarts < MAX_RESTARTS:  # that one died before it was ready: start one again
+            log.info("the warm daemon that was starting for %s is gone: starting one again", spec.zkey)
+            child, restarts = _spawn(cfg, log_path), restarts + 1
+            continue
         if code is not None and (code != EXIT_ALREADY_RUNNING or not _holder_alive(journal)) and not _answers(sock):
             # its exit 2 is the input's fault (a bad key, r1cs or wasm): the same code as a one-shot prove's
             kind = InputError if code == EXIT_INPUT else ResourceError
@@ -165,6 +169,14 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
             log.info("waiting for the warm daemon %s (%.0f s; a first start loads kernels and the key)", wid, now - t0)
             next_note = now + PROGRESS_EVERY_S
         time.sleep(POLL_S)
+
+
+def _spawn(cfg: Path, log_path: Path) -> subprocess.Popen[bytes]:
+    """Start a warm daemon of the config ``cfg`` in its own session, its output appended to ``log_path``."""
+    with open(log_path, "ab") as out:  # O_APPEND: racing starts both write whole lines
+        return subprocess.Popen([sys.executable, "-m", "cuzk_mp.cli", "daemon", "--config", str(cfg)],
+                                stdin=subprocess.DEVNULL, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True, close_fds=True)
 
 
 def _answers(sock: Path) -> bool:

@@ -20,6 +20,7 @@ What an output path may be, and what happens to it:
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import secrets
@@ -118,7 +119,33 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
 def write_json_files(items: Sequence[tuple[str | os.PathLike[str], Any]]) -> None:
     """Write several JSON files (as :func:`write_json`) all or none: every one is written whole
     before the first is renamed into place, so a proof is never left without its public signals
-    because the second path could not be written."""
-    with ExitStack() as stack:
-        for path, obj in items:
-            stack.enter_context(atomic_output(path, "wb")).write(json.dumps(obj, indent=1).encode("utf-8"))
+    because the second path could not be written. The renames of one call happen under a lock on
+    their folders (``flock``), so two processes writing the same pair leave one's pair, never
+    one's proof beside the other's public signals."""
+    with ExitStack() as locks:
+        with ExitStack() as files:
+            for path, obj in items:
+                files.enter_context(atomic_output(path, "wb")).write(json.dumps(obj, indent=1).encode("utf-8"))
+            if len(items) > 1:
+                for folder in sorted({os.path.dirname(os.path.realpath(path)) for path, _ in items}):
+                    locks.enter_context(_folder_lock(folder))
+        # the files' renames ran as ``files`` closed, under the locks; they are released now
+
+
+@contextmanager
+def _folder_lock(folder: str) -> Iterator[None]:
+    """An exclusive ``flock`` on a folder (best effort: a folder that cannot be opened or locked,
+    such as /proc's, is not waited for)."""
+    try:
+        fd = os.open(folder, os.O_RDONLY | os.O_DIRECTORY)
+    except OSError:
+        yield
+        return
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+        except OSError:
+            pass
+        yield
+    finally:
+        os.close(fd)  # closing drops the lock

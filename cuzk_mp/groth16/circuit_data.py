@@ -568,12 +568,11 @@ def _write_cache(builder: _Builder, dest: Path, zid: FileIdentity, rid: FileIden
                 buf = np.frombuffer(mm, dtype=np.uint8)
                 try:
                     builder.fill(buf)
-                except BaseException as exc:  # its frames hold views of the mapping: raised once it is closed
-                    failure = exc.with_traceback(None)
-                else:
                     body = body_hash(buf[HEADER_BYTES:])
                     mm[:HEADER_BYTES] = _pack_header(builder.counts, size, body, zid, rid)
                     mm.flush()
+                except BaseException as exc:  # (a SIGINT too) its frames hold views of the mapping, whose close
+                    failure = exc.with_traceback(None)  # would fail on them: raised once it is closed
                 del buf
             if failure is not None:
                 raise failure
