@@ -524,11 +524,3 @@ def test_an_auto_backend_is_sized_for_the_backend_it_will_run(tmp_path: Path, mo
     assert "auto backend (cpu on this machine)" in check_summary(cfg, 0)
     monkeypatch.setattr(backends, "gpu_available", lambda: True)
     assert shape("auto") == shape("gpu") != shape("cpu")
-
-
-def test_a_total_budget_above_the_machine_is_warned_about(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(C, "machine_memory_bytes", lambda: 16 * 2**30)
-    big = resolve({"memory": {"total_budget": "64GiB"}}, tmp_path)
-    assert any("memory.total_budget = 64.00 GiB is more than this machine's memory (16.00 GiB" in w
-               for w in big.warnings), big.warnings
-    assert not any("total_budget" in w for w in resolve({"memory": {"total_budget": "8GiB"}}, tmp_path).warnings)

@@ -508,11 +508,6 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     _validate_engine(engine, cfg, given, source)  # and the engine the daemon starts, as it will check it
     fleet = resolve_fleet(cfg.fleet, source=source, base=base, duration=parse_duration)
     warnings += _witness_check_warnings(circuits, engine.verify_proofs, source)
-    machine = machine_memory_bytes()
-    if given_total is not None and given_total > machine:  # a bigger box's config, or swap: said, not refused
-        warnings.append(f"{source}: memory.total_budget = {gib(given_total)} is more than this machine's memory "
-                        f"({gib(machine)}, the cgroup's limit where lower): past it the kernel swaps or kills a "
-                        "process; 'auto' sizes the daemon for this machine")
     grace_s = parse_duration(d.shutdown_grace, f"{source}: daemon.shutdown_grace")
     if grace_s < 2 * ENGINE_STOP_RESERVE_S:
         left = max(grace_s - ENGINE_STOP_RESERVE_S, 0.0)
