@@ -245,3 +245,43 @@ def test_a_lost_warm_daemon_is_asked_again_under_the_same_request_id(tmp_path: P
                               proof=tmp_path / "p.json", public=tmp_path / "s.json")
     assert cli._prove_warm(args) == 0
     assert len(asked) == 3 and len(set(asked)) == 1 and asked[0], asked
+
+
+def test_a_warm_daemon_that_died_while_another_call_waited_is_started_again(
+        runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Calls that race to start a key's warm daemon: the losers exit 75 and wait for the winner; if the
+    winner dies before it is ready, a waiter starts one again (at most MAX_RESTARTS times) rather than
+    failing every call with exit 4."""
+    from cuzk_mp.exit_codes import EXIT_ALREADY_RUNNING
+
+    key = tmp_path / "k.zkey"
+    key.write_bytes(b"zkey")
+    spec = warm.WarmSpec(key, "cpu", None, True, 30.0, None)
+    spawned: list[int] = []
+    ready = {"now": False}
+
+    class Child:
+        def __init__(self, code: int | None) -> None:
+            self.code = code
+
+        def poll(self) -> int | None:
+            return self.code
+
+    def spawn(cfg: Path, log_path: Path) -> Child:
+        spawned.append(1)
+        if len(spawned) < 3:  # lost the race to a daemon that then died before it was ready
+            return Child(EXIT_ALREADY_RUNNING)
+        ready["now"] = True  # the third start is the one that comes up
+        return Child(None)
+
+    monkeypatch.setattr(warm, "_spawn", spawn)
+    monkeypatch.setattr(warm, "_holder_alive", lambda journal: False)
+    monkeypatch.setattr(warm, "_answers", lambda sock: ready["now"])
+    assert warm.ensure(spec, timeout_s=10).startswith("unix://")
+    assert len(spawned) == 1 + warm.MAX_RESTARTS
+    spawned.clear()
+    ready["now"] = False
+    monkeypatch.setattr(warm, "MAX_RESTARTS", 1)  # one restart only: the next loss is the error it was
+    from cuzk_mp.errors import ResourceError
+    with pytest.raises(ResourceError, match="exited \\(code 75\\) before it was ready"):
+        warm.ensure(spec, timeout_s=10)
