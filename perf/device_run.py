@@ -19,6 +19,17 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
+def require_gpu(script: str, stack_imported: bool) -> None:
+    """Exit 2 with one line where this machine cannot run the GPU script ``script``: no CuPy, no CUDA
+    device CuPy sees, or the GPU backend's modules not importing (``stack_imported`` False)."""
+    from cuzk_mp.backends import gpu_unavailable_reason
+
+    reason = gpu_unavailable_reason() or (None if stack_imported else "the GPU backend's modules do not import")
+    if reason:
+        print(f"{script} needs CuPy and a CUDA GPU: {reason}", file=sys.stderr)
+        sys.exit(2)
+
+
 class DeviceRun:
     """Rows, logs and the time budget of one run; ``estimates`` are each section's seconds on the device."""
 

@@ -338,13 +338,6 @@ def prove_msms_random_rows(sizes: tuple[int, ...] = (20,)) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- main
 
-def no_gpu() -> str | None:
-    """Why this machine cannot run the bench (no CuPy, or no CUDA device CuPy sees), or None."""
-    from cuzk_mp.backends import gpu_unavailable_reason
-
-    return gpu_unavailable_reason() or (None if GPU_STACK else "the GPU backend's modules do not import")
-
-
 def main() -> None:
     """Run the rows, print a table, write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -356,10 +349,9 @@ def main() -> None:
     ap.add_argument("--key-cache", type=Path, default=default_cache_dir(),
                     help="dev key cache (default: cuzk-mp's cache folder, $CUZK_MP_CACHE or $XDG_CACHE_HOME/cuzk-mp)")
     args = ap.parse_args()
-    reason = no_gpu()
-    if reason:
-        print(f"gpu_bench.py needs CuPy and a CUDA GPU: {reason}", file=sys.stderr)
-        sys.exit(2)
+    from device_run import require_gpu
+
+    require_gpu("gpu_bench.py", GPU_STACK)
     skip = set(filter(None, args.skip.split(",")))
     sizes = [int(s) for s in args.sizes.split(",")]
     props = cupy.cuda.runtime.getDeviceProperties(0)

@@ -432,13 +432,6 @@ def _table(rows: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def no_gpu() -> str | None:
-    """Why this machine cannot run the bench (no CuPy, or no CUDA device CuPy sees), or None."""
-    from cuzk_mp.backends import gpu_unavailable_reason
-
-    return gpu_unavailable_reason() or (None if GPU_STACK else "the GPU backend's modules do not import")
-
-
 def main() -> None:
     """Run the rows, print the table last, write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -461,10 +454,9 @@ def main() -> None:
                     help="the fixed-base kernel at --lg for --groups: 8-bit table against signed 16-bit windows")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
-    reason = no_gpu()
-    if reason:
-        print(f"gpu_msm_bench.py needs CuPy and a CUDA GPU: {reason}", file=sys.stderr)
-        sys.exit(2)
+    from device_run import require_gpu
+
+    require_gpu("gpu_msm_bench.py", GPU_STACK)
     global CHECKPOINT
     if args.out:
         out = args.out
