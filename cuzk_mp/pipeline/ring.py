@@ -691,15 +691,20 @@ def _names_of(prefix: str) -> re.Pattern[str]:
     return re.compile(rf"(?:sem\.)?{ring}{_OBJECTS}")
 
 
-def shm_entries(prefix: str) -> list[str]:
-    """Names in /dev/shm that belong to ``prefix`` (a ring's name, or an engine prefix: all its rings):
-    segments, control block and ``sem.`` semaphores, matched exactly."""
+def _matches(prefix: str) -> list[re.Match[str]]:
+    """The /dev/shm names of ``prefix`` (:func:`_names_of`), matched, in name order."""
     try:
         names = os.listdir(SHM_DIR)
     except FileNotFoundError:
         return []
     pattern = _names_of(prefix)
-    return sorted(n for n in names if pattern.fullmatch(n))
+    return [m for m in map(pattern.fullmatch, sorted(names)) if m is not None]
+
+
+def shm_entries(prefix: str) -> list[str]:
+    """Names in /dev/shm that belong to ``prefix`` (a ring's name, or an engine prefix: all its rings):
+    segments, control block and ``sem.`` semaphores, matched exactly."""
+    return [m.string for m in _matches(prefix)]
 
 
 def shm_bytes(prefix: str) -> int:
@@ -715,8 +720,7 @@ def shm_bytes(prefix: str) -> int:
 
 def live_segments(prefix: str) -> int:
     """How many slot segments of ``prefix`` exist right now (from /dev/shm; at most the ring's slots)."""
-    pattern = _names_of(prefix)
-    return sum(1 for n in shm_entries(prefix) if (m := pattern.fullmatch(n)) and m["slot"] is not None)
+    return sum(1 for m in _matches(prefix) if m["slot"] is not None)
 
 
 def cleanup_stale(prefix: str) -> list[str]:
