@@ -19,15 +19,36 @@ from typing import Any
 ROOT = Path(__file__).resolve().parent.parent
 
 
-def require_gpu(script: str, stack_imported: bool) -> None:
-    """Exit 2 with one line where this machine cannot run the GPU script ``script``: no CuPy, no CUDA
-    device CuPy sees, or the GPU backend's modules not importing (``stack_imported`` False)."""
-    from cuzk_mp.backends import gpu_unavailable_reason
+class GpuStack:
+    """``with GpuStack(__name__) as GPU_STACK:`` around a GPU script's imports of CuPy and the GPU
+    backend: run as a script (``__main__``) on a machine without them, their ImportError is kept for
+    :meth:`require` (so ``--help`` still works); imported as a module, it is raised as usual."""
 
-    reason = gpu_unavailable_reason() or (None if stack_imported else "the GPU backend's modules do not import")
-    if reason:
-        print(f"{script} needs CuPy and a CUDA GPU: {reason}", file=sys.stderr)
-        sys.exit(2)
+    def __init__(self, module_name: str) -> None:
+        self.script = module_name == "__main__"
+        self.imported = True
+
+    def __enter__(self) -> GpuStack:
+        return self
+
+    def __exit__(self, kind: type[BaseException] | None, exc: BaseException | None, tb: object) -> bool:
+        if kind is not None and issubclass(kind, ImportError) and self.script:
+            self.imported = False
+            return True
+        return False
+
+    def __bool__(self) -> bool:
+        return self.imported
+
+    def require(self, script: str) -> None:
+        """Exit 2 with one line where this machine cannot run ``script``: no CuPy, no CUDA device CuPy
+        sees, or the GPU backend's modules not importing."""
+        from cuzk_mp.backends import gpu_unavailable_reason
+
+        reason = gpu_unavailable_reason() or (None if self.imported else "the GPU backend's modules do not import")
+        if reason:
+            print(f"{script} needs CuPy and a CUDA GPU: {reason}", file=sys.stderr)
+            sys.exit(2)
 
 
 class DeviceRun:

@@ -32,18 +32,14 @@ sys.path.insert(0, str(ROOT / "perf"))
 from cuzk_mp.algebra.field import FQ, FR, Q_MOD, R_MOD, ints_to_limbs, limbs_to_ints  # noqa: E402
 from cuzk_mp.paths import default_cache_dir  # noqa: E402
 
-try:  # the GPU stack; run as a script without it, only --help works (main() says why and exits 2)
+from device_run import GpuStack  # noqa: E402
+
+with GpuStack(__name__) as GPU_STACK:  # run as a script without it, only --help works (main() exits 2 saying why)
     import cupy
 
     from cuzk_mp.backends.gpu import memory
     from cuzk_mp.backends.gpu.modules import get_module
     from cuzk_mp.backends.gpu.ntt import GpuNtt
-except ImportError:
-    if __name__ != "__main__":
-        raise
-    GPU_STACK = False
-else:
-    GPU_STACK = True
 
 REPS = 5
 BENCH_KERNELS = ROOT / "perf" / "kernels"  # ff/bench.cu: multiply-throughput kernels (not shipped)
@@ -349,9 +345,7 @@ def main() -> None:
     ap.add_argument("--key-cache", type=Path, default=default_cache_dir(),
                     help="dev key cache (default: cuzk-mp's cache folder, $CUZK_MP_CACHE or $XDG_CACHE_HOME/cuzk-mp)")
     args = ap.parse_args()
-    from device_run import require_gpu
-
-    require_gpu("gpu_bench.py", GPU_STACK)
+    GPU_STACK.require("gpu_bench.py")
     skip = set(filter(None, args.skip.split(",")))
     sizes = [int(s) for s in args.sizes.split(",")]
     props = cupy.cuda.runtime.getDeviceProperties(0)

@@ -31,23 +31,20 @@ from typing import Any
 import numpy as np
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from py_arkworks_bls12381 import G1Point, G2Point, Scalar  # noqa: E402
 
 from cuzk_mp.algebra import fr  # noqa: E402
 from cuzk_mp.algebra.field import R_MOD  # noqa: E402
 
-try:  # the GPU stack; run as a script without it, only --help works (main() says why and exits 2)
+from device_run import GpuStack  # noqa: E402
+
+with GpuStack(__name__) as GPU_STACK:  # run as a script without it, only --help works (main() exits 2 saying why)
     import cupy
 
     from cuzk_mp.backends.gpu import fixed_base, msm
     from cuzk_mp.backends.gpu.modules import get_module
-except ImportError:
-    if __name__ != "__main__":
-        raise
-    GPU_STACK = False
-else:
-    GPU_STACK = True
 
 CHECKPOINT: Any = lambda rows: None  # main() points this at the --out writer (partial results survive a timeout)
 PHASES = ("ones", "digits", "sort", "accumulate", "reduce", "d2h", "finish")
@@ -454,9 +451,7 @@ def main() -> None:
                     help="the fixed-base kernel at --lg for --groups: 8-bit table against signed 16-bit windows")
     ap.add_argument("--out", type=Path, default=None, help="write the rows as JSON here")
     args = ap.parse_args()
-    from device_run import require_gpu
-
-    require_gpu("gpu_msm_bench.py", GPU_STACK)
+    GPU_STACK.require("gpu_msm_bench.py")
     global CHECKPOINT
     if args.out:
         out = args.out
