@@ -62,6 +62,7 @@ import msgspec
 
 from ..errors import CuzkError, InputError
 from ..exit_codes import EXIT_INPUT
+from ..intervals import union_length
 from ..logs import final_error
 from ..paths import default_cache_dir
 from .benchplot import plot_timeline, timeline_section
@@ -395,15 +396,7 @@ def _device_fractions(partitions: list[dict[str, Any]], runs: list[_Run]) -> dic
         lo, hi = max(d_end - span, start), min(d_end, end)  # clipped to the window
         if hi > lo:
             spans.setdefault(str(p["device"]), []).append((lo, hi))
-    out: dict[str, float] = {}
-    for dev, intervals in spans.items():
-        covered, reach = 0.0, start
-        for lo, hi in sorted(intervals):
-            if hi > reach:
-                covered += hi - max(lo, reach)
-                reach = hi
-        out[dev] = covered / (end - start)
-    return dict(sorted(out.items()))
+    return {dev: union_length(spans[dev]) / (end - start) for dev in sorted(spans)}
 
 
 def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:

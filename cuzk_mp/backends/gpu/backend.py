@@ -27,8 +27,8 @@ result copy has landed (its host part, Horner over the window sums, runs there).
 
 Timings: ``last_timings`` holds ms per stage of the last released partition from
 CUDA events (h2d, ntt_h, msm_a, msm_b1, msm_b2, msm_c, msm_h, total = first event
-to last, with G2 overlapping the rest); ``busy_seconds`` adds up each partition's
-total (the pipeline's GPU-busy fraction). :meth:`stats` says what the backend
+to last, with G2 overlapping the rest); ``busy_seconds`` is the union of the partitions'
+spans (two in flight overlap: counted once; the pipeline's GPU-busy fraction). :meth:`stats` says what the backend
 holds on the host and the device.
 """
 
@@ -49,6 +49,7 @@ from py_arkworks_bls12381 import G1Point, G2Point
 
 from ...errors import InputError, ResourceError
 from ...formats.zkey import ZKey
+from ...intervals import IntervalUnion
 from ..base import G2_ROW_COST, ProverInputs, WitnessRows, check_key_sections
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
@@ -198,7 +199,9 @@ class GpuBackend:
         self._pinned_bytes = 0
         self._host_key_rss = 0  # see refresh_host_stats
         self.last_timings: dict[str, float] = {}
-        self.busy_seconds = 0.0
+        self.busy_seconds = 0.0  # the union of the partitions' device spans (they overlap in flight)
+        self._busy = IntervalUnion()
+        self._clock: tuple[Any, float] | None = None  # (an event, its place in ms) on the device's timeline
         with cupy.cuda.Device(device):
             self.ntt_engine = GpuNtt()
 
@@ -762,12 +765,24 @@ class GpuBackend:
     def _standalone(self, pending: Any, start: Any, end: Any) -> Any:
         out = pending.result()
         end.synchronize()
-        self._add_busy(float(cupy.cuda.get_elapsed_time(start, end)))
+        self._add_busy(start, 0.0, float(cupy.cuda.get_elapsed_time(start, end)))
         return out
 
-    def _add_busy(self, ms: float) -> None:
+    def _add_busy(self, ref: Any, lo_ms: float, hi_ms: float) -> None:
+        """Count ``[lo_ms, hi_ms]`` after the (completed) event ``ref`` as device-busy time, once
+        where it overlaps another partition's span. Events are placed on one timeline by chaining:
+        each ``ref`` is placed by its distance from the previous one, a short float32 interval
+        while the device is busy, so the placement keeps its precision in a prover that runs for
+        weeks (one distance from a fixed start would lose milliseconds after a day)."""
         with self._lock:
-            self.busy_seconds += ms / 1000.0
+            if self._clock is None:
+                at = 0.0
+            else:
+                prev, prev_at = self._clock
+                at = prev_at + float(cupy.cuda.get_elapsed_time(prev, ref))
+            self._clock = (ref, at)
+            self._busy.add(at + lo_ms, at + hi_ms)
+            self.busy_seconds = self._busy.covered / 1000.0
 
     def release(self, staged: GpuStaged) -> None:
         """Drop the partition's device buffers (back to CuPy's pool) after its enqueued work is
@@ -791,7 +806,7 @@ class GpuBackend:
             if staged.copy_start is not None:
                 spans["h2d"] = float(cupy.cuda.get_elapsed_time(staged.copy_start, staged.ready))
             self.last_timings = spans
-            self._add_busy(spans["total"])
+            self._add_busy(ref, min(starts), max(ends))
         staged.d = {}
         staged.witness_map = None  # the rows it was mapped with, kept until the device is done with them
         staged.h = None
