@@ -232,3 +232,24 @@ def test_a_prover_lets_the_key_coefficients_go(test_key) -> None:  # type: ignor
         assert released >= zkey.coefs.nbytes - 2 * PAGE
         assert before - mapped_rss([zkey.a]) >= released - PAGE
         np.testing.assert_array_equal(zkey.coefs, coefs)
+
+
+def test_cpu_prover_working_set_grows_with_its_batch() -> None:
+    """A CPU prover worker stages a whole batch of small partitions (a private copy each) and its pass
+    holds every one's H vector: the model counts a full batch for each worker; partitions too large to
+    batch, and the GPU backend (staged from the segment), are unchanged by the batch cap."""
+    from cuzk_mp.pipeline.memory import CPU_BATCH_BYTES_PER_ROW, CPU_PROVER_BYTES_PER_ROW
+    from cuzk_mp.pipeline.types import BATCH_MAX_BYTES
+
+    assert 0 < POREP_18.segment_bytes <= BATCH_MAX_BYTES < POREP_24.segment_bytes
+    one, eight = model_working_sets(POREP_18, "cpu", 2, 1), model_working_sets(POREP_18, "cpu", 2, 8)
+    assert one.prover == 2 * POREP_18.segment_bytes + CPU_PROVER_BYTES_PER_ROW * POREP_18.domain_size
+    assert eight.prover - one.prover == 2 * 7 * POREP_18.segment_bytes + 7 * CPU_BATCH_BYTES_PER_ROW * (1 << 18)
+    # measured on the 2-core machine (2^18, batch 8): the prover grew by 758 MB from idle; the model covers it
+    assert eight.prover >= 758 * 10**6
+    assert model_working_sets(POREP_24, "cpu", 2, 8) == model_working_sets(POREP_24, "cpu", 2, 1)
+    assert model_working_sets(POREP_18, "gpu", 2, 8) == model_working_sets(POREP_18, "gpu", 2, 1)
+    # the shape derivation sizes the CPU pipeline with the batch it will run
+    budget = 24 * GiB
+    batched = explain_shape(budget, POREP_18, cores=2, backend="cpu", batch=8)
+    assert batched.bound.provers == eight.prover and batched.bound.total <= budget

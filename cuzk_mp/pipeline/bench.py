@@ -438,8 +438,9 @@ def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     bound = host_bound(shape, circuit, provers, calibrated, fixed=fixed)
     # the model's fixed part as the daemon budgets it (:func:`~.memory.fixed_bytes`): the measured idle PSS
     # plus the circuit data, which no process has touched while idle (synthesis maps it on its first task)
-    model = host_bound(shape, circuit, provers, model_working_sets(circuit, config["backend"], config["gpu_workers"]),
-                       fixed=fixed + circuit.data_bytes)
+    ws_model = model_working_sets(circuit, config["backend"], config["gpu_workers"],
+                                  prover_batch(EngineConfig.prover_batch))
+    model = host_bound(shape, circuit, provers, ws_model, fixed=fixed + circuit.data_bytes)
     workers = [n for n in end if kind(n) in ("cuzk-synth", "cuzk-prover")]
     excess = max((end[n] - idle.get(n, 0) - ws.get(kind(n), 0) for n in workers), default=0)
     peak_host, peak_shm = mem["peak_host_bytes"], mem["peak_shm_bytes"]

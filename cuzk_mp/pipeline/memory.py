@@ -56,6 +56,11 @@ ENGINE_ALLOWANCE_BYTES = 64 * MiB  # job tables and results kept in the engine p
 # scalar objects, point lists and buckets (measured 1.1 KiB a row at 2^16 and 2^18, porep-like,
 # perf/results/pipeline-cpu-ring.json; rounded up)
 CPU_PROVER_BYTES_PER_ROW = 1536
+# CPU backend, a prover batch of k small partitions (prover_batch, segments <= BATCH_MAX_BYTES): each
+# partition beyond the first adds its H vector and MSM scalar objects while the pass runs, beyond its
+# staged copy (measured at 2^18, porep-like, batch 8 against batch 1 on the 2-core machine: 57 MB a
+# batched partition, 219 B a row, of which 128 are the staged copy; perf/results/cpu-prover-batch.json)
+CPU_BATCH_BYTES_PER_ROW = 128
 GPU_PROVER_HOST_BYTES = 1 * GiB  # GPU backend: a prover's host memory beyond its base (CUDA context, pinned pools)
 GPU_KEY_HOST_BYTES = 256 * MiB  # GPU backend: what stays of a key on the host (header, IC points, an upload chunk)
 MIN_RING_SLOTS = 2  # one slot filling while another is staged
@@ -221,14 +226,22 @@ def circuit_data_size(path: str | os.PathLike[str], abc: bool = True) -> Circuit
                        data_bytes=os.path.getsize(path), n_public=counts.n_public, abc=abc)
 
 
-def model_working_sets(circuit: CircuitSize, backend: str, prover_workers: int) -> WorkingSets:
+def batched(circuit: CircuitSize, batch: int) -> int:
+    """Partitions a prover worker takes in one pass: ``batch`` (the prover_batch cap) for partitions
+    small enough to batch (:data:`~.types.BATCH_MAX_BYTES`), else one."""
+    return max(1, batch) if 0 < circuit.segment_bytes <= BATCH_MAX_BYTES else 1
+
+
+def model_working_sets(circuit: CircuitSize, backend: str, prover_workers: int, batch: int = 1) -> WorkingSets:
     """Predicted working sets: a worker's scratch (never a partition's vectors); a prover's host
-    memory (CPU: a private copy of each staged partition, plus H scratch and MSM scalar objects;
-    GPU: a fixed allowance, as the device stages straight from the ring's segment)."""
+    memory (CPU: a private copy of each staged partition, a full batch (:func:`batched`) for each of
+    its workers, plus the pass's H scratch and MSM scalar objects, which grow with its batch; GPU: a
+    fixed allowance, as the device stages straight from the ring's segment)."""
     if backend != "cpu":
         return WorkingSets(synth=SYNTH_SCRATCH_BYTES, prover=GPU_PROVER_HOST_BYTES)
-    scratch = CPU_PROVER_BYTES_PER_ROW * circuit.domain_size
-    return WorkingSets(synth=SYNTH_SCRATCH_BYTES, prover=prover_workers * circuit.segment_bytes + scratch)
+    k = batched(circuit, batch)
+    scratch = (CPU_PROVER_BYTES_PER_ROW + (k - 1) * CPU_BATCH_BYTES_PER_ROW) * circuit.domain_size
+    return WorkingSets(synth=SYNTH_SCRATCH_BYTES, prover=prover_workers * k * circuit.segment_bytes + scratch)
 
 
 def key_host_bytes(circuit: CircuitSize, backend: str) -> int:
@@ -316,9 +329,8 @@ def ready_per_prover(circuit: CircuitSize, prover_workers: int, batch: int) -> i
     """READY slots the ring keeps for each prover: :data:`READY_PER_PROVER`, or, for partitions small
     enough to batch (:data:`~.types.BATCH_MAX_BYTES`), a full batch for each of its workers (a worker
     takes up to ``batch`` READY partitions at once; with fewer slots the other worker finds none)."""
-    if batch > 1 and 0 < circuit.segment_bytes <= BATCH_MAX_BYTES:
-        return max(READY_PER_PROVER, prover_workers * batch)
-    return READY_PER_PROVER
+    k = batched(circuit, batch)
+    return max(READY_PER_PROVER, prover_workers * k) if k > 1 else READY_PER_PROVER
 
 
 def _gpu_shape(circuit: CircuitSize, cores: int, provers: int, given: dict[str, int],
@@ -364,7 +376,7 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
     """
     cores = cores or os.cpu_count() or 1
     given = dict(given or {})
-    ws = model_working_sets(circuit, backend, prover_workers)
+    ws = model_working_sets(circuit, backend, prover_workers, batch)
     gpu = backend != "cpu"
     cpu_provers = 0 if gpu else provers
     spare = synthesis_cores(cores, backend, provers)
