@@ -135,8 +135,9 @@ prove_one() {
     local pub vrc
     for pub in "$dir"/public_*.json; do
       vrc=0
+      # proof_<i>.json beside public_<i>.json: the file name's prefix alone (the folders may hold "public_")
       "${cuzk[@]}" groth16 verify "$dir/verification_key.json" "$pub" \
-          "${pub/public_/proof_}" >> "$dir/client.log" 2>&1 || vrc=$?
+          "$dir/proof_${pub##*/public_}" >> "$dir/client.log" 2>&1 || vrc=$?
       if (( vrc == 1 || vrc == 2 )); then
         echo "verify $pub" > "$dir/.failed"
         echo "[FAILED] $name (proof ${pub##*/} does not verify)"

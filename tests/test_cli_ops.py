@@ -366,7 +366,8 @@ def test_starting_sends_status_and_extension(tmp_path: Path, monkeypatch: pytest
 
 def test_batch_prove_long_names_through_a_daemon(tmp_path: Path) -> None:
     """Two inputs whose long names share their first 100 characters, through a real daemon: both
-    jobs are proved (one request id each) and every proof verifies (``--verify``)."""
+    jobs are proved (one request id each) and every proof verifies (``--verify``), with an output
+    folder whose name holds "public_" (each proof_<i>.json is found by its file name alone)."""
     from cuzk_mp.circuits.synthetic_kinds import write_synthetic
 
     env = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
@@ -387,12 +388,12 @@ def test_batch_prove_long_names_through_a_daemon(tmp_path: Path) -> None:
                                    capture_output=True, text=True, timeout=320)
             assert ready.returncode == 0, ready.stderr + (tmp_path / "daemon.log").read_text()[-4000:]
             proc = subprocess.run([str(SCRIPTS / "batch-prove.sh"), str(inputs), "--verify", "--circuit", "syn",
-                                   "--connect", addr, "-j", "2", "--out", str(tmp_path / "out")], env=env,
+                                   "--connect", addr, "-j", "2", "--out", str(tmp_path / "public_out")], env=env,
                                   capture_output=True, text=True, timeout=300)
             assert proc.returncode == 0, proc.stdout + proc.stderr
             assert proc.stdout.count("[ok]") == 2 and "2 of 2 jobs done" in proc.stdout
             with Client(addr) as client:
-                jobs = [json.loads((tmp_path / "out" / f"{prefix}-{t}" / "result.json").read_text())["job_id"]
+                jobs = [json.loads((tmp_path / "public_out" / f"{prefix}-{t}" / "result.json").read_text())["job_id"]
                         for t in "ab"]
                 assert len(set(jobs)) == 2 and all(client.await_proof(j, 10).state == "done" for j in jobs)
         finally:

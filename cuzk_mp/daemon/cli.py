@@ -124,7 +124,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--request-id", default="", help="idempotency key (and the job id); default: a fresh "
                        "one, named if the daemon is lost")
 
-    job_args(verb("submit", "queue a job, print its id"))
+    job_args(verb("submit", 'queue a job, print {"job_id", "state", "duplicate"} as JSON'))
     a = verb("await", "wait for a job")
     a.add_argument("job_id")
     a.add_argument("--timeout", type=_timeout_arg, help="seconds to wait (default: until it ends; exit 124 "
