@@ -404,3 +404,28 @@ def test_load_key_keeps_to_the_planned_in_flight_count(emu: object, test_key: tu
             key.close()
     finally:
         backend.close()
+
+
+def test_large_batch_sort_switch(monkeypatch: pytest.MonkeyPatch) -> None:
+    """CUZK_GPU_MSM_SORT picks how batches above the counting sort's buckets are sorted; the plan
+    counts cupy.argsort's larger buffers when it is picked, and an unknown value is refused by name."""
+    from cuzk_mp.backends.gpu.knobs import SORT_ENV, MsmParams
+    from cuzk_mp.backends.gpu.plan import ARGSORT_BYTES_PER_KEY, SORT_BYTES_PER_KEY
+    from cuzk_mp.errors import ConfigError
+
+    monkeypatch.delenv(SORT_ENV, raising=False)
+    assert MsmParams().large_sort == "radix"
+    monkeypatch.setenv(SORT_ENV, " ArgSort ")
+    argsort = MsmParams()
+    assert argsort.large_sort == "argsort"
+    m = 1 << 26
+    radix = MsmParams(large_sort="radix")
+    extra = msm_scratch_bytes(m, False, argsort) - msm_scratch_bytes(m, False, radix)
+    entries = min(window_count(22), radix.max_entries // m) * m
+    assert ARGSORT_BYTES_PER_KEY > SORT_BYTES_PER_KEY
+    assert extra == entries * (ARGSORT_BYTES_PER_KEY - SORT_BYTES_PER_KEY)
+    monkeypatch.setenv(SORT_ENV, "bitonic")
+    with pytest.raises(ConfigError, match="CUZK_GPU_MSM_SORT='bitonic'"):
+        MsmParams()
+    with pytest.raises(ConfigError, match="large_sort"):
+        MsmParams(large_sort="merge")

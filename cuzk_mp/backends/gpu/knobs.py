@@ -143,6 +143,23 @@ def env_switch(name: str, default: bool) -> bool:
 G2_SPLIT_ENV = "CUZK_GPU_MSM_G2_SPLIT"
 
 
+# The sort of window batches with more buckets than the counting sort takes (msm.COUNTING_SORT_BINS):
+# "radix" (default; kernels/msm/sort.cuh, no host wait) or "argsort" (cupy.argsort, which waits for the
+# host inside every MSM). Measured on the H200 in the 2^26 PoRep-like pipeline: 0.950 s a partition
+# with cupy.argsort (a23e1ba), 1.067 s once the radix sort came (5545392), 1.039-1.054 now; at 2^27 the
+# radix sort gained (1.958 -> 1.901 s). The switch is there to measure which sort each size wants.
+SORT_ENV = "CUZK_GPU_MSM_SORT"
+SORT_MODES = ("radix", "argsort")
+
+
+def sort_default() -> str:
+    """The large-batch sort env CUZK_GPU_MSM_SORT names (unset: "radix"); ConfigError for another value."""
+    mode = os.environ.get(SORT_ENV, "").strip().lower() or "radix"
+    if mode not in SORT_MODES:
+        raise ConfigError(f"{SORT_ENV}={mode!r}: one of {', '.join(SORT_MODES)}")
+    return mode
+
+
 def g2_split_default() -> bool:
     """Whether env CUZK_GPU_MSM_G2_SPLIT turns the component-split G2 accumulation on (default: off)."""
     return env_switch(G2_SPLIT_ENV, False)
@@ -280,6 +297,8 @@ class MsmParams:
     # msm_radix_scatter's __launch_bounds__ minimum blocks of 256 per SM (compiled in, both groups; None:
     # the kernel's default, MSM_RADIX_MIN_BLOCKS in msm.cu)
     radix_min_blocks: int | None = None
+    # how window batches above the counting sort's buckets are sorted: "radix" or "argsort" (SORT_ENV)
+    large_sort: str = field(default_factory=sort_default)
 
     def __post_init__(self) -> None:
         def pow2(x: int) -> bool:
@@ -305,6 +324,8 @@ class MsmParams:
             raise ConfigError(f"MsmParams.fq_mixed_n={self.fq_mixed_n}: in [1, 6]")
         if self.split_min_blocks is not None and not 1 <= self.split_min_blocks <= 16:
             raise ConfigError(f"MsmParams.split_min_blocks={self.split_min_blocks}: in [1, 16] or None")
+        if self.large_sort not in SORT_MODES:
+            raise ConfigError(f"MsmParams.large_sort={self.large_sort!r}: one of {', '.join(SORT_MODES)}")
         if self.radix_min_blocks is not None and not 1 <= self.radix_min_blocks <= 8:
             raise ConfigError(f"MsmParams.radix_min_blocks={self.radix_min_blocks}: in [1, 8] or None")
         if self.ga_min_blocks is not None and not 1 <= self.ga_min_blocks <= 16:

@@ -816,7 +816,10 @@ class _Msm:
     def _sort(self, keys: Any, n: int, bins: int, cfg: int) -> Any:
         """Positions of the n keys (``keys`` holds n + 1: the last is scratch) ordered by bucket
         (``bins`` buckets; zero digits last): the counting sort (sort.cuh) up to
-        :data:`COUNTING_SORT_BINS` buckets, else the radix sort over the bits the keys use."""
+        :data:`COUNTING_SORT_BINS` buckets, else the radix sort over the bits the keys use (or
+        ``cupy.argsort``, ``params.large_sort``)."""
+        if bins > COUNTING_SORT_BINS and self.params.large_sort == "argsort":
+            return cupy.argsort(keys[:n])
         if bins > COUNTING_SORT_BINS:
             # a key is bucket << (1 + wb) | low bits < bins << (1 + wb): sorting one bit more puts
             # MSM_KEY_NONE (every bit set) after every real key

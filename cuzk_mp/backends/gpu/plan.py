@@ -91,6 +91,9 @@ KEY_BYTES = 4  # uint32 sort key per (window, scalar) (msm_digits)
 # positions instead), the previous batch's positions, dropped only once the new ones are assigned,
 # and the digit counts and offsets (under a byte a key: 2 x 512 x 4 B a tile of 4096 keys).
 SORT_BYTES_PER_KEY = KEY_BYTES + 2 * (KEY_BYTES + KEY_BYTES) + INDEX_BYTES + 1
+# cupy.argsort (MsmParams.large_sort "argsort"): the key, its copy and CUB's key and index double
+# buffers, the int64 output, and the previous batch's positions.
+ARGSORT_BYTES_PER_KEY = KEY_BYTES + KEY_BYTES + INDEX_BYTES + (KEY_BYTES + INDEX_BYTES) + INDEX_BYTES
 # The counting sort (kernels/msm/sort.cuh, every pass a graph captures): the key and its position.
 COUNTING_SORT_BYTES_PER_KEY = KEY_BYTES + INDEX_BYTES
 # classify: one uint8 class per scalar, the classes of the support's rows (uint8), a boolean mask
@@ -159,18 +162,21 @@ class KeyShape:
 
 
 def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
-                      multiples_c: int | None = None, sort_bytes: int = SORT_BYTES_PER_KEY,
+                      multiples_c: int | None = None, sort_bytes: int | None = None,
                       captured: bool = False) -> int:
     """Device bytes one MSM run allocates beyond its points and scalars, at its peak, with every
     scalar "other" (the Pippenger path of :meth:`.msm._Msm._pippenger`; the sum of the ones uses
     less per scalar): windows of c bits (``multiples_c``, else the params' or
     :func:`.knobs.choose_window`), batches of at most ``params.max_entries`` sort keys, each with
-    the sort's bytes per key (``sort_bytes``: :data:`SORT_BYTES_PER_KEY`, the radix sort's), its
+    the sort's bytes per key (``sort_bytes``; None: :data:`SORT_BYTES_PER_KEY`, the radix sort's, or
+    :data:`ARGSORT_BYTES_PER_KEY` for ``params.large_sort`` "argsort"), its
     bucket sets (one per window of the batch without multiples; the shared set and the batch's
     with them), the accumulation heads and the first combine level (each later level replaces the
     one before it, which is then freed; in a captured graph (``captured``) every level stays); plus
     the window sums. An upper bound: the sort's buffers and the heads are counted as alive together."""
     p = params or MsmParams()
+    if sort_bytes is None:
+        sort_bytes = ARGSORT_BYTES_PER_KEY if p.large_sort == "argsort" else SORT_BYTES_PER_KEY
     m = max(1, int(n_scalars))
     xyzz = 2 * (G2_BYTES if g2 else G1_BYTES)
     c = multiples_c or p.window_bits or choose_window(m)
