@@ -345,9 +345,10 @@ def steady_s_per_job(run: _Run, part_done: dict[tuple[str, int], float], partiti
 def capacity_s_per_partition(partitions: list[dict[str, Any]], devices: int, workers: int) -> float:
     """The fewest seconds a partition can take in steady state: its slower stage's median time over
     that stage's parallelism (the device stage runs one partition a device at a time, its batch
-    share counted; synthesis, witness included, one a worker); 0 where no partition has timings."""
+    share counted; synthesis, one a worker: its timing runs from the witness's start, so the witness
+    is inside it); 0 where no partition has timings."""
     device = median_stage(partitions, "device") or 0.0
-    synthesis = (median_stage(partitions, "witness") or 0.0) + (median_stage(partitions, "synthesis") or 0.0)
+    synthesis = median_stage(partitions, "synthesis") or 0.0
     return max(device / max(devices, 1), synthesis / max(workers, 1))
 
 
