@@ -324,6 +324,40 @@ def test_a_result_is_given_out_only_once_the_journal_has_it(tmp_path: Path) -> N
         Journal._finish = real  # type: ignore[method-assign]
 
 
+def test_a_job_that_ended_before_a_shutdown_gives_its_waiter_the_result(tmp_path: Path) -> None:
+    """SIGTERM right after a job ended, its journal write still under way (a slow fsync): the shutdown
+    waits for that write, and the job's waiter gets the proofs, not "shutting down ... resumes after a
+    restart" for a job the journal then records as done."""
+    from cuzk_mp.daemon.journal import Journal
+
+    real = Journal._finish
+
+    def slow(self: Journal, job_id: str, reply: P.JobReply) -> None:
+        time.sleep(0.3)
+        real(self, job_id, reply)
+
+    got: dict[str, Any] = {}
+
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            job = (await c.submit("syn", synthetic_partitions(2))).job_id
+            waiter = asyncio.ensure_future(c.await_proof(job, timeout_s=30))
+            deadline = time.monotonic() + 10
+            while d.jobs.jobs[job].state != "done" and time.monotonic() < deadline:
+                await asyncio.sleep(0.01)
+            stop = asyncio.ensure_future(d.stop())
+            got["reply"] = await waiter
+            await stop
+
+    Journal._finish = slow  # type: ignore[method-assign]
+    try:
+        run_daemon(tmp_path, body)
+    finally:
+        Journal._finish = real  # type: ignore[method-assign]
+    r = got["reply"]
+    assert r.state == "done" and all(p.proof for p in r.partitions), r
+
+
 def test_exit_when_idle_waits_for_connections_and_jobs(tmp_path: Path) -> None:
     async def stops_within(d: Daemon, s: float) -> bool:
         t_end = time.monotonic() + s

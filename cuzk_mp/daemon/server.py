@@ -236,7 +236,8 @@ class Daemon:
         for _ in range(3):  # let callbacks forwarded by the engine before it stopped run
             await asyncio.sleep(0)
         if self.jobs is not None:
-            self.jobs.closing.set()
+            await self.jobs.flush()  # jobs that ended are journaled, and their waiters get the result,
+            self.jobs.closing.set()  # before the waiters of unfinished ones hear "shutting down"
             await asyncio.sleep(0.05)  # waiters answer before their connections close
             await self.jobs.flush()
         for comm in list(self._comms):
