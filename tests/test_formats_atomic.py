@@ -60,6 +60,29 @@ def test_a_fifo_is_written_in_place(tmp_path: Path) -> None:
     assert not leftovers(tmp_path)
 
 
+def test_a_pair_of_fifos_is_written_in_order(tmp_path: Path) -> None:
+    """A reader that reads the proof's pipe to its end, then the public signals' (snarkjs's order):
+    each output is written whole and closed before the next opens, so neither side waits forever."""
+    proof, public, regular = tmp_path / "proof.fifo", tmp_path / "public.fifo", tmp_path / "vk.json"
+    os.mkfifo(proof)
+    os.mkfifo(public)
+    got: list[bytes] = []
+
+    def read_in_order() -> None:
+        got.append(proof.read_bytes())
+        got.append(public.read_bytes())
+
+    reader = threading.Thread(target=read_in_order, daemon=True)
+    reader.start()
+    writer = threading.Thread(target=write_json_files, args=([(proof, ["p"]), (public, ["s"]), (regular, ["v"])],),
+                              daemon=True)
+    writer.start()
+    writer.join(timeout=20)
+    reader.join(timeout=20)
+    assert not writer.is_alive() and not reader.is_alive(), "writer and reader wait on each other"
+    assert got == [b'[\n "p"\n]', b'[\n "s"\n]'] and regular.read_text() == '[\n "v"\n]'
+
+
 def test_a_full_device_is_an_output_error_and_stays_a_device() -> None:
     if not os.path.exists("/dev/full"):
         pytest.skip("no /dev/full here")

@@ -121,15 +121,39 @@ def write_json_files(items: Sequence[tuple[str | os.PathLike[str], Any]]) -> Non
     before the first is renamed into place, so a proof is never left without its public signals
     because the second path could not be written. The renames of one call happen under a lock on
     their folders (``flock``), so two processes writing the same pair leave one's pair, never
-    one's proof beside the other's public signals."""
+    one's proof beside the other's public signals.
+
+    Outputs written in place (a FIFO, /dev/stdout: see the module docstring) are written after every
+    regular file is whole, each closed before the next opens and in the order given, so a reader
+    of ``proof`` then ``public`` (snarkjs's order) sees them in that order and never waits on a pipe
+    this process has not finished writing."""
     with ExitStack() as locks:
         with ExitStack() as files:
+            streams = []
             for path, obj in items:
-                files.enter_context(atomic_output(path, "wb")).write(json.dumps(obj, indent=1).encode("utf-8"))
-            if len(items) > 1:
+                data = json.dumps(obj, indent=1).encode("utf-8")
+                if _written_in_place(path):
+                    streams.append((path, data))
+                else:
+                    files.enter_context(atomic_output(path, "wb")).write(data)
+            for path, data in streams:
+                with atomic_output(path, "wb") as f:
+                    f.write(data)
+            if len(items) - len(streams) > 1:
                 for folder in sorted({os.path.dirname(os.path.realpath(path)) for path, _ in items}):
                     locks.enter_context(_folder_lock(folder))
         # the files' renames ran as ``files`` closed, under the locks; they are released now
+
+
+def _written_in_place(path: str | os.PathLike[str]) -> bool:
+    """Whether :func:`atomic_output` writes ``path`` in place (a FIFO, a device, an open descriptor)
+    rather than through a temporary file; False where it cannot tell (atomic_output names the error)."""
+    given = os.fspath(path)
+    try:
+        mode = os.stat(given).st_mode
+    except OSError:
+        return False
+    return not stat.S_ISDIR(mode) and (not stat.S_ISREG(mode) or _a_descriptor(given))
 
 
 @contextmanager
