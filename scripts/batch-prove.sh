@@ -22,8 +22,8 @@ the name and content of every input file: a rerun after an interruption re-attac
 the daemon already has (no proof is computed twice), two entries never share an id however
 alike their names, and an input changed since the last run is a new job. An entry whose job
 failed (the client's exit 1 or 2, or a proof that does not verify) gets a new attempt; one that
-was only not waited for to its end (an interruption, --timeout, the daemon unreachable) keeps its
-id, so the rerun re-attaches to it.
+was only not waited for to its end (an interruption, --timeout, the daemon unreachable), or proved
+with its files not written here (a full disk), keeps its id, so the rerun re-attaches to it.
 
   --connect ADDR   unix:///path or host:port (default $CUZK_MP_CONNECT or 127.0.0.1:9820)
   -j, --jobs N     jobs in flight (default 4)
@@ -121,6 +121,13 @@ prove_one() {
   rc=0
   "${cuzk[@]}" client prove --connect "$BP_CONNECT" --circuit "$BP_CIRCUIT" --out "$dir" \
       --request-id "$rid" "${extra[@]}" "${files[@]}" > "$dir/result.json" 2> "$dir/client.log" || rc=$?
+  if (( rc == 2 )) && grep -q '^ "state": "done"' "$dir/result.json" 2>/dev/null; then
+    # the job is done but its files could not be written here (a full disk): the rerun re-attaches
+    # with the same request id and writes them, rather than proving it again
+    echo "exit $rc (files not written)" > "$dir/.pending"
+    echo "[pending] $name (proved, its files not written; a rerun writes them; see $dir/client.log)"
+    return 0
+  fi
   if (( rc == 1 || rc == 2 )); then  # the job failed (or its input is bad): a new attempt next time
     echo "exit $rc" > "$dir/.failed"
     echo "[FAILED] $name (exit $rc; see $dir/result.json and $dir/client.log)"

@@ -255,15 +255,20 @@ while [[ $# -gt 0 ]]; do
   case "$1" in --request-id) echo "$2" >> "$log"; shift 2 ;; *) shift ;; esac
 done
 if [[ -n "${BP_TEST_EXIT:-}" ]]; then exit "$BP_TEST_EXIT"; fi
-echo '{"state": "done"}'
+echo '{"job_id": "j1",'; echo ' "state": "done"}'
+# the job is done, its files not written (a full disk: the client's OutputError, exit 2)
+if [[ -n "${BP_TEST_UNWRITTEN:-}" ]]; then echo "cuzk-mp: error: out: cannot write it" >&2; exit 2; fi
 """
 
 
-def batch(tmp_path: Path, *args: str, client_exit: int | None = None) -> subprocess.CompletedProcess[str]:
+def batch(tmp_path: Path, *args: str, client_exit: int | None = None,
+          unwritten: bool = False) -> subprocess.CompletedProcess[str]:
     fake = _fake_bin(tmp_path / "fakebin", "cuzk-mp", FAKE_CUZK) / "cuzk-mp"
     env = {**os.environ, "CUZK_MP": str(fake), "BP_TEST_LOG": str(tmp_path / "ids.log")}
     if client_exit is not None:
         env["BP_TEST_EXIT"] = str(client_exit)
+    if unwritten:
+        env["BP_TEST_UNWRITTEN"] = "1"
     return subprocess.run([str(SCRIPTS / "batch-prove.sh"), *args], env=env, capture_output=True, text=True,
                           timeout=120)
 
@@ -330,6 +335,21 @@ def test_batch_rerun_reattaches_unless_the_job_failed(tmp_path: Path) -> None:
     assert batch(tmp_path, *args, client_exit=1).returncode == 1 and _ids(tmp_path)[-1] == ids[0]
     assert batch(tmp_path, *args).returncode == 0  # the failed job's entry: a new attempt
     assert _ids(tmp_path)[-1].endswith("-2") and (out / "a" / ".done").exists()
+
+
+def test_batch_rerun_writes_a_done_jobs_files_without_proving_it_again(tmp_path: Path) -> None:
+    """The client's exit 2 for a job that is done but whose files could not be written (a full disk)
+    is no failure of the job: the rerun re-attaches with the same request id and writes them."""
+    inputs, out = tmp_path / "in", tmp_path / "out"
+    inputs.mkdir()
+    (inputs / "a.json").write_text('{"x": "1"}')
+    args = ["--circuit", "c", "--out", str(out), str(inputs)]
+    proc = batch(tmp_path, *args, unwritten=True)
+    assert proc.returncode == 1 and "[pending] a (proved, its files not written" in proc.stdout, proc.stdout
+    assert batch(tmp_path, *args).returncode == 0
+    ids = _ids(tmp_path)
+    assert len(ids) == 2 and ids[0] == ids[1] and ids[0].endswith("-1"), ids
+    assert (out / "a" / ".done").exists()
 
 
 def test_batch_help_and_argument_errors(tmp_path: Path) -> None:
