@@ -109,17 +109,38 @@ def test_the_ring_fits_the_shared_memory_tmpfs() -> None:
 
 
 def test_auto_budgets_follow_the_cgroup_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """In a container or a unit with MemoryMax= the limit, not the machine's RAM, is what "auto" may use."""
+    """In a container or a unit with MemoryMax= the limit, not the machine's RAM, is what "auto" may
+    use: the process's own cgroup's limit (a systemd unit's), or an ancestor's, whichever is lowest."""
     from cuzk_mp.pipeline import memory
 
     ram = psutil.virtual_memory().total
-    limit = tmp_path / "memory.max"
-    monkeypatch.setattr(memory, "CGROUP_LIMITS", (str(limit), str(tmp_path / "absent")))
-    limit.write_text("max\n")
+    root = tmp_path / "cgroup"
+    unit = root / "system.slice" / "cuzk-mp.service"
+    unit.mkdir(parents=True)
+    proc = tmp_path / "proc-self-cgroup"
+    proc.write_text("0::/system.slice/cuzk-mp.service\n")
+    monkeypatch.setattr(memory, "CGROUP_ROOT", str(root))
+    monkeypatch.setattr(memory, "PROC_CGROUP", str(proc))
+    (root / "memory.max").write_text("max\n")
+    (unit / "memory.max").write_text("max\n")
     assert memory.machine_memory_bytes() == ram
-    limit.write_text(f"{900 * MiB}\n")
+    (unit / "memory.max").write_text(f"{900 * MiB}\n")  # MemoryMax=900M on the unit: the root says max
     assert memory.machine_memory_bytes() == min(ram, 900 * MiB)
     assert host_budget_bytes("auto", "x") == max(0, min(ram, 900 * MiB) - 4 * GiB)
+    (root / "system.slice" / "memory.max").write_text(f"{700 * MiB}\n")  # a lower limit on its slice
+    assert memory.machine_memory_bytes() == min(ram, 700 * MiB)
+
+
+def test_cgroup_limit_files_of_both_hierarchies() -> None:
+    from cuzk_mp.pipeline.memory import cgroup_limit_files
+
+    text = "12:memory:/docker/abc\n4:cpu,cpuacct:/docker/abc\n0::/user.slice/session-1.scope\n"
+    assert cgroup_limit_files(text, "/cg") == [
+        "/cg/memory/docker/abc/memory.limit_in_bytes", "/cg/memory/docker/memory.limit_in_bytes",
+        "/cg/memory/memory.limit_in_bytes",
+        "/cg/user.slice/session-1.scope/memory.max", "/cg/user.slice/memory.max", "/cg/memory.max"]
+    assert cgroup_limit_files("0::/\n", "/cg") == ["/cg/memory.max"]  # a container's own namespace
+    assert cgroup_limit_files("garbage\n", "/cg") == []
 
 
 def test_batched_small_partitions_get_a_full_batch_ready_per_worker() -> None:

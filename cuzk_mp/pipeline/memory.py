@@ -101,16 +101,47 @@ def parse_size(value: object, key: str, *, allow_auto: bool = False) -> int | No
 AUTO_RESERVE_BYTES = 4 * GiB  # "auto" budgets leave this much of the machine's RAM to everything else
 
 
-CGROUP_LIMITS = ("/sys/fs/cgroup/memory.max", "/sys/fs/cgroup/memory/memory.limit_in_bytes")  # v2, v1
+CGROUP_ROOT = "/sys/fs/cgroup"  # where the cgroup hierarchies are mounted
+PROC_CGROUP = "/proc/self/cgroup"  # this process's cgroup in each hierarchy
+
+
+def cgroup_limit_files(proc_cgroup: str, root: str = CGROUP_ROOT) -> list[str]:
+    """The memory-limit files that bind a process whose ``/proc/self/cgroup`` reads ``proc_cgroup``:
+    its own cgroup's and every ancestor's up to the root, in the unified hierarchy (v2: ``0::/path``,
+    ``memory.max``) and in v1's memory controller (``N:memory:/path``, ``memory.limit_in_bytes``). A
+    systemd unit's MemoryMax= is its own cgroup's limit, not the root's; inside a container with its
+    own cgroup namespace the path is ``/`` and the root's file is the container's."""
+    files: list[str] = []
+    for line in proc_cgroup.splitlines():
+        parts = line.split(":", 2)
+        if len(parts) != 3:
+            continue
+        _, controllers, path = parts
+        if controllers == "":
+            base, name = root, "memory.max"
+        elif "memory" in controllers.split(","):
+            base, name = os.path.join(root, "memory"), "memory.limit_in_bytes"
+        else:
+            continue
+        parts_of_path = [p for p in path.split("/") if p]
+        for depth in range(len(parts_of_path), -1, -1):
+            files.append(os.path.join(base, *parts_of_path[:depth], name))
+    return files
 
 
 def machine_memory_bytes() -> int:
-    """The memory this process may use: the machine's RAM, or its cgroup's limit where lower (a
-    container, a systemd unit's MemoryMax=): "auto" budgets sized by RAM alone would be OOM-killed."""
+    """The memory this process may use: the machine's RAM, or the lowest cgroup limit over its
+    cgroup and their ancestors where lower (a container, a systemd unit's MemoryMax=:
+    :func:`cgroup_limit_files`): "auto" budgets sized by RAM alone would be OOM-killed."""
     import psutil
 
     total = int(psutil.virtual_memory().total)
-    for path in CGROUP_LIMITS:
+    try:
+        with open(PROC_CGROUP) as f:
+            paths = cgroup_limit_files(f.read(), CGROUP_ROOT)
+    except OSError:
+        paths = []
+    for path in paths:
         try:
             with open(path) as f:
                 text = f.read().strip()
