@@ -410,3 +410,31 @@ def test_a_full_shared_memory_tmpfs_is_a_resource_error_not_a_sigbus(prefix: str
             ringmod._populate(Unpopulatable(), write=True)  # type: ignore[arg-type]
     finally:
         ring.destroy()
+
+
+def test_a_ring_that_cannot_be_made_leaves_no_descriptor_or_name(prefix: str,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    """/dev/shm full when the ring's second semaphore is made: a ResourceError, its names unlinked,
+    and the control block's descriptor closed (a daemon that retries must not run out of them)."""
+    import errno
+
+    import posix_ipc
+
+    from cuzk_mp.errors import ResourceError
+
+    real = posix_ipc.Semaphore
+    calls = [0]
+
+    def second_fails(name: str, *args: object, **kwargs: object) -> object:
+        calls[0] += 1
+        if calls[0] % 2 == 0:
+            raise OSError(errno.ENOSPC, "No space left on device")
+        return real(name, *args, **kwargs)
+
+    monkeypatch.setattr(ringmod.posix_ipc, "Semaphore", second_fails)
+    fds = len(os.listdir("/proc/self/fd"))
+    for _ in range(10):
+        with pytest.raises(ResourceError, match="/dev/shm"):
+            Ring.create(prefix, 2)
+    assert len(os.listdir("/proc/self/fd")) == fds
+    assert shm_entries(prefix) == []

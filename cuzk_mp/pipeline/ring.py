@@ -286,11 +286,14 @@ class Ring:
         name = f"{prefix}.{secrets.token_hex(_TOKEN_BYTES)}"
         handle = RingHandle(name, n_slots)
         size = 8 * _HEADER_WORDS + SLOT_DTYPE.itemsize * n_slots
+        ctl = None
         try:
             ctl = posix_ipc.SharedMemory(f"/{name}-ctl", posix_ipc.O_CREX, size=size)
             posix_ipc.Semaphore(f"/{name}-free", posix_ipc.O_CREX, initial_value=n_slots).close()
             posix_ipc.Semaphore(f"/{name}-ready", posix_ipc.O_CREX, initial_value=0).close()
         except OSError as e:
+            if ctl is not None:
+                ctl.close_fd()
             cleanup_stale(name)
             if e.errno not in (errno.ENOSPC, errno.ENOMEM):
                 raise
