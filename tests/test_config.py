@@ -250,7 +250,8 @@ def test_memory_budget_is_what_is_left(tmp_path: Path) -> None:
     def pipeline(log_n: int, kind: str, slots: int, workers: int, provers: int) -> int:
         """The model's pipeline share: the engine, the ring, the workers, the provers (keys excluded)."""
         n_vars = synthetic_circuit(kind, log_n).n_wires
-        ws: WorkingSets = model_working_sets(CircuitSize(1 << log_n, n_vars, 0, 0), "cpu", 2, 8)  # prover_batch 8
+        # prover_batch 8, at most the ring's slots
+        ws: WorkingSets = model_working_sets(CircuitSize(1 << log_n, n_vars, 0, 0), "cpu", 2, 8, slots)
         assert ws.synth == SYNTH_SCRATCH_BYTES  # a worker's scratch: never a partition's vectors
         return ENGINE_ALLOWANCE_BYTES + slots * partition_segment_bytes(1 << log_n, n_vars) + workers * ws.synth \
             + provers * ws.prover

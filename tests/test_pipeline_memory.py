@@ -270,7 +270,12 @@ def test_cpu_prover_working_set_grows_with_its_batch() -> None:
     assert eight.prover >= 758 * 10**6
     assert model_working_sets(POREP_24, "cpu", 2, 8) == model_working_sets(POREP_24, "cpu", 2, 1)
     assert model_working_sets(POREP_18, "gpu", 2, 8) == model_working_sets(POREP_18, "gpu", 2, 1)
-    # the shape derivation sizes the CPU pipeline with the batch it will run
+    # a pass takes READY slots: never more partitions than the ring has slots
+    assert model_working_sets(POREP_18, "cpu", 2, 8, ring_slots=3) == model_working_sets(POREP_18, "cpu", 2, 3)
+    assert model_working_sets(POREP_18, "cpu", 2, 8, ring_slots=16) == eight
+    # the shape derivation sizes the CPU pipeline with the batch it will run, in the ring it derives
     budget = 24 * GiB
     batched = explain_shape(budget, POREP_18, cores=2, backend="cpu", batch=8)
-    assert batched.bound.provers == eight.prover and batched.bound.total <= budget
+    slots = batched.shape.ring_slots
+    assert batched.bound.provers == model_working_sets(POREP_18, "cpu", 2, min(8, slots)).prover
+    assert batched.bound.total <= budget

@@ -115,7 +115,7 @@ def breakdown(total: int, margin: int, engine: EngineConfig, circuit: CircuitSiz
     shape = Shape(engine.ring_slots, engine.partition_workers, engine.threads_per_partition())
     keyless = CircuitSize(circuit.domain_size, circuit.n_vars, 0, 0, abc=circuit.abc)  # the keys are what is left
     ws = model_working_sets(keyless, _model_backend(engine), engine.gpu_workers_per_device,
-                            prover_batch(engine.prover_batch))
+                            prover_batch(engine.prover_batch), engine.ring_slots)
     bound = host_bound(shape, keyless, provers, ws)
     processes = (1 + engine.partition_workers + provers) * PROCESS_BASE_BYTES
     pipeline = bound.total - bound.fixed

@@ -440,7 +440,7 @@ def memory_bound(raw: dict[str, Any], config: dict[str, Any]) -> dict[str, Any]:
     # the model's fixed part as the daemon budgets it (:func:`~.memory.fixed_bytes`): the measured idle PSS
     # plus the circuit data, which no process has touched while idle (synthesis maps it on its first task)
     ws_model = model_working_sets(circuit, config["backend"], config["gpu_workers"],
-                                  prover_batch(EngineConfig.prover_batch))
+                                  prover_batch(EngineConfig.prover_batch), config["ring_slots"])
     model = host_bound(shape, circuit, provers, ws_model, fixed=fixed + circuit.data_bytes)
     workers = [n for n in end if kind(n) in ("cuzk-synth", "cuzk-prover")]
     excess = max((end[n] - idle.get(n, 0) - ws.get(kind(n), 0) for n in workers), default=0)

@@ -257,20 +257,24 @@ def circuit_data_size(path: str | os.PathLike[str], abc: bool = True) -> Circuit
                        data_bytes=os.path.getsize(path), n_public=counts.n_public, abc=abc)
 
 
-def batched(circuit: CircuitSize, batch: int) -> int:
+def batched(circuit: CircuitSize, batch: int, ring_slots: int | None = None) -> int:
     """Partitions a prover worker takes in one pass: ``batch`` (the prover_batch cap) for partitions
-    small enough to batch (:data:`~.types.BATCH_MAX_BYTES`), else one."""
-    return max(1, batch) if 0 < circuit.segment_bytes <= BATCH_MAX_BYTES else 1
+    small enough to batch (:data:`~.types.BATCH_MAX_BYTES`), else one; never more than the ring's
+    slots (a pass takes READY slots, and a ring of ``ring_slots`` holds no more)."""
+    k = max(1, batch) if 0 < circuit.segment_bytes <= BATCH_MAX_BYTES else 1
+    return min(k, max(1, ring_slots)) if ring_slots is not None else k
 
 
-def model_working_sets(circuit: CircuitSize, backend: str, prover_workers: int, batch: int = 1) -> WorkingSets:
+def model_working_sets(circuit: CircuitSize, backend: str, prover_workers: int, batch: int = 1,
+                       ring_slots: int | None = None) -> WorkingSets:
     """Predicted working sets: a worker's scratch (never a partition's vectors); a prover's host
-    memory (CPU: a private copy of each staged partition, a full batch (:func:`batched`) for each of
-    its workers, plus the pass's H scratch and MSM scalar objects, which grow with its batch; GPU: a
-    fixed allowance, as the device stages straight from the ring's segment)."""
+    memory (CPU: a private copy of each staged partition, a full batch (:func:`batched`, at most the
+    ring's slots) for each of its workers, plus the pass's H scratch and MSM scalar objects, which
+    grow with its batch; GPU: a fixed allowance, as the device stages straight from the ring's
+    segment)."""
     if backend != "cpu":
         return WorkingSets(synth=SYNTH_SCRATCH_BYTES, prover=GPU_PROVER_HOST_BYTES)
-    k = batched(circuit, batch)
+    k = batched(circuit, batch, ring_slots)
     scratch = (CPU_PROVER_BYTES_PER_ROW + (k - 1) * CPU_BATCH_BYTES_PER_ROW) * circuit.domain_size
     return WorkingSets(synth=SYNTH_SCRATCH_BYTES, prover=prover_workers * k * circuit.segment_bytes + scratch)
 
@@ -407,7 +411,6 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
     """
     cores = cores or os.cpu_count() or 1
     given = dict(given or {})
-    ws = model_working_sets(circuit, backend, prover_workers, batch)
     gpu = backend != "cpu"
     cpu_provers = 0 if gpu else provers
     spare = synthesis_cores(cores, backend, provers)
@@ -424,7 +427,8 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
         return max(1, spare // w) if gpu else default_synthesis_threads(w, cpu_provers, cores)
 
     def bound(w: int, k: int) -> Bound:
-        return host_bound(Shape(k, w, threads_for(w)), circuit, provers, ws, backend=backend)
+        ws_k = model_working_sets(circuit, backend, prover_workers, batch, ring_slots=k)
+        return host_bound(Shape(k, w, threads_for(w)), circuit, provers, ws_k, backend=backend)
 
     def fits(w: int, k: int) -> bool:
         return bound(w, k).total <= budget and (shm_bytes is None or k * circuit.segment_bytes <= shm_bytes)
