@@ -178,7 +178,8 @@ def _prove_warm(args: argparse.Namespace) -> int:
     (:mod:`cuzk_mp.daemon.warm`), started here when none runs and left running until SECONDS pass
     with no proof: the first call pays the daemon's start and key load, the next ones are client
     processes (~0.2 s where a one-shot GPU process takes ~1.4 s at 2^16 on the H200). A daemon that
-    idles out (or is killed) between finding it and proving is started again, twice at most, and the
+    idles out (or is killed, or answers that it is shutting down) between finding it and proving is
+    started again, twice at most, and the
     proof is asked for under one request id throughout: a daemon restarted from its journal answers
     with the job it already has instead of proving it twice."""
     from .daemon.prove_files import Unreachable
@@ -196,11 +197,13 @@ def _prove_warm(args: argparse.Namespace) -> int:
         addr = ensure(spec)
         try:
             return _prove_at(addr, "", CIRCUIT_ID, args, job, request_id)
-        except Unreachable as e:
+        except (Unreachable, Unavailable) as e:
             if attempt == WARM_ATTEMPTS - 1:
                 return final_error(EXIT_UNREACHABLE, str(e))
             log.info("%s; starting it again", e)
-            time.sleep(0.2 * (attempt + 1))  # a daemon killed a moment ago may still take a connect
+            # a daemon killed a moment ago may still take a connect; one that answered "shutting down"
+            # (it idled out as this call came) takes a second or two to go, then is started again
+            time.sleep((1.0 if isinstance(e, Unavailable) else 0.2) * (attempt + 1))
     raise AssertionError("unreachable")
 
 

@@ -219,9 +219,12 @@ def test_a_truncated_key_through_keep_warm_is_the_input_error_it_is_one_shot(run
 
 def test_a_lost_warm_daemon_is_asked_again_under_the_same_request_id(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    """A warm daemon killed mid-proof is started again and asked again with the same request id, so
-    the restarted daemon (its journal holds the job) re-attaches instead of proving a second time."""
+    """A warm daemon killed mid-proof, or one that answers it is shutting down, is started again and
+    asked again with the same request id, so the restarted daemon (its journal holds the job)
+    re-attaches instead of proving a second time."""
     import argparse
+
+    from cuzk_mp.errors import Unavailable
 
     from cuzk_mp import cli
     from cuzk_mp.daemon import prove_files
@@ -234,8 +237,10 @@ def test_a_lost_warm_daemon_is_asked_again_under_the_same_request_id(tmp_path: P
     def prove(addr: str, token: str, circuit: str | None, zkey: Path, source: Path, part: object,
               proof: Path, public: Path, request_id: str = "") -> tuple[str, str]:
         asked.append(request_id)
-        if len(asked) < 3:
+        if len(asked) == 1:
             raise prove_files.Unreachable("lost the daemon: Broken pipe")
+        if len(asked) == 2:  # it idled out as the call came: draining, its listener not yet closed
+            raise Unavailable("the daemon is shutting down")
         return "key", request_id
 
     monkeypatch.setattr(prove_files, "prove_to_files", prove)
