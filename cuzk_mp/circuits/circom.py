@@ -20,8 +20,10 @@ circom_runtime 0.1.28's ``WitnessCalculatorCircom2`` (js/witness_calculator.js):
    index, reading the value back from the shared memory (standard form, LE).
 
 Differences from snarkjs, on purpose (the results for accepted inputs are identical):
-- an input name that is not an input signal is always an error (circom's wasm reports size 0
-  for it, so snarkjs says "Too many values for input signal X", or accepts ``X: []``);
+- values for a name that is not an input signal are an error naming it (circom's wasm reports
+  size 0 for it, so snarkjs says "Too many values for input signal X"); an empty array under such
+  a name sets nothing and is accepted, as snarkjs does: it is how a zero-length input array
+  (``signal input x[0]``, a template built with n = 0) is given, and the wasm cannot tell the two apart;
 - a JSON number that a JavaScript double cannot hold exactly (e.g. 2^64 + 1 unquoted) is an
   error asking for a string, where snarkjs silently rounds it to the nearest double;
 - input JSON is read within limits (:func:`parse_input_json`): arrays nested at most
@@ -425,6 +427,8 @@ class WitnessCalculator:
         size = inst.call("getInputSignalSize", h >> 32, h & 0xFFFFFFFF)
         values = flatten_values(value, name)
         if size <= 0:
+            if not values:  # a zero-length input array (or a name the circuit lacks) given no values
+                return 0
             raise InputError(f"{name!r} is not an input signal of the circuit")
         if len(values) != size:
             problem = "not enough" if len(values) < size else "too many"
