@@ -80,18 +80,18 @@ def test_proof_reader_accepts_snarkjs_variants() -> None:
 
 
 @pytest.mark.parametrize(("mutate", "message"), [
-    (lambda o: o["pi_b"][1].__setitem__(0, "0X12"), r"proof\.json: pi_b\[1\]\[0\]: not a decimal string: '0X12'"),
-    (lambda o: o["pi_b"][1].__setitem__(0, "0x"), r"pi_b\[1\]\[0\]: not a decimal string: '0x'"),
-    (lambda o: o["pi_b"][1].__setitem__(0, "0x" + "f" * 201), r"pi_b\[1\]\[0\]: not a decimal string"),
+    (lambda o: o["pi_b"][1].__setitem__(0, "0X12"), r"proof\.json: pi_b\[1\]\[0\]: not a decimal or 0x hex string: '0X12'"),
+    (lambda o: o["pi_b"][1].__setitem__(0, "0x"), r"pi_b\[1\]\[0\]: not a decimal or 0x hex string: '0x'"),
+    (lambda o: o["pi_b"][1].__setitem__(0, "0x" + "f" * 201), r"pi_b\[1\]\[0\]: not a decimal or 0x hex string"),
     (lambda o: o["pi_c"].__setitem__(0, hex(Q_MOD)), r"pi_c\[0\]: \d+ is not < q"),
     (lambda o: o["pi_a"].__setitem__(0, "-1"), r"proof\.json: pi_a\[0\]: -1 is negative"),
-    (lambda o: o["pi_a"].__setitem__(1, " 1"), r"pi_a\[1\]: not a decimal string"),
-    (lambda o: o["pi_a"].__setitem__(1, "1.0"), r"pi_a\[1\]: not a decimal string"),
-    (lambda o: o["pi_a"].__setitem__(1, "\u0661"), r"pi_a\[1\]: not a decimal string"),
-    (lambda o: o["pi_a"].__setitem__(1, ""), r"pi_a\[1\]: not a decimal string"),
-    (lambda o: o["pi_a"].__setitem__(1, 1.0), r"pi_a\[1\]: not a decimal string \(float\)"),
-    (lambda o: o["pi_a"].__setitem__(1, True), r"pi_a\[1\]: not a decimal string \(bool\)"),
-    (lambda o: o["pi_a"].__setitem__(1, None), r"pi_a\[1\]: not a decimal string \(NoneType\)"),
+    (lambda o: o["pi_a"].__setitem__(1, " 1"), r"pi_a\[1\]: not a decimal or 0x hex string"),
+    (lambda o: o["pi_a"].__setitem__(1, "1.0"), r"pi_a\[1\]: not a decimal or 0x hex string"),
+    (lambda o: o["pi_a"].__setitem__(1, "\u0661"), r"pi_a\[1\]: not a decimal or 0x hex string"),
+    (lambda o: o["pi_a"].__setitem__(1, ""), r"pi_a\[1\]: not a decimal or 0x hex string"),
+    (lambda o: o["pi_a"].__setitem__(1, 1.0), r"pi_a\[1\]: not a decimal or 0x hex string \(float\)"),
+    (lambda o: o["pi_a"].__setitem__(1, True), r"pi_a\[1\]: not a decimal or 0x hex string \(bool\)"),
+    (lambda o: o["pi_a"].__setitem__(1, None), r"pi_a\[1\]: not a decimal or 0x hex string \(NoneType\)"),
     (lambda o: o["pi_c"].__setitem__(2, str(Q_MOD)), r"pi_c\[2\]: \d+ is not < q"),
     (lambda o: o["pi_b"][0].__setitem__(1, str(Q_MOD + 5)), r"pi_b\[0\]\[1\]: \d+ is not < q"),
     (lambda o: o["pi_a"].__setitem__(0, -3), r"pi_a\[0\]: -3 is negative"),
@@ -121,9 +121,9 @@ def test_public_signals() -> None:
     assert public_from_json([]) == []
     # out of [0, r): read as given, for the verifier's "invalid" (snarkjs: "Public inputs are not valid")
     assert public_from_json(["1", str(R_MOD), "-1", hex(R_MOD + 5)]) == [1, R_MOD, -1, R_MOD + 5]
-    with pytest.raises(FormatError, match=r"pub\.json: \[0\]: not a decimal string: '--1'"):
+    with pytest.raises(FormatError, match=r"pub\.json: \[0\]: not a decimal or 0x hex string: '--1'"):
         public_from_json(["--1"], name="pub.json")
-    with pytest.raises(FormatError, match=r"pub\.json: \[0\]: not a decimal string"):
+    with pytest.raises(FormatError, match=r"pub\.json: \[0\]: not a decimal or 0x hex string"):
         public_from_json(["abc"], name="pub.json")
     with pytest.raises(FormatError, match=r"pub\.json: top level: expected an array, got dict"):
         public_from_json({}, name="pub.json")
@@ -160,7 +160,7 @@ def test_vk_errors() -> None:
         ({"nPublic": "2"}, r"vk\.json: nPublic: expected a non-negative integer, got '2'"),
         ({"vk_alphabeta_12": obj["vk_alphabeta_12"][:1]}, r"vk_alphabeta_12: expected 2 elements"),
         ({"vk_alphabeta_12": [obj["vk_alphabeta_12"][0], [["1", "x"], ["1", "2"], ["3", "4"]]]},
-         r"vk_alphabeta_12\[1\]\[0\]\[1\]: not a decimal string"),
+         r"vk_alphabeta_12\[1\]\[0\]\[1\]: not a decimal or 0x hex string"),
         ({"vk_delta_2": [["1", "2"], ["3", "4"], ["1", "0"], ["0", "0"]]}, r"vk_delta_2: expected 2 or 3 elements, got 4"),
         ({"curve": "bn128"}, r"vk\.json: curve: is 'bn128'"),
     ]

@@ -17,7 +17,7 @@ integers are accepted where a JavaScript double holds them exactly (snarkjs's JS
 rounds the others, so it would check another value: :func:`read_json` refuses those,
 advising the decimal string); anything else (signs,
 floats, booleans, spaces) is a FormatError naming the field, e.g.
-``proof.json: pi_b[1][0]: not a decimal string``.
+``proof.json: pi_b[1][0]: not a decimal or 0x hex string``.
 """
 
 from __future__ import annotations
@@ -130,7 +130,7 @@ class _Ctx:
     def integer(self, value: Any, where: str) -> int:
         """A decimal string (a leading ``-`` allowed), a ``0x`` hex string or a JSON integer."""
         if isinstance(value, bool) or not isinstance(value, (str, int)):
-            raise self.fail(where, f"not a decimal string ({type(value).__name__})")
+            raise self.fail(where, f"not a decimal or 0x hex string ({type(value).__name__})")
         if isinstance(value, int):
             return value
         if _HEX.fullmatch(value):
@@ -139,7 +139,7 @@ class _Ctx:
         if not _DECIMAL.fullmatch(digits):
             if len(digits) > MAX_DIGITS and digits.isdigit():
                 raise self.fail(where, f"a decimal string of {len(digits)} digits, more than {MAX_DIGITS}")
-            raise self.fail(where, f"not a decimal string: {value[:40]!r}")
+            raise self.fail(where, f"not a decimal or 0x hex string: {value[:40]!r}")
         return int(value)
 
     def number(self, value: Any, where: str, bound: int, what: str) -> int:
