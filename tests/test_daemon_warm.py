@@ -290,3 +290,43 @@ def test_a_warm_daemon_that_died_while_another_call_waited_is_started_again(
     from cuzk_mp.errors import ResourceError
     with pytest.raises(ResourceError, match="exited \\(code 75\\) before it was ready"):
         warm.ensure(spec, timeout_s=10)
+
+
+@pytest.mark.parametrize("code", [-9, -15, 1])
+def test_a_warm_daemon_this_call_started_that_died_is_started_again(
+        runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, code: int) -> None:
+    """The call's own daemon killed (SIGKILL, SIGTERM) or ending 1 (a process of it died before READY)
+    before it was ready: started again, as a lost race's is, not the call's exit 4; an input error
+    (exit 2) is not retried: the same input fails the same way."""
+    from cuzk_mp.errors import InputError
+
+    key = tmp_path / "k.zkey"
+    key.write_bytes(b"zkey")
+    spec = warm.WarmSpec(key, "cpu", None, True, 30.0, None)
+    spawned: list[int] = []
+    ready = {"now": False}
+
+    class Child:
+        def __init__(self, exit_code: int | None) -> None:
+            self.exit_code = exit_code
+
+        def poll(self) -> int | None:
+            return self.exit_code
+
+    def spawn(cfg: Path, log_path: Path) -> Child:
+        spawned.append(1)
+        if len(spawned) == 1:
+            return Child(code)
+        ready["now"] = True
+        return Child(None)
+
+    monkeypatch.setattr(warm, "_spawn", spawn)
+    monkeypatch.setattr(warm, "_holder_alive", lambda journal: False)
+    monkeypatch.setattr(warm, "_answers", lambda sock: ready["now"])
+    assert warm.ensure(spec, timeout_s=10).startswith("unix://") and len(spawned) == 2
+    spawned.clear()
+    ready["now"] = False
+    monkeypatch.setattr(warm, "_spawn", lambda cfg, log_path: spawned.append(1) or Child(2))
+    with pytest.raises(InputError, match="exited \\(code 2\\) before it was ready"):
+        warm.ensure(spec, timeout_s=10)
+    assert len(spawned) == 1

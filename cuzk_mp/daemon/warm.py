@@ -38,7 +38,7 @@ from pathlib import Path
 
 from cuzk_mp.daemon.transport import CommClosedError, open_socket, parse_address
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
-from cuzk_mp.exit_codes import EXIT_ALREADY_RUNNING, EXIT_INPUT
+from cuzk_mp.exit_codes import EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT
 
 log = logging.getLogger("cuzk_mp.daemon.warm")
 
@@ -46,7 +46,7 @@ CIRCUIT_ID = "key"  # the one circuit of a warm daemon's config
 START_TIMEOUT_S = 900.0  # engine start (kernel loads on a fresh box) + the key's load
 POLL_S = 0.05
 PROGRESS_EVERY_S = 5.0
-MAX_RESTARTS = 2  # starts again, at most, where the daemon another call was starting died before it was ready
+MAX_RESTARTS = 2  # starts again, at most, where a daemon (this call's or another's) died before it was ready
 LOG_KEEP_BYTES = 1 << 20  # a daemon's log is rotated (one old copy) when it grows past this
 MAX_SOCKET_PATH = 104  # bytes of a unix socket's path that every platform takes (Linux: 107)
 
@@ -121,8 +121,10 @@ def config_text(spec: WarmSpec, sock: Path, journal: Path) -> str:
 
 def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
     """The address of the warm daemon of ``spec``, started first if none answers; returns once
-    it accepts connections (its key loaded). ResourceError if it does not come up in time or
-    exits with an error (the message quotes its log's last lines)."""
+    it accepts connections (its key loaded). A daemon that dies before it is ready (killed, or a
+    process of it died: exit 1; or another call's, which this one waited for) is started again,
+    :data:`MAX_RESTARTS` times at most. ResourceError if it does not come up in time or exits with
+    an error (InputError for the input's: exit 2; the message quotes its log's last lines)."""
     base = warm_dir()
     wid = warm_id(spec)
     sock, log_path, journal = base / f"{wid}.sock", base / f"{wid}.log", base / f"{wid}.journal"
@@ -154,6 +156,12 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
         if code == EXIT_ALREADY_RUNNING and not _holder_alive(journal) and not _answers(sock) \
                 and restarts < MAX_RESTARTS:  # that one died before it was ready: start one again
             log.info("the warm daemon that was starting for %s is gone: starting one again", spec.zkey)
+            child, restarts = _spawn(cfg, log_path), restarts + 1
+            continue
+        if code is not None and (code < 0 or code == EXIT_FAILED) and not _answers(sock) \
+                and restarts < MAX_RESTARTS:  # killed, or a process of it died: not the input's fault
+            log.info("the warm daemon starting for %s ended (code %d) before it was ready: starting one again",
+                     spec.zkey, code)
             child, restarts = _spawn(cfg, log_path), restarts + 1
             continue
         if code is not None and (code != EXIT_ALREADY_RUNNING or not _holder_alive(journal)) and not _answers(sock):
