@@ -26,3 +26,24 @@ def test_setup_child_logs_its_steps(tmp_path: Path, capfd: pytest.CaptureFixture
     assert "written in" in err  # the last line of setup_file
     with read_zkey(zkey) as z:
         assert z.domain_size == 1 << 10
+
+
+def test_a_killed_builders_temporaries_are_removed_by_the_next_build(tmp_path: Path) -> None:
+    """A key build killed mid-way leaves its temporary r1cs, zkey and output files in the cache (at
+    2^27 ~100 GB): the next caller of that key removes them under the key's lock; an output
+    temporary of a process that still runs (another key's build) stays."""
+    import os
+    import subprocess
+
+    from cuzk_mp.pipeline.keys import ensure_synthetic_key
+
+    gone = subprocess.Popen(["true"])
+    gone.wait()  # a pid that no longer runs
+    left = [tmp_path / ".porep-like-10.r1cs.abc123.tmp", tmp_path / ".porep-like-10.zkey.def456.tmp",
+            tmp_path / f".cuzk-mp-{gone.pid}-0a1b2c3d.tmp"]
+    live = tmp_path / f".cuzk-mp-{os.getpid()}-0a1b2c3d.tmp"
+    for p in [*left, live]:
+        p.write_bytes(b"x" * 100)
+    zkey, r1cs = ensure_synthetic_key("porep-like", 10, tmp_path, backend="cpu")
+    assert zkey.exists() and r1cs.exists()
+    assert not any(p.exists() for p in left) and live.exists()

@@ -32,6 +32,7 @@ import hashlib
 import logging
 import multiprocessing as mp
 import os
+import re
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -66,6 +67,7 @@ def ensure_synthetic_key(kind: str, log_n: int, cache_dir: Path, backend: str = 
     zkey, r1cs = synthetic_key_paths(kind, log_n, cache_dir)
     with open(cache_dir / f"{kind}-{log_n}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
+        _remove_dead_builders_files(cache_dir, (zkey, r1cs))
         fresh = _temp_path(r1cs)
         try:
             write_r1cs(fresh, circuit.r1cs())
@@ -181,6 +183,33 @@ def _build_circuit_data(kind: str, log_n: int, cache_dir: str, log_level: str) -
 
     configure_child("cuzk-circuit-data", log_level)
     ensure_synthetic_circuit_data(kind, log_n, Path(cache_dir), child=False)
+
+
+_OUTPUT_TMP = re.compile(r"\.cuzk-mp-(\d+)-[0-9a-f]+\.tmp")  # formats.atomic's temporaries: .cuzk-mp-<pid>-<hex>.tmp
+
+
+def _remove_dead_builders_files(folder: Path, finals: tuple[Path, ...]) -> None:
+    """Temporary files a killed builder of this key left (a 2^27 key's are ~100 GB): ours
+    (``.<final>.*.tmp``; the caller holds the key's lock, so no builder of it runs now) and the
+    output writer's (``.cuzk-mp-<pid>-*.tmp``) where that process is gone."""
+    stale = [p for f in finals for p in folder.glob(f".{f.name}.*.tmp")]
+    for p in folder.glob(".cuzk-mp-*.tmp"):
+        m = _OUTPUT_TMP.fullmatch(p.name)
+        if m is not None and not _pid_alive(int(m.group(1))):
+            stale.append(p)
+    for p in stale:
+        log.info("removing %s, left by a key build that did not finish", p)
+        p.unlink(missing_ok=True)
+
+
+def _pid_alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's: alive
+        return True
+    return True
 
 
 def _temp_path(final: Path) -> Path:
