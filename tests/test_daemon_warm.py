@@ -330,3 +330,16 @@ def test_a_warm_daemon_this_call_started_that_died_is_started_again(
     with pytest.raises(InputError, match="exited \\(code 2\\) before it was ready"):
         warm.ensure(spec, timeout_s=10)
     assert len(spawned) == 1
+
+
+def test_a_failed_start_quotes_only_its_own_daemons_log_lines(tmp_path: Path) -> None:
+    """The key's log keeps earlier daemons' lines: a start that fails quotes what was written after it
+    began, not an older daemon's last words."""
+    log_path = tmp_path / "w.log"
+    log_path.write_text("old daemon: all fine\nold daemon: idle, exiting\n")
+    since = warm._size(log_path)
+    with open(log_path, "a") as f:
+        f.write("new daemon: WorkerDied: cuzk-prover-0 died before READY\n")
+    assert warm._tail(log_path, since) == "new daemon: WorkerDied: cuzk-prover-0 died before READY"
+    assert warm._tail(log_path, warm._size(log_path)) == "(nothing written)"
+    assert warm._tail(tmp_path / "absent.log") == "(no log)" and warm._size(tmp_path / "absent.log") == 0

@@ -143,6 +143,7 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
     with contextlib.suppress(OSError):  # one older log is kept (a racing start may still write to it)
         if log_path.stat().st_size > LOG_KEEP_BYTES:
             os.replace(log_path, log_path.with_name(log_path.name + ".1"))
+    since = _size(log_path)
     child = _spawn(cfg, log_path)
     t0 = time.monotonic()
     next_note = t0 + PROGRESS_EVERY_S
@@ -168,7 +169,7 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
             # its exit 2 is the input's fault (a bad key, r1cs or wasm): the same code as a one-shot prove's
             kind = InputError if code == EXIT_INPUT else ResourceError
             raise kind(f"the warm daemon for {spec.zkey} exited (code {code}) before it was ready; "
-                       f"its log {log_path} ends:\n{_tail(log_path)}")
+                       f"its log {log_path} ends:\n{_tail(log_path, since)}")
         now = time.monotonic()
         if now - t0 > timeout_s:
             raise ResourceError(f"the warm daemon for {spec.zkey} was not ready within {timeout_s:g} s; "
@@ -216,8 +217,20 @@ def _holder_alive(journal: Path) -> bool:
     return b"cuzk_mp" in cmdline or b"cuzk-mp" in cmdline  # not a reused pid
 
 
-def _tail(path: Path, lines: int = 15) -> str:
+def _size(path: Path) -> int:
     try:
-        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+        return path.stat().st_size
+    except OSError:
+        return 0
+
+
+def _tail(path: Path, since: int = 0, lines: int = 15) -> str:
+    """The last ``lines`` lines ``path`` got after byte ``since`` (where this call's daemon began to
+    write: the key's log also holds earlier daemons' lines)."""
+    try:
+        with open(path, "rb") as f:
+            f.seek(since)
+            text = f.read().decode(errors="replace")
     except OSError:
         return "(no log)"
+    return "\n".join(text.splitlines()[-lines:]) or "(nothing written)"
