@@ -818,9 +818,9 @@ class _Msm:
         (``bins`` buckets; zero digits last): the counting sort (sort.cuh) up to
         :data:`COUNTING_SORT_BINS` buckets, else the radix sort over the bits the keys use (or
         ``cupy.argsort``, ``params.large_sort``)."""
-        if bins > COUNTING_SORT_BINS and self.params.large_sort == "argsort":
-            return cupy.argsort(keys[:n])
         if bins > COUNTING_SORT_BINS:
+            if self.params.large_sort == "argsort":
+                return cupy.argsort(keys[:n])
             # a key is bucket << (1 + wb) | low bits < bins << (1 + wb): sorting one bit more puts
             # MSM_KEY_NONE (every bit set) after every real key
             return self._radix_sort(keys, n, (bins << (1 + ((cfg >> 8) & 0xFF))).bit_length())
