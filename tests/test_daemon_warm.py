@@ -252,42 +252,52 @@ def test_a_lost_warm_daemon_is_asked_again_under_the_same_request_id(tmp_path: P
     assert len(asked) == 3 and len(set(asked)) == 1 and asked[0], asked
 
 
+class _FakeDaemon:
+    """A started warm daemon as :func:`warm.ensure` polls it: its exit code, or None while it runs."""
+
+    def __init__(self, code: int | None) -> None:
+        self.code = code
+
+    def poll(self) -> int | None:
+        return self.code
+
+
+def _fake_starts(monkeypatch: pytest.MonkeyPatch, codes: list[int | None]) -> list[int | None]:
+    """Each start of a warm daemon takes the next exit code of ``codes`` (the last one repeats); a
+    start of code None comes up and answers. No starting daemon's holder is alive. Returns the codes
+    of the starts made so far (clear it to count afresh)."""
+    started: list[int | None] = []
+    ready = {"now": False}
+
+    def spawn(cfg: Path, log_path: Path) -> _FakeDaemon:
+        code = codes[min(len(started), len(codes) - 1)]
+        started.append(code)
+        ready["now"] = code is None
+        return _FakeDaemon(code)
+
+    monkeypatch.setattr(warm, "_spawn", spawn)
+    monkeypatch.setattr(warm, "_holder_alive", lambda journal: False)
+    monkeypatch.setattr(warm, "_answers", lambda sock: ready["now"])
+    return started
+
+
 def test_a_warm_daemon_that_died_while_another_call_waited_is_started_again(
         runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Calls that race to start a key's warm daemon: the losers exit 75 and wait for the winner; if the
     winner dies before it is ready, a waiter starts one again (at most MAX_RESTARTS times) rather than
     failing every call with exit 4."""
+    from cuzk_mp.errors import ResourceError
     from cuzk_mp.exit_codes import EXIT_ALREADY_RUNNING
 
     key = tmp_path / "k.zkey"
     key.write_bytes(b"zkey")
     spec = warm.WarmSpec(key, "cpu", None, True, 30.0, None)
-    spawned: list[int] = []
-    ready = {"now": False}
-
-    class Child:
-        def __init__(self, code: int | None) -> None:
-            self.code = code
-
-        def poll(self) -> int | None:
-            return self.code
-
-    def spawn(cfg: Path, log_path: Path) -> Child:
-        spawned.append(1)
-        if len(spawned) < 3:  # lost the race to a daemon that then died before it was ready
-            return Child(EXIT_ALREADY_RUNNING)
-        ready["now"] = True  # the third start is the one that comes up
-        return Child(None)
-
-    monkeypatch.setattr(warm, "_spawn", spawn)
-    monkeypatch.setattr(warm, "_holder_alive", lambda journal: False)
-    monkeypatch.setattr(warm, "_answers", lambda sock: ready["now"])
+    # lost the race twice to a daemon that then died before it was ready; the third start comes up
+    started = _fake_starts(monkeypatch, [EXIT_ALREADY_RUNNING, EXIT_ALREADY_RUNNING, None])
     assert warm.ensure(spec, timeout_s=10).startswith("unix://")
-    assert len(spawned) == 1 + warm.MAX_RESTARTS
-    spawned.clear()
-    ready["now"] = False
+    assert len(started) == 1 + warm.MAX_RESTARTS
+    started = _fake_starts(monkeypatch, [EXIT_ALREADY_RUNNING, EXIT_ALREADY_RUNNING, None])
     monkeypatch.setattr(warm, "MAX_RESTARTS", 1)  # one restart only: the next loss is the error it was
-    from cuzk_mp.errors import ResourceError
     with pytest.raises(ResourceError, match="exited \\(code 75\\) before it was ready"):
         warm.ensure(spec, timeout_s=10)
 
@@ -303,33 +313,12 @@ def test_a_warm_daemon_this_call_started_that_died_is_started_again(
     key = tmp_path / "k.zkey"
     key.write_bytes(b"zkey")
     spec = warm.WarmSpec(key, "cpu", None, True, 30.0, None)
-    spawned: list[int] = []
-    ready = {"now": False}
-
-    class Child:
-        def __init__(self, exit_code: int | None) -> None:
-            self.exit_code = exit_code
-
-        def poll(self) -> int | None:
-            return self.exit_code
-
-    def spawn(cfg: Path, log_path: Path) -> Child:
-        spawned.append(1)
-        if len(spawned) == 1:
-            return Child(code)
-        ready["now"] = True
-        return Child(None)
-
-    monkeypatch.setattr(warm, "_spawn", spawn)
-    monkeypatch.setattr(warm, "_holder_alive", lambda journal: False)
-    monkeypatch.setattr(warm, "_answers", lambda sock: ready["now"])
-    assert warm.ensure(spec, timeout_s=10).startswith("unix://") and len(spawned) == 2
-    spawned.clear()
-    ready["now"] = False
-    monkeypatch.setattr(warm, "_spawn", lambda cfg, log_path: spawned.append(1) or Child(2))
+    started = _fake_starts(monkeypatch, [code, None])
+    assert warm.ensure(spec, timeout_s=10).startswith("unix://") and started == [code, None]
+    started = _fake_starts(monkeypatch, [2])
     with pytest.raises(InputError, match="exited \\(code 2\\) before it was ready"):
         warm.ensure(spec, timeout_s=10)
-    assert len(spawned) == 1
+    assert started == [2]
 
 
 def test_a_failed_start_quotes_only_its_own_daemons_log_lines(tmp_path: Path) -> None:

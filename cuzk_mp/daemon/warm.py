@@ -154,15 +154,16 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
             return addr
         code = child.poll()
         # 75: another invocation's daemon holds the journal and is starting; while it lives, wait
-        if code == EXIT_ALREADY_RUNNING and not _holder_alive(journal) and not _answers(sock) \
-                and restarts < MAX_RESTARTS:  # that one died before it was ready: start one again
-            log.info("the warm daemon that was starting for %s is gone: starting one again", spec.zkey)
-            child, restarts = _spawn(cfg, log_path), restarts + 1
-            continue
-        if code is not None and (code < 0 or code == EXIT_FAILED) and not _answers(sock) \
-                and restarts < MAX_RESTARTS:  # killed, or a process of it died: not the input's fault
-            log.info("the warm daemon starting for %s ended (code %d) before it was ready: starting one again",
-                     spec.zkey, code)
+        # a daemon that died before it was ready and not for its input is started again: the one
+        # another invocation was starting (this one's exited 75), or this one's, killed (code < 0)
+        # or ended 1 (a process of it died)
+        gone = None
+        if code == EXIT_ALREADY_RUNNING and not _holder_alive(journal):
+            gone = f"the warm daemon that was starting for {spec.zkey} is gone"
+        elif code is not None and (code < 0 or code == EXIT_FAILED):
+            gone = f"the warm daemon starting for {spec.zkey} ended (code {code}) before it was ready"
+        if gone is not None and restarts < MAX_RESTARTS and not _answers(sock):
+            log.info("%s: starting one again", gone)
             child, restarts = _spawn(cfg, log_path), restarts + 1
             continue
         if code is not None and (code != EXIT_ALREADY_RUNNING or not _holder_alive(journal)) and not _answers(sock):
