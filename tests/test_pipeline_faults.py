@@ -330,6 +330,37 @@ def test_unsatisfied_witness_abandons_its_slot(running, checker: ProofChecker) -
     _ring_idle_then_trimmed(engine)
 
 
+def test_a_worker_waiting_for_a_ring_slot_is_not_taken_as_hung(checker: ProofChecker) -> None:
+    """A synthesis worker that waits for a free ring slot longer than task_timeout (the one slot
+    published, its prover stopped between attempts) is not killed: the wait is the ring's. Once the
+    prover goes on, both partitions prove at their first attempt and no process was restarted."""
+    prefix = prefix_for("slotwait")
+    results = Collector()
+    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=2,
+                          ring_slots=1, shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=120,
+                          task_timeout_s=3)
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
+    try:
+        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+        engine.preload("porep")
+        prover = _process(engine, "cuzk-prover-0")["pid"]
+        os.kill(prover, signal.SIGSTOP)  # idle: it holds no attempt, so no timer of its own runs
+        try:
+            engine.submit(_job("slotwait", 2))
+            wait_until(lambda: _partition_state(engine, "slotwait", "ready") is not None
+                       and _partition_state(engine, "slotwait", "synthesizing") is not None, timeout=60)
+            time.sleep(2 * config.task_timeout_s + 1)  # the second worker waits for the slot all along
+            assert _partition_state(engine, "slotwait", "synthesizing") is not None
+        finally:
+            os.kill(prover, signal.SIGCONT)
+        result = results.wait("slotwait")
+        assert _all_verify(result, checker) and [p.attempts for p in result.partitions] == [1, 1]
+        assert all(p["restarts"] == 0 for p in status_of(engine)["processes"]), status_of(engine)["processes"]
+    finally:
+        engine.stop(grace_s=10)
+    assert shm_entries(prefix) == []
+
+
 def test_a_hung_prover_is_killed_and_its_partition_retried(checker: ProofChecker) -> None:
     """A prover stopped (SIGSTOP) while it holds an attempt never dies by itself: after
     task_timeout the engine kills it, says why, restarts it and retries the attempt, which

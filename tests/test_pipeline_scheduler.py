@@ -119,3 +119,31 @@ def test_status_rows_and_failing_everything_with_a_cause() -> None:
     assert [p.error_kind for p in job.partitions] == ["WorkerDied", "WorkerDied"]
     assert [t.task_id for t in out.cancel] == [t0.task_id]  # the attempt in the ring is dropped
     assert s.counters().jobs_finished == {"done": 0, "failed": 1, "cancelled": 0}
+
+
+def test_held_time_leaves_out_the_waits_for_a_ring_slot(monkeypatch) -> None:
+    """The hung-process timer counts what a synthesis worker does with an attempt, not the time
+    it waits for a free ring slot (every slot filling or waiting for a prover: the ring's wait)."""
+    import cuzk_mp.pipeline.scheduler as sched
+
+    clock = [1000.0]
+    monkeypatch.setattr(sched.time, "time", lambda: clock[0])
+    s = Scheduler(max_attempts=2)
+    s.add_job(_job("a", 1), REF)
+    t = s.next_task()
+    clock[0] += 2.0  # loading the circuit
+    assert t.held_for(clock[0]) == 2.0
+    s.on_ring_wait(t.task_id, True)
+    clock[0] += 500.0  # the ring is full
+    assert t.held_for(clock[0]) == 2.0
+    s.on_ring_wait(t.task_id, True)  # a repeated start changes nothing
+    s.on_ring_wait(t.task_id, False)
+    clock[0] += 3.0  # synthesis
+    assert t.held_for(clock[0]) == 5.0
+    s.on_published(t.task_id, 0, {})
+    assert t.held_for(clock[0]) is None  # in the ring: no process holds it
+    s.on_taken(t.task_id, "cuzk-prover-0", 0)
+    clock[0] += 7.0
+    assert t.held_for(clock[0]) == 7.0  # the prover's time since it took the slot
+    s.on_ring_wait(t.task_id, True)  # late or stray: a proving attempt is not the worker's
+    assert t.held_for(clock[0]) == 7.0

@@ -405,6 +405,8 @@ class RunningEngine:
         child = self.sup.children[name]
         if isinstance(m, msg.Ready):
             self.sup.on_ready(name, m)
+        elif isinstance(m, msg.RingWait):
+            self.sched.on_ring_wait(m.task_id, m.waiting)
         elif isinstance(m, msg.Published):
             self.sched.on_published(m.task_id, m.slot, m.timings)
             if child.busy == m.task_id:
@@ -487,15 +489,14 @@ class RunningEngine:
         Its death is handled as any other: the attempt is retried, the process restarted."""
         limit, now = self.config.task_timeout_s, time.time()
         for task in self.sched.in_flight():
-            holder, since = ((task.worker, task.t_dispatch) if task.state == "synthesizing" else
-                             (task.prover, task.t_taken) if task.state == "proving" else (None, None))
-            if holder is None or since is None or now - since < limit:
+            holder, held = task.worker if task.state == "synthesizing" else task.prover, task.held_for(now)
+            if holder is None or held is None or held < limit:
                 continue
             child = self.sup.children.get(holder)
             if child is None or child.kill_reason is not None or child.handle.reaped:
                 continue  # gone, or killed already: its sentinel follows
             child.kill_reason = (f"killed: held partition {task.index} of job {task.job.spec.job_id} for "
-                                 f"{now - since:.0f} s, more than task_timeout ({limit:g} s)")
+                                 f"{held:.0f} s, more than task_timeout ({limit:g} s)")
             log.error("%s pid=%d %s", holder, child.handle.pid, child.kill_reason)
             child.handle.proc.kill()
 

@@ -98,6 +98,16 @@ class Ready(msgspec.Struct, tag="ready"):
     info: dict[str, str | int | float | None] = {}
 
 
+class RingWait(msgspec.Struct, tag="ring_wait"):
+    """A synthesis worker starts (``waiting``) or ends waiting for a free ring slot for a task.
+
+    The wait is the ring's (every slot filled or waiting for a prover), not the worker's: the
+    engine's hung-process timer does not count it."""
+
+    task_id: int
+    waiting: bool
+
+
 class Published(msgspec.Struct, tag="published"):
     """A synthesis worker finished a task in its ring slot and published the slot (READY)."""
 
@@ -151,7 +161,7 @@ class Stats(msgspec.Struct, tag="stats"):
     values: dict[str, float]
 
 
-FromChild = Union[Ready, Published, Taken, ProofDone, TaskFailed, KeyState, Stats]
+FromChild = Union[Ready, RingWait, Published, Taken, ProofDone, TaskFailed, KeyState, Stats]
 
 
 class SegmentMeta(msgspec.Struct):

@@ -48,9 +48,23 @@ class Task:
     device: int | None = None
     slot: int | None = None
     t_dispatch: float | None = None
+    held_s: float = 0.0  # seconds a synthesis worker held the attempt before ``t_held`` (ring waits left out)
+    t_held: float | None = None  # since when it holds it; None while it waits for a free ring slot
     t_published: float | None = None  # when the engine heard of the publish (Unix time)
     t_taken: float | None = None  # when the engine heard a prover took it (Unix time)
     timings: dict[str, float] = field(default_factory=dict)  # stages reported so far, merged
+
+    def held_for(self, now: float) -> float | None:
+        """Seconds the process that has the attempt has held it (the synthesis worker: since
+        dispatch, less its waits for a free ring slot; the prover: since it took the slot);
+        None where no process holds it."""
+        if self.state == "synthesizing":
+            if self.t_dispatch is None:
+                return None
+            return self.held_s + (0.0 if self.t_held is None else now - self.t_held)
+        if self.state == "proving":
+            return None if self.t_taken is None else now - self.t_taken
+        return None
 
     def order(self) -> tuple[int, int, int, int]:
         """Queue key: priority, job submit order, partition index, attempt id."""
@@ -192,6 +206,7 @@ class Scheduler:
                 skipped.append(item)
                 continue
             task.state, task.t_dispatch = "synthesizing", time.time()
+            task.held_s, task.t_held = 0.0, task.t_dispatch
             if task.job.started_at is None:
                 task.job.started_at, task.job.state = task.t_dispatch, "running"
             for back in skipped:
@@ -210,6 +225,17 @@ class Scheduler:
         return [t for t in self.tasks.values() if t.state in ("synthesizing", "ready", "proving")]
 
     # ---- events from the children
+    def on_ring_wait(self, task_id: int, waiting: bool) -> None:
+        """A synthesis worker starts or ends waiting for a free ring slot for the attempt."""
+        task = self.tasks.get(task_id)
+        if task is None or task.state != "synthesizing":
+            return
+        now = time.time()
+        if waiting and task.t_held is not None:
+            task.held_s, task.t_held = task.held_s + now - task.t_held, None
+        elif not waiting and task.t_held is None:
+            task.t_held = now
+
     def on_published(self, task_id: int, slot: int, timings: dict[str, float] | None = None) -> None:
         """A synthesis worker published the attempt's ring slot; its stage timings join the record."""
         task = self.tasks.get(task_id)

@@ -170,8 +170,10 @@ class SynthWorker:
         ev = circuit.evaluator
         shapes = partition_shapes(ev.domain_size, ev.n_vars, abc=not circuit.w_only(task))
         claim = SlotClaim(task.task_id, task.job_seq, task.partition, task.priority)
+        self.ctx.send(msg.RingWait(task.task_id, True))  # the engine's hung-process timer stops meanwhile
         slot = self.ring.acquire_free(claim, abort=lambda: self.ctx.stopping.is_set() or task.task_id in self.cancelled,
                                       nbytes=segment_bytes(shapes))
+        self.ctx.send(msg.RingWait(task.task_id, False))
         if slot is None:
             self._check(task)
             raise Cancelled(f"{self.ctx.name} is stopping: job {task.job_id} partition {task.partition} not started")
