@@ -108,6 +108,25 @@ def test_the_ring_fits_the_shared_memory_tmpfs() -> None:
         explain_shape(4 * GiB, POREP_24, cores=16, backend="gpu", provers=1, keys=("--host-budget", "--ring-slots"))
 
 
+def test_the_bench_refuses_a_given_ring_the_tmpfs_cannot_hold(monkeypatch: pytest.MonkeyPatch) -> None:
+    """All three of the shape's options given (no model consulted): the ring must still fit /dev/shm,
+    refused with the shape's own message as an input error of the option."""
+    from cuzk_mp.errors import InputError
+    from cuzk_mp.pipeline import memory
+
+    seg = POREP_24.segment_bytes
+    machine = memory.Machine(cores=16, memory_bytes=256 * GiB)
+    monkeypatch.setattr(memory, "shm_capacity_bytes", lambda: 3 * seg)
+
+    def shape(slots: int) -> str:
+        args = argparse.Namespace(ring_slots=slots, partition_workers=2, synthesis_threads=4, host_budget=None)
+        return bench._shape(args, "gpu", POREP_24, machine, [0])
+
+    assert shape(3).endswith("3 ring slots (all given)")
+    with pytest.raises(InputError, match=r"^--ring-slots: /dev/shm holds .* less than the 4 ring slots of "):
+        shape(4)
+
+
 def test_auto_budgets_follow_the_cgroup_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """In a container or a unit with MemoryMax= the limit, not the machine's RAM, is what "auto" may
     use: the process's own cgroup's limit (a systemd unit's), or an ancestor's, whichever is lowest."""

@@ -736,18 +736,17 @@ def _shape(args: argparse.Namespace, backend: str, circuit: CircuitSize, machine
     machine and the partition size through the memory model (:func:`~.memory.explain_shape`) within
     ``--host-budget`` (default "auto": RAM - 4 GiB). Returns the line that says what and why."""
     from ..errors import ConfigError
-    from .memory import explain_shape, host_budget_bytes, shm_capacity_bytes
-    from .ring import SHM_DIR
+    from .memory import check_ring_fits_shm, explain_shape, host_budget_bytes, shm_capacity_bytes
 
     given = {"ring_slots": args.ring_slots, "partition_workers": args.partition_workers,
              "threads_per_partition": args.synthesis_threads}
     given = {k: v for k, v in given.items() if v is not None}
     shm = shm_capacity_bytes()
     if len(given) == 3 and not args.host_budget:
-        if shm is not None and args.ring_slots * circuit.segment_bytes > shm:
-            raise InputError(f"--ring-slots {args.ring_slots}: {args.ring_slots} segments of "
-                             f"{circuit.segment_bytes / 2**30:.2f} GiB do not fit {SHM_DIR}'s "
-                             f"{shm / 2**30:.2f} GiB")
+        try:
+            check_ring_fits_shm(args.ring_slots, circuit, shm, "--ring-slots")
+        except ConfigError as e:  # an option of this command, not a config file's key
+            raise InputError(str(e)) from None
         return (f"shape: {args.partition_workers} synthesis worker(s) x {args.synthesis_threads} thread(s), "
                 f"{args.ring_slots} ring slots (all given)")
     budget = host_budget_bytes(args.host_budget or "auto", "--host-budget", total=machine.memory_bytes)

@@ -392,6 +392,16 @@ def _gpu_shape(circuit: CircuitSize, cores: int, provers: int, given: dict[str, 
     return workers, threads(workers), slots
 
 
+def check_ring_fits_shm(slots: int, circuit: CircuitSize, shm_bytes: int | None, key: str, need: str = "") -> None:
+    """ConfigError naming ``key`` where ``slots`` segments of ``circuit`` exceed ``shm_bytes`` (the tmpfs's
+    size, :func:`shm_capacity_bytes`; None: no limit): a segment it has no room for would kill its writer
+    with SIGBUS. ``need`` qualifies the slots ("at the least": the smallest shape the model takes)."""
+    if shm_bytes is not None and slots * circuit.segment_bytes > shm_bytes:
+        raise ConfigError(f"{key}: {SHM_DIR} holds {shm_bytes / GiB:.2f} GiB, less than the {slots} ring slots of "
+                          f"{circuit.segment_bytes / GiB:.2f} GiB this circuit needs{' ' + need if need else ''}: "
+                          "give it more (a container's --shm-size), or prove a smaller circuit")
+
+
 def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None, backend: str = "gpu",
                   provers: int = 1, prover_workers: int = 2, given: dict[str, int] | None = None,
                   batch: int = 1, shm_bytes: int | None = None,
@@ -443,10 +453,7 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
         elif "ring_slots" not in given and slots > MIN_RING_SLOTS:
             slots -= 1
         else:
-            if shm_bytes is not None and slots * circuit.segment_bytes > shm_bytes:
-                raise ConfigError(f"{keys[1]}: {SHM_DIR} holds {shm_bytes / GiB:.2f} GiB, less than the {slots} "
-                                  f"ring slots of {circuit.segment_bytes / GiB:.2f} GiB this circuit needs at the "
-                                  "least: give it more (a container's --shm-size), or prove a smaller circuit")
+            check_ring_fits_shm(slots, circuit, shm_bytes, keys[1], "at the least")
             need = bound(workers, slots).total
             raise ConfigError(f"{keys[0]}: {budget / GiB:.1f} GiB cannot hold the smallest pipeline for "
                               f"this circuit ({need / GiB:.1f} GiB: {slots} ring slots of "
