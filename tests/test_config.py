@@ -525,3 +525,19 @@ def test_an_auto_backend_is_sized_for_the_backend_it_will_run(tmp_path: Path, mo
     assert "auto backend (cpu on this machine)" in check_summary(cfg, 0)
     monkeypatch.setattr(backends, "gpu_available", lambda: True)
     assert shape("auto") == shape("gpu") != shape("cpu")
+
+
+@pytest.mark.parametrize("name", ["CUZK_MP_PROVER_BATCH", "CUZK_MP_FINALIZE_BATCH"])
+@pytest.mark.parametrize("value", ["abc", "0", "-3", "2.5"])
+def test_batch_overrides_in_the_environment_are_checked_with_the_config(monkeypatch: pytest.MonkeyPatch,
+                                                                       name: str, value: str) -> None:
+    """The provers read these; a bad value is refused naming the variable when the engine's config is
+    checked (daemon --check, bench, engine start), not found as a crash in a child process."""
+    from cuzk_mp.pipeline.types import EngineConfig, finalize_batch, prover_batch
+
+    monkeypatch.setenv(name, value)
+    with pytest.raises(ConfigError, match=rf"^{name}='{re.escape(value)}': must be an integer >= 1$"):
+        EngineConfig().validate()
+    monkeypatch.setenv(name, " 3 ")
+    EngineConfig().validate()
+    assert (prover_batch(8), finalize_batch()) == ((3, 16) if name == "CUZK_MP_PROVER_BATCH" else (8, 3))

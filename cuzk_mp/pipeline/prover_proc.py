@@ -23,7 +23,7 @@ Threads:
   lone partition goes alone, at once;
 * one finalizer: assembly with fresh r, s and the self-verification, off the
   workers' path; it takes every partition already queued (up to
-  ``FINALIZE_BATCH_MAX``, never waiting) and verifies those of one key in one
+  ``types.FINALIZE_BATCH_MAX``, never waiting) and verifies those of one key in one
   pairing check, a lone one at once; the proof leaves as snarkjs proof.json, the
   form the caller gets;
 * one reader: engine messages (load/evict key, cancel, stop).
@@ -46,7 +46,7 @@ from ..errors import Cancelled, GpuDead, InputError
 from . import messages as msg
 from .procs import ChildContext
 from .ring import Ring, RingHandle, SlotRecord
-from .types import BATCH_MAX_BYTES, prover_batch
+from .types import BATCH_MAX_BYTES, finalize_batch, prover_batch
 
 
 # The interpreter's GIL hand-over interval in the prover: every kernel launch and device wait
@@ -55,8 +55,6 @@ from .types import BATCH_MAX_BYTES, prover_batch
 SWITCH_INTERVAL_S = 0.0005
 # Partitions finalized together at most: their self-verification is one pairing check of k + 3 pairs
 # (arkworks lets the other threads have the GIL while it runs: perf/finalize_bench.py measures it).
-FINALIZE_BATCH_MAX = 16
-FINALIZE_BATCH_ENV = "CUZK_MP_FINALIZE_BATCH"  # overrides FINALIZE_BATCH_MAX (benchmarks: 1 = one at a time)
 T = TypeVar("T")
 
 
@@ -403,12 +401,7 @@ class Prover:
         """The finalizer thread: proof assembly with fresh r, s and self-verification. It takes every
         partition already queued (up to :data:`FINALIZE_BATCH_MAX`, never waiting for more) and
         finalizes those of one key together, verified in one pairing check; a lone one goes at once."""
-        try:
-            cap = max(1, int(os.environ.get(FINALIZE_BATCH_ENV) or FINALIZE_BATCH_MAX))
-        except ValueError:
-            self.ctx.log.error("%s=%r is not an integer: finalizing up to %d at once", FINALIZE_BATCH_ENV,
-                               os.environ.get(FINALIZE_BATCH_ENV), FINALIZE_BATCH_MAX)
-            cap = FINALIZE_BATCH_MAX
+        cap = finalize_batch()  # checked by EngineConfig.validate before any process started
         while True:
             jobs, stop = self._queued_for_finalize(cap)
             for group in _by_key(jobs, lambda job: job.key):

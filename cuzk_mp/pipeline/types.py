@@ -50,9 +50,33 @@ BATCH_ENV = "CUZK_MP_PROVER_BATCH"  # overrides the configured batch cap (benchm
 BATCH_MAX_BYTES = 48 << 20
 
 
+FINALIZE_BATCH_MAX = 16  # partitions a prover's finalizer verifies in one pairing check, at most
+FINALIZE_BATCH_ENV = "CUZK_MP_FINALIZE_BATCH"  # overrides FINALIZE_BATCH_MAX (benchmarks: 1 = one at a time)
+
+
+def env_count(name: str, default: int) -> int:
+    """A count (>= 1) from the environment variable ``name``, ``default`` where it is unset or empty;
+    ConfigError naming the variable for anything else (a typo must not become a crash in a child)."""
+    raw = os.environ.get(name, "").strip()
+    if not raw:
+        return default
+    try:
+        value = int(raw)
+    except ValueError:
+        value = 0
+    if value < 1:
+        raise ConfigError(f"{name}={raw!r}: must be an integer >= 1")
+    return value
+
+
 def prover_batch(configured: int) -> int:
     """The batch cap a prover uses: env :data:`BATCH_ENV` if set, else the configured one."""
-    return max(1, int(os.environ.get(BATCH_ENV) or configured))
+    return env_count(BATCH_ENV, max(1, configured))
+
+
+def finalize_batch() -> int:
+    """The finalizer's batch cap: env :data:`FINALIZE_BATCH_ENV` if set, else :data:`FINALIZE_BATCH_MAX`."""
+    return env_count(FINALIZE_BATCH_ENV, FINALIZE_BATCH_MAX)
 
 
 class Priority(IntEnum):
@@ -200,6 +224,7 @@ class EngineConfig:
         for name in ("start_timeout_s", "task_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{key(name)}: must be positive, got {getattr(self, name):g} s")
+        prover_batch(self.prover_batch), finalize_batch()  # the environment's overrides, read by the provers
 
     def prefix(self) -> str:
         """The shm/semaphore name prefix: ``shm_prefix`` or ``cuzk-<pid>``."""
