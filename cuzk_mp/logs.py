@@ -10,6 +10,8 @@ bytecode and SSA passes, hundreds of thousands for one proof on a cold cache, an
 cuzk-mp's own lines and the traceback that DEBUG is asked for. ``CUZK_MP_LIBRARY_LOG_LEVEL``
 (a level name, inherited by the children as well) gives them that level instead.
 
+Progress lines give elapsed and remaining time as :func:`duration_text` writes it.
+
 A command that fails ends with :func:`final_error`: one line on stderr, ``cuzk-mp: what went
 wrong`` with any line breaks of the message folded into spaces, or, where the process logs JSON,
 a JSON object like its log lines with the exit code added (``"exit_code"``).
@@ -123,3 +125,14 @@ def child_format() -> str:
     """The format a child should use (``CUZK_MP_LOG_FORMAT``, default text)."""
     fmt = os.environ.get("CUZK_MP_LOG_FORMAT", "text")
     return fmt if fmt in FORMATS else "text"
+
+
+def duration_text(seconds: float | None) -> str:
+    """A progress line's time: ``1h02m03s`` / ``2m03s`` / ``4.5s``; ``?`` when unknown (None, NaN, inf)."""
+    if seconds is None or seconds != seconds or seconds == float("inf"):
+        return "?"
+    if seconds < 60:
+        return f"{seconds:.1f}s"
+    m, s = divmod(int(seconds + 0.5), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"

@@ -104,3 +104,10 @@ def test_a_cold_numba_compile_at_debug_writes_none_of_numbas_lines(tmp_path: Pat
     env[logs.LIBRARY_LEVEL_ENV] = "DEBUG"
     proc = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0 and " numba.core." in proc.stderr, proc.stderr[:2000]
+
+
+def test_duration_text_for_progress_lines() -> None:
+    from cuzk_mp.logs import duration_text
+
+    assert [duration_text(x) for x in (4.54, 59.9, 123.4, 3723.0, None, float("nan"), float("inf"))] == \
+        ["4.5s", "59.9s", "2m03s", "1h02m03s", "?", "?", "?"]

@@ -203,7 +203,7 @@ def check_summary(cfg: Any, warnings: int = 0) -> str:
     """What ``daemon --check`` prints of a valid config: where it listens, the circuits, the pipeline's
     shape and the memory split (sizes in GiB)."""
     from cuzk_mp.backends import resolve_backend_name
-    from cuzk_mp.daemon.config import gib
+    from cuzk_mp.pipeline.memory import fmt_bytes
 
     e = cfg.engine
     devices = "every visible device" if e.devices is None else ", ".join(map(str, e.devices))
@@ -213,8 +213,8 @@ def check_summary(cfg: Any, warnings: int = 0) -> str:
             f"{f', {warnings} warnings' if warnings else ''})\n"
             f"  engine: {backend}, devices {devices}, {e.partition_workers} synthesis workers x "
             f"{e.synthesis_threads} threads, {e.ring_slots} ring slots, shm prefix {e.shm_prefix}\n"
-            f"  memory: total {gib(cfg.memory_total_bytes)}, safety margin {gib(cfg.safety_margin_bytes)}, "
-            f"pipeline (host budget) {gib(cfg.host_budget_bytes)}, proving keys {gib(e.srs_budget_bytes)}\n"
+            f"  memory: total {fmt_bytes(cfg.memory_total_bytes)}, safety margin {fmt_bytes(cfg.safety_margin_bytes)}, "
+            f"pipeline (host budget) {fmt_bytes(cfg.host_budget_bytes)}, proving keys {fmt_bytes(e.srs_budget_bytes)}\n"
             f"  files: journal {cfg.journal_path}, param cache {cfg.param_cache}")
 
 

@@ -40,7 +40,7 @@ from cuzk_mp.daemon.fleet.config import FleetConfig, FleetSection, resolve_fleet
 from cuzk_mp.daemon.transport import Address, parse_address
 from cuzk_mp.errors import ConfigError
 from cuzk_mp.paths import default_cache_dir
-from cuzk_mp.pipeline.memory import GiB, machine_memory_bytes, parse_size
+from cuzk_mp.pipeline.memory import fmt_bytes, machine_memory_bytes, parse_size
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, Priority
 
 SizeValue = int | str
@@ -609,15 +609,11 @@ def _host_budget(m: MemorySection, total: int, margin: int, source: str, *, auto
     if host > total - margin:
         whose = "auto: this machine's memory, " if auto_total else ""
         raise ConfigError(
-            f"{source}: memory.host_budget: {gib(host)} is more than memory.total_budget ({whose}{gib(total)}) "
-            f"less memory.safety_margin ({gib(margin)}): at most {gib(total - margin)} ({total - margin} bytes); "
+            f"{source}: memory.host_budget: {fmt_bytes(host)} is more than memory.total_budget "
+            f"({whose}{fmt_bytes(total)}) less memory.safety_margin ({fmt_bytes(margin)}): at most "
+            f"{fmt_bytes(total - margin)} ({total - margin} bytes); "
             "lower memory.host_budget, or raise memory.total_budget")
     return host
-
-
-def gib(n: int | None) -> str:
-    """A size as the daemon reports it: ``"59.00 GiB"`` ("n/a" for None)."""
-    return "n/a" if n is None else f"{n / GiB:.2f} GiB"
 
 
 def load_config(path: str | Path) -> DaemonConfig:

@@ -57,12 +57,12 @@ from typing import Annotated, Any, Literal
 import msgspec
 
 from cuzk_mp.errors import InputError
+from cuzk_mp.pipeline.types import MAX_PARTITIONS, MAX_SEED
 
 PriorityName = Literal["CRITICAL", "HIGH", "NORMAL", "LOW"]
 JobState = Literal["queued", "running", "done", "failed", "cancelled"]
 PartitionState = Literal["pending", "done", "failed", "cancelled"]
 
-MAX_PARTITIONS = 1024
 # What a finished job's JobReply needs at least: a done partition with its proof, one public
 # signal and its timings encodes to ~1.3 KB (each further public signal adds ~80 B).
 JOB_REPLY_BASE_BYTES = 1024
@@ -72,7 +72,6 @@ MAX_TOKEN_CHARS = 256
 MAX_TIMEOUT_S = 1e7  # about 115 days: longer waits are a mistake, not a plan
 MAX_REQUEST_DEPTH = 8  # the deepest request nests 3 (message, partitions, partition)
 MAX_REQUEST_ITEMS = 65536  # values in one request (a 1024-partition submit has ~7200)
-MAX_SEED = 2**63 - 1
 
 CircuitId = Annotated[str, msgspec.Meta(max_length=64)]
 JobId = Annotated[str, msgspec.Meta(max_length=MAX_ID_CHARS)]

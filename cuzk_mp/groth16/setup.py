@@ -67,6 +67,7 @@ from ..algebra.field import FR, FR_TWO_ADICITY, Q_MOD, R_MOD, domain_log_size, f
 from ..algebra.sparse import CsrMatrix
 from ..backends.base import G2_ROW_COST
 from ..errors import InputError
+from ..logs import duration_text
 from ..formats.r1cs import R1CS, read_r1cs
 from ..formats.zkey import COEF_DTYPE, ChunkStream, ZKey, coefs_from_arrays, empty_contributions, write_zkey
 
@@ -247,19 +248,8 @@ class ProgressLog:
         rate = self.work / elapsed if elapsed > 0 else 0.0
         eta = (self.total - self.work) / rate if rate > 0 else float("inf")
         log.info("setup %s: %.0f%% (section %s %d/%d rows), %.0f G1-rows/s, %s elapsed, ETA %s", self.name,
-                 100.0 * self.work / max(self.total, 1), label, done, total, rate, _duration(elapsed),
-                 _duration(eta))
-
-
-def _duration(seconds: float) -> str:
-    """``1h02m03s`` / ``2m03s`` / ``4.5s``; ``?`` when unknown."""
-    if seconds != seconds or seconds == float("inf"):
-        return "?"
-    if seconds < 60:
-        return f"{seconds:.1f}s"
-    m, s = divmod(int(seconds + 0.5), 60)
-    h, m = divmod(m, 60)
-    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+                 100.0 * self.work / max(self.total, 1), label, done, total, rate, duration_text(elapsed),
+                 duration_text(eta))
 
 
 def _domain_log(r1cs: R1CS) -> int:

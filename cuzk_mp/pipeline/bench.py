@@ -68,7 +68,7 @@ from ..paths import default_cache_dir
 from .benchplot import plot_timeline, timeline_section
 from .benchreport import Progress, machine_info, median_stage, require_matplotlib, step, table
 from .types import (
-    KEY_SOURCES, MAX_RING_SLOTS, STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput,
+    KEY_SOURCES, MAX_PARTITIONS, MAX_RING_SLOTS, STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput,
     PartitionResult, prover_batch,
 )
 
@@ -556,7 +556,8 @@ SHAPE_KEYS = ("ring_slots", "partition_workers", "synthesis_threads")
 
 # Bounds on what one bench may ask for: beyond these a typo, not a benchmark (a job has at most a
 # daemon request's partitions; the jobs of a run are all kept in memory with their proofs).
-MAX_COUNTS = {"partitions": 1024, "jobs": 100_000, "in_flight": 1024, "repeat": 1000, "ring_slots": MAX_RING_SLOTS}
+MAX_COUNTS = {"partitions": MAX_PARTITIONS, "jobs": 100_000, "in_flight": 1024, "repeat": 1000,
+              "ring_slots": MAX_RING_SLOTS}
 MAX_START_TIMEOUT_S = 86_400.0
 
 

@@ -26,6 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from .benchreport import s_per_partition
+from .memory import fmt_bytes
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure
@@ -125,10 +126,6 @@ def _layout(bars: list[dict[str, Any]], lanes: list[str]) -> tuple[dict[str, tup
     return ranges, centres
 
 
-def _fmt_gib(n: float) -> str:
-    return f"{n / 2**30:.2f} GiB" if n >= 2**30 else f"{n / 2**20:.0f} MiB"
-
-
 def title_text(result: dict[str, Any]) -> str:
     """The configuration as three readable lines (circuit and load; shape and machine; headline figures)."""
     c, m = result["config"], result.get("machine", {})
@@ -141,11 +138,11 @@ def title_text(result: dict[str, Any]) -> str:
              f"{c['ring_slots']} ring slots, {c['gpu_workers']} prover workers per device"
              + (f", host budget {c['host_budget']}" if c.get("host_budget") else ""))
     machine = ", ".join(x for x in (m.get("cpu_model") or "", f"{m['cores']} cores" if m.get("cores") else "",
-                                    f"{_fmt_gib(m['memory_bytes'])} RAM" if m.get("memory_bytes") else "",
+                                    f"{fmt_bytes(m['memory_bytes'])} RAM" if m.get("memory_bytes") else "",
                                     "; ".join(m.get("gpus") or [])) if x)
     per_job = f", {result['s_per_job']:.2f} s/job" if result.get("s_per_job") is not None else ""
     line3 = (f"{s_per_partition(result)[0]:.3f} s/partition steady{per_job}, first job {result['first_job_s']:.2f} s, "
-             f"peak host {_fmt_gib(result['peak_host_bytes'])}, "
+             f"peak host {fmt_bytes(result['peak_host_bytes'])}, "
              f"{result['proofs_verified']}/{result['proofs_total']} proofs verified"
              + (f", commit {m['git_commit']}" if m.get("git_commit") else ""))
     return "\n".join((line1, f"{shape} | {machine}" if machine else shape, line3))

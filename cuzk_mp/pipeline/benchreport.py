@@ -21,6 +21,8 @@ from pathlib import Path
 from typing import Any
 
 from ..errors import InputError
+from ..logs import duration_text
+from .memory import fmt_bytes
 
 log = logging.getLogger("cuzk_mp.bench")
 HEARTBEAT_S = 15.0  # a long step says it is still at work this often
@@ -93,17 +95,10 @@ class Progress:
         eta = self.eta_s(now)
         line = (f"[{'#' * fill}{'.' * (width - fill)}] {self.done}/{self.total} {self.label}"
                 f"{f' ({self.failed} failed)' if self.failed else ''}  {elapsed:6.1f} s"
-                + ("" if final else "  ETA " + ("?" if eta is None else _fmt_duration(eta))))
+                + ("" if final else "  ETA " + duration_text(eta)))
         padded, self._last_len = line.ljust(self._last_len), len(line)  # a shorter line covers the last one
         sys.stderr.write(("\r" + padded + ("\n" if final else "")) if self._tty else line + "\n")
         sys.stderr.flush()
-
-
-def _fmt_duration(seconds: float) -> str:
-    if seconds < 60:
-        return f"{seconds:.0f} s"
-    minutes, sec = divmod(int(round(seconds)), 60)
-    return f"{minutes} min {sec:02d} s" if minutes < 60 else f"{minutes // 60} h {minutes % 60:02d} min"
 
 
 def require_matplotlib() -> None:
@@ -158,14 +153,6 @@ def median_stage(partitions: list[dict[str, Any]], stage: str) -> float | None:
     return statistics.median(values) if values else None
 
 
-def _fmt_bytes(n: float | None) -> str:
-    if n is None:
-        return "n/a"
-    if abs(n) >= 2**30:
-        return f"{n / 2**30:.2f} GiB"
-    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.0f} KiB"
-
-
 def _key_line(result: dict[str, Any]) -> str:
     """How the key got into the provers, and how long it took (before the clock of the jobs)."""
     seconds = result.get("key_load_s")
@@ -181,11 +168,11 @@ def _fmt_s(x: float | None) -> str:
 
 def _bound_row(bound: dict[str, Any]) -> str:
     excess = bound["working_set_excess_bytes"]
-    return (f"{_fmt_bytes(bound['bound_bytes'])}, peak {_fmt_bytes(bound['peak_host_bytes'])} "
-            f"(margin {_fmt_bytes(bound['margin_bytes'])}; model's bound {_fmt_bytes(bound['model_bound_bytes'])}, "
-            f"margin {_fmt_bytes(bound['model_margin_bytes'])}); "
+    return (f"{fmt_bytes(bound['bound_bytes'])}, peak {fmt_bytes(bound['peak_host_bytes'])} "
+            f"(margin {fmt_bytes(bound['margin_bytes'])}; model's bound {fmt_bytes(bound['model_bound_bytes'])}, "
+            f"margin {fmt_bytes(bound['model_margin_bytes'])}); "
             + ("no process outgrew its first-job working set" if excess <= 0
-               else f"a process outgrew its first-job working set by {_fmt_bytes(excess)}"))
+               else f"a process outgrew its first-job working set by {fmt_bytes(excess)}"))
 
 
 def s_per_partition(result: dict[str, Any]) -> tuple[float, list[float]]:
@@ -224,13 +211,13 @@ def table(result: dict[str, Any]) -> str:
         ("partitions by device", ", ".join(f"{d}: {n}" for d, n in result["partitions_by_device"].items())),
         ("synthesis core-seconds / partition", "n/a" if result["synthesis_core_s"] is None
          else f"{result['synthesis_core_s']:.3f} ({result['config']['synthesis_threads']} thread(s))"),
-        ("peak host memory (PSS tree + shm)", _fmt_bytes(result["peak_host_bytes"])),
-        ("  peak USS per process", ", ".join(f"{name} {_fmt_bytes(v)}"
+        ("peak host memory (PSS tree + shm)", fmt_bytes(result["peak_host_bytes"])),
+        ("  peak USS per process", ", ".join(f"{name} {fmt_bytes(v)}"
                                               for name, v in sorted(result["peak_uss_by_process"].items()))),
-        ("  of which shm (peak)", f"{_fmt_bytes(result['peak_shm_bytes'])}, "
+        ("  of which shm (peak)", f"{fmt_bytes(result['peak_shm_bytes'])}, "
                                   f"{result['peak_live_segments']} live segment(s) max"),
         ("host memory bound (first-job calib.)", _bound_row(result["memory_bound"])),
-        ("peak device memory", _fmt_bytes(result["peak_device_bytes"])),
+        ("peak device memory", fmt_bytes(result["peak_device_bytes"])),
         ("proofs verified", f"{result['proofs_verified']} / {result['proofs_total']}"),
     ]
     width = max(len(k) for k, _ in rows)

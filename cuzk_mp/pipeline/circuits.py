@@ -22,7 +22,7 @@ import msgspec
 from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
 from ..errors import InputError
 from . import messages as msg
-from .types import INPUT_KINDS, KEY_SOURCES, CircuitSpec, JobSpec, Priority
+from .types import INPUT_KINDS, KEY_SOURCES, MAX_PARTITIONS, MAX_SEED, CircuitSpec, JobSpec, Priority
 
 # Where a device-key circuit's a, b, c are made, per backend: the GPU makes them from w on the device
 # (its witness map kernels), so synthesis writes w alone (a quarter of the ring's bytes, and ~15 % of
@@ -30,8 +30,6 @@ from .types import INPUT_KINDS, KEY_SOURCES, CircuitSpec, JobSpec, Priority
 # WITNESS_MAP_ENV=host keeps the host's map on every backend (a comparison run).
 DEVICE_WITNESS_MAP = {"gpu": "device"}
 WITNESS_MAP_ENV = "CUZK_MP_WITNESS_MAP"
-MAX_PARTITIONS = 1024
-MAX_SEED = 2**63 - 1
 MAX_JOB_ID = 256  # a job id rides in the header of every ring segment
 
 

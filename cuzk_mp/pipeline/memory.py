@@ -105,6 +105,15 @@ CGROUP_ROOT = "/sys/fs/cgroup"  # where the cgroup hierarchies are mounted
 PROC_CGROUP = "/proc/self/cgroup"  # this process's cgroup in each hierarchy
 
 
+def fmt_bytes(n: float | None) -> str:
+    """A size as reports and messages write it: ``59.00 GiB``, ``12.5 MiB``, ``3 KiB`` ("n/a" for None)."""
+    if n is None:
+        return "n/a"
+    if abs(n) >= GiB:
+        return f"{n / GiB:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
 def cgroup_limit_files(proc_cgroup: str, root: str = CGROUP_ROOT) -> list[str]:
     """The memory-limit files that bind a process whose ``/proc/self/cgroup`` reads ``proc_cgroup``:
     its own cgroup's and every ancestor's up to the root, in the unified hierarchy (v2: ``0::/path``,

@@ -125,6 +125,9 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--repeat", type=int, default=5)
     ap.add_argument("--json", type=Path)
     args = ap.parse_args(argv)
+    for flag, value in (("--mib", args.mib), ("--repeat", args.repeat)):
+        if value < 1:
+            ap.error(f"{flag} {value}: must be at least 1")
     result = run_probe(args.mib, args.repeat)
     text = json.dumps(result, indent=2)
     print(text)

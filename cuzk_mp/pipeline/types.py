@@ -44,6 +44,8 @@ STAGES = ("queue_wait", "ring_wait", "shm_write", "witness", "synthesis", "stagi
 INPUT_KINDS = ("json", "wtns", "synthetic")
 BACKENDS = ("auto", "cpu", "gpu")
 MAX_RING_SLOTS = 256  # EngineConfig.ring_slots, at most
+MAX_PARTITIONS = 1024  # partitions of one job, at most (a daemon request's and a bench job's)
+MAX_SEED = 2**63 - 1  # a synthetic partition's seed, at most (msgpack's signed 64-bit integers)
 BATCH_ENV = "CUZK_MP_PROVER_BATCH"  # overrides the configured batch cap (benchmarks: 1 = no batching)
 # Partitions up to this segment size are batched (2^18 rows: 32 MiB; a, b, c and w of k partitions
 # are on the device at once, and above this size the per-proof fixed costs are small beside the work).
