@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .ring import SHM_DIR, partition_segment_bytes
+from .ring import SHM_DIR, partition_segment_bytes, shm_space
 from .types import BATCH_MAX_BYTES, default_synthesis_threads
 
 GiB = 2**30
@@ -164,11 +164,8 @@ def machine_memory_bytes() -> int:
 def shm_capacity_bytes(path: str = SHM_DIR) -> int | None:
     """The size of the tmpfs the ring lives in (/dev/shm: a container's may be 64 MiB), or None
     where it cannot be read."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_blocks * st.f_frsize
+    space = shm_space(path)
+    return None if space is None else space[1]
 
 
 def host_budget_bytes(value: object, key: str, total: int | None = None) -> int:

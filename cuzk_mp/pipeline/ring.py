@@ -625,9 +625,8 @@ def _map_segment(name: str, size: int, *, create: bool) -> mmap.mmap:
         if create:  # a page the tmpfs cannot give is a SIGBUS when written: say so before (not
             # posix_fallocate, which would take the pages now, small ones, where the mapping's
             # MADV_HUGEPAGE can have huge ones)
-            missing = size - os.fstat(shm.fd).st_blocks * 512
-            st = os.statvfs(SHM_DIR)
-            if missing > st.f_bavail * st.f_frsize:
+            missing, space = size - os.fstat(shm.fd).st_blocks * 512, shm_space()
+            if space is not None and missing > space[0]:
                 raise ResourceError(shm_full(f"a ring segment of {size / 2**20:.1f} MiB ({name})"))
         buf = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED)
     finally:
@@ -657,13 +656,20 @@ def _populate(buf: mmap.mmap, *, write: bool) -> None:
         del view
 
 
+def shm_space(path: str = SHM_DIR) -> tuple[int, int] | None:
+    """Free and total bytes of the tmpfs the ring lives in (/dev/shm: a container's may be 64 MiB), or
+    None where it cannot be read."""
+    try:
+        st = os.statvfs(path)
+    except OSError:
+        return None
+    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
+
+
 def shm_full(what: str) -> str:
     """The message of a ring object the shared-memory tmpfs has no room for (exit code 4)."""
-    try:
-        st = os.statvfs(SHM_DIR)
-        room = f": {st.f_bavail * st.f_frsize / 2**20:.1f} MiB free of {st.f_blocks * st.f_frsize / 2**20:.1f} MiB"
-    except OSError:
-        room = ""
+    space = shm_space()
+    room = "" if space is None else f": {space[0] / 2**20:.1f} MiB free of {space[1] / 2**20:.1f} MiB"
     return (f"{SHM_DIR} has no room for {what}{room} (give it more, e.g. a container's --shm-size, or fewer "
             "ring slots)")
 
