@@ -106,7 +106,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
         p.add_argument("--connect", default=os.environ.get("CUZK_MP_CONNECT", "127.0.0.1:9820"),
                        help="unix:///path or host:port (default $CUZK_MP_CONNECT or "
                             "127.0.0.1:9820)")
-        p.add_argument("--max-frame-bytes", type=_frame_arg, default=128 * 2**20, metavar="BYTES",
+        p.add_argument("--max-frame-bytes", type=_frame_arg, metavar="BYTES",
                        help="the largest frame this client sends or takes, 1024..4294967295 (default 134217728 "
                             "= 128 MiB, as the daemon's [daemon] max_frame_bytes): a reply over it ends the call "
                             "(exit 2); raise both for jobs of many partitions")
@@ -341,10 +341,10 @@ def _client_verb(client: Any, args: argparse.Namespace) -> int:
 def run_client(args: argparse.Namespace) -> int:
     """``cuzk-mp client VERB``: one call to the daemon; the exit code says how it went."""
     from cuzk_mp.daemon.client import Client
-    from cuzk_mp.daemon.transport import CommClosedError, NotTheProtocol
+    from cuzk_mp.daemon.transport import DEFAULT_MAX_FRAME, CommClosedError, NotTheProtocol
 
     try:
-        client = Client(args.connect, max_frame_bytes=args.max_frame_bytes, token=args.token)
+        client = Client(args.connect, max_frame_bytes=args.max_frame_bytes or DEFAULT_MAX_FRAME, token=args.token)
     except OSError as e:
         return _client_error(EXIT_UNREACHABLE, f"cannot reach the daemon at {args.connect}: {e}")
     try:

@@ -26,12 +26,12 @@ import msgspec
 
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.transport import (
-    Address, CommClosedError, NotTheProtocol, StreamComm, connect, open_socket, parse_address, recv_frame,
+    DEFAULT_MAX_FRAME, Address, CommClosedError, NotTheProtocol, StreamComm, connect, open_socket, parse_address,
+    recv_frame,
     send_frame,
 )
 from cuzk_mp.errors import InputError, error_from_kind
 
-DEFAULT_MAX_FRAME = 128 * 2**20
 # A blocking call's socket deadline is the call's own timeout plus this margin (the daemon
 # answers a timed-out AwaitProof itself; the margin only catches a hung daemon).
 DEADLINE_MARGIN_S = 30.0

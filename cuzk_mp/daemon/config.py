@@ -37,7 +37,7 @@ import msgspec
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.budget import largest, memory_budget, shape_for
 from cuzk_mp.daemon.fleet.config import FleetConfig, FleetSection, resolve_fleet
-from cuzk_mp.daemon.transport import Address, parse_address
+from cuzk_mp.daemon.transport import DEFAULT_MAX_FRAME, Address, parse_address
 from cuzk_mp.errors import ConfigError
 from cuzk_mp.paths import default_cache_dir
 from cuzk_mp.pipeline.memory import fmt_bytes, machine_memory_bytes, parse_size
@@ -94,7 +94,7 @@ class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     socket_mode: str = "0600"
     status_listen: str = ""
     journal: str = ""
-    max_frame_bytes: SizeValue = "128MiB"
+    max_frame_bytes: SizeValue = f"{DEFAULT_MAX_FRAME >> 20}MiB"
     frame_timeout: DurationValue = "60s"
     max_connections: int = 256
     tokens: list[str] = []

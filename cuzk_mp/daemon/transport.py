@@ -43,6 +43,7 @@ from pathlib import Path
 from cuzk_mp.errors import ConfigError, InputError
 
 _LEN = struct.Struct(">I")
+DEFAULT_MAX_FRAME = 128 * 2**20  # the largest frame a peer sends or takes unless configured ([daemon] max_frame_bytes)
 log = logging.getLogger("cuzk_mp.daemon.transport")
 REFUSAL_LOG_INTERVAL_S = 10.0
 REFUSAL_DRAIN_S = 1.0
