@@ -111,11 +111,6 @@ def limbs_to_ints(a: np.ndarray) -> list[int]:
     return [int.from_bytes(buf[i : i + nb], "little") for i in range(0, len(buf), nb)]
 
 
-def limbs_to_int(a: np.ndarray) -> int:
-    """One ``(L,)`` limb row as a Python int."""
-    return limbs_to_ints(a)[0]
-
-
 FR = MontParams(R_MOD, FR_LIMBS)
 FQ = MontParams(Q_MOD, FQ_LIMBS)
 
@@ -138,13 +133,6 @@ def coset_shift(log_n: int) -> int:
     ``Fr.shift`` = 25 when log_n = 32 (snarkjs ``groth16_prove.js``).
     """
     return fr_root_of_unity(log_n + 1) if log_n < FR_TWO_ADICITY else FR_SHIFT
-
-
-def fr_inv(x: int) -> int:
-    """Multiplicative inverse in Fr (raises ZeroDivisionError-like ValueError on 0)."""
-    if x % R_MOD == 0:
-        raise ValueError("0 has no inverse in Fr")
-    return pow(x, -1, R_MOD)
 
 
 def log2_exact(n: int) -> int:

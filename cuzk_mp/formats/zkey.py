@@ -393,8 +393,3 @@ def coefs_from_arrays(matrix: np.ndarray, constraint: np.ndarray, signal: np.nda
     return out
 
 
-def section_sizes(n_vars: int, n_public: int, domain_size: int, n_coefs: int) -> dict[int, int]:
-    """Payload bytes of sections 1..9 for these header values (section 10 varies)."""
-    return {1: 4, 2: HEADER_BYTES, 3: 96 * (n_public + 1), 4: 4 + COEF_DTYPE.itemsize * n_coefs,
-            5: 96 * n_vars, 6: 96 * n_vars, 7: 192 * n_vars, 8: 96 * (n_vars - n_public - 1), 9: 96 * domain_size}
-

@@ -142,13 +142,6 @@ class MemorySampler:
             self.samples += 1
             return tree
 
-    def reset_peaks(self) -> None:
-        """Forget the peaks so far (the timeline stays)."""
-        with self._lock:
-            self.peak_host_bytes = self.peak_pss_bytes = self.peak_rss_bytes = self.peak_shm_bytes = 0
-            self.peak_live_segments = 0
-            self.peak_pss, self.peak_uss, self.peak_anon = {}, {}, {}
-
     def _run(self) -> None:
         while not self._stop.is_set():
             self.sample()
