@@ -391,5 +391,3 @@ def coefs_from_arrays(matrix: np.ndarray, constraint: np.ndarray, signal: np.nda
     out = np.empty(len(matrix), dtype=COEF_DTYPE)
     out["matrix"], out["constraint"], out["signal"], out["value"] = matrix, constraint, signal, value
     return out
-
-
