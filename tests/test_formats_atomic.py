@@ -133,7 +133,7 @@ def test_the_callers_own_errors_pass_through(tmp_path: Path) -> None:
     assert not out.exists() and not leftovers(tmp_path)
 
 
-def test_an_open_descriptor_is_written_in_place(tmp_path: Path) -> None:
+def test_an_open_descriptor_is_written_in_place(tmp_path: Path, capfd: pytest.CaptureFixture[str]) -> None:
     """/dev/fd/N (and /dev/stdout, a link to /proc/self/fd/1): the file behind the descriptor gets
     the bytes appended (a shell's `>> log` stays a log), and keeps its inode; a pipe's reader
     gets them; no link or file is replaced."""
@@ -153,7 +153,11 @@ def test_an_open_descriptor_is_written_in_place(tmp_path: Path) -> None:
         os.close(r)
         if w >= 0:
             os.close(w)
-    assert os.path.islink("/dev/stdout") or not os.path.exists("/dev/stdout")
+    stdout_was_link = os.path.islink("/dev/stdout")
+    capfd.readouterr()
+    write_json("/dev/stdout", [3])
+    assert capfd.readouterr().out == "[\n 3\n]"
+    assert os.path.islink("/dev/stdout") == stdout_was_link  # written through, never replaced
     assert not leftovers(tmp_path)
 
 

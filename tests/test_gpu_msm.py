@@ -173,6 +173,36 @@ def test_accumulation_modes(msm: Any, dist: str) -> None:
         assert _run(msm, points, scalars, True, params) == _oracle(points, scalars, True), f"seed {SEED} {rounds}"
 
 
+def test_the_fq_product_knobs_reach_the_modules_defines() -> None:
+    """What the device-only module tests below build (FP64-pipe, Karatsuba, unfused and inlined Fq
+    products): each knob's defines, checked on every machine; the modules themselves need the device."""
+    from cuzk_mp.backends.gpu.knobs import MsmParams
+
+    default = MsmParams()
+    for mode, dfma in (("dfma", 1), ("mixed", 2)):
+        defines = MsmParams(fq_mul=mode, acc_min_blocks=2, fq_mixed_n=5).defines(False)
+        assert defines["EC_FQ_DFMA"] == dfma
+        if mode == "mixed":
+            assert defines["EC_FQ_MIXED_N"] == 5 and defines["EC_FQ_CALLS"] == 1 and defines["EC_FQ_FUSED"] == 1
+        else:
+            assert "EC_FQ_CALLS" not in defines and "EC_FQ_MIXED_N" not in defines
+            assert "EC_FQ_FUSED" not in defines
+        assert "EC_FQ_DFMA" not in MsmParams(fq_mul=mode, fq_mixed_n=5).defines(True)  # G2 ignores it
+    assert "EC_FQ_DFMA" not in default.defines(False)
+    with pytest.raises(ConfigError, match="fq_mixed_n"):
+        MsmParams(fq_mul="mixed", fq_mixed_n=7)
+    with pytest.raises(ConfigError, match="fq_mul"):
+        MsmParams(fq_mul="fp64")
+    for g2 in (False, True):
+        assert MsmParams(fq_karatsuba=True).defines(g2)["FF_KARATSUBA"] == 1
+        assert "FF_KARATSUBA" not in default.defines(g2)
+    assert default.defines(False)["EC_FQ_FUSED"] == 1 and "EC_FQ_FUSED" not in default.defines(True)
+    assert "EC_FQ_FUSED" not in MsmParams(fq_fused=False).defines(False)
+    assert default.defines(False)["EC_FQ_CALLS"] == 1
+    assert "EC_FQ_CALLS" not in MsmParams(fq_calls=False).defines(False) and "EC_FQ_CALLS" not in default.defines(True)
+    assert "EC_FQ_CALLS" not in MsmParams(fq_mul="dfma").defines(False)
+
+
 @pytest.mark.parametrize("dist", ["random", "porep", "same"])
 @pytest.mark.parametrize("mode", ["dfma", "mixed"])
 def test_fq_dfma_module(kind: str, msm: Any, dist: str, mode: str) -> None:
@@ -184,17 +214,6 @@ def test_fq_dfma_module(kind: str, msm: Any, dist: str, mode: str) -> None:
     if kind == "emu" and mode == "dfma":
         pytest.skip("the all-FP64 G1 module runs on the device; its products are emulator-tested")
     params = msm.MsmParams(fq_mul=mode, acc_min_blocks=2, fq_mixed_n=5)
-    defines = params.defines(False)
-    assert defines["EC_FQ_DFMA"] == {"dfma": 1, "mixed": 2}[mode]
-    if mode == "mixed":
-        assert defines["EC_FQ_MIXED_N"] == 5 and defines["EC_FQ_CALLS"] == 1 and defines["EC_FQ_FUSED"] == 1
-    else:
-        assert "EC_FQ_CALLS" not in defines and "EC_FQ_MIXED_N" not in defines
-    with pytest.raises(ConfigError, match="fq_mixed_n"):
-        msm.MsmParams(fq_mul="mixed", fq_mixed_n=7)
-    assert "EC_FQ_DFMA" not in params.defines(True) and "EC_FQ_DFMA" not in msm.MsmParams().defines(False)
-    with pytest.raises(ConfigError, match="fq_mul"):
-        msm.MsmParams(fq_mul="fp64")
     points, scalars = _special(False, dist)
     assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
     points, scalars = _points(1000, False), _scalars(1000, dist, SEED + 11)
@@ -311,7 +330,6 @@ def test_fq_karatsuba_module(kind: str, msm: Any, g2: bool, dist: str) -> None:
     if kind == "emu":
         pytest.skip("the Karatsuba MSM modules run on the device; their products are emulator-tested")
     params = msm.MsmParams(fq_karatsuba=True)
-    assert params.defines(g2)["FF_KARATSUBA"] == 1 and "FF_KARATSUBA" not in msm.MsmParams().defines(g2)
     points, scalars = _special(g2, dist)
     assert _run(msm, points, scalars, g2, params) == _oracle(points, scalars, g2), f"seed {SEED}"
     points, scalars = _points(1000, g2), _scalars(1000, dist, SEED + 11)
@@ -326,10 +344,6 @@ def test_fq_unfused_module(kind: str, msm: Any, dist: str) -> None:
     if kind == "emu":
         pytest.skip("the unfused G1 module runs on the device; its products are emulator-tested")
     params = msm.MsmParams(fq_fused=False)
-    default = msm.MsmParams()
-    assert default.defines(False)["EC_FQ_FUSED"] == 1 and "EC_FQ_FUSED" not in default.defines(True)
-    assert "EC_FQ_FUSED" not in params.defines(False)
-    assert "EC_FQ_FUSED" not in msm.MsmParams(fq_mul="dfma").defines(False)
     points, scalars = _special(False, dist)
     assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
     points, scalars = _points(1000, False), _scalars(1000, dist, SEED + 11)
@@ -344,8 +358,6 @@ def test_fq_inline_module(kind: str, msm: Any, dist: str) -> None:
     if kind == "emu":
         pytest.skip("the inlined G1 module differs from the default only in device code")
     params = msm.MsmParams(fq_calls=False)
-    assert "EC_FQ_CALLS" not in params.defines(False) and "EC_FQ_CALLS" not in msm.MsmParams().defines(True)
-    assert "EC_FQ_CALLS" not in msm.MsmParams(fq_mul="dfma").defines(False)
     points, scalars = _special(False, dist)
     assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
     points, scalars = _points(1000, False), _scalars(1000, dist, SEED + 11)

@@ -233,7 +233,8 @@ def test_crash_loop_degrades_then_recovers(checker: ProofChecker) -> None:
         assert "cuzk-prover-0" in degraded[0].reason and "before READY" in degraded[0].reason
         assert "exit code 3" in degraded[0].reason
         status = engine.status()
-        assert status.degraded == degraded or status.degraded[0].role == "prover"
+        # the same role and process (the reason's counts may have grown since)
+        assert [d.role for d in status.degraded] == ["prover"] and "cuzk-prover-0" in status.degraded[0].reason
         row = next(p for p in status.processes if p.name == "cuzk-prover-0")
         assert row.failed_starts >= 3 and row.restarts >= 3
         engine.submit(_job("stuck", 1, base=500))

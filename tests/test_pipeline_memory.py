@@ -86,7 +86,11 @@ def test_budget_takes_ready_slots_then_workers_then_slots_away() -> None:
     kept = derive_shape(124 * GiB, POREP_24, cores=16, backend="gpu", provers=1,
                         given={"ring_slots": 6, "threads_per_partition": 4})
     assert (kept.ring_slots, kept.threads_per_partition) == (6, 4)
-    assert kept.partition_workers * 4 / synthesis_seconds(POREP_24, 4) >= 0  # workers still derived
+    # the workers are still derived: enough at 4 threads each to feed the device, and more of them at 2
+    assert kept.partition_workers / synthesis_seconds(POREP_24, 4) >= 1 / device_seconds(POREP_24)
+    thinner = derive_shape(124 * GiB, POREP_24, cores=16, backend="gpu", provers=1,
+                           given={"ring_slots": 6, "threads_per_partition": 2})
+    assert thinner.partition_workers > kept.partition_workers
     with pytest.raises(ConfigError, match="memory.host_budget.*smallest pipeline"):
         derive_shape(4 * GiB, POREP_24, cores=16, backend="gpu", provers=1)
 
