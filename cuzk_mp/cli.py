@@ -337,7 +337,7 @@ class SnarkjsVerb:
     help: str
     files: tuple[tuple[str, str, str], ...]
     func: Callable[[argparse.Namespace], int]
-    proves: bool = False  # takes --backend, --r1cs and --no-verify
+    proves: bool = False  # takes --backend, --r1cs and --no-verify (every verb takes --protocol groth16)
     connects: bool = False  # takes --connect and --token (a running daemon proves)
     more_aliases: tuple[str, ...] = ()  # snarkjs's other short names of the verb
 
@@ -345,14 +345,15 @@ class SnarkjsVerb:
         """The verb's positional files (each optional, with snarkjs's default) and options."""
         for dest, default, what in self.files:
             p.add_argument(dest, type=Path, nargs="?", default=Path(default), help=f"{what} (default {default})")
+        # snarkjs reads its options on any verb (and ignores those a verb has no use for)
+        p.add_argument("--protocol", choices=("groth16",), default="groth16",
+                       help="snarkjs's option, taken for its scripts: groth16 is the one protocol here")
         if self.proves:
             p.add_argument("--backend", default="auto", choices=BACKENDS)
             p.add_argument("--r1cs", type=Path,
                            help="check the witness against this circuit first (names the failing constraint)")
             p.add_argument("--no-verify", action="store_true",
                            help="skip the self-verification of the proof (benchmarks)")
-            p.add_argument("--protocol", choices=("groth16",), default="groth16",
-                           help="snarkjs's option, taken for its scripts: groth16 is the one protocol here")
         if self.connects:
             p.add_argument("--connect", metavar="ADDR",
                            help="prove through the running daemon at ADDR (unix:///path or host:port) whose "

@@ -93,7 +93,8 @@ def test_snarkjs_default_file_names() -> None:
     assert names("wc") == ["input.json", "circuit.wasm", "witness.wtns"]
     assert names("g16p", "my.zkey") == ["my.zkey", "witness.wtns", "proof.json", "public.json"]
     assert names("g16i") == names("g16f") and names("zpw") == names("g16p")  # snarkjs's other short names
-    assert p.parse_args(["g16p", "--protocol", "groth16"]).protocol == "groth16"  # snarkjs's option
+    for verb in (["g16p"], ["g16v"], ["zkev"], ["wc"], ["zkey", "export", "verificationkey"]):  # snarkjs's option
+        assert p.parse_args([*verb, "--protocol", "groth16"]).protocol == "groth16", verb
     with pytest.raises(SystemExit):
         p.parse_args(["g16f", "--protocol", "plonk"])
 
