@@ -26,7 +26,8 @@ from .synthetic_gadgets import ONE, Field, LaneCS, Word, global_ref, lc
 
 # Two units keep a lane (934 rows) small enough that 2^10 rows hold one whole lane, while the
 # state still chains through two rounds. Ten field rounds per unit put ~20% of the wires on
-# full-size field elements (the rest are bits), the PoRep-like mix the issue asks for.
+# full-size field elements (the rest are bits): the PoRep-like mix (a PoRep partition's witness is
+# ~40 % zeros, ~40 % ones and ~20 % full field elements).
 UNITS_PER_LANE = 2
 FIELD_ROUNDS = 10
 HEADER_WORDS = 4  # random input words a, b, e, f of a lane

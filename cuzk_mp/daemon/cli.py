@@ -21,9 +21,9 @@ socket or shm prefix (this one changed nothing).
     prove   --circuit ID --out DIR [INPUT ...]     -> DIR/proof_<i>.json, public_<i>.json,
                                                       verification_key.json; job summary
     cancel  JOB_ID | status [--detail] | metrics | preload ID | evict ID
-    ready                                          -> exit 0 once the daemon serves (an
-                                                      addition to the issue's verbs, for
-                                                      scripts/wait-ready.sh)
+    ready                                          -> exit 0 if the daemon is running and
+                                                      serving, 1 if not (yet), 3 if unreachable
+                                                      (scripts/wait-ready.sh polls it)
 
 A synthetic circuit given no inputs gets seeds 0..P-1 (P = ``--partitions`` or the circuit's
 configured default). Exit codes: 0 success; 1 the job failed or was cancelled (or an eviction
