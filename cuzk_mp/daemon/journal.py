@@ -31,7 +31,6 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
-import os
 import sqlite3
 import time
 import uuid
@@ -45,6 +44,7 @@ import msgspec
 from cuzk_mp.daemon.journal_wal import wal_damage
 from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions
 from cuzk_mp.errors import ConfigError, CuzkError, ResourceError
+from cuzk_mp.formats.atomic import atomic_output
 
 log = logging.getLogger("cuzk_mp.daemon.journal")
 
@@ -181,9 +181,8 @@ class Journal:
             conn.close()
             raise
         if recorded is None:
-            tmp = path.with_name(path.name + ".id.tmp")
-            tmp.write_text(journal_id + "\n")
-            os.replace(tmp, _marker_path(path))
+            with atomic_output(_marker_path(path), "w") as f:
+                f.write(journal_id + "\n")
         return cls(path, conn)
 
     @staticmethod

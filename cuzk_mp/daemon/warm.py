@@ -38,6 +38,7 @@ from pathlib import Path
 
 from cuzk_mp.daemon.transport import CommClosedError, open_socket, parse_address
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
+from cuzk_mp.formats.atomic import atomic_output
 from cuzk_mp.exit_codes import EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT
 
 log = logging.getLogger("cuzk_mp.daemon.warm")
@@ -135,9 +136,8 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
     if _answers(sock):
         return addr
     cfg = base / f"{wid}.toml"
-    tmp = cfg.with_name(f"{cfg.name}.{os.getpid()}.tmp")
-    tmp.write_text(config_text(spec, sock, journal))
-    os.replace(tmp, cfg)
+    with atomic_output(cfg, "w") as f:  # a racing start reads a whole config or the earlier one
+        f.write(config_text(spec, sock, journal))
     log.info("starting a warm daemon for %s (%s backend, exits after %g s idle; log %s)", spec.zkey, spec.backend,
              spec.idle_s, log_path)
     with contextlib.suppress(OSError):  # one older log is kept (a racing start may still write to it)
