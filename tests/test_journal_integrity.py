@@ -225,3 +225,28 @@ def test_the_daemon_refuses_a_damaged_journal_with_exit_65_touching_nothing(tmp_
     assert last["level"] == "error" and last["exit_code"] == 65 and last["msg"].startswith("refusing to start")
     assert not (tmp_path / "cuzk.sock").exists() and not (tmp_path / "keys").exists()
     assert (tmp_path / "journal.sqlite").read_bytes() == b""
+
+
+def test_a_full_disk_is_not_a_damaged_journal(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite's "database or disk is full" while the journal is opened is a ResourceError (exit 4,
+    which systemd retries) that changes nothing, not the JournalDamaged that tells the operator to
+    move the journal (and its jobs) aside; once there is room the same journal opens."""
+    from cuzk_mp.errors import ResourceError
+
+    real = sqlite3.connect
+
+    def full(*args: Any, **kwargs: Any) -> sqlite3.Connection:  # no page beyond the file's own: a full disk
+        conn = real(*args, **kwargs)
+        conn.execute("PRAGMA max_page_count = 1")
+        return conn
+
+    path = tmp_path / "journal.sqlite"
+    monkeypatch.setattr(sqlite3, "connect", full)
+    with pytest.raises(ResourceError, match=r"journal.sqlite: the journal cannot be opened now \(database or disk "
+                                            r"is full\); it was not changed"):
+        Journal.open(path)
+    assert not (tmp_path / "journal.sqlite.id").exists()
+    monkeypatch.setattr(sqlite3, "connect", real)
+    j = _fill(path, 2)
+    assert len(j.load()) == 2
+    j.close()

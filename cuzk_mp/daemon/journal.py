@@ -16,7 +16,9 @@ The journal is the source of truth, so it is defended:
   silently ignore (:mod:`.journal_wal`), and a journal that is missing or empty although this
   place held one: ``<journal>.id`` records the journal's identity the first time it is created,
   so a deleted, truncated or swapped journal is noticed instead of starting silently empty.
-  Nothing is repaired or emptied automatically; the message says how to start afresh.
+  Nothing is repaired or emptied automatically; the message says how to start afresh. A journal
+  SQLite cannot open for another reason (a full disk, an I/O error) is not damage: a
+  ResourceError (exit code 4, which systemd retries) that leaves the file as it was.
 * **A bad row is quarantined, the rest start.** :meth:`Journal.load` checks every row against
   the schema (types, priority 0..3, a state it knows, decodable partitions and result that
   agree with the row); a row that fails is moved, as it was, into the ``quarantine`` table with
@@ -78,6 +80,10 @@ CREATE TABLE IF NOT EXISTS quarantine (
 _MIGRATE_1_TO_2 = "ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''"
 QUARANTINE_IN_STATUS = 20
 
+# SQLite's primary result codes that mean the file itself is not a journal SQLite can read:
+# SQLITE_CORRUPT, SQLITE_NOTADB, SQLITE_FORMAT. Others (SQLITE_FULL, SQLITE_IOERR, SQLITE_BUSY...) say
+# nothing about the file's contents.
+_DAMAGE_CODES = frozenset({11, 26, 24})
 T = TypeVar("T")
 _partitions_decoder = msgspec.msgpack.Decoder(Partitions)
 _reply_decoder = msgspec.msgpack.Decoder(JobReply)
@@ -168,7 +174,8 @@ class Journal:
     @classmethod
     def open(cls, path: Path) -> Journal:
         """Open (creating if needed) the journal at ``path``: JournalDamaged if it is damaged or
-        missing (see the module docstring), ConfigError for a schema from a newer version."""
+        missing (see the module docstring), ConfigError for a schema from a newer version,
+        ResourceError where SQLite cannot open it now (a full disk)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         recorded = _check_file(path)
         try:
@@ -226,6 +233,11 @@ class Journal:
             conn.execute("COMMIT")
             return str(journal_id)
         except sqlite3.DatabaseError as e:
+            if (getattr(e, "sqlite_errorcode", 0) & 0xFF) not in _DAMAGE_CODES:
+                # a full disk, an I/O error, a lock: nothing is wrong with the file, and moving it
+                # aside would lose its jobs; the start can succeed once the cause is gone
+                raise ResourceError(f"{path}: the journal cannot be opened now ({e}); it was not changed: "
+                                    "free the disk (or whatever the message names) and start again") from None
             raise JournalDamaged(f"{path}: not a usable journal ({e}); move it aside (with its -wal "
                                  "and .id files) to start with an empty journal") from None
         finally:
