@@ -434,6 +434,10 @@ def test_places_the_daemon_writes_are_checked_up_front(tmp_path: Path, monkeypat
 @pytest.mark.parametrize("raw, message", [
     ({"pipeline": {"task_timeout": 0}}, "t.toml: pipeline.task_timeout: must be positive, got 0 s"),
     ({"pipeline": {"start_timeout": "0s"}}, "t.toml: pipeline.start_timeout: must be positive, got 0 s"),
+    ({"pipeline": {"start_timeout": 1e300}},
+     "t.toml: pipeline.start_timeout: 1e+300 s is more than 2.592e+06 s (30 days): a typo, not a plan"),
+    ({"pipeline": {"task_timeout": "31d"}},
+     "t.toml: pipeline.task_timeout: 2.6784e+06 s is more than 2.592e+06 s (30 days): a typo, not a plan"),
     ({"pipeline": {"ring_slots": 300}}, "t.toml: pipeline.ring_slots: 300 is more than 256"),
     ({"pipeline": {"ring_slots": 0}}, "t.toml: pipeline.ring_slots: 0 must be an integer >= 1"),
     ({"pipeline": {"max_attempts": 0}}, "t.toml: pipeline.max_attempts: 0 must be an integer >= 1"),

@@ -180,16 +180,21 @@ class RunningEngine:
     def wait_ready(self) -> None:
         """Block until every child is READY (then state running); on failure stop and raise WorkerDied."""
         limit = self.config.start_timeout_s
-        with self._cond:
-            ok = self._cond.wait_for(lambda: self._start_error is not None or self.sup.all_ready(), timeout=limit)
-            error = self._start_error or (None if ok else f"children not READY within {limit} s")
-            if error is None:
-                self._state = "running"
-                log.info("[start] engine %s running: %s backend, devices %s, %d synthesis workers x %d threads, "
-                         "%d slots", self.prefix, self.backend, self.devices, self.config.partition_workers,
-                         self.config.threads_per_partition(len(self.devices) if self.backend == "cpu" else 0),
-                         self.config.ring_slots)
-                return
+        try:
+            with self._cond:
+                ok = self._cond.wait_for(lambda: self._start_error is not None or self.sup.all_ready(),
+                                         timeout=limit)
+                error = self._start_error or (None if ok else f"children not READY within {limit} s")
+                if error is None:
+                    self._state = "running"
+                    log.info("[start] engine %s running: %s backend, devices %s, %d synthesis workers x %d threads, "
+                             "%d slots", self.prefix, self.backend, self.devices, self.config.partition_workers,
+                             self.config.threads_per_partition(len(self.devices) if self.backend == "cpu" else 0),
+                             self.config.ring_slots)
+                    return
+        except BaseException:  # an interrupt (or any failure of the wait): the children go too
+            self.stop(grace_s=0)
+            raise
         self.stop(grace_s=0)
         raise WorkerDied(f"engine {self.prefix} failed to start: {error}")
 

@@ -44,6 +44,7 @@ STAGES = ("queue_wait", "ring_wait", "shm_write", "witness", "synthesis", "stagi
 INPUT_KINDS = ("json", "wtns", "synthetic")
 BACKENDS = ("auto", "cpu", "gpu")
 MAX_RING_SLOTS = 256  # EngineConfig.ring_slots, at most
+MAX_ENGINE_TIMEOUT_S = 30 * 86_400.0  # EngineConfig.start_timeout_s and task_timeout_s, at most
 MAX_PARTITIONS = 1024  # partitions of one job, at most (a daemon request's and a bench job's)
 MAX_SEED = 2**63 - 1  # a synthetic partition's seed, at most (msgpack's signed 64-bit integers)
 BATCH_ENV = "CUZK_MP_PROVER_BATCH"  # overrides the configured batch cap (benchmarks: 1 = no batching)
@@ -226,6 +227,9 @@ class EngineConfig:
         for name in ("start_timeout_s", "task_timeout_s"):
             if not getattr(self, name) > 0:
                 raise ConfigError(f"{key(name)}: must be positive, got {getattr(self, name):g} s")
+            if getattr(self, name) > MAX_ENGINE_TIMEOUT_S:
+                raise ConfigError(f"{key(name)}: {getattr(self, name):g} s is more than {MAX_ENGINE_TIMEOUT_S:g} s "
+                                  "(30 days): a typo, not a plan")
         prover_batch(self.prover_batch), finalize_batch()  # the environment's overrides, read by the provers
 
     def prefix(self) -> str:
