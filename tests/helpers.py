@@ -34,6 +34,18 @@ PY = [sys.executable, "-m", "cuzk_mp.cli"]
 ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
        "CUZK_MP": f"{sys.executable} -m cuzk_mp.cli"}
 KEY_CACHE = REPO / ".cache" / "pipeline-test-keys"
+SNARKJS_FILES = REPO / "tests" / "data_formats"  # a small circom circuit's files, made by circom and snarkjs
+
+
+def small_circom_key(folder: Path, name: str = "c") -> tuple[Path, Path]:
+    """``NAME.zkey`` and ``NAME.r1cs`` in ``folder``: copies of a small circom circuit's key and r1cs (a
+    daemon's config check reads both headers; what the engine double proves never reads them)."""
+    import shutil
+
+    zkey, r1cs = folder / f"{name}.zkey", folder / f"{name}.r1cs"
+    shutil.copyfile(SNARKJS_FILES / "mul.zkey", zkey)
+    shutil.copyfile(SNARKJS_FILES / "mul.r1cs", r1cs)
+    return zkey, r1cs
 LOG_N = 10  # the smallest porep-like circuit: fast on the 2-core CI machine
 # Prepended to a ``python -c`` program: any import of numpy, numba or the arkworks curve arithmetic
 # then fails (what a client process must do without: ~0.3 s of imports a process).

@@ -28,6 +28,7 @@ import cuzk_mp
 from cuzk_mp import cli, errors
 from cuzk_mp.algebra.field import R_MOD
 from cuzk_mp.paths import default_cache_dir
+from tests.helpers import small_circom_key
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -351,8 +352,8 @@ def test_prove_connect_finds_the_circuit_by_its_key_file(tmp_path: Path, monkeyp
     from tests.fake_engine import PROOF, run_daemon
     from tests.helpers import REFUSE_NUMPY
 
-    for name in ("c.zkey", "c.r1cs", "copy.zkey"):
-        (tmp_path / name).write_bytes(b"x")  # placeholders: the engine double reads none
+    small_circom_key(tmp_path)  # what the engine double proves never reads them
+    small_circom_key(tmp_path, "copy")
     (tmp_path / "link.zkey").symlink_to(tmp_path / "c.zkey")
     (tmp_path / "w.wtns").write_bytes(b"wtns" + bytes(60))
     monkeypatch.setattr(budget, "circuit_size", lambda spec, backend="cpu": estimated_circuit_size(1 << 10, 1 << 10))

@@ -14,6 +14,7 @@ import pytest
 from cuzk_mp.daemon import config as C
 from cuzk_mp.daemon.transport import Address, parse_address
 from cuzk_mp.errors import ConfigError
+from tests.helpers import small_circom_key
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "config" / "cuzk-mp.example.toml"
@@ -197,15 +198,15 @@ def test_circom_paths_are_relative_to_the_file(tmp_path: Path,
                                                monkeypatch: pytest.MonkeyPatch) -> None:
     keys = tmp_path / "keys"
     keys.mkdir()
-    for name in ("c.zkey", "c.r1cs", "c.wasm"):
-        (keys / name).write_bytes(b"x")
+    small_circom_key(keys)
+    (keys / "c.wasm").write_bytes(b"x")  # read by the first witness, not by the config
     p = write(tmp_path, '[memory]\ntotal_budget = "64GiB"\n[circuits.c]\nzkey = "keys/c.zkey"\n'
                         'r1cs = "keys/c.r1cs"\nwasm = "keys/c.wasm"\npriority = "HIGH"\n'
                         'partitions = 3\n')
     from cuzk_mp.daemon import budget
     from cuzk_mp.pipeline.memory import estimated_circuit_size
     budget_calls: list[object] = []
-    # the files are placeholders, not zkeys: size the ring without reading them
+    # size the ring without reading the key's sections
     monkeypatch.setattr(budget, "circuit_size",
                         lambda cc, backend="cpu": budget_calls.append(cc) or estimated_circuit_size(1 << 10, 1 << 10))
     cfg = C.load_config(p)
@@ -545,3 +546,25 @@ def test_batch_overrides_in_the_environment_are_checked_with_the_config(monkeypa
     monkeypatch.setenv(name, " 3 ")
     EngineConfig().validate()
     assert (prover_batch(8), finalize_batch()) == ((3, 16) if name == "CUZK_MP_PROVER_BATCH" else (8, 3))
+
+
+def test_a_key_and_r1cs_of_different_circuits_are_refused_by_the_check(tmp_path: Path) -> None:
+    """Every job of such a pair would fail, each blamed on its input: the config check reads both
+    headers and names the key; a key that is no zkey, or a folder, is named the same way."""
+    from cuzk_mp.circuits.synthetic import PorepLike
+    from cuzk_mp.formats.r1cs import write_r1cs
+
+    small_circom_key(tmp_path)
+    write_r1cs(tmp_path / "other.r1cs", PorepLike(10).r1cs())
+    (tmp_path / "junk.zkey").write_bytes(b"zkey" + bytes(40))
+    base = '[memory]\ntotal_budget = "64GiB"\n[circuits.c]\n'
+    for body, message in (
+        ('zkey = "c.zkey"\nr1cs = "other.r1cs"\n',
+         r"^.*cuzk\.toml: circuits\.c\.r1cs: .*other\.r1cs does not match .*c\.zkey: r1cs has \d+ wires / \d+ public, "
+         r"zkey has 7 / 3$"),
+        ('zkey = "junk.zkey"\n', r"^.*cuzk\.toml: circuits\.c\.zkey: .*junk\.zkey"),
+        ('zkey = "."\n', r"^.*cuzk\.toml: circuits\.c\.zkey: .* is a folder, not a file$"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            C.load_config(write(tmp_path, base + body))
+    C.load_config(write(tmp_path, base + 'zkey = "c.zkey"\nr1cs = "c.r1cs"\n'))  # the circuit's own pair

@@ -27,7 +27,7 @@ from cuzk_mp.daemon.transport import frame
 from cuzk_mp.errors import AuthError, ConfigError, InputError, Unavailable
 from tests.hostile_corpus import INPUT_JSON_PROBES, FrameProbe, frame_probes
 from tests.fake_engine import run_daemon
-from tests.helpers import exchange
+from tests.helpers import exchange, small_circom_key
 
 MAX_FRAME = "4MiB"
 ALICE, BOB, ADMIN = "alice-token-0000000001", "bob-token-00000000002", "admin-token-000000003"
@@ -157,9 +157,9 @@ def test_connections_beyond_the_cap_are_refused_with_a_reply(tmp_path: Path) -> 
 
 @pytest.fixture
 def circom_circuit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
-    """A circom circuit in the config (placeholder files: the engine double reads none)."""
-    for name in ("c.zkey", "c.r1cs", "c.wasm"):
-        (tmp_path / name).write_bytes(b"x")
+    """A circom circuit in the config (a small circuit's key and r1cs; the engine double reads neither)."""
+    small_circom_key(tmp_path)
+    (tmp_path / "c.wasm").write_bytes(b"x")
     monkeypatch.setattr(budget, "circuit_size", lambda spec, backend="cpu": estimated_circuit_size(1 << 10, 1 << 10))
     return {"zkey": str(tmp_path / "c.zkey"), "r1cs": str(tmp_path / "c.r1cs"), "wasm": str(tmp_path / "c.wasm")}
 

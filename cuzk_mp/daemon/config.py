@@ -367,12 +367,40 @@ def _circuit(cid: str, c: CircuitSection, base: Path, source: str) -> CircuitCon
             files[name] = None
             continue
         path = _path(value, base)
+        if path.is_dir():
+            raise ConfigError(f"{key}.{name}: {path} is a folder, not a file")
         if not path.is_file():
             raise ConfigError(f"{key}.{name}: file not found: {path}")
         files[name] = path
+    assert files["zkey"] is not None
+    _check_key_files(key, files["zkey"], files["r1cs"])
     spec = CircuitSpec(circuit_id=cid, zkey=files["zkey"], wasm=files["wasm"],
                        r1cs=files["r1cs"], partitions=c.partitions)
     return CircuitConfig(spec, Priority[c.priority])
+
+
+def _check_key_files(key: str, zkey_path: Path, r1cs_path: Path | None) -> None:
+    """The circuit's zkey readable (its header and sections; ConfigError naming ``KEY.zkey``) and its
+    r1cs, where given, a circuit of that key as far as the headers tell (naming ``KEY.r1cs``): every job
+    of a mismatched pair would fail, each blamed on its input."""
+    from cuzk_mp.errors import InputError
+    from cuzk_mp.formats.r1cs import read_r1cs_header
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.groth16.circuit_data import check_header_match
+
+    try:
+        zkey = read_zkey(zkey_path, check_coefs=False)
+    except InputError as e:
+        raise ConfigError(f"{key}.zkey: {e}") from None
+    with zkey:
+        if r1cs_path is None:
+            return
+        try:
+            h = read_r1cs_header(r1cs_path)
+            check_header_match(str(r1cs_path), h["n_wires"], h["n_pub_out"] + h["n_pub_in"], h["n_constraints"],
+                               zkey)
+        except InputError as e:
+            raise ConfigError(f"{key}.r1cs: {e}") from None
 
 
 def _check_counts(cfg: RawConfig, source: str) -> None:

@@ -142,6 +142,16 @@ def scan_r1cs(path: str | os.PathLike[str], *, name: str | None = None) -> R1csL
         raise
 
 
+def read_r1cs_header(path: str | os.PathLike[str], *, name: str | None = None) -> dict[str, int]:
+    """An .r1cs file's header alone (n_wires, n_pub_out, n_pub_in, n_prv_in, n_labels, n_constraints),
+    validated as :func:`read_r1cs` validates it, without reading the constraints."""
+    bf = open_source(path, name, MAGIC, (VERSION,), SECTION_LABELS)
+    try:
+        return _read_header(bf)
+    finally:
+        bf.close()
+
+
 def _layout(bf: BinFile) -> R1csLayout:
     for sid in (4, 5):
         if bf.has(sid):

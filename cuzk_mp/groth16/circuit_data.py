@@ -371,14 +371,21 @@ class _CSource:
                 yield lo, self.r1cs.decode(m, lo, hi)
 
 
+def check_header_match(r1cs_name: str, n_wires: int, n_public: int, n_rows: int, zkey: ZKey) -> None:
+    """InputError where an r1cs's header cannot be the circuit of ``zkey`` (its wires, public
+    signals, or constraints that do not fit the key's domain): what the headers alone tell."""
+    where = f"{r1cs_name} does not match {zkey.path or 'zkey'}"
+    if n_wires != zkey.n_vars or n_public != zkey.n_public:
+        raise InputError(f"{where}: r1cs has {n_wires} wires / {n_public} public, "
+                         f"zkey has {zkey.n_vars} / {zkey.n_public}")
+    if n_rows + n_public + 1 > zkey.domain_size:
+        raise InputError(f"{where}: {n_rows} constraints do not fit the domain of {zkey.domain_size}")
+
+
 def _check_match(zkey: ZKey, src: _CSource, a_nnz: int, b_nnz: int) -> None:
     """The r1cs must be the circuit of the key (what snarkjs's setup derives from it)."""
+    check_header_match(src.name, src.n_wires, src.n_public, src.n_rows, zkey)
     where = f"{src.name} does not match {zkey.path or 'zkey'}"
-    if src.n_wires != zkey.n_vars or src.n_public != zkey.n_public:
-        raise InputError(f"{where}: r1cs has {src.n_wires} wires / {src.n_public} public, "
-                         f"zkey has {zkey.n_vars} / {zkey.n_public}")
-    if src.n_rows + src.n_public + 1 > zkey.domain_size:
-        raise InputError(f"{where}: {src.n_rows} constraints do not fit the domain of {zkey.domain_size}")
     if a_nnz != src.nnz_a + src.n_public + 1 or b_nnz != src.nnz_b:
         raise InputError(f"{where}: coefficient counts differ (zkey A/B {a_nnz}/{b_nnz}, "
                          f"r1cs A/B {src.nnz_a}/{src.nnz_b} + {src.n_public + 1} public rows)")
