@@ -498,3 +498,41 @@ def test_sigterm_stops_a_one_shot_command_and_cleans_up(tmp_path: Path) -> None:
     assert proc.returncode == 143 and "cuzk-mp: terminated (SIGTERM)" in err, err
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["porep-like-16.r1cs", "porep-like-16.wtns"]
+
+
+@pytest.mark.parametrize(("exc", "code", "what"), [(KeyboardInterrupt(), 130, "interrupted"),
+                                                    (errors.Terminated(), 143, "terminated (SIGTERM)")])
+def test_an_interrupted_client_prove_names_the_job_that_goes_on(exc: BaseException, code: int, what: str,
+                                                                 tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """Ctrl-C (or SIGTERM) while `client prove` waits stops the client, not the daemon's job: the last
+    line names the job and how to await or cancel it (its request id, made before it was sent)."""
+    from cuzk_mp.daemon import client as client_mod
+
+    class Waiting:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            pass
+
+        def __enter__(self) -> Waiting:
+            return self
+
+        def __exit__(self, *exc_info: object) -> None:
+            pass
+
+        def prove(self, *args: object, **kwargs: object) -> None:
+            raise exc
+
+        def submit(self, *args: object, **kwargs: object) -> None:
+            raise exc
+
+        def status(self, *args: object, **kwargs: object) -> None:
+            raise exc
+
+    monkeypatch.setattr(client_mod, "Client", Waiting)
+    assert cli.main(["client", "prove", "--circuit", "c", "--partitions", "2", "--request-id", "job-7",
+                     "--out", str(tmp_path), "--connect", "unix:///nowhere.sock"]) == code
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and what in err and "goes on as job job-7" in err, err
+    assert "cuzk-mp client await job-7" in err and "cuzk-mp client cancel job-7" in err
+    assert cli.main(["client", "status", "--connect", "unix:///nowhere.sock"]) == code  # no job: as before
+    assert "goes on" not in capsys.readouterr().err
