@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
 from .errors import CuzkError, InputError, ResourceError, Terminated, Unavailable
@@ -469,6 +469,13 @@ class _Parser(argparse.ArgumentParser):
             return super().parse_known_args(args, namespace)
         finally:
             self._intermixing = False
+
+    def error(self, message: str) -> NoReturn:  # type: ignore[override]
+        """A usage error: argparse's usage and message, or, where the log lines are JSON
+        (``CUZK_MP_LOG_FORMAT=json``), one JSON line like them (:func:`~.logs.final_error`); exit 2."""
+        if child_format() == "json":
+            raise SystemExit(final_error(EXIT_INPUT, f"{self.prog}: {message}"))
+        super().error(message)
 
 
 def build_parser(services: bool = True) -> argparse.ArgumentParser:

@@ -439,6 +439,25 @@ def test_the_last_line_is_one_line_in_the_log_format(fmt: str, monkeypatch: pyte
     assert (end["level"], end["process"], end["logger"], end["msg"]) == ("error", "cuzk-mp", "cuzk_mp.cli", message)
 
 
+def test_a_usage_error_is_one_json_line_where_the_logs_are_json(monkeypatch: pytest.MonkeyPatch,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """argparse's refusals too: with CUZK_MP_LOG_FORMAT=json the command ends with one JSON line (exit 2,
+    no usage text); without it, argparse's usage and message as always."""
+    monkeypatch.setenv("CUZK_MP_LOG_FORMAT", "json")
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])  # a fresh process's: none configured before parsing
+    for argv, says in ((["client", "submit", "--circuit", "x", "--partitions", "0"], "is not a partition count"),
+                       (["daemon"], "the following arguments are required: --config"),
+                       (["g16v", "--no-such-option"], "unrecognized arguments: --no-such-option")):
+        assert cli.main(argv) == 2
+        (line,) = capsys.readouterr().err.splitlines()
+        end = json.loads(line)
+        assert end["exit_code"] == 2 and end["level"] == "error" and says in end["msg"], end
+    monkeypatch.delenv("CUZK_MP_LOG_FORMAT")
+    assert cli.main(["daemon"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("usage: cuzk-mp daemon") and "error: the following arguments are required" in err
+
+
 def test_a_client_verb_ends_with_one_json_line_where_the_logs_are_json(tmp_path: Path,
                                                                        monkeypatch: pytest.MonkeyPatch,
                                                                        capsys: pytest.CaptureFixture[str]) -> None:

@@ -428,6 +428,14 @@ def test_places_the_daemon_writes_are_checked_up_front(tmp_path: Path, monkeypat
                         "srs": {"param_cache": str(read_only / "cache")}}, tmp_path)
     with pytest.raises(ConfigError, match=r"srs\.param_cache: .*ro/cache cannot be written: .*ro is not writable"):
         check_writable_places(cache_ro)
+    default_journal = resolve({"srs": {"param_cache": str(read_only / "cache")}}, tmp_path)  # the journal in it
+    with pytest.raises(ConfigError, match=r"srs\.param_cache: "):  # named as the key that was given
+        check_writable_places(default_journal)
+    (tmp_path / "precious.txt").write_text("data")
+    not_a_socket = resolve({"daemon": {"listen": f"unix://{tmp_path}/precious.txt"}}, tmp_path)
+    with pytest.raises(ConfigError, match=r"daemon\.listen: .*precious\.txt exists and is not a socket"):
+        check_writable_places(not_a_socket)
+    assert (tmp_path / "precious.txt").read_text() == "data"
 
 
 # ---- what the engine would refuse at the start is refused by the config (and so by --check)

@@ -193,8 +193,22 @@ def check_writable_places(cfg: Any) -> None:
     from cuzk_mp.errors import ConfigError
     from cuzk_mp.paths import folder_problem
 
+    import stat
+
     source = cfg.path or "config"
-    for key, folder in (("daemon.journal", cfg.journal_path.parent), ("srs.param_cache", cfg.param_cache)):
+    places = [("srs.param_cache", cfg.param_cache), ("daemon.journal", cfg.journal_path.parent)]  # the cache first:
+    # the journal's default place is in it
+    if cfg.listen.kind == "unix":
+        sock = Path(cfg.listen.path)
+        places.append(("daemon.listen", sock.parent))
+        try:
+            mode = sock.lstat().st_mode
+        except OSError:
+            mode = None
+        if mode is not None and not stat.S_ISSOCK(mode):
+            raise ConfigError(f"{source}: daemon.listen: {sock} exists and is not a socket; the daemon will not "
+                              "replace it (name another path)")
+    for key, folder in places:
         problem = folder_problem(folder)
         if problem is not None:
             raise ConfigError(f"{source}: {key}: {folder} cannot be written: {problem}")
