@@ -27,6 +27,9 @@
 #                lone bench JSON there; this mode writes it under "runs" of its summary) -> pipeline-gpu-2^26.json
 #   gpu-2^27     PoRep-like 2^27 (Filecoin's partition size), 10 partitions x 3 jobs, derived shape,
 #                --key-source device                                                -> pipeline-gpu-2^27.json
+#   gpu-sort     the large window batches' sort A/B (CUZK_GPU_MSM_SORT radix, then argsort) at each size of
+#                SIZES (24 26 27), 10 partitions x JOBS (2) jobs each, --key-source device: which sort to
+#                keep at which size                                                  -> pipeline-gpu-sort.json
 #   h200         all of it in one call (437 s on the H200 box in h200-summary.json, the 2^24 dev key's setup
 #                included, from a run whose 2^26 step was skipped: gpu-2^26 adds its own time):
 #                the key, the shm first-touch probe (fresh / remapped / reused 1 GiB segments), gpu-2^24,
@@ -109,6 +112,13 @@ run_mode() {  # run_mode MODE: runs into $TMP/MODE, summary into $OUT
     gpu-2^27)
       bench "$dir" "lg27-derived" --backend gpu --circuit porep-like --log-n 27 --partitions 10 --jobs 3 \
         --in-flight 3 --key-source device ;;
+    gpu-sort)
+      for lg in ${SIZES:-24 26 27}; do
+        for sort in radix argsort; do
+          CUZK_GPU_MSM_SORT=$sort bench "$dir" "lg$lg-$sort" --backend gpu --circuit porep-like --log-n "$lg" \
+            --partitions 10 --jobs "${JOBS:-2}" --in-flight "${JOBS:-2}" --key-source device
+        done
+      done ;;
     gpu)
       for i in 1 2 3; do
         bench "$dir" "run$i" --backend gpu
