@@ -112,14 +112,17 @@ class KeyCache:
         """The resident key for ``ref`` (loaded on first use); pair with :meth:`release`."""
         with self.lock:
             key = self.keys.get(ref.circuit_id)
-            if key is not None and key.ref != ref:
-                self._drop(ref.circuit_id)
+            if key is not None and key.ref != ref:  # the circuit's files changed: the old key goes once unused
+                self.keys.pop(ref.circuit_id)
+                if key.users == 0:
+                    self._close(key)
                 key = None
             if key is None:
                 key = self._load(ref)
             self.evicting.discard(ref.circuit_id)
             self.keys.move_to_end(ref.circuit_id)
             key.users += 1
+            self._shrink()  # once the key is in use: the budget takes older unused keys, never this one
             return key
 
     def release(self, key: _Key) -> None:
@@ -127,7 +130,9 @@ class KeyCache:
         with self.lock:
             key.users -= 1
             cid = key.ref.circuit_id
-            if key.users == 0 and cid in self.evicting and self.keys.get(cid) is key:
+            if key.users == 0 and self.keys.get(cid) is not key:  # replaced by a key of the circuit's new files
+                self._close(key, announce=False)
+            elif key.users == 0 and cid in self.evicting:
                 self.evicting.discard(cid)
                 self._drop(cid)
             self._shrink()
@@ -174,7 +179,6 @@ class KeyCache:
         self.ctx.log.info("%s %s (%d bytes) in %.2f s", what, ref.circuit_id, key.nbytes, seconds)
         self.ctx.send(msg.KeyState(ref.circuit_id, self.tier, key.nbytes, vk=vk, load_s=seconds))
         self.ctx.send(msg.Stats(dict(self.backend.stats())))  # what the backend now holds of its keys
-        self._shrink()
         return key
 
     def _generate(self, ref: msg.CircuitRef) -> tuple[Any, Any]:
@@ -204,12 +208,17 @@ class KeyCache:
                 self._drop(cid)
 
     def _drop(self, circuit_id: str) -> None:
-        key = self.keys.pop(circuit_id)
+        self._close(self.keys.pop(circuit_id))
+
+    def _close(self, key: _Key, announce: bool = True) -> None:
+        """Free a key no partition uses; ``announce``: tell the engine the circuit has no key here now
+        (not for a replaced key: its circuit's new key is resident)."""
         key.handle.close()
         key.zkey.close()
         if key.rows is not None:
             key.rows.close()
-        self.ctx.send(msg.KeyState(circuit_id, None, 0))
+        if announce:
+            self.ctx.send(msg.KeyState(key.ref.circuit_id, None, 0))
 
 
 def vk_json(zkey: Any) -> bytes:
