@@ -5,6 +5,9 @@ from __future__ import annotations
 
 import json
 import random
+import threading
+import time
+from typing import Any
 
 import msgspec
 import psutil
@@ -285,3 +288,66 @@ def test_child_messages_end_at_stop_and_at_eof() -> None:
         assert got[0].task_ids == [3, 4] and got[1].circuit_id == "c1"
         assert ctx.stopping.is_set()
         assert list(ctx.messages()) == []  # stopped: nothing more is read
+
+
+def _stoppable(name: str, on_job: Any) -> Any:
+    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1, ring_slots=2,
+                          shm_prefix=prefix_for(name), param_cache=KEY_CACHE, start_timeout_s=120)
+    engine = Engine(config, on_job_done=on_job).start()
+    engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+    return engine
+
+
+def test_stop_while_a_callback_runs_and_from_two_threads_loses_no_callback(test_key: tuple) -> None:
+    """stop() while the event thread is inside a (slow) job callback still reports every job it fails;
+    a second stop() from another thread waits for the first to end instead of stopping twice."""
+    results = Collector()
+    in_callback = threading.Event()
+
+    def on_job(result: Any) -> None:
+        results.job(result)
+        if result.job_id == "quick":
+            in_callback.set()
+            time.sleep(2.0)
+
+    engine = _stoppable("stopcb", on_job)
+    engine.submit(_synthetic_job("quick", [1], Priority.HIGH))
+    engine.submit(_synthetic_job("long", list(range(100, 300))))
+    assert in_callback.wait(120)
+    ended: dict[str, float] = {}
+
+    def stop(name: str) -> None:
+        engine.stop(grace_s=0)
+        ended[name] = time.monotonic()
+
+    first = threading.Thread(target=stop, args=("first",))
+    first.start()
+    time.sleep(0.2)
+    stop("second")
+    first.join(60)
+    assert set(ended) == {"first", "second"} and ended["second"] >= ended["first"] - 0.05
+    assert results.wait("long", timeout=10).state == "failed"  # its callback came, though the loop had ended
+    assert engine.state == "stopped" and shm_entries(prefix_for("stopcb")) == []
+
+
+def test_stop_from_a_job_callback_ends_without_waiting_on_itself(test_key: tuple) -> None:
+    """A callback that stops the engine: no drain grace (the drain would wait on the thread running the
+    callback), every other job reported failed, the engine stopped."""
+    results = Collector()
+    took: list[float] = []
+    holder: list[Any] = []
+
+    def on_job(result: Any) -> None:
+        results.job(result)
+        if result.job_id == "first":
+            t0 = time.monotonic()
+            holder[0].stop(grace_s=60)
+            took.append(time.monotonic() - t0)
+
+    engine = _stoppable("stopself", on_job)
+    holder.append(engine)
+    engine.submit(_synthetic_job("first", [1], Priority.HIGH))
+    engine.submit(_synthetic_job("second", list(range(100, 200))))
+    assert results.wait("second", timeout=120).state == "failed"
+    assert took and took[0] < 30 and engine.state == "stopped"
+    assert shm_entries(prefix_for("stopself")) == []

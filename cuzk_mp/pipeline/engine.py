@@ -165,6 +165,7 @@ class RunningEngine:
         self._callbacks: deque[Callable[[], None]] = deque()
         self._memory_last: MemoryStatus | None = None
         self._memory_stop = threading.Event()
+        self._stopped = threading.Event()  # set when stop() has ended (a second caller waits for it)
         self._wake_r, self._wake_w = os.pipe()
         self._finalizer = weakref.finalize(self, _release_ipc, self.prefix, self._wake_r, self._wake_w)
         self._thread = threading.Thread(target=self._loop, name="cuzk-engine-events", daemon=True)
@@ -199,11 +200,30 @@ class RunningEngine:
         raise WorkerDied(f"engine {self.prefix} failed to start: {error}")
 
     def stop(self, grace_s: float = 30.0) -> None:
-        """Drain (started jobs may finish within ``grace_s``), stop the children, unlink every IPC object."""
+        """Drain (started jobs may finish within ``grace_s``), stop the children, unlink every IPC object.
+
+        The first call does it; a call while it runs waits for it to end. Called from an engine
+        callback (the event thread, which a drain needs), the drain has no grace."""
         with self._cond:
-            if self._state in ("stopping", "stopped"):
-                return
-            self._state = "draining"
+            if self._state in ("draining", "stopping", "stopped"):
+                owner = False
+            else:
+                owner, self._state = True, "draining"
+        if not owner:
+            if threading.current_thread() is not self._thread:
+                self._stopped.wait()
+            return
+        if threading.current_thread() is self._thread and grace_s > 0:
+            log.warning("[shutdown] engine %s: stop() from an engine callback: no drain grace (the drain "
+                        "needs the thread that runs the callbacks)", self.prefix)
+            grace_s = 0.0
+        try:
+            self._stop(grace_s)
+        finally:
+            self._stopped.set()
+
+    def _stop(self, grace_s: float) -> None:
+        with self._cond:
             log.info("[shutdown] engine %s draining (grace %.1f s)", self.prefix, grace_s)
             self._apply(self.sched.fail_all_unstarted("engine stopping: the job had not started"))
             self._wake()
@@ -224,6 +244,7 @@ class RunningEngine:
         left = self.ring.destroy()
         log.info("[shutdown] engine %s stopped; removed %d IPC objects", self.prefix, len(left))
         self._finalizer()
+        self._run_callbacks()  # what the event thread left (it ends once stopped): the failed jobs' callbacks
 
     # ---- circuits and keys
     def register_circuit(self, spec: CircuitSpec) -> None:
@@ -372,15 +393,21 @@ class RunningEngine:
                 except Exception:  # noqa: BLE001 - a bug here must be loud, not kill the event thread
                     log.exception("engine event handling failed")
                 self._cond.notify_all()
-                callbacks = list(self._callbacks)
-                self._callbacks.clear()
-            for cb in callbacks:
-                try:
-                    cb()
-                except Exception:  # noqa: BLE001 - a caller's callback must not kill the engine
-                    log.exception("engine callback failed")
+            self._run_callbacks()
             if self._state == "stopped":  # read after the callbacks: one of them may have called stop()
+                self._run_callbacks()  # queued by the stop while these ran
                 return
+
+    def _run_callbacks(self) -> None:
+        """Run the job and partition callbacks queued so far, each once, outside the engine's lock."""
+        with self._cond:
+            callbacks = list(self._callbacks)
+            self._callbacks.clear()
+        for cb in callbacks:
+            try:
+                cb()
+            except Exception:  # noqa: BLE001 - a caller's callback must not kill the engine
+                log.exception("engine callback failed")
 
     def _handle_ready(self, ready: list[Any], table: dict[Any, tuple[str, str]]) -> None:
         if self._wake_r in ready:
