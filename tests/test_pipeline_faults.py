@@ -390,3 +390,38 @@ def test_a_hung_prover_is_killed_and_its_partition_retried(checker: ProofChecker
     finally:
         engine.stop(grace_s=10)
     assert shm_entries(prefix) == []
+
+
+def test_a_child_that_reads_nothing_does_not_hold_up_the_engine(checker: ProofChecker) -> None:
+    """The engine sends to its children while it holds its lock. A prover that stops reading (stopped
+    here; a long key load on its reader thread does the same) fills its pipe: the messages wait in its
+    outbox, and status, submit and the other calls go on; once it reads again, all of them arrive."""
+    prefix = prefix_for("noread")
+    results = Collector()
+    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1,
+                          ring_slots=2, shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=120)
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
+    try:
+        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+        prover = _process(engine, "cuzk-prover-0")["pid"]
+        os.kill(prover, signal.SIGSTOP)
+        try:
+            done = threading.Event()
+
+            def flood() -> None:  # ~300 of these fill a pipe: each an EvictKey to every prover
+                for _ in range(3000):
+                    engine.evict("porep")
+                done.set()
+
+            threading.Thread(target=flood, daemon=True).start()
+            assert done.wait(30), "evict() blocked on a child that reads nothing"
+            engine.submit(_job("noread", 1))
+            queue = engine.status().queue
+            assert queue.pending + queue.in_flight == 1
+        finally:
+            os.kill(prover, signal.SIGCONT)
+        result = results.wait("noread")
+        assert _all_verify(result, checker) and result.partitions[0].attempts == 1
+    finally:
+        engine.stop(grace_s=10)
+    assert shm_entries(prefix) == []

@@ -14,7 +14,11 @@ Protocol (kept consistent with :class:`cuzk_mp.pipeline.engine.RunningEngine`):
    then runs the role's ``main(ctx)``, which sends ``Ready`` when warmed up;
 3. the parent watches the command pipe and the process sentinel; the child
    watches the death pipe: EOF means the parent is gone, and it stops itself
-   (SIGTERM to itself, hard exit 10 s later).
+   (SIGTERM to itself, hard exit 10 s later);
+4. the parent's messages to a child go through an outbox that a writer thread
+   of the handle empties, in order: a child that stops reading (stopped, busy
+   in a long key load) fills its pipe and blocks that thread alone, never the
+   engine (which sends while holding its lock) nor the other children.
 
 Process names are ``cuzk-synth-<i>`` and ``cuzk-prover-<dev>`` (the prover role on
 every backend); every log line of a child starts with ``(<name> pid=<pid>)``.
@@ -27,6 +31,7 @@ import importlib
 import logging
 import multiprocessing as mp
 import os
+import queue
 import signal
 import threading
 import time
@@ -79,7 +84,13 @@ class ChildHandle:
     started_at: float
     ready: bool = False
     reaped: bool = False  # its death was handled (the sentinel is no longer watched)
-    send_lock: threading.Lock = field(default_factory=threading.Lock)
+    broken: bool = False  # a write to the pipe failed (the child is gone): later messages are dropped
+    outbox: queue.SimpleQueue[bytes | None] = field(default_factory=queue.SimpleQueue)
+    writer: threading.Thread = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.writer = threading.Thread(target=self._write, name=f"{self.spec.name}-writer", daemon=True)
+        self.writer.start()
 
     @property
     def pid(self) -> int:
@@ -87,16 +98,26 @@ class ChildHandle:
         return int(self.proc.pid or 0)
 
     def send(self, message: msgspec.Struct) -> bool:
-        """Send one message; False if the pipe is closed (the child is dying)."""
-        try:
-            with self.send_lock:
-                self.conn.send_bytes(msg.encode(message))
-            return True
-        except (OSError, ValueError):
+        """Queue one message for the child (never blocks); False once its pipe is known to be broken
+        or closed (the child is dying: its death is handled through its sentinel)."""
+        if self.broken or self.conn.closed:
             return False
+        self.outbox.put(msg.encode(message))
+        return True
+
+    def _write(self) -> None:
+        """The writer thread: the outbox's frames to the pipe, in order, until :meth:`close` or a failed write."""
+        while (frame := self.outbox.get()) is not None:
+            try:
+                self.conn.send_bytes(frame)
+            except (OSError, ValueError):  # the child is gone, or close() closed the pipe
+                self.broken = True
+                return
 
     def close(self) -> None:
-        """Close the parent's pipe ends (idempotent)."""
+        """Close the parent's pipe ends (idempotent); queued messages are dropped."""
+        self.broken = True
+        self.outbox.put(None)
         for c in (self.conn, self.death_w):
             try:
                 c.close()
