@@ -18,6 +18,7 @@ import os
 import signal
 import threading
 import time
+from typing import Any
 
 import pytest
 
@@ -422,6 +423,39 @@ def test_a_child_that_reads_nothing_does_not_hold_up_the_engine(checker: ProofCh
             os.kill(prover, signal.SIGCONT)
         result = results.wait("noread")
         assert _all_verify(result, checker) and result.partitions[0].attempts == 1
+    finally:
+        engine.stop(grace_s=10)
+    assert shm_entries(prefix) == []
+
+
+def test_a_restart_that_cannot_spawn_is_tried_again(checker: ProofChecker, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A dead worker whose restart fails to spawn (too many open files, no memory) is a failed start,
+    scheduled again with backoff, not a child the engine forgets: a job submitted then still proves."""
+    import cuzk_mp.pipeline.supervisor as supervisor
+
+    prefix = prefix_for("respawn")
+    results = Collector()
+    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1,
+                          ring_slots=2, shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=120)
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
+    try:
+        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+        real, fails = supervisor.spawn_child, [1]
+
+        def flaky(spec: Any) -> Any:
+            if spec.role == "synth" and fails[0]:
+                fails[0] -= 1
+                raise OSError(24, "Too many open files")
+            return real(spec)
+
+        monkeypatch.setattr(supervisor, "spawn_child", flaky)
+        os.kill(_process(engine, "cuzk-synth-0")["pid"], signal.SIGKILL)
+        wait_until(lambda: fails[0] == 0, timeout=30)
+        engine.submit(_job("respawn", 2))
+        result = results.wait("respawn", timeout=120)
+        assert _all_verify(result, checker)
+        worker = _process(engine, "cuzk-synth-0")
+        assert worker["alive"] and "could not be started: OSError" in worker["last_exit"], worker
     finally:
         engine.stop(grace_s=10)
     assert shm_entries(prefix) == []

@@ -221,9 +221,18 @@ class Supervisor:
             if child.restart_at is None or child.restart_at > now:
                 continue
             child.restart_at = None
-            child.restarts += 1
             child.ready_at = None
-            child.handle = spawn_child(child.spec)
+            try:
+                handle = spawn_child(child.spec)
+            except Exception as e:  # noqa: BLE001 - no process, no fd, no memory: a failed start, tried again
+                child.failed_starts += 1
+                child.streak += 1
+                child.last_exit = f"could not be started: {type(e).__name__}: {e}"
+                delay = self.schedule_restart(name)
+                log.error("[start] %s %s; trying again in %.1f s", name, child.last_exit, delay)
+                continue
+            child.restarts += 1
+            child.handle = handle
             log.warning("[start] %s restarted as pid=%d (restart %d)", name, child.handle.pid, child.restarts)
             started.append(name)
         return started
