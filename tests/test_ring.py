@@ -146,6 +146,23 @@ def test_take_ready_is_oldest_first(prefix: str) -> None:
     ring.destroy()
 
 
+def test_take_ready_with_a_size_cap_leaves_bigger_segments(prefix: str) -> None:
+    """A prover filling a batch of small partitions takes only segments within the cap, even where a
+    bigger one is older; that one stays READY for a take without a cap."""
+    ring = Ring.create(prefix, 3)
+    sizes = {}
+    for task, rows in enumerate((4096, 4, 8)):  # the big one first: the oldest
+        slot = ring.acquire_free(_claim(task, task), _never)
+        sizes[task] = _put(ring, slot, b"", [np.zeros((rows, 4), np.uint64)])
+    cap = max(sizes[1], sizes[2])
+    assert sizes[0] > cap
+    taken = [ring.take_ready(_never, timeout_s=0, max_nbytes=cap) for _ in range(3)]
+    assert [r.task_id for r in taken if r is not None] == [1, 2] and taken[2] is None
+    rec = ring.take_ready(_never, timeout_s=1.0)
+    assert rec is not None and rec.task_id == 0 and rec.nbytes == sizes[0]
+    ring.destroy()
+
+
 def test_backpressure_blocks_then_resumes(prefix: str) -> None:
     ring = Ring.create(prefix, 2)
     one = [np.zeros((4, 4), np.uint64)]

@@ -307,14 +307,15 @@ class Prover:
 
     def _more_ready(self, first: SlotRecord) -> list[SlotRecord]:
         """Up to ``batch_max - 1`` more READY slots, taken without waiting, when the first partition
-        is small enough to batch (:data:`BATCH_MAX_BYTES`) and others are ready now."""
+        is small enough to batch (:data:`BATCH_MAX_BYTES`) and others as small are ready now (a big one
+        waits for a worker of its own: staged beside a batch it would be on the device beyond the plan)."""
         want = self.batch_max - 1
         if want <= 0 or first.nbytes > BATCH_MAX_BYTES:
             return []
-        ready = sum(1 for r in self.ring.snapshot() if r.state == "ready")
+        ready = sum(1 for r in self.ring.snapshot() if r.state == "ready" and r.nbytes <= BATCH_MAX_BYTES)
         out: list[SlotRecord] = []
         for _ in range(min(want, ready)):
-            rec = self.ring.take_ready(abort=lambda: True, timeout_s=0)
+            rec = self.ring.take_ready(abort=lambda: True, timeout_s=0, max_nbytes=BATCH_MAX_BYTES)
             if rec is None:  # another worker was first
                 break
             out.append(rec)

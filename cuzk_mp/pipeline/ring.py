@@ -421,14 +421,19 @@ class Ring:
         self._free_where(lambda r: r.slot == slot and r.state == "filling" and r.owner_pid == os.getpid())
 
     # ---- consumer side (prover process)
-    def take_ready(self, abort: Callable[[], bool], timeout_s: float | None = None) -> SlotRecord | None:
-        """Block until a slot is READY; take the oldest (priority, job, partition) one (STAGING, owner = me).
+    def take_ready(self, abort: Callable[[], bool], timeout_s: float | None = None,
+                   max_nbytes: int | None = None) -> SlotRecord | None:
+        """Block until a slot is READY; take the oldest (priority, job, partition) one (STAGING, owner = me);
+        with ``max_nbytes``, only a slot whose segment is at most that big.
 
         The consumer of a token is not always the one that takes a slot (see the
         module docstring); the control block decides, under the lock.
         """
         def take() -> int | None:
-            ready = np.flatnonzero(self._slots["state"] == READY)
+            ready_mask = self._slots["state"] == READY
+            if max_nbytes is not None:
+                ready_mask &= self._slots["nbytes"] <= max_nbytes
+            ready = np.flatnonzero(ready_mask)
             if not ready.size:
                 return None
             rec = self._slots[ready]
