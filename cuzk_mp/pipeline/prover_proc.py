@@ -409,7 +409,7 @@ class Prover:
 
     def finalize(self) -> None:
         """The finalizer thread: proof assembly with fresh r, s and self-verification. It takes every
-        partition already queued (up to :data:`FINALIZE_BATCH_MAX`, never waiting for more) and
+        partition already queued (up to :data:`~.types.FINALIZE_BATCH_MAX`, never waiting for more) and
         finalizes those of one key together, verified in one pairing check; a lone one goes at once."""
         cap = finalize_batch()  # checked by EngineConfig.validate before any process started
         while True:
@@ -575,6 +575,8 @@ def main(ctx: ChildContext, payload: ProverPayload) -> None:
         while not ctx.stopping.wait(0.5):
             if not all(t.is_alive() for t in workers):
                 raise GpuDead(f"{ctx.name}: a worker thread died (device error); the process restarts")
+            if not finalizer.is_alive():  # its partitions would wait for task_timeout: restart instead
+                raise RuntimeError(f"{ctx.name}: the finalizer thread died; the process restarts")
         for t in workers:  # drain: finish the partitions in hand (bounded by the engine's grace)
             t.join()
     finally:
