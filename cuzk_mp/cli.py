@@ -35,7 +35,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, NoReturn
 
 from . import __version__
-from .errors import CuzkError, InputError, ResourceError, Terminated, Unavailable
+from .errors import CuzkError, InputError, ResourceError, Terminated, Unavailable, out_of_device_memory
 from .exit_codes import (
     EXIT_CODES, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_OK, EXIT_RESOURCES, EXIT_TERMINATED,
     EXIT_UNREACHABLE,
@@ -572,6 +572,8 @@ def exit_code(exc: BaseException) -> tuple[int, str]:
         return EXIT_RESOURCES, f"not enough resources: {exc}"
     if isinstance(exc, CuzkError):
         return EXIT_FAILED, f"{type(exc).__name__}: {exc}"
+    if out_of_device_memory(exc):
+        return EXIT_RESOURCES, f"not enough resources: out of GPU memory: {exc}"
     if isinstance(exc, MemoryError):
         return EXIT_RESOURCES, "not enough resources: out of host memory"
     if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)):

@@ -111,8 +111,16 @@ _KINDS: dict[str, type[CuzkError]] = {
 }
 
 
+def out_of_device_memory(exc: BaseException) -> bool:
+    """Whether ``exc`` is CuPy's out-of-memory error (a MemoryError subclass: GPU memory, not the host's)."""
+    return isinstance(exc, MemoryError) and type(exc).__module__.split(".")[0] == "cupy"
+
+
 def error_kind(exc: BaseException) -> str:
-    """The wire name of an exception: its class name if ours, else ``"InternalError"``."""
+    """The wire name of an exception: its class name if ours (CuPy's out of memory: ``"ResourceError"``),
+    else ``"InternalError"``."""
+    if out_of_device_memory(exc):
+        return "ResourceError"
     return type(exc).__name__ if type(exc).__name__ in _KINDS else "InternalError"
 
 

@@ -382,6 +382,18 @@ def test_prove_connect_finds_the_circuit_by_its_key_file(tmp_path: Path, monkeyp
     assert_message(prove(f"unix://{tmp_path}/d.sock", admin_token, "c.zkey"), 3, "cannot reach the daemon")
 
 
+class _CupyOutOfMemory(MemoryError):
+    """What CuPy raises when the device has no room (cupy.cuda.memory.OutOfMemoryError, a MemoryError)."""
+
+
+_CupyOutOfMemory.__module__ = "cupy.cuda.memory"
+
+
+def test_out_of_device_memory_is_a_resource_error_in_a_pipeline_too() -> None:
+    assert errors.error_kind(_CupyOutOfMemory("no room")) == "ResourceError"
+    assert errors.error_kind(MemoryError()) == "InternalError"  # the host's: a process that ran out
+
+
 @pytest.mark.parametrize(("exc", "code", "needle"), [
     (errors.FormatError("k.zkey", "header", "bad"), 2, "k.zkey, section header: bad"),
     (errors.UnsatisfiedWitness(7, "constraint 7 fails"), 2, "constraint 7 fails"),
@@ -391,6 +403,7 @@ def test_prove_connect_finds_the_circuit_by_its_key_file(tmp_path: Path, monkeyp
     (errors.Cancelled("job j"), 1, "Cancelled"),
     (errors.ResourceError("shm: 3 GiB short"), 4, "3 GiB short"),
     (MemoryError(), 4, "out of host memory"),
+    (_CupyOutOfMemory("Out of memory allocating 2,048 bytes"), 4, "out of GPU memory: Out of memory allocating"),
     (FileNotFoundError(2, "No such file or directory", "in.json"), 2, "in.json: No such file or directory"),
     (PermissionError(13, "Permission denied", "/etc/k"), 2, "/etc/k: Permission denied"),
     (OSError(28, "No space left on device", "out.zkey"), 1, "out.zkey: No space left on device"),

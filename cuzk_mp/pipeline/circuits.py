@@ -164,6 +164,11 @@ class CircuitTable:
                 out.append(f"{name}: {ks.error}")
         return out
 
+    def error_kinds(self, circuit_id: str, processes: list[str]) -> list[str]:
+        """The error kinds (:func:`cuzk_mp.errors.error_kind`) of these processes' failed loads of the key."""
+        return [ks.error_kind or "InternalError" for name in processes
+                if (ks := self._keys.get((circuit_id, name))) is not None and ks.error]
+
     def drop_process(self, process: str) -> None:
         """A prover process died: the keys it held are gone with it."""
         for key in [k for k in self._keys if k[1] == process]:

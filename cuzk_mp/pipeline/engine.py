@@ -54,7 +54,7 @@ from typing import Any
 
 import msgspec
 
-from ..errors import ConfigError, CuzkError, InputError, ResourceError, WorkerDied
+from ..errors import ConfigError, CuzkError, InputError, ResourceError, WorkerDied, error_from_kind
 from . import messages as msg
 from .circuits import CircuitTable
 from .monitor import host_bytes, tree_memory
@@ -268,8 +268,9 @@ class RunningEngine:
             done = self._cond.wait_for(lambda: self.circuits.reported(circuit_id, provers),
                                        timeout=self.config.start_timeout_s)
             errors = self.circuits.errors(circuit_id, provers)
-        if errors:
-            raise InputError(f"preload {circuit_id}: " + "; ".join(errors))
+            kinds = self.circuits.error_kinds(circuit_id, provers)
+        if errors:  # the class of the first failure: a bad key file is the input's, no room is exit 4
+            raise error_from_kind(kinds[0], f"preload {circuit_id}: " + "; ".join(errors))
         if not done:
             raise ResourceError(f"preload {circuit_id}: not loaded within {self.config.start_timeout_s} s")
 

@@ -153,6 +153,7 @@ class KeyState(msgspec.Struct, tag="key_state"):
     error: str | None = None
     vk: bytes | None = None  # snarkjs verification_key.json of a key generated in the prover (no file to read it from)
     load_s: float = 0.0  # seconds the load (or the generation) took
+    error_kind: str = ""  # with ``error``: its :func:`cuzk_mp.errors.error_kind` (ResourceError: no room)
 
 
 class Stats(msgspec.Struct, tag="stats"):

@@ -42,7 +42,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from ..errors import Cancelled, GpuDead, InputError
+from ..errors import Cancelled, GpuDead, InputError, error_kind
 from . import messages as msg
 from .procs import ChildContext
 from .ring import Ring, RingHandle, SlotRecord
@@ -281,7 +281,8 @@ class Prover:
             op()
         except Exception as exc:  # noqa: BLE001 - reported to the engine, the process carries on
             self.ctx.log.error("key %s: %s", circuit_id, exc)
-            self.ctx.send(msg.KeyState(circuit_id, None, 0, error=f"{type(exc).__name__}: {exc}"))
+            self.ctx.send(msg.KeyState(circuit_id, None, 0, error=f"{type(exc).__name__}: {exc}",
+                                       error_kind=error_kind(exc)))
 
     def work(self) -> None:
         """A worker thread: take a slot (and, when small partitions wait in the ring, up to
