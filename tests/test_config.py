@@ -576,3 +576,29 @@ def test_a_key_and_r1cs_of_different_circuits_are_refused_by_the_check(tmp_path:
         with pytest.raises(ConfigError, match=message):
             C.load_config(write(tmp_path, base + body))
     C.load_config(write(tmp_path, base + 'zkey = "c.zkey"\nr1cs = "c.r1cs"\n'))  # the circuit's own pair
+
+
+@pytest.mark.parametrize(("name", "value"), [("CUZK_GPU_MSM_SORT", "radix-"), ("CUZK_GPU_MSM_ACCUMULATE", "grid2"),
+                                             ("CUZK_GPU_MSM_MULTIPLES", "h,q")])
+def test_gpu_knobs_in_the_environment_are_checked_with_a_gpu_engine_config(monkeypatch: pytest.MonkeyPatch,
+                                                                           name: str, value: str) -> None:
+    """A GPU engine's provers read these; a value they would refuse is refused naming the variable when
+    the config is checked (the CPU backend never reads them); importing the GPU knobs reads none."""
+    from cuzk_mp.backends.gpu import knobs
+    from cuzk_mp.pipeline.types import EngineConfig
+
+    monkeypatch.setenv(name, value)
+    assert knobs._shipped() == knobs.SHIPPED  # what the module makes at import never reads the environment
+    with pytest.raises(ConfigError, match=rf"^{name}="):
+        EngineConfig(backend="gpu").validate()
+    EngineConfig(backend="cpu").validate()
+    monkeypatch.setenv(name, "  ")  # blank: the default, as unset
+    EngineConfig(backend="gpu").validate()
+
+
+def test_a_blank_multiples_knob_is_the_default() -> None:
+    from cuzk_mp.backends.gpu.knobs import plan_multiples
+
+    sections = {"h": 96 << 20, "a": 96 << 20}
+    assert plan_multiples(sections, 1 << 40, 1 << 20, "  ") == plan_multiples(sections, 1 << 40, 1 << 20, None) != {}
+    assert plan_multiples(sections, 1 << 40, 1 << 20, "none") == {}

@@ -231,6 +231,10 @@ class EngineConfig:
                 raise ConfigError(f"{key(name)}: {getattr(self, name):g} s is more than {MAX_ENGINE_TIMEOUT_S:g} s "
                                   "(30 days): a typo, not a plan")
         prover_batch(self.prover_batch), finalize_batch()  # the environment's overrides, read by the provers
+        if self.backend != "cpu":  # the GPU provers' CUZK_GPU_* knobs: a typo refused here, not in a child
+            from ..backends.gpu.knobs import check_environment
+
+            check_environment()
 
     def prefix(self) -> str:
         """The shm/semaphore name prefix: ``shm_prefix`` or ``cuzk-<pid>``."""

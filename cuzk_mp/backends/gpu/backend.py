@@ -336,7 +336,7 @@ class GpuBackend:
         sizes = shape.section_bytes()
         s = self.stream()
         with cupy.cuda.Device(self.device), s:
-            choice = os.environ.get(MULTIPLES_ENV) or ("auto" if lasting else "none")
+            choice = os.environ.get(MULTIPLES_ENV, "").strip() or ("auto" if lasting else "none")
             wmap = 0 if witness_rows is None else matrices_bytes(witness_rows.a, witness_rows.b,
                                                                   witness_rows.table_mont, witness_rows.table_r2)
             free = memory.free_bytes()[0]

@@ -22,7 +22,7 @@ import os
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ...errors import ConfigError, InputError
+from ...errors import ConfigError
 
 # Every GPU generation the prover supports, as SASS targets.
 ALL_ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100")
@@ -172,7 +172,7 @@ def accumulate_rounds(mode: str | None = None) -> int:
 
 
 def _accumulate_mode(mode: str | None) -> str:
-    mode = ((os.environ.get(ACCUMULATE_ENV) if mode is None else mode) or ACCUMULATE_DEFAULT).strip().lower()
+    mode = ((os.environ.get(ACCUMULATE_ENV) if mode is None else mode) or "").strip().lower() or ACCUMULATE_DEFAULT
     if mode not in ACCUMULATE_MODES:
         raise ConfigError(f"{ACCUMULATE_ENV}={mode!r}: one of {', '.join(ACCUMULATE_MODES)}")
     return mode
@@ -510,8 +510,8 @@ def plan_multiples(section_bytes: dict[str, int], free: int, domain_size: int,
     ``section_bytes``: bytes of each section's points; ``free``: device bytes free
     once the sections are resident.
     """
-    choice = (choice or "auto").strip().lower()
-    if choice in ("none", "0", "off", ""):
+    choice = (choice or "").strip().lower() or "auto"
+    if choice in ("none", "0", "off"):
         return {}
     rows = {name: b // (192 if name == "b2" else 96) for name, b in section_bytes.items()}
     windows = {name: choose_multiples_window(max(1, r)) for name, r in rows.items() if r}
@@ -519,7 +519,7 @@ def plan_multiples(section_bytes: dict[str, int], free: int, domain_size: int,
         picked = [s.strip() for s in choice.split(",") if s.strip()]
         unknown = [s for s in picked if s not in SECTIONS]
         if unknown:
-            raise InputError(f"{MULTIPLES_ENV}={choice!r}: unknown sections {unknown} (use none, auto or "
+            raise ConfigError(f"{MULTIPLES_ENV}={choice!r}: unknown sections {unknown} (use none, auto or "
                              f"a comma list of {', '.join(SECTIONS)})")
         return {s: windows[s] for s in picked if s in windows}
     budget = free - RESERVE_FIXED - RESERVE_PER_ROW * domain_size
@@ -572,6 +572,14 @@ def _v(path: str, defines: dict[str, Any] | None, group: str, archs: tuple[str, 
     return Variant(path, tuple(sorted((defines or {}).items())), archs, group)
 
 
+def check_environment() -> None:
+    """ConfigError naming the first CUZK_GPU_* knob with a value its reader would refuse (checked with
+    a GPU engine's config, before any prover process starts)."""
+    sort_default()
+    _accumulate_mode(None)
+    plan_multiples({}, 0, 1, os.environ.get(MULTIPLES_ENV))
+
+
 def _shipped() -> tuple[Variant, ...]:
     ntt_chunk1 = replace(NttParams(), chunk_lg=NttParams().chunk_lg - 1).defines()  # plan_params at 2^19/27/28
     out = [
@@ -579,14 +587,19 @@ def _shipped() -> tuple[Variant, ...]:
         _v(NTT_PATH, ntt_chunk1, "prover"),
         _v(H_PATH, None, "prover"),
         _v(WITNESS_MAP_PATH, None, "prover"),
-        _v(MSM_PATH, MsmParams().defines(False), "prover"),
-        _v(MSM_PATH, MsmParams().defines(True), "prover"),
+        _v(MSM_PATH, _SHIPPED_MSM.defines(False), "prover"),
+        _v(MSM_PATH, _SHIPPED_MSM.defines(True), "prover"),
         _v(FB_PATH, FixedBaseParams().defines(False), "setup"),
         _v(FB_PATH, FixedBaseParams().defines(True), "setup"),
     ]
     return tuple(out)
 
 
+# The MSM modules the package ships: the defaults' compile-time knobs. The fields read from the
+# environment (the accumulation, the sort, the G2 split) are launch choices, not defines: given here,
+# so that importing this module never reads (or refuses) them.
+_SHIPPED_MSM = MsmParams(ba_rounds=0, ga_rounds=0, ga_g1=False, ga_where_fits=False, g2_split=False,
+                         large_sort="radix")
 SHIPPED: tuple[Variant, ...] = _shipped()
 
 
