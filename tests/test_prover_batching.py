@@ -192,7 +192,7 @@ def test_queued_partitions_are_finalized_together_and_a_cancelled_one_skipped(se
     finalizer takes the four at once: the three live ones are verified together (``finalize_batch``
     3), the cancelled one fails alone."""
     seeds = [51, 52, 53, 54]
-    ctx, _ = _finalize_queued(setup, seeds, "pbfin", lambda prover: prover.cancelled.add(2))
+    ctx, _ = _finalize_queued(setup, seeds, "pbfin", lambda prover: prover.cancelled.update([2]))
     failed = ctx.done((msg.TaskFailed,))
     assert [(m.task_id, m.kind) for m in failed] == [(2, "Cancelled")]
     done = ctx.done((msg.ProofDone,))

@@ -56,3 +56,15 @@ def test_child_that_stays_gets_sigterm() -> None:
     assert not handle.proc.is_alive()
     assert handle.proc.exitcode == -15
     handle.close()
+
+
+def test_a_child_keeps_the_latest_cancelled_ids_only() -> None:
+    """A daemon that runs for months cancels many attempts: a child keeps the latest ids, enough for the
+    attempts it can hold, not every id it was ever sent."""
+    from cuzk_mp.pipeline.procs import CANCELLED_KEPT, CancelledIds
+
+    ids = CancelledIds()
+    ids.update(range(CANCELLED_KEPT + 10))
+    assert 0 not in ids and 9 not in ids and 10 in ids and CANCELLED_KEPT + 9 in ids
+    ids.update([5])
+    assert 5 in ids and 10 not in ids  # the oldest made room

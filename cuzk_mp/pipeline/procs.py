@@ -36,7 +36,7 @@ import signal
 import threading
 import time
 import traceback
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from dataclasses import dataclass, field
 from multiprocessing.connection import Connection
 from multiprocessing.process import BaseProcess
@@ -134,6 +134,30 @@ def spawn_child(spec: ChildSpec) -> ChildHandle:
     child_conn.close()
     death_r.close()
     return ChildHandle(spec, proc, parent_conn, death_w, time.monotonic())
+
+
+class CancelledIds:
+    """The task ids a child was told are cancelled, the latest :data:`CANCELLED_KEPT` of them: a cancel
+    concerns an attempt in flight (a handful a child), and a daemon that runs for months must not
+    keep every id it ever cancelled."""
+
+    def __init__(self) -> None:
+        self._ids: dict[int, None] = {}  # insertion-ordered: the oldest go first
+        self._lock = threading.Lock()
+
+    def update(self, task_ids: Iterable[int]) -> None:
+        """Add ids (the reader thread)."""
+        with self._lock:
+            for task_id in task_ids:
+                self._ids[task_id] = None
+            while len(self._ids) > CANCELLED_KEPT:
+                del self._ids[next(iter(self._ids))]
+
+    def __contains__(self, task_id: object) -> bool:
+        return task_id in self._ids
+
+
+CANCELLED_KEPT = 1 << 16
 
 
 class EngineGone(BrokenPipeError):

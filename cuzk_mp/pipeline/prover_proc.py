@@ -44,7 +44,7 @@ from typing import Any, TypeVar
 
 from ..errors import Cancelled, GpuDead, InputError, error_kind
 from . import messages as msg
-from .procs import ChildContext
+from .procs import CancelledIds, ChildContext
 from .ring import Ring, RingHandle, SlotRecord
 from .types import BATCH_MAX_BYTES, finalize_batch, prover_batch
 
@@ -262,7 +262,7 @@ class Prover:
         self.keys = KeyCache(ctx, backend, payload.srs_budget_bytes)
         self.device_lock = threading.Lock()
         self.finalize_q: queue.Queue[_InFlight | None] = queue.Queue()
-        self.cancelled: set[int] = set()
+        self.cancelled = CancelledIds()
         self.batch_max = prover_batch(payload.batch_max)
         self.memwatch = DeviceMemoryWatch(refresh=backend.refresh_host_stats) if backend.name == "gpu" else None
 

@@ -45,7 +45,7 @@ import numpy as np
 
 from ..errors import Cancelled, InputError
 from . import messages as msg
-from .procs import ChildContext
+from .procs import CancelledIds, ChildContext
 from .ring import Ring, RingHandle, SlotClaim, partition_shapes, segment_bytes
 
 CIRCUIT_CACHE = 2  # circuits kept per worker (each maps its circuit's shared data)
@@ -134,7 +134,7 @@ class SynthWorker:
         self.ring = ring
         self.threads = threads
         self.tasks: queue.Queue[msg.SynthTask] = queue.Queue()
-        self.cancelled: set[int] = set()
+        self.cancelled = CancelledIds()
         self.circuits: OrderedDict[str, _Circuit] = OrderedDict()
 
     def read_messages(self) -> None:
