@@ -127,7 +127,7 @@ def test_held_time_leaves_out_the_waits_for_a_ring_slot(monkeypatch) -> None:
     import cuzk_mp.pipeline.scheduler as sched
 
     clock = [1000.0]
-    monkeypatch.setattr(sched.time, "time", lambda: clock[0])
+    monkeypatch.setattr(sched.time, "monotonic", lambda: clock[0])
     s = Scheduler(max_attempts=2)
     s.add_job(_job("a", 1), REF)
     t = s.next_task()

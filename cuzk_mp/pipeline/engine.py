@@ -520,7 +520,7 @@ class RunningEngine:
         """Kill a process that has held an attempt longer than ``task_timeout_s`` (synthesizing it,
         or proving it): a hung process never dies by itself, and its partition would wait forever.
         Its death is handled as any other: the attempt is retried, the process restarted."""
-        limit, now = self.config.task_timeout_s, time.time()
+        limit, now = self.config.task_timeout_s, time.monotonic()
         for task in self.sched.in_flight():
             holder, held = task.worker if task.state == "synthesizing" else task.prover, task.held_for(now)
             if holder is None or held is None or held < limit:

@@ -49,21 +49,22 @@ class Task:
     slot: int | None = None
     t_dispatch: float | None = None
     held_s: float = 0.0  # seconds a synthesis worker held the attempt before ``t_held`` (ring waits left out)
-    t_held: float | None = None  # since when it holds it; None while it waits for a free ring slot
+    t_held: float | None = None  # since when it holds it (monotonic); None while it waits for a free ring slot
+    t_proving: float | None = None  # when the engine heard a prover took it (monotonic: the hung-process timer)
     t_published: float | None = None  # when the engine heard of the publish (Unix time)
     t_taken: float | None = None  # when the engine heard a prover took it (Unix time)
     timings: dict[str, float] = field(default_factory=dict)  # stages reported so far, merged
 
     def held_for(self, now: float) -> float | None:
-        """Seconds the process that has the attempt has held it (the synthesis worker: since
-        dispatch, less its waits for a free ring slot; the prover: since it took the slot);
-        None where no process holds it."""
+        """Seconds the process that has the attempt has held it at ``now`` (``time.monotonic()``: a
+        step of the wall clock kills nobody): the synthesis worker since dispatch, less its waits
+        for a free ring slot; the prover since it took the slot; None where no process holds it."""
         if self.state == "synthesizing":
             if self.t_dispatch is None:
                 return None
             return self.held_s + (0.0 if self.t_held is None else now - self.t_held)
         if self.state == "proving":
-            return None if self.t_taken is None else now - self.t_taken
+            return None if self.t_proving is None else now - self.t_proving
         return None
 
     def order(self) -> tuple[int, int, int, int]:
@@ -206,7 +207,7 @@ class Scheduler:
                 skipped.append(item)
                 continue
             task.state, task.t_dispatch = "synthesizing", time.time()
-            task.held_s, task.t_held = 0.0, task.t_dispatch
+            task.held_s, task.t_held = 0.0, time.monotonic()
             if task.job.started_at is None:
                 task.job.started_at, task.job.state = task.t_dispatch, "running"
             for back in skipped:
@@ -230,7 +231,7 @@ class Scheduler:
         task = self.tasks.get(task_id)
         if task is None or task.state != "synthesizing":
             return
-        now = time.time()
+        now = time.monotonic()
         if waiting and task.t_held is not None:
             task.held_s, task.t_held = task.held_s + now - task.t_held, None
         elif not waiting and task.t_held is None:
@@ -253,6 +254,7 @@ class Scheduler:
         task = self.tasks.get(task_id)
         if task is not None and task.state in ("synthesizing", "ready"):
             task.state, task.prover, task.device, task.t_taken = "proving", prover, device, time.time()
+            task.t_proving = time.monotonic()
 
     def on_proof(self, task_id: int, proof: Any, public: list[int], timings: dict[str, float],
                  device: int | None) -> Outcome:
