@@ -459,3 +459,41 @@ def test_a_restart_that_cannot_spawn_is_tried_again(checker: ProofChecker, monke
     finally:
         engine.stop(grace_s=10)
     assert shm_entries(prefix) == []
+
+
+def test_a_prover_dying_during_a_preload_ends_the_preload(checker: ProofChecker) -> None:
+    """preload waits for the provers it asked; one that dies before it answers ends the wait at once
+    (WorkerDied naming it) instead of after start_timeout, and its restart proves jobs as usual."""
+    from cuzk_mp.errors import WorkerDied
+
+    prefix = prefix_for("predeath")
+    results = Collector()
+    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1,
+                          ring_slots=2, shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=60)
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
+    try:
+        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+        pid = _process(engine, "cuzk-prover-0")["pid"]
+        os.kill(pid, signal.SIGSTOP)  # it cannot answer the LoadKey
+        outcome: list[BaseException | None] = []
+
+        def preload() -> None:
+            try:
+                engine.preload("porep")
+                outcome.append(None)
+            except BaseException as e:  # noqa: BLE001 - what the caller would get
+                outcome.append(e)
+
+        t0 = time.monotonic()
+        waiter = threading.Thread(target=preload)
+        waiter.start()
+        time.sleep(0.5)
+        os.kill(pid, signal.SIGKILL)
+        waiter.join(50)
+        assert time.monotonic() - t0 < 30 and len(outcome) == 1
+        assert isinstance(outcome[0], WorkerDied) and "cuzk-prover-0 died while loading" in str(outcome[0])
+        engine.submit(_job("predeath", 1))
+        assert _all_verify(results.wait("predeath"), checker)
+    finally:
+        engine.stop(grace_s=10)
+    assert shm_entries(prefix) == []

@@ -262,15 +262,25 @@ class RunningEngine:
             ref = self.circuits.ref(circuit_id)
             if self._state != "running":
                 raise CuzkError(f"engine {self.prefix}: preload needs a running engine (state {self._state})")
-            provers = [c.spec.name for c in self.sup.ready("prover")]
+            asked = {c.spec.name: c.handle.pid for c in self.sup.ready("prover")}
+            provers = list(asked)
+
+            def gone() -> list[str]:  # asked, and died since (a restart under the same name was not asked)
+                return [name for name, pid in asked.items()
+                        if self.sup.children[name].handle.pid != pid or self.sup.children[name].handle.reaped]
+
             self.circuits.forget(circuit_id, provers)
             self.sup.broadcast(msg.LoadKey(ref), role="prover")
-            done = self._cond.wait_for(lambda: self.circuits.reported(circuit_id, provers),
+            done = self._cond.wait_for(lambda: self.circuits.reported(circuit_id, provers) or bool(gone()),
                                        timeout=self.config.start_timeout_s)
             errors = self.circuits.errors(circuit_id, provers)
             kinds = self.circuits.error_kinds(circuit_id, provers)
+            dead = gone()
         if errors:  # the class of the first failure: a bad key file is the input's, no room is exit 4
             raise error_from_kind(kinds[0], f"preload {circuit_id}: " + "; ".join(errors))
+        if dead:
+            raise WorkerDied(f"preload {circuit_id}: {', '.join(dead)} died while loading the key (it is "
+                             "restarted; a job loads the key when it needs it, or preload again)")
         if not done:
             raise ResourceError(f"preload {circuit_id}: not loaded within {self.config.start_timeout_s} s")
 
