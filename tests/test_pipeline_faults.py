@@ -497,3 +497,37 @@ def test_a_prover_dying_during_a_preload_ends_the_preload(checker: ProofChecker)
     finally:
         engine.stop(grace_s=10)
     assert shm_entries(prefix) == []
+
+
+def test_a_process_stuck_in_the_rings_lock_does_not_hold_the_engines(checker: ProofChecker) -> None:
+    """A child stopped inside the ring's (fcntl) lock holds it until it is killed. A status read waits for
+    it, but never while holding the engine's lock: cancel, submit and the event thread (which kills hung
+    children) go on."""
+    import subprocess
+    import sys
+
+    prefix = prefix_for("ringlock")
+    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1,
+                          ring_slots=2, shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=120)
+    engine = Engine(config).start()
+    try:
+        ctl = f"/dev/shm/{engine.ring.handle.prefix}-ctl"
+        holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
+                                   f"fd = os.open({ctl!r}, os.O_RDWR)\nfcntl.lockf(fd, fcntl.LOCK_EX)\n"
+                                   "print('locked', flush=True)\ntime.sleep(6)\n"],
+                                  stdout=subprocess.PIPE, text=True)
+        try:
+            assert holder.stdout is not None and holder.stdout.readline().strip() == "locked"
+            reader = threading.Thread(target=engine.status, daemon=True)
+            reader.start()
+            time.sleep(0.5)
+            t0 = time.monotonic()
+            assert engine.cancel("no-such-job") is False
+            assert time.monotonic() - t0 < 2.0 and reader.is_alive()  # the status read still waits
+        finally:
+            holder.wait(30)
+        reader.join(10)
+        assert not reader.is_alive()
+    finally:
+        engine.stop(grace_s=5)
+    assert shm_entries(prefix) == []

@@ -166,6 +166,7 @@ class RunningEngine:
         self._memory_last: MemoryStatus | None = None
         self._memory_stop = threading.Event()
         self._stopped = threading.Event()  # set when stop() has ended (a second caller waits for it)
+        self._ring_lock = threading.Lock()  # status reads of the ring against its destroy
         self._wake_r, self._wake_w = os.pipe()
         self._finalizer = weakref.finalize(self, _release_ipc, self.prefix, self._wake_r, self._wake_w)
         self._thread = threading.Thread(target=self._loop, name="cuzk-engine-events", daemon=True)
@@ -241,7 +242,8 @@ class RunningEngine:
         if self._thread is not threading.current_thread():
             self._thread.join(30.0)
         self.sup.close_all()
-        left = self.ring.destroy()
+        with self._ring_lock:
+            left = self.ring.destroy()
         log.info("[shutdown] engine %s stopped; removed %d IPC objects", self.prefix, len(left))
         self._finalizer()
         self._run_callbacks()  # what the event thread left (it ends once stopped): the failed jobs' callbacks
@@ -324,10 +326,10 @@ class RunningEngine:
 
     def status(self) -> EngineStatus:
         """A typed snapshot: jobs, processes, ring, resident keys, memory (docs/engine.md, "Status")."""
+        ring = RingStatus(*self._ring_view())  # outside the engine's lock: see _ring_view
         with self._lock:
             state, degraded, queue, jobs = self._state, list(self._degraded), self.sched.queue(), self.sched.rows()
-            processes, ring, srs, device = self.sup.rows(), RingStatus(*self._ring_view()), self.circuits.rows(), \
-                self._prover_snapshot()
+            processes, srs, device = self.sup.rows(), self.circuits.rows(), self._prover_snapshot()
         memory = msgspec.structs.replace(self._memory(), device=device)
         return EngineStatus(state=state, prefix=self.prefix, backend=self.backend, devices=list(self.devices),
                             degraded=degraded, queue=queue, jobs=jobs, processes=processes, ring=ring, srs=srs,
@@ -365,8 +367,8 @@ class RunningEngine:
 
     def metrics(self) -> EngineMetrics:
         """Counters and gauges (docs/engine.md, "Metrics")."""
+        _, stats = self._ring_view()  # outside the engine's lock: see _ring_view
         with self._lock:
-            _, stats = self._ring_view()
             children = self.sup.children.values()
             return EngineMetrics(
                 state=self._state, counters=self.sched.counters(), queue=self.sched.queue(),
@@ -380,9 +382,13 @@ class RunningEngine:
         return {name: msgspec.structs.replace(stats) for name, stats in self.provers.items()}
 
     def _ring_view(self) -> tuple[list[SlotRecord], RingStats]:
-        if self.ring.closed:
-            return [], RingStats(0, 0, 0, 0, 0, 0, 0)
-        return self.ring.snapshot(), self.ring.stats()
+        """The ring's records and counters. Read under the ring's own lock, which a child stopped inside
+        it (SIGSTOP) holds until it is killed: never while holding the engine's lock, which the event
+        thread that would kill it needs. ``_ring_lock`` keeps the read apart from the ring's destroy."""
+        with self._ring_lock:
+            if self.ring.closed:
+                return [], RingStats(0, 0, 0, 0, 0, 0, 0)
+            return self.ring.snapshot(), self.ring.stats()
 
     # ---- the event thread
     def _wake(self) -> None:
