@@ -136,7 +136,8 @@ class Engine:
 
     def stop(self) -> None:
         """Give the prefix back without starting (idempotent; a started engine is stopped by its
-        :class:`RunningEngine`)."""
+        :class:`RunningEngine`). It does nothing while :meth:`start` runs: that start is ended by an
+        interrupt of its thread (or its ``start_timeout_s``), which stops what it started."""
         if self.state == "created":
             self.state = "stopped"
             self._finalizer()
