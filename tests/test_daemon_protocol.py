@@ -297,9 +297,9 @@ def test_a_result_is_given_out_only_once_the_journal_has_it(tmp_path: Path) -> N
     gate = threading.Event()
     real = Journal._finish
 
-    def held(self: Journal, job_id: str, reply: P.JobReply) -> None:
+    def held(self: Journal, job_id: str, reply: P.JobReply, partitions: list[Any]) -> None:
         gate.wait(30)
-        real(self, job_id, reply)
+        real(self, job_id, reply, partitions)
 
     async def body(d: Daemon, addr: str) -> None:
         async with await AsyncClient.connect(addr) as c:
@@ -764,3 +764,35 @@ def test_client_out_on_a_full_disk_writes_each_proof_with_its_public_signals_or_
     last = captured.err.strip().splitlines()[-1]
     assert f"{out / 'public_1.json'}: cannot write it: No space left on device" in last, last
     assert f"cuzk-mp client await {summary['job_id']} --out DIR" in last
+
+
+def test_a_finished_job_keeps_its_reply_not_its_input_bytes(tmp_path: Path) -> None:
+    """A job's witness bytes (many MB in production) are needed until it ends, not after: the daemon's
+    record and the journal row keep only each partition's kind and seed, a repeated request still finds
+    the job by its digest, and a restart still serves its reply."""
+    from tests.helpers import small_circom_key
+
+    zkey, r1cs = small_circom_key(tmp_path)
+    circuits = {"circ": {"zkey": str(zkey), "r1cs": str(r1cs)}}
+    witness = b"wtns" + bytes(40_000)
+    journal = tmp_path / "journal.sqlite"
+    job: list[str] = []
+
+    async def first(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            sub = await c.submit("circ", [P.PartitionIn("wtns", witness)], request_id="req-1")
+            job.append(sub.job_id)
+            assert (await c.await_proof(sub.job_id, timeout_s=30)).state == "done"
+            assert [p.data for p in d.jobs.jobs[sub.job_id].partitions] == [b""]
+            (row,) = [e for e in d.journal.load() if e.job_id == sub.job_id]
+            assert row.state == "done" and [(p.kind, p.data) for p in row.partitions] == [("wtns", b"")]
+            again = await c.submit("circ", [P.PartitionIn("wtns", witness)], request_id="req-1")
+            assert again.job_id == sub.job_id and again.duplicate
+
+    async def second(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            r = await c.await_proof(job[0], timeout_s=5)
+            assert r.state == "done" and all(p.proof for p in r.partitions)
+
+    run_daemon(tmp_path, first, circuits=circuits, journal=str(journal))
+    run_daemon(tmp_path, second, circuits=circuits, journal=str(journal))

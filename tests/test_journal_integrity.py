@@ -107,7 +107,7 @@ def test_a_result_belonging_to_another_job_is_quarantined(tmp_path: Path) -> Non
     j = _fill(path, 2)
     reply = P.JobReply(id=0, job_id="someone-else", circuit_id="syn", state="done", priority="NORMAL",
                        partitions=[P.PartitionOut(index=0, state="done")], submitted_at=1.0, finished_at=2.0)
-    asyncio.run(j.finish("job-0", reply))
+    asyncio.run(j.finish("job-0", reply, _entry(0).partitions))
     assert [e.job_id for e in j.load()] == ["job-1"]
     assert "another job" in asyncio.run(j.report())["quarantine"][0]["reason"]
     j.close()

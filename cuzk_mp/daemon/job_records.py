@@ -21,6 +21,12 @@ JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
 TERMINAL = frozenset({"done", "failed", "cancelled"})
 
 
+def without_inputs(partitions: list[PartitionIn]) -> list[PartitionIn]:
+    """A finished job's partitions as kept: their kinds and seeds, not their input bytes (a witness
+    can be many MB; the reply and the request's digest are all a finished job needs)."""
+    return [PartitionIn(kind=p.kind, seed=p.seed) for p in partitions]
+
+
 @dataclass(eq=False)
 class JobRecord:
     """One job: what was asked, where it is, what came back, and who waits for it."""

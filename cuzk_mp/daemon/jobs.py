@@ -51,7 +51,9 @@ from typing import Protocol
 import msgspec
 
 from cuzk_mp.daemon.config import CircuitConfig
-from cuzk_mp.daemon.job_records import JOB_STATES, TERMINAL, JobRecord, pending_partitions, reply_of, to_partition_out
+from cuzk_mp.daemon.job_records import (
+    JOB_STATES, TERMINAL, JobRecord, pending_partitions, reply_of, to_partition_out, without_inputs,
+)
 from cuzk_mp.daemon.journal import Journal, JournalEntry
 from cuzk_mp.daemon.metrics import DaemonMetrics
 from cuzk_mp.daemon.protocol import JobReply, PartitionIn, Prove, SubmitProof
@@ -305,6 +307,7 @@ class JobTable:
                      "runs again after a restart", rec.job_id, result.state)
             return
         rec.state = result.state if result.state in TERMINAL else "failed"
+        rec.partitions = without_inputs(rec.partitions)  # ended: its inputs are not needed again
         rec.error = result.error
         rec.started_at = result.started_at or rec.started_at
         rec.finished_at = result.finished_at
@@ -333,7 +336,7 @@ class JobTable:
 
     async def _journal_final(self, rec: JobRecord, again: bool = False) -> bool:
         try:
-            await self.journal.finish(rec.job_id, reply_of(rec, 0))
+            await self.journal.finish(rec.job_id, reply_of(rec, 0), rec.partitions)
         except ResourceError as e:
             if not again:
                 log.error("job %s %s, but %s; it is written again at the next pruning round (until then "

@@ -4,7 +4,8 @@ This module owns one SQLite file (``[daemon] journal``, default ``<param_cache>/
 A job is written (and the transaction committed with ``synchronous=FULL``) *before* the submit is
 acknowledged, so a job the client was told about survives a crash, a SIGKILL or a power cut. When
 the job ends its row gets the final state and the reply a client would receive (msgpack of
-:class:`~cuzk_mp.daemon.protocol.JobReply`), and stays until ``result_ttl`` has passed. At start-up
+:class:`~cuzk_mp.daemon.protocol.JobReply`), its partitions lose their input bytes (kinds and seeds
+stay; the request's digest still finds a repeated request), and it stays until ``result_ttl`` has passed. At start-up
 the daemon reads the rows back: finished ones answer AwaitProof again, unfinished ones (state
 ``queued``) are submitted to the engine again, in their original order.
 
@@ -260,10 +261,10 @@ class Journal:
             (e.job_id, e.request_id, e.circuit_id, e.priority, e.digest,
              _encoder.encode(e.partitions), e.submitted_at, e.owner))
 
-    def _finish(self, job_id: str, reply: JobReply) -> None:
+    def _finish(self, job_id: str, reply: JobReply, partitions: list[Any]) -> None:
         self._conn.execute(
-            "UPDATE jobs SET state=?, finished_at=?, result=? WHERE job_id=?",
-            (reply.state, reply.finished_at, _encoder.encode(reply), job_id))
+            "UPDATE jobs SET state=?, finished_at=?, result=?, partitions=? WHERE job_id=?",
+            (reply.state, reply.finished_at, _encoder.encode(reply), _encoder.encode(partitions), job_id))
 
     def _remove(self, job_ids: list[str]) -> None:
         self._conn.executemany("DELETE FROM jobs WHERE job_id=?", [(j,) for j in job_ids])
@@ -272,9 +273,10 @@ class Journal:
         """Write an accepted job; returns once it is on disk."""
         await self._run(self._insert, entry)
 
-    async def finish(self, job_id: str, reply: JobReply) -> None:
-        """Record a job's final state and reply."""
-        await self._run(self._finish, job_id, reply)
+    async def finish(self, job_id: str, reply: JobReply, partitions: list[Any]) -> None:
+        """Record a job's final state and reply, and its partitions as a finished job keeps them
+        (:func:`.job_records.without_inputs`: the input bytes are not kept once it has ended)."""
+        await self._run(self._finish, job_id, reply, partitions)
 
     async def remove(self, job_ids: list[str]) -> None:
         """Delete jobs (pruned results, or a submit the engine refused)."""
