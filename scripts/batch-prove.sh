@@ -76,6 +76,8 @@ done
 [[ -n "$input" ]] || bad "INPUT_DIR is required"
 [[ -d "$input" ]] || bad "$input is not a directory"
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || bad "-j needs a positive integer, not '$jobs'"
+read -r -a bp_cmd <<< "${CUZK_MP:-cuzk-mp}"
+command -v "${bp_cmd[0]}" > /dev/null || bad "cannot run '${bp_cmd[0]}': not found (put cuzk-mp on PATH or set \$CUZK_MP)"
 mkdir -p "$out"
 export BP_CONNECT="$connect" BP_CIRCUIT="$circuit" BP_OUT="$out" BP_VERIFY="$verify" \
        BP_PRIORITY="$priority" BP_TIMEOUT="$timeout" BP_CUZK="${CUZK_MP:-cuzk-mp}"

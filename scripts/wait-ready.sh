@@ -26,6 +26,10 @@ while [[ $# -gt 0 ]]; do
   esac
 done
 read -r -a cuzk <<< "${CUZK_MP:-cuzk-mp}"
+if ! command -v "${cuzk[0]}" > /dev/null; then  # no retry can help: say so at once
+  echo "wait-ready.sh: cannot run '${cuzk[0]}': not found (put cuzk-mp on PATH or set \$CUZK_MP)" >&2
+  exit 2
+fi
 
 deadline=$(( $(date +%s) + ${timeout%.*} ))
 last=""

@@ -47,3 +47,16 @@ def test_gpu_bench_without_cupy(script: str) -> None:
     proc = _run(script)
     assert proc.returncode == 2 and proc.stdout == ""
     assert proc.stderr.count("\n") == 1 and f"{Path(script).name} needs CuPy and a CUDA GPU" in proc.stderr, proc.stderr
+
+
+@pytest.mark.parametrize(("script", "args"), [("scripts/wait-ready.sh", ["--connect", "unix:///nowhere.sock"]),
+                                              ("scripts/batch-prove.sh", ["--circuit", "c", "--out", "OUT", "IN"])])
+def test_the_shell_scripts_say_at_once_that_cuzk_mp_cannot_run(script: str, args: list[str], tmp_path: Path) -> None:
+    """Without cuzk-mp on PATH (and $CUZK_MP unset) no retry can help: exit 2 at once, naming it, instead
+    of polling for the whole timeout or marking every input pending."""
+    (tmp_path / "IN").mkdir()
+    env = {k: v for k, v in os.environ.items() if k != "CUZK_MP"} | {"PATH": "/usr/bin:/bin"}
+    proc = subprocess.run(["bash", str(REPO / script), *args], cwd=tmp_path, env=env, capture_output=True,
+                          text=True, timeout=30)
+    assert proc.returncode == 2 and "cannot run 'cuzk-mp': not found" in proc.stderr, proc.stderr
+    assert not (tmp_path / "OUT").exists()
