@@ -316,7 +316,8 @@ def test_cancel_while_filling_gives_the_slot_back(running, ring_view: Ring) -> N
     assert worker["alive"] and worker["ready"]  # the same process carried on: a cancel is not a death
 
 
-def test_unsatisfied_witness_abandons_its_slot(running, checker: ProofChecker) -> None:
+def test_unsatisfied_witness_abandons_its_slot(running, checker: ProofChecker,
+                                               caplog: pytest.LogCaptureFixture) -> None:
     from cuzk_mp.formats.wtns import wtns_bytes
 
     engine, results = running
@@ -326,6 +327,7 @@ def test_unsatisfied_witness_abandons_its_slot(running, checker: ProofChecker) -
     engine.submit(JobSpec("unsat", "porep", [PartitionInput("wtns", wtns_bytes(w))]))
     failed = results.wait("unsat")
     assert failed.state == "failed" and failed.partitions[0].error_kind == "UnsatisfiedWitness"
+    assert "(job unsat partition 0) failed: UnsatisfiedWitness" in caplog.text  # the log names the job
     after = engine.status().ring.stats
     # the slot was FILLING (taken, segment created, synthesised into) and given back, never published
     assert after.published == before.published and after.released == before.released + 1

@@ -471,7 +471,9 @@ class RunningEngine:
             if child.busy == m.task_id:
                 child.busy = None
             level = logging.INFO if m.kind == "Cancelled" else logging.WARNING
-            log.log(level, "%s: task %d failed: %s: %s", name, m.task_id, m.kind, m.message)
+            task = self.sched.tasks.get(m.task_id)
+            where = f" (job {task.job.spec.job_id} partition {task.index})" if task is not None else ""
+            log.log(level, "%s: task %d%s failed: %s: %s", name, m.task_id, where, m.kind, m.message)
             self._apply(self.sched.on_failed(m.task_id, m.kind, m.message))
         elif isinstance(m, msg.KeyState):
             self.circuits.on_key_state(name, m)
