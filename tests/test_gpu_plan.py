@@ -429,3 +429,20 @@ def test_large_batch_sort_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         MsmParams()
     with pytest.raises(ConfigError, match="large_sort"):
         MsmParams(large_sort="merge")
+
+
+def test_a_section_bigger_than_the_domain_brings_no_grid_lists_the_plan_never_counted(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key of 2^16 rows (the small keys' MSM parameters: XYZZ, no grid rounds) with 2^19 wires: its B2
+    section has more points than the domain, and the default parameters of that many points have grid
+    rounds; the plan gives them back without (it counted no lists), as keys of at most 2^18 rows keep
+    XYZZ."""
+    from cuzk_mp.backends.gpu.knobs import msm_params_for
+    from cuzk_mp.backends.gpu.plan import KeyShape, plan_device
+
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid")  # rounds for both groups, wherever they fit
+    plan = plan_device(KeyShape(1 << 16, 1 << 19, 1), 64 << 30, workers=2)
+    assert msm_params_for(1 << 19).ga_rounds > 0 and msm_params_for(1 << 16).ga_rounds == 0
+    assert plan.msm_params(msm_params_for(1 << 19)).ga_rounds == 0
+    big = plan_device(KeyShape(1 << 24, 1 << 24, 1), 139 << 30, workers=2)  # a key whose plan has the rounds
+    assert not big.grid_off and big.msm_params(msm_params_for(1 << 24)).ga_rounds == msm_params_for(1 << 24).ga_rounds

@@ -282,10 +282,14 @@ class DevicePlan:
     graphs: bool = False  # the MSMs may run as CUDA graphs (their buffers are in ``scratch``)
     witness_map: int = 0  # the device witness map's coded rows and tables (0: the host makes a, b, c)
     grid_off: bool = False  # the grid rounds' lists did not fit: XYZZ accumulation alone (:meth:`msm_params`)
+    grid_counted: bool = True  # the plan's MSM parameters had grid rounds (their lists are in the plan)
 
     def msm_params(self, params: MsmParams) -> MsmParams:
-        """``params`` as this plan fitted them: without the grid rounds where :attr:`grid_off`."""
-        return replace(params, ga_rounds=0) if self.grid_off and params.ga_rounds else params
+        """``params`` as this plan fitted them: without the grid rounds where :attr:`grid_off`, or where
+        the plan's own parameters (the key's domain's) had none: a section with more points than the
+        domain (B2 of a key with more wires than rows) must not bring lists the plan never counted."""
+        off = self.grid_off or not self.grid_counted
+        return replace(params, ga_rounds=0) if off and params.ga_rounds else params
 
     @property
     def points_total(self) -> int:
@@ -424,6 +428,7 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
         steps.append(f"{k} partition(s) in flight instead of {workers}")
     plan.steps = steps
     plan.grid_off = grid_off
+    plan.grid_counted = bool(params.ga_rounds) or grid_off
     if steps:
         dropped = [s for s in DROP_ORDER if any(st.endswith(f"multiples of {s}") for st in steps)]
         parts = [st for st in steps if st in (NO_GRAPHS, NO_GRID)]
