@@ -10,6 +10,7 @@ from __future__ import annotations
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -446,3 +447,55 @@ def test_a_section_bigger_than_the_domain_brings_no_grid_lists_the_plan_never_co
     assert plan.msm_params(msm_params_for(1 << 19)).ga_rounds == 0
     big = plan_device(KeyShape(1 << 24, 1 << 24, 1), 139 << 30, workers=2)  # a key whose plan has the rounds
     assert not big.grid_off and big.msm_params(msm_params_for(1 << 24)).ga_rounds == msm_params_for(1 << 24).ga_rounds
+
+
+@pytest.mark.parametrize("with_multiples", [False, True])
+def test_the_graphs_buffers_in_the_plan_match_what_a_batched_pass_allocates(with_multiples: bool,
+                                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A captured graph keeps every allocation of its pass: the plan's count of one batched small-key
+    pass (k vectors, each its windows' bucket sets, the reduction's shares) against the bytes the MSM
+    module allocates on the emulator for it (within 10 %)."""
+    import types
+
+    import numpy as np
+    from py_arkworks_bls12381 import G1Point, Scalar
+
+    from cuzk_mp.algebra import curve
+    from cuzk_mp.algebra.field import R_MOD, ints_to_limbs
+    from cuzk_mp.backends.gpu import knobs
+    from cuzk_mp.backends.gpu.plan import COUNTING_SORT_BYTES_PER_KEY, msm_scratch_bytes
+    from tests import gpu_emu
+
+    msm = gpu_emu.load("msm")
+    fixed_base = gpu_emu.load("fixed_base")
+    allocated = [0]
+
+    def counted(fn: Any) -> Any:
+        def alloc(*args: Any, **kwargs: Any) -> Any:
+            out = fn(*args, **kwargs)
+            allocated[0] += int(out.nbytes)
+            return out
+        return alloc
+
+    fake = types.SimpleNamespace(**vars(gpu_emu.fake_cupy))
+    for name in ("empty", "zeros", "concatenate", "arange", "cumsum"):
+        setattr(fake, name, counted(getattr(gpu_emu.fake_cupy, name)))
+    monkeypatch.setattr(msm, "cupy", fake)
+    m, k = 256, 8
+    params = knobs.msm_params_for(m)
+    points = np.stack([curve.g1_ark_to_lem(G1Point() * Scalar(3 + i)) for i in range(m)])
+    if with_multiples:
+        c = knobs.choose_multiples_window(m)
+        table = fixed_base.multiples_table(points, c, knobs.window_count(c))
+        obj = msm.MsmG1(table[:m], params, msm.Multiples(table, c, knobs.window_count(c), m))
+    else:
+        obj = msm.MsmG1(points, params)
+        c = obj._window_bits(m)
+    assert k <= knobs.graph_batch_limit(m, c)
+    rng = np.random.default_rng(5)
+    scalars = np.asarray(ints_to_limbs([int(x) % R_MOD for x in rng.integers(1, 2**62, k * m)], 4))
+    allocated[0] = 0
+    obj._pippenger(scalars, None, k * m, m, msm._NoMarks())  # what a captured graph of the pass holds
+    planned = msm_scratch_bytes(k * m, False, params, c if with_multiples else None, COUNTING_SORT_BYTES_PER_KEY,
+                                captured=True, vectors=k)
+    assert 0.9 * allocated[0] <= planned <= 1.5 * allocated[0], (planned, allocated[0])

@@ -163,7 +163,7 @@ class KeyShape:
 
 def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
                       multiples_c: int | None = None, sort_bytes: int | None = None,
-                      captured: bool = False) -> int:
+                      captured: bool = False, vectors: int = 1) -> int:
     """Device bytes one MSM run allocates beyond its points and scalars, at its peak, with every
     scalar "other" (the Pippenger path of :meth:`.msm._Msm._pippenger`; the sum of the ones uses
     less per scalar): windows of c bits (``multiples_c``, else the params' or
@@ -173,18 +173,22 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
     bucket sets (one per window of the batch without multiples; the shared set and the batch's
     with them), the accumulation heads and the first combine level (each later level replaces the
     one before it, which is then freed; in a captured graph (``captured``) every level stays); plus
-    the window sums. An upper bound: the sort's buffers and the heads are counted as alive together."""
+    the bucket reduction's shares and the window sums. ``vectors``: a batched pass of that many
+    scalar vectors of ``n_scalars / vectors`` each (a small key's prover batch): their windows and
+    bucket sets are each vector's. An upper bound: the sort's buffers and the heads are counted as
+    alive together."""
     p = params or MsmParams()
     if sort_bytes is None:
         sort_bytes = ARGSORT_BYTES_PER_KEY if p.large_sort == "argsort" else SORT_BYTES_PER_KEY
     m = max(1, int(n_scalars))
+    k = max(1, int(vectors))
     xyzz = 2 * (G2_BYTES if g2 else G1_BYTES)
-    c = multiples_c or p.window_bits or choose_window(m)
+    c = multiples_c or p.window_bits or choose_window(max(1, m // k))
     windows = window_count(c)
     per_batch = max(1, min(windows, p.max_entries // m))
     entries = per_batch * m
     buckets = 1 << (c - 1)
-    bucket_bytes = (2 * buckets if multiples_c else per_batch * buckets) * xyzz
+    bucket_bytes = ((k + 1) * buckets if multiples_c else k * per_batch * buckets) * xyzz
     seg = p.ba_seg if p.ba_rounds else p.seg
     t = -(-entries // seg)
     heads = t
@@ -194,7 +198,13 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
         if not captured:  # the next level frees this one's input: two levels at a time at most
             break
     heads *= xyzz + HEAD_KEY_BYTES
-    return entries * sort_bytes + bucket_bytes + heads + windows * xyzz + grid_list_bytes(entries, g2, p)
+    # the bucket reduction's shares: each bucket set cut in chunks, a partial sum a chunk (.msm._window_sums)
+    sets = k if multiples_c else k * per_batch
+    want = max(1, sets * buckets // p.reduce_threads)
+    chunk = min(max(1 << (want.bit_length() - 1), p.bucket_chunk_min), buckets)
+    shares = sets * (buckets // chunk) * xyzz
+    return (entries * sort_bytes + bucket_bytes + heads + shares + k * windows * xyzz
+            + grid_list_bytes(entries, g2, p))
 
 
 def grid_list_bytes(entries: int, g2: bool, params: MsmParams) -> int:
@@ -237,7 +247,8 @@ def graph_bytes(shape: KeyShape, multiples: dict[str, int], params: MsmParams) -
         c = multiples.get(s) or params.window_bits or choose_window(max(1, m))
         k = graph_batch_limit(m, c)
         if k >= 1:
-            run = msm_scratch_bytes(k * m, s == "b2", params, c, COUNTING_SORT_BYTES_PER_KEY, captured=True)
+            run = msm_scratch_bytes(k * m, s == "b2", params, multiples.get(s), COUNTING_SORT_BYTES_PER_KEY,
+                                    captured=True, vectors=k)
             total += GRAPH_RUNS * (run + k * m * FR_BYTES)
     return total
 
