@@ -14,10 +14,12 @@ READY degrades its own engine.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import threading
 import time
+from collections.abc import Iterator
 from typing import Any
 
 import pytest
@@ -334,18 +336,28 @@ def test_unsatisfied_witness_abandons_its_slot(running, checker: ProofChecker,
     _ring_idle_then_trimmed(engine)
 
 
+@contextlib.contextmanager
+def _small_engine(name: str, **config: Any) -> Iterator[tuple[RunningEngine, Collector]]:
+    """A one-worker, one-prover CPU engine of its own (``config``: more EngineConfig fields), the test
+    circuit registered; stopped after, with nothing of its prefix left in /dev/shm."""
+    prefix = prefix_for(name)
+    results = Collector()
+    fields = {"backend": "cpu", "devices": [0], "gpu_workers_per_device": 1, "partition_workers": 1,
+              "ring_slots": 2, "shm_prefix": prefix, "param_cache": KEY_CACHE, "start_timeout_s": 120, **config}
+    engine = Engine(EngineConfig(**fields), on_job_done=results.job, on_partition_done=results.partition).start()
+    try:
+        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+        yield engine, results
+    finally:
+        engine.stop(grace_s=10)
+    assert shm_entries(prefix) == []
+
+
 def test_a_worker_waiting_for_a_ring_slot_is_not_taken_as_hung(checker: ProofChecker) -> None:
     """A synthesis worker that waits for a free ring slot longer than task_timeout (the one slot
     published, its prover stopped between attempts) is not killed: the wait is the ring's. Once the
     prover goes on, both partitions prove at their first attempt and no process was restarted."""
-    prefix = prefix_for("slotwait")
-    results = Collector()
-    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=2,
-                          ring_slots=1, shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=120,
-                          task_timeout_s=3)
-    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
-    try:
-        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+    with _small_engine("slotwait", partition_workers=2, ring_slots=1, task_timeout_s=3) as (engine, results):
         engine.preload("porep")
         prover = _process(engine, "cuzk-prover-0")["pid"]
         os.kill(prover, signal.SIGSTOP)  # idle: it holds no attempt, so no timer of its own runs
@@ -353,16 +365,13 @@ def test_a_worker_waiting_for_a_ring_slot_is_not_taken_as_hung(checker: ProofChe
             engine.submit(_job("slotwait", 2))
             wait_until(lambda: _partition_state(engine, "slotwait", "ready") is not None
                        and _partition_state(engine, "slotwait", "synthesizing") is not None, timeout=60)
-            time.sleep(2 * config.task_timeout_s + 1)  # the second worker waits for the slot all along
+            time.sleep(2 * engine.config.task_timeout_s + 1)  # the second worker waits for the slot all along
             assert _partition_state(engine, "slotwait", "synthesizing") is not None
         finally:
             os.kill(prover, signal.SIGCONT)
         result = results.wait("slotwait")
         assert _all_verify(result, checker) and [p.attempts for p in result.partitions] == [1, 1]
         assert all(p["restarts"] == 0 for p in status_of(engine)["processes"]), status_of(engine)["processes"]
-    finally:
-        engine.stop(grace_s=10)
-    assert shm_entries(prefix) == []
 
 
 def test_a_hung_prover_is_killed_and_its_partition_retried(checker: ProofChecker) -> None:
@@ -399,13 +408,7 @@ def test_a_child_that_reads_nothing_does_not_hold_up_the_engine(checker: ProofCh
     """The engine sends to its children while it holds its lock. A prover that stops reading (stopped
     here; a long key load on its reader thread does the same) fills its pipe: the messages wait in its
     outbox, and status, submit and the other calls go on; once it reads again, all of them arrive."""
-    prefix = prefix_for("noread")
-    results = Collector()
-    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1,
-                          ring_slots=2, shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=120)
-    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
-    try:
-        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+    with _small_engine("noread") as (engine, results):
         prover = _process(engine, "cuzk-prover-0")["pid"]
         os.kill(prover, signal.SIGSTOP)
         try:
@@ -425,9 +428,6 @@ def test_a_child_that_reads_nothing_does_not_hold_up_the_engine(checker: ProofCh
             os.kill(prover, signal.SIGCONT)
         result = results.wait("noread")
         assert _all_verify(result, checker) and result.partitions[0].attempts == 1
-    finally:
-        engine.stop(grace_s=10)
-    assert shm_entries(prefix) == []
 
 
 def test_a_restart_that_cannot_spawn_is_tried_again(checker: ProofChecker, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -435,13 +435,7 @@ def test_a_restart_that_cannot_spawn_is_tried_again(checker: ProofChecker, monke
     scheduled again with backoff, not a child the engine forgets: a job submitted then still proves."""
     import cuzk_mp.pipeline.supervisor as supervisor
 
-    prefix = prefix_for("respawn")
-    results = Collector()
-    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1,
-                          ring_slots=2, shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=120)
-    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
-    try:
-        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+    with _small_engine("respawn") as (engine, results):
         real, fails = supervisor.spawn_child, [1]
 
         def flaky(spec: Any) -> Any:
@@ -458,9 +452,6 @@ def test_a_restart_that_cannot_spawn_is_tried_again(checker: ProofChecker, monke
         assert _all_verify(result, checker)
         worker = _process(engine, "cuzk-synth-0")
         assert worker["alive"] and "could not be started: OSError" in worker["last_exit"], worker
-    finally:
-        engine.stop(grace_s=10)
-    assert shm_entries(prefix) == []
 
 
 def test_a_prover_dying_during_a_preload_ends_the_preload(checker: ProofChecker) -> None:
@@ -468,13 +459,7 @@ def test_a_prover_dying_during_a_preload_ends_the_preload(checker: ProofChecker)
     (WorkerDied naming it) instead of after start_timeout, and its restart proves jobs as usual."""
     from cuzk_mp.errors import WorkerDied
 
-    prefix = prefix_for("predeath")
-    results = Collector()
-    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1,
-                          ring_slots=2, shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=60)
-    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
-    try:
-        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+    with _small_engine("predeath", start_timeout_s=60) as (engine, results):
         pid = _process(engine, "cuzk-prover-0")["pid"]
         os.kill(pid, signal.SIGSTOP)  # it cannot answer the LoadKey
         outcome: list[BaseException | None] = []
@@ -496,9 +481,6 @@ def test_a_prover_dying_during_a_preload_ends_the_preload(checker: ProofChecker)
         assert isinstance(outcome[0], WorkerDied) and "cuzk-prover-0 died while loading" in str(outcome[0])
         engine.submit(_job("predeath", 1))
         assert _all_verify(results.wait("predeath"), checker)
-    finally:
-        engine.stop(grace_s=10)
-    assert shm_entries(prefix) == []
 
 
 def test_a_process_stuck_in_the_rings_lock_does_not_hold_the_engines(checker: ProofChecker) -> None:
@@ -508,11 +490,7 @@ def test_a_process_stuck_in_the_rings_lock_does_not_hold_the_engines(checker: Pr
     import subprocess
     import sys
 
-    prefix = prefix_for("ringlock")
-    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1,
-                          ring_slots=2, shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=120)
-    engine = Engine(config).start()
-    try:
+    with _small_engine("ringlock") as (engine, _):
         ctl = f"/dev/shm/{engine.ring.handle.prefix}-ctl"
         holder = subprocess.Popen([sys.executable, "-c", "import fcntl, os, sys, time\n"
                                    f"fd = os.open({ctl!r}, os.O_RDWR)\nfcntl.lockf(fd, fcntl.LOCK_EX)\n"
@@ -530,6 +508,3 @@ def test_a_process_stuck_in_the_rings_lock_does_not_hold_the_engines(checker: Pr
             holder.wait(30)
         reader.join(10)
         assert not reader.is_alive()
-    finally:
-        engine.stop(grace_s=5)
-    assert shm_entries(prefix) == []
