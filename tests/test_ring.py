@@ -455,3 +455,33 @@ def test_a_ring_that_cannot_be_made_leaves_no_descriptor_or_name(prefix: str,
             Ring.create(prefix, 2)
     assert len(os.listdir("/proc/self/fd")) == fds
     assert shm_entries(prefix) == []
+
+
+def test_a_segment_made_first_by_someone_else_never_gets_a_witness(prefix: str) -> None:
+    """Segment names are visible in /dev/shm: a segment made ahead of the ring, open to others (mode
+    0666; as root here, also given to another owner), is replaced by one of the ring's own (0600); what
+    its maker mapped sees none of the partition."""
+    import mmap
+    import stat
+
+    import posix_ipc
+
+    ring = Ring.create(prefix, 1)
+    name = f"/{ring.handle.prefix}-0"
+    squat = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o666, size=1 << 20)
+    os.fchmod(squat.fd, 0o666)
+    if os.geteuid() == 0:
+        os.fchown(squat.fd, 12345, 12345)
+    seen = mmap.mmap(squat.fd, 1 << 20)
+    os.close(squat.fd)
+    slot = ring.acquire_free(_claim(1), _never)
+    _put(ring, slot, b"meta", [np.full((64, 4), 7, np.uint64)])
+    st = os.stat(f"/dev/shm{name}")
+    assert st.st_uid == os.geteuid() and stat.S_IMODE(st.st_mode) == 0o600
+    assert not any(seen[: 1 << 20])  # the maker's mapping is of the old, unlinked file
+    seen.close()
+    rec = ring.take_ready(_never, timeout_s=1.0)
+    with ring.open_segment(rec.slot) as seg:
+        assert seg.meta == b"meta" and int(seg.arrays[0][0, 0]) == 7
+    ring.release(rec.slot)
+    ring.destroy()

@@ -88,6 +88,7 @@ import mmap
 import os
 import re
 import secrets
+import stat
 import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -623,7 +624,7 @@ def _map_segment(name: str, size: int, *, create: bool) -> mmap.mmap:
     pages past the end, a growth adds unallocated ones), then fault every page writable in one
     kernel call. Otherwise (the consumer) map it as it is, pages populated for reading.
     """
-    shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREAT if create else 0)
+    shm = _open_own_segment(name, create)
     try:
         if create and os.fstat(shm.fd).st_size != size:
             os.ftruncate(shm.fd, size)
@@ -642,6 +643,34 @@ def _map_segment(name: str, size: int, *, create: bool) -> mmap.mmap:
         buf.close()
         raise
     return buf
+
+
+def _open_own_segment(name: str, create: bool) -> posix_ipc.SharedMemory:
+    """Open (``create``: or make, mode 0600) a slot segment that is this user's alone.
+
+    The names are visible in /dev/shm: another user could make a segment of the next name first
+    (mode 0666) and read or change the witnesses written into it. A segment owned by another user
+    or open to others is unlinked and made again where this process may (root, or its own), else
+    refused with a ResourceError naming it; never written."""
+    for _ in range(2):
+        try:
+            shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX if create else 0, mode=0o600)
+        except posix_ipc.ExistentialError:
+            if not create:
+                raise
+            shm = posix_ipc.SharedMemory(name, 0)  # ours from an earlier partition, or someone else's
+        st = os.fstat(shm.fd)
+        if st.st_uid == os.geteuid() and not st.st_mode & 0o077:
+            return shm
+        os.close(shm.fd)
+        if create:
+            with contextlib.suppress(posix_ipc.ExistentialError, PermissionError, OSError):
+                posix_ipc.unlink_shared_memory(name)
+        if not create or os.path.lexists(SHM_DIR + name):  # not ours to replace (another user's, sticky /dev/shm)
+            raise ResourceError(f"{SHM_DIR}{name}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, "
+                                f"not this user's alone: refusing to put a witness into it (remove it, or set "
+                                f"another shm prefix)")
+    raise ResourceError(f"{SHM_DIR}{name}: made again by another process while it was being replaced")
 
 
 def _populate(buf: mmap.mmap, *, write: bool) -> None:
