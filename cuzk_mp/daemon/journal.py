@@ -34,6 +34,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import logging
+import os
 import sqlite3
 import time
 import uuid
@@ -179,6 +180,9 @@ class Journal:
         ResourceError where SQLite cannot open it now (a full disk)."""
         path.parent.mkdir(parents=True, exist_ok=True)
         recorded = _check_file(path)
+        if not path.exists():  # made 0600 (SQLite gives its -wal and -shm the same): it holds witnesses
+            with contextlib.suppress(FileExistsError):
+                os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
         try:
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         except sqlite3.Error as e:
