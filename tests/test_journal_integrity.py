@@ -250,3 +250,19 @@ def test_a_full_disk_is_not_a_damaged_journal(tmp_path: Path, monkeypatch: pytes
     j = _fill(path, 2)
     assert len(j.load()) == 2
     j.close()
+
+
+def test_a_new_journal_is_its_owners_alone(tmp_path: Path) -> None:
+    """The journal holds the witnesses of unfinished jobs: it and its write-ahead files are made 0600
+    whatever the umask."""
+    import os
+    import stat
+
+    old = os.umask(0o022)
+    try:
+        j = _fill(tmp_path / "journal.sqlite", 1)
+    finally:
+        os.umask(old)
+    for name in ("journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm"):
+        assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+    j.close()
