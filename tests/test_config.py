@@ -393,6 +393,8 @@ def test_check_warns_about_weak_access(tmp_path: Path) -> None:
     assert any("every user can read it" in w for w in config_warnings(C.load_config(p)))
     p.chmod(0o600)
     assert config_warnings(C.load_config(p)) == []
+    [w] = config_warnings(resolve({}, tmp_path))  # the default: loopback TCP, no tokens
+    assert "without tokens: every local user" in w and "127.0.0.1:9820" in w
 
 
 def test_a_short_shutdown_grace_is_warned_about(tmp_path: Path) -> None:

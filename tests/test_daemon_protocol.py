@@ -796,3 +796,16 @@ def test_a_finished_job_keeps_its_reply_not_its_input_bytes(tmp_path: Path) -> N
 
     run_daemon(tmp_path, first, circuits=circuits, journal=str(journal))
     run_daemon(tmp_path, second, circuits=circuits, journal=str(journal))
+
+
+def test_a_synthetic_partition_with_data_is_refused(tmp_path: Path) -> None:
+    """A synthetic partition is its seed: bytes sent with it would be kept and journaled for nothing
+    (MBs a job, from any client), so the submit is refused naming them."""
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            with pytest.raises(InputError, match=r"partitions\[1\]\.data: a synthetic partition takes a seed, no "
+                                                 r"data \(4096 bytes given\)"):
+                await c.submit("syn", [P.PartitionIn("synthetic", seed=1), P.PartitionIn("synthetic", bytes(4096), 2)])
+            assert d.engine.submitted == []
+
+    run_daemon(tmp_path, body)

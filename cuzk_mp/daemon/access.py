@@ -143,6 +143,12 @@ def config_warnings(cfg: DaemonConfig) -> list[str]:
                    f"{' and daemon.'.join(unix)} world-writable: every local user can connect"
                    + ("" if cfg.tokens or cfg.admin_tokens else " and submit, see and cancel every job")
                    + "; use 0600 or 0660 with a group")
+    if not (cfg.tokens or cfg.admin_tokens):
+        tcp = [k for k, a in (("listen", cfg.listen),) if a is not None and a.kind == "tcp"]
+        if tcp:
+            out.append(f"daemon.listen = {str(cfg.listen)!r} without tokens: every local user (any process "
+                       "of this machine) may submit, see and cancel every job, and preload or evict keys; set "
+                       "daemon.tokens / daemon.admin_tokens, or listen on a unix socket (mode 0600)")
     if cfg.tokens or cfg.admin_tokens:
         for key, addr in (("listen", cfg.listen), ("status_listen", cfg.status_listen)):
             if addr is not None and not addr.loopback:

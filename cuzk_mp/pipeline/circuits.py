@@ -211,6 +211,8 @@ def _check_partition(where: str, kind: str, data: bytes, seed: int, ref: msg.Cir
                              "(inputs for its wasm) or \"wtns\"")
         if not 0 <= seed <= MAX_SEED:
             raise InputError(f"{where}.seed: must be in 0..2^63-1, got {seed}")
+        if data:  # it would be kept (and journaled) for nothing
+            raise InputError(f"{where}.data: a synthetic partition takes a seed, no data ({len(data)} bytes given)")
     elif kind == "json":
         if ref.wasm is None:
             raise InputError(f"{where}: circuit {ref.circuit_id!r} has no wasm to compute a witness from input "
