@@ -93,8 +93,14 @@ def test_a_stalled_frame_is_cut_off_at_the_deadline(tmp_path: Path) -> None:
             waited = time.monotonic() - t0
             assert closed and 0.4 <= waited < 5.0, waited
             assert replies[0].kind == "InputError" and "not complete within frame_timeout" in replies[0].message
-        # an idle connection is not a stalled frame: it may wait as long as it likes
+        # a connection that says nothing holds a connection slot: its first frame has the same deadline
+        t0 = time.monotonic()
+        replies, closed = await asyncio.to_thread(exchange, path, b"", 1, 10.0)
+        assert closed and 0.4 <= time.monotonic() - t0 < 5.0
+        assert replies[0].kind == "InputError" and "sent no request within frame_timeout" in replies[0].message
+        # once it has spoken, an idle connection is not a stalled frame: it may wait as long as it likes
         async with await AsyncClient.connect(addr) as c:
+            assert (await c.status())["daemon"]["state"] == "running"
             await asyncio.sleep(1.2)
             assert (await c.prove("syn", synthetic_partitions(1), timeout_s=10)).state == "done"
 
@@ -333,3 +339,17 @@ def test_a_taken_status_port_is_a_message_and_starts_nothing(tmp_path: Path) -> 
         asyncio.run(main())
     assert started == [] and not (tmp_path / "d.sock").exists()
     assert not (tmp_path / "cache" / "journal.sqlite").exists()  # not even the journal was opened
+
+
+def test_a_request_without_a_valid_token_ends_its_connection(tmp_path: Path) -> None:
+    """Where tokens are required, a peer without one is answered (AuthError) and disconnected: it holds
+    no connection slot (max_connections) for as long as it likes; a caller with a token is served."""
+    async def body(d: Daemon, addr: str) -> None:
+        path = str(tmp_path / "d.sock")
+        two = frame(P.encode(P.GetStatus(id=1))) + frame(P.encode(P.GetStatus(id=2, token="wrong-token-1234567")))
+        replies, closed = await asyncio.to_thread(exchange, path, two, 2, 10.0)
+        assert closed and [r.kind for r in replies] == ["AuthError"], replies
+        async with await AsyncClient.connect(addr, token=ALICE) as c:
+            assert (await c.status())["daemon"]["state"] == "running"
+
+    run_daemon(tmp_path, body, tokens=[ALICE], admin_tokens=[ADMIN])

@@ -62,7 +62,7 @@ from cuzk_mp.daemon.status_http import StatusHandlers, start_status_server
 from cuzk_mp.daemon.transport import (
     Comm, CommClosedError, FrameTimeout, FrameTooLarge, Listener, listen,
 )
-from cuzk_mp.errors import ConfigError, CuzkError, InputError, ResourceError, Unavailable, error_kind
+from cuzk_mp.errors import AuthError, ConfigError, CuzkError, InputError, ResourceError, Unavailable, error_kind
 
 if TYPE_CHECKING:
     from cuzk_mp.daemon.fleet.box import FleetBox
@@ -340,6 +340,12 @@ class Daemon:
                 if isinstance(reply_now, P.ErrorReply):
                     await self._send(comm, lock, reply_now)
                     continue
+                try:
+                    self.access.identify(reply_now.token)
+                except AuthError as e:  # a peer without a token holds no connection slot: answered, closed
+                    self.metrics.observe_request(type(reply_now).__name__, 0.0, "AuthError")
+                    await self._send(comm, lock, P.error_reply(reply_now.id, "AuthError", str(e)))
+                    break
                 task = asyncio.ensure_future(self._serve_one(comm, lock, reply_now))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)

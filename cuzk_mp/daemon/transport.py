@@ -162,7 +162,9 @@ class StreamComm(Comm):
     """A Comm over an asyncio StreamReader/StreamWriter pair (unix or TCP).
 
     ``frame_timeout_s`` (None: no deadline) bounds how long one frame may take to arrive once
-    its first byte has, and how long a written frame may wait for the peer to take it.
+    its first byte has, how long a new connection may wait before its first frame starts (a peer
+    that connects and says nothing would hold a connection slot for ever), and how long a written
+    frame may wait for the peer to take it. Between two frames a connection may idle.
     """
 
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
@@ -171,11 +173,21 @@ class StreamComm(Comm):
         self.max_frame_bytes = max_frame_bytes
         self.frame_timeout_s = frame_timeout_s
         self.peer = str(writer.get_extra_info("peername") or "local")
+        self._frames = 0
 
     async def read(self) -> bytes:
         """The next frame (length checked before the body is read; FrameTimeout if it stalls)."""
         try:
-            first = await self.reader.readexactly(1)  # idle between frames: no deadline
+            if self._frames:
+                first = await self.reader.readexactly(1)  # idle between frames: no deadline
+            else:
+                try:
+                    async with asyncio.timeout(self.frame_timeout_s):
+                        first = await self.reader.readexactly(1)
+                except TimeoutError:
+                    raise FrameTimeout(f"{self.peer} sent no request within frame_timeout = "
+                                       f"{self.frame_timeout_s:g} s of connecting") from None
+            self._frames += 1
             try:
                 async with asyncio.timeout(self.frame_timeout_s):
                     n = frame_length(first + await self.reader.readexactly(_LEN.size - 1), self.max_frame_bytes)
