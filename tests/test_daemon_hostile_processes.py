@@ -208,3 +208,23 @@ def test_instance_locks_name_the_holder_and_go_with_it(tmp_path: Path) -> None:
     last = InstanceLock(paths, prefix)
     last.acquire()
     last.release()
+
+
+def test_a_lock_file_that_is_a_link_is_never_followed(tmp_path: Path) -> None:
+    """The lock files sit beside the journal and the socket, which may be in a folder others can write:
+    a symbolic link there (to a file the daemon may write) is refused, not followed and truncated."""
+    from cuzk_mp.daemon.instance_lock import InstanceLock
+    from cuzk_mp.errors import ConfigError
+
+    victim = tmp_path / "victim.txt"
+    victim.write_text("important data\n")
+    (tmp_path / "d.sock.lock").symlink_to(victim)
+    with pytest.raises(ConfigError, match=r"d\.sock\.lock: a symbolic link where the daemon keeps its lock file"):
+        InstanceLock([tmp_path / "d.sock.lock"]).acquire()
+    assert victim.read_text() == "important data\n"
+    (tmp_path / "fifo.lock").mkdir()
+    with pytest.raises((ConfigError, IsADirectoryError)):
+        InstanceLock([tmp_path / "fifo.lock"]).acquire()
+    lock = InstanceLock([tmp_path / "j.sqlite.lock"])
+    lock.acquire()  # a fresh one: made, held
+    lock.release()

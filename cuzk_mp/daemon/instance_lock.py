@@ -17,13 +17,15 @@ the usual setups.
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import os
 import socket
+import stat
 import struct
 from pathlib import Path
 
-from cuzk_mp.errors import CuzkError
+from cuzk_mp.errors import ConfigError, CuzkError
 
 
 class AlreadyRunning(CuzkError):
@@ -73,7 +75,19 @@ class InstanceLock:
     @staticmethod
     def _lock(path: Path) -> int:
         path.parent.mkdir(parents=True, exist_ok=True)
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC, 0o600)
+        try:  # never through a link: in a folder others may write, one could point it at any file we may write
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+        except OSError as e:
+            if e.errno != errno.ELOOP:
+                raise
+            raise ConfigError(f"{path}: a symbolic link where the daemon keeps its lock file; refusing to "
+                              "follow it (remove it)") from None
+        st = os.fstat(fd)
+        wrong = ("not a regular file" if not stat.S_ISREG(st.st_mode) else
+                 f"owned by uid {st.st_uid}" if st.st_uid != os.geteuid() else None)
+        if wrong is not None:
+            os.close(fd)
+            raise ConfigError(f"{path}: the daemon's lock file is {wrong}; refusing to use it (remove it)")
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
