@@ -353,3 +353,38 @@ def test_a_request_without_a_valid_token_ends_its_connection(tmp_path: Path) -> 
             assert (await c.status())["daemon"]["state"] == "running"
 
     run_daemon(tmp_path, body, tokens=[ALICE], admin_tokens=[ADMIN])
+
+
+def test_the_status_port_serves_a_bounded_number_of_connections(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Peers that connect to the status port and say nothing hold at most MAX_CONNECTIONS connections
+    (each for the head's deadline at most); one more is closed unanswered, and once they go the port
+    answers again."""
+    from cuzk_mp.daemon import status_http
+
+    monkeypatch.setattr(status_http, "MAX_CONNECTIONS", 3)
+    port = _free_port()
+
+    async def body(d: Daemon, addr: str) -> None:
+        idle = [socket.create_connection(("127.0.0.1", port)) for _ in range(3)]
+        await asyncio.sleep(0.3)
+        extra = socket.create_connection(("127.0.0.1", port))
+        extra.settimeout(5)
+        try:
+            extra.sendall(b"GET /healthz HTTP/1.1\r\nHost: x\r\n\r\n")
+            answer = await asyncio.to_thread(extra.recv, 100)
+        except ConnectionResetError:
+            answer = b""
+        assert answer == b""  # closed, unanswered
+        extra.close()
+        for s in idle:
+            s.close()
+        await asyncio.sleep(0.3)
+
+        def health() -> int:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=10) as r:
+                return int(r.status)
+
+        assert await asyncio.to_thread(health) == 200
+
+    run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")

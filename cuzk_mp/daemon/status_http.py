@@ -35,6 +35,8 @@ MAX_HEAD_BYTES = 8192
 ALLOWED = ("GET", "HEAD")  # the methods served (a 405 lists them in its Allow header, RFC 9110)
 CHALLENGE = 'Bearer realm="cuzk-mp"'  # a 401's WWW-Authenticate (RFC 9110 11.6.1, RFC 6750 3)
 HEAD_TIMEOUT_S = 10.0
+SEND_TIMEOUT_S = 10.0  # a reply the client does not take within this ends the connection
+MAX_CONNECTIONS = 64  # connections served at once; more are closed unanswered (a scraper needs one)
 _REASONS = {200: "OK", 400: "Bad Request", 401: "Unauthorized", 403: "Forbidden",
             404: "Not Found", 405: "Method Not Allowed", 500: "Internal Server Error",
             503: "Service Unavailable"}
@@ -121,7 +123,13 @@ async def start_status_server(addr: Address, handlers: StatusHandlers,
     """Serve /status, /metrics and /healthz on a TCP ``addr`` (or a unix socket, created with
     ``socket_mode`` like the protocol socket; the caller unlinks it after closing)."""
 
+    open_now = [0]
+
     async def serve(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
+        if open_now[0] >= MAX_CONNECTIONS:
+            writer.close()
+            return
+        open_now[0] += 1
         try:
             req = await _read_head(reader)
             if req is None:
@@ -134,10 +142,12 @@ async def start_status_server(addr: Address, handlers: StatusHandlers,
                     data = _response(500, b"internal error (see the daemon log)\n",
                                      "text/plain", False)
             writer.write(data)
-            await writer.drain()
-        except ConnectionError:
+            async with asyncio.timeout(SEND_TIMEOUT_S):  # a client that reads nothing holds no memory for ever
+                await writer.drain()
+        except (ConnectionError, TimeoutError):
             pass
         finally:
+            open_now[0] -= 1
             writer.close()
 
     if addr.kind == "unix":
