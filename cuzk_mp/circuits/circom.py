@@ -58,12 +58,13 @@ def _log_line(line: str) -> None:
     log.info("circom log: %s", line)
 
 
-def _trap_text(exc: wasmtime.Trap) -> str:
-    """A trap in one line: what trapped and in which function (wasmtime's text adds a backtrace)."""
+def _trap_text(exc: wasmtime.Trap | wasmtime.WasmtimeError) -> str:
+    """A trap (or another wasmtime error) in one line: what trapped and in which function (wasmtime's
+    text adds a backtrace)."""
     lines = [ln.strip() for ln in str(exc).splitlines() if ln.strip()]
     what = next((ln.split("wasm trap:", 1)[1].strip() for ln in lines if "wasm trap:" in ln),
                 lines[0] if lines else "unknown trap")
-    names = [f.func_name for f in exc.frames or [] if f.func_name]
+    names = [f.func_name for f in getattr(exc, "frames", None) or [] if f.func_name]
     if not names:
         return what
     caller = f" (called from {names[1]})" if len(names) > 1 and names[1] != names[0] else ""
@@ -290,6 +291,14 @@ class _Instance:
         """Call one exported function of the generator (or the dump helper)."""
         return self.fn[name](self.store, *args)  # type: ignore[no-any-return]
 
+    def close(self) -> None:
+        """Let the instance's store go now (idempotent). The store holds the host functions, which hold
+        this object: a cycle through wasmtime's native references that Python's collector cannot see,
+        so without this every instance (its ~4 GiB memory reservation and the pages it touched) stays."""
+        self.fn = {}
+        self.memory = None  # type: ignore[assignment]
+        self.store = None  # type: ignore[assignment]
+
     def read_shared(self, nbytes: int) -> bytes:
         """The first ``nbytes`` of the shared read/write memory (one field element)."""
         return bytes(self.memory.read(self.store, self.shared, self.shared + nbytes))
@@ -362,7 +371,13 @@ class WitnessCalculator:
             first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
             raise FormatError(self.path, None, f"not a valid wasm module: {first}") from exc
         self._dump_module = wasmtime.Module(self._engine, _DUMP_WAT)
-        self._check_header(self._instantiate())
+        inst = self._instantiate()
+        try:
+            self._check_header(inst)
+        except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:  # a trap, or an export of another signature
+            raise FormatError(self.path, None, f"not a circom 2.x witness generator: {_trap_text(exc)}") from None
+        finally:
+            inst.close()
 
     def __reduce__(self) -> tuple[type[WitnessCalculator], tuple[str]]:
         return (WitnessCalculator, (str(self.path),))
@@ -373,9 +388,9 @@ class WitnessCalculator:
         except KeyError as exc:
             raise FormatError(self.path, None, "not a circom 2.x witness generator: no export "
                               f"{exc.args[0]!r}") from exc
-        except (InputError, wasmtime.WasmtimeError) as exc:
+        except (InputError, wasmtime.WasmtimeError, wasmtime.Trap) as exc:  # a start function that traps too
             raise FormatError(self.path, None,
-                              f"not a circom 2.x witness generator: {exc}") from exc
+                              f"not a circom 2.x witness generator: {_trap_text(exc)}") from exc
 
     def _check_header(self, inst: _Instance) -> None:
         version = inst.call("getVersion")
@@ -419,6 +434,10 @@ class WitnessCalculator:
             raise InputError(f"{self.path}: {self._circuit_error(exc)}") from None
         except wasmtime.Trap as exc:
             raise InputError(f"{self.path}: the witness generator trapped: {_trap_text(exc)}") from None
+        except wasmtime.WasmtimeError as exc:  # an export called as circom's runtime calls it, of another signature
+            raise FormatError(self.path, None, f"not a circom 2.x witness generator: {_trap_text(exc)}") from None
+        finally:
+            inst.close()
         return np.frombuffer(raw, dtype="<u8").reshape(self.witness_size, FR_LIMBS).copy()
 
     def _set_signal(self, inst: _Instance, name: str, value: object) -> int:
