@@ -264,3 +264,31 @@ def test_chunk_rows() -> None:
     assert dev.chunk_rows(1 << 22) == dev.chunk_rows(1 << 27) == dev.CHUNK_ROWS
     for n in (1 << 20, (1 << 20) + 7, 3 << 20, 1 << 24):
         assert -(-n // dev.chunk_rows(n)) >= 4
+
+
+def test_a_wire_count_beyond_the_machine_is_refused_before_any_work(tmp_path: Path) -> None:
+    """An r1cs without its (optional) label map has nothing but its header to bound its wire count: 2^32 - 1
+    wires in a 0.5 KB file would be a 512 GiB setup and a 2 TB key. Refused naming the file and the sizes
+    (ResourceError, exit 4), no key file made; a count the machine holds is set up as usual."""
+    import struct
+
+    from cuzk_mp.errors import ResourceError
+
+    data = (Path(__file__).parent / "data_formats" / "mul.r1cs").read_bytes()
+    sections, pos = [], 12
+    for _ in range(struct.unpack_from("<I", data, 8)[0]):
+        sid, size = struct.unpack_from("<IQ", data, pos)
+        sections.append((sid, bytearray(data[pos + 12: pos + 12 + size])))
+        pos += 12 + size
+    kept = [(sid, body) for sid, body in sections if sid != 3]
+    for sid, body in kept:
+        if sid == 1:
+            struct.pack_into("<I", body, 36, 0xFFFFFFFF)
+    huge = tmp_path / "huge.r1cs"
+    huge.write_bytes(struct.pack("<4sII", b"r1cs", 1, len(kept))
+                     + b"".join(struct.pack("<IQ", sid, len(body)) + bytes(body) for sid, body in kept))
+    with pytest.raises(ResourceError, match=r"huge\.r1cs: 4294967295 wires need ~512\.0 GiB of memory in the setup"):
+        dev.setup_file(huge, tmp_path / "huge.zkey", CpuBackend())
+    assert not (tmp_path / "huge.zkey").exists()
+    dev.setup_file(Path(__file__).parent / "data_formats" / "mul.r1cs", tmp_path / "mul.zkey", CpuBackend())
+    assert read_zkey(tmp_path / "mul.zkey").n_vars == 7  # the circuit's own wire count

@@ -145,6 +145,7 @@ def setup_file(r1cs_path: str | os.PathLike[str], zkey_path: str | os.PathLike[s
     log.warning("%s: %s", os.fspath(zkey_path), INSECURE_WARNING)
     r1cs = _host_step(os.fspath(zkey_path), f"reading {os.fspath(r1cs_path)}", lambda: read_r1cs(r1cs_path))
     log_n = _domain_log(r1cs)
+    _check_room(r1cs, os.fspath(r1cs_path), os.fspath(zkey_path))
     name = f"{os.fspath(zkey_path)} (2^{log_n} domain, {r1cs.n_wires} wires)"
     log.info("setup %s: the QAP at tau, then %d fixed-base points", name,
              sum(rows for rows, _ in section_rows(r1cs).values()))
@@ -203,6 +204,35 @@ def _host_step(name: str, what: str, fn: Callable[[], _T]) -> _T:
     out = fn()
     log.info("setup %s: %s in %.1f s", name, what, time.perf_counter() - t0)
     return out
+
+
+# Host bytes a wire takes in the setup at its peak (its A, B, C values at tau and the running sums:
+# four Fr a wire), and key bytes it adds (its A, B1, B2 and C points).
+SETUP_HOST_BYTES_PER_WIRE = 4 * 32
+KEY_BYTES_PER_WIRE = 96 + 96 + 192 + 96
+
+
+def _check_room(r1cs: R1CS, r1cs_name: str, zkey_name: str) -> None:
+    """ResourceError, before any work, where the r1cs's wire count needs more memory than is available
+    or a bigger key than its folder's file system holds: the count is the file's word (nothing else in
+    an r1cs without its optional label map bounds it), and 2^32 wires would be a 128 GiB allocation."""
+    import shutil
+
+    import psutil
+
+    from ..errors import ResourceError
+
+    host = r1cs.n_wires * SETUP_HOST_BYTES_PER_WIRE
+    available = int(psutil.virtual_memory().available)
+    if host > available:
+        raise ResourceError(f"{r1cs_name}: {r1cs.n_wires} wires need ~{host / 2**30:.1f} GiB of memory in the "
+                            f"setup; {available / 2**30:.1f} GiB are available")
+    key = r1cs.n_wires * KEY_BYTES_PER_WIRE + (1 << _domain_log(r1cs)) * 96
+    folder = os.path.dirname(os.path.abspath(zkey_name))
+    free = shutil.disk_usage(folder).free if os.path.isdir(folder) else None
+    if free is not None and key > free:
+        raise ResourceError(f"{zkey_name}: the key of {r1cs.n_wires} wires takes ~{key / 2**30:.1f} GiB; "
+                            f"{free / 2**30:.1f} GiB are free on its file system")
 
 
 def section_rows(r1cs: R1CS) -> dict[str, tuple[int, int]]:
