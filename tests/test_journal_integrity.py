@@ -266,3 +266,25 @@ def test_a_new_journal_is_its_owners_alone(tmp_path: Path) -> None:
     for name in ("journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm"):
         assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
     j.close()
+
+
+def test_pruned_jobs_give_their_space_back(tmp_path: Path) -> None:
+    """A journal that held many big jobs does not keep its peak size once they are pruned."""
+    from cuzk_mp.daemon import protocol as proto
+
+    path = tmp_path / "journal.sqlite"
+    j = Journal.open(path)
+    big = [proto.PartitionIn("wtns", b"wtns" + bytes(200_000))]
+
+    async def fill_then_prune() -> None:
+        for i in range(40):
+            await j.add(msgspec.structs.replace(_entry(i), partitions=big))
+        j._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        peak = path.stat().st_size
+        await j.remove([f"job-{i}" for i in range(40)])
+        j._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        assert path.stat().st_size < peak // 4, (path.stat().st_size, peak)
+
+    asyncio.run(fill_then_prune())
+    assert j.load() == []
+    j.close()

@@ -206,6 +206,8 @@ class Journal:
                 raise JournalDamaged(f"{path}: the journal fails SQLite's integrity check: "
                                      f"{'; '.join(map(str, check[:5]))}; move it aside (with its "
                                      f"-wal and .id files) to start with an empty journal")
+            if not conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:  # a new file: before its
+                conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # tables (an existing one is never written here)
             conn.execute("PRAGMA journal_mode=WAL")
             conn.execute("PRAGMA synchronous=FULL")
             conn.execute("BEGIN IMMEDIATE")
@@ -272,6 +274,8 @@ class Journal:
 
     def _remove(self, job_ids: list[str]) -> None:
         self._conn.executemany("DELETE FROM jobs WHERE job_id=?", [(j,) for j in job_ids])
+        # the freed pages back to the file system: executescript steps the pragma to its end (execute: one page)
+        self._conn.executescript("PRAGMA incremental_vacuum;")
 
     async def add(self, entry: JournalEntry) -> None:
         """Write an accepted job; returns once it is on disk."""
