@@ -155,18 +155,10 @@ class CircuitTable:
         """Whether every one of these processes has reported on the circuit's key."""
         return all((circuit_id, name) in self._keys for name in processes)
 
-    def errors(self, circuit_id: str, processes: list[str]) -> list[str]:
-        """``process: error`` for each of these processes that failed to load the key."""
-        out = []
-        for name in processes:
-            ks = self._keys.get((circuit_id, name))
-            if ks is not None and ks.error:
-                out.append(f"{name}: {ks.error}")
-        return out
-
-    def error_kinds(self, circuit_id: str, processes: list[str]) -> list[str]:
-        """The error kinds (:func:`cuzk_mp.errors.error_kind`) of these processes' failed loads of the key."""
-        return [ks.error_kind or "InternalError" for name in processes
+    def errors(self, circuit_id: str, processes: list[str]) -> list[tuple[str, str]]:
+        """(``process: error``, its :func:`cuzk_mp.errors.error_kind`) for each of these processes that
+        failed to load the key."""
+        return [(f"{name}: {ks.error}", ks.error_kind or "InternalError") for name in processes
                 if (ks := self._keys.get((circuit_id, name))) is not None and ks.error]
 
     def drop_process(self, process: str) -> None:

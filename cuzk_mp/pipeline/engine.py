@@ -277,10 +277,9 @@ class RunningEngine:
             done = self._cond.wait_for(lambda: self.circuits.reported(circuit_id, provers) or bool(gone()),
                                        timeout=self.config.start_timeout_s)
             errors = self.circuits.errors(circuit_id, provers)
-            kinds = self.circuits.error_kinds(circuit_id, provers)
             dead = gone()
         if errors:  # the class of the first failure: a bad key file is the input's, no room is exit 4
-            raise error_from_kind(kinds[0], f"preload {circuit_id}: " + "; ".join(errors))
+            raise error_from_kind(errors[0][1], f"preload {circuit_id}: " + "; ".join(text for text, _ in errors))
         if dead:
             raise WorkerDied(f"preload {circuit_id}: {', '.join(dead)} died while loading the key (it is "
                              "restarted; a job loads the key when it needs it, or preload again)")
