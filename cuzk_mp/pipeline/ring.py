@@ -664,7 +664,7 @@ def _open_own_segment(name: str, create: bool) -> posix_ipc.SharedMemory:
             return shm
         os.close(shm.fd)
         if create:
-            with contextlib.suppress(posix_ipc.ExistentialError, PermissionError, OSError):
+            with contextlib.suppress(posix_ipc.ExistentialError, OSError):  # not ours to unlink: refused below
                 posix_ipc.unlink_shared_memory(name)
         if not create or os.path.lexists(SHM_DIR + name):  # not ours to replace (another user's, sticky /dev/shm)
             raise ResourceError(f"{SHM_DIR}{name}: owned by uid {st.st_uid} with mode {stat.S_IMODE(st.st_mode):o}, "
