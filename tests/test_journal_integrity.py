@@ -288,3 +288,34 @@ def test_pruned_jobs_give_their_space_back(tmp_path: Path) -> None:
     asyncio.run(fill_then_prune())
     assert j.load() == []
     j.close()
+
+
+def test_a_journal_made_without_incremental_vacuum_is_converted_once(tmp_path: Path) -> None:
+    """A journal from before incremental vacuum (SQLite's default mode, which never shrinks the file)
+    is rewritten into that mode on open, its jobs kept, so pruning gives its space back from then on."""
+    from cuzk_mp.daemon import protocol as proto
+
+    path = tmp_path / "journal.sqlite"
+    j = _fill(path, 3)
+    j.close()
+    conn = sqlite3.connect(path)  # as an older daemon left it: auto_vacuum NONE
+    conn.execute("PRAGMA auto_vacuum=NONE")
+    conn.execute("VACUUM")
+    assert conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 0
+    conn.close()
+    j = Journal.open(path)
+    assert j._conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2
+    assert sorted(e.job_id for e in j.load()) == ["job-0", "job-1", "job-2"]
+    big = [proto.PartitionIn("wtns", b"wtns" + bytes(200_000))]
+
+    async def fill_then_prune() -> None:
+        for i in range(10, 40):
+            await j.add(msgspec.structs.replace(_entry(i), partitions=big))
+        j._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        peak = path.stat().st_size
+        await j.remove([f"job-{i}" for i in range(10, 40)])
+        j._conn.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+        assert path.stat().st_size < peak // 4, (path.stat().st_size, peak)
+
+    asyncio.run(fill_then_prune())
+    j.close()

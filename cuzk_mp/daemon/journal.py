@@ -92,6 +92,28 @@ _reply_decoder = msgspec.msgpack.Decoder(JobReply)
 _encoder = msgspec.msgpack.Encoder()
 
 
+def _make_incremental(conn: sqlite3.Connection, path: Path) -> None:
+    """Give a journal made without incremental vacuum (by an older daemon) that mode, once: SQLite
+    changes an existing file's mode only through a full VACUUM, and without it the pages of pruned
+    jobs never go back to the file system, so the file keeps its peak size for good. The VACUUM
+    rewrites the file (time and free disk about its size); where it cannot run now (a full disk, a
+    lock) the journal works as before and the next start tries again."""
+    if conn.execute("PRAGMA auto_vacuum").fetchone()[0] == 2:  # INCREMENTAL
+        return
+    size = path.stat().st_size if path.exists() else 0
+    log.info("[start] journal %s: one-time rewrite for incremental vacuum (%.1f MB)", path, size / 1e6)
+    t0 = time.monotonic()
+    try:
+        conn.execute("PRAGMA auto_vacuum=INCREMENTAL")
+        conn.execute("VACUUM")
+    except sqlite3.Error as e:
+        log.warning("[start] journal %s: the rewrite for incremental vacuum failed (%s); the journal works "
+                    "as before, pruned jobs' pages stay in the file until a start where it succeeds", path, e)
+        return
+    log.info("[start] journal %s: rewritten in %.1f s (%.1f MB)", path, time.monotonic() - t0,
+             path.stat().st_size / 1e6)
+
+
 class JournalDamaged(CuzkError):
     """The journal file is missing, damaged or not a journal; the daemon refuses to start."""
 
@@ -195,6 +217,7 @@ class Journal:
         if recorded is None:
             with atomic_output(_marker_path(path), "w") as f:
                 f.write(journal_id + "\n")
+        _make_incremental(conn, path)
         return cls(path, conn)
 
     @staticmethod
