@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import socket
 import subprocess
 import time
 import urllib.request
@@ -168,6 +169,27 @@ def test_client_token_from_the_environment_and_the_flag(tmp_path: Path) -> None:
     finally:
         d.kill()
     assert shm_leftovers(prefix) == []
+
+
+def test_a_lock_name_held_by_another_user_is_named_as_such(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Any local user may bind a prefix's abstract lock name first: the refusal names that user's uid
+    and pid instead of calling the holder a daemon of this one."""
+    from cuzk_mp.daemon.instance_lock import AlreadyRunning, InstanceLock
+
+    prefix = f"cuzk-squat-{os.getpid()}"
+    squatter = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    squatter.bind(f"\0cuzk-mp-shm:{prefix}")
+    squatter.listen(1)
+    try:
+        real = os.getuid()
+        monkeypatch.setattr(os, "getuid", lambda: real + 1)  # this process as another user than the holder
+        with pytest.raises(AlreadyRunning, match=f"pid {os.getpid()} of another user \\(uid {real}\\)"):
+            InstanceLock([], prefix).acquire()
+        monkeypatch.setattr(os, "getuid", lambda: real)
+        with pytest.raises(AlreadyRunning, match=f"another cuzk-mp daemon \\(pid {os.getpid()}\\)"):
+            InstanceLock([], prefix).acquire()
+    finally:
+        squatter.close()
 
 
 def test_instance_locks_name_the_holder_and_go_with_it(tmp_path: Path) -> None:

@@ -61,13 +61,23 @@ class InstanceLock:
             sock.listen(1)  # never accepted: a second daemon's connect only reads the holder's pid
         except OSError:
             sock.close()
-            holder = "unknown"
+            pid, uid = "unknown", None
             with contextlib.suppress(OSError), socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as probe:
                 probe.settimeout(1.0)
                 probe.connect(name)
-                holder = str(struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
-                                                                  struct.calcsize("3i")))[0])
-            raise AlreadyRunning(f"another cuzk-mp daemon (pid {holder}) already uses the shm prefix "
+                cred = struct.unpack("3i", probe.getsockopt(socket.SOL_SOCKET, socket.SO_PEERCRED,
+                                                            struct.calcsize("3i")))
+                pid, uid = str(cred[0]), cred[1]
+            if uid is not None and uid != os.getuid():
+                # the abstract namespace has no permissions: any local user may bind the name first. A
+                # process of another user is no daemon of ours (its ring segments would be another
+                # owner's), so say so: the operator must stop it or choose another prefix
+                raise AlreadyRunning(f"the lock name of shm prefix {prefix!r} is held by pid {pid} of another "
+                                     f"user (uid {uid}), not by a cuzk-mp daemon of this user (uid {os.getuid()}): "
+                                     "it blocks this daemon's start; stop that process, or give this daemon "
+                                     "another [pipeline] shm_prefix; this one exits without touching anything"
+                                     ) from None
+            raise AlreadyRunning(f"another cuzk-mp daemon (pid {pid}) already uses the shm prefix "
                                  f"{prefix!r}; this one exits without touching anything "
                                  "(give each daemon its own [pipeline] shm_prefix)") from None
         return sock
