@@ -19,7 +19,7 @@ from tests.helpers import KEY_CACHE, LOG_N
 REQUIRED = ("s_per_partition", "s_per_partition_runs", "s_per_job", "s_per_job_runs", "s_per_proof", "s_per_proof_runs",
             "first_job_s", "proofs_total", "proofs_verified", "peak_host_bytes",
             "peak_shm_bytes", "peak_live_segments", "gpu_busy_fraction", "median_stage_s", "partitions",
-            "partitions_by_device", "machine", "memory_bound")
+            "partitions_by_device", "machine", "memory_bound", "median_device_split_s")
 
 
 def _parse(*argv: str) -> argparse.Namespace:
@@ -50,6 +50,7 @@ def test_bench_runs_and_reports(tmp_path: Path, capsys: pytest.CaptureFixture[st
     for s_job, s_part in zip(result["s_per_job_runs"], result["s_per_partition_runs"]):
         assert s_job == pytest.approx(2 * s_part)
     assert result["gpu_busy_fraction"] is None  # cpu backend
+    assert result["median_device_split_s"] == {}  # the CPU backend keeps no split of its own
     assert 1 <= result["peak_live_segments"] <= 2  # never more segments than ring slots
     assert result["peak_host_bytes"] >= result["peak_shm_bytes"]
     assert sum(result["partitions_by_device"].values()) == 12

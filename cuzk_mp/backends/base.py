@@ -174,8 +174,10 @@ class Backend(Protocol):
         kernel path enqueues them one after another (:func:`msm_each`).
         """
 
-    def release(self, staged: Staged) -> None:
-        """Free a staged partition's backend memory (idempotent)."""
+    def release(self, staged: Staged) -> dict[str, float]:
+        """Free a staged partition's backend memory (idempotent); the backend's own split of the
+        partition's device work, ms per stage (as :attr:`last_timings`; empty where it keeps none, and
+        on a second call)."""
 
     def stats(self) -> dict[str, float]:
         """What the backend reports to its prover process's status: ``busy_seconds`` at least (the

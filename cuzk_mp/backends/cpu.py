@@ -209,9 +209,11 @@ class CpuBackend:
         """k MSMs over one section: queued one after another on the pool (arkworks has no batched MSM)."""
         return msm_each(self, key, section, scalars)
 
-    def release(self, staged: CpuStaged) -> None:
-        """Drop the partition's copy (idempotent)."""
+    def release(self, staged: CpuStaged) -> dict[str, float]:
+        """Drop the partition's copy (idempotent); no split of its own (the CPU prover's stages are
+        the pipeline's)."""
         staged.a = staged.b = staged.c = staged.w = None
+        return {}
 
     def stats(self) -> dict[str, float]:
         """``busy_seconds`` (kept at 0: the bench measures the CPU prover by its device stage)."""

@@ -478,7 +478,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
     runs: list[_Run] = raw["runs"]
     status: EngineStatus = raw["status"]
     devices = status.devices
-    partitions = []
+    partitions: list[dict[str, Any]] = []
     for r, run in enumerate(runs):
         for job in sorted(run.results, key=lambda j: j.job_id):
             for p in job.partitions:
@@ -521,6 +521,10 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         "gpu_busy_fraction_by_device": busy,
         "device_busy_fraction_by_device": _device_fractions(partitions, runs),
         "median_stage_s": {s: median_stage(partitions, s) for s in STAGES if median_stage(partitions, s) is not None},
+        # the device stage as the backend splits it (GPU: each MSM's, the H step's CUDA-event spans)
+        "median_device_split_s": {k.removeprefix("gpu_"): median_stage(partitions, k)
+                                  for k in sorted({k for p in partitions for k in p["timings"]
+                                                   if k.startswith("gpu_")})},
         "partitions_by_device": {str(d): sum(1 for p in partitions if p["device"] == d) for d in devices},
         "memory_bound": bound,
         "synthesis_core_s": _synthesis_core_seconds(partitions, a.synthesis_threads),

@@ -360,7 +360,8 @@ class Prover:
         """prove_start_batch over staged partitions of one key under the device lock; a cancelled
         partition drops out (before the lock, and again once it is held), a failure fails each of
         the group's tasks. Each partition's ``device`` timing is its share of the pass
-        (``device_batch``: how many shared it)."""
+        (``device_batch``: how many shared it); ``gpu_<stage>``: the backend's own split of the device
+        work (a batch's shared pass for each of its partitions)."""
         from ..groth16.prover import prove_start_batch
 
         t0 = time.perf_counter()
@@ -385,7 +386,8 @@ class Prover:
                 self.ctx.fail(job.meta.task_id, exc)
             return
         for (job, staged), s in zip(live, sums):
-            self.backend.release(staged)
+            # the backend's own split of the device work (GPU: its CUDA events), as gpu_<stage> seconds
+            job.timings.update({f"gpu_{k}": ms / 1e3 for k, ms in self.backend.release(staged).items()})
             job.sums = s
             job.timings["device_wait"], job.timings["device"] = t1 - t0, (t2 - t1) / len(live)
             job.timings["device_batch"] = float(len(live))

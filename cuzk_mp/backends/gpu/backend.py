@@ -784,11 +784,13 @@ class GpuBackend:
             self._busy.add(at + lo_ms, at + hi_ms)
             self.busy_seconds = self._busy.covered / 1000.0
 
-    def release(self, staged: GpuStaged) -> None:
+    def release(self, staged: GpuStaged) -> dict[str, float]:
         """Drop the partition's device buffers (back to CuPy's pool) after its enqueued work is
-        done; records its timings as ``last_timings``. Idempotent."""
+        done; records its timings as ``last_timings`` and returns them (the spans of its CUDA events,
+        ms; empty on a second call). Idempotent."""
         if not staged.d:
-            return
+            return {}
+        spans: dict[str, float] = {}
         with self._lock:
             self._parts.pop(int(staged.d["w"].data.ptr), None)
         run = staged.run
@@ -814,6 +816,7 @@ class GpuBackend:
         staged.run = _Run()
         self._free_stage_slot(staged.holder)
         staged.holder = None
+        return spans
 
     # ---- primitives
     def _upload(self, a: np.ndarray) -> Any:
