@@ -3,7 +3,8 @@
 On the CPU backend with the porep-like 2^10 test key and four distinct witnesses: a batch of
 valid proofs passes the one pairing check and each proof verifies alone, with ours and with
 snarkjs; one tampered proof at any position makes the batch check fail, and the prover's
-one-by-one fallback fails exactly that proof; one proof alone is the former path (the same
+one-by-one fallback fails exactly that proof, as does a proof point outside its subgroup
+(which the pairing checks cannot see); one proof alone is the former path (the same
 points for the same r, s, the textbook pi_c).
 """
 
@@ -88,6 +89,23 @@ def test_fallback_fails_exactly_the_bad_proof(setup: SimpleNamespace) -> None:
     for j in range(len(setup.items)):
         sums, public = setup.items[j]
         items = [*setup.items[:j], (replace(sums, h=sums.h + one), public), *setup.items[j + 1:]]
+        results = prove_finalize_batch(setup.zkey, items)
+        assert [isinstance(r, VerificationFailed) for r in results] == [i == j for i in range(len(items))]
+        for r, (_, pub) in zip(results, items):
+            if isinstance(r, Proof):
+                assert verify(setup.pvk, pub, r)
+        with pytest.raises(VerificationFailed, match="self-verification"):
+            prove_finalize(setup.zkey, *items[j])
+
+
+def test_a_proof_point_outside_its_subgroup_fails_alone(setup: SimpleNamespace) -> None:
+    """A sum with a component of order 3 ((0, 2) on y^2 = x^3 + 4, from a key point that carries it)
+    pairs like the sum without it, so the pairing checks pass; the subgroup check fails that proof."""
+    order3 = curve.g1_to_ark((0, 2))
+    for j, field in ((0, "a"), (2, "c")):
+        sums, public = setup.items[j]
+        items = [*setup.items[:j], (replace(sums, **{field: getattr(sums, field) + order3}), public),
+                 *setup.items[j + 1:]]
         results = prove_finalize_batch(setup.zkey, items)
         assert [isinstance(r, VerificationFailed) for r in results] == [i == j for i in range(len(items))]
         for r, (_, pub) in zip(results, items):

@@ -17,10 +17,10 @@ from cuzk_mp.formats.r1cs import read_r1cs
 from cuzk_mp.formats.snarkjs_json import Proof, proof_from_json, public_from_json, vk_from_json, vk_to_json
 from cuzk_mp.formats.wtns import read_wtns
 from cuzk_mp.formats.zkey import read_zkey
-from cuzk_mp.groth16.keys import vk_from_zkey
+from cuzk_mp.groth16.keys import prepared_vk_of, vk_from_zkey
 from cuzk_mp.groth16.prover import header_points, prove
 from cuzk_mp.groth16.synthesis import ConstraintEvaluator
-from cuzk_mp.groth16.verifier import check, verify
+from cuzk_mp.groth16.verifier import check, pairing_holds, verify
 
 DATA = Path(__file__).parent / "data_formats"
 
@@ -130,3 +130,21 @@ def test_a_point_off_the_curve_in_a_large_section_is_named(backend: CpuBackend, 
         label = {"h": "9 \\(H\\)", "b2": "7 \\(B2\\)"}[field]
         with pytest.raises(FormatError, match=rf"mul\.zkey, section {label}: point 2: point is not on the G[12] curve"):
             backend.load_key(dataclasses.replace(zkey, **{field: rows}))
+
+
+def test_a_key_point_with_a_small_order_part_gives_no_proof(backend: CpuBackend, zkey) -> None:  # type: ignore[no-untyped-def]
+    """(0, 2) has order 3 on y^2 = x^3 + 4 and pairs to 1. Added to the A point of a wire whose
+    value is not 0 mod 3 (the big sections are converted with the curve check alone), it reaches
+    pi_a: the pairing equation still holds, but pi_a is outside G1, so the proof must not come out."""
+    w = read_wtns(DATA / "mul.wtns")
+    i = next(k for k, v in enumerate(limbs_to_ints(w)) if v % 3)
+    rows = zkey.a.copy()
+    rows[i] = curve.g1_ark_to_lem(curve.g1_lem_to_ark(zkey.a[i]) + curve.g1_to_ark((0, 2)))
+    bad_key = dataclasses.replace(zkey, a=rows)
+    with pytest.raises(VerificationFailed, match="self-verification"):
+        prove(backend, bad_key, w)
+    proof, public = prove(backend, bad_key, w, verify=False)
+    assert (check(vk_from_zkey(zkey), public, proof)
+            == "pi_a is not a point of G1 (not on the curve or not in the subgroup)")
+    a, b, c = curve.g1_to_ark(proof.pi_a), curve.g2_to_ark(proof.pi_b), curve.g1_to_ark(proof.pi_c)
+    assert pairing_holds(prepared_vk_of(zkey), public, a, b, c)  # what the pairing check alone would let through

@@ -14,7 +14,8 @@
      b1   = beta1  + B1 + s delta1
      pi_c = C + H + s pi_a + r b1 - r s delta1
           = C + H + s (alpha1 + A) + r (beta1 + B1) + r s delta1   (one 3-term multiexp)
-5. self-verification: the proof passes the pairing check before it is returned.
+5. self-verification: the proof's points are in G1, G2 and pass the pairing check before it
+   is returned (what the verifier checks).
 
 Steps 2-3 are ``prove_start`` (device work; ``prove_start_batch`` does k
 partitions of one key in one pass); 4-5 are ``prove_finalize`` (host work), so
@@ -48,7 +49,7 @@ from ..formats.snarkjs_json import Proof
 from ..formats.zkey import ZKey
 from .keys import check_fixed_points, prepared_vk_of
 from .synthesis import ConstraintEvaluator
-from .verifier import PairingItem, batch_pairing_holds, pairing_holds
+from .verifier import PairingItem, batch_pairing_holds, pairing_holds, points_in_groups
 
 log = logging.getLogger("cuzk_mp.groth16.prover")
 T = TypeVar("T")
@@ -133,8 +134,9 @@ def prove_finalize(zkey: ZKey, sums: MsmSums, public: list[int], *, verify: bool
 
 def prove_finalize_batch(zkey: ZKey, items: Sequence[tuple[MsmSums, list[int]]], *, verify: bool = True
                          ) -> list[Proof | VerificationFailed]:
-    """Steps 4-5 for k proofs of one key: each assembled with its own fresh r, s, all self-verified
-    in one pairing check (k + 3 pairs instead of 4 k). When that check fails, each proof is checked
+    """Steps 4-5 for k proofs of one key: each assembled with its own fresh r, s, its points checked
+    to lie in G1, G2 (:func:`.verifier.points_in_groups`), all self-verified in one pairing check
+    (k + 3 pairs instead of 4 k). When that check fails, each proof is checked
     alone, so only the bad ones fail. Returns, in the order of ``items``, each proof or the
     VerificationFailed it fails with (returned, not raised: the caller fails those tasks alone)."""
     hp = header_points(zkey)
@@ -142,10 +144,13 @@ def prove_finalize_batch(zkey: ZKey, items: Sequence[tuple[MsmSums, list[int]]],
     bad: set[int] = set()
     if verify and points:
         pvk = prepared_vk_of(zkey)
-        checks: list[PairingItem] = [(public, *p) for (_, public), p in zip(items, points)]
+        bad = {i for i, p in enumerate(points) if not points_in_groups(*p)}
+        good = [i for i in range(len(points)) if i not in bad]
+        checks: list[PairingItem] = [(items[i][1], *points[i]) for i in good]
         if not batch_pairing_holds(pvk, checks):
-            bad = {0} if len(checks) == 1 else {i for i, c in enumerate(checks) if not pairing_holds(pvk, *c)}
-            log.warning("self-verification: %d of %d proofs failed", len(bad), len(checks))
+            bad |= {good[0]} if len(checks) == 1 else {i for i, c in zip(good, checks) if not pairing_holds(pvk, *c)}
+        if bad:
+            log.warning("self-verification: %d of %d proofs failed", len(bad), len(points))
     return [_verification_failed() if i in bad else
             Proof(pi_a=curve.ark_to_g1(a), pi_b=curve.ark_to_g2(b), pi_c=curve.ark_to_g1(c))
             for i, (a, b, c) in enumerate(points)]

@@ -52,6 +52,18 @@ def check(vk: VerificationKey | PreparedVk, public: list[int], proof: Proof) -> 
     return None if pairing_holds(pvk, public, a, b, c) else "pairing check failed: the proof does not match"
 
 
+def points_in_groups(pi_a: G1Point, pi_b: G2Point, pi_c: G1Point) -> bool:
+    """Whether a proof's points, already arkworks objects on their curves, lie in G1, G2 and G1.
+
+    The prover's self-check of the proofs it makes: the key's large point sections are converted
+    with the curve check alone (~0.1 ms a point for the subgroup), so a key whose points carry a
+    small-order component gives sums that carry it too, and the pairing check cannot see it (a
+    point of order 3 pairs to 1). Such a proof passes the pairing equation but not :func:`check`,
+    and its torsion part is a residue of the witness that the key's maker can read.
+    """
+    return bool(pi_a.is_in_subgroup() and pi_b.is_in_subgroup() and pi_c.is_in_subgroup())
+
+
 def pairing_holds(pvk: PreparedVk, public: list[int], a: G1Point, b: G2Point, c: G1Point) -> bool:
     """The Groth16 pairing equation for already-validated points."""
     cpub = pvk.ic[0]
