@@ -338,8 +338,9 @@ def test_protocol_matches_cpu_backend(gpu: object, multiples: str, sparse_b: boo
         with pytest.raises(InputError, match="unknown MSM section"):
             gpu.msm(key, "z", sw)
     finally:
-        gpu.release(staged)
-        gpu.release(staged)  # idempotent
+        split = gpu.release(staged)
+        assert gpu.release(staged) == {}  # idempotent
+    assert split == gpu.last_timings and split["msm_h"] > 0  # the partition's own spans, returned
     for name in ("a", "b1", "b2", "c", "h"):
         assert got[name] == want[name], f"seed={SEED}: MSM {name} differs ({multiples})"
     assert set(gpu.last_timings) >= {"h2d", "classify", "ntt_h", "msm_a", "msm_b1", "msm_b2", "msm_c", "msm_h",
