@@ -151,6 +151,95 @@ def test_partitions_in_flight_peak_between_computations() -> None:
     assert small.in_flight_total == 2 * plan.partition_total > plan.partition_total + plan.staged_total
 
 
+def test_a_batch_of_small_partitions_is_planned() -> None:
+    """A prover worker stages a batch of small partitions and computes them in one pass: the plan
+    counts ``workers`` batches in flight (one computing whole, the others staged) and, for a key of
+    at most DENSE_KEY_ROWS rows, each section's batch as ONE batched pass (its scratch over k
+    vectors and their concatenated copy), each on its stream of the pool, side by side."""
+    from cuzk_mp.algebra.field import FR_BYTES
+    from cuzk_mp.backends.gpu.knobs import DENSE_KEY_ROWS, msm_params_for
+
+    shape = porep(16)
+    assert shape.domain_size <= DENSE_KEY_ROWS
+    params = msm_params_for(shape.domain_size)
+    one = plan_device(shape, H200_FREE, workers=2)
+    eight = plan_device(shape, H200_FREE, workers=2, batch=8)
+    assert eight.fits and not eight.steps and eight.choice == "as configured"
+    assert (eight.batch, eight.batch_max, one.batch, one.batch_max) == (8, 8, 1, 1)
+    rows = shape.rows()
+
+    def batched_pass(s: str) -> int:
+        m = rows[s]
+        return msm_scratch_bytes(8 * m, s == "b2", params, vectors=8) + 8 * m * FR_BYTES
+
+    # five sections, five streams of the pool: every pass alive at once
+    assert eight.scratch == {"msm_g1": sum(batched_pass(s) for s in SECTIONS if s != "b2"),
+                             "msm_g2": batched_pass("b2"), "c_plan": 8 * rows["c"]}
+    assert eight.per_partition == one.per_partition and eight.staged_total == eight.partition_total
+    scratch = sum(eight.scratch.values())
+    assert eight.in_flight_total == max(8 * eight.partition_total + 8 * eight.staged_total + scratch,
+                                        16 * eight.partition_total)
+    assert eight.total == eight.resident + eight.in_flight_total + DEFAULT_MARGIN
+    assert eight.total > one.total and eight.in_flight_total - one.in_flight_total > 14 * one.partition_total
+    assert "2 partition(s) in flight in batches of 8" in eight.summary()
+    assert eight.as_dict()["batch"] == 8 and eight.as_dict()["batch_max"] == 8
+
+
+def test_unbatched_msms_of_a_batch_are_counted_per_stream() -> None:
+    """Above DENSE_KEY_ROWS the backend enqueues a batch's MSMs one per partition: a key of at most
+    2^18 rows each on a stream of the pool (8 a thread: with 8 partitions every stream runs a G2
+    MSM, the largest, and C's cut of eight plans), a larger key's on two streams, one MSM after
+    another (the scratch of one partition's pass; the batch counts in the partitions alone)."""
+    from cuzk_mp.backends.gpu.knobs import MSM_STREAMS, msm_params_for
+
+    shape = porep(18)
+    params = msm_params_for(shape.domain_size)
+    rows = shape.rows()
+    plan = plan_device(shape, H200_FREE, workers=2, batch=8)
+    g2 = msm_scratch_bytes(rows["b2"], True, params)
+    assert plan.scratch == {"msm_g1": 0, "msm_g2": MSM_STREAMS * g2, "c_plan": 8 * 8 * rows["c"]}
+    alone = plan_device(shape, H200_FREE, workers=2)  # five MSMs, five streams
+    assert alone.scratch == {"msm_g1": sum(msm_scratch_bytes(rows[s], False, params) for s in SECTIONS if s != "b2"),
+                             "msm_g2": g2, "c_plan": 8 * rows["c"]}
+    big = KeyShape(1 << 20, 1 << 20, 1)  # w alone: a 32 MiB segment, batched by the prover
+    wmap = 1 << 30
+    b8, b1 = (plan_device(big, H200_FREE, workers=2, batch=k, witness_map=wmap) for k in (8, 1))
+    assert b8.scratch == b1.scratch == compute_scratch_bytes(big, {}, msm_params_for(big.domain_size))
+    scratch = sum(b8.scratch.values())
+    assert b8.in_flight_total == max(8 * b8.partition_total + 8 * b8.staged_total + scratch, 16 * b8.partition_total)
+    assert b8.in_flight_total > b1.in_flight_total
+
+
+def test_a_tight_device_takes_smaller_batches_before_fewer_partitions() -> None:
+    """Where the batch does not fit, the plan drops the multiples first, then takes smaller batches
+    (a step each, said in ``steps`` and ``choice``), and lowers the partitions in flight only once a
+    batch is one partition; the refusal is the one of a batch of one."""
+    shape = porep(16)
+    every = ",".join(SECTIONS)
+    need = {k: plan_device(shape, 10**15, workers=2, batch=k).total for k in range(1, 9)}
+    assert all(need[k] < need[k + 1] for k in range(1, 8))
+    free = need[5]  # room for batches of 5, without multiples
+    plan = plan_device(shape, free, workers=2, batch=8, multiples=every)
+    assert plan.fits and plan.batch == 5 and plan.in_flight == 2 and plan.multiples == {}
+    dropped = [f"dropped the precomputed multiples of {s}" for s in ("c", "b1", "a", "b2", "h")]
+    assert plan.steps == dropped + [f"batches of {j} partition(s) instead of 8" for j in (7, 6, 5)]
+    assert plan.choice == ("without the precomputed multiples of c, b1, a, b2, h; "
+                           "batches of 5 partition(s) instead of 8")
+    assert plan.total == need[5] and plan_device(shape, 10**15, workers=2, batch=8).total > free
+    # below a batch of one for two workers: one partition in flight
+    lone = plan_device(shape, need[1] - 1, workers=2, batch=8)
+    assert lone.batch == 1 and lone.in_flight == 1 and lone.fits
+    assert lone.steps[-2:] == ["batches of 1 partition(s) instead of 8", "1 partition(s) in flight instead of 2"]
+    assert lone.choice == "batches of 1 partition(s) instead of 8; 1 partition(s) in flight instead of 2"
+    # nothing fits: the same refusal as without a batch
+    tiny = plan_device(shape, 10**15, workers=1).total - 1
+    with pytest.raises(DeviceMemoryError) as with_batch:
+        plan_device(shape, tiny, workers=2, batch=8)
+    with pytest.raises(DeviceMemoryError) as without:
+        plan_device(shape, tiny, workers=2)
+    assert str(with_batch.value) == str(without.value)
+
+
 def test_packed_b_sections_at_2_27_on_an_h200() -> None:
     """2^27 with the PoRep-like key's B1 and B2 packed to the 45 % of wires its B side uses: the
     points drop by the rest (~20 GiB), each partition carries the packed scalars and their index
@@ -364,6 +453,36 @@ def test_load_key_refuses_before_any_upload(emu: object, test_key: tuple[Path, P
                 backend.load_key(zkey)
         assert uploads == []
     finally:
+        backend.close()
+
+
+def test_load_key_plans_the_batch_and_caps_it(emu: object, test_key: tuple[Path, Path],
+                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """load_key plans the batch it is given: where a batch of 8 does not fit the (fake) device,
+    the key's plan takes smaller batches and the backend's ``batch_limit`` says how many a worker may
+    stage together; a key loaded with no batch (its partitions go alone) leaves the cap as it is."""
+    from cuzk_mp.backends.cpu import CpuBackend
+    from cuzk_mp.formats.zkey import read_zkey
+
+    monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "none")
+    monkeypatch.setenv("CUZK_GPU_MSM_GRAPHS", "0")
+    assert CpuBackend.batch_limit is None  # the CPU backend has no device plan: no cap
+    backend = emu.GpuBackend(0, in_flight=2)  # type: ignore[attr-defined]
+    keys: list[Any] = []
+    try:
+        assert backend.batch_limit is None
+        with read_zkey(test_key[0]) as zkey:
+            shape = KeyShape.of(zkey)
+            _set_free(monkeypatch, emu, plan_device(shape, 10**15, workers=2, batch=3).total)
+            keys.append(backend.load_key(zkey, batch=8))
+            plan = keys[0].plan
+            assert plan.batch == 3 and plan.batch_max == 8 and plan.in_flight == 2 and backend.batch_limit == 3
+            assert plan.steps[-1] == "batches of 3 partition(s) instead of 8"
+            keys.append(backend.load_key(zkey))
+            assert keys[1].plan.batch == keys[1].plan.batch_max == 1 and backend.batch_limit == 3
+    finally:
+        for key in keys:
+            key.close()
         backend.close()
 
 

@@ -121,24 +121,32 @@ class Backend(Protocol):
     # True where :meth:`stage_witness` computes a, b, c from w where the partition is kept (the GPU):
     # a one-shot proof then copies only w, and the host does no witness map
     witness_on_device: bool
+    # The most partitions a caller may stage at once on one thread (a prover worker's batch), where the
+    # backend's memory plan caps it (the GPU: the smallest batch its loaded keys' device plans allow);
+    # None: no cap (the CPU backend: the pipeline's host-memory model counts its batches)
+    batch_limit: int | None = None
 
-    def load_key(self, zkey: ZKey, *, lasting: bool = True, witness_rows: WitnessRows | None = None) -> KeyHandle:
+    def load_key(self, zkey: ZKey, *, lasting: bool = True, witness_rows: WitnessRows | None = None,
+                 batch: int = 1) -> KeyHandle:
         """Make the key's point sections resident (idempotent per zkey path is the caller's job).
 
         ``lasting=False``: the key serves one proof and goes (a one-shot ``groth16 prove``), so
         set-up that only pays back over many proofs (the GPU's precomputed multiples) is skipped.
         ``witness_rows``: the circuit's coded rows when its partitions will come through
         :meth:`stage_witness` (where the backend keeps them beside the key, its memory plan counts them).
+        ``batch``: the most partitions of this key the caller stages on one thread and computes
+        together (its batch policy, given as a number: where the backend plans its memory it counts
+        that many, and may lower :attr:`batch_limit`).
         """
 
     def generate_key(self, head: ZKey, sections: Sequence[tuple[str, str, Callable[[], np.ndarray]]], *,
-                     lasting: bool = True, witness_rows: WitnessRows | None = None) -> KeyHandle:
+                     lasting: bool = True, witness_rows: WitnessRows | None = None, batch: int = 1) -> KeyHandle:
         """Make a key resident from its sections' scalars, with no key file (the dev setup of
         :func:`cuzk_mp.groth16.setup_resident.setup_resident`): ``head`` is a :class:`ZKey` with
         its header points and sizes; each ``(section, "g1" | "g2", scalars)`` gives the section's
         standard-form scalars s_i, whose points s_i G (G the group's generator) the backend makes
         where it keeps keys, in the order given, dropping each section's scalars when done;
-        ``witness_rows`` as for :meth:`load_key`."""
+        ``witness_rows`` and ``batch`` as for :meth:`load_key`."""
 
     def stage_witness(self, key: KeyHandle, rows: WitnessRows, w: np.ndarray) -> Staged:
         """Stage a partition from its witness alone: copy ``w`` (validated: canonical, ``n_vars``

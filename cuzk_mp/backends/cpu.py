@@ -132,6 +132,7 @@ class CpuBackend:
     name = "cpu"
     h_early = False  # H runs on the calling thread while the pool runs the witness MSMs
     witness_on_device = False  # the witness map is the host's (ConstraintEvaluator); stage takes a, b, c
+    batch_limit: int | None = None  # no cap: the pipeline's host-memory model counts the prover's batches
 
     def __init__(self, threads: int | None = None) -> None:
         self.threads = max(1, threads or os.cpu_count() or 1)
@@ -140,10 +141,11 @@ class CpuBackend:
         self.busy_seconds = 0.0
 
     # ---- keys and partitions
-    def load_key(self, zkey: ZKey, *, lasting: bool = True, witness_rows: WitnessRows | None = None) -> CpuKey:
-        """Convert sections 5..9 to arkworks objects (on the pool, G2 beside G1); ``lasting`` and
-        ``witness_rows`` change nothing here (the conversion is what every proof needs; the host map
-        reads the caller's mapping)."""
+    def load_key(self, zkey: ZKey, *, lasting: bool = True, witness_rows: WitnessRows | None = None,
+                 batch: int = 1) -> CpuKey:
+        """Convert sections 5..9 to arkworks objects (on the pool, G2 beside G1); ``lasting``,
+        ``witness_rows`` and ``batch`` change nothing here (the conversion is what every proof needs;
+        the host map reads the caller's mapping)."""
         def convert(name: str) -> list[Any]:
             try:
                 return (curve.g2_lem_to_ark_list if name == "b2" else curve.g1_lem_to_ark_list)(getattr(zkey, name))
@@ -158,9 +160,9 @@ class CpuBackend:
         return key
 
     def generate_key(self, head: ZKey, sections: Sequence[tuple[str, str, Callable[[], np.ndarray]]], *,
-                     lasting: bool = True, witness_rows: WitnessRows | None = None) -> CpuKey:
+                     lasting: bool = True, witness_rows: WitnessRows | None = None, batch: int = 1) -> CpuKey:
         """Each section's points by the numba fixed-base kernel (host memory), then :meth:`load_key`
-        (``witness_rows``: nothing to plan, the host map reads the caller's mapping)."""
+        (``witness_rows``, ``batch``: nothing to plan, the host map reads the caller's mapping)."""
         check_key_sections([name for name, _, _ in sections])
         made: dict[str, np.ndarray] = {}
         for name, group, scalars in sections:

@@ -119,12 +119,13 @@ KEPT_TOXIC_WARNING = ("INSECURE development key: made from toxic waste (tau, alp
 
 
 def setup_resident(data: CircuitData, backend: Any, toxic: ToxicWaste, *, name: str = "key",
-                   witness_map: bool = False) -> ResidentKey:
+                   witness_map: bool = False, batch: int = 1) -> ResidentKey:
     """The INSECURE dev key of the circuit of ``data`` with this toxic waste, resident in ``backend``.
 
     ``backend`` provides ``fixed_base_g1/g2`` (the head) and ``generate_key(head, sections)``.
     ``witness_map``: the key's partitions will come as w alone (the backend's ``stage_witness``
-    with these rows), so the backend's memory plan counts its copy of them.
+    with these rows), so the backend's memory plan counts its copy of them. ``batch``: the most of its
+    partitions a prover worker stages together (``generate_key``'s, for the backend's memory plan).
     Logged at INFO: the backend's progress per section, then the key's seconds and the QAP's host share.
     """
     counts = data.counts
@@ -164,7 +165,7 @@ def setup_resident(data: CircuitData, backend: Any, toxic: ToxicWaste, *, name: 
         ("c", "g1", c_scalars),
     ]
     t0 = time.perf_counter()
-    handle = backend.generate_key(head, sections, witness_rows=data if witness_map else None)
+    handle = backend.generate_key(head, sections, witness_rows=data if witness_map else None, batch=batch)
     times["points_s"] = time.perf_counter() - t0
     times["qap_s"] = qap.seconds
     log.info("resident setup %s: the key in %.1f s (the QAP columns' host work %.1f s of it, beside the "

@@ -7,7 +7,8 @@ wrapped in resident :class:`.msm.MsmG1` / :class:`.msm.MsmG2`), the NTT tables
 partition's a, b, c, w buffers and scalar plan until :meth:`GpuBackend.release`.
 Before a key's upload, its device-memory plan (:mod:`.plan`) sets how much of that
 fits: which multiples, how many staged partitions at once (:meth:`GpuBackend.stage`
-waits for a free place), or a DeviceMemoryError before any byte is uploaded.
+waits for a free place), how many a worker stages together (:attr:`GpuBackend.batch_limit`,
+which the prover keeps to), or a DeviceMemoryError before any byte is uploaded.
 
 Streams and waits. Every thread that calls the backend gets a ``main`` stream
 (staging, H, the G1 MSMs) and a ``side`` stream (the G2 MSM), both non-blocking,
@@ -53,7 +54,17 @@ from ...intervals import IntervalUnion
 from ..base import G2_ROW_COST, ProverInputs, WitnessRows, check_key_sections
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
-from .knobs import DENSE_KEY_ROWS, MULTIPLES_ENV, SECTIONS, FixedBaseParams, graph_params_for, msm_params_for
+from .knobs import (
+    DENSE_KEY_ROWS,
+    MSM_STREAMS,
+    MULTIPLES_ENV,
+    SECTIONS,
+    FixedBaseParams,
+    batches_msms,
+    graph_params_for,
+    msm_params_for,
+    msm_stream_of,
+)
 from .ntt import GpuNtt
 from .plan import DevicePlan, KeyShape, plan_device, point_words
 from .witness_map import DeviceWitnessMap, LongRows, matrices_bytes
@@ -64,7 +75,6 @@ _H2D = 1  # cudaMemcpyHostToDevice
 BOUNCE_BYTES = 64 << 20  # one pinned staging buffer at most (two per thread)
 MIN_BOUNCE_BYTES = 1 << 20
 PARALLEL_COPY_BYTES = 8 << 20  # below this a bounce buffer is filled by one thread
-SMALL_KEY_ROWS = 1 << 18  # keys up to this domain size run their MSMs on a pool of streams
 W_SECTIONS = ("a", "b1", "b2")  # the MSMs over the whole witness: one plan, so they share its sorts
 # The sections whose support (rows whose point is not infinity) may make them packed, most
 # valuable first (G2 first): the key keeps only those rows' points (and multiples) and their MSMs
@@ -76,7 +86,6 @@ W_SECTIONS = ("a", "b1", "b2")  # the MSMs over the whole witness: one plan, so 
 # plan counts the packed rows, the gathered scalars and their index lists (plan.KeyShape.packed).
 SUPPORT_SECTIONS = ("b2", "b1", "a")
 SUPPORT_MAX_FRACTION = 0.9
-MSM_STREAMS = 8  # the pool, per calling thread
 COPY_THREADS = 4  # host threads filling a bounce buffer (numpy copies release the GIL)
 GEN_CHUNK_ROWS = 1 << 22  # scalars uploaded at a time by generate_key (128 MiB)
 
@@ -166,12 +175,14 @@ class _Streams:
         """The stream of the i-th MSM of ``section`` in a pass. A large key's MSMs keep to two
         streams (G2 on ``side``, the rest on ``main``): each fills the device. A small key's MSMs
         each get a stream of the pool, so their short, latency-bound kernels run side by side
-        (the five of one proof, and those of the other proofs of a batch)."""
-        if int(key.zkey.domain_size) > SMALL_KEY_ROWS:
-            return self.side if section == "b2" else self.main
+        (the five of one proof, and those of the other proofs of a batch): :func:`.knobs.msm_stream_of`,
+        the rule the device plan counts the MSMs' scratch by."""
+        which = msm_stream_of(int(key.zkey.domain_size), section, i)
+        if which in ("main", "side"):
+            return self.main if which == "main" else self.side
         if not self.pool:
             self.pool = [cupy.cuda.Stream(non_blocking=True) for _ in range(MSM_STREAMS)]
-        return self.pool[(SECTIONS.index(section) + len(SECTIONS) * i) % MSM_STREAMS]
+        return self.pool[int(which.removeprefix("pool"))]
 
 
 class GpuBackend:
@@ -187,6 +198,11 @@ class GpuBackend:
         # device plan may lower it (see :meth:`load_key`), and :meth:`stage` keeps to the limit
         self.workers = max(1, int(in_flight))
         self.in_flight_limit = self.workers
+        # partitions a worker may stage together (a batch), the smallest any loaded key's plan allows
+        # among keys whose partitions are batched (load_key's ``batch``); None: no cap. The prover
+        # takes no more at once (a thread holding a staged partition stages more without waiting,
+        # so only the caller can keep a batch within its key's plan)
+        self.batch_limit: int | None = None
         self._staged_by = threading.local()  # partitions the calling thread holds staged
         self._slots = threading.Condition()
         self._staged_count = 0
@@ -245,7 +261,8 @@ class GpuBackend:
             arrays = [getattr(k.zkey, name) for k in self._keys if k.msms for name in SECTIONS]
         self._host_key_rss = hostmem.mapped_rss([a for a in arrays if a is not None])
 
-    def load_key(self, zkey: ZKey, *, lasting: bool = True, witness_rows: WitnessRows | None = None) -> GpuKey:
+    def load_key(self, zkey: ZKey, *, lasting: bool = True, witness_rows: WitnessRows | None = None,
+                 batch: int = 1) -> GpuKey:
         """Plan the device memory (:func:`.plan.plan_device`: points, multiples, NTT tables,
         the partitions in flight and their MSM scratch, against free memory; it drops multiples,
         then lowers :attr:`in_flight_limit`, or raises DeviceMemoryError before any upload), then
@@ -256,7 +273,9 @@ class GpuBackend:
         proof (``lasting=False``) gets no multiples unless that env names some: building them
         costs more than they save in one proof (2 s per 2^24 G1 section, 5.4 s for G2).
         ``witness_rows``: the circuit's coded rows when its partitions will come as w alone
-        (:meth:`stage_witness`): the plan counts their device copy (not uploaded here)."""
+        (:meth:`stage_witness`): the plan counts their device copy (not uploaded here). ``batch``: the
+        most partitions of this key a worker stages and computes together (the caller's batch; the
+        plan may lower it: :attr:`batch_limit`)."""
         host = {name: getattr(zkey, name) for name in SECTIONS}
         for name, arr in host.items():
             width = point_words(name)
@@ -273,10 +292,10 @@ class GpuBackend:
                 released += _upload_release(dev[name], arr, s, drop_cache=lasting)
             return dev
 
-        return self._resident(zkey, lasting, upload, lambda: released, witness_rows)
+        return self._resident(zkey, lasting, upload, lambda: released, witness_rows, batch=batch)
 
     def generate_key(self, head: ZKey, sections: Sequence[tuple[str, str, Callable[[], np.ndarray]]], *,
-                     lasting: bool = True, witness_rows: WitnessRows | None = None) -> GpuKey:
+                     lasting: bool = True, witness_rows: WitnessRows | None = None, batch: int = 1) -> GpuKey:
         """Make a key resident from its sections' scalars instead of a file (the dev setup of
         :func:`cuzk_mp.groth16.setup_resident.setup_resident`): the same plan as :meth:`load_key`,
         then for each ``(section, "g1" | "g2", scalars())`` the fixed-base kernel writes s_i G
@@ -322,16 +341,16 @@ class GpuBackend:
                             f.cancel()
             return dev
 
-        return self._resident(head, lasting, generate, lambda: 0, witness_rows, known)
+        return self._resident(head, lasting, generate, lambda: 0, witness_rows, known, batch)
 
     def _resident(self, zkey: ZKey, lasting: bool, fill: Callable[[Any], dict[str, Any]],
                   released: Callable[[], int], witness_rows: WitnessRows | None = None,
-                  known: dict[str, Any] | None = None) -> GpuKey:
+                  known: dict[str, Any] | None = None, batch: int = 1) -> GpuKey:
         """Plan (with the device witness map's rows of ``witness_rows``, which its first partition
         uploads), then ``fill(stream)`` -> the sections' device arrays (``known``, filled by
         ``fill``: name -> the int32 rows with a point of the sections it made, packed or whole, as
         :meth:`_pack` takes them), then the MSM objects and the NTT tables; the key registered with
-        its in-flight limit."""
+        its in-flight limit and its batch (``batch`` partitions asked)."""
         shape = KeyShape.of(zkey)
         sizes = shape.section_bytes()
         s = self.stream()
@@ -343,7 +362,8 @@ class GpuBackend:
 
             def planned(key_shape: KeyShape) -> DevicePlan:
                 return plan_device(key_shape, free, workers=self.workers, multiples=choice,
-                                   graph_params=graph_params_for(int(shape.domain_size)), witness_map=wmap)
+                                   graph_params=graph_params_for(int(shape.domain_size)), witness_map=wmap,
+                                   batch=batch)
 
             dplan = planned(shape)  # every section whole: the upper bound, checked before any upload
             log.info("key %s: %s", zkey.path or "", dplan.summary())
@@ -388,9 +408,10 @@ class GpuBackend:
                      released(), {n: plan[n] for n in plan}, dplan, supports=supports, support_rows=rows)
         with self._lock:
             self._keys = [k for k in self._keys if k.msms] + [key]
-            limits = [k.plan.in_flight for k in self._keys if k.plan is not None]
+            plans = [k.plan for k in self._keys if k.plan is not None]
         with self._slots:
-            self.in_flight_limit = min([self.workers, *limits])
+            self.in_flight_limit = min([self.workers, *(p.in_flight for p in plans)])
+            self.batch_limit = min((p.batch for p in plans if p.batch_max > 1), default=None)
             self._slots.notify_all()
         if lasting:  # a key for one proof: nobody reads the figure, and smaps costs a one-shot prove ~20 ms
             self.refresh_host_stats()
@@ -694,7 +715,7 @@ class GpuBackend:
                                  if got >= 0 else f"MSM {section}: scalars must be an (n, 4) array, got "
                                  f"{getattr(v, 'shape', type(v).__name__)}")
         st = self.streams()
-        if len(scalars) > 1 and int(key.zkey.domain_size) <= DENSE_KEY_ROWS and section not in key.supports:
+        if batches_msms(int(key.zkey.domain_size), len(scalars), section in key.supports):
             batched = self._enqueue_batch(key.msms[section], section, scalars, st.msm_stream(key, section, 0))
             if batched is not None:
                 return batched

@@ -126,6 +126,31 @@ GA_INV_FAN = 8
 # line says so).
 DENSE_KEY_ROWS = 1 << 16
 
+# Keys up to this domain size run each MSM of a pass on its own stream of a per-thread pool of
+# MSM_STREAMS (their short, latency-bound kernels side by side); larger keys keep to a thread's two
+# streams, G2 on one and the rest in order on the other (each MSM fills the device).
+SMALL_KEY_ROWS = 1 << 18
+MSM_STREAMS = 8
+
+
+def batches_msms(domain_size: int, vectors: int, packed: bool) -> bool:
+    """Whether the backend runs ``vectors`` MSMs of one key section as ONE batched pass
+    (:meth:`.msm._Msm.launch_batch`; else one MSM each): more than one, a key of at most
+    :data:`DENSE_KEY_ROWS` rows (dense plans), the section not packed to a support. One rule for the
+    backend's ``msm_batch`` and the device plan's scratch."""
+    return vectors > 1 and domain_size <= DENSE_KEY_ROWS and not packed
+
+
+def msm_stream_of(domain_size: int, section: str, i: int) -> str:
+    """Which of a thread's streams the i-th MSM of ``section`` in a pass of a key of ``domain_size``
+    rows runs on: "main" (a large key's G1 MSMs), "side" (its G2 MSM) or "pool<j>" (a small key's).
+    One rule for the backend (which stream it enqueues on) and the device plan (MSMs on one stream
+    run one after another and reuse its pool blocks; on distinct streams their scratch is alive
+    together)."""
+    if domain_size > SMALL_KEY_ROWS:
+        return "side" if section == "b2" else "main"
+    return f"pool{(SECTIONS.index(section) + len(SECTIONS) * i) % MSM_STREAMS}"
+
 # MsmParams.fq_mul's values, in the order of their EC_FQ_DFMA define (ec/xyzz.cuh).
 FQ_MUL_MODES = ("imad", "dfma", "mixed")
 

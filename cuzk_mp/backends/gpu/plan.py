@@ -19,22 +19,28 @@ with (the point and field sizes of :mod:`cuzk_mp.algebra.field`, the MSM geometr
   B sections are packed (``KeyShape.packed``: they keep only the rows with a point) the scalars of
   those rows and their own index lists (40 B per kept row; a key not known to be packed is bounded
   by 8 B per witness row), and the classify pass's transient bytes;
-* the compute scratch of the one partition that computes at a time (the prover's per-device lock):
-  the largest G1 MSM's and the G2 MSM's (they run side by side on two streams): sort keys, the
-  radix sort's pass buffers and positions, the previous window batch's positions, the bucket sets,
-  the accumulation heads and the window sums (:func:`msm_scratch_bytes`), plus C's cut of the
-  witness plan. The H step works in place over a, b, c and needs only the tables;
+* the compute scratch of the one pass that computes at a time (the prover's per-device lock; a
+  worker's batch of partitions together): of every MSM alive at once (:func:`compute_scratch_bytes`:
+  a large key's largest G1 MSM and its G2 MSM, side by side on two streams; a small key's MSMs
+  each on a stream of their own, a batch's as one batched pass per section where the backend
+  batches them, keys of at most :data:`.knobs.DENSE_KEY_ROWS` rows): sort keys, the radix sort's
+  pass buffers and positions, the previous window batch's positions, the bucket sets, the
+  accumulation heads and the window sums (:func:`msm_scratch_bytes`), plus C's cut of the witness
+  plan. The H step works in place over a, b, c and needs only the tables;
 * for small keys whose MSMs run as CUDA graphs, the buffers those graphs keep (:func:`graph_bytes`).
 
 Every MSM is planned dense (every scalar neither 0 nor 1, as in the dense-random circuit): the
 bound holds whatever the witness.
 
-How many partitions are on the device at once: each prover worker thread stages one partition,
-holds it while it waits for the device lock and computes, and releases it when its MSMs are
-done, so ``gpu_workers_per_device`` partitions at most (one computing, the others staged). A
-partition staged as w alone (the device witness map) gets its a, b, c when it computes, so the
-peak is one whole partition with the MSM scratch beside w-only staged ones, or, between two
-computations, every partition whole with no MSM running (:attr:`DevicePlan.in_flight_total`).
+How many partitions are on the device at once: each prover worker thread stages a batch (one
+partition, or up to the prover's batch of small ones: ``batch``), holds it while it waits for the
+device lock and computes it in one pass, and releases it when its MSMs are done, so
+``gpu_workers_per_device`` batches at most (one computing, the others staged). A partition staged
+as w alone (the device witness map) gets its a, b, c when it computes, so the peak is one whole
+batch with the MSM scratch beside w-only staged ones, or, between two computations, every
+partition whole with no MSM running (:attr:`DevicePlan.in_flight_total`). Which partitions are
+batched (their ring segment's size against the prover's limit) is the pipeline's rule: the
+backend gets the batch of each key as a number (``load_key``'s ``batch``).
 
 The default accumulation "auto" keeps the G2 grid rounds (and their lists) where the plan fits
 them as configured, and accumulates in XYZZ elsewhere (:data:`.knobs.ACCUMULATE_MODES`): a rule,
@@ -54,9 +60,12 @@ When it does not fit, the plan falls back automatically, in this order, and says
 1. drop precomputed multiples, the least useful section first (c, b1, a, b2, h: the reverse of
    the order they are picked in): they are a speed-up only, and at 2^26 and above one section's
    tables alone outweigh a partition;
-2. fewer partitions in flight, down to one (the next partition's upload no longer overlaps the
+2. smaller batches, down to one partition (``batches of j partition(s) instead of k``): a
+   batch of small partitions shares one pass's launches and host calls, a throughput gain only;
+   the backend's ``batch_limit`` then caps what the prover's workers take at once;
+3. fewer partitions in flight, down to one (the next partition's upload no longer overlaps the
    compute: slower, but every proof still comes out);
-3. refuse: :class:`~cuzk_mp.errors.DeviceMemoryError` names the need and the free memory and the
+4. refuse: :class:`~cuzk_mp.errors.DeviceMemoryError` names the need and the free memory and the
    largest domain size of this circuit's shape that would fit, before a byte is uploaded.
 
 Pure Python (no CuPy): the CLI and CI compute plans on machines without a GPU.
@@ -73,9 +82,11 @@ from .knobs import (
     GRAPH_RUNS,
     SECTIONS,
     MsmParams,
+    batches_msms,
     choose_window,
     graph_batch_limit,
     msm_params_for,
+    msm_stream_of,
     plan_multiples,
     window_count,
 )
@@ -254,15 +265,39 @@ def graph_bytes(shape: KeyShape, multiples: dict[str, int], params: MsmParams) -
 
 
 def compute_scratch_bytes(shape: KeyShape, multiples: dict[str, int], params: MsmParams | None = None,
-                          g2_params: MsmParams | None = None, graph_params: MsmParams | None = None
-                          ) -> dict[str, int]:
-    """Scratch of the partition that computes: the largest G1 MSM and the G2 MSM (side by side on
-    two streams), C's cut of the witness plan, and the MSM graphs of ``graph_params`` (the small
-    keys' geometry with ``graphs`` on; :func:`graph_bytes`)."""
+                          g2_params: MsmParams | None = None, graph_params: MsmParams | None = None,
+                          batch: int = 1) -> dict[str, int]:
+    """Scratch of the pass that computes: a worker's ``batch`` partitions together (1: one). Each
+    section's ``batch`` MSMs run as one batched pass where the backend batches them
+    (:func:`.knobs.batches_msms`: its scratch over ``batch`` vectors and their concatenated copy),
+    else as one MSM each. MSMs on one stream (:func:`.knobs.msm_stream_of`) run one after another and
+    reuse that stream's pool blocks, so the largest counts; MSMs on distinct streams run side by side,
+    each with its own: a large key's G1 MSMs on one stream and G2 on another (the largest G1 MSM and
+    the G2 MSM), a small key's on a pool of streams (each section of a pass, and each partition of an
+    unbatched one, a stream of its own). ``msm_g1`` / ``msm_g2``: the streams whose largest MSM is of
+    that group. Plus C's cut of the witness plan (one alive per stream that runs C's MSMs) and the MSM
+    graphs of ``graph_params`` (the small keys' geometry with ``graphs`` on; :func:`graph_bytes`)."""
     rows = shape.rows()
-    g1 = max(msm_scratch_bytes(rows[s], False, params, multiples.get(s)) for s in SECTIONS if s != "b2")
-    g2 = msm_scratch_bytes(rows["b2"], True, g2_params or params, multiples.get("b2"))
-    out = {"msm_g1": g1, "msm_g2": g2, "c_plan": rows["c"] * INDEX_BYTES}
+    k = max(1, int(batch))
+    packed = {s for s, _ in shape.packed}
+    alive: dict[str, tuple[int, bool]] = {}  # stream -> (its largest MSM's scratch, whether that is G2)
+    c_streams: set[str] = set()
+    for s in SECTIONS:
+        g2, m, c = s == "b2", rows[s], multiples.get(s)
+        p = (g2_params or params) if g2 else params
+        if batches_msms(shape.domain_size, k, s in packed):
+            runs = [(msm_stream_of(shape.domain_size, s, 0),
+                     msm_scratch_bytes(k * m, g2, p, c, vectors=k) + k * m * FR_BYTES)]
+        else:
+            one = msm_scratch_bytes(m, g2, p, c)
+            runs = [(msm_stream_of(shape.domain_size, s, i), one) for i in range(k)]
+        for stream, need in runs:
+            if s == "c":
+                c_streams.add(stream)
+            if need > alive.get(stream, (0, False))[0]:
+                alive[stream] = (need, g2)
+    out = {"msm_g1": sum(b for b, g2 in alive.values() if not g2), "msm_g2": sum(b for b, g2 in alive.values() if g2),
+           "c_plan": len(c_streams) * rows["c"] * INDEX_BYTES}
     graphs = graph_bytes(shape, multiples, graph_params) if graph_params is not None else 0
     if graphs:
         out["msm_graphs"] = graphs
@@ -274,7 +309,9 @@ class DevicePlan:
     """A key's device memory, part by part (bytes), against the free memory; see the module docstring.
 
     ``choice``: what the plan settled on in words ("as configured", "without multiples of h",
-    "1 partition in flight", ...); ``steps``: each fallback taken, in order.
+    "1 partition in flight", ...); ``steps``: each fallback taken, in order. ``batch``: the
+    partitions a worker stages and computes together, as fitted (``batch_max``: as asked, the
+    prover's batch for this key's partitions; 1 for a key whose partitions are not batched).
     """
 
     shape: KeyShape
@@ -294,6 +331,8 @@ class DevicePlan:
     witness_map: int = 0  # the device witness map's coded rows and tables (0: the host makes a, b, c)
     grid_off: bool = False  # the grid rounds' lists did not fit: XYZZ accumulation alone (:meth:`msm_params`)
     grid_counted: bool = True  # the plan's MSM parameters had grid rounds (their lists are in the plan)
+    batch: int = 1  # partitions a worker stages together, as fitted (the in-flight count is of workers)
+    batch_max: int = 1  # ... as asked (plan_device's ``batch``)
 
     def msm_params(self, params: MsmParams) -> MsmParams:
         """``params`` as this plan fitted them: without the grid rounds where :attr:`grid_off`, or where
@@ -332,12 +371,14 @@ class DevicePlan:
 
     @property
     def in_flight_total(self) -> int:
-        """The partitions at their peak together: one computing with its MSM scratch beside the
-        others staged, or, between two computations (the next one's H step while the last one is
-        being released), every one of them whole, with no MSM running."""
+        """The partitions at their peak together, ``in_flight`` workers' batches of ``batch`` each:
+        one batch computing (whole, its MSM scratch beside) with the others' staged, or, between
+        two computations (the next batch's H steps while the last one is being released), every
+        partition whole, with no MSM running."""
         scratch = sum(self.scratch.values())
-        computing = self.partition_total + (self.in_flight - 1) * self.staged_total + scratch
-        return max(computing, self.in_flight * self.partition_total)
+        k = self.batch
+        computing = k * self.partition_total + (self.in_flight - 1) * k * self.staged_total + scratch
+        return max(computing, self.in_flight * k * self.partition_total)
 
     @property
     def total(self) -> int:
@@ -359,7 +400,9 @@ class DevicePlan:
                 f" + multiples {sum(self.multiples_bytes.values()) / GIB:.1f} GiB ({mult})"
                 f" + NTT tables {self.ntt_tables / GIB:.1f} GiB"
                 + (f" + witness map {self.witness_map / GIB:.1f} GiB" if self.witness_map else "")
-                + f" + {self.in_flight} partition(s) in flight x {self.partition_total / GIB:.1f} GiB"
+                + f" + {self.in_flight} partition(s) in flight"
+                + (f" in batches of {self.batch}" if self.batch > 1 else "")
+                + f" x {self.partition_total / GIB:.1f} GiB"
                 + (f" ({self.staged_total / GIB:.1f} GiB while staged)" if self.staged_total < self.partition_total
                    else "")
                 + f" + MSM scratch {sum(self.scratch.values()) / GIB:.1f} GiB"
@@ -372,27 +415,30 @@ class DevicePlan:
                 "packed": dict(self.shape.packed),
                 "multiples": self.multiples, "multiples_bytes": self.multiples_bytes, "ntt_tables": self.ntt_tables,
                 "per_partition": self.per_partition, "witness_map": self.witness_map, "in_flight": self.in_flight,
-                "workers": self.workers,
+                "workers": self.workers, "batch": self.batch, "batch_max": self.batch_max,
                 "scratch": self.scratch, "margin": self.margin, "total": self.total, "free": self.free,
                 "fits": self.fits, "choice": self.choice, "steps": list(self.steps)}
 
 
 def _build(shape: KeyShape, multiples: dict[str, int], in_flight: int, workers: int, free: int, margin: int,
-           params: MsmParams | None, graph_params: MsmParams | None, witness_map: int = 0) -> DevicePlan:
+           params: MsmParams | None, graph_params: MsmParams | None, witness_map: int = 0, batch: int = 1,
+           batch_max: int = 1) -> DevicePlan:
     points = shape.section_bytes()
     extra = {s: (window_count(c) - 1) * points[s] for s, c in multiples.items()}
     return DevicePlan(shape, points, dict(multiples), extra, ntt_table_bytes(shape.domain_size),
                       partition_bytes(shape), in_flight, workers,
-                      compute_scratch_bytes(shape, multiples, params, graph_params=graph_params), margin, free,
-                      graphs=bool(graph_params and graph_params.graphs), witness_map=witness_map)
+                      compute_scratch_bytes(shape, multiples, params, graph_params=graph_params, batch=batch),
+                      margin, free, graphs=bool(graph_params and graph_params.graphs), witness_map=witness_map,
+                      batch=batch, batch_max=batch_max)
 
 
 def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str | None = "none",
                 margin: int = DEFAULT_MARGIN, params: MsmParams | None = None,
-                graph_params: MsmParams | None = None, witness_map: int = 0) -> DevicePlan:
-    """The device plan of a key of ``shape`` with ``free`` usable device bytes and ``workers``
-    partitions in flight at most (the prover's ``gpu_workers_per_device``), falling back as the
-    module docstring says. ``multiples``: the precomputed-multiples choice ("none", "auto" or a
+                graph_params: MsmParams | None = None, witness_map: int = 0, batch: int = 1) -> DevicePlan:
+    """The device plan of a key of ``shape`` with ``free`` usable device bytes, ``workers``
+    prover workers (the prover's ``gpu_workers_per_device``) each staging a batch of ``batch``
+    partitions at most (the prover's batch where the key's partitions are batched, else 1),
+    falling back as the module docstring says. ``multiples``: the precomputed-multiples choice ("none", "auto" or a
     comma list of sections, as :func:`.knobs.plan_multiples`; "auto" sizes them against the free
     memory left once the points are resident). ``graph_params``: the MSM geometry of a key whose
     MSMs run as CUDA graphs (their buffers are planned, and dropped first). ``witness_map``: the
@@ -401,14 +447,15 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
     plan's :meth:`DevicePlan.msm_params` gives them back as it fitted them. Raises
     DeviceMemoryError when even one partition without multiples does not fit."""
     workers = max(1, int(workers))
+    batch_max = max(1, int(batch))
     given = params
     params = params or msm_params_for(shape.domain_size)  # what the backend's MSMs of this key take
     points = shape.section_bytes()
     chosen = plan_multiples(points, free - sum(points.values()) - witness_map, shape.domain_size, multiples)
     grid_off = False
 
-    def _plan(mult: dict[str, int], in_flight: int, graphs: MsmParams | None) -> DevicePlan:
-        return _build(shape, mult, in_flight, workers, free, margin, params, graphs, witness_map)
+    def _plan(mult: dict[str, int], in_flight: int, graphs: MsmParams | None, k: int = batch_max) -> DevicePlan:
+        return _build(shape, mult, in_flight, workers, free, margin, params, graphs, witness_map, k, batch_max)
 
     if params.ga_rounds and params.ga_where_fits and shape.domain_size > GRID_AUTO_MAX_DOMAIN:
         grid_off = True  # "auto": a rule (measured), not a fallback
@@ -432,10 +479,15 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
             chosen = {k: v for k, v in chosen.items() if k != s}
             steps.append(f"dropped the precomputed multiples of {s}")
             plan = _plan(chosen, workers, graph_params)
+    j = batch_max
+    while not plan.fits and j > 1:
+        j -= 1
+        plan = _plan(chosen, workers, graph_params, j)
+        steps.append(f"batches of {j} partition(s) instead of {batch_max}")
     k = workers
     while not plan.fits and k > 1:
         k -= 1
-        plan = _plan(chosen, k, graph_params)
+        plan = _plan(chosen, k, graph_params, j)
         steps.append(f"{k} partition(s) in flight instead of {workers}")
     plan.steps = steps
     plan.grid_off = grid_off
@@ -444,6 +496,8 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
         dropped = [s for s in DROP_ORDER if any(st.endswith(f"multiples of {s}") for st in steps)]
         parts = [st for st in steps if st in (NO_GRAPHS, NO_GRID)]
         parts += [f"without the precomputed multiples of {', '.join(dropped)}"] if dropped else []
+        if plan.batch < batch_max:
+            parts.append(f"batches of {plan.batch} partition(s) instead of {batch_max}")
         if plan.in_flight < workers:
             parts.append(f"{plan.in_flight} partition(s) in flight instead of {workers}")
         plan.choice = "; ".join(parts)
