@@ -208,22 +208,27 @@ def test_per_partition_figure_of_older_results() -> None:
 
 
 def test_device_plan_line(test_key: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
-    """The GPU bench's third line: the key's device plan on the first GPU's memory; a GPU too small
-    for the key says so with the sizes; an unknown GPU memory says that."""
+    """The GPU bench's third line: the key's device plan on the first GPU's memory (each worker's
+    batch of the small partitions counted); a GPU too small for the key says so with the sizes; an
+    unknown GPU memory says that."""
     from cuzk_mp.backends.gpu.knobs import graph_params_for
     from cuzk_mp.backends.gpu.plan import KeyShape, plan_device
     from cuzk_mp.formats.zkey import read_zkey
-    from cuzk_mp.pipeline.memory import Machine, circuit_size
+    from cuzk_mp.pipeline.memory import Machine, batched, circuit_size
+    from cuzk_mp.pipeline.types import BATCH_ENV, EngineConfig
 
     monkeypatch.delenv("CUZK_GPU_MSM_MULTIPLES", raising=False)
     monkeypatch.delenv("CUZK_GPU_MSM_GRAPHS", raising=False)
+    monkeypatch.delenv(BATCH_ENV, raising=False)
     h200 = Machine(cores=16, memory_bytes=128 << 30, gpus=(("NVIDIA H200", 139 << 30),))
     size = circuit_size(test_key[0])
     line = bench.device_plan_line(size, h200, [0], 2)
     with read_zkey(test_key[0]) as zkey:  # a small key: its MSMs' CUDA graphs are planned too
         want = plan_device(KeyShape.of(zkey), 139 << 30, workers=2, multiples="auto",
-                           graph_params=graph_params_for(zkey.domain_size))
+                           graph_params=graph_params_for(zkey.domain_size),
+                           batch=batched(size, EngineConfig.prover_batch))
     assert line == f"{want.summary()} (GPU 0, 2 prover worker(s))" and "fits" in line and want.graphs
+    assert want.batch == EngineConfig.prover_batch > 1 and "in batches of" in line
     from cuzk_mp.backends.gpu.plan import largest_fitting_domain
 
     tiny = Machine(cores=16, memory_bytes=128 << 30, gpus=(("small", 514 << 20),))  # the margin and a bit

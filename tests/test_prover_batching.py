@@ -152,6 +152,80 @@ def test_cancelled_partition_fails_alone_in_its_batch(setup: SimpleNamespace) ->
     _check_proofs(ctx, setup, seeds, 2.0)
 
 
+class _CappedCpu(CpuBackend):
+    """The CPU backend with a batch cap, as a GPU backend's device plan sets it: from the start
+    (``limit``), or once a key is loaded (``on_load``)."""
+
+    def __init__(self, limit: int | None = None, on_load: int | None = None) -> None:
+        super().__init__(threads=2)
+        self.batch_limit, self.on_load = limit, on_load
+
+    def load_key(self, zkey: Any, **kwargs: Any) -> Any:
+        key = super().load_key(zkey, **kwargs)
+        if self.on_load is not None:
+            self.batch_limit = self.on_load
+        return key
+
+
+def test_the_backend_batch_limit_caps_what_a_worker_takes(setup: SimpleNamespace) -> None:
+    """With four small partitions READY and ``batch_max`` 8 a worker takes them all; with the
+    backend's ``batch_limit`` at 2 (its device plan allows batches of two), one more than the first."""
+    for limit, more in ((None, 3), (2, 1)):
+        ring = Ring.create(prefix_for(f"pbcap{limit}"), 4)
+        backend = _CappedCpu(limit)
+        try:
+            for i in range(4):
+                _publish(ring, setup, i + 1, 80 + i)
+            prover = Prover(_Ctx(), ring, backend, ProverPayload(ring.handle, "cpu", 0, 1, True, None, 8))  # type: ignore[arg-type]
+            assert prover.batch_cap() == (8 if limit is None else limit)
+            first = ring.take_ready(abort=lambda: True, timeout_s=0)
+            assert first is not None
+            assert len(prover._more_ready(first)) == more
+        finally:
+            backend.close()
+            ring.destroy()
+
+
+def test_a_batch_lowered_by_its_key_plan_stages_no_more_than_it_allows(setup: SimpleNamespace) -> None:
+    """Three READY partitions are taken at once before their key is loaded; loading it (the first
+    partition's staging) lowers the backend's cap to 2: the worker computes the two it staged before
+    it stages the third, so no more than two are ever staged together, and every proof comes out."""
+    ring = Ring.create(prefix_for("pbplan"), 4)
+    ctx = _Ctx()
+    backend = _CappedCpu(on_load=2)
+    staged: set[int] = set()  # ids of the partitions staged and not yet released
+    most = [0]
+    stage, release = backend.stage, backend.release
+
+    def counted_stage(key: Any, inputs: Any) -> Any:
+        out = stage(key, inputs)
+        staged.add(id(out))
+        most[0] = max(most[0], len(staged))
+        return out
+
+    def counted_release(s: Any) -> None:
+        staged.discard(id(s))
+        release(s)
+
+    backend.stage, backend.release = counted_stage, counted_release  # type: ignore[method-assign]
+    seeds = [91, 92, 93]
+    try:
+        for i, seed in enumerate(seeds):
+            _publish(ring, setup, i + 1, seed)
+        prover = Prover(ctx, ring, backend, ProverPayload(ring.handle, "cpu", 0, 1, True, None, 4))  # type: ignore[arg-type]
+        run_until_answered(ctx, prover, len(seeds), 300)
+        assert sorted(m.task_id for m in ctx.done((msg.Taken,))) == [1, 2, 3]
+        done = {m.task_id: m.timings["device_batch"] for m in ctx.done((msg.ProofDone,))}
+        assert done == {1: 2.0, 2: 2.0, 3: 1.0} and most[0] == 2
+        for m in ctx.done((msg.ProofDone,)):
+            public = [int(x) for x in m.public]
+            assert public == setup.checker.expected_public(seeds[m.task_id - 1], 0)
+            assert setup.checker.verifies(public, m.proof)
+    finally:
+        backend.close()
+        ring.destroy()
+
+
 def _finalize_queued(setup: SimpleNamespace, seeds: list[int], tag: str, prepare: Any) -> tuple[_Ctx, Prover]:
     """Prove one partition per seed (task ids 1, 2, ...) in one pass with the finalizer stopped, call
     ``prepare(prover)`` while they wait in its queue, then run the finalizer until each is answered."""

@@ -55,7 +55,8 @@ def cache(monkeypatch: pytest.MonkeyPatch) -> prover_proc.KeyCache:
 
     def read_zkey(path: str, **kwargs: Any) -> SimpleNamespace:
         name, size = str(path).split(":")
-        return SimpleNamespace(name=str(path), nbytes=int(size), close=lambda: None)
+        return SimpleNamespace(name=str(path), nbytes=int(size), domain_size=1 << 10, n_vars=1 << 10,
+                               close=lambda: None)
 
     monkeypatch.setattr(zkey_mod, "read_zkey", read_zkey)
     monkeypatch.setattr(prover_proc, "drop_coefficient_pages", lambda zkey: 0)

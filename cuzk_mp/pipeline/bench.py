@@ -643,12 +643,15 @@ def _zkey_path(args: argparse.Namespace, backend: str) -> Path:
 def device_plan_line(circuit: CircuitSize, machine: Machine, devices: list[int], workers: int) -> str:
     """The GPU backend's device-memory plan of the benched key on the first device (its total memory:
     the prover process sees a little less free, its CUDA context's share): what the key and
-    ``workers`` partitions in flight need, and the fallback it takes (docs/backend-protocol.md).
-    A circuit whose segments hold w alone counts its device witness map's rows as the circuit data
-    file's size (an upper bound: the file also holds C's rows, which the device map does not read)."""
+    ``workers`` partitions in flight need (each worker's batch of them where the prover batches
+    this circuit's partitions: :func:`~.memory.batched`), and the fallback it takes
+    (docs/backend-protocol.md). A circuit whose segments hold w alone counts its device witness
+    map's rows as the circuit data file's size (an upper bound: the file also holds C's rows, which
+    the device map does not read)."""
     from ..backends.gpu.knobs import DENSE_KEY_ROWS, MULTIPLES_ENV, graph_params_for
     from ..backends.gpu.plan import KeyShape, plan_device
     from ..errors import DeviceMemoryError
+    from .memory import batched
 
     total = machine.gpus[0][1] if machine.gpus else 0
     if not total:
@@ -657,7 +660,8 @@ def device_plan_line(circuit: CircuitSize, machine: Machine, devices: list[int],
     try:
         plan = plan_device(shape, total, workers=workers, multiples=os.environ.get(MULTIPLES_ENV) or "auto",
                            graph_params=graph_params_for(circuit.domain_size),
-                           witness_map=0 if circuit.abc else circuit.data_bytes)
+                           witness_map=0 if circuit.abc else circuit.data_bytes,
+                           batch=batched(circuit, prover_batch(EngineConfig.prover_batch)))
     except DeviceMemoryError as exc:
         return f"device plan: GPU {devices[0]}: {exc}"
     packs = circuit.domain_size > DENSE_KEY_ROWS

@@ -19,8 +19,9 @@ Threads:
   ``prove_start_batch`` under the per-device lock, so staging of one partition
   overlaps the compute of another while kernels never interleave. When more
   small partitions are READY at that moment, a worker takes up to ``batch_max``
-  in all (never waiting for more) and proves those of one key in one pass: a
-  lone partition goes alone, at once;
+  in all (never waiting for more; fewer where the backend's memory plan caps the
+  batch: ``batch_limit``) and proves those of one key in one pass: a lone
+  partition goes alone, at once;
 * one finalizer: assembly with fresh r, s and the self-verification, off the
   workers' path; it takes every partition already queued (up to
   ``types.FINALIZE_BATCH_MAX``, never waiting) and verifies those of one key in one
@@ -44,6 +45,7 @@ from typing import Any, TypeVar
 
 from ..errors import Cancelled, GpuDead, InputError, error_kind
 from . import messages as msg
+from .memory import CircuitSize, batched
 from .procs import CancelledIds, ChildContext
 from .ring import Ring, RingHandle, SlotRecord
 from .types import BATCH_MAX_BYTES, finalize_batch, prover_batch
@@ -100,10 +102,12 @@ class _Key:
 class KeyCache:
     """Resident keys of one prover process, least recently used first."""
 
-    def __init__(self, ctx: ChildContext, backend: Any, budget: int | None) -> None:
+    def __init__(self, ctx: ChildContext, backend: Any, budget: int | None, batch: int = 1,
+                 ring_slots: int | None = None) -> None:
         self.ctx = ctx
         self.backend = backend
         self.budget = budget
+        self.batch, self.ring_slots = batch, ring_slots  # the prover's batch cap, the ring's slots
         self.keys: OrderedDict[str, _Key] = OrderedDict()
         self.evicting: set[str] = set()  # evict asked while in use: dropped when the last user releases it
         self.lock = threading.Lock()
@@ -159,6 +163,15 @@ class KeyCache:
             else:
                 self.evicting.add(circuit_id)
 
+    def batch_of(self, ref: msg.CircuitRef, domain_size: int, n_vars: int) -> int:
+        """The most partitions of a circuit a worker stages together (:func:`.memory.batched`: the
+        prover's batch where its ring segments are small enough to batch, else one; at most the
+        ring's slots), what the backend plans the key's device memory for. The rule is the
+        pipeline's (the ring's segment sizes, :data:`~.types.BATCH_MAX_BYTES`): the backend gets the
+        number alone. A circuit whose partitions come as w alone is judged by w's segment."""
+        size = CircuitSize(domain_size, n_vars, 0, 0, abc=ref.witness_map != "device")
+        return batched(size, self.batch, self.ring_slots)
+
     def _load(self, ref: msg.CircuitRef) -> _Key:
         t0 = time.perf_counter()
         vk: bytes | None = None
@@ -171,7 +184,7 @@ class KeyCache:
 
             zkey = read_zkey(ref.zkey)
             dropped = drop_coefficient_pages(zkey)  # before the upload: the load's peak stays one section chunk
-            handle = self.backend.load_key(zkey)
+            handle = self.backend.load_key(zkey, batch=self.batch_of(ref, zkey.domain_size, zkey.n_vars))
             what = f"loaded key ({dropped / 2**30:.2f} GiB of coefficient pages let go)"
         key = _Key(ref, zkey, handle, int(getattr(handle, "nbytes", 0)), vk=vk)
         self.keys[ref.circuit_id] = key
@@ -193,7 +206,8 @@ class KeyCache:
         try:
             made = setup_resident(data, self.backend, ToxicWaste(*(int(x) for x in ref.toxic)),
                                   name=f"{ref.circuit_id} ({ref.synthetic} 2^{ref.log_n})",
-                                  witness_map=ref.witness_map == "device")
+                                  witness_map=ref.witness_map == "device",
+                                  batch=self.batch_of(ref, data.counts.domain_size, data.counts.n_vars))
         finally:
             data.close()
         return made.head, made.handle
@@ -259,11 +273,11 @@ class Prover:
         self.ring = ring
         self.backend = backend
         self.payload = payload
-        self.keys = KeyCache(ctx, backend, payload.srs_budget_bytes)
+        self.batch_max = prover_batch(payload.batch_max)
+        self.keys = KeyCache(ctx, backend, payload.srs_budget_bytes, self.batch_max, payload.ring.n_slots)
         self.device_lock = threading.Lock()
         self.finalize_q: queue.Queue[_InFlight | None] = queue.Queue()
         self.cancelled = CancelledIds()
-        self.batch_max = prover_batch(payload.batch_max)
         self.memwatch = DeviceMemoryWatch(refresh=backend.refresh_host_stats) if backend.name == "gpu" else None
 
     def read_messages(self) -> None:
@@ -286,8 +300,10 @@ class Prover:
 
     def work(self) -> None:
         """A worker thread: take a slot (and, when small partitions wait in the ring, up to
-        ``batch_max - 1`` more), stage each and release its slot, compute under the device lock
-        (the partitions of one key in one pass)."""
+        :meth:`batch_cap` - 1 more), stage each and release its slot, compute under the device lock
+        (the partitions of one key in one pass). Never more than the cap staged at once: a key
+        loaded by this batch's first partition may lower it (its device plan), and then what is
+        staged computes before the rest of the batch stages."""
         while not self.ctx.stopping.is_set():
             rec = self.ring.take_ready(abort=self.ctx.stopping.is_set)
             if rec is None:
@@ -297,20 +313,34 @@ class Prover:
                 self.ctx.send(msg.Taken(r.task_id, r.slot, os.getpid()))
             staged: list[tuple[_InFlight, Any]] = []
             for r in recs:
+                if len(staged) >= self.batch_cap():
+                    self._compute_staged(staged)
+                    staged = []
                 try:
                     staged.append(self._take_slot(r))
                 except GpuDead:
                     raise
                 except Exception as exc:  # noqa: BLE001 - the task fails, the process carries on
                     self.ctx.fail(r.task_id, exc)
-            for group in _by_key(staged, lambda item: item[0].key):
-                self._compute_batch(group)
+            self._compute_staged(staged)
+
+    def _compute_staged(self, staged: list[tuple[_InFlight, Any]]) -> None:
+        """Compute staged partitions, those of one key in one pass."""
+        for group in _by_key(staged, lambda item: item[0].key):
+            self._compute_batch(group)
+
+    def batch_cap(self) -> int:
+        """The most partitions a worker stages at once: ``batch_max``, or fewer where the backend's
+        memory plan allows fewer (``backend.batch_limit``: a small device, many keys resident)."""
+        limit = self.backend.batch_limit
+        return self.batch_max if limit is None else max(1, min(self.batch_max, int(limit)))
 
     def _more_ready(self, first: SlotRecord) -> list[SlotRecord]:
-        """Up to ``batch_max - 1`` more READY slots, taken without waiting, when the first partition
+        """Up to :meth:`batch_cap` - 1 more READY slots, taken without waiting, when the first partition
         is small enough to batch (:data:`BATCH_MAX_BYTES`) and others as small are ready now (a big one
-        waits for a worker of its own: staged beside a batch it would be on the device beyond the plan)."""
-        want = self.batch_max - 1
+        waits for a worker of its own: staged beside a batch it would be on the device beyond the plan).
+        They may be other keys' partitions (grouped by key once staged): the cap bounds them all."""
+        want = self.batch_cap() - 1
         if want <= 0 or first.nbytes > BATCH_MAX_BYTES:
             return []
         ready = sum(1 for r in self.ring.snapshot() if r.state == "ready" and r.nbytes <= BATCH_MAX_BYTES)
