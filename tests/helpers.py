@@ -46,6 +46,45 @@ def small_circom_key(folder: Path, name: str = "c") -> tuple[Path, Path]:
     shutil.copyfile(SNARKJS_FILES / "mul.zkey", zkey)
     shutil.copyfile(SNARKJS_FILES / "mul.r1cs", r1cs)
     return zkey, r1cs
+
+
+_R_BYTES = "".join(f"\\{b:02x}" for b in (0x73EDA753299D7D483339D80809A1D80553BDA402FFFE5BFEFFFFFFFF00000001)
+                   .to_bytes(32, "little"))
+
+
+def circom_generator(folder: Path, name: str, version: str = "(i32.const 2)", start: str = "",
+                     witness_size: str = "(result i32) (i32.const 1)", init: str = "(param i32)",
+                     imports: str = "", message_char: str = "(result i32) (i32.const 0)", more: str = "") -> Path:
+    """``NAME.wasm`` in ``folder``: a minimal circom-2-shaped witness generator (one wire, no inputs) with
+    one part replaced: a function's signature and body, ``imports`` of the runtime's functions, ``more``
+    module fields (globals, data)."""
+    import wasmtime
+
+    one = "\\01" + "\\00" * 31
+    wat = f"""(module
+      {imports}
+      (memory (export "memory") 1)
+      (data (i32.const 0) "{_R_BYTES}")
+      (data (i32.const 64) "{one}")
+      {more}
+      (func $start {start})
+      (start $start)
+      (func (export "getVersion") (result i32) {version})
+      (func (export "getFieldNumLen32") (result i32) (i32.const 8))
+      (func (export "getRawPrime") (memory.copy (i32.const 1024) (i32.const 0) (i32.const 32)))
+      (func (export "getWitnessSize") {witness_size})
+      (func (export "getInputSize") (result i32) (i32.const 0))
+      (func (export "getSharedRWMemoryStart") (result i32) (i32.const 1024))
+      (func (export "getMessageChar") {message_char})
+      (func (export "init") {init})
+      (func (export "getInputSignalSize") (param i32 i32) (result i32) (i32.const 0))
+      (func (export "setInputSignal") (param i32 i32 i32))
+      (func (export "getWitness") (param i32) (memory.copy (i32.const 1024) (i32.const 64) (i32.const 32))))"""
+    path = folder / f"{name}.wasm"
+    path.write_bytes(wasmtime.wat2wasm(wat))
+    return path
+
+
 LOG_N = 10  # the smallest porep-like circuit: fast on the 2-core CI machine
 # Prepended to a ``python -c`` program: any import of numpy, numba or the arkworks curve arithmetic
 # then fails (what a client process must do without: ~0.3 s of imports a process).

@@ -16,6 +16,8 @@ import pytest
 from cuzk_mp.circuits.circom import fnv1a_64, flatten_values, js_bigint, load_input_json
 from cuzk_mp.errors import FormatError, InputError
 
+from tests.helpers import circom_generator
+
 
 @pytest.mark.parametrize(("text", "expected"), [
     # Published FNV-1a 64-bit test vectors (Fowler/Noll/Vo reference test suite).
@@ -120,38 +122,6 @@ def test_witness_calculator_rejects_a_non_wasm_file(tmp_path: Path) -> None:
         WitnessCalculator(tmp_path / "missing.wasm")
 
 
-_R_BYTES = "".join(f"\\{b:02x}" for b in (0x73EDA753299D7D483339D80809A1D80553BDA402FFFE5BFEFFFFFFFF00000001)
-                   .to_bytes(32, "little"))
-
-
-def _generator(tmp_path: Path, name: str, version: str = "(i32.const 2)", start: str = "",
-               witness_size: str = "(result i32) (i32.const 1)", init: str = "(param i32)") -> Path:
-    """A minimal circom-2-shaped witness generator (one wire, no inputs) with one part replaced."""
-    import wasmtime
-
-    one = "\\01" + "\\00" * 31
-    wat = f"""(module
-      (memory (export "memory") 1)
-      (data (i32.const 0) "{_R_BYTES}")
-      (data (i32.const 64) "{one}")
-      (func $start {start})
-      (start $start)
-      (func (export "getVersion") (result i32) {version})
-      (func (export "getFieldNumLen32") (result i32) (i32.const 8))
-      (func (export "getRawPrime") (memory.copy (i32.const 1024) (i32.const 0) (i32.const 32)))
-      (func (export "getWitnessSize") {witness_size})
-      (func (export "getInputSize") (result i32) (i32.const 0))
-      (func (export "getSharedRWMemoryStart") (result i32) (i32.const 1024))
-      (func (export "getMessageChar") (result i32) (i32.const 0))
-      (func (export "init") {init})
-      (func (export "getInputSignalSize") (param i32 i32) (result i32) (i32.const 0))
-      (func (export "setInputSignal") (param i32 i32 i32))
-      (func (export "getWitness") (param i32) (memory.copy (i32.const 1024) (i32.const 64) (i32.const 32))))"""
-    path = tmp_path / f"{name}.wasm"
-    path.write_bytes(wasmtime.wat2wasm(wat))
-    return path
-
-
 @pytest.mark.parametrize(("part", "says"), [
     ({"version": "(unreachable)"}, "unreachable"),
     ({"start": "(unreachable)"}, "unreachable"),
@@ -163,7 +133,7 @@ def test_a_generator_that_traps_or_has_other_signatures_is_a_bad_file(tmp_path: 
     signature is a FormatError naming the file, not an internal error."""
     from cuzk_mp.circuits.circom import WitnessCalculator
 
-    path = _generator(tmp_path, "bad", **part)
+    path = circom_generator(tmp_path, "bad", **part)
     with pytest.raises(FormatError, match=rf"bad\.wasm.*not a circom 2\.x witness generator: .*{says}"):
         WitnessCalculator(path)
 
@@ -175,10 +145,10 @@ def test_each_witness_lets_its_instance_go(tmp_path: Path) -> None:
 
     from cuzk_mp.circuits.circom import WitnessCalculator
 
-    calc = WitnessCalculator(_generator(tmp_path, "good"))
+    calc = WitnessCalculator(circom_generator(tmp_path, "good"))
     for _ in range(5):
         assert calc.calculate({}).tolist() == [[1, 0, 0, 0]]
-    bad = WitnessCalculator(_generator(tmp_path, "init", init=""))  # init takes no argument
+    bad = WitnessCalculator(circom_generator(tmp_path, "init", init=""))  # init takes no argument
     with pytest.raises(FormatError, match="too many parameters"):
         bad.calculate({})
     gc.collect()
