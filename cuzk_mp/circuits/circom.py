@@ -30,6 +30,21 @@ Differences from snarkjs, on purpose (the results for accepted inputs are identi
   ``MAX_INPUT_DEPTH`` deep, values of at most ``MAX_VALUE_CHARS`` characters, at most
   ``MAX_INPUT_BYTES`` in all; beyond them, and for JSON that is not JSON (NaN, invalid UTF-8),
   the error is an InputError naming the input, never an exception from deep inside Python.
+
+Stopping a generator that runs too long (one that loops for ever, hostile or buggy): while wasm
+runs, the calling thread is inside native code, where Python runs no signal handler, so SIGTERM
+and SIGINT would wait for the wasm to return. So every run of the wasm (the start function and
+header calls at load, a whole witness) happens on the calculator's wasm thread (a daemon thread,
+kept between runs), and the calling thread waits for it in ticks of ``WAIT_TICK_S``; the signal
+handlers run in the waiting thread as anywhere else in Python. When that wait ends with an
+exception (the handler's: ``Terminated``, ``KeyboardInterrupt``, a worker's ``SystemExit``) or the
+caller's ``abort`` says so (``Cancelled``), it advances the engine's epoch (wasmtime's epoch
+interruption: each store's deadline is one epoch after its start), the wasm traps at its next loop
+head or function entry, and the exception goes on. One run at a time per calculator, so that the
+engine-wide epoch stops that run alone. What it costs (~10% of the wasm's own time on a circuit
+whose field operations are many small calls, the epoch checks): see ``WAIT_TICK_S``. A wall-clock
+limit is the caller's: an ``abort`` of its own, or (the engine) ``task_timeout``, which kills the
+process.
 """
 
 from __future__ import annotations
@@ -37,14 +52,19 @@ from __future__ import annotations
 import logging
 import math
 import re
+import queue
+import threading
+import weakref
 from collections.abc import Callable, Mapping
+from concurrent.futures import Future, wait
 from pathlib import Path
+from typing import Any, TypeVar
 
 import numpy as np
 import wasmtime
 
 from cuzk_mp.algebra.field import FR_BYTES, FR_LIMBS, R_MOD
-from cuzk_mp.errors import FormatError, InputError, ResourceError
+from cuzk_mp.errors import Cancelled, FormatError, InputError, ResourceError
 from cuzk_mp.formats import json_bounds
 from cuzk_mp.formats.wtns import write_wtns
 
@@ -52,6 +72,19 @@ log = logging.getLogger(__name__)
 
 WASM_MAGIC = b"\0asm"
 LogSink = Callable[[str], None] | None  # where the lines of a circuit's log() calls go
+Abort = Callable[[], bool] | None  # asked every WAIT_TICK_S while the wasm runs: True stops it (Cancelled)
+_T = TypeVar("_T")
+
+# How often the thread waiting for the wasm looks at its signals and its abort(): a signal or
+# an abort stops the wasm within about this; the wait itself costs nothing while the wasm runs.
+# What stopping costs a witness that is never stopped (the two calculators interleaved, one
+# 2-core machine, fastest of 60/1000/2000 runs): the SHA-256 test circuit (29854 wires, every
+# field operation a call) 44.4 -> 49.2 ms, all of it the epoch checks wasmtime compiles
+# into every function entry and loop (+10% of the wasm's own time; 0.25% of the 1.8 s one-shot
+# CPU `groth16 fullprove` of that circuit); the MiMC chain (994 wires) 1.07 -> 1.12 ms; a 4-wire
+# circuit 0.327 -> 0.351 ms, the hand-over to the wasm thread and back. Fuel, the other way
+# wasmtime stops wasm, cost +28% on SHA-256.
+WAIT_TICK_S = 0.05
 
 
 def _log_line(line: str) -> None:
@@ -267,6 +300,7 @@ class _Instance:
     def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module,
                  dump_module: wasmtime.Module, on_log: LogSink = None) -> None:
         self.store = wasmtime.Store(engine)
+        self.store.set_epoch_deadline(1)  # the engine's next epoch, which comes only to stop this run
         self.errors = ""
         self.log_line = ""
         self.on_log = on_log or _log_line
@@ -345,17 +379,33 @@ class _Instance:
         self.log_line += (" " if self.log_line else "") + str(value)
 
 
+def _run_wasm(runs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None]) -> None:
+    """A calculator's wasm thread: each run in turn, its outcome in its future, until ``None``."""
+    while (item := runs.get()) is not None:
+        future, run = item
+        try:
+            future.set_result(run())
+        except BaseException as exc:  # noqa: BLE001 - the waiting thread raises it
+            future.set_exception(exc)
+        del item, future, run  # not kept while idle: an exception's traceback holds the run's frames
+
+
 class WitnessCalculator:
     """A circom 2.x witness generator (``X_js/X.wasm``) for BLS12-381's scalar field.
 
     The module is compiled once here; :meth:`calculate` runs a fresh instance per witness,
-    so one calculator can serve many witnesses (one at a time per thread). Attributes after
+    so one calculator can serve many witnesses, one at a time (callers in other threads wait
+    their turn: a run is stopped through the engine, which all of them share). Attributes after
     construction: ``witness_size`` (wires), ``n_inputs`` (input values), ``prime`` (= r).
     """
 
     def __init__(self, wasm_path: str | Path) -> None:
         self.path = Path(wasm_path)
-        self._engine = wasmtime.Engine()
+        config = wasmtime.Config()
+        config.epoch_interruption = True  # how a run is stopped (the module docstring)
+        self._engine = wasmtime.Engine(config)
+        self._one_run = threading.Lock()  # an epoch stops every store of the engine: one run at a time
+        self._runs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] | None = None
         try:
             with open(self.path, "rb") as f:  # binary only: wasmtime would also parse WAT text
                 magic = f.read(len(WASM_MAGIC))
@@ -371,6 +421,9 @@ class WitnessCalculator:
             first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
             raise FormatError(self.path, None, f"not a valid wasm module: {first}") from exc
         self._dump_module = wasmtime.Module(self._engine, _DUMP_WAT)
+        self._interruptible(self._read_header, None)  # its start function and header calls are the file's code
+
+    def _read_header(self) -> None:
         inst = self._instantiate()
         try:
             self._check_header(inst)
@@ -378,6 +431,37 @@ class WitnessCalculator:
             raise FormatError(self.path, None, f"not a circom 2.x witness generator: {_trap_text(exc)}") from None
         finally:
             inst.close()
+
+    def _interruptible(self, run: Callable[[], _T], abort: Abort) -> _T:
+        """``run()`` (which runs the wasm) on this calculator's wasm thread, while this thread waits for
+        it in ticks of ``WAIT_TICK_S``: a signal handler's exception raised in the wait, or ``abort()``
+        turning true (Cancelled), stops the wasm (the engine's next epoch) and is raised here once the
+        run has ended. Otherwise what ``run()`` returned or raised."""
+        with self._one_run:
+            if self._runs is None:  # one thread, kept: wasmtime sets up each new thread for wasm (~0.15 ms)
+                self._runs = queue.SimpleQueue()
+                threading.Thread(target=_run_wasm, args=(self._runs,), name="circom-wasm", daemon=True).start()
+                weakref.finalize(self, self._runs.put, None)  # the thread ends with its calculator
+            future: Future[_T] = Future()
+            self._runs.put((future, run))
+            try:
+                while True:
+                    try:
+                        future.exception(WAIT_TICK_S)  # a signal's Python handler runs here, and raises through it
+                        break
+                    except TimeoutError:
+                        if abort is not None and abort():
+                            raise Cancelled(f"{self.path}: witness generation stopped before it finished "
+                                            "(cancelled)") from None
+            except BaseException:
+                self._engine.increment_epoch()  # the wasm traps at its next loop head or call
+                while wait([future], WAIT_TICK_S).not_done:  # a store made after that epoch traps at the next
+                    self._engine.increment_epoch()
+                raise
+        try:
+            return future.result()
+        finally:
+            del future  # the exception it raises has this frame in its traceback: no cycle through it
 
     def __reduce__(self) -> tuple[type[WitnessCalculator], tuple[str]]:
         return (WitnessCalculator, (str(self.path),))
@@ -407,7 +491,7 @@ class WitnessCalculator:
         self.witness_size: int = inst.call("getWitnessSize")
         self.n_inputs: int = inst.call("getInputSize")
 
-    def calculate(self, inputs: Mapping[str, object], on_log: LogSink = None) -> np.ndarray:
+    def calculate(self, inputs: Mapping[str, object], on_log: LogSink = None, abort: Abort = None) -> np.ndarray:
         """The full witness for ``inputs`` ({signal name: value or nested array of values}).
 
         Returns an (witness_size, 4) uint64 array of standard-form Fr elements, w[0] = 1.
@@ -416,10 +500,19 @@ class WitnessCalculator:
         "Error in template T line: L" messages). ``on_log`` takes each line of the circuit's
         ``log()`` calls (the one-shot CLI prints them, as snarkjs does); by default they are INFO
         log lines.
+
+        A generator that never ends is stopped (module docstring) by a signal, whose handler's
+        exception (``Terminated``, ``KeyboardInterrupt``, ...) is raised here unchanged, so that the
+        command or worker stops as it would anywhere else, or by ``abort()``, asked every
+        ``WAIT_TICK_S``, turning true: a Cancelled naming the file (a job cancelled, a worker
+        stopping: nobody's input was bad). A deadline is the caller's, as an ``abort``.
         """
         if not isinstance(inputs, Mapping):
             raise InputError(f"{self.path}: the input must be a mapping of signal names, "
                              f"not {type(inputs).__name__}")
+        return self._interruptible(lambda: self._compute(inputs, on_log), abort)
+
+    def _compute(self, inputs: Mapping[str, object], on_log: LogSink) -> np.ndarray:
         inst = self._instantiate(on_log)
         try:
             inst.call("init", 0)

@@ -27,7 +27,8 @@ One task at a time (the engine hands a worker a new task only when it is idle):
 A task that fails or is cancelled gives its slot back (the slot FREE, its segment
 kept for the next partition); a worker killed while FILLING leaves its slot to the engine,
 which reclaims it. Cancellation is checked at each boundary (slot taken,
-witness done, a/b/c done); a reader thread takes engine messages off the pipe,
+witness done, a/b/c done), and while a circom wasm computes the witness (it is stopped
+then: a generator may never end); a reader thread takes engine messages off the pipe,
 so a cancel or a stop is seen while the main thread computes or waits.
 """
 
@@ -38,6 +39,7 @@ import queue
 import threading
 import time
 from collections import OrderedDict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
@@ -85,8 +87,9 @@ class _Circuit:
         witness satisfies the circuit by construction, and every proof is verified before it leaves."""
         return self.ref.witness_map == "device" and (task.kind == "synthetic" or self.evaluator.data.c is None)
 
-    def witness_into(self, task: msg.SynthTask, out: np.ndarray, threads: int) -> None:
-        """Write the partition's full witness (standard form) into ``out``, the slot's w."""
+    def witness_into(self, task: msg.SynthTask, out: np.ndarray, threads: int, abort: Callable[[], bool]) -> None:
+        """Write the partition's full witness (standard form) into ``out``, the slot's w. The circom
+        wasm, which may never end, asks ``abort`` as it runs and stops (Cancelled) once it is true."""
         if task.kind == "synthetic":
             self._synthetic_circuit().witness_into(task.seed, task.partition, out, threads=threads)
             return
@@ -95,7 +98,7 @@ class _Circuit:
 
             values = read_wtns(task.data, name=f"job {task.job_id} partition {task.partition} (.wtns)")
         else:
-            values = self._wasm_calculator().calculate(_input_json(task.data, task))
+            values = self._wasm_calculator().calculate(_input_json(task.data, task), abort=abort)
         if values.shape != out.shape:
             raise InputError(f"job {task.job_id} partition {task.partition}: the witness has {values.shape[0]} "
                              f"values, circuit {self.ref.circuit_id} has {out.shape[0]} wires")
@@ -158,6 +161,10 @@ class SynthWorker:
             except Exception as exc:  # noqa: BLE001 - any task failure goes back to the engine as data
                 self.ctx.fail(task.task_id, exc)
 
+    def _given_up(self, task: msg.SynthTask) -> bool:
+        """Whether nobody waits for the task any more: it was cancelled, or this worker is stopping."""
+        return self.ctx.stopping.is_set() or task.task_id in self.cancelled
+
     def _check(self, task: msg.SynthTask) -> None:
         if task.task_id in self.cancelled:
             raise Cancelled(f"job {task.job_id} partition {task.partition} was cancelled")
@@ -171,7 +178,7 @@ class SynthWorker:
         shapes = partition_shapes(ev.domain_size, ev.n_vars, abc=not circuit.w_only(task))
         claim = SlotClaim(task.task_id, task.job_seq, task.partition, task.priority)
         self.ctx.send(msg.RingWait(task.task_id, True))  # the engine's hung-process timer stops meanwhile
-        slot = self.ring.acquire_free(claim, abort=lambda: self.ctx.stopping.is_set() or task.task_id in self.cancelled,
+        slot = self.ring.acquire_free(claim, abort=lambda: self._given_up(task),
                                       nbytes=segment_bytes(shapes))
         self.ctx.send(msg.RingWait(task.task_id, False))
         if slot is None:
@@ -202,7 +209,7 @@ class SynthWorker:
         w = arrays[-1]
         t0, cpu0 = time.time(), time.process_time()
         self._check(task)
-        circuit.witness_into(task, w, self.threads)
+        circuit.witness_into(task, w, self.threads, abort=lambda: self._given_up(task))
         timings["witness"] = time.time() - t0
         self._check(task)
         if len(arrays) == 1:
