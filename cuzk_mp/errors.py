@@ -75,7 +75,8 @@ class ResourceError(CuzkError):
 
 class Unavailable(CuzkError):
     """The daemon cannot take the request now (it is starting or shutting down, or at its
-    connection cap); the request may be sent again later or to another daemon (exit code 3)."""
+    connection cap or a cap on unfinished jobs); the request may be sent again later or to another
+    daemon (exit code 3)."""
 
 
 class DeviceMemoryError(ResourceError):

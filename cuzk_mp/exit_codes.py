@@ -26,7 +26,8 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_INPUT, "bad input: usage, a missing or malformed file, an output that cannot be written, an unsatisfied "
                  "witness, a bad config"),
     (EXIT_UNREACHABLE, "the daemon could not be reached, or takes no requests now: starting, shutting down, at its "
-                       "connection cap (client verbs); fleet status: the fleet's database could not be reached"),
+                       "connection cap or a cap on unfinished jobs (client verbs); fleet status: the fleet's database "
+                       "could not be reached"),
     (EXIT_RESOURCES, "not enough memory (host, shared memory or GPU) or disk (a full journal) for what was asked; "
                      "daemon: its fleet's database did not answer at start"),
     (EXIT_JOURNAL_DAMAGED, "daemon: its journal is damaged or missing; nothing was changed (the message says how "

@@ -262,14 +262,17 @@ def test_memory_budget_is_what_is_left(tmp_path: Path) -> None:
                    "gpus": {"backend": "cpu", "devices": [0]},
                    "circuits": {"a": {"synthetic": "porep-like", "log_n": 12},
                                 "b": {"synthetic": "porep-like", "log_n": 16}}}, tmp_path)
-    # the largest circuit's segment sizes the ring
-    expect = 16 * 2**30 - 2**30 - 4 * PROCESS_BASE_BYTES - pipeline(16, "porep-like", 3, 2, 1)
+    # the largest circuit's segment sizes the ring; the queued jobs' inputs take their share first: daemon.
+    # max_queued_input (2 GiB by default, more than a 128 MiB frame, less than 10000 of them)
+    queue = 2 * 2**30
+    assert cfg.queue_bytes == queue
+    expect = 16 * 2**30 - 2**30 - queue - 4 * PROCESS_BASE_BYTES - pipeline(16, "porep-like", 3, 2, 1)
     assert cfg.engine.srs_budget_bytes == expect
     two = resolve({"memory": {"total_budget": "16GiB", "safety_margin": "1GiB"},
                    "synthesis": {"partition_workers": 2}, "pipeline": {"ring_slots": 3},
                    "gpus": {"backend": "cpu", "devices": [0, 1]},
                    "circuits": {"b": {"synthetic": "porep-like", "log_n": 16}}}, tmp_path)
-    srs_total = 16 * 2**30 - 2**30 - 5 * PROCESS_BASE_BYTES - pipeline(16, "porep-like", 3, 2, 2)
+    srs_total = 16 * 2**30 - 2**30 - queue - 5 * PROCESS_BASE_BYTES - pipeline(16, "porep-like", 3, 2, 2)
     assert two.engine.srs_budget_bytes == srs_total // 2  # each prover keeps its own keys
     dense = resolve({"memory": {"total_budget": "16GiB", "safety_margin": "1GiB"},
                      "synthesis": {"partition_workers": 2}, "pipeline": {"ring_slots": 3},
@@ -278,7 +281,7 @@ def test_memory_budget_is_what_is_left(tmp_path: Path) -> None:
     assert dense.circuits["d"].spec.synthetic == "dense-random"
     dense_n = synthetic_circuit("dense-random", 16).n_wires
     assert partition_segment_bytes(1 << 16, dense_n) > partition_segment_bytes(1 << 16, 1 << 16)  # 2L chain inputs
-    assert dense.engine.srs_budget_bytes == 16 * 2**30 - 2**30 - 4 * PROCESS_BASE_BYTES - pipeline(
+    assert dense.engine.srs_budget_bytes == 16 * 2**30 - 2**30 - queue - 4 * PROCESS_BASE_BYTES - pipeline(
         16, "dense-random", 3, 2, 1)
 
 
@@ -304,7 +307,8 @@ def test_host_budget_derives_what_the_file_leaves_out(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="synthesis.threads"):
         resolve({"synthesis": {"threads": 2, "threads_per_partition": 4}}, tmp_path)
     auto = resolve({"memory": {"total_budget": "20GiB", "safety_margin": "4GiB"}}, tmp_path)
-    assert auto.host_budget_bytes == 16 * GiB  # "auto": what the total leaves after the margin
+    # "auto": what the total leaves after the margin and the queued jobs' inputs (daemon.max_queued_input)
+    assert auto.host_budget_bytes == 14 * GiB
 
 
 @pytest.mark.parametrize("text, addr", [
@@ -362,6 +366,53 @@ def test_non_loopback_listeners_need_tokens(tmp_path: Path) -> None:
                               "max_connections": 3}}, tmp_path)
     assert cfg.tokens == (TOKEN,) and cfg.admin_tokens == ("admin-token-0000001",)
     assert (cfg.frame_timeout_s, cfg.max_connections) == (5.0, 3)
+
+
+@pytest.mark.parametrize("daemon, message", [
+    ({"max_queued_jobs": 0}, "t.toml: daemon.max_queued_jobs: must be >= 1, got 0"),
+    ({"max_queued_jobs": -5}, "t.toml: daemon.max_queued_jobs: must be >= 1, got -5"),
+    ({"max_jobs_per_owner": -1}, "t.toml: daemon.max_jobs_per_owner: must be >= 0 (0: no cap), got -1"),
+    ({"max_queued_input": "lots"}, "t.toml: daemon.max_queued_input: cannot parse size 'lots'"),
+    ({"max_queued_input": -1}, "t.toml: daemon.max_queued_input: a size cannot be negative (-1)"),
+    ({"max_queued_jobs": "many"}, "`daemon.max_queued_jobs`: Expected `int`"),
+])
+def test_queue_caps_are_checked(daemon: dict, message: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=re.escape(message)):
+        resolve({"daemon": daemon}, tmp_path)
+
+
+def test_queue_caps_and_the_queue_share_of_memory(tmp_path: Path) -> None:
+    """The caps on unfinished jobs, and the memory they let the jobs' inputs hold: the budget's queue term
+    (the byte cap, or one frame where that is more, or max_queued_jobs frames where that is less)."""
+    from cuzk_mp.daemon.budget import queue_bound
+    from cuzk_mp.pipeline.memory import GiB, MiB
+
+    cfg = resolve({}, tmp_path)
+    assert (cfg.max_queued_jobs, cfg.max_queued_input_bytes, cfg.max_jobs_per_owner) == (10000, 2 * GiB, 0)
+    assert cfg.queue_bytes == 2 * GiB
+    given = resolve({"daemon": {"max_queued_jobs": 50, "max_queued_input": "512MiB", "max_jobs_per_owner": 4,
+                                "tokens": [TOKEN]}}, tmp_path)
+    assert (given.max_queued_jobs, given.max_queued_input_bytes, given.max_jobs_per_owner) == (50, 512 * MiB, 4)
+    assert queue_bound(512 * MiB, 50, 128 * MiB) == 512 * MiB
+    assert queue_bound(64 * MiB, 50, 128 * MiB) == 128 * MiB  # a lone job may fill a frame, whatever the cap
+    assert queue_bound(2 * GiB, 4, 128 * MiB) == 512 * MiB  # four jobs of a frame each hold no more
+    assert queue_bound(0, 8, 128 * MiB) == GiB  # no byte cap: the jobs cap bounds the bytes
+    srs = {cap: resolve({"daemon": {"max_queued_input": cap}, "gpus": {"backend": "cpu"}}, tmp_path).engine
+           .srs_budget_bytes for cap in ("1GiB", "3GiB")}
+    assert srs["1GiB"] - srs["3GiB"] == 2 * GiB  # every byte the queue may hold is a byte the keys may not
+    with pytest.raises(ConfigError, match=r"memory\.total_budget: 64\.00 GiB does not cover memory\.safety_margin "
+                                          r"\(4\.00 GiB\) and the queued jobs' inputs \(1250\.00 GiB: "
+                                          r"daemon\.max_queued_input"):
+        resolve({"daemon": {"max_queued_input": 0}}, tmp_path)  # 10000 frames of 128 MiB
+    assert resolve({"daemon": {"max_queued_input": 0, "max_queued_jobs": 8}}, tmp_path).queue_bytes == GiB
+
+
+def test_a_per_owner_cap_without_tokens_is_warned_about(tmp_path: Path) -> None:
+    plain = resolve({"daemon": {"max_jobs_per_owner": 3}}, tmp_path)
+    assert any("daemon.max_jobs_per_owner = 3 without tokens: every client is one owner" in w
+               for w in plain.warnings), plain.warnings
+    tenants = resolve({"daemon": {"max_jobs_per_owner": 3, "tokens": [TOKEN]}}, tmp_path)
+    assert not any("max_jobs_per_owner" in w for w in tenants.warnings)
 
 
 def test_default_shm_prefix_is_stable_per_journal(tmp_path: Path) -> None:
@@ -513,11 +564,18 @@ def test_host_budget_is_at_most_what_the_total_leaves(tmp_path: Path, monkeypatc
         resolve({"memory": {"total_budget": "8GiB", "host_budget": "100GiB"}}, tmp_path)
     assert str(e.value).startswith(
         "t.toml: memory.host_budget: 100.00 GiB is more than memory.total_budget (8.00 GiB) less "
-        "memory.safety_margin (4.00 GiB): at most 4.00 GiB (4294967296 bytes)")
+        "memory.safety_margin (4.00 GiB) and the queued jobs' inputs (2.00 GiB, daemon.max_queued_input): at most "
+        "2.00 GiB (2147483648 bytes)")
     with pytest.raises(ConfigError, match=r"memory\.host_budget: 4\.00 GiB .* memory\.safety_margin \(5\.00 GiB\)"):
         resolve({"memory": {"total_budget": "8GiB", "safety_margin": "5GiB", "host_budget": "4GiB"}}, tmp_path)
-    all_of_it = resolve({"memory": {"total_budget": "64GiB", "host_budget": "60GiB"}}, tmp_path)
-    assert all_of_it.host_budget_bytes == 60 * GiB
+    all_of_it = resolve({"memory": {"total_budget": "64GiB", "host_budget": "58GiB"}}, tmp_path)
+    assert all_of_it.host_budget_bytes == 58 * GiB
+    with pytest.raises(ConfigError, match=r"memory\.host_budget: 60\.00 GiB .* the queued jobs' inputs \(2\.00 GiB, "
+                                          r"daemon\.max_queued_input\): at most 58\.00 GiB"):
+        resolve({"memory": {"total_budget": "64GiB", "host_budget": "60GiB"}}, tmp_path)
+    small = resolve({"memory": {"total_budget": "64GiB", "host_budget": "59GiB"},  # a small queue leaves more
+                     "daemon": {"max_queued_input": "64MiB", "max_frame_bytes": "64MiB"}}, tmp_path)
+    assert small.host_budget_bytes == 59 * GiB and small.queue_bytes == 64 * 2**20
     monkeypatch.setattr(C, "machine_memory_bytes", lambda: 16 * GiB)
     with pytest.raises(ConfigError, match=r"memory\.total_budget \(auto: this machine's memory, 16\.00 GiB\)"):
         C.resolve({"memory": {"host_budget": "13GiB"}}, base=tmp_path, source="t.toml")

@@ -42,6 +42,7 @@ FAMILIES: dict[str, tuple[str, frozenset[str]]] = {name: (kind, frozenset(labels
     ("cuzk_start_time_seconds", "gauge", ()),
     ("cuzk_queue_depth", "gauge", ()),
     ("cuzk_jobs", "gauge", ("state",)),
+    ("cuzk_queued_input_bytes", "gauge", ()),
     ("cuzk_srs_budget_bytes", "gauge", ()),
     ("cuzk_ring_slots", "gauge", ("state",)),
     ("cuzk_ring_occupancy", "gauge", ()),

@@ -2,23 +2,28 @@
 
 The ``[memory]`` section gives one number for everything the daemon's process tree may use
 (``total_budget``, "auto" = the machine's RAM) minus a ``safety_margin``, and a ``host_budget``
-for the pipeline ("auto" = total - margin) from which the shape is derived where the file leaves
-it out (:func:`~cuzk_mp.pipeline.memory.derive_shape`: ring_slots, partition_workers,
+for the pipeline ("auto" = total - margin - queue) from which the shape is derived where the file
+leaves it out (:func:`~cuzk_mp.pipeline.memory.derive_shape`: ring_slots, partition_workers,
 threads_per_partition). Both use the pipeline's one memory model
 (:func:`~cuzk_mp.pipeline.memory.host_bound`, docs/architecture.md "Memory"): every process's
 base, the ring (ring_slots x the largest circuit's segment), each synthesis worker's and each
-prover's working set, the engine's own. What is left is the SRS budget. Every prover process
+prover's working set, the engine's own. The daemon's queue is a term of its own, outside the
+pipeline's ``host_budget``: the input bytes (circom input JSON, witnesses) its unfinished jobs keep
+in memory until they finish, at most what ``[daemon] max_queued_input`` and ``max_queued_jobs``
+allow (:func:`queue_bound`). What is left is the SRS budget. Every prover process
 keeps its own resident keys and evicts least-recently-used ones beyond
 ``EngineConfig.srs_budget_bytes``, so that budget is per prover process: the SRS share divided by
 the number of prover processes (``len(gpus.devices)``; 1 when the key is left out)::
 
-    srs_total = total - margin - processes x PROCESS_BASE_BYTES - pipeline
+    srs_total = total - margin - queue - processes x PROCESS_BASE_BYTES - pipeline
     pipeline  = engine + ring_slots x segment + partition_workers x synth + provers x prover
+    queue     = min(max_queued_jobs x max_frame_bytes, max(max_queued_input, max_frame_bytes))
+                (max_queued_input 0, no byte cap: max_queued_jobs x max_frame_bytes)
     srs_budget_bytes = srs_total // provers
 
 A budget that comes out at or below zero is an impossible configuration and fails start-up with a
-message naming ``memory.total_budget``. The same numbers are reported by ``GetStatus`` so an
-operator can see where the memory goes.
+message naming ``memory.total_budget`` (and ``daemon.max_queued_input``, the queue's share). The
+same numbers are reported by ``GetStatus`` so an operator can see where the memory goes.
 """
 
 from __future__ import annotations
@@ -49,6 +54,7 @@ class BudgetBreakdown:
     pipeline: int
     srs: int
     provers: int
+    queue: int = 0  # the input bytes the daemon's unfinished jobs may hold (queue_bound)
 
     @property
     def srs_per_prover(self) -> int:
@@ -57,7 +63,7 @@ class BudgetBreakdown:
 
     def as_dict(self) -> dict[str, int]:
         """JSON-able form for /status."""
-        return {"total": self.total, "safety_margin": self.safety_margin,
+        return {"total": self.total, "safety_margin": self.safety_margin, "queue": self.queue,
                 "processes": self.processes, "pipeline": self.pipeline, "srs": self.srs,
                 "provers": self.provers, "srs_per_prover": self.srs_per_prover}
 
@@ -109,8 +115,27 @@ def shape_for(budget: int, engine: EngineConfig, circuit: CircuitSize, given: di
                         batch=prover_batch(engine.prover_batch), shm_bytes=shm_capacity_bytes())
 
 
-def breakdown(total: int, margin: int, engine: EngineConfig, circuit: CircuitSize) -> BudgetBreakdown:
-    """Split ``total`` into margin, process bases, the pipeline (the model's bound) and the SRS budget."""
+def queue_bound(max_queued_input: int, max_queued_jobs: int, max_frame_bytes: int) -> int:
+    """The most input bytes the daemon's unfinished jobs hold at once, as its caps allow (the
+    ``queue`` term of the budget).
+
+    A submit is refused beyond ``max_queued_input`` bytes (0: no byte cap) unless the daemon holds
+    no unfinished job, and beyond ``max_queued_jobs`` jobs; one job's inputs arrive in one frame, so
+    fewer than ``max_frame_bytes``. Hence the lone job admitted into an empty daemon may bring up to
+    ``max_frame_bytes`` whatever the byte cap, and the jobs cap alone bounds the bytes by
+    ``max_queued_jobs x max_frame_bytes``. (Jobs restored from the journal at start are never
+    refused, so a cap lowered since they were accepted holds again once they have finished.)
+    """
+    by_jobs = max_queued_jobs * max_frame_bytes
+    if not max_queued_input:
+        return by_jobs
+    return min(by_jobs, max(max_queued_input, max_frame_bytes))
+
+
+def breakdown(total: int, margin: int, engine: EngineConfig, circuit: CircuitSize,
+              queue: int = 0) -> BudgetBreakdown:
+    """Split ``total`` into margin, the daemon's queue (``queue``: :func:`queue_bound`), process bases,
+    the pipeline (the model's bound) and the SRS budget."""
     provers = len(engine.devices) if engine.devices else 1
     shape = Shape(engine.ring_slots, engine.partition_workers, engine.threads_per_partition())
     keyless = CircuitSize(circuit.domain_size, circuit.n_vars, 0, 0, abc=circuit.abc)  # the keys are what is left
@@ -120,18 +145,19 @@ def breakdown(total: int, margin: int, engine: EngineConfig, circuit: CircuitSiz
     processes = (1 + engine.partition_workers + provers) * PROCESS_BASE_BYTES
     pipeline = bound.total - bound.fixed
     return BudgetBreakdown(total=total, safety_margin=margin, processes=processes, pipeline=pipeline,
-                           srs=total - margin - processes - pipeline, provers=provers)
+                           srs=total - margin - queue - processes - pipeline, provers=provers, queue=queue)
 
 
 def memory_budget(total: int, margin: int, engine: EngineConfig, circuit: CircuitSize,
-                  source: str = "config") -> int:
+                  source: str = "config", queue: int = 0) -> int:
     """The per-prover SRS budget in bytes (``EngineConfig.srs_budget_bytes``); ConfigError
     naming ``memory.total_budget`` if it is not positive."""
-    b = breakdown(total, margin, engine, circuit)
+    b = breakdown(total, margin, engine, circuit, queue)
     if b.srs <= 0:
         raise ConfigError(
             f"{source}: memory.total_budget: {total} bytes cannot hold the safety margin "
-            f"({margin}), {1 + engine.partition_workers}+ processes ({b.processes}) and the "
+            f"({margin}), the queued jobs' inputs ({queue}: daemon.max_queued_input), "
+            f"{1 + engine.partition_workers}+ processes ({b.processes}) and the "
             f"pipeline: slot ring, worker and prover working sets ({b.pipeline}); raise it or lower "
-            "pipeline.ring_slots / synthesis.partition_workers")
+            "pipeline.ring_slots / synthesis.partition_workers / daemon.max_queued_input")
     return b.srs_per_prover

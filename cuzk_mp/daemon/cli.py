@@ -229,6 +229,7 @@ def check_summary(cfg: Any, warnings: int = 0) -> str:
             f"  engine: {backend}, devices {devices}, {e.partition_workers} synthesis workers x "
             f"{e.synthesis_threads} threads, {e.ring_slots} ring slots, shm prefix {e.shm_prefix}\n"
             f"  memory: total {fmt_bytes(cfg.memory_total_bytes)}, safety margin {fmt_bytes(cfg.safety_margin_bytes)}, "
+            f"queued jobs' inputs {fmt_bytes(cfg.queue_bytes)}, "
             f"pipeline (host budget) {fmt_bytes(cfg.host_budget_bytes)}, proving keys {fmt_bytes(e.srs_budget_bytes)}\n"
             f"  files: journal {cfg.journal_path}, param cache {cfg.param_cache}")
 

@@ -35,7 +35,7 @@ from typing import Any, Literal
 import msgspec
 
 from cuzk_mp.daemon import protocol as P
-from cuzk_mp.daemon.budget import largest, memory_budget, shape_for
+from cuzk_mp.daemon.budget import largest, memory_budget, queue_bound, shape_for
 from cuzk_mp.daemon.fleet.config import FleetConfig, FleetSection, resolve_fleet
 from cuzk_mp.daemon.transport import DEFAULT_MAX_FRAME, Address, parse_address
 from cuzk_mp.errors import ConfigError
@@ -97,6 +97,9 @@ class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_frame_bytes: SizeValue = f"{DEFAULT_MAX_FRAME >> 20}MiB"
     frame_timeout: DurationValue = "60s"
     max_connections: int = 256
+    max_queued_jobs: int = 10000  # unfinished (queued or running) jobs of all clients
+    max_queued_input: SizeValue = "2GiB"  # the input bytes those jobs hold; 0: no byte cap
+    max_jobs_per_owner: int = 0  # unfinished jobs of one client identity (a token); 0: no cap
     tokens: list[str] = []
     admin_tokens: list[str] = []
     result_ttl: DurationValue = "1h"
@@ -217,6 +220,15 @@ class DaemonConfig:
     warnings: tuple[str, ...] = ()  # keys accepted but ignored (FOREIGN_KEYS), circuits without an r1cs
     fleet: FleetConfig | None = None  # [fleet] with a dsn: this daemon is one box of a fleet
     exit_when_idle_s: float = 0.0  # stop after this long with no connection and no job (0: never)
+    max_queued_jobs: int = 10000
+    max_queued_input_bytes: int = 2 << 30  # 0: no byte cap
+    max_jobs_per_owner: int = 0  # 0: no cap
+
+    @property
+    def queue_bytes(self) -> int:
+        """The most input bytes the unfinished jobs hold at once: the budget's queue term
+        (:func:`~cuzk_mp.daemon.budget.queue_bound`)."""
+        return queue_bound(self.max_queued_input_bytes, self.max_queued_jobs, self.max_frame_bytes)
 
 
 _DURATIONS = {"ms": 1e-3, "s": 1.0, "m": 60.0, "h": 3600.0, "d": 86400.0, "": 1.0}
@@ -492,6 +504,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     _check_tokens(d, listen, status_listen, source)
     if d.max_connections < 1:
         raise ConfigError(f"{source}: daemon.max_connections: must be >= 1, got {d.max_connections}")
+    queue_caps = _queue_caps(d, source)
     frame_timeout = parse_duration(d.frame_timeout, f"{source}: daemon.frame_timeout")
     if frame_timeout <= 0:
         raise ConfigError(f"{source}: daemon.frame_timeout: must be > 0 (an unfinished frame "
@@ -503,6 +516,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
             raise ConfigError(f"{source}: srs.preload: unknown circuit {cid!r} "
                               f"(configured: {sorted(circuits)})")
     max_frame = _max_frame(d, source)
+    queue = queue_bound(queue_caps["max_queued_input_bytes"], queue_caps["max_queued_jobs"], max_frame)
     given_total = parse_size(cfg.memory.total_budget, f"{source}: memory.total_budget", allow_auto=True)
     margin = parse_size(cfg.memory.safety_margin, f"{source}: memory.safety_margin")
     assert margin is not None
@@ -510,7 +524,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     if total <= margin:
         raise ConfigError(f"{source}: memory.total_budget: {total} bytes do not even cover "
                           f"memory.safety_margin ({margin})")
-    host = _host_budget(cfg.memory, total, margin, source, auto_total=given_total is None)
+    host = _host_budget(cfg.memory, total, margin, queue, source, auto_total=given_total is None)
     journal_path = _path(d.journal, base) if d.journal else param_cache / "journal.sqlite"
     given = _given_shape(cfg)
     engine = EngineConfig(
@@ -532,10 +546,14 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         raise ConfigError(f"{source}: {e}") from None
     engine = replace(engine, ring_slots=shape.ring_slots, partition_workers=shape.partition_workers,
                      synthesis_threads=shape.threads_per_partition)
-    engine = replace(engine, srs_budget_bytes=memory_budget(total, margin, engine, circuit, source))
+    engine = replace(engine, srs_budget_bytes=memory_budget(total, margin, engine, circuit, source, queue))
     _validate_engine(engine, cfg, given, source)  # and the engine the daemon starts, as it will check it
     fleet = resolve_fleet(cfg.fleet, source=source, base=base, duration=parse_duration)
     warnings += _witness_check_warnings(circuits, engine.verify_proofs, source)
+    if d.max_jobs_per_owner and not (d.tokens or d.admin_tokens):
+        warnings.append(f"{source}: daemon.max_jobs_per_owner = {d.max_jobs_per_owner} without tokens: every client "
+                        "is one owner, so it caps all unfinished jobs together (as daemon.max_queued_jobs does); "
+                        "set daemon.tokens to give each client a cap of its own")
     grace_s = parse_duration(d.shutdown_grace, f"{source}: daemon.shutdown_grace")
     if grace_s < 2 * ENGINE_STOP_RESERVE_S:
         left = max(grace_s - ENGINE_STOP_RESERVE_S, 0.0)
@@ -554,7 +572,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         log_level=level, log_format=cfg.logging.format, host_budget_bytes=host,
         frame_timeout_s=frame_timeout, max_connections=d.max_connections,
         tokens=tuple(d.tokens), admin_tokens=tuple(d.admin_tokens), warnings=tuple(warnings),
-        fleet=fleet, exit_when_idle_s=_idle_exit(d, fleet is not None, source),
+        fleet=fleet, exit_when_idle_s=_idle_exit(d, fleet is not None, source), **queue_caps,
     )
 
 
@@ -571,6 +589,20 @@ def _witness_check_warnings(circuits: dict[str, CircuitConfig], verify: bool, so
             "and pipeline.verify_proofs = false: an unsatisfied witness gives a proof that does not verify, "
             "returned as done"))
     return out
+
+
+def _queue_caps(d: DaemonSection, source: str) -> dict[str, int]:
+    """``daemon.max_queued_jobs``, ``max_queued_input`` (bytes) and ``max_jobs_per_owner``, checked: the
+    caps that keep the unfinished jobs' inputs (held in memory until each job finishes) bounded."""
+    if d.max_queued_jobs < 1:
+        raise ConfigError(f"{source}: daemon.max_queued_jobs: must be >= 1, got {d.max_queued_jobs}")
+    if d.max_jobs_per_owner < 0:
+        raise ConfigError(f"{source}: daemon.max_jobs_per_owner: must be >= 0 (0: no cap), got "
+                          f"{d.max_jobs_per_owner}")
+    size = parse_size(d.max_queued_input, f"{source}: daemon.max_queued_input")
+    assert size is not None
+    return {"max_queued_jobs": d.max_queued_jobs, "max_queued_input_bytes": size,
+            "max_jobs_per_owner": d.max_jobs_per_owner}
 
 
 def _idle_exit(d: DaemonSection, in_fleet: bool, source: str) -> float:
@@ -628,19 +660,29 @@ def _max_frame(d: DaemonSection, source: str) -> int:
     return value
 
 
-def _host_budget(m: MemorySection, total: int, margin: int, source: str, *, auto_total: bool) -> int:
-    """``memory.host_budget`` in bytes ("auto": total_budget - safety_margin); more than that is refused:
-    the pipeline's memory is part of the total, and the margin is kept free."""
+def _host_budget(m: MemorySection, total: int, margin: int, queue: int, source: str, *,
+                 auto_total: bool) -> int:
+    """``memory.host_budget`` in bytes ("auto": total_budget - safety_margin - the queue's bytes); more
+    than that is refused: the pipeline's memory is part of the total, the margin is kept free, and the
+    inputs of the daemon's unfinished jobs (``queue``: :func:`~cuzk_mp.daemon.budget.queue_bound`) are
+    held beside the pipeline, not in it."""
     host = parse_size(m.host_budget, f"{source}: memory.host_budget", allow_auto=True)
+    most = total - margin - queue
+    if most <= 0:
+        raise ConfigError(
+            f"{source}: memory.total_budget: {fmt_bytes(total)} does not cover memory.safety_margin "
+            f"({fmt_bytes(margin)}) and the queued jobs' inputs ({fmt_bytes(queue)}: daemon.max_queued_input, "
+            "max_queued_jobs and max_frame_bytes allow that much); raise memory.total_budget, or lower "
+            "daemon.max_queued_input")
     if host is None:
-        return total - margin
-    if host > total - margin:
+        return most
+    if host > most:
         whose = "auto: this machine's memory, " if auto_total else ""
         raise ConfigError(
             f"{source}: memory.host_budget: {fmt_bytes(host)} is more than memory.total_budget "
-            f"({whose}{fmt_bytes(total)}) less memory.safety_margin ({fmt_bytes(margin)}): at most "
-            f"{fmt_bytes(total - margin)} ({total - margin} bytes); "
-            "lower memory.host_budget, or raise memory.total_budget")
+            f"({whose}{fmt_bytes(total)}) less memory.safety_margin ({fmt_bytes(margin)}) and the queued "
+            f"jobs' inputs ({fmt_bytes(queue)}, daemon.max_queued_input): at most {fmt_bytes(most)} ({most} "
+            "bytes); lower memory.host_budget or daemon.max_queued_input, or raise memory.total_budget")
     return host
 
 

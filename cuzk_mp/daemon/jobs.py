@@ -29,6 +29,15 @@ real await timeouts, cancel, results kept for a while) real behaviour:
 * **Shutdown.** While the daemon drains, only completed jobs and client-requested cancellations
   are final; a job the engine gives up because it is stopping stays ``queued`` in the journal
   and runs again after the restart.
+* **Bounded queue.** Until a job finishes, its input bytes (input JSON, witnesses: up to
+  ``max_frame_bytes`` a job) stay in memory, in its record and in the engine's task, so a submit
+  beyond a cap (:class:`QueueCaps`: ``[daemon] max_queued_jobs``, ``max_queued_input``,
+  ``max_jobs_per_owner``) is refused with Unavailable naming the cap and the figures (exit 3: the
+  client sends it again later, under the same request_id). A repeat of a job the daemon has is
+  answered whatever the caps; a job is admitted into a daemon that holds no unfinished job whatever
+  its size (the frame limit bounds it); jobs restored from the journal count and are never refused.
+  The figures are running counters (:meth:`JobTable.queued`), kept where a job is accepted, ends,
+  is refused or is restored.
 * **Fleet jobs.** A job this box claimed from a fleet's shared queue (:mod:`.fleet`) runs through
   :meth:`JobTable.run_claimed`: into the engine like any other, but not journaled (the fleet's
   database is its journal) and kept here only while it runs.
@@ -46,7 +55,8 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
-from typing import Protocol
+from dataclasses import dataclass
+from typing import NamedTuple, Protocol
 
 import msgspec
 
@@ -58,6 +68,7 @@ from cuzk_mp.daemon.journal import Journal, JournalEntry
 from cuzk_mp.daemon.metrics import DaemonMetrics
 from cuzk_mp.daemon.protocol import JobReply, PartitionIn, Prove, SubmitProof
 from cuzk_mp.errors import InputError, ResourceError, Unavailable
+from cuzk_mp.pipeline.memory import fmt_bytes
 from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionInput, PartitionResult, Priority
 
 log = logging.getLogger("cuzk_mp.daemon.jobs")
@@ -82,14 +93,42 @@ def digest_of(circuit_id: str, partitions: list[PartitionIn]) -> str:
     return h.hexdigest()
 
 
+def input_bytes(partitions: Iterable[PartitionIn]) -> int:
+    """The input bytes a job keeps in memory until it finishes (what ``max_queued_input`` counts)."""
+    return sum(len(p.data) for p in partitions)
+
+
+@dataclass(frozen=True)
+class QueueCaps:
+    """The bounds on unfinished jobs (``[daemon]`` keys; 0: no cap): every client's jobs
+    (``max_queued_jobs``), the input bytes they hold (``max_queued_input``), one owner's jobs
+    (``max_jobs_per_owner``)."""
+
+    max_jobs: int = 0
+    max_input_bytes: int = 0
+    max_per_owner: int = 0
+
+
+class Queued(NamedTuple):
+    """Unfinished jobs (queued or running) and the input bytes they hold."""
+
+    jobs: int
+    input_bytes: int
+
+
 class JobTable:
     """Jobs by id, with their waiters; see the module docstring for the rules."""
 
     def __init__(self, engine: EngineLike, journal: Journal, circuits: dict[str, CircuitConfig],
-                 metrics: DaemonMetrics, result_ttl_s: float) -> None:
+                 metrics: DaemonMetrics, result_ttl_s: float, caps: QueueCaps = QueueCaps()) -> None:
         self.engine, self.journal, self.circuits = engine, journal, circuits
-        self.metrics, self.result_ttl_s = metrics, result_ttl_s
+        self.metrics, self.result_ttl_s, self.caps = metrics, result_ttl_s, caps
         self.jobs: dict[str, JobRecord] = {}
+        # Unfinished journaled jobs: job id -> its input bytes, and the figures per owner; kept by
+        # _hold and _release, so a submit's caps check costs O(1) however many jobs wait.
+        self._held: dict[str, int] = {}
+        self._held_bytes = 0
+        self._owners: dict[str, list[int]] = {}  # owner -> [jobs, input bytes]
         self.draining = False
         self.closing = asyncio.Event()
         self._writes: set[asyncio.Task[bool]] = set()
@@ -134,11 +173,14 @@ class JobTable:
                                  "different job (other circuit or inputs)")
             await asyncio.shield(existing.accepted)
             return existing, True
+        size = input_bytes(req.partitions)
+        self._within_caps(owner, size)
         job_id = req.request_id or uuid.uuid4().hex
         rec = JobRecord(job_id=job_id, request_id=req.request_id, circuit_id=req.circuit_id,
                         priority=self.priority_of(req, cc), digest=digest,
                         partitions=list(req.partitions), submitted_at=time.time(), owner=owner)
         self.jobs[job_id] = rec
+        self._hold(rec, size)  # before any await: concurrent submits see it
         try:
             if any(p.kind == "json" for p in req.partitions):
                 await asyncio.to_thread(self._to_engine, rec)
@@ -159,10 +201,67 @@ class JobTable:
         rec.accepted.set_result(None)
         return rec, False
 
+    def _within_caps(self, owner: str, size: int) -> None:
+        """Unavailable naming the cap (its key and value) a new job of ``owner`` with ``size`` input
+        bytes would pass, and the figures now; a daemon with no unfinished job takes any job."""
+        caps, jobs = self.caps, len(self._held)
+        if not jobs:
+            return
+        again = "; send it again once some jobs have finished"
+
+        def unfinished(n: int) -> str:
+            return f"{n} unfinished job{'' if n == 1 else 's'}"
+
+        if caps.max_jobs and jobs >= caps.max_jobs:
+            raise Unavailable(f"the daemon holds {unfinished(jobs)} (queued or running), its cap "
+                              f"([daemon] max_queued_jobs = {caps.max_jobs}){again}")
+        mine = self._owners.get(owner, [0, 0])[0]
+        if caps.max_per_owner and mine >= caps.max_per_owner:
+            raise Unavailable(f"this client has {unfinished(mine)} (queued or running), its cap "
+                              f"([daemon] max_jobs_per_owner = {caps.max_per_owner}){again}")
+        if caps.max_input_bytes and self._held_bytes + size > caps.max_input_bytes:
+            raise Unavailable(
+                f"the daemon holds {unfinished(jobs)} with {fmt_bytes(self._held_bytes)} ({self._held_bytes} bytes) "
+                f"of inputs and this job brings {fmt_bytes(size)} ({size} bytes): more than its cap ([daemon] "
+                f"max_queued_input = {fmt_bytes(caps.max_input_bytes)}, {caps.max_input_bytes} bytes){again}")
+
+    def _hold(self, rec: JobRecord, size: int) -> None:
+        """Count an unfinished journaled job (and its input bytes) against the caps."""
+        if rec.job_id in self._held:
+            return
+        self._held[rec.job_id] = size
+        self._held_bytes += size
+        figures = self._owners.setdefault(rec.owner, [0, 0])
+        figures[0] += 1
+        figures[1] += size
+
+    def _release(self, rec: JobRecord) -> None:
+        """A job no longer holds its inputs (it ended, or was refused): its place is free."""
+        size = self._held.pop(rec.job_id, None)
+        if size is None:
+            return
+        self._held_bytes -= size
+        figures = self._owners[rec.owner]
+        figures[0] -= 1
+        figures[1] -= size
+        if not figures[0]:
+            del self._owners[rec.owner]
+
+    def queued(self, owner: str | None = None) -> Queued:
+        """Unfinished journaled jobs and their input bytes: every client's, or ``owner``'s."""
+        if owner is None:
+            return Queued(len(self._held), self._held_bytes)
+        jobs, size = self._owners.get(owner, (0, 0))
+        return Queued(jobs, size)
+
     async def run_claimed(self, rec: JobRecord) -> JobRecord:
         """Run a job this box claimed from a fleet: into the engine (which validates it), not
         journaled; returns the record once the job ended. Cancelling the caller cancels the job
-        in the engine. The record is dropped from the table when this returns."""
+        in the engine. The record is dropped from the table when this returns.
+
+        Such a job is not counted against :class:`QueueCaps`: the fleet's worker claims at most
+        ``[fleet] max_jobs`` of them at once (its free slots), so they are bounded already, and a
+        fleet's waiting jobs wait in its database and ``inputs_dir``, not in this process."""
         if rec.job_id in self.jobs:
             raise ResourceError(f"job {rec.job_id} is already running on this box")
         self.jobs[rec.job_id] = rec
@@ -189,6 +288,7 @@ class JobTable:
 
     def _refused(self, rec: JobRecord, e: BaseException) -> None:
         self.jobs.pop(rec.job_id, None)
+        self._release(rec)
         rec.accepted.set_exception(e)
         rec.accepted.exception()  # retrieved: waiters re-raise it; no "never retrieved" log
 
@@ -308,6 +408,7 @@ class JobTable:
             return
         rec.state = result.state if result.state in TERMINAL else "failed"
         rec.partitions = without_inputs(rec.partitions)  # ended: its inputs are not needed again
+        self._release(rec)
         rec.error = result.error
         rec.started_at = result.started_at or rec.started_at
         rec.finished_at = result.finished_at
@@ -396,6 +497,7 @@ class JobTable:
             if rec.state in TERMINAL:
                 kept += 1
                 continue
+            self._hold(rec, input_bytes(rec.partitions))  # accepted before: counted, never refused
             try:
                 if rec.circuit_id not in self.circuits:
                     raise InputError(f"circuit {rec.circuit_id!r} is no longer configured")
@@ -407,6 +509,8 @@ class JobTable:
 
     def _fail_restored(self, rec: JobRecord, message: str) -> None:
         rec.state, rec.error, rec.error_kind = "failed", message, "InputError"
+        rec.partitions = without_inputs(rec.partitions)
+        self._release(rec)
         rec.finished_at = time.time()
         rec.results = {i: p for i, p in enumerate(pending_partitions(rec, "failed"))}
         self.metrics.observe_job(rec.circuit_id, rec.state, rec.finished_at - rec.submitted_at)

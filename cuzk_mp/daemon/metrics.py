@@ -19,7 +19,8 @@ Metric names (all prefixed ``cuzk_``):
 * ``gpu_busy_seconds_total{device}``: sum of the proved partitions' device-compute time
 * ``requests_total{op}``, ``request_errors_total{op,kind}``, ``request_duration_seconds{op}``
 * scrape time: ``start_time_seconds`` (Unix time; uptime = ``time() - cuzk_start_time_seconds``),
-  ``queue_depth``, ``jobs{state}`` (the job table now), ``srs_budget_bytes``,
+  ``queue_depth``, ``jobs{state}`` (the job table now), ``queued_input_bytes`` (the input bytes the
+  unfinished jobs hold: ``[daemon] max_queued_input`` caps it), ``srs_budget_bytes``,
   ``ring_slots{state}`` (free, filling, ready, staging: every state, 0 included), ``ring_occupancy``,
   ``srs_bytes{circuit,process,tier}``, ``memory_bytes{kind}`` (host, host_pss, host_rss,
   shm; host = host_pss + shm), ``process_memory_bytes{process,kind}`` (each process's pss and uss),
@@ -70,6 +71,7 @@ class Scrape:
     queue_depth: int = 0
     job_counts: Mapping[str, int] = field(default_factory=dict)
     srs_budget_bytes: int = 0
+    queued_input_bytes: int = 0
     engine: EngineStatus | None = None
     engine_metrics: EngineMetrics | None = None
     extra: Sequence[Gauge] = ()
@@ -152,6 +154,8 @@ class DaemonMetrics:
         yield _gauge("cuzk_queue_depth", "Partitions accepted and not yet finished.", s.queue_depth)
         yield _gauge("cuzk_jobs", "Jobs in the job table by state.", {("state",): None},
                      [((k,), float(v)) for k, v in s.job_counts.items()])
+        yield _gauge("cuzk_queued_input_bytes", "Input bytes held by unfinished jobs until they finish "
+                     "([daemon] max_queued_input caps them).", s.queued_input_bytes)
         yield _gauge("cuzk_srs_budget_bytes", "Bytes of proving keys allowed to stay resident.", s.srs_budget_bytes)
         if s.engine is not None:
             yield from _status_families(s.engine)

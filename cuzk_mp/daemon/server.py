@@ -52,7 +52,7 @@ from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.access import OPEN, Access, Identity, redact_text, status_view
 from cuzk_mp.daemon.config import ENGINE_STOP_RESERVE_S, DaemonConfig
 from cuzk_mp.daemon.instance_lock import InstanceLock, lock_paths
-from cuzk_mp.daemon.jobs import JobTable
+from cuzk_mp.daemon.jobs import JobTable, QueueCaps
 from cuzk_mp.daemon.journal import Journal
 from cuzk_mp.daemon.metrics import DaemonMetrics, Scrape
 from cuzk_mp.daemon.notify import key_load_budget_s, setup_budget_s, starting
@@ -152,7 +152,9 @@ class Daemon:
                      self.cfg.engine.start_timeout_s + ENGINE_START_SLACK_S)
             self.engine = await asyncio.to_thread(configured.start)  # a failed start leaves nothing behind
             self.jobs = JobTable(self.engine, self.journal, self.cfg.circuits, self.metrics,
-                                 self.cfg.result_ttl_s)
+                                 self.cfg.result_ttl_s, QueueCaps(self.cfg.max_queued_jobs,
+                                                                  self.cfg.max_queued_input_bytes,
+                                                                  self.cfg.max_jobs_per_owner))
             self.view = StatusView(self.cfg, self.jobs, self.started_at, self._generated_vk)
             for cc in self.cfg.circuits.values():  # synthetic: may run the dev setup once
                 _announce_setup(cc.spec, self.cfg.param_cache)
@@ -531,6 +533,7 @@ class Daemon:
             doc = self.view.document(self.state.value, engine_status)
             if not caller.admin:  # a tenant counts its own jobs, as its job list shows only those
                 doc["job_counts"] = self.view.job_counts(engine_status, owner=caller.owner)
+                doc["queue"] = self.view.queue(owner=caller.owner)
         if self.journal is not None:
             doc["journal"] = await self.journal.report()
         if self.fleet is not None:
@@ -551,6 +554,7 @@ class Daemon:
         return self.metrics.render(Scrape(
             started_at=self.started_at, queue_depth=view.queue_depth() if view else 0,
             job_counts=view.job_counts(status) if view else {}, srs_budget_bytes=view.budget["srs"] if view else 0,
+            queued_input_bytes=self.jobs.queued().input_bytes if self.jobs is not None else 0,
             engine=status, engine_metrics=em, extra=await self.fleet.gauges() if self.fleet is not None else ()))
 
 

@@ -50,7 +50,8 @@ class StatusView:
         self.cfg, self.jobs, self.started_at = cfg, jobs, started_at
         self.generated_vk = generated_vk
         self.budget = breakdown(cfg.memory_total_bytes, cfg.safety_margin_bytes, cfg.engine,
-                                largest((c.spec for c in cfg.circuits.values()), cfg.engine.backend)).as_dict()
+                                largest((c.spec for c in cfg.circuits.values()), cfg.engine.backend),
+                                cfg.queue_bytes).as_dict()
         self._vks: dict[str, dict[str, Any]] = {}
         self._vk_lock = threading.Lock()
 
@@ -112,6 +113,7 @@ class StatusView:
             },
             "job_counts": self.job_counts(engine),
             "queue_depth": self.queue_depth(),
+            "queue": self.queue(),
             "jobs": self._job_list(engine),
             "memory_budget": {**self.budget, "host_budget": self.cfg.host_budget_bytes},
             "pipeline": {"ring_slots": self.cfg.engine.ring_slots,
@@ -127,6 +129,15 @@ class StatusView:
                            "devices": engine.devices, "queue": msgspec.to_builtins(engine.queue),
                            "degraded": msgspec.to_builtins(engine.degraded)})
         return doc
+
+    def queue(self, owner: str | None = None) -> dict[str, int]:
+        """The unfinished jobs and the input bytes they hold, beside the caps that bound them
+        (``[daemon] max_queued_jobs``, ``max_queued_input``, ``max_jobs_per_owner``; 0: no cap): why
+        a submit is refused. With ``owner``, that client's figures (a tenant sees only its own)."""
+        q = self.jobs.queued(owner)
+        return {"jobs": q.jobs, "input_bytes": q.input_bytes, "max_queued_jobs": self.cfg.max_queued_jobs,
+                "max_queued_input": self.cfg.max_queued_input_bytes,
+                "max_jobs_per_owner": self.cfg.max_jobs_per_owner}
 
     def queue_depth(self) -> int:
         """Partitions accepted and not yet finished (queued, synthesizing, waiting or proving)."""
