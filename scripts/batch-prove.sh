@@ -22,8 +22,9 @@ the name and content of every input file: a rerun after an interruption re-attac
 the daemon already has (no proof is computed twice), two entries never share an id however
 alike their names, and an input changed since the last run is a new job. An entry whose job
 failed (the client's exit 1 or 2, or a proof that does not verify) gets a new attempt; one that
-was only not waited for to its end (an interruption, --timeout, the daemon unreachable), or proved
-with its files not written here (a full disk), keeps its id, so the rerun re-attaches to it.
+was only not waited for to its end (an interruption, --timeout, the daemon unreachable or at its
+cap on unfinished jobs: exit 3), or proved with its files not written here (a full disk), keeps
+its id, so the rerun re-attaches to it (or, refused at a cap, sends it again).
 
   --connect ADDR   unix:///path or host:port (default $CUZK_MP_CONNECT or 127.0.0.1:9820)
   -j, --jobs N     jobs in flight (default 4)
