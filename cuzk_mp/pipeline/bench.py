@@ -57,7 +57,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
+from ..circuits.synthetic_kinds import MAX_LOG_N, MIN_LOG_N, SYNTHETIC_KINDS
 import msgspec
 
 from ..errors import CuzkError, InputError
@@ -576,6 +576,10 @@ def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
     for key, value in DEFAULTS[backend].items():
         if getattr(args, key) is None:
             setattr(args, key, value)
+    if args.circuit in SYNTHETIC_KINDS and not MIN_LOG_N <= args.log_n <= MAX_LOG_N:
+        # with the other options, before any work (the circuit's own check comes after the key step began)
+        raise InputError(f"--log-n must be {MIN_LOG_N}..{MAX_LOG_N} (the synthetic circuits' sizes), "
+                         f"got {args.log_n}")
     for key in ("partitions", "jobs", "in_flight", "gpu_workers", "repeat", *SHAPE_KEYS):
         value = getattr(args, key)
         if value is not None and not 1 <= value <= MAX_COUNTS.get(key, value):
