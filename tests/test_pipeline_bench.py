@@ -410,3 +410,34 @@ def test_a_zkey_circuit_is_reported_at_its_keys_size(tmp_path: Path, capsys: pyt
     result = json.loads(out.read_text())
     assert result["config"]["log_n"] == 10 and result["proofs_verified"] == result["proofs_total"] == 2
     assert "2^10" in capsys.readouterr().out
+
+
+def test_an_interrupted_bench_stops_its_engine_without_waiting_for_the_jobs_in_flight(
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    import signal
+
+    from cuzk_mp.pipeline.engine import RunningEngine
+
+    graces: list[float] = []
+    stop = RunningEngine.stop
+
+    def recording_stop(self: RunningEngine, grace_s: float = 30.0) -> None:
+        graces.append(grace_s)
+        stop(self, grace_s)
+
+    interrupted: list[str] = []
+
+    def interrupt_on_the_first_partition(self: bench.BenchRun, job_id: str, result: object) -> None:
+        if not interrupted:
+            interrupted.append(job_id)
+            os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, while jobs are in flight
+
+    monkeypatch.setattr(RunningEngine, "stop", recording_stop)
+    monkeypatch.setattr(bench.BenchRun, "_on_partition", interrupt_on_the_first_partition)
+    args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partitions", "4", "--jobs", "50", "--in-flight", "4",
+                  "--partition-workers", "1", "--ring-slots", "2", "--synthesis-threads", "1", "--quiet",
+                  "--cache", str(KEY_CACHE))
+    with pytest.raises(KeyboardInterrupt):
+        args.func(args)
+    assert graces == [0]  # no drain: the results of the jobs in flight would be thrown away
+    assert shm_entries(f"cuzk-bench-{os.getpid()}") == []

@@ -264,8 +264,12 @@ class BenchRun:
             memory.update(idle_pss={m.name: m.pss for m in idle}, idle_uss={m.name: m.uss for m in idle},
                           idle_anon={m.name: m.anon for m in idle}, peak_pss_first_job=self.pss_first_job or {})
             status = running.status()
-        finally:
-            running.stop()
+        except BaseException:
+            # Ctrl-C or a failure: nothing will read the jobs in flight, so they are not waited for
+            # (a drain would keep an interrupted bench for up to its grace, 30 s)
+            running.stop(grace_s=0)
+            raise
+        running.stop()
         return {"spec": spec, "runs": runs, "memory": memory, "status": status, "circuit": circuit,
                 "vk": bench_vk(Path(ref.zkey) if ref.key_source == "file" else None, vk), "key_load_s": key_load_s}
 
