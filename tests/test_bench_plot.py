@@ -263,3 +263,18 @@ def test_replot_of_a_result_without_timeline_says_so(tmp_path: Path, capsys: pyt
     old.write_text(json.dumps({"config": {}, "partitions": []}))
     assert benchplot_main([str(old), str(tmp_path / "x.png")]) == 2
     assert "no timeline" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(not HAVE_MATPLOTLIB, reason=NO_MATPLOTLIB)
+def test_a_plot_that_cannot_be_written_is_an_output_error_naming_it(bench_result: tuple[dict[str, Any], Path],
+                                                                   tmp_path: Path) -> None:
+    from cuzk_mp.errors import OutputError
+    from cuzk_mp.pipeline.benchplot import plot_timeline
+
+    full = tmp_path / "full.png"
+    full.symlink_to("/dev/full")
+    with pytest.raises(OutputError, match=r"full\.png: cannot write it: No space left on device"):
+        plot_timeline(bench_result[0], full)
+    svg = tmp_path / "t.svg"
+    plot_timeline(bench_result[0], svg)  # the format still follows the suffix
+    assert b"<svg" in svg.read_bytes()[:400]

@@ -441,3 +441,15 @@ def test_an_interrupted_bench_stops_its_engine_without_waiting_for_the_jobs_in_f
         args.func(args)
     assert graces == [0]  # no drain: the results of the jobs in flight would be thrown away
     assert shm_entries(f"cuzk-bench-{os.getpid()}") == []
+
+
+def test_a_json_result_that_cannot_be_written_is_an_output_error_naming_it(tmp_path: Path) -> None:
+    from cuzk_mp.errors import OutputError
+
+    full = tmp_path / "full.json"
+    full.symlink_to("/dev/full")  # passes the up-front checks, fails on the write: a disk that filled meanwhile
+    args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partitions", "1", "--jobs", "1",
+                  "--partition-workers", "1", "--ring-slots", "1", "--synthesis-threads", "1", "--quiet",
+                  "--cache", str(KEY_CACHE), "--json", str(full))
+    with pytest.raises(OutputError, match=r"full\.json: cannot write it: No space left on device"):
+        args.func(args)

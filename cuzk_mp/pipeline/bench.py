@@ -815,11 +815,20 @@ def run(args: argparse.Namespace) -> int:
         n = write_proofs(args.proofs_dir, raw["vk"], raw["runs"])
         print(f"wrote verification_key.json and {n} proof(s) to {args.proofs_dir}", flush=True)
     if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(json.dumps(result, indent=1, default=str) + "\n")
+        write_result(args.json, result)
     if args.plot:
         plot_timeline(result, args.plot)
     return _verdict(result)
+
+
+def write_result(path: Path, result: dict[str, Any]) -> None:
+    """The ``--json`` file, whole or not at all (a previous result stays readable if this one cannot be
+    written); a path that cannot take it is an OutputError naming it (exit 2), as for every output."""
+    from ..formats.atomic import atomic_output
+
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_output(path, "w") as f:
+        f.write(json.dumps(result, indent=1, default=str) + "\n")
 
 
 def _verdict(result: dict[str, Any]) -> int:

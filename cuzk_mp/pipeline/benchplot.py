@@ -246,9 +246,13 @@ def _memory_panel(ax: Any, tl: dict[str, Any], t0: float) -> None:
 
 
 def plot_timeline(result: dict[str, Any], path: Path) -> None:
-    """Draw :func:`draw`'s figure into ``path`` (the format follows its suffix: .png, .svg, .pdf)."""
+    """Draw :func:`draw`'s figure into ``path`` (the format follows its suffix: .png, .svg, .pdf), whole
+    or not at all; a path that cannot take it is an OutputError naming it."""
+    from ..formats.atomic import atomic_output
+
     fig = draw(result)
-    fig.savefig(path, dpi=120)
+    with atomic_output(path, "wb") as f:  # a file object: matplotlib takes the format from the name no more
+        fig.savefig(f, dpi=120, format=path.suffix.lstrip(".").lower() or None)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
