@@ -506,6 +506,9 @@ def test_places_the_daemon_writes_are_checked_up_front(tmp_path: Path, monkeypat
     ({"pipeline": {"prover_batch": 0}}, "t.toml: pipeline.prover_batch: 0 must be an integer >= 1"),
     ({"synthesis": {"partition_workers": 0}}, "t.toml: synthesis.partition_workers: 0 must be an integer >= 1"),
     ({"gpus": {"gpu_workers_per_device": 0}}, "t.toml: gpus.gpu_workers_per_device: 0 must be an integer >= 1"),
+    ({"gpus": {"gpu_workers_per_device": 5000}}, "t.toml: gpus.gpu_workers_per_device: 5000 is more than 1024 threads"),
+    ({"synthesis": {"threads_per_partition": 100000}},
+     "t.toml: synthesis.threads_per_partition: 100000 is more than 1024 threads"),
 ])
 def test_what_the_engine_refuses_is_refused_naming_the_key(raw: dict, message: str, tmp_path: Path) -> None:
     with pytest.raises(ConfigError) as e:

@@ -337,6 +337,8 @@ def test_big_circuit_data_is_built_in_a_child_process(tmp_path: Path) -> None:
     (("--start-timeout", "nan"), r"--start-timeout must be"),
     (("--wtns", "x.wtns"), r"--wtns and --r1cs are for a \.zkey circuit; porep-like makes its own"),
     (("--circuit", "x.zkey", "--log-n", "10"), r"--log-n is for the synthetic circuits"),
+    (("--synthesis-threads", "100000"), r"--synthesis-threads must be 1\.\.1024, got 100000"),
+    (("--gpu-workers", "5000"), r"--gpu-workers must be 1\.\.1024, got 5000"),
     (("--log-n", "0"), r"--log-n must be 10\.\.28 \(the synthetic circuits' sizes\), got 0"),
     (("--circuit", "dense-random", "--log-n", "40"), r"--log-n must be 10\.\.28"),
     (("--json", "{tmp}"), r"--json .*: is a folder"),

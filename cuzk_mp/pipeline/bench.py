@@ -68,8 +68,8 @@ from ..paths import default_cache_dir
 from .benchplot import plot_timeline, timeline_section
 from .benchreport import Progress, machine_info, median_stage, require_matplotlib, step, table
 from .types import (
-    KEY_SOURCES, MAX_PARTITIONS, MAX_RING_SLOTS, STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput,
-    PartitionResult, prover_batch,
+    KEY_SOURCES, MAX_PARTITIONS, MAX_RING_SLOTS, MAX_THREADS, STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec,
+    PartitionInput, PartitionResult, prover_batch,
 )
 
 if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other verbs build this
@@ -565,7 +565,7 @@ SHAPE_KEYS = ("ring_slots", "partition_workers", "synthesis_threads")
 # Bounds on what one bench may ask for: beyond these a typo, not a benchmark (a job has at most a
 # daemon request's partitions; the jobs of a run are all kept in memory with their proofs).
 MAX_COUNTS = {"partitions": MAX_PARTITIONS, "jobs": 100_000, "in_flight": 1024, "repeat": 1000,
-              "ring_slots": MAX_RING_SLOTS}
+              "ring_slots": MAX_RING_SLOTS, "synthesis_threads": MAX_THREADS, "gpu_workers": MAX_THREADS}
 MAX_START_TIMEOUT_S = 86_400.0
 
 

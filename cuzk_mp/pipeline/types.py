@@ -44,6 +44,10 @@ STAGES = ("queue_wait", "ring_wait", "shm_write", "witness", "synthesis", "stagi
 INPUT_KINDS = ("json", "wtns", "synthetic")
 BACKENDS = ("auto", "cpu", "gpu")
 MAX_RING_SLOTS = 256  # EngineConfig.ring_slots, at most
+# EngineConfig.synthesis_threads and gpu_workers_per_device, at most: more than any machine's cores, so a
+# typo; numba's pool of that many threads in each process can exhaust the process limit (the child dies
+# of SIGSEGV before READY, and the message names no option)
+MAX_THREADS = 1024
 MAX_ENGINE_TIMEOUT_S = 30 * 86_400.0  # EngineConfig.start_timeout_s and task_timeout_s, at most
 MAX_PARTITIONS = 1024  # partitions of one job, at most (a daemon request's and a bench job's)
 MAX_SEED = 2**63 - 1  # a synthetic partition's seed, at most (msgpack's signed 64-bit integers)
@@ -220,6 +224,9 @@ class EngineConfig:
                 raise ConfigError(f"{key(name)}: {value!r} must be an integer >= 1")
         if self.ring_slots > MAX_RING_SLOTS:
             raise ConfigError(f"{key('ring_slots')}: {self.ring_slots} is more than {MAX_RING_SLOTS}")
+        for name in ("synthesis_threads", "gpu_workers_per_device"):
+            if (getattr(self, name) or 0) > MAX_THREADS:
+                raise ConfigError(f"{key(name)}: {getattr(self, name)} is more than {MAX_THREADS} threads")
         if self.shm_prefix is not None and not _good_prefix(self.shm_prefix):
             raise ConfigError(f"{key('shm_prefix')}: {self.shm_prefix!r} must be 1-40 characters of [A-Za-z0-9_-]")
         if self.srs_budget_bytes is not None and self.srs_budget_bytes < 0:
