@@ -47,3 +47,40 @@ def test_a_killed_builders_temporaries_are_removed_by_the_next_build(tmp_path: P
     zkey, r1cs = ensure_synthetic_key("porep-like", 10, tmp_path, backend="cpu")
     assert zkey.exists() and r1cs.exists()
     assert not any(p.exists() for p in left) and live.exists()
+
+
+def test_a_synthetic_build_bigger_than_the_memory_is_refused_before_it_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A --log-n too big for the machine is exit 4 at once, naming the sizes: the build alone grew
+    until the kernel's OOM killer ended it (a 2^28 key on a 23 GiB machine)."""
+    import psutil
+
+    from cuzk_mp.errors import ResourceError
+    from cuzk_mp.pipeline.keys import ensure_synthetic_circuit_data, ensure_synthetic_key
+
+    real = psutil.virtual_memory()
+    monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=100_000))  # < 2^10's build
+    cache = tmp_path / "cache"
+    with pytest.raises(ResourceError, match=r"building the r1cs of porep-like 2\^10 \(1016 wires\) needs ~0\.0 GiB "
+                                            r"of memory; 0\.0 GiB are available: a smaller size"):
+        ensure_synthetic_key("porep-like", 10, cache, backend="cpu")
+    for child in (True, False):
+        with pytest.raises(ResourceError, match=r"building the circuit data of dense-random 2\^10 \(1053 wires\)"):
+            ensure_synthetic_circuit_data("dense-random", 10, cache, child=child)
+    assert not cache.exists() or not any(p.suffix in (".zkey", ".r1cs", ".synth-abc") for p in cache.iterdir())
+
+
+def _killed(level: str) -> None:
+    import os
+    import signal
+
+    os.kill(os.getpid(), signal.SIGKILL)
+
+
+def test_a_builder_child_killed_by_sigkill_says_what_sends_it() -> None:
+    from cuzk_mp.errors import CuzkError
+    from cuzk_mp.pipeline.keys import _in_child
+
+    with pytest.raises(CuzkError, match=r"^building x failed \(killed by SIGKILL: what the kernel's OOM killer sends "
+                                        r"where memory runs out\); see the log above$"):
+        _in_child("cuzk-test-child", _killed, (), "building x")

@@ -48,6 +48,11 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cuzk_mp.pipeline.keys")
 CHILD_BUILD_LOG_N = 22  # from this size the circuit data is built in a spawned child process
+# Peak host bytes a wire takes while a synthetic circuit is built, a little above what was measured
+# (2^19 to 2^22 rows): its r1cs ~235 B (porep-like) and ~310 B (dense-random); its circuit data,
+# which holds the r1cs and the coefficient section at once, ~470 B either kind
+R1CS_BUILD_BYTES_PER_WIRE = 320
+CIRCUIT_DATA_BUILD_BYTES_PER_WIRE = 480
 
 
 def synthetic_key_paths(kind: str, log_n: int, cache_dir: Path) -> tuple[Path, Path]:
@@ -61,6 +66,7 @@ def ensure_synthetic_key(kind: str, log_n: int, cache_dir: Path, backend: str = 
     from ..formats.r1cs import write_r1cs
 
     circuit = synthetic_circuit(kind, log_n)  # ConfigError for an unknown kind or size
+    _check_build_memory(f"the r1cs of {kind} 2^{log_n}", circuit.n_wires, R1CS_BUILD_BYTES_PER_WIRE)
 
     cache_dir = Path(cache_dir).expanduser().resolve()
     cache_dir.mkdir(parents=True, exist_ok=True)
@@ -164,17 +170,34 @@ def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path, *, chi
             return path
         except (OSError, ValueError):
             pass  # missing, stale or damaged: the child builds it (and says why in its log)
+        _check_build_memory(f"the circuit data of {kind} 2^{log_n}", circuit.n_wires, CIRCUIT_DATA_BUILD_BYTES_PER_WIRE)
         _in_child("cuzk-circuit-data", _build_circuit_data, (kind, log_n, str(cache_dir)),
                   f"building the circuit data of {kind} 2^{log_n}")
         return path
 
     def make() -> object:
+        _check_build_memory(f"the circuit data of {kind} 2^{log_n}", circuit.n_wires, CIRCUIT_DATA_BUILD_BYTES_PER_WIRE)
         log.warning("building the circuit data of %s 2^%d in %s (once per generator version)", kind, log_n,
                     cache_dir)
         return circuit.r1cs()
 
     open_or_build_from(path, ident, make).close()  # type: ignore[arg-type]
     return path
+
+
+def _check_build_memory(what: str, n_wires: int, bytes_per_wire: int) -> None:
+    """ResourceError (exit 4), before the build, where building ``what`` needs more memory than is
+    available: the build would otherwise grow until the kernel's OOM killer ends it (or another
+    process of the machine), minutes later and with no word of why."""
+    import psutil
+
+    from ..errors import ResourceError
+
+    need = n_wires * bytes_per_wire
+    available = int(psutil.virtual_memory().available)
+    if need > available:
+        raise ResourceError(f"building {what} ({n_wires} wires) needs ~{need / 2**30:.1f} GiB of memory; "
+                            f"{available / 2**30:.1f} GiB are available: a smaller size, or a machine with more")
 
 
 def _build_circuit_data(kind: str, log_n: int, cache_dir: str, log_level: str) -> None:
@@ -262,4 +285,7 @@ def _in_child(name: str, target: Callable[..., None], args: tuple[object, ...], 
     proc.start()
     proc.join()
     if proc.exitcode != 0:
-        raise CuzkError(f"{what} failed (exit code {proc.exitcode}); see the log above")
+        from .procs import describe_exit
+
+        oom = ": what the kernel's OOM killer sends where memory runs out" if proc.exitcode == -9 else ""
+        raise CuzkError(f"{what} failed ({describe_exit(proc.exitcode)}{oom}); see the log above")

@@ -32,7 +32,6 @@ from __future__ import annotations
 
 import logging
 import os
-import signal
 import time
 from multiprocessing.connection import wait as mp_wait
 from dataclasses import dataclass, field
@@ -42,7 +41,7 @@ import msgspec
 
 from ..algebra.threads import pool_environment
 from . import messages as msg
-from .procs import ChildHandle, ChildSpec, spawn_child
+from .procs import ChildHandle, ChildSpec, describe_exit, spawn_child
 from .prover_proc import ProverPayload
 from .ring import RingHandle
 from .synth import SynthPayload
@@ -132,18 +131,6 @@ def child_specs(config: EngineConfig, ring: RingHandle, backend: str, devices: l
         specs.append(ChildSpec("synth", i, ROLE_MODULES["synth"], {**env, "CUZK_MP_LOG_LEVEL": level},
                                SynthPayload(ring, threads), ring.prefix))
     return specs
-
-
-def describe_exit(code: int | None) -> str:
-    """``exit code 3`` / ``killed by SIGKILL``."""
-    if code is None:
-        return "exit status unknown"
-    if code < 0:
-        try:
-            return f"killed by {signal.Signals(-code).name}"
-        except ValueError:
-            return f"killed by signal {-code}"
-    return f"exit code {code}"
 
 
 def backoff_s(streak: int) -> float:
