@@ -455,3 +455,17 @@ def test_a_json_result_that_cannot_be_written_is_an_output_error_naming_it(tmp_p
                   "--cache", str(KEY_CACHE), "--json", str(full))
     with pytest.raises(OutputError, match=r"full\.json: cannot write it: No space left on device"):
         args.func(args)
+
+
+def test_a_shape_that_does_not_fit_points_at_the_benchs_own_options(tmp_path: Path) -> None:
+    """The bench reads no config file: its message names its options, not the daemon's sections."""
+    args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partition-workers", "99999", "--cache", str(KEY_CACHE))
+    bench._fill_defaults(args, "cpu")
+    circuit = bench._circuit(args, "cpu")
+    with pytest.raises(InputError) as e:
+        bench._shape(args, "cpu", circuit, bench.machine_for("cpu", [0]), [0])
+    message = str(e.value)
+    assert message.startswith("--host-budget: ") and "99999 synthesis worker(s)" in message
+    assert message.endswith("raise it, or give the shape with --ring-slots, --partition-workers and "
+                            "--synthesis-threads (without --host-budget)")
+    assert "[pipeline]" not in message

@@ -771,7 +771,9 @@ def _shape(args: argparse.Namespace, backend: str, circuit: CircuitSize, machine
         choice = explain_shape(budget, circuit, cores=machine.cores, backend=backend, provers=len(devices),
                                prover_workers=args.gpu_workers, given=given,
                                batch=prover_batch(EngineConfig.prover_batch), shm_bytes=shm,
-                               keys=("--host-budget", "--ring-slots"))
+                               keys=("--host-budget", "--ring-slots"),
+                               shape_keys="--ring-slots, --partition-workers and --synthesis-threads (without "
+                                          "--host-budget)")
     except ConfigError as e:  # an option of this command, not a config file's key
         raise InputError(str(e)) from None
     shape = choice.shape

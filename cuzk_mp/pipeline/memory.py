@@ -411,7 +411,8 @@ def check_ring_fits_shm(slots: int, circuit: CircuitSize, shm_bytes: int | None,
 def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None, backend: str = "gpu",
                   provers: int = 1, prover_workers: int = 2, given: dict[str, int] | None = None,
                   batch: int = 1, shm_bytes: int | None = None,
-                  keys: tuple[str, str] = ("memory.host_budget", "pipeline.ring_slots")) -> ShapeChoice:
+                  keys: tuple[str, str] = ("memory.host_budget", "pipeline.ring_slots"),
+                  shape_keys: str = "[pipeline] and [synthesis]") -> ShapeChoice:
     """The shape that keeps :func:`host_bound` within ``budget`` and, on the GPU backend, the devices busy.
 
     Values in ``given`` (``ring_slots``, ``partition_workers``, ``threads_per_partition``) are kept.
@@ -423,7 +424,8 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
     ``MIN_RING_SLOTS``; ConfigError naming ``memory.host_budget`` and the smallest bound if even that
     does not fit. ``shm_bytes`` (:func:`shm_capacity_bytes`; None: no limit) caps the ring's segments
     the same way: a segment the tmpfs has no room for would kill its writer with SIGBUS. ``keys``: how
-    the messages name the budget and the ring slots (the daemon's config keys, or the bench's options).
+    the messages name the budget and the ring slots, and ``shape_keys`` where the whole shape is given
+    instead (the daemon's config keys, or the bench's options: each reader is pointed at what it can change).
     """
     cores = cores or os.cpu_count() or 1
     given = dict(given or {})
@@ -464,7 +466,7 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
             raise ConfigError(f"{keys[0]}: {budget / GiB:.1f} GiB cannot hold the smallest pipeline for "
                               f"this circuit ({need / GiB:.1f} GiB: {slots} ring slots of "
                               f"{circuit.segment_bytes / GiB:.2f} GiB, {workers} synthesis worker(s), {provers} "
-                              "prover(s), the key); raise it, or give the shape in [pipeline] and [synthesis]")
+                              f"prover(s), the key); raise it, or give the shape with {shape_keys}")
     shape = Shape(slots, workers, threads_for(workers))
     b = bound(workers, slots)
     rate = workers / synthesis_seconds(circuit, shape.threads_per_partition) if circuit.domain_size else 0.0
