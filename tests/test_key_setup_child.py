@@ -84,3 +84,36 @@ def test_a_builder_child_killed_by_sigkill_says_what_sends_it() -> None:
     with pytest.raises(CuzkError, match=r"^building x failed \(killed by SIGKILL: what the kernel's OOM killer sends "
                                         r"where memory runs out\); see the log above$"):
         _in_child("cuzk-test-child", _killed, (), "building x")
+
+
+def _sleeps(level: str) -> None:
+    import time
+
+    time.sleep(120)
+
+
+def test_an_interrupted_wait_for_a_builder_child_stops_the_child() -> None:
+    """SIGINT or SIGTERM of the waiting process alone (a supervisor's, `timeout`'s): the child stops
+    too, instead of the process waiting at its exit for a build nobody will use."""
+    import os
+    import signal
+    import threading
+    import time
+
+    from cuzk_mp.pipeline.keys import _in_child
+
+    timer = threading.Timer(2.0, os.kill, (os.getpid(), signal.SIGINT))
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            _in_child("cuzk-test-sleeper", _sleeps, (), "sleeping")
+        left = [p for p in mp.active_children() if p.name == "cuzk-test-sleeper"]
+        assert left == [], "the builder child outlived the interrupted wait"
+        assert time.monotonic() - t0 < 30
+    finally:
+        timer.cancel()
+        for p in mp.active_children():
+            if p.name == "cuzk-test-sleeper":
+                p.kill()
+                p.join()

@@ -48,6 +48,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cuzk_mp.pipeline.keys")
 CHILD_BUILD_LOG_N = 22  # from this size the circuit data is built in a spawned child process
+CHILD_STOP_WAIT_S = 5.0  # how long a builder child given up may take to end on SIGTERM before SIGKILL
 # Peak host bytes a wire takes while a synthetic circuit is built, a little above what was measured
 # (2^19 to 2^22 rows): its r1cs ~235 B (porep-like) and ~310 B (dense-random); its circuit data,
 # which holds the r1cs and the coefficient section at once, ~470 B either kind
@@ -283,7 +284,17 @@ def _in_child(name: str, target: Callable[..., None], args: tuple[object, ...], 
     level = os.environ.get("CUZK_MP_LOG_LEVEL") or logging.getLevelName(logging.getLogger().getEffectiveLevel())
     proc = mp.get_context("spawn").Process(target=target, args=(*args, level), name=name)
     proc.start()
-    proc.join()
+    try:
+        proc.join()
+    except BaseException:
+        # an interrupt or SIGTERM of this process alone (a terminal's Ctrl-C reaches the child too): the
+        # child goes with it, else this process would wait at its exit for a build it gave up (minutes at 2^27)
+        proc.terminate()
+        proc.join(CHILD_STOP_WAIT_S)
+        if proc.exitcode is None:
+            proc.kill()
+            proc.join()
+        raise
     if proc.exitcode != 0:
         from .procs import describe_exit
 
