@@ -469,3 +469,26 @@ def test_a_shape_that_does_not_fit_points_at_the_benchs_own_options(tmp_path: Pa
     assert message.endswith("raise it, or give the shape with --ring-slots, --partition-workers and "
                             "--synthesis-threads (without --host-budget)")
     assert "[pipeline]" not in message
+
+
+def test_a_zkey_circuits_r1cs_or_witness_of_another_circuit_is_refused_before_the_engine_starts(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from cuzk_mp.circuits.synthetic_kinds import write_synthetic
+    from cuzk_mp.pipeline.engine import Engine
+    from tests.helpers import synthetic_key
+
+    def no_start(self: Engine) -> None:
+        raise AssertionError("the engine started: the mismatch was found only by the partitions")
+
+    monkeypatch.setattr(Engine, "start", no_start)
+    zkey, r1cs = synthetic_key()  # porep-like 2^LOG_N
+    other_r1cs, other_wtns = write_synthetic("dense-random", LOG_N, tmp_path)  # 1053 wires, the key's 1016
+    _, own_wtns = write_synthetic("porep-like", LOG_N, tmp_path)
+    for wtns, circuit_r1cs, message in ((other_wtns, r1cs, r"--wtns .*dense-random-10\.wtns: the witness has 1053 "
+                                                            r"values; the key .*porep-like-10\.zkey has 1016 wires"),
+                                        (own_wtns, other_r1cs, r"dense-random-10\.r1cs does not match .*porep-like-10"
+                                                               r"\.zkey: r1cs has 1053 wires")):
+        args = _parse("--backend", "cpu", "--circuit", str(zkey), "--wtns", str(wtns), "--r1cs", str(circuit_r1cs),
+                      "--partitions", "1", "--jobs", "1", "--quiet")
+        with pytest.raises(InputError, match=message):
+            args.func(args)

@@ -196,7 +196,9 @@ class BenchRun:
         if a.wtns is None or a.r1cs is None:
             raise InputError("--circuit ZKEY needs --wtns WITNESS.wtns and --r1cs CIRCUIT.r1cs")
         spec = CircuitSpec(Path(a.circuit).stem, zkey=Path(a.circuit), r1cs=a.r1cs)
-        return spec, [PartitionInput("wtns", a.wtns.read_bytes())] * a.partitions
+        wtns = a.wtns.read_bytes()
+        check_zkey_inputs(Path(a.circuit), a.r1cs, a.wtns, wtns)
+        return spec, [PartitionInput("wtns", wtns)] * a.partitions
 
     def inputs(self, fixed: list[PartitionInput], run: int, job: int) -> list[PartitionInput]:
         """Partition inputs of job ``job`` of run ``run``."""
@@ -272,6 +274,24 @@ class BenchRun:
         running.stop()
         return {"spec": spec, "runs": runs, "memory": memory, "status": status, "circuit": circuit,
                 "vk": bench_vk(Path(ref.zkey) if ref.key_source == "file" else None, vk), "key_load_s": key_load_s}
+
+
+def check_zkey_inputs(zkey_path: Path, r1cs_path: Path, wtns_path: Path, wtns: bytes) -> None:
+    """InputError where the r1cs or the witness of a .zkey circuit is not of its key, as far as their
+    headers tell: found here, before the engine starts and loads the key (minutes for a big one),
+    not by every partition after it."""
+    from ..formats.r1cs import read_r1cs_header
+    from ..formats.wtns import read_wtns
+    from ..formats.zkey import read_zkey
+    from ..groth16.circuit_data import check_header_match
+
+    with read_zkey(zkey_path, check_coefs=False) as zkey:
+        h = read_r1cs_header(r1cs_path)
+        check_header_match(str(r1cs_path), h["n_wires"], h["n_pub_out"] + h["n_pub_in"], h["n_constraints"], zkey)
+        n = len(read_wtns(wtns, name=str(wtns_path)))
+        if n != zkey.n_vars:
+            raise InputError(f"--wtns {wtns_path}: the witness has {n} values; the key {zkey_path} has "
+                             f"{zkey.n_vars} wires")
 
 
 def bench_vk(zkey_path: Path | None, vk_json: bytes | None) -> VerificationKey:
