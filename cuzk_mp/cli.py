@@ -22,7 +22,6 @@ one line whatever the message (:func:`.logs.final_error`), and a JSON log line w
 from __future__ import annotations
 
 import argparse
-import contextlib
 import logging
 import os
 import signal
@@ -41,6 +40,7 @@ from .exit_codes import (
     EXIT_UNREACHABLE,
 )
 from .logs import FORMATS, child_format, configure, final_error, library_level_problem
+from .formats.atomic import refuse_outputs_over_inputs
 
 if TYPE_CHECKING:  # numpy loads with a verb, not for --help
     import numpy as np
@@ -53,23 +53,6 @@ BACKENDS = ("auto", "cpu", "gpu")
 
 
 # --- the verbs -------------------------------------------------------------------------------
-
-def _refuse_outputs_over_inputs(args: argparse.Namespace, outputs: Sequence[str], inputs: Sequence[str]) -> None:
-    """Refuse, before any work, an output path that names one of the command's inputs or another
-    of its outputs (``g16p k.zkey w.wtns k.zkey public.json`` would replace the key by the proof)."""
-    seen: dict[str, str] = {}
-    for name in outputs:
-        path = getattr(args, name)
-        real = os.path.realpath(path)
-        if real in seen:
-            raise InputError(f"{path}: given as both the {seen[real]} and the {name} output: give two paths")
-        seen[real] = name
-        for source in inputs:
-            other = getattr(args, source, None)
-            with contextlib.suppress(OSError):  # a missing input is reported when it is read
-                if other is not None and os.path.samefile(path, other):
-                    raise InputError(f"{path}: the {name} output would replace the {source} input: give another path")
-
 
 def _prove_and_write(zkey_path: Path, witness: Callable[[], np.ndarray], args: argparse.Namespace) -> int:
     """Shared tail of ``groth16 prove`` and ``fullprove``: key, witness, proof, two JSON files.
@@ -139,7 +122,7 @@ def _through_a_daemon(args: argparse.Namespace) -> int | None:
 
 
 def _cmd_prove(args: argparse.Namespace) -> int:
-    _refuse_outputs_over_inputs(args, ("proof", "public"), ("zkey", "wtns", "r1cs"))
+    refuse_outputs_over_inputs(args, ("proof", "public"), ("zkey", "wtns", "r1cs"))
     code = _through_a_daemon(args)
     if code is not None:
         return code
@@ -246,7 +229,7 @@ def _prove_at(addr: str, token: str, circuit: str | None, args: argparse.Namespa
 
 
 def _cmd_fullprove(args: argparse.Namespace) -> int:
-    _refuse_outputs_over_inputs(args, ("proof", "public"), ("input", "wasm", "zkey", "r1cs"))
+    refuse_outputs_over_inputs(args, ("proof", "public"), ("input", "wasm", "zkey", "r1cs"))
     code = _through_a_daemon(args)  # the daemon runs the wasm (compiled once, kept warm)
     if code is not None:
         return code
@@ -282,7 +265,7 @@ def _cmd_export_vk(args: argparse.Namespace) -> int:
     from .formats.zkey import read_zkey
     from .groth16.keys import vk_from_zkey
 
-    _refuse_outputs_over_inputs(args, ("vk",), ("zkey",))
+    refuse_outputs_over_inputs(args, ("vk",), ("zkey",))
     write_json(args.vk, vk_to_json(vk_from_zkey(read_zkey(args.zkey))))
     return EXIT_OK
 
@@ -290,7 +273,7 @@ def _cmd_export_vk(args: argparse.Namespace) -> int:
 def _cmd_wtns_calculate(args: argparse.Namespace) -> int:
     from .circuits.circom import calculate_witness_file
 
-    _refuse_outputs_over_inputs(args, ("wtns",), ("wasm", "input"))
+    refuse_outputs_over_inputs(args, ("wtns",), ("wasm", "input"))
     calculate_witness_file(args.wasm, args.input, args.wtns, _print_circom_log)
     return EXIT_OK
 
@@ -304,7 +287,7 @@ def _cmd_setup(args: argparse.Namespace) -> int:
     from .backends import get_backend
     from .groth16.setup import setup_file
 
-    _refuse_outputs_over_inputs(args, ("zkey",), ("r1cs",))
+    refuse_outputs_over_inputs(args, ("zkey",), ("r1cs",))
     setup_file(args.r1cs, args.zkey, get_backend(args.backend))
     return EXIT_OK
 

@@ -360,7 +360,7 @@ def test_a_plot_in_a_format_matplotlib_cannot_write_is_refused_up_front(tmp_path
         bench._fill_defaults(args, "cpu")
     same = tmp_path / "r.json"
     args = _parse("--backend", "cpu", "--plot", str(same), "--json", str(same))
-    with pytest.raises(InputError, match="--json and --plot are both"):
+    with pytest.raises(InputError, match="given as both the json and the plot output"):
         bench._fill_defaults(args, "cpu")
 
 
@@ -492,3 +492,15 @@ def test_a_zkey_circuits_r1cs_or_witness_of_another_circuit_is_refused_before_th
                       "--partitions", "1", "--jobs", "1", "--quiet")
         with pytest.raises(InputError, match=message):
             args.func(args)
+
+
+def test_a_result_file_that_would_replace_an_input_is_refused_before_any_work(tmp_path: Path) -> None:
+    zkey, r1cs, wtns = (tmp_path / f"c.{ext}" for ext in ("zkey", "r1cs", "wtns"))
+    for f in (zkey, r1cs, wtns):
+        f.write_bytes(b"input")
+    circuit = ("--circuit", str(zkey), "--r1cs", str(r1cs), "--wtns", str(wtns))
+    for option, target, name in (("--json", r1cs, "r1cs"), ("--json", zkey, "circuit"), ("--json", wtns, "wtns")):
+        args = _parse("--backend", "cpu", *circuit, option, str(target))
+        with pytest.raises(InputError, match=rf"c\.\w+: the json output would replace the {name} input"):
+            bench._fill_defaults(args, "cpu")
+    assert all(f.read_bytes() == b"input" for f in (zkey, r1cs, wtns))

@@ -1,4 +1,5 @@
-"""Files that appear whole or not at all: :func:`atomic_output` and the snarkjs-style :func:`write_json`.
+"""Files that appear whole or not at all: :func:`atomic_output` and the snarkjs-style :func:`write_json`;
+and :func:`refuse_outputs_over_inputs`, which keeps an output from replacing an input.
 
 Standard library only (and the exception classes), so that a process that just writes a proof it
 received (``cuzk-mp client prove``) imports neither numpy nor the curve arithmetic that reading
@@ -20,6 +21,7 @@ What an output path may be, and what happens to it:
 
 from __future__ import annotations
 
+import contextlib
 import fcntl
 import json
 import os
@@ -29,7 +31,7 @@ from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import IO, Any
 
-from ..errors import OutputError
+from ..errors import InputError, OutputError
 
 
 @contextmanager
@@ -173,3 +175,24 @@ def _folder_lock(folder: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing drops the lock
+
+
+def refuse_outputs_over_inputs(args: Any, outputs: Sequence[str], inputs: Sequence[str]) -> None:
+    """Refuse, before any work, an output path that names one of the command's inputs or another
+    of its outputs (``g16p k.zkey w.wtns k.zkey public.json`` would replace the key by the proof;
+    ``bench --json`` naming its ``--r1cs``, the r1cs by the result). ``outputs`` and ``inputs`` are
+    attribute names of ``args``; one that is None (an option not given) is left out."""
+    seen: dict[str, str] = {}
+    for name in outputs:
+        path = getattr(args, name)
+        if path is None:
+            continue
+        real = os.path.realpath(path)
+        if real in seen:
+            raise InputError(f"{path}: given as both the {seen[real]} and the {name} output: give two paths")
+        seen[real] = name
+        for source in inputs:
+            other = getattr(args, source, None)
+            with contextlib.suppress(OSError):  # a missing input is reported when it is read
+                if other is not None and os.path.samefile(path, other):
+                    raise InputError(f"{path}: the {name} output would replace the {source} input: give another path")

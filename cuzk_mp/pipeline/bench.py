@@ -617,8 +617,9 @@ def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
 
 def _check_outputs(args: argparse.Namespace) -> None:
     """The places the results go, checked before the run (not after it): --json and --plot are files
-    (--plot in a format matplotlib writes, and not the --json file), --proofs-dir and --cache
-    folders."""
+    (--plot in a format matplotlib writes), neither the other nor an input (the .zkey circuit, its
+    --wtns, its --r1cs: the result would replace it), --proofs-dir and --cache folders."""
+    from ..formats.atomic import refuse_outputs_over_inputs
     from ..paths import folder_problem, output_file_problem
 
     files = {"--json": args.json, "--plot": args.plot}
@@ -631,8 +632,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         problem = None if path is None else folder_problem(path)
         if problem is not None:
             raise InputError(f"{option} {path}: {problem}")
-    if args.json is not None and args.plot is not None and args.json.absolute() == args.plot.absolute():
-        raise InputError(f"--json and --plot are both {args.json}: give two files")
+    refuse_outputs_over_inputs(args, ("json", "plot"), ("circuit", "wtns", "r1cs"))
     if args.plot is not None:
         from matplotlib.figure import Figure  # present: require_matplotlib ran first
 
