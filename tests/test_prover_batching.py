@@ -203,9 +203,9 @@ def test_a_batch_lowered_by_its_key_plan_stages_no_more_than_it_allows(setup: Si
         most[0] = max(most[0], len(staged))
         return out
 
-    def counted_release(s: Any) -> None:
+    def counted_release(s: Any) -> dict[str, float]:
         staged.discard(id(s))
-        release(s)
+        return release(s)
 
     backend.stage, backend.release = counted_stage, counted_release  # type: ignore[method-assign]
     seeds = [91, 92, 93]
