@@ -230,6 +230,17 @@ def test_failed_start_leaves_nothing() -> None:
     again.stop()
 
 
+def test_a_start_timeout_names_its_value_and_the_option_that_sets_it() -> None:
+    """Under a second the limit is not "0 s", and the message names the knob: the caller's own name for
+    it (the bench's option here), not the engine's field."""
+    from cuzk_mp.pipeline.bench import engine_option
+
+    engine = Engine(EngineConfig(backend="cpu", devices=[0], shm_prefix=prefix_for("slow"), start_timeout_s=0.25),
+                    key=engine_option)
+    with pytest.raises(CuzkError, match=r"within 0\.25 s \(set by --start-timeout"):
+        engine.start()
+
+
 def test_a_gpu_engine_without_a_usable_gpu_says_why(monkeypatch: pytest.MonkeyPatch) -> None:
     """backend gpu where the GPU backend cannot run: one InputError with the reason, before any
     process or shared memory is made (not a prover's traceback)."""

@@ -231,7 +231,7 @@ class BenchRun:
                               ring_slots=a.ring_slots, shm_prefix=f"cuzk-bench-{os.getpid()}", param_cache=a.cache,
                               start_timeout_s=a.start_timeout)
         spec, fixed = self.spec()
-        engine = Engine(config, on_job_done=self._on_job, on_partition_done=self._on_partition)
+        engine = Engine(config, on_job_done=self._on_job, on_partition_done=self._on_partition, key=engine_option)
         # the key first (a synthetic dev key may need a setup, which compiles the fixed-base kernels into
         # CuPy's disk cache before the prover processes warm up), then the processes
         try:
@@ -580,6 +580,17 @@ def _synthesis_core_seconds(partitions: list[dict[str, Any]], threads: int) -> f
 
 
 SHAPE_KEYS = ("ring_slots", "partition_workers", "synthesis_threads")
+# The option of this command that sets each EngineConfig field it sets: the engine's messages name it
+# (the daemon's messages name its config file's keys instead).
+ENGINE_OPTIONS = {"backend": "--backend", "devices": "--devices", "gpu_workers_per_device": "--gpu-workers",
+                  "partition_workers": "--partition-workers", "synthesis_threads": "--synthesis-threads",
+                  "ring_slots": "--ring-slots", "param_cache": "--cache", "start_timeout_s": "--start-timeout"}
+
+
+def engine_option(field: str) -> str:
+    """The name a message gives the EngineConfig field ``field``: this command's option that sets it,
+    else the field's own name (the bench keeps its default)."""
+    return ENGINE_OPTIONS.get(field, f"EngineConfig.{field}")
 
 
 # Bounds on what one bench may ask for: beyond these a typo, not a benchmark (a job has at most a

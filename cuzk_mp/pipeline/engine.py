@@ -78,9 +78,14 @@ class Engine:
     """A configured engine (not running yet): config, IPC prefix, circuits. ``start()`` runs it."""
 
     def __init__(self, config: EngineConfig, on_job_done: JobCallback | None = None,
-                 on_partition_done: PartitionCallback | None = None) -> None:
-        config.validate()
+                 on_partition_done: PartitionCallback | None = None,
+                 key: Callable[[str], str] = "EngineConfig.{}".format) -> None:
+        """``key`` turns a config field's name into the name its caller sets it by (the bench passes its
+        options, as :meth:`EngineConfig.validate` takes): the engine's messages about a limit (no READY
+        within ``start_timeout_s``) point the reader at what they can change."""
+        config.validate(key)
         self.config = config
+        self.key = key
         self.prefix = config.prefix()
         with _LIVE_LOCK:
             if self.prefix in _LIVE_PREFIXES:
@@ -148,6 +153,7 @@ class RunningEngine:
 
     def __init__(self, engine: Engine, ring: Ring, sup: Supervisor, backend: str, devices: list[int]) -> None:
         self.config = engine.config
+        self.key = engine.key
         self.prefix = engine.prefix
         self.backend = backend
         self.devices = devices
@@ -187,7 +193,7 @@ class RunningEngine:
             with self._cond:
                 ok = self._cond.wait_for(lambda: self._start_error is not None or self.sup.all_ready(),
                                          timeout=limit)
-                error = self._start_error or (None if ok else f"children not READY within {limit} s")
+                error = self._start_error or (None if ok else f"children not READY within {self._start_limit()}")
                 if error is None:
                     self._state = "running"
                     log.info("[start] engine %s running: %s backend, devices %s, %d synthesis workers x %d threads, "
@@ -284,7 +290,7 @@ class RunningEngine:
             raise WorkerDied(f"preload {circuit_id}: {', '.join(dead)} died while loading the key (it is "
                              "restarted; a job loads the key when it needs it, or preload again)")
         if not done:
-            raise ResourceError(f"preload {circuit_id}: not loaded within {self.config.start_timeout_s} s")
+            raise ResourceError(f"preload {circuit_id}: not loaded within {self._start_limit()}")
 
     def evict(self, circuit_id: str) -> bool:
         """Drop the key from the prover processes; False (nothing done) if a job still uses it."""
@@ -529,10 +535,15 @@ class RunningEngine:
             if child.kill_reason is not None:
                 continue  # SIGKILL sent already; its sentinel follows
             child.kill_reason = "killed: no READY in time"
-            log.error("[start] %s pid=%d sent no READY within %.0f s: killing it", name, h.pid, limit)
+            log.error("[start] %s pid=%d sent no READY within %s: killing it", name, h.pid, self._start_limit())
             if self._state == "starting":
-                self._start_error = f"{name} (pid {h.pid}) sent no READY within {limit} s"
+                self._start_error = f"{name} (pid {h.pid}) sent no READY within {self._start_limit()}"
             h.proc.kill()
+
+    def _start_limit(self) -> str:
+        """``start_timeout_s`` as its messages give it: the value (``%g``: a limit under a second is not
+        "0 s") and the knob that sets it."""
+        return f"{self.config.start_timeout_s:g} s (set by {self.key('start_timeout_s')}; raise it if starting is slow)"
 
     def _check_stalls(self) -> None:
         """Kill a process that has held an attempt longer than ``task_timeout_s`` (synthesizing it,
