@@ -4,7 +4,10 @@ an unsatisfied witness, cancellation, key management, status/metrics, clean shut
 from __future__ import annotations
 
 import json
+import logging
+import os
 import random
+import signal
 import threading
 import time
 from typing import Any
@@ -362,3 +365,48 @@ def test_stop_from_a_job_callback_ends_without_waiting_on_itself(test_key: tuple
     assert results.wait("second", timeout=120).state == "failed"
     assert took and took[0] < 30 and engine.state == "stopped"
     assert shm_entries(prefix_for("stopself")) == []
+
+
+def test_an_interrupted_stop_kills_the_children_and_restarts_none(test_key: tuple, monkeypatch: pytest.MonkeyPatch,
+                                                                  caplog: pytest.LogCaptureFixture) -> None:
+    """A second Ctrl-C lands in stop() before the children are stopped: the interrupt goes on up, and
+    the engine is left stopping with every child killed, none taken for a crash, none restarted."""
+    engine = _stoppable("intr", None)
+    engine.submit(_synthetic_job("long", list(range(100, 300))))
+    children = [psutil.Process(c.handle.pid) for c in engine.sup.children.values()]
+
+    def interrupted(*_: Any) -> Any:
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.sched, "fail_all_unstarted", interrupted)
+    with caplog.at_level(logging.INFO, logger="cuzk_mp.pipeline"), pytest.raises(KeyboardInterrupt):
+        engine.stop(grace_s=0)
+    assert engine.state == "stopping"
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
+    wait_until(lambda: engine.state == "stopped", timeout=10)  # the event thread ends the stop
+    assert sum(c.restarts for c in engine.sup.children.values()) == 0
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+    assert shm_entries(prefix_for("intr")) == []
+
+
+def test_a_child_that_exits_cleanly_during_a_drain_is_no_crash_and_is_not_restarted(
+        test_key: tuple, caplog: pytest.LogCaptureFixture) -> None:
+    """SIGTERM to a synthesis worker while the engine drains (a signal to the whole process group): its
+    clean exit is logged as such, not as a death, and no process is restarted during the stop."""
+    engine = _stoppable("drainterm", None)
+    engine.submit(_synthetic_job("long", list(range(100, 300))))
+    wait_until(lambda: engine.sched.counters().partitions_proved >= 1, timeout=60)  # started: the drain keeps it
+    stopper = threading.Thread(target=engine.stop, kwargs={"grace_s": 5.0})
+    with caplog.at_level(logging.INFO, logger="cuzk_mp.pipeline.engine"):
+        stopper.start()
+        wait_until(lambda: engine.state == "draining", timeout=10)
+        worker = engine.sup.children["cuzk-synth-0"]
+        pid = worker.handle.pid
+        os.kill(pid, signal.SIGTERM)
+        wait_until(lambda: worker.handle.reaped, timeout=15)
+        stopper.join(60)
+    assert engine.state == "stopped"
+    assert worker.restarts == 0 and worker.handle.pid == pid
+    mine = [r for r in caplog.records if f"pid={pid}" in r.getMessage()]
+    assert mine and all(r.levelno == logging.INFO for r in mine), [r.getMessage() for r in mine]

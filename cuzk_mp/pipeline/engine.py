@@ -23,7 +23,10 @@ Lifecycle of a running engine: starting -> running -> draining (``stop``: no new
 jobs start, started jobs may finish until the grace runs out) -> stopping ->
 stopped (children stopped: message, SIGTERM, 5 s, SIGKILL; every named IPC object
 with the prefix unlinked). ``stop`` is idempotent; a ``weakref.finalize`` removes
-the shm objects even if ``stop`` is never called.
+the shm objects even if ``stop`` is never called. Once ``stop`` has begun no child is
+restarted (a drain finishes with the processes left), and a stop that an interrupt ends
+part way (a second Ctrl-C) kills every child at once rather than leave them to a live
+event thread that would take their exits for crashes.
 
 Faults: when a child dies, its ring slots (FILLING/STAGING) are reclaimed, the
 partitions it held are retried (up to ``max_attempts`` in all, then the job fails
@@ -173,6 +176,7 @@ class RunningEngine:
         self._memory_last: MemoryStatus | None = None
         self._memory_stop = threading.Event()
         self._stopped = threading.Event()  # set when stop() has ended (a second caller waits for it)
+        self._abandoned = False  # an interrupt ended stop() part way: the event thread finishes it
         self._ring_lock = threading.Lock()  # status reads of the ring against its destroy
         self._wake_r, self._wake_w = os.pipe()
         self._finalizer = weakref.finalize(self, _release_ipc, self.prefix, self._wake_r, self._wake_w)
@@ -227,8 +231,42 @@ class RunningEngine:
             grace_s = 0.0
         try:
             self._stop(grace_s)
+        except BaseException:
+            self._abandon()
+            raise
         finally:
             self._stopped.set()
+
+    def _abandon(self) -> None:
+        """The stop ended part way (an interrupt: a second Ctrl-C while a first one's stop runs). What
+        must not stay half done is done at once, without waiting: the engine is ``stopping`` (from here
+        no death is handled as a crash and no child is restarted: a restarted child would outlive the
+        process that gave up on it) and every child is sent SIGKILL. The IPC objects go with the
+        engine's event thread once it has seen every child go (:meth:`_finish_abandoned`), or with the
+        engine's finalizer at exit."""
+        self._state = "stopping"  # one store, first: a further interrupt cannot undo it
+        self._abandoned = True
+        self._memory_stop.set()
+        for child in self.sup.children.values():
+            child.restart_at = None
+            if not child.handle.reaped:
+                child.handle.proc.kill()
+        self._wake()
+
+    def _finish_abandoned(self) -> None:
+        """The rest of a stop an interrupt ended (:meth:`_abandon`), run by the event thread once no child
+        is alive: the pipes closed, the ring and every IPC object removed, the state ``stopped`` (which
+        ends the event thread)."""
+        if self._memory_thread is not threading.current_thread():
+            self._memory_thread.join(10.0)  # it trims the ring: done before the ring goes
+        self.sup.close_all()
+        with self._ring_lock:
+            left = self.ring.destroy()
+        with self._cond:
+            self._state = "stopped"
+        log.info("[shutdown] engine %s stopped (its stop was interrupted: the children were killed); removed %d "
+                 "IPC objects", self.prefix, len(left))
+        self._finalizer()
 
     def _stop(self, grace_s: float) -> None:
         with self._cond:
@@ -417,6 +455,8 @@ class RunningEngine:
                     log.exception("engine event handling failed")
                 self._cond.notify_all()
             self._run_callbacks()
+            if self._abandoned and self._state == "stopping" and not self.sup.live():
+                self._finish_abandoned()
             if self._state == "stopped":  # read after the callbacks: one of them may have called stop()
                 self._run_callbacks()  # queued by the stop while these ran
                 return
@@ -443,8 +483,9 @@ class RunningEngine:
                 self._on_death(table[obj][0])
         self._check_start_timeouts()
         self._check_stalls()
-        if self._state in ("running", "draining"):
+        if self._state == "running":  # a stopping engine (draining included) restarts nothing
             self.sup.restart_due()
+        if self._state in ("running", "draining"):
             self._check_degraded()
             self._dispatch()
 
@@ -500,7 +541,12 @@ class RunningEngine:
         reclaimed = self.ring.reclaim(death.pid)
         if self._state in ("stopping", "stopped"):
             return
-        log.error("%s pid=%d died (%s); reclaimed %d ring slot(s)", name, death.pid, death.exit_text, len(reclaimed))
+        # while draining, a child that exits cleanly was told to stop by someone else (a signal to the
+        # whole group): not a crash; nothing is restarted once stop() has begun (the drain finishes with
+        # the processes left, within its grace)
+        clean = self._state == "draining" and self.sup.children[name].handle.proc.exitcode == 0
+        log.log(logging.INFO if clean else logging.ERROR, "%s pid=%d %s (%s); reclaimed %d ring slot(s)", name,
+                death.pid, "exited while the engine drains" if clean else "died", death.exit_text, len(reclaimed))
         if death.role == "prover":
             self.circuits.drop_process(name)
         reason = f"{name} (pid {death.pid}) died ({death.exit_text})"
@@ -509,7 +555,8 @@ class RunningEngine:
             if self._start_error is None:
                 self._start_error = f"{reason} before READY; see its log above"
             return
-        self.sup.schedule_restart(name)
+        if self._state == "running":
+            self.sup.schedule_restart(name)
 
     def _lost_tasks(self, death: Death, reclaimed: list[SlotRecord]) -> list[int]:
         """Attempts the dead child took with it: reclaimed slots, plus what it was working on."""
