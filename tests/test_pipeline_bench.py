@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import os
 import sys
 from pathlib import Path
@@ -504,3 +505,42 @@ def test_a_result_file_that_would_replace_an_input_is_refused_before_any_work(tm
         with pytest.raises(InputError, match=rf"c\.\w+: the json output would replace the {name} input"):
             bench._fill_defaults(args, "cpu")
     assert all(f.read_bytes() == b"input" for f in (zkey, r1cs, wtns))
+
+
+def test_a_damaged_cached_dev_key_is_moved_aside_and_made_again_and_a_given_key_never_touched(
+        tmp_path: Path, test_key: tuple[Path, Path], caplog: pytest.LogCaptureFixture) -> None:
+    """A dev key cut short in the param cache (a copy that stopped, a disk that filled) is the cache's to
+    remake: moved to <name>.zkey.damaged with a warning, made again, and the bench's circuit sizes read
+    from the new one. A .zkey the user passes is theirs: refused with the file named, left as it was."""
+    import shutil
+
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.pipeline.keys import ensure_synthetic_key
+
+    zkey, r1cs = test_key
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    shutil.copy(zkey, cache / zkey.name)
+    shutil.copy(r1cs, cache / r1cs.name)
+    cached = cache / zkey.name
+    with open(cached, "r+b") as f:
+        f.truncate(cached.stat().st_size // 2)
+    cut = cached.read_bytes()
+    with caplog.at_level(logging.WARNING, logger="cuzk_mp.pipeline.keys"):
+        args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--cache", str(cache))
+        bench._fill_defaults(args, "cpu")
+        assert bench._circuit(args, "cpu").domain_size == 2**LOG_N
+    assert (cache / (zkey.name + ".damaged")).read_bytes() == cut
+    with read_zkey(cached):
+        pass  # whole again
+    assert any("cannot be read" in r.getMessage() and ".damaged" in r.getMessage() for r in caplog.records)
+    assert ensure_synthetic_key("porep-like", LOG_N, cache, "cpu")[0] == cached  # kept from here
+
+    given = tmp_path / "given.zkey"
+    given.write_bytes(cut)
+    args = _parse("--backend", "cpu", "--circuit", str(given), "--wtns", str(tmp_path / "w.wtns"),
+                  "--r1cs", str(r1cs))
+    bench._fill_defaults(args, "cpu")
+    with pytest.raises(InputError, match=r"given\.zkey.*truncated"):
+        bench._circuit(args, "cpu")
+    assert given.read_bytes() == cut and not (tmp_path / "given.zkey.damaged").exists()

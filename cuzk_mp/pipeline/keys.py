@@ -3,7 +3,8 @@
 Owns the files ``<cache>/<kind>-<log_n>.{r1cs,zkey}`` (kind: porep-like, dense-random) and their lock file.
 ``ensure_synthetic_key`` builds the circuit's r1cs, and when the cached r1cs
 differs from it (first use, or the generator changed) runs the INSECURE dev
-setup (:func:`cuzk_mp.groth16.setup.setup_file`) to make a matching zkey.
+setup (:func:`cuzk_mp.groth16.setup.setup_file`) to make a matching zkey; a cached zkey that
+does not read (cut short) is moved aside to ``<name>.zkey.damaged`` and made again.
 Every file is written under a temporary name and renamed into place, so a
 reader never sees half a key; an exclusive ``flock`` on ``<name>.lock`` makes
 concurrent engines wait for one builder instead of racing.
@@ -79,7 +80,13 @@ def ensure_synthetic_key(kind: str, log_n: int, cache_dir: Path, backend: str = 
         try:
             write_r1cs(fresh, circuit.r1cs())
             if zkey.exists() and r1cs.exists() and _same_bytes(fresh, r1cs):
-                return zkey, r1cs
+                if _readable_key(zkey):
+                    return zkey, r1cs
+                damaged = zkey.with_name(zkey.name + ".damaged")
+                os.replace(zkey, damaged)
+                log.warning("%s is the cached development key of %s 2^%d but cannot be read (see above): moved "
+                            "to %s and made again (proofs made with the old key will not verify with the new "
+                            "verification key)", zkey, kind, log_n, damaged.name)
             log.warning("making the INSECURE development key of %s 2^%d in %s (once)", kind, log_n, cache_dir)
             tmp_zkey = _temp_path(zkey)
             try:
@@ -91,6 +98,24 @@ def ensure_synthetic_key(kind: str, log_n: int, cache_dir: Path, backend: str = 
         finally:
             fresh.unlink(missing_ok=True)
     return zkey, r1cs
+
+
+def _readable_key(zkey: Path) -> bool:
+    """Whether a cached dev key reads as a zkey (its sections all there: a copy cut short, a disk
+    that filled). Decision: a cached dev key that does not read is moved aside and made again, not
+    refused: this module made it, it is a cache (a key the user passed, a .zkey circuit, never
+    comes here), and the one fix a message could ask for is deleting the file. Its coefficient
+    entries are not checked here (a pass over all of them; a key this module wrote and renamed into
+    place whole is cut short, not rewritten)."""
+    from ..errors import FormatError
+    from ..formats.zkey import read_zkey
+
+    try:
+        with read_zkey(zkey, check_coefs=False):
+            return True
+    except FormatError as exc:
+        log.warning("%s", exc)
+        return False
 
 
 def synthetic_identity(kind: str, log_n: int) -> FileIdentity:
