@@ -598,6 +598,9 @@ def engine_option(field: str) -> str:
 MAX_COUNTS = {"partitions": MAX_PARTITIONS, "jobs": 100_000, "in_flight": 1024, "repeat": 1000,
               "ring_slots": MAX_RING_SLOTS, "synthesis_threads": MAX_THREADS, "gpu_workers": MAX_THREADS}
 MAX_START_TIMEOUT_S = 86_400.0
+# Proofs of one bench (--jobs x --partitions x --repeat), at most: each is kept until the end with its
+# timings and spans (a few KiB: ~0.5 GB at the cap) for the table, the JSON and the check of every proof
+MAX_BENCH_PROOFS = 100_000
 
 
 def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
@@ -620,6 +623,11 @@ def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
         if value is not None and not 1 <= value <= MAX_COUNTS.get(key, value):
             bound = f"1..{MAX_COUNTS[key]}" if key in MAX_COUNTS else ">= 1"
             raise InputError(f"--{key.replace('_', '-')} must be {bound}, got {value}")
+    proofs = args.jobs * args.partitions * args.repeat
+    if proofs > MAX_BENCH_PROOFS:
+        raise InputError(f"--jobs {args.jobs} x --partitions {args.partitions} x --repeat {args.repeat} is {proofs} "
+                         f"proofs, more than {MAX_BENCH_PROOFS} (every proof is kept until the end of the run): "
+                         "ask for fewer, or run the bench several times (--json of each)")
     if not 0 < args.start_timeout <= MAX_START_TIMEOUT_S:  # also refuses nan and inf
         raise InputError(f"--start-timeout must be a number of seconds in (0, {MAX_START_TIMEOUT_S:g}], "
                          f"got {args.start_timeout}")
