@@ -169,6 +169,41 @@ def test_steady_figures_per_partition_and_per_job() -> None:
     assert bench.steady_s_per_job(run, part_done, 2, floor_s=2.4) == 4.8
 
 
+def test_steady_figure_of_passes_that_complete_together_is_the_device_rate() -> None:
+    """A prover proving 3 partitions a pass, 0.1 s each (0.3 s a pass), the device never idle: 3 jobs of
+    3 partitions, one pass each, then the first job; each pass's partitions complete together after it.
+    Timed where each partition's device stage ended (its span) the steady figure is the device's 0.1 s;
+    timed by completions the window would open on the first job's pass and count its siblings of
+    another job as made in no time. The floor, from the partitions counted, is not reported as decided."""
+    from cuzk_mp.pipeline.types import PartitionResult, StageSpan
+
+    t0, share = 100.0, 0.1
+    # pass 0 holds j0's partitions 0, 1 and j1's 0; pass 1: j0's 2, j1's 1, 2; pass 2: j2's three
+    passes = [[("j0", 0), ("j0", 1), ("j1", 0)], [("j0", 2), ("j1", 1), ("j1", 2)], [("j2", 0), ("j2", 1), ("j2", 2)]]
+    spans: dict[tuple[str, int], StageSpan] = {}
+    part_done: dict[tuple[str, int], float] = {}
+    t = t0
+    for k, members in enumerate(passes):
+        for key in members:
+            spans[key] = StageSpan("device", "cuzk-prover-0", t, t + share)
+            t += share
+        for i, key in enumerate(members):
+            part_done[key] = t + 0.01 * (i + 1)  # after the pass, a message each
+    run = bench._Run(t_start=t0)
+    run.results = [argparse.Namespace(job_id=j, partitions=[
+        PartitionResult(i, {}, [], {"device": share}, 0, 1, spans=[spans[(j, i)]]) for i in range(3)])
+        for j in ("j0", "j1", "j2")]
+    run.t_done = {j: max(v for (job, _), v in part_done.items() if job == j) for j in ("j0", "j1", "j2")}
+    by_completion = bench.steady_s_per_proof(run, part_done, 3)
+    assert by_completion < share * 0.9  # j1's 1 and 2 complete just after j0, proved with it
+    made = bench.made_at(part_done, [run])
+    assert bench.steady_s_per_proof(run, made, 3) == pytest.approx(share)
+    later = bench.run_window(run, made)[1]
+    assert sorted(later) == [("j1", 1), ("j1", 2), ("j2", 0), ("j2", 1), ("j2", 2)]
+    parts = [{"timings": {"device": share}} for _ in later]
+    assert bench.capacity_s_per_partition(parts, devices=1, workers=2) == pytest.approx(share)
+
+
 def test_capacity_is_the_slower_stage_over_its_parallelism() -> None:
     """Synthesis's timing already holds the witness (synth.py times both from the witness's start):
     the witness is not added again."""
@@ -178,6 +213,9 @@ def test_capacity_is_the_slower_stage_over_its_parallelism() -> None:
     assert bench.capacity_s_per_partition(parts, devices=1, workers=8) == 1.0  # the device: 1.0 / 1
     assert bench.capacity_s_per_partition(parts, devices=2, workers=8) == 0.5
     assert bench.capacity_s_per_partition([{"timings": {}}], devices=1, workers=1) == 0.0
+    # the mean, a bound: a window's partitions took their device seconds of it, one after another
+    skewed = [{"timings": {"device": d}} for d in (0.2, 0.2, 0.2, 1.0)]
+    assert bench.capacity_s_per_partition(skewed, devices=1, workers=1) == pytest.approx(0.4)
 
 
 def test_device_busy_is_the_union_of_the_placed_stages() -> None:

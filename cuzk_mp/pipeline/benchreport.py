@@ -195,7 +195,7 @@ def table(result: dict[str, Any]) -> str:
     per_part, per_part_runs = s_per_partition(result)
     rows = [
         ("s/partition (steady state)", _fmt_s(per_part) + _spread(per_part_runs)
-         + ("  (the pipeline's capacity: too few partitions were made wholly after the first job to time)"
+         + ("  (the pipeline's capacity: the window timed faster than its partitions' own stages allow)"
             if result.get("s_per_partition_floored") else "")),
         (f"s/job of {result['config']['partitions']} partitions (steady)",
          "n/a (older result)" if result.get("s_per_job") is None
