@@ -236,6 +236,22 @@ def test_device_busy_is_the_union_of_the_placed_stages() -> None:
     assert busy == {"0": pytest.approx(0.6), "1": pytest.approx(0.32)}
 
 
+def test_one_job_a_run_leaves_the_cold_job_out_of_the_steady_figures(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """--jobs 1: run 0's one job is the cold one (first_job_s); the steady figures are the later runs'
+    lone jobs on the warm engine, and the table says so; with one run there is no steady figure."""
+    assert [bench.steady_basis(j, r) for j, r in ((3, 1), (1, 2), (1, 1))] == [
+        "window", "lone warm jobs", "cold job only"]
+    out = tmp_path / "r.json"
+    args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partitions", "2", "--jobs", "1", "--repeat", "3",
+                  "--quiet", "--cache", str(KEY_CACHE), "--json", str(out))
+    assert args.func(args) == 0
+    result = json.loads(out.read_text())
+    assert result["steady_basis"] == "lone warm jobs"
+    assert len(result["s_per_partition_runs"]) == len(result["s_per_job_runs"]) == 2  # runs 1 and 2
+    assert "each a lone job on a warm engine" in capsys.readouterr().out
+
+
 def test_per_partition_figure_of_older_results() -> None:
     """A result written before s_per_partition existed: its s_per_proof is the per-partition figure
     (what the table, the plot title and perf/pipeline_summary.py read)."""

@@ -9,7 +9,8 @@ the measurement around it:
 * steady state per partition: ``s_per_partition = (t_last_partition_made -
   t_first_job_made) / (partitions made after t_first_job_made)`` per run, a partition being made
   where its device stage ended (:func:`made_at`: a pass's partitions complete together after it)
-  (with ``--jobs 1``: that job's time / partitions), but never below the run's pipeline capacity
+  (with ``--jobs 1``: that job's time / partitions, from the runs after run 0, whose one job is
+  the cold one; ``steady_basis`` says which, :func:`steady_basis`), but never below the run's pipeline capacity
   (``s_per_partition_floor(_runs)``, :func:`capacity_s_per_partition`: the slower of the device
   stage's mean over the devices and synthesis's over the workers, over the partitions counted).
   A window's edges can cut a partition's device stage;
@@ -389,6 +390,18 @@ def made_at(part_done: dict[tuple[str, int], float], runs: list[_Run]) -> dict[t
     return made
 
 
+def steady_basis(jobs: int, runs: int) -> str:
+    """What the steady figures are made of. ``window``: the partitions made after each run's first
+    job (:func:`steady_s_per_proof`). With ``--jobs 1`` a run has no partition after its first job:
+    ``lone warm jobs``, each later run's one job on an engine warmed by run 0 (one job at a time: a
+    lone job's time holds the pipeline's fill and drain, which jobs in flight together overlap), run
+    0's cold job being reported apart; or, with one run too, ``cold job only``: no steady figure,
+    the figures are the cold job's."""
+    if jobs > 1:
+        return "window"
+    return "lone warm jobs" if runs > 1 else "cold job only"
+
+
 def steady_s_per_job(run: _Run, part_done: dict[tuple[str, int], float], partitions: int,
                      floor_s: float = 0.0) -> float:
     """Seconds per whole job at the steady rate: :func:`steady_s_per_proof` times the partitions a
@@ -554,9 +567,14 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         later = set(run_window(run, made)[1])
         mine = [p for p in partitions if p["run"] == r and (not later or (p["job"], p["index"]) in later)]
         floors.append(capacity_s_per_partition(mine, len(devices), a.partition_workers or 1))
-    unfloored = [steady_s_per_proof(run, made, a.partitions) for run in runs]
-    per_run = [steady_s_per_proof(run, made, a.partitions, floor) for run, floor in zip(runs, floors)]
-    per_job = [steady_s_per_job(run, made, a.partitions, floor) for run, floor in zip(runs, floors)]
+    basis = steady_basis(a.jobs, len(runs))
+    if basis == "lone warm jobs":  # run 0's one job is the cold one, reported apart (first_job_s)
+        runs_steady, floors = runs[1:], floors[1:]
+    else:
+        runs_steady = runs
+    unfloored = [steady_s_per_proof(run, made, a.partitions) for run in runs_steady]
+    per_run = [steady_s_per_proof(run, made, a.partitions, floor) for run, floor in zip(runs_steady, floors)]
+    per_job = [steady_s_per_job(run, made, a.partitions, floor) for run, floor in zip(runs_steady, floors)]
     total, verified = verify_all(raw["vk"], runs)
     device_peaks = [v.device_peak_bytes for v in status.memory.device.values()]
     busy = _busy_fractions(bench, runs)
@@ -571,6 +589,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         "s_per_job": statistics.median(per_job), "s_per_job_runs": per_job,
         "s_per_partition_floor": statistics.median(floors), "s_per_partition_floor_runs": floors,
         "s_per_partition_floored": any(u < f * (1 - FLOOR_TOLERANCE) for u, f in zip(unfloored, floors)),
+        "steady_basis": basis,
         # former names of s_per_partition(_runs), kept for readers of older result files
         "s_per_proof": statistics.median(per_run), "s_per_proof_runs": per_run,
         "first_job_s": min(runs[0].t_done.values()) - runs[0].t_start,

@@ -189,14 +189,23 @@ def _spread(runs: list[float]) -> str:
     return f"  (median of {len(runs)} runs; min {min(runs):.3f}, max {max(runs):.3f})"
 
 
+# What the steady rows say they are made of, where not a window after the first job (bench.steady_basis)
+STEADY_NOTES = {
+    "lone warm jobs": "  (one job a run: the runs after the first, each a lone job on a warm engine, fill and "
+                      "drain included)",
+    "cold job only": "  (no steady figure: one job, the cold one; --jobs 2+ or --repeat 2+ gives one)",
+}
+
+
 def table(result: dict[str, Any]) -> str:
     """The one summary table (text)."""
     busy = result["gpu_busy_fraction"]
     per_part, per_part_runs = s_per_partition(result)
+    basis = result.get("steady_basis", "window")
     rows = [
         ("s/partition (steady state)", _fmt_s(per_part) + _spread(per_part_runs)
          + ("  (the pipeline's capacity: the window timed faster than its partitions' own stages allow)"
-            if result.get("s_per_partition_floored") else "")),
+            if result.get("s_per_partition_floored") else "") + STEADY_NOTES.get(basis, "")),
         (f"s/job of {result['config']['partitions']} partitions (steady)",
          "n/a (older result)" if result.get("s_per_job") is None
          else _fmt_s(result["s_per_job"]) + _spread(result.get("s_per_job_runs") or [])),
