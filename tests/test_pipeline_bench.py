@@ -237,7 +237,7 @@ def test_device_busy_is_the_union_of_the_placed_stages() -> None:
 
 
 def test_one_job_a_run_leaves_the_cold_job_out_of_the_steady_figures(
-        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     """--jobs 1: run 0's one job is the cold one (first_job_s); the steady figures are the later runs'
     lone jobs on the warm engine, and the table says so; with one run there is no steady figure."""
     assert [bench.steady_basis(j, r) for j, r in ((3, 1), (1, 2), (1, 1))] == [
@@ -245,7 +245,12 @@ def test_one_job_a_run_leaves_the_cold_job_out_of_the_steady_figures(
     out = tmp_path / "r.json"
     args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partitions", "2", "--jobs", "1", "--repeat", "3",
                   "--quiet", "--cache", str(KEY_CACHE), "--json", str(out))
-    assert args.func(args) == 0
+    with caplog.at_level(logging.INFO, logger="cuzk_mp"):
+        assert args.func(args) == 0
+    logged = [r.getMessage() for r in caplog.records]
+    # the start step counts the prover processes; a stop with nothing in flight is no drain
+    assert any("starting the engine: " in m and ", 1 prover process(es)" in m for m in logged)
+    assert any("stopping: no job in flight" in m for m in logged) and not any("draining" in m for m in logged)
     result = json.loads(out.read_text())
     assert result["steady_basis"] == "lone warm jobs"
     assert len(result["s_per_partition_runs"]) == len(result["s_per_job_runs"]) == 2  # runs 1 and 2
@@ -395,6 +400,13 @@ def test_big_circuit_data_is_built_in_a_child_process(tmp_path: Path) -> None:
     (("--start-timeout", "nan"), r"--start-timeout must be"),
     (("--wtns", "x.wtns"), r"--wtns and --r1cs are for a \.zkey circuit; porep-like makes its own"),
     (("--circuit", "x.zkey", "--log-n", "10"), r"--log-n is for the synthetic circuits"),
+    (("--circuit", "porep"), r"--circuit porep: neither a synthetic kind \(porep-like, dense-random\) nor a \.zkey "
+                             r"file \(no such file\)"),
+    (("--circuit", "{tmp}"), r"--circuit .*: neither a synthetic kind .* \(not a file\)"),
+    (("--circuit", "{tmp}/afile", "--r1cs", "{tmp}/afile"), r"--circuit ZKEY needs --wtns"),
+    (("--circuit", "{tmp}/afile", "--wtns", "{tmp}/no.wtns", "--r1cs", "{tmp}/afile"),
+     r"--wtns .*no\.wtns: no such file"),
+    (("--circuit", "{tmp}/afile", "--wtns", "{tmp}/afile", "--r1cs", "{tmp}"), r"--r1cs .*: not a file"),
     (("--synthesis-threads", "100000"), r"--synthesis-threads must be 1\.\.1024, got 100000"),
     (("--gpu-workers", "5000"), r"--gpu-workers must be 1\.\.1024, got 5000"),
     (("--log-n", "0"), r"--log-n must be 10\.\.28 \(the synthetic circuits' sizes\), got 0"),
@@ -595,6 +607,7 @@ def test_a_damaged_cached_dev_key_is_moved_aside_and_made_again_and_a_given_key_
 
     given = tmp_path / "given.zkey"
     given.write_bytes(cut)
+    (tmp_path / "w.wtns").write_bytes(b"")
     args = _parse("--backend", "cpu", "--circuit", str(given), "--wtns", str(tmp_path / "w.wtns"),
                   "--r1cs", str(r1cs))
     bench._fill_defaults(args, "cpu")

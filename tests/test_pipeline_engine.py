@@ -408,5 +408,6 @@ def test_a_child_that_exits_cleanly_during_a_drain_is_no_crash_and_is_not_restar
         stopper.join(60)
     assert engine.state == "stopped"
     assert worker.restarts == 0 and worker.handle.pid == pid
+    assert any("draining: 1 started job(s) may finish within 5.0 s" in r.getMessage() for r in caplog.records)
     mine = [r for r in caplog.records if f"pid={pid}" in r.getMessage()]
     assert mine and all(r.levelno == logging.INFO for r in mine), [r.getMessage() for r in mine]

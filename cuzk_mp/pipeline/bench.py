@@ -158,9 +158,10 @@ class _Run:
 class BenchRun:
     """One bench invocation: engine up, key resident, runs of jobs, engine down."""
 
-    def __init__(self, args: argparse.Namespace, backend: str) -> None:
+    def __init__(self, args: argparse.Namespace, backend: str, devices: list[int]) -> None:
         self.args = args
         self.backend = backend
+        self.devices = devices  # what the engine will use (:func:`_provers`): the start step counts them
         self.cond = threading.Condition()
         self.current = _Run(time.time())
         self.part_done: dict[tuple[str, int], float] = {}
@@ -194,8 +195,6 @@ class BenchRun:
         a = self.args
         if a.circuit in SYNTHETIC_KINDS:
             return CircuitSpec(a.circuit, synthetic=a.circuit, log_n=a.log_n, key_source=a.key_source), []
-        if a.wtns is None or a.r1cs is None:
-            raise InputError("--circuit ZKEY needs --wtns WITNESS.wtns and --r1cs CIRCUIT.r1cs")
         spec = CircuitSpec(Path(a.circuit).stem, zkey=Path(a.circuit), r1cs=a.r1cs)
         wtns = a.wtns.read_bytes()
         check_zkey_inputs(Path(a.circuit), a.r1cs, a.wtns, wtns)
@@ -240,8 +239,8 @@ class BenchRun:
         except BaseException:
             engine.stop()
             raise
-        provers = len(a.devices) if a.devices else "one per device"
-        with step(f"starting the engine: {a.partition_workers} synthesis worker(s), {provers} prover process(es) "
+        with step(f"starting the engine: {a.partition_workers} synthesis worker(s), {len(self.devices)} prover "
+                  f"process(es) "
                   f"(a first start on a machine compiles the kernels; limit {a.start_timeout:g} s)"):
             running = self.running = engine.start()
         try:
@@ -693,7 +692,25 @@ def _fill_defaults(args: argparse.Namespace, backend: str) -> None:
     if not 0 < args.start_timeout <= MAX_START_TIMEOUT_S:  # also refuses nan and inf
         raise InputError(f"--start-timeout must be a number of seconds in (0, {MAX_START_TIMEOUT_S:g}], "
                          f"got {args.start_timeout}")
+    _check_inputs(args)
     _check_outputs(args)
+
+
+def _check_inputs(args: argparse.Namespace) -> None:
+    """A .zkey circuit's files, checked before any work: each message names the option (the file's own
+    reader, later, names only the path), and a --circuit that is no file may be a misspelt kind."""
+    if args.circuit in SYNTHETIC_KINDS:
+        return
+    circuit = Path(args.circuit)
+    if not circuit.is_file():
+        found = "not a file" if circuit.exists() else "no such file"
+        raise InputError(f"--circuit {args.circuit}: neither a synthetic kind ({', '.join(SYNTHETIC_KINDS)}) "
+                         f"nor a .zkey file ({found})")
+    if args.wtns is None or args.r1cs is None:
+        raise InputError("--circuit ZKEY needs --wtns WITNESS.wtns and --r1cs CIRCUIT.r1cs")
+    for option, path in (("--wtns", args.wtns), ("--r1cs", args.r1cs)):
+        if not path.is_file():
+            raise InputError(f"{option} {path}: {'not a file' if path.exists() else 'no such file'}")
 
 
 def _check_outputs(args: argparse.Namespace) -> None:
@@ -902,7 +919,7 @@ def run(args: argparse.Namespace) -> int:
     plan_line = device_plan_line(circuit, machine, devices, args.gpu_workers) if backend == "gpu" else None
     if plan_line:
         print(plan_line, flush=True)
-    bench = BenchRun(args, backend)
+    bench = BenchRun(args, backend, devices)
     from .. import stackprof
 
     sampler = stackprof.start_from_env()  # the engine's own threads (the children sample theirs)

@@ -270,8 +270,15 @@ class RunningEngine:
 
     def _stop(self, grace_s: float) -> None:
         with self._cond:
-            log.info("[shutdown] engine %s draining (grace %.1f s)", self.prefix, grace_s)
             self._apply(self.sched.fail_all_unstarted("engine stopping: the job had not started"))
+            if self.sched.jobs and grace_s > 0:
+                log.info("[shutdown] engine %s draining: %d started job(s) may finish within %.1f s", self.prefix,
+                         len(self.sched.jobs), grace_s)
+            elif self.sched.jobs:
+                log.info("[shutdown] engine %s stopping: %d started job(s) end unfinished (no drain grace)",
+                         self.prefix, len(self.sched.jobs))
+            else:
+                log.info("[shutdown] engine %s stopping: no job in flight", self.prefix)
             self._wake()
             self._cond.wait_for(lambda: not self.sched.jobs, timeout=grace_s)
             self._apply(self.sched.fail_all("engine stopped before the job finished"))
