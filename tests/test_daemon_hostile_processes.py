@@ -250,3 +250,15 @@ def test_a_lock_file_that_is_a_link_is_never_followed(tmp_path: Path) -> None:
     lock = InstanceLock([tmp_path / "j.sqlite.lock"])
     lock.acquire()  # a fresh one: made, held
     lock.release()
+
+
+def test_a_start_timeout_names_the_config_key_that_sets_it(tmp_path: Path) -> None:
+    """An engine whose processes send no READY in time fails the daemon's start with the limit as set
+    and the config key that sets it, not the engine's field name."""
+    cfg = tmp_path / "c.toml"
+    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=f"cuzk-stt-{os.getpid()}").replace(
+        "[pipeline]\n", '[pipeline]\nstart_timeout = "0.05s"\n'))
+    run = subprocess.run([*PY, "daemon", "--config", str(cfg)], env=ENV, capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 1, run.stderr[-2000:]
+    assert "within 0.05 s (set by pipeline.start_timeout" in run.stderr, run.stderr[-2000:]

@@ -90,9 +90,15 @@ class DaemonState(enum.Enum):
 
 
 def _default_engine(config: Any, on_job_done: Any, on_partition_done: Any) -> Any:
-    """A configured :class:`~cuzk_mp.pipeline.engine.Engine`; the daemon starts it."""
+    """A configured :class:`~cuzk_mp.pipeline.engine.Engine`; the daemon starts it. Its messages name the
+    config file's keys (a start timeout names ``[pipeline] start_timeout``)."""
+    from cuzk_mp.daemon.config import ENGINE_KEYS
     from cuzk_mp.pipeline.engine import Engine
-    return Engine(config, on_job_done=on_job_done, on_partition_done=on_partition_done)
+
+    def key(field: str) -> str:
+        return ENGINE_KEYS.get(field, f"EngineConfig.{field}")
+
+    return Engine(config, on_job_done=on_job_done, on_partition_done=on_partition_done, key=key)
 
 
 class Daemon:
