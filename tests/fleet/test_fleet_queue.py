@@ -414,3 +414,51 @@ def test_close_ends_a_heartbeat_whose_cancel_became_a_database_error(fleet_dsn: 
         await asyncio.wait_for(box.close(), 10)  # returned: the loop saw the box closed
 
     run(main())
+
+
+@pytest.mark.parametrize("settle", ["cancel", "complete"])
+def test_a_claim_racing_a_cancel_or_a_late_result_deadlocks_neither(fleet_dsn: str, tmp_path: Path,
+                                                                    settle: str) -> None:
+    """A claim locks the queue row, then the job row; a cancel or a result must take them in the same
+    order, or PostgreSQL breaks the deadlock by failing one of the two (deadlock_timeout, 1 s)."""
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a", heartbeats=False, heartbeat_interval_s=0.3, stall_timeout_s=1.0)
+        b = await connect(fleet_dsn, "b", heartbeats=False, heartbeat_interval_s=0.3, stall_timeout_s=1.0)
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        if settle == "complete":  # a's claim lapses; b re-picks it while a finishes anyway
+            await a.claim(["x"], 1)
+            await asyncio.sleep(1.2)
+        picked, go = asyncio.Event(), asyncio.Event()
+        make_queries = b._queries
+
+        def pausing_queries(conn):  # type: ignore[no-untyped-def]
+            queries = make_queries(conn)
+            dequeue = queries.dequeue
+
+            async def dequeue_then_wait(**kw):  # type: ignore[no-untyped-def]
+                jobs = await dequeue(**kw)  # the queue row is locked until the claim commits
+                picked.set()
+                await go.wait()
+                return jobs
+            queries.dequeue = dequeue_then_wait  # type: ignore[method-assign]
+            return queries
+
+        b._queries = pausing_queries  # type: ignore[method-assign]
+        claim = asyncio.create_task(b.claim(["x"], 1))
+        await picked.wait()
+        other = asyncio.create_task(a.cancel(ref.job_id) if settle == "cancel" else a.complete(ref.job_id, b"a"))
+        await asyncio.sleep(0.3)  # the cancel or the result waits on the claim's lock
+        go.set()
+        [c] = await claim
+        assert await other
+        st = await a.status(ref.job_id)
+        assert (st.state, st.claims) == (("cancelled", 1) if settle == "cancel" else ("done", 2))
+        b._queries = make_queries  # type: ignore[method-assign]
+        await b.heartbeat()  # the claim is b's no more (a cancel's NOTIFY may have told it already)
+        assert c.aborted.is_set() and not b.held()
+        for f in (a, b):
+            await f.close()
+
+    run(main())

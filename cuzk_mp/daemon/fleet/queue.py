@@ -19,6 +19,8 @@ queue row and its job row commit together, and a result write, its queue row's r
   result wins; a later one, from a box whose claim was taken over, is discarded and reported);
 * ``fail`` and ``release`` act only while this process still holds the claim (``owner``), so a
   box that lost its claim cannot send a job that another box now runs back to the queue.
+* every operation that settles a job locks its queue row before its job row, the order in which
+  a claim takes them, so a cancel or a result racing a claim of the same job never deadlocks.
 
 Errors: bad arguments raise InputError naming the field; an unreachable database raises
 ResourceError; neither ever loses another job's state, which lives in the database.
@@ -43,6 +45,7 @@ from pgqueuer.adapters.persistence.queries import Queries
 from pgqueuer.domain import models as pgq
 from pgqueuer.domain.types import JOB_STATUS, JobId, QueueEntrypoint, QueueManagerId
 from pgqueuer.ports.repository import EntrypointExecutionParameter
+from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
@@ -381,6 +384,7 @@ class Fleet(FleetStore):
             raise InputError(f"result: {len(result)} bytes, more than {schema.MAX_RESULT_BYTES}; results "
                              "live in the database and must stay small")
         async with self._tx() as (conn, queries):
+            await self._lock_queue_row(conn, job_id)
             cur = await conn.execute(
                 "UPDATE cuzk_fleet_jobs SET state = 'done', result = %s, finished_at = now(), box = %s, "
                 "error = NULL, error_kind = NULL WHERE job_id = %s AND state IN ('queued', 'running') "
@@ -402,6 +406,7 @@ class Fleet(FleetStore):
         Acts only while this process holds the claim; otherwise returns the job's state unchanged.
         """
         async with self._tx() as (conn, queries):
+            await self._lock_queue_row(conn, job_id)
             cur = await conn.execute("SELECT state, owner, attempts, queue_id, circuit_id FROM cuzk_fleet_jobs "
                                      "WHERE job_id = %s FOR UPDATE", (job_id,))
             row = await cur.fetchone()
@@ -437,6 +442,7 @@ class Fleet(FleetStore):
     async def release(self, job_id: str) -> bool:
         """Give a held job back to the queue at once (this box is stopping); no attempt is counted."""
         async with self._tx() as (conn, queries):
+            await self._lock_queue_row(conn, job_id)
             cur = await conn.execute(
                 "UPDATE cuzk_fleet_jobs SET state = 'queued', owner = NULL WHERE job_id = %s AND owner = %s "
                 "AND state = 'running' RETURNING queue_id, circuit_id", (job_id, self.instance))
@@ -458,6 +464,7 @@ class Fleet(FleetStore):
         """
         job_id = (await self.status(job_id, client)).job_id
         async with self._tx() as (conn, queries):
+            await self._lock_queue_row(conn, job_id)
             cur = await conn.execute(
                 "UPDATE cuzk_fleet_jobs SET state = 'cancelled', finished_at = now(), error = 'cancelled', "
                 "error_kind = 'Cancelled' WHERE job_id = %s AND state IN ('queued', 'running') "
@@ -470,6 +477,17 @@ class Fleet(FleetStore):
             await notify(conn, {"event": "finished", "job_id": job_id})
         log.info("fleet: box %s cancelled job %s", self.box, job_id)
         return True
+
+    async def _lock_queue_row(self, conn: psycopg.AsyncConnection, job_id: str) -> None:
+        """Lock the job's queue row (if it still has one) before its job row is touched.
+
+        :meth:`claim` locks in that order (the library's dequeue locks queue rows, then our job rows
+        are updated); a cancel, result, failure or release that locked the job row first and then
+        the queue row deadlocked with a claim of the same job, and PostgreSQL aborted one of the
+        two: a client's cancel failed with a deadlock error. The job's queue_id never changes.
+        """
+        await conn.execute(sql.SQL("SELECT 1 FROM {} WHERE id = (SELECT queue_id FROM cuzk_fleet_jobs "
+                                   "WHERE job_id = %s) FOR UPDATE").format(self._queue_table), (job_id,))
 
     async def _queue_job(self, queries: Queries, job_id: str, queue_id: int | None) -> pgq.Job | None:
         held = self._held.get(job_id)

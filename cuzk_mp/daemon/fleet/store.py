@@ -93,6 +93,7 @@ class FleetStore:
         self._qbe = qb.QueryBuilderEnvironment(settings=self._settings)
         self._qbq = qb.QueryQueueBuilder(settings=self._settings)
         self._qbs = qb.QuerySchedulerBuilder(settings=self._settings)
+        self._queue_table = sql.Identifier(*self._settings.qualified.queue_table.split("."))
         self._closed = False
 
     def _queries(self, conn: psycopg.AsyncConnection) -> Queries:
