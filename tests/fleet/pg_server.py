@@ -127,9 +127,11 @@ def _start(bins: PgBinaries, root: Path, user: str | None, port: int | None = No
     raise RuntimeError(f"PostgreSQL did not start: {last}\n{log[-4000:]}")
 
 
-def stop(bins: PgBinaries, server: PgServer) -> None:
-    """Stop ``server`` (an outage): its clients' connections break, new ones are refused."""
-    _run_as(server.user, [bins.pg_ctl, "-D", str(server.root / "data"), "-m", "immediate", "-w", "stop"])
+def stop(bins: PgBinaries, server: PgServer, mode: str = "immediate") -> None:
+    """Stop ``server`` (an outage): its clients' connections break, new ones are refused. An
+    ``immediate`` stop is a crash: without fsync, what was committed last may be lost with it;
+    a ``fast`` one writes everything out first."""
+    _run_as(server.user, [bins.pg_ctl, "-D", str(server.root / "data"), "-m", mode, "-w", "stop"])
 
 
 def start_again(bins: PgBinaries, server: PgServer) -> None:

@@ -1,7 +1,8 @@
 """The fleet across a database outage, on a PostgreSQL server of its own that the test stops
 and starts again: a box whose calls kept failing through a 40 s outage answers again within
 seconds of the database's return, and a client waiting on a job lives through the outage and
-gets the job's result.
+gets the job's result; calls made while the database restarts are answered once it is back,
+not after the connect timeout.
 """
 
 from __future__ import annotations
@@ -72,3 +73,38 @@ def test_a_box_works_again_soon_after_a_long_outage(tmp_path: Path) -> None:
 
         back = asyncio.run(main())
     assert back < BACK_WITHIN_S, f"the box answered {back:.1f} s after the database was back"
+
+
+def test_calls_made_during_a_restart_are_answered_once_the_database_is_back(tmp_path: Path) -> None:
+    pytest.importorskip("pgqueuer", reason="the fleet extra is not installed (pip install -e '.[fleet]')")
+    bins = pg_server.find_binaries()
+    if bins is None:
+        pytest.skip("no PostgreSQL server programs (initdb, pg_ctl) here")
+    [inp] = make_inputs(tmp_path, 1)
+    connect_timeout_s = 5.0
+    with pg_server.running_server(bins) as server, pg_server.fresh_database(server, "restart") as dsn:
+
+        async def main() -> list[tuple[float, str]]:
+            a = await connect(dsn, "a", connect_timeout_s=connect_timeout_s)
+            ref = await a.submit(None, "x", inp.ref, inp.sha256)
+            for _ in range(3):  # the pool holds a few idle connections, all dead once the server stops
+                await asyncio.gather(*[a.status(ref.job_id) for _ in range(4)])
+
+            async def call() -> tuple[float, str]:  # when it ended, and its error
+                try:
+                    await a.status(ref.job_id)
+                    return time.monotonic(), ""
+                except ResourceError as e:
+                    return time.monotonic(), str(e)
+
+            await asyncio.to_thread(pg_server.stop, bins, server, "fast")  # a restart, as pg_ctl restart does
+            calls = [asyncio.create_task(call()) for _ in range(4)]  # each finds a dead connection
+            await asyncio.sleep(0.1)
+            await asyncio.to_thread(pg_server.start_again, bins, server)
+            back = time.monotonic()
+            ended = await asyncio.gather(*calls)
+            await a.close()
+            return [(end - back, err) for end, err in ended]
+
+        ended = asyncio.run(main())
+    assert all(not err and after < 3.0 for after, err in ended), ended

@@ -26,7 +26,7 @@ from pgqueuer.adapters.persistence.queries import Queries
 from pgqueuer.domain.settings import DBSettings
 from psycopg import sql
 from psycopg.rows import dict_row
-from psycopg_pool import AsyncConnectionPool, PoolTimeout
+from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from cuzk_mp.daemon.fleet import schema
 from cuzk_mp.daemon.fleet.config import FleetConfig, redact_dsn
@@ -94,6 +94,7 @@ class FleetStore:
         self._qbq = qb.QueryQueueBuilder(settings=self._settings)
         self._qbs = qb.QuerySchedulerBuilder(settings=self._settings)
         self._queue_table = sql.Identifier(*self._settings.qualified.queue_table.split("."))
+        self._renewed = asyncio.Event()  # set when renew_pool replaces the pool
         self._closed = False
 
     def _queries(self, conn: psycopg.AsyncConnection) -> Queries:
@@ -106,7 +107,9 @@ class FleetStore:
         if self._closed:
             return
         old, self._pool = self._pool, new_pool(self.cfg)
+        renewed, self._renewed = self._renewed, asyncio.Event()
         await self._pool.open(wait=False)
+        renewed.set()  # callers still waiting on the old pool move to this one (see _connection)
         with contextlib.suppress(Exception):  # its connections are dead; nothing to wait for
             await asyncio.wait_for(old.close(timeout=1.0), 5.0)
 
@@ -117,12 +120,49 @@ class FleetStore:
         if self._closed and self._pool.closed:
             raise ResourceError(f"fleet: box {self.cfg.box} is closed")
         try:
-            async with self._pool.connection() as conn, conn.transaction():
+            async with self._connection() as conn, conn.transaction():
                 yield conn, self._queries(conn)
         except psycopg.DataError as e:
             raise InputError(f"fleet: the database refused a value: {e}") from None
         except (psycopg.Error, PoolTimeout) as e:
             raise ResourceError(f"fleet: database {redact_dsn(self.cfg.dsn)}: {type(e).__name__}: {e}") from None
+
+    @contextlib.asynccontextmanager
+    async def _connection(self) -> AsyncIterator[psycopg.AsyncConnection]:
+        """A connection of the pool, given back after the block.
+
+        A caller that waits on a pool that :meth:`renew_pool` replaces meanwhile moves on to the
+        new pool. The old pool, closed, fails the callers waiting in its queue at that moment,
+        but not one that was between two checks of its dead connections (the pool's ``check``
+        backs off between them): that caller queued again on the closed pool, which serves no
+        one, and failed only after the whole connect timeout, long after the database was back.
+        """
+        while True:
+            pool, renewed = self._pool, self._renewed
+            getting = asyncio.ensure_future(pool.getconn())
+            swapped = asyncio.ensure_future(renewed.wait())
+            try:
+                await asyncio.wait({getting, swapped}, return_when=asyncio.FIRST_COMPLETED)
+            except BaseException:
+                await _abandon(pool, getting)
+                raise
+            finally:
+                swapped.cancel()
+            if not getting.done():  # the pool was renewed while this caller waited on it
+                await _abandon(pool, getting)
+                continue
+            try:
+                conn = getting.result()
+            except (PoolClosed, PoolTimeout):
+                if pool is self._pool:
+                    raise
+                continue  # the old pool gave up on this caller as it was renewed
+            break
+        try:
+            async with conn:
+                yield conn
+        finally:
+            await pool.putconn(conn)
 
     async def status(self, job_id: str, client: str | None = None) -> JobStatus:
         """The job as the shared tables record it (InputError if unknown or pruned).
@@ -202,6 +242,16 @@ class FleetStore:
             cur = await conn.execute("SELECT DISTINCT inputs_ref FROM cuzk_fleet_jobs WHERE inputs_ref = ANY(%s)",
                                      (refs,))
             return {r[0] for r in await cur.fetchall()}
+
+
+async def _abandon(pool: AsyncConnectionPool, getting: asyncio.Future[Any]) -> None:
+    """Stop waiting for a pool's connection; one handed over meanwhile goes back to the pool."""
+    getting.cancel()
+    try:
+        conn = await getting
+    except (Exception, asyncio.CancelledError):
+        return
+    await pool.putconn(conn)
 
 
 async def notify(conn: psycopg.AsyncConnection, event: dict[str, str]) -> None:
