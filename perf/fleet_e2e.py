@@ -89,6 +89,9 @@ async def drive(args: argparse.Namespace, fleet: DaemonFleet) -> dict[str, Any]:
         started, held = await asyncio.to_thread(started_and_held)
         if started >= args.jobs // 3 and held:
             break
+        if all(w.done() for w in waiting):  # every job ended before the victim held one: nothing to kill
+            raise SystemExit("fleet_e2e: every job finished before the box to kill held one; "
+                             "ask for more jobs or partitions (--jobs, --partitions)")
         await asyncio.sleep(0.02)
     t_kill = time.monotonic()
     await asyncio.to_thread(fleet.sigkill, VICTIM)
