@@ -411,3 +411,22 @@ def test_a_child_that_exits_cleanly_during_a_drain_is_no_crash_and_is_not_restar
     assert any("draining: 1 started job(s) may finish within 5.0 s" in r.getMessage() for r in caplog.records)
     mine = [r for r in caplog.records if f"pid={pid}" in r.getMessage()]
     assert mine and all(r.levelno == logging.INFO for r in mine), [r.getMessage() for r in mine]
+
+
+def test_a_stop_interrupted_after_the_children_stopped_ends_stopped(test_key: tuple,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """An interrupt that lands once the stop has stopped every child and the event thread (while the
+    pipes close): the engine stays ``stopped``, not ``stopping`` for good, and its ring is removed."""
+    engine = _stoppable("intrlate", None)
+    close_all = engine.sup.close_all
+
+    def interrupted() -> None:
+        monkeypatch.setattr(engine.sup, "close_all", close_all)
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(engine.sup, "close_all", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        engine.stop(grace_s=0)
+    assert engine.state == "stopped"
+    assert not engine._thread.is_alive()
+    assert shm_entries(prefix_for("intrlate")) == []

@@ -243,7 +243,14 @@ class RunningEngine:
         no death is handled as a crash and no child is restarted: a restarted child would outlive the
         process that gave up on it) and every child is sent SIGKILL. The IPC objects go with the
         engine's event thread once it has seen every child go (:meth:`_finish_abandoned`), or with the
-        engine's finalizer at exit."""
+        engine's finalizer at exit. A stop interrupted once it had stopped every child (the engine
+        ``stopped``: its event thread ends by itself) stays ``stopped``: what is left of it, the pipes
+        and the ring, is done here once that thread has ended, as nothing else would do it."""
+        if self._state == "stopped":
+            if self._thread is not threading.current_thread():
+                self._thread.join(30.0)  # told already: it ends within a poll, or once a callback returns
+            self._finish_abandoned()
+            return
         self._state = "stopping"  # one store, first: a further interrupt cannot undo it
         self._abandoned = True
         self._memory_stop.set()
@@ -264,8 +271,8 @@ class RunningEngine:
             left = self.ring.destroy()
         with self._cond:
             self._state = "stopped"
-        log.info("[shutdown] engine %s stopped (its stop was interrupted: the children were killed); removed %d "
-                 "IPC objects", self.prefix, len(left))
+        log.info("[shutdown] engine %s stopped (its stop was interrupted%s); removed %d IPC objects", self.prefix,
+                 ": the children were killed" if self._abandoned else "", len(left))
         self._finalizer()
 
     def _stop(self, grace_s: float) -> None:
