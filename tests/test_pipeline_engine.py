@@ -10,6 +10,7 @@ import random
 import signal
 import threading
 import time
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -430,3 +431,20 @@ def test_a_stop_interrupted_after_the_children_stopped_ends_stopped(test_key: tu
     assert engine.state == "stopped"
     assert not engine._thread.is_alive()
     assert shm_entries(prefix_for("intrlate")) == []
+
+
+def test_a_cancel_after_stop_writes_nothing_into_a_reused_descriptor(test_key: tuple, tmp_path: Path) -> None:
+    """A cancel (or any wake of the event thread) after the engine stopped: the wake-up pipe is closed,
+    and its descriptor numbers may already be another file's; nothing is written there."""
+    engine = _stoppable("wakeclosed", Collector().job)
+    engine.stop(grace_s=5)
+    files = []
+    try:
+        for _ in range(8):  # the lowest free numbers: the pipe's, reused
+            files.append(open(tmp_path / f"f{len(files)}", "wb"))  # noqa: SIM115 - closed below
+        engine.cancel("no-such-job")
+        engine._wake()
+    finally:
+        for f in files:
+            f.close()
+    assert all((tmp_path / f"f{i}").read_bytes() == b"" for i in range(len(files)))

@@ -43,6 +43,7 @@ schedule its restart.
 
 from __future__ import annotations
 
+import contextlib
 import functools
 import logging
 import os
@@ -178,8 +179,9 @@ class RunningEngine:
         self._stopped = threading.Event()  # set when stop() has ended (a second caller waits for it)
         self._abandoned = False  # an interrupt ended stop() part way: the event thread finishes it
         self._ring_lock = threading.Lock()  # status reads of the ring against its destroy
-        self._wake_r, self._wake_w = os.pipe()
-        self._finalizer = weakref.finalize(self, _release_ipc, self.prefix, self._wake_r, self._wake_w)
+        self._pipe = _WakePipe()
+        self._wake_r = self._pipe.r
+        self._finalizer = weakref.finalize(self, _release_ipc, self.prefix, self._pipe)
         self._thread = threading.Thread(target=self._loop, name="cuzk-engine-events", daemon=True)
         self._thread.start()
         self._memory_thread = threading.Thread(target=self._watch_memory, name="cuzk-engine-memory", daemon=True)
@@ -450,10 +452,7 @@ class RunningEngine:
 
     # ---- the event thread
     def _wake(self) -> None:
-        try:
-            os.write(self._wake_w, b"x")
-        except OSError:
-            pass
+        self._pipe.wake()
 
     def _loop(self) -> None:
         while True:
@@ -704,11 +703,36 @@ def _release_prefix(prefix: str) -> None:
         _LIVE_PREFIXES.discard(prefix)
 
 
-def _release_ipc(prefix: str, wake_r: int, wake_w: int) -> None:
+class _WakePipe:
+    """The event thread's wake-up pipe. A wake after the engine has stopped (a cancel or a status
+    call from another thread, late) is a no-op: once closed, the descriptors' numbers may already
+    belong to another file of the process, which a stray write would corrupt."""
+
+    def __init__(self) -> None:
+        self.r, self._w = os.pipe()
+        os.set_blocking(self._w, False)  # a full pipe (the thread is awake anyway) never blocks a waker
+        self._lock = threading.Lock()
+        self._closed = False
+
+    def wake(self) -> None:
+        """One byte for the event thread's wait (the pipe full: it is awake anyway)."""
+        with self._lock:
+            if not self._closed:
+                with contextlib.suppress(OSError):
+                    os.write(self._w, b"x")
+
+    def close(self) -> None:
+        """Close both ends, once."""
+        with self._lock:
+            if self._closed:
+                return
+            self._closed = True
+            for fd in (self.r, self._w):
+                with contextlib.suppress(OSError):
+                    os.close(fd)
+
+
+def _release_ipc(prefix: str, pipe: _WakePipe) -> None:
     """Finalizer of a running engine: unlink every IPC object of the prefix, close the wake-up pipe, free it."""
     _release_prefix(prefix)
-    for fd in (wake_r, wake_w):
-        try:
-            os.close(fd)
-        except OSError:
-            pass
+    pipe.close()
