@@ -217,7 +217,11 @@ class Journal:
         if recorded is None:
             with atomic_output(_marker_path(path), "w") as f:
                 f.write(journal_id + "\n")
-        _make_incremental(conn, path)
+        try:
+            _make_incremental(conn, path)
+        except BaseException:  # an interrupt during the rewrite: SQLite rolls it back; the file is unchanged
+            conn.close()
+            raise
         return cls(path, conn)
 
     @staticmethod
