@@ -22,12 +22,19 @@ OUTAGE_S = 40.0  # long enough for a pool's connect backoff of 1, 2, 4 ... s to 
 BACK_WITHIN_S = 12.0  # the LISTEN link retries every 5 s at most, then the box renews its pool
 
 
-@pytest.mark.slow
-def test_a_box_works_again_soon_after_a_long_outage(tmp_path: Path) -> None:
+def _server_binaries() -> pg_server.PgBinaries:
+    """The PostgreSQL programs an outage test runs its own server with (skip where the fleet extra or
+    the programs are missing)."""
     pytest.importorskip("pgqueuer", reason="the fleet extra is not installed (pip install -e '.[fleet]')")
     bins = pg_server.find_binaries()
     if bins is None:
         pytest.skip("no PostgreSQL server programs (initdb, pg_ctl) here")
+    return bins
+
+
+@pytest.mark.slow
+def test_a_box_works_again_soon_after_a_long_outage(tmp_path: Path) -> None:
+    bins = _server_binaries()
     [inp] = make_inputs(tmp_path, 1)
     with pg_server.running_server(bins) as server, pg_server.fresh_database(server, "outage") as dsn:
 
@@ -76,10 +83,7 @@ def test_a_box_works_again_soon_after_a_long_outage(tmp_path: Path) -> None:
 
 
 def test_calls_made_during_a_restart_are_answered_once_the_database_is_back(tmp_path: Path) -> None:
-    pytest.importorskip("pgqueuer", reason="the fleet extra is not installed (pip install -e '.[fleet]')")
-    bins = pg_server.find_binaries()
-    if bins is None:
-        pytest.skip("no PostgreSQL server programs (initdb, pg_ctl) here")
+    bins = _server_binaries()
     [inp] = make_inputs(tmp_path, 1)
     connect_timeout_s = 5.0
     with pg_server.running_server(bins) as server, pg_server.fresh_database(server, "restart") as dsn:
