@@ -448,3 +448,19 @@ def test_a_cancel_after_stop_writes_nothing_into_a_reused_descriptor(test_key: t
         for f in files:
             f.close()
     assert all((tmp_path / f"f{i}").read_bytes() == b"" for i in range(len(files)))
+
+
+def test_a_child_restarted_as_a_stop_is_abandoned_is_killed_too(test_key: tuple) -> None:
+    """The event thread may be restarting a child (it read the engine as running) just as an interrupted
+    stop kills the children: that new child is killed as well, and the stop still ends, ring removed."""
+    engine = _stoppable("abandonrace", None)
+    name = next(iter(engine.sup.children))
+    with engine._cond:  # the event thread is held where it restarts children
+        engine._abandon()
+        engine.sup.children[name].restart_at = 0.0  # a restart due, made after the kill
+        engine.sup.restart_due()
+        late = psutil.Process(engine.sup.children[name].handle.pid)
+    wait_until(lambda: engine.state == "stopped", timeout=15)
+    psutil.wait_procs([late], timeout=10)
+    assert not late.is_running() or late.status() == psutil.STATUS_ZOMBIE
+    assert shm_entries(prefix_for("abandonrace")) == []

@@ -256,11 +256,18 @@ class RunningEngine:
         self._state = "stopping"  # one store, first: a further interrupt cannot undo it
         self._abandoned = True
         self._memory_stop.set()
-        for child in self.sup.children.values():
+        self._kill_children()
+        self._wake()
+
+    def _kill_children(self) -> None:
+        """SIGKILL every child not reaped yet, and no restart after: an abandoned stop's. The event thread
+        repeats it until none is alive (a restart it was making while the stop was abandoned, its state
+        read as ``running`` just before, is killed on its next round)."""
+        for child in list(self.sup.children.values()):
             child.restart_at = None
             if not child.handle.reaped:
-                child.handle.proc.kill()
-        self._wake()
+                with contextlib.suppress(OSError):
+                    child.handle.proc.kill()
 
     def _finish_abandoned(self) -> None:
         """The rest of a stop an interrupt ended (:meth:`_abandon`), run by the event thread once no child
@@ -468,8 +475,10 @@ class RunningEngine:
                     log.exception("engine event handling failed")
                 self._cond.notify_all()
             self._run_callbacks()
-            if self._abandoned and self._state == "stopping" and not self.sup.live():
-                self._finish_abandoned()
+            if self._abandoned and self._state == "stopping":
+                self._kill_children()
+                if not self.sup.live():
+                    self._finish_abandoned()
             if self._state == "stopped":  # read after the callbacks: one of them may have called stop()
                 self._run_callbacks()  # queued by the stop while these ran
                 return
