@@ -513,6 +513,9 @@ def test_an_interrupted_bench_stops_its_engine_without_waiting_for_the_jobs_in_f
         args.func(args)
     assert graces == [0]  # no drain: the results of the jobs in flight would be thrown away
     assert shm_entries(f"cuzk-bench-{os.getpid()}") == []
+    import threading
+
+    assert not [t for t in threading.enumerate() if t.name == "cuzk-mem-sampler"]  # stopped, not left sampling
 
 
 def test_a_json_result_that_cannot_be_written_is_an_output_error_naming_it(tmp_path: Path) -> None:

@@ -47,6 +47,7 @@ sampled peak of the whole run.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import dataclasses
 import json
 import os
@@ -268,7 +269,12 @@ class BenchRun:
             status = running.status()
         except BaseException:
             # Ctrl-C or a failure: nothing will read the jobs in flight, so they are not waited for
-            # (a drain would keep an interrupted bench for up to its grace, 30 s)
+            # (a drain would keep an interrupted bench for up to its grace, 30 s); the memory sampler,
+            # which reads the engine's processes, stops first
+            if self.sampler is not None:
+                with contextlib.suppress(Exception):
+                    self.sampler.stop()
+                self.sampler = None
             running.stop(grace_s=0)
             raise
         running.stop()
