@@ -261,7 +261,14 @@ class JobTable:
 
         Such a job is not counted against :class:`QueueCaps`: the fleet's worker claims at most
         ``[fleet] max_jobs`` of them at once (its free slots), so they are bounded already, and a
-        fleet's waiting jobs wait in its database and ``inputs_dir``, not in this process."""
+        fleet's waiting jobs wait in its database and ``inputs_dir``, not in this process.
+
+        Every timestamp of ``rec`` is this box's clock, like the engine's ``started_at`` and
+        ``finished_at`` that end the job: ``submitted_at`` is the caller's conversion of the
+        database's submit time (the claim's time here less the queue wait the database measured,
+        :attr:`.fleet.models.Claimed.submitted_here`), so the job's latency (``observe_job``, the
+        log) never subtracts one clock from another, whatever the skew between the box and the
+        database."""
         if rec.job_id in self.jobs:
             raise ResourceError(f"job {rec.job_id} is already running on this box")
         self.jobs[rec.job_id] = rec

@@ -310,3 +310,62 @@ def test_a_dsn_the_database_refuses_fails_the_start_as_a_config_error_before_the
         assert text in str(e.value) and not started
         assert not cfg.journal_path.exists()
         assert exit_code(e.value)[0] == {ConfigError: EXIT_INPUT, ResourceError: EXIT_RESOURCES}[kind]
+
+
+def test_a_box_whose_clock_is_off_the_databases_measures_latency_and_answers_on_one_clock(
+        fleet_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """This box's clock runs an hour ahead of the database's: the job's latency (the metric) is
+    the database's queue wait plus the run on the box, and the reply carries the database's
+    timestamps, not a finish an hour after the submit."""
+    import time
+    import types
+    from typing import Any, cast
+
+    from cuzk_mp.daemon import protocol as P
+    from cuzk_mp.daemon.fleet.box import FleetBox, job_reply
+    from cuzk_mp.daemon.jobs import JobTable
+    from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionResult
+
+    skew_s = 3600.0
+    real_time = time.time
+    observed: list[float] = []
+
+    class Engine:
+        """Ends every job at once, stamped with this box's clock as the engine does."""
+
+        def submit(self, job: JobSpec) -> None:
+            now = time.time()
+            result = JobResult(job_id=job.job_id, circuit_id=job.circuit_id, state="done", error=None,
+                               partitions=[PartitionResult(index=0, proof={"pi_a": []}, public=[7], timings={},
+                                                           device=None, attempts=1)],
+                               submitted_at=now, started_at=now, finished_at=now)
+            asyncio.get_running_loop().call_soon(jobs.on_job_done, result)
+
+        def cancel(self, job_id: str) -> bool:
+            return False
+
+    metrics = types.SimpleNamespace(observe_job=lambda circuit, state, s: observed.append(s),
+                                    observe_partition=lambda *a: None)
+    jobs = JobTable(Engine(), cast(Any, None), {}, cast(Any, metrics), 60.0)
+    inp = store_inputs(msgspec.msgpack.encode([P.PartitionIn(kind="synthetic", seed=1)]), tmp_path)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a")
+        ref = await a.submit("req-skew", "x", inp.ref, inp.sha256)
+        await asyncio.sleep(0.3)  # a queue wait the database measures
+        monkeypatch.setattr(time, "time", lambda: real_time() + skew_s)
+        [c] = await a.claim(["x"], 1)
+        fleet_cfg = resolve({"dsn": fleet_dsn, "box": "a"})
+        box = FleetBox(cast(Any, types.SimpleNamespace(fleet=fleet_cfg, circuits={"x": object()})), Engine(), jobs)
+        result = await box._run(c)
+        assert await a.complete(c.job_id, result)
+        st = await a.status(ref.job_id)
+        await a.close()
+        [latency] = observed
+        assert 0.3 <= latency < 10, latency
+        reply = job_reply(st, 1)
+        assert (reply.state, reply.submitted_at, reply.started_at, reply.finished_at) == (
+            "done", st.submitted_at, st.started_at, st.finished_at)
+        assert reply.finished_at is not None and 0.3 <= reply.finished_at - reply.submitted_at < 10
+
+    asyncio.run(main())

@@ -216,7 +216,7 @@ class FleetBox:
             raise InputError(f"inputs of job {c.job_id}: {len(partitions)} partitions, the job says {c.n_partitions}")
         rec = JobRecord(job_id=f"{c.job_id}.{c.claims}", request_id=c.request_id or "", circuit_id=c.circuit_id,
                         priority=c.priority, digest=c.inputs_sha256, partitions=partitions,
-                        submitted_at=c.submitted_at or time.time(), owner=c.client)
+                        submitted_at=c.submitted_here, owner=c.client)
         await self.jobs.run_claimed(rec)
         if rec.state == "done":
             return msgspec.msgpack.encode(msgspec.structs.replace(reply_of(rec, 0), job_id=c.job_id))
@@ -322,10 +322,16 @@ DATABASE_UP = ("cuzk_fleet_database_up", "1 if this scrape read the fleet's data
 
 
 def job_reply(st: JobStatus, id: int, timed_out: bool = False) -> P.JobReply:
-    """The JobReply of a fleet job: the stored reply of a done job, else one built from its status."""
+    """The JobReply of a fleet job: the stored reply of a done job, else one built from its status.
+
+    Its timestamps are the database's in every state, also those of a stored reply (written on
+    the running box's clock): a client asking any box sees one clock, the one every queue
+    decision uses, and never a job that finished before it was submitted."""
     if st.state == "done" and st.result is not None:
         try:
-            return msgspec.structs.replace(_job_reply.decode(st.result), id=id, job_id=st.job_id, timed_out=False)
+            return msgspec.structs.replace(_job_reply.decode(st.result), id=id, job_id=st.job_id, timed_out=False,
+                                           submitted_at=st.submitted_at, started_at=st.started_at,
+                                           finished_at=st.finished_at)
         except msgspec.MsgspecError as e:
             raise ResourceError(f"job {st.job_id}: its stored result cannot be read: {e}") from None
     fill: P.PartitionState = {"cancelled": "cancelled", "failed": "failed"}.get(st.state, "pending")  # type: ignore[assignment]

@@ -59,7 +59,11 @@ class Claimed:
     ``aborted`` is set when the job is cancelled from any box, finished by another box, or its
     claim was taken over after this box's heartbeat stalled; ``abort_reason`` says which.
     ``claims`` counts how many times the job was claimed (1 on its first run); ``client`` is the
-    identity of the client that submitted it and ``submitted_at`` when (epoch seconds).
+    identity of the client that submitted it and ``submitted_at`` when (epoch seconds, the
+    database's clock). ``queued_s`` is how long the job had waited when it was claimed, as the
+    database measured it, and ``claimed_at`` when the claim returned on this box's own clock: the
+    box's clock may be off the database's, so a latency measured on the box starts from
+    :attr:`submitted_here`, never from ``submitted_at``.
     """
 
     job_id: str
@@ -73,8 +77,16 @@ class Claimed:
     request_id: str | None
     client: str = ""
     submitted_at: float = 0.0
+    queued_s: float = 0.0
+    claimed_at: float = 0.0
     aborted: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     abort_reason: str = ""
+
+    @property
+    def submitted_here(self) -> float:
+        """When the job was submitted, on this box's clock: the claim's time here less the wait
+        the database measured, so durations on the box never mix two clocks."""
+        return self.claimed_at - self.queued_s
 
 
 @dataclass(frozen=True)

@@ -268,7 +268,8 @@ class Fleet(FleetStore):
                 "started_at = COALESCE(started_at, now()) WHERE queue_id = ANY(%s) "
                 "AND state IN ('queued', 'running') RETURNING job_id, queue_id, circuit_id, priority, "
                 "inputs_ref, inputs_sha256, n_partitions, attempts, claims, request_id, client, "
-                "extract(epoch FROM submitted_at) AS submitted_at",
+                "extract(epoch FROM submitted_at) AS submitted_at, "
+                "extract(epoch FROM now() - submitted_at) AS queued_s",
                 (self.box, self.instance, [int(j.id) for j in picked]))
             rows = {int(r["queue_id"]): r for r in await cur.fetchall()}
             orphans = [j for j in picked if int(j.id) not in rows]
@@ -287,7 +288,8 @@ class Fleet(FleetStore):
                     inputs_ref=row["inputs_ref"], inputs_sha256=row["inputs_sha256"],
                     n_partitions=row["n_partitions"], attempts=row["attempts"], claims=row["claims"],
                     request_id=row["request_id"], client=row["client"],
-                    submitted_at=float(row["submitted_at"]))
+                    submitted_at=float(row["submitted_at"]), queued_s=max(float(row["queued_s"]), 0.0),
+                    claimed_at=time.time())
         self._held[c.job_id] = _Held(c, queue_job)
         self._by_queue_id[int(queue_job.id)] = c.job_id
         if c.claims > 1:
