@@ -462,3 +462,29 @@ def test_a_claim_racing_a_cancel_or_a_late_result_deadlocks_neither(fleet_dsn: s
             await f.close()
 
     run(main())
+
+
+def test_prune_forgets_a_box_that_stopped_heartbeating_without_leaving(fleet_dsn: str, tmp_path: Path) -> None:
+    """A box killed without leaving goes once its heartbeat is older than the retention and it
+    holds no claim; one still holding a claim stays listed, and a box that was only hung joins
+    again at its next heartbeat."""
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        dead, holder, live = [await connect(fleet_dsn, name, heartbeats=False) for name in ("dead", "holder", "live")]
+        await holder.submit(None, "x", inp.ref, inp.sha256)
+        assert len(await holder.claim(["x"], 1)) == 1
+        query_one(fleet_dsn, "UPDATE cuzk_fleet_boxes SET last_heartbeat = now() - interval '2 hours' "
+                             "WHERE box IN ('dead', 'holder') RETURNING 1")
+        assert {b.box: b.state for b in await live.boxes()} == {"dead": "stale", "holder": "stale", "live": "up"}
+        await live.prune(3 * 3600)  # not yet older than the retention
+        assert [b.box for b in await live.boxes()] == ["dead", "holder", "live"]
+        await live.prune(3600)
+        assert [b.box for b in await live.boxes()] == ["holder", "live"]
+        assert await dead.heartbeat() == []  # it was only hung: it joins again
+        assert {b.box: b.state for b in await live.boxes()} == {"dead": "up", "holder": "stale", "live": "up"}
+        assert not dead._name_lost
+        for f in (dead, holder, live):
+            await f.close()
+
+    run(main())

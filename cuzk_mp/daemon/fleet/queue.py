@@ -323,7 +323,8 @@ class Fleet(FleetStore):
         """Renew this box's row and its claims; the job ids it lost (they are aborted too).
 
         A claim is lost when the job was cancelled, finished by another box, or claimed again
-        elsewhere after this box's heartbeat stalled.
+        elsewhere after this box's heartbeat stalled. A box whose row was pruned (it was silent
+        longer than ``result_ttl`` with no claim, see :meth:`prune`) registers again here.
         """
         lost: dict[str, str] = {}
         # The claims as they are now: claim() and complete() may change self._held while this
@@ -339,6 +340,15 @@ class Fleet(FleetStore):
                 "OR last_heartbeat < now() - make_interval(secs => %s))",
                 (list(self._resident), self._free_slots, len(checked), self.instance, socket.gethostname(),
                  os.getpid(), self.box, self.instance, self.cfg.stall_timeout_s))
+            if cur.rowcount == 0 and self._registered:  # the row is gone if prune took this box for dead
+                cur = await conn.execute(
+                    "INSERT INTO cuzk_fleet_boxes (box, instance, host, pid, resident, free_slots, running) "
+                    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (box) DO NOTHING",
+                    (self.box, self.instance, socket.gethostname(), os.getpid(), list(self._resident),
+                     self._free_slots, len(checked)))
+                if cur.rowcount == 1:
+                    log.warning("fleet: box %s had not renewed its row for so long that it was pruned; it "
+                                "joins again", self.box)
             if cur.rowcount == 0 and self._registered and not self._name_lost:
                 self._name_lost = True  # claims stay safe (they carry this process's instance id)
                 log.error("fleet: another process took over box name %s; give each daemon its own "
