@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import threading
 import time
+from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
 import pytest
 
-from cuzk_mp.backends.gpu.knobs import SECTIONS, window_count
+from cuzk_mp.backends.gpu.knobs import SECTIONS, msm_params_for, window_count
 from cuzk_mp.backends.gpu.plan import (
     DEFAULT_MARGIN,
     KeyShape,
@@ -77,11 +78,15 @@ def test_porep_2_26_on_an_h200() -> None:
     assert plan.fits and plan.multiples == {} and plan.in_flight == 3
     assert 35 * GIB < plan.points_total < 37 * GIB
     # asked for the multiples of h explicitly beside three partitions: they do not fit, and the
-    # plan drops them (beside two they fit, without the G2 grid lists: 0.2 GiB to spare)
+    # plan drops them; beside two they fit only with the radix sort's smaller buffers (without the G2
+    # grid lists: 0.2 GiB to spare), not with cupy.argsort's, 2^26's sort
     forced = plan_device(porep(26), H200_FREE, workers=3, multiples="h")
     assert forced.multiples == {} and forced.steps == ["dropped the precomputed multiples of h"]
     assert forced.in_flight == 3 and forced.fits
     two = plan_device(porep(26), H200_FREE, workers=2, multiples="h")
+    assert two.fits and two.multiples == {} and two.in_flight == 2 and two.large_sort == "argsort"
+    radix = replace(msm_params_for(1 << 26), large_sort="radix")
+    two = plan_device(porep(26), H200_FREE, workers=2, multiples="h", params=radix)
     assert two.fits and two.multiples == {"h": 24} and two.in_flight == 2
 
 
@@ -296,7 +301,7 @@ def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> N
 
     p26 = plan_device(packed(26), H200_FREE, workers=2, multiples="auto", witness_map=2 * GIB)
     assert p26.fits and p26.in_flight == 2 and not p26.grid_off and not p26.steps and not p26.multiples
-    assert p26.msm_params(configured) is configured
+    assert p26.msm_params(configured) == replace(configured, large_sort="argsort")  # 2^26's sort, grid kept
 
     # 2^27 with the device witness map (the staged partition holds w alone): the lists fit beside two
     # partitions, and "grid-g2" keeps them; "auto" (the default) keeps XYZZ above 2^26 by rule (no step)
@@ -549,6 +554,31 @@ def test_large_batch_sort_switch(monkeypatch: pytest.MonkeyPatch) -> None:
         MsmParams()
     with pytest.raises(ConfigError, match="large_sort"):
         MsmParams(large_sort="merge")
+
+
+@pytest.mark.parametrize(("log_n", "env", "want"), [
+    (24, None, "radix"), (25, None, "argsort"), (26, None, "argsort"), (27, None, "radix"),
+    (26, "radix", "radix"), (27, "argsort", "argsort")])
+def test_each_key_size_gets_the_sort_measured_fastest(monkeypatch: pytest.MonkeyPatch, log_n: int, env: str | None,
+                                                      want: str) -> None:
+    """The plan picks the large window batches' sort by the key's domain (cupy.argsort at 2^25 and 2^26,
+    the radix sort elsewhere: measured in the pipeline), counts that sort's buffers, and hands it to
+    every section's MSM parameters; env CUZK_GPU_MSM_SORT overrides the rule."""
+    from cuzk_mp.backends.gpu.knobs import SORT_ENV, msm_params_for
+
+    if env is None:
+        monkeypatch.delenv(SORT_ENV, raising=False)
+    else:
+        monkeypatch.setenv(SORT_ENV, env)
+    n = 1 << log_n
+    shape = KeyShape(n, n, 1)
+    plan = plan_device(shape, 1 << 40)
+    assert plan.large_sort == want
+    for points in (n, n // 3):  # a packed section's points: the key's rule all the same
+        assert plan.msm_params(msm_params_for(points)).large_sort == want
+    other = "radix" if want == "argsort" else "argsort"
+    counted = plan_device(shape, 1 << 40, params=replace(plan.msm_params(msm_params_for(n)), large_sort=other))
+    assert sum(plan.scratch.values()) != sum(counted.scratch.values())  # the sort's own buffers are counted
 
 
 def test_a_section_bigger_than_the_domain_brings_no_grid_lists_the_plan_never_counted(

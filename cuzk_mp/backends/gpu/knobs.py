@@ -169,12 +169,16 @@ G2_SPLIT_ENV = "CUZK_GPU_MSM_G2_SPLIT"
 
 
 # The sort of window batches with more buckets than the counting sort takes (msm.COUNTING_SORT_BINS):
-# "radix" (default; kernels/msm/sort.cuh, no host wait) or "argsort" (cupy.argsort, which waits for the
-# host inside every MSM). Measured on the H200 in the 2^26 PoRep-like pipeline: 0.950 s a partition
-# with cupy.argsort (a23e1ba), 1.067 s once the radix sort came (5545392), 1.039-1.054 now; at 2^27 the
-# radix sort gained (1.958 -> 1.901 s). The switch is there to measure which sort each size wants.
+# "radix" (kernels/msm/sort.cuh, no host wait) or "argsort" (cupy.argsort, which waits for the host inside
+# every MSM). Each key's device plan picks it by the key's domain (:func:`large_sort_for`), as measured in
+# the PoRep-like pipeline (10 partitions x 2 jobs, key made on the device, every proof verified;
+# perf/results/gpu-sort-h200-2026-12-05.json): on the H200 2^26 0.946 s a partition with cupy.argsort
+# against 1.026 with the radix sort, 2^27 1.862 with the radix sort against 1.936; on an H100 2^24 0.2540
+# against 0.2539 (perf/results/gpu-sort-h100-2026-12-05.json; the radix sort gained at 2^24 on the H200
+# when it came). 2^25 is not measured: it goes with 2^26. Env CUZK_GPU_MSM_SORT overrides the rule.
 SORT_ENV = "CUZK_GPU_MSM_SORT"
 SORT_MODES = ("radix", "argsort")
+ARGSORT_DOMAINS = (1 << 25, 1 << 26)  # cupy.argsort for keys of these many rows, the radix sort elsewhere
 
 
 def sort_default() -> str:
@@ -183,6 +187,14 @@ def sort_default() -> str:
     if mode not in SORT_MODES:
         raise ConfigError(f"{SORT_ENV}={mode!r}: one of {', '.join(SORT_MODES)}")
     return mode
+
+
+def large_sort_for(domain_size: int) -> str:
+    """The large-batch sort of a key of ``domain_size`` rows: env CUZK_GPU_MSM_SORT where set, else the
+    measured rule (:data:`ARGSORT_DOMAINS`)."""
+    if os.environ.get(SORT_ENV, "").strip():
+        return sort_default()
+    return "argsort" if domain_size in ARGSORT_DOMAINS else "radix"
 
 
 def g2_split_default() -> bool:

@@ -85,6 +85,7 @@ from .knobs import (
     batches_msms,
     choose_window,
     graph_batch_limit,
+    large_sort_for,
     msm_params_for,
     msm_stream_of,
     plan_multiples,
@@ -331,6 +332,7 @@ class DevicePlan:
     witness_map: int = 0  # the device witness map's coded rows and tables (0: the host makes a, b, c)
     grid_off: bool = False  # the grid rounds' lists did not fit: XYZZ accumulation alone (:meth:`msm_params`)
     grid_counted: bool = True  # the plan's MSM parameters had grid rounds (their lists are in the plan)
+    large_sort: str = "radix"  # the large window batches' sort the plan counted (:func:`.knobs.large_sort_for`)
     batch: int = 1  # partitions a worker stages together, as fitted (the in-flight count is of workers)
     batch_max: int = 1  # ... as asked (plan_device's ``batch``)
 
@@ -339,7 +341,8 @@ class DevicePlan:
         the plan's own parameters (the key's domain's) had none: a section with more points than the
         domain (B2 of a key with more wires than rows) must not bring lists the plan never counted."""
         off = self.grid_off or not self.grid_counted
-        return replace(params, ga_rounds=0) if off and params.ga_rounds else params
+        params = replace(params, ga_rounds=0) if off and params.ga_rounds else params
+        return replace(params, large_sort=self.large_sort) if params.large_sort != self.large_sort else params
 
     @property
     def points_total(self) -> int:
@@ -449,7 +452,8 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
     workers = max(1, int(workers))
     batch_max = max(1, int(batch))
     given = params
-    params = params or msm_params_for(shape.domain_size)  # what the backend's MSMs of this key take
+    # what the backend's MSMs of this key take (the sort of large window batches by the key's domain)
+    params = params or replace(msm_params_for(shape.domain_size), large_sort=large_sort_for(shape.domain_size))
     points = shape.section_bytes()
     chosen = plan_multiples(points, free - sum(points.values()) - witness_map, shape.domain_size, multiples)
     grid_off = False
@@ -491,6 +495,7 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
         steps.append(f"{k} partition(s) in flight instead of {workers}")
     plan.steps = steps
     plan.grid_off = grid_off
+    plan.large_sort = params.large_sort
     plan.grid_counted = bool(params.ga_rounds) or grid_off
     if steps:
         dropped = [s for s in DROP_ORDER if any(st.endswith(f"multiples of {s}") for st in steps)]
@@ -514,7 +519,7 @@ def largest_fitting_domain(shape: KeyShape, free: int, margin: int = DEFAULT_MAR
     without the grid rounds' lists, as with every fallback taken."""
     for lg in range(max(1, shape.domain_size.bit_length() - 1), 0, -1):
         wm = witness_map * (1 << lg) // max(1, shape.domain_size)
-        p = params or replace(msm_params_for(1 << lg), ga_rounds=0)
+        p = params or replace(msm_params_for(1 << lg), ga_rounds=0, large_sort=large_sort_for(1 << lg))
         if _build(shape.scaled(1 << lg), {}, 1, 1, free, margin, p, None, wm).fits:
             return 1 << lg
     return None
