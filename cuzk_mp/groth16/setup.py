@@ -218,21 +218,31 @@ def _check_room(r1cs: R1CS, r1cs_name: str, zkey_name: str) -> None:
     an r1cs without its optional label map bounds it), and 2^32 wires would be a 128 GiB allocation."""
     import shutil
 
-    import psutil
-
     from ..errors import ResourceError
 
-    host = r1cs.n_wires * SETUP_HOST_BYTES_PER_WIRE
-    available = int(psutil.virtual_memory().available)
-    if host > available:
-        raise ResourceError(f"{r1cs_name}: {r1cs.n_wires} wires need ~{host / 2**30:.1f} GiB of memory in the "
-                            f"setup; {available / 2**30:.1f} GiB are available")
+    check_memory(r1cs.n_wires * SETUP_HOST_BYTES_PER_WIRE, f"{r1cs_name}: {r1cs.n_wires} wires need", " in the setup")
     key = r1cs.n_wires * KEY_BYTES_PER_WIRE + (1 << _domain_log(r1cs)) * 96
     folder = os.path.dirname(os.path.abspath(zkey_name))
     free = shutil.disk_usage(folder).free if os.path.isdir(folder) else None
     if free is not None and key > free:
         raise ResourceError(f"{zkey_name}: the key of {r1cs.n_wires} wires takes ~{key / 2**30:.1f} GiB; "
                             f"{free / 2**30:.1f} GiB are free on its file system")
+
+
+def check_memory(need: int, subject: str, where: str = "", advice: str = "") -> None:
+    """ResourceError where ``need`` bytes are more than the memory available now: checked before a
+    build whose size a file or an option sets (the setup of an r1cs, a synthetic circuit's r1cs and
+    circuit data), which would otherwise grow until the kernel's OOM killer ends it, or another
+    process of the machine, minutes later. The message: "``subject`` ~N GiB of memory``where``; M GiB
+    are available``advice``"."""
+    import psutil
+
+    from ..errors import ResourceError
+
+    available = int(psutil.virtual_memory().available)
+    if need > available:
+        raise ResourceError(f"{subject} ~{need / 2**30:.1f} GiB of memory{where}; {available / 2**30:.1f} GiB "
+                            f"are available{advice}")
 
 
 def section_rows(r1cs: R1CS) -> dict[str, tuple[int, int]]:

@@ -213,17 +213,11 @@ def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path, *, chi
 
 def _check_build_memory(what: str, n_wires: int, bytes_per_wire: int) -> None:
     """ResourceError (exit 4), before the build, where building ``what`` needs more memory than is
-    available: the build would otherwise grow until the kernel's OOM killer ends it (or another
-    process of the machine), minutes later and with no word of why."""
-    import psutil
+    available (:func:`~cuzk_mp.groth16.setup.check_memory`)."""
+    from ..groth16.setup import check_memory
 
-    from ..errors import ResourceError
-
-    need = n_wires * bytes_per_wire
-    available = int(psutil.virtual_memory().available)
-    if need > available:
-        raise ResourceError(f"building {what} ({n_wires} wires) needs ~{need / 2**30:.1f} GiB of memory; "
-                            f"{available / 2**30:.1f} GiB are available: a smaller size, or a machine with more")
+    check_memory(n_wires * bytes_per_wire, f"building {what} ({n_wires} wires) needs",
+                 advice=": a smaller size, or a machine with more")
 
 
 def _build_circuit_data(kind: str, log_n: int, cache_dir: str, log_level: str) -> None:
