@@ -94,11 +94,9 @@ def _default_engine(config: Any, on_job_done: Any, on_partition_done: Any) -> An
     config file's keys (a start timeout names ``[pipeline] start_timeout``)."""
     from cuzk_mp.daemon.config import ENGINE_KEYS
     from cuzk_mp.pipeline.engine import Engine
+    from cuzk_mp.pipeline.types import field_key
 
-    def key(field: str) -> str:
-        return ENGINE_KEYS.get(field, f"EngineConfig.{field}")
-
-    return Engine(config, on_job_done=on_job_done, on_partition_done=on_partition_done, key=key)
+    return Engine(config, on_job_done=on_job_done, on_partition_done=on_partition_done, key=field_key(ENGINE_KEYS))
 
 
 class Daemon:

@@ -71,7 +71,7 @@ from .benchplot import plot_timeline, timeline_section
 from .benchreport import Progress, machine_info, median_stage, require_matplotlib, step, table
 from .types import (
     KEY_SOURCES, MAX_PARTITIONS, MAX_RING_SLOTS, MAX_THREADS, STAGES, CircuitSpec, EngineConfig, JobResult, JobSpec,
-    PartitionInput, PartitionResult, prover_batch,
+    PartitionInput, PartitionResult, field_key, prover_batch,
 )
 
 if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other verbs build this
@@ -652,12 +652,7 @@ SHAPE_KEYS = ("ring_slots", "partition_workers", "synthesis_threads")
 ENGINE_OPTIONS = {"backend": "--backend", "devices": "--devices", "gpu_workers_per_device": "--gpu-workers",
                   "partition_workers": "--partition-workers", "synthesis_threads": "--synthesis-threads",
                   "ring_slots": "--ring-slots", "param_cache": "--cache", "start_timeout_s": "--start-timeout"}
-
-
-def engine_option(field: str) -> str:
-    """The name a message gives the EngineConfig field ``field``: this command's option that sets it,
-    else the field's own name (the bench keeps its default)."""
-    return ENGINE_OPTIONS.get(field, f"EngineConfig.{field}")
+engine_option = field_key(ENGINE_OPTIONS)  # a field the bench leaves at its default keeps its own name
 
 
 # Bounds on what one bench may ask for: beyond these a typo, not a benchmark (a job has at most a

@@ -66,7 +66,7 @@ from .ring import TRIM_IDLE_S, Ring, RingStats, SlotRecord, cleanup_stale, live_
 from .scheduler import Outcome, Scheduler, Task
 from .status import EngineMetrics, EngineStatus, MemoryStatus, ProverStats, RingStatus
 from .supervisor import ROLES, Death, Degraded, Supervisor, child_specs
-from .types import CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionResult
+from .types import CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionResult, field_key
 
 log = logging.getLogger("cuzk_mp.pipeline.engine")
 POLL_S = 0.5
@@ -83,7 +83,7 @@ class Engine:
 
     def __init__(self, config: EngineConfig, on_job_done: JobCallback | None = None,
                  on_partition_done: PartitionCallback | None = None,
-                 key: Callable[[str], str] = "EngineConfig.{}".format) -> None:
+                 key: Callable[[str], str] = field_key()) -> None:
         """``key`` turns a config field's name into the name its caller sets it by (the bench passes its
         options, as :meth:`EngineConfig.validate` takes): the engine's messages about a limit (no READY
         within ``start_timeout_s``) point the reader at what they can change."""

@@ -181,6 +181,13 @@ class JobResult:
     finished_at: float
 
 
+def field_key(names: dict[str, str] | None = None) -> Callable[[str], str]:
+    """How messages about the engine's config name a field: by ``names`` (what the caller sets it by:
+    the daemon's config keys, the bench's options), else as ``EngineConfig.<field>``."""
+    given = names or {}
+    return lambda name: given.get(name, f"EngineConfig.{name}")
+
+
 @dataclass
 class EngineConfig:
     """How many processes and slots the engine runs (docs/engine.md describes each field).
@@ -207,7 +214,7 @@ class EngineConfig:
     task_timeout_s: float = 1800.0
     prover_batch: int = 8  # READY small partitions of one key a prover worker proves in one pass, at most
 
-    def validate(self, key: Callable[[str], str] = "EngineConfig.{}".format) -> None:
+    def validate(self, key: Callable[[str], str] = field_key()) -> None:
         """Raise :class:`ConfigError` naming the first bad field; ``key`` turns a field's name into the
         name the message gives it (the daemon passes its config file's keys)."""
         if self.backend not in BACKENDS:
