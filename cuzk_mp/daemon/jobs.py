@@ -236,7 +236,9 @@ class JobTable:
         figures[1] += size
 
     def _release(self, rec: JobRecord) -> None:
-        """A job no longer holds its inputs (it ended, or was refused): its place is free."""
+        """A job no longer holds its inputs (it ended, or was refused): they are dropped
+        (:func:`.job_records.without_inputs`) and its place is free."""
+        rec.partitions = without_inputs(rec.partitions)
         size = self._held.pop(rec.job_id, None)
         if size is None:
             return
@@ -414,8 +416,7 @@ class JobTable:
                      "runs again after a restart", rec.job_id, result.state)
             return
         rec.state = result.state if result.state in TERMINAL else "failed"
-        rec.partitions = without_inputs(rec.partitions)  # ended: its inputs are not needed again
-        self._release(rec)
+        self._release(rec)  # ended: its inputs are not needed again
         rec.error = result.error
         rec.started_at = result.started_at or rec.started_at
         rec.finished_at = result.finished_at
@@ -516,7 +517,6 @@ class JobTable:
 
     def _fail_restored(self, rec: JobRecord, message: str) -> None:
         rec.state, rec.error, rec.error_kind = "failed", message, "InputError"
-        rec.partitions = without_inputs(rec.partitions)
         self._release(rec)
         rec.finished_at = time.time()
         rec.results = {i: p for i, p in enumerate(pending_partitions(rec, "failed"))}
