@@ -180,7 +180,6 @@ class RunningEngine:
         self._abandoned = False  # an interrupt ended stop() part way: the event thread finishes it
         self._ring_lock = threading.Lock()  # status reads of the ring against its destroy
         self._pipe = _WakePipe()
-        self._wake_r = self._pipe.r
         self._finalizer = weakref.finalize(self, _release_ipc, self.prefix, self._pipe)
         self._thread = threading.Thread(target=self._loop, name="cuzk-engine-events", daemon=True)
         self._thread.start()
@@ -275,14 +274,20 @@ class RunningEngine:
         ends the event thread)."""
         if self._memory_thread is not threading.current_thread():
             self._memory_thread.join(10.0)  # it trims the ring: done before the ring goes
-        self.sup.close_all()
-        with self._ring_lock:
-            left = self.ring.destroy()
+        removed = self._remove_ipc()
         with self._cond:
             self._state = "stopped"
         log.info("[shutdown] engine %s stopped (its stop was interrupted%s); removed %d IPC objects", self.prefix,
-                 ": the children were killed" if self._abandoned else "", len(left))
+                 ": the children were killed" if self._abandoned else "", removed)
+
+    def _remove_ipc(self) -> int:
+        """The end of every stop: the children's pipes closed, the ring and every IPC object of the prefix
+        removed, the wake-up pipe closed (the finalizer's work, done now); how many objects were removed."""
+        self.sup.close_all()
+        with self._ring_lock:
+            left = self.ring.destroy()
         self._finalizer()
+        return len(left)
 
     def _stop(self, grace_s: float) -> None:
         with self._cond:
@@ -309,11 +314,7 @@ class RunningEngine:
             self._wake()
         if self._thread is not threading.current_thread():
             self._thread.join(30.0)
-        self.sup.close_all()
-        with self._ring_lock:
-            left = self.ring.destroy()
-        log.info("[shutdown] engine %s stopped; removed %d IPC objects", self.prefix, len(left))
-        self._finalizer()
+        log.info("[shutdown] engine %s stopped; removed %d IPC objects", self.prefix, self._remove_ipc())
         self._run_callbacks()  # what the event thread left (it ends once stopped): the failed jobs' callbacks
 
     # ---- circuits and keys
@@ -467,7 +468,7 @@ class RunningEngine:
                 table = self.sup.by_fd()
                 restart_in = self.sup.next_restart_in()
             timeout = POLL_S if restart_in is None else min(POLL_S, restart_in + 0.01)
-            ready = wait([*table, self._wake_r], timeout=timeout)
+            ready = wait([*table, self._pipe.r], timeout=timeout)
             with self._cond:
                 try:
                     self._handle_ready(ready, table)
@@ -495,8 +496,8 @@ class RunningEngine:
                 log.exception("engine callback failed")
 
     def _handle_ready(self, ready: list[Any], table: dict[Any, tuple[str, str]]) -> None:
-        if self._wake_r in ready:
-            os.read(self._wake_r, 4096)
+        if self._pipe.r in ready:
+            os.read(self._pipe.r, 4096)
         for obj in ready:  # messages first: a dying child's last words come before its death
             if table.get(obj, ("", ""))[1] == "conn":
                 self._drain(table[obj][0])
