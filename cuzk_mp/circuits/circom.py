@@ -428,9 +428,14 @@ class WitnessCalculator:
         try:
             self._check_header(inst)
         except (wasmtime.Trap, wasmtime.WasmtimeError) as exc:  # a trap, or an export of another signature
-            raise FormatError(self.path, None, f"not a circom 2.x witness generator: {_trap_text(exc)}") from None
+            raise self._not_a_generator(_trap_text(exc)) from None
         finally:
             inst.close()
+
+    def _not_a_generator(self, why: str) -> FormatError:
+        """The file's error where its wasm is not circom's witness generator: ``why`` (an export
+        missing or of another signature, a trap at load)."""
+        return FormatError(self.path, None, f"not a circom 2.x witness generator: {why}")
 
     def _interruptible(self, run: Callable[[], _T], abort: Abort) -> _T:
         """``run()`` (which runs the wasm) on this calculator's wasm thread, while this thread waits for
@@ -470,11 +475,9 @@ class WitnessCalculator:
         try:
             return _Instance(self._engine, self._module, self._dump_module, on_log)
         except KeyError as exc:
-            raise FormatError(self.path, None, "not a circom 2.x witness generator: no export "
-                              f"{exc.args[0]!r}") from exc
+            raise self._not_a_generator(f"no export {exc.args[0]!r}") from exc
         except (InputError, wasmtime.WasmtimeError, wasmtime.Trap) as exc:  # a start function that traps too
-            raise FormatError(self.path, None,
-                              f"not a circom 2.x witness generator: {_trap_text(exc)}") from exc
+            raise self._not_a_generator(_trap_text(exc)) from exc
 
     def _check_header(self, inst: _Instance) -> None:
         version = inst.call("getVersion")
@@ -528,7 +531,7 @@ class WitnessCalculator:
         except wasmtime.Trap as exc:
             raise InputError(f"{self.path}: the witness generator trapped: {_trap_text(exc)}") from None
         except wasmtime.WasmtimeError as exc:  # an export called as circom's runtime calls it, of another signature
-            raise FormatError(self.path, None, f"not a circom 2.x witness generator: {_trap_text(exc)}") from None
+            raise self._not_a_generator(_trap_text(exc)) from None
         finally:
             inst.close()
         return np.frombuffer(raw, dtype="<u8").reshape(self.witness_size, FR_LIMBS).copy()
