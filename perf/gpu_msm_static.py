@@ -15,7 +15,9 @@ bodies, the code one bucket step runs through (16 bytes per instruction).
 ``IMAD`` counts every IMAD form (ptxas also issues moves and carry adds as
 IMAD.MOV / IMAD.X), ``IMAD_WIDE`` the 32 x 32 -> 64 products alone (the
 Montgomery work); ``LDL``/``STL`` are local-memory (spill, stack or
-call-save) accesses.
+call-save) accesses; ``stall_cycles`` sums ptxas's stall counts (the cycles its
+schedule makes one warp wait after each instruction: what a lone warp takes to
+issue the path, memory waits aside).
 
 Usage::
 
@@ -60,6 +62,7 @@ _ENTRY = re.compile(r"Compiling entry function '(\S+)'")
 _STACK = re.compile(r"(\d+) bytes stack frame, (\d+) bytes spill stores, (\d+) bytes spill loads")
 _REGS = re.compile(r"Used (\d+) registers")
 _SASS = re.compile(r"^\s+/\*([0-9a-f]{4,})\*/\s+(@!?U?P\w+\s+)?([A-Z][A-Z0-9_.]*)([^;]*);")
+_WORD = re.compile(r"/\* (0x[0-9a-f]{16}) \*/\s*$")
 
 
 def parse_ptxas(text: str) -> dict[str, dict[str, int]]:
@@ -98,12 +101,40 @@ def parse_sass(text: str) -> dict[str, list[tuple[int, str, str]]]:
     return funcs
 
 
-def _counts(ins: list[tuple[int, str, str]]) -> dict[str, int]:
+def parse_stalls(text: str) -> dict[str, dict[int, int]]:
+    """cuobjdump -sass text -> {function: {address: stall count}}: the cycles ptxas makes a warp
+    wait after each instruction (4 bits of the control word, bits 41-44 of an instruction's
+    second 64-bit half on sm_70 and later). Their sum over a path is what ptxas's own schedule
+    charges ONE warp to issue it, fixed latencies and pipe rates included, memory waits not: set
+    beside the path's pipe work it says how many warps a scheduler needs to keep the pipe busy."""
+    out: dict[str, dict[int, int]] = {}
+    cur: dict[int, int] | None = None
+    pending: int | None = None
+    for line in text.splitlines():
+        if "Function :" in line:
+            cur = out.setdefault(line.split("Function :")[1].strip(), {})
+            pending = None
+            continue
+        m = _SASS.match(line)
+        if m:
+            pending = int(m.group(1), 16)
+            continue
+        w = _WORD.search(line)
+        if w and pending is not None and cur is not None:
+            cur[pending] = (int(w.group(1), 16) >> 41) & 0xF
+            pending = None
+    return out
+
+
+def _counts(ins: list[tuple[int, str, str]], stalls: dict[int, int] | None = None) -> dict[str, int]:
     ops = Counter(op.split(".")[0] for _, op, _ in ins)
     wide = sum(1 for _, op, _ in ins if op.startswith("IMAD.WIDE"))
-    return {"instructions": len(ins), "IMAD": ops["IMAD"], "IMAD_WIDE": wide, "IADD3": ops["IADD3"],
-            "LDL": ops["LDL"], "STL": ops["STL"], "LDG": ops["LDG"], "LDS": ops["LDS"], "STS": ops["STS"],
-            "other": len(ins) - sum(ops[k] for k in ("IMAD", "IADD3", "LDL", "STL", "LDG", "LDS", "STS"))}
+    out = {"instructions": len(ins), "IMAD": ops["IMAD"], "IMAD_WIDE": wide, "IADD3": ops["IADD3"],
+           "LDL": ops["LDL"], "STL": ops["STL"], "LDG": ops["LDG"], "LDS": ops["LDS"], "STS": ops["STS"],
+           "other": len(ins) - sum(ops[k] for k in ("IMAD", "IADD3", "LDL", "STL", "LDG", "LDS", "STS"))}
+    if stalls:
+        out["stall_cycles"] = sum(stalls.get(a, 0) for a, _, _ in ins)
+    return out
 
 
 def main_loop(ins: list[tuple[int, str, str]]) -> list[tuple[int, str, str]]:
@@ -225,16 +256,16 @@ def compile_report(g2: bool, params: MsmParams, extra: dict[str, str] | None = N
                                   check=True).stdout
             if sass_out:
                 sass_out.write_text(text)
-            sass = parse_sass(text)
-            report["sass"] = {name: _counts(ins) for name, ins in sass.items()}
+            sass, stalls = parse_sass(text), parse_stalls(text)
+            report["sass"] = {name: _counts(ins, stalls.get(name)) for name, ins in sass.items()}
             for kernel in ACC_KERNELS:  # the G2 module's msm_accumulate_split too (one lane of a pair)
                 if kernel not in sass:
                     continue
                 loop = main_loop(sass[kernel])
-                report["sass"][f"{kernel}:loop"] = _counts(loop)
+                report["sass"][f"{kernel}:loop"] = _counts(loop, stalls.get(kernel))
                 func = sass[kernel]
                 path = hot_path(loop, func)
-                report["sass"][f"{kernel}:hot"] = _counts(with_callees(path, func))
+                report["sass"][f"{kernel}:hot"] = _counts(with_callees(path, func), stalls.get(kernel))
                 report[_code_key(kernel)] = 16 * (len(loop) + len({i for i in with_callees(path, func)} - set(loop)))
     return report
 
