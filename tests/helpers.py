@@ -458,3 +458,28 @@ def status_of(engine: Any) -> dict[str, Any]:
     import msgspec
 
     return msgspec.to_builtins(engine.status())
+
+
+def rewrite_cache(path: Path, counts_change: dict[str, int] | None = None,
+                  body_change: tuple[str, int, int] | None = None) -> None:
+    """Rewrite a circuit-data cache file as a hand-made one: counts (``counts_change``) or one entry of a body
+    array (``body_change``: array name, index, value) changed, with a valid header checksum and
+    body hash, so that only the checks of what the numbers mean can tell."""
+    import dataclasses
+
+    import numpy as np
+
+    from cuzk_mp.groth16.circuit_data import HEADER_BYTES, _pack_header, _unpack_header, body_hash
+
+    raw = bytearray(path.read_bytes())
+    counts, size, _, zid, rid = _unpack_header(bytes(raw[:HEADER_BYTES]))
+    if body_change is not None:
+        name, index, value = body_change
+        off, dt, shape = counts.layout()[0][name]
+        arr = np.frombuffer(raw, dtype=dt, count=int(np.prod(shape)), offset=off)
+        arr[index] = value
+    if counts_change:
+        counts = dataclasses.replace(counts, **counts_change)
+    body = body_hash(np.frombuffer(raw, dtype=np.uint8)[HEADER_BYTES:])
+    raw[:HEADER_BYTES] = _pack_header(counts, size, body, zid, rid)
+    path.write_bytes(bytes(raw))

@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from cuzk_mp.errors import InputError
+from cuzk_mp.errors import FormatError, InputError
 from cuzk_mp.pipeline import bench
 from cuzk_mp.pipeline.ring import shm_entries
 
@@ -381,7 +381,7 @@ def test_big_circuit_data_is_built_in_a_child_process(tmp_path: Path) -> None:
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF  # a flipped body byte: the body hash no longer matches
     path.write_bytes(bytes(raw))
-    with pytest.raises(ValueError, match="body hash"):
+    with pytest.raises(FormatError, match="body hash"):
         open_cache(path, ident, ident)
     assert ensure_synthetic_circuit_data("porep-like", LOG_N, tmp_path, child=True) == path
     again = open_cache(path, ident, ident)

@@ -143,3 +143,46 @@ def test_the_daemons_budget_sizes_those_segments_as_w_alone(monkeypatch: pytest.
     assert circuit_size(file_key, "gpu").abc  # a key file: the host's map
     monkeypatch.setenv(WITNESS_MAP_ENV, "host")
     assert circuit_size(spec, "gpu").abc
+
+
+def test_a_hand_made_circuit_data_file_fails_the_task_and_the_worker_carries_on(tmp_path: Path,
+                                                                               caplog: Any) -> None:
+    """The circuit data of a generated key, changed by hand after the engine made it (a column past
+    the wires, with a valid body hash): the synthesis worker that maps it fails that task with a
+    FormatError naming the file and the defect (data, never a read outside an array); the same
+    worker takes the next task once the engine has made the file again (the hand-made one moved aside)."""
+    import logging
+    import threading
+
+    from cuzk_mp.pipeline.keys import ensure_synthetic_circuit_data
+    from cuzk_mp.pipeline.synth import SynthWorker
+    from tests.helpers import rewrite_cache
+
+    ref = CircuitTable(tmp_path, "gpu").make_ref(_spec())  # the device witness map: w alone, no kernel here
+    assert ref.circuit_data is not None
+    path = Path(ref.circuit_data)
+    rewrite_cache(path, body_change=("a_col", 0, 1 << 30))
+    ring = Ring.create(prefix_for("handmade"), 2)
+    ctx = _Ctx()
+    worker = SynthWorker(ctx, ring, 1)  # type: ignore[arg-type]
+    loop = threading.Thread(target=worker.run, daemon=True)
+    loop.start()
+    try:
+        worker.tasks.put(_task(ref, 1, 5))
+        with ctx.cond:
+            assert ctx.cond.wait_for(lambda: ctx.done((msg.TaskFailed, msg.Published)), 60)
+        failed = ctx.done((msg.TaskFailed,))
+        assert [m.task_id for m in failed] == [1] and not ctx.done((msg.Published,))
+        assert failed[0].kind == "FormatError"
+        assert failed[0].message.startswith(f"{path}, section A columns: entry 0 is 1073741824, not below")
+        with caplog.at_level(logging.WARNING, logger="cuzk_mp.groth16.circuit_data"):
+            assert ensure_synthetic_circuit_data("porep-like", LOG_N, tmp_path) == path
+        assert "moved to" in caplog.text and path.with_name(path.name + ".damaged").exists()
+        worker.tasks.put(_task(ref, 2, 6))
+        with ctx.cond:
+            assert ctx.cond.wait_for(lambda: ctx.done((msg.Published,)), 60)
+        assert loop.is_alive() and [m.task_id for m in ctx.done((msg.Published,))] == [2]
+    finally:
+        ctx.stopping.set()
+        loop.join(10)
+        ring.destroy()

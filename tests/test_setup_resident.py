@@ -17,6 +17,7 @@ import pytest
 from cuzk_mp.algebra import coded_sparse, fr
 from cuzk_mp.backends.cpu import CpuBackend
 from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+from cuzk_mp.errors import FormatError
 from cuzk_mp.groth16 import setup as dev
 from cuzk_mp.groth16.circuit_data import FileIdentity, build_from_r1cs, open_cache, open_or_build_from
 from cuzk_mp.groth16.keys import prepare_vk, vk_from_zkey
@@ -127,7 +128,7 @@ def test_open_or_build_from_builds_once_and_rebuilds_for_another_identity(tmp_pa
     other = FileIdentity(2, 0, b"another-generatr")
     open_or_build_from(path, other, make)  # type: ignore[arg-type]
     assert len(calls) == 2
-    with pytest.raises(ValueError, match="another key"):
+    with pytest.raises(FormatError, match="another key"):
         open_cache(path, IDENTITY, IDENTITY)
 
 

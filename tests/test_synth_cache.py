@@ -3,8 +3,10 @@
 Oracles: the replaced 32-byte CSR path (``coef_matrices`` + ``fr.csr_matvec`` + ``fr.mul``) for
 a, b, c; the r1cs checked row by row for the failing constraint; pairing verification of a
 whole proof. The cache: built once by concurrent openers (counted from their logs), rebuilt
-when the key changes, when it is truncated or damaged (never a wrong result), mapped
-read-only, and placed in the fallback directory when the key's own place cannot take it.
+when the key changes, moved aside and rebuilt when it is truncated, damaged or made by hand
+(a FormatError naming the file and the defect, never a wrong result or a read outside an
+array), mapped read-only, and placed in the fallback directory when the key's own place cannot
+take it.
 """
 
 from __future__ import annotations
@@ -35,6 +37,7 @@ from cuzk_mp.groth16.prover import prove
 from cuzk_mp.groth16.synthesis import ConstraintEvaluator
 from cuzk_mp.groth16.synthesis_key import write_synthesis_only_zkey
 from cuzk_mp.groth16.verifier import verify
+from tests.helpers import rewrite_cache
 
 DATA = Path(__file__).parent / "data_formats"
 LOG_N = 12
@@ -164,7 +167,8 @@ def test_damaged_cache_is_detected_and_rebuilt(files: tuple[Path, Path], circuit
     stale.write_bytes(b"half a cache")
     with caplog.at_level(logging.WARNING, logger="cuzk_mp.groth16.circuit_data"):
         ev = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
-    assert "rebuilding" in caplog.text
+    assert "moved to p.zkey.synth-abc.damaged and made again" in caplog.text
+    assert path.with_name(path.name + ".damaged").read_bytes() == bytes(raw)
     assert not stale.exists()
     w = circuit.witness(5, 5)
     assert np.array_equal(ev.evaluate(w).c, reference(zkey, w)[2])
@@ -309,3 +313,75 @@ def test_an_interrupt_while_the_cache_is_finished_stays_an_interrupt(files: tupl
     assert not [p for p in zkey.parent.iterdir() if p.name.endswith(".tmp")]
     monkeypatch.undo()
     assert ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data is not None  # the next run builds it
+
+
+HAND_MADE = {
+    # what a kernel would index out of bounds with, each with a valid checksum and body hash
+    "column past the wires": ({}, ("a_col", 3, 1 << 30),
+                              r"A columns: entry 3 is 1073741824, not below \d+ \(the wires\)"),
+    "code past the table": ({}, ("b_code", 0, 60000), r"B codes: entry 0 is 60000, not below \d+"),
+    "row pointer past the entries": ({}, ("a_ptr", -1, 1 << 31), r"A row pointers: they run from 0 to 2147483648"),
+    "row pointers going down": ({}, ("c_ptr", 100, 0), r"C row pointers: row 99 ends at 0, before it starts \(\d+\)"),
+    "table value not a field element": ({}, ("table_r2", 11, 2**64 - 1), r"table \(v R\^2\): value 2 is not a field"),
+    # counts whose layout would overflow 64 bits, or that do not fit the kernels
+    "huge counts": ({"a_nnz": 2**62}, None, r"A has 4611686018427387904 entries"),
+    "huge table": ({"n_codes": 2**62, "code_bytes": 4}, None, r"4611686018427387904 distinct coefficients"),
+    "rows past the domain": ({"b_rows": 1 << 40}, None, r"B has 1099511627776 rows, more than the domain"),
+    "domain not a power of two": ({"domain_size": 3 << 10}, None, r"domain size 3072 is not a power of two"),
+}
+
+
+@pytest.mark.parametrize("case", sorted(HAND_MADE))
+def test_a_hand_made_cache_is_a_format_error_naming_it_and_is_moved_aside(
+        files: tuple[Path, Path], circuit: PorepLike, case: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A cache file with a valid checksum and body hash whose numbers would make the witness map read
+    outside its arrays (or whose layout does not add up) is refused before any kernel sees it, as a
+    FormatError naming the file and the defect; opened through the evaluator it is moved aside to
+    ``.damaged`` and made again, and the results are right."""
+    from cuzk_mp.errors import FormatError
+    from cuzk_mp.groth16.circuit_data import open_cache, r1cs_identity, zkey_identity
+
+    zkey, r1cs = files
+    path = Path(ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data.path)  # type: ignore[arg-type]
+    counts_change, body_change, message = HAND_MADE[case]
+    rewrite_cache(path, counts_change, body_change)
+    with pytest.raises(FormatError, match=message) as e:
+        open_cache(path, zkey_identity(zkey), r1cs_identity(r1cs))
+    assert str(e.value).startswith(f"{path}, section ")
+    crafted = path.read_bytes()
+    with caplog.at_level(logging.WARNING, logger="cuzk_mp.groth16.circuit_data"):
+        ev = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+    damaged = path.with_name(path.name + ".damaged")
+    assert damaged.read_bytes() == crafted, "the hand-made file was not moved aside"
+    assert f"moved to {damaged.name} and made again" in caplog.text and str(path) in caplog.text
+    w = circuit.witness(5, 5)
+    assert np.array_equal(ev.evaluate(w).c, reference(zkey, w)[2])
+
+
+@pytest.mark.parametrize("damage", ["short", "wrong-magic", "extended", "body-hash"])
+def test_a_damaged_cache_is_a_format_error_naming_it(files: tuple[Path, Path], damage: str, tmp_path: Path) -> None:
+    """Truncated below its header, another file, a size its header does not say, a body that does not
+    hash to its header's value: FormatError naming the file (read_counts too), never a ValueError."""
+    from cuzk_mp.errors import FormatError
+    from cuzk_mp.groth16.circuit_data import open_cache, r1cs_identity, read_counts, zkey_identity
+
+    zkey, r1cs = files
+    path = Path(ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data.path)  # type: ignore[arg-type]
+    raw = bytearray(path.read_bytes())
+    if damage == "short":
+        raw = raw[:100]
+    elif damage == "wrong-magic":
+        raw[:8] = b"NOTSYNTH"
+    elif damage == "extended":
+        raw += bytes(64)
+    else:
+        raw[-1] ^= 1
+    path.write_bytes(bytes(raw))
+    message = {"short": "shorter than the 4096-byte header", "wrong-magic": "wrong magic",
+               "extended": "truncated or extended", "body-hash": "body hash mismatch"}[damage]
+    with pytest.raises(FormatError, match=message) as e:
+        open_cache(path, zkey_identity(zkey), r1cs_identity(r1cs))
+    assert str(e.value).startswith(str(path))
+    if damage in ("short", "wrong-magic"):
+        with pytest.raises(FormatError, match=message):
+            read_counts(path)

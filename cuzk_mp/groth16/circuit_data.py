@@ -26,8 +26,14 @@ key's name and a hash of its absolute path; or in an explicit ``cache_dir``. It 
 exclusive ``flock`` of ``<cache>.lock`` (concurrent workers wait for one builder), written to a
 temporary file, flushed and renamed into place, so a reader never sees half a file (a builder
 that died leaves its temporary file, removed by the next builder, who holds the lock). Opening
-checks the header, the key's identity, the size the counts imply and the body hash; any mismatch
-(a changed key, a truncated or damaged file, another version) rebuilds it, never a wrong result.
+checks the header, the key's identity, the size the counts imply and the body hash, then what the
+kernels index with (:func:`_check_body`: row pointers that rise from 0 to the entry count, columns
+below the wire count, codes below the table's size, canonical table values): a file with the right
+hash made by hand, or by another program, must not make a kernel read outside its arrays. Any
+defect is a FormatError naming the file and the defect; where the cache can be made again
+(:func:`open_or_build`, :func:`open_or_build_from`), a stale one (a changed key, another version)
+is replaced and a damaged one moved aside to ``<cache>.damaged`` and made again, with a warning,
+never a wrong result.
 
 Decisions: the key's identity is its size, mtime and header digest, not a hash of section 4
 (that would read gigabytes at every open): a key rewritten in place with the same size, mtime
@@ -40,6 +46,7 @@ from __future__ import annotations
 import fcntl
 import hashlib
 import logging
+import math
 import mmap
 import os
 import secrets
@@ -59,7 +66,7 @@ from ..algebra.coded_sparse import MAX_ENTRIES, CodedMatrix, DistinctValues, cod
 from ..algebra.field import FR, Q_MOD, R_MOD, domain_log_size, int_to_limbs
 from ..algebra.row_codes import CODE_MINUS_ONE, CODE_ONE
 from ..algebra.sparse import CsrMatrix
-from ..errors import CuzkError, InputError
+from ..errors import CuzkError, FormatError, InputError
 from ..formats.binfile import BinFile
 from ..formats.r1cs import MAGIC as R1CS_MAGIC
 from ..formats.r1cs import R1CS, R1csLayout, scan_r1cs
@@ -79,6 +86,7 @@ HEADER_BYTES = 4096
 ALIGN = 64
 HASH_BLOCK_BYTES = 16 << 20
 C_ROW_CHUNK = 1 << 20  # r1cs constraints decoded at a time while building (bounded memory)
+CHECK_CHUNK = 1 << 22  # row pointers compared at a time while a file is checked (bounded scratch)
 _HEAD = struct.Struct("<8sII QQ QQ16s QQ16s II QQQQQ QQQQQQ")
 _CRC_AT = 12  # byte offset of the header CRC (zeroed while it is computed)
 _ONE_MONT = int_to_limbs(FR.r_mod, 4)
@@ -135,8 +143,29 @@ class Counts:
         pos, out = HEADER_BYTES, {}
         for name, dt, shape in self.arrays():
             out[name] = (pos, dt, shape)
-            pos += -(-int(np.prod(shape)) * dt.itemsize // ALIGN) * ALIGN
+            pos += -(-math.prod(shape) * dt.itemsize // ALIGN) * ALIGN  # Python ints: a header's counts never wrap
         return out, pos
+
+    def problem(self) -> str | None:
+        """What makes these counts impossible for a file this module writes (None if nothing): a
+        header with a valid checksum may still be hand-made."""
+        if self.domain_size < 1 or self.domain_size & (self.domain_size - 1):
+            return f"domain size {self.domain_size} is not a power of two"
+        if not 0 <= self.n_public < self.n_vars:
+            return f"{self.n_vars} wires with {self.n_public} public"
+        if not 2 <= self.n_codes <= 1 << 32 or code_dtype(self.n_codes).itemsize != self.code_bytes:
+            return f"{self.n_codes} distinct coefficients with {self.code_bytes}-byte codes"
+        if not self.has_c and (self.n_constraints or self.c_rows or self.c_nnz):
+            return "C counts in a file without C rows"
+        if self.has_c and self.c_rows != self.n_constraints:
+            return f"C has {self.c_rows} rows, the circuit {self.n_constraints} constraints"
+        for name, rows, nnz in (("A", self.a_rows, self.a_nnz), ("B", self.b_rows, self.b_nnz),
+                                ("C", self.c_rows, self.c_nnz)):
+            if rows > self.domain_size:
+                return f"{name} has {rows} rows, more than the domain of {self.domain_size}"
+            if nnz > MAX_ENTRIES:
+                return f"{name} has {nnz} entries, more than the {MAX_ENTRIES} its row pointers can hold"
+        return None
 
 
 @dataclass
@@ -235,45 +264,89 @@ def _unpack_header(head: bytes) -> tuple[Counts, int, int, FileIdentity, FileIde
     struct.pack_into("<I", zeroed, _CRC_AT, 0)
     if zlib.crc32(zeroed) != f[2]:
         raise ValueError("header checksum mismatch")
+    if f[11] not in (0, 1):
+        raise ValueError(f"C-rows flag {f[11]}")
     counts = Counts(bool(f[11]), *f[12:])
-    if counts.code_bytes not in (1, 2, 4):
-        raise ValueError(f"code width {counts.code_bytes} bytes")
+    problem = counts.problem()
+    if problem is not None:
+        raise ValueError(problem)
     return counts, f[3], f[4], FileIdentity(*f[5:8]), FileIdentity(*f[8:11])
 
 
 # ------------------------------------------------------------------ opening
 
 
-class StaleCache(ValueError):
+class StaleCache(FormatError):
     """A sound cache file made from another key or r1cs (they were made again since)."""
 
 
 def open_cache(path: str | os.PathLike[str], zkey: FileIdentity, r1cs: FileIdentity | None) -> CircuitData:
-    """Map a cache file read-only after checking it is complete, intact and made from these files.
+    """Map a cache file read-only after checking it is complete, intact, safe for the kernels
+    (:func:`_check_body`) and made from these files.
 
-    ``r1cs`` None: a cache without C rows is expected. ValueError (or OSError) says why the
-    file cannot be used; the caller rebuilds it.
+    ``r1cs`` None: a cache without C rows is expected. FormatError naming the file and the defect
+    (StaleCache where it is sound but made from other files), or OSError, says why the file cannot
+    be used; a caller that can rebuild it does.
     """
+    name = os.fspath(path)
     with open(path, "rb") as f:
         size = os.fstat(f.fileno()).st_size
         if size < HEADER_BYTES:
-            raise ValueError(f"{size} bytes, shorter than the {HEADER_BYTES}-byte header")
+            raise FormatError(name, "header", f"{size} bytes, shorter than the {HEADER_BYTES}-byte header")
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
-        counts, file_size, body, zid, rid = _unpack_header(mm[:HEADER_BYTES])
+        try:
+            counts, file_size, body, zid, rid = _unpack_header(mm[:HEADER_BYTES])
+        except ValueError as exc:
+            raise FormatError(name, "header", f"not a circuit-data file of this version ({exc})") from None
         if file_size != size:
-            raise ValueError(f"truncated or extended: {size} bytes, the header says {file_size}")
+            raise FormatError(name, None, f"truncated or extended: {size} bytes, the header says {file_size}")
         if zid != zkey:
-            raise StaleCache("made from another key (size, mtime or header differ)")
+            raise StaleCache(name, None, "made from another key (size, mtime or header differ)")
         if counts.has_c != (r1cs is not None) or (r1cs is not None and rid != r1cs):
-            raise StaleCache("made from another r1cs (size, mtime or header differ)")
-        return _from_buffer(mm, counts, body, os.fspath(path))
+            raise StaleCache(name, None, "made from another r1cs (size, mtime or header differ)")
+        data = _from_buffer(mm, counts, body, name)
+        _check_body(data)
+        return data
     except BaseException:
         try:
             mm.close()
         except BufferError:  # a view is still held by the traceback: the mapping goes with it
             pass
         raise
+
+
+def _check_body(data: CircuitData) -> None:
+    """FormatError naming the file, the array and the first bad entry where an index the kernels
+    follow would leave its array: a row pointer that does not rise from 0 to the entry count, a
+    column not below the wire count, a code not below the table's size; or a table value that is
+    not a field element. The body hash cannot tell: anyone can compute it for a file made by hand.
+    A pass over the arrays on every open (numpy reductions, no numba): ~0.1 s a matrix of 2^24 rows
+    on one core, measured on random rows of that size, less than the body hash."""
+    c, where = data.counts, data.path
+    for label, m in (("A", data.a), ("B", data.b), ("C", data.c)):
+        if m is None:
+            continue
+        ptr, nnz = m.indptr, m.nnz
+        if int(ptr[0]) != 0 or int(ptr[-1]) != nnz:
+            raise FormatError(where, f"{label} row pointers", f"they run from {int(ptr[0])} to {int(ptr[-1])}, "
+                                     f"not from 0 to the {nnz} entries")
+        for lo in range(0, ptr.shape[0] - 1, CHECK_CHUNK):
+            hi = min(ptr.shape[0] - 1, lo + CHECK_CHUNK)
+            down = np.flatnonzero(ptr[lo + 1 : hi + 1] < ptr[lo:hi])
+            if down.size:
+                r = lo + int(down[0])
+                raise FormatError(where, f"{label} row pointers", f"row {r} ends at {int(ptr[r + 1])}, before it "
+                                         f"starts ({int(ptr[r])})")
+        for what, values, bound in (("columns", m.cols, c.n_vars), ("codes", m.codes, c.n_codes)):
+            if nnz and int(values.max()) >= bound:
+                k = int(np.flatnonzero(values >= bound)[0])
+                raise FormatError(where, f"{label} {what}", f"entry {k} is {int(values[k])}, not below "
+                                         f"{bound} (the {'wires' if what == 'columns' else 'distinct coefficients'})")
+    for label, table in (("table (v R)", data.table_mont), ("table (v R^2)", data.table_r2)):
+        bad = fr.first_noncanonical(table)
+        if bad >= 0:
+            raise FormatError(where, label, f"value {bad} is not a field element (>= r)")
 
 
 def body_hash(body: np.ndarray) -> int:
@@ -301,30 +374,29 @@ def body_hash(body: np.ndarray) -> int:
 
 
 def read_counts(path: str | os.PathLike[str]) -> Counts:
-    """The sizes a cache file's header records (its header alone is read and checked)."""
+    """The sizes a cache file's header records (its header alone is read and checked; FormatError
+    naming the file where it is not a circuit-data header of this version)."""
     with open(path, "rb") as f:
         head = f.read(HEADER_BYTES)
-    if len(head) < HEADER_BYTES:
-        raise InputError(f"{os.fspath(path)}: {len(head)} bytes, shorter than the {HEADER_BYTES}-byte header")
     try:
         return _unpack_header(head)[0]
     except ValueError as exc:
-        raise InputError(f"{os.fspath(path)}: not a circuit-data file ({exc})") from None
+        raise FormatError(os.fspath(path), "header", f"not a circuit-data file of this version ({exc})") from None
 
 
 def _from_buffer(buf: mmap.mmap | np.ndarray, counts: Counts, body: int | None, path: str | None) -> CircuitData:
     layout, size = counts.layout()
     raw = np.frombuffer(buf, dtype=np.uint8)
     if raw.shape[0] != size:
-        raise ValueError(f"{raw.shape[0]} bytes, the counts imply {size}")
+        raise FormatError(path or "circuit data", "header", f"{raw.shape[0]} bytes, the counts imply {size}")
     if body is not None:
         got = body_hash(raw[HEADER_BYTES:])
         if got != body:
-            raise ValueError("body hash mismatch (damaged file)")
+            raise FormatError(path or "circuit data", "body", "body hash mismatch (damaged file)")
 
     def arr(name: str) -> np.ndarray:
         off, dt, shape = layout[name]
-        return np.frombuffer(buf, dtype=dt, count=int(np.prod(shape)), offset=off).reshape(shape)
+        return np.frombuffer(buf, dtype=dt, count=math.prod(shape), offset=off).reshape(shape)
 
     mats = {m: CodedMatrix(arr(f"{m}_ptr"), arr(f"{m}_col"), arr(f"{m}_code")) for m in ("a", "b", "c")
             if m != "c" or counts.has_c}
@@ -452,7 +524,7 @@ class _Builder:
 
         def arr(name: str) -> np.ndarray:
             off, dt, shape = layout[name]
-            return buf[off : off + int(np.prod(shape)) * dt.itemsize].view(dt).reshape(shape)
+            return buf[off : off + math.prod(shape) * dt.itemsize].view(dt).reshape(shape)
 
         arr("table_mont")[:] = self.table_mont
         arr("table_r2")[:] = fr.to_mont(self.table_mont)
@@ -635,9 +707,12 @@ def _build_at(path: Path, zid: FileIdentity, rid: FileIdentity | None, build: Ca
         return None
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
-        data = _try_open(path, zid, rid, quiet=True)  # another process may have built it meanwhile
-        if data is not None:
-            return data
+        try:
+            return open_cache(path, zid, rid)  # another process may have built it meanwhile
+        except (OSError, StaleCache):
+            pass  # none yet, made from other files, or not a file it can read (a directory): replaced below
+        except FormatError as exc:
+            _move_aside(path, exc)
         for stale in path.parent.glob(f".{path.name}.*.tmp"):  # left by a builder that died: none runs now
             stale.unlink(missing_ok=True)
         try:
@@ -648,17 +723,31 @@ def _build_at(path: Path, zid: FileIdentity, rid: FileIdentity | None, build: Ca
             return None
         try:
             return open_cache(path, zid, rid)
-        except (OSError, ValueError) as exc:
+        except (OSError, FormatError) as exc:
             raise CuzkError(f"{path}: the circuit-data cache just built does not open: {exc}") from exc
 
 
-def _try_open(path: Path, zid: FileIdentity, rid: FileIdentity | None, quiet: bool = False) -> CircuitData | None:
+def _move_aside(path: Path, problem: FormatError) -> None:
+    """A damaged cache (cut short, changed by hand, another program's file) goes to
+    ``<cache>.damaged`` before it is made again, as a damaged cached dev key does
+    (:mod:`cuzk_mp.pipeline.keys`): kept for a look, never read again. Called under the cache's
+    lock; a worker that mapped it keeps its mapping (a rename, as a replacement)."""
+    damaged = path.with_name(path.name + ".damaged")
+    try:
+        os.replace(path, damaged)
+    except OSError as exc:
+        log.warning("%s: making it again (it could not be moved aside: %s)", problem, exc.strerror or exc)
+        return
+    log.warning("%s: moved to %s and made again", problem, damaged.name)
+
+
+def _try_open(path: Path, zid: FileIdentity, rid: FileIdentity | None) -> CircuitData | None:
+    """The cache at ``path`` if it is sound and made from these files, else None: the caller builds
+    it under its lock (:func:`_build_at`), where a damaged one is moved aside with a warning."""
     if not path.exists():
         return None
     try:
         return open_cache(path, zid, rid)
-    except (OSError, ValueError) as exc:
-        if not quiet:  # a key made again is routine; a damaged file is worth a warning
-            log.log(logging.INFO if isinstance(exc, StaleCache) else logging.WARNING,
-                    "circuit-data cache %s cannot be used (%s): rebuilding it", path, exc)
+    except (OSError, FormatError) as exc:  # a key made again is routine
+        log.info("circuit-data cache %s; rebuilding it", exc)
         return None

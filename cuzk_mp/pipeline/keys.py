@@ -40,7 +40,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..circuits.synthetic_kinds import synthetic_circuit
-from ..errors import CuzkError
+from ..errors import CuzkError, FormatError
 from ..groth16.circuit_data import FileIdentity
 
 if TYPE_CHECKING:
@@ -107,7 +107,6 @@ def _readable_key(zkey: Path) -> bool:
     comes here), and the one fix a message could ask for is deleting the file. Its coefficient
     entries are not checked here (a pass over all of them; a key this module wrote and renamed into
     place whole is cut short, not rewritten)."""
-    from ..errors import FormatError
     from ..formats.zkey import read_zkey
 
     try:
@@ -168,7 +167,9 @@ def device_toxic_waste(kind: str, log_n: int, cache_dir: Path) -> ToxicWaste:
 
 def open_device_circuit_data(path: str | Path, kind: str, log_n: int) -> CircuitData:
     """Map the circuit data :func:`ensure_synthetic_circuit_data` made (checked against the generator's
-    identity): what a prover generates a key from and a synthesis worker evaluates."""
+    identity): what a prover generates a key from and a synthesis worker evaluates. FormatError naming
+    the file and the defect where it is damaged or stale (a file changed since the engine made it):
+    the task that opened it fails, its process carries on."""
     from ..groth16.circuit_data import open_cache
 
     ident = synthetic_identity(kind, log_n)
@@ -194,8 +195,8 @@ def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path, *, chi
         try:
             open_device_circuit_data(path, kind, log_n).close()
             return path
-        except (OSError, ValueError):
-            pass  # missing, stale or damaged: the child builds it (and says why in its log)
+        except (OSError, FormatError):
+            pass  # missing, stale or damaged: the child builds it (moves a damaged one aside, says why in its log)
         _check_build_memory(f"the circuit data of {kind} 2^{log_n}", circuit.n_wires, CIRCUIT_DATA_BUILD_BYTES_PER_WIRE)
         _in_child("cuzk-circuit-data", _build_circuit_data, (kind, log_n, str(cache_dir)),
                   f"building the circuit data of {kind} 2^{log_n}")
