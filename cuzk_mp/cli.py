@@ -160,11 +160,14 @@ def _prove_warm(args: argparse.Namespace) -> int:
     witness or input, --backend, --r1cs, --no-verify) from this user's warm daemon of the key
     (:mod:`cuzk_mp.daemon.warm`), started here when none runs and left running until SECONDS pass
     with no proof: the first call pays the daemon's start and key load, the next ones are client
-    processes (~0.2 s where a one-shot GPU process takes ~1.4 s at 2^16 on the H200). A daemon that
-    idles out (or is killed, or answers that it is shutting down) between finding it and proving is
-    started again, twice at most, and the
-    proof is asked for under one request id throughout: a daemon restarted from its journal answers
-    with the job it already has instead of proving it twice."""
+    processes (~0.2 s where a one-shot GPU process takes ~1.4 s at 2^16 on the H200). A daemon out of
+    reach, or one that refuses the job (it is shutting down as it idles out, or at a cap: its
+    connections or unfinished jobs), is asked again, twice at most, after a short wait, through
+    :func:`~cuzk_mp.daemon.warm.ensure`: that starts a new daemon only where none answers by then (and
+    says so), so a refusal at a cap is asked again of the same daemon, never answered by a start.
+    The proof is asked for under one request id throughout: a daemon restarted from its journal
+    answers with the job it already has instead of proving it twice. The last refusal or loss is
+    the command's answer (exit 3)."""
     from .daemon.prove_files import Unreachable
     from .daemon.warm import CIRCUIT_ID, WarmSpec, ensure
 
@@ -183,10 +186,13 @@ def _prove_warm(args: argparse.Namespace) -> int:
         except (Unreachable, Unavailable) as e:
             if attempt == WARM_ATTEMPTS - 1:
                 return final_error(EXIT_UNREACHABLE, str(e))
-            log.info("%s; starting it again", e)
-            # a daemon killed a moment ago may still take a connect; one that answered "shutting down"
-            # (it idled out as this call came) takes a second or two to go, then is started again
-            time.sleep((1.0 if isinstance(e, Unavailable) else 0.2) * (attempt + 1))
+            # a daemon killed a moment ago may still take a connect; one that refused (it idled out as
+            # this call came, or is at a cap) takes a second or two to go or to finish some jobs
+            wait = (1.0 if isinstance(e, Unavailable) else 0.2) * (attempt + 1)
+            what = f"the warm daemon at {addr} refused the job: {e}" if isinstance(e, Unavailable) else str(e)
+            log.info("%s; asking again in %.1f s (a new warm daemon is started only if none answers then)",
+                     what, wait)
+            time.sleep(wait)
     raise AssertionError("unreachable")
 
 

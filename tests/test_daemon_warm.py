@@ -332,3 +332,49 @@ def test_a_failed_start_quotes_only_its_own_daemons_log_lines(tmp_path: Path) ->
     assert warm._tail(log_path, since) == "new daemon: WorkerDied: cuzk-prover-0 died before READY"
     assert warm._tail(log_path, warm._size(log_path)) == "(nothing written)"
     assert warm._tail(tmp_path / "absent.log") == "(no log)" and warm._size(tmp_path / "absent.log") == 0
+
+
+def test_a_refusal_at_a_cap_is_asked_again_and_never_said_to_start_a_daemon(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, caplog: pytest.LogCaptureFixture) -> None:
+    """A warm daemon at its connection cap refuses the job (Unavailable): the call asks the same
+    daemon again after a wait, and its log says so; it says nothing of starting one (only
+    :func:`warm.ensure` starts one, and says so, where none answers). Refused every time: exit 3
+    with the daemon's own reason."""
+    import argparse
+    import logging
+
+    from cuzk_mp import cli
+    from cuzk_mp.daemon import prove_files
+    from cuzk_mp.errors import Unavailable
+    from cuzk_mp.exit_codes import EXIT_UNREACHABLE
+
+    key, wtns = tmp_path / "k.zkey", tmp_path / "w.wtns"
+    key.write_bytes(b"zkey")
+    wtns.write_bytes(b"wtns")
+    cap = "the daemon serves at most 256 connections at once ([daemon] max_connections); try again later"
+    refusals = {"left": 1}
+    asked: list[str] = []
+
+    def prove(addr: str, token: str, circuit: str | None, zkey: Path, source: Path, part: object,
+              proof: Path, public: Path, request_id: str = "") -> tuple[str, str]:
+        asked.append(addr)
+        if refusals["left"]:
+            refusals["left"] -= 1
+            raise Unavailable(cap)
+        return "key", request_id
+
+    monkeypatch.setattr(prove_files, "prove_to_files", prove)
+    monkeypatch.setattr(warm, "ensure", lambda spec: "unix:///warm.sock")  # it answers: nothing is started
+    waits: list[float] = []
+    monkeypatch.setattr(cli.time, "sleep", waits.append)
+    args = argparse.Namespace(keep_warm=30.0, zkey=key, wtns=wtns, backend="cpu", r1cs=None, no_verify=False,
+                              proof=tmp_path / "p.json", public=tmp_path / "s.json")
+    with caplog.at_level(logging.INFO, logger="cuzk_mp.cli"):
+        assert cli._prove_warm(args) == 0
+    assert asked == ["unix:///warm.sock"] * 2 and waits == [1.0]
+    assert f"the warm daemon at unix:///warm.sock refused the job: {cap}; asking again in 1.0 s" in caplog.text
+    assert "starting it again" not in caplog.text
+    refusals["left"] = 3
+    asked.clear()
+    assert cli._prove_warm(args) == EXIT_UNREACHABLE
+    assert len(asked) == cli.WARM_ATTEMPTS
