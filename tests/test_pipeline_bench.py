@@ -538,9 +538,9 @@ def test_a_shape_that_does_not_fit_points_at_the_benchs_own_options(tmp_path: Pa
     with pytest.raises(InputError) as e:
         bench._shape(args, "cpu", circuit, bench.machine_for("cpu", [0]), [0])
     message = str(e.value)
-    assert message.startswith("--host-budget: ") and "99999 synthesis worker(s)" in message
+    assert message.startswith("--host-budget (auto: RAM - 4 GiB): ") and "99999 synthesis worker(s)" in message
     assert message.endswith("raise it, or give the shape with --ring-slots, --partition-workers and "
-                            "--synthesis-threads (without --host-budget)")
+                            "--synthesis-threads")
     assert "[pipeline]" not in message
 
 

@@ -113,8 +113,8 @@ def test_the_ring_fits_the_shared_memory_tmpfs() -> None:
 
 
 def test_the_bench_refuses_a_given_ring_the_tmpfs_cannot_hold(monkeypatch: pytest.MonkeyPatch) -> None:
-    """All three of the shape's options given (no model consulted): the ring must still fit /dev/shm,
-    refused with the shape's own message as an input error of the option."""
+    """All three of the shape's options given: the ring must still fit /dev/shm, refused with the
+    shape's own message as an input error of the option."""
     from cuzk_mp.errors import InputError
     from cuzk_mp.pipeline import memory
 
@@ -123,12 +123,45 @@ def test_the_bench_refuses_a_given_ring_the_tmpfs_cannot_hold(monkeypatch: pytes
     monkeypatch.setattr(memory, "shm_capacity_bytes", lambda: 3 * seg)
 
     def shape(slots: int) -> str:
-        args = argparse.Namespace(ring_slots=slots, partition_workers=2, synthesis_threads=4, host_budget=None)
+        args = argparse.Namespace(ring_slots=slots, partition_workers=2, synthesis_threads=4, host_budget=None,
+                                  gpu_workers=2)
         return bench._shape(args, "gpu", POREP_24, machine, [0])
 
-    assert shape(3).endswith("3 ring slots (all given)")
+    assert shape(3).startswith("shape: all given, checked for 2^24 rows, host budget auto (RAM - 4 GiB): ")
     with pytest.raises(InputError, match=r"^--ring-slots: /dev/shm holds .* less than the 4 ring slots of "):
         shape(4)
+
+
+def test_the_bench_checks_a_shape_given_whole_against_the_memory_model(monkeypatch: pytest.MonkeyPatch) -> None:
+    """All three of the shape's options given: the bench still runs the memory model on that shape,
+    reports its bound against the budget, and refuses a shape whose bound exceeds it (the auto budget,
+    RAM - 4 GiB, or --host-budget), as it refuses a derived one; --host-budget lets a shape through."""
+    from cuzk_mp.errors import InputError
+    from cuzk_mp.pipeline import memory
+
+    monkeypatch.setattr(memory, "shm_capacity_bytes", lambda: None)
+    machine = memory.Machine(cores=16, memory_bytes=32 * GiB)
+
+    def shape(slots: int, budget: str | None = None) -> str:
+        args = argparse.Namespace(ring_slots=slots, partition_workers=2, synthesis_threads=4, host_budget=budget,
+                                  gpu_workers=2)
+        line = bench._shape(args, "gpu", POREP_24, machine, [0])
+        assert (args.ring_slots, args.partition_workers, args.synthesis_threads) == (slots, 2, 4)  # kept
+        return line
+
+    ws = model_working_sets(POREP_24, "gpu", 2, ring_slots=4)
+    fits = host_bound(Shape(4, 2, 4), POREP_24, 1, ws, backend="gpu").total
+    assert fits < 28 * GiB
+    line = shape(4)
+    assert line.startswith("shape: all given, checked for 2^24 rows, host budget auto (RAM - 4 GiB): ")
+    assert f"model bound {fits / GiB:.1f} GiB of a 28.0 GiB budget" in line
+    with pytest.raises(InputError, match=r"^--host-budget \(auto: RAM - 4 GiB\): 28\.0 GiB cannot hold the pipeline "
+                                         r"given for this circuit \(.* 16 ring slots .*\); raise it, or lower "
+                                         r"--ring-slots, --partition-workers and --synthesis-threads$"):
+        shape(16)
+    with pytest.raises(InputError, match=r"^--host-budget: 8\.0 GiB cannot hold the pipeline given"):
+        shape(4, "8GiB")
+    assert "model bound" in shape(16, "96GiB")
 
 
 def test_auto_budgets_follow_the_cgroup_limit(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

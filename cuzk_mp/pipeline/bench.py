@@ -128,7 +128,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--synthesis-threads", type=int,
                    help="cores one partition's synthesis uses (derived: the cores the provers leave / workers)")
     p.add_argument("--host-budget", help="host memory the pipeline may use, e.g. 96GiB (default 'auto': RAM - 4 GiB): "
-                                         "ring slots, partition workers and threads not given are derived within it")
+                                         "ring slots, partition workers and threads not given are derived within it, a "
+                                         "shape given whole is checked against it")
     p.add_argument("--devices", type=device_ids,
                    help="comma-separated device ids (cpu: one prover process each); default all / one")
     p.add_argument("--repeat", type=int, default=1, help="runs of --jobs jobs in the same engine (default 1)")
@@ -870,35 +871,33 @@ def _shape(args: argparse.Namespace, backend: str, circuit: CircuitSize, machine
            devices: list[int]) -> str:
     """Ring slots, partition workers and synthesis threads: the flags given, the rest derived from the
     machine and the partition size through the memory model (:func:`~.memory.explain_shape`) within
-    ``--host-budget`` (default "auto": RAM - 4 GiB). Returns the line that says what and why."""
+    ``--host-budget`` (default "auto": RAM - 4 GiB). A shape given whole goes through the same model:
+    its bound is reported, and refused where it exceeds the budget (or the ring does not fit
+    /dev/shm), as a derived shape is; ``--host-budget`` raises the budget for a shape the model
+    overestimates. Returns the line that says what and why."""
     from ..errors import ConfigError
-    from .memory import check_ring_fits_shm, explain_shape, host_budget_bytes, shm_capacity_bytes
+    from .memory import explain_shape, host_budget_bytes, shm_capacity_bytes
 
     given = {"ring_slots": args.ring_slots, "partition_workers": args.partition_workers,
              "threads_per_partition": args.synthesis_threads}
     given = {k: v for k, v in given.items() if v is not None}
-    shm = shm_capacity_bytes()
-    if len(given) == 3 and not args.host_budget:
-        try:
-            check_ring_fits_shm(args.ring_slots, circuit, shm, "--ring-slots")
-        except ConfigError as e:  # an option of this command, not a config file's key
-            raise InputError(str(e)) from None
-        return (f"shape: {args.partition_workers} synthesis worker(s) x {args.synthesis_threads} thread(s), "
-                f"{args.ring_slots} ring slots (all given)")
     budget = host_budget_bytes(args.host_budget or "auto", "--host-budget", total=machine.memory_bytes)
+    source = f"--host-budget {args.host_budget}" if args.host_budget else "host budget auto (RAM - 4 GiB)"
+    whole = len(given) == 3
     try:
         choice = explain_shape(budget, circuit, cores=machine.cores, backend=backend, provers=len(devices),
                                prover_workers=args.gpu_workers, given=given,
-                               batch=prover_batch(EngineConfig.prover_batch), shm_bytes=shm,
-                               keys=("--host-budget", "--ring-slots"),
-                               shape_keys="--ring-slots, --partition-workers and --synthesis-threads (without "
-                                          "--host-budget)")
+                               batch=prover_batch(EngineConfig.prover_batch), shm_bytes=shm_capacity_bytes(),
+                               keys=("--host-budget" if args.host_budget else "--host-budget (auto: RAM - 4 GiB)",
+                                     "--ring-slots"),
+                               shape_keys="--ring-slots, --partition-workers and --synthesis-threads")
     except ConfigError as e:  # an option of this command, not a config file's key
         raise InputError(str(e)) from None
     shape = choice.shape
     args.ring_slots, args.partition_workers = shape.ring_slots, shape.partition_workers
     args.synthesis_threads = shape.threads_per_partition
-    source = f"--host-budget {args.host_budget}" if args.host_budget else "host budget auto (RAM - 4 GiB)"
+    if whole:
+        return f"shape: all given, checked for 2^{circuit.domain_size.bit_length() - 1} rows, {source}: {choice.reason}"
     flags = f"; given: {', '.join(f'{k}={v}' for k, v in given.items())}" if given else ""
     return f"shape: derived for 2^{circuit.domain_size.bit_length() - 1} rows, {source}{flags}: {choice.reason}"
 

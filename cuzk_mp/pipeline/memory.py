@@ -461,12 +461,15 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
         elif "ring_slots" not in given and slots > MIN_RING_SLOTS:
             slots -= 1
         else:
-            check_ring_fits_shm(slots, circuit, shm_bytes, keys[1], "at the least")
+            whole = len(given.keys() & {"ring_slots", "partition_workers", "threads_per_partition"}) == 3
+            check_ring_fits_shm(slots, circuit, shm_bytes, keys[1], "" if whole else "at the least")
             need = bound(workers, slots).total
-            raise ConfigError(f"{keys[0]}: {budget / GiB:.1f} GiB cannot hold the smallest pipeline for "
+            what = "the pipeline given" if whole else "the smallest pipeline"
+            fix = f"lower {shape_keys}" if whole else f"give the shape with {shape_keys}"
+            raise ConfigError(f"{keys[0]}: {budget / GiB:.1f} GiB cannot hold {what} for "
                               f"this circuit ({need / GiB:.1f} GiB: {slots} ring slots of "
                               f"{circuit.segment_bytes / GiB:.2f} GiB, {workers} synthesis worker(s), {provers} "
-                              f"prover(s), the key); raise it, or give the shape with {shape_keys}")
+                              f"prover(s), the key); raise it, or {fix}")
     shape = Shape(slots, workers, threads_for(workers))
     b = bound(workers, slots)
     rate = workers / synthesis_seconds(circuit, shape.threads_per_partition) if circuit.domain_size else 0.0
