@@ -31,16 +31,18 @@ real await timeouts, cancel, results kept for a while) real behaviour:
   and runs again after the restart.
 * **Bounded queue.** Until a job finishes, its input bytes (input JSON, witnesses: up to
   ``max_frame_bytes`` a job) stay in memory, in its record and in the engine's task, so a submit
-  beyond a cap (:class:`QueueCaps`: ``[daemon] max_queued_jobs``, ``max_queued_input``,
-  ``max_jobs_per_owner``) is refused with Unavailable naming the cap and the figures (exit 3: the
-  client sends it again later, under the same request_id). A repeat of a job the daemon has is
+  beyond a cap (:class:`~.queue_caps.QueueCaps`: ``[daemon] max_queued_jobs``, ``max_queued_input``,
+  ``max_jobs_per_owner``) is refused with Unavailable naming the cap and the figures
+  (:func:`~.queue_caps.check_caps`, the rule a fleet's queue applies too; exit 3: the client
+  sends it again later, under the same request_id). A repeat of a job the daemon has is
   answered whatever the caps; a job is admitted into a daemon that holds no unfinished job whatever
   its size (the frame limit bounds it); jobs restored from the journal count and are never refused.
   The figures are running counters (:meth:`JobTable.queued`), kept where a job is accepted, ends,
   is refused or is restored.
 * **Fleet jobs.** A job this box claimed from a fleet's shared queue (:mod:`.fleet`) runs through
   :meth:`JobTable.run_claimed`: into the engine like any other, but not journaled (the fleet's
-  database is its journal) and kept here only while it runs.
+  database is its journal) and kept here only while it runs. A fleet box's submits are counted
+  against the caps in the fleet's database, over the whole fleet (:mod:`.queue_caps`), not here.
 
 Engine callbacks arrive on an engine thread; the server forwards them into the loop with
 ``call_soon_threadsafe``, so every method here runs on the asyncio loop thread.
@@ -55,8 +57,7 @@ import logging
 import time
 import uuid
 from collections.abc import Iterable
-from dataclasses import dataclass
-from typing import NamedTuple, Protocol
+from typing import Protocol
 
 import msgspec
 
@@ -67,8 +68,8 @@ from cuzk_mp.daemon.job_records import (
 from cuzk_mp.daemon.journal import Journal, JournalEntry
 from cuzk_mp.daemon.metrics import DaemonMetrics
 from cuzk_mp.daemon.protocol import JobReply, PartitionIn, Prove, SubmitProof
+from cuzk_mp.daemon.queue_caps import Queued, QueueCaps, check_caps
 from cuzk_mp.errors import InputError, ResourceError, Unavailable
-from cuzk_mp.pipeline.memory import fmt_bytes
 from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionInput, PartitionResult, Priority
 
 log = logging.getLogger("cuzk_mp.daemon.jobs")
@@ -96,24 +97,6 @@ def digest_of(circuit_id: str, partitions: list[PartitionIn]) -> str:
 def input_bytes(partitions: Iterable[PartitionIn]) -> int:
     """The input bytes a job keeps in memory until it finishes (what ``max_queued_input`` counts)."""
     return sum(len(p.data) for p in partitions)
-
-
-@dataclass(frozen=True)
-class QueueCaps:
-    """The bounds on unfinished jobs (``[daemon]`` keys; 0: no cap): every client's jobs
-    (``max_queued_jobs``), the input bytes they hold (``max_queued_input``), one owner's jobs
-    (``max_jobs_per_owner``)."""
-
-    max_jobs: int = 0
-    max_input_bytes: int = 0
-    max_per_owner: int = 0
-
-
-class Queued(NamedTuple):
-    """Unfinished jobs (queued or running) and the input bytes they hold."""
-
-    jobs: int
-    input_bytes: int
 
 
 class JobTable:
@@ -202,28 +185,9 @@ class JobTable:
         return rec, False
 
     def _within_caps(self, owner: str, size: int) -> None:
-        """Unavailable naming the cap (its key and value) a new job of ``owner`` with ``size`` input
-        bytes would pass, and the figures now; a daemon with no unfinished job takes any job."""
-        caps, jobs = self.caps, len(self._held)
-        if not jobs:
-            return
-        again = "; send it again once some jobs have finished"
-
-        def unfinished(n: int) -> str:
-            return f"{n} unfinished job{'' if n == 1 else 's'}"
-
-        if caps.max_jobs and jobs >= caps.max_jobs:
-            raise Unavailable(f"the daemon holds {unfinished(jobs)} (queued or running), its cap "
-                              f"([daemon] max_queued_jobs = {caps.max_jobs}){again}")
-        mine = self._owners.get(owner, [0, 0])[0]
-        if caps.max_per_owner and mine >= caps.max_per_owner:
-            raise Unavailable(f"this client has {unfinished(mine)} (queued or running), its cap "
-                              f"([daemon] max_jobs_per_owner = {caps.max_per_owner}){again}")
-        if caps.max_input_bytes and self._held_bytes + size > caps.max_input_bytes:
-            raise Unavailable(
-                f"the daemon holds {unfinished(jobs)} with {fmt_bytes(self._held_bytes)} ({self._held_bytes} bytes) "
-                f"of inputs and this job brings {fmt_bytes(size)} ({size} bytes): more than its cap ([daemon] "
-                f"max_queued_input = {fmt_bytes(caps.max_input_bytes)}, {caps.max_input_bytes} bytes){again}")
+        """Unavailable (:func:`.queue_caps.check_caps`) if a new job of ``owner`` with ``size``
+        input bytes would pass a cap, given the running counters."""
+        check_caps(self.caps, self.queued(), self.queued(owner).jobs, size)
 
     def _hold(self, rec: JobRecord, size: int) -> None:
         """Count an unfinished journaled job (and its input bytes) against the caps."""
@@ -261,9 +225,10 @@ class JobTable:
         journaled; returns the record once the job ended. Cancelling the caller cancels the job
         in the engine. The record is dropped from the table when this returns.
 
-        Such a job is not counted against :class:`QueueCaps`: the fleet's worker claims at most
-        ``[fleet] max_jobs`` of them at once (its free slots), so they are bounded already, and a
-        fleet's waiting jobs wait in its database and ``inputs_dir``, not in this process.
+        Such a job is not counted against this table's :class:`~.queue_caps.QueueCaps`: the fleet's
+        worker claims at most ``[fleet] max_jobs`` of them at once (its free slots), so they are
+        bounded already; the fleet's unfinished jobs wait in its database and ``inputs_dir``, where
+        the fleet counts them against the caps at submit (:meth:`.fleet.queue.Fleet.submit`).
 
         Every timestamp of ``rec`` is this box's clock, like the engine's ``started_at`` and
         ``finished_at`` that end the job: ``submitted_at`` is the caller's conversion of the

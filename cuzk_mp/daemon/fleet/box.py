@@ -8,7 +8,11 @@ alone, so that the daemon's server only routes requests here:
   partition (the one the engine applies to a job it queues, without queueing it), then the
   partitions' msgpack is stored content-addressed in ``[fleet] inputs_dir`` (a directory every
   box reads at the same path) and the job enters the shared queue with that reference, its
-  sha256 and the client's identity, in one transaction with its request_id.
+  sha256 and the client's identity, in one transaction with its request_id. This daemon's
+  ``[daemon]`` caps on unfinished jobs apply to the whole fleet's queue, counted in the database
+  in that transaction (:mod:`cuzk_mp.daemon.queue_caps`); a submit beyond one is refused with
+  Unavailable, as on a daemon alone, and is looked at once before its inputs are stored, so a
+  refused submit leaves nothing in ``inputs_dir``.
 * **Await, status, cancel** of any job from any box, by job id or by request_id; a client sees
   only its own jobs (its identity travels with the job), an admin every job. A cancel reaches
   the box that runs the job through the queue's abort NOTIFY.
@@ -52,7 +56,7 @@ from cuzk_mp.daemon.fleet.models import Claimed, JobRef, JobStatus
 from cuzk_mp.daemon.fleet.queue import Fleet
 from cuzk_mp.daemon.fleet.worker import FleetWorker
 from cuzk_mp.daemon.job_records import JobRecord, reply_of
-from cuzk_mp.daemon.jobs import JobTable
+from cuzk_mp.daemon.jobs import JobTable, input_bytes
 from cuzk_mp.daemon.metrics import Gauge
 from cuzk_mp.errors import Cancelled, CuzkError, InputError, ResourceError, Unavailable, error_from_kind
 from cuzk_mp.pipeline.types import JobSpec, PartitionInput
@@ -240,12 +244,14 @@ class FleetBox:
             await asyncio.to_thread(check, spec)
         else:
             check(spec)
+        size, caps = input_bytes(req.partitions), self.jobs.caps
+        await fleet.precheck(req.request_id or None, owner, size, caps)  # before the inputs take disk space
         try:
             inp = await asyncio.to_thread(store_inputs, msgspec.msgpack.encode(req.partitions), self.fcfg.inputs_dir)
         except OSError as e:
             raise ResourceError(f"[fleet] inputs_dir {self.fcfg.inputs_dir}: cannot store the inputs: {e}") from None
         return await fleet.submit(req.request_id or None, req.circuit_id, inp.ref, inp.sha256, spec.priority,
-                                  len(req.partitions), client=owner)
+                                  len(req.partitions), client=owner, input_bytes=size, caps=caps)
 
     async def wait(self, job_id: str, timeout_s: float | None, only: str | None, id: int) -> P.JobReply:
         """AwaitProof from any box: the job's reply once it ended, or where it is after ``timeout_s``."""

@@ -20,7 +20,10 @@ queue row and its job row commit together, and a result write, its queue row's r
 * ``fail`` and ``release`` act only while this process still holds the claim (``owner``), so a
   box that lost its claim cannot send a job that another box now runs back to the queue.
 * every operation that settles a job locks its queue row before its job row, the order in which
-  a claim takes them, so a cancel or a result racing a claim of the same job never deadlocks.
+  a claim takes them, so a cancel or a result racing a claim of the same job never deadlocks;
+* ``submit`` counts the fleet's unfinished jobs against the accepting box's ``[daemon]`` caps
+  under a fleet-wide transaction lock taken before any row (:mod:`cuzk_mp.daemon.queue_caps`), so
+  two boxes' submits racing at a cap never both pass.
 
 Errors: bad arguments raise InputError naming the field; an unreachable database raises
 ResourceError; neither ever loses another job's state, which lives in the database.
@@ -63,6 +66,7 @@ from cuzk_mp.daemon.fleet.models import (
     queue_priority,
 )
 from cuzk_mp.daemon.fleet.store import FleetStore, first_connection, new_pool, notify
+from cuzk_mp.daemon.queue_caps import Queued, QueueCaps, check_caps
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
 
@@ -73,6 +77,7 @@ MIN_READ_S = 1.0  # a waiter's read may take this long even at its deadline (a t
 AWAIT_RECHECK_S = 60.0  # a safety net only: waiters wake on NOTIFY, and on every LISTEN reconnect
 MAX_CIRCUIT_ID_CHARS = 64
 AbortCallback = Callable[[str, str], None]
+NO_CAPS = QueueCaps()
 
 
 @dataclass
@@ -198,14 +203,21 @@ class Fleet(FleetStore):
     # -- submit ---------------------------------------------------------------------------
 
     async def submit(self, request_id: str | None, circuit_id: str, inputs_ref: str, inputs_sha256: str,
-                     priority: Priority = Priority.NORMAL, n_partitions: int = 1, *, client: str = "") -> JobRef:
+                     priority: Priority = Priority.NORMAL, n_partitions: int = 1, *, client: str = "",
+                     input_bytes: int = 0, caps: QueueCaps = NO_CAPS) -> JobRef:
         """Queue a job; the same non-empty ``request_id`` from any box returns the same job.
 
         A repeat with a different circuit or inputs is an InputError, never a second job; so is a
         repeat from another ``client`` (the submitting client's identity, recorded with the job).
-        The request-id row, the queue row and the job row commit in one transaction.
+        A new job beyond one of ``caps`` (the accepting box's ``[daemon]`` caps, applied to the
+        whole fleet's unfinished jobs, their ``input_bytes`` and the ``client``'s: see
+        :mod:`cuzk_mp.daemon.queue_caps` for why) is refused with Unavailable; a repeat is
+        answered whatever the caps. The request-id row, the caps' count, the queue row and the job
+        row are one transaction.
         """
         _check_submit(request_id, circuit_id, inputs_ref, inputs_sha256, n_partitions)
+        if input_bytes < 0:
+            raise InputError(f"input_bytes: must be >= 0, got {input_bytes}")
         try:
             priority = Priority(priority)
         except ValueError:
@@ -213,21 +225,57 @@ class Fleet(FleetStore):
                              f"got {priority!r}") from None
         job_id = uuid.uuid4().hex
         async with self._tx() as (conn, queries):
+            if caps:
+                # Count and insert under one fleet-wide lock, so two submits racing at a cap (from any
+                # boxes) never both pass. Lock order: this lock first, then the new request-id row (a
+                # submit of the same request_id waits on it otherwise), then the new queue and job
+                # rows. No other operation takes this lock, and a submit locks no existing queue or
+                # job row, so it never joins the queue-row-then-job-row order of the settling ones.
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (schema.SUBMIT_LOCK_KEY,))
             if request_id:
                 cur = await conn.execute(
                     "INSERT INTO cuzk_fleet_requests (request_id, job_id) VALUES (%s, %s) "
                     "ON CONFLICT (request_id) DO NOTHING RETURNING job_id", (request_id, job_id))
                 if await cur.fetchone() is None:
                     return await self._existing(conn, request_id, circuit_id, inputs_sha256, client)
+            if caps:  # raising rolls the request-id row back with the rest
+                check_caps(caps, *await self._unfinished(conn, client), input_bytes, fleet=True)
             [queue_id] = await queries.enqueue(entrypoint(circuit_id), job_id.encode(), queue_priority(priority))
             await conn.execute(
                 "INSERT INTO cuzk_fleet_jobs (job_id, request_id, circuit_id, priority, n_partitions, "
-                "inputs_ref, inputs_sha256, queue_id, submitted_by, client) "
-                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
+                "inputs_ref, inputs_sha256, input_bytes, queue_id, submitted_by, client) "
+                "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (job_id, request_id or None, circuit_id, int(priority), n_partitions, inputs_ref,
-                 inputs_sha256, queue_id, self.box, client))
+                 inputs_sha256, input_bytes, queue_id, self.box, client))
         log.info("fleet: queued job %s (%s, %s, %d partitions)", job_id, circuit_id, priority.name, n_partitions)
         return JobRef(job_id, "queued")
+
+    async def precheck(self, request_id: str | None, client: str, input_bytes: int, caps: QueueCaps) -> None:
+        """Unavailable if a new job would be refused by :meth:`submit` for ``caps`` as the queue is
+        now; nothing for a ``request_id`` the fleet has (a repeat is never refused).
+
+        An early look, without the submit's lock, so that a box refuses a submit before it stores
+        its inputs in the shared ``inputs_dir``; :meth:`submit` decides, with the lock.
+        """
+        if not caps:
+            return
+        async with self._tx() as (conn, _):
+            if request_id:
+                cur = await conn.execute("SELECT 1 FROM cuzk_fleet_requests WHERE request_id = %s", (request_id,))
+                if await cur.fetchone() is not None:
+                    return
+            check_caps(caps, *await self._unfinished(conn, client), input_bytes, fleet=True)
+
+    @staticmethod
+    async def _unfinished(conn: psycopg.AsyncConnection, client: str) -> tuple[Queued, int]:
+        """The fleet's unfinished (queued or running) jobs and their input bytes, and how many of
+        them are ``client``'s."""
+        cur = await conn.execute(
+            "SELECT count(*), COALESCE(sum(input_bytes), 0), count(*) FILTER (WHERE client = %s) "
+            "FROM cuzk_fleet_jobs WHERE state IN ('queued', 'running')", (client,))
+        row = await cur.fetchone()
+        assert row is not None  # an aggregate always returns its row
+        return Queued(int(row[0]), int(row[1])), int(row[2])
 
     @staticmethod
     async def _existing(conn: psycopg.AsyncConnection, request_id: str, circuit_id: str,

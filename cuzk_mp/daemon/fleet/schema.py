@@ -4,7 +4,7 @@ This module owns the DDL. The queue itself is the queue library's (pgqueuer: its
 statistics tables, its NOTIFY trigger), installed or upgraded by the library's own schema code.
 Beside it live three tables of ours, for what the library does not keep:
 
-* ``cuzk_fleet_jobs``: one row per job for its whole life: inputs reference and sha256, state,
+* ``cuzk_fleet_jobs``: one row per job for its whole life: inputs reference, sha256 and size, state,
   the client that submitted it (its identity travels with the job, so the same client sees it
   at any box), the box and fleet instance holding the claim, claim and attempt counts, and the result,
   written once by a guarded update (``... WHERE state IN ('queued', 'running')``). The library's
@@ -16,8 +16,9 @@ Beside it live three tables of ours, for what the library does not keep:
 
 :func:`migrate` runs at every :meth:`Fleet.connect`, under an advisory lock so
 that boxes starting together do not race; every statement is safe to repeat. ``SCHEMA_VERSION``
-is recorded for later migrations to build on (version 2 added ``cuzk_fleet_jobs.client``; the
-``ALTER ... ADD COLUMN IF NOT EXISTS`` brings a version-1 database up to it).
+is recorded for later migrations to build on (version 2 added ``cuzk_fleet_jobs.client``, version 3
+``input_bytes``, what the ``[daemon] max_queued_input`` cap counts; the ``ALTER ... ADD COLUMN IF
+NOT EXISTS`` statements bring an older database up to it, its rows counting 0 input bytes).
 """
 
 from __future__ import annotations
@@ -31,9 +32,12 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-SCHEMA_VERSION = 2
+SCHEMA_VERSION = 3
 # Advisory lock key: the ASCII of "cuzkflt1" as a signed 64-bit integer.
 MIGRATION_LOCK_KEY = int.from_bytes(b"cuzkflt1", "big", signed=True)
+# Transaction-level advisory lock of every submit that counts the queue against caps: the ASCII of
+# "cuzksbm1" as a signed 64-bit integer (see Fleet.submit for the order it is taken in).
+SUBMIT_LOCK_KEY = int.from_bytes(b"cuzksbm1", "big", signed=True)
 QUEUE_PREFIX = "cuzk_"
 EVENTS_CHANNEL = "cuzk_fleet_events"
 MAX_RESULT_BYTES = 4 << 20
@@ -62,6 +66,7 @@ DDL = (
         attempts      integer NOT NULL DEFAULT 0,
         submitted_by  text NOT NULL,
         client        text NOT NULL DEFAULT '',
+        input_bytes   bigint NOT NULL DEFAULT 0 CHECK (input_bytes >= 0),
         submitted_at  timestamptz NOT NULL DEFAULT now(),
         started_at    timestamptz,
         finished_at   timestamptz,
@@ -71,6 +76,11 @@ DDL = (
         CHECK (state <> 'done' OR result IS NOT NULL)
     )""",
     "ALTER TABLE cuzk_fleet_jobs ADD COLUMN IF NOT EXISTS client text NOT NULL DEFAULT ''",
+    ("ALTER TABLE cuzk_fleet_jobs ADD COLUMN IF NOT EXISTS input_bytes bigint NOT NULL DEFAULT 0 "
+     "CHECK (input_bytes >= 0)"),
+    # the figures a submit counts against the caps: unfinished jobs, per client
+    ("CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_unfinished ON cuzk_fleet_jobs (client) "
+     "WHERE state IN ('queued', 'running')"),
     "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_queue_id ON cuzk_fleet_jobs (queue_id)",
     ("CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_finished ON cuzk_fleet_jobs (finished_at) "
      "WHERE finished_at IS NOT NULL"),
