@@ -1,0 +1,165 @@
+"""What a process SIGKILLed early in its start leaves in /dev/shm, and who removes it.
+
+A process killed after it made its ring but before any child existed has nobody to remove the
+ring (the children's orphan cleanup needs children). The next ring made on this machine removes
+it, whatever its prefix (an engine's default prefix, ``cuzk-<pid>``, is never used again), and
+never the ring of a live process or another user's objects.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from cuzk_mp.pipeline import ring as ringmod
+from cuzk_mp.pipeline.engine import Engine
+from cuzk_mp.pipeline.ring import Ring, RingHandle, cleanup_stale, shm_entries
+from cuzk_mp.pipeline.types import EngineConfig
+
+REPO = Path(__file__).resolve().parents[1]
+
+# Each makes the ring of prefix argv[1] (or starts an engine with that prefix) and is SIGKILLed at
+# one point of it: the pid of a child that died this way is gone, nothing of it runs any more.
+KILL_AT = {
+    # after the control block, before the semaphores
+    "control-block": "import posix_ipc\n"
+                     "posix_ipc.Semaphore = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+                     "Ring.create(sys.argv[1], 2)\n",
+    # after the whole ring
+    "ring": "Ring.create(sys.argv[1], 2)\nos.kill(os.getpid(), signal.SIGKILL)\n",
+    # an engine's start, right after its ring, before its children are spawned
+    "engine-start": "from cuzk_mp.pipeline import engine as eng\n"
+                    "from cuzk_mp.pipeline.types import EngineConfig\n"
+                    "eng.Supervisor.start = lambda *a, **k: os.kill(os.getpid(), signal.SIGKILL)\n"
+                    "eng.Engine(EngineConfig(backend='cpu', devices=[0], partition_workers=1, ring_slots=2,\n"
+                    "                        shm_prefix=sys.argv[1])).start()\n",
+}
+PRELUDE = "import os, signal, sys\nfrom cuzk_mp.pipeline.ring import Ring\n"
+
+
+@pytest.fixture
+def prefixes() -> Iterator[list[str]]:
+    made: list[str] = []
+    yield made
+    for p in made:
+        cleanup_stale(p)
+
+
+def _prefix(made: list[str], tag: str) -> str:
+    name = f"cuzk-test-left-{tag}-{os.getpid()}-{time.monotonic_ns() % 10**9}"
+    made.append(name)
+    return name
+
+
+def _killed_during_start(where: str, prefix: str) -> None:
+    proc = subprocess.run([sys.executable, "-c", PRELUDE + KILL_AT[where], prefix], cwd=REPO, timeout=120,
+                          env={**os.environ, "PYTHONPATH": str(REPO)}, capture_output=True, text=True)
+    assert proc.returncode == -signal.SIGKILL, proc.stderr
+    assert shm_entries(prefix), f"killed at {where}: nothing was left to remove"
+
+
+@pytest.mark.parametrize("where", list(KILL_AT))
+def test_the_next_ring_removes_what_a_process_killed_in_its_start_left(prefixes: list[str], where: str) -> None:
+    dead = _prefix(prefixes, "dead")
+    _killed_during_start(where, dead)
+    other = Ring.create(_prefix(prefixes, "next"), 1)  # another engine's start, its own prefix
+    try:
+        assert shm_entries(dead) == []
+    finally:
+        other.destroy()
+
+
+def test_a_restart_under_the_same_prefix_removes_them_too(prefixes: list[str]) -> None:
+    dead = _prefix(prefixes, "same")
+    _killed_during_start("ring", dead)
+    old = shm_entries(dead)
+    again = Ring.create(dead, 1)
+    assert not set(old) & set(shm_entries(dead))
+    again.destroy()
+    assert shm_entries(dead) == []
+
+
+def test_the_ring_of_a_live_process_is_never_touched(prefixes: list[str]) -> None:
+    """Another process runs a ring of the same prefix (a second engine configured with it): a
+    new ring of that prefix, one of any other, and an engine of that prefix that gives it back
+    unstarted leave it whole and usable."""
+    live = _prefix(prefixes, "live")
+    code = PRELUDE + ("r = Ring.create(sys.argv[1], 2)\nprint(r.handle.prefix, flush=True)\n"
+                      "sys.stdin.read()\nr.destroy()\n")
+    proc = subprocess.Popen([sys.executable, "-c", code, live], cwd=REPO, stdin=subprocess.PIPE,
+                            stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert proc.stdout is not None
+        name = proc.stdout.readline().strip()
+        before = shm_entries(live)
+        assert len(before) == 3
+        mine = Ring.create(live, 1)
+        other = Ring.create(_prefix(prefixes, "other"), 1)
+        Engine(EngineConfig(backend="cpu", devices=[0], shm_prefix=live)).stop()  # its finalizer, too
+        assert set(before) <= set(shm_entries(live))
+        attached = Ring.attach(RingHandle(name, 2))  # still whole
+        assert [r.state for r in attached.snapshot()] == ["free", "free"]
+        attached.close()
+        mine.destroy()
+        other.destroy()
+        assert shm_entries(live) == before
+    finally:
+        assert proc.stdin is not None
+        proc.stdin.close()
+        proc.wait(30)
+    assert shm_entries(live) == []
+
+
+def test_a_reused_pid_does_not_keep_a_dead_ring_and_a_foreign_namespace_is_not_judged(prefixes: list[str]) -> None:
+    """The maker is its pid *and* its start time: pid 1 runs, but not the process that made this
+    ring. A ring made in another pid namespace is left: its pid says nothing here."""
+    import mmap
+
+    def forge(tag: str, start: int, pidns: int) -> str:
+        r = Ring.create(_prefix(prefixes, tag), 1)
+        with mmap.mmap(os.open(f"/dev/shm/{r.handle.prefix}-ctl", os.O_RDWR), 0) as m:
+            for word, value in ((ringmod._OWNER_PID, 1), (ringmod._OWNER_START, start),
+                                (ringmod._OWNER_PIDNS, pidns)):
+                m[8 * word : 8 * word + 8] = value.to_bytes(8, "little")
+        r.close()
+        return r.handle.prefix
+
+    here = ringmod._pid_namespace()
+    init_start = ringmod._start_time(1)
+    if init_start is None:
+        pytest.skip("/proc/1/stat is not readable here")
+    reused = forge("reused", init_start + 12345, here)
+    running = forge("init", init_start, here)
+    foreign = forge("foreign", init_start + 12345, here + 1)
+    Ring.create(_prefix(prefixes, "judge"), 1).destroy()
+    assert shm_entries(reused) == []
+    assert len(shm_entries(running)) == 3 and len(shm_entries(foreign)) == 3
+
+
+@pytest.mark.skipif(os.geteuid() != 0, reason="making another user's objects needs root")
+def test_another_users_objects_are_never_removed(prefixes: list[str]) -> None:
+    """Root may unlink anything in /dev/shm: the cleanup must still leave another user's alone,
+    whether its ring's maker is gone or the prefix is the one being started."""
+    dead = _prefix(prefixes, "foreign")
+    _killed_during_start("ring", dead)
+    entries = shm_entries(dead)
+    for name in entries:
+        os.chown(f"/dev/shm/{name}", 65534, 65534)
+    try:
+        Ring.create(_prefix(prefixes, "other"), 1).destroy()
+        again = Ring.create(dead, 1)
+        assert set(entries) <= set(shm_entries(dead))
+        again.destroy()
+        assert cleanup_stale(dead) == [] and shm_entries(dead) == entries
+    finally:
+        for name in entries:
+            with contextlib.suppress(FileNotFoundError):
+                os.chown(f"/dev/shm/{name}", 0, 0)
