@@ -37,6 +37,19 @@ def checker(test_key: tuple[Path, Path]) -> ProofChecker:
 
 
 @pytest.fixture
+def emu() -> object:
+    """The GPU backend module over the fake CuPy (tests/gpu_emu/backend.py; its device's size:
+    :func:`tests.gpu_emu.backend.fake_device`)."""
+    from tests import gpu_emu
+
+    if not gpu_emu.available():
+        pytest.skip("no host C++ compiler for the kernel emulator")
+    from tests.gpu_emu.backend import load_backend
+
+    return load_backend()
+
+
+@pytest.fixture
 def free_port() -> int:
     """A TCP port on 127.0.0.1 that was free a moment ago."""
     return helpers.free_port()

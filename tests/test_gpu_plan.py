@@ -27,6 +27,7 @@ from cuzk_mp.backends.gpu.plan import (
 )
 from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
 from cuzk_mp.errors import DeviceMemoryError, ResourceError
+from tests.gpu_emu.backend import fake_device
 
 GIB = 1 << 30
 H200_FREE = 139 * GIB
@@ -423,23 +424,6 @@ def test_graphs_are_planned_and_dropped_first() -> None:
 # ---------------------------------------------------------------- load_key on the emulated backend
 
 
-@pytest.fixture
-def emu(monkeypatch: pytest.MonkeyPatch) -> object:
-    """The GPU backend module over the fake CuPy (tests/gpu_emu/backend.py)."""
-    from tests import gpu_emu
-
-    if not gpu_emu.available():
-        pytest.skip("no host C++ compiler for the kernel emulator")
-    from tests.gpu_emu.backend import load_backend
-
-    return load_backend()
-
-
-def _set_free(monkeypatch: pytest.MonkeyPatch, mod: object, free: int) -> None:
-    runtime = mod.memory.cupy.cuda.runtime  # type: ignore[attr-defined]
-    monkeypatch.setattr(runtime, "memGetInfo", lambda: (free, 2 * free))
-
-
 def test_load_key_refuses_before_any_upload(emu: object, test_key: tuple[Path, Path],
                                             monkeypatch: pytest.MonkeyPatch) -> None:
     """A key that does not fit the (fake) device's free memory fails in load_key with the plan's
@@ -452,7 +436,7 @@ def test_load_key_refuses_before_any_upload(emu: object, test_key: tuple[Path, P
     try:
         with read_zkey(test_key[0]) as zkey:
             one = plan_device(KeyShape.of(zkey), 10**15, workers=1)
-            _set_free(monkeypatch, emu, one.total - 1)
+            fake_device(monkeypatch, emu, backend, one.total - 1)
             with pytest.raises(DeviceMemoryError, match=r"needs .* GiB of device memory .* is free; the largest "
                                                          r"domain of this circuit's shape that fits is 2\^9"):
                 backend.load_key(zkey)
@@ -465,7 +449,8 @@ def test_load_key_plans_the_batch_and_caps_it(emu: object, test_key: tuple[Path,
                                              monkeypatch: pytest.MonkeyPatch) -> None:
     """load_key plans the batch it is given: where a batch of 8 does not fit the (fake) device,
     the key's plan takes smaller batches and the backend's ``batch_limit`` says how many a worker may
-    stage together; a key loaded with no batch (its partitions go alone) leaves the cap as it is."""
+    stage together; a key loaded with no batch (its partitions go alone), with room for its points
+    beside the first key's batches, leaves the cap as it is."""
     from cuzk_mp.backends.cpu import CpuBackend
     from cuzk_mp.formats.zkey import read_zkey
 
@@ -478,7 +463,8 @@ def test_load_key_plans_the_batch_and_caps_it(emu: object, test_key: tuple[Path,
         assert backend.batch_limit is None
         with read_zkey(test_key[0]) as zkey:
             shape = KeyShape.of(zkey)
-            _set_free(monkeypatch, emu, plan_device(shape, 10**15, workers=2, batch=3).total)
+            three = plan_device(shape, 10**15, workers=2, batch=3)
+            fake_device(monkeypatch, emu, backend, three.total + three.resident - three.ntt_tables)
             keys.append(backend.load_key(zkey, batch=8))
             plan = keys[0].plan
             assert plan.batch == 3 and plan.batch_max == 8 and plan.in_flight == 2 and backend.batch_limit == 3
@@ -507,7 +493,7 @@ def test_load_key_keeps_to_the_planned_in_flight_count(emu: object, test_key: tu
         with read_zkey(test_key[0]) as zkey:
             shape = KeyShape.of(zkey)
             one = plan_device(shape, 10**15, workers=1)
-            _set_free(monkeypatch, emu, one.total + one.partition_total // 2)
+            fake_device(monkeypatch, emu, backend, one.total + one.partition_total // 2)
             key = backend.load_key(zkey)
             assert key.plan.in_flight == 1 and key.multiples == {} and backend.in_flight_limit == 1
             assert key.plan.steps[-1] == "1 partition(s) in flight instead of 2"

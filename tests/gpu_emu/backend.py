@@ -108,11 +108,27 @@ class CpuNtt:
     def plan(self, lg: int) -> None:
         return None
 
+    def domain_sizes(self) -> list[int]:
+        return []  # no tables: the CPU oracle's H step needs none
+
     def coset_h_in_place(self, d_a: Any, d_b: Any, d_c: Any, stream: Any = None) -> Any:
         from cuzk_mp.algebra.ntt import coset_h
 
         d_a[...] = coset_h(np.array(d_a), np.array(d_b), np.array(d_c))
         return d_a
+
+
+def fake_device(monkeypatch: Any, module: types.ModuleType, backend: Any, size: int) -> None:
+    """Make the emulated device of ``module`` (a :func:`load_backend`) ``size`` bytes, of which what
+    ``backend`` holds is in use (its keys' points, multiples and witness maps as its stats say, and its
+    staged partitions): free memory then drops as keys load and rises as they close, as a device's
+    does, where :data:`FREE_BYTES` stays."""
+    def used() -> int:
+        held = backend.stats()
+        staged = sum(p.nbytes for p in backend._parts.values())
+        return int(held["device_key_bytes"] + held["device_witness_map_bytes"]) + staged
+
+    monkeypatch.setattr(module.memory.cupy.cuda.runtime, "memGetInfo", lambda: (size - used(), size))
 
 
 def load_backend() -> types.ModuleType:

@@ -6,9 +6,11 @@ wrapped in resident :class:`.msm.MsmG1` / :class:`.msm.MsmG2`), the NTT tables
 (:class:`.ntt.GpuNtt`), two CUDA streams per calling thread, and each staged
 partition's a, b, c, w buffers and scalar plan until :meth:`GpuBackend.release`.
 Before a key's upload, its device-memory plan (:mod:`.plan`) sets how much of that
-fits: which multiples, how many staged partitions at once (:meth:`GpuBackend.stage`
-waits for a free place), how many a worker stages together (:attr:`GpuBackend.batch_limit`,
-which the prover keeps to), or a DeviceMemoryError before any byte is uploaded.
+fits (which multiples), and the plans of every resident key together (:mod:`.admission`,
+again whenever a key is closed) how many staged partitions of any keys at once
+(:meth:`GpuBackend.stage` waits for a free place) and how many a worker stages together
+(:attr:`GpuBackend.batch_limit`, which the prover keeps to), or a DeviceMemoryError before
+any byte is uploaded.
 
 Streams and waits. Every thread that calls the backend gets a ``main`` stream
 (staging, H, the G1 MSMs) and a ``side`` stream (the G2 MSM), both non-blocking,
@@ -48,7 +50,7 @@ import cupy
 import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point
 
-from ...errors import InputError, ResourceError
+from ...errors import DeviceMemoryError, InputError, ResourceError
 from ...formats.zkey import ZKey
 from ...intervals import IntervalUnion
 from ..base import G2_ROW_COST, ProverInputs, WitnessRows, check_key_sections
@@ -65,8 +67,9 @@ from .knobs import (
     msm_params_for,
     msm_stream_of,
 )
+from .admission import DeviceAdmission, admit
 from .ntt import GpuNtt
-from .plan import DevicePlan, KeyShape, plan_device, point_words
+from .plan import DevicePlan, KeyShape, ntt_table_bytes, plan_device, point_words
 from .witness_map import DeviceWitnessMap, LongRows, matrices_bytes
 
 log = logging.getLogger("cuzk_mp.backends.gpu.backend")
@@ -107,14 +110,23 @@ class GpuKey:
     host_released: int = 0  # bytes of key-file pages dropped after the upload
     multiples: dict[str, int] = field(default_factory=dict)  # section -> window bits of its multiples
     plan: DevicePlan | None = None  # the device-memory plan it was loaded under
+    # the backend's hook, called once when the key is closed: its limits are computed again without it
+    on_close: Callable[[], None] | None = field(default=None, repr=False)
     # (the coded rows it was made from, their device copy): stage_witness's witness map
     witness_map: tuple[Any, DeviceWitnessMap] | None = None
     # packed section -> name of the support whose rows it keeps (see SUPPORT_SECTIONS)
     supports: dict[str, str] = field(default_factory=dict)
     support_rows: dict[str, Any] = field(default_factory=dict)  # name -> int32 device list of w's rows
 
+    @property
+    def device_bytes(self) -> int:
+        """What the key holds on the device now: points, multiples, support rows, the witness map's rows."""
+        wmap = self.witness_map[1].nbytes if self.witness_map is not None else 0
+        return self.nbytes + self.multiples_bytes + sum(int(r.nbytes) for r in self.support_rows.values()) + wmap
+
     def close(self) -> None:
-        """Free the device copies of the points and of the witness map's rows (idempotent)."""
+        """Free the device copies of the points and of the witness map's rows, then tell the backend
+        (its in-flight and batch limits grow where the key's memory was what held them down); idempotent."""
         for m in self.msms.values():
             m.close()
         self.msms = {}
@@ -123,6 +135,9 @@ class GpuKey:
             self.witness_map[1].close()
             self.witness_map = None
         self.nbytes = self.multiples_bytes = 0
+        hook, self.on_close = self.on_close, None
+        if hook is not None:
+            hook()
 
 
 @dataclass
@@ -203,6 +218,11 @@ class GpuBackend:
         # takes no more at once (a thread holding a staged partition stages more without waiting,
         # so only the caller can keep a batch within its key's plan)
         self.batch_limit: int | None = None
+        # the device memory this backend may use (free memory with none of its keys, tables nor partitions
+        # on the device): the largest it has measured, as free + what it held then (a pass computing at
+        # that moment holds scratch that is not counted, so one measure may be low, never high; the
+        # prover's process is the only user of its device)
+        self.device_bytes = 0
         self._staged_by = threading.local()  # partitions the calling thread holds staged
         self._slots = threading.Condition()
         self._staged_count = 0
@@ -367,6 +387,11 @@ class GpuBackend:
 
             dplan = planned(shape)  # every section whole: the upper bound, checked before any upload
             log.info("key %s: %s", zkey.path or "", dplan.summary())
+            together = self._admission(dplan)  # beside the resident keys and their partitions in flight
+            if len(together.plans) > 1:
+                log.info("key %s beside the resident keys: %s", zkey.path or "", together.summary())
+            if not together.fits:
+                raise DeviceMemoryError(together.refusal())
             memory.ensure_free(sum(sizes.values()), f"the proving key {zkey.path or ''} (sections 5..9)")
             msms: dict[str, Any] = {}
             try:
@@ -405,17 +430,43 @@ class GpuBackend:
                     m.close()
                 raise
         key = GpuKey(zkey, msms, shape.rows(), points, sum(int(m.nbytes) for m in msms.values()) - points,
-                     released(), {n: plan[n] for n in plan}, dplan, supports=supports, support_rows=rows)
+                     released(), {n: plan[n] for n in plan}, dplan, supports=supports, support_rows=rows,
+                     on_close=self._set_limits)
         with self._lock:
             self._keys = [k for k in self._keys if k.msms] + [key]
-            plans = [k.plan for k in self._keys if k.plan is not None]
-        with self._slots:
-            self.in_flight_limit = min([self.workers, *(p.in_flight for p in plans)])
-            self.batch_limit = min((p.batch for p in plans if p.batch_max > 1), default=None)
-            self._slots.notify_all()
+        self._set_limits()
         if lasting:  # a key for one proof: nobody reads the figure, and smaps costs a one-shot prove ~20 ms
             self.refresh_host_stats()
         return key
+
+    def _admission(self, new: DevicePlan | None = None) -> DeviceAdmission:
+        """The resident keys' plans (and ``new``'s: a key about to be uploaded) together
+        (:func:`.admission.admit`), against the device memory this backend may use: :attr:`device_bytes`,
+        measured again here as the free memory plus what the backend holds now (its keys, NTT tables
+        and staged partitions)."""
+        with self._lock:
+            keys = [k for k in self._keys if k.msms]
+            held = sum(k.device_bytes for k in keys) + sum(p.nbytes for p in self._parts.values())
+        built = self.ntt_engine.domain_sizes()
+        held += sum(ntt_table_bytes(n) for n in built)
+        self.device_bytes = max(self.device_bytes, memory.free_bytes()[0] + held)
+        plans = [k.plan for k in keys if k.plan is not None] + ([new] if new is not None else [])
+        domains = set(built) | {p.shape.domain_size for p in plans}
+        return admit(plans, self.device_bytes, workers=self.workers,
+                     tables=sum(ntt_table_bytes(n) for n in domains))
+
+    def _set_limits(self) -> None:
+        """:attr:`in_flight_limit` and :attr:`batch_limit` from the resident keys together (after a
+        key's load, and after a key's close: its memory is free again). A stage waiting for a place
+        sees the new limit at once."""
+        together = self._admission()
+        if together.plans:
+            level = logging.INFO if together.fits else logging.WARNING
+            log.log(level, "GPU %d: %s", self.device, together.summary())
+        with self._slots:
+            self.in_flight_limit = together.in_flight if together.plans else self.workers
+            self.batch_limit = together.batch_limit
+            self._slots.notify_all()
 
     @staticmethod
     def _pack(dev: dict[str, Any], domain_size: int, path: str, n_rows: dict[str, int],

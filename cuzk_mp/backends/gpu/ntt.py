@@ -136,6 +136,11 @@ class GpuNtt:
                 self._plans[lg] = NttPlan(lg, self.params, self._expand)
             return self._plans[lg]
 
+    def domain_sizes(self) -> list[int]:
+        """The transform sizes whose tables are on the device (kept for the engine's life)."""
+        with self._lock:
+            return [1 << lg for lg in self._plans]
+
     def _check(self, d_x: Any) -> int:
         if d_x.dtype != np.uint64 or d_x.ndim != 2 or d_x.shape[1] != 4 or not d_x.flags.c_contiguous:
             raise InputError(f"expected a C-contiguous (n, 4) uint64 device array, got {d_x.dtype} {d_x.shape}")

@@ -40,7 +40,9 @@ as w alone (the device witness map) gets its a, b, c when it computes, so the pe
 batch with the MSM scratch beside w-only staged ones, or, between two computations, every
 partition whole with no MSM running (:attr:`DevicePlan.in_flight_total`). Which partitions are
 batched (their ring segment's size against the prover's limit) is the pipeline's rule: the
-backend gets the batch of each key as a number (``load_key``'s ``batch``).
+backend gets the batch of each key as a number (``load_key``'s ``batch``). A plan counts its own
+key's partitions; with several keys resident, their partitions in flight side by side, the limits
+the backend keeps to come from every key's plan together (:mod:`.admission`).
 
 The default accumulation "auto" keeps the G2 grid rounds (and their lists) where the plan fits
 them as configured, and accumulates in XYZZ elsewhere (:data:`.knobs.ACCUMULATE_MODES`): a rule,
@@ -73,6 +75,7 @@ Pure Python (no CuPy): the CLI and CI compute plans on machines without a GPU.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any
 
@@ -305,6 +308,30 @@ def compute_scratch_bytes(shape: KeyShape, multiples: dict[str, int], params: Ms
     return out
 
 
+@dataclass(frozen=True)
+class BatchLoad:
+    """What one worker's batch of one key's partitions holds on the device: ``batch`` partitions of
+    ``partition`` bytes whole and ``staged`` bytes while they wait, and the ``scratch`` of their pass."""
+
+    batch: int
+    partition: int
+    staged: int
+    scratch: int
+
+
+def in_flight_bytes(loads: Sequence[BatchLoad], in_flight: int) -> int:
+    """The device bytes of ``in_flight`` workers' batches at their peak together, each batch of any
+    of ``loads`` (the resident keys' partitions: a worker's batch may be of any key): one batch
+    computing (whole, its pass's scratch beside) with the others' staged, or, between two
+    computations (the next batch's H steps while the last one is being released), every batch
+    whole with no MSM running. The largest of each part is counted, whichever keys they are of:
+    for one key, exactly its batch computing beside ``in_flight`` - 1 staged ones."""
+    whole = max((x.batch * x.partition for x in loads), default=0)
+    staged = max((x.batch * x.staged for x in loads), default=0)
+    computing = whole + max((x.scratch for x in loads), default=0) + (in_flight - 1) * staged
+    return max(computing, in_flight * whole)
+
+
 @dataclass
 class DevicePlan:
     """A key's device memory, part by part (bytes), against the free memory; see the module docstring.
@@ -335,6 +362,10 @@ class DevicePlan:
     large_sort: str = "radix"  # the large window batches' sort the plan counted (:func:`.knobs.large_sort_for`)
     batch: int = 1  # partitions a worker stages together, as fitted (the in-flight count is of workers)
     batch_max: int = 1  # ... as asked (plan_device's ``batch``)
+    # the MSM parameters the scratch was counted with (the graphs' where they run as graphs): what
+    # :meth:`scratch_at` counts another batch's scratch with
+    params: MsmParams | None = field(default=None, repr=False)
+    graph_params: MsmParams | None = field(default=None, repr=False)
 
     def msm_params(self, params: MsmParams) -> MsmParams:
         """``params`` as this plan fitted them: without the grid rounds where :attr:`grid_off`, or where
@@ -372,16 +403,20 @@ class DevicePlan:
         makes them when the partition computes (the backend's stage_witness), else all of it."""
         return self.partition_total - (sum(self.per_partition[k] for k in "abc") if self.witness_map else 0)
 
+    def scratch_at(self, batch: int) -> int:
+        """The compute scratch of a pass of ``batch`` of this key's partitions (the plan's own at its
+        batch; another batch's counted with the same multiples and MSM parameters)."""
+        if batch == self.batch:
+            return sum(self.scratch.values())
+        return sum(compute_scratch_bytes(self.shape, self.multiples, self.params, batch=batch,
+                                         graph_params=self.graph_params if self.graphs else None).values())
+
     @property
     def in_flight_total(self) -> int:
-        """The partitions at their peak together, ``in_flight`` workers' batches of ``batch`` each:
-        one batch computing (whole, its MSM scratch beside) with the others' staged, or, between
-        two computations (the next batch's H steps while the last one is being released), every
-        partition whole, with no MSM running."""
-        scratch = sum(self.scratch.values())
-        k = self.batch
-        computing = k * self.partition_total + (self.in_flight - 1) * k * self.staged_total + scratch
-        return max(computing, self.in_flight * k * self.partition_total)
+        """The partitions at their peak together, ``in_flight`` workers' batches of ``batch`` each
+        (:func:`in_flight_bytes` of this key's partitions alone)."""
+        load = BatchLoad(self.batch, self.partition_total, self.staged_total, sum(self.scratch.values()))
+        return in_flight_bytes([load], self.in_flight)
 
     @property
     def total(self) -> int:
@@ -432,7 +467,7 @@ def _build(shape: KeyShape, multiples: dict[str, int], in_flight: int, workers: 
                       partition_bytes(shape), in_flight, workers,
                       compute_scratch_bytes(shape, multiples, params, graph_params=graph_params, batch=batch),
                       margin, free, graphs=bool(graph_params and graph_params.graphs), witness_map=witness_map,
-                      batch=batch, batch_max=batch_max)
+                      batch=batch, batch_max=batch_max, params=params, graph_params=graph_params)
 
 
 def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str | None = "none",
