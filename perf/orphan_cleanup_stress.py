@@ -32,7 +32,7 @@ sys.path.insert(0, str(REPO))
 
 from cuzk_mp.pipeline.benchreport import machine_info  # noqa: E402
 from cuzk_mp.pipeline.keys import ensure_synthetic_key  # noqa: E402
-from cuzk_mp.pipeline.ring import cleanup_stale, live_segments, shm_entries  # noqa: E402
+from cuzk_mp.pipeline.shm_names import cleanup_stale, live_segments, shm_entries  # noqa: E402
 
 LOG_N = 10
 ENGINE = """

@@ -131,7 +131,7 @@ def _synth_processes(engine: Any) -> list[dict[str, Any]]:
 def _engine(tmp_path: Path, name: str, **config: Any) -> Iterator[tuple[Any, Collector]]:
     """A CPU engine with the circuits "loop" (circom, its wasm loops in the witness) and "porep"."""
     from cuzk_mp.pipeline.engine import Engine
-    from cuzk_mp.pipeline.ring import shm_entries
+    from cuzk_mp.pipeline.shm_names import shm_entries
     from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig
 
     prefix, results = prefix_for(name), Collector()

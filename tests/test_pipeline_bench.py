@@ -13,7 +13,7 @@ import pytest
 
 from cuzk_mp.errors import FormatError, InputError
 from cuzk_mp.pipeline import bench
-from cuzk_mp.pipeline.ring import shm_entries
+from cuzk_mp.pipeline.shm_names import shm_entries
 
 from tests.helpers import KEY_CACHE, LOG_N
 

@@ -19,7 +19,7 @@ import pytest
 
 from cuzk_mp.errors import CuzkError, InputError
 from cuzk_mp.pipeline.engine import Engine
-from cuzk_mp.pipeline.ring import shm_entries
+from cuzk_mp.pipeline.shm_names import shm_entries
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput, Priority
 
 from tests.helpers import KEY_CACHE, LOG_N, Collector, ProofChecker, prefix_for, status_of, wait_until

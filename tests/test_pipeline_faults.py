@@ -26,7 +26,8 @@ import pytest
 
 from cuzk_mp.pipeline.engine import Engine, RunningEngine
 from cuzk_mp.pipeline.keys import synthetic_key_paths
-from cuzk_mp.pipeline.ring import Ring, SlotRecord, live_segments, shm_entries
+from cuzk_mp.pipeline.ring import Ring, SlotRecord
+from cuzk_mp.pipeline.shm_names import live_segments, shm_entries
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput
 
 from tests.helpers import KEY_CACHE, LOG_N, Collector, ProofChecker, prefix_for, status_of, wait_until
@@ -212,7 +213,7 @@ def test_killed_engine_leaves_nothing_behind(checker: ProofChecker) -> None:
     finally:
         if proc.poll() is None:
             proc.kill()
-        from cuzk_mp.pipeline.ring import cleanup_stale
+        from cuzk_mp.pipeline.shm_names import cleanup_stale
 
         cleanup_stale(prefix)
 

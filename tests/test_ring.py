@@ -17,7 +17,8 @@ import numpy as np
 import pytest
 
 from cuzk_mp.pipeline import ring as ringmod
-from cuzk_mp.pipeline.ring import Ring, RingHandle, SlotClaim, cleanup_stale, live_segments, shm_bytes, shm_entries
+from cuzk_mp.pipeline.ring import Ring, RingHandle, SlotClaim
+from cuzk_mp.pipeline.shm_names import cleanup_stale, live_segments, shm_bytes, shm_entries
 
 SEED = 20261130
 

@@ -19,9 +19,10 @@ from pathlib import Path
 
 import pytest
 
-from cuzk_mp.pipeline import ring as ringmod
+from cuzk_mp.pipeline import shm_names
 from cuzk_mp.pipeline.engine import Engine
-from cuzk_mp.pipeline.ring import Ring, RingHandle, cleanup_stale, shm_entries
+from cuzk_mp.pipeline.ring import Ring, RingHandle
+from cuzk_mp.pipeline.shm_names import cleanup_stale, shm_entries
 from cuzk_mp.pipeline.types import EngineConfig
 
 REPO = Path(__file__).resolve().parents[1]
@@ -126,14 +127,14 @@ def test_a_reused_pid_does_not_keep_a_dead_ring_and_a_foreign_namespace_is_not_j
     def forge(tag: str, start: int, pidns: int) -> str:
         r = Ring.create(_prefix(prefixes, tag), 1)
         with mmap.mmap(os.open(f"/dev/shm/{r.handle.prefix}-ctl", os.O_RDWR), 0) as m:
-            for word, value in ((ringmod._OWNER_PID, 1), (ringmod._OWNER_START, start),
-                                (ringmod._OWNER_PIDNS, pidns)):
+            for word, value in ((shm_names._OWNER_PID, 1), (shm_names._OWNER_START, start),
+                                (shm_names._OWNER_PIDNS, pidns)):
                 m[8 * word : 8 * word + 8] = value.to_bytes(8, "little")
         r.close()
         return r.handle.prefix
 
-    here = ringmod._pid_namespace()
-    init_start = ringmod._start_time(1)
+    here = shm_names._pid_namespace()
+    init_start = shm_names._start_time(1)
     if init_start is None:
         pytest.skip("/proc/1/stat is not readable here")
     reused = forge("reused", init_start + 12345, here)

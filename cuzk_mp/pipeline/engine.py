@@ -62,7 +62,8 @@ from ..errors import ConfigError, CuzkError, InputError, ResourceError, WorkerDi
 from . import messages as msg
 from .circuits import CircuitTable
 from .monitor import host_bytes, tree_memory
-from .ring import TRIM_IDLE_S, Ring, RingStats, SlotRecord, live_segments, remove_abandoned, shm_bytes
+from .ring import TRIM_IDLE_S, Ring, RingStats, SlotRecord
+from .shm_names import live_segments, remove_abandoned, shm_bytes
 from .scheduler import Outcome, Scheduler, Task
 from .status import EngineMetrics, EngineStatus, MemoryStatus, ProverStats, RingStatus
 from .supervisor import ROLES, Death, Degraded, Supervisor, child_specs
@@ -708,7 +709,7 @@ def visible_gpus() -> list[int]:
 
 def _release_prefix(prefix: str) -> None:
     """Finalizer of a configured engine: unlink what this process (or a dead one) left with the
-    prefix and free it; a live process's ring of the same prefix stays (:func:`.ring.remove_abandoned`)."""
+    prefix and free it; a live process's ring of the same prefix stays (:func:`.shm_names.remove_abandoned`)."""
     remove_abandoned(prefix)
     with _LIVE_LOCK:
         _LIVE_PREFIXES.discard(prefix)

@@ -38,7 +38,8 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .ring import SHM_DIR, partition_segment_bytes, shm_space
+from .ring import partition_segment_bytes
+from .shm_names import SHM_DIR, shm_space
 from .types import BATCH_MAX_BYTES, default_synthesis_threads
 
 GiB = 2**30

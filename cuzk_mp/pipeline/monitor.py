@@ -22,7 +22,7 @@ import time
 import msgspec
 import psutil
 
-from .ring import live_segments, shm_bytes
+from .shm_names import live_segments, shm_bytes
 
 _ROLLUP_KEYS = {"Rss": "rss", "Pss": "pss", "Pss_Shmem": "pss_shmem", "Private_Clean": "private_clean",
                 "Private_Dirty": "private_dirty", "Anonymous": "anon"}

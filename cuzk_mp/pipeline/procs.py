@@ -229,7 +229,7 @@ class ChildContext:
         """
         if not self.spec.ring_prefix:
             return
-        from .ring import cleanup_stale
+        from .shm_names import cleanup_stale
 
         with self._orphan_lock:
             cleanup_stale(self.spec.ring_prefix)

@@ -131,7 +131,7 @@ class DaemonFleet:
     def sigkill(self, box: str) -> None:
         """SIGKILL box ``box``'s daemon (no drain of any kind), then do what its next start would:
         wait for its worker processes to exit on their death pipes and remove its shm objects."""
-        from cuzk_mp.pipeline.ring import cleanup_stale
+        from cuzk_mp.pipeline.shm_names import cleanup_stale
         d = self.daemons[box]
         children = psutil.Process(d.proc.pid).children(recursive=True)
         d.sigkill()
