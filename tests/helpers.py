@@ -462,9 +462,10 @@ def status_of(engine: Any) -> dict[str, Any]:
 
 def rewrite_cache(path: Path, counts_change: dict[str, int] | None = None,
                   body_change: tuple[str, int, int] | None = None) -> None:
-    """Rewrite a circuit-data cache file as a hand-made one: counts (``counts_change``) or one entry of a body
-    array (``body_change``: array name, index, value) changed, with a valid header checksum and
-    body hash, so that only the checks of what the numbers mean can tell."""
+    """Rewrite a circuit-data cache file as a hand-made one: counts (``counts_change``) and/or one entry
+    of a body array (``body_change``: array name, index, value; in the layout of the changed counts)
+    changed, with a valid header checksum and body hash, so that only the checks of what the numbers
+    mean can tell. The file keeps its size (changed counts must keep the layout's)."""
     import dataclasses
 
     import numpy as np
@@ -473,13 +474,13 @@ def rewrite_cache(path: Path, counts_change: dict[str, int] | None = None,
 
     raw = bytearray(path.read_bytes())
     counts, size, _, zid, rid = _unpack_header(bytes(raw[:HEADER_BYTES]))
+    if counts_change:
+        counts = dataclasses.replace(counts, **counts_change)
     if body_change is not None:
         name, index, value = body_change
         off, dt, shape = counts.layout()[0][name]
         arr = np.frombuffer(raw, dtype=dt, count=int(np.prod(shape)), offset=off)
         arr[index] = value
-    if counts_change:
-        counts = dataclasses.replace(counts, **counts_change)
     body = body_hash(np.frombuffer(raw, dtype=np.uint8)[HEADER_BYTES:])
     raw[:HEADER_BYTES] = _pack_header(counts, size, body, zid, rid)
     path.write_bytes(bytes(raw))

@@ -370,21 +370,19 @@ def test_the_toxic_waste_of_a_generated_key_is_kept_in_the_param_cache(tmp_path:
 def test_big_circuit_data_is_built_in_a_child_process(tmp_path: Path) -> None:
     """The build that holds a circuit's whole r1cs runs in a spawned child (here forced at 2^10): the file
     it leaves opens with the generator's identity; a damaged file is rebuilt the same way."""
-    from cuzk_mp.groth16.circuit_data import open_cache
-    from cuzk_mp.pipeline.keys import ensure_synthetic_circuit_data, synthetic_identity
+    from cuzk_mp.pipeline.keys import ensure_synthetic_circuit_data, open_device_circuit_data
 
     path = ensure_synthetic_circuit_data("porep-like", LOG_N, tmp_path, child=True)
-    ident = synthetic_identity("porep-like", LOG_N)
-    first = open_cache(path, ident, ident)
+    first = open_device_circuit_data(path, "porep-like", LOG_N)
     counts = first.counts
     first.close()
     raw = bytearray(path.read_bytes())
     raw[-1] ^= 0xFF  # a flipped body byte: the body hash no longer matches
     path.write_bytes(bytes(raw))
     with pytest.raises(FormatError, match="body hash"):
-        open_cache(path, ident, ident)
+        open_device_circuit_data(path, "porep-like", LOG_N)
     assert ensure_synthetic_circuit_data("porep-like", LOG_N, tmp_path, child=True) == path
-    again = open_cache(path, ident, ident)
+    again = open_device_circuit_data(path, "porep-like", LOG_N)
     assert again.counts == counts
     again.close()
 

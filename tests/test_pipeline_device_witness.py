@@ -186,3 +186,91 @@ def test_a_hand_made_circuit_data_file_fails_the_task_and_the_worker_carries_on(
         ctx.stopping.set()
         loop.join(10)
         ring.destroy()
+
+
+def _answer(ctx: _Ctx, task_id: int, timeout_s: float = 300) -> Any:
+    """The prover's answer (ProofDone or TaskFailed) for ``task_id``, waited for."""
+    def found() -> list[Any]:
+        return [m for m in ctx.done((msg.ProofDone, msg.TaskFailed)) if m.task_id == task_id]
+
+    with ctx.cond:
+        assert ctx.cond.wait_for(found, timeout_s), f"no answer for task {task_id}"
+    return found()[0]
+
+
+def test_a_damaged_circuit_data_file_fails_the_provers_task_alone(tmp_path: Path, emu_backend: Any,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 caplog: Any) -> None:
+    """The prover's side of a generated key whose circuit data is changed by hand after the engine made
+    it (each partition synthesised before, from the sound file): with a column past the wires the key
+    cannot be generated from it; with the key resident, a file that copies the circuit's identity but
+    claims more wires than the key cannot give the device witness map its rows. Each is a FormatError
+    naming the file (and both counts) that fails that partition's task alone: the prover's threads carry
+    on, and once the engine has made the file again (the hand-made one moved aside) the next partition
+    proves with the resident key."""
+    import logging
+    import threading
+
+    from cuzk_mp.formats.snarkjs_json import proof_from_json, vk_from_json
+    from cuzk_mp.groth16.circuit_data import read_counts
+    from cuzk_mp.groth16.keys import prepare_vk
+    from cuzk_mp.groth16.verifier import verify
+    from cuzk_mp.pipeline.keys import ensure_synthetic_circuit_data
+    from cuzk_mp.pipeline.prover_proc import Prover, ProverPayload
+    from cuzk_mp.pipeline.synth import SynthWorker
+    from tests.helpers import rewrite_cache
+
+    monkeypatch.setitem(sys.modules, "cuzk_mp.backends.gpu.memory", type(emu_backend).__init__.__globals__["memory"])
+    ref = CircuitTable(tmp_path, "gpu").make_ref(_spec())
+    assert ref.circuit_data is not None
+    path = Path(ref.circuit_data)
+    ring = Ring.create(prefix_for("devbad"), 2)
+    ctx = _Ctx()
+    worker = SynthWorker(ctx, ring, 1)  # type: ignore[arg-type]
+    prover = Prover(ctx, ring, emu_backend, ProverPayload(ring.handle, "gpu", 0, 1, True, None, 1))  # type: ignore[arg-type]
+    threads = [threading.Thread(target=prover.work, daemon=True), threading.Thread(target=prover.finalize)]
+    try:
+        worker.run_task(_task(ref, 1, 5))
+        rewrite_cache(path, body_change=("a_col", 0, 1 << 30))
+        for t in threads:
+            t.start()
+        failed = _answer(ctx, 1)
+        assert isinstance(failed, msg.TaskFailed) and failed.kind == "FormatError", failed
+        assert failed.message.startswith(f"{path}, section A columns: entry 0 is 1073741824, not below")
+        assert "syn" not in prover.keys.keys
+
+        with caplog.at_level(logging.WARNING, logger="cuzk_mp.groth16.circuit_data"):
+            ensure_synthetic_circuit_data("porep-like", LOG_N, tmp_path)  # the engine makes it again
+        assert "moved to" in caplog.text
+        prover.keys.preload(ref)  # the key generated from the sound file: resident, no rows mapped yet
+        assert prover.keys.keys["syn"].rows is None
+        n_vars = read_counts(path).n_vars
+        rewrite_cache(path, {"n_vars": n_vars + 8})  # its indices stay within the key's wires
+        worker.run_task(_task(ref, 2, 6))
+        failed = _answer(ctx, 2)
+        assert isinstance(failed, msg.TaskFailed) and failed.kind == "FormatError", failed
+        assert failed.message == (f"{path}, section header: not the circuit of its key: {n_vars + 8} wires, "
+                                  f"the key has {n_vars}")
+
+        caplog.clear()
+        with caplog.at_level(logging.WARNING, logger="cuzk_mp.groth16.circuit_data"):
+            ensure_synthetic_circuit_data("porep-like", LOG_N, tmp_path)
+        assert f"not the circuit of its key: {n_vars + 8} wires, the key has {n_vars}: moved to" in caplog.text
+        worker.run_task(_task(ref, 3, 7))
+        done = _answer(ctx, 3)
+        assert isinstance(done, msg.ProofDone), done
+        assert all(t.is_alive() for t in threads)
+        vk = [m.vk for m in ctx.done((msg.KeyState,)) if m.vk][-1]
+        public = [int(x) for x in done.public]
+        assert public == PorepLike(LOG_N).public_inputs(7, 0)
+        assert verify(prepare_vk(vk_from_json(json.loads(vk))), public, proof_from_json(done.proof))
+        assert ring.stats().live == 0 and all(r.state == "free" for r in ring.snapshot())
+    finally:
+        ctx.stopping.set()
+        prover.finalize_q.put(None)
+        for t in threads:
+            if t.is_alive() or t.ident is not None:
+                t.join(60)
+        if prover.memwatch is not None:
+            prover.memwatch.stop()
+        ring.destroy()

@@ -19,7 +19,8 @@ from cuzk_mp.backends.cpu import CpuBackend
 from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
 from cuzk_mp.errors import FormatError
 from cuzk_mp.groth16 import setup as dev
-from cuzk_mp.groth16.circuit_data import FileIdentity, build_from_r1cs, open_cache, open_or_build_from
+from cuzk_mp.groth16.circuit_data import (CircuitData, CircuitShape, FileIdentity, build_from_r1cs, open_cache,
+                                         open_or_build_from)
 from cuzk_mp.groth16.keys import prepare_vk, vk_from_zkey
 from cuzk_mp.groth16.prover import prove
 from cuzk_mp.groth16.setup_resident import qap_columns, setup_resident
@@ -60,6 +61,13 @@ def want(circuit: tuple[object, object, Path]) -> dict[str, np.ndarray]:
         cpu.close()
 
 
+def _open(circuit: tuple[object, object, Path]) -> CircuitData:
+    """The fixture's circuit data, opened as a prover opens it: checked against its identity and shape."""
+    r1cs = circuit[1]
+    shape = CircuitShape.of_circuit(r1cs.n_wires, r1cs.n_public, r1cs.n_constraints)  # type: ignore[attr-defined]
+    return open_cache(circuit[2], IDENTITY, IDENTITY, shape)
+
+
 def _assert_resident_points(made: object, want: dict[str, np.ndarray], to_host: object = np.asarray) -> None:
     """The GPU backend's resident sections and the head's IC equal the file setup's."""
     for name in POINTS:
@@ -70,7 +78,7 @@ def _assert_resident_points(made: object, want: dict[str, np.ndarray], to_host: 
 
 def test_coded_transpose_equals_the_csr_one(circuit: tuple[object, object, Path]) -> None:
     _, r1cs, path = circuit
-    data = open_cache(path, IDENTITY, IDENTITY)
+    data = _open(circuit)
     rng = np.random.default_rng(7)
     x = fr.from_ints([int(v) for v in rng.integers(0, 2**62, size=data.c.n_rows)])  # Montgomery form
     for tasks in (1, 3):
@@ -82,7 +90,7 @@ def test_coded_transpose_equals_the_csr_one(circuit: tuple[object, object, Path]
 
 def test_qap_from_circuit_data_equals_the_r1cs_one(circuit: tuple[object, object, Path]) -> None:
     _, r1cs, path = circuit
-    data = open_cache(path, IDENTITY, IDENTITY)
+    data = _open(circuit)
     log_n = dev._domain_log(r1cs)
     for got, want in zip(qap_columns(data, TOXIC), dev._qap_columns(r1cs, TOXIC, log_n)):
         assert np.array_equal(got, want)
@@ -94,7 +102,7 @@ def test_cpu_resident_key_is_the_setup_key_and_proves(circuit: tuple[object, obj
     c, _, path = circuit
     backend = CpuBackend(threads=2)
     try:
-        data = open_cache(path, IDENTITY, IDENTITY)
+        data = _open(circuit)
         made = setup_resident(data, backend, TOXIC, name="test key")
         # its toxic waste is kept (every prover makes the same key): the warning must not say discarded
         warned = [r.getMessage() for r in caplog.records if "INSECURE" in r.getMessage()]
@@ -122,14 +130,15 @@ def test_open_or_build_from_builds_once_and_rebuilds_for_another_identity(tmp_pa
         return c.r1cs()
 
     path = tmp_path / "p.synth-abc"
-    first = open_or_build_from(path, IDENTITY, make)  # type: ignore[arg-type]
-    again = open_or_build_from(path, IDENTITY, make)  # type: ignore[arg-type]
+    shape = CircuitShape.of_circuit(c.n_wires, c.n_public, c.n_constraints)
+    first = open_or_build_from(path, IDENTITY, shape, make)  # type: ignore[arg-type]
+    again = open_or_build_from(path, IDENTITY, shape, make)  # type: ignore[arg-type]
     assert len(calls) == 1 and first.counts == again.counts
     other = FileIdentity(2, 0, b"another-generatr")
-    open_or_build_from(path, other, make)  # type: ignore[arg-type]
+    open_or_build_from(path, other, shape, make)  # type: ignore[arg-type]
     assert len(calls) == 2
     with pytest.raises(FormatError, match="another key"):
-        open_cache(path, IDENTITY, IDENTITY)
+        open_cache(path, IDENTITY, IDENTITY, shape)
 
 
 def test_emulated_gpu_generates_the_same_points(circuit: tuple[object, object, Path], want: dict[str, np.ndarray],
@@ -142,7 +151,7 @@ def test_emulated_gpu_generates_the_same_points(circuit: tuple[object, object, P
         pytest.skip("no host C++ compiler for the kernel emulator")
     from tests.gpu_emu.backend import load_backend
 
-    data = open_cache(circuit[2], IDENTITY, IDENTITY)
+    data = _open(circuit)
     monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "none")  # the points alone (multiples have their own tests)
     backend = load_backend().GpuBackend(0)
     try:
@@ -167,7 +176,7 @@ def test_next_sections_scalars_are_made_while_this_one_is_generated(circuit: tup
     from cuzk_mp.backends.gpu.plan import KeyShape
     from tests.gpu_emu.backend import load_backend
 
-    data = open_cache(circuit[2], IDENTITY, IDENTITY)
+    data = _open(circuit)
     cpu = CpuBackend(threads=1)
     try:
         head = setup_resident(data, cpu, TOXIC).head
@@ -222,7 +231,7 @@ def test_emulated_gpu_generated_key_equals_the_cpu_one(circuit: tuple[object, ob
 
     backend = load_backend().GpuBackend(0)
     try:
-        made = setup_resident(open_cache(circuit[2], IDENTITY, IDENTITY), backend, TOXIC)
+        made = setup_resident(_open(circuit), backend, TOXIC)
         _assert_resident_points(made, want)
         made.handle.close()
     finally:
@@ -240,7 +249,7 @@ def test_gpu_generated_key_equals_the_cpu_one_and_proves(circuit: tuple[object, 
     import cupy
 
     c, _, path = circuit
-    data = open_cache(path, IDENTITY, IDENTITY)
+    data = _open(circuit)
     backend = GpuBackend(0)
     try:
         made = setup_resident(data, backend, TOXIC)
@@ -265,7 +274,7 @@ def test_a_key_that_does_not_fit_is_refused_before_any_point_is_made(circuit: tu
     from cuzk_mp.errors import DeviceMemoryError, InputError
     from tests.gpu_emu.backend import load_backend
 
-    data = open_cache(circuit[2], IDENTITY, IDENTITY)
+    data = _open(circuit)
     emu = load_backend()
     c = data.counts
     need = plan_device(KeyShape(c.domain_size, c.n_vars, c.n_public), 10**15, workers=1).total
@@ -357,7 +366,7 @@ def test_emulated_gpu_makes_sparse_b_sections_packed(circuit: tuple[object, obje
     sparse = rows.size <= emu.SUPPORT_MAX_FRACTION * want["b1"].shape[0]
     backend = emu.GpuBackend(0)
     try:
-        made = setup_resident(open_cache(circuit[2], IDENTITY, IDENTITY), backend, TOXIC)
+        made = setup_resident(_open(circuit), backend, TOXIC)
         key = made.handle
         for name in ("a", "c", "h"):
             assert np.array_equal(np.asarray(key.msms[name].d_points), want[name]), name

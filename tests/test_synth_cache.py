@@ -339,14 +339,14 @@ def test_a_hand_made_cache_is_a_format_error_naming_it_and_is_moved_aside(
     FormatError naming the file and the defect; opened through the evaluator it is moved aside to
     ``.damaged`` and made again, and the results are right."""
     from cuzk_mp.errors import FormatError
-    from cuzk_mp.groth16.circuit_data import open_cache, r1cs_identity, zkey_identity
+    from cuzk_mp.groth16.circuit_data import circuit_shape, open_cache, r1cs_identity, zkey_identity
 
     zkey, r1cs = files
     path = Path(ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data.path)  # type: ignore[arg-type]
     counts_change, body_change, message = HAND_MADE[case]
     rewrite_cache(path, counts_change, body_change)
     with pytest.raises(FormatError, match=message) as e:
-        open_cache(path, zkey_identity(zkey), r1cs_identity(r1cs))
+        open_cache(path, zkey_identity(zkey), r1cs_identity(r1cs), circuit_shape(zkey, r1cs))
     assert str(e.value).startswith(f"{path}, section ")
     crafted = path.read_bytes()
     with caplog.at_level(logging.WARNING, logger="cuzk_mp.groth16.circuit_data"):
@@ -363,7 +363,7 @@ def test_a_damaged_cache_is_a_format_error_naming_it(files: tuple[Path, Path], d
     """Truncated below its header, another file, a size its header does not say, a body that does not
     hash to its header's value: FormatError naming the file (read_counts too), never a ValueError."""
     from cuzk_mp.errors import FormatError
-    from cuzk_mp.groth16.circuit_data import open_cache, r1cs_identity, read_counts, zkey_identity
+    from cuzk_mp.groth16.circuit_data import circuit_shape, open_cache, r1cs_identity, read_counts, zkey_identity
 
     zkey, r1cs = files
     path = Path(ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data.path)  # type: ignore[arg-type]
@@ -380,8 +380,44 @@ def test_a_damaged_cache_is_a_format_error_naming_it(files: tuple[Path, Path], d
     message = {"short": "shorter than the 4096-byte header", "wrong-magic": "wrong magic",
                "extended": "truncated or extended", "body-hash": "body hash mismatch"}[damage]
     with pytest.raises(FormatError, match=message) as e:
-        open_cache(path, zkey_identity(zkey), r1cs_identity(r1cs))
+        open_cache(path, zkey_identity(zkey), r1cs_identity(r1cs), circuit_shape(zkey, r1cs))
     assert str(e.value).startswith(str(path))
     if damage in ("short", "wrong-magic"):
         with pytest.raises(FormatError, match=message):
             read_counts(path)
+
+
+@pytest.mark.parametrize("claim", ["more wires", "more public signals", "a larger domain", "one more constraint"])
+def test_a_cache_that_copies_the_keys_identity_with_other_counts_is_moved_aside(
+        files: tuple[Path, Path], circuit: PorepLike, claim: str, caplog: pytest.LogCaptureFixture) -> None:
+    """A hand-made cache with the key's and the r1cs's identity (size, mtime, header digest), a valid
+    checksum and body hash and indices within its own counts, but counts that are not the key's: a
+    worker would size a partition's segment other than the key's prover expects. It is a FormatError
+    naming the file and both values, moved aside and made again; the evaluator's sizes are the key's."""
+    from cuzk_mp.groth16.circuit_data import read_counts
+
+    zkey, r1cs = files
+    path = Path(ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data.path)  # type: ignore[arg-type]
+    c = read_counts(path)
+    change, body, message = {
+        "more wires": ({"n_vars": c.n_vars + 8}, None, f"{c.n_vars + 8} wires, the key has {c.n_vars}"),
+        "more public signals": ({"n_public": c.n_public + 1}, None,
+                                f"{c.n_public + 1} public signals, the key has {c.n_public}"),
+        "a larger domain": ({"domain_size": 2 * c.domain_size}, None,
+                            f"a domain of {2 * c.domain_size}, the key has {c.domain_size}"),
+        # a row of C more, empty (its row pointer is the entry count): the layout keeps its size
+        "one more constraint": ({"n_constraints": c.n_constraints + 1, "c_rows": c.c_rows + 1},
+                                ("c_ptr", c.c_rows + 1, c.c_nnz),
+                                f"{c.n_constraints + 1} constraints, the r1cs has {c.n_constraints}"),
+    }[claim]
+    rewrite_cache(path, change, body)
+    crafted = path.read_bytes()
+    with caplog.at_level(logging.WARNING, logger="cuzk_mp.groth16.circuit_data"):
+        ev = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+    assert f"{path}, section header: not the circuit of its key: {message}" in caplog.text
+    damaged = path.with_name(path.name + ".damaged")
+    assert damaged.read_bytes() == crafted, "the hand-made file was not moved aside"
+    assert (ev.n_vars, ev.n_public, ev.domain_size, ev.n_constraints) == (
+        circuit.n_wires, circuit.n_public, 1 << LOG_N, circuit.n_constraints)
+    w = circuit.witness(5, 5)
+    assert np.array_equal(ev.evaluate(w).c, reference(zkey, w)[2])

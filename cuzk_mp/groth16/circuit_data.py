@@ -26,7 +26,9 @@ key's name and a hash of its absolute path; or in an explicit ``cache_dir``. It 
 exclusive ``flock`` of ``<cache>.lock`` (concurrent workers wait for one builder), written to a
 temporary file, flushed and renamed into place, so a reader never sees half a file (a builder
 that died leaves its temporary file, removed by the next builder, who holds the lock). Opening
-checks the header, the key's identity, the size the counts imply and the body hash, then what the
+checks the header, the key's identity, the counts against the key's own (:class:`CircuitShape`:
+wires, public signals, domain and the r1cs's constraints, read from their headers; an identity can
+be copied into a file made by hand), the size the counts imply and the body hash, then what the
 kernels index with (:func:`_check_body`: row pointers that rise from 0 to the entry count, columns
 below the wire count, codes below the table's size, canonical table values): a file with the right
 hash made by hand, or by another program, must not make a kernel read outside its arrays. Any
@@ -69,7 +71,7 @@ from ..algebra.sparse import CsrMatrix
 from ..errors import CuzkError, FormatError, InputError
 from ..formats.binfile import BinFile
 from ..formats.r1cs import MAGIC as R1CS_MAGIC
-from ..formats.r1cs import R1CS, R1csLayout, scan_r1cs
+from ..formats.r1cs import R1CS, R1csLayout, read_r1cs_header, scan_r1cs
 from ..formats.r1cs import SECTION_LABELS as R1CS_LABELS
 from ..formats.r1cs import VERSION as R1CS_VERSION
 from ..formats.zkey import MAGIC as ZKEY_MAGIC
@@ -168,6 +170,40 @@ class Counts:
         return None
 
 
+@dataclass(frozen=True)
+class CircuitShape:
+    """The sizes of a circuit as its key (and r1cs) state them, which a cache made from them repeats.
+
+    The identity of a key (size, mtime, header digest) can be copied into a file made by hand: a
+    cache that claims it with other counts would give a synthesis worker's segment, or the device
+    witness map's rows, another size than the prover of that key expects. :func:`open_cache`
+    compares them (:meth:`mismatch`)."""
+
+    n_vars: int
+    n_public: int
+    domain_size: int
+    n_constraints: int | None  # the r1cs's (None: no r1cs, a cache without C rows)
+
+    @classmethod
+    def of_circuit(cls, n_wires: int, n_public: int, n_constraints: int) -> CircuitShape:
+        """The shape of the key a setup of this circuit writes: the smallest power-of-two domain that
+        holds its constraints and the one row per public wire (and the constant) a setup adds to A."""
+        return cls(n_wires, n_public, 1 << domain_log_size(n_constraints + n_public + 1), n_constraints)
+
+    def mismatch(self, counts: Counts) -> str | None:
+        """What a cache's counts say otherwise than the key (and r1cs) do (None if nothing)."""
+        c = counts
+        for differ, problem in (
+                (c.n_vars != self.n_vars, f"{c.n_vars} wires, the key has {self.n_vars}"),
+                (c.n_public != self.n_public, f"{c.n_public} public signals, the key has {self.n_public}"),
+                (c.domain_size != self.domain_size, f"a domain of {c.domain_size}, the key has {self.domain_size}"),
+                (self.n_constraints is not None and c.n_constraints != self.n_constraints,
+                 f"{c.n_constraints} constraints, the r1cs has {self.n_constraints}")):
+            if differ:
+                return problem
+        return None
+
+
 @dataclass
 class CircuitData:
     """The coded A, B (and C) rows of one circuit and their coefficient table, usually a read-only mapping."""
@@ -213,6 +249,15 @@ def _identity(path: str | os.PathLike[str], magic: str, version: int, labels: di
             raise bf.error(sid, "section is missing")
         digest = hashlib.blake2b(bytes(bf.section(sid)), digest_size=16).digest()
     return FileIdentity(st.st_size, st.st_mtime_ns, digest)
+
+
+def circuit_shape(zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLike[str] | None) -> CircuitShape:
+    """The circuit's sizes from the key's header (and the r1cs's): the key is mapped and its header
+    read, no section read whole."""
+    with read_zkey(zkey_path, check_coefs=False) as zkey:
+        n_vars, n_public, domain_size = zkey.n_vars, zkey.n_public, zkey.domain_size
+    n_constraints = read_r1cs_header(r1cs_path)["n_constraints"] if r1cs_path is not None else None
+    return CircuitShape(n_vars, n_public, domain_size, n_constraints)
 
 
 def _stat(path: str | os.PathLike[str]) -> os.stat_result:
@@ -280,9 +325,11 @@ class StaleCache(FormatError):
     """A sound cache file made from another key or r1cs (they were made again since)."""
 
 
-def open_cache(path: str | os.PathLike[str], zkey: FileIdentity, r1cs: FileIdentity | None) -> CircuitData:
+def open_cache(path: str | os.PathLike[str], zkey: FileIdentity, r1cs: FileIdentity | None,
+               shape: CircuitShape) -> CircuitData:
     """Map a cache file read-only after checking it is complete, intact, safe for the kernels
-    (:func:`_check_body`) and made from these files.
+    (:func:`_check_body`), made from these files and of the circuit of that key (``shape``: its
+    counts are the key's, :meth:`CircuitShape.mismatch`).
 
     ``r1cs`` None: a cache without C rows is expected. FormatError naming the file and the defect
     (StaleCache where it is sound but made from other files), or OSError, says why the file cannot
@@ -305,6 +352,9 @@ def open_cache(path: str | os.PathLike[str], zkey: FileIdentity, r1cs: FileIdent
             raise StaleCache(name, None, "made from another key (size, mtime or header differ)")
         if counts.has_c != (r1cs is not None) or (r1cs is not None and rid != r1cs):
             raise StaleCache(name, None, "made from another r1cs (size, mtime or header differ)")
+        problem = shape.mismatch(counts)
+        if problem is not None:  # the identity of its files, not their circuit: made by hand
+            raise FormatError(name, "header", f"not the circuit of its key: {problem}")
         data = _from_buffer(mm, counts, body, name)
         _check_body(data)
         return data
@@ -623,7 +673,7 @@ def build_from_r1cs(r1cs: R1CS, dest: Path, identity: FileIdentity) -> None:
     no file of its own."""
     from .setup import snarkjs_coefs
 
-    n = 1 << domain_log_size(r1cs.n_constraints + r1cs.n_public + 1)
+    n = CircuitShape.of_circuit(r1cs.n_wires, r1cs.n_public, r1cs.n_constraints).domain_size
     none = np.zeros(0, np.uint64)
     head = ZKey(path=f"{r1cs.path or 'circuit'} (no key file)", n8q=48, q=Q_MOD, n8r=32, r=R_MOD,
                 n_vars=r1cs.n_wires, n_public=r1cs.n_public, domain_size=n, alpha1=none, beta1=none, beta2=none,
@@ -670,34 +720,38 @@ def open_or_build(zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLik
     """The circuit data of (key, r1cs): a valid cache mapped read-only, built first when there is none."""
     zid = zkey_identity(zkey_path)
     rid = r1cs_identity(r1cs_path) if r1cs_path is not None else None
+    shape = circuit_shape(zkey_path, r1cs_path)
     candidates = cache_candidates(zkey_path, r1cs_path is not None, cache_dir)
     for path in candidates:
-        data = _try_open(path, zid, rid)
+        data = _try_open(path, zid, rid, shape)
         if data is not None:
             return data
     problems: list[str] = []
     for path in candidates:
-        data = _build_at(path, zid, rid, lambda dest: build_cache(zkey_path, r1cs_path, dest), problems)
+        data = _build_at(path, zid, rid, shape, lambda dest: build_cache(zkey_path, r1cs_path, dest), problems)
         if data is not None:
             return data
     raise CuzkError(f"no writable place for the circuit-data cache of {os.fspath(zkey_path)}: {'; '.join(problems)}")
 
 
-def open_or_build_from(path: Path, identity: FileIdentity, make_r1cs: Callable[[], R1CS]) -> CircuitData:
-    """The circuit data at ``path`` if it was built for ``identity``, else built first from
-    ``make_r1cs()`` (:func:`build_from_r1cs`, under the same lock as any other build)."""
-    data = _try_open(path, identity, identity)
+def open_or_build_from(path: Path, identity: FileIdentity, shape: CircuitShape,
+                       make_r1cs: Callable[[], R1CS]) -> CircuitData:
+    """The circuit data at ``path`` if it was built for ``identity`` and is of ``shape`` (the
+    circuit's, :meth:`CircuitShape.of_circuit`), else built first from ``make_r1cs()``
+    (:func:`build_from_r1cs`, under the same lock as any other build)."""
+    data = _try_open(path, identity, identity, shape)
     if data is not None:
         return data
     problems: list[str] = []
-    data = _build_at(path, identity, identity, lambda dest: build_from_r1cs(make_r1cs(), dest, identity), problems)
+    data = _build_at(path, identity, identity, shape, lambda dest: build_from_r1cs(make_r1cs(), dest, identity),
+                     problems)
     if data is None:
         raise CuzkError(f"cannot write the circuit data {path}: {'; '.join(problems)}")
     return data
 
 
-def _build_at(path: Path, zid: FileIdentity, rid: FileIdentity | None, build: Callable[[Path], None],
-              problems: list[str]) -> CircuitData | None:
+def _build_at(path: Path, zid: FileIdentity, rid: FileIdentity | None, shape: CircuitShape,
+              build: Callable[[Path], None], problems: list[str]) -> CircuitData | None:
     """Build the cache at ``path`` under its lock (unless another process just did); None if it cannot go there."""
     try:
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -708,7 +762,7 @@ def _build_at(path: Path, zid: FileIdentity, rid: FileIdentity | None, build: Ca
     with lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         try:
-            return open_cache(path, zid, rid)  # another process may have built it meanwhile
+            return open_cache(path, zid, rid, shape)  # another process may have built it meanwhile
         except (OSError, StaleCache):
             pass  # none yet, made from other files, or not a file it can read (a directory): replaced below
         except FormatError as exc:
@@ -722,7 +776,7 @@ def _build_at(path: Path, zid: FileIdentity, rid: FileIdentity | None, build: Ca
             problems.append(f"{path}: {exc.strerror or exc}")
             return None
         try:
-            return open_cache(path, zid, rid)
+            return open_cache(path, zid, rid, shape)
         except (OSError, FormatError) as exc:
             raise CuzkError(f"{path}: the circuit-data cache just built does not open: {exc}") from exc
 
@@ -741,13 +795,14 @@ def _move_aside(path: Path, problem: FormatError) -> None:
     log.warning("%s: moved to %s and made again", problem, damaged.name)
 
 
-def _try_open(path: Path, zid: FileIdentity, rid: FileIdentity | None) -> CircuitData | None:
+def _try_open(path: Path, zid: FileIdentity, rid: FileIdentity | None,
+              shape: CircuitShape) -> CircuitData | None:
     """The cache at ``path`` if it is sound and made from these files, else None: the caller builds
     it under its lock (:func:`_build_at`), where a damaged one is moved aside with a warning."""
     if not path.exists():
         return None
     try:
-        return open_cache(path, zid, rid)
+        return open_cache(path, zid, rid, shape)
     except (OSError, FormatError) as exc:  # a key made again is routine
         log.info("circuit-data cache %s; rebuilding it", exc)
         return None

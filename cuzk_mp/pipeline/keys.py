@@ -44,7 +44,7 @@ from ..errors import CuzkError, FormatError
 from ..groth16.circuit_data import FileIdentity
 
 if TYPE_CHECKING:
-    from ..groth16.circuit_data import CircuitData
+    from ..groth16.circuit_data import CircuitData, CircuitShape
     from ..groth16.setup import ToxicWaste
 
 log = logging.getLogger("cuzk_mp.pipeline.keys")
@@ -167,13 +167,22 @@ def device_toxic_waste(kind: str, log_n: int, cache_dir: Path) -> ToxicWaste:
 
 def open_device_circuit_data(path: str | Path, kind: str, log_n: int) -> CircuitData:
     """Map the circuit data :func:`ensure_synthetic_circuit_data` made (checked against the generator's
-    identity): what a prover generates a key from and a synthesis worker evaluates. FormatError naming
-    the file and the defect where it is damaged or stale (a file changed since the engine made it):
-    the task that opened it fails, its process carries on."""
+    identity and the circuit's sizes): what a prover generates a key from and a synthesis worker
+    evaluates. FormatError naming the file and the defect where it is damaged, stale (a file changed
+    since the engine made it) or of other sizes than the circuit's: the task that opened it fails,
+    its process carries on."""
     from ..groth16.circuit_data import open_cache
 
     ident = synthetic_identity(kind, log_n)
-    return open_cache(path, ident, ident)
+    return open_cache(path, ident, ident, synthetic_shape(kind, log_n))
+
+
+def synthetic_shape(kind: str, log_n: int) -> CircuitShape:
+    """The sizes of the key a synthetic circuit's setup makes: what its circuit data must say."""
+    from ..groth16.circuit_data import CircuitShape
+
+    circuit = synthetic_circuit(kind, log_n)  # ConfigError for an unknown kind or size
+    return CircuitShape.of_circuit(circuit.n_wires, circuit.n_public, circuit.n_constraints)
 
 
 def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path, *, child: bool | None = None) -> Path:
@@ -208,7 +217,7 @@ def ensure_synthetic_circuit_data(kind: str, log_n: int, cache_dir: Path, *, chi
                     cache_dir)
         return circuit.r1cs()
 
-    open_or_build_from(path, ident, make).close()  # type: ignore[arg-type]
+    open_or_build_from(path, ident, synthetic_shape(kind, log_n), make).close()  # type: ignore[arg-type]
     return path
 
 
