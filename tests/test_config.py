@@ -368,6 +368,35 @@ def test_non_loopback_listeners_need_tokens(tmp_path: Path) -> None:
     assert (cfg.frame_timeout_s, cfg.max_connections) == (5.0, 3)
 
 
+def test_the_client_priority_cap_is_checked_warned_about_and_shown(tmp_path: Path) -> None:
+    """``daemon.max_client_priority``: a priority name (anything else names the key and the values);
+    with client tokens, the default (no cap) is warned about; a cap without client tokens caps
+    nothing and says so; ``--check``'s summary shows it, and never a token."""
+    from cuzk_mp.daemon.access import config_warnings
+    from cuzk_mp.daemon.cli import check_summary
+    from cuzk_mp.pipeline.types import Priority
+
+    with pytest.raises(ConfigError, match=r"`daemon.max_client_priority`: Invalid enum value 'URGENT' "
+                                          r"\(one of: 'CRITICAL', 'HIGH', 'LOW', 'NORMAL'\)"):
+        resolve({"daemon": {"max_client_priority": "URGENT"}}, tmp_path)
+    assert resolve({}, tmp_path).max_client_priority is Priority.CRITICAL
+    capped = resolve({"daemon": {"tokens": [TOKEN], "max_client_priority": "NORMAL"}}, tmp_path)
+    assert capped.max_client_priority is Priority.NORMAL
+    assert not [w for w in config_warnings(capped) if "max_client_priority" in w]
+    assert "a client's job asks at most priority NORMAL (daemon.max_client_priority)" in check_summary(capped)
+    assert TOKEN not in check_summary(capped)
+    uncapped = resolve({"daemon": {"tokens": [TOKEN]}}, tmp_path)
+    [warning] = [w for w in config_warnings(uncapped) if "max_client_priority" in w]
+    assert 'daemon.max_client_priority = "CRITICAL" (the default): every client token may submit jobs at ' \
+           "priority CRITICAL" in warning
+    admins_only = resolve({"daemon": {"admin_tokens": [TOKEN]}}, tmp_path)  # no client to cap
+    assert not [w for w in config_warnings(admins_only) if "max_client_priority" in w]
+    for daemon in ({"max_client_priority": "LOW"}, {"admin_tokens": [TOKEN], "max_client_priority": "HIGH"}):
+        [warning] = [w for w in config_warnings(resolve({"daemon": daemon}, tmp_path)) if "max_client_priority" in w]
+        assert "without daemon.tokens: it caps nothing" in warning
+    assert "no tokens (every caller is an administrator" in check_summary(resolve({}, tmp_path))
+
+
 @pytest.mark.parametrize("daemon, message", [
     ({"max_queued_jobs": 0}, "t.toml: daemon.max_queued_jobs: must be >= 1, got 0"),
     ({"max_queued_jobs": -5}, "t.toml: daemon.max_queued_jobs: must be >= 1, got -5"),
@@ -436,10 +465,12 @@ def test_check_warns_about_weak_access(tmp_path: Path) -> None:
     loud = resolve({"daemon": {"listen": f"unix://{tmp_path}/d.sock", "socket_mode": "0777"}}, tmp_path)
     [w] = config_warnings(loud)
     assert "0777" in w and "world-writable" in w and "every job" in w
-    remote = resolve({"daemon": {"listen": "0.0.0.0:9820", "tokens": [TOKEN]}}, tmp_path)
+    remote = resolve({"daemon": {"listen": "0.0.0.0:9820", "tokens": [TOKEN], "max_client_priority": "NORMAL"}},
+                     tmp_path)
     [w] = config_warnings(remote)
     assert "clear text" in w
-    p = write(tmp_path, f'[daemon]\ntokens = ["{TOKEN}"]\n[memory]\ntotal_budget = "64GiB"\n')
+    p = write(tmp_path, f'[daemon]\ntokens = ["{TOKEN}"]\nmax_client_priority = "HIGH"\n'
+                        '[memory]\ntotal_budget = "64GiB"\n')
     p.chmod(0o644)
     assert any("every user can read it" in w for w in config_warnings(C.load_config(p)))
     p.chmod(0o600)

@@ -304,6 +304,36 @@ def test_tokens_isolate_clients_and_admins_see_all(tmp_path: Path) -> None:
                journal=str(tmp_path / "journal.sqlite"))
 
 
+def test_a_client_token_cannot_ask_a_priority_above_the_cap(tmp_path: Path) -> None:
+    """``max_client_priority = "NORMAL"``: a client token's submit or prove asking HIGH or CRITICAL is
+    refused (AuthError naming the key), nothing queued or journaled, and is not run at another
+    priority; it may ask NORMAL or LOW, and its circuit's own priority (CRITICAL for "crit", what it
+    gets asking none); an admin token asks any."""
+    async def body(d: Daemon, addr: str) -> None:
+        d.engine.gate.clear()  # jobs stay queued: their recorded priority is read below
+        async with await AsyncClient.connect(addr, token=ALICE) as alice, \
+                await AsyncClient.connect(addr, token=ADMIN) as admin:
+            for asked in ("CRITICAL", "HIGH"):
+                with pytest.raises(AuthError, match=f'priority {asked} is more urgent than a client of this daemon '
+                                                    r'may ask: at most NORMAL \(\[daemon\] max_client_priority = '
+                                                    '"NORMAL"\\); ask NORMAL or less'):
+                    await alice.submit("syn", synthetic_partitions(1), priority=asked, request_id=f"x-{asked}")
+                with pytest.raises(AuthError, match="max_client_priority"):
+                    await alice.prove("syn", synthetic_partitions(1), priority=asked, timeout_s=5)
+            assert d.jobs is not None and d.jobs.jobs == {} and d.engine.jobs == {}
+            mine = {asked: (await alice.submit("syn", synthetic_partitions(1), priority=asked)).job_id
+                    for asked in ("NORMAL", "LOW")}
+            for asked in (None, "CRITICAL", "HIGH"):  # the circuit's own is CRITICAL
+                mine[f"crit {asked}"] = (await alice.submit("crit", synthetic_partitions(1), priority=asked)).job_id
+            mine["admin"] = (await admin.submit("syn", synthetic_partitions(1), priority="CRITICAL")).job_id
+            got = {k: d.jobs.jobs[j].priority.name for k, j in mine.items()}
+            assert got == {"NORMAL": "NORMAL", "LOW": "LOW", "crit None": "CRITICAL", "crit CRITICAL": "CRITICAL",
+                           "crit HIGH": "HIGH", "admin": "CRITICAL"}
+            d.engine.gate.set()
+
+    run_daemon(tmp_path, body, tokens=[ALICE], admin_tokens=[ADMIN], max_client_priority="NORMAL")
+
+
 def test_without_tokens_the_status_still_hides_paths_and_pids_unless_asked(tmp_path: Path) -> None:
     async def body(d: Daemon, addr: str) -> None:
         async with await AsyncClient.connect(addr) as c:

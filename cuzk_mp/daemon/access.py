@@ -11,7 +11,12 @@ message; the client's ``--token`` flag or ``$CUZK_MP_TOKEN``), compared in const
   job id is "unknown", exactly like one that never existed) and lists only its own jobs in the
   status document;
 * an admin token sees and cancels every job, may preload and evict keys, and may ask for the
-  status document's ``detail``.
+  status document's ``detail``;
+* a client token's job may ask a priority no more urgent than ``[daemon] max_client_priority``
+  (:func:`check_priority`), or than its circuit's own (what it gets by asking none), so that one
+  client cannot put its jobs ahead of every other client's; an admin token asks any. A job asking
+  more is refused (AuthError, naming the cap and its key), never run at another priority than the
+  one asked.
 
 Whatever the tokens, the status document hides paths and process ids unless ``detail`` is asked
 for (:func:`status_view`): paths become their last component and pids ``null``.
@@ -27,6 +32,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 from cuzk_mp.errors import AuthError
+from cuzk_mp.pipeline.types import Priority
 
 if TYPE_CHECKING:
     from cuzk_mp.daemon.config import DaemonConfig
@@ -90,6 +96,22 @@ class Access:
             raise AuthError(f"{what} needs an admin token")
 
 
+def check_priority(ident: Identity, asked: Priority, default: Priority, cap: Priority) -> None:
+    """AuthError if ``ident`` may not run a job at ``asked``: a client (not an admin) asks at most
+    the more urgent of ``cap`` (``[daemon] max_client_priority``) and its circuit's ``default``.
+
+    The job is refused rather than run at the cap: a client that asked CRITICAL and got NORMAL
+    would wait behind jobs it believes it precedes, with nothing telling it why.
+    """
+    most = min(cap, default)  # lower runs first
+    if ident.admin or asked >= most:
+        return
+    own = f" or its circuit's own {default.name}" if default < cap else ""
+    raise AuthError(f"priority {asked.name} is more urgent than a client of this daemon may ask: at most "
+                    f"{cap.name} ([daemon] max_client_priority = \"{cap.name}\"){own}; ask {most.name} or "
+                    "less, leave the priority out (the circuit's own), or use an admin token")
+
+
 def redact_text(text: str) -> str:
     """``text`` with every absolute path reduced to its last component."""
     return _PATH.sub("", text) if "/" in text else text
@@ -143,6 +165,10 @@ def config_warnings(cfg: DaemonConfig) -> list[str]:
                    f"{' and daemon.'.join(unix)} world-writable: every local user can connect"
                    + ("" if cfg.tokens or cfg.admin_tokens else " and submit, see and cancel every job")
                    + "; use 0600 or 0660 with a group")
+    if not cfg.tokens and cfg.max_client_priority is not Priority.CRITICAL:
+        out.append(f"daemon.max_client_priority = \"{cfg.max_client_priority.name}\" without daemon.tokens: "
+                   "it caps nothing, as only a client token's jobs are capped (admin tokens, and every caller "
+                   "of a daemon without tokens, ask any priority)")
     if not (cfg.tokens or cfg.admin_tokens):
         tcp = [k for k, a in (("listen", cfg.listen),) if a is not None and a.kind == "tcp"]
         if tcp:
@@ -155,6 +181,10 @@ def config_warnings(cfg: DaemonConfig) -> list[str]:
                 out.append(f"daemon.{key} = {str(addr)!r} is reachable from other hosts and tokens "
                            "cross the network in clear text: keep it on a private network or "
                            "behind a TLS tunnel")
+        if cfg.tokens and cfg.max_client_priority is Priority.CRITICAL:
+            out.append("daemon.max_client_priority = \"CRITICAL\" (the default): every client token may submit "
+                       "jobs at priority CRITICAL, ahead of every other client's; set it to \"NORMAL\" (or "
+                       "\"HIGH\") to keep the more urgent priorities for admin tokens")
         if cfg.path is not None and cfg.path.exists() and cfg.path.stat().st_mode & 0o004:
             out.append(f"{cfg.path} holds tokens and every user can read it: chmod o-r it")
     return out

@@ -216,7 +216,7 @@ def check_writable_places(cfg: Any) -> None:
 
 def check_summary(cfg: Any, warnings: int = 0) -> str:
     """What ``daemon --check`` prints of a valid config: where it listens, the circuits, the pipeline's
-    shape and the memory split (sizes in GiB)."""
+    shape, the memory split (sizes in GiB) and the access rules."""
     from cuzk_mp.backends import resolve_backend_name
     from cuzk_mp.pipeline.memory import fmt_bytes
 
@@ -231,7 +231,16 @@ def check_summary(cfg: Any, warnings: int = 0) -> str:
             f"  memory: total {fmt_bytes(cfg.memory_total_bytes)}, safety margin {fmt_bytes(cfg.safety_margin_bytes)}, "
             f"queued jobs' inputs {fmt_bytes(cfg.queue_bytes)}, "
             f"pipeline (host budget) {fmt_bytes(cfg.host_budget_bytes)}, proving keys {fmt_bytes(e.srs_budget_bytes)}\n"
+            f"  access: {_access_summary(cfg)}\n"
             f"  files: journal {cfg.journal_path}, param cache {cfg.param_cache}")
+
+
+def _access_summary(cfg: Any) -> str:
+    """Who may do what, as ``--check`` shows it: the tokens counted (never shown) and the priority cap."""
+    if not (cfg.tokens or cfg.admin_tokens):
+        return "no tokens (every caller is an administrator and asks any priority)"
+    return (f"{len(cfg.tokens)} client tokens, {len(cfg.admin_tokens)} admin tokens; a client's job asks at most "
+            f"priority {cfg.max_client_priority.name} (daemon.max_client_priority) or its circuit's own")
 
 
 def _summary(reply: Any) -> dict[str, Any]:

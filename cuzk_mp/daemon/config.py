@@ -102,6 +102,7 @@ class DaemonSection(msgspec.Struct, forbid_unknown_fields=True, kw_only=True):
     max_jobs_per_owner: int = 0  # unfinished jobs of one client identity (a token); 0: no cap
     tokens: list[str] = []
     admin_tokens: list[str] = []
+    max_client_priority: Literal["CRITICAL", "HIGH", "NORMAL", "LOW"] = "CRITICAL"  # of a client token's jobs
     result_ttl: DurationValue = "1h"
     shutdown_grace: DurationValue = "30s"
     exit_when_idle: DurationValue = 0  # 0: never
@@ -223,6 +224,7 @@ class DaemonConfig:
     max_queued_jobs: int = 10000
     max_queued_input_bytes: int = 2 << 30  # 0: no byte cap
     max_jobs_per_owner: int = 0  # 0: no cap
+    max_client_priority: Priority = Priority.CRITICAL  # the most urgent a client token's job asks
 
     @property
     def queue_bytes(self) -> int:
@@ -573,6 +575,7 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         frame_timeout_s=frame_timeout, max_connections=d.max_connections,
         tokens=tuple(d.tokens), admin_tokens=tuple(d.admin_tokens), warnings=tuple(warnings),
         fleet=fleet, exit_when_idle_s=_idle_exit(d, fleet is not None, source), **queue_caps,
+        max_client_priority=Priority[d.max_client_priority],
     )
 
 

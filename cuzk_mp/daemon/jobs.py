@@ -61,6 +61,7 @@ from typing import Protocol
 
 import msgspec
 
+from cuzk_mp.daemon.access import Identity, check_priority
 from cuzk_mp.daemon.config import CircuitConfig
 from cuzk_mp.daemon.job_records import (
     JOB_STATES, TERMINAL, JobRecord, pending_partitions, reply_of, to_partition_out, without_inputs,
@@ -103,9 +104,11 @@ class JobTable:
     """Jobs by id, with their waiters; see the module docstring for the rules."""
 
     def __init__(self, engine: EngineLike, journal: Journal, circuits: dict[str, CircuitConfig],
-                 metrics: DaemonMetrics, result_ttl_s: float, caps: QueueCaps = QueueCaps()) -> None:
+                 metrics: DaemonMetrics, result_ttl_s: float, caps: QueueCaps = QueueCaps(),
+                 max_client_priority: Priority = Priority.CRITICAL) -> None:
         self.engine, self.journal, self.circuits = engine, journal, circuits
         self.metrics, self.result_ttl_s, self.caps = metrics, result_ttl_s, caps
+        self.max_client_priority = max_client_priority
         self.jobs: dict[str, JobRecord] = {}
         # Unfinished journaled jobs: job id -> its input bytes, and the figures per owner; kept by
         # _hold and _release, so a submit's caps check costs O(1) however many jobs wait.
@@ -120,12 +123,10 @@ class JobTable:
 
     # -- submit ---------------------------------------------------------------------------
 
-    def priority_of(self, req: SubmitProof | Prove, cc: CircuitConfig) -> Priority:
-        """The job's priority: the request's, else its circuit's default."""
-        return Priority[req.priority] if req.priority is not None else cc.priority
-
-    def admit(self, req: SubmitProof | Prove) -> CircuitConfig:
-        """The door checks of a submit (not draining, known circuit, request_id bounds); its circuit."""
+    def admit(self, req: SubmitProof | Prove, caller: Identity) -> tuple[CircuitConfig, Priority]:
+        """The door checks of a submit (not draining, known circuit, request_id bounds, a priority
+        ``caller`` may ask: :func:`.access.check_priority`); its circuit and priority (the
+        request's, else its circuit's). A fleet box's submits pass here too."""
         if self.draining:
             raise Unavailable("the daemon is shutting down and accepts no new jobs")
         cc = self.circuits.get(req.circuit_id)
@@ -135,16 +136,20 @@ class JobTable:
         if len(req.request_id) > MAX_REQUEST_ID or not req.request_id.isprintable():
             raise InputError(f"SubmitProof.request_id: at most {MAX_REQUEST_ID} printable "
                              "characters")
-        return cc
+        priority = Priority[req.priority] if req.priority is not None else cc.priority
+        check_priority(caller, priority, cc.priority, self.max_client_priority)
+        return cc, priority
 
-    async def submit(self, req: SubmitProof | Prove, owner: str = "") -> tuple[JobRecord, bool]:
+    async def submit(self, req: SubmitProof | Prove, caller: Identity) -> tuple[JobRecord, bool]:
         """Accept a job (queued in the engine, which validates it, then journaled before the
         reply); returns (record, duplicate).
 
-        ``owner`` is the submitting client's identity; a job with input JSON is handed to the
-        engine (which parses it to validate it) on a worker thread, off the loop.
+        ``caller`` is the submitting client (its jobs are recorded under its owner); a job with
+        input JSON is handed to the engine (which parses it to validate it) on a worker thread,
+        off the loop.
         """
-        cc = self.admit(req)
+        _, priority = self.admit(req, caller)
+        owner = caller.owner
         digest = digest_of(req.circuit_id, req.partitions)
         existing = self.jobs.get(req.request_id) if req.request_id else None
         if existing is not None:
@@ -160,7 +165,7 @@ class JobTable:
         self._within_caps(owner, size)
         job_id = req.request_id or uuid.uuid4().hex
         rec = JobRecord(job_id=job_id, request_id=req.request_id, circuit_id=req.circuit_id,
-                        priority=self.priority_of(req, cc), digest=digest,
+                        priority=priority, digest=digest,
                         partitions=list(req.partitions), submitted_at=time.time(), owner=owner)
         self.jobs[job_id] = rec
         self._hold(rec, size)  # before any await: concurrent submits see it

@@ -158,7 +158,8 @@ class Daemon:
             self.jobs = JobTable(self.engine, self.journal, self.cfg.circuits, self.metrics,
                                  self.cfg.result_ttl_s, QueueCaps(self.cfg.max_queued_jobs,
                                                                   self.cfg.max_queued_input_bytes,
-                                                                  self.cfg.max_jobs_per_owner))
+                                                                  self.cfg.max_jobs_per_owner),
+                                 self.cfg.max_client_priority)
             self.view = StatusView(self.cfg, self.jobs, self.started_at, self._generated_vk)
             for cc in self.cfg.circuits.values():  # synthetic: may run the dev setup once
                 _announce_setup(cc.spec, self.cfg.param_cache)
@@ -445,9 +446,9 @@ class Daemon:
         jobs = self._need_running()
         self._reply_must_fit(m)
         if self.fleet is not None:
-            ref = await asyncio.shield(self.fleet.submit(m, _CALLER.get().owner))
+            ref = await asyncio.shield(self.fleet.submit(m, _CALLER.get()))
             return P.Submitted(id=m.id, job_id=ref.job_id, state=ref.state, duplicate=ref.duplicate)
-        rec, dup = await asyncio.shield(jobs.submit(m, _CALLER.get().owner))
+        rec, dup = await asyncio.shield(jobs.submit(m, _CALLER.get()))
         return P.Submitted(id=m.id, job_id=rec.job_id, state=rec.state,  # type: ignore[arg-type]
                            duplicate=dup)
 
@@ -463,9 +464,9 @@ class Daemon:
         self._reply_must_fit(m)
         caller = _CALLER.get()
         if self.fleet is not None:
-            ref = await asyncio.shield(self.fleet.submit(m, caller.owner))
+            ref = await asyncio.shield(self.fleet.submit(m, caller))
             return await self.fleet.wait(ref.job_id, m.timeout_s, caller.only, m.id)
-        rec, _ = await asyncio.shield(jobs.submit(m, caller.owner))
+        rec, _ = await asyncio.shield(jobs.submit(m, caller))
         rec, timed_out = await jobs.wait(rec.job_id, m.timeout_s, caller.only)
         return jobs.reply(rec, m.id, timed_out)
 

@@ -1,10 +1,12 @@
-"""The caps on unfinished jobs over a fleet's shared queue, against a real PostgreSQL.
+"""The caps on unfinished jobs over a fleet's shared queue, and on a client's priority, against a
+real PostgreSQL.
 
 A box applies its ``[daemon]`` caps (``max_queued_jobs``, ``max_queued_input``,
 ``max_jobs_per_owner``) to the whole fleet's unfinished jobs, counted in the database in the
 submit's transaction: a submit beyond one is refused with Unavailable (exit 3), worded as on a
 daemon alone, a repeat is answered whatever the caps, and two submits racing at a cap from two
-boxes never both pass.
+boxes never both pass. A client token's job asking a priority above ``[daemon] max_client_priority``
+is refused at the box as on a daemon alone, before anything is stored or queued.
 """
 
 from __future__ import annotations
@@ -19,6 +21,7 @@ from typing import Any, cast
 import pytest
 from fleet_helpers import connect, make_inputs, query_one
 
+from cuzk_mp.daemon.access import OPEN, Identity
 from cuzk_mp.daemon.queue_caps import Queued, QueueCaps
 from cuzk_mp.errors import Unavailable
 from cuzk_mp.pipeline.types import Priority
@@ -159,15 +162,62 @@ def test_a_box_refuses_a_submit_beyond_the_caps_before_storing_its_inputs(fleet_
         from cuzk_mp.daemon.fleet.queue import Fleet
         box.fleet = await Fleet.from_config(cfg, heartbeats=False)
         try:
-            await box.submit(wtns(b"one"), "")
+            await box.submit(wtns(b"one"), OPEN)
             stored = sorted(shared.iterdir())
             with pytest.raises(Unavailable, match="max_queued_jobs = 1") as refused:
-                await box.submit(wtns(b"two"), "")
+                await box.submit(wtns(b"two"), OPEN)
             assert sorted(shared.iterdir()) == stored
             assert exit_code(refused.value)[0] == EXIT_UNREACHABLE == 3
-            assert (await box.submit(wtns(b"one"), "")).duplicate
+            assert (await box.submit(wtns(b"one"), OPEN)).duplicate
         finally:
             await box.fleet.close()
 
     asyncio.run(main())
     assert query_one(fleet_dsn, "SELECT input_bytes FROM cuzk_fleet_jobs") == (4 + 300,)  # its partitions' data
+
+
+def test_a_box_refuses_a_client_priority_above_the_cap_before_storing_anything(fleet_dsn: str,
+                                                                               tmp_path: Path) -> None:
+    """Through the daemon's fleet box with ``max_client_priority`` NORMAL: a client token asking
+    CRITICAL is refused (AuthError naming the key, the client's exit 2) with nothing in
+    ``inputs_dir`` or the queue; the same client asking NORMAL, and an admin asking CRITICAL, are
+    queued at the priority they asked."""
+    from cuzk_mp.cli import exit_code
+    from cuzk_mp.daemon import protocol as P
+    from cuzk_mp.daemon.fleet.box import FleetBox
+    from cuzk_mp.daemon.fleet.config import FleetConfig
+    from cuzk_mp.daemon.jobs import JobTable
+    from cuzk_mp.errors import AuthError
+    from cuzk_mp.exit_codes import EXIT_INPUT
+
+    shared = tmp_path / "inputs"
+    circuit = types.SimpleNamespace(priority=Priority.NORMAL)
+    engine = types.SimpleNamespace(circuits=types.SimpleNamespace(check_job=lambda spec: None))
+    jobs = JobTable(cast(Any, engine), cast(Any, None), cast(Any, {"x": circuit}), cast(Any, None), 60.0,
+                    max_client_priority=Priority.NORMAL)
+    cfg = FleetConfig(dsn=fleet_dsn, box="a", heartbeat_interval_s=0.5, inputs_dir=shared)
+    box = FleetBox(cast(Any, types.SimpleNamespace(fleet=cfg, circuits={"x": circuit})), engine, jobs)
+    client = Identity(owner="client-1", admin=False)
+
+    def wtns(tag: bytes, priority: str) -> P.SubmitProof:
+        return P.SubmitProof(id=1, circuit_id="x", partitions=[P.PartitionIn("wtns", b"wtns" + tag * 100)],
+                             request_id=tag.decode(), priority=priority)  # type: ignore[arg-type]
+
+    async def main() -> None:
+        from cuzk_mp.daemon.fleet.queue import Fleet
+        box.fleet = await Fleet.from_config(cfg, heartbeats=False)
+        try:
+            with pytest.raises(AuthError, match=re.escape('at most NORMAL ([daemon] max_client_priority = "NORMAL")')
+                               ) as refused:
+                await box.submit(wtns(b"one", "CRITICAL"), client)
+            assert exit_code(refused.value)[0] == EXIT_INPUT == 2
+            assert not shared.exists() or list(shared.iterdir()) == []
+            await box.submit(wtns(b"two", "NORMAL"), client)
+            await box.submit(wtns(b"three", "CRITICAL"), Identity(owner="client-admin", admin=True))
+        finally:
+            await box.fleet.close()
+
+    asyncio.run(main())
+    assert query_one(fleet_dsn, "SELECT count(*) FROM cuzk_fleet_requests WHERE request_id = 'one'") == (0,)
+    assert query_one(fleet_dsn, "SELECT string_agg(request_id || '=' || priority, ',' ORDER BY request_id) "
+                                "FROM cuzk_fleet_jobs") == ("three=0,two=2",)

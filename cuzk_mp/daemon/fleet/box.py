@@ -4,7 +4,8 @@ This module owns what a daemon with a ``[fleet]`` section does differently from 
 alone, so that the daemon's server only routes requests here:
 
 * **Submit** (SubmitProof, Prove): the daemon's own door checks (:meth:`JobTable.admit`: not
-  draining, a configured circuit, request_id bounds) and the engine's validation of every
+  draining, a configured circuit, request_id bounds, a priority the client may ask: ``[daemon]
+  max_client_priority``, give every box the same) and the engine's validation of every
   partition (the one the engine applies to a job it queues, without queueing it), then the
   partitions' msgpack is stored content-addressed in ``[fleet] inputs_dir`` (a directory every
   box reads at the same path) and the job enters the shared queue with that reference, its
@@ -48,6 +49,7 @@ from typing import Any
 import msgspec
 
 from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon.access import Identity
 from cuzk_mp.daemon.config import DaemonConfig
 from cuzk_mp.daemon.fleet import report
 from cuzk_mp.daemon.fleet.inputs import load_inputs, remove_stale_inputs, stale_inputs, store_inputs
@@ -230,14 +232,15 @@ class FleetBox:
 
     # -- requests -------------------------------------------------------------------------
 
-    async def submit(self, req: P.SubmitProof | P.Prove, owner: str) -> JobRef:
+    async def submit(self, req: P.SubmitProof | P.Prove, caller: Identity) -> JobRef:
         """Queue a client's job in the fleet (the module docstring says what is checked)."""
-        cc = self.jobs.admit(req)
+        _, priority = self.jobs.admit(req, caller)
+        owner = caller.owner
         fleet = self._need()
         if self.fcfg.inputs_dir is None:
             raise ResourceError(f"box {self.fcfg.box} takes no submits: [fleet] inputs_dir is not set "
                                 "(a directory every box reads); submit to another box")
-        spec = JobSpec(job_id="submit", circuit_id=req.circuit_id, priority=self.jobs.priority_of(req, cc),
+        spec = JobSpec(job_id="submit", circuit_id=req.circuit_id, priority=priority,
                        partitions=[PartitionInput(kind=p.kind, data=p.data, seed=p.seed) for p in req.partitions])
         check = self.engine.circuits.check_job
         if any(p.kind == "json" for p in req.partitions):
