@@ -19,7 +19,10 @@ message; the client's ``--token`` flag or ``$CUZK_MP_TOKEN``), compared in const
   one asked.
 
 Whatever the tokens, the status document hides paths and process ids unless ``detail`` is asked
-for (:func:`status_view`): paths become their last component and pids ``null``.
+for (:func:`status_view`): paths become their last component and pids ``null``. A unix socket is
+only as private as its folder: one in a folder that another user owns, or may write without the
+sticky bit, is refused (:func:`check_socket_places`), since that user could put a socket of their
+own in its place and receive every client's token and inputs.
 """
 
 from __future__ import annotations
@@ -31,7 +34,8 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cuzk_mp.errors import AuthError
+from cuzk_mp.daemon.transport import Address, socket_place
+from cuzk_mp.errors import AuthError, ConfigError
 from cuzk_mp.pipeline.types import Priority
 
 if TYPE_CHECKING:
@@ -153,13 +157,32 @@ def status_view(doc: Mapping[str, Any], ident: Identity, detail: bool,
     return view
 
 
+def _unix_listeners(cfg: DaemonConfig) -> list[tuple[str, Address]]:
+    """The config's unix socket listeners, by their key."""
+    return [(k, a) for k, a in (("listen", cfg.listen), ("status_listen", cfg.status_listen))
+            if a is not None and a.kind == "unix"]
+
+
+def check_socket_places(cfg: DaemonConfig) -> None:
+    """ConfigError naming the key of a unix listener whose folder lets another user take its socket's
+    place (:func:`~.transport.socket_place`): checked by ``--check`` and first thing at the start."""
+    for key, addr in _unix_listeners(cfg):
+        refusal, _ = socket_place(addr.path)
+        if refusal is not None:
+            raise ConfigError(f"{cfg.path or 'config'}: daemon.{key} = {str(addr)!r}: {refusal}")
+
+
 def config_warnings(cfg: DaemonConfig) -> list[str]:
     """What in a valid config weakens access (``daemon --check`` prints these, the daemon logs
     them at start). A TCP listener beyond loopback without tokens is not here: the config
     refuses it outright."""
     out = []
-    unix = [k for k, a in (("listen", cfg.listen), ("status_listen", cfg.status_listen))
-            if a is not None and a.kind == "unix"]
+    unix = [k for k, _ in _unix_listeners(cfg)]
+    for key, addr in _unix_listeners(cfg):
+        _, weak = socket_place(addr.path)
+        if weak is not None:
+            out.append(f"daemon.{key} = {str(addr)!r}: {weak}; put it in a folder only this user (or root) may "
+                       "write, e.g. /run/cuzk-mp")
     if unix and cfg.socket_mode & 0o002:
         out.append(f"daemon.socket_mode = {cfg.socket_mode:04o} makes the unix socket of daemon."
                    f"{' and daemon.'.join(unix)} world-writable: every local user can connect"

@@ -188,13 +188,15 @@ def _log_level(args: argparse.Namespace) -> str | None:
 
 def check_writable_places(cfg: Any) -> None:
     """The folders the daemon writes (the journal's, the param cache) must be folders it may write,
-    or be makeable in one: a ConfigError naming the key otherwise (at ``--check`` too), rather
-    than an OSError from deep inside the start."""
+    or be makeable in one, and a unix socket's must keep other users out: a ConfigError naming the
+    key otherwise (at ``--check`` too), rather than an OSError from deep inside the start."""
+    from cuzk_mp.daemon.access import check_socket_places
     from cuzk_mp.errors import ConfigError
     from cuzk_mp.paths import folder_problem
 
     import stat
 
+    check_socket_places(cfg)
     source = cfg.path or "config"
     places = [("srs.param_cache", cfg.param_cache), ("daemon.journal", cfg.journal_path.parent)]  # the cache first:
     # the journal's default place is in it

@@ -49,7 +49,7 @@ import msgspec
 
 from cuzk_mp import __version__
 from cuzk_mp.daemon import protocol as P
-from cuzk_mp.daemon.access import OPEN, Access, Identity, redact_text, status_view
+from cuzk_mp.daemon.access import OPEN, Access, Identity, check_socket_places, redact_text, status_view
 from cuzk_mp.daemon.config import ENGINE_STOP_RESERVE_S, DaemonConfig
 from cuzk_mp.daemon.instance_lock import InstanceLock, lock_paths
 from cuzk_mp.daemon.jobs import JobTable, QueueCaps
@@ -60,7 +60,7 @@ from cuzk_mp.daemon.ops import sd_notify
 from cuzk_mp.daemon.status import StatusView
 from cuzk_mp.daemon.status_http import StatusHandlers, start_status_server
 from cuzk_mp.daemon.transport import (
-    Comm, CommClosedError, FrameTimeout, FrameTooLarge, Listener, listen,
+    Comm, CommClosedError, FrameTimeout, FrameTooLarge, Listener, listen, remove_socket,
 )
 from cuzk_mp.errors import AuthError, ConfigError, CuzkError, InputError, ResourceError, Unavailable, error_kind
 
@@ -137,6 +137,7 @@ class Daemon:
         self.state = DaemonState.STARTING
         loop = asyncio.get_running_loop()
         try:
+            check_socket_places(self.cfg)  # before the lock file beside the socket is made
             self.lock.acquire()  # before anything another daemon could be using
             if self.cfg.fleet is not None:  # a dsn the database refuses fails before the engine's long start
                 from cuzk_mp.daemon.fleet.store import first_connection
@@ -256,8 +257,7 @@ class Daemon:
         if self.http is not None:
             self.http.close()
             if self.cfg.status_listen is not None and self.cfg.status_listen.kind == "unix":
-                with contextlib.suppress(FileNotFoundError):
-                    os.unlink(self.cfg.status_listen.path)
+                remove_socket(self.cfg.status_listen.path)
         self.lock.release()
 
     def _spawn(self, coro: Any) -> None:

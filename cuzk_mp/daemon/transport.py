@@ -19,8 +19,13 @@ may wait hours for a proof).
 A :class:`Comm` reads and writes whole frames. :class:`StreamComm` wraps asyncio streams (unix
 or TCP); :func:`inproc_pair` gives two connected in-process comms for tests. :func:`listen`
 binds a server: a unix socket is created under a random temporary name, chmod-ed to the
-configured mode and renamed into place, so it is never reachable with looser permissions; a
-stale socket file left by a dead daemon is replaced, a live one is an error. The blocking
+configured mode (on that file, never through a link) and renamed into place, so it is never
+reachable with looser permissions. Its folder must keep other users out (:func:`socket_place`:
+a folder that another user owns, or that every user may write without the sticky bit, is refused,
+one its group may write is warned about), else another local user could put a socket of their own
+in its place and receive the clients' tokens and inputs. A stale socket file left by a dead daemon
+of this user is replaced; a live one, another user's socket, or anything else at that name is an
+error, never removed, and a stopping daemon removes its socket only if it is still its own. The blocking
 helpers :func:`send_frame` / :func:`recv_frame` serve the synchronous client.
 """
 
@@ -284,14 +289,63 @@ async def connect(addr: Address, max_frame_bytes: int) -> StreamComm:
     return StreamComm(reader, writer, max_frame_bytes)
 
 
+def _not_own_socket(path: str, st: os.stat_result) -> str | None:
+    """Why the file ``st`` at ``path`` is no socket this daemon may remove or replace (None: it may):
+    only a socket of this user is; anything else is another program's, or put there by another user."""
+    if not stat.S_ISSOCK(st.st_mode):
+        return f"{path}: exists and is not a socket"
+    if st.st_uid != os.geteuid():
+        return f"{path}: is a socket of another user (uid {st.st_uid}), not of this daemon's (uid {os.geteuid()})"
+    return None
+
+
+def _folder_problem(folder: str, st: os.stat_result) -> tuple[str | None, str | None]:
+    """(refusal, warning) for a folder on the way to a unix socket: one that another user owns, or may
+    write without the sticky bit, lets that user replace the socket (clients then talk to whoever did,
+    tokens and inputs included) or remove it."""
+    me = os.geteuid()
+    if st.st_uid not in (0, me):
+        return f"{folder} belongs to another user (uid {st.st_uid}), who may replace the socket", None
+    if stat.S_ISLNK(st.st_mode) or st.st_mode & stat.S_ISVTX:
+        return None, None
+    if st.st_mode & stat.S_IWOTH:
+        return (f"{folder} is writable by every user (mode {stat.S_IMODE(st.st_mode):04o}, no sticky bit), so "
+                "any local user may replace or remove the socket"), None
+    if st.st_mode & stat.S_IWGRP and st.st_gid != os.getegid():
+        return None, (f"{folder} is writable by group {st.st_gid} (mode {stat.S_IMODE(st.st_mode):04o}, no "
+                      "sticky bit): its members may replace or remove the socket")
+    return None, None
+
+
+def socket_place(path: str) -> tuple[str | None, str | None]:
+    """(refusal, warning) for a unix socket at ``path``: the first folder on its way, as written and
+    as resolved, that lets another user replace the socket (:func:`_folder_problem`), or a link on
+    the way that another user owns. Folders not made yet are judged by the nearest existing one."""
+    refusal = warning = None
+    written = Path(path).parent
+    real = written.resolve()
+    for folder in [*reversed([written, *written.parents]), *reversed([real, *real.parents])]:
+        try:
+            st = os.lstat(folder)
+        except OSError:
+            continue
+        bad, weak = _folder_problem(str(folder), st)
+        refusal, warning = refusal or bad, warning or weak
+    if refusal is not None:
+        refusal += "; put the socket in a folder only this user (or root) may write, e.g. /run/cuzk-mp"
+    return refusal, warning
+
+
 def _clear_stale_socket(path: str) -> None:
-    """Remove a socket file left by a dead daemon; refuse a live one or a non-socket."""
+    """Remove a socket file left by a dead daemon of this user; refuse a live one, another user's
+    or a non-socket (never removed: in a shared folder it may be anyone's)."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
         return
-    if not stat.S_ISSOCK(st.st_mode):
-        raise ConfigError(f"{path}: exists and is not a socket; refusing to replace it")
+    problem = _not_own_socket(path, st)
+    if problem is not None:
+        raise ConfigError(f"{problem}; refusing to replace it (remove it, or name another path)")
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
@@ -303,15 +357,35 @@ def _clear_stale_socket(path: str) -> None:
     raise ConfigError(f"{path}: another process is already listening on this socket")
 
 
+def _chmod_socket(path: str, mode: int) -> None:
+    """chmod the socket just bound at ``path``, never through a link: the file is opened without
+    following one and must be this user's socket, and the mode is set on that very file (through
+    /proc/self/fd), so a name swapped for a link in between cannot give ``mode`` to another file."""
+    fd = os.open(path, os.O_PATH | os.O_NOFOLLOW | os.O_CLOEXEC)
+    try:
+        problem = _not_own_socket(path, os.fstat(fd))
+        if problem is not None:
+            raise ConfigError(f"{problem}: it was replaced while the daemon bound it; refusing to use it")
+        os.chmod(f"/proc/self/fd/{fd}", mode)
+    finally:
+        os.close(fd)
+
+
 def bind_unix(path: str, mode: int) -> socket.socket:
-    """A bound unix socket at ``path`` with permissions ``mode`` from the first moment it exists."""
-    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    """A bound unix socket at ``path`` with permissions ``mode`` from the first moment it exists
+    (ConfigError for a place another user could take it from: :func:`socket_place`)."""
+    refusal, _ = socket_place(path)
+    if refusal is None:
+        Path(path).parent.mkdir(mode=0o755, parents=True, exist_ok=True)
+        refusal, _ = socket_place(path)  # and the folders just made
+    if refusal is not None:
+        raise ConfigError(f"unix socket {path}: {refusal}")
     _clear_stale_socket(path)
     tmp = f"{path}.{secrets.token_hex(6)}.tmp"
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
-        sock.bind(tmp)
-        os.chmod(tmp, mode)
+        sock.bind(tmp)  # bound, not yet listening: a connect is refused whatever the mode until it is
+        _chmod_socket(tmp, mode)
         os.rename(tmp, path)  # atomic: the final name only ever has the final mode
     except BaseException:
         sock.close()
@@ -319,6 +393,21 @@ def bind_unix(path: str, mode: int) -> socket.socket:
             os.unlink(tmp)
         raise
     return sock
+
+
+def remove_socket(path: str) -> None:
+    """Remove the socket file a stopping daemon leaves at ``path``, if it is still a socket of this
+    user (one daemon per socket: the instance lock); anything else now there is left alone."""
+    try:
+        st = os.lstat(path)
+    except FileNotFoundError:
+        return
+    problem = _not_own_socket(path, st)
+    if problem is not None:
+        log.warning("%s; left in place, not removed", problem)
+        return
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 class Listener:
@@ -339,8 +428,7 @@ class Listener:
         """Stop accepting; existing connections stay open until their handlers end."""
         self.server.close()
         if self.addr.kind == "unix":
-            with contextlib.suppress(FileNotFoundError):
-                os.unlink(self.addr.path)
+            remove_socket(self.addr.path)
 
 
 async def listen(addr: Address, on_comm: Callable[[StreamComm], Awaitable[None]], *,
