@@ -135,3 +135,43 @@ def test_closing_a_key_gives_its_room_back_to_the_limits(emu: Any, test_key: tup
         for key in keys:
             key.close()
         backend.close()
+
+
+@pytest.fixture(scope="module")
+def larger_key() -> Path:
+    """The zkey of the test circuit at twice its domain (porep-like 2^11), made once per machine."""
+    from cuzk_mp.pipeline.keys import ensure_synthetic_key
+    from tests.helpers import KEY_CACHE
+
+    return ensure_synthetic_key("porep-like", 11, KEY_CACHE, "cpu")[0]
+
+
+def test_closing_the_last_key_of_a_domain_frees_its_ntt_tables(
+        emu: Any, test_key: tuple[Path, Path], larger_key: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The NTT engine keeps one set of tables per domain size. A small key fills the (fake) device
+    with two batches of 8; a larger key is loaded beside it (smaller batches), then closed: its
+    domain's tables leave the device with it, and the small key's limits are those it has alone
+    again (kept, the larger domain's tables would hold its batches below what the device fits)."""
+    from cuzk_mp.formats.zkey import read_zkey
+
+    backend = emu.GpuBackend(0, in_flight=2)
+    keys: list[Any] = []
+    try:
+        with read_zkey(test_key[0]) as small, read_zkey(larger_key) as large:
+            device = plan_device(KeyShape.of(small), 10**15, workers=2, batch=8).total
+            fake_device(monkeypatch, emu, backend, device)
+            keys.append(_load(backend, small, 8))
+            assert (backend.in_flight_limit, backend.batch_limit) == (2, 8)
+            keys.append(_load(backend, large, 1))
+            assert backend.ntt_engine.domain_sizes() == [1 << 10, 1 << 11]
+            assert backend.batch_limit is not None and backend.batch_limit < 8
+            keys[1].close()
+            assert backend.ntt_engine.domain_sizes() == [1 << 10]
+            assert (backend.in_flight_limit, backend.batch_limit) == (2, 8)
+            keys[0].close()
+            assert backend.ntt_engine.domain_sizes() == []
+            assert emu.memory.free_bytes()[0] == device  # nothing left on the device
+    finally:
+        for key in keys:
+            key.close()
+        backend.close()

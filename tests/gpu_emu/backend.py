@@ -103,30 +103,42 @@ def fake_cupy() -> types.SimpleNamespace:
 
 
 class CpuNtt:
-    """GpuNtt's interface with the CPU oracle's H step (the NTT kernels cannot be emulated)."""
+    """GpuNtt's interface with the CPU oracle's H step (the NTT kernels cannot be emulated). Its
+    tables are counted, not made: the sizes planned, kept until released as GpuNtt keeps them, each
+    :func:`~cuzk_mp.backends.gpu.plan.ntt_table_bytes` of the fake device (:func:`fake_device`)."""
+
+    def __init__(self) -> None:
+        self._sizes: set[int] = set()
 
     def plan(self, lg: int) -> None:
-        return None
+        self._sizes.add(1 << lg)
 
     def domain_sizes(self) -> list[int]:
-        return []  # no tables: the CPU oracle's H step needs none
+        return sorted(self._sizes)
+
+    def release(self, domain_size: int) -> None:
+        self._sizes.discard(domain_size)
 
     def coset_h_in_place(self, d_a: Any, d_b: Any, d_c: Any, stream: Any = None) -> Any:
         from cuzk_mp.algebra.ntt import coset_h
 
+        self.plan(int(d_a.shape[0]).bit_length() - 1)
         d_a[...] = coset_h(np.array(d_a), np.array(d_b), np.array(d_c))
         return d_a
 
 
 def fake_device(monkeypatch: Any, module: types.ModuleType, backend: Any, size: int) -> None:
     """Make the emulated device of ``module`` (a :func:`load_backend`) ``size`` bytes, of which what
-    ``backend`` holds is in use (its keys' points, multiples and witness maps as its stats say, and its
-    staged partitions): free memory then drops as keys load and rises as they close, as a device's
-    does, where :data:`FREE_BYTES` stays."""
+    ``backend`` holds is in use (its keys' points, multiples and witness maps as its stats say, its
+    staged partitions and its NTT engine's tables): free memory then drops as keys load and rises as
+    they close, as a device's does, where :data:`FREE_BYTES` stays."""
+    from cuzk_mp.backends.gpu.plan import ntt_table_bytes
+
     def used() -> int:
         held = backend.stats()
         staged = sum(p.nbytes for p in backend._parts.values())
-        return int(held["device_key_bytes"] + held["device_witness_map_bytes"]) + staged
+        tables = sum(ntt_table_bytes(n) for n in backend.ntt_engine.domain_sizes())
+        return int(held["device_key_bytes"] + held["device_witness_map_bytes"]) + staged + tables
 
     monkeypatch.setattr(module.memory.cupy.cuda.runtime, "memGetInfo", lambda: (size - used(), size))
 

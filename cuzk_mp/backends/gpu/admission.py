@@ -9,7 +9,8 @@ limits the backend keeps to (``GpuBackend.in_flight_limit``, ``GpuBackend.batch_
 :func:`admit` over every resident key's plan together:
 
 * resident: each key's points, multiples, support rows and witness map, and the NTT tables once
-  per domain size (the backend's NTT engine keeps one table per size, whichever keys use it);
+  per domain size (the backend's NTT engine keeps one table per size, whichever keys use it, until
+  the last key of that size closes);
 * in flight: ``in_flight`` batches of any of the keys (:func:`.plan.in_flight_bytes`: the largest
   batch computing with the largest scratch, beside the largest staged ones), a batched key's
   batch being the common ``batch`` (the prover's cap is one number for all its keys), an unbatched

@@ -110,8 +110,9 @@ class GpuKey:
     host_released: int = 0  # bytes of key-file pages dropped after the upload
     multiples: dict[str, int] = field(default_factory=dict)  # section -> window bits of its multiples
     plan: DevicePlan | None = None  # the device-memory plan it was loaded under
-    # the backend's hook, called once when the key is closed: its limits are computed again without it
-    on_close: Callable[[], None] | None = field(default=None, repr=False)
+    # the backend's hook, called once when the key is closed (with the key): its domain's NTT tables go
+    # where no other key uses them, and its limits are computed again without it
+    on_close: Callable[[GpuKey], None] | None = field(default=None, repr=False)
     # (the coded rows it was made from, their device copy): stage_witness's witness map
     witness_map: tuple[Any, DeviceWitnessMap] | None = None
     # packed section -> name of the support whose rows it keeps (see SUPPORT_SECTIONS)
@@ -126,7 +127,8 @@ class GpuKey:
 
     def close(self) -> None:
         """Free the device copies of the points and of the witness map's rows, then tell the backend
-        (its in-flight and batch limits grow where the key's memory was what held them down); idempotent."""
+        (it frees the domain's NTT tables where no other resident key uses them, and its in-flight
+        and batch limits grow where the key's memory was what held them down); idempotent."""
         for m in self.msms.values():
             m.close()
         self.msms = {}
@@ -137,7 +139,7 @@ class GpuKey:
         self.nbytes = self.multiples_bytes = 0
         hook, self.on_close = self.on_close, None
         if hook is not None:
-            hook()
+            hook(self)
 
 
 @dataclass
@@ -431,7 +433,7 @@ class GpuBackend:
                 raise
         key = GpuKey(zkey, msms, shape.rows(), points, sum(int(m.nbytes) for m in msms.values()) - points,
                      released(), {n: plan[n] for n in plan}, dplan, supports=supports, support_rows=rows,
-                     on_close=self._set_limits)
+                     on_close=self._key_closed)
         with self._lock:
             self._keys = [k for k in self._keys if k.msms] + [key]
         self._set_limits()
@@ -454,6 +456,20 @@ class GpuBackend:
         domains = set(built) | {p.shape.domain_size for p in plans}
         return admit(plans, self.device_bytes, workers=self.workers,
                      tables=sum(ntt_table_bytes(n) for n in domains))
+
+    def _key_closed(self, key: GpuKey) -> None:
+        """After ``key`` is closed: its domain's NTT tables go where no resident key has that domain
+        (kept, they would stay for the engine's life, one set per size the backend ever proved, and
+        hold the remaining keys' limits down), then the limits are computed again without the key. A key of that domain
+        being loaded at the same moment (tables built, key not yet registered) builds them again at
+        its first H step; its admission counted them."""
+        n = int(key.zkey.domain_size)
+        with self._lock:
+            shared = any(int(k.zkey.domain_size) == n for k in self._keys if k.msms)
+        if not shared:
+            with cupy.cuda.Device(self.device):
+                self.ntt_engine.release(n)
+        self._set_limits()
 
     def _set_limits(self) -> None:
         """:attr:`in_flight_limit` and :attr:`batch_limit` from the resident keys together (after a

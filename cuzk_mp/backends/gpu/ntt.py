@@ -15,9 +15,10 @@ How the work is split (kernels/ntt/ntt.cu has the math):
   decimation-in-time (bit-reversed in, natural out), so the H step needs no
   permutation pass; the stand-alone transforms add one in-place bit reversal.
 
-Tables per size stay resident once built: w^i for i < n/2 (16 n bytes, shared by
-both directions; expanded on the device from a two-level table made with Python
-ints), the small sub-DFT tables of each direction, and a two-level table
+Tables per size stay resident once built, until released (the backend releases a
+domain's when its last key closes): w^i for i < n/2 (16 n bytes, shared by both
+directions; expanded on the device from a two-level table made with Python ints),
+the small sub-DFT tables of each direction, and a two-level table
 (lo[e mod 2^b] * hi[e >> b]) of the coset factors g^e / n.
 """
 
@@ -137,9 +138,23 @@ class GpuNtt:
             return self._plans[lg]
 
     def domain_sizes(self) -> list[int]:
-        """The transform sizes whose tables are on the device (kept for the engine's life)."""
+        """The transform sizes whose tables are on the device (kept until :meth:`release`)."""
         with self._lock:
             return [1 << lg for lg in self._plans]
+
+    def release(self, domain_size: int) -> None:
+        """Free the tables of ``domain_size`` transforms (nothing if none are built); a later
+        transform of that size builds them again. The device is synchronized before the tables go
+        back to CuPy's pool: a kernel enqueued with them (an H step not yet run) reads them first,
+        and the pool may hand their blocks to another stream's next allocation. The caller makes
+        sure no more such work comes while they go (the backend: when no resident key has that
+        domain; its stand-alone transforms are synchronous)."""
+        lg = domain_size.bit_length() - 1
+        with self._lock:
+            plan = self._plans.pop(lg, None) if domain_size == 1 << lg else None
+        if plan is not None:
+            cupy.cuda.Device().synchronize()
+            del plan
 
     def _check(self, d_x: Any) -> int:
         if d_x.dtype != np.uint64 or d_x.ndim != 2 or d_x.shape[1] != 4 or not d_x.flags.c_contiguous:
