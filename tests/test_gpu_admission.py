@@ -175,3 +175,82 @@ def test_closing_the_last_key_of_a_domain_frees_its_ntt_tables(
         for key in keys:
             key.close()
         backend.close()
+
+
+def _no_room_for(emu: Any, monkeypatch: pytest.MonkeyPatch, section: str) -> None:
+    """Make the emulated device refuse the precomputed multiples of ``section`` at upload, as a
+    device whose free memory went meanwhile would (ResourceError from memory.ensure_free)."""
+    from cuzk_mp.errors import ResourceError
+
+    ensure_free = emu.memory.ensure_free
+
+    def refusing(need: int, what: str, margin: int = DEFAULT_MARGIN) -> None:
+        if what == f"precomputed multiples of key section {section}":
+            raise ResourceError(f"{what}: no room (test)")
+        ensure_free(need, what, margin)
+
+    monkeypatch.setattr(emu.memory, "ensure_free", refusing)
+
+
+def test_a_multiples_table_that_finds_no_room_is_planned_without(
+        emu: Any, test_key: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key's batches of 8 fit the (fake) device exactly with the multiples of h, whose windows
+    make its MSMs' scratch smaller than the table; the table finds no room at upload, so h's MSMs
+    run without it, with their larger scratch: the key's plan is made again without it, and its
+    batches are those that fit so (kept, the plan of a table that is not there would leave batches
+    of 8, over the device)."""
+    from cuzk_mp.formats.zkey import read_zkey
+
+    backend = emu.GpuBackend(0, in_flight=2)
+    key = None
+    try:
+        with read_zkey(test_key[0]) as zkey:
+            shape = KeyShape.of(zkey)
+            device = plan_device(shape, 10**15, workers=2, batch=8, multiples="h").total
+            bare = plan_device(shape, device, workers=2, batch=8)
+            assert bare.batch == 7  # without the table, batches of 8 do not fit
+            fake_device(monkeypatch, emu, backend, device)
+            _no_room_for(emu, monkeypatch, "h")
+            monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "h")
+            key = _load(backend, zkey, 8)
+            assert key.multiples == {} and key.msms["h"].multiples is None
+            assert key.plan.multiples == {} and key.plan.total == bare.total
+            assert (backend.in_flight_limit, backend.batch_limit) == (2, 7)
+    finally:
+        if key is not None:
+            key.close()
+        backend.close()
+
+
+def test_a_multiples_table_that_finds_no_room_leaves_its_room_to_the_partitions(
+        emu: Any, test_key: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key whose partitions go alone, planned with the multiples of h (here the table outweighs
+    the scratch its windows save), whose table finds no room at upload: its plan no longer counts
+    it, and a key loaded beside it whose partitions are batched keeps batches of 8 (with the
+    table counted, 7)."""
+    from cuzk_mp.formats.zkey import read_zkey
+
+    backend = emu.GpuBackend(0, in_flight=2)
+    keys: list[Any] = []
+    try:
+        with read_zkey(test_key[0]) as zkey:
+            shape = KeyShape.of(zkey)
+            with_h = plan_device(shape, 10**15, workers=2, multiples="h")
+            bare = plan_device(shape, 10**15, workers=2)
+            batched = plan_device(shape, 10**15, workers=2, batch=8)
+            assert with_h.total > bare.total
+            device = batched.total + bare.resident - bare.ntt_tables
+            assert admit([with_h, batched], device, workers=2).batch == 7
+            fake_device(monkeypatch, emu, backend, device)
+            _no_room_for(emu, monkeypatch, "h")
+            monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "h")
+            keys.append(_load(backend, zkey, 1))
+            assert keys[0].multiples == {} and keys[0].plan.multiples == {}
+            monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "none")
+            keys.append(_load(backend, zkey, 8))
+            assert (backend.in_flight_limit, backend.batch_limit) == (2, 8)
+    finally:
+        for key in keys:
+            key.close()
+        backend.close()
+

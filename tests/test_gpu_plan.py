@@ -246,6 +246,26 @@ def test_a_tight_device_takes_smaller_batches_before_fewer_partitions() -> None:
     assert str(with_batch.value) == str(without.value)
 
 
+def test_multiples_already_made_are_kept_by_the_fallbacks() -> None:
+    """The plan of a key after its upload counts the multiples made (``made``): where they do not
+    fit with every partition as asked, it takes smaller batches and fewer partitions in flight and
+    keeps them (they are on the device), where a plan before the upload drops them first; and a
+    refusal names them."""
+    shape = porep(16)
+    need = {k: plan_device(shape, 10**15, workers=2, batch=k, multiples="h", made=True).total for k in (1, 8)}
+    free = need[8] - 1
+    before = plan_device(shape, free, workers=2, batch=8, multiples="h")
+    assert before.multiples == {} and before.steps[0] == "dropped the precomputed multiples of h"
+    after = plan_device(shape, free, workers=2, batch=8, multiples="h", made=True)
+    assert after.fits and list(after.multiples) == ["h"]
+    assert after.batch < 8 and not any("multiples" in st for st in after.steps)
+    lone = plan_device(shape, need[1] - 1, workers=2, batch=8, multiples="h", made=True)
+    assert lone.fits and lone.multiples and (lone.batch, lone.in_flight) == (1, 1)
+    with pytest.raises(DeviceMemoryError, match="with the precomputed multiples of h \\(made\\) and one partition"):
+        plan_device(shape, plan_device(shape, 10**15, workers=1, multiples="h", made=True).total - 1,
+                    workers=2, multiples="h", made=True)
+
+
 def test_packed_b_sections_at_2_27_on_an_h200() -> None:
     """2^27 with the PoRep-like key's B1 and B2 packed to the 45 % of wires its B side uses: the
     points drop by the rest (~20 GiB), each partition carries the packed scalars and their index

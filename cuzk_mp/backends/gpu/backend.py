@@ -6,8 +6,8 @@ wrapped in resident :class:`.msm.MsmG1` / :class:`.msm.MsmG2`), the NTT tables
 (:class:`.ntt.GpuNtt`), two CUDA streams per calling thread, and each staged
 partition's a, b, c, w buffers and scalar plan until :meth:`GpuBackend.release`.
 Before a key's upload, its device-memory plan (:mod:`.plan`) sets how much of that
-fits (which multiples), and the plans of every resident key together (:mod:`.admission`,
-again whenever a key is closed) how many staged partitions of any keys at once
+fits (which multiples; after the upload, the plan counts the tables really made), and the plans of every resident key
+together (:mod:`.admission`, again whenever a key is closed) how many staged partitions of any keys at once
 (:meth:`GpuBackend.stage` waits for a free place) and how many a worker stages together
 (:attr:`GpuBackend.batch_limit`, which the prover keeps to), or a DeviceMemoryError before
 any byte is uploaded.
@@ -382,10 +382,10 @@ class GpuBackend:
                                                                   witness_rows.table_mont, witness_rows.table_r2)
             free = memory.free_bytes()[0]
 
-            def planned(key_shape: KeyShape) -> DevicePlan:
-                return plan_device(key_shape, free, workers=self.workers, multiples=choice,
+            def planned(key_shape: KeyShape, multiples: str | None = None, made: bool = False) -> DevicePlan:
+                return plan_device(key_shape, free, workers=self.workers, multiples=multiples or choice,
                                    graph_params=graph_params_for(int(shape.domain_size)), witness_map=wmap,
-                                   batch=batch)
+                                   batch=batch, made=made)
 
             dplan = planned(shape)  # every section whole: the upper bound, checked before any upload
             log.info("key %s: %s", zkey.path or "", dplan.summary())
@@ -402,22 +402,31 @@ class GpuBackend:
                 t_fill = time.perf_counter()
                 supports, rows = self._pack(dev, int(zkey.domain_size), zkey.path or "", shape.rows(), known or {})
                 t_pack = time.perf_counter()
+                key_shape = shape
                 if supports:  # the same plan with the packed sections' rows: what the key really needs
-                    dplan = planned(replace(shape, packed=tuple((n, int(dev[n].shape[0])) for n in supports)))
+                    key_shape = replace(shape, packed=tuple((n, int(dev[n].shape[0])) for n in supports))
+                    dplan = planned(key_shape)
                     log.info("key %s, %s packed: %s", zkey.path or "", " and ".join(supports), dplan.summary())
+                points = sum(int(dev[name].nbytes) for name in SECTIONS)
+                tables: dict[str, Any] = {}
+                for name, c in dplan.multiples.items():
+                    mult = self._multiples(dev[name], c, name)
+                    if mult is not None:
+                        tables[name] = mult
+                        dev[name] = mult.table[: mult.n]
+                if tables.keys() != dplan.multiples.keys():
+                    # some found no room: the plan of those made, which counts what is on the device
+                    # (the MSMs of the others need their own scratch, often more than a table saves)
+                    dplan = planned(key_shape, ",".join(tables) or "none", made=True)
+                    log.info("key %s with the multiples made (%s): %s", zkey.path or "",
+                             ", ".join(tables) or "none", dplan.summary())
                 for step in dplan.steps:
                     log.warning("key %s does not fit as configured: %s", zkey.path or "", step)
-                points = sum(int(dev[name].nbytes) for name in SECTIONS)
-                plan = dict(dplan.multiples)
                 for name in SECTIONS:
-                    mult = self._multiples(dev[name], plan.get(name), name)
-                    if mult is None:
-                        plan.pop(name, None)
-                    else:
-                        dev[name] = mult.table[: mult.n]
                     cls = gmsm.MsmG2 if name == "b2" else gmsm.MsmG1
                     params = dplan.msm_params(msm_params_for(int(dev[name].shape[0])))
-                    msms[name] = cls(dev[name], replace(params, graphs=params.graphs and dplan.graphs), mult)
+                    msms[name] = cls(dev[name], replace(params, graphs=params.graphs and dplan.graphs),
+                                     tables.get(name))
                 t_msms = time.perf_counter()
                 n = int(zkey.domain_size)
                 if n >= 2 and n & (n - 1) == 0:
@@ -432,7 +441,7 @@ class GpuBackend:
                     m.close()
                 raise
         key = GpuKey(zkey, msms, shape.rows(), points, sum(int(m.nbytes) for m in msms.values()) - points,
-                     released(), {n: plan[n] for n in plan}, dplan, supports=supports, support_rows=rows,
+                     released(), {n: t.c for n, t in tables.items()}, dplan, supports=supports, support_rows=rows,
                      on_close=self._key_closed)
         with self._lock:
             self._keys = [k for k in self._keys if k.msms] + [key]

@@ -61,7 +61,8 @@ When it does not fit, the plan falls back automatically, in this order, and says
    rounds' fixed latency) lost 5.6 % of device time to XYZZ (perf/results/gpu-session-h200-grid-g2.json);
 1. drop precomputed multiples, the least useful section first (c, b1, a, b2, h: the reverse of
    the order they are picked in): they are a speed-up only, and at 2^26 and above one section's
-   tables alone outweigh a partition;
+   tables alone outweigh a partition (not those already made: the plan of a key after its upload
+   counts the tables made, some having found no room on the device then);
 2. smaller batches, down to one partition (``batches of j partition(s) instead of k``): a
    batch of small partitions shares one pass's launches and host calls, a throughput gain only;
    the backend's ``batch_limit`` then caps what the prover's workers take at once;
@@ -472,7 +473,8 @@ def _build(shape: KeyShape, multiples: dict[str, int], in_flight: int, workers: 
 
 def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str | None = "none",
                 margin: int = DEFAULT_MARGIN, params: MsmParams | None = None,
-                graph_params: MsmParams | None = None, witness_map: int = 0, batch: int = 1) -> DevicePlan:
+                graph_params: MsmParams | None = None, witness_map: int = 0, batch: int = 1,
+                made: bool = False) -> DevicePlan:
     """The device plan of a key of ``shape`` with ``free`` usable device bytes, ``workers``
     prover workers (the prover's ``gpu_workers_per_device``) each staging a batch of ``batch``
     partitions at most (the prover's batch where the key's partitions are batched, else 1),
@@ -482,8 +484,10 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
     MSMs run as CUDA graphs (their buffers are planned, and dropped first). ``witness_map``: the
     device bytes of the coded rows the key's device witness map will keep (0: none). ``params``:
     the MSM parameters (None: :func:`.knobs.msm_params_for` the domain size, as the backend); the
-    plan's :meth:`DevicePlan.msm_params` gives them back as it fitted them. Raises
-    DeviceMemoryError when even one partition without multiples does not fit."""
+    plan's :meth:`DevicePlan.msm_params` gives them back as it fitted them. ``made``: the multiples
+    of ``multiples`` (a comma list) are on the device already (the key's plan after its upload, with
+    the tables that were made): the fallbacks keep them. Raises DeviceMemoryError when even one
+    partition without multiples (or with the ones made) does not fit."""
     workers = max(1, int(workers))
     batch_max = max(1, int(batch))
     given = params
@@ -512,7 +516,7 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
         params = replace(params, ga_rounds=0)
         plan = _plan(chosen, workers, graph_params)
     for s in DROP_ORDER:
-        if plan.fits or not chosen:
+        if plan.fits or not chosen or made:
             break
         if s in chosen:
             chosen = {k: v for k, v in chosen.items() if k != s}
@@ -565,11 +569,13 @@ def refusal(plan: DevicePlan, margin: int = DEFAULT_MARGIN, params: MsmParams | 
     and the largest domain that would fit."""
     best = largest_fitting_domain(plan.shape, plan.free, margin, params, plan.witness_map)
     wmap = f"witness map {plan.witness_map / GIB:.2f} GiB, " if plan.witness_map else ""
+    kept = (f"the precomputed multiples of {', '.join(plan.multiples)} (made)" if plan.multiples
+            else "no precomputed multiples")
     fit = (f"the largest domain of this circuit's shape that fits is 2^{best.bit_length() - 1} ({best} rows)"
            if best else "not even a 2-row domain of this shape fits")
     return (f"the proving key (domain 2^{plan.shape.domain_size.bit_length() - 1}, {plan.shape.n_vars} witness "
-            f"rows) needs {plan.total / GIB:.2f} GiB of device memory with no precomputed multiples and one "
-            f"partition in flight (points {plan.points_total / GIB:.2f} GiB, NTT tables {plan.ntt_tables / GIB:.2f}"
-            f" GiB, {wmap}partition {plan.partition_total / GIB:.2f} GiB, MSM scratch "
+            f"rows) needs {plan.total / GIB:.2f} GiB of device memory with {kept} and one partition in flight "
+            f"(points {plan.points_total / GIB:.2f} GiB, NTT tables {plan.ntt_tables / GIB:.2f} GiB, {wmap}"
+            f"partition {plan.partition_total / GIB:.2f} GiB, MSM scratch "
             f"{sum(plan.scratch.values()) / GIB:.2f} GiB, margin {plan.margin / GIB:.2f} GiB) but only "
             f"{plan.free / GIB:.2f} GiB is free; {fit}")
