@@ -254,3 +254,33 @@ def test_a_multiples_table_that_finds_no_room_leaves_its_room_to_the_partitions(
             key.close()
         backend.close()
 
+
+def test_a_key_loaded_beside_others_drops_its_multiples_before_their_partitions(
+        emu: Any, test_key: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key whose partitions are batched fills the (fake) device with two batches of 8 beside the
+    points of a second key; the second key, asked with the multiples of h, would fit them alone
+    (its own plan keeps them) but only by taking a partition off the first key's batches: it is
+    loaded without them, and the batches stay of 8."""
+    from cuzk_mp.formats.zkey import read_zkey
+
+    backend = emu.GpuBackend(0, in_flight=2)
+    keys: list[Any] = []
+    try:
+        with read_zkey(test_key[0]) as zkey:
+            shape = KeyShape.of(zkey)
+            first = plan_device(shape, 10**15, workers=2, batch=8)
+            second = plan_device(shape, 10**15, workers=2)
+            device = first.total + second.resident - second.ntt_tables
+            fake_device(monkeypatch, emu, backend, device)
+            keys.append(_load(backend, zkey, 8))
+            monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "h")
+            alone = plan_device(shape, emu.memory.free_bytes()[0], workers=2, multiples="h")
+            assert alone.multiples and alone.steps == []  # its own plan keeps them
+            assert admit([first, alone], device, workers=2).batch < 8
+            keys.append(_load(backend, zkey, 1))
+            assert keys[1].multiples == {} and keys[1].plan.multiples == {}
+            assert (backend.in_flight_limit, backend.batch_limit) == (2, 8)
+    finally:
+        for key in keys:
+            key.close()
+        backend.close()

@@ -22,7 +22,11 @@ beside the others with even one partition in flight is refused then) and at ever
 (more room then: larger batches, more partitions in flight).
 
 When the keys together do not fit as asked, the admission falls back as a key's plan does, in the
-same order and words: smaller batches first, then fewer partitions in flight.
+same order and words: smaller batches first, then fewer partitions in flight. A key's plan drops its
+precomputed multiples before either; beside other keys, the backend drops those of the key being
+loaded first too (``GpuBackend._beside``: its plan sized them against the memory free then, which is
+the resident keys' room for their partitions), never the resident keys' (built: dropping them would
+mean building them again when the room comes back).
 
 Pure Python (no CuPy), as :mod:`.plan`.
 """

@@ -6,11 +6,12 @@ wrapped in resident :class:`.msm.MsmG1` / :class:`.msm.MsmG2`), the NTT tables
 (:class:`.ntt.GpuNtt`), two CUDA streams per calling thread, and each staged
 partition's a, b, c, w buffers and scalar plan until :meth:`GpuBackend.release`.
 Before a key's upload, its device-memory plan (:mod:`.plan`) sets how much of that
-fits (which multiples; after the upload, the plan counts the tables really made), and the plans of every resident key
-together (:mod:`.admission`, again whenever a key is closed) how many staged partitions of any keys at once
-(:meth:`GpuBackend.stage` waits for a free place) and how many a worker stages together
-(:attr:`GpuBackend.batch_limit`, which the prover keeps to), or a DeviceMemoryError before
-any byte is uploaded.
+fits (which multiples: none that would take the resident keys' partitions in flight; after
+the upload, the plan counts the tables really made), and the plans of every resident key
+together (:mod:`.admission`, again whenever a key is closed) how many staged partitions of
+any keys at once (:meth:`GpuBackend.stage` waits for a free place) and how many a worker
+stages together (:attr:`GpuBackend.batch_limit`, which the prover keeps to), or a
+DeviceMemoryError before any byte is uploaded.
 
 Streams and waits. Every thread that calls the backend gets a ``main`` stream
 (staging, H, the G1 MSMs) and a ``side`` stream (the G2 MSM), both non-blocking,
@@ -69,7 +70,7 @@ from .knobs import (
 )
 from .admission import DeviceAdmission, admit
 from .ntt import GpuNtt
-from .plan import DevicePlan, KeyShape, ntt_table_bytes, plan_device, point_words
+from .plan import DROP_ORDER, DevicePlan, KeyShape, ntt_table_bytes, plan_device, point_words
 from .witness_map import DeviceWitnessMap, LongRows, matrices_bytes
 
 log = logging.getLogger("cuzk_mp.backends.gpu.backend")
@@ -387,9 +388,9 @@ class GpuBackend:
                                    graph_params=graph_params_for(int(shape.domain_size)), witness_map=wmap,
                                    batch=batch, made=made)
 
-            dplan = planned(shape)  # every section whole: the upper bound, checked before any upload
+            # every section whole: the upper bound, checked before any upload
+            dplan, together = self._beside(planned(shape), lambda m: planned(shape, m), zkey.path or "")
             log.info("key %s: %s", zkey.path or "", dplan.summary())
-            together = self._admission(dplan)  # beside the resident keys and their partitions in flight
             if len(together.plans) > 1:
                 log.info("key %s beside the resident keys: %s", zkey.path or "", together.summary())
             if not together.fits:
@@ -405,7 +406,7 @@ class GpuBackend:
                 key_shape = shape
                 if supports:  # the same plan with the packed sections' rows: what the key really needs
                     key_shape = replace(shape, packed=tuple((n, int(dev[n].shape[0])) for n in supports))
-                    dplan = planned(key_shape)
+                    dplan, _ = self._beside(planned(key_shape), lambda m: planned(key_shape, m), zkey.path or "")
                     log.info("key %s, %s packed: %s", zkey.path or "", " and ".join(supports), dplan.summary())
                 points = sum(int(dev[name].nbytes) for name in SECTIONS)
                 tables: dict[str, Any] = {}
@@ -465,6 +466,34 @@ class GpuBackend:
         domains = set(built) | {p.shape.domain_size for p in plans}
         return admit(plans, self.device_bytes, workers=self.workers,
                      tables=sum(ntt_table_bytes(n) for n in domains))
+
+    def _beside(self, dplan: DevicePlan, replan: Callable[[str], DevicePlan],
+                path: str) -> tuple[DevicePlan, DeviceAdmission]:
+        """A key's plan ``dplan`` (made against the memory free now) and its admission beside the
+        resident keys, its precomputed multiples dropped first, in :data:`.plan.DROP_ORDER`
+        (``replan``: the key's plan with a comma list of the sections that keep theirs), while they
+        cost partitions in flight: while the admission keeps smaller batches or fewer partitions in
+        flight than with none of them (none is dropped where they save more MSM scratch than their
+        tables take). The free memory they were sized against is the resident keys' room for their
+        partitions; multiples are a speed-up only, and a key's own plan drops them before its
+        batches and partitions in flight too. Only the new key's: the resident keys' are made, and
+        dropping them would mean making them again when the room comes back."""
+        together = self._admission(dplan)
+        if not dplan.multiples or len(together.plans) == 1:
+            return dplan, together
+        bare = self._admission(replan("none"))
+        dropped: list[str] = []
+        for s in DROP_ORDER:
+            if (together.fits, together.batch, together.in_flight) >= (bare.fits, bare.batch, bare.in_flight):
+                break
+            if s in dplan.multiples:
+                dplan = replan(",".join(k for k in dplan.multiples if k != s) or "none")
+                together = self._admission(dplan)
+                dropped.append(s)
+        if dropped:
+            log.warning("key %s: without the precomputed multiples of %s, which would take the resident keys' "
+                        "partitions in flight", path, ", ".join(dropped))
+        return dplan, together
 
     def _key_closed(self, key: GpuKey) -> None:
         """After ``key`` is closed: its domain's NTT tables go where no resident key has that domain
