@@ -226,7 +226,7 @@ def test_a_lost_warm_daemon_is_asked_again_under_the_same_request_id(tmp_path: P
 
     from cuzk_mp.errors import Unavailable
 
-    from cuzk_mp import cli
+    from cuzk_mp import cli_verbs
     from cuzk_mp.daemon import prove_files
 
     key, wtns = tmp_path / "k.zkey", tmp_path / "w.wtns"
@@ -245,10 +245,10 @@ def test_a_lost_warm_daemon_is_asked_again_under_the_same_request_id(tmp_path: P
 
     monkeypatch.setattr(prove_files, "prove_to_files", prove)
     monkeypatch.setattr(warm, "ensure", lambda spec: "unix:///nowhere.sock")
-    monkeypatch.setattr(cli.time, "sleep", lambda s: None)
+    monkeypatch.setattr(cli_verbs.time, "sleep", lambda s: None)
     args = argparse.Namespace(keep_warm=30.0, zkey=key, wtns=wtns, backend="cpu", r1cs=None, no_verify=False,
                               proof=tmp_path / "p.json", public=tmp_path / "s.json")
-    assert cli._prove_warm(args) == 0
+    assert cli_verbs._prove_warm(args) == 0
     assert len(asked) == 3 and len(set(asked)) == 1 and asked[0], asked
 
 
@@ -343,7 +343,7 @@ def test_a_refusal_at_a_cap_is_asked_again_and_never_said_to_start_a_daemon(
     import argparse
     import logging
 
-    from cuzk_mp import cli
+    from cuzk_mp import cli_verbs
     from cuzk_mp.daemon import prove_files
     from cuzk_mp.errors import Unavailable
     from cuzk_mp.exit_codes import EXIT_UNREACHABLE
@@ -366,15 +366,15 @@ def test_a_refusal_at_a_cap_is_asked_again_and_never_said_to_start_a_daemon(
     monkeypatch.setattr(prove_files, "prove_to_files", prove)
     monkeypatch.setattr(warm, "ensure", lambda spec: "unix:///warm.sock")  # it answers: nothing is started
     waits: list[float] = []
-    monkeypatch.setattr(cli.time, "sleep", waits.append)
+    monkeypatch.setattr(cli_verbs.time, "sleep", waits.append)
     args = argparse.Namespace(keep_warm=30.0, zkey=key, wtns=wtns, backend="cpu", r1cs=None, no_verify=False,
                               proof=tmp_path / "p.json", public=tmp_path / "s.json")
     with caplog.at_level(logging.INFO, logger="cuzk_mp.cli"):
-        assert cli._prove_warm(args) == 0
+        assert cli_verbs._prove_warm(args) == 0
     assert asked == ["unix:///warm.sock"] * 2 and waits == [1.0]
     assert f"the warm daemon at unix:///warm.sock refused the job: {cap}; asking again in 1.0 s" in caplog.text
     assert "starting it again" not in caplog.text
     refusals["left"] = 3
     asked.clear()
-    assert cli._prove_warm(args) == EXIT_UNREACHABLE
-    assert len(asked) == cli.WARM_ATTEMPTS
+    assert cli_verbs._prove_warm(args) == EXIT_UNREACHABLE
+    assert len(asked) == cli_verbs.WARM_ATTEMPTS
