@@ -470,7 +470,7 @@ def rewrite_cache(path: Path, counts_change: dict[str, int] | None = None,
 
     import numpy as np
 
-    from cuzk_mp.groth16.circuit_data import HEADER_BYTES, _pack_header, _unpack_header, body_hash
+    from cuzk_mp.groth16.circuit_data_file import HEADER_BYTES, _pack_header, _unpack_header, body_hash
 
     raw = bytearray(path.read_bytes())
     counts, size, _, zid, rid = _unpack_header(bytes(raw[:HEADER_BYTES]))

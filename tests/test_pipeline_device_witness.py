@@ -212,7 +212,7 @@ def test_a_damaged_circuit_data_file_fails_the_provers_task_alone(tmp_path: Path
     import threading
 
     from cuzk_mp.formats.snarkjs_json import proof_from_json, vk_from_json
-    from cuzk_mp.groth16.circuit_data import read_counts
+    from cuzk_mp.groth16.circuit_data_file import read_counts
     from cuzk_mp.groth16.keys import prepare_vk
     from cuzk_mp.groth16.verifier import verify
     from cuzk_mp.pipeline.keys import ensure_synthetic_circuit_data

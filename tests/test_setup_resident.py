@@ -19,8 +19,8 @@ from cuzk_mp.backends.cpu import CpuBackend
 from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
 from cuzk_mp.errors import FormatError
 from cuzk_mp.groth16 import setup as dev
-from cuzk_mp.groth16.circuit_data import (CircuitData, CircuitShape, FileIdentity, build_from_r1cs, open_cache,
-                                         open_or_build_from)
+from cuzk_mp.groth16.circuit_data import build_from_r1cs, open_or_build_from
+from cuzk_mp.groth16.circuit_data_file import CircuitData, CircuitShape, FileIdentity, open_cache
 from cuzk_mp.groth16.keys import prepare_vk, vk_from_zkey
 from cuzk_mp.groth16.prover import prove
 from cuzk_mp.groth16.setup_resident import qap_columns, setup_resident

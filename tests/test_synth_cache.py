@@ -1,4 +1,4 @@
-"""The circuit-data cache and the evaluator over it (cuzk_mp.groth16.circuit_data, .synthesis).
+"""The circuit-data cache and the evaluator over it (cuzk_mp.groth16.circuit_data, .circuit_data_file, .synthesis).
 
 Oracles: the replaced 32-byte CSR path (``coef_matrices`` + ``fr.csr_matvec`` + ``fr.mul``) for
 a, b, c; the r1cs checked row by row for the failing constraint; pairing verification of a
@@ -307,7 +307,7 @@ def test_an_interrupt_while_the_cache_is_finished_stays_an_interrupt(files: tupl
     def interrupted(*args: object) -> None:
         raise KeyboardInterrupt
 
-    monkeypatch.setattr(circuit_data, where, interrupted)
+    monkeypatch.setattr(circuit_data, where, interrupted)  # where the cache is written looks it up
     with pytest.raises(KeyboardInterrupt):
         ConstraintEvaluator.from_files(str(zkey), str(r1cs))
     assert not [p for p in zkey.parent.iterdir() if p.name.endswith(".tmp")]
@@ -339,7 +339,7 @@ def test_a_hand_made_cache_is_a_format_error_naming_it_and_is_moved_aside(
     FormatError naming the file and the defect; opened through the evaluator it is moved aside to
     ``.damaged`` and made again, and the results are right."""
     from cuzk_mp.errors import FormatError
-    from cuzk_mp.groth16.circuit_data import circuit_shape, open_cache, r1cs_identity, zkey_identity
+    from cuzk_mp.groth16.circuit_data_file import circuit_shape, open_cache, r1cs_identity, zkey_identity
 
     zkey, r1cs = files
     path = Path(ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data.path)  # type: ignore[arg-type]
@@ -363,7 +363,7 @@ def test_a_damaged_cache_is_a_format_error_naming_it(files: tuple[Path, Path], d
     """Truncated below its header, another file, a size its header does not say, a body that does not
     hash to its header's value: FormatError naming the file (read_counts too), never a ValueError."""
     from cuzk_mp.errors import FormatError
-    from cuzk_mp.groth16.circuit_data import circuit_shape, open_cache, r1cs_identity, read_counts, zkey_identity
+    from cuzk_mp.groth16.circuit_data_file import circuit_shape, open_cache, r1cs_identity, read_counts, zkey_identity
 
     zkey, r1cs = files
     path = Path(ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data.path)  # type: ignore[arg-type]
@@ -394,7 +394,7 @@ def test_a_cache_that_copies_the_keys_identity_with_other_counts_is_moved_aside(
     checksum and body hash and indices within its own counts, but counts that are not the key's: a
     worker would size a partition's segment other than the key's prover expects. It is a FormatError
     naming the file and both values, moved aside and made again; the evaluator's sizes are the key's."""
-    from cuzk_mp.groth16.circuit_data import read_counts
+    from cuzk_mp.groth16.circuit_data_file import read_counts
 
     zkey, r1cs = files
     path = Path(ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data.path)  # type: ignore[arg-type]

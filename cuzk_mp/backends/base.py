@@ -89,7 +89,7 @@ class KeyHandle(Protocol):
 
 class WitnessRows(Protocol):
     """The coded A and B rows of a circuit and their coefficient table (the shared circuit data,
-    :class:`cuzk_mp.groth16.circuit_data.CircuitData`): what the witness map reads."""
+    :class:`cuzk_mp.groth16.circuit_data_file.CircuitData`): what the witness map reads."""
 
     a: CodedMatrix
     b: CodedMatrix

@@ -34,7 +34,7 @@ from py_arkworks_bls12381 import G1Point, G2Point
 from ..algebra import coded_sparse, fr
 from ..algebra.field import Q_MOD, R_MOD, fr_root_of_unity
 from ..formats.zkey import ZKey, empty_contributions
-from .circuit_data import CircuitData
+from .circuit_data_file import CircuitData
 from .setup import ToxicWaste, h_scalars, lagrange_factor
 
 log = logging.getLogger("cuzk_mp.groth16.setup_resident")

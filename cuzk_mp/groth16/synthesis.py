@@ -32,7 +32,8 @@ from ..backends.base import ProverInputs
 from ..errors import InputError, UnsatisfiedWitness
 from ..formats.r1cs import R1CS
 from ..formats.zkey import ZKey
-from .circuit_data import CircuitData, build_in_memory, open_or_build
+from .circuit_data import build_in_memory, open_or_build
+from .circuit_data_file import CircuitData
 from .synthesis_key import tiny_zkey_and_r1cs
 
 

@@ -41,10 +41,10 @@ from typing import TYPE_CHECKING
 
 from ..circuits.synthetic_kinds import synthetic_circuit
 from ..errors import CuzkError, FormatError
-from ..groth16.circuit_data import FileIdentity
+from ..groth16.circuit_data_file import FileIdentity
 
 if TYPE_CHECKING:
-    from ..groth16.circuit_data import CircuitData, CircuitShape
+    from ..groth16.circuit_data_file import CircuitData, CircuitShape
     from ..groth16.setup import ToxicWaste
 
 log = logging.getLogger("cuzk_mp.pipeline.keys")
@@ -171,7 +171,7 @@ def open_device_circuit_data(path: str | Path, kind: str, log_n: int) -> Circuit
     evaluates. FormatError naming the file and the defect where it is damaged, stale (a file changed
     since the engine made it) or of other sizes than the circuit's: the task that opened it fails,
     its process carries on."""
-    from ..groth16.circuit_data import open_cache
+    from ..groth16.circuit_data_file import open_cache
 
     ident = synthetic_identity(kind, log_n)
     return open_cache(path, ident, ident, synthetic_shape(kind, log_n))
@@ -179,7 +179,7 @@ def open_device_circuit_data(path: str | Path, kind: str, log_n: int) -> Circuit
 
 def synthetic_shape(kind: str, log_n: int) -> CircuitShape:
     """The sizes of the key a synthetic circuit's setup makes: what its circuit data must say."""
-    from ..groth16.circuit_data import CircuitShape
+    from ..groth16.circuit_data_file import CircuitShape
 
     circuit = synthetic_circuit(kind, log_n)  # ConfigError for an unknown kind or size
     return CircuitShape.of_circuit(circuit.n_wires, circuit.n_public, circuit.n_constraints)

@@ -257,7 +257,7 @@ def circuit_data_size(path: str | os.PathLike[str], abc: bool = True) -> Circuit
     """A circuit's sizes from its circuit-data file, for a key with no file (generated in the provers:
     no host copy of the key, so ``key_bytes`` 0; the file is what synthesis and the provers map);
     ``abc`` False: its partitions travel as w alone (the prover's device witness map)."""
-    from ..groth16.circuit_data import read_counts
+    from ..groth16.circuit_data_file import read_counts
 
     counts = read_counts(path)
     return CircuitSize(domain_size=counts.domain_size, n_vars=counts.n_vars, key_bytes=0,
