@@ -12,6 +12,8 @@ import msgspec
 import pytest
 
 from cuzk_mp.daemon import config as C
+from cuzk_mp.daemon import config_file
+from cuzk_mp.daemon.fleet.config import FleetSection
 from cuzk_mp.daemon.transport import Address, parse_address
 from cuzk_mp.errors import ConfigError
 from tests.helpers import small_circom_key
@@ -58,21 +60,22 @@ def test_example_config_loads_and_maps_onto_the_engine(tmp_path: Path) -> None:
 
 def test_every_key_is_documented_in_the_example() -> None:
     text = EXAMPLE.read_text()
-    sections = {"daemon": C.DaemonSection, "srs": C.SrsSection, "memory": C.MemorySection,
-                "synthesis": C.SynthesisSection, "pipeline": C.PipelineSection,
-                "gpus": C.GpusSection, "logging": C.LoggingSection, "fleet": C.FleetSection}
+    sections = {"daemon": config_file.DaemonSection, "srs": config_file.SrsSection,
+                "memory": config_file.MemorySection, "synthesis": config_file.SynthesisSection,
+                "pipeline": config_file.PipelineSection, "gpus": config_file.GpusSection,
+                "logging": config_file.LoggingSection, "fleet": FleetSection}
     for name, struct in sections.items():
         assert f"[{name}]" in text
         for field in struct.__struct_fields__:
             assert re.search(rf"^#? ?{field} = ", text, re.M), f"{name}.{field} undocumented"
-    for field in C.CircuitSection.__struct_fields__:
+    for field in config_file.CircuitSection.__struct_fields__:
         assert re.search(rf"^#? ?{field} = ", text, re.M), f"circuits.ID.{field} undocumented"
 
 
 def test_example_defaults_equal_the_code_defaults() -> None:
     raw = tomllib.loads(EXAMPLE.read_text())
     raw.pop("circuits")
-    assert msgspec.convert(raw, C.RawConfig) == C.RawConfig()
+    assert msgspec.convert(raw, config_file.RawConfig) == config_file.RawConfig()
 
 
 def test_the_example_configures_what_an_empty_file_does(tmp_path: Path) -> None:
@@ -139,13 +142,13 @@ def test_auto_only_where_allowed() -> None:
     ("30s", 30.0), ("5m", 300.0), ("1h", 3600.0), ("250ms", 0.25), (12, 12.0), ("2d", 172800.0),
 ])
 def test_durations(text: object, seconds: float) -> None:
-    assert C.parse_duration(text, "k") == seconds
+    assert config_file.parse_duration(text, "k") == seconds
 
 
 @pytest.mark.parametrize("bad", ["soon", "5 minutes", -1, "1y"])
 def test_bad_durations_name_the_key(bad: object) -> None:
     with pytest.raises(ConfigError, match="daemon.result_ttl"):
-        C.parse_duration(bad, "daemon.result_ttl")
+        config_file.parse_duration(bad, "daemon.result_ttl")
 
 
 def test_bad_size_in_config_names_the_key(tmp_path: Path) -> None:
@@ -559,7 +562,7 @@ def test_every_engine_field_is_named_by_its_config_key() -> None:
     assert set(C.ENGINE_KEYS) == {f.name for f in dataclasses.fields(EngineConfig)}
     with pytest.raises(ConfigError, match=r"^EngineConfig\.task_timeout_s: must be positive, got 0 s$"):
         EngineConfig(task_timeout_s=0).validate()  # the engine's own callers read its field names
-    raw = C.RawConfig()
+    raw = config_file.RawConfig()
     keys = {f"{section}.{name}" for section in raw.__struct_fields__
             for name in getattr(raw, section).__struct_fields__}
     assert set(C.ENGINE_KEYS.values()) <= keys

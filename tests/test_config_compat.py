@@ -20,6 +20,7 @@ import pytest
 
 from cuzk_mp import cli
 from cuzk_mp.daemon import config as C
+from cuzk_mp.daemon import config_file
 from cuzk_mp.daemon import notify
 from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.errors import ConfigError
@@ -94,10 +95,10 @@ def test_a_cuzk_config_starts_with_a_warning_per_ignored_key(tmp_path: Path) -> 
     assert cfg.log_level == "warning" and cfg.param_cache == tmp_path / "params"
     named = sorted(re.match(rf"{re.escape(str(path))}: (\S+) is a cuzk setting", w).group(1)  # type: ignore[union-attr]
                    for w in cfg.warnings)
-    assert named == sorted(C.FOREIGN_KEYS)  # each ignored key once, by its name, with the file's
+    assert named == sorted(config_file.FOREIGN_KEYS)  # each ignored key once, by its name, with the file's
     for w in cfg.warnings:
         key = w.split(": ", 1)[1].split(" ", 1)[0]
-        assert w.endswith(C.FOREIGN_KEYS[key])  # and why it does nothing here
+        assert w.endswith(config_file.FOREIGN_KEYS[key])  # and why it does nothing here
 
 
 def test_unknown_keys_that_are_not_cuzks_are_still_errors(tmp_path: Path) -> None:
@@ -212,13 +213,13 @@ def test_check_prints_gib_and_the_ignored_keys(tmp_path: Path, capsys: pytest.Ca
     assert cli.main(["daemon", "--config", str(path), "--check"]) == 0
     out, err = capsys.readouterr()
     # each ignored key, and the access warning of its listener (loopback TCP without tokens)
-    assert f"{path.resolve()}: OK (1 circuits" in out and f"{len(C.FOREIGN_KEYS) + 1} warnings" in out
+    assert f"{path.resolve()}: OK (1 circuits" in out and f"{len(config_file.FOREIGN_KEYS) + 1} warnings" in out
     assert "warning: daemon.listen = '127.0.0.1:9820' without tokens: every local user" in err
     # the queued jobs' inputs (daemon.max_queued_input, 2 GiB by default) are kept out of the pipeline's budget
     assert ("total 64.00 GiB, safety margin 5.00 GiB, queued jobs' inputs 2.00 GiB, pipeline (host budget) "
             "57.00 GiB") in out
     assert re.search(r"proving keys \d+\.\d\d GiB", out) and " bytes" not in out
-    assert all(f"warning: {path}: {key} is a cuzk setting" in err for key in C.FOREIGN_KEYS)
+    assert all(f"warning: {path}: {key} is a cuzk setting" in err for key in config_file.FOREIGN_KEYS)
 
 
 @pytest.mark.parametrize("argv, want", [([], "warning"), (["--log-level", "DEBUG"], "DEBUG"),

@@ -14,7 +14,7 @@ import msgspec
 import pytest
 from fleet_helpers import connect, make_inputs
 
-from cuzk_mp.daemon.config import parse_duration
+from cuzk_mp.daemon.config_file import parse_duration
 from cuzk_mp.daemon.fleet import report
 from cuzk_mp.daemon.fleet.config import FleetConfig, FleetSection, check_fleet, redact_dsn, resolve_fleet
 from cuzk_mp.daemon.fleet.inputs import load_inputs, store_inputs
