@@ -26,7 +26,8 @@ from cuzk_mp.algebra.field import G1_GEN
 from cuzk_mp.daemon import config as C
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions
-from cuzk_mp.daemon.server import Daemon, DaemonState
+from cuzk_mp.daemon.handlers import DaemonState
+from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.daemon.transport import frame, inproc_pair
 from cuzk_mp.errors import ConfigError, InputError, ResourceError, Unavailable
 from cuzk_mp.pipeline.supervisor import Degraded
