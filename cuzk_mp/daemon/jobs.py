@@ -233,7 +233,7 @@ class JobTable:
         Such a job is not counted against this table's :class:`~.queue_caps.QueueCaps`: the fleet's
         worker claims at most ``[fleet] max_jobs`` of them at once (its free slots), so they are
         bounded already; the fleet's unfinished jobs wait in its database and ``inputs_dir``, where
-        the fleet counts them against the caps at submit (:meth:`.fleet.queue.Fleet.submit`).
+        the fleet counts them against the caps at submit (:meth:`.fleet.submits.FleetSubmits.submit`).
 
         Every timestamp of ``rec`` is this box's clock, like the engine's ``started_at`` and
         ``finished_at`` that end the job: ``submitted_at`` is the caller's conversion of the

@@ -6,7 +6,7 @@ This module owns the rule, not the figures it is applied to. It serves two kinds
 * **A daemon alone** (:class:`~.jobs.JobTable`): until a job finishes, its input bytes stay in
   the daemon's memory, so the figures are the daemon's own unfinished journaled jobs, kept as
   running counters.
-* **A fleet's shared queue** (:meth:`.fleet.queue.Fleet.submit`): a box applies its own caps to
+* **A fleet's shared queue** (:meth:`.fleet.submits.FleetSubmits.submit`): a box applies its own caps to
   the whole fleet's unfinished jobs, counted in the database in the submit's transaction. One
   queue feeds every box, so a client that floods it through one box starves the clients of every
   other box, and caps counted per box would let n boxes admit n times the cap. The input bytes are

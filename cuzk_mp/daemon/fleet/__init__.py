@@ -37,10 +37,11 @@ retries, cancellation) is the library's.
 
 Modules: ``config`` (the ``[fleet]`` section; no library import), ``models`` (the values
 returned), ``schema`` (our tables), ``inputs`` (references + sha256), ``events`` (the LISTEN
-connection), ``store`` (transactions and read-only views), ``queue`` (:class:`Fleet`),
-``worker`` (a claim loop), ``keys`` (which key an idle box loads), ``report`` (``cuzk-mp fleet
-status`` text and /metrics gauges), ``cli``. ``events``, ``store``, ``queue`` and ``worker``
-need the optional ``fleet`` extra; the others import without it.
+connection), ``store`` (transactions and read-only views), ``submits`` (submit and wait for a
+result), ``queue`` (:class:`Fleet`: claims, heartbeats, settling), ``worker`` (a claim loop),
+``keys`` (which key an idle box loads), ``report`` (``cuzk-mp fleet status`` text and /metrics
+gauges), ``cli``. ``events``, ``store``, ``submits``, ``queue`` and ``worker`` need the optional
+``fleet`` extra; the others import without it.
 """
 
 from __future__ import annotations
