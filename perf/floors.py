@@ -17,7 +17,7 @@ What is counted (the backend's own choices, from :mod:`cuzk_mp.backends.gpu.knob
   multiples, per window without);
 * a mixed XYZZ addition: 8 products + 2 squares (ec/xyzz.cuh); a full one 12 + 2; G2 the same
   counts of Fq2 products and squares (2 Fq products each); the G2 module's Fq2 product is the lazy
-  one (knobs.G2_FP2: ff/fp2_lazy.cuh, 744 IMADs against fp2_t's ~900), counted at the measured
+  one (msm_params.G2_FP2: ff/fp2_lazy.cuh, 744 IMADs against fp2_t's ~900), counted at the measured
   fp2_t rate times 900 / 744;
 * the H step: 3 x (iNTT with the coset factor, NTT) over ``pass_schedule`` (stage 0 of every pass
   and the first pass's outer twiddle have no product) and the combine's 2 products a row.
@@ -42,14 +42,9 @@ import numpy as np
 ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
-from cuzk_mp.backends.gpu.knobs import (  # noqa: E402
-    NttParams,
-    choose_window,
-    msm_params_for,
-    pass_schedule,
-    plan_params,
-    window_count,
-)
+from cuzk_mp.backends.gpu.knobs import NttParams, pass_schedule, plan_params  # noqa: E402
+from cuzk_mp.backends.gpu.msm_geometry import choose_window, window_count  # noqa: E402
+from cuzk_mp.backends.gpu.msm_params import msm_params_for  # noqa: E402
 from cuzk_mp.backends.gpu.plan import KeyShape, plan_device  # noqa: E402
 from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit  # noqa: E402
 

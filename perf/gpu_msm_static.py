@@ -47,7 +47,8 @@ from typing import Any
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(1, str(Path(__file__).resolve().parent))
 
-from cuzk_mp.backends.gpu.knobs import MSM_PATH, MsmParams  # noqa: E402
+from cuzk_mp.backends.gpu.knobs import MSM_PATH  # noqa: E402
+from cuzk_mp.backends.gpu.msm_params import MsmParams  # noqa: E402
 from cuzk_mp.backends.gpu.source import assemble  # noqa: E402
 # The level-1 kernels whose bucket step is reported (SASS loop and hot path).
 ACC_KERNELS = ("msm_accumulate", "msm_accumulate_split")

@@ -184,7 +184,7 @@ def msm_rows(ses: DeviceRun, sizes_g1: tuple[int, ...], lg_g2: int, reps: int, a
     import gpu_msm_bench as mb
 
     from cuzk_mp.backends.gpu import msm
-    from cuzk_mp.backends.gpu.knobs import BA_ROUNDS
+    from cuzk_mp.backends.gpu.env_knobs import BA_ROUNDS
 
     accs = {"": msm.MsmParams(ba_rounds=0)}
     if affine:
@@ -321,7 +321,8 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affi
     plan set them ("") and/or with XYZZ level 1 alone ("xyzz": no grid rounds, rows ``*_xyzz``),
     timed on the same key, interleaved rep by rep."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
-    from cuzk_mp.backends.gpu.knobs import BA_ROUNDS, MULTIPLES_ENV
+    from cuzk_mp.backends.gpu.env_knobs import BA_ROUNDS
+    from cuzk_mp.backends.gpu.msm_geometry import MULTIPLES_ENV
 
     n_public = 4
     tags = tags or (("porep",) if quick else ("porep", "random"))

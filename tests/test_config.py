@@ -694,7 +694,7 @@ def test_gpu_knobs_in_the_environment_are_checked_with_a_gpu_engine_config(monke
 
 
 def test_a_blank_multiples_knob_is_the_default() -> None:
-    from cuzk_mp.backends.gpu.knobs import plan_multiples
+    from cuzk_mp.backends.gpu.msm_geometry import plan_multiples
 
     sections = {"h": 96 << 20, "a": 96 << 20}
     assert plan_multiples(sections, 1 << 40, 1 << 20, "  ") == plan_multiples(sections, 1 << 40, 1 << 20, None) != {}

@@ -82,7 +82,7 @@ def test_outside_unit_compiles_with_nvcc(unit: str, root: Path, tmp_path: Path) 
 
 def test_plan_multiples() -> None:
     """Sections in the order h, b2, a, b1, c while the tables leave the reserve free."""
-    from cuzk_mp.backends.gpu.knobs import RESERVE_FIXED, RESERVE_PER_ROW, plan_multiples
+    from cuzk_mp.backends.gpu.msm_geometry import RESERVE_FIXED, RESERVE_PER_ROW, plan_multiples
 
     n = 1 << 24
     sizes = {"a": 96 * n, "b1": 96 * n, "b2": 192 * n, "c": 96 * (n - 3), "h": 96 * n}

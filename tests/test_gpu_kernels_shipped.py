@@ -15,6 +15,7 @@ import sys
 from pathlib import Path
 
 from cuzk_mp.backends.gpu import knobs
+from cuzk_mp.backends.gpu.msm_params import MsmParams
 from cuzk_mp.backends.gpu.source import define_items, kernel_names, module_digest
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -68,7 +69,7 @@ def test_ptxas_reports_no_register_spills_in_the_hot_loops() -> None:
     """Registers and spills on sm_90 as the build recorded them: the G1 accumulation stays at
     4 blocks of 128 threads (<= 128 registers) and the NTT passes and H step do not spill."""
     figs = {(e["path"], tuple(map(tuple, e["defines"]))): e["ptxas_sm_90"] for e in _manifest()["modules"]}
-    g1 = figs[(knobs.MSM_PATH, tuple(define_items(knobs.MsmParams().defines(False))))]
+    g1 = figs[(knobs.MSM_PATH, tuple(define_items(MsmParams().defines(False))))]
     assert g1["msm_accumulate"]["registers"] <= 128
     for path in (knobs.NTT_PATH, knobs.H_PATH):
         for kernel, f in figs[(path, ())].items():

@@ -38,7 +38,7 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 from cuzk_mp.algebra import curve
 from cuzk_mp.algebra.field import Q_MOD, R_MOD, ints_to_limbs, limbs_to_ints
 from cuzk_mp.backends.cpu import msm as cpu_msm
-from cuzk_mp.backends.gpu.knobs import msm_params_for
+from cuzk_mp.backends.gpu.msm_params import msm_params_for
 from cuzk_mp.errors import ConfigError, InputError
 from tests import gpu_emu
 from tests.gpu_emu import KERNELS, module_for
@@ -176,7 +176,7 @@ def test_accumulation_modes(msm: Any, dist: str) -> None:
 def test_the_fq_product_knobs_reach_the_modules_defines() -> None:
     """What the device-only module tests below build (FP64-pipe, Karatsuba, unfused and inlined Fq
     products): each knob's defines, checked on every machine; the modules themselves need the device."""
-    from cuzk_mp.backends.gpu.knobs import MsmParams
+    from cuzk_mp.backends.gpu.msm_params import MsmParams
 
     default = MsmParams()
     for mode, dfma in (("dfma", 1), ("mixed", 2)):
@@ -593,9 +593,9 @@ def test_graphed_msms(kind: str, msm: Any, g2: bool, mul: int | None, monkeypatc
     graphs = obj._graphs
     assert msm.graphs_supported() and set(graphs) == {1, k}
     assert sum(len(runs) for runs in graphs.values()) <= msm.GRAPH_RUNS and "graph" in pending[0][1].timings
-    from cuzk_mp.backends.gpu import knobs
+    from cuzk_mp.backends.gpu import msm_params
 
-    monkeypatch.setattr(knobs, "GRAPH_MAX_ENTRIES", n)  # any pass is larger now
+    monkeypatch.setattr(msm_params, "GRAPH_MAX_ENTRIES", n)  # any pass is larger now
     fresh = cls(points, params) if mul is None else obj
     fresh._graphs = {}
     assert fresh.launch(d[0], msm.dense_plan(n)).result() == want[0] and fresh._graphs == {}

@@ -15,7 +15,8 @@ from typing import Any
 
 import pytest
 
-from cuzk_mp.backends.gpu.knobs import SECTIONS, msm_params_for, window_count
+from cuzk_mp.backends.gpu.msm_geometry import SECTIONS, window_count
+from cuzk_mp.backends.gpu.msm_params import msm_params_for
 from cuzk_mp.backends.gpu.plan import (
     DEFAULT_MARGIN,
     KeyShape,
@@ -163,7 +164,8 @@ def test_a_batch_of_small_partitions_is_planned() -> None:
     at most DENSE_KEY_ROWS rows, each section's batch as ONE batched pass (its scratch over k
     vectors and their concatenated copy), each on its stream of the pool, side by side."""
     from cuzk_mp.algebra.field import FR_BYTES
-    from cuzk_mp.backends.gpu.knobs import DENSE_KEY_ROWS, msm_params_for
+    from cuzk_mp.backends.gpu.msm_geometry import DENSE_KEY_ROWS
+    from cuzk_mp.backends.gpu.msm_params import msm_params_for
 
     shape = porep(16)
     assert shape.domain_size <= DENSE_KEY_ROWS
@@ -196,7 +198,8 @@ def test_unbatched_msms_of_a_batch_are_counted_per_stream() -> None:
     2^18 rows each on a stream of the pool (8 a thread: with 8 partitions every stream runs a G2
     MSM, the largest, and C's cut of eight plans), a larger key's on two streams, one MSM after
     another (the scratch of one partition's pass; the batch counts in the partitions alone)."""
-    from cuzk_mp.backends.gpu.knobs import MSM_STREAMS, msm_params_for
+    from cuzk_mp.backends.gpu.msm_geometry import MSM_STREAMS
+    from cuzk_mp.backends.gpu.msm_params import msm_params_for
 
     shape = porep(18)
     params = msm_params_for(shape.domain_size)
@@ -301,7 +304,7 @@ def test_grid_lists_go_before_any_multiple(monkeypatch: pytest.MonkeyPatch) -> N
     without them; small keys plan none."""
     from dataclasses import replace
 
-    from cuzk_mp.backends.gpu.knobs import MsmParams, msm_params_for
+    from cuzk_mp.backends.gpu.msm_params import MsmParams, msm_params_for
     from cuzk_mp.backends.gpu.plan import NO_GRID, grid_list_bytes
 
     monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
@@ -384,7 +387,8 @@ def test_msm_scratch_follows_the_window_geometry() -> None:
     """Dense 2^27 G1: c = 22, 12 windows, batches of 2 windows (max_entries 2^28): the sort's
     bytes per key dominate; G2's XYZZ buckets are twice G1's; multiples with c = 24 keep two
     bucket sets of 2^23."""
-    from cuzk_mp.backends.gpu.knobs import MsmParams, choose_window, window_count
+    from cuzk_mp.backends.gpu.msm_geometry import choose_window, window_count
+    from cuzk_mp.backends.gpu.msm_params import MsmParams
 
     n = 1 << 27
     g1, g2 = msm_scratch_bytes(n, False), msm_scratch_bytes(n, True)
@@ -417,7 +421,7 @@ def test_graphs_are_planned_and_dropped_first() -> None:
     graphs, before any multiple is dropped or any partition leaves the device."""
     from dataclasses import replace
 
-    from cuzk_mp.backends.gpu.knobs import GRAPH_MAX_ENTRIES, GRAPH_RUNS, MsmParams
+    from cuzk_mp.backends.gpu.msm_params import GRAPH_MAX_ENTRIES, GRAPH_RUNS, MsmParams
     from cuzk_mp.backends.gpu.plan import COUNTING_SORT_BYTES_PER_KEY, graph_bytes
 
     shape = porep(12)
@@ -540,7 +544,8 @@ def test_load_key_keeps_to_the_planned_in_flight_count(emu: object, test_key: tu
 def test_large_batch_sort_switch(monkeypatch: pytest.MonkeyPatch) -> None:
     """CUZK_GPU_MSM_SORT picks how batches above the counting sort's buckets are sorted; the plan
     counts cupy.argsort's larger buffers when it is picked, and an unknown value is refused by name."""
-    from cuzk_mp.backends.gpu.knobs import SORT_ENV, MsmParams
+    from cuzk_mp.backends.gpu.env_knobs import SORT_ENV
+    from cuzk_mp.backends.gpu.msm_params import MsmParams
     from cuzk_mp.backends.gpu.plan import ARGSORT_BYTES_PER_KEY, SORT_BYTES_PER_KEY
     from cuzk_mp.errors import ConfigError
 
@@ -570,7 +575,8 @@ def test_each_key_size_gets_the_sort_measured_fastest(monkeypatch: pytest.Monkey
     """The plan picks the large window batches' sort by the key's domain (cupy.argsort at 2^25 and 2^26,
     the radix sort elsewhere: measured in the pipeline), counts that sort's buffers, and hands it to
     every section's MSM parameters; env CUZK_GPU_MSM_SORT overrides the rule."""
-    from cuzk_mp.backends.gpu.knobs import SORT_ENV, msm_params_for
+    from cuzk_mp.backends.gpu.env_knobs import SORT_ENV
+    from cuzk_mp.backends.gpu.msm_params import msm_params_for
 
     if env is None:
         monkeypatch.delenv(SORT_ENV, raising=False)
@@ -593,7 +599,7 @@ def test_a_section_bigger_than_the_domain_brings_no_grid_lists_the_plan_never_co
     section has more points than the domain, and the default parameters of that many points have grid
     rounds; the plan gives them back without (it counted no lists), as keys of at most 2^18 rows keep
     XYZZ."""
-    from cuzk_mp.backends.gpu.knobs import msm_params_for
+    from cuzk_mp.backends.gpu.msm_params import msm_params_for
     from cuzk_mp.backends.gpu.plan import KeyShape, plan_device
 
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid")  # rounds for both groups, wherever they fit
@@ -617,7 +623,8 @@ def test_the_graphs_buffers_in_the_plan_match_what_a_batched_pass_allocates(with
 
     from cuzk_mp.algebra import curve
     from cuzk_mp.algebra.field import R_MOD, ints_to_limbs
-    from cuzk_mp.backends.gpu import knobs
+    from cuzk_mp.backends.gpu.msm_geometry import choose_multiples_window, window_count
+    from cuzk_mp.backends.gpu.msm_params import graph_batch_limit, msm_params_for
     from cuzk_mp.backends.gpu.plan import COUNTING_SORT_BYTES_PER_KEY, msm_scratch_bytes
     from tests import gpu_emu
 
@@ -637,16 +644,16 @@ def test_the_graphs_buffers_in_the_plan_match_what_a_batched_pass_allocates(with
         setattr(fake, name, counted(getattr(gpu_emu.fake_cupy, name)))
     monkeypatch.setattr(msm, "cupy", fake)
     m, k = 256, 8
-    params = knobs.msm_params_for(m)
+    params = msm_params_for(m)
     points = np.stack([curve.g1_ark_to_lem(G1Point() * Scalar(3 + i)) for i in range(m)])
     if with_multiples:
-        c = knobs.choose_multiples_window(m)
-        table = fixed_base.multiples_table(points, c, knobs.window_count(c))
-        obj = msm.MsmG1(table[:m], params, msm.Multiples(table, c, knobs.window_count(c), m))
+        c = choose_multiples_window(m)
+        table = fixed_base.multiples_table(points, c, window_count(c))
+        obj = msm.MsmG1(table[:m], params, msm.Multiples(table, c, window_count(c), m))
     else:
         obj = msm.MsmG1(points, params)
         c = obj._window_bits(m)
-    assert k <= knobs.graph_batch_limit(m, c)
+    assert k <= graph_batch_limit(m, c)
     rng = np.random.default_rng(5)
     scalars = np.asarray(ints_to_limbs([int(x) % R_MOD for x in rng.integers(1, 2**62, k * m)], 4))
     allocated[0] = 0

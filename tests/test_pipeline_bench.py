@@ -271,7 +271,7 @@ def test_device_plan_line(test_key: tuple[Path, Path], monkeypatch: pytest.Monke
     """The GPU bench's third line: the key's device plan on the first GPU's memory (each worker's
     batch of the small partitions counted); a GPU too small for the key says so with the sizes; an
     unknown GPU memory says that."""
-    from cuzk_mp.backends.gpu.knobs import graph_params_for
+    from cuzk_mp.backends.gpu.msm_params import graph_params_for
     from cuzk_mp.backends.gpu.plan import KeyShape, plan_device
     from cuzk_mp.formats.zkey import read_zkey
     from cuzk_mp.pipeline.memory import Machine, batched, circuit_size

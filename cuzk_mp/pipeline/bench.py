@@ -776,7 +776,8 @@ def device_plan_line(circuit: CircuitSize, machine: Machine, devices: list[int],
     (docs/backend-protocol.md). A circuit whose segments hold w alone counts its device witness
     map's rows as the circuit data file's size (an upper bound: the file also holds C's rows, which
     the device map does not read)."""
-    from ..backends.gpu.knobs import DENSE_KEY_ROWS, MULTIPLES_ENV, graph_params_for
+    from ..backends.gpu.msm_geometry import DENSE_KEY_ROWS, MULTIPLES_ENV
+    from ..backends.gpu.msm_params import graph_params_for
     from ..backends.gpu.plan import KeyShape, plan_device
     from ..errors import DeviceMemoryError
     from .memory import batched

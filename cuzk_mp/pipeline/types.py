@@ -246,7 +246,7 @@ class EngineConfig:
                                   "(30 days): a typo, not a plan")
         prover_batch(self.prover_batch), finalize_batch()  # the environment's overrides, read by the provers
         if self.backend != "cpu":  # the GPU provers' CUZK_GPU_* knobs: a typo refused here, not in a child
-            from ..backends.gpu.knobs import check_environment
+            from ..backends.gpu.env_knobs import check_environment
 
             check_environment()
 

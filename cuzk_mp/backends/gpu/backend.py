@@ -57,17 +57,9 @@ from ...intervals import IntervalUnion
 from ..base import G2_ROW_COST, ProverInputs, WitnessRows, check_key_sections
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
-from .knobs import (
-    DENSE_KEY_ROWS,
-    MSM_STREAMS,
-    MULTIPLES_ENV,
-    SECTIONS,
-    FixedBaseParams,
-    batches_msms,
-    graph_params_for,
-    msm_params_for,
-    msm_stream_of,
-)
+from .knobs import FixedBaseParams
+from .msm_geometry import DENSE_KEY_ROWS, MSM_STREAMS, MULTIPLES_ENV, SECTIONS, batches_msms, msm_stream_of
+from .msm_params import graph_params_for, msm_params_for
 from .admission import DeviceAdmission, admit
 from .ntt import GpuNtt
 from .plan import DROP_ORDER, DevicePlan, KeyShape, ntt_table_bytes, plan_device, point_words
@@ -100,7 +92,7 @@ class GpuKey:
 
     ``nbytes`` counts the key's own points on the device (what the prover's key cache
     budgets); ``multiples_bytes`` the precomputed multiples on top of them (sized by
-    :func:`.knobs.plan_multiples` against free device memory, so never a reason to evict).
+    :func:`.msm_geometry.plan_multiples` against free device memory, so never a reason to evict).
     """
 
     zkey: ZKey
@@ -193,7 +185,7 @@ class _Streams:
         """The stream of the i-th MSM of ``section`` in a pass. A large key's MSMs keep to two
         streams (G2 on ``side``, the rest on ``main``): each fills the device. A small key's MSMs
         each get a stream of the pool, so their short, latency-bound kernels run side by side
-        (the five of one proof, and those of the other proofs of a batch): :func:`.knobs.msm_stream_of`,
+        (the five of one proof, and those of the other proofs of a batch): :func:`.msm_geometry.msm_stream_of`,
         the rule the device plan counts the MSMs' scratch by."""
         which = msm_stream_of(int(key.zkey.domain_size), section, i)
         if which in ("main", "side"):

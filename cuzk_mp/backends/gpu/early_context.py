@@ -24,7 +24,7 @@ import os
 import threading
 import warnings
 
-from .knobs import env_switch
+from .env_knobs import env_switch
 
 log = logging.getLogger("cuzk_mp.backends.gpu.early_context")
 

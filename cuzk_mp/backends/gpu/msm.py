@@ -43,7 +43,7 @@ device, so the caller can enqueue more work, on this stream or another, before
 it collects any result.
 
 CUDA graphs (``MsmParams.graphs``, small MSMs): a dense pass whose sort keys number at most
-:data:`.knobs.GRAPH_MAX_ENTRIES` is captured once per batch size into a graph that owns its buffers
+:data:`.msm_params.GRAPH_MAX_ENTRIES` is captured once per batch size into a graph that owns its buffers
 (:class:`_GraphRun`); each run copies the scalars into the graph's input, launches the graph
 (one call instead of ~20 launches and allocations) and copies the window sums back. A small
 MSM's kernels take tens of microseconds each, so the host's launches, not the device, set the
@@ -65,21 +65,10 @@ from py_arkworks_bls12381 import G1Point, G2Point, Scalar
 from ...algebra.curve import g1_to_ark, g2_to_ark
 from ...algebra.field import Q_MOD, fq2_inv_int, fq2_mul_int, limbs_to_ints
 from ...errors import InputError
-from .knobs import (
-    GA_INV_FAN,
-    GA_THREADS,
-    GRAPH_RUNS,
-    MSM_PATH,
-    MsmParams,
-    accumulate_rounds,
-    choose_multiples_window,
-    choose_window,
-    graph_batch_limit,
-    grid_rounds,
-    grid_rounds_for,
-    ones_segment,
-    window_count,
-)
+from .env_knobs import GA_INV_FAN, GA_THREADS, accumulate_rounds, grid_rounds
+from .knobs import MSM_PATH
+from .msm_geometry import choose_multiples_window, choose_window, grid_rounds_for, ones_segment, window_count
+from .msm_params import GRAPH_RUNS, MsmParams, graph_batch_limit
 from .modules import get_module, occupancy
 
 __all__ = [
@@ -623,7 +612,7 @@ class _Msm:
         one. With k > 1 every vector must have the same length and a dense plan (no 0/1 split:
         zeros and ones go through the windows like any scalar). A batch whose sort keys would
         not fit 32 bits is split. Dense passes run as CUDA graphs where ``params.graphs`` and
-        their size allow (:data:`.knobs.GRAPH_MAX_ENTRIES`). No host sync."""
+        their size allow (:data:`.msm_params.GRAPH_MAX_ENTRIES`). No host sync."""
         if len(d_scalars) != len(plans) or not plans:
             raise InputError(f"{type(self).__name__}: {len(d_scalars)} scalar vectors for {len(plans)} plans")
         vecs = [self._check(v) for v in d_scalars]
@@ -690,8 +679,8 @@ class _Msm:
 
     def _graph_run(self, k: int, m: int) -> _GraphRun | None:
         """A captured dense pass of k x m scalars whose last run is over, marked busy, else a new
-        capture while this object holds fewer than :data:`.knobs.GRAPH_RUNS` graphs; None where
-        graphs are off, the pass is too large for one (:func:`.knobs.graph_batch_limit`), or no
+        capture while this object holds fewer than :data:`.msm_params.GRAPH_RUNS` graphs; None where
+        graphs are off, the pass is too large for one (:func:`.msm_params.graph_batch_limit`), or no
         graph is free and no more may be made (the pass then runs without one: waiting for a graph
         would serialise MSMs that may overlap on the device)."""
         if not self.params.graphs or not graphs_supported():

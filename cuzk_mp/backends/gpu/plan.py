@@ -9,7 +9,7 @@ with (the point and field sizes of :mod:`cuzk_mp.algebra.field`, the MSM geometr
 * resident, for the key's life: the point sections A, B1, B2 (G2), C and H as the zkey stores
   them (affine, Montgomery: 96 B per G1 point, 192 B per G2 point; IC stays on the host, the
   proof's assembly reads it there), the precomputed multiples of the sections
-  :func:`.knobs.plan_multiples` picks (W - 1 more copies of a section, W windows of its c), the
+  :func:`.msm_geometry.plan_multiples` picks (W - 1 more copies of a section, W windows of its c), the
   row list of a packed key's support (4 B per kept row, one at most), and
   the H step's twiddle table (n/2 Fr elements), and, for a circuit whose partitions arrive as w
   alone, the coded A and B rows and coefficient tables its device witness map reads (uploaded by the
@@ -23,7 +23,7 @@ with (the point and field sizes of :mod:`cuzk_mp.algebra.field`, the MSM geometr
   worker's batch of partitions together): of every MSM alive at once (:func:`compute_scratch_bytes`:
   a large key's largest G1 MSM and its G2 MSM, side by side on two streams; a small key's MSMs
   each on a stream of their own, a batch's as one batched pass per section where the backend
-  batches them, keys of at most :data:`.knobs.DENSE_KEY_ROWS` rows): sort keys, the radix sort's
+  batches them, keys of at most :data:`.msm_geometry.DENSE_KEY_ROWS` rows): sort keys, the radix sort's
   pass buffers and positions, the previous window batch's positions, the bucket sets, the
   accumulation heads and the window sums (:func:`msm_scratch_bytes`), plus C's cut of the witness
   plan. The H step works in place over a, b, c and needs only the tables;
@@ -45,7 +45,7 @@ key's partitions; with several keys resident, their partitions in flight side by
 the backend keeps to come from every key's plan together (:mod:`.admission`).
 
 The default accumulation "auto" keeps the G2 grid rounds (and their lists) where the plan fits
-them as configured, and accumulates in XYZZ elsewhere (:data:`.knobs.ACCUMULATE_MODES`): a rule,
+them as configured, and accumulates in XYZZ elsewhere (:data:`.env_knobs.ACCUMULATE_MODES`): a rule,
 not a fallback (step 0b below taken silently: ``grid_off``, no step). On the H200 that is 2^24
 (beside every multiple) and 2^26 (no multiples); above 2^26 rows it keeps XYZZ by rule
 (:data:`GRID_AUTO_MAX_DOMAIN`: measured slower in the 2^27 pipeline, where the lists do fit beside two
@@ -82,19 +82,9 @@ from typing import Any
 
 from ...algebra.field import FR_BYTES, G1_BYTES, G2_BYTES
 from ...errors import DeviceMemoryError
-from .knobs import (
-    GRAPH_RUNS,
-    SECTIONS,
-    MsmParams,
-    batches_msms,
-    choose_window,
-    graph_batch_limit,
-    large_sort_for,
-    msm_params_for,
-    msm_stream_of,
-    plan_multiples,
-    window_count,
-)
+from .env_knobs import large_sort_for
+from .msm_geometry import SECTIONS, batches_msms, choose_window, msm_stream_of, plan_multiples, window_count
+from .msm_params import GRAPH_RUNS, MsmParams, graph_batch_limit, msm_params_for
 
 GIB = float(1 << 30)
 # Left free on top of a plan: CuPy/cuBLAS workspaces, kernel launches, small per-call arrays (the
@@ -183,7 +173,7 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
     """Device bytes one MSM run allocates beyond its points and scalars, at its peak, with every
     scalar "other" (the Pippenger path of :meth:`.msm._Msm._pippenger`; the sum of the ones uses
     less per scalar): windows of c bits (``multiples_c``, else the params' or
-    :func:`.knobs.choose_window`), batches of at most ``params.max_entries`` sort keys, each with
+    :func:`.msm_geometry.choose_window`), batches of at most ``params.max_entries`` sort keys, each with
     the sort's bytes per key (``sort_bytes``; None: :data:`SORT_BYTES_PER_KEY`, the radix sort's, or
     :data:`ARGSORT_BYTES_PER_KEY` for ``params.large_sort`` "argsort"), its
     bucket sets (one per window of the batch without multiples; the shared set and the batch's
@@ -255,7 +245,7 @@ def partition_bytes(shape: KeyShape) -> dict[str, int]:
 def graph_bytes(shape: KeyShape, multiples: dict[str, int], params: MsmParams) -> int:
     """What the key's captured MSM graphs may hold for its life when ``params.graphs``: per section,
     GRAPH_RUNS graphs of the largest dense pass the msm module captures (k vectors, k at most
-    :func:`.knobs.graph_batch_limit`), each its scratch and its input copy."""
+    :func:`.msm_params.graph_batch_limit`), each its scratch and its input copy."""
     if not params.graphs:
         return 0
     total = 0
@@ -274,8 +264,8 @@ def compute_scratch_bytes(shape: KeyShape, multiples: dict[str, int], params: Ms
                           batch: int = 1) -> dict[str, int]:
     """Scratch of the pass that computes: a worker's ``batch`` partitions together (1: one). Each
     section's ``batch`` MSMs run as one batched pass where the backend batches them
-    (:func:`.knobs.batches_msms`: its scratch over ``batch`` vectors and their concatenated copy),
-    else as one MSM each. MSMs on one stream (:func:`.knobs.msm_stream_of`) run one after another and
+    (:func:`.msm_geometry.batches_msms`: its scratch over ``batch`` vectors and their concatenated copy),
+    else as one MSM each. MSMs on one stream (:func:`.msm_geometry.msm_stream_of`) run one after another and
     reuse that stream's pool blocks, so the largest counts; MSMs on distinct streams run side by side,
     each with its own: a large key's G1 MSMs on one stream and G2 on another (the largest G1 MSM and
     the G2 MSM), a small key's on a pool of streams (each section of a pass, and each partition of an
@@ -360,7 +350,7 @@ class DevicePlan:
     witness_map: int = 0  # the device witness map's coded rows and tables (0: the host makes a, b, c)
     grid_off: bool = False  # the grid rounds' lists did not fit: XYZZ accumulation alone (:meth:`msm_params`)
     grid_counted: bool = True  # the plan's MSM parameters had grid rounds (their lists are in the plan)
-    large_sort: str = "radix"  # the large window batches' sort the plan counted (:func:`.knobs.large_sort_for`)
+    large_sort: str = "radix"  # the large window batches' sort the plan counted (:func:`.env_knobs.large_sort_for`)
     batch: int = 1  # partitions a worker stages together, as fitted (the in-flight count is of workers)
     batch_max: int = 1  # ... as asked (plan_device's ``batch``)
     # the MSM parameters the scratch was counted with (the graphs' where they run as graphs): what
@@ -479,11 +469,11 @@ def plan_device(shape: KeyShape, free: int, *, workers: int = 1, multiples: str 
     prover workers (the prover's ``gpu_workers_per_device``) each staging a batch of ``batch``
     partitions at most (the prover's batch where the key's partitions are batched, else 1),
     falling back as the module docstring says. ``multiples``: the precomputed-multiples choice ("none", "auto" or a
-    comma list of sections, as :func:`.knobs.plan_multiples`; "auto" sizes them against the free
+    comma list of sections, as :func:`.msm_geometry.plan_multiples`; "auto" sizes them against the free
     memory left once the points are resident). ``graph_params``: the MSM geometry of a key whose
     MSMs run as CUDA graphs (their buffers are planned, and dropped first). ``witness_map``: the
     device bytes of the coded rows the key's device witness map will keep (0: none). ``params``:
-    the MSM parameters (None: :func:`.knobs.msm_params_for` the domain size, as the backend); the
+    the MSM parameters (None: :func:`.msm_params.msm_params_for` the domain size, as the backend); the
     plan's :meth:`DevicePlan.msm_params` gives them back as it fitted them. ``made``: the multiples
     of ``multiples`` (a comma list) are on the device already (the key's plan after its upload, with
     the tables that were made): the fallbacks keep them. Raises DeviceMemoryError when even one
@@ -554,7 +544,7 @@ def largest_fitting_domain(shape: KeyShape, free: int, margin: int = DEFAULT_MAR
                            params: MsmParams | None = None, witness_map: int = 0) -> int | None:
     """The largest power-of-two domain of this circuit's shape (n_vars and the witness map's rows
     in proportion) whose key and one partition, without multiples, fit ``free`` bytes (None: not
-    even 2^1). ``params`` None: each domain's own MSM parameters (:func:`.knobs.msm_params_for`)
+    even 2^1). ``params`` None: each domain's own MSM parameters (:func:`.msm_params.msm_params_for`)
     without the grid rounds' lists, as with every fallback taken."""
     for lg in range(max(1, shape.domain_size.bit_length() - 1), 0, -1):
         wm = witness_map * (1 << lg) // max(1, shape.domain_size)
