@@ -514,9 +514,10 @@ def _dry_run_setup() -> None:
     fake_modules.occupancy = lambda kernel, nthreads: None  # type: ignore[attr-defined]
     sys.modules["cupy"] = gpu_emu.fake_cupy  # type: ignore[assignment]
     sys.modules["cuzk_mp.backends.gpu.modules"] = fake_modules
-    from cuzk_mp.backends.gpu import msm
+    from cuzk_mp.backends.gpu import msm, msm_plan
 
     msm._copy_to_host_async = gpu_emu._copy_to_host  # type: ignore[attr-defined]
+    msm_plan._copy_to_host_async = gpu_emu._copy_to_host  # type: ignore[attr-defined]
     gpu_emu.fake_cupy.get_default_memory_pool = lambda: types.SimpleNamespace(free_all_blocks=lambda: None)
     gpu_emu.fake_cupy.get_default_pinned_memory_pool = gpu_emu.fake_cupy.get_default_memory_pool
 

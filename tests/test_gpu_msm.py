@@ -53,6 +53,12 @@ def msm(kind: str) -> Any:
     return module_for(kind, "msm")
 
 
+@pytest.fixture(scope="module")
+def msm_plan(kind: str) -> Any:
+    """The scalar-plan module (classify, dense plans, shared sorts) for this kind."""
+    return module_for(kind, "msm_plan")
+
+
 @pytest.fixture(autouse=True)
 def xyzz_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """Params made without an accumulation take XYZZ here (the path of keys up to 2^18 rows, of keys
@@ -102,6 +108,11 @@ def _scalars(n: int, kind: str, seed: int) -> np.ndarray:
     else:
         raise ValueError(kind)
     return ints_to_limbs(vals, 4)
+
+
+def passes_of(msm: Any) -> dict[str, Any]:
+    """The globals of the passes module this msm module's objects run (its sort reads them)."""
+    return msm._MsmPasses._sort.__globals__  # type: ignore[no-any-return]
 
 
 def _oracle(points: np.ndarray, scalars: np.ndarray, g2: bool) -> Any:
@@ -405,7 +416,7 @@ def test_multiples_match_arkworks(kind: str, msm: Any, g2: bool, n: int, dist: s
     counting sort and the radix sort (keys holding the window below the bucket: wb > 0)."""
     points, scalars = _points(n, g2), _scalars(n, dist, SEED + 31 + n)
     for bins in (1 << 20, 0):  # 0: every batch takes the radix sort
-        monkeypatch.setattr(msm, "COUNTING_SORT_BINS", bins)
+        monkeypatch.setitem(passes_of(msm), "COUNTING_SORT_BINS", bins)
         for params in (None, msm.MsmParams(max_entries=3 * n + 1, seg=5)):
             obj = _with_multiples(kind, msm, points, g2, 7, params)
             assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED} {params} bins {bins}"
@@ -431,7 +442,7 @@ def test_choose_multiples_window(msm: Any) -> None:
 # ------------------------------------------------------------------ scalar plans
 
 
-def test_plan_cut_and_enqueued_msms(kind: str, msm: Any, g2: bool) -> None:
+def test_plan_cut_and_enqueued_msms(kind: str, msm: Any, msm_plan: Any, g2: bool) -> None:
     """One classification of w serves w and its suffix w[k:] (the C MSM's scalars): the cut
     plan equals a fresh classification of the suffix, and four MSMs enqueued before any result
     is collected (plans, a dense plan, one with multiples) all match arkworks."""
@@ -439,16 +450,16 @@ def test_plan_cut_and_enqueued_msms(kind: str, msm: Any, g2: bool) -> None:
     points, scalars = _points(n, g2), _scalars(n, "porep", SEED + 41)
     scalars[3] = ints_to_limbs([1], 4)[0]
     d_s = _to_device(kind, scalars)
-    plan = msm.classify(d_s, cuts=(k,))
+    plan = msm_plan.classify(d_s, cuts=(k,))
     assert k in plan.cuts
-    cut, fresh = plan.tail(k), msm.classify(_to_device(kind, scalars[k:].copy()))
+    cut, fresh = plan.tail(k), msm_plan.classify(_to_device(kind, scalars[k:].copy()))
     assert (cut.m, cut.n1, cut.n2) == (fresh.m, fresh.n1, fresh.n2) == (n - k, fresh.n1, fresh.n2)
     host = (lambda a: np.asarray(a)) if kind == "emu" else (lambda a: a.get())
     assert np.array_equal(host(cut.ones), host(fresh.ones)) and np.array_equal(host(cut.other), host(fresh.other))
-    assert plan.tail(0) is plan and msm.dense_plan(9).tail(4).n2 == 5
+    assert plan.tail(0) is plan and msm_plan.dense_plan(9).tail(4).n2 == 5
     cls = msm.MsmG2 if g2 else msm.MsmG1
     full, tail_obj = cls(points), cls(points[k:])
-    dense = msm.dense_plan(n)
+    dense = msm_plan.dense_plan(n)
     with_mul = _with_multiples(kind, msm, points, g2, 8)
     pending = [full.launch(d_s, plan), tail_obj.launch(d_s[k:], cut), full.launch(d_s, dense),
                with_mul.launch(d_s, plan)]
@@ -461,7 +472,7 @@ def test_plan_cut_and_enqueued_msms(kind: str, msm: Any, g2: bool) -> None:
 
 
 @pytest.mark.parametrize("mul", [None, 8], ids=["plain", "multiples"])
-def test_shared_sorts(kind: str, msm: Any, mul: int | None) -> None:
+def test_shared_sorts(kind: str, msm: Any, msm_plan: Any, mul: int | None) -> None:
     """A partition's A, B1 (G1) and B2 (G2) MSMs over one plan sort its digits once: B2 makes
     the sorted keys on one stream, A and B1 take them on another, each result matches arkworks,
     and the entry is gone after its last user. With one section of another window size, that
@@ -488,8 +499,8 @@ def test_shared_sorts(kind: str, msm: Any, mul: int | None) -> None:
         for name, obj in objs.items():
             real = obj._sort
             obj._sort = lambda *a, _real=real, _name=name: (sorted_by.append(_name), _real(*a))[1]
-        plan = msm.classify(d_s)
-        plan.sorts = msm.SharedSorts.for_msms([objs["a"], objs["b1"], objs["b2"]], plan.n2)
+        plan = msm_plan.classify(d_s)
+        plan.sorts = msm_plan.SharedSorts.for_msms([objs["a"], objs["b1"], objs["b2"]], plan.n2)
         assert sorted(plan.sorts.users.values()) == ([3] if shared else [] if params else [1, 2])
         if kind == "gpu":
             import cupy
@@ -508,7 +519,7 @@ def test_shared_sorts(kind: str, msm: Any, mul: int | None) -> None:
         assert not plan.sorts._entries
 
 
-def test_shared_sorts_of_a_boolean_plan(kind: str, msm: Any) -> None:
+def test_shared_sorts_of_a_boolean_plan(kind: str, msm: Any, msm_plan: Any) -> None:
     """A witness of zeros and ones alone (no tail scalars: a boolean circuit) shares no sort, and
     A, B1, B2 are each the sum of their points whose scalar is 1 (staging such a witness once
     divided by the tail count); with zeros alone each is the identity."""
@@ -520,31 +531,31 @@ def test_shared_sorts_of_a_boolean_plan(kind: str, msm: Any) -> None:
     pts = {"a": _points(n, False), "b1": _points(n, False)[::-1].copy(), "b2": _points(n, True)}
     objs = {name: (msm.MsmG2 if name == "b2" else msm.MsmG1)(p) for name, p in pts.items()}
     d_s = _to_device(kind, scalars)
-    plan = msm.classify(d_s)
+    plan = msm_plan.classify(d_s)
     assert plan.n2 == 0 and 0 < plan.n1 < n
-    plan.sorts = msm.SharedSorts.for_msms(list(objs.values()), plan.n2)
+    plan.sorts = msm_plan.SharedSorts.for_msms(list(objs.values()), plan.n2)
     assert plan.sorts.users == {}
     for name, obj in objs.items():
         assert obj.launch(d_s, plan).result() == _oracle(pts[name], scalars, name == "b2"), f"seed {SEED} {name}"
     one_tail = scalars.copy()  # one tail scalar: one entry a window, shared by the three
     one_tail[7] = _scalars(1, "random", SEED + 48)[0]
     d_t = _to_device(kind, one_tail)
-    plan = msm.classify(d_t)
-    plan.sorts = msm.SharedSorts.for_msms(list(objs.values()), plan.n2)
+    plan = msm_plan.classify(d_t)
+    plan.sorts = msm_plan.SharedSorts.for_msms(list(objs.values()), plan.n2)
     assert plan.n2 == 1 and list(plan.sorts.users.values()) == [3]
     for name, obj in objs.items():
         assert obj.launch(d_t, plan).result() == _oracle(pts[name], one_tail, name == "b2"), f"seed {SEED} {name}"
     assert not plan.sorts._entries
     zeros = _to_device(kind, np.zeros_like(scalars))  # nor a witness of zeros alone
-    plan = msm.classify(zeros)
+    plan = msm_plan.classify(zeros)
     assert plan.n1 == plan.n2 == 0
-    plan.sorts = msm.SharedSorts.for_msms(list(objs.values()), plan.n2)
+    plan.sorts = msm_plan.SharedSorts.for_msms(list(objs.values()), plan.n2)
     for name, obj in objs.items():
         assert obj.launch(zeros, plan).result() == (G2Point if name == "b2" else G1Point).identity(), name
 
 
 @pytest.mark.parametrize("mul", [None, 7], ids=["plain", "multiples"])
-def test_batched_msms(kind: str, msm: Any, g2: bool, mul: int | None) -> None:
+def test_batched_msms(kind: str, msm: Any, msm_plan: Any, g2: bool, mul: int | None) -> None:
     """k MSMs of one section as one pass (launch_batch, dense plans): each equals its own
     arkworks MSM, whatever the mix (random, PoRep-like, all zero, edge values), with window
     batches (small max_entries) and with a batch split because its keys would not fit 32 bits."""
@@ -553,7 +564,7 @@ def test_batched_msms(kind: str, msm: Any, g2: bool, mul: int | None) -> None:
     vecs = [_scalars(n, d, SEED + 61 + j) for j, d in enumerate(("random", "porep", "edge", "random"))]
     vecs[3][:] = 0
     want = [_oracle(points, v, g2) for v in vecs]
-    plans = [msm.dense_plan(n)] * k
+    plans = [msm_plan.dense_plan(n)] * k
     cls = msm.MsmG2 if g2 else msm.MsmG1
     for params in (None, msm.MsmParams(max_entries=2 * k * n + 1, seg=3, combine_seg=2, group=2)):
         obj = _with_multiples(kind, msm, points, g2, mul, params) if mul else cls(points, params)
@@ -566,7 +577,8 @@ def test_batched_msms(kind: str, msm: Any, g2: bool, mul: int | None) -> None:
 
 
 @pytest.mark.parametrize("mul", [None, 7], ids=["plain", "multiples"])
-def test_graphed_msms(kind: str, msm: Any, g2: bool, mul: int | None, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_graphed_msms(kind: str, msm: Any, msm_plan: Any, g2: bool, mul: int | None,
+                      monkeypatch: pytest.MonkeyPatch) -> None:
     """Dense passes as captured CUDA graphs (params.graphs): lone and batched MSMs, many launched
     before any result is read (graphs reused while earlier runs are in flight, on two streams),
     each equal to arkworks; a pass above GRAPH_MAX_ENTRIES runs without a graph. The emulator cannot
@@ -585,8 +597,8 @@ def test_graphed_msms(kind: str, msm: Any, g2: bool, mul: int | None, monkeypatc
     pending = []
     for rep in range(3):
         for i, v in enumerate(d):
-            pending.append((i, obj.launch(v, msm.dense_plan(n), streams[(rep + i) % len(streams)])))
-        batch = obj.launch_batch(d[:k], [msm.dense_plan(n)] * k, streams[rep % len(streams)])
+            pending.append((i, obj.launch(v, msm_plan.dense_plan(n), streams[(rep + i) % len(streams)])))
+        batch = obj.launch_batch(d[:k], [msm_plan.dense_plan(n)] * k, streams[rep % len(streams)])
         pending += list(enumerate(batch))
     for i, p in pending[::-1]:
         assert p.result() == want[i], f"seed {SEED} vector {i}"
@@ -598,7 +610,7 @@ def test_graphed_msms(kind: str, msm: Any, g2: bool, mul: int | None, monkeypatc
     monkeypatch.setattr(msm_params, "GRAPH_MAX_ENTRIES", n)  # any pass is larger now
     fresh = cls(points, params) if mul is None else obj
     fresh._graphs = {}
-    assert fresh.launch(d[0], msm.dense_plan(n)).result() == want[0] and fresh._graphs == {}
+    assert fresh.launch(d[0], msm_plan.dense_plan(n)).result() == want[0] and fresh._graphs == {}
     obj.close()
     assert obj._graphs == {}
 
@@ -611,7 +623,7 @@ def test_counting_and_radix_sorts_agree(msm: Any, g2: bool, dist: str, monkeypat
     points, scalars = _points(n, g2), _scalars(n, dist, SEED + 91)
     want = _oracle(points, scalars, g2)
     for bins in (1 << 20, 0):  # 0: every batch takes the radix sort
-        monkeypatch.setattr(msm, "COUNTING_SORT_BINS", bins)
+        monkeypatch.setitem(passes_of(msm), "COUNTING_SORT_BINS", bins)
         for params in (None, msm.MsmParams(max_entries=3 * n, seg=3, combine_seg=2, group=2)):
             assert _run(msm, points, scalars, g2, params) == want, f"seed {SEED} bins {bins} {params}"
 
@@ -645,18 +657,18 @@ def test_radix_min_blocks_knob(msm: Any) -> None:
             msm.MsmParams(radix_min_blocks=bad)
 
 
-def test_batched_msms_refuse_mixed_plans(kind: str, msm: Any) -> None:
+def test_batched_msms_refuse_mixed_plans(kind: str, msm: Any, msm_plan: Any) -> None:
     """A batch needs dense plans of one length: an index-list plan or a length mismatch is refused."""
     n = 40
     points, scalars = _points(n, False), _scalars(n, "porep", SEED + 71)
     obj = msm.MsmG1(points)
     d_s = _to_device(kind, scalars)
     with pytest.raises(InputError, match="dense plans of one length"):
-        obj.launch_batch([d_s, d_s], [msm.classify(d_s), msm.dense_plan(n)])
+        obj.launch_batch([d_s, d_s], [msm_plan.classify(d_s), msm_plan.dense_plan(n)])
     with pytest.raises(InputError, match="dense plans of one length"):
-        obj.launch_batch([d_s, d_s[:20]], [msm.dense_plan(n), msm.dense_plan(20)])
+        obj.launch_batch([d_s, d_s[:20]], [msm_plan.dense_plan(n), msm_plan.dense_plan(20)])
     with pytest.raises(InputError, match="2 scalar vectors for 1 plans"):
-        obj.launch_batch([d_s, d_s], [msm.dense_plan(n)])
+        obj.launch_batch([d_s, d_s], [msm_plan.dense_plan(n)])
 
 
 def test_bad_inputs(msm: Any) -> None:

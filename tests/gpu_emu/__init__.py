@@ -174,6 +174,11 @@ def get_module(path: str, defines: Mapping[str, Any] | None = None, root: Path |
         return _Module(lib, coop)
 
 
+# The modules an MSM module imports that import CuPy themselves: loaded fresh with it, and taken out
+# of sys.modules again afterwards.
+MSM_FAMILY = ("msm_host", "msm_plan", "msm_passes", "msm_graph")
+
+
 def load(name: str) -> types.ModuleType:
     """A fresh ``cuzk_mp.backends.gpu.<name>`` bound to the fake CuPy and the host builds.
 
@@ -184,14 +189,18 @@ def load(name: str) -> types.ModuleType:
     fake_modules = types.ModuleType("cuzk_mp.backends.gpu.modules")
     fake_modules.get_module = get_module  # type: ignore[attr-defined]
     fake_modules.occupancy = lambda kernel, nthreads: None  # type: ignore[attr-defined]
-    saved = {k: sys.modules.get(k) for k in ("cupy", "cuzk_mp.backends.gpu.modules", full)}
+    family = [f"cuzk_mp.backends.gpu.{m}" for m in MSM_FAMILY]
+    saved = {k: sys.modules.get(k) for k in ("cupy", "cuzk_mp.backends.gpu.modules", full, *family)}
     try:
         sys.modules["cupy"] = fake_cupy  # type: ignore[assignment]
         sys.modules["cuzk_mp.backends.gpu.modules"] = fake_modules
-        sys.modules.pop(full, None)
+        for k in (full, *family):
+            sys.modules.pop(k, None)
         mod = importlib.import_module(full)
-        if hasattr(mod, "_copy_to_host_async"):
-            mod._copy_to_host_async = _copy_to_host  # type: ignore[attr-defined]
+        for k in (full, *family):  # every fresh module that copies results to the host
+            fresh = sys.modules.get(k)
+            if fresh is not None and hasattr(fresh, "_copy_to_host_async"):
+                fresh._copy_to_host_async = _copy_to_host  # type: ignore[attr-defined]
         return mod
     finally:
         for k, v in saved.items():

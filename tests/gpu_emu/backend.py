@@ -1,8 +1,8 @@
 """The GPU backend's host code on the CPU: ``GpuBackend`` over a fake CuPy and the kernel emulator.
 
 Test-only. :func:`load_backend` imports fresh copies of ``cuzk_mp.backends.gpu``'s
-``memory``, ``fixed_base``, ``msm``, ``ntt``, ``witness_map`` and ``backend`` modules bound to a fake
-CuPy whose "device arrays" are numpy arrays with a ``data.ptr`` (so the backend's
+``memory``, ``fixed_base``, ``msm`` (with its ``msm_*`` modules), ``ntt``, ``witness_map`` and
+``backend`` modules bound to a fake CuPy whose "device arrays" are numpy arrays with a ``data.ptr`` (so the backend's
 pointer bookkeeping, row slices included, runs as on the device), whose copies are
 ``memmove``, and whose streams and events run everything at once, in order. The MSM
 and fixed-base kernels are the real ones compiled as host C++ (:mod:`tests.gpu_emu`);
@@ -25,7 +25,9 @@ import numpy as np
 from . import _Event, _Stream, get_module
 
 GPU = "cuzk_mp.backends.gpu"
-MODULES = ("memory", "fixed_base", "msm", "ntt", "witness_map", "backend")  # import order: dependencies first
+# import order: dependencies first
+MODULES = ("memory", "fixed_base", "msm_host", "msm_plan", "msm_passes", "msm_graph", "msm", "ntt", "witness_map",
+           "backend")
 
 
 class DevArray(np.ndarray):
@@ -157,8 +159,9 @@ def load_backend() -> types.ModuleType:
         sys.modules[f"{GPU}.modules"] = fake_modules
         for m in MODULES:
             sys.modules.pop(f"{GPU}.{m}", None)
-        msm = importlib.import_module(f"{GPU}.msm")
-        msm._copy_to_host_async = lambda d, host, stream: np.copyto(host, d)  # type: ignore[attr-defined]
+        for name in ("msm", "msm_plan"):  # the modules that copy results to the host
+            mod = importlib.import_module(f"{GPU}.{name}")
+            mod._copy_to_host_async = lambda d, host, stream: np.copyto(host, d)  # type: ignore[attr-defined]
         backend = importlib.import_module(f"{GPU}.backend")
         backend.GpuNtt = CpuNtt  # type: ignore[attr-defined]
         return backend

@@ -57,6 +57,7 @@ from ...intervals import IntervalUnion
 from ..base import G2_ROW_COST, ProverInputs, WitnessRows, check_key_sections
 from . import fixed_base, hostmem, memory
 from . import msm as gmsm
+from . import msm_plan
 from .knobs import FixedBaseParams
 from .msm_geometry import DENSE_KEY_ROWS, MSM_STREAMS, MULTIPLES_ENV, SECTIONS, batches_msms, msm_stream_of
 from .msm_params import graph_params_for, msm_params_for
@@ -534,7 +535,7 @@ class GpuBackend:
             if name not in dev:
                 continue
             n = n_rows[name]
-            rows = known[name] if name in known else gmsm.support_rows(dev[name])
+            rows = known[name] if name in known else msm_plan.support_rows(dev[name])
             if first is None:
                 if n and int(rows.shape[0]) <= SUPPORT_MAX_FRACTION * n:
                     first = (name, rows)
@@ -640,16 +641,16 @@ class GpuBackend:
                 t0 = time.perf_counter()
                 canonical = None
                 if int(z.domain_size) <= DENSE_KEY_ROWS:
-                    canonical = gmsm.check_canonical(d["w"], st.main)
-                    plan = gmsm.dense_plan(int(d["w"].shape[0]))
+                    canonical = msm_plan.check_canonical(d["w"], st.main)
+                    plan = msm_plan.dense_plan(int(d["w"].shape[0]))
                     ready = _record(st.main)
                 else:
                     ready = _record(st.main)
-                    plan = gmsm.classify(d["w"], cuts=(z.n_public + 1,), supports=key.support_rows)  # waits
-                    plan.sorts = gmsm.SharedSorts.for_msms(
+                    plan = msm_plan.classify(d["w"], cuts=(z.n_public + 1,), supports=key.support_rows)  # waits
+                    plan.sorts = msm_plan.SharedSorts.for_msms(
                         [key.msms[s] for s in W_SECTIONS if s in key.msms and s not in key.supports], plan.n2)
                     for name, sub in plan.subsets.items():
-                        sub.sorts = gmsm.SharedSorts.for_msms(
+                        sub.sorts = msm_plan.SharedSorts.for_msms(
                             [key.msms[s] for s, g in key.supports.items() if g == name and s in key.msms], sub.n2)
                 timings = {"classify": 1e3 * (time.perf_counter() - t0)}
         except BaseException:
@@ -741,7 +742,7 @@ class GpuBackend:
             parts = list(self._parts.values())
         for p in parts:
             if p.h is not None and int(p.h.data.ptr) == ptr and p.h.shape == scalars.shape:
-                return p, gmsm.dense_plan(int(scalars.shape[0])), p.h_ready
+                return p, msm_plan.dense_plan(int(scalars.shape[0])), p.h_ready
             w = p.d.get("w")
             if w is None:
                 continue
@@ -838,7 +839,7 @@ class GpuBackend:
                 d_scalars = cupy.ascontiguousarray(cupy.asarray(scalars))
                 if rows is not None:
                     d_scalars = d_scalars[rows]
-                plan = gmsm.classify(d_scalars, m.params.nthreads)
+                plan = msm_plan.classify(d_scalars, m.params.nthreads)
             else:
                 d_scalars = scalars
             start = _record(s)
@@ -877,7 +878,7 @@ class GpuBackend:
         this is a second line of defence; where it fires inside a batch the whole pass fails."""
         out = pending.result()
         if canonical is not None and canonical[0]:
-            raise InputError(gmsm.NON_CANONICAL)
+            raise InputError(msm_plan.NON_CANONICAL)
         return out
 
     def _standalone(self, pending: Any, start: Any, end: Any) -> Any:
