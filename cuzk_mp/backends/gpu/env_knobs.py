@@ -60,7 +60,7 @@ def env_switch(name: str, default: bool) -> bool:
 G2_SPLIT_ENV = "CUZK_GPU_MSM_G2_SPLIT"
 
 
-# The sort of window batches with more buckets than the counting sort takes (msm.COUNTING_SORT_BINS):
+# The sort of window batches with more buckets than the counting sort takes (msm_passes.COUNTING_SORT_BINS):
 # "radix" (kernels/msm/sort.cuh, no host wait) or "argsort" (cupy.argsort, which waits for the host inside
 # every MSM). Each key's device plan picks it by the key's domain (:func:`large_sort_for`), as measured in
 # the PoRep-like pipeline (10 partitions x 2 jobs, key made on the device, every proof verified;

@@ -92,7 +92,7 @@ GIB = float(1 << 30)
 DEFAULT_MARGIN = 512 << 20
 INDEX_BYTES = 8  # int64: the witness plan's index lists (cupy.flatnonzero) and the MSM's sorted positions
 KEY_BYTES = 4  # uint32 sort key per (window, scalar) (msm_digits)
-# Alive per sort key while a window batch sorts (kernels/msm/sort.cuh, msm._Msm._radix_sort): its
+# Alive per sort key while a window batch sorts (kernels/msm/sort.cuh, msm_passes._MsmPasses._radix_sort): its
 # key, one pass's input and output (a uint32 key and position each; the last pass writes the int64
 # positions instead), the previous batch's positions, dropped only once the new ones are assigned,
 # and the digit counts and offsets (under a byte a key: 2 x 512 x 4 B a tile of 4096 keys).
@@ -204,7 +204,8 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
         if not captured:  # the next level frees this one's input: two levels at a time at most
             break
     heads *= xyzz + HEAD_KEY_BYTES
-    # the bucket reduction's shares: each bucket set cut in chunks, a partial sum a chunk (.msm._window_sums)
+    # the bucket reduction's shares: each bucket set cut in chunks, a partial sum a chunk
+    # (.msm_passes._MsmPasses._window_sums)
     sets = k if multiples_c else k * per_batch
     want = max(1, sets * buckets // p.reduce_threads)
     chunk = min(max(1 << (want.bit_length() - 1), p.bucket_chunk_min), buckets)
@@ -217,7 +218,7 @@ def grid_list_bytes(entries: int, g2: bool, params: MsmParams) -> int:
     """What the grid batch-affine rounds (``params.grid(g2)``) add for a window batch of
     ``entries`` sorted keys, one chunk of at most ``params.ga_chunk`` at a time: round 0's point rows
     and bucket ids, two output lists (points and bucket ids), and per slot (two entries) the pair
-    count, two rounds' prefix sums and a prefix product (.msm._Msm._accumulate_grid; the chunk's
+    count, two rounds' prefix sums and a prefix product (.msm_passes._MsmPasses._accumulate_grid; the chunk's
     heads are within the XYZZ heads counted beside)."""
     if not params.grid(g2):
         return 0
