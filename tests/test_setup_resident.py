@@ -360,8 +360,8 @@ def test_emulated_gpu_makes_sparse_b_sections_packed(circuit: tuple[object, obje
     monkeypatch.setattr(emu, "DENSE_KEY_ROWS", 0)
     monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "none")
     reads: list[int] = []
-    real = emu.gmsm.support_rows
-    monkeypatch.setattr(emu.gmsm, "support_rows", lambda d: reads.append(int(d.shape[0])) or real(d))
+    real = emu.msm_plan.support_rows
+    monkeypatch.setattr(emu.msm_plan, "support_rows", lambda d: reads.append(int(d.shape[0])) or real(d))
     rows = np.flatnonzero(want["b1"].any(axis=1))
     sparse = rows.size <= emu.SUPPORT_MAX_FRACTION * want["b1"].shape[0]
     backend = emu.GpuBackend(0)
