@@ -249,7 +249,7 @@ def test_memory_budget_is_what_is_left(tmp_path: Path) -> None:
     from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
     from cuzk_mp.pipeline.memory import PROCESS_BASE_BYTES, SYNTH_SCRATCH_BYTES, WorkingSets, model_working_sets
     from cuzk_mp.pipeline.memory import CircuitSize, ENGINE_ALLOWANCE_BYTES
-    from cuzk_mp.pipeline.ring import partition_segment_bytes
+    from cuzk_mp.pipeline.segment import partition_segment_bytes
 
     def pipeline(log_n: int, kind: str, slots: int, workers: int, provers: int) -> int:
         """The model's pipeline share: the engine, the ring, the workers, the provers (keys excluded)."""

@@ -23,7 +23,8 @@ import pytest
 from cuzk_mp.circuits.synthetic import PorepLike
 from cuzk_mp.pipeline import messages as msg
 from cuzk_mp.pipeline.circuits import WITNESS_MAP_ENV, CircuitTable
-from cuzk_mp.pipeline.ring import Ring, partition_segment_bytes, partition_shapes, segment_bytes
+from cuzk_mp.pipeline.ring import Ring
+from cuzk_mp.pipeline.segment import partition_segment_bytes, partition_shapes, segment_bytes
 from cuzk_mp.pipeline.types import CircuitSpec
 from tests.helpers import LOG_N, prefix_for
 from tests.test_prover_batching import _Ctx, run_until_answered

@@ -19,7 +19,7 @@ from cuzk_mp.pipeline.memory import (
     FEED_MARGIN, READY_PER_PROVER, GiB, MiB, Shape, derive_shape, device_seconds, estimated_circuit_size, explain_shape,
     host_bound, host_budget_bytes, model_working_sets, ready_per_prover, synthesis_cores, synthesis_seconds,
 )
-from cuzk_mp.pipeline.ring import partition_segment_bytes
+from cuzk_mp.pipeline.segment import partition_segment_bytes
 from cuzk_mp.pipeline.types import default_synthesis_threads
 from tests.helpers import KEY_CACHE
 

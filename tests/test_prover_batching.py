@@ -30,7 +30,8 @@ from cuzk_mp.groth16.synthesis import ConstraintEvaluator
 from cuzk_mp.pipeline import messages as msg
 from cuzk_mp.pipeline.prover_proc import Prover, ProverPayload
 from cuzk_mp.pipeline.types import FINALIZE_BATCH_ENV
-from cuzk_mp.pipeline.ring import Ring, SlotClaim, partition_shapes
+from cuzk_mp.pipeline.ring import Ring, SlotClaim
+from cuzk_mp.pipeline.segment import partition_shapes
 from tests.helpers import LOG_N, ProofChecker, prefix_for
 
 

@@ -17,6 +17,7 @@ import numpy as np
 import pytest
 
 from cuzk_mp.pipeline import ring as ringmod
+from cuzk_mp.pipeline import segment as segmod
 from cuzk_mp.pipeline.ring import Ring, RingHandle, SlotClaim
 from cuzk_mp.pipeline.shm_names import cleanup_stale, live_segments, shm_bytes, shm_entries
 
@@ -72,7 +73,7 @@ def test_round_trip_then_reuse_then_trim(prefix: str) -> None:
     for dst, src in zip(seg.arrays, arrays):
         dst[:] = src  # the producer writes straight into the segment
     size = seg.nbytes
-    assert size >= sum(a.nbytes for a in arrays) and size == ringmod.segment_bytes([a.shape for a in arrays])
+    assert size >= sum(a.nbytes for a in arrays) and size == segmod.segment_bytes([a.shape for a in arrays])
     address = seg.arrays[0].ctypes.data
     ring.publish(slot, seg, b"meta-bytes")
     other = Ring.attach(ring.handle)
@@ -113,7 +114,7 @@ def test_round_trip_then_reuse_then_trim(prefix: str) -> None:
     assert ring.trim(idle_s=60) == [] and live_segments(prefix) == 1
     held = shm_bytes(prefix)
     assert ring.trim(idle_s=0) == [slot]
-    assert live_segments(prefix) == 0 and shm_bytes(prefix) <= held - size + ringmod.ALIGN
+    assert live_segments(prefix) == 0 and shm_bytes(prefix) <= held - size + segmod.ALIGN
     stats = ring.stats()
     assert (stats.held, stats.held_bytes, stats.trimmed) == (0, 0, 1)
     # a trimmed slot works as before: a new segment, and the consumer maps the new one
@@ -312,11 +313,11 @@ def test_a_late_cleanup_of_a_dead_ring_spares_the_next_ring_of_its_prefix(prefix
 
 
 def test_segment_layout_alignment() -> None:
-    offsets, size = ringmod._offsets([(3, 4), (1 << 12, 4)])
+    offsets, size = segmod.array_offsets([(3, 4), (1 << 12, 4)])
     starts = [o for o, _, _ in offsets]
-    assert all(o % ringmod.ALIGN == 0 for o in starts) and starts[0] == ringmod.HEADER_BYTES
-    assert size == ringmod.segment_bytes([(3, 4), (1 << 12, 4)]) >= starts[1] + (1 << 12) * 32
-    assert ringmod.partition_segment_bytes(1 << 12, 100) == ringmod.HEADER_BYTES + 3 * (1 << 17) + 4096
+    assert all(o % segmod.ALIGN == 0 for o in starts) and starts[0] == segmod.HEADER_BYTES
+    assert size == segmod.segment_bytes([(3, 4), (1 << 12, 4)]) >= starts[1] + (1 << 12) * 32
+    assert segmod.partition_segment_bytes(1 << 12, 100) == segmod.HEADER_BYTES + 3 * (1 << 17) + 4096
 
 
 def test_filling_slot_is_live_and_abandon_frees_it(prefix: str) -> None:
@@ -327,7 +328,7 @@ def test_filling_slot_is_live_and_abandon_frees_it(prefix: str) -> None:
     assert ring.stats().live == 1 and live_segments(prefix) == 1 and ring.record(slot).state == "filling"
     assert ring.acquire_free(_claim(2), _never, timeout_s=0.3) is None  # no free slot while one is FILLING
     with pytest.raises(ValueError, match="header"):
-        seg.write_header(b"m" * ringmod.HEADER_BYTES)  # metadata that cannot fit is refused, not truncated
+        seg.write_header(b"m" * segmod.HEADER_BYTES)  # metadata that cannot fit is refused, not truncated
     seg.close()
     ring.abandon(slot)
     ring.abandon(slot)  # idempotent
@@ -345,10 +346,10 @@ def test_a_new_size_remakes_the_segment_and_stale_mappings_are_never_used(prefix
     seen = []
     for rows in (2000, 500, 500, 3000):
         arrays = _arrays(rng, rows)
-        slot = ring.acquire_free(_claim(rows), _never, nbytes=ringmod.segment_bytes([a.shape for a in arrays]))
+        slot = ring.acquire_free(_claim(rows), _never, nbytes=segmod.segment_bytes([a.shape for a in arrays]))
         size = _put(ring, slot, b"m", arrays)
         assert live_segments(prefix) == 1 and ring.record(slot).nbytes == size
-        assert shm_bytes(prefix) < size + 2 * ringmod.HEADER_BYTES  # a shrink gave the pages past the end back
+        assert shm_bytes(prefix) < size + 2 * segmod.HEADER_BYTES  # a shrink gave the pages past the end back
         rec = other.take_ready(_never, timeout_s=1.0)
         with other.open_segment(rec.slot) as seg:
             assert [a.shape for a in seg.arrays] == [a.shape for a in arrays]
@@ -367,7 +368,7 @@ def test_producers_prefer_warm_slots_so_idle_ones_can_be_trimmed(prefix: str) ->
     segment (and one that had one would idle into trimming)."""
     ring = Ring.create(prefix, 4)
     one = [np.ones((256, 4), np.uint64)]
-    size = ringmod.segment_bytes([a.shape for a in one])
+    size = segmod.segment_bytes([a.shape for a in one])
     used = set()
     for task in range(6):
         slot = ring.acquire_free(_claim(task), _never, nbytes=size)
@@ -412,7 +413,7 @@ def test_a_full_shared_memory_tmpfs_is_a_resource_error_not_a_sigbus(prefix: str
             st = real(path)
             return os.statvfs_result((st.f_bsize, 4096, st.f_blocks, 1, 1, *tuple(st)[5:]))
 
-        monkeypatch.setattr(ringmod.os, "statvfs", full)
+        monkeypatch.setattr(segmod.os, "statvfs", full)
         with pytest.raises(ResourceError, match=r"/dev/shm has no room for a ring segment of .* MiB free of"):
             ring.writable_segment(slot, [(1024, 4)])
         monkeypatch.undo()
@@ -425,7 +426,7 @@ def test_a_full_shared_memory_tmpfs_is_a_resource_error_not_a_sigbus(prefix: str
                 raise OSError(errno.EFAULT, "Bad address")
 
         with pytest.raises(ResourceError, match="/dev/shm has no room for the pages of a ring segment"):
-            ringmod._populate(Unpopulatable(), write=True)  # type: ignore[arg-type]
+            segmod._populate(Unpopulatable(), write=True)  # type: ignore[arg-type]
     finally:
         ring.destroy()
 

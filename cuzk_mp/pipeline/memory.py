@@ -12,7 +12,7 @@ the ring's segments once, as shm::
     host = fixed                                   every process idle: processes x base + the key's host
                                                    share + the circuit's data
          + engine                                  the engine's own growth (job tables, results)
-         + ring_slots x segment                    at most: the ring's rule (ring.partition_segment_bytes)
+         + ring_slots x segment                    at most: the ring's rule (segment.partition_segment_bytes)
          + partition_workers x synth               a worker's private memory: scratch, never the vectors
          + provers x prover                        staged partitions and H scratch (CPU backend), or
                                                    the host side of a GPU process (CUDA context,
@@ -38,7 +38,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ConfigError
-from .ring import partition_segment_bytes
+from .segment import partition_segment_bytes
 from .shm_names import SHM_DIR, shm_space
 from .types import BATCH_MAX_BYTES, default_synthesis_threads
 

@@ -31,7 +31,7 @@ from pathlib import Path
 import numpy as np
 import posix_ipc
 
-from .ring import MADV_POPULATE_WRITE
+from .segment import MADV_POPULATE_WRITE
 
 STRATEGIES = ("plain", "fallocate", "map_populate", "madv_populate", "threads", "remap", "reuse")
 

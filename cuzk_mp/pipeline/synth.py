@@ -48,7 +48,8 @@ import numpy as np
 from ..errors import Cancelled, InputError
 from . import messages as msg
 from .procs import CancelledIds, ChildContext
-from .ring import Ring, RingHandle, SlotClaim, partition_shapes, segment_bytes
+from .ring import Ring, RingHandle, SlotClaim
+from .segment import partition_shapes, segment_bytes
 
 CIRCUIT_CACHE = 2  # circuits kept per worker (each maps its circuit's shared data)
 
