@@ -12,7 +12,7 @@ from pathlib import Path
 import pytest
 
 from cuzk_mp.errors import FormatError, InputError
-from cuzk_mp.pipeline import bench
+from cuzk_mp.pipeline import bench, benchoptions, benchrun, benchsummary
 from cuzk_mp.pipeline.shm_names import shm_entries
 
 from tests.helpers import KEY_CACHE, LOG_N
@@ -122,21 +122,22 @@ def test_backend_choice_says_why(tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 
     monkeypatch.setattr(backends, "gpu_available", lambda: False)
     monkeypatch.setenv("PATH", str(tmp_path))  # no nvidia-smi
-    assert bench.choose_backend("auto") == ("cpu", "--backend auto: no NVIDIA GPU on this machine (no nvidia-smi)")
-    assert bench.choose_backend("cpu") == ("cpu", "--backend cpu")
+    assert benchoptions.choose_backend("auto") == ("cpu",
+                                                   "--backend auto: no NVIDIA GPU on this machine (no nvidia-smi)")
+    assert benchoptions.choose_backend("cpu") == ("cpu", "--backend cpu")
     _fake_nvidia_smi(tmp_path, "0, NVIDIA H200, 143771\\n")
-    assert bench._gpu_table() == {0: ("NVIDIA H200", 143771 * 2**20)}
-    backend, why = bench.choose_backend("auto")
+    assert benchoptions._gpu_table() == {0: ("NVIDIA H200", 143771 * 2**20)}
+    backend, why = benchoptions.choose_backend("auto")
     assert backend == "cpu" and "this machine has 1 NVIDIA GPU(s) but CuPy" in why and "falling back" in why
     missing = importlib.util.find_spec("cupy") is None
     assert ("not installed" in why) == missing and ("sees no CUDA device" in why) == (not missing)
     with pytest.raises(InputError, match=r"--backend gpu: CuPy (is not installed|is installed but sees no CUDA)"):
-        bench.choose_backend("gpu")  # asked for outright: no CPU fallback, the reason instead
+        benchoptions.choose_backend("gpu")  # asked for outright: no CPU fallback, the reason instead
     monkeypatch.setattr(backends, "gpu_available", lambda: True)
-    assert bench.choose_backend("auto") == ("gpu", "--backend auto: CuPy sees a GPU")
-    machine = bench.machine_for("gpu", [0])
+    assert benchoptions.choose_backend("auto") == ("gpu", "--backend auto: CuPy sees a GPU")
+    machine = benchoptions.machine_for("gpu", [0])
     assert machine.gpus == (("NVIDIA H200", 143771 * 2**20),) and machine.cores == os.cpu_count()
-    assert "GPU 0 NVIDIA H200 (140 GiB)" in bench.machine_line("gpu", "x", machine, [0])
+    assert "GPU 0 NVIDIA H200 (140 GiB)" in benchoptions.machine_line("gpu", "x", machine, [0])
 
 
 def test_plot_without_matplotlib_says_so(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -152,21 +153,21 @@ def test_steady_figures_per_partition_and_per_job() -> None:
     """Three jobs of 2 partitions finishing 10, 14 and 20 s after the start: the cold first job is
     apart; per job (20 - 10) / 2 jobs; per partition the later partitions' window over their count;
     one job alone: its own time."""
-    run = bench._Run(t_start=100.0)
+    run = benchrun.RunResults(t_start=100.0)
     run.results = [argparse.Namespace(job_id=j) for j in ("j0", "j1", "j2")]
     run.t_done = {"j0": 110.0, "j1": 114.0, "j2": 120.0}
     part_done = {("j0", 0): 109.0, ("j0", 1): 110.0, ("j1", 0): 112.0, ("j1", 1): 114.0,
                  ("j2", 0): 118.0, ("j2", 1): 120.0}
-    assert bench.steady_s_per_job(run, part_done, 2) == 5.0
-    assert bench.steady_s_per_proof(run, part_done, 2) == 2.5  # 4 partitions in (110, 120]
-    lone = bench._Run(t_start=100.0, t_done={"j0": 107.0})
-    assert bench.steady_s_per_job(lone, {}, 2) == 7.0
+    assert benchsummary.steady_s_per_job(run, part_done, 2) == 5.0
+    assert benchsummary.steady_s_per_proof(run, part_done, 2) == 2.5  # 4 partitions in (110, 120]
+    lone = benchrun.RunResults(t_start=100.0, t_done={"j0": 107.0})
+    assert benchsummary.steady_s_per_job(lone, {}, 2) == 7.0
     # a window that opens on partitions proved before it (j1's batch ended with j0): never faster
     # than the pipeline's capacity
     part_done.update({("j1", 0): 110.0, ("j1", 1): 110.0, ("j2", 0): 110.0, ("j2", 1): 110.5})
-    assert bench.steady_s_per_proof(run, part_done, 2) == 0.5
-    assert bench.steady_s_per_proof(run, part_done, 2, floor_s=2.4) == 2.4
-    assert bench.steady_s_per_job(run, part_done, 2, floor_s=2.4) == 4.8
+    assert benchsummary.steady_s_per_proof(run, part_done, 2) == 0.5
+    assert benchsummary.steady_s_per_proof(run, part_done, 2, floor_s=2.4) == 2.4
+    assert benchsummary.steady_s_per_job(run, part_done, 2, floor_s=2.4) == 4.8
 
 
 def test_steady_figure_of_passes_that_complete_together_is_the_device_rate() -> None:
@@ -189,19 +190,19 @@ def test_steady_figure_of_passes_that_complete_together_is_the_device_rate() -> 
             t += share
         for i, key in enumerate(members):
             part_done[key] = t + 0.01 * (i + 1)  # after the pass, a message each
-    run = bench._Run(t_start=t0)
+    run = benchrun.RunResults(t_start=t0)
     run.results = [argparse.Namespace(job_id=j, partitions=[
         PartitionResult(i, {}, [], {"device": share}, 0, 1, spans=[spans[(j, i)]]) for i in range(3)])
         for j in ("j0", "j1", "j2")]
     run.t_done = {j: max(v for (job, _), v in part_done.items() if job == j) for j in ("j0", "j1", "j2")}
-    by_completion = bench.steady_s_per_proof(run, part_done, 3)
+    by_completion = benchsummary.steady_s_per_proof(run, part_done, 3)
     assert by_completion < share * 0.9  # j1's 1 and 2 complete just after j0, proved with it
-    made = bench.made_at(part_done, [run])
-    assert bench.steady_s_per_proof(run, made, 3) == pytest.approx(share)
-    later = bench.run_window(run, made)[1]
+    made = benchsummary.made_at(part_done, [run])
+    assert benchsummary.steady_s_per_proof(run, made, 3) == pytest.approx(share)
+    later = benchsummary.run_window(run, made)[1]
     assert sorted(later) == [("j1", 1), ("j1", 2), ("j2", 0), ("j2", 1), ("j2", 2)]
     parts = [{"timings": {"device": share}} for _ in later]
-    assert bench.capacity_s_per_partition(parts, devices=1, workers=2) == pytest.approx(share)
+    assert benchsummary.capacity_s_per_partition(parts, devices=1, workers=2) == pytest.approx(share)
 
 
 def test_capacity_is_the_slower_stage_over_its_parallelism() -> None:
@@ -209,13 +210,13 @@ def test_capacity_is_the_slower_stage_over_its_parallelism() -> None:
     the witness is not added again."""
     parts = [{"timings": {"device": d, "witness": 0.5, "synthesis": s}}
              for d, s in ((1.0, 4.0), (1.2, 5.0), (0.8, 3.0))]
-    assert bench.capacity_s_per_partition(parts, devices=1, workers=2) == 2.0  # synthesis: 4.0 / 2 workers
-    assert bench.capacity_s_per_partition(parts, devices=1, workers=8) == 1.0  # the device: 1.0 / 1
-    assert bench.capacity_s_per_partition(parts, devices=2, workers=8) == 0.5
-    assert bench.capacity_s_per_partition([{"timings": {}}], devices=1, workers=1) == 0.0
+    assert benchsummary.capacity_s_per_partition(parts, devices=1, workers=2) == 2.0  # synthesis: 4.0 / 2 workers
+    assert benchsummary.capacity_s_per_partition(parts, devices=1, workers=8) == 1.0  # the device: 1.0 / 1
+    assert benchsummary.capacity_s_per_partition(parts, devices=2, workers=8) == 0.5
+    assert benchsummary.capacity_s_per_partition([{"timings": {}}], devices=1, workers=1) == 0.0
     # the mean, a bound: a window's partitions took their device seconds of it, one after another
     skewed = [{"timings": {"device": d}} for d in (0.2, 0.2, 0.2, 1.0)]
-    assert bench.capacity_s_per_partition(skewed, devices=1, workers=1) == pytest.approx(0.4)
+    assert benchsummary.capacity_s_per_partition(skewed, devices=1, workers=1) == pytest.approx(0.4)
 
 
 def test_device_busy_is_the_union_of_the_placed_stages() -> None:
@@ -223,7 +224,7 @@ def test_device_busy_is_the_union_of_the_placed_stages() -> None:
     and 113.5-116 (overlapping the one before by late messages: counted once), so 6 s of 10;
     device 1: a pass of 3 partitions (1 s each as their share) ending at 117 (their finalizes
     queued: 117.1, 117.2), so 114-117.2; a partition without a device (failed) counts nowhere."""
-    run = bench._Run(t_start=100.0, t_done={"j0": 110.0, "j1": 120.0})
+    run = benchrun.RunResults(t_start=100.0, t_done={"j0": 110.0, "j1": 120.0})
 
     def part(device: int | None, device_s: float, finalize_starts: float, batch: int = 1) -> dict[str, object]:
         return {"device": device, "t_done": finalize_starts + 0.5,
@@ -231,7 +232,7 @@ def test_device_busy_is_the_union_of_the_placed_stages() -> None:
 
     parts = [part(0, 2.0, 111.0), part(0, 3.0, 114.0), part(0, 2.5, 116.0),
              part(1, 1.0, 117.0, 3), part(1, 1.0, 117.1, 3), part(1, 1.0, 117.2, 3), part(None, 1.0, 115.0)]
-    busy = bench._device_fractions(parts, [run])
+    busy = benchsummary._device_fractions(parts, [run])
     assert busy is not None
     assert busy == {"0": pytest.approx(0.6), "1": pytest.approx(0.32)}
 
@@ -240,7 +241,7 @@ def test_one_job_a_run_leaves_the_cold_job_out_of_the_steady_figures(
         tmp_path: Path, capsys: pytest.CaptureFixture[str], caplog: pytest.LogCaptureFixture) -> None:
     """--jobs 1: run 0's one job is the cold one (first_job_s); the steady figures are the later runs'
     lone jobs on the warm engine, and the table says so; with one run there is no steady figure."""
-    assert [bench.steady_basis(j, r) for j, r in ((3, 1), (1, 2), (1, 1))] == [
+    assert [benchsummary.steady_basis(j, r) for j, r in ((3, 1), (1, 2), (1, 1))] == [
         "window", "lone warm jobs", "cold job only"]
     out = tmp_path / "r.json"
     args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partitions", "2", "--jobs", "1", "--repeat", "3",
@@ -282,7 +283,7 @@ def test_device_plan_line(test_key: tuple[Path, Path], monkeypatch: pytest.Monke
     monkeypatch.delenv(BATCH_ENV, raising=False)
     h200 = Machine(cores=16, memory_bytes=128 << 30, gpus=(("NVIDIA H200", 139 << 30),))
     size = circuit_size(test_key[0])
-    line = bench.device_plan_line(size, h200, [0], 2)
+    line = benchoptions.device_plan_line(size, h200, [0], 2)
     with read_zkey(test_key[0]) as zkey:  # a small key: its MSMs' CUDA graphs are planned too
         want = plan_device(KeyShape.of(zkey), 139 << 30, workers=2, multiples="auto",
                            graph_params=graph_params_for(zkey.domain_size),
@@ -292,13 +293,13 @@ def test_device_plan_line(test_key: tuple[Path, Path], monkeypatch: pytest.Monke
     from cuzk_mp.backends.gpu.plan import largest_fitting_domain
 
     tiny = Machine(cores=16, memory_bytes=128 << 30, gpus=(("small", 514 << 20),))  # the margin and a bit
-    small = bench.device_plan_line(size, tiny, [3], 2)
+    small = benchoptions.device_plan_line(size, tiny, [3], 2)
     best = largest_fitting_domain(want.shape, 514 << 20)
     assert best is not None and best < want.shape.domain_size
     assert small.startswith("device plan: GPU 3: the proving key (domain 2^10") and "only 0.50 GiB is free" in small
     assert f"largest domain of this circuit's shape that fits is 2^{best.bit_length() - 1}" in small
     unknown = Machine(cores=16, memory_bytes=128 << 30, gpus=(("?", 0),))
-    assert "not known" in bench.device_plan_line(size, unknown, [0], 2)
+    assert "not known" in benchoptions.device_plan_line(size, unknown, [0], 2)
 
 
 def test_bench_with_a_key_generated_in_the_provers(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
@@ -418,18 +419,18 @@ def test_bad_options_are_refused_before_any_work(tmp_path: Path, argv: tuple[str
     (tmp_path / "afile").write_text("")
     args = _parse("--backend", "cpu", *(a.replace("{tmp}", str(tmp_path)) for a in argv))
     with pytest.raises(InputError, match=message):
-        bench._fill_defaults(args, "cpu")
+        benchoptions.fill_defaults(args, "cpu")
 
 
 def test_a_plot_in_a_format_matplotlib_cannot_write_is_refused_up_front(tmp_path: Path) -> None:
     pytest.importorskip("matplotlib", reason="--plot needs the optional matplotlib")
     args = _parse("--backend", "cpu", "--plot", str(tmp_path / "p.txt"))
     with pytest.raises(InputError, match=r"--plot .*p\.txt: matplotlib writes .*\.png.*; not \.txt"):
-        bench._fill_defaults(args, "cpu")
+        benchoptions.fill_defaults(args, "cpu")
     same = tmp_path / "r.json"
     args = _parse("--backend", "cpu", "--plot", str(same), "--json", str(same))
     with pytest.raises(InputError, match="given as both the json and the plot output"):
-        bench._fill_defaults(args, "cpu")
+        benchoptions.fill_defaults(args, "cpu")
 
 
 def test_a_bench_with_failed_proofs_ends_in_a_line_saying_why(capsys: pytest.CaptureFixture[str]) -> None:
@@ -458,7 +459,7 @@ def test_a_bench_with_failed_proofs_ends_in_a_line_saying_why(capsys: pytest.Cap
             _parse("--backend", "cpu", "--devices", bad)
         assert "argument --devices" in capsys.readouterr().err
     with pytest.raises(InputError, match="--ring-slots must be 1..256, got 300"):
-        bench._fill_defaults(_parse("--backend", "cpu", "--ring-slots", "300"), "cpu")
+        benchoptions.fill_defaults(_parse("--backend", "cpu", "--ring-slots", "300"), "cpu")
     died = {"proofs_total": 2, "proofs_verified": 1,
             "partitions": [part(0), part(1, "cuzk-prover-0 died", "WorkerDied")]}
     assert bench._verdict(died) == 1 and "1 of 2 proofs missing or invalid" in capsys.readouterr().err
@@ -497,13 +498,13 @@ def test_an_interrupted_bench_stops_its_engine_without_waiting_for_the_jobs_in_f
 
     interrupted: list[str] = []
 
-    def interrupt_on_the_first_partition(self: bench.BenchRun, job_id: str, result: object) -> None:
+    def interrupt_on_the_first_partition(self: benchrun.BenchRun, job_id: str, result: object) -> None:
         if not interrupted:
             interrupted.append(job_id)
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, while jobs are in flight
 
     monkeypatch.setattr(RunningEngine, "stop", recording_stop)
-    monkeypatch.setattr(bench.BenchRun, "_on_partition", interrupt_on_the_first_partition)
+    monkeypatch.setattr(benchrun.BenchRun, "_on_partition", interrupt_on_the_first_partition)
     args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partitions", "4", "--jobs", "50", "--in-flight", "4",
                   "--partition-workers", "1", "--ring-slots", "2", "--synthesis-threads", "1", "--quiet",
                   "--cache", str(KEY_CACHE))
@@ -531,10 +532,10 @@ def test_a_json_result_that_cannot_be_written_is_an_output_error_naming_it(tmp_p
 def test_a_shape_that_does_not_fit_points_at_the_benchs_own_options(tmp_path: Path) -> None:
     """The bench reads no config file: its message names its options, not the daemon's sections."""
     args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partition-workers", "99999", "--cache", str(KEY_CACHE))
-    bench._fill_defaults(args, "cpu")
-    circuit = bench._circuit(args, "cpu")
+    benchoptions.fill_defaults(args, "cpu")
+    circuit = benchoptions.bench_circuit(args, "cpu")
     with pytest.raises(InputError) as e:
-        bench._shape(args, "cpu", circuit, bench.machine_for("cpu", [0]), [0])
+        benchoptions.choose_shape(args, "cpu", circuit, benchoptions.machine_for("cpu", [0]), [0])
     message = str(e.value)
     assert message.startswith("--host-budget (auto: RAM - 4 GiB): ") and "99999 synthesis worker(s)" in message
     assert message.endswith("raise it, or give the shape with --ring-slots, --partition-workers and "
@@ -573,7 +574,7 @@ def test_a_result_file_that_would_replace_an_input_is_refused_before_any_work(tm
     for option, target, name in (("--json", r1cs, "r1cs"), ("--json", zkey, "circuit"), ("--json", wtns, "wtns")):
         args = _parse("--backend", "cpu", *circuit, option, str(target))
         with pytest.raises(InputError, match=rf"c\.\w+: the json output would replace the {name} input"):
-            bench._fill_defaults(args, "cpu")
+            benchoptions.fill_defaults(args, "cpu")
     assert all(f.read_bytes() == b"input" for f in (zkey, r1cs, wtns))
 
 
@@ -598,8 +599,8 @@ def test_a_damaged_cached_dev_key_is_moved_aside_and_made_again_and_a_given_key_
     cut = cached.read_bytes()
     with caplog.at_level(logging.WARNING, logger="cuzk_mp.pipeline.keys"):
         args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--cache", str(cache))
-        bench._fill_defaults(args, "cpu")
-        assert bench._circuit(args, "cpu").domain_size == 2**LOG_N
+        benchoptions.fill_defaults(args, "cpu")
+        assert benchoptions.bench_circuit(args, "cpu").domain_size == 2**LOG_N
     assert (cache / (zkey.name + ".damaged")).read_bytes() == cut
     with read_zkey(cached):
         pass  # whole again
@@ -611,7 +612,7 @@ def test_a_damaged_cached_dev_key_is_moved_aside_and_made_again_and_a_given_key_
     (tmp_path / "w.wtns").write_bytes(b"")
     args = _parse("--backend", "cpu", "--circuit", str(given), "--wtns", str(tmp_path / "w.wtns"),
                   "--r1cs", str(r1cs))
-    bench._fill_defaults(args, "cpu")
+    benchoptions.fill_defaults(args, "cpu")
     with pytest.raises(InputError, match=r"given\.zkey.*truncated"):
-        bench._circuit(args, "cpu")
+        benchoptions.bench_circuit(args, "cpu")
     assert given.read_bytes() == cut and not (tmp_path / "given.zkey.damaged").exists()

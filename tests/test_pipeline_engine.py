@@ -237,7 +237,7 @@ def test_failed_start_leaves_nothing() -> None:
 def test_a_start_timeout_names_its_value_and_the_option_that_sets_it() -> None:
     """Under a second the limit is not "0 s", and the message names the knob: the caller's own name for
     it (the bench's option here), not the engine's field."""
-    from cuzk_mp.pipeline.bench import engine_option
+    from cuzk_mp.pipeline.benchoptions import engine_option
 
     engine = Engine(EngineConfig(backend="cpu", devices=[0], shm_prefix=prefix_for("slow"), start_timeout_s=0.25),
                     key=engine_option)

@@ -14,7 +14,7 @@ import psutil
 import pytest
 
 from cuzk_mp.errors import ConfigError
-from cuzk_mp.pipeline import bench
+from cuzk_mp.pipeline import bench, benchoptions
 from cuzk_mp.pipeline.memory import (
     FEED_MARGIN, READY_PER_PROVER, GiB, MiB, Shape, derive_shape, device_seconds, estimated_circuit_size, explain_shape,
     host_bound, host_budget_bytes, model_working_sets, ready_per_prover, synthesis_cores, synthesis_seconds,
@@ -125,7 +125,7 @@ def test_the_bench_refuses_a_given_ring_the_tmpfs_cannot_hold(monkeypatch: pytes
     def shape(slots: int) -> str:
         args = argparse.Namespace(ring_slots=slots, partition_workers=2, synthesis_threads=4, host_budget=None,
                                   gpu_workers=2)
-        return bench._shape(args, "gpu", POREP_24, machine, [0])
+        return benchoptions.choose_shape(args, "gpu", POREP_24, machine, [0])
 
     assert shape(3).startswith("shape: all given, checked for 2^24 rows, host budget auto (RAM - 4 GiB): ")
     with pytest.raises(InputError, match=r"^--ring-slots: /dev/shm holds .* less than the 4 ring slots of "):
@@ -145,7 +145,7 @@ def test_the_bench_checks_a_shape_given_whole_against_the_memory_model(monkeypat
     def shape(slots: int, budget: str | None = None) -> str:
         args = argparse.Namespace(ring_slots=slots, partition_workers=2, synthesis_threads=4, host_budget=budget,
                                   gpu_workers=2)
-        line = bench._shape(args, "gpu", POREP_24, machine, [0])
+        line = benchoptions.choose_shape(args, "gpu", POREP_24, machine, [0])
         assert (args.ring_slots, args.partition_workers, args.synthesis_threads) == (slots, 2, 4)  # kept
         return line
 

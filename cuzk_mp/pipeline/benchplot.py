@@ -160,7 +160,7 @@ def _bars(result: dict[str, Any], t0: float) -> tuple[list[dict[str, Any]], dict
 
 
 def draw(result: dict[str, Any]) -> Figure:
-    """The figure for a bench result (the JSON as :func:`~.bench.summarize` makes it)."""
+    """The figure for a bench result (the JSON as :func:`~.benchsummary.summarize` makes it)."""
     tl = result.get("timeline")
     if not tl:
         raise InputError("this bench result has no timeline (it was written by an older cuzk-mp): rerun the bench")
