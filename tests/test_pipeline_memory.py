@@ -299,7 +299,7 @@ def test_a_prover_lets_the_key_coefficients_go(test_key) -> None:  # type: ignor
 
     from cuzk_mp.backends.gpu.hostmem import PAGE, mapped_rss
     from cuzk_mp.formats.zkey import read_zkey
-    from cuzk_mp.pipeline.prover_proc import drop_coefficient_pages
+    from cuzk_mp.pipeline.key_cache import drop_coefficient_pages
 
     with read_zkey(test_key[0]) as zkey:
         coefs = np.array(zkey.coefs)  # a private copy to compare with

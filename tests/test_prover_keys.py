@@ -14,7 +14,7 @@ from typing import Any
 import pytest
 
 from cuzk_mp.pipeline import messages as msg
-from cuzk_mp.pipeline import prover_proc
+from cuzk_mp.pipeline import key_cache
 
 
 class _Ctx:
@@ -49,7 +49,7 @@ class _Backend:
 
 
 @pytest.fixture
-def cache(monkeypatch: pytest.MonkeyPatch) -> prover_proc.KeyCache:
+def cache(monkeypatch: pytest.MonkeyPatch) -> key_cache.KeyCache:
     """A cache of budget 10 whose "key files" are named NAME:BYTES."""
     import cuzk_mp.formats.zkey as zkey_mod
 
@@ -59,16 +59,16 @@ def cache(monkeypatch: pytest.MonkeyPatch) -> prover_proc.KeyCache:
                                close=lambda: None)
 
     monkeypatch.setattr(zkey_mod, "read_zkey", read_zkey)
-    monkeypatch.setattr(prover_proc, "drop_coefficient_pages", lambda zkey: 0)
-    return prover_proc.KeyCache(_Ctx(), _Backend(), budget=10)  # type: ignore[arg-type]
+    monkeypatch.setattr(key_cache, "drop_coefficient_pages", lambda zkey: 0)
+    return key_cache.KeyCache(_Ctx(), _Backend(), budget=10)  # type: ignore[arg-type]
 
 
-def _states(cache: prover_proc.KeyCache) -> list[tuple[str, str | None]]:
+def _states(cache: key_cache.KeyCache) -> list[tuple[str, str | None]]:
     return [(m.circuit_id, m.tier) for m in cache.ctx.sent if isinstance(m, msg.KeyState)]
 
 
 def test_a_key_loaded_beyond_the_budget_is_not_evicted_before_its_partition_uses_it(
-        cache: prover_proc.KeyCache) -> None:
+        cache: key_cache.KeyCache) -> None:
     a = cache.acquire(msg.CircuitRef("A", "a:6"))
     b = cache.acquire(msg.CircuitRef("B", "b:5"))  # 11 > 10 with A in use: B stays until released
     assert b.users == 1 and list(cache.keys) == ["A", "B"] and cache.backend.closed == []
@@ -83,7 +83,7 @@ def test_a_key_loaded_beyond_the_budget_is_not_evicted_before_its_partition_uses
                               ("C", None)]
 
 
-def test_a_key_whose_files_changed_is_closed_when_its_last_user_lets_it_go(cache: prover_proc.KeyCache) -> None:
+def test_a_key_whose_files_changed_is_closed_when_its_last_user_lets_it_go(cache: key_cache.KeyCache) -> None:
     old = cache.acquire(msg.CircuitRef("A", "a1:3"))
     new = cache.acquire(msg.CircuitRef("A", "a2:4"))  # re-registered with other files while a partition runs
     assert new is not old and cache.keys["A"] is new and cache.backend.closed == []  # the old one still in use

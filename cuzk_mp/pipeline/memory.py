@@ -290,7 +290,7 @@ def key_host_bytes(circuit: CircuitSize, backend: str) -> int:
     """What the provers keep of the key on the host, counted once: the whole key on the CPU backend
     (its points, converted); on the GPU backend its header and IC points and one upload chunk: the
     point sections are uploaded from the file's mapping and their pages let go, and so are the
-    coefficients (:func:`~.prover_proc.drop_coefficient_pages`)."""
+    coefficients (:func:`~.key_cache.drop_coefficient_pages`)."""
     return circuit.key_bytes if backend == "cpu" else min(circuit.key_bytes, GPU_KEY_HOST_BYTES)
 
 
