@@ -11,8 +11,8 @@ import ast
 from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "cuzk_mp"
-RANK = {"__main__": 9, "cli": 8, "daemon": 7, "pipeline": 6, "groth16": 5, "backends": 4, "circuits": 4,
-        "formats": 3, "algebra": 2, "errors": 1, "exit_codes": 1, "logs": 1, "paths": 1, "intervals": 1,
+RANK = {"__main__": 10, "cli": 9, "cli_verbs": 8, "daemon": 7, "pipeline": 6, "groth16": 5, "backends": 4,
+        "circuits": 4, "formats": 3, "algebra": 2, "errors": 1, "exit_codes": 1, "logs": 1, "paths": 1, "intervals": 1,
         "stackprof": 1, "": 0}
 
 

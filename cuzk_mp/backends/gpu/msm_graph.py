@@ -10,15 +10,20 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 import cupy
 import numpy as np
 
 from .msm_host import _NoMarks
 
-if TYPE_CHECKING:  # for the annotation alone: msm.py imports this module
-    from .msm import _Msm
+
+class _DensePass(Protocol):
+    """What a capture needs of an MSM object (:class:`.msm._Msm`, which imports this module): its
+    dense pass."""
+
+    def _pippenger(self, scalars: Any, idx: Any, n2: int, per: int, marks: Any) -> tuple[Any, int]: ...
+
 
 _CAPTURE_LOCK = threading.Lock()  # one capture at a time in the process (see _GraphRun.capture)
 
@@ -40,7 +45,7 @@ class _GraphRun:
     busy: bool = False
 
     @classmethod
-    def capture(cls, msm: _Msm, k: int, m: int) -> _GraphRun:
+    def capture(cls, msm: _DensePass, k: int, m: int) -> _GraphRun:
         """Capture ``msm``'s dense pass over k x m scalars on a private stream (relaxed mode, so
         the memory pool may grow meanwhile; its allocations are recorded and kept)."""
         held: list[Any] = []
