@@ -264,7 +264,7 @@ class Tracer:
 
 def _install_tracer(backend_mod: Any, backend: Any, key: Any) -> Tracer:
     """Trace the kernels of the key's MSMs, the NTT engine and classify, and the CuPy calls of the
-    backend and msm modules."""
+    backend (with its staging and proving modules) and msm modules."""
     msm_mod = backend_mod.gmsm
     tracer = Tracer(backend_mod.cupy)
     for m in key.msms.values():
@@ -277,7 +277,8 @@ def _install_tracer(backend_mod: Any, backend: Any, key: Any) -> Tracer:
 
     msm_mod.get_module = get_module
     msm_mod.cupy = _CupyProxy(msm_mod.cupy, tracer, Tracer.CUPY_CALLS)
-    backend_mod.cupy = _CupyProxy(backend_mod.cupy, tracer, Tracer.CUPY_CALLS)
+    for part in (backend_mod, backend_mod.staging, backend_mod.proving):
+        part.cupy = _CupyProxy(part.cupy, tracer, Tracer.CUPY_CALLS)
     ntt = backend.ntt_engine
     for attr in ("_bitrev", "_combine"):
         if hasattr(ntt, attr):

@@ -194,6 +194,13 @@ def gpu() -> object:
     return GpuBackend(0)
 
 
+def _as_large_key(monkeypatch: pytest.MonkeyPatch, backend_cls: Any) -> None:
+    """Make every module of the backend that reads DENSE_KEY_ROWS (staging's, key loading's and
+    key generation's) take any key as one above it: the 0/1 split and the packed supports."""
+    for method in (backend_cls.stage, backend_cls._pack, backend_cls.generate_key):
+        monkeypatch.setitem(method.__globals__, "DENSE_KEY_ROWS", 0)
+
+
 def _random_mont(n: int, rng: random.Random) -> np.ndarray:
     return fr.from_ints([rng.randrange(fr.R_MOD) for _ in range(n)])
 
@@ -309,7 +316,7 @@ def test_protocol_matches_cpu_backend(gpu: object, multiples: str, sparse_b: boo
     rng = random.Random(SEED)
     zkey = _fake_zkey(10, 700, 3, rng)
     if sparse_b:
-        monkeypatch.setitem(type(gpu).stage.__globals__, "DENSE_KEY_ROWS", 0)
+        _as_large_key(monkeypatch, type(gpu))
         off = np.array([rng.random() < 0.6 for _ in range(700)])
         off |= ~zkey.b1.any(axis=1) | ~zkey.b2.any(axis=1)  # one mask for both (a wire outside B)
         zkey.b1, zkey.b2 = zkey.b1.copy(), zkey.b2.copy()
@@ -522,7 +529,7 @@ def _split_path_sums(emu_gpu: Any, zkey_path: Path, monkeypatch: pytest.MonkeyPa
     """(the emulated GPU backend's five sums, the CPU backend's) of the test key's partition with
     ``witness(w)`` in place of the circuit's w, staged as a large key stages it (the 0/1 split);
     ``inspect(key, staged)`` runs on the staged partition before its MSMs."""
-    monkeypatch.setitem(type(emu_gpu).stage.__globals__, "DENSE_KEY_ROWS", 0)
+    _as_large_key(monkeypatch, type(emu_gpu))
     from cuzk_mp.backends.cpu import CpuBackend
     from cuzk_mp.circuits.synthetic import PorepLike
     from cuzk_mp.formats.zkey import read_zkey
@@ -621,7 +628,7 @@ def test_emulated_backend_batches_equal_cpu_backend(emu_gpu: object, test_key: t
     the bounce buffers are sized to the partition, not 2 x 64 MiB; a bad vector in a batch is
     refused before anything is enqueued."""
     if not dense:
-        monkeypatch.setitem(type(emu_gpu).stage.__globals__, "DENSE_KEY_ROWS", 0)
+        _as_large_key(monkeypatch, type(emu_gpu))
     from cuzk_mp.backends.cpu import CpuBackend
     from cuzk_mp.circuits.synthetic import PorepLike
     from cuzk_mp.formats.zkey import read_zkey

@@ -455,7 +455,7 @@ def test_load_key_refuses_before_any_upload(emu: object, test_key: tuple[Path, P
     from cuzk_mp.formats.zkey import read_zkey
 
     uploads: list[int] = []
-    monkeypatch.setattr(emu, "_upload_release", lambda dst, src, stream, **kw: uploads.append(src.nbytes) or 0)
+    monkeypatch.setattr(emu.key_load, "_upload_release", lambda dst, src, stream, **kw: uploads.append(src.nbytes) or 0)
     backend = emu.GpuBackend(0, in_flight=2)  # type: ignore[attr-defined]
     try:
         with read_zkey(test_key[0]) as zkey:

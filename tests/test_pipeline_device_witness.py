@@ -75,7 +75,7 @@ def test_w_alone_through_the_ring_proves_on_the_device_witness_map(tmp_path: Pat
     from cuzk_mp.pipeline.synth import SynthWorker
 
     # the prover's device-memory sampler reads the emulated backend's memory module
-    monkeypatch.setitem(sys.modules, "cuzk_mp.backends.gpu.memory", type(emu_backend).__init__.__globals__["memory"])
+    monkeypatch.setitem(sys.modules, "cuzk_mp.backends.gpu.memory", type(emu_backend)._upload.__globals__["memory"])
     ref = CircuitTable(tmp_path, "gpu").make_ref(_spec())
     ring = Ring.create(prefix_for("devwit"), 3)
     ctx = _Ctx()
@@ -221,7 +221,7 @@ def test_a_damaged_circuit_data_file_fails_the_provers_task_alone(tmp_path: Path
     from cuzk_mp.pipeline.synth import SynthWorker
     from tests.helpers import rewrite_cache
 
-    monkeypatch.setitem(sys.modules, "cuzk_mp.backends.gpu.memory", type(emu_backend).__init__.__globals__["memory"])
+    monkeypatch.setitem(sys.modules, "cuzk_mp.backends.gpu.memory", type(emu_backend)._upload.__globals__["memory"])
     ref = CircuitTable(tmp_path, "gpu").make_ref(_spec())
     assert ref.circuit_data is not None
     path = Path(ref.circuit_data)

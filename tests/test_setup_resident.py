@@ -186,7 +186,7 @@ def test_next_sections_scalars_are_made_while_this_one_is_generated(circuit: tup
     emu = load_backend()
     events: list[tuple[str, str]] = []
     lock = threading.Lock()
-    real = emu._fixed_base_rows
+    real = emu.key_generate._fixed_base_rows
 
     def slow_rows(s: object, name: str, *args: object) -> object:
         with lock:
@@ -204,7 +204,7 @@ def test_next_sections_scalars_are_made_while_this_one_is_generated(circuit: tup
             return np.zeros((rows[name], 4), np.uint64)
         return make
 
-    monkeypatch.setattr(emu, "_fixed_base_rows", slow_rows)
+    monkeypatch.setattr(emu.key_generate, "_fixed_base_rows", slow_rows)
     monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "none")
     backend = emu.GpuBackend(0)
     order = ["h", "a", "b1", "b2", "c"]
@@ -317,7 +317,7 @@ def test_zero_scalars_stay_at_infinity_without_a_kernel_lane(monkeypatch: pytest
     from tests.gpu_emu.backend import load_backend
 
     emu = load_backend()
-    monkeypatch.setattr(emu, "GEN_CHUNK_ROWS", 16)
+    monkeypatch.setattr(emu.key_generate, "GEN_CHUNK_ROWS", 16)
     seen: list[int] = []
     real = emu.fixed_base.FixedBase.run_device
 
@@ -335,7 +335,7 @@ def test_zero_scalars_stay_at_infinity_without_a_kernel_lane(monkeypatch: pytest
         whole = real(emu.fixed_base.FixedBase(emu.G2Point() if group == "g2" else emu.G1Point()), scalars)
         seen.clear()
         monkeypatch.setattr(emu.fixed_base.FixedBase, "run_device", counting)
-        got = np.asarray(emu._fixed_base_rows(emu.cupy.cuda.get_current_stream(), name, group, scalars, n))
+        got = np.asarray(emu.key_generate._fixed_base_rows(emu.cupy.cuda.get_current_stream(), name, group, scalars, n))
         monkeypatch.setattr(emu.fixed_base.FixedBase, "run_device", real)
         assert seen == [12, 8], (group, seen)  # chunk 0 skipped, chunk 1 its 12 nonzero rows, chunk 2 whole
         assert not got[~nonzero].any(), group
@@ -357,13 +357,14 @@ def test_emulated_gpu_makes_sparse_b_sections_packed(circuit: tuple[object, obje
     from tests.gpu_emu.backend import load_backend
 
     emu = load_backend()
-    monkeypatch.setattr(emu, "DENSE_KEY_ROWS", 0)
+    for part in (emu.key_load, emu.key_generate, emu.staging):  # every module of the backend that reads it
+        monkeypatch.setattr(part, "DENSE_KEY_ROWS", 0)
     monkeypatch.setenv("CUZK_GPU_MSM_MULTIPLES", "none")
     reads: list[int] = []
-    real = emu.msm_plan.support_rows
-    monkeypatch.setattr(emu.msm_plan, "support_rows", lambda d: reads.append(int(d.shape[0])) or real(d))
+    real = emu.key_load.msm_plan.support_rows
+    monkeypatch.setattr(emu.key_load.msm_plan, "support_rows", lambda d: reads.append(int(d.shape[0])) or real(d))
     rows = np.flatnonzero(want["b1"].any(axis=1))
-    sparse = rows.size <= emu.SUPPORT_MAX_FRACTION * want["b1"].shape[0]
+    sparse = rows.size <= emu.key_load.SUPPORT_MAX_FRACTION * want["b1"].shape[0]
     backend = emu.GpuBackend(0)
     try:
         made = setup_resident(_open(circuit), backend, TOXIC)

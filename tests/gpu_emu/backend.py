@@ -2,10 +2,11 @@
 
 Test-only. :func:`load_backend` imports fresh copies of ``cuzk_mp.backends.gpu``'s
 ``memory``, ``fixed_base``, ``msm`` (with its ``msm_*`` modules), ``ntt``, ``witness_map`` and
-``backend`` modules bound to a fake CuPy whose "device arrays" are numpy arrays with a ``data.ptr`` (so the backend's
-pointer bookkeeping, row slices included, runs as on the device), whose copies are
-``memmove``, and whose streams and events run everything at once, in order. The MSM
-and fixed-base kernels are the real ones compiled as host C++ (:mod:`tests.gpu_emu`);
+``backend`` (with the modules of its parts: ``backend_state``, ``device_limits``, ``key_load``,
+``key_generate``, ``staging``, ``proving``) modules bound to a fake CuPy whose "device arrays"
+are numpy arrays with a ``data.ptr`` (so the backend's pointer bookkeeping, row slices included,
+runs as on the device), whose copies are ``memmove``, and whose streams and events run everything
+at once, in order. The MSM and fixed-base kernels are the real ones compiled as host C++ (:mod:`tests.gpu_emu`);
 the NTT kernels cooperate through shared memory, which the emulator cannot run, so
 the H step is the CPU oracle's (:func:`cuzk_mp.algebra.ntt.coset_h`), written over
 the staged ``a`` as the device version does. sys.modules is restored afterwards, so
@@ -27,7 +28,7 @@ from . import _Event, _Stream, get_module
 GPU = "cuzk_mp.backends.gpu"
 # import order: dependencies first
 MODULES = ("memory", "fixed_base", "msm_host", "msm_plan", "msm_passes", "msm_graph", "msm", "ntt", "witness_map",
-           "backend")
+           "backend_state", "device_limits", "key_load", "key_generate", "staging", "proving", "backend")
 
 
 class DevArray(np.ndarray):
@@ -159,12 +160,13 @@ def load_backend() -> types.ModuleType:
         sys.modules[f"{GPU}.modules"] = fake_modules
         for m in MODULES:
             sys.modules.pop(f"{GPU}.{m}", None)
+        # each imported here, in order: a module's ``from . import x`` reads the package's attribute x,
+        # which an earlier load (or tests.gpu_emu.load) left on a copy no longer in sys.modules
+        fresh = {m: importlib.import_module(f"{GPU}.{m}") for m in MODULES}
         for name in ("msm", "msm_plan"):  # the modules that copy results to the host
-            mod = importlib.import_module(f"{GPU}.{name}")
-            mod._copy_to_host_async = lambda d, host, stream: np.copyto(host, d)  # type: ignore[attr-defined]
-        backend = importlib.import_module(f"{GPU}.backend")
-        backend.GpuNtt = CpuNtt  # type: ignore[attr-defined]
-        return backend
+            fresh[name]._copy_to_host_async = lambda d, host, stream: np.copyto(host, d)  # type: ignore[attr-defined]
+        fresh["backend_state"].GpuNtt = CpuNtt  # type: ignore[attr-defined]  # GpuBackend.__init__ makes it
+        return fresh["backend"]
     finally:
         for k, v in saved.items():
             if v is None:

@@ -16,7 +16,8 @@ assembles a translation unit, :mod:`.modules` loads its shipped binary (or
 compiles it with NVRTC) and caches the module, :mod:`.ntt` runs NTTs and the H step,
 :mod:`.msm` / :mod:`.fixed_base` the curve work, :mod:`.memory` checks device
 memory, and :class:`.backend.GpuBackend` implements
-:class:`cuzk_mp.backends.base.Backend`.
+:class:`cuzk_mp.backends.base.Backend` (its parts: :mod:`.backend_state`, :mod:`.device_limits`,
+:mod:`.key_load`, :mod:`.key_generate`, :mod:`.staging`, :mod:`.proving`).
 """
 
 import os

@@ -25,7 +25,7 @@ RESERVE_PER_ROW = 1536
 # for nothing (no index lists come back to the host), a proof's MSM is one chain of kernels instead
 # of the ones' chain then Pippenger's, and k proofs' MSMs of one section run as ONE batched pass
 # (:meth:`.msm._Msm.launch_batch`). Above it the sort of the zeros' keys costs more than the split,
-# and the backend may pack a key's sparse B sections (backend.SUPPORT_SECTIONS; the bench's plan
+# and the backend may pack a key's sparse B sections (key_load.SUPPORT_SECTIONS; the bench's plan
 # line says so).
 DENSE_KEY_ROWS = 1 << 16
 

@@ -105,7 +105,7 @@ COUNTING_SORT_BYTES_PER_KEY = KEY_BYTES + INDEX_BYTES
 # classify: one uint8 class per scalar, the classes of the support's rows (uint8), a boolean mask
 # per class tested, and the prefix sum of cupy.flatnonzero (int64), transient while a partition stages.
 CLASSIFY_BYTES_PER_ROW = 1 + 1 + 1 + INDEX_BYTES
-SUPPORT_ROW_BYTES = 4  # int32 per kept row: the key's one support row list (backend.SUPPORT_SECTIONS)
+SUPPORT_ROW_BYTES = 4  # int32 per kept row: the key's one support row list (key_load.SUPPORT_SECTIONS)
 HEAD_KEY_BYTES = 4  # uint32 key of each accumulation head
 # The fallbacks' order of multiples to drop: the reverse of plan_multiples' picking order.
 DROP_ORDER = ("c", "b1", "a", "b2", "h")
