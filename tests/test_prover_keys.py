@@ -1,20 +1,30 @@
 """A prover's resident keys (KeyCache): the budget evicts older unused keys, never the one a partition
-is about to use, and a key whose circuit's files changed is closed once its last user lets it go.
+is about to use, a key whose circuit's files changed is closed once its last user lets it go, and
+neither a key's load nor its close holds up the other circuits' acquires and releases.
 
 The backend and the key files are doubles: what is tested is the cache's bookkeeping (which keys are
-open, what the engine is told), not a key's upload.
+open, what the engine is told), not a key's upload. A test holds a load or a close at a gate to
+see what the other threads can do meanwhile; every wait has a limit, so a cache that blocks fails
+the test instead of hanging it.
 """
 
 from __future__ import annotations
 
 import logging
+import threading
+import time
+from collections.abc import Callable
 from types import SimpleNamespace
 from typing import Any
 
 import pytest
 
+from cuzk_mp.errors import InputError
 from cuzk_mp.pipeline import messages as msg
 from cuzk_mp.pipeline import key_cache
+
+PROMPT_S = 1.0  # what "at once" allows a call that must not wait for another key's load or close
+WAIT_S = 10.0  # the longest a test waits for anything else
 
 
 class _Ctx:
@@ -27,12 +37,28 @@ class _Ctx:
         self.sent.append(m)
 
 
+class _Gate:
+    """Holds a fake load or close until the test opens it."""
+
+    def __init__(self) -> None:
+        self.entered, self.opened = threading.Event(), threading.Event()
+
+    def pass_(self) -> None:
+        self.entered.set()
+        assert self.opened.wait(WAIT_S), "gate never opened"
+
+    def reached(self) -> None:
+        assert self.entered.wait(WAIT_S), "gate never reached"
+
+
 class _Handle:
-    def __init__(self, name: str, nbytes: int, closed: list[str]) -> None:
-        self.name, self.nbytes, self.closed_list = name, nbytes, closed
+    def __init__(self, name: str, nbytes: int, backend: _Backend) -> None:
+        self.name, self.nbytes, self.backend = name, nbytes, backend
 
     def close(self) -> None:
-        self.closed_list.append(self.name)
+        if (gate := self.backend.close_gates.get(self.name)) is not None:
+            gate.pass_()
+        self.backend.closed.append(self.name)
 
 
 class _Backend:
@@ -40,16 +66,30 @@ class _Backend:
 
     def __init__(self) -> None:
         self.closed: list[str] = []
+        self.loads: list[str] = []
+        self.load_gates: dict[str, _Gate] = {}  # key file -> the gate its load waits at
+        self.close_gates: dict[str, _Gate] = {}
+        self.fail_once: set[str] = set()  # key files whose next load fails
 
     def load_key(self, zkey: Any, **kwargs: Any) -> _Handle:
-        return _Handle(zkey.name, zkey.nbytes, self.closed)
+        self.loads.append(zkey.name)
+        if (gate := self.load_gates.get(zkey.name)) is not None:
+            gate.pass_()
+        if zkey.name in self.fail_once:
+            self.fail_once.discard(zkey.name)
+            raise InputError(f"{zkey.name}: not a zkey")
+        return _Handle(zkey.name, zkey.nbytes, self)
 
     def stats(self) -> dict[str, float]:
         return {}
 
+    def open_gates(self) -> None:
+        for gate in [*self.load_gates.values(), *self.close_gates.values()]:
+            gate.opened.set()
+
 
 @pytest.fixture
-def cache(monkeypatch: pytest.MonkeyPatch) -> key_cache.KeyCache:
+def cache(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> key_cache.KeyCache:
     """A cache of budget 10 whose "key files" are named NAME:BYTES."""
     import cuzk_mp.formats.zkey as zkey_mod
 
@@ -60,7 +100,48 @@ def cache(monkeypatch: pytest.MonkeyPatch) -> key_cache.KeyCache:
 
     monkeypatch.setattr(zkey_mod, "read_zkey", read_zkey)
     monkeypatch.setattr(key_cache, "drop_coefficient_pages", lambda zkey: 0)
-    return key_cache.KeyCache(_Ctx(), _Backend(), budget=10)  # type: ignore[arg-type]
+    backend = _Backend()
+    request.addfinalizer(backend.open_gates)  # a failed test leaves no thread at a gate
+    return key_cache.KeyCache(_Ctx(), backend, budget=10)  # type: ignore[arg-type]
+
+
+class _Call(threading.Thread):
+    """``fn()`` in a thread of its own: the other threads of a prover process, here."""
+
+    def __init__(self, fn: Callable[[], Any]) -> None:
+        super().__init__(daemon=True)
+        self.fn, self.result, self.error = fn, None, None
+        self.start()
+
+    def run(self) -> None:
+        try:
+            self.result = self.fn()
+        except BaseException as exc:  # noqa: BLE001 - raised again by outcome()
+            self.error = exc
+
+    def outcome(self, timeout: float = WAIT_S) -> Any:
+        self.join(timeout)
+        assert not self.is_alive(), f"still waiting after {timeout} s"
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+def _prompt(fn: Callable[[], Any]) -> Any:
+    """``fn()``, which must return within PROMPT_S whatever the other threads hold."""
+    return _Call(fn).outcome(PROMPT_S)
+
+
+def _until(cond: Callable[[], bool]) -> None:
+    deadline = time.monotonic() + WAIT_S
+    while not cond():
+        assert time.monotonic() < deadline, "condition never met"
+        time.sleep(0.005)
+
+
+def _waiters(cache: key_cache.KeyCache, circuit_id: str) -> int:
+    pending = cache.loading.get(circuit_id)
+    return 0 if pending is None else pending.waiters
 
 
 def _states(cache: key_cache.KeyCache) -> list[tuple[str, str | None]]:
@@ -93,3 +174,112 @@ def test_a_key_whose_files_changed_is_closed_when_its_last_user_lets_it_go(cache
     cache.release(new)
     unused = cache.acquire(msg.CircuitRef("A", "a3:2"))  # the previous one unused: closed at once
     assert cache.backend.closed == ["a1:3", "a2:4"] and unused.users == 1
+
+
+def test_a_resident_key_is_acquired_and_released_while_another_circuits_key_loads(
+        cache: key_cache.KeyCache) -> None:
+    a = cache.acquire(msg.CircuitRef("A", "a:3"))
+    gate = cache.backend.load_gates["b:4"] = _Gate()
+    loading = _Call(lambda: cache.acquire(msg.CircuitRef("B", "b:4")))
+    gate.reached()  # B's key is uploading
+    _prompt(lambda: cache.release(a))  # A's finished proof is answered meanwhile
+    again = _prompt(lambda: cache.acquire(msg.CircuitRef("A", "a:3")))  # and A's next partition staged
+    assert again is a and a.users == 1
+    _prompt(lambda: cache.release(again))
+    _prompt(lambda: cache.preload(msg.CircuitRef("A", "a:3")))
+    gate.opened.set()
+    b = loading.outcome()
+    assert b.users == 1 and list(cache.keys) == ["A", "B"] and cache.backend.loads == ["a:3", "b:4"]
+
+
+def test_a_keys_close_holds_up_no_other_keys_acquire_or_release(cache: key_cache.KeyCache) -> None:
+    for ref in (msg.CircuitRef("A", "a:3"), msg.CircuitRef("B", "b:4")):
+        cache.release(cache.acquire(ref))
+    gate = cache.backend.close_gates["a:3"] = _Gate()
+    closing = _Call(lambda: cache.evict("A"))
+    gate.reached()  # A's close is synchronizing the device
+    b = _prompt(lambda: cache.acquire(msg.CircuitRef("B", "b:4")))
+    _prompt(lambda: cache.release(b))
+    assert list(cache.keys) == ["B"] and cache.backend.closed == []
+    gate.opened.set()
+    closing.outcome()
+    assert cache.backend.closed == ["a:3"] and _states(cache)[-1] == ("A", None)
+
+
+def test_acquires_of_a_key_being_loaded_share_its_one_load(cache: key_cache.KeyCache) -> None:
+    a = cache.acquire(msg.CircuitRef("A", "a:3"))
+    gate = cache.backend.load_gates["x:4"] = _Gate()
+    first = _Call(lambda: cache.acquire(msg.CircuitRef("X", "x:4")))
+    gate.reached()
+    second = _Call(lambda: cache.acquire(msg.CircuitRef("X", "x:4")))
+    _prompt(lambda: cache.release(a))
+    _until(lambda: _waiters(cache, "X") == 2)  # the second waits for the first's load
+    gate.opened.set()
+    x1, x2 = first.outcome(), second.outcome()
+    assert x1 is x2 and x1.users == 2 and cache.keys["X"] is x1 and not cache.loading
+    assert cache.backend.loads == ["a:3", "x:4"] and _states(cache) == [("A", "device"), ("X", "device")]
+
+
+def test_a_failed_load_fails_its_waiting_acquires_and_the_next_acquire_loads_again(
+        cache: key_cache.KeyCache) -> None:
+    a = cache.acquire(msg.CircuitRef("A", "a:3"))
+    cache.backend.fail_once.add("x:4")
+    gate = cache.backend.load_gates["x:4"] = _Gate()
+    first = _Call(lambda: cache.acquire(msg.CircuitRef("X", "x:4")))
+    gate.reached()
+    second = _Call(lambda: cache.acquire(msg.CircuitRef("X", "x:4")))
+    _prompt(lambda: cache.release(a))
+    _until(lambda: _waiters(cache, "X") == 2)
+    gate.opened.set()
+    for call in (first, second):
+        with pytest.raises(InputError, match="not a zkey"):
+            call.outcome()
+    assert not cache.loading and list(cache.keys) == ["A"] and not cache.evicting
+    x = cache.acquire(msg.CircuitRef("X", "x:4"))  # the file fixed: loaded this time
+    assert x.users == 1 and cache.keys["X"] is x and cache.backend.loads == ["a:3", "x:4", "x:4"]
+    assert _states(cache) == [("A", "device"), ("X", "device")]
+
+
+def test_a_key_evicted_while_it_loads_goes_once_its_waiting_acquire_releases_it(
+        cache: key_cache.KeyCache) -> None:
+    gate = cache.backend.load_gates["x:4"] = _Gate()
+    loading = _Call(lambda: cache.acquire(msg.CircuitRef("X", "x:4")))
+    gate.reached()
+    _prompt(lambda: cache.evict("X"))
+    gate.opened.set()
+    x = loading.outcome()
+    assert x.users == 1 and cache.keys["X"] is x and cache.backend.closed == []  # its partition uses it
+    cache.release(x)
+    assert not cache.keys and cache.backend.closed == ["x:4"]
+    assert _states(cache) == [("X", "device"), ("X", None)]
+
+
+def test_a_key_loaded_again_while_its_evicted_copy_closes_is_announced_after_the_close(
+        cache: key_cache.KeyCache) -> None:
+    a = cache.acquire(msg.CircuitRef("A", "a:3"))
+    cache.release(cache.acquire(msg.CircuitRef("X", "x:4")))
+    gate = cache.backend.close_gates["x:4"] = _Gate()
+    closing = _Call(lambda: cache.evict("X"))
+    gate.reached()
+    reload = _Call(lambda: cache.acquire(msg.CircuitRef("X", "x:4")))
+    _prompt(lambda: cache.release(a))
+    _until(lambda: _waiters(cache, "X") == 1)
+    time.sleep(0.1)
+    assert cache.backend.loads == ["a:3", "x:4"]  # the load waits for the close (its memory, its "gone")
+    gate.opened.set()
+    closing.outcome()
+    x = reload.outcome()
+    assert x.users == 1 and cache.backend.closed == ["x:4"] and cache.backend.loads == ["a:3", "x:4", "x:4"]
+    assert _states(cache) == [("A", "device"), ("X", "device"), ("X", None), ("X", "device")]
+
+
+def test_an_acquire_of_other_files_waits_for_the_load_then_replaces_its_key(cache: key_cache.KeyCache) -> None:
+    gate = cache.backend.load_gates["x1:3"] = _Gate()
+    first = _Call(lambda: cache.acquire(msg.CircuitRef("X", "x1:3")))
+    gate.reached()
+    second = _Call(lambda: cache.acquire(msg.CircuitRef("X", "x2:4")))  # re-registered meanwhile
+    gate.opened.set()
+    old, new = first.outcome(), second.outcome()
+    assert old.users == 1 and new.users == 1 and cache.keys["X"] is new and cache.backend.closed == []
+    cache.release(old)
+    assert cache.backend.closed == ["x1:3"] and _states(cache) == [("X", "device"), ("X", "device")]

@@ -5,7 +5,9 @@ each is read from its zkey (its coefficient pages let go: synthesis never needs 
 on the device from the circuit's data, uploaded to the backend once, and kept while partitions use
 it. :class:`KeyCache` owns those keys, counts their users, keeps them least recently used first
 within ``srs_budget_bytes``, and tells the engine what is resident (``KeyState``). The prover's
-threads only acquire and release; this module is where a key's life is decided.
+threads only acquire and release; this module is where a key's life is decided. A key's load or
+close never holds up the other circuits' acquires and releases (see :class:`KeyCache`): a daemon
+serving two circuits keeps proving one while the other's key loads.
 """
 
 from __future__ import annotations
@@ -51,8 +53,34 @@ class ResidentKey:
             return self.rows
 
 
+class _Loading:
+    """A key being loaded, outside the cache's lock: the acquires of the same CircuitRef that come
+    meanwhile wait for it and share its outcome (the key, each of them one more user; or its error)."""
+
+    def __init__(self, ref: msg.CircuitRef) -> None:
+        self.ref = ref
+        self.waiters = 1  # the acquires that get this load's key (its first users)
+        self.done = threading.Event()
+        self.key: ResidentKey | None = None
+        self.error: BaseException | None = None
+
+
+_Going = tuple[ResidentKey, bool]  # a key decided to go, and whether the engine is told (see _close)
+
+
 class KeyCache:
-    """Resident keys of one prover process, least recently used first."""
+    """Resident keys of one prover process, least recently used first.
+
+    ``lock`` guards the bookkeeping alone (which keys are resident, loading or going, their users),
+    never a key's load or close: a load takes 10-60 s (a zkey read and uploaded, or a dev key
+    generated on the device) and a GPU key's close may synchronize the whole device, so while one
+    circuit's key loads or a key closes, the other circuits' partitions still acquire their resident
+    keys and release them (a finished proof is answered, the next partition staged). Loads run one
+    at a time (``load_lock``: two uploads at once could each pass the device's memory check and
+    together overrun it), each after the closes already decided are done (their memory is free
+    again, and a circuit's "gone" KeyState is sent before its next "loaded" one). A close runs in
+    the thread that decided it, once the lock is released.
+    """
 
     def __init__(self, ctx: ChildContext, backend: Any, budget: int | None, batch: int = 1,
                  ring_slots: int | None = None) -> None:
@@ -61,37 +89,73 @@ class KeyCache:
         self.budget = budget
         self.batch, self.ring_slots = batch, ring_slots  # the prover's batch cap, the ring's slots
         self.keys: OrderedDict[str, ResidentKey] = OrderedDict()
+        self.loading: dict[str, _Loading] = {}  # circuit id -> its key's load in progress
         self.evicting: set[str] = set()  # evict asked while in use: dropped when the last user releases it
         self.lock = threading.Lock()
+        self.load_lock = threading.Lock()  # one load at a time in the process
+        self.closing = 0  # keys decided to go whose close is not done yet
+        self.closed = threading.Condition(self.lock)  # notified as each of them is
 
     def acquire(self, ref: msg.CircuitRef) -> ResidentKey:
-        """The resident key for ``ref`` (loaded on first use); pair with :meth:`release`."""
-        with self.lock:
-            key = self.keys.get(ref.circuit_id)
-            if key is not None and key.ref != ref:  # the circuit's files changed: the old key goes once unused
-                self.keys.pop(ref.circuit_id)
-                if key.users == 0:
-                    self._close(key)
-                key = None
-            if key is None:
-                key = self._load(ref)
-            self.evicting.discard(ref.circuit_id)
-            self.keys.move_to_end(ref.circuit_id)
-            key.users += 1
-            self._shrink()  # once the key is in use: the budget takes older unused keys, never this one
-            return key
+        """The resident key for ``ref`` (loaded on first use); pair with :meth:`release`.
+
+        A resident key is had at once, whatever else loads or closes. A key not resident is loaded
+        by this call, after any other circuit's load (one at a time); an acquire of the same ref
+        that comes while it loads waits for that load and gets its key too, or its error: each
+        waiting partition fails with it, rather than each trying again in turn for as long as a
+        load takes, and the next acquire after it loads again. An acquire of another ref of the
+        circuit (its files changed) waits for the load, then replaces that key."""
+        cid = ref.circuit_id
+        while True:
+            going: list[_Going] = []
+            key: ResidentKey | None = None
+            own = False
+            with self.lock:
+                self.evicting.discard(cid)  # used again: an eviction asked before is off
+                pending = self.loading.get(cid)
+                if pending is None:
+                    key = self.keys.get(cid)
+                    if key is not None and key.ref != ref:  # the circuit's files changed: the old key goes once unused
+                        self.keys.pop(cid)
+                        if key.users == 0:
+                            going.append(self._going(key))
+                        key = None
+                    if key is not None:
+                        self.keys.move_to_end(cid)
+                        key.users += 1
+                        going += self._shrink()  # the budget takes older unused keys, never this one
+                    else:
+                        pending = self.loading[cid] = _Loading(ref)
+                        own = True
+                elif pending.ref == ref:
+                    pending.waiters += 1
+            self._close_all(going)
+            if key is not None:
+                return key
+            assert pending is not None
+            if own:
+                return self._load_shared(pending)
+            pending.done.wait()
+            if pending.ref != ref:  # another ref's load: look again (that key is replaced)
+                continue
+            if pending.error is not None:
+                raise pending.error
+            assert pending.key is not None
+            return pending.key
 
     def release(self, key: ResidentKey) -> None:
         """One user fewer; evicts beyond the budget once nobody uses a key."""
         with self.lock:
             key.users -= 1
             cid = key.ref.circuit_id
+            going: list[_Going] = []
             if key.users == 0 and self.keys.get(cid) is not key:  # replaced by a key of the circuit's new files
-                self._close(key, announce=False)
+                going.append(self._going(key, announce=False))
             elif key.users == 0 and cid in self.evicting:
                 self.evicting.discard(cid)
-                self._drop(cid)
-            self._shrink()
+                going.append(self._drop(cid))
+            going += self._shrink()
+        self._close_all(going)
 
     def preload(self, ref: msg.CircuitRef) -> None:
         """Load without using (engine ``preload``); always answers with a ``KeyState``."""
@@ -105,15 +169,17 @@ class KeyCache:
         return "device" if self.backend.name == "gpu" else "host"
 
     def evict(self, circuit_id: str) -> None:
-        """Drop a key now, or as soon as its last user (a partition finalizing) releases it."""
+        """Drop a key now, or as soon as its last user (a partition finalizing) releases it. A key
+        being loaded is in use by the acquires waiting for it: it goes once they release it (unless
+        a later acquire of the circuit comes first, as for a resident key)."""
         with self.lock:
             key = self.keys.get(circuit_id)
-            if key is None:
-                return
-            if key.users == 0:
-                self._drop(circuit_id)
-            else:
+            going: list[_Going] = []
+            if circuit_id in self.loading or (key is not None and key.users > 0):
                 self.evicting.add(circuit_id)
+            elif key is not None:
+                going.append(self._drop(circuit_id))
+        self._close_all(going)
 
     def batch_of(self, ref: msg.CircuitRef, domain_size: int, n_vars: int) -> int:
         """The most partitions of a circuit a worker stages together (:func:`.memory.batched`: the
@@ -123,6 +189,33 @@ class KeyCache:
         number alone. A circuit whose partitions come as w alone is judged by w's segment."""
         size = CircuitSize(domain_size, n_vars, 0, 0, abc=ref.witness_map != "device")
         return batched(size, self.batch, self.ring_slots)
+
+    def _load_shared(self, pending: _Loading) -> ResidentKey:
+        """Load ``pending``'s key for the acquires waiting for it (after other loads, and after the
+        closes decided so far), then make it resident with them as its users; a failed load leaves
+        nothing behind but the error its acquires raise."""
+        cid = pending.ref.circuit_id
+        try:
+            with self.load_lock:
+                with self.closed:
+                    self.closed.wait_for(lambda: self.closing == 0)
+                key = self._load(pending.ref)
+        except BaseException as exc:
+            with self.lock:
+                del self.loading[cid]
+                self.evicting.discard(cid)  # nothing to evict
+                pending.error = exc
+            pending.done.set()
+            raise
+        with self.lock:
+            del self.loading[cid]
+            key.users = pending.waiters
+            self.keys[cid] = key
+            pending.key = key
+            going = self._shrink()
+        pending.done.set()
+        self._close_all(going)
+        return key
 
     def _load(self, ref: msg.CircuitRef) -> ResidentKey:
         t0 = time.perf_counter()
@@ -139,7 +232,6 @@ class KeyCache:
             handle = self.backend.load_key(zkey, batch=self.batch_of(ref, zkey.domain_size, zkey.n_vars))
             what = f"loaded key ({dropped / 2**30:.2f} GiB of coefficient pages let go)"
         key = ResidentKey(ref, zkey, handle, int(getattr(handle, "nbytes", 0)), vk=vk)
-        self.keys[ref.circuit_id] = key
         seconds = time.perf_counter() - t0
         self.ctx.log.info("%s %s (%d bytes) in %.2f s", what, ref.circuit_id, key.nbytes, seconds)
         self.ctx.send(msg.KeyState(ref.circuit_id, self.tier, key.nbytes, vk=vk, load_s=seconds))
@@ -164,17 +256,42 @@ class KeyCache:
             data.close()
         return made.head, made.handle
 
-    def _shrink(self) -> None:
+    def _shrink(self) -> list[_Going]:
+        """The unused keys the budget takes, least recently used first (under the lock)."""
+        going: list[_Going] = []
         if self.budget is None:
-            return
+            return going
         for cid in list(self.keys):
             if sum(k.nbytes for k in self.keys.values()) <= self.budget:
-                return
+                break
             if self.keys[cid].users == 0:
-                self._drop(cid)
+                going.append(self._drop(cid))
+        return going
 
-    def _drop(self, circuit_id: str) -> None:
-        self._close(self.keys.pop(circuit_id))
+    def _drop(self, circuit_id: str) -> _Going:
+        return self._going(self.keys.pop(circuit_id))
+
+    def _going(self, key: ResidentKey, announce: bool = True) -> _Going:
+        """A key no longer in the cache, to close once the lock is released (under the lock: a load
+        waits for it)."""
+        self.closing += 1
+        return key, announce
+
+    def _close_all(self, going: list[_Going]) -> None:
+        """Close the keys decided to go (outside the lock); each counts as closed even if its close
+        raises, and the first such error is raised once all are done."""
+        error: BaseException | None = None
+        for key, announce in going:
+            try:
+                self._close(key, announce)
+            except BaseException as exc:  # noqa: BLE001 - the others still close; raised below
+                error = error or exc
+            finally:
+                with self.closed:
+                    self.closing -= 1
+                    self.closed.notify_all()
+        if error is not None:
+            raise error
 
     def _close(self, key: ResidentKey, announce: bool = True) -> None:
         """Free a key no partition uses; ``announce``: tell the engine the circuit has no key here now
