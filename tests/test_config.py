@@ -520,7 +520,7 @@ def test_places_the_daemon_writes_are_checked_up_front(tmp_path: Path, monkeypat
         check_writable_places(default_journal)
     (tmp_path / "precious.txt").write_text("data")
     not_a_socket = resolve({"daemon": {"listen": f"unix://{tmp_path}/precious.txt"}}, tmp_path)
-    with pytest.raises(ConfigError, match=r"daemon\.listen: .*precious\.txt exists and is not a socket"):
+    with pytest.raises(ConfigError, match=r"daemon\.listen: .*precious\.txt: exists and is not a socket"):
         check_writable_places(not_a_socket)
     assert (tmp_path / "precious.txt").read_text() == "data"
 

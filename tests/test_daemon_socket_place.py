@@ -121,6 +121,45 @@ def test_another_users_socket_at_the_listen_path_is_never_removed(tmp_path: Path
     bind_unix(str(path), 0o600).close()  # this user's own stale socket: replaced
 
 
+@as_root
+def test_check_refuses_another_users_socket_at_a_listen_path(tmp_path: Path) -> None:
+    """``daemon --check`` (check_writable_places) refuses what the start would: another user's
+    socket at the listen or status path, named with its uid, and leaves it where it is."""
+    shared = _folder(tmp_path, "tmp", 0o1777)
+    for key in ("listen", "status_listen"):
+        path = shared / f"{key}.sock"
+        squat = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        squat.bind(str(path))
+        squat.close()
+        os.lchown(path, NOBODY, NOBODY)
+        other = {"listen": f"unix://{shared}/other.sock"} if key == "status_listen" else {}
+        cfg = make_config(tmp_path, **{key: f"unix://{path}", **other})
+        with pytest.raises(ConfigError, match=f"daemon\\.{key}: .*is a socket of another user \\(uid {NOBODY}\\)"):
+            check_writable_places(cfg)
+        assert path.lstat().st_uid == NOBODY
+
+
+def test_check_warns_of_a_process_listening_on_the_socket_now(tmp_path: Path) -> None:
+    """A socket of this user with a listener (a daemon running on this config) is a warning at
+    ``--check`` (its start would be refused while it runs), not a refusal; a stale one is neither."""
+    folder = _folder(tmp_path, "run", 0o755)
+    path = folder / "d.sock"
+    live = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    live.bind(str(path))
+    live.listen(1)
+    try:
+        cfg = make_config(tmp_path, listen=f"unix://{path}")
+        check_writable_places(cfg)
+        warned = [w for w in config_warnings(cfg) if "listens on this socket now" in w]
+        assert len(warned) == 1 and str(path) in warned[0]
+        with pytest.raises(ConfigError, match="another process is already listening"):
+            bind_unix(str(path), 0o600)
+    finally:
+        live.close()
+    assert not [w for w in config_warnings(cfg) if "listens on this socket now" in w]  # stale now
+    bind_unix(str(path), 0o600).close()  # and replaced at the start
+
+
 def test_the_mode_is_never_set_through_a_link(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """Between the bind and the chmod, the temporary name is swapped for a link to another file (as
     a user who may write the folder could): the bind is refused and the file keeps its mode."""

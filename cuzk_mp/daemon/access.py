@@ -34,7 +34,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
-from cuzk_mp.daemon.transport import Address, socket_place
+from cuzk_mp.daemon.transport import Address, foreign_file, socket_in_use, socket_place
 from cuzk_mp.errors import AuthError, ConfigError
 from cuzk_mp.pipeline.types import Priority
 
@@ -183,6 +183,9 @@ def config_warnings(cfg: DaemonConfig) -> list[str]:
         if weak is not None:
             out.append(f"daemon.{key} = {str(addr)!r}: {weak}; put it in a folder only this user (or root) may "
                        "write, e.g. /run/cuzk-mp")
+        if foreign_file(addr.path) is None and socket_in_use(addr.path):
+            out.append(f"daemon.{key} = {str(addr)!r}: a process listens on this socket now (a running daemon?): "
+                       "a start is refused while it does")
     if unix and cfg.socket_mode & 0o002:
         out.append(f"daemon.socket_mode = {cfg.socket_mode:04o} makes the unix socket of daemon."
                    f"{' and daemon.'.join(unix)} world-writable: every local user can connect"

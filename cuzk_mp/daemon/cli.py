@@ -191,25 +191,21 @@ def check_writable_places(cfg: Any) -> None:
     or be makeable in one, and a unix socket's must keep other users out: a ConfigError naming the
     key otherwise (at ``--check`` too), rather than an OSError from deep inside the start."""
     from cuzk_mp.daemon.access import check_socket_places
+    from cuzk_mp.daemon.transport import foreign_file
     from cuzk_mp.errors import ConfigError
     from cuzk_mp.paths import folder_problem
-
-    import stat
 
     check_socket_places(cfg)
     source = cfg.path or "config"
     places = [("srs.param_cache", cfg.param_cache), ("daemon.journal", cfg.journal_path.parent)]  # the cache first:
     # the journal's default place is in it
-    if cfg.listen.kind == "unix":
-        sock = Path(cfg.listen.path)
-        places.append(("daemon.listen", sock.parent))
-        try:
-            mode = sock.lstat().st_mode
-        except OSError:
-            mode = None
-        if mode is not None and not stat.S_ISSOCK(mode):
-            raise ConfigError(f"{source}: daemon.listen: {sock} exists and is not a socket; the daemon will not "
-                              "replace it (name another path)")
+    for key, addr in (("daemon.listen", cfg.listen), ("daemon.status_listen", cfg.status_listen)):
+        if addr is not None and addr.kind == "unix":
+            places.append((key, Path(addr.path).parent))
+            problem = foreign_file(addr.path)
+            if problem is not None:
+                raise ConfigError(f"{source}: {key}: {problem}; the daemon will not replace it (remove it, or "
+                                  "name another path)")
     for key, folder in places:
         problem = folder_problem(folder)
         if problem is not None:

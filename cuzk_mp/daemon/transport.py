@@ -336,25 +336,42 @@ def socket_place(path: str) -> tuple[str | None, str | None]:
     return refusal, warning
 
 
-def _clear_stale_socket(path: str) -> None:
-    """Remove a socket file left by a dead daemon of this user; refuse a live one, another user's
-    or a non-socket (never removed: in a shared folder it may be anyone's)."""
+def foreign_file(path: str) -> str | None:
+    """Why the file at ``path`` may not be removed or replaced by this daemon (another user's socket,
+    or no socket: :func:`_not_own_socket`); None where there is none or it is this user's socket."""
     try:
         st = os.lstat(path)
     except FileNotFoundError:
-        return
-    problem = _not_own_socket(path, st)
-    if problem is not None:
-        raise ConfigError(f"{problem}; refusing to replace it (remove it, or name another path)")
+        return None
+    return _not_own_socket(path, st)
+
+
+def socket_in_use(path: str) -> bool:
+    """Whether a process may listen on the unix socket at ``path`` now: False only where a connect
+    is refused (a stale socket) or finds nothing; any other failure (no permission) counts as in
+    use, so a live socket is never taken for a stale one."""
     probe = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         probe.connect(path)
     except (ConnectionRefusedError, FileNotFoundError):
-        os.unlink(path)
-        return
+        return False
+    except OSError:
+        return True
     finally:
         probe.close()
-    raise ConfigError(f"{path}: another process is already listening on this socket")
+    return True
+
+
+def _clear_stale_socket(path: str) -> None:
+    """Remove a socket file left by a dead daemon of this user; refuse a live one, another user's
+    or a non-socket (never removed: in a shared folder it may be anyone's)."""
+    problem = foreign_file(path)
+    if problem is not None:
+        raise ConfigError(f"{problem}; refusing to replace it (remove it, or name another path)")
+    if socket_in_use(path):
+        raise ConfigError(f"{path}: another process is already listening on this socket")
+    with contextlib.suppress(FileNotFoundError):
+        os.unlink(path)
 
 
 def _chmod_socket(path: str, mode: int) -> None:
