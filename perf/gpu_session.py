@@ -201,7 +201,15 @@ def msm_rows(ses: DeviceRun, sizes_g1: tuple[int, ...], lg_g2: int, reps: int, a
         for suffix, params in accs.items():
             put(f"{grp}_msm_random_2^{lg}{suffix}", mb.time_msm(bases, s, reps, params))
         c = msm.choose_multiples_window(1 << lg)
-        mult, build_ms = mb.multiples_of(bases, 1 << lg, c)
+        try:
+            mult, build_ms = mb.multiples_of(bases, 1 << lg, c)
+        except Exception as exc:  # noqa: BLE001 - a card too small for the table: its rows only are not run
+            if type(exc).__name__ != "OutOfMemoryError":
+                raise
+            ses.rows[f"{grp}_msm_random_2^{lg}_multiples_status"] = f"not run: the multiples table does not fit ({exc})"
+            ses.log(ses.rows[f"{grp}_msm_random_2^{lg}_multiples_status"])
+            _free()
+            return
         ses.rows[f"{grp}_msm_random_2^{lg}_multiples_build_ms"] = build_ms
         for suffix, params in accs.items():
             put(f"{grp}_msm_random_2^{lg}_multiples{suffix}", mb.time_msm(bases, s, reps, params, multiples=mult))

@@ -13,11 +13,13 @@ from __future__ import annotations
 import ctypes
 import ctypes.util
 import hashlib
+import json
 import mmap
 import os
 import random
 import shutil
 import subprocess
+import sys
 import threading
 from collections.abc import Callable
 from pathlib import Path
@@ -437,6 +439,42 @@ def test_whole_proof_on_gpu_verifies(gpu: object, tmp_path: Path, kind: str) -> 
     _prove_synthetic(gpu, tmp_path, kind=kind)
     (tmp_path / "device-map").mkdir()
     _prove_synthetic(gpu, tmp_path / "device-map", kind=kind, check_r1cs=False)
+
+
+COUNT_COMPILES = r"""
+import json, sys
+import cupy.cuda.compiler as cc
+from cuzk_mp.cli import main
+seen = []
+real = cc._compile_module_with_cache
+def counted(source, *args, **kwargs):
+    seen.append(" ".join(source.split())[-160:])
+    return real(source, *args, **kwargs)
+cc._compile_module_with_cache = counted
+code = main(sys.argv[2:])
+with open(sys.argv[1], "w") as f:
+    json.dump({"code": code, "compiles": seen}, f)
+"""
+
+
+@pytest.mark.gpu
+def test_a_one_shot_gpu_proof_compiles_no_kernel_at_run_time(gpu: object, tmp_path: Path) -> None:
+    """A fresh process's GPU proof runs the shipped kernel binaries alone: CuPy compiles nothing (its
+    first run-time compile in a process costs ~50 ms of NVRTC, on the proof's path: a slice
+    assignment of the window sums did, until they were written in place)."""
+    from cuzk_mp.cli import main
+
+    assert main(["circuit", "porep-like", "--log-n", "10", str(tmp_path)]) == 0
+    assert main(["setup", "--backend", "cpu", str(tmp_path / "porep-like-10.r1cs"), str(tmp_path / "k.zkey")]) == 0
+    args = ["groth16", "prove", "--backend", "gpu", str(tmp_path / "k.zkey"), str(tmp_path / "porep-like-10.wtns"),
+            str(tmp_path / "p.json"), str(tmp_path / "pub.json")]
+    out = tmp_path / "compiles.json"
+    res = subprocess.run([sys.executable, "-c", COUNT_COMPILES, str(out), *args], capture_output=True, text=True,
+                         check=False, cwd=Path(__file__).parents[1], timeout=300)
+    assert res.returncode == 0 and out.exists(), res.stderr[-2000:]
+    got = json.loads(out.read_text())
+    assert got["code"] == 0, res.stderr[-2000:]
+    assert got["compiles"] == [], f"CuPy compiled at run time: {got['compiles']}"
 
 
 # ---------------------------------------------------------------- the backend's host code, emulated

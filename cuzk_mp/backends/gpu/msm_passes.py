@@ -58,8 +58,9 @@ class _MsmPasses:
         block = self.params.nthreads
         self._k[name]((max(1, -(-threads // block)),), (block,), args)
 
-    def _sum_blocks(self, arr: Any, blocks: int, per: int) -> Any:
-        """Sum each run of ``per`` consecutive XYZZ points: ``(blocks, xw)``.
+    def _sum_blocks(self, arr: Any, blocks: int, per: int, out: Any = None) -> Any:
+        """Sum each run of ``per`` consecutive XYZZ points: ``(blocks, xw)``, the last level written
+        into ``out`` where given (per > 1).
 
         With blocks > 1, ``per`` and ``params.group`` are powers of two, so no
         group straddles two blocks.
@@ -67,10 +68,11 @@ class _MsmPasses:
         while per > 1:
             g = min(self.params.group, per)
             new_per = -(-per // g)
-            out = cupy.empty((blocks * new_per, self._xw), dtype=np.uint64)
-            self._launch("msm_reduce", blocks * new_per, _u32(OP_GROUPS), arr, _NULL, _NULL, out, _NULL,
+            dst = out if new_per == 1 and out is not None else cupy.empty((blocks * new_per, self._xw),
+                                                                          dtype=np.uint64)
+            self._launch("msm_reduce", blocks * new_per, _u32(OP_GROUPS), arr, _NULL, _NULL, dst, _NULL,
                          _u64(blocks * per), _u32(g), _u32(0))
-            arr, per = out, new_per
+            arr, per = dst, new_per
         return arr
 
     def _sort(self, keys: Any, n: int, bins: int, cfg: int) -> Any:
@@ -262,13 +264,14 @@ class _MsmPasses:
             _u32(cfg | self.params.ba_rounds << 16), _u64(stride), _u32(seg), scratch, _u64(per)))
         return heads, head_keys, nseg
 
-    def _window_sums(self, buckets: Any, nw: int, c: int) -> Any:
-        """sum_k k B_k per window: chunk shares (reduce.cuh), then group sums."""
+    def _window_sums(self, buckets: Any, nw: int, c: int, out: Any = None) -> Any:
+        """sum_k k B_k per window: chunk shares (reduce.cuh), then group sums; ``(nw, xw)``, written
+        into ``out`` (C-contiguous, that shape) where given, so that no copy follows."""
         nb = 1 << (c - 1)
         want = max(1, (nw * nb) // self.params.reduce_threads)
         chunk = min(max(1 << (want.bit_length() - 1), self.params.bucket_chunk_min), nb)
         per = nb // chunk
-        shares = cupy.empty((nw * per, self._xw), dtype=np.uint64)
+        shares = out if per == 1 and out is not None else cupy.empty((nw * per, self._xw), dtype=np.uint64)
         self._launch("msm_reduce", nw * per, _u32(OP_BUCKETS), buckets, _NULL, _NULL, shares, _NULL,
                      _u64(nw * per), _u32(nb), _u32(chunk))
-        return self._sum_blocks(shares, nw, per)
+        return self._sum_blocks(shares, nw, per, out)
