@@ -187,3 +187,27 @@ def test_two_writers_of_one_pair_leave_one_writers_pair(tmp_path: Path, monkeypa
     a.join()
     pair = (json.loads(proof.read_text())["w"], json.loads(public.read_text())[0])
     assert pair == ("B", "B"), pair
+
+
+def test_a_pair_is_whole_on_disk_before_either_is_renamed(tmp_path: Path) -> None:
+    """A full disk (or a file size limit) often refuses a file's bytes only when they leave the
+    process's buffer, at its close: the second file of a pair must not be renamed into place before
+    the first one's bytes are known to be written, else a new public.json is left beside no proof,
+    or beside the proof of another run. Here the proof is refused at its flush (RLIMIT_FSIZE)."""
+    import resource
+    import signal
+
+    proof, public = tmp_path / "proof.json", tmp_path / "public.json"
+    write_json_files([(proof, ["old proof"]), (public, ["old public"])])
+    soft, hard = resource.getrlimit(resource.RLIMIT_FSIZE)
+    handler = signal.signal(signal.SIGXFSZ, signal.SIG_IGN)  # an EFBIG error, not the process killed
+    try:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (1000, hard))
+        with pytest.raises(OutputError, match=f"^{proof}: cannot write it: File too large$"):
+            write_json_files([(proof, ["x" * 4000]), (public, ["new public"])])
+    finally:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (soft, hard))
+        signal.signal(signal.SIGXFSZ, handler)
+    assert json.loads(proof.read_text()) == ["old proof"]
+    assert json.loads(public.read_text()) == ["old public"]
+    assert not leftovers(tmp_path)

@@ -119,11 +119,12 @@ def write_json(path: str | os.PathLike[str], obj: Any) -> None:
 
 
 def write_json_files(items: Sequence[tuple[str | os.PathLike[str], Any]]) -> None:
-    """Write several JSON files (as :func:`write_json`) all or none: every one is written whole
-    before the first is renamed into place, so a proof is never left without its public signals
-    because the second path could not be written. The renames of one call happen under a lock on
-    their folders (``flock``), so two processes writing the same pair leave one's pair, never
-    one's proof beside the other's public signals.
+    """Write several JSON files (as :func:`write_json`) all or none: every one is written whole,
+    and onto the disk (:func:`_write_through`), before the first is renamed into place, so a proof
+    and its public signals are never left one without the other because a path could not be
+    written. The renames of one call happen under a lock on their folders (``flock``), so two
+    processes writing the same pair leave one's pair, never one's proof beside the other's public
+    signals.
 
     Outputs written in place (a FIFO, /dev/stdout: see the module docstring) are written after every
     regular file is whole, each closed before the next opens and in the order given, so a reader
@@ -137,7 +138,7 @@ def write_json_files(items: Sequence[tuple[str | os.PathLike[str], Any]]) -> Non
                 if _written_in_place(path):
                     streams.append((path, data))
                 else:
-                    files.enter_context(atomic_output(path, "wb")).write(data)
+                    _write_through(files.enter_context(atomic_output(path, "wb")), data)
             for path, data in streams:
                 with atomic_output(path, "wb") as f:
                     f.write(data)
@@ -145,6 +146,17 @@ def write_json_files(items: Sequence[tuple[str | os.PathLike[str], Any]]) -> Non
                 for folder in sorted({os.path.dirname(os.path.realpath(path)) for path, _ in items}):
                     locks.enter_context(_folder_lock(folder))
         # the files' renames ran as ``files`` closed, under the locks; they are released now
+
+
+def _write_through(f: IO[bytes], data: bytes) -> None:
+    """Write ``data`` and see it onto the disk now (flush, fsync), not when the file is closed: a full
+    disk or a file size limit often refuses bytes only as they leave the process's buffer (and a
+    network file system at close or fsync), and the files of one call are closed, each renamed into
+    place, one after the other, so a refusal seen only then would leave the files renamed before it
+    (a public.json beside no proof, or beside another run's) in place."""
+    f.write(data)
+    f.flush()
+    os.fsync(f.fileno())
 
 
 def _written_in_place(path: str | os.PathLike[str]) -> bool:
