@@ -415,7 +415,7 @@ def test_a_full_shared_memory_tmpfs_is_a_resource_error_not_a_sigbus(prefix: str
 
         monkeypatch.setattr(segmod.os, "statvfs", full)
         with pytest.raises(ResourceError, match=r"/dev/shm has no room for a ring segment of .* MiB free of"):
-            ring.writable_segment(slot, [(1024, 4)])
+            ring.writable_segment(slot, [(16384, 4)])
         monkeypatch.undo()
 
         class Unpopulatable:
@@ -487,3 +487,52 @@ def test_a_segment_made_first_by_someone_else_never_gets_a_witness(prefix: str) 
         assert seg.meta == b"meta" and int(seg.arrays[0][0, 0]) == 7
     ring.release(rec.slot)
     ring.destroy()
+
+
+def test_a_segment_the_shared_memory_cannot_make_or_map_is_a_resource_error(prefix: str,
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """/dev/shm with bytes to spare but no inode left (tmpfs ``nr_inodes``) refuses the segment's
+    shm_open with ENOSPC, and a process without address space refuses its mmap with ENOMEM: a
+    ResourceError naming /dev/shm (no inode left) or the mapping, the segment and its size, not an
+    internal error "[Errno 28]" that names neither; the slot can be written once the cause is gone."""
+    import errno
+
+    import posix_ipc
+
+    from cuzk_mp.errors import ResourceError
+
+    ring = Ring.create(prefix, 1)
+    try:
+        slot = ring.acquire_free(_claim(1), _never)
+        assert slot is not None
+        real_open, real_statvfs, real_mmap = posix_ipc.SharedMemory, os.statvfs, segmod.mmap.mmap
+
+        def no_inode(name: str, flags: int = 0, **kwargs: object) -> object:
+            if flags & posix_ipc.O_CREAT:
+                raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+            return real_open(name, flags, **kwargs)
+
+        def inodes_spent(path: str) -> os.statvfs_result:
+            st = real_statvfs(path)
+            return os.statvfs_result((*tuple(st)[:6], 0, 0, *tuple(st)[8:]))  # f_ffree = f_favail = 0
+
+        monkeypatch.setattr(segmod.posix_ipc, "SharedMemory", no_inode)
+        monkeypatch.setattr(os, "statvfs", inodes_spent)
+        with pytest.raises(ResourceError, match=rf"^/dev/shm has no room for a ring segment of 0\.5 MiB "
+                                                rf"\(/{prefix}\.[0-9a-f]+-0\): .* no file can be made there: "
+                                                r"all of its \d+ inodes are in use \(remove what other programs"):
+            ring.writable_segment(slot, [(16384, 4)])
+        monkeypatch.undo()
+
+        def no_address_space(*args: object, **kwargs: object) -> object:
+            raise OSError(errno.ENOMEM, os.strerror(errno.ENOMEM))
+
+        monkeypatch.setattr(segmod.mmap, "mmap", no_address_space)
+        with pytest.raises(ResourceError, match=rf"^cannot map a ring segment of 0\.5 MiB \(/{prefix}\.[0-9a-f]+-0\) "
+                                                r"into memory: Cannot allocate memory"):
+            ring.writable_segment(slot, [(16384, 4)])
+        monkeypatch.undo()
+        assert real_mmap is segmod.mmap.mmap
+        _put(ring, slot, b"m", [np.ones((16384, 4), np.uint64)])
+    finally:
+        ring.destroy()

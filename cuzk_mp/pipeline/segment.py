@@ -143,9 +143,17 @@ def map_segment(name: str, size: int, *, create: bool) -> mmap.mmap:
 
     ``create`` (the producer): open or create it and make its size ``size`` (a shrink frees the
     pages past the end, a growth adds unallocated ones), then fault every page writable in one
-    kernel call. Otherwise (the consumer) map it as it is, pages populated for reading.
+    kernel call. Otherwise (the consumer) map it as it is, pages populated for reading. What the
+    system cannot give (a file or pages in /dev/shm, a mapping) is a ResourceError naming the segment
+    and its size, so the partition fails saying what to change, not as an internal error.
     """
-    shm = _open_own_segment(name, create)
+    what = f"a ring segment of {size / 2**20:.1f} MiB ({name})"
+    try:
+        shm = _open_own_segment(name, create)
+    except OSError as e:  # ENOSPC: the tmpfs has no inode left for a new file (nr_inodes), whatever its bytes
+        if e.errno not in (errno.ENOSPC, errno.ENOMEM):
+            raise
+        raise ResourceError(shm_full(what)) from None
     try:
         if create and os.fstat(shm.fd).st_size != size:
             os.ftruncate(shm.fd, size)
@@ -154,8 +162,14 @@ def map_segment(name: str, size: int, *, create: bool) -> mmap.mmap:
             # MADV_HUGEPAGE can have huge ones)
             missing, space = size - os.fstat(shm.fd).st_blocks * 512, shm_space()
             if space is not None and missing > space[0]:
-                raise ResourceError(shm_full(f"a ring segment of {size / 2**20:.1f} MiB ({name})"))
-        buf = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED)
+                raise ResourceError(shm_full(what))
+        try:
+            buf = mmap.mmap(shm.fd, size, flags=mmap.MAP_SHARED)
+        except OSError as e:  # ENOMEM: no address space left (ulimit -v, vm.max_map_count), not /dev/shm's fault
+            if e.errno != errno.ENOMEM:
+                raise
+            raise ResourceError(f"cannot map {what} into memory: {e.strerror} (the process's address space "
+                                "or its number of mappings is at its limit: ulimit -v, vm.max_map_count)") from None
     finally:
         os.close(shm.fd)
     try:
