@@ -44,6 +44,7 @@ from typing import TYPE_CHECKING, Any
 
 from cuzk_mp import __version__
 from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon.accept import AcceptServer
 from cuzk_mp.daemon.access import Access, check_socket_places
 from cuzk_mp.daemon.config import ENGINE_STOP_RESERVE_S, DaemonConfig
 from cuzk_mp.daemon.handlers import DaemonHandlers, DaemonState
@@ -92,7 +93,7 @@ class Daemon(DaemonHandlers):
         self.journal: Journal | None = None
         self.jobs: JobTable | None = None
         self.listener: Listener | None = None
-        self.http: asyncio.AbstractServer | None = None
+        self.http: AcceptServer | None = None
         self.view: StatusView | None = None
         self.fleet: FleetBox | None = None  # [fleet]: this daemon is one box of a fleet
         self.access = Access(cfg.tokens, cfg.admin_tokens)

@@ -26,6 +26,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from typing import Any
 
+from cuzk_mp.daemon.accept import AcceptServer, bind_tcp
 from cuzk_mp.daemon.transport import Address, bind_unix
 from cuzk_mp.errors import AuthError
 
@@ -119,7 +120,7 @@ async def _answer(handlers: StatusHandlers, req: _Request) -> bytes:
 
 
 async def start_status_server(addr: Address, handlers: StatusHandlers,
-                              socket_mode: int = 0o600) -> asyncio.AbstractServer:
+                              socket_mode: int = 0o600) -> AcceptServer:
     """Serve /status, /metrics and /healthz on a TCP ``addr`` (or a unix socket, created with
     ``socket_mode`` like the protocol socket; the caller unlinks it after closing)."""
 
@@ -150,8 +151,5 @@ async def start_status_server(addr: Address, handlers: StatusHandlers,
             open_now[0] -= 1
             writer.close()
 
-    if addr.kind == "unix":
-        return await asyncio.start_unix_server(serve, sock=bind_unix(addr.path, socket_mode),
-                                               limit=MAX_HEAD_BYTES)
-    return await asyncio.start_server(serve, addr.host, addr.port, limit=MAX_HEAD_BYTES,
-                                      reuse_address=True)
+    sockets = [bind_unix(addr.path, socket_mode)] if addr.kind == "unix" else await bind_tcp(addr.host, addr.port)
+    return AcceptServer(sockets, serve, f"status listener {addr}", limit=MAX_HEAD_BYTES)

@@ -11,7 +11,8 @@ status port), not a frame of 1.2 GB. Addresses are
 Slow or stuck peers are bounded too: once the first byte of a frame has arrived, the whole frame
 must arrive within ``frame_timeout_s`` (else :class:`FrameTimeout`), and a frame written to a peer
 that does not read it within that time closes the connection; :func:`listen` serves at most
-``max_connections`` connections at once and answers any more with a given refusal frame. So the
+``max_connections`` connections at once and answers any more with a given refusal frame (and
+waits out a process with no file descriptor left to accept one with: :mod:`.accept`). So the
 memory held by unfinished frames is at most ``max_connections x max_frame_bytes``, and never for
 longer than ``frame_timeout_s``. An idle connection between frames has no deadline (a client
 may wait hours for a proof).
@@ -45,6 +46,7 @@ from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from pathlib import Path
 
+from cuzk_mp.daemon.accept import AcceptServer, bind_tcp
 from cuzk_mp.errors import ConfigError, InputError
 
 _LEN = struct.Struct(">I")
@@ -428,9 +430,10 @@ def remove_socket(path: str) -> None:
 
 
 class Listener:
-    """A listening server; :meth:`close` stops accepting and removes a unix socket file."""
+    """A listening server (:class:`~.accept.AcceptServer`: it outlives a shortage of file descriptors);
+    :meth:`close` stops accepting and removes a unix socket file."""
 
-    def __init__(self, server: asyncio.AbstractServer, addr: Address) -> None:
+    def __init__(self, server: AcceptServer, addr: Address) -> None:
         self.server, self.addr = server, addr
 
     @property
@@ -493,11 +496,8 @@ async def listen(addr: Address, on_comm: Callable[[StreamComm], Awaitable[None]]
         finally:
             comm.close()
 
-    if addr.kind == "unix":
-        server = await asyncio.start_unix_server(accept, sock=bind_unix(addr.path, socket_mode))
-    else:
-        server = await asyncio.start_server(accept, addr.host, addr.port, reuse_address=True)
-    return Listener(server, addr)
+    sockets = [bind_unix(addr.path, socket_mode)] if addr.kind == "unix" else await bind_tcp(addr.host, addr.port)
+    return Listener(AcceptServer(sockets, accept, f"listener {addr}"), addr)
 
 
 def open_socket(addr: Address, timeout: float | None) -> socket.socket:
