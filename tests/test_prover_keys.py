@@ -59,6 +59,8 @@ class _Handle:
         if (gate := self.backend.close_gates.get(self.name)) is not None:
             gate.pass_()
         self.backend.closed.append(self.name)
+        if self.name in self.backend.fail_close:
+            raise RuntimeError(f"{self.name}: the device failed to free it")
 
 
 class _Backend:
@@ -70,6 +72,7 @@ class _Backend:
         self.load_gates: dict[str, _Gate] = {}  # key file -> the gate its load waits at
         self.close_gates: dict[str, _Gate] = {}
         self.fail_once: set[str] = set()  # key files whose next load fails
+        self.fail_close: set[str] = set()  # key files whose close raises (once it is done: it counts as closed)
 
     def load_key(self, zkey: Any, **kwargs: Any) -> _Handle:
         self.loads.append(zkey.name)
@@ -283,3 +286,25 @@ def test_an_acquire_of_other_files_waits_for_the_load_then_replaces_its_key(cach
     assert old.users == 1 and new.users == 1 and cache.keys["X"] is new and cache.backend.closed == []
     cache.release(old)
     assert cache.backend.closed == ["x1:3"] and _states(cache) == [("X", "device"), ("X", "device")]
+
+
+def test_a_failed_close_of_a_replaced_key_fails_that_acquire_and_the_next_one_loads(
+        cache: key_cache.KeyCache) -> None:
+    cache.release(cache.acquire(msg.CircuitRef("A", "a1:3")))
+    cache.backend.fail_close.add("a1:3")
+    with pytest.raises(RuntimeError, match="failed to free"):
+        cache.acquire(msg.CircuitRef("A", "a2:4"))  # the old key's close, before the new one loads, fails
+    a2 = _prompt(lambda: cache.acquire(msg.CircuitRef("A", "a2:4")))  # not left waiting for that load
+    assert a2.users == 1 and cache.keys["A"] is a2 and cache.backend.loads == ["a1:3", "a2:4"]
+    assert not cache.loading and cache.closing == 0
+
+
+def test_a_failed_close_the_budget_decided_after_a_load_gives_that_acquires_use_back(
+        cache: key_cache.KeyCache) -> None:
+    cache.release(cache.acquire(msg.CircuitRef("A", "a:6")))
+    cache.backend.fail_close.add("a:6")
+    with pytest.raises(RuntimeError, match="failed to free"):
+        cache.acquire(msg.CircuitRef("B", "b:5"))  # 11 > 10: A goes once B is in, and its close fails
+    assert list(cache.keys) == ["B"] and cache.keys["B"].users == 0  # B is resident, used by nobody
+    cache.evict("B")
+    assert not cache.keys and cache.backend.closed == ["a:6", "b:5"]

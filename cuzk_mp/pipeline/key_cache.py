@@ -129,12 +129,13 @@ class KeyCache:
                         own = True
                 elif pending.ref == ref:
                     pending.waiters += 1
-            self._close_all(going)
+            if own:  # its closes (a replaced key) come first: their errors are the load's
+                assert pending is not None
+                return self._load_shared(pending, going)
+            self._close_all(going)  # none in fact: after each call the keys fit the budget or all are used
             if key is not None:
                 return key
             assert pending is not None
-            if own:
-                return self._load_shared(pending)
             pending.done.wait()
             if pending.ref != ref:  # another ref's load: look again (that key is replaced)
                 continue
@@ -190,12 +191,15 @@ class KeyCache:
         size = CircuitSize(domain_size, n_vars, 0, 0, abc=ref.witness_map != "device")
         return batched(size, self.batch, self.ring_slots)
 
-    def _load_shared(self, pending: _Loading) -> ResidentKey:
-        """Load ``pending``'s key for the acquires waiting for it (after other loads, and after the
-        closes decided so far), then make it resident with them as its users; a failed load leaves
-        nothing behind but the error its acquires raise."""
+    def _load_shared(self, pending: _Loading, going: list[_Going]) -> ResidentKey:
+        """Load ``pending``'s key for the acquires waiting for it (after ``going``, the closes its
+        owner decided, after other loads, and after the closes decided so far), then make it
+        resident with them as its users. A failed load, or a failed close before it, leaves nothing
+        behind but the error its acquires raise: were ``pending`` left in ``loading``, every later
+        acquire of the circuit would wait for it forever."""
         cid = pending.ref.circuit_id
         try:
+            self._close_all(going)
             with self.load_lock:
                 with self.closed:
                     self.closed.wait_for(lambda: self.closing == 0)
@@ -214,7 +218,11 @@ class KeyCache:
             pending.key = key
             going = self._shrink()
         pending.done.set()
-        self._close_all(going)
+        try:
+            self._close_all(going)
+        except BaseException:
+            self.release(key)  # the owner's acquire fails: its use goes with it (the waiters keep theirs)
+            raise
         return key
 
     def _load(self, ref: msg.CircuitRef) -> ResidentKey:
