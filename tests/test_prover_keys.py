@@ -308,3 +308,13 @@ def test_a_failed_close_the_budget_decided_after_a_load_gives_that_acquires_use_
     assert list(cache.keys) == ["B"] and cache.keys["B"].users == 0  # B is resident, used by nobody
     cache.evict("B")
     assert not cache.keys and cache.backend.closed == ["a:6", "b:5"]
+
+
+def test_a_key_whose_close_fails_is_gone_for_the_engine_too(cache: key_cache.KeyCache) -> None:
+    cache.release(cache.acquire(msg.CircuitRef("A", "a:3")))
+    cache.backend.fail_close.add("a:3")
+    with pytest.raises(RuntimeError, match="failed to free"):
+        cache.evict("A")
+    assert not cache.keys and _states(cache) == [("A", "device"), ("A", None)]
+    a = cache.acquire(msg.CircuitRef("A", "a:3"))  # loaded again
+    assert a.users == 1 and _states(cache) == [("A", "device"), ("A", None), ("A", "device")]

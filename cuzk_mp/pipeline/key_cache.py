@@ -303,13 +303,16 @@ class KeyCache:
 
     def _close(self, key: ResidentKey, announce: bool = True) -> None:
         """Free a key no partition uses; ``announce``: tell the engine the circuit has no key here now
-        (not for a replaced key: its circuit's new key is resident)."""
-        key.handle.close()
-        key.zkey.close()
-        if key.rows is not None:
-            key.rows.close()
-        if announce:
-            self.ctx.send(msg.KeyState(key.ref.circuit_id, None, 0))
+        (not for a replaced key: its circuit's new key is resident), told even if the close raises:
+        the key has left the cache all the same."""
+        try:
+            key.handle.close()
+            key.zkey.close()
+            if key.rows is not None:
+                key.rows.close()
+        finally:
+            if announce:
+                self.ctx.send(msg.KeyState(key.ref.circuit_id, None, 0))
 
 
 def vk_json(zkey: Any) -> bytes:
