@@ -5,12 +5,15 @@ neither a key's load nor its close holds up the other circuits' acquires and rel
 The backend and the key files are doubles: what is tested is the cache's bookkeeping (which keys are
 open, what the engine is told), not a key's upload. A test holds a load or a close at a gate to
 see what the other threads can do meanwhile; every wait has a limit, so a cache that blocks fails
-the test instead of hanging it.
+the test instead of hanging it. Seeded random runs (threads acquiring, releasing, preloading and
+evicting a few circuits while loads and closes sleep or fail) check what no interleaving may break:
+users counted right, each key closed once and never in use, "gone" and "loaded" in order.
 """
 
 from __future__ import annotations
 
 import logging
+import random
 import threading
 import time
 from collections.abc import Callable
@@ -92,8 +95,8 @@ class _Backend:
 
 
 @pytest.fixture
-def cache(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> key_cache.KeyCache:
-    """A cache of budget 10 whose "key files" are named NAME:BYTES."""
+def key_files(monkeypatch: pytest.MonkeyPatch) -> None:
+    """ "Key files" named NAME:BYTES: read_zkey gives a stand-in of that name and size."""
     import cuzk_mp.formats.zkey as zkey_mod
 
     def read_zkey(path: str, **kwargs: Any) -> SimpleNamespace:
@@ -103,6 +106,11 @@ def cache(monkeypatch: pytest.MonkeyPatch, request: pytest.FixtureRequest) -> ke
 
     monkeypatch.setattr(zkey_mod, "read_zkey", read_zkey)
     monkeypatch.setattr(key_cache, "drop_coefficient_pages", lambda zkey: 0)
+
+
+@pytest.fixture
+def cache(key_files: None, request: pytest.FixtureRequest) -> key_cache.KeyCache:
+    """A cache of budget 10 over the stand-in key files."""
     backend = _Backend()
     request.addfinalizer(backend.open_gates)  # a failed test leaves no thread at a gate
     return key_cache.KeyCache(_Ctx(), backend, budget=10)  # type: ignore[arg-type]
@@ -318,3 +326,173 @@ def test_a_key_whose_close_fails_is_gone_for_the_engine_too(cache: key_cache.Key
     assert not cache.keys and _states(cache) == [("A", "device"), ("A", None)]
     a = cache.acquire(msg.CircuitRef("A", "a:3"))  # loaded again
     assert a.users == 1 and _states(cache) == [("A", "device"), ("A", None), ("A", "device")]
+
+
+# ---- at random: threads acquire, release, preload and evict while loads and closes sleep or fail
+
+
+class _Flaky(Exception):
+    pass
+
+
+class _FlakyHandle:
+    def __init__(self, name: str, nbytes: int, backend: _FlakyBackend) -> None:
+        self.name, self.nbytes, self.backend = name, nbytes, backend
+        self.closes = 0
+        self.held = 0  # the test's own count of threads holding the key (from acquire's return to release)
+
+    def close(self) -> None:
+        be = self.backend
+        with be.lock:
+            self.closes += 1
+            if self.held or self.closes > 1:
+                be.errors.append(f"{self.name}: close {self.closes} while {self.held} thread(s) held it")
+        be.nap()
+        if be.chance(be.p_close_fail):
+            raise _Flaky(f"close {self.name}")
+
+
+class _FlakyBackend:
+    """Loads and closes that sleep up to a few ms or raise at random; records what the cache must never
+    do (two loads at once, a key closed twice or while a thread holds it) in ``errors``."""
+
+    name = "gpu"
+
+    def __init__(self, seed: int, p_load_fail: float, p_close_fail: float) -> None:
+        self.rng, self.lock = random.Random(seed), threading.Lock()
+        self.p_load_fail, self.p_close_fail = p_load_fail, p_close_fail
+        self.handles: list[_FlakyHandle] = []
+        self.errors: list[str] = []
+        self.loading = 0
+
+    def chance(self, p: float) -> bool:
+        with self.lock:
+            return self.rng.random() < p
+
+    def nap(self) -> None:
+        with self.lock:
+            seconds = self.rng.choice([0.0, 0.0, 0.0005, 0.002])
+        time.sleep(seconds)
+
+    def load_key(self, zkey: Any, **kwargs: Any) -> _FlakyHandle:
+        with self.lock:
+            self.loading += 1
+            if self.loading > 1:
+                self.errors.append(f"{zkey.name}: loaded beside another load")
+        try:
+            self.nap()
+            if self.chance(self.p_load_fail):
+                raise _Flaky(f"load {zkey.name}")
+            with self.lock:
+                self.handles.append(_FlakyHandle(zkey.name, zkey.nbytes, self))
+                return self.handles[-1]
+        finally:
+            with self.lock:
+                self.loading -= 1
+
+    def stats(self) -> dict[str, float]:
+        return {}
+
+
+class _ThreadsCtx(_Ctx):
+    """Also knows which KeyStates a load sent (the one its thread sent just before a Stats) from
+    those preload sent for a key it found resident."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.lock = threading.Lock()
+        self.last: dict[int, int] = {}  # thread -> index of the KeyState it sent last
+        self.loads: set[int] = set()
+
+    def send(self, m: Any) -> None:
+        with self.lock:
+            me = threading.get_ident()
+            if isinstance(m, msg.Stats) and me in self.last:
+                self.loads.add(self.last.pop(me))
+            elif isinstance(m, msg.KeyState):
+                self.last[me] = len(self.sent)
+            self.sent.append(m)
+
+
+def _stress(seed: int) -> list[str]:
+    """One random run; what went wrong (nothing, for a sound cache)."""
+    rng = random.Random(seed)
+    backend = _FlakyBackend(seed, rng.choice([0.0, 0.1, 0.3]), rng.choice([0.0, 0.1, 0.3]))
+    cache = key_cache.KeyCache(_ThreadsCtx(), backend, rng.choice([None, rng.randint(3, 12)]))  # type: ignore[arg-type]
+    replaced = rng.random() < 0.5  # B's and C's files change under them
+    refs = {cid: [msg.CircuitRef(cid, f"{cid}{n}:{rng.randint(1, 6)}") for n in range(files)]
+            for cid, files in zip("ABC"[:rng.randint(1, 3)], (1, 1 + replaced, 1 + replaced))}
+    errors = backend.errors
+
+    def use(keys: list[key_cache.ResidentKey], r: random.Random) -> None:
+        with backend.lock:
+            for k in keys:
+                if k.handle.closes:
+                    errors.append(f"{k.handle.name}: acquired after its close")
+                k.handle.held += 1
+        time.sleep(r.choice([0.0, 0.0, 0.0005, 0.002]))
+        for k in r.sample(keys, len(keys)):
+            with backend.lock:
+                k.handle.held -= 1
+            try:
+                cache.release(k)
+            except _Flaky:
+                pass
+
+    def thread(i: int) -> None:
+        r = random.Random(seed * 10 + i)
+        for _ in range(r.randint(5, 20)):
+            cid = r.choice(list(refs))
+            try:
+                op = r.random()
+                if op < 0.6:  # a worker's batch: up to 3 partitions, any circuits
+                    keys = []
+                    for _ in range(r.choice([1, 1, 2, 3])):
+                        try:
+                            keys.append(cache.acquire(r.choice(refs[r.choice(list(refs))])))
+                        except _Flaky:
+                            pass
+                    use(keys, r)
+                elif op < 0.8:
+                    cache.preload(r.choice(refs[cid]))
+                else:
+                    cache.evict(cid)
+            except _Flaky:
+                pass
+            except BaseException as exc:  # noqa: BLE001 - what went wrong, reported below
+                errors.append(f"thread {i}: {type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=thread, args=(i,), daemon=True) for i in range(rng.randint(2, 5))]
+    for t in threads:
+        t.start()
+    deadline = time.monotonic() + WAIT_S
+    for t in threads:
+        t.join(max(0.0, deadline - time.monotonic()))
+    if any(t.is_alive() for t in threads):
+        return [*errors, "threads still waiting: a deadlock"]
+    if cache.loading or cache.evicting or cache.closing:
+        errors.append(f"left: loading {list(cache.loading)}, evicting {cache.evicting}, closing {cache.closing}")
+    resident = {id(k.handle) for k in cache.keys.values()}
+    errors += [f"{k.handle.name}: resident with {k.users} users, {k.handle.closes} closes"
+               for k in cache.keys.values() if k.users or k.handle.closes]
+    errors += [f"{h.name}: gone from the cache, closed {h.closes} times" for h in backend.handles
+               if id(h) not in resident and h.closes != 1]
+    ctx = cache.ctx
+    assert isinstance(ctx, _ThreadsCtx)
+    for cid, mine in refs.items():
+        states = [(i, m) for i, m in enumerate(ctx.sent) if isinstance(m, msg.KeyState) and m.circuit_id == cid]
+        told = "".join("G" if m.tier is None else "L" for i, m in states if m.tier is None or i in ctx.loads)
+        if told.startswith("G") or "GG" in told:
+            errors.append(f"{cid}: told {told} (L: a load, G: gone)")
+        if len(mine) == 1:  # one key at a time: loads and closes alternate, the last word is what is resident
+            if "LL" in told:
+                errors.append(f"{cid}: told {told} (L: a load, G: gone)")
+            if (bool(states) and states[-1][1].tier is not None) != (cid in cache.keys):
+                errors.append(f"{cid}: told {told}, resident: {cid in cache.keys}")
+    return errors
+
+
+def test_keys_stay_counted_closed_once_and_announced_in_order_under_random_threads(key_files: None) -> None:
+    for seed in range(100):
+        errors = _stress(seed)
+        assert not errors, f"seed {seed}: {errors}"
