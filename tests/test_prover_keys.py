@@ -296,6 +296,18 @@ def test_an_acquire_of_other_files_waits_for_the_load_then_replaces_its_key(cach
     assert cache.backend.closed == ["x1:3"] and _states(cache) == [("X", "device"), ("X", "device")]
 
 
+def test_a_replaced_key_whose_successor_failed_to_load_is_announced_gone(cache: key_cache.KeyCache) -> None:
+    """The circuit's files change while its key is in use and the new files fail to load: when the
+    old key's last user lets it go, the engine hears that the circuit has no key here."""
+    old = cache.acquire(msg.CircuitRef("X", "x1:3"))
+    cache.backend.fail_once.add("x2:4")
+    with pytest.raises(InputError):
+        cache.acquire(msg.CircuitRef("X", "x2:4"))
+    cache.release(old)
+    assert cache.backend.closed == ["x1:3"] and not cache.keys
+    assert _states(cache) == [("X", "device"), ("X", None)]
+
+
 def test_a_failed_close_of_a_replaced_key_fails_that_acquire_and_the_next_one_loads(
         cache: key_cache.KeyCache) -> None:
     cache.release(cache.acquire(msg.CircuitRef("A", "a1:3")))

@@ -91,6 +91,7 @@ class KeyCache:
         self.keys: OrderedDict[str, ResidentKey] = OrderedDict()
         self.loading: dict[str, _Loading] = {}  # circuit id -> its key's load in progress
         self.evicting: set[str] = set()  # evict asked while in use: dropped when the last user releases it
+        self.told: set[str] = set()  # circuits the engine was last told have a key here (KeyState)
         self.lock = threading.Lock()
         self.load_lock = threading.Lock()  # one load at a time in the process
         self.closing = 0  # keys decided to go whose close is not done yet
@@ -150,8 +151,11 @@ class KeyCache:
             key.users -= 1
             cid = key.ref.circuit_id
             going: list[_Going] = []
-            if key.users == 0 and self.keys.get(cid) is not key:  # replaced by a key of the circuit's new files
-                going.append(self._going(key, announce=False))
+            if key.users == 0 and self.keys.get(cid) is not key:  # replaced by a key of the circuit's new files:
+                # the engine hears "gone" only where no newer key of the circuit is resident or coming (its
+                # load failed), else that key's own "loaded" stands
+                going.append(self._going(key, announce=cid in self.told and cid not in self.keys
+                                         and cid not in self.loading))
             elif key.users == 0 and cid in self.evicting:
                 self.evicting.discard(cid)
                 going.append(self._drop(cid))
@@ -215,6 +219,7 @@ class KeyCache:
             del self.loading[cid]
             key.users = pending.waiters
             self.keys[cid] = key
+            self.told.add(cid)
             pending.key = key
             going = self._shrink()
         pending.done.set()
@@ -283,6 +288,8 @@ class KeyCache:
         """A key no longer in the cache, to close once the lock is released (under the lock: a load
         waits for it)."""
         self.closing += 1
+        if announce:
+            self.told.discard(key.ref.circuit_id)
         return key, announce
 
     def _close_all(self, going: list[_Going]) -> None:
