@@ -99,6 +99,16 @@ def test_load_input_json_rejects_malformed_files(tmp_path: Path, text: str,
     assert "bad.json" in str(info.value)
 
 
+def test_the_name_proto_is_dropped_as_snarkjs_drops_it(tmp_path: Path) -> None:
+    """snarkjs copies the parsed input key by key (ffjavascript's unstringifyBigInts), and assigning
+    ``__proto__`` sets the copy's prototype: the key never reaches the witness generator, whatever its
+    value. So a stray ``__proto__`` is ignored, and an input signal of that name is never set."""
+    path = tmp_path / "in.json"
+    for value in ('"5"', "null", '{"a": 1}', "[1, [2]]"):
+        path.write_text(f'{{"a": 3, "__proto__": {value}, "b": "4"}}')
+        assert load_input_json(path) == {"a": 3, "b": "4"}
+
+
 def test_load_input_json_missing_file_names_it(tmp_path: Path) -> None:
     with pytest.raises(InputError, match="nope.json"):
         load_input_json(tmp_path / "nope.json")

@@ -21,8 +21,8 @@ from cuzk_mp.circuits.circom import WitnessCalculator, calculate_witness_file, j
 from cuzk_mp.errors import InputError
 from cuzk_mp.formats.wtns import wtns_bytes
 from tests.oracle import (
-    CIRCUITS, NODE_MODULES, R_MOD, TOOLS, Oracle, cuzk, run_node, snarkjs, wtns_calculate,
-    wtns_check, write_json,
+    CIRCUITS, NODE_MODULES, R_MOD, TOOLS, Oracle, compile_circuit, cuzk, run_node, snarkjs,
+    wtns_calculate, wtns_check, write_json,
 )
 from tests.oracle import oracle  # noqa: F401  (the session fixture, for pytest to find)
 
@@ -169,6 +169,29 @@ def test_an_empty_array_sets_nothing_as_in_snarkjs(oracle: Oracle, tmp_path: Pat
     assert np.array_equal(ours, WitnessCalculator(wasm).calculate({"a": 3, "b": 5}))
     snarkjs("wtns", "calculate", wasm, write_json(tmp_path / "in.json", inputs), tmp_path / "w.wtns")
     assert (tmp_path / "w.wtns").read_bytes() == wtns_bytes(ours)
+
+
+def test_the_name_proto_is_ignored_as_in_snarkjs(oracle: Oracle, tmp_path: Path) -> None:
+    """A ``__proto__`` key never reaches snarkjs's witness generator: a stray one is ignored (the
+    witness is snarkjs's), and a circuit with an input signal of that name is refused by both, here
+    with a message that says why."""
+    wasm = oracle.circuit("multiplier").wasm
+    path = write_json(tmp_path / "in.json", {"a": 3, "__proto__": "5", "b": 4})
+    snarkjs("wtns", "calculate", wasm, path, tmp_path / "snarkjs.wtns")
+    proc = cuzk("wtns", "calculate", wasm, path, tmp_path / "cuzk.wtns", check=True)
+    assert (tmp_path / "cuzk.wtns").read_bytes() == (tmp_path / "snarkjs.wtns").read_bytes()
+    assert "__proto__" in proc.stderr  # a warning names the key that was not read
+
+    src = tmp_path / "proto.circom"
+    src.write_text("pragma circom 2.0.0;\ntemplate P() { signal input __proto__; signal input b; "
+                   "signal output c; c <== __proto__ * b; }\ncomponent main = P();\n")
+    _, proto_wasm = compile_circuit(src, tmp_path / "proto")
+    path = write_json(tmp_path / "proto.json", {"__proto__": 3, "b": 4})
+    assert snarkjs("wtns", "calculate", proto_wasm, path, tmp_path / "p.wtns", check=False).returncode != 0
+    proc = cuzk("wtns", "calculate", proto_wasm, path, tmp_path / "p.wtns")
+    assert proc.returncode == 2, proc.stderr
+    assert "not all inputs have been set: 1 of 2" in proc.stderr
+    assert "input signal __proto__ cannot be given in input JSON" in proc.stderr
 
 
 def test_rejects_a_circuit_compiled_for_another_prime(tmp_path: Path, oracle: Oracle) -> None:

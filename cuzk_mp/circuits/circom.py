@@ -31,6 +31,11 @@ Differences from snarkjs, on purpose (the results for accepted inputs are identi
   ``MAX_INPUT_BYTES`` in all; beyond them, and for JSON that is not JSON (NaN, invalid UTF-8),
   the error is an InputError naming the input, never an exception from deep inside Python.
 
+The same as snarkjs, though JSON alone would say otherwise: a key ``__proto__`` is dropped (with a
+warning). snarkjs copies the parsed input key by key (ffjavascript's ``unstringifyBigInts``), and
+assigning ``__proto__`` sets the copy's prototype, so that key never reaches the wasm: a stray one
+is ignored, and a circuit with an input signal of that name is refused by both (here saying why).
+
 Stopping a generator that runs too long (one that loops for ever, hostile or buggy): while wasm
 runs, the calling thread is inside native code, where Python runs no signal handler, so SIGTERM
 and SIGINT would wait for the wasm to return. So every run of the wasm (the start function and
@@ -130,6 +135,8 @@ _JS_RADIX = {"x": (16, re.compile(r"[0-9a-fA-F]+")), "o": (8, re.compile(r"[0-7]
 MAX_INPUT_DEPTH = 32  # the input object plus nested arrays (one per signal dimension)
 MAX_VALUE_CHARS = 1000  # one value: a number literal or a string (a field element is 78 digits)
 MAX_INPUT_BYTES = 256 << 20
+# The one name snarkjs never passes on to the wasm (see the module docstring).
+DROPPED_NAME = "__proto__"
 
 # Reading a witness back costs one getWitness(i) call per wire; through wasmtime-py each call
 # from Python costs ~50 us. This helper module, linked to the generator's own exports in the
@@ -243,6 +250,9 @@ def parse_input_json(data: bytes | str, name: str = "input.json") -> dict[str, o
                                max_bytes=MAX_INPUT_BYTES, parse_number=json_bounds.js_number)
     if not isinstance(parsed, dict):
         raise FormatError(name, None, "the input must be a JSON object {signal: value, ...}")
+    if DROPPED_NAME in parsed:
+        del parsed[DROPPED_NAME]
+        log.warning("%s: the name %s is not read (snarkjs drops it from input JSON)", name, DROPPED_NAME)
     _check_values(parsed, name)
     return parsed
 
@@ -522,7 +532,7 @@ class WitnessCalculator:
             n_set = sum(self._set_signal(inst, str(name), value) for name, value in inputs.items())
             if n_set < self.n_inputs:
                 raise InputError(f"not all inputs have been set: {n_set} of {self.n_inputs} "
-                                 "input values were given")
+                                 f"input values were given{self._dropped_hint(inst, inputs)}")
             raw = inst.dump_witness(self.witness_size, 4 * self.n32)
         except InputError as exc:
             raise InputError(f"{self.path}: {exc}") from None
@@ -535,6 +545,15 @@ class WitnessCalculator:
         finally:
             inst.close()
         return np.frombuffer(raw, dtype="<u8").reshape(self.witness_size, FR_LIMBS).copy()
+
+    @staticmethod
+    def _dropped_hint(inst: _Instance, inputs: Mapping[str, object]) -> str:
+        """Why an input went unset when it is the circuit's ``__proto__``, which JSON cannot give."""
+        h = fnv1a_64(DROPPED_NAME)
+        if DROPPED_NAME in inputs or inst.call("getInputSignalSize", h >> 32, h & 0xFFFFFFFF) <= 0:
+            return ""
+        return (f"; the circuit's input signal {DROPPED_NAME} cannot be given in input JSON (snarkjs "
+                "drops that name as it reads the input, and so does cuzk-mp)")
 
     def _set_signal(self, inst: _Instance, name: str, value: object) -> int:
         """Set every value of one input signal; returns how many were set."""
