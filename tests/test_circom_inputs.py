@@ -13,7 +13,10 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cuzk_mp.circuits.circom import fnv1a_64, flatten_values, js_bigint, load_input_json
+from cuzk_mp.circuits.circom import (
+    DROPPED_NAME, MAX_INPUT_BYTES, MAX_INPUT_DEPTH, MAX_VALUE_CHARS, flatten_values, fnv1a_64,
+    js_bigint, load_input_json,
+)
 from cuzk_mp.errors import FormatError, InputError
 
 from tests.helpers import circom_generator
@@ -107,6 +110,18 @@ def test_the_name_proto_is_dropped_as_snarkjs_drops_it(tmp_path: Path) -> None:
     for value in ('"5"', "null", '{"a": 1}', "[1, [2]]"):
         path.write_text(f'{{"a": 3, "__proto__": {value}, "b": "4"}}')
         assert load_input_json(path) == {"a": 3, "b": "4"}
+
+
+def test_the_readme_states_where_input_reading_differs_from_snarkjs() -> None:
+    """The limits refuse input that snarkjs reads (a 2000-digit value, arrays nested 40 deep, a
+    300 MiB file): a user who swaps snarkjs for cuzk-mp finds them, with their values, in the
+    README's snarkjs section, next to the other deliberate differences of input reading."""
+    readme = (Path(__file__).resolve().parent.parent / "README.md").read_text()
+    section = readme[readme.index("## Proving like snarkjs"):]
+    section = " ".join(section[:section.index("\n## ", 1)].split())
+    for fact in (f"at most {MAX_INPUT_BYTES >> 20} MiB", f"nested at most {MAX_INPUT_DEPTH - 1} deep",
+                 f"at most {MAX_VALUE_CHARS} characters", "is not an input signal", DROPPED_NAME):
+        assert fact in section, fact
 
 
 def test_load_input_json_missing_file_names_it(tmp_path: Path) -> None:
