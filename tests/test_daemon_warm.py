@@ -217,6 +217,62 @@ def test_a_truncated_key_through_keep_warm_is_the_input_error_it_is_one_shot(run
     assert "exited (code 2)" in proc.stderr and "cut.zkey" in proc.stderr
 
 
+def test_an_input_too_large_for_a_daemon_is_refused_by_name_before_one_starts(runtime: Path,
+                                                                             tmp_path: Path) -> None:
+    """One request to a daemon carries at most its max_frame_bytes (128 MiB); a one-shot fullprove reads
+    up to 256 MiB of input JSON, so a larger input through --keep-warm is refused naming the file, the
+    limit and the way out, before it is read whole and before a daemon is started for it."""
+    from cuzk_mp.daemon.transport import DEFAULT_MAX_FRAME
+    from tests.helpers import ENV, circom_generator
+
+    wasm = circom_generator(tmp_path, "c")
+    big = tmp_path / "input.json"
+    with open(big, "wb") as f:
+        f.truncate(DEFAULT_MAX_FRAME + 1)  # sparse: no disk, and read whole it would be 128 MiB of memory
+    proc = subprocess.run([sys.executable, "-m", "cuzk_mp", "groth16", "fullprove", "--keep-warm", "5", str(big),
+                           str(wasm), str(DATA / "mul.zkey"), str(tmp_path / "p.json"),
+                           str(tmp_path / "q.json")],
+                          env={**ENV, "XDG_RUNTIME_DIR": str(runtime)}, capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert (f"{big}: more than {DEFAULT_MAX_FRAME} bytes, the most one request to a daemon carries "
+            "(max_frame_bytes); prove it without --connect or --keep-warm") in proc.stderr
+    assert not list(runtime.rglob("*.sock"))
+
+
+def test_a_request_over_the_frame_limit_is_named_as_the_files_size(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A file just under the limit whose request (the file and its envelope) is over it is refused as
+    the file's size too, not as a transport frame."""
+    from cuzk_mp.daemon import prove_files
+    from cuzk_mp.daemon.transport import FrameTooLarge
+
+    class Client:
+        max_frame_bytes = 1000
+
+        def __init__(self, addr: str, token: str = "") -> None:
+            pass
+
+        def __enter__(self) -> Client:
+            return self
+
+        def __exit__(self, *exc: object) -> None:
+            pass
+
+        def prove(self, *args: object, **kwargs: object) -> None:
+            raise FrameTooLarge("frame of 1090 bytes exceeds max_frame_bytes (1000)")
+
+    monkeypatch.setattr(prove_files, "Client", Client)
+    source = tmp_path / "input.json"
+    source.write_bytes(b" " * 990)
+    part = prove_files.input_partition(source, max_bytes=1000)
+    with pytest.raises(InputError) as info:
+        prove_files.prove_to_files("unix:///nowhere", "", "key", tmp_path / "c.zkey", source, part,
+                                   tmp_path / "p.json", tmp_path / "q.json")
+    assert str(info.value) == (f"{source}: 990 bytes and the request's envelope, more than the 1000 bytes one "
+                               "request to a daemon carries (max_frame_bytes); prove it without --connect or "
+                               "--keep-warm")
+
+
 def test_a_lost_warm_daemon_is_asked_again_under_the_same_request_id(tmp_path: Path,
                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
     """A warm daemon killed mid-proof, or one that answers it is shutting down, is started again and

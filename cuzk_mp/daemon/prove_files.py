@@ -19,7 +19,7 @@ from typing import Any
 
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import Client, partition_from_file
-from cuzk_mp.daemon.transport import CommClosedError, NotTheProtocol
+from cuzk_mp.daemon.transport import DEFAULT_MAX_FRAME, CommClosedError, FrameTooLarge, NotTheProtocol
 from cuzk_mp.errors import AuthError, InputError, ProofError, error_from_kind
 from cuzk_mp.formats.atomic import write_json_files
 
@@ -38,13 +38,22 @@ def witness_partition(wtns: Path) -> P.PartitionIn:
     return partition_from_file(wtns)
 
 
-def input_partition(input_json: Path) -> P.PartitionIn:
+_WAY_OUT = "one request to a daemon carries (max_frame_bytes); prove it without --connect or --keep-warm"
+
+
+def input_partition(input_json: Path, max_bytes: int = DEFAULT_MAX_FRAME) -> P.PartitionIn:
     """The job partition of a circuit input (JSON, whatever the file's name): the daemon's wasm
-    computes the witness."""
+    computes the witness. A file over ``max_bytes``, more than one request can carry (a one-shot
+    process reads larger ones), is refused naming the way out, after reading at most
+    ``max_bytes`` + 1 of it (a file of any size, a FIFO) and before a daemon is started for it."""
     try:
-        return P.PartitionIn(kind="json", data=input_json.read_bytes())
+        with open(input_json, "rb") as f:
+            data = f.read(max_bytes + 1)
     except OSError as e:
         raise InputError(f"{input_json}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{input_json}: more than {max_bytes} bytes, the most {_WAY_OUT}")
+    return P.PartitionIn(kind="json", data=data)
 
 
 def prove_to_files(addr: str, token: str, circuit: str | None, zkey: Path, source: Path, part: P.PartitionIn,
@@ -66,6 +75,9 @@ def prove_to_files(addr: str, token: str, circuit: str | None, zkey: Path, sourc
             except InputError as refused:  # the daemon's check at submit names the job's field: name the file
                 if isinstance(refused, AuthError):
                     raise
+                if isinstance(refused, FrameTooLarge):  # the request: a job's one-partition reply always fits
+                    raise InputError(f"{source}: {len(part.data)} bytes and the request's envelope, more than "
+                                     f"the {client.max_frame_bytes} bytes {_WAY_OUT}") from None
                 raise InputError(f"{source}: {_ONE_PARTITION.sub('', str(refused), count=1)}") from None
     except NotTheProtocol as http:
         raise Unreachable(f"cannot reach the daemon at {addr}: {http}") from None
