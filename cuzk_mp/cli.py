@@ -37,9 +37,11 @@ from . import __version__
 from .cli_verbs import (
     _cmd_circuit, _cmd_export_vk, _cmd_fullprove, _cmd_prove, _cmd_setup, _cmd_verify, _cmd_wtns_calculate,
 )
-from .errors import CuzkError, InputError, ResourceError, Terminated, Unavailable, out_of_device_memory
+from .errors import (
+    CuzkError, HungUp, InputError, ResourceError, Terminated, Unavailable, out_of_device_memory,
+)
 from .exit_codes import (
-    EXIT_CODES, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_RESOURCES, EXIT_TERMINATED,
+    EXIT_CODES, EXIT_FAILED, EXIT_INPUT, EXIT_INTERNAL, EXIT_INTERRUPTED, EXIT_RESOURCES,
     EXIT_UNREACHABLE,
 )
 from .logs import FORMATS, child_format, configure, final_error, library_level_problem
@@ -314,8 +316,8 @@ def exit_code(exc: BaseException) -> tuple[int, str]:
     if isinstance(exc, OSError):
         where = f"{exc.filename}: " if exc.filename else ""
         return EXIT_FAILED, f"error: {where}{exc.strerror or exc}"
-    if isinstance(exc, Terminated):
-        return EXIT_TERMINATED, "terminated (SIGTERM)"
+    if isinstance(exc, Terminated):  # SIGTERM, SIGHUP
+        return exc.exit_code, exc.what
     if isinstance(exc, KeyboardInterrupt):
         return EXIT_INTERRUPTED, "interrupted"
     return EXIT_INTERNAL, (f"internal error: {type(exc).__name__}: {exc} (a bug; rerun with --log-level DEBUG "
@@ -324,6 +326,20 @@ def exit_code(exc: BaseException) -> tuple[int, str]:
 
 def _terminate(signum: int, frame: Any) -> None:
     raise Terminated()
+
+
+def _hang_up(signum: int, frame: Any) -> None:
+    raise HungUp()
+
+
+def stop_on_signals() -> None:
+    """SIGTERM and SIGHUP stop a verb other than the daemon as SIGINT does (:class:`Terminated`,
+    :class:`HungUp`: the same cleanup). SIGHUP's default action would end the process where it
+    stands (a terminal closed under a ``bench``: its temporary files and its engine's ring left
+    behind); where it is ignored (``nohup``), it stays ignored."""
+    signal.signal(signal.SIGTERM, _terminate)
+    if signal.getsignal(signal.SIGHUP) is not signal.SIG_IGN:
+        signal.signal(signal.SIGHUP, _hang_up)
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -356,12 +372,12 @@ def run() -> None:
     on the CPU backend (perf/results/oneshot-start-cpu.json). A process that made a CUDA context
     leaves its release by the driver to a forked child that outlives it
     (:func:`.backends.gpu.early_context.hand_off_teardown`). The engine's verbs (daemon, bench,
-    client) end normally. SIGTERM stops any verb but the daemon as SIGINT does (:class:`Terminated`,
-    the same cleanup, exit 143); set here, in the process's own entry, not by :func:`main`, which
-    callers may run in-process."""
+    client) end normally. SIGTERM and SIGHUP stop any verb but the daemon as SIGINT does
+    (:func:`stop_on_signals`: the same cleanup, exit 143, 129); set here, in the process's own entry,
+    not by :func:`main`, which callers may run in-process."""
     verb = _verb(global_options_first(sys.argv[1:]))
-    if verb != "daemon":  # the daemon drains on SIGTERM by itself
-        signal.signal(signal.SIGTERM, _terminate)
+    if verb != "daemon":  # the daemon drains on SIGTERM and ignores SIGHUP by itself
+        stop_on_signals()
     if verb not in LOCAL_VERBS:
         sys.exit(main())
     from . import stackprof

@@ -11,6 +11,8 @@ its supervisor. Errors cross process and socket boundaries as data
 
 from __future__ import annotations
 
+from .exit_codes import EXIT_HANGUP, EXIT_TERMINATED
+
 
 class CuzkError(Exception):
     """Root of every error cuzk-mp raises on purpose."""
@@ -101,6 +103,19 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM in a command other than the daemon (which drains on its own): raised in the main
     thread as SIGINT raises KeyboardInterrupt, so that the same cleanup runs (temporary files
     removed, an engine stopped); the command then exits 143."""
+
+    exit_code = EXIT_TERMINATED
+    what = "terminated (SIGTERM)"
+
+
+class HungUp(Terminated):
+    """SIGHUP in a command other than the daemon: the terminal or ssh session it ran in went away.
+    Its default action would end the process on the spot, leaving a temporary output and an
+    engine's ring in /dev/shm behind, so it stops as SIGTERM does; the command then exits 129
+    (``nohup``, which ignores the signal, keeps a command running instead)."""
+
+    exit_code = EXIT_HANGUP
+    what = "hung up (SIGHUP)"
 
 
 _KINDS: dict[str, type[CuzkError]] = {

@@ -17,6 +17,7 @@ EXIT_JOURNAL_DAMAGED = 65  # sysexits.h EX_DATAERR
 EXIT_INTERNAL = 70  # sysexits.h EX_SOFTWARE
 EXIT_ALREADY_RUNNING = 75  # sysexits.h EX_TEMPFAIL
 EXIT_TIMEOUT = 124  # as timeout(1)
+EXIT_HANGUP = 129  # 128 + SIGHUP
 EXIT_INTERRUPTED = 130  # 128 + SIGINT, as a shell reports it
 EXIT_TERMINATED = 143  # 128 + SIGTERM
 
@@ -36,6 +37,7 @@ EXIT_CODES: tuple[tuple[int, str], ...] = (
     (EXIT_ALREADY_RUNNING, "daemon: another daemon runs with this journal, socket or shm prefix; nothing was "
                            "changed"),
     (EXIT_TIMEOUT, "client await/prove timed out (the job goes on in the daemon)"),
+    (EXIT_HANGUP, "hung up (SIGHUP: the terminal closed; the daemon ignores it): cleaned up as on SIGINT"),
     (EXIT_INTERRUPTED, "interrupted (SIGINT)"),
     (EXIT_TERMINATED, "terminated (SIGTERM; the daemon drains instead and exits 0): cleaned up as on SIGINT"),
 )

@@ -408,6 +408,7 @@ def test_out_of_device_memory_is_a_resource_error_in_a_pipeline_too() -> None:
     (PermissionError(13, "Permission denied", "/etc/k"), 2, "/etc/k: Permission denied"),
     (OSError(28, "No space left on device", "out.zkey"), 1, "out.zkey: No space left on device"),
     (KeyboardInterrupt(), 130, "interrupted"),
+    (errors.HungUp(), 129, "hung up (SIGHUP)"),
     (TypeError("unexpected"), 70, "internal error: TypeError: unexpected"),
 ])
 def test_every_error_has_a_code_and_one_line(exc: BaseException, code: int, needle: str,
@@ -514,9 +515,12 @@ def test_python_dash_m_cuzk_mp_with_spawned_workers(tmp_path: Path) -> None:
     assert result, result
 
 
-def test_sigterm_stops_a_one_shot_command_and_cleans_up(tmp_path: Path) -> None:
+@pytest.mark.parametrize(("sig", "code", "says"), [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
+                                                   (signal.SIGHUP, 129, "hung up (SIGHUP)")])
+def test_sigterm_stops_a_one_shot_command_and_cleans_up(sig: signal.Signals, code: int, says: str,
+                                                        tmp_path: Path) -> None:
     """SIGTERM while `setup` writes its key: exit 143, one line saying so, no temporary file left
-    (the same cleanup as SIGINT's)."""
+    (the same cleanup as SIGINT's). SIGHUP (the terminal closed) the same, exit 129."""
     assert cli.main(["circuit", "porep-like", "--log-n", "16", str(tmp_path)]) == 0
     proc = subprocess.Popen([sys.executable, "-m", "cuzk_mp", "setup", "--backend", "cpu",
                              str(tmp_path / "porep-like-16.r1cs"), str(tmp_path / "k.zkey")],
@@ -525,15 +529,62 @@ def test_sigterm_stops_a_one_shot_command_and_cleans_up(tmp_path: Path) -> None:
     while not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]:  # it has begun writing
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
         time.sleep(0.01)
-    proc.send_signal(signal.SIGTERM)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 143 and "cuzk-mp: terminated (SIGTERM)" in err, err
+    assert proc.returncode == code and f"cuzk-mp: {says}" in err, (proc.returncode, err)
     assert "Traceback" not in err
     assert sorted(p.name for p in tmp_path.iterdir()) == ["porep-like-16.r1cs", "porep-like-16.wtns"]
 
 
+def test_a_hangup_keeps_its_ignored_disposition(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``nohup`` (SIGHUP ignored) a command keeps running when its terminal closes; otherwise
+    SIGHUP stops it as SIGTERM does."""
+    for before, after in ((signal.SIG_IGN, signal.SIG_IGN), (signal.SIG_DFL, cli._hang_up)):
+        monkeypatch.setattr(signal, "getsignal", lambda signum, before=before: before)
+        installed: dict[int, object] = {}
+        monkeypatch.setattr(signal, "signal", lambda signum, handler: installed.__setitem__(signum, handler))
+        cli.stop_on_signals()
+        assert installed.get(signal.SIGHUP, signal.SIG_IGN) == after
+        assert installed[signal.SIGTERM] == cli._terminate
+
+
+def test_a_closed_terminal_stops_a_bench_and_its_engine_leaving_nothing_behind(tmp_path: Path) -> None:
+    """SIGHUP to the whole process group (the terminal a ``bench`` runs in closed) while its ring is
+    in use: the children leave the decision to the engine, which stops them and removes its ring;
+    exit 129, one line saying so, no process left."""
+    import psutil
+
+    from cuzk_mp.pipeline.shm_names import cleanup_stale, live_segments, shm_entries
+
+    proc = subprocess.Popen([sys.executable, "-m", "cuzk_mp", "bench", "--backend", "cpu", "--log-n", "10",
+                             "--partitions", "4", "--jobs", "500", "--partition-workers", "1", "--ring-slots", "2",
+                             "--synthesis-threads", "1", "--quiet", "--cache", str(tmp_path / "keys")],
+                            env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                            start_new_session=True)
+    prefix = f"cuzk-bench-{proc.pid}"
+    try:
+        deadline = time.monotonic() + 120
+        while live_segments(prefix) == 0:  # partitions travel through the ring
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.02)
+        children = psutil.Process(proc.pid).children(recursive=True)
+        os.killpg(proc.pid, signal.SIGHUP)
+        _, err = proc.communicate(timeout=60)
+        assert proc.returncode == 129 and "cuzk-mp: hung up (SIGHUP)" in err, (proc.returncode, err)
+        assert "Traceback" not in err
+        assert shm_entries(prefix) == []
+        psutil.wait_procs(children, timeout=10)
+        assert not [c for c in children if c.is_running() and c.status() != psutil.STATUS_ZOMBIE]
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(10)
+        cleanup_stale(prefix)
+
+
 @pytest.mark.parametrize(("exc", "code", "what"), [(KeyboardInterrupt(), 130, "interrupted"),
-                                                    (errors.Terminated(), 143, "terminated (SIGTERM)")])
+                                                    (errors.Terminated(), 143, "terminated (SIGTERM)"),
+                                                    (errors.HungUp(), 129, "hung up (SIGHUP)")])
 def test_an_interrupted_client_prove_names_the_job_that_goes_on(exc: BaseException, code: int, what: str,
                                                                  tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
                                                                  capsys: pytest.CaptureFixture[str]) -> None:

@@ -199,6 +199,27 @@ def test_children_get_their_device_before_any_import(monkeypatch: pytest.MonkeyP
         handle.close()
 
 
+def test_a_child_outlives_a_hangup_its_engine_decides_about() -> None:
+    """SIGHUP (a closed terminal's, sent to the whole process group, or ``systemctl kill``'s to the
+    whole unit) leaves a child running, as Ctrl-C does: the engine decides what it means (a command
+    stops its engine, the daemon ignores it), never a child that dies of it mid-partition."""
+    from cuzk_mp.pipeline import messages as msg
+    from cuzk_mp.pipeline.procs import ChildSpec, spawn_child
+
+    handle = spawn_child(ChildSpec("synth", 0, "tests.child_roles", {}, None))
+    try:
+        assert handle.conn.poll(60)  # READY: its signal dispositions are set
+        assert isinstance(msg.decode_from_child(handle.conn.recv_bytes()), msg.Ready)
+        for sig in (signal.SIGHUP, signal.SIGINT):
+            os.kill(handle.pid, sig)
+        handle.proc.join(0.5)
+        assert handle.proc.exitcode is None, f"the child died of a hangup: exit {handle.proc.exitcode}"
+    finally:
+        handle.proc.terminate()
+        handle.proc.join(10)
+        handle.close()
+
+
 @pytest.mark.snarkjs
 def test_circom_json_partitions_verify_with_snarkjs(running, tmp_path) -> None:
     from cuzk_mp.formats.snarkjs_json import public_to_json, write_json

@@ -48,7 +48,7 @@ from typing import Any
 from cuzk_mp.errors import InputError, Terminated
 from cuzk_mp.logs import final_error
 from cuzk_mp.exit_codes import (
-    EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_JOURNAL_DAMAGED, EXIT_TERMINATED,
+    EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_JOURNAL_DAMAGED,
     EXIT_TIMEOUT, EXIT_UNREACHABLE,
 )
 
@@ -384,11 +384,10 @@ def run_client(args: argparse.Namespace) -> int:
                         f"after a restart): `cuzk-mp client await {args.request_id}`, or the same command with "
                         f"--request-id {args.request_id}, which never proves it twice")
         return _client_error(EXIT_UNREACHABLE, message)
-    except KeyboardInterrupt as e:  # SIGINT, or SIGTERM (Terminated): the daemon's job is not stopped by it
+    except KeyboardInterrupt as e:  # SIGINT, or SIGTERM, SIGHUP (Terminated): the daemon's job is not stopped by it
         if args.verb not in ("submit", "prove") or not args.request_id:
             raise
-        code, what = (EXIT_TERMINATED, "terminated (SIGTERM)") if isinstance(e, Terminated) else \
-            (EXIT_INTERRUPTED, "interrupted")
+        code, what = (e.exit_code, e.what) if isinstance(e, Terminated) else (EXIT_INTERRUPTED, "interrupted")
         return _client_error(code, f"{what}; if the daemon took the job, it goes on as job {args.request_id}: "
                                    f"`cuzk-mp client await {args.request_id}` waits for it, `cuzk-mp client cancel "
                                    f"{args.request_id}` stops it")

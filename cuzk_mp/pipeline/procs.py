@@ -296,7 +296,11 @@ def _install_signals(ctx: ChildContext) -> None:
         raise SystemExit(0)
 
     signal.signal(signal.SIGTERM, on_term)
-    signal.signal(signal.SIGINT, signal.SIG_IGN)  # the parent decides (Ctrl-C reaches the whole group)
+    # The engine decides what both mean (a command stops its engine, the daemon ignores SIGHUP): Ctrl-C
+    # and a closed terminal's SIGHUP reach the whole process group, and a child that died of the
+    # latter would leave its partition to a retry, or, with its engine stopping too, the ring to nobody.
+    signal.signal(signal.SIGINT, signal.SIG_IGN)
+    signal.signal(signal.SIGHUP, signal.SIG_IGN)
 
 
 def _watch_parent(death_r: Connection, ctx: ChildContext) -> None:
