@@ -345,12 +345,17 @@ def stop_on_signals() -> None:
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the console script; returns the exit code (see :data:`EXIT_CODES`)."""
     line = global_options_first(sys.argv[1:] if argv is None else argv)
-    parser = build_parser(services=_verb(line) not in LOCAL_VERBS)
     try:
-        args = parser.parse_args(line)
-    except SystemExit as exc:  # --help, --version (0) or a usage error (2), already printed by argparse
-        return exc.code if isinstance(exc.code, int) else EXIT_INPUT
-    _configure_logging(args)
+        parser = build_parser(services=_verb(line) not in LOCAL_VERBS)
+        try:
+            args = parser.parse_args(line)
+        except SystemExit as exc:  # --help, --version (0) or a usage error (2), already printed by argparse
+            return exc.code if isinstance(exc.code, int) else EXIT_INPUT
+        _configure_logging(args)
+    except KeyboardInterrupt as exc:
+        # Ctrl-C, SIGTERM or SIGHUP as the command starts: the parser of an engine verb imports the
+        # pipeline's modules and numpy (~0.1 s), the window of a supervisor's stop right after a start
+        return final_error(*exit_code(exc))
     func: Callable[[argparse.Namespace], int] = args.func
     try:
         return func(args)

@@ -536,6 +536,28 @@ def test_sigterm_stops_a_one_shot_command_and_cleans_up(sig: signal.Signals, cod
     assert sorted(p.name for p in tmp_path.iterdir()) == ["porep-like-16.r1cs", "porep-like-16.wtns"]
 
 
+@pytest.mark.parametrize(("exc", "code", "says"), [(KeyboardInterrupt(), 130, "interrupted"),
+                                                   (errors.Terminated(), 143, "terminated (SIGTERM)"),
+                                                   (errors.HungUp(), 129, "hung up (SIGHUP)")])
+@pytest.mark.parametrize("step", ["build_parser", "_configure_logging"])
+def test_a_signal_as_the_command_starts_ends_it_with_its_code_and_one_line(
+        exc: BaseException, code: int, says: str, step: str, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """A stop that comes while the command starts, before its verb runs (an engine verb's parser
+    imports numpy: a supervisor's SIGTERM right after a start lands there), ends it as anywhere
+    else: its exit code and one line, no traceback."""
+    def interrupted(*args: object, **kwargs: object) -> None:
+        raise exc
+
+    monkeypatch.setattr(cli, step, interrupted)
+    try:
+        assert cli.main(["client", "status"]) == code
+    except KeyboardInterrupt as escaped:  # would end the test run itself
+        pytest.fail(f"{escaped!r} escaped main()")
+    err = capsys.readouterr().err
+    assert err == f"cuzk-mp: {says}\n", err
+
+
 def test_a_hangup_keeps_its_ignored_disposition(monkeypatch: pytest.MonkeyPatch) -> None:
     """Under ``nohup`` (SIGHUP ignored) a command keeps running when its terminal closes; otherwise
     SIGHUP stops it as SIGTERM does."""
