@@ -9,7 +9,7 @@ snarkjs has them, its default file names, so a script can swap ``snarkjs`` for `
     cuzk-mp zkey export verificationkey [circuit_final.zkey] [circuit_vk.json]                (zkev)
     cuzk-mp wtns calculate   [circuit.wasm] [input.json] [witness.wtns]                       (wc)
 
-plus ``setup``, ``circuit porep-like|dense-random``, ``bench``, ``daemon`` and ``client``.
+plus ``setup``, ``circuit porep-like|dense-random``, ``shm clean``, ``bench``, ``daemon`` and ``client``.
 This module owns the command's shape (its parsers, global options, exit codes and entry point);
 what each verb does is :mod:`.cli_verbs`'. Heavy modules are imported inside the verbs so
 ``--help`` stays instant.
@@ -35,7 +35,8 @@ from typing import Any, NoReturn
 
 from . import __version__
 from .cli_verbs import (
-    _cmd_circuit, _cmd_export_vk, _cmd_fullprove, _cmd_prove, _cmd_setup, _cmd_verify, _cmd_wtns_calculate,
+    _cmd_circuit, _cmd_export_vk, _cmd_fullprove, _cmd_prove, _cmd_setup, _cmd_shm_clean, _cmd_verify,
+    _cmd_wtns_calculate,
 )
 from .errors import (
     CuzkError, HungUp, InputError, ResourceError, Terminated, Unavailable, out_of_device_memory,
@@ -149,6 +150,12 @@ def _own_verbs(sub: argparse._SubParsersAction) -> None:
     s.add_argument("--backend", default="auto", choices=BACKENDS)
     s.set_defaults(func=_cmd_setup, default_log_level="INFO")  # long runs: progress, rate and ETA by default
 
+    m = sub.add_parser("shm", help="the slot rings of engines in /dev/shm")
+    m_sub = m.add_subparsers(dest="shm_verb", required=True, metavar="VERB")
+    m_sub.add_parser("clean", help="remove the rings of this user's engines that are gone (killed with their "
+                     "children, or in the last moment of a stop): never a running process's ring nor another "
+                     "user's; prints each object removed").set_defaults(func=_cmd_shm_clean)
+
     c = sub.add_parser("circuit", help="generate benchmark circuits")
     c_sub = c.add_subparsers(dest="kind", required=True)
     for kind, what in (("porep-like", "the PoRep-shaped synthetic circuit (80%% of the witness 0 or 1)"),
@@ -232,7 +239,7 @@ def build_parser(services: bool = True) -> argparse.ArgumentParser:
 
 # Verbs whose parsers need nothing of the pipeline and daemon packages: a one-shot prove starts
 # without importing them (and asyncio, multiprocessing) just to build the parser.
-LOCAL_VERBS = frozenset({"groth16", "zkey", "wtns", "setup", "circuit",
+LOCAL_VERBS = frozenset({"groth16", "zkey", "wtns", "setup", "circuit", "shm",
                          *(a for v in SNARKJS_VERBS for a in (v.alias, *v.more_aliases))})
 
 

@@ -280,3 +280,17 @@ def _cmd_circuit(args: argparse.Namespace) -> int:
     print(r1cs)
     print(wtns)
     return EXIT_OK
+
+
+def _cmd_shm_clean(args: argparse.Namespace) -> int:
+    """``shm clean``: what no engine start of this user would remove (one had to come), now. An
+    engine killed together with its children, or in the last moment of its stop once they had
+    left, keeps its ring in /dev/shm (a partition's size per slot) until another engine of this
+    user starts; only the rings whose maker is gone go (:func:`.pipeline.shm_names.remove_abandoned`)."""
+    from .pipeline.shm_names import SHM_DIR, remove_abandoned
+
+    removed = remove_abandoned(None)
+    for name in removed:
+        print(f"{SHM_DIR}/{name}")
+    log.info("removed %d object(s) of engines that are gone from %s", len(removed), SHM_DIR)
+    return EXIT_OK

@@ -145,6 +145,26 @@ def test_a_reused_pid_does_not_keep_a_dead_ring_and_a_foreign_namespace_is_not_j
     assert len(shm_entries(running)) == 3 and len(shm_entries(foreign)) == 3
 
 
+def test_shm_clean_removes_the_rings_of_gone_engines_without_starting_one(
+        prefixes: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """An engine killed with its children (or in the last moment of its stop) leaves a ring that
+    only another engine's start of this user would remove: ``cuzk-mp shm clean`` removes it, and
+    says what it removed, with no engine started; a running process's ring stays whole."""
+    from cuzk_mp import cli
+
+    live = Ring.create(_prefix(prefixes, "kept"), 1)  # this process's: it runs
+    try:
+        dead = _prefix(prefixes, "clean")
+        _killed_during_start("ring", dead)
+        left = shm_entries(dead)
+        assert cli.main(["shm", "clean"]) == 0
+        assert shm_entries(dead) == []
+        assert {f"/dev/shm/{name}" for name in left} <= set(capsys.readouterr().out.split())
+        assert len(shm_entries(live.handle.prefix)) == 3
+    finally:
+        live.destroy()
+
+
 @pytest.mark.skipif(os.geteuid() != 0, reason="making another user's objects needs root")
 def test_another_users_objects_are_never_removed(prefixes: list[str]) -> None:
     """Root may unlink anything in /dev/shm: the cleanup must still leave another user's alone,

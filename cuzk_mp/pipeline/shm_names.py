@@ -137,7 +137,7 @@ def _unlink_own(names: Sequence[str]) -> list[str]:
 _ANY_RING = re.compile(rf"(?:sem\.)?(?P<ring>[A-Za-z0-9_-]{{1,64}}\.[0-9a-f]{{{2 * TOKEN_BYTES}}}){_OBJECTS}")
 
 
-def remove_abandoned(prefix: str) -> list[str]:
+def remove_abandoned(prefix: str | None) -> list[str]:
     """Unlink what killed processes left in /dev/shm, as a new ring of ``prefix`` starts; returns
     what was removed (the module docstring says why and what is spared).
 
@@ -146,23 +146,24 @@ def remove_abandoned(prefix: str) -> list[str]:
     rings, also those made by this process (one live engine per prefix and process: the engine's
     check) and those without a readable maker (semaphores or segments whose control block is
     gone, a control block older than :data:`UNSTAMPED_GRACE_S` without the magic, names of a
-    version without tokens).
+    version without tokens). ``prefix`` None: the rings whose maker is gone alone (``cuzk-mp shm
+    clean``, for a ring that no later start of an engine of this user would remove).
     """
     try:
         names = sorted(os.listdir(SHM_DIR))
     except FileNotFoundError:
         return []
-    own = _names_of(prefix)
+    own = _names_of(prefix) if prefix is not None else None
     rings: dict[str, list[str]] = {}
     untokened = []
     for name in names:
         m = _ANY_RING.fullmatch(name)
         if m is not None:
             rings.setdefault(m["ring"], []).append(name)
-        elif own.fullmatch(name):
+        elif own is not None and own.fullmatch(name):
             untokened.append(name)
     doomed = [n for ring, entries in rings.items()
-              if _abandoned(ring, own.fullmatch(f"{ring}-ctl") is not None) for n in entries]
+              if _abandoned(ring, own is not None and own.fullmatch(f"{ring}-ctl") is not None) for n in entries]
     return _unlink_own(doomed + untokened)
 
 
