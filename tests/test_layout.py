@@ -1,8 +1,9 @@
 """The package's shape: imports point one way and no module imports itself back.
 
 daemon -> pipeline -> groth16 -> backends / circuits -> formats -> algebra, with errors, logs, stackprof and
-paths below everything, the exit codes (constants alone: the errors name theirs) below those, and the CLI on top. Every import counts, also those inside functions: a lazy
-import that closes a cycle is still a cycle a reader has to untangle.
+paths below everything, the exit codes (constants alone: the errors name theirs) below those, and the CLI on
+top. Every import counts, also those inside functions: a lazy import that closes a cycle is still a cycle a
+reader has to untangle.
 """
 
 from __future__ import annotations
