@@ -117,16 +117,22 @@ class AsyncClient:
 
     async def request(self, msg: P.Call) -> Any:
         """Send ``msg`` (its ``id`` and token are set here) and return the reply, or raise its
-        error."""
+        error.
+
+        Its pending entry goes however the call ends (a frame too large to send, a caller that
+        stops waiting): a connection kept open for months must not hold one per abandoned request;
+        a reply that arrives after the caller left is dropped."""
         msg.id = next(self._ids)
         msg.token = self.token
+        if self._reader.done():
+            raise CommClosedError("connection to the daemon is closed")
         fut: asyncio.Future[P.Message] = asyncio.get_running_loop().create_future()
         self._pending[msg.id] = fut
-        if self._reader.done():
-            self._pending.pop(msg.id)
-            raise CommClosedError("connection to the daemon is closed")
-        await self._comm.write(P.encode(msg))
-        return _result(await fut)
+        try:
+            await self._comm.write(P.encode(msg))
+            return _result(await fut)
+        finally:
+            self._pending.pop(msg.id, None)
 
     async def submit(self, circuit_id: str, partitions: list[P.PartitionIn], *,
                      priority: str | None = None, request_id: str = "") -> P.Submitted:
