@@ -33,33 +33,29 @@ _OWNER_PID, _OWNER_START, _OWNER_PIDNS = 10, 11, 12  # the process that made the
 UNSTAMPED_GRACE_S = 60.0
 
 
+def _statvfs(path: str) -> os.statvfs_result | None:
+    """The file system figures at ``path``, or None where they cannot be read."""
+    try:
+        return os.statvfs(path)
+    except OSError:
+        return None
+
+
 def shm_space(path: str = SHM_DIR) -> tuple[int, int] | None:
     """Free and total bytes of the tmpfs the ring lives in (/dev/shm: a container's may be 64 MiB), or
     None where it cannot be read."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize
-
-
-def _inodes(path: str) -> tuple[int, int] | None:
-    """Free and total inodes of the file system at ``path`` (None where it cannot be read)."""
-    try:
-        st = os.statvfs(path)
-    except OSError:
-        return None
-    return st.f_favail, st.f_files
+    st = _statvfs(path)
+    return None if st is None else (st.f_bavail * st.f_frsize, st.f_blocks * st.f_frsize)
 
 
 def shm_full(what: str) -> str:
     """The message of a ring object the shared-memory tmpfs has no room for (exit code 4): its free
     bytes, or that it has no inode left for another file (tmpfs ``nr_inodes``: bytes to spare then)."""
-    space = shm_space()
-    room = "" if space is None else f": {space[0] / 2**20:.1f} MiB free of {space[1] / 2**20:.1f} MiB"
-    inodes = _inodes(SHM_DIR)
-    if inodes is not None and inodes[0] == 0 < inodes[1]:
-        return (f"{SHM_DIR} has no room for {what}{room}, but no file can be made there: all of its {inodes[1]} "
+    st = _statvfs(SHM_DIR)
+    room = "" if st is None else \
+        f": {st.f_bavail * st.f_frsize / 2**20:.1f} MiB free of {st.f_blocks * st.f_frsize / 2**20:.1f} MiB"
+    if st is not None and st.f_favail == 0 < st.f_files:
+        return (f"{SHM_DIR} has no room for {what}{room}, but no file can be made there: all of its {st.f_files} "
                 "inodes are in use (remove what other programs left there, or mount it with a larger nr_inodes)")
     return (f"{SHM_DIR} has no room for {what}{room} (give it more, e.g. a container's --shm-size, or fewer "
             "ring slots)")
