@@ -460,8 +460,8 @@ with open(sys.argv[1], "w") as f:
 @pytest.mark.gpu
 def test_a_one_shot_gpu_proof_compiles_no_kernel_at_run_time(gpu: object, tmp_path: Path) -> None:
     """A fresh process's GPU proof runs the shipped kernel binaries alone: CuPy compiles nothing (its
-    first run-time compile in a process costs ~50 ms of NVRTC, on the proof's path: a slice
-    assignment of the window sums did, until they were written in place)."""
+    first run-time compile in a process runs NVRTC on the proof's path, ~20 ms of a one-shot prove:
+    a slice assignment of the window sums did, until they were written in place)."""
     from cuzk_mp.cli import main
 
     assert main(["circuit", "porep-like", "--log-n", "10", str(tmp_path)]) == 0

@@ -402,8 +402,8 @@ class _Msm(_MsmPasses):
                 dst = wsums[:, w0 : w0 + nw]
                 if dst.flags.c_contiguous:  # one MSM, or all its windows at once: the sums go straight in
                     self._window_sums(buckets, k * nw, c, out=dst.reshape(k * nw, self._xw))
-                else:  # a CuPy slice copy: an elementwise kernel compiled at run time (NVRTC, ~50 ms a
-                    # process's first), only where several MSMs' windows are split across batches
+                else:  # a CuPy slice copy: an elementwise kernel compiled at run time (NVRTC: ~20 ms of a
+                    # one-shot process), only where several MSMs' windows are split across batches
                     dst[...] = self._window_sums(buckets, k * nw, c).reshape(k, nw, self._xw)
             elif shared is None:
                 shared = buckets
