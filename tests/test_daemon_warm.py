@@ -105,10 +105,12 @@ def test_the_config_is_a_valid_daemon_config(tmp_path: Path) -> None:
         assert [w for w in C.load_config(tmp_path / "w.toml").warnings if "has no r1cs" in w and says in w]
 
 
-def test_keep_warm_starts_one_daemon_reuses_it_and_it_retires(runtime: Path, tmp_path: Path) -> None:
+def test_keep_warm_starts_one_daemon_reuses_it_and_it_retires(runtime: Path, tmp_path: Path,
+                                                               monkeypatch: pytest.MonkeyPatch) -> None:
     """``groth16 prove --keep-warm``: two first calls at once start ONE daemon (the second daemon finds
     the first one's lock and leaves), later calls reuse it without importing numpy, a bad witness fails
-    its call alone, every proof verifies, and after the idle time the daemon drains and its socket goes."""
+    its call alone, every proof verifies, and after the idle time the daemon drains and its socket goes;
+    every file it left is one :func:`warm.remove_gone` removes once it is gone."""
     from cuzk_mp.cli import main
     from tests.helpers import ENV, REFUSE_NUMPY
 
@@ -156,6 +158,11 @@ def test_keep_warm_starts_one_daemon_reuses_it_and_it_retires(runtime: Path, tmp
         time.sleep(0.2)
     assert not (d / f"{wid}.sock").exists()
     assert "idle for 5 s (exit_when_idle)" in (d / f"{wid}.log").read_text()
+    left = sorted(p.name for p in d.iterdir())
+    assert {n[:16] for n in left} == {wid} and {n[16:] for n in left} <= set(warm.FILE_SUFFIXES), left
+    monkeypatch.setattr(warm, "GONE_GRACE_S", 0.0)
+    assert wait_until(lambda: warm.remove_gone(d), timeout=60) == [wid]  # once its process has exited
+    assert not list(d.iterdir())
 
 
 def test_keep_warm_from_the_environment_is_checked_and_connect_overrides_it(
@@ -434,3 +441,171 @@ def test_a_refusal_at_a_cap_is_asked_again_and_never_said_to_start_a_daemon(
     asked.clear()
     assert cli_verbs._prove_warm(args) == EXIT_UNREACHABLE
     assert len(asked) == cli_verbs.WARM_ATTEMPTS
+
+
+_DAEMON_FILES = (".toml", ".sock", ".sock.lock", ".journal", ".journal.lock", ".journal-wal", ".journal-shm",
+                 ".journal.id", ".log", ".log.1")
+
+
+def _daemon_files(d: Path, wid: str, age_s: float) -> list[Path]:
+    """Every file a warm daemon ``wid`` leaves in ``d`` (its socket a real one, no longer served), last
+    written ``age_s`` ago."""
+    import socket
+
+    paths = [d / f"{wid}{suffix}" for suffix in _DAEMON_FILES]
+    for p in paths:
+        if p.suffix == ".sock":
+            with socket.socket(socket.AF_UNIX, socket.SOCK_STREAM) as s:
+                s.bind(str(p))  # closed unserved: the socket file stays, as a killed daemon's does
+        else:
+            p.write_text("x\n")
+        t = time.time() - age_s
+        os.utime(p, (t, t), follow_symlinks=False)
+    return paths
+
+
+def _spawn_that_serves(started: list[Path]) -> object:
+    """A stand-in for :func:`warm._spawn`: the "daemon" is a listening socket of this process at the
+    config's socket path (so the call's own daemon answers, through the real probe)."""
+    import socket
+
+    def spawn(cfg: Path, log_path: Path) -> _FakeDaemon:
+        started.append(cfg)
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.bind(str(cfg.with_suffix(".sock")))
+        s.listen(8)
+        servers.append(s)
+        return _FakeDaemon(None)
+
+    servers: list[socket.socket] = []
+    spawn.servers = servers  # type: ignore[attr-defined]
+    return spawn
+
+
+def test_starting_a_warm_daemon_removes_the_files_of_daemons_that_are_gone(
+        runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each replaced key leaves a daemon's files behind: the call that starts a daemon removes those of
+    every daemon that is gone (no process holds its journal lock, its socket does not answer, nothing
+    of it written for GONE_GRACE_S), and nothing else: not a live daemon's (its lock held by a real
+    process), not those of one starting now (fresh), not a file of another name, a link or a file of
+    another user. A call that finds its daemon answering removes nothing."""
+    import socket
+
+    from tests.helpers import ENV
+
+    d = warm.warm_dir()
+    old = warm.GONE_GRACE_S + 60
+    gone = _daemon_files(d, "00000000000000aa", old)
+    gone_too = [d / "00000000000000ab.journal.lock"]  # only its journal's lock file is left
+    for p in _daemon_files(d, "00000000000000ab", old):
+        if p not in gone_too:
+            p.unlink()
+    live = _daemon_files(d, "00000000000000bb", old)  # its lock held below
+    answering = _daemon_files(d, "00000000000000ba", old)  # its lock free, but its socket answers
+    answering[1].unlink()
+    server = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    server.bind(str(answering[1]))
+    server.listen(8)
+    os.utime(answering[1], (time.time() - old,) * 2)
+    starting = _daemon_files(d, "00000000000000cc", old)  # an earlier daemon's files...
+    os.utime(starting[0])  # ...and its config just written: a daemon starting, its lock not yet taken
+    target = tmp_path / "target.log"
+    target.write_text("not ours to remove\n")
+    (d / "00000000000000dd.log").symlink_to(target)
+    os.utime(d / "00000000000000dd.log", (time.time() - old,) * 2, follow_symlinks=False)
+    others = [d / n for n in ("notes.txt", "00000000000000EE.log", "00000000000000ee.txt", "0000000000000ee.log",
+                              "00000000000000ee.log.2", ".cuzk-mp-1-ab.tmp")]
+    for p in others:
+        p.write_text("x\n")
+        os.utime(p, (time.time() - old,) * 2)
+    (d / "00000000000000ef.journal").mkdir()
+    others.append(d / "00000000000000ef.journal")
+    if os.getuid() == 0:  # a file another user owns (only root can make one): its id is left whole
+        foreign = _daemon_files(d, "00000000000000ff", old)
+        os.chown(foreign[0], 4242, 4242)
+        others += foreign
+    holder = subprocess.Popen([sys.executable, "-c", (
+        "import time; from pathlib import Path; from cuzk_mp.daemon.instance_lock import InstanceLock, lock_paths; "
+        f"InstanceLock(lock_paths(Path({str(d / '00000000000000bb.journal')!r}), [])).acquire(); "
+        "print('held', flush=True); time.sleep(120)")], stdout=subprocess.PIPE, text=True, env=ENV)
+    try:
+        assert holder.stdout is not None and holder.stdout.readline().strip() == "held"
+        os.utime(d / "00000000000000bb.journal.lock", (time.time() - old,) * 2)  # taken long ago (a long --keep-warm)
+        key = tmp_path / "k.zkey"
+        key.write_bytes(b"zkey")
+        started: list[Path] = []
+        spawn = _spawn_that_serves(started)
+        monkeypatch.setattr(warm, "_spawn", spawn)
+        try:
+            assert warm.ensure(warm.WarmSpec(key, "cpu"), timeout_s=10).startswith("unix://")
+            assert len(started) == 1
+            assert not [p for p in gone + gone_too if os.path.lexists(p)]
+            kept = live + answering + starting + others
+            assert all(os.path.lexists(p) for p in kept), [p for p in kept if not os.path.lexists(p)]
+            assert (d / "00000000000000dd.log").is_symlink() and target.read_text() == "not ours to remove\n"
+            assert all(p.exists() for p in started[0].parent.glob(started[0].stem + ".*"))  # its own, kept
+            again = _daemon_files(d, "00000000000000ac", old)
+            assert warm.ensure(warm.WarmSpec(key, "cpu"), timeout_s=10).startswith("unix://")
+            assert len(started) == 1 and all(p.exists() for p in again)  # it answered: nothing started or removed
+        finally:
+            for s in spawn.servers:  # type: ignore[attr-defined]
+                s.close()
+    finally:
+        server.close()
+        holder.kill()
+        holder.wait()
+
+
+def test_a_config_removed_before_its_daemon_read_it_is_written_again(
+        runtime: Path, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Another call's cleanup can remove a key's old config in the instant this call writes it again:
+    the daemon that found no config (exit 2) is started again on a config written anew, not reported
+    as the input's error; every start has its config."""
+    key = tmp_path / "k.zkey"
+    key.write_bytes(b"zkey")
+    spec = warm.WarmSpec(key, "cpu", None, True, 30.0, None)
+    started = _fake_starts(monkeypatch, [2, None])
+    seen: list[bool] = []
+    fake = warm._spawn
+
+    def spawn(cfg: Path, log_path: Path) -> _FakeDaemon:
+        seen.append(cfg.exists())
+        if not started:
+            cfg.unlink()  # removed before the first daemon read it
+        return fake(cfg, log_path)  # type: ignore[return-value]
+
+    monkeypatch.setattr(warm, "_spawn", spawn)
+    assert warm.ensure(spec, timeout_s=10).startswith("unix://")
+    assert started == [2, None] and seen == [True, True]
+
+
+def test_a_lock_file_unlinked_by_its_holder_is_opened_again(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A gone daemon's lock file is removed by a process holding its lock: a daemon that opened the file
+    before it was unlinked and locks it after takes the lock of the file now at that name, so two
+    daemons never each hold a lock of their own file of one name."""
+    import fcntl
+
+    from cuzk_mp.daemon import instance_lock
+
+    path = tmp_path / "w.journal.lock"
+    real = fcntl.flock
+    calls = {"n": 0}
+
+    def flock(fd: int, op: int) -> None:
+        calls["n"] += 1
+        if calls["n"] == 1:
+            path.unlink()  # the holder removed it between this locker's open and its lock
+        real(fd, op)
+
+    monkeypatch.setattr(fcntl, "flock", flock)
+    lock = instance_lock.InstanceLock([path])
+    lock.acquire()
+    try:
+        assert calls["n"] == 2 and path.exists() and path.read_text().strip() == str(os.getpid())
+        assert instance_lock.try_lock(path) is None  # the file at the name is the one held
+    finally:
+        lock.release()
+    fd = instance_lock.try_lock(path)
+    assert fd is not None
+    os.close(fd)
+    assert path.read_text().strip() == str(os.getpid())  # a bare lock writes no pid

@@ -8,8 +8,10 @@ the socket or the shm prefix) therefore finds a lock taken and exits at once wit
 :class:`AlreadyRunning`, naming the holder's pid, having changed nothing; the first one never
 notices. Both kinds of lock belong to the process's open files, so they go away with it, however
 it dies (SIGKILL included): no stale lock can block a restart. The lock files are left in place
-on exit (unlinking a lock file races with the next daemon opening it); they hold the pid of the
-last daemon that took them, for messages only. The abstract socket leaves no file at all (so
+on exit; they hold the pid of the last daemon that took them, for messages only. Only a process
+that holds a lock unlinks its file (a gone warm daemon's files are removed so, :mod:`.warm`), and
+:func:`try_lock` opens the name again where the file it locked is no longer the one there, so two
+daemons never each hold the lock of their own file of one name. The abstract socket leaves no file at all (so
 nothing in /dev/shm); it is per network namespace, which daemons sharing /dev/shm share too in
 the usual setups.
 """
@@ -84,33 +86,17 @@ class InstanceLock:
 
     @staticmethod
     def _lock(path: Path) -> int:
-        path.parent.mkdir(parents=True, exist_ok=True)
-        try:  # never through a link: in a folder others may write, one could point it at any file we may write
-            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
-        except OSError as e:
-            if e.errno != errno.ELOOP:
-                raise
-            raise ConfigError(f"{path}: a symbolic link where the daemon keeps its lock file; refusing to "
-                              "follow it (remove it)") from None
-        st = os.fstat(fd)
-        wrong = ("not a regular file" if not stat.S_ISREG(st.st_mode) else
-                 f"owned by uid {st.st_uid}" if st.st_uid != os.geteuid() else None)
-        if wrong is not None:
-            os.close(fd)
-            raise ConfigError(f"{path}: the daemon's lock file is {wrong}; refusing to use it (remove it)")
-        try:
-            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-        except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-            os.close(fd)
-            raise AlreadyRunning(f"another cuzk-mp daemon (pid {holder}) already uses "
+        fd = try_lock(path)
+        if fd is None:
+            raise AlreadyRunning(f"another cuzk-mp daemon (pid {_recorded_pid(path)}) already uses "
                                  f"{str(path).removesuffix('.lock')} (its lock {path} is held); "
-                                 "this one exits without touching anything") from None
+                                 "this one exits without touching anything")
+        try:
+            os.ftruncate(fd, 0)
+            os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         except BaseException:
             os.close(fd)
             raise
-        os.ftruncate(fd, 0)
-        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
         return fd
 
     def release(self) -> None:
@@ -128,3 +114,65 @@ class InstanceLock:
 def lock_paths(journal: Path, unix_sockets: list[str]) -> list[Path]:
     """The lock files of a daemon: beside its journal and beside each unix socket it binds."""
     return [journal.with_name(journal.name + ".lock")] + [Path(p + ".lock") for p in unix_sockets]
+
+
+REOPENS = 5  # a lock file replaced under each of this many locks in a row counts as held
+
+
+def try_lock(path: Path) -> int | None:
+    """A descriptor of the lock file ``path`` (made if missing) holding its exclusive lock, or None
+    where another process holds it: never waits, writes nothing. ConfigError where ``path`` is a
+    link (never followed: in a folder others may write, one could point it at any file we may
+    write), not a regular file or another user's. A lock taken on a file that is no longer the one
+    at ``path`` (its holder unlinked it meanwhile) is dropped and the name opened again."""
+    for _ in range(REOPENS):
+        fd = _open_lock_file(path)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        except BaseException:
+            os.close(fd)
+            raise
+        st = os.fstat(fd)
+        try:
+            now = os.lstat(path)
+        except FileNotFoundError:
+            now = None
+        if now is not None and (now.st_dev, now.st_ino) == (st.st_dev, st.st_ino):
+            return fd
+        os.close(fd)
+    return None
+
+
+def _open_lock_file(path: Path) -> int:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    try:
+        fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_CLOEXEC | os.O_NOFOLLOW, 0o600)
+    except OSError as e:
+        if e.errno != errno.ELOOP:
+            raise
+        raise ConfigError(f"{path}: a symbolic link where the daemon keeps its lock file; refusing to "
+                          "follow it (remove it)") from None
+    st = os.fstat(fd)
+    wrong = ("not a regular file" if not stat.S_ISREG(st.st_mode) else
+             f"owned by uid {st.st_uid}" if st.st_uid != os.geteuid() else None)
+    if wrong is not None:
+        os.close(fd)
+        raise ConfigError(f"{path}: the daemon's lock file is {wrong}; refusing to use it (remove it)")
+    return fd
+
+
+def _recorded_pid(path: Path) -> str:
+    """The pid the lock file's last holder wrote (for messages; "unknown" if none can be read)."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC | os.O_NOFOLLOW)
+    except OSError:
+        return "unknown"
+    try:
+        return os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+    except OSError:
+        return "unknown"
+    finally:
+        os.close(fd)

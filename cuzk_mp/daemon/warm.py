@@ -16,7 +16,16 @@ resolved path and identity (device, inode, size, mtime, ctime), so an edited or 
 daemon and the old one idles out. Its files live in :func:`warm_dir` (``$XDG_RUNTIME_DIR/cuzk-mp``,
 else ``/tmp/cuzk-mp-UID``), a directory of mode 0700 that must belong to this user: a directory
 another user made there is refused, never used. Each daemon has there ``ID.toml`` (its config),
-``ID.sock`` (its unix socket, 0600), ``ID.journal`` and ``ID.log`` (what it logs).
+``ID.sock`` (its unix socket, 0600), ``ID.journal`` (with SQLite's ``-wal``/``-shm`` files and its
+``.id`` marker), the lock files ``ID.journal.lock`` and ``ID.sock.lock``, and ``ID.log`` (what it
+logs; ``ID.log.1`` the older part).
+
+Those files outlive their daemon (its log to read), and a key regenerated in a loop would pile them
+up: a call that starts a daemon (never one that finds its daemon answering, so a warm call costs
+nothing more) removes, while that daemon loads, in one pass over the directory, the files of every
+daemon there that is gone (:func:`remove_gone`): no process holds its journal lock (tried without
+waiting, the lock a second daemon finds taken), its socket does not answer, and none of its files
+was written for :data:`GONE_GRACE_S`. A key's next daemon makes its files afresh.
 
 Two invocations that race to start the same daemon are safe: the second daemon finds the first
 one's journal lock and exits (code 75), and both invocations wait for the one socket.
@@ -29,6 +38,7 @@ import hashlib
 import json
 import logging
 import os
+import re
 import stat
 import subprocess
 import sys
@@ -36,8 +46,9 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from cuzk_mp.daemon.instance_lock import lock_paths, try_lock
 from cuzk_mp.daemon.transport import CommClosedError, open_socket, parse_address
-from cuzk_mp.errors import ConfigError, InputError, ResourceError
+from cuzk_mp.errors import ConfigError, CuzkError, InputError, ResourceError
 from cuzk_mp.formats.atomic import atomic_output
 from cuzk_mp.exit_codes import EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT
 
@@ -50,6 +61,14 @@ PROGRESS_EVERY_S = 5.0
 MAX_RESTARTS = 2  # starts again, at most, where a daemon (this call's or another's) died before it was ready
 LOG_KEEP_BYTES = 1 << 20  # a daemon's log is rotated (one old copy) when it grows past this
 MAX_SOCKET_PATH = 104  # bytes of a unix socket's path that every platform takes (Linux: 107)
+# files of a daemon written this recently are never removed: a daemon takes its journal lock early in
+# its start, and every start writes its config first and is waited for START_TIMEOUT_S at most
+GONE_GRACE_S = START_TIMEOUT_S
+# the files a warm daemon leaves, after its id: config, socket, journal (SQLite's side files, the
+# marker), lock files (:func:`.instance_lock.lock_paths`), log and its rotated copy
+FILE_SUFFIXES = (".toml", ".sock", ".sock.lock", ".journal", ".journal-wal", ".journal-shm", ".journal-journal",
+                 ".journal.id", ".journal.lock", ".log", ".log.1")
+_ID = re.compile(r"[0-9a-f]{16}")
 
 
 @dataclass(frozen=True)
@@ -136,8 +155,8 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
     if _answers(sock):
         return addr
     cfg = base / f"{wid}.toml"
-    with atomic_output(cfg, "w") as f:  # a racing start reads a whole config or the earlier one
-        f.write(config_text(spec, sock, journal))
+    config = config_text(spec, sock, journal)
+    _write_config(cfg, config)
     log.info("starting a warm daemon for %s (%s backend, exits after %g s idle; log %s)", spec.zkey, spec.backend,
              spec.idle_s, log_path)
     with contextlib.suppress(OSError):  # one older log is kept (a racing start may still write to it)
@@ -145,6 +164,7 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
             os.replace(log_path, log_path.with_name(log_path.name + ".1"))
     since = _size(log_path)
     child = _spawn(cfg, log_path)
+    remove_gone(base, keep=wid)  # while the daemon starts
     t0 = time.monotonic()
     next_note = t0 + PROGRESS_EVERY_S
     restarts = 0
@@ -162,8 +182,12 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
             gone = f"the warm daemon that was starting for {spec.zkey} is gone"
         elif code is not None and (code < 0 or code == EXIT_FAILED):
             gone = f"the warm daemon starting for {spec.zkey} ended (code {code}) before it was ready"
+        elif code not in (None, 0, EXIT_ALREADY_RUNNING) and not cfg.exists():
+            # another call's remove_gone took the key's old config in the instant this call wrote it anew
+            gone = f"the config of the warm daemon starting for {spec.zkey} was removed before it was read"
         if gone is not None and restarts < MAX_RESTARTS and not _answers(sock):
             log.info("%s: starting one again", gone)
+            _write_config(cfg, config)  # fresh: GONE_GRACE_S keeps it while this start lasts
             child, restarts = _spawn(cfg, log_path), restarts + 1
             continue
         if code is not None and (code != EXIT_ALREADY_RUNNING or not _holder_alive(journal)) and not _answers(sock):
@@ -179,6 +203,75 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
             log.info("waiting for the warm daemon %s (%.0f s; a first start loads kernels and the key)", wid, now - t0)
             next_note = now + PROGRESS_EVERY_S
         time.sleep(POLL_S)
+
+
+def _write_config(cfg: Path, text: str) -> None:
+    with atomic_output(cfg, "w") as f:  # a racing start reads a whole config or the earlier one
+        f.write(text)
+
+
+def remove_gone(base: Path, keep: str = "") -> list[str]:
+    """Remove the files of the warm daemons in ``base`` that are gone (all but ``keep``'s); returns
+    their ids. A daemon is gone where none of its files was written for :data:`GONE_GRACE_S` (one
+    that is starting has just written its config), its socket does not answer and its journal lock
+    is free: that lock is then held, without waiting, while its files are looked at again and
+    removed (the lock file last), so a daemon of the id starting meanwhile exits 75 and its call
+    starts it again. Only names of :data:`FILE_SUFFIXES` after an id are touched, and an id with
+    anything there but regular files and sockets of this user (a link, a folder) is left whole;
+    a failure is logged at debug and leaves that id's files: it never fails the call."""
+    try:
+        names = os.listdir(base)
+    except OSError as e:
+        log.debug("%s: not looked for gone warm daemons: %s", base, e)
+        return []
+    by_id: dict[str, list[str]] = {}
+    for name in names:
+        wid = name[:16]
+        if name[16:] in FILE_SUFFIXES and wid != keep and _ID.fullmatch(wid):
+            by_id.setdefault(wid, []).append(name)
+    removed = []
+    for wid, files in sorted(by_id.items()):
+        try:
+            if _remove_if_gone(base, wid, files):
+                removed.append(wid)
+        except (OSError, CuzkError) as e:
+            log.debug("the files of the warm daemon %s stay: %s", wid, e)
+    return removed
+
+
+def _remove_if_gone(base: Path, wid: str, files: list[str]) -> bool:
+    if not _idle(base, files) or _answers(base / f"{wid}.sock"):
+        return False
+    lock = lock_paths(base / f"{wid}.journal", [])[0]
+    fd = try_lock(lock)
+    if fd is None:
+        return False  # a daemon of it runs
+    try:
+        if not _idle(base, files) or _answers(base / f"{wid}.sock"):
+            return False
+        for name in sorted(set(files) - {lock.name}):
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(base / name)  # a link itself, never what it points to
+        os.unlink(lock)
+    finally:
+        os.close(fd)
+    log.debug("removed the files of the gone warm daemon %s", wid)
+    return True
+
+
+def _idle(base: Path, files: list[str]) -> bool:
+    """Whether none of ``files`` was written for GONE_GRACE_S and all are regular files or sockets of
+    this user (a file since removed counts as idle)."""
+    since = time.time() - GONE_GRACE_S
+    for name in files:
+        try:
+            st = os.lstat(base / name)
+        except FileNotFoundError:
+            continue
+        if not (stat.S_ISREG(st.st_mode) or stat.S_ISSOCK(st.st_mode)) or st.st_uid != os.getuid() \
+                or st.st_mtime > since:
+            return False
+    return True
 
 
 def _spawn(cfg: Path, log_path: Path) -> subprocess.Popen[bytes]:
