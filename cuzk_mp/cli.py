@@ -153,7 +153,7 @@ def _own_verbs(sub: argparse._SubParsersAction) -> None:
     m = sub.add_parser("shm", help="the slot rings of engines in /dev/shm")
     m_sub = m.add_subparsers(dest="shm_verb", required=True, metavar="VERB")
     m_sub.add_parser("clean", help="remove the rings of this user's engines that are gone (killed with their "
-                     "children, or in the last moment of a stop): never a running process's ring nor another "
+                     "children): never a running process's ring nor another "
                      "user's; prints each object removed").set_defaults(func=_cmd_shm_clean)
 
     c = sub.add_parser("circuit", help="generate benchmark circuits")

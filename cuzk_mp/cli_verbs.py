@@ -284,9 +284,10 @@ def _cmd_circuit(args: argparse.Namespace) -> int:
 
 def _cmd_shm_clean(args: argparse.Namespace) -> int:
     """``shm clean``: what no engine start of this user would remove (one had to come), now. An
-    engine killed together with its children, or in the last moment of its stop once they had
-    left, keeps its ring in /dev/shm (a partition's size per slot) until another engine of this
-    user starts; only the rings whose maker is gone go (:func:`.pipeline.shm_names.remove_abandoned`)."""
+    engine killed together with its children (or in its stop while no READY prover ran:
+    :mod:`.pipeline.engine`) keeps its ring in /dev/shm (a partition's size per slot) until another
+    engine of this user starts; only the rings whose maker is gone go
+    (:func:`.pipeline.shm_names.remove_abandoned`)."""
     from .pipeline.shm_names import SHM_DIR, remove_abandoned
 
     removed = remove_abandoned(None)

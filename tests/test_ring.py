@@ -131,6 +131,43 @@ def test_round_trip_then_reuse_then_trim(prefix: str) -> None:
     assert shm_entries(prefix) == []
 
 
+def test_unlinked_names_leave_attached_processes_working(prefix: str) -> None:
+    """A stopping engine unlinks its ring's names while its provers run: what a process has open or
+    mapped keeps working; a segment it has not mapped yet cannot be opened, and its partition is given
+    up as cancelled (the slot freed all the same)."""
+    from cuzk_mp.errors import Cancelled
+
+    rng = np.random.default_rng(SEED)
+    ring = Ring.create(prefix, 2)
+    other = Ring.attach(ring.handle)
+    arrays = _arrays(rng, 100)
+    slot = ring.acquire_free(_claim(1), _never)
+    _put(ring, slot, b"mapped", arrays)
+    rec = other.take_ready(_never, timeout_s=1.0)
+    with other.open_segment(rec.slot) as seg:  # the consumer maps this segment now
+        assert seg.meta == b"mapped"
+    other.release(rec.slot)
+    assert ring.acquire_free(_claim(2), _never, nbytes=segmod.segment_bytes([a.shape for a in arrays])) == slot
+    _put(ring, slot, b"again", arrays)
+    unmapped = ring.acquire_free(_claim(3), _never)
+    _put(ring, unmapped, b"never mapped", arrays)
+    assert ring.unlink() and shm_entries(prefix) == []
+    rec = other.take_ready(_never, timeout_s=1.0)  # the semaphores and the control block, still open
+    assert rec is not None and rec.slot == slot
+    with other.open_segment(rec.slot) as seg:  # mapped before: read as ever
+        assert seg.meta == b"again"
+        np.testing.assert_array_equal(seg.arrays[0], arrays[0])
+    other.release(rec.slot)
+    rec = other.take_ready(_never, timeout_s=1.0)
+    assert rec is not None and rec.slot == unmapped
+    with pytest.raises(Cancelled, match="segment is gone"):
+        other.open_segment(rec.slot)
+    other.release(rec.slot)
+    assert [r.state for r in ring.snapshot()] == ["free", "free"] and shm_entries(prefix) == []
+    other.close()
+    ring.destroy()
+
+
 def test_take_ready_is_oldest_first(prefix: str) -> None:
     ring = Ring.create(prefix, 4)
     one = [np.zeros((4, 4), np.uint64)]

@@ -1,9 +1,10 @@
-"""What a process SIGKILLed early in its start leaves in /dev/shm, and who removes it.
+"""What a process SIGKILLed early in its start, or in its stop, leaves in /dev/shm, and who removes it.
 
 A process killed after it made its ring but before any child existed has nobody to remove the
 ring (the children's orphan cleanup needs children). The next ring made on this machine removes
 it, whatever its prefix (an engine's default prefix, ``cuzk-<pid>``, is never used again), and
-never the ring of a live process or another user's objects.
+never the ring of a live process or another user's objects. An engine killed at any point of its
+stop leaves nothing: its ring's names are gone before its last child (which would remove them) is.
 """
 
 from __future__ import annotations
@@ -22,8 +23,10 @@ import pytest
 from cuzk_mp.pipeline import shm_names
 from cuzk_mp.pipeline.engine import Engine
 from cuzk_mp.pipeline.ring import Ring, RingHandle
-from cuzk_mp.pipeline.shm_names import cleanup_stale, shm_entries
+from cuzk_mp.pipeline.shm_names import cleanup_stale, live_segments, shm_entries
 from cuzk_mp.pipeline.types import EngineConfig
+
+from tests.helpers import KEY_CACHE, LOG_N, wait_until
 
 REPO = Path(__file__).resolve().parents[1]
 
@@ -145,10 +148,73 @@ def test_a_reused_pid_does_not_keep_a_dead_ring_and_a_foreign_namespace_is_not_j
     assert len(shm_entries(running)) == 3 and len(shm_entries(foreign)) == 3
 
 
+# An engine that has proved one partition (its ring holds a segment) is stopped, and SIGKILLed at one
+# point of the stop: with a child still alive (the provers, once the synthesis workers have left), once
+# every child has left, or as it begins to remove the ring.
+KILL_IN_STOP = {
+    "first-children-gone": "Supervisor.stop_all = kill_after(Supervisor.stop_all, lambda sup: True)\n",
+    "every-child-gone": "Supervisor.stop_all = kill_after(Supervisor.stop_all, lambda sup: not sup.live())\n",
+    "ring-removal": "RunningEngine._remove_ipc = lambda self: os.kill(os.getpid(), signal.SIGKILL)\n",
+}
+STOP_SCRIPT = """
+import os, signal, sys, threading
+from pathlib import Path
+from cuzk_mp.pipeline.engine import Engine, RunningEngine
+from cuzk_mp.pipeline.supervisor import Supervisor
+from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput
+
+def kill_after(stop_all, when):
+    def wrapped(self, *args, **kwargs):
+        stop_all(self, *args, **kwargs)
+        if when(self):
+            os.kill(os.getpid(), signal.SIGKILL)
+    return wrapped
+
+"""
+STOP_RUN = """
+done = threading.Event()
+engine = Engine(EngineConfig(backend="cpu", devices=[0], partition_workers=1, ring_slots=2, start_timeout_s=120,
+                             shm_prefix=sys.argv[1], param_cache=Path(sys.argv[2])),
+                on_job_done=lambda result: done.set()).start()
+engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=int(sys.argv[3])))
+engine.submit(JobSpec("one", "porep", [PartitionInput("synthetic", seed=1)]))
+done.wait()
+print(" ".join(str(p.pid) for p in engine.status().processes), flush=True)
+sys.stdin.read()
+engine.stop(grace_s=0)
+"""
+
+
+@pytest.mark.parametrize("where", list(KILL_IN_STOP))
+def test_an_engine_killed_in_its_stop_leaves_nothing(prefixes: list[str], test_key: object, where: str) -> None:
+    import psutil
+
+    prefix = _prefix(prefixes, "stop")
+    proc = subprocess.Popen([sys.executable, "-c", STOP_SCRIPT + KILL_IN_STOP[where] + STOP_RUN, prefix,
+                             str(KEY_CACHE), str(LOG_N)], cwd=REPO, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": str(REPO)})
+    try:
+        assert proc.stdin is not None and proc.stdout is not None
+        children = [psutil.Process(int(pid)) for pid in proc.stdout.readline().split()]
+        assert len(children) == 2
+        assert live_segments(prefix) >= 1 and len(shm_entries(prefix)) >= 4  # control block, semaphores, segment
+        proc.stdin.close()  # the engine stops
+        assert proc.wait(120) == -signal.SIGKILL
+        # what a live child (an orphan now) removes, it removes before it exits: once none runs, nothing
+        # else will
+        wait_until(lambda: not any(c.is_running() and c.status() != psutil.STATUS_ZOMBIE for c in children),
+                   timeout=60)
+        assert shm_entries(prefix) == [], f"killed at {where}"
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait(30)
+
+
 def test_shm_clean_removes_the_rings_of_gone_engines_without_starting_one(
         prefixes: list[str], capsys: pytest.CaptureFixture[str]) -> None:
-    """An engine killed with its children (or in the last moment of its stop) leaves a ring that
-    only another engine's start of this user would remove: ``cuzk-mp shm clean`` removes it, and
+    """An engine killed with its children leaves a ring that only another engine's start of this
+    user would remove: ``cuzk-mp shm clean`` removes it, and
     says what it removed, with no engine started; a running process's ring stays whole."""
     from cuzk_mp import cli
 

@@ -28,6 +28,25 @@ restarted (a drain finishes with the processes left), and a stop that an interru
 part way (a second Ctrl-C) kills every child at once rather than leave them to a live
 event thread that would take their exits for crashes.
 
+A SIGKILL of the engine leaves no ring behind at any point of its stop. While a child
+runs, the child removes the ring if the engine dies (:mod:`.procs`, its death pipe); once
+the last child is gone, nobody would. So the names go first, in the one step where
+nothing needs them any more and a child still runs: ``stop`` first stops the children
+that may still open a name (the synthesis workers, which make slot segments by name,
+and any child not READY, which may not have attached yet), then unlinks every name of
+the ring, and only then stops the provers. A READY prover has attached, and opens a
+name only to map the segment of a slot it takes: one left READY (a failed job's) that
+it has not mapped yet is given up as cancelled. Processes that have an object open or
+mapped keep it; the engine's own handles go with the ring's destroy at the very end.
+The names cannot go sooner: a producer makes each slot's segment by name whenever the
+slot is first used or resized (and again after a trim), and a restarted child attaches
+by name, for as long as the engine runs. Where no READY prover runs at that step (all
+dead, waiting for their restart), the names go right after the last child has left,
+which leaves the moment between the two. A ring left that way, or by an engine killed
+with its children (a SIGKILL to the process group), goes with the next engine's start
+of this user or ``cuzk-mp shm clean`` (:mod:`.shm_names`). An interrupted stop unlinks
+the names once it has sent every child SIGKILL.
+
 Faults: when a child dies, its ring slots (FILLING/STAGING) are reclaimed, the
 partitions it held are retried (up to ``max_attempts`` in all, then the job fails
 with an error naming the process and its exit code), and the process is restarted
@@ -236,11 +255,13 @@ class RunningEngine(EngineEvents):
         """The stop ended part way (an interrupt: a second Ctrl-C while a first one's stop runs). What
         must not stay half done is done at once, without waiting: the engine is ``stopping`` (from here
         no death is handled as a crash and no child is restarted: a restarted child would outlive the
-        process that gave up on it) and every child is sent SIGKILL. The IPC objects go with the
-        engine's event thread once it has seen every child go (:meth:`_finish_abandoned`), or with the
-        engine's finalizer at exit. A stop interrupted once it had stopped every child (the engine
-        ``stopped``: its event thread ends by itself) stays ``stopped``: what is left of it, the pipes
-        and the ring, is done here once that thread has ended, as nothing else would do it."""
+        process that gave up on it) and every child is sent SIGKILL. The ring's names are unlinked then
+        (no child opens one any more; the module docstring says why now); what a dying child makes
+        after that, and the engine's handles, go with the engine's event thread once it has seen every
+        child go (:meth:`_finish_abandoned`), or with the engine's finalizer at exit. A stop
+        interrupted once it had stopped every child (the engine ``stopped``: its event thread ends by
+        itself) stays ``stopped``: what is left of it, the pipes and the ring, is done here once that
+        thread has ended, as nothing else would do it."""
         if self._state == "stopped":
             if self._thread is not threading.current_thread():
                 self._thread.join(30.0)  # told already: it ends within a poll, or once a callback returns
@@ -250,6 +271,7 @@ class RunningEngine(EngineEvents):
         self._abandoned = True
         self._memory_stop.set()
         self._kill_children()
+        self.ring.unlink()
         self._wake()
 
     def _kill_children(self) -> None:
@@ -299,6 +321,10 @@ class RunningEngine(EngineEvents):
             self._apply(self.sched.fail_all("engine stopped before the job finished"))
             self._state = "stopping"
             self._wake()
+        # the ring's names go while a child that would remove them at the engine's death still runs:
+        # the module docstring says why in this order
+        self.sup.stop_all(only=lambda c: c.spec.role != "prover" or not c.handle.ready)
+        unlinked = len(self.ring.unlink())
         self.sup.stop_all()
         self._memory_stop.set()
         if self._memory_thread is not threading.current_thread():
@@ -308,7 +334,7 @@ class RunningEngine(EngineEvents):
             self._wake()
         if self._thread is not threading.current_thread():
             self._thread.join(30.0)
-        log.info("[shutdown] engine %s stopped; removed %d IPC objects", self.prefix, self._remove_ipc())
+        log.info("[shutdown] engine %s stopped; removed %d IPC objects", self.prefix, unlinked + self._remove_ipc())
         self._run_callbacks()  # what the event thread left (it ends once stopped): the failed jobs' callbacks
 
     # ---- circuits and keys

@@ -76,7 +76,7 @@ import msgspec
 import numpy as np
 import posix_ipc
 
-from ..errors import ResourceError
+from ..errors import Cancelled, ResourceError
 from .segment import (
     SegmentLayout,
     SegmentMapping,
@@ -237,6 +237,12 @@ class Ring:
     def destroy(self) -> list[str]:
         """Close and unlink every named object of this ring, segments included."""
         self.close()
+        return self.unlink()
+
+    def unlink(self) -> list[str]:
+        """Unlink every named object of this ring, segments included; what was removed. Handles stay
+        usable: a process that has an object open or mapped keeps it (a stopping engine unlinks the
+        names before its provers leave, :mod:`.engine`)."""
         return cleanup_stale(self.handle.prefix)
 
     def _name(self, what: str | int) -> str:
@@ -349,11 +355,18 @@ class Ring:
 
     def open_segment(self, slot: int) -> SegmentView:
         """The meta and array views of a taken (STAGING) slot's segment, from this process's mapping
-        of it (mapped, and its pages populated, the first time this process sees this generation)."""
+        of it (mapped, and its pages populated, the first time this process sees this generation).
+
+        Cancelled where it must be mapped and its name is gone: only a stopping engine unlinks the
+        segment of a slot in use (:mod:`.engine`), whose jobs have failed already."""
         self._check_owner(slot, STAGING)
         with self._locked():
             gen, size = int(self._slots["gen"][slot]), int(self._slots["nbytes"][slot])
-        buf = self._mapping(slot, gen, size, writable=False)
+        try:
+            buf = self._mapping(slot, gen, size, writable=False)
+        except posix_ipc.ExistentialError:
+            raise Cancelled(f"ring {self.handle.prefix} slot {slot}: its segment is gone (the engine is "
+                            "stopping)") from None
         n = int.from_bytes(buf[:8], "little")
         layout = msgspec.msgpack.decode(buf[8 : 8 + n], type=SegmentLayout)
         arrays = [np.ndarray((rows, cols), np.uint64, buffer=buf, offset=off) for off, rows, cols in layout.arrays]

@@ -24,8 +24,8 @@ Environment per child, set in the child before any heavy import:
 * both: ``OMP_WAIT_POLICY=PASSIVE`` (idle numba threads sleep instead of spinning on cores
   the other processes need: :func:`~cuzk_mp.algebra.threads.pool_environment`).
 
-Shutdown (:meth:`Supervisor.stop_all`): ``Stop`` message, a short wait,
-then SIGTERM -> 5 s -> SIGKILL for whatever is still alive.
+Shutdown (:meth:`Supervisor.stop_all`, of every child or of some): ``Stop`` message, a short
+wait, then SIGTERM -> 5 s -> SIGKILL for whatever is still alive.
 """
 
 from __future__ import annotations
@@ -33,6 +33,7 @@ from __future__ import annotations
 import logging
 import os
 import time
+from collections.abc import Callable
 from multiprocessing.connection import wait as mp_wait
 from dataclasses import dataclass, field
 from typing import Any
@@ -288,8 +289,10 @@ class Supervisor:
             child.handle.send(message)
 
     # ---- shutdown
-    def stop_all(self, deadline_s: float = 10.0) -> None:
-        """Stop message, wait up to ``deadline_s``, then terminate -> 5 s -> kill.
+    def stop_all(self, deadline_s: float = 10.0, only: Callable[[Child], bool] | None = None) -> None:
+        """Stop message, wait up to ``deadline_s``, then terminate -> 5 s -> kill; ``only``: the children
+        it selects, the others left running (the engine stops its children in two steps: :mod:`.engine`).
+        No child is restarted after.
 
         Whether a child still runs is read from its sentinel, never from ``is_alive()``: the
         engine's event thread reaps a child whose sentinel fires at the same moment, and the
@@ -297,7 +300,7 @@ class Supervisor:
         takes a second to let go of its device then looked as if it ignored SIGTERM)."""
         for child in self.children.values():
             child.restart_at = None
-        handles = [c.handle for c in self.children.values() if not c.handle.reaped]
+        handles = [c.handle for c in self.children.values() if not c.handle.reaped and (only is None or only(c))]
         for h in handles:
             if h.ready:  # a child still starting reads no messages yet: it gets SIGTERM at once
                 h.send(msg.Stop())
