@@ -7,7 +7,8 @@ open, what the engine is told), not a key's upload. A test holds a load or a clo
 see what the other threads can do meanwhile; every wait has a limit, so a cache that blocks fails
 the test instead of hanging it. Seeded random runs (threads acquiring, releasing, preloading and
 evicting a few circuits while loads and closes sleep or fail) check what no interleaving may break:
-users counted right, each key closed once and never in use, "gone" and "loaded" in order.
+users counted right, each key closed once and never in use, "gone" and "loaded" in order, the last
+word on each circuit the key resident.
 """
 
 from __future__ import annotations
@@ -308,6 +309,39 @@ def test_a_replaced_key_whose_successor_failed_to_load_is_announced_gone(cache: 
     assert _states(cache) == [("X", "device"), ("X", None)]
 
 
+def test_a_replaced_key_let_go_while_its_successor_loads_is_announced_gone_if_that_load_fails(
+        cache: key_cache.KeyCache) -> None:
+    """As above, but the old key's last user lets it go while the new files still load: the load's
+    failure is when the engine learns that the circuit has no key here."""
+    old = cache.acquire(msg.CircuitRef("X", "x1:3"))
+    cache.backend.fail_once.add("x2:4")
+    gate = cache.backend.load_gates["x2:4"] = _Gate()
+    loading = _Call(lambda: cache.acquire(msg.CircuitRef("X", "x2:4")))
+    gate.reached()
+    _prompt(lambda: cache.release(old))  # closed, and nothing said: the new key's load would say it
+    assert cache.backend.closed == ["x1:3"] and _states(cache) == [("X", "device")]
+    gate.opened.set()
+    with pytest.raises(InputError):
+        loading.outcome()
+    assert not cache.keys and not cache.loading and _states(cache) == [("X", "device"), ("X", None)]
+
+
+def test_a_replaced_key_in_use_when_its_successors_load_fails_is_announced_gone_when_let_go(
+        cache: key_cache.KeyCache) -> None:
+    """Replaced twice, by files that fail to load: the engine hears "gone" once, when the last of the
+    circuit's replaced keys still in use is let go."""
+    first = cache.acquire(msg.CircuitRef("X", "x1:3"))
+    second = cache.acquire(msg.CircuitRef("X", "x2:2"))
+    cache.backend.fail_once.add("x3:4")
+    with pytest.raises(InputError):
+        cache.acquire(msg.CircuitRef("X", "x3:4"))
+    cache.release(first)
+    assert _states(cache) == [("X", "device"), ("X", "device")]  # the second key still works for its user
+    cache.release(second)
+    assert not cache.keys and cache.backend.closed == ["x1:3", "x2:2"]
+    assert _states(cache) == [("X", "device"), ("X", "device"), ("X", None)]
+
+
 def test_a_failed_close_of_a_replaced_key_fails_that_acquire_and_the_next_one_loads(
         cache: key_cache.KeyCache) -> None:
     cache.release(cache.acquire(msg.CircuitRef("A", "a1:3")))
@@ -338,6 +372,31 @@ def test_a_key_whose_close_fails_is_gone_for_the_engine_too(cache: key_cache.Key
     assert not cache.keys and _states(cache) == [("A", "device"), ("A", None)]
     a = cache.acquire(msg.CircuitRef("A", "a:3"))  # loaded again
     assert a.users == 1 and _states(cache) == [("A", "device"), ("A", None), ("A", "device")]
+
+
+@pytest.mark.parametrize("resident, preloaded, replacing", [("x1:3", "x1:3", "x2:4"), ("x1:3", "x2:4", "x1:3")])
+def test_a_preload_reports_no_key_that_was_replaced_before_its_report(
+        cache: key_cache.KeyCache, resident: str, preloaded: str, replacing: str) -> None:
+    """A preload answers with a KeyState once its acquire has returned. Another thread's acquire of the
+    circuit's other files (re-registered, to newer files or back to older ones) may replace the key
+    right then: it loads and reports its own key, and what the engine was told last must still
+    describe the key resident here, not the one the preload acquired. The preload finds its key
+    resident (first case) or loads it itself (second case)."""
+    cache.release(cache.acquire(msg.CircuitRef("X", resident)))
+    acquire = cache.acquire
+
+    def replaced_once_acquired(ref: msg.CircuitRef) -> key_cache.ResidentKey:
+        key = acquire(ref)
+        if ref.zkey == preloaded:  # the preload's acquire has returned: another thread replaces its key
+            cache.release(_Call(lambda: acquire(msg.CircuitRef("X", replacing))).outcome())
+        return key
+
+    cache.acquire = replaced_once_acquired  # type: ignore[method-assign]
+    _prompt(lambda: cache.preload(msg.CircuitRef("X", preloaded)))
+    here = cache.keys["X"]
+    assert here.ref.zkey == replacing and here.users == 0 and cache.backend.closed[-1] == preloaded
+    told = [m for m in cache.ctx.sent if isinstance(m, msg.KeyState) and m.circuit_id == "X"]
+    assert (told[-1].tier, told[-1].nbytes) == ("device", here.nbytes), f"told last: {told[-1]}"
 
 
 # ---- at random: threads acquire, release, preload and evict while loads and closes sleep or fail
@@ -432,8 +491,8 @@ def _stress(seed: int) -> list[str]:
     backend = _FlakyBackend(seed, rng.choice([0.0, 0.1, 0.3]), rng.choice([0.0, 0.1, 0.3]))
     cache = key_cache.KeyCache(_ThreadsCtx(), backend, rng.choice([None, rng.randint(3, 12)]))  # type: ignore[arg-type]
     replaced = rng.random() < 0.5  # B's and C's files change under them
-    refs = {cid: [msg.CircuitRef(cid, f"{cid}{n}:{rng.randint(1, 6)}") for n in range(files)]
-            for cid, files in zip("ABC"[:rng.randint(1, 3)], (1, 1 + replaced, 1 + replaced))}
+    refs = {cid: [msg.CircuitRef(cid, f"{cid}{n}:{size}") for n, size in enumerate(rng.sample(range(1, 7), files))]
+            for cid, files in zip("ABC"[:rng.randint(1, 3)], (1, 1 + replaced, 1 + replaced))}  # sizes: which key
     errors = backend.errors
 
     def use(keys: list[key_cache.ResidentKey], r: random.Random) -> None:
@@ -496,11 +555,13 @@ def _stress(seed: int) -> list[str]:
         told = "".join("G" if m.tier is None else "L" for i, m in states if m.tier is None or i in ctx.loads)
         if told.startswith("G") or "GG" in told:
             errors.append(f"{cid}: told {told} (L: a load, G: gone)")
-        if len(mine) == 1:  # one key at a time: loads and closes alternate, the last word is what is resident
-            if "LL" in told:
-                errors.append(f"{cid}: told {told} (L: a load, G: gone)")
-            if (bool(states) and states[-1][1].tier is not None) != (cid in cache.keys):
-                errors.append(f"{cid}: told {told}, resident: {cid in cache.keys}")
+        if len(mine) == 1 and "LL" in told:  # one key at a time: loads and closes alternate
+            errors.append(f"{cid}: told {told} (L: a load, G: gone)")
+        last = states[-1][1] if states else None  # the last word is what is resident, whatever replaced what
+        here = cache.keys.get(cid)
+        if (last is not None and last.tier is not None) != (here is not None) or (
+                here is not None and last is not None and last.nbytes != here.nbytes):
+            errors.append(f"{cid}: told {told}, last {last}, resident: {here and here.ref.zkey}")
     return errors
 
 

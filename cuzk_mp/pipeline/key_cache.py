@@ -79,7 +79,10 @@ class KeyCache:
     at a time (``load_lock``: two uploads at once could each pass the device's memory check and
     together overrun it), each after the closes already decided are done (their memory is free
     again, and a circuit's "gone" KeyState is sent before its next "loaded" one). A close runs in
-    the thread that decided it, once the lock is released.
+    the thread that decided it, once the lock is released. So the KeyStates of a circuit reach the
+    engine in the order of what happened to its keys here, the last one describing what is resident
+    (a load's while ``loading`` holds the circuit, a preload's and a failed load's "gone" under the
+    lock: :meth:`preload`, :meth:`_load_shared`).
     """
 
     def __init__(self, ctx: ChildContext, backend: Any, budget: int | None, batch: int = 1,
@@ -92,6 +95,7 @@ class KeyCache:
         self.loading: dict[str, _Loading] = {}  # circuit id -> its key's load in progress
         self.evicting: set[str] = set()  # evict asked while in use: dropped when the last user releases it
         self.told: set[str] = set()  # circuits the engine was last told have a key here (KeyState)
+        self.replaced: dict[str, int] = {}  # circuit id -> its keys replaced by other files, still in use
         self.lock = threading.Lock()
         self.load_lock = threading.Lock()  # one load at a time in the process
         self.closing = 0  # keys decided to go whose close is not done yet
@@ -120,6 +124,8 @@ class KeyCache:
                         self.keys.pop(cid)
                         if key.users == 0:
                             going.append(self._going(key))
+                        else:
+                            self.replaced[cid] = self.replaced.get(cid, 0) + 1
                         key = None
                     if key is not None:
                         self.keys.move_to_end(cid)
@@ -153,9 +159,12 @@ class KeyCache:
             going: list[_Going] = []
             if key.users == 0 and self.keys.get(cid) is not key:  # replaced by a key of the circuit's new files:
                 # the engine hears "gone" only where no newer key of the circuit is resident or coming (its
-                # load failed), else that key's own "loaded" stands
-                going.append(self._going(key, announce=cid in self.told and cid not in self.keys
-                                         and cid not in self.loading))
+                # load failed) and no other replaced one is still in use, else that key's own "loaded"
+                # stands, or the failed load (_load_shared) or the last replaced key's release says it
+                self.replaced[cid] -= 1
+                if not self.replaced[cid]:
+                    del self.replaced[cid]
+                going.append(self._going(key, announce=self._none_here(cid)))
             elif key.users == 0 and cid in self.evicting:
                 self.evicting.discard(cid)
                 going.append(self._drop(cid))
@@ -163,10 +172,21 @@ class KeyCache:
         self._close_all(going)
 
     def preload(self, ref: msg.CircuitRef) -> None:
-        """Load without using (engine ``preload``); always answers with a ``KeyState``."""
+        """Load without using (engine ``preload``); answers with a ``KeyState`` of the key, or, where
+        another thread's acquire of the circuit's other files replaced it once the acquire here had
+        returned, leaves the answer to that key (its load reports it; its failed load, to this key's
+        release, which announces the circuit gone).
+
+        The engine keeps the last KeyState of each circuit and process as what is resident there, so
+        this one is sent under the lock, while the key is the circuit's key here: sent after that, it
+        could follow the report of the key that replaced it and describe a key no longer here."""
         key = self.acquire(ref)
-        self.ctx.send(msg.KeyState(ref.circuit_id, self.tier, key.nbytes, vk=key.vk))
-        self.release(key)
+        try:
+            with self.lock:
+                if self.keys.get(ref.circuit_id) is key:
+                    self.ctx.send(msg.KeyState(ref.circuit_id, self.tier, key.nbytes, vk=key.vk))
+        finally:
+            self.release(key)
 
     @property
     def tier(self) -> str:
@@ -199,8 +219,9 @@ class KeyCache:
         """Load ``pending``'s key for the acquires waiting for it (after ``going``, the closes its
         owner decided, after other loads, and after the closes decided so far), then make it
         resident with them as its users. A failed load, or a failed close before it, leaves nothing
-        behind but the error its acquires raise: were ``pending`` left in ``loading``, every later
-        acquire of the circuit would wait for it forever."""
+        behind but the error its acquires raise (were ``pending`` left in ``loading``, every later
+        acquire of the circuit would wait for it forever), and the circuit's "gone" where the engine
+        was last told of a key that a release let go while this load ran (it left the word to it)."""
         cid = pending.ref.circuit_id
         try:
             self._close_all(going)
@@ -209,11 +230,16 @@ class KeyCache:
                     self.closed.wait_for(lambda: self.closing == 0)
                 key = self._load(pending.ref)
         except BaseException as exc:
-            with self.lock:
-                del self.loading[cid]
-                self.evicting.discard(cid)  # nothing to evict
-                pending.error = exc
-            pending.done.set()
+            try:
+                with self.lock:
+                    del self.loading[cid]
+                    self.evicting.discard(cid)  # nothing to evict
+                    pending.error = exc
+                    if self._none_here(cid):  # a replaced key let go while this loaded: its "gone" was left to us
+                        self.told.discard(cid)
+                        self.ctx.send(msg.KeyState(cid, None, 0))
+            finally:
+                pending.done.set()  # the waiters go, whatever the send did
             raise
         with self.lock:
             del self.loading[cid]
@@ -268,6 +294,11 @@ class KeyCache:
         finally:
             data.close()
         return made.head, made.handle
+
+    def _none_here(self, cid: str) -> bool:
+        """Whether the engine was last told of a key of ``cid`` here, and none is left to say otherwise: none
+        resident, none loading, no replaced one in use (under the lock)."""
+        return cid in self.told and cid not in self.keys and cid not in self.loading and cid not in self.replaced
 
     def _shrink(self) -> list[_Going]:
         """The unused keys the budget takes, least recently used first (under the lock)."""
