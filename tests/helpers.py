@@ -53,19 +53,22 @@ _R_BYTES = "".join(f"\\{b:02x}" for b in (0x73EDA753299D7D483339D80809A1D80553BD
 
 
 def circom_generator(folder: Path, name: str, version: str = "(i32.const 2)", start: str = "",
-                     witness_size: str = "(result i32) (i32.const 1)", init: str = "(param i32)",
-                     imports: str = "", message_char: str = "(result i32) (i32.const 0)", more: str = "") -> Path:
-    """``NAME.wasm`` in ``folder``: a minimal circom-2-shaped witness generator (one wire, no inputs) with
-    one part replaced: a function's signature and body, ``imports`` of the runtime's functions, ``more``
-    module fields (globals, data)."""
+                     witness_size: str = "", init: str = "(param i32)",
+                     imports: str = "", message_char: str = "(result i32) (i32.const 0)", more: str = "",
+                     inputs: int = 0) -> Path:
+    """``NAME.wasm`` in ``folder``: a minimal circom-2-shaped witness generator with one part replaced: a
+    function's signature and body, ``imports`` of the runtime's functions, ``more`` module fields
+    (globals, data). Its witness is 1 and then its ``inputs`` input values as they were set (every
+    name an input signal of that many values): what the calculator wrote, read back."""
     import wasmtime
 
     one = "\\01" + "\\00" * 31
+    witness_size = witness_size or f"(result i32) (i32.const {inputs + 1})"
     wat = f"""(module
       {imports}
-      (memory (export "memory") 1)
+      (memory (export "memory") {1 + (2048 + 32 * (inputs + 1)) // 65536})
       (data (i32.const 0) "{_R_BYTES}")
-      (data (i32.const 64) "{one}")
+      (data (i32.const 2048) "{one}")
       {more}
       (func $start {start})
       (start $start)
@@ -73,13 +76,16 @@ def circom_generator(folder: Path, name: str, version: str = "(i32.const 2)", st
       (func (export "getFieldNumLen32") (result i32) (i32.const 8))
       (func (export "getRawPrime") (memory.copy (i32.const 1024) (i32.const 0) (i32.const 32)))
       (func (export "getWitnessSize") {witness_size})
-      (func (export "getInputSize") (result i32) (i32.const 0))
+      (func (export "getInputSize") (result i32) (i32.const {inputs}))
       (func (export "getSharedRWMemoryStart") (result i32) (i32.const 1024))
       (func (export "getMessageChar") {message_char})
       (func (export "init") {init})
-      (func (export "getInputSignalSize") (param i32 i32) (result i32) (i32.const 0))
-      (func (export "setInputSignal") (param i32 i32 i32))
-      (func (export "getWitness") (param i32) (memory.copy (i32.const 1024) (i32.const 64) (i32.const 32))))"""
+      (func (export "getInputSignalSize") (param i32 i32) (result i32) (i32.const {inputs}))
+      (func (export "setInputSignal") (param i32 i32 i32)
+        (memory.copy (i32.add (i32.const 2080) (i32.shl (local.get 2) (i32.const 5))) (i32.const 1024) (i32.const 32)))
+      (func (export "getWitness") (param i32)
+        (memory.copy (i32.const 1024) (i32.add (i32.const 2048) (i32.shl (local.get 0) (i32.const 5)))
+                     (i32.const 32))))"""
     path = folder / f"{name}.wasm"
     path.write_bytes(wasmtime.wat2wasm(wat))
     return path

@@ -17,7 +17,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from cuzk_mp.circuits.circom import WitnessCalculator, calculate_witness_file, js_bigint
+from cuzk_mp.circuits import circom_values
+from cuzk_mp.circuits.circom import WitnessCalculator, calculate_witness_file, js_bigint, parse_input_json
+from cuzk_mp.circuits.circom_values import PackedValues
 from cuzk_mp.errors import InputError
 from cuzk_mp.formats.wtns import wtns_bytes
 from tests.oracle import (
@@ -86,16 +88,25 @@ def test_sha256_public_outputs_equal_hashlib(oracle: Oracle) -> None:
 
 
 def test_value_forms_match_snarkjs(oracle: Oracle, tmp_path: Path) -> None:
-    """Decimal/hex/octal/binary strings, signs, spaces, booleans, numbers, values >= r."""
-    cases = {
-        "multiplier": {"a": "-1", "b": str(R_MOD + 5)},
-        "mimc_chain": {"key": True, "seed": " 12 ", "salt": ["0x1f", "0XFF"]},
-        "bits_compare": {"lower": "0b101", "upper": "0o7777", "pairs": [[6, "7"], ["0x8", 1e3],
-                                                                          [4095, ""], [0, False]]},
-    }
-    for name, inputs in cases.items():
+    """Decimal/hex/octal/binary strings, signs, spaces, booleans, numbers, values >= r; also read
+    from JSON with every array packed, as a long one is (int64, or field elements reduced mod r)."""
+    cases = [
+        ("multiplier", {"a": "-1", "b": str(R_MOD + 5)}),
+        ("mimc_chain", {"key": True, "seed": " 12 ", "salt": ["0x1f", "0XFF"]}),
+        ("bits_compare", {"lower": "0b101", "upper": "0o7777", "pairs": [[6, "7"], ["0x8", 1e3],
+                                                                           [4095, ""], [0, False]]}),
+        ("mimc_chain", {"key": "1", "seed": "2", "salt": [str(R_MOD + 3), "-1"]}),
+    ]
+    for name, inputs in cases:
         expected = _snarkjs_wtns(oracle, name, inputs, tmp_path)
-        assert wtns_bytes(WitnessCalculator(oracle.circuit(name).wasm).calculate(inputs)) == expected
+        calc = WitnessCalculator(oracle.circuit(name).wasm)
+        assert wtns_bytes(calc.calculate(inputs)) == expected
+        with pytest.MonkeyPatch.context() as patch:
+            patch.setattr(circom_values, "PACK_MIN_BYTES", 0)
+            packed = parse_input_json(json.dumps(inputs).encode())
+        packed_keys = [k for k, v in packed.items() if isinstance(v, (np.ndarray, PackedValues))]
+        assert packed_keys == [k for k, v in inputs.items() if isinstance(v, list)]  # every array, packed
+        assert wtns_bytes(calc.calculate(packed)) == expected
 
 
 def test_python_values_and_nesting(oracle: Oracle, tmp_path: Path) -> None:

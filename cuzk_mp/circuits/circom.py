@@ -55,8 +55,6 @@ process.
 from __future__ import annotations
 
 import logging
-import math
-import re
 import queue
 import threading
 import weakref
@@ -69,6 +67,7 @@ import numpy as np
 import wasmtime
 
 from cuzk_mp.algebra.field import FR_BYTES, FR_LIMBS, R_MOD
+from cuzk_mp.circuits.circom_values import MAX_VALUE_CHARS, PackedValues, js_bigint, pack_values
 from cuzk_mp.errors import Cancelled, FormatError, InputError, ResourceError
 from cuzk_mp.formats import json_bounds
 from cuzk_mp.formats.wtns import write_wtns
@@ -123,17 +122,8 @@ _FNV_OFFSET = 0xCBF29CE484222325  # FNV-1a 64 offset basis
 _FNV_PRIME = 0x100000001B3  # FNV-1a 64 prime
 _MASK64 = (1 << 64) - 1
 
-# ECMAScript StringToBigInt: whitespace (WhiteSpace + LineTerminator) is trimmed, an empty
-# string is 0, decimal may carry a sign, 0x/0o/0b literals may not; no "_" separators.
-_JS_SPACE = ("\t\n\v\f\r \xa0\u1680\u2028\u2029\u202f\u205f\u3000\ufeff"
-             + "".join(map(chr, range(0x2000, 0x200B))))
-_JS_DEC = re.compile(r"[+-]?[0-9]+")
-_JS_RADIX = {"x": (16, re.compile(r"[0-9a-fA-F]+")), "o": (8, re.compile(r"[0-7]+")),
-             "b": (2, re.compile(r"[01]+"))}
-
 # Limits of input JSON (what any real circuit's input stays far below).
 MAX_INPUT_DEPTH = 32  # the input object plus nested arrays (one per signal dimension)
-MAX_VALUE_CHARS = 1000  # one value: a number literal or a string (a field element is 78 digits)
 MAX_INPUT_BYTES = 256 << 20
 # The one name snarkjs never passes on to the wasm (see the module docstring).
 DROPPED_NAME = "__proto__"
@@ -172,43 +162,6 @@ def fnv1a_64(name: str) -> int:
     return h
 
 
-def js_bigint(value: object, where: str) -> int:
-    """``BigInt(value)`` as JavaScript computes it, for the value kinds JSON can carry.
-
-    ``where`` names the input (``"signal a[3]"``) in the InputError raised for values that
-    JavaScript rejects too: non-integral or non-finite numbers, malformed strings, null,
-    objects.
-    """
-    if isinstance(value, bool):
-        return int(value)
-    if isinstance(value, (int, np.integer)):
-        return int(value)
-    if isinstance(value, (float, np.floating)):
-        if not math.isfinite(value) or value != math.floor(value):
-            raise InputError(f"{where}: {value!r} is not an integer")
-        return int(value)
-    if isinstance(value, str):
-        return _js_string_to_bigint(value, where)
-    kind = "null" if value is None else type(value).__name__
-    raise InputError(f"{where}: a value must be a number or a string, not {kind}")
-
-
-def _js_string_to_bigint(text: str, where: str) -> int:
-    if len(text) > MAX_VALUE_CHARS:
-        raise InputError(f"{where}: a value of {len(text)} characters, more than the limit of "
-                         f"{MAX_VALUE_CHARS}")
-    s = text.strip(_JS_SPACE)
-    if not s:
-        return 0
-    if len(s) > 2 and s[0] == "0" and s[1].lower() in _JS_RADIX:
-        base, digits = _JS_RADIX[s[1].lower()]
-        if digits.fullmatch(s[2:]):
-            return int(s[2:], base)
-    elif _JS_DEC.fullmatch(s):
-        return int(s, 10)
-    raise InputError(f"{where}: {text!r} is not an integer (decimal, 0x.., 0o.. or 0b..)")
-
-
 def flatten_values(value: object, name: str) -> list[object]:
     """The values of one input signal in circom order (nested arrays flattened row-major)."""
     if isinstance(value, Mapping):
@@ -245,9 +198,15 @@ def parse_input_json(data: bytes | str, name: str = "input.json") -> dict[str, o
     ``MAX_INPUT_DEPTH``, a number or string value longer than ``MAX_VALUE_CHARS``, a number a
     JavaScript double cannot hold, a value that is null or an object, a top level that is not
     an object.
+
+    A long array (``circom_values.PACK_MIN_BYTES`` of JSON or more) of values it can read without
+    a refusal is given packed (:func:`~cuzk_mp.circuits.circom_values.pack_values`): a numpy array,
+    or PackedValues, flat, never a list of Python values; :meth:`WitnessCalculator.calculate` sets
+    them as it would the list.
     """
     parsed = json_bounds.loads(data, name, max_depth=MAX_INPUT_DEPTH, max_number_chars=MAX_VALUE_CHARS,
-                               max_bytes=MAX_INPUT_BYTES, parse_number=json_bounds.js_number)
+                               max_bytes=MAX_INPUT_BYTES, parse_number=json_bounds.js_number,
+                               parse_member=pack_values)
     if not isinstance(parsed, dict):
         raise FormatError(name, None, "the input must be a JSON object {signal: value, ...}")
     if DROPPED_NAME in parsed:
@@ -264,8 +223,8 @@ def _check_values(inputs: dict[str, object], name: str) -> None:
     def check(signal: str, values: list[object]) -> None:
         for value in values:
             kind = type(value)
-            if kind is int or kind is float or kind is bool:
-                continue
+            if kind is int or kind is float or kind is bool or kind is np.ndarray or kind is PackedValues:
+                continue  # (the packed values of a long array: read and checked as they were packed)
             if kind is list:
                 check(signal, value)  # type: ignore[arg-type]
             elif kind is str:
@@ -505,7 +464,8 @@ class WitnessCalculator:
         self.n_inputs: int = inst.call("getInputSize")
 
     def calculate(self, inputs: Mapping[str, object], on_log: LogSink = None, abort: Abort = None) -> np.ndarray:
-        """The full witness for ``inputs`` ({signal name: value or nested array of values}).
+        """The full witness for ``inputs`` ({signal name: value or nested array of values, or the
+        packed values :func:`parse_input_json` gives for a long array}).
 
         Returns an (witness_size, 4) uint64 array of standard-form Fr elements, w[0] = 1.
         Raises InputError, naming the wasm file, for unknown signals, wrong value counts,
@@ -559,19 +519,28 @@ class WitnessCalculator:
         """Set every value of one input signal; returns how many were set."""
         h = fnv1a_64(name)
         size = inst.call("getInputSignalSize", h >> 32, h & 0xFFFFFFFF)
-        values = flatten_values(value, name)
+        packed = value.limbs if isinstance(value, PackedValues) else None
+        if packed is not None:
+            values: Any = packed
+        elif isinstance(value, np.ndarray) and value.ndim == 1 and value.dtype != object:
+            values = value  # (a long array of input JSON, packed: no list of it)
+        else:
+            values = flatten_values(value, name)
         if size <= 0:
-            if not values:  # a zero-length input array (or a name the circuit lacks) given no values
+            if len(values) == 0:  # a zero-length input array (or a name the circuit lacks) given no values
                 return 0
             raise InputError(f"{name!r} is not an input signal of the circuit")
         if len(values) != size:
             problem = "not enough" if len(values) < size else "too many"
             raise InputError(f"{problem} values for input signal {name}: expected {size}, "
                              f"got {len(values)}")
-        for i, v in enumerate(values):
-            where = f"signal {name}" + (f" value {i} (flattened)" if size > 1 else "")
-            reduced = js_bigint(v, where) % self.prime
-            inst.write_shared(reduced.to_bytes(4 * self.n32, "little"))
+        for i in range(size):
+            if packed is not None:
+                element = packed[i].tobytes()  # already BigInt(v) mod r, little-endian
+            else:
+                where = f"signal {name}" + (f" value {i} (flattened)" if size > 1 else "")
+                element = (js_bigint(values[i], where) % self.prime).to_bytes(4 * self.n32, "little")
+            inst.write_shared(element)
             inst.call("setInputSignal", h >> 32, h & 0xFFFFFFFF, i)
         return size
 
