@@ -6,11 +6,13 @@ strings of random field elements, what a large input usually is), ``mixed`` (a 2
 strings, an array of hex strings and one of plain numbers below 2^32, a few scalars) and
 ``numbers`` (one array of plain JSON numbers below 2^32). Each is read by
 :func:`cuzk_mp.circuits.circom.load_input_json` in a fresh process, twice: once for the peak
-resident set (``ru_maxrss`` less the resident set before the read) and the wall time, once under
-tracemalloc for the peak of Python's own allocations. Each peak is also given as a multiple of the
-file's size.
+resident set (VmHWM, reset after the imports, less the resident set before the read) and the wall
+time, once under tracemalloc for the peak of Python's own allocations. Each peak is also given as a
+multiple of the file's size. ``--label`` names the run in the ``--out`` file, which keeps the other
+labels' runs: the code before a change (run there) beside the code after it.
 
-    python3 perf/input_json_memory.py --sizes 64,200 --out perf/results/input-json-memory-cpu.json
+    python3 perf/input_json_memory.py --sizes 16,64,200 --label after \
+        --out perf/results/input-json-memory-cpu.json
 """
 
 from __future__ import annotations
@@ -23,6 +25,7 @@ import random
 import subprocess
 import sys
 import tempfile
+import time
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 from typing import TextIO
@@ -41,6 +44,10 @@ def rss():
     with open("/proc/self/statm") as f:
         return int(f.read().split()[1]) * resource.getpagesize()
 
+def peak_rss():  # VmHWM: the mm's own peak (ru_maxrss can carry the parent's over fork and exec)
+    with open("/proc/self/status") as f:
+        return next(int(line.split()[1]) * 1024 for line in f if line.startswith("VmHWM:"))
+
 if how == "tracemalloc":
     import tracemalloc
     tracemalloc.start()
@@ -48,11 +55,13 @@ if how == "tracemalloc":
     current, peak = tracemalloc.get_traced_memory()
     print(peak, current)
 else:
+    with open("/proc/self/clear_refs", "w") as f:
+        f.write("5")  # the peak so far (the imports') is forgotten: VmHWM starts at the current RSS
     before = rss()
     t0 = time.perf_counter()
     kept = load_input_json(path)
     seconds = time.perf_counter() - t0
-    print(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024 - before, rss() - before, seconds)
+    print(peak_rss() - before, rss() - before, seconds)
 """
 
 
@@ -134,23 +143,30 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--sizes", default="64,200", help="file sizes, MiB, comma-separated")
     ap.add_argument("--shapes", default=",".join(SHAPES), help=f"among {','.join(SHAPES)}")
-    ap.add_argument("--out", type=Path, help="write the results (JSON) here too")
+    ap.add_argument("--label", default="run", help="the name of this run in the --out file")
+    ap.add_argument("--out", type=Path, help="write the results (JSON) here too, beside its other labels' runs")
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",")]
-    results: dict[str, object] = {
-        "command": "python3 perf/input_json_memory.py " + " ".join(sys.argv[1:]),
-        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()}}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=REPO, capture_output=True,
+                            text=True).stdout.strip()
+    run: dict[str, object] = {"commit": commit, "date": time.strftime("%Y-%m-%d"),
+                              "command": "python3 perf/input_json_memory.py " + " ".join(sys.argv[1:])}
     with tempfile.TemporaryDirectory() as d:
         for shape in args.shapes.split(","):
             for mib in sizes:
                 row = measure(Path(d), shape, mib)
-                results[f"{shape}_{mib}MiB"] = row
+                run[f"{shape}_{mib}MiB"] = row
                 print(f"{shape:8} {mib:4} MiB: peak RSS {row['peak_rss_x_file']:5.2f}x, tracemalloc "
                       f"{row['peak_tracemalloc_x_file']:5.2f}x (kept {row['kept_tracemalloc_x_file']:.2f}x), "
                       f"{row['seconds']:.2f} s", flush=True)
     if args.out:
+        results = json.loads(args.out.read_text()) if args.out.exists() else {}
+        results.update({
+            "what": "peak memory and wall time of load_input_json on generated input files, as multiples of "
+                    "the file's size (peak RSS: VmHWM after the imports; tracemalloc: Python's allocations)",
+            "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()}})
+        results[args.label] = run
         args.out.write_text(json.dumps(results, indent=1) + "\n")
-
 
 if __name__ == "__main__":
     main()
