@@ -52,7 +52,7 @@ class StatusView:
         self.budget = breakdown(cfg.memory_total_bytes, cfg.safety_margin_bytes, cfg.engine,
                                 largest((c.spec for c in cfg.circuits.values()), cfg.engine.backend),
                                 cfg.queue_bytes).as_dict()
-        self._vks: dict[str, dict[str, Any]] = {}
+        self._vks: dict[str, tuple[object, dict[str, Any]]] = {}  # circuit -> (key file identity, vk)
         self._vk_lock = threading.Lock()
 
     def _job(self, rec: JobRecord, live: list[PartitionRow] | None) -> dict[str, Any]:
@@ -145,11 +145,24 @@ class StatusView:
                    if r.state not in TERMINAL)
 
     def verification_key(self, circuit_id: str) -> dict[str, Any]:
-        """The circuit's snarkjs verification key JSON (made once, then cached)."""
+        """The circuit's snarkjs verification key JSON, of its key file as it is now: kept per file
+        identity (size, mtime, header digest; one header read per call), so a zkey replaced under
+        its path is served from then on, as the jobs accepted from then on are proved with it
+        (:func:`cuzk_mp.pipeline.circuits.pinned`)."""
         with self._vk_lock:
-            if circuit_id not in self._vks:
-                self._vks[circuit_id] = self._make_vk(circuit_id)
-            return self._vks[circuit_id]
+            ident = self._key_identity(circuit_id)
+            have = self._vks.get(circuit_id)
+            if have is None or have[0] != ident:
+                have = self._vks[circuit_id] = (ident, self._make_vk(circuit_id))
+            return have[1]
+
+    def _key_identity(self, circuit_id: str) -> object:
+        """What tells the circuit's current key file from an earlier one (None: no file, a generated key,
+        or a synthetic circuit's dev key that the engine makes once)."""
+        from cuzk_mp.groth16.circuit_data_file import zkey_identity
+
+        spec = self.cfg.circuits[circuit_id].spec
+        return zkey_identity(spec.zkey) if spec.key_source == "file" and spec.zkey else None
 
     def _make_vk(self, circuit_id: str) -> dict[str, Any]:
         from cuzk_mp.formats.snarkjs_json import vk_to_json

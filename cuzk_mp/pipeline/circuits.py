@@ -7,7 +7,8 @@ Owns three things the engine keeps about circuits:
   the param cache, :func:`~.keys.ensure_synthetic_key`);
 * the one validation of a job and its partition inputs (:meth:`CircuitTable.check_job`,
   called by ``Engine.submit``): nothing upstream checks them again, and a worker
-  only parses what passed here;
+  only parses what passed here; it also pins the job to its key file as it is then
+  (:func:`pinned`);
 * the resident-key table the prover processes report (:class:`~.messages.KeyState`),
   rendered as status rows (:meth:`CircuitTable.rows`).
 """
@@ -134,7 +135,7 @@ class CircuitTable:
             raise InputError(f"job {job.job_id!r}: a job id is 1-{MAX_JOB_ID} printable characters")
         ref = self.ref(job.circuit_id)
         check_job(job, ref)
-        return ref
+        return pinned(ref)
 
     # ---- resident keys
     def on_key_state(self, process: str, m: msg.KeyState) -> None:
@@ -177,6 +178,47 @@ class CircuitTable:
             elif cid not in resident:  # a generated key exists only where a prover made it: nowhere yet
                 rows.append(KeyRow(cid, None, "generated on load", 0, None))
         return rows
+
+
+def pinned(ref: msg.CircuitRef) -> msg.CircuitRef:
+    """The reference a job is proved with: a key file's reference with the file's identity now
+    (``CircuitRef.zkey_id``); InputError naming the file where it is gone or not a zkey.
+
+    Decision: a zkey replaced under its path (a new setup, a copy over it, in place or renamed
+    over) is picked up job by job, never within a job: every partition of a job is proved with
+    the key its identity names (synthesis and the provers check it, :func:`key_changed`), and
+    the job is reported done only if the file still is that key when its last proof arrives
+    (``Scheduler.on_proof``), so its proofs verify with the verification key read from the file
+    at that moment (what the daemon serves). A job that straddles a change fails, its partitions
+    naming the file; sent again it is proved with the new key. The identity is the circuit-data
+    cache's (size, mtime in ns, a digest of the key's header section, whose points differ for
+    every setup): one header read per job, no hash of a multi-GB file."""
+    if ref.key_source != "file" or not ref.zkey:
+        return ref
+    from ..groth16.circuit_data_file import zkey_identity
+
+    return msgspec.structs.replace(ref, zkey_id=zkey_identity(ref.zkey))
+
+
+def key_changed(ref: msg.CircuitRef) -> str | None:
+    """Why the zkey file of a pinned reference is no longer the key the job was accepted with
+    (None while it is, or for a reference with no pinned file): the message a partition fails with."""
+    if ref.zkey_id is None:
+        return None
+    from ..errors import CuzkError
+    from ..groth16.circuit_data_file import zkey_identity
+
+    try:
+        now = zkey_identity(ref.zkey)
+    except CuzkError as exc:
+        return f"zkey {ref.zkey} changed on disk since the job was accepted ({exc}); submit the job again"
+    if now == ref.zkey_id:
+        return None
+    was = ref.zkey_id
+    return (f"zkey {ref.zkey} changed on disk since the job was accepted (size {was.size} -> {now.size}, mtime_ns "
+            f"{was.mtime_ns} -> {now.mtime_ns}, header digest {was.digest.hex()[:12]} -> {now.digest.hex()[:12]}): "
+            "its proofs would not verify with the new verification key; submit the job again (it is proved "
+            "with the new key)")
 
 
 def check_job(job: JobSpec, ref: msg.CircuitRef) -> None:

@@ -72,7 +72,7 @@ import msgspec
 
 from ..errors import ConfigError, CuzkError, InputError, ResourceError, WorkerDied, error_from_kind
 from . import messages as msg
-from .circuits import CircuitTable
+from .circuits import CircuitTable, pinned
 from .engine_events import EngineEvents, WakePipe
 from .monitor import host_bytes, tree_memory
 from .ring import TRIM_IDLE_S, Ring, RingStats, SlotRecord
@@ -350,7 +350,7 @@ class RunningEngine(EngineEvents):
     def preload(self, circuit_id: str) -> None:
         """Load the key into every prover process (GPU: resident on the device); blocks until done."""
         with self._cond:
-            ref = self.circuits.ref(circuit_id)
+            ref = pinned(self.circuits.ref(circuit_id))  # the key a job accepted now is proved with
             if self._state != "running":
                 raise CuzkError(f"engine {self.prefix}: preload needs a running engine (state {self._state})")
             asked = {c.spec.name: c.handle.pid for c in self.sup.ready("prover")}

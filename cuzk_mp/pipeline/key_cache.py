@@ -121,6 +121,9 @@ class KeyCache:
                 if pending is None:
                     key = self.keys.get(cid)
                     if key is not None and key.ref != ref:  # the circuit's files changed: the old key goes once unused
+                        if key.ref.zkey_id != ref.zkey_id and ref.zkey_id is not None and key.ref.zkey == ref.zkey:
+                            self.ctx.log.info("zkey %s changed on disk (size/mtime/header): loading the new key for "
+                                              "circuit %s", ref.zkey, cid)
                         self.keys.pop(cid)
                         if key.users == 0:
                             going.append(self._going(key))
@@ -266,7 +269,13 @@ class KeyCache:
         else:
             from ..formats.zkey import read_zkey
 
+            _check_pinned(ref)
             zkey = read_zkey(ref.zkey)
+            try:
+                _check_pinned(ref)  # the file mapped is the one checked before (not replaced meanwhile)
+            except BaseException:
+                zkey.close()
+                raise
             dropped = drop_coefficient_pages(zkey)  # before the upload: the load's peak stays one section chunk
             handle = self.backend.load_key(zkey, batch=self.batch_of(ref, zkey.domain_size, zkey.n_vars))
             what = f"loaded key ({dropped / 2**30:.2f} GiB of coefficient pages let go)"
@@ -351,6 +360,16 @@ class KeyCache:
         finally:
             if announce:
                 self.ctx.send(msg.KeyState(key.ref.circuit_id, None, 0))
+
+
+def _check_pinned(ref: msg.CircuitRef) -> None:
+    """InputError (the partition fails, not retried) where the zkey file is no longer the key the job
+    was accepted with (:func:`.circuits.key_changed`): never prove a job's partition with another key."""
+    from .circuits import key_changed
+
+    changed = key_changed(ref)
+    if changed is not None:
+        raise InputError(changed)
 
 
 def vk_json(zkey: Any) -> bytes:

@@ -22,6 +22,8 @@ from typing import Union
 
 import msgspec
 
+from ..groth16.circuit_data_file import FileIdentity
+
 
 class CircuitRef(msgspec.Struct, frozen=True):
     """Everything a child needs to find a circuit's files (paths as strings).
@@ -32,6 +34,13 @@ class CircuitRef(msgspec.Struct, frozen=True):
     ``witness_map`` "device" (such a circuit on a backend that makes a, b, c where it keeps the
     partition, the GPU): synthesis writes w alone into the ring slot and the prover makes a = A w,
     b = B w, c = a o b on the device from ``circuit_data``; "host": synthesis writes a, b, c and w.
+
+    ``zkey_id``: the identity of the zkey file (:func:`cuzk_mp.groth16.circuit_data_file.zkey_identity`:
+    size, mtime, a digest of its header section) when the engine accepted the job this reference
+    travels with (None in the registered reference). A zkey replaced under the same path gives the
+    next job another reference: synthesis maps the circuit data of that file, a prover loads that
+    file in place of its resident key, and a file that is no longer the job's key fails the
+    partition (:func:`cuzk_mp.pipeline.circuits.key_changed`) rather than prove with another key.
     """
 
     circuit_id: str
@@ -44,6 +53,7 @@ class CircuitRef(msgspec.Struct, frozen=True):
     circuit_data: str | None = None
     toxic: list[str] | None = None
     witness_map: str = "host"
+    zkey_id: FileIdentity | None = None
 
 
 # ---- engine -> synthesis worker / prover process

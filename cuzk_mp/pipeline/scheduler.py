@@ -26,6 +26,7 @@ from typing import Any
 
 import msgspec
 
+from .circuits import key_changed
 from .messages import CircuitRef
 from .timeline import ProverClocks, synthesis_spans
 from .types import JobResult, JobSpec, PartitionResult, StageSpan
@@ -279,7 +280,13 @@ class Scheduler:
         self._counts["partitions_proved"] += 1
         out.partitions.append((job.spec.job_id, result))
         if all(r is not None for r in job.results):
-            out.jobs.append(self._finish(job, "done", None))
+            changed = key_changed(job.circuit)
+            if changed is None:
+                out.jobs.append(self._finish(job, "done", None))
+            else:  # proved with the key the job was accepted with, which is no longer the file's (circuits.pinned)
+                job.results = [None] * len(job.results)
+                out.partitions.clear()  # this proof is not reported done: its failure is
+                out.merge(self._fail_job(job, changed, {i: (changed, "InputError") for i in range(len(job.results))}))
         return out
 
     def _spans(self, task: Task, synthesized: dict[str, float], timings: dict[str, float],

@@ -75,7 +75,12 @@ class _Circuit:
             assert ref.circuit_data and ref.synthetic and ref.log_n, "CircuitTable makes device refs whole"
             self.evaluator = ConstraintEvaluator(open_device_circuit_data(ref.circuit_data, ref.synthetic, ref.log_n),
                                                  ref.circuit_id)
-        else:
+        else:  # the circuit data of the key the job was accepted with (a replaced zkey: rebuilt for the new file)
+            from .circuits import key_changed
+
+            changed = key_changed(ref)
+            if changed is not None:
+                raise InputError(changed)
             self.evaluator = ConstraintEvaluator.from_files(ref.zkey, ref.r1cs)
         self._wasm: Any = None
         self._synthetic: Any = None

@@ -1,0 +1,122 @@
+"""A circuit's zkey replaced on disk while the daemon runs (``cuzk-mp setup`` again to the same path:
+a new random key of the same circuit): every proof the daemon reports done verifies with the
+verification key the daemon reports for that circuit right after, and that key follows the file."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from pathlib import Path
+from typing import Any
+
+from cuzk_mp.backends import get_backend
+from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon.client import Client
+from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json, vk_from_json, vk_to_json
+from cuzk_mp.formats.zkey import read_zkey
+from cuzk_mp.groth16.keys import vk_from_zkey
+from cuzk_mp.groth16.setup import setup_file
+from cuzk_mp.groth16.verifier import verify
+from tests.helpers import SNARKJS_FILES, DaemonProcess, config_text, shm_leftovers
+
+
+def _vk_of(zkey: Path) -> dict[str, Any]:
+    with read_zkey(zkey) as z:
+        return vk_to_json(vk_from_zkey(z))
+
+
+def _verifies(vk: dict[str, Any], reply: P.JobReply) -> bool:
+    key = vk_from_json(vk)
+    return all(p.state == "done" and verify(key, public_from_json(p.public), proof_from_json(p.proof))
+               for p in reply.partitions)
+
+
+def _new_key(r1cs: Path, zkey: Path, tmp: Path, in_place: bool) -> dict[str, Any]:
+    """A new random key of the same circuit at ``zkey``: renamed over it (what ``cuzk-mp setup`` does)
+    or, ``in_place``, its bytes copied into the same file (what ``cp`` does); its vk."""
+    made = tmp / f"new-{os.urandom(4).hex()}.zkey"
+    setup_file(str(r1cs), str(made), get_backend("cpu"))
+    if in_place:
+        shutil.copyfile(made, zkey)  # the same inode, rewritten
+        made.unlink()
+    else:
+        os.replace(made, zkey)
+    return _vk_of(zkey)
+
+
+def _prove(c: Client, wtns: bytes) -> P.JobReply:
+    reply = c.prove("mul", [P.PartitionIn(kind="wtns", data=wtns)], timeout_s=300)
+    assert not reply.timed_out
+    return reply
+
+
+def test_replaced_key_is_followed(tmp_path: Path) -> None:
+    zkey, r1cs = tmp_path / "mul.zkey", tmp_path / "mul.r1cs"
+    shutil.copyfile(SNARKJS_FILES / "mul.r1cs", r1cs)
+    setup_file(str(r1cs), str(zkey), get_backend("cpu"))
+    wtns = (SNARKJS_FILES / "mul.wtns").read_bytes()
+    circuits = f'[circuits.mul]\nzkey = "{zkey}"\nr1cs = "{r1cs}"\npartitions = 1\n'
+    prefix = f"cuzk-kr-{os.getpid()}"
+    (tmp_path / "cuzk.toml").write_text(config_text(tmp_path, tmp_path / "cache", prefix=prefix,
+                                                    circuits=circuits))
+    d = DaemonProcess(tmp_path / "cuzk.toml", tmp_path)
+    try:
+        d.wait_ready()
+        with d.client() as c:
+            first = _prove(c, wtns)
+            vk1 = c.verification_key("mul")
+            assert vk1 == _vk_of(zkey) and _verifies(vk1, first)
+            for step, in_place in (("renamed over, key resident", False), ("rewritten in place, key resident", True)):
+                vk_file = _new_key(r1cs, zkey, tmp_path, in_place)
+                reply = _prove(c, wtns)  # the old key is still resident in the prover
+                vk = c.verification_key("mul")
+                assert reply.state == "done", (step, reply)
+                assert vk == vk_file, f"{step}: the reported vk is not the file's"
+                assert _verifies(vk, reply), f"{step}: a done proof does not verify with the reported vk"
+            for step, in_place in (("renamed over, key evicted", False), ("rewritten in place, key evicted", True)):
+                assert c.evict("mul").evicted
+                vk_file = _new_key(r1cs, zkey, tmp_path, in_place)
+                reply = _prove(c, wtns)
+                vk = c.verification_key("mul")
+                assert reply.state == "done", (step, reply)
+                assert vk == vk_file, f"{step}: the reported vk is not the file's"
+                assert _verifies(vk, reply), f"{step}: a done proof does not verify with the reported vk"
+        assert "changed on disk" in d.log()
+        assert d.terminate() == 0
+    finally:
+        d.kill()
+    assert shm_leftovers(prefix) == []
+
+
+def test_job_straddling_a_key_change_fails_naming_the_file(tmp_path: Path) -> None:
+    """A job accepted with one key file whose last proof arrives after the file was replaced is not
+    reported done (its proofs are of the old key): every partition fails naming the file; and a
+    prover or synthesis worker asked for a partition of it refuses the new file."""
+    from cuzk_mp.errors import InputError
+    from cuzk_mp.pipeline.circuits import key_changed, pinned
+    from cuzk_mp.pipeline.key_cache import _check_pinned
+    from cuzk_mp.pipeline.messages import CircuitRef
+    from cuzk_mp.pipeline.scheduler import Scheduler
+    from cuzk_mp.pipeline.types import JobSpec, PartitionInput
+
+    zkey, r1cs = tmp_path / "mul.zkey", tmp_path / "mul.r1cs"
+    shutil.copyfile(SNARKJS_FILES / "mul.r1cs", r1cs)
+    setup_file(str(r1cs), str(zkey), get_backend("cpu"))
+    ref = pinned(CircuitRef("mul", str(zkey), str(r1cs)))
+    assert ref.zkey_id is not None and key_changed(ref) is None
+    s = Scheduler(max_attempts=2)
+    s.add_job(JobSpec("j", "mul", [PartitionInput("wtns", b"wtns"), PartitionInput("wtns", b"wtns")]), ref)
+    t0, t1 = s.next_task(), s.next_task()
+    assert not s.on_proof(t0.task_id, "p0", [1], {}, None).jobs
+    _new_key(r1cs, zkey, tmp_path, in_place=True)
+    out = s.on_proof(t1.task_id, "p1", [1], {}, None)
+    (job,) = out.jobs
+    assert job.state == "failed" and f"zkey {zkey} changed on disk" in (job.error or "")
+    assert [p.proof for p in job.partitions] == [None, None]
+    assert all(p.error_kind == "InputError" and str(zkey) in (p.error or "") for p in job.partitions)
+    try:
+        _check_pinned(ref)
+        raise AssertionError("a prover would load the replaced file for the old job")
+    except InputError as exc:
+        assert "changed on disk since the job was accepted" in str(exc)
+    assert key_changed(pinned(ref)) is None  # a job accepted now is pinned to the new file
