@@ -55,11 +55,12 @@ _R_BYTES = "".join(f"\\{b:02x}" for b in (0x73EDA753299D7D483339D80809A1D80553BD
 def circom_generator(folder: Path, name: str, version: str = "(i32.const 2)", start: str = "",
                      witness_size: str = "", init: str = "(param i32)",
                      imports: str = "", message_char: str = "(result i32) (i32.const 0)", more: str = "",
-                     inputs: int = 0) -> Path:
+                     inputs: int = 0, set_input: str = "") -> Path:
     """``NAME.wasm`` in ``folder``: a minimal circom-2-shaped witness generator with one part replaced: a
     function's signature and body, ``imports`` of the runtime's functions, ``more`` module fields
-    (globals, data). Its witness is 1 and then its ``inputs`` input values as they were set (every
-    name an input signal of that many values): what the calculator wrote, read back."""
+    (globals, data), ``set_input`` code run first in ``setInputSignal`` (its index is local 2). Its witness
+    is 1 and then its ``inputs`` input values as they were set (every name an input signal of that many
+    values): what the calculator wrote, read back."""
     import wasmtime
 
     one = "\\01" + "\\00" * 31
@@ -82,6 +83,7 @@ def circom_generator(folder: Path, name: str, version: str = "(i32.const 2)", st
       (func (export "init") {init})
       (func (export "getInputSignalSize") (param i32 i32) (result i32) (i32.const {inputs}))
       (func (export "setInputSignal") (param i32 i32 i32)
+        {set_input}
         (memory.copy (i32.add (i32.const 2080) (i32.shl (local.get 2) (i32.const 5))) (i32.const 1024) (i32.const 32)))
       (func (export "getWitness") (param i32)
         (memory.copy (i32.const 1024) (i32.add (i32.const 2048) (i32.shl (local.get 0) (i32.const 5)))

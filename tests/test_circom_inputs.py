@@ -279,3 +279,40 @@ def test_a_large_input_is_read_in_a_small_multiple_of_its_size(tmp_path: Path, s
         assert isinstance(packed, PackedValues) and _meaning(packed) == values
     else:
         assert isinstance(packed, np.ndarray) and packed.dtype == np.int64 and packed.tolist() == values
+
+
+def test_values_are_set_chunk_by_chunk_as_one_at_a_time(tmp_path: Path) -> None:
+    """The values of a signal are set a chunk at a time inside wasm (circom_loops): more than two chunks
+    of int64 extremes, uint64, reduced limbs and JSON values each read back as BigInt(v) mod r, in order;
+    a refused value in a later chunk is refused by its index, after the values before it were set."""
+    from cuzk_mp.circuits.circom import WitnessCalculator
+    from cuzk_mp.circuits.circom_loops import CHUNK_VALUES
+
+    n = 2 * CHUNK_VALUES + 7
+    calc = WitnessCalculator(circom_generator(tmp_path, "echo", inputs=n))
+    rng = np.random.default_rng(20261205)
+    ints = rng.integers(-(1 << 63), (1 << 63) - 1, n, dtype=np.int64, endpoint=True)
+    ints[:5] = [-(1 << 63), (1 << 63) - 1, -1, 0, -(1 << 32) - 1]
+    big = [R_MOD - 1 - 7919 * i for i in range(n)]
+    forms = [str(R_MOD + 5), "-1", " 0x1f ", True, 3.0, "", np.uint64(2**64 - 1)]
+    cases: list[tuple[object, list[int]]] = [
+        (ints, [int(v) % R_MOD for v in ints]),
+        (ints.astype(np.int8), [int(v) % R_MOD for v in ints.astype(np.int8)]),
+        (ints.view(np.uint64), [int(v) for v in ints.view(np.uint64)]),
+        (PackedValues(circom_values._limbs(big)), big),
+        (forms + [int(v) for v in ints[len(forms):]],
+         [R_MOD + 5 - R_MOD, R_MOD - 1, 31, 1, 3, 0, 2**64 - 1] + [int(v) % R_MOD for v in ints[len(forms):]]),
+    ]
+    for value, expected in cases:
+        witness = calc.calculate({"a": value})
+        assert [int.from_bytes(row.tobytes(), "little") for row in witness] == [1] + expected
+    bad: list[object] = [1] * n
+    bad[CHUNK_VALUES + 3] = "1.5"
+    with pytest.raises(InputError, match=rf"signal a value {CHUNK_VALUES + 3} \(flattened\): '1.5' is not an integer"):
+        calc.calculate({"a": bad})
+    trap = f"(if (i32.eq (local.get 2) (i32.const {CHUNK_VALUES + 2})) (then unreachable))"
+    trap_at = circom_generator(tmp_path, "trap", inputs=n, set_input=trap)  # setInputSignal traps there
+    with pytest.raises(InputError, match="trap.wasm: the witness generator trapped: .*unreachable"):
+        WitnessCalculator(trap_at).calculate({"a": bad})  # the value before the refused one is set first
+    with pytest.raises(InputError, match=f"too many values for input signal a: expected {n}, got {n + 1}"):
+        calc.calculate({"a": np.zeros(n + 1, dtype=np.int64)})

@@ -19,6 +19,7 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+import numpy as np
 import pytest
 
 from cuzk_mp.errors import Cancelled
@@ -115,6 +116,24 @@ def test_abort_stops_a_witness_and_the_calculator_goes_on(tmp_path: Path) -> Non
     gc.collect()
     assert sum(type(o).__name__ == "_Instance" for o in gc.get_objects()) == 0
 
+
+
+def test_abort_stops_a_generator_that_loops_while_inputs_are_set(tmp_path: Path) -> None:
+    """Input values are set inside wasm, a chunk a call (circom_loops): a generator that loops for ever
+    in ``setInputSignal`` of a value in the second chunk is stopped there by ``abort`` as anywhere else."""
+    from cuzk_mp.circuits.circom import WAIT_TICK_S, WitnessCalculator
+    from cuzk_mp.circuits.circom_loops import CHUNK_VALUES
+
+    n = 2 * CHUNK_VALUES
+    path = circom_generator(tmp_path, "loop-set", inputs=n, set_input=(
+        f"(if (i32.eq (local.get 2) (i32.const {CHUNK_VALUES + 5})) (then (loop $again (br $again))))"))
+    calc = WitnessCalculator(path)
+    deadline = time.monotonic() + 0.3
+    with pytest.raises(Cancelled, match=r"loop-set\.wasm: witness generation stopped before it finished"):
+        calc.calculate({"a": np.arange(n)}, abort=lambda: time.monotonic() > deadline)
+    assert time.monotonic() - deadline < 10 * WAIT_TICK_S
+    good = WitnessCalculator(circom_generator(tmp_path, "echo", inputs=n))
+    assert good.calculate({"a": np.arange(n)}, abort=lambda: False)[1:, 0].tolist() == list(range(n))
 
 # ---- the engine (CPU backend): a circom circuit whose wasm loops, beside the synthetic test circuit
 

@@ -220,3 +220,29 @@ def test_calculator_pickles_by_path(oracle: Oracle) -> None:
     assert clone.path == calc.path and clone.witness_size == 4 and clone.n_inputs == 2
     assert _ints(clone.calculate({"a": 6, "b": 7}))[1] == 42
 
+
+
+def test_long_input_arrays_match_snarkjs(oracle: Oracle, tmp_path: Path) -> None:
+    """An input array longer than one chunk of the values set inside wasm (circom_loops), read from
+    JSON packed (decimal strings of values up to 2r: reduced limbs; numbers, negative ones too: int64)
+    and given as a list of Python values: the witness is snarkjs's, byte for byte."""
+    from cuzk_mp.circuits.circom_loops import CHUNK_VALUES
+
+    n = CHUNK_VALUES + 232
+    src = tmp_path / "wide.circom"
+    src.write_text("pragma circom 2.0.0;\ntemplate Wide(N) { signal input a[N]; signal input b; "
+                   "signal output s[N]; for (var i = 0; i < N; i++) { s[i] <== a[i] * b; } }\n"
+                   f"component main = Wide({n});\n")
+    _, wasm = compile_circuit(src, tmp_path / "wide")
+    calc = WitnessCalculator(wasm)
+    rng = random.Random(SEED)
+    print(f"seed {SEED}")
+    strings = [str(rng.randrange(2 * R_MOD)) for _ in range(n)]
+    numbers = [rng.randrange(-(2**53) + 1, 2**53) for _ in range(n)]  # exact doubles, as snarkjs reads them
+    for values, kind in ((strings, PackedValues), (numbers, np.ndarray)):
+        path = write_json(tmp_path / "in.json", {"a": values, "b": "7"})
+        expected = wtns_calculate(wasm, path, tmp_path / "snarkjs.wtns").read_bytes()
+        packed = parse_input_json(path.read_bytes())
+        assert isinstance(packed["a"], kind)
+        assert wtns_bytes(calc.calculate(packed)) == expected
+        assert wtns_bytes(calc.calculate({"a": values, "b": 7})) == expected

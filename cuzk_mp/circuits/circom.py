@@ -12,7 +12,8 @@ circom_runtime 0.1.28's ``WitnessCalculatorCircom2`` (js/witness_calculator.js):
    (``fnvHash`` in circom_runtime js/utils.js, over UTF-16 code units), ask
    ``getInputSignalSize(hi32, lo32)`` how many values it takes, flatten the (nested) array of
    values, reduce each with ``BigInt(v) mod p`` into [0, p), write it as ``n32`` little-endian
-   u32 words into the shared read/write memory and call ``setInputSignal(hi32, lo32, i)``.
+   u32 words into the shared read/write memory and call ``setInputSignal(hi32, lo32, i)`` (those
+   per-value calls, and step 3's, run inside wasm: :mod:`cuzk_mp.circuits.circom_loops`).
    Setting the last input runs the whole circuit; circom's ``assert``/``===`` failures surface
    there through the ``runtime.exceptionHandler`` import, after ``printErrorMessage`` has
    delivered "Error in template T line: L" lines.
@@ -67,7 +68,9 @@ import numpy as np
 import wasmtime
 
 from cuzk_mp.algebra.field import FR_BYTES, FR_LIMBS, R_MOD
-from cuzk_mp.circuits.circom_values import MAX_VALUE_CHARS, PackedValues, js_bigint, pack_values
+from cuzk_mp.circuits.circom_loops import CHUNK_VALUES, HELPER_WAT, WASM_PAGE, encode_values
+from cuzk_mp.circuits.circom_values import MAX_VALUE_CHARS, PackedValues, pack_values
+from cuzk_mp.circuits.circom_values import js_bigint as js_bigint  # (this module's API too)
 from cuzk_mp.errors import Cancelled, FormatError, InputError, ResourceError
 from cuzk_mp.formats import json_bounds
 from cuzk_mp.formats.wtns import write_wtns
@@ -128,30 +131,6 @@ MAX_INPUT_BYTES = 256 << 20
 # The one name snarkjs never passes on to the wasm (see the module docstring).
 DROPPED_NAME = "__proto__"
 
-# Reading a witness back costs one getWitness(i) call per wire; through wasmtime-py each call
-# from Python costs ~50 us. This helper module, linked to the generator's own exports in the
-# same store, runs that loop inside wasm and leaves all values in one block that Python reads
-# at once: a 30k-wire SHA-256 witness went from 1.75 s to 0.2 s, now nearly all the circuit's
-# own computation. It runs only after the circuit has been computed, and copies into memory
-# grown past everything the generator ever used.
-_DUMP_WAT = """
-(module
-  (import "circom" "memory" (memory 0))
-  (import "circom" "getWitness" (func $get_witness (param i32)))
-  (func (export "dumpWitness")
-        (param $dst i32) (param $count i32) (param $shared i32) (param $n8 i32)
-    (local $i i32)
-    (block $done
-      (loop $next
-        (br_if $done (i32.ge_u (local.get $i) (local.get $count)))
-        (call $get_witness (local.get $i))
-        (memory.copy (i32.add (local.get $dst) (i32.mul (local.get $i) (local.get $n8)))
-                     (local.get $shared) (local.get $n8))
-        (local.set $i (i32.add (local.get $i) (i32.const 1)))
-        (br $next))))
-)
-"""
-_WASM_PAGE = 65536
 
 
 def fnv1a_64(name: str) -> int:
@@ -267,7 +246,7 @@ class _Instance:
     """
 
     def __init__(self, engine: wasmtime.Engine, module: wasmtime.Module,
-                 dump_module: wasmtime.Module, on_log: LogSink = None) -> None:
+                 helper_module: wasmtime.Module, on_log: LogSink = None) -> None:
         self.store = wasmtime.Store(engine)
         self.store.set_epoch_deadline(1)  # the engine's next epoch, which comes only to stop this run
         self.errors = ""
@@ -287,8 +266,11 @@ class _Instance:
         self.fn = {name: exports[name] for name in _EXPORTS}
         self.memory: wasmtime.Memory = exports["memory"]
         self.shared = self.call("getSharedRWMemoryStart")
-        dump = wasmtime.Instance(self.store, dump_module, [self.memory, self.fn["getWitness"]])
-        self.fn["dumpWitness"] = dump.exports(self.store)["dumpWitness"]
+        helper = wasmtime.Instance(self.store, helper_module,
+                                   [self.memory, self.fn["getWitness"], self.fn["setInputSignal"]])
+        helper_exports = helper.exports(self.store)
+        self.fn["dumpWitness"], self.fn["setInputs"] = helper_exports["dumpWitness"], helper_exports["setInputs"]
+        self.values: wasmtime.Memory = helper_exports["values"]
 
     def call(self, name: str, *args: int) -> int:
         """Call one exported function of the generator (or the dump helper)."""
@@ -299,23 +281,25 @@ class _Instance:
         this object: a cycle through wasmtime's native references that Python's collector cannot see,
         so without this every instance (its ~4 GiB memory reservation and the pages it touched) stays."""
         self.fn = {}
-        self.memory = None  # type: ignore[assignment]
+        self.memory = self.values = None  # type: ignore[assignment]
         self.store = None  # type: ignore[assignment]
 
     def read_shared(self, nbytes: int) -> bytes:
         """The first ``nbytes`` of the shared read/write memory (one field element)."""
         return bytes(self.memory.read(self.store, self.shared, self.shared + nbytes))
 
-    def write_shared(self, data: bytes) -> None:
-        """Put one field element (little-endian) into the shared read/write memory."""
-        self.memory.write(self.store, data, self.shared)
+    def set_inputs(self, h: int, first: int, data: bytes, n8: int) -> None:
+        """Set the values ``first``.. of the input signal whose name hashes to ``h``: ``data``, ``n8``
+        little-endian bytes each, at most ``CHUNK_VALUES`` of them (``setInputs`` in ``HELPER_WAT``)."""
+        self.values.write(self.store, data, 0)
+        self.call("setInputs", h >> 32, h & 0xFFFFFFFF, first, len(data) // n8, self.shared, n8)
 
     def dump_witness(self, count: int, n8: int) -> bytes:
-        """All ``count`` witness values, ``n8`` bytes each, in one read (see ``_DUMP_WAT``)."""
+        """All ``count`` witness values, ``n8`` bytes each, in one read (``dumpWitness`` in ``HELPER_WAT``)."""
         nbytes = count * n8
         dst = self.memory.data_len(self.store)
         try:
-            self.memory.grow(self.store, -(-nbytes // _WASM_PAGE))
+            self.memory.grow(self.store, -(-nbytes // WASM_PAGE))
         except wasmtime.WasmtimeError as exc:
             raise ResourceError(f"cannot grow the wasm memory by {nbytes} bytes to read the "
                                 f"witness out: {exc}") from exc
@@ -389,7 +373,7 @@ class WitnessCalculator:
         except wasmtime.WasmtimeError as exc:
             first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
             raise FormatError(self.path, None, f"not a valid wasm module: {first}") from exc
-        self._dump_module = wasmtime.Module(self._engine, _DUMP_WAT)
+        self._helper_module = wasmtime.Module(self._engine, HELPER_WAT)
         self._interruptible(self._read_header, None)  # its start function and header calls are the file's code
 
     def _read_header(self) -> None:
@@ -442,7 +426,7 @@ class WitnessCalculator:
 
     def _instantiate(self, on_log: LogSink = None) -> _Instance:
         try:
-            return _Instance(self._engine, self._module, self._dump_module, on_log)
+            return _Instance(self._engine, self._module, self._helper_module, on_log)
         except KeyError as exc:
             raise self._not_a_generator(f"no export {exc.args[0]!r}") from exc
         except (InputError, wasmtime.WasmtimeError, wasmtime.Trap) as exc:  # a start function that traps too
@@ -534,14 +518,13 @@ class WitnessCalculator:
             problem = "not enough" if len(values) < size else "too many"
             raise InputError(f"{problem} values for input signal {name}: expected {size}, "
                              f"got {len(values)}")
-        for i in range(size):
-            if packed is not None:
-                element = packed[i].tobytes()  # already BigInt(v) mod r, little-endian
-            else:
-                where = f"signal {name}" + (f" value {i} (flattened)" if size > 1 else "")
-                element = (js_bigint(values[i], where) % self.prime).to_bytes(4 * self.n32, "little")
-            inst.write_shared(element)
-            inst.call("setInputSignal", h >> 32, h & 0xFFFFFFFF, i)
+        n8 = 4 * self.n32
+        for first in range(0, size, CHUNK_VALUES):  # (HELPER_WAT: one call into the wasm a chunk)
+            data, refused = encode_values(values, first, min(first + CHUNK_VALUES, size), name, size)
+            if data:
+                inst.set_inputs(h, first, data, n8)
+            if refused is not None:
+                raise refused
         return size
 
     @staticmethod
