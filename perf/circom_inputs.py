@@ -19,8 +19,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import platform
 import random
 import subprocess
 import sys
@@ -36,6 +34,7 @@ import numpy as np  # noqa: E402
 from cuzk_mp.algebra.field import R_MOD  # noqa: E402
 from cuzk_mp.circuits import circom  # noqa: E402
 from cuzk_mp.circuits.circom_values import PackedValues, _limbs  # noqa: E402
+from cuzk_mp.pipeline.benchreport import machine_info  # noqa: E402
 
 SHAPES = ("packed", "int64", "list")
 CACHE = REPO / ".cache" / "perf-circom-inputs"
@@ -106,18 +105,10 @@ def main() -> None:
             print(shape, result, flush=True)
     if args.out:
         doc = json.loads(args.out.read_text()) if args.out.exists() else {}
-        doc.setdefault("machine", {"cpu": platform.processor() or _cpu_model(), "cores": os.cpu_count(),
-                                   "python": platform.python_version()})
+        doc.setdefault("machine", machine_info([]))
         doc[args.label] = run
         args.out.write_text(json.dumps(doc, indent=1) + "\n")
 
-
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
 
 
 if __name__ == "__main__":

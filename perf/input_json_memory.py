@@ -20,7 +20,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import platform
 import random
 import subprocess
 import sys
@@ -31,7 +30,11 @@ from pathlib import Path
 from typing import TextIO
 
 REPO = Path(__file__).resolve().parent.parent
-R_MOD = 0x73EDA753299D7D483339D80809A1D80553BDA402FFFE5BFEFFFFFFFF00000001
+sys.path.insert(0, str(REPO))
+
+from cuzk_mp.algebra.field import R_MOD  # noqa: E402
+from cuzk_mp.pipeline.benchreport import machine_info  # noqa: E402
+
 SHAPES = ("strings", "mixed", "numbers")
 
 # Run in a fresh process: what one read of the file costs (argv: path, "rss" or "tracemalloc").
@@ -131,13 +134,6 @@ def measure(folder: Path, shape: str, mib: int) -> dict[str, float]:
             "kept_tracemalloc_bytes": int(kept_py), "kept_tracemalloc_x_file": round(kept_py / size, 2)}
 
 
-def _cpu_model() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next(line.split(":", 1)[1].strip() for line in f if line.startswith("model name"))
-    except (OSError, StopIteration):
-        return platform.machine()
-
 
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -164,7 +160,7 @@ def main() -> None:
         results.update({
             "what": "peak memory and wall time of load_input_json on generated input files, as multiples of "
                     "the file's size (peak RSS: VmHWM after the imports; tracemalloc: Python's allocations)",
-            "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version()}})
+            "machine": machine_info([])})
         results[args.label] = run
         args.out.write_text(json.dumps(results, indent=1) + "\n")
 
