@@ -152,8 +152,10 @@ def test_a_reused_pid_does_not_keep_a_dead_ring_and_a_foreign_namespace_is_not_j
 # point of the stop: with a child still alive (the provers, once the synthesis workers have left), once
 # every child has left, or as it begins to remove the ring.
 KILL_IN_STOP = {
-    "first-children-gone": "Supervisor.stop_all = kill_after(Supervisor.stop_all, lambda sup: True)\n",
-    "every-child-gone": "Supervisor.stop_all = kill_after(Supervisor.stop_all, lambda sup: not sup.live())\n",
+    "first-children-gone": "Supervisor.stop_all = kill_after(Supervisor.stop_all, lambda only: True)\n",
+    # the stop of every child (no ``only``): each has exited when it returns (is_alive() may lag behind the
+    # event thread's reaping, so the call, not sup.live(), says when)
+    "every-child-gone": "Supervisor.stop_all = kill_after(Supervisor.stop_all, lambda only: only is None)\n",
     "ring-removal": "RunningEngine._remove_ipc = lambda self: os.kill(os.getpid(), signal.SIGKILL)\n",
 }
 STOP_SCRIPT = """
@@ -166,7 +168,7 @@ from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, Partition
 def kill_after(stop_all, when):
     def wrapped(self, *args, **kwargs):
         stop_all(self, *args, **kwargs)
-        if when(self):
+        if when(kwargs.get("only")):
             os.kill(os.getpid(), signal.SIGKILL)
     return wrapped
 
