@@ -399,6 +399,27 @@ def test_a_preload_reports_no_key_that_was_replaced_before_its_report(
     assert (told[-1].tier, told[-1].nbytes) == ("device", here.nbytes), f"told last: {told[-1]}"
 
 
+def test_a_partition_of_a_job_pinned_to_a_replaced_key_file_keeps_the_files_current_key(
+        cache: key_cache.KeyCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job accepted before its zkey was replaced (pinned to the old identity) that still has a partition
+    to prove once a newer job's key is resident: that partition fails (InputError naming the change), and
+    the resident key, the file's now, stays for the jobs that use it: no close, no second load."""
+    from cuzk_mp.groth16.circuit_data_file import FileIdentity
+    from cuzk_mp.pipeline import circuits
+
+    was, now = FileIdentity(3, 1, b"old"), FileIdentity(3, 2, b"new")
+    monkeypatch.setattr(circuits, "key_changed",
+                        lambda ref: "zkey x:3 changed on disk" if ref.zkey_id == was else None)
+    current = msg.CircuitRef("X", "x:3", zkey_id=now)
+    cache.release(cache.acquire(current))
+    with pytest.raises(InputError, match="changed on disk"):
+        cache.acquire(msg.CircuitRef("X", "x:3", zkey_id=was))
+    assert cache.keys["X"].ref == current and cache.backend.closed == [] and cache.backend.loads == ["x:3"]
+    assert not cache.loading and "X" not in cache.replaced
+    cache.release(cache.acquire(current))
+    assert cache.backend.loads == ["x:3"] and _states(cache) == [("X", "device")]
+
+
 # ---- at random: threads acquire, release, preload and evict while loads and closes sleep or fail
 
 

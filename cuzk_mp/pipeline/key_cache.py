@@ -109,18 +109,24 @@ class KeyCache:
         that comes while it loads waits for that load and gets its key too, or its error: each
         waiting partition fails with it, rather than each trying again in turn for as long as a
         load takes, and the next acquire after it loads again. An acquire of another ref of the
-        circuit (its files changed) waits for the load, then replaces that key."""
+        circuit (its files changed) waits for the load, then replaces that key; one pinned to a key
+        file that has since changed (a job accepted before the file was replaced) is an InputError
+        instead, the resident key, the file's as it is now, kept for the jobs that use it."""
         cid = ref.circuit_id
+        checked = ref.zkey_id is None  # a pinned ref is checked before it replaces a resident key
         while True:
             going: list[_Going] = []
             key: ResidentKey | None = None
-            own = False
+            own = stale = False
             with self.lock:
                 self.evicting.discard(cid)  # used again: an eviction asked before is off
                 pending = self.loading.get(cid)
                 if pending is None:
                     key = self.keys.get(cid)
-                    if key is not None and key.ref != ref:  # the circuit's files changed: the old key goes once unused
+                    stale = key is not None and key.ref != ref and not checked
+                    if stale:
+                        key = None
+                    elif key is not None and key.ref != ref:  # the files changed: the old key goes once unused
                         if key.ref.zkey_id != ref.zkey_id and ref.zkey_id is not None and key.ref.zkey == ref.zkey:
                             self.ctx.log.info("zkey %s changed on disk (size/mtime/header): loading the new key for "
                                               "circuit %s", ref.zkey, cid)
@@ -134,11 +140,15 @@ class KeyCache:
                         self.keys.move_to_end(cid)
                         key.users += 1
                         going += self._shrink()  # the budget takes older unused keys, never this one
-                    else:
+                    elif not stale:
                         pending = self.loading[cid] = _Loading(ref)
                         own = True
                 elif pending.ref == ref:
                     pending.waiters += 1
+            if stale:  # a job accepted before its key file was replaced: it fails, the file's key stays resident
+                _check_pinned(ref)
+                checked = True
+                continue
             if own:  # its closes (a replaced key) come first: their errors are the load's
                 assert pending is not None
                 return self._load_shared(pending, going)
