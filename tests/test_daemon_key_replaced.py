@@ -120,3 +120,33 @@ def test_job_straddling_a_key_change_fails_naming_the_file(tmp_path: Path) -> No
     except InputError as exc:
         assert "changed on disk since the job was accepted" in str(exc)
     assert key_changed(pinned(ref)) is None  # a job accepted now is pinned to the new file
+
+
+def test_a_synthesis_task_of_a_job_pinned_to_a_replaced_key_keeps_the_files_current_circuit_data(
+        tmp_path: Path) -> None:
+    """A synthesis worker asked for a partition of a job accepted before the zkey was replaced, after it
+    opened the new file's circuit data for a newer job: that task fails naming the file, and the worker
+    keeps the current circuit data (not closed, not opened again by the newer job's next task)."""
+    from cuzk_mp.errors import InputError
+    from cuzk_mp.pipeline.circuits import pinned
+    from cuzk_mp.pipeline.messages import CircuitRef
+    from cuzk_mp.pipeline.synth import SynthWorker
+
+    zkey, r1cs = tmp_path / "mul.zkey", tmp_path / "mul.r1cs"
+    shutil.copyfile(SNARKJS_FILES / "mul.r1cs", r1cs)
+    setup_file(str(r1cs), str(zkey), get_backend("cpu"))
+    old = pinned(CircuitRef("mul", str(zkey), str(r1cs)))
+    _new_key(r1cs, zkey, tmp_path, in_place=False)
+    new = pinned(CircuitRef("mul", str(zkey), str(r1cs)))
+    worker = SynthWorker(None, None, 1)  # type: ignore[arg-type]
+    current = worker._circuit(new)
+    try:
+        try:
+            worker._circuit(old)
+            raise AssertionError("a partition of the old job was synthesized with the new key's data")
+        except InputError as exc:
+            assert f"zkey {zkey} changed on disk" in str(exc)
+        assert worker.circuits.get("mul") is current and worker._circuit(new) is current
+    finally:
+        for c in worker.circuits.values():
+            c.evaluator.close()

@@ -75,12 +75,8 @@ class _Circuit:
             assert ref.circuit_data and ref.synthetic and ref.log_n, "CircuitTable makes device refs whole"
             self.evaluator = ConstraintEvaluator(open_device_circuit_data(ref.circuit_data, ref.synthetic, ref.log_n),
                                                  ref.circuit_id)
-        else:  # the circuit data of the key the job was accepted with (a replaced zkey: rebuilt for the new file)
-            from .circuits import key_changed
-
-            changed = key_changed(ref)
-            if changed is not None:
-                raise InputError(changed)
+        else:  # the circuit data of the key the job was accepted with (a replaced zkey: rebuilt for the new file,
+            # SynthWorker._circuit having checked that the file still is that key)
             self.evaluator = ConstraintEvaluator.from_files(ref.zkey, ref.r1cs)
         self._wasm: Any = None
         self._synthetic: Any = None
@@ -232,6 +228,11 @@ class SynthWorker:
         if have is not None and have.ref == ref:
             self.circuits.move_to_end(ref.circuit_id)
             return have
+        from .circuits import key_changed
+
+        changed = key_changed(ref)  # before anything goes: a job pinned to a replaced key file fails, and
+        if changed is not None:  # the circuit data held for the file as it is now stays for the jobs using it
+            raise InputError(changed)
         if have is not None:
             self.circuits.pop(ref.circuit_id).evaluator.close()
         while len(self.circuits) >= CIRCUIT_CACHE:
