@@ -6,6 +6,7 @@ the module under test.
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
 
@@ -13,7 +14,7 @@ import numpy as np
 import pytest
 
 from cuzk_mp.errors import FormatError, InputError
-from cuzk_mp.formats.binfile import BinFile, write_binfile
+from cuzk_mp.formats.binfile import BinFile, read_sections, write_binfile
 
 SEED = 20261130
 
@@ -179,3 +180,63 @@ def test_failed_write_leaves_nothing(tmp_path: Path) -> None:
     with pytest.raises(RuntimeError, match="producer failed"):
         write_binfile(path, "zkey", 1, [(1, b"x"), (2, broken())])
     assert list(tmp_path.iterdir()) == []
+
+
+def test_read_sections_reads_without_a_mapping_and_checks_as_open(tmp_path: Path,
+                                                                  monkeypatch: pytest.MonkeyPatch) -> None:
+    path = tmp_path / "k.zkey"
+    path.write_bytes(encode(b"zkey", 1, sample_sections()))
+    got = read_sections(path, "zkey", (1,), [7, 2])
+    assert got == {7: dict(sample_sections())[7], 2: dict(sample_sections())[2]}
+    with pytest.raises(FormatError, match=r"k\.zkey, section 9 \(nine\): missing"):
+        read_sections(path, "zkey", (1,), [9], labels={9: "nine"})
+    path.write_bytes(encode(b"zkey", 1, sample_sections())[:-1])
+    with pytest.raises(FormatError, match=r"k\.zkey, section 7: truncated"):
+        read_sections(path, "zkey", (1,), [2])
+    with pytest.raises(InputError, match="nope.zkey: cannot read"):
+        read_sections(tmp_path / "nope.zkey", "zkey", (1,), [2])
+    # a file that shrinks after its size was read: the short read is a truncation, never a crash
+    path.write_bytes(encode(b"zkey", 1, sample_sections()))
+    real_fstat, whole = os.fstat, path.stat().st_size
+
+    def shrinking_fstat(fd: int) -> os.stat_result:
+        st = real_fstat(fd)
+        os.truncate(path, 40)
+        return os.stat_result((st.st_mode, st.st_ino, st.st_dev, st.st_nlink, st.st_uid, st.st_gid, whole,
+                               st.st_atime, st.st_mtime, st.st_ctime))
+
+    monkeypatch.setattr(os, "fstat", shrinking_fstat)
+    with pytest.raises(FormatError, match=r"k\.zkey.*truncated while read"):
+        read_sections(path, "zkey", (1,), [7])
+
+
+KEY_TRUNCATED_UNDER_A_MAPPING = """
+import mmap, os, sys
+from cuzk_mp.groth16.circuit_data_file import zkey_identity
+path = sys.argv[1]
+real = mmap.mmap
+def mapped_then_truncated(*args, **kwargs):
+    m = real(*args, **kwargs)
+    os.truncate(path, 4096)  # the key is copied over in place right after it was mapped
+    return m
+mmap.mmap = mapped_then_truncated
+try:
+    zkey_identity(path)
+except Exception as exc:
+    print(type(exc).__name__, exc)
+"""
+
+
+def test_a_key_identity_survives_the_key_truncated_under_it(tmp_path: Path) -> None:
+    """A daemon takes a key's identity for every job: a key copied over in place meanwhile must give
+    an error (or the new file's identity), never SIGBUS, which would take the daemon down."""
+    import subprocess
+    import sys
+
+    from tests.helpers import REPO
+
+    key = tmp_path / "k.zkey"  # the header section's entry lies in the page past the one the truncation leaves
+    key.write_bytes(encode(b"zkey", 1, [(1, bytes(5000)), (2, bytes(64)), (3, bytes(64))]))
+    proc = subprocess.run([sys.executable, "-c", KEY_TRUNCATED_UNDER_A_MAPPING, str(key)], cwd=REPO,
+                          capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, f"died with {proc.returncode}: {proc.stderr[-500:]}"

@@ -106,35 +106,10 @@ class BinFile:
     # ------------------------------------------------------------------ parsing
 
     def _parse(self, versions: Sequence[int]) -> int:
-        buf, total = self._buf, len(self._buf)
-        if total < _HEAD.size:
-            raise FormatError(self.name, None,
-                              f"truncated header: file is {total} bytes, the header needs {_HEAD.size}")
-        magic, version, n_sections = _HEAD.unpack_from(buf, 0)
-        if magic != self.magic.encode("ascii"):
-            raise FormatError(self.name, None, f"wrong magic {magic!r}: not a .{self.magic} file")
-        if version not in versions:
-            raise FormatError(self.name, None,
-                              f"version {version} not supported (expected {' or '.join(map(str, versions))})")
-        pos = _HEAD.size
-        for k in range(n_sections):
-            if pos + _SECTION_HEAD.size > total:
-                raise FormatError(self.name, None, f"truncated: entry {k + 1} of {n_sections} of the section table "
-                                  f"would start at byte {pos}, the file has {total} bytes")
-            sid, size = _SECTION_HEAD.unpack_from(buf, pos)
-            start = pos + _SECTION_HEAD.size
-            if start + size > total:
-                raise FormatError(self.name, self.where(sid), f"truncated: {size} bytes declared at byte {start}, "
-                                  f"only {total - start} left in the file")
-            if sid in self._sections:
-                raise FormatError(self.name, self.where(sid),
-                                  f"duplicated (at bytes {self._sections[sid][0]} and {start})")
-            self._sections[sid] = (start, size)
-            self._order.append(sid)
-            pos = start + size
-        if pos != total:
-            raise FormatError(self.name, None, f"{total - pos} bytes of trailing garbage after the last section")
-        return int(version)
+        buf = self._buf
+        version, self._sections, self._order = _index(lambda pos, n: buf[pos : pos + n], len(buf), self.name,
+                                                      self.magic, versions, self.where)
+        return version
 
     # ------------------------------------------------------------------ access
 
@@ -149,8 +124,7 @@ class BinFile:
 
     def where(self, sid: int) -> str:
         """How errors name section ``sid``, e.g. ``"2 (constraints)"``."""
-        label = self.labels.get(sid)
-        return f"{sid} ({label})" if label else str(sid)
+        return str(_labelled(self.labels)(sid))
 
     def error(self, sid: int | None, problem: str) -> FormatError:
         """A FormatError naming this file and section ``sid`` (None: the file as a whole)."""
@@ -210,6 +184,85 @@ class BinFile:
     def __exit__(self, *exc: object) -> None:
         """Close the file."""
         self.close()
+
+
+def _labelled(labels: Mapping[int, str] | None) -> Any:
+    """How errors name a section: ``"2 (constraints)"`` where ``labels`` has it, else the id."""
+    def where(sid: int) -> str:
+        label = (labels or {}).get(sid)
+        return f"{sid} ({label})" if label else str(sid)
+    return where
+
+
+def _index(read: Any, total: int, name: str, magic: str, versions: Sequence[int],
+           where: Any) -> tuple[int, dict[int, tuple[int, int]], list[int]]:
+    """The version and the section table (id -> (start, size), ids in file order) of a file of ``total``
+    bytes, read through ``read(pos, n)``; FormatError naming ``name`` if malformed. A read that comes
+    back short (the file shrank while read) is a truncation too."""
+    def take(pos: int, st: struct.Struct) -> tuple[Any, ...]:
+        raw = read(pos, st.size)
+        if len(raw) < st.size:
+            raise FormatError(name, None, f"truncated while read: {st.size} bytes at byte {pos}, got {len(raw)}")
+        return st.unpack(raw)
+
+    if total < _HEAD.size:
+        raise FormatError(name, None, f"truncated header: file is {total} bytes, the header needs {_HEAD.size}")
+    file_magic, version, n_sections = take(0, _HEAD)
+    if file_magic != magic.encode("ascii"):
+        raise FormatError(name, None, f"wrong magic {file_magic!r}: not a .{magic} file")
+    if version not in versions:
+        raise FormatError(name, None, f"version {version} not supported (expected {' or '.join(map(str, versions))})")
+    sections: dict[int, tuple[int, int]] = {}
+    order: list[int] = []
+    pos = _HEAD.size
+    for k in range(n_sections):
+        if pos + _SECTION_HEAD.size > total:
+            raise FormatError(name, None, f"truncated: entry {k + 1} of {n_sections} of the section table "
+                              f"would start at byte {pos}, the file has {total} bytes")
+        sid, size = take(pos, _SECTION_HEAD)
+        start = pos + _SECTION_HEAD.size
+        if start + size > total:
+            raise FormatError(name, where(sid), f"truncated: {size} bytes declared at byte {start}, "
+                              f"only {total - start} left in the file")
+        if sid in sections:
+            raise FormatError(name, where(sid), f"duplicated (at bytes {sections[sid][0]} and {start})")
+        sections[sid] = (start, size)
+        order.append(sid)
+        pos = start + size
+    if pos != total:
+        raise FormatError(name, None, f"{total - pos} bytes of trailing garbage after the last section")
+    return int(version), sections, order
+
+
+def read_sections(path: str | os.PathLike[str], magic: str, versions: Sequence[int], sids: Sequence[int], *,
+                  labels: Mapping[int, str] | None = None, name: str | None = None) -> dict[int, bytes]:
+    """The payloads of the sections ``sids`` of the file at ``path`` (FormatError if one is missing), read with
+    ``pread``, the file never mapped. Why: a mapping whose file is truncated under it (a key copied
+    over in place) kills the reader with SIGBUS, and a daemon that looks at a key's header while
+    it serves other jobs must get a FormatError instead. The same checks as :meth:`BinFile.open`."""
+    shown = describe_source(path, name)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(f"{shown}: cannot read: {exc.strerror or exc}") from exc
+    try:
+        _, table, _ = _index(lambda pos, n: os.pread(fd, n, pos), os.fstat(fd).st_size, shown, magic, versions,
+                             _labelled(labels))
+        out = {}
+        for sid in sids:
+            if sid not in table:
+                raise FormatError(shown, _labelled(labels)(sid), "missing")
+            start, size = table[sid]
+            data = os.pread(fd, size, start)
+            if len(data) < size:
+                raise FormatError(shown, _labelled(labels)(sid), f"truncated while read: {size} bytes at byte "
+                                  f"{start}, got {len(data)}")
+            out[sid] = data
+        return out
+    except OSError as exc:
+        raise InputError(f"{shown}: cannot read: {exc.strerror or exc}") from exc
+    finally:
+        os.close(fd)
 
 
 class FieldReader:

@@ -46,7 +46,7 @@ from ..algebra import fr
 from ..algebra.coded_sparse import MAX_ENTRIES, CodedMatrix, code_dtype
 from ..algebra.field import domain_log_size
 from ..errors import FormatError, InputError
-from ..formats.binfile import BinFile
+from ..formats.binfile import read_sections
 from ..formats.r1cs import MAGIC as R1CS_MAGIC
 from ..formats.r1cs import SECTION_LABELS as R1CS_LABELS
 from ..formats.r1cs import VERSION as R1CS_VERSION
@@ -204,7 +204,8 @@ class CircuitData:
 
 
 def zkey_identity(path: str | os.PathLike[str]) -> FileIdentity:
-    """Size, mtime and the digest of the zkey's header section (maps the file; reads one page or two)."""
+    """Size, mtime and the digest of the zkey's header section (read, never mapped: a daemon calls this
+    for every job, and a key copied over in place meanwhile gives a FormatError, not SIGBUS)."""
     return _identity(path, ZKEY_MAGIC, ZKEY_VERSION, ZKEY_LABELS, 2)
 
 
@@ -215,11 +216,8 @@ def r1cs_identity(path: str | os.PathLike[str]) -> FileIdentity:
 
 def _identity(path: str | os.PathLike[str], magic: str, version: int, labels: dict[int, str], sid: int) -> FileIdentity:
     st = _stat(path)
-    with BinFile.open(path, magic, (version,), labels=labels) as bf:
-        if not bf.has(sid):
-            raise bf.error(sid, "section is missing")
-        digest = hashlib.blake2b(bytes(bf.section(sid)), digest_size=16).digest()
-    return FileIdentity(st.st_size, st.st_mtime_ns, digest)
+    header = read_sections(path, magic, (version,), [sid], labels=labels)[sid]
+    return FileIdentity(st.st_size, st.st_mtime_ns, hashlib.blake2b(header, digest_size=16).digest())
 
 
 def circuit_shape(zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLike[str] | None) -> CircuitShape:
