@@ -150,3 +150,25 @@ def test_a_synthesis_task_of_a_job_pinned_to_a_replaced_key_keeps_the_files_curr
     finally:
         for c in worker.circuits.values():
             c.evaluator.close()
+
+
+def test_the_same_key_touched_or_copied_is_not_a_change(tmp_path: Path) -> None:
+    """A ``touch`` or a copy of the same bytes (a backup restored, an rsync) keeps the key: a job pinned
+    before it is still the file's, and only another setup's key is a change."""
+    from cuzk_mp.pipeline import messages as msg
+    from cuzk_mp.pipeline.circuits import key_changed, pinned
+
+    zkey, r1cs = tmp_path / "mul.zkey", tmp_path / "mul.r1cs"
+    shutil.copyfile(SNARKJS_FILES / "mul.r1cs", r1cs)
+    setup_file(str(r1cs), str(zkey), get_backend("cpu"))
+    ref = pinned(msg.CircuitRef("mul", str(zkey), str(r1cs), None))
+    os.utime(zkey, ns=(1_000_000_000, 1_000_000_000))
+    assert key_changed(ref) is None
+    copy = tmp_path / "copy.zkey"
+    shutil.copyfile(zkey, copy)
+    os.replace(copy, zkey)  # the same bytes, another inode and mtime
+    assert key_changed(ref) is None
+    assert pinned(msg.CircuitRef("mul", str(zkey), str(r1cs), None)) == ref
+    _new_key(r1cs, zkey, tmp_path, in_place=True)
+    changed = key_changed(ref)
+    assert changed is not None and str(zkey) in changed and "header digest" in changed

@@ -146,7 +146,7 @@ class StatusView:
 
     def verification_key(self, circuit_id: str) -> dict[str, Any]:
         """The circuit's snarkjs verification key JSON, of its key file as it is now: kept per file
-        identity (size, mtime, header digest; one header read per call), so a zkey replaced under
+        identity (:func:`cuzk_mp.pipeline.circuits.key_identity`; one header read per call), so a zkey replaced under
         its path is served from then on, as the jobs accepted from then on are proved with it
         (:func:`cuzk_mp.pipeline.circuits.pinned`)."""
         with self._vk_lock:
@@ -159,10 +159,10 @@ class StatusView:
     def _key_identity(self, circuit_id: str) -> object:
         """What tells the circuit's current key file from an earlier one (None: no file, a generated key,
         or a synthetic circuit's dev key that the engine makes once)."""
-        from cuzk_mp.groth16.circuit_data_file import zkey_identity
+        from cuzk_mp.pipeline.circuits import key_identity
 
         spec = self.cfg.circuits[circuit_id].spec
-        return zkey_identity(spec.zkey) if spec.key_source == "file" and spec.zkey else None
+        return key_identity(spec.zkey) if spec.key_source == "file" and spec.zkey else None
 
     def _make_vk(self, circuit_id: str) -> dict[str, Any]:
         from cuzk_mp.formats.snarkjs_json import vk_to_json

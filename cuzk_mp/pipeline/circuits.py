@@ -22,6 +22,7 @@ import msgspec
 
 from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
 from ..errors import InputError
+from ..groth16.circuit_data_file import FileIdentity
 from . import messages as msg
 from .types import INPUT_KINDS, KEY_SOURCES, MAX_PARTITIONS, MAX_SEED, CircuitSpec, JobSpec, Priority
 
@@ -190,14 +191,24 @@ def pinned(ref: msg.CircuitRef) -> msg.CircuitRef:
     the job is reported done only if the file still is that key when its last proof arrives
     (``Scheduler.on_proof``), so its proofs verify with the verification key read from the file
     at that moment (what the daemon serves). A job that straddles a change fails, its partitions
-    naming the file; sent again it is proved with the new key. The identity is the circuit-data
-    cache's (size, mtime in ns, a digest of the key's header section, whose points differ for
-    every setup): one header read per job, no hash of a multi-GB file."""
+    naming the file; sent again it is proved with the new key. The identity is :func:`key_identity`:
+    one header read per job, no hash of a multi-GB file."""
     if ref.key_source != "file" or not ref.zkey:
         return ref
+    return msgspec.structs.replace(ref, zkey_id=key_identity(ref.zkey))
+
+
+def key_identity(zkey: str) -> FileIdentity:
+    """What tells one key from another at a path: the file's size and a digest of its header section
+    (the circuit-data cache's identity without the mtime). The header holds the key's alpha, beta,
+    gamma and delta points, which differ for every setup and every contribution; the mtime is left
+    out because a ``touch`` or a copy of the same bytes is the same key, and counting it a change would
+    reload a key of up to a hundred GB and fail the jobs in flight for nothing. Read with ``pread``:
+    a key copied over in place meanwhile gives a FormatError, never SIGBUS."""
     from ..groth16.circuit_data_file import zkey_identity
 
-    return msgspec.structs.replace(ref, zkey_id=zkey_identity(ref.zkey))
+    ident = zkey_identity(zkey)
+    return FileIdentity(ident.size, 0, ident.digest)
 
 
 def key_changed(ref: msg.CircuitRef) -> str | None:
@@ -206,17 +217,16 @@ def key_changed(ref: msg.CircuitRef) -> str | None:
     if ref.zkey_id is None:
         return None
     from ..errors import CuzkError
-    from ..groth16.circuit_data_file import zkey_identity
 
     try:
-        now = zkey_identity(ref.zkey)
+        now = key_identity(ref.zkey)
     except CuzkError as exc:
         return f"zkey {ref.zkey} changed on disk since the job was accepted ({exc}); submit the job again"
     if now == ref.zkey_id:
         return None
     was = ref.zkey_id
-    return (f"zkey {ref.zkey} changed on disk since the job was accepted (size {was.size} -> {now.size}, mtime_ns "
-            f"{was.mtime_ns} -> {now.mtime_ns}, header digest {was.digest.hex()[:12]} -> {now.digest.hex()[:12]}): "
+    return (f"zkey {ref.zkey} changed on disk since the job was accepted (size {was.size} -> {now.size}, "
+            f"header digest {was.digest.hex()[:12]} -> {now.digest.hex()[:12]}): "
             "its proofs would not verify with the new verification key; submit the job again (it is proved "
             "with the new key)")
 

@@ -128,7 +128,7 @@ class KeyCache:
                         key = None
                     elif key is not None and key.ref != ref:  # the files changed: the old key goes once unused
                         if key.ref.zkey_id != ref.zkey_id and ref.zkey_id is not None and key.ref.zkey == ref.zkey:
-                            self.ctx.log.info("zkey %s changed on disk (size/mtime/header): loading the new key for "
+                            self.ctx.log.info("zkey %s changed on disk (size/header): loading the new key for "
                                               "circuit %s", ref.zkey, cid)
                         self.keys.pop(cid)
                         if key.users == 0:

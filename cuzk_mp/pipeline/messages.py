@@ -35,8 +35,8 @@ class CircuitRef(msgspec.Struct, frozen=True):
     partition, the GPU): synthesis writes w alone into the ring slot and the prover makes a = A w,
     b = B w, c = a o b on the device from ``circuit_data``; "host": synthesis writes a, b, c and w.
 
-    ``zkey_id``: the identity of the zkey file (:func:`cuzk_mp.groth16.circuit_data_file.zkey_identity`:
-    size, mtime, a digest of its header section) when the engine accepted the job this reference
+    ``zkey_id``: the identity of the key at the zkey path (:func:`cuzk_mp.pipeline.circuits.key_identity`:
+    the file's size and a digest of its header section) when the engine accepted the job this reference
     travels with (None in the registered reference). A zkey replaced under the same path gives the
     next job another reference: synthesis maps the circuit data of that file, a prover loads that
     file in place of its resident key, and a file that is no longer the job's key fails the
