@@ -198,7 +198,7 @@ def pinned(ref: msg.CircuitRef) -> msg.CircuitRef:
     return msgspec.structs.replace(ref, zkey_id=key_identity(ref.zkey))
 
 
-def key_identity(zkey: str) -> FileIdentity:
+def key_identity(zkey: str | os.PathLike[str]) -> FileIdentity:
     """What tells one key from another at a path: the file's size and a digest of its header section
     (the circuit-data cache's identity without the mtime). The header holds the key's alpha, beta,
     gamma and delta points, which differ for every setup and every contribution; the mtime is left
