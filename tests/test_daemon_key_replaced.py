@@ -93,8 +93,7 @@ def test_job_straddling_a_key_change_fails_naming_the_file(tmp_path: Path) -> No
     reported done (its proofs are of the old key): every partition fails naming the file; and a
     prover or synthesis worker asked for a partition of it refuses the new file."""
     from cuzk_mp.errors import InputError
-    from cuzk_mp.pipeline.circuits import key_changed, pinned
-    from cuzk_mp.pipeline.key_cache import _check_pinned
+    from cuzk_mp.pipeline.circuits import check_pinned, key_changed, pinned
     from cuzk_mp.pipeline.messages import CircuitRef
     from cuzk_mp.pipeline.scheduler import Scheduler
     from cuzk_mp.pipeline.types import JobSpec, PartitionInput
@@ -115,7 +114,7 @@ def test_job_straddling_a_key_change_fails_naming_the_file(tmp_path: Path) -> No
     assert [p.proof for p in job.partitions] == [None, None]
     assert all(p.error_kind == "InputError" and str(zkey) in (p.error or "") for p in job.partitions)
     try:
-        _check_pinned(ref)
+        check_pinned(ref)
         raise AssertionError("a prover would load the replaced file for the old job")
     except InputError as exc:
         assert "changed on disk since the job was accepted" in str(exc)

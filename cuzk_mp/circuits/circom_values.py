@@ -17,7 +17,7 @@ import re
 
 import numpy as np
 
-from cuzk_mp.algebra.field import FR_BYTES, FR_LIMBS, R_MOD
+from cuzk_mp.algebra.field import FR_LIMBS, R_MOD, ints_to_limbs
 from cuzk_mp.errors import InputError
 from cuzk_mp.formats.json_bounds import js_number
 
@@ -126,8 +126,7 @@ def _piece_bigints(data: bytes, pos: int, end: int) -> list[int] | None:
 
 def _limbs(values: list[int]) -> np.ndarray:
     """``values`` mod r as (n, 4) little-endian uint64 limbs."""
-    packed = b"".join([(v % R_MOD).to_bytes(FR_BYTES, "little") for v in values])
-    return np.frombuffer(packed, dtype="<u8").reshape(-1, FR_LIMBS)
+    return ints_to_limbs([v % R_MOD for v in values], FR_LIMBS)
 
 
 def pack_values(data: bytes, start: int, end: int) -> np.ndarray | PackedValues | None:

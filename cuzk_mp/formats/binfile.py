@@ -108,7 +108,7 @@ class BinFile:
     def _parse(self, versions: Sequence[int]) -> int:
         buf = self._buf
         version, self._sections, self._order = _index(lambda pos, n: buf[pos : pos + n], len(buf), self.name,
-                                                      self.magic, versions, self.where)
+                                                      self.magic, versions, self.labels)
         return version
 
     # ------------------------------------------------------------------ access
@@ -124,7 +124,7 @@ class BinFile:
 
     def where(self, sid: int) -> str:
         """How errors name section ``sid``, e.g. ``"2 (constraints)"``."""
-        return str(_labelled(self.labels)(sid))
+        return _section_name(self.labels, sid)
 
     def error(self, sid: int | None, problem: str) -> FormatError:
         """A FormatError naming this file and section ``sid`` (None: the file as a whole)."""
@@ -186,16 +186,14 @@ class BinFile:
         self.close()
 
 
-def _labelled(labels: Mapping[int, str] | None) -> Any:
+def _section_name(labels: Mapping[int, str] | None, sid: int) -> str:
     """How errors name a section: ``"2 (constraints)"`` where ``labels`` has it, else the id."""
-    def where(sid: int) -> str:
-        label = (labels or {}).get(sid)
-        return f"{sid} ({label})" if label else str(sid)
-    return where
+    label = (labels or {}).get(sid)
+    return f"{sid} ({label})" if label else str(sid)
 
 
 def _index(read: Any, total: int, name: str, magic: str, versions: Sequence[int],
-           where: Any) -> tuple[int, dict[int, tuple[int, int]], list[int]]:
+           labels: Mapping[int, str] | None) -> tuple[int, dict[int, tuple[int, int]], list[int]]:
     """The version and the section table (id -> (start, size), ids in file order) of a file of ``total``
     bytes, read through ``read(pos, n)``; FormatError naming ``name`` if malformed. A read that comes
     back short (the file shrank while read) is a truncation too."""
@@ -222,10 +220,10 @@ def _index(read: Any, total: int, name: str, magic: str, versions: Sequence[int]
         sid, size = take(pos, _SECTION_HEAD)
         start = pos + _SECTION_HEAD.size
         if start + size > total:
-            raise FormatError(name, where(sid), f"truncated: {size} bytes declared at byte {start}, "
+            raise FormatError(name, _section_name(labels, sid), f"truncated: {size} bytes declared at byte {start}, "
                               f"only {total - start} left in the file")
         if sid in sections:
-            raise FormatError(name, where(sid), f"duplicated (at bytes {sections[sid][0]} and {start})")
+            raise FormatError(name, _section_name(labels, sid), f"duplicated (at bytes {sections[sid][0]} and {start})")
         sections[sid] = (start, size)
         order.append(sid)
         pos = start + size
@@ -247,15 +245,15 @@ def read_sections(path: str | os.PathLike[str], magic: str, versions: Sequence[i
         raise InputError(f"{shown}: cannot read: {exc.strerror or exc}") from exc
     try:
         _, table, _ = _index(lambda pos, n: os.pread(fd, n, pos), os.fstat(fd).st_size, shown, magic, versions,
-                             _labelled(labels))
+                             labels)
         out = {}
         for sid in sids:
             if sid not in table:
-                raise FormatError(shown, _labelled(labels)(sid), "missing")
+                raise FormatError(shown, _section_name(labels, sid), "missing")
             start, size = table[sid]
             data = os.pread(fd, size, start)
             if len(data) < size:
-                raise FormatError(shown, _labelled(labels)(sid), f"truncated while read: {size} bytes at byte "
+                raise FormatError(shown, _section_name(labels, sid), f"truncated while read: {size} bytes at byte "
                                   f"{start}, got {len(data)}")
             out[sid] = data
         return out

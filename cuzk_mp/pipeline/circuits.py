@@ -21,8 +21,8 @@ from pathlib import Path
 import msgspec
 
 from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
-from ..errors import InputError
-from ..groth16.circuit_data_file import FileIdentity
+from ..errors import CuzkError, InputError
+from ..groth16.circuit_data_file import FileIdentity, zkey_identity
 from . import messages as msg
 from .types import INPUT_KINDS, KEY_SOURCES, MAX_PARTITIONS, MAX_SEED, CircuitSpec, JobSpec, Priority
 
@@ -205,8 +205,6 @@ def key_identity(zkey: str | os.PathLike[str]) -> FileIdentity:
     out because a ``touch`` or a copy of the same bytes is the same key, and counting it a change would
     reload a key of up to a hundred GB and fail the jobs in flight for nothing. Read with ``pread``:
     a key copied over in place meanwhile gives a FormatError, never SIGBUS."""
-    from ..groth16.circuit_data_file import zkey_identity
-
     ident = zkey_identity(zkey)
     return FileIdentity(ident.size, 0, ident.digest)
 
@@ -216,8 +214,6 @@ def key_changed(ref: msg.CircuitRef) -> str | None:
     (None while it is, or for a reference with no pinned file): the message a partition fails with."""
     if ref.zkey_id is None:
         return None
-    from ..errors import CuzkError
-
     try:
         now = key_identity(ref.zkey)
     except CuzkError as exc:
@@ -229,6 +225,14 @@ def key_changed(ref: msg.CircuitRef) -> str | None:
             f"header digest {was.digest.hex()[:12]} -> {now.digest.hex()[:12]}): "
             "its proofs would not verify with the new verification key; submit the job again (it is proved "
             "with the new key)")
+
+
+def check_pinned(ref: msg.CircuitRef) -> None:
+    """InputError (the partition fails, not retried) where the zkey file is no longer the key the job
+    was accepted with (:func:`key_changed`): never prove a job's partition with another key."""
+    changed = key_changed(ref)
+    if changed is not None:
+        raise InputError(changed)
 
 
 def check_job(job: JobSpec, ref: msg.CircuitRef) -> None:

@@ -21,6 +21,7 @@ from typing import Any
 
 from ..errors import InputError
 from . import messages as msg
+from .circuits import check_pinned
 from .memory import CircuitSize, batched
 from .procs import ChildContext
 
@@ -146,7 +147,7 @@ class KeyCache:
                 elif pending.ref == ref:
                     pending.waiters += 1
             if stale:  # a job accepted before its key file was replaced: it fails, the file's key stays resident
-                _check_pinned(ref)
+                check_pinned(ref)
                 checked = True
                 continue
             if own:  # its closes (a replaced key) come first: their errors are the load's
@@ -279,10 +280,10 @@ class KeyCache:
         else:
             from ..formats.zkey import read_zkey
 
-            _check_pinned(ref)
+            check_pinned(ref)
             zkey = read_zkey(ref.zkey)
             try:
-                _check_pinned(ref)  # the file mapped is the one checked before (not replaced meanwhile)
+                check_pinned(ref)  # the file mapped is the one checked before (not replaced meanwhile)
             except BaseException:
                 zkey.close()
                 raise
@@ -370,16 +371,6 @@ class KeyCache:
         finally:
             if announce:
                 self.ctx.send(msg.KeyState(key.ref.circuit_id, None, 0))
-
-
-def _check_pinned(ref: msg.CircuitRef) -> None:
-    """InputError (the partition fails, not retried) where the zkey file is no longer the key the job
-    was accepted with (:func:`.circuits.key_changed`): never prove a job's partition with another key."""
-    from .circuits import key_changed
-
-    changed = key_changed(ref)
-    if changed is not None:
-        raise InputError(changed)
 
 
 def vk_json(zkey: Any) -> bytes:

@@ -47,6 +47,7 @@ import numpy as np
 
 from ..errors import Cancelled, InputError
 from . import messages as msg
+from .circuits import check_pinned
 from .procs import CancelledIds, ChildContext
 from .ring import Ring, RingHandle, SlotClaim
 from .segment import partition_shapes, segment_bytes
@@ -228,11 +229,8 @@ class SynthWorker:
         if have is not None and have.ref == ref:
             self.circuits.move_to_end(ref.circuit_id)
             return have
-        from .circuits import key_changed
-
-        changed = key_changed(ref)  # before anything goes: a job pinned to a replaced key file fails, and
-        if changed is not None:  # the circuit data held for the file as it is now stays for the jobs using it
-            raise InputError(changed)
+        check_pinned(ref)  # before anything goes: a job pinned to a replaced key file fails, and the circuit
+        # data held for the file as it is now stays for the jobs using it
         if have is not None:
             self.circuits.pop(ref.circuit_id).evaluator.close()
         while len(self.circuits) >= CIRCUIT_CACHE:
