@@ -12,6 +12,7 @@ from typing import Any
 from cuzk_mp.backends import get_backend
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import Client
+from cuzk_mp.errors import CuzkError
 from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json, vk_from_json, vk_to_json
 from cuzk_mp.formats.zkey import read_zkey
 from cuzk_mp.groth16.keys import vk_from_zkey
@@ -81,6 +82,16 @@ def test_replaced_key_is_followed(tmp_path: Path) -> None:
                 assert reply.state == "done", (step, reply)
                 assert vk == vk_file, f"{step}: the reported vk is not the file's"
                 assert _verifies(vk, reply), f"{step}: a done proof does not verify with the reported vk"
+            assert c.evict("mul").evicted  # a key file cut short: the preload's error names it, the daemon goes on
+            good = zkey.read_bytes()
+            zkey.write_bytes(good[: len(good) * 3 // 4])
+            try:
+                c.preload("mul")
+                raise AssertionError("a truncated key file preloaded")
+            except CuzkError as exc:
+                assert str(zkey) in str(exc) and "truncated" in str(exc), exc
+            zkey.write_bytes(good)
+            assert c.preload("mul").seconds >= 0 and _verifies(c.verification_key("mul"), _prove(c, wtns))
         assert "changed on disk" in d.log()
         assert d.terminate() == 0
     finally:
@@ -113,6 +124,8 @@ def test_job_straddling_a_key_change_fails_naming_the_file(tmp_path: Path) -> No
     assert job.state == "failed" and f"zkey {zkey} changed on disk" in (job.error or "")
     assert [p.proof for p in job.partitions] == [None, None]
     assert all(p.error_kind == "InputError" and str(zkey) in (p.error or "") for p in job.partitions)
+    counts = s.counters()  # both were proved, neither delivered: counted apart, so proved - discarded is what left
+    assert (counts.partitions_proved, counts.partitions_discarded, counts.jobs_finished["failed"]) == (2, 2, 1)
     try:
         check_pinned(ref)
         raise AssertionError("a prover would load the replaced file for the old job")

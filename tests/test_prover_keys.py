@@ -399,6 +399,33 @@ def test_a_preload_reports_no_key_that_was_replaced_before_its_report(
     assert (told[-1].tier, told[-1].nbytes) == ("device", here.nbytes), f"told last: {told[-1]}"
 
 
+def test_a_failed_preload_answers_with_its_error_unless_a_key_loaded_since(cache: key_cache.KeyCache) -> None:
+    """The engine waits for each prover's word on a preload: a failed one answers with its error. But
+    another thread's acquire may load the circuit's key (the file fixed) between the preload's failed
+    load and its answer; that load told the engine the key is resident, and an error sent after it
+    would leave the engine believing the circuit has no key here while it has."""
+    cache.backend.fail_once.add("x:4")
+    with pytest.raises(InputError, match="not a zkey"):
+        _prompt(lambda: cache.preload(msg.CircuitRef("X", "x:4")))
+    assert _states(cache) == [("X", None)] and cache.ctx.sent[-1].error_kind == "InputError"
+    acquire = cache.acquire
+
+    def loaded_by_another_thread_once_failed(ref: msg.CircuitRef) -> key_cache.ResidentKey:
+        try:
+            return acquire(ref)
+        except InputError:
+            cache.release(_Call(lambda: acquire(ref)).outcome())
+            raise
+
+    cache.backend.fail_once.add("x:4")
+    cache.acquire = loaded_by_another_thread_once_failed  # type: ignore[method-assign]
+    with pytest.raises(InputError, match="not a zkey"):
+        _prompt(lambda: cache.preload(msg.CircuitRef("X", "x:4")))
+    told = [m for m in cache.ctx.sent if isinstance(m, msg.KeyState) and m.circuit_id == "X"]
+    assert (told[-1].tier, told[-1].nbytes, told[-1].error) == ("device", 4, None), f"told last: {told[-1]}"
+    assert cache.keys["X"].users == 0
+
+
 def test_a_partition_of_a_job_pinned_to_a_replaced_key_file_keeps_the_files_current_key(
         cache: key_cache.KeyCache, monkeypatch: pytest.MonkeyPatch) -> None:
     """A job accepted before its zkey was replaced (pinned to the old identity) that still has a partition
@@ -573,12 +600,13 @@ def _stress(seed: int) -> list[str]:
     assert isinstance(ctx, _ThreadsCtx)
     for cid, mine in refs.items():
         states = [(i, m) for i, m in enumerate(ctx.sent) if isinstance(m, msg.KeyState) and m.circuit_id == cid]
-        told = "".join("G" if m.tier is None else "L" for i, m in states if m.tier is None or i in ctx.loads)
+        told = "".join("G" if m.tier is None else "L" for i, m in states
+                       if m.error is None and (m.tier is None or i in ctx.loads))  # a failed preload's error aside
         if told.startswith("G") or "GG" in told:
             errors.append(f"{cid}: told {told} (L: a load, G: gone)")
         if len(mine) == 1 and "LL" in told:  # one key at a time: loads and closes alternate
             errors.append(f"{cid}: told {told} (L: a load, G: gone)")
-        last = states[-1][1] if states else None  # the last word is what is resident, whatever replaced what
+        last = states[-1][1] if states else None  # the last word (a failed preload's error too) is what is resident
         here = cache.keys.get(cid)
         if (last is not None and last.tier is not None) != (here is not None) or (
                 here is not None and last is not None and last.nbytes != here.nbytes):

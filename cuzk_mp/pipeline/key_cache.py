@@ -19,7 +19,7 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..errors import InputError
+from ..errors import InputError, error_kind
 from . import messages as msg
 from .circuits import check_pinned
 from .memory import CircuitSize, batched
@@ -193,8 +193,21 @@ class KeyCache:
 
         The engine keeps the last KeyState of each circuit and process as what is resident there, so
         this one is sent under the lock, while the key is the circuit's key here: sent after that, it
-        could follow the report of the key that replaced it and describe a key no longer here."""
-        key = self.acquire(ref)
+        could follow the report of the key that replaced it and describe a key no longer here.
+
+        A failed preload answers with its error (and raises it), under the lock too, and only while
+        no key of the circuit is here or loading: a key loaded since (another thread's acquire, after
+        the engine asked) has sent or will send its own KeyState, the true last word, which an error
+        sent after it would contradict."""
+        try:
+            key = self.acquire(ref)
+        except Exception as exc:
+            with self.lock:
+                cid = ref.circuit_id
+                if cid not in self.loading and cid not in self.keys:
+                    self.ctx.send(msg.KeyState(cid, None, 0, error=f"{type(exc).__name__}: {exc}",
+                                               error_kind=error_kind(exc)))
+            raise
         try:
             with self.lock:
                 if self.keys.get(ref.circuit_id) is key:

@@ -100,18 +100,19 @@ class Prover:
         for m in self.ctx.messages():
             if isinstance(m, msg.CancelTasks):
                 self.cancelled.update(m.task_ids)
-            elif isinstance(m, msg.LoadKey):
-                self._safe_key_op(m.circuit.circuit_id, lambda: self.keys.preload(m.circuit))
+            elif isinstance(m, msg.LoadKey):  # its KeyState, an error's too, is the key cache's to send
+                self._safe_key_op(m.circuit.circuit_id, lambda: self.keys.preload(m.circuit), report=False)
             elif isinstance(m, msg.EvictKey):
                 self._safe_key_op(m.circuit_id, lambda: self.keys.evict(m.circuit_id))
 
-    def _safe_key_op(self, circuit_id: str, op: Any) -> None:
+    def _safe_key_op(self, circuit_id: str, op: Any, report: bool = True) -> None:
         try:
             op()
         except Exception as exc:  # noqa: BLE001 - reported to the engine, the process carries on
             self.ctx.log.error("key %s: %s", circuit_id, exc)
-            self.ctx.send(msg.KeyState(circuit_id, None, 0, error=f"{type(exc).__name__}: {exc}",
-                                       error_kind=error_kind(exc)))
+            if report:
+                self.ctx.send(msg.KeyState(circuit_id, None, 0, error=f"{type(exc).__name__}: {exc}",
+                                           error_kind=error_kind(exc)))
 
     def work(self) -> None:
         """A worker thread: take a slot (and, when small partitions wait in the ring, up to
