@@ -56,6 +56,7 @@ FAMILIES: dict[str, tuple[str, frozenset[str]]] = {name: (kind, frozenset(labels
     ("cuzk_engine_partitions_proved", "counter", ()),
     ("cuzk_engine_partitions_failed", "counter", ()),
     ("cuzk_engine_partition_retries", "counter", ()),
+    ("cuzk_engine_partitions_discarded", "counter", ()),
     ("cuzk_engine_late_proofs_used", "counter", ()),
     ("cuzk_engine_process_restarts", "counter", ("role",)),
     ("cuzk_engine_ring_transitions", "counter", ("event",)),

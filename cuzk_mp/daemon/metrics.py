@@ -28,7 +28,8 @@ Metric names (all prefixed ``cuzk_``):
   GetStatus says why)
 * the engine's own: ``engine_jobs_submitted_total``, ``engine_jobs_finished_total{state}``,
   ``engine_partitions_proved_total``, ``engine_partitions_failed_total``,
-  ``engine_partition_retries_total``, ``engine_late_proofs_used_total``,
+  ``engine_partition_retries_total``, ``engine_late_proofs_used_total``, ``engine_partitions_discarded_total``
+  (proved, then not delivered: their job's zkey file changed before its last proof),
   ``engine_process_restarts_total{role}``, ``engine_ring_transitions_total{event}`` (published,
   released, reclaimed), ``engine_ring_waits_total{side}`` (free, ready), ``engine_queue_pending``,
   ``engine_partitions_in_flight``, ``engine_jobs_active``, ``engine_ring_live_slots``,
@@ -233,6 +234,9 @@ def _engine_families(em: EngineMetrics) -> Iterator[Metric]:
     yield _counter("cuzk_engine_partitions_failed", "Partitions failed.", [], [([], c.partitions_failed)])
     yield _counter("cuzk_engine_partition_retries", "Partition attempts retried after a failure or a death.",
                    [], [([], c.partition_retries)])
+    yield _counter("cuzk_engine_partitions_discarded",
+                   "Partitions proved but not delivered: their job's zkey file changed before its last proof.",
+                   [], [([], c.partitions_discarded)])
     yield _counter("cuzk_engine_late_proofs_used", "Proofs of attempts given up as lost that arrived first.",
                    [], [([], c.late_proofs_used)])
     yield _counter("cuzk_engine_process_restarts", "Engine processes restarted, by role.", ["role"],

@@ -138,6 +138,7 @@ class SchedulerCounters(msgspec.Struct):
     partitions_failed: int
     partition_retries: int
     late_proofs_used: int
+    partitions_discarded: int = 0  # proved, then not delivered: the job's zkey file changed before its last proof
 
 
 @dataclass
@@ -170,7 +171,7 @@ class Scheduler:
         self._seqs = itertools.count(1)
         self._counts: dict[str, int] = {k: 0 for k in (
             "jobs_submitted", "jobs_done", "jobs_failed", "jobs_cancelled", "partitions_proved",
-            "partitions_failed", "partition_retries", "late_proofs_used")}
+            "partitions_failed", "partition_retries", "late_proofs_used", "partitions_discarded")}
 
     # ---- queue
     def add_job(self, spec: JobSpec, circuit: CircuitRef) -> Job:
@@ -284,6 +285,7 @@ class Scheduler:
             if changed is None:
                 out.jobs.append(self._finish(job, "done", None))
             else:  # proved with the key the job was accepted with, which is no longer the file's (circuits.pinned)
+                self._counts["partitions_discarded"] += len(job.results)
                 job.results = [None] * len(job.results)
                 out.partitions.clear()  # this proof is not reported done: its failure is
                 out.merge(self._fail_job(job, changed, {i: (changed, "InputError") for i in range(len(job.results))}))
@@ -415,7 +417,8 @@ class Scheduler:
             jobs_submitted=c["jobs_submitted"],
             jobs_finished={s: c[f"jobs_{s}"] for s in ("done", "failed", "cancelled")},
             partitions_proved=c["partitions_proved"], partitions_failed=c["partitions_failed"],
-            partition_retries=c["partition_retries"], late_proofs_used=c["late_proofs_used"])
+            partition_retries=c["partition_retries"], late_proofs_used=c["late_proofs_used"],
+            partitions_discarded=c["partitions_discarded"])
 
 
 def _partition_rows(job: Job) -> list[PartitionRow]:
