@@ -11,8 +11,8 @@ from typing import Any
 
 from cuzk_mp.backends import get_backend
 from cuzk_mp.daemon import protocol as P
-from cuzk_mp.daemon.client import Client
-from cuzk_mp.errors import CuzkError
+from cuzk_mp.daemon.client import Client, write_outputs
+from cuzk_mp.errors import CuzkError, OutputError
 from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json, vk_from_json, vk_to_json
 from cuzk_mp.formats.zkey import read_zkey
 from cuzk_mp.groth16.keys import vk_from_zkey
@@ -65,8 +65,9 @@ def test_replaced_key_is_followed(tmp_path: Path) -> None:
         d.wait_ready()
         with d.client() as c:
             first = _prove(c, wtns)
-            vk1 = c.verification_key("mul")
-            assert vk1 == _vk_of(zkey) and _verifies(vk1, first)
+            vk1 = c.vk_reply("mul")
+            assert vk1.vk == _vk_of(zkey) and _verifies(vk1.vk, first)
+            assert first.key_digest is not None and first.key_digest == vk1.key_digest
             for step, in_place in (("renamed over, key resident", False), ("rewritten in place, key resident", True)):
                 vk_file = _new_key(r1cs, zkey, tmp_path, in_place)
                 reply = _prove(c, wtns)  # the old key is still resident in the prover
@@ -74,6 +75,14 @@ def test_replaced_key_is_followed(tmp_path: Path) -> None:
                 assert reply.state == "done", (step, reply)
                 assert vk == vk_file, f"{step}: the reported vk is not the file's"
                 assert _verifies(vk, reply), f"{step}: a done proof does not verify with the reported vk"
+                assert reply.key_digest == c.vk_reply("mul").key_digest != first.key_digest, step
+            out = tmp_path / "first-out"  # the first job's files after its key was replaced: no vk of another key
+            try:
+                write_outputs(c.await_proof(first.job_id), out, c.vk_reply("mul"))
+                raise AssertionError("the vk of a replaced key written beside the older key's proofs")
+            except OutputError as exc:
+                assert "replaced after job" in str(exc) and first.key_digest in str(exc), exc
+            assert sorted(p.name for p in out.iterdir()) == ["proof_0.json", "public_0.json"]
             for step, in_place in (("renamed over, key evicted", False), ("rewritten in place, key evicted", True)):
                 assert c.evict("mul").evicted
                 vk_file = _new_key(r1cs, zkey, tmp_path, in_place)

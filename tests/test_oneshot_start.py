@@ -143,7 +143,8 @@ from cuzk_mp.daemon.client import write_outputs
 proof = {"pi_a": ["1", "2", "1"], "protocol": "groth16", "curve": "bls12381"}
 part = types.SimpleNamespace(index=0, proof=proof, public=["33"])
 out = Path(sys.argv[1])
-write_outputs(types.SimpleNamespace(partitions=[part]), out, {"vk": []})
+write_outputs(types.SimpleNamespace(partitions=[part], key_digest=None), out,
+              types.SimpleNamespace(vk={"vk": []}, key_digest=None))
 print(sorted(p.name for p in out.iterdir()))
 """
 

@@ -296,7 +296,7 @@ def _finish_job(client: Any, reply: Any, out: Path | None) -> int:
 
     if out is not None and reply.state == "done":
         try:
-            write_outputs(reply, out, client.verification_key(reply.circuit_id))
+            write_outputs(reply, out, client.vk_reply(reply.circuit_id))
         except OutputError as e:
             _print(_summary(reply))
             raise OutputError(e.path, f"{e.problem}; the job is done: `cuzk-mp client await {reply.job_id} --out "

@@ -175,7 +175,11 @@ class AsyncClient:
 
     async def verification_key(self, circuit_id: str) -> dict[str, Any]:
         """The circuit's snarkjs verification key JSON."""
-        return (await self.request(P.GetVerificationKey(id=0, circuit_id=circuit_id))).vk
+        return (await self.vk_reply(circuit_id)).vk
+
+    async def vk_reply(self, circuit_id: str) -> P.VkReply:
+        """The circuit's verification key with the digest of the key file it was read from."""
+        return await self.request(P.GetVerificationKey(id=0, circuit_id=circuit_id))
 
     async def close(self) -> None:
         """Close the connection."""
@@ -261,7 +265,11 @@ class Client:
 
     def verification_key(self, circuit_id: str) -> dict[str, Any]:
         """The circuit's snarkjs verification key JSON."""
-        return self.request(P.GetVerificationKey(id=0, circuit_id=circuit_id), None).vk
+        return self.vk_reply(circuit_id).vk
+
+    def vk_reply(self, circuit_id: str) -> P.VkReply:
+        """The circuit's verification key with the digest of the key file it was read from."""
+        return self.request(P.GetVerificationKey(id=0, circuit_id=circuit_id), None)
 
     def close(self) -> None:
         """Close the connection (idempotent)."""
@@ -291,21 +299,28 @@ def synthetic_partitions(count: int, first_seed: int = 0) -> list[P.PartitionIn]
     return [P.PartitionIn(kind="synthetic", seed=first_seed + i) for i in range(count)]
 
 
-def write_outputs(reply: P.JobReply, out_dir: Path, vk: dict[str, Any] | None) -> list[Path]:
+def write_outputs(reply: P.JobReply, out_dir: Path, vk: P.VkReply | None) -> list[Path]:
     """Write the vk and, per proved partition, proof_<i>.json with public_<i>.json: each file whole
     (atomic.write_json), and each proof with its public signals or neither (atomic.write_json_files),
     as ``groth16 prove`` writes its two files. A file that cannot be written (a full disk) is an
-    OutputError naming it; the pairs before it stay written."""
+    OutputError naming it; the pairs before it stay written.
+
+    A vk of another key than the proofs' (the circuit's key file replaced after the job was proved:
+    the digests differ, :class:`~cuzk_mp.daemon.protocol.JobReply`) is not written: the proofs are,
+    then an OutputError says why verification_key.json is not there."""
     from cuzk_mp.errors import OutputError
     from cuzk_mp.formats.atomic import write_json, write_json_files  # no numpy: a client writes what it received
+
+    other_key = (vk is not None and None not in (reply.key_digest, vk.key_digest)
+                 and vk.key_digest != reply.key_digest)
 
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
         raise OutputError(out_dir, e.strerror or str(e)) from e
     written = []
-    if vk is not None:
-        write_json(out_dir / "verification_key.json", vk)
+    if vk is not None and not other_key:
+        write_json(out_dir / "verification_key.json", vk.vk)
         written.append(out_dir / "verification_key.json")
     for p in reply.partitions:
         if p.proof is not None:
@@ -313,4 +328,11 @@ def write_outputs(reply: P.JobReply, out_dir: Path, vk: dict[str, Any] | None) -
                                             (out_dir / f"public_{p.index}.json", p.public)]
             write_json_files(pair)
             written += [path for path, _ in pair]
+    if other_key:
+        assert vk is not None
+        raise OutputError(out_dir / "verification_key.json",
+                          f"the circuit's key file was replaced after job {reply.job_id} was proved (its proofs were "
+                          f"made with the key of header digest {reply.key_digest}, the daemon's key now has "
+                          f"{vk.key_digest}): its proofs are written; verify them with the earlier key's "
+                          "verification_key.json")
     return written

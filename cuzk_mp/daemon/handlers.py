@@ -271,8 +271,8 @@ class DaemonHandlers:
     async def _vk(self, m: P.GetVerificationKey) -> P.VkReply:
         self._circuit(m.circuit_id)
         assert self.view is not None
-        vk = await asyncio.to_thread(self.view.verification_key, m.circuit_id)
-        return P.VkReply(id=m.id, circuit_id=m.circuit_id, vk=vk)
+        vk, digest = await asyncio.to_thread(self.view.verification_key, m.circuit_id)
+        return P.VkReply(id=m.id, circuit_id=m.circuit_id, vk=vk, key_digest=digest)
 
     # -- status and metrics ---------------------------------------------------------------
 

@@ -45,6 +45,7 @@ class JobRecord:
     error: str | None = None
     error_kind: str | None = None
     cancel_requested: bool = False
+    key_digest: str | None = None  # the key file a done job's proofs were made with (JobReply.key_digest)
     results: dict[int, PartitionOut] = field(default_factory=dict)
     counted: set[int] = field(default_factory=set)
     done: asyncio.Event = field(default_factory=asyncio.Event)
@@ -61,7 +62,7 @@ class JobRecord:
         r = e.result
         if r is not None and r.state in TERMINAL:
             rec.state, rec.error, rec.error_kind = r.state, r.error, r.error_kind
-            rec.started_at, rec.finished_at = r.started_at, r.finished_at
+            rec.started_at, rec.finished_at, rec.key_digest = r.started_at, r.finished_at, r.key_digest
             rec.results = {p.index: p for p in r.partitions}
             rec.counted = set(rec.results)
             rec.done.set()
@@ -99,4 +100,4 @@ def reply_of(rec: JobRecord, id: int, timed_out: bool = False) -> JobReply:
         priority=rec.priority.name, partitions=pending_partitions(rec, fill),  # type: ignore[arg-type]
         submitted_at=rec.submitted_at, started_at=rec.started_at,
         finished_at=rec.finished_at, error=rec.error, error_kind=rec.error_kind,
-        timed_out=timed_out)
+        timed_out=timed_out, key_digest=rec.key_digest if rec.state == "done" else None)

@@ -388,6 +388,7 @@ class JobTable:
         rec.state = result.state if result.state in TERMINAL else "failed"
         self._release(rec)  # ended: its inputs are not needed again
         rec.error = result.error
+        rec.key_digest = result.key_digest
         rec.started_at = result.started_at or rec.started_at
         rec.finished_at = result.finished_at
         for p in result.partitions:

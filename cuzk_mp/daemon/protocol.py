@@ -202,6 +202,11 @@ class Submitted(Message):
 class JobReply(Message):
     """A job's state and, once finished, its partitions in order.
 
+    ``key_digest`` names the key a done job's proofs were made with (the hex digest of its zkey's
+    header; None for a generated key, or a job that did not end done): a vk verifies them where its
+    VkReply has the same ``key_digest``. The two differ only where the circuit's key file was
+    replaced after the job was proved.
+
     ``timed_out`` is true when AwaitProof's timeout passed first: the job goes on, and
     ``state`` says where it is.
     """
@@ -217,6 +222,7 @@ class JobReply(Message):
     error: str | None = None
     error_kind: str | None = None
     timed_out: bool = False
+    key_digest: str | None = None  # the key file the proofs were made with (see above)
 
 
 class CancelReply(Message):
@@ -255,10 +261,12 @@ class EvictReply(Message):
 
 
 class VkReply(Message):
-    """The verification key as snarkjs writes it (``verification_key.json``)."""
+    """The verification key as snarkjs writes it (``verification_key.json``); ``key_digest``: the key
+    file it was read from (JobReply's), None for a generated key."""
 
     circuit_id: str
     vk: dict[str, Any]
+    key_digest: str | None = None
 
 
 class ErrorReply(Message):

@@ -16,6 +16,7 @@ import os
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -23,13 +24,15 @@ import msgspec
 from cuzk_mp import __version__
 from cuzk_mp.daemon.budget import breakdown, largest
 from cuzk_mp.daemon.config import DaemonConfig
-from cuzk_mp.errors import CuzkError
+from cuzk_mp.errors import CuzkError, ResourceError
+from cuzk_mp.groth16.circuit_data_file import FileIdentity
 from cuzk_mp.daemon.job_records import JOB_STATES, TERMINAL, JobRecord
 from cuzk_mp.daemon.jobs import JobTable
 from cuzk_mp.pipeline.scheduler import PartitionRow
 from cuzk_mp.pipeline.status import EngineStatus
 
 MAX_FINISHED_IN_STATUS = 200
+VK_READS = 3  # reads of a verification key whose file changes under them before the call gives up
 
 
 def _shown_state(state: str, partition_states: list[str]) -> str:
@@ -52,7 +55,7 @@ class StatusView:
         self.budget = breakdown(cfg.memory_total_bytes, cfg.safety_margin_bytes, cfg.engine,
                                 largest((c.spec for c in cfg.circuits.values()), cfg.engine.backend),
                                 cfg.queue_bytes).as_dict()
-        self._vks: dict[str, tuple[object, dict[str, Any]]] = {}  # circuit -> (key file identity, vk)
+        self._vks: dict[str, tuple[FileIdentity | None, dict[str, Any]]] = {}  # circuit -> (key file identity, vk)
         self._vk_lock = threading.Lock()
 
     def _job(self, rec: JobRecord, live: list[PartitionRow] | None) -> dict[str, Any]:
@@ -144,44 +147,68 @@ class StatusView:
         return sum(len(r.partitions) - len(r.results) for r in self.jobs.jobs.values()
                    if r.state not in TERMINAL)
 
-    def verification_key(self, circuit_id: str) -> dict[str, Any]:
-        """The circuit's snarkjs verification key JSON, of its key file as it is now: kept per file
-        identity (:func:`cuzk_mp.pipeline.circuits.key_identity`; one header read per call), so a zkey replaced under
-        its path is served from then on, as the jobs accepted from then on are proved with it
-        (:func:`cuzk_mp.pipeline.circuits.pinned`)."""
+    def verification_key(self, circuit_id: str) -> tuple[dict[str, Any], str | None]:
+        """The circuit's snarkjs verification key JSON, of its key file as it is now, and that file's
+        :func:`~cuzk_mp.pipeline.circuits.key_digest` (None: no file): kept per file identity
+        (:func:`cuzk_mp.pipeline.circuits.key_identity`; one header read per call), so a zkey replaced
+        under its path is served from then on, as the jobs accepted from then on are proved with it
+        (:func:`cuzk_mp.pipeline.circuits.pinned`). A file replaced while its vk is read is read again:
+        the digest served is the one of the file the vk came from."""
+        from cuzk_mp.pipeline.circuits import key_digest
+
         with self._vk_lock:
             ident = self._key_identity(circuit_id)
             have = self._vks.get(circuit_id)
-            if have is None or have[0] != ident:
-                have = self._vks[circuit_id] = (ident, self._make_vk(circuit_id))
-            return have[1]
+            for _ in range(VK_READS):
+                if have is not None and have[0] == ident:
+                    break
+                vk, read = self._make_vk(circuit_id), ident
+                ident = self._key_identity(circuit_id)
+                if ident == read:
+                    have = self._vks[circuit_id] = (ident, vk)
+            else:
+                raise ResourceError(f"circuit {circuit_id}: its key file kept changing while its verification key "
+                                    f"was read ({VK_READS} times); ask again once it is written")
+            return have[1], key_digest(ident)
 
-    def _key_identity(self, circuit_id: str) -> object:
-        """What tells the circuit's current key file from an earlier one (None: no file, a generated key,
-        or a synthetic circuit's dev key that the engine makes once)."""
+    def _key_identity(self, circuit_id: str) -> FileIdentity | None:
+        """What tells the circuit's current key file from an earlier one (None: a generated key, no file),
+        the identity the engine pins a job to (:func:`cuzk_mp.pipeline.circuits.pinned`)."""
         from cuzk_mp.pipeline.circuits import key_identity
 
+        path = self._zkey_path(circuit_id, make=False)
+        return None if path is None else key_identity(path)
+
+    def _zkey_path(self, circuit_id: str, make: bool = True) -> str | os.PathLike[str] | None:
+        """The circuit's key file: its zkey, or a synthetic circuit's dev key in the parameter cache (the
+        engine makes it when the circuit is registered; ``make``: made again if it is not whole, which
+        builds the circuit: the identity read on every call makes it only where it is missing); None for
+        a key the provers generate."""
+        from cuzk_mp.pipeline.keys import ensure_synthetic_key, synthetic_key_paths
+
         spec = self.cfg.circuits[circuit_id].spec
-        return key_identity(spec.zkey) if spec.key_source == "file" and spec.zkey else None
+        if spec.key_source == "device":
+            return None
+        if spec.zkey is not None:
+            return spec.zkey
+        assert spec.synthetic is not None and spec.log_n is not None
+        made = synthetic_key_paths(spec.synthetic, spec.log_n, Path(self.cfg.param_cache).expanduser().resolve())[0]
+        if not make and made.exists():
+            return made
+        return ensure_synthetic_key(spec.synthetic, spec.log_n, self.cfg.param_cache, self.cfg.engine.backend)[0]
 
     def _make_vk(self, circuit_id: str) -> dict[str, Any]:
         from cuzk_mp.formats.snarkjs_json import vk_to_json
         from cuzk_mp.formats.zkey import read_zkey
         from cuzk_mp.groth16.keys import vk_from_zkey
-        from cuzk_mp.pipeline.keys import ensure_synthetic_key
 
-        spec = self.cfg.circuits[circuit_id].spec
-        if spec.key_source == "device":  # no key file: the provers generate the key and report its vk
+        zkey_path = self._zkey_path(circuit_id)
+        if zkey_path is None:  # no key file: the provers generate the key and report its vk
             raw = self.generated_vk(circuit_id) if self.generated_vk is not None else None
             if raw is None:
                 raise CuzkError(f"circuit {circuit_id}: the provers reported no verification key for its "
                                 "generated key")
             return dict(json.loads(raw))
-        zkey_path = spec.zkey
-        if zkey_path is None:
-            assert spec.synthetic is not None and spec.log_n is not None
-            zkey_path, _ = ensure_synthetic_key(spec.synthetic, spec.log_n, self.cfg.param_cache,
-                                                self.cfg.engine.backend)
         zkey = read_zkey(zkey_path)
         try:
             return vk_to_json(vk_from_zkey(zkey))

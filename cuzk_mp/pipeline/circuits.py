@@ -209,6 +209,13 @@ def key_identity(zkey: str | os.PathLike[str]) -> FileIdentity:
     return FileIdentity(ident.size, 0, ident.digest)
 
 
+def key_digest(ident: FileIdentity | None) -> str | None:
+    """How replies name the key a job's proofs were made with, or a served vk's key: the
+    hex digest of its key file's header (:func:`key_identity`; the header holds the setup's
+    points). Equal digests: the vk verifies those proofs. None for a key with no file (generated)."""
+    return None if ident is None else ident.digest.hex()
+
+
 def key_changed(ref: msg.CircuitRef) -> str | None:
     """Why the zkey file of a pinned reference is no longer the key the job was accepted with
     (None while it is, or for a reference with no pinned file): the message a partition fails with."""

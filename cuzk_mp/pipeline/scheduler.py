@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from .circuits import key_changed
+from .circuits import key_changed, key_digest
 from .messages import CircuitRef
 from .timeline import ProverClocks, synthesis_spans
 from .types import JobResult, JobSpec, PartitionResult, StageSpan
@@ -395,7 +395,7 @@ class Scheduler:
             self.tasks.pop(task.task_id, None)
         results = [r for r in job.results if r is not None]  # every partition has one by now
         return JobResult(job.spec.job_id, job.spec.circuit_id, state, results, error, job.submitted_at,
-                         job.started_at, finished_at)
+                         job.started_at, finished_at, key_digest(job.circuit.zkey_id))
 
     def uses_circuit(self, circuit_id: str) -> bool:
         """True if an unfinished job proves with this circuit."""

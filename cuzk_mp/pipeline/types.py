@@ -179,6 +179,7 @@ class JobResult:
     submitted_at: float
     started_at: float | None
     finished_at: float
+    key_digest: str | None = None  # the key file its proofs were made with (circuits.key_digest); None: a generated key
 
 
 def field_key(names: dict[str, str] | None = None) -> Callable[[str], str]:
