@@ -193,3 +193,35 @@ def test_the_same_key_touched_or_copied_is_not_a_change(tmp_path: Path) -> None:
     _new_key(r1cs, zkey, tmp_path, in_place=True)
     changed = key_changed(ref)
     assert changed is not None and str(zkey) in changed and "header digest" in changed
+
+
+def test_a_vk_read_while_its_key_file_is_replaced_is_read_again(tmp_path: Path) -> None:
+    """GetVerificationKey serves the vk with the digest of the file it was read from: where the file is
+    replaced while the vk is read, the vk read is of either key, so it is read again."""
+    import threading
+    from types import SimpleNamespace
+
+    from cuzk_mp.daemon.status import StatusView
+    from cuzk_mp.pipeline.circuits import key_digest, key_identity
+
+    zkey, r1cs = tmp_path / "mul.zkey", tmp_path / "mul.r1cs"
+    shutil.copyfile(SNARKJS_FILES / "mul.r1cs", r1cs)
+    setup_file(str(r1cs), str(zkey), get_backend("cpu"))
+    view = object.__new__(StatusView)  # its vk part alone: a config of one circuit
+    spec = SimpleNamespace(key_source="file", zkey=str(zkey), synthetic=None, log_n=None)
+    view.cfg = SimpleNamespace(circuits={"mul": SimpleNamespace(spec=spec)})  # type: ignore[assignment]
+    view._vks, view._vk_lock, view.generated_vk = {}, threading.Lock(), None
+    make, reads = view._make_vk, []
+
+    def replaced_while_read(circuit_id: str) -> dict[str, Any]:
+        vk = make(circuit_id)
+        if not reads:
+            _new_key(r1cs, zkey, tmp_path, in_place=False)
+        reads.append(vk)
+        return vk
+
+    view._make_vk = replaced_while_read  # type: ignore[method-assign]
+    vk, digest = view.verification_key("mul")
+    assert len(reads) == 2 and vk == _vk_of(zkey) != reads[0]
+    assert digest == key_digest(key_identity(zkey))
+    assert view.verification_key("mul") == (vk, digest) and len(reads) == 2  # kept: the file has not changed since
