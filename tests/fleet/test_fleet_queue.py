@@ -488,3 +488,46 @@ def test_prune_forgets_a_box_that_stopped_heartbeating_without_leaving(fleet_dsn
             await f.close()
 
     run(main())
+
+
+def test_a_heartbeat_never_stops_a_claim_made_again_while_it_ran(fleet_dsn: str, tmp_path: Path) -> None:
+    """A heartbeat that read a job as "returned to the queue" (this box failed it for a retry) must
+    not stop the claim this box made of it again before that heartbeat ended: stopped, the job lay
+    running under nobody's renewal until the stall timeout."""
+    from contextlib import asynccontextmanager
+
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a", heartbeats=False)
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        await a.claim(["x"], 1)
+        steps = [asyncio.Event() for _ in range(4)]  # heartbeat at its read, go on, read done, go on
+        tx = a._tx
+
+        @asynccontextmanager
+        async def pausing_tx():  # type: ignore[no-untyped-def]
+            steps[0].set()
+            await steps[1].wait()
+            async with tx() as got:
+                yield got
+                steps[2].set()
+                await steps[3].wait()
+
+        a._tx = pausing_tx  # type: ignore[method-assign]
+        beat = asyncio.create_task(a.heartbeat())
+        await steps[0].wait()
+        a._tx = tx  # type: ignore[method-assign]
+        assert await a.fail(ref.job_id, "prover died", error_kind="WorkerDied") == "queued"
+        steps[1].set()
+        await steps[2].wait()  # the heartbeat read the job as queued
+        await asyncio.sleep(0.05)
+        [again] = await a.claim(["x"], 1)
+        steps[3].set()
+        await beat
+        assert not again.aborted.is_set() and a.held() == [again]
+        assert await a.heartbeat() == []
+        assert await a.complete(ref.job_id, b"r")
+        await a.close()
+
+    run(main())

@@ -268,8 +268,10 @@ class Fleet(FleetSubmits):
         """
         lost: dict[str, str] = {}
         # The claims as they are now: claim() and complete() may change self._held while this
-        # transaction awaits, and a job claimed after the read below must not look "removed".
-        checked = list(self._held)
+        # transaction awaits, and a job claimed after the read below must not look "removed";
+        # nor may a job this box settled and claimed again meanwhile lose its new claim for
+        # what the read said of the old one (see the end).
+        checked = dict(self._held)
         async with self._tx() as (conn, queries):
             # the row is this process's, or free again: the process that took the name over has left,
             # or has not renewed it for longer than the stall timeout (killed)
@@ -299,7 +301,7 @@ class Fleet(FleetSubmits):
                             "stalled); this process holds it again", self.box)
             if checked:
                 cur = await conn.execute("SELECT job_id, state, owner, box FROM cuzk_fleet_jobs "
-                                         "WHERE job_id = ANY(%s)", (checked,))
+                                         "WHERE job_id = ANY(%s)", (list(checked),))
                 rows = {r[0]: r for r in await cur.fetchall()}
                 for job_id in checked:
                     reason = _lost_reason(rows.get(job_id), self.instance)
@@ -308,6 +310,8 @@ class Fleet(FleetSubmits):
                 keep = [h.queue_job.id for j in checked if j not in lost and (h := self._held.get(j)) is not None]
                 if keep:
                     await queries.update_heartbeat(keep)
+        for job_id in [j for j in lost if self._held.get(j, checked[j]) is not checked[j]]:
+            del lost[job_id]  # claimed again while this ran: the read was about the claim before
         for job_id, reason in lost.items():
             self._abort(job_id, reason)
         return list(lost)
