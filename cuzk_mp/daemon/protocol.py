@@ -404,13 +404,13 @@ def scan_frame(data: bytes, max_depth: int, max_items: int) -> tuple[int, str | 
             return request_id, too_deep or (f"{n - pos} bytes after the message" if pos < n else None)
 
 
-def _text(s: str) -> str:
-    """``s`` as text msgpack can carry (lone surrogates escaped)."""
+def encodable_text(s: str) -> str:
+    """``s`` as text UTF-8 can carry, for msgpack or a database (lone surrogates escaped)."""
     return s if s.isascii() else s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
 def error_reply(id: int, kind: str, message: str, traceback_text: str = "") -> ErrorReply:
     """An ErrorReply with its texts truncated to a bounded size (dask error_message) and made
     encodable whatever they quote."""
-    return ErrorReply(id=id, kind=kind, message=_text(message[:MAX_ERROR_TEXT]),
-                      traceback_text=_text(traceback_text[-MAX_ERROR_TEXT:]))
+    return ErrorReply(id=id, kind=kind, message=encodable_text(message[:MAX_ERROR_TEXT]),
+                      traceback_text=encodable_text(traceback_text[-MAX_ERROR_TEXT:]))

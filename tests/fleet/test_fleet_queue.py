@@ -531,3 +531,30 @@ def test_a_heartbeat_never_stops_a_claim_made_again_while_it_ran(fleet_dsn: str,
         await a.close()
 
     run(main())
+
+
+def test_a_run_whose_error_the_database_cannot_take_as_text_still_ends(fleet_dsn: str, tmp_path: Path) -> None:
+    """An error may quote anything (a circuit's message, a file name): a NUL or an unpaired surrogate
+    in it is stored escaped. Refused by the database, the failure was never recorded and the box
+    renewed the claim of a job that no longer ran, for ever."""
+    [nul, surrogate] = make_inputs(tmp_path, 2)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a", max_attempts=1)
+        errors = {(await a.submit(None, "x", i.ref, i.sha256)).job_id: e for i, e in (
+            (nul, ProofError("the prover said a\0b")), (surrogate, InputError("no such file: /in/\udcff.json")))}
+
+        async def run_job(c):  # type: ignore[no-untyped-def]
+            raise errors[c.job_id]
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker(a, run_job, resident=lambda: ["x"], capacity=lambda: 2).run(stop))
+        ended = [await a.await_result(j, 5) for j in errors]
+        stop.set()
+        await task
+        assert [(st.state, st.error) for st in ended] == [
+            ("failed", "the prover said a\\x00b"), ("failed", "no such file: /in/\\udcff.json")]
+        assert a.held() == []
+        await a.close()
+
+    run(main())

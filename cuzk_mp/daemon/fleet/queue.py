@@ -59,6 +59,7 @@ from cuzk_mp.daemon.fleet.events import EventHandlers, FleetEvents
 from cuzk_mp.daemon.fleet.models import FINAL_STATES, Claimed, JobState, entrypoint
 from cuzk_mp.daemon.fleet.store import first_connection, new_pool, notify
 from cuzk_mp.daemon.fleet.submits import FleetSubmits
+from cuzk_mp.daemon.protocol import encodable_text
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
 
@@ -360,7 +361,10 @@ class Fleet(FleetSubmits):
         """Record a failed run: back to the queue while attempts remain and ``retry``, else failed.
 
         Acts only while this process holds the claim; otherwise returns the job's state unchanged.
+        ``error`` is stored as PostgreSQL takes text (:func:`stored_text`): a failure the database
+        refused would never be recorded, and the job would stay running under this box for ever.
         """
+        error = stored_text(error)
         async with self._tx() as (conn, queries):
             await self._lock_queue_row(conn, job_id)
             cur = await conn.execute("SELECT state, owner, attempts, queue_id, circuit_id FROM cuzk_fleet_jobs "
@@ -515,6 +519,12 @@ def _lost_reason(row: tuple[Any, ...] | None, instance: uuid.UUID) -> str:
     if owner != instance:
         return f"claimed again by box {box}" if owner is not None else "returned to the queue"
     return ""
+
+
+def stored_text(s: str) -> str:
+    """``s`` as PostgreSQL's text and jsonb take it (an error may quote anything: a circuit's own
+    message, a file name): lone surrogates and NUL, which they refuse, escaped."""
+    return encodable_text(s).replace("\0", "\\x00")
 
 
 def _traceback(queue_id: int, kind: str, message: str) -> pgq.TracebackRecord:
