@@ -195,6 +195,22 @@ def test_stored_inputs_go_once_stale_and_named_by_no_job(fleet_dsn: str, tmp_pat
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(r.ref).name for r in (kept, fresh))
 
 
+def test_the_partial_file_of_a_store_that_never_ended_goes_once_stale(tmp_path: Path) -> None:
+    """A box killed while it wrote a submit's inputs leaves its temporary file in the shared directory;
+    pruning takes it once it is as old as stale inputs, never a store still being written."""
+    import os
+    import time
+
+    from cuzk_mp.daemon.fleet.inputs import INCOMING_PREFIX, remove_stale_inputs, stale_inputs
+    [stored] = make_inputs(tmp_path, 1)
+    left, writing = tmp_path / f"{INCOMING_PREFIX}killed", tmp_path / f"{INCOMING_PREFIX}writing"
+    for path in (left, writing):
+        path.write_bytes(b"the first bytes of a witness")
+    os.utime(left, (time.time() - 100, time.time() - 100))
+    assert stale_inputs(tmp_path, 50) == [left]
+    assert remove_stale_inputs(stale_inputs(tmp_path, 50), 50) == 1
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([Path(stored.ref).name, writing.name])
+
 def test_a_job_is_found_by_its_request_id_and_only_by_its_client(fleet_dsn: str, tmp_path: Path) -> None:
     [inp] = make_inputs(tmp_path, 1)
 

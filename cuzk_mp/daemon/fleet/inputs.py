@@ -8,7 +8,8 @@ truncated copy, a stale mount or a swapped file into a clear InputError instead 
 
 References are absolute paths, ``file://`` URLs or ``http(s)://`` URLs (read with a timeout and
 a size bound). Stored inputs are removed by :func:`remove_stale_inputs` once no job names them
-and nobody stored them again for the retention time (a re-store refreshes the file's mtime).
+and nobody stored them again for the retention time (a re-store refreshes the file's mtime), with
+the partial files of stores that never ended.
 Nothing here knows about the queue.
 """
 
@@ -34,6 +35,7 @@ URL_SCHEMES = ("file", "http", "https")
 DEFAULT_MAX_INPUT_BYTES = 4 << 30
 READ_CHUNK = 1 << 20
 INPUTS_SUFFIX = ".inputs"
+INCOMING_PREFIX = ".incoming-"  # a store in progress (renamed to its .inputs name once written)
 
 
 @dataclass(frozen=True)
@@ -72,7 +74,7 @@ def store_inputs(data: bytes, directory: Path) -> InputsRef:
     except FileNotFoundError:  # absent, or removed as stale a moment ago
         kept = False
     if not kept:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=".incoming-")
+        fd, tmp = tempfile.mkstemp(dir=directory, prefix=INCOMING_PREFIX)
         try:
             with os.fdopen(fd, "wb") as f:
                 f.write(data)
@@ -84,16 +86,19 @@ def store_inputs(data: bytes, directory: Path) -> InputsRef:
 
 
 def stale_inputs(directory: Path, older_than_s: float) -> list[Path]:
-    """Stored inputs in ``directory`` not stored (or stored again) for ``older_than_s`` seconds."""
+    """Stored inputs in ``directory`` not stored (or stored again) for ``older_than_s`` seconds, and
+    the partial files of stores that never ended (a box killed or powered off while it wrote)."""
     cutoff = time.time() - older_than_s
     try:
-        entries = list(directory.glob(f"*{INPUTS_SUFFIX}"))
+        entries = [*directory.glob(f"*{INPUTS_SUFFIX}"), *directory.glob(f"{INCOMING_PREFIX}*")]
     except OSError:
         return []
     out = []
     for path in entries:
+        name = path.name
         with contextlib.suppress(OSError):
-            if SHA256_RE.match(path.name[:-len(INPUTS_SUFFIX)]) and path.stat().st_mtime < cutoff:
+            if (name.startswith(INCOMING_PREFIX) or SHA256_RE.match(name[:-len(INPUTS_SUFFIX)])) \
+                    and path.stat().st_mtime < cutoff:
                 out.append(path)
     return out
 
