@@ -558,3 +558,30 @@ def test_a_run_whose_error_the_database_cannot_take_as_text_still_ends(fleet_dsn
         await a.close()
 
     run(main())
+
+
+def test_a_job_whose_boxes_keep_dying_under_it_fails_once_its_attempts_are_used(fleet_dsn: str,
+                                                                                tmp_path: Path) -> None:
+    """A run that ends with its box gone (its claim lapsed) is an attempt: a job that kills every box
+    that runs it (a circuit that exhausts memory) ends failed after max_attempts, instead of being
+    taken over by box after box for ever."""
+    [inp] = make_inputs(tmp_path, 1)
+    lapse = {"heartbeats": False, "heartbeat_interval_s": 0.3, "stall_timeout_s": 1.0, "max_attempts": 2}
+
+    async def main() -> None:
+        a, b, c = [await connect(fleet_dsn, box, **lapse) for box in "abc"]
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        [first] = await a.claim(["x"], 1)
+        await asyncio.sleep(1.3)  # a dies: its claim lapses
+        [second] = await b.claim(["x"], 1)
+        assert (first.attempts, second.attempts, second.claims) == (0, 1, 2)
+        await asyncio.sleep(1.3)  # b dies too, and that was the last attempt
+        assert await c.claim(["x"], 1) == []
+        st = await c.await_result(ref.job_id, 5)
+        assert (st.state, st.attempts, st.error_kind) == ("failed", 2, "WorkerDied")
+        assert "box b stopped renewing its claim" in (st.error or "") and "not run again" in (st.error or "")
+        assert await c.claim(["x"], 1) == [] and await b.complete(ref.job_id, b"late") is False
+        for f in (a, b, c):
+            await f.close()
+
+    run(main())

@@ -191,7 +191,10 @@ class Fleet(FleetSubmits):
     async def claim(self, resident_circuits: Sequence[str], capacity: int) -> list[Claimed]:
         """Claim up to ``capacity`` jobs of the circuits whose keys this box holds, best first.
 
-        Jobs whose box stopped renewing its claim for ``stall_timeout`` are claimed again here.
+        Jobs whose box stopped renewing its claim for ``stall_timeout`` are claimed again here; that
+        run counts as a failed attempt (its box was killed, ran out of memory, or lost the database),
+        and a job whose attempts are used up so ends ``failed`` (:meth:`_fail_lapsed`) instead of being
+        taken over for ever: a job that kills every box that runs it would take the fleet down box by box.
         """
         self._resident, self._free_slots = tuple(resident_circuits), max(capacity, 0)
         if capacity <= 0 or not resident_circuits:
@@ -202,6 +205,10 @@ class Fleet(FleetSubmits):
             picked = await queries.dequeue(
                 batch_size=capacity, entrypoints=eps, queue_manager_id=QueueManagerId(self.instance),
                 global_concurrency_limit=None, heartbeat_timeout=timedelta(seconds=self.cfg.stall_timeout_s))
+            if not picked:
+                return []
+            ended = await self._fail_lapsed(conn, queries, picked)
+            picked = [j for j in picked if int(j.id) not in ended]
             if not picked:
                 return []
             cur = await conn.cursor(row_factory=dict_row).execute(
@@ -217,6 +224,30 @@ class Fleet(FleetSubmits):
             if orphans:  # queue rows without a live job: settle them so no box picks them again
                 await queries.log_jobs([(j, "deleted", None) for j in orphans])
         return [c for j in picked if int(j.id) in rows and (c := self._hold(rows[int(j.id)], j)) is not None]
+
+    async def _fail_lapsed(self, conn: Any, queries: Any, picked: list[pgq.Job]) -> set[int]:
+        """Count an attempt for each picked job still ``running`` under another process's claim (the
+        queue hands it out again because that claim lapsed: the run ended without a result), and end
+        those whose attempts are used up ``failed``, settled in the queue; their queue ids."""
+        cur = await conn.execute(
+            "UPDATE cuzk_fleet_jobs SET attempts = attempts + 1 WHERE queue_id = ANY(%s) AND state = 'running' "
+            "AND owner IS DISTINCT FROM %s RETURNING queue_id, job_id, attempts, box",
+            ([int(j.id) for j in picked], self.instance))
+        ended: set[int] = set()
+        by_id = {int(j.id): j for j in picked}
+        for queue_id, job_id, attempts, box in await cur.fetchall():
+            if attempts < self.cfg.max_attempts:
+                continue
+            error = (f"box {box} stopped renewing its claim while it ran the job (killed, out of memory, or cut off "
+                     f"from the database) and attempt {attempts} of max_attempts = {self.cfg.max_attempts} was "
+                     "the last: not run again")
+            await queries.log_jobs([(by_id[queue_id], "exception", _traceback(queue_id, "WorkerDied", error))])
+            await conn.execute("UPDATE cuzk_fleet_jobs SET state = 'failed', owner = NULL, error = %s, "
+                               "error_kind = 'WorkerDied', finished_at = now() WHERE job_id = %s", (error, job_id))
+            await notify(conn, {"event": "finished", "job_id": job_id})
+            log.warning("fleet: job %s failed: %s", job_id, error)
+            ended.add(queue_id)
+        return ended
 
     def _hold(self, row: dict[str, Any], queue_job: pgq.Job) -> Claimed | None:
         """Record a claim; None if this process already runs the job (its own lapsed claim re-picked)."""
