@@ -50,6 +50,7 @@ PTAU_POWER = 10
 RECIPE = "oracle-1"  # bump when a build step below changes, to invalidate old cache entries
 R_MOD = 0x73EDA753299D7D483339D80809A1D80553BDA402FFFE5BFEFFFFFFFF00000001
 NODE_TIMEOUT_S = 900
+BEACON_HASH = "0123456789abcdef" * 4  # the `zkey beacon` hash of keys made with a beacon (32 bytes, hex)
 
 
 class OracleFailed(RuntimeError):
@@ -106,10 +107,11 @@ def cuzk(*args: object, check: bool = False,
     return proc
 
 
-def compile_circuit(src: Path, out_dir: Path) -> tuple[Path, Path]:
-    """circom2 ``src`` for BLS12-381 into ``out_dir``; returns (r1cs, wasm) paths."""
+def compile_circuit(src: Path, out_dir: Path, simplification: str = "--O2") -> tuple[Path, Path]:
+    """circom2 ``src`` for BLS12-381 into ``out_dir``; returns (r1cs, wasm) paths.
+    ``simplification``: circom's --O0 / --O1 / --O2 (--O0 keeps the constraints as written)."""
     out_dir.mkdir(parents=True, exist_ok=True)
-    run_node("circom2/cli.js", src, "--r1cs", "--wasm", "--sym", "--O2", "-p", "bls12381",
+    run_node("circom2/cli.js", src, "--r1cs", "--wasm", "--sym", simplification, "-p", "bls12381",
              "-l", NODE_MODULES, "-o", out_dir)
     return out_dir / f"{src.stem}.r1cs", out_dir / f"{src.stem}_js" / f"{src.stem}.wasm"
 
@@ -125,12 +127,18 @@ def powersoftau(power: int, out_dir: Path) -> Path:
     return final
 
 
-def groth16_setup(r1cs: Path, ptau: Path, zkey: Path) -> Path:
-    """snarkjs ``groth16 setup`` then one ``zkey contribute`` (so sections 1..10 in order)."""
-    z0 = zkey.with_name(zkey.stem + "_0000.zkey")
-    snarkjs("groth16", "setup", r1cs, ptau, z0)
-    snarkjs("zkey", "contribute", z0, zkey, "--name=cuzk-mp tests", "-e=cuzk-mp oracle")
-    z0.unlink()
+def groth16_setup(r1cs: Path, ptau: Path, zkey: Path, contributions: int = 1, beacon: bool = False) -> Path:
+    """snarkjs ``groth16 setup`` then ``contributions`` ``zkey contribute`` rounds (one or more puts the
+    sections in order, 1..10), then, with ``beacon``, a ``zkey beacon`` (2^10 hash iterations)."""
+    steps = [zkey.with_name(f"{zkey.stem}_{i:04d}.zkey") for i in range(contributions + beacon)] + [zkey]
+    snarkjs("groth16", "setup", r1cs, ptau, steps[0])
+    for i in range(contributions):
+        snarkjs("zkey", "contribute", steps[i], steps[i + 1], f"--name=cuzk-mp tests {i + 1}",
+                f"-e=cuzk-mp oracle {i + 1}")
+    if beacon:
+        snarkjs("zkey", "beacon", steps[-2], zkey, BEACON_HASH, 10, "-n=cuzk-mp tests beacon")
+    for step in steps[:-1]:
+        step.unlink()
     return zkey
 
 
@@ -253,6 +261,18 @@ def _sha_input(rng: random.Random) -> dict[str, object]:
     return {"msg": [rng.randrange(256) for _ in range(55)]}
 
 
+def _no_public_input(rng: random.Random) -> dict[str, object]:
+    return {"a": _field(rng), "b": _field(rng)}
+
+
+def _public_only_input(rng: random.Random) -> dict[str, object]:
+    return {"x": [_field(rng) for _ in range(10)]}
+
+
+def _unused_wires_input(rng: random.Random) -> dict[str, object]:
+    return {name: _field(rng) for name in ("a", "b", "p", "q")}
+
+
 @dataclass(frozen=True)
 class CircuitSpec:
     """One test circuit: its source, whether snarkjs sets it up, and a valid random input."""
@@ -260,6 +280,16 @@ class CircuitSpec:
     name: str
     snarkjs_setup: bool  # fits PTAU_POWER; False: keyed by `cuzk-mp setup` only
     sample_input: Callable[[random.Random], dict[str, object]]
+    simplification: str = "--O2"  # circom's flag (--O0 keeps a shape that --O2 would simplify away)
+    contributions: int = 1  # snarkjs `zkey contribute` rounds of its key
+    beacon: bool = False  # then a `zkey beacon`
+
+    @property
+    def build_options(self) -> list[str]:
+        """What differs from the defaults (part of the cache digests; none for the default recipe)."""
+        return [f"{field}={getattr(self, field)}" for field, default in
+                (("simplification", "--O2"), ("contributions", 1), ("beacon", False))
+                if getattr(self, field) != default]
 
     @property
     def source(self) -> Path:
@@ -274,6 +304,17 @@ CIRCUITS = {spec.name: spec for spec in (
     CircuitSpec("sha256_block", False, _sha_input),
 )}
 SNARKJS_CIRCUITS = [name for name, spec in CIRCUITS.items() if spec.snarkjs_setup]
+# Odd but valid shapes, snarkjs-keyed, for the interop tests alone (tests/circuits/<name>.circom
+# says what each is about): no public signal; only public signals (20, and no private wire); wires
+# in no constraint and linear constraints (A, B empty) under --O0, its key with three contributions
+# and a beacon. Their domains (nConstraints + nPublic + 1 rows: 2, 31, 9) lie on, below and above
+# a power of two.
+SHAPE_CIRCUITS = {spec.name: spec for spec in (
+    CircuitSpec("no_public", True, _no_public_input),
+    CircuitSpec("public_only", True, _public_only_input),
+    CircuitSpec("unused_wires", True, _unused_wires_input, simplification="--O0", contributions=3, beacon=True),
+)}
+ALL_CIRCUITS = {**CIRCUITS, **SHAPE_CIRCUITS}
 
 
 @dataclass(frozen=True)
@@ -287,7 +328,7 @@ class CircuitFiles:
 
 @dataclass(frozen=True)
 class SnarkjsKey:
-    """A snarkjs Groth16 key (after one contribution) and its exported verification key."""
+    """A snarkjs Groth16 key (after its circuit's contributions, and beacon) and its exported verification key."""
 
     zkey: Path
     vk: Path
@@ -304,12 +345,13 @@ class Oracle:
     def circuit(self, name: str) -> CircuitFiles:
         """The compiled .r1cs and .wasm of test circuit ``name``."""
         if name not in self._circuits:
-            source = CIRCUITS[name].source
+            spec = ALL_CIRCUITS[name]
 
             def build(d: Path) -> None:
-                compile_circuit(source, d)
+                compile_circuit(spec.source, d, spec.simplification)
 
-            folder = cached_build(f"circuit-{name}", _digest(source.read_bytes()), build)
+            digest = _digest(spec.source.read_bytes(), *spec.build_options)
+            folder = cached_build(f"circuit-{name}", digest, build)
             r1cs, wasm = folder / f"{name}.r1cs", folder / f"{name}_js" / f"{name}.wasm"
             self._circuits[name] = CircuitFiles(name, r1cs, wasm)
         return self._circuits[name]
@@ -326,16 +368,19 @@ class Oracle:
         return self._ptau
 
     def snarkjs_key(self, name: str) -> SnarkjsKey:
-        """snarkjs's Groth16 zkey (sections 1..10) and verification key for ``name``."""
+        """snarkjs's Groth16 zkey (sections 1..10; its spec's contributions and beacon) and verification
+        key for ``name``."""
         if name not in self._keys:
-            if not CIRCUITS[name].snarkjs_setup:
+            spec = ALL_CIRCUITS[name]
+            if not spec.snarkjs_setup:
                 raise ValueError(f"{name} is too large for the 2^{PTAU_POWER} test ptau")
             files, ptau = self.circuit(name), self.ptau()
 
             def build(d: Path) -> None:
-                export_vk(groth16_setup(files.r1cs, ptau, d / f"{name}.zkey"), d / "vk.json")
+                zkey = groth16_setup(files.r1cs, ptau, d / f"{name}.zkey", spec.contributions, spec.beacon)
+                export_vk(zkey, d / "vk.json")
 
-            digest = _digest(files.r1cs.read_bytes(), ptau.parent.name)
+            digest = _digest(files.r1cs.read_bytes(), ptau.parent.name, *spec.build_options)
             folder = cached_build(f"zkey-{name}", digest, build)
             self._keys[name] = SnarkjsKey(folder / f"{name}.zkey", folder / "vk.json")
         return self._keys[name]
