@@ -7,7 +7,10 @@ valid point (its negation: on the curve and in the subgroup) and a changed publi
 both; ``cuzk-mp zkey export verificationkey`` writes what snarkjs writes; and the zkey of
 ``cuzk-mp setup`` (development setup) works with ``snarkjs groth16 prove`` / ``verify``.
 The SHA-256 circuit (2^15 rows, too large for a quick snarkjs ptau) is keyed by ``cuzk-mp
-setup`` only. Everything runs through the CLIs, as a user would.
+setup`` only. The same checks run on odd but valid shapes (tests/oracle.py ``SHAPE_CIRCUITS``): no
+public signal, only public signals, wires in no constraint and constraints with empty A and B (its
+key after three contributions and a beacon), domains on, below and above a power of two.
+Everything runs through the CLIs, as a user would.
 """
 
 from __future__ import annotations
@@ -24,7 +27,7 @@ import pytest
 
 from cuzk_mp.algebra.field import Q_MOD, R_MOD
 from tests.oracle import (
-    CIRCUITS, SNARKJS_CIRCUITS, CircuitFiles, Oracle, cuzk, export_vk, groth16_prove,
+    ALL_CIRCUITS, BEACON_HASH, SHAPE_CIRCUITS, SNARKJS_CIRCUITS, CircuitFiles, Oracle, cuzk, export_vk, groth16_prove,
     groth16_verify, groth16_verify_many, write_json,
 )
 from tests.oracle import oracle  # noqa: F401  (the session fixture, for pytest to find)
@@ -51,7 +54,7 @@ class Case:
         if not path.exists():
             rng = random.Random(f"{SEED}-{self.name}")
             print(f"seed {SEED}-{self.name}")
-            inputs = write_json(self.folder / "input.json", CIRCUITS[self.name].sample_input(rng))
+            inputs = write_json(self.folder / "input.json", ALL_CIRCUITS[self.name].sample_input(rng))
             _ok(cuzk("wtns", "calculate", self.files.wasm, inputs, path))
         return path
 
@@ -89,7 +92,7 @@ def _negate(proof: dict, key: str) -> dict:
     return bad
 
 
-@pytest.fixture(scope="module", params=SNARKJS_CIRCUITS)
+@pytest.fixture(scope="module", params=[*SNARKJS_CIRCUITS, *SHAPE_CIRCUITS])
 def case(request: pytest.FixtureRequest, oracle: Oracle,  # noqa: F811
          tmp_path_factory: pytest.TempPathFactory) -> Case:
     name = request.param
@@ -109,17 +112,25 @@ def test_snarkjs_proof_passes_cuzk_verify(case: Case) -> None:
     assert _cuzk_verifies(case.vk, proof, public, case.folder, "snarkjs_again")
 
 
+def _bumped(public: list, i: int) -> list:
+    """The public signals with signal ``i`` plus one."""
+    bumped = list(public)
+    bumped[i] = str((int(bumped[i]) + 1) % R_MOD)
+    return bumped
+
+
 def test_tampered_proofs_fail_both_verifiers(case: Case) -> None:
     proof, public = case.proof("snarkjs")
-    bumped = list(public)
-    bumped[0] = str((int(bumped[0]) + 1) % R_MOD)
     variants = {key: (public, _negate(proof, key)) for key in ("pi_a", "pi_b", "pi_c")}
-    variants["public[0]+1"] = (bumped, proof)
+    if public:  # the first and the last signal (unused_wires: its public input in no constraint)
+        variants["public_first"] = (_bumped(public, 0), proof)
+    if len(public) > 1:
+        variants["public_last"] = (_bumped(public, -1), proof)
     # Control first: the untampered proof must pass, or the failures below prove nothing.
     verdicts = groth16_verify_many(case.vk, [(public, proof), *variants.values()])
     assert verdicts == [True] + [False] * len(variants), dict(zip(["none", *variants], verdicts))
     for tag, (pub, prf) in variants.items():
-        assert not _cuzk_verifies(case.vk, prf, pub, case.folder, tag.replace("[0]+1", "")), tag
+        assert not _cuzk_verifies(case.vk, prf, pub, case.folder, tag), tag
 
 
 def test_vk_export_equals_snarkjs(case: Case) -> None:
@@ -135,13 +146,47 @@ def test_dev_setup_zkey_works_with_snarkjs(case: Case) -> None:
     ours = case.folder / "dev_vk_cuzk.json"
     _ok(cuzk("zkey", "export", "verificationkey", dev_zkey, ours))
     assert json.loads(ours.read_text()) == json.loads(vk.read_text())
-    proof, public = case.folder / "dev_proof.json", case.folder / "dev_public.json"
-    groth16_prove(dev_zkey, case.wtns, proof, public)
-    assert groth16_verify(vk, public, proof)
-    assert _cuzk_verifies(vk, json.loads(proof.read_text()), json.loads(public.read_text()),
-                          case.folder, "dev_snarkjs")
-    _ok(cuzk("groth16", "prove", dev_zkey, case.wtns, proof, public))
-    assert groth16_verify(vk, public, proof)
+    made: dict[str, tuple[list, dict]] = {}  # prover -> (public signals, proof)
+    for prover in ("snarkjs", "cuzk"):
+        proof, public = case.folder / f"dev_{prover}_proof.json", case.folder / f"dev_{prover}_public.json"
+        if prover == "snarkjs":
+            groth16_prove(dev_zkey, case.wtns, proof, public)
+        else:
+            _ok(cuzk("groth16", "prove", dev_zkey, case.wtns, proof, public))
+        made[prover] = (json.loads(public.read_text()), json.loads(proof.read_text()))
+    assert _cuzk_verifies(vk, made["snarkjs"][1], made["snarkjs"][0], case.folder, "dev_snarkjs")
+    assert groth16_verify_many(vk, [made["snarkjs"], made["cuzk"]]) == [True, True]  # one node process
+
+
+def test_shape_circuits_have_their_shape(oracle: Oracle) -> None:  # noqa: F811
+    """What each shape circuit is about holds in what circom and snarkjs made of it (a newer circom that
+    simplified a shape away would leave its interop tests proving nothing new)."""
+    import numpy as np
+
+    from cuzk_mp.formats.r1cs import read_r1cs
+    from cuzk_mp.formats.zkey import read_zkey
+
+    shapes = {}
+    for name in SHAPE_CIRCUITS:
+        r1cs, zkey = read_r1cs(oracle.circuit(name).r1cs), read_zkey(oracle.snarkjs_key(name).zkey)
+        assert (zkey.n_public, zkey.n_vars) == (r1cs.n_public, r1cs.n_wires)
+        mats = (r1cs.a, r1cs.b, r1cs.c)
+        used = set(np.concatenate([m.indices for m in mats]).tolist())
+        shapes[name] = {
+            "rows": r1cs.n_constraints + r1cs.n_public + 1, "domain": zkey.domain_size, "public": r1cs.n_public,
+            "private": r1cs.n_wires - r1cs.n_public - 1, "unused": sorted(set(range(1, r1cs.n_wires)) - used),
+            "empty_a_b": int(np.sum((np.diff(r1cs.a.indptr) == 0) & (np.diff(r1cs.b.indptr) == 0))),
+            "contributions": int.from_bytes(zkey.contributions[64:68], "little"),
+            "beacon": bytes.fromhex(BEACON_HASH) in zkey.contributions,
+        }
+    one = {"unused": [], "empty_a_b": 0, "contributions": 1, "beacon": False}
+    assert shapes == {
+        "no_public": {"rows": 2, "domain": 2, "public": 0, "private": 3, **one},
+        "public_only": {"rows": 31, "domain": 32, "public": 20, "private": 0, **one},
+        # wires: 1, s, m, p | a, b, q, free, t, u, v: p, q and free are in no constraint
+        "unused_wires": {"rows": 9, "domain": 16, "public": 3, "private": 7, "unused": [3, 6, 7],
+                         "empty_a_b": 2, "contributions": 4, "beacon": True},
+    }
 
 
 @pytest.mark.slow
