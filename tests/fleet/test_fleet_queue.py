@@ -585,3 +585,25 @@ def test_a_job_whose_boxes_keep_dying_under_it_fails_once_its_attempts_are_used(
             await f.close()
 
     run(main())
+
+
+def test_a_claim_lapses_by_the_longest_stall_timeout_of_the_fleet(fleet_dsn: str, tmp_path: Path) -> None:
+    """Boxes configured apart: a box that would take over after 1 s of silence does not take a job from
+    a live box whose own stall timeout is 3 s (it may renew that rarely); once that much has passed
+    without a renewal, it does."""
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        slow = await connect(fleet_dsn, "slow", heartbeats=False, **STALLING)  # renews rarely: here, not at all
+        quick = await connect(fleet_dsn, "quick", heartbeats=False, heartbeat_interval_s=0.3, stall_timeout_s=1.0)
+        ref = await quick.submit(None, "x", inp.ref, inp.sha256)
+        [held] = await slow.claim(["x"], 1)
+        await asyncio.sleep(1.5)  # past quick's own stall timeout, within slow's
+        assert await quick.claim(["x"], 1) == []
+        await asyncio.sleep(STALLING["stall_timeout_s"] - 1.5 + 0.3)
+        [again] = await quick.claim(["x"], 1)
+        assert (again.job_id, again.claims) == (ref.job_id, 2) and held.claims == 1
+        for f in (slow, quick):
+            await f.close()
+
+    run(main())

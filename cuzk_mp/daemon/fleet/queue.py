@@ -95,6 +95,7 @@ class Fleet(FleetSubmits):
         self._background: set[asyncio.Task[None]] = set()
         self._registered = False
         self._name_lost = False
+        self._lapse_s = cfg.stall_timeout_s  # when a claim lapses here: the longest stall timeout of the boxes
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -180,11 +181,27 @@ class Fleet(FleetSubmits):
                 log.warning("fleet: box name %s was in use by pid %s on %s (heartbeat %.1f s ago); "
                             "this process takes it over", self.box, prev[1], prev[0], prev[2])
             await conn.execute(
-                "INSERT INTO cuzk_fleet_boxes (box, instance, host, pid) VALUES (%s, %s, %s, %s) "
+                "INSERT INTO cuzk_fleet_boxes (box, instance, host, pid, stall_timeout_s) VALUES (%s, %s, %s, %s, %s) "
                 "ON CONFLICT (box) DO UPDATE SET instance = EXCLUDED.instance, host = EXCLUDED.host, "
                 "pid = EXCLUDED.pid, started_at = now(), last_heartbeat = now(), resident = '{}', "
-                "free_slots = 0, running = 0, left_at = NULL",
-                (self.box, self.instance, socket.gethostname(), os.getpid()))
+                "free_slots = 0, running = 0, left_at = NULL, stall_timeout_s = EXCLUDED.stall_timeout_s",
+                (self.box, self.instance, socket.gethostname(), os.getpid(), self.cfg.stall_timeout_s))
+            await self._read_lapse(conn)
+
+    async def _read_lapse(self, conn: Any) -> None:
+        """When a claim lapses for this box: after the longest ``stall_timeout`` of the boxes in the fleet
+        (not left), its own included. A box's claims lapse by the timeout of the box that claims them
+        again, which knows only its own; were it shorter than the holder's (boxes configured apart: a
+        holder renewing every 20 s, a claimer that takes over after 15), running jobs would be taken
+        over from live boxes, again and again, for nothing."""
+        cur = await conn.execute("SELECT max(stall_timeout_s) FROM cuzk_fleet_boxes WHERE left_at IS NULL")
+        row = await cur.fetchone()
+        longest = max(self.cfg.stall_timeout_s, float(row[0] or 0.0) if row is not None else 0.0)
+        if longest > self._lapse_s:
+            log.warning("fleet: box %s takes over a stalled claim after %.1f s, not its own stall_timeout %.1f s: "
+                        "another box of the fleet has that stall_timeout (give the boxes one)", self.box, longest,
+                        self.cfg.stall_timeout_s)
+        self._lapse_s = longest
 
     # -- claims ---------------------------------------------------------------------------
 
@@ -204,7 +221,7 @@ class Fleet(FleetSubmits):
         async with self._tx() as (conn, queries):
             picked = await queries.dequeue(
                 batch_size=capacity, entrypoints=eps, queue_manager_id=QueueManagerId(self.instance),
-                global_concurrency_limit=None, heartbeat_timeout=timedelta(seconds=self.cfg.stall_timeout_s))
+                global_concurrency_limit=None, heartbeat_timeout=timedelta(seconds=self._lapse_s))
             if not picked:
                 return []
             ended = await self._fail_lapsed(conn, queries, picked)
@@ -309,17 +326,17 @@ class Fleet(FleetSubmits):
             # or has not renewed it for longer than the stall timeout (killed)
             cur = await conn.execute(
                 "UPDATE cuzk_fleet_boxes SET last_heartbeat = now(), resident = %s, free_slots = %s, "
-                "running = %s, left_at = NULL, instance = %s, host = %s, pid = %s "
+                "running = %s, left_at = NULL, instance = %s, host = %s, pid = %s, stall_timeout_s = %s "
                 "WHERE box = %s AND (instance = %s OR left_at IS NOT NULL "
                 "OR last_heartbeat < now() - make_interval(secs => %s))",
                 (list(self._resident), self._free_slots, len(checked), self.instance, socket.gethostname(),
-                 os.getpid(), self.box, self.instance, self.cfg.stall_timeout_s))
+                 os.getpid(), self.cfg.stall_timeout_s, self.box, self.instance, self.cfg.stall_timeout_s))
             if cur.rowcount == 0 and self._registered:  # the row is gone if prune took this box for dead
                 cur = await conn.execute(
-                    "INSERT INTO cuzk_fleet_boxes (box, instance, host, pid, resident, free_slots, running) "
-                    "VALUES (%s, %s, %s, %s, %s, %s, %s) ON CONFLICT (box) DO NOTHING",
+                    "INSERT INTO cuzk_fleet_boxes (box, instance, host, pid, resident, free_slots, running, "
+                    "stall_timeout_s) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (box) DO NOTHING",
                     (self.box, self.instance, socket.gethostname(), os.getpid(), list(self._resident),
-                     self._free_slots, len(checked)))
+                     self._free_slots, len(checked), self.cfg.stall_timeout_s))
                 if cur.rowcount == 1:
                     log.warning("fleet: box %s had not renewed its row for so long that it was pruned; it "
                                 "joins again", self.box)
@@ -331,6 +348,7 @@ class Fleet(FleetSubmits):
                 self._name_lost = False
                 log.warning("fleet: box name %s is free again (the process that took it over left or "
                             "stalled); this process holds it again", self.box)
+            await self._read_lapse(conn)
             if checked:
                 cur = await conn.execute("SELECT job_id, state, owner, box FROM cuzk_fleet_jobs "
                                          "WHERE job_id = ANY(%s)", (list(checked),))

@@ -17,8 +17,10 @@ Beside it live three tables of ours, for what the library does not keep:
 :func:`migrate` runs at every :meth:`Fleet.connect`, under an advisory lock so
 that boxes starting together do not race; every statement is safe to repeat. ``SCHEMA_VERSION``
 is recorded for later migrations to build on (version 2 added ``cuzk_fleet_jobs.client``, version 3
-``input_bytes``, what the ``[daemon] max_queued_input`` cap counts; the ``ALTER ... ADD COLUMN IF
-NOT EXISTS`` statements bring an older database up to it, its rows counting 0 input bytes).
+``input_bytes``, what the ``[daemon] max_queued_input`` cap counts, version 4
+``cuzk_fleet_boxes.stall_timeout_s``, each box's own, the longest of which makes a claim lapse; the
+``ALTER ... ADD COLUMN IF NOT EXISTS`` statements bring an older database up to it, its rows counting
+0 input bytes and a 0 s stall timeout).
 """
 
 from __future__ import annotations
@@ -32,7 +34,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-SCHEMA_VERSION = 3
+SCHEMA_VERSION = 4
 # Advisory lock key: the ASCII of "cuzkflt1" as a signed 64-bit integer.
 MIGRATION_LOCK_KEY = int.from_bytes(b"cuzkflt1", "big", signed=True)
 # Transaction-level advisory lock of every submit that counts the queue against caps: the ASCII of
@@ -104,6 +106,8 @@ DDL = (
         running         integer NOT NULL DEFAULT 0,
         left_at         timestamptz
     )""",
+    ("ALTER TABLE cuzk_fleet_boxes ADD COLUMN IF NOT EXISTS stall_timeout_s double precision NOT NULL "
+     "DEFAULT 0"),
 )
 
 
