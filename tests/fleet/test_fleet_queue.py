@@ -156,8 +156,9 @@ def test_results_are_written_once(fleet_dsn: str, tmp_path: Path) -> None:
     run(main())
 
 
-def test_failed_attempts_retry_then_fail(fleet_dsn: str, tmp_path: Path) -> None:
+def test_failed_attempts_retry_then_fail(fleet_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     [inp, bad] = make_inputs(tmp_path, 2)
+    caplog.set_level("INFO", logger="cuzk_mp.daemon.fleet")
 
     async def main() -> None:
         a = await connect(fleet_dsn, "a", max_attempts=2)
@@ -167,6 +168,7 @@ def test_failed_attempts_retry_then_fail(fleet_dsn: str, tmp_path: Path) -> None
         await asyncio.sleep(0.05)
         [c2] = await a.claim(["x"], 1)
         assert (c1.claims, c2.claims, c2.attempts) == (1, 2, 1)
+        assert "after a failed attempt" in caplog.text and "stopped renewing" not in caplog.text
         assert await a.fail(ref.job_id, "prover died again", error_kind="WorkerDied") == "failed"
         st = await a.await_result(ref.job_id, 5)
         assert (st.state, st.attempts, st.error, st.error_kind) == ("failed", 2, "prover died again", "WorkerDied")
@@ -560,13 +562,14 @@ def test_a_run_whose_error_the_database_cannot_take_as_text_still_ends(fleet_dsn
     run(main())
 
 
-def test_a_job_whose_boxes_keep_dying_under_it_fails_once_its_attempts_are_used(fleet_dsn: str,
-                                                                                tmp_path: Path) -> None:
+def test_a_job_whose_boxes_keep_dying_under_it_fails_once_its_attempts_are_used(
+        fleet_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
     """A run that ends with its box gone (its claim lapsed) is an attempt: a job that kills every box
     that runs it (a circuit that exhausts memory) ends failed after max_attempts, instead of being
     taken over by box after box for ever."""
     [inp] = make_inputs(tmp_path, 1)
     lapse = {"heartbeats": False, "heartbeat_interval_s": 0.3, "stall_timeout_s": 1.0, "max_attempts": 2}
+    caplog.set_level("INFO", logger="cuzk_mp.daemon.fleet")
 
     async def main() -> None:
         a, b, c = [await connect(fleet_dsn, box, **lapse) for box in "abc"]
@@ -575,6 +578,7 @@ def test_a_job_whose_boxes_keep_dying_under_it_fails_once_its_attempts_are_used(
         await asyncio.sleep(1.3)  # a dies: its claim lapses
         [second] = await b.claim(["x"], 1)
         assert (first.attempts, second.attempts, second.claims) == (0, 1, 2)
+        assert "claimed job %s again (claim 2, attempt 2): its previous box stopped" % ref.job_id in caplog.text
         await asyncio.sleep(1.3)  # b dies too, and that was the last attempt
         assert await c.claim(["x"], 1) == []
         st = await c.await_result(ref.job_id, 5)

@@ -224,7 +224,7 @@ class Fleet(FleetSubmits):
                 global_concurrency_limit=None, heartbeat_timeout=timedelta(seconds=self._lapse_s))
             if not picked:
                 return []
-            ended = await self._fail_lapsed(conn, queries, picked)
+            lapsed, ended = await self._fail_lapsed(conn, queries, picked)
             picked = [j for j in picked if int(j.id) not in ended]
             if not picked:
                 return []
@@ -240,19 +240,23 @@ class Fleet(FleetSubmits):
             orphans = [j for j in picked if int(j.id) not in rows]
             if orphans:  # queue rows without a live job: settle them so no box picks them again
                 await queries.log_jobs([(j, "deleted", None) for j in orphans])
-        return [c for j in picked if int(j.id) in rows and (c := self._hold(rows[int(j.id)], j)) is not None]
+        return [c for j in picked
+                if int(j.id) in rows and (c := self._hold(rows[int(j.id)], j, int(j.id) in lapsed)) is not None]
 
-    async def _fail_lapsed(self, conn: Any, queries: Any, picked: list[pgq.Job]) -> set[int]:
+    async def _fail_lapsed(self, conn: Any, queries: Any, picked: list[pgq.Job]) -> tuple[set[int], set[int]]:
         """Count an attempt for each picked job still ``running`` under another process's claim (the
         queue hands it out again because that claim lapsed: the run ended without a result), and end
-        those whose attempts are used up ``failed``, settled in the queue; their queue ids."""
+        those whose attempts are used up ``failed``, settled in the queue; the queue ids of the lapsed
+        claims and of the jobs so ended."""
         cur = await conn.execute(
             "UPDATE cuzk_fleet_jobs SET attempts = attempts + 1 WHERE queue_id = ANY(%s) AND state = 'running' "
             "AND owner IS DISTINCT FROM %s RETURNING queue_id, job_id, attempts, box",
             ([int(j.id) for j in picked], self.instance))
         ended: set[int] = set()
+        lapsed: set[int] = set()
         by_id = {int(j.id): j for j in picked}
         for queue_id, job_id, attempts, box in await cur.fetchall():
+            lapsed.add(queue_id)
             if attempts < self.cfg.max_attempts:
                 continue
             error = (f"box {box} stopped renewing its claim while it ran the job (killed, out of memory, or cut off "
@@ -264,10 +268,11 @@ class Fleet(FleetSubmits):
             await notify(conn, {"event": "finished", "job_id": job_id})
             log.warning("fleet: job %s failed: %s", job_id, error)
             ended.add(queue_id)
-        return ended
+        return lapsed, ended
 
-    def _hold(self, row: dict[str, Any], queue_job: pgq.Job) -> Claimed | None:
-        """Record a claim; None if this process already runs the job (its own lapsed claim re-picked)."""
+    def _hold(self, row: dict[str, Any], queue_job: pgq.Job, lapsed: bool) -> Claimed | None:
+        """Record a claim; None if this process already runs the job (its own lapsed claim re-picked).
+        ``lapsed``: the job was running under another process's claim, which lapsed."""
         if row["job_id"] in self._held:
             log.warning("fleet: box %s renewed its own lapsed claim on job %s (heartbeats failed for "
                         "longer than the stall timeout)", self.box, row["job_id"])
@@ -281,9 +286,12 @@ class Fleet(FleetSubmits):
                     claimed_at=time.time())
         self._held[c.job_id] = _Held(c, queue_job)
         self._by_queue_id[int(queue_job.id)] = c.job_id
-        if c.claims > 1:
-            log.warning("fleet: box %s claimed job %s again (claim %d): its previous box stopped "
-                        "renewing it", self.box, c.job_id, c.claims)
+        if lapsed:
+            log.warning("fleet: box %s claimed job %s again (claim %d, attempt %d): its previous box stopped "
+                        "renewing it", self.box, c.job_id, c.claims, c.attempts + 1)
+        elif c.claims > 1:
+            log.info("fleet: box %s claimed job %s again (claim %d: after a failed attempt or a box's stop)",
+                     self.box, c.job_id, c.claims)
         else:
             log.info("fleet: box %s claimed job %s (%s)", self.box, c.job_id, c.circuit_id)
         return c
@@ -399,9 +407,19 @@ class Fleet(FleetSubmits):
             if row is not None:
                 await self._settle(queries, job_id, row[0], "successful")
                 await notify(conn, {"event": "finished", "job_id": job_id})
+            else:  # ended before: by another box, or by this very write, tried again after its commit went unanswered
+                cur = await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE job_id = %s AND state = 'done' AND "
+                                         "owner = %s AND box = %s AND result = %s",
+                                         (job_id, self.instance, self.box, result))
+                mine = await cur.fetchone() is not None
         self._drop(job_id)
         if row is None:
-            log.info("fleet: result of job %s from box %s discarded: the job had already ended", job_id, self.box)
+            if mine:
+                log.info("fleet: result of job %s from box %s was already written (a try whose commit went "
+                         "unanswered)", job_id, self.box)
+            else:
+                log.info("fleet: result of job %s from box %s discarded: the job had already ended", job_id,
+                         self.box)
             return False
         log.info("fleet: job %s done on box %s", job_id, self.box)
         return True
