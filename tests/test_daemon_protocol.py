@@ -146,6 +146,23 @@ def test_errors_are_data_and_the_daemon_keeps_serving(tmp_path: Path) -> None:
     run_daemon(tmp_path, body)
 
 
+def test_a_reply_of_a_newer_daemon_decodes_and_a_request_with_an_unknown_field_does_not() -> None:
+    """Replies only ever gain fields (with defaults): a client ignores the ones it does not know, so a
+    daemon (or a fleet box) of a newer version can answer it; requests stay strict."""
+    part = {"index": 0, "state": "done", "proof": {"protocol": "groth16"}, "public": ["1"], "later": 1}
+    raw = msgspec.msgpack.encode({"type": "JobReply", "id": 5, "job_id": "j", "circuit_id": "c", "state": "done",
+                                  "priority": "NORMAL", "partitions": [part], "submitted_at": 1.0,
+                                  "key_digest": "ab", "a_later_field": {"x": [1]}})
+    reply = P.decode_reply(raw)
+    assert isinstance(reply, P.JobReply)
+    assert (reply.id, reply.key_digest, reply.partitions[0].public) == (5, "ab", ["1"])
+    with pytest.raises(P.MalformedRequest, match="unknown field `admin`"):
+        P.decode_request(msgspec.msgpack.encode({"type": "GetStatus", "id": 4, "admin": True}))
+    with pytest.raises(P.MalformedRequest, match="unknown field"):
+        P.decode_request(msgspec.msgpack.encode({"type": "SubmitProof", "id": 6, "circuit_id": "c", "partitions": [
+            {"kind": "synthetic", "seed": 1, "weight": 2}]}))
+
+
 def test_malformed_and_oversized_frames(tmp_path: Path) -> None:
     async def body(d: Daemon, addr: str) -> None:
         path = str(tmp_path / "d.sock")

@@ -100,13 +100,18 @@ class PartitionIn(msgspec.Struct, forbid_unknown_fields=True):
 Partitions = Annotated[list[PartitionIn], msgspec.Meta(max_length=MAX_PARTITIONS)]
 
 
-class Message(msgspec.Struct, tag=True, kw_only=True, forbid_unknown_fields=True):
-    """Base of every message: ``id`` pairs a reply with its request."""
+class Message(msgspec.Struct, tag=True, kw_only=True):
+    """Base of every message: ``id`` pairs a reply with its request.
+
+    Versions: a request is decoded strictly (an unknown field is a MalformedRequest: the daemon acts
+    on nothing it does not understand), a reply leniently (fields a newer daemon adds, such as
+    ``JobReply.key_digest``, are ignored by an older client; a job's stored reply is read by the
+    boxes of a fleet whatever their version). Fields are only ever added, with defaults."""
 
     id: int
 
 
-class Call(Message, kw_only=True):
+class Call(Message, kw_only=True, forbid_unknown_fields=True):
     """Base of every request: ``token`` is the client's shared secret ("" when none is needed)."""
 
     token: Annotated[str, msgspec.Meta(max_length=MAX_TOKEN_CHARS)] = ""
@@ -177,7 +182,7 @@ Request = (SubmitProof | AwaitProof | Prove | CancelProof | GetStatus | GetMetri
            | EvictSRS | GetVerificationKey)
 
 
-class PartitionOut(msgspec.Struct, forbid_unknown_fields=True):
+class PartitionOut(msgspec.Struct):
     """One partition of a job: its proof (snarkjs JSON) and public signals once done."""
 
     index: int
