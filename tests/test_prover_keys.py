@@ -18,6 +18,7 @@ import random
 import threading
 import time
 from collections.abc import Callable
+from pathlib import Path
 from types import SimpleNamespace
 from typing import Any
 
@@ -26,6 +27,7 @@ import pytest
 from cuzk_mp.errors import InputError
 from cuzk_mp.pipeline import messages as msg
 from cuzk_mp.pipeline import key_cache
+from cuzk_mp.pipeline.circuits import CircuitTable
 
 PROMPT_S = 1.0  # what "at once" allows a call that must not wait for another key's load or close
 WAIT_S = 10.0  # the longest a test waits for anything else
@@ -399,15 +401,29 @@ def test_a_preload_reports_no_key_that_was_replaced_before_its_report(
     assert (told[-1].tier, told[-1].nbytes) == ("device", here.nbytes), f"told last: {told[-1]}"
 
 
-def test_a_failed_preload_answers_with_its_error_unless_a_key_loaded_since(cache: key_cache.KeyCache) -> None:
+def _believed(cache: key_cache.KeyCache, asked: int = 0) -> tuple[list[tuple[str | None, int]], list[str]]:
+    """What the engine makes of the KeyStates sent (from the ``asked``-th on, as after its ``forget``):
+    the keys it believes resident in this process, and the errors its preload reports."""
+    table = CircuitTable(Path("."), "gpu")
+    for m in cache.ctx.sent[asked:]:
+        if isinstance(m, msg.KeyState):
+            table.on_key_state("p", m)
+    rows = [(r.tier, r.bytes) for r in table.rows() if r.process == "p" and r.tier is not None]
+    return rows, [text for text, _ in table.errors("X", ["p"])]
+
+
+def test_a_failed_preload_answers_with_its_error_and_the_key_loaded_meanwhile_stays_resident(
+        cache: key_cache.KeyCache) -> None:
     """The engine waits for each prover's word on a preload: a failed one answers with its error. But
     another thread's acquire may load the circuit's key (the file fixed) between the preload's failed
-    load and its answer; that load told the engine the key is resident, and an error sent after it
-    would leave the engine believing the circuit has no key here while it has."""
+    load and its answer; the error that follows that load's report must not make the engine believe
+    the circuit has no key here while it has."""
     cache.backend.fail_once.add("x:4")
     with pytest.raises(InputError, match="not a zkey"):
         _prompt(lambda: cache.preload(msg.CircuitRef("X", "x:4")))
     assert _states(cache) == [("X", None)] and cache.ctx.sent[-1].error_kind == "InputError"
+    assert _believed(cache) == ([], ["p: InputError: x:4: not a zkey"])
+    asked = len(cache.ctx.sent)
     acquire = cache.acquire
 
     def loaded_by_another_thread_once_failed(ref: msg.CircuitRef) -> key_cache.ResidentKey:
@@ -421,9 +437,57 @@ def test_a_failed_preload_answers_with_its_error_unless_a_key_loaded_since(cache
     cache.acquire = loaded_by_another_thread_once_failed  # type: ignore[method-assign]
     with pytest.raises(InputError, match="not a zkey"):
         _prompt(lambda: cache.preload(msg.CircuitRef("X", "x:4")))
-    told = [m for m in cache.ctx.sent if isinstance(m, msg.KeyState) and m.circuit_id == "X"]
-    assert (told[-1].tier, told[-1].nbytes, told[-1].error) == ("device", 4, None), f"told last: {told[-1]}"
+    told = [(m.tier, m.error_kind) for m in cache.ctx.sent[asked:] if isinstance(m, msg.KeyState)]
+    assert told == [("device", ""), (None, "InputError")], told  # the load's report, then the preload's answer
+    assert _believed(cache, asked) == ([("device", 4)], ["p: InputError: x:4: not a zkey"])
     assert cache.keys["X"].users == 0
+
+
+def test_a_failed_preload_answers_with_its_error_when_a_load_started_since_fails_too(
+        cache: key_cache.KeyCache) -> None:
+    """Another thread's acquire may start a load of the circuit between the preload's failed load and
+    its answer. Where that load fails too it tells the engine nothing: the preload's error is still the
+    answer the engine waits for (without one, its preload waits out its whole timeout)."""
+    acquire = cache.acquire
+    other: dict[str, Any] = {}
+
+    def another_load_started_once_failed(ref: msg.CircuitRef) -> key_cache.ResidentKey:
+        try:
+            return acquire(ref)
+        except InputError:
+            gate = cache.backend.load_gates["x:4"] = _Gate()
+            cache.backend.fail_once.add("x:4")
+            other["call"] = _Call(lambda: acquire(ref))
+            gate.reached()  # that load runs while the preload answers
+            threading.Timer(0.2, gate.opened.set).start()
+            raise
+
+    cache.backend.fail_once.add("x:4")
+    cache.acquire = another_load_started_once_failed  # type: ignore[method-assign]
+    with pytest.raises(InputError, match="not a zkey"):
+        _Call(lambda: cache.preload(msg.CircuitRef("X", "x:4"))).outcome()
+    with pytest.raises(InputError, match="not a zkey"):
+        other["call"].outcome()
+    told = [m for m in cache.ctx.sent if isinstance(m, msg.KeyState) and m.circuit_id == "X"]
+    assert [(m.tier, m.error_kind) for m in told] == [(None, "InputError")], f"told: {told}"
+    assert "X" not in cache.keys and "X" not in cache.loading
+
+
+def test_a_preload_pinned_to_a_replaced_file_fails_and_the_resident_key_stays_resident(
+        cache: key_cache.KeyCache, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A preload pinned to a key file that changed again before the prover checked it fails with the
+    file's change, while the file's current key (loaded for the jobs accepted since) stays resident: the
+    engine gets the error as the preload's answer and still believes that key resident."""
+    from cuzk_mp.groth16.circuit_data_file import FileIdentity
+    from cuzk_mp.pipeline import circuits
+
+    was, now = FileIdentity(4, 1, b"old"), FileIdentity(4, 2, b"new")
+    monkeypatch.setattr(circuits, "key_changed",
+                        lambda ref: "zkey x:4 changed on disk" if ref.zkey_id == was else None)
+    cache.release(cache.acquire(msg.CircuitRef("X", "x:4", zkey_id=now)))
+    with pytest.raises(InputError, match="changed on disk"):
+        _prompt(lambda: cache.preload(msg.CircuitRef("X", "x:4", zkey_id=was)))
+    assert _believed(cache) == ([("device", 4)], ["p: InputError: zkey x:4 changed on disk"])
 
 
 def test_a_partition_of_a_job_pinned_to_a_replaced_key_file_keeps_the_files_current_key(
@@ -606,11 +670,13 @@ def _stress(seed: int) -> list[str]:
             errors.append(f"{cid}: told {told} (L: a load, G: gone)")
         if len(mine) == 1 and "LL" in told:  # one key at a time: loads and closes alternate
             errors.append(f"{cid}: told {told} (L: a load, G: gone)")
-        last = states[-1][1] if states else None  # the last word (a failed preload's error too) is what is resident
+        table = CircuitTable(Path("."), "gpu")  # the engine's side: what it believes resident, told in this order
+        for _, m in states:
+            table.on_key_state("p", m)
+        believed = [(r.tier, r.bytes) for r in table.rows() if r.process == "p" and r.tier is not None]
         here = cache.keys.get(cid)
-        if (last is not None and last.tier is not None) != (here is not None) or (
-                here is not None and last is not None and last.nbytes != here.nbytes):
-            errors.append(f"{cid}: told {told}, last {last}, resident: {here and here.ref.zkey}")
+        if believed != ([] if here is None else [("device", here.nbytes)]):
+            errors.append(f"{cid}: told {told}, the engine believes {believed}, resident: {here and here.ref.zkey}")
     return errors
 
 

@@ -67,7 +67,8 @@ class CircuitTable:
         self.param_cache = param_cache
         self.backend = backend
         self.refs: dict[str, msg.CircuitRef] = {}
-        self._keys: dict[tuple[str, str], msg.KeyState] = {}  # (circuit, process) -> its last report
+        self._keys: dict[tuple[str, str], msg.KeyState] = {}  # (circuit, process) -> the key resident there
+        self._errors: dict[tuple[str, str], msg.KeyState] = {}  # (circuit, process) -> its last failed load
         self._vks: dict[str, bytes] = {}  # circuit -> the verification key a prover reported for a generated key
 
     # ---- circuits
@@ -140,38 +141,51 @@ class CircuitTable:
 
     # ---- resident keys
     def on_key_state(self, process: str, m: msg.KeyState) -> None:
-        """A prover process loaded, evicted or failed to load a key."""
+        """A prover process loaded, evicted or failed to load a key.
+
+        A failed load (``error``) is kept apart from what is resident: it answers the preload that
+        asked (:meth:`errors`) and says nothing of the process's key, which another thread of it may
+        have loaded meanwhile (a partition's acquire, reported before or after the failure reaches
+        here), or may still hold from before. A key loaded since a failure clears it."""
         if m.vk is not None:
             self._vks[m.circuit_id] = m.vk
-        if m.tier is None and m.error is None:
-            self._keys.pop((m.circuit_id, process), None)
+        where = (m.circuit_id, process)
+        if m.error is not None:
+            self._errors[where] = m
+        elif m.tier is None:
+            self._keys.pop(where, None)
         else:
-            self._keys[(m.circuit_id, process)] = m
+            self._keys[where] = m
+            self._errors.pop(where, None)
 
     def forget(self, circuit_id: str, processes: list[str]) -> None:
         """Drop what these processes reported for a circuit (before asking them again)."""
         for name in processes:
             self._keys.pop((circuit_id, name), None)
+            self._errors.pop((circuit_id, name), None)
 
     def reported(self, circuit_id: str, processes: list[str]) -> bool:
-        """Whether every one of these processes has reported on the circuit's key."""
-        return all((circuit_id, name) in self._keys for name in processes)
+        """Whether every one of these processes has reported on the circuit's key (loaded it, or failed)."""
+        return all((circuit_id, name) in self._keys or (circuit_id, name) in self._errors for name in processes)
 
     def errors(self, circuit_id: str, processes: list[str]) -> list[tuple[str, str]]:
         """(``process: error``, its :func:`cuzk_mp.errors.error_kind`) for each of these processes that
-        failed to load the key."""
+        failed to load the key and has not loaded it since."""
         return [(f"{name}: {ks.error}", ks.error_kind or "InternalError") for name in processes
-                if (ks := self._keys.get((circuit_id, name))) is not None and ks.error]
+                if (ks := self._errors.get((circuit_id, name))) is not None]
 
     def drop_process(self, process: str) -> None:
         """A prover process died: the keys it held are gone with it."""
-        for key in [k for k in self._keys if k[1] == process]:
-            del self._keys[key]
+        for table in (self._keys, self._errors):
+            for key in [k for k in table if k[1] == process]:
+                del table[key]
 
     def rows(self) -> list[KeyRow]:
         """Resident keys per prover process; registered circuits resident nowhere are tier "disk"."""
-        rows = [KeyRow(cid, proc, ks.tier, ks.nbytes, ks.error) for (cid, proc), ks in sorted(self._keys.items())]
-        resident = {cid for cid, _ in self._keys}
+        failed = {where: ks for where, ks in self._errors.items() if where not in self._keys}
+        rows = [KeyRow(cid, proc, ks.tier, ks.nbytes, ks.error)
+                for (cid, proc), ks in sorted({**self._keys, **failed}.items())]
+        resident = {cid for cid, _ in self._keys} | {cid for cid, _ in failed}
         for cid, ref in sorted(self.refs.items()):
             if cid not in resident and ref.key_source == "file":
                 size = os.path.getsize(ref.zkey) if os.path.exists(ref.zkey) else 0

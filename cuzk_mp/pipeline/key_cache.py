@@ -195,18 +195,16 @@ class KeyCache:
         this one is sent under the lock, while the key is the circuit's key here: sent after that, it
         could follow the report of the key that replaced it and describe a key no longer here.
 
-        A failed preload answers with its error (and raises it), under the lock too, and only while
-        no key of the circuit is here or loading: a key loaded since (another thread's acquire, after
-        the engine asked) has sent or will send its own KeyState, the true last word, which an error
-        sent after it would contradict."""
+        A failed preload answers with its error, always (and raises it): the engine waits for an answer
+        from every prover it asked. The engine keeps an error apart from what is resident
+        (:meth:`~cuzk_mp.pipeline.circuits.CircuitTable.on_key_state`), so an error that arrives after
+        the report of a key another thread loaded meanwhile, or while an older key is resident, does
+        not make that key look gone."""
         try:
             key = self.acquire(ref)
         except Exception as exc:
-            with self.lock:
-                cid = ref.circuit_id
-                if cid not in self.loading and cid not in self.keys:
-                    self.ctx.send(msg.KeyState(cid, None, 0, error=f"{type(exc).__name__}: {exc}",
-                                               error_kind=error_kind(exc)))
+            self.ctx.send(msg.KeyState(ref.circuit_id, None, 0, error=f"{type(exc).__name__}: {exc}",
+                                       error_kind=error_kind(exc)))
             raise
         try:
             with self.lock:
