@@ -225,3 +225,19 @@ def test_a_vk_read_while_its_key_file_is_replaced_is_read_again(tmp_path: Path) 
     assert len(reads) == 2 and vk == _vk_of(zkey) != reads[0]
     assert digest == key_digest(key_identity(zkey))
     assert view.verification_key("mul") == (vk, digest) and len(reads) == 2  # kept: the file has not changed since
+    from cuzk_mp.daemon.status import VK_READS
+
+    reads.clear()
+    replaced = VK_READS - 1  # replaced under every read but the last one allowed, which is served
+
+    def replaced_while_read_but_the_last(circuit_id: str) -> dict[str, Any]:
+        vk = make(circuit_id)
+        if len(reads) < replaced:
+            _new_key(r1cs, zkey, tmp_path, in_place=False)
+        reads.append(vk)
+        return vk
+
+    _new_key(r1cs, zkey, tmp_path, in_place=False)
+    view._make_vk = replaced_while_read_but_the_last  # type: ignore[method-assign]
+    vk, digest = view.verification_key("mul")
+    assert len(reads) == VK_READS and vk == _vk_of(zkey) == reads[-1] and digest == key_digest(key_identity(zkey))

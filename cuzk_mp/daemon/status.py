@@ -166,6 +166,7 @@ class StatusView:
                 ident = self._key_identity(circuit_id)
                 if ident == read:
                     have = self._vks[circuit_id] = (ident, vk)
+                    break
             else:
                 raise ResourceError(f"circuit {circuit_id}: its key file kept changing while its verification key "
                                     f"was read ({VK_READS} times); ask again once it is written")
