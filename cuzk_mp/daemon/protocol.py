@@ -106,7 +106,9 @@ class Message(msgspec.Struct, tag=True, kw_only=True):
     Versions: a request is decoded strictly (an unknown field is a MalformedRequest: the daemon acts
     on nothing it does not understand), a reply leniently (fields a newer daemon adds, such as
     ``JobReply.key_digest``, are ignored by an older client; a job's stored reply is read by the
-    boxes of a fleet whatever their version). Fields are only ever added, with defaults."""
+    boxes of a fleet whatever their version). Fields are only ever added, with defaults, and a reply
+    that gained one leaves out the fields at their default (``omit_defaults``), so a client of a
+    version that still refused unknown reply fields reads every such reply that does not need it."""
 
     id: int
 
@@ -204,7 +206,7 @@ class Submitted(Message):
     duplicate: bool = False
 
 
-class JobReply(Message):
+class JobReply(Message, omit_defaults=True):
     """A job's state and, once finished, its partitions in order.
 
     ``key_digest`` names the key a done job's proofs were made with (the hex digest of its zkey's
@@ -265,7 +267,7 @@ class EvictReply(Message):
     reason: str = ""
 
 
-class VkReply(Message):
+class VkReply(Message, omit_defaults=True):
     """The verification key as snarkjs writes it (``verification_key.json``); ``key_digest``: the key
     file it was read from (JobReply's), None for a generated key."""
 
