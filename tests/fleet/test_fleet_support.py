@@ -173,7 +173,7 @@ def test_stored_inputs_go_once_stale_and_named_by_no_job(fleet_dsn: str, tmp_pat
     import os
     import time
 
-    from cuzk_mp.daemon.fleet.inputs import remove_stale_inputs, stale_inputs
+    from cuzk_mp.daemon.fleet.inputs import stale_inputs
     kept, dropped, fresh = make_inputs(tmp_path, 3)
     for ref in (kept, dropped):
         os.utime(ref.ref, (time.time() - 100, time.time() - 100))
@@ -182,17 +182,48 @@ def test_stored_inputs_go_once_stale_and_named_by_no_job(fleet_dsn: str, tmp_pat
     assert [str(p) for p in stale_inputs(tmp_path, 50)] == [dropped.ref]
     os.utime(kept.ref, (time.time() - 100, time.time() - 100))
 
-    async def named() -> set[str]:
+    async def prune() -> int:
         a = await connect(fleet_dsn, "a")
         await a.submit(None, "x", kept.ref, kept.sha256)
-        out = await a.referenced([kept.ref, dropped.ref, fresh.ref])
+        removed = await a.prune_inputs(tmp_path, 50)
         await a.close()
-        return out
+        return removed
 
-    assert asyncio.run(named()) == {kept.ref}
-    stale = [p for p in stale_inputs(tmp_path, 50) if str(p) != kept.ref]
-    assert remove_stale_inputs(stale, 50) == 1
+    assert asyncio.run(prune()) == 1  # stale and named by no job: dropped alone
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted(Path(r.ref).name for r in (kept, fresh))
+
+
+def test_pruning_never_removes_the_inputs_of_a_job_being_queued(fleet_dsn: str, tmp_path: Path) -> None:
+    """A submit of bytes stored before (an old file, or one whose mtime the shared folder still shows
+    old) holds the inputs' lock from its store to its job's commit: a prune that comes meanwhile waits,
+    then finds the job naming the file and keeps it."""
+    import os
+    import threading
+    import time
+
+    [old] = make_inputs(tmp_path, 1)
+    os.utime(old.ref, (time.time() - 100, time.time() - 100))  # what a stale attribute cache shows
+    storing, release = threading.Event(), threading.Event()
+
+    def store() -> None:  # the file is there already; the store waits here, under the lock
+        storing.set()
+        assert release.wait(10)
+
+    async def main() -> int:
+        a, b = await connect(fleet_dsn, "a"), await connect(fleet_dsn, "b")
+        submit = asyncio.create_task(a.submit(None, "x", old.ref, old.sha256, store=store))
+        await asyncio.to_thread(storing.wait, 10)
+        prune = asyncio.create_task(b.prune_inputs(tmp_path, 50))
+        await asyncio.sleep(0.5)
+        assert not prune.done()  # it waits for the submit's lock
+        release.set()
+        await submit
+        removed = await prune
+        for f in (a, b):
+            await f.close()
+        return removed
+
+    assert asyncio.run(main()) == 0 and Path(old.ref).exists()
 
 
 def test_the_partial_file_of_a_store_that_never_ended_goes_once_stale(tmp_path: Path) -> None:

@@ -52,7 +52,7 @@ from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.access import Identity
 from cuzk_mp.daemon.config import DaemonConfig
 from cuzk_mp.daemon.fleet import report
-from cuzk_mp.daemon.fleet.inputs import load_inputs, remove_stale_inputs, stale_inputs, store_inputs
+from cuzk_mp.daemon.fleet.inputs import inputs_ref, load_inputs, store_inputs
 from cuzk_mp.daemon.fleet.keys import KeyView, backlog_by_circuit, holders_by_circuit, plan_key_load
 from cuzk_mp.daemon.fleet.models import Claimed, JobRef, JobStatus
 from cuzk_mp.daemon.fleet.queue import Fleet
@@ -249,12 +249,17 @@ class FleetBox:
             check(spec)
         size, caps = input_bytes(req.partitions), self.jobs.caps
         await fleet.precheck(req.request_id or None, owner, size, caps)  # before the inputs take disk space
-        try:
-            inp = await asyncio.to_thread(store_inputs, msgspec.msgpack.encode(req.partitions), self.fcfg.inputs_dir)
-        except OSError as e:
-            raise ResourceError(f"[fleet] inputs_dir {self.fcfg.inputs_dir}: cannot store the inputs: {e}") from None
+        data, folder = msgspec.msgpack.encode(req.partitions), self.fcfg.inputs_dir
+        inp = await asyncio.to_thread(inputs_ref, data, folder)
+
+        def store() -> None:  # in the submit's transaction, under the inputs' lock (pruning takes it too)
+            try:
+                store_inputs(data, folder, inp)
+            except OSError as e:
+                raise ResourceError(f"[fleet] inputs_dir {folder}: cannot store the inputs: {e}") from None
+
         return await fleet.submit(req.request_id or None, req.circuit_id, inp.ref, inp.sha256, spec.priority,
-                                  len(req.partitions), client=owner, input_bytes=size, caps=caps)
+                                  len(req.partitions), client=owner, input_bytes=size, caps=caps, store=store)
 
     async def wait(self, job_id: str, timeout_s: float | None, only: str | None, id: int) -> P.JobReply:
         """AwaitProof from any box: the job's reply once it ended, or where it is after ``timeout_s``."""
@@ -313,10 +318,7 @@ class FleetBox:
             n = await fleet.prune(result_ttl_s)
             removed = 0
             if self.fcfg.inputs_dir is not None:
-                stale = await asyncio.to_thread(stale_inputs, self.fcfg.inputs_dir, result_ttl_s)
-                named = await fleet.referenced([str(p) for p in stale])
-                removed = await asyncio.to_thread(remove_stale_inputs, [p for p in stale if str(p) not in named],
-                                                  result_ttl_s)
+                removed = await fleet.prune_inputs(self.fcfg.inputs_dir, result_ttl_s)
         except CuzkError as e:
             log.warning("fleet: pruning failed (again at the next round): %s", e)
             return 0

@@ -61,12 +61,26 @@ def check_ref(ref: str, sha256: str) -> None:
                          f"got {ref[:200]!r}")
 
 
-def store_inputs(data: bytes, directory: Path) -> InputsRef:
-    """Write ``data`` as ``<directory>/<sha256>.inputs`` (atomically; kept if already there, its
-    mtime refreshed so that :func:`remove_stale_inputs` leaves it for the retention time)."""
+def inputs_ref(data: bytes, directory: Path) -> InputsRef:
+    """Where :func:`store_inputs` keeps ``data``: ``<directory>/<sha256>.inputs`` (nothing written)."""
     digest = hashlib.sha256(data).hexdigest()
+    return InputsRef(str(directory.resolve() / f"{digest}{INPUTS_SUFFIX}"), digest, len(data))
+
+
+def stored_digest(path: Path) -> str | None:
+    """The sha256 a stored inputs file is named by (None for any other file: a partial store)."""
+    name = path.name
+    return name[:-len(INPUTS_SUFFIX)] if name.endswith(INPUTS_SUFFIX) and SHA256_RE.match(name[:-len(INPUTS_SUFFIX)]) \
+        else None
+
+
+def store_inputs(data: bytes, directory: Path, ref: InputsRef | None = None) -> InputsRef:
+    """Write ``data`` as ``<directory>/<sha256>.inputs`` (atomically; kept if already there, its
+    mtime refreshed so that :func:`remove_stale_inputs` leaves it for the retention time); ``ref``:
+    :func:`inputs_ref` of it, where the caller has it (the digest is not computed again)."""
+    ref = ref or inputs_ref(data, directory)
     directory.mkdir(parents=True, exist_ok=True)
-    path = directory.resolve() / f"{digest}{INPUTS_SUFFIX}"
+    digest, path = ref.sha256, Path(ref.ref)
     try:
         kept = path.stat().st_size == len(data)
         if kept:

@@ -40,7 +40,17 @@ MIGRATION_LOCK_KEY = int.from_bytes(b"cuzkflt1", "big", signed=True)
 # Transaction-level advisory lock of every submit that counts the queue against caps: the ASCII of
 # "cuzksbm1" as a signed 64-bit integer (see Fleet.submit for the order it is taken in).
 SUBMIT_LOCK_KEY = int.from_bytes(b"cuzksbm1", "big", signed=True)
+# Transaction-level advisory locks of stored inputs, (INPUTS_LOCK_SPACE, the first 4 bytes of their sha256
+# as a signed int4): a submit holds its inputs' lock from storing the file to its job row's commit, and
+# pruning holds it from the check that no job names the file to its removal (two int4 keys: a key space
+# apart from the bigint locks above). The ASCII of "cuzi" as a signed int4.
+INPUTS_LOCK_SPACE = int.from_bytes(b"cuzi", "big", signed=True)
 QUEUE_PREFIX = "cuzk_"
+
+
+def inputs_lock(sha256: str) -> tuple[int, int]:
+    """The advisory lock key of the stored inputs of this sha256 (see INPUTS_LOCK_SPACE)."""
+    return INPUTS_LOCK_SPACE, int.from_bytes(bytes.fromhex(sha256[:8]), "big", signed=True)
 EVENTS_CHANNEL = "cuzk_fleet_events"
 MAX_RESULT_BYTES = 4 << 20
 MAX_REF_CHARS = 4096

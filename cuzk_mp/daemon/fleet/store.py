@@ -17,6 +17,7 @@ import json
 import math
 from collections.abc import AsyncIterator
 from datetime import timedelta
+from pathlib import Path
 from typing import Any
 
 import psycopg
@@ -30,6 +31,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from cuzk_mp.daemon.fleet import schema
 from cuzk_mp.daemon.fleet.config import FleetConfig, redact_dsn
+from cuzk_mp.daemon.fleet.inputs import remove_stale_inputs, stale_inputs, stored_digest
 from cuzk_mp.daemon.fleet.models import BoxInfo, JobStatus, QueueDepth, circuit_of
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
@@ -245,14 +247,26 @@ class FleetStore:
                 sql.Identifier(*self._settings.qualified.queue_table_log.split("."))), (older_than_s,))
         return n
 
-    async def referenced(self, refs: list[str]) -> set[str]:
-        """Which of these input references a job (of any state, not yet pruned) still names."""
-        if not refs:
-            return set()
-        async with self._tx() as (conn, _):
-            cur = await conn.execute("SELECT DISTINCT inputs_ref FROM cuzk_fleet_jobs WHERE inputs_ref = ANY(%s)",
-                                     (refs,))
-            return {r[0] for r in await cur.fetchall()}
+    async def prune_inputs(self, directory: Path, older_than_s: float) -> int:
+        """Remove the stored inputs in ``directory`` that no job (of any state, not yet pruned) names and
+        nobody stored again for ``older_than_s`` seconds, and the partial files of stores that never
+        ended; how many went. Each file is checked and removed under its inputs' lock, which a submit
+        holds from storing the same bytes to its job's commit (:meth:`.submits.FleetSubmits.submit`):
+        a file is never removed under a job being queued with it, even where the shared folder shows
+        an old mtime for a file just stored again (an NFS attribute cache)."""
+        stale = await asyncio.to_thread(stale_inputs, directory, older_than_s)
+        removed = 0
+        for path in stale:
+            digest = stored_digest(path)
+            if digest is None:  # a store that never ended: no job names it
+                removed += await asyncio.to_thread(remove_stale_inputs, [path], older_than_s)
+                continue
+            async with self._tx() as (conn, _):
+                await conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", schema.inputs_lock(digest))
+                cur = await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE inputs_ref = %s LIMIT 1", (str(path),))
+                if await cur.fetchone() is None:
+                    removed += await asyncio.to_thread(remove_stale_inputs, [path], older_than_s)
+        return removed
 
 
 async def _abandon(pool: AsyncConnectionPool, getting: asyncio.Future[Any]) -> None:

@@ -19,6 +19,7 @@ import contextlib
 import logging
 import time
 import uuid
+from collections.abc import Callable
 
 import psycopg
 from psycopg_pool import AsyncConnectionPool
@@ -54,7 +55,8 @@ class FleetSubmits(FleetStore):
 
     async def submit(self, request_id: str | None, circuit_id: str, inputs_ref: str, inputs_sha256: str,
                      priority: Priority = Priority.NORMAL, n_partitions: int = 1, *, client: str = "",
-                     input_bytes: int = 0, caps: QueueCaps = NO_CAPS) -> JobRef:
+                     input_bytes: int = 0, caps: QueueCaps = NO_CAPS,
+                     store: Callable[[], object] | None = None) -> JobRef:
         """Queue a job; the same non-empty ``request_id`` from any box returns the same job.
 
         A repeat with a different circuit or inputs is an InputError, never a second job; so is a
@@ -64,6 +66,11 @@ class FleetSubmits(FleetStore):
         :mod:`cuzk_mp.daemon.queue_caps` for why) is refused with Unavailable; a repeat is
         answered whatever the caps. The request-id row, the caps' count, the queue row and the job
         row are one transaction.
+
+        ``store`` writes the inputs file (run in a thread, first in the transaction, under the inputs'
+        lock, :func:`~.schema.inputs_lock`): pruning, which takes that lock to check that no job names
+        a file before it removes it, then never removes a file a job is being queued with, whatever
+        the shared folder's clocks or attribute caches say of its mtime.
         """
         _check_submit(request_id, circuit_id, inputs_ref, inputs_sha256, n_partitions)
         if input_bytes < 0:
@@ -75,6 +82,9 @@ class FleetSubmits(FleetStore):
                              f"got {priority!r}") from None
         job_id = uuid.uuid4().hex
         async with self._tx() as (conn, queries):
+            if store is not None:  # lock order: the inputs' lock, then the caps' lock below
+                await conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", schema.inputs_lock(inputs_sha256))
+                await asyncio.to_thread(store)
             if caps:
                 # Count and insert under one fleet-wide lock, so two submits racing at a cap (from any
                 # boxes) never both pass. Lock order: this lock first, then the new request-id row (a
