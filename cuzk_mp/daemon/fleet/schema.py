@@ -46,11 +46,6 @@ SUBMIT_LOCK_KEY = int.from_bytes(b"cuzksbm1", "big", signed=True)
 # apart from the bigint locks above). The ASCII of "cuzi" as a signed int4.
 INPUTS_LOCK_SPACE = int.from_bytes(b"cuzi", "big", signed=True)
 QUEUE_PREFIX = "cuzk_"
-
-
-def inputs_lock(sha256: str) -> tuple[int, int]:
-    """The advisory lock key of the stored inputs of this sha256 (see INPUTS_LOCK_SPACE)."""
-    return INPUTS_LOCK_SPACE, int.from_bytes(bytes.fromhex(sha256[:8]), "big", signed=True)
 EVENTS_CHANNEL = "cuzk_fleet_events"
 MAX_RESULT_BYTES = 4 << 20
 MAX_REF_CHARS = 4096
@@ -94,6 +89,8 @@ DDL = (
     ("CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_unfinished ON cuzk_fleet_jobs (client) "
      "WHERE state IN ('queued', 'running')"),
     "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_queue_id ON cuzk_fleet_jobs (queue_id)",
+    # pruning asks, for each stale inputs file, whether a job names it
+    "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_inputs ON cuzk_fleet_jobs (inputs_ref)",
     ("CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_finished ON cuzk_fleet_jobs (finished_at) "
      "WHERE finished_at IS NOT NULL"),
     "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_owner ON cuzk_fleet_jobs (owner) WHERE state = 'running'",
@@ -119,6 +116,11 @@ DDL = (
     ("ALTER TABLE cuzk_fleet_boxes ADD COLUMN IF NOT EXISTS stall_timeout_s double precision NOT NULL "
      "DEFAULT 0"),
 )
+
+
+def inputs_lock(sha256: str) -> tuple[int, int]:
+    """The advisory lock key of the stored inputs of this sha256 (see INPUTS_LOCK_SPACE)."""
+    return INPUTS_LOCK_SPACE, int.from_bytes(bytes.fromhex(sha256[:8]), "big", signed=True)
 
 
 async def migrate(conn: psycopg.AsyncConnection, queries: Queries) -> None:
