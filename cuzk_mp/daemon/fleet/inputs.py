@@ -69,9 +69,8 @@ def inputs_ref(data: bytes, directory: Path) -> InputsRef:
 
 def stored_digest(path: Path) -> str | None:
     """The sha256 a stored inputs file is named by (None for any other file: a partial store)."""
-    name = path.name
-    return name[:-len(INPUTS_SUFFIX)] if name.endswith(INPUTS_SUFFIX) and SHA256_RE.match(name[:-len(INPUTS_SUFFIX)]) \
-        else None
+    digest = path.name.removesuffix(INPUTS_SUFFIX)
+    return digest if path.name.endswith(INPUTS_SUFFIX) and SHA256_RE.match(digest) else None
 
 
 def store_inputs(data: bytes, directory: Path, ref: InputsRef | None = None) -> InputsRef:
@@ -80,7 +79,7 @@ def store_inputs(data: bytes, directory: Path, ref: InputsRef | None = None) -> 
     :func:`inputs_ref` of it, where the caller has it (the digest is not computed again)."""
     ref = ref or inputs_ref(data, directory)
     directory.mkdir(parents=True, exist_ok=True)
-    digest, path = ref.sha256, Path(ref.ref)
+    path = Path(ref.ref)
     try:
         kept = path.stat().st_size == len(data)
         if kept:
@@ -96,7 +95,7 @@ def store_inputs(data: bytes, directory: Path, ref: InputsRef | None = None) -> 
         except BaseException:
             Path(tmp).unlink(missing_ok=True)
             raise
-    return InputsRef(str(path), digest, len(data))
+    return ref
 
 
 def stale_inputs(directory: Path, older_than_s: float) -> list[Path]:
@@ -109,10 +108,8 @@ def stale_inputs(directory: Path, older_than_s: float) -> list[Path]:
         return []
     out = []
     for path in entries:
-        name = path.name
         with contextlib.suppress(OSError):
-            if (name.startswith(INCOMING_PREFIX) or SHA256_RE.match(name[:-len(INPUTS_SUFFIX)])) \
-                    and path.stat().st_mtime < cutoff:
+            if (path.name.startswith(INCOMING_PREFIX) or stored_digest(path)) and path.stat().st_mtime < cutoff:
                 out.append(path)
     return out
 
