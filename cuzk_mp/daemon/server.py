@@ -149,8 +149,10 @@ class Daemon(DaemonHandlers):
             kept, again = self.jobs.restore(self.journal.load())
             log.info("[start] journal %s: %d finished results kept, %d jobs resubmitted",
                      self.cfg.journal_path, kept, again)
+            from cuzk_mp.pipeline.keys import circuit_key_file
+
             for cid in self.cfg.preload:
-                key = _key_file(self.cfg.circuits[cid].spec, self.cfg.param_cache)
+                key = circuit_key_file(self.cfg.circuits[cid].spec, self.cfg.param_cache)
                 size = key.stat().st_size if key is not None and key.is_file() else 0
                 starting(f"loading the proving key of {cid} ({size / 2**30:.2f} GiB)", key_load_budget_s(size))
                 t0 = time.perf_counter()
@@ -314,24 +316,14 @@ def _hangup() -> None:
                 "`systemctl restart`, which drains first)")
 
 
-def _key_file(spec: Any, param_cache: Any) -> Any:
-    """The zkey a circuit proves with (a synthetic one's dev key in the param cache; None for a key the
-    provers generate, which has no file)."""
-    if spec.synthetic is None:
-        return spec.zkey
-    if spec.key_source == "device":
-        return None
-    from cuzk_mp.pipeline.keys import synthetic_key_paths
-
-    return synthetic_key_paths(spec.synthetic, spec.log_n, param_cache)[0]
-
-
 def _announce_setup(spec: Any, param_cache: Any) -> None:
     """Before a synthetic circuit's registration: tell systemd (and allow for) its dev setup, made
     once when its key is not in the param cache yet."""
     if spec.synthetic is None:
         return
-    key = _key_file(spec, param_cache)
+    from cuzk_mp.pipeline.keys import circuit_key_file
+
+    key = circuit_key_file(spec, param_cache)
     if key is None:
         starting(f"the circuit data of {spec.circuit_id} ({spec.synthetic} 2^{spec.log_n}; its INSECURE dev key "
                  "is generated in the provers)", setup_budget_s(spec.log_n))

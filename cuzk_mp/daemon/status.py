@@ -180,22 +180,18 @@ class StatusView:
         path = self._zkey_path(circuit_id, make=False)
         return None if path is None else key_identity(path)
 
-    def _zkey_path(self, circuit_id: str, make: bool = True) -> str | os.PathLike[str] | None:
-        """The circuit's key file: its zkey, or a synthetic circuit's dev key in the parameter cache (the
-        engine makes it when the circuit is registered; ``make``: made again if it is not whole, which
-        builds the circuit: the identity read on every call makes it only where it is missing); None for
-        a key the provers generate."""
-        from cuzk_mp.pipeline.keys import ensure_synthetic_key, synthetic_key_paths
+    def _zkey_path(self, circuit_id: str, make: bool = True) -> Path | None:
+        """The circuit's key file (:func:`~cuzk_mp.pipeline.keys.circuit_key_file`); a synthetic circuit's
+        dev key, which the engine makes when the circuit is registered, is made again here if it is not
+        whole (``make``: that builds the circuit; the identity read on every call makes it only where it
+        is missing)."""
+        from cuzk_mp.pipeline.keys import circuit_key_file, ensure_synthetic_key
 
         spec = self.cfg.circuits[circuit_id].spec
-        if spec.key_source == "device":
-            return None
-        if spec.zkey is not None:
-            return spec.zkey
-        assert spec.synthetic is not None and spec.log_n is not None
-        made = synthetic_key_paths(spec.synthetic, spec.log_n, Path(self.cfg.param_cache).expanduser().resolve())[0]
-        if not make and made.exists():
-            return made
+        path = circuit_key_file(spec, self.cfg.param_cache)
+        if path is None or spec.synthetic is None or (not make and path.exists()):
+            return path
+        assert spec.log_n is not None
         return ensure_synthetic_key(spec.synthetic, spec.log_n, self.cfg.param_cache, self.cfg.engine.backend)[0]
 
     def _make_vk(self, circuit_id: str) -> dict[str, Any]:

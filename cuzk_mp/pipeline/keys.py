@@ -46,6 +46,7 @@ from ..groth16.circuit_data_file import FileIdentity
 if TYPE_CHECKING:
     from ..groth16.circuit_data_file import CircuitData, CircuitShape
     from ..groth16.setup import ToxicWaste
+    from .types import CircuitSpec
 
 log = logging.getLogger("cuzk_mp.pipeline.keys")
 CHILD_BUILD_LOG_N = 22  # from this size the circuit data is built in a spawned child process
@@ -61,6 +62,17 @@ def synthetic_key_paths(kind: str, log_n: int, cache_dir: Path) -> tuple[Path, P
     """Where the (zkey, r1cs) of a synthetic circuit live in the cache."""
     stem = Path(cache_dir) / f"{kind}-{log_n}"
     return stem.with_suffix(".zkey"), stem.with_suffix(".r1cs")
+
+
+def circuit_key_file(spec: CircuitSpec, cache_dir: Path) -> Path | None:
+    """The zkey a circuit proves with: its file, or a synthetic circuit's dev key in the cache (where
+    :func:`ensure_synthetic_key` makes it; it may not be made yet); None for a key the provers generate."""
+    if spec.key_source == "device":
+        return None
+    if spec.synthetic is None:
+        return None if spec.zkey is None else Path(spec.zkey)
+    assert spec.log_n is not None
+    return synthetic_key_paths(spec.synthetic, spec.log_n, Path(cache_dir).expanduser().resolve())[0]
 
 
 def ensure_synthetic_key(kind: str, log_n: int, cache_dir: Path, backend: str = "auto") -> tuple[Path, Path]:

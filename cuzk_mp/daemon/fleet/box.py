@@ -43,7 +43,6 @@ import contextlib
 import logging
 import time
 from collections.abc import Sequence
-from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -157,15 +156,12 @@ class FleetBox:
 
     def _key_bytes(self) -> dict[str, int]:
         """Each provable circuit's key size: its zkey file's (0 while a synthetic key is not made)."""
-        from cuzk_mp.pipeline.keys import synthetic_key_paths
+        from cuzk_mp.pipeline.keys import circuit_key_file
         out = {}
         for cid, cc in self.cfg.circuits.items():
-            spec = cc.spec
-            path = spec.zkey
-            if path is None and spec.synthetic is not None and spec.log_n is not None:
-                path = synthetic_key_paths(spec.synthetic, spec.log_n, self.cfg.param_cache)[0]
+            path = circuit_key_file(cc.spec, self.cfg.param_cache)
             try:
-                out[cid] = Path(path).stat().st_size if path is not None else 0
+                out[cid] = path.stat().st_size if path is not None else 0
             except OSError:
                 out[cid] = 0
         return out
