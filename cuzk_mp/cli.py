@@ -52,6 +52,7 @@ log = logging.getLogger("cuzk_mp.cli")
 LOG_LEVELS = ("DEBUG", "INFO", "WARNING", "ERROR", "CRITICAL")
 LOG_FORMAT = "%(asctime)s %(levelname)s %(name)s: %(message)s"
 BACKENDS = ("auto", "cpu", "gpu")
+BACKEND_HELP = "auto (the default): the GPU where CuPy sees one, else the CPU"
 
 
 # --- the parsers -----------------------------------------------------------------------------
@@ -85,7 +86,7 @@ class SnarkjsVerb:
         p.add_argument("--protocol", choices=("groth16",), default="groth16",
                        help="snarkjs's option, taken for its scripts: groth16 is the one protocol here")
         if self.proves:
-            p.add_argument("--backend", default="auto", choices=BACKENDS)
+            p.add_argument("--backend", default="auto", choices=BACKENDS, help=BACKEND_HELP)
             p.add_argument("--r1cs", type=Path,
                            help="check the witness against this circuit first (names the failing constraint)")
             p.add_argument("--no-verify", action="store_true",
@@ -145,9 +146,9 @@ def _snarkjs_verbs(sub: argparse._SubParsersAction) -> None:
 def _own_verbs(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("setup", help="INSECURE development setup: CIRCUIT.r1cs -> CIRCUIT.zkey (random "
                        "toxic waste)")
-    s.add_argument("r1cs", type=Path)
-    s.add_argument("zkey", type=Path)
-    s.add_argument("--backend", default="auto", choices=BACKENDS)
+    s.add_argument("r1cs", type=Path, help="the circuit (circom's .r1cs)")
+    s.add_argument("zkey", type=Path, help="the proving key written here (snarkjs's .zkey)")
+    s.add_argument("--backend", default="auto", choices=BACKENDS, help=BACKEND_HELP)
     s.set_defaults(func=_cmd_setup, default_log_level="INFO")  # long runs: progress, rate and ETA by default
 
     m = sub.add_parser("shm", help="the slot rings of engines in /dev/shm")
@@ -162,9 +163,12 @@ def _own_verbs(sub: argparse._SubParsersAction) -> None:
                        ("dense-random", "the dense synthetic circuit (every witness value full-width random)")):
         pl = c_sub.add_parser(kind, help=f"{what}: writes its .r1cs and a sample .wtns")
         pl.add_argument("--log-n", type=int, required=True, help="log2 of the number of rows (domain size)")
-        pl.add_argument("out_dir", type=Path)
-        pl.add_argument("--seed", type=int, default=0)
-        pl.add_argument("--partition", type=int, default=0)
+        pl.add_argument("out_dir", type=Path, help=f"folder for {kind}-LOG_N.r1cs and {kind}-LOG_N.wtns "
+                        "(made if missing)")
+        pl.add_argument("--seed", type=int, default=0, help="the sample witness's seed (default 0)")
+        pl.add_argument("--partition", type=int, default=0,
+                        help="the sample witness's partition index (default 0): each (seed, partition) is "
+                             "another witness of the same circuit")
         pl.set_defaults(func=_cmd_circuit)
 
 

@@ -180,24 +180,61 @@ def test_every_command_renders_its_help() -> None:
     assert walk(build_parser(), "cuzk-mp") > 20
 
 
-@pytest.mark.parametrize(("command", "section"), [("bench", "## Benchmarking"),
-                                                   ("client", "## The proving daemon")])
-def test_every_option_has_help_and_a_place_in_the_readme(command: str, section: str) -> None:
-    """Each option of ``bench`` and of every ``client`` verb says what it does in ``--help`` and is
-    named in the README's section of that command."""
+def _leaf_parsers(parser: argparse.ArgumentParser, path: str) -> list[tuple[str, argparse.ArgumentParser]]:
+    """``(command words, parser)`` of every verb under ``parser`` that takes no further verb."""
+    subs = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    if not subs:
+        return [(path, parser)]
+    out = []
+    for name, sub in subs[0].choices.items():
+        out += _leaf_parsers(sub, f"{path} {name}")
+    return out
+
+
+# Where the README tells of each command (its options are named in that section).
+README_SECTIONS = {"groth16": "## Proving like snarkjs", "zkey": "## Proving like snarkjs",
+                   "wtns": "## Proving like snarkjs", "setup": "## Proving like snarkjs",
+                   "circuit": "## Proving like snarkjs", "shm": "## Proving like snarkjs",
+                   "bench": "## Benchmarking", "daemon": "## The proving daemon", "client": "## The proving daemon",
+                   "fleet": "## The proving daemon"}
+
+
+def _readme_section(heading: str) -> str:
     readme = (REPO / "README.md").read_text()
-    text = readme[readme.index(section):]
-    text = text[:text.index("\n## ", 1)]
+    text = readme[readme.index(heading):]
+    return text[:text.index("\n## ", 1)]
+
+
+def test_every_command_has_a_readme_section() -> None:
+    """A new top-level command gets a place in the README (and in :data:`README_SECTIONS`); the
+    snarkjs aliases are the long forms' parsers again."""
     sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
-    top = sub.choices[command]
-    verbs = next((a.choices for a in top._actions if isinstance(a, argparse._SubParsersAction)), {command: top})
-    for verb, parser in verbs.items():
+    aliases = {v.alias for v in cli.SNARKJS_VERBS} | {a for v in cli.SNARKJS_VERBS for a in v.more_aliases}
+    assert set(sub.choices) - aliases == set(README_SECTIONS)
+
+
+@pytest.mark.parametrize("command", sorted(README_SECTIONS))
+def test_every_option_has_help_and_a_place_in_the_readme(command: str) -> None:
+    """Each argument of every verb of ``command`` says what it is in ``--help``, and each option is
+    named in the README's section of that command."""
+    text = _readme_section(README_SECTIONS[command])
+    sub = next(a for a in cli.build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    for verb, parser in _leaf_parsers(sub.choices[command], command):
         for action in parser._actions:
-            if not action.option_strings or isinstance(action, argparse._HelpAction):
+            if isinstance(action, argparse._HelpAction):
                 continue
-            option = max(action.option_strings, key=len)
-            assert action.help, f"{command} {verb} {option}: no help text"
-            assert re.search(rf"{re.escape(option)}\b(?!-)", text), f"{command} {verb} {option}: not in {section}"
+            name = max(action.option_strings, key=len) if action.option_strings else action.dest
+            assert action.help, f"{verb} {name}: no help text"
+            if action.option_strings:
+                assert re.search(rf"{re.escape(name)}\b(?!-)", text), f"{verb} {name}: not in {README_SECTIONS[command]}"
+
+
+def test_the_global_options_are_in_the_readme() -> None:
+    text = _readme_section("## Proving like snarkjs")
+    for action in cli.build_parser()._actions:
+        if action.option_strings and not isinstance(action, argparse._HelpAction):
+            for option in action.option_strings:
+                assert re.search(rf"(?<![\w-]){re.escape(option)}(?![\w-])", text), f"{option}: not in the README"
 
 
 def test_help_documents_the_exit_codes() -> None:

@@ -127,7 +127,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
     job_args(verb("submit", 'queue a job, print {"job_id", "state", "duplicate"} as JSON'))
     a = verb("await", "wait for a job")
-    a.add_argument("job_id")
+    a.add_argument("job_id", help="the job's id (submit's job_id, the --request-id it was sent with)")
     a.add_argument("--timeout", type=_timeout_arg, help="seconds to wait (default: until it ends; exit 124 "
                    "after, the job goes on)")
     a.add_argument("--out", type=Path, help="write proofs, public signals and the vk here")
@@ -136,7 +136,8 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--out", required=True, type=Path, help="write proofs, public signals and the vk here")
     p.add_argument("--timeout", type=_timeout_arg, help="seconds to wait (default: until it ends; exit 124 "
                    "after, the job goes on)")
-    verb("cancel", "cancel a job").add_argument("job_id")
+    verb("cancel", "cancel a job").add_argument("job_id", help="the job's id (submit's job_id, the --request-id "
+                                                 "it was sent with)")
     verb("status", "print the status JSON").add_argument(
         "--detail", action="store_true", help="include paths and process ids (admin token)")
     verb("ready", "exit 0 if the daemon is running and serving, 1 if not, 3 if unreachable, 2 if it refuses "
