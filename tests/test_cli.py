@@ -678,3 +678,19 @@ def test_an_interrupted_client_prove_names_the_job_that_goes_on(exc: BaseExcepti
     assert "cuzk-mp client await job-7" in err and "cuzk-mp client cancel job-7" in err
     assert cli.main(["client", "status", "--connect", "unix:///nowhere.sock"]) == code  # no job: as before
     assert "goes on" not in capsys.readouterr().err
+
+
+# Environment variables that are no user's knob: the level a command passes to its own child
+# processes, and the install script's stand-in for the driver's version file (its tests set it).
+INTERNAL_ENV = {"CUZK_MP_LOG_LEVEL", "CUZK_MP_NVIDIA_PROC"}
+
+
+def test_every_environment_variable_is_in_the_readme() -> None:
+    """Each ``CUZK_*`` variable the package or its scripts read is named in the README."""
+    names: set[str] = set()
+    for path in [*(REPO / "cuzk_mp").rglob("*.py"), *(REPO / "scripts").iterdir()]:
+        if path.is_file():
+            names |= set(re.findall(r"\b(CUZK_[A-Z0-9_]*[A-Z0-9])(?![A-Za-z0-9_*])", path.read_text(errors="replace")))
+    readme = (REPO / "README.md").read_text()
+    missing = sorted(n for n in names - INTERNAL_ENV if not re.search(rf"\b{n}(?![A-Za-z0-9_])", readme))
+    assert not missing, f"not in the README: {missing}"

@@ -201,3 +201,15 @@ def test_stage_histogram_takes_only_stage_seconds() -> None:
     stages = {s.labels["stage"] for f in text_string_to_metric_families(text)
               if f.name == "cuzk_engine_stage_seconds" for s in f.samples}
     assert stages == {"synthesis", "device", "finalize"} and stages <= set(STAGES)
+
+
+def test_every_family_is_in_the_readme() -> None:
+    """The README's table of /metrics names every family as a scrape shows it (a counter with its
+    ``_total``), the fleet's gauges included."""
+    from cuzk_mp.daemon.fleet import box, report
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    names = [f"{name}_total" if kind == "counter" else name for name, (kind, _) in FAMILIES.items()]
+    names += [name for name, _, _ in report.gauges([], [])] + [box.DATABASE_UP[0]]
+    missing = [n for n in names if f"`{n}`" not in readme]
+    assert not missing, f"not in the README's metrics: {missing}"
