@@ -354,6 +354,18 @@ def test_input_errors_exit_2(circuit: dict[str, Path], tmp_path: Path) -> None:
     assert not list(tmp_path.glob("*.json"))
 
 
+
+def test_files_in_the_wrong_order_are_named_for_what_they_are(circuit: dict[str, Path], tmp_path: Path) -> None:
+    """snarkjs's orders (verify: VK PUBLIC PROOF; prove: ZKEY WTNS) are easy to swap: the file in
+    another's place is named, and so is what it is."""
+    assert_message(run_cli("g16v", circuit["vk"], circuit["proof"], circuit["public"]), 2,
+                   "proof.json: a proof, not public signals (are the files in the right order?)")
+    assert_message(run_cli("g16v", circuit["zkey"], circuit["public"], circuit["proof"]), 2,
+                   "c.zkey: not JSON text but a .zkey file")
+    assert_message(run_cli("g16p", circuit["wtns"], circuit["zkey"], tmp_path / "p.json", tmp_path / "q.json"), 2,
+                   "porep-like-10.wtns: wrong magic b'wtns': not a .zkey file but a .wtns file")
+    assert not list(tmp_path.glob("*.json"))
+
 def test_outputs_never_replace_inputs(circuit: dict[str, Path], tmp_path: Path) -> None:
     """An output path naming an input (even through a link) or another output is refused before any
     work, and the input is untouched; an output that cannot be written is named as given."""

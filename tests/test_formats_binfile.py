@@ -240,3 +240,10 @@ def test_a_key_identity_survives_the_key_truncated_under_it(tmp_path: Path) -> N
     proc = subprocess.run([sys.executable, "-c", KEY_TRUNCATED_UNDER_A_MAPPING, str(key)], cwd=REPO,
                           capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, f"died with {proc.returncode}: {proc.stderr[-500:]}"
+
+
+def test_a_file_of_another_kind_is_named_for_what_it_is() -> None:
+    good = encode(b"zkey", 1, sample_sections())
+    expect_error(b"wtns" + good[4:], r"bad\.zkey: wrong magic b'wtns': not a \.zkey file but a \.wtns file")
+    expect_error(b"\0asm" + good[4:], r"not a \.zkey file but a \.wasm file")
+    expect_error(b'{"pi_a": ["1", "2"]}', r"not a \.zkey file but JSON text")

@@ -7,6 +7,7 @@ Python-int Jacobian coordinates built here, and the bytes bfj writes with ``spac
 from __future__ import annotations
 
 import json
+import re
 import random
 from pathlib import Path
 from typing import Any
@@ -110,7 +111,9 @@ def test_proof_reader_errors(mutate: Any, message: str) -> None:
 
 
 def test_proof_reader_rejects_non_objects() -> None:
-    with pytest.raises(FormatError, match=r"p\.json: top level: expected an object, got list"):
+    with pytest.raises(FormatError, match=r"p\.json: top level: expected an object, got str"):
+        proof_from_json("proof", name="p.json")
+    with pytest.raises(FormatError, match=r"p\.json: public signals, not a proof"):  # an array is public.json's
         proof_from_json([], name="p.json")
 
 
@@ -207,3 +210,25 @@ def test_read_json_errors(tmp_path: Path) -> None:
     with pytest.raises(InputError, match=rf'inexact\.json: JSON number {R_MOD - 1} is not exact as a JavaScript '
                        rf'number .*write it as a decimal string: "{R_MOD - 1}"'):
         read_json(inexact)
+
+
+def test_a_document_given_in_anothers_place_is_named_for_what_it_is(tmp_path: Path) -> None:
+    """The usual slip (``groth16 verify VK PROOF PUBLIC``, a key where a JSON file goes) is named as
+    what the file is, not only as the first thing that does not fit."""
+    proof = proof_to_json(rand_proof(random.Random(SEED + 5)))
+    vk = vk_to_json(rand_vk(random.Random(SEED + 6), 1))
+    with pytest.raises(FormatError, match=r"proof\.json: a proof, not public signals \(are the files in the "
+                                          r"right order\?\)"):
+        public_from_json(proof, name="proof.json")
+    with pytest.raises(FormatError, match=r"public\.json: public signals, not a proof"):
+        proof_from_json(["1"], name="public.json")
+    with pytest.raises(FormatError, match=r"proof\.json: a proof, not a verification key"):
+        vk_from_json(proof, name="proof.json")
+    with pytest.raises(FormatError, match=r"vk\.json: a verification key, not a proof"):
+        proof_from_json(vk, name="vk.json")
+    for magic, kind in ((b"zkey", "a .zkey file"), (b"wtns", "a .wtns file"), (b"r1cs", "a .r1cs file"),
+                        (b"\0asm", "a .wasm file")):
+        path = tmp_path / "in.json"
+        path.write_bytes(magic + b"\x01\x00\x00\x00\xff\xfe")
+        with pytest.raises(FormatError, match=rf"in\.json: not JSON text but {re.escape(kind)}"):
+            read_json(path)

@@ -39,6 +39,19 @@ Payload = Union[Chunk, Iterable[Chunk]]
 _HEAD = struct.Struct("<4sII")  # magic, version, nSections
 _SECTION_HEAD = struct.Struct("<IQ")  # id, size
 _WRITE_ROWS_BYTES = 64 << 20  # non-contiguous arrays are written in slices of about this size
+# The files a user may give in one another's place, by their first four bytes: this container's
+# kinds and circom's witness generator (a WebAssembly module).
+_MAGIC_KINDS = {b"r1cs": ".r1cs", b"wtns": ".wtns", b"zkey": ".zkey", b"ptau": ".ptau", b"\0asm": ".wasm"}
+
+
+def file_kind(head: bytes) -> str | None:
+    """What a file that starts with ``head`` is, for a message about a file given in another's place
+    ("a .zkey file", "a .wasm file", "JSON text"), or None where its first bytes say nothing known."""
+    if bytes(head[:4]) in _MAGIC_KINDS:
+        return f"a {_MAGIC_KINDS[bytes(head[:4])]} file"
+    if bytes(head[:64]).lstrip()[:1] in (b"{", b"["):
+        return "JSON text"
+    return None
 
 
 def describe_source(src: object, name: str | None) -> str:
@@ -207,7 +220,8 @@ def _index(read: Any, total: int, name: str, magic: str, versions: Sequence[int]
         raise FormatError(name, None, f"truncated header: file is {total} bytes, the header needs {_HEAD.size}")
     file_magic, version, n_sections = take(0, _HEAD)
     if file_magic != magic.encode("ascii"):
-        raise FormatError(name, None, f"wrong magic {file_magic!r}: not a .{magic} file")
+        kind = file_kind(read(0, 64))
+        raise FormatError(name, None, f"wrong magic {file_magic!r}: not a .{magic} file" + (f" but {kind}" if kind else ""))
     if version not in versions:
         raise FormatError(name, None, f"version {version} not supported (expected {' or '.join(map(str, versions))})")
     sections: dict[int, tuple[int, int]] = {}

@@ -36,6 +36,7 @@ import msgspec
 import numpy as np
 
 from ..errors import FormatError, InputError
+from .binfile import file_kind
 
 DEFAULT_MAX_DEPTH = 64
 DEFAULT_MAX_NUMBER_CHARS = 400  # a JavaScript double needs at most ~330 characters
@@ -100,6 +101,9 @@ def check(data: bytes | str, name: str, *, max_depth: int = DEFAULT_MAX_DEPTH,
     if len(data) > max_bytes:
         raise FormatError(name, None, f"{len(data)} bytes of JSON, more than the limit of {max_bytes}")
     if not isinstance(data, str):
+        kind = file_kind(data[:64])
+        if kind is not None and kind != "JSON text":  # a key, witness or wasm given in a JSON file's place
+            raise FormatError(name, None, f"not JSON text but {kind}")
         _check_utf8(data, name)
     depth = max_nesting(data)
     if depth > max_depth:

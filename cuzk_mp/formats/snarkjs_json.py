@@ -193,9 +193,25 @@ class _Ctx:
         zi2 = fq2_mul_int(zi, zi)
         return (fq2_mul_int(x, zi2), fq2_mul_int(y, fq2_mul_int(zi2, zi)))
 
-    def obj(self, value: Any, keys: tuple[str, ...]) -> dict[str, Any]:
+    def kind(self, value: Any, want: str) -> None:
+        """FormatError where ``value`` is another of the snarkjs documents than ``want`` (a proof, public
+        signals, a verification key): the file given in another's place is named for what it is."""
+        if isinstance(value, list):
+            kind = "public signals"
+        elif isinstance(value, dict) and "pi_a" in value:
+            kind = "a proof"
+        elif isinstance(value, dict) and ("vk_alpha_1" in value or "IC" in value):
+            kind = "a verification key"
+        else:
+            return
+        if kind != want:
+            raise FormatError(self.name, None, f"{kind}, not {want} (are the files in the right order?)")
+
+    def obj(self, value: Any, keys: tuple[str, ...], want: str) -> dict[str, Any]:
         """A groth16/bls12381 JSON object holding every key of ``keys`` (the tags first: a PLONK or
-        BN254 file is named as such, not by the first key it lacks)."""
+        BN254 file is named as such, not by the first key it lacks; then another snarkjs document
+        than ``want`` as what it is)."""
+        self.kind(value, want)
         if not isinstance(value, dict):
             raise self.fail("top level", f"expected an object, got {type(value).__name__}")
         self.tag(value, "protocol", PROTOCOL)
@@ -214,7 +230,7 @@ class _Ctx:
 def proof_from_json(obj: Any, name: str = "proof.json") -> Proof:
     """Parse proof.json's object (points as snarkjs reads them; protocol/curve checked when present)."""
     ctx = _Ctx(name)
-    d = ctx.obj(obj, ("pi_a", "pi_b", "pi_c"))
+    d = ctx.obj(obj, ("pi_a", "pi_b", "pi_c"), "a proof")
     return Proof(pi_a=ctx.g1(d["pi_a"], "pi_a"), pi_b=ctx.g2(d["pi_b"], "pi_b"), pi_c=ctx.g1(d["pi_c"], "pi_c"))
 
 
@@ -223,6 +239,7 @@ def public_from_json(obj: Any, name: str = "public.json") -> list[int]:
     returned as it is, for the verifier to call the proof invalid (as snarkjs does: "Public
     inputs are not valid"), not refused as a malformed file: it is a well-formed claim that fails."""
     ctx = _Ctx(name)
+    ctx.kind(obj, "public signals")
     if not isinstance(obj, list):
         raise ctx.fail("top level", f"expected an array, got {type(obj).__name__}")
     return [ctx.integer(v, f"[{i}]") for i, v in enumerate(obj)]
@@ -232,7 +249,7 @@ def vk_from_json(obj: Any, name: str = "verification_key.json") -> VerificationK
     """Parse verification_key.json (IC must hold nPublic + 1 points; vk_alphabeta_12 optional)."""
     ctx = _Ctx(name)
     keys = ("nPublic", "vk_alpha_1", "vk_beta_2", "vk_gamma_2", "vk_delta_2", "IC")
-    d = ctx.obj(obj, keys)
+    d = ctx.obj(obj, keys, "a verification key")
     n_public = d["nPublic"]
     if isinstance(n_public, bool) or not isinstance(n_public, int) or n_public < 0:
         raise ctx.fail("nPublic", f"expected a non-negative integer, got {n_public!r}")
