@@ -331,6 +331,12 @@ def test_bad_addresses(bad: str) -> None:
         parse_address(bad)
 
 
+
+@pytest.mark.parametrize("key", ["listen", "status_listen"])
+def test_a_bad_address_names_its_key(key: str, tmp_path: Path) -> None:
+    with pytest.raises(ConfigError, match=rf"^t\.toml: daemon\.{key}: 'unix:/run/x\.sock': expected unix:///path"):
+        resolve({"daemon": {key: "unix:/run/x.sock"}}, tmp_path)
+
 def test_not_toml_and_missing_file(tmp_path: Path) -> None:
     with pytest.raises(ConfigError, match="not valid TOML"):
         C.load_config(write(tmp_path, "[daemon\nlisten = 1"))

@@ -180,11 +180,15 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
         raise ConfigError(f"{source}: `logging.level`: {cfg.logging.level!r} is not a log level (one of: "
                           f"{', '.join(LOG_LEVELS)}; {aliases})")
     d = cfg.daemon
-    try:
-        listen = parse_address(d.listen)
-        status_listen = parse_address(d.status_listen) if d.status_listen else None
-    except ConfigError as e:
-        raise ConfigError(f"{source}: daemon: {e}") from None
+
+    def address(key: str, text: str) -> Address:
+        try:
+            return parse_address(text)
+        except ConfigError as e:
+            raise ConfigError(f"{source}: daemon.{key}: {e}") from None
+
+    listen = address("listen", d.listen)
+    status_listen = address("status_listen", d.status_listen) if d.status_listen else None
     if status_listen is not None and status_listen == listen:
         raise ConfigError(f"{source}: daemon.status_listen: same address as daemon.listen")
     _check_tokens(d, listen, status_listen, source)
