@@ -226,7 +226,8 @@ def test_every_option_has_help_and_a_place_in_the_readme(command: str) -> None:
             name = max(action.option_strings, key=len) if action.option_strings else action.dest
             assert action.help, f"{verb} {name}: no help text"
             if action.option_strings:
-                assert re.search(rf"{re.escape(name)}\b(?!-)", text), f"{verb} {name}: not in {README_SECTIONS[command]}"
+                assert re.search(rf"{re.escape(name)}\b(?!-)", text), \
+                    f"{verb} {name}: not in {README_SECTIONS[command]}"
 
 
 def test_the_global_options_are_in_the_readme() -> None:

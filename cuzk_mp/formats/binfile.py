@@ -221,7 +221,8 @@ def _index(read: Any, total: int, name: str, magic: str, versions: Sequence[int]
     file_magic, version, n_sections = take(0, _HEAD)
     if file_magic != magic.encode("ascii"):
         kind = file_kind(read(0, 64))
-        raise FormatError(name, None, f"wrong magic {file_magic!r}: not a .{magic} file" + (f" but {kind}" if kind else ""))
+        but = f" but {kind}" if kind else ""
+        raise FormatError(name, None, f"wrong magic {file_magic!r}: not a .{magic} file{but}")
     if version not in versions:
         raise FormatError(name, None, f"version {version} not supported (expected {' or '.join(map(str, versions))})")
     sections: dict[int, tuple[int, int]] = {}

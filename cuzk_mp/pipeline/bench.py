@@ -115,8 +115,9 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--repeat", type=int, default=1, help="runs of --jobs jobs in the same engine (default 1)")
     p.add_argument("--json", type=Path, help="write the result as JSON")
     p.add_argument("--proofs-dir", type=Path,
-                   help="also write verification_key.json and every proof as bench-RUN-JOB-PARTITION.{proof,public}.json "
-                        "(snarkjs files: `snarkjs groth16 verify` checks them)")
+                   help="also write verification_key.json and every proof as "
+                        "bench-RUN-JOB-PARTITION.{proof,public}.json (snarkjs files: `snarkjs groth16 verify` "
+                        "checks them)")
     p.add_argument("--plot", type=Path, help="write a timeline plot (needs matplotlib)")
     p.add_argument("--cache", type=Path, default=default_cache_dir(),
                    help="param cache for synthetic dev keys (default $CUZK_MP_CACHE, else $XDG_CACHE_HOME/cuzk-mp, "
