@@ -110,7 +110,7 @@ def resolve_fleet(section: FleetSection, *, source: str, base: Path,
     key = f"{source}: fleet"
     if importlib.util.find_spec("pgqueuer") is None or importlib.util.find_spec("psycopg") is None:
         raise ConfigError(f"{key}.dsn: a fleet needs the optional `fleet` extra (pgqueuer, psycopg): "
-                          "pip install 'cuzk-mp[fleet]'")
+                          "pip install '/path/to/cuzk-mp[fleet]' (the checkout's folder) where the daemon runs")
     inputs_dir = None
     if section.inputs_dir:
         inputs_dir = Path(section.inputs_dir).expanduser()
