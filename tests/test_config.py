@@ -453,6 +453,15 @@ def test_a_per_owner_cap_without_tokens_is_warned_about(tmp_path: Path) -> None:
     assert not any("max_jobs_per_owner" in w for w in tenants.warnings)
 
 
+
+def test_fleet_keys_without_a_dsn_are_warned_about(tmp_path: Path) -> None:
+    """A [fleet] that names its box and inputs but no dsn (left out, or kept elsewhere) runs alone: said."""
+    alone = resolve({"fleet": {"box": "gpu-1", "inputs_dir": str(tmp_path)}}, tmp_path)
+    assert alone.fleet is None
+    assert any("fleet.box, fleet.inputs_dir given without fleet.dsn: this daemon runs alone" in w
+               for w in alone.warnings), alone.warnings
+    assert not any("fleet." in w for w in resolve({"fleet": {"dsn": ""}}, tmp_path).warnings)
+
 def test_default_shm_prefix_is_stable_per_journal(tmp_path: Path) -> None:
     a = resolve({"daemon": {"journal": "a/journal.sqlite"}}, tmp_path)
     again = resolve({"daemon": {"journal": str(tmp_path / "a" / "journal.sqlite")}}, tmp_path)

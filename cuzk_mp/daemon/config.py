@@ -33,7 +33,7 @@ from cuzk_mp.daemon.config_checks import (
 from cuzk_mp.daemon.config_file import (
     LOG_LEVEL_ALIASES, LOG_LEVELS, CircuitSection, RawConfig, SynthesisSection, _decode, _foreign_keys, parse_duration,
 )
-from cuzk_mp.daemon.fleet.config import FleetConfig, resolve_fleet
+from cuzk_mp.daemon.fleet.config import FleetConfig, FleetSection, resolve_fleet
 from cuzk_mp.daemon.transport import Address, parse_address
 from cuzk_mp.errors import ConfigError
 from cuzk_mp.paths import default_cache_dir
@@ -239,6 +239,11 @@ def resolve(raw: dict[str, Any], *, base: Path, source: str = "config") -> Daemo
     engine = replace(engine, srs_budget_bytes=memory_budget(total, margin, engine, circuit, source, queue))
     _validate_engine(engine, cfg, given, source)  # and the engine the daemon starts, as it will check it
     fleet = resolve_fleet(cfg.fleet, source=source, base=base, duration=parse_duration)
+    unset = FleetSection()
+    alone = [f"fleet.{k}" for k in FleetSection.__struct_fields__ if getattr(cfg.fleet, k) != getattr(unset, k)]
+    if fleet is None and alone:
+        warnings.append(f"{source}: {', '.join(alone)} given without fleet.dsn: this daemon runs alone (the fleet "
+                        "is on only with a dsn)")
     warnings += _witness_check_warnings(circuits, engine.verify_proofs, source)
     if d.max_jobs_per_owner and not (d.tokens or d.admin_tokens):
         warnings.append(f"{source}: daemon.max_jobs_per_owner = {d.max_jobs_per_owner} without tokens: every client "
