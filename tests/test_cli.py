@@ -382,6 +382,12 @@ def test_outputs_never_replace_inputs(circuit: dict[str, Path], tmp_path: Path) 
     assert_message(run_cli("zkev", circuit["zkey"], circuit["zkey"]), 2, "the vk output would replace the zkey input")
     assert_message(run_cli("setup", circuit["r1cs"], circuit["r1cs"]), 2,
                    "the zkey output would replace the r1cs input")
+    (tmp_path / "in").mkdir()
+    inputs = tmp_path / "in" / "input.json"
+    inputs.write_text("{}")
+    assert_message(run_cli("wc", tmp_path / "c.wasm", inputs, inputs), 2,
+                   "input.json: the wtns output would replace the input: give another path")
+    assert inputs.read_text() == "{}"
     assert circuit["zkey"].stat().st_size == key_bytes
     assert_message(run_cli("zkev", circuit["zkey"], tmp_path), 2, f"error: {tmp_path}: cannot write it: is a folder")
     assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob(".cuzk-mp-*"))

@@ -207,4 +207,5 @@ def refuse_outputs_over_inputs(args: Any, outputs: Sequence[str], inputs: Sequen
             other = getattr(args, source, None)
             with contextlib.suppress(OSError):  # a missing input is reported when it is read
                 if other is not None and os.path.samefile(path, other):
-                    raise InputError(f"{path}: the {name} output would replace the {source} input: give another path")
+                    what = source if source == "input" else f"{source} input"  # wtns calculate's input JSON
+                    raise InputError(f"{path}: the {name} output would replace the {what}: give another path")
