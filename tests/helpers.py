@@ -34,6 +34,11 @@ PY = [sys.executable, "-m", "cuzk_mp.cli"]
 ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", ""),
        "CUZK_MP": f"{sys.executable} -m cuzk_mp.cli"}
 KEY_CACHE = REPO / ".cache" / "pipeline-test-keys"
+# The fields of a JobReply that releases before JobReply.key_digest know: they decode a stored reply
+# (a journal row, a fleet job's result) strictly, refusing any other (the "type" tag included here).
+REPLY_FIELDS_BEFORE_KEY_DIGEST = frozenset({
+    "type", "id", "job_id", "circuit_id", "state", "priority", "partitions", "submitted_at", "started_at",
+    "finished_at", "error", "error_kind", "timed_out"})
 SNARKJS_FILES = REPO / "tests" / "data_formats"  # a small circom circuit's files, made by circom and snarkjs
 
 

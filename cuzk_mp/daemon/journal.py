@@ -25,6 +25,13 @@ The journal is the source of truth, so it is defended:
   agree with the row); a row that fails is moved, as it was, into the ``quarantine`` table with
   the reason, logged, and counted in :meth:`Journal.report` (the status document's ``journal``).
 
+Versions: a daemon upgraded in place opens the journal of an earlier release with its jobs (schema
+1 is migrated; later columns are added), and one rolled back to an earlier release of the same
+schema number reads every job a later one wrote: rows are only ever given columns those releases
+do not select, and a finished job's reply is stored in the form they decode
+(:func:`~cuzk_mp.daemon.protocol.stored_reply`: its ``key_digest`` in a column of its own). A
+journal of a larger schema number than this daemon's is refused at start (ConfigError).
+
 All SQLite work runs on one dedicated thread (``cuzk-journal``), so the asyncio loop never
 blocks on an fsync and writes keep their order; the async methods await that thread.
 """
@@ -46,15 +53,21 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from cuzk_mp.daemon.journal_wal import wal_damage
-from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions
+from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions, reply_from_store, stored_reply
 from cuzk_mp.errors import ConfigError, CuzkError, ResourceError
 from cuzk_mp.formats.atomic import atomic_output
 
 log = logging.getLogger("cuzk_mp.daemon.journal")
 
+# The schema's number changes only where a release that knows the previous one would misread the
+# journal (it refuses a larger number). A column those releases never select is added without a new
+# number, so a daemon rolled back to one of them still opens the journal: ``key_digest`` (the key a
+# done job was proved with, kept beside its reply: protocol.stored_reply).
 SCHEMA_VERSION = 2
+# The columns every release of schema 2 selects, in order (the quarantine table has exactly these)
 _COLUMNS = ("seq, job_id, request_id, circuit_id, priority, digest, partitions, submitted_at, state,"
             " finished_at, result, owner")
+_ADDED_COLUMNS = {"key_digest": "TEXT"}  # added to schema 2 as described above, NULL in older rows
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (key TEXT PRIMARY KEY, value TEXT NOT NULL);
 CREATE TABLE IF NOT EXISTS jobs (
@@ -68,11 +81,13 @@ CREATE TABLE IF NOT EXISTS jobs (
     submitted_at REAL NOT NULL,
     state        TEXT NOT NULL,   -- queued | done | failed | cancelled
     finished_at  REAL,
-    result       BLOB,            -- msgpack JobReply once finished
-    owner        TEXT NOT NULL DEFAULT ''  -- the submitting client's identity ('' without tokens)
+    result       BLOB,            -- msgpack JobReply once finished, without key_digest
+    owner        TEXT NOT NULL DEFAULT '', -- the submitting client's identity ('' without tokens)
+    key_digest   TEXT             -- the done job's JobReply.key_digest
 );
 """
-# Rows moved aside as they were (no types or constraints: whatever was in them), with the reason.
+# Rows moved aside as they were (no types or constraints: whatever was in them), with the reason. Its
+# columns stay those of _COLUMNS: a release before key_digest inserts rows into it by position.
 _QUARANTINE = """
 CREATE TABLE IF NOT EXISTS quarantine (
     seq, job_id, request_id, circuit_id, priority, digest, partitions, submitted_at, state,
@@ -88,7 +103,6 @@ QUARANTINE_IN_STATUS = 20
 _DAMAGE_CODES = frozenset({11, 26, 24})
 T = TypeVar("T")
 _partitions_decoder = msgspec.msgpack.Decoder(Partitions)
-_reply_decoder = msgspec.msgpack.Decoder(JobReply)
 _encoder = msgspec.msgpack.Encoder()
 
 
@@ -136,16 +150,19 @@ class JournalEntry(msgspec.Struct, kw_only=True):
 
 
 def _entry_of(row: tuple[Any, ...]) -> JournalEntry:
-    """Validate one row (columns as in ``_COLUMNS``); ValueError/msgspec errors say what is wrong."""
+    """Validate one row (columns as in ``_COLUMNS``, then key_digest); ValueError/msgspec errors say
+    what is wrong."""
     _, job_id, request_id, circuit_id, priority, digest, partitions, submitted_at, state, \
-        finished_at, result, owner = row
+        finished_at, result, owner, key_digest = row
     if not isinstance(partitions, bytes) or not (result is None or isinstance(result, bytes)):
         raise ValueError("partitions/result are not msgpack blobs")
+    if not (key_digest is None or isinstance(key_digest, str)):
+        raise ValueError("key_digest is not text")
     entry = msgspec.convert({
         "job_id": job_id, "request_id": request_id, "circuit_id": circuit_id, "priority": priority,
         "digest": digest, "partitions": _partitions_decoder.decode(partitions),
         "submitted_at": submitted_at, "state": state, "finished_at": finished_at,
-        "result": _reply_decoder.decode(result) if result is not None else None, "owner": owner,
+        "result": reply_from_store(result, key_digest) if result is not None else None, "owner": owner,
     }, JournalEntry)
     if not entry.partitions:
         raise ValueError("a job without partitions")
@@ -252,6 +269,12 @@ class Journal:
             if version == 1:
                 conn.execute(_MIGRATE_1_TO_2)
                 log.info("[start] journal %s: schema 1 -> 2 (job owners, quarantine)", path)
+            have = {r[1] for r in conn.execute("PRAGMA table_info(jobs)")}
+            for column, decl in _ADDED_COLUMNS.items():
+                if column not in have:  # a journal of an earlier release of schema 2
+                    conn.execute(f"ALTER TABLE jobs ADD COLUMN {column} {decl}")
+                    log.info("[start] journal %s: column %s added (the journal stays readable to the "
+                             "releases before it)", path, column)
             conn.execute("INSERT OR REPLACE INTO meta VALUES ('schema', ?)", (str(SCHEMA_VERSION),))
             row = conn.execute("SELECT value FROM meta WHERE key='journal_id'").fetchone()
             journal_id = row[0] if row else uuid.uuid4().hex
@@ -295,9 +318,10 @@ class Journal:
              _encoder.encode(e.partitions), e.submitted_at, e.owner))
 
     def _finish(self, job_id: str, reply: JobReply, partitions: list[Any]) -> None:
+        result, key_digest = stored_reply(reply)
         self._conn.execute(
-            "UPDATE jobs SET state=?, finished_at=?, result=?, partitions=? WHERE job_id=?",
-            (reply.state, reply.finished_at, _encoder.encode(reply), _encoder.encode(partitions), job_id))
+            "UPDATE jobs SET state=?, finished_at=?, result=?, key_digest=?, partitions=? WHERE job_id=?",
+            (reply.state, reply.finished_at, result, key_digest, _encoder.encode(partitions), job_id))
 
     def _remove(self, job_ids: list[str]) -> None:
         self._conn.executemany("DELETE FROM jobs WHERE job_id=?", [(j,) for j in job_ids])
@@ -325,7 +349,7 @@ class Journal:
         into the ``quarantine`` table with the reason, and logged) and the others load.
         """
         out = []
-        for row in self._conn.execute(f"SELECT {_COLUMNS} FROM jobs ORDER BY seq").fetchall():
+        for row in self._conn.execute(f"SELECT {_COLUMNS}, key_digest FROM jobs ORDER BY seq").fetchall():
             try:
                 out.append(_entry_of(row))
             except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError,

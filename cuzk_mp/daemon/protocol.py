@@ -307,6 +307,27 @@ def encode(msg: Message) -> bytes:
     return _encoder.encode(msg)
 
 
+_stored_reply_decoder = msgspec.msgpack.Decoder(JobReply)
+
+
+def stored_reply(reply: JobReply) -> tuple[bytes, str | None]:
+    """A finished job's reply as the journal and the fleet's database keep it: the msgpack of the
+    reply without ``key_digest``, and the ``key_digest`` apart (a column of its own).
+
+    Why apart: the releases before ``key_digest`` decode a stored reply strictly, so one stored with
+    it is unreadable to them: a daemon rolled back to such a release quarantined every done job of
+    its journal, and such a box of a fleet could not answer for a job a newer box proved. Stored
+    apart, every release reads the reply, and :func:`reply_from_store` puts the digest back."""
+    return _encoder.encode(msgspec.structs.replace(reply, key_digest=None)), reply.key_digest
+
+
+def reply_from_store(data: bytes, key_digest: str | None) -> JobReply:
+    """The reply :func:`stored_reply` kept (also one stored whole, with its ``key_digest`` inside,
+    as releases before the column did); msgspec's errors for bytes that are not one."""
+    reply = _stored_reply_decoder.decode(data)
+    return reply if key_digest is None else msgspec.structs.replace(reply, key_digest=key_digest)
+
+
 def decode_request(data: bytes) -> Request:
     """Decode a request frame within the limits above (MalformedRequest if it is not one)."""
     request_id, problem = scan_frame(data, MAX_REQUEST_DEPTH, MAX_REQUEST_ITEMS)
