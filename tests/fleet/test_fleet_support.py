@@ -404,8 +404,8 @@ def test_a_box_whose_clock_is_off_the_databases_measures_latency_and_answers_on_
         [c] = await a.claim(["x"], 1)
         fleet_cfg = resolve({"dsn": fleet_dsn, "box": "a"})
         box = FleetBox(cast(Any, types.SimpleNamespace(fleet=fleet_cfg, circuits={"x": object()})), Engine(), jobs)
-        result = await box._run(c)
-        assert await a.complete(c.job_id, result)
+        out = await box._run(c)
+        assert await a.complete(c.job_id, out.result, out.key_digest)
         st = await a.status(ref.job_id)
         await a.close()
         [latency] = observed

@@ -53,7 +53,7 @@ from cuzk_mp.daemon.config import DaemonConfig
 from cuzk_mp.daemon.fleet import report
 from cuzk_mp.daemon.fleet.inputs import inputs_ref, load_inputs, store_inputs
 from cuzk_mp.daemon.fleet.keys import KeyView, backlog_by_circuit, holders_by_circuit, plan_key_load
-from cuzk_mp.daemon.fleet.models import Claimed, JobRef, JobStatus
+from cuzk_mp.daemon.fleet.models import Claimed, JobOutput, JobRef, JobStatus
 from cuzk_mp.daemon.fleet.queue import Fleet
 from cuzk_mp.daemon.fleet.worker import FleetWorker
 from cuzk_mp.daemon.job_records import JobRecord, reply_of
@@ -65,7 +65,6 @@ from cuzk_mp.pipeline.types import JobSpec, PartitionInput
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
 _partitions = msgspec.msgpack.Decoder(list[P.PartitionIn])
-_job_reply = msgspec.msgpack.Decoder(P.JobReply)
 
 
 class FleetBox:
@@ -202,8 +201,8 @@ class FleetBox:
 
     # -- running a claimed job ------------------------------------------------------------
 
-    async def _run(self, c: Claimed) -> bytes:
-        """Prove a claimed job in the engine; the JobReply (msgpack) that becomes its result."""
+    async def _run(self, c: Claimed) -> JobOutput:
+        """Prove a claimed job in the engine; its JobReply as the fleet stores it (protocol.stored_reply)."""
         if c.circuit_id in self._resident:
             self._resident.move_to_end(c.circuit_id)
         cc = self.cfg.circuits.get(c.circuit_id)
@@ -221,7 +220,7 @@ class FleetBox:
                         submitted_at=c.submitted_here, owner=c.client)
         await self.jobs.run_claimed(rec)
         if rec.state == "done":
-            return msgspec.msgpack.encode(msgspec.structs.replace(reply_of(rec, 0), job_id=c.job_id))
+            return JobOutput(*P.stored_reply(msgspec.structs.replace(reply_of(rec, 0), job_id=c.job_id)))
         if rec.state == "cancelled":  # not asked by the fleet (that cancels this task): run it again
             raise Cancelled(f"job {c.job_id}: the engine cancelled it ({rec.error or 'no reason given'})")
         raise error_from_kind(rec.error_kind or "ProofError", rec.error or "the job failed")
@@ -336,7 +335,8 @@ def job_reply(st: JobStatus, id: int, timed_out: bool = False) -> P.JobReply:
     decision uses, and never a job that finished before it was submitted."""
     if st.state == "done" and st.result is not None:
         try:
-            return msgspec.structs.replace(_job_reply.decode(st.result), id=id, job_id=st.job_id, timed_out=False,
+            return msgspec.structs.replace(P.reply_from_store(st.result, st.key_digest), id=id, job_id=st.job_id,
+                                           timed_out=False,
                                            submitted_at=st.submitted_at, started_at=st.started_at,
                                            finished_at=st.finished_at)
         except msgspec.MsgspecError as e:

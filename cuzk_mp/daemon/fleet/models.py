@@ -90,11 +90,22 @@ class Claimed:
 
 
 @dataclass(frozen=True)
+class JobOutput:
+    """What a box's run of a job gives the fleet to keep as its result: ``result``, the bytes every
+    box reads back (at most ``schema.MAX_RESULT_BYTES``), and ``key_digest``, the key the proofs were
+    made with, kept in a column of its own (see :func:`cuzk_mp.daemon.protocol.stored_reply`)."""
+
+    result: bytes
+    key_digest: str | None = None
+
+
+@dataclass(frozen=True)
 class JobStatus:
     """A job as the shared tables record it; ``result`` is set once the job is ``done``.
 
     ``submitted_by`` is the box that accepted the job, ``client`` the identity of the client that
-    submitted it (the daemon's access identity; "" without tokens), ``box`` the box that ran it.
+    submitted it (the daemon's access identity; "" without tokens), ``box`` the box that ran it,
+    ``key_digest`` what the run that completed it gave with its result (:class:`JobOutput`).
     """
 
     job_id: str
@@ -116,6 +127,7 @@ class JobStatus:
     result: bytes | None
     error: str | None
     error_kind: str | None
+    key_digest: str | None = None
 
     @property
     def finished(self) -> bool:

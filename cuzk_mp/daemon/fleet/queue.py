@@ -392,17 +392,18 @@ class Fleet(FleetSubmits):
 
     # -- settling a job -------------------------------------------------------------------
 
-    async def complete(self, job_id: str, result: bytes) -> bool:
-        """Write the job's result, once: False (and nothing written) if it already ended."""
+    async def complete(self, job_id: str, result: bytes, key_digest: str | None = None) -> bool:
+        """Write the job's result (and the ``key_digest`` its proofs name, :class:`.models.JobOutput`),
+        once: False (and nothing written) if it already ended."""
         if len(result) > schema.MAX_RESULT_BYTES:
             raise InputError(f"result: {len(result)} bytes, more than {schema.MAX_RESULT_BYTES}; results "
                              "live in the database and must stay small")
         async with self._tx() as (conn, queries):
             await self._lock_queue_row(conn, job_id)
             cur = await conn.execute(
-                "UPDATE cuzk_fleet_jobs SET state = 'done', result = %s, finished_at = now(), box = %s, "
-                "error = NULL, error_kind = NULL WHERE job_id = %s AND state IN ('queued', 'running') "
-                "RETURNING queue_id", (result, self.box, job_id))
+                "UPDATE cuzk_fleet_jobs SET state = 'done', result = %s, key_digest = %s, finished_at = now(), "
+                "box = %s, error = NULL, error_kind = NULL WHERE job_id = %s AND state IN ('queued', 'running') "
+                "RETURNING queue_id", (result, key_digest, self.box, job_id))
             row = await cur.fetchone()
             if row is not None:
                 await self._settle(queries, job_id, row[0], "successful")

@@ -18,9 +18,12 @@ Beside it live three tables of ours, for what the library does not keep:
 that boxes starting together do not race; every statement is safe to repeat. ``SCHEMA_VERSION``
 is recorded for later migrations to build on (version 2 added ``cuzk_fleet_jobs.client``, version 3
 ``input_bytes``, what the ``[daemon] max_queued_input`` cap counts, version 4
-``cuzk_fleet_boxes.stall_timeout_s``, each box's own, the longest of which makes a claim lapse; the
+``cuzk_fleet_boxes.stall_timeout_s``, each box's own, the longest of which makes a claim lapse, version 5
+``cuzk_fleet_jobs.key_digest``, the key a done job was proved with, kept beside its result so that the
+result stays readable to the boxes of earlier releases (:func:`cuzk_mp.daemon.protocol.stored_reply`); the
 ``ALTER ... ADD COLUMN IF NOT EXISTS`` statements bring an older database up to it, its rows counting
-0 input bytes and a 0 s stall timeout).
+0 input bytes and a 0 s stall timeout, their results naming no key). Each version only adds columns
+with defaults, so boxes of earlier releases keep working on the migrated database.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-SCHEMA_VERSION = 4
+SCHEMA_VERSION = 5
 # Advisory lock key: the ASCII of "cuzkflt1" as a signed 64-bit integer.
 MIGRATION_LOCK_KEY = int.from_bytes(b"cuzkflt1", "big", signed=True)
 # Transaction-level advisory lock of every submit that counts the queue against caps: the ASCII of
@@ -80,11 +83,13 @@ DDL = (
         result        bytea CHECK (octet_length(result) <= {MAX_RESULT_BYTES}),
         error         text,
         error_kind    text,
+        key_digest    text,
         CHECK (state <> 'done' OR result IS NOT NULL)
     )""",
     "ALTER TABLE cuzk_fleet_jobs ADD COLUMN IF NOT EXISTS client text NOT NULL DEFAULT ''",
     ("ALTER TABLE cuzk_fleet_jobs ADD COLUMN IF NOT EXISTS input_bytes bigint NOT NULL DEFAULT 0 "
      "CHECK (input_bytes >= 0)"),
+    "ALTER TABLE cuzk_fleet_jobs ADD COLUMN IF NOT EXISTS key_digest text",
     # the figures a submit counts against the caps: unfinished jobs, per client
     ("CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_unfinished ON cuzk_fleet_jobs (client) "
      "WHERE state IN ('queued', 'running')"),

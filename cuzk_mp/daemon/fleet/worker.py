@@ -1,8 +1,9 @@
 """A box's claim loop: claim while there are free slots, run each job, settle it, stop on abort.
 
 This module owns the loop the daemon runs beside its engine when a fleet is configured. It has
-no policy about proving: ``run_job(claimed) -> result bytes`` does the work (the daemon's: load
-the inputs, submit to the engine, wait for the JobResult, encode it). The loop:
+no policy about proving: ``run_job(claimed)`` does the work and returns the result bytes, or a
+:class:`.models.JobOutput` (the daemon's: load the inputs, submit to the engine, wait for the
+JobResult, encode it). The loop:
 
 * claims ``capacity() - running`` jobs of ``resident()`` circuits whenever that is positive,
   and otherwise sleeps until a NOTIFY says a job may be claimable, a job of its own ends, or
@@ -26,13 +27,13 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
-from cuzk_mp.daemon.fleet.models import Claimed
+from cuzk_mp.daemon.fleet.models import Claimed, JobOutput
 from cuzk_mp.daemon.fleet.queue import Fleet
 from cuzk_mp.errors import CuzkError, InputError, ResourceError, error_kind
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-RunJob = Callable[[Claimed], Awaitable[bytes]]
+RunJob = Callable[[Claimed], Awaitable[bytes | JobOutput]]
 SETTLE_RETRY_DELAYS_S = (0.5, 2.0, 5.0)
 
 
@@ -116,7 +117,7 @@ class FleetWorker:
             self.running.pop(c.job_id, None)
             self._slot_freed.set()
 
-    async def _settle_retrying(self, c: Claimed, work: asyncio.Future[bytes]) -> None:
+    async def _settle_retrying(self, c: Claimed, work: asyncio.Future[bytes | JobOutput]) -> None:
         """Settle, retrying while the database is unreachable; then let the claim lapse."""
         for delay in (*SETTLE_RETRY_DELAYS_S, None):
             try:
@@ -131,11 +132,13 @@ class FleetWorker:
                 log.warning("fleet: settling job %s failed (%s); again in %g s", c.job_id, e, delay)
                 await asyncio.sleep(delay)
 
-    async def _settle(self, c: Claimed, work: asyncio.Future[bytes]) -> None:
+    async def _settle(self, c: Claimed, work: asyncio.Future[bytes | JobOutput]) -> None:
         exc = work.exception()
         if exc is None:
+            out = work.result()
+            out = out if isinstance(out, JobOutput) else JobOutput(out)
             try:
-                if await self.fleet.complete(c.job_id, work.result()):
+                if await self.fleet.complete(c.job_id, out.result, out.key_digest):
                     self.completed += 1
                 return
             except InputError as e:  # a result the database does not take (too large)
