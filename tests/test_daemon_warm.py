@@ -86,6 +86,35 @@ def test_ids_follow_the_key_file_and_the_options(tmp_path: Path) -> None:
         warm.warm_id(warm.WarmSpec(tmp_path))
 
 
+def _earlier_release_id(spec: warm.WarmSpec) -> str:
+    """The id the releases before the protocol's digest gave a daemon (the key and the options alone)."""
+    import hashlib
+    parts = [warm.CIRCUIT_ID, spec.backend, str(spec.verify)]
+    for path in (spec.zkey, spec.r1cs, spec.wasm):
+        if path is None:
+            parts.append("-")
+            continue
+        st = os.stat(path)
+        parts += [os.path.realpath(path), str(st.st_dev), str(st.st_ino), str(st.st_size), str(st.st_mtime_ns),
+                  str(st.st_ctime_ns)]
+    return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
+
+
+def test_a_client_of_another_release_never_finds_this_releases_daemon(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """A warm daemon outlives the package it was started from: after a rollback, a client of the earlier
+    release that found the later release's daemon could not read its replies (a field it does not know:
+    exit 3 on every call until that daemon idled out). Its id names the protocol the client speaks, so each
+    release's clients find only their own release's daemon."""
+    key = tmp_path / "k.zkey"
+    shutil.copyfile(DATA / "mul.zkey", key)
+    spec = warm.WarmSpec(key, backend="cpu")
+    first = warm.warm_id(spec)
+    assert first != _earlier_release_id(spec)
+    monkeypatch.setattr(warm, "protocol_digest", lambda: "another protocol")
+    assert warm.warm_id(spec) not in (first, _earlier_release_id(spec))
+
+
 def test_the_config_is_a_valid_daemon_config(tmp_path: Path) -> None:
     spec = warm.WarmSpec(DATA / "mul.zkey", backend="cpu", r1cs=DATA / "mul.r1cs", verify=False, idle_s=42.5)
     text = warm.config_text(spec, tmp_path / "w.sock", tmp_path / "w.journal")

@@ -11,11 +11,15 @@ the daemon of its key, which starts one (``cuzk-mp daemon`` in its own session, 
 none answers, and that daemon drains and exits after SECONDS with no connection and no job
 (``[daemon] exit_when_idle``). The same pattern as a build tool's background server.
 
-One daemon per (key file, backend, r1cs, verify, wasm): its id (:func:`warm_id`) hashes the key's
+One daemon per (key file, backend, r1cs, verify, wasm, protocol): its id (:func:`warm_id`) hashes the key's
 resolved path and identity (device, inode, size, mtime, ctime), so an edited or replaced key gets a new
-daemon and the old one idles out. Its files live in :func:`warm_dir` (``$XDG_RUNTIME_DIR/cuzk-mp``,
-else ``/tmp/cuzk-mp-UID``), a directory of mode 0700 that must belong to this user: a directory
-another user made there is refused, never used. Each daemon has there ``ID.toml`` (its config),
+daemon and the old one idles out, and the wire protocol the client speaks (:func:`protocol_digest`): a
+daemon outlives the package it was started from, and after an upgrade or a rollback of the package a
+client of one release never asks the still running daemon of another (which might send reply fields it
+cannot read, or refuse request fields it does not know); it starts its own, and the other idles out.
+Its files live in :func:`warm_dir` (``$XDG_RUNTIME_DIR/cuzk-mp``, else ``/tmp/cuzk-mp-UID``), a
+directory of mode 0700 that must belong to this user: a directory another user made there is refused,
+never used. Each daemon has there ``ID.toml`` (its config),
 ``ID.sock`` (its unix socket, 0600), ``ID.journal`` (with SQLite's ``-wal``/``-shm`` files and its
 ``.id`` marker), the lock files ``ID.journal.lock`` and ``ID.sock.lock``, and ``ID.log`` (what it
 logs; ``ID.log.1`` the older part).
@@ -34,7 +38,9 @@ one's journal lock and exits (code 75), and both invocations wait for the one so
 from __future__ import annotations
 
 import contextlib
+import functools
 import hashlib
+import importlib.util
 import json
 import logging
 import os
@@ -100,8 +106,21 @@ def warm_dir() -> Path:
     return base
 
 
+@functools.cache
+def protocol_digest() -> str:
+    """A digest of the wire protocol this installation speaks: its version and the source of
+    :mod:`cuzk_mp.daemon.protocol` (read, not imported)."""
+    from cuzk_mp import __version__
+
+    spec = importlib.util.find_spec("cuzk_mp.daemon.protocol")
+    origin = spec.origin if spec is not None else None
+    source = Path(origin).read_bytes() if origin else b""
+    return f"{__version__}:{hashlib.sha256(source).hexdigest()}"
+
+
 def warm_id(spec: WarmSpec) -> str:
-    """16 hex digits naming the daemon of ``spec`` (InputError if the key is no file)."""
+    """16 hex digits naming the daemon of ``spec`` for a client of this protocol (InputError if the key
+    is no file)."""
     parts = [CIRCUIT_ID, spec.backend, str(spec.verify)]
     for path in (spec.zkey, spec.r1cs, spec.wasm):
         if path is None:
@@ -116,6 +135,7 @@ def warm_id(spec: WarmSpec) -> str:
         # ctime too: a copy over the file that restores its size and mtime (`cp -p`, `rsync -t`)
         # still moves its ctime, which no user can set back
         parts += [real, str(st.st_dev), str(st.st_ino), str(st.st_size), str(st.st_mtime_ns), str(st.st_ctime_ns)]
+    parts.append(protocol_digest())
     return hashlib.sha256("\0".join(parts).encode()).hexdigest()[:16]
 
 
