@@ -116,3 +116,25 @@ def test_a_journal_of_an_earlier_release_opens_with_its_jobs_and_stays_readable_
     by_id = {e.job_id: e for e in j.load()}
     j.close()
     assert by_id["was-queued"].result is not None and by_id["was-queued"].result.key_digest == "cd" * 16
+
+
+def test_a_journal_an_earlier_release_made_readable_to_others_becomes_its_owners_alone(tmp_path: Path) -> None:
+    """The releases before owner-only journals made the file (and SQLite its -wal and -shm) by the
+    umask: 0644, or 0640 under the unit's UMask=0027, and it holds the witnesses of unfinished jobs.
+    An upgraded daemon gives the journal it opens the mode a new one has."""
+    import os
+    import stat
+
+    path = tmp_path / "journal.sqlite"
+    j = Journal.open(path)
+    asyncio.run(j.add(_entry("queued")))
+    names = ("journal.sqlite", "journal.sqlite-wal", "journal.sqlite-shm")
+    for name in names:
+        os.chmod(tmp_path / name, 0o644)
+    j.close()
+    j = Journal.open(path)
+    assert [e.job_id for e in j.load()] == ["queued"]
+    for name in names:
+        if (tmp_path / name).exists():
+            assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
+    j.close()

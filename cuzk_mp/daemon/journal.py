@@ -43,6 +43,7 @@ import contextlib
 import logging
 import os
 import sqlite3
+import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -175,6 +176,24 @@ def _entry_of(row: tuple[Any, ...]) -> JournalEntry:
     return entry
 
 
+def _owner_only(path: Path) -> None:
+    """Give a journal made by a release before owner-only journals (by the umask: 0644, or 0640 under
+    the unit's UMask=0027) the mode a new one has, 0600, with its -wal and -shm: it holds the witnesses
+    of unfinished jobs. A file this user may not change keeps its mode, with a warning."""
+    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+        try:
+            mode = stat.S_IMODE(p.stat().st_mode)
+            if mode & 0o077:
+                os.chmod(p, 0o600)
+                log.warning("[start] journal %s: %s was mode %04o, readable by others (made by an earlier release); "
+                            "now 0600: it holds the witnesses of unfinished jobs", path, p.name, mode)
+        except FileNotFoundError:
+            continue
+        except OSError as e:
+            log.warning("[start] journal %s: %s is readable by others and its mode cannot be changed (%s); "
+                        "it holds the witnesses of unfinished jobs", path, p.name, e.strerror or e)
+
+
 def _marker_path(path: Path) -> Path:
     return path.with_name(path.name + ".id")
 
@@ -222,6 +241,7 @@ class Journal:
         if not path.exists():  # made 0600 (SQLite gives its -wal and -shm the same): it holds witnesses
             with contextlib.suppress(FileExistsError):
                 os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+        _owner_only(path)
         try:
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         except sqlite3.Error as e:
