@@ -148,6 +148,30 @@ def test_rebuilt_when_the_key_changes(files: tuple[Path, Path], circuit: PorepLi
     assert np.array_equal(ev.evaluate(w).c, again.evaluate(w).c)
 
 
+@pytest.mark.parametrize("version", [2, 4])
+def test_a_cache_of_another_format_version_is_replaced_not_moved_aside(
+        files: tuple[Path, Path], circuit: PorepLike, version: int, caplog: pytest.LogCaptureFixture) -> None:
+    """An upgrade (or a rollback) of cuzk-mp across a change of the file's format finds caches of the
+    other version beside every key: sound files of another release, not damage. Each is made again in
+    place, with a line naming both versions, not kept as ``<cache>.damaged`` (the size of the cache
+    again, left on disk for good, and a warning that calls it damaged). The header as every version
+    writes it begins with the magic and the version (little-endian u32 at byte 8)."""
+    import struct
+
+    from cuzk_mp.groth16.circuit_data_file import VERSION
+    zkey, r1cs = files
+    path = Path(ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data.path)  # type: ignore[arg-type]
+    raw = bytearray(path.read_bytes())
+    struct.pack_into("<I", raw, 8, version)
+    path.write_bytes(bytes(raw))
+    with caplog.at_level(logging.INFO, logger="cuzk_mp.groth16.circuit_data"):
+        ev = ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+    assert f"format version {version}, this release reads {VERSION}" in caplog.text, caplog.text
+    assert "damaged" not in caplog.text and not path.with_name(path.name + ".damaged").exists()
+    w = circuit.witness(5, 5)
+    assert np.array_equal(ev.evaluate(w).c, reference(zkey, w)[2])
+
+
 @pytest.mark.parametrize("damage", ["truncate", "flip-body", "flip-header", "empty"])
 def test_damaged_cache_is_detected_and_rebuilt(files: tuple[Path, Path], circuit: PorepLike, damage: str,
                                               caplog: pytest.LogCaptureFixture) -> None:

@@ -22,7 +22,8 @@ the body hash, then what the kernels index with (:func:`_check_body`: row pointe
 0 to the entry count, columns below the wire count, codes below the table's size, canonical table
 values): a file with the right hash made by hand, or by another program, must not make a kernel
 read outside its arrays. Any defect is a FormatError naming the file and the defect
-(:class:`StaleCache` where the file is sound but made from other files).
+(:class:`StaleCache` where the file is sound but made from other files, or by a release of another
+format version: an upgrade or a rollback finds those beside every key).
 
 Decisions: the key's identity is its size, mtime and header digest, not a hash of section 4
 (that would read gigabytes at every open): a key rewritten in place with the same size, mtime
@@ -274,7 +275,9 @@ def _unpack_header(head: bytes) -> tuple[Counts, int, int, FileIdentity, FileIde
 
 
 class StaleCache(FormatError):
-    """A sound cache file made from another key or r1cs (they were made again since)."""
+    """A sound cache file made from another key or r1cs (they were made again since), or by a release
+    of another format version (its magic and version read; the rest of its header is not this
+    version's to check): replaced where it is, never kept as damaged."""
 
 
 def open_cache(path: str | os.PathLike[str], zkey: FileIdentity, r1cs: FileIdentity | None,
@@ -294,6 +297,10 @@ def open_cache(path: str | os.PathLike[str], zkey: FileIdentity, r1cs: FileIdent
             raise FormatError(name, "header", f"{size} bytes, shorter than the {HEADER_BYTES}-byte header")
         mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ)
     try:
+        magic, version = struct.unpack_from("<8sI", mm)
+        if magic == MAGIC and version != VERSION:  # what an upgrade or a rollback finds beside every key
+            raise StaleCache(name, "header", f"made by another release of cuzk-mp (format version {version}, "
+                                             f"this release reads {VERSION})")
         try:
             counts, file_size, body, zid, rid = _unpack_header(mm[:HEADER_BYTES])
         except ValueError as exc:
