@@ -40,7 +40,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import hashlib
-import importlib.util
+import importlib.resources
 import json
 import logging
 import os
@@ -109,12 +109,14 @@ def warm_dir() -> Path:
 @functools.cache
 def protocol_digest() -> str:
     """A digest of the wire protocol this installation speaks: its version and the source of
-    :mod:`cuzk_mp.daemon.protocol` (read, not imported)."""
+    :mod:`cuzk_mp.daemon.protocol` (read, not imported; the version alone where an installation
+    ships no source)."""
     from cuzk_mp import __version__
 
-    spec = importlib.util.find_spec("cuzk_mp.daemon.protocol")
-    origin = spec.origin if spec is not None else None
-    source = Path(origin).read_bytes() if origin else b""
+    try:
+        source = (importlib.resources.files("cuzk_mp.daemon") / "protocol.py").read_bytes()
+    except OSError:
+        source = b""
     return f"{__version__}:{hashlib.sha256(source).hexdigest()}"
 
 
