@@ -138,3 +138,44 @@ def test_a_journal_an_earlier_release_made_readable_to_others_becomes_its_owners
         if (tmp_path / name).exists():
             assert stat.S_IMODE((tmp_path / name).stat().st_mode) == 0o600, name
     j.close()
+
+
+def test_done_jobs_an_earlier_release_quarantined_come_back_when_this_one_opens_the_journal(tmp_path: Path) -> None:
+    """Rolled back, a release before key_digest quarantined the done jobs whose stored reply carried it
+    (as the releases that stored it inside the reply wrote them): moved, whole, into the quarantine
+    table. Upgraded again, this release reads those rows: they are moved back, each job answering with
+    its proofs and key_digest again, and stored so that the earlier release reads them from then on. A
+    quarantined row whose job id is in use again, or that this release cannot read either, stays."""
+    path = tmp_path / "journal.sqlite"
+    j = Journal.open(path)
+    asyncio.run(j.add(_entry("quarantined-done")))
+    asyncio.run(j.add(_entry("unreadable")))
+    asyncio.run(j.add(_entry("reused")))
+    j.close()
+    conn = sqlite3.connect(path)
+    inside = msgspec.msgpack.encode(_reply("quarantined-done", "done", "ab" * 16))  # key_digest in the reply
+    conn.execute("UPDATE jobs SET state='done', finished_at=3.0, result=? WHERE job_id='quarantined-done'", (inside,))
+    conn.execute("UPDATE jobs SET priority=9 WHERE job_id='unreadable'")
+    for job_id in ("quarantined-done", "unreadable", "reused"):  # what an earlier release's quarantine does
+        conn.execute(f"INSERT INTO quarantine SELECT {EARLIER_COLUMNS}, 'ValidationError', 5.0 FROM jobs "
+                     "WHERE job_id=?", (job_id,))
+        conn.execute("DELETE FROM jobs WHERE job_id=?", (job_id,))
+    conn.commit()
+    conn.close()
+    j = Journal.open(path)
+    asyncio.run(j.add(_entry("reused")))  # submitted again after the quarantine
+    j.close()
+
+    j = Journal.open(path)
+    by_id = {e.job_id: e for e in j.load()}
+    report = asyncio.run(j.report())
+    j.close()
+    assert set(by_id) == {"quarantined-done", "reused"}
+    done = by_id["quarantined-done"]
+    assert done.state == "done" and done.result is not None and done.result.key_digest == "ab" * 16
+    assert done.result.partitions[0].public == ["7"] and by_id["reused"].state == "queued"
+    assert sorted(q["job_id"] for q in report["quarantine"]) == ["reused", "unreadable"]
+    conn = sqlite3.connect(path)
+    [(result,)] = conn.execute("SELECT result FROM jobs WHERE job_id='quarantined-done'").fetchall()
+    conn.close()
+    assert set(msgspec.msgpack.decode(result)) <= REPLY_FIELDS_BEFORE_KEY_DIGEST

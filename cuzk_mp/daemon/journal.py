@@ -24,6 +24,7 @@ The journal is the source of truth, so it is defended:
   the schema (types, priority 0..3, a state it knows, decodable partitions and result that
   agree with the row); a row that fails is moved, as it was, into the ``quarantine`` table with
   the reason, logged, and counted in :meth:`Journal.report` (the status document's ``journal``).
+  A quarantined row that passes the checks (one an earlier release could not read) is moved back.
 
 Versions: a daemon upgraded in place opens the journal of an earlier release with its jobs (schema
 1 is migrated; later columns are added), and one rolled back to an earlier release of the same
@@ -366,8 +367,10 @@ class Journal:
         """Every valid journaled job, oldest first (called once at start-up, before serving).
 
         A row that fails the checks of :class:`JournalEntry` is quarantined (moved as it was
-        into the ``quarantine`` table with the reason, and logged) and the others load.
+        into the ``quarantine`` table with the reason, and logged) and the others load. First, a
+        quarantined row this release reads is moved back (:meth:`_unquarantine`).
         """
+        self._unquarantine()
         out = []
         for row in self._conn.execute(f"SELECT {_COLUMNS}, key_digest FROM jobs ORDER BY seq").fetchall():
             try:
@@ -376,6 +379,35 @@ class Journal:
                     RecursionError) as e:
                 self._quarantine(row[0], row[1], f"{type(e).__name__}: {e}")
         return out
+
+    def _unquarantine(self) -> None:
+        """Move back into the journal each quarantined row that passes this release's checks and
+        whose job id is not in use again: an earlier release (a daemon rolled back) quarantined the
+        rows a later one wrote with a field it did not know, such as the done jobs whose stored reply
+        carried ``key_digest``. Each comes back with its original place in the order, its reply
+        stored as every release reads it (:func:`~cuzk_mp.daemon.protocol.stored_reply`)."""
+        rows = self._conn.execute(
+            f"SELECT rowid, {_COLUMNS} FROM quarantine WHERE job_id NOT IN (SELECT job_id FROM jobs) "
+            "ORDER BY quarantined_at").fetchall()
+        for rowid, *row in rows:
+            try:
+                entry = _entry_of((*row, None))
+            except (msgspec.DecodeError, msgspec.ValidationError, ValueError, TypeError, RecursionError):
+                continue  # still unreadable: it stays where it is
+            result, key_digest = stored_reply(entry.result) if entry.result is not None else (None, None)
+            try:
+                with self._conn:
+                    self._conn.execute("BEGIN IMMEDIATE")
+                    self._conn.execute(
+                        f"INSERT INTO jobs ({_COLUMNS}, key_digest) SELECT {_COLUMNS.replace('result', '?')}, ? "
+                        "FROM quarantine WHERE rowid=?", (result, key_digest, rowid))
+                    self._conn.execute("DELETE FROM quarantine WHERE rowid=?", (rowid,))
+            except sqlite3.Error as e:  # its place taken (a seq in use), or not an integer: it stays
+                log.warning("[start] journal %s: job %s in the quarantine table is readable but could not be "
+                            "moved back: %s", self.path, entry.job_id, e)
+                continue
+            log.warning("[start] journal %s: job %s (%s), quarantined by a release that could not read it, "
+                        "is readable and was moved back", self.path, entry.job_id, entry.state)
 
     def _quarantine(self, seq: Any, job_id: Any, reason: str) -> None:
         now = time.time()
