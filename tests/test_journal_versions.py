@@ -179,3 +179,25 @@ def test_done_jobs_an_earlier_release_quarantined_come_back_when_this_one_opens_
     [(result,)] = conn.execute("SELECT result FROM jobs WHERE job_id='quarantined-done'").fetchall()
     conn.close()
     assert set(msgspec.msgpack.decode(result)) <= REPLY_FIELDS_BEFORE_KEY_DIGEST
+
+
+def test_a_reply_stored_with_key_digest_inside_is_stored_apart_once_this_release_loads_it(tmp_path: Path) -> None:
+    """The releases that stored key_digest inside a done job's reply left rows an earlier release would
+    quarantine on a rollback; this release, loading them, stores them apart, as it writes its own."""
+    path = tmp_path / "journal.sqlite"
+    j = Journal.open(path)
+    asyncio.run(j.add(_entry("inside")))
+    j.close()
+    conn = sqlite3.connect(path)
+    conn.execute("UPDATE jobs SET state='done', finished_at=3.0, result=? WHERE job_id='inside'",
+                 (msgspec.msgpack.encode(_reply("inside", "done", "ab" * 16)),))
+    conn.commit()
+    conn.close()
+    j = Journal.open(path)
+    [entry] = j.load()
+    j.close()
+    assert entry.result is not None and entry.result.key_digest == "ab" * 16
+    conn = sqlite3.connect(path)
+    [(result, key_digest)] = conn.execute("SELECT result, key_digest FROM jobs").fetchall()
+    conn.close()
+    assert set(msgspec.msgpack.decode(result)) <= REPLY_FIELDS_BEFORE_KEY_DIGEST and key_digest == "ab" * 16
