@@ -339,6 +339,28 @@ def test_an_interrupt_while_the_cache_is_finished_stays_an_interrupt(files: tupl
     assert ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data is not None  # the next run builds it
 
 
+def test_an_error_raised_while_handling_another_is_what_the_build_reports(files: tuple[Path, Path],
+                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build step that fails while handling another error (the first one's frames, held by the
+    second's context, keep views of the mapping): the caller gets that error, not a BufferError from
+    closing the mapping under them, and no temporary file is left."""
+    from cuzk_mp.groth16 import circuit_data
+
+    zkey, r1cs = files
+
+    def failing(body: np.ndarray) -> int:
+        view = body[:8]  # noqa: F841 - held by the first error's frame
+        try:
+            raise KeyError("the first")
+        except KeyError:
+            raise ValueError("the build step's own error") from None
+
+    monkeypatch.setattr(circuit_data, "body_hash", failing)
+    with pytest.raises(ValueError, match="the build step's own error"):
+        ConstraintEvaluator.from_files(str(zkey), str(r1cs))
+    assert not [p for p in zkey.parent.iterdir() if p.name.endswith(".tmp")]
+
+
 HAND_MADE = {
     # what a kernel would index out of bounds with, each with a valid checksum and body hash
     "column past the wires": ({}, ("a_col", 3, 1 << 30),

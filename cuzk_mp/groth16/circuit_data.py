@@ -324,16 +324,23 @@ def _write_cache(builder: _Builder, dest: Path, zid: FileIdentity, rid: FileIden
             # OSError here (the next place is tried), not a SIGBUS on the first page it cannot back
             os.posix_fallocate(f.fileno(), 0, size)
             failure: BaseException | None = None
-            with mmap.mmap(f.fileno(), size) as mm:
+            mm = mmap.mmap(f.fileno(), size)
+            try:
                 buf = np.frombuffer(mm, dtype=np.uint8)
                 try:
                     builder.fill(buf)
                     body = body_hash(buf[HEADER_BYTES:])
                     mm[:HEADER_BYTES] = _pack_header(builder.counts, size, body, zid, rid)
                     mm.flush()
-                except BaseException as exc:  # (a SIGINT too) its frames hold views of the mapping, whose close
-                    failure = exc.with_traceback(None)  # would fail on them: raised once it is closed
+                except BaseException as exc:  # (a SIGINT too) raised as it is, once the mapping is let go
+                    failure = exc
                 del buf
+            finally:
+                try:
+                    mm.close()
+                except BufferError:  # views of the mapping live on in the failure's frames (its traceback
+                    if failure is None:  # and the exceptions it was raised while handling): the mapping
+                        raise  # goes with them; the failure, not this, is what the caller must hear of
             if failure is not None:
                 raise failure
             os.fsync(f.fileno())
