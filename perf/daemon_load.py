@@ -9,12 +9,29 @@ job), verifies every proof with cuzk-mp's verifier, and records the daemon's RSS
 after and the GetStatus latency under load::
 
     .venv/bin/python perf/daemon_load.py [--jobs 200] [--clients 20] [--json perf/results/daemon-cpu.json]
+
+``--soak-minutes M`` runs a soak instead, looking for resources that grow with the number of jobs.
+For M minutes it sends a realistic mix to a daemon of two circuits (porep-like 2^10 and 2^11, 1-3
+partitions a job) whose key budget holds one key at a time (so keys are loaded and evicted) and
+whose ``result_ttl`` is short (finished jobs expire during the run): jobs awaited by concurrent
+clients, jobs that fail (a witness that breaks a constraint, a .wtns that does not parse, one of
+the other circuit's size), cancels of queued and of running jobs, clients that disconnect
+mid-await or mid-Prove, awaits that time out, malformed frames, GetStatus / metrics polling and
+evict requests. Every ``--sample-s`` seconds it reads each process of the daemon's tree (PSS and
+anonymous memory from ``/proc/PID/smaps_rollup``, open fds by kind, threads), the tree's children,
+the ring's /dev/shm entries, the journal's files, the daemon's temp files and its asyncio tasks
+(counted inside the daemon by a probe the launcher installs), and fits each series' growth per
+1000 jobs after the warm-up::
+
+    .venv/bin/python perf/daemon_load.py --soak-minutes 20 [--soak-clients 4] [--sample-s 10] \
+        --json perf/results/daemon-soak-cpu.json
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
 import os
 import platform
@@ -23,6 +40,7 @@ import statistics
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 from typing import Any
@@ -32,7 +50,9 @@ import psutil
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
 
+from cuzk_mp.daemon import protocol as P  # noqa: E402
 from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions  # noqa: E402
+from cuzk_mp.errors import CuzkError, InputError  # noqa: E402
 from cuzk_mp.formats.snarkjs_json import (  # noqa: E402
     proof_from_json, public_from_json, vk_from_json,
 )
@@ -75,13 +95,21 @@ def start_daemon(work: Path, workers: int, log_n: int) -> tuple[subprocess.Popen
     return launch_daemon(work, CONFIG.format(work=work, workers=workers, log_n=log_n), 600)
 
 
-def launch_daemon(work: Path, config: str, timeout_s: float) -> tuple[subprocess.Popen[bytes], str]:
+def launch_daemon(work: Path, config: str, timeout_s: float, *, task_probe: Path | None = None,
+                  env: dict[str, str] | None = None) -> tuple[subprocess.Popen[bytes], str]:
     """Write ``config`` as ``<work>/cuzk.toml``, start `cuzk-mp daemon` on it (log in ``<work>/daemon.log``)
-    and wait up to ``timeout_s`` until it serves on ``unix://<work>/cuzk.sock``; returns (process, address)."""
+    and wait up to ``timeout_s`` until it serves on ``unix://<work>/cuzk.sock``; returns (process, address).
+
+    ``task_probe``: the daemon runs with :data:`TASK_PROBE` installed, which writes its event loop's
+    asyncio tasks (a count, and the ten most common coroutines) to that file every second: the
+    tasks a daemon leaves behind are visible from nowhere else."""
     (work / "cuzk.toml").write_text(config)
     log = open(work / "daemon.log", "wb")
-    proc = subprocess.Popen([sys.executable, "-m", "cuzk_mp.cli", "daemon", "--config",
-                             str(work / "cuzk.toml")], cwd=REPO, stdout=log, stderr=log)
+    cli = ["daemon", "--config", str(work / "cuzk.toml")]
+    argv = ([sys.executable, "-c", TASK_PROBE, str(task_probe), *cli] if task_probe is not None
+            else [sys.executable, "-m", "cuzk_mp.cli", *cli])
+    proc = subprocess.Popen(argv, cwd=REPO, stdout=log, stderr=log,
+                            env=None if env is None else {**os.environ, **env})
     addr = f"unix://{work}/cuzk.sock"
     deadline = time.monotonic() + timeout_s
     while time.monotonic() < deadline:
@@ -166,6 +194,536 @@ def check(out: dict[str, Any], jobs: int) -> dict[str, Any]:
     }
 
 
+# ---------------------------------------------------------------------------------- soak mode
+
+TASK_PROBE = r"""
+import asyncio, collections, json, os, runpy, sys, threading, time
+out, loops = sys.argv[1], []
+class _Policy(asyncio.DefaultEventLoopPolicy):
+    def new_event_loop(self):
+        loop = super().new_event_loop()
+        loops.append(loop)
+        return loop
+asyncio.set_event_loop_policy(_Policy())
+def _write(loop):
+    tasks = asyncio.all_tasks(loop)
+    names = collections.Counter(getattr(t.get_coro(), "__qualname__", "?") for t in tasks)
+    with open(out + ".tmp", "w") as f:
+        json.dump({"t": time.time(), "tasks": len(tasks), "top": names.most_common(8)}, f)
+    os.replace(out + ".tmp", out)
+def _probe():
+    while True:
+        time.sleep(1.0)
+        for loop in list(loops):
+            if loop.is_running():
+                try:
+                    loop.call_soon_threadsafe(_write, loop)
+                except RuntimeError:
+                    pass
+threading.Thread(target=_probe, daemon=True, name="task-probe").start()
+sys.argv = ["cuzk-mp", *sys.argv[2:]]
+runpy.run_module("cuzk_mp.cli", run_name="__main__", alter_sys=True)
+"""
+
+SOAK_CONFIG = """
+[daemon]
+listen = "unix://{work}/cuzk.sock"
+journal = "{work}/journal.sqlite"
+result_ttl = "{ttl}s"
+max_frame_bytes = "16MiB"
+max_queued_input = "16MiB"
+frame_timeout = "5s"
+[srs]
+param_cache = "{work}/keys"
+[memory]
+total_budget = "{total}"
+safety_margin = "1GiB"
+[synthesis]
+partition_workers = 1
+[pipeline]
+ring_slots = 4
+[gpus]
+backend = "cpu"
+devices = [0]
+gpu_workers_per_device = 1
+[logging]
+level = "info"
+[circuits.small]
+synthetic = "porep-like"
+log_n = {log_n}
+[circuits.large]
+synthetic = "porep-like"
+log_n = {log_n_large}
+"""
+
+# Relative weights of the soak's client actions (see SoakMix).
+SOAK_WEIGHTS = {"ok": 40, "ok_batch": 8, "unsatisfied": 5, "unparsable": 4, "wrong_size": 3,
+                "bad_request": 3, "cancel_queued": 5, "cancel_running": 5, "disconnect_await": 5,
+                "disconnect_prove": 3, "await_timeout": 3, "malformed_frame": 2, "resubmit": 3}
+
+
+class SoakMix:
+    """The soak's clients: each actor loops until the deadline, picking an action by SOAK_WEIGHTS.
+
+    Every action checks what it gets back (a done job's proofs, a failure's kind); a reply that
+    says otherwise is counted under ``surprises`` with its text, so the soak checks behaviour as
+    well as resources."""
+
+    def __init__(self, addr: str, inputs: dict[str, bytes], seed: int) -> None:
+        import random
+
+        self.addr, self.inputs = addr, inputs
+        self.rng = random.Random(seed)
+        self.counts: dict[str, int] = {}
+        self.outcomes: dict[str, int] = {}
+        self.surprises: list[str] = []
+        self.submitted_ids: list[tuple[str, str, list[Any]]] = []
+        self._n = 0
+
+    def _rid(self, what: str) -> str:
+        self._n += 1
+        return f"soak-{what}-{self._n}"
+
+    def _note(self, outcome: str) -> None:
+        self.outcomes[outcome] = self.outcomes.get(outcome, 0) + 1
+
+    def _surprise(self, what: str, detail: object) -> None:
+        self._note("surprise")
+        if len(self.surprises) < 50:
+            self.surprises.append(f"{what}: {detail}")
+
+    def _synthetic(self, n: int) -> list[Any]:
+        return synthetic_partitions(n, first_seed=self.rng.randrange(1 << 30))
+
+    def _circuit(self) -> str:
+        return self.rng.choice(("small", "large"))
+
+    async def actor(self, deadline: float) -> None:
+        """One client connection; actions that need a connection of their own open it."""
+        names, weights = list(SOAK_WEIGHTS), list(SOAK_WEIGHTS.values())
+        async with await AsyncClient.connect(self.addr) as c:
+            while time.monotonic() < deadline:
+                what = self.rng.choices(names, weights)[0]
+                self.counts[what] = self.counts.get(what, 0) + 1
+                try:
+                    await getattr(self, "_" + what)(c)
+                except Exception as e:  # noqa: BLE001 - counted; the soak goes on
+                    self._surprise(what, f"{type(e).__name__}: {e}")
+                    if c._reader.done():
+                        return
+
+    async def _expect_state(self, c: AsyncClient, job_id: str, states: tuple[str, ...], what: str) -> None:
+        r = await c.await_proof(job_id, timeout_s=600)
+        self._note(f"{what}:{r.state}")
+        if r.state not in states:
+            self._surprise(what, f"job {job_id} {r.state}: {r.error}")
+
+    async def _ok(self, c: AsyncClient) -> None:
+        cid, parts = self._circuit(), self._synthetic(self.rng.randint(1, 3))
+        rid = self._rid("ok")
+        s = await c.submit(cid, parts, request_id=rid)
+        self.submitted_ids.append((rid, cid, parts))
+        r = await c.await_proof(s.job_id, timeout_s=600)
+        self._note(f"ok:{r.state}")
+        if r.state != "done" or any(p.proof is None for p in r.partitions):
+            self._surprise("ok", f"job {s.job_id} {r.state}: {r.error}")
+
+    async def _ok_batch(self, c: AsyncClient) -> None:
+        subs = await asyncio.gather(*[c.submit(self._circuit(), self._synthetic(1), request_id=self._rid("batch"))
+                                      for _ in range(self.rng.randint(3, 6))])
+        for s in subs:
+            await self._expect_state(c, s.job_id, ("done",), "ok_batch")
+
+    async def _bad_wtns(self, c: AsyncClient, what: str, cid: str, data: bytes) -> None:
+        try:
+            s = await c.submit(cid, [P.PartitionIn(kind="wtns", data=data)], request_id=self._rid(what))
+        except InputError:
+            self._note(f"{what}:refused")
+            return
+        await self._expect_state(c, s.job_id, ("failed",), what)
+
+    async def _unsatisfied(self, c: AsyncClient) -> None:
+        await self._bad_wtns(c, "unsatisfied", "small", self.inputs["unsatisfied"])
+
+    async def _unparsable(self, c: AsyncClient) -> None:
+        await self._bad_wtns(c, "unparsable", "small", self.inputs["unparsable"])
+
+    async def _wrong_size(self, c: AsyncClient) -> None:
+        await self._bad_wtns(c, "wrong_size", "small", self.inputs["large_wtns"])
+
+    async def _bad_request(self, c: AsyncClient) -> None:
+        kind = self.rng.randrange(3)
+        try:
+            if kind == 0:
+                await c.submit("no-such-circuit", self._synthetic(1))
+            elif kind == 1:
+                await c.submit("small", self._synthetic(1), request_id="x" * 200)
+            else:
+                rid = self._rid("twice")
+                await c.submit("small", self._synthetic(1), request_id=rid)
+                await c.submit("small", self._synthetic(2), request_id=rid)
+        except InputError:
+            self._note("bad_request:refused")
+            return
+        self._surprise("bad_request", f"kind {kind} accepted")
+
+    async def _cancel_queued(self, c: AsyncClient) -> None:
+        s = await c.submit("large", self._synthetic(3), request_id=self._rid("cq"))
+        await c.cancel(s.job_id)
+        await self._expect_state(c, s.job_id, ("cancelled", "done"), "cancel_queued")
+
+    async def _cancel_running(self, c: AsyncClient) -> None:
+        s = await c.submit(self._circuit(), self._synthetic(3), request_id=self._rid("cr"))
+        await asyncio.sleep(self.rng.uniform(0.05, 0.6))
+        await c.cancel(s.job_id)
+        await self._expect_state(c, s.job_id, ("cancelled", "done"), "cancel_running")
+
+    async def _disconnect_await(self, c: AsyncClient) -> None:
+        async with await AsyncClient.connect(self.addr) as other:
+            s = await other.submit(self._circuit(), self._synthetic(self.rng.randint(1, 2)),
+                                   request_id=self._rid("da"))
+            waiter = asyncio.ensure_future(other.await_proof(s.job_id))
+            await asyncio.sleep(self.rng.uniform(0.01, 0.3))
+        with contextlib.suppress(Exception):
+            await waiter
+        await self._expect_state(c, s.job_id, ("done",), "disconnect_await")
+
+    async def _disconnect_prove(self, c: AsyncClient) -> None:
+        async with await AsyncClient.connect(self.addr) as other:
+            rid = self._rid("dp")
+            call = asyncio.ensure_future(other.prove(self._circuit(), self._synthetic(1), request_id=rid))
+            await asyncio.sleep(self.rng.uniform(0.005, 0.3))
+        with contextlib.suppress(Exception):
+            await call
+        with contextlib.suppress(InputError):  # the Prove may not have reached the daemon
+            await self._expect_state(c, rid, ("done",), "disconnect_prove")
+
+    async def _await_timeout(self, c: AsyncClient) -> None:
+        s = await c.submit(self._circuit(), self._synthetic(1), request_id=self._rid("at"))
+        r = await c.await_proof(s.job_id, timeout_s=0.01)
+        self._note(f"await_timeout:timed_out={r.timed_out}")
+        await self._expect_state(c, s.job_id, ("done",), "await_timeout")
+
+    async def _malformed_frame(self, c: AsyncClient) -> None:
+        path = self.addr.removeprefix("unix://")
+        reader, writer = await asyncio.open_unix_connection(path)
+        kind = self.rng.randrange(4)
+        payload = [b"\x00\x00\x00\x05hello", b"\xff\xff\xff\xff", b"\x00\x00\x10\x00" + b"x" * 100,
+                   b"\x00\x00\x00\x03\x93\x01\x02"][kind]
+        writer.write(payload)
+        with contextlib.suppress(Exception):
+            await writer.drain()
+            if kind != 2:  # a truncated frame: leave before the frame_timeout
+                await asyncio.wait_for(reader.read(65536), 10)
+        writer.close()
+        with contextlib.suppress(Exception):
+            await writer.wait_closed()
+        self._note("malformed_frame:sent")
+
+    async def _resubmit(self, c: AsyncClient) -> None:
+        if not self.submitted_ids:
+            return
+        rid, cid, parts = self.rng.choice(self.submitted_ids)
+        s = await c.submit(cid, parts, request_id=rid)
+        self._note(f"resubmit:duplicate={s.duplicate}")
+        await self._expect_state(c, s.job_id, ("done",), "resubmit")
+
+    async def poller(self, deadline: float, interval: float) -> None:
+        """GetStatus (now and then with detail), metrics and the verification key, on one connection."""
+        async with await AsyncClient.connect(self.addr) as c:
+            n = 0
+            while time.monotonic() < deadline:
+                n += 1
+                await c.status(detail=n % 5 == 0)
+                if n % 4 == 0:
+                    await c.metrics()
+                if n % 10 == 0:
+                    await c.verification_key(self._circuit())
+                await asyncio.sleep(interval)
+
+    async def evictor(self, deadline: float, interval: float) -> None:
+        """Evict a key now and then (refused while in use: that reply is part of the interface), each
+        time on a connection of its own (a connection's first request must come within frame_timeout)."""
+        while True:
+            await asyncio.sleep(interval)
+            if time.monotonic() >= deadline:
+                return
+            async with await AsyncClient.connect(self.addr) as c:
+                try:
+                    await c.evict(self._circuit())
+                    self._note("evict:ok")
+                except CuzkError as e:  # a refused evict is an answer
+                    self._note(f"evict:{type(e).__name__}")
+
+
+def _rollup(pid: int) -> dict[str, int]:
+    """Every field of /proc/PID/smaps_rollup, in bytes (empty if the process is gone)."""
+    try:
+        lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
+    except OSError:
+        return {}
+    out = {}
+    for line in lines:
+        key, _, rest = line.partition(":")
+        with contextlib.suppress(ValueError, IndexError):
+            out[key] = int(rest.split()[0]) * 1024
+    return out
+
+
+def _fds(pid: int) -> dict[str, int]:
+    """Open fds of a process by kind: socket, pipe, anon_inode, shm, file, other."""
+    out = {"fds": 0, "fd_socket": 0, "fd_pipe": 0, "fd_anon": 0, "fd_shm": 0, "fd_file": 0}
+    try:
+        names = os.listdir(f"/proc/{pid}/fd")
+    except OSError:
+        return out
+    for n in names:
+        try:
+            target = os.readlink(f"/proc/{pid}/fd/{n}")
+        except OSError:
+            continue
+        out["fds"] += 1
+        kind = ("fd_socket" if target.startswith("socket:") else "fd_pipe" if target.startswith("pipe:")
+                else "fd_anon" if target.startswith("anon_inode:") else "fd_shm" if target.startswith("/dev/shm/")
+                else "fd_file")
+        out[kind] += 1
+    return out
+
+
+def _tree_sample(pid: int) -> dict[str, dict[str, int]]:
+    """PSS, anonymous memory, fds and threads of every process of the tree, by process name."""
+    root = psutil.Process(pid)
+    out: dict[str, dict[str, int]] = {}
+    for p in [root, *root.children(recursive=True)]:
+        try:
+            name = "daemon" if p.pid == pid else p.name()
+            threads = p.num_threads()
+        except psutil.Error:
+            continue
+        r = _rollup(p.pid)
+        if not r:
+            continue
+        name = name if name not in out else f"{name}-{p.pid}"
+        out[name] = {"pid": p.pid, "pss": r.get("Pss", 0) - r.get("Pss_Shmem", 0), "pss_anon": r.get("Pss_Anon", 0),
+                     "private_anon": r.get("Anonymous", 0), "private_dirty": r.get("Private_Dirty", 0),
+                     "threads": threads, **_fds(p.pid)}
+    return out
+
+
+def _files(folder: Path) -> tuple[int, int]:
+    """(files, bytes) under ``folder``."""
+    n = size = 0
+    for dirpath, _, names in os.walk(folder):
+        for name in names:
+            with contextlib.suppress(OSError):
+                size += os.stat(os.path.join(dirpath, name)).st_size
+                n += 1
+    return n, size
+
+
+def soak_sample(pid: int, addr: str, work: Path, prefix: str, probe: Path) -> dict[str, Any]:
+    """One sample of every resource the soak watches (see the module docstring)."""
+    t = time.time()
+    procs = _tree_sample(pid)
+    with Client(addr) as c:
+        metrics = c.metrics()
+        status = c.status()
+    shm = [e for e in os.scandir("/dev/shm") if e.name.removeprefix("sem.").startswith(prefix + ".")]
+    journal = {p.name: p.stat().st_size for p in work.glob("journal.sqlite*") if p.is_file()}
+    tmp_files, tmp_bytes = _files(work / "tmp")
+    try:
+        tasks = json.loads(probe.read_text())
+    except (OSError, ValueError):
+        tasks = {"tasks": -1, "top": []}
+    return {
+        "t": t, "jobs": _counter(metrics, "jobs_submitted"),
+        "partitions_proved": _counter(metrics, "partitions_proved"),
+        "processes": procs, "children": len(procs) - 1,
+        "shm_entries": len(shm), "shm_bytes": sum(e.stat().st_blocks * 512 for e in shm),
+        "journal_bytes": sum(journal.values()), "journal_files": journal,
+        "tmp_files": tmp_files, "tmp_bytes": tmp_bytes,
+        "asyncio_tasks": tasks["tasks"], "asyncio_top": tasks["top"],
+        "job_table": sum(status["job_counts"].values()), "job_counts": status["job_counts"],
+        "srs": {s["circuit"]: s["tier"] for s in status["srs"]},
+    }
+
+
+def _series(samples: list[dict[str, Any]]) -> dict[str, list[float]]:
+    """Each watched figure as one series over the samples (a process missing from a sample: NaN)."""
+    names = sorted({n for s in samples for n in s["processes"]})
+    out: dict[str, list[float]] = {}
+    for key in ("children", "shm_entries", "shm_bytes", "journal_bytes", "tmp_files", "tmp_bytes",
+                "asyncio_tasks", "job_table"):
+        out[key] = [float(s[key]) for s in samples]
+    fields = ("pss", "pss_anon", "private_anon", "private_dirty", "threads", "fds", "fd_socket", "fd_pipe",
+              "fd_anon", "fd_shm", "fd_file")
+    for n in names:
+        for f in fields:
+            out[f"{n}.{f}"] = [float(s["processes"][n][f]) if n in s["processes"] else float("nan")
+                               for s in samples]
+    return out
+
+
+def fit_growth(jobs: list[float], ys: list[float]) -> dict[str, float] | None:
+    """Least-squares slope of ``ys`` per 1000 jobs (with its r^2), the first and last value and the peak;
+    None where fewer than three samples have a value."""
+    pts = [(x, y) for x, y in zip(jobs, ys) if y == y]
+    if len(pts) < 3:
+        return None
+    xs, vs = [p[0] for p in pts], [p[1] for p in pts]
+    mx, my = statistics.fmean(xs), statistics.fmean(vs)
+    sxx = sum((x - mx) ** 2 for x in xs)
+    syy = sum((v - my) ** 2 for v in vs)
+    sxy = sum((x - mx) * (v - my) for x, v in zip(xs, vs))
+    slope = sxy / sxx if sxx else 0.0
+    r2 = sxy * sxy / (sxx * syy) if sxx and syy else 0.0
+    return {"per_1000_jobs": round(slope * 1000, 3), "r2": round(r2, 3), "first": vs[0], "last": vs[-1],
+            "peak": max(vs), "min": min(vs)}
+
+
+def soak_inputs(log_n: int, log_n_large: int) -> dict[str, bytes]:
+    """The bad inputs of the mix: a .wtns of the small circuit that breaks a constraint, bytes that
+    are no .wtns, and a valid .wtns of the large circuit (the wrong size for the small one)."""
+    from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
+    from cuzk_mp.formats.wtns import wtns_bytes
+
+    w = synthetic_circuit("porep-like", log_n).witness(7, 0)
+    w[len(w) // 2, 0] ^= 1
+    w[len(w) // 2 + 1, 0] ^= 1
+    large = synthetic_circuit("porep-like", log_n_large).witness(7, 0)
+    return {"unsatisfied": wtns_bytes(w), "unparsable": b"wtns\x02\x00\x00\x00" + os.urandom(64),
+            "large_wtns": wtns_bytes(large)}
+
+
+def _soak_config(work: Path, args: argparse.Namespace, total: str) -> str:
+    return SOAK_CONFIG.format(work=work, ttl=args.result_ttl, total=total, log_n=args.log_n,
+                              log_n_large=args.log_n + 1)
+
+
+def start_soak_daemon(work: Path, args: argparse.Namespace, probe: Path) -> tuple[subprocess.Popen[bytes], str]:
+    """Start the soak's daemon with a key budget of ~1.2 keys of the large circuit, so that using the
+    other circuit's key evicts one: a first start (which also makes the dev keys) reads the budget's
+    split from GetStatus, a second one runs with the total that leaves the keys that much."""
+    env = {"TMPDIR": str(work / "tmp")}
+    (work / "tmp").mkdir(exist_ok=True)
+    proc, addr = launch_daemon(work, _soak_config(work, args, "16GiB"), 900, env=env)
+    try:
+        with Client(addr) as c:
+            c.preload("small")
+            c.preload("large")
+            st = c.status()
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+    budget = st["memory_budget"]
+    keys = {s["circuit"]: s["bytes"] for s in st["srs"]}
+    total = budget["total"] - budget["srs"] + int(max(keys.values()) * 1.2)
+    return launch_daemon(work, _soak_config(work, args, str(total)), 900, task_probe=probe, env=env)
+
+
+def run_soak(args: argparse.Namespace) -> int:
+    """The soak (``--soak-minutes``): the mix for that long, sampled; writes the JSON report."""
+    load_before, started = os.getloadavg(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    with tempfile.TemporaryDirectory(prefix="cuzk-soak-") as tmp:
+        work = Path(tmp)
+        probe = work / "tasks.json"
+        inputs = soak_inputs(args.log_n, args.log_n + 1)
+        proc, addr = start_soak_daemon(work, args, probe)
+        samples: list[dict[str, Any]] = []
+        try:
+            with Client(addr) as c:
+                st = c.status(detail=True)
+                prefix = st["engine"]["prefix"]
+                budget = st["memory_budget"]
+                for cid in ("small", "large"):  # warm: both keys used, numba's kernels loaded
+                    c.prove(cid, synthetic_partitions(1, first_seed=99_999_999), timeout_s=600)
+                keys = {s["circuit"]: s["bytes"] for s in c.status()["srs"]}
+            mix = SoakMix(addr, inputs, seed=args.seed)
+            stop = threading.Event()
+
+            def sampler() -> None:
+                while True:
+                    try:
+                        samples.append(soak_sample(proc.pid, addr, work, prefix, probe))
+                    except Exception as e:  # noqa: BLE001 - a sample lost is noted, the soak goes on
+                        mix._surprise("sample", f"{type(e).__name__}: {e}")
+                    if stop.wait(args.sample_s):
+                        return
+
+            th = threading.Thread(target=sampler, daemon=True)
+            th.start()
+            t0 = time.monotonic()
+            deadline = t0 + args.soak_minutes * 60
+
+            async def drive() -> None:
+                await asyncio.gather(*[mix.actor(deadline) for _ in range(args.soak_clients)],
+                                     mix.poller(deadline, args.status_interval_soak),
+                                     mix.evictor(deadline, 15.0))
+
+            asyncio.run(drive())
+            wall = time.monotonic() - t0
+            time.sleep(args.result_ttl + 15)  # every result expires and every idle segment is trimmed
+            stop.set()
+            th.join()
+            samples.append(soak_sample(proc.pid, addr, work, prefix, probe))
+        finally:
+            proc.send_signal(signal.SIGTERM)
+            rc = proc.wait(180)
+        left_shm = [e.name for e in os.scandir("/dev/shm") if prefix in e.name]
+        log_lines = (work / "daemon.log").read_text(errors="replace").splitlines()
+        tail = [line[:300] for line in log_lines if " INFO " not in line][-20:]
+        key_loads = sum("loaded key" in line for line in log_lines)
+        left_tmp = _files(work / "tmp")[0]
+    return _soak_report(args, samples, mix, {"budget": budget, "key_bytes": keys, "key_loads": key_loads}, rc,
+                        left_shm, left_tmp, tail, wall, started, load_before)
+
+
+def _soak_report(args: argparse.Namespace, samples: list[dict[str, Any]], mix: SoakMix, keys: dict[str, Any],
+                 rc: int, left_shm: list[str], left_tmp: int, tail: list[str], wall: float, started: str,
+                 load_before: tuple[float, float, float]) -> int:
+    """Fit each series after the warm-up and write the report; exit 1 where the daemon misbehaved."""
+    jobs = [s["jobs"] for s in samples]
+    warm = max(1, round(len(samples) * args.warmup_fraction))
+    series = _series(samples)
+    growth = {k: fit_growth(jobs[warm:-1], v[warm:-1]) for k, v in series.items()}
+    key_moves = sum(a["srs"] != b["srs"] for a, b in zip(samples, samples[1:]))
+    report = {
+        "what": f"soak: {args.soak_minutes:g} min of a mixed load ({args.soak_clients} client actors, "
+                f"porep-like 2^{args.log_n} and 2^{args.log_n + 1}, 1-3 partitions a job, result_ttl "
+                f"{args.result_ttl:g} s, a key budget of one key), every process of the daemon's tree sampled "
+                f"every {args.sample_s:g} s",
+        "command": "python perf/daemon_load.py " + " ".join(sys.argv[1:]),
+        "started": started, "commit": _commit(), "wall_s": round(wall, 1),
+        "jobs_submitted": jobs[-1] - jobs[0] if jobs else 0,
+        "partitions_proved": samples[-1]["partitions_proved"] - samples[0]["partitions_proved"] if samples else 0,
+        "actions": mix.counts, "outcomes": mix.outcomes, "surprises": mix.surprises,
+        "key_tier_changes_seen": key_moves, "keys": keys,
+        "warmup_samples": warm, "samples": len(samples),
+        "growth_after_warmup": {k: v for k, v in growth.items() if v is not None},
+        "final": {k: samples[-1][k] for k in ("children", "shm_entries", "journal_bytes", "tmp_files",
+                                              "asyncio_tasks", "asyncio_top", "job_table", "job_counts")}
+        if samples else {},
+        "daemon_exit_code_after_sigterm": rc, "shm_left_after_exit": left_shm, "tmp_files_left_after_exit": left_tmp,
+        "daemon_log_tail": tail,
+        "machine": {"cpu": _cpu_model(), "cores": os.cpu_count(), "python": platform.python_version(),
+                    "loadavg_before": load_before, "loadavg_after": os.getloadavg()},
+        "timeline": [{k: s[k] for k in ("t", "jobs", "children", "shm_entries", "journal_bytes", "tmp_files",
+                                        "asyncio_tasks", "job_table")}
+                     | {f"{n}.{f}": p[f] for n, p in s["processes"].items()
+                        for f in ("pss", "private_anon", "fds", "threads")}
+                     for s in samples],
+    }
+    args.json.parent.mkdir(parents=True, exist_ok=True)
+    args.json.write_text(json.dumps(report, indent=1) + "\n")
+    print(json.dumps({k: report[k] for k in ("jobs_submitted", "partitions_proved", "outcomes", "surprises",
+                                             "final", "daemon_exit_code_after_sigterm", "shm_left_after_exit")},
+                     indent=1))
+    for k, g in sorted(report["growth_after_warmup"].items()):
+        print(f"{k:40s} {g['per_1000_jobs']:>14.1f}/1000 jobs  r2 {g['r2']:.2f}  first {g['first']:.0f} "
+              f"last {g['last']:.0f} peak {g['peak']:.0f}")
+    return 0 if rc == 0 and not left_shm and not mix.surprises else 1
+
+
 def main() -> int:
     """Run the load test and write the JSON report."""
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
@@ -174,8 +732,22 @@ def main() -> int:
     ap.add_argument("--workers", type=int, default=1, help="synthesis workers")
     ap.add_argument("--log-n", type=int, default=10)
     ap.add_argument("--status-interval", type=float, default=0.02)
-    ap.add_argument("--json", type=Path, default=REPO / "perf" / "results" / "daemon-cpu.json")
+    ap.add_argument("--json", type=Path, default=None,
+                    help="report (default perf/results/daemon-cpu.json, with --soak-minutes daemon-soak-cpu.json)")
+    ap.add_argument("--soak-minutes", type=float, default=0.0,
+                    help="run the soak (module docstring) for this long instead of the load test")
+    ap.add_argument("--soak-clients", type=int, default=4, help="soak: concurrent client actors")
+    ap.add_argument("--sample-s", type=float, default=10.0, help="soak: seconds between resource samples")
+    ap.add_argument("--result-ttl", type=float, default=30.0, help="soak: the daemon's result_ttl (seconds)")
+    ap.add_argument("--warmup-fraction", type=float, default=0.2,
+                    help="soak: the share of the samples left out of the growth fits")
+    ap.add_argument("--status-interval-soak", type=float, default=0.5, help="soak: seconds between GetStatus")
+    ap.add_argument("--seed", type=int, default=1, help="soak: seed of the action mix")
     args = ap.parse_args()
+    if args.soak_minutes > 0:
+        args.json = args.json or REPO / "perf" / "results" / "daemon-soak-cpu.json"
+        return run_soak(args)
+    args.json = args.json or REPO / "perf" / "results" / "daemon-cpu.json"
     load_before = os.getloadavg()
     with tempfile.TemporaryDirectory(prefix="cuzk-load-") as tmp:
         work = Path(tmp)
@@ -226,6 +798,13 @@ def main() -> int:
           and report["resubmits_returned_existing_job"] == args.jobs
           and report["engine_partitions_proved_during_load"] == args.jobs and rc == 0)
     return 0 if ok else 1
+
+
+def _commit() -> str:
+    """The checkout's commit, with " (modified)" where its tracked files differ from it."""
+    def git(*a: str) -> str:
+        return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()
+    return git("rev-parse", "HEAD") + (" (modified)" if git("status", "--porcelain", "-uno") else "")
 
 
 def _cpu_model() -> str:
