@@ -147,3 +147,28 @@ def test_held_time_leaves_out_the_waits_for_a_ring_slot(monkeypatch) -> None:
     assert t.held_for(clock[0]) == 7.0  # the prover's time since it took the slot
     s.on_ring_wait(t.task_id, True)  # late or stray: a proving attempt is not the worker's
     assert t.held_for(clock[0]) == 7.0
+
+
+def test_finished_jobs_keep_no_input_bytes() -> None:
+    """The last KEEP_FINISHED jobs stay for the status, not their inputs: a witness or input JSON is up
+    to max_frame_bytes a partition, and 200 finished jobs' inputs would otherwise stay in the engine
+    after the daemon let them go, outside every budget. The caller's JobSpec is left as it was."""
+    s = Scheduler(max_attempts=2)
+    big = b"\1" * (1 << 20)
+    specs = [JobSpec(job_id, "c", [PartitionInput("wtns", data=big) for _ in range(2)])
+             for job_id in ("done", "failed", "cancelled", "queued-cancelled")]
+    for spec in specs:
+        s.add_job(spec, REF)
+    tasks = [s.next_task() for _ in range(6)]  # every partition of the first three jobs dispatched
+    for t in tasks[:2]:
+        s.on_proof(t.task_id, "proof", [], {}, 0)
+    s.on_failed(tasks[2].task_id, "UnsatisfiedWitness", "witness does not satisfy constraint 7")
+    s.cancel("cancelled")
+    s.cancel("queued-cancelled")  # its attempts are still in the queue's heap
+    assert [j.state for j in s.finished] == ["done", "failed", "cancelled", "cancelled"]
+    assert sum(len(p.data) for j in s.finished for p in j.spec.partitions) == 0
+    assert sum(len(p.data) for _, t in s._queue for p in t.job.spec.partitions) == 0
+    assert all(not j.tasks for j in s.finished)
+    assert [p.kind for p in s.finished[0].spec.partitions] == ["wtns", "wtns"]  # what it was stays
+    assert all(p.data == big for spec in specs for p in spec.partitions)
+    assert [r.state for r in s.rows()] == ["done", "failed", "cancelled", "cancelled"]

@@ -21,7 +21,7 @@ import heapq
 import itertools
 import time
 from collections import deque
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 import msgspec
@@ -29,7 +29,7 @@ import msgspec
 from .circuits import key_changed, key_digest
 from .messages import CircuitRef
 from .timeline import ProverClocks, synthesis_spans
-from .types import JobResult, JobSpec, PartitionResult, StageSpan
+from .types import JobResult, JobSpec, PartitionInput, PartitionResult, StageSpan
 
 NOT_RETRIED = frozenset({"InputError", "FormatError", "UnsatisfiedWitness", "ConfigError", "Cancelled"})
 KEEP_FINISHED = 200  # finished jobs kept for status()
@@ -390,9 +390,14 @@ class Scheduler:
         job.state, job.error, job.finished_at = state, error, finished_at
         self._counts[f"jobs_{state}"] += 1
         self.jobs.pop(job.spec.job_id, None)
-        self.finished.append(job)
         for task in job.tasks:
             self.tasks.pop(task.task_id, None)
+        job.tasks = []
+        # Kept for the status (KEEP_FINISHED) without its input bytes: a partition's witness or input
+        # JSON may be max_frame_bytes, and nothing reads it once the job is over. A new spec: the
+        # caller's stays as it gave it.
+        job.spec = replace(job.spec, partitions=[PartitionInput(p.kind, seed=p.seed) for p in job.spec.partitions])
+        self.finished.append(job)
         results = [r for r in job.results if r is not None]  # every partition has one by now
         return JobResult(job.spec.job_id, job.spec.circuit_id, state, results, error, job.submitted_at,
                          job.started_at, finished_at, key_digest(job.circuit.zkey_id))
