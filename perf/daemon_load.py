@@ -15,9 +15,9 @@ For M minutes it sends a realistic mix to a daemon of two circuits (porep-like 2
 partitions a job) whose key budget holds one key at a time (so keys are loaded and evicted) and
 whose ``result_ttl`` is short (finished jobs expire during the run): jobs awaited by concurrent
 clients, jobs that fail (a witness that breaks a constraint, a .wtns that does not parse, one of
-the other circuit's size), cancels of queued and of running jobs, clients that disconnect
-mid-await or mid-Prove, awaits that time out, malformed frames, GetStatus / metrics polling and
-evict requests. Every ``--sample-s`` seconds it reads each process of the daemon's tree (PSS and
+the other circuit's size, one of ``--big-input-mib`` MiB), cancels of queued and of running jobs,
+clients that disconnect mid-await or mid-Prove, awaits that time out, malformed frames, GetStatus /
+metrics polling and evict requests. Every ``--sample-s`` seconds it reads each process of the daemon's tree (PSS and
 anonymous memory from ``/proc/PID/smaps_rollup``, open fds by kind, threads), the tree's children,
 the ring's /dev/shm entries, the journal's files, the daemon's temp files and its asyncio tasks
 (counted inside the daemon by a probe the launcher installs), and fits each series' growth per
@@ -52,7 +52,7 @@ sys.path.insert(0, str(REPO))
 
 from cuzk_mp.daemon import protocol as P  # noqa: E402
 from cuzk_mp.daemon.client import AsyncClient, Client, synthetic_partitions  # noqa: E402
-from cuzk_mp.errors import CuzkError, InputError  # noqa: E402
+from cuzk_mp.errors import CuzkError, InputError, Unavailable  # noqa: E402
 from cuzk_mp.formats.snarkjs_json import (  # noqa: E402
     proof_from_json, public_from_json, vk_from_json,
 )
@@ -259,7 +259,7 @@ log_n = {log_n_large}
 # Relative weights of the soak's client actions (see SoakMix).
 SOAK_WEIGHTS = {"ok": 40, "ok_batch": 8, "unsatisfied": 5, "unparsable": 4, "wrong_size": 3,
                 "bad_request": 3, "cancel_queued": 5, "cancel_running": 5, "disconnect_await": 5,
-                "disconnect_prove": 3, "await_timeout": 3, "malformed_frame": 2, "resubmit": 3}
+                "disconnect_prove": 3, "await_timeout": 3, "malformed_frame": 2, "resubmit": 3, "big_input": 2}
 
 
 class SoakMix:
@@ -340,6 +340,9 @@ class SoakMix:
         except InputError:
             self._note(f"{what}:refused")
             return
+        except Unavailable:  # max_queued_input: the answer to a queue full of large inputs
+            self._note(f"{what}:unavailable")
+            return
         await self._expect_state(c, s.job_id, ("failed",), what)
 
     async def _unsatisfied(self, c: AsyncClient) -> None:
@@ -350,6 +353,9 @@ class SoakMix:
 
     async def _wrong_size(self, c: AsyncClient) -> None:
         await self._bad_wtns(c, "wrong_size", "small", self.inputs["large_wtns"])
+
+    async def _big_input(self, c: AsyncClient) -> None:
+        await self._bad_wtns(c, "big_input", "small", self.inputs["big_wtns"])
 
     async def _bad_request(self, c: AsyncClient) -> None:
         kind = self.rng.randrange(3)
@@ -581,9 +587,12 @@ def fit_growth(jobs: list[float], ys: list[float]) -> dict[str, float] | None:
             "peak": max(vs), "min": min(vs)}
 
 
-def soak_inputs(log_n: int, log_n_large: int) -> dict[str, bytes]:
+def soak_inputs(log_n: int, log_n_large: int, big_mib: float) -> dict[str, bytes]:
     """The bad inputs of the mix: a .wtns of the small circuit that breaks a constraint, bytes that
-    are no .wtns, and a valid .wtns of the large circuit (the wrong size for the small one)."""
+    are no .wtns, a valid .wtns of the large circuit (the wrong size for the small one), and a .wtns
+    of ``big_mib`` MiB (a job whose input bytes the daemon must let go once it failed)."""
+    import numpy as np
+
     from cuzk_mp.circuits.synthetic_kinds import synthetic_circuit
     from cuzk_mp.formats.wtns import wtns_bytes
 
@@ -592,7 +601,8 @@ def soak_inputs(log_n: int, log_n_large: int) -> dict[str, bytes]:
     w[len(w) // 2 + 1, 0] ^= 1
     large = synthetic_circuit("porep-like", log_n_large).witness(7, 0)
     return {"unsatisfied": wtns_bytes(w), "unparsable": b"wtns\x02\x00\x00\x00" + os.urandom(64),
-            "large_wtns": wtns_bytes(large)}
+            "large_wtns": wtns_bytes(large),
+            "big_wtns": wtns_bytes(np.zeros((int(big_mib * (1 << 20)) // 32, 4), dtype=np.uint64))}
 
 
 def _soak_config(work: Path, args: argparse.Namespace, total: str) -> str:
@@ -627,7 +637,7 @@ def run_soak(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="cuzk-soak-") as tmp:
         work = Path(tmp)
         probe = work / "tasks.json"
-        inputs = soak_inputs(args.log_n, args.log_n + 1)
+        inputs = soak_inputs(args.log_n, args.log_n + 1, args.big_input_mib)
         proc, addr = start_soak_daemon(work, args, probe)
         samples: list[dict[str, Any]] = []
         try:
@@ -743,6 +753,8 @@ def main() -> int:
                     help="soak: the share of the samples left out of the growth fits")
     ap.add_argument("--status-interval-soak", type=float, default=0.5, help="soak: seconds between GetStatus")
     ap.add_argument("--seed", type=int, default=1, help="soak: seed of the action mix")
+    ap.add_argument("--big-input-mib", type=float, default=4.0,
+                    help="soak: size of the .wtns of the mix's big_input jobs (they fail: the wrong size)")
     args = ap.parse_args()
     if args.soak_minutes > 0:
         args.json = args.json or REPO / "perf" / "results" / "daemon-soak-cpu.json"
