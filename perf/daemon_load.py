@@ -633,7 +633,7 @@ def start_soak_daemon(work: Path, args: argparse.Namespace, probe: Path) -> tupl
 
 def run_soak(args: argparse.Namespace) -> int:
     """The soak (``--soak-minutes``): the mix for that long, sampled; writes the JSON report."""
-    load_before, started = os.getloadavg(), time.strftime("%Y-%m-%dT%H:%M:%S%z")
+    load_before, started, commit = os.getloadavg(), time.strftime("%Y-%m-%dT%H:%M:%S%z"), _commit()
     with tempfile.TemporaryDirectory(prefix="cuzk-soak-") as tmp:
         work = Path(tmp)
         probe = work / "tasks.json"
@@ -685,11 +685,11 @@ def run_soak(args: argparse.Namespace) -> int:
         key_loads = sum("loaded key" in line for line in log_lines)
         left_tmp = _files(work / "tmp")[0]
     return _soak_report(args, samples, mix, {"budget": budget, "key_bytes": keys, "key_loads": key_loads}, rc,
-                        left_shm, left_tmp, tail, wall, started, load_before)
+                        left_shm, left_tmp, tail, wall, (started, commit), load_before)
 
 
 def _soak_report(args: argparse.Namespace, samples: list[dict[str, Any]], mix: SoakMix, keys: dict[str, Any],
-                 rc: int, left_shm: list[str], left_tmp: int, tail: list[str], wall: float, started: str,
+                 rc: int, left_shm: list[str], left_tmp: int, tail: list[str], wall: float, started: tuple[str, str],
                  load_before: tuple[float, float, float]) -> int:
     """Fit each series after the warm-up and write the report; exit 1 where the daemon misbehaved."""
     jobs = [s["jobs"] for s in samples]
@@ -703,7 +703,7 @@ def _soak_report(args: argparse.Namespace, samples: list[dict[str, Any]], mix: S
                 f"{args.result_ttl:g} s, a key budget of one key), every process of the daemon's tree sampled "
                 f"every {args.sample_s:g} s",
         "command": "python perf/daemon_load.py " + " ".join(sys.argv[1:]),
-        "started": started, "commit": _commit(), "wall_s": round(wall, 1),
+        "started": started[0], "commit": started[1], "wall_s": round(wall, 1),
         "jobs_submitted": jobs[-1] - jobs[0] if jobs else 0,
         "partitions_proved": samples[-1]["partitions_proved"] - samples[0]["partitions_proved"] if samples else 0,
         "actions": mix.counts, "outcomes": mix.outcomes, "surprises": mix.surprises,
@@ -813,7 +813,8 @@ def main() -> int:
 
 
 def _commit() -> str:
-    """The checkout's commit, with " (modified)" where its tracked files differ from it."""
+    """The checkout's commit, with " (modified)" where its tracked files differ from it (read when the
+    run starts: the daemon runs the code checked out then)."""
     def git(*a: str) -> str:
         return subprocess.run(["git", *a], cwd=REPO, capture_output=True, text=True).stdout.strip()
     return git("rev-parse", "HEAD") + (" (modified)" if git("status", "--porcelain", "-uno") else "")
