@@ -53,6 +53,36 @@ def query_one(dsn: str, query: str) -> tuple[Any, ...]:
     return tuple(row)
 
 
+def instant_jobs(observe_job: Any = None, key_digest: str | None = None) -> tuple[Any, Any]:
+    """(engine, JobTable): an engine that ends every job at once, done with one partition (public
+    signal 7), stamped with ``time.time()`` as the engine does (a test that moves this box's clock
+    moves its stamps), its result naming ``key_digest``; the table observes each job's latency with
+    ``observe_job(circuit, state, seconds)`` if given."""
+    import asyncio
+    import types
+    from typing import cast
+
+    from cuzk_mp.daemon.jobs import JobTable
+    from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionResult
+
+    class Engine:
+        def submit(self, job: JobSpec) -> None:
+            now = time.time()
+            result = JobResult(job_id=job.job_id, circuit_id=job.circuit_id, state="done", error=None,
+                               partitions=[PartitionResult(index=0, proof={"pi_a": []}, public=[7], timings={},
+                                                           device=None, attempts=1)],
+                               submitted_at=now, started_at=now, finished_at=now, key_digest=key_digest)
+            asyncio.get_running_loop().call_soon(jobs.on_job_done, result)
+
+        def cancel(self, job_id: str) -> bool:
+            return False
+
+    metrics = types.SimpleNamespace(observe_job=observe_job or (lambda *a: None), observe_partition=lambda *a: None)
+    engine = Engine()
+    jobs = JobTable(engine, cast(Any, None), {}, cast(Any, metrics), 60.0)
+    return engine, jobs
+
+
 def make_inputs(directory: Path, n: int, tag: str = "") -> list[InputsRef]:
     """``n`` distinct input blobs stored content-addressed in ``directory``."""
     return [store_inputs(f"inputs {tag} {i} ".encode() * 64, directory) for i in range(n)]

@@ -12,7 +12,7 @@ from pathlib import Path
 
 import msgspec
 import pytest
-from fleet_helpers import connect, make_inputs
+from fleet_helpers import connect, instant_jobs, make_inputs
 
 from cuzk_mp.daemon.config_file import parse_duration
 from cuzk_mp.daemon.fleet import report
@@ -370,30 +370,11 @@ def test_a_box_whose_clock_is_off_the_databases_measures_latency_and_answers_on_
 
     from cuzk_mp.daemon import protocol as P
     from cuzk_mp.daemon.fleet.box import FleetBox, job_reply
-    from cuzk_mp.daemon.jobs import JobTable
-    from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionResult
 
     skew_s = 3600.0
     real_time = time.time
     observed: list[float] = []
-
-    class Engine:
-        """Ends every job at once, stamped with this box's clock as the engine does."""
-
-        def submit(self, job: JobSpec) -> None:
-            now = time.time()
-            result = JobResult(job_id=job.job_id, circuit_id=job.circuit_id, state="done", error=None,
-                               partitions=[PartitionResult(index=0, proof={"pi_a": []}, public=[7], timings={},
-                                                           device=None, attempts=1)],
-                               submitted_at=now, started_at=now, finished_at=now)
-            asyncio.get_running_loop().call_soon(jobs.on_job_done, result)
-
-        def cancel(self, job_id: str) -> bool:
-            return False
-
-    metrics = types.SimpleNamespace(observe_job=lambda circuit, state, s: observed.append(s),
-                                    observe_partition=lambda *a: None)
-    jobs = JobTable(Engine(), cast(Any, None), {}, cast(Any, metrics), 60.0)
+    engine, jobs = instant_jobs(observe_job=lambda circuit, state, s: observed.append(s))
     inp = store_inputs(msgspec.msgpack.encode([P.PartitionIn(kind="synthetic", seed=1)]), tmp_path)
 
     async def main() -> None:
@@ -403,7 +384,7 @@ def test_a_box_whose_clock_is_off_the_databases_measures_latency_and_answers_on_
         monkeypatch.setattr(time, "time", lambda: real_time() + skew_s)
         [c] = await a.claim(["x"], 1)
         fleet_cfg = resolve({"dsn": fleet_dsn, "box": "a"})
-        box = FleetBox(cast(Any, types.SimpleNamespace(fleet=fleet_cfg, circuits={"x": object()})), Engine(), jobs)
+        box = FleetBox(cast(Any, types.SimpleNamespace(fleet=fleet_cfg, circuits={"x": object()})), engine, jobs)
         out = await box._run(c)
         assert await a.complete(c.job_id, out.result, out.key_digest)
         st = await a.status(ref.job_id)

@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any, cast
 
 import msgspec
-from fleet_helpers import STALLING, connect, make_inputs, query_one, worker
+from fleet_helpers import STALLING, connect, instant_jobs, make_inputs, query_one, worker
 
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.fleet.schema import SCHEMA_VERSION
@@ -88,25 +88,9 @@ def test_a_result_this_release_writes_is_read_by_an_earlier_box(fleet_dsn: str, 
     still decode in a box of an earlier release (it answers for every job of the fleet), while this
     release's boxes answer with the key_digest."""
     from cuzk_mp.daemon.fleet.box import FleetBox, job_reply
-    from cuzk_mp.daemon.jobs import JobTable
-    from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionResult
 
     digest = "ab" * 16
-
-    class Engine:
-        def submit(self, job: JobSpec) -> None:
-            now = time.time()
-            result = JobResult(job_id=job.job_id, circuit_id=job.circuit_id, state="done", error=None,
-                               partitions=[PartitionResult(index=0, proof={"pi_a": []}, public=[7], timings={},
-                                                           device=None, attempts=1)],
-                               submitted_at=now, started_at=now, finished_at=now, key_digest=digest)
-            asyncio.get_running_loop().call_soon(jobs.on_job_done, result)
-
-        def cancel(self, job_id: str) -> bool:
-            return False
-
-    metrics = types.SimpleNamespace(observe_job=lambda *a: None, observe_partition=lambda *a: None)
-    jobs = JobTable(Engine(), cast(Any, None), {}, cast(Any, metrics), 60.0)
+    engine, jobs = instant_jobs(key_digest=digest)
     inp = store_inputs(msgspec.msgpack.encode([P.PartitionIn(kind="synthetic", seed=1)]), tmp_path)
 
     async def main() -> None:
@@ -117,7 +101,7 @@ def test_a_result_this_release_writes_is_read_by_an_earlier_box(fleet_dsn: str, 
         ref = await a.submit("req", "x", inp.ref, inp.sha256)
         cfg = resolve_fleet(msgspec.convert({"dsn": fleet_dsn, "box": "a"}, FleetSection), source="cfg.toml",
                             base=Path("/etc/cuzk"), duration=parse_duration)
-        box = FleetBox(cast(Any, types.SimpleNamespace(fleet=cfg, circuits={"x": object()})), Engine(), jobs)
+        box = FleetBox(cast(Any, types.SimpleNamespace(fleet=cfg, circuits={"x": object()})), engine, jobs)
         stop = asyncio.Event()
         task = asyncio.create_task(worker(a, box._run, resident=lambda: ["x"], capacity=lambda: 1).run(stop))
         st = await a.await_result(ref.job_id, 20)
