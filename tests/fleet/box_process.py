@@ -20,7 +20,7 @@ import sys
 import time
 
 from cuzk_mp.daemon.fleet.inputs import load_inputs
-from cuzk_mp.daemon.fleet.models import Claimed
+from cuzk_mp.daemon.fleet.models import Claimed, JobOutput
 from cuzk_mp.daemon.fleet.queue import Fleet
 from cuzk_mp.daemon.fleet.worker import FleetWorker
 
@@ -34,12 +34,12 @@ async def main(args: argparse.Namespace) -> int:
     """Run the box until SIGTERM."""
     circuits = args.circuits.split(",")
 
-    async def run_job(c: Claimed) -> bytes:
+    async def run_job(c: Claimed) -> JobOutput:
         emit("started", job_id=c.job_id, circuit=c.circuit_id, claims=c.claims)
         data = load_inputs(c.inputs_ref, c.inputs_sha256)
         await asyncio.sleep(args.work_s)
-        return json.dumps({"box": args.box, "digest": hashlib.sha256(data).hexdigest(),
-                           "circuit": c.circuit_id}).encode()
+        return JobOutput(json.dumps({"box": args.box, "digest": hashlib.sha256(data).hexdigest(),
+                                     "circuit": c.circuit_id}).encode())
 
     def on_abort(job_id: str, reason: str) -> None:
         emit("aborted", job_id=job_id, reason=reason)

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 from fleet_helpers import STALLING, connect, make_inputs, query_one, worker
 
+from cuzk_mp.daemon.fleet.models import JobOutput
 from cuzk_mp.errors import InputError, ProofError
 from cuzk_mp.pipeline.types import Priority
 
@@ -83,7 +84,7 @@ def test_affinity_boxes_claim_only_resident_circuits(fleet_dsn: str, tmp_path: P
                 assert c.job_id not in ran
                 ran[c.job_id] = name
                 await asyncio.sleep(0.01)
-                return name.encode()
+                return JobOutput(name.encode())
             return run_job
 
         stop = asyncio.Event()
@@ -283,7 +284,7 @@ def test_worker_settles_errors_by_kind(fleet_dsn: str, tmp_path: Path) -> None:
                 raise InputError("witness: constraint 7 not satisfied")
             if c.job_id == ids["flaky"] and tries[c.job_id] < 3:
                 raise ProofError("verification of the fresh proof failed")
-            return b"proof"
+            return JobOutput(b"proof")
 
         stop = asyncio.Event()
         task = asyncio.create_task(worker(a, run_job, resident=lambda: ["x"], capacity=lambda: 1).run(stop))

@@ -1,7 +1,7 @@
 """A box's claim loop: claim while there are free slots, run each job, settle it, stop on abort.
 
 This module owns the loop the daemon runs beside its engine when a fleet is configured. It has
-no policy about proving: ``run_job(claimed)`` does the work and returns the result bytes, or a
+no policy about proving: ``run_job(claimed)`` does the work and returns its
 :class:`.models.JobOutput` (the daemon's: load the inputs, submit to the engine, wait for the
 JobResult, encode it). The loop:
 
@@ -33,7 +33,7 @@ from cuzk_mp.errors import CuzkError, InputError, ResourceError, error_kind
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-RunJob = Callable[[Claimed], Awaitable[bytes | JobOutput]]
+RunJob = Callable[[Claimed], Awaitable[JobOutput]]
 SETTLE_RETRY_DELAYS_S = (0.5, 2.0, 5.0)
 
 
@@ -117,7 +117,7 @@ class FleetWorker:
             self.running.pop(c.job_id, None)
             self._slot_freed.set()
 
-    async def _settle_retrying(self, c: Claimed, work: asyncio.Future[bytes | JobOutput]) -> None:
+    async def _settle_retrying(self, c: Claimed, work: asyncio.Future[JobOutput]) -> None:
         """Settle, retrying while the database is unreachable; then let the claim lapse."""
         for delay in (*SETTLE_RETRY_DELAYS_S, None):
             try:
@@ -132,11 +132,10 @@ class FleetWorker:
                 log.warning("fleet: settling job %s failed (%s); again in %g s", c.job_id, e, delay)
                 await asyncio.sleep(delay)
 
-    async def _settle(self, c: Claimed, work: asyncio.Future[bytes | JobOutput]) -> None:
+    async def _settle(self, c: Claimed, work: asyncio.Future[JobOutput]) -> None:
         exc = work.exception()
         if exc is None:
             out = work.result()
-            out = out if isinstance(out, JobOutput) else JobOutput(out)
             try:
                 if await self.fleet.complete(c.job_id, out.result, out.key_digest):
                     self.completed += 1
