@@ -58,6 +58,7 @@ from cuzk_mp.formats.snarkjs_json import (  # noqa: E402
 )
 from cuzk_mp.groth16.keys import prepare_vk  # noqa: E402
 from cuzk_mp.groth16.verifier import verify  # noqa: E402
+from cuzk_mp.pipeline.monitor import read_smaps_rollup  # noqa: E402
 
 CONFIG = """
 [daemon]
@@ -462,20 +463,6 @@ class SoakMix:
                     self._note(f"evict:{type(e).__name__}")
 
 
-def _rollup(pid: int) -> dict[str, int]:
-    """Every field of /proc/PID/smaps_rollup, in bytes (empty if the process is gone)."""
-    try:
-        lines = Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:]
-    except OSError:
-        return {}
-    out = {}
-    for line in lines:
-        key, _, rest = line.partition(":")
-        with contextlib.suppress(ValueError, IndexError):
-            out[key] = int(rest.split()[0]) * 1024
-    return out
-
-
 def _fds(pid: int) -> dict[str, int]:
     """Open fds of a process by kind: socket, pipe, anon_inode, shm, file, other."""
     out = {"fds": 0, "fd_socket": 0, "fd_pipe": 0, "fd_anon": 0, "fd_shm": 0, "fd_file": 0}
@@ -506,12 +493,12 @@ def _tree_sample(pid: int) -> dict[str, dict[str, int]]:
             threads = p.num_threads()
         except psutil.Error:
             continue
-        r = _rollup(p.pid)
-        if not r:
+        r = read_smaps_rollup(p.pid)
+        if r is None:
             continue
         name = name if name not in out else f"{name}-{p.pid}"
-        out[name] = {"pid": p.pid, "pss": r.get("Pss", 0) - r.get("Pss_Shmem", 0), "pss_anon": r.get("Pss_Anon", 0),
-                     "private_anon": r.get("Anonymous", 0), "private_dirty": r.get("Private_Dirty", 0),
+        out[name] = {"pid": p.pid, "pss": r["pss"] - r["pss_shmem"], "pss_anon": r["pss_anon"],
+                     "private_anon": r["anon"], "private_dirty": r["private_dirty"],
                      "threads": threads, **_fds(p.pid)}
     return out
 

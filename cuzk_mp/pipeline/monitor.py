@@ -24,8 +24,8 @@ import psutil
 
 from .shm_names import live_segments, shm_bytes
 
-_ROLLUP_KEYS = {"Rss": "rss", "Pss": "pss", "Pss_Shmem": "pss_shmem", "Private_Clean": "private_clean",
-                "Private_Dirty": "private_dirty", "Anonymous": "anon"}
+_ROLLUP_KEYS = {"Rss": "rss", "Pss": "pss", "Pss_Shmem": "pss_shmem", "Pss_Anon": "pss_anon",
+                "Private_Clean": "private_clean", "Private_Dirty": "private_dirty", "Anonymous": "anon"}
 
 
 class ProcessMemory(msgspec.Struct):
