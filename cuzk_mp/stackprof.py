@@ -18,9 +18,8 @@ process the GIL for ~50 us per sample: at the default 5 ms, about 1%.
 
 For diagnosis runs only: while it walks a stack (microseconds) the sampler holds that thread's
 frames, and a frame keeps its function's locals alive, so in that window a buffer they still
-export cannot be released; code that closes a memory map right after dropping its last view
-(building a circuit-data cache) can then fail with BufferError. Frames are never held between
-samples.
+export cannot be released (a memory map closed right after its last view was dropped stays
+mapped until the frame goes). Frames are never held between samples.
 """
 
 from __future__ import annotations

@@ -361,6 +361,38 @@ def test_an_error_raised_while_handling_another_is_what_the_build_reports(files:
     assert not [p for p in zkey.parent.iterdir() if p.name.endswith(".tmp")]
 
 
+def test_views_left_in_garbage_cycles_do_not_fail_the_build(files: tuple[Path, Path],
+                                                            monkeypatch: pytest.MonkeyPatch) -> None:
+    """A build step that leaves a view of the mapping in a reference cycle (what numba's first
+    compile of a kernel for new argument types leaves: frames holding its arguments, freed at the
+    next garbage collection) does not fail the build with a BufferError from closing the mapping:
+    the cache is written whole, opens and proves, however late the collector runs."""
+    import gc
+
+    from cuzk_mp.groth16 import circuit_data
+
+    zkey, r1cs = files
+    real = circuit_data.body_hash
+
+    def leaving_a_cycle(body: np.ndarray) -> int:
+        cycle: list[object] = [body[:8]]
+        cycle.append(cycle)
+        return real(body)
+
+    monkeypatch.setattr(circuit_data, "body_hash", leaving_a_cycle)
+    gc.disable()
+    try:
+        data = ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data
+    finally:
+        gc.enable()
+    assert data is not None and data.path is not None
+    assert not [p for p in zkey.parent.iterdir() if p.name.endswith(".tmp")]
+    built = os.stat(data.path).st_mtime_ns
+    monkeypatch.setattr(circuit_data, "body_hash", real)
+    again = ConstraintEvaluator.from_files(str(zkey), str(r1cs)).data  # its body hash checked as it opens
+    assert again is not None and again.path == data.path and os.stat(again.path).st_mtime_ns == built
+
+
 HAND_MADE = {
     # what a kernel would index out of bounds with, each with a valid checksum and body hash
     "column past the wires": ({}, ("a_col", 3, 1 << 30),

@@ -31,6 +31,7 @@ valid mapping. The lock file stays (removing it would race with a waiter).
 from __future__ import annotations
 
 import fcntl
+import gc
 import hashlib
 import logging
 import math
@@ -336,11 +337,7 @@ def _write_cache(builder: _Builder, dest: Path, zid: FileIdentity, rid: FileIden
                     failure = exc
                 del buf
             finally:
-                try:
-                    mm.close()
-                except BufferError:  # views of the mapping live on in the failure's frames (its traceback
-                    if failure is None:  # and the exceptions it was raised while handling): the mapping
-                        raise  # goes with them; the failure, not this, is what the caller must hear of
+                _close_written(mm, failure)
             if failure is not None:
                 raise failure
             os.fsync(f.fileno())
@@ -351,6 +348,27 @@ def _write_cache(builder: _Builder, dest: Path, zid: FileIdentity, rid: FileIden
     c = builder.counts
     log.info("built %s: %d A + %d B + %d C entries, %d distinct coefficients, %.1f MiB in %.1f s", dest, c.a_nnz,
              c.b_nnz, c.c_nnz, c.n_codes, size / 2**20, time.perf_counter() - t0)
+
+
+def _close_written(mm: mmap.mmap, failure: BaseException | None) -> None:
+    """Unmap a cache file's mapping once it is written (or its build failed). Views of it can
+    outlive their code: in a failure's frames (its traceback, and the exceptions it was raised
+    while handling), and in reference cycles the collector has not reached yet (numba's first
+    compile of a kernel for new argument types leaves frames holding the arrays it was called
+    with). The cycles are collected and the close tried again; a view that still lives keeps the
+    mapping until it goes, which costs nothing here: the bytes were flushed before, and the
+    failure, if any, is what the caller must hear of, never a BufferError."""
+    try:
+        mm.close()
+        return
+    except BufferError:
+        if failure is not None:
+            return
+    gc.collect()
+    try:
+        mm.close()
+    except BufferError:
+        log.debug("the circuit-data mapping outlives its build: a view of it is still held")
 
 
 def open_or_build(zkey_path: str | os.PathLike[str], r1cs_path: str | os.PathLike[str] | None,
