@@ -385,6 +385,23 @@ def test_a_request_without_a_valid_token_ends_its_connection(tmp_path: Path) -> 
     run_daemon(tmp_path, body, tokens=[ALICE], admin_tokens=[ADMIN])
 
 
+def test_a_peer_without_a_token_cannot_hold_its_connection_with_malformed_frames(tmp_path: Path) -> None:
+    """Where tokens are required, a frame that is no request (it carries no token the daemon could read)
+    from a connection that never showed a valid token ends that connection after its InputError: the
+    peer holds no slot by sending such frames, or one and then nothing, while a caller that showed its
+    token keeps its connection across a malformed frame."""
+    async def body(d: Daemon, addr: str) -> None:
+        path = str(tmp_path / "d.sock")
+        for junk in (frame(b"hello"), frame(b"\x93\x01\x02")):
+            replies, closed = await asyncio.to_thread(exchange, path, junk + junk, 2, 10.0)
+            assert closed and [r.kind for r in replies] == ["InputError"], replies
+        tokened = frame(P.encode(P.GetStatus(id=1, token=ALICE))) + frame(b"hello")
+        replies, closed = await asyncio.to_thread(exchange, path, tokened, 2, 10.0)
+        assert not closed and sorted(type(r).__name__ for r in replies) == ["ErrorReply", "StatusReply"], replies
+
+    run_daemon(tmp_path, body, tokens=[ALICE], admin_tokens=[ADMIN])
+
+
 def test_the_status_port_serves_a_bounded_number_of_connections(tmp_path: Path,
                                                                 monkeypatch: pytest.MonkeyPatch) -> None:
     """Peers that connect to the status port and say nothing hold at most MAX_CONNECTIONS connections

@@ -80,10 +80,15 @@ class DaemonHandlers:
     # -- connections ----------------------------------------------------------------------
 
     async def handle_comm(self, comm: Comm) -> None:
-        """Serve one connection: read frames, run each request as its own task (pipelining)."""
+        """Serve one connection: read frames, run each request as its own task (pipelining).
+
+        Where tokens are required, a connection that has not shown a valid one yet is closed after
+        answering a frame that is no request (no token can be read from it): else a peer without a
+        token would hold its connection slot by sending such frames, or one and then nothing."""
         self._comms.add(comm)
         lock = asyncio.Lock()
         tasks: set[asyncio.Task[None]] = set()
+        known = not self.access.required  # whether the peer has shown a valid token
         try:
             while True:
                 try:
@@ -96,6 +101,8 @@ class DaemonHandlers:
                 reply_now = self._admit(data, len(tasks))
                 if isinstance(reply_now, P.ErrorReply):
                     await self._send(comm, lock, reply_now)
+                    if not known:
+                        break
                     continue
                 try:
                     self.access.identify(reply_now.token)
@@ -103,6 +110,7 @@ class DaemonHandlers:
                     self.metrics.observe_request(type(reply_now).__name__, 0.0, "AuthError")
                     await self._send(comm, lock, P.error_reply(reply_now.id, "AuthError", str(e)))
                     break
+                known = True
                 task = asyncio.ensure_future(self._serve_one(comm, lock, reply_now))
                 tasks.add(task)
                 task.add_done_callback(tasks.discard)
