@@ -463,6 +463,7 @@ class SoakMix:
         return self.rng.choice(("small", "large"))
 
     async def _connect(self, token: str) -> AsyncClient:
+        """A connection of the caller that ``token`` names (a client, the admin, or no valid one)."""
         return await AsyncClient.connect(self.addr, token=token)
 
     async def actor(self, deadline: float, token: str) -> None:
@@ -480,6 +481,7 @@ class SoakMix:
                         return
 
     async def _expect_state(self, c: AsyncClient, job_id: str, states: tuple[str, ...], what: str) -> P.JobReply:
+        """Await the job: a final state outside ``states`` is a surprise; returns its reply."""
         r = await c.await_proof(job_id, timeout_s=600)
         self._note(f"{what}:{r.state}")
         if r.state not in states:
@@ -669,6 +671,8 @@ class SoakMix:
             await self._expect_error(admin.await_proof(rid, 0), InputError, "unknown job", "wrong_token_no_job")
 
     async def _junk_without_token(self) -> None:
+        """A frame that is no request from a peer that never showed a token: the daemon must end the
+        connection (else such frames, or one and then silence, would hold a connection slot)."""
         reader, writer = await asyncio.open_unix_connection(self.addr.removeprefix("unix://"))
         try:
             writer.write(frame(self.rng.choice((b"hello", b"\x93\x01\x02", b"\x81\xa4type\xa9GetStatus"))))
@@ -716,6 +720,7 @@ class SoakMix:
             self._surprise("priority_low", f"job {s.job_id} ran at {r.priority}, asked {asked}")
 
     async def _run_at(self, c: AsyncClient, priority: str, what: str) -> None:
+        """A job at ``priority`` must be done, and run at that priority (never another than asked)."""
         s = await c.submit("small", self._synthetic(1), priority=priority, request_id=self._rid("pa"))
         r = await self._expect_state(c, s.job_id, ("done",), what)
         if r.priority != priority:
@@ -751,6 +756,7 @@ class SoakMix:
             await self._expect_state(f, again.job_id, ("done",), "owner_cap_again")
 
     async def _other_owner(self, c: AsyncClient) -> None:
+        """A job of this client while another owner is at its cap: taken (that cap is not this one's)."""
         try:
             s = await c.submit("small", self._synthetic(1), request_id=self._rid("cap-other"))
         except Unavailable as e:
@@ -805,6 +811,7 @@ class SoakMix:
         await asyncio.gather(*self._slowloris)
 
     async def _http_checked(self, what: str) -> None:
+        """Run one ``http_<what>`` check; what it says is wrong (or raises) is a surprise."""
         key = f"http_{what}"
         self.counts[key] = self.counts.get(key, 0) + 1
         try:
@@ -818,6 +825,7 @@ class SoakMix:
 
     async def _get(self, path: str, token: str | None = None, method: str = "GET",
                    extra: str = "") -> tuple[int, dict[str, str], bytes]:
+        """One request to the status endpoint and its parsed reply."""
         raw = await http_exchange(self.access.status_port, http_request(method, path, token, extra))
         return http_reply(raw)
 
