@@ -392,7 +392,7 @@ def test_stop_from_a_job_callback_ends_without_waiting_on_itself(test_key: tuple
 def test_an_interrupted_stop_kills_the_children_and_restarts_none(test_key: tuple, monkeypatch: pytest.MonkeyPatch,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     """A second Ctrl-C lands in stop() before the children are stopped: the interrupt goes on up, and
-    the engine is left stopping with every child killed, none taken for a crash, none restarted."""
+    the children are killed and the event thread ends the stop: none taken for a crash, none restarted."""
     engine = _stoppable("intr", None)
     engine.submit(_synthetic_job("long", list(range(100, 300))))
     children = [psutil.Process(c.handle.pid) for c in engine.sup.children.values()]
@@ -403,7 +403,7 @@ def test_an_interrupted_stop_kills_the_children_and_restarts_none(test_key: tupl
     monkeypatch.setattr(engine.sched, "fail_all_unstarted", interrupted)
     with caplog.at_level(logging.INFO, logger="cuzk_mp.pipeline"), pytest.raises(KeyboardInterrupt):
         engine.stop(grace_s=0)
-    assert engine.state == "stopping"
+    assert engine.state in ("stopping", "stopped")  # the event thread may have ended the stop already
     gone, alive = psutil.wait_procs(children, timeout=10)
     assert not alive
     wait_until(lambda: engine.state == "stopped", timeout=10)  # the event thread ends the stop
