@@ -450,7 +450,10 @@ class Ring:
             return buf
 
     def _unmap(self, slot: int) -> None:
-        """Drop this process's mapping of a slot's segment (views still alive keep it until they go)."""
+        """Unmap this process's mapping of a slot's segment. The slot's arrays are made with
+        ``np.ndarray(buffer=...)``, which holds no buffer export: the close unmaps the memory under any
+        of them still alive, so no thread of this process may touch a slot's arrays after handing the
+        slot on (publishing or releasing it): its mapping is closed when the slot is trimmed or remade."""
         with self._mlock:
             self._unmap_locked(slot)
 
