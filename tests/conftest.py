@@ -16,12 +16,18 @@ from tests.gpu_emu import kind  # noqa: F401 - "emu" or "gpu": the kernel tests 
 
 @pytest.fixture(autouse=True)
 def _root_log_level_as_it_was() -> Iterator[None]:
-    """A test that runs ``cli.main`` in-process sets the root logger's level (INFO for ``setup``):
-    put it back, so that no later test captures records another test's verb let through."""
+    """A test that runs ``cli.main`` in-process sets the root logger's level (INFO for ``setup``) and
+    gives it a handler on the stderr of that moment (the test's capture, closed when it ends): put
+    the level back and take that handler away, so that no later test captures records another
+    test's verb let through, and no later record goes to a closed stream ("--- Logging error ---")."""
     root = logging.getLogger()
     level = root.level
+    before = list(root.handlers)
     yield
     root.setLevel(level)
+    for handler in list(root.handlers):
+        if handler not in before and type(handler) is logging.StreamHandler:  # logs.configure's, not pytest's
+            root.removeHandler(handler)
 
 
 @pytest.fixture(scope="session")
