@@ -72,14 +72,11 @@ from cuzk_mp.groth16.verifier import verify  # noqa: E402
 from cuzk_mp.pipeline.monitor import read_smaps_rollup  # noqa: E402
 from tests.helpers import free_port  # noqa: E402
 
-CONFIG = """
-[daemon]
-listen = "unix://{work}/cuzk.sock"
-journal = "{work}/journal.sqlite"
-[srs]
+# The engine's sections of both daemons' configs (the load test's and the soak's): a CPU prover.
+ENGINE_CONFIG = """[srs]
 param_cache = "{work}/keys"
 [memory]
-total_budget = "16GiB"
+total_budget = "{total}"
 safety_margin = "1GiB"
 [synthesis]
 partition_workers = {workers}
@@ -90,8 +87,14 @@ backend = "cpu"
 devices = [0]
 gpu_workers_per_device = 1
 [logging]
-level = "warning"
-[circuits.syn]
+level = "{level}"
+"""
+
+CONFIG = """
+[daemon]
+listen = "unix://{work}/cuzk.sock"
+journal = "{work}/journal.sqlite"
+{engine}[circuits.syn]
 synthetic = "porep-like"
 log_n = {log_n}
 """
@@ -105,7 +108,9 @@ def percentile(xs: list[float], q: float) -> float:
 
 def start_daemon(work: Path, workers: int, log_n: int) -> tuple[subprocess.Popen[bytes], str]:
     """Launch the daemon and wait until it serves; returns (process, address)."""
-    return launch_daemon(work, CONFIG.format(work=work, workers=workers, log_n=log_n), 600)
+    return launch_daemon(work, CONFIG.format(work=work, log_n=log_n,
+                                             engine=ENGINE_CONFIG.format(work=work, total="16GiB", workers=workers,
+                                                                         level="warning")), 600)
 
 
 def launch_daemon(work: Path, config: str, timeout_s: float, *, task_probe: Path | None = None,
@@ -252,22 +257,7 @@ tokens = {tokens}
 admin_tokens = ["{admin}"]
 max_jobs_per_owner = {per_owner}
 max_client_priority = "NORMAL"
-[srs]
-param_cache = "{work}/keys"
-[memory]
-total_budget = "{total}"
-safety_margin = "1GiB"
-[synthesis]
-partition_workers = 1
-[pipeline]
-ring_slots = 4
-[gpus]
-backend = "cpu"
-devices = [0]
-gpu_workers_per_device = 1
-[logging]
-level = "info"
-[circuits.small]
+{engine}[circuits.small]
 synthetic = "porep-like"
 log_n = {log_n}
 [circuits.large]
@@ -1061,7 +1051,8 @@ def soak_inputs(log_n: int, log_n_large: int, big_mib: float) -> dict[str, bytes
 
 
 def _soak_config(work: Path, args: argparse.Namespace, total: str, access: SoakAccess, circom: SoakCircom) -> str:
-    return SOAK_CONFIG.format(work=work, ttl=args.result_ttl, total=total, log_n=args.log_n,
+    engine = ENGINE_CONFIG.format(work=work, total=total, workers=1, level="info")
+    return SOAK_CONFIG.format(work=work, ttl=args.result_ttl, engine=engine, log_n=args.log_n,
                               log_n_large=args.log_n + 1, status_port=access.status_port,
                               tokens=json.dumps([*access.clients, access.flood]), admin=access.admin,
                               per_owner=access.per_owner, bits_zkey=circom.zkey, bits_r1cs=circom.r1cs,
