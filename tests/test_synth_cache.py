@@ -366,7 +366,7 @@ def test_views_left_in_garbage_cycles_do_not_fail_the_build(files: tuple[Path, P
     """A build step that leaves a view of the mapping in a reference cycle (what numba's first
     compile of a kernel for new argument types leaves: frames holding its arguments, freed at the
     next garbage collection) does not fail the build with a BufferError from closing the mapping:
-    the cache is written whole, opens and proves, however late the collector runs."""
+    the cache is written whole and opens (its body hash checked), however late the collector runs."""
     import gc
 
     from cuzk_mp.groth16 import circuit_data
