@@ -414,6 +414,8 @@ def test_big_circuit_data_is_built_in_a_child_process(tmp_path: Path) -> None:
     (("--json", "{tmp}/afile/x.json"), r"--json .*: .*afile is not a folder"),
     (("--proofs-dir", "{tmp}/afile"), r"--proofs-dir .*: .*afile is not a folder"),
     (("--cache", "{tmp}/afile/c"), r"--cache .*: .*afile is not a folder"),
+    (("--host-budget", "banana"), r"--host-budget: cannot parse size 'banana'"),
+    (("--host-budget", "64 GB RAM"), r"--host-budget: cannot parse size"),
 ])
 def test_bad_options_are_refused_before_any_work(tmp_path: Path, argv: tuple[str, ...], message: str) -> None:
     (tmp_path / "afile").write_text("")

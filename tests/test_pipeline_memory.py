@@ -155,11 +155,11 @@ def test_the_bench_checks_a_shape_given_whole_against_the_memory_model(monkeypat
     line = shape(4)
     assert line.startswith("shape: all given, checked for 2^24 rows, host budget auto (RAM - 4 GiB): ")
     assert f"model bound {fits / GiB:.1f} GiB of a 28.0 GiB budget" in line
-    with pytest.raises(InputError, match=r"^--host-budget \(auto: RAM - 4 GiB\): 28\.0 GiB cannot hold the pipeline "
+    with pytest.raises(InputError, match=r"^--host-budget \(auto: RAM - 4 GiB\): 28\.00 GiB cannot hold the pipeline "
                                          r"given for this circuit \(.* 16 ring slots .*\); raise it, or lower "
                                          r"--ring-slots, --partition-workers and --synthesis-threads$"):
         shape(16)
-    with pytest.raises(InputError, match=r"^--host-budget: 8\.0 GiB cannot hold the pipeline given"):
+    with pytest.raises(InputError, match=r"^--host-budget: 8\.00 GiB cannot hold the pipeline given"):
         shape(4, "8GiB")
     assert "model bound" in shape(16, "96GiB")
 

@@ -73,6 +73,14 @@ def fill_defaults(args: argparse.Namespace, backend: str) -> None:
         raise InputError(f"--jobs {args.jobs} x --partitions {args.partitions} x --repeat {args.repeat} is {proofs} "
                          f"proofs, more than {MAX_BENCH_PROOFS} (every proof is kept until the end of the run): "
                          "ask for fewer, or run the bench several times (--json of each)")
+    if args.host_budget is not None:  # its syntax now, not after the key is made (the shape needs the key's size)
+        from ..errors import ConfigError
+        from .memory import parse_size
+
+        try:
+            parse_size(args.host_budget, "--host-budget", allow_auto=True)
+        except ConfigError as e:
+            raise InputError(str(e)) from None
     if not 0 < args.start_timeout <= MAX_START_TIMEOUT_S:  # also refuses nan and inf
         raise InputError(f"--start-timeout must be a number of seconds in (0, {MAX_START_TIMEOUT_S:g}], "
                          f"got {args.start_timeout}")

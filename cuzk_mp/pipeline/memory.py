@@ -467,9 +467,9 @@ def explain_shape(budget: int, circuit: CircuitSize, *, cores: int | None = None
             need = bound(workers, slots).total
             what = "the pipeline given" if whole else "the smallest pipeline"
             fix = f"lower {shape_keys}" if whole else f"give the shape with {shape_keys}"
-            raise ConfigError(f"{keys[0]}: {budget / GiB:.1f} GiB cannot hold {what} for "
-                              f"this circuit ({need / GiB:.1f} GiB: {slots} ring slots of "
-                              f"{circuit.segment_bytes / GiB:.2f} GiB, {workers} synthesis worker(s), {provers} "
+            raise ConfigError(f"{keys[0]}: {fmt_bytes(budget)} cannot hold {what} for "
+                              f"this circuit ({fmt_bytes(need)}: {slots} ring slots of "
+                              f"{fmt_bytes(circuit.segment_bytes)}, {workers} synthesis worker(s), {provers} "
                               f"prover(s), the key); raise it, or {fix}")
     shape = Shape(slots, workers, threads_for(workers))
     b = bound(workers, slots)
