@@ -17,6 +17,7 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from collections.abc import Callable
 from importlib import metadata
@@ -28,7 +29,7 @@ import cuzk_mp
 from cuzk_mp import cli, errors
 from cuzk_mp.algebra.field import R_MOD
 from cuzk_mp.paths import default_cache_dir
-from tests.helpers import small_circom_key
+from tests.helpers import circom_generator, small_circom_key
 
 REPO = Path(__file__).resolve().parents[1]
 ENV = {**os.environ, "PYTHONPATH": str(REPO) + os.pathsep + os.environ.get("PYTHONPATH", "")}
@@ -391,6 +392,38 @@ def test_outputs_never_replace_inputs(circuit: dict[str, Path], tmp_path: Path) 
     assert circuit["zkey"].stat().st_size == key_bytes
     assert_message(run_cli("zkev", circuit["zkey"], tmp_path), 2, f"error: {tmp_path}: cannot write it: is a folder")
     assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob(".cuzk-mp-*"))
+
+
+@pytest.mark.parametrize("verb", ["wc", "g16f"])
+def test_an_input_from_a_pipe_is_read_no_further_than_its_limit(verb: str, tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """An input JSON that is a pipe (``<(gen)``, /dev/stdin, a FIFO) has no size to check before its
+    read: the read stops past the limit and the file is refused naming it (exit 2), where reading to
+    the end would take whatever the writer sends, until the host's memory runs out."""
+    from cuzk_mp.circuits import circom
+
+    monkeypatch.setattr(circom, "MAX_INPUT_BYTES", 1000)
+    zkey, _ = small_circom_key(tmp_path)  # fullprove reads its key and compiles its wasm first
+    wasm = circom_generator(tmp_path, "c")
+    r, w = os.pipe()
+    os.write(w, b" " * 4096)  # more than the limit, and a writer that is not done (its end stays open)
+    src = f"/dev/fd/{r}"
+    argv = (["wc", str(wasm), src, str(tmp_path / "w.wtns")] if verb == "wc" else
+            ["g16f", src, str(wasm), str(zkey), str(tmp_path / "p.json"),
+             str(tmp_path / "s.json"), "--backend", "cpu"])
+    codes: list[int] = []
+    verb_run = threading.Thread(target=lambda: codes.append(cli.main(argv)), daemon=True)
+    verb_run.start()
+    verb_run.join(20)
+    stopped = not verb_run.is_alive()
+    os.close(w)  # lets a read to the end finish
+    verb_run.join(60)
+    os.close(r)
+    assert stopped and codes == [2], codes
+    err = capsys.readouterr().err
+    assert f"{src}: more than the limit of 1000 bytes of input JSON" in err, err
+    assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("*.wtns"))
 
 
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:

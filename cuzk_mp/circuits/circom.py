@@ -56,6 +56,7 @@ process.
 from __future__ import annotations
 
 import logging
+import os
 import queue
 import threading
 import weakref
@@ -156,15 +157,22 @@ def flatten_values(value: object, name: str) -> list[object]:
 
 
 def load_input_json(path: str | Path) -> dict[str, object]:
-    """Read a snarkjs input file: one JSON object mapping input signal names to values."""
+    """Read a snarkjs input file: one JSON object mapping input signal names to values.
+
+    A regular file over ``MAX_INPUT_BYTES`` is refused by its size, unread; a pipe or a device
+    (``<(gen)``, /dev/stdin, a FIFO) has no size, so its read stops one byte past the limit: read to
+    its end, a writer that goes on would fill the host's memory before the limit is checked."""
     try:
-        size = Path(path).stat().st_size
-        if size > MAX_INPUT_BYTES:
-            raise FormatError(path, None, f"{size} bytes of input JSON, more than the limit of "
-                              f"{MAX_INPUT_BYTES}")
-        data = Path(path).read_bytes()
+        with open(path, "rb") as f:
+            size = os.fstat(f.fileno()).st_size
+            if size > MAX_INPUT_BYTES:
+                raise FormatError(path, None, f"{size} bytes of input JSON, more than the limit of "
+                                  f"{MAX_INPUT_BYTES}")
+            data = f.read(MAX_INPUT_BYTES + 1)
     except OSError as exc:
         raise InputError(f"{path}: cannot read the input file: {exc.strerror}") from exc
+    if len(data) > MAX_INPUT_BYTES:
+        raise FormatError(path, None, f"more than the limit of {MAX_INPUT_BYTES} bytes of input JSON")
     return parse_input_json(data, str(path))
 
 
