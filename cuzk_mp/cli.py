@@ -206,7 +206,10 @@ class _Parser(argparse.ArgumentParser):
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:
-        if self._intermixing or any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
+        if self._intermixing:
+            parsed, rest = super().parse_known_args(args, namespace)
+            return parsed, self._double_dash_kept(args, rest)
+        if any(isinstance(a, argparse._SubParsersAction) for a in self._actions):
             return super().parse_known_args(args, namespace)
         self._intermixing = True  # parse_known_intermixed_args calls back into this method
         try:
@@ -215,6 +218,20 @@ class _Parser(argparse.ArgumentParser):
             return super().parse_known_args(args, namespace)
         finally:
             self._intermixing = False
+
+    def _double_dash_kept(self, args: Sequence[str] | None, rest: list[str]) -> list[str]:
+        """``rest`` with the ``--`` of ``args`` put back before the words that followed it, where the
+        first pass of an intermixed parse (the positionals set aside) took it: Python 3.11's does so
+        for a ``--`` that no positional precedes, and its second pass then read the files after it
+        as options (``g16p -- -k.zkey ...``: "unrecognized arguments: -k.zkey")."""
+        if args is None or "--" not in args or not any(
+                a.nargs == argparse.SUPPRESS for a in self._get_positional_actions()):  # not the first pass
+            return rest
+        after = list(args[list(args).index("--") + 1:])
+        n = len(after)
+        if n and rest[len(rest) - n:] == after and rest[len(rest) - n - 1: len(rest) - n] != ["--"]:
+            return [*rest[: len(rest) - n], "--", *after]
+        return rest
 
     def error(self, message: str) -> NoReturn:  # type: ignore[override]
         """A usage error: argparse's usage and message, or, where the log lines are JSON

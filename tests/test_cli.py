@@ -115,6 +115,21 @@ def test_options_between_positionals() -> None:
         p.parse_args(["g16p", "k.zkey", "w.wtns", "--backend", "cpu", "p.json", "q.json", "extra"])
 
 
+@pytest.mark.parametrize("argv", [
+    ["g16p", "--", "-k.zkey", "-w.wtns", "-p.json", "-q.json"],
+    ["g16p", "--backend", "cpu", "--", "-k.zkey", "-w.wtns", "-p.json", "-q.json"],
+    ["groth16", "prove", "--backend=cpu", "--", "-k.zkey", "-w.wtns", "-p.json", "-q.json"],
+    ["g16p", "./-k.zkey", "--backend", "cpu", "--", "-w.wtns", "-p.json", "-q.json"],
+])
+def test_files_after_a_double_dash_may_start_with_a_dash(argv: list[str]) -> None:
+    """``--`` ends the options, as in any POSIX command: a script's ``cuzk-mp g16p -- "$KEY" ...``
+    takes file names that start with a dash, whether or not a file or an option precedes it."""
+    ns = cli.build_parser().parse_args(argv)
+    assert [str(ns.zkey), str(ns.wtns), str(ns.proof), str(ns.public)] == ["-k.zkey", "-w.wtns", "-p.json",
+                                                                            "-q.json"]
+    assert ns.backend == ("cpu" if "cpu" in " ".join(argv) else "auto")
+
+
 @pytest.mark.parametrize(("argv", "front"), [
     (["g16v", "a", "b", "c", "-v"], ["-v"]),
     (["g16v", "--log-level", "debug", "a"], ["--log-level", "debug"]),
