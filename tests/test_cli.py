@@ -409,6 +409,35 @@ def test_outputs_never_replace_inputs(circuit: dict[str, Path], tmp_path: Path) 
     assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob(".cuzk-mp-*"))
 
 
+@pytest.mark.parametrize("args", [
+    ("g16p", "IN", "WTNS", "p.json", "q.json"), ("g16p", "ZKEY", "IN", "p.json", "q.json"),
+    ("g16p", "ZKEY", "WTNS", "p.json", "q.json", "--r1cs", "IN"), ("zkev", "IN", "vk.json"),
+    ("setup", "IN", "k.zkey", "--backend", "cpu"),
+])
+@pytest.mark.parametrize("kind", ["fifo", "/dev/zero"])
+def test_a_binary_input_that_is_no_regular_file_is_named_at_once(args: tuple[str, ...], kind: str,
+                                                                  tmp_path: Path) -> None:
+    """A .zkey, .wtns or .r1cs is read where it lies (mapped, or read at its sections' offsets), so a
+    FIFO, a pipe or a device cannot be one: refused at once, saying what it is (exit 2), where a FIFO
+    that no process writes held the command for ever and a pipe or /dev/zero was "0 bytes"."""
+    zkey, _ = small_circom_key(tmp_path)
+    src = tmp_path / "in.bin"
+    if kind == "fifo":
+        os.mkfifo(src)
+    else:
+        src = Path(kind)
+    files = {"IN": src, "ZKEY": zkey, "WTNS": REPO / "tests" / "data_formats" / "mul.wtns"}
+    argv = [sys.executable, "-m", "cuzk_mp", args[0], *(str(files[a]) if a in files else str(tmp_path / a) if "." in a
+                                                       else a for a in args[1:])]
+    try:
+        proc = subprocess.run(argv, capture_output=True, text=True, timeout=30, cwd=REPO, env=ENV)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"{' '.join(args)} with a {kind} as an input did not end")
+    what = "a FIFO (a named pipe)" if kind == "fifo" else "a character device"
+    assert_message(proc, 2, f"{src}: cannot read it in place: {what}, not a regular file")
+    assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("k.zkey"))
+
+
 @pytest.mark.parametrize("verb", ["wc", "g16f"])
 def test_an_input_from_a_pipe_is_read_no_further_than_its_limit(verb: str, tmp_path: Path,
                                                                  monkeypatch: pytest.MonkeyPatch,

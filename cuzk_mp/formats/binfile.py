@@ -22,8 +22,10 @@ duplicate when it reads that section, and ignores trailing bytes).
 
 from __future__ import annotations
 
+import errno
 import mmap
 import os
+import stat
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any, Union
@@ -52,6 +54,30 @@ def file_kind(head: bytes) -> str | None:
     if bytes(head[:64]).lstrip()[:1] in (b"{", b"["):
         return "JSON text"
     return None
+
+
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO (a named pipe)"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def open_regular(path: str | os.PathLike[str], shown: str) -> tuple[int, int]:
+    """A descriptor of the regular file at ``path``, and its size; InputError naming ``shown`` for
+    anything else. These files are read where they lie (mapped, or read at their sections'
+    offsets), which a pipe or a device cannot do: its size reads as 0 (a message of "0 bytes" for a
+    file that has bytes). The open does not wait for a writer, so a FIFO that no process writes is
+    refused rather than waited on for ever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(f"{shown}: cannot read: {exc.strerror or exc}") from exc
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode):
+        return fd, st.st_size
+    os.close(fd)
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{shown}: cannot read: {os.strerror(errno.EISDIR)}")
+    what = next((kind for test, kind in _NOT_REGULAR if test(st.st_mode)), "a special file")
+    raise InputError(f"{shown}: cannot read it in place: {what}, not a regular file (give the file itself)")
 
 
 def describe_source(src: object, name: str | None) -> str:
@@ -93,12 +119,13 @@ class BinFile:
     ) -> BinFile:
         """Map ``path`` read-only and index its sections (FormatError if malformed)."""
         shown = describe_source(path, name)
+        fd, size = open_regular(path, shown)
         try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                mm = mmap.mmap(f.fileno(), 0, access=mmap.ACCESS_READ) if size else None
+            mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
         except OSError as exc:
             raise InputError(f"{shown}: cannot read: {exc.strerror or exc}") from exc
+        finally:
+            os.close(fd)
         buf = memoryview(mm) if mm is not None else memoryview(b"")
         try:
             return cls(buf, shown, magic, versions, labels, mm)
@@ -254,13 +281,9 @@ def read_sections(path: str | os.PathLike[str], magic: str, versions: Sequence[i
     over in place) kills the reader with SIGBUS, and a daemon that looks at a key's header while
     it serves other jobs must get a FormatError instead. The same checks as :meth:`BinFile.open`."""
     shown = describe_source(path, name)
+    fd, size = open_regular(path, shown)
     try:
-        fd = os.open(path, os.O_RDONLY | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InputError(f"{shown}: cannot read: {exc.strerror or exc}") from exc
-    try:
-        _, table, _ = _index(lambda pos, n: os.pread(fd, n, pos), os.fstat(fd).st_size, shown, magic, versions,
-                             labels)
+        _, table, _ = _index(lambda pos, n: os.pread(fd, n, pos), size, shown, magic, versions, labels)
         out = {}
         for sid in sids:
             if sid not in table:
