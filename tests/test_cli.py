@@ -470,6 +470,25 @@ def test_an_input_from_a_pipe_is_read_no_further_than_its_limit(verb: str, tmp_p
     assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("*.wtns"))
 
 
+def test_an_output_written_in_place_may_be_given_twice(tmp_path: Path) -> None:
+    """A device or a pipe is written in place, never replaced, so a proof and its public signals
+    may both go to it, as snarkjs allows: /dev/null twice (a benchmark's script) discards both,
+    /dev/stdout twice prints the proof, then the public signals. Two regular files of one path
+    stay refused: the second would replace the first."""
+    zkey, _ = small_circom_key(tmp_path)
+    wtns = REPO / "tests" / "data_formats" / "mul.wtns"
+    proc = run_cli("g16p", zkey, wtns, "/dev/null", "/dev/null", "--backend", "cpu")
+    assert proc.returncode == 0 and proc.stdout == "", proc.stderr
+    proc = run_cli("g16p", zkey, wtns, "/dev/stdout", "/dev/stdout", "--backend", "cpu")
+    assert proc.returncode == 0, proc.stderr
+    decoder = json.JSONDecoder()
+    proof, end = decoder.raw_decode(proc.stdout)
+    public, _ = decoder.raw_decode(proc.stdout[end:])
+    assert set(proof) >= {"pi_a", "pi_b", "pi_c"} and isinstance(public, list), proc.stdout
+    assert_message(run_cli("g16p", zkey, wtns, tmp_path / "same.json", tmp_path / "same.json", "--backend", "cpu"),
+                   2, "given as both the proof and the public output")
+
+
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
 

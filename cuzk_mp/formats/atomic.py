@@ -193,11 +193,13 @@ def refuse_outputs_over_inputs(args: Any, outputs: Sequence[str], inputs: Sequen
     """Refuse, before any work, an output path that names one of the command's inputs or another
     of its outputs (``g16p k.zkey w.wtns k.zkey public.json`` would replace the key by the proof;
     ``bench --json`` naming its ``--r1cs``, the r1cs by the result). ``outputs`` and ``inputs`` are
-    attribute names of ``args``; one that is None (an option not given) is left out."""
+    attribute names of ``args``; one that is None (an option not given) is left out. An output
+    written in place (a device, a pipe: :func:`atomic_output`) replaces nothing, so it may be given
+    twice, as snarkjs takes it (``g16p k.zkey w.wtns /dev/null /dev/null``)."""
     seen: dict[str, str] = {}
     for name in outputs:
         path = getattr(args, name)
-        if path is None:
+        if path is None or _written_in_place(path):
             continue
         real = os.path.realpath(path)
         if real in seen:
