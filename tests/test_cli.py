@@ -489,6 +489,17 @@ def test_an_output_written_in_place_may_be_given_twice(tmp_path: Path) -> None:
                    2, "given as both the proof and the public output")
 
 
+def test_a_folder_that_is_a_link_to_nowhere_is_bad_input(tmp_path: Path) -> None:
+    """``circuit``'s folder (or a folder above it) a symbolic link whose target is missing: exit 2
+    naming the link and where it leads, as for any folder that cannot be made (it was exit 1,
+    "File exists", from the folder's creation)."""
+    (tmp_path / "link").symlink_to(tmp_path / "gone")
+    for out in (tmp_path / "link", tmp_path / "link" / "sub"):
+        assert_message(run_cli("circuit", "porep-like", "--log-n", "10", out), 2,
+                       f"{tmp_path / 'link'} is a symbolic link that leads nowhere ({tmp_path / 'gone'})")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["link"]
+
+
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
 
