@@ -500,6 +500,33 @@ def test_a_folder_that_is_a_link_to_nowhere_is_bad_input(tmp_path: Path) -> None
     assert sorted(p.name for p in tmp_path.iterdir()) == ["link"]
 
 
+def test_a_wasm_that_cannot_be_read_is_bad_input_and_a_piped_one_is_read(tmp_path: Path) -> None:
+    """The witness generator is a file like the others: one that cannot be opened for any reason (a
+    loop of links, a name too long) is bad input naming it (exit 2; it was exit 1 for all but a
+    missing file and a folder), and one given through a pipe (``<(cat c.wasm)``) is read once,
+    as a file is (its second read found nothing: "not a valid wasm module ... not valid utf-8")."""
+    from cuzk_mp.formats.wtns import read_wtns
+
+    inputs = tmp_path / "input.json"
+    inputs.write_text("{}")
+    loop = tmp_path / "loop.wasm"
+    loop.symlink_to(loop)
+    assert_message(run_cli("wc", loop, inputs, tmp_path / "w.wtns"), 2,
+                   f"{loop}: cannot read: Too many levels of symbolic links")
+    long_name = tmp_path / ("x" * 300 + ".wasm")
+    assert_message(run_cli("wc", long_name, inputs, tmp_path / "w.wtns"), 2,
+                   f"{long_name}: cannot read: File name too long")
+    wasm = circom_generator(tmp_path, "c")
+    r, w = os.pipe()
+    os.write(w, wasm.read_bytes())
+    os.close(w)
+    try:
+        assert cli.main(["wc", f"/dev/fd/{r}", str(inputs), str(tmp_path / "w.wtns")]) == 0
+    finally:
+        os.close(r)
+    assert read_wtns(tmp_path / "w.wtns").shape[0] == 1  # the generator's witness: the constant 1 alone
+
+
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
 

@@ -368,16 +368,21 @@ class WitnessCalculator:
         self._one_run = threading.Lock()  # an epoch stops every store of the engine: one run at a time
         self._runs: queue.SimpleQueue[tuple[Future[Any], Callable[[], Any]] | None] | None = None
         try:
-            with open(self.path, "rb") as f:  # binary only: wasmtime would also parse WAT text
+            # read once (a pipe, <(cat X.wasm), has no second read), the rest only after its magic: binary
+            # only (wasmtime would also parse WAT text), and nothing more of a file that is no wasm (/dev/zero)
+            with open(self.path, "rb") as f:
                 magic = f.read(len(WASM_MAGIC))
-            if magic != WASM_MAGIC:
-                raise FormatError(self.path, None, "not a wasm module (it does not start with \\0asm): give "
-                                  "the circuit's X_js/X.wasm")
-            self._module = wasmtime.Module.from_file(self._engine, str(self.path))
+                if magic != WASM_MAGIC:
+                    raise FormatError(self.path, None, "not a wasm module (it does not start with \\0asm): give "
+                                      "the circuit's X_js/X.wasm")
+                wasm = magic + f.read()
+            self._module = wasmtime.Module(self._engine, wasm)
         except FileNotFoundError as exc:
             raise InputError(f"{self.path}: no such circom wasm file") from exc
         except IsADirectoryError as exc:
             raise InputError(f"{self.path}: a directory, not a circom wasm file") from exc
+        except OSError as exc:  # a loop of links, a name too long, no permission, an I/O error
+            raise InputError(f"{self.path}: cannot read: {exc.strerror or exc}") from exc
         except wasmtime.WasmtimeError as exc:
             first = next((ln.strip() for ln in str(exc).splitlines() if ln.strip()), "")
             raise FormatError(self.path, None, f"not a valid wasm module: {first}") from exc
