@@ -527,6 +527,35 @@ def test_a_wasm_that_cannot_be_read_is_bad_input_and_a_piped_one_is_read(tmp_pat
     assert read_wtns(tmp_path / "w.wtns").shape[0] == 1  # the generator's witness: the constant 1 alone
 
 
+def test_small_json_files_are_read_in_memory_of_their_size(tmp_path: Path,
+                                                           capsys: pytest.CaptureFixture[str]) -> None:
+    """The files of ``groth16 verify`` (a few KB) are read in memory of about their size, not in a
+    buffer of the 1 GiB limit that Python sets aside whole for ``read(limit + 1)``: a process under
+    an address-space limit (``ulimit -v 1000000``) refused a 4 KB key as "out of host memory" (exit 4).
+    The same read serves an input JSON, given as a file or a pipe."""
+    import tracemalloc
+
+    from cuzk_mp.circuits.circom import load_input_json
+
+    data = REPO / "tests" / "data_formats"
+    tracemalloc.start()
+    try:
+        assert cli.main(["g16v", str(data / "verification_key.json"), str(data / "public.json"),
+                         str(data / "proof.json")]) == 0
+        r, w = os.pipe()
+        os.write(w, b'{"a": "3", "b": "11"}')
+        os.close(w)
+        try:
+            assert load_input_json(f"/dev/fd/{r}") == {"a": "3", "b": "11"}
+        finally:
+            os.close(r)
+        peak = tracemalloc.get_traced_memory()[1]
+    finally:
+        tracemalloc.stop()
+    assert capsys.readouterr().out == "OK!\n"
+    assert peak < 64 << 20, f"{peak >> 20} MiB"
+
+
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
 

@@ -74,6 +74,7 @@ from cuzk_mp.circuits.circom_values import MAX_VALUE_CHARS, PackedValues, pack_v
 from cuzk_mp.circuits.circom_values import js_bigint as js_bigint  # (this module's API too)
 from cuzk_mp.errors import Cancelled, FormatError, InputError, ResourceError
 from cuzk_mp.formats import json_bounds
+from cuzk_mp.formats.atomic import read_at_most
 from cuzk_mp.formats.wtns import write_wtns
 
 log = logging.getLogger(__name__)
@@ -160,15 +161,16 @@ def load_input_json(path: str | Path) -> dict[str, object]:
     """Read a snarkjs input file: one JSON object mapping input signal names to values.
 
     A regular file over ``MAX_INPUT_BYTES`` is refused by its size, unread; a pipe or a device
-    (``<(gen)``, /dev/stdin, a FIFO) has no size, so its read stops one byte past the limit: read to
-    its end, a writer that goes on would fill the host's memory before the limit is checked."""
+    (``<(gen)``, /dev/stdin, a FIFO) has no size, so its read stops one byte past the limit
+    (:func:`~cuzk_mp.formats.atomic.read_at_most`): read to its end, a writer that goes on would
+    fill the host's memory before the limit is checked."""
     try:
         with open(path, "rb") as f:
             size = os.fstat(f.fileno()).st_size
             if size > MAX_INPUT_BYTES:
                 raise FormatError(path, None, f"{size} bytes of input JSON, more than the limit of "
                                   f"{MAX_INPUT_BYTES}")
-            data = f.read(MAX_INPUT_BYTES + 1)
+            data = read_at_most(f, MAX_INPUT_BYTES)
     except OSError as exc:
         raise InputError(f"{path}: cannot read the input file: {exc.strerror}") from exc
     if len(data) > MAX_INPUT_BYTES:

@@ -21,7 +21,7 @@ from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import Client, partition_from_file
 from cuzk_mp.daemon.transport import DEFAULT_MAX_FRAME, CommClosedError, FrameTooLarge, NotTheProtocol
 from cuzk_mp.errors import AuthError, InputError, ProofError, error_from_kind
-from cuzk_mp.formats.atomic import write_json_files
+from cuzk_mp.formats.atomic import read_at_most, write_json_files
 
 
 _ONE_PARTITION = re.compile(r"^job \S+ partitions\[0\](\.data)?: ")  # how a refusal names the one file's part
@@ -48,7 +48,7 @@ def input_partition(input_json: Path, max_bytes: int = DEFAULT_MAX_FRAME) -> P.P
     ``max_bytes`` + 1 of it (a file of any size, a FIFO) and before a daemon is started for it."""
     try:
         with open(input_json, "rb") as f:
-            data = f.read(max_bytes + 1)
+            data = read_at_most(f, max_bytes)
     except OSError as e:
         raise InputError(f"{input_json}: {e.strerror or e}") from None
     if len(data) > max_bytes:

@@ -1,5 +1,6 @@
 """Files that appear whole or not at all: :func:`atomic_output` and the snarkjs-style :func:`write_json`;
-and :func:`refuse_outputs_over_inputs`, which keeps an output from replacing an input.
+:func:`refuse_outputs_over_inputs`, which keeps an output from replacing an input; and
+:func:`read_at_most`, an input's bytes read within a limit, whatever the file (a pipe has no size).
 
 Standard library only (and the exception classes), so that a process that just writes a proof it
 received (``cuzk-mp client prove``) imports neither numpy nor the curve arithmetic that reading
@@ -187,6 +188,26 @@ def _folder_lock(folder: str) -> Iterator[None]:
         yield
     finally:
         os.close(fd)  # closing drops the lock
+
+
+_READ_CHUNK = 1 << 20  # a pipe or a device is read this much at a time
+
+
+def read_at_most(f: IO[bytes], limit: int) -> bytes:
+    """The bytes of ``f`` up to one past ``limit`` (more than ``limit`` bytes back: the file is over
+    it), in memory of about their size. A regular file is read at once at its size; a pipe or a
+    device (``<(gen)``, /dev/stdin: size 0) and a file that grew are read on a chunk at a time to
+    their end or past the limit. Not ``f.read(limit + 1)``: Python sets aside the whole
+    ``limit + 1`` first, 1 GiB for a key of 4 KB, which a process under an address-space limit
+    (``ulimit -v``) cannot have, and a reader of a pipe to its end takes whatever its writer sends."""
+    size = os.fstat(f.fileno()).st_size
+    parts = [f.read(min(size, limit) + 1)]
+    total = len(parts[0])
+    while parts[-1] and total <= limit:
+        parts.append(f.read(min(_READ_CHUNK, limit + 1 - total)))
+        total += len(parts[-1])
+    parts = [part for part in parts if part]
+    return parts[0] if len(parts) == 1 else b"".join(parts)  # one part: itself, not a copy
 
 
 def refuse_outputs_over_inputs(args: Any, outputs: Sequence[str], inputs: Sequence[str]) -> None:

@@ -31,6 +31,7 @@ from ..algebra.curve import G1Affine, G2Affine
 from ..algebra.field import Q_MOD, fq2_inv_int, fq2_mul_int
 from ..errors import FormatError, InputError
 from . import json_bounds
+from .atomic import read_at_most
 from .atomic import write_json as write_json  # re-exported: where the readers are
 
 PROTOCOL = "groth16"
@@ -280,7 +281,7 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     ``MAX_JSON_DEPTH`` deep, number literals of at most ``MAX_DIGITS`` characters, no NaN."""
     try:
         with open(path, "rb") as f:
-            data = f.read(json_bounds.DEFAULT_MAX_BYTES + 1)
+            data = read_at_most(f, json_bounds.DEFAULT_MAX_BYTES)
     except OSError as exc:
         raise InputError(f"{os.fspath(path)}: cannot read: {exc.strerror or exc}") from exc
     return json_bounds.loads(data, os.fspath(path), max_depth=MAX_JSON_DEPTH, max_number_chars=MAX_DIGITS,
