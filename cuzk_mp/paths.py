@@ -35,12 +35,16 @@ def default_cache_dir(environ: Mapping[str, str] | None = None) -> Path:
 def folder_problem(path: Path) -> str | None:
     """Why ``path`` cannot be a folder this process writes into (made first where missing: its
     nearest existing parent decides), or None if it can. A symbolic link on the way whose target
-    is missing (or a loop) cannot be made into a folder: it is named, with where it leads."""
+    is missing (or a loop) cannot be made into a folder: it is named, with where it leads; so is a
+    path the system refuses to look at (a name longer than the file system takes)."""
     nearest = Path(path)
-    while not nearest.exists() and nearest != nearest.parent:
-        if nearest.is_symlink():
-            return f"{nearest} is a symbolic link that leads nowhere ({os.readlink(nearest)})"
-        nearest = nearest.parent
+    try:
+        while not nearest.exists() and nearest != nearest.parent:
+            if nearest.is_symlink():
+                return f"{nearest} is a symbolic link that leads nowhere ({os.readlink(nearest)})"
+            nearest = nearest.parent
+    except OSError as exc:
+        return f"{nearest} cannot be a folder: {exc.strerror or exc}"
     if not nearest.is_dir():
         return f"{nearest} is not a folder"
     if not os.access(nearest, os.W_OK | os.X_OK):

@@ -556,6 +556,15 @@ def test_small_json_files_are_read_in_memory_of_their_size(tmp_path: Path,
     assert peak < 64 << 20, f"{peak >> 20} MiB"
 
 
+def test_a_folder_name_too_long_is_bad_input(tmp_path: Path) -> None:
+    """``circuit``'s folder with a name longer than the file system takes: exit 2 naming it and
+    why (it was exit 1: the check of the folder itself failed on the name)."""
+    out = tmp_path / ("x" * 300)
+    assert_message(run_cli("circuit", "porep-like", "--log-n", "10", out), 2,
+                   f"{out} cannot be a folder: File name too long")
+    assert not list(tmp_path.iterdir())
+
+
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
 
