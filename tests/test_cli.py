@@ -565,6 +565,19 @@ def test_a_folder_name_too_long_is_bad_input(tmp_path: Path) -> None:
     assert not list(tmp_path.iterdir())
 
 
+def test_a_key_whose_cache_name_is_too_long_still_proves(tmp_path: Path) -> None:
+    """A key of a 250-character name is a file like any other, but ``NAME.synth-ab`` beside it is
+    past the file system's 255: the proof goes on with its rows built in memory, as where no cache
+    can be written (it ended with exit 1, "File name too long", before any proof)."""
+    zkey, _ = small_circom_key(tmp_path, "k" * 245)
+    wtns = REPO / "tests" / "data_formats" / "mul.wtns"
+    proc = run_cli("g16p", zkey, wtns, tmp_path / "p.json", tmp_path / "q.json", "--backend", "cpu",
+                   env={"CUZK_MP_CACHE": str(tmp_path / "cache")})
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads((tmp_path / "q.json").read_text()) == json.loads(
+        (REPO / "tests" / "data_formats" / "public.json").read_text())
+
+
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
 

@@ -454,8 +454,13 @@ def _move_aside(path: Path, problem: FormatError) -> None:
 def _try_open(path: Path, zid: FileIdentity, rid: FileIdentity | None,
               shape: CircuitShape) -> CircuitData | None:
     """The cache at ``path`` if it is sound and made from these files, else None: the caller builds
-    it under its lock (:func:`_build_at`), where a damaged one is moved aside with a warning."""
-    if not path.exists():
+    it under its lock (:func:`_build_at`), where a damaged one is moved aside with a warning. A
+    name the file system refuses (a key's name near the 255-byte limit, plus the cache's suffix)
+    holds no cache: None, and its build there fails as a place that cannot be written."""
+    try:
+        if not path.exists():
+            return None
+    except OSError:
         return None
     try:
         return open_cache(path, zid, rid, shape)
