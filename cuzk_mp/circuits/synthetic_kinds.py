@@ -44,7 +44,8 @@ def synthetic_circuit(kind: str, log_n: int) -> SyntheticCircuit:
 def write_synthetic(kind: str, log_n: int, out_dir: Path, seed: int = 0, partition: int = 0) -> tuple[Path, Path]:
     """Write ``<kind>-<log_n>.r1cs`` and the witness of (seed, partition) as ``<kind>-<log_n>.wtns``:
     both or neither (the witness, whose arguments may be refused, is made before anything is written;
-    a folder that cannot take them is an InputError)."""
+    a folder that cannot take them is an InputError; a .r1cs this call made goes again where its
+    .wtns cannot be written, a full disk: one that was there had the same bytes, the circuit's)."""
     from ..errors import InputError
     from ..formats.r1cs import write_r1cs
     from ..formats.wtns import write_wtns
@@ -58,6 +59,12 @@ def write_synthetic(kind: str, log_n: int, out_dir: Path, seed: int = 0, partiti
     w = circuit.witness(seed, partition)
     out_dir.mkdir(parents=True, exist_ok=True)
     r1cs_path, wtns_path = out_dir / f"{kind}-{log_n}.r1cs", out_dir / f"{kind}-{log_n}.wtns"
+    made = not r1cs_path.exists()
     write_r1cs(r1cs_path, circuit.r1cs())
-    write_wtns(wtns_path, w)
+    try:
+        write_wtns(wtns_path, w)
+    except BaseException:
+        if made:
+            r1cs_path.unlink(missing_ok=True)
+        raise
     return r1cs_path, wtns_path
