@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import json
 import os
+import signal
 import stat
 import threading
 from pathlib import Path
@@ -210,4 +211,35 @@ def test_a_pair_is_whole_on_disk_before_either_is_renamed(tmp_path: Path) -> Non
         signal.signal(signal.SIGXFSZ, handler)
     assert json.loads(proof.read_text()) == ["old proof"]
     assert json.loads(public.read_text()) == ["old public"]
+    assert not leftovers(tmp_path)
+
+
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_a_signal_between_the_renames_of_a_pair_leaves_the_new_pair(sig: signal.Signals, tmp_path: Path,
+                                                                    monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C (or the SIGTERM a one-shot command turns into the same stop) as the first file of a
+    pair is renamed into place: the second is renamed too before the stop is raised, so the pair
+    left is the new one, never a new public.json beside the proof of another run."""
+    from cuzk_mp import cli
+    from cuzk_mp.formats import atomic
+
+    previous = signal.signal(signal.SIGTERM, cli._terminate)
+    proof, public = tmp_path / "proof.json", tmp_path / "public.json"
+    try:
+        write_json_files([(proof, {"run": 1}), (public, ["1"])])
+        real_replace = os.replace
+        renames: list[str] = []
+
+        def replace_then_stop(src: str, dst: str) -> None:
+            real_replace(src, dst)
+            renames.append(dst)
+            if len(renames) == 1:
+                os.kill(os.getpid(), sig)  # the stop comes right after the first rename
+
+        monkeypatch.setattr(atomic.os, "replace", replace_then_stop)
+        with pytest.raises(KeyboardInterrupt):
+            write_json_files([(proof, {"run": 2}), (public, ["2"])])
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+    assert (json.loads(proof.read_text()), json.loads(public.read_text())) == ({"run": 2}, ["2"])
     assert not leftovers(tmp_path)

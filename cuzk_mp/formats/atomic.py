@@ -27,7 +27,9 @@ import fcntl
 import json
 import os
 import secrets
+import signal
 import stat
+import threading
 from collections.abc import Iterator, Sequence
 from contextlib import ExitStack, contextmanager
 from typing import IO, Any
@@ -146,7 +148,36 @@ def write_json_files(items: Sequence[tuple[str | os.PathLike[str], Any]]) -> Non
             if len(items) - len(streams) > 1:
                 for folder in sorted({os.path.dirname(os.path.realpath(path)) for path, _ in items}):
                     locks.enter_context(_folder_lock(folder))
+                locks.enter_context(_stops_held())  # the renames, once begun, all run
         # the files' renames ran as ``files`` closed, under the locks; they are released now
+
+
+_STOPS = (signal.SIGINT, signal.SIGTERM, signal.SIGHUP)
+
+
+@contextmanager
+def _stops_held() -> Iterator[None]:
+    """SIGINT, SIGTERM and SIGHUP held back while the renames of a call's files run, then raised
+    as they came: Ctrl-C between the renames of a proof and its public signals would leave the new
+    public.json beside the old proof (the second file's temporary removed as the stop unwinds). The
+    renames take microseconds; the writes and the wait for the folders' locks stay stoppable, as
+    they run before. Python runs signal handlers in the main thread alone, so elsewhere nothing is
+    held; a signal that is ignored stays so."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+    held: list[int] = []
+    previous: dict[signal.Signals, Any] = {}
+    for stop in _STOPS:
+        if signal.getsignal(stop) not in (signal.SIG_IGN, None):
+            previous[stop] = signal.signal(stop, lambda signum, frame: held.append(signum))
+    try:
+        yield
+    finally:
+        for stop, handler in previous.items():
+            signal.signal(stop, handler)
+        for signum in dict.fromkeys(held):
+            signal.raise_signal(signum)  # its own handler now: KeyboardInterrupt, Terminated, or the end
 
 
 def _write_through(f: IO[bytes], data: bytes) -> None:
