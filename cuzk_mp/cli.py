@@ -420,6 +420,8 @@ def run() -> None:
     stackprof.finish(sampler, f"cuzk-mp-{verb}")
     logging.shutdown()
     for stream in (sys.stdout, sys.stderr):
+        if stream is None:  # started without it (`>&-`): Python gives None
+            continue
         try:
             stream.flush()
         except (OSError, ValueError):  # closed or broken: nothing more can be said there

@@ -601,6 +601,19 @@ def test_circuit_on_a_full_disk_leaves_neither_file(tmp_path: Path) -> None:
     assert proc.stdout == "", proc.stdout  # the files left in the folder: none
 
 
+def test_a_closed_stdout_or_stderr_changes_no_exit_code(tmp_path: Path) -> None:
+    """A command started with its stdout or stderr closed (``>&-``, ``2>&-``: a daemon manager's or a
+    cron job's) answers with its exit code as any other: 0 for a valid proof, 2 for a missing file,
+    never a traceback and exit 1 from the flush of a stream Python left as None."""
+    data = REPO / "tests" / "data_formats"
+    verify = f"{sys.executable} -m cuzk_mp g16v {data / 'verification_key.json'} {data / 'public.json'} " \
+             f"{data / 'proof.json'}"
+    missing = f"{sys.executable} -m cuzk_mp g16p {tmp_path / 'none.zkey'} {data / 'mul.wtns'}"
+    for line, code in ((f"{verify} >&-", 0), (f"{verify} 2>&-", 0), (f"{missing} >&-", 2), (f"{missing} 2>&-", 2)):
+        proc = subprocess.run(["sh", "-c", line], env=ENV, cwd=tmp_path, capture_output=True, text=True, timeout=120)
+        assert proc.returncode == code and "Traceback" not in proc.stderr, (line, proc.returncode, proc.stderr)
+
+
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
 
