@@ -19,7 +19,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import CuzkError, InputError, Unavailable
+from .errors import CuzkError, InputError, OutputError, Unavailable
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from .formats.atomic import refuse_outputs_over_inputs
 from .logs import final_error
@@ -235,9 +235,9 @@ def _cmd_verify(args: argparse.Namespace) -> int:
     proof = proof_from_json(read_json(args.proof), name=str(args.proof))
     problem = check(vk, public, proof)
     if problem is None:
-        print("OK!")
+        _print("OK!")
         return EXIT_OK
-    print(f"Invalid proof: {problem}")
+    _print(f"Invalid proof: {problem}")
     return EXIT_FAILED
 
 
@@ -261,7 +261,20 @@ def _cmd_wtns_calculate(args: argparse.Namespace) -> int:
 
 def _print_circom_log(line: str) -> None:
     """A line of the circuit's ``log()`` calls, on stdout as snarkjs prints it."""
-    print(line, flush=True)
+    _print(line)
+
+
+def _print(line: str) -> None:
+    """A line on stdout, out now: a stdout that cannot take it (``> result.txt`` on a full disk) is an
+    output that cannot be written (OutputError, exit 2), not the bare OSError of exit 1, which is
+    ``groth16 verify``'s answer for an invalid proof. A reader that closed its end early
+    (BrokenPipeError) is :func:`~cuzk_mp.cli.main`'s."""
+    try:
+        print(line, flush=True)
+    except BrokenPipeError:
+        raise
+    except OSError as exc:
+        raise OutputError("stdout", exc.strerror or str(exc)) from exc
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:
@@ -277,8 +290,8 @@ def _cmd_circuit(args: argparse.Namespace) -> int:
     from .circuits.synthetic_kinds import write_synthetic
 
     r1cs, wtns = write_synthetic(args.kind, args.log_n, Path(args.out_dir), seed=args.seed, partition=args.partition)
-    print(r1cs)
-    print(wtns)
+    _print(str(r1cs))
+    _print(str(wtns))
     return EXIT_OK
 
 
@@ -292,6 +305,6 @@ def _cmd_shm_clean(args: argparse.Namespace) -> int:
 
     removed = remove_abandoned(None)
     for name in removed:
-        print(f"{SHM_DIR}/{name}")
+        _print(f"{SHM_DIR}/{name}")
     log.info("removed %d object(s) of engines that are gone from %s", len(removed), SHM_DIR)
     return EXIT_OK

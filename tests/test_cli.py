@@ -614,6 +614,24 @@ def test_a_closed_stdout_or_stderr_changes_no_exit_code(tmp_path: Path) -> None:
         assert proc.returncode == code and "Traceback" not in proc.stderr, (line, proc.returncode, proc.stderr)
 
 
+def test_a_stdout_that_cannot_be_written_is_an_output_error(tmp_path: Path) -> None:
+    """``groth16 verify > result.txt`` on a full disk: its verdict cannot be written, which is exit 2
+    (an output that cannot be written, named "stdout"), never exit 1, the answer for an invalid
+    proof. The same for the paths ``circuit`` prints. Skipped where there is no /dev/full."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    data = REPO / "tests" / "data_formats"
+    with open("/dev/full", "w") as full:
+        verify = subprocess.run([sys.executable, "-m", "cuzk_mp", "g16v", str(data / "verification_key.json"),
+                                 str(data / "public.json"), str(data / "proof.json")], stdout=full,
+                                stderr=subprocess.PIPE, text=True, env=ENV, cwd=REPO, timeout=120)
+        circuit = subprocess.run([sys.executable, "-m", "cuzk_mp", "circuit", "porep-like", "--log-n", "10",
+                                  str(tmp_path)], stdout=full, stderr=subprocess.PIPE, text=True, env=ENV,
+                                 cwd=REPO, timeout=120)
+    for proc in (verify, circuit):
+        assert_message(proc, 2, "error: stdout: cannot write it: No space left on device")
+
+
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
 
