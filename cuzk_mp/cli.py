@@ -65,6 +65,15 @@ WASM = ("wasm", "circuit.wasm", "circom witness generator")
 INPUT = ("input", "input.json", "circuit input")
 
 
+def _file(value: str) -> Path:
+    """A file (or folder) argument: a Path, refusing an empty one, which an unset shell variable
+    gives (``g16p "$KEY" ...``): as a Path it is the current folder ("."), and a message about "."
+    would not say which argument was empty."""
+    if not value:
+        raise argparse.ArgumentTypeError("an empty file name (an unset variable?)")
+    return Path(value)
+
+
 @dataclass(frozen=True)
 class SnarkjsVerb:
     """One snarkjs verb: its alias, its long form's words, its positional files and its function."""
@@ -81,13 +90,13 @@ class SnarkjsVerb:
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         """The verb's positional files (each optional, with snarkjs's default) and options."""
         for dest, default, what in self.files:
-            p.add_argument(dest, type=Path, nargs="?", default=Path(default), help=f"{what} (default {default})")
+            p.add_argument(dest, type=_file, nargs="?", default=Path(default), help=f"{what} (default {default})")
         # snarkjs reads its options on any verb (and ignores those a verb has no use for)
         p.add_argument("--protocol", choices=("groth16",), default="groth16",
                        help="snarkjs's option, taken for its scripts: groth16 is the one protocol here")
         if self.proves:
             p.add_argument("--backend", default="auto", choices=BACKENDS, help=BACKEND_HELP)
-            p.add_argument("--r1cs", type=Path,
+            p.add_argument("--r1cs", type=_file,
                            help="check the witness against this circuit first (names the failing constraint)")
             p.add_argument("--no-verify", action="store_true",
                            help="skip the self-verification of the proof (benchmarks)")
@@ -146,8 +155,8 @@ def _snarkjs_verbs(sub: argparse._SubParsersAction) -> None:
 def _own_verbs(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("setup", help="INSECURE development setup: CIRCUIT.r1cs -> CIRCUIT.zkey (random "
                        "toxic waste)")
-    s.add_argument("r1cs", type=Path, help="the circuit (circom's .r1cs)")
-    s.add_argument("zkey", type=Path, help="the proving key written here (snarkjs's .zkey)")
+    s.add_argument("r1cs", type=_file, help="the circuit (circom's .r1cs)")
+    s.add_argument("zkey", type=_file, help="the proving key written here (snarkjs's .zkey)")
     s.add_argument("--backend", default="auto", choices=BACKENDS, help=BACKEND_HELP)
     s.set_defaults(func=_cmd_setup, default_log_level="INFO")  # long runs: progress, rate and ETA by default
 
@@ -163,7 +172,7 @@ def _own_verbs(sub: argparse._SubParsersAction) -> None:
                        ("dense-random", "the dense synthetic circuit (every witness value full-width random)")):
         pl = c_sub.add_parser(kind, help=f"{what}: writes its .r1cs and a sample .wtns")
         pl.add_argument("--log-n", type=int, required=True, help="log2 of the number of rows (domain size)")
-        pl.add_argument("out_dir", type=Path, help=f"folder for {kind}-LOG_N.r1cs and {kind}-LOG_N.wtns "
+        pl.add_argument("out_dir", type=_file, help=f"folder for {kind}-LOG_N.r1cs and {kind}-LOG_N.wtns "
                         "(made if missing)")
         pl.add_argument("--seed", type=int, default=0, help="the sample witness's seed (default 0)")
         pl.add_argument("--partition", type=int, default=0,

@@ -116,6 +116,20 @@ def test_options_between_positionals() -> None:
 
 
 @pytest.mark.parametrize("argv", [
+    ["g16p", "", "w.wtns"], ["g16p", "k.zkey", "w.wtns", "p.json", ""], ["g16p", "--r1cs", ""], ["zkev", "k.zkey", ""],
+    ["wc", "c.wasm", ""], ["g16v", "vk.json", "", "proof.json"], ["setup", "c.r1cs", ""],
+    ["circuit", "porep-like", "--log-n", "10", ""],
+])
+def test_an_empty_file_name_is_a_usage_error(argv: list[str], capsys: pytest.CaptureFixture[str]) -> None:
+    """An empty argument (an unset shell variable: ``g16p "$KEY" ...``) is refused by name, where it
+    was the current folder: ".: cannot read: Is a directory", or ``circuit`` writing there."""
+    with pytest.raises(SystemExit) as ended:
+        cli.build_parser().parse_args(argv)
+    assert ended.value.code == 2
+    assert "an empty file name (an unset variable?)" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
     ["g16p", "--", "-k.zkey", "-w.wtns", "-p.json", "-q.json"],
     ["g16p", "--backend", "cpu", "--", "-k.zkey", "-w.wtns", "-p.json", "-q.json"],
     ["groth16", "prove", "--backend=cpu", "--", "-k.zkey", "-w.wtns", "-p.json", "-q.json"],
