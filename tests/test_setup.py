@@ -292,3 +292,22 @@ def test_a_wire_count_beyond_the_machine_is_refused_before_any_work(tmp_path: Pa
     assert not (tmp_path / "huge.zkey").exists()
     dev.setup_file(Path(__file__).parent / "data_formats" / "mul.r1cs", tmp_path / "mul.zkey", CpuBackend())
     assert read_zkey(tmp_path / "mul.zkey").n_vars == 7  # the circuit's own wire count
+
+
+@pytest.mark.parametrize("where", ["missing/k.zkey", "a-folder", "a-file/k.zkey"])
+def test_a_key_path_that_cannot_be_written_is_refused_before_any_work(where: str, tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The key's place is taken first: a path that cannot be written (a missing folder, a folder in
+    the way, a file where a folder should be) is refused naming it before the r1cs is read or any
+    key material made (at 2^27 those took minutes, then the write failed), and nothing is left."""
+    from cuzk_mp.errors import OutputError
+
+    (tmp_path / "a-folder").mkdir()
+    (tmp_path / "a-file").write_text("")
+    read: list[object] = []
+    monkeypatch.setattr(dev, "read_r1cs", lambda path: read.append(path))
+    with pytest.raises(OutputError, match=f"{re.escape(str(tmp_path / where))}: cannot write it"):
+        dev.setup_file(Path(__file__).parent / "data_formats" / "mul.r1cs", tmp_path / where, CpuBackend())
+    assert read == []
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["a-file", "a-folder"] and not list(
+        (tmp_path / "a-folder").iterdir())

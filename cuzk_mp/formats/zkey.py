@@ -358,6 +358,12 @@ def write_zkey(path: str | os.PathLike[str], zkey: ZKey) -> None:
     (at least csHash + count; :func:`empty_contributions` makes the minimal one).
     Nothing is concatenated: chunks go to disk one by one.
     """
+    write_binfile(path, MAGIC, VERSION, zkey_sections(zkey))
+
+
+def zkey_sections(zkey: ZKey) -> list[tuple[int, Payload]]:
+    """The sections :func:`write_zkey` writes, in file order (its checks first), for a writer that
+    has its file open already (:func:`~cuzk_mp.groth16.setup.setup_file`)."""
     log2_exact(zkey.domain_size)
     n_vars, n_public = zkey.n_vars, zkey.n_public
     if n_vars < n_public + 1:
@@ -376,7 +382,7 @@ def write_zkey(path: str | os.PathLike[str], zkey: ZKey) -> None:
         (9, _rows(zkey.h, "h", zkey.domain_size, G1_LIMBS)),
         (10, bytes(zkey.contributions)),
     ]
-    write_binfile(path, MAGIC, VERSION, sections)
+    return sections
 
 
 def empty_contributions(cs_hash: bytes = bytes(64)) -> bytes:

@@ -69,7 +69,11 @@ from ..backends.base import G2_ROW_COST
 from ..errors import InputError
 from ..logs import duration_text
 from ..formats.r1cs import R1CS, read_r1cs
-from ..formats.zkey import COEF_DTYPE, ChunkStream, ZKey, coefs_from_arrays, empty_contributions, write_zkey
+from ..formats.atomic import atomic_output
+from ..formats.binfile import write_sections
+from ..formats.zkey import MAGIC as ZKEY_MAGIC
+from ..formats.zkey import VERSION as ZKEY_VERSION
+from ..formats.zkey import COEF_DTYPE, ChunkStream, ZKey, coefs_from_arrays, empty_contributions, zkey_sections
 
 log = logging.getLogger("cuzk_mp.groth16.setup")
 _R2_LIMBS = int_to_limbs(FR.r2, 4)  # the coefficient 1 in v R^2 form
@@ -142,15 +146,19 @@ def setup_file(r1cs_path: str | os.PathLike[str], zkey_path: str | os.PathLike[s
     ``write_zkey(setup(...))`` for the same toxic waste (``toxic``: for tests only).
     """
     t0 = time.perf_counter()
-    log.warning("%s: %s", os.fspath(zkey_path), INSECURE_WARNING)
-    r1cs = _host_step(os.fspath(zkey_path), f"reading {os.fspath(r1cs_path)}", lambda: read_r1cs(r1cs_path))
-    log_n = _domain_log(r1cs)
-    _check_room(r1cs, os.fspath(r1cs_path), os.fspath(zkey_path))
-    name = f"{os.fspath(zkey_path)} (2^{log_n} domain, {r1cs.n_wires} wires)"
-    log.info("setup %s: the QAP at tau, then %d fixed-base points", name,
-             sum(rows for rows, _ in section_rows(r1cs).values()))
-    report = progress or ProgressLog(name, section_rows(r1cs))
-    write_zkey(zkey_path, _key(r1cs, backend, report, toxic, name, stream=True))
+    # the key's place is taken first: a path that cannot be written is refused before the r1cs is
+    # read and the QAP made (minutes at 2^27), and a failure anywhere after leaves nothing there
+    with atomic_output(zkey_path) as out:
+        log.warning("%s: %s", os.fspath(zkey_path), INSECURE_WARNING)
+        r1cs = _host_step(os.fspath(zkey_path), f"reading {os.fspath(r1cs_path)}", lambda: read_r1cs(r1cs_path))
+        log_n = _domain_log(r1cs)
+        _check_room(r1cs, os.fspath(r1cs_path), os.fspath(zkey_path))
+        name = f"{os.fspath(zkey_path)} (2^{log_n} domain, {r1cs.n_wires} wires)"
+        log.info("setup %s: the QAP at tau, then %d fixed-base points", name,
+                 sum(rows for rows, _ in section_rows(r1cs).values()))
+        report = progress or ProgressLog(name, section_rows(r1cs))
+        write_sections(out, ZKEY_MAGIC, ZKEY_VERSION, zkey_sections(_key(r1cs, backend, report, toxic, name,
+                                                                          stream=True)))
     log.info("setup %s: written in %.1f s", name, time.perf_counter() - t0)
 
 
