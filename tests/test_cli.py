@@ -646,6 +646,21 @@ def test_a_stdout_that_cannot_be_written_is_an_output_error(tmp_path: Path) -> N
         assert_message(proc, 2, "error: stdout: cannot write it: No space left on device")
 
 
+def test_a_witness_goes_through_a_pipe_whole(tmp_path: Path) -> None:
+    """``wc c.wasm input.json /dev/stdout | gzip > w.wtns.gz``: a .wtns is written in place to a pipe
+    as to a file, the same bytes (its sections' sizes are known before their bytes: nothing is
+    patched afterwards, which a pipe cannot take; it ended with exit 2, "Illegal seek", after a
+    header that said 0 bytes had gone down the pipe)."""
+    wasm = circom_generator(tmp_path, "c", inputs=2)
+    inputs = tmp_path / "input.json"
+    inputs.write_text('{"a": ["3", "11"]}')
+    assert cli.main(["wc", str(wasm), str(inputs), str(tmp_path / "w.wtns")]) == 0
+    proc = subprocess.run([sys.executable, "-m", "cuzk_mp", "wc", str(wasm), str(inputs), "/dev/stdout"],
+                          capture_output=True, env=ENV, cwd=REPO, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout == (tmp_path / "w.wtns").read_bytes()
+
+
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
 

@@ -373,9 +373,21 @@ def _write_array(f: IO[bytes], arr: np.ndarray) -> int:
 
 
 def write_sections(f: IO[bytes], magic: str, version: int, sections: Sequence[tuple[int, Payload]]) -> None:
-    """Write a whole binfile to a seekable stream (sizes are patched after each section)."""
+    """Write a whole binfile to ``f``. A section given as one buffer has its size written before its
+    bytes; one given as chunks (a stream made as it is written) has its size patched afterwards,
+    which needs a seekable ``f``. So a file of buffers alone (a .wtns) goes to a pipe as to a file
+    (``wc c.wasm in.json /dev/stdout | gzip``)."""
     f.write(_HEAD.pack(magic.encode("ascii"), version, len(sections)))
     for sid, payload in sections:
+        if isinstance(payload, np.ndarray):
+            f.write(_SECTION_HEAD.pack(sid, payload.nbytes))
+            _write_array(f, payload)
+            continue
+        if isinstance(payload, (bytes, bytearray, memoryview)):
+            view = memoryview(payload).cast("B")
+            f.write(_SECTION_HEAD.pack(sid, view.nbytes))
+            f.write(view)
+            continue
         head_at = f.tell()
         f.write(_SECTION_HEAD.pack(sid, 0))
         size = 0
