@@ -348,10 +348,10 @@ def exit_code(exc: BaseException) -> tuple[int, str]:
         return EXIT_RESOURCES, f"not enough resources: out of GPU memory: {exc}"
     if isinstance(exc, MemoryError):
         return EXIT_RESOURCES, "not enough resources: out of host memory"
-    if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)):
-        return EXIT_INPUT, f"error: {exc.filename}: {exc.strerror}"
     if isinstance(exc, OSError):
-        where = f"{exc.filename}: " if exc.filename else ""
+        where = f"{exc.filename}: " if exc.filename else ""  # none for os.getcwd() in a folder that is gone
+        if isinstance(exc, (FileNotFoundError, IsADirectoryError, NotADirectoryError, PermissionError)):
+            return EXIT_INPUT, f"error: {where}{exc.strerror or exc}"
         return EXIT_FAILED, f"error: {where}{exc.strerror or exc}"
     if isinstance(exc, Terminated):  # SIGTERM, SIGHUP
         return exc.exit_code, exc.what

@@ -661,6 +661,20 @@ def test_a_witness_goes_through_a_pipe_whole(tmp_path: Path) -> None:
     assert proc.stdout == (tmp_path / "w.wtns").read_bytes()
 
 
+def test_a_working_folder_that_is_gone_names_the_file(tmp_path: Path) -> None:
+    """Run from a folder removed under it (a script's temporary folder cleaned away), ``g16p`` with
+    snarkjs's default (relative) names names the file it cannot read (exit 2), where the check of
+    its outputs against its inputs asked for the working folder and the message was "None: No such
+    file or directory"."""
+    gone = tmp_path / "gone"
+    gone.mkdir()
+    script = f"cd {gone} && rmdir {gone} && exec {sys.executable} -m cuzk_mp g16p --backend cpu"
+    env = {**ENV, "PYTHONPATH": str(REPO)}  # no empty entry: the interpreter's start would look at the gone folder
+    proc = subprocess.run(["sh", "-c", script], env=env, capture_output=True, text=True, timeout=120)
+    assert_message(proc, 2, "circuit_final.zkey: cannot read: No such file or directory")
+    assert "None" not in proc.stderr, proc.stderr
+
+
 def test_unreachable_daemon_exits_3(tmp_path: Path) -> None:
     assert_message(run_cli("client", "status", "--connect", f"unix://{tmp_path}/none.sock"), 3, "none.sock")
 
@@ -729,6 +743,7 @@ def test_out_of_device_memory_is_a_resource_error_in_a_pipeline_too() -> None:
     (MemoryError(), 4, "out of host memory"),
     (_CupyOutOfMemory("Out of memory allocating 2,048 bytes"), 4, "out of GPU memory: Out of memory allocating"),
     (FileNotFoundError(2, "No such file or directory", "in.json"), 2, "in.json: No such file or directory"),
+    (FileNotFoundError(2, "No such file or directory"), 2, "error: No such file or directory"),  # os.getcwd()'s
     (PermissionError(13, "Permission denied", "/etc/k"), 2, "/etc/k: Permission denied"),
     (OSError(28, "No space left on device", "out.zkey"), 1, "out.zkey: No space left on device"),
     (KeyboardInterrupt(), 130, "interrupted"),

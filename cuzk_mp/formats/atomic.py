@@ -253,7 +253,10 @@ def refuse_outputs_over_inputs(args: Any, outputs: Sequence[str], inputs: Sequen
         path = getattr(args, name)
         if path is None or _written_in_place(path):
             continue
-        real = os.path.realpath(path)
+        try:
+            real = os.path.realpath(path)
+        except OSError:  # a relative path in a working folder that is gone: its read or write names it
+            real = os.path.normpath(path)
         if real in seen:
             raise InputError(f"{path}: given as both the {seen[real]} and the {name} output: give two paths")
         seen[real] = name
