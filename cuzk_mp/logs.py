@@ -127,6 +127,15 @@ def child_format() -> str:
     return fmt if fmt in FORMATS else "text"
 
 
+def fmt_bytes(n: float | None) -> str:
+    """A size as reports and messages write it: ``59.00 GiB``, ``12.5 MiB``, ``3 KiB`` ("n/a" for None)."""
+    if n is None:
+        return "n/a"
+    if abs(n) >= 2**30:
+        return f"{n / 2**30:.2f} GiB"
+    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.0f} KiB"
+
+
 def duration_text(seconds: float | None) -> str:
     """A progress line's time: ``1h02m03s`` / ``2m03s`` / ``4.5s``; ``?`` when unknown (None, NaN, inf)."""
     if seconds is None or seconds != seconds or seconds == float("inf"):

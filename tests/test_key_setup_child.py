@@ -61,8 +61,8 @@ def test_a_synthetic_build_bigger_than_the_memory_is_refused_before_it_starts(
     real = psutil.virtual_memory()
     monkeypatch.setattr(psutil, "virtual_memory", lambda: real._replace(available=100_000))  # < 2^10's build
     cache = tmp_path / "cache"
-    with pytest.raises(ResourceError, match=r"building the r1cs of porep-like 2\^10 \(1016 wires\) needs ~0\.0 GiB "
-                                            r"of memory; 0\.0 GiB are available: a smaller size"):
+    with pytest.raises(ResourceError, match=r"building the r1cs of porep-like 2\^10 \(1016 wires\) needs ~318 KiB "
+                                            r"of memory; 98 KiB are available: a smaller size"):
         ensure_synthetic_key("porep-like", 10, cache, backend="cpu")
     for child in (True, False):
         with pytest.raises(ResourceError, match=r"building the circuit data of dense-random 2\^10 \(1053 wires\)"):

@@ -338,6 +338,6 @@ def test_cpu_prover_working_set_grows_with_its_batch() -> None:
 
 
 def test_sizes_are_written_in_one_way() -> None:
-    from cuzk_mp.pipeline.memory import fmt_bytes
+    from cuzk_mp.logs import fmt_bytes
 
     assert [fmt_bytes(x) for x in (59 * GiB, 1.5 * 2**20, 3 * 2**10, None)] == ["59.00 GiB", "1.5 MiB", "3 KiB", "n/a"]

@@ -287,11 +287,27 @@ def test_a_wire_count_beyond_the_machine_is_refused_before_any_work(tmp_path: Pa
     huge = tmp_path / "huge.r1cs"
     huge.write_bytes(struct.pack("<4sII", b"r1cs", 1, len(kept))
                      + b"".join(struct.pack("<IQ", sid, len(body)) + bytes(body) for sid, body in kept))
-    with pytest.raises(ResourceError, match=r"huge\.r1cs: 4294967295 wires need ~512\.0 GiB of memory in the setup"):
+    with pytest.raises(ResourceError, match=r"huge\.r1cs: 4294967295 wires need ~512\.00 GiB of memory in the setup"):
         dev.setup_file(huge, tmp_path / "huge.zkey", CpuBackend())
     assert not (tmp_path / "huge.zkey").exists()
     dev.setup_file(Path(__file__).parent / "data_formats" / "mul.r1cs", tmp_path / "mul.zkey", CpuBackend())
     assert read_zkey(tmp_path / "mul.zkey").n_vars == 7  # the circuit's own wire count
+
+
+def test_a_key_bigger_than_the_free_disk_is_refused_naming_both_sizes(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """A small key on a nearly full disk is refused with sizes a reader can compare (KiB here, not
+    "~0.0 GiB; 0.0 GiB are free"), exit 4, and no key file is left."""
+    import shutil
+
+    from cuzk_mp.errors import ResourceError
+
+    real = shutil.disk_usage
+    monkeypatch.setattr(shutil, "disk_usage", lambda path: real(path)._replace(free=2048))
+    with pytest.raises(ResourceError, match=r"mul\.zkey: the key of 7 wires takes ~\d+ KiB; 2 KiB are free on its "
+                                            r"file system$"):
+        dev.setup_file(Path(__file__).parent / "data_formats" / "mul.r1cs", tmp_path / "mul.zkey", CpuBackend())
+    assert not (tmp_path / "mul.zkey").exists()
 
 
 @pytest.mark.parametrize("where", ["missing/k.zkey", "a-folder", "a-file/k.zkey"])

@@ -217,7 +217,7 @@ def check_summary(cfg: Any, warnings: int = 0) -> str:
     """What ``daemon --check`` prints of a valid config: where it listens, the circuits, the pipeline's
     shape, the memory split (sizes in GiB) and the access rules."""
     from cuzk_mp.backends import resolve_backend_name
-    from cuzk_mp.pipeline.memory import fmt_bytes
+    from cuzk_mp.logs import fmt_bytes
 
     e = cfg.engine
     devices = "every visible device" if e.devices is None else ", ".join(map(str, e.devices))

@@ -17,7 +17,8 @@ from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.config_file import DaemonSection, MemorySection, RawConfig, parse_duration
 from cuzk_mp.daemon.transport import Address
 from cuzk_mp.errors import ConfigError
-from cuzk_mp.pipeline.memory import fmt_bytes, parse_size
+from cuzk_mp.logs import fmt_bytes
+from cuzk_mp.pipeline.memory import parse_size
 
 _TOKEN_RE = re.compile(r"^[\x21-\x7e]{16,256}$")
 

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from cuzk_mp.errors import Unavailable
-from cuzk_mp.pipeline.memory import fmt_bytes
+from cuzk_mp.logs import fmt_bytes
 
 
 @dataclass(frozen=True)

@@ -67,7 +67,7 @@ from ..algebra.field import FR, FR_TWO_ADICITY, Q_MOD, R_MOD, domain_log_size, f
 from ..algebra.sparse import CsrMatrix
 from ..backends.base import G2_ROW_COST
 from ..errors import InputError
-from ..logs import duration_text
+from ..logs import duration_text, fmt_bytes
 from ..formats.r1cs import R1CS, read_r1cs
 from ..formats.atomic import atomic_output
 from ..formats.binfile import write_sections
@@ -233,8 +233,8 @@ def _check_room(r1cs: R1CS, r1cs_name: str, zkey_name: str) -> None:
     folder = os.path.dirname(os.path.abspath(zkey_name))
     free = shutil.disk_usage(folder).free if os.path.isdir(folder) else None
     if free is not None and key > free:
-        raise ResourceError(f"{zkey_name}: the key of {r1cs.n_wires} wires takes ~{key / 2**30:.1f} GiB; "
-                            f"{free / 2**30:.1f} GiB are free on its file system")
+        raise ResourceError(f"{zkey_name}: the key of {r1cs.n_wires} wires takes ~{fmt_bytes(key)}; "
+                            f"{fmt_bytes(free)} are free on its file system")
 
 
 def check_memory(need: int, subject: str, where: str = "", advice: str = "") -> None:
@@ -242,14 +242,14 @@ def check_memory(need: int, subject: str, where: str = "", advice: str = "") -> 
     build whose size a file or an option sets (the setup of an r1cs, a synthetic circuit's r1cs and
     circuit data), which would otherwise grow until the kernel's OOM killer ends it, or another
     process of the machine, minutes later. The message: "``subject`` ~N GiB of memory``where``; M GiB
-    are available``advice``"."""
+    are available``advice``" (each size in the unit that shows it: KiB, MiB or GiB)."""
     import psutil
 
     from ..errors import ResourceError
 
     available = int(psutil.virtual_memory().available)
     if need > available:
-        raise ResourceError(f"{subject} ~{need / 2**30:.1f} GiB of memory{where}; {available / 2**30:.1f} GiB "
+        raise ResourceError(f"{subject} ~{fmt_bytes(need)} of memory{where}; {fmt_bytes(available)} "
                             f"are available{advice}")
 
 

@@ -26,7 +26,7 @@ from typing import TYPE_CHECKING, Any
 
 from ..errors import InputError
 from .benchreport import s_per_partition
-from .memory import fmt_bytes
+from ..logs import fmt_bytes
 
 if TYPE_CHECKING:
     from matplotlib.figure import Figure

@@ -22,7 +22,7 @@ from typing import Any
 
 from ..errors import InputError
 from ..logs import duration_text
-from .memory import fmt_bytes
+from ..logs import fmt_bytes
 
 log = logging.getLogger("cuzk_mp.bench")
 HEARTBEAT_S = 15.0  # a long step says it is still at work this often

@@ -38,6 +38,7 @@ import re
 from dataclasses import dataclass
 
 from ..errors import ConfigError
+from ..logs import fmt_bytes
 from .segment import partition_segment_bytes
 from .shm_names import SHM_DIR, shm_space
 from .types import BATCH_MAX_BYTES, default_synthesis_threads
@@ -104,15 +105,6 @@ AUTO_RESERVE_BYTES = 4 * GiB  # "auto" budgets leave this much of the machine's 
 
 CGROUP_ROOT = "/sys/fs/cgroup"  # where the cgroup hierarchies are mounted
 PROC_CGROUP = "/proc/self/cgroup"  # this process's cgroup in each hierarchy
-
-
-def fmt_bytes(n: float | None) -> str:
-    """A size as reports and messages write it: ``59.00 GiB``, ``12.5 MiB``, ``3 KiB`` ("n/a" for None)."""
-    if n is None:
-        return "n/a"
-    if abs(n) >= GiB:
-        return f"{n / GiB:.2f} GiB"
-    return f"{n / 2**20:.1f} MiB" if abs(n) >= 2**20 else f"{n / 2**10:.0f} KiB"
 
 
 def cgroup_limit_files(proc_cgroup: str, root: str = CGROUP_ROOT) -> list[str]:
