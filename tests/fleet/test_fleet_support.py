@@ -397,3 +397,55 @@ def test_a_box_whose_clock_is_off_the_databases_measures_latency_and_answers_on_
         assert reply.finished_at is not None and 0.3 <= reply.finished_at - reply.submitted_at < 10
 
     asyncio.run(main())
+
+
+def test_a_database_that_takes_the_connection_but_not_the_fleet_fails_the_connect_clearly(
+        fleet_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
+    """The first connection succeeds, then the database refuses what a box does next: a read-only
+    role (or a hot standby) cannot create the fleet's tables, a role without CREATE on the schema may
+    not, and a role limited to one connection cannot open the LISTEN connection beside its pool.
+    Each is the fleet's own error naming the server's reason (a daemon's start exits 4 or 2 on it,
+    `fleet status` 3 or 2 with one line), never a driver's exception (a traceback, exit 70)."""
+    import uuid
+
+    import psycopg
+
+    from cuzk_mp.cli import exit_code
+    from cuzk_mp.daemon.fleet.cli import add_parser
+    from cuzk_mp.exit_codes import EXIT_INPUT, EXIT_RESOURCES, EXIT_UNREACHABLE
+
+    async def join_and_leave() -> None:  # the tables exist: the read-only role fails only at creating them
+        await (await connect(fleet_dsn, "a")).close()
+
+    asyncio.run(join_and_leave())
+    db = fleet_dsn.rsplit("/", 1)[1]
+    tag = uuid.uuid4().hex[:8]
+    read_only, no_create, one_conn = f"ro_{tag}", f"nc_{tag}", f"lim_{tag}"
+    with psycopg.connect(fleet_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {read_only} LOGIN")  # type: ignore[arg-type]
+        conn.execute(f"ALTER ROLE {read_only} SET default_transaction_read_only = on")  # type: ignore[arg-type]
+        conn.execute(f"CREATE ROLE {no_create} LOGIN")  # type: ignore[arg-type]
+        conn.execute(f"CREATE ROLE {one_conn} LOGIN CONNECTION LIMIT 1")  # type: ignore[arg-type]
+        conn.execute(f"CREATE DATABASE {db}_lim OWNER {one_conn}")  # type: ignore[arg-type]
+        conn.execute(f"CREATE DATABASE {db}_nc")  # type: ignore[arg-type]
+    base = fleet_dsn.rsplit("/", 1)[0]
+    cases = [(fleet_dsn.replace("cuzk@", f"{read_only}@"), ResourceError, "read-only transaction"),
+             (f"{base}/{db}_nc".replace("cuzk@", f"{no_create}@"), ConfigError, "permission denied"),
+             (f"{base}/{db}_lim".replace("cuzk@", f"{one_conn}@"), ResourceError, "too many connections")]
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    try:
+        for dsn, kind, text in cases:
+            with pytest.raises(kind, match=text) as e:
+                asyncio.run(connect(dsn, "gpu-a"))
+            assert exit_code(e.value)[0] == {ConfigError: EXIT_INPUT, ResourceError: EXIT_RESOURCES}[kind]
+            args = parser.parse_args(["fleet", "status", "--dsn", dsn])
+            assert args.func(args) == {ConfigError: EXIT_INPUT, ResourceError: EXIT_UNREACHABLE}[kind]
+            err = capsys.readouterr().err
+            assert err.startswith("cuzk-mp fleet status: ") and text in err and err.count("\n") == 1, err
+    finally:
+        with psycopg.connect(fleet_dsn, autocommit=True) as conn:
+            for name in (f"{db}_lim", f"{db}_nc"):
+                conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")  # type: ignore[arg-type]
+            for role in (read_only, no_create, one_conn):
+                conn.execute(f"DROP ROLE IF EXISTS {role}")  # type: ignore[arg-type]

@@ -57,7 +57,7 @@ from cuzk_mp.daemon.fleet import schema
 from cuzk_mp.daemon.fleet.config import FleetConfig, check_fleet, redact_dsn
 from cuzk_mp.daemon.fleet.events import EventHandlers, FleetEvents
 from cuzk_mp.daemon.fleet.models import FINAL_STATES, Claimed, JobState, entrypoint
-from cuzk_mp.daemon.fleet.store import first_connection, new_pool, notify
+from cuzk_mp.daemon.fleet.store import first_connection, new_pool, notify, start_error
 from cuzk_mp.daemon.fleet.submits import FleetSubmits
 from cuzk_mp.daemon.protocol import encodable_text
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
@@ -121,8 +121,11 @@ class Fleet(FleetSubmits):
         pool = new_pool(cfg)
         fleet = cls(cfg, pool, on_abort)
         try:
-            async with first:
-                await schema.migrate(first, fleet._queries(first))
+            try:
+                async with first:
+                    await schema.migrate(first, fleet._queries(first))
+            except psycopg.Error as e:
+                raise start_error(cfg, e, "the fleet's tables", "create or upgrade the fleet's tables in") from None
             try:
                 await pool.open(wait=True, timeout=cfg.connect_timeout_s)
             except PoolTimeout:
@@ -130,7 +133,10 @@ class Fleet(FleetSubmits):
                                     f"{cfg.connect_timeout_s:g} s") from None
             if register:
                 await fleet._register()
-            await fleet._events.start()
+            try:
+                await fleet._events.start()
+            except psycopg.Error as e:
+                raise start_error(cfg, e, "the LISTEN connection", "open the LISTEN connection to") from None
         except BaseException:
             await fleet._events.close()
             await pool.close()

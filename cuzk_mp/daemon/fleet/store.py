@@ -64,11 +64,21 @@ async def first_connection(cfg: FleetConfig) -> psycopg.AsyncConnection[Any]:
     try:
         return await psycopg.AsyncConnection.connect(cfg.dsn, **connect_kwargs(cfg))
     except psycopg.Error as e:
-        reason = " ".join(str(e).split())
-        if any(r in reason for r in REFUSALS):
-            raise ConfigError(f"fleet.dsn: the database at {redact_dsn(cfg.dsn)} refused the connection: "
-                              f"{reason}") from None
-        raise ResourceError(f"fleet: cannot connect to {redact_dsn(cfg.dsn)}: {reason}") from None
+        raise start_error(cfg, e, "the connection", "connect to") from None
+
+
+def start_error(cfg: FleetConfig, e: psycopg.Error, refused: str, cannot: str) -> ConfigError | ResourceError:
+    """What a box's start makes of a database error after which it cannot join (``refused``: what
+    the server refused, ``cannot``: what the box could not do): a refusal of its role, password or
+    database (:data:`REFUSALS`) is a ConfigError naming ``fleet.dsn``, anything else a ResourceError,
+    both with the server's reason. The first connection may succeed and a later step of the start
+    still fail (a read-only role cannot create the tables, a role's connection limit leaves no room
+    for the LISTEN connection): a driver's exception escaping there was a traceback and an exit of
+    70 ("a bug") instead of the exit code of a database that refused or did not answer."""
+    reason = " ".join(str(e).split())
+    if any(r in reason for r in REFUSALS):
+        return ConfigError(f"fleet.dsn: the database at {redact_dsn(cfg.dsn)} refused {refused}: {reason}")
+    return ResourceError(f"fleet: cannot {cannot} {redact_dsn(cfg.dsn)}: {reason}")
 
 
 def new_pool(cfg: FleetConfig) -> AsyncConnectionPool:
