@@ -226,6 +226,38 @@ def test_pruning_never_removes_the_inputs_of_a_job_being_queued(fleet_dsn: str, 
     assert asyncio.run(main()) == 0 and Path(old.ref).exists()
 
 
+def test_pruning_keeps_the_inputs_of_a_queued_job_where_inputs_dir_is_reached_through_a_symlink(
+        fleet_dsn: str, tmp_path: Path) -> None:
+    """``[fleet] inputs_dir`` names a symlink (a mount linked into place, a /var on another disk):
+    pruning lists the folder by that name, and a job's reference may spell the file's path through the
+    link's target (as every reference did before it named the folder as configured). A job queued
+    longer than ``result_ttl`` (no box holds its key yet) keeps its inputs however its reference
+    spells the folder; the inputs of a job pruned with its result go."""
+    import os
+    import time
+
+    real, link = tmp_path / "real", tmp_path / "inputs"
+    real.mkdir()
+    link.symlink_to(real)
+    finished, waiting = make_inputs(link, 2)
+    for path in real.iterdir():
+        os.utime(path, (time.time() - 100, time.time() - 100))
+
+    async def main() -> int:
+        a = await connect(fleet_dsn, "a")
+        ref = await a.submit(None, "x", str(link / Path(finished.ref).name), finished.sha256)
+        [c] = await a.claim(["x"], 1)
+        assert c.job_id == ref.job_id and await a.complete(c.job_id, b"proof")
+        await a.prune(0.0)  # the finished job goes with its result
+        await a.submit(None, "x", str(real / Path(waiting.ref).name), waiting.sha256)
+        removed = await a.prune_inputs(link, 50)
+        await a.close()
+        return removed
+
+    assert asyncio.run(main()) == 1
+    assert [p.name for p in real.iterdir()] == [Path(waiting.ref).name]
+
+
 def test_the_partial_file_of_a_store_that_never_ended_goes_once_stale(tmp_path: Path) -> None:
     """A box killed while it wrote a submit's inputs leaves its temporary file in the shared directory;
     pruning takes it once it is as old as stale inputs, never a store still being written."""

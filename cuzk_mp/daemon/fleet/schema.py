@@ -45,7 +45,7 @@ MIGRATION_LOCK_KEY = int.from_bytes(b"cuzkflt1", "big", signed=True)
 SUBMIT_LOCK_KEY = int.from_bytes(b"cuzksbm1", "big", signed=True)
 # Transaction-level advisory locks of stored inputs, (INPUTS_LOCK_SPACE, the first 4 bytes of their sha256
 # as a signed int4): a submit holds its inputs' lock from storing the file to its job row's commit, and
-# pruning holds it from the check that no job names the file to its removal (two int4 keys: a key space
+# pruning holds it from the check that no job needs the file to its removal (two int4 keys: a key space
 # apart from the bigint locks above). The ASCII of "cuzi" as a signed int4.
 INPUTS_LOCK_SPACE = int.from_bytes(b"cuzi", "big", signed=True)
 QUEUE_PREFIX = "cuzk_"
@@ -94,8 +94,10 @@ DDL = (
     ("CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_unfinished ON cuzk_fleet_jobs (client) "
      "WHERE state IN ('queued', 'running')"),
     "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_queue_id ON cuzk_fleet_jobs (queue_id)",
-    # pruning asks, for each stale inputs file, whether a job names it
+    # pruning asks, for each stale inputs file, whether a job needs its bytes (releases before the
+    # second index asked whether a job names its path)
     "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_inputs ON cuzk_fleet_jobs (inputs_ref)",
+    "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_inputs_sha256 ON cuzk_fleet_jobs (inputs_sha256)",
     ("CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_finished ON cuzk_fleet_jobs (finished_at) "
      "WHERE finished_at IS NOT NULL"),
     "CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_owner ON cuzk_fleet_jobs (owner) WHERE state = 'running'",

@@ -258,8 +258,9 @@ class FleetStore:
         return n
 
     async def prune_inputs(self, directory: Path, older_than_s: float) -> int:
-        """Remove the stored inputs in ``directory`` that no job (of any state, not yet pruned) names and
-        nobody stored again for ``older_than_s`` seconds, and the partial files of stores that never
+        """Remove the stored inputs in ``directory`` that no job (of any state, not yet pruned) needs (none
+        of their sha256, whatever path its reference spells) and nobody stored again for ``older_than_s``
+        seconds, and the partial files of stores that never
         ended; how many went. Each file is checked and removed under its inputs' lock, which a submit
         holds from storing the same bytes to its job's commit (:meth:`.submits.FleetSubmits.submit`):
         a file is never removed under a job being queued with it, even where the shared folder shows
@@ -273,7 +274,9 @@ class FleetStore:
                 continue
             async with self._tx() as (conn, _):
                 await conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", schema.inputs_lock(digest))
-                cur = await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE inputs_ref = %s LIMIT 1", (str(path),))
+                # by the bytes, not the path: a reference may spell the folder otherwise (through the
+                # target of a symlink on the way to it), and a file its job still needs went with it
+                cur = await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE inputs_sha256 = %s LIMIT 1", (digest,))
                 if await cur.fetchone() is None:
                     removed += await asyncio.to_thread(remove_stale_inputs, [path], older_than_s)
         return removed
