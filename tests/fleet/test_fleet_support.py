@@ -75,6 +75,18 @@ def test_inputs_roundtrip_by_path_url_and_http(tmp_path: Path) -> None:
         server.shutdown()
 
 
+def test_an_inputs_reference_names_the_folder_as_configured_not_where_a_symlink_leads(tmp_path: Path) -> None:
+    """Every box reads ``inputs_dir`` at the same path; behind it, each may hold a mount of its own or
+    a symlink to wherever the share is mounted there. A reference spelled through this box's link
+    target names a folder other boxes may not have: there the job failed for a missing file."""
+    real, link = tmp_path / "nfs" / "inputs", tmp_path / "inputs"
+    real.mkdir(parents=True)
+    link.symlink_to(real)
+    ref = store_inputs(b"witness bytes", link)
+    assert ref.ref == str(link / f"{ref.sha256}.inputs")
+    assert load_inputs(ref.ref, ref.sha256) == b"witness bytes"
+
+
 def test_inputs_that_changed_or_are_missing_are_input_errors(tmp_path: Path) -> None:
     ref = store_inputs(b"original", tmp_path)
     Path(ref.ref).write_bytes(b"tampered")

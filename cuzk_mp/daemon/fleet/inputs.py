@@ -62,9 +62,12 @@ def check_ref(ref: str, sha256: str) -> None:
 
 
 def inputs_ref(data: bytes, directory: Path) -> InputsRef:
-    """Where :func:`store_inputs` keeps ``data``: ``<directory>/<sha256>.inputs`` (nothing written)."""
+    """Where :func:`store_inputs` keeps ``data``: ``<directory>/<sha256>.inputs`` (nothing written).
+
+    ``directory`` is made absolute but its symlinks are kept: the reference must name the folder as
+    every box reads it (``[fleet] inputs_dir``), not where a link leads on this box alone."""
     digest = hashlib.sha256(data).hexdigest()
-    return InputsRef(str(directory.resolve() / f"{digest}{INPUTS_SUFFIX}"), digest, len(data))
+    return InputsRef(str(directory.absolute() / f"{digest}{INPUTS_SUFFIX}"), digest, len(data))
 
 
 def stored_digest(path: Path) -> str | None:
