@@ -309,6 +309,31 @@ def test_boxes_migrate_concurrently_on_a_fresh_database(fleet_dsn: str) -> None:
     run(main())
 
 
+def test_joining_or_looking_while_a_transaction_holds_a_job_stalls_no_box(fleet_dsn: str, tmp_path: Path) -> None:
+    """A box hung inside a transaction (stopped, or cut off while the server keeps its session) holds
+    a job's row until the server notices. A box that joins meanwhile, or `fleet status` (an observer),
+    must not queue an exclusive lock on the jobs table behind it: every other box's statements on
+    the table would queue behind that lock, and the one hung box would stall the whole fleet. On a
+    database whose schema is current, joining changes no table."""
+    import psycopg
+
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a")
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        async with await psycopg.AsyncConnection.connect(fleet_dsn) as hung:
+            await hung.execute("UPDATE cuzk_fleet_jobs SET priority = priority WHERE job_id = %s", (ref.job_id,))
+            observer = await asyncio.wait_for(connect(fleet_dsn, "status", register=False), 10)
+            b = await asyncio.wait_for(connect(fleet_dsn, "b"), 10)
+            assert (await asyncio.wait_for(a.status(ref.job_id), 5)).state == "queued"
+            await hung.rollback()
+        for f in (observer, b, a):
+            await f.close()
+
+    run(main())
+
+
 def test_a_box_that_renews_its_own_lapsed_claim_does_not_run_the_job_twice(fleet_dsn: str, tmp_path: Path) -> None:
     [inp] = make_inputs(tmp_path, 1)
 

@@ -446,8 +446,9 @@ def test_a_box_whose_clock_is_off_the_databases_measures_latency_and_answers_on_
 def test_a_database_that_takes_the_connection_but_not_the_fleet_fails_the_connect_clearly(
         fleet_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The first connection succeeds, then the database refuses what a box does next: a read-only
-    role (or a hot standby) cannot create the fleet's tables, a role without CREATE on the schema may
-    not, and a role limited to one connection cannot open the LISTEN connection beside its pool.
+    role (or a hot standby) cannot create the fleet's tables in a database that has none, a role
+    without CREATE on the schema may not, and a role limited to one connection cannot open the
+    LISTEN connection beside its pool.
     Each is the fleet's own error naming the server's reason (a daemon's start exits 4 or 2 on it,
     `fleet status` 3 or 2 with one line), never a driver's exception (a traceback, exit 70)."""
     import uuid
@@ -458,10 +459,6 @@ def test_a_database_that_takes_the_connection_but_not_the_fleet_fails_the_connec
     from cuzk_mp.daemon.fleet.cli import add_parser
     from cuzk_mp.exit_codes import EXIT_INPUT, EXIT_RESOURCES, EXIT_UNREACHABLE
 
-    async def join_and_leave() -> None:  # the tables exist: the read-only role fails only at creating them
-        await (await connect(fleet_dsn, "a")).close()
-
-    asyncio.run(join_and_leave())
     db = fleet_dsn.rsplit("/", 1)[1]
     tag = uuid.uuid4().hex[:8]
     read_only, no_create, one_conn = f"ro_{tag}", f"nc_{tag}", f"lim_{tag}"
@@ -472,8 +469,9 @@ def test_a_database_that_takes_the_connection_but_not_the_fleet_fails_the_connec
         conn.execute(f"CREATE ROLE {one_conn} LOGIN CONNECTION LIMIT 1")  # type: ignore[arg-type]
         conn.execute(f"CREATE DATABASE {db}_lim OWNER {one_conn}")  # type: ignore[arg-type]
         conn.execute(f"CREATE DATABASE {db}_nc")  # type: ignore[arg-type]
+        conn.execute(f"CREATE DATABASE {db}_ro")  # type: ignore[arg-type]
     base = fleet_dsn.rsplit("/", 1)[0]
-    cases = [(fleet_dsn.replace("cuzk@", f"{read_only}@"), ResourceError, "read-only transaction"),
+    cases = [(f"{base}/{db}_ro".replace("cuzk@", f"{read_only}@"), ResourceError, "read-only transaction"),
              (f"{base}/{db}_nc".replace("cuzk@", f"{no_create}@"), ConfigError, "permission denied"),
              (f"{base}/{db}_lim".replace("cuzk@", f"{one_conn}@"), ResourceError, "too many connections")]
     parser = argparse.ArgumentParser()
@@ -489,7 +487,7 @@ def test_a_database_that_takes_the_connection_but_not_the_fleet_fails_the_connec
             assert err.startswith("cuzk-mp fleet status: ") and text in err and err.count("\n") == 1, err
     finally:
         with psycopg.connect(fleet_dsn, autocommit=True) as conn:
-            for name in (f"{db}_lim", f"{db}_nc"):
+            for name in (f"{db}_lim", f"{db}_nc", f"{db}_ro"):
                 conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")  # type: ignore[arg-type]
             for role in (read_only, no_create, one_conn):
                 conn.execute(f"DROP ROLE IF EXISTS {role}")  # type: ignore[arg-type]

@@ -30,6 +30,7 @@ ALTER TABLE cuzk_fleet_jobs DROP COLUMN input_bytes;
 ALTER TABLE cuzk_fleet_jobs DROP COLUMN IF EXISTS key_digest;
 ALTER TABLE cuzk_fleet_boxes DROP COLUMN stall_timeout_s;
 DROP INDEX IF EXISTS cuzk_fleet_jobs_inputs;
+DROP INDEX IF EXISTS cuzk_fleet_jobs_inputs_sha256;
 DROP INDEX IF EXISTS cuzk_fleet_jobs_unfinished;
 UPDATE cuzk_fleet_meta SET value = '2' WHERE key = 'schema_version';
 """

@@ -20,10 +20,12 @@ is recorded for later migrations to build on (version 2 added ``cuzk_fleet_jobs.
 ``input_bytes``, what the ``[daemon] max_queued_input`` cap counts, version 4
 ``cuzk_fleet_boxes.stall_timeout_s``, each box's own, the longest of which makes a claim lapse, version 5
 ``cuzk_fleet_jobs.key_digest``, the key a done job was proved with, kept beside its result so that the
-result stays readable to the boxes of earlier releases (:func:`cuzk_mp.daemon.protocol.stored_reply`); the
-``ALTER ... ADD COLUMN IF NOT EXISTS`` statements bring an older database up to it, its rows counting
-0 input bytes and a 0 s stall timeout, their results naming no key). Each version only adds columns
-with defaults, so boxes of earlier releases keep working on the migrated database.
+result stays readable to the boxes of earlier releases (:func:`cuzk_mp.daemon.protocol.stored_reply`),
+version 6 the index of ``cuzk_fleet_jobs.inputs_sha256``, by which pruning asks whether a job still needs
+a stored inputs file; the ``ALTER ... ADD COLUMN IF NOT EXISTS`` statements bring an older database up to
+it, its rows counting 0 input bytes and a 0 s stall timeout, their results naming no key). Each version
+only adds columns with defaults and indexes, so boxes of earlier releases keep working on the migrated
+database. A database that records this version or a later one is left as it is (:func:`migrate`).
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-SCHEMA_VERSION = 5
+SCHEMA_VERSION = 6
 # Advisory lock key: the ASCII of "cuzkflt1" as a signed 64-bit integer.
 MIGRATION_LOCK_KEY = int.from_bytes(b"cuzkflt1", "big", signed=True)
 # Transaction-level advisory lock of every submit that counts the queue against caps: the ASCII of
@@ -135,6 +137,12 @@ async def migrate(conn: psycopg.AsyncConnection, queries: Queries) -> None:
 
     ``conn`` is an autocommit connection and ``queries`` the library's query object over it. The
     lock is session-level because the library's upgrade statements must not share a transaction.
+
+    Our DDL runs only where the database records an older ``schema_version`` (every change to
+    :data:`DDL` raises it): ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` takes the table's exclusive
+    lock even when the column is there, so a box joining, or an observer (``fleet status``), queued
+    that lock behind any transaction holding a job's row, and every box's statements on the table
+    queued behind it: one box hung inside a transaction stalled the fleet.
     """
     await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
     try:
@@ -146,6 +154,8 @@ async def migrate(conn: psycopg.AsyncConnection, queries: Queries) -> None:
         else:
             await queries.install()
             log.info("[start] fleet: installed the queue schema")
+        if await recorded_version(conn) >= SCHEMA_VERSION:
+            return
         async with conn.transaction():
             for statement in DDL:
                 await conn.execute(statement)
@@ -155,3 +165,14 @@ async def migrate(conn: psycopg.AsyncConnection, queries: Queries) -> None:
                 "EXCLUDED.value::int)::text", (str(SCHEMA_VERSION),))
     finally:
         await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+
+
+async def recorded_version(conn: psycopg.AsyncConnection) -> int:
+    """The ``schema_version`` the database records (0 before the fleet's tables exist)."""
+    cur = await conn.execute("SELECT to_regclass('cuzk_fleet_meta') IS NOT NULL")
+    row = await cur.fetchone()
+    if row is None or not row[0]:
+        return 0
+    cur = await conn.execute("SELECT value::int FROM cuzk_fleet_meta WHERE key = 'schema_version'")
+    row = await cur.fetchone()
+    return 0 if row is None else int(row[0])
