@@ -150,11 +150,19 @@ class FleetWorker:
                               retry=not isinstance(exc, InputError))
 
     async def _drain(self, grace_s: float) -> None:
+        """Give running jobs ``grace_s``, then stop the rest and give them back to the queue, all at
+        once: during a database outage each release waits the connect timeout, and one after another
+        a box with a job per GPU took that once per job before it could stop."""
         if self.running and grace_s > 0:
             await asyncio.wait(list(self.running.values()), timeout=grace_s)
-        for job_id, task in list(self.running.items()):
+        left = list(self.running.items())
+        for _, task in left:
             task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await task
-            with contextlib.suppress(CuzkError):
-                await self.fleet.release(job_id)
+        await asyncio.gather(*(self._release(job_id) for job_id, _ in left))
+
+    async def _release(self, job_id: str) -> None:
+        """Give a job back to the queue; where the database does not answer, its claim lapses instead."""
+        with contextlib.suppress(CuzkError):
+            await self.fleet.release(job_id)
