@@ -334,6 +334,43 @@ def test_joining_or_looking_while_a_transaction_holds_a_job_stalls_no_box(fleet_
     run(main())
 
 
+def test_a_box_upgrading_the_schema_behind_a_transaction_holding_a_job_gives_up_soon(
+        fleet_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A box of a newer release joins (the schema must change) while a transaction holds a job's row
+    (a box hung mid-claim, whose session the server keeps for as long as TCP does): its DDL waits for
+    the table's exclusive lock, and every box's statements on the table wait behind it. The DDL waits
+    :data:`~cuzk_mp.daemon.fleet.schema.DDL_LOCK_TIMEOUT_S` at most: that box's start fails (exit 4,
+    systemd tries again) and the fleet goes on, rather than both waiting for the hung session."""
+    import psycopg
+
+    from cuzk_mp.daemon.fleet import schema
+    from cuzk_mp.errors import ResourceError
+
+    monkeypatch.setattr(schema, "DDL_LOCK_TIMEOUT_S", 1.0)
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a")
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        async with await psycopg.AsyncConnection.connect(fleet_dsn, autocommit=True) as conn:
+            await conn.execute("UPDATE cuzk_fleet_meta SET value = '5' WHERE key = 'schema_version'")
+        async with await psycopg.AsyncConnection.connect(fleet_dsn) as hung:
+            await hung.execute("UPDATE cuzk_fleet_jobs SET priority = priority WHERE job_id = %s", (ref.job_id,))
+            t0 = time.monotonic()
+            with pytest.raises(ResourceError, match="lock timeout"):
+                await asyncio.wait_for(connect(fleet_dsn, "b"), 10)
+            assert time.monotonic() - t0 < 5
+            assert (await asyncio.wait_for(a.status(ref.job_id), 5)).state == "queued"
+            await hung.rollback()
+        b = await connect(fleet_dsn, "b")  # the session ended: the schema changes
+        assert query_one(fleet_dsn, "SELECT value FROM cuzk_fleet_meta WHERE key = 'schema_version'") == (
+            str(schema.SCHEMA_VERSION),)
+        for f in (b, a):
+            await f.close()
+
+    run(main())
+
+
 def test_a_box_that_renews_its_own_lapsed_claim_does_not_run_the_job_twice(fleet_dsn: str, tmp_path: Path) -> None:
     [inp] = make_inputs(tmp_path, 1)
 

@@ -55,6 +55,8 @@ EVENTS_CHANNEL = "cuzk_fleet_events"
 MAX_RESULT_BYTES = 4 << 20
 MAX_REF_CHARS = 4096
 MAX_REQUEST_ID_CHARS = 256
+# The most our DDL waits for a table's lock (see migrate): a box's operations hold them for milliseconds.
+DDL_LOCK_TIMEOUT_S = 5.0
 
 DDL = (
     """CREATE TABLE IF NOT EXISTS cuzk_fleet_meta (
@@ -157,6 +159,10 @@ async def migrate(conn: psycopg.AsyncConnection, queries: Queries) -> None:
         if await recorded_version(conn) >= SCHEMA_VERSION:
             return
         async with conn.transaction():
+            # Every box's statements on a table queue behind our DDL's wait for its exclusive lock; behind
+            # a transaction that never ends (a box hung inside one, its session kept by the server for as
+            # long as TCP keeps it) the whole fleet waited with it. This start fails instead, and is tried again.
+            await conn.execute(f"SET LOCAL lock_timeout = '{int(DDL_LOCK_TIMEOUT_S * 1000)}ms'")
             for statement in DDL:
                 await conn.execute(statement)
             await conn.execute(
