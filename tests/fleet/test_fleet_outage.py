@@ -9,7 +9,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import os
+import shutil
+import subprocess
+import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pg_server
@@ -154,3 +159,132 @@ def test_a_box_stopping_while_the_database_is_down_gives_its_jobs_back_in_one_co
 
         took = asyncio.run(main())
     assert took < 2 * connect_timeout_s, f"the drain took {took:.1f} s"
+
+
+FORWARD = Path(__file__).with_name("tcp_forward.py")
+
+
+def _ip(*args: str, check: bool = True) -> None:
+    subprocess.run(["ip", *args], check=check, capture_output=True)
+
+
+class _Link:
+    """The box's way to the database through a network namespace of its own (the database host, as
+    the box sees it): a veth pair, a :mod:`tcp_forward` process in the namespace, and one beside the
+    database. The test cuts the link, or restarts that host, without the box hearing of it, as a
+    failed switch or a database host that loses power does."""
+
+    def __init__(self, tag: str) -> None:
+        self.ns, self.outer, self.inner = f"{tag}ns", f"{tag}o", f"{tag}i"
+        self.procs: list[subprocess.Popen[str]] = []
+        self.beside_db = 0
+
+    def start(self, db_port: int) -> None:
+        self._make_link()
+        self.beside_db = self._forward([], "10.213.0.1", 0, "127.0.0.1", db_port)  # stays procs[0]
+        self._forward(["ip", "netns", "exec", self.ns], "10.213.0.2", 5432, "10.213.0.1", self.beside_db)
+
+    def close(self) -> None:
+        """Remove it all (again, if done before): a call still waiting on the link ends, its host gone."""
+        self._remove_host()
+        for proc in self.procs:
+            proc.kill()
+            proc.wait()
+        self.procs.clear()
+
+    def _forward(self, prefix: list[str], host: str, port: int, to_host: str, to_port: int) -> int:
+        proc = subprocess.Popen([*prefix, sys.executable, str(FORWARD), host, str(port), to_host, str(to_port)],
+                                stdout=subprocess.PIPE, text=True)
+        self.procs.append(proc)
+        assert proc.stdout is not None
+        word, listening = proc.stdout.readline().split()
+        assert word == "ready", word
+        return int(listening)
+
+    def _make_link(self) -> None:
+        _ip("netns", "add", self.ns)
+        _ip("link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
+        _ip("link", "set", self.inner, "netns", self.ns)
+        _ip("addr", "add", "10.213.0.1/30", "dev", self.outer)
+        _ip("link", "set", self.outer, "up")
+        _ip("netns", "exec", self.ns, "ip", "addr", "add", "10.213.0.2/30", "dev", self.inner)
+        _ip("netns", "exec", self.ns, "ip", "link", "set", self.inner, "up")
+
+    def _remove_host(self) -> None:
+        """Remove the host, its link and whatever it knew of its connections."""
+        for proc in self.procs[1:]:
+            proc.kill()
+            proc.wait()
+        del self.procs[1:]
+        _ip("link", "del", self.outer, check=False)
+        _ip("netns", "del", self.ns, check=False)
+
+    def cut(self) -> None:
+        """Packets stop crossing; no end is told."""
+        _ip("netns", "exec", self.ns, "ip", "link", "set", self.inner, "down")
+
+    def restart_host(self) -> None:
+        """The host (cut off meanwhile) comes back knowing nothing of the connections it had: the
+        box's side of each stays open, silent."""
+        self._remove_host()
+        self._make_link()
+        self._forward(["ip", "netns", "exec", self.ns], "10.213.0.2", 5432, "10.213.0.1", self.beside_db)
+
+
+@contextlib.contextmanager
+def _cuttable_link(db_port: int) -> Iterator[tuple[str, _Link]]:
+    """``(host:port the box connects to, the link)``; skips where network namespaces cannot be made."""
+    if os.geteuid() != 0 or shutil.which("ip") is None:
+        pytest.skip("cutting a link needs root and the ip program (network namespaces)")
+    tag = f"cz{os.getpid() % 100000}"
+    probe = subprocess.run(["ip", "netns", "add", f"{tag}ns"], capture_output=True, text=True)
+    if probe.returncode != 0:
+        pytest.skip(f"no network namespaces here: {probe.stderr.strip()}")
+    _ip("netns", "del", f"{tag}ns")
+    link = _Link(tag)
+    try:
+        link.start(db_port)
+        yield "10.213.0.2:5432", link
+    finally:
+        link.close()
+
+
+def test_a_box_notices_a_database_link_that_died_silently(fleet_dsn: str, tmp_path: Path) -> None:
+    """The link to the database fails without a word to the box (a switch dies; the database host
+    loses power and comes back). Through the cut, a call fails within about the connect timeout
+    instead of waiting for TCP to give up (15 minutes); once the host is back, the box's LISTEN
+    connection, idle and so never told that its host forgot it, is found dead and opened again: a
+    client waiting on a job hears of its end at once, not at the 60 s safety-net read."""
+    from cuzk_mp.daemon.fleet.submits import AWAIT_RECHECK_S
+
+    [inp] = make_inputs(tmp_path, 1)
+    host_port = fleet_dsn.split("@", 1)[1].split("/", 1)[0]
+    with _cuttable_link(int(host_port.rsplit(":", 1)[1])) as (via, link):
+
+        async def main() -> tuple[float, float]:
+            direct = await connect(fleet_dsn, "direct")
+            a = await connect(fleet_dsn.replace(host_port, via), "a", connect_timeout_s=2.0)
+            try:
+                ref = await direct.submit(None, "x", inp.ref, inp.sha256)
+                await asyncio.gather(*[a.status(ref.job_id) for _ in range(4)])
+                link.cut()
+                t0 = time.monotonic()
+                with pytest.raises(ResourceError):
+                    await asyncio.wait_for(a.status(ref.job_id), 30)
+                failed_after = time.monotonic() - t0
+                link.restart_host()
+                waiter = asyncio.create_task(a.await_result(ref.job_id, 2 * AWAIT_RECHECK_S))
+                [c] = await direct.claim(["x"], 1)
+                assert await direct.complete(c.job_id, b"proof")
+                t0 = time.monotonic()
+                st = await asyncio.wait_for(waiter, AWAIT_RECHECK_S / 2)
+                heard_after = time.monotonic() - t0
+                assert (st.state, st.result) == ("done", b"proof")
+                return failed_after, heard_after
+            finally:
+                link.close()
+                for f in (a, direct):
+                    await f.close()
+
+        failed_after, heard_after = asyncio.run(main())
+    assert failed_after < 10 and heard_after < 15, (failed_after, heard_after)

@@ -24,6 +24,7 @@ import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import psycopg
 from pgqueuer.domain import models as pgq_models
@@ -48,10 +49,10 @@ class FleetEvents:
     """LISTEN on the queue's and the fleet's channels; reconnect with backoff when the link drops."""
 
     def __init__(self, dsn: str, channels: tuple[str, str], handlers: EventHandlers,
-                 connect_timeout_s: float) -> None:
+                 connect_kwargs: dict[str, Any]) -> None:
         self.dsn, self.handlers = dsn, handlers
         self.queue_channel, self.fleet_channel = channels
-        self.connect_timeout_s = connect_timeout_s
+        self.connect_kwargs = connect_kwargs  # the box's (store.connect_kwargs): keepalives find a dead link
         self._conn: psycopg.AsyncConnection | None = None
         self._task: asyncio.Task[None] | None = None
         self._closing = False
@@ -74,8 +75,7 @@ class FleetEvents:
                 await self._conn.close()
 
     async def _listen(self) -> psycopg.AsyncConnection:
-        conn = await psycopg.AsyncConnection.connect(self.dsn, autocommit=True,
-                                                     connect_timeout=max(1, int(self.connect_timeout_s)))
+        conn = await psycopg.AsyncConnection.connect(self.dsn, **self.connect_kwargs)
         for channel in (self.queue_channel, self.fleet_channel):
             await conn.execute(sql.SQL("LISTEN {}").format(sql.Identifier(channel)))
         return conn

@@ -57,7 +57,7 @@ from cuzk_mp.daemon.fleet import schema
 from cuzk_mp.daemon.fleet.config import FleetConfig, check_fleet, redact_dsn
 from cuzk_mp.daemon.fleet.events import EventHandlers, FleetEvents
 from cuzk_mp.daemon.fleet.models import FINAL_STATES, Claimed, JobState, entrypoint
-from cuzk_mp.daemon.fleet.store import first_connection, new_pool, notify, start_error
+from cuzk_mp.daemon.fleet.store import connect_kwargs, first_connection, new_pool, notify, start_error
 from cuzk_mp.daemon.fleet.submits import FleetSubmits
 from cuzk_mp.daemon.protocol import encodable_text
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
@@ -90,7 +90,7 @@ class Fleet(FleetSubmits):
         self._free_slots = 0
         self._events = FleetEvents(cfg.dsn, (self._settings.channel, schema.EVENTS_CHANNEL), EventHandlers(
             on_work=self._work.set, on_cancel=self._on_cancel, on_finished=self._wake_waiters,
-            on_reconnect=self._on_reconnect), cfg.connect_timeout_s)
+            on_reconnect=self._on_reconnect), connect_kwargs(cfg))
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._registered = False

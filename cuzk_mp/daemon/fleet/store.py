@@ -46,9 +46,19 @@ POOL_MAX = 4
 
 
 def connect_kwargs(cfg: FleetConfig) -> dict[str, Any]:
-    """What every connection of a box is opened with (its pool's and its first one)."""
-    return {"autocommit": True, "application_name": f"cuzk-fleet {cfg.box}",
-            "connect_timeout": max(1, math.ceil(cfg.connect_timeout_s))}
+    """What every connection of a box is opened with (its pool's, its first one and its LISTEN one).
+
+    A link to the database may die without a word (a switch fails, the database host loses power and
+    comes back knowing nothing of its connections): a statement sent over it waited for TCP to give
+    up (15 minutes) rather than fail within the connect timeout, and the LISTEN connection, which
+    never sends, stayed open for ever, deaf (every waiter then heard of its job only at its 60 s
+    safety-net read). ``tcp_user_timeout`` ends a connection whose data goes unacknowledged for the
+    connect timeout, and keepalive probes after that long idle find a dead one that sends nothing.
+    """
+    timeout_s = max(1, math.ceil(cfg.connect_timeout_s))
+    return {"autocommit": True, "application_name": f"cuzk-fleet {cfg.box}", "connect_timeout": timeout_s,
+            "keepalives": 1, "keepalives_idle": timeout_s, "keepalives_interval": max(1, math.ceil(timeout_s / 3)),
+            "keepalives_count": 3, "tcp_user_timeout": timeout_s * 1000}
 
 
 # What a server answers when it refuses a connection's role, password or database (libpq's texts,
