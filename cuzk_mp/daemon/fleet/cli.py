@@ -4,7 +4,8 @@
 slots, heartbeat age, resident keys) and the queue depths per circuit and priority. The DSN
 comes from ``--dsn``, else from ``[fleet] dsn`` of a daemon's config file (``--config``), else
 ``$CUZK_MP_FLEET_DSN``. It connects as an observer: it is not listed as a box and claims nothing.
-Exit codes: 0 shown; 2 bad arguments; 3 the database could not be reached.
+Exit codes: 0 shown; 2 bad arguments, or a dsn or role the database refuses (a wrong password, no such
+role or database, permission denied); 3 the database could not be reached or did not answer.
 """
 
 from __future__ import annotations
