@@ -854,6 +854,19 @@ def test_python_dash_m_cuzk_mp_with_spawned_workers(tmp_path: Path) -> None:
     assert result, result
 
 
+def _started_as_under_a_terminal(args: list[str], **kwargs: object) -> subprocess.Popen[str]:
+    """A command started with SIGHUP at its default, as from a terminal, whatever the test runner
+    inherited: under ``nohup`` SIGHUP is ignored, and a command keeps an ignored SIGHUP (as it must:
+    :func:`test_a_hangup_keeps_its_ignored_disposition`), so a test of what a hang-up does would
+    see it go on."""
+    before = signal.signal(signal.SIGHUP, signal.SIG_DFL)  # what the child inherits at its start
+    try:
+        return subprocess.Popen(args, env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                **kwargs)
+    finally:
+        signal.signal(signal.SIGHUP, before)
+
+
 @pytest.mark.parametrize(("sig", "code", "says"), [(signal.SIGTERM, 143, "terminated (SIGTERM)"),
                                                    (signal.SIGHUP, 129, "hung up (SIGHUP)")])
 def test_sigterm_stops_a_one_shot_command_and_cleans_up(sig: signal.Signals, code: int, says: str,
@@ -861,9 +874,8 @@ def test_sigterm_stops_a_one_shot_command_and_cleans_up(sig: signal.Signals, cod
     """SIGTERM while `setup` writes its key: exit 143, one line saying so, no temporary file left
     (the same cleanup as SIGINT's). SIGHUP (the terminal closed) the same, exit 129."""
     assert cli.main(["circuit", "porep-like", "--log-n", "16", str(tmp_path)]) == 0
-    proc = subprocess.Popen([sys.executable, "-m", "cuzk_mp", "setup", "--backend", "cpu",
-                             str(tmp_path / "porep-like-16.r1cs"), str(tmp_path / "k.zkey")],
-                            env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = _started_as_under_a_terminal([sys.executable, "-m", "cuzk_mp", "setup", "--backend", "cpu",
+                                         str(tmp_path / "porep-like-16.r1cs"), str(tmp_path / "k.zkey")])
     deadline = time.monotonic() + 120
     while not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]:  # it has begun writing
         assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
@@ -917,11 +929,10 @@ def test_a_closed_terminal_stops_a_bench_and_its_engine_leaving_nothing_behind(t
 
     from cuzk_mp.pipeline.shm_names import cleanup_stale, live_segments, shm_entries
 
-    proc = subprocess.Popen([sys.executable, "-m", "cuzk_mp", "bench", "--backend", "cpu", "--log-n", "10",
-                             "--partitions", "4", "--jobs", "500", "--partition-workers", "1", "--ring-slots", "2",
-                             "--synthesis-threads", "1", "--quiet", "--cache", str(tmp_path / "keys")],
-                            env=ENV, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            start_new_session=True)
+    proc = _started_as_under_a_terminal([sys.executable, "-m", "cuzk_mp", "bench", "--backend", "cpu", "--log-n", "10",
+                                         "--partitions", "4", "--jobs", "500", "--partition-workers", "1",
+                                         "--ring-slots", "2", "--synthesis-threads", "1", "--quiet", "--cache",
+                                         str(tmp_path / "keys")], start_new_session=True)
     prefix = f"cuzk-bench-{proc.pid}"
     try:
         deadline = time.monotonic() + 120
