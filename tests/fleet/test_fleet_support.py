@@ -491,3 +491,109 @@ def test_a_database_that_takes_the_connection_but_not_the_fleet_fails_the_connec
                 conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")  # type: ignore[arg-type]
             for role in (read_only, no_create, one_conn):
                 conn.execute(f"DROP ROLE IF EXISTS {role}")  # type: ignore[arg-type]
+
+
+def test_a_box_whose_shared_inputs_folder_is_broken_gives_its_jobs_back_and_claims_again_once_it_is_back(
+        fleet_dsn: str, tmp_path: Path, caplog: pytest.LogCaptureFixture) -> None:
+    """``inputs_dir`` is a link to the shared folder; repointed to an empty folder, it is a share that
+    is not mounted on this box. The job the box claims goes back to the queue (no attempt counted), the
+    box claims nothing more and says why (one log line, its status document), its submits are refused;
+    once the link leads to the share again it runs the jobs by itself. A job whose inputs file is gone
+    from a healthy share still fails, once, naming the file."""
+    import logging
+    import os
+    import types
+    from typing import Any, cast
+
+    from cuzk_mp.daemon import protocol as P
+    from cuzk_mp.daemon.access import Identity
+    from cuzk_mp.daemon.fleet.box import FleetBox
+    from cuzk_mp.pipeline.types import Priority
+
+    shared, empty, link = tmp_path / "share", tmp_path / "empty", tmp_path / "inputs"
+    shared.mkdir()
+    empty.mkdir()
+    link.symlink_to(shared)
+
+    def point(to: Path) -> None:
+        tmp = tmp_path / "link.new"
+        tmp.symlink_to(to)
+        os.replace(tmp, link)
+
+    engine, jobs = instant_jobs()
+    engine.degraded = lambda: False  # type: ignore[attr-defined]
+    engine.circuits = types.SimpleNamespace(check_job=lambda spec: None)  # type: ignore[attr-defined]
+    jobs.circuits = {"x": cast(Any, types.SimpleNamespace(priority=Priority.NORMAL))}
+    data = [msgspec.msgpack.encode([P.PartitionIn(kind="synthetic", seed=i)]) for i in range(3)]
+    refs = [store_inputs(d, link) for d in data]
+    cfg = resolve({"dsn": fleet_dsn, "box": "b", "inputs_dir": str(link), "heartbeat_interval": "0.2s",
+                   "retry_delay": "0s"})
+    assert cfg is not None
+    box = FleetBox(cast(Any, types.SimpleNamespace(fleet=cfg, circuits={"x": object()})), engine, jobs)
+    box._next_load = float("inf")  # no key loading for the backlog here
+
+    def states() -> dict[str, tuple[str, int]]:
+        import psycopg
+        with psycopg.connect(fleet_dsn) as conn:
+            return {r[0]: (r[1], r[2]) for r in conn.execute("SELECT job_id, state, attempts FROM cuzk_fleet_jobs")}
+
+    async def until(check: Any, timeout_s: float = 15.0) -> None:
+        deadline = asyncio.get_running_loop().time() + timeout_s
+        while not check():
+            assert asyncio.get_running_loop().time() < deadline, states()
+            await asyncio.sleep(0.1)
+
+    async def main() -> None:
+        submitter = await connect(fleet_dsn, "a")
+        await box.start(["x"])
+        try:
+            point(empty)  # the share is not mounted on box b any more
+            ids = [(await submitter.submit(f"r{i}", "x", r.ref, r.sha256)).job_id for i, r in enumerate(refs)]
+            await until(lambda: box.capacity() == 0)
+            await asyncio.sleep(1.5)  # several claim rounds
+            assert set(states().values()) == {("queued", 0)}, states()
+            doc = await box.document()
+            assert doc["capacity"] == 0 and "inputs_dir" in doc["paused"] and str(link) in doc["paused"], doc
+            with pytest.raises(ResourceError, match="inputs_dir"):
+                await box.submit(P.SubmitProof(id=1, circuit_id="x",
+                                               partitions=[P.PartitionIn(kind="synthetic", seed=9)]),
+                                 Identity(owner="", admin=True))
+            assert not list(empty.iterdir())  # nothing stored where no other box sees it
+            broken = [r for r in caplog.records if r.levelno >= logging.WARNING and "inputs_dir" in r.getMessage()]
+            assert len(broken) == 1, [r.getMessage() for r in broken]
+
+            point(shared)  # mounted again
+            await until(lambda: all(s == ("done", 0) for s in states().values()))
+            assert "paused" not in await box.document()
+
+            gone = hashlib.sha256(b"never stored").hexdigest()
+            lost = await submitter.submit("lost", "x", str(link / f"{gone}.inputs"), gone)
+            await until(lambda: states()[lost.job_id][0] != "queued" and states()[lost.job_id][0] != "running")
+            st = await submitter.status(lost.job_id)
+            assert (st.state, st.error_kind, st.attempts) == ("failed", "InputError", 1), st
+            assert st.error is not None and "no such file" in st.error and gone in st.error
+            assert len(ids) == 3
+        finally:
+            await box.stop(0.0)
+            await submitter.close()
+
+    with caplog.at_level(logging.INFO, logger="cuzk_mp.daemon.fleet"):
+        asyncio.run(main())
+
+
+def test_the_shared_inputs_folders_marker_tells_a_broken_or_foreign_share(tmp_path: Path) -> None:
+    """The marker check behind a box's pause: the fleet's own folder passes; a folder without the
+    marker (not mounted here), one whose marker cannot be read (an I/O error, a stale handle) and one
+    of another fleet are each named in one line."""
+    from cuzk_mp.daemon.fleet.inputs import MARKER_NAME, share_problem, write_marker
+
+    ours = tmp_path / "ours"
+    write_marker(ours, "id-1")
+    assert share_problem(ours, "id-1") is None
+    assert [p.name for p in ours.iterdir()] == [MARKER_NAME]  # no partial file left beside it
+    assert "no .cuzk-fleet-inputs in it" in (share_problem(tmp_path / "unmounted", "id-1") or "")
+    assert "another fleet" in (share_problem(ours, "id-2") or "")
+    unreadable = tmp_path / "unreadable"
+    (unreadable / MARKER_NAME).mkdir(parents=True)  # reading it fails as an I/O error would
+    problem = share_problem(unreadable, "id-1") or ""
+    assert "cannot read its .cuzk-fleet-inputs" in problem and "\n" not in problem

@@ -28,6 +28,13 @@ alone, so that the daemon's server only routes requests here:
 * **Keys for the backlog**: when idle with free slots, the box asks :func:`.keys.plan_key_load`
   whether to load a key for jobs that wait elsewhere, evicting least recently used idle keys
   to fit the key budget; at most one load per ``stall_timeout``.
+* **The shared inputs folder**: its marker (:data:`.inputs.MARKER_NAME`) must hold the id the
+  database records for it; the first box with ``inputs_dir`` writes both. While the marker is
+  missing or unreadable here (the share not mounted on this box, a stale NFS handle) the box claims
+  nothing, gives back a job it claimed to the queue rather than fail it (its inputs are only
+  unreachable from here), and refuses submits; it checks again every heartbeat interval and claims
+  again by itself once the share is back (one log line each way, ``paused`` in its status document,
+  ``cuzk_fleet_inputs_ok`` 0). A job whose inputs file is missing from a healthy share fails once.
 * **Retention**: finished jobs and their request ids are pruned after ``result_ttl``, and the
   stored inputs that no job names any more with them.
 
@@ -42,7 +49,9 @@ import collections
 import contextlib
 import logging
 import time
+import uuid
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any
 
 import msgspec
@@ -51,7 +60,15 @@ from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.access import Identity
 from cuzk_mp.daemon.config import DaemonConfig
 from cuzk_mp.daemon.fleet import report
-from cuzk_mp.daemon.fleet.inputs import inputs_ref, load_inputs, store_inputs
+from cuzk_mp.daemon.fleet.inputs import (
+    ShareUnavailable,
+    inputs_ref,
+    load_inputs,
+    read_marker,
+    share_problem,
+    store_inputs,
+    write_marker,
+)
 from cuzk_mp.daemon.fleet.keys import KeyView, backlog_by_circuit, holders_by_circuit, plan_key_load
 from cuzk_mp.daemon.fleet.models import Claimed, JobOutput, JobRef, JobStatus
 from cuzk_mp.daemon.fleet.queue import Fleet
@@ -86,6 +103,10 @@ class FleetBox:
         self._left = False
         self._next_idle_check = 0.0
         self._next_load = 0.0
+        self._share_id: str | None = None  # the shared inputs folder's id, as the database records it
+        self.paused: str | None = None  # why this box claims nothing now (its shared inputs folder)
+        self._paused_folder: Path | None = None  # the folder found broken (checked again until it is back)
+        self._share_task: asyncio.Task[None] | None = None
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -93,6 +114,9 @@ class FleetBox:
         """Join the fleet with ``resident`` keys and start claiming (ResourceError if the
         database cannot be reached)."""
         self.fleet = await Fleet.from_config(self.fcfg)
+        if self.fcfg.inputs_dir is not None:
+            await self.check_share(self.fcfg.inputs_dir)
+        self._share_task = asyncio.create_task(self._watch_share(), name="cuzk-fleet-share")
         for cid in resident:
             self._resident[cid] = None
         self.worker = FleetWorker(self.fleet, self._run, resident=self.resident, capacity=self.capacity,
@@ -112,9 +136,77 @@ class FleetBox:
                               self.fcfg.heartbeat_interval_s)
                 await asyncio.sleep(self.fcfg.heartbeat_interval_s)
 
+    async def check_share(self, folder: Path) -> str | None:
+        """Whether ``folder`` is the fleet's shared inputs folder on this box: None if it is, else why
+        not (one line); this box claims nothing while it is not (:meth:`capacity`), and logs only when
+        that changes.
+
+        The database's id of the folder is made here by the first box that has an ``inputs_dir`` (its
+        marker written first, so the id is never recorded without one), also after an operator deleted
+        it to start over. A read that hangs (a hard NFS mount whose server is gone) counts as broken
+        after :data:`SHARE_CHECK_S`."""
+        fleet = self._need()
+        try:
+            if self._share_id is None or self.paused is not None:
+                self._share_id = await self._read_share_id(fleet)
+            problem = None if self._share_id is None else await asyncio.wait_for(
+                asyncio.to_thread(share_problem, folder, self._share_id), SHARE_CHECK_S)
+        except asyncio.TimeoutError:
+            problem = f"[fleet] inputs_dir {folder}: reading its marker took longer than {SHARE_CHECK_S:g} s"
+        except CuzkError as e:  # the database: keep what was known; claims fail meanwhile anyway
+            log.warning("fleet: box %s could not read the shared inputs folder's id: %s", self.fcfg.box, e)
+            return self.paused
+        if problem is not None and self.paused is None:
+            log.error("fleet: box %s claims no jobs (and takes no submits) until its shared inputs folder is back: "
+                      "%s", self.fcfg.box, problem)
+        elif problem is None and self.paused is not None:
+            log.info("fleet: box %s sees the shared inputs folder %s again; it claims jobs again", self.fcfg.box,
+                        folder)
+        self.paused, self._paused_folder = problem, folder if problem is not None else None
+        return problem
+
+    async def _read_share_id(self, fleet: Fleet) -> str | None:
+        """The database's id of the shared folder, made (marker first) if none is yet and this box has
+        an ``inputs_dir``; where another box made one meanwhile, a marker this box wrote gets its id."""
+        found = await fleet.share_id()
+        folder = self.fcfg.inputs_dir
+        if found is not None or folder is None:
+            return found
+        proposed = uuid.uuid4().hex
+        try:
+            await asyncio.wait_for(asyncio.to_thread(write_marker, folder, proposed), SHARE_CHECK_S)
+        except (OSError, asyncio.TimeoutError) as e:
+            log.warning("fleet: box %s could not write the marker of [fleet] inputs_dir %s: %s", self.fcfg.box,
+                        folder, e)
+            return None
+        found = await fleet.share_id(proposed)
+        if found == proposed:
+            log.info("fleet: box %s marked %s as the fleet's shared inputs folder", self.fcfg.box, folder)
+        elif found is not None:
+            with contextlib.suppress(OSError):
+                if await asyncio.to_thread(read_marker, folder) == proposed:
+                    await asyncio.to_thread(write_marker, folder, found)
+        return found
+
+    async def _watch_share(self) -> None:
+        """Check the shared inputs folder every heartbeat interval: a box notices a share lost between
+        its claims, and claims again once a broken one is back."""
+        while not self._stop.is_set():
+            await asyncio.sleep(self.fcfg.heartbeat_interval_s)
+            folder = self._paused_folder or self.fcfg.inputs_dir
+            if folder is not None and not self._closing:
+                try:
+                    await self.check_share(folder)
+                except Exception:
+                    log.exception("fleet: box %s could not check its shared inputs folder", self.fcfg.box)
+
     async def stop(self, grace_s: float) -> None:
         """Let running jobs finish for ``grace_s``, give the rest back to the queue, leave the fleet."""
         self._closing = True
+        if self._share_task is not None:
+            self._share_task.cancel()
+            with contextlib.suppress(asyncio.CancelledError):
+                await self._share_task
         if self.worker is not None and self.worker.running and grace_s > 0:
             log.info("[shutdown] fleet: %d running jobs get %g s to finish", len(self.worker.running), grace_s)
             await asyncio.wait(list(self.worker.running.values()), timeout=grace_s)
@@ -139,8 +231,9 @@ class FleetBox:
 
     def capacity(self) -> int:
         """Jobs this box runs at once: ``[fleet] max_jobs``, else one per prover process; none
-        while the engine is degraded (its jobs would only fail) or the daemon is stopping."""
-        if self._closing or self.engine.degraded():
+        while the engine is degraded (its jobs would only fail), the shared inputs folder is broken
+        here (:meth:`check_share`) or the daemon is stopping."""
+        if self._closing or self.paused is not None or self.engine.degraded():
             return 0
         return self.fcfg.max_jobs or self._provers
 
@@ -208,7 +301,12 @@ class FleetBox:
         cc = self.cfg.circuits.get(c.circuit_id)
         if cc is None:  # resident keys are configured circuits; a later config change may differ
             raise ResourceError(f"box {self.fcfg.box} has no circuit {c.circuit_id!r} configured")
-        data = await asyncio.to_thread(load_inputs, c.inputs_ref, c.inputs_sha256)
+        try:
+            data = await asyncio.to_thread(load_inputs, c.inputs_ref, c.inputs_sha256)
+        except (InputError, ResourceError) as e:  # the file is gone, or the share is, here
+            if c.inputs_ref.startswith("/") and (problem := await self.check_share(Path(c.inputs_ref).parent)):
+                raise ShareUnavailable(problem) from None
+            raise e from None
         try:
             partitions = _partitions.decode(data)
         except msgspec.MsgspecError as e:
@@ -242,9 +340,13 @@ class FleetBox:
             await asyncio.to_thread(check, spec)
         else:
             check(spec)
+        folder = self.fcfg.inputs_dir
+        problem = await self.check_share(folder)
+        if problem is not None:  # its inputs would be stored where no other box reads them
+            raise ResourceError(f"box {self.fcfg.box} takes no submits now: {problem}; submit to another box")
         size, caps = input_bytes(req.partitions), self.jobs.caps
         await fleet.precheck(req.request_id or None, owner, size, caps)  # before the inputs take disk space
-        data, folder = msgspec.msgpack.encode(req.partitions), self.fcfg.inputs_dir
+        data = msgspec.msgpack.encode(req.partitions)
         inp = await asyncio.to_thread(inputs_ref, data, folder)
 
         def store() -> None:  # in the submit's transaction, under the inputs' lock (pruning takes it too)
@@ -280,6 +382,8 @@ class FleetBox:
         """The ``fleet`` part of the status document: this box, then every box and the queues."""
         doc: dict[str, Any] = {"box": self.fcfg.box, "resident": list(self._resident), "capacity": self.capacity(),
                                "running": len(self.worker.running) if self.worker else 0}
+        if self.paused is not None:
+            doc["paused"] = self.paused
         try:
             doc.update(report.document(*await self._fleet_figures()))
         except CuzkError as e:
@@ -298,12 +402,13 @@ class FleetBox:
 
     async def gauges(self) -> list[Gauge]:
         """The fleet's /metrics gauges (:mod:`.report`), and whether its database answered."""
+        share = (*INPUTS_OK, 0.0 if self.paused is not None else 1.0)
         try:
             boxes, depths = await self._fleet_figures()
         except CuzkError as e:
             log.warning("fleet: no fleet figures for this scrape: %s", e)
-            return [(*DATABASE_UP, 0.0)]
-        return [(*DATABASE_UP, 1.0), *report.gauges(boxes, depths)]
+            return [(*DATABASE_UP, 0.0), share]
+        return [(*DATABASE_UP, 1.0), share, *report.gauges(boxes, depths)]
 
     async def prune(self, result_ttl_s: float) -> int:
         """Prune finished jobs, their request ids and the inputs no job names any more (logged,
@@ -325,6 +430,9 @@ class FleetBox:
 NO_BUDGET = 1 << 62  # no [memory] key budget: every key fits
 OBSERVE_S = 2.0  # the most a status call or a scrape waits for the fleet's database
 DATABASE_UP = ("cuzk_fleet_database_up", "1 if this scrape read the fleet's database, 0 if it could not.")
+INPUTS_OK = ("cuzk_fleet_inputs_ok", "1 if this box sees the fleet's shared inputs folder, 0 while it claims "
+             "no jobs because it does not (see the log and the status document's fleet.paused).")
+SHARE_CHECK_S = 10.0  # the most a check of the shared inputs folder's marker may take
 
 
 def job_reply(st: JobStatus, id: int, timed_out: bool = False) -> P.JobReply:

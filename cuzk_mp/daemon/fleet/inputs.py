@@ -10,6 +10,11 @@ References are absolute paths, ``file://`` URLs or ``http(s)://`` URLs (read wit
 a size bound). Stored inputs are removed by :func:`remove_stale_inputs` once no job names them
 and nobody stored them again for the retention time (a re-store refreshes the file's mtime), with
 the partial files of stores that never ended.
+
+The shared folder carries a marker, :data:`MARKER_NAME`, holding the id the fleet's database records
+for it (:func:`write_marker`, :func:`share_problem`): a box on which the share is not mounted sees an
+empty local folder where every file is "missing", and without the marker it could not tell that from
+a job whose inputs are really gone; it would fail every job it claims.
 Nothing here knows about the queue.
 """
 
@@ -36,6 +41,12 @@ DEFAULT_MAX_INPUT_BYTES = 4 << 30
 READ_CHUNK = 1 << 20
 INPUTS_SUFFIX = ".inputs"
 INCOMING_PREFIX = ".incoming-"  # a store in progress (renamed to its .inputs name once written)
+MARKER_NAME = ".cuzk-fleet-inputs"  # the shared folder's marker: the id cuzk_fleet_meta records for it
+
+
+class ShareUnavailable(ResourceError):
+    """The shared inputs folder is not the fleet's on this box (not mounted, unreadable): the job is
+    not at fault and goes back to the queue for a box that sees the share."""
 
 
 @dataclass(frozen=True)
@@ -99,6 +110,42 @@ def store_inputs(data: bytes, directory: Path, ref: InputsRef | None = None) -> 
             Path(tmp).unlink(missing_ok=True)
             raise
     return ref
+
+
+def write_marker(directory: Path, share_id: str) -> None:
+    """Write the shared folder's marker holding ``share_id`` (atomically; the folder made if absent)."""
+    directory.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=directory, prefix=INCOMING_PREFIX)
+    try:
+        with os.fdopen(fd, "w") as f:
+            f.write(share_id + "\n")
+        os.replace(tmp, directory / MARKER_NAME)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_marker(directory: Path) -> str | None:
+    """The id in the folder's marker; None if there is none (OSError if the folder cannot be read)."""
+    try:
+        return (directory / MARKER_NAME).read_text().strip()
+    except FileNotFoundError:
+        return None
+
+
+def share_problem(directory: Path, share_id: str) -> str | None:
+    """Why ``directory`` is not the fleet's shared inputs folder on this box, in one line; None if it is."""
+    try:
+        found = read_marker(directory)
+    except OSError as e:  # a stale NFS handle, an I/O error, no permission
+        return f"[fleet] inputs_dir {directory}: cannot read its {MARKER_NAME}: {e}"
+    if found is None:
+        return (f"[fleet] inputs_dir {directory}: no {MARKER_NAME} in it, so it is not the fleet's shared "
+                "folder on this box (the share is not mounted?)")
+    if found != share_id:
+        return (f"[fleet] inputs_dir {directory}: its {MARKER_NAME} holds {found[:64]!r}, the fleet's database "
+                f"{share_id!r}: the folder of another fleet")
+    return None
 
 
 def stale_inputs(directory: Path, older_than_s: float) -> list[Path]:

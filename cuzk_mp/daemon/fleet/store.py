@@ -100,6 +100,8 @@ def new_pool(cfg: FleetConfig) -> AsyncConnectionPool:
                                check=AsyncConnectionPool.check_connection)
 
 
+SHARE_KEY = "inputs_share"  # cuzk_fleet_meta's key of the shared inputs folder's id
+
 # The job a client's id names: a job id, else the job of that request_id.
 RESOLVE_ID = ("COALESCE((SELECT job_id FROM cuzk_fleet_jobs WHERE job_id = %(id)s), "
               "(SELECT job_id FROM cuzk_fleet_requests WHERE request_id = %(id)s))")
@@ -185,6 +187,19 @@ class FleetStore:
                 yield conn
         finally:
             await pool.putconn(conn)
+
+    async def share_id(self, proposed: str | None = None) -> str | None:
+        """The id of the fleet's shared inputs folder (``cuzk_fleet_meta.inputs_share``, the id its
+        marker holds, :func:`.inputs.share_problem`); with ``proposed``, that id is recorded if none is
+        yet (the caller wrote it into the marker first) and the id recorded is returned either way.
+        A row, not a column: boxes of earlier releases neither read nor need it."""
+        async with self._tx() as (conn, _):
+            if proposed is not None:
+                await conn.execute("INSERT INTO cuzk_fleet_meta (key, value) VALUES (%s, %s) "
+                                   "ON CONFLICT (key) DO NOTHING", (SHARE_KEY, proposed))
+            cur = await conn.execute("SELECT value FROM cuzk_fleet_meta WHERE key = %s", (SHARE_KEY,))
+            row = await cur.fetchone()
+        return None if row is None else str(row[0])
 
     async def status(self, job_id: str, client: str | None = None) -> JobStatus:
         """The job as the shared tables record it (InputError if unknown or pruned).

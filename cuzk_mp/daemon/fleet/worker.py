@@ -12,10 +12,12 @@ JobResult, encode it). The loop:
   decision of :mod:`.keys`), at most once per poll;
 * settles each job: a result -> ``complete``; InputError -> ``fail`` without retry (the inputs
   will not get better); any other error -> ``fail`` with retry (another attempt, maybe on
-  another box); an abort (cancel, finished elsewhere, claim taken over) -> the task running the
-  job is cancelled and nothing is written. While the database is unreachable, settling is
-  retried a few times; then the claim is let go (another box runs the job after the stall
-  timeout) rather than renewed forever for a result that cannot be written;
+  another box); :class:`.inputs.ShareUnavailable` (the shared inputs folder is broken on this box,
+  not the job) -> ``release``, no attempt counted; an abort (cancel, finished elsewhere, claim
+  taken over) -> the task running the job is cancelled and nothing is written. While the
+  database is unreachable, settling is retried a few times; then the claim is let go (another
+  box runs the job after the stall timeout) rather than renewed forever for a result that
+  cannot be written;
 * on stop, gives running jobs ``grace_s`` to finish and releases the rest to the queue.
 """
 
@@ -27,6 +29,7 @@ import logging
 from collections.abc import Awaitable, Callable, Sequence
 from typing import Any
 
+from cuzk_mp.daemon.fleet.inputs import ShareUnavailable
 from cuzk_mp.daemon.fleet.models import Claimed, JobOutput
 from cuzk_mp.daemon.fleet.queue import Fleet
 from cuzk_mp.errors import CuzkError, InputError, ResourceError, error_kind
@@ -51,6 +54,7 @@ class FleetWorker:
         self.completed = 0
         self.failed = 0
         self.aborted = 0
+        self.released = 0
 
     async def run(self, stop: asyncio.Event, grace_s: float = 0.0) -> None:
         """Claim and run jobs until ``stop`` is set, then drain for ``grace_s`` and release the rest."""
@@ -142,6 +146,11 @@ class FleetWorker:
                 return
             except InputError as e:  # a result the database does not take (too large)
                 exc = e
+        if isinstance(exc, ShareUnavailable):  # this box cannot read the shared folder: another box can
+            await self.fleet.release(c.job_id)
+            self.released += 1
+            log.info("fleet: job %s goes back to the queue from box %s: %s", c.job_id, self.fleet.box, exc)
+            return
         self.failed += 1
         if not isinstance(exc, CuzkError):
             log.error("fleet: job %s raised %s on box %s", c.job_id, type(exc).__name__, self.fleet.box,
