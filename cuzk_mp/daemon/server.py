@@ -120,9 +120,9 @@ class Daemon(DaemonHandlers):
         try:
             check_socket_places(self.cfg)  # before the lock file beside the socket is made
             self.lock.acquire()  # before anything another daemon could be using
-            if self.cfg.fleet is not None:  # a dsn the database refuses fails before the engine's long start
-                from cuzk_mp.daemon.fleet.store import first_connection
-                await (await first_connection(self.cfg.fleet)).close()
+            if self.cfg.fleet is not None:  # a dsn or role the database refuses fails before the engine's long start
+                from cuzk_mp.daemon.fleet.store import check_joinable
+                await check_joinable(self.cfg.fleet)
             if self.cfg.status_listen is not None:
                 self.http = await _bound("daemon.status_listen", self.cfg.status_listen,
                                          start_status_server(self.cfg.status_listen, StatusHandlers(

@@ -597,3 +597,48 @@ def test_the_shared_inputs_folders_marker_tells_a_broken_or_foreign_share(tmp_pa
     (unreadable / MARKER_NAME).mkdir(parents=True)  # reading it fails as an I/O error would
     problem = share_problem(unreadable, "id-1") or ""
     assert "cannot read its .cuzk-fleet-inputs" in problem and "\n" not in problem
+
+
+def test_the_daemons_early_dsn_check_finds_a_role_that_may_not_create_the_fleets_tables(fleet_dsn: str) -> None:
+    """The check a daemon makes right after its instance lock, before the engine's long start: a
+    role without CREATE on the schema of a database that has no fleet tables yet is a ConfigError
+    naming ``fleet.dsn`` (exit 2), a read-only one a ResourceError (exit 4), as the join itself would
+    say minutes later; a database whose tables are current needs no CREATE (a role that may write
+    rows joins)."""
+    import uuid
+
+    import psycopg
+
+    from cuzk_mp.daemon.fleet.store import check_joinable
+
+    db = fleet_dsn.rsplit("/", 1)[1]
+    tag = uuid.uuid4().hex[:8]
+    read_only, no_create = f"ro_{tag}", f"nc_{tag}"
+    with psycopg.connect(fleet_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {read_only} LOGIN")  # type: ignore[arg-type]
+        conn.execute(f"ALTER ROLE {read_only} SET default_transaction_read_only = on")  # type: ignore[arg-type]
+        conn.execute(f"CREATE ROLE {no_create} LOGIN")  # type: ignore[arg-type]
+        conn.execute(f"CREATE DATABASE {db}_nc")  # type: ignore[arg-type]
+    base = fleet_dsn.rsplit("/", 1)[0]
+    empty_nc = f"{base}/{db}_nc".replace("cuzk@", f"{no_create}@")
+    try:
+        with pytest.raises(ConfigError, match=r"fleet\.dsn: .*permission denied.*CREATE"):
+            asyncio.run(check_joinable(resolve({"dsn": empty_nc, "box": "a"})))  # type: ignore[arg-type]
+        with pytest.raises(ResourceError, match="read-only transaction"):
+            asyncio.run(check_joinable(resolve({"dsn": fleet_dsn.replace("cuzk@", f"{read_only}@"),
+                                                "box": "a"})))  # type: ignore[arg-type]
+
+        async def joined_then_checked() -> None:
+            await (await connect(fleet_dsn, "a", register=False)).close()  # the tables, current
+            with psycopg.connect(fleet_dsn, autocommit=True) as conn:
+                conn.execute(f"GRANT SELECT, INSERT, UPDATE, DELETE ON ALL TABLES IN SCHEMA public "  # type: ignore[arg-type]
+                             f"TO {no_create}")
+            await check_joinable(resolve({"dsn": fleet_dsn.replace("cuzk@", f"{no_create}@"),
+                                          "box": "a"}))  # type: ignore[arg-type]
+        asyncio.run(joined_then_checked())
+    finally:
+        with psycopg.connect(fleet_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP DATABASE IF EXISTS {db}_nc WITH (FORCE)")  # type: ignore[arg-type]
+            conn.execute(f"DROP OWNED BY {no_create}")  # type: ignore[arg-type]
+            for role in (read_only, no_create):
+                conn.execute(f"DROP ROLE IF EXISTS {role}")  # type: ignore[arg-type]

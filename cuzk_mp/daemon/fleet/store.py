@@ -77,6 +77,38 @@ async def first_connection(cfg: FleetConfig) -> psycopg.AsyncConnection[Any]:
         raise start_error(cfg, e, "the connection", "connect to") from None
 
 
+async def check_joinable(cfg: FleetConfig) -> None:
+    """What a daemon checks right after its instance lock, before the engine's long start: the dsn
+    connects (:func:`first_connection`), and where the box's join would create or upgrade the fleet's
+    tables (the database records an older ``schema_version``), its role may: a server that takes only
+    read-only transactions is a ResourceError (a standby may be promoted), a role without CREATE on its
+    schema, or not owning the tables to upgrade, a ConfigError naming ``fleet.dsn`` (only a grant or
+    another role helps). Without it the join failed so only after minutes of engine start."""
+    conn = await first_connection(cfg)
+    try:
+        async with conn:
+            if await schema.recorded_version(conn) >= schema.SCHEMA_VERSION:
+                return
+            cur = await conn.execute(
+                "SELECT current_setting('transaction_read_only') = 'on', current_user, current_schema(), "
+                "COALESCE(has_schema_privilege(current_schema(), 'CREATE'), false), "
+                "COALESCE((SELECT pg_has_role(relowner, 'USAGE') FROM pg_class "
+                "WHERE oid = to_regclass('cuzk_fleet_jobs')), true)")
+            row = await cur.fetchone()
+    except psycopg.Error as e:
+        raise start_error(cfg, e, "the check of its role", "check the role of") from None
+    assert row is not None
+    read_only, role, where, may_create, owns = row
+    if read_only:
+        raise ResourceError(f"fleet: cannot create or upgrade the fleet's tables in {redact_dsn(cfg.dsn)}: it takes "
+                            "only read-only transactions (a hot standby, or default_transaction_read_only)")
+    if not may_create or not owns:
+        what = f"CREATE on schema {where}" if not may_create else "ownership of the fleet's tables"
+        raise ConfigError(f"fleet.dsn: the database at {redact_dsn(cfg.dsn)} refused creating or upgrading the "
+                          f"fleet's tables: permission denied (role {role} lacks {what}; the first box to join, or "
+                          "the first of a new release, needs it)")
+
+
 def start_error(cfg: FleetConfig, e: psycopg.Error, refused: str, cannot: str) -> ConfigError | ResourceError:
     """What a box's start makes of a database error after which it cannot join (``refused``: what
     the server refused, ``cannot``: what the box could not do): a refusal of its role, password or
