@@ -561,10 +561,17 @@ def test_a_box_whose_shared_inputs_folder_is_broken_gives_its_jobs_back_and_clai
             assert not list(empty.iterdir())  # nothing stored where no other box sees it
             broken = [r for r in caplog.records if r.levelno >= logging.WARNING and "inputs_dir" in r.getMessage()]
             assert len(broken) == 1, [r.getMessage() for r in broken]
+            await asyncio.sleep(0.5)  # a heartbeat records the pause: every box's fleet status shows it
+            [b] = [b for b in await submitter.boxes() if b.box == "b"]
+            assert b.paused is not None and "no .cuzk-fleet-inputs" in b.paused and b.free_slots == 0, b
+            assert f"claims no jobs: {b.paused}" in report.text([b], [])
+            assert {g[0]: g[2] for g in report.gauges([b], [])}["cuzk_fleet_box_paused"] == {(("box", "b"),): 1.0}
 
             point(shared)  # mounted again
             await until(lambda: all(s == ("done", 0) for s in states().values()))
             assert "paused" not in await box.document()
+            await asyncio.sleep(0.5)
+            assert [b.paused for b in await submitter.boxes() if b.box == "b"] == [None]
 
             gone = hashlib.sha256(b"never stored").hexdigest()
             lost = await submitter.submit("lost", "x", str(link / f"{gone}.inputs"), gone)

@@ -163,6 +163,7 @@ class FleetBox:
             log.info("fleet: box %s sees the shared inputs folder %s again; it claims jobs again", self.fcfg.box,
                         folder)
         self.paused, self._paused_folder = problem, folder if problem is not None else None
+        fleet.paused = problem  # recorded at the next heartbeat: fleet status shows why this box claims nothing
         return problem
 
     async def _read_share_id(self, fleet: Fleet) -> str | None:

@@ -148,6 +148,7 @@ class BoxInfo:
     running: int
     started_at: float
     heartbeat_age_s: float
+    paused: str | None = None  # why the box claims nothing (its shared inputs folder), as it last said
 
 
 @dataclass(frozen=True)

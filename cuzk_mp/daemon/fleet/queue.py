@@ -88,6 +88,7 @@ class Fleet(FleetSubmits):
         self._work = asyncio.Event()
         self._resident: tuple[str, ...] = ()
         self._free_slots = 0
+        self.paused: str | None = None  # why this box claims nothing, recorded at each heartbeat (fleet status)
         self._events = FleetEvents(cfg.dsn, (self._settings.channel, schema.EVENTS_CHANNEL), EventHandlers(
             on_work=self._work.set, on_cancel=self._on_cancel, on_finished=self._wake_waiters,
             on_reconnect=self._on_reconnect), connect_kwargs(cfg))
@@ -190,7 +191,8 @@ class Fleet(FleetSubmits):
                 "INSERT INTO cuzk_fleet_boxes (box, instance, host, pid, stall_timeout_s) VALUES (%s, %s, %s, %s, %s) "
                 "ON CONFLICT (box) DO UPDATE SET instance = EXCLUDED.instance, host = EXCLUDED.host, "
                 "pid = EXCLUDED.pid, started_at = now(), last_heartbeat = now(), resident = '{}', "
-                "free_slots = 0, running = 0, left_at = NULL, stall_timeout_s = EXCLUDED.stall_timeout_s",
+                "free_slots = 0, running = 0, left_at = NULL, stall_timeout_s = EXCLUDED.stall_timeout_s, "
+                "paused = NULL",
                 (self.box, self.instance, socket.gethostname(), os.getpid(), self.cfg.stall_timeout_s))
             await self._read_lapse(conn)
 
@@ -340,17 +342,18 @@ class Fleet(FleetSubmits):
             # or has not renewed it for longer than the stall timeout (killed)
             cur = await conn.execute(
                 "UPDATE cuzk_fleet_boxes SET last_heartbeat = now(), resident = %s, free_slots = %s, "
-                "running = %s, left_at = NULL, instance = %s, host = %s, pid = %s, stall_timeout_s = %s "
-                "WHERE box = %s AND (instance = %s OR left_at IS NOT NULL "
+                "running = %s, left_at = NULL, instance = %s, host = %s, pid = %s, stall_timeout_s = %s, "
+                "paused = %s WHERE box = %s AND (instance = %s OR left_at IS NOT NULL "
                 "OR last_heartbeat < now() - make_interval(secs => %s))",
                 (list(self._resident), self._free_slots, len(checked), self.instance, socket.gethostname(),
-                 os.getpid(), self.cfg.stall_timeout_s, self.box, self.instance, self.cfg.stall_timeout_s))
+                 os.getpid(), self.cfg.stall_timeout_s, self.paused, self.box, self.instance,
+                 self.cfg.stall_timeout_s))
             if cur.rowcount == 0 and self._registered:  # the row is gone if prune took this box for dead
                 cur = await conn.execute(
                     "INSERT INTO cuzk_fleet_boxes (box, instance, host, pid, resident, free_slots, running, "
-                    "stall_timeout_s) VALUES (%s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (box) DO NOTHING",
+                    "stall_timeout_s, paused) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (box) DO NOTHING",
                     (self.box, self.instance, socket.gethostname(), os.getpid(), list(self._resident),
-                     self._free_slots, len(checked), self.cfg.stall_timeout_s))
+                     self._free_slots, len(checked), self.cfg.stall_timeout_s, self.paused))
                 if cur.rowcount == 1:
                     log.warning("fleet: box %s had not renewed its row for so long that it was pruned; it "
                                 "joins again", self.box)

@@ -8,7 +8,8 @@ itself.
 
 Gauges (all prefixed ``cuzk_fleet_``): ``boxes{state}``, ``box_up{box}``,
 ``box_heartbeat_age_seconds{box}``, ``box_free_slots{box}``, ``box_running_jobs{box}``,
-``box_resident_key{box,circuit}`` (1 per resident key), ``queue_jobs{circuit,priority,state}``
+``box_resident_key{box,circuit}`` (1 per resident key), ``box_paused{box}`` (1 while a box claims
+nothing because its shared inputs folder is broken there), ``queue_jobs{circuit,priority,state}``
 (state: queued, running, stalled).
 """
 
@@ -34,7 +35,7 @@ def document(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth]) -> dict[str
     return {
         "boxes": [{"box": b.box, "state": b.state, "host": b.host, "pid": b.pid, "resident": list(b.resident),
                    "free_slots": b.free_slots, "running": b.running,
-                   "heartbeat_age_s": round(b.heartbeat_age_s, 3),
+                   "heartbeat_age_s": round(b.heartbeat_age_s, 3), "paused": b.paused,
                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(b.started_at))}
                   for b in boxes],
         "queues": [{"circuit": d.circuit_id, "priority": d.priority.name, "queued": d.queued,
@@ -48,6 +49,8 @@ def text(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth]) -> str:
     for b in boxes:
         lines.append(f"{b.box:<20} {b.state:<6} {b.host[:16]:<16} {b.running:>7} {b.free_slots:>5} "
                      f"{b.heartbeat_age_s:>9.1f}s  {', '.join(b.resident) or '-'}")
+        if b.paused and b.state == "up":
+            lines.append(f"{'':<20} claims no jobs: {b.paused}")
     if not boxes:
         lines.append("(no box has joined)")
     lines.append("")
@@ -81,6 +84,8 @@ def gauges(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth]) -> list[Gauge
         ("cuzk_fleet_box_running_jobs", "Jobs the box holds a claim on.",
          {_labels(box=b.box): float(b.running) for b in boxes}),
         ("cuzk_fleet_box_resident_key", "1 for each circuit whose key a live box holds resident.", resident),
+        ("cuzk_fleet_box_paused", "1 while a live box claims no jobs because its shared inputs folder is broken.",
+         {_labels(box=b.box): float(bool(b.paused)) for b in boxes if b.state == "up"}),
         ("cuzk_fleet_queue_jobs", ("Jobs of the shared queue by circuit, priority and state "
                                    "(stalled: claimed by a box that stopped renewing it)."), queue),
     ]

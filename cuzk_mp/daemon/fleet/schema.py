@@ -22,8 +22,10 @@ is recorded for later migrations to build on (version 2 added ``cuzk_fleet_jobs.
 ``cuzk_fleet_jobs.key_digest``, the key a done job was proved with, kept beside its result so that the
 result stays readable to the boxes of earlier releases (:func:`cuzk_mp.daemon.protocol.stored_reply`),
 version 6 the index of ``cuzk_fleet_jobs.inputs_sha256``, by which pruning asks whether a job still needs
-a stored inputs file; the ``ALTER ... ADD COLUMN IF NOT EXISTS`` statements bring an older database up to
-it, its rows counting 0 input bytes and a 0 s stall timeout, their results naming no key). Each version
+a stored inputs file, version 7 ``cuzk_fleet_boxes.paused``, why a box claims nothing (its shared inputs
+folder is broken there), so that ``fleet status`` says it; the ``ALTER ... ADD COLUMN IF NOT EXISTS``
+statements bring an older database up to it, its rows counting 0 input bytes and a 0 s stall timeout,
+their results naming no key, its boxes paused for nothing). Each version
 only adds columns with defaults and indexes, so boxes of earlier releases keep working on the migrated
 database. A database that records this version or a later one is left as it is (:func:`migrate`).
 """
@@ -39,7 +41,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-SCHEMA_VERSION = 6
+SCHEMA_VERSION = 7
 # Advisory lock key: the ASCII of "cuzkflt1" as a signed 64-bit integer.
 MIGRATION_LOCK_KEY = int.from_bytes(b"cuzkflt1", "big", signed=True)
 # Transaction-level advisory lock of every submit that counts the queue against caps: the ASCII of
@@ -126,6 +128,7 @@ DDL = (
     )""",
     ("ALTER TABLE cuzk_fleet_boxes ADD COLUMN IF NOT EXISTS stall_timeout_s double precision NOT NULL "
      "DEFAULT 0"),
+    "ALTER TABLE cuzk_fleet_boxes ADD COLUMN IF NOT EXISTS paused text",
 )
 
 

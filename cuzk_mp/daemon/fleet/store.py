@@ -253,7 +253,7 @@ class FleetStore:
         """Every box that has joined: its state, resident keys, free slots and running jobs."""
         async with self._tx() as (conn, _):
             cur = await conn.cursor(row_factory=dict_row).execute(
-                "SELECT b.box, b.host, b.pid, b.resident, b.free_slots, b.left_at IS NOT NULL AS left, "
+                "SELECT b.box, b.host, b.pid, b.resident, b.free_slots, b.paused, b.left_at IS NOT NULL AS left, "
                 "extract(epoch FROM b.started_at) AS started_at, "
                 "extract(epoch FROM now() - b.last_heartbeat) AS age, "
                 "(SELECT count(*) FROM cuzk_fleet_jobs j WHERE j.state = 'running' AND j.box = b.box "
@@ -263,7 +263,7 @@ class FleetStore:
                         "stale" if float(r["age"]) > self.cfg.stall_timeout_s else "up",
                         host=r["host"], pid=r["pid"], resident=tuple(r["resident"]), free_slots=r["free_slots"],
                         running=int(r["running"]), started_at=float(r["started_at"]),
-                        heartbeat_age_s=float(r["age"])) for r in rows]
+                        heartbeat_age_s=float(r["age"]), paused=r["paused"]) for r in rows]
 
     async def queue_depths(self) -> list[QueueDepth]:
         """Per circuit and priority: queued, running, and running on a box that stalled."""
