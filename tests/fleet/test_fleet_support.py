@@ -649,3 +649,48 @@ def test_the_daemons_early_dsn_check_finds_a_role_that_may_not_create_the_fleets
             conn.execute(f"DROP OWNED BY {no_create}")  # type: ignore[arg-type]
             for role in (read_only, no_create):
                 conn.execute(f"DROP ROLE IF EXISTS {role}")  # type: ignore[arg-type]
+
+
+def test_a_hung_read_of_the_shared_folder_pauses_the_box_without_piling_up_threads(
+        fleet_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hard NFS mount whose server is gone: reading the marker never returns. The box is paused
+    after the check's time limit, and later checks wait on that same read rather than each leave one
+    more worker thread stuck (the daemon's other thread work shares that pool); once the read
+    returns, the box claims again."""
+    import threading
+    import types
+    from typing import Any, cast
+
+    from cuzk_mp.daemon.fleet import box as box_module
+    from cuzk_mp.daemon.fleet.box import FleetBox
+    from cuzk_mp.daemon.fleet.inputs import share_problem
+
+    release, reads = threading.Event(), []
+
+    def hung(folder: Path, share_id: str) -> str | None:
+        reads.append(folder)
+        release.wait(30)
+        return share_problem(folder, share_id)
+
+    engine, jobs = instant_jobs()
+    cfg = resolve({"dsn": fleet_dsn, "box": "b", "inputs_dir": str(tmp_path / "share")})
+    assert cfg is not None
+    box = FleetBox(cast(Any, types.SimpleNamespace(fleet=cfg, circuits={})), engine, jobs)
+
+    async def main() -> None:
+        box.fleet = await connect(fleet_dsn, "b", register=False)
+        try:
+            assert await box.check_share(tmp_path / "share") is None  # marks the folder
+            monkeypatch.setattr(box_module, "share_problem", hung)
+            monkeypatch.setattr(box_module, "SHARE_CHECK_S", 0.2)
+            for _ in range(3):
+                assert "took longer than 0.2 s" in (await box.check_share(tmp_path / "share") or "")
+            assert len(reads) == 1 and box.paused is not None
+            release.set()
+            await asyncio.sleep(0.1)
+            assert await box.check_share(tmp_path / "share") is None and box.paused is None
+        finally:
+            release.set()
+            await box.fleet.close()
+
+    asyncio.run(main())

@@ -107,6 +107,8 @@ class FleetBox:
         self.paused: str | None = None  # why this box claims nothing now (its shared inputs folder)
         self._paused_folder: Path | None = None  # the folder found broken (checked again until it is back)
         self._share_task: asyncio.Task[None] | None = None
+        self._share_reads: dict[tuple[Path, str], asyncio.Future[str | None]] = {}  # see _read_share
+        self._marker_write: asyncio.Future[None] | None = None  # see _read_share_id
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -150,7 +152,7 @@ class FleetBox:
             if self._share_id is None or self.paused is not None:
                 self._share_id = await self._read_share_id(fleet)
             problem = None if self._share_id is None else await asyncio.wait_for(
-                asyncio.to_thread(share_problem, folder, self._share_id), SHARE_CHECK_S)
+                asyncio.shield(self._read_share(folder, self._share_id)), SHARE_CHECK_S)
         except asyncio.TimeoutError:
             problem = f"[fleet] inputs_dir {folder}: reading its marker took longer than {SHARE_CHECK_S:g} s"
         except CuzkError as e:  # the database: keep what was known; claims fail meanwhile anyway
@@ -166,6 +168,17 @@ class FleetBox:
         fleet.paused = problem  # recorded at the next heartbeat: fleet status shows why this box claims nothing
         return problem
 
+    def _read_share(self, folder: Path, share_id: str) -> asyncio.Future[str | None]:
+        """The marker check of ``folder`` on a worker thread; while one has not returned (a hung mount),
+        the same one: a new read per check would leave one more thread stuck each heartbeat, until the
+        pool that the daemon's other thread work shares had none left."""
+        key = (folder, share_id)
+        pending = self._share_reads.get(key)
+        if pending is None or pending.done():
+            pending = self._share_reads[key] = asyncio.ensure_future(asyncio.to_thread(share_problem, folder,
+                                                                                        share_id))
+        return pending
+
     async def _read_share_id(self, fleet: Fleet) -> str | None:
         """The database's id of the shared folder, made (marker first) if none is yet and this box has
         an ``inputs_dir``; where another box made one meanwhile, a marker this box wrote gets its id."""
@@ -173,9 +186,13 @@ class FleetBox:
         folder = self.fcfg.inputs_dir
         if found is not None or folder is None:
             return found
+        if self._marker_write is not None and not self._marker_write.done():
+            return None  # the last write hangs (see _read_share): no second thread stuck beside it
         proposed = uuid.uuid4().hex
+        self._marker_write = asyncio.ensure_future(asyncio.to_thread(write_marker, folder, proposed))
+        self._marker_write.add_done_callback(lambda f: f.cancelled() or f.exception())  # logged below if awaited
         try:
-            await asyncio.wait_for(asyncio.to_thread(write_marker, folder, proposed), SHARE_CHECK_S)
+            await asyncio.wait_for(asyncio.shield(self._marker_write), SHARE_CHECK_S)
         except (OSError, asyncio.TimeoutError) as e:
             log.warning("fleet: box %s could not write the marker of [fleet] inputs_dir %s: %s", self.fcfg.box,
                         folder, e)
