@@ -163,7 +163,7 @@ class FleetBox:
                       "%s", self.fcfg.box, problem)
         elif problem is None and self.paused is not None:
             log.info("fleet: box %s sees the shared inputs folder %s again; it claims jobs again", self.fcfg.box,
-                        folder)
+                     folder)
         self.paused, self._paused_folder = problem, folder if problem is not None else None
         fleet.paused = problem  # recorded at the next heartbeat: fleet status shows why this box claims nothing
         return problem
