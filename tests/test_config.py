@@ -690,6 +690,25 @@ def test_a_key_and_r1cs_of_different_circuits_are_refused_by_the_check(tmp_path:
     C.load_config(write(tmp_path, base + 'zkey = "c.zkey"\nr1cs = "c.r1cs"\n'))  # the circuit's own pair
 
 
+def test_a_key_file_that_is_a_fifo_or_a_device_is_named_as_such_by_the_check(tmp_path: Path) -> None:
+    """A circuit's file that exists but is a FIFO or a device is refused for what it is, naming the key
+    and the file, never as "file not found" (it is there) nor waited on (a FIFO no process writes);
+    a dangling symlink is a file not found."""
+    small_circom_key(tmp_path)
+    os.mkfifo(tmp_path / "fifo.zkey")
+    (tmp_path / "dangling.zkey").symlink_to(tmp_path / "nowhere.zkey")
+    base = '[memory]\ntotal_budget = "64GiB"\n[circuits.c]\n'
+    for body, message in (
+        ('zkey = "fifo.zkey"\n', r"^.*cuzk\.toml: circuits\.c\.zkey: .*fifo\.zkey: .*a FIFO \(a named pipe\), not a "
+         r"regular file"),
+        ('zkey = "/dev/zero"\n', r"^.*cuzk\.toml: circuits\.c\.zkey: /dev/zero: .*character device, not a regular"),
+        ('zkey = "c.zkey"\nwasm = "fifo.zkey"\n', r"^.*cuzk\.toml: circuits\.c\.wasm: .*fifo\.zkey: .*a FIFO"),
+        ('zkey = "dangling.zkey"\n', r"^.*cuzk\.toml: circuits\.c\.zkey: file not found: .*dangling\.zkey$"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            C.load_config(write(tmp_path, base + body))
+
+
 @pytest.mark.parametrize(("name", "value"), [("CUZK_GPU_MSM_SORT", "radix-"), ("CUZK_GPU_MSM_ACCUMULATE", "grid2"),
                                              ("CUZK_GPU_MSM_MULTIPLES", "h,q")])
 def test_gpu_knobs_in_the_environment_are_checked_with_a_gpu_engine_config(monkeypatch: pytest.MonkeyPatch,

@@ -146,14 +146,31 @@ def _circuit(cid: str, c: CircuitSection, base: Path, source: str) -> CircuitCon
         path = _path(value, base)
         if path.is_dir():
             raise ConfigError(f"{key}.{name}: {path} is a folder, not a file")
-        if not path.is_file():
+        if not path.exists():  # a dangling symlink too
             raise ConfigError(f"{key}.{name}: file not found: {path}")
+        _check_regular(f"{key}.{name}", path)
         files[name] = path
     assert files["zkey"] is not None
     _check_key_files(key, files["zkey"], files["r1cs"])
     spec = CircuitSpec(circuit_id=cid, zkey=files["zkey"], wasm=files["wasm"],
                        r1cs=files["r1cs"], partitions=c.partitions)
     return CircuitConfig(spec, Priority[c.priority])
+
+
+def _check_regular(key: str, path: Path) -> None:
+    """``path`` a regular file this process can open (ConfigError naming ``key`` and what it is
+    otherwise): a FIFO, a device or an unreadable file is there, so "file not found" would send the
+    operator looking for the wrong thing, and a FIFO read by a job would wait on its writer."""
+    import os
+
+    from cuzk_mp.errors import InputError
+    from cuzk_mp.formats.binfile import open_regular
+
+    try:
+        fd, _ = open_regular(path, str(path))
+    except InputError as e:
+        raise ConfigError(f"{key}: {e}") from None
+    os.close(fd)
 
 
 def default_shm_prefix(journal_path: Path) -> str:
