@@ -638,3 +638,52 @@ def test_a_lock_file_unlinked_by_its_holder_is_opened_again(tmp_path: Path, monk
     assert fd is not None
     os.close(fd)
     assert path.read_text().strip() == str(os.getpid())  # a bare lock writes no pid
+
+
+_READ_ONE = """
+import sys
+from pathlib import Path
+from cuzk_mp.daemon.client import partition_from_file
+from cuzk_mp.errors import InputError
+try:
+    part = partition_from_file(Path(sys.argv[1]), max_bytes=1000)
+except InputError as e:
+    print(e)
+    sys.exit(2)
+print(part.kind, len(part.data))
+"""
+
+
+@pytest.mark.parametrize("kind", ["fifo", "device", "device without a suffix", "large json", "large wtns"])
+def test_a_client_input_file_is_read_no_further_than_one_request_carries(kind: str, tmp_path: Path) -> None:
+    """``client submit|prove`` and ``--connect`` read each input file whole before they send it: a FIFO or a
+    device given as a .wtns is refused for what it is, as the one-shot commands refuse such a binary input;
+    a file of another suffix before any read; a file larger than one request carries after ``max_bytes``
+    + 1 of it. Read to its end, a FIFO that no process writes held the client for ever, /dev/zero was read
+    until the client's memory ran out, and a large file was held whole in memory only to be refused."""
+    import resource
+
+    src, expected = tmp_path / "in.wtns", ""
+    if kind == "fifo":
+        os.mkfifo(src)
+        expected = f"{src}: cannot read it in place: a FIFO (a named pipe), not a regular file (give the file itself)"
+    elif kind == "device":
+        src.symlink_to("/dev/zero")
+        expected = f"{src}: cannot read it in place: a character device, not a regular file (give the file itself)"
+    elif kind == "device without a suffix":
+        src = Path("/dev/zero")
+        expected = "/dev/zero: expected an input .json or a .wtns file"
+    else:
+        src = tmp_path / ("in.json" if kind == "large json" else "in.wtns")
+        src.write_bytes(b" " * 1001)
+        expected = (f"{src}: more than 1000 bytes, the most one request to a daemon carries (max_frame_bytes)")
+
+    def small() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    try:
+        proc = subprocess.run([sys.executable, "-c", _READ_ONE, str(src)], capture_output=True, text=True,
+                              timeout=30, preexec_fn=small, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"a {kind} as a client's input was read for ever")
+    assert (proc.returncode, proc.stdout.strip()) == (2, expected), proc.stderr[-2000:]

@@ -275,7 +275,7 @@ def _partitions(client: Any, args: argparse.Namespace) -> list[Any]:
     if args.inputs:
         if args.partitions is not None:
             raise InputError("--partitions is for synthetic circuits without input files")
-        return [partition_from_file(p) for p in args.inputs]
+        return [partition_from_file(p, client.max_frame_bytes) for p in args.inputs]
     count = args.partitions
     if count is None:
         circuits = client.status()["daemon"]["circuits"]

@@ -284,13 +284,43 @@ class Client:
         self.close()
 
 
-def partition_from_file(path: Path) -> P.PartitionIn:
-    """A partition from ``*.json`` (input for the circuit's wasm) or ``*.wtns``."""
-    data = Path(path).read_bytes()
+REQUEST_CARRIES = "one request to a daemon carries (max_frame_bytes)"
+
+
+def read_request_file(path: Path, max_bytes: int, *, binary: bool, way_out: str = "") -> bytes:
+    """The bytes of an input file a request carries, read no further than ``max_bytes`` + 1 (InputError
+    naming the file past that, or where it cannot be read). A ``binary`` one (a .wtns) must be a regular
+    file, as the one-shot commands take it (:func:`~cuzk_mp.formats.atomic.open_regular`): a FIFO that no
+    process writes would hold the client for ever, /dev/zero would be read until its memory ran out. An
+    input JSON may come through a pipe, as the one-shot commands read it, bounded the same way.
+    ``way_out`` ends the message of a file over ``max_bytes``."""
+    from cuzk_mp.formats.atomic import open_regular, read_at_most  # no numpy: a client sends what it read
+
+    try:
+        if binary:
+            fd, _ = open_regular(path, str(path))
+            os.set_blocking(fd, True)
+            f = os.fdopen(fd, "rb")
+        else:
+            f = open(path, "rb")  # closed by the with below
+        with f:
+            data = read_at_most(f, max_bytes)
+    except OSError as e:
+        raise InputError(f"{path}: {e.strerror or e}") from None
+    if len(data) > max_bytes:
+        raise InputError(f"{path}: more than {max_bytes} bytes, the most {REQUEST_CARRIES}{way_out}")
+    return data
+
+
+def partition_from_file(path: Path, max_bytes: int = DEFAULT_MAX_FRAME) -> P.PartitionIn:
+    """A partition from ``*.json`` (input for the circuit's wasm) or ``*.wtns``; its suffix is looked at
+    before any read, and the file read as :func:`read_request_file` reads it (``max_bytes``: the client's
+    frame limit, the most one request carries)."""
+    path = Path(path)
     if path.suffix == ".json":
-        return P.PartitionIn(kind="json", data=data)
+        return P.PartitionIn(kind="json", data=read_request_file(path, max_bytes, binary=False))
     if path.suffix == ".wtns":
-        return P.PartitionIn(kind="wtns", data=data)
+        return P.PartitionIn(kind="wtns", data=read_request_file(path, max_bytes, binary=True))
     raise InputError(f"{path}: expected an input .json or a .wtns file")
 
 

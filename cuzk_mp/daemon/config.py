@@ -164,7 +164,7 @@ def _check_regular(key: str, path: Path) -> None:
     import os
 
     from cuzk_mp.errors import InputError
-    from cuzk_mp.formats.binfile import open_regular
+    from cuzk_mp.formats.atomic import open_regular
 
     try:
         fd, _ = open_regular(path, str(path))

@@ -18,10 +18,10 @@ from pathlib import Path
 from typing import Any
 
 from cuzk_mp.daemon import protocol as P
-from cuzk_mp.daemon.client import Client, partition_from_file
+from cuzk_mp.daemon.client import REQUEST_CARRIES, Client, partition_from_file, read_request_file
 from cuzk_mp.daemon.transport import DEFAULT_MAX_FRAME, CommClosedError, FrameTooLarge, NotTheProtocol
 from cuzk_mp.errors import AuthError, InputError, ProofError, error_from_kind
-from cuzk_mp.formats.atomic import read_at_most, write_json_files
+from cuzk_mp.formats.atomic import write_json_files
 
 
 _ONE_PARTITION = re.compile(r"^job \S+ partitions\[0\](\.data)?: ")  # how a refusal names the one file's part
@@ -32,13 +32,15 @@ class Unreachable(Exception):
 
 
 def witness_partition(wtns: Path) -> P.PartitionIn:
-    """The job partition of a .wtns file (InputError for another suffix: a daemon takes .wtns)."""
+    """The job partition of a .wtns file (InputError for another suffix: a daemon takes .wtns), read no
+    further than one request carries."""
     if wtns.suffix != ".wtns":
         raise InputError(f"{wtns}: a daemon proves from a .wtns witness")
     return partition_from_file(wtns)
 
 
-_WAY_OUT = "one request to a daemon carries (max_frame_bytes); prove it without --connect or --keep-warm"
+_PROVE_WITHOUT = "; prove it without --connect or --keep-warm"
+_WAY_OUT = REQUEST_CARRIES + _PROVE_WITHOUT
 
 
 def input_partition(input_json: Path, max_bytes: int = DEFAULT_MAX_FRAME) -> P.PartitionIn:
@@ -46,13 +48,7 @@ def input_partition(input_json: Path, max_bytes: int = DEFAULT_MAX_FRAME) -> P.P
     computes the witness. A file over ``max_bytes``, more than one request can carry (a one-shot
     process reads larger ones), is refused naming the way out, after reading at most
     ``max_bytes`` + 1 of it (a file of any size, a FIFO) and before a daemon is started for it."""
-    try:
-        with open(input_json, "rb") as f:
-            data = read_at_most(f, max_bytes)
-    except OSError as e:
-        raise InputError(f"{input_json}: {e.strerror or e}") from None
-    if len(data) > max_bytes:
-        raise InputError(f"{input_json}: more than {max_bytes} bytes, the most {_WAY_OUT}")
+    data = read_request_file(input_json, max_bytes, binary=False, way_out=_PROVE_WITHOUT)
     return P.PartitionIn(kind="json", data=data)
 
 

@@ -23,6 +23,7 @@ What an output path may be, and what happens to it:
 from __future__ import annotations
 
 import contextlib
+import errno
 import fcntl
 import json
 import os
@@ -266,3 +267,27 @@ def refuse_outputs_over_inputs(args: Any, outputs: Sequence[str], inputs: Sequen
                 if other is not None and os.path.samefile(path, other):
                     what = source if source == "input" else f"{source} input"  # wtns calculate's input JSON
                     raise InputError(f"{path}: the {name} output would replace the {what}: give another path")
+
+
+_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO (a named pipe)"), (stat.S_ISCHR, "a character device"),
+                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
+
+
+def open_regular(path: str | os.PathLike[str], shown: str) -> tuple[int, int]:
+    """A descriptor of the regular file at ``path``, and its size; InputError naming ``shown`` for
+    anything else. These files are read where they lie (mapped, or read at their sections'
+    offsets), which a pipe or a device cannot do: its size reads as 0 (a message of "0 bytes" for a
+    file that has bytes). The open does not wait for a writer, so a FIFO that no process writes is
+    refused rather than waited on for ever."""
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
+    except OSError as exc:
+        raise InputError(f"{shown}: cannot read: {exc.strerror or exc}") from exc
+    st = os.fstat(fd)
+    if stat.S_ISREG(st.st_mode):
+        return fd, st.st_size
+    os.close(fd)
+    if stat.S_ISDIR(st.st_mode):
+        raise InputError(f"{shown}: cannot read: {os.strerror(errno.EISDIR)}")
+    what = next((kind for test, kind in _NOT_REGULAR if test(st.st_mode)), "a special file")
+    raise InputError(f"{shown}: cannot read it in place: {what}, not a regular file (give the file itself)")

@@ -22,10 +22,8 @@ duplicate when it reads that section, and ignores trailing bytes).
 
 from __future__ import annotations
 
-import errno
 import mmap
 import os
-import stat
 import struct
 from collections.abc import Iterable, Mapping, Sequence
 from typing import IO, Any, Union
@@ -33,7 +31,7 @@ from typing import IO, Any, Union
 import numpy as np
 
 from ..errors import FormatError, InputError
-from .atomic import atomic_output
+from .atomic import atomic_output, open_regular
 
 Chunk = Union[bytes, bytearray, memoryview, np.ndarray]
 Payload = Union[Chunk, Iterable[Chunk]]
@@ -54,30 +52,6 @@ def file_kind(head: bytes) -> str | None:
     if bytes(head[:64]).lstrip()[:1] in (b"{", b"["):
         return "JSON text"
     return None
-
-
-_NOT_REGULAR = ((stat.S_ISFIFO, "a FIFO (a named pipe)"), (stat.S_ISCHR, "a character device"),
-                (stat.S_ISBLK, "a block device"), (stat.S_ISSOCK, "a socket"))
-
-
-def open_regular(path: str | os.PathLike[str], shown: str) -> tuple[int, int]:
-    """A descriptor of the regular file at ``path``, and its size; InputError naming ``shown`` for
-    anything else. These files are read where they lie (mapped, or read at their sections'
-    offsets), which a pipe or a device cannot do: its size reads as 0 (a message of "0 bytes" for a
-    file that has bytes). The open does not wait for a writer, so a FIFO that no process writes is
-    refused rather than waited on for ever."""
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC)
-    except OSError as exc:
-        raise InputError(f"{shown}: cannot read: {exc.strerror or exc}") from exc
-    st = os.fstat(fd)
-    if stat.S_ISREG(st.st_mode):
-        return fd, st.st_size
-    os.close(fd)
-    if stat.S_ISDIR(st.st_mode):
-        raise InputError(f"{shown}: cannot read: {os.strerror(errno.EISDIR)}")
-    what = next((kind for test, kind in _NOT_REGULAR if test(st.st_mode)), "a special file")
-    raise InputError(f"{shown}: cannot read it in place: {what}, not a regular file (give the file itself)")
 
 
 def describe_source(src: object, name: str | None) -> str:
