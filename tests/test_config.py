@@ -540,6 +540,38 @@ def test_places_the_daemon_writes_are_checked_up_front(tmp_path: Path, monkeypat
     assert (tmp_path / "precious.txt").read_text() == "data"
 
 
+@pytest.mark.parametrize("kind", ["folder", "fifo", "device", "dangling symlink"])
+def test_a_journal_that_is_no_regular_file_is_refused_by_the_check(kind: str, tmp_path: Path) -> None:
+    """The journal itself (not only its folder) must be a file the daemon can open as its database, or be
+    made: a folder, a FIFO, a device or a symlink to nothing there is a ConfigError naming daemon.journal
+    and the file (exit 2, at --check too), where --check said OK and the start failed with SQLite's
+    "unable to open database file" or "disk I/O error", for /dev/zero as a full disk (exit 4, "free the
+    disk")."""
+    import subprocess
+    import sys
+
+    from cuzk_mp.daemon.cli import check_writable_places
+    from tests.helpers import ENV, REPO
+
+    journal = tmp_path / "journal.sqlite"
+    if kind == "folder":
+        journal.mkdir()
+    elif kind == "fifo":
+        os.mkfifo(journal)
+    elif kind == "device":
+        journal = Path("/dev/zero")
+    else:
+        journal.symlink_to(tmp_path / "gone" / "journal.sqlite")
+    cfg = resolve({"daemon": {"journal": str(journal)}, "srs": {"param_cache": str(tmp_path / "cache")}}, tmp_path)
+    with pytest.raises(ConfigError, match=rf"daemon\.journal: {re.escape(str(journal))}: "):
+        check_writable_places(cfg)
+    config = write(tmp_path, f'[daemon]\njournal = "{journal}"\n[srs]\nparam_cache = "{tmp_path / "cache"}"\n'
+                             '[memory]\ntotal_budget = "64GiB"\n')
+    proc = subprocess.run([sys.executable, "-m", "cuzk_mp", "daemon", "--config", str(config), "--check"],
+                          capture_output=True, text=True, timeout=60, cwd=REPO, env=ENV)
+    assert proc.returncode == 2 and f"daemon.journal: {journal}: " in proc.stderr, (proc.returncode, proc.stderr)
+
+
 # ---- what the engine would refuse at the start is refused by the config (and so by --check)
 
 @pytest.mark.parametrize("raw, message", [
