@@ -993,6 +993,37 @@ def test_an_interrupted_client_prove_names_the_job_that_goes_on(exc: BaseExcepti
     assert "goes on" not in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("verb", ["prove", "await"])
+@pytest.mark.parametrize("place", ["a file", "under a file", "a dangling symlink"])
+def test_client_out_that_cannot_be_a_folder_is_refused_before_the_job(verb: str, place: str, tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch,
+                                                                       capsys: pytest.CaptureFixture[str]) -> None:
+    """``client prove|await --out DIR`` where DIR cannot be a folder (a file in the way, a path under a
+    file, a symlink that leads nowhere) is refused before the daemon is asked anything (exit 2, the
+    folder and why named): the whole job was proved first, then its files could not be written, with
+    "File exists" for a file or a dangling symlink in the way."""
+    from cuzk_mp.daemon import client as client_mod
+
+    asked: list[str] = []
+
+    class Daemon:
+        def __init__(self, *args: object, **kwargs: object) -> None:
+            asked.append("connect")
+
+    monkeypatch.setattr(client_mod, "Client", Daemon)
+    (tmp_path / "afile").write_text("")
+    out = {"a file": tmp_path / "afile", "under a file": tmp_path / "afile" / "proofs",
+           "a dangling symlink": tmp_path / "link"}[place]
+    if place == "a dangling symlink":
+        out.symlink_to(tmp_path / "gone" / "proofs")
+    why = "is a symbolic link that leads nowhere" if place == "a dangling symlink" else "afile is not a folder"
+    job = ["--circuit", "c", "--partitions", "1"] if verb == "prove" else ["job-7"]
+    assert cli.main(["client", verb, *job, "--out", str(out), "--connect", "unix:///nowhere.sock"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and f"{out}: cannot write it: " in err and why in err, err
+    assert asked == []
+
+
 # Environment variables that are no user's knob: the level a command passes to its own child
 # processes, and the install script's stand-in for the driver's version file (its tests set it).
 INTERNAL_ENV = {"CUZK_MP_LOG_LEVEL", "CUZK_MP_NVIDIA_PROC"}

@@ -374,9 +374,11 @@ def _client_verb(client: Any, args: argparse.Namespace) -> int:
 
 def run_client(args: argparse.Namespace) -> int:
     """``cuzk-mp client VERB``: one call to the daemon; the exit code says how it went."""
-    from cuzk_mp.daemon.client import Client
+    from cuzk_mp.daemon.client import Client, check_out_folder
     from cuzk_mp.daemon.transport import DEFAULT_MAX_FRAME, CommClosedError, NotTheProtocol
 
+    if getattr(args, "out", None) is not None:  # prove, await: before the job, not after it is proved
+        check_out_folder(args.out)
     try:
         client = Client(args.connect, max_frame_bytes=args.max_frame_bytes or DEFAULT_MAX_FRAME, token=args.token)
     except OSError as e:

@@ -329,6 +329,20 @@ def synthetic_partitions(count: int, first_seed: int = 0) -> list[P.PartitionIn]
     return [P.PartitionIn(kind="synthetic", seed=first_seed + i) for i in range(count)]
 
 
+def check_out_folder(out_dir: Path) -> None:
+    """OutputError naming ``out_dir`` where it cannot be a folder this process writes into (a file in
+    the way, a symlink that leads nowhere, a read-only place: :func:`~cuzk_mp.paths.folder_problem`).
+    Called before a job is asked for as well as before its files are written: a job proved in full
+    whose files then have nowhere to go is work lost, and mkdir's "File exists" does not say that the
+    thing in the way is a file or a dangling symlink."""
+    from cuzk_mp.errors import OutputError
+    from cuzk_mp.paths import folder_problem
+
+    problem = folder_problem(out_dir)
+    if problem is not None:
+        raise OutputError(out_dir, problem)
+
+
 def write_outputs(reply: P.JobReply, out_dir: Path, vk: P.VkReply | None) -> list[Path]:
     """Write the vk and, per proved partition, proof_<i>.json with public_<i>.json: each file whole
     (atomic.write_json), and each proof with its public signals or neither (atomic.write_json_files),
@@ -344,6 +358,7 @@ def write_outputs(reply: P.JobReply, out_dir: Path, vk: P.VkReply | None) -> lis
     other_key = (vk is not None and None not in (reply.key_digest, vk.key_digest)
                  and vk.key_digest != reply.key_digest)
 
+    check_out_folder(out_dir)
     try:
         out_dir.mkdir(parents=True, exist_ok=True)
     except OSError as e:
