@@ -241,3 +241,44 @@ def test_a_vk_read_while_its_key_file_is_replaced_is_read_again(tmp_path: Path) 
     view._make_vk = replaced_while_read_but_the_last  # type: ignore[method-assign]
     vk, digest = view.verification_key("mul")
     assert len(reads) == VK_READS and vk == _vk_of(zkey) == reads[-1] and digest == key_digest(key_identity(zkey))
+
+
+def test_a_wasm_replaced_by_a_fifo_fails_its_job_and_holds_up_no_other(tmp_path: Path) -> None:
+    """A circuit's wasm that became a FIFO (or a device) after the daemon checked its config fails the job
+    that needs it, naming the file, at once; the synthesis worker goes on with the other circuits' jobs,
+    and once the file is back a job proves. The worker opened it as a file to read to its end: a FIFO
+    that no process writes held that job, every job queued behind it (another circuit's too) and the
+    daemon's shutdown (the worker, deaf to SIGTERM in its open, was killed)."""
+    import json
+
+    from tests.helpers import circom_generator, small_circom_key
+
+    zkey, r1cs = small_circom_key(tmp_path, "mul")
+    wasm = circom_generator(tmp_path, "mul", inputs=6)  # 7 wires, as the key's circuit
+    good = wasm.read_bytes()
+    circuits = (f'[circuits.mul]\nzkey = "{zkey}"\nr1cs = "{r1cs}"\nwasm = "{wasm}"\npartitions = 1\n'
+                '[circuits.syn]\nsynthetic = "porep-like"\nlog_n = 10\npartitions = 1\n')
+    prefix = f"cuzk-wf-{os.getpid()}"
+    (tmp_path / "cuzk.toml").write_text(config_text(tmp_path, tmp_path / "cache", prefix=prefix, circuits=circuits))
+    one = [P.PartitionIn(kind="json", data=json.dumps({"a": [1, 2, 3, 4, 5, 6]}).encode())]
+    d = DaemonProcess(tmp_path / "cuzk.toml", tmp_path)
+    try:
+        d.wait_ready()
+        with d.client() as c:
+            wasm.unlink()
+            os.mkfifo(wasm)
+            reply = c.prove("mul", one, timeout_s=30)
+            assert reply.state == "failed" and not reply.timed_out, reply
+            assert f"{wasm}: cannot read it in place: a FIFO" in (reply.error or ""), reply.error
+            assert reply.error_kind == "InputError", reply
+            other = c.prove("syn", [P.PartitionIn(kind="synthetic", seed=1)], timeout_s=60)
+            assert other.state == "done", other
+            wasm.unlink()
+            wasm.write_bytes(good)
+            again = c.prove("mul", one, timeout_s=60)
+            assert not again.timed_out and "cannot read" not in (again.error or ""), again  # the wasm ran
+        assert d.terminate() == 0
+        assert "ignored SIGTERM" not in d.log()
+    finally:
+        d.kill()
+    assert shm_leftovers(prefix) == []

@@ -74,7 +74,7 @@ from cuzk_mp.circuits.circom_values import MAX_VALUE_CHARS, PackedValues, pack_v
 from cuzk_mp.circuits.circom_values import js_bigint as js_bigint  # (this module's API too)
 from cuzk_mp.errors import Cancelled, FormatError, InputError, ResourceError
 from cuzk_mp.formats import json_bounds
-from cuzk_mp.formats.atomic import read_at_most
+from cuzk_mp.formats.atomic import open_regular, read_at_most
 from cuzk_mp.formats.wtns import write_wtns
 
 log = logging.getLogger(__name__)
@@ -362,7 +362,11 @@ class WitnessCalculator:
     construction: ``witness_size`` (wires), ``n_inputs`` (input values), ``prime`` (= r).
     """
 
-    def __init__(self, wasm_path: str | Path) -> None:
+    def __init__(self, wasm_path: str | Path, *, regular_only: bool = False) -> None:
+        """``regular_only``: the file must be a regular one (:func:`~cuzk_mp.formats.atomic.open_regular`),
+        for a daemon's worker, whose configured wasm can become a FIFO or a device under it: opened to be
+        read to its end, a FIFO that no process writes would hold the worker, and every job behind it, for
+        ever. A one-shot command reads the wasm from a pipe too (``<(cat X.wasm)``)."""
         self.path = Path(wasm_path)
         config = wasmtime.Config()
         config.epoch_interruption = True  # how a run is stopped (the module docstring)
@@ -372,7 +376,8 @@ class WitnessCalculator:
         try:
             # read once (a pipe, <(cat X.wasm), has no second read), the rest only after its magic: binary
             # only (wasmtime would also parse WAT text), and nothing more of a file that is no wasm (/dev/zero)
-            with open(self.path, "rb") as f:
+            with (os.fdopen(open_regular(self.path, str(self.path))[0], "rb") if regular_only
+                  else open(self.path, "rb")) as f:
                 magic = f.read(len(WASM_MAGIC))
                 if magic != WASM_MAGIC:
                     raise FormatError(self.path, None, "not a wasm module (it does not start with \\0asm): give "

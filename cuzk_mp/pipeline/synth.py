@@ -112,7 +112,7 @@ class _Circuit:
             assert self.ref.wasm, "RunningEngine.submit lets 'json' inputs through only for circuits with a wasm"
             from ..circuits.circom import WitnessCalculator
 
-            self._wasm = WitnessCalculator(self.ref.wasm)
+            self._wasm = WitnessCalculator(self.ref.wasm, regular_only=True)  # the file may have changed since
         return self._wasm
 
     def _synthetic_circuit(self) -> Any:
