@@ -9,6 +9,8 @@ import shutil
 from pathlib import Path
 from typing import Any
 
+import pytest
+
 from cuzk_mp.backends import get_backend
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import Client, write_outputs
@@ -282,3 +284,24 @@ def test_a_wasm_replaced_by_a_fifo_fails_its_job_and_holds_up_no_other(tmp_path:
     finally:
         d.kill()
     assert shm_leftovers(prefix) == []
+
+
+def test_a_synthetic_circuits_key_gone_from_the_param_cache_says_how_to_make_it_again(tmp_path: Path) -> None:
+    """The dev key of a synthetic circuit is made in the param cache at the daemon's start; a cache
+    removed under the running daemon (a cleaner of ~/.cache) fails every job of the circuit. The
+    message says which key it is and that a restart makes it again, where it said only "No such file
+    or directory" of a file the operator never named."""
+    from cuzk_mp.errors import InputError
+    from cuzk_mp.pipeline.circuits import pinned
+    from cuzk_mp.pipeline.messages import CircuitRef
+
+    gone = tmp_path / "cache" / "porep-like-10.zkey"
+    with pytest.raises(InputError) as info:
+        pinned(CircuitRef("syn", str(gone), synthetic="porep-like", log_n=10))
+    text = str(info.value)
+    assert str(gone) in text and "No such file or directory" in text, text
+    assert "synthetic circuit syn" in text and "param_cache" in text and "restart the daemon" in text, text
+    zkey, r1cs = tmp_path / "mul.zkey", tmp_path / "mul.r1cs"
+    with pytest.raises(InputError) as info:  # a circom circuit's key is the operator's own file: named alone
+        pinned(CircuitRef("mul", str(zkey), str(r1cs)))
+    assert "restart" not in str(info.value), info.value

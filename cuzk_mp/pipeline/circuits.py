@@ -209,7 +209,15 @@ def pinned(ref: msg.CircuitRef) -> msg.CircuitRef:
     one header read per job, no hash of a multi-GB file."""
     if ref.key_source != "file" or not ref.zkey:
         return ref
-    return msgspec.structs.replace(ref, zkey_id=key_identity(ref.zkey))
+    try:
+        ident = key_identity(ref.zkey)
+    except InputError as exc:  # a synthetic circuit's dev key is no file the operator named: say what it is
+        if ref.synthetic is None or os.path.lexists(ref.zkey):
+            raise
+        raise InputError(f"{exc}: the INSECURE development key of synthetic circuit {ref.circuit_id}, made in "
+                         "[srs] param_cache at the daemon's start, is gone (the cache removed?); restart the "
+                         "daemon to make it again") from None
+    return msgspec.structs.replace(ref, zkey_id=ident)
 
 
 def key_identity(zkey: str | os.PathLike[str]) -> FileIdentity:
