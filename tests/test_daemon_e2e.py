@@ -298,6 +298,26 @@ def test_bad_frames_and_inputs_get_clear_errors(daemon: DaemonProcess, tmp_path:
     assert cli.returncode == 2 and json.loads(cli.stdout)["state"] == "failed", (cli.stdout, cli.stderr)
 
 
+def test_a_request_over_the_daemons_frame_limit_is_refused_as_such(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """A request larger than the daemon's max_frame_bytes (from a client that allows more: its default is
+    128 MiB) is answered with the daemon's refusal, then the connection closed with the rest unread: the
+    client reports that refusal (exit 2). Its write of the rest failed (a broken pipe), and it said it had
+    lost the daemon, which "if it took the job" went on with it (exit 3), though no job was taken."""
+    big = tmp_path / "big.json"
+    big.write_bytes(b" " * (5 << 20))  # the daemon's fixture takes 4 MiB frames
+    with daemon.client() as c:
+        with pytest.raises(InputError, match=r"frame of \d+ bytes exceeds max_frame_bytes \(4194304\)"):
+            c.submit("syn", [P.PartitionIn("json", big.read_bytes())])
+    for verb in ("submit", "prove"):
+        out = ["--out", str(tmp_path / "out")] if verb == "prove" else []
+        cli = subprocess.run([*PY, "client", verb, "--connect", daemon.addr, "--circuit", "syn", *out, str(big)],
+                             env=ENV, capture_output=True, text=True, timeout=120)
+        assert cli.returncode == 2 and "exceeds max_frame_bytes (4194304)" in cli.stderr, (verb, cli.stderr)
+        assert "goes on" not in cli.stderr, cli.stderr
+    with daemon.client() as c:
+        assert c.status()["daemon"]["state"] == "running"
+
+
 def test_batch_prove_script(daemon: DaemonProcess, tmp_path: Path) -> None:
     inputs = tmp_path / "inputs"
     inputs.mkdir()

@@ -211,7 +211,18 @@ class Client:
         msg.id = next(self._ids)
         msg.token = self.token
         self._sock.settimeout(deadline_s)
-        send_frame(self._sock, P.encode(msg), self.max_frame_bytes)
+        try:
+            send_frame(self._sock, P.encode(msg), self.max_frame_bytes)
+        except (BrokenPipeError, ConnectionResetError):
+            # The daemon may have refused the request before reading all of it (a frame over its
+            # max_frame_bytes) and closed: its refusal waits in the socket, and it took no job.
+            try:
+                reply = _decode_reply(recv_frame(self._sock, self.max_frame_bytes))
+            except Exception:  # noqa: BLE001 - nothing readable: the daemon was lost, as the send says
+                reply = None
+            if reply is not None and reply.id in (msg.id, 0):
+                return _result(reply)
+            raise
         while True:
             reply = _decode_reply(recv_frame(self._sock, self.max_frame_bytes))
             if reply.id in (msg.id, 0):
