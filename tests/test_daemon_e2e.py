@@ -318,6 +318,23 @@ def test_a_request_over_the_daemons_frame_limit_is_refused_as_such(daemon: Daemo
         assert c.status()["daemon"]["state"] == "running"
 
 
+def test_a_refused_input_file_is_named_by_the_client(daemon: DaemonProcess, tmp_path: Path) -> None:
+    """``client submit|prove`` with input files: a file the daemon refuses at submit (an empty .wtns, one
+    that is no witness) is named in the last line as the user gave it, with the daemon's reason, exit 2,
+    as ``groth16 prove --connect`` names it; the line said "job X partitions[1].data", which the user
+    had to map back to the second file."""
+    good = wtns_inputs(tmp_path, [3])[0]
+    empty = tmp_path / "empty.wtns"
+    empty.write_bytes(b"")
+    for verb in ("submit", "prove"):
+        out = ["--out", str(tmp_path / "out")] if verb == "prove" else []
+        cli = subprocess.run([*PY, "client", verb, "--connect", daemon.addr, "--circuit", "syn", *out, str(good),
+                              str(empty)], env=ENV, capture_output=True, text=True, timeout=120)
+        last = cli.stderr.strip().splitlines()[-1]
+        assert cli.returncode == 2 and f"{empty}: not a .wtns file" in last, (verb, cli.stderr)
+        assert "partitions[" not in last, last
+
+
 def test_batch_prove_script(daemon: DaemonProcess, tmp_path: Path) -> None:
     inputs = tmp_path / "inputs"
     inputs.mkdir()

@@ -36,12 +36,14 @@ AwaitProof/Prove timed out (the job goes on).
 from __future__ import annotations
 
 import argparse
+import contextlib
 import asyncio
 import json
 import multiprocessing
 import os
 import sys
 import uuid
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -330,6 +332,21 @@ def _failed_on_input(reply: Any) -> bool:
     return reply.state == "failed" and any(is_input_kind(k) for k in kinds)
 
 
+@contextlib.contextmanager
+def _naming_input_files(files: list[Path] | None) -> Iterator[None]:
+    """A submit's refusal of one of its partitions names the input file it was read from
+    (:func:`~cuzk_mp.daemon.client.name_input_file`), as ``groth16 prove --connect`` names its file."""
+    from cuzk_mp.daemon.client import name_input_file
+
+    try:
+        yield
+    except InputError as e:
+        named = name_input_file(str(e), files or [])
+        if named is None or type(e).__init__ is not InputError.__init__:
+            raise
+        raise type(e)(named) from None
+
+
 def _client_verb(client: Any, args: argparse.Namespace) -> int:
     v = args.verb
     if v in ("preload", "evict"):
@@ -339,15 +356,17 @@ def _client_verb(client: Any, args: argparse.Namespace) -> int:
     if v in ("submit", "prove") and not args.request_id:  # made here, so a lost daemon can name the job
         args.request_id = uuid.uuid4().hex
     if v == "submit":
-        r = client.submit(args.circuit, _partitions(client, args), priority=args.priority,
-                          request_id=args.request_id)
+        with _naming_input_files(args.inputs):
+            r = client.submit(args.circuit, _partitions(client, args), priority=args.priority,
+                              request_id=args.request_id)
         _print({"job_id": r.job_id, "state": r.state, "duplicate": r.duplicate})
         return 0
     if v == "await":
         return _finish_job(client, client.await_proof(args.job_id, args.timeout), args.out)
     if v == "prove":
-        reply = client.prove(args.circuit, _partitions(client, args), priority=args.priority,
-                             request_id=args.request_id, timeout_s=args.timeout)
+        with _naming_input_files(args.inputs):
+            reply = client.prove(args.circuit, _partitions(client, args), priority=args.priority,
+                                 request_id=args.request_id, timeout_s=args.timeout)
         return _finish_job(client, reply, args.out)
     if v == "cancel":
         r = client.cancel(args.job_id)

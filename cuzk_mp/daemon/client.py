@@ -18,6 +18,7 @@ import asyncio
 import itertools
 import math
 import os
+import re
 import socket
 from pathlib import Path
 from typing import Any
@@ -321,6 +322,19 @@ def read_request_file(path: Path, max_bytes: int, *, binary: bool, way_out: str 
     if len(data) > max_bytes:
         raise InputError(f"{path}: more than {max_bytes} bytes, the most {REQUEST_CARRIES}{way_out}")
     return data
+
+
+PARTITION_FIELD = re.compile(r"^job \S+ partitions\[(\d+)\](?:\.data)?: ")  # how a refusal names a partition
+
+
+def name_input_file(message: str, files: list[Path]) -> str | None:
+    """A refusal of a job's partition (the daemon knows it only as ``job X partitions[i].data``) with
+    the input file it was read from in place of that field, or None where it names no such partition:
+    the user gave files, not partition numbers."""
+    m = PARTITION_FIELD.match(message)
+    if m is None or int(m.group(1)) >= len(files):
+        return None
+    return f"{files[int(m.group(1))]}: {message[m.end():]}"
 
 
 def partition_from_file(path: Path, max_bytes: int = DEFAULT_MAX_FRAME) -> P.PartitionIn:

@@ -13,18 +13,16 @@ partition 0), a failed job as a ProofError, and a daemon out of reach as :class:
 from __future__ import annotations
 
 import os
-import re
 from pathlib import Path
 from typing import Any
 
 from cuzk_mp.daemon import protocol as P
-from cuzk_mp.daemon.client import REQUEST_CARRIES, Client, partition_from_file, read_request_file
+from cuzk_mp.daemon.client import REQUEST_CARRIES, Client, name_input_file, partition_from_file, read_request_file
 from cuzk_mp.daemon.transport import DEFAULT_MAX_FRAME, CommClosedError, FrameTooLarge, NotTheProtocol
 from cuzk_mp.errors import AuthError, InputError, ProofError, error_from_kind
 from cuzk_mp.formats.atomic import write_json_files
 
 
-_ONE_PARTITION = re.compile(r"^job \S+ partitions\[0\](\.data)?: ")  # how a refusal names the one file's part
 
 
 class Unreachable(Exception):
@@ -74,7 +72,7 @@ def prove_to_files(addr: str, token: str, circuit: str | None, zkey: Path, sourc
                 if isinstance(refused, FrameTooLarge):  # the request: a job's one-partition reply always fits
                     raise InputError(f"{source}: {len(part.data)} bytes and the request's envelope, more than "
                                      f"the {client.max_frame_bytes} bytes {_WAY_OUT}") from None
-                raise InputError(f"{source}: {_ONE_PARTITION.sub('', str(refused), count=1)}") from None
+                raise InputError(name_input_file(str(refused), [source]) or f"{source}: {refused}") from None
     except NotTheProtocol as http:
         raise Unreachable(f"cannot reach the daemon at {addr}: {http}") from None
     except (CommClosedError, ConnectionError, TimeoutError) as lost:
