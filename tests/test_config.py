@@ -765,3 +765,33 @@ def test_a_blank_multiples_knob_is_the_default() -> None:
     sections = {"h": 96 << 20, "a": 96 << 20}
     assert plan_multiples(sections, 1 << 40, 1 << 20, "  ") == plan_multiples(sections, 1 << 40, 1 << 20, None) != {}
     assert plan_multiples(sections, 1 << 40, 1 << 20, "none") == {}
+
+
+def test_a_config_that_never_ends_is_refused_after_its_limit(tmp_path: Path) -> None:
+    """``--config /dev/zero`` (or a file of any size, or a pipe whose writer does not stop) is read no
+    further than a config can be (``MAX_CONFIG_BYTES``) and refused naming it (exit 2); it was read to its
+    end, /dev/zero until the process's memory ran out (a MemoryError traceback, or the OOM killer)."""
+    import resource
+    import subprocess
+    import sys
+
+    from tests.helpers import ENV, REPO
+
+    def small() -> None:
+        resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+
+    try:
+        proc = subprocess.run([sys.executable, "-m", "cuzk_mp", "daemon", "--config", "/dev/zero", "--check"],
+                              capture_output=True, text=True, timeout=60, cwd=REPO, env=ENV, preexec_fn=small)
+    except subprocess.TimeoutExpired:
+        pytest.fail("--config /dev/zero was read for ever")
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert proc.stderr.strip().splitlines()[-1].endswith(
+        f"/dev/zero: more than {C.MAX_CONFIG_BYTES} bytes, more than a config file holds"), proc.stderr[-2000:]
+    pipe = tmp_path / "cuzk.toml"  # a config from a pipe (``--config <(gen)``) is read as before
+    os.mkfifo(pipe)
+    gen = subprocess.Popen(["sh", "-c", f"printf '[memory]\\ntotal_budget = \"64GiB\"\\n' > {pipe}"])
+    try:
+        assert C.load_config(pipe).memory_total_bytes == 64 << 30
+    finally:
+        gen.wait(10)

@@ -154,10 +154,12 @@ def test_check_names_a_file_it_cannot_read(tmp_path: Path, capsys: pytest.Captur
     locked = tmp_path / "locked.toml"
     locked.write_text("")
 
-    def refuse(self: Path) -> bytes:
-        raise PermissionError(13, "Permission denied", str(self))
+    def refuse(f: object, limit: int) -> bytes:
+        raise PermissionError(13, "Permission denied", str(locked))
 
-    monkeypatch.setattr(Path, "read_bytes", refuse)  # as root, a mode of 0 does not stop the read
+    from cuzk_mp.formats import atomic
+
+    monkeypatch.setattr(atomic, "read_at_most", refuse)  # as root, a mode of 0 does not stop the read
     assert cli.main(["daemon", "--config", str(locked), "--check"]) == 2
     assert f"{locked}: Permission denied" in capsys.readouterr().err
 

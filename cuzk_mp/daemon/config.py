@@ -333,13 +333,23 @@ def _validate_engine(engine: EngineConfig, cfg: RawConfig, given: dict[str, int]
     engine.validate(key)
 
 
+MAX_CONFIG_BYTES = 16 << 20  # far above any config (a thousand circuits and tokens take well under 1 MiB); a
+# bound, so that a path that never ends (/dev/zero, a pipe whose writer goes on) is refused, not read until the
+# process's memory runs out
+
+
 def load_config(path: str | Path) -> DaemonConfig:
     """Read, validate and resolve the TOML file at ``path`` (ConfigError naming the key)."""
+    from cuzk_mp.formats.atomic import read_at_most
+
     path = Path(path)
     try:
-        data = path.read_bytes()  # a folder, a file this user may not read: OSError, exit 2 naming the file
+        with open(path, "rb") as f:  # a folder, a file this user may not read: OSError, exit 2 naming the file
+            data = read_at_most(f, MAX_CONFIG_BYTES)
     except FileNotFoundError:
         raise ConfigError(f"{path}: config file not found") from None
+    if len(data) > MAX_CONFIG_BYTES:
+        raise ConfigError(f"{path}: more than {MAX_CONFIG_BYTES} bytes, more than a config file holds")
     try:
         raw = tomllib.loads(data.decode())
     except UnicodeDecodeError as e:
