@@ -22,7 +22,7 @@ import pytest
 from cuzk_mp.daemon import config as C
 from cuzk_mp.daemon import warm
 from cuzk_mp.errors import ConfigError, InputError
-from tests.helpers import wait_until
+from tests.helpers import ENV, REPO, wait_until
 
 DATA = Path(__file__).parent / "data_formats"
 
@@ -683,7 +683,7 @@ def test_a_client_input_file_is_read_no_further_than_one_request_carries(kind: s
 
     try:
         proc = subprocess.run([sys.executable, "-c", _READ_ONE, str(src)], capture_output=True, text=True,
-                              timeout=30, preexec_fn=small, env={**os.environ, "PYTHONPATH": str(Path.cwd())})
+                              timeout=30, preexec_fn=small, env=ENV, cwd=REPO)
     except subprocess.TimeoutExpired:
         pytest.fail(f"a {kind} as a client's input was read for ever")
     assert (proc.returncode, proc.stdout.strip()) == (2, expected), proc.stderr[-2000:]
