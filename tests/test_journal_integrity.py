@@ -319,3 +319,55 @@ def test_a_journal_made_without_incremental_vacuum_is_converted_once(tmp_path: P
 
     asyncio.run(fill_then_prune())
     j.close()
+
+
+@pytest.mark.parametrize("removed", ["the database file alone", "the journal's files", "its folder"])
+def test_a_journal_removed_under_the_running_daemon_is_written_again_with_every_job(
+        tmp_path: Path, removed: str) -> None:
+    """The journal (or the whole param cache it lies in) removed while the daemon runs (a cleaner of
+    old files, an operator's ``rm``): SQLite goes on writing into the unlinked file, so every job it
+    held, and every job accepted after, was lost at the next start (which refused: its .id says a
+    journal was there). The next write finds the path gone and writes the journal there again from
+    the open database, its .id beside it: a later start has every job."""
+    path = tmp_path / "cache" / "journal.sqlite"
+    j = _fill(path, 3)
+    if removed == "its folder":
+        shutil.rmtree(path.parent)
+    elif removed == "the database file alone":  # its -wal and -shm stay: the open journal's own
+        path.unlink()
+    else:
+        for suffix in ("", "-wal", "-shm", ".id"):
+            Path(f"{path}{suffix}").unlink(missing_ok=True)
+
+    async def more() -> None:
+        await j.add(_entry(3))
+        await j.finish("job-0", P.JobReply(id=0, job_id="job-0", circuit_id="syn", state="cancelled",
+                                           priority="NORMAL", partitions=[P.PartitionOut(index=0, state="cancelled")],
+                                           submitted_at=1000.0, finished_at=2000.0), _entry(0).partitions)
+    asyncio.run(more())
+    j.close()
+    reopened = Journal.open(path)
+    try:
+        entries = {e.job_id: e for e in reopened.load()}
+    finally:
+        reopened.close()
+    assert sorted(entries) == ["job-0", "job-1", "job-2", "job-3"]
+    assert entries["job-0"].state == "cancelled"
+    assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+
+
+def test_a_file_put_in_the_running_journals_place_is_not_overwritten(tmp_path: Path) -> None:
+    """Another file renamed into the journal's path while the daemon runs (a backup restored too
+    early) is left as it is: writes are refused naming the journal (ResourceError, the submit's
+    exit 4), and the daemon's restart decides which journal it runs with."""
+    from cuzk_mp.errors import ResourceError
+
+    path = tmp_path / "journal.sqlite"
+    j = _fill(path, 1)
+    other = tmp_path / "other"
+    other.write_bytes(b"someone else's file")
+    other.replace(path)
+    with pytest.raises(ResourceError, match=r"another file was put in the journal's place"):
+        asyncio.run(j.add(_entry(1)))
+    j.close()
+    assert path.read_bytes() == b"someone else's file"

@@ -20,6 +20,13 @@ The journal is the source of truth, so it is defended:
   Nothing is repaired or emptied automatically; the message says how to start afresh. A journal
   SQLite cannot open for another reason (a full disk, an I/O error) is not damage: a
   ResourceError (exit code 4, which systemd retries) that leaves the file as it was.
+* **A journal removed under the running daemon is written again.** SQLite would go on writing into
+  the unlinked file, and every job it held would be gone at the next start (refused: the .id says a
+  journal was there). Before each write, and when it closes, the journal checks that its path is
+  still its file; where the path is gone (the file, or the whole folder: a cleaner of old files, an
+  operator's ``rm``), the open database is copied there (SQLite's backup) with its .id, and written
+  on from there. A path that now holds another file is not overwritten: writes are refused
+  (ResourceError) and the daemon's restart decides, as for any journal put in place.
 * **A bad row is quarantined, the rest start.** :meth:`Journal.load` checks every row against
   the schema (types, priority 0..3, a state it knows, decodable partitions and result that
   agree with the row); a row that fails is moved, as it was, into the ``quarantine`` table with
@@ -195,6 +202,21 @@ def _owner_only(path: Path) -> None:
                         "it holds the witnesses of unfinished jobs", path, p.name, e.strerror or e)
 
 
+def _set_modes(conn: sqlite3.Connection) -> None:
+    """The journal's modes on a connection: a write-ahead log, each commit on the disk before it returns."""
+    conn.execute("PRAGMA journal_mode=WAL")
+    conn.execute("PRAGMA synchronous=FULL")
+
+
+def _file_identity(path: Path) -> tuple[int, int] | None:
+    """The (device, inode) the path names now; None where it names nothing."""
+    try:
+        st = os.stat(path)
+    except FileNotFoundError:
+        return None
+    return st.st_dev, st.st_ino
+
+
 def _marker_path(path: Path) -> Path:
     return path.with_name(path.name + ".id")
 
@@ -225,9 +247,11 @@ def _check_file(path: Path) -> str | None:
 class Journal:
     """The SQLite journal; open with :meth:`open`, close with :meth:`close`."""
 
-    def __init__(self, path: Path, conn: sqlite3.Connection) -> None:
+    def __init__(self, path: Path, conn: sqlite3.Connection, journal_id: str) -> None:
         self.path = path
         self._conn = conn
+        self._journal_id = journal_id
+        self._file = _file_identity(path)  # what the path must still name (see _keep_in_place)
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-journal")
         self._closed = False
         self.quarantined_now: list[dict[str, Any]] = []
@@ -260,7 +284,7 @@ class Journal:
         except BaseException:  # an interrupt during the rewrite: SQLite rolls it back; the file is unchanged
             conn.close()
             raise
-        return cls(path, conn)
+        return cls(path, conn, journal_id)
 
     @staticmethod
     def _prepare(conn: sqlite3.Connection, path: Path, recorded: str | None) -> str:
@@ -273,8 +297,7 @@ class Journal:
                                      f"-wal and .id files) to start with an empty journal")
             if not conn.execute("SELECT count(*) FROM sqlite_master").fetchone()[0]:  # a new file: before its
                 conn.execute("PRAGMA auto_vacuum=INCREMENTAL")  # tables (an existing one is never written here)
-            conn.execute("PRAGMA journal_mode=WAL")
-            conn.execute("PRAGMA synchronous=FULL")
+            _set_modes(conn)
             conn.execute("BEGIN IMMEDIATE")
             has_jobs = conn.execute("SELECT 1 FROM sqlite_master WHERE name='jobs'").fetchone()
             version = None
@@ -324,12 +347,53 @@ class Journal:
                     conn.execute("ROLLBACK")
 
     async def _run(self, fn: Callable[..., T], *args: Any) -> T:
-        """Run one write on the journal's thread; a write SQLite cannot make (a full disk or
-        database, a read-only or vanished file) is a ResourceError naming the journal."""
+        """Run one write on the journal's thread, its path checked first (:meth:`_keep_in_place`); a
+        write SQLite cannot make (a full disk or database, a read-only file) is a ResourceError naming
+        the journal."""
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, fn, *args)
-        except sqlite3.Error as e:
+            return await asyncio.get_running_loop().run_in_executor(self._pool, self._in_place, fn, *args)
+        except (sqlite3.Error, OSError) as e:
             raise ResourceError(f"the journal {self.path} cannot be written: {e}") from None
+
+    def _in_place(self, fn: Callable[..., T], *args: Any) -> T:
+        self._keep_in_place()
+        return fn(*args)
+
+    def _keep_in_place(self) -> None:
+        """On the journal's thread: where the journal's path no longer names the open file (removed,
+        or its folder), copy the open database there (SQLite's backup, into a temporary file renamed
+        into place) with its .id, and go on with that file: the jobs stay where a restart reads them.
+        ResourceError where the path now holds another file (not overwritten: see the module
+        docstring)."""
+        now = _file_identity(self.path)
+        if now == self._file:
+            return
+        if now is not None:
+            raise ResourceError(f"{self.path}: another file was put in the journal's place while the daemon runs; "
+                                "nothing more is written (this daemon's jobs are in its open journal until it "
+                                "stops): restart the daemon to use the journal now there")
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:8]}.restore")
+        os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # it holds witnesses: owner only
+        try:
+            copy = sqlite3.connect(tmp)
+            try:
+                self._conn.backup(copy)
+            finally:
+                copy.close()
+            self._conn.close()  # its last checkpoint goes into the unlinked file, and its -wal at the path
+            os.replace(tmp, self.path)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
+        _set_modes(self._conn)
+        with atomic_output(_marker_path(self.path), "w") as f:
+            f.write(self._journal_id + "\n")
+        self._file = _file_identity(self.path)
+        jobs = self._conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
+        log.error("journal %s was removed while the daemon ran: written again there from the open journal "
+                  "(%d job(s)), with its .id; whatever removed it may do so again", self.path, jobs)
 
     def _insert(self, e: JournalEntry) -> None:
         self._conn.execute(
@@ -450,9 +514,15 @@ class Journal:
                                 "quarantined_at": t} for j, r, t in latest]}
 
     def close(self) -> None:
-        """Finish pending writes and close the file (idempotent)."""
-        self._closed = True
-        self._pool.shutdown(wait=True)
+        """Finish pending writes and close the file (idempotent); a journal removed meanwhile is
+        written again first (:meth:`_keep_in_place`), so the jobs it holds are there at the next start."""
+        if not self._closed:
+            self._closed = True
+            self._pool.shutdown(wait=True)
+            try:
+                self._keep_in_place()
+            except (CuzkError, sqlite3.Error, OSError) as e:
+                log.error("journal %s: %s", self.path, e)
         try:
             self._conn.close()
         except sqlite3.ProgrammingError:
