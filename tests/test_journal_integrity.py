@@ -371,3 +371,30 @@ def test_a_file_put_in_the_running_journals_place_is_not_overwritten(tmp_path: P
         asyncio.run(j.add(_entry(1)))
     j.close()
     assert path.read_bytes() == b"someone else's file"
+
+
+def test_a_daemon_whose_param_cache_was_removed_keeps_every_job_across_its_restart(tmp_path: Path) -> None:
+    """The daemon's side of the journal written again: the param cache folder holding the journal
+    removed under a running daemon, which then accepts one more job and stops; the next daemon has
+    the done job's result and runs the unfinished ones again."""
+    journal = tmp_path / "state" / "journal.sqlite"
+
+    async def first(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            await c.prove("syn", synthetic_partitions(1, 0), request_id="done-0", timeout_s=10)
+            d.engine.gate.clear()
+            await c.submit("syn", synthetic_partitions(1, 1), request_id="open-0")
+            shutil.rmtree(journal.parent)
+            await c.submit("syn", synthetic_partitions(1, 2), request_id="open-1")
+
+    run_daemon(tmp_path, first, journal=str(journal))
+    assert journal.exists() and Path(f"{journal}.id").exists()
+
+    async def second(d: Daemon, addr: str) -> None:
+        assert d.engine.submitted == ["open-0", "open-1"]
+        async with await AsyncClient.connect(addr) as c:
+            assert (await c.await_proof("done-0", 0)).state == "done"
+            for job in ("open-0", "open-1"):
+                assert (await c.await_proof(job, timeout_s=10)).state == "done"
+
+    run_daemon(tmp_path, second, journal=str(journal))
