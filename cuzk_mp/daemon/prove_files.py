@@ -23,8 +23,6 @@ from cuzk_mp.errors import AuthError, InputError, ProofError, error_from_kind
 from cuzk_mp.formats.atomic import write_json_files
 
 
-
-
 class Unreachable(Exception):
     """The daemon did not answer or went away mid-call (nothing was written)."""
 
