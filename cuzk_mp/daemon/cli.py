@@ -215,14 +215,9 @@ def check_writable_places(cfg: Any) -> None:
             raise ConfigError(f"{source}: {key}: {folder} cannot be written: {problem}")
     if os.path.lexists(cfg.journal_path):  # the journal itself, where it is there: SQLite opens a regular file
         # alone, and says "unable to open database file" or "disk I/O error" of a folder, a FIFO or a device
-        from cuzk_mp.errors import InputError
-        from cuzk_mp.formats.atomic import open_regular
+        from cuzk_mp.daemon.config import check_regular_file
 
-        try:
-            fd, _ = open_regular(cfg.journal_path, str(cfg.journal_path))
-        except InputError as e:
-            raise ConfigError(f"{source}: daemon.journal: {e}") from None
-        os.close(fd)
+        check_regular_file(f"{source}: daemon.journal", cfg.journal_path)
 
 
 def check_summary(cfg: Any, warnings: int = 0) -> str:

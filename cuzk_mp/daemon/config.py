@@ -148,7 +148,7 @@ def _circuit(cid: str, c: CircuitSection, base: Path, source: str) -> CircuitCon
             raise ConfigError(f"{key}.{name}: {path} is a folder, not a file")
         if not path.exists():  # a dangling symlink too
             raise ConfigError(f"{key}.{name}: file not found: {path}")
-        _check_regular(f"{key}.{name}", path)
+        check_regular_file(f"{key}.{name}", path)
         files[name] = path
     assert files["zkey"] is not None
     _check_key_files(key, files["zkey"], files["r1cs"])
@@ -157,10 +157,11 @@ def _circuit(cid: str, c: CircuitSection, base: Path, source: str) -> CircuitCon
     return CircuitConfig(spec, Priority[c.priority])
 
 
-def _check_regular(key: str, path: Path) -> None:
+def check_regular_file(key: str, path: Path) -> None:
     """``path`` a regular file this process can open (ConfigError naming ``key`` and what it is
     otherwise): a FIFO, a device or an unreadable file is there, so "file not found" would send the
-    operator looking for the wrong thing, and a FIFO read by a job would wait on its writer."""
+    operator looking for the wrong thing, and a FIFO read by a job (or opened by SQLite, the
+    journal) would wait on its writer or fail with a message that does not say why."""
     import os
 
     from cuzk_mp.errors import InputError
