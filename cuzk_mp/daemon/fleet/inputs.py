@@ -101,28 +101,27 @@ def store_inputs(data: bytes, directory: Path, ref: InputsRef | None = None) -> 
     except FileNotFoundError:  # absent, or removed as stale a moment ago
         kept = False
     if not kept:
-        fd, tmp = tempfile.mkstemp(dir=directory, prefix=INCOMING_PREFIX)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(data)
-            os.replace(tmp, path)
-        except BaseException:
-            Path(tmp).unlink(missing_ok=True)
-            raise
+        _replace(path, data)
     return ref
+
+
+def _replace(path: Path, data: bytes) -> None:
+    """Write ``data`` as ``path`` whole: into a temporary of its folder (``INCOMING_PREFIX``: one that a
+    box killed meanwhile leaves is removed by :func:`remove_stale_inputs`), renamed over it."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=INCOMING_PREFIX)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
 
 
 def write_marker(directory: Path, share_id: str) -> None:
     """Write the shared folder's marker holding ``share_id`` (atomically; the folder made if absent)."""
     directory.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=directory, prefix=INCOMING_PREFIX)
-    try:
-        with os.fdopen(fd, "w") as f:
-            f.write(share_id + "\n")
-        os.replace(tmp, directory / MARKER_NAME)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    _replace(directory / MARKER_NAME, (share_id + "\n").encode())
 
 
 def read_marker(directory: Path) -> str | None:
