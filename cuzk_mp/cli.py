@@ -57,21 +57,43 @@ BACKEND_HELP = "auto (the default): the GPU where CuPy sees one, else the CPU"
 
 # --- the parsers -----------------------------------------------------------------------------
 
-# The positional files of each snarkjs verb: (dest, snarkjs 0.7.6's default name, what it is).
-ZKEY = ("zkey", "circuit_final.zkey", "proving key")
-PROOF_OUT = ("proof", "proof.json", "proof written here")
-PUBLIC_OUT = ("public", "public.json", "public signals written here")
-WASM = ("wasm", "circuit.wasm", "circom witness generator")
-INPUT = ("input", "input.json", "circuit input")
+@dataclass(frozen=True)
+class FileArg:
+    """The type of a file (or folder) argument: the Path given, refusing what no verb can take.
+
+    ``what`` names the file in the refusals ("the proving key"); ``stream`` is the path that reads or
+    writes the standard stream where the verb takes one there (/dev/stdin for a JSON input,
+    /dev/stdout for an output written in place: :func:`~.formats.atomic.atomic_output`)."""
+
+    what: str
+    output: bool = False
+    stream: str = ""
+
+    def __call__(self, value: str) -> Path:
+        """``value`` as a Path; argparse reports the ArgumentTypeError of one refused, naming the argument."""
+        if not value:  # an unset shell variable (``g16p "$KEY" ...``): as a Path, the current folder (".")
+            raise argparse.ArgumentTypeError("an empty file name (an unset variable?)")
+        if value == "-":  # snarkjs opens a file named "-"; here it would be one in the working folder
+            std = "output" if self.output else "input"
+            how = f" ({self.stream} {'writes to' if self.output else 'reads'} standard {std})" if self.stream else ""
+            raise argparse.ArgumentTypeError(f"- (standard {std}) is not accepted for the {self.what}: "
+                                             f"give a path{how}")
+        return Path(value)
 
 
-def _file(value: str) -> Path:
-    """A file (or folder) argument: a Path, refusing an empty one, which an unset shell variable
-    gives (``g16p "$KEY" ...``): as a Path it is the current folder ("."), and a message about "."
-    would not say which argument was empty."""
-    if not value:
-        raise argparse.ArgumentTypeError("an empty file name (an unset variable?)")
-    return Path(value)
+def _json_input(what: str) -> FileArg:
+    """The type of a JSON input, which a pipe may give (/dev/stdin)."""
+    return FileArg(what, stream="/dev/stdin")
+
+
+# The positional files of each snarkjs verb: (dest, snarkjs 0.7.6's default name, help, its type).
+ZKEY = ("zkey", "circuit_final.zkey", "proving key", FileArg("proving key"))
+PROOF_OUT = ("proof", "proof.json", "proof written here", FileArg("proof", output=True, stream="/dev/stdout"))
+PUBLIC_OUT = ("public", "public.json", "public signals written here",
+              FileArg("public signals", output=True, stream="/dev/stdout"))
+WASM = ("wasm", "circuit.wasm", "circom witness generator", FileArg("witness generator", stream="/dev/stdin"))
+INPUT = ("input", "input.json", "circuit input", _json_input("circuit input"))
+R1CS = FileArg("circuit")
 
 
 @dataclass(frozen=True)
@@ -81,7 +103,7 @@ class SnarkjsVerb:
     alias: str
     words: tuple[str, ...]
     help: str
-    files: tuple[tuple[str, str, str], ...]
+    files: tuple[tuple[str, str, str, FileArg], ...]
     func: Callable[[argparse.Namespace], int]
     proves: bool = False  # takes --backend, --r1cs and --no-verify (every verb takes --protocol groth16)
     connects: bool = False  # takes --connect and --token (a running daemon proves)
@@ -89,14 +111,14 @@ class SnarkjsVerb:
 
     def add_arguments(self, p: argparse.ArgumentParser) -> None:
         """The verb's positional files (each optional, with snarkjs's default) and options."""
-        for dest, default, what in self.files:
-            p.add_argument(dest, type=_file, nargs="?", default=Path(default), help=f"{what} (default {default})")
+        for dest, default, what, kind in self.files:
+            p.add_argument(dest, type=kind, nargs="?", default=Path(default), help=f"{what} (default {default})")
         # snarkjs reads its options on any verb (and ignores those a verb has no use for)
         p.add_argument("--protocol", choices=("groth16",), default="groth16",
                        help="snarkjs's option, taken for its scripts: groth16 is the one protocol here")
         if self.proves:
             p.add_argument("--backend", default="auto", choices=BACKENDS, help=BACKEND_HELP)
-            p.add_argument("--r1cs", type=_file,
+            p.add_argument("--r1cs", type=R1CS,
                            help="check the witness against this circuit first (names the failing constraint)")
             p.add_argument("--no-verify", action="store_true",
                            help="skip the self-verification of the proof (benchmarks)")
@@ -117,20 +139,25 @@ class SnarkjsVerb:
 
 SNARKJS_VERBS = (
     SnarkjsVerb("g16p", ("groth16", "prove"), "a proof from a witness: ZKEY WTNS PROOF.json PUBLIC.json",
-                (ZKEY, ("wtns", "witness.wtns", "witness"), PROOF_OUT, PUBLIC_OUT), _cmd_prove, proves=True,
+                (ZKEY, ("wtns", "witness.wtns", "witness", FileArg("witness")), PROOF_OUT, PUBLIC_OUT), _cmd_prove,
+                proves=True,
                 connects=True, more_aliases=("zpw",)),
     SnarkjsVerb("g16f", ("groth16", "fullprove"), "witness + proof in one call (no .wtns on disk): INPUT.json "
                 "WASM ZKEY PROOF.json PUBLIC.json", (INPUT, WASM, ZKEY, PROOF_OUT, PUBLIC_OUT), _cmd_fullprove,
                 proves=True, connects=True, more_aliases=("g16i",)),
     SnarkjsVerb("g16v", ("groth16", "verify"), "verify VK.json PUBLIC.json PROOF.json: prints OK! (exit 0) or "
-                "why not (exit 1)", (("vk", "verification_key.json", "verification key"),
-                                     ("public", "public.json", "public signals"), ("proof", "proof.json", "proof")),
+                "why not (exit 1)",
+                (("vk", "verification_key.json", "verification key", _json_input("verification key")),
+                 ("public", "public.json", "public signals", _json_input("public signals")),
+                 ("proof", "proof.json", "proof", _json_input("proof"))),
                 _cmd_verify),
     SnarkjsVerb("zkev", ("zkey", "export", "verificationkey"), "export the verification key: ZKEY VK.json",
-                (ZKEY, ("vk", "circuit_vk.json", "verification key written here (snarkjs's default name)")),
+                (ZKEY, ("vk", "circuit_vk.json", "verification key written here (snarkjs's default name)",
+                        FileArg("verification key", output=True, stream="/dev/stdout"))),
                 _cmd_export_vk),
     SnarkjsVerb("wc", ("wtns", "calculate"), "calculate a witness: WASM INPUT.json WITNESS.wtns",
-                (WASM, INPUT, ("wtns", "witness.wtns", "witness written here")), _cmd_wtns_calculate),
+                (WASM, INPUT, ("wtns", "witness.wtns", "witness written here",
+                               FileArg("witness", output=True, stream="/dev/stdout"))), _cmd_wtns_calculate),
 )
 GROUP_HELP = {("groth16",): "prove and verify (snarkjs's arguments)", ("zkey",): "zkey tools",
               ("zkey", "export"): "export parts of a zkey", ("wtns",): "witness tools"}
@@ -155,8 +182,9 @@ def _snarkjs_verbs(sub: argparse._SubParsersAction) -> None:
 def _own_verbs(sub: argparse._SubParsersAction) -> None:
     s = sub.add_parser("setup", help="INSECURE development setup: CIRCUIT.r1cs -> CIRCUIT.zkey (random "
                        "toxic waste)")
-    s.add_argument("r1cs", type=_file, help="the circuit (circom's .r1cs)")
-    s.add_argument("zkey", type=_file, help="the proving key written here (snarkjs's .zkey)")
+    s.add_argument("r1cs", type=R1CS, help="the circuit (circom's .r1cs)")
+    s.add_argument("zkey", type=FileArg("proving key", output=True),
+                   help="the proving key written here (snarkjs's .zkey)")
     s.add_argument("--backend", default="auto", choices=BACKENDS, help=BACKEND_HELP)
     s.set_defaults(func=_cmd_setup, default_log_level="INFO")  # long runs: progress, rate and ETA by default
 
@@ -172,8 +200,8 @@ def _own_verbs(sub: argparse._SubParsersAction) -> None:
                        ("dense-random", "the dense synthetic circuit (every witness value full-width random)")):
         pl = c_sub.add_parser(kind, help=f"{what}: writes its .r1cs and a sample .wtns")
         pl.add_argument("--log-n", type=int, required=True, help="log2 of the number of rows (domain size)")
-        pl.add_argument("out_dir", type=_file, help=f"folder for {kind}-LOG_N.r1cs and {kind}-LOG_N.wtns "
-                        "(made if missing)")
+        pl.add_argument("out_dir", type=FileArg("folder", output=True),
+                        help=f"folder for {kind}-LOG_N.r1cs and {kind}-LOG_N.wtns (made if missing)")
         pl.add_argument("--seed", type=int, default=0, help="the sample witness's seed (default 0)")
         pl.add_argument("--partition", type=int, default=0,
                         help="the sample witness's partition index (default 0): each (seed, partition) is "

@@ -129,6 +129,42 @@ def test_an_empty_file_name_is_a_usage_error(argv: list[str], capsys: pytest.Cap
     assert "an empty file name (an unset variable?)" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["g16p", "-", "w.wtns"], "argument zkey: - (standard input) is not accepted for the proving key: give a path"),
+    (["g16p", "k.zkey", "-"], "argument wtns: - (standard input) is not accepted for the witness: give a path"),
+    (["g16p", "--r1cs", "-"], "argument --r1cs: - (standard input) is not accepted for the circuit: give a path"),
+    (["g16p", "k.zkey", "w.wtns", "-"], "argument proof: - (standard output) is not accepted for the proof: give a "
+     "path (/dev/stdout writes to standard output)"),
+    (["g16f", "-"], "argument input: - (standard input) is not accepted for the circuit input: give a path "
+     "(/dev/stdin reads standard input)"),
+    (["g16v", "vk.json", "-"], "argument public: - (standard input) is not accepted for the public signals"),
+    (["wc", "c.wasm", "in.json", "-"], "argument wtns: - (standard output) is not accepted for the witness: give "
+     "a path (/dev/stdout writes to standard output)"),
+    (["setup", "c.r1cs", "-"], "argument zkey: - (standard output) is not accepted for the proving key: give a "
+     "path\n"),
+    (["circuit", "porep-like", "--log-n", "10", "-"], "argument out_dir: - (standard output) is not accepted for "
+     "the folder: give a path"),
+])
+def test_a_dash_is_refused_naming_what_it_stands_for(argv: list[str], message: str,
+                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """``-`` is no file here, as in snarkjs, whose verbs open a file named "-": it was read as one
+    ("-: cannot read") or, as an output, a file named "-" was written in the working folder. It is
+    refused by the argument it stands for, with the path that reads or writes the standard stream
+    where the verb takes one (a JSON file, a witness written in place)."""
+    with pytest.raises(SystemExit) as ended:
+        cli.build_parser().parse_args(argv)
+    assert ended.value.code == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_dash_output_writes_no_file_named_dash(circuit: dict[str, Path], tmp_path: Path) -> None:
+    """``g16p KEY WTNS - public.json`` proves nothing and writes nothing, where it wrote a file "-"."""
+    proc = run_cli("g16p", circuit["zkey"], circuit["wtns"], "-", "q.json", "--backend", "cpu", cwd=tmp_path)
+    assert_message(proc, 2, "- (standard output) is not accepted for the proof")
+    assert list(tmp_path.iterdir()) == []
+
+
+
 @pytest.mark.parametrize("argv", [
     ["g16p", "--", "-k.zkey", "-w.wtns", "-p.json", "-q.json"],
     ["g16p", "--backend", "cpu", "--", "-k.zkey", "-w.wtns", "-p.json", "-q.json"],
