@@ -59,7 +59,8 @@ BACKEND_HELP = "auto (the default): the GPU where CuPy sees one, else the CPU"
 
 @dataclass(frozen=True)
 class FileArg:
-    """The type of a file (or folder) argument: the Path given, refusing what no verb can take.
+    """The type of a file (or folder) argument: the Path given, refusing what no verb can take:
+    an empty name, ``-`` and a file's name with a trailing slash (see the README).
 
     ``what`` names the file in the refusals ("the proving key"); ``stream`` is the path that reads or
     writes the standard stream where the verb takes one there (/dev/stdin for a JSON input,
@@ -68,6 +69,7 @@ class FileArg:
     what: str
     output: bool = False
     stream: str = ""
+    folder: bool = False  # the argument is a folder, which a trailing slash may name
 
     def __call__(self, value: str) -> Path:
         """``value`` as a Path; argparse reports the ArgumentTypeError of one refused, naming the argument."""
@@ -78,7 +80,12 @@ class FileArg:
             how = f" ({self.stream} {'writes to' if self.output else 'reads'} standard {std})" if self.stream else ""
             raise argparse.ArgumentTypeError(f"- (standard {std}) is not accepted for the {self.what}: "
                                              f"give a path{how}")
-        return Path(value)
+        path = Path(value)  # "k.zkey/" and "k.zkey/." are Path("k.zkey"): the slash that says "a folder" is gone
+        if not self.folder and value.endswith(("/", "/.")) and not os.path.isdir(value):
+            # POSIX refuses such a name for a file (ENOTDIR); the Path would have opened or written the file
+            which = f"{path} is a file" if os.path.exists(path) else f"the {self.what} is a file"
+            raise argparse.ArgumentTypeError(f"{value}: names a folder, but {which}")
+        return path
 
 
 def _json_input(what: str) -> FileArg:
@@ -200,7 +207,7 @@ def _own_verbs(sub: argparse._SubParsersAction) -> None:
                        ("dense-random", "the dense synthetic circuit (every witness value full-width random)")):
         pl = c_sub.add_parser(kind, help=f"{what}: writes its .r1cs and a sample .wtns")
         pl.add_argument("--log-n", type=int, required=True, help="log2 of the number of rows (domain size)")
-        pl.add_argument("out_dir", type=FileArg("folder", output=True),
+        pl.add_argument("out_dir", type=FileArg("folder", output=True, folder=True),
                         help=f"folder for {kind}-LOG_N.r1cs and {kind}-LOG_N.wtns (made if missing)")
         pl.add_argument("--seed", type=int, default=0, help="the sample witness's seed (default 0)")
         pl.add_argument("--partition", type=int, default=0,

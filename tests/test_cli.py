@@ -163,6 +163,26 @@ def test_a_dash_output_writes_no_file_named_dash(circuit: dict[str, Path], tmp_p
     assert_message(proc, 2, "- (standard output) is not accepted for the proof")
     assert list(tmp_path.iterdir()) == []
 
+def test_a_trailing_slash_on_a_file_is_refused(circuit: dict[str, Path], tmp_path: Path) -> None:
+    """``KEY.zkey/`` names a folder (POSIX: ENOTDIR on a file), and ``proof.json/`` too: refused naming
+    the argument as given, before any work, where the slash was dropped (the key read, the proof
+    written to proof.json). A folder given with its slash is named as a folder, as without it."""
+    zkey, wtns = circuit["zkey"], circuit["wtns"]
+    assert_message(run_cli("g16p", f"{zkey}/", wtns, tmp_path / "p.json", tmp_path / "q.json"), 2,
+                   f"argument zkey: {zkey}/: names a folder, but {zkey} is a file")
+    assert_message(run_cli("g16p", zkey, wtns, f"{tmp_path / 'p.json'}/", tmp_path / "q.json", "--backend", "cpu"), 2,
+                   f"argument proof: {tmp_path / 'p.json'}/: names a folder, but the proof is a file")
+    (tmp_path / "q.json").write_text("old")
+    assert_message(run_cli("g16p", zkey, wtns, tmp_path / "p.json", f"{tmp_path / 'q.json'}/", "--backend", "cpu"), 2,
+                   f"argument public: {tmp_path / 'q.json'}/: names a folder, but {tmp_path / 'q.json'} is a file")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["q.json"] and (tmp_path / "q.json").read_text() == "old"
+    for argv in (["g16p", f"{zkey}/."], ["g16p", "--r1cs", f"{circuit['r1cs']}//"], ["setup", "c.r1cs", "k.zkey/"]):
+        with pytest.raises(SystemExit):
+            cli.build_parser().parse_args(argv)
+    assert_message(run_cli("zkev", f"{tmp_path}/", tmp_path / "vk.json"), 2, f"{tmp_path}: cannot read: Is a directory")
+    ns = cli.build_parser().parse_args(["circuit", "porep-like", "--log-n", "10", f"{tmp_path}/"])
+    assert ns.out_dir == tmp_path  # a folder argument may end in a slash
+
 
 
 @pytest.mark.parametrize("argv", [
