@@ -117,3 +117,43 @@ def test_an_interrupted_wait_for_a_builder_child_stops_the_child() -> None:
             if p.name == "cuzk-test-sleeper":
                 p.kill()
                 p.join()
+
+
+@pytest.mark.parametrize(("room", "code", "says"), [
+    (64 << 10, 2, "CACHE/porep-like-10.r1cs: cannot write it: No space left on device (the file system of CACHE "
+     "is full)"),
+    (256 << 10, 4, "CACHE/porep-like-10.zkey: the key of 1016 wires takes ~572 KiB; 48 KiB are free on its file "
+     "system"),
+])
+def test_a_daemon_whose_param_cache_is_full_names_the_key_file_and_the_folder(room: int, code: int, says: str,
+                                                                             tmp_path: Path) -> None:
+    """A daemon that makes a synthetic circuit's dev key in a param cache on a full file system (a
+    small tmpfs in a private mount namespace: too small for the r1cs, then for the key) ends saying
+    which cache file could not be written and which folder is full, where it named the hidden
+    temporary (``.porep-like-10.zkey.XXXX.tmp``) the file is made in; no temporary is left there.
+    Skipped, saying so, where no mount namespace can be made."""
+    import os
+    import shutil
+    import subprocess
+    import sys
+
+    from tests.helpers import ENV, config_text
+
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1): cannot make a private mount namespace for a small tmpfs")
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    config = tmp_path / "d.toml"
+    config.write_text(config_text(tmp_path, cache, prefix=f"cuzk-full-{os.getpid()}",
+                                  circuits='[circuits.syn]\nsynthetic = "porep-like"\nlog_n = 10\n'))
+    script = (f"mount -t tmpfs -o size={room} none {cache} || exit 99; "
+              f"{sys.executable} -m cuzk_mp daemon --config {config}; code=$?; ls -A {cache}; exit $code")
+    prefix = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    proc = subprocess.run(["unshare", *prefix, "--mount", "sh", "-c", script], env=ENV, capture_output=True,
+                          text=True, timeout=300)
+    if proc.returncode == 99 or "unshare:" in proc.stderr:
+        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()[-200:]}")
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == code, (proc.returncode, proc.stderr[-3000:])
+    assert says.replace("CACHE", str(cache)) in last and ".tmp" not in last, last
+    assert proc.stdout.split() == ["porep-like-10.lock"], proc.stdout  # no temporary left

@@ -28,6 +28,7 @@ the INSECURE dev setup, as every key of this module is.
 
 from __future__ import annotations
 
+import errno
 import fcntl
 import hashlib
 import logging
@@ -35,12 +36,13 @@ import multiprocessing as mp
 import os
 import re
 import tempfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import TYPE_CHECKING
 
 from ..circuits.synthetic_kinds import synthetic_circuit
-from ..errors import CuzkError, FormatError
+from ..errors import CuzkError, FormatError, OutputError, ResourceError
 from ..groth16.circuit_data_file import FileIdentity
 
 if TYPE_CHECKING:
@@ -90,7 +92,8 @@ def ensure_synthetic_key(kind: str, log_n: int, cache_dir: Path, backend: str = 
         _remove_dead_builders_files(cache_dir, (zkey, r1cs))
         fresh = _temp_path(r1cs)
         try:
-            write_r1cs(fresh, circuit.r1cs())
+            with _named_as(r1cs, fresh):
+                write_r1cs(fresh, circuit.r1cs())
             if zkey.exists() and r1cs.exists() and _same_bytes(fresh, r1cs):
                 if _readable_key(zkey):
                     return zkey, r1cs
@@ -102,7 +105,8 @@ def ensure_synthetic_key(kind: str, log_n: int, cache_dir: Path, backend: str = 
             log.warning("making the INSECURE development key of %s 2^%d in %s (once)", kind, log_n, cache_dir)
             tmp_zkey = _temp_path(zkey)
             try:
-                _run_setup(fresh, tmp_zkey, backend)
+                with _named_as(zkey, tmp_zkey):
+                    _run_setup(fresh, tmp_zkey, backend, zkey)
                 os.replace(fresh, r1cs)  # r1cs first: a zkey is only ever paired with its own r1cs
                 os.replace(tmp_zkey, zkey)
             finally:
@@ -169,8 +173,9 @@ def device_toxic_waste(kind: str, log_n: int, cache_dir: Path) -> ToxicWaste:
         toxic = ToxicWaste.fresh(log_n)
         tmp = _temp_path(path)
         try:
-            os.chmod(tmp, 0o600)
-            tmp.write_text(f"{toxic.tau} {toxic.alpha} {toxic.beta} {toxic.delta}\n")
+            with _named_as(path, tmp):
+                os.chmod(tmp, 0o600)
+                tmp.write_text(f"{toxic.tau} {toxic.alpha} {toxic.beta} {toxic.delta}\n")
             os.replace(tmp, path)
         finally:
             tmp.unlink(missing_ok=True)
@@ -283,6 +288,30 @@ def _temp_path(final: Path) -> Path:
     return Path(name)
 
 
+@contextmanager
+def _named_as(final: Path, tmp: Path) -> Iterator[None]:
+    """The errors of writing the cache file ``final`` through its temporary ``tmp`` (:func:`_temp_path`)
+    name ``final``, the file the user knows, never the hidden ``.NAME.XXXX.tmp`` (removed by the
+    caller), and a full disk names the folder whose file system is full."""
+    hidden = os.fspath(tmp)
+    try:
+        yield
+    except (OutputError, OSError) as exc:  # atomic_output's, naming the path it was given; or a write's here
+        cause = exc.__cause__ if isinstance(exc, OutputError) else exc
+        full = isinstance(cause, OSError) and cause.errno in (errno.ENOSPC, errno.EDQUOT)
+        named = exc.path if isinstance(exc, OutputError) else exc.filename
+        ours = str(named) == hidden if named is not None else full  # a write's here may name no file
+        if not ours:
+            raise
+        problem = exc.problem if isinstance(exc, OutputError) else exc.strerror or str(exc)
+        raise OutputError(final, problem + (f" (the file system of {final.parent} is full)" if full else "")
+                          ) from exc
+    except ResourceError as exc:  # the setup's room check, made before the key
+        if hidden not in str(exc):
+            raise
+        raise ResourceError(str(exc).replace(hidden, os.fspath(final))) from exc
+
+
 def _same_bytes(a: Path, b: Path) -> bool:
     if a.stat().st_size != b.stat().st_size:
         return False
@@ -308,7 +337,9 @@ def _setup(r1cs: str, zkey: str, backend: str, log_level: str | None = None) -> 
     setup_file(r1cs, zkey, get_backend(backend))
 
 
-def _run_setup(r1cs: Path, zkey: Path, backend: str) -> None:
+def _run_setup(r1cs: Path, zkey: Path, backend: str, shown: Path) -> None:
+    """The dev setup of ``r1cs`` into ``zkey``, in a spawned child on a GPU; ``shown``: the key file
+    that messages name (``zkey`` is its temporary)."""
     from ..backends import resolve_backend_name
 
     resolved = resolve_backend_name(backend)
@@ -316,7 +347,7 @@ def _run_setup(r1cs: Path, zkey: Path, backend: str) -> None:
         _setup(str(r1cs), str(zkey), "cpu")
         return
     _in_child("cuzk-key-setup", _setup, (str(r1cs), str(zkey), resolved),
-              f"dev setup of {r1cs.name} on the {resolved} backend")
+              f"dev setup of {shown} on the {resolved} backend")
 
 
 def _in_child(name: str, target: Callable[..., None], args: tuple[object, ...], what: str) -> None:
