@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 import random
 import struct
 from pathlib import Path
@@ -85,3 +86,34 @@ def test_writer_rejects_unreduced(tmp_path: Path) -> None:
     with pytest.raises(ValueError, match=r"expected an \(n, 4\) uint64 array"):
         wtns_bytes(np.zeros((3, 6), dtype=np.uint64))
     assert not list(tmp_path.iterdir())
+
+
+def test_a_witness_file_is_read_not_mapped_and_one_cut_short_while_read_is_a_format_error(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A .wtns is copied into memory of its own whatever the reader: it is read (``pread``), never
+    mapped, so a witness cut short in place while it is read (rewritten by its generator) is a
+    FormatError naming it, where a mapping's page past the new end killed the prover with SIGBUS.
+    The array is the read bytes themselves (writable, no second copy)."""
+    import mmap
+
+    from cuzk_mp.formats import binfile
+
+    path = tmp_path / "w.wtns"
+    write_wtns(path, [1, 2, 3, 4])
+
+    def no_mapping(*args: object, **kwargs: object) -> None:
+        raise AssertionError("the witness file was mapped")
+
+    monkeypatch.setattr(mmap, "mmap", no_mapping)
+    values = read_wtns(path)
+    assert limbs_to_ints(values) == [1, 2, 3, 4] and values.flags.writeable
+    real_open = binfile.open_regular
+
+    def cut_after_open(p: object, shown: str) -> tuple[int, int]:
+        fd, size = real_open(p, shown)  # type: ignore[arg-type]
+        os.truncate(path, size - 40)  # the file shrinks between its size and its read
+        return fd, size
+
+    monkeypatch.setattr(binfile, "open_regular", cut_after_open)
+    with pytest.raises(FormatError, match=r"w\.wtns: .*truncated while read"):
+        read_wtns(path)

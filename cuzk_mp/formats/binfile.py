@@ -89,12 +89,21 @@ class BinFile:
     @classmethod
     def open(
         cls, path: str | os.PathLike[str], magic: str, versions: Sequence[int],
-        *, labels: Mapping[int, str] | None = None, name: str | None = None,
+        *, labels: Mapping[int, str] | None = None, name: str | None = None, read: bool = False,
     ) -> BinFile:
-        """Map ``path`` read-only and index its sections (FormatError if malformed)."""
+        """Map ``path`` read-only and index its sections (FormatError if malformed). With ``read``,
+        the file is read whole (``pread``) into memory of its own instead, for a file that is copied
+        anyway (:meth:`own_array`): a file cut short while it is read is then a FormatError, where a
+        mapping's page past the new end kills the reader with SIGBUS."""
         shown = describe_source(path, name)
         fd, size = open_regular(path, shown)
         try:
+            if read:
+                data = bytearray(size)
+                got = _pread_into(fd, memoryview(data))
+                if got < size:
+                    raise FormatError(shown, None, f"truncated while read: {size} bytes, got {got}")
+                return cls(memoryview(data), shown, magic, versions, labels)
             mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
         except OSError as exc:
             raise InputError(f"{shown}: cannot read: {exc.strerror or exc}") from exc
@@ -172,6 +181,15 @@ class BinFile:
         arr.flags.writeable = False
         return arr
 
+    def own_array(self, sid: int, dtype: Any, shape: int | tuple[int, ...]) -> np.ndarray:
+        """:meth:`section_array` as a writable array of its own: the read bytes themselves where the
+        file was read into memory of this object's (``BinFile.open(read=True)``), else a copy."""
+        arr = self.section_array(sid, dtype, shape)
+        if self._mm is None and not self._buf.readonly:
+            arr.flags.writeable = True  # over the bytearray read for this object alone
+            return arr
+        return arr.copy()
+
     def _locate(self, sid: int) -> tuple[int, int]:
         try:
             return self._sections[sid]
@@ -248,6 +266,20 @@ def _index(read: Any, total: int, name: str, magic: str, versions: Sequence[int]
     return int(version), sections, order
 
 
+_PREAD_MAX = 1 << 30  # Linux reads at most ~2 GiB in one call: a larger file takes several
+
+
+def _pread_into(fd: int, buf: memoryview) -> int:
+    """Fill ``buf`` from byte 0 of ``fd``; the bytes read, fewer where the file ends first."""
+    done = 0
+    while done < len(buf):
+        n = os.preadv(fd, [buf[done : done + _PREAD_MAX]], done)
+        if n == 0:
+            break
+        done += n
+    return done
+
+
 def read_sections(path: str | os.PathLike[str], magic: str, versions: Sequence[int], sids: Sequence[int], *,
                   labels: Mapping[int, str] | None = None, name: str | None = None) -> dict[int, bytes]:
     """The payloads of the sections ``sids`` of the file at ``path`` (FormatError if one is missing), read with
@@ -317,12 +349,13 @@ class FieldReader:
 
 def open_source(
     src: str | os.PathLike[str] | bytes | bytearray | memoryview, name: str | None, magic: str,
-    versions: Sequence[int], labels: Mapping[int, str],
+    versions: Sequence[int], labels: Mapping[int, str], *, read: bool = False,
 ) -> BinFile:
-    """:meth:`BinFile.open` for a path, :meth:`BinFile.from_bytes` for in-memory data."""
+    """:meth:`BinFile.open` for a path (``read``: read, not mapped), :meth:`BinFile.from_bytes` for
+    in-memory data."""
     if isinstance(src, (bytes, bytearray, memoryview)):
         return BinFile.from_bytes(src, describe_source(src, name), magic, versions, labels=labels)
-    return BinFile.open(src, magic, versions, labels=labels, name=name)
+    return BinFile.open(src, magic, versions, labels=labels, name=name, read=read)
 
 
 # ---------------------------------------------------------------------- writing

@@ -6,8 +6,9 @@ Layout (snarkjs-formats.md section 5.5; snarkjs ``wtns_utils.js``):
 * section 2: nWitness x n8 bytes, little-endian, standard form.
 
 w[0] = 1, w[1..nPublic] are the public signals, then the rest in r1cs wire
-order. The reader returns a private copy (the file is closed on return), so a
-witness file may be rewritten while its values are in use.
+order. The reader reads the file into memory of its own (``pread``, never a mapping: the file is
+closed on return), so a witness file may be rewritten while its values are in use, and one cut
+short while it is read is a FormatError.
 """
 
 from __future__ import annotations
@@ -34,7 +35,9 @@ def read_wtns(path_or_bytes: str | os.PathLike[str] | bytes | bytearray | memory
     FormatError (naming file and section) unless n8 == 32, the prime is
     BLS12-381's r, section 2 holds exactly n * 32 bytes and every value is < r.
     """
-    with open_source(path_or_bytes, name, MAGIC, (VERSION,), SECTION_LABELS) as bf:
+    # read, not mapped: the values are copied anyway, and a witness cut short in place while it is
+    # read (rewritten by its generator) is then a FormatError, not a SIGBUS
+    with open_source(path_or_bytes, name, MAGIC, (VERSION,), SECTION_LABELS, read=True) as bf:
         rd = FieldReader(bf, 1)
         n8 = rd.u32("n8")
         if n8 != N8:
@@ -44,7 +47,7 @@ def read_wtns(path_or_bytes: str | os.PathLike[str] | bytes | bytearray | memory
             raise bf.error(1, f"not a BLS12-381 witness: prime is {prime:#x}, expected r = {R_MOD:#x}")
         n = rd.u32("nWitness")
         rd.end()
-        values = bf.section_array(2, "<u8", (n, 4)).astype(np.uint64)
+        values = bf.own_array(2, "<u8", (n, 4))
     bad = first_not_below(values, FR.limbs)
     if bad >= 0:
         raise bf.error(2, f"value {bad} is >= r (not reduced)")
