@@ -440,6 +440,21 @@ def main(argv: Sequence[str] | None = None) -> int:
         return final_error(code, message)
 
 
+def _say_where_a_fatal_signal_struck() -> None:
+    """Python's faulthandler for a one-shot verb: a fatal signal prints "Fatal Python error: Bus
+    error" and each thread's Python stack before the process dies of it. The one expected is SIGBUS:
+    the .zkey (and its circuit-data cache) is mapped, never copied, and a read of a mapped page that a
+    truncation took away (a key copied over in place while a proof reads it) is answered by the
+    kernel with SIGBUS, which no Python code can catch; without this the shell said "Bus error" alone.
+    No stderr (``2>&-``): nothing to print to, left off."""
+    import faulthandler
+
+    try:
+        faulthandler.enable()
+    except (RuntimeError, ValueError, OSError, AttributeError):  # stderr None, closed, or with no descriptor
+        pass
+
+
 def run() -> None:
     """The console script: :func:`main`, then out of the process.
 
@@ -457,6 +472,7 @@ def run() -> None:
         stop_on_signals()
     if verb not in LOCAL_VERBS:
         sys.exit(main())
+    _say_where_a_fatal_signal_struck()
     from . import stackprof
 
     sampler = stackprof.start_from_env()  # where a one-shot command's time goes (CUZK_MP_STACK_PROFILE)

@@ -539,6 +539,28 @@ def test_an_input_from_a_pipe_is_read_no_further_than_its_limit(verb: str, tmp_p
     assert f"{src}: more than the limit of 1000 bytes of input JSON" in err, err
     assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("*.wtns"))
 
+def test_a_key_cut_short_while_a_proof_reads_it_says_where_the_bus_error_came_from(tmp_path: Path) -> None:
+    """A .zkey is mapped, never copied (keys reach ~100 GB): one cut short in place while a one-shot
+    ``groth16 prove`` reads it (``cp new.zkey key.zkey`` over it) kills the process with SIGBUS, the
+    kernel's answer to a read of a mapped page past the file's end. The process says so first, with
+    the Python stack that read it (the prover's), where it died with a bare "Bus error"."""
+    zkey, _ = small_circom_key(tmp_path)
+    wtns = REPO / "tests" / "data_formats" / "mul.wtns"
+    # the key cut short under its mapping before the prover reads its sections
+    script = ("import sys; from cuzk_mp import cli; from cuzk_mp.groth16 import prover; real = prover.prove\n"
+              "def prove(*args, **kwargs):\n"
+              f"    open({str(zkey)!r}, 'r+b').truncate(64)\n"
+              "    return real(*args, **kwargs)\n"
+              "prover.prove = prove; sys.argv[1:] = ['g16p', *sys.argv[1:]]; cli.run()\n")
+    env = {k: v for k, v in ENV.items() if k != "PYTHONFAULTHANDLER"}
+    proc = subprocess.run([sys.executable, "-c", script, str(zkey), str(wtns), str(tmp_path / "p.json"),
+                           str(tmp_path / "q.json"), "--backend", "cpu"], capture_output=True, text=True,
+                          timeout=120, cwd=REPO, env=env)
+    assert proc.returncode == -signal.SIGBUS, (proc.returncode, proc.stderr[-2000:])
+    assert "Fatal Python error: Bus error" in proc.stderr, proc.stderr[-2000:]
+    assert "cuzk_mp/groth16/prover.py" in proc.stderr, proc.stderr[-2000:]  # the stack that read the key
+    assert not list(tmp_path.glob("*.json"))
+
 
 def test_an_output_written_in_place_may_be_given_twice(tmp_path: Path) -> None:
     """A device or a pipe is written in place, never replaced, so a proof and its public signals
