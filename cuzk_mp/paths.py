@@ -52,8 +52,13 @@ def folder_problem(path: Path) -> str | None:
     return None
 
 
-def output_file_problem(path: Path) -> str | None:
-    """Why ``path`` cannot be an output file (a folder in the way, or its folder unusable), or None."""
+def output_file_problem(path: Path, *, folder_made: bool = True) -> str | None:
+    """Why ``path`` cannot be an output file (a folder in the way, or its folder unusable; without
+    ``folder_made``, for a writer that makes no folder, a missing one too), or None."""
     if Path(path).is_dir():  # "" too: Path("") is the current folder
         return "is a folder"
-    return folder_problem(Path(path).absolute().parent)
+    folder = Path(path).absolute().parent
+    problem = folder_problem(folder)
+    if problem is None and not folder_made and not folder.is_dir():
+        return f"no such folder: {folder}"
+    return problem

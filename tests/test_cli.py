@@ -561,6 +561,21 @@ def test_a_key_cut_short_while_a_proof_reads_it_says_where_the_bus_error_came_fr
     assert "cuzk_mp/groth16/prover.py" in proc.stderr, proc.stderr[-2000:]  # the stack that read the key
     assert not list(tmp_path.glob("*.json"))
 
+@pytest.mark.parametrize("verb", ["g16p", "g16f", "zkev", "wc", "setup"])
+def test_an_output_in_a_folder_that_cannot_take_it_is_refused_before_any_work(verb: str, tmp_path: Path) -> None:
+    """An output whose folder is missing or is a file is refused first, naming it and why (exit 2),
+    where a proof (minutes at 2^27), a key export or a witness was made and then could not be
+    written. The inputs here are bad: had they been read first, they would have been named."""
+    garbage = tmp_path / "garbage"
+    garbage.write_bytes(b"not any file a verb reads")
+    for out, why in ((tmp_path / "none" / "out", f"no such folder: {tmp_path / 'none'}"),
+                     (garbage / "out", f"{garbage} is not a folder")):
+        args = {"g16p": [garbage, garbage, out, tmp_path / "q.json", "--backend", "cpu"],
+                "g16f": [garbage, garbage, garbage, tmp_path / "p.json", out, "--backend", "cpu"],
+                "zkev": [garbage, out], "wc": [garbage, garbage, out], "setup": [garbage, out, "--backend", "cpu"]}
+        assert_message(run_cli(verb, *args[verb]), 2, f"{out}: cannot write it: {why}")
+    assert [p.name for p in tmp_path.iterdir()] == ["garbage"]
+
 
 def test_an_output_written_in_place_may_be_given_twice(tmp_path: Path) -> None:
     """A device or a pipe is written in place, never replaced, so a proof and its public signals

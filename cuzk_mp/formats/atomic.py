@@ -1,5 +1,6 @@
 """Files that appear whole or not at all: :func:`atomic_output` and the snarkjs-style :func:`write_json`;
-:func:`refuse_outputs_over_inputs`, which keeps an output from replacing an input; and
+:func:`refuse_outputs_over_inputs`, which keeps an output from replacing an input (and refuses one
+that has no folder to be written in) before any work; and
 :func:`read_at_most`, an input's bytes read within a limit, whatever the file (a pipe has no size).
 
 Standard library only (and the exception classes), so that a process that just writes a proof it
@@ -36,6 +37,7 @@ from contextlib import ExitStack, contextmanager
 from typing import IO, Any
 
 from ..errors import InputError, OutputError
+from ..paths import output_file_problem
 
 
 @contextmanager
@@ -242,18 +244,29 @@ def read_at_most(f: IO[bytes], limit: int) -> bytes:
     return parts[0] if len(parts) == 1 else b"".join(parts)  # one part: itself, not a copy
 
 
-def refuse_outputs_over_inputs(args: Any, outputs: Sequence[str], inputs: Sequence[str]) -> None:
+def refuse_outputs_over_inputs(args: Any, outputs: Sequence[str], inputs: Sequence[str], *,
+                               places: bool = True) -> None:
     """Refuse, before any work, an output path that names one of the command's inputs or another
     of its outputs (``g16p k.zkey w.wtns k.zkey public.json`` would replace the key by the proof;
     ``bench --json`` naming its ``--r1cs``, the r1cs by the result). ``outputs`` and ``inputs`` are
     attribute names of ``args``; one that is None (an option not given) is left out. An output
     written in place (a device, a pipe: :func:`atomic_output`) replaces nothing, so it may be given
-    twice, as snarkjs takes it (``g16p k.zkey w.wtns /dev/null /dev/null``)."""
+    twice, as snarkjs takes it (``g16p k.zkey w.wtns /dev/null /dev/null``). With ``places``, an
+    output whose folder is missing (:func:`atomic_output` makes none), is no folder or cannot be
+    written to is refused too (:func:`~cuzk_mp.paths.output_file_problem`), where a proof was made
+    (minutes at 2^27) and then could not be written; a caller that makes the folders checks them."""
     seen: dict[str, str] = {}
     for name in outputs:
         path = getattr(args, name)
         if path is None or _written_in_place(path):
             continue
+        if places:
+            try:
+                problem = output_file_problem(path, folder_made=False)
+            except OSError:  # a relative path in a working folder that is gone: its read or write names it
+                problem = None
+            if problem is not None:
+                raise OutputError(os.fspath(path), problem)
         try:
             real = os.path.realpath(path)
         except OSError:  # a relative path in a working folder that is gone: its read or write names it

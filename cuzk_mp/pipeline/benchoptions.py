@@ -122,7 +122,7 @@ def _check_outputs(args: argparse.Namespace) -> None:
         problem = None if path is None else folder_problem(path)
         if problem is not None:
             raise InputError(f"{option} {path}: {problem}")
-    refuse_outputs_over_inputs(args, ("json", "plot"), ("circuit", "wtns", "r1cs"))
+    refuse_outputs_over_inputs(args, ("json", "plot"), ("circuit", "wtns", "r1cs"), places=False)  # checked above
     if args.plot is not None:
         from matplotlib.figure import Figure  # present: require_matplotlib ran first
 
