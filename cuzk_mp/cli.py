@@ -46,6 +46,7 @@ from .exit_codes import (
     EXIT_UNREACHABLE,
 )
 from .logs import FORMATS, child_format, configure, final_error, library_level_problem
+from .paths import FileArg
 
 log = logging.getLogger("cuzk_mp.cli")
 
@@ -56,37 +57,6 @@ BACKEND_HELP = "auto (the default): the GPU where CuPy sees one, else the CPU"
 
 
 # --- the parsers -----------------------------------------------------------------------------
-
-@dataclass(frozen=True)
-class FileArg:
-    """The type of a file (or folder) argument: the Path given, refusing what no verb can take:
-    an empty name, ``-`` and a file's name with a trailing slash (see the README).
-
-    ``what`` names the file in the refusals ("the proving key"); ``stream`` is the path that reads or
-    writes the standard stream where the verb takes one there (/dev/stdin for a JSON input,
-    /dev/stdout for an output written in place: :func:`~.formats.atomic.atomic_output`)."""
-
-    what: str
-    output: bool = False
-    stream: str = ""
-    folder: bool = False  # the argument is a folder, which a trailing slash may name
-
-    def __call__(self, value: str) -> Path:
-        """``value`` as a Path; argparse reports the ArgumentTypeError of one refused, naming the argument."""
-        if not value:  # an unset shell variable (``g16p "$KEY" ...``): as a Path, the current folder (".")
-            raise argparse.ArgumentTypeError("an empty file name (an unset variable?)")
-        if value == "-":  # snarkjs opens a file named "-"; here it would be one in the working folder
-            std = "output" if self.output else "input"
-            how = f" ({self.stream} {'writes to' if self.output else 'reads'} standard {std})" if self.stream else ""
-            raise argparse.ArgumentTypeError(f"- (standard {std}) is not accepted for the {self.what}: "
-                                             f"give a path{how}")
-        path = Path(value)  # "k.zkey/" and "k.zkey/." are Path("k.zkey"): the slash that says "a folder" is gone
-        if not self.folder and value.endswith(("/", "/.")) and not os.path.isdir(value):
-            # POSIX refuses such a name for a file (ENOTDIR); the Path would have opened or written the file
-            which = f"{path} is a file" if os.path.exists(path) else f"the {self.what} is a file"
-            raise argparse.ArgumentTypeError(f"{value}: names a folder, but {which}")
-        return path
-
 
 def _json_input(what: str) -> FileArg:
     """The type of a JSON input, which a pipe may give (/dev/stdin)."""

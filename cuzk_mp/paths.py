@@ -6,13 +6,16 @@ and the daemon's defaults agree:
 specification; a relative ``XDG_CACHE_HOME`` is ignored, as the specification says), else
 ``~/.cache/cuzk-mp``. :func:`folder_problem` and :func:`output_file_problem` say, before any
 work, why a folder or an output file given on the command line or in a config could not be
-written (the daemon's journal and cache folders, the benchmark's outputs).
+written (the daemon's journal and cache folders, the benchmark's outputs). :class:`FileArg` is the
+type of every file and folder argument of the command line: what no verb can take is refused there.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 
 APP = "cuzk-mp"
@@ -62,3 +65,34 @@ def output_file_problem(path: Path, *, folder_made: bool = True) -> str | None:
     if problem is None and not folder_made and not folder.is_dir():
         return f"no such folder: {folder}"
     return problem
+
+
+@dataclass(frozen=True)
+class FileArg:
+    """The type of a file (or folder) argument: the Path given, refusing what no verb can take:
+    an empty name, ``-`` and a file's name with a trailing slash (README: "Proving like snarkjs").
+
+    ``what`` names the file in the refusals ("the proving key"); ``stream`` is the path that reads or
+    writes the standard stream where the verb takes one there (/dev/stdin for a JSON input,
+    /dev/stdout for an output written in place: :func:`~.formats.atomic.atomic_output`)."""
+
+    what: str
+    output: bool = False
+    stream: str = ""
+    folder: bool = False  # the argument is a folder, which a trailing slash may name
+
+    def __call__(self, value: str) -> Path:
+        """``value`` as a Path; argparse reports the ArgumentTypeError of one refused, naming the argument."""
+        if not value:  # an unset shell variable (``g16p "$KEY" ...``): as a Path, the current folder (".")
+            raise argparse.ArgumentTypeError("an empty file name (an unset variable?)")
+        if value == "-":  # snarkjs opens a file named "-"; here it would be one in the working folder
+            std = "output" if self.output else "input"
+            how = f" ({self.stream} {'writes to' if self.output else 'reads'} standard {std})" if self.stream else ""
+            raise argparse.ArgumentTypeError(f"- (standard {std}) is not accepted for the {self.what}: "
+                                             f"give a path{how}")
+        path = Path(value)  # "k.zkey/" and "k.zkey/." are Path("k.zkey"): the slash that says "a folder" is gone
+        if not self.folder and value.endswith(("/", "/.")) and not os.path.isdir(value):
+            # POSIX refuses such a name for a file (ENOTDIR); the Path would have opened or written the file
+            which = f"{path} is a file" if os.path.exists(path) else f"the {self.what} is a file"
+            raise argparse.ArgumentTypeError(f"{value}: names a folder, but {which}")
+        return path

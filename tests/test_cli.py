@@ -156,6 +156,29 @@ def test_a_dash_is_refused_naming_what_it_stands_for(argv: list[str], message: s
     assert ended.value.code == 2
     assert message in capsys.readouterr().err
 
+@pytest.mark.parametrize(("argv", "message"), [
+    (["daemon", "--config", "-"], "argument --config: - (standard input) is not accepted for the config file"),
+    (["daemon", "--config", "CFG/"], "argument --config: CFG/: names a folder, but CFG is a file"),
+    (["client", "prove", "--circuit", "c", "--out", "o", "-"], "- (standard input) is not accepted for the input"),
+    (["client", "prove", "--circuit", "c", "--out", "-"], "- (standard output) is not accepted for the folder"),
+    (["bench", "--json", "r.json/"], "argument --json: r.json/: names a folder, but the result is a file"),
+    (["bench", "--wtns", "CFG/"], "argument --wtns: CFG/: names a folder, but CFG is a file"),
+])
+def test_the_engines_verbs_refuse_a_dash_and_a_files_trailing_slash(argv: list[str], message: str, tmp_path: Path,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    """The engine's verbs take their files as the one-shot verbs do (:class:`cuzk_mp.cli.FileArg`): a
+    ``-`` and a file's name with a trailing slash are refused naming the argument, where the slash
+    was dropped (the config read, the result written) and ``-`` was a file of that name."""
+    cfg = tmp_path / "d.toml"
+    cfg.write_text("")
+    argv = [a.replace("CFG", str(cfg)) for a in argv]
+    with pytest.raises(SystemExit) as ended:
+        cli.build_parser().parse_args(argv)
+    assert ended.value.code == 2
+    assert message.replace("CFG", str(cfg)) in capsys.readouterr().err
+    folder = cli.build_parser().parse_args(["client", "prove", "--circuit", "c", "--out", f"{tmp_path}/"])
+    assert folder.out == tmp_path  # a folder argument may end in a slash
+
 
 def test_a_dash_output_writes_no_file_named_dash(circuit: dict[str, Path], tmp_path: Path) -> None:
     """``g16p KEY WTNS - public.json`` proves nothing and writes nothing, where it wrote a file "-"."""

@@ -49,6 +49,7 @@ from typing import Any
 
 from cuzk_mp.errors import InputError, Terminated
 from cuzk_mp.logs import final_error
+from cuzk_mp.paths import FileArg
 from cuzk_mp.exit_codes import (
     EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_JOURNAL_DAMAGED,
     EXIT_TIMEOUT, EXIT_UNREACHABLE,
@@ -94,10 +95,13 @@ def _frame_arg(text: str) -> int:
     return value
 
 
+OUT_FOLDER = FileArg("folder", output=True, folder=True)  # client's --out: made if missing
+
+
 def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     """Add the ``daemon`` and ``client`` verbs to the ``cuzk-mp`` parser."""
     d = subparsers.add_parser("daemon", help="run the proving daemon (SIGTERM/SIGINT drain it)")
-    d.add_argument("--config", required=True, type=Path, help="the TOML configuration file")
+    d.add_argument("--config", required=True, type=FileArg("config file"), help="the TOML configuration file")
     d.add_argument("--check", action="store_true", help="validate the configuration and exit")
     d.set_defaults(func=run_daemon)
 
@@ -120,7 +124,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
     def job_args(p: argparse.ArgumentParser) -> None:
         p.add_argument("--circuit", required=True, help="circuit id from the daemon's config")
-        p.add_argument("inputs", nargs="*", type=Path, help="input .json / .wtns per partition")
+        p.add_argument("inputs", nargs="*", type=FileArg("input"), help="input .json / .wtns per partition")
         p.add_argument("--partitions", type=_count_arg, help="synthetic circuits: seeds 0..N-1")
         p.add_argument("--priority", choices=PRIORITIES,
                        help="the job's queue priority (default: the circuit's configured one)")
@@ -132,10 +136,10 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
     a.add_argument("job_id", help="the job's id (submit's job_id, the --request-id it was sent with)")
     a.add_argument("--timeout", type=_timeout_arg, help="seconds to wait (default: until it ends; exit 124 "
                    "after, the job goes on)")
-    a.add_argument("--out", type=Path, help="write proofs, public signals and the vk here")
+    a.add_argument("--out", type=OUT_FOLDER, help="write proofs, public signals and the vk here")
     p = verb("prove", "submit, wait, write DIR/proof_<i>.json, public_<i>.json, vk")
     job_args(p)
-    p.add_argument("--out", required=True, type=Path, help="write proofs, public signals and the vk here")
+    p.add_argument("--out", required=True, type=OUT_FOLDER, help="write proofs, public signals and the vk here")
     p.add_argument("--timeout", type=_timeout_arg, help="seconds to wait (default: until it ends; exit 124 "
                    "after, the job goes on)")
     verb("cancel", "cancel a job").add_argument("job_id", help="the job's id (submit's job_id, the --request-id "

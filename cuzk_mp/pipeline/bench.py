@@ -61,7 +61,7 @@ from typing import Any
 from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
 from ..exit_codes import EXIT_INPUT
 from ..logs import final_error
-from ..paths import default_cache_dir
+from ..paths import FileArg, default_cache_dir
 from .benchoptions import (
     bench_circuit, choose_backend, choose_shape, device_plan_line, fill_defaults, machine_for, machine_line,
     prover_devices,
@@ -91,8 +91,8 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
                    help="auto: the GPU where CuPy sees one, else the CPU")
     p.add_argument("--circuit", default="porep-like",
                    help="'porep-like' or 'dense-random' (synthetic) or a .zkey path (with --wtns, --r1cs)")
-    p.add_argument("--wtns", type=Path, help="witness used for every partition of a zkey circuit")
-    p.add_argument("--r1cs", type=Path, help="r1cs of a zkey circuit (the witness check)")
+    p.add_argument("--wtns", type=FileArg("witness"), help="witness used for every partition of a zkey circuit")
+    p.add_argument("--r1cs", type=FileArg("circuit"), help="r1cs of a zkey circuit (the witness check)")
     p.add_argument("--log-n", type=int, help="synthetic circuit size, log2 rows (cpu 14, gpu 20)")
     p.add_argument("--key-source", choices=KEY_SOURCES, default="file",
                    help="a synthetic circuit's INSECURE dev key: 'file' (made once in the param cache) or 'device' "
@@ -113,13 +113,13 @@ def add_parser(subparsers: argparse._SubParsersAction) -> None:
     p.add_argument("--devices", type=device_ids,
                    help="comma-separated device ids (cpu: one prover process each); default all / one")
     p.add_argument("--repeat", type=int, default=1, help="runs of --jobs jobs in the same engine (default 1)")
-    p.add_argument("--json", type=Path, help="write the result as JSON")
-    p.add_argument("--proofs-dir", type=Path,
+    p.add_argument("--json", type=FileArg("result", output=True), help="write the result as JSON")
+    p.add_argument("--proofs-dir", type=FileArg("folder", output=True, folder=True),
                    help="also write verification_key.json and every proof as "
                         "bench-RUN-JOB-PARTITION.{proof,public}.json (snarkjs files: `snarkjs groth16 verify` "
                         "checks them)")
-    p.add_argument("--plot", type=Path, help="write a timeline plot (needs matplotlib)")
-    p.add_argument("--cache", type=Path, default=default_cache_dir(),
+    p.add_argument("--plot", type=FileArg("plot", output=True), help="write a timeline plot (needs matplotlib)")
+    p.add_argument("--cache", type=FileArg("folder", output=True, folder=True), default=default_cache_dir(),
                    help="param cache for synthetic dev keys (default $CUZK_MP_CACHE, else $XDG_CACHE_HOME/cuzk-mp, "
                         "else ~/.cache/cuzk-mp)")
     p.add_argument("--start-timeout", type=float, default=900.0,
