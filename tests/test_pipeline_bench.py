@@ -402,6 +402,7 @@ def test_big_circuit_data_is_built_in_a_child_process(tmp_path: Path) -> None:
     (("--circuit", "porep"), r"--circuit porep: neither a synthetic kind \(porep-like, dense-random\) nor a \.zkey "
                              r"file \(no such file\)"),
     (("--circuit", "{tmp}"), r"--circuit .*: neither a synthetic kind .* \(not a file\)"),
+    (("--circuit", "{tmp}/afile/"), r"--circuit .*afile/: neither a synthetic kind .* \(not a file\)"),
     (("--circuit", "{tmp}/afile", "--r1cs", "{tmp}/afile"), r"--circuit ZKEY needs --wtns"),
     (("--circuit", "{tmp}/afile", "--wtns", "{tmp}/no.wtns", "--r1cs", "{tmp}/afile"),
      r"--wtns .*no\.wtns: no such file"),

@@ -94,7 +94,7 @@ def _check_inputs(args: argparse.Namespace) -> None:
     if args.circuit in SYNTHETIC_KINDS:
         return
     circuit = Path(args.circuit)
-    if not circuit.is_file():
+    if not os.path.isfile(args.circuit):  # the name as given: "k.zkey/" names a folder, Path("k.zkey/") the file
         found = "not a file" if circuit.exists() else "no such file"
         raise InputError(f"--circuit {args.circuit}: neither a synthetic kind ({', '.join(SYNTHETIC_KINDS)}) "
                          f"nor a .zkey file ({found})")
