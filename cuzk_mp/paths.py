@@ -70,7 +70,8 @@ def output_file_problem(path: Path, *, folder_made: bool = True) -> str | None:
 @dataclass(frozen=True)
 class FileArg:
     """The type of a file (or folder) argument: the Path given, refusing what no verb can take:
-    an empty name, ``-`` and a file's name with a trailing slash (README: "Proving like snarkjs").
+    an empty name, ``-``, a file's name with a trailing slash and a ``~`` that no shell expanded
+    (README: "Proving like snarkjs").
 
     ``what`` names the file in the refusals ("the proving key"); ``stream`` is the path that reads or
     writes the standard stream where the verb takes one there (/dev/stdin for a JSON input,
@@ -90,6 +91,10 @@ class FileArg:
             how = f" ({self.stream} {'writes to' if self.output else 'reads'} standard {std})" if self.stream else ""
             raise argparse.ArgumentTypeError(f"- (standard {std}) is not accepted for the {self.what}: "
                                              f"give a path{how}")
+        home = os.path.expanduser(value)
+        if home != value and not os.path.lexists(value.split("/", 1)[0]):  # "~" or "~user": no such folder here
+            raise argparse.ArgumentTypeError(f"{value}: the shell did not expand its ~: give {home} (no shell "
+                                             "expands a ~ after --option= or in quotes)")
         path = Path(value)  # "k.zkey/" and "k.zkey/." are Path("k.zkey"): the slash that says "a folder" is gone
         if not self.folder and value.endswith(("/", "/.")) and not os.path.isdir(value):
             # POSIX refuses such a name for a file (ENOTDIR); the Path would have opened or written the file

@@ -179,6 +179,28 @@ def test_the_engines_verbs_refuse_a_dash_and_a_files_trailing_slash(argv: list[s
     folder = cli.build_parser().parse_args(["client", "prove", "--circuit", "c", "--out", f"{tmp_path}/"])
     assert folder.out == tmp_path  # a folder argument may end in a slash
 
+@pytest.mark.parametrize("argv", [
+    ["g16p", "--r1cs=~/c.r1cs"], ["daemon", "--config=~/d.toml"], ["bench", "--cache=~/cache"],
+    ["circuit", "porep-like", "--log-n", "10", "~/out"],
+])
+def test_a_tilde_the_shell_left_is_refused_naming_the_home_path(argv: list[str], tmp_path: Path,
+                                                                 monkeypatch: pytest.MonkeyPatch,
+                                                                 capsys: pytest.CaptureFixture[str]) -> None:
+    """No shell expands the ``~`` of ``--r1cs=~/c.r1cs`` (nor a quoted one): the path named a folder
+    "~" in the working folder, "no such file" for an input and, for a folder that is made where
+    missing (``circuit``'s, ``bench --cache``), a folder named "~" made there. Where no "~" is
+    there, it is refused, naming the path that was meant; a "~" folder that is there is taken."""
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(SystemExit) as ended:
+        cli.build_parser().parse_args(argv)
+    assert ended.value.code == 2
+    err = capsys.readouterr().err
+    assert "~/" in err and f"the shell did not expand its ~: give {tmp_path / 'home'}/" in err, err
+    assert list(tmp_path.iterdir()) == []
+    (tmp_path / "~").mkdir()
+    cli.build_parser().parse_args(argv)  # a folder of that name: the path is what it says
+
 
 def test_a_dash_output_writes_no_file_named_dash(circuit: dict[str, Path], tmp_path: Path) -> None:
     """``g16p KEY WTNS - public.json`` proves nothing and writes nothing, where it wrote a file "-"."""
