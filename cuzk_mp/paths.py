@@ -86,6 +86,8 @@ class FileArg:
         """``value`` as a Path; argparse reports the ArgumentTypeError of one refused, naming the argument."""
         if not value:  # an unset shell variable (``g16p "$KEY" ...``): as a Path, the current folder (".")
             raise argparse.ArgumentTypeError("an empty file name (an unset variable?)")
+        if "\0" in value:  # no command line carries one; cli.main's caller may (the open said "embedded null byte")
+            raise argparse.ArgumentTypeError(f"{value!r}: a NUL byte in a file name")
         if value == "-":  # snarkjs opens a file named "-"; here it would be one in the working folder
             std = "output" if self.output else "input"
             how = f" ({self.stream} {'writes to' if self.output else 'reads'} standard {std})" if self.stream else ""

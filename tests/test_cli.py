@@ -129,6 +129,14 @@ def test_an_empty_file_name_is_a_usage_error(argv: list[str], capsys: pytest.Cap
     assert "an empty file name (an unset variable?)" in capsys.readouterr().err
 
 
+def test_a_nul_byte_in_a_file_name_is_a_usage_error(capsys: pytest.CaptureFixture[str]) -> None:
+    """No path holds a NUL byte: one given to :func:`cuzk_mp.cli.main` in-process (no command line
+    can carry it) is a usage error naming the argument, where it was an internal error (exit 70,
+    "embedded null byte") from the first open."""
+    assert cli.main(["g16p", "k.zkey", "w\0.wtns"]) == 2
+    assert "argument wtns: 'w\\x00.wtns': a NUL byte in a file name" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(("argv", "message"), [
     (["g16p", "-", "w.wtns"], "argument zkey: - (standard input) is not accepted for the proving key: give a path"),
     (["g16p", "k.zkey", "-"], "argument wtns: - (standard input) is not accepted for the witness: give a path"),
