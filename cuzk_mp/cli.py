@@ -117,8 +117,7 @@ class SnarkjsVerb:
 SNARKJS_VERBS = (
     SnarkjsVerb("g16p", ("groth16", "prove"), "a proof from a witness: ZKEY WTNS PROOF.json PUBLIC.json",
                 (ZKEY, ("wtns", "witness.wtns", "witness", FileArg("witness")), PROOF_OUT, PUBLIC_OUT), _cmd_prove,
-                proves=True,
-                connects=True, more_aliases=("zpw",)),
+                proves=True, connects=True, more_aliases=("zpw",)),
     SnarkjsVerb("g16f", ("groth16", "fullprove"), "witness + proof in one call (no .wtns on disk): INPUT.json "
                 "WASM ZKEY PROOF.json PUBLIC.json", (INPUT, WASM, ZKEY, PROOF_OUT, PUBLIC_OUT), _cmd_fullprove,
                 proves=True, connects=True, more_aliases=("g16i",)),

@@ -3,9 +3,9 @@
 that has no folder to be written in) before any work; and
 :func:`read_at_most`, an input's bytes read within a limit, whatever the file (a pipe has no size).
 
-Standard library only (and the exception classes), so that a process that just writes a proof it
-received (``cuzk-mp client prove``) imports neither numpy nor the curve arithmetic that reading
-these formats needs.
+Standard library only (and the exception classes and :mod:`cuzk_mp.paths`), so that a process that
+just writes a proof it received (``cuzk-mp client prove``) imports neither numpy nor the curve
+arithmetic that reading these formats needs.
 
 What an output path may be, and what happens to it:
 
