@@ -93,7 +93,8 @@ def test_a_witness_file_is_read_not_mapped_and_one_cut_short_while_read_is_a_for
     """A .wtns is copied into memory of its own whatever the reader: it is read (``pread``), never
     mapped, so a witness cut short in place while it is read (rewritten by its generator) is a
     FormatError naming it, where a mapping's page past the new end killed the prover with SIGBUS.
-    The array is the read bytes themselves (writable, no second copy)."""
+    The array is the read bytes themselves (writable, no second copy), aligned as a copy would be
+    (the values start at byte 76 of the file; numba and the device copies want them aligned)."""
     import mmap
 
     from cuzk_mp.formats import binfile
@@ -107,6 +108,7 @@ def test_a_witness_file_is_read_not_mapped_and_one_cut_short_while_read_is_a_for
     monkeypatch.setattr(mmap, "mmap", no_mapping)
     values = read_wtns(path)
     assert limbs_to_ints(values) == [1, 2, 3, 4] and values.flags.writeable
+    assert values.flags.aligned and values.ctypes.data % 64 == 0
     real_open = binfile.open_regular
 
     def cut_after_open(p: object, shown: str) -> tuple[int, int]:

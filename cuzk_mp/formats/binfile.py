@@ -99,11 +99,7 @@ class BinFile:
         fd, size = open_regular(path, shown)
         try:
             if read:
-                data = bytearray(size)
-                got = _pread_into(fd, memoryview(data))
-                if got < size:
-                    raise FormatError(shown, None, f"truncated while read: {size} bytes, got {got}")
-                return cls(memoryview(data), shown, magic, versions, labels)
+                return cls(_read_whole(fd, size, shown, magic, versions, labels), shown, magic, versions, labels)
             mm = mmap.mmap(fd, 0, access=mmap.ACCESS_READ) if size else None
         except OSError as exc:
             raise InputError(f"{shown}: cannot read: {exc.strerror or exc}") from exc
@@ -186,7 +182,7 @@ class BinFile:
         file was read into memory of this object's (``BinFile.open(read=True)``), else a copy."""
         arr = self.section_array(sid, dtype, shape)
         if self._mm is None and not self._buf.readonly:
-            arr.flags.writeable = True  # over the bytearray read for this object alone
+            arr.flags.writeable = True  # over the bytes read for this object alone
             return arr
         return arr.copy()
 
@@ -267,6 +263,22 @@ def _index(read: Any, total: int, name: str, magic: str, versions: Sequence[int]
 
 
 _PREAD_MAX = 1 << 30  # Linux reads at most ~2 GiB in one call: a larger file takes several
+
+
+def _read_whole(fd: int, size: int, shown: str, magic: str, versions: Sequence[int],
+                labels: Mapping[int, str] | None) -> memoryview:
+    """The file's ``size`` bytes read into memory of their own, placed so that its largest section
+    starts on a 64-byte boundary: its array (a witness's values, at byte 76 of a .wtns) is then
+    aligned, as a copy would be, and numba and the device copies take it as it is."""
+    _, table, _ = _index(lambda pos, n: os.pread(fd, n, pos), size, shown, magic, versions, labels)
+    start = max(table.values(), key=lambda section: section[1])[0] if table else 0
+    raw = np.empty(size + 64, np.uint8)
+    pad = -(raw.ctypes.data + start) % 64
+    view = memoryview(raw.data)[pad : pad + size]
+    got = _pread_into(fd, view)
+    if got < size:
+        raise FormatError(shown, None, f"truncated while read: {size} bytes, got {got}")
+    return view
 
 
 def _pread_into(fd: int, buf: memoryview) -> int:
