@@ -185,6 +185,25 @@ def test_malformed_and_oversized_frames(tmp_path: Path) -> None:
     run_daemon(tmp_path, body)
 
 
+@pytest.mark.parametrize("over", ["unix", "tcp"])
+def test_async_client_reports_the_refusal_of_a_request_over_the_frame_limit(
+        tmp_path: Path, free_port: int, over: str) -> None:
+    """A request larger than the daemon's max_frame_bytes (64 KiB here; the client allows 128 MiB) is
+    answered with the daemon's refusal, then the connection closed with the rest of the request unread:
+    the asyncio client reports that refusal, as the blocking one does, not the broken pipe of its write."""
+    big = [P.PartitionIn("json", b" " * (8 << 20))]
+
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            with pytest.raises(InputError, match=r"frame of \d+ bytes exceeds max_frame_bytes \(65536\)"):
+                await asyncio.wait_for(c.submit("syn", big), 30)
+        async with await AsyncClient.connect(addr) as c:  # no job was taken, and the daemon serves on
+            assert (await c.status())["job_counts"].get("queued", 0) == 0
+
+    listen = f"unix://{tmp_path}/d.sock" if over == "unix" else f"127.0.0.1:{free_port}"
+    run_daemon(tmp_path, body, listen=listen)
+
+
 def test_pipelining_many_requests_on_one_connection(tmp_path: Path) -> None:
     async def body(d: Daemon, addr: str) -> None:
         async with await AsyncClient.connect(addr) as c:

@@ -48,6 +48,17 @@ def _result(reply: P.Message) -> Any:
     return reply
 
 
+def _refused_or_lost(reply: P.Reply | None, call_id: int, lost: BaseException) -> Any:
+    """The outcome of call ``call_id`` whose request could not be sent whole (``lost``: the send's
+    error). The daemon may have refused the request before reading all of it (a frame over its
+    max_frame_bytes) and closed, taking no job: its ``reply``, read after the send failed, is that
+    refusal where it answers this call or the connection (id 0). Without one the daemon was lost,
+    as the send says."""
+    if reply is not None and reply.id in (call_id, 0):
+        return _result(reply)
+    raise lost
+
+
 class MalformedReply(CommClosedError):
     """The daemon sent a frame that is not a reply; the connection is no longer usable."""
 
@@ -85,6 +96,7 @@ class AsyncClient:
         self.token = token
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[P.Message]] = {}
+        self._last_word: P.ErrorReply | None = None  # the daemon's error for the connection (id 0) before it closed
         self._reader = asyncio.ensure_future(self._read_loop())
 
     @classmethod
@@ -101,6 +113,7 @@ class AsyncClient:
             while True:
                 reply = _decode_reply(await self._comm.read())
                 if reply.id == 0 and isinstance(reply, P.ErrorReply):
+                    self._last_word = reply
                     error = error_from_kind(reply.kind, reply.message)
                     continue  # the daemon could not tell which call failed; it closes next
                 fut = self._pending.pop(reply.id, None)
@@ -130,7 +143,14 @@ class AsyncClient:
         fut: asyncio.Future[P.Message] = asyncio.get_running_loop().create_future()
         self._pending[msg.id] = fut
         try:
-            await self._comm.write(P.encode(msg))
+            try:
+                await self._comm.write(P.encode(msg))
+            except CommClosedError as lost:
+                # What the daemon sent before it closed comes through the read loop, which ends with
+                # the connection: its refusal of this request, or nothing (:func:`_refused_or_lost`).
+                await asyncio.wait([self._reader], timeout=DEADLINE_MARGIN_S)
+                answered = fut.done() and not fut.cancelled() and fut.exception() is None
+                return _refused_or_lost(fut.result() if answered else self._last_word, msg.id, lost)
             return _result(await fut)
         finally:
             self._pending.pop(msg.id, None)
@@ -214,16 +234,13 @@ class Client:
         self._sock.settimeout(deadline_s)
         try:
             send_frame(self._sock, P.encode(msg), self.max_frame_bytes)
-        except (BrokenPipeError, ConnectionResetError):
-            # The daemon may have refused the request before reading all of it (a frame over its
-            # max_frame_bytes) and closed: its refusal waits in the socket, and it took no job.
+        except (BrokenPipeError, ConnectionResetError) as lost:
+            # A refusal of the request (:func:`_refused_or_lost`) waits in the socket.
             try:
                 reply = _decode_reply(recv_frame(self._sock, self.max_frame_bytes))
             except Exception:  # noqa: BLE001 - nothing readable: the daemon was lost, as the send says
                 reply = None
-            if reply is not None and reply.id in (msg.id, 0):
-                return _result(reply)
-            raise
+            return _refused_or_lost(reply, msg.id, lost)
         while True:
             reply = _decode_reply(recv_frame(self._sock, self.max_frame_bytes))
             if reply.id in (msg.id, 0):
