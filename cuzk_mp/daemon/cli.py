@@ -217,11 +217,9 @@ def check_writable_places(cfg: Any) -> None:
         problem = folder_problem(folder)
         if problem is not None:
             raise ConfigError(f"{source}: {key}: {folder} cannot be written: {problem}")
-    if os.path.lexists(cfg.journal_path):  # the journal itself, where it is there: SQLite opens a regular file
-        # alone, and says "unable to open database file" or "disk I/O error" of a folder, a FIFO or a device
-        from cuzk_mp.daemon.config import check_regular_file
+    from cuzk_mp.daemon.journal import check_start_files  # the journal's own files, where they are there
 
-        check_regular_file(f"{source}: daemon.journal", cfg.journal_path)
+    check_start_files(cfg.journal_path, f"{source}: daemon.journal")
 
 
 def check_summary(cfg: Any, warnings: int = 0) -> str:

@@ -19,7 +19,10 @@ The journal is the source of truth, so it is defended:
   so a deleted, truncated or swapped journal is noticed instead of starting silently empty.
   Nothing is repaired or emptied automatically; the message says how to start afresh. A journal
   SQLite cannot open for another reason (a full disk, an I/O error) is not damage: a
-  ResourceError (exit code 4, which systemd retries) that leaves the file as it was.
+  ResourceError (exit code 4, which systemd retries) that leaves the file as it was. The journal, its
+  -wal, -shm and .id are regular files or absent: a FIFO, a folder or a device there (or a link at the
+  -wal or -shm, which SQLite does not follow) is a ConfigError naming it (:func:`check_start_files`),
+  found without waiting on a FIFO or reading a device to its end.
 * **A journal removed under the running daemon is written again.** SQLite would go on writing into
   the unlinked file, and every job it held would be gone at the next start (refused: the .id says a
   journal was there). Before each write, and when it closes, the journal checks that its path is
@@ -61,10 +64,11 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from cuzk_mp.daemon.journal_wal import wal_damage
+from cuzk_mp.daemon.config import check_regular_file
+from cuzk_mp.daemon.journal_wal import open_present, wal_damage
 from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions, reply_from_store, stored_reply
 from cuzk_mp.errors import ConfigError, CuzkError, ResourceError
-from cuzk_mp.formats.atomic import atomic_output
+from cuzk_mp.formats.atomic import atomic_output, read_at_most
 
 log = logging.getLogger("cuzk_mp.daemon.journal")
 
@@ -105,6 +109,7 @@ CREATE TABLE IF NOT EXISTS quarantine (
 """
 _MIGRATE_1_TO_2 = "ALTER TABLE jobs ADD COLUMN owner TEXT NOT NULL DEFAULT ''"
 QUARANTINE_IN_STATUS = 20
+_MARKER_MAX = 256  # the most of a .id that is read: an id is 32 hex digits and a newline
 
 # SQLite's primary result codes that mean the file itself is not a journal SQLite can read:
 # SQLITE_CORRUPT, SQLITE_NOTADB, SQLITE_FORMAT. Others (SQLITE_FULL, SQLITE_IOERR, SQLITE_BUSY...) say
@@ -188,7 +193,7 @@ def _owner_only(path: Path) -> None:
     """Give a journal made by a release before owner-only journals (by the umask: 0644, or 0640 under
     the unit's UMask=0027) the mode a new one has, 0600, with its -wal and -shm: it holds the witnesses
     of unfinished jobs. A file this user may not change keeps its mode, with a warning."""
-    for p in (path, Path(f"{path}-wal"), Path(f"{path}-shm")):
+    for p in (path, *_side_paths(path)):
         try:
             mode = stat.S_IMODE(p.stat().st_mode)
             if mode & 0o077:
@@ -221,11 +226,44 @@ def _marker_path(path: Path) -> Path:
     return path.with_name(path.name + ".id")
 
 
+def _side_paths(path: Path) -> tuple[Path, Path]:
+    """The journal's write-ahead log and its shared-memory index, as SQLite names them."""
+    return Path(f"{path}-wal"), Path(f"{path}-shm")
+
+
+def check_start_files(path: Path, key: str = "daemon.journal") -> None:
+    """ConfigError naming ``key``, the file and what it is where a file the journal opens at start is
+    there but is no regular file this process can open: the journal (SQLite says "unable to open
+    database file" or "disk I/O error" of a folder, a FIFO or a device), its -wal and -shm (which
+    SQLite opens without following a link: a link there fails as "unable to open database file"),
+    its .id. A FIFO is looked at, never waited on (:func:`~cuzk_mp.daemon.config.check_regular_file`);
+    nothing is changed."""
+    wal, shm = _side_paths(path)
+    for p in (path, wal, shm, _marker_path(path)):
+        if p in (wal, shm) and p.is_symlink():
+            raise ConfigError(f"{key}: {p}: a symbolic link, which SQLite does not follow there (it cannot "
+                              "open the journal): remove it; SQLite makes the file itself")
+        if os.path.lexists(p):
+            check_regular_file(key, p)
+
+
+def _recorded_id(marker: Path) -> str | None:
+    """The journal id the .id file ``marker`` records (None where there is none), read no further than
+    _MARKER_MAX bytes; bytes that are no text stand as replacement characters: an id of no journal."""
+    fd = open_present(marker)
+    if fd is None:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        return read_at_most(f, _MARKER_MAX).decode(errors="replace").strip()
+
+
 def _check_file(path: Path) -> str | None:
-    """Before SQLite touches anything: the journal is present (if it ever was) and its WAL
-    would not drop committed transactions. Returns the journal id the marker records."""
+    """Before SQLite touches anything: the journal's files are regular files or absent
+    (:func:`check_start_files`), the journal is present (if it ever was) and its WAL would not
+    drop committed transactions. Returns the journal id the marker records."""
+    check_start_files(path)
     marker = _marker_path(path)
-    recorded = marker.read_text().strip() if marker.exists() else None
+    recorded = _recorded_id(marker)
     size = path.stat().st_size if path.exists() else None
     how_to = (f"; to start with an empty journal (losing its jobs), move {path}, its -wal and "
               f"-shm files and {marker} aside")
@@ -234,11 +272,12 @@ def _check_file(path: Path) -> str | None:
         raise JournalDamaged(f"{path}: the journal is {state}, but {marker} says a journal with "
                              f"id {recorded} was here: its accepted jobs and results are lost unless "
                              f"it is restored from a backup{how_to}")
-    if size is None and Path(f"{path}-wal").exists():
-        raise JournalDamaged(f"{path}: missing, but its write-ahead log {path}-wal exists{how_to}")
-    problem = wal_damage(Path(f"{path}-wal"))
+    wal = _side_paths(path)[0]
+    if size is None and wal.exists():
+        raise JournalDamaged(f"{path}: missing, but its write-ahead log {wal} exists{how_to}")
+    problem = wal_damage(wal)
     if problem:
-        raise JournalDamaged(f"{path}-wal: the journal's write-ahead log is damaged: {problem}; "
+        raise JournalDamaged(f"{wal}: the journal's write-ahead log is damaged: {problem}; "
                              f"SQLite would silently drop those jobs (copy both files before any "
                              f"repair){how_to}")
     return recorded

@@ -16,12 +16,19 @@ The rule spares the one case SQLite itself is right to ignore: a crash that tore
 transaction while it was written (never acknowledged: the journal commits with
 ``synchronous=FULL``), which leaves at most one transaction-ending frame after the tear. Damage
 confined to that last transaction is indistinguishable from such a tear and is not reported.
+
+The WAL is read a frame at a time (a long run between checkpoints leaves one of any size), from a
+regular file only: a FIFO there is refused, not waited on (:func:`open_present`).
 """
 
 from __future__ import annotations
 
+import os
 import struct
 from pathlib import Path
+
+from cuzk_mp.errors import InputError
+from cuzk_mp.formats.atomic import open_regular
 
 _MAGICS = {0x377F0682: "<", 0x377F0683: ">"}  # checksum words little- / big-endian
 _VERSION = 3007000
@@ -40,41 +47,62 @@ def _checksum(data: bytes, order: str, s1: int, s2: int) -> tuple[int, int]:
     return s1, s2
 
 
+def open_present(path: Path) -> int | None:
+    """A descriptor of the regular file at ``path``, None where there is none; InputError naming it
+    for anything else (:func:`~cuzk_mp.formats.atomic.open_regular`: a FIFO is not waited on)."""
+    try:
+        return open_regular(path, str(path))[0]
+    except InputError as e:
+        if isinstance(e.__cause__, FileNotFoundError):
+            return None
+        raise
+
+
 def wal_damage(path: Path) -> str | None:
     """Why the WAL at ``path`` would lose committed transactions, or None if it would not
-    (also None when there is no WAL)."""
-    try:
-        data = path.read_bytes()
-    except FileNotFoundError:
+    (also None when there is no WAL); InputError where it is no regular file."""
+    fd = open_present(path)
+    if fd is None:
         return None
-    if len(data) <= _HEADER.size:
+    try:
+        return _damage(fd, os.fstat(fd).st_size)
+    finally:
+        os.close(fd)
+
+
+def _damage(fd: int, size: int) -> str | None:
+    """:func:`wal_damage` of the WAL open as ``fd``, ``size`` bytes long."""
+    header = os.pread(fd, _HEADER.size, 0)
+    if size <= _HEADER.size or len(header) < _HEADER.size:
         return None  # no frames: nothing SQLite could drop
-    magic, version, page_size, _, salt1, salt2, c1, c2 = _HEADER.unpack_from(data)
+    magic, version, page_size, _, salt1, salt2, c1, c2 = _HEADER.unpack(header)
     order = _MAGICS.get(magic)
     header_ok = (order is not None and version == _VERSION and page_size >= 512
                  and page_size & (page_size - 1) == 0 and page_size <= 65536
-                 and _checksum(data[:24], order, 0, 0) == (c1, c2))
+                 and _checksum(header[:24], order, 0, 0) == (c1, c2))
     if not header_ok:
         # Without a trusted header, take the salts the first frame carries and the usual sizes.
-        for size in (4096, 1024, 2048, 8192, 16384, 32768, 65536, 512):
-            commits = _commits_after(data, size, 0, None)
+        for page in (4096, 1024, 2048, 8192, 16384, 32768, 65536, 512):
+            commits = _commits_after(fd, size, page, 0, None)
             if commits >= 2:
                 return (f"its header is damaged, so SQLite would ignore all of it, and its frames "
                         f"hold {commits} committed transactions")
         return None
     assert order is not None
     frame_size = _FRAME_HEADER.size + page_size
-    n_frames = (len(data) - _HEADER.size) // frame_size
+    n_frames = (size - _HEADER.size) // frame_size
     s1, s2 = c1, c2
     for i in range(n_frames):
-        off = _HEADER.size + i * frame_size
-        pgno, _, f_salt1, f_salt2, f_c1, f_c2 = _FRAME_HEADER.unpack_from(data, off)
+        frame = os.pread(fd, frame_size, _HEADER.size + i * frame_size)
+        if len(frame) < frame_size:
+            return None  # shorter than it was: no frame from here on
+        pgno, _, f_salt1, f_salt2, f_c1, f_c2 = _FRAME_HEADER.unpack_from(frame)
         if (f_salt1, f_salt2) == (salt1, salt2) and pgno != 0:
-            s1, s2 = _checksum(data[off:off + 8], order, s1, s2)
-            s1, s2 = _checksum(data[off + 24:off + frame_size], order, s1, s2)
+            s1, s2 = _checksum(frame[:8], order, s1, s2)
+            s1, s2 = _checksum(frame[24:], order, s1, s2)
             if (s1, s2) == (f_c1, f_c2):
                 continue
-        commits = _commits_after(data, page_size, i, (salt1, salt2))
+        commits = _commits_after(fd, size, page_size, i, (salt1, salt2))
         if commits >= 2:
             return (f"frame {i} of {n_frames} is damaged, so SQLite would ignore it and the "
                     f"{commits} committed transactions after it")
@@ -82,14 +110,17 @@ def wal_damage(path: Path) -> str | None:
     return None
 
 
-def _commits_after(data: bytes, page_size: int, first: int, salts: tuple[int, int] | None) -> int:
+def _commits_after(fd: int, size: int, page_size: int, first: int, salts: tuple[int, int] | None) -> int:
     """Frames from index ``first`` on that end a transaction and carry ``salts`` (None: the
-    salts of frame ``first``)."""
+    salts of frame ``first``), in the WAL open as ``fd`` (``size`` bytes); only frame headers are read."""
     frame_size = _FRAME_HEADER.size + page_size
-    n_frames = (len(data) - _HEADER.size) // frame_size
+    n_frames = (size - _HEADER.size) // frame_size
     count = 0
     for i in range(first, n_frames):
-        _, commit, f_salt1, f_salt2, _, _ = _FRAME_HEADER.unpack_from(data, _HEADER.size + i * frame_size)
+        header = os.pread(fd, _FRAME_HEADER.size, _HEADER.size + i * frame_size)
+        if len(header) < _FRAME_HEADER.size:
+            break
+        _, commit, f_salt1, f_salt2, _, _ = _FRAME_HEADER.unpack(header)
         if salts is None:
             salts = (f_salt1, f_salt2)
         if commit != 0 and (f_salt1, f_salt2) == salts:

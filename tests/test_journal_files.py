@@ -1,0 +1,169 @@
+"""The files the journal opens at start (itself, its ``-wal`` and ``-shm`` beside it, its ``.id``) are
+regular files or absent: anything else there (a FIFO, a folder, a device) refuses the start naming the
+file and what it is, without waiting on it; the write-ahead log is read a frame at a time, whatever
+its size. Each start is run in a child process with a timeout, so a start that hangs fails the test."""
+
+from __future__ import annotations
+
+import json
+import os
+import stat
+import subprocess
+import sys
+import tracemalloc
+from pathlib import Path
+
+import pytest
+
+from cuzk_mp.daemon.client import synthetic_partitions
+from cuzk_mp.daemon.journal import Journal, JournalDamaged
+from cuzk_mp.daemon.journal_wal import wal_damage
+from tests.helpers import ENV, PY, REPO, config_text
+
+# Journal.open in a child process (its address space bounded: /dev/zero read to its end fails there, not
+# here); it prints the exception's type and message, or "opened".
+_OPEN = """
+import json, resource, sys
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from cuzk_mp.daemon.journal import Journal
+try:
+    Journal.open(Path(sys.argv[1])).close()
+    print(json.dumps(["opened", ""]))
+except BaseException as e:
+    print(json.dumps([type(e).__name__, str(e)]))
+"""
+START_TIMEOUT_S = 60
+
+
+def _open_in_child(path: Path) -> tuple[str, str]:
+    """(exception type, message) of Journal.open(path) in a child process; the test fails where it
+    does not end within START_TIMEOUT_S (a start that waits on a FIFO)."""
+    try:
+        proc = subprocess.run([sys.executable, "-c", _OPEN, str(path)], env=ENV, cwd=REPO, capture_output=True,
+                              text=True, timeout=START_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        pytest.fail(f"Journal.open({path}) did not end within {START_TIMEOUT_S} s")
+    kind, message = json.loads(proc.stdout.strip().splitlines()[-1])
+    return kind, message
+
+
+def _journal_with_jobs(path: Path) -> None:
+    """A closed journal holding two queued jobs, with its .id."""
+    import asyncio
+
+    from cuzk_mp.daemon.journal import JournalEntry
+
+    j = Journal.open(path)
+
+    async def add() -> None:
+        for i in range(2):
+            await j.add(JournalEntry(job_id=f"job-{i}", request_id="", circuit_id="syn", priority=2,
+                                     digest=f"d{i}", partitions=synthetic_partitions(1, i), submitted_at=1000.0 + i))
+    asyncio.run(add())
+    j.close()
+
+
+def _put(kind: str, at: Path) -> None:
+    if kind == "fifo":
+        os.mkfifo(at)
+    elif kind == "folder":
+        at.mkdir()
+    else:  # a device of its own (as /dev/zero: read to its end, it never ends), changed by nothing else
+        try:
+            os.mknod(at, 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+            os.close(os.open(at, os.O_RDONLY))
+        except PermissionError:
+            pytest.skip("making or opening a device node needs root and a file system that allows devices")
+
+
+@pytest.mark.parametrize("suffix", ["", "-wal", "-shm", ".id"])
+@pytest.mark.parametrize("kind, what", [("fifo", "a FIFO (a named pipe), not a regular file"),
+                                        ("folder", "Is a directory"),
+                                        ("device", "a character device, not a regular file")])
+def test_a_start_file_that_is_no_regular_file_refuses_the_start_at_once(
+        tmp_path: Path, suffix: str, kind: str, what: str) -> None:
+    """A FIFO at the journal's -wal or .id held the start for ever (read to learn whether the WAL is
+    damaged, or which journal was here); /dev/zero there was read until memory ran out; a folder was
+    an IsADirectoryError, and SQLite, at the journal or its -shm, said "disk I/O error" (a full disk to
+    the message). Now a ConfigError names the file and what it is, and leaves everything as it was."""
+    path = tmp_path / "journal.sqlite"
+    _journal_with_jobs(path)
+    thing = Path(f"{path}{suffix}")
+    if thing.exists():
+        thing.unlink()
+    _put(kind, thing)
+    kind_seen, message = _open_in_child(path)
+    assert kind_seen == "ConfigError", (kind_seen, message)
+    assert f"{thing}: " in message and what in message, message
+    assert os.path.lexists(thing) and (thing.is_dir() if kind == "folder" else not thing.is_file())
+    if suffix:  # with the thing gone, the journal opens with its jobs
+        thing.rmdir() if kind == "folder" else thing.unlink()
+        j = Journal.open(path)
+        assert [e.job_id for e in j.load()] == ["job-0", "job-1"]
+        j.close()
+
+
+@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+def test_a_link_at_the_wal_or_shm_is_refused_and_its_target_left_alone(tmp_path: Path, suffix: str) -> None:
+    """SQLite opens the -wal and -shm without following a link, and said only "unable to open database
+    file"; the start made the link's target, any file this user may change, 0600 first. Now the
+    link is refused, named, and its target keeps its mode."""
+    path = tmp_path / "journal.sqlite"
+    _journal_with_jobs(path)
+    target = tmp_path / "elsewhere.txt"
+    target.write_text("someone's file")
+    target.chmod(0o644)
+    link = Path(f"{path}{suffix}")
+    if link.exists():
+        link.unlink()
+    link.symlink_to(target)
+    kind_seen, message = _open_in_child(path)
+    assert kind_seen == "ConfigError" and f"{link}: a symbolic link" in message, (kind_seen, message)
+    assert stat.S_IMODE(target.stat().st_mode) == 0o644 and target.read_text() == "someone's file"
+
+
+def test_the_daemon_refuses_a_fifo_at_the_journals_wal_with_exit_2(tmp_path: Path) -> None:
+    """``cuzk-mp daemon`` with a FIFO at its journal's -wal: --check and the start end with exit 2 naming
+    the FIFO (the start hung, before its socket was made)."""
+    cfg = tmp_path / "cuzk.toml"
+    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix="cuzk-jf-test"))
+    _journal_with_jobs(tmp_path / "journal.sqlite")
+    wal = tmp_path / "journal.sqlite-wal"
+    os.mkfifo(wal)
+    for check in (["--check"], []):
+        try:
+            proc = subprocess.run([*PY, "daemon", "--config", str(cfg), *check], env=ENV, capture_output=True,
+                                  text=True, timeout=START_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            pytest.fail(f"cuzk-mp daemon {' '.join(check)} did not end within {START_TIMEOUT_S} s")
+        assert proc.returncode == 2, (check, proc.returncode, proc.stderr)
+        assert f"{wal}: " in proc.stderr and "a FIFO (a named pipe), not a regular file" in proc.stderr, proc.stderr
+        assert "Traceback" not in proc.stderr
+    assert not (tmp_path / "cuzk.sock").exists() and not (tmp_path / "keys").exists()
+
+
+def test_an_id_that_is_no_text_is_another_journals(tmp_path: Path) -> None:
+    """A .id of bytes that are no UTF-8 (garbled) is an id that is not this journal's, as any other
+    wrong id: the start refuses naming it, where it ended with a UnicodeDecodeError (exit 70)."""
+    path = tmp_path / "journal.sqlite"
+    _journal_with_jobs(path)
+    Path(f"{path}.id").write_bytes(b"\xff\xfe\x00garbled\n")
+    with pytest.raises(JournalDamaged, match="another journal was put in its place"):
+        Journal.open(path)
+
+
+def test_a_large_wal_is_read_a_frame_at_a_time(tmp_path: Path) -> None:
+    """wal_damage reads frames one at a time: a WAL of 64 MiB (sparse: no disk) costs it well under a
+    MiB of memory; it read the whole file into memory, which a WAL of several GiB (a long run between
+    checkpoints) may not have."""
+    wal = tmp_path / "journal.sqlite-wal"
+    with open(wal, "wb") as f:
+        f.truncate(64 << 20)
+    tracemalloc.start()
+    try:
+        assert wal_damage(wal) is None  # no header, no committed frame: nothing SQLite could drop
+        _, peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert peak < 1 << 20, peak
