@@ -167,3 +167,43 @@ def test_a_large_wal_is_read_a_frame_at_a_time(tmp_path: Path) -> None:
     finally:
         tracemalloc.stop()
     assert peak < 1 << 20, peak
+
+
+def test_through_a_link_the_wal_beside_the_journals_file_is_the_one_checked(tmp_path: Path) -> None:
+    """A journal path that is a link (to a journal on another disk): SQLite keeps the -wal and -shm beside
+    the file the link leads to, not beside the link. A damaged WAL there opened silently, SQLite dropping
+    the committed jobs after the damage (the WAL beside the link, which SQLite never reads, was the one
+    checked), and a FIFO there was not refused. Both are now found where SQLite reads them."""
+    import shutil
+
+    from cuzk_mp.daemon.journal import JournalEntry
+
+    live = tmp_path / "live" / "journal.sqlite"
+    live.parent.mkdir()
+    j = Journal.open(live)
+
+    async def add() -> None:
+        for i in range(20):
+            await j.add(JournalEntry(job_id=f"job-{i}", request_id="", circuit_id="syn", priority=2,
+                                     digest=f"d{i}", partitions=synthetic_partitions(1, i), submitted_at=1000.0 + i))
+    import asyncio
+    asyncio.run(add())
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    for suffix in ("", "-wal"):  # what a SIGKILL leaves: the database and its WAL as they are now
+        shutil.copy(f"{live}{suffix}", disk / f"journal.sqlite{suffix}")
+    j.close()
+    wal = disk / "journal.sqlite-wal"
+    data = bytearray(wal.read_bytes())
+    data[32 + 3 * (24 + 4096) + 24 + 200] ^= 0x5A  # a byte of the fourth frame's page
+    wal.write_bytes(data)
+    link = tmp_path / "journal.sqlite"
+    link.symlink_to(disk / "journal.sqlite")
+    with pytest.raises(JournalDamaged, match="write-ahead log is damaged") as info:
+        Journal.open(link)
+    assert str(wal) in str(info.value)
+    assert wal.read_bytes() == data  # the evidence is kept
+    wal.unlink()
+    os.mkfifo(wal)
+    kind_seen, message = _open_in_child(link)
+    assert kind_seen == "ConfigError" and f"{wal}: " in message and "a FIFO" in message, (kind_seen, message)

@@ -227,8 +227,10 @@ def _marker_path(path: Path) -> Path:
 
 
 def _side_paths(path: Path) -> tuple[Path, Path]:
-    """The journal's write-ahead log and its shared-memory index, as SQLite names them."""
-    return Path(f"{path}-wal"), Path(f"{path}-shm")
+    """The journal's write-ahead log and its shared-memory index, where SQLite keeps them: beside the
+    file ``path`` leads to (SQLite follows a link to the database, and names these after the file)."""
+    real = os.path.realpath(path)
+    return Path(f"{real}-wal"), Path(f"{real}-shm")
 
 
 def check_start_files(path: Path, key: str = "daemon.journal") -> None:
