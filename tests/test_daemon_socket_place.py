@@ -199,3 +199,50 @@ def test_a_stopping_daemon_removes_only_its_own_socket(tmp_path: Path) -> None:
         assert not Path(addr.path).exists()
 
     asyncio.run(main())
+
+
+def _path_of(folder: Path, n: int) -> str:
+    """A socket path of ``n`` bytes in ``folder``."""
+    name = "s" * (n - len(os.fsencode(folder)) - 1)
+    assert name, "tmp_path too long for the test"
+    return f"{folder}/{name}"
+
+
+def test_a_listen_path_too_long_for_the_bind_is_refused_by_the_check(tmp_path: Path) -> None:
+    """A unix socket's path holds 107 bytes, and the daemon binds its socket first under a name 17 bytes
+    longer (then renames it into place): a listen path of 91..107 bytes passed the config and --check,
+    and the start failed after the engine's with "AF_UNIX path too long". It is refused by --check and
+    first thing at the start, saying the limit; one of 90 bytes serves."""
+    too_long = _path_of(tmp_path, 100)
+    cfg = make_config(tmp_path, listen=f"unix://{too_long}")
+    expected = rf"daemon.listen = 'unix://{too_long}': a path of 100 bytes, more than the 90 .*temporary name"
+    with pytest.raises(ConfigError, match=expected):
+        check_writable_places(cfg)
+
+    async def main() -> None:
+        with pytest.raises(ConfigError, match=expected):
+            await Daemon(cfg, engine_factory=FakeEngine).start()
+        listener = await listen(parse_address(f"unix://{_path_of(tmp_path, 90)}"), _noop, max_frame_bytes=1 << 16)
+        await listener.close()
+
+    asyncio.run(main())
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # not even the lock file
+
+
+def test_a_warm_daemons_socket_too_long_for_the_bind_is_refused_before_its_start(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The warm daemons' socket path is checked against what the daemon can bind (it took any up to
+    104 bytes, whose daemon then failed to start), naming $XDG_RUNTIME_DIR as the way out."""
+    from cuzk_mp.daemon import warm
+    from tests.helpers import SNARKJS_FILES
+
+    runtime = tmp_path / "r"
+    runtime.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
+    spec = warm.WarmSpec(SNARKJS_FILES / "mul.zkey")
+    sock_bytes = len(os.fsencode(warm.warm_dir())) + len(f"/{warm.warm_id(spec)}.sock")
+    longer = tmp_path / ("r" * (95 - sock_bytes + 1))  # a socket path of 95 bytes
+    longer.mkdir()
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(longer))
+    with pytest.raises(ConfigError, match=r"too long for a unix socket \(95 bytes, at most 90\)"):
+        warm.ensure(spec, timeout_s=60)

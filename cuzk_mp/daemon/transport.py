@@ -54,6 +54,16 @@ DEFAULT_MAX_FRAME = 128 * 2**20  # the largest frame a peer sends or takes unles
 log = logging.getLogger("cuzk_mp.daemon.transport")
 REFUSAL_LOG_INTERVAL_S = 10.0
 REFUSAL_DRAIN_S = 1.0
+SUN_PATH_BYTES = 107  # the longest path of a unix socket (Linux: sun_path is 108 bytes with its NUL)
+
+
+def _bind_name(path: str) -> str:
+    """The temporary name a unix socket is bound under before it is renamed to ``path`` (:func:`bind_unix`)."""
+    return f"{path}.{secrets.token_hex(6)}.tmp"
+
+
+# the longest path the daemon can listen on: its socket is bound first under _bind_name, that much longer
+MAX_LISTEN_PATH_BYTES = SUN_PATH_BYTES - len(_bind_name(""))
 
 
 class CommClosedError(ConnectionError):
@@ -109,8 +119,8 @@ def parse_address(text: str) -> Address:
         if not path.startswith("/"):
             raise ConfigError(f"{text!r}: a unix socket address needs an absolute path "
                               "(unix:///run/cuzk-mp/cuzk.sock)")
-        if len(path.encode()) > 107:
-            raise ConfigError(f"{text!r}: unix socket path longer than 107 bytes")
+        if len(path.encode()) > SUN_PATH_BYTES:
+            raise ConfigError(f"{text!r}: unix socket path longer than {SUN_PATH_BYTES} bytes")
         return Address("unix", path=path)
     rest = text[len("tcp://"):] if text.startswith("tcp://") else text
     host, sep, port_text = rest.rpartition(":")
@@ -322,7 +332,13 @@ def _folder_problem(folder: str, st: os.stat_result) -> tuple[str | None, str | 
 def socket_place(path: str) -> tuple[str | None, str | None]:
     """(refusal, warning) for a unix socket at ``path``: the first folder on its way, as written and
     as resolved, that lets another user replace the socket (:func:`_folder_problem`), or a link on
-    the way that another user owns. Folders not made yet are judged by the nearest existing one."""
+    the way that another user owns. Folders not made yet are judged by the nearest existing one. A path
+    too long to bind (over MAX_LISTEN_PATH_BYTES) is refused too."""
+    n = len(os.fsencode(path))
+    if n > MAX_LISTEN_PATH_BYTES:
+        return (f"a path of {n} bytes, more than the {MAX_LISTEN_PATH_BYTES} the daemon can listen on (a unix "
+                f"socket's path holds {SUN_PATH_BYTES}, and the socket is bound first under a temporary name "
+                f"{SUN_PATH_BYTES - MAX_LISTEN_PATH_BYTES} bytes longer): name a shorter path"), None
     refusal = warning = None
     written = Path(path).parent
     real = written.resolve()
@@ -400,7 +416,7 @@ def bind_unix(path: str, mode: int) -> socket.socket:
     if refusal is not None:
         raise ConfigError(f"unix socket {path}: {refusal}")
     _clear_stale_socket(path)
-    tmp = f"{path}.{secrets.token_hex(6)}.tmp"
+    tmp = _bind_name(path)
     sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
     try:
         sock.bind(tmp)  # bound, not yet listening: a connect is refused whatever the mode until it is

@@ -53,7 +53,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cuzk_mp.daemon.instance_lock import lock_paths, try_lock
-from cuzk_mp.daemon.transport import CommClosedError, open_socket, parse_address
+from cuzk_mp.daemon.transport import MAX_LISTEN_PATH_BYTES, CommClosedError, open_socket, parse_address
 from cuzk_mp.errors import ConfigError, CuzkError, InputError, ResourceError
 from cuzk_mp.formats.atomic import atomic_output
 from cuzk_mp.exit_codes import EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT
@@ -66,7 +66,6 @@ POLL_S = 0.05
 PROGRESS_EVERY_S = 5.0
 MAX_RESTARTS = 2  # starts again, at most, where a daemon (this call's or another's) died before it was ready
 LOG_KEEP_BYTES = 1 << 20  # a daemon's log is rotated (one old copy) when it grows past this
-MAX_SOCKET_PATH = 104  # bytes of a unix socket's path that every platform takes (Linux: 107)
 # files of a daemon written this recently are never removed: a daemon takes its journal lock early in
 # its start, and every start writes its config first and is waited for START_TIMEOUT_S at most
 GONE_GRACE_S = START_TIMEOUT_S
@@ -170,9 +169,9 @@ def ensure(spec: WarmSpec, timeout_s: float = START_TIMEOUT_S) -> str:
     base = warm_dir()
     wid = warm_id(spec)
     sock, log_path, journal = base / f"{wid}.sock", base / f"{wid}.log", base / f"{wid}.journal"
-    if len(os.fsencode(sock)) > MAX_SOCKET_PATH:
+    if len(os.fsencode(sock)) > MAX_LISTEN_PATH_BYTES:
         raise ConfigError(f"{sock}: too long for a unix socket ({len(os.fsencode(sock))} bytes, at most "
-                          f"{MAX_SOCKET_PATH}); set $XDG_RUNTIME_DIR to a shorter directory")
+                          f"{MAX_LISTEN_PATH_BYTES}); set $XDG_RUNTIME_DIR to a shorter directory")
     addr = f"unix://{sock}"
     if _answers(sock):
         return addr
