@@ -1,4 +1,4 @@
-"""The files the journal opens at start (itself, its ``-wal`` and ``-shm`` beside it, its ``.id``) are
+"""The files the journal opens at start (itself, its ``-wal``, ``-shm`` and ``-journal`` beside it, its ``.id``) are
 regular files or absent: anything else there (a FIFO, a folder, a device) refuses the start naming the
 file and what it is, without waiting on it; the write-ahead log is read a frame at a time, whatever
 its size. Each start is run in a child process with a timeout, so a start that hangs fails the test."""
@@ -77,7 +77,7 @@ def _put(kind: str, at: Path) -> None:
             pytest.skip("making or opening a device node needs root and a file system that allows devices")
 
 
-@pytest.mark.parametrize("suffix", ["", "-wal", "-shm", ".id"])
+@pytest.mark.parametrize("suffix", ["", "-wal", "-shm", "-journal", ".id"])
 @pytest.mark.parametrize("kind, what", [("fifo", "a FIFO (a named pipe), not a regular file"),
                                         ("folder", "Is a directory"),
                                         ("device", "a character device, not a regular file")])
@@ -86,7 +86,8 @@ def test_a_start_file_that_is_no_regular_file_refuses_the_start_at_once(
     """A FIFO at the journal's -wal or .id held the start for ever (read to learn whether the WAL is
     damaged, or which journal was here); /dev/zero there was read until memory ran out; a folder was
     an IsADirectoryError, and SQLite, at the journal or its -shm, said "disk I/O error" (a full disk to
-    the message). Now a ConfigError names the file and what it is, and leaves everything as it was."""
+    the message); SQLite itself waited for ever on a FIFO at the -journal, which it reads where it is
+    there. Now a ConfigError names the file and what it is, and leaves everything as it was."""
     path = tmp_path / "journal.sqlite"
     _journal_with_jobs(path)
     thing = Path(f"{path}{suffix}")
@@ -104,11 +105,11 @@ def test_a_start_file_that_is_no_regular_file_refuses_the_start_at_once(
         j.close()
 
 
-@pytest.mark.parametrize("suffix", ["-wal", "-shm"])
+@pytest.mark.parametrize("suffix", ["-wal", "-shm", "-journal"])
 def test_a_link_at_the_wal_or_shm_is_refused_and_its_target_left_alone(tmp_path: Path, suffix: str) -> None:
-    """SQLite opens the -wal and -shm without following a link, and said only "unable to open database
-    file"; the start made the link's target, any file this user may change, 0600 first. Now the
-    link is refused, named, and its target keeps its mode."""
+    """SQLite opens the -wal, -shm and -journal without following a link, and said only "unable to open
+    database file"; the start made the target of a link at the -wal or -shm, any file this user may
+    change, 0600 first. Now the link is refused, named, and its target keeps its mode."""
     path = tmp_path / "journal.sqlite"
     _journal_with_jobs(path)
     target = tmp_path / "elsewhere.txt"

@@ -20,9 +20,9 @@ The journal is the source of truth, so it is defended:
   Nothing is repaired or emptied automatically; the message says how to start afresh. A journal
   SQLite cannot open for another reason (a full disk, an I/O error) is not damage: a
   ResourceError (exit code 4, which systemd retries) that leaves the file as it was. The journal, its
-  -wal, -shm and .id are regular files or absent: a FIFO, a folder or a device there (or a link at the
-  -wal or -shm, which SQLite does not follow) is a ConfigError naming it (:func:`check_start_files`),
-  found without waiting on a FIFO or reading a device to its end.
+  -wal, -shm, -journal and .id are regular files or absent: a FIFO, a folder or a device there (or a
+  link at the -wal, -shm or -journal, which SQLite does not follow) is a ConfigError naming it
+  (:func:`check_start_files`), found without waiting on a FIFO or reading a device to its end.
 * **A journal removed under the running daemon is written again.** SQLite would go on writing into
   the unlinked file, and every job it held would be gone at the next start (refused: the .id says a
   journal was there). Before each write, and when it closes, the journal checks that its path is
@@ -193,7 +193,7 @@ def _owner_only(path: Path) -> None:
     """Give a journal made by a release before owner-only journals (by the umask: 0644, or 0640 under
     the unit's UMask=0027) the mode a new one has, 0600, with its -wal and -shm: it holds the witnesses
     of unfinished jobs. A file this user may not change keeps its mode, with a warning."""
-    for p in (path, *_side_paths(path)):
+    for p in (path, *_side_paths(path)[:2]):
         try:
             mode = stat.S_IMODE(p.stat().st_mode)
             if mode & 0o077:
@@ -226,23 +226,25 @@ def _marker_path(path: Path) -> Path:
     return path.with_name(path.name + ".id")
 
 
-def _side_paths(path: Path) -> tuple[Path, Path]:
-    """The journal's write-ahead log and its shared-memory index, where SQLite keeps them: beside the
-    file ``path`` leads to (SQLite follows a link to the database, and names these after the file)."""
+def _side_paths(path: Path) -> tuple[Path, Path, Path]:
+    """The journal's write-ahead log, its shared-memory index and its rollback journal (which SQLite
+    looks for, and reads where it is there, at the first read of a journal that has pages), where SQLite
+    keeps them: beside the file ``path`` leads to (SQLite follows a link to the database, and names
+    these after the file)."""
     real = os.path.realpath(path)
-    return Path(f"{real}-wal"), Path(f"{real}-shm")
+    return Path(f"{real}-wal"), Path(f"{real}-shm"), Path(f"{real}-journal")
 
 
 def check_start_files(path: Path, key: str = "daemon.journal") -> None:
     """ConfigError naming ``key``, the file and what it is where a file the journal opens at start is
     there but is no regular file this process can open: the journal (SQLite says "unable to open
-    database file" or "disk I/O error" of a folder, a FIFO or a device), its -wal and -shm (which
-    SQLite opens without following a link: a link there fails as "unable to open database file"),
-    its .id. A FIFO is looked at, never waited on (:func:`~cuzk_mp.daemon.config.check_regular_file`);
-    nothing is changed."""
-    wal, shm = _side_paths(path)
-    for p in (path, wal, shm, _marker_path(path)):
-        if p in (wal, shm) and p.is_symlink():
+    database file" or "disk I/O error" of a folder, a FIFO or a device), its -wal, -shm and -journal
+    (which SQLite opens without following a link: a link there fails as "unable to open database
+    file"; SQLite waits for ever on a FIFO at the -journal), its .id. A FIFO is looked at, never waited
+    on (:func:`~cuzk_mp.daemon.config.check_regular_file`); nothing is changed."""
+    sides = _side_paths(path)
+    for p in (path, *sides, _marker_path(path)):
+        if p in sides and p.is_symlink():
             raise ConfigError(f"{key}: {p}: a symbolic link, which SQLite does not follow there (it cannot "
                               "open the journal): remove it; SQLite makes the file itself")
         if os.path.lexists(p):
