@@ -15,10 +15,10 @@ from pathlib import Path
 
 import pytest
 
-from cuzk_mp.daemon.client import synthetic_partitions
 from cuzk_mp.daemon.journal import Journal, JournalDamaged
 from cuzk_mp.daemon.journal_wal import wal_damage
 from tests.helpers import ENV, PY, REPO, config_text
+from tests.test_journal_integrity import _crash_image, _fill
 
 # Journal.open in a child process (its address space bounded: /dev/zero read to its end fails there, not
 # here); it prints the exception's type and message, or "opened".
@@ -50,18 +50,7 @@ def _open_in_child(path: Path) -> tuple[str, str]:
 
 def _journal_with_jobs(path: Path) -> None:
     """A closed journal holding two queued jobs, with its .id."""
-    import asyncio
-
-    from cuzk_mp.daemon.journal import JournalEntry
-
-    j = Journal.open(path)
-
-    async def add() -> None:
-        for i in range(2):
-            await j.add(JournalEntry(job_id=f"job-{i}", request_id="", circuit_id="syn", priority=2,
-                                     digest=f"d{i}", partitions=synthetic_partitions(1, i), submitted_at=1000.0 + i))
-    asyncio.run(add())
-    j.close()
+    _fill(path, 2).close()
 
 
 def _put(kind: str, at: Path) -> None:
@@ -175,31 +164,19 @@ def test_through_a_link_the_wal_beside_the_journals_file_is_the_one_checked(tmp_
     the file the link leads to, not beside the link. A damaged WAL there opened silently, SQLite dropping
     the committed jobs after the damage (the WAL beside the link, which SQLite never reads, was the one
     checked), and a FIFO there was not refused. Both are now found where SQLite reads them."""
-    import shutil
-
-    from cuzk_mp.daemon.journal import JournalEntry
-
     live = tmp_path / "live" / "journal.sqlite"
     live.parent.mkdir()
-    j = Journal.open(live)
-
-    async def add() -> None:
-        for i in range(20):
-            await j.add(JournalEntry(job_id=f"job-{i}", request_id="", circuit_id="syn", priority=2,
-                                     digest=f"d{i}", partitions=synthetic_partitions(1, i), submitted_at=1000.0 + i))
-    import asyncio
-    asyncio.run(add())
-    disk = tmp_path / "disk"
-    disk.mkdir()
-    for suffix in ("", "-wal"):  # what a SIGKILL leaves: the database and its WAL as they are now
-        shutil.copy(f"{live}{suffix}", disk / f"journal.sqlite{suffix}")
-    j.close()
-    wal = disk / "journal.sqlite-wal"
+    j = _fill(live, 20)
+    try:
+        image = _crash_image(live, tmp_path / "disk")
+    finally:
+        j.close()
+    wal = Path(f"{image}-wal")
     data = bytearray(wal.read_bytes())
     data[32 + 3 * (24 + 4096) + 24 + 200] ^= 0x5A  # a byte of the fourth frame's page
     wal.write_bytes(data)
     link = tmp_path / "journal.sqlite"
-    link.symlink_to(disk / "journal.sqlite")
+    link.symlink_to(image)
     with pytest.raises(JournalDamaged, match="write-ahead log is damaged") as info:
         Journal.open(link)
     assert str(wal) in str(info.value)
