@@ -65,10 +65,10 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from cuzk_mp.daemon.config import check_regular_file
-from cuzk_mp.daemon.journal_wal import open_present, wal_damage
+from cuzk_mp.daemon.journal_wal import wal_damage
 from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions, reply_from_store, stored_reply
 from cuzk_mp.errors import ConfigError, CuzkError, ResourceError
-from cuzk_mp.formats.atomic import atomic_output, read_at_most
+from cuzk_mp.formats.atomic import atomic_output, read_id_file
 
 log = logging.getLogger("cuzk_mp.daemon.journal")
 
@@ -251,23 +251,13 @@ def check_start_files(path: Path, key: str = "daemon.journal") -> None:
             check_regular_file(key, p)
 
 
-def _recorded_id(marker: Path) -> str | None:
-    """The journal id the .id file ``marker`` records (None where there is none), read no further than
-    _MARKER_MAX bytes; bytes that are no text stand as replacement characters: an id of no journal."""
-    fd = open_present(marker)
-    if fd is None:
-        return None
-    with os.fdopen(fd, "rb") as f:
-        return read_at_most(f, _MARKER_MAX).decode(errors="replace").strip()
-
-
 def _check_file(path: Path) -> str | None:
     """Before SQLite touches anything: the journal's files are regular files or absent
     (:func:`check_start_files`), the journal is present (if it ever was) and its WAL would not
     drop committed transactions. Returns the journal id the marker records."""
     check_start_files(path)
     marker = _marker_path(path)
-    recorded = _recorded_id(marker)
+    recorded = read_id_file(marker, _MARKER_MAX)
     size = path.stat().st_size if path.exists() else None
     how_to = (f"; to start with an empty journal (losing its jobs), move {path}, its -wal and "
               f"-shm files and {marker} aside")

@@ -18,7 +18,7 @@ transaction while it was written (never acknowledged: the journal commits with
 confined to that last transaction is indistinguishable from such a tear and is not reported.
 
 The WAL is read a frame at a time (a long run between checkpoints leaves one of any size), from a
-regular file only: a FIFO there is refused, not waited on (:func:`open_present`).
+regular file only: a FIFO there is refused, not waited on (:func:`~cuzk_mp.formats.atomic.open_regular`).
 """
 
 from __future__ import annotations
@@ -27,8 +27,7 @@ import os
 import struct
 from pathlib import Path
 
-from cuzk_mp.errors import InputError
-from cuzk_mp.formats.atomic import open_regular
+from cuzk_mp.formats.atomic import open_regular_if_there
 
 _MAGICS = {0x377F0682: "<", 0x377F0683: ">"}  # checksum words little- / big-endian
 _VERSION = 3007000
@@ -47,25 +46,15 @@ def _checksum(data: bytes, order: str, s1: int, s2: int) -> tuple[int, int]:
     return s1, s2
 
 
-def open_present(path: Path) -> int | None:
-    """A descriptor of the regular file at ``path``, None where there is none; InputError naming it
-    for anything else (:func:`~cuzk_mp.formats.atomic.open_regular`: a FIFO is not waited on)."""
-    try:
-        return open_regular(path, str(path))[0]
-    except InputError as e:
-        if isinstance(e.__cause__, FileNotFoundError):
-            return None
-        raise
-
-
 def wal_damage(path: Path) -> str | None:
     """Why the WAL at ``path`` would lose committed transactions, or None if it would not
     (also None when there is no WAL); InputError where it is no regular file."""
-    fd = open_present(path)
-    if fd is None:
+    opened = open_regular_if_there(path, str(path))
+    if opened is None:
         return None
+    fd, size = opened
     try:
-        return _damage(fd, os.fstat(fd).st_size)
+        return _damage(fd, size)
     finally:
         os.close(fd)
 

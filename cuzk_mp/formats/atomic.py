@@ -304,3 +304,25 @@ def open_regular(path: str | os.PathLike[str], shown: str) -> tuple[int, int]:
         raise InputError(f"{shown}: cannot read: {os.strerror(errno.EISDIR)}")
     what = next((kind for test, kind in _NOT_REGULAR if test(st.st_mode)), "a special file")
     raise InputError(f"{shown}: cannot read it in place: {what}, not a regular file (give the file itself)")
+
+
+def open_regular_if_there(path: str | os.PathLike[str], shown: str) -> tuple[int, int] | None:
+    """:func:`open_regular`, or None where no file is at ``path`` (nor where its link leads)."""
+    try:
+        return open_regular(path, shown)
+    except InputError as e:
+        if isinstance(e.__cause__, FileNotFoundError):
+            return None
+        raise
+
+
+def read_id_file(path: str | os.PathLike[str], limit: int) -> str | None:
+    """The id a marker file at ``path`` records (its text, stripped); None where there is none. It is read
+    no further than ``limit`` + 1 bytes, from a regular file only (InputError naming it otherwise: a FIFO
+    is not waited on, a device not read to its end); bytes that are no UTF-8 stand as replacement
+    characters, an id that matches none."""
+    opened = open_regular_if_there(path, str(path))
+    if opened is None:
+        return None
+    with os.fdopen(opened[0], "rb") as f:
+        return read_at_most(f, limit).decode(errors="replace").strip()

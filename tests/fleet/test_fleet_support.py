@@ -606,6 +606,51 @@ def test_the_shared_inputs_folders_marker_tells_a_broken_or_foreign_share(tmp_pa
     assert "cannot read its .cuzk-fleet-inputs" in problem and "\n" not in problem
 
 
+_SHARE_PROBLEM = """
+import resource, sys
+from pathlib import Path
+resource.setrlimit(resource.RLIMIT_AS, (2 << 30, 2 << 30))
+from cuzk_mp.daemon.fleet.inputs import share_problem
+print(share_problem(Path(sys.argv[1]), "id-1"))
+"""
+
+
+@pytest.mark.parametrize("kind, what", [("fifo", "a FIFO (a named pipe), not a regular file"),
+                                        ("device", "a character device, not a regular file")])
+def test_a_marker_that_is_no_regular_file_is_named_not_read(tmp_path: Path, kind: str, what: str) -> None:
+    """The marker check (a box's start, every heartbeat) read the marker to its end: a FIFO there held a
+    worker thread for ever (the box paused, saying only that the check took too long), a device was read
+    until memory ran out. It is named in one line, as an unreadable marker is, without waiting on it."""
+    import os
+    import stat
+    import subprocess
+    import sys
+
+    from cuzk_mp.daemon.fleet.inputs import MARKER_NAME
+
+    share = tmp_path / "share"
+    share.mkdir()
+    marker = share / MARKER_NAME
+    if kind == "fifo":
+        os.mkfifo(marker)
+    else:  # a device of its own, as /dev/zero: read to its end, it never ends
+        try:
+            os.mknod(marker, 0o600 | stat.S_IFCHR, os.makedev(1, 5))
+            os.close(os.open(marker, os.O_RDONLY))
+        except PermissionError:
+            pytest.skip("making or opening a device node needs root and a file system that allows devices")
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[2])}
+    try:
+        proc = subprocess.run([sys.executable, "-c", _SHARE_PROBLEM, str(share)], env=env, capture_output=True,
+                              text=True, timeout=60)
+    except subprocess.TimeoutExpired:
+        pytest.fail("the marker check did not end within 60 s")
+    line = proc.stdout.strip()
+    assert proc.returncode == 0 and line.startswith(f"[fleet] inputs_dir {share}: cannot read its {MARKER_NAME}: "), \
+        (proc.returncode, proc.stdout, proc.stderr[-2000:])
+    assert what in line and "\n" not in line
+
+
 def test_the_daemons_early_dsn_check_finds_a_role_that_may_not_create_the_fleets_tables(fleet_dsn: str) -> None:
     """The check a daemon makes right after its instance lock, before the engine's long start: a
     role without CREATE on the schema of a database that has no fleet tables yet is a ConfigError

@@ -201,7 +201,7 @@ class FleetBox:
         if found == proposed:
             log.info("fleet: box %s marked %s as the fleet's shared inputs folder", self.fcfg.box, folder)
         elif found is not None:
-            with contextlib.suppress(OSError):
+            with contextlib.suppress(OSError, InputError):  # the marker unreadable now: left as it is
                 if await asyncio.to_thread(read_marker, folder) == proposed:
                     await asyncio.to_thread(write_marker, folder, found)
         return found

@@ -34,6 +34,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cuzk_mp.errors import InputError, ResourceError
+from cuzk_mp.formats.atomic import read_id_file
 
 SHA256_RE = re.compile(r"^[0-9a-f]{64}$")
 URL_SCHEMES = ("file", "http", "https")
@@ -42,6 +43,7 @@ READ_CHUNK = 1 << 20
 INPUTS_SUFFIX = ".inputs"
 INCOMING_PREFIX = ".incoming-"  # a store in progress (renamed to its .inputs name once written)
 MARKER_NAME = ".cuzk-fleet-inputs"  # the shared folder's marker: the id cuzk_fleet_meta records for it
+MARKER_MAX_BYTES = 256  # the most of a marker that is read: its id is 32 hex digits and a newline
 
 
 class ShareUnavailable(ResourceError):
@@ -125,18 +127,16 @@ def write_marker(directory: Path, share_id: str) -> None:
 
 
 def read_marker(directory: Path) -> str | None:
-    """The id in the folder's marker; None if there is none (OSError if the folder cannot be read)."""
-    try:
-        return (directory / MARKER_NAME).read_text().strip()
-    except FileNotFoundError:
-        return None
+    """The id in the folder's marker; None if there is none (OSError if the folder cannot be read,
+    InputError naming the marker where it is no regular file: :func:`~cuzk_mp.formats.atomic.read_id_file`)."""
+    return read_id_file(directory / MARKER_NAME, MARKER_MAX_BYTES)
 
 
 def share_problem(directory: Path, share_id: str) -> str | None:
     """Why ``directory`` is not the fleet's shared inputs folder on this box, in one line; None if it is."""
     try:
         found = read_marker(directory)
-    except OSError as e:  # a stale NFS handle, an I/O error, no permission
+    except (OSError, InputError) as e:  # a stale NFS handle, an I/O error, no permission; a FIFO, a device
         return f"[fleet] inputs_dir {directory}: cannot read its {MARKER_NAME}: {e}"
     if found is None:
         return (f"[fleet] inputs_dir {directory}: no {MARKER_NAME} in it, so it is not the fleet's shared "
