@@ -17,6 +17,7 @@ import pytest
 
 from cuzk_mp.daemon.journal import Journal, JournalDamaged
 from cuzk_mp.daemon.journal_wal import wal_damage
+from cuzk_mp.errors import ConfigError
 from tests.helpers import ENV, PY, REPO, config_text
 from tests.test_journal_integrity import _crash_image, _fill
 
@@ -185,3 +186,29 @@ def test_through_a_link_the_wal_beside_the_journals_file_is_the_one_checked(tmp_
     os.mkfifo(wal)
     kind_seen, message = _open_in_child(link)
     assert kind_seen == "ConfigError" and f"{wal}: " in message and "a FIFO" in message, (kind_seen, message)
+
+
+def test_the_folder_a_journal_link_leads_to_must_be_writable(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """SQLite makes the -wal and -shm beside the file a journal link leads to: that folder must be one the
+    daemon may write, as the journal's own folder must (--check said OK of a link into a read-only folder,
+    and the start failed with SQLite's "attempt to write a readonly database" as a ResourceError, exit 4,
+    "free the disk", which systemd retries for ever). A read-only folder is simulated (root may write any
+    folder of a writable file system): os.access says no for it, as it does on a read-only file system."""
+    from cuzk_mp.daemon.cli import check_writable_places
+    from cuzk_mp.daemon.config import resolve
+
+    real = tmp_path / "ro" / "journal.sqlite"
+    real.parent.mkdir()
+    _journal_with_jobs(real)
+    for side in real.parent.glob("journal.sqlite-*"):
+        side.unlink()
+    link = tmp_path / "journal.sqlite"
+    link.symlink_to(real)
+    access = os.access
+    monkeypatch.setattr(os, "access", lambda p, mode, **kw: Path(p) != real.parent and access(p, mode, **kw))
+    expected = rf"daemon\.journal: {real.parent} cannot be written \(SQLite makes the journal's -wal and -shm there\)"
+    cfg = resolve({"daemon": {"journal": str(link)}, "srs": {"param_cache": str(tmp_path / "cache")}}, base=tmp_path)
+    with pytest.raises(ConfigError, match=expected):
+        check_writable_places(cfg)
+    with pytest.raises(ConfigError, match=expected):
+        Journal.open(link)

@@ -69,6 +69,7 @@ from cuzk_mp.daemon.journal_wal import wal_damage
 from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions, reply_from_store, stored_reply
 from cuzk_mp.errors import ConfigError, CuzkError, ResourceError
 from cuzk_mp.formats.atomic import atomic_output, read_id_file
+from cuzk_mp.paths import folder_problem
 
 log = logging.getLogger("cuzk_mp.daemon.journal")
 
@@ -241,8 +242,14 @@ def check_start_files(path: Path, key: str = "daemon.journal") -> None:
     database file" or "disk I/O error" of a folder, a FIFO or a device), its -wal, -shm and -journal
     (which SQLite opens without following a link: a link there fails as "unable to open database
     file"; SQLite waits for ever on a FIFO at the -journal), its .id. A FIFO is looked at, never waited
-    on (:func:`~cuzk_mp.daemon.config.check_regular_file`); nothing is changed."""
+    on (:func:`~cuzk_mp.daemon.config.check_regular_file`); nothing is changed. The folder SQLite makes
+    the -wal and -shm in (beside the file a link leads to) must be one this process may write
+    (:func:`~cuzk_mp.paths.folder_problem`): SQLite says "attempt to write a readonly database"."""
     sides = _side_paths(path)
+    problem = folder_problem(sides[0].parent)
+    if problem is not None:
+        raise ConfigError(f"{key}: {sides[0].parent} cannot be written (SQLite makes the journal's -wal and -shm "
+                          f"there): {problem}")
     for p in (path, *sides, _marker_path(path)):
         if p in sides and p.is_symlink():
             raise ConfigError(f"{key}: {p}: a symbolic link, which SQLite does not follow there (it cannot "
