@@ -262,3 +262,30 @@ def test_a_start_timeout_names_the_config_key_that_sets_it(tmp_path: Path) -> No
                          timeout=120)
     assert run.returncode == 1, run.stderr[-2000:]
     assert "within 0.05 s (set by pipeline.start_timeout" in run.stderr, run.stderr[-2000:]
+
+
+def test_one_journal_reached_through_a_link_and_by_its_own_path_is_locked_once(tmp_path: Path) -> None:
+    """Two daemons whose configs name one journal, one through a symlink and one by the file's own path
+    (each with its own shm prefix, so that lock does not meet): each took the lock beside the path it
+    was given, and both started on one journal (the second resubmitting the first's queued jobs as its
+    own). The lock beside the file the link leads to is taken too, so the second finds it held."""
+    from cuzk_mp.daemon.instance_lock import AlreadyRunning, InstanceLock, lock_paths
+
+    real = tmp_path / "disk" / "journal.sqlite"
+    real.parent.mkdir()
+    real.write_bytes(b"")
+    link = tmp_path / "journal.sqlite"
+    link.symlink_to(real)
+    through_link = InstanceLock(lock_paths(link, []), f"cuzk-link-a-{os.getpid()}")
+    through_link.acquire()
+    try:
+        with pytest.raises(AlreadyRunning, match=f"pid {os.getpid()}"):
+            InstanceLock(lock_paths(real, []), f"cuzk-link-b-{os.getpid()}").acquire()
+    finally:
+        through_link.release()
+    assert [p.name for p in lock_paths(real, [])] == ["journal.sqlite.lock"]  # a journal that is no link: one lock
+    folder_link = tmp_path / "folder-link"
+    folder_link.symlink_to(real.parent)
+    one = lock_paths(folder_link / "journal.sqlite", [])  # through a linked folder: the same lock file, once
+    assert one == [folder_link / "journal.sqlite.lock"]
+    InstanceLock(one).acquire()

@@ -13,7 +13,8 @@ that holds a lock unlinks its file (a gone warm daemon's files are removed so, :
 :func:`try_lock` opens the name again where the file it locked is no longer the one there, so two
 daemons never each hold the lock of their own file of one name. The abstract socket leaves no file at all (so
 nothing in /dev/shm); it is per network namespace, which daemons sharing /dev/shm share too in
-the usual setups.
+the usual setups. A journal path that is a symlink is locked beside the file it leads to as well
+(:func:`lock_paths`): another config may name that file itself.
 """
 
 from __future__ import annotations
@@ -112,8 +113,11 @@ class InstanceLock:
 
 
 def lock_paths(journal: Path, unix_sockets: list[str]) -> list[Path]:
-    """The lock files of a daemon: beside its journal and beside each unix socket it binds."""
-    return [journal.with_name(journal.name + ".lock")] + [Path(p + ".lock") for p in unix_sockets]
+    """The lock files of a daemon: beside its journal (and, for a journal path that is a symlink, beside
+    the file it leads to too: another config may name that file itself) and beside each unix socket it
+    binds."""
+    journals = [journal, Path(os.path.realpath(journal))] if journal.is_symlink() else [journal]
+    return [j.with_name(j.name + ".lock") for j in journals] + [Path(p + ".lock") for p in unix_sockets]
 
 
 REOPENS = 5  # a lock file replaced under each of this many locks in a row counts as held
