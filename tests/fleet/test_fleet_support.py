@@ -9,6 +9,7 @@ import http.server
 import json
 import threading
 from pathlib import Path
+from typing import Any
 
 import msgspec
 import pytest
@@ -207,24 +208,28 @@ def test_stored_inputs_go_once_stale_and_named_by_no_job(fleet_dsn: str, tmp_pat
 
 def test_pruning_never_removes_the_inputs_of_a_job_being_queued(fleet_dsn: str, tmp_path: Path) -> None:
     """A submit of bytes stored before (an old file, or one whose mtime the shared folder still shows
-    old) holds the inputs' lock from its store to its job's commit: a prune that comes meanwhile waits,
-    then finds the job naming the file and keeps it."""
+    old) holds the inputs' lock from putting them in place to its job's commit: a prune that comes
+    meanwhile waits, then finds the job naming the file and keeps it."""
     import os
     import threading
     import time
 
+    from cuzk_mp.daemon.fleet.inputs import StagedInputs
+
     [old] = make_inputs(tmp_path, 1)
     os.utime(old.ref, (time.time() - 100, time.time() - 100))  # what a stale attribute cache shows
-    storing, release = threading.Event(), threading.Event()
+    placing, release = threading.Event(), threading.Event()
 
-    def store() -> None:  # the file is there already; the store waits here, under the lock
-        storing.set()
-        assert release.wait(10)
+    class Held(StagedInputs):
+        def place(self) -> bool:  # the file is there already; the submit waits here, under the lock
+            placing.set()
+            assert release.wait(10)
+            return super().place()
 
     async def main() -> int:
         a, b = await connect(fleet_dsn, "a"), await connect(fleet_dsn, "b")
-        submit = asyncio.create_task(a.submit(None, "x", old.ref, old.sha256, store=store))
-        await asyncio.to_thread(storing.wait, 10)
+        submit = asyncio.create_task(a.submit(None, "x", old.ref, old.sha256, stage=lambda: Held(old, None)))
+        await asyncio.to_thread(placing.wait, 10)
         prune = asyncio.create_task(b.prune_inputs(tmp_path, 50))
         await asyncio.sleep(0.5)
         assert not prune.done()  # it waits for the submit's lock
@@ -236,6 +241,39 @@ def test_pruning_never_removes_the_inputs_of_a_job_being_queued(fleet_dsn: str, 
         return removed
 
     assert asyncio.run(main()) == 0 and Path(old.ref).exists()
+
+
+def test_a_submit_holds_no_transaction_while_it_writes_its_inputs(fleet_dsn: str, tmp_path: Path) -> None:
+    """Inputs of hundreds of megabytes take a while to write to a shared folder: a submit that wrote
+    them inside its transaction held it open (and its inputs' lock) all that time, which the server
+    ends once idle for the stall timeout. They are written before the transaction; inside it, they
+    only take their place (one rename), under the lock, and pruning still never removes them."""
+    from fleet_helpers import query_one
+
+    from cuzk_mp.daemon.fleet.inputs import inputs_ref, stage_inputs
+
+    data = b"inputs being written " * 1000
+    inp = inputs_ref(data, tmp_path)
+    seen: list[tuple[Any, ...]] = []
+
+    def stage() -> Any:  # the write, slow: what the box's transactions and the inputs' lock look like now
+        seen.append(query_one(fleet_dsn, "SELECT count(*) FILTER (WHERE state LIKE 'idle in transaction%'), "
+                                         "(SELECT count(*) FROM pg_locks WHERE locktype = 'advisory' AND database = "
+                                         "(SELECT oid FROM pg_database WHERE datname = current_database())) "
+                                         "FROM pg_stat_activity WHERE application_name = 'cuzk-fleet a'"))
+        return stage_inputs(data, tmp_path, inp)
+
+    async def main() -> str:
+        a = await connect(fleet_dsn, "a")
+        ref = await a.submit(None, "x", inp.ref, inp.sha256, stage=stage)
+        st = await a.status(ref.job_id)
+        await a.close()
+        return st.state
+
+    assert asyncio.run(main()) == "queued"
+    assert seen == [(0, 0)], "a transaction (and the inputs' lock) was held while the inputs were written"
+    assert load_inputs(inp.ref, inp.sha256) == data
+    assert [p.name for p in tmp_path.iterdir()] == [Path(inp.ref).name]  # no temporary left beside it
 
 
 def test_pruning_keeps_the_inputs_of_a_queued_job_where_inputs_dir_is_reached_through_a_symlink(

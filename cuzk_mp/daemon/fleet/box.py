@@ -62,11 +62,12 @@ from cuzk_mp.daemon.config import DaemonConfig
 from cuzk_mp.daemon.fleet import report
 from cuzk_mp.daemon.fleet.inputs import (
     ShareUnavailable,
+    StagedInputs,
     inputs_ref,
     load_inputs,
     read_marker,
     share_problem,
-    store_inputs,
+    stage_inputs,
     write_marker,
 )
 from cuzk_mp.daemon.fleet.keys import KeyView, backlog_by_circuit, holders_by_circuit, plan_key_load
@@ -367,14 +368,14 @@ class FleetBox:
         data = msgspec.msgpack.encode(req.partitions)
         inp = await asyncio.to_thread(inputs_ref, data, folder)
 
-        def store() -> None:  # in the submit's transaction, under the inputs' lock (pruning takes it too)
+        def stage() -> StagedInputs:  # before the submit's transaction, which puts them in place
             try:
-                store_inputs(data, folder, inp)
+                return stage_inputs(data, folder, inp)
             except OSError as e:
                 raise ResourceError(f"[fleet] inputs_dir {folder}: cannot store the inputs: {e}") from None
 
         return await fleet.submit(req.request_id or None, req.circuit_id, inp.ref, inp.sha256, spec.priority,
-                                  len(req.partitions), client=owner, input_bytes=size, caps=caps, store=store)
+                                  len(req.partitions), client=owner, input_bytes=size, caps=caps, stage=stage)
 
     async def wait(self, job_id: str, timeout_s: float | None, only: str | None, id: int) -> P.JobReply:
         """AwaitProof from any box: the job's reply once it ended, or where it is after ``timeout_s``."""

@@ -21,6 +21,7 @@ Nothing here knows about the queue.
 from __future__ import annotations
 
 import contextlib
+import errno
 import hashlib
 import io
 import os
@@ -94,30 +95,77 @@ def store_inputs(data: bytes, directory: Path, ref: InputsRef | None = None) -> 
     mtime refreshed so that :func:`remove_stale_inputs` leaves it for the retention time); ``ref``:
     :func:`inputs_ref` of it, where the caller has it (the digest is not computed again)."""
     ref = ref or inputs_ref(data, directory)
-    directory.mkdir(parents=True, exist_ok=True)
-    path = Path(ref.ref)
-    try:
-        kept = path.stat().st_size == len(data)
-        if kept:
-            os.utime(path)
-    except FileNotFoundError:  # absent, or removed as stale a moment ago
-        kept = False
-    if not kept:
-        _replace(path, data)
+    while not stage_inputs(data, directory, ref).place():
+        pass  # removed as stale between the look and the refresh: written whole this time
     return ref
 
 
+@dataclass
+class StagedInputs:
+    """Inputs on their way into the shared folder (:func:`stage_inputs`): their bytes written beside
+    their place (``temp``), or None where the file was there already. :meth:`place` puts them in place
+    with one rename or one mtime refresh, quick enough for a submit to do under its inputs' lock,
+    inside its transaction, while the long write happened before it, outside."""
+
+    ref: InputsRef
+    temp: Path | None
+
+    def place(self) -> bool:
+        """Rename the bytes into place, or refresh the mtime of the file that was there; False (nothing
+        done) where that file was removed since it was found (pruned as stale): stage again."""
+        path = Path(self.ref.ref)
+        if self.temp is not None:
+            os.replace(self.temp, path)
+            self.temp = None
+            return True
+        try:
+            os.utime(path)
+        except OSError as e:
+            if isinstance(e, FileNotFoundError) or e.errno == errno.ESTALE:  # ESTALE: an NFS handle of it
+                return False
+            raise
+        return True
+
+    def discard(self) -> None:
+        """Remove the bytes written for a place they never took (the submit was refused)."""
+        if self.temp is not None:
+            self.temp.unlink(missing_ok=True)
+            self.temp = None
+
+
+def stage_inputs(data: bytes, directory: Path, ref: InputsRef) -> StagedInputs:
+    """Write ``data`` into a temporary beside ``ref``'s file unless that file is there already (of
+    its size); :meth:`StagedInputs.place` puts it in place."""
+    directory.mkdir(parents=True, exist_ok=True)
+    path = Path(ref.ref)
+    with contextlib.suppress(FileNotFoundError):  # absent, or removed as stale a moment ago
+        if path.stat().st_size == len(data):
+            return StagedInputs(ref, None)
+    return StagedInputs(ref, _write_temp(path, data))
+
+
 def _replace(path: Path, data: bytes) -> None:
-    """Write ``data`` as ``path`` whole: into a temporary of its folder (``INCOMING_PREFIX``: one that a
-    box killed meanwhile leaves is removed by :func:`remove_stale_inputs`), renamed over it."""
+    """Write ``data`` as ``path`` whole: into a temporary of its folder (:func:`_write_temp`), renamed
+    over it."""
+    tmp = _write_temp(path, data)
+    try:
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+def _write_temp(path: Path, data: bytes) -> Path:
+    """``data`` in a new temporary of ``path``'s folder (``INCOMING_PREFIX``: one that a box killed
+    meanwhile leaves is removed by :func:`remove_stale_inputs`)."""
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=INCOMING_PREFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+    return Path(tmp)
 
 
 def write_marker(directory: Path, share_id: str) -> None:

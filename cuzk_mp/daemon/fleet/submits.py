@@ -26,7 +26,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from cuzk_mp.daemon.fleet import schema
 from cuzk_mp.daemon.fleet.config import FleetConfig
-from cuzk_mp.daemon.fleet.inputs import check_ref
+from cuzk_mp.daemon.fleet.inputs import StagedInputs, check_ref
 from cuzk_mp.daemon.fleet.models import JobRef, JobStatus, entrypoint, queue_priority
 from cuzk_mp.daemon.fleet.store import FleetStore
 from cuzk_mp.daemon.queue_caps import Queued, QueueCaps, check_caps
@@ -40,6 +40,7 @@ MIN_READ_S = 1.0  # a waiter's read may take this long even at its deadline (a t
 AWAIT_RECHECK_S = 60.0  # a safety net only: waiters wake on NOTIFY, and on every LISTEN reconnect
 MAX_CIRCUIT_ID_CHARS = 64
 NO_CAPS = QueueCaps()
+STAGE_TRIES = 3  # a submit's stagings of its inputs (see submit: one pruned meanwhile is staged again)
 
 
 class FleetSubmits(FleetStore):
@@ -56,7 +57,7 @@ class FleetSubmits(FleetStore):
     async def submit(self, request_id: str | None, circuit_id: str, inputs_ref: str, inputs_sha256: str,
                      priority: Priority = Priority.NORMAL, n_partitions: int = 1, *, client: str = "",
                      input_bytes: int = 0, caps: QueueCaps = NO_CAPS,
-                     store: Callable[[], object] | None = None) -> JobRef:
+                     stage: Callable[[], StagedInputs] | None = None) -> JobRef:
         """Queue a job; the same non-empty ``request_id`` from any box returns the same job.
 
         A repeat with a different circuit or inputs is an InputError, never a second job; so is a
@@ -67,10 +68,13 @@ class FleetSubmits(FleetStore):
         answered whatever the caps. The request-id row, the caps' count, the queue row and the job
         row are one transaction.
 
-        ``store`` writes the inputs file (run in a thread, first in the transaction, under the inputs'
-        lock, :func:`~.schema.inputs_lock`): pruning, which takes that lock to check that no job names
-        a file before it removes it, then never removes a file a job is being queued with, whatever
-        the shared folder's clocks or attribute caches say of its mtime.
+        ``stage`` writes the inputs' bytes beside their file (:func:`~.inputs.stage_inputs`, run in a
+        thread before the transaction: a write of hundreds of megabytes to a slow share holds no
+        transaction open, nor the locks it takes, all that time);
+        the transaction puts them in place first, under the inputs' lock (:func:`~.schema.inputs_lock`):
+        pruning, which takes that lock to check that no job names a file before it removes it, then
+        never removes a file a job is being queued with, whatever the shared folder's clocks or
+        attribute caches say of its mtime. A file pruned between the stage and the lock is staged again.
         """
         _check_submit(request_id, circuit_id, inputs_ref, inputs_sha256, n_partitions)
         if input_bytes < 0:
@@ -81,10 +85,31 @@ class FleetSubmits(FleetStore):
             raise InputError(f"priority: one of {', '.join(f'{p.value} ({p.name})' for p in Priority)}, "
                              f"got {priority!r}") from None
         job_id = uuid.uuid4().hex
+        for _ in range(STAGE_TRIES):
+            staged = None if stage is None else await asyncio.to_thread(stage)
+            try:
+                ref = await self._enqueue(job_id, request_id, circuit_id, inputs_ref, inputs_sha256, priority,
+                                          n_partitions, client, input_bytes, caps, staged)
+            finally:
+                if staged is not None:
+                    await asyncio.to_thread(staged.discard)
+            if ref is not None:
+                if not ref.duplicate:
+                    log.info("fleet: queued job %s (%s, %s, %d partitions)", job_id, circuit_id, priority.name,
+                             n_partitions)
+                return ref
+        raise ResourceError(f"fleet: the inputs {inputs_ref} were removed as stale again and again while being "
+                            "queued; submit again")
+
+    async def _enqueue(self, job_id: str, request_id: str | None, circuit_id: str, inputs_ref: str,
+                       inputs_sha256: str, priority: Priority, n_partitions: int, client: str, input_bytes: int,
+                       caps: QueueCaps, staged: StagedInputs | None) -> JobRef | None:
+        """The transaction of :meth:`submit`; None where its staged inputs' file was pruned meanwhile."""
         async with self._tx() as (conn, queries):
-            if store is not None:  # lock order: the inputs' lock, then the caps' lock below
+            if staged is not None:  # lock order: the inputs' lock, then the caps' lock below
                 await conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", schema.inputs_lock(inputs_sha256))
-                await asyncio.to_thread(store)
+                if not await asyncio.to_thread(_place, staged):
+                    return None
             if caps:
                 # Count and insert under one fleet-wide lock, so two submits racing at a cap (from any
                 # boxes) never both pass. Lock order: this lock first, then the new request-id row (a
@@ -107,7 +132,6 @@ class FleetSubmits(FleetStore):
                 "VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s, %s)",
                 (job_id, request_id or None, circuit_id, int(priority), n_partitions, inputs_ref,
                  inputs_sha256, input_bytes, queue_id, self.box, client))
-        log.info("fleet: queued job %s (%s, %s, %d partitions)", job_id, circuit_id, priority.name, n_partitions)
         return JobRef(job_id, "queued")
 
     async def precheck(self, request_id: str | None, client: str, input_bytes: int, caps: QueueCaps) -> None:
@@ -223,3 +247,11 @@ def _check_submit(request_id: str | None, circuit_id: str, inputs_ref: str, inpu
     check_ref(inputs_ref, inputs_sha256)
     if n_partitions < 1:
         raise InputError(f"n_partitions: must be >= 1, got {n_partitions}")
+
+
+def _place(staged: StagedInputs) -> bool:
+    """:meth:`.inputs.StagedInputs.place`, its failure a ResourceError naming the file."""
+    try:
+        return staged.place()
+    except OSError as e:
+        raise ResourceError(f"fleet: cannot store the inputs {staged.ref.ref}: {e}") from None
