@@ -3,7 +3,8 @@
 ``python box_process.py --dsn DSN --box NAME --circuits a,b [--slots N] [--work-s S] ...`` joins
 the fleet and runs a :class:`FleetWorker` whose job reads the inputs through their reference,
 checks their sha256, works for ``--work-s`` seconds (cancellable) and returns a small JSON result
-naming the box and the digest it computed. It prints one JSON line per event on stdout
+naming the box and the digest it computed; with ``--hold`` it claims one job and stops inside a
+transaction holding its rows (:func:`hold`). It prints one JSON line per event on stdout
 (``ready``, ``started``, ``aborted``, ``stopped``) so the test can follow it, logs on stderr,
 and exits 0 on SIGTERM. It imports cuzk_mp from PYTHONPATH (set by the helper that starts it).
 """
@@ -45,7 +46,9 @@ async def main(args: argparse.Namespace) -> int:
         emit("aborted", job_id=job_id, reason=reason)
 
     fleet = await Fleet.connect(args.dsn, args.box, on_abort=on_abort, heartbeat_interval_s=args.heartbeat,
-                                stall_timeout_s=args.stall)
+                                stall_timeout_s=args.stall, heartbeats=not args.hold)
+    if args.hold:
+        return await hold(fleet, circuits)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
     loop.add_signal_handler(signal.SIGTERM, stop.set)
@@ -60,6 +63,21 @@ async def main(args: argparse.Namespace) -> int:
     return 0
 
 
+async def hold(fleet: Fleet, circuits: list[str]) -> int:
+    """Claim one job, then stop inside a transaction that holds its rows locked, as a box does that is
+    frozen (SIGSTOP, a debugger) or cut off between two statements of a claim or a settle: ``holding``
+    is printed inside it, and the process waits there until killed."""
+    while not (claimed := await fleet.claim(circuits, 1)):
+        await asyncio.sleep(0.1)
+    job_id = claimed[0].job_id
+    async with fleet._tx() as (conn, _):
+        await fleet._lock_queue_row(conn, job_id)
+        await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE job_id = %s FOR UPDATE", (job_id,))
+        emit("holding", job_id=job_id)
+        await asyncio.Event().wait()
+    return 0
+
+
 if __name__ == "__main__":
     p = argparse.ArgumentParser()
     p.add_argument("--dsn", required=True)
@@ -70,5 +88,6 @@ if __name__ == "__main__":
     p.add_argument("--heartbeat", type=float, default=0.5)
     p.add_argument("--stall", type=float, default=2.0)
     p.add_argument("--poll", type=float, default=0.5)
+    p.add_argument("--hold", action="store_true", help="claim one job and stop inside a transaction (see hold)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(asyncio.run(main(p.parse_args())))

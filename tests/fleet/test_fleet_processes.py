@@ -109,3 +109,34 @@ def test_three_box_processes_prove_every_job_exactly_once(fleet_dsn: str, tmp_pa
     assert len(started) == len({j for j, _ in started}) == len(inputs)
     assert dict(started) == ran_on
     assert len(set(ran_on.values())) == 3, "every box should have taken part"
+
+
+def test_a_box_frozen_inside_a_transaction_frees_its_job_for_another_box(fleet_dsn: str, tmp_path: Path) -> None:
+    """A box frozen (SIGSTOP) between two statements of a transaction that holds a claimed job's rows:
+    its kernel still answers for its connections, so only the server's idle-in-transaction timeout (the
+    box's stall timeout) ends that transaction. Without it the server kept the rows locked for as long as
+    the box stayed frozen, and no box could take the job over (nor settle or cancel it)."""
+    [inp] = make_inputs(tmp_path, 1)
+    knobs = {**STALLING, "heartbeat_interval_s": 0.25, "stall_timeout_s": 1.0}
+    frozen = BoxProcess(fleet_dsn, "frozen", ["x"], heartbeat_s=0.25, stall_s=1.0, hold=True)
+    try:
+
+        async def main() -> float:
+            s = await connect(fleet_dsn, "s", **knobs)
+            ref = await s.submit(None, "x", inp.ref, inp.sha256)
+            held = await asyncio.to_thread(frozen.wait_for, "holding")
+            assert held["job_id"] == ref.job_id
+            frozen.freeze()
+            t0 = time.monotonic()
+            while not (claimed := await s.claim(["x"], 1)) and time.monotonic() - t0 < 20:
+                await asyncio.sleep(0.1)
+            taken_after = time.monotonic() - t0
+            assert [c.job_id for c in claimed] == [ref.job_id]
+            assert await s.complete(ref.job_id, b"from s")
+            await s.close()
+            return taken_after
+
+        taken_after = run(main())
+    finally:
+        frozen.kill()
+    assert taken_after < 5.0, f"the job was taken over {taken_after:.1f} s after its box froze"

@@ -9,6 +9,7 @@ import asyncio
 import os
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 from fleet_helpers import STALLING, connect, make_inputs, query_one, worker
@@ -332,6 +333,53 @@ def test_joining_or_looking_while_a_transaction_holds_a_job_stalls_no_box(fleet_
             await f.close()
 
     run(main())
+
+
+def test_the_server_gives_up_on_a_silent_box_as_soon_as_the_box_gives_up_on_it(fleet_dsn: str) -> None:
+    """Every session a box opens tells the server to probe an idle peer after the connect timeout, to end
+    the connection once the peer is silent that long, and to end a transaction left idle for the stall
+    timeout: without them the server kept a dead box's session, and the locks of the transaction it
+    was in, for 2 hours and 11 minutes (the operating system's keepalive defaults). An ordinary role
+    may set them; options of the dsn are kept, and win where they set the same."""
+    import psycopg
+
+    from cuzk_mp.daemon.fleet.config import FleetConfig
+    from cuzk_mp.daemon.fleet.store import first_connection
+
+    names = ["tcp_keepalives_idle", "tcp_keepalives_interval", "tcp_keepalives_count", "tcp_user_timeout",
+             "idle_in_transaction_session_timeout", "statement_timeout"]
+    expected = {"tcp_keepalives_idle": "6", "tcp_keepalives_interval": "2", "tcp_keepalives_count": "3",
+                "tcp_user_timeout": "6000", "idle_in_transaction_session_timeout": "4000", "statement_timeout": "0"}
+    knobs = {"connect_timeout_s": 6.0, "stall_timeout_s": 4.0, "heartbeat_interval_s": 0.5}
+    role = f"plain_box_{os.getpid()}"
+    with psycopg.connect(fleet_dsn, autocommit=True) as conn:
+        conn.execute(f"CREATE ROLE {role} LOGIN")  # type: ignore[arg-type]
+
+    async def settings(conn: Any) -> dict[str, str]:
+        cur = await conn.execute("SELECT name, setting FROM pg_settings WHERE name = ANY(%s) UNION ALL "
+                                 "SELECT 'is_superuser', current_setting('is_superuser')", (names,))
+        return dict(await cur.fetchall())
+
+    async def main() -> list[dict[str, str]]:
+        a = await connect(fleet_dsn, "a", **knobs)
+        async with a._tx() as (conn, _):
+            pooled = await settings(conn)
+        await a.close()
+        seen = [pooled]
+        for dsn in (fleet_dsn.replace("cuzk@", f"{role}@"),
+                    fleet_dsn + "?options=-c%20tcp_keepalives_idle%3D30%20-c%20statement_timeout%3D5000"):
+            async with await first_connection(FleetConfig(dsn=dsn, box="b", **knobs)) as conn:
+                seen.append(await settings(conn))
+        return seen
+
+    try:
+        pooled, plain, given = run(main())
+    finally:
+        with psycopg.connect(fleet_dsn, autocommit=True) as conn:
+            conn.execute(f"DROP ROLE {role}")  # type: ignore[arg-type]
+    assert pooled == {**expected, "is_superuser": "on"}
+    assert plain == {**expected, "is_superuser": "off"}
+    assert given == {**expected, "tcp_keepalives_idle": "30", "statement_timeout": "5000", "is_superuser": "on"}
 
 
 def test_a_box_upgrading_the_schema_behind_a_transaction_holding_a_job_gives_up_soon(

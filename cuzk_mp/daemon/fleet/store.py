@@ -15,6 +15,7 @@ import asyncio
 import contextlib
 import json
 import math
+import os
 from collections.abc import AsyncIterator
 from datetime import timedelta
 from pathlib import Path
@@ -26,6 +27,7 @@ from pgqueuer.adapters.persistence import qb
 from pgqueuer.adapters.persistence.queries import Queries
 from pgqueuer.domain.settings import DBSettings
 from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
@@ -54,11 +56,51 @@ def connect_kwargs(cfg: FleetConfig) -> dict[str, Any]:
     never sends, stayed open for ever, deaf (every waiter then heard of its job only at its 60 s
     safety-net read). ``tcp_user_timeout`` ends a connection whose data goes unacknowledged for the
     connect timeout, and keepalive probes after that long idle find a dead one that sends nothing.
+
+    The server's end of each connection is set up alike, by the session settings of
+    :func:`session_options`: a box that died or froze in the middle of a transaction otherwise left
+    the server holding that transaction's locks (a claimed job's rows, the box's row) until it
+    noticed, and with the operating system's defaults it notices a silent peer after 2 hours and 11
+    minutes; until then no box could settle or take over that job.
     """
     timeout_s = max(1, math.ceil(cfg.connect_timeout_s))
+    idle_s, interval_s, count = timeout_s, max(1, math.ceil(timeout_s / 3)), 3
     return {"autocommit": True, "application_name": f"cuzk-fleet {cfg.box}", "connect_timeout": timeout_s,
-            "keepalives": 1, "keepalives_idle": timeout_s, "keepalives_interval": max(1, math.ceil(timeout_s / 3)),
-            "keepalives_count": 3, "tcp_user_timeout": timeout_s * 1000}
+            "keepalives": 1, "keepalives_idle": idle_s, "keepalives_interval": interval_s,
+            "keepalives_count": count, "tcp_user_timeout": timeout_s * 1000,
+            "options": session_options(cfg, {
+                "tcp_keepalives_idle": idle_s, "tcp_keepalives_interval": interval_s, "tcp_keepalives_count": count,
+                "tcp_user_timeout": timeout_s * 1000,
+                "idle_in_transaction_session_timeout": math.ceil(cfg.stall_timeout_s * 1000)})}
+
+
+def session_options(cfg: FleetConfig, settings: dict[str, int]) -> str:
+    """The ``options`` a box's connections start their server sessions with (libpq's ``-c name=value``
+    each): ``settings``, then the options of the dsn (or of ``PGOPTIONS`` where it names none), which
+    win where they set the same name (an operator's escape hatch; none is needed).
+
+    * ``tcp_keepalives_*`` and ``tcp_user_timeout``: the server gives up on a silent box's connection
+      after as long as the box gives up on the server (:func:`connect_kwargs`): the peer of a connection
+      idle for the connect timeout is probed, and the connection ends once nothing was heard from the
+      peer for the connect timeout with a probe out (about 15 s at the default 10 s), or once data it
+      sent goes unacknowledged that long. Its session ends, its transaction is rolled back and its
+      locks are freed.
+    * ``idle_in_transaction_session_timeout`` = the stall timeout: a box that stops between two
+      statements of a transaction (frozen by SIGSTOP or a debugger, its event loop blocked, or just
+      silent) still answers keepalives from its kernel, so only this ends its transaction. Inside one a
+      box waits on nothing but the database and, under an inputs' lock, one file's rename, mtime refresh
+      or removal (the long write of a submit's inputs happens before it,
+      :meth:`.submits.FleetSubmits.submit`), so only a box that stalled reaches it, and a box that
+      stalled that long has lost its claims anyway (other boxes take them over after the stall timeout,
+      once these locks are freed). The timeout counts only the time between statements: a long
+      statement (a large result written) is not cut short.
+
+    An ordinary role may set each of these (they are user settings); where the server runs on a
+    Unix socket the keepalive settings are ignored, as a socket has no peer to lose.
+    """
+    own = " ".join(f"-c {name}={value}" for name, value in settings.items())
+    given = conninfo_to_dict(cfg.dsn).get("options") or os.environ.get("PGOPTIONS", "")
+    return f"{own} {given}".strip()
 
 
 # What a server answers when it refuses a connection's role, password or database (libpq's texts,

@@ -69,8 +69,8 @@ class FleetSubmits(FleetStore):
         row are one transaction.
 
         ``stage`` writes the inputs' bytes beside their file (:func:`~.inputs.stage_inputs`, run in a
-        thread before the transaction: a write of hundreds of megabytes to a slow share holds no
-        transaction open, nor the locks it takes, all that time);
+        thread before the transaction: a write of hundreds of megabytes to a slow share never holds a
+        transaction open, which the server ends once idle for the stall timeout, :func:`.store.connect_kwargs`);
         the transaction puts them in place first, under the inputs' lock (:func:`~.schema.inputs_lock`):
         pruning, which takes that lock to check that no job names a file before it removes it, then
         never removes a file a job is being queued with, whatever the shared folder's clocks or
