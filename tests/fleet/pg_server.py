@@ -46,10 +46,15 @@ class PgServer:
     port: int
     root: Path
     user: str | None
+    netns: str | None = None  # the network namespace it runs in (None: this process's)
 
     def dsn(self, dbname: str = "postgres") -> str:
         """A libpq URI for ``dbname`` as the trusted superuser."""
         return f"postgresql://{SUPERUSER}@{self.host}:{self.port}/{dbname}"
+
+    def socket_dsn(self, dbname: str = "postgres") -> str:
+        """The same through the server's Unix socket (reached from any network namespace)."""
+        return f"postgresql://{SUPERUSER}@/{dbname}?host={self.root}&port={self.port}"
 
 
 def find_binaries() -> PgBinaries | None:
@@ -92,9 +97,12 @@ def _temp_root(user: str | None) -> str:
     return tmp
 
 
-def _run_as(user: str | None, argv: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
-    """Run ``argv`` (as ``user`` through runuser when given), raising with its output on failure."""
+def _run_as(user: str | None, argv: list[str], netns: str | None = None,
+            **kw: object) -> subprocess.CompletedProcess[str]:
+    """Run ``argv`` (as ``user`` through runuser when given, in network namespace ``netns`` when given),
+    raising with its output on failure."""
     cmd = [_sbin("runuser"), "-u", user, "--", *argv] if user else argv
+    cmd = ["ip", "netns", "exec", netns, *cmd] if netns else cmd
     env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "LC_ALL": "C", "LANG": "C"}
     proc = subprocess.run(cmd, check=False, env=env, capture_output=True, text=True, **kw)  # type: ignore[call-overload]
     if proc.returncode != 0:
@@ -108,17 +116,18 @@ def _free_port() -> int:
         return int(s.getsockname()[1])
 
 
-def _start(bins: PgBinaries, root: Path, user: str | None, port: int | None = None) -> int:
-    """pg_ctl start on ``port``, else on a free port (a few tries in case another process takes the
-    port first)."""
+def _start(bins: PgBinaries, root: Path, user: str | None, port: int | None = None, host: str = "127.0.0.1",
+           netns: str | None = None) -> int:
+    """pg_ctl start on ``host`` and ``port``, else on a free port (a few tries in case another process
+    takes the port first), in network namespace ``netns`` when given."""
     last: Exception | None = None
     for _ in range(1 if port is not None else 3):
         chosen = port if port is not None else _free_port()
-        opts = (f"-h 127.0.0.1 -p {chosen} -k {root} -c fsync=off -c synchronous_commit=off "
+        opts = (f"-h {host} -p {chosen} -k {root} -c fsync=off -c synchronous_commit=off "
                 "-c full_page_writes=off -c max_connections=200 -c shared_buffers=32MB")
         try:
             _run_as(user, [bins.pg_ctl, "-D", str(root / "data"), "-l", str(root / "server.log"),
-                           "-w", "-t", str(START_TIMEOUT_S), "-o", opts, "start"])
+                           "-w", "-t", str(START_TIMEOUT_S), "-o", opts, "start"], netns)
             return chosen
         except RuntimeError as e:
             last = e
@@ -136,27 +145,31 @@ def stop(bins: PgBinaries, server: PgServer, mode: str = "immediate") -> None:
 
 def start_again(bins: PgBinaries, server: PgServer) -> None:
     """Start a stopped ``server`` again on its own port (the end of an outage)."""
-    _start(bins, server.root, server.user, server.port)
+    _start(bins, server.root, server.user, server.port, server.host, server.netns)
 
 
 @contextlib.contextmanager
 def fresh_database(server: PgServer, name: str) -> Iterator[str]:
     """A database created on ``server`` for the block (dropped after it); its DSN."""
     import psycopg
-    with psycopg.connect(server.dsn(), autocommit=True) as conn:
+    admin = server.socket_dsn() if server.netns else server.dsn()  # the test may cut the namespace's link
+    with psycopg.connect(admin, autocommit=True) as conn:
         # FILE_COPY (PostgreSQL 15+) copies the small template faster than the WAL_LOG default.
         strategy = " STRATEGY FILE_COPY" if conn.info.server_version >= 150000 else ""
         conn.execute(f"CREATE DATABASE {name}{strategy}")
     try:
         yield server.dsn(name)
     finally:
-        with psycopg.connect(server.dsn(), autocommit=True) as conn:
+        with psycopg.connect(admin, autocommit=True) as conn:
             conn.execute(f"DROP DATABASE IF EXISTS {name} WITH (FORCE)")
 
 
 @contextlib.contextmanager
-def running_server(bins: PgBinaries) -> Iterator[PgServer]:
-    """Initialise and start a server in a fresh temp directory; stop it and remove the directory."""
+def running_server(bins: PgBinaries, host: str = "127.0.0.1", netns: str | None = None) -> Iterator[PgServer]:
+    """Initialise and start a server in a fresh temp directory; stop it and remove the directory.
+
+    ``host`` is the address it listens on (beside its Unix socket), ``netns`` the network namespace it
+    runs in (where the test made one): clients on that namespace's subnets are trusted too."""
     user = _service_user()
     root = Path(tempfile.mkdtemp(prefix="cuzk-fleet-pg-", dir=_temp_root(user)))
     try:
@@ -166,9 +179,12 @@ def running_server(bins: PgBinaries) -> Iterator[PgServer]:
             os.chown(root, pw.pw_uid, pw.pw_gid)
         _run_as(user, [bins.initdb, "-D", str(root / "data"), "-U", SUPERUSER, "-A", "trust",
                        "-E", "UTF8", "--locale=C", "--no-sync", "--no-instructions"])
-        port = _start(bins, root, user)
+        if netns is not None:
+            with open(root / "data" / "pg_hba.conf", "a") as hba:
+                hba.write("host all all samenet trust\n")
+        port = _start(bins, root, user, host=host, netns=netns)
         try:
-            yield PgServer("127.0.0.1", port, root, user)
+            yield PgServer(host, port, root, user, netns)
         finally:
             _run_as(user, [bins.pg_ctl, "-D", str(root / "data"), "-m", "immediate", "-w", "stop"])
     finally:

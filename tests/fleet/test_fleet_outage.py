@@ -2,7 +2,8 @@
 and starts again: a box whose calls kept failing through a 40 s outage answers again within
 seconds of the database's return, and a client waiting on a job lives through the outage and
 gets the job's result; calls made while the database restarts are answered once it is back,
-not after the connect timeout.
+not after the connect timeout. Where network namespaces can be made: a link that dies silently is
+noticed by the box, and by the server, which frees what the box's transaction held within seconds.
 """
 
 from __future__ import annotations
@@ -231,9 +232,8 @@ class _Link:
         self._forward(["ip", "netns", "exec", self.ns], "10.213.0.2", 5432, "10.213.0.1", self.beside_db)
 
 
-@contextlib.contextmanager
-def _cuttable_link(db_port: int) -> Iterator[tuple[str, _Link]]:
-    """``(host:port the box connects to, the link)``; skips where network namespaces cannot be made."""
+def _netns_tag() -> str:
+    """A tag for this test's network namespace and links; skips where none can be made."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("cutting a link needs root and the ip program (network namespaces)")
     tag = f"cz{os.getpid() % 100000}"
@@ -241,7 +241,13 @@ def _cuttable_link(db_port: int) -> Iterator[tuple[str, _Link]]:
     if probe.returncode != 0:
         pytest.skip(f"no network namespaces here: {probe.stderr.strip()}")
     _ip("netns", "del", f"{tag}ns")
-    link = _Link(tag)
+    return tag
+
+
+@contextlib.contextmanager
+def _cuttable_link(db_port: int) -> Iterator[tuple[str, _Link]]:
+    """``(host:port the box connects to, the link)``; skips where network namespaces cannot be made."""
+    link = _Link(_netns_tag())
     try:
         link.start(db_port)
         yield "10.213.0.2:5432", link
@@ -288,3 +294,59 @@ def test_a_box_notices_a_database_link_that_died_silently(fleet_dsn: str, tmp_pa
 
         failed_after, heard_after = asyncio.run(main())
     assert failed_after < 10 and heard_after < 15, (failed_after, heard_after)
+
+
+def _wait_reachable(host: str, port: int, timeout_s: float = 10.0) -> None:
+    """Until a TCP connection to ``host:port`` opens (a link just made may drop the first packets)."""
+    import socket
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            socket.create_connection((host, port), timeout=0.5).close()
+            return
+        except OSError:
+            assert time.monotonic() < deadline, f"{host}:{port} unreachable for {timeout_s} s"
+            time.sleep(0.1)
+
+
+def test_the_server_frees_the_locks_of_a_box_whose_link_died_silently(tmp_path: Path) -> None:
+    """A box's link dies without a word while the box is inside a transaction holding a claimed job's
+    rows. The server, in a network namespace of its own at the link's other end, gives up on the box's
+    connection after the box's connect timeout and a keepalive probe or so, well before the box's stall
+    timeout (its idle-in-transaction timeout), and frees the rows: a cancel from another box waits
+    seconds. With the operating system's keepalive defaults the server kept them for 2 hours."""
+    bins = _server_binaries()
+    [inp] = make_inputs(tmp_path, 1)
+    link = _Link(_netns_tag())
+    try:
+        link._make_link()
+        with pg_server.running_server(bins, host="10.213.0.2", netns=link.ns) as server, \
+                pg_server.fresh_database(server, "silent") as dsn:
+
+            _wait_reachable(server.host, server.port)
+
+            async def main() -> float:
+                s = await connect(server.socket_dsn("silent"), "s")
+                cut = await connect(dsn, "cut", connect_timeout_s=2.0)  # the stall timeout stays 30 s
+                try:
+                    ref = await s.submit(None, "x", inp.ref, inp.sha256)
+                    [c] = await cut.claim(["x"], 1)
+                    with contextlib.suppress(ResourceError):  # the end of the transaction finds the link dead
+                        async with cut._tx() as (conn, _):
+                            await cut._lock_queue_row(conn, c.job_id)
+                            await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE job_id = %s FOR UPDATE",
+                                               (c.job_id,))
+                            link.cut()
+                            t0 = time.monotonic()
+                            cancelled = await asyncio.wait_for(s.cancel(ref.job_id), 25)
+                            took = time.monotonic() - t0
+                    assert cancelled
+                    return took
+                finally:
+                    for f in (s, cut):
+                        await asyncio.wait_for(f.close(), 30)
+
+            took = asyncio.run(main())
+    finally:
+        link.close()
+    assert took < 15, f"the cut-off box's locks were freed {took:.1f} s after the cut"
