@@ -3,8 +3,9 @@
 ``python box_process.py --dsn DSN --box NAME --circuits a,b [--slots N] [--work-s S] ...`` joins
 the fleet and runs a :class:`FleetWorker` whose job reads the inputs through their reference,
 checks their sha256, works for ``--work-s`` seconds (cancellable) and returns a small JSON result
-naming the box and the digest it computed; with ``--hold`` it claims one job and stops inside a
-transaction holding its rows (:func:`hold`). It prints one JSON line per event on stdout
+naming the box and the digest it computed; with ``--hold claim`` it claims one job and stops inside
+a transaction holding its rows (:func:`hold`), with ``--hold migration`` it stops inside its join's
+migration (:func:`stop_in_migration`). It prints one JSON line per event on stdout
 (``ready``, ``started``, ``aborted``, ``stopped``) so the test can follow it, logs on stderr,
 and exits 0 on SIGTERM. It imports cuzk_mp from PYTHONPATH (set by the helper that starts it).
 """
@@ -45,9 +46,11 @@ async def main(args: argparse.Namespace) -> int:
     def on_abort(job_id: str, reason: str) -> None:
         emit("aborted", job_id=job_id, reason=reason)
 
+    if args.hold == "migration":
+        stop_in_migration()
     fleet = await Fleet.connect(args.dsn, args.box, on_abort=on_abort, heartbeat_interval_s=args.heartbeat,
-                                stall_timeout_s=args.stall, heartbeats=not args.hold)
-    if args.hold:
+                                stall_timeout_s=args.stall, heartbeats=args.hold is None)
+    if args.hold == "claim":
         return await hold(fleet, circuits)
     stop = asyncio.Event()
     loop = asyncio.get_running_loop()
@@ -61,6 +64,19 @@ async def main(args: argparse.Namespace) -> int:
         await fleet.close()
     emit("stopped", completed=worker.completed, failed=worker.failed, aborted=worker.aborted)
     return 0
+
+
+def stop_in_migration() -> None:
+    """Make the join stop inside the schema's migration, holding its lock, as a box does that is frozen
+    there: ``migrating`` is printed at the first statement under the lock, and the join waits there."""
+    from pgqueuer.adapters.persistence.queries import Queries
+
+    async def stopped(self: Queries) -> bool:
+        emit("migrating")
+        await asyncio.Event().wait()
+        return True
+
+    Queries.schema_is_installed = stopped  # type: ignore[method-assign]
 
 
 async def hold(fleet: Fleet, circuits: list[str]) -> int:
@@ -88,6 +104,7 @@ if __name__ == "__main__":
     p.add_argument("--heartbeat", type=float, default=0.5)
     p.add_argument("--stall", type=float, default=2.0)
     p.add_argument("--poll", type=float, default=0.5)
-    p.add_argument("--hold", action="store_true", help="claim one job and stop inside a transaction (see hold)")
+    p.add_argument("--hold", choices=("claim", "migration"),
+                   help="stop inside a claimed job's transaction (hold) or the join's migration (stop_in_migration)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")
     sys.exit(asyncio.run(main(p.parse_args())))

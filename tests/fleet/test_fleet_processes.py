@@ -118,7 +118,7 @@ def test_a_box_frozen_inside_a_transaction_frees_its_job_for_another_box(fleet_d
     the box stayed frozen, and no box could take the job over (nor settle or cancel it)."""
     [inp] = make_inputs(tmp_path, 1)
     knobs = {**STALLING, "heartbeat_interval_s": 0.25, "stall_timeout_s": 1.0}
-    frozen = BoxProcess(fleet_dsn, "frozen", ["x"], heartbeat_s=0.25, stall_s=1.0, hold=True)
+    frozen = BoxProcess(fleet_dsn, "frozen", ["x"], heartbeat_s=0.25, stall_s=1.0, hold="claim")
     try:
 
         async def main() -> float:
@@ -140,3 +140,26 @@ def test_a_box_frozen_inside_a_transaction_frees_its_job_for_another_box(fleet_d
     finally:
         frozen.kill()
     assert taken_after < 5.0, f"the job was taken over {taken_after:.1f} s after its box froze"
+
+
+def test_a_box_frozen_while_it_joins_keeps_no_other_box_from_joining(fleet_dsn: str) -> None:
+    """Every join takes the schema's migration lock, a session-level lock: a box frozen (SIGSTOP) while
+    it held it, between two statements and outside any transaction, kept every other box (and `fleet
+    status`) from joining for as long as it stayed frozen. Its session ends once idle for its stall
+    timeout, and the lock with it."""
+    frozen = BoxProcess(fleet_dsn, "frozen", ["x"], heartbeat_s=0.25, stall_s=1.0, hold="migration")
+    try:
+        frozen.wait_for("migrating")
+        frozen.freeze()
+
+        async def main() -> float:
+            t0 = time.monotonic()
+            b = await asyncio.wait_for(connect(fleet_dsn, "b"), 20)
+            joined_after = time.monotonic() - t0
+            await b.close()
+            return joined_after
+
+        joined_after = run(main())
+    finally:
+        frozen.kill()
+    assert joined_after < 5.0, f"a box joined {joined_after:.1f} s after the one migrating froze"

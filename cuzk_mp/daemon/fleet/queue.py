@@ -124,7 +124,7 @@ class Fleet(FleetSubmits):
         try:
             try:
                 async with first:
-                    await schema.migrate(first, fleet._queries(first))
+                    await schema.migrate(first, fleet._queries(first), cfg.stall_timeout_s)
             except psycopg.Error as e:
                 raise start_error(cfg, e, "the fleet's tables", "create or upgrade the fleet's tables in") from None
             try:

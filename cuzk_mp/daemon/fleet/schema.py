@@ -33,6 +33,7 @@ database. A database that records this version or a later one is left as it is (
 from __future__ import annotations
 
 import logging
+import math
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
@@ -137,11 +138,16 @@ def inputs_lock(sha256: str) -> tuple[int, int]:
     return INPUTS_LOCK_SPACE, int.from_bytes(bytes.fromhex(sha256[:8]), "big", signed=True)
 
 
-async def migrate(conn: psycopg.AsyncConnection, queries: Queries) -> None:
+async def migrate(conn: psycopg.AsyncConnection, queries: Queries, idle_s: float) -> None:
     """Install or upgrade the queue library's schema, then create ours; safe to run concurrently.
 
     ``conn`` is an autocommit connection and ``queries`` the library's query object over it. The
     lock is session-level because the library's upgrade statements must not share a transaction.
+    Every box's join (and every ``fleet status``) takes it, so a box that stopped while it held it
+    (frozen by SIGSTOP or a debugger between two of these statements: its kernel still answers
+    keepalives, and a session outside a transaction is never idle "in transaction") kept every other
+    box from joining for as long as it stayed stopped. The session is ended once idle for ``idle_s``
+    (the box's stall timeout; ``idle_session_timeout``, PostgreSQL 14 and later), freeing the lock.
 
     Our DDL runs only where the database records an older ``schema_version`` (every change to
     :data:`DDL` raises it): ``ALTER TABLE ... ADD COLUMN IF NOT EXISTS`` takes the table's exclusive
@@ -149,6 +155,8 @@ async def migrate(conn: psycopg.AsyncConnection, queries: Queries) -> None:
     that lock behind any transaction holding a job's row, and every box's statements on the table
     queued behind it: one box hung inside a transaction stalled the fleet.
     """
+    if conn.info.server_version >= 140000:
+        await conn.execute(f"SET idle_session_timeout = {math.ceil(idle_s * 1000)}")
     await conn.execute("SELECT pg_advisory_lock(%s)", (MIGRATION_LOCK_KEY,))
     try:
         if await queries.schema_is_installed():
@@ -174,6 +182,8 @@ async def migrate(conn: psycopg.AsyncConnection, queries: Queries) -> None:
                 "EXCLUDED.value::int)::text", (str(SCHEMA_VERSION),))
     finally:
         await conn.execute("SELECT pg_advisory_unlock(%s)", (MIGRATION_LOCK_KEY,))
+        if conn.info.server_version >= 140000:
+            await conn.execute("RESET idle_session_timeout")
 
 
 async def recorded_version(conn: psycopg.AsyncConnection) -> int:
