@@ -8,6 +8,7 @@ import hashlib
 import http.server
 import json
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -777,3 +778,49 @@ def test_a_hung_read_of_the_shared_folder_pauses_the_box_without_piling_up_threa
             await box.fleet.close()
 
     asyncio.run(main())
+
+
+def test_a_read_of_inputs_that_hangs_gives_the_job_back(
+        fleet_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A hard NFS mount whose server is gone: reading a claimed job's inputs never returns. The box
+    renews the claims of the jobs it runs at every heartbeat, so it held this one for as long as the
+    mount hung and no other box could run it. Once the read has taken the share check's time limit and
+    the check finds the share broken too, the job goes back to the queue (ShareUnavailable: released,
+    no attempt counted)."""
+    import threading
+    import types
+    from typing import cast
+
+    from cuzk_mp.daemon.fleet import box as box_module
+    from cuzk_mp.daemon.fleet.box import FleetBox
+    from cuzk_mp.daemon.fleet.inputs import ShareUnavailable
+
+    share = tmp_path / "share"
+    engine, jobs = instant_jobs()
+    cfg = resolve({"dsn": fleet_dsn, "box": "b", "inputs_dir": str(share)})
+    assert cfg is not None
+    box = FleetBox(cast(Any, types.SimpleNamespace(fleet=cfg, circuits={"x": object()})), engine, jobs)
+    hang = threading.Event()
+
+    def hung(*_: object) -> None:
+        hang.wait(30)  # then: the marker is fine, and the inputs' read was given up on
+
+    async def main() -> float:
+        box.fleet = await connect(fleet_dsn, "b")
+        try:
+            assert await box.check_share(share) is None  # marks the folder
+            [inp] = make_inputs(share, 1)
+            await box.fleet.submit(None, "x", inp.ref, inp.sha256)
+            [c] = await box.fleet.claim(["x"], 1)
+            monkeypatch.setattr(box_module, "load_inputs", hung)
+            monkeypatch.setattr(box_module, "share_problem", hung)
+            monkeypatch.setattr(box_module, "SHARE_CHECK_S", 0.2)
+            t0 = time.monotonic()
+            with pytest.raises(ShareUnavailable, match="took longer than 0.2 s"):
+                await asyncio.wait_for(box._run(c), 10)
+            return time.monotonic() - t0
+        finally:
+            hang.set()
+            await box.fleet.close()
+
+    assert asyncio.run(main()) < 2.0

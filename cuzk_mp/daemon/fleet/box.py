@@ -320,12 +320,7 @@ class FleetBox:
         cc = self.cfg.circuits.get(c.circuit_id)
         if cc is None:  # resident keys are configured circuits; a later config change may differ
             raise ResourceError(f"box {self.fcfg.box} has no circuit {c.circuit_id!r} configured")
-        try:
-            data = await asyncio.to_thread(load_inputs, c.inputs_ref, c.inputs_sha256)
-        except (InputError, ResourceError) as e:  # the file is gone, or the share is, here
-            if c.inputs_ref.startswith("/") and (problem := await self.check_share(Path(c.inputs_ref).parent)):
-                raise ShareUnavailable(problem) from None
-            raise e from None
+        data = await self._load(c)
         try:
             partitions = _partitions.decode(data)
         except msgspec.MsgspecError as e:
@@ -341,6 +336,27 @@ class FleetBox:
         if rec.state == "cancelled":  # not asked by the fleet (that cancels this task): run it again
             raise Cancelled(f"job {c.job_id}: the engine cancelled it ({rec.error or 'no reason given'})")
         raise error_from_kind(rec.error_kind or "ProofError", rec.error or "the job failed")
+
+    async def _load(self, c: Claimed) -> bytes:
+        """The claimed job's inputs; ShareUnavailable (the job goes back to the queue) where the shared
+        folder is broken here: the file missing or unreadable with the folder's marker, or a read still
+        running after :data:`SHARE_CHECK_S` while the marker's read fails or hangs too.
+
+        A read from a hard mount whose server is gone never returns: the job's claim, renewed at every
+        heartbeat while its run goes on, was held by this box for as long as the mount hung, and no other
+        box could run the job. The stuck read is left to its thread, as a hung marker read is."""
+        folder = Path(c.inputs_ref).parent if c.inputs_ref.startswith("/") else None
+        reading = asyncio.ensure_future(asyncio.to_thread(load_inputs, c.inputs_ref, c.inputs_sha256))
+        reading.add_done_callback(lambda f: f.cancelled() or f.exception())  # a read given up on may end later
+        try:
+            while not (await asyncio.wait({reading}, timeout=SHARE_CHECK_S))[0]:
+                if folder is not None and (problem := await self.check_share(folder)):
+                    raise ShareUnavailable(problem)
+            return reading.result()
+        except (InputError, ResourceError) as e:  # the file is gone, or the share is, here
+            if isinstance(e, ShareUnavailable) or folder is None or not (problem := await self.check_share(folder)):
+                raise
+            raise ShareUnavailable(problem) from None
 
     # -- requests -------------------------------------------------------------------------
 
