@@ -89,3 +89,19 @@ def test_decision_from_a_real_fleet(fleet_dsn: str, tmp_path: Path) -> None:
         await other.close()
 
     asyncio.run(main())
+
+
+def test_a_box_that_claims_nothing_holds_no_key_for_the_backlog() -> None:
+    """A box up but claiming nothing (paused for its shared folder; its engine degraded: no free slot,
+    no job running) is no holder: one job of its circuit is loaded elsewhere rather than wait on it."""
+    from cuzk_mp.daemon.fleet.models import BoxInfo
+
+    def box(name: str, free_slots: int, running: int, paused: str | None = None) -> BoxInfo:
+        return BoxInfo(box=name, state="up", host="h", pid=1, resident=("b",), free_slots=free_slots,
+                       running=running, started_at=0.0, heartbeat_age_s=0.0, paused=paused)
+
+    claiming = [box("idle", 1, 0), box("busy", 0, 1)]
+    not_claiming = [box("paused", 1, 0, paused="[fleet] inputs_dir /s: no marker"), box("degraded", 0, 0)]
+    assert holders_by_circuit(claiming + not_claiming) == {"b": 2}
+    d = plan_key_load(view(("a",)), {"b": 1}, holders_by_circuit(not_claiming))
+    assert d.load == "b" and "no live box holds it" in d.reason

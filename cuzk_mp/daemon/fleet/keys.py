@@ -53,10 +53,14 @@ def backlog_by_circuit(depths: Iterable[QueueDepth]) -> dict[str, int]:
 
 
 def holders_by_circuit(boxes: Iterable[BoxInfo], *, exclude: str = "") -> dict[str, int]:
-    """How many live boxes (other than ``exclude``) hold each circuit's key resident."""
+    """How many live boxes (other than ``exclude``) that claim jobs hold each circuit's key resident.
+
+    A box that heartbeats but claims nothing (paused for its shared inputs folder, its engine degraded:
+    no free slot and no job running) is no holder: counted, it kept every other box from loading the
+    key of a small backlog (rule 2) that no box would ever run, for as long as it stayed up."""
     out: dict[str, int] = {}
     for b in boxes:
-        if b.state == "up" and b.box != exclude:
+        if b.state == "up" and b.box != exclude and b.paused is None and (b.free_slots > 0 or b.running > 0):
             for c in b.resident:
                 out[c] = out.get(c, 0) + 1
     return out
