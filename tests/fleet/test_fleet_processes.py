@@ -5,9 +5,12 @@ taken over after the stall timeout and completes once, and three boxes prove eve
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import json
 import time
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 from fleet_helpers import STALLING, BoxProcess, connect, make_inputs, query_one
 
@@ -111,6 +114,19 @@ def test_three_box_processes_prove_every_job_exactly_once(fleet_dsn: str, tmp_pa
     assert len(set(ran_on.values())) == 3, "every box should have taken part"
 
 
+@contextlib.contextmanager
+def _frozen_box(dsn: str, hold: str, stopped_at: str) -> Iterator[dict[str, Any]]:
+    """A box process (stall timeout 1 s) that stops where ``hold`` makes it (box_process.py), frozen
+    there by SIGSTOP once it says so (its ``stopped_at`` event, yielded); killed after the block."""
+    frozen = BoxProcess(dsn, "frozen", ["x"], heartbeat_s=0.25, stall_s=1.0, hold=hold)
+    try:
+        event = frozen.wait_for(stopped_at)
+        frozen.freeze()
+        yield event
+    finally:
+        frozen.kill()
+
+
 def test_a_box_frozen_inside_a_transaction_frees_its_job_for_another_box(fleet_dsn: str, tmp_path: Path) -> None:
     """A box frozen (SIGSTOP) between two statements of a transaction that holds a claimed job's rows:
     its kernel still answers for its connections, so only the server's idle-in-transaction timeout (the
@@ -118,27 +134,28 @@ def test_a_box_frozen_inside_a_transaction_frees_its_job_for_another_box(fleet_d
     the box stayed frozen, and no box could take the job over (nor settle or cancel it)."""
     [inp] = make_inputs(tmp_path, 1)
     knobs = {**STALLING, "heartbeat_interval_s": 0.25, "stall_timeout_s": 1.0}
-    frozen = BoxProcess(fleet_dsn, "frozen", ["x"], heartbeat_s=0.25, stall_s=1.0, hold="claim")
-    try:
 
-        async def main() -> float:
-            s = await connect(fleet_dsn, "s", **knobs)
-            ref = await s.submit(None, "x", inp.ref, inp.sha256)
-            held = await asyncio.to_thread(frozen.wait_for, "holding")
-            assert held["job_id"] == ref.job_id
-            frozen.freeze()
-            t0 = time.monotonic()
-            while not (claimed := await s.claim(["x"], 1)) and time.monotonic() - t0 < 20:
-                await asyncio.sleep(0.1)
-            taken_after = time.monotonic() - t0
-            assert [c.job_id for c in claimed] == [ref.job_id]
-            assert await s.complete(ref.job_id, b"from s")
-            await s.close()
-            return taken_after
+    async def submit() -> str:
+        s = await connect(fleet_dsn, "s", **knobs)
+        ref = await s.submit(None, "x", inp.ref, inp.sha256)
+        await s.close()
+        return ref.job_id
 
-        taken_after = run(main())
-    finally:
-        frozen.kill()
+    async def take_over() -> float:
+        s = await connect(fleet_dsn, "s", **knobs)
+        t0 = time.monotonic()
+        while not (claimed := await s.claim(["x"], 1)) and time.monotonic() - t0 < 20:
+            await asyncio.sleep(0.1)
+        taken_after = time.monotonic() - t0
+        assert [c.job_id for c in claimed] == [job_id]
+        assert await s.complete(job_id, b"from s")
+        await s.close()
+        return taken_after
+
+    job_id = run(submit())
+    with _frozen_box(fleet_dsn, "claim", "holding") as held:
+        assert held["job_id"] == job_id
+        taken_after = run(take_over())
     assert taken_after < 5.0, f"the job was taken over {taken_after:.1f} s after its box froze"
 
 
@@ -147,19 +164,14 @@ def test_a_box_frozen_while_it_joins_keeps_no_other_box_from_joining(fleet_dsn: 
     it held it, between two statements and outside any transaction, kept every other box (and `fleet
     status`) from joining for as long as it stayed frozen. Its session ends once idle for its stall
     timeout, and the lock with it."""
-    frozen = BoxProcess(fleet_dsn, "frozen", ["x"], heartbeat_s=0.25, stall_s=1.0, hold="migration")
-    try:
-        frozen.wait_for("migrating")
-        frozen.freeze()
 
-        async def main() -> float:
-            t0 = time.monotonic()
-            b = await asyncio.wait_for(connect(fleet_dsn, "b"), 20)
-            joined_after = time.monotonic() - t0
-            await b.close()
-            return joined_after
+    async def join() -> float:
+        t0 = time.monotonic()
+        b = await asyncio.wait_for(connect(fleet_dsn, "b"), 20)
+        joined_after = time.monotonic() - t0
+        await b.close()
+        return joined_after
 
-        joined_after = run(main())
-    finally:
-        frozen.kill()
+    with _frozen_box(fleet_dsn, "migration", "migrating"):
+        joined_after = run(join())
     assert joined_after < 5.0, f"a box joined {joined_after:.1f} s after the one migrating froze"
