@@ -1,8 +1,9 @@
 """Job inputs outside the database: a reference (path or URL) plus the sha256 of the bytes.
 
 Witness inputs can be hundreds of megabytes per job, so the shared queue carries only where they
-are and what they hash to. The box that accepts a submit stores the bytes (:func:`store_inputs`:
-content-addressed, written atomically into a directory every box can read at the same path);
+are and what they hash to. The box that accepts a submit stores the bytes (content-addressed,
+written atomically into a directory every box can read at the same path: :func:`store_inputs`, or in
+two steps, the long write by :func:`stage_inputs` and the quick rename by :meth:`StagedInputs.place`);
 the box that claims the job reads them back (:func:`load_inputs`), and the sha256 check turns a
 truncated copy, a stale mount or a swapped file into a clear InputError instead of a wrong proof.
 
@@ -95,9 +96,13 @@ def store_inputs(data: bytes, directory: Path, ref: InputsRef | None = None) -> 
     mtime refreshed so that :func:`remove_stale_inputs` leaves it for the retention time); ``ref``:
     :func:`inputs_ref` of it, where the caller has it (the digest is not computed again)."""
     ref = ref or inputs_ref(data, directory)
-    while not stage_inputs(data, directory, ref).place():
-        pass  # removed as stale between the look and the refresh: written whole this time
-    return ref
+    while True:  # a second round only where the file was removed as stale between the look and the refresh
+        staged = stage_inputs(data, directory, ref)
+        try:
+            if staged.place():
+                return ref
+        finally:
+            staged.discard()
 
 
 @dataclass
