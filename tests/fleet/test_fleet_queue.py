@@ -722,3 +722,34 @@ def test_a_claim_lapses_by_the_longest_stall_timeout_of_the_fleet(fleet_dsn: str
             await f.close()
 
     run(main())
+
+
+def test_a_dead_box_with_a_long_stall_timeout_no_longer_delays_every_takeover(fleet_dsn: str, tmp_path: Path) -> None:
+    """A box with a long stall timeout dies without leaving (SIGKILL: its row stays until pruned). Once
+    it has been silent for longer than its own timeout, its timeout no longer counts: a job of another
+    dead box, with a short one, is taken over after that box's timeout, not the long one."""
+    import psycopg
+
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def die(box: Any) -> None:  # its connections end, its row stays: never left
+        await box._events.close()
+        await box._pool.close()
+
+    async def main() -> None:
+        await die(await connect(fleet_dsn, "long", heartbeats=False, stall_timeout_s=60.0))
+        quick = await connect(fleet_dsn, "quick", heartbeats=False, heartbeat_interval_s=0.3, stall_timeout_s=1.0)
+        dead = await connect(fleet_dsn, "dead", heartbeats=False, heartbeat_interval_s=0.3, stall_timeout_s=1.0)
+        ref = await quick.submit(None, "x", inp.ref, inp.sha256)
+        [held] = await dead.claim(["x"], 1)
+        await die(dead)
+        async with await psycopg.AsyncConnection.connect(fleet_dsn, autocommit=True) as conn:
+            await conn.execute("UPDATE cuzk_fleet_boxes SET last_heartbeat = now() - interval '61 seconds' "
+                               "WHERE box = 'long'")
+        await asyncio.sleep(1.5)  # past the dead box's stall timeout
+        await quick.heartbeat()
+        [again] = await quick.claim(["x"], 1)
+        assert (again.job_id, again.claims) == (ref.job_id, 2) and held.claims == 1
+        await quick.close()
+
+    run(main())

@@ -201,8 +201,13 @@ class Fleet(FleetSubmits):
         (not left), its own included. A box's claims lapse by the timeout of the box that claims them
         again, which knows only its own; were it shorter than the holder's (boxes configured apart: a
         holder renewing every 20 s, a claimer that takes over after 15), running jobs would be taken
-        over from live boxes, again and again, for nothing."""
-        cur = await conn.execute("SELECT max(stall_timeout_s) FROM cuzk_fleet_boxes WHERE left_at IS NULL")
+        over from live boxes, again and again, for nothing.
+
+        A box silent for longer than its own stall timeout counts no more (its claims, renewed with its
+        row, have lapsed by its own rule): a box with a long one that died without leaving (SIGKILL,
+        power) made every stalled claim of the fleet wait that long, until pruning removed its row."""
+        cur = await conn.execute("SELECT max(stall_timeout_s) FROM cuzk_fleet_boxes WHERE left_at IS NULL "
+                                 "AND last_heartbeat >= now() - make_interval(secs => stall_timeout_s)")
         row = await cur.fetchone()
         longest = max(self.cfg.stall_timeout_s, float(row[0] or 0.0) if row is not None else 0.0)
         if longest > self._lapse_s:
