@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import hashlib
 import http.server
 import json
@@ -242,6 +243,51 @@ def test_pruning_never_removes_the_inputs_of_a_job_being_queued(fleet_dsn: str, 
         return removed
 
     assert asyncio.run(main()) == 0 and Path(old.ref).exists()
+
+
+def test_a_prune_whose_removal_outlives_its_lock_leaves_a_new_jobs_inputs_in_place(
+        fleet_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A prune removes a stale file under its inputs' lock, but the removal hangs (a hard mount whose
+    server went quiet) for longer than the pruning box's stall timeout: the server ends that box's
+    transaction, idle for so long, and frees the lock. A submit of the same bytes meanwhile finds the
+    file there and queues its job under the lock; then the removal goes through. The job's inputs must
+    still be in place: a file taken from its name while the lock may have been lost is put back."""
+    import os
+    import time
+
+    from cuzk_mp.daemon.fleet.inputs import stage_inputs
+
+    [old] = make_inputs(tmp_path, 1)
+    data = Path(old.ref).read_bytes()
+    os.utime(old.ref, (time.time() - 100, time.time() - 100))
+    taking, queued = threading.Event(), threading.Event()
+
+    def slow(real: Any) -> Any:  # the file's removal (or its rename to another name) hangs until the job is queued
+        def op(src: Any, *args: Any, **kw: Any) -> Any:
+            if os.fspath(src) == old.ref and not taking.is_set():
+                taking.set()
+                assert queued.wait(20)
+            return real(src, *args, **kw)
+        return op
+
+    for name in ("unlink", "remove", "rename", "replace"):
+        monkeypatch.setattr(os, name, slow(getattr(os, name)))
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a")
+        b = await connect(fleet_dsn, "b", stall_timeout_s=1.5)  # its transactions end once idle for 1.5 s
+        prune = asyncio.create_task(b.prune_inputs(tmp_path, 50))
+        assert await asyncio.to_thread(taking.wait, 10)
+        await a.submit(None, "x", old.ref, old.sha256, stage=lambda: stage_inputs(data, tmp_path, old))
+        queued.set()
+        with contextlib.suppress(ResourceError):  # the prune's transaction was ended under it
+            await prune
+        for f in (a, b):
+            await f.close()
+
+    asyncio.run(main())
+    assert load_inputs(old.ref, old.sha256) == data
+    assert [p.name for p in tmp_path.iterdir()] == [Path(old.ref).name]  # nothing left beside it
 
 
 def test_a_submit_holds_no_transaction_while_it_writes_its_inputs(fleet_dsn: str, tmp_path: Path) -> None:

@@ -8,9 +8,10 @@ the box that claims the job reads them back (:func:`load_inputs`), and the sha25
 truncated copy, a stale mount or a swapped file into a clear InputError instead of a wrong proof.
 
 References are absolute paths, ``file://`` URLs or ``http(s)://`` URLs (read with a timeout and
-a size bound). Stored inputs are removed by :func:`remove_stale_inputs` once no job names them
-and nobody stored them again for the retention time (a re-store refreshes the file's mtime), with
-the partial files of stores that never ended.
+a size bound). Stored inputs are removed once no job names them and nobody stored them again for
+the retention time (a re-store refreshes the file's mtime): each is first taken from its name by
+:func:`set_aside_stale`, then unlinked; the partial files of stores that never ended go with
+:func:`remove_stale_inputs`.
 
 The shared folder carries a marker, :data:`MARKER_NAME`, holding the id the fleet's database records
 for it (:func:`write_marker`, :func:`share_problem`): a box on which the share is not mounted sees an
@@ -32,6 +33,7 @@ import time
 import urllib.error
 import urllib.parse
 import urllib.request
+import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -214,6 +216,26 @@ def stale_inputs(directory: Path, older_than_s: float) -> list[Path]:
             if (path.name.startswith(INCOMING_PREFIX) or stored_digest(path)) and path.stat().st_mtime < cutoff:
                 out.append(path)
     return out
+
+
+def set_aside_stale(path: Path, older_than_s: float) -> Path | None:
+    """Take a stale stored inputs file from its name, unless stored again meanwhile: one rename to a
+    new name in its folder (a partial store's, so that :func:`stale_inputs` finds it if it is left
+    there); where it went, None if it was kept or is gone. Unlink it after, or :func:`put_back` it."""
+    aside = path.with_name(f"{INCOMING_PREFIX}pruned-{uuid.uuid4().hex}")
+    try:
+        if path.stat().st_mtime >= time.time() - older_than_s:  # stored again since it was found stale
+            return None
+        os.rename(path, aside)
+    except OSError:
+        return None
+    return aside
+
+
+def put_back(aside: Path, path: Path) -> None:
+    """Return a file :func:`set_aside_stale` took from ``path`` (any file there since holds the same
+    bytes: the name is their sha256)."""
+    os.replace(aside, path)
 
 
 def remove_stale_inputs(paths: list[Path], older_than_s: float) -> int:

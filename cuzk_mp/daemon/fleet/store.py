@@ -33,7 +33,7 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from cuzk_mp.daemon.fleet import schema
 from cuzk_mp.daemon.fleet.config import FleetConfig, redact_dsn
-from cuzk_mp.daemon.fleet.inputs import remove_stale_inputs, stale_inputs, stored_digest
+from cuzk_mp.daemon.fleet.inputs import put_back, remove_stale_inputs, set_aside_stale, stale_inputs, stored_digest
 from cuzk_mp.daemon.fleet.models import BoxInfo, JobStatus, QueueDepth, circuit_of
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
@@ -363,7 +363,13 @@ class FleetStore:
         ended; how many went. Each file is checked and removed under its inputs' lock, which a submit
         holds from storing the same bytes to its job's commit (:meth:`.submits.FleetSubmits.submit`):
         a file is never removed under a job being queued with it, even where the shared folder shows
-        an old mtime for a file just stored again (an NFS attribute cache)."""
+        an old mtime for a file just stored again (an NFS attribute cache).
+
+        Under the lock the file only leaves its name (one rename aside); it is unlinked after the
+        commit. A rename that hung (a hard mount whose server went quiet) for longer than the stall
+        timeout may end after the server ended the transaction, idle that long, and freed the lock,
+        and so after a submit of the same bytes queued its job with the file: where the transaction
+        fails, the file is put back (the next round decides again)."""
         stale = await asyncio.to_thread(stale_inputs, directory, older_than_s)
         removed = 0
         for path in stale:
@@ -371,13 +377,23 @@ class FleetStore:
             if digest is None:  # a store that never ended: no job names it
                 removed += await asyncio.to_thread(remove_stale_inputs, [path], older_than_s)
                 continue
-            async with self._tx() as (conn, _):
-                await conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", schema.inputs_lock(digest))
-                # by the bytes, not the path: a reference may spell the folder otherwise (through the
-                # target of a symlink on the way to it), and a file its job still needs went with it
-                cur = await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE inputs_sha256 = %s LIMIT 1", (digest,))
-                if await cur.fetchone() is None:
-                    removed += await asyncio.to_thread(remove_stale_inputs, [path], older_than_s)
+            aside: Path | None = None
+            try:
+                async with self._tx() as (conn, _):
+                    await conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", schema.inputs_lock(digest))
+                    # by the bytes, not the path: a reference may spell the folder otherwise (through the
+                    # target of a symlink on the way to it), and a file its job still needs went with it
+                    cur = await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE inputs_sha256 = %s LIMIT 1",
+                                             (digest,))
+                    if await cur.fetchone() is None:
+                        aside = await asyncio.to_thread(set_aside_stale, path, older_than_s)
+            except BaseException:
+                if aside is not None:  # the lock may have gone with the session before the rename ended
+                    await asyncio.to_thread(put_back, aside, path)
+                raise
+            if aside is not None:
+                await asyncio.to_thread(aside.unlink, missing_ok=True)
+                removed += 1
         return removed
 
 
