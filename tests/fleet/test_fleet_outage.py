@@ -10,8 +10,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import ipaddress
+import itertools
 import os
+import re
 import shutil
+import socket
 import subprocess
 import sys
 import time
@@ -163,27 +167,39 @@ def test_a_box_stopping_while_the_database_is_down_gives_its_jobs_back_in_one_co
 
 
 FORWARD = Path(__file__).with_name("tcp_forward.py")
+LINK_SUBNETS = ipaddress.ip_network("10.213.0.0/16")  # private; each link takes a /30 of it, none in use
+LINK_NAME = re.compile(r"cz(\d+)x\d+(?:ns|o)")  # a link's namespace and outer end: cz<pid>x<n>ns, cz<pid>x<n>o
+_link_numbers = itertools.count()
 
 
-def _ip(*args: str, check: bool = True) -> None:
-    subprocess.run(["ip", *args], check=check, capture_output=True)
+def _ip(*args: str, check: bool = True) -> str:
+    return subprocess.run(["ip", *args], check=check, capture_output=True, text=True).stdout
 
 
 class _Link:
     """The box's way to the database through a network namespace of its own (the database host, as
     the box sees it): a veth pair, a :mod:`tcp_forward` process in the namespace, and one beside the
     database. The test cuts the link, or restarts that host, without the box hearing of it, as a
-    failed switch or a database host that loses power does."""
+    failed switch or a database host that loses power does.
+
+    Its names hold this process's id and a number, its addresses a /30 of :data:`LINK_SUBNETS` that no
+    interface has, so that runs at once (two checkouts; CI beside a developer's run) and the links of
+    one run never meet; what a run killed before its cleanup left is removed first (:func:`_remove_leftovers`).
+    """
 
     def __init__(self, tag: str) -> None:
         self.ns, self.outer, self.inner = f"{tag}ns", f"{tag}o", f"{tag}i"
         self.procs: list[subprocess.Popen[str]] = []
         self.beside_db = 0
+        _remove_leftovers()
+        subnet = _free_subnet()
+        self.outer_ip, self.inner_ip = str(subnet[1]), str(subnet[2])
+        self.prefix = subnet.prefixlen
 
     def start(self, db_port: int) -> None:
         self._make_link()
-        self.beside_db = self._forward([], "10.213.0.1", 0, "127.0.0.1", db_port)  # stays procs[0]
-        self._forward(["ip", "netns", "exec", self.ns], "10.213.0.2", 5432, "10.213.0.1", self.beside_db)
+        self.beside_db = self._forward([], self.outer_ip, 0, "127.0.0.1", db_port)  # stays procs[0]
+        self._forward(["ip", "netns", "exec", self.ns], self.inner_ip, 5432, self.outer_ip, self.beside_db)
 
     def close(self) -> None:
         """Remove it all (again, if done before): a call still waiting on the link ends, its host gone."""
@@ -206,9 +222,9 @@ class _Link:
         _ip("netns", "add", self.ns)
         _ip("link", "add", self.outer, "type", "veth", "peer", "name", self.inner)
         _ip("link", "set", self.inner, "netns", self.ns)
-        _ip("addr", "add", "10.213.0.1/30", "dev", self.outer)
+        _ip("addr", "add", f"{self.outer_ip}/{self.prefix}", "dev", self.outer)
         _ip("link", "set", self.outer, "up")
-        _ip("netns", "exec", self.ns, "ip", "addr", "add", "10.213.0.2/30", "dev", self.inner)
+        _ip("netns", "exec", self.ns, "ip", "addr", "add", f"{self.inner_ip}/{self.prefix}", "dev", self.inner)
         _ip("netns", "exec", self.ns, "ip", "link", "set", self.inner, "up")
 
     def _remove_host(self) -> None:
@@ -229,14 +245,52 @@ class _Link:
         box's side of each stays open, silent."""
         self._remove_host()
         self._make_link()
-        self._forward(["ip", "netns", "exec", self.ns], "10.213.0.2", 5432, "10.213.0.1", self.beside_db)
+        self._forward(["ip", "netns", "exec", self.ns], self.inner_ip, 5432, self.outer_ip, self.beside_db)
+
+
+def _remove_leftovers() -> None:
+    """Remove the namespaces and outer links of runs that died before their cleanup (their process
+    is gone): an interface name or an address left behind would clash with a later run's."""
+    names = [line.split()[0] for line in _ip("netns", "list").splitlines() if line.strip()]
+    names += [line.split(":")[1].strip().split("@")[0] for line in _ip("-o", "link", "show").splitlines()]
+    for name in names:
+        m = LINK_NAME.fullmatch(name)
+        if m is None or _alive(int(m[1])):
+            continue
+        if name.endswith("ns"):
+            _ip("netns", "del", name, check=False)
+        else:
+            _ip("link", "del", name, check=False)  # its peer goes with it
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        pass
+    return True
+
+
+def _free_subnet() -> ipaddress.IPv4Network:
+    """A /30 of :data:`LINK_SUBNETS` that no interface here has an address in, the first one tried chosen
+    by this process's id (runs at once start apart)."""
+    used = [ipaddress.ip_interface(a).network for a in re.findall(r"inet (\S+)", _ip("-4", "-o", "addr", "show"))]
+    subnets = list(LINK_SUBNETS.subnets(new_prefix=30))
+    start = os.getpid() * 4 + next(_link_numbers)
+    for i in range(len(subnets)):
+        subnet = subnets[(start + i) % len(subnets)]
+        if not any(subnet.overlaps(u) for u in used):
+            return subnet
+    raise RuntimeError(f"every /30 of {LINK_SUBNETS} is in use")
 
 
 def _netns_tag() -> str:
-    """A tag for this test's network namespace and links; skips where none can be made."""
+    """A tag for a new network namespace and links of this process; skips where none can be made."""
     if os.geteuid() != 0 or shutil.which("ip") is None:
         pytest.skip("cutting a link needs root and the ip program (network namespaces)")
-    tag = f"cz{os.getpid() % 100000}"
+    tag = f"cz{os.getpid()}x{next(_link_numbers)}"
     probe = subprocess.run(["ip", "netns", "add", f"{tag}ns"], capture_output=True, text=True)
     if probe.returncode != 0:
         pytest.skip(f"no network namespaces here: {probe.stderr.strip()}")
@@ -250,9 +304,44 @@ def _cuttable_link(db_port: int) -> Iterator[tuple[str, _Link]]:
     link = _Link(_netns_tag())
     try:
         link.start(db_port)
-        yield "10.213.0.2:5432", link
+        yield f"{link.inner_ip}:5432", link
     finally:
         link.close()
+
+
+def test_links_made_at_once_and_after_a_dead_run_each_lead_to_their_own_end() -> None:
+    """Two links made at once (two test runs on one machine, or two tests of one run) each lead to
+    their own database, and what a run killed before its cleanup left (a namespace, a link holding an
+    address of the range) is removed rather than clash. With one fixed address and name per run, a
+    second run's box reached the first run's database, or none."""
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left_ns, left_link = f"cz{dead.pid}x0ns", f"cz{dead.pid}x0o"
+    tag = _netns_tag()
+    _ip("netns", "add", left_ns)
+    _ip("link", "add", left_link, "type", "veth", "peer", "name", f"cz{dead.pid}x0i")
+    _ip("addr", "add", f"{LINK_SUBNETS[1]}/30", "dev", left_link)
+    servers = [socket.create_server(("127.0.0.1", 0)) for _ in range(2)]
+    links = [_Link(tag), _Link(_netns_tag())]
+    try:
+        for link, server in zip(links, servers, strict=True):
+            link.start(server.getsockname()[1])
+        assert left_ns not in _ip("netns", "list") and left_link not in _ip("-o", "link", "show")
+        for i, (link, server) in enumerate(zip(links, servers, strict=True)):
+            _wait_reachable(link.inner_ip, 5432)
+            server.accept()[0].close()  # the probe's connection
+            with socket.create_connection((link.inner_ip, 5432), timeout=5) as c:
+                conn, _ = server.accept()
+                conn.sendall(b"%d" % i)
+                assert c.recv(1) == b"%d" % i
+                conn.close()
+    finally:
+        for link in links:
+            link.close()
+        for server in servers:
+            server.close()
+        _ip("netns", "del", left_ns, check=False)
+        _ip("link", "del", left_link, check=False)
 
 
 def test_a_box_notices_a_database_link_that_died_silently(fleet_dsn: str, tmp_path: Path) -> None:
@@ -298,7 +387,6 @@ def test_a_box_notices_a_database_link_that_died_silently(fleet_dsn: str, tmp_pa
 
 def _wait_reachable(host: str, port: int, timeout_s: float = 10.0) -> None:
     """Until a TCP connection to ``host:port`` opens (a link just made may drop the first packets)."""
-    import socket
     deadline = time.monotonic() + timeout_s
     while True:
         try:
@@ -320,7 +408,7 @@ def test_the_server_frees_the_locks_of_a_box_whose_link_died_silently(tmp_path: 
     link = _Link(_netns_tag())
     try:
         link._make_link()
-        with pg_server.running_server(bins, host="10.213.0.2", netns=link.ns) as server, \
+        with pg_server.running_server(bins, host=link.inner_ip, netns=link.ns) as server, \
                 pg_server.fresh_database(server, "silent") as dsn:
 
             _wait_reachable(server.host, server.port)
