@@ -49,7 +49,8 @@ async def main(args: argparse.Namespace) -> int:
     if args.hold == "migration":
         stop_in_migration()
     fleet = await Fleet.connect(args.dsn, args.box, on_abort=on_abort, heartbeat_interval_s=args.heartbeat,
-                                stall_timeout_s=args.stall, heartbeats=args.hold is None)
+                                stall_timeout_s=args.stall, connect_timeout_s=args.connect_timeout,
+                                heartbeats=args.hold is None)
     if args.hold == "claim":
         return await hold(fleet, circuits)
     stop = asyncio.Event()
@@ -104,6 +105,7 @@ if __name__ == "__main__":
     p.add_argument("--heartbeat", type=float, default=0.5)
     p.add_argument("--stall", type=float, default=2.0)
     p.add_argument("--poll", type=float, default=0.5)
+    p.add_argument("--connect-timeout", type=float, default=10.0)
     p.add_argument("--hold", choices=("claim", "migration"),
                    help="stop inside a claimed job's transaction (hold) or the join's migration (stop_in_migration)")
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s")

@@ -92,11 +92,13 @@ class BoxProcess:
     """A box_process.py child: its JSON-line events are collected by a reader thread."""
 
     def __init__(self, dsn: str, box: str, circuits: list[str], *, slots: int = 1, work_s: float = 0.0,
-                 heartbeat_s: float = 0.5, stall_s: float = 30.0, hold: str | None = None) -> None:
+                 heartbeat_s: float = 0.5, stall_s: float = 30.0, connect_timeout_s: float = 10.0,
+                 hold: str | None = None) -> None:
         self.box = box
         cmd = [sys.executable, str(BOX_SCRIPT), "--dsn", dsn, "--box", box, "--circuits", ",".join(circuits),
                "--slots", str(slots), "--work-s", str(work_s), "--heartbeat", str(heartbeat_s),
-               "--stall", str(stall_s), "--poll", str(heartbeat_s), *(["--hold", hold] if hold else [])]
+               "--stall", str(stall_s), "--poll", str(heartbeat_s), "--connect-timeout", str(connect_timeout_s),
+               *(["--hold", hold] if hold else [])]
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
                                      env={**os.environ, "PYTHONUNBUFFERED": "1",
                                           "PYTHONPATH": os.pathsep.join(filter(None, (

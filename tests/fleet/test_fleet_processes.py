@@ -175,3 +175,52 @@ def test_a_box_frozen_while_it_joins_keeps_no_other_box_from_joining(fleet_dsn: 
     with _frozen_box(fleet_dsn, "migration", "migrating"):
         joined_after = run(join())
     assert joined_after < 5.0, f"a box joined {joined_after:.1f} s after the one migrating froze"
+
+
+def test_a_box_frozen_with_its_notifications_unread_holds_back_no_other_box(fleet_dsn: str, tmp_path: Path) -> None:
+    """A box frozen (SIGSTOP) reads nothing of its LISTEN connection: the server's backend for it sends
+    the fleet's notifications until the box's socket buffers are full, then waits on the send, and the
+    database's notification queue keeps everything from where that backend stopped reading. Other boxes
+    go on and their waiters hear of each job at once (not at the 60 s safety-net read), and the server
+    gives up on the frozen box's connection once its sends go unacknowledged for the box's connect
+    timeout (its session's tcp_user_timeout): with the operating system's defaults its kernel
+    acknowledged the zero-window probes for as long as it stayed frozen, and the backend and the queue
+    it holds back stayed (a full queue fails every NOTIFY, so every submit and every settle)."""
+    import psycopg
+
+    from cuzk_mp.daemon.fleet.schema import EVENTS_CHANNEL
+
+    inputs = make_inputs(tmp_path, 30)
+    frozen = BoxProcess(fleet_dsn, "frozen", ["z"], connect_timeout_s=2.0)  # it runs none of these jobs
+    working = BoxProcess(fleet_dsn, "w", ["x"], slots=4)
+    listening = ("SELECT count(*) FROM pg_stat_activity WHERE application_name = 'cuzk-fleet frozen' "
+                 "AND query LIKE 'LISTEN%'")
+    try:
+        for b in (frozen, working):
+            b.wait_for("ready")
+        assert query_one(fleet_dsn, listening) == (1,)
+        frozen.freeze()
+        noise = json.dumps({"event": "noise", "pad": "n" * 7000})
+        with psycopg.connect(fleet_dsn, autocommit=True) as conn:  # several MB: more than any socket buffers
+            for _ in range(1000):
+                conn.execute("SELECT pg_notify(%s, %s)", (EVENTS_CHANNEL, noise))
+        flooded = time.monotonic()
+
+        async def main() -> float:
+            client = await connect(fleet_dsn, "client")
+            t0 = time.monotonic()
+            refs = [await client.submit(None, "x", inp.ref, inp.sha256) for inp in inputs]
+            done = await asyncio.wait_for(asyncio.gather(*[client.await_result(r.job_id, 60) for r in refs]), 20)
+            assert all(st.state == "done" for st in done), done
+            await client.close()
+            return time.monotonic() - t0
+
+        took = run(main())
+        while query_one(fleet_dsn, listening) != (0,) and time.monotonic() - flooded < 30:
+            time.sleep(0.2)
+        dropped_after = time.monotonic() - flooded
+    finally:
+        frozen.kill()
+        working.stop()
+    assert took < 15, f"the other boxes' {len(inputs)} jobs took {took:.1f} s"
+    assert dropped_after < 15, f"the frozen box's LISTEN connection was still open {dropped_after:.1f} s on"

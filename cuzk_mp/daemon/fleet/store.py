@@ -84,7 +84,9 @@ def session_options(cfg: FleetConfig, settings: dict[str, int]) -> str:
       idle for the connect timeout is probed, and the connection ends once nothing was heard from the
       peer for the connect timeout with a probe out (about 15 s at the default 10 s), or once data it
       sent goes unacknowledged that long. Its session ends, its transaction is rolled back and its
-      locks are freed.
+      locks are freed. That includes the LISTEN session of a frozen box, which sends notifications
+      until the box's socket buffers are full, then waits on the send for as long as the box's kernel
+      acknowledges the zero-window probes, holding back the database's notification queue.
     * ``idle_in_transaction_session_timeout`` = the stall timeout: a box that stops between two
       statements of a transaction (frozen by SIGSTOP or a debugger, its event loop blocked, or just
       silent) still answers keepalives from its kernel, so only this ends its transaction. Inside one a
