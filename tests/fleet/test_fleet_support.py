@@ -188,13 +188,13 @@ def test_stored_inputs_go_once_stale_and_named_by_no_job(fleet_dsn: str, tmp_pat
     import os
     import time
 
-    from cuzk_mp.daemon.fleet.inputs import stale_inputs
+    from cuzk_mp.daemon.fleet.inputs import stale_cutoff, stale_inputs
     kept, dropped, fresh = make_inputs(tmp_path, 3)
     for ref in (kept, dropped):
         os.utime(ref.ref, (time.time() - 100, time.time() - 100))
-    assert sorted(map(str, stale_inputs(tmp_path, 50))) == sorted([kept.ref, dropped.ref])
+    assert sorted(map(str, stale_inputs(tmp_path, stale_cutoff(tmp_path, 50)))) == sorted([kept.ref, dropped.ref])
     assert store_inputs(Path(kept.ref).read_bytes(), tmp_path) == kept  # stored again: fresh again
-    assert [str(p) for p in stale_inputs(tmp_path, 50)] == [dropped.ref]
+    assert [str(p) for p in stale_inputs(tmp_path, stale_cutoff(tmp_path, 50))] == [dropped.ref]
     os.utime(kept.ref, (time.time() - 100, time.time() - 100))
 
     async def prune() -> int:
@@ -243,6 +243,40 @@ def test_pruning_never_removes_the_inputs_of_a_job_being_queued(fleet_dsn: str, 
         return removed
 
     assert asyncio.run(main()) == 0 and Path(old.ref).exists()
+
+
+def test_pruning_ages_stored_inputs_by_the_shared_folders_clock_not_the_boxs(
+        fleet_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The files' mtimes are the shared folder's clock (its file server's): a pruning box whose own
+    clock ran hours ahead took a store still being written and inputs stored a moment ago for stale
+    (another box's submit then failed), and one whose clock ran behind kept old inputs for as long as
+    it was off, the folder filling meanwhile. The age of a file is read on the folder's clock."""
+    import os
+
+    from cuzk_mp.daemon.fleet.inputs import INCOMING_PREFIX
+
+    real_time = time.time
+    fresh, old = make_inputs(tmp_path, 2)
+    old_bytes = Path(old.ref).read_bytes()
+    writing = tmp_path / f"{INCOMING_PREFIX}writing"  # another box's store in progress
+    writing.write_bytes(b"the first bytes of a witness")
+
+    async def main() -> list[int]:
+        a = await connect(fleet_dsn, "a")
+        removed = []
+        for skew_s in (3 * 3600, -3 * 3600):  # this box's clock three hours ahead, then behind
+            store_inputs(old_bytes, tmp_path)
+            os.utime(old.ref, (real_time() - 7200, real_time() - 7200))  # two hours old on the folder's clock
+            monkeypatch.setattr(time, "time", lambda s=skew_s: real_time() + s)
+            try:
+                removed.append(await a.prune_inputs(tmp_path, 3600))
+            finally:
+                monkeypatch.setattr(time, "time", real_time)
+        await a.close()
+        return removed
+
+    assert asyncio.run(main()) == [1, 1]
+    assert sorted(p.name for p in tmp_path.iterdir()) == sorted([Path(fresh.ref).name, writing.name])
 
 
 def test_a_prune_whose_removal_outlives_its_lock_leaves_a_new_jobs_inputs_in_place(
@@ -361,14 +395,15 @@ def test_the_partial_file_of_a_store_that_never_ended_goes_once_stale(tmp_path: 
     import os
     import time
 
-    from cuzk_mp.daemon.fleet.inputs import INCOMING_PREFIX, remove_stale_inputs, stale_inputs
+    from cuzk_mp.daemon.fleet.inputs import INCOMING_PREFIX, remove_stale_inputs, stale_cutoff, stale_inputs
     [stored] = make_inputs(tmp_path, 1)
     left, writing = tmp_path / f"{INCOMING_PREFIX}killed", tmp_path / f"{INCOMING_PREFIX}writing"
     for path in (left, writing):
         path.write_bytes(b"the first bytes of a witness")
     os.utime(left, (time.time() - 100, time.time() - 100))
-    assert stale_inputs(tmp_path, 50) == [left]
-    assert remove_stale_inputs(stale_inputs(tmp_path, 50), 50) == 1
+    cutoff = stale_cutoff(tmp_path, 50)
+    assert stale_inputs(tmp_path, cutoff) == [left]
+    assert remove_stale_inputs(stale_inputs(tmp_path, cutoff), cutoff) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([Path(stored.ref).name, writing.name])
 
 def test_a_job_is_found_by_its_request_id_and_only_by_its_client(fleet_dsn: str, tmp_path: Path) -> None:

@@ -202,10 +202,28 @@ def share_problem(directory: Path, share_id: str) -> str | None:
     return None
 
 
-def stale_inputs(directory: Path, older_than_s: float) -> list[Path]:
-    """Stored inputs in ``directory`` not stored (or stored again) for ``older_than_s`` seconds, and
-    the partial files of stores that never ended (a box killed or powered off while it wrote)."""
-    cutoff = time.time() - older_than_s
+def stale_cutoff(directory: Path, older_than_s: float) -> float:
+    """The mtime before which a file of ``directory`` was last written ``older_than_s`` seconds ago,
+    on the folder's own clock: a shared folder's mtimes are its file server's, which this box's clock
+    may be hours off. That clock is read as the mtime of a probe file made there and removed at once
+    (a partial store's name); this box's clock where none can be made (nothing could be removed
+    either)."""
+    try:
+        fd, probe = tempfile.mkstemp(dir=directory, prefix=f"{INCOMING_PREFIX}clock-")
+    except OSError:
+        return time.time() - older_than_s
+    try:
+        return os.fstat(fd).st_mtime - older_than_s
+    finally:
+        os.close(fd)
+        with contextlib.suppress(OSError):
+            os.unlink(probe)
+
+
+def stale_inputs(directory: Path, cutoff: float) -> list[Path]:
+    """Stored inputs in ``directory`` not stored (or stored again) since ``cutoff`` (an mtime:
+    :func:`stale_cutoff`), and the partial files of stores that never ended (a box killed or powered
+    off while it wrote)."""
     try:
         entries = [*directory.glob(f"*{INPUTS_SUFFIX}"), *directory.glob(f"{INCOMING_PREFIX}*")]
     except OSError:
@@ -218,13 +236,13 @@ def stale_inputs(directory: Path, older_than_s: float) -> list[Path]:
     return out
 
 
-def set_aside_stale(path: Path, older_than_s: float) -> Path | None:
+def set_aside_stale(path: Path, cutoff: float) -> Path | None:
     """Take a stale stored inputs file from its name, unless stored again meanwhile: one rename to a
     new name in its folder (a partial store's, so that :func:`stale_inputs` finds it if it is left
     there); where it went, None if it was kept or is gone. Unlink it after, or :func:`put_back` it."""
     aside = path.with_name(f"{INCOMING_PREFIX}pruned-{uuid.uuid4().hex}")
     try:
-        if path.stat().st_mtime >= time.time() - older_than_s:  # stored again since it was found stale
+        if path.stat().st_mtime >= cutoff:  # stored again since it was found stale
             return None
         os.rename(path, aside)
     except OSError:
@@ -238,9 +256,9 @@ def put_back(aside: Path, path: Path) -> None:
     os.replace(aside, path)
 
 
-def remove_stale_inputs(paths: list[Path], older_than_s: float) -> int:
-    """Remove these stored inputs (those no job names) unless stored again meanwhile; how many went."""
-    cutoff = time.time() - older_than_s
+def remove_stale_inputs(paths: list[Path], cutoff: float) -> int:
+    """Remove these stored inputs (those no job names) unless stored again since ``cutoff``
+    (:func:`stale_cutoff`); how many went."""
     removed = 0
     for path in paths:
         with contextlib.suppress(OSError):

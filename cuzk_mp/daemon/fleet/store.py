@@ -33,7 +33,8 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from cuzk_mp.daemon.fleet import schema
 from cuzk_mp.daemon.fleet.config import FleetConfig, redact_dsn
-from cuzk_mp.daemon.fleet.inputs import put_back, remove_stale_inputs, set_aside_stale, stale_inputs, stored_digest
+from cuzk_mp.daemon.fleet.inputs import (put_back, remove_stale_inputs, set_aside_stale, stale_cutoff, stale_inputs,
+                                         stored_digest)
 from cuzk_mp.daemon.fleet.models import BoxInfo, JobStatus, QueueDepth, circuit_of
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
@@ -361,7 +362,7 @@ class FleetStore:
     async def prune_inputs(self, directory: Path, older_than_s: float) -> int:
         """Remove the stored inputs in ``directory`` that no job (of any state, not yet pruned) needs (none
         of their sha256, whatever path its reference spells) and nobody stored again for ``older_than_s``
-        seconds, and the partial files of stores that never
+        seconds (on the folder's clock, :func:`~.inputs.stale_cutoff`), and the partial files of stores that never
         ended; how many went. Each file is checked and removed under its inputs' lock, which a submit
         holds from storing the same bytes to its job's commit (:meth:`.submits.FleetSubmits.submit`):
         a file is never removed under a job being queued with it, even where the shared folder shows
@@ -372,12 +373,13 @@ class FleetStore:
         timeout may end after the server ended the transaction, idle that long, and freed the lock,
         and so after a submit of the same bytes queued its job with the file: where the transaction
         fails, the file is put back (the next round decides again)."""
-        stale = await asyncio.to_thread(stale_inputs, directory, older_than_s)
+        cutoff = await asyncio.to_thread(stale_cutoff, directory, older_than_s)
+        stale = await asyncio.to_thread(stale_inputs, directory, cutoff)
         removed = 0
         for path in stale:
             digest = stored_digest(path)
             if digest is None:  # a store that never ended: no job names it
-                removed += await asyncio.to_thread(remove_stale_inputs, [path], older_than_s)
+                removed += await asyncio.to_thread(remove_stale_inputs, [path], cutoff)
                 continue
             aside: Path | None = None
             try:
@@ -388,7 +390,7 @@ class FleetStore:
                     cur = await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE inputs_sha256 = %s LIMIT 1",
                                              (digest,))
                     if await cur.fetchone() is None:
-                        aside = await asyncio.to_thread(set_aside_stale, path, older_than_s)
+                        aside = await asyncio.to_thread(set_aside_stale, path, cutoff)
             except BaseException:
                 if aside is not None:  # the lock may have gone with the session before the rename ended
                     await asyncio.to_thread(put_back, aside, path)
