@@ -91,12 +91,14 @@ def session_options(cfg: FleetConfig, settings: dict[str, int]) -> str:
     * ``idle_in_transaction_session_timeout`` = the stall timeout: a box that stops between two
       statements of a transaction (frozen by SIGSTOP or a debugger, its event loop blocked, or just
       silent) still answers keepalives from its kernel, so only this ends its transaction. Inside one a
-      box waits on nothing but the database and, under an inputs' lock, one file's rename, mtime refresh
-      or removal (the long write of a submit's inputs happens before it,
-      :meth:`.submits.FleetSubmits.submit`), so only a box that stalled reaches it, and a box that
-      stalled that long has lost its claims anyway (other boxes take them over after the stall timeout,
-      once these locks are freed). The timeout counts only the time between statements: a long
-      statement (a large result written) is not cut short.
+      box waits on nothing but the database and, under an inputs' lock, one file's rename or mtime
+      refresh (the long write of a submit's inputs happens before it,
+      :meth:`.submits.FleetSubmits.submit`, and a prune's unlink after it,
+      :meth:`FleetStore.prune_inputs`, which puts back a file whose rename ended after the timeout),
+      so only a box that stalled reaches it, and a box that stalled that long has lost its claims
+      anyway (other boxes take them over after the stall timeout, once these locks are freed). The
+      timeout counts only the time between statements: a long statement (a large result written) is
+      not cut short.
 
     An ordinary role may set each of these (they are user settings); where the server runs on a
     Unix socket the keepalive settings are ignored, as a socket has no peer to lose.
