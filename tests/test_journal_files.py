@@ -122,6 +122,13 @@ def test_the_daemon_refuses_a_fifo_at_the_journals_wal_with_exit_2(tmp_path: Pat
     _journal_with_jobs(tmp_path / "journal.sqlite")
     wal = tmp_path / "journal.sqlite-wal"
     os.mkfifo(wal)
+    _check_and_start_refuse(cfg, wal, "a FIFO (a named pipe), not a regular file")
+    assert not (tmp_path / "cuzk.sock").exists() and not (tmp_path / "keys").exists()
+
+
+def _check_and_start_refuse(cfg: Path, thing: Path, what: str) -> None:
+    """``cuzk-mp daemon --check`` and the start with ``cfg`` each end with exit 2, naming ``thing`` and
+    ``what`` is wrong with it, no traceback; the test fails where either does not end in time."""
     for check in (["--check"], []):
         try:
             proc = subprocess.run([*PY, "daemon", "--config", str(cfg), *check], env=ENV, capture_output=True,
@@ -129,9 +136,8 @@ def test_the_daemon_refuses_a_fifo_at_the_journals_wal_with_exit_2(tmp_path: Pat
         except subprocess.TimeoutExpired:
             pytest.fail(f"cuzk-mp daemon {' '.join(check)} did not end within {START_TIMEOUT_S} s")
         assert proc.returncode == 2, (check, proc.returncode, proc.stderr)
-        assert f"{wal}: " in proc.stderr and "a FIFO (a named pipe), not a regular file" in proc.stderr, proc.stderr
+        assert f"{thing}: " in proc.stderr and what in proc.stderr, (check, proc.stderr)
         assert "Traceback" not in proc.stderr
-    assert not (tmp_path / "cuzk.sock").exists() and not (tmp_path / "keys").exists()
 
 
 def test_an_id_that_is_no_text_is_another_journals(tmp_path: Path) -> None:
@@ -212,3 +218,36 @@ def test_the_folder_a_journal_link_leads_to_must_be_writable(tmp_path: Path, mon
         check_writable_places(cfg)
     with pytest.raises(ConfigError, match=expected):
         Journal.open(link)
+
+
+@pytest.mark.parametrize("kind", ["fifo", "folder", "link"])
+@pytest.mark.parametrize("linked", [False, True])
+def test_the_daemon_refuses_a_lock_file_that_is_no_regular_file_with_exit_2(
+        tmp_path: Path, kind: str, linked: bool) -> None:
+    """``cuzk-mp daemon`` with a FIFO, a folder or a link at its journal's lock file (``<journal>.lock``;
+    for a journal path that is a link, the lock beside the file it leads to as well): --check said OK
+    (exit 0), and only the start refused it (for a folder with a bare "Is a directory"). Now both end
+    with exit 2 naming the lock file and what it is, as for the journal's other start files, and leave
+    it there."""
+    cfg = tmp_path / "cuzk.toml"
+    cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix="cuzk-jf-test"))
+    journal = tmp_path / "journal.sqlite"
+    if linked:
+        real = tmp_path / "disk" / "journal.sqlite"
+        real.parent.mkdir()
+        _journal_with_jobs(real)
+        journal.symlink_to(real)
+        lock = Path(f"{real}.lock")
+    else:
+        _journal_with_jobs(journal)
+        lock = Path(f"{journal}.lock")
+    if kind == "link":
+        lock.symlink_to(tmp_path / "elsewhere")
+    else:
+        _put(kind, lock)
+    what = {"folder": "Is a directory", "fifo": "a FIFO (a named pipe), not a regular file",
+            "link": "a symbolic link where the daemon keeps its lock file"}[kind]
+    _check_and_start_refuse(cfg, lock, what)
+    assert os.path.lexists(lock) and (lock.is_dir() if kind == "folder" else not lock.is_file())
+    assert not (tmp_path / "elsewhere").exists()
+    assert not (tmp_path / "cuzk.sock").exists() and not (tmp_path / "keys").exists()

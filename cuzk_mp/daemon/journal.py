@@ -20,9 +20,10 @@ The journal is the source of truth, so it is defended:
   Nothing is repaired or emptied automatically; the message says how to start afresh. A journal
   SQLite cannot open for another reason (a full disk, an I/O error) is not damage: a
   ResourceError (exit code 4, which systemd retries) that leaves the file as it was. The journal, its
-  -wal, -shm, -journal and .id are regular files or absent: a FIFO, a folder or a device there (or a
-  link at the -wal, -shm or -journal, which SQLite does not follow) is a ConfigError naming it
-  (:func:`check_start_files`), found without waiting on a FIFO or reading a device to its end.
+  -wal, -shm, -journal and .id, and the daemon's lock file beside it, are regular files or absent: a
+  FIFO, a folder or a device there (or a link at the -wal, -shm, -journal or lock file, none of which
+  is followed) is a ConfigError naming it (:func:`check_start_files`, at ``--check`` too), found
+  without waiting on a FIFO or reading a device to its end.
 * **A journal removed under the running daemon is written again.** SQLite would go on writing into
   the unlinked file, and every job it held would be gone at the next start (refused: the .id says a
   journal was there). Before each write, and when it closes, the journal checks that its path is
@@ -65,6 +66,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from cuzk_mp.daemon.config import check_regular_file
+from cuzk_mp.daemon.instance_lock import lock_paths
 from cuzk_mp.daemon.journal_wal import wal_damage
 from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions, reply_from_store, stored_reply
 from cuzk_mp.errors import ConfigError, CuzkError, ResourceError
@@ -244,16 +246,22 @@ def check_start_files(path: Path, key: str = "daemon.journal") -> None:
     file"; SQLite waits for ever on a FIFO at the -journal), its .id. A FIFO is looked at, never waited
     on (:func:`~cuzk_mp.daemon.config.check_regular_file`); nothing is changed. The folder SQLite makes
     the -wal and -shm in (beside the file a link leads to) must be one this process may write
-    (:func:`~cuzk_mp.paths.folder_problem`): SQLite says "attempt to write a readonly database"."""
+    (:func:`~cuzk_mp.paths.folder_problem`): SQLite says "attempt to write a readonly database". The
+    daemon's lock files beside the journal (:func:`~cuzk_mp.daemon.instance_lock.lock_paths`, taken before
+    the journal is opened) are held to the same rule, a link there refused as the lock refuses it."""
     sides = _side_paths(path)
+    locks = lock_paths(path, [])
     problem = folder_problem(sides[0].parent)
     if problem is not None:
         raise ConfigError(f"{key}: {sides[0].parent} cannot be written (SQLite makes the journal's -wal and -shm "
                           f"there): {problem}")
-    for p in (path, *sides, _marker_path(path)):
+    for p in (path, *sides, _marker_path(path), *locks):
         if p in sides and p.is_symlink():
             raise ConfigError(f"{key}: {p}: a symbolic link, which SQLite does not follow there (it cannot "
                               "open the journal): remove it; SQLite makes the file itself")
+        if p in locks and p.is_symlink():
+            raise ConfigError(f"{key}: {p}: a symbolic link where the daemon keeps its lock file, which it does "
+                              "not follow: remove it; the daemon makes the file itself")
         if os.path.lexists(p):
             check_regular_file(key, p)
 
