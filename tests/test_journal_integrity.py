@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import os
 import re
 import shutil
 import sqlite3
@@ -321,23 +322,33 @@ def test_a_journal_made_without_incremental_vacuum_is_converted_once(tmp_path: P
     j.close()
 
 
+@pytest.mark.parametrize("linked", [False, True])
 @pytest.mark.parametrize("removed", ["the database file alone", "the journal's files", "its folder"])
 def test_a_journal_removed_under_the_running_daemon_is_written_again_with_every_job(
-        tmp_path: Path, removed: str) -> None:
+        tmp_path: Path, removed: str, linked: bool) -> None:
     """The journal (or the whole param cache it lies in) removed while the daemon runs (a cleaner of
     old files, an operator's ``rm``): SQLite goes on writing into the unlinked file, so every job it
     held, and every job accepted after, was lost at the next start (which refused: its .id says a
     journal was there). The next write finds the path gone and writes the journal there again from
-    the open database, its .id beside it: a later start has every job."""
+    the open database, its .id beside it: a later start has every job. A journal path that is a link
+    (to a journal on a disk of the operator's choice) whose file was removed: the journal was written
+    as a regular file in the link's place; it is written where the link leads, the link kept."""
     path = tmp_path / "cache" / "journal.sqlite"
+    place = tmp_path / "disk" / "journal.sqlite" if linked else path  # where the journal's file lies
+    if linked:
+        place.parent.mkdir()
+        path.parent.mkdir()
+        place.touch(0o600)  # a link that leads nowhere is refused at the start
+        path.symlink_to(place)
     j = _fill(path, 3)
     if removed == "its folder":
-        shutil.rmtree(path.parent)
+        shutil.rmtree(place.parent)
     elif removed == "the database file alone":  # its -wal and -shm stay: the open journal's own
-        path.unlink()
+        place.unlink()
     else:
-        for suffix in ("", "-wal", "-shm", ".id"):
-            Path(f"{path}{suffix}").unlink(missing_ok=True)
+        for suffix in ("", "-wal", "-shm"):
+            Path(f"{place}{suffix}").unlink(missing_ok=True)
+        Path(f"{path}.id").unlink()
 
     async def more() -> None:
         await j.add(_entry(3))
@@ -353,7 +364,11 @@ def test_a_journal_removed_under_the_running_daemon_is_written_again_with_every_
         reopened.close()
     assert sorted(entries) == ["job-0", "job-1", "job-2", "job-3"]
     assert entries["job-0"].state == "cancelled"
-    assert oct(path.stat().st_mode & 0o777) == oct(0o600)
+    assert oct(place.stat().st_mode & 0o777) == oct(0o600)
+    assert place.is_file() and not place.is_symlink()
+    if linked:
+        assert path.is_symlink() and Path(os.readlink(path)) == place
+        assert sorted(p.name for p in path.parent.iterdir()) == ["journal.sqlite", "journal.sqlite.id"]
 
 
 def test_a_file_put_in_the_running_journals_place_is_not_overwritten(tmp_path: Path) -> None:

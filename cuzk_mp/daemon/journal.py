@@ -29,8 +29,9 @@ The journal is the source of truth, so it is defended:
   journal was there). Before each write, and when it closes, the journal checks that its path is
   still its file; where the path is gone (the file, or the whole folder: a cleaner of old files, an
   operator's ``rm``), the open database is copied there (SQLite's backup) with its .id, and written
-  on from there. A path that now holds another file is not overwritten: writes are refused
-  (ResourceError) and the daemon's restart decides, as for any journal put in place.
+  on from there; a journal path that is a link keeps it, the journal written again where it leads.
+  A path that now holds another file is not overwritten: writes are refused (ResourceError) and the
+  daemon's restart decides, as for any journal put in place.
 * **A bad row is quarantined, the rest start.** :meth:`Journal.load` checks every row against
   the schema (types, priority 0..3, a state it knows, decodable partitions and result that
   agree with the row); a row that fails is moved, as it was, into the ``quarantine`` table with
@@ -412,7 +413,8 @@ class Journal:
         or its folder), copy the open database there (SQLite's backup, into a temporary file renamed
         into place) with its .id, and go on with that file: the jobs stay where a restart reads them.
         ResourceError where the path now holds another file (not overwritten: see the module
-        docstring)."""
+        docstring). A path that is a link (or lies in a linked folder) is followed as far as it leads: the
+        journal is written where the link leads, on the disk the operator chose, the link kept."""
         now = _file_identity(self.path)
         if now == self._file:
             return
@@ -420,8 +422,9 @@ class Journal:
             raise ResourceError(f"{self.path}: another file was put in the journal's place while the daemon runs; "
                                 "nothing more is written (this daemon's jobs are in its open journal until it "
                                 "stops): restart the daemon to use the journal now there")
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = self.path.with_name(f".{self.path.name}.{uuid.uuid4().hex[:8]}.restore")
+        place = Path(os.path.realpath(self.path))  # the path itself where no link is on the way
+        place.parent.mkdir(parents=True, exist_ok=True)
+        tmp = place.with_name(f".{place.name}.{uuid.uuid4().hex[:8]}.restore")
         os.close(os.open(tmp, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))  # it holds witnesses: owner only
         try:
             copy = sqlite3.connect(tmp)
@@ -430,7 +433,7 @@ class Journal:
             finally:
                 copy.close()
             self._conn.close()  # its last checkpoint goes into the unlinked file, and its -wal at the path
-            os.replace(tmp, self.path)
+            os.replace(tmp, place)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
@@ -440,8 +443,9 @@ class Journal:
             f.write(self._journal_id + "\n")
         self._file = _file_identity(self.path)
         jobs = self._conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
-        log.error("journal %s was removed while the daemon ran: written again there from the open journal "
-                  "(%d job(s)), with its .id; whatever removed it may do so again", self.path, jobs)
+        where = "" if place == self.path else f" (at {place}, where its link leads)"
+        log.error("journal %s was removed while the daemon ran: written again there%s from the open journal "
+                  "(%d job(s)), with its .id; whatever removed it may do so again", self.path, where, jobs)
 
     def _insert(self, e: JournalEntry) -> None:
         self._conn.execute(
