@@ -12,6 +12,7 @@ from __future__ import annotations
 import fcntl
 import os
 import re
+import shutil
 import signal
 import socket
 import struct
@@ -22,6 +23,8 @@ import threading
 import time
 from pathlib import Path
 from typing import Any
+
+import pytest
 
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import Client
@@ -112,6 +115,22 @@ class Refuse(importlib.abc.MetaPathFinder):
 
 sys.meta_path.insert(0, Refuse())
 """
+
+
+def on_small_tmpfs(folder: Path, room: int, script: str, *, env: dict[str, str] | None = None,
+                   timeout: float = 120) -> subprocess.CompletedProcess[str]:
+    """``sh -c script`` in a private mount namespace where the folder ``folder`` is a tmpfs of ``room``
+    bytes: a file system that fills up, seen by that process alone (run as root, or as a mapped root
+    in a user namespace). The test is skipped, saying so, where no mount namespace can be made."""
+    if shutil.which("unshare") is None:
+        pytest.skip("no unshare(1): cannot make a private mount namespace for a small tmpfs")
+    prefix = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
+    proc = subprocess.run(["unshare", *prefix, "--mount", "sh", "-c",
+                           f"mount -t tmpfs -o size={room} none {folder} || exit 99; {script}"],
+                          env=ENV if env is None else env, cwd=REPO, capture_output=True, text=True, timeout=timeout)
+    if proc.returncode == 99 or "unshare:" in proc.stderr:
+        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()[-200:]}")
+    return proc
 
 
 def free_port() -> int:

@@ -743,20 +743,13 @@ def test_circuit_on_a_full_disk_leaves_neither_file(tmp_path: Path) -> None:
     .r1cs alone (a private tmpfs, in a mount namespace of its own), the .wtns's refusal (exit 2,
     naming it) takes the new .r1cs away too, where it was left without its witness. Skipped, saying
     so, where no mount namespace can be made."""
-    import shutil
+    from tests.helpers import on_small_tmpfs
 
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare(1): cannot make a private mount namespace for a small tmpfs")
     full = tmp_path / "full"
     full.mkdir()
     room = 211016 // 4096 * 4096 + 3 * 4096  # porep-like-10.r1cs's pages and a few: not its 32 KB .wtns
-    script = (f"mount -t tmpfs -o size={room} none {full} || exit 99; "
-              f"{sys.executable} -m cuzk_mp circuit porep-like --log-n 10 {full}; code=$?; ls -A {full}; exit $code")
-    prefix = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    proc = subprocess.run(["unshare", *prefix, "--mount", "sh", "-c", script], env=ENV, cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
-    if proc.returncode == 99 or "unshare:" in proc.stderr:
-        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()[-200:]}")
+    proc = on_small_tmpfs(full, room, f"{sys.executable} -m cuzk_mp circuit porep-like --log-n 10 {full}; code=$?; "
+                          f"ls -A {full}; exit $code")
     assert_message(proc, 2, "porep-like-10.wtns: cannot write it: No space left on device")
     assert proc.stdout == "", proc.stdout  # the files left in the folder: none
 

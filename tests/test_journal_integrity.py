@@ -246,11 +246,40 @@ def test_a_full_disk_is_not_a_damaged_journal(tmp_path: Path, monkeypatch: pytes
     with pytest.raises(ResourceError, match=r"journal.sqlite: the journal cannot be opened now \(database or disk "
                                             r"is full\); it was not changed"):
         Journal.open(path)
-    assert not (tmp_path / "journal.sqlite.id").exists()
+    assert sorted(p.name for p in tmp_path.iterdir()) == []  # neither the journal it made nor an .id
     monkeypatch.setattr(sqlite3, "connect", real)
     j = _fill(path, 2)
     assert len(j.load()) == 2
     j.close()
+
+
+@pytest.mark.parametrize("lock_there", [True, False])
+def test_a_daemon_whose_param_cache_is_full_at_the_start_leaves_no_empty_journal(tmp_path: Path,
+                                                                                 lock_there: bool) -> None:
+    """A daemon started with its journal in a param cache whose file system is full (a small tmpfs in a
+    private mount namespace, filled): with its lock file already there, it ended (exit 4) leaving an
+    empty ``journal.sqlite``, and its message did not say where the disk is full; without one (no room
+    even for the pid the lock file records, for messages only) it ended with exit 1 and "No space left
+    on device", naming no file. Now the lock is taken without its pid where there is no room for it, the
+    journal the start made is removed, and the start ends with exit 4 naming the full folder. Skipped,
+    saying so, where no mount namespace can be made."""
+    import sys
+
+    from tests.helpers import on_small_tmpfs
+
+    cache = tmp_path / "cache"
+    cache.mkdir()
+    config = tmp_path / "d.toml"
+    config.write_text(config_text(tmp_path, tmp_path / "keys", prefix=f"cuzk-jfull-{os.getpid()}").replace(
+        f'journal = "{tmp_path}/journal.sqlite"', f'journal = "{cache}/journal.sqlite"'))
+    lock = f"echo 1 > {cache}/journal.sqlite.lock; " if lock_there else ""
+    script = (f"{lock}dd if=/dev/zero of={cache}/filler bs=4096 2>/dev/null; "
+              f"{sys.executable} -m cuzk_mp daemon --config {config}; code=$?; ls -A {cache}; exit $code")
+    proc = on_small_tmpfs(cache, 64 << 10, script, timeout=60)
+    last = proc.stderr.strip().splitlines()[-1]
+    assert proc.returncode == 4, (proc.returncode, proc.stderr[-3000:])
+    assert f"{cache}/journal.sqlite: " in last and f"the file system of {cache} is full" in last, last
+    assert proc.stdout.split() == ["filler", "journal.sqlite.lock"], proc.stdout
 
 
 def test_a_new_journal_is_its_owners_alone(tmp_path: Path) -> None:

@@ -133,26 +133,17 @@ def test_a_daemon_whose_param_cache_is_full_names_the_key_file_and_the_folder(ro
     temporary (``.porep-like-10.zkey.XXXX.tmp``) the file is made in; no temporary is left there.
     Skipped, saying so, where no mount namespace can be made."""
     import os
-    import shutil
-    import subprocess
     import sys
 
-    from tests.helpers import ENV, config_text
+    from tests.helpers import config_text, on_small_tmpfs
 
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare(1): cannot make a private mount namespace for a small tmpfs")
     cache = tmp_path / "cache"
     cache.mkdir()
     config = tmp_path / "d.toml"
     config.write_text(config_text(tmp_path, cache, prefix=f"cuzk-full-{os.getpid()}",
                                   circuits='[circuits.syn]\nsynthetic = "porep-like"\nlog_n = 10\n'))
-    script = (f"mount -t tmpfs -o size={room} none {cache} || exit 99; "
-              f"{sys.executable} -m cuzk_mp daemon --config {config}; code=$?; ls -A {cache}; exit $code")
-    prefix = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    proc = subprocess.run(["unshare", *prefix, "--mount", "sh", "-c", script], env=ENV, capture_output=True,
-                          text=True, timeout=300)
-    if proc.returncode == 99 or "unshare:" in proc.stderr:
-        pytest.skip(f"no private mount namespace here: {proc.stderr.strip()[-200:]}")
+    proc = on_small_tmpfs(cache, room, f"{sys.executable} -m cuzk_mp daemon --config {config}; code=$?; "
+                          f"ls -A {cache}; exit $code", timeout=300)
     last = proc.stderr.strip().splitlines()[-1]
     assert proc.returncode == code, (proc.returncode, proc.stderr[-3000:])
     assert says.replace("CACHE", str(cache)) in last and ".tmp" not in last, last

@@ -17,7 +17,6 @@ import mmap
 import multiprocessing as mp
 import os
 import shutil
-import subprocess
 import sys
 from pathlib import Path
 
@@ -37,7 +36,7 @@ from cuzk_mp.groth16.prover import prove
 from cuzk_mp.groth16.synthesis import ConstraintEvaluator
 from cuzk_mp.groth16.synthesis_key import write_synthesis_only_zkey
 from cuzk_mp.groth16.verifier import verify
-from tests.helpers import rewrite_cache
+from tests.helpers import on_small_tmpfs, rewrite_cache
 
 DATA = Path(__file__).parent / "data_formats"
 LOG_N = 12
@@ -219,22 +218,14 @@ def test_a_full_disk_at_the_key_place_falls_back(files: tuple[Path, Path], tmp_p
     fallback directory, and the process is not killed (SIGBUS) writing pages the disk cannot back.
     Runs in a private mount namespace (a 16 KiB-spare tmpfs there); skipped, saying so, where
     none can be made."""
-    if shutil.which("unshare") is None:
-        pytest.skip("no unshare(1): cannot make a private mount namespace for a small tmpfs")
     zkey = files[0]
     small, fallback = tmp_path / "small", tmp_path / "fallback"
     small.mkdir()
     size = (zkey.stat().st_size + 4095) // 4096 * 4096 + 16384
     code = ("import sys; from cuzk_mp.groth16.synthesis import ConstraintEvaluator; "
             "ev = ConstraintEvaluator.from_files(sys.argv[1], None); print(ev.data.path)")
-    script = (f"mount -t tmpfs -o size={size} none {small} || exit 99; cp {zkey} {small}/p.zkey; "
-              f'exec {sys.executable} -c "{code}" {small}/p.zkey')
-    env = {**os.environ, "CUZK_MP_CACHE": str(fallback)}
-    prefix = [] if os.geteuid() == 0 else ["--user", "--map-root-user"]
-    res = subprocess.run(["unshare", *prefix, "--mount", "sh", "-c", script], env=env, capture_output=True,
-                         text=True, timeout=120)
-    if res.returncode == 99 or "unshare:" in res.stderr:
-        pytest.skip(f"no private mount namespace here: {res.stderr.strip()[-200:]}")
+    res = on_small_tmpfs(small, size, f'cp {zkey} {small}/p.zkey; exec {sys.executable} -c "{code}" {small}/p.zkey',
+                         env={**os.environ, "CUZK_MP_CACHE": str(fallback)})
     assert res.returncode == 0, res.stderr[-2000:]
     assert Path(res.stdout.strip().splitlines()[-1]).parent == fallback / "circuit-data"
     assert "No space left on device" in res.stderr  # the warning that says why the key's place was passed over

@@ -7,14 +7,14 @@ memory or its socket. A second daemon started with the same config (or one shari
 the socket or the shm prefix) therefore finds a lock taken and exits at once with
 :class:`AlreadyRunning`, naming the holder's pid, having changed nothing; the first one never
 notices. Both kinds of lock belong to the process's open files, so they go away with it, however
-it dies (SIGKILL included): no stale lock can block a restart. The lock files are left in place
-on exit; they hold the pid of the last daemon that took them, for messages only. Only a process
-that holds a lock unlinks its file (a gone warm daemon's files are removed so, :mod:`.warm`), and
-:func:`try_lock` opens the name again where the file it locked is no longer the one there, so two
-daemons never each hold the lock of their own file of one name. The abstract socket leaves no file at all (so
-nothing in /dev/shm); it is per network namespace, which daemons sharing /dev/shm share too in
-the usual setups. A journal path that is a symlink is locked beside the file it leads to as well
-(:func:`lock_paths`): another config may name that file itself.
+it dies (SIGKILL included): no stale lock can block a restart. The lock files are left in place on
+exit; they hold the pid of the last daemon that took them, for messages only (none, where the disk
+was full). Only a process that holds a lock unlinks its file (a gone warm daemon's files are removed
+so, :mod:`.warm`), and :func:`try_lock` opens the name again where the file it locked is no longer
+the one there, so two daemons never each hold the lock of their own file of one name. The abstract
+socket leaves no file at all (so nothing in /dev/shm); it is per network namespace, which daemons
+sharing /dev/shm share too in the usual setups. A journal path that is a symlink is locked beside
+the file it leads to as well (:func:`lock_paths`): another config may name that file itself.
 """
 
 from __future__ import annotations
@@ -95,6 +95,12 @@ class InstanceLock:
         try:
             os.ftruncate(fd, 0)
             os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        except OSError as e:
+            if e.errno not in (errno.ENOSPC, errno.EDQUOT):
+                os.close(fd)
+                raise
+            # a full disk: the lock holds without the pid (recorded for messages only); what the
+            # daemon writes next (the journal) says which folder is full
         except BaseException:
             os.close(fd)
             raise

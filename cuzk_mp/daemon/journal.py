@@ -19,8 +19,10 @@ The journal is the source of truth, so it is defended:
   so a deleted, truncated or swapped journal is noticed instead of starting silently empty.
   Nothing is repaired or emptied automatically; the message says how to start afresh. A journal
   SQLite cannot open for another reason (a full disk, an I/O error) is not damage: a
-  ResourceError (exit code 4, which systemd retries) that leaves the file as it was. The journal, its
-  -wal, -shm, -journal and .id, and the daemon's lock file beside it, are regular files or absent: a
+  ResourceError (exit code 4, which systemd retries) that leaves the file as it was, naming the
+  folder whose file system is full; a journal the failed start made is removed again (no empty
+  journal is left for the next start to misread). The journal, its -wal, -shm, -journal and .id,
+  and the daemon's lock file beside it, are regular files or absent: a
   FIFO, a folder or a device there (or a link at the -wal, -shm, -journal or lock file, none of which
   is followed) is a ConfigError naming it (:func:`check_start_files`, at ``--check`` too), found
   without waiting on a FIFO or reading a device to its end.
@@ -309,12 +311,29 @@ class Journal:
     def open(cls, path: Path) -> Journal:
         """Open (creating if needed) the journal at ``path``: JournalDamaged if it is damaged or
         missing (see the module docstring), ConfigError for a schema from a newer version,
-        ResourceError where SQLite cannot open it now (a full disk)."""
+        ResourceError where SQLite cannot open it now (a full disk). A journal this call made (a first
+        start) is removed again, with its .id and SQLite's files beside it, where the open fails: a
+        start on a full disk leaves no empty journal that a later start would take for one that was
+        there."""
         path.parent.mkdir(parents=True, exist_ok=True)
         recorded = _check_file(path)
+        made = [p for p in (*_side_paths(path), _marker_path(path)) if not os.path.lexists(p)]
         if not path.exists():  # made 0600 (SQLite gives its -wal and -shm the same): it holds witnesses
             with contextlib.suppress(FileExistsError):
                 os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
+                made.insert(0, path)
+        try:
+            return cls._open_file(path, recorded)
+        except BaseException:
+            if made[:1] == [path]:  # nothing but what this call wrote is in them
+                for p in made:
+                    with contextlib.suppress(FileNotFoundError):
+                        os.unlink(p)
+            raise
+
+    @classmethod
+    def _open_file(cls, path: Path, recorded: str | None) -> Journal:
+        """:meth:`open` on the journal's file, there and checked: connected, prepared, its .id written."""
         _owner_only(path)
         try:
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
@@ -325,10 +344,10 @@ class Journal:
         except BaseException:
             conn.close()
             raise
-        if recorded is None:
-            with atomic_output(_marker_path(path), "w") as f:
-                f.write(journal_id + "\n")
         try:
+            if recorded is None:
+                with atomic_output(_marker_path(path), "w") as f:
+                    f.write(journal_id + "\n")
             _make_incremental(conn, path)
         except BaseException:  # an interrupt during the rewrite: SQLite rolls it back; the file is unchanged
             conn.close()
@@ -383,11 +402,14 @@ class Journal:
             conn.execute("COMMIT")
             return str(journal_id)
         except sqlite3.DatabaseError as e:
-            if (getattr(e, "sqlite_errorcode", 0) & 0xFF) not in _DAMAGE_CODES:
+            code = getattr(e, "sqlite_errorcode", 0) & 0xFF
+            if code not in _DAMAGE_CODES:
                 # a full disk, an I/O error, a lock: nothing is wrong with the file, and moving it
                 # aside would lose its jobs; the start can succeed once the cause is gone
+                fix = (f"the file system of {Path(os.path.realpath(path)).parent} is full: free room there"
+                       if code == sqlite3.SQLITE_FULL else "free the disk (or whatever the message names)")
                 raise ResourceError(f"{path}: the journal cannot be opened now ({e}); it was not changed: "
-                                    "free the disk (or whatever the message names) and start again") from None
+                                    f"{fix} and start again") from None
             raise JournalDamaged(f"{path}: not a usable journal ({e}); move it aside (with its -wal "
                                  "and .id files) to start with an empty journal") from None
         finally:
