@@ -171,6 +171,9 @@ def test_a_dash_is_refused_naming_what_it_stands_for(argv: list[str], message: s
     (["client", "prove", "--circuit", "c", "--out", "-"], "- (standard output) is not accepted for the folder"),
     (["bench", "--json", "r.json/"], "argument --json: r.json/: names a folder, but the result is a file"),
     (["bench", "--wtns", "CFG/"], "argument --wtns: CFG/: names a folder, but CFG is a file"),
+    (["fleet", "status", "--config", "CFG/"], "argument --config: CFG/: names a folder, but CFG is a file"),
+    (["fleet", "status", "--config", "-"], "argument --config: - (standard input) is not accepted for the config "
+     "file"),
 ])
 def test_the_engines_verbs_refuse_a_dash_and_a_files_trailing_slash(argv: list[str], message: str, tmp_path: Path,
                                                                      capsys: pytest.CaptureFixture[str]) -> None:
@@ -186,6 +189,19 @@ def test_the_engines_verbs_refuse_a_dash_and_a_files_trailing_slash(argv: list[s
     assert message.replace("CFG", str(cfg)) in capsys.readouterr().err
     folder = cli.build_parser().parse_args(["client", "prove", "--circuit", "c", "--out", f"{tmp_path}/"])
     assert folder.out == tmp_path  # a folder argument may end in a slash
+
+
+def test_the_shm_probe_refuses_a_trailing_slash_on_its_json(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``python -m cuzk_mp.pipeline.shmprobe --json r.json/`` wrote r.json (the slash dropped); it is refused
+    before the probe runs, as the verbs' files are."""
+    from cuzk_mp.pipeline import shmprobe
+
+    with pytest.raises(SystemExit) as ended:
+        shmprobe.main(["--json", f"{tmp_path}/r.json/"])
+    assert ended.value.code == 2
+    assert f"argument --json: {tmp_path}/r.json/: names a folder, but the probe's JSON is a file" \
+        in capsys.readouterr().err
+    assert list(tmp_path.iterdir()) == []
 
 @pytest.mark.parametrize("argv", [
     ["g16p", "--r1cs=~/c.r1cs"], ["daemon", "--config=~/d.toml"], ["bench", "--cache=~/cache"],

@@ -26,11 +26,11 @@ import os
 import statistics
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 import posix_ipc
 
+from ..paths import FileArg
 from .segment import MADV_POPULATE_WRITE
 
 STRATEGIES = ("plain", "fallocate", "map_populate", "madv_populate", "threads", "remap", "reuse")
@@ -123,7 +123,7 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m cuzk_mp.pipeline.shmprobe", description=__doc__.splitlines()[0])
     ap.add_argument("--mib", type=int, default=256)
     ap.add_argument("--repeat", type=int, default=5)
-    ap.add_argument("--json", type=Path)
+    ap.add_argument("--json", type=FileArg("probe's JSON", output=True))
     args = ap.parse_args(argv)
     for flag, value in (("--mib", args.mib), ("--repeat", args.repeat)):
         if value < 1:

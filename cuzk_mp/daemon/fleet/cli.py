@@ -16,11 +16,11 @@ import json
 import os
 import sys
 from typing import Any
-from pathlib import Path
 
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
 from cuzk_mp.exit_codes import EXIT_INPUT, EXIT_UNREACHABLE
 from cuzk_mp.logs import final_error
+from cuzk_mp.paths import FileArg
 
 DSN_ENV = "CUZK_MP_FLEET_DSN"
 
@@ -31,7 +31,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     f_sub = f.add_subparsers(dest="fleet_verb", required=True)
     s = f_sub.add_parser("status", help="boxes, their resident keys, and queue depths")
     s.add_argument("--dsn", default="", help=f"PostgreSQL DSN of the fleet (default: --config's, else ${DSN_ENV})")
-    s.add_argument("--config", type=Path, help="a daemon config file whose [fleet] dsn to use")
+    s.add_argument("--config", type=FileArg("config file"), help="a daemon config file whose [fleet] dsn to use")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
     s.add_argument("--timeout", type=float, default=10.0, help="connect timeout in seconds")
     s.set_defaults(func=run_status)
