@@ -406,7 +406,16 @@ def main(argv: Sequence[str] | None = None) -> int:
     except (Exception, KeyboardInterrupt) as exc:
         code, message = exit_code(exc)
         log.debug("%s ended with exit code %d", args.command, code, exc_info=True)
-        return final_error(code, message)
+        return final_error(code, message, names=_names(args, exc))
+
+
+def _names(args: argparse.Namespace, exc: BaseException) -> list[str]:
+    """The file names the last line may hold: the command's path arguments and those an OSError names."""
+    values = [v for value in vars(args).values() for v in (value if isinstance(value, list) else [value])]
+    names = [str(v) for v in values if isinstance(v, Path)]
+    if isinstance(exc, OSError):
+        names += [n for n in (exc.filename, exc.filename2) if isinstance(n, str)]
+    return names
 
 
 def _say_where_a_fatal_signal_struck() -> None:

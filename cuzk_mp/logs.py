@@ -14,17 +14,22 @@ Progress lines give elapsed and remaining time as :func:`duration_text` writes i
 
 A command that fails ends with :func:`final_error`: one line on stderr, ``cuzk-mp: what went
 wrong`` with any line breaks of the message folded into spaces, or, where the process logs JSON,
-a JSON object like its log lines with the exit code added (``"exit_code"``).
+a JSON object like its log lines with the exit code added (``"exit_code"``). A file name of the
+command's that holds a line break (or another control character) is shown quoted and escaped as
+Python writes the string (:func:`shown_name`), never folded: the decision is to keep every existing
+message as it is for the names that need no escape, and to make the others unambiguous.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import os
 import re
 import sys
 import time
+from collections.abc import Iterable
 
 TEXT_FORMAT = "%(asctime)s %(levelname)s %(name)s (%(processName)s pid=%(process)d): %(message)s"
 FORMATS = ("text", "json")
@@ -88,11 +93,30 @@ def library_level_problem() -> str | None:
     return f"{LIBRARY_LEVEL_ENV}={asked} is not a log level: the compilers' loggers stay at WARNING or above"
 
 
-def final_error(code: int, message: str, *, prefix: str = "cuzk-mp", logger: str = "cuzk_mp.cli") -> int:
+def shown_name(name: str | os.PathLike[str]) -> str:
+    """A file name as the last line shows it: as it is, or, where it holds a control character (a line
+    break, which :func:`final_error` would fold into a space and so name another file; a terminal's
+    escape sequence), as Python writes the string: quoted, each such character escaped
+    (``'vk\\nx.json'``)."""
+    text = os.fspath(name)
+    return repr(text) if any(c < " " or c == "\x7f" for c in text) else text
+
+
+def final_error(code: int, message: str, *, prefix: str = "cuzk-mp", logger: str = "cuzk_mp.cli",
+                names: Iterable[str | os.PathLike[str]] = ()) -> int:
     """Write the one line a failed command ends with on stderr and return ``code``: ``prefix: message``
     (line breaks and the blanks around them folded into one space), or where the process logs JSON
     lines (its root logger's handler, else, before any :func:`configure`, ``CUZK_MP_LOG_FORMAT``) a
-    JSON log line at level error, from ``logger``, with ``"exit_code"``."""
+    JSON log line at level error, from ``logger``, with ``"exit_code"``. ``names`` are the file names
+    the message may hold (the command's path arguments): each one there, and its absolute form, is
+    shown by :func:`shown_name` before the message's own line breaks are folded, so a name's line
+    break stays apart from them."""
+    odd = {os.fspath(n) for n in names if shown_name(n) != os.fspath(n)}
+    for name in list(odd):
+        with contextlib.suppress(OSError):  # the working folder may be gone: its absolute form is unknown
+            odd.add(os.path.abspath(name))
+    for name in sorted(odd, key=len, reverse=True):
+        message = message.replace(name, shown_name(name))
     text = re.sub(r"\s*[\r\n]+\s*", " ", message.strip())
     handlers = logging.getLogger().handlers
     formatter = next((h.formatter for h in handlers if isinstance(h.formatter, JsonFormatter)), None)

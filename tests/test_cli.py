@@ -947,6 +947,28 @@ def test_the_last_line_is_one_line_in_the_log_format(fmt: str, monkeypatch: pyte
     assert (end["level"], end["process"], end["logger"], end["msg"]) == ("error", "cuzk-mp", "cuzk_mp.cli", message)
 
 
+@pytest.mark.parametrize("fmt", ["text", "json"])
+def test_a_file_name_with_a_line_break_is_shown_escaped_in_the_last_line(
+        fmt: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A file name with a line break in it (``vk<LF>x.json``) was folded with the message's own line
+    breaks into ``vk x.json``: the name of another file. A name given on the command line that holds a
+    control character is shown as Python writes the string (quoted, ``\\n`` for the line break), in the
+    text line and in the JSON one; the message's own line breaks are still folded."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("CUZK_MP_LOG_FORMAT", fmt)
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    root = logging.getLogger()
+    handlers = list(root.handlers)
+    try:
+        assert cli.main(["g16v", "vk\nx.json", "p.json", "q.json"]) == cli.EXIT_INPUT
+    finally:
+        root.handlers[:] = handlers
+    (last,) = capsys.readouterr().err.splitlines()
+    text = json.loads(last)["msg"] if fmt == "json" else last
+    assert "error: 'vk\\nx.json': cannot read: No such file or directory" in text, text
+    assert "vk x.json" not in text
+
+
 def test_a_usage_error_is_one_json_line_where_the_logs_are_json(monkeypatch: pytest.MonkeyPatch,
                                                                 capsys: pytest.CaptureFixture[str]) -> None:
     """argparse's refusals too: with CUZK_MP_LOG_FORMAT=json the command ends with one JSON line (exit 2,

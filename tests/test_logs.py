@@ -111,3 +111,18 @@ def test_duration_text_for_progress_lines() -> None:
 
     assert [duration_text(x) for x in (4.54, 59.9, 123.4, 3723.0, None, float("nan"), float("inf"))] == \
         ["4.5s", "59.9s", "2m03s", "1h02m03s", "?", "?", "?"]
+
+
+def test_final_error_shows_a_names_control_characters_and_folds_the_messages_own(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """final_error's ``names``: a name with a line break or an escape character is shown quoted and
+    escaped (relative, and in the absolute form a message may give it), a plain name as it is; the
+    message's own line breaks are folded into one space as before."""
+    monkeypatch.setattr(logging.getLogger(), "handlers", [])
+    monkeypatch.delenv("CUZK_MP_LOG_FORMAT", raising=False)
+    odd, plain = "a\nb.json", "c.json"
+    message = f"{odd}: bad\n\tand {os.path.abspath(odd)} too; {plain} fine\n"
+    assert logs.final_error(2, message, names=[odd, Path(plain), Path("\x1b[31mred")]) == 2
+    absolute = repr(os.path.abspath(odd))
+    assert capsys.readouterr().err == f"cuzk-mp: 'a\\nb.json': bad and {absolute} too; c.json fine\n"
+    assert logs.shown_name("x\x1b[2Jy") == "'x\\x1b[2Jy'" and logs.shown_name(Path("é z")) == "é z"

@@ -181,9 +181,11 @@ def run_daemon(args: argparse.Namespace) -> int:
     try:
         return asyncio.run(serve(cfg))
     except AlreadyRunning as e:
-        return final_error(EXIT_ALREADY_RUNNING, str(e), prefix="cuzk-mp daemon", logger=__name__)
+        return final_error(EXIT_ALREADY_RUNNING, str(e), prefix="cuzk-mp daemon", logger=__name__,
+                           names=[cfg.journal_path])
     except JournalDamaged as e:
-        return final_error(EXIT_JOURNAL_DAMAGED, f"refusing to start: {e}", prefix="cuzk-mp daemon", logger=__name__)
+        return final_error(EXIT_JOURNAL_DAMAGED, f"refusing to start: {e}", prefix="cuzk-mp daemon", logger=__name__,
+                           names=[cfg.journal_path])
 
 
 def _log_level(args: argparse.Namespace) -> str | None:
