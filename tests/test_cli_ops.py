@@ -372,7 +372,7 @@ def test_starting_sends_status_and_extension(tmp_path: Path, monkeypatch: pytest
     with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM) as sock:
         sock.bind(str(tmp_path / "notify"))
         monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
-        assert notify.starting("loading key porep-32g\n(3 of 4)", notify.key_load_budget_s(32 << 30))
+        assert notify.starting("loading key porep-32g\n(3 of 4)", notify.read_budget_s(32 << 30))
         fields = dict(line.split("=", 1) for line in sock.recv(4096).decode().splitlines())
         assert fields["STATUS"] == "loading key porep-32g (3 of 4)"
         assert int(fields["EXTEND_TIMEOUT_USEC"]) == int((60 + 32 * 1024 / 50) * 1e6)

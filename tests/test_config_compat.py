@@ -309,7 +309,7 @@ def test_start_tells_systemd_each_long_step(tmp_path: Path, monkeypatch: pytest.
     ]
     assert steps[0][1] == int((120 + 60) * 1e6)
     assert steps[1][1] == int(notify.setup_budget_s(12) * 1e6)
-    assert steps[3][1] == int(notify.key_load_budget_s(0) * 1e6)
+    assert steps[3][1] == int(notify.read_budget_s(0) * 1e6)
     ready = [m for m in messages if m.get("READY") == "1"]
     assert len(ready) == 1 and messages.index(ready[0]) == len(steps)  # READY after the last step
 

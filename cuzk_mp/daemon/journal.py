@@ -71,6 +71,7 @@ import msgspec
 from cuzk_mp.daemon.config import check_regular_file
 from cuzk_mp.daemon.instance_lock import lock_paths
 from cuzk_mp.daemon.journal_wal import wal_damage
+from cuzk_mp.daemon.notify import read_budget_s, starting
 from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions, reply_from_store, stored_reply
 from cuzk_mp.errors import ConfigError, CuzkError, ResourceError
 from cuzk_mp.formats.atomic import atomic_output, read_id_file
@@ -83,6 +84,7 @@ log = logging.getLogger("cuzk_mp.daemon.journal")
 # number, so a daemon rolled back to one of them still opens the journal: ``key_digest`` (the key a
 # done job was proved with, kept beside its reply: protocol.stored_reply).
 SCHEMA_VERSION = 2
+WAL_ANNOUNCED_BYTES = 256 << 20  # a write-ahead log at least this large: its check is announced to systemd
 # The columns every release of schema 2 selects, in order (the quarantine table has exactly these)
 _COLUMNS = ("seq, job_id, request_id, circuit_id, priority, digest, partitions, submitted_at, state,"
             " finished_at, result, owner")
@@ -287,6 +289,11 @@ def _check_file(path: Path) -> str | None:
     wal = _side_paths(path)[0]
     if size is None and wal.exists():
         raise JournalDamaged(f"{path}: missing, but its write-ahead log {wal} exists{how_to}")
+    with contextlib.suppress(OSError):
+        wal_size = wal.stat().st_size
+        if wal_size >= WAL_ANNOUNCED_BYTES:  # read whole, from a cold disk: seconds or minutes
+            starting(f"checking the journal's write-ahead log {wal} ({wal_size / 2**30:.2f} GiB)",
+                     read_budget_s(wal_size))
     problem = wal_damage(wal)
     if problem:
         raise JournalDamaged(f"{wal}: the journal's write-ahead log is damaged: {problem}; "

@@ -4,10 +4,10 @@ A start can outlast any fixed ``TimeoutStartSec``: a synthetic circuit's first d
 setup, or proving keys of tens of GiB read from disk. Before each such step the daemon calls
 :func:`starting`, which shows the step in ``systemctl status`` and asks systemd for ``budget_s``
 more seconds from now (``EXTEND_TIMEOUT_USEC``): a step that overruns its own budget still
-fails the start, so a hung start is not kept alive forever. :func:`key_load_budget_s` and
-:func:`setup_budget_s` are budgets for reading a key of a given size and for a development
-setup. Outside systemd (no ``$NOTIFY_SOCKET``) every call is a no-op; the datagram itself is
-sent by :func:`cuzk_mp.daemon.ops.sd_notify`.
+fails the start, so a hung start is not kept alive forever. :func:`read_budget_s` and
+:func:`setup_budget_s` are budgets for reading a file of a given size (a key, the journal's
+write-ahead log) and for a development setup. Outside systemd (no ``$NOTIFY_SOCKET``) every call
+is a no-op; the datagram itself is sent by :func:`cuzk_mp.daemon.ops.sd_notify`.
 """
 
 from __future__ import annotations
@@ -17,7 +17,7 @@ import math
 from .ops import sd_notify
 
 MIN_STEP_S = 60.0  # the least extension asked for a step
-KEY_READ_BYTES_PER_S = 50 * 2**20  # a slow disk under load: budgets stay generous
+READ_BYTES_PER_S = 50 * 2**20  # a slow disk under load: budgets stay generous
 # A development setup computes about 8 G1-row equivalents per domain row (C, A, B1, H and B2
 # at three times the cost); 110k such rows/s were measured at 2^17 on 2 CPU cores: 20x slack.
 SETUP_ROWS_PER_S = 5_000.0
@@ -32,9 +32,10 @@ def starting(step: str, budget_s: float) -> bool:
     return sd_notify(f"STATUS={_one_line(step)}\nEXTEND_TIMEOUT_USEC={usec}")
 
 
-def key_load_budget_s(nbytes: int) -> float:
-    """Seconds to allow for reading (and checking) a proving key of ``nbytes``."""
-    return MIN_STEP_S + nbytes / KEY_READ_BYTES_PER_S
+def read_budget_s(nbytes: int) -> float:
+    """Seconds to allow for reading (and checking) a file of ``nbytes``: a proving key, the journal's
+    write-ahead log."""
+    return MIN_STEP_S + nbytes / READ_BYTES_PER_S
 
 
 def setup_budget_s(log_n: int) -> float:

@@ -52,7 +52,7 @@ from cuzk_mp.daemon.instance_lock import InstanceLock, lock_paths
 from cuzk_mp.daemon.jobs import JobTable, QueueCaps
 from cuzk_mp.daemon.journal import Journal
 from cuzk_mp.daemon.metrics import DaemonMetrics
-from cuzk_mp.daemon.notify import key_load_budget_s, setup_budget_s, starting
+from cuzk_mp.daemon.notify import read_budget_s, setup_budget_s, starting
 from cuzk_mp.daemon.ops import sd_notify
 from cuzk_mp.daemon.status import StatusView
 from cuzk_mp.daemon.status_http import StatusHandlers, start_status_server
@@ -154,7 +154,7 @@ class Daemon(DaemonHandlers):
             for cid in self.cfg.preload:
                 key = circuit_key_file(self.cfg.circuits[cid].spec, self.cfg.param_cache)
                 size = key.stat().st_size if key is not None and key.is_file() else 0
-                starting(f"loading the proving key of {cid} ({size / 2**30:.2f} GiB)", key_load_budget_s(size))
+                starting(f"loading the proving key of {cid} ({size / 2**30:.2f} GiB)", read_budget_s(size))
                 t0 = time.perf_counter()
                 await asyncio.to_thread(self.engine.preload, cid)
                 log.info("[start] preloaded %s in %.2f s", cid, time.perf_counter() - t0)
