@@ -300,6 +300,99 @@ def test_worker_settles_errors_by_kind(fleet_dsn: str, tmp_path: Path) -> None:
     run(main())
 
 
+def test_a_retry_goes_to_a_box_the_job_has_not_failed_on(fleet_dsn: str, tmp_path: Path) -> None:
+    """Box a fails every job at once (a GPU broken but not reported dead), box b proves them; both hold
+    the key. a, its slots always free first, claimed its own retries again: jobs spent every attempt
+    there and ended failed although b was there to run them. Each retry now goes to b."""
+    inputs = make_inputs(tmp_path, 8)
+    knobs = {"max_attempts": 3, "heartbeat_interval_s": 2.0}
+
+    async def broken(c):  # type: ignore[no-untyped-def]
+        raise ProofError("the GPU returned a proof that does not verify")
+
+    async def proving(c):  # type: ignore[no-untyped-def]
+        await asyncio.sleep(0.05)
+        return JobOutput(b"proof")
+
+    async def main() -> None:
+        a, b = await connect(fleet_dsn, "a", **knobs), await connect(fleet_dsn, "b", **knobs)
+        stop = asyncio.Event()
+        tasks = [asyncio.create_task(worker(f, run_job, resident=lambda: ["x"], capacity=lambda: 2).run(stop))
+                 for f, run_job in ((a, broken), (b, proving))]
+        while not all(box.resident == ("x",) for box in await a.boxes()):  # both heartbeats name the key
+            await asyncio.sleep(0.05)
+        t0 = time.monotonic()
+        ids = [(await a.submit(None, "x", i.ref, i.sha256)).job_id for i in inputs]
+        ended = [await a.await_result(j, 20) for j in ids]
+        elapsed = time.monotonic() - t0
+        stop.set()
+        await asyncio.gather(*tasks)
+        assert [(st.state, st.box) for st in ended] == [("done", "b")] * len(ids), [
+            (st.state, st.box, st.attempts, st.error) for st in ended]
+        assert all(st.failed_on == (("a",) if st.attempts else ()) for st in ended)
+        assert elapsed < 5, elapsed
+        for f in (a, b):
+            await f.close()
+
+    run(main())
+
+
+def test_a_job_no_other_box_can_take_retries_at_once_on_the_box_it_failed_on(fleet_dsn: str, tmp_path: Path) -> None:
+    """Box a is the only one holding the job's key (b holds another): a transient fault fails the first
+    attempt, and the job runs again on a after retry_delay, not kept from it for a box that does not
+    exist; its record names the box it failed on."""
+    [inp] = make_inputs(tmp_path, 1)
+    knobs = {"retry_delay_s": 0.2, "heartbeat_interval_s": 3.0}
+    tries: list[float] = []
+
+    async def flaky(c):  # type: ignore[no-untyped-def]
+        tries.append(time.monotonic())
+        if len(tries) == 1:
+            raise ProofError("CUDA error: an illegal memory access was encountered")
+        return JobOutput(b"proof")
+
+    async def main() -> None:
+        a, b = await connect(fleet_dsn, "a", **knobs), await connect(fleet_dsn, "b", **knobs)
+        await b.claim(["y"], 1)
+        await b.heartbeat()
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker(a, flaky, resident=lambda: ["x"], capacity=lambda: 1, poll_s=0.1).run(stop))
+        st = await a.await_result(ref.job_id, 20)
+        stop.set()
+        await task
+        assert (st.state, st.box, st.attempts, st.failed_on) == ("done", "a", 1, ("a",))
+        assert tries[1] - tries[0] < knobs["heartbeat_interval_s"], tries
+        for f in (a, b):
+            await f.close()
+
+    run(main())
+
+
+def test_a_retry_another_box_did_not_pick_still_waits_for_the_box_it_failed_on(fleet_dsn: str, tmp_path: Path) -> None:
+    """b, one slot free, claims a more urgent job than a retry that failed on a: the retry, made
+    claimable for b's claim, has its wait back after it, and a does not take it before that wait is
+    over; b may still take it at once."""
+    [inp, urgent] = make_inputs(tmp_path, 2)
+    knobs = {"heartbeats": False, "heartbeat_interval_s": 2.0}
+
+    async def main() -> None:
+        a, b = await connect(fleet_dsn, "a", **knobs), await connect(fleet_dsn, "b", **knobs)
+        await b.claim(["x"], 0)
+        await b.heartbeat()  # b's row names the key
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        await a.claim(["x"], 1)
+        assert await a.fail(ref.job_id, "GPU fault", error_kind="ProofError") == "queued"
+        hot = await a.submit(None, "x", urgent.ref, urgent.sha256, Priority.CRITICAL)
+        assert [c.job_id for c in await b.claim(["x"], 1)] == [hot.job_id]
+        assert await a.claim(["x"], 1) == []
+        assert [c.job_id for c in await b.claim(["x"], 1)] == [ref.job_id]
+        for f in (a, b):
+            await f.close()
+
+    run(main())
+
+
 def test_boxes_migrate_concurrently_on_a_fresh_database(fleet_dsn: str) -> None:
     async def main() -> None:
         boxes = await asyncio.gather(*[connect(fleet_dsn, f"b{i}") for i in range(4)])

@@ -3,7 +3,7 @@ earlier release (with jobs queued, running and done) is migrated under its live 
 earlier release keeps reading what the newer boxes write.
 
 The earlier releases are not installed here; their side is written out in this file. Their schema
-(version 2: no ``input_bytes``, no ``stall_timeout_s``, no ``key_digest``) is made by removing what
+(version 2: no ``input_bytes``, no ``stall_timeout_s``, no ``key_digest``, no ``failed_on``) is made by removing what
 later versions added from a database this one created, and their reading of a stored result is a
 JobReply decoded strictly: a field they do not know makes the result unreadable to them
 (``REPLY_FIELDS_BEFORE_KEY_DIGEST``)."""
@@ -28,6 +28,7 @@ from tests.helpers import REPLY_FIELDS_BEFORE_KEY_DIGEST
 TO_SCHEMA_2 = """
 ALTER TABLE cuzk_fleet_jobs DROP COLUMN input_bytes;
 ALTER TABLE cuzk_fleet_jobs DROP COLUMN IF EXISTS key_digest;
+ALTER TABLE cuzk_fleet_jobs DROP COLUMN IF EXISTS failed_on;
 ALTER TABLE cuzk_fleet_boxes DROP COLUMN stall_timeout_s;
 DROP INDEX IF EXISTS cuzk_fleet_jobs_inputs;
 DROP INDEX IF EXISTS cuzk_fleet_jobs_inputs_sha256;
@@ -45,7 +46,7 @@ def _done_reply(key_digest: str | None = None) -> P.JobReply:
 def test_a_database_of_an_earlier_release_migrates_under_its_live_rows(fleet_dsn: str, tmp_path: Path) -> None:
     """Queued, running (its box killed) and done jobs of the schema-2 release: after a box of this
     release joins, the done job's result is served, the queued job is claimed, and the running one
-    is taken over once its claim lapses."""
+    is taken over once its claim lapses, the killed box recorded as one it failed on."""
     import psycopg
 
     from cuzk_mp.daemon.fleet.box import job_reply
@@ -73,12 +74,13 @@ def test_a_database_of_an_earlier_release_migrates_under_its_live_rows(fleet_dsn
         reply = job_reply(await new.status(done.job_id), 1)
         assert reply.state == "done" and reply.partitions[0].public == ["7"] and reply.key_digest is None
         [c] = await new.claim(["x"], 2)
-        assert c.job_id == queued.job_id
+        assert c.job_id == queued.job_id and (await new.status(queued.job_id)).failed_on == ()
         deadline = time.monotonic() + 20
         while not (again := await new.claim(["x"], 1)):
             assert time.monotonic() < deadline, "the killed box's claim never lapsed"
             await asyncio.sleep(0.5)
         assert [a.job_id for a in again] == [running.job_id] and again[0].attempts == 1
+        assert (await new.status(running.job_id)).failed_on == ("old",)
         await new.close()
 
     asyncio.run(main())

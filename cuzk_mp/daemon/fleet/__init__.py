@@ -38,10 +38,11 @@ retries, cancellation) is the library's.
 Modules: ``config`` (the ``[fleet]`` section; no library import), ``models`` (the values
 returned), ``schema`` (our tables), ``inputs`` (references + sha256), ``events`` (the LISTEN
 connection), ``store`` (transactions and read-only views), ``submits`` (submit and wait for a
-result), ``queue`` (:class:`Fleet`: claims, heartbeats, settling), ``worker`` (a claim loop),
-``keys`` (which key an idle box loads), ``report`` (``cuzk-mp fleet status`` text and /metrics
-gauges), ``cli``. ``events``, ``store``, ``submits``, ``queue`` and ``worker`` need the optional
-``fleet`` extra; the others import without it.
+result), ``queue`` (:class:`Fleet`: claims, heartbeats, settling), ``retries`` (a failed job's
+retry goes to a box it has not failed on), ``worker`` (a claim loop), ``keys`` (which key an idle
+box loads), ``report`` (``cuzk-mp fleet status`` text and /metrics gauges), ``cli``. ``events``,
+``store``, ``submits``, ``queue``, ``retries`` and ``worker`` need the optional ``fleet`` extra; the
+others import without it.
 """
 
 from __future__ import annotations

@@ -105,7 +105,8 @@ class JobStatus:
 
     ``submitted_by`` is the box that accepted the job, ``client`` the identity of the client that
     submitted it (the daemon's access identity; "" without tokens), ``box`` the box that ran it,
-    ``key_digest`` what the run that completed it gave with its result (:class:`JobOutput`).
+    ``key_digest`` what the run that completed it gave with its result (:class:`JobOutput`),
+    ``failed_on`` the boxes where a run of it failed (or stopped renewing its claim), first first.
     """
 
     job_id: str
@@ -128,6 +129,7 @@ class JobStatus:
     error: str | None
     error_kind: str | None
     key_digest: str | None = None
+    failed_on: tuple[str, ...] = ()
 
     @property
     def finished(self) -> bool:

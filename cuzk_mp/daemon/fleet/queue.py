@@ -53,7 +53,7 @@ from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
-from cuzk_mp.daemon.fleet import schema
+from cuzk_mp.daemon.fleet import retries, schema
 from cuzk_mp.daemon.fleet.config import FleetConfig, check_fleet, redact_dsn
 from cuzk_mp.daemon.fleet.events import EventHandlers, FleetEvents
 from cuzk_mp.daemon.fleet.models import FINAL_STATES, Claimed, JobState, entrypoint
@@ -225,6 +225,7 @@ class Fleet(FleetSubmits):
         run counts as a failed attempt (its box was killed, ran out of memory, or lost the database),
         and a job whose attempts are used up so ends ``failed`` (:meth:`_fail_lapsed`) instead of being
         taken over for ever: a job that kills every box that runs it would take the fleet down box by box.
+        A retry still waiting after failing on other boxes is claimed here at once (:mod:`.retries`).
         """
         self._resident, self._free_slots = tuple(resident_circuits), max(capacity, 0)
         if capacity <= 0 or not resident_circuits:
@@ -232,9 +233,11 @@ class Fleet(FleetSubmits):
         eps = {QueueEntrypoint(entrypoint(c)): EntrypointExecutionParameter(concurrency_limit=0)
                for c in resident_circuits}
         async with self._tx() as (conn, queries):
+            taken = await retries.take_retries(conn, self._queue_table, self.box, list(eps), capacity)
             picked = await queries.dequeue(
                 batch_size=capacity, entrypoints=eps, queue_manager_id=QueueManagerId(self.instance),
                 global_concurrency_limit=None, heartbeat_timeout=timedelta(seconds=self._lapse_s))
+            await retries.put_back(conn, self._queue_table, taken, {int(j.id) for j in picked})
             if not picked:
                 return []
             lapsed, ended = await self._fail_lapsed(conn, queries, picked)
@@ -262,8 +265,8 @@ class Fleet(FleetSubmits):
         those whose attempts are used up ``failed``, settled in the queue; the queue ids of the lapsed
         claims and of the jobs so ended."""
         cur = await conn.execute(
-            "UPDATE cuzk_fleet_jobs SET attempts = attempts + 1 WHERE queue_id = ANY(%s) AND state = 'running' "
-            "AND owner IS DISTINCT FROM %s RETURNING queue_id, job_id, attempts, box",
+            f"UPDATE cuzk_fleet_jobs SET attempts = attempts + 1, {retries.FAILED_HERE} WHERE queue_id = ANY(%s) "
+            "AND state = 'running' AND owner IS DISTINCT FROM %s RETURNING queue_id, job_id, attempts, box",
             ([int(j.id) for j in picked], self.instance))
         ended: set[int] = set()
         lapsed: set[int] = set()
@@ -442,6 +445,9 @@ class Fleet(FleetSubmits):
     async def fail(self, job_id: str, error: str, *, error_kind: str = "ProofError", retry: bool = True) -> JobState:
         """Record a failed run: back to the queue while attempts remain and ``retry``, else failed.
 
+        This box joins the job's ``failed_on``; the retry waits ``retry_delay``, and a heartbeat
+        interval longer where another box could take it meanwhile (:mod:`.retries`).
+
         Acts only while this process holds the claim; otherwise returns the job's state unchanged.
         ``error`` is stored as PostgreSQL takes text (:func:`stored_text`): a failure the database
         refused would never be recorded, and the job would stay running under this box for ever.
@@ -461,20 +467,20 @@ class Fleet(FleetSubmits):
             attempts += 1
             queue_job = await self._queue_job(queries, job_id, queue_id)
             if retry and attempts < self.cfg.max_attempts and queue_job is not None:
-                await queries.retry_job(queue_job, timedelta(seconds=self.cfg.retry_delay_s),
-                                        _traceback(queue_job.id, error_kind, error))
                 new_state: JobState = "queued"
                 await conn.execute("UPDATE cuzk_fleet_jobs SET state = 'queued', owner = NULL, attempts = %s, "
-                                   "error = %s, error_kind = %s WHERE job_id = %s",
+                                   f"error = %s, error_kind = %s, {retries.FAILED_HERE} WHERE job_id = %s",
                                    (attempts, error, error_kind, job_id))
+                await queries.retry_job(queue_job, timedelta(seconds=await retries.hold_s(conn, self.cfg, job_id)),
+                                        _traceback(queue_job.id, error_kind, error))
                 await notify(conn, {"event": "requeued", "circuit_id": circuit_id})
             else:
                 if queue_job is not None:
                     await queries.log_jobs([(queue_job, "exception", _traceback(queue_job.id, error_kind, error))])
                 new_state = "failed"
                 await conn.execute("UPDATE cuzk_fleet_jobs SET state = 'failed', owner = NULL, attempts = %s, "
-                                   "error = %s, error_kind = %s, finished_at = now() WHERE job_id = %s",
-                                   (attempts, error, error_kind, job_id))
+                                   f"error = %s, error_kind = %s, finished_at = now(), {retries.FAILED_HERE} "
+                                   "WHERE job_id = %s", (attempts, error, error_kind, job_id))
                 await notify(conn, {"event": "finished", "job_id": job_id})
         self._drop(job_id)
         log.info("fleet: job %s failed on box %s (attempt %d, %s): %s -> %s", job_id, self.box, attempts,

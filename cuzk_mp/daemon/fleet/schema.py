@@ -6,7 +6,8 @@ Beside it live three tables of ours, for what the library does not keep:
 
 * ``cuzk_fleet_jobs``: one row per job for its whole life: inputs reference, sha256 and size, state,
   the client that submitted it (its identity travels with the job, so the same client sees it
-  at any box), the box and fleet instance holding the claim, claim and attempt counts, and the result,
+  at any box), the box and fleet instance holding the claim, claim and attempt counts, the boxes
+  it failed on (its retries go elsewhere where they can, :mod:`.retries`), and the result,
   written once by a guarded update (``... WHERE state IN ('queued', 'running')``). The library's
   row exists only while the job is queued or picked.
 * ``cuzk_fleet_requests``: request_id -> job_id, so the same request_id sent to any box makes one
@@ -23,9 +24,11 @@ is recorded for later migrations to build on (version 2 added ``cuzk_fleet_jobs.
 result stays readable to the boxes of earlier releases (:func:`cuzk_mp.daemon.protocol.stored_reply`),
 version 6 the index of ``cuzk_fleet_jobs.inputs_sha256``, by which pruning asks whether a job still needs
 a stored inputs file, version 7 ``cuzk_fleet_boxes.paused``, why a box claims nothing (its shared inputs
-folder is broken there), so that ``fleet status`` says it; the ``ALTER ... ADD COLUMN IF NOT EXISTS``
-statements bring an older database up to it, its rows counting 0 input bytes and a 0 s stall timeout,
-their results naming no key, its boxes paused for nothing). Each version
+folder is broken there), so that ``fleet status`` says it, version 8 ``cuzk_fleet_jobs.failed_on``, the
+boxes a job failed on, which its retries avoid where another box can take them; the ``ALTER ... ADD
+COLUMN IF NOT EXISTS`` statements bring an older database up to it, its rows counting 0 input bytes
+and a 0 s stall timeout, their results naming no key, its boxes paused for nothing, its jobs failed on
+no box). Each version
 only adds columns with defaults and indexes, so boxes of earlier releases keep working on the migrated
 database. A database that records this version or a later one is left as it is (:func:`migrate`).
 """
@@ -42,7 +45,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-SCHEMA_VERSION = 7
+SCHEMA_VERSION = 8
 # Advisory lock key: the ASCII of "cuzkflt1" as a signed 64-bit integer.
 MIGRATION_LOCK_KEY = int.from_bytes(b"cuzkflt1", "big", signed=True)
 # Transaction-level advisory lock of every submit that counts the queue against caps: the ASCII of
@@ -91,12 +94,14 @@ DDL = (
         error         text,
         error_kind    text,
         key_digest    text,
+        failed_on     text[] NOT NULL DEFAULT '{{}}',
         CHECK (state <> 'done' OR result IS NOT NULL)
     )""",
     "ALTER TABLE cuzk_fleet_jobs ADD COLUMN IF NOT EXISTS client text NOT NULL DEFAULT ''",
     ("ALTER TABLE cuzk_fleet_jobs ADD COLUMN IF NOT EXISTS input_bytes bigint NOT NULL DEFAULT 0 "
      "CHECK (input_bytes >= 0)"),
     "ALTER TABLE cuzk_fleet_jobs ADD COLUMN IF NOT EXISTS key_digest text",
+    "ALTER TABLE cuzk_fleet_jobs ADD COLUMN IF NOT EXISTS failed_on text[] NOT NULL DEFAULT '{}'",
     # the figures a submit counts against the caps: unfinished jobs, per client
     ("CREATE INDEX IF NOT EXISTS cuzk_fleet_jobs_unfinished ON cuzk_fleet_jobs (client) "
      "WHERE state IN ('queued', 'running')"),

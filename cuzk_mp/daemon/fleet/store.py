@@ -43,7 +43,7 @@ JOB_COLUMNS = ("job_id, request_id, circuit_id, state, priority, n_partitions, i
                "inputs_sha256, submitted_by, client, box, claims, attempts, "
                "extract(epoch FROM submitted_at) AS submitted_at, "
                "extract(epoch FROM started_at) AS started_at, "
-               "extract(epoch FROM finished_at) AS finished_at, result, key_digest, error, error_kind")
+               "extract(epoch FROM finished_at) AS finished_at, result, key_digest, error, error_kind, failed_on")
 
 POOL_MAX = 4
 
@@ -429,4 +429,4 @@ def status_of(row: dict[str, Any]) -> JobStatus:
                      claims=row["claims"], attempts=row["attempts"], submitted_at=float(row["submitted_at"]),
                      started_at=ts(row["started_at"]), finished_at=ts(row["finished_at"]),
                      result=None if row["result"] is None else bytes(row["result"]), error=row["error"],
-                     error_kind=row["error_kind"], key_digest=row["key_digest"])
+                     error_kind=row["error_kind"], key_digest=row["key_digest"], failed_on=tuple(row["failed_on"]))

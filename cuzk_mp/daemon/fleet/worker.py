@@ -11,13 +11,13 @@ JobResult, encode it). The loop:
 * when idle with free slots, calls ``on_idle()`` (where the daemon runs the key-loading
   decision of :mod:`.keys`), at most once per poll;
 * settles each job: a result -> ``complete``; InputError -> ``fail`` without retry (the inputs
-  will not get better); any other error -> ``fail`` with retry (another attempt, maybe on
-  another box); :class:`.inputs.ShareUnavailable` (the shared inputs folder is broken on this box,
-  not the job) -> ``release``, no attempt counted; an abort (cancel, finished elsewhere, claim
-  taken over) -> the task running the job is cancelled and nothing is written. While the
-  database is unreachable, settling is retried a few times; then the claim is let go (another
-  box runs the job after the stall timeout) rather than renewed forever for a result that
-  cannot be written;
+  will not get better); any other error -> ``fail`` with retry (another attempt, on another
+  box where one can take it, :mod:`.retries`); :class:`.inputs.ShareUnavailable` (the shared
+  inputs folder is broken on this box, not the job) -> ``release``, no attempt counted; an abort
+  (cancel, finished elsewhere, claim taken over) -> the task running the job is cancelled and
+  nothing is written. While the database is unreachable, settling is retried a few times; then
+  the claim is let go (another box runs the job after the stall timeout) rather than renewed
+  forever for a result that cannot be written;
 * on stop, gives running jobs ``grace_s`` to finish and releases the rest to the queue.
 """
 
