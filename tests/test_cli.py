@@ -608,11 +608,12 @@ def test_an_input_from_a_pipe_is_read_no_further_than_its_limit(verb: str, tmp_p
     assert f"{src}: more than the limit of 1000 bytes of input JSON" in err, err
     assert not list(tmp_path.glob("*.json")) and not list(tmp_path.glob("*.wtns"))
 
+
 def test_a_key_cut_short_while_a_proof_reads_it_says_where_the_bus_error_came_from(tmp_path: Path) -> None:
     """A .zkey is mapped, never copied (keys reach ~100 GB): one cut short in place while a one-shot
     ``groth16 prove`` reads it (``cp new.zkey key.zkey`` over it) kills the process with SIGBUS, the
     kernel's answer to a read of a mapped page past the file's end. The process says so first, with
-    the Python stack that read it (the prover's), where it died with a bare "Bus error"."""
+    the Python stack that read it, where it died with a bare "Bus error"."""
     zkey, _ = small_circom_key(tmp_path)
     wtns = REPO / "tests" / "data_formats" / "mul.wtns"
     # the key cut short under its mapping before the prover reads its sections
@@ -627,7 +628,9 @@ def test_a_key_cut_short_while_a_proof_reads_it_says_where_the_bus_error_came_fr
                           timeout=120, cwd=REPO, env=env)
     assert proc.returncode == -signal.SIGBUS, (proc.returncode, proc.stderr[-2000:])
     assert "Fatal Python error: Bus error" in proc.stderr, proc.stderr[-2000:]
-    assert "cuzk_mp/groth16/prover.py" in proc.stderr, proc.stderr[-2000:]  # the stack that read the key
+    # the stack of the thread that read the key: the prover's own, or one of the threads converting the
+    # key's points (whichever touched a missing page first; another's fault may cut the dump short)
+    assert re.search(r'File "[^"]*cuzk_mp/[^"]*\.py", line \d+', proc.stderr), proc.stderr[-2000:]
     assert not list(tmp_path.glob("*.json"))
 
 @pytest.mark.parametrize("verb", ["g16p", "g16f", "zkev", "wc", "setup"])
