@@ -232,6 +232,7 @@ def test_a_dash_output_writes_no_file_named_dash(circuit: dict[str, Path], tmp_p
     assert_message(proc, 2, "- (standard output) is not accepted for the proof")
     assert list(tmp_path.iterdir()) == []
 
+
 def test_a_trailing_slash_on_a_file_is_refused(circuit: dict[str, Path], tmp_path: Path) -> None:
     """``KEY.zkey/`` names a folder (POSIX: ENOTDIR on a file), and ``proof.json/`` too: refused naming
     the argument as given, before any work, where the slash was dropped (the key read, the proof

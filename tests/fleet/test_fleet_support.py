@@ -406,6 +406,7 @@ def test_the_partial_file_of_a_store_that_never_ended_goes_once_stale(tmp_path: 
     assert remove_stale_inputs(stale_inputs(tmp_path, cutoff), cutoff) == 1
     assert sorted(p.name for p in tmp_path.iterdir()) == sorted([Path(stored.ref).name, writing.name])
 
+
 def test_a_job_is_found_by_its_request_id_and_only_by_its_client(fleet_dsn: str, tmp_path: Path) -> None:
     [inp] = make_inputs(tmp_path, 1)
 
