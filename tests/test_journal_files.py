@@ -221,18 +221,18 @@ def test_the_folder_a_journal_link_leads_to_must_be_writable(tmp_path: Path, mon
 
 
 @pytest.mark.parametrize("kind", ["fifo", "folder", "link"])
-@pytest.mark.parametrize("linked", [False, True])
+@pytest.mark.parametrize("where", ["journal", "linked journal", "socket"])
 def test_the_daemon_refuses_a_lock_file_that_is_no_regular_file_with_exit_2(
-        tmp_path: Path, kind: str, linked: bool) -> None:
+        tmp_path: Path, kind: str, where: str) -> None:
     """``cuzk-mp daemon`` with a FIFO, a folder or a link at its journal's lock file (``<journal>.lock``;
-    for a journal path that is a link, the lock beside the file it leads to as well): --check said OK
-    (exit 0), and only the start refused it (for a folder with a bare "Is a directory"). Now both end
-    with exit 2 naming the lock file and what it is, as for the journal's other start files, and leave
-    it there."""
+    for a journal path that is a link, the lock beside the file it leads to as well) or at its unix
+    socket's (``<socket>.lock``): --check said OK (exit 0), and only the start refused it (for a folder
+    with a bare "Is a directory"). Now both end with exit 2 naming the lock file and what it is, as for
+    the journal's other start files, and leave it there."""
     cfg = tmp_path / "cuzk.toml"
     cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix="cuzk-jf-test"))
     journal = tmp_path / "journal.sqlite"
-    if linked:
+    if where == "linked journal":
         real = tmp_path / "disk" / "journal.sqlite"
         real.parent.mkdir()
         _journal_with_jobs(real)
@@ -240,7 +240,7 @@ def test_the_daemon_refuses_a_lock_file_that_is_no_regular_file_with_exit_2(
         lock = Path(f"{real}.lock")
     else:
         _journal_with_jobs(journal)
-        lock = Path(f"{journal}.lock")
+        lock = Path(f"{journal}.lock") if where == "journal" else tmp_path / "cuzk.sock.lock"
     if kind == "link":
         lock.symlink_to(tmp_path / "elsewhere")
     else:
@@ -251,3 +251,4 @@ def test_the_daemon_refuses_a_lock_file_that_is_no_regular_file_with_exit_2(
     assert os.path.lexists(lock) and (lock.is_dir() if kind == "folder" else not lock.is_file())
     assert not (tmp_path / "elsewhere").exists()
     assert not (tmp_path / "cuzk.sock").exists() and not (tmp_path / "keys").exists()
+

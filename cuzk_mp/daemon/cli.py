@@ -197,9 +197,11 @@ def _log_level(args: argparse.Namespace) -> str | None:
 
 def check_writable_places(cfg: Any) -> None:
     """The folders the daemon writes (the journal's, the param cache) must be folders it may write,
-    or be makeable in one, and a unix socket's must keep other users out: a ConfigError naming the
-    key otherwise (at ``--check`` too), rather than an OSError from deep inside the start."""
+    or be makeable in one, and a unix socket's must keep other users out, with a regular file or
+    nothing at the socket's lock file (``<socket>.lock``): a ConfigError naming the key otherwise (at
+    ``--check`` too), rather than an OSError from deep inside the start."""
     from cuzk_mp.daemon.access import check_socket_places
+    from cuzk_mp.daemon.instance_lock import check_lock_file
     from cuzk_mp.daemon.transport import foreign_file
     from cuzk_mp.errors import ConfigError
     from cuzk_mp.paths import folder_problem
@@ -215,6 +217,7 @@ def check_writable_places(cfg: Any) -> None:
             if problem is not None:
                 raise ConfigError(f"{source}: {key}: {problem}; the daemon will not replace it (remove it, or "
                                   "name another path)")
+            check_lock_file(f"{source}: {key}", Path(addr.path + ".lock"))
     for key, folder in places:
         problem = folder_problem(folder)
         if problem is not None:

@@ -126,6 +126,20 @@ def lock_paths(journal: Path, unix_sockets: list[str]) -> list[Path]:
     return [j.with_name(j.name + ".lock") for j in journals] + [Path(p + ".lock") for p in unix_sockets]
 
 
+def check_lock_file(key: str, path: Path) -> None:
+    """ConfigError naming ``key`` where a lock file of this daemon (:func:`lock_paths`) is there but is no
+    regular file it can open: a link (refused as :func:`try_lock` refuses it), a folder, a FIFO (looked
+    at, never waited on: :func:`~cuzk_mp.daemon.config.check_regular_file`). Nothing is changed: at
+    ``daemon --check`` and at the start, before the lock is taken."""
+    from cuzk_mp.daemon.config import check_regular_file
+
+    if path.is_symlink():
+        raise ConfigError(f"{key}: {path}: a symbolic link where the daemon keeps its lock file, which it does "
+                          "not follow: remove it; the daemon makes the file itself")
+    if os.path.lexists(path):
+        check_regular_file(key, path)
+
+
 REOPENS = 5  # a lock file replaced under each of this many locks in a row counts as held
 
 

@@ -69,7 +69,7 @@ from typing import Annotated, Any, Literal, TypeVar
 import msgspec
 
 from cuzk_mp.daemon.config import check_regular_file
-from cuzk_mp.daemon.instance_lock import lock_paths
+from cuzk_mp.daemon.instance_lock import check_lock_file, lock_paths
 from cuzk_mp.daemon.journal_wal import wal_damage
 from cuzk_mp.daemon.notify import read_budget_s, starting
 from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions, reply_from_store, stored_reply
@@ -253,7 +253,7 @@ def check_start_files(path: Path, key: str = "daemon.journal") -> None:
     the -wal and -shm in (beside the file a link leads to) must be one this process may write
     (:func:`~cuzk_mp.paths.folder_problem`): SQLite says "attempt to write a readonly database". The
     daemon's lock files beside the journal (:func:`~cuzk_mp.daemon.instance_lock.lock_paths`, taken before
-    the journal is opened) are held to the same rule, a link there refused as the lock refuses it."""
+    the journal is opened) are held to the same rule (:func:`~cuzk_mp.daemon.instance_lock.check_lock_file`)."""
     sides = _side_paths(path)
     locks = lock_paths(path, [])
     problem = folder_problem(sides[0].parent)
@@ -264,10 +264,9 @@ def check_start_files(path: Path, key: str = "daemon.journal") -> None:
         if p in sides and p.is_symlink():
             raise ConfigError(f"{key}: {p}: a symbolic link, which SQLite does not follow there (it cannot "
                               "open the journal): remove it; SQLite makes the file itself")
-        if p in locks and p.is_symlink():
-            raise ConfigError(f"{key}: {p}: a symbolic link where the daemon keeps its lock file, which it does "
-                              "not follow: remove it; the daemon makes the file itself")
-        if os.path.lexists(p):
+        if p in locks:
+            check_lock_file(key, p)
+        elif os.path.lexists(p):
             check_regular_file(key, p)
 
 
