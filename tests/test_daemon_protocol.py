@@ -31,7 +31,7 @@ from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.daemon.transport import frame, inproc_pair
 from cuzk_mp.errors import ConfigError, InputError, ResourceError, Unavailable
 from cuzk_mp.pipeline.supervisor import Degraded
-from tests.fake_engine import FakeEngine, run_daemon
+from tests.fake_engine import FakeEngine, make_config, run_daemon
 from tests.helpers import free_port, parse_prometheus, raw_roundtrip
 
 
@@ -551,6 +551,48 @@ def test_a_tiny_frame_still_answers_ready(tmp_path: Path) -> None:
     # the least frame the config takes, and circuits enough that the document without jobs is larger
     many = {f"c{i}": {"synthetic": "porep-like", "log_n": 10} for i in range(20)}
     run_daemon(tmp_path, body, circuits=many, max_frame_bytes=P.job_reply_bytes(1))
+
+
+def test_healthz_answers_while_the_journal_opens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The status server, started before the journal, answers /healthz (503 "starting") while the journal
+    opens (its WAL check reads the whole WAL): the open ran on the event loop, and a probe got no answer
+    until it ended."""
+    import threading
+    import urllib.error
+    import urllib.request
+
+    from cuzk_mp.daemon.journal import Journal
+
+    port = free_port()
+    opening, opened = threading.Event(), threading.Event()
+    real_open = Journal.open
+
+    def slow_open(path: Path) -> Journal:
+        opening.set()
+        opened.wait(10)  # a WAL check that takes a while, until the probe below has its answer
+        return real_open(path)
+
+    monkeypatch.setattr(Journal, "open", slow_open)
+
+    def probe() -> tuple[int, str] | str:
+        try:
+            assert opening.wait(10)
+            urllib.request.urlopen(f"http://127.0.0.1:{port}/healthz", timeout=2)
+            return "answered 200 while starting"
+        except urllib.error.HTTPError as e:
+            return e.code, e.read().decode()
+        except OSError as e:
+            return f"no answer: {e}"
+        finally:
+            opened.set()
+
+    async def main() -> tuple[int, str] | str:
+        d = Daemon(make_config(tmp_path, status_listen=f"127.0.0.1:{port}"), engine_factory=FakeEngine)
+        answer, _ = await asyncio.gather(asyncio.to_thread(probe), d.start())
+        await d.stop()
+        return answer
+
+    assert asyncio.run(main()) == (503, "starting\n")
 
 
 def test_http_status_metrics_healthz(tmp_path: Path) -> None:

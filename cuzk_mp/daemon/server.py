@@ -12,7 +12,8 @@ Lifecycle (``DaemonState``)::
 
 STARTING first takes the instance lock (:mod:`.instance_lock`: a second daemon with the same
 journal or socket exits here, having touched nothing), then opens the journal (refusing a
-damaged one: :mod:`.journal`), starts the engine (READY handshake of its processes), registers
+damaged one: :mod:`.journal`; on a worker thread, so the status listener already started answers
+meanwhile), starts the engine (READY handshake of its processes), registers
 the circuits, resubmits unfinished journaled jobs, preloads ``[srs] preload`` keys, then listens
 and tells systemd READY=1. While RUNNING, the engine may be *degraded* (a role has no live
 process and keeps dying): ``/healthz`` answers 503 naming the cause, GetStatus and the metrics
@@ -128,7 +129,8 @@ class Daemon(DaemonHandlers):
                                          start_status_server(self.cfg.status_listen, StatusHandlers(
                                              self.http_status, self.metrics_text, self.health),
                                              self.cfg.socket_mode))
-            self.journal = Journal.open(self.cfg.journal_path)
+            # off the loop: the status server above answers /healthz ("starting") while the WAL is checked
+            self.journal = await asyncio.to_thread(Journal.open, self.cfg.journal_path)
             configured = self._engine_factory(
                 self.cfg.engine,
                 lambda r: self._forward(loop, self._job_done, r),
