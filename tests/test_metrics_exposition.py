@@ -205,11 +205,12 @@ def test_stage_histogram_takes_only_stage_seconds() -> None:
 
 def test_every_family_is_in_the_readme() -> None:
     """The README's table of /metrics names every family as a scrape shows it (a counter with its
-    ``_total``), the fleet's gauges included."""
+    ``_total``), the fleet's gauges and counter included."""
     from cuzk_mp.daemon.fleet import box, report
 
     readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
     names = [f"{name}_total" if kind == "counter" else name for name, (kind, _) in FAMILIES.items()]
     names += [name for name, _, _ in report.gauges([], [])] + [box.DATABASE_UP[0]]
+    names.append(report.failures("b", {})[0] + "_total")  # a counter
     missing = [n for n in names if f"`{n}`" not in readme]
     assert not missing, f"not in the README's metrics: {missing}"

@@ -257,9 +257,11 @@ def _access_summary(cfg: Any) -> str:
 
 
 def _summary(reply: Any) -> dict[str, Any]:
+    """What ``client prove``/``await`` print of a JobReply (``failed_on`` only where a fleet job has any)."""
     return {
         "job_id": reply.job_id, "circuit_id": reply.circuit_id, "state": reply.state,
         "timed_out": reply.timed_out, "error": reply.error, "error_kind": reply.error_kind,
+        **({"failed_on": reply.failed_on} if reply.failed_on else {}),
         "submitted_at": reply.submitted_at, "finished_at": reply.finished_at,
         "partitions": [{"index": p.index, "state": p.state, "device": p.device,
                         "attempts": p.attempts, "total_s": p.timings.get("total"),

@@ -26,6 +26,8 @@ Metric names (all prefixed ``cuzk_``):
   shm; host = host_pss + shm), ``process_memory_bytes{process,kind}`` (each process's pss and uss),
   ``processes_alive{role}``, ``degraded{role}`` (1 while a role has no live process and keeps dying;
   GetStatus says why)
+* with ``[fleet]``, the fleet's gauges and ``fleet_job_failures_total{box,circuit,kind}``
+  (:mod:`.fleet.report`)
 * the engine's own: ``engine_jobs_submitted_total``, ``engine_jobs_finished_total{state}``,
   ``engine_partitions_proved_total``, ``engine_partitions_failed_total``,
   ``engine_partition_retries_total``, ``engine_late_proofs_used_total``, ``engine_partitions_discarded_total``
@@ -66,7 +68,7 @@ Gauge = tuple[str, str, Mapping[Labels, float] | float]  # (name, help, one valu
 @dataclass
 class Scrape:
     """What the daemon knows at scrape time besides its counters: its own figures, the engine's, and
-    gauges other parts of the daemon add (``extra``)."""
+    gauges and counters other parts of the daemon add (``extra``, ``counts``)."""
 
     started_at: float = 0.0  # Unix time the daemon started
     queue_depth: int = 0
@@ -76,6 +78,7 @@ class Scrape:
     engine: EngineStatus | None = None
     engine_metrics: EngineMetrics | None = None
     extra: Sequence[Gauge] = ()
+    counts: Sequence[Gauge] = ()  # counters, in the gauges' shape (a value per label set)
 
 
 class DaemonMetrics:
@@ -169,6 +172,11 @@ class DaemonMetrics:
                              [(tuple(v for _, v in labels), float(value)) for labels, value in values.items()])
             else:
                 yield _gauge(name, help_text, float(values))
+        for name, help_text, values in s.counts:
+            per_labels = values if isinstance(values, Mapping) else {(): values}
+            names = [k for k, _ in next(iter(per_labels), ())]
+            yield _counter(name, help_text, names,
+                           [([v for _, v in labels], float(value)) for labels, value in per_labels.items()])
 
 
 

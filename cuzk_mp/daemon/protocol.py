@@ -216,6 +216,9 @@ class JobReply(Message, omit_defaults=True):
 
     ``timed_out`` is true when AwaitProof's timeout passed first: the job goes on, and
     ``state`` says where it is.
+
+    ``failed_on`` names, for a job of a fleet, the boxes where a run of it failed or stopped renewing
+    its claim, first first (empty for a job that never failed, and on a daemon alone; left out then).
     """
 
     job_id: str
@@ -230,6 +233,7 @@ class JobReply(Message, omit_defaults=True):
     error_kind: str | None = None
     timed_out: bool = False
     key_digest: str | None = None  # the key file the proofs were made with (see above)
+    failed_on: list[str] = []  # a fleet job's boxes its failed runs ran on (see above)
 
 
 class CancelReply(Message):

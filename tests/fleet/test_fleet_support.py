@@ -5,6 +5,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
+import dataclasses
 import hashlib
 import http.server
 import json
@@ -906,3 +907,78 @@ def test_a_read_of_inputs_that_hangs_gives_the_job_back(
             await box.fleet.close()
 
     assert asyncio.run(main()) < 2.0
+
+
+def test_where_a_jobs_attempts_failed_is_shown(fleet_dsn: str, tmp_path: Path,
+                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """The boxes a job failed on (``failed_on``) were in the database alone: ``fleet status`` (text and
+    --json) lists the unfinished jobs that failed somewhere with those boxes, a fleet job's JobReply
+    names them (and a reply without any encodes as before), and each box counts the failed runs of its
+    own, by circuit and error kind, in ``cuzk_fleet_job_failures_total``."""
+    import types
+    from typing import cast
+
+    from fleet_helpers import worker
+
+    from cuzk_mp.daemon import protocol as P
+    from cuzk_mp.daemon.cli import _summary
+    from cuzk_mp.daemon.fleet.box import FleetBox, job_reply
+    from cuzk_mp.daemon.fleet.cli import add_parser
+    from cuzk_mp.errors import ProofError
+
+    inputs = make_inputs(tmp_path, 3)
+
+    async def main() -> tuple[list[Any], list[Any], Any]:
+        a = await connect(fleet_dsn, "gpu-a", retry_delay_s=600.0)
+        ids = [(await a.submit(None, "x", i.ref, i.sha256)).job_id for i in inputs[:2]]
+        bad = {ids[0]: ProofError("the proof does not verify"), ids[1]: InputError("not a witness")}
+
+        async def run_job(c):  # type: ignore[no-untyped-def]
+            raise bad[c.job_id]
+
+        w = worker(a, run_job, resident=lambda: ["x"], capacity=lambda: 2, poll_s=0.1)
+        stop = asyncio.Event()
+        task = asyncio.create_task(w.run(stop))
+        while w.failed < 2 or w.running:
+            await asyncio.sleep(0.05)
+        stop.set()
+        await task
+        await a.submit(None, "x", inputs[2].ref, inputs[2].sha256)  # queued, never failed
+        retrying = await a.retrying()
+        statuses = [await a.status(j) for j in ids]
+        await a.close()
+        return retrying, statuses, w
+
+    retrying, (retried, failed), w = asyncio.run(main())
+    assert [(st.job_id, st.state, st.attempts, st.failed_on) for st in retrying] == [
+        (retried.job_id, "queued", 1, ("gpu-a",))]
+    assert (failed.state, failed.failed_on) == ("failed", ("gpu-a",))
+
+    reply = job_reply(failed, 5)
+    assert reply.failed_on == ["gpu-a"]
+    assert P.decode_reply(P.encode(reply)) == reply
+    assert _summary(reply)["failed_on"] == ["gpu-a"]  # what `client await` prints
+    never = job_reply(dataclasses.replace(failed, failed_on=()), 5)
+    assert b"failed_on" not in P.encode(never) and "failed_on" not in _summary(never)  # as before: left out
+
+    parser = argparse.ArgumentParser()
+    add_parser(parser.add_subparsers())
+    args = parser.parse_args(["fleet", "status", "--dsn", fleet_dsn, "--json"])
+    assert args.func(args) == 0
+    shown = json.loads(capsys.readouterr().out)
+    assert shown["retrying"] == [{"job_id": retried.job_id, "circuit": "x", "state": "queued", "attempts": 1,
+                                  "failed_on": ["gpu-a"], "error_kind": "ProofError",
+                                  "error": "the proof does not verify"}]
+    args = parser.parse_args(["fleet", "status", "--dsn", fleet_dsn])
+    assert args.func(args) == 0
+    out = capsys.readouterr().out
+    (line,) = [ln for ln in out.splitlines() if retried.job_id in ln]
+    assert "gpu-a" in line and "ProofError" in line
+
+    box = FleetBox(cast(Any, types.SimpleNamespace(fleet=FleetConfig(dsn=fleet_dsn, box="gpu-a"), circuits={})),
+                   *instant_jobs())
+    box.worker = w
+    text = DaemonMetrics().render(Scrape(counts=box.counters()))
+    assert 'cuzk_fleet_job_failures_total{box="gpu-a",circuit="x",kind="ProofError"} 1.0' in text
+    assert 'cuzk_fleet_job_failures_total{box="gpu-a",circuit="x",kind="InputError"} 1.0' in text
+    assert "# TYPE cuzk_fleet_job_failures_total counter" in text

@@ -445,6 +445,10 @@ class FleetBox:
             return [(*DATABASE_UP, 0.0), share]
         return [(*DATABASE_UP, 1.0), share, *report.gauges(boxes, depths)]
 
+    def counters(self) -> list[Gauge]:
+        """The fleet's /metrics counters: this box's failed runs (:func:`.report.failures`)."""
+        return [report.failures(self.fcfg.box, self.worker.failures if self.worker is not None else {})]
+
     async def prune(self, result_ttl_s: float) -> int:
         """Prune finished jobs, their request ids and the inputs no job names any more (logged,
         never raised: the next round tries again)."""
@@ -475,11 +479,12 @@ def job_reply(st: JobStatus, id: int, timed_out: bool = False) -> P.JobReply:
 
     Its timestamps are the database's in every state, also those of a stored reply (written on
     the running box's clock): a client asking any box sees one clock, the one every queue
-    decision uses, and never a job that finished before it was submitted."""
+    decision uses, and never a job that finished before it was submitted. ``failed_on`` is the
+    job's record's in every state (a stored reply never carries it: the run that wrote it succeeded)."""
     if st.state == "done" and st.result is not None:
         try:
             return msgspec.structs.replace(P.reply_from_store(st.result, st.key_digest), id=id, job_id=st.job_id,
-                                           timed_out=False,
+                                           timed_out=False, failed_on=list(st.failed_on),
                                            submitted_at=st.submitted_at, started_at=st.started_at,
                                            finished_at=st.finished_at)
         except msgspec.MsgspecError as e:
@@ -489,5 +494,5 @@ def job_reply(st: JobStatus, id: int, timed_out: bool = False) -> P.JobReply:
                       priority=st.priority.name,  # type: ignore[arg-type]
                       partitions=[P.PartitionOut(index=i, state=fill) for i in range(st.n_partitions)],
                       submitted_at=st.submitted_at, started_at=st.started_at, finished_at=st.finished_at,
-                      error=st.error, error_kind=st.error_kind, timed_out=timed_out)
+                      error=st.error, error_kind=st.error_kind, timed_out=timed_out, failed_on=list(st.failed_on))
 

@@ -1,7 +1,8 @@
 """The ``cuzk-mp fleet`` verb: look at the shared queue from any machine that reaches its database.
 
 ``cuzk-mp fleet status --dsn DSN [--json]`` prints the boxes (state, host, running jobs, free
-slots, heartbeat age, resident keys) and the queue depths per circuit and priority. The DSN
+slots, heartbeat age, resident keys), the queue depths per circuit and priority, and the unfinished
+jobs that failed on a box (the boxes, in order, and the last error). The DSN
 comes from ``--dsn``, else from ``[fleet] dsn`` of a daemon's config file (``--config``), else
 ``$CUZK_MP_FLEET_DSN``. It connects as an observer: it is not listed as a box and claims nothing.
 Exit codes: 0 shown; 2 bad arguments, or a dsn or role the database refuses (a wrong password, no such
@@ -29,7 +30,7 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
     """Add the ``fleet`` verb to the ``cuzk-mp`` parser."""
     f = subparsers.add_parser("fleet", help="the shared PostgreSQL queue of several daemons")
     f_sub = f.add_subparsers(dest="fleet_verb", required=True)
-    s = f_sub.add_parser("status", help="boxes, their resident keys, and queue depths")
+    s = f_sub.add_parser("status", help="boxes, their resident keys, queue depths, retried jobs")
     s.add_argument("--dsn", default="", help=f"PostgreSQL DSN of the fleet (default: --config's, else ${DSN_ENV})")
     s.add_argument("--config", type=FileArg("config file"), help="a daemon config file whose [fleet] dsn to use")
     s.add_argument("--json", action="store_true", help="print JSON instead of a table")
@@ -44,11 +45,12 @@ async def _status(dsn: str, as_json: bool, timeout_s: float, knobs: dict[str, An
     try:
         boxes = await fleet.boxes()
         depths = await fleet.queue_depths()
+        retrying = await fleet.retrying()
     finally:
         await fleet.close()
     if as_json:
-        return json.dumps(report.document(boxes, depths), indent=2) + "\n"
-    return report.text(boxes, depths)
+        return json.dumps(report.document(boxes, depths, retrying), indent=2) + "\n"
+    return report.text(boxes, depths, retrying)
 
 
 def _dsn(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:

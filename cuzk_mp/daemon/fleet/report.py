@@ -1,16 +1,18 @@
-"""How the fleet describes itself: the ``cuzk-mp fleet status`` document and text, /metrics gauges.
+"""How the fleet describes itself: the ``cuzk-mp fleet status`` document and text, /metrics families.
 
-This module owns the presentation of :meth:`Fleet.boxes` and :meth:`Fleet.queue_depths`: a
-JSON-able document (for ``--json`` and the daemon's /status), a fixed-width text table for
-people, and the scrape-time gauges in the shape the daemon's metrics renderer takes
-(``(name, help, {labels: value})``, labels as sorted ``(key, value)`` pairs). It reads nothing
-itself.
+This module owns the presentation of :meth:`Fleet.boxes`, :meth:`Fleet.queue_depths` and (for
+``fleet status``) :meth:`Fleet.retrying`: a JSON-able document (for ``--json`` and the daemon's
+/status), a fixed-width text table for people, and the scrape-time gauges and counters in the
+shape the daemon's metrics renderer takes (``(name, help, {labels: value})``, labels as sorted
+``(key, value)`` pairs). It reads nothing itself.
 
 Gauges (all prefixed ``cuzk_fleet_``): ``boxes{state}``, ``box_up{box}``,
 ``box_heartbeat_age_seconds{box}``, ``box_free_slots{box}``, ``box_running_jobs{box}``,
 ``box_resident_key{box,circuit}`` (1 per resident key), ``box_paused{box}`` (1 while a box claims
 nothing because its shared inputs folder is broken there), ``queue_jobs{circuit,priority,state}``
-(state: queued, running, stalled).
+(state: queued, running, stalled). Counter: ``job_failures_total{box,circuit,kind}``, the runs of
+fleet jobs that failed on this box, by the error's kind (:func:`failures`: each box counts its own
+runs; a box whose claim lapsed counts nothing, the job's ``failed_on`` names it).
 """
 
 from __future__ import annotations
@@ -19,20 +21,23 @@ import time
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from cuzk_mp.daemon.fleet.models import BoxInfo, QueueDepth
+from cuzk_mp.daemon.fleet.models import BoxInfo, JobStatus, QueueDepth
 
 Labels = tuple[tuple[str, str], ...]
 Gauge = tuple[str, str, Mapping[Labels, float] | float]
 BOX_STATES = ("up", "stale", "left")
+ERROR_SHOWN = 120  # characters of a retried job's last error in the text table
 
 
 def _labels(**kv: object) -> Labels:
     return tuple(sorted((k, str(v)) for k, v in kv.items()))
 
 
-def document(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth]) -> dict[str, Any]:
-    """The fleet as JSON-able data: boxes (with their keys) and queue depths."""
-    return {
+def document(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth],
+             retrying: Sequence[JobStatus] | None = None) -> dict[str, Any]:
+    """The fleet as JSON-able data: boxes (with their keys) and queue depths, and where given the
+    unfinished jobs that failed on a box (``retrying``: the boxes, the last error)."""
+    doc = {
         "boxes": [{"box": b.box, "state": b.state, "host": b.host, "pid": b.pid, "resident": list(b.resident),
                    "free_slots": b.free_slots, "running": b.running,
                    "heartbeat_age_s": round(b.heartbeat_age_s, 3), "paused": b.paused,
@@ -41,10 +46,16 @@ def document(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth]) -> dict[str
         "queues": [{"circuit": d.circuit_id, "priority": d.priority.name, "queued": d.queued,
                     "running": d.running, "stalled": d.stalled} for d in depths],
     }
+    if retrying is not None:
+        doc["retrying"] = [{"job_id": j.job_id, "circuit": j.circuit_id, "state": j.state, "attempts": j.attempts,
+                            "failed_on": list(j.failed_on), "error_kind": j.error_kind, "error": j.error}
+                           for j in retrying]
+    return doc
 
 
-def text(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth]) -> str:
-    """A table for people: one line per box, then one per circuit and priority."""
+def text(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth], retrying: Sequence[JobStatus] = ()) -> str:
+    """A table for people: one line per box, then one per circuit and priority, then one per job of
+    ``retrying`` (where any)."""
     lines = [f"{'BOX':<20} {'STATE':<6} {'HOST':<16} {'RUNNING':>7} {'FREE':>5} {'HEARTBEAT':>10}  KEYS"]
     for b in boxes:
         lines.append(f"{b.box:<20} {b.state:<6} {b.host[:16]:<16} {b.running:>7} {b.free_slots:>5} "
@@ -59,6 +70,13 @@ def text(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth]) -> str:
         lines.append(f"{d.circuit_id:<24} {d.priority.name:<9} {d.queued:>7} {d.running:>8} {d.stalled:>8}")
     if not depths:
         lines.append("(no queued or running jobs)")
+    if retrying:
+        lines.append("")
+        lines.append(f"{'RETRIED JOB':<36} {'CIRCUIT':<24} {'STATE':<8} {'ATTEMPTS':>8}  FAILED ON: LAST ERROR")
+        for j in retrying:
+            error = " ".join(f"{j.error_kind or 'error'}: {j.error or ''}".split())
+            lines.append(f"{j.job_id:<36} {j.circuit_id:<24} {j.state:<8} {j.attempts:>8}  "
+                         f"{', '.join(j.failed_on)}: {error[:ERROR_SHOWN]}")
     return "\n".join(lines) + "\n"
 
 
@@ -89,3 +107,11 @@ def gauges(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth]) -> list[Gauge
         ("cuzk_fleet_queue_jobs", ("Jobs of the shared queue by circuit, priority and state "
                                    "(stalled: claimed by a box that stopped renewing it)."), queue),
     ]
+
+
+def failures(box: str, counts: Mapping[tuple[str, str], int]) -> Gauge:
+    """The counter family of this box's failed runs of fleet jobs, from ``counts`` by (circuit, error
+    kind) (:attr:`.worker.FleetWorker.failures`)."""
+    return ("cuzk_fleet_job_failures", ("Runs of fleet jobs that failed on this box, by circuit and error kind "
+                                        "(each box counts its own runs)."),
+            {_labels(box=box, circuit=c, kind=k): float(n) for (c, k), n in sorted(counts.items())})

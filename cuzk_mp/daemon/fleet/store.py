@@ -46,6 +46,7 @@ JOB_COLUMNS = ("job_id, request_id, circuit_id, state, priority, n_partitions, i
                "extract(epoch FROM finished_at) AS finished_at, result, key_digest, error, error_kind, failed_on")
 
 POOL_MAX = 4
+RETRYING_SHOWN = 50  # the most jobs `fleet status` lists as retried after failing on a box
 
 
 def connect_kwargs(cfg: FleetConfig) -> dict[str, Any]:
@@ -295,6 +296,16 @@ class FleetStore:
         if row is None or (client is not None and row["client"] != client):
             raise InputError(f"job_id: unknown job {job_id!r} (never submitted, or pruned after it ended)")
         return status_of(row)
+
+    async def retrying(self, limit: int = RETRYING_SHOWN) -> list[JobStatus]:
+        """Unfinished jobs that failed on a box (or whose box stopped renewing the claim), the longest
+        waiting first, at most ``limit``: where their attempts went (``failed_on``) and their last error."""
+        async with self._tx() as (conn, _):
+            cur = await conn.cursor(row_factory=dict_row).execute(
+                f"SELECT {JOB_COLUMNS} FROM cuzk_fleet_jobs WHERE state IN ('queued', 'running') "
+                "AND cardinality(failed_on) > 0 ORDER BY submitted_at, job_id LIMIT %s", (limit,))
+            rows = await cur.fetchall()
+        return [status_of(r) for r in rows]
 
     async def boxes(self) -> list[BoxInfo]:
         """Every box that has joined: its state, resident keys, free slots and running jobs."""

@@ -12,8 +12,10 @@ JobResult, encode it). The loop:
   decision of :mod:`.keys`), at most once per poll;
 * settles each job: a result -> ``complete``; InputError -> ``fail`` without retry (the inputs
   will not get better); any other error -> ``fail`` with retry (another attempt, on another
-  box where one can take it, :mod:`.retries`); :class:`.inputs.ShareUnavailable` (the shared
-  inputs folder is broken on this box, not the job) -> ``release``, no attempt counted; an abort
+  box where one can take it, :mod:`.retries`), each failure recorded counted in
+  :attr:`FleetWorker.failures` by circuit and error kind (the box's
+  ``cuzk_fleet_job_failures_total``); :class:`.inputs.ShareUnavailable` (the shared inputs
+  folder is broken on this box, not the job) -> ``release``, no attempt counted; an abort
   (cancel, finished elsewhere, claim taken over) -> the task running the job is cancelled and
   nothing is written. While the database is unreachable, settling is retried a few times; then
   the claim is let go (another box runs the job after the stall timeout) rather than renewed
@@ -24,6 +26,7 @@ JobResult, encode it). The loop:
 from __future__ import annotations
 
 import asyncio
+import collections
 import contextlib
 import logging
 from collections.abc import Awaitable, Callable, Sequence
@@ -53,6 +56,7 @@ class FleetWorker:
         self._slot_freed = asyncio.Event()
         self.completed = 0
         self.failed = 0
+        self.failures: collections.Counter[tuple[str, str]] = collections.Counter()  # (circuit, kind): recorded
         self.aborted = 0
         self.released = 0
 
@@ -155,8 +159,11 @@ class FleetWorker:
         if not isinstance(exc, CuzkError):
             log.error("fleet: job %s raised %s on box %s", c.job_id, type(exc).__name__, self.fleet.box,
                       exc_info=exc)
-        await self.fleet.fail(c.job_id, str(exc) or type(exc).__name__, error_kind=error_kind(exc),
-                              retry=not isinstance(exc, InputError))
+        kind = error_kind(exc)
+        state = await self.fleet.fail(c.job_id, str(exc) or type(exc).__name__, error_kind=kind,
+                                      retry=not isinstance(exc, InputError))
+        if state in ("queued", "failed"):  # recorded (not a claim this box no longer held)
+            self.failures[(c.circuit_id, kind)] += 1
 
     async def _drain(self, grace_s: float) -> None:
         """Give running jobs ``grace_s``, then stop the rest and give them back to the queue, all at
