@@ -223,7 +223,7 @@ class Fleet(FleetSubmits):
 
         Jobs whose box stopped renewing its claim for ``stall_timeout`` are claimed again here; that
         run counts as a failed attempt (its box was killed, ran out of memory, or lost the database),
-        and a job whose attempts are used up so ends ``failed`` (:meth:`_fail_lapsed`) instead of being
+        and a job whose attempts are used up so ends ``failed`` (:func:`.retries.fail_lapsed`) instead of being
         taken over for ever: a job that kills every box that runs it would take the fleet down box by box.
         A retry still waiting after failing on other boxes is claimed here at once (:mod:`.retries`).
         """
@@ -240,7 +240,7 @@ class Fleet(FleetSubmits):
             await retries.put_back(conn, self._queue_table, taken, {int(j.id) for j in picked})
             if not picked:
                 return []
-            lapsed, ended = await self._fail_lapsed(conn, queries, picked)
+            lapsed, ended = await retries.fail_lapsed(conn, queries, self.cfg, self.instance, picked)
             picked = [j for j in picked if int(j.id) not in ended]
             if not picked:
                 return []
@@ -258,33 +258,6 @@ class Fleet(FleetSubmits):
                 await queries.log_jobs([(j, "deleted", None) for j in orphans])
         return [c for j in picked
                 if int(j.id) in rows and (c := self._hold(rows[int(j.id)], j, int(j.id) in lapsed)) is not None]
-
-    async def _fail_lapsed(self, conn: Any, queries: Any, picked: list[pgq.Job]) -> tuple[set[int], set[int]]:
-        """Count an attempt for each picked job still ``running`` under another process's claim (the
-        queue hands it out again because that claim lapsed: the run ended without a result), and end
-        those whose attempts are used up ``failed``, settled in the queue; the queue ids of the lapsed
-        claims and of the jobs so ended."""
-        cur = await conn.execute(
-            f"UPDATE cuzk_fleet_jobs SET attempts = attempts + 1, {retries.FAILED_HERE} WHERE queue_id = ANY(%s) "
-            "AND state = 'running' AND owner IS DISTINCT FROM %s RETURNING queue_id, job_id, attempts, box",
-            ([int(j.id) for j in picked], self.instance))
-        ended: set[int] = set()
-        lapsed: set[int] = set()
-        by_id = {int(j.id): j for j in picked}
-        for queue_id, job_id, attempts, box in await cur.fetchall():
-            lapsed.add(queue_id)
-            if attempts < self.cfg.max_attempts:
-                continue
-            error = (f"box {box} stopped renewing its claim while it ran the job (killed, out of memory, or cut off "
-                     f"from the database) and attempt {attempts} of max_attempts = {self.cfg.max_attempts} was "
-                     "the last: not run again")
-            await queries.log_jobs([(by_id[queue_id], "exception", _traceback(queue_id, "WorkerDied", error))])
-            await conn.execute("UPDATE cuzk_fleet_jobs SET state = 'failed', owner = NULL, error = %s, "
-                               "error_kind = 'WorkerDied', finished_at = now() WHERE job_id = %s", (error, job_id))
-            await notify(conn, {"event": "finished", "job_id": job_id})
-            log.warning("fleet: job %s failed: %s", job_id, error)
-            ended.add(queue_id)
-        return lapsed, ended
 
     def _hold(self, row: dict[str, Any], queue_job: pgq.Job, lapsed: bool) -> Claimed | None:
         """Record a claim; None if this process already runs the job (its own lapsed claim re-picked).
@@ -472,11 +445,12 @@ class Fleet(FleetSubmits):
                                    f"error = %s, error_kind = %s, {retries.FAILED_HERE} WHERE job_id = %s",
                                    (attempts, error, error_kind, job_id))
                 await queries.retry_job(queue_job, timedelta(seconds=await retries.hold_s(conn, self.cfg, job_id)),
-                                        _traceback(queue_job.id, error_kind, error))
+                                        retries.traceback_record(queue_job.id, error_kind, error))
                 await notify(conn, {"event": "requeued", "circuit_id": circuit_id})
             else:
                 if queue_job is not None:
-                    await queries.log_jobs([(queue_job, "exception", _traceback(queue_job.id, error_kind, error))])
+                    record = retries.traceback_record(queue_job.id, error_kind, error)
+                    await queries.log_jobs([(queue_job, "exception", record)])
                 new_state = "failed"
                 await conn.execute("UPDATE cuzk_fleet_jobs SET state = 'failed', owner = NULL, attempts = %s, "
                                    f"error = %s, error_kind = %s, finished_at = now(), {retries.FAILED_HERE} "
@@ -613,9 +587,3 @@ def stored_text(s: str) -> str:
     """``s`` as PostgreSQL's text and jsonb take it (an error may quote anything: a circuit's own
     message, a file name): lone surrogates and NUL, which they refuse, escaped."""
     return encodable_text(s).replace("\0", "\\x00")
-
-
-def _traceback(queue_id: int, kind: str, message: str) -> pgq.TracebackRecord:
-    """The library's log record of a failed run (shown by its own tools)."""
-    return pgq.TracebackRecord(job_id=JobId(queue_id), timestamp=pgq.utc_now(), exception_type=kind,
-                               exception_message=message[:4000], traceback="", additional_context=None)

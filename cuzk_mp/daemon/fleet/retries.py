@@ -6,7 +6,8 @@ dead, a corrupt key cache) has its slots free first, so it claimed its own retri
 job spent all its attempts there and ended ``failed`` while healthy boxes holding its key were free.
 
 * ``cuzk_fleet_jobs.failed_on`` lists the boxes a job failed on (:data:`FAILED_HERE`: a run that
-  failed, or whose box stopped renewing its claim).
+  failed, or whose box stopped renewing its claim: :func:`fail_lapsed` counts that attempt, and
+  ends the job ``failed`` where it was the last).
 * A failed run goes back to the queue for ``retry_delay``, and a heartbeat interval longer where
   another box could take it (:func:`hold_s`: up, not paused, its key resident, not in
   ``failed_on``). Where none can (a fleet of one box, the only holder of the key) the box it failed
@@ -21,13 +22,21 @@ job spent all its attempts there and ended ``failed`` while healthy boxes holdin
 
 from __future__ import annotations
 
+import logging
+import uuid
 from collections.abc import Sequence
 from datetime import datetime
 
 import psycopg
+from pgqueuer.adapters.persistence.queries import Queries
+from pgqueuer.domain import models as pgq
+from pgqueuer.domain.types import JobId
 from psycopg import sql
 
 from cuzk_mp.daemon.fleet.config import FleetConfig
+from cuzk_mp.daemon.fleet.store import notify
+
+log = logging.getLogger("cuzk_mp.daemon.fleet")
 
 # The job row's own box (the one that ran it) added to the boxes it failed on, once.
 FAILED_HERE = ("failed_on = CASE WHEN box IS NULL OR box = ANY(failed_on) THEN failed_on "
@@ -79,3 +88,38 @@ async def put_back(conn: psycopg.AsyncConnection, queue_table: sql.Identifier, t
             "UPDATE {queue} q SET execute_after = b.at FROM unnest(%s::bigint[], %s::timestamptz[]) AS b(id, at) "
             "WHERE q.id = b.id AND q.status = 'queued'").format(queue=queue_table),
             ([qid for qid, _ in back], [at for _, at in back]))
+
+
+async def fail_lapsed(conn: psycopg.AsyncConnection, queries: Queries, cfg: FleetConfig, instance: uuid.UUID,
+                      picked: list[pgq.Job]) -> tuple[set[int], set[int]]:
+    """In the claim's transaction: count an attempt for each picked job still ``running`` under
+    another process's claim (the queue hands it out again because that claim lapsed: the run ended
+    without a result; its box joins ``failed_on``), and end those whose attempts are used up
+    ``failed``, settled in the queue; the queue ids of the lapsed claims and of the jobs so ended."""
+    cur = await conn.execute(
+        f"UPDATE cuzk_fleet_jobs SET attempts = attempts + 1, {FAILED_HERE} WHERE queue_id = ANY(%s) "
+        "AND state = 'running' AND owner IS DISTINCT FROM %s RETURNING queue_id, job_id, attempts, box",
+        ([int(j.id) for j in picked], instance))
+    ended: set[int] = set()
+    lapsed: set[int] = set()
+    by_id = {int(j.id): j for j in picked}
+    for queue_id, job_id, attempts, box in await cur.fetchall():
+        lapsed.add(queue_id)
+        if attempts < cfg.max_attempts:
+            continue
+        error = (f"box {box} stopped renewing its claim while it ran the job (killed, out of memory, or cut off "
+                 f"from the database) and attempt {attempts} of max_attempts = {cfg.max_attempts} was "
+                 "the last: not run again")
+        await queries.log_jobs([(by_id[queue_id], "exception", traceback_record(queue_id, "WorkerDied", error))])
+        await conn.execute("UPDATE cuzk_fleet_jobs SET state = 'failed', owner = NULL, error = %s, "
+                           "error_kind = 'WorkerDied', finished_at = now() WHERE job_id = %s", (error, job_id))
+        await notify(conn, {"event": "finished", "job_id": job_id})
+        log.warning("fleet: job %s failed: %s", job_id, error)
+        ended.add(queue_id)
+    return lapsed, ended
+
+
+def traceback_record(queue_id: int, kind: str, message: str) -> pgq.TracebackRecord:
+    """The library's log record of a failed run (shown by its own tools)."""
+    return pgq.TracebackRecord(job_id=JobId(queue_id), timestamp=pgq.utc_now(), exception_type=kind,
+                               exception_message=message[:4000], traceback="", additional_context=None)
