@@ -222,7 +222,7 @@ def check_writable_places(cfg: Any) -> None:
         problem = folder_problem(folder)
         if problem is not None:
             raise ConfigError(f"{source}: {key}: {folder} cannot be written: {problem}")
-    from cuzk_mp.daemon.journal import check_start_files  # the journal's own files, where they are there
+    from cuzk_mp.daemon.journal_files import check_start_files  # the journal's own files, where they are there
 
     check_start_files(cfg.journal_path, f"{source}: daemon.journal")
 

@@ -22,10 +22,10 @@ The journal is the source of truth, so it is defended:
   ResourceError (exit code 4, which systemd retries) that leaves the file as it was, naming the
   folder whose file system is full; a journal the failed start made is removed again (no empty
   journal is left for the next start to misread). The journal, its -wal, -shm, -journal and .id,
-  and the daemon's lock file beside it, are regular files or absent: a
-  FIFO, a folder or a device there (or a link at the -wal, -shm, -journal or lock file, none of which
-  is followed) is a ConfigError naming it (:func:`check_start_files`, at ``--check`` too), found
-  without waiting on a FIFO or reading a device to its end.
+  and the daemon's lock file beside it, are regular files or absent: a FIFO, a folder or a device
+  there (or a link at the -wal, -shm, -journal or lock file, none of which is followed) is a
+  ConfigError naming it (:mod:`.journal_files`, at ``--check`` too), found without waiting on a
+  FIFO or reading a device to its end.
 * **A journal removed under the running daemon is written again.** SQLite would go on writing into
   the unlinked file, and every job it held would be gone at the next start (refused: the .id says a
   journal was there). Before each write, and when it closes, the journal checks that its path is
@@ -58,7 +58,6 @@ import contextlib
 import logging
 import os
 import sqlite3
-import stat
 import time
 import uuid
 from collections.abc import Callable
@@ -68,14 +67,12 @@ from typing import Annotated, Any, Literal, TypeVar
 
 import msgspec
 
-from cuzk_mp.daemon.config import check_regular_file
-from cuzk_mp.daemon.instance_lock import check_lock_file, lock_paths
+from cuzk_mp.daemon.journal_files import check_start_files, marker_path, owner_only, side_paths
 from cuzk_mp.daemon.journal_wal import wal_damage
 from cuzk_mp.daemon.notify import read_budget_s, starting
 from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions, reply_from_store, stored_reply
 from cuzk_mp.errors import ConfigError, CuzkError, ResourceError
 from cuzk_mp.formats.atomic import atomic_output, read_id_file
-from cuzk_mp.paths import folder_problem
 
 log = logging.getLogger("cuzk_mp.daemon.journal")
 
@@ -197,24 +194,6 @@ def _entry_of(row: tuple[Any, ...]) -> JournalEntry:
     return entry
 
 
-def _owner_only(path: Path) -> None:
-    """Give a journal made by a release before owner-only journals (by the umask: 0644, or 0640 under
-    the unit's UMask=0027) the mode a new one has, 0600, with its -wal and -shm: it holds the witnesses
-    of unfinished jobs. A file this user may not change keeps its mode, with a warning."""
-    for p in (path, *_side_paths(path)[:2]):
-        try:
-            mode = stat.S_IMODE(p.stat().st_mode)
-            if mode & 0o077:
-                os.chmod(p, 0o600)
-                log.warning("[start] journal %s: %s was mode %04o, readable by others (made by an earlier release); "
-                            "now 0600: it holds the witnesses of unfinished jobs", path, p.name, mode)
-        except FileNotFoundError:
-            continue
-        except OSError as e:
-            log.warning("[start] journal %s: %s is readable by others and its mode cannot be changed (%s); "
-                        "it holds the witnesses of unfinished jobs", path, p.name, e.strerror or e)
-
-
 def _set_modes(conn: sqlite3.Connection) -> None:
     """The journal's modes on a connection: a write-ahead log, each commit on the disk before it returns."""
     conn.execute("PRAGMA journal_mode=WAL")
@@ -230,52 +209,12 @@ def _file_identity(path: Path) -> tuple[int, int] | None:
     return st.st_dev, st.st_ino
 
 
-def _marker_path(path: Path) -> Path:
-    return path.with_name(path.name + ".id")
-
-
-def _side_paths(path: Path) -> tuple[Path, Path, Path]:
-    """The journal's write-ahead log, its shared-memory index and its rollback journal (which SQLite
-    looks for, and reads where it is there, at the first read of a journal that has pages), where SQLite
-    keeps them: beside the file ``path`` leads to (SQLite follows a link to the database, and names
-    these after the file)."""
-    real = os.path.realpath(path)
-    return Path(f"{real}-wal"), Path(f"{real}-shm"), Path(f"{real}-journal")
-
-
-def check_start_files(path: Path, key: str = "daemon.journal") -> None:
-    """ConfigError naming ``key``, the file and what it is where a file the journal opens at start is
-    there but is no regular file this process can open: the journal (SQLite says "unable to open
-    database file" or "disk I/O error" of a folder, a FIFO or a device), its -wal, -shm and -journal
-    (which SQLite opens without following a link: a link there fails as "unable to open database
-    file"; SQLite waits for ever on a FIFO at the -journal), its .id. A FIFO is looked at, never waited
-    on (:func:`~cuzk_mp.daemon.config.check_regular_file`); nothing is changed. The folder SQLite makes
-    the -wal and -shm in (beside the file a link leads to) must be one this process may write
-    (:func:`~cuzk_mp.paths.folder_problem`): SQLite says "attempt to write a readonly database". The
-    daemon's lock files beside the journal (:func:`~cuzk_mp.daemon.instance_lock.lock_paths`, taken before
-    the journal is opened) are held to the same rule (:func:`~cuzk_mp.daemon.instance_lock.check_lock_file`)."""
-    sides = _side_paths(path)
-    locks = lock_paths(path, [])
-    problem = folder_problem(sides[0].parent)
-    if problem is not None:
-        raise ConfigError(f"{key}: {sides[0].parent} cannot be written (SQLite makes the journal's -wal and -shm "
-                          f"there): {problem}")
-    for p in (path, *sides, _marker_path(path), *locks):
-        if p in sides and p.is_symlink():
-            raise ConfigError(f"{key}: {p}: a symbolic link, which SQLite does not follow there (it cannot "
-                              "open the journal): remove it; SQLite makes the file itself")
-        if p in locks:
-            check_lock_file(key, p)
-        elif os.path.lexists(p):
-            check_regular_file(key, p)
-
-
 def _check_file(path: Path) -> str | None:
     """Before SQLite touches anything: the journal's files are regular files or absent
-    (:func:`check_start_files`), the journal is present (if it ever was) and its WAL would not
-    drop committed transactions. Returns the journal id the marker records."""
+    (:func:`~cuzk_mp.daemon.journal_files.check_start_files`), the journal is present (if it ever
+    was) and its WAL would not drop committed transactions. Returns the journal id the marker records."""
     check_start_files(path)
-    marker = _marker_path(path)
+    marker = marker_path(path)
     recorded = read_id_file(marker, _MARKER_MAX)
     size = path.stat().st_size if path.exists() else None
     how_to = (f"; to start with an empty journal (losing its jobs), move {path}, its -wal and "
@@ -285,7 +224,7 @@ def _check_file(path: Path) -> str | None:
         raise JournalDamaged(f"{path}: the journal is {state}, but {marker} says a journal with "
                              f"id {recorded} was here: its accepted jobs and results are lost unless "
                              f"it is restored from a backup{how_to}")
-    wal = _side_paths(path)[0]
+    wal = side_paths(path)[0]
     if size is None and wal.exists():
         raise JournalDamaged(f"{path}: missing, but its write-ahead log {wal} exists{how_to}")
     with contextlib.suppress(OSError):
@@ -323,7 +262,7 @@ class Journal:
         there."""
         path.parent.mkdir(parents=True, exist_ok=True)
         recorded = _check_file(path)
-        made = [p for p in (*_side_paths(path), _marker_path(path)) if not os.path.lexists(p)]
+        made = [p for p in (*side_paths(path), marker_path(path)) if not os.path.lexists(p)]
         if not path.exists():  # made 0600 (SQLite gives its -wal and -shm the same): it holds witnesses
             with contextlib.suppress(FileExistsError):
                 os.close(os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o600))
@@ -340,7 +279,7 @@ class Journal:
     @classmethod
     def _open_file(cls, path: Path, recorded: str | None) -> Journal:
         """:meth:`open` on the journal's file, there and checked: connected, prepared, its .id written."""
-        _owner_only(path)
+        owner_only(path)
         try:
             conn = sqlite3.connect(path, check_same_thread=False, isolation_level=None)
         except sqlite3.Error as e:
@@ -352,7 +291,7 @@ class Journal:
             raise
         try:
             if recorded is None:
-                with atomic_output(_marker_path(path), "w") as f:
+                with atomic_output(marker_path(path), "w") as f:
                     f.write(journal_id + "\n")
             _make_incremental(conn, path)
         except BaseException:  # an interrupt during the rewrite: SQLite rolls it back; the file is unchanged
@@ -398,11 +337,11 @@ class Journal:
             journal_id = row[0] if row else uuid.uuid4().hex
             if row is None:
                 if recorded is not None and has_jobs:
-                    raise JournalDamaged(f"{path}: this journal has no id but {_marker_path(path)} "
+                    raise JournalDamaged(f"{path}: this journal has no id but {marker_path(path)} "
                                          f"records {recorded}: not the journal that was here")
                 conn.execute("INSERT INTO meta VALUES ('journal_id', ?)", (journal_id,))
             elif recorded is not None and recorded != journal_id:
-                raise JournalDamaged(f"{path}: this is journal {journal_id}, but {_marker_path(path)} "
+                raise JournalDamaged(f"{path}: this is journal {journal_id}, but {marker_path(path)} "
                                      f"records {recorded}: another journal was put in its place; "
                                      "restore the right one, or move both aside to start afresh")
             conn.execute("COMMIT")
@@ -467,7 +406,7 @@ class Journal:
                 os.unlink(tmp)
         self._conn = sqlite3.connect(self.path, check_same_thread=False, isolation_level=None)
         _set_modes(self._conn)
-        with atomic_output(_marker_path(self.path), "w") as f:
+        with atomic_output(marker_path(self.path), "w") as f:
             f.write(self._journal_id + "\n")
         self._file = _file_identity(self.path)
         jobs = self._conn.execute("SELECT count(*) FROM jobs").fetchone()[0]
