@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from fleet_helpers import STALLING, connect, make_inputs, query_one, worker
 
+from cuzk_mp.daemon.fleet.keys import holders_by_circuit
 from cuzk_mp.daemon.fleet.models import JobOutput
 from cuzk_mp.errors import InputError, ProofError
 from cuzk_mp.pipeline.types import Priority
@@ -570,6 +571,27 @@ def test_a_heartbeat_racing_a_claim_keeps_the_new_claim(fleet_dsn: str, tmp_path
         assert len(claimed) == len(inputs) and not any(c.aborted.is_set() for c in claimed)
         assert await a.heartbeat() == [] and len(a.held()) == len(inputs)
         await a.close()
+
+    run(main())
+
+
+def test_a_box_row_lists_a_key_from_the_first_claim_of_its_jobs(fleet_dsn: str, tmp_path: Path) -> None:
+    """A key a box took on since its last heartbeat is in its row once it claims the key's jobs: fleet
+    status never shows a box running a job of a key it does not list, and another box deciding whether
+    to load that key counts this one as a holder (it loaded the same key for nothing before)."""
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a, b = await connect(fleet_dsn, "a", heartbeats=False), await connect(fleet_dsn, "b", heartbeats=False)
+        assert await a.claim(["x"], 2) == [] and await a.heartbeat() == []
+        job = (await b.submit(None, "z", inp.ref, inp.sha256)).job_id
+        assert [c.job_id for c in await a.claim(["x", "z"], 2)] == [job]  # z loaded for it meanwhile
+        rows = {r.box: r for r in await b.boxes()}
+        assert set(rows["a"].resident) == {"x", "z"}, rows["a"]
+        assert holders_by_circuit(rows.values(), exclude="b") == {"x": 1, "z": 1}
+        assert await a.complete(job, b"proof")
+        for box in (a, b):
+            await box.close()
 
     run(main())
 

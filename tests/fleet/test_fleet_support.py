@@ -123,7 +123,8 @@ def test_status_report_cli_and_metrics(fleet_dsn: str, tmp_path: Path, capsys: p
 
     boxes, depths = asyncio.run(main())
     doc = report.document(boxes, depths)
-    assert [(b["box"], b["state"], b["resident"], b["running"]) for b in doc["boxes"]] == [("gpu-a", "left", [], 0)]
+    # its row lists x from its claim on, heartbeat or not
+    assert [(b["box"], b["state"], b["resident"], b["running"]) for b in doc["boxes"]] == [("gpu-a", "left", ["x"], 0)]
     assert doc["queues"] == [{"circuit": "x", "priority": "NORMAL", "queued": 3, "running": 0, "stalled": 0}]
 
     parser = argparse.ArgumentParser()
