@@ -301,6 +301,37 @@ def test_worker_settles_errors_by_kind(fleet_dsn: str, tmp_path: Path) -> None:
     run(main())
 
 
+def test_a_worker_claims_the_jobs_of_a_key_its_idle_hook_loaded_at_once(fleet_dsn: str, tmp_path: Path) -> None:
+    """A key loaded for the backlog (the idle hook) has its waiting jobs claimed right after the load,
+    not after the poll interval: no NOTIFY comes for jobs that were already queued."""
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a")
+        resident, wanted = ["x"], []
+
+        async def on_idle() -> None:
+            if wanted and wanted[0] not in resident:
+                resident.append(wanted[0])  # as the daemon's key loading does, after engine.preload
+
+        async def run_job(c):  # type: ignore[no-untyped-def]
+            return JobOutput(b"proof")
+
+        stop = asyncio.Event()
+        task = asyncio.create_task(worker(a, run_job, resident=lambda: resident, capacity=lambda: 1, poll_s=30.0,
+                                          on_idle=on_idle).run(stop))
+        await asyncio.sleep(1.0)  # asleep: nothing to claim, no key to load
+        wanted.append("z")
+        job = (await a.submit(None, "z", inp.ref, inp.sha256)).job_id  # its NOTIFY wakes the worker: z loads
+        state = (await a.await_result(job, 10)).state
+        stop.set()
+        await task
+        assert state == "done"
+        await a.close()
+
+    run(main())
+
+
 def test_a_retry_goes_to_a_box_the_job_has_not_failed_on(fleet_dsn: str, tmp_path: Path) -> None:
     """Box a fails every job at once (a GPU broken but not reported dead), box b proves them; both hold
     the key. a, its slots always free first, claimed its own retries again: jobs spent every attempt

@@ -9,7 +9,8 @@ JobResult, encode it). The loop:
   and otherwise sleeps until a NOTIFY says a job may be claimable, a job of its own ends, or
   ``poll_s`` passes (stalled claims and delayed retries have no NOTIFY; the poll finds them);
 * when idle with free slots, calls ``on_idle()`` (where the daemon runs the key-loading
-  decision of :mod:`.keys`), at most once per poll;
+  decision of :mod:`.keys`), at most once per poll; where it made a key resident, claims that
+  key's jobs at once rather than after the poll (no NOTIFY comes for jobs already queued);
 * settles each job: a result -> ``complete``; InputError -> ``fail`` without retry (the inputs
   will not get better); any other error -> ``fail`` with retry (another attempt, on another
   box where one can take it, :mod:`.retries`), each failure recorded counted in
@@ -71,20 +72,23 @@ class FleetWorker:
                     self.running[c.job_id] = asyncio.create_task(self._run_one(c), name=f"cuzk-fleet-job-{c.job_id}")
                 if claimed:
                     continue
-                if free > 0 and self.on_idle is not None:
-                    await self._idle()
+                if free > 0 and self.on_idle is not None and await self._idle():
+                    continue  # a key was loaded: its waiting jobs (no NOTIFY comes for them) are claimed now
                 await self._sleep(stopper)
         finally:
             stopper.cancel()
             await self._drain(grace_s)
 
-    async def _idle(self) -> None:
-        """The daemon's idle hook (key loading); its failure is logged, the loop goes on."""
+    async def _idle(self) -> bool:
+        """The daemon's idle hook (key loading); whether a key became resident. Its failure is logged,
+        the loop goes on."""
         assert self.on_idle is not None
+        before = set(self.resident())
         try:
             await self.on_idle()
         except Exception:
             log.exception("fleet: the idle hook of box %s failed", self.fleet.box)
+        return not set(self.resident()) <= before
 
     async def _claim(self, free: int) -> list[Claimed]:
         try:  # with no free slot this only records resident keys and free slots for the heartbeat
