@@ -627,6 +627,26 @@ def test_a_box_row_lists_a_key_from_the_first_claim_of_its_jobs(fleet_dsn: str, 
     run(main())
 
 
+def test_a_full_box_that_finished_its_job_stays_a_holder_of_its_keys(fleet_dsn: str, tmp_path: Path) -> None:
+    """A box whose row says it has no free slot (its heartbeat came while it was full) and whose job then
+    ended is not taken for one that claims nothing (a degraded engine, see holders_by_circuit) until its
+    next heartbeat: its next claim gives its row the free slot, and other boxes count it as a holder."""
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a, b = await connect(fleet_dsn, "a", heartbeats=False), await connect(fleet_dsn, "b", heartbeats=False)
+        job = (await b.submit(None, "x", inp.ref, inp.sha256)).job_id
+        assert [c.job_id for c in await a.claim(["x"], 1)] == [job]
+        assert await a.claim(["x"], 0) == [] and await a.heartbeat() == []  # full: its row shows no free slot
+        assert await a.complete(job, b"proof")
+        assert await a.claim(["x"], 1) == []  # a slot free again, nothing to claim
+        assert holders_by_circuit(await b.boxes(), exclude="b") == {"x": 1}
+        for box in (a, b):
+            await box.close()
+
+    run(main())
+
+
 def test_two_processes_with_one_box_name_keep_their_claims_apart(fleet_dsn: str, tmp_path: Path,
                                                                   caplog: pytest.LogCaptureFixture) -> None:
     inputs = make_inputs(tmp_path, 2)

@@ -88,7 +88,7 @@ class Fleet(FleetSubmits):
         self._work = asyncio.Event()
         self._resident: tuple[str, ...] = ()
         self._free_slots = 0
-        self._row_keys: frozenset[str] = frozenset()  # the resident keys this box's row was last given
+        self._row: tuple[frozenset[str], bool] = (frozenset(), False)  # the row's last keys, and a free slot
         self.paused: str | None = None  # why this box claims nothing, recorded at each heartbeat (fleet status)
         self._events = FleetEvents(cfg.dsn, (self._settings.channel, schema.EVENTS_CHANNEL), EventHandlers(
             on_work=self._work.set, on_cancel=self._on_cancel, on_finished=self._wake_waiters,
@@ -227,7 +227,7 @@ class Fleet(FleetSubmits):
         and a job whose attempts are used up so ends ``failed`` (:func:`.retries.fail_lapsed`) instead of being
         taken over for ever: a job that kills every box that runs it would take the fleet down box by box.
         A retry still waiting after failing on other boxes is claimed here at once (:mod:`.retries`).
-        Resident keys changed since the box's row was last written go to it first (:meth:`_record_keys`).
+        Keys or a free slot the box's row does not show yet go to it first (:meth:`_record_keys`).
         """
         self._resident, self._free_slots = tuple(resident_circuits), max(capacity, 0)
         if capacity <= 0 or not resident_circuits:
@@ -307,16 +307,17 @@ class Fleet(FleetSubmits):
             self._work.clear()
 
     async def _record_keys(self, conn: Any) -> None:
-        """The box's row takes its resident keys (and free slots) where they changed since it was last
-        written, so that it lists the key of every job claimed here from the claim on (docs/fleet.md,
-        "Claim"); the row is locked before any job, as the heartbeat locks it."""
-        keys = frozenset(self._resident)
-        if keys == self._row_keys:
+        """The box's row takes its resident keys and free slots where its keys changed since it was last
+        written or it showed no free slot: it lists the key of every job claimed here from the claim on,
+        and a box whose job ended since a heartbeat found it full is not taken for one that claims
+        nothing (docs/fleet.md, "Claim"). The row is locked before any job, as the heartbeat locks it."""
+        row = (frozenset(self._resident), self._free_slots > 0)
+        if row == self._row:
             return
         await conn.execute("UPDATE cuzk_fleet_boxes SET resident = %s, free_slots = %s "
                            "WHERE box = %s AND instance = %s",
                            (list(self._resident), self._free_slots, self.box, self.instance))
-        self._row_keys = keys
+        self._row = row
 
     # -- heartbeat ------------------------------------------------------------------------
 
@@ -334,7 +335,7 @@ class Fleet(FleetSubmits):
         # what the read said of the old one (see the end).
         checked = dict(self._held)
         async with self._tx() as (conn, queries):
-            resident = self._resident
+            resident, free = self._resident, self._free_slots
             # the row is this process's, or free again: the process that took the name over has left,
             # or has not renewed it for longer than the stall timeout (killed)
             cur = await conn.execute(
@@ -342,7 +343,7 @@ class Fleet(FleetSubmits):
                 "running = %s, left_at = NULL, instance = %s, host = %s, pid = %s, stall_timeout_s = %s, "
                 "paused = %s WHERE box = %s AND (instance = %s OR left_at IS NOT NULL "
                 "OR last_heartbeat < now() - make_interval(secs => %s))",
-                (list(resident), self._free_slots, len(checked), self.instance, socket.gethostname(),
+                (list(resident), free, len(checked), self.instance, socket.gethostname(),
                  os.getpid(), self.cfg.stall_timeout_s, self.paused, self.box, self.instance,
                  self.cfg.stall_timeout_s))
             if cur.rowcount == 0 and self._registered:  # the row is gone if prune took this box for dead
@@ -350,7 +351,7 @@ class Fleet(FleetSubmits):
                     "INSERT INTO cuzk_fleet_boxes (box, instance, host, pid, resident, free_slots, running, "
                     "stall_timeout_s, paused) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (box) DO NOTHING",
                     (self.box, self.instance, socket.gethostname(), os.getpid(), list(resident),
-                     self._free_slots, len(checked), self.cfg.stall_timeout_s, self.paused))
+                     free, len(checked), self.cfg.stall_timeout_s, self.paused))
                 if cur.rowcount == 1:
                     log.warning("fleet: box %s had not renewed its row for so long that it was pruned; it "
                                 "joins again", self.box)
@@ -363,7 +364,7 @@ class Fleet(FleetSubmits):
                 log.warning("fleet: box name %s is free again (the process that took it over left or "
                             "stalled); this process holds it again", self.box)
             if cur.rowcount == 1:
-                self._row_keys = frozenset(resident)
+                self._row = (frozenset(resident), free > 0)
             await self._read_lapse(conn)
             if checked:
                 cur = await conn.execute("SELECT job_id, state, owner, box FROM cuzk_fleet_jobs "
