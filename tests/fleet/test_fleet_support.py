@@ -983,3 +983,39 @@ def test_where_a_jobs_attempts_failed_is_shown(fleet_dsn: str, tmp_path: Path,
     assert 'cuzk_fleet_job_failures_total{box="gpu-a",circuit="x",kind="ProofError"} 1.0' in text
     assert 'cuzk_fleet_job_failures_total{box="gpu-a",circuit="x",kind="InputError"} 1.0' in text
     assert "# TYPE cuzk_fleet_job_failures_total counter" in text
+
+
+def test_a_box_stops_when_its_share_check_swallowed_the_cancel(fleet_dsn: str, tmp_path: Path) -> None:
+    """Python 3.11's asyncio.wait_for returns the result where the read it waits on ends as its task is
+    cancelled, swallowing the cancel: the share check a stopping box cancels then went on checking every
+    heartbeat interval, and the stop, waiting for it, never left the fleet (a SIGTERM drain hung)."""
+    import types
+    from typing import cast
+
+    from cuzk_mp.daemon.fleet.box import FleetBox
+
+    engine, jobs = instant_jobs()
+    engine.degraded = lambda: False  # type: ignore[attr-defined]
+    cfg = resolve({"dsn": fleet_dsn, "box": "b", "inputs_dir": str(tmp_path / "share"),
+                   "heartbeat_interval": "0.2s"})
+    assert cfg is not None
+    box = FleetBox(cast(Any, types.SimpleNamespace(fleet=cfg, circuits={"x": object()})), engine, jobs)
+    box._next_load = float("inf")  # no key loading for the backlog here
+
+    async def main() -> None:
+        await box.start(["x"])
+        checking = asyncio.Event()
+
+        async def swallowing(folder: Path) -> str | None:
+            checking.set()
+            with contextlib.suppress(asyncio.CancelledError):  # as wait_for does when the read just ended
+                await asyncio.sleep(30)
+            return None
+
+        box.check_share = swallowing  # type: ignore[method-assign]
+        await asyncio.wait_for(checking.wait(), 10)
+        t0 = time.monotonic()
+        await asyncio.wait_for(box.stop(0.0), 10)  # (its timeout's cancel ends the check: no error here)
+        assert time.monotonic() - t0 < 5.0
+
+    asyncio.run(main())

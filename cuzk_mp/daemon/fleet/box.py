@@ -209,8 +209,10 @@ class FleetBox:
 
     async def _watch_share(self) -> None:
         """Check the shared inputs folder every heartbeat interval: a box notices a share lost between
-        its claims, and claims again once a broken one is back."""
-        while not self._stop.is_set():
+        its claims, and claims again once a broken one is back. It ends once the box is stopping, also
+        where a check swallowed the cancel of :meth:`stop` (Python 3.11's ``asyncio.wait_for`` returns
+        the result of a read that ended as the cancel came), which waits for it."""
+        while not (self._closing or self._stop.is_set()):
             await asyncio.sleep(self.fcfg.heartbeat_interval_s)
             folder = self._paused_folder or self.fcfg.inputs_dir
             if folder is not None and not self._closing:
