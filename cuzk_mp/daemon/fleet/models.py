@@ -14,8 +14,9 @@ Job states::
 from __future__ import annotations
 
 import asyncio
+import uuid
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import Any, Literal
 
 from cuzk_mp.pipeline.types import Priority
 
@@ -167,3 +168,17 @@ class QueueDepth:
     def backlog(self) -> int:
         """Jobs waiting for a box: queued plus those whose box stopped renewing its claim."""
         return self.queued + self.stalled
+
+
+def lost_reason(row: tuple[Any, ...] | None, instance: uuid.UUID) -> str:
+    """Why a held claim is no longer this process's ('' if it still is)."""
+    if row is None:
+        return "the job was removed"
+    _, state, owner, box = row
+    if state == "cancelled":
+        return "cancelled"
+    if state in FINAL_STATES:
+        return f"{state} on box {box}"
+    if owner != instance:
+        return f"claimed again by box {box}" if owner is not None else "returned to the queue"
+    return ""

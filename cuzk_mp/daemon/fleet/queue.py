@@ -56,10 +56,9 @@ from psycopg_pool import AsyncConnectionPool, PoolTimeout
 from cuzk_mp.daemon.fleet import retries, schema
 from cuzk_mp.daemon.fleet.config import FleetConfig, check_fleet, redact_dsn
 from cuzk_mp.daemon.fleet.events import EventHandlers, FleetEvents
-from cuzk_mp.daemon.fleet.models import FINAL_STATES, Claimed, JobState, entrypoint
+from cuzk_mp.daemon.fleet.models import Claimed, JobState, entrypoint, lost_reason
 from cuzk_mp.daemon.fleet.store import connect_kwargs, first_connection, new_pool, notify, start_error
 from cuzk_mp.daemon.fleet.submits import FleetSubmits
-from cuzk_mp.daemon.protocol import encodable_text
 from cuzk_mp.errors import CuzkError, InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
 
@@ -371,7 +370,7 @@ class Fleet(FleetSubmits):
                                          "WHERE job_id = ANY(%s)", (list(checked),))
                 rows = {r[0]: r for r in await cur.fetchall()}
                 for job_id in checked:
-                    reason = _lost_reason(rows.get(job_id), self.instance)
+                    reason = lost_reason(rows.get(job_id), self.instance)
                     if reason:
                         lost[job_id] = reason
                 keep = [h.queue_job.id for j in checked if j not in lost and (h := self._held.get(j)) is not None]
@@ -441,10 +440,10 @@ class Fleet(FleetSubmits):
         interval longer where another box could take it meanwhile (:mod:`.retries`).
 
         Acts only while this process holds the claim; otherwise returns the job's state unchanged.
-        ``error`` is stored as PostgreSQL takes text (:func:`stored_text`): a failure the database
+        ``error`` is stored as PostgreSQL takes text (:func:`.retries.stored_text`): a failure the database
         refused would never be recorded, and the job would stay running under this box for ever.
         """
-        error = stored_text(error)
+        error = retries.stored_text(error)
         async with self._tx() as (conn, queries):
             await self._lock_queue_row(conn, job_id)
             cur = await conn.execute("SELECT state, owner, attempts, queue_id, circuit_id FROM cuzk_fleet_jobs "
@@ -586,23 +585,3 @@ class Fleet(FleetSubmits):
     async def _heartbeat_quietly(self) -> None:
         with contextlib.suppress(CuzkError):
             await self.heartbeat()
-
-
-def _lost_reason(row: tuple[Any, ...] | None, instance: uuid.UUID) -> str:
-    """Why a held claim is no longer this process's ('' if it still is)."""
-    if row is None:
-        return "the job was removed"
-    _, state, owner, box = row
-    if state == "cancelled":
-        return "cancelled"
-    if state in FINAL_STATES:
-        return f"{state} on box {box}"
-    if owner != instance:
-        return f"claimed again by box {box}" if owner is not None else "returned to the queue"
-    return ""
-
-
-def stored_text(s: str) -> str:
-    """``s`` as PostgreSQL's text and jsonb take it (an error may quote anything: a circuit's own
-    message, a file name): lone surrogates and NUL, which they refuse, escaped."""
-    return encodable_text(s).replace("\0", "\\x00")

@@ -35,6 +35,7 @@ from psycopg import sql
 
 from cuzk_mp.daemon.fleet.config import FleetConfig
 from cuzk_mp.daemon.fleet.store import notify
+from cuzk_mp.daemon.protocol import encodable_text
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
@@ -123,3 +124,9 @@ def traceback_record(queue_id: int, kind: str, message: str) -> pgq.TracebackRec
     """The library's log record of a failed run (shown by its own tools)."""
     return pgq.TracebackRecord(job_id=JobId(queue_id), timestamp=pgq.utc_now(), exception_type=kind,
                                exception_message=message[:4000], traceback="", additional_context=None)
+
+
+def stored_text(s: str) -> str:
+    """``s`` as PostgreSQL's text and jsonb take it (an error may quote anything: a circuit's own
+    message, a file name): lone surrogates and NUL, which they refuse, escaped."""
+    return encodable_text(s).replace("\0", "\\x00")
