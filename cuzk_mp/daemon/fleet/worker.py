@@ -13,7 +13,7 @@ JobResult, encode it). The loop:
   key's jobs at once rather than after the poll (no NOTIFY comes for jobs already queued);
 * settles each job: a result -> ``complete``; InputError -> ``fail`` without retry (the inputs
   will not get better); any other error -> ``fail`` with retry (another attempt, on another
-  box where one can take it, :mod:`.retries`), each failure recorded counted in
+  box where one can take it, :mod:`.retries`), each recorded failure counted in
   :attr:`FleetWorker.failures` by circuit and error kind (the box's
   ``cuzk_fleet_job_failures_total``); :class:`.inputs.ShareUnavailable` (the shared inputs
   folder is broken on this box, not the job) -> ``release``, no attempt counted; an abort
