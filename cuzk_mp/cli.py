@@ -424,7 +424,8 @@ def _say_where_a_fatal_signal_struck() -> None:
     the .zkey (and its circuit-data cache) is mapped, never copied, and a read of a mapped page that a
     truncation took away (a key copied over in place while a proof reads it) is answered by the
     kernel with SIGBUS, which no Python code can catch; without this the shell said "Bus error" alone.
-    No stderr (``2>&-``): nothing to print to, left off."""
+    Best effort: where two threads fault at once, the second may end the process before the first
+    one's dump is written. No stderr (``2>&-``): nothing to print to, left off."""
     import faulthandler
 
     try:
