@@ -396,13 +396,22 @@ def _streams(kind: str, count: int) -> list[Any]:
     return [cupy.cuda.Stream(non_blocking=True) for _ in range(count)]
 
 
+# Multiples tables by (kind, group, c, points): several tests and parameter sets take the same
+# points and window, and the MSM reads its table only, so each is built once by the fixed-base kernels
+# (as a key's table is once per load) instead of once per MSM object.
+_TABLES: dict[tuple[str, bool, int, bytes], Any] = {}
+
+
 def _with_multiples(kind: str, msm: Any, points: np.ndarray, g2: bool, c: int, params: Any = None) -> Any:
     """An MSM object over ``points`` whose key-style multiples table (c-bit windows) is built
-    by the fixed-base kernels, as GpuBackend.load_key does."""
-    fixed_base = module_for(kind, "fixed_base")
-    d_points = _to_device(kind, points)
+    by the fixed-base kernels, as GpuBackend.load_key does (once for these points and c: ``_TABLES``)."""
     w = msm.window_count(c)
-    table = fixed_base.multiples_table(d_points, c, w)
+    key = (kind, g2, c, points.tobytes())
+    table = _TABLES.get(key)
+    if table is None:
+        if len(_TABLES) >= 8:  # a few tables: the tests that share one come one after the other
+            _TABLES.clear()
+        table = _TABLES[key] = module_for(kind, "fixed_base").multiples_table(_to_device(kind, points), c, w)
     mul = msm.Multiples(table, c, w, points.shape[0])
     return (msm.MsmG2 if g2 else msm.MsmG1)(table[: points.shape[0]], params, mul)
 

@@ -218,10 +218,25 @@ def test_killed_engine_leaves_nothing_behind(checker: ProofChecker) -> None:
         cleanup_stale(prefix)
 
 
-def test_crash_loop_degrades_then_recovers(checker: ProofChecker) -> None:
+def test_backoff_doubles_to_its_cap() -> None:
+    """A child that keeps dying quickly is restarted at once the first time, then after
+    BACKOFF_BASE_S doubling each time, never longer than BACKOFF_MAX_S."""
+    from cuzk_mp.pipeline.supervisor import BACKOFF_BASE_S, BACKOFF_MAX_S, backoff_s
+
+    delays = [backoff_s(streak) for streak in range(0, 40)]
+    assert delays[:4] == [0.0, 0.0, BACKOFF_BASE_S, 2 * BACKOFF_BASE_S]
+    assert all(b == min(2 * a, BACKOFF_MAX_S) for a, b in zip(delays[2:], delays[3:], strict=False))
+    assert delays[-1] == BACKOFF_MAX_S
+
+
+def test_crash_loop_degrades_then_recovers(checker: ProofChecker, monkeypatch: pytest.MonkeyPatch) -> None:
     """A prover that keeps dying before READY: restarted with backoff (never given up), the engine
     reports the role degraded with the cause, jobs that cannot progress fail naming it (no silent
-    hang); once the process starts again the engine recovers and proves."""
+    hang); once the process starts again the engine recovers and proves. The backoff's base is cut
+    to a tenth (the same doubling; the delays themselves: ``test_backoff_doubles_to_its_cap``)."""
+    from cuzk_mp.pipeline import supervisor
+
+    monkeypatch.setattr(supervisor, "BACKOFF_BASE_S", supervisor.BACKOFF_BASE_S / 10)
     results = Collector()
     prefix = prefix_for("loop")
     config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1,

@@ -163,7 +163,7 @@ def get_module(path: str, defines: Mapping[str, Any] | None = None, root: Path |
             cu = CACHE / f"{digest}.cpp"
             cu.write_text(src)
             tmp = CACHE / f"{digest}.{time.time_ns()}.so"
-            cmd = ["g++", "-O1", "-std=c++17", "-shared", "-fPIC", "-w", "-include", str(PRELUDE), *dflags,
+            cmd = ["g++", "-O2", "-std=c++17", "-shared", "-fPIC", "-w", "-include", str(PRELUDE), *dflags,
                    str(cu), "-o", str(tmp)]
             subprocess.run(cmd, check=True, capture_output=True, text=True)
             tmp.rename(so)
