@@ -152,7 +152,8 @@ def get_module(path: str, defines: Mapping[str, Any] | None = None, root: Path |
 
     src = assemble(path, root)
     dflags = [f"-D{k}={int(v) if isinstance(v, bool) else v}" for k, v in sorted((defines or {}).items())]
-    digest = hashlib.sha256((src + " ".join(dflags) + PRELUDE.read_text()).encode()).hexdigest()[:20]
+    flags = ["-O2", "-std=c++17", "-shared", "-fPIC", "-w"]  # in the digest: a change of them builds anew
+    digest = hashlib.sha256((src + " ".join(dflags + flags) + PRELUDE.read_text()).encode()).hexdigest()[:20]
     coop = "__syncthreads" in src  # a module with block-level cooperation: fibers (prelude.h)
     with _lock:
         if digest in _libs:
@@ -163,7 +164,7 @@ def get_module(path: str, defines: Mapping[str, Any] | None = None, root: Path |
             cu = CACHE / f"{digest}.cpp"
             cu.write_text(src)
             tmp = CACHE / f"{digest}.{time.time_ns()}.so"
-            cmd = ["g++", "-O2", "-std=c++17", "-shared", "-fPIC", "-w", "-include", str(PRELUDE), *dflags,
+            cmd = ["g++", *flags, "-include", str(PRELUDE), *dflags,
                    str(cu), "-o", str(tmp)]
             subprocess.run(cmd, check=True, capture_output=True, text=True)
             tmp.rename(so)
