@@ -48,15 +48,61 @@ def _result(reply: P.Message) -> Any:
     return reply
 
 
-def _refused_or_lost(reply: P.Reply | None, call_id: int, lost: BaseException) -> Any:
-    """The outcome of call ``call_id`` whose request could not be sent whole (``lost``: the send's
-    error). The daemon may have refused the request before reading all of it (a frame over its
-    max_frame_bytes) and closed, taking no job: its ``reply``, read after the send failed, is that
-    refusal where it answers this call or the connection (id 0). Without one the daemon was lost,
-    as the send says."""
-    if reply is not None and reply.id in (call_id, 0):
-        return _result(reply)
-    raise lost
+class Calls:
+    """The calls on one connection that a caller waits for, and what each gets when the daemon stops
+    reading: one book for both clients, so that they agree on it.
+
+    Calls are numbered as their frames go out, so the daemon reads them in id order. When it refuses
+    a frame it cannot read whole (over its max_frame_bytes: :attr:`~.protocol.ErrorReply.closing`), it
+    reads nothing after it: that call gets the refusal, the calls before it their own answers (the
+    daemon answers them before it closes), and those after it, never read, a lost connection that
+    says so (they took no job: safe to send again). A refusal with id 0 names no call (an older
+    daemon, a frame whose id could not be read): once the connection ends, it is the word of the
+    first call still waiting, or of every call where none waits (the connection cap: the daemon read
+    nothing)."""
+
+    def __init__(self) -> None:
+        self.waiting: set[int] = set()
+        self.word: P.ErrorReply | None = None  # the daemon's refusal after which it reads no more
+
+    def send(self, call_id: int) -> None:
+        """Before ``call_id``'s frame goes out: its error where the daemon reads no more."""
+        if self.word is not None:
+            raise self.lost(call_id, CommClosedError("connection to the daemon is closed"))
+        self.waiting.add(call_id)
+
+    def forget(self, call_id: int) -> None:
+        """The caller of ``call_id`` waits no more (answered, or gone)."""
+        self.waiting.discard(call_id)
+
+    def take(self, reply: P.Reply) -> int | None:
+        """The waiting call ``reply`` answers (None: no call that is waited for); a refusal after
+        which the daemon reads no more is kept as the connection's last word."""
+        if self.word is None and isinstance(reply, P.ErrorReply) and (reply.closing or reply.id == 0):
+            self.word = reply
+        if reply.id in self.waiting:
+            self.waiting.discard(reply.id)
+            return reply.id
+        return None
+
+    def waits(self, call_id: int) -> bool:
+        """Whether ``call_id``, not answered yet, may still be: the daemon read it before it stopped
+        reading (or, after a refusal that names no call, until the connection ends)."""
+        return self.word is None or not self.word.id or call_id < self.word.id
+
+    def lost(self, call_id: int, cause: BaseException) -> BaseException:
+        """The error of ``call_id`` whose answer will not come (``cause``: how the connection ended)."""
+        if self.word is None:
+            return cause
+        refused = self.word.id or min(self.waiting, default=0)
+        if call_id < refused:
+            return cause
+        if call_id == refused or not refused:
+            return error_from_kind(self.word.kind, self.word.message)
+        return CommClosedError(f"connection to the daemon lost: request {call_id} was not read (the daemon "
+                               f"refused request {refused} before it on this connection and reads "
+                               f"nothing after it: {self.word.message}); it took no job: send it again on "
+                               "a new connection")
 
 
 class MalformedReply(CommClosedError):
@@ -96,7 +142,7 @@ class AsyncClient:
         self.token = token
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[P.Message]] = {}
-        self._last_word: P.ErrorReply | None = None  # the daemon's error for the connection (id 0) before it closed
+        self._calls = Calls()
         self._reader = asyncio.ensure_future(self._read_loop())
 
     @classmethod
@@ -108,26 +154,27 @@ class AsyncClient:
                    default_token() if token is None else token)
 
     async def _read_loop(self) -> None:
-        error: BaseException = CommClosedError("daemon closed the connection")
+        cause: BaseException = CommClosedError("connection to the daemon lost: it closed the connection")
         try:
             while True:
                 reply = _decode_reply(await self._comm.read())
-                if reply.id == 0 and isinstance(reply, P.ErrorReply):
-                    self._last_word = reply
-                    error = error_from_kind(reply.kind, reply.message)
-                    continue  # the daemon could not tell which call failed; it closes next
-                fut = self._pending.pop(reply.id, None)
+                fut = self._pending.get(self._calls.take(reply) or 0)
                 if fut is not None and not fut.done():
                     fut.set_result(reply)
+                self._settle(cause)  # after a refusal that ends the reading: the calls it leaves unread
         except (CommClosedError, Exception) as e:
-            error = error if isinstance(e, CommClosedError) and not isinstance(e, (MalformedReply, NotTheProtocol)) \
+            cause = cause if isinstance(e, CommClosedError) and not isinstance(e, (MalformedReply, NotTheProtocol)) \
                 else e
             self._comm.close()
         finally:
-            for fut in self._pending.values():
-                if not fut.done():
-                    fut.set_exception(error)
+            self._settle(cause, ended=True)
             self._pending.clear()
+
+    def _settle(self, cause: BaseException, ended: bool = False) -> None:
+        """Fail the calls whose answers will not come (:class:`Calls`): ``ended``, every one left."""
+        for call_id, fut in self._pending.items():
+            if not fut.done() and (ended or not self._calls.waits(call_id)):
+                fut.set_exception(self._calls.lost(call_id, cause))
 
     async def request(self, msg: P.Call) -> Any:
         """Send ``msg`` (its ``id`` and token are set here) and return the reply, or raise its
@@ -138,7 +185,9 @@ class AsyncClient:
         a reply that arrives after the caller left is dropped."""
         msg.id = next(self._ids)
         msg.token = self.token
+        self._calls.send(msg.id)
         if self._reader.done():
+            self._calls.forget(msg.id)
             raise CommClosedError("connection to the daemon is closed")
         fut: asyncio.Future[P.Message] = asyncio.get_running_loop().create_future()
         self._pending[msg.id] = fut
@@ -146,14 +195,15 @@ class AsyncClient:
             try:
                 await self._comm.write(P.encode(msg))
             except CommClosedError as lost:
-                # What the daemon sent before it closed comes through the read loop, which ends with
-                # the connection: its refusal of this request, or nothing (:func:`_refused_or_lost`).
+                # What the daemon sent before it closed comes through the read loop, which settles every
+                # call as the connection ends: this one gets the daemon's refusal of it, or a lost connection.
                 await asyncio.wait([self._reader], timeout=DEADLINE_MARGIN_S)
-                answered = fut.done() and not fut.cancelled() and fut.exception() is None
-                return _refused_or_lost(fut.result() if answered else self._last_word, msg.id, lost)
+                if not fut.done():
+                    raise lost from None
             return _result(await fut)
         finally:
             self._pending.pop(msg.id, None)
+            self._calls.forget(msg.id)
 
     async def submit(self, circuit_id: str, partitions: list[P.PartitionIn], *,
                      priority: str | None = None, request_id: str = "") -> P.Submitted:
@@ -224,6 +274,7 @@ class Client:
         self.token = default_token() if token is None else token
         self._sock: socket.socket | None = open_socket(self.addr, connect_timeout)
         self._ids = itertools.count(1)
+        self._calls = Calls()
 
     def request(self, msg: P.Call, deadline_s: float | None = None) -> Any:
         """Send ``msg`` and wait (up to ``deadline_s``, None = forever) for its reply."""
@@ -231,20 +282,36 @@ class Client:
             raise CommClosedError("client is closed")
         msg.id = next(self._ids)
         msg.token = self.token
-        self._sock.settimeout(deadline_s)
+        self._calls.send(msg.id)
         try:
-            send_frame(self._sock, P.encode(msg), self.max_frame_bytes)
-        except (BrokenPipeError, ConnectionResetError) as lost:
-            # A refusal of the request (:func:`_refused_or_lost`) waits in the socket.
+            self._sock.settimeout(deadline_s)
             try:
-                reply = _decode_reply(recv_frame(self._sock, self.max_frame_bytes))
-            except Exception:  # noqa: BLE001 - nothing readable: the daemon was lost, as the send says
-                reply = None
-            return _refused_or_lost(reply, msg.id, lost)
+                send_frame(self._sock, P.encode(msg), self.max_frame_bytes)
+            except (BrokenPipeError, ConnectionResetError) as lost:
+                return self._reply(self._sock, msg.id, lost)  # the daemon's refusal of it may wait in the socket
+            return self._reply(self._sock, msg.id, None)
+        finally:
+            self._calls.forget(msg.id)
+
+    def _reply(self, sock: socket.socket, call_id: int, lost: OSError | None) -> Any:
+        """Read replies up to ``call_id``'s and return its result (:class:`Calls` says which call a
+        refusal answers). ``lost``: the send failed, so the daemon closed; what it sent before is read,
+        and without an answer the call ends with the send's error."""
         while True:
-            reply = _decode_reply(recv_frame(self._sock, self.max_frame_bytes))
-            if reply.id in (msg.id, 0):
+            try:
+                reply = _decode_reply(recv_frame(sock, self.max_frame_bytes))
+            except (MalformedReply, NotTheProtocol):
+                raise
+            except (CommClosedError, ConnectionResetError) as e:
+                raise self._calls.lost(call_id, lost or e) from None
+            except OSError:
+                if lost is None:
+                    raise  # the call's deadline passed
+                raise self._calls.lost(call_id, lost) from None
+            if self._calls.take(reply) == call_id:
                 return _result(reply)
+            if not self._calls.waits(call_id):
+                raise self._calls.lost(call_id, lost or CommClosedError("connection to the daemon lost"))
 
     @staticmethod
     def _deadline(timeout_s: float | None) -> float | None:

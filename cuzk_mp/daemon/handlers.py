@@ -94,8 +94,14 @@ class DaemonHandlers:
                 try:
                     data = await comm.read()
                 except (FrameTooLarge, FrameTimeout) as e:
-                    await self._send(comm, lock, P.error_reply(0, "InputError", str(e)))
-                    break  # the rest of that frame was not read: the stream cannot be resynced
+                    # The rest of that frame was not read: the stream cannot be resynced. Its refusal
+                    # names its request where the frame's first bytes do; the requests read before it
+                    # are answered, then the connection closes.
+                    head = e.head if isinstance(e, FrameTooLarge) else b""
+                    request_id = P.scan_frame(head, P.MAX_REQUEST_DEPTH, P.MAX_REQUEST_ITEMS)[0]
+                    await self._send(comm, lock, P.error_reply(request_id, "InputError", str(e), closing=True))
+                    await _answer_read(comm, tasks)
+                    break
                 except CommClosedError:
                     break
                 reply_now = self._admit(data, len(tasks))
@@ -331,6 +337,21 @@ def _as_seen_by_a_tenant(reply: P.Message) -> P.Message:
         parts = [msgspec.structs.replace(p, error=redact_text(p.error)) if p.error else p for p in reply.partitions]
         return msgspec.structs.replace(reply, error=redact_text(reply.error) if reply.error else None, partitions=parts)
     return reply
+
+
+async def _answer_read(comm: Comm, tasks: set[asyncio.Task[None]]) -> None:
+    """Let the requests read on a connection that reads no more answer (a Prove of a job submitted
+    just before a refused frame gets its proofs, not a lost connection while its job is proved),
+    dropping what the peer still sends; a peer that closes first abandons them."""
+    if not tasks:
+        return
+    gone = asyncio.ensure_future(comm.discard())
+    answered = asyncio.ensure_future(asyncio.wait(set(tasks)))
+    try:
+        await asyncio.wait([gone, answered], return_when=asyncio.FIRST_COMPLETED)
+    finally:
+        gone.cancel()
+        answered.cancel()
 
 
 def _fitted_status(msg: P.StatusReply, limit: int) -> bytes:

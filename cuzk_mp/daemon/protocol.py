@@ -36,9 +36,11 @@ call), then decodes it with the typed schema, whose fields carry their own limit
 lengths, at most ``MAX_PARTITIONS`` partitions, timeouts in ``0..MAX_TIMEOUT_S``). Whatever it
 refuses is a :class:`MalformedRequest` (an InputError) carrying that id; memory stays within a
 small multiple of the frame, which the transport has already bounded. An ErrorReply with id 0
-answers a frame whose id could not be read (the connection goes on serving), or a frame the
-stream cannot recover from (too large, or not complete within the deadline: the daemon then
-closes the connection).
+answers a frame whose id could not be read (the connection goes on serving). A frame the stream
+cannot recover from (too large, or not complete within the deadline) is answered with
+``closing`` set, and with the id its first bytes carry where they carry one (a frame over the
+limit): the daemon answers the requests it read before it, then closes the connection, and the
+client fails only that call with the refusal (the calls sent after it were never read).
 
 Every request carries ``token``, the client's shared secret when the daemon requires one
 (see :mod:`cuzk_mp.daemon.access`); it is never echoed back.
@@ -114,12 +116,15 @@ class Message(msgspec.Struct, tag=True, kw_only=True):
 
 
 class Call(Message, kw_only=True, forbid_unknown_fields=True):
-    """Base of every request: ``token`` is the client's shared secret ("" when none is needed)."""
+    """Base of every request: ``token`` is the client's shared secret ("" when none is needed).
+
+    Every request is ``kw_only``, so its ``id`` comes first in its encoding (after the type tag): a
+    daemon names a request whose frame it refuses unread (over max_frame_bytes) from the first bytes."""
 
     token: Annotated[str, msgspec.Meta(max_length=MAX_TOKEN_CHARS)] = ""
 
 
-class SubmitProof(Call):
+class SubmitProof(Call, kw_only=True):
     """Accept a job; returns at once with its id (the job is journaled before the reply)."""
 
     circuit_id: CircuitId
@@ -128,14 +133,14 @@ class SubmitProof(Call):
     request_id: JobId = ""
 
 
-class AwaitProof(Call):
+class AwaitProof(Call, kw_only=True):
     """Wait for a job to finish; ``timeout_s`` None waits without limit."""
 
     job_id: JobId
     timeout_s: Timeout | None = None
 
 
-class Prove(Call):
+class Prove(Call, kw_only=True):
     """Submit and wait in one call."""
 
     circuit_id: CircuitId
@@ -145,36 +150,36 @@ class Prove(Call):
     timeout_s: Timeout | None = None
 
 
-class CancelProof(Call):
+class CancelProof(Call, kw_only=True):
     """Cancel a job: queued partitions are dropped, running ones stop at the next boundary."""
 
     job_id: JobId
 
 
-class GetStatus(Call):
+class GetStatus(Call, kw_only=True):
     """The daemon's status document (the same JSON as HTTP /status); ``detail`` adds paths and
     process ids (for an admin token only, when the daemon requires tokens)."""
 
     detail: bool = False
 
 
-class GetMetrics(Call):
+class GetMetrics(Call, kw_only=True):
     """Prometheus text (the same as HTTP /metrics)."""
 
 
-class PreloadSRS(Call):
+class PreloadSRS(Call, kw_only=True):
     """Load a circuit's proving key into the prover processes now."""
 
     circuit_id: CircuitId
 
 
-class EvictSRS(Call):
+class EvictSRS(Call, kw_only=True):
     """Unload a circuit's proving key (refused while a queued or running job uses it)."""
 
     circuit_id: CircuitId
 
 
-class GetVerificationKey(Call):
+class GetVerificationKey(Call, kw_only=True):
     """The circuit's verification key as snarkjs JSON."""
 
     circuit_id: CircuitId
@@ -280,12 +285,17 @@ class VkReply(Message, omit_defaults=True):
     key_digest: str | None = None
 
 
-class ErrorReply(Message):
-    """A request failed; ``kind`` is the error class name (cuzk_mp.errors) or InternalError."""
+class ErrorReply(Message, omit_defaults=True):
+    """A request failed; ``kind`` is the error class name (cuzk_mp.errors) or InternalError.
+
+    ``closing``: the daemon reads nothing more on this connection (the refused frame was not read
+    whole, so where the next one starts is unknown). It answers the requests it read before, then
+    closes; a client fails the calls it sent after this one at once: the daemon never saw them."""
 
     kind: str
     message: str
     traceback_text: str = ""
+    closing: bool = False
 
 
 Reply = (Submitted | JobReply | CancelReply | StatusReply | MetricsReply | PreloadReply
@@ -441,8 +451,8 @@ def encodable_text(s: str) -> str:
     return s if s.isascii() else s.encode("utf-8", "backslashreplace").decode("utf-8")
 
 
-def error_reply(id: int, kind: str, message: str, traceback_text: str = "") -> ErrorReply:
+def error_reply(id: int, kind: str, message: str, traceback_text: str = "", *, closing: bool = False) -> ErrorReply:
     """An ErrorReply with its texts truncated to a bounded size (dask error_message) and made
     encodable whatever they quote."""
     return ErrorReply(id=id, kind=kind, message=encodable_text(message[:MAX_ERROR_TEXT]),
-                      traceback_text=encodable_text(traceback_text[-MAX_ERROR_TEXT:]))
+                      traceback_text=encodable_text(traceback_text[-MAX_ERROR_TEXT:]), closing=closing)

@@ -2,8 +2,9 @@
 
 This module owns sockets and byte frames and nothing else; it never interprets a message. A
 frame is a big-endian u32 length followed by that many bytes (msgspec's kv example), and the
-length is checked against ``max_frame_bytes`` *before* anything is read, so a peer announcing a
-4 GiB frame costs nothing (the kv example's missing check), and four bytes "HTTP" where a length
+length is checked against ``max_frame_bytes`` *before* the body is read, so a peer announcing a
+4 GiB frame costs nothing (the kv example's missing check): only the first bytes that came with
+the length are read, for the request's id (:attr:`FrameTooLarge.head`), and four bytes "HTTP" where a length
 was expected are an HTTP server's answer (:class:`NotTheProtocol`: a client pointed at the daemon's
 status port), not a frame of 1.2 GB. Addresses are
 ``unix:///abs/path.sock`` or ``host:port`` / ``tcp://host:port`` (``[::1]:9820`` for IPv6).
@@ -54,6 +55,8 @@ DEFAULT_MAX_FRAME = 128 * 2**20  # the largest frame a peer sends or takes unles
 log = logging.getLogger("cuzk_mp.daemon.transport")
 REFUSAL_LOG_INTERVAL_S = 10.0
 REFUSAL_DRAIN_S = 1.0
+FRAME_HEAD_BYTES = 256  # what is read of a frame over the limit: enough for a request's type tag and id
+HEAD_WAIT_S = 1.0  # how long that read waits for the frame's first bytes (a sender of only a length gets none)
 SUN_PATH_BYTES = 107  # the longest path of a unix socket (Linux: sun_path is 108 bytes with its NUL)
 
 
@@ -71,7 +74,11 @@ class CommClosedError(ConnectionError):
 
 
 class FrameTooLarge(InputError):
-    """A frame's announced length exceeds ``max_frame_bytes``."""
+    """A frame's announced length exceeds ``max_frame_bytes``. ``head``: the first bytes of the frame
+    that had arrived with its length (at most FRAME_HEAD_BYTES; none where the refusal is the sender's
+    own), so that the layer above can name the request it refuses (its id comes first)."""
+
+    head: bytes = b""
 
 
 class FrameTimeout(InputError):
@@ -160,6 +167,11 @@ class Comm:
         """Send one frame (FrameTooLarge if it exceeds the limit)."""
         raise NotImplementedError
 
+    async def discard(self) -> None:
+        """Read and drop whatever the peer sends until it closes: a connection whose stream cannot
+        be read as frames any more still tells when its peer has gone."""
+        raise NotImplementedError
+
     def close(self) -> None:
         """Close the connection (idempotent)."""
         raise NotImplementedError
@@ -207,7 +219,12 @@ class StreamComm(Comm):
             self._frames += 1
             try:
                 async with asyncio.timeout(self.frame_timeout_s):
-                    n = frame_length(first + await self.reader.readexactly(_LEN.size - 1), self.max_frame_bytes)
+                    header = first + await self.reader.readexactly(_LEN.size - 1)
+                    try:
+                        n = frame_length(header, self.max_frame_bytes)
+                    except FrameTooLarge as e:
+                        e.head = await self._head()
+                        raise
                     return await self.reader.readexactly(n)
             except TimeoutError:
                 raise FrameTimeout(f"a frame from {self.peer} was not complete within "
@@ -218,6 +235,19 @@ class StreamComm(Comm):
             raise CommClosedError(f"connection from {self.peer} closed mid-frame"
                                   if getattr(e, "partial", b"") else
                                   f"connection from {self.peer} closed") from None
+
+    async def _head(self) -> bytes:
+        """What has arrived of a frame over the limit, up to FRAME_HEAD_BYTES (the rest stays unread)."""
+        with contextlib.suppress(TimeoutError, ConnectionError):
+            async with asyncio.timeout(HEAD_WAIT_S):
+                return await self.reader.read(FRAME_HEAD_BYTES)
+        return b""
+
+    async def discard(self) -> None:
+        """Read and drop what the peer sends until it closes (never more than a chunk held)."""
+        with contextlib.suppress(ConnectionError):
+            while await self.reader.read(1 << 16):
+                pass
 
     async def write(self, payload: bytes) -> None:
         """Send one frame and wait until the kernel buffer accepts it (a peer that does not
@@ -262,8 +292,18 @@ class InProcComm(Comm):
         if item is None:
             self._closed = True
             raise CommClosedError("in-process connection closed")
-        self._check(len(item))
+        try:
+            self._check(len(item))
+        except FrameTooLarge as e:
+            e.head = item[:FRAME_HEAD_BYTES]
+            raise
         return item
+
+    async def discard(self) -> None:
+        """Drop the frames the other end puts until it closes."""
+        while not self._closed and await self._in.get() is not None:
+            pass
+        self._closed = True
 
     async def write(self, payload: bytes) -> None:
         """Queue one frame for the other end."""
