@@ -122,30 +122,44 @@ def test_the_ring_of_a_live_process_is_never_touched(prefixes: list[str]) -> Non
     assert shm_entries(live) == []
 
 
+def _forge(prefix: str, pid: int, start: int, pidns: int) -> str:
+    """A ring of ``prefix`` whose control block names the maker (pid, start time, pid namespace) given."""
+    import mmap
+
+    r = Ring.create(prefix, 1)
+    with mmap.mmap(os.open(f"/dev/shm/{r.handle.prefix}-ctl", os.O_RDWR), 0) as m:
+        for word, value in ((shm_names._OWNER_PID, pid), (shm_names._OWNER_START, start),
+                            (shm_names._OWNER_PIDNS, pidns)):
+            m[8 * word : 8 * word + 8] = value.to_bytes(8, "little")
+    r.close()
+    return r.handle.prefix
+
+
 def test_a_reused_pid_does_not_keep_a_dead_ring_and_a_foreign_namespace_is_not_judged(prefixes: list[str]) -> None:
     """The maker is its pid *and* its start time: pid 1 runs, but not the process that made this
     ring. A ring made in another pid namespace is left: its pid says nothing here."""
-    import mmap
-
-    def forge(tag: str, start: int, pidns: int) -> str:
-        r = Ring.create(_prefix(prefixes, tag), 1)
-        with mmap.mmap(os.open(f"/dev/shm/{r.handle.prefix}-ctl", os.O_RDWR), 0) as m:
-            for word, value in ((shm_names._OWNER_PID, 1), (shm_names._OWNER_START, start),
-                                (shm_names._OWNER_PIDNS, pidns)):
-                m[8 * word : 8 * word + 8] = value.to_bytes(8, "little")
-        r.close()
-        return r.handle.prefix
-
     here = shm_names._pid_namespace()
     init_start = shm_names._start_time(1)
     if init_start is None:
         pytest.skip("/proc/1/stat is not readable here")
-    reused = forge("reused", init_start + 12345, here)
-    running = forge("init", init_start, here)
-    foreign = forge("foreign", init_start + 12345, here + 1)
+    reused = _forge(_prefix(prefixes, "reused"), 1, init_start + 12345, here)
+    running = _forge(_prefix(prefixes, "init"), 1, init_start, here)
+    foreign = _forge(_prefix(prefixes, "foreign"), 1, init_start + 12345, here + 1)
     Ring.create(_prefix(prefixes, "judge"), 1).destroy()
     assert shm_entries(reused) == []
     assert len(shm_entries(running)) == 3 and len(shm_entries(foreign)) == 3
+
+
+def test_the_ring_of_a_twin_in_another_pid_namespace_is_not_taken_for_this_processs(prefixes: list[str]) -> None:
+    """Two benches in two containers that share /dev/shm (``--ipc=host``) may run as the same pid, and
+    so with the same prefix (``cuzk-bench-<pid>``): the other's ring is not this process's own, and
+    neither this process's new ring nor its engine's stop (:func:`~.shm_names.remove_abandoned` of the
+    prefix) removes it."""
+    prefix = _prefix(prefixes, "twin")
+    twin = _forge(prefix, os.getpid(), shm_names._start_time(os.getpid()) or 0, shm_names._pid_namespace() + 1)
+    Ring.create(prefix, 1).destroy()
+    shm_names.remove_abandoned(prefix)
+    assert len(shm_entries(twin)) == 3
 
 
 # An engine that has proved one partition (its ring holds a segment) is stopped, and SIGKILLed at one

@@ -12,7 +12,8 @@ the semaphores exist), and a new ring removes every ring of this user whose make
 its prefix (``cuzk-<pid>``, the default one, is never used again), plus what its own prefix's
 earlier rings left without a readable owner. It never touches another user's objects, nor the
 ring of a live process (one whose pid runs with the same start time), nor one made in another
-pid namespace (its pid says nothing here).
+pid namespace (its pid says nothing here, even where it is this process's own: two benches in two
+containers that share /dev/shm may run as the same pid, so with the same prefix).
 """
 
 from __future__ import annotations
@@ -139,8 +140,8 @@ def remove_abandoned(prefix: str | None) -> list[str]:
 
     Removed, of this user's objects only: every ring (any prefix) whose control block names a
     maker that is gone (no such pid, or a pid reused by a later process); and of ``prefix``'s own
-    rings, also those made by this process (one live engine per prefix and process: the engine's
-    check) and those without a readable maker (semaphores or segments whose control block is
+    rings, also those made by this process (its pid in this pid namespace; one live engine per prefix
+    and process: the engine's check) and those without a readable maker (semaphores or segments whose control block is
     gone, a control block older than :data:`UNSTAMPED_GRACE_S` without the magic, names of a
     version without tokens). ``prefix`` None: the rings whose maker is gone alone (``cuzk-mp shm
     clean``, for a ring that no later start of an engine of this user would remove).
@@ -185,10 +186,12 @@ def _abandoned(ring: str, of_prefix: bool) -> bool:
     pid, start, pidns = word
     if pid == 0:  # made by a version that recorded no owner
         return of_prefix
+    if pidns != _pid_namespace():
+        # its pid means nothing here: the maker may well live, even where its pid is this process's (two
+        # containers sharing /dev/shm, each a bench of the same pid, so of the same prefix)
+        return False
     if pid == os.getpid():
         return of_prefix
-    if pidns != _pid_namespace():
-        return False  # its pid means nothing here: the maker may well live
     return not _alive(pid, start)
 
 
