@@ -16,17 +16,10 @@ from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.daemon.transport import CommClosedError
 from cuzk_mp.errors import InputError
 from tests.fake_engine import run_daemon
+from tests.helpers import wait_until
 
 BIG = [P.PartitionIn("json", b" " * (1 << 20))]  # the test daemon takes frames of 64 KiB
 REFUSED = r"frame of \d+ bytes exceeds max_frame_bytes \(65536\)"
-
-
-async def _until(check: object, what: str) -> None:
-    for _ in range(500):
-        if callable(check) and check():
-            return
-        await asyncio.sleep(0.01)
-    raise AssertionError(f"never happened: {what}")
 
 
 def test_async_client_refusal_reaches_only_the_refused_call(tmp_path: Path) -> None:
@@ -34,7 +27,7 @@ def test_async_client_refusal_reaches_only_the_refused_call(tmp_path: Path) -> N
         d.engine.gate.clear()  # the first call's job waits in the engine
         async with await AsyncClient.connect(addr) as c:
             first = asyncio.ensure_future(c.prove("syn", synthetic_partitions(1, first_seed=3), timeout_s=30))
-            await _until(lambda: d.engine.submitted, "the first job submitted")
+            await asyncio.to_thread(wait_until, lambda: d.engine.submitted, 30)  # the first job is in the engine
             refused = asyncio.ensure_future(c.submit("syn", BIG))
             after = asyncio.ensure_future(c.status())  # sent behind the refused frame: never read
             with pytest.raises(InputError, match=REFUSED):
