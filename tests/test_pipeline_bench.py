@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import logging
 import os
@@ -486,8 +487,17 @@ def test_a_zkey_circuit_is_reported_at_its_keys_size(tmp_path: Path, capsys: pyt
     assert "2^10" in capsys.readouterr().out
 
 
+class _Terminal(io.StringIO):
+    """A stderr that is a terminal: the progress bar redraws its line there."""
+
+    def isatty(self) -> bool:
+        return True
+
+
 def test_an_interrupted_bench_stops_its_engine_without_waiting_for_the_jobs_in_flight(
         monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C: no drain, the ring removed, and the progress bar ends its line and draws no more (the
+    partitions the stop cancels are no progress, and the lines that follow start on their own)."""
     import signal
 
     from cuzk_mp.pipeline.engine import RunningEngine
@@ -500,20 +510,27 @@ def test_an_interrupted_bench_stops_its_engine_without_waiting_for_the_jobs_in_f
         stop(self, grace_s)
 
     interrupted: list[str] = []
+    on_partition = benchrun.BenchRun._on_partition
 
     def interrupt_on_the_first_partition(self: benchrun.BenchRun, job_id: str, result: object) -> None:
+        on_partition(self, job_id, result)  # counted on the progress bar
         if not interrupted:
             interrupted.append(job_id)
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, while jobs are in flight
 
+    terminal = _Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
     monkeypatch.setattr(RunningEngine, "stop", recording_stop)
     monkeypatch.setattr(benchrun.BenchRun, "_on_partition", interrupt_on_the_first_partition)
     args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partitions", "4", "--jobs", "50", "--in-flight", "4",
-                  "--partition-workers", "1", "--ring-slots", "2", "--synthesis-threads", "1", "--quiet",
+                  "--partition-workers", "1", "--ring-slots", "2", "--synthesis-threads", "1",
                   "--cache", str(KEY_CACHE))
     with pytest.raises(KeyboardInterrupt):
         args.func(args)
     assert graces == [0]  # no drain: the results of the jobs in flight would be thrown away
+    drawn = terminal.getvalue()
+    assert "/200 proofs" in drawn and drawn.endswith("\n"), repr(drawn[-300:])
+    assert "failed" not in drawn, repr(drawn[-300:])  # the cancelled partitions are not drawn
     assert shm_entries(f"cuzk-bench-{os.getpid()}") == []
     import threading
 

@@ -65,15 +65,28 @@ class Progress:
         self._last_draw = 0.0
         self._last_decile = -1
         self._last_len = 0
+        self._closed = False
 
     def advance(self, ok: bool = True) -> None:
         """Count one finished partition (called from the engine's thread)."""
         with self._lock:
+            if self._closed:
+                return
             self.done += 1
             self.failed += 0 if ok else 1
             if self.t_first is None:
                 self.t_first = time.monotonic()
             self._draw(final=self.done >= self.total)
+
+    def close(self) -> None:
+        """Draw no more, ending a bar left part way on a terminal with its line: a bench that stops early
+        (Ctrl-C, a failure) cancels its partitions, which are no progress, and the lines that follow
+        (the engine's stop, the closing error) start on a line of their own."""
+        with self._lock:
+            if not self._closed and self._tty and self._last_len and self.done < self.total:
+                sys.stderr.write("\n")
+                sys.stderr.flush()
+            self._closed = True
 
     def eta_s(self, now: float) -> float | None:
         """Seconds left at the rate since the first finished item; None before the second one."""

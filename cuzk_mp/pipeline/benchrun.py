@@ -160,7 +160,10 @@ class BenchRun:
         except BaseException:
             # Ctrl-C or a failure: nothing will read the jobs in flight, so they are not waited for
             # (a drain would keep an interrupted bench for up to its grace, 30 s); the memory sampler,
-            # which reads the engine's processes, stops first
+            # which reads the engine's processes, stops first, and the progress bar before them (what the
+            # stop cancels is no progress)
+            if self.progress is not None:
+                self.progress.close()
             if self.sampler is not None:
                 with contextlib.suppress(Exception):
                     self.sampler.stop()
