@@ -236,6 +236,36 @@ def test_abort_returns_none(prefix: str) -> None:
     ring.destroy()
 
 
+def test_a_wait_a_signal_interrupts_is_a_wake_up_not_an_error(prefix: str) -> None:
+    """A signal that lands on a thread waiting for a slot (the SIGTERM that ``timeout`` sends a bench's
+    whole process group) ends its semaphore wait early: the wait scans again and goes on, or returns
+    where it is told to stop, never failing the partition with posix_ipc's SignalError."""
+    ring = Ring.create(prefix, 1)
+    stop = threading.Event()
+    outcome: list[object] = []
+
+    def wait() -> None:
+        try:
+            outcome.append(ring.take_ready(stop.is_set))
+        except BaseException as e:  # noqa: BLE001 - the outcome is what the test reads
+            outcome.append(e)
+
+    previous = signal.signal(signal.SIGUSR1, lambda signum, frame: None)
+    waiter = threading.Thread(target=wait)
+    try:
+        waiter.start()
+        for _ in range(20):  # the waiter spends nearly all its time in the semaphore's wait
+            time.sleep(0.02)
+            signal.pthread_kill(waiter.ident or 0, signal.SIGUSR1)
+        assert waiter.is_alive() and not outcome, outcome
+    finally:
+        stop.set()
+        waiter.join(5)
+        signal.signal(signal.SIGUSR1, previous)
+        ring.destroy()
+    assert outcome == [None]
+
+
 def _fill_and_hang(handle: RingHandle, state: str, started: mp.synchronize.Event) -> None:
     ring = Ring.attach(handle)
     slot = ring.acquire_free(_claim(1), _never)

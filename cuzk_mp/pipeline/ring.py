@@ -485,8 +485,8 @@ class Ring:
         while True:
             try:
                 sem.acquire(0 if not waited else POLL_S)
-            except posix_ipc.BusyError:
-                pass
+            except (posix_ipc.BusyError, posix_ipc.SignalError):
+                pass  # the time is up, or a signal (a SIGTERM to the process group) ended the wait: scan again
             with self._locked():
                 slot = take()
                 if slot is None and not waited:
