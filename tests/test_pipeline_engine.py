@@ -301,6 +301,31 @@ def test_a_child_whose_engine_is_gone_fails_its_task_quietly(caplog: pytest.LogC
     assert not [r for r in caplog.records if r.levelno >= logging.ERROR and "task 8" in r.getMessage()]
 
 
+def test_a_task_cut_off_by_its_childs_signal_is_lost_with_the_child_not_an_internal_error(
+        caplog: pytest.LogCaptureFixture) -> None:
+    """A SIGTERM to a bench's whole process group (what ``timeout`` sends) stops each child where it
+    stands: work its interpreter's exit refuses fails. That is the attempt lost with its process
+    (WorkerDied, retried where the engine goes on), logged at INFO, not a bug's traceback."""
+    import logging
+    import multiprocessing as mp
+    import signal
+
+    from cuzk_mp.pipeline import messages as msg
+    from cuzk_mp.pipeline.procs import ChildContext, ChildSpec
+
+    child, engine = mp.Pipe()
+    ctx = ChildContext(ChildSpec("prover", 0, "cuzk_mp.pipeline.prover_proc", {}, None), child)
+    ctx.signalled = signal.SIGTERM  # what the child's SIGTERM handler records before the process stops
+    with caplog.at_level(logging.INFO):
+        ctx.fail(9, RuntimeError("cannot schedule new futures after interpreter shutdown"))
+    report = msg.decode_from_child(engine.recv_bytes())
+    assert isinstance(report, msg.TaskFailed) and report.kind == "WorkerDied", report
+    assert report.message == ("cuzk-prover-0 stopped on SIGTERM before the task finished (cannot schedule new "
+                              "futures after interpreter shutdown)")
+    assert "task 9 not finished" in caplog.text
+    assert not [r for r in caplog.records if r.levelno >= logging.ERROR]
+
+
 def test_child_messages_end_at_stop_and_at_eof() -> None:
     """ChildContext.messages, the roles' reader loop: engine messages in order, then a Stop (not
     yielded) or the pipe's EOF ends it with the stop flag set."""

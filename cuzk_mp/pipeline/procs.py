@@ -174,6 +174,7 @@ class ChildContext:
         self.conn = conn
         self.stopping = threading.Event()
         self.engine_gone = threading.Event()  # set by the death-pipe watcher on EOF
+        self.signalled: int | None = None  # the signal this process is stopping on (its handler's record)
         self.engine_pid = os.getppid()  # the engine, alive while it is our parent
         self._send_lock = threading.Lock()
         self._orphan_lock = threading.Lock()
@@ -242,11 +243,18 @@ class ChildContext:
             self.log.info("task %d not finished: %s", task_id, exc)
             return
         tb = "".join(traceback.format_exception(exc))
-        kind = error_kind(exc)
-        if kind == "InternalError":
+        kind, text = error_kind(exc), str(exc) or type(exc).__name__
+        if kind == "InternalError" and self.signalled is not None:
+            # what fails as the process goes on a signal (a wait it cut short, work the interpreter's exit
+            # refuses) is the attempt lost with its process, as the engine counts one whose process died
+            kind = "WorkerDied"
+            text = f"{self.name} stopped on {signal.Signals(self.signalled).name} before the task finished ({text})"
+            self.log.info("task %d not finished: %s", task_id, text)
+            self.log.debug("task %d:\n%s", task_id, tb)
+        elif kind == "InternalError":
             self.log.error("task %d failed:\n%s", task_id, tb)
         try:
-            self.send(msg.TaskFailed(task_id, kind, str(exc) or type(exc).__name__, tb[-4000:]))
+            self.send(msg.TaskFailed(task_id, kind, text, tb[-4000:]))
         except EngineGone as gone:
             self.log.info("task %d's failure not reported: %s", task_id, gone)
 
@@ -288,6 +296,7 @@ def _install_signals(ctx: ChildContext) -> None:
     def on_term(signum: int, frame: object) -> None:
         if ctx.stopping.is_set():
             return
+        ctx.signalled = signum
         ctx.stopping.set()
         ctx.log.info("[shutdown] signal %d: stopping", signum)
         hard_exit = threading.Timer(HARD_EXIT_S, os._exit, args=(1,))
