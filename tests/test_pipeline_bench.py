@@ -537,6 +537,25 @@ def test_an_interrupted_bench_stops_its_engine_without_waiting_for_the_jobs_in_f
     assert not [t for t in threading.enumerate() if t.name == "cuzk-mem-sampler"]  # stopped, not left sampling
 
 
+def test_a_job_that_ends_as_an_interrupted_bench_stops_its_sampler_is_no_callback_error() -> None:
+    """Ctrl-C as a job ends: the bench takes its memory sampler away to stop it while the engine's thread
+    runs that job's callback, which samples: the callback goes on with the sampler it read (it failed,
+    'NoneType' object has no attribute 'peak_pss', an 'engine callback failed' traceback)."""
+    from cuzk_mp.pipeline.types import JobResult
+
+    run = benchrun.BenchRun(argparse.Namespace(jobs=2), "cpu", [0])
+
+    class Sampler:
+        peak_pss = {"cuzk-prover-0": 123}
+
+        def sample(self) -> None:
+            run.sampler = None  # the interrupted bench's stop of it, meanwhile
+
+    run.sampler = Sampler()  # type: ignore[assignment]
+    run._on_job(JobResult("bench-0-0", "c", "done", [], None, 0.0, 0.0, 1.0))
+    assert run.pss_first_job == {"cuzk-prover-0": 123} and list(run.current.t_done) == ["bench-0-0"]
+
+
 def test_a_json_result_that_cannot_be_written_is_an_output_error_naming_it(tmp_path: Path) -> None:
     from cuzk_mp.errors import OutputError
 

@@ -72,14 +72,22 @@ class BenchRun:
             run = self.current
             run.results.append(result)
             run.t_done[result.job_id] = time.time()
-            if self.sampler is not None:
-                self.sampler.sample()  # every job window gets at least the sample at its end
+            sampler = self.sampler  # the one read here, even where the bench takes it away meanwhile
+            if sampler is not None:
+                sampler.sample()  # every job window gets at least the sample at its end
                 if self.pss_first_job is None:
-                    self.pss_first_job = dict(self.sampler.peak_pss)
+                    self.pss_first_job = dict(sampler.peak_pss)
             if self.running is not None and (len(run.t_done) == 1 or len(run.t_done) == self.args.jobs):
                 provers = self.running.metrics().provers
                 self.busy_marks.append({name: p.busy_seconds for name, p in provers.items()})
             self.cond.notify_all()
+
+    def _take_sampler(self) -> MemorySampler | None:
+        """The memory sampler, no longer the job callbacks' to sample with: taken under the lock they
+        sample under, so that a job ending as the bench stops it (a Ctrl-C) samples before or not at all."""
+        with self.cond:
+            sampler, self.sampler = self.sampler, None
+        return sampler
 
     def spec(self) -> tuple[CircuitSpec, list[PartitionInput]]:
         """The circuit and one job's partition inputs (synthetic seeds vary per job, see :meth:`inputs`)."""
@@ -152,8 +160,8 @@ class BenchRun:
             sampler.start()
             self.progress = None if a.quiet else Progress(a.jobs * a.partitions * a.repeat)
             runs = [self.one_run(running, spec.circuit_id, fixed, r) for r in range(a.repeat)]
-            memory = sampler.stop()
-            self.sampler = None
+            memory = sampler.stop()  # every job has ended: no callback samples any more
+            self._take_sampler()
             memory.update(idle_pss={m.name: m.pss for m in idle}, idle_uss={m.name: m.uss for m in idle},
                           idle_anon={m.name: m.anon for m in idle}, peak_pss_first_job=self.pss_first_job or {})
             status = running.status()
@@ -164,10 +172,10 @@ class BenchRun:
             # stop cancels is no progress)
             if self.progress is not None:
                 self.progress.close()
-            if self.sampler is not None:
+            taken = self._take_sampler()
+            if taken is not None:
                 with contextlib.suppress(Exception):
-                    self.sampler.stop()
-                self.sampler = None
+                    taken.stop()
             running.stop(grace_s=0)
             raise
         running.stop()
