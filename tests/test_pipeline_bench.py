@@ -494,13 +494,18 @@ class _Terminal(io.StringIO):
         return True
 
 
+@pytest.mark.parametrize("again", [False, True], ids=["one signal", "a second one during the clean-up"])
 def test_an_interrupted_bench_stops_its_engine_without_waiting_for_the_jobs_in_flight(
-        monkeypatch: pytest.MonkeyPatch) -> None:
+        monkeypatch: pytest.MonkeyPatch, again: bool) -> None:
     """Ctrl-C: no drain, the ring removed, and the progress bar ends its line and draws no more (the
-    partitions the stop cancels are no progress, and the lines that follow start on their own)."""
+    partitions the stop cancels are no progress, and the lines that follow start on their own). A
+    second signal while the bench cleans up (``timeout`` sends SIGTERM to the bench and again to its
+    process group) still leaves the engine stopped, not running on past the bench's exit."""
     import signal
 
+    from cuzk_mp.errors import Terminated
     from cuzk_mp.pipeline.engine import RunningEngine
+    from cuzk_mp.pipeline.monitor import MemorySampler
 
     graces: list[float] = []
     stop = RunningEngine.stop
@@ -518,6 +523,14 @@ def test_an_interrupted_bench_stops_its_engine_without_waiting_for_the_jobs_in_f
             interrupted.append(job_id)
             os.kill(os.getpid(), signal.SIGINT)  # Ctrl-C, while jobs are in flight
 
+    sampler_stop = MemorySampler.stop
+
+    def stop_then_signalled(self: MemorySampler) -> dict[str, object]:
+        sampler_stop(self)
+        raise Terminated()  # the second signal, landing as the sampler's thread is joined
+
+    if again:
+        monkeypatch.setattr(MemorySampler, "stop", stop_then_signalled)
     terminal = _Terminal()
     monkeypatch.setattr(sys, "stderr", terminal)
     monkeypatch.setattr(RunningEngine, "stop", recording_stop)

@@ -169,14 +169,18 @@ class BenchRun:
             # Ctrl-C or a failure: nothing will read the jobs in flight, so they are not waited for
             # (a drain would keep an interrupted bench for up to its grace, 30 s); the memory sampler,
             # which reads the engine's processes, stops first, and the progress bar before them (what the
-            # stop cancels is no progress)
-            if self.progress is not None:
-                self.progress.close()
-            taken = self._take_sampler()
-            if taken is not None:
-                with contextlib.suppress(Exception):
-                    taken.stop()
-            running.stop(grace_s=0)
+            # stop cancels is no progress). The engine is stopped whatever ends that early: a second
+            # signal (`timeout` sends SIGTERM to the bench and again to its process group) would else
+            # leave it running past the bench's exit, restarting the children that signal stopped.
+            try:
+                if self.progress is not None:
+                    self.progress.close()
+                taken = self._take_sampler()
+                if taken is not None:
+                    with contextlib.suppress(Exception):
+                        taken.stop()
+            finally:
+                running.stop(grace_s=0)
             raise
         running.stop()
         return {"spec": spec, "runs": runs, "memory": memory, "status": status, "circuit": circuit,
