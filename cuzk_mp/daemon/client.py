@@ -161,7 +161,8 @@ class AsyncClient:
                 fut = self._pending.get(self._calls.take(reply) or 0)
                 if fut is not None and not fut.done():
                     fut.set_result(reply)
-                self._settle(cause)  # after a refusal that ends the reading: the calls it leaves unread
+                if self._calls.word is not None:  # a refusal that ends the reading: the calls it leaves unread
+                    self._settle(cause)
         except (CommClosedError, Exception) as e:
             cause = cause if isinstance(e, CommClosedError) and not isinstance(e, (MalformedReply, NotTheProtocol)) \
                 else e
