@@ -308,14 +308,13 @@ def test_a_task_cut_off_by_its_childs_signal_is_lost_with_the_child_not_an_inter
     (WorkerDied, retried where the engine goes on), logged at INFO, not a bug's traceback."""
     import logging
     import multiprocessing as mp
-    import signal
 
     from cuzk_mp.pipeline import messages as msg
     from cuzk_mp.pipeline.procs import ChildContext, ChildSpec
 
     child, engine = mp.Pipe()
     ctx = ChildContext(ChildSpec("prover", 0, "cuzk_mp.pipeline.prover_proc", {}, None), child)
-    ctx.signalled = signal.SIGTERM  # what the child's SIGTERM handler records before the process stops
+    ctx.signalled = "SIGTERM"  # what the child's SIGTERM handler records before the process stops
     with caplog.at_level(logging.INFO):
         ctx.fail(9, RuntimeError("cannot schedule new futures after interpreter shutdown"))
     report = msg.decode_from_child(engine.recv_bytes())

@@ -174,7 +174,7 @@ class ChildContext:
         self.conn = conn
         self.stopping = threading.Event()
         self.engine_gone = threading.Event()  # set by the death-pipe watcher on EOF
-        self.signalled: int | None = None  # the signal this process is stopping on (its handler's record)
+        self.signalled: str | None = None  # the signal this process stops on ("SIGTERM"; its handler's record)
         self.engine_pid = os.getppid()  # the engine, alive while it is our parent
         self._send_lock = threading.Lock()
         self._orphan_lock = threading.Lock()
@@ -248,7 +248,7 @@ class ChildContext:
             # what fails as the process goes on a signal (a wait it cut short, work the interpreter's exit
             # refuses) is the attempt lost with its process, as the engine counts one whose process died
             kind = "WorkerDied"
-            text = f"{self.name} stopped on {signal.Signals(self.signalled).name} before the task finished ({text})"
+            text = f"{self.name} stopped on {self.signalled} before the task finished ({text})"
             self.log.info("task %d not finished: %s", task_id, text)
             self.log.debug("task %d:\n%s", task_id, tb)
         elif kind == "InternalError":
@@ -296,7 +296,7 @@ def _install_signals(ctx: ChildContext) -> None:
     def on_term(signum: int, frame: object) -> None:
         if ctx.stopping.is_set():
             return
-        ctx.signalled = signum
+        ctx.signalled = signal.Signals(signum).name
         ctx.stopping.set()
         ctx.log.info("[shutdown] signal %d: stopping", signum)
         hard_exit = threading.Timer(HARD_EXIT_S, os._exit, args=(1,))

@@ -45,7 +45,7 @@ from typing import Any
 
 import numpy as np
 
-from ..errors import Cancelled, InputError
+from ..errors import Cancelled, InputError, WorkerDied
 from . import messages as msg
 from .circuits import check_pinned
 from .procs import CancelledIds, ChildContext
@@ -186,7 +186,11 @@ class SynthWorker:
         self.ctx.send(msg.RingWait(task.task_id, False))
         if slot is None:
             self._check(task)
-            raise Cancelled(f"{self.ctx.name} is stopping: job {task.job_id} partition {task.partition} not started")
+            what = f"job {task.job_id} partition {task.partition} not started"
+            if self.ctx.signalled is not None:  # this worker alone may be going (a signal to the process group
+                # while the engine drains): the partition is lost with it and goes to another, not cancelled
+                raise WorkerDied(f"{self.ctx.name} stopped on {self.ctx.signalled}: {what}")
+            raise Cancelled(f"{self.ctx.name} is stopping: {what}")
         t_slot = time.time()
         timings = {"queue_wait": task.t_dispatch - task.t_submit, "ring_wait": t_slot - t_loaded}
         try:
