@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import threading
+import types
 from pathlib import Path
+from typing import Any, cast
 
-from fleet_helpers import connect, make_inputs
+import pytest
+from fleet_helpers import FAST, connect, instant_jobs, make_inputs
 
 from cuzk_mp.daemon.fleet.keys import (
     KeyView,
@@ -13,6 +18,7 @@ from cuzk_mp.daemon.fleet.keys import (
     holders_by_circuit,
     plan_key_load,
 )
+from cuzk_mp.errors import ResourceError
 
 GIB = 1 << 30
 
@@ -105,3 +111,150 @@ def test_a_box_that_claims_nothing_holds_no_key_for_the_backlog() -> None:
     assert holders_by_circuit(claiming + not_claiming) == {"b": 2}
     d = plan_key_load(view(("a",)), {"b": 1}, holders_by_circuit(not_claiming))
     assert d.load == "b" and "no live box holds it" in d.reason
+
+
+class _SlowKeys:
+    """An engine whose key loads wait for ``release`` (set from the test) and are recorded; idle otherwise."""
+
+    def __init__(self) -> None:
+        self.release = threading.Event()
+        self.started = threading.Event()
+        self.loads: list[str] = []
+        self.fail = False
+
+    def preload(self, circuit_id: str) -> None:
+        self.loads.append(circuit_id)
+        self.started.set()
+        assert self.release.wait(30), "the test never released the key load"
+        if self.fail:
+            raise ResourceError(f"the key of {circuit_id} could not be read")
+
+    def evict(self, circuit_id: str) -> bool:
+        return True
+
+    def degraded(self) -> bool:
+        return False
+
+
+def _key_box(dsn: str, name: str) -> tuple[Any, _SlowKeys]:
+    """A FleetBox of circuit y alone (no key resident, no budget) over a slow-loading engine."""
+    from cuzk_mp.daemon.fleet.box import FleetBox
+    from cuzk_mp.daemon.fleet.config import FleetConfig
+
+    engine = _SlowKeys()
+    _, jobs = instant_jobs()
+    cfg = types.SimpleNamespace(fleet=FleetConfig(dsn=dsn, box=name, **FAST), circuits={"y": object()},
+                                engine=types.SimpleNamespace(srs_budget_bytes=None), param_cache=None)
+    box = FleetBox(cast(Any, cfg), engine, jobs)
+    box._key_bytes = lambda: {"y": GIB}  # type: ignore[method-assign]
+    return box, engine
+
+
+def _loading_rows(dsn: str) -> dict[str, list[str]]:
+    import psycopg
+    with psycopg.connect(dsn) as conn:
+        return {r[0]: list(r[1]) for r in conn.execute("SELECT box, loading FROM cuzk_fleet_boxes")}
+
+
+def test_a_key_a_box_is_loading_is_not_loaded_again_by_another_idle_box(fleet_dsn: str, tmp_path: Path) -> None:
+    """Box a loads y's key for its one waiting job; box b, idle meanwhile, sees a as y's holder (its row
+    says it is loading y) and leaves that job to it. Once the load ends the row says y is resident."""
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        submitter = await connect(fleet_dsn, "s")
+        await submitter.submit(None, "y", inp.ref, inp.sha256)
+        (a, a_engine), (b, b_engine) = _key_box(fleet_dsn, "a"), _key_box(fleet_dsn, "b")
+        a.fleet, b.fleet = await connect(fleet_dsn, "a"), await connect(fleet_dsn, "b")
+        b_engine.release.set()  # b loads at once, if it decides to
+        loading = asyncio.create_task(a._plan_and_load(a.fleet, 0.0))
+        try:
+            assert await asyncio.to_thread(a_engine.started.wait, 20)
+            await b._plan_and_load(b.fleet, 0.0)
+            assert b_engine.loads == []
+            assert _loading_rows(fleet_dsn)["a"] == ["y"]
+        finally:
+            a_engine.release.set()
+        await loading
+        assert a_engine.loads == ["y"] and a.resident() == ("y",)
+        [row] = [x for x in await submitter.boxes() if x.box == "a"]
+        assert (row.loading, row.resident) == ((), ("y",))
+        for f in (submitter, a.fleet, b.fleet):
+            await f.close()
+
+    asyncio.run(main())
+
+
+def test_two_idle_boxes_deciding_at_once_load_one_key_once(fleet_dsn: str, tmp_path: Path) -> None:
+    """A submit wakes every idle box at the same moment: their decisions are taken one after the other,
+    so only one of them loads the key of one waiting job, and the other ends without loading."""
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        submitter = await connect(fleet_dsn, "s")
+        await submitter.submit(None, "y", inp.ref, inp.sha256)
+        boxes = [_key_box(fleet_dsn, name) for name in ("a", "b")]
+        for box, _ in boxes:
+            box.fleet = await connect(fleet_dsn, box.fcfg.box)
+        tasks = [asyncio.create_task(box._plan_and_load(box.fleet, 0.0)) for box, _ in boxes]
+        try:
+            done, pending = await asyncio.wait(tasks, timeout=20, return_when=asyncio.FIRST_COMPLETED)
+            assert len(done) == 1 and len(pending) == 1, "both boxes went on to load the key"
+        finally:
+            for _, engine in boxes:
+                engine.release.set()
+        await asyncio.gather(*tasks)
+        assert sorted(len(engine.loads) for _, engine in boxes) == [0, 1]
+        for f in (submitter, *(box.fleet for box, _ in boxes)):
+            await f.close()
+
+    asyncio.run(main())
+
+
+def test_a_failed_load_or_a_stopped_box_leaves_no_load_on_its_row(fleet_dsn: str, tmp_path: Path) -> None:
+    """A load that fails clears the box's loading entry (another box may take the key on); so does the
+    box's stop in the middle of one."""
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        submitter = await connect(fleet_dsn, "s")
+        await submitter.submit(None, "y", inp.ref, inp.sha256)
+        box, engine = _key_box(fleet_dsn, "a")
+        box.fleet = await connect(fleet_dsn, "a")
+        engine.fail = True
+        engine.release.set()
+        with pytest.raises(ResourceError, match="could not be read"):
+            await box._plan_and_load(box.fleet, 0.0)
+        assert _loading_rows(fleet_dsn)["a"] == [] and box.resident() == ()
+
+        engine.fail, engine.loads = False, []
+        engine.release.clear()
+        engine.started.clear()
+        box._next_load = 0.0
+        loading = asyncio.create_task(box._plan_and_load(box.fleet, 0.0))
+        assert await asyncio.to_thread(engine.started.wait, 20)
+        assert _loading_rows(fleet_dsn)["a"] == ["y"]
+        await box.fleet.close()  # the box stops while its key loads
+        assert _loading_rows(fleet_dsn)["a"] == []
+        engine.release.set()
+        with contextlib.suppress(ResourceError):
+            await loading
+        await submitter.close()
+
+    asyncio.run(main())
+
+
+def test_only_a_live_box_counts_as_the_holder_of_a_key_it_loads() -> None:
+    """A box loading a key holds it for the decision, as one holding it resident does; a box whose
+    heartbeat stopped (dead mid-load), that left or that is paused holds nothing it was loading."""
+    from cuzk_mp.daemon.fleet.models import BoxInfo
+
+    def box(name: str, state: Any = "up", free_slots: int = 1, paused: str | None = None) -> BoxInfo:
+        return BoxInfo(box=name, state=state, host="h", pid=1, resident=(), free_slots=free_slots, running=0,
+                       started_at=0.0, heartbeat_age_s=0.0, paused=paused, loading=("b",))
+
+    assert holders_by_circuit([box("up")]) == {"b": 1}
+    assert holders_by_circuit([box("fresh", free_slots=0)]) == {"b": 1}  # its slots not written yet
+    assert holders_by_circuit([box("dead", "stale"), box("gone", "left"), box("paused", paused="no share")]) == {}
+    d = plan_key_load(view(("a",)), {"b": 1}, holders_by_circuit([box("up")]))
+    assert d.load is None

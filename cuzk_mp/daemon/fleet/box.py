@@ -292,26 +292,34 @@ class FleetBox:
             log.warning("fleet: box %s could not load a key for the backlog: %s", self.fcfg.box, e)
 
     async def _plan_and_load(self, fleet: Fleet, now: float) -> None:
-        depths, boxes = await fleet.queue_depths(), await fleet.boxes()
+        """Decide (:meth:`.store.FleetStore.plan_load`) and load; the box's row shows the key as loading
+        from the decision until the load ended or failed, then the keys it holds."""
         busy = frozenset(cid for cid in self.cfg.circuits if self.jobs.in_use(cid))
         budget = self.cfg.engine.srs_budget_bytes
         view = KeyView(resident=self.resident(), busy=busy, provable=frozenset(self.cfg.circuits),
                        key_bytes=self._key_bytes(), budget_bytes=NO_BUDGET if budget is None else budget)
-        decision = plan_key_load(view, backlog_by_circuit(depths), holders_by_circuit(boxes, exclude=self.fcfg.box))
+        decision = await fleet.plan_load(lambda depths, boxes: plan_key_load(
+            view, backlog_by_circuit(depths), holders_by_circuit(boxes, exclude=self.fcfg.box)))
         if decision.load is None:
             log.debug("fleet: box %s loads no key: %s", self.fcfg.box, decision.reason)
             return
-        self._next_load = now + self.fcfg.stall_timeout_s
-        log.info("fleet: box %s loads the key of %s%s: %s", self.fcfg.box, decision.load,
-                 f" (evicting {', '.join(decision.evict)})" if decision.evict else "", decision.reason)
-        for cid in decision.evict:
-            if await asyncio.to_thread(self.engine.evict, cid):
-                self.evicted(cid)
-        t0 = time.perf_counter()
-        await asyncio.to_thread(self.engine.preload, decision.load)
-        self.loaded(decision.load)
-        log.info("fleet: box %s holds %s after %.2f s; it claims its jobs", self.fcfg.box, decision.load,
-                 time.perf_counter() - t0)
+        try:
+            self._next_load = now + self.fcfg.stall_timeout_s
+            log.info("fleet: box %s loads the key of %s%s: %s", self.fcfg.box, decision.load,
+                     f" (evicting {', '.join(decision.evict)})" if decision.evict else "", decision.reason)
+            for cid in decision.evict:
+                if await asyncio.to_thread(self.engine.evict, cid):
+                    self.evicted(cid)
+            t0 = time.perf_counter()
+            await asyncio.to_thread(self.engine.preload, decision.load)
+            self.loaded(decision.load)
+            log.info("fleet: box %s holds %s after %.2f s; it claims its jobs", self.fcfg.box, decision.load,
+                     time.perf_counter() - t0)
+        finally:
+            try:
+                await fleet.end_load(self.resident())
+            except CuzkError as e:  # the next heartbeat writes the row
+                log.warning("fleet: box %s could not record the end of its key load: %s", self.fcfg.box, e)
 
     # -- running a claimed job ------------------------------------------------------------
 

@@ -53,16 +53,24 @@ def backlog_by_circuit(depths: Iterable[QueueDepth]) -> dict[str, int]:
 
 
 def holders_by_circuit(boxes: Iterable[BoxInfo], *, exclude: str = "") -> dict[str, int]:
-    """How many live boxes (other than ``exclude``) that claim jobs hold each circuit's key resident.
+    """How many live boxes (other than ``exclude``) that claim jobs hold each circuit's key resident or
+    are loading it.
 
-    A box that heartbeats but claims nothing (paused for its shared inputs folder, its engine degraded:
-    no free slot and no job running) is no holder: counted, it kept every other box from loading the
-    key of a small backlog (rule 2) that no box would ever run, for as long as it stayed up."""
+    A load takes minutes for a large key: counted only once resident, every other idle box took the
+    same small backlog for one that no box holds and loaded the key too. A box that stopped
+    heartbeating (killed mid-load) is not live, so what it was loading counts for nothing. A box that
+    heartbeats but claims nothing (paused for its shared inputs folder, its engine degraded: no free
+    slot and no job running) is no holder: counted, it kept every other box from loading the key of a
+    small backlog (rule 2) that no box would ever run, for as long as it stayed up. A loading box
+    decided to load while idle with a free slot, which its row may not show yet (a box that holds no
+    key has its free slots written at its next heartbeat), so only its pause is asked."""
     out: dict[str, int] = {}
     for b in boxes:
-        if b.state == "up" and b.box != exclude and b.paused is None and (b.free_slots > 0 or b.running > 0):
-            for c in b.resident:
-                out[c] = out.get(c, 0) + 1
+        if b.state != "up" or b.box == exclude or b.paused is not None:
+            continue
+        claims = b.free_slots > 0 or b.running > 0
+        for c in {*(b.resident if claims else ()), *b.loading}:
+            out[c] = out.get(c, 0) + 1
     return out
 
 

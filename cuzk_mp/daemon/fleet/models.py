@@ -140,7 +140,8 @@ class JobStatus:
 
 @dataclass(frozen=True)
 class BoxInfo:
-    """One box of the fleet as its last heartbeat described it."""
+    """One box of the fleet as its last heartbeat described it; ``loading``: the keys it began loading
+    for the backlog and has not finished (written when the load starts, cleared when it ends)."""
 
     box: str
     state: BoxState
@@ -152,6 +153,7 @@ class BoxInfo:
     started_at: float
     heartbeat_age_s: float
     paused: str | None = None  # why the box claims nothing (its shared inputs folder), as it last said
+    loading: tuple[str, ...] = ()
 
 
 @dataclass(frozen=True)

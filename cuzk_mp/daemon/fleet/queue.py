@@ -38,7 +38,6 @@ import logging
 import os
 import socket
 import time
-import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import timedelta
@@ -80,7 +79,6 @@ class Fleet(FleetSubmits):
 
     def __init__(self, cfg: FleetConfig, pool: AsyncConnectionPool, on_abort: AbortCallback | None) -> None:
         super().__init__(cfg, pool)
-        self.instance = uuid.uuid4()
         self._on_abort = on_abort
         self._held: dict[str, _Held] = {}
         self._by_queue_id: dict[int, str] = {}
@@ -162,8 +160,8 @@ class Fleet(FleetSubmits):
             for job_id in list(self._held):
                 await self.release(job_id)
             async with self._tx() as (conn, _):
-                await conn.execute("UPDATE cuzk_fleet_boxes SET left_at = now(), free_slots = 0, "
-                                   "running = 0 WHERE box = %s AND instance = %s", (self.box, self.instance))
+                await conn.execute("UPDATE cuzk_fleet_boxes SET left_at = now(), free_slots = 0, running = 0, "
+                                   "loading = '{}' WHERE box = %s AND instance = %s", (self.box, self.instance))
         await self._events.close()
         await self._pool.close()
         for waiters in self._waiters.values():
@@ -192,7 +190,7 @@ class Fleet(FleetSubmits):
                 "ON CONFLICT (box) DO UPDATE SET instance = EXCLUDED.instance, host = EXCLUDED.host, "
                 "pid = EXCLUDED.pid, started_at = now(), last_heartbeat = now(), resident = '{}', "
                 "free_slots = 0, running = 0, left_at = NULL, stall_timeout_s = EXCLUDED.stall_timeout_s, "
-                "paused = NULL",
+                "paused = NULL, loading = '{}'",
                 (self.box, self.instance, socket.gethostname(), os.getpid(), self.cfg.stall_timeout_s))
             await self._read_lapse(conn)
 
@@ -340,17 +338,18 @@ class Fleet(FleetSubmits):
             cur = await conn.execute(
                 "UPDATE cuzk_fleet_boxes SET last_heartbeat = now(), resident = %s, free_slots = %s, "
                 "running = %s, left_at = NULL, instance = %s, host = %s, pid = %s, stall_timeout_s = %s, "
-                "paused = %s WHERE box = %s AND (instance = %s OR left_at IS NOT NULL "
+                "paused = %s, loading = %s WHERE box = %s AND (instance = %s OR left_at IS NOT NULL "
                 "OR last_heartbeat < now() - make_interval(secs => %s))",
                 (list(resident), free, len(checked), self.instance, socket.gethostname(),
-                 os.getpid(), self.cfg.stall_timeout_s, self.paused, self.box, self.instance,
+                 os.getpid(), self.cfg.stall_timeout_s, self.paused, list(self.loading), self.box, self.instance,
                  self.cfg.stall_timeout_s))
             if cur.rowcount == 0 and self._registered:  # the row is gone if prune took this box for dead
                 cur = await conn.execute(
                     "INSERT INTO cuzk_fleet_boxes (box, instance, host, pid, resident, free_slots, running, "
-                    "stall_timeout_s, paused) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s) ON CONFLICT (box) DO NOTHING",
+                    "stall_timeout_s, paused, loading) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
+                    "ON CONFLICT (box) DO NOTHING",
                     (self.box, self.instance, socket.gethostname(), os.getpid(), list(resident),
-                     free, len(checked), self.cfg.stall_timeout_s, self.paused))
+                     free, len(checked), self.cfg.stall_timeout_s, self.paused, list(self.loading)))
                 if cur.rowcount == 1:
                     log.warning("fleet: box %s had not renewed its row for so long that it was pruned; it "
                                 "joins again", self.box)

@@ -40,7 +40,7 @@ def document(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth],
     doc = {
         "boxes": [{"box": b.box, "state": b.state, "host": b.host, "pid": b.pid, "resident": list(b.resident),
                    "free_slots": b.free_slots, "running": b.running,
-                   "heartbeat_age_s": round(b.heartbeat_age_s, 3), "paused": b.paused,
+                   "heartbeat_age_s": round(b.heartbeat_age_s, 3), "paused": b.paused, "loading": list(b.loading),
                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(b.started_at))}
                   for b in boxes],
         "queues": [{"circuit": d.circuit_id, "priority": d.priority.name, "queued": d.queued,

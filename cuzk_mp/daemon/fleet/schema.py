@@ -12,8 +12,8 @@ Beside it live three tables of ours, for what the library does not keep:
   row exists only while the job is queued or picked.
 * ``cuzk_fleet_requests``: request_id -> job_id, so the same request_id sent to any box makes one
   job, also after the job finished (until it is pruned with its job).
-* ``cuzk_fleet_boxes``: each box's last heartbeat, resident keys and free slots (fleet status,
-  metrics and the key-loading decision).
+* ``cuzk_fleet_boxes``: each box's last heartbeat, resident keys, keys it is loading and free slots
+  (fleet status, metrics and the key-loading decision).
 
 :func:`migrate` runs at every :meth:`Fleet.connect`, under an advisory lock so
 that boxes starting together do not race; every statement is safe to repeat. ``SCHEMA_VERSION``
@@ -25,10 +25,12 @@ result stays readable to the boxes of earlier releases (:func:`cuzk_mp.daemon.pr
 version 6 the index of ``cuzk_fleet_jobs.inputs_sha256``, by which pruning asks whether a job still needs
 a stored inputs file, version 7 ``cuzk_fleet_boxes.paused``, why a box claims nothing (its shared inputs
 folder is broken there), so that ``fleet status`` says it, version 8 ``cuzk_fleet_jobs.failed_on``, the
-boxes a job failed on, which its retries avoid where another box can take them; the ``ALTER ... ADD
+boxes a job failed on, which its retries avoid where another box can take them, version 9
+``cuzk_fleet_boxes.loading``, the keys a box is loading for the backlog, so that another idle box counts
+it as their holder before the load ends; the ``ALTER ... ADD
 COLUMN IF NOT EXISTS`` statements bring an older database up to it, its rows counting 0 input bytes
-and a 0 s stall timeout, their results naming no key, its boxes paused for nothing, its jobs failed on
-no box). Each version
+and a 0 s stall timeout, their results naming no key, its boxes paused for nothing and loading no key,
+its jobs failed on no box). Each version
 only adds columns with defaults and indexes, so boxes of earlier releases keep working on the migrated
 database. A database that records this version or a later one is left as it is (:func:`migrate`).
 """
@@ -45,7 +47,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-SCHEMA_VERSION = 8
+SCHEMA_VERSION = 9
 # Advisory lock key: the ASCII of "cuzkflt1" as a signed 64-bit integer.
 MIGRATION_LOCK_KEY = int.from_bytes(b"cuzkflt1", "big", signed=True)
 # Transaction-level advisory lock of every submit that counts the queue against caps: the ASCII of
@@ -56,6 +58,10 @@ SUBMIT_LOCK_KEY = int.from_bytes(b"cuzksbm1", "big", signed=True)
 # pruning holds it from the check that no job needs the file to its removal (two int4 keys: a key space
 # apart from the bigint locks above). The ASCII of "cuzi" as a signed int4.
 INPUTS_LOCK_SPACE = int.from_bytes(b"cuzi", "big", signed=True)
+# Transaction-level advisory lock of the key-loading decision (:meth:`.store.FleetStore.plan_load`): boxes
+# woken together by one submit decide one after the other, each seeing the loads the others began. The
+# ASCII of "cuzkkey1" as a signed 64-bit integer.
+KEY_LOAD_LOCK_KEY = int.from_bytes(b"cuzkkey1", "big", signed=True)
 QUEUE_PREFIX = "cuzk_"
 EVENTS_CHANNEL = "cuzk_fleet_events"
 MAX_RESULT_BYTES = 4 << 20
@@ -135,6 +141,7 @@ DDL = (
     ("ALTER TABLE cuzk_fleet_boxes ADD COLUMN IF NOT EXISTS stall_timeout_s double precision NOT NULL "
      "DEFAULT 0"),
     "ALTER TABLE cuzk_fleet_boxes ADD COLUMN IF NOT EXISTS paused text",
+    "ALTER TABLE cuzk_fleet_boxes ADD COLUMN IF NOT EXISTS loading text[] NOT NULL DEFAULT '{}'",
 )
 
 

@@ -16,7 +16,8 @@ import contextlib
 import json
 import math
 import os
-from collections.abc import AsyncIterator
+import uuid
+from collections.abc import AsyncIterator, Callable, Sequence
 from datetime import timedelta
 from pathlib import Path
 from typing import Any
@@ -35,6 +36,7 @@ from cuzk_mp.daemon.fleet import schema
 from cuzk_mp.daemon.fleet.config import FleetConfig, redact_dsn
 from cuzk_mp.daemon.fleet.inputs import (put_back, remove_stale_inputs, set_aside_stale, stale_cutoff, stale_inputs,
                                          stored_digest)
+from cuzk_mp.daemon.fleet.keys import KeyDecision
 from cuzk_mp.daemon.fleet.models import BoxInfo, JobStatus, QueueDepth, circuit_of
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
@@ -200,6 +202,8 @@ class FleetStore:
         self._queue_table = sql.Identifier(*self._settings.qualified.queue_table.split("."))
         self._renewed = asyncio.Event()  # set when renew_pool replaces the pool
         self._closed = False
+        self.instance = uuid.uuid4()  # this process's claims and box row carry it
+        self.loading: tuple[str, ...] = ()  # keys this box is loading, written with its row (plan_load)
 
     def _queries(self, conn: psycopg.AsyncConnection) -> Queries:
         return Queries(PsycopgDriver(conn), qbe=self._qbe, qbq=self._qbq, qbs=self._qbs)
@@ -310,24 +314,31 @@ class FleetStore:
     async def boxes(self) -> list[BoxInfo]:
         """Every box that has joined: its state, resident keys, free slots and running jobs."""
         async with self._tx() as (conn, _):
-            cur = await conn.cursor(row_factory=dict_row).execute(
-                "SELECT b.box, b.host, b.pid, b.resident, b.free_slots, b.paused, b.left_at IS NOT NULL AS left, "
-                "extract(epoch FROM b.started_at) AS started_at, "
-                "extract(epoch FROM now() - b.last_heartbeat) AS age, "
-                "(SELECT count(*) FROM cuzk_fleet_jobs j WHERE j.state = 'running' AND j.box = b.box "
-                " AND j.owner = b.instance) AS running FROM cuzk_fleet_boxes b ORDER BY b.box")
-            rows = await cur.fetchall()
+            return await self._boxes(conn)
+
+    async def _boxes(self, conn: psycopg.AsyncConnection) -> list[BoxInfo]:
+        cur = await conn.cursor(row_factory=dict_row).execute(
+            "SELECT b.box, b.host, b.pid, b.resident, b.loading, b.free_slots, b.paused, "
+            "b.left_at IS NOT NULL AS left, extract(epoch FROM b.started_at) AS started_at, "
+            "extract(epoch FROM now() - b.last_heartbeat) AS age, "
+            "(SELECT count(*) FROM cuzk_fleet_jobs j WHERE j.state = 'running' AND j.box = b.box "
+            " AND j.owner = b.instance) AS running FROM cuzk_fleet_boxes b ORDER BY b.box")
+        rows = await cur.fetchall()
         return [BoxInfo(box=r["box"], state="left" if r["left"] else
                         "stale" if float(r["age"]) > self.cfg.stall_timeout_s else "up",
                         host=r["host"], pid=r["pid"], resident=tuple(r["resident"]), free_slots=r["free_slots"],
                         running=int(r["running"]), started_at=float(r["started_at"]),
-                        heartbeat_age_s=float(r["age"]), paused=r["paused"]) for r in rows]
+                        heartbeat_age_s=float(r["age"]), paused=r["paused"], loading=tuple(r["loading"]))
+                for r in rows]
 
     async def queue_depths(self) -> list[QueueDepth]:
         """Per circuit and priority: queued, running, and running on a box that stalled."""
         async with self._tx() as (_, queries):
-            sizes = await queries.queue_size()
-            stale = await queries.stale_jobs(timedelta(seconds=self.cfg.stall_timeout_s), limit=100_000)
+            return await self._queue_depths(queries)
+
+    async def _queue_depths(self, queries: Queries) -> list[QueueDepth]:
+        sizes = await queries.queue_size()
+        stale = await queries.stale_jobs(timedelta(seconds=self.cfg.stall_timeout_s), limit=100_000)
         counts: dict[tuple[str, int], list[int]] = {}
         for s in sizes:
             cid = circuit_of(s.entrypoint)
@@ -340,6 +351,34 @@ class FleetStore:
                 c[1], c[2] = max(c[1] - 1, 0), c[2] + 1
         return [QueueDepth(cid, Priority(-p), *c) for (cid, p), c in sorted(counts.items(), key=lambda kv: (
             kv[0][0], -kv[0][1]))]
+
+    async def plan_load(self, decide: Callable[[Sequence[QueueDepth], Sequence[BoxInfo]], KeyDecision]
+                        ) -> KeyDecision:
+        """``decide`` (:func:`.keys.plan_key_load` over this box's keys) on the queue depths and boxes, and
+        where it loads a key, the key written into this box's row as loading, all under the fleet's
+        key-loading lock (:data:`~.schema.KEY_LOAD_LOCK_KEY`): the idle boxes that one submit wakes decide
+        at the same moment, and each read the others' rows before any load began. End with
+        :meth:`end_load`."""
+        try:
+            async with self._tx() as (conn, queries):
+                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (schema.KEY_LOAD_LOCK_KEY,))
+                decision = decide(await self._queue_depths(queries), await self._boxes(conn))
+                if decision.load is not None:  # set before the row's write: a heartbeat meanwhile keeps it
+                    self.loading = (decision.load,)
+                    await conn.execute("UPDATE cuzk_fleet_boxes SET loading = %s WHERE box = %s AND instance = %s",
+                                       (list(self.loading), self.cfg.box, self.instance))
+        except BaseException:
+            self.loading = ()
+            raise
+        return decision
+
+    async def end_load(self, resident: Sequence[str]) -> None:
+        """The load :meth:`plan_load` began ended (or failed): this box's row shows ``resident`` (the keys
+        it holds now) and no load. Where the database does not answer, the next heartbeat writes both."""
+        self.loading = ()
+        async with self._tx() as (conn, _):
+            await conn.execute("UPDATE cuzk_fleet_boxes SET loading = '{}', resident = %s WHERE box = %s "
+                               "AND instance = %s", (list(resident), self.cfg.box, self.instance))
 
     async def prune(self, older_than_s: float) -> int:
         """Delete what ended more than ``older_than_s`` ago; the number of jobs deleted.
