@@ -326,6 +326,76 @@ def test_a_prune_whose_removal_outlives_its_lock_leaves_a_new_jobs_inputs_in_pla
     assert [p.name for p in tmp_path.iterdir()] == [Path(old.ref).name]  # nothing left beside it
 
 
+def test_a_file_a_prune_set_aside_is_left_to_it_by_another_boxs_prune(
+        fleet_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Box b's prune takes a stale file from its name, but the rename hangs past b's stall timeout: the
+    server ends b's transaction and frees the lock, and a job is queued with the file meanwhile (its
+    client's own reference: nothing refreshes the file's mtime, as where the shared folder's attribute
+    cache shows the old one). The rename goes through; before b's failed transaction puts the file
+    back, box a prunes the folder. The set-aside file is b's alone: a leaves it, b puts it back, and
+    the job's inputs are in place."""
+    import os
+    import time
+
+    [old] = make_inputs(tmp_path, 1)
+    data = Path(old.ref).read_bytes()
+    os.utime(old.ref, (time.time() - 100, time.time() - 100))
+    taking, queued, renamed, pruned = (threading.Event() for _ in range(4))
+    real_rename = os.rename
+
+    def rename(src: Any, dst: Any) -> None:  # b's rename hangs until the job is queued, and a prunes after it
+        if os.fspath(src) != old.ref or taking.is_set():
+            return real_rename(src, dst)
+        taking.set()
+        assert queued.wait(20)
+        real_rename(src, dst)
+        renamed.set()
+        assert pruned.wait(20)
+
+    monkeypatch.setattr(os, "rename", rename)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a")
+        b = await connect(fleet_dsn, "b", stall_timeout_s=1.5)  # its transactions end once idle for 1.5 s
+        prune = asyncio.create_task(b.prune_inputs(tmp_path, 50))
+        assert await asyncio.to_thread(taking.wait, 10)
+        await asyncio.sleep(2.5)  # the server ends b's transaction, idle for its stall timeout
+        await a.submit(None, "x", old.ref, old.sha256)
+        queued.set()
+        assert await asyncio.to_thread(renamed.wait, 10)
+        try:
+            assert await a.prune_inputs(tmp_path, 50) == 0
+        finally:
+            pruned.set()
+        with pytest.raises(ResourceError):  # b's transaction was ended under it
+            await prune
+        for f in (a, b):
+            await f.close()
+
+    asyncio.run(main())
+    assert load_inputs(old.ref, old.sha256) == data
+    assert [p.name for p in tmp_path.iterdir()] == [Path(old.ref).name]  # nothing left beside it
+
+
+def test_a_file_set_aside_by_a_prune_that_never_ended_goes_long_after(
+        fleet_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A box killed between setting a file aside and unlinking it leaves the file under its aside name:
+    other prunes leave it for LEFTOVER_ASIDE_S (patched to 0 here: the leftover is old), then remove it."""
+    from cuzk_mp.daemon.fleet import store
+    from cuzk_mp.daemon.fleet.inputs import ASIDE_PREFIX
+
+    leftover = tmp_path / f"{ASIDE_PREFIX}killed-box-0123"
+    leftover.write_bytes(b"set aside")
+
+    async def main() -> int:
+        async with await connect(fleet_dsn, "a") as a:
+            return await a.prune_inputs(tmp_path, 0)
+
+    assert asyncio.run(main()) == 0 and leftover.exists()
+    monkeypatch.setattr(store, "LEFTOVER_ASIDE_S", 0.0)
+    assert asyncio.run(main()) == 1 and not leftover.exists()
+
+
 def test_a_submit_holds_no_transaction_while_it_writes_its_inputs(fleet_dsn: str, tmp_path: Path) -> None:
     """Inputs of hundreds of megabytes take a while to write to a shared folder: a submit that wrote
     them inside its transaction held it open (and its inputs' lock) all that time, which the server

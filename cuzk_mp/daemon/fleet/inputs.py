@@ -11,7 +11,7 @@ References are absolute paths, ``file://`` URLs or ``http(s)://`` URLs (read wit
 a size bound). Stored inputs are removed once no job names them and nobody stored them again for
 the retention time (a re-store refreshes the file's mtime): each is first taken from its name by
 :func:`set_aside_stale`, then unlinked; the partial files of stores that never ended go with
-:func:`remove_stale_inputs`.
+:func:`remove_stale_inputs`, and the files of prunes that never ended with :func:`remove_leftover_asides`.
 
 The shared folder carries a marker, :data:`MARKER_NAME`, holding the id the fleet's database records
 for it (:func:`write_marker`, :func:`share_problem`): a box on which the share is not mounted sees an
@@ -46,6 +46,10 @@ DEFAULT_MAX_INPUT_BYTES = 4 << 30
 READ_CHUNK = 1 << 20
 INPUTS_SUFFIX = ".inputs"
 INCOMING_PREFIX = ".incoming-"  # a store in progress (renamed to its .inputs name once written)
+ASIDE_PREFIX = ".cuzk-aside-"  # a stored file a prune took from its name, ``<prefix><box>-<random>``
+# How long after it was set aside a file counts as left over by a prune that never ended (its box killed
+# between the rename and the unlink): far longer than any prune's rename, commit and unlink take.
+LEFTOVER_ASIDE_S = 3600.0
 MARKER_NAME = ".cuzk-fleet-inputs"  # the shared folder's marker: the id cuzk_fleet_meta records for it
 MARKER_MAX_BYTES = 256  # the most of a marker that is read: its id is 32 hex digits and a newline
 
@@ -236,11 +240,16 @@ def stale_inputs(directory: Path, cutoff: float) -> list[Path]:
     return out
 
 
-def set_aside_stale(path: Path, cutoff: float) -> Path | None:
+def set_aside_stale(path: Path, cutoff: float, owner: str) -> Path | None:
     """Take a stale stored inputs file from its name, unless stored again meanwhile: one rename to a
-    new name in its folder (a partial store's, so that :func:`stale_inputs` finds it if it is left
-    there); where it went, None if it was kept or is gone. Unlink it after, or :func:`put_back` it."""
-    aside = path.with_name(f"{INCOMING_PREFIX}pruned-{uuid.uuid4().hex}")
+    new name in its folder, of ``owner`` (the pruning box) and this attempt alone; where it went, None
+    if it was kept or is gone. Unlink it after, or :func:`put_back` it.
+
+    The name is no stored file's nor a partial store's, so no other prune lists it
+    (:func:`stale_inputs`): a prune whose transaction fails puts the file back, and another box's
+    prune in the moment between must not take it (a job may have been queued with it meanwhile).
+    Only :func:`remove_leftover_asides` removes such a file, long after."""
+    aside = path.with_name(f"{ASIDE_PREFIX}{owner}-{uuid.uuid4().hex}")
     try:
         if path.stat().st_mtime >= cutoff:  # stored again since it was found stale
             return None
@@ -248,6 +257,24 @@ def set_aside_stale(path: Path, cutoff: float) -> Path | None:
     except OSError:
         return None
     return aside
+
+
+def remove_leftover_asides(directory: Path, cutoff: float) -> int:
+    """Remove the files prunes set aside (:func:`set_aside_stale`) and never unlinked nor put back (the
+    pruning box was killed between), set aside before ``cutoff`` (their ctime, which the rename set, on
+    the folder's clock: a prune's own file is unlinked or put back within moments); how many went.
+    No job reads them: a job reads its inputs by their stored name, which such a file left."""
+    removed = 0
+    try:
+        entries = list(directory.glob(f"{ASIDE_PREFIX}*"))
+    except OSError:
+        return 0
+    for path in entries:
+        with contextlib.suppress(OSError):
+            if path.stat().st_ctime < cutoff:
+                path.unlink()
+                removed += 1
+    return removed
 
 
 def put_back(aside: Path, path: Path) -> None:

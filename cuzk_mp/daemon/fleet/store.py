@@ -34,8 +34,8 @@ from psycopg_pool import AsyncConnectionPool, PoolClosed, PoolTimeout
 
 from cuzk_mp.daemon.fleet import schema
 from cuzk_mp.daemon.fleet.config import FleetConfig, redact_dsn
-from cuzk_mp.daemon.fleet.inputs import (put_back, remove_stale_inputs, set_aside_stale, stale_cutoff, stale_inputs,
-                                         stored_digest)
+from cuzk_mp.daemon.fleet.inputs import (LEFTOVER_ASIDE_S, put_back, remove_leftover_asides, remove_stale_inputs,
+                                         set_aside_stale, stale_cutoff, stale_inputs, stored_digest)
 from cuzk_mp.daemon.fleet.keys import KeyDecision
 from cuzk_mp.daemon.fleet.models import BoxInfo, JobStatus, QueueDepth, circuit_of
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
@@ -424,10 +424,13 @@ class FleetStore:
         commit. A rename that hung (a hard mount whose server went quiet) for longer than the stall
         timeout may end after the server ended the transaction, idle that long, and freed the lock,
         and so after a submit of the same bytes queued its job with the file: where the transaction
-        fails, the file is put back (the next round decides again)."""
+        fails, the file is put back (the next round decides again). The name it was set aside under is
+        this box's and this attempt's, which no other box's prune takes (:func:`~.inputs.set_aside_stale`);
+        those a box killed in between left behind go after :data:`~.inputs.LEFTOVER_ASIDE_S`."""
         cutoff = await asyncio.to_thread(stale_cutoff, directory, older_than_s)
         stale = await asyncio.to_thread(stale_inputs, directory, cutoff)
-        removed = 0
+        removed = await asyncio.to_thread(remove_leftover_asides, directory,
+                                          cutoff + older_than_s - max(older_than_s, LEFTOVER_ASIDE_S))
         for path in stale:
             digest = stored_digest(path)
             if digest is None:  # a store that never ended: no job names it
@@ -442,7 +445,7 @@ class FleetStore:
                     cur = await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE inputs_sha256 = %s LIMIT 1",
                                              (digest,))
                     if await cur.fetchone() is None:
-                        aside = await asyncio.to_thread(set_aside_stale, path, cutoff)
+                        aside = await asyncio.to_thread(set_aside_stale, path, cutoff, self.cfg.box)
             except BaseException:
                 if aside is not None:  # the lock may have gone with the session before the rename ended
                     await asyncio.to_thread(put_back, aside, path)
