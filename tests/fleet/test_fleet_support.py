@@ -1089,3 +1089,80 @@ def test_a_box_stops_when_its_share_check_swallowed_the_cancel(fleet_dsn: str, t
         assert time.monotonic() - t0 < 5.0
 
     asyncio.run(main())
+
+
+def _share_box(tmp_path: Path) -> Any:
+    """A FleetBox with ``inputs_dir`` and a stand-in for its fleet (no database: the share id is given)."""
+    import types
+    from typing import cast
+
+    from cuzk_mp.daemon.fleet.box import FleetBox
+
+    cfg = FleetConfig(dsn="postgresql://cuzk@db/fleet", box="a", inputs_dir=tmp_path)
+    box = FleetBox(cast(Any, types.SimpleNamespace(fleet=cfg, circuits={})), object(), object())
+    box.fleet = cast(Any, types.SimpleNamespace(paused=None))
+    return box
+
+
+def test_a_cancel_that_comes_as_a_share_check_ends_is_not_lost(tmp_path: Path) -> None:
+    """The box's stop (or a job's abort) cancels a check of the shared folder's marker in the moment the
+    read on its thread ends: the check ends cancelled. Python 3.11's ``asyncio.wait_for`` over a shielded
+    read returned the read's result there, and the check went on as if nothing had been asked."""
+    box = _share_box(tmp_path)
+    box._share_id = "share"
+    read: Any = None
+
+    def read_share(folder: Path, share_id: str) -> asyncio.Future[str | None]:
+        nonlocal read
+        read = asyncio.get_running_loop().create_future()
+        return read
+
+    box._read_share = read_share
+
+    async def main() -> bool:
+        task = asyncio.ensure_future(box.check_share(tmp_path))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not task.done() and read is not None
+        read.set_result(None)
+        task.cancel()
+        await asyncio.wait({task})
+        return task.cancelled()
+
+    assert asyncio.run(main())
+
+
+def test_a_cancel_that_comes_as_a_marker_write_ends_is_not_lost(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The first box of a fleet writes the shared folder's marker; a cancel that comes as that write ends
+    on its thread ends the check cancelled, not with the marker's id as if nothing had been asked."""
+    from cuzk_mp.daemon.fleet import box as box_module
+
+    box = _share_box(tmp_path)
+    write: Any = None
+    real_to_thread = asyncio.to_thread
+
+    async def share_id(proposed: str | None = None) -> str | None:
+        return proposed
+
+    def to_thread(fn: Any, *args: Any) -> Any:
+        nonlocal write
+        if fn is not box_module.write_marker:
+            return real_to_thread(fn, *args)
+        write = asyncio.get_running_loop().create_future()
+        return write
+
+    box.fleet.share_id = share_id
+    monkeypatch.setattr(asyncio, "to_thread", to_thread)
+
+    async def main() -> bool:
+        task = asyncio.ensure_future(box._read_share_id(box.fleet))
+        for _ in range(5):
+            await asyncio.sleep(0)
+        assert not task.done() and write is not None
+        write.set_result(None)
+        task.cancel()
+        await asyncio.wait({task})
+        return task.cancelled()
+
+    assert asyncio.run(main())

@@ -52,7 +52,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import msgspec
 
@@ -83,6 +83,7 @@ from cuzk_mp.pipeline.types import JobSpec, PartitionInput
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
 _partitions = msgspec.msgpack.Decoder(list[P.PartitionIn])
+T = TypeVar("T")
 
 
 class FleetBox:
@@ -152,8 +153,8 @@ class FleetBox:
         try:
             if self._share_id is None or self.paused is not None:
                 self._share_id = await self._read_share_id(fleet)
-            problem = None if self._share_id is None else await asyncio.wait_for(
-                asyncio.shield(self._read_share(folder, self._share_id)), SHARE_CHECK_S)
+            problem = None if self._share_id is None else await wait_shared(
+                self._read_share(folder, self._share_id), SHARE_CHECK_S)
         except asyncio.TimeoutError:
             problem = f"[fleet] inputs_dir {folder}: reading its marker took longer than {SHARE_CHECK_S:g} s"
         except CuzkError as e:  # the database: keep what was known; claims fail meanwhile anyway
@@ -193,7 +194,7 @@ class FleetBox:
         self._marker_write = asyncio.ensure_future(asyncio.to_thread(write_marker, folder, proposed))
         self._marker_write.add_done_callback(lambda f: f.cancelled() or f.exception())  # logged below if awaited
         try:
-            await asyncio.wait_for(asyncio.shield(self._marker_write), SHARE_CHECK_S)
+            await wait_shared(self._marker_write, SHARE_CHECK_S)
         except (OSError, asyncio.TimeoutError) as e:
             log.warning("fleet: box %s could not write the marker of [fleet] inputs_dir %s: %s", self.fcfg.box,
                         folder, e)
@@ -210,8 +211,8 @@ class FleetBox:
     async def _watch_share(self) -> None:
         """Check the shared inputs folder every heartbeat interval: a box notices a share lost between
         its claims, and claims again once a broken one is back. It ends once the box is stopping, also
-        where a check swallowed the cancel of :meth:`stop` (Python 3.11's ``asyncio.wait_for`` returns
-        the result of a read that ended as the cancel came), which waits for it."""
+        where a check in it swallowed the cancel of :meth:`stop`, which waits for it (none here does:
+        :func:`wait_shared`; code it calls may)."""
         while not (self._closing or self._stop.is_set()):
             await asyncio.sleep(self.fcfg.heartbeat_interval_s)
             folder = self._paused_folder or self.fcfg.inputs_dir
@@ -482,6 +483,22 @@ DATABASE_UP = ("cuzk_fleet_database_up", "1 if this scrape read the fleet's data
 INPUTS_OK = ("cuzk_fleet_inputs_ok", "1 if this box sees the fleet's shared inputs folder, 0 while it claims "
              "no jobs because it does not (see the log and the status document's fleet.paused).")
 SHARE_CHECK_S = 10.0  # the most a check of the shared inputs folder's marker may take
+
+
+async def wait_shared(fut: asyncio.Future[T], timeout_s: float) -> T:
+    """The result of ``fut`` within ``timeout_s``, else TimeoutError; ``fut`` (a marker read or write on a
+    worker thread, which later checks share: :meth:`FleetBox._read_share`) goes on either way, also where
+    this waiter is cancelled.
+
+    What ``asyncio.wait_for(asyncio.shield(fut), timeout_s)`` meant, without its loss of a cancel: on
+    Python 3.11 a cancel that comes in the moment ``fut`` ends is swallowed (``wait_for`` returns the
+    result), and the caller went on as if nothing had been asked: the share check of a stopping box, or
+    the run of a job the box's stop or an abort gave up, which went on reading its inputs and proving
+    after its claim was gone. ``asyncio.wait`` never cancels what it waits on and raises its own cancel."""
+    done, _ = await asyncio.wait({fut}, timeout=timeout_s)
+    if not done:
+        raise asyncio.TimeoutError
+    return fut.result()
 
 
 def job_reply(st: JobStatus, id: int, timed_out: bool = False) -> P.JobReply:
