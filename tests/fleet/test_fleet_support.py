@@ -1166,3 +1166,44 @@ def test_a_cancel_that_comes_as_a_marker_write_ends_is_not_lost(
         return task.cancelled()
 
     assert asyncio.run(main())
+
+
+def test_a_failed_run_whose_record_waits_for_the_database_counts_once(fleet_dsn: str, tmp_path: Path) -> None:
+    """A run fails while the database does not answer: the box tries to record the failure again a
+    few times, and the run counts once in its failed runs, and once in its failures metric once recorded."""
+    from fleet_helpers import worker
+
+    from cuzk_mp.errors import ProofError
+
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> Any:
+        a = await connect(fleet_dsn, "gpu-a", retry_delay_s=600.0)
+        job = await a.submit(None, "x", inp.ref, inp.sha256)
+        real_fail, tries = a.fail, []
+
+        async def fail(*args: Any, **kw: Any) -> Any:  # the database is away for the first two tries
+            tries.append(args)
+            if len(tries) <= 2:
+                raise ResourceError("fleet: database postgresql://cuzk@db/fleet: OperationalError: gone")
+            return await real_fail(*args, **kw)
+
+        a.fail = fail  # type: ignore[method-assign]
+
+        async def run_job(c):  # type: ignore[no-untyped-def]
+            raise ProofError("the proof does not verify")
+
+        w = worker(a, run_job, resident=lambda: ["x"], capacity=lambda: 1, poll_s=0.1)
+        stop = asyncio.Event()
+        task = asyncio.create_task(w.run(stop))
+        while len(tries) < 3 or w.running:
+            await asyncio.sleep(0.05)
+        stop.set()
+        await task
+        st = await a.status(job.job_id)
+        await a.close()
+        return w, st
+
+    w, st = asyncio.run(main())
+    assert (st.state, st.attempts) == ("queued", 1)
+    assert w.failed == 1 and dict(w.failures) == {("x", "ProofError"): 1}

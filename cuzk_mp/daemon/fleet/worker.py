@@ -56,7 +56,8 @@ class FleetWorker:
         self.running: dict[str, asyncio.Task[None]] = {}
         self._slot_freed = asyncio.Event()
         self.completed = 0
-        self.failed = 0
+        self.failed = 0  # runs that failed here, each once however many tries settling it took
+        self._failed_now: set[str] = set()  # jobs whose failure is being settled and is counted already
         self.failures: collections.Counter[tuple[str, str]] = collections.Counter()  # (circuit, kind): recorded
         self.aborted = 0
         self.released = 0
@@ -131,18 +132,21 @@ class FleetWorker:
 
     async def _settle_retrying(self, c: Claimed, work: asyncio.Future[JobOutput]) -> None:
         """Settle, retrying while the database is unreachable; then let the claim lapse."""
-        for delay in (*SETTLE_RETRY_DELAYS_S, None):
-            try:
-                await self._settle(c, work)
-                return
-            except ResourceError as e:
-                if delay is None:
-                    log.error("fleet: could not settle job %s on box %s: %s; its claim lapses and it runs "
-                              "again elsewhere after the stall timeout", c.job_id, self.fleet.box, e)
-                    self.fleet.forget(c.job_id)
+        try:
+            for delay in (*SETTLE_RETRY_DELAYS_S, None):
+                try:
+                    await self._settle(c, work)
                     return
-                log.warning("fleet: settling job %s failed (%s); again in %g s", c.job_id, e, delay)
-                await asyncio.sleep(delay)
+                except ResourceError as e:
+                    if delay is None:
+                        log.error("fleet: could not settle job %s on box %s: %s; its claim lapses and it runs "
+                                  "again elsewhere after the stall timeout", c.job_id, self.fleet.box, e)
+                        self.fleet.forget(c.job_id)
+                        return
+                    log.warning("fleet: settling job %s failed (%s); again in %g s", c.job_id, e, delay)
+                    await asyncio.sleep(delay)
+        finally:
+            self._failed_now.discard(c.job_id)
 
     async def _settle(self, c: Claimed, work: asyncio.Future[JobOutput]) -> None:
         exc = work.exception()
@@ -159,10 +163,12 @@ class FleetWorker:
             self.released += 1
             log.info("fleet: job %s goes back to the queue from box %s: %s", c.job_id, self.fleet.box, exc)
             return
-        self.failed += 1
-        if not isinstance(exc, CuzkError):
-            log.error("fleet: job %s raised %s on box %s", c.job_id, type(exc).__name__, self.fleet.box,
-                      exc_info=exc)
+        if c.job_id not in self._failed_now:  # counted (and logged) at the first try to settle it only
+            self._failed_now.add(c.job_id)
+            self.failed += 1
+            if not isinstance(exc, CuzkError):
+                log.error("fleet: job %s raised %s on box %s", c.job_id, type(exc).__name__, self.fleet.box,
+                          exc_info=exc)
         kind = error_kind(exc)
         state = await self.fleet.fail(c.job_id, str(exc) or type(exc).__name__, error_kind=kind,
                                       retry=not isinstance(exc, InputError))
