@@ -56,6 +56,12 @@ class FleetConfig:
     directory every box can read at the same path, e.g. a network mount); None means clients
     pass their own references. ``max_jobs`` is how many jobs this box runs at once; 0 lets the
     daemon choose (one per prover process).
+
+    ``reconnect_max_s`` is the longest wait between two attempts to restore the box's LISTEN link
+    after the database was lost (the waits grow from 0.2 s to it). The link's return also renews the
+    box's connection pool, whose own waits between attempts keep doubling through an outage, so this
+    bounds how soon after the database's return a box works again, whatever the outage's length. Not
+    a key of the configuration file: the default serves every fleet (tests shorten it).
     """
 
     dsn: str
@@ -67,6 +73,7 @@ class FleetConfig:
     connect_timeout_s: float = 10.0
     inputs_dir: Path | None = None
     max_jobs: int = 0
+    reconnect_max_s: float = 5.0
 
 
 def redact_dsn(dsn: str) -> str:
@@ -93,6 +100,8 @@ def check_fleet(cfg: FleetConfig, key: str) -> None:
         raise ConfigError(f"{key}.max_attempts: must be >= 1, got {cfg.max_attempts}")
     if cfg.connect_timeout_s <= 0:
         raise ConfigError(f"{key}.connect_timeout: must be > 0, got {cfg.connect_timeout_s:g} s")
+    if cfg.reconnect_max_s <= 0:
+        raise ConfigError(f"{key}.reconnect_max_s: must be > 0, got {cfg.reconnect_max_s:g} s")
     if cfg.max_jobs < 0:
         raise ConfigError(f"{key}.max_jobs: must be >= 0 (0: one per prover process), got {cfg.max_jobs}")
 

@@ -32,7 +32,7 @@ from psycopg import sql
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0)
+RECONNECT_DELAYS_S = (0.2, 0.5, 1.0, 2.0, 5.0)  # each at most the box's reconnect_max_s
 
 
 @dataclass
@@ -46,11 +46,13 @@ class EventHandlers:
 
 
 class FleetEvents:
-    """LISTEN on the queue's and the fleet's channels; reconnect with backoff when the link drops."""
+    """LISTEN on the queue's and the fleet's channels; reconnect with backoff when the link drops, waiting
+    at most ``reconnect_max_s`` between two attempts (:class:`~.config.FleetConfig`)."""
 
     def __init__(self, dsn: str, channels: tuple[str, str], handlers: EventHandlers,
-                 connect_kwargs: dict[str, Any]) -> None:
+                 connect_kwargs: dict[str, Any], reconnect_max_s: float = RECONNECT_DELAYS_S[-1]) -> None:
         self.dsn, self.handlers = dsn, handlers
+        self.delays_s = tuple(min(d, reconnect_max_s) for d in RECONNECT_DELAYS_S)
         self.queue_channel, self.fleet_channel = channels
         self.connect_kwargs = connect_kwargs  # the box's (store.connect_kwargs): keepalives find a dead link
         self._conn: psycopg.AsyncConnection | None = None
@@ -99,7 +101,7 @@ class FleetEvents:
     async def _reconnect(self) -> psycopg.AsyncConnection:
         attempt = 0
         while True:
-            await asyncio.sleep(RECONNECT_DELAYS_S[min(attempt, len(RECONNECT_DELAYS_S) - 1)])
+            await asyncio.sleep(self.delays_s[min(attempt, len(self.delays_s) - 1)])
             attempt += 1
             try:
                 conn = await self._listen()

@@ -89,7 +89,7 @@ class Fleet(FleetSubmits):
         self.paused: str | None = None  # why this box claims nothing, recorded at each heartbeat (fleet status)
         self._events = FleetEvents(cfg.dsn, (self._settings.channel, schema.EVENTS_CHANNEL), EventHandlers(
             on_work=self._work.set, on_cancel=self._on_cancel, on_finished=self._wake_waiters,
-            on_reconnect=self._on_reconnect), connect_kwargs(cfg))
+            on_reconnect=self._on_reconnect), connect_kwargs(cfg), cfg.reconnect_max_s)
         self._heartbeat_task: asyncio.Task[None] | None = None
         self._background: set[asyncio.Task[None]] = set()
         self._registered = False
