@@ -1207,3 +1207,36 @@ def test_a_failed_run_whose_record_waits_for_the_database_counts_once(fleet_dsn:
     w, st = asyncio.run(main())
     assert (st.state, st.attempts) == ("queued", 1)
     assert w.failed == 1 and dict(w.failures) == {("x", "ProofError"): 1}
+
+
+def test_a_box_prunes_no_inputs_from_a_folder_that_is_not_its_fleets_share(fleet_dsn: str, tmp_path: Path) -> None:
+    """A box whose ``inputs_dir`` leads to the shared folder of another fleet (its marker holds another
+    id) or to a folder the share is not mounted on claims nothing there; its pruning must not remove
+    what is stored there either: no job of its own fleet names those files, so every one of them older
+    than ``result_ttl`` went, the other fleet's queued jobs' inputs with them."""
+    import os
+    import types
+    from typing import cast
+
+    from cuzk_mp.daemon.fleet.box import FleetBox
+    from cuzk_mp.daemon.fleet.inputs import write_marker
+
+    share = tmp_path / "share"
+    write_marker(share, "another-fleet")
+    [theirs] = make_inputs(share, 1)
+    os.utime(theirs.ref, (time.time() - 100, time.time() - 100))
+    cfg = FleetConfig(dsn=fleet_dsn, box="a", inputs_dir=share)
+    engine, jobs = instant_jobs()
+    box = FleetBox(cast(Any, types.SimpleNamespace(fleet=cfg, circuits={})), engine, jobs)
+
+    async def main() -> None:
+        box.fleet = await connect(fleet_dsn, "a")
+        try:
+            assert await box.fleet.share_id("this-fleet") == "this-fleet"
+            await box.prune(50)
+            assert load_inputs(theirs.ref, theirs.sha256)  # the other fleet's file is there
+            assert box.paused is not None and "another fleet" in box.paused
+        finally:
+            await box.fleet.close()
+
+    asyncio.run(main())

@@ -462,13 +462,19 @@ class FleetBox:
 
     async def prune(self, result_ttl_s: float) -> int:
         """Prune finished jobs, their request ids and the inputs no job names any more (logged,
-        never raised: the next round tries again)."""
+        never raised: the next round tries again).
+
+        Stored inputs only where ``inputs_dir`` is the fleet's shared folder here (:meth:`check_share`):
+        the shared folder of another fleet (a box configured with the wrong dsn or folder) holds files no
+        job of this fleet names, and every one of them older than ``result_ttl`` went, the inputs of the
+        other fleet's queued jobs with them."""
         try:
             fleet = self._need()
             n = await fleet.prune(result_ttl_s)
             removed = 0
-            if self.fcfg.inputs_dir is not None:
-                removed = await fleet.prune_inputs(self.fcfg.inputs_dir, result_ttl_s)
+            folder = self.fcfg.inputs_dir
+            if folder is not None and await self.check_share(folder) is None:
+                removed = await fleet.prune_inputs(folder, result_ttl_s)
         except CuzkError as e:
             log.warning("fleet: pruning failed (again at the next round): %s", e)
             return 0
