@@ -186,8 +186,9 @@ def test_a_key_a_box_is_loading_is_not_loaded_again_by_another_idle_box(fleet_ds
 
 
 def test_two_idle_boxes_deciding_at_once_load_one_key_once(fleet_dsn: str, tmp_path: Path) -> None:
-    """A submit wakes every idle box at the same moment: their decisions are taken one after the other,
-    so only one of them loads the key of one waiting job, and the other ends without loading."""
+    """A submit wakes every idle box at the same moment: one box decides at a time (one that finds
+    another deciding decides again at its next idle check, when it sees that box's load), so only one
+    of them loads the key of one waiting job, and the other ends without loading."""
     [inp] = make_inputs(tmp_path, 1)
 
     async def main() -> None:
@@ -258,3 +259,32 @@ def test_only_a_live_box_counts_as_the_holder_of_a_key_it_loads() -> None:
     assert holders_by_circuit([box("dead", "stale"), box("gone", "left"), box("paused", paused="no share")]) == {}
     d = plan_key_load(view(("a",)), {"b": 1}, holders_by_circuit([box("up")]))
     assert d.load is None
+
+
+def test_a_box_frozen_while_it_decides_holds_back_no_other_boxs_claims(fleet_dsn: str, tmp_path: Path) -> None:
+    """A box frozen (SIGSTOP, a debugger) inside its key-loading decision holds the fleet's decision lock
+    until the server ends its session, as long as the stall timeout: another idle box's decision, taken
+    by its claim loop, must not wait for it (its claims would wait with it). It decides nothing this
+    time and asks again at its next idle check."""
+    import psycopg
+
+    from cuzk_mp.daemon.fleet.schema import KEY_LOAD_LOCK_KEY
+
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        submitter = await connect(fleet_dsn, "s")
+        await submitter.submit(None, "y", inp.ref, inp.sha256)
+        box, engine = _key_box(fleet_dsn, "b")
+        engine.release.set()
+        box.fleet = await connect(fleet_dsn, "b")
+        async with await psycopg.AsyncConnection.connect(fleet_dsn) as frozen:  # a transaction left open
+            await frozen.execute("SELECT pg_advisory_xact_lock(%s)", (KEY_LOAD_LOCK_KEY,))
+            await asyncio.wait_for(box._plan_and_load(box.fleet, 0.0), 10)
+            assert engine.loads == []
+        await box._plan_and_load(box.fleet, 0.0)  # the lock is free again: b takes the key on
+        assert engine.loads == ["y"]
+        for f in (submitter, box.fleet):
+            await f.close()
+
+    asyncio.run(main())

@@ -358,10 +358,16 @@ class FleetStore:
         where it loads a key, the key written into this box's row as loading, all under the fleet's
         key-loading lock (:data:`~.schema.KEY_LOAD_LOCK_KEY`): the idle boxes that one submit wakes decide
         at the same moment, and each read the others' rows before any load began. End with
-        :meth:`end_load`."""
+        :meth:`end_load`.
+
+        Where another box holds the lock, this one decides nothing now (its next idle check asks again):
+        a box frozen inside its decision holds the lock until the server ends its session, and a claim
+        loop waiting on it claimed nothing meanwhile."""
         try:
             async with self._tx() as (conn, queries):
-                await conn.execute("SELECT pg_advisory_xact_lock(%s)", (schema.KEY_LOAD_LOCK_KEY,))
+                cur = await conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (schema.KEY_LOAD_LOCK_KEY,))
+                if not (row := await cur.fetchone()) or not row[0]:
+                    return KeyDecision(None, (), "another box is deciding which key to load; again later")
                 decision = decide(await self._queue_depths(queries), await self._boxes(conn))
                 if decision.load is not None:  # set before the row's write: a heartbeat meanwhile keeps it
                     self.loading = (decision.load,)
