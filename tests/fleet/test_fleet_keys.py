@@ -12,6 +12,7 @@ from typing import Any, cast
 import pytest
 from fleet_helpers import FAST, connect, instant_jobs, make_inputs
 
+from cuzk_mp.daemon.fleet import report
 from cuzk_mp.daemon.fleet.keys import (
     KeyView,
     backlog_by_circuit,
@@ -173,6 +174,8 @@ def test_a_key_a_box_is_loading_is_not_loaded_again_by_another_idle_box(fleet_ds
             await b._plan_and_load(b.fleet, 0.0)
             assert b_engine.loads == []
             assert _loading_rows(fleet_dsn)["a"] == ["y"]
+            [line] = [ln for ln in report.text(await submitter.boxes(), []).splitlines() if ln.startswith("a ")]
+            assert line.endswith("- (loading y)"), line  # fleet status: no key resident yet, y loading
         finally:
             a_engine.release.set()
         await loading

@@ -58,8 +58,9 @@ def text(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth], retrying: Seque
     ``retrying`` (where any)."""
     lines = [f"{'BOX':<20} {'STATE':<6} {'HOST':<16} {'RUNNING':>7} {'FREE':>5} {'HEARTBEAT':>10}  KEYS"]
     for b in boxes:
+        loading = f" (loading {', '.join(b.loading)})" if b.loading else ""
         lines.append(f"{b.box:<20} {b.state:<6} {b.host[:16]:<16} {b.running:>7} {b.free_slots:>5} "
-                     f"{b.heartbeat_age_s:>9.1f}s  {', '.join(b.resident) or '-'}")
+                     f"{b.heartbeat_age_s:>9.1f}s  {', '.join(b.resident) or '-'}{loading}")
         if b.paused and b.state == "up":
             lines.append(f"{'':<20} claims no jobs: {b.paused}")
     if not boxes:
