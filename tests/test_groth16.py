@@ -148,3 +148,16 @@ def test_a_key_point_with_a_small_order_part_gives_no_proof(backend: CpuBackend,
             == "pi_a is not a point of G1 (not on the curve or not in the subgroup)")
     a, b, c = curve.g1_to_ark(proof.pi_a), curve.g2_to_ark(proof.pi_b), curve.g1_to_ark(proof.pi_c)
     assert pairing_holds(prepared_vk_of(zkey), public, a, b, c)  # what the pairing check alone would let through
+
+
+def test_a_damaged_key_with_a_satisfying_witness_is_named(backend: CpuBackend, zkey) -> None:  # type: ignore[no-untyped-def]
+    """With the r1cs given the witness is checked: a proof that then fails its self-check comes from
+    the key, and the message says so rather than ask for the r1cs it already has."""
+    w = read_wtns(DATA / "mul.wtns")
+    damaged = dataclasses.replace(zkey, h=np.ascontiguousarray(zkey.h[::-1]))  # valid points, wrong places
+    with pytest.raises(VerificationFailed) as info:
+        prove(backend, damaged, w, r1cs=read_r1cs(DATA / "mul.r1cs"))
+    assert "the witness satisfies the r1cs" in str(info.value)
+    assert "give the .r1cs" not in str(info.value)
+    with pytest.raises(VerificationFailed, match=r"give the \.r1cs"):  # unchecked witness: either may be at fault
+        prove(backend, damaged, w)

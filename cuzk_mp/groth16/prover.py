@@ -123,22 +123,25 @@ def prove_start_batch(backend: Backend, key: KeyHandle, staged: Sequence[Staged]
     return [MsmSums(**{name: futs[i].result() for name, futs in pending.items()}) for i in range(len(ws))]
 
 
-def prove_finalize(zkey: ZKey, sums: MsmSums, public: list[int], *, verify: bool = True) -> Proof:
+def prove_finalize(zkey: ZKey, sums: MsmSums, public: list[int], *, verify: bool = True,
+                   witness_checked: bool = False) -> Proof:
     """Steps 4-5: assemble the proof with fresh r, s; self-verify unless ``verify`` is False
     (:func:`prove_finalize_batch` of one item: VerificationFailed is raised)."""
-    result = prove_finalize_batch(zkey, [(sums, public)], verify=verify)[0]
+    result = prove_finalize_batch(zkey, [(sums, public)], verify=verify, witness_checked=witness_checked)[0]
     if isinstance(result, VerificationFailed):
         raise result
     return result
 
 
-def prove_finalize_batch(zkey: ZKey, items: Sequence[tuple[MsmSums, list[int]]], *, verify: bool = True
-                         ) -> list[Proof | VerificationFailed]:
+def prove_finalize_batch(zkey: ZKey, items: Sequence[tuple[MsmSums, list[int]]], *, verify: bool = True,
+                         witness_checked: bool = False) -> list[Proof | VerificationFailed]:
     """Steps 4-5 for k proofs of one key: each assembled with its own fresh r, s, its points checked
     to lie in G1, G2 (:func:`.verifier.points_in_groups`), all self-verified in one pairing check
     (k + 3 pairs instead of 4 k). When that check fails, each proof is checked
     alone, so only the bad ones fail. Returns, in the order of ``items``, each proof or the
-    VerificationFailed it fails with (returned, not raised: the caller fails those tasks alone)."""
+    VerificationFailed it fails with (returned, not raised: the caller fails those tasks alone).
+    ``witness_checked``: the witnesses were found to satisfy the r1cs, so a failure is the key's,
+    and the message says so."""
     hp = header_points(zkey)
     points = [_assemble(hp, sums) for sums, _ in items]
     bad: set[int] = set()
@@ -151,7 +154,7 @@ def prove_finalize_batch(zkey: ZKey, items: Sequence[tuple[MsmSums, list[int]]],
             bad |= {good[0]} if len(checks) == 1 else {i for i, c in zip(good, checks) if not pairing_holds(pvk, *c)}
         if bad:
             log.warning("self-verification: %d of %d proofs failed", len(bad), len(points))
-    return [_verification_failed() if i in bad else
+    return [_verification_failed(witness_checked) if i in bad else
             Proof(pi_a=curve.ark_to_g1(a), pi_b=curve.ark_to_g2(b), pi_c=curve.ark_to_g1(c))
             for i, (a, b, c) in enumerate(points)]
 
@@ -168,7 +171,14 @@ def _assemble(hp: HeaderPoints, sums: MsmSums) -> tuple[G1Point, G2Point, G1Poin
     return pi_a, pi_b, pi_c
 
 
-def _verification_failed() -> VerificationFailed:
+def _verification_failed(witness_checked: bool) -> VerificationFailed:
+    """The error of a proof failing its self-check, saying what is known of the cause: without
+    the r1cs either the witness or the key may be at fault; with the witness found to satisfy
+    the r1cs, only the key can be."""
+    if witness_checked:
+        return VerificationFailed(
+            "the proof did not pass self-verification although the witness satisfies the r1cs: "
+            "the proving key does not match this circuit or is damaged")
     return VerificationFailed(
         "the proof did not pass self-verification: the witness does not satisfy the circuit "
         "(give the .r1cs to find the failing constraint) or the key is corrupt")
@@ -223,7 +233,7 @@ def prove(
             backend.release(staged)
         t3 = time.perf_counter()
         public = public_signals(w, zkey.n_public)
-        proof = prove_finalize(zkey, sums, public, verify=verify)
+        proof = prove_finalize(zkey, sums, public, verify=verify, witness_checked=evaluator.data.c is not None)
         marks.update(stage=t2 - t1, device=t3 - t2, finalize=time.perf_counter() - t3)
     finally:
         if loading is not None:
