@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import logging
 import os
+import re
 import signal
 import sys
 from collections.abc import Callable, Sequence
@@ -210,12 +211,23 @@ def _epilog() -> str:
             f"exit codes:\n{codes}")
 
 
+_NEGATIVE_VALUE = re.compile(r"^-\.?\d")
+
+
 class _Parser(argparse.ArgumentParser):
     """argparse with a verb's options allowed between its positionals, as snarkjs allows them
     (``g16p k.zkey w.wtns --backend cpu proof.json public.json``): a verb's parser (one with no
     sub-verbs) parses intermixed; a parser of sub-verbs, or one argparse cannot intermix, as usual."""
 
     _intermixing = False
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        """argparse's parser taking a word that starts like a negative number (``-1GiB``, ``-1e3``,
+        ``-.5``) as the value it follows, as it takes ``-1`` and ``-1.5``: the option's own check then
+        refuses it by name, where argparse said only "expected one argument". No option of cuzk-mp
+        starts with a digit (argparse keeps such words options where a parser has one)."""
+        super().__init__(*args, **kwargs)
+        self._negative_number_matcher = _NEGATIVE_VALUE  # the verbs' parsers are made by this class too
 
     def parse_known_args(self, args: Sequence[str] | None = None,  # type: ignore[override]
                          namespace: argparse.Namespace | None = None) -> tuple[argparse.Namespace, list[str]]:

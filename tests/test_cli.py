@@ -1221,3 +1221,30 @@ def test_every_environment_variable_is_in_the_readme() -> None:
     readme = (REPO / "README.md").read_text()
     missing = sorted(n for n in names - INTERNAL_ENV if not re.search(rf"\b{n}(?![A-Za-z0-9_])", readme))
     assert not missing, f"not in the README: {missing}"
+
+
+@pytest.mark.parametrize(("argv", "message"), [
+    (["--host-budget", "-1GiB"], r"--host-budget: a size cannot be negative \('-1GiB'\)"),
+    (["--host-budget=-1GiB"], r"--host-budget: a size cannot be negative \('-1GiB'\)"),
+    (["--host-budget", "-512"], r"--host-budget: a size cannot be negative \('-512'\)"),
+    (["--start-timeout", "-1e3"], r"--start-timeout must be a number of seconds in .*, got -1000\.0"),
+    (["--start-timeout", "-.5"], r"--start-timeout must be a number of seconds in .*, got -0\.5"),
+    (["--jobs", "-1"], r"--jobs must be 1\.\.100000, got -1"),
+])
+def test_a_negative_value_reaches_the_options_own_check(argv: list[str], message: str) -> None:
+    """A value that starts like a negative number is the option's value, written with = or not, and the
+    option's own check names it (argparse took only "-1" and "-1.5" so: "-1GiB" after an option
+    was "expected one argument", naming no value)."""
+    from cuzk_mp.pipeline import benchoptions
+
+    args = cli.build_parser().parse_args(["bench", "--backend", "cpu", *argv])
+    with pytest.raises(errors.InputError, match=message):
+        benchoptions.fill_defaults(args, "cpu")
+
+
+def test_a_negative_keep_warm_is_named() -> None:
+    from cuzk_mp import cli_verbs
+
+    args = cli.build_parser().parse_args(["g16p", "k.zkey", "w.wtns", "--keep-warm", "-1e3"])
+    with pytest.raises(errors.InputError, match=r"--keep-warm -1000: a number of seconds in \(0, "):
+        cli_verbs._through_a_daemon(args)

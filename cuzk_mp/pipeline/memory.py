@@ -93,6 +93,8 @@ def parse_size(value: object, key: str, *, allow_auto: bool = False) -> int | No
         if allow_auto:
             return None
         raise ConfigError(f"{key}: \"auto\" is not allowed here; write a size like \"64GiB\"")
+    if isinstance(value, str) and value.strip().startswith("-"):
+        raise ConfigError(f"{key}: a size cannot be negative ({value!r})")
     m = _SIZE_RE.match(value) if isinstance(value, str) else None
     if m is None or m.group(2).lower() not in _UNITS:
         raise ConfigError(f"{key}: cannot parse size {value!r} (write e.g. \"64GiB\", \"512MiB\" "
