@@ -13,7 +13,9 @@ type of every file and folder argument of the command line: what no verb can tak
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
+import tempfile
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -39,7 +41,8 @@ def folder_problem(path: Path) -> str | None:
     """Why ``path`` cannot be a folder this process writes into (made first where missing: its
     nearest existing parent decides), or None if it can. A symbolic link on the way whose target
     is missing (or a loop) cannot be made into a folder: it is named, with where it leads; so is a
-    path the system refuses to look at (a name longer than the file system takes)."""
+    path the system refuses to look at (a name longer than the file system takes). Writable means a
+    file could be made there (:func:`_probe_problem`), not only that the permission bits allow it."""
     nearest = Path(path)
     try:
         while not nearest.exists() and nearest != nearest.parent:
@@ -52,6 +55,20 @@ def folder_problem(path: Path) -> str | None:
         return f"{nearest} is not a folder"
     if not os.access(nearest, os.W_OK | os.X_OK):
         return f"{nearest} is not writable (a read-only file system, or no write permission)"
+    return _probe_problem(nearest)
+
+
+def _probe_problem(folder: Path) -> str | None:
+    """Why no file can be made in the existing ``folder`` (one made and removed at once), or None.
+    The permission bits do not say it for root, whom they let through (``/proc``, a file system
+    that refuses new files): only a file made there does, before the work, not after it."""
+    try:
+        fd, name = tempfile.mkstemp(prefix=f".{APP}-probe-", dir=folder)
+    except OSError as exc:
+        return f"{folder} is not writable (a file made there to try it failed: {exc.strerror or exc})"
+    os.close(fd)
+    with contextlib.suppress(OSError):  # removed by whoever can; a file left there is no reason to refuse
+        os.unlink(name)
     return None
 
 

@@ -415,6 +415,9 @@ def test_big_circuit_data_is_built_in_a_child_process(tmp_path: Path) -> None:
     (("--json", "{tmp}"), r"--json .*: is a folder"),
     (("--json", "{tmp}/afile/x.json"), r"--json .*: .*afile is not a folder"),
     (("--proofs-dir", "{tmp}/afile"), r"--proofs-dir .*: .*afile is not a folder"),
+    # a place no file can be made in, even by root (whom the permission bits let through): tried up front
+    (("--proofs-dir", "/proc/x"), r"--proofs-dir /proc/x: /proc is not writable \(a file made there to try it failed"),
+    (("--json", "/proc/x.json"), r"--json /proc/x\.json: /proc is not writable"),
     (("--cache", "{tmp}/afile/c"), r"--cache .*: .*afile is not a folder"),
     (("--host-budget", "banana"), r"--host-budget: cannot parse size 'banana'"),
     (("--host-budget", "64 GB RAM"), r"--host-budget: cannot parse size"),
