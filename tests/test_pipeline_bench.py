@@ -671,3 +671,36 @@ def test_a_damaged_cached_dev_key_is_moved_aside_and_made_again_and_a_given_key_
     with pytest.raises(InputError, match=r"given\.zkey.*truncated"):
         benchoptions.bench_circuit(args, "cpu")
     assert given.read_bytes() == cut and not (tmp_path / "given.zkey.damaged").exists()
+
+
+def test_a_failed_output_loses_none_of_the_others(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """The proofs folder cannot be written (a full disk, an I/O error) after a long run: the JSON
+    result is written all the same, and the run ends non-zero naming the output that failed."""
+    from cuzk_mp.errors import OutputError
+
+    result = {"proofs_total": 1, "proofs_verified": 1, "partitions": [], "config": {}}
+
+    class Run:
+        def __init__(self, *args: object) -> None:
+            pass
+
+        def execute(self, circuit: object) -> dict[str, object]:
+            return {"vk": None, "runs": []}
+
+    def disk_full(folder: Path, *args: object) -> int:
+        raise OutputError(folder / "bench-0-0-0.proof.json", "No space left on device")
+
+    monkeypatch.setattr(bench, "BenchRun", Run)
+    monkeypatch.setattr(bench, "summarize", lambda run, raw: dict(result))
+    monkeypatch.setattr(bench, "table", lambda r: "the table")
+    monkeypatch.setattr(bench, "write_proofs", disk_full)
+    monkeypatch.setattr(bench, "choose_shape", lambda *a: "shape")
+    out = tmp_path / "r.json"
+    args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--cache", str(KEY_CACHE), "--json", str(out),
+                  "--proofs-dir", str(tmp_path / "proofs"))
+    assert args.func(args) != 0
+    assert json.loads(out.read_text())["proofs_verified"] == 1
+    err = capsys.readouterr().err
+    assert f"--proofs-dir {tmp_path / 'proofs'}:" in err and "No space left on device" in err
+    assert f"(--json {out} written)" in err and err.count("cannot write it") == 1  # the JSON is not a failure

@@ -158,14 +158,41 @@ def run(args: argparse.Namespace) -> int:
     result["config"]["backend_reason"], result["config"]["shape_reason"] = why, shape_line
     result["config"]["device_plan"] = plan_line
     print(table(result))
-    if args.proofs_dir:
+    failed = write_outputs(args, result, raw)
+    verdict = _verdict(result)
+    return verdict or failed
+
+
+def write_outputs(args: argparse.Namespace, result: dict[str, Any], raw: dict[str, Any]) -> int:
+    """The outputs asked for, the JSON result first (the run's measurements, the one a long run
+    cannot give again), then the proofs and the plot, each tried whatever became of the others: a
+    full disk under --proofs-dir loses no result. Returns 0, or after one closing line on stderr
+    naming each output that failed and why, 2 where each was refused as a place (an OutputError,
+    the exit code of every output), else 1."""
+    from ..errors import CuzkError, InputError
+
+    def proofs() -> None:
         n = write_proofs(args.proofs_dir, raw["vk"], raw["runs"])
         print(f"wrote verification_key.json and {n} proof(s) to {args.proofs_dir}", flush=True)
-    if args.json:
-        write_result(args.json, result)
-    if args.plot:
-        plot_timeline(result, args.plot)
-    return _verdict(result)
+
+    outputs = (("--json", args.json, lambda: write_result(args.json, result)),
+               ("--proofs-dir", args.proofs_dir, proofs),
+               ("--plot", args.plot, lambda: plot_timeline(result, args.plot)))
+    failed: list[tuple[str, Exception]] = []
+    for option, path, write in outputs:
+        if path is None:
+            continue
+        try:
+            write()
+        except (CuzkError, OSError) as exc:
+            failed.append((f"{option} {path}", exc))
+    if not failed:
+        return 0
+    code = EXIT_INPUT if all(isinstance(exc, InputError) for _, exc in failed) else 1
+    written = [f"{o} {p}" for o, p, _ in outputs if p is not None and f"{o} {p}" not in dict(failed)]
+    return final_error(code, "; ".join(f"{what}: {exc}" for what, exc in failed)
+                       + (f" ({', '.join(written)} written)" if written else ""),
+                       prefix="cuzk-mp bench", logger=__name__)
 
 
 def write_result(path: Path, result: dict[str, Any]) -> None:
