@@ -509,3 +509,28 @@ def test_a_child_restarted_as_a_stop_is_abandoned_is_killed_too(test_key: tuple)
     psutil.wait_procs([late], timeout=10)
     assert not late.is_running() or late.status() == psutil.STATUS_ZOMBIE
     assert shm_entries(prefix_for("abandonrace")) == []
+
+
+def test_a_stop_without_grace_ends_promptly_while_a_prover_loads_its_key(test_key: tuple,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Ctrl-C to a bench while its prover loads (or generates) the key: the prover reads no message
+    until the load ends, so the stop does not wait for it to answer the stop message as a drain does;
+    it ends within seconds, no process and nothing of the ring left behind."""
+    from cuzk_mp.pipeline import supervisor
+
+    monkeypatch.setitem(supervisor.ROLE_MODULES, "prover", "tests.slow_key_role")
+    engine = _stoppable("nograce", None)
+    children = [psutil.Process(c.handle.pid) for c in engine.sup.children.values()]
+    loading = threading.Thread(target=lambda: pytest.raises(CuzkError, engine.preload, "porep"), daemon=True)
+    loading.start()
+    time.sleep(0.5)  # the load message has reached the prover
+    t0 = time.monotonic()
+    engine.stop(grace_s=0)
+    took = time.monotonic() - t0
+    assert engine.state == "stopped"
+    assert took < 5, f"a stop without grace took {took:.1f} s"
+    gone, alive = psutil.wait_procs(children, timeout=10)
+    assert not alive
+    assert shm_entries(prefix_for("nograce")) == []
+    loading.join(10)
+    assert not loading.is_alive()  # the preload was answered: the engine stopped

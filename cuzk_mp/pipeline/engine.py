@@ -21,8 +21,8 @@ Two objects, one per phase of an engine's life:
 
 Lifecycle of a running engine: starting -> running -> draining (``stop``: no new
 jobs start, started jobs may finish until the grace runs out) -> stopping ->
-stopped (children stopped: message, SIGTERM, 5 s, SIGKILL; every named IPC object
-with the prefix unlinked). ``stop`` is idempotent; a ``weakref.finalize`` removes
+stopped (children stopped: message, a wait (10 s, 1 s where the stop has no grace), SIGTERM, 5 s,
+SIGKILL; every named IPC object with the prefix unlinked). ``stop`` is idempotent; a ``weakref.finalize`` removes
 the shm objects even if ``stop`` is never called. Once ``stop`` has begun no child is
 restarted (a drain finishes with the processes left), and a stop that an interrupt ends
 part way (a second Ctrl-C) kills every child at once rather than leave them to a live
@@ -79,7 +79,7 @@ from .ring import TRIM_IDLE_S, Ring, RingStats, SlotRecord
 from .shm_names import live_segments, remove_abandoned, shm_bytes
 from .scheduler import Scheduler
 from .status import EngineMetrics, EngineStatus, MemoryStatus, ProverStats, RingStatus
-from .supervisor import ROLES, Degraded, Supervisor, child_specs
+from .supervisor import NO_GRACE_STOP_WAIT_S, ROLES, STOP_WAIT_S, Degraded, Supervisor, child_specs
 from .types import CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionResult, field_key
 
 log = logging.getLogger("cuzk_mp.pipeline.engine")
@@ -322,10 +322,12 @@ class RunningEngine(EngineEvents):
             self._state = "stopping"
             self._wake()
         # the ring's names go while a child that would remove them at the engine's death still runs:
-        # the module docstring says why in this order
-        self.sup.stop_all(only=lambda c: c.spec.role != "prover" or not c.handle.ready)
+        # the module docstring says why in this order. Without grace (an interrupted bench) a child gets
+        # SIGTERM soon after the stop message: one loading a key reads it only once the load ends
+        wait_s = STOP_WAIT_S if grace_s > 0 else NO_GRACE_STOP_WAIT_S
+        self.sup.stop_all(wait_s, only=lambda c: c.spec.role != "prover" or not c.handle.ready)
         unlinked = len(self.ring.unlink())
-        self.sup.stop_all()
+        self.sup.stop_all(wait_s)
         self._memory_stop.set()
         if self._memory_thread is not threading.current_thread():
             self._memory_thread.join(10.0)  # it trims the ring: done before the ring goes

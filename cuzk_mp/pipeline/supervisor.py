@@ -25,7 +25,8 @@ Environment per child, set in the child before any heavy import:
   the other processes need: :func:`~cuzk_mp.algebra.threads.pool_environment`).
 
 Shutdown (:meth:`Supervisor.stop_all`, of every child or of some): ``Stop`` message, a short
-wait, then SIGTERM -> 5 s -> SIGKILL for whatever is still alive.
+wait (``STOP_WAIT_S``; ``NO_GRACE_STOP_WAIT_S`` where the engine stops without grace), then
+SIGTERM -> 5 s -> SIGKILL for whatever is still alive.
 """
 
 from __future__ import annotations
@@ -56,6 +57,10 @@ BACKOFF_BASE_S = 0.5
 BACKOFF_MAX_S = 30.0
 MIN_UPTIME_S = 10.0  # a READY child that dies sooner than this counts as a quick death
 TERM_WAIT_S = 5.0
+STOP_WAIT_S = 10.0  # a stop message's wait for a READY child to exit (a drain's end: it finishes what it holds)
+# the same wait in a stop without grace (Ctrl-C to a bench): nothing a child finishes is wanted, and a
+# child busy loading or generating a key reads no message until that ends (minutes for a large key)
+NO_GRACE_STOP_WAIT_S = 1.0
 
 
 class ProcessRow(msgspec.Struct):
@@ -289,10 +294,11 @@ class Supervisor:
             child.handle.send(message)
 
     # ---- shutdown
-    def stop_all(self, deadline_s: float = 10.0, only: Callable[[Child], bool] | None = None) -> None:
+    def stop_all(self, deadline_s: float = STOP_WAIT_S, only: Callable[[Child], bool] | None = None) -> None:
         """Stop message, wait up to ``deadline_s``, then terminate -> 5 s -> kill; ``only``: the children
         it selects, the others left running (the engine stops its children in two steps: :mod:`.engine`).
-        No child is restarted after.
+        No child is restarted after. A child still running after a wait shorter than ``STOP_WAIT_S`` (a
+        stop without grace) was asked for no more than that: its SIGTERM is no warning.
 
         Whether a child still runs is read from its sentinel, never from ``is_alive()``: the
         engine's event thread reaps a child whose sentinel fires at the same moment, and the
@@ -308,7 +314,8 @@ class Supervisor:
         running += _running([h for h in handles if not h.ready], 0.0)
         for h in running:
             if h.ready:
-                log.warning("[shutdown] %s pid=%d did not stop: SIGTERM", h.spec.name, h.pid)
+                log.log(logging.WARNING if deadline_s >= STOP_WAIT_S else logging.INFO,
+                        "[shutdown] %s pid=%d did not stop within %.1f s: SIGTERM", h.spec.name, h.pid, deadline_s)
             h.proc.terminate()
         for h in _running(running, TERM_WAIT_S):
             log.error("[shutdown] %s pid=%d ignored SIGTERM: SIGKILL", h.spec.name, h.pid)
