@@ -10,8 +10,10 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
+import io
 import json
 import logging
+import sys
 import time
 from collections import Counter
 from pathlib import Path
@@ -278,3 +280,43 @@ def test_a_plot_that_cannot_be_written_is_an_output_error_naming_it(bench_result
     svg = tmp_path / "t.svg"
     plot_timeline(bench_result[0], svg)  # the format still follows the suffix
     assert b"<svg" in svg.read_bytes()[:400]
+
+
+def _screen(text: str) -> list[str]:
+    """What a terminal shows of ``text``: each line as its carriage returns left it (overwritten)."""
+    shown = []
+    for line in text.split("\n"):
+        cells: list[str] = []
+        col = 0
+        for ch in line:
+            if ch == "\r":
+                col = 0
+                continue
+            cells[col:col + 1] = [ch]
+            col += 1
+        shown.append("".join(cells).rstrip())
+    return shown
+
+
+def test_a_log_line_on_a_terminal_never_runs_onto_the_bar(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The engine logs while the bar is drawn (a retry, a restart): the line stands alone on the
+    terminal, and the bar comes back under it."""
+    class Terminal(io.StringIO):
+        def isatty(self) -> bool:
+            return True
+
+    term = Terminal()
+    monkeypatch.setattr(sys, "stderr", term)
+    root = logging.getLogger()
+    handler = logging.StreamHandler(term)
+    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+    monkeypatch.setattr(root, "handlers", [handler])
+    p = Progress(5)
+    p.advance()
+    logging.getLogger("cuzk_mp.pipeline.engine").warning("a prover died: its partitions are retried")
+    p.close()
+    shown = _screen(term.getvalue())
+    assert "WARNING a prover died: its partitions are retried" in shown, shown
+    bars = [i for i, line in enumerate(shown) if "1/5 proofs" in line]
+    assert bars and bars[-1] > shown.index("WARNING a prover died: its partitions are retried"), shown
+    assert root.handlers == [handler]  # the bar's own handlers went with it

@@ -51,7 +51,9 @@ def step(what: str, heartbeat_s: float = HEARTBEAT_S) -> Iterator[None]:
 class Progress:
     """A one-line progress bar on stderr (a new line every 10 % when stderr is not a terminal),
     with the elapsed time and, from the second finished item on, an ETA at the rate since the first
-    (the first one carries the cold start)."""
+    (the first one carries the cold start). On a terminal this process's log lines do not run onto
+    the bar: it is erased before each and drawn again under it (:class:`_AroundLogLines`); the
+    children's lines, which they write to the terminal themselves, are not seen here."""
 
     def __init__(self, total: int, label: str = "proofs") -> None:
         self.total = max(1, total)
@@ -66,6 +68,8 @@ class Progress:
         self._last_decile = -1
         self._last_len = 0
         self._closed = False
+        self._shown = ""  # the bar as it stands on the terminal, its line not ended ("" if none)
+        self._around = _AroundLogLines.install(self) if self._tty else []
 
     def advance(self, ok: bool = True) -> None:
         """Count one finished partition (called from the engine's thread)."""
@@ -83,10 +87,25 @@ class Progress:
         (Ctrl-C, a failure) cancels its partitions, which are no progress, and the lines that follow
         (the engine's stop, the closing error) start on a line of their own."""
         with self._lock:
-            if not self._closed and self._tty and self._last_len and self.done < self.total:
+            if not self._closed and self._shown:
                 sys.stderr.write("\n")
                 sys.stderr.flush()
-            self._closed = True
+            self._closed, self._shown = True, ""
+        _AroundLogLines.remove(self._around)
+
+    def erase(self) -> None:
+        """Clear the bar's line before a log line is written (the log line then starts at its left)."""
+        with self._lock:
+            if self._shown:
+                sys.stderr.write("\r" + " " * len(self._shown) + "\r")
+                sys.stderr.flush()
+
+    def redraw(self) -> None:
+        """Draw the bar again after a log line (:meth:`erase`), on the line that follows it."""
+        with self._lock:
+            if self._shown and not self._closed:
+                sys.stderr.write(self._shown)
+                sys.stderr.flush()
 
     def eta_s(self, now: float) -> float | None:
         """Seconds left at the rate since the first finished item; None before the second one."""
@@ -112,6 +131,41 @@ class Progress:
         padded, self._last_len = line.ljust(self._last_len), len(line)  # a shorter line covers the last one
         sys.stderr.write(("\r" + padded + ("\n" if final else "")) if self._tty else line + "\n")
         sys.stderr.flush()
+        self._shown = line if self._tty and not final else ""
+
+
+class _AroundLogLines(logging.Handler):
+    """One of a pair of handlers around the root logger's own: the first erases the bar before a
+    record is written, the last draws it again after (a handler before and one after, as the root
+    logger calls its handlers in order, each at the level of the least verbose of them)."""
+
+    def __init__(self, progress: Progress, after: bool, level: int) -> None:
+        super().__init__(level)
+        self.progress, self.after = progress, after
+
+    def emit(self, record: logging.LogRecord) -> None:
+        """Erase (first handler) or draw again (last handler) the bar."""
+        if self.after:
+            self.progress.redraw()
+        else:
+            self.progress.erase()
+
+    @staticmethod
+    def install(progress: Progress) -> list[logging.Handler]:
+        """Put the pair around the root logger's handlers (none where it has none)."""
+        root = logging.getLogger()
+        if not root.handlers:
+            return []
+        level = min(h.level for h in root.handlers)
+        pair: list[logging.Handler] = [_AroundLogLines(progress, False, level), _AroundLogLines(progress, True, level)]
+        root.handlers = [pair[0], *root.handlers, pair[1]]
+        return pair
+
+    @staticmethod
+    def remove(pair: list[logging.Handler]) -> None:
+        """Take the pair off the root logger (those a later configuration replaced are gone already)."""
+        for handler in pair:
+            logging.getLogger().removeHandler(handler)
 
 
 def require_matplotlib() -> None:

@@ -160,6 +160,8 @@ class BenchRun:
             sampler.start()
             self.progress = None if a.quiet else Progress(a.jobs * a.partitions * a.repeat)
             runs = [self.one_run(running, spec.circuit_id, fixed, r) for r in range(a.repeat)]
+            if self.progress is not None:
+                self.progress.close()  # drawn whole: what it put around the log lines goes
             memory = sampler.stop()  # every job has ended: no callback samples any more
             self._take_sampler()
             memory.update(idle_pss={m.name: m.pss for m in idle}, idle_uss={m.name: m.uss for m in idle},
