@@ -312,7 +312,14 @@ class FleetStore:
         return [status_of(r) for r in rows]
 
     async def boxes(self) -> list[BoxInfo]:
-        """Every box that has joined: its state, resident keys, free slots and running jobs."""
+        """Every box that has joined: its state, resident keys, free slots and running jobs.
+
+        A box is ``stale`` once its last heartbeat is older than its own stall timeout, as its row
+        records it: boxes of one fleet may run different ones, and a box renewing every 20 s under a
+        60 s timeout was listed stale by a reader whose own timeout is 15 s (and its keys counted for
+        no holder in that reader's key-loading decision), while one that renews every second and died
+        10 s ago was listed up by a reader with a 30 s timeout. A row of a release before schema 4
+        records 0: it is judged by the reader's own stall timeout, as those releases judged every box."""
         async with self._tx() as (conn, _):
             return await self._boxes(conn)
 
@@ -321,11 +328,13 @@ class FleetStore:
             "SELECT b.box, b.host, b.pid, b.resident, b.loading, b.free_slots, b.paused, "
             "b.left_at IS NOT NULL AS left, extract(epoch FROM b.started_at) AS started_at, "
             "extract(epoch FROM now() - b.last_heartbeat) AS age, "
+            "CASE WHEN b.stall_timeout_s > 0 THEN b.stall_timeout_s ELSE %s END AS stall_s, "
             "(SELECT count(*) FROM cuzk_fleet_jobs j WHERE j.state = 'running' AND j.box = b.box "
-            " AND j.owner = b.instance) AS running FROM cuzk_fleet_boxes b ORDER BY b.box")
+            " AND j.owner = b.instance) AS running FROM cuzk_fleet_boxes b ORDER BY b.box",
+            (self.cfg.stall_timeout_s,))
         rows = await cur.fetchall()
         return [BoxInfo(box=r["box"], state="left" if r["left"] else
-                        "stale" if float(r["age"]) > self.cfg.stall_timeout_s else "up",
+                        "stale" if float(r["age"]) > float(r["stall_s"]) else "up",
                         host=r["host"], pid=r["pid"], resident=tuple(r["resident"]), free_slots=r["free_slots"],
                         running=int(r["running"]), started_at=float(r["started_at"]),
                         heartbeat_age_s=float(r["age"]), paused=r["paused"], loading=tuple(r["loading"]))

@@ -1,0 +1,41 @@
+"""What the fleet makes of each box's row: whether it is up, and how long a key it loads counts as held."""
+
+from __future__ import annotations
+
+import asyncio
+
+from fleet_helpers import connect
+
+from cuzk_mp.daemon.fleet import report
+
+
+def _age(dsn: str, box: str, age_s: float, stall_s: float | None = None) -> None:
+    """Box ``box`` last heartbeat ``age_s`` ago (and, given, recorded ``stall_s`` as its stall timeout)."""
+    import psycopg
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE cuzk_fleet_boxes SET last_heartbeat = now() - make_interval(secs => %s), "
+                     "stall_timeout_s = COALESCE(%s, stall_timeout_s) WHERE box = %s", (age_s, stall_s, box))
+
+
+def test_each_box_is_stale_by_its_own_stall_timeout(fleet_dsn: str) -> None:
+    """Boxes of one fleet may run different stall timeouts: each is judged by the one its row records,
+    whoever reads it. A row of a release before that column (0 there) is judged by the reader's own."""
+
+    async def main() -> None:
+        reader = await connect(fleet_dsn, "reader", stall_timeout_s=10.0, heartbeats=False)
+        boxes = {name: await connect(fleet_dsn, name, stall_timeout_s=stall, heartbeats=False)
+                 for name, stall in (("patient", 60.0), ("hasty", 3.0), ("old", 3.0))}
+        _age(fleet_dsn, "patient", 20.0)  # older than the reader's 10 s, within its own 60 s
+        _age(fleet_dsn, "hasty", 5.0)  # within the reader's 10 s, older than its own 3 s
+        _age(fleet_dsn, "old", 5.0, stall_s=0.0)
+        states = {b.box: b.state for b in await reader.boxes()}
+        assert states == {"reader": "up", "patient": "up", "hasty": "stale", "old": "up"}, states
+        _age(fleet_dsn, "old", 15.0)
+        assert {b.box: b.state for b in await reader.boxes()}["old"] == "stale"
+        up = {name: values for name, _, values in report.gauges(await reader.boxes(), [])}["cuzk_fleet_box_up"]
+        assert {dict(labels)["box"]: v for labels, v in up.items()} == {"reader": 1.0, "patient": 1.0, "hasty": 0.0,
+                                                                       "old": 0.0}
+        for f in (reader, *boxes.values()):
+            await f.close()
+
+    asyncio.run(main())
