@@ -3,8 +3,10 @@
 This module owns a box's side of the shared PostgreSQL queue: its claims (the jobs this process
 holds, in memory and in the database), its heartbeat task, its LISTEN connection and its
 registration in ``cuzk_fleet_boxes``; the database access and the read-only views are
-:mod:`.store`'s, and what a box does for its clients (submit, wait for a result) is
-:mod:`.submits`'s (:class:`Fleet` is a :class:`~.submits.FleetSubmits`). The queue mechanics
+:mod:`.store`'s, what a box does for its clients (submit, wait for a result) is
+:mod:`.submits`'s, and the writes that end a run (result, failure, release, cancel) are
+:mod:`.settles`'s (:class:`Fleet` is a :class:`~.settles.FleetSettles`, which is a
+:class:`~.submits.FleetSubmits`). The queue mechanics
 are pgqueuer's (see the package docstring for why): ``enqueue`` on submit, ``dequeue`` to claim
 (``FOR UPDATE SKIP LOCKED``, priorities, one entrypoint per resident circuit, and re-picking of
 jobs whose heartbeat is older than the stall timeout, all in one statement), ``update_heartbeat``,
@@ -39,26 +41,23 @@ import os
 import socket
 import time
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
 from datetime import timedelta
-from typing import Any, Self, cast
+from typing import Any, Self
 
 import psycopg
-from pgqueuer.adapters.persistence.queries import Queries
 from pgqueuer.domain import models as pgq
-from pgqueuer.domain.types import JOB_STATUS, JobId, QueueEntrypoint, QueueManagerId
+from pgqueuer.domain.types import QueueEntrypoint, QueueManagerId
 from pgqueuer.ports.repository import EntrypointExecutionParameter
-from psycopg import sql
 from psycopg.rows import dict_row
 from psycopg_pool import AsyncConnectionPool, PoolTimeout
 
 from cuzk_mp.daemon.fleet import retries, schema
 from cuzk_mp.daemon.fleet.config import FleetConfig, check_fleet, redact_dsn
 from cuzk_mp.daemon.fleet.events import EventHandlers, FleetEvents
-from cuzk_mp.daemon.fleet.models import Claimed, JobState, entrypoint, lost_reason
-from cuzk_mp.daemon.fleet.store import connect_kwargs, first_connection, new_pool, notify, start_error
-from cuzk_mp.daemon.fleet.submits import FleetSubmits
-from cuzk_mp.errors import CuzkError, InputError, ResourceError
+from cuzk_mp.daemon.fleet.models import Claimed, entrypoint, lost_reason
+from cuzk_mp.daemon.fleet.settles import FleetSettles, Held
+from cuzk_mp.daemon.fleet.store import connect_kwargs, first_connection, new_pool, start_error
+from cuzk_mp.errors import CuzkError, ResourceError
 from cuzk_mp.pipeline.types import Priority
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
@@ -66,22 +65,12 @@ log = logging.getLogger("cuzk_mp.daemon.fleet")
 AbortCallback = Callable[[str, str], None]
 
 
-@dataclass
-class _Held:
-    """A claim this process holds: what the daemon runs, and the library's row to settle."""
-
-    claimed: Claimed
-    queue_job: pgq.Job
-
-
-class Fleet(FleetSubmits):
+class Fleet(FleetSettles):
     """One box's handle on the shared queue; create with :meth:`connect`, end with :meth:`close`."""
 
     def __init__(self, cfg: FleetConfig, pool: AsyncConnectionPool, on_abort: AbortCallback | None) -> None:
         super().__init__(cfg, pool)
         self._on_abort = on_abort
-        self._held: dict[str, _Held] = {}
-        self._by_queue_id: dict[int, str] = {}
         self._work = asyncio.Event()
         self._resident: tuple[str, ...] = ()
         self._free_slots = 0
@@ -273,7 +262,7 @@ class Fleet(FleetSubmits):
                     request_id=row["request_id"], client=row["client"],
                     submitted_at=float(row["submitted_at"]), queued_s=max(float(row["queued_s"]), 0.0),
                     claimed_at=time.time())
-        self._held[c.job_id] = _Held(c, queue_job)
+        self._held[c.job_id] = Held(c, queue_job)
         self._by_queue_id[int(queue_job.id)] = c.job_id
         if lapsed:
             log.warning("fleet: box %s claimed job %s again (claim %d, attempt %d): its previous box stopped "
@@ -396,155 +385,6 @@ class Fleet(FleetSubmits):
                 if self._closed:
                     return
                 log.warning("fleet: heartbeat of box %s failed: %s", self.box, e)
-
-    # -- settling a job -------------------------------------------------------------------
-
-    async def complete(self, job_id: str, result: bytes, key_digest: str | None = None) -> bool:
-        """Write the job's result (and the ``key_digest`` its proofs name, :class:`.models.JobOutput`),
-        once: False (and nothing written) if it already ended."""
-        if len(result) > schema.MAX_RESULT_BYTES:
-            raise InputError(f"result: {len(result)} bytes, more than {schema.MAX_RESULT_BYTES}; results "
-                             "live in the database and must stay small")
-        async with self._tx() as (conn, queries):
-            await self._lock_queue_row(conn, job_id)
-            cur = await conn.execute(
-                "UPDATE cuzk_fleet_jobs SET state = 'done', result = %s, key_digest = %s, finished_at = now(), "
-                "box = %s, error = NULL, error_kind = NULL WHERE job_id = %s AND state IN ('queued', 'running') "
-                "RETURNING queue_id", (result, key_digest, self.box, job_id))
-            row = await cur.fetchone()
-            if row is not None:
-                await self._settle(queries, job_id, row[0], "successful")
-                await notify(conn, {"event": "finished", "job_id": job_id})
-            else:  # ended before: by another box, or by this very write, tried again after its commit went unanswered
-                cur = await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE job_id = %s AND state = 'done' AND "
-                                         "owner = %s AND box = %s AND result = %s",
-                                         (job_id, self.instance, self.box, result))
-                mine = await cur.fetchone() is not None
-        self._drop(job_id)
-        if row is None:
-            if mine:
-                log.info("fleet: result of job %s from box %s was already written (a try whose commit went "
-                         "unanswered)", job_id, self.box)
-            else:
-                log.info("fleet: result of job %s from box %s discarded: the job had already ended", job_id,
-                         self.box)
-            return False
-        log.info("fleet: job %s done on box %s", job_id, self.box)
-        return True
-
-    async def fail(self, job_id: str, error: str, *, error_kind: str = "ProofError", retry: bool = True) -> JobState:
-        """Record a failed run: back to the queue while attempts remain and ``retry``, else failed.
-
-        This box joins the job's ``failed_on``; the retry waits ``retry_delay``, and a heartbeat
-        interval longer where another box could take it meanwhile (:mod:`.retries`).
-
-        Acts only while this process holds the claim; otherwise returns the job's state unchanged.
-        ``error`` is stored as PostgreSQL takes text (:func:`.retries.stored_text`): a failure the database
-        refused would never be recorded, and the job would stay running under this box for ever.
-        """
-        error = retries.stored_text(error)
-        async with self._tx() as (conn, queries):
-            await self._lock_queue_row(conn, job_id)
-            cur = await conn.execute("SELECT state, owner, attempts, queue_id, circuit_id FROM cuzk_fleet_jobs "
-                                     "WHERE job_id = %s FOR UPDATE", (job_id,))
-            row = await cur.fetchone()
-            if row is None:
-                raise InputError(f"job_id: unknown job {job_id!r}")
-            state, owner, attempts, queue_id, circuit_id = row
-            if state != "running" or owner != self.instance:
-                self._drop(job_id)
-                return cast(JobState, state)
-            attempts += 1
-            queue_job = await self._queue_job(queries, job_id, queue_id)
-            if retry and attempts < self.cfg.max_attempts and queue_job is not None:
-                new_state: JobState = "queued"
-                await conn.execute("UPDATE cuzk_fleet_jobs SET state = 'queued', owner = NULL, attempts = %s, "
-                                   f"error = %s, error_kind = %s, {retries.FAILED_HERE} WHERE job_id = %s",
-                                   (attempts, error, error_kind, job_id))
-                await queries.retry_job(queue_job, timedelta(seconds=await retries.hold_s(conn, self.cfg, job_id)),
-                                        retries.traceback_record(queue_job.id, error_kind, error))
-                await notify(conn, {"event": "requeued", "circuit_id": circuit_id})
-            else:
-                if queue_job is not None:
-                    record = retries.traceback_record(queue_job.id, error_kind, error)
-                    await queries.log_jobs([(queue_job, "exception", record)])
-                new_state = "failed"
-                await conn.execute("UPDATE cuzk_fleet_jobs SET state = 'failed', owner = NULL, attempts = %s, "
-                                   f"error = %s, error_kind = %s, finished_at = now(), {retries.FAILED_HERE} "
-                                   "WHERE job_id = %s", (attempts, error, error_kind, job_id))
-                await notify(conn, {"event": "finished", "job_id": job_id})
-        self._drop(job_id)
-        log.info("fleet: job %s failed on box %s (attempt %d, %s): %s -> %s", job_id, self.box, attempts,
-                 error_kind, error[:200], new_state)
-        return new_state
-
-    async def release(self, job_id: str) -> bool:
-        """Give a held job back to the queue at once (this box is stopping); no attempt is counted."""
-        async with self._tx() as (conn, queries):
-            await self._lock_queue_row(conn, job_id)
-            cur = await conn.execute(
-                "UPDATE cuzk_fleet_jobs SET state = 'queued', owner = NULL WHERE job_id = %s AND owner = %s "
-                "AND state = 'running' RETURNING queue_id, circuit_id", (job_id, self.instance))
-            row = await cur.fetchone()
-            if row is not None:
-                queue_job = await self._queue_job(queries, job_id, row[0])
-                if queue_job is not None:
-                    await queries.retry_job(queue_job, timedelta(0), None)
-                await notify(conn, {"event": "requeued", "circuit_id": row[1]})
-        self._drop(job_id)
-        return row is not None
-
-    async def cancel(self, job_id: str, client: str | None = None) -> bool:
-        """Cancel a job from any box: False if it had already ended (InputError if unknown).
-
-        A queued job never runs; a running one is aborted on its box through the library's
-        cancellation NOTIFY (and, should that be missed, at that box's next heartbeat).
-        ``job_id`` and ``client`` are read as by :meth:`status`.
-        """
-        job_id = (await self.status(job_id, client)).job_id
-        async with self._tx() as (conn, queries):
-            await self._lock_queue_row(conn, job_id)
-            cur = await conn.execute(
-                "UPDATE cuzk_fleet_jobs SET state = 'cancelled', finished_at = now(), error = 'cancelled', "
-                "error_kind = 'Cancelled' WHERE job_id = %s AND state IN ('queued', 'running') "
-                "RETURNING queue_id, box", (job_id,))
-            row = await cur.fetchone()
-            if row is None:
-                return False
-            if row[0] is not None:
-                await queries.mark_job_as_cancelled([JobId(row[0])])
-            await notify(conn, {"event": "finished", "job_id": job_id})
-        log.info("fleet: box %s cancelled job %s", self.box, job_id)
-        return True
-
-    async def _lock_queue_row(self, conn: psycopg.AsyncConnection, job_id: str) -> None:
-        """Lock the job's queue row (if it still has one) before its job row is touched.
-
-        :meth:`claim` locks in that order (the library's dequeue locks queue rows, then our job rows
-        are updated); a cancel, result, failure or release that locked the job row first and then
-        the queue row deadlocked with a claim of the same job, and PostgreSQL aborted one of the
-        two: a client's cancel failed with a deadlock error. The job's queue_id never changes.
-        """
-        await conn.execute(sql.SQL("SELECT 1 FROM {} WHERE id = (SELECT queue_id FROM cuzk_fleet_jobs "
-                                   "WHERE job_id = %s) FOR UPDATE").format(self._queue_table), (job_id,))
-
-    async def _queue_job(self, queries: Queries, job_id: str, queue_id: int | None) -> pgq.Job | None:
-        held = self._held.get(job_id)
-        if held is not None:
-            return held.queue_job
-        return None if queue_id is None else await queries.queue_job_by_id(JobId(queue_id))
-
-    async def _settle(self, queries: Queries, job_id: str, queue_id: int | None, status: JOB_STATUS) -> None:
-        queue_job = await self._queue_job(queries, job_id, queue_id)
-        if queue_job is not None:
-            await queries.log_jobs([(queue_job, status, None)])
-
-    def _drop(self, job_id: str) -> Claimed | None:
-        held = self._held.pop(job_id, None)
-        if held is None:
-            return None
-        self._by_queue_id.pop(int(held.queue_job.id), None)
-        return held.claimed
 
     def _abort(self, job_id: str, reason: str) -> None:
         claimed = self._drop(job_id)
