@@ -276,6 +276,7 @@ class Fleet(FleetSettles):
 
     def forget(self, job_id: str) -> None:
         """Stop renewing a claim without touching the database: the job lapses to another box."""
+        self._unanswered.pop(job_id, None)
         self._drop(job_id)
 
     def held(self) -> list[Claimed]:

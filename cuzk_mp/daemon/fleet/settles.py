@@ -9,7 +9,9 @@ which claims and renews, is a :class:`FleetSettles`; the claims it holds live he
 
 from __future__ import annotations
 
+import contextlib
 import logging
+from collections.abc import AsyncIterator
 from dataclasses import dataclass
 from datetime import timedelta
 from typing import cast
@@ -26,7 +28,7 @@ from cuzk_mp.daemon.fleet.config import FleetConfig
 from cuzk_mp.daemon.fleet.models import Claimed, JobState
 from cuzk_mp.daemon.fleet.store import notify
 from cuzk_mp.daemon.fleet.submits import FleetSubmits
-from cuzk_mp.errors import InputError
+from cuzk_mp.errors import InputError, ResourceError
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
@@ -46,14 +48,21 @@ class FleetSettles(FleetSubmits):
         super().__init__(cfg, pool)
         self._held: dict[str, Held] = {}
         self._by_queue_id: dict[int, str] = {}
+        # The claims of jobs whose last settle went unanswered (the call failed: its commit may have
+        # happened), until a try is answered or the claim is let go (forget); an abort does not end it.
+        self._unanswered: dict[str, Claimed] = {}
 
     async def complete(self, job_id: str, result: bytes, key_digest: str | None = None) -> bool:
         """Write the job's result (and the ``key_digest`` its proofs name, :class:`.models.JobOutput`),
-        once: False (and nothing written) if it already ended."""
+        once: False (and nothing written) if it already ended.
+
+        True also where this very write was tried before and committed, but its call failed (the
+        connection dropped after the commit, :meth:`_unanswered_try`): the job's row shows this claim's
+        result, and the try that wrote it is counted as this one, once."""
         if len(result) > schema.MAX_RESULT_BYTES:
             raise InputError(f"result: {len(result)} bytes, more than {schema.MAX_RESULT_BYTES}; results "
                              "live in the database and must stay small")
-        async with self._tx() as (conn, queries):
+        async with self._unanswered_try(job_id), self._tx() as (conn, queries):
             await self._lock_queue_row(conn, job_id)
             cur = await conn.execute(
                 "UPDATE cuzk_fleet_jobs SET state = 'done', result = %s, key_digest = %s, finished_at = now(), "
@@ -63,19 +72,18 @@ class FleetSettles(FleetSubmits):
             if row is not None:
                 await self._settle(queries, job_id, row[0], "successful")
                 await notify(conn, {"event": "finished", "job_id": job_id})
-            else:  # ended before: by another box, or by this very write, tried again after its commit went unanswered
+            elif mine := job_id in self._unanswered:  # ended before: by another box, or by this very write
                 cur = await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE job_id = %s AND state = 'done' AND "
                                          "owner = %s AND box = %s AND result = %s",
                                          (job_id, self.instance, self.box, result))
                 mine = await cur.fetchone() is not None
         self._drop(job_id)
+        if row is None and mine:
+            log.info("fleet: job %s done on box %s (by its earlier try, whose commit went unanswered)", job_id,
+                     self.box)
+            return True
         if row is None:
-            if mine:
-                log.info("fleet: result of job %s from box %s was already written (a try whose commit went "
-                         "unanswered)", job_id, self.box)
-            else:
-                log.info("fleet: result of job %s from box %s discarded: the job had already ended", job_id,
-                         self.box)
+            log.info("fleet: result of job %s from box %s discarded: the job had already ended", job_id, self.box)
             return False
         log.info("fleet: job %s done on box %s", job_id, self.box)
         return True
@@ -86,12 +94,15 @@ class FleetSettles(FleetSubmits):
         This box joins the job's ``failed_on``; the retry waits ``retry_delay``, and a heartbeat
         interval longer where another box could take it meanwhile (:mod:`.retries`).
 
-        Acts only while this process holds the claim; otherwise returns the job's state unchanged.
+        Acts only while this process holds the claim; otherwise returns the job's state unchanged,
+        except where this very failure was tried before and committed, but its call failed (the
+        connection dropped after the commit, :meth:`_unanswered_try`): then the state that try recorded,
+        as if this call had recorded it (see :meth:`_failed_by_this_claim`).
         ``error`` is stored as PostgreSQL takes text (:func:`.retries.stored_text`): a failure the database
         refused would never be recorded, and the job would stay running under this box for ever.
         """
         error = retries.stored_text(error)
-        async with self._tx() as (conn, queries):
+        async with self._unanswered_try(job_id), self._tx() as (conn, queries):
             await self._lock_queue_row(conn, job_id)
             cur = await conn.execute("SELECT state, owner, attempts, queue_id, circuit_id FROM cuzk_fleet_jobs "
                                      "WHERE job_id = %s FOR UPDATE", (job_id,))
@@ -100,7 +111,12 @@ class FleetSettles(FleetSubmits):
                 raise InputError(f"job_id: unknown job {job_id!r}")
             state, owner, attempts, queue_id, circuit_id = row
             if state != "running" or owner != self.instance:
+                recorded = await self._failed_by_this_claim(conn, job_id, error, error_kind)
                 self._drop(job_id)
+                if recorded is not None:
+                    log.info("fleet: job %s failed on box %s (%s): %s -> %s (recorded by its earlier try, whose "
+                             "commit went unanswered)", job_id, self.box, error_kind, error[:200], recorded)
+                    return recorded
                 return cast(JobState, state)
             attempts += 1
             queue_job = await self._queue_job(queries, job_id, queue_id)
@@ -125,6 +141,46 @@ class FleetSettles(FleetSubmits):
         log.info("fleet: job %s failed on box %s (attempt %d, %s): %s -> %s", job_id, self.box, attempts,
                  error_kind, error[:200], new_state)
         return new_state
+
+    @contextlib.asynccontextmanager
+    async def _unanswered_try(self, job_id: str) -> AsyncIterator[None]:
+        """Around a settle's transaction: where the call fails with a ResourceError (a database error,
+        the connection lost, also after its commit went through), the job is marked as having had a
+        settle go unanswered, so that the next try (:class:`~.worker.FleetWorker` tries again) asks
+        whether the row already shows it. Without that, a result or failure committed just before
+        the connection dropped read on the next try as the job "already ended": a run that ended was
+        counted nowhere (``completed``, ``cuzk_fleet_job_failures_total``). The mark stays until a try is
+        answered or the claim is let go (:meth:`forget`), also where a heartbeat meanwhile found the job
+        settled and dropped the claim: its own write is what it found."""
+        try:
+            yield
+        except ResourceError:
+            claimed = held.claimed if (held := self._held.get(job_id)) is not None else self._unanswered.get(job_id)
+            if claimed is not None:
+                self._unanswered[job_id] = claimed
+            raise
+        self._unanswered.pop(job_id, None)
+
+    async def _failed_by_this_claim(self, conn: psycopg.AsyncConnection, job_id: str, error: str,
+                                    error_kind: str) -> JobState | None:
+        """The state an earlier, unanswered try of this failure recorded (None: it recorded nothing, or
+        no try went unanswered), from what only that write leaves in the job's row: one more attempt
+        than at this claim and this box in ``failed_on``, and either no claim since (a lapse that ended
+        the job counts an attempt too, but as ``WorkerDied``) or, claimed again since by another box,
+        this failure still the last error recorded (a lapse counts the attempt but writes no error).
+        A cancel after it changes the state only."""
+        c = self._unanswered.get(job_id)
+        if c is None:
+            return None
+        cur = await conn.execute(
+            "SELECT state, attempts FROM cuzk_fleet_jobs WHERE job_id = %s AND attempts > %s "
+            "AND %s = ANY(failed_on) AND ((claims = %s AND attempts = %s AND error_kind IS DISTINCT FROM "
+            "'WorkerDied') OR (claims > %s AND error = %s AND error_kind = %s))",
+            (job_id, c.attempts, self.box, c.claims, c.attempts + 1, c.claims, error, error_kind))
+        row = await cur.fetchone()
+        if row is None:
+            return None
+        return "failed" if row[0] == "failed" and row[1] == c.attempts + 1 else "queued"
 
     async def release(self, job_id: str) -> bool:
         """Give a held job back to the queue at once (this box is stopping); no attempt is counted."""

@@ -18,7 +18,8 @@ JobResult, encode it). The loop:
   ``cuzk_fleet_job_failures_total``); :class:`.inputs.ShareUnavailable` (the shared inputs
   folder is broken on this box, not the job) -> ``release``, no attempt counted; an abort
   (cancel, finished elsewhere, claim taken over) -> the task running the job is cancelled and
-  nothing is written. While the database is unreachable, settling is retried a few times; then
+  nothing is written. While the database is unreachable, settling is retried a few times (a try
+  that finds its earlier try's write committed, its answer lost, counts it once: :mod:`.settles`); then
   the claim is let go (another box runs the job after the stall timeout) rather than renewed
   forever for a result that cannot be written;
 * on stop, gives running jobs ``grace_s`` to finish and releases the rest to the queue.
