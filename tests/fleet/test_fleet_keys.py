@@ -137,17 +137,18 @@ class _SlowKeys:
         return False
 
 
-def _key_box(dsn: str, name: str) -> tuple[Any, _SlowKeys]:
-    """A FleetBox of circuit y alone (no key resident, no budget) over a slow-loading engine."""
+def _key_box(dsn: str, name: str, key_bytes: int = GIB, **knobs: Any) -> tuple[Any, _SlowKeys]:
+    """A FleetBox of circuit y alone (no key resident, no budget) over a slow-loading engine; ``knobs``
+    override FAST's."""
     from cuzk_mp.daemon.fleet.box import FleetBox
     from cuzk_mp.daemon.fleet.config import FleetConfig
 
     engine = _SlowKeys()
     _, jobs = instant_jobs()
-    cfg = types.SimpleNamespace(fleet=FleetConfig(dsn=dsn, box=name, **FAST), circuits={"y": object()},
+    cfg = types.SimpleNamespace(fleet=FleetConfig(dsn=dsn, box=name, **{**FAST, **knobs}), circuits={"y": object()},
                                 engine=types.SimpleNamespace(srs_budget_bytes=None), param_cache=None)
     box = FleetBox(cast(Any, cfg), engine, jobs)
-    box._key_bytes = lambda: {"y": GIB}  # type: ignore[method-assign]
+    box._key_bytes = lambda: {"y": key_bytes}  # type: ignore[method-assign]
     return box, engine
 
 
@@ -291,3 +292,47 @@ def test_a_box_frozen_while_it_decides_holds_back_no_other_boxs_claims(fleet_dsn
             await f.close()
 
     asyncio.run(main())
+
+
+def test_a_load_that_hangs_holds_its_key_for_a_bounded_time(fleet_dsn: str, tmp_path: Path,
+                                                            caplog: pytest.LogCaptureFixture) -> None:
+    """A key load that never ends (a hard mount whose server is gone) counts as its key's holder only
+    for its limit (:func:`~cuzk_mp.daemon.fleet.keys.load_limit_s`: here the floor, twice the 1.5 s stall
+    timeout, for a key of no size): past it another idle box loads the key for the waiting job, and the
+    loading box says so in its log. ``fleet status`` shows the load as past its limit."""
+    from cuzk_mp.daemon.fleet.keys import load_limit_s
+
+    [inp] = make_inputs(tmp_path, 1)
+    quick = {"heartbeat_interval_s": 0.5, "stall_timeout_s": 1.5}
+    limit = load_limit_s(0, quick["stall_timeout_s"])
+    assert limit == 3.0
+
+    async def main() -> None:
+        submitter = await connect(fleet_dsn, "s")
+        await submitter.submit(None, "y", inp.ref, inp.sha256)
+        (a, a_engine), (b, b_engine) = _key_box(fleet_dsn, "a", 0, **quick), _key_box(fleet_dsn, "b", 0, **quick)
+        a.fleet, b.fleet = await connect(fleet_dsn, "a", **quick), await connect(fleet_dsn, "b", **quick)
+        b_engine.release.set()
+        loading = asyncio.create_task(a._plan_and_load(a.fleet, 0.0))
+        try:
+            assert await asyncio.to_thread(a_engine.started.wait, 20)
+            await b._plan_and_load(b.fleet, 0.0)
+            assert b_engine.loads == []  # within its limit, a's load holds the key
+            await asyncio.sleep(limit + 0.5)
+            [row] = [x for x in await submitter.boxes() if x.box == "a"]
+            assert row.loading == ("y",) and row.load_overdue, row
+            [line] = [ln for ln in report.text(await submitter.boxes(), []).splitlines() if ln.startswith("a ")]
+            assert "past its 3 s limit" in line, line
+            await b._plan_and_load(b.fleet, 0.0)
+            assert b_engine.loads == ["y"]
+            assert any(r.levelname == "ERROR" and "the key of y" in r.getMessage() and "limit" in r.getMessage()
+                       for r in caplog.records), [r.getMessage() for r in caplog.records]
+        finally:
+            a_engine.release.set()
+        await loading
+        assert _loading_rows(fleet_dsn)["a"] == [] and a.resident() == ("y",)
+        for f in (submitter, a.fleet, b.fleet):
+            await f.close()
+
+    asyncio.run(main())
+

@@ -4,9 +4,9 @@ earlier release keeps reading what the newer boxes write.
 
 The earlier releases are not installed here; their side is written out in this file. Their schema
 (version 2: no ``input_bytes``, no ``stall_timeout_s``, no ``key_digest``, no ``failed_on``, no ``paused``,
-no ``loading``) is made by removing what later versions added from a database this one created, and
-their reading of a stored result is a JobReply decoded strictly: a field they do not know makes the
-result unreadable to them (``REPLY_FIELDS_BEFORE_KEY_DIGEST``)."""
+no ``loading``, no ``loading_since``, no ``load_limit_s``) is made by removing what later versions added
+from a database this one created, and their reading of a stored result is a JobReply decoded strictly: a
+field they do not know makes the result unreadable to them (``REPLY_FIELDS_BEFORE_KEY_DIGEST``)."""
 
 from __future__ import annotations
 
@@ -32,6 +32,8 @@ ALTER TABLE cuzk_fleet_jobs DROP COLUMN IF EXISTS failed_on;
 ALTER TABLE cuzk_fleet_boxes DROP COLUMN stall_timeout_s;
 ALTER TABLE cuzk_fleet_boxes DROP COLUMN IF EXISTS paused;
 ALTER TABLE cuzk_fleet_boxes DROP COLUMN IF EXISTS loading;
+ALTER TABLE cuzk_fleet_boxes DROP COLUMN IF EXISTS loading_since;
+ALTER TABLE cuzk_fleet_boxes DROP COLUMN IF EXISTS load_limit_s;
 DROP INDEX IF EXISTS cuzk_fleet_jobs_inputs;
 DROP INDEX IF EXISTS cuzk_fleet_jobs_inputs_sha256;
 DROP INDEX IF EXISTS cuzk_fleet_jobs_unfinished;

@@ -70,7 +70,7 @@ from cuzk_mp.daemon.fleet.inputs import (
     stage_inputs,
     write_marker,
 )
-from cuzk_mp.daemon.fleet.keys import KeyView, backlog_by_circuit, holders_by_circuit, plan_key_load
+from cuzk_mp.daemon.fleet.keys import KeyView, backlog_by_circuit, holders_by_circuit, load_limit_s, plan_key_load
 from cuzk_mp.daemon.fleet.models import Claimed, JobOutput, JobRef, JobStatus
 from cuzk_mp.daemon.fleet.queue import Fleet
 from cuzk_mp.daemon.fleet.worker import FleetWorker
@@ -296,11 +296,15 @@ class FleetBox:
         """Decide (:meth:`.store.FleetStore.plan_load`) and load; the box's row shows the key as loading
         from the decision until the load ended or failed, then the keys it holds."""
         busy = frozenset(cid for cid in self.cfg.circuits if self.jobs.in_use(cid))
-        budget = self.cfg.engine.srs_budget_bytes
+        budget, key_bytes = self.cfg.engine.srs_budget_bytes, self._key_bytes()
         view = KeyView(resident=self.resident(), busy=busy, provable=frozenset(self.cfg.circuits),
-                       key_bytes=self._key_bytes(), budget_bytes=NO_BUDGET if budget is None else budget)
+                       key_bytes=key_bytes, budget_bytes=NO_BUDGET if budget is None else budget)
+
+        def limit_s(cid: str) -> float:
+            return load_limit_s(key_bytes.get(cid, 0), self.fcfg.stall_timeout_s)
+
         decision = await fleet.plan_load(lambda depths, boxes: plan_key_load(
-            view, backlog_by_circuit(depths), holders_by_circuit(boxes, exclude=self.fcfg.box)))
+            view, backlog_by_circuit(depths), holders_by_circuit(boxes, exclude=self.fcfg.box)), limit_s)
         if decision.load is None:
             log.debug("fleet: box %s loads no key: %s", self.fcfg.box, decision.reason)
             return
@@ -312,7 +316,8 @@ class FleetBox:
                 if await asyncio.to_thread(self.engine.evict, cid):
                     self.evicted(cid)
             t0 = time.perf_counter()
-            await asyncio.to_thread(self.engine.preload, decision.load)
+            if not await self._preload(decision.load, limit_s(decision.load)):
+                return
             self.loaded(decision.load)
             log.info("fleet: box %s holds %s after %.2f s; it claims its jobs", self.fcfg.box, decision.load,
                      time.perf_counter() - t0)
@@ -321,6 +326,22 @@ class FleetBox:
                 await fleet.end_load(self.resident())
             except CuzkError as e:  # the next heartbeat writes the row
                 log.warning("fleet: box %s could not record the end of its key load: %s", self.fcfg.box, e)
+
+    async def _preload(self, circuit_id: str, limit_s: float) -> bool:
+        """The engine's load of a key, on a worker thread.
+
+        A load that outlasts ``limit_s`` (:func:`.keys.load_limit_s`) is logged as an error: other boxes
+        no longer count it as the key's holder, and it may hang (a read on a hard mount whose server is
+        gone). It is still waited for, as it may end."""
+        load = asyncio.ensure_future(asyncio.to_thread(self.engine.preload, circuit_id))
+        t0 = time.monotonic()
+        if not (await asyncio.wait({load}, timeout=limit_s))[0]:
+            log.error("fleet: box %s has been loading the key of %s for %.0f s, past its %.0f s limit: other "
+                      "boxes no longer count it as the key's holder and may load it too; does the read hang "
+                      "(a hard mount whose server is gone)?", self.fcfg.box, circuit_id, time.monotonic() - t0,
+                      limit_s)
+        await load
+        return True
 
     # -- running a claimed job ------------------------------------------------------------
 

@@ -22,6 +22,11 @@ from dataclasses import dataclass
 from cuzk_mp.daemon.fleet.models import BoxInfo, QueueDepth
 
 DEFAULT_MIN_BACKLOG_PER_HOLDER = 2
+# A key load slower than this reads its key file slower than any healthy disk or network mount does.
+LOAD_MIN_BYTES_PER_S = 16 << 20
+# The least time a load holds its key, in stall timeouts: a small key, or one made on first use (its
+# file's size still 0), may still take a while.
+LOAD_LIMIT_STALLS = 2
 
 
 @dataclass(frozen=True)
@@ -52,6 +57,20 @@ def backlog_by_circuit(depths: Iterable[QueueDepth]) -> dict[str, int]:
     return out
 
 
+def load_limit_s(key_bytes: int, stall_timeout_s: float) -> float:
+    """For how long a box's load of a key of ``key_bytes`` counts as holding that key for the backlog
+    (:func:`holders_by_circuit`), from the moment it began: the time its file takes to read at
+    :data:`LOAD_MIN_BYTES_PER_S` (34 minutes for a 32 GiB key), and at least :data:`LOAD_LIMIT_STALLS`
+    stall timeouts (a minute at the default 30 s).
+
+    A load that hangs (a read on a hard mount whose server is gone) never ends, while its box goes on
+    heartbeating: counted for as long as the box is up, it kept every other idle box from loading that
+    key, and a backlog that only that key serves waited for ever. Past the limit another box may load
+    the key too: a load that is merely slow costs one more load, never a wrong result, and the loading
+    box logs an error when its own load outlasts it."""
+    return max(LOAD_LIMIT_STALLS * stall_timeout_s, key_bytes / LOAD_MIN_BYTES_PER_S)
+
+
 def holders_by_circuit(boxes: Iterable[BoxInfo], *, exclude: str = "") -> dict[str, int]:
     """How many live boxes (other than ``exclude``) that claim jobs hold each circuit's key resident or
     are loading it.
@@ -63,13 +82,14 @@ def holders_by_circuit(boxes: Iterable[BoxInfo], *, exclude: str = "") -> dict[s
     slot and no job running) is no holder: counted, it kept every other box from loading the key of a
     small backlog (rule 2) that no box would ever run, for as long as it stayed up. A loading box
     decided to load while idle with a free slot, which its row may not show yet (a box that holds no
-    key has its free slots written at its next heartbeat), so only its pause is asked."""
+    key has its free slots written at its next heartbeat), so only its pause is asked. A load past its
+    limit (:func:`load_limit_s`, :attr:`.models.BoxInfo.load_overdue`) holds nothing: it may hang."""
     out: dict[str, int] = {}
     for b in boxes:
         if b.state != "up" or b.box == exclude or b.paused is not None:
             continue
         claims = b.free_slots > 0 or b.running > 0
-        for c in {*(b.resident if claims else ()), *b.loading}:
+        for c in {*(b.resident if claims else ()), *(() if b.load_overdue else b.loading)}:
             out[c] = out.get(c, 0) + 1
     return out
 

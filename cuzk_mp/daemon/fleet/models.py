@@ -141,7 +141,10 @@ class JobStatus:
 @dataclass(frozen=True)
 class BoxInfo:
     """One box of the fleet as its last heartbeat described it; ``loading``: the keys it began loading
-    for the backlog and has not finished (written when the load starts, cleared when it ends)."""
+    for the backlog and has not finished (written when the load starts, cleared when it ends),
+    ``loading_s`` since when (the database's clock; None where no load, or a box of schema 9 whose row
+    records no start) and ``load_limit_s`` for how long it counts as holding them
+    (:func:`.keys.load_limit_s`)."""
 
     box: str
     state: BoxState
@@ -154,6 +157,14 @@ class BoxInfo:
     heartbeat_age_s: float
     paused: str | None = None  # why the box claims nothing (its shared inputs folder), as it last said
     loading: tuple[str, ...] = ()
+    loading_s: float | None = None
+    load_limit_s: float | None = None
+
+    @property
+    def load_overdue(self) -> bool:
+        """Whether its load has outlasted its limit: it may hang, and holds its key no longer."""
+        return bool(self.loading) and self.loading_s is not None and self.load_limit_s is not None \
+            and self.loading_s > self.load_limit_s
 
 
 @dataclass(frozen=True)

@@ -150,7 +150,8 @@ class Fleet(FleetSettles):
                 await self.release(job_id)
             async with self._tx() as (conn, _):
                 await conn.execute("UPDATE cuzk_fleet_boxes SET left_at = now(), free_slots = 0, running = 0, "
-                                   "loading = '{}' WHERE box = %s AND instance = %s", (self.box, self.instance))
+                                   "loading = '{}', loading_since = NULL, load_limit_s = NULL WHERE box = %s "
+                                   "AND instance = %s", (self.box, self.instance))
         await self._events.close()
         await self._pool.close()
         for waiters in self._waiters.values():
@@ -179,7 +180,7 @@ class Fleet(FleetSettles):
                 "ON CONFLICT (box) DO UPDATE SET instance = EXCLUDED.instance, host = EXCLUDED.host, "
                 "pid = EXCLUDED.pid, started_at = now(), last_heartbeat = now(), resident = '{}', "
                 "free_slots = 0, running = 0, left_at = NULL, stall_timeout_s = EXCLUDED.stall_timeout_s, "
-                "paused = NULL, loading = '{}'",
+                "paused = NULL, loading = '{}', loading_since = NULL, load_limit_s = NULL",
                 (self.box, self.instance, socket.gethostname(), os.getpid(), self.cfg.stall_timeout_s))
             await self._read_lapse(conn)
 
@@ -328,18 +329,20 @@ class Fleet(FleetSettles):
             cur = await conn.execute(
                 "UPDATE cuzk_fleet_boxes SET last_heartbeat = now(), resident = %s, free_slots = %s, "
                 "running = %s, left_at = NULL, instance = %s, host = %s, pid = %s, stall_timeout_s = %s, "
-                "paused = %s, loading = %s WHERE box = %s AND (instance = %s OR left_at IS NOT NULL "
+                "paused = %s, loading = %s, loading_since = CASE WHEN %s THEN COALESCE(loading_since, now()) END, "
+                "load_limit_s = %s WHERE box = %s AND (instance = %s OR left_at IS NOT NULL "
                 "OR last_heartbeat < now() - make_interval(secs => %s))",
                 (list(resident), free, len(checked), self.instance, socket.gethostname(),
-                 os.getpid(), self.cfg.stall_timeout_s, self.paused, list(self.loading), self.box, self.instance,
-                 self.cfg.stall_timeout_s))
+                 os.getpid(), self.cfg.stall_timeout_s, self.paused, list(self.loading), bool(self.loading),
+                 self.load_limit_s, self.box, self.instance, self.cfg.stall_timeout_s))
             if cur.rowcount == 0 and self._registered:  # the row is gone if prune took this box for dead
                 cur = await conn.execute(
                     "INSERT INTO cuzk_fleet_boxes (box, instance, host, pid, resident, free_slots, running, "
-                    "stall_timeout_s, paused, loading) VALUES (%s, %s, %s, %s, %s, %s, %s, %s, %s, %s) "
-                    "ON CONFLICT (box) DO NOTHING",
-                    (self.box, self.instance, socket.gethostname(), os.getpid(), list(resident),
-                     free, len(checked), self.cfg.stall_timeout_s, self.paused, list(self.loading)))
+                    "stall_timeout_s, paused, loading, loading_since, load_limit_s) VALUES (%s, %s, %s, %s, %s, %s, "
+                    "%s, %s, %s, %s, CASE WHEN %s THEN now() END, %s) ON CONFLICT (box) DO NOTHING",
+                    (self.box, self.instance, socket.gethostname(), os.getpid(), list(resident), free,
+                     len(checked), self.cfg.stall_timeout_s, self.paused, list(self.loading), bool(self.loading),
+                     self.load_limit_s))
                 if cur.rowcount == 1:
                     log.warning("fleet: box %s had not renewed its row for so long that it was pruned; it "
                                 "joins again", self.box)

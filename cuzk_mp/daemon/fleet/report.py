@@ -41,6 +41,7 @@ def document(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth],
         "boxes": [{"box": b.box, "state": b.state, "host": b.host, "pid": b.pid, "resident": list(b.resident),
                    "free_slots": b.free_slots, "running": b.running,
                    "heartbeat_age_s": round(b.heartbeat_age_s, 3), "paused": b.paused, "loading": list(b.loading),
+                   "loading_s": b.loading_s, "load_limit_s": b.load_limit_s, "load_overdue": b.load_overdue,
                    "started_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(b.started_at))}
                   for b in boxes],
         "queues": [{"circuit": d.circuit_id, "priority": d.priority.name, "queued": d.queued,
@@ -58,7 +59,8 @@ def text(boxes: Sequence[BoxInfo], depths: Sequence[QueueDepth], retrying: Seque
     ``retrying`` (where any)."""
     lines = [f"{'BOX':<20} {'STATE':<6} {'HOST':<16} {'RUNNING':>7} {'FREE':>5} {'HEARTBEAT':>10}  KEYS"]
     for b in boxes:
-        loading = f" (loading {', '.join(b.loading)})" if b.loading else ""
+        overdue = f", {b.loading_s:.0f} s, past its {b.load_limit_s:.0f} s limit" if b.load_overdue else ""
+        loading = f" (loading {', '.join(b.loading)}{overdue})" if b.loading else ""
         lines.append(f"{b.box:<20} {b.state:<6} {b.host[:16]:<16} {b.running:>7} {b.free_slots:>5} "
                      f"{b.heartbeat_age_s:>9.1f}s  {', '.join(b.resident) or '-'}{loading}")
         if b.paused and b.state == "up":

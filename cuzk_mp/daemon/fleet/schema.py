@@ -27,12 +27,15 @@ a stored inputs file, version 7 ``cuzk_fleet_boxes.paused``, why a box claims no
 folder is broken there), so that ``fleet status`` says it, version 8 ``cuzk_fleet_jobs.failed_on``, the
 boxes a job failed on, which its retries avoid where another box can take them, version 9
 ``cuzk_fleet_boxes.loading``, the keys a box is loading for the backlog, so that another idle box counts
-it as their holder before the load ends; the ``ALTER ... ADD
+it as their holder before the load ends, version 10 ``cuzk_fleet_boxes.loading_since`` and
+``load_limit_s``, when that load began and for how long it counts as holding its key
+(:func:`.keys.load_limit_s`: a load that hangs holds it no longer); the ``ALTER ... ADD
 COLUMN IF NOT EXISTS`` statements bring an older database up to it, its rows counting 0 input bytes
-and a 0 s stall timeout, their results naming no key, its boxes paused for nothing and loading no key,
-its jobs failed on no box). Each version
-only adds columns with defaults and indexes, so boxes of earlier releases keep working on the migrated
-database. A database that records this version or a later one is left as it is (:func:`migrate`).
+and a 0 s stall timeout, their results naming no key, its boxes paused for nothing and loading no key
+(a load of a box of schema 9, whose row records no start, holds its key for as long as that box is up,
+as schema 9 counts it), its jobs failed on no box). Each version only adds columns with defaults and
+indexes, so boxes of earlier releases keep working on the migrated database. A database that records
+this version or a later one is left as it is (:func:`migrate`).
 """
 
 from __future__ import annotations
@@ -47,7 +50,7 @@ if TYPE_CHECKING:
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
-SCHEMA_VERSION = 9
+SCHEMA_VERSION = 10
 # Advisory lock key: the ASCII of "cuzkflt1" as a signed 64-bit integer.
 MIGRATION_LOCK_KEY = int.from_bytes(b"cuzkflt1", "big", signed=True)
 # Transaction-level advisory lock of every submit that counts the queue against caps: the ASCII of
@@ -142,6 +145,8 @@ DDL = (
      "DEFAULT 0"),
     "ALTER TABLE cuzk_fleet_boxes ADD COLUMN IF NOT EXISTS paused text",
     "ALTER TABLE cuzk_fleet_boxes ADD COLUMN IF NOT EXISTS loading text[] NOT NULL DEFAULT '{}'",
+    "ALTER TABLE cuzk_fleet_boxes ADD COLUMN IF NOT EXISTS loading_since timestamptz",
+    "ALTER TABLE cuzk_fleet_boxes ADD COLUMN IF NOT EXISTS load_limit_s double precision",
 )
 
 

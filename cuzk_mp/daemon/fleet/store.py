@@ -204,6 +204,7 @@ class FleetStore:
         self._closed = False
         self.instance = uuid.uuid4()  # this process's claims and box row carry it
         self.loading: tuple[str, ...] = ()  # keys this box is loading, written with its row (plan_load)
+        self.load_limit_s: float | None = None  # for how long that load holds its keys (keys.load_limit_s)
 
     def _queries(self, conn: psycopg.AsyncConnection) -> Queries:
         return Queries(PsycopgDriver(conn), qbe=self._qbe, qbq=self._qbq, qbs=self._qbs)
@@ -329,6 +330,7 @@ class FleetStore:
             "b.left_at IS NOT NULL AS left, extract(epoch FROM b.started_at) AS started_at, "
             "extract(epoch FROM now() - b.last_heartbeat) AS age, "
             "CASE WHEN b.stall_timeout_s > 0 THEN b.stall_timeout_s ELSE %s END AS stall_s, "
+            "extract(epoch FROM now() - b.loading_since) AS loading_s, b.load_limit_s, "
             "(SELECT count(*) FROM cuzk_fleet_jobs j WHERE j.state = 'running' AND j.box = b.box "
             " AND j.owner = b.instance) AS running FROM cuzk_fleet_boxes b ORDER BY b.box",
             (self.cfg.stall_timeout_s,))
@@ -337,7 +339,9 @@ class FleetStore:
                         "stale" if float(r["age"]) > float(r["stall_s"]) else "up",
                         host=r["host"], pid=r["pid"], resident=tuple(r["resident"]), free_slots=r["free_slots"],
                         running=int(r["running"]), started_at=float(r["started_at"]),
-                        heartbeat_age_s=float(r["age"]), paused=r["paused"], loading=tuple(r["loading"]))
+                        heartbeat_age_s=float(r["age"]), paused=r["paused"], loading=tuple(r["loading"]),
+                        loading_s=None if not r["loading"] or r["loading_s"] is None else float(r["loading_s"]),
+                        load_limit_s=None if not r["loading"] else r["load_limit_s"])
                 for r in rows]
 
     async def queue_depths(self) -> list[QueueDepth]:
@@ -361,10 +365,11 @@ class FleetStore:
         return [QueueDepth(cid, Priority(-p), *c) for (cid, p), c in sorted(counts.items(), key=lambda kv: (
             kv[0][0], -kv[0][1]))]
 
-    async def plan_load(self, decide: Callable[[Sequence[QueueDepth], Sequence[BoxInfo]], KeyDecision]
-                        ) -> KeyDecision:
+    async def plan_load(self, decide: Callable[[Sequence[QueueDepth], Sequence[BoxInfo]], KeyDecision],
+                        limit_s: Callable[[str], float]) -> KeyDecision:
         """``decide`` (:func:`.keys.plan_key_load` over this box's keys) on the queue depths and boxes, and
-        where it loads a key, the key written into this box's row as loading, all under the fleet's
+        where it loads a key, the key written into this box's row as loading, from now (the database's
+        clock) for ``limit_s(key)`` seconds (:func:`.keys.load_limit_s`), all under the fleet's
         key-loading lock (:data:`~.schema.KEY_LOAD_LOCK_KEY`): the idle boxes that one submit wakes decide
         at the same moment, and each read the others' rows before any load began. End with
         :meth:`end_load`.
@@ -379,21 +384,23 @@ class FleetStore:
                     return KeyDecision(None, (), "another box is deciding which key to load; again later")
                 decision = decide(await self._queue_depths(queries), await self._boxes(conn))
                 if decision.load is not None:  # set before the row's write: a heartbeat meanwhile keeps it
-                    self.loading = (decision.load,)
-                    await conn.execute("UPDATE cuzk_fleet_boxes SET loading = %s WHERE box = %s AND instance = %s",
-                                       (list(self.loading), self.cfg.box, self.instance))
+                    self.loading, self.load_limit_s = (decision.load,), limit_s(decision.load)
+                    await conn.execute("UPDATE cuzk_fleet_boxes SET loading = %s, loading_since = now(), "
+                                       "load_limit_s = %s WHERE box = %s AND instance = %s",
+                                       (list(self.loading), self.load_limit_s, self.cfg.box, self.instance))
         except BaseException:
-            self.loading = ()
+            self.loading, self.load_limit_s = (), None
             raise
         return decision
 
     async def end_load(self, resident: Sequence[str]) -> None:
         """The load :meth:`plan_load` began ended (or failed): this box's row shows ``resident`` (the keys
         it holds now) and no load. Where the database does not answer, the next heartbeat writes both."""
-        self.loading = ()
+        self.loading, self.load_limit_s = (), None
         async with self._tx() as (conn, _):
-            await conn.execute("UPDATE cuzk_fleet_boxes SET loading = '{}', resident = %s WHERE box = %s "
-                               "AND instance = %s", (list(resident), self.cfg.box, self.instance))
+            await conn.execute("UPDATE cuzk_fleet_boxes SET loading = '{}', loading_since = NULL, load_limit_s = NULL, "
+                               "resident = %s WHERE box = %s AND instance = %s",
+                               (list(resident), self.cfg.box, self.instance))
 
     async def prune(self, older_than_s: float) -> int:
         """Delete what ended more than ``older_than_s`` ago; the number of jobs deleted.
