@@ -336,3 +336,27 @@ def test_a_load_that_hangs_holds_its_key_for_a_bounded_time(fleet_dsn: str, tmp_
 
     asyncio.run(main())
 
+
+def test_a_box_stops_while_a_key_load_hangs(fleet_dsn: str, tmp_path: Path) -> None:
+    """A box's stop does not wait for a key load for ever (a hard mount whose server is gone): past a
+    short wait the load is left to the engine's thread, the box leaves the fleet with no load on its
+    row, and stops."""
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        submitter = await connect(fleet_dsn, "s")
+        await submitter.submit(None, "y", inp.ref, inp.sha256)
+        box, engine = _key_box(fleet_dsn, "a")
+        try:
+            await box.start([])
+            assert await asyncio.to_thread(engine.started.wait, 20)  # the claim loop's idle hook loads y
+            assert _loading_rows(fleet_dsn)["a"] == ["y"]
+            await asyncio.wait_for(box.stop(0.0), 20)
+            assert _loading_rows(fleet_dsn)["a"] == [] and box.resident() == ()
+            [row] = [x for x in await submitter.boxes() if x.box == "a"]
+            assert row.state == "left"
+        finally:
+            engine.release.set()
+        await submitter.close()
+
+    asyncio.run(main())

@@ -223,7 +223,8 @@ class FleetBox:
                     log.exception("fleet: box %s could not check its shared inputs folder", self.fcfg.box)
 
     async def stop(self, grace_s: float) -> None:
-        """Let running jobs finish for ``grace_s``, give the rest back to the queue, leave the fleet."""
+        """Let running jobs finish for ``grace_s``, give the rest back to the queue, leave the fleet; a key
+        load for the backlog in progress is waited for :data:`STOP_LOAD_WAIT_S` at most (:meth:`_preload`)."""
         self._closing = True
         if self._share_task is not None:
             self._share_task.cancel()
@@ -294,7 +295,8 @@ class FleetBox:
 
     async def _plan_and_load(self, fleet: Fleet, now: float) -> None:
         """Decide (:meth:`.store.FleetStore.plan_load`) and load; the box's row shows the key as loading
-        from the decision until the load ended or failed, then the keys it holds."""
+        from the decision until the load ended, failed or was given up at the box's stop
+        (:meth:`_preload`), then the keys it holds."""
         busy = frozenset(cid for cid in self.cfg.circuits if self.jobs.in_use(cid))
         budget, key_bytes = self.cfg.engine.srs_budget_bytes, self._key_bytes()
         view = KeyView(resident=self.resident(), busy=busy, provable=frozenset(self.cfg.circuits),
@@ -328,19 +330,31 @@ class FleetBox:
                 log.warning("fleet: box %s could not record the end of its key load: %s", self.fcfg.box, e)
 
     async def _preload(self, circuit_id: str, limit_s: float) -> bool:
-        """The engine's load of a key, on a worker thread.
+        """The engine's load of a key, on a worker thread; False where the box stopped first.
 
         A load that outlasts ``limit_s`` (:func:`.keys.load_limit_s`) is logged as an error: other boxes
         no longer count it as the key's holder, and it may hang (a read on a hard mount whose server is
-        gone). It is still waited for, as it may end."""
+        gone). It is still waited for, as it may end. The box's stop waits for it
+        :data:`STOP_LOAD_WAIT_S` at most, then leaves it to the engine's thread (the engine's to end:
+        a thread cannot be stopped from outside): a stop that waited for it never ended on a hung mount."""
         load = asyncio.ensure_future(asyncio.to_thread(self.engine.preload, circuit_id))
+        load.add_done_callback(lambda f: f.cancelled() or f.exception())  # a load given up on may end later
+        stopping = asyncio.ensure_future(self._stop.wait())
         t0 = time.monotonic()
-        if not (await asyncio.wait({load}, timeout=limit_s))[0]:
-            log.error("fleet: box %s has been loading the key of %s for %.0f s, past its %.0f s limit: other "
-                      "boxes no longer count it as the key's holder and may load it too; does the read hang "
-                      "(a hard mount whose server is gone)?", self.fcfg.box, circuit_id, time.monotonic() - t0,
-                      limit_s)
-        await load
+        try:
+            if not (await asyncio.wait({load, stopping}, timeout=limit_s, return_when=asyncio.FIRST_COMPLETED))[0]:
+                log.error("fleet: box %s has been loading the key of %s for %.0f s, past its %.0f s limit: other "
+                          "boxes no longer count it as the key's holder and may load it too; does the read hang "
+                          "(a hard mount whose server is gone)?", self.fcfg.box, circuit_id, time.monotonic() - t0,
+                          limit_s)
+                await asyncio.wait({load, stopping}, return_when=asyncio.FIRST_COMPLETED)
+            if not load.done() and not (await asyncio.wait({load}, timeout=STOP_LOAD_WAIT_S))[0]:
+                log.warning("fleet: box %s stops without its load of the key of %s, still running after %.0f s "
+                            "(left to the engine's thread)", self.fcfg.box, circuit_id, time.monotonic() - t0)
+                return False
+        finally:
+            stopping.cancel()
+        load.result()
         return True
 
     # -- running a claimed job ------------------------------------------------------------
@@ -510,6 +524,7 @@ DATABASE_UP = ("cuzk_fleet_database_up", "1 if this scrape read the fleet's data
 INPUTS_OK = ("cuzk_fleet_inputs_ok", "1 if this box sees the fleet's shared inputs folder, 0 while it claims "
              "no jobs because it does not (see the log and the status document's fleet.paused).")
 SHARE_CHECK_S = 10.0  # the most a check of the shared inputs folder's marker may take
+STOP_LOAD_WAIT_S = 2.0  # the most a box's stop waits for a key load in progress (FleetBox._preload)
 
 
 async def wait_shared(fut: asyncio.Future[T], timeout_s: float) -> T:
