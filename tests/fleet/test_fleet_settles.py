@@ -116,3 +116,4 @@ def test_a_failure_whose_commit_went_unanswered_is_counted_once(fleet_dsn: str, 
             await f.close()
 
     asyncio.run(main())
+

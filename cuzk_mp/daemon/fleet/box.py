@@ -52,7 +52,7 @@ import time
 import uuid
 from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import msgspec
 
@@ -73,6 +73,7 @@ from cuzk_mp.daemon.fleet.inputs import (
 from cuzk_mp.daemon.fleet.keys import KeyView, backlog_by_circuit, holders_by_circuit, load_limit_s, plan_key_load
 from cuzk_mp.daemon.fleet.models import Claimed, JobOutput, JobRef, JobStatus
 from cuzk_mp.daemon.fleet.queue import Fleet
+from cuzk_mp.daemon.fleet.waits import wait_shared
 from cuzk_mp.daemon.fleet.worker import FleetWorker
 from cuzk_mp.daemon.job_records import JobRecord, reply_of
 from cuzk_mp.daemon.jobs import JobTable, input_bytes
@@ -83,7 +84,6 @@ from cuzk_mp.pipeline.types import JobSpec, PartitionInput
 log = logging.getLogger("cuzk_mp.daemon.fleet")
 
 _partitions = msgspec.msgpack.Decoder(list[P.PartitionIn])
-T = TypeVar("T")
 
 
 class FleetBox:
@@ -211,8 +211,8 @@ class FleetBox:
     async def _watch_share(self) -> None:
         """Check the shared inputs folder every heartbeat interval: a box notices a share lost between
         its claims, and claims again once a broken one is back. It ends once the box is stopping, also
-        where a check in it swallowed the cancel of :meth:`stop`, which waits for it (none here does:
-        :func:`wait_shared`; code it calls may)."""
+        where a check in it swallowed the cancel of :meth:`stop`, which waits for it (none here does,
+        :func:`.waits.wait_shared`; code it calls may)."""
         while not (self._closing or self._stop.is_set()):
             await asyncio.sleep(self.fcfg.heartbeat_interval_s)
             folder = self._paused_folder or self.fcfg.inputs_dir
@@ -525,22 +525,6 @@ INPUTS_OK = ("cuzk_fleet_inputs_ok", "1 if this box sees the fleet's shared inpu
              "no jobs because it does not (see the log and the status document's fleet.paused).")
 SHARE_CHECK_S = 10.0  # the most a check of the shared inputs folder's marker may take
 STOP_LOAD_WAIT_S = 2.0  # the most a box's stop waits for a key load in progress (FleetBox._preload)
-
-
-async def wait_shared(fut: asyncio.Future[T], timeout_s: float) -> T:
-    """The result of ``fut`` within ``timeout_s``, else TimeoutError; ``fut`` (a marker read or write on a
-    worker thread, which later checks share: :meth:`FleetBox._read_share`) goes on either way, also where
-    this waiter is cancelled.
-
-    What ``asyncio.wait_for(asyncio.shield(fut), timeout_s)`` meant, without its loss of a cancel: on
-    Python 3.11 a cancel that comes in the moment ``fut`` ends is swallowed (``wait_for`` returns the
-    result), and the caller went on as if nothing had been asked: the share check of a stopping box, or
-    the run of a job the box's stop or an abort gave up, which went on reading its inputs and proving
-    after its claim was gone. ``asyncio.wait`` never cancels what it waits on and raises its own cancel."""
-    done, _ = await asyncio.wait({fut}, timeout=timeout_s)
-    if not done:
-        raise asyncio.TimeoutError
-    return fut.result()
 
 
 def job_reply(st: JobStatus, id: int, timed_out: bool = False) -> P.JobReply:

@@ -29,6 +29,7 @@ from cuzk_mp.daemon.fleet.config import FleetConfig
 from cuzk_mp.daemon.fleet.inputs import StagedInputs, check_ref
 from cuzk_mp.daemon.fleet.models import JobRef, JobStatus, entrypoint, queue_priority
 from cuzk_mp.daemon.fleet.store import FleetStore
+from cuzk_mp.daemon.fleet.waits import within
 from cuzk_mp.daemon.queue_caps import Queued, QueueCaps, check_caps
 from cuzk_mp.errors import InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
@@ -186,7 +187,9 @@ class FleetSubmits(FleetStore):
         ``client`` are read as by :meth:`status`. Each read is bounded by the time left; once the
         job has been read, a read the database does not answer (an outage) is waited through, as
         the job goes on in the fleet: the waiter reads again when the LISTEN link is back, or after
-        :data:`OUTAGE_RECHECK_S`, and at the deadline it answers with what it last read.
+        :data:`OUTAGE_RECHECK_S`, and at the deadline it answers with what it last read. A cancel (the
+        client gone, the daemon stopping) ends the wait, also one that comes as a notification wakes it
+        (:func:`.waits.within`).
         """
         ev = asyncio.Event()
         key = job_id
@@ -198,7 +201,7 @@ class FleetSubmits(FleetStore):
                 ev.clear()  # before the read: a NOTIFY committed after it sets the event again
                 left = None if deadline is None else max(deadline - time.monotonic(), MIN_READ_S)
                 try:
-                    st = await asyncio.wait_for(self.status(key, client), left)
+                    st = await within(self.status(key, client), left)
                 except (ResourceError, asyncio.TimeoutError) as e:
                     if st is None:  # nothing known of the job yet: the caller hears it now
                         raise ResourceError(f"fleet: the database did not answer a read of job {job_id} "
@@ -208,7 +211,7 @@ class FleetSubmits(FleetStore):
                     log.info("fleet: waiting for job %s through a database outage (%s)", key, e or "no answer")
                     pause = OUTAGE_RECHECK_S if deadline is None else min(OUTAGE_RECHECK_S, deadline - time.monotonic())
                     with contextlib.suppress(asyncio.TimeoutError):
-                        await asyncio.wait_for(ev.wait(), max(pause, 0.0))
+                        await within(ev.wait(), max(pause, 0.0))
                     continue
                 if st.job_id != key:  # named by its request_id: wait under the job id, then read again
                     self._unwait(key, ev)
@@ -219,7 +222,7 @@ class FleetSubmits(FleetStore):
                 if st.finished or left <= 0 or self._closed:
                     return st
                 with contextlib.suppress(asyncio.TimeoutError):
-                    await asyncio.wait_for(ev.wait(), min(left, AWAIT_RECHECK_S))
+                    await within(ev.wait(), min(left, AWAIT_RECHECK_S))
         finally:
             self._unwait(key, ev)
 
