@@ -3,8 +3,9 @@
 from __future__ import annotations
 
 import asyncio
+from pathlib import Path
 
-from fleet_helpers import connect
+from fleet_helpers import connect, make_inputs
 
 from cuzk_mp.daemon.fleet import report
 
@@ -39,3 +40,39 @@ def test_each_box_is_stale_by_its_own_stall_timeout(fleet_dsn: str) -> None:
             await f.close()
 
     asyncio.run(main())
+
+
+def test_a_job_counts_as_stalled_only_once_its_claim_lapses_in_the_fleet(fleet_dsn: str, tmp_path: Path) -> None:
+    """A job running on a box whose stall timeout is longer than the reader's, renewed later than the
+    reader's timeout but within its box's, is running, not stalled: no box takes it over yet (a claim
+    lapses by the longest stall timeout of the fleet), so it is no backlog for the key-loading decision,
+    and fleet status and the metrics do not show it stalled."""
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        reader = await connect(fleet_dsn, "reader", stall_timeout_s=10.0, heartbeats=False)
+        patient = await connect(fleet_dsn, "patient", stall_timeout_s=60.0, heartbeats=False)
+        await reader.submit(None, "x", inp.ref, inp.sha256)
+        [c] = await patient.claim(["x"], 1)
+        _age_claims(fleet_dsn, 20.0)
+        _age(fleet_dsn, "patient", 5.0)
+        [d] = await reader.queue_depths()
+        assert (d.circuit_id, d.queued, d.running, d.stalled) == ("x", 0, 1, 0), d
+        await reader.heartbeat()  # learns the fleet's longest stall timeout
+        assert await reader.claim(["x"], 1) == []  # indeed: not taken over
+        _age(fleet_dsn, "patient", 61.0)  # dead by its own timeout: the fleet's claims lapse by the reader's
+        _age_claims(fleet_dsn, 11.0)
+        [d] = await reader.queue_depths()
+        assert (d.queued, d.running, d.stalled) == (0, 0, 1), d
+        for f in (reader, patient):
+            await f.close()
+
+    asyncio.run(main())
+
+
+def _age_claims(dsn: str, age_s: float) -> None:
+    """Every claim of the queue last renewed ``age_s`` ago."""
+    import psycopg
+    with psycopg.connect(dsn, autocommit=True) as conn:
+        conn.execute("UPDATE cuzk_pgqueuer SET heartbeat = now() - make_interval(secs => %s) WHERE status = 'picked'",
+                     (age_s,))

@@ -55,8 +55,9 @@ async def _status(dsn: str, as_json: bool, timeout_s: float, knobs: dict[str, An
 
 def _dsn(args: argparse.Namespace) -> tuple[str, dict[str, Any]]:
     """The DSN to use (--dsn, else the config file's [fleet] dsn, else $CUZK_MP_FLEET_DSN) and,
-    with --config, the fleet's own stall timeout (what makes a job's claim count as stalled in the queue
-    depths, and a box stale where its row records no stall timeout of its own: a release before schema 4)."""
+    with --config, the fleet's own stall timeout (the least time after which a job's claim counts as
+    stalled in the queue depths, and what makes a box stale where its row records no stall timeout of
+    its own: a release before schema 4)."""
     knobs: dict[str, Any] = {}
     fleet = None
     if args.config is not None:

@@ -194,10 +194,7 @@ class Fleet(FleetSettles):
         A box silent for longer than its own stall timeout counts no more (its claims, renewed with its
         row, have lapsed by its own rule): a box with a long one that died without leaving (SIGKILL,
         power) made every stalled claim of the fleet wait that long, until pruning removed its row."""
-        cur = await conn.execute("SELECT max(stall_timeout_s) FROM cuzk_fleet_boxes WHERE left_at IS NULL "
-                                 "AND last_heartbeat >= now() - make_interval(secs => stall_timeout_s)")
-        row = await cur.fetchone()
-        longest = max(self.cfg.stall_timeout_s, float(row[0] or 0.0) if row is not None else 0.0)
+        longest = await self._longest_stall_s(conn)
         if longest > self._lapse_s:
             log.warning("fleet: box %s takes over a stalled claim after %.1f s, not its own stall_timeout %.1f s: "
                         "another box of the fleet has that stall_timeout (give the boxes one)", self.box, longest,

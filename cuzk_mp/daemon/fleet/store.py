@@ -345,13 +345,26 @@ class FleetStore:
                 for r in rows]
 
     async def queue_depths(self) -> list[QueueDepth]:
-        """Per circuit and priority: queued, running, and running on a box that stalled."""
-        async with self._tx() as (_, queries):
-            return await self._queue_depths(queries)
+        """Per circuit and priority: queued, running, and running on a box that stalled.
 
-    async def _queue_depths(self, queries: Queries) -> list[QueueDepth]:
+        A job is stalled once its claim has lapsed in the fleet: not renewed for the longest stall
+        timeout of the live boxes (:meth:`_longest_stall_s`), when a box takes it over. By the reader's
+        own timeout, a reader with a shorter one than the box running the job counted it stalled while
+        that box renewed it, and its key-loading decision loaded a key for a backlog that was not one."""
+        async with self._tx() as (conn, queries):
+            return await self._queue_depths(conn, queries)
+
+    async def _longest_stall_s(self, conn: psycopg.AsyncConnection) -> float:
+        """When a claim lapses: after the longest ``stall_timeout`` of the boxes in the fleet that are up by
+        their own (the reader's own included; :meth:`.queue.Fleet._read_lapse` says why)."""
+        cur = await conn.execute("SELECT max(stall_timeout_s) FROM cuzk_fleet_boxes WHERE left_at IS NULL "
+                                 "AND last_heartbeat >= now() - make_interval(secs => stall_timeout_s)")
+        row = await cur.fetchone()
+        return max(self.cfg.stall_timeout_s, float(row[0] or 0.0) if row is not None else 0.0)
+
+    async def _queue_depths(self, conn: psycopg.AsyncConnection, queries: Queries) -> list[QueueDepth]:
         sizes = await queries.queue_size()
-        stale = await queries.stale_jobs(timedelta(seconds=self.cfg.stall_timeout_s), limit=100_000)
+        stale = await queries.stale_jobs(timedelta(seconds=await self._longest_stall_s(conn)), limit=100_000)
         counts: dict[tuple[str, int], list[int]] = {}
         for s in sizes:
             cid = circuit_of(s.entrypoint)
@@ -382,7 +395,7 @@ class FleetStore:
                 cur = await conn.execute("SELECT pg_try_advisory_xact_lock(%s)", (schema.KEY_LOAD_LOCK_KEY,))
                 if not (row := await cur.fetchone()) or not row[0]:
                     return KeyDecision(None, (), "another box is deciding which key to load; again later")
-                decision = decide(await self._queue_depths(queries), await self._boxes(conn))
+                decision = decide(await self._queue_depths(conn, queries), await self._boxes(conn))
                 if decision.load is not None:  # set before the row's write: a heartbeat meanwhile keeps it
                     self.loading, self.load_limit_s = (decision.load,), limit_s(decision.load)
                     await conn.execute("UPDATE cuzk_fleet_boxes SET loading = %s, loading_since = now(), "
