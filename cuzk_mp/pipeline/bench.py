@@ -178,19 +178,22 @@ def write_outputs(args: argparse.Namespace, result: dict[str, Any], raw: dict[st
     outputs = (("--json", args.json, lambda: write_result(args.json, result)),
                ("--proofs-dir", args.proofs_dir, proofs),
                ("--plot", args.plot, lambda: plot_timeline(result, args.plot)))
-    failed: list[tuple[str, Exception]] = []
+    failed: dict[str, Exception] = {}
     for option, path, write in outputs:
         if path is None:
             continue
         try:
             write()
         except (CuzkError, OSError) as exc:
-            failed.append((f"{option} {path}", exc))
+            failed[option] = exc
     if not failed:
         return 0
-    code = EXIT_INPUT if all(isinstance(exc, InputError) for _, exc in failed) else 1
-    written = [f"{o} {p}" for o, p, _ in outputs if p is not None and f"{o} {p}" not in dict(failed)]
-    return final_error(code, "; ".join(f"{what}: {exc}" for what, exc in failed)
+    code = EXIT_INPUT if all(isinstance(exc, InputError) for exc in failed.values()) else 1
+    written = [f"{o} {p}" for o, p, _ in outputs if p is not None and o not in failed]
+    # an error names its file where it says it (an OutputError does), else the option's path is added
+    paths = {o: p for o, p, _ in outputs}
+    said = [f"{o}: {e}" if str(paths[o]) in str(e) else f"{o}: {paths[o]}: {e}" for o, e in failed.items()]
+    return final_error(code, "; ".join(said)
                        + (f" ({', '.join(written)} written)" if written else ""),
                        prefix="cuzk-mp bench", logger=__name__)
 
