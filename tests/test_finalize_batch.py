@@ -5,7 +5,8 @@ valid proofs passes the one pairing check and each proof verifies alone, with ou
 snarkjs; one tampered proof at any position makes the batch check fail, and the prover's
 one-by-one fallback fails exactly that proof, as does a proof point outside its subgroup
 (which the pairing checks cannot see); one proof alone is the former path (the same
-points for the same r, s, the textbook pi_c).
+points for the same r, s, the textbook pi_c). A failing proof names the key only where its own
+witness was checked against the r1cs.
 """
 
 from __future__ import annotations
@@ -140,3 +141,16 @@ def test_batch_check_wants_every_public_signal(setup: SimpleNamespace) -> None:
     with pytest.raises(ValueError, match=f"expected {setup.pvk.n_public} public signals"):
         batch_pairing_holds(setup.pvk, [good[0], (good[1][0][:-1], *good[1][1:])])  # type: ignore[list-item]
     assert batch_pairing_holds(setup.pvk, [])
+
+
+def test_each_proof_of_a_batch_says_whether_its_witness_was_checked(setup: SimpleNamespace) -> None:
+    """Proofs of one key finalized together may come from witnesses checked against the r1cs and from
+    witnesses that were not: a failing proof's message names the key only where its own witness was
+    checked, and leaves the witness in doubt where it was not."""
+    one = G1Point()
+    items = [(replace(sums, h=sums.h + one), public) for sums, public in setup.items[:2]]
+    checked, unchecked = prove_finalize_batch(setup.zkey, items, witness_checked=[True, False])
+    assert isinstance(checked, VerificationFailed) and isinstance(unchecked, VerificationFailed)
+    assert str(checked) == ("the proof did not pass self-verification although the witness satisfies the r1cs: "
+                            "the proving key does not match this circuit or is damaged")
+    assert "give the .r1cs to find the failing constraint" in str(unchecked)

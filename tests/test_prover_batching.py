@@ -7,7 +7,8 @@ with ``batch_max`` 1 one at a time; a lone partition goes alone at once. Every s
 every proof verifies with the right public signals, and a partition cancelled while READY fails
 alone while the rest of its batch is proved. The finalizer takes the partitions queued for it at
 once and verifies those of one key together, skipping one cancelled while it waited; a partition
-whose finalize raises or fails self-verification fails alone, the rest of its batch is proved.
+whose finalize raises or fails self-verification fails alone, the rest of its batch is proved; its
+error names the key where the synthesis worker checked the witness against the circuit's r1cs.
 """
 
 from __future__ import annotations
@@ -227,15 +228,20 @@ def test_a_batch_lowered_by_its_key_plan_stages_no_more_than_it_allows(setup: Si
         ring.destroy()
 
 
-def _finalize_queued(setup: SimpleNamespace, seeds: list[int], tag: str, prepare: Any) -> tuple[_Ctx, Prover]:
+def _finalize_queued(setup: SimpleNamespace, seeds: list[int], tag: str, prepare: Any,
+                     publish: Any = None) -> tuple[_Ctx, Prover]:
     """Prove one partition per seed (task ids 1, 2, ...) in one pass with the finalizer stopped, call
-    ``prepare(prover)`` while they wait in its queue, then run the finalizer until each is answered."""
+    ``prepare(prover)`` while they wait in its queue, then run the finalizer until each is answered.
+    ``publish(ring, ctx, task_id, seed)`` fills a slot (default: :func:`_publish`)."""
     ring = Ring.create(prefix_for(tag), 4)
     ctx = _Ctx()
     backend = CpuBackend(threads=2)
     try:
         for i, seed in enumerate(seeds):
-            _publish(ring, setup, i + 1, seed)
+            if publish is None:
+                _publish(ring, setup, i + 1, seed)
+            else:
+                publish(ring, ctx, i + 1, seed)
         prover = Prover(ctx, ring, backend, ProverPayload(ring.handle, "cpu", 0, 1, True, None, 4))  # type: ignore[arg-type]
         worker = threading.Thread(target=prover.work, daemon=True)
         worker.start()
@@ -254,7 +260,7 @@ def _finalize_queued(setup: SimpleNamespace, seeds: list[int], tag: str, prepare
         worker.join(30)
         finalizer.join(30)
         assert not finalizer.is_alive()
-        assert [k.users for k in prover.keys.keys.values()] == [0]  # every key use released
+        assert [k.users for k in prover.keys.keys.values()] == [0] * len(prover.keys.keys)  # every use released
         assert ring.stats().live == 0
         return ctx, prover
     finally:
@@ -305,3 +311,33 @@ def test_finalize_batch_cap_one_finalizes_one_at_a_time(setup: SimpleNamespace, 
     assert sorted(m.task_id for m in done) == [1, 2]
     _check_proofs(ctx, setup, seeds, 2.0)
     assert [m.timings["finalize_batch"] for m in done] == [1.0, 1.0]
+
+
+def test_a_proof_failing_after_synthesis_checked_its_witness_names_the_key(
+        setup: SimpleNamespace, test_key: tuple[Path, Path]) -> None:
+    """A synthesis worker checks a witness against the r1cs of a circuit registered with one, and the
+    partition's segment says so: a proof of it that then fails its self-check names the key. The same
+    key registered without its r1cs: the witness went unchecked, and the message leaves it in doubt."""
+    from cuzk_mp.pipeline.synth import SynthWorker
+
+    zkey, r1cs = (str(p) for p in test_key)
+    refs = {1: msg.CircuitRef("with-r1cs", zkey, r1cs, None, "porep-like", LOG_N),
+            2: msg.CircuitRef("without-r1cs", zkey, None, None, "porep-like", LOG_N)}
+
+    def synthesise(ring: Ring, ctx: _Ctx, task_id: int, seed: int) -> None:
+        SynthWorker(ctx, ring, 1).run_task(msg.SynthTask(  # type: ignore[arg-type]
+            task_id, f"job-{task_id}", task_id, 0, 0, 1, refs[task_id], "synthetic", b"", seed,
+            time.time(), time.time()))
+
+    def spoil(prover: Prover) -> None:
+        for job in prover.finalize_q.queue:
+            if job is not None:
+                job.sums = replace(job.sums, h=job.sums.h + G1Point())
+
+    ctx, _ = _finalize_queued(setup, [81, 82], "pbchk", spoil, synthesise)
+    failed = {m.task_id: (m.kind, m.message) for m in ctx.done((msg.TaskFailed,))}
+    assert failed[1] == ("VerificationFailed",
+                         "the proof did not pass self-verification although the witness satisfies the r1cs: "
+                         "the proving key does not match this circuit or is damaged")
+    assert failed[2][0] == "VerificationFailed" and "give the .r1cs to find the failing constraint" in failed[2][1]
+    assert not ctx.done((msg.ProofDone,))

@@ -134,14 +134,18 @@ def prove_finalize(zkey: ZKey, sums: MsmSums, public: list[int], *, verify: bool
 
 
 def prove_finalize_batch(zkey: ZKey, items: Sequence[tuple[MsmSums, list[int]]], *, verify: bool = True,
-                         witness_checked: bool = False) -> list[Proof | VerificationFailed]:
+                         witness_checked: bool | Sequence[bool] = False) -> list[Proof | VerificationFailed]:
     """Steps 4-5 for k proofs of one key: each assembled with its own fresh r, s, its points checked
     to lie in G1, G2 (:func:`.verifier.points_in_groups`), all self-verified in one pairing check
     (k + 3 pairs instead of 4 k). When that check fails, each proof is checked
     alone, so only the bad ones fail. Returns, in the order of ``items``, each proof or the
     VerificationFailed it fails with (returned, not raised: the caller fails those tasks alone).
     ``witness_checked``: the witnesses were found to satisfy the r1cs, so a failure is the key's,
-    and the message says so."""
+    and the message says so; one flag for all, or one per item (a batch of one key may mix
+    partitions whose witnesses were checked with others whose were not)."""
+    checked = [witness_checked] * len(items) if isinstance(witness_checked, bool) else list(witness_checked)
+    if len(checked) != len(items):
+        raise ValueError(f"witness_checked has {len(checked)} flags for {len(items)} proofs")
     hp = header_points(zkey)
     points = [_assemble(hp, sums) for sums, _ in items]
     bad: set[int] = set()
@@ -154,7 +158,7 @@ def prove_finalize_batch(zkey: ZKey, items: Sequence[tuple[MsmSums, list[int]]],
             bad |= {good[0]} if len(checks) == 1 else {i for i, c in zip(good, checks) if not pairing_holds(pvk, *c)}
         if bad:
             log.warning("self-verification: %d of %d proofs failed", len(bad), len(points))
-    return [_verification_failed(witness_checked) if i in bad else
+    return [_verification_failed(checked[i]) if i in bad else
             Proof(pi_a=curve.ark_to_g1(a), pi_b=curve.ark_to_g2(b), pi_c=curve.ark_to_g1(c))
             for i, (a, b, c) in enumerate(points)]
 

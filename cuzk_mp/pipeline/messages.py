@@ -179,7 +179,9 @@ class SegmentMeta(msgspec.Struct):
     """What a prover needs besides the arrays: rides in the header of each ring segment.
 
     ``timings`` are the synthesis worker's stages (also sent in :class:`Published`); the
-    prover adds its own to what it reports in :class:`ProofDone`.
+    prover adds its own to what it reports in :class:`ProofDone`. ``witness_checked``: synthesis
+    found the witness to satisfy the circuit's r1cs, so a proof failing its self-check can only
+    be the key's fault, and the prover's error says so.
     """
 
     task_id: int
@@ -189,6 +191,7 @@ class SegmentMeta(msgspec.Struct):
     circuit: CircuitRef
     n_public: int
     timings: dict[str, float]
+    witness_checked: bool = False
 
 
 _enc = msgspec.msgpack.Encoder()

@@ -307,7 +307,8 @@ class Prover:
         """prove_finalize_batch over partitions of one key: a proof that fails self-verification fails
         its own task alone; if the batch raises, each partition is finalized alone, so one bad input
         fails only its task. Each partition's ``finalize`` timing is its share of the batch
-        (``finalize_batch``: how many shared it)."""
+        (``finalize_batch``: how many shared it). A partition whose witness synthesis checked against
+        the r1cs (``SegmentMeta.witness_checked``) fails its self-check naming the key."""
         from ..errors import VerificationFailed
         from ..formats.snarkjs_json import proof_to_json
         from ..groth16.prover import prove_finalize_batch
@@ -315,7 +316,8 @@ class Prover:
         try:
             t0 = time.perf_counter()
             results = prove_finalize_batch(live[0].key.zkey, [(job.sums, job.public) for job in live],
-                                           verify=self.payload.verify)
+                                           verify=self.payload.verify,
+                                           witness_checked=[job.meta.witness_checked for job in live])
             share = (time.perf_counter() - t0) / len(live)
         except Exception as exc:  # noqa: BLE001 - the task fails, the process carries on
             if len(live) == 1:

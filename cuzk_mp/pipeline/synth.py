@@ -197,10 +197,10 @@ class SynthWorker:
             seg = self.ring.writable_segment(slot, shapes)
             try:
                 timings["shm_write"] = time.time() - t_slot
-                self._fill(task, circuit, seg.arrays, timings)
+                checked = self._fill(task, circuit, seg.arrays, timings)
                 timings["synthesis"] += t_loaded - t0  # a circuit's first task also loads it
                 meta = msg.SegmentMeta(task.task_id, task.job_id, task.partition, task.attempt, task.circuit,
-                                       ev.n_public, timings)
+                                       ev.n_public, timings, witness_checked=checked)
                 self.ring.publish(slot, seg, msg.encode(meta))
             finally:
                 seg.close()  # idempotent: publish has dropped the views already
@@ -210,23 +210,28 @@ class SynthWorker:
         self.ctx.send(msg.Published(task.task_id, slot, seg.nbytes, timings))
 
     def _fill(self, task: msg.SynthTask, circuit: _Circuit, arrays: list[np.ndarray],
-              timings: dict[str, float]) -> None:
+              timings: dict[str, float]) -> bool:
         """Witness, then a, b, c, straight into the slot's views (they go out of scope on return); the
-        witness alone, checked, where the prover makes a, b, c (:meth:`_Circuit.w_only`)."""
+        witness alone, checked, where the prover makes a, b, c (:meth:`_Circuit.w_only`). Returns
+        whether the witness was checked against the r1cs (the host's map of a circuit with C): the
+        prover's error for a proof failing its self-check then names the key alone."""
         w = arrays[-1]
         t0, cpu0 = time.time(), time.process_time()
         self._check(task)
         circuit.witness_into(task, w, self.threads, abort=lambda: self._given_up(task))
         timings["witness"] = time.time() - t0
         self._check(task)
+        checked = False
         if len(arrays) == 1:
             circuit.evaluator.validate_witness(w)
         else:
             a, b, c = arrays[:3]
             circuit.evaluator.evaluate_into(w, a, b, c, threads=self.threads)
+            checked = circuit.evaluator.data.c is not None
         self._check(task)
         timings["synthesis"] = time.time() - t0
         timings["synthesis_cpu"] = time.process_time() - cpu0  # core-seconds: every thread of this process
+        return checked
 
     def _circuit(self, ref: msg.CircuitRef) -> _Circuit:
         have = self.circuits.get(ref.circuit_id)
