@@ -42,7 +42,9 @@ Memory bound reported (``memory_bound``, see :func:`~.benchsummary.memory_bound`
 exact bound on live shm, and the memory model's formula (:func:`~.memory.host_bound`)
 with two sets of working sets: calibrated on the first job (``bound_bytes``) and
 predicted by the model alone (``model_bound_bytes``), both checked against the
-sampled peak of the whole run.
+sampled peak of the whole run: "held", "within tolerance" (over the first-job bound by at most
+``benchsummary.BOUND_TOLERANCE`` of it, allocator noise; the table says "over by X (within the Y
+tolerance)") or "exceeded" (``bound_check``, ``model_bound_check``: the model's has no tolerance).
 
 This module is the verb: its parser, and :func:`run`, which goes through the steps in order and
 says how it ended. Each step lives where it can be read alone: the options checked, the backend,

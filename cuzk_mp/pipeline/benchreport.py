@@ -234,12 +234,26 @@ def _fmt_s(x: float | None) -> str:
 
 
 def _bound_row(bound: dict[str, Any]) -> str:
+    """The memory bound's row: each bound's margin, or how far the peak went over it as the result's
+    check says (:func:`~.benchsummary.bound_check`: a peak over the bound is never shown as a margin)."""
     excess = bound["working_set_excess_bytes"]
     return (f"{fmt_bytes(bound['bound_bytes'])}, peak {fmt_bytes(bound['peak_host_bytes'])} "
-            f"(margin {fmt_bytes(bound['margin_bytes'])}; model's bound {fmt_bytes(bound['model_bound_bytes'])}, "
-            f"margin {fmt_bytes(bound['model_margin_bytes'])}); "
+            f"({_against(bound['margin_bytes'], bound['bound_check'], bound['tolerance_bytes'])}; "
+            f"model's bound {fmt_bytes(bound['model_bound_bytes'])}, "
+            f"{_against(bound['model_margin_bytes'], bound['model_bound_check'], 0)}); "
             + ("no process outgrew its first-job working set" if excess <= 0
                else f"a process outgrew its first-job working set by {fmt_bytes(excess)}"))
+
+
+def _against(margin: int, check: str, tolerance: int) -> str:
+    """A bound's margin, or the bytes the peak went over it by and whether that is within the
+    tolerance (``check``: the result's bound_check)."""
+    if check == "held":
+        return f"margin {fmt_bytes(margin)}"
+    if check == "within tolerance":
+        return f"over by {fmt_bytes(-margin)} (within the {fmt_bytes(tolerance)} tolerance)"
+    beyond = f" (beyond the {fmt_bytes(tolerance)} tolerance)" if tolerance else ""
+    return f"EXCEEDED by {fmt_bytes(-margin)}{beyond}"
 
 
 def s_per_partition(result: dict[str, Any]) -> tuple[float, list[float]]:
