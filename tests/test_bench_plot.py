@@ -3,7 +3,8 @@
 A tiny CPU bench (two simulated devices, two ring slots) runs once for the module; its JSON is checked
 for the timeline (every proved partition's spans, the lanes, the memory samples and the bounds), and
 the figure drawn from that JSON is checked for its lanes, its bars (one per span, where the span is)
-and its legend.
+and its legend. The progress bar keeps log lines off its own line on a terminal: this process's, and
+a child's written to the stderr it inherited (on a pseudo-terminal).
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import importlib.util
 import io
 import json
 import logging
+import os
 import sys
 import time
 from collections import Counter
@@ -320,3 +322,37 @@ def test_a_log_line_on_a_terminal_never_runs_onto_the_bar(monkeypatch: pytest.Mo
     bars = [i for i, line in enumerate(shown) if "1/5 proofs" in line]
     assert bars and bars[-1] > shown.index("WARNING a prover died: its partitions are retried"), shown
     assert root.handlers == [handler]  # the bar's own handlers went with it
+
+
+def test_a_child_processs_line_on_a_terminal_never_runs_onto_the_bar() -> None:
+    """An engine child writes its log lines to the stderr it inherited, past this process's logging.
+    With the relay installed on a terminal, a process started meanwhile inherits its pipe: the child's
+    line stands alone above the bar, which comes back under it; closed, the terminal is stderr again."""
+    import select
+    import subprocess
+
+    from cuzk_mp.pipeline.benchreport import TerminalRelay
+
+    master, slave = os.openpty()
+    fd = os.dup(slave)  # stands for stderr on a terminal
+    try:
+        relay = TerminalRelay.install(fd)
+        assert relay is not None and not os.isatty(fd)
+        p = Progress(5, relay=relay)
+        p.advance()
+        line = "(cuzk-prover-0 pid=1) WARNING a line of its own"
+        subprocess.run([sys.executable, "-c", f"import os; os.write({fd}, b'{line}\\n')"], pass_fds=(fd,), check=True)
+        p.close()
+        relay.close()
+        assert os.isatty(fd)
+        out = b""
+        while select.select([master], [], [], 0.5)[0]:
+            out += os.read(master, 65536)
+    finally:
+        for f in (fd, slave, master):
+            os.close(f)
+    shown = _screen(out.decode())
+    assert line in shown, shown
+    assert not any("proofs" in s for s in shown if line in s), shown
+    bars = [i for i, s in enumerate(shown) if "1/5 proofs" in s]
+    assert bars and bars[-1] > shown.index(line), shown

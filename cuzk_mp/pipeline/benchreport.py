@@ -18,7 +18,7 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 from ..errors import InputError
 from ..logs import duration_text
@@ -51,11 +51,13 @@ def step(what: str, heartbeat_s: float = HEARTBEAT_S) -> Iterator[None]:
 class Progress:
     """A one-line progress bar on stderr (a new line every 10 % when stderr is not a terminal),
     with the elapsed time and, from the second finished item on, an ETA at the rate since the first
-    (the first one carries the cold start). On a terminal this process's log lines do not run onto
-    the bar: it is erased before each and drawn again under it (:class:`_AroundLogLines`); the
-    children's lines, which they write to the terminal themselves, are not seen here."""
+    (the first one carries the cold start). On a terminal no log line runs onto the bar: it is erased
+    before each and drawn again under it. With a :class:`TerminalRelay` (the bench's engine children
+    write to the stderr they inherited, past this process's logging) every line of every process comes
+    through the relay, and the bar is drawn on the terminal the relay keeps; without one, this
+    process's own log lines are caught by its logging (:class:`_AroundLogLines`)."""
 
-    def __init__(self, total: int, label: str = "proofs") -> None:
+    def __init__(self, total: int, label: str = "proofs", relay: TerminalRelay | None = None) -> None:
         self.total = max(1, total)
         self.label = label
         self.done = 0
@@ -63,13 +65,17 @@ class Progress:
         self.t0 = time.monotonic()
         self.t_first: float | None = None
         self._lock = threading.Lock()
-        self._tty = sys.stderr.isatty()
+        self._out: TextIO = relay.term if relay is not None else sys.stderr
+        self._tty = self._out.isatty()
         self._last_draw = 0.0
         self._last_decile = -1
         self._last_len = 0
         self._closed = False
         self._shown = ""  # the bar as it stands on the terminal, its line not ended ("" if none)
-        self._around = _AroundLogLines.install(self) if self._tty else []
+        self._relay = relay
+        if relay is not None:
+            relay.progress = self
+        self._around = _AroundLogLines.install(self) if self._tty and relay is None else []
 
     def advance(self, ok: bool = True) -> None:
         """Count one finished partition (called from the engine's thread)."""
@@ -88,24 +94,41 @@ class Progress:
         (the engine's stop, the closing error) start on a line of their own."""
         with self._lock:
             if not self._closed and self._shown:
-                sys.stderr.write("\n")
-                sys.stderr.flush()
+                self._out.write("\n")
+                self._out.flush()
             self._closed, self._shown = True, ""
         _AroundLogLines.remove(self._around)
+        if self._relay is not None:
+            self._relay.progress = None
 
     def erase(self) -> None:
         """Clear the bar's line before a log line is written (the log line then starts at its left)."""
         with self._lock:
-            if self._shown:
-                sys.stderr.write("\r" + " " * len(self._shown) + "\r")
-                sys.stderr.flush()
+            self._erase()
+
+    def _erase(self) -> None:
+        if self._shown:
+            self._out.write("\r" + " " * len(self._shown) + "\r")
+            self._out.flush()
 
     def redraw(self) -> None:
         """Draw the bar again after a log line (:meth:`erase`), on the line that follows it."""
         with self._lock:
-            if self._shown and not self._closed:
-                sys.stderr.write(self._shown)
-                sys.stderr.flush()
+            self._redraw()
+
+    def _redraw(self) -> None:
+        if self._shown and not self._closed:
+            self._out.write(self._shown)
+            self._out.flush()
+
+    def write_above(self, text: str) -> None:
+        """Write whole lines above the bar: erased, the lines, the bar drawn again under them, with no
+        draw of the bar in between (the relay's lines, from any process)."""
+        with self._lock:
+            self._erase()
+            self._out.write(text)
+            self._out.flush()
+            self._redraw()
 
     def eta_s(self, now: float) -> float | None:
         """Seconds left at the rate since the first finished item; None before the second one."""
@@ -129,9 +152,76 @@ class Progress:
                 f"{f' ({self.failed} failed)' if self.failed else ''}  {elapsed:6.1f} s"
                 + ("" if final else "  ETA " + duration_text(eta)))
         padded, self._last_len = line.ljust(self._last_len), len(line)  # a shorter line covers the last one
-        sys.stderr.write(("\r" + padded + ("\n" if final else "")) if self._tty else line + "\n")
-        sys.stderr.flush()
+        self._out.write(("\r" + padded + ("\n" if final else "")) if self._tty else line + "\n")
+        self._out.flush()
         self._shown = line if self._tty and not final else ""
+
+
+class TerminalRelay:
+    """While a bench runs on a terminal, file descriptor ``fd`` (stderr) of this process is a pipe, and so
+    is the stderr of every engine child started meanwhile, which inherits it: a thread copies what comes
+    through to the terminal a whole line at a time, above the progress bar while one is drawn
+    (:meth:`Progress.write_above`). So no line, whichever process wrote it and however (logging, a
+    traceback, a library's own warning), runs onto the bar. The bar is drawn on :attr:`term`, the
+    terminal itself. Off a terminal there is no bar to keep clear: :meth:`install` installs nothing."""
+
+    def __init__(self, fd: int) -> None:
+        self.fd = fd
+        self._terminal = os.dup(fd)
+        self.term: TextIO = os.fdopen(os.dup(self._terminal), "w", encoding="utf-8", errors="replace")
+        self.progress: Progress | None = None
+        self._lost = False  # the terminal could not be written: lines are read and dropped
+        read_end, write_end = os.pipe()
+        sys.stderr.flush()
+        os.dup2(write_end, fd)
+        os.close(write_end)
+        self._thread = threading.Thread(target=self._copy, args=(read_end,), name="cuzk-bench-stderr", daemon=True)
+        self._thread.start()
+
+    @classmethod
+    def install(cls, fd: int = 2) -> TerminalRelay | None:
+        """A relay for ``fd`` where it is a terminal; None elsewhere (a file, a pipe, a test's capture)."""
+        return cls(fd) if os.isatty(fd) else None
+
+    def _copy(self, read_end: int) -> None:
+        """Copy whole lines until every writer has closed the pipe (this process's ``fd`` given back, the
+        children gone); a last line left unended is ended."""
+        pending = b""
+        try:
+            while chunk := os.read(read_end, 1 << 16):
+                lines, newline, pending = (pending + chunk).rpartition(b"\n")
+                if newline:
+                    self._write(lines + newline)
+            if pending:
+                self._write(pending + b"\n")
+        finally:
+            os.close(read_end)
+
+    def _write(self, data: bytes) -> None:
+        """Put lines on the terminal; once it cannot be written (closed, hung up) the lines are dropped,
+        never left in the pipe, where they would block every process writing to its stderr."""
+        if self._lost:
+            return
+        text = data.decode("utf-8", errors="replace")
+        bar = self.progress
+        try:
+            if bar is not None:
+                bar.write_above(text)
+            else:
+                self.term.write(text)
+                self.term.flush()
+        except (OSError, ValueError):
+            self._lost = True
+
+    def close(self, timeout_s: float = 5.0) -> None:
+        """Give ``fd`` back to the terminal, then wait (``timeout_s`` at most) for the lines still in the
+        pipe; a child that outlives the engine's stop keeps its lines coming through the thread."""
+        sys.stderr.flush()
+        os.dup2(self._terminal, self.fd)
+        os.close(self._terminal)
+        self._thread.join(timeout_s)
+        if not self._thread.is_alive():
+            self.term.close()
 
 
 class _AroundLogLines(logging.Handler):

@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 from ..circuits.synthetic_kinds import SYNTHETIC_KINDS
 from ..errors import CuzkError, InputError
 from .benchoptions import engine_option
-from .benchreport import Progress, step
+from .benchreport import Progress, TerminalRelay, step
 from .types import CircuitSpec, EngineConfig, JobResult, JobSpec, PartitionInput, PartitionResult
 
 if TYPE_CHECKING:  # imported when a bench runs: `cuzk-mp --help` and the other verbs build the bench's
@@ -120,7 +120,17 @@ class BenchRun:
         return current
 
     def execute(self, circuit: CircuitSize) -> dict[str, Any]:
-        """Run everything; returns the raw measurements (see :func:`summarize`)."""
+        """Run everything; returns the raw measurements (see :func:`summarize`). Where a progress bar is
+        drawn on a terminal, the stderr of this process and of every engine child goes through a
+        :class:`~.benchreport.TerminalRelay` for the engine's whole life, so no line runs onto the bar."""
+        relay = None if self.args.quiet else TerminalRelay.install()
+        try:
+            return self._execute(circuit, relay)
+        finally:
+            if relay is not None:
+                relay.close()
+
+    def _execute(self, circuit: CircuitSize, relay: TerminalRelay | None) -> dict[str, Any]:
         from .engine import Engine
         from .monitor import MemorySampler
 
@@ -158,7 +168,7 @@ class BenchRun:
             sampler = self.sampler = MemorySampler(running.prefix, interval_s=SAMPLE_INTERVAL_S)
             idle = sampler.sample()  # every process idle, the key loaded
             sampler.start()
-            self.progress = None if a.quiet else Progress(a.jobs * a.partitions * a.repeat)
+            self.progress = None if a.quiet else Progress(a.jobs * a.partitions * a.repeat, relay=relay)
             runs = [self.one_run(running, spec.circuit_id, fixed, r) for r in range(a.repeat)]
             if self.progress is not None:
                 self.progress.close()  # drawn whole: what it put around the log lines goes
