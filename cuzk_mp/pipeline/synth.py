@@ -22,7 +22,9 @@ One task at a time (the engine hands a worker a new task only when it is idle):
    (``CircuitRef.witness_map`` "device": a GPU prover, a generated key) gets w alone,
    checked (shape, range, w[0] = 1), in a segment a quarter the size, for the
    synthetic generator's witnesses (see ``_Circuit.w_only``);
-4. publish the slot with the partition's metadata and stage timings.
+4. publish the slot with the partition's metadata and stage timings, and whether the
+   witness was checked against the r1cs (``SegmentMeta.witness_checked``: a proof of it that
+   fails its self-check can then only be the key's fault, and the prover's error says so).
 
 A task that fails or is cancelled gives its slot back (the slot FREE, its segment
 kept for the next partition); a worker killed while FILLING leaves its slot to the engine,
