@@ -15,7 +15,7 @@ import pytest
 from fleet_helpers import STALLING, connect, make_inputs, query_one, worker
 
 from cuzk_mp.daemon.fleet.keys import holders_by_circuit
-from cuzk_mp.daemon.fleet.models import JobOutput
+from cuzk_mp.daemon.fleet.models import Failed, JobOutput
 from cuzk_mp.errors import InputError, ProofError
 from cuzk_mp.pipeline.types import Priority
 
@@ -148,7 +148,7 @@ def test_results_are_written_once(fleet_dsn: str, tmp_path: Path) -> None:
         assert sum(wins) == 1
         st = await b.status(ref.job_id)
         assert st.state == "done" and st.result == st.box.encode() * 3  # type: ignore[union-attr]
-        assert await a.fail(ref.job_id, "too late") == "done"
+        assert await a.fail(ref.job_id, "too late") == Failed("done", recorded=False)
         assert not await b.cancel(ref.job_id)
         assert (await a.status(ref.job_id)).result == st.result
         with pytest.raises(InputError, match="must stay small"):
@@ -167,17 +167,18 @@ def test_failed_attempts_retry_then_fail(fleet_dsn: str, tmp_path: Path, caplog:
         a = await connect(fleet_dsn, "a", max_attempts=2)
         ref = await a.submit(None, "x", inp.ref, inp.sha256)
         [c1] = await a.claim(["x"], 1)
-        assert await a.fail(ref.job_id, "prover died", error_kind="WorkerDied") == "queued"
+        assert await a.fail(ref.job_id, "prover died", error_kind="WorkerDied") == Failed("queued", recorded=True)
         await asyncio.sleep(0.05)
         [c2] = await a.claim(["x"], 1)
         assert (c1.claims, c2.claims, c2.attempts) == (1, 2, 1)
         assert "after a failed attempt" in caplog.text and "stopped renewing" not in caplog.text
-        assert await a.fail(ref.job_id, "prover died again", error_kind="WorkerDied") == "failed"
+        assert await a.fail(ref.job_id, "prover died again", error_kind="WorkerDied") == Failed("failed", recorded=True)
         st = await a.await_result(ref.job_id, 5)
         assert (st.state, st.attempts, st.error, st.error_kind) == ("failed", 2, "prover died again", "WorkerDied")
         ref2 = await a.submit(None, "x", bad.ref, bad.sha256)
         await a.claim(["x"], 1)
-        assert await a.fail(ref2.job_id, "witness does not satisfy", error_kind="InputError", retry=False) == "failed"
+        assert await a.fail(ref2.job_id, "witness does not satisfy", error_kind="InputError",
+                            retry=False) == Failed("failed", recorded=True)
         await a.close()
 
     run(main())
@@ -222,7 +223,7 @@ def test_stalled_box_loses_its_claim_and_cannot_requeue_it(fleet_dsn: str, tmp_p
         assert held_c.claims == 2
         assert await b.heartbeat() == [ref.job_id] and held_b.aborted.is_set()
         assert "claimed again by box c" in held_b.abort_reason
-        assert await b.fail(ref.job_id, "late failure") == "running"  # not b's to requeue any more
+        assert await b.fail(ref.job_id, "late failure") == Failed("running", recorded=False)  # not b's any more
         assert (await c.status(ref.job_id)).box == "c"
         assert await c.complete(ref.job_id, b"c")
         assert await c.heartbeat() == []
@@ -414,7 +415,7 @@ def test_a_retry_another_box_did_not_pick_still_waits_for_the_box_it_failed_on(f
         await b.heartbeat()  # b's row names the key
         ref = await a.submit(None, "x", inp.ref, inp.sha256)
         await a.claim(["x"], 1)
-        assert await a.fail(ref.job_id, "GPU fault", error_kind="ProofError") == "queued"
+        assert await a.fail(ref.job_id, "GPU fault", error_kind="ProofError") == Failed("queued", recorded=True)
         hot = await a.submit(None, "x", urgent.ref, urgent.sha256, Priority.CRITICAL)
         assert [c.job_id for c in await b.claim(["x"], 1)] == [hot.job_id]
         assert await a.claim(["x"], 1) == []
@@ -797,7 +798,7 @@ def test_a_heartbeat_never_stops_a_claim_made_again_while_it_ran(fleet_dsn: str,
         beat = asyncio.create_task(a.heartbeat())
         await steps[0].wait()
         a._tx = tx  # type: ignore[method-assign]
-        assert await a.fail(ref.job_id, "prover died", error_kind="WorkerDied") == "queued"
+        assert await a.fail(ref.job_id, "prover died", error_kind="WorkerDied") == Failed("queued", recorded=True)
         steps[1].set()
         await steps[2].wait()  # the heartbeat read the job as queued
         await asyncio.sleep(0.05)

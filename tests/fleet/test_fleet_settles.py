@@ -9,9 +9,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from fleet_helpers import connect, make_inputs, worker
+from fleet_helpers import STALLING, connect, make_inputs, worker
 
-from cuzk_mp.daemon.fleet.models import Claimed, JobOutput
+from cuzk_mp.daemon.fleet.models import Claimed, Failed, JobOutput
 from cuzk_mp.errors import ProofError, ResourceError
 
 
@@ -43,7 +43,8 @@ def _lose_the_answer(fleet: Any, monkeypatch: pytest.MonkeyPatch,
     return lost
 
 
-async def _run_one(fleet: Any, run_job: Callable[[Claimed], Awaitable[JobOutput]]) -> Any:
+async def _run_one(fleet: Any, run_job: Callable[[Claimed], Awaitable[JobOutput]],
+                   capacity: Callable[[], int] = lambda: 1) -> Any:
     """A worker of ``fleet`` runs one job with ``run_job`` and settles it; the worker, stopped."""
     started = asyncio.Event()
 
@@ -51,7 +52,7 @@ async def _run_one(fleet: Any, run_job: Callable[[Claimed], Awaitable[JobOutput]
         started.set()
         return await run_job(c)
 
-    w = worker(fleet, run, resident=lambda: ["x"], capacity=lambda: 1)
+    w = worker(fleet, run, resident=lambda: ["x"], capacity=capacity)
     stop = asyncio.Event()
     task = asyncio.create_task(w.run(stop))
     try:
@@ -117,3 +118,39 @@ def test_a_failure_whose_commit_went_unanswered_is_counted_once(fleet_dsn: str, 
 
     asyncio.run(main())
 
+
+
+def test_a_failure_another_box_settled_after_the_claim_lapsed_is_not_counted(fleet_dsn: str, tmp_path: Path) -> None:
+    """A box's claim lapses while its run goes on; another box claims the job again and records its own
+    failure (the job is queued again). The first box's run then fails: ``fail`` finds the job queued,
+    but not by this box, so the box's failures metric must not count it."""
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a", heartbeats=False, **STALLING)  # never renews: its claim lapses
+        b = await connect(fleet_dsn, "b", **STALLING)
+        ref = await a.submit(None, "x", inp.ref, inp.sha256)
+        go_on = asyncio.Event()
+
+        async def run_job(c: Claimed) -> JobOutput:
+            await go_on.wait()
+            raise ProofError("verification of the fresh proof failed")
+
+        async def take_over() -> None:
+            await asyncio.sleep(STALLING["stall_timeout_s"] + 0.3)
+            [c] = await b.claim(["x"], 1)
+            assert c.job_id == ref.job_id and c.claims == 2
+            assert await b.fail(ref.job_id, "GPU fault", error_kind="WorkerDied") == Failed("queued", recorded=True)
+            go_on.set()
+
+        taking = asyncio.create_task(take_over())
+        w = await _run_one(a, run_job, capacity=lambda: 0 if go_on.is_set() else 1)  # one run only
+        await taking
+        st = await a.status(ref.job_id)
+        # attempts: the lapse of a's claim, then b's failure
+        assert (st.state, st.attempts, st.error, st.failed_on) == ("queued", 2, "GPU fault", ("a", "b"))
+        assert w.failed == 1 and dict(w.failures) == {}  # the run failed here; its failure was recorded by b
+        for f in (a, b):
+            await f.close()
+
+    asyncio.run(main())

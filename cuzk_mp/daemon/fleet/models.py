@@ -101,6 +101,17 @@ class JobOutput:
 
 
 @dataclass(frozen=True)
+class Failed:
+    """What :meth:`.settles.FleetSettles.fail` did: the job's ``state`` after it, and whether this box
+    ``recorded`` the failure (by this call, or by an earlier try of it whose commit went unanswered).
+    A box whose claim lapsed finds the job queued or failed by another box: ``recorded`` is False, so
+    the failure is not counted here a second time (``cuzk_fleet_job_failures_total``)."""
+
+    state: JobState
+    recorded: bool
+
+
+@dataclass(frozen=True)
 class JobStatus:
     """A job as the shared tables record it; ``result`` is set once the job is ``done``.
 

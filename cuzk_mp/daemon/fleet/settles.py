@@ -25,7 +25,7 @@ from psycopg_pool import AsyncConnectionPool
 
 from cuzk_mp.daemon.fleet import retries, schema
 from cuzk_mp.daemon.fleet.config import FleetConfig
-from cuzk_mp.daemon.fleet.models import Claimed, JobState
+from cuzk_mp.daemon.fleet.models import Claimed, Failed, JobState
 from cuzk_mp.daemon.fleet.store import notify
 from cuzk_mp.daemon.fleet.submits import FleetSubmits
 from cuzk_mp.errors import InputError, ResourceError
@@ -88,16 +88,17 @@ class FleetSettles(FleetSubmits):
         log.info("fleet: job %s done on box %s", job_id, self.box)
         return True
 
-    async def fail(self, job_id: str, error: str, *, error_kind: str = "ProofError", retry: bool = True) -> JobState:
-        """Record a failed run: back to the queue while attempts remain and ``retry``, else failed.
+    async def fail(self, job_id: str, error: str, *, error_kind: str = "ProofError", retry: bool = True) -> Failed:
+        """Record a failed run: back to the queue while attempts remain and ``retry``, else failed; the
+        job's state after it, and whether this box recorded it (:class:`.models.Failed`).
 
         This box joins the job's ``failed_on``; the retry waits ``retry_delay``, and a heartbeat
         interval longer where another box could take it meanwhile (:mod:`.retries`).
 
-        Acts only while this process holds the claim; otherwise returns the job's state unchanged,
-        except where this very failure was tried before and committed, but its call failed (the
-        connection dropped after the commit, :meth:`_unanswered_try`): then the state that try recorded,
-        as if this call had recorded it (see :meth:`_failed_by_this_claim`).
+        Acts only while this process holds the claim; otherwise returns the job's state unchanged, not
+        recorded here, except where this very failure was tried before and committed, but its call failed
+        (the connection dropped after the commit, :meth:`_unanswered_try`): then the state that try
+        recorded, as if this call had recorded it (see :meth:`_failed_by_this_claim`).
         ``error`` is stored as PostgreSQL takes text (:func:`.retries.stored_text`): a failure the database
         refused would never be recorded, and the job would stay running under this box for ever.
         """
@@ -116,8 +117,8 @@ class FleetSettles(FleetSubmits):
                 if recorded is not None:
                     log.info("fleet: job %s failed on box %s (%s): %s -> %s (recorded by its earlier try, whose "
                              "commit went unanswered)", job_id, self.box, error_kind, error[:200], recorded)
-                    return recorded
-                return cast(JobState, state)
+                    return Failed(recorded, recorded=True)
+                return Failed(cast(JobState, state), recorded=False)
             attempts += 1
             queue_job = await self._queue_job(queries, job_id, queue_id)
             if retry and attempts < self.cfg.max_attempts and queue_job is not None:
@@ -140,7 +141,7 @@ class FleetSettles(FleetSubmits):
         self._drop(job_id)
         log.info("fleet: job %s failed on box %s (attempt %d, %s): %s -> %s", job_id, self.box, attempts,
                  error_kind, error[:200], new_state)
-        return new_state
+        return Failed(new_state, recorded=True)
 
     @contextlib.asynccontextmanager
     async def _unanswered_try(self, job_id: str) -> AsyncIterator[None]:

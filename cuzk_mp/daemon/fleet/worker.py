@@ -171,9 +171,9 @@ class FleetWorker:
                 log.error("fleet: job %s raised %s on box %s", c.job_id, type(exc).__name__, self.fleet.box,
                           exc_info=exc)
         kind = error_kind(exc)
-        state = await self.fleet.fail(c.job_id, str(exc) or type(exc).__name__, error_kind=kind,
-                                      retry=not isinstance(exc, InputError))
-        if state in ("queued", "failed"):  # recorded (not a claim this box no longer held)
+        failed = await self.fleet.fail(c.job_id, str(exc) or type(exc).__name__, error_kind=kind,
+                                       retry=not isinstance(exc, InputError))
+        if failed.recorded:  # not where its claim lapsed and another box settled the job
             self.failures[(c.circuit_id, kind)] += 1
 
     async def _drain(self, grace_s: float) -> None:
