@@ -365,3 +365,63 @@ def test_a_box_stops_while_a_key_load_hangs(fleet_dsn: str, tmp_path: Path) -> N
         await submitter.close()
 
     asyncio.run(main())
+
+
+_HUNG_LOAD_BOX = """
+import asyncio, sys, threading, types
+from fleet_helpers import FAST, instant_jobs
+from cuzk_mp.daemon.fleet.box import FleetBox
+from cuzk_mp.daemon.fleet.config import FleetConfig
+
+class HungKeys:  # a key read on a hard mount whose server is gone: it never returns
+    def __init__(self): self.started = threading.Event()
+    def preload(self, circuit_id): self.started.set(); threading.Event().wait()
+    def evict(self, circuit_id): return True
+    def degraded(self): return False
+
+async def main():
+    engine, (_, jobs) = HungKeys(), instant_jobs()
+    cfg = types.SimpleNamespace(fleet=FleetConfig(dsn=sys.argv[1], box="a", **FAST), circuits={"y": object()},
+                                engine=types.SimpleNamespace(srs_budget_bytes=None), param_cache=None)
+    box = FleetBox(cfg, engine, jobs)
+    box._key_bytes = lambda: {"y": 1 << 30}
+    await box.start([])
+    while not engine.started.is_set():
+        await asyncio.sleep(0.05)
+    await box.stop(0.0)
+    print("stopped", flush=True)
+
+asyncio.run(main())
+"""
+
+
+def test_a_box_whose_key_load_hangs_lets_its_process_exit_after_its_stop(fleet_dsn: str, tmp_path: Path) -> None:
+    """The box's stop leaves a hung key load to its thread; that thread must not keep the daemon's process
+    from exiting (a thread of the loop's default executor is joined at the loop's end and at exit)."""
+    import os
+    import subprocess
+    import sys
+
+    from fleet_helpers import REPO
+
+    [inp] = make_inputs(tmp_path, 1)
+
+    async def queue_one() -> None:
+        submitter = await connect(fleet_dsn, "s")
+        await submitter.submit(None, "y", inp.ref, inp.sha256)  # no box holds y: the box loads it
+        await submitter.close()
+
+    asyncio.run(queue_one())
+    path = os.pathsep.join([str(REPO), str(Path(__file__).parent)])
+    proc = subprocess.Popen([sys.executable, "-c", _HUNG_LOAD_BOX, fleet_dsn], stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": path})
+    try:
+        out, err = proc.communicate(timeout=30)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the box's process did not exit after its stop (stdout {out!r}); stderr:\n"
+                             f"{err[-3000:]}") from None
+    assert (proc.returncode, out) == (0, "stopped\n"), err[-3000:]
+    assert "stops without its load of the key of y" in err
+    assert _loading_rows(fleet_dsn)["a"] == []

@@ -30,3 +30,43 @@ def test_a_waiter_cancelled_as_its_job_is_announced_ends(fleet_dsn: str, tmp_pat
         await a.close()
 
     asyncio.run(main())
+
+
+def test_a_call_on_a_daemon_thread_hands_its_outcome_to_the_loop() -> None:
+    """``on_daemon_thread`` is ``asyncio.to_thread`` on a thread exit does not join: its result or its
+    error comes back to the awaiting coroutine, and one given up on that ends after the loop closed is
+    dropped without an error."""
+    import threading
+
+    import pytest
+
+    from cuzk_mp.daemon.fleet.waits import on_daemon_thread
+
+    def boom() -> None:
+        raise OSError("the key file cannot be read")
+
+    ran_on: list[threading.Thread] = []
+    late = threading.Event()
+
+    def returns_late() -> str:
+        late.wait(10)
+        return "too late"
+
+    async def main() -> None:
+        def record(x: int) -> int:
+            ran_on.append(threading.current_thread())
+            return x + 1
+
+        assert await on_daemon_thread(record, 41, name="cuzk-test-call") == 42
+        with pytest.raises(OSError, match="cannot be read"):
+            await on_daemon_thread(boom, name="cuzk-test-error")
+        on_daemon_thread(returns_late, name="cuzk-test-late")  # given up on: the loop ends first
+
+    asyncio.run(main())
+    [thread] = ran_on
+    assert thread.daemon and thread.name == "cuzk-test-call" and thread is not threading.main_thread()
+    late.set()
+    for t in threading.enumerate():
+        if t.name == "cuzk-test-late":
+            t.join(10)
+            assert not t.is_alive()

@@ -73,7 +73,7 @@ from cuzk_mp.daemon.fleet.inputs import (
 from cuzk_mp.daemon.fleet.keys import KeyView, backlog_by_circuit, holders_by_circuit, load_limit_s, plan_key_load
 from cuzk_mp.daemon.fleet.models import Claimed, JobOutput, JobRef, JobStatus
 from cuzk_mp.daemon.fleet.queue import Fleet
-from cuzk_mp.daemon.fleet.waits import wait_shared
+from cuzk_mp.daemon.fleet.waits import on_daemon_thread, wait_shared
 from cuzk_mp.daemon.fleet.worker import FleetWorker
 from cuzk_mp.daemon.job_records import JobRecord, reply_of
 from cuzk_mp.daemon.jobs import JobTable, input_bytes
@@ -330,14 +330,15 @@ class FleetBox:
                 log.warning("fleet: box %s could not record the end of its key load: %s", self.fcfg.box, e)
 
     async def _preload(self, circuit_id: str, limit_s: float) -> bool:
-        """The engine's load of a key, on a worker thread; False where the box stopped first.
+        """The engine's load of a key, on a thread of its own (:func:`.waits.on_daemon_thread`: one that
+        never returns keeps no process from exiting); False where the box stopped first.
 
         A load that outlasts ``limit_s`` (:func:`.keys.load_limit_s`) is logged as an error: other boxes
         no longer count it as the key's holder, and it may hang (a read on a hard mount whose server is
         gone). It is still waited for, as it may end. The box's stop waits for it
         :data:`STOP_LOAD_WAIT_S` at most, then leaves it to the engine's thread (the engine's to end:
         a thread cannot be stopped from outside): a stop that waited for it never ended on a hung mount."""
-        load = asyncio.ensure_future(asyncio.to_thread(self.engine.preload, circuit_id))
+        load = on_daemon_thread(self.engine.preload, circuit_id, name=f"cuzk-fleet-load-{circuit_id}")
         load.add_done_callback(lambda f: f.cancelled() or f.exception())  # a load given up on may end later
         stopping = asyncio.ensure_future(self._stop.wait())
         t0 = time.monotonic()
