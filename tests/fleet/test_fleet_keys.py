@@ -121,6 +121,7 @@ class _SlowKeys:
         self.release = threading.Event()
         self.started = threading.Event()
         self.loads: list[str] = []
+        self.evicted: list[str] = []
         self.fail = False
 
     def preload(self, circuit_id: str) -> None:
@@ -131,24 +132,27 @@ class _SlowKeys:
             raise ResourceError(f"the key of {circuit_id} could not be read")
 
     def evict(self, circuit_id: str) -> bool:
+        self.evicted.append(circuit_id)
         return True
 
     def degraded(self) -> bool:
         return False
 
 
-def _key_box(dsn: str, name: str, key_bytes: int = GIB, **knobs: Any) -> tuple[Any, _SlowKeys]:
-    """A FleetBox of circuit y alone (no key resident, no budget) over a slow-loading engine; ``knobs``
-    override FAST's."""
+def _key_box(dsn: str, name: str, key_bytes: int = GIB, circuits: str = "y", budget: int | None = None,
+             **knobs: Any) -> tuple[Any, _SlowKeys]:
+    """A FleetBox of ``circuits`` (circuit y alone unless told; no key resident, the key ``budget`` in
+    bytes, none unless told) over a slow-loading engine whose jobs end at once; ``knobs`` override FAST's."""
     from cuzk_mp.daemon.fleet.box import FleetBox
     from cuzk_mp.daemon.fleet.config import FleetConfig
 
     engine = _SlowKeys()
     _, jobs = instant_jobs()
-    cfg = types.SimpleNamespace(fleet=FleetConfig(dsn=dsn, box=name, **{**FAST, **knobs}), circuits={"y": object()},
-                                engine=types.SimpleNamespace(srs_budget_bytes=None), param_cache=None)
+    cfg = types.SimpleNamespace(fleet=FleetConfig(dsn=dsn, box=name, **{**FAST, **knobs}),
+                                circuits={c: object() for c in circuits},
+                                engine=types.SimpleNamespace(srs_budget_bytes=budget), param_cache=None)
     box = FleetBox(cast(Any, cfg), engine, jobs)
-    box._key_bytes = lambda: {"y": key_bytes}  # type: ignore[method-assign]
+    box._key_bytes = lambda: dict.fromkeys(circuits, key_bytes)  # type: ignore[method-assign]
     return box, engine
 
 
@@ -363,6 +367,89 @@ def test_a_box_stops_while_a_key_load_hangs(fleet_dsn: str, tmp_path: Path) -> N
         finally:
             engine.release.set()
         await submitter.close()
+
+    asyncio.run(main())
+
+
+def test_a_box_claims_jobs_of_its_resident_keys_while_it_loads_a_key(fleet_dsn: str, tmp_path: Path) -> None:
+    """A key load for the backlog takes minutes for a large key (for ever on a hung mount); the box's row
+    shows free slots and its resident keys meanwhile, so the other boxes count it as their holder. Its
+    claim loop goes on claiming the jobs of those keys during the load, and claims the loaded key's jobs
+    once it ends."""
+    import msgspec
+
+    from cuzk_mp.daemon import protocol as P
+    from cuzk_mp.daemon.fleet.inputs import store_inputs
+
+    waiting, resident_job = (store_inputs(msgspec.msgpack.encode([P.PartitionIn(kind="synthetic", seed=i)]),
+                                          tmp_path) for i in range(2))
+
+    async def main() -> None:
+        submitter = await connect(fleet_dsn, "s")
+        y_job = await submitter.submit(None, "y", waiting.ref, waiting.sha256)  # no box holds y: a loads it
+        box, engine = _key_box(fleet_dsn, "a", circuits="xy")
+        try:
+            await box.start(["x"])
+            assert await asyncio.to_thread(engine.started.wait, 20)
+            assert engine.loads == ["y"] and _loading_rows(fleet_dsn)["a"] == ["y"]
+            x_job = await submitter.submit(None, "x", resident_job.ref, resident_job.sha256)
+            st = await submitter.await_result(x_job.job_id, 15)
+            assert st.state == "done", f"the job of resident key x waited for the load of y: {st}"
+            assert (await submitter.status(y_job.job_id)).state == "queued" and not engine.release.is_set()
+            engine.release.set()
+            assert (await submitter.await_result(y_job.job_id, 15)).state == "done"  # claimed once y is resident
+            assert box.resident() == ("x", "y") and _loading_rows(fleet_dsn)["a"] == []
+        finally:
+            engine.release.set()
+            await box.stop(0.0)
+            await submitter.close()
+
+    asyncio.run(main())
+
+
+
+def test_a_key_to_evict_for_a_load_is_claimed_no_more_or_spared_if_a_job_of_it_came(fleet_dsn: str,
+                                                                                      tmp_path: Path) -> None:
+    """The claim loop goes on during a key load: a key the decision evicts to make room leaves the box's
+    resident keys before the engine drops it (no job of it is claimed meanwhile, to run without its
+    key); where a job of it was claimed while the decision was taken, the box evicts and loads nothing
+    this time, its row left with no load."""
+    x_inputs, y_inputs = make_inputs(tmp_path, 2)
+
+    async def main() -> None:
+        submitter = await connect(fleet_dsn, "s")
+        await submitter.submit(None, "y", y_inputs.ref, y_inputs.sha256)  # no box holds y
+        box, engine = _key_box(fleet_dsn, "a", circuits="xy", budget=GIB)  # room for one key: x must go
+        box.loaded("x")
+        box.fleet = await connect(fleet_dsn, "a")
+        real_plan = box.fleet.plan_load
+
+        async def claim_x_while_deciding(*args: Any) -> Any:
+            decision = await real_plan(*args)
+            await submitter.submit(None, "x", x_inputs.ref, x_inputs.sha256)
+            [c] = await box.fleet.claim(box.resident(), 1)  # the claim loop, meanwhile
+            assert c.circuit_id == "x"
+            return decision
+
+        box.fleet.plan_load = claim_x_while_deciding
+        await box._plan_and_load(box.fleet, 0.0)
+        assert (engine.evicted, engine.loads, box.resident()) == ([], [], ("x",))
+        assert _loading_rows(fleet_dsn)["a"] == []
+        [held] = box.fleet.held()
+        await box.fleet.release(held.job_id)
+        await submitter.cancel(held.job_id)  # x is claimed no more once evicted below
+
+        box.fleet.plan_load, box._next_load = real_plan, 0.0
+        loading = asyncio.create_task(box._plan_and_load(box.fleet, 0.0))
+        try:
+            assert await asyncio.to_thread(engine.started.wait, 20)
+            assert (engine.evicted, engine.loads, box.resident()) == (["x"], ["y"], ())
+        finally:
+            engine.release.set()
+        await loading
+        assert box.resident() == ("y",) and _loading_rows(fleet_dsn)["a"] == []
+        for f in (submitter, box.fleet):
+            await f.close()
 
     asyncio.run(main())
 

@@ -27,7 +27,10 @@ alone, so that the daemon's server only routes requests here:
   the database, once.
 * **Keys for the backlog**: when idle with free slots, the box asks :func:`.keys.plan_key_load`
   whether to load a key for jobs that wait elsewhere, evicting least recently used idle keys
-  to fit the key budget; at most one load per ``stall_timeout``.
+  to fit the key budget; at most one load per ``stall_timeout``. The load is a task of the box
+  beside the claim loop, which goes on claiming the jobs of the keys it holds meanwhile (the box's
+  row shows them and its free slots, so other boxes leave those jobs to it) and is woken when the
+  load ends.
 * **The shared inputs folder**: its marker (:data:`.inputs.MARKER_NAME`) must hold the id the
   database records for it; the first box with ``inputs_dir`` writes both. While the marker is
   missing or unreadable here (the share not mounted on this box, a stale NFS handle) the box claims
@@ -105,6 +108,7 @@ class FleetBox:
         self._left = False
         self._next_idle_check = 0.0
         self._next_load = 0.0
+        self._key_load: asyncio.Task[None] | None = None  # a key load for the backlog (one at a time)
         self._share_id: str | None = None  # the shared inputs folder's id, as the database records it
         self.paused: str | None = None  # why this box claims nothing now (its shared inputs folder)
         self._paused_folder: Path | None = None  # the folder found broken (checked again until it is back)
@@ -224,7 +228,8 @@ class FleetBox:
 
     async def stop(self, grace_s: float) -> None:
         """Let running jobs finish for ``grace_s``, give the rest back to the queue, leave the fleet; a key
-        load for the backlog in progress is waited for :data:`STOP_LOAD_WAIT_S` at most (:meth:`_preload`)."""
+        load for the backlog in progress is waited for :data:`STOP_LOAD_WAIT_S` at most (:meth:`_preload`),
+        and its ``loading`` cleared from the box's row before the box leaves."""
         self._closing = True
         if self._share_task is not None:
             self._share_task.cancel()
@@ -237,6 +242,8 @@ class FleetBox:
         if self._task is not None:
             with contextlib.suppress(Exception):
                 await self._task  # the worker releases what still runs
+        if self._key_load is not None:
+            await self._key_load  # logs its own failure; ends within STOP_LOAD_WAIT_S of the stop
         if self.fleet is not None:
             await self.fleet.close()
         self._left = True
@@ -281,23 +288,46 @@ class FleetBox:
                 out[cid] = 0
         return out
 
+    def _busy(self) -> frozenset[str]:
+        """The circuits a job here uses: in the engine, or claimed and its inputs still being read."""
+        held = {c.circuit_id for c in self.fleet.held()} if self.fleet is not None else set()
+        return frozenset(cid for cid in self.cfg.circuits if cid in held or self.jobs.in_use(cid))
+
     async def _load_for_backlog(self) -> None:
-        """The worker's idle hook: load a key for jobs that wait elsewhere (see :mod:`.keys`); a
-        failure is logged and tried again later."""
+        """The worker's idle hook: start a key load for jobs that wait elsewhere (see :mod:`.keys`) as a
+        task of the box, unless one runs. Run inside the hook, a load would hold the claim loop for its
+        whole length (minutes for a large key, for ever on a hung mount): the box would claim nothing, not
+        even jobs of the keys it holds, while its row shows them and free slots, so other boxes leave those
+        jobs to it."""
         now = time.monotonic()
-        if now < max(self._next_idle_check, self._next_load) or self.fleet is None or self._closing:
+        if (now < max(self._next_idle_check, self._next_load) or self.fleet is None or self._closing
+                or (self._key_load is not None and not self._key_load.done())):
             return
         self._next_idle_check = now + self.fcfg.heartbeat_interval_s
+        self._key_load = asyncio.create_task(self._backlog_load(self.fleet, now), name="cuzk-fleet-key-load")
+
+    async def _backlog_load(self, fleet: Fleet, now: float) -> None:
+        """:meth:`_plan_and_load`, its failure logged (tried again later); the claim loop is woken when it
+        ends, to claim the jobs of a key it made resident (already queued: no NOTIFY comes for them)."""
         try:
-            await self._plan_and_load(self.fleet, now)
+            await self._plan_and_load(fleet, now)
         except CuzkError as e:
             log.warning("fleet: box %s could not load a key for the backlog: %s", self.fcfg.box, e)
+        except Exception:
+            log.exception("fleet: box %s failed in its key load for the backlog", self.fcfg.box)
+        finally:
+            if self.worker is not None:
+                self.worker.wake()
 
     async def _plan_and_load(self, fleet: Fleet, now: float) -> None:
         """Decide (:meth:`.store.FleetStore.plan_load`) and load; the box's row shows the key as loading
         from the decision until the load ended, failed or was given up at the box's stop
-        (:meth:`_preload`), then the keys it holds."""
-        busy = frozenset(cid for cid in self.cfg.circuits if self.jobs.in_use(cid))
+        (:meth:`_preload`), then the keys it holds.
+
+        The claim loop goes on meanwhile: the keys to evict leave :meth:`resident` as the decision
+        returns, before the engine drops them, so no job of theirs is claimed in between; where one was
+        claimed while the decision was taken, nothing is evicted or loaded (decided again later)."""
+        busy = self._busy()
         budget, key_bytes = self.cfg.engine.srs_budget_bytes, self._key_bytes()
         view = KeyView(resident=self.resident(), busy=busy, provable=frozenset(self.cfg.circuits),
                        key_bytes=key_bytes, budget_bytes=NO_BUDGET if budget is None else budget)
@@ -311,12 +341,23 @@ class FleetBox:
             log.debug("fleet: box %s loads no key: %s", self.fcfg.box, decision.reason)
             return
         try:
+            if taken := sorted(self._busy().intersection(decision.evict)):
+                log.info("fleet: box %s loads no key now: a job of %s, a key it would evict, came meanwhile",
+                         self.fcfg.box, ", ".join(taken))
+                return
+            for cid in decision.evict:
+                self.evicted(cid)  # claimed no more from here on
             self._next_load = now + self.fcfg.stall_timeout_s
             log.info("fleet: box %s loads the key of %s%s: %s", self.fcfg.box, decision.load,
                      f" (evicting {', '.join(decision.evict)})" if decision.evict else "", decision.reason)
-            for cid in decision.evict:
-                if await asyncio.to_thread(self.engine.evict, cid):
-                    self.evicted(cid)
+            kept = list(decision.evict)
+            try:
+                for cid in decision.evict:
+                    if await asyncio.to_thread(self.engine.evict, cid):
+                        kept.remove(cid)
+            finally:
+                for cid in kept:  # a job uses it, or the engine failed: it stays
+                    self._resident[cid] = None
             t0 = time.perf_counter()
             if not await self._preload(decision.load, limit_s(decision.load)):
                 return

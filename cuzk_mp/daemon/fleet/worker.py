@@ -8,9 +8,10 @@ JobResult, encode it). The loop:
 * claims ``capacity() - running`` jobs of ``resident()`` circuits whenever that is positive,
   and otherwise sleeps until a NOTIFY says a job may be claimable, a job of its own ends, or
   ``poll_s`` passes (stalled claims and delayed retries have no NOTIFY; the poll finds them);
-* when idle with free slots, calls ``on_idle()`` (where the daemon runs the key-loading
-  decision of :mod:`.keys`), at most once per poll; where it made a key resident, claims that
-  key's jobs at once rather than after the poll (no NOTIFY comes for jobs already queued);
+* when idle with free slots, calls ``on_idle()`` (where the daemon starts a key load for the
+  backlog, :mod:`.keys`), at most once per poll; where it made a key resident, claims that
+  key's jobs at once rather than after the poll (no NOTIFY comes for jobs already queued), as it
+  does when woken (:meth:`FleetWorker.wake`: the daemon's key load, a task of its own, ended);
 * settles each job: a result -> ``complete``; InputError -> ``fail`` without retry (the inputs
   will not get better); any other error -> ``fail`` with retry (another attempt, on another
   box where one can take it, :mod:`.retries`), each recorded failure counted in
@@ -55,7 +56,7 @@ class FleetWorker:
         self.resident, self.capacity, self.on_idle = resident, capacity, on_idle
         self.poll_s = fleet.cfg.heartbeat_interval_s if poll_s is None else poll_s
         self.running: dict[str, asyncio.Task[None]] = {}
-        self._slot_freed = asyncio.Event()
+        self._woken = asyncio.Event()  # a slot freed, or wake()
         self.completed = 0
         self.failed = 0  # runs that failed here, each once however many tries settling it took
         self._failed_now: set[str] = set()  # jobs whose failure is being settled and is counted already
@@ -68,6 +69,7 @@ class FleetWorker:
         stopper = asyncio.ensure_future(stop.wait())
         try:
             while not stop.is_set():
+                self._woken.clear()  # here, not before the sleep: a wake during this round's claim counts
                 free = self.capacity() - len(self.running)
                 claimed = await self._claim(free)
                 for c in claimed:
@@ -80,6 +82,11 @@ class FleetWorker:
         finally:
             stopper.cancel()
             await self._drain(grace_s)
+
+    def wake(self) -> None:
+        """Claim again now rather than after the poll: work the daemon started beside the loop (a key
+        load) ended, and jobs already queued (no NOTIFY comes for them) may be claimable here now."""
+        self._woken.set()
 
     async def _idle(self) -> bool:
         """The daemon's idle hook (key loading); whether a key became resident. Its failure is logged,
@@ -100,10 +107,9 @@ class FleetWorker:
             return []
 
     async def _sleep(self, stopper: asyncio.Future[Any]) -> None:
-        """Until work may be claimable, a slot frees, stop, or the poll interval passes."""
-        self._slot_freed.clear()
+        """Until work may be claimable, a slot frees, :meth:`wake`, stop, or the poll interval passes."""
         waits = {asyncio.ensure_future(self.fleet.wait_for_work(self.poll_s)),
-                 asyncio.ensure_future(self._slot_freed.wait())}
+                 asyncio.ensure_future(self._woken.wait())}
         try:
             await asyncio.wait(waits | {stopper}, timeout=self.poll_s, return_when=asyncio.FIRST_COMPLETED)
         finally:
@@ -129,7 +135,7 @@ class FleetWorker:
         finally:
             abort.cancel()
             self.running.pop(c.job_id, None)
-            self._slot_freed.set()
+            self._woken.set()
 
     async def _settle_retrying(self, c: Claimed, work: asyncio.Future[JobOutput]) -> None:
         """Settle, retrying while the database is unreachable; then let the claim lapse."""
