@@ -41,10 +41,10 @@ connection), ``store`` (transactions and read-only views), ``submits`` (submit a
 result), ``settles`` (a held job's result, failure or release, and a cancel from any box),
 ``queue`` (:class:`Fleet`: claims, heartbeats), ``retries`` (a failed job's retry goes to a box it
 has not failed on), ``worker`` (a claim loop), ``keys`` (which key an idle box loads, and for how
-long a load holds it), ``waits`` (waiting with a time limit without losing a cancel), ``report``
-(``cuzk-mp fleet status`` text and /metrics gauges), ``cli``. ``events``, ``store``, ``submits``,
-``settles``, ``queue``, ``retries`` and ``worker`` need the optional ``fleet`` extra; the others
-import without it.
+long a load holds it), ``waits`` (waiting with a time limit without losing a cancel, and a call on a
+thread that may never return), ``report`` (``cuzk-mp fleet status`` text and /metrics gauges),
+``cli``. ``events``, ``store``, ``submits``, ``settles``, ``queue``, ``retries`` and ``worker`` need
+the optional ``fleet`` extra; the others import without it.
 """
 
 from __future__ import annotations
