@@ -76,3 +76,23 @@ def _age_claims(dsn: str, age_s: float) -> None:
     with psycopg.connect(dsn, autocommit=True) as conn:
         conn.execute("UPDATE cuzk_pgqueuer SET heartbeat = now() - make_interval(secs => %s) WHERE status = 'picked'",
                      (age_s,))
+
+
+def test_prune_keeps_a_box_within_its_own_stall_timeout(fleet_dsn: str) -> None:
+    """A box that never left goes at a prune once its heartbeat is older than the retention and every
+    stall timeout that applies: the pruner's and the box's own. A box whose own timeout is the longer is
+    hung at worst until then, and keeps its row (its claims lapse by it too)."""
+
+    async def main() -> list[str]:
+        pruner = await connect(fleet_dsn, "pruner", stall_timeout_s=2.0, heartbeats=False)
+        boxes = [await connect(fleet_dsn, name, stall_timeout_s=stall, heartbeats=False)
+                 for name, stall in (("patient", 600.0), ("hasty", 2.0))]
+        _age(fleet_dsn, "patient", 30.0)
+        _age(fleet_dsn, "hasty", 30.0)
+        await pruner.prune(1.0)
+        left = [b.box for b in await pruner.boxes()]
+        for f in (pruner, *boxes):
+            await f.close()
+        return left
+
+    assert asyncio.run(main()) == ["patient", "pruner"]

@@ -424,10 +424,10 @@ class FleetStore:
         keeps no retention of its own and the log grows by several rows per job.
 
         A box that never left (SIGKILLed, powered off) goes once its last heartbeat is older than
-        ``older_than_s`` and the stall timeout, whichever is longer, and no job is running under its
-        claim: it would otherwise be listed ``stale`` for ever. A box that still holds a claim stays
-        listed, since it explains a job no live box has taken over yet; one that was merely hung
-        registers again at its next heartbeat (:meth:`.queue.Fleet.heartbeat`).
+        ``older_than_s``, this box's stall timeout and the box's own (its row's), whichever is longest,
+        and no job is running under its claim: it would otherwise be listed ``stale`` for ever. A box
+        that still holds a claim stays listed, since it explains a job no live box has taken over yet;
+        one that was merely hung registers again at its next heartbeat (:meth:`.queue.Fleet.heartbeat`).
         """
         async with self._tx() as (conn, queries):
             cur = await conn.execute("DELETE FROM cuzk_fleet_jobs WHERE finished_at < now() - "
@@ -437,7 +437,8 @@ class FleetStore:
                                (older_than_s,))
             await conn.execute(
                 "DELETE FROM cuzk_fleet_boxes b WHERE b.left_at IS NULL "
-                "AND b.last_heartbeat < now() - make_interval(secs => %s) AND NOT EXISTS (SELECT 1 FROM "
+                "AND b.last_heartbeat < now() - make_interval(secs => GREATEST(%s, b.stall_timeout_s)) "
+                "AND NOT EXISTS (SELECT 1 FROM "
                 "cuzk_fleet_jobs j WHERE j.state = 'running' AND j.box = b.box AND j.owner = b.instance)",
                 (max(older_than_s, self.cfg.stall_timeout_s),))
             await queries.aggregate_logs()
