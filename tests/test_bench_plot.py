@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import io
 import json
 import logging
 import os
@@ -301,27 +300,41 @@ def _screen(text: str) -> list[str]:
 
 
 def test_a_log_line_on_a_terminal_never_runs_onto_the_bar(monkeypatch: pytest.MonkeyPatch) -> None:
-    """The engine logs while the bar is drawn (a retry, a restart): the line stands alone on the
-    terminal, and the bar comes back under it."""
-    class Terminal(io.StringIO):
-        def isatty(self) -> bool:
-            return True
+    """The engine logs while the bar is drawn (a retry, a restart): through the relay the bench installs
+    on a terminal, the line stands alone on the terminal, and the bar comes back under it."""
+    import select
 
-    term = Terminal()
-    monkeypatch.setattr(sys, "stderr", term)
+    from cuzk_mp.pipeline.benchreport import TerminalRelay
+
+    master, slave = os.openpty()
+    fd = os.dup(slave)  # stands for stderr on a terminal
     root = logging.getLogger()
-    handler = logging.StreamHandler(term)
-    handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
-    monkeypatch.setattr(root, "handlers", [handler])
-    p = Progress(5)
-    p.advance()
-    logging.getLogger("cuzk_mp.pipeline.engine").warning("a prover died: its partitions are retried")
-    p.close()
-    shown = _screen(term.getvalue())
+    try:
+        relay = TerminalRelay.install(fd)
+        assert relay is not None
+        stream = open(fd, "w", closefd=False)  # noqa: SIM115 - the logging handler's stream, fd closed below
+        handler = logging.StreamHandler(stream)
+        handler.setFormatter(logging.Formatter("%(levelname)s %(message)s"))
+        monkeypatch.setattr(root, "handlers", [handler])
+        p = Progress(5, relay=relay)
+        p.advance()
+        logging.getLogger("cuzk_mp.pipeline.engine").warning("a prover died: its partitions are retried")
+        out = b""
+        while b"1/5 proofs" not in out.partition(b"retried")[2] and select.select([master], [], [], 5.0)[0]:
+            out += os.read(master, 65536)  # the relay's thread has written the line, and the bar under it
+        p.close()
+        stream.close()
+        relay.close()
+        while select.select([master], [], [], 0.5)[0]:
+            out += os.read(master, 65536)
+    finally:
+        for f in (fd, slave, master):
+            os.close(f)
+    shown = _screen(out.decode())
     assert "WARNING a prover died: its partitions are retried" in shown, shown
     bars = [i for i, line in enumerate(shown) if "1/5 proofs" in line]
     assert bars and bars[-1] > shown.index("WARNING a prover died: its partitions are retried"), shown
-    assert root.handlers == [handler]  # the bar's own handlers went with it
+    assert root.handlers == [handler]  # the bar adds no handlers of its own
 
 
 def test_a_child_processs_line_on_a_terminal_never_runs_onto_the_bar() -> None:
@@ -342,10 +355,12 @@ def test_a_child_processs_line_on_a_terminal_never_runs_onto_the_bar() -> None:
         p.advance()
         line = "(cuzk-prover-0 pid=1) WARNING a line of its own"
         subprocess.run([sys.executable, "-c", f"import os; os.write({fd}, b'{line}\\n')"], pass_fds=(fd,), check=True)
+        out = b""
+        while b"1/5 proofs" not in out.partition(b"own")[2] and select.select([master], [], [], 5.0)[0]:
+            out += os.read(master, 65536)  # the relay's thread has written the line, and the bar under it
         p.close()
         relay.close()
         assert os.isatty(fd)
-        out = b""
         while select.select([master], [], [], 0.5)[0]:
             out += os.read(master, 65536)
     finally:

@@ -51,11 +51,11 @@ def step(what: str, heartbeat_s: float = HEARTBEAT_S) -> Iterator[None]:
 class Progress:
     """A one-line progress bar on stderr (a new line every 10 % when stderr is not a terminal),
     with the elapsed time and, from the second finished item on, an ETA at the rate since the first
-    (the first one carries the cold start). On a terminal no log line runs onto the bar: it is erased
-    before each and drawn again under it. With a :class:`TerminalRelay` (the bench's engine children
+    (the first one carries the cold start). On a terminal no log line runs onto the bar: with a
+    :class:`TerminalRelay` (which the bench installs wherever stderr is a terminal: its engine children
     write to the stderr they inherited, past this process's logging) every line of every process comes
-    through the relay, and the bar is drawn on the terminal the relay keeps; without one, this
-    process's own log lines are caught by its logging (:class:`_AroundLogLines`)."""
+    through the relay, which erases the bar before it and draws it again under it, and the bar is drawn on
+    the terminal the relay keeps."""
 
     def __init__(self, total: int, label: str = "proofs", relay: TerminalRelay | None = None) -> None:
         self.total = max(1, total)
@@ -75,7 +75,6 @@ class Progress:
         self._relay = relay
         if relay is not None:
             relay.progress = self
-        self._around = _AroundLogLines.install(self) if self._tty and relay is None else []
 
     def advance(self, ok: bool = True) -> None:
         """Count one finished partition (called from the engine's thread)."""
@@ -97,26 +96,17 @@ class Progress:
                 self._out.write("\n")
                 self._out.flush()
             self._closed, self._shown = True, ""
-        _AroundLogLines.remove(self._around)
         if self._relay is not None:
             self._relay.progress = None
 
-    def erase(self) -> None:
-        """Clear the bar's line before a log line is written (the log line then starts at its left)."""
-        with self._lock:
-            self._erase()
-
     def _erase(self) -> None:
+        """Clear the bar's line before a log line is written (the log line then starts at its left)."""
         if self._shown:
             self._out.write("\r" + " " * len(self._shown) + "\r")
             self._out.flush()
 
-    def redraw(self) -> None:
-        """Draw the bar again after a log line (:meth:`erase`), on the line that follows it."""
-        with self._lock:
-            self._redraw()
-
     def _redraw(self) -> None:
+        """Draw the bar again after a log line (:meth:`_erase`), on the line that follows it."""
         if self._shown and not self._closed:
             self._out.write(self._shown)
             self._out.flush()
@@ -222,40 +212,6 @@ class TerminalRelay:
         self._thread.join(timeout_s)
         if not self._thread.is_alive():
             self.term.close()
-
-
-class _AroundLogLines(logging.Handler):
-    """One of a pair of handlers around the root logger's own: the first erases the bar before a
-    record is written, the last draws it again after (a handler before and one after, as the root
-    logger calls its handlers in order, each at the level of the least verbose of them)."""
-
-    def __init__(self, progress: Progress, after: bool, level: int) -> None:
-        super().__init__(level)
-        self.progress, self.after = progress, after
-
-    def emit(self, record: logging.LogRecord) -> None:
-        """Erase (first handler) or draw again (last handler) the bar."""
-        if self.after:
-            self.progress.redraw()
-        else:
-            self.progress.erase()
-
-    @staticmethod
-    def install(progress: Progress) -> list[logging.Handler]:
-        """Put the pair around the root logger's handlers (none where it has none)."""
-        root = logging.getLogger()
-        if not root.handlers:
-            return []
-        level = min(h.level for h in root.handlers)
-        pair: list[logging.Handler] = [_AroundLogLines(progress, False, level), _AroundLogLines(progress, True, level)]
-        root.handlers = [pair[0], *root.handlers, pair[1]]
-        return pair
-
-    @staticmethod
-    def remove(pair: list[logging.Handler]) -> None:
-        """Take the pair off the root logger (those a later configuration replaced are gone already)."""
-        for handler in pair:
-            logging.getLogger().removeHandler(handler)
 
 
 def require_matplotlib() -> None:
