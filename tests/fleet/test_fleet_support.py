@@ -1140,20 +1140,20 @@ def test_a_cancel_that_comes_as_a_marker_write_ends_is_not_lost(
 
     box = _share_box(tmp_path)
     write: Any = None
-    real_to_thread = asyncio.to_thread
+    real_on_share = box_module.on_share
 
     async def share_id(proposed: str | None = None) -> str | None:
         return proposed
 
-    def to_thread(fn: Any, *args: Any) -> Any:
+    def on_share(fn: Any, *args: Any) -> Any:
         nonlocal write
         if fn is not box_module.write_marker:
-            return real_to_thread(fn, *args)
+            return real_on_share(fn, *args)
         write = asyncio.get_running_loop().create_future()
         return write
 
     box.fleet.share_id = share_id
-    monkeypatch.setattr(asyncio, "to_thread", to_thread)
+    monkeypatch.setattr(box_module, "on_share", on_share)
 
     async def main() -> bool:
         task = asyncio.ensure_future(box._read_share_id(box.fleet))

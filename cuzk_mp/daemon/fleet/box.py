@@ -76,7 +76,7 @@ from cuzk_mp.daemon.fleet.inputs import (
 from cuzk_mp.daemon.fleet.keys import KeyView, backlog_by_circuit, holders_by_circuit, load_limit_s, plan_key_load
 from cuzk_mp.daemon.fleet.models import Claimed, JobOutput, JobRef, JobStatus
 from cuzk_mp.daemon.fleet.queue import Fleet
-from cuzk_mp.daemon.fleet.waits import on_daemon_thread, wait_shared
+from cuzk_mp.daemon.fleet.waits import on_daemon_thread, on_share, wait_shared
 from cuzk_mp.daemon.fleet.worker import FleetWorker
 from cuzk_mp.daemon.job_records import JobRecord, reply_of
 from cuzk_mp.daemon.jobs import JobTable, input_bytes
@@ -175,14 +175,13 @@ class FleetBox:
         return problem
 
     def _read_share(self, folder: Path, share_id: str) -> asyncio.Future[str | None]:
-        """The marker check of ``folder`` on a worker thread; while one has not returned (a hung mount),
-        the same one: a new read per check would leave one more thread stuck each heartbeat, until the
-        pool that the daemon's other thread work shares had none left."""
+        """The marker check of ``folder`` on a thread of its own (:func:`.waits.on_share`); while one has not
+        returned (a hung mount), the same one: a new read per check would leave one more thread stuck each
+        heartbeat, for as long as the mount hangs."""
         key = (folder, share_id)
         pending = self._share_reads.get(key)
         if pending is None or pending.done():
-            pending = self._share_reads[key] = asyncio.ensure_future(asyncio.to_thread(share_problem, folder,
-                                                                                        share_id))
+            pending = self._share_reads[key] = on_share(share_problem, folder, share_id)
         return pending
 
     async def _read_share_id(self, fleet: Fleet) -> str | None:
@@ -195,7 +194,7 @@ class FleetBox:
         if self._marker_write is not None and not self._marker_write.done():
             return None  # the last write hangs (see _read_share): no second thread stuck beside it
         proposed = uuid.uuid4().hex
-        self._marker_write = asyncio.ensure_future(asyncio.to_thread(write_marker, folder, proposed))
+        self._marker_write = on_share(write_marker, folder, proposed)
         self._marker_write.add_done_callback(lambda f: f.cancelled() or f.exception())  # logged below if awaited
         try:
             await wait_shared(self._marker_write, SHARE_CHECK_S)
@@ -208,8 +207,8 @@ class FleetBox:
             log.info("fleet: box %s marked %s as the fleet's shared inputs folder", self.fcfg.box, folder)
         elif found is not None:
             with contextlib.suppress(OSError, InputError):  # the marker unreadable now: left as it is
-                if await asyncio.to_thread(read_marker, folder) == proposed:
-                    await asyncio.to_thread(write_marker, folder, found)
+                if await on_share(read_marker, folder) == proposed:
+                    await on_share(write_marker, folder, found)
         return found
 
     async def _watch_share(self) -> None:
@@ -434,7 +433,7 @@ class FleetBox:
         heartbeat while its run goes on, was held by this box for as long as the mount hung, and no other
         box could run the job. The stuck read is left to its thread, as a hung marker read is."""
         folder = Path(c.inputs_ref).parent if c.inputs_ref.startswith("/") else None
-        reading = asyncio.ensure_future(asyncio.to_thread(load_inputs, c.inputs_ref, c.inputs_sha256))
+        reading = on_share(load_inputs, c.inputs_ref, c.inputs_sha256)
         reading.add_done_callback(lambda f: f.cancelled() or f.exception())  # a read given up on may end later
         try:
             while not (await asyncio.wait({reading}, timeout=SHARE_CHECK_S))[0]:

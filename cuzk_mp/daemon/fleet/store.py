@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import functools
 import json
 import math
 import os
@@ -38,6 +39,7 @@ from cuzk_mp.daemon.fleet.inputs import (LEFTOVER_ASIDE_S, put_back, remove_left
                                          set_aside_stale, stale_cutoff, stale_inputs, stored_digest)
 from cuzk_mp.daemon.fleet.keys import KeyDecision
 from cuzk_mp.daemon.fleet.models import BoxInfo, JobStatus, QueueDepth, circuit_of
+from cuzk_mp.daemon.fleet.waits import on_share
 from cuzk_mp.errors import ConfigError, InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
 
@@ -463,14 +465,14 @@ class FleetStore:
         fails, the file is put back (the next round decides again). The name it was set aside under is
         this box's and this attempt's, which no other box's prune takes (:func:`~.inputs.set_aside_stale`);
         those a box killed in between left behind go after :data:`~.inputs.LEFTOVER_ASIDE_S`."""
-        cutoff = await asyncio.to_thread(stale_cutoff, directory, older_than_s)
-        stale = await asyncio.to_thread(stale_inputs, directory, cutoff)
-        removed = await asyncio.to_thread(remove_leftover_asides, directory,
+        cutoff = await on_share(stale_cutoff, directory, older_than_s)
+        stale = await on_share(stale_inputs, directory, cutoff)
+        removed = await on_share(remove_leftover_asides, directory,
                                           cutoff + older_than_s - max(older_than_s, LEFTOVER_ASIDE_S))
         for path in stale:
             digest = stored_digest(path)
             if digest is None:  # a store that never ended: no job names it
-                removed += await asyncio.to_thread(remove_stale_inputs, [path], cutoff)
+                removed += await on_share(remove_stale_inputs, [path], cutoff)
                 continue
             aside: Path | None = None
             try:
@@ -481,13 +483,13 @@ class FleetStore:
                     cur = await conn.execute("SELECT 1 FROM cuzk_fleet_jobs WHERE inputs_sha256 = %s LIMIT 1",
                                              (digest,))
                     if await cur.fetchone() is None:
-                        aside = await asyncio.to_thread(set_aside_stale, path, cutoff, self.cfg.box)
+                        aside = await on_share(set_aside_stale, path, cutoff, self.cfg.box)
             except BaseException:
                 if aside is not None:  # the lock may have gone with the session before the rename ended
-                    await asyncio.to_thread(put_back, aside, path)
+                    await on_share(put_back, aside, path)
                 raise
             if aside is not None:
-                await asyncio.to_thread(aside.unlink, missing_ok=True)
+                await on_share(functools.partial(aside.unlink, missing_ok=True))
                 removed += 1
         return removed
 

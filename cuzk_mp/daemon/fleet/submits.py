@@ -29,7 +29,7 @@ from cuzk_mp.daemon.fleet.config import FleetConfig
 from cuzk_mp.daemon.fleet.inputs import StagedInputs, check_ref
 from cuzk_mp.daemon.fleet.models import JobRef, JobStatus, entrypoint, queue_priority
 from cuzk_mp.daemon.fleet.store import FleetStore
-from cuzk_mp.daemon.fleet.waits import within
+from cuzk_mp.daemon.fleet.waits import on_share, within
 from cuzk_mp.daemon.queue_caps import Queued, QueueCaps, check_caps
 from cuzk_mp.errors import InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
@@ -87,13 +87,13 @@ class FleetSubmits(FleetStore):
                              f"got {priority!r}") from None
         job_id = uuid.uuid4().hex
         for _ in range(STAGE_TRIES):
-            staged = None if stage is None else await asyncio.to_thread(stage)
+            staged = None if stage is None else await on_share(stage)
             try:
                 ref = await self._enqueue(job_id, request_id, circuit_id, inputs_ref, inputs_sha256, priority,
                                           n_partitions, client, input_bytes, caps, staged)
             finally:
                 if staged is not None:
-                    await asyncio.to_thread(staged.discard)
+                    await on_share(staged.discard)
             if ref is not None:
                 if not ref.duplicate:
                     log.info("fleet: queued job %s (%s, %s, %d partitions)", job_id, circuit_id, priority.name,
@@ -109,7 +109,7 @@ class FleetSubmits(FleetStore):
         async with self._tx() as (conn, queries):
             if staged is not None:  # lock order: the inputs' lock, then the caps' lock below
                 await conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", schema.inputs_lock(inputs_sha256))
-                if not await asyncio.to_thread(_place, staged):
+                if not await on_share(_place, staged):
                     return None
             if caps:
                 # Count and insert under one fleet-wide lock, so two submits racing at a cap (from any

@@ -1,5 +1,6 @@
 """Waiting with a time limit without losing a cancel: what ``asyncio.wait_for`` means, as it does not on
-Python 3.11; and a call on a thread that may never return (:func:`on_daemon_thread`).
+Python 3.11; and a call on a thread that may never return (:func:`on_daemon_thread`), such as every
+read and write of the shared inputs folder (:func:`on_share`).
 
 There a cancel that comes in the moment the awaited thing ends is swallowed (``wait_for`` returns its
 result), and the caller went on as if nothing had been asked: the share check of a stopping box, the
@@ -75,3 +76,11 @@ def on_daemon_thread(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Fut
 
     threading.Thread(target=run, name=name, daemon=True).start()
     return fut
+
+
+def on_share(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """``fn(*args)``, a read or write of the shared inputs folder, on a thread of its own
+    (:func:`on_daemon_thread`): on a hard mount whose server is gone it never returns. On a thread of the
+    loop's default executor each such call kept the daemon's process from exiting after its stop, and
+    took one of the threads the daemon's other work (engine status, evictions, the journal) shares."""
+    return on_daemon_thread(fn, *args, name=f"cuzk-fleet-share-{getattr(fn, '__name__', 'call')}")
