@@ -255,8 +255,8 @@ def test_results_are_pruned_after_ttl(tmp_path: Path) -> None:
         async with await AsyncClient.connect(addr) as c:
             r = await c.prove("syn", synthetic_partitions(1), request_id="r1", timeout_s=10)
             assert r.state == "done"
-            assert await d.jobs.prune(now=time.time()) == 0
-            assert await d.jobs.prune(now=time.time() + 61) == 1
+            assert await d.jobs.prune(now=time.monotonic()) == 0
+            assert await d.jobs.prune(now=time.monotonic() + 61) == 1
             with pytest.raises(InputError, match="pruned"):
                 await c.await_proof("r1")
             assert d.journal.load() == []
@@ -303,12 +303,12 @@ def test_a_journal_that_cannot_be_written_loses_and_repeats_nothing(tmp_path: Pa
             assert (await c.await_proof(ids["late"], timeout_s=10)).state == "done"
             await d.jobs.flush()
             with pytest.raises(ResourceError):  # nothing is pruned while the journal refuses
-                await d.jobs.prune(now=time.time() + 3600)
+                await d.jobs.prune(now=time.monotonic() + 3600)
             assert ids["old"] in d.jobs.jobs and ids["late"] in d.jobs.jobs
             full["on"] = False
             assert await d.jobs.write_pending() == 0  # the next round writes the late job's state
             assert {e.job_id: e.state for e in d.journal.load()} == {ids["old"]: "done", ids["late"]: "done"}
-            assert await d.jobs.prune(now=time.time() + 3600) == 2
+            assert await d.jobs.prune(now=time.monotonic() + 3600) == 2
             assert d.journal.load() == []
 
     Journal._run = flaky  # type: ignore[method-assign]

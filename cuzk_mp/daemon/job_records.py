@@ -10,6 +10,7 @@ validated once, by the engine (``RunningEngine.submit``), not here.
 from __future__ import annotations
 
 import asyncio
+import time
 from dataclasses import dataclass, field
 
 from cuzk_mp.daemon.journal import JournalEntry
@@ -19,6 +20,13 @@ from cuzk_mp.pipeline.types import PartitionResult, Priority
 
 JOB_STATES = ("queued", "running", "done", "failed", "cancelled")
 TERMINAL = frozenset({"done", "failed", "cancelled"})
+
+
+def on_monotonic(wall: float) -> float:
+    """A past wall-clock instant (``time.time()``) placed on ``time.monotonic()`` by its age now: how
+    an instant read back from the journal, the only clock two runs share, joins this run's durations.
+    One "in the future" (the clock was set back since) counts as now."""
+    return time.monotonic() - max(0.0, time.time() - wall)
 
 
 def without_inputs(partitions: list[PartitionIn]) -> list[PartitionIn]:
@@ -42,6 +50,9 @@ class JobRecord:
     state: str = "queued"
     started_at: float | None = None
     finished_at: float | None = None
+    # When the job ended on time.monotonic(): its age for result_ttl, which a step of the wall clock
+    # (finished_at's) must not change; set with finished_at
+    finished_mono: float | None = None
     error: str | None = None
     error_kind: str | None = None
     cancel_requested: bool = False
@@ -63,6 +74,7 @@ class JobRecord:
         if r is not None and r.state in TERMINAL:
             rec.state, rec.error, rec.error_kind = r.state, r.error, r.error_kind
             rec.started_at, rec.finished_at, rec.key_digest = r.started_at, r.finished_at, r.key_digest
+            rec.finished_mono = None if r.finished_at is None else on_monotonic(r.finished_at)
             rec.results = {p.index: p for p in r.partitions}
             rec.counted = set(rec.results)
             rec.done.set()

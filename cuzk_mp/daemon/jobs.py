@@ -390,7 +390,7 @@ class JobTable:
         rec.error = result.error
         rec.key_digest = result.key_digest
         rec.started_at = result.started_at or rec.started_at
-        rec.finished_at = result.finished_at
+        rec.finished_at, rec.finished_mono = result.finished_at, time.monotonic()
         for p in result.partitions:
             self._count_partition(rec, p)
             rec.results[p.index] = to_partition_out(p)
@@ -452,11 +452,14 @@ class JobTable:
     async def prune(self, now: float | None = None) -> int:
         """Journal what could not be written before, then drop finished jobs older than ``result_ttl``
         from the journal and then from memory; returns how many were dropped. While the journal
-        cannot be written nothing is dropped (ResourceError): a pruned job must not come back."""
+        cannot be written nothing is dropped (ResourceError): a pruned job must not come back.
+
+        Ages are on ``time.monotonic()`` (``now``, when given, is on that clock): a wall clock set a
+        day ahead must not drop every result at once, nor one set back keep them an hour longer."""
         await self.write_pending()
-        now = time.time() if now is None else now
-        old = [j for j, r in self.jobs.items() if r.state in TERMINAL and r.finished_at is not None
-               and r.finished_at + self.result_ttl_s <= now]
+        now = time.monotonic() if now is None else now
+        old = [j for j, r in self.jobs.items() if r.state in TERMINAL and r.finished_mono is not None
+               and r.finished_mono + self.result_ttl_s <= now]
         await self.journal.remove(old)
         for j in old:
             self.jobs.pop(j, None)
@@ -489,7 +492,7 @@ class JobTable:
     def _fail_restored(self, rec: JobRecord, message: str) -> None:
         rec.state, rec.error, rec.error_kind = "failed", message, "InputError"
         self._release(rec)
-        rec.finished_at = time.time()
+        rec.finished_at, rec.finished_mono = time.time(), time.monotonic()
         rec.results = {i: p for i, p in enumerate(pending_partitions(rec, "failed"))}
         self.metrics.observe_job(rec.circuit_id, rec.state, rec.finished_at - rec.submitted_at)
         self._write_final(rec)

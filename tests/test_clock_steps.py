@@ -1,0 +1,60 @@
+"""The product under a stepped system clock: an NTP correction, an operator setting the date or a VM
+resumed from suspend moves ``time.time()`` by hours, forward or back, at any moment.
+
+Durations and deadlines within a process are measured on ``time.monotonic()``; wall time is what is
+shown to people and persisted. Each test steps ``time.time`` where the code reads it and checks that
+no deadline, age or duration moves with it.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+import pytest
+
+from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
+from cuzk_mp.daemon.server import Daemon
+from tests.fake_engine import run_daemon
+
+DAY_S = 86400.0
+HOUR_S = 3600.0
+
+
+def step_clock(monkeypatch: pytest.MonkeyPatch, by_s: float) -> None:
+    """Move the system clock by ``by_s`` seconds from now on (``time.time`` only: the monotonic clock
+    does not step)."""
+    real = time.time
+    monkeypatch.setattr(time, "time", lambda: real() + by_s)
+
+
+def test_a_clock_a_day_ahead_does_not_expire_results_early(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result is kept ``result_ttl`` after its job ended, however the wall clock moves meanwhile."""
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            r = await c.prove("syn", synthetic_partitions(1), request_id="r1", timeout_s=10)
+            assert r.state == "done"
+            step_clock(monkeypatch, DAY_S)
+            assert await d.jobs.prune() == 0
+            assert (await c.await_proof("r1", timeout_s=1)).state == "done"
+            assert await d.jobs.prune(now=time.monotonic() + 61) == 1
+
+    run_daemon(tmp_path, body, result_ttl="60s")
+
+
+def test_a_result_restored_after_the_clock_went_back_still_expires(tmp_path: Path,
+                                                                   monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job journaled as finished an hour "in the future" (the clock was set back between two runs)
+    is kept ``result_ttl`` from the restart, not for an hour more."""
+    async def first(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            assert (await c.prove("syn", synthetic_partitions(1), request_id="r1", timeout_s=10)).state == "done"
+
+    run_daemon(tmp_path, first, result_ttl="60s")
+    step_clock(monkeypatch, -HOUR_S)
+
+    async def second(d: Daemon, addr: str) -> None:
+        assert await d.jobs.prune() == 0
+        assert await d.jobs.prune(now=time.monotonic() + 61) == 1
+
+    run_daemon(tmp_path, second, result_ttl="60s")
