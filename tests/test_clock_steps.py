@@ -16,6 +16,7 @@ import pytest
 from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
 from tests.fake_engine import run_daemon
+from tests.helpers import parse_prometheus
 
 DAY_S = 86400.0
 HOUR_S = 3600.0
@@ -58,3 +59,21 @@ def test_a_result_restored_after_the_clock_went_back_still_expires(tmp_path: Pat
         assert await d.jobs.prune(now=time.monotonic() + 61) == 1
 
     run_daemon(tmp_path, second, result_ttl="60s")
+
+
+def test_a_clock_set_back_while_a_job_runs_gives_no_negative_latency(tmp_path: Path,
+                                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    """The submit-to-finish histogram and the job's log line take the time the job took, whatever the
+    wall clock did meanwhile."""
+    async def body(d: Daemon, addr: str) -> None:
+        d.engine.gate.clear()
+        async with await AsyncClient.connect(addr) as c:
+            job_id = (await c.submit("syn", synthetic_partitions(1))).job_id
+            step_clock(monkeypatch, -HOUR_S)
+            d.engine.gate.set()
+            assert (await c.await_proof(job_id, timeout_s=10)).state == "done"
+        samples = parse_prometheus(await d.metrics_text())
+        took = samples[("cuzk_job_duration_seconds_sum", (("circuit", "syn"),))]
+        assert took >= 0.0
+
+    run_daemon(tmp_path, body)

@@ -23,9 +23,10 @@ TERMINAL = frozenset({"done", "failed", "cancelled"})
 
 
 def on_monotonic(wall: float) -> float:
-    """A past wall-clock instant (``time.time()``) placed on ``time.monotonic()`` by its age now: how
-    an instant read back from the journal, the only clock two runs share, joins this run's durations.
-    One "in the future" (the clock was set back since) counts as now."""
+    """A past wall-clock instant (``time.time()``) placed on ``time.monotonic()`` by its age now: how an
+    instant this run did not measure itself (read back from the journal, the only clock two runs share;
+    a fleet job's submit) joins its durations. One "in the future" (the clock was set back since)
+    counts as now."""
     return time.monotonic() - max(0.0, time.time() - wall)
 
 
@@ -62,6 +63,18 @@ class JobRecord:
     done: asyncio.Event = field(default_factory=asyncio.Event)
     accepted: asyncio.Future[None] = field(
         default_factory=lambda: asyncio.get_running_loop().create_future())
+    # submitted_at on time.monotonic(): where the job's latency starts (:attr:`latency_s`)
+    submitted_mono: float = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.submitted_mono = on_monotonic(self.submitted_at)
+
+    @property
+    def latency_s(self) -> float:
+        """Submit to finish (to now while it runs), on the monotonic clock: never negative, nor a day
+        long, because the wall clock stepped while the job ran."""
+        end = time.monotonic() if self.finished_mono is None else self.finished_mono
+        return end - self.submitted_mono
 
     @classmethod
     def from_entry(cls, e: JournalEntry) -> JobRecord:

@@ -398,13 +398,13 @@ class JobTable:
                  if p.error_kind and p.error_kind != "Cancelled"]
         rec.error_kind = ("Cancelled" if rec.state == "cancelled" else kinds[0] if kinds
                           else "ProofError" if rec.state == "failed" else None)
-        self.metrics.observe_job(rec.circuit_id, rec.state, rec.finished_at - rec.submitted_at)
+        self.metrics.observe_job(rec.circuit_id, rec.state, rec.latency_s)
         if journaled:
             self._write_final(rec)  # its waiters get the result once the journal has it
         else:
             rec.done.set()
         log.info("job %s %s (%d partitions, %.3f s)", rec.job_id, rec.state,
-                 len(rec.partitions), rec.finished_at - rec.submitted_at)
+                 len(rec.partitions), rec.latency_s)
 
     def _write_final(self, rec: JobRecord) -> None:
         """Journal a job's final state in the background, then wake its waiters: a result is given
@@ -494,6 +494,6 @@ class JobTable:
         self._release(rec)
         rec.finished_at, rec.finished_mono = time.time(), time.monotonic()
         rec.results = {i: p for i, p in enumerate(pending_partitions(rec, "failed"))}
-        self.metrics.observe_job(rec.circuit_id, rec.state, rec.finished_at - rec.submitted_at)
+        self.metrics.observe_job(rec.circuit_id, rec.state, rec.latency_s)
         self._write_final(rec)
         log.warning("[start] journaled job %s cannot run again: %s", rec.job_id, message)
