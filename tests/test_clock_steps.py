@@ -8,18 +8,33 @@ no deadline, age or duration moves with it.
 
 from __future__ import annotations
 
+import itertools
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
+from cuzk_mp.pipeline.engine_events import EngineEvents
+from cuzk_mp.pipeline.messages import CircuitRef, Published, SynthTask
+from cuzk_mp.pipeline.ring import Ring
+from cuzk_mp.pipeline.scheduler import Scheduler
+from cuzk_mp.pipeline.synth import SynthWorker
+from cuzk_mp.pipeline.types import JobSpec, PartitionInput
 from tests.fake_engine import run_daemon
-from tests.helpers import parse_prometheus
+from tests.helpers import LOG_N, parse_prometheus, prefix_for
+from tests.test_prover_batching import _Ctx
 
 DAY_S = 86400.0
 HOUR_S = 3600.0
+
+
+def clock_stepping_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A system clock set back an hour between any two reads of it."""
+    real, steps = time.time, itertools.count(1)
+    monkeypatch.setattr(time, "time", lambda: real() - HOUR_S * next(steps))
 
 
 def step_clock(monkeypatch: pytest.MonkeyPatch, by_s: float) -> None:
@@ -77,3 +92,41 @@ def test_a_clock_set_back_while_a_job_runs_gives_no_negative_latency(tmp_path: P
         assert took >= 0.0
 
     run_daemon(tmp_path, body)
+
+
+def test_the_engine_times_a_partition_on_the_monotonic_clock(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A partition's queue wait (sent to the synthesis worker) and its submit-to-proof total are never
+    negative because the clock was set back an hour between the job's submit and its proof."""
+    s = Scheduler(max_attempts=2)
+    s.add_job(JobSpec("a", "c", [PartitionInput("synthetic", seed=0)]), CircuitRef("c", "/nonexistent.zkey"))
+    step_clock(monkeypatch, -HOUR_S)
+    task = s.next_task()
+    assert task is not None
+    sent: list[SynthTask] = []
+    worker = SimpleNamespace(handle=SimpleNamespace(send=sent.append))
+    engine = SimpleNamespace(sup=SimpleNamespace(children={"w": worker}))
+    EngineEvents._send_task(engine, "w", task)  # type: ignore[arg-type]
+    assert sent[0].t_dispatch - sent[0].t_submit >= 0.0
+    s.on_published(task.task_id, 0, {})
+    s.on_taken(task.task_id, "cuzk-prover-0", 0)
+    out = s.on_proof(task.task_id, "proof", [1], {}, 0)
+    assert out.partitions[0][1].timings["total"] >= 0.0
+
+
+def test_a_synthesis_workers_stage_times_are_never_negative(test_key: tuple[Path, Path],
+                                                           monkeypatch: pytest.MonkeyPatch) -> None:
+    """The stage times a synthesis worker reports with its published slot (the engine's stage
+    histogram, a partition's timings) are durations: a clock set back while it works leaves them >= 0."""
+    ring = Ring.create(prefix_for("clk"), 2)
+    ctx = _Ctx()
+    try:
+        worker = SynthWorker(ctx, ring, 1)  # type: ignore[arg-type]
+        clock_stepping_back(monkeypatch)
+        ref = CircuitRef("syn", str(test_key[0]), synthetic="porep-like", log_n=LOG_N)
+        now = time.monotonic()
+        worker.run_task(SynthTask(1, "job-1", 1, 0, 0, 1, ref, "synthetic", b"", 5, now, now))
+        timings = ctx.done((Published,))[0].timings
+        assert {"queue_wait", "ring_wait", "shm_write", "witness", "synthesis"} <= set(timings)
+        assert all(v >= 0.0 for v in timings.values()), timings
+    finally:
+        ring.destroy()

@@ -63,7 +63,8 @@ def test_the_table_gives_device_key_circuits_the_gpus_witness_map(tmp_path: Path
 
 
 def _task(ref: msg.CircuitRef, task_id: int, seed: int, kind: str = "synthetic", data: bytes = b"") -> msg.SynthTask:
-    return msg.SynthTask(task_id, f"job-{task_id}", 1, 0, 0, 1, ref, kind, data, seed, time.time(), time.time())
+    now = time.monotonic()
+    return msg.SynthTask(task_id, f"job-{task_id}", 1, 0, 0, 1, ref, kind, data, seed, now, now)
 
 
 def test_w_alone_through_the_ring_proves_on_the_device_witness_map(tmp_path: Path, emu_backend: Any,

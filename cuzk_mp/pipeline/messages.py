@@ -70,6 +70,8 @@ class SynthTask(msgspec.Struct, tag="synth_task"):
     kind: str
     data: bytes
     seed: int
+    # The job's submit and this attempt's dispatch on time.monotonic() (one clock for every process of
+    # the box): the worker reports their difference as the queue wait, which a wall-clock step must not move
     t_submit: float
     t_dispatch: float
 

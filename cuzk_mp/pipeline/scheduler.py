@@ -49,6 +49,7 @@ class Task:
     device: int | None = None
     slot: int | None = None
     t_dispatch: float | None = None
+    dispatched_mono: float | None = None  # t_dispatch on time.monotonic(): the queue wait's end
     held_s: float = 0.0  # seconds a synthesis worker held the attempt before ``t_held`` (ring waits left out)
     t_held: float | None = None  # since when it holds it (monotonic); None while it waits for a free ring slot
     t_proving: float | None = None  # when the engine heard a prover took it (monotonic: the hung-process timer)
@@ -89,6 +90,9 @@ class Job:
     attempts: list[int] = field(default_factory=list)
     current: dict[int, Task] = field(default_factory=dict)  # partition -> its latest attempt
     tasks: list[Task] = field(default_factory=list)  # every attempt, forgotten when the job finishes
+    # submitted_at on time.monotonic(): where the queue wait and the total start, so a step of the wall
+    # clock (submitted_at's, shown and placed in time) makes neither negative nor a day long
+    submitted_mono: float = field(default_factory=time.monotonic)
 
     @property
     def finished(self) -> bool:
@@ -210,6 +214,7 @@ class Scheduler:
                 continue
             task.state, task.t_dispatch = "synthesizing", time.time()
             task.held_s, task.t_held = 0.0, time.monotonic()
+            task.dispatched_mono = task.t_held
             if task.job.started_at is None:
                 task.job.started_at, task.job.state = task.t_dispatch, "running"
             for back in skipped:
@@ -274,7 +279,7 @@ class Scheduler:
         task.state = "done"
         now = time.time()
         synthesized = dict(task.timings)  # the synthesis worker's (its ring_wait: the wait for a free slot)
-        timings = {**task.timings, **timings, "total": now - job.submitted_at}
+        timings = {**task.timings, **timings, "total": time.monotonic() - job.submitted_mono}
         result = PartitionResult(task.index, proof, public, timings, device, job.attempts[task.index],
                                  spans=self._spans(task, synthesized, timings, now))
         job.results[task.index] = result

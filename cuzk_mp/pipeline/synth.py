@@ -176,9 +176,9 @@ class SynthWorker:
 
     def run_task(self, task: msg.SynthTask) -> None:
         """Steps 1-4 of the module docstring for one task."""
-        t0 = time.time()
+        t0 = time.monotonic()
         circuit = self._circuit(task.circuit)
-        t_loaded = time.time()
+        t_loaded = time.monotonic()
         ev = circuit.evaluator
         shapes = partition_shapes(ev.domain_size, ev.n_vars, abc=not circuit.w_only(task))
         claim = SlotClaim(task.task_id, task.job_seq, task.partition, task.priority)
@@ -193,12 +193,12 @@ class SynthWorker:
                 # while the engine drains): the partition is lost with it and goes to another, not cancelled
                 raise WorkerDied(f"{self.ctx.name} stopped on {self.ctx.signalled}: {what}")
             raise Cancelled(f"{self.ctx.name} is stopping: {what}")
-        t_slot = time.time()
+        t_slot = time.monotonic()
         timings = {"queue_wait": task.t_dispatch - task.t_submit, "ring_wait": t_slot - t_loaded}
         try:
             seg = self.ring.writable_segment(slot, shapes)
             try:
-                timings["shm_write"] = time.time() - t_slot
+                timings["shm_write"] = time.monotonic() - t_slot
                 checked = self._fill(task, circuit, seg.arrays, timings)
                 timings["synthesis"] += t_loaded - t0  # a circuit's first task also loads it
                 meta = msg.SegmentMeta(task.task_id, task.job_id, task.partition, task.attempt, task.circuit,
@@ -218,10 +218,10 @@ class SynthWorker:
         whether the witness was checked against the r1cs (the host's map of a circuit with C): the
         prover's error for a proof failing its self-check then names the key alone."""
         w = arrays[-1]
-        t0, cpu0 = time.time(), time.process_time()
+        t0, cpu0 = time.monotonic(), time.process_time()
         self._check(task)
         circuit.witness_into(task, w, self.threads, abort=lambda: self._given_up(task))
-        timings["witness"] = time.time() - t0
+        timings["witness"] = time.monotonic() - t0
         self._check(task)
         checked = False
         if len(arrays) == 1:
@@ -231,7 +231,7 @@ class SynthWorker:
             circuit.evaluator.evaluate_into(w, a, b, c, threads=self.threads)
             checked = circuit.evaluator.data.c is not None
         self._check(task)
-        timings["synthesis"] = time.time() - t0
+        timings["synthesis"] = time.monotonic() - t0
         timings["synthesis_cpu"] = time.process_time() - cpu0  # core-seconds: every thread of this process
         return checked
 
