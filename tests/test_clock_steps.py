@@ -15,17 +15,19 @@ from types import SimpleNamespace
 
 import pytest
 
+from cuzk_mp.backends.cpu import CpuBackend
 from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.pipeline.engine_events import EngineEvents
-from cuzk_mp.pipeline.messages import CircuitRef, Published, SynthTask
-from cuzk_mp.pipeline.ring import Ring
+from cuzk_mp.pipeline.messages import CircuitRef, ProofDone, Published, SynthTask, TaskFailed
+from cuzk_mp.pipeline.prover_proc import Prover, ProverPayload
+from cuzk_mp.pipeline.ring import Ring, SlotClaim
 from cuzk_mp.pipeline.scheduler import Scheduler
 from cuzk_mp.pipeline.synth import SynthWorker
 from cuzk_mp.pipeline.types import JobSpec, PartitionInput
 from tests.fake_engine import run_daemon
 from tests.helpers import LOG_N, parse_prometheus, prefix_for
-from tests.test_prover_batching import _Ctx
+from tests.test_prover_batching import _Ctx, run_until_answered
 
 DAY_S = 86400.0
 HOUR_S = 3600.0
@@ -129,4 +131,70 @@ def test_a_synthesis_workers_stage_times_are_never_negative(test_key: tuple[Path
         assert {"queue_wait", "ring_wait", "shm_write", "witness", "synthesis"} <= set(timings)
         assert all(v >= 0.0 for v in timings.values()), timings
     finally:
+        ring.destroy()
+
+
+def _used_slot(ring: Ring, task_id: int) -> int:
+    """A slot a partition went through (claimed, written, published, taken, released): FREE, its segment kept."""
+    slot = ring.acquire_free(SlotClaim(task_id, 0, 0, 0), lambda: False)
+    assert slot is not None
+    ring.publish(slot, ring.writable_segment(slot, [(256, 4)]), b"")
+    taken = ring.take_ready(lambda: False, timeout_s=1.0)
+    assert taken is not None and taken.slot == slot
+    ring.release(slot)
+    return slot
+
+
+def test_a_clock_set_back_does_not_keep_an_idle_rings_memory(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A slot that has idled ``idle_s`` is trimmed (its segment's memory returns to the system) even when
+    the clock was set back an hour since it was freed; one a day ahead trims nothing that has not idled."""
+    ring = Ring.create(prefix_for("clktrim"), 2)
+    try:
+        slot = _used_slot(ring, 1)
+        step_clock(monkeypatch, DAY_S)
+        assert ring.trim(idle_s=HOUR_S) == []
+        monkeypatch.undo()
+        step_clock(monkeypatch, -HOUR_S)
+        assert ring.trim(idle_s=0.0) == [slot]
+    finally:
+        ring.destroy()
+
+
+def test_the_most_recently_freed_slot_is_reused_first_across_a_clock_step(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Producers take the warm slot freed last (the others idle into trimming), whatever the clock did
+    between the two frees."""
+    ring = Ring.create(prefix_for("clkwarm"), 2)
+    try:
+        first = ring.acquire_free(SlotClaim(1, 0, 0, 0), lambda: False)
+        second = _used_slot(ring, 2)
+        assert first is not None and first != second
+        ring.publish(first, ring.writable_segment(first, [(256, 4)]), b"")
+        step_clock(monkeypatch, -HOUR_S)
+        taken = ring.take_ready(lambda: False, timeout_s=1.0)
+        assert taken is not None and taken.slot == first
+        ring.release(first)  # freed after second, on a clock an hour behind
+        assert ring.acquire_free(SlotClaim(3, 0, 0, 0), lambda: False, nbytes=ring.record(first).nbytes) == first
+    finally:
+        ring.destroy()
+
+
+def test_a_partitions_wait_in_the_ring_is_never_negative(test_key: tuple[Path, Path],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """The prover adds the time a partition waited READY in the ring to its ring_wait: the synthesis
+    worker's clock reading and the prover's are a duration apart, even with the clock set back between."""
+    ring = Ring.create(prefix_for("clkwait"), 2)
+    ctx = _Ctx()
+    backend = CpuBackend(threads=1)
+    try:
+        ref = CircuitRef("syn", str(test_key[0]), synthetic="porep-like", log_n=LOG_N)
+        now = time.monotonic()
+        SynthWorker(ctx, ring, 1).run_task(SynthTask(1, "job-1", 1, 0, 0, 1, ref, "synthetic", b"", 5, now, now))  # type: ignore[arg-type]
+        step_clock(monkeypatch, -HOUR_S)
+        prover = Prover(ctx, ring, backend, ProverPayload(ring.handle, "cpu", 0, 1, True, None, 1))  # type: ignore[arg-type]
+        run_until_answered(ctx, prover, 1, 300)
+        done = ctx.done((ProofDone,))
+        assert done, ctx.done((TaskFailed,))
+        assert done[0].timings["ring_wait"] >= 0.0
+    finally:
+        backend.close()
         ring.destroy()

@@ -170,7 +170,7 @@ class Prover:
 
     def _take_slot(self, rec: SlotRecord) -> tuple[_InFlight, Any]:
         """Stage a taken slot's partition and free the slot (before any compute of it)."""
-        t_taken = time.time()
+        t_taken = time.monotonic()  # the clock of the slot's t_ready
         try:
             seg = self.ring.open_segment(rec.slot)
             try:

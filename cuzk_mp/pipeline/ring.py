@@ -57,6 +57,10 @@ FREE slots, one whose segment already has the size they need and that they map
 already, most recently freed first, so a lightly loaded ring keeps using a few warm
 slots and lets the others idle into trimming.
 
+The times in a slot's record (``t_ready``, ``t_free``) are ``time.monotonic()``: other processes of
+the box subtract them from their own readings (a prover's wait for a READY slot, the engine's trim),
+and a step of the wall clock must neither keep an idle ring's memory nor make a wait negative;
+CLOCK_MONOTONIC is one clock for every process of a Linux box.
 """
 
 from __future__ import annotations
@@ -143,9 +147,9 @@ class SlotRecord(msgspec.Struct, frozen=True):
     partition: int
     priority: int
     nbytes: int
-    t_ready: float
+    t_ready: float  # when the slot became READY (time.monotonic(); 0: not READY)
     gen: int = 0  # the segment's generation: changes whenever it is remade or trimmed
-    t_free: float = 0.0  # when the slot last became FREE (epoch seconds; 0: never used)
+    t_free: float = 0.0  # when the slot last became FREE (time.monotonic(); 0: never used)
 
 
 class RingStats(msgspec.Struct, frozen=True):
@@ -317,7 +321,7 @@ class Ring:
         with self._locked():
             self._check_owner(slot, FILLING)
             self._slots["state"][slot] = READY
-            self._slots["t_ready"][slot] = time.time()
+            self._slots["t_ready"][slot] = time.monotonic()
             self._header[_PUBLISHED] += 1
         self._ready.release()
 
@@ -395,7 +399,7 @@ class Ring:
         never read or written again. Unlinking happens under the lock, so a producer that claims
         the slot afterwards makes a new segment under the same name; the truncation runs outside it.
         """
-        now = time.time()
+        now = time.monotonic()
         doomed: list[tuple[int, int | None]] = []
         with self._locked():
             for slot in range(self.handle.n_slots):
@@ -508,7 +512,7 @@ class Ring:
 
     def _free_where(self, pick: Callable[[SlotRecord], bool], reclaimed: bool = False) -> list[SlotRecord]:
         """Mark FREE every slot ``pick`` selects, under the lock (segments stay); post ``free`` for each."""
-        now = time.time()
+        now = time.monotonic()
         with self._locked():
             records = [r for r in (self._record(s) for s in range(self.handle.n_slots)) if pick(r)]
             for r in records:
