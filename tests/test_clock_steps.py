@@ -16,6 +16,7 @@ from types import SimpleNamespace
 import pytest
 
 from cuzk_mp.backends.cpu import CpuBackend
+from cuzk_mp.daemon import status
 from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.pipeline.engine_events import EngineEvents
@@ -95,6 +96,23 @@ def test_a_clock_set_back_while_a_job_runs_gives_no_negative_latency(tmp_path: P
 
     run_daemon(tmp_path, body)
 
+
+def test_the_status_shows_a_positive_uptime_and_the_latest_finished_jobs(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    """After the clock was set back an hour the daemon's uptime is still the time it has run, and the
+    status's finished jobs are the last ones to finish, not the last by their (stepped) finished_at."""
+    monkeypatch.setattr(status, "MAX_FINISHED_IN_STATUS", 1)
+
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            assert (await c.prove("syn", synthetic_partitions(1), request_id="before", timeout_s=10)).state == "done"
+            step_clock(monkeypatch, -HOUR_S)
+            assert (await c.prove("syn", synthetic_partitions(1), request_id="after", timeout_s=10)).state == "done"
+            doc = await c.status()
+        assert doc["daemon"]["uptime_s"] >= 0.0
+        assert [j["request_id"] for j in doc["jobs"]] == ["after"]
+
+    run_daemon(tmp_path, body)
 
 def test_the_engine_times_a_partition_on_the_monotonic_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """A partition's queue wait (sent to the synthesis worker) and its submit-to-proof total are never

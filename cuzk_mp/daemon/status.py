@@ -26,7 +26,7 @@ from cuzk_mp.daemon.budget import breakdown, largest
 from cuzk_mp.daemon.config import DaemonConfig
 from cuzk_mp.errors import CuzkError, ResourceError
 from cuzk_mp.groth16.circuit_data_file import FileIdentity
-from cuzk_mp.daemon.job_records import JOB_STATES, TERMINAL, JobRecord
+from cuzk_mp.daemon.job_records import JOB_STATES, TERMINAL, JobRecord, on_monotonic
 from cuzk_mp.daemon.jobs import JobTable
 from cuzk_mp.pipeline.scheduler import PartitionRow
 from cuzk_mp.pipeline.status import EngineStatus
@@ -51,6 +51,7 @@ class StatusView:
         """``generated_vk(circuit_id)``: the verification key of a key the provers generate (no file to
         derive it from), making the key resident first if needed."""
         self.cfg, self.jobs, self.started_at = cfg, jobs, started_at
+        self._started_mono = on_monotonic(started_at)  # the uptime's start: a wall-clock step moves it not
         self.generated_vk = generated_vk
         self.budget = breakdown(cfg.memory_total_bytes, cfg.safety_margin_bytes, cfg.engine,
                                 largest((c.spec for c in cfg.circuits.values()), cfg.engine.backend),
@@ -95,8 +96,8 @@ class StatusView:
         live = {j.job_id: j.partitions for j in engine.jobs} if engine is not None else {}
         recs = list(self.jobs.jobs.values())
         running = [r for r in recs if r.state not in TERMINAL]
-        finished = sorted((r for r in recs if r.state in TERMINAL),
-                          key=lambda r: r.finished_at or 0.0)[-MAX_FINISHED_IN_STATUS:]
+        finished = sorted((r for r in recs if r.state in TERMINAL),  # the last to end, whatever the clock did
+                          key=lambda r: r.finished_mono or 0.0)[-MAX_FINISHED_IN_STATUS:]
         return [self._job(r, live.get(r.job_id)) for r in running + finished]
 
     def document(self, state: str, engine: EngineStatus | None) -> dict[str, Any]:
@@ -104,7 +105,7 @@ class StatusView:
         doc: dict[str, Any] = {
             "daemon": {
                 "state": state, "pid": os.getpid(), "version": __version__,
-                "uptime_s": time.time() - self.started_at, "listen": str(self.cfg.listen),
+                "uptime_s": time.monotonic() - self._started_mono, "listen": str(self.cfg.listen),
                 "status_listen": str(self.cfg.status_listen) if self.cfg.status_listen else None,
                 "config": str(self.cfg.path) if self.cfg.path else None,
                 "journal": str(self.cfg.journal_path), "result_ttl_s": self.cfg.result_ttl_s,
