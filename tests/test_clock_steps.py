@@ -8,6 +8,7 @@ no deadline, age or duration moves with it.
 
 from __future__ import annotations
 
+import asyncio
 import itertools
 import time
 from pathlib import Path
@@ -16,7 +17,8 @@ from types import SimpleNamespace
 import pytest
 
 from cuzk_mp.backends.cpu import CpuBackend
-from cuzk_mp.daemon import status
+from cuzk_mp.daemon import journal, status
+from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.pipeline.engine_events import EngineEvents
@@ -28,6 +30,7 @@ from cuzk_mp.pipeline.synth import SynthWorker
 from cuzk_mp.pipeline.types import JobSpec, PartitionInput
 from tests.fake_engine import run_daemon
 from tests.helpers import LOG_N, parse_prometheus, prefix_for
+from tests.test_journal_integrity import _entry, _fill
 from tests.test_prover_batching import _Ctx, run_until_answered
 
 DAY_S = 86400.0
@@ -113,6 +116,23 @@ def test_the_status_shows_a_positive_uptime_and_the_latest_finished_jobs(tmp_pat
         assert [j["request_id"] for j in doc["jobs"]] == ["after"]
 
     run_daemon(tmp_path, body)
+
+def test_the_journal_reports_the_rows_quarantined_last_first(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The status's latest quarantined rows are those quarantined last, also when the clock was set back
+    in between (their quarantined_at is then the older)."""
+    monkeypatch.setattr(journal, "QUARANTINE_IN_STATUS", 1)
+    j = _fill(tmp_path / "journal.sqlite", 2)
+    try:
+        for i in range(2):
+            reply = P.JobReply(id=0, job_id="someone-else", circuit_id="syn", state="done", priority="NORMAL",
+                               partitions=[P.PartitionOut(index=0, state="done")], submitted_at=1.0)
+            asyncio.run(j.finish(f"job-{i}", reply, _entry(i).partitions))
+            j.load()  # reading it back quarantines the row
+            step_clock(monkeypatch, -HOUR_S)
+        report = asyncio.run(j.report())
+        assert report["quarantined"] == 2 and [q["job_id"] for q in report["quarantine"]] == ["job-1"]
+    finally:
+        j.close()
 
 def test_the_engine_times_a_partition_on_the_monotonic_clock(monkeypatch: pytest.MonkeyPatch) -> None:
     """A partition's queue wait (sent to the synthesis worker) and its submit-to-proof total are never

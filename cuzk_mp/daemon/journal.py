@@ -105,7 +105,9 @@ CREATE TABLE IF NOT EXISTS jobs (
 );
 """
 # Rows moved aside as they were (no types or constraints: whatever was in them), with the reason. Its
-# columns stay those of _COLUMNS: a release before key_digest inserts rows into it by position.
+# columns stay those of _COLUMNS: a release before key_digest inserts rows into it by position. Their
+# order is their rowid's (rows are only appended), never quarantined_at's: that is the wall clock,
+# which a clock set back puts out of order.
 _QUARANTINE = """
 CREATE TABLE IF NOT EXISTS quarantine (
     seq, job_id, request_id, circuit_id, priority, digest, partitions, submitted_at, state,
@@ -482,7 +484,7 @@ class Journal:
         stored as every release reads it (:func:`~cuzk_mp.daemon.protocol.stored_reply`)."""
         rows = self._conn.execute(
             f"SELECT rowid, {_COLUMNS} FROM quarantine WHERE job_id NOT IN (SELECT job_id FROM jobs) "
-            "ORDER BY quarantined_at").fetchall()
+            "ORDER BY rowid").fetchall()
         for rowid, *row in rows:
             try:
                 entry = _entry_of((*row, None))
@@ -526,7 +528,7 @@ class Journal:
     def _report(self) -> dict[str, Any]:
         total = self._conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
         latest = self._conn.execute(
-            "SELECT job_id, reason, quarantined_at FROM quarantine ORDER BY quarantined_at DESC "
+            "SELECT job_id, reason, quarantined_at FROM quarantine ORDER BY rowid DESC "
             "LIMIT ?", (QUARANTINE_IN_STATUS,)).fetchall()
         return {"quarantined": int(total), "quarantined_at_start": len(self.quarantined_now),
                 "quarantine": [{"job_id": j if isinstance(j, str) else repr(j), "reason": r,
