@@ -19,10 +19,10 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from .errors import CuzkError, InputError, OutputError, Unavailable
+from .errors import CuzkError, InputError, Unavailable
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from .formats.atomic import refuse_outputs_over_inputs
-from .logs import final_error
+from .logs import final_error, write_result
 
 if TYPE_CHECKING:  # numpy loads with a verb, not for --help
     import numpy as np
@@ -265,16 +265,10 @@ def _print_circom_log(line: str) -> None:
 
 
 def _print(line: str) -> None:
-    """A line on stdout, out now: a stdout that cannot take it (``> result.txt`` on a full disk) is an
-    output that cannot be written (OutputError, exit 2), not the bare OSError of exit 1, which is
-    ``groth16 verify``'s answer for an invalid proof. A reader that closed its end early
+    """A line on stdout (:func:`~cuzk_mp.logs.write_result`: exit 2 where it cannot be written, not
+    exit 1, ``groth16 verify``'s answer for an invalid proof). A reader that closed its end early
     (BrokenPipeError) is :func:`~cuzk_mp.cli.main`'s."""
-    try:
-        print(line, flush=True)
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise OutputError("stdout", exc.strerror or str(exc)) from exc
+    write_result(line + "\n")
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:

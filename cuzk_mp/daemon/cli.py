@@ -48,7 +48,7 @@ from pathlib import Path
 from typing import Any
 
 from cuzk_mp.errors import InputError, Terminated
-from cuzk_mp.logs import final_error
+from cuzk_mp.logs import final_error, write_result
 from cuzk_mp.paths import FileArg
 from cuzk_mp.exit_codes import (
     EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_JOURNAL_DAMAGED,
@@ -274,9 +274,10 @@ class _StdoutClosed(Exception):
 
 
 def _out(text: str) -> None:
+    """The verb's result on stdout (:func:`~cuzk_mp.logs.write_result`: exit 2 where it cannot be written);
+    a reader gone early is told apart from the daemon's connection, which is a ConnectionError too."""
     try:
-        sys.stdout.write(text)
-        sys.stdout.flush()
+        write_result(text)
     except BrokenPipeError:
         raise _StdoutClosed() from None
 

@@ -1,0 +1,54 @@
+"""What ``cuzk-mp client`` leaves a shell script to read in each outcome: its exit code (README's table),
+its result on stdout and, where it fails, one last line on stderr. Against the in-process daemon of
+tests/fake_engine.py, the verbs run through :func:`cuzk_mp.cli.main` as the console script runs them.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import os
+import sys
+from pathlib import Path
+
+import pytest
+
+from cuzk_mp import cli
+from cuzk_mp.daemon.server import Daemon
+from cuzk_mp.exit_codes import EXIT_INPUT
+from tests.fake_engine import run_daemon
+
+
+def _client(*argv: str) -> list[str]:
+    return ["client", argv[0], *argv[1:]]
+
+
+def test_a_stdout_that_cannot_take_the_result_is_an_output_error(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``client status > /dev/full``: the result was not written, an output that cannot be written (exit 2,
+    the line naming stdout), as the one-shot verbs answer it; not exit 1, a failed job's code. A stdout
+    the command was started without (``>&-``) takes nothing, as print() and the one-shot verbs have it:
+    no internal error."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    codes: list[int] = []
+
+    async def body(d: Daemon, addr: str) -> None:
+        full = open("/dev/full", "w")
+        monkeypatch.setattr(sys, "stdout", full)
+        codes.append(await asyncio.to_thread(cli.main, _client("status", "--connect", addr)))
+        codes.append(await asyncio.to_thread(cli.main, _client("prove", "--connect", addr, "--circuit", "syn",
+                                                               "--partitions", "1", "--out", str(tmp_path / "o"))))
+        with contextlib.suppress(OSError):  # what it still holds cannot go out either
+            full.close()
+        monkeypatch.setattr(sys, "stdout", None)
+        codes.append(await asyncio.to_thread(cli.main, _client("metrics", "--connect", addr)))
+
+    run_daemon(tmp_path, body)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("cuzk-mp")]  # not log lines
+    assert codes == [EXIT_INPUT, EXIT_INPUT, 0], err
+    assert err[0] == "cuzk-mp: error: stdout: cannot write it: No space left on device", err
+    assert err[1] == err[0] and len(err) == 2, err
+    assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
+        "proof_0.json", "public_0.json", "verification_key.json"]  # written before the summary's turn
+
