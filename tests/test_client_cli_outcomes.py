@@ -14,8 +14,9 @@ from pathlib import Path
 import pytest
 
 from cuzk_mp import cli
+from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
-from cuzk_mp.exit_codes import EXIT_INPUT
+from cuzk_mp.exit_codes import EXIT_FAILED, EXIT_INPUT, EXIT_TIMEOUT
 from tests.fake_engine import run_daemon
 
 
@@ -52,3 +53,33 @@ def test_a_stdout_that_cannot_take_the_result_is_an_output_error(tmp_path: Path,
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
         "proof_0.json", "public_0.json", "verification_key.json"]  # written before the summary's turn
 
+
+def test_a_job_that_did_not_end_done_ends_with_a_line_saying_so(tmp_path: Path,
+                                                                capsys: pytest.CaptureFixture[str]) -> None:
+    """A failed, cancelled or timed-out job: its summary on stdout, and, as every failing command ends,
+    one line on stderr that says what became of which job (where a script logs stderr alone)."""
+    codes: dict[str, int] = {}
+
+    async def body(d: Daemon, addr: str) -> None:
+        d.engine.gate.clear()  # nothing is proved until the gate opens
+        async with await AsyncClient.connect(addr) as c:
+            await c.submit("syn", synthetic_partitions(1), request_id="waits")
+            await c.submit("syn", synthetic_partitions(1), request_id="stopped")
+            await c.cancel("stopped")
+        codes["timed out"] = await asyncio.to_thread(cli.main, _client("await", "waits", "--connect", addr,
+                                                                       "--timeout", "0.1"))
+        codes["cancelled"] = await asyncio.to_thread(cli.main, _client("await", "stopped", "--connect", addr))
+        d.engine.fail_with = "a bad witness"
+        d.engine.gate.set()
+        codes["failed"] = await asyncio.to_thread(cli.main, _client("prove", "--connect", addr, "--circuit", "syn",
+                                                                    "--partitions", "1", "--request-id", "bad",
+                                                                    "--out", str(tmp_path / "o")))
+
+    run_daemon(tmp_path, body)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("cuzk-mp")]
+    assert codes == {"timed out": EXIT_TIMEOUT, "cancelled": EXIT_FAILED, "failed": EXIT_INPUT}, err
+    assert len(err) == 3, err
+    assert err[0].startswith("cuzk-mp client: job waits is still queued after 0.1 s"), err
+    assert "it goes on in the daemon: `cuzk-mp client await waits`" in err[0], err
+    assert err[1].startswith("cuzk-mp client: job stopped was cancelled"), err
+    assert err[2].startswith("cuzk-mp client: job bad failed: ") and "a bad witness" in err[2], err

@@ -30,7 +30,8 @@ configured default). Exit codes: 0 success; 1 the job failed or was cancelled (o
 was refused); 2 bad input (the daemon's InputError, a bad file, a missing or refused token, an
 argument out of range such as ``--timeout nan``, ``inf``, ``1e300`` or a negative one); 3 the
 daemon could not be reached (or broke the connection, or ADDR answers HTTP: the status port); 124
-AwaitProof/Prove timed out (the job goes on).
+AwaitProof/Prove timed out (the job goes on). A job that did not end done ends ``await`` and ``prove``
+with one line on stderr after its summary, as every failing command ends.
 """
 
 from __future__ import annotations
@@ -305,10 +306,12 @@ def _partitions(client: Any, args: argparse.Namespace) -> list[Any]:
     return synthetic_partitions(count)
 
 
-def _finish_job(client: Any, reply: Any, out: Path | None) -> int:
+def _finish_job(client: Any, reply: Any, out: Path | None, timeout_s: float | None) -> int:
     """Write a done job's files to ``out`` (if given) and print its summary. Where a file cannot be
     written (a full disk) the summary is printed all the same, then the OutputError says how to
-    write the files again."""
+    write the files again. A job that did not end done (failed, cancelled, or still waited for after
+    ``timeout_s``) ends the command with one line on stderr too, as every failing command ends: a
+    script that keeps stderr as its log learns there which job and why, and how to go on."""
     from cuzk_mp.daemon.client import write_outputs
     from cuzk_mp.errors import OutputError
 
@@ -321,11 +324,28 @@ def _finish_job(client: Any, reply: Any, out: Path | None) -> int:
                                       "DIR` writes its files again while the daemon keeps its result ([daemon] "
                                       "result_ttl)") from None
     _print(_summary(reply))
+    job = reply.job_id
     if reply.timed_out:
-        return EXIT_TIMEOUT
+        waited = "" if timeout_s is None else f" after {timeout_s:g} s"  # None: the daemon's own limit
+        return _client_error(EXIT_TIMEOUT, f"job {job} is still {reply.state}{waited}; it goes on in the daemon: "
+                                           f"`cuzk-mp client await {job}` waits for it, `cuzk-mp client cancel {job}` "
+                                           "stops it")
     if reply.state == "done":
         return 0
-    return EXIT_INPUT if _failed_on_input(reply) else EXIT_FAILED
+    if reply.state == "cancelled":
+        return _client_error(EXIT_FAILED, f"job {job} was cancelled")
+    return _client_error(EXIT_INPUT if _failed_on_input(reply) else EXIT_FAILED, f"job {job} failed: {_why(reply)}")
+
+
+def _why(reply: Any) -> str:
+    """What a failed job's reply says of its failure: the job's error, else its first failed partition's."""
+    if reply.error:
+        return str(reply.error)
+    failed = [p for p in reply.partitions if p.error]
+    if not failed:
+        return f"{reply.error_kind or 'no reason given'}"
+    more = f" (and {len(failed) - 1} more partitions)" if len(failed) > 1 else ""
+    return f"partition {failed[0].index}: {failed[0].error}{more}"
 
 
 def _failed_on_input(reply: Any) -> bool:
@@ -367,12 +387,12 @@ def _client_verb(client: Any, args: argparse.Namespace) -> int:
         _print({"job_id": r.job_id, "state": r.state, "duplicate": r.duplicate})
         return 0
     if v == "await":
-        return _finish_job(client, client.await_proof(args.job_id, args.timeout), args.out)
+        return _finish_job(client, client.await_proof(args.job_id, args.timeout), args.out, args.timeout)
     if v == "prove":
         with _naming_input_files(args.inputs):
             reply = client.prove(args.circuit, _partitions(client, args), priority=args.priority,
                                  request_id=args.request_id, timeout_s=args.timeout)
-        return _finish_job(client, reply, args.out)
+        return _finish_job(client, reply, args.out, args.timeout)
     if v == "cancel":
         r = client.cancel(args.job_id)
         _print({"job_id": r.job_id, "cancelled": r.cancelled, "state": r.state})
