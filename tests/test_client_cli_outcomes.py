@@ -83,3 +83,22 @@ def test_a_job_that_did_not_end_done_ends_with_a_line_saying_so(tmp_path: Path,
     assert "it goes on in the daemon: `cuzk-mp client await waits`" in err[0], err
     assert err[1].startswith("cuzk-mp client: job stopped was cancelled"), err
     assert err[2].startswith("cuzk-mp client: job bad failed: ") and "a bad witness" in err[2], err
+
+
+def test_an_eviction_refused_ends_with_a_line_saying_why(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``client evict`` of a key a queued job needs: exit 1 with its answer on stdout, and the line a failing
+    command ends with on stderr, naming the circuit and the daemon's reason."""
+    codes: list[int] = []
+
+    async def body(d: Daemon, addr: str) -> None:
+        d.engine.gate.clear()
+        async with await AsyncClient.connect(addr) as c:
+            await c.submit("syn", synthetic_partitions(1))
+        codes.append(await asyncio.to_thread(cli.main, _client("evict", "syn", "--connect", addr)))
+        d.engine.gate.set()
+
+    run_daemon(tmp_path, body)
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.startswith("cuzk-mp")]
+    assert codes == [EXIT_FAILED] and '"evicted": false' in captured.out, captured
+    assert err == ["cuzk-mp client: circuit syn was not evicted: a queued or running job uses this circuit"], err

@@ -413,7 +413,9 @@ def _client_verb(client: Any, args: argparse.Namespace) -> int:
         return 0
     r = client.evict(args.circuit_id)
     _print({"circuit_id": r.circuit_id, "evicted": r.evicted, "reason": r.reason})
-    return 0 if r.evicted else EXIT_FAILED
+    if r.evicted:
+        return 0
+    return _client_error(EXIT_FAILED, f"circuit {r.circuit_id} was not evicted: {r.reason or 'no reason given'}")
 
 
 def run_client(args: argparse.Namespace) -> int:
