@@ -16,7 +16,7 @@ import pytest
 from cuzk_mp import cli
 from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
-from cuzk_mp.exit_codes import EXIT_FAILED, EXIT_INPUT, EXIT_TIMEOUT
+from cuzk_mp.exit_codes import EXIT_FAILED, EXIT_INPUT, EXIT_TIMEOUT, EXIT_UNREACHABLE
 from tests.fake_engine import run_daemon
 
 
@@ -102,3 +102,31 @@ def test_an_eviction_refused_ends_with_a_line_saying_why(tmp_path: Path, capsys:
     err = [line for line in captured.err.splitlines() if line.startswith("cuzk-mp")]
     assert codes == [EXIT_FAILED] and '"evicted": false' in captured.out, captured
     assert err == ["cuzk-mp client: circuit syn was not evicted: a queued or running job uses this circuit"], err
+
+
+def test_the_daemons_address_from_the_environment(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                  capsys: pytest.CaptureFixture[str]) -> None:
+    """``$CUZK_MP_CONNECT`` set but empty is unset, as scripts/batch-prove.sh and wait-ready.sh read it
+    (``${CUZK_MP_CONNECT:-127.0.0.1:9820}``): the default address, not a usage error; a malformed value
+    is a usage error that names the variable, which the command line never showed; ``--connect`` wins."""
+    codes: list[int] = []
+
+    async def body(d: Daemon, addr: str) -> None:
+        monkeypatch.setenv("CUZK_MP_CONNECT", addr)
+        codes.append(await asyncio.to_thread(cli.main, _client("status")))
+        monkeypatch.setenv("CUZK_MP_CONNECT", "/run/no-scheme.sock")
+        codes.append(await asyncio.to_thread(cli.main, _client("status")))
+        codes.append(await asyncio.to_thread(cli.main, _client("status", "--connect", addr)))
+        monkeypatch.setenv("CUZK_MP_CONNECT", "")
+        codes.append(await asyncio.to_thread(cli.main, _client("status", "--connect", "localhost:1")))
+
+    run_daemon(tmp_path, body)
+    monkeypatch.setenv("CUZK_MP_CONNECT", "")
+    monkeypatch.setattr("cuzk_mp.daemon.cli.DEFAULT_CONNECT", f"unix://{tmp_path}/default.sock")
+    codes.append(cli.main(_client("status")))
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("cuzk-mp")]
+    assert codes == [0, EXIT_INPUT, 0, EXIT_UNREACHABLE, EXIT_UNREACHABLE], err
+    assert err[0] == ("cuzk-mp: error: $CUZK_MP_CONNECT: '/run/no-scheme.sock': expected unix:///path or host:port "
+                      "with a port in 1..65535"), err
+    assert err[1].startswith("cuzk-mp client: cannot reach the daemon at localhost:1: "), err
+    assert err[2].startswith(f"cuzk-mp client: cannot reach the daemon at unix://{tmp_path}/default.sock: "), err

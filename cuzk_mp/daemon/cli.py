@@ -96,6 +96,27 @@ def _frame_arg(text: str) -> int:
     return value
 
 
+CONNECT_ENV = "CUZK_MP_CONNECT"
+DEFAULT_CONNECT = "127.0.0.1:9820"  # the daemon's default [daemon] listen
+
+
+def _connect_address(args: argparse.Namespace) -> Any:
+    """The daemon's address: ``--connect``, else ``$CUZK_MP_CONNECT`` (set but empty is unset, as the
+    scripts read it with ``${CUZK_MP_CONNECT:-...}``), else :data:`DEFAULT_CONNECT`; ``args.connect``
+    is left as the text the messages name. A malformed value from the environment is a ConfigError that
+    names the variable: the command line the user reads shows no address at all."""
+    from cuzk_mp.daemon.transport import parse_address
+    from cuzk_mp.errors import ConfigError
+
+    if args.connect is not None:
+        return parse_address(args.connect)
+    args.connect = os.environ.get(CONNECT_ENV) or DEFAULT_CONNECT
+    try:
+        return parse_address(args.connect)
+    except ConfigError as e:
+        raise ConfigError(f"${CONNECT_ENV}: {e}") from None
+
+
 OUT_FOLDER = FileArg("folder", output=True, folder=True)  # client's --out: made if missing
 
 
@@ -111,9 +132,7 @@ def add_parsers(subparsers: argparse._SubParsersAction) -> None:
 
     def verb(name: str, help_text: str) -> argparse.ArgumentParser:
         p = c_sub.add_parser(name, help=help_text)
-        p.add_argument("--connect", default=os.environ.get("CUZK_MP_CONNECT", "127.0.0.1:9820"),
-                       help="unix:///path or host:port (default $CUZK_MP_CONNECT or "
-                            "127.0.0.1:9820)")
+        p.add_argument("--connect", help=f"unix:///path or host:port (default ${CONNECT_ENV} or {DEFAULT_CONNECT})")
         p.add_argument("--max-frame-bytes", type=_frame_arg, metavar="BYTES",
                        help="the largest frame this client sends or takes, 1024..4294967295 (default 134217728 "
                             "= 128 MiB, as the daemon's [daemon] max_frame_bytes): a reply over it ends the call "
@@ -423,10 +442,11 @@ def run_client(args: argparse.Namespace) -> int:
     from cuzk_mp.daemon.client import Client, check_out_folder
     from cuzk_mp.daemon.transport import DEFAULT_MAX_FRAME, CommClosedError, NotTheProtocol
 
+    address = _connect_address(args)
     if getattr(args, "out", None) is not None:  # prove, await: before the job, not after it is proved
         check_out_folder(args.out)
     try:
-        client = Client(args.connect, max_frame_bytes=args.max_frame_bytes or DEFAULT_MAX_FRAME, token=args.token)
+        client = Client(address, max_frame_bytes=args.max_frame_bytes or DEFAULT_MAX_FRAME, token=args.token)
     except OSError as e:
         return _client_error(EXIT_UNREACHABLE, f"cannot reach the daemon at {args.connect}: {e}")
     try:
