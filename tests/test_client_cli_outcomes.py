@@ -1,14 +1,17 @@
 """What ``cuzk-mp client`` leaves a shell script to read in each outcome: its exit code (README's table),
 its result on stdout and, where it fails, one last line on stderr. Against the in-process daemon of
-tests/fake_engine.py, the verbs run through :func:`cuzk_mp.cli.main` as the console script runs them.
+tests/fake_engine.py, the verbs run through :func:`cuzk_mp.cli.main` as the console script runs them;
+and the blocking client they are built on, as a script's Python polls with it.
 """
 
 from __future__ import annotations
 
 import asyncio
 import contextlib
+import gc
 import os
 import sys
+import warnings
 from pathlib import Path
 
 import pytest
@@ -130,3 +133,17 @@ def test_the_daemons_address_from_the_environment(tmp_path: Path, monkeypatch: p
                       "with a port in 1..65535"), err
     assert err[1].startswith("cuzk-mp client: cannot reach the daemon at localhost:1: "), err
     assert err[2].startswith(f"cuzk-mp client: cannot reach the daemon at unix://{tmp_path}/default.sock: "), err
+
+
+def test_a_connect_that_fails_leaves_no_socket_open(tmp_path: Path) -> None:
+    """A script polling ``Client(addr)`` until the daemon is up (as wait-ready.sh polls ``client ready``)
+    gets each failed connect's OSError and no socket left behind for the collector to find open."""
+    from cuzk_mp.daemon.client import Client
+
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        for addr in (f"unix://{tmp_path}/none.sock", f"unix://{tmp_path}"):
+            with pytest.raises(OSError):
+                Client(addr)
+        gc.collect()
+    assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]

@@ -557,11 +557,16 @@ async def listen(addr: Address, on_comm: Callable[[StreamComm], Awaitable[None]]
 
 
 def open_socket(addr: Address, timeout: float | None) -> socket.socket:
-    """A connected blocking socket for the synchronous client."""
+    """A connected blocking socket for the synchronous client; one whose connect fails is closed here
+    (as socket.create_connection closes its own), not left to the collector."""
     if addr.kind == "unix":
         sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        sock.settimeout(timeout)
-        sock.connect(addr.path)
+        try:
+            sock.settimeout(timeout)
+            sock.connect(addr.path)
+        except BaseException:
+            sock.close()
+            raise
         return sock
     return socket.create_connection((addr.host, addr.port), timeout=timeout)
 
