@@ -427,8 +427,21 @@ def test_wait_ready_help() -> None:
     assert proc.returncode == 0 and proc.stderr == ""
     lines = proc.stdout.splitlines()
     assert lines[0] == "Wait until a cuzk-mp daemon serves, or give up."
-    assert lines[-1] == 'CUZK_MP="python -m cuzk_mp.cli".'
+    assert lines[-1] == 'cuzk-mp), e.g. CUZK_MP="python -m cuzk_mp.cli".'
     assert "set -" not in proc.stdout and not any(line.startswith("#") for line in lines)
+
+
+@pytest.mark.parametrize("args, says", [
+    (["--connect"], "--connect needs a value"),
+    (["--timeout", "soon"], "--timeout needs a number of seconds, not 'soon'"),
+    (["--interval", "x"], "--interval needs a number of seconds, not 'x'"),
+])
+def test_wait_ready_bad_arguments_are_usage_errors(args: list[str], says: str) -> None:
+    """A bad argument is exit 2, saying which, at once: never exit 1, which tells a caller that the
+    daemon did not come up in time, nor a loop that polls with it."""
+    env = {**os.environ, "CUZK_MP": f"{sys.executable} -m cuzk_mp"}
+    proc = subprocess.run([str(SCRIPTS / "wait-ready.sh"), *args], env=env, capture_output=True, text=True, timeout=30)
+    assert proc.returncode == 2 and proc.stderr == f"wait-ready.sh: {says}\n", (proc.returncode, proc.stderr)
 
 
 def test_wait_ready_with_tokens(tmp_path: Path) -> None:
