@@ -77,6 +77,10 @@ done
 [[ -n "$input" ]] || bad "INPUT_DIR is required"
 [[ -d "$input" ]] || bad "$input is not a directory"
 [[ "$jobs" =~ ^[1-9][0-9]*$ ]] || bad "-j needs a positive integer, not '$jobs'"
+# what the client would refuse for every job is refused here, once: not each entry failed anew
+[[ -z "$priority" || "$priority" =~ ^(CRITICAL|HIGH|NORMAL|LOW)$ ]] \
+  || bad "--priority needs CRITICAL, HIGH, NORMAL or LOW, not '$priority'"
+[[ -z "$timeout" || "$timeout" =~ ^[0-9]+(\.[0-9]+)?$ ]] || bad "--timeout needs a number of seconds, not '$timeout'"
 read -r -a bp_cmd <<< "${CUZK_MP:-cuzk-mp}"
 command -v "${bp_cmd[0]}" > /dev/null || bad "cannot run '${bp_cmd[0]}': not found (put cuzk-mp on PATH or set \$CUZK_MP)"
 mkdir -p "$out"

@@ -364,6 +364,16 @@ def test_batch_help_and_argument_errors(tmp_path: Path) -> None:
                          (["--circuit", "c", "--out", "o", str(tmp_path / "nope")], "is not a directory")):
         proc = batch(tmp_path, *args)
         assert proc.returncode == 2 and needle in proc.stderr and proc.stdout == "", (args, proc.stderr)
+    # what the client would refuse for every job is refused once, before any job: not each entry marked
+    # failed (a new attempt, a new request id, on every rerun) and exit 1
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    (inputs / "a.json").write_text("{}")
+    for args, needle in ((["--priority", "URGENT"], "--priority needs CRITICAL, HIGH, NORMAL or LOW, not 'URGENT'"),
+                         (["--timeout", "1h"], "--timeout needs a number of seconds, not '1h'")):
+        proc = batch(tmp_path, "--circuit", "c", "--out", str(tmp_path / "out"), *args, str(inputs))
+        assert proc.returncode == 2 and needle in proc.stderr and proc.stdout == "", (args, proc.stderr)
+        assert _ids(tmp_path) == [] and not (tmp_path / "out").exists()
 
 
 # --- start-up notifications ----------------------------------------------------------------------
