@@ -32,7 +32,8 @@ its id, so the rerun re-attaches to it (or, refused at a cap, sends it again).
   --priority P     CRITICAL, HIGH, NORMAL or LOW (default: the circuit's)
   --timeout S      give up waiting for a job after S seconds (it goes on in the daemon)
 
-Exit 0 if every entry is done, 1 if any is not, 2 on bad arguments, 130 when interrupted.
+Exit 0 if every entry is done, 1 if any is not, 2 on bad arguments, 130 when interrupted (SIGINT or
+SIGTERM: the jobs in flight stop being waited for, and go on in the daemon; none more is started).
 $CUZK_MP overrides the command (default: cuzk-mp), e.g. CUZK_MP="python -m cuzk_mp".
 EOF_USAGE
 }
@@ -105,6 +106,7 @@ export -f request_id
 # One job: prove an entry, write its files, verify, mark it done. Runs in a child bash.
 prove_one() {
   local entry="$1" base name dir attempt rid rc
+  trap : TERM HUP  # its group's signal stops the client's wait; this shell lives on to mark the entry pending
   read -r -a cuzk <<< "$BP_CUZK"
   base=$(basename "$entry")
   name="${base%.*}"
@@ -168,10 +170,25 @@ prove_one() {
 }
 export -f prove_one
 
-interrupted=0  # Ctrl-C or SIGTERM: the jobs in flight stop waiting (they go on in the daemon), then the summary
-trap 'interrupted=1' INT TERM
-find "$input" -mindepth 1 -maxdepth 1 \( -type d -o -name '*.json' -o -name '*.wtns' \) -print0 \
-  | sort -z | xargs -0 -r -n 1 -P "$jobs" bash -c 'prove_one "$1"' _ || true
+# Ctrl-C or SIGTERM: the jobs in flight stop waiting (they go on in the daemon), no more start, then the
+# summary. The entries run in a process group of their own (set -m), to which this script passes the
+# signal on: one sent to this script alone (`kill PID`) reaches them as a terminal's Ctrl-C does.
+interrupted=0
+set -m
+( find "$input" -mindepth 1 -maxdepth 1 \( -type d -o -name '*.json' -o -name '*.wtns' \) -print0 \
+    | sort -z | xargs -0 -r -n 1 -P "$jobs" bash -c 'prove_one "$1"' _ || true ) &
+entries=$!
+set +m
+stop() { interrupted=1; kill -s "$1" -- "-$entries" 2> /dev/null || true; }
+trap 'stop INT' INT
+trap 'stop TERM' TERM
+trap 'stop HUP' HUP  # the terminal closed: its hang-up no longer reaches the entries' group by itself
+while ! wait "$entries"; do  # a signal ends the wait early: wait again until the entries have stopped
+  kill -0 "$entries" 2> /dev/null || break
+done
+while kill -0 -- "-$entries" 2> /dev/null; do  # the entries of a group whose xargs a signal ended: their
+  sleep 0.1                                    # markers are written before the summary counts them
+done
 
 total=0; done_n=0; failed=()
 while IFS= read -r -d '' entry; do

@@ -254,6 +254,7 @@ log="$BP_TEST_LOG"
 while [[ $# -gt 0 ]]; do
   case "$1" in --request-id) echo "$2" >> "$log"; shift 2 ;; *) shift ;; esac
 done
+if [[ -n "${BP_TEST_WAIT:-}" ]]; then sleep "$BP_TEST_WAIT"; fi  # a job that takes its time
 if [[ -n "${BP_TEST_EXIT:-}" ]]; then exit "$BP_TEST_EXIT"; fi
 echo '{"job_id": "j1",'; echo ' "state": "done"}'
 # the job is done, its files not written (a full disk: the client's OutputError, exit 2)
@@ -350,6 +351,38 @@ def test_batch_rerun_writes_a_done_jobs_files_without_proving_it_again(tmp_path:
     ids = _ids(tmp_path)
     assert len(ids) == 2 and ids[0] == ids[1] and ids[0].endswith("-1"), ids
     assert (out / "a" / ".done").exists()
+
+
+@pytest.mark.parametrize("sig", [signal.SIGTERM, signal.SIGHUP])
+def test_batch_sigterm_stops_the_waits_in_flight_and_starts_no_more(tmp_path: Path, sig: signal.Signals) -> None:
+    """SIGTERM to the script alone (``kill PID``: a supervisor's stop, a CI step's; not a terminal's
+    Ctrl-C, which reaches every process of its group) is passed on to the clients in flight, which stop
+    waiting (their jobs go on in the daemon) and are marked pending, and no further entry is started: exit
+    130 with the summary, where the script waited for every entry, started the ones not begun, then said it
+    was interrupted. SIGHUP (the terminal closed) the same: the entries' group no longer gets it from the
+    terminal."""
+    from tests.helpers import wait_until
+
+    inputs = tmp_path / "in"
+    inputs.mkdir()
+    for name in "abc":
+        (inputs / f"{name}.json").write_text("{}")
+    fake = _fake_bin(tmp_path / "fakebin", "cuzk-mp", FAKE_CUZK) / "cuzk-mp"
+    env = {**os.environ, "CUZK_MP": str(fake), "BP_TEST_LOG": str(tmp_path / "ids.log"), "BP_TEST_WAIT": "15"}
+    proc = subprocess.Popen([str(SCRIPTS / "batch-prove.sh"), "--circuit", "c", "--out", str(tmp_path / "out"),
+                             "-j", "1", str(inputs)], env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True)
+    try:
+        wait_until(lambda: _ids(tmp_path), timeout=60)  # the first entry's client waits for its job
+        proc.send_signal(sig)
+        out, err = proc.communicate(timeout=120)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130, (out, err)
+    assert len(_ids(tmp_path)) == 1, _ids(tmp_path)
+    assert "0 of 3 jobs done" in out and "interrupted" in out, out
+    assert not list((tmp_path / "out").glob("*/.done"))
+    assert (tmp_path / "out" / "a" / ".pending").exists()  # kept its request id: the rerun re-attaches to it
 
 
 def test_batch_help_and_argument_errors(tmp_path: Path) -> None:
