@@ -147,3 +147,17 @@ def test_a_connect_that_fails_leaves_no_socket_open(tmp_path: Path) -> None:
                 Client(addr)
         gc.collect()
     assert not [w for w in caught if issubclass(w.category, ResourceWarning)], [str(w.message) for w in caught]
+
+
+def test_an_address_that_is_no_socket_is_named_as_such(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``--connect unix:///run/cuzk-mp`` (the socket's folder, not the socket) or a regular file there:
+    the connect is refused as by a daemon that is down, but the line says what is at the path (exit 3
+    still: the daemon was not reached), where "Connection refused" sent the reader to restart it."""
+    (tmp_path / "file.sock").write_text("")
+    codes = [cli.main(_client("status", "--connect", f"unix://{path}")) for path in (tmp_path, tmp_path / "file.sock")]
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("cuzk-mp")]
+    assert codes == [EXIT_UNREACHABLE, EXIT_UNREACHABLE], err
+    assert err == [f"cuzk-mp client: cannot reach the daemon at unix://{tmp_path}: {tmp_path} is a folder, not a "
+                   "socket: name the daemon's socket ([daemon] listen)",
+                   f"cuzk-mp client: cannot reach the daemon at unix://{tmp_path}/file.sock: {tmp_path}/file.sock "
+                   "is a regular file, not a socket: name the daemon's socket ([daemon] listen)"], err

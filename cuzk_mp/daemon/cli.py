@@ -448,7 +448,7 @@ def run_client(args: argparse.Namespace) -> int:
     try:
         client = Client(address, max_frame_bytes=args.max_frame_bytes or DEFAULT_MAX_FRAME, token=args.token)
     except OSError as e:
-        return _client_error(EXIT_UNREACHABLE, f"cannot reach the daemon at {args.connect}: {e}")
+        return _client_error(EXIT_UNREACHABLE, f"cannot reach the daemon at {args.connect}: {_not_reached(address, e)}")
     try:
         with client:
             return _client_verb(client, args)
@@ -470,6 +470,24 @@ def run_client(args: argparse.Namespace) -> int:
         return _client_error(code, f"{what}; if the daemon took the job, it goes on as job {args.request_id}: "
                                    f"`cuzk-mp client await {args.request_id}` waits for it, `cuzk-mp client cancel "
                                    f"{args.request_id}` stops it")
+
+
+def _not_reached(address: Any, e: OSError) -> str:
+    """Why a connect failed: ``e``, or, where a unix address names something that is not a socket (its
+    folder, a file), what is there: the kernel refuses such a connect as it refuses a stale socket's,
+    and "Connection refused" points at a daemon that is down."""
+    import stat
+
+    if address.kind != "unix" or not isinstance(e, ConnectionRefusedError):
+        return str(e)
+    try:
+        mode = os.stat(address.path).st_mode
+    except OSError:
+        return str(e)
+    if stat.S_ISSOCK(mode):
+        return str(e)
+    what = "a folder" if stat.S_ISDIR(mode) else "a regular file" if stat.S_ISREG(mode) else "another kind of file"
+    return f"{address.path} is {what}, not a socket: name the daemon's socket ([daemon] listen)"
 
 
 def _client_error(code: int, message: str) -> int:
