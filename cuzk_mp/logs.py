@@ -131,7 +131,8 @@ def final_error(code: int, message: str, *, prefix: str = "cuzk-mp", logger: str
     JSON log line at level error, from ``logger``, with ``"exit_code"``. ``names`` are the file names
     the message may hold (the command's path arguments): each one there, and its absolute form, is
     shown by :func:`shown_name` before the message's own line breaks are folded, so a name's line
-    break stays apart from them."""
+    break stays apart from them. A stderr that cannot take the line (a full disk under ``2> log``)
+    changes nothing of ``code``: an exception here would end the command with 1, a failed job's."""
     odd = {os.fspath(n) for n in names if shown_name(n) != os.fspath(n)}
     for name in list(odd):
         with contextlib.suppress(OSError):  # the working folder may be gone: its absolute form is unknown
@@ -149,7 +150,10 @@ def final_error(code: int, message: str, *, prefix: str = "cuzk-mp", logger: str
         line = formatter.format(record)
     else:
         line = f"{prefix}: {text}"
-    print(line, file=sys.stderr, flush=True)
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # stderr full (`2> log` on a full disk) or closed: the code still answers
+        pass
     return code
 
 

@@ -3,6 +3,7 @@ quiet at DEBUG."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import multiprocessing as mp
@@ -126,3 +127,20 @@ def test_final_error_shows_a_names_control_characters_and_folds_the_messages_own
     absolute = repr(os.path.abspath(odd))
     assert capsys.readouterr().err == f"cuzk-mp: 'a\\nb.json': bad and {absolute} too; c.json fine\n"
     assert logs.shown_name("x\x1b[2Jy") == "'x\\x1b[2Jy'" and logs.shown_name(Path("é z")) == "é z"
+
+
+def test_final_error_answers_with_its_code_where_stderr_cannot_take_its_line(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A full disk under both a command's outputs and its stderr (``2> client.log`` beside them): the
+    line cannot be written, and the exit code is still the one it would have said, never the 1 of an
+    exception that escaped it (a failed job's code, which a script acts on). Text and JSON lines alike."""
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    full = open("/dev/full", "w")
+    monkeypatch.setattr(sys, "stderr", full)
+    try:
+        assert logs.final_error(2, "out/proof_0.json: cannot write it: No space left on device") == 2
+        monkeypatch.setenv("CUZK_MP_LOG_FORMAT", "json")
+        assert logs.final_error(3, "cannot reach the daemon") == 3
+    finally:
+        with contextlib.suppress(OSError):
+            full.close()
