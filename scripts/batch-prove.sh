@@ -103,6 +103,17 @@ request_id() {
 }
 export -f request_id
 
+# Whether the job is done: its summary says so, or, where the summary is not there to say it (the full
+# disk that took the job's files took result.json too), the daemon does. The daemon's answer is kept in
+# memory, not in a file on that disk, and read whole (no early-exiting reader to break its pipe).
+job_done() {
+  local summary="$1" rid="$2" answer
+  grep -q '^ "state": "done"' "$summary" 2> /dev/null && return 0
+  answer=$("${cuzk[@]}" client await "$rid" --connect "$BP_CONNECT" --timeout 0 2> /dev/null) || true
+  [[ "$answer" == *$'\n "state": "done",'* ]]
+}
+export -f job_done
+
 # One job: prove an entry, write its files, verify, mark it done. Runs in a child bash.
 prove_one() {
   local entry="$1" base name dir attempt rid rc
@@ -130,7 +141,7 @@ prove_one() {
   rc=0
   "${cuzk[@]}" client prove --connect "$BP_CONNECT" --circuit "$BP_CIRCUIT" --out "$dir" \
       --request-id "$rid" "${extra[@]}" "${files[@]}" > "$dir/result.json" 2> "$dir/client.log" || rc=$?
-  if (( rc == 2 )) && grep -q '^ "state": "done"' "$dir/result.json" 2>/dev/null; then
+  if (( rc == 2 )) && job_done "$dir/result.json" "$rid"; then
     # the job is done but its files could not be written here (a full disk): the rerun re-attaches
     # with the same request id and writes them, rather than proving it again
     echo "exit $rc (files not written)" > "$dir/.pending"

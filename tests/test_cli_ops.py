@@ -250,26 +250,33 @@ def test_unit_security_exposure_below_5(tmp_path: Path) -> None:
 FAKE_CUZK = r"""
 # A stand-in cuzk-mp: `client prove` records its request id and writes a job summary.
 log="$BP_TEST_LOG"
+if [[ "$1 $2" == "client await" ]]; then  # the daemon's word on a job: done, or BP_TEST_AWAIT_STATE
+  printf '{\n "job_id": "%s",\n "state": "%s",\n "timed_out": false\n}\n' "$3" "${BP_TEST_AWAIT_STATE:-done}"
+  exit 0
+fi
 [[ "$1 $2" == "client prove" ]] || { echo "unexpected: $*" >&2; exit 2; }
 while [[ $# -gt 0 ]]; do
   case "$1" in --request-id) echo "$2" >> "$log"; shift 2 ;; *) shift ;; esac
 done
 if [[ -n "${BP_TEST_WAIT:-}" ]]; then sleep "$BP_TEST_WAIT"; fi  # a job that takes its time
 if [[ -n "${BP_TEST_EXIT:-}" ]]; then exit "$BP_TEST_EXIT"; fi
+# the job is done, its files not written (a full disk: the client's OutputError, exit 2), nor, with
+# BP_TEST_UNWRITTEN=all, its summary on stdout and its last line on stderr (the same full disk)
+if [[ "${BP_TEST_UNWRITTEN:-}" == all ]]; then exit 2; fi
 echo '{"job_id": "j1",'; echo ' "state": "done"}'
-# the job is done, its files not written (a full disk: the client's OutputError, exit 2)
 if [[ -n "${BP_TEST_UNWRITTEN:-}" ]]; then echo "cuzk-mp: error: out: cannot write it" >&2; exit 2; fi
 """
 
 
-def batch(tmp_path: Path, *args: str, client_exit: int | None = None,
-          unwritten: bool = False) -> subprocess.CompletedProcess[str]:
+def batch(tmp_path: Path, *args: str, client_exit: int | None = None, unwritten: str = "",
+          await_state: str = "done") -> subprocess.CompletedProcess[str]:
     fake = _fake_bin(tmp_path / "fakebin", "cuzk-mp", FAKE_CUZK) / "cuzk-mp"
     env = {**os.environ, "CUZK_MP": str(fake), "BP_TEST_LOG": str(tmp_path / "ids.log")}
     if client_exit is not None:
         env["BP_TEST_EXIT"] = str(client_exit)
     if unwritten:
-        env["BP_TEST_UNWRITTEN"] = "1"
+        env["BP_TEST_UNWRITTEN"] = unwritten
+    env["BP_TEST_AWAIT_STATE"] = await_state
     return subprocess.run([str(SCRIPTS / "batch-prove.sh"), *args], env=env, capture_output=True, text=True,
                           timeout=120)
 
@@ -334,18 +341,23 @@ def test_batch_rerun_reattaches_unless_the_job_failed(tmp_path: Path) -> None:
     ids = _ids(tmp_path)
     assert len(ids) == 4 and len(set(ids)) == 1 and ids[0].endswith("-1"), ids  # one job, re-attached each time
     assert batch(tmp_path, *args, client_exit=1).returncode == 1 and _ids(tmp_path)[-1] == ids[0]
+    proc = batch(tmp_path, *args, client_exit=2, await_state="failed")  # a new attempt, failed on its input
+    assert proc.returncode == 1 and "[FAILED] a" in proc.stdout and _ids(tmp_path)[-1].endswith("-2"), proc.stdout
     assert batch(tmp_path, *args).returncode == 0  # the failed job's entry: a new attempt
-    assert _ids(tmp_path)[-1].endswith("-2") and (out / "a" / ".done").exists()
+    assert _ids(tmp_path)[-1].endswith("-3") and (out / "a" / ".done").exists()
 
 
-def test_batch_rerun_writes_a_done_jobs_files_without_proving_it_again(tmp_path: Path) -> None:
+@pytest.mark.parametrize("unwritten", ["files", "all"])
+def test_batch_rerun_writes_a_done_jobs_files_without_proving_it_again(tmp_path: Path, unwritten: str) -> None:
     """The client's exit 2 for a job that is done but whose files could not be written (a full disk)
-    is no failure of the job: the rerun re-attaches with the same request id and writes them."""
+    is no failure of the job: the rerun re-attaches with the same request id and writes them. Where
+    the same full disk took result.json and client.log too ("all"), the daemon is asked what became
+    of the job, rather than the entry given a new attempt that proves it again."""
     inputs, out = tmp_path / "in", tmp_path / "out"
     inputs.mkdir()
     (inputs / "a.json").write_text('{"x": "1"}')
     args = ["--circuit", "c", "--out", str(out), str(inputs)]
-    proc = batch(tmp_path, *args, unwritten=True)
+    proc = batch(tmp_path, *args, unwritten=unwritten)
     assert proc.returncode == 1 and "[pending] a (proved, its files not written" in proc.stdout, proc.stdout
     assert batch(tmp_path, *args).returncode == 0
     ids = _ids(tmp_path)
