@@ -8,11 +8,13 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import errno
 import gc
 import os
 import sys
 import warnings
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -161,3 +163,46 @@ def test_an_address_that_is_no_socket_is_named_as_such(tmp_path: Path, capsys: p
                    "socket: name the daemon's socket ([daemon] listen)",
                    f"cuzk-mp client: cannot reach the daemon at unix://{tmp_path}/file.sock: {tmp_path}/file.sock "
                    "is a regular file, not a socket: name the daemon's socket ([daemon] listen)"], err
+
+
+def test_files_and_summary_both_unwritten_still_say_how_to_get_the_files(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``client prove --out /full/dir > /full/dir/summary.json``: neither a proof nor the summary can be
+    written. The last line still names the file that failed and the job that holds the proofs
+    (``cuzk-mp client await JOB --out DIR``): that id, a fresh one, was in the summary alone."""
+    from contextlib import contextmanager
+
+    from cuzk_mp.formats import atomic
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    real = atomic.atomic_output
+    out = tmp_path / "o"
+
+    class FullDisk:
+        def write(self, data: bytes) -> int:
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    @contextmanager
+    def full_in_out(path: Any, mode: str = "wb") -> Any:
+        with real(path, mode) as f:
+            yield FullDisk() if Path(path).parent == out else f
+
+    monkeypatch.setattr(atomic, "atomic_output", full_in_out)
+    codes: list[int] = []
+
+    async def body(d: Daemon, addr: str) -> None:
+        stdout = open("/dev/full", "w")
+        monkeypatch.setattr(sys, "stdout", stdout)
+        codes.append(await asyncio.to_thread(cli.main, _client("prove", "--connect", addr, "--circuit", "syn",
+                                                               "--partitions", "1", "--request-id", "lost-id",
+                                                               "--out", str(out))))
+        with contextlib.suppress(OSError):
+            stdout.close()
+
+    run_daemon(tmp_path, body)
+    err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("cuzk-mp")]
+    assert codes == [EXIT_INPUT], err
+    [line] = err
+    assert f"{out / 'verification_key.json'}: cannot write it: No space left on device" in line, line
+    assert "`cuzk-mp client await lost-id --out DIR`" in line and "stdout" in line, line

@@ -338,9 +338,13 @@ def _finish_job(client: Any, reply: Any, out: Path | None, timeout_s: float | No
         try:
             write_outputs(reply, out, client.vk_reply(reply.circuit_id))
         except OutputError as e:
-            _print(_summary(reply))
-            raise OutputError(e.path, f"{e.problem}; the job is done: `cuzk-mp client await {reply.job_id} --out "
-                                      "DIR` writes its files again while the daemon keeps its result ([daemon] "
+            unprinted = ""
+            try:
+                _print(_summary(reply))
+            except OutputError as summary:  # the same full disk under stdout: the line still names the job
+                unprinted = f" (and {summary.path}: {summary.problem})"
+            raise OutputError(e.path, f"{e.problem}{unprinted}; the job is done: `cuzk-mp client await {reply.job_id} "
+                                      "--out DIR` writes its files again while the daemon keeps its result ([daemon] "
                                       "result_ttl)") from None
     _print(_summary(reply))
     job = reply.job_id
