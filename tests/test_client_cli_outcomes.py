@@ -54,7 +54,7 @@ def test_a_stdout_that_cannot_take_the_result_is_an_output_error(tmp_path: Path,
     err = [line for line in capsys.readouterr().err.splitlines() if line.startswith("cuzk-mp")]  # not log lines
     assert codes == [EXIT_INPUT, EXIT_INPUT, 0], err
     assert err[0] == "cuzk-mp: error: stdout: cannot write it: No space left on device", err
-    assert err[1] == err[0] and len(err) == 2, err
+    assert err[1].startswith(err[0] + "; the daemon took the job") and len(err) == 2, err  # its summary lost
     assert sorted(p.name for p in (tmp_path / "o").iterdir()) == [
         "proof_0.json", "public_0.json", "verification_key.json"]  # written before the summary's turn
 
@@ -206,3 +206,32 @@ def test_files_and_summary_both_unwritten_still_say_how_to_get_the_files(
     [line] = err
     assert f"{out / 'verification_key.json'}: cannot write it: No space left on device" in line, line
     assert "`cuzk-mp client await lost-id --out DIR`" in line and "stdout" in line, line
+
+
+def test_a_submit_whose_answer_cannot_be_printed_names_its_job(tmp_path: Path, monkeypatch: pytest.MonkeyPatch,
+                                                               capsys: pytest.CaptureFixture[str]) -> None:
+    """``client submit > /full/job.json``: the job is taken, its id (a fresh one) was to be printed there
+    alone; the last line names it, so that the job can be awaited rather than sent again."""
+    import re
+
+    if not os.path.exists("/dev/full"):
+        pytest.skip("no /dev/full here")
+    codes: list[int] = []
+    states: list[str] = []
+
+    async def body(d: Daemon, addr: str) -> None:
+        stdout = open("/dev/full", "w")
+        monkeypatch.setattr(sys, "stdout", stdout)
+        codes.append(await asyncio.to_thread(cli.main, _client("submit", "--connect", addr, "--circuit", "syn",
+                                                               "--partitions", "1")))
+        with contextlib.suppress(OSError):
+            stdout.close()
+        [line] = [x for x in capsys.readouterr().err.splitlines() if x.startswith("cuzk-mp")]
+        assert line.startswith("cuzk-mp: error: stdout: cannot write it: No space left on device"), line
+        m = re.search(r"`cuzk-mp client await (\w+)`", line)
+        assert m, line
+        async with await AsyncClient.connect(addr) as c:
+            states.append((await c.await_proof(m.group(1), timeout_s=30)).state)
+
+    run_daemon(tmp_path, body)
+    assert codes == [EXIT_INPUT] and states == ["done"]

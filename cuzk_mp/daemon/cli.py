@@ -445,6 +445,7 @@ def run_client(args: argparse.Namespace) -> int:
     """``cuzk-mp client VERB``: one call to the daemon; the exit code says how it went."""
     from cuzk_mp.daemon.client import Client, check_out_folder
     from cuzk_mp.daemon.transport import DEFAULT_MAX_FRAME, CommClosedError, NotTheProtocol
+    from cuzk_mp.errors import OutputError
 
     address = _connect_address(args)
     if getattr(args, "out", None) is not None:  # prove, await: before the job, not after it is proved
@@ -458,6 +459,12 @@ def run_client(args: argparse.Namespace) -> int:
             return _client_verb(client, args)
     except _StdoutClosed:  # the reader of our output left: nothing more to say (the CLI's quiet exit)
         raise BrokenPipeError() from None
+    except OutputError as e:  # stdout full: a submit's or prove's answer held the job's id, a fresh one
+        if e.path != "stdout" or args.verb not in ("submit", "prove"):
+            raise
+        raise OutputError(e.path, f"{e.problem}; the daemon took the job: it goes on as job {args.request_id}: "
+                                  f"`cuzk-mp client await {args.request_id}` waits for it and prints its summary"
+                                  ) from None
     except NotTheProtocol as e:  # an HTTP server answered: the daemon was never reached, no job was taken
         return _client_error(EXIT_UNREACHABLE, f"cannot reach the daemon at {args.connect}: {e}")
     except (CommClosedError, ConnectionError, TimeoutError) as e:
