@@ -7,9 +7,9 @@
 # $CUZK_MP_CONNECT or 127.0.0.1:9820); TOKEN as `client --token` (default $CUZK_MP_TOKEN). Polls
 # `cuzk-mp client ready`, which succeeds once the daemon has started its engine, resubmitted
 # journaled jobs, preloaded its keys and listens. Exit 0 when ready, 1 on timeout (the last
-# answer is printed), 2 at once when the daemon refuses the call (a token missing or wrong:
-# waiting would not change it) or on a bad argument. $CUZK_MP overrides the command (default:
-# cuzk-mp), e.g. CUZK_MP="python -m cuzk_mp.cli".
+# answer is printed), 2 at once when waiting cannot help: the daemon refuses the call (a token
+# missing or wrong), the client the address, or an argument is bad. $CUZK_MP overrides the
+# command (default: cuzk-mp), e.g. CUZK_MP="python -m cuzk_mp.cli".
 set -euo pipefail
 
 connect="${CUZK_MP_CONNECT:-127.0.0.1:9820}"
@@ -47,8 +47,8 @@ while :; do
     echo "cuzk-mp daemon at $connect is ready"
     exit 0
   fi
-  if (( code == 2 )); then
-    echo "wait-ready.sh: the daemon at $connect refused the call: ${last}" >&2
+  if (( code == 2 )); then  # the daemon refused the call (a token), or the client the address: say which
+    echo "wait-ready.sh: waiting cannot help (\`client ready --connect $connect\` exits 2): ${last}" >&2
     exit 2
   fi
   if (( $(date +%s) >= deadline )); then

@@ -482,7 +482,7 @@ def test_wait_ready_help() -> None:
     assert proc.returncode == 0 and proc.stderr == ""
     lines = proc.stdout.splitlines()
     assert lines[0] == "Wait until a cuzk-mp daemon serves, or give up."
-    assert lines[-1] == 'cuzk-mp), e.g. CUZK_MP="python -m cuzk_mp.cli".'
+    assert lines[-1] == 'command (default: cuzk-mp), e.g. CUZK_MP="python -m cuzk_mp.cli".'
     assert "set -" not in proc.stdout and not any(line.startswith("#") for line in lines)
 
 
@@ -497,6 +497,16 @@ def test_wait_ready_bad_arguments_are_usage_errors(args: list[str], says: str) -
     env = {**os.environ, "CUZK_MP": f"{sys.executable} -m cuzk_mp"}
     proc = subprocess.run([str(SCRIPTS / "wait-ready.sh"), *args], env=env, capture_output=True, text=True, timeout=30)
     assert proc.returncode == 2 and proc.stderr == f"wait-ready.sh: {says}\n", (proc.returncode, proc.stderr)
+
+
+def test_wait_ready_with_a_malformed_address_blames_no_daemon() -> None:
+    """An address the client cannot use (a path without unix://) stops the wait at once (exit 2) with the
+    client's own line, not "the daemon at ADDR refused the call": no daemon was asked anything."""
+    env = {**os.environ, "CUZK_MP": f"{sys.executable} -m cuzk_mp"}
+    proc = subprocess.run([str(SCRIPTS / "wait-ready.sh"), "--connect", "/run/cuzk-mp/cuzk.sock"], env=env,
+                          capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 2 and "refused" not in proc.stderr, proc.stderr
+    assert "'/run/cuzk-mp/cuzk.sock': expected unix:///path or host:port" in proc.stderr, proc.stderr
 
 
 def test_wait_ready_with_tokens(tmp_path: Path) -> None:
@@ -518,7 +528,8 @@ def test_wait_ready_with_tokens(tmp_path: Path) -> None:
             assert ready.returncode == 0, ready.stderr + (tmp_path / "daemon.log").read_text()[-4000:]
             refused = subprocess.run([str(SCRIPTS / "wait-ready.sh"), "--connect", addr, "--timeout", "300"],
                                      env=env, capture_output=True, text=True, timeout=60)
-            assert refused.returncode == 2 and "refused the call" in refused.stderr, refused.stderr
+            assert refused.returncode == 2 and "waiting cannot help" in refused.stderr, refused.stderr
+            assert "this daemon requires a token" in refused.stderr, refused.stderr
         finally:
             daemon.send_signal(signal.SIGTERM)
             assert daemon.wait(60) == 0
