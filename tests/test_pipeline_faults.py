@@ -229,6 +229,29 @@ def test_backoff_doubles_to_its_cap() -> None:
     assert delays[-1] == BACKOFF_MAX_S
 
 
+def test_a_provers_busy_seconds_never_go_down_when_it_is_restarted() -> None:
+    """A prover's kernel-busy seconds (the counter ``cuzk_engine_prover_busy_seconds_total``) count
+    from 0 in each process; a restarted prover of the same name adds to what its predecessor counted,
+    so the engine's figure never goes down while the engine runs."""
+    from types import SimpleNamespace
+
+    from cuzk_mp.pipeline import messages as msg
+    from cuzk_mp.pipeline.engine_events import EngineEvents
+
+    child = SimpleNamespace(handle=SimpleNamespace(pid=100))
+    engine = EngineEvents()  # the event thread's work alone: the attributes it reads here
+    engine.sup = SimpleNamespace(children={"cuzk-prover-0": child})  # type: ignore[assignment]
+    engine.provers, engine._busy_before = {}, {}
+
+    def report(busy: float) -> float:
+        engine._on_message("cuzk-prover-0", msg.Stats(values={"busy_seconds": busy}))
+        return float(engine.provers["cuzk-prover-0"].busy_seconds)
+
+    assert [report(2.0), report(5.0)] == [2.0, 5.0]
+    child.handle = SimpleNamespace(pid=101)  # died and was restarted: the new process counts from 0
+    assert [report(0.5), report(1.0)] == [5.5, 6.0]
+
+
 def test_crash_loop_degrades_then_recovers(checker: ProofChecker, monkeypatch: pytest.MonkeyPatch) -> None:
     """A prover that keeps dying before READY: restarted with backoff (never given up), the engine
     reports the role degraded with the cause, jobs that cannot progress fail naming it (no silent

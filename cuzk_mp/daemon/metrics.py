@@ -260,7 +260,8 @@ def _engine_families(em: EngineMetrics) -> Iterator[Metric]:
     yield _gauge("cuzk_engine_jobs_active", "Unfinished jobs in the engine.", em.jobs_active)
     yield _gauge("cuzk_engine_ring_live_slots", "Ring slots not free.", ring.live)
     yield _gauge("cuzk_engine_ring_peak_live_slots", "Most ring slots ever not free at once.", ring.peak_live)
-    yield _counter("cuzk_engine_prover_busy_seconds", "Kernel-busy seconds of each prover process.", ["process"],
+    yield _counter("cuzk_engine_prover_busy_seconds", "Kernel-busy seconds of each prover process (by name: "
+                   "a restarted prover adds to what its predecessor counted).", ["process"],
                    [([k], p.busy_seconds) for k, p in sorted(em.provers.items())])
     yield _gauge("cuzk_engine_prover_device_bytes", "Device memory of each prover process (GPU), by kind.",
                  {("process", "kind"): None},

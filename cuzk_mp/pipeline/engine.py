@@ -181,6 +181,7 @@ class RunningEngine(EngineEvents):
         self.on_job_done = engine.on_job_done
         self.on_partition_done = engine.on_partition_done
         self.provers: dict[str, ProverStats] = {}
+        self._busy_before: dict[str, tuple[int, float]] = {}
         self._lock = threading.RLock()
         self._cond = threading.Condition(self._lock)
         self._state = "starting"

@@ -55,6 +55,7 @@ class EngineEvents:
     on_job_done: Callable[[JobResult], None] | None
     on_partition_done: Callable[[str, PartitionResult], None] | None
     provers: dict[str, ProverStats]
+    _busy_before: dict[str, tuple[int, float]]  # by prover name: (its process's pid, busy seconds of those before it)
     _lock: threading.RLock
     _cond: threading.Condition
     _state: str
@@ -143,7 +144,7 @@ class EngineEvents:
         elif isinstance(m, msg.Taken):
             self.sched.on_taken(m.task_id, name, child.spec.index)
         elif isinstance(m, msg.ProofDone):
-            self._prover_stats(name, m.stats)
+            self._prover_stats(name, child.handle.pid, m.stats)
             public = [int(x) for x in m.public]
             self._apply(self.sched.on_proof(m.task_id, m.proof, public, m.timings, child.spec.index))
         elif isinstance(m, msg.TaskFailed):
@@ -157,13 +158,22 @@ class EngineEvents:
         elif isinstance(m, msg.KeyState):
             self.circuits.on_key_state(name, m)
         elif isinstance(m, msg.Stats):
-            self._prover_stats(name, m.values)
+            self._prover_stats(name, child.handle.pid, m.values)
 
-    def _prover_stats(self, name: str, values: dict[str, float]) -> None:
+    def _prover_stats(self, name: str, pid: int, values: dict[str, float]) -> None:
+        """Take a prover's figures. Its ``busy_seconds`` counts from 0 in each process, so the figures
+        of the process ``pid`` that replaced a dead one of the same name are added to what the earlier
+        ones counted: the engine's busy seconds (a Prometheus counter) never go down at a restart."""
         stats = self.provers.setdefault(name, ProverStats())
+        seen, before = self._busy_before.get(name, (pid, 0.0))
+        if pid != seen:
+            before = stats.busy_seconds
+        self._busy_before[name] = (pid, before)
         for key in ProverStats.__struct_fields__:
             if key in values:
                 setattr(stats, key, float(values[key]))
+        if "busy_seconds" in values:
+            stats.busy_seconds = before + float(values["busy_seconds"])
 
     def _on_death(self, name: str) -> None:
         """A child's sentinel fired: reclaim, retry its attempts, schedule its restart."""
