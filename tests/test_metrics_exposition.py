@@ -203,6 +203,33 @@ def test_stage_histogram_takes_only_stage_seconds() -> None:
     assert stages == {"synthesis", "device", "finalize"} and stages <= set(STAGES)
 
 
+def test_the_duration_buckets_tell_small_stages_apart_and_reach_an_hour() -> None:
+    """A one-partition job of a small circuit on a GPU takes about 20 ms in all (the H200 run of
+    perf/results/daemon-latency-h200.json: queue_wait 0.23 ms, ring_wait 0.54 ms, staging 1.7 ms,
+    device 7.8 ms); each of these stages lands in a bucket of its own, not all in the first. A key
+    load or a job of a large circuit takes minutes: it lands in a bucket below +Inf."""
+    from prometheus_client import generate_latest
+
+    from cuzk_mp.daemon.metrics import DaemonMetrics
+
+    stages = {"queue_wait": 0.00023, "ring_wait": 0.00054, "staging": 0.0017, "device": 0.0078}
+    m = DaemonMetrics()
+    m.observe_partition("c", True, stages, 0)
+    m.observe_job("c", "done", 1800.0)
+    text = generate_latest(m.registry).decode()
+    first_bucket: dict[str, float] = {}  # stage -> the bound of the first bucket that counts it
+    job_bucket = float("inf")
+    for f in text_string_to_metric_families(text):
+        for s in f.samples:
+            if s.name == "cuzk_engine_stage_seconds_bucket" and s.value:
+                le = float(s.labels["le"])
+                first_bucket[s.labels["stage"]] = min(le, first_bucket.get(s.labels["stage"], le))
+            if s.name == "cuzk_job_duration_seconds_bucket" and s.value:
+                job_bucket = min(job_bucket, float(s.labels["le"]))
+    assert len(set(first_bucket.values())) == len(stages), first_bucket
+    assert job_bucket < float("inf")
+
+
 def test_every_family_is_in_the_readme() -> None:
     """The README's table of /metrics names every family as a scrape shows it (a counter with its
     ``_total``), the fleet's gauges and counter included."""

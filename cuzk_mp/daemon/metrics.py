@@ -57,8 +57,10 @@ from cuzk_mp.pipeline.types import STAGES
 
 disable_created_metrics()  # no *_created series: scrapes show what the daemon measured, nothing else
 
-DURATION_BUCKETS = (0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0, 60.0,
-                    120.0, 300.0, 600.0, 1800.0, 3600.0)
+# From 0.1 ms: a small circuit's stages on a GPU take tenths of a millisecond to a few (a whole job some
+# 20 ms), each in a bucket of its own; to an hour: key loads and large circuits' jobs.
+DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
+                    2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
 
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
