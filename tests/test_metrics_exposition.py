@@ -44,6 +44,7 @@ FAMILIES: dict[str, tuple[str, frozenset[str]]] = {name: (kind, frozenset(labels
     ("cuzk_jobs", "gauge", ("state",)),
     ("cuzk_queued_input_bytes", "gauge", ()),
     ("cuzk_srs_budget_bytes", "gauge", ()),
+    ("cuzk_memory_budget_bytes", "gauge", ("kind",)),
     ("cuzk_ring_slots", "gauge", ("state",)),
     ("cuzk_ring_occupancy", "gauge", ()),
     ("cuzk_srs_bytes", "gauge", ("circuit", "process", "tier")),
@@ -157,6 +158,28 @@ def test_metrics_parse_as_typed_documented_labelled_families(tmp_path: Path) -> 
         assert moved == {"syn": 4}
         started = again["cuzk_start_time_seconds"].samples[0].value
         assert started == fams["cuzk_start_time_seconds"].samples[0].value == d.started_at  # a level, not a count
+
+    run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")
+
+
+def test_the_memory_budget_is_in_the_scrape_as_the_status_reports_it(tmp_path: Path) -> None:
+    """A dashboard puts the memory in use (``cuzk_memory_bytes``) against the ``[memory]`` budget: the
+    scrape has the budget's byte figures, the same as the status's ``memory_budget``."""
+    import json
+
+    port = free_port()
+
+    async def body(d: Daemon, addr: str) -> None:
+        def status() -> dict[str, Any]:
+            with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as r:
+                return dict(json.loads(r.read()))
+
+        text = (await asyncio.to_thread(_scrape, port))[1]
+        budget = (await asyncio.to_thread(status))["memory_budget"]
+        exported = {s.labels["kind"]: s.value for f in text_string_to_metric_families(text)
+                    if f.name == "cuzk_memory_budget_bytes" for s in f.samples}
+        assert exported == {k: float(v) for k, v in budget.items() if k != "provers"}
+        assert exported["total"] > exported["safety_margin"] > 0
 
     run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")
 

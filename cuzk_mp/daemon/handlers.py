@@ -322,7 +322,7 @@ class DaemonHandlers:
         view = self.view
         return self.metrics.render(Scrape(
             started_at=self.started_at, queue_depth=view.queue_depth() if view else 0,
-            job_counts=view.job_counts(status) if view else {}, srs_budget_bytes=view.budget["srs"] if view else 0,
+            job_counts=view.job_counts(status) if view else {}, memory_budget=view.budget if view else {},
             queued_input_bytes=self.jobs.queued().input_bytes if self.jobs is not None else 0,
             engine=status, engine_metrics=em, extra=await self.fleet.gauges() if self.fleet is not None else (),
             counts=self.fleet.counters() if self.fleet is not None else ()))

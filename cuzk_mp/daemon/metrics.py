@@ -21,6 +21,9 @@ Metric names (all prefixed ``cuzk_``):
 * scrape time: ``start_time_seconds`` (Unix time; uptime = ``time() - cuzk_start_time_seconds``),
   ``queue_depth``, ``jobs{state}`` (the job table now), ``queued_input_bytes`` (the input bytes the
   unfinished jobs hold: ``[daemon] max_queued_input`` caps it), ``srs_budget_bytes``,
+  ``memory_budget_bytes{kind}`` (GetStatus's ``memory_budget``: total, safety_margin, queue, processes,
+  pipeline, srs, srs_per_prover, host_budget; total - safety_margin is what ``memory_bytes{kind="host"}`` is
+  budgeted to),
   ``ring_slots{state}`` (free, filling, ready, staging: every state, 0 included), ``ring_occupancy``,
   ``srs_bytes{circuit,process,tier}``, ``memory_bytes{kind}`` (host, host_pss, host_rss,
   shm; host = host_pss + shm), ``process_memory_bytes{process,kind}`` (each process's pss and uss),
@@ -61,7 +64,8 @@ disable_created_metrics()  # no *_created series: scrapes show what the daemon m
 # 20 ms), each in a bucket of its own; to an hour: key loads and large circuits' jobs.
 DURATION_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
                     2.5, 5.0, 10.0, 30.0, 60.0, 120.0, 300.0, 600.0, 1800.0, 3600.0)
-
+# the byte figures of GetStatus's memory_budget (its "provers" is a count)
+BUDGET_BYTES = ("total", "safety_margin", "queue", "processes", "pipeline", "srs", "srs_per_prover", "host_budget")
 
 Labels = tuple[tuple[str, str], ...]  # sorted (name, value) pairs
 Gauge = tuple[str, str, Mapping[Labels, float] | float]  # (name, help, one value or a value per label set)
@@ -75,7 +79,7 @@ class Scrape:
     started_at: float = 0.0  # Unix time the daemon started
     queue_depth: int = 0
     job_counts: Mapping[str, int] = field(default_factory=dict)
-    srs_budget_bytes: int = 0
+    memory_budget: Mapping[str, int] = field(default_factory=dict)  # the status's memory_budget
     queued_input_bytes: int = 0
     engine: EngineStatus | None = None
     engine_metrics: EngineMetrics | None = None
@@ -162,7 +166,12 @@ class DaemonMetrics:
                      [((k,), float(v)) for k, v in s.job_counts.items()])
         yield _gauge("cuzk_queued_input_bytes", "Input bytes held by unfinished jobs until they finish "
                      "([daemon] max_queued_input caps them).", s.queued_input_bytes)
-        yield _gauge("cuzk_srs_budget_bytes", "Bytes of proving keys allowed to stay resident.", s.srs_budget_bytes)
+        yield _gauge("cuzk_srs_budget_bytes", "Bytes of proving keys allowed to stay resident.",
+                     s.memory_budget.get("srs", 0))
+        yield _gauge("cuzk_memory_budget_bytes", "The [memory] budget by kind, as GetStatus's memory_budget: total, "
+                     "the parts it is cut into (safety_margin, queue, processes, pipeline, srs), srs_per_prover "
+                     "and host_budget.", {("kind",): None},
+                     [((k,), float(v)) for k, v in s.memory_budget.items() if k in BUDGET_BYTES])
         if s.engine is not None:
             yield from _status_families(s.engine)
         if s.engine_metrics is not None:

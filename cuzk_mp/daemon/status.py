@@ -53,9 +53,10 @@ class StatusView:
         self.cfg, self.jobs, self.started_at = cfg, jobs, started_at
         self._started_mono = on_monotonic(started_at)  # the uptime's start: a wall-clock step moves it not
         self.generated_vk = generated_vk
-        self.budget = breakdown(cfg.memory_total_bytes, cfg.safety_margin_bytes, cfg.engine,
-                                largest((c.spec for c in cfg.circuits.values()), cfg.engine.backend),
-                                cfg.queue_bytes).as_dict()
+        self.budget = {**breakdown(cfg.memory_total_bytes, cfg.safety_margin_bytes, cfg.engine,
+                                   largest((c.spec for c in cfg.circuits.values()), cfg.engine.backend),
+                                   cfg.queue_bytes).as_dict(),
+                       "host_budget": cfg.host_budget_bytes}  # the status's memory_budget (and /metrics')
         self._vks: dict[str, tuple[FileIdentity | None, dict[str, Any]]] = {}  # circuit -> (key file identity, vk)
         self._vk_lock = threading.Lock()
 
@@ -119,7 +120,7 @@ class StatusView:
             "queue_depth": self.queue_depth(),
             "queue": self.queue(),
             "jobs": self._job_list(engine),
-            "memory_budget": {**self.budget, "host_budget": self.cfg.host_budget_bytes},
+            "memory_budget": dict(self.budget),
             "pipeline": {"ring_slots": self.cfg.engine.ring_slots,
                          "partition_workers": self.cfg.engine.partition_workers,
                          "threads_per_partition": self.cfg.engine.threads_per_partition()},
