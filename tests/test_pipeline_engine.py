@@ -358,6 +358,25 @@ def _stoppable(name: str, on_job: Any) -> Any:
     return engine
 
 
+def test_the_rings_counters_outlive_the_stop(test_key: tuple) -> None:
+    """The ring's counters (``cuzk_engine_ring_*_total``, the peak) are read while the daemon still
+    answers scrapes after its engine stopped: they keep their figures, not 0, as a counter never goes
+    down while the daemon lives."""
+    results = Collector()
+    engine = _stoppable("ringctr", results.job)
+    try:
+        engine.submit(_synthetic_job("one", [1]))
+        assert results.wait("one").state == "done"
+        before = engine.metrics().ring
+        assert before.published == before.released == 1 and before.peak_live >= 1
+    finally:
+        engine.stop(grace_s=5)
+    after = engine.metrics().ring
+    assert (after.published, after.released, after.peak_live, after.free_waits, after.ready_waits) == \
+        (before.published, before.released, before.peak_live, before.free_waits, before.ready_waits)
+    assert after.live == 0 and engine.status().ring.slots == []
+
+
 def test_stop_while_a_callback_runs_and_from_two_threads_loses_no_callback(test_key: tuple) -> None:
     """stop() while the event thread is inside a (slow) job callback still reports every job it fails;
     a second stop() from another thread waits for the first to end instead of stopping twice."""

@@ -478,7 +478,7 @@ class RunningEngine(EngineEvents):
         thread that would kill it needs. ``_ring_lock`` keeps the read apart from the ring's destroy."""
         with self._ring_lock:
             if self.ring.closed:
-                return [], RingStats(0, 0, 0, 0, 0, 0, 0)
+                return [], self.ring.stats()  # the counters it had when it closed
             return self.ring.snapshot(), self.ring.stats()
 
 

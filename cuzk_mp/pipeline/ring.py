@@ -185,6 +185,7 @@ class Ring:
         self._maps: dict[int, SegmentMapping] = {}  # this process's mappings of slot segments
         self._mlock = threading.Lock()  # guards _maps (a prover's worker threads share it)
         self._closed = False
+        self._final = RingStats(0, 0, 0, 0, 0, 0, 0)  # the counters when closed: what stats() says then
 
     # ---- lifecycle
     @classmethod
@@ -232,6 +233,9 @@ class Ring:
         self._closed = True
         for slot in list(self._maps):
             self._unmap(slot)
+        # without the lock (a child killed in it may hold it): the counters only grow, so a read may miss
+        # a last increment but never goes below an earlier read; no slot is in use for a closed ring
+        self._final = _stats_of([int(x) for x in self._header], live=0, held=np.zeros(0, np.int64))
         del self._header, self._slots
         self._ctl_map.close()
         os.close(self._ctl_fd)
@@ -427,14 +431,15 @@ class Ring:
             return [self._record(s) for s in range(self.handle.n_slots)]
 
     def stats(self) -> RingStats:
-        """The ring's counters (see :class:`RingStats`)."""
+        """The ring's counters (see :class:`RingStats`); a closed ring's are those it had at its close, so
+        what reports them (the engine's metrics, read until its daemon exits) never sees them go back."""
+        if self._closed:
+            return self._final
         with self._locked():
             h = [int(x) for x in self._header]
             live = int(np.count_nonzero(self._slots["state"] != FREE))
             held = self._slots["nbytes"][self._slots["nbytes"] > 0]
-        return RingStats(live=live, peak_live=h[_PEAK], free_waits=h[_FREE_WAITS], ready_waits=h[_READY_WAITS],
-                         published=h[_PUBLISHED], released=h[_RELEASED], reclaimed=h[_RECLAIMED],
-                         held=int(held.size), held_bytes=int(held.sum()), segments_made=h[_MADE], trimmed=h[_TRIMMED])
+        return _stats_of(h, live, held)
 
     def record(self, slot: int) -> SlotRecord:
         """A copy of one slot's record."""
@@ -536,3 +541,10 @@ class Ring:
         return SlotRecord(slot, STATE_NAMES[int(r["state"])], int(r["owner_pid"]), int(r["task_id"]),
                           int(r["job_seq"]), int(r["partition"]), int(r["priority"]), int(r["nbytes"]),
                           float(r["t_ready"]), int(r["gen"]), float(r["t_free"]))
+
+
+def _stats_of(h: list[int], live: int, held: np.ndarray) -> RingStats:
+    """:class:`RingStats` from the header's words ``h``, the slots in use and the held segments' sizes."""
+    return RingStats(live=live, peak_live=h[_PEAK], free_waits=h[_FREE_WAITS], ready_waits=h[_READY_WAITS],
+                     published=h[_PUBLISHED], released=h[_RELEASED], reclaimed=h[_RECLAIMED],
+                     held=int(held.size), held_bytes=int(held.sum()), segments_made=h[_MADE], trimmed=h[_TRIMMED])
