@@ -253,6 +253,29 @@ def test_the_duration_buckets_tell_small_stages_apart_and_reach_an_hour() -> Non
     assert job_bucket < float("inf")
 
 
+def test_the_key_bytes_say_which_are_resident() -> None:
+    """``cuzk_srs_bytes`` has a row for every configured key, resident or not (a key file resident
+    nowhere: tier disk, its file's size); its help names each tier, so that nobody sums the files on
+    disk as resident bytes against ``cuzk_srs_budget_bytes``."""
+    from cuzk_mp.daemon.metrics import DaemonMetrics, Scrape
+    from cuzk_mp.pipeline.circuits import KeyRow
+    from cuzk_mp.pipeline.ring import RingStats
+    from cuzk_mp.pipeline.scheduler import QueueStatus
+    from cuzk_mp.pipeline.status import EngineStatus, MemoryStatus, RingStatus
+
+    rows = [KeyRow("a", "cuzk-prover-0", "host", 1000, None), KeyRow("b", None, "disk", 5000, None),
+            KeyRow("c", None, "generated on load", 0, None), KeyRow("d", "cuzk-prover-0", None, 0, "unreadable")]
+    st = EngineStatus(state="running", prefix="p", backend="cpu", devices=[0], degraded=[], queue=QueueStatus(0, 0),
+                      jobs=[], processes=[], ring=RingStatus([], RingStats(0, 0, 0, 0, 0, 0, 0)), srs=rows,
+                      memory=MemoryStatus(host_bytes=0, host_pss_bytes=0, host_rss_bytes=0, shm_bytes=0,
+                                          live_segments=0, processes=[], device={}))
+    (fam,) = [f for f in text_string_to_metric_families(DaemonMetrics().render(Scrape(engine=st)))
+              if f.name == "cuzk_srs_bytes"]
+    tiers = {s.labels["tier"] for s in fam.samples}
+    assert tiers == {"host", "disk", "generated on load", "failed"}
+    assert [t for t in tiers if t not in fam.documentation] == [], fam.documentation
+
+
 def test_every_family_is_in_the_readme() -> None:
     """The README's table of /metrics names every family as a scrape shows it (a counter with its
     ``_total``), the fleet's gauges and counter included."""

@@ -25,7 +25,8 @@ Metric names (all prefixed ``cuzk_``):
   pipeline, srs, srs_per_prover, host_budget; total - safety_margin is what ``memory_bytes{kind="host"}`` is
   budgeted to),
   ``ring_slots{state}`` (free, filling, ready, staging: every state, 0 included), ``ring_occupancy``,
-  ``srs_bytes{circuit,process,tier}``, ``memory_bytes{kind}`` (host, host_pss, host_rss,
+  ``srs_bytes{circuit,process,tier}`` (every configured key: resident where ``process`` is set, else
+  tier disk or generated on load), ``memory_bytes{kind}`` (host, host_pss, host_rss,
   shm; host = host_pss + shm), ``process_memory_bytes{process,kind}`` (each process's pss and uss),
   ``processes_alive{role}``, ``degraded{role}`` (1 while a role has no live process and keeps dying;
   GetStatus says why)
@@ -219,7 +220,10 @@ def _status_families(st: EngineStatus) -> Iterator[Metric]:
     busy = sum(v for k, v in states.items() if k != "free")
     yield _gauge("cuzk_ring_occupancy", "Fraction of ring slots not free.",
                  busy / len(st.ring.slots) if st.ring.slots else 0.0)
-    yield _gauge("cuzk_srs_bytes", "Resident proving-key bytes by circuit, prover process and tier.",
+    yield _gauge("cuzk_srs_bytes", "Proving-key bytes by circuit, prover process and tier: resident in a prover "
+                 "(tier host or device); a key file resident nowhere (tier disk, no process); 0 for a key the "
+                 "provers generate on load and have not yet (tier generated on load); a load that failed (tier "
+                 "failed); the resident bytes are those of tiers host and device.",
                  {("circuit", "process", "tier"): None},
                  [((k.circuit, k.process or "", k.tier or "failed"), float(k.bytes)) for k in st.srs])
     m = st.memory
