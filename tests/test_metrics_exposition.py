@@ -16,6 +16,7 @@ import urllib.request
 from pathlib import Path
 from typing import Any
 
+import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
 from cuzk_mp import __version__
@@ -180,6 +181,41 @@ def test_the_memory_budget_is_in_the_scrape_as_the_status_reports_it(tmp_path: P
                     if f.name == "cuzk_memory_budget_bytes" for s in f.samples}
         assert exported == {k: float(v) for k, v in budget.items() if k != "provers"}
         assert exported["total"] > exported["safety_margin"] > 0
+
+    run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")
+
+
+def test_requests_refused_at_admission_are_counted_as_errors(tmp_path: Path,
+                                                             monkeypatch: pytest.MonkeyPatch) -> None:
+    """A request answered with an ErrorReply counts in ``cuzk_request_errors_total`` also where the
+    refusal is made before a handler runs: a frame over ``max_frame_bytes`` (op ``malformed``, as a
+    frame that is no request) and a request beyond the in-flight cap of its connection."""
+    import struct
+
+    from cuzk_mp.daemon import handlers
+    from cuzk_mp.daemon import protocol as P
+    from cuzk_mp.daemon.transport import frame
+
+    from tests.helpers import exchange, raw_roundtrip
+
+    monkeypatch.setattr(handlers, "MAX_IN_FLIGHT_PER_CONN", 1)
+    port = free_port()
+
+    async def body(d: Daemon, addr: str) -> None:
+        path = addr[len("unix://"):]
+        (big,) = await asyncio.to_thread(raw_roundtrip, path, [struct.pack(">I", 2**31) + b"junk"])
+        assert big.kind == "InputError"
+        d.engine.gate.clear()  # type: ignore[union-attr]  # the job waits: its AwaitProof stays in flight
+        async with await AsyncClient.connect(addr) as c:
+            job = await c.submit("syn", synthetic_partitions(1))
+        waits = b"".join(frame(P.encode(P.AwaitProof(id=i, job_id=job.job_id, timeout_s=30))) for i in (1, 2))
+        (refused,), _ = await asyncio.to_thread(exchange, path, waits, 1, 30.0, False)  # the first still waits
+        d.engine.gate.set()  # type: ignore[union-attr]
+        assert isinstance(refused, P.ErrorReply) and refused.id == 2 and refused.kind == "ResourceError", refused
+        errors = {(s.labels["op"], s.labels["kind"]): s.value
+                  for f in text_string_to_metric_families((await asyncio.to_thread(_scrape, port))[1])
+                  if f.name == "cuzk_request_errors" for s in f.samples}
+        assert errors == {("malformed", "InputError"): 1.0, ("AwaitProof", "ResourceError"): 1.0}, errors
 
     run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")
 

@@ -99,6 +99,7 @@ class DaemonHandlers:
                     # are answered, then the connection closes.
                     head = e.head if isinstance(e, FrameTooLarge) else b""
                     request_id = P.scan_frame(head, P.MAX_REQUEST_DEPTH, P.MAX_REQUEST_ITEMS)[0]
+                    self.metrics.observe_request("malformed", 0.0, "InputError")  # a frame read as no request
                     await self._send(comm, lock, P.error_reply(request_id, "InputError", str(e), closing=True))
                     await _answer_read(comm, tasks)
                     break
@@ -134,6 +135,7 @@ class DaemonHandlers:
             self.metrics.observe_request("malformed", 0.0, "InputError")
             return P.error_reply(e.request_id, "InputError", str(e))
         if in_flight >= MAX_IN_FLIGHT_PER_CONN:
+            self.metrics.observe_request(type(msg).__name__, 0.0, "ResourceError")
             return P.error_reply(msg.id, "ResourceError", f"more than {MAX_IN_FLIGHT_PER_CONN} "
                                  "requests in flight on one connection")
         return msg
