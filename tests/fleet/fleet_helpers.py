@@ -83,6 +83,24 @@ def instant_jobs(observe_job: Any = None, key_digest: str | None = None) -> tupl
     return engine, jobs
 
 
+def run_stopping_box(script: str, *args: str, timeout_s: float) -> str:
+    """Run ``script`` (a box that stops while something of it hangs, then prints "stopped") in a process of
+    its own and return its stderr; AssertionError where the process does not exit after its stop, or ends
+    otherwise than with that line and status 0."""
+    path = os.pathsep.join([str(REPO), str(Path(__file__).parent)])
+    proc = subprocess.Popen([sys.executable, "-c", script, *args], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env={**os.environ, "PYTHONPATH": path})
+    try:
+        out, err = proc.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        out, err = proc.communicate()
+        raise AssertionError(f"the box's process did not exit after its stop (stdout {out!r}); stderr:\n"
+                             f"{err[-3000:]}") from None
+    assert (proc.returncode, out) == (0, "stopped\n"), err[-3000:]
+    return err
+
+
 def make_inputs(directory: Path, n: int, tag: str = "") -> list[InputsRef]:
     """``n`` distinct input blobs stored content-addressed in ``directory``."""
     return [store_inputs(f"inputs {tag} {i} ".encode() * 64, directory) for i in range(n)]

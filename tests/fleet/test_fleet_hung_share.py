@@ -5,13 +5,10 @@ the threads that the daemon's other work (engine status, key evictions, the jour
 
 from __future__ import annotations
 
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
-from fleet_helpers import REPO
+from fleet_helpers import run_stopping_box
 
 # argv: dsn, share folder, what hangs. The box marks the folder with the real calls first, then every
 # call of the chosen kind blocks for ever; the script prints "stopped" once the box's stop returned.
@@ -74,16 +71,4 @@ def test_a_box_whose_shared_folder_hangs_lets_its_process_exit_after_its_stop(
     mount, the box stops, and its process exits."""
     share = tmp_path / "share"
     share.mkdir()
-    path = os.pathsep.join([str(REPO), str(Path(__file__).parent)])
-    proc = subprocess.Popen([sys.executable, "-c", _HUNG_SHARE_BOX, fleet_dsn, str(share), what],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONPATH": path})
-    try:
-        out, err = proc.communicate(timeout=40)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"the box's process did not exit after its stop (stdout {out!r}); stderr:\n"
-                             f"{err[-3000:]}") from None
-    assert (proc.returncode, out) == (0, "stopped\n"), err[-3000:]
-
+    run_stopping_box(_HUNG_SHARE_BOX, fleet_dsn, str(share), what, timeout_s=40)

@@ -485,11 +485,7 @@ asyncio.run(main())
 def test_a_box_whose_key_load_hangs_lets_its_process_exit_after_its_stop(fleet_dsn: str, tmp_path: Path) -> None:
     """The box's stop leaves a hung key load to its thread; that thread must not keep the daemon's process
     from exiting (a thread of the loop's default executor is joined at the loop's end and at exit)."""
-    import os
-    import subprocess
-    import sys
-
-    from fleet_helpers import REPO
+    from fleet_helpers import run_stopping_box
 
     [inp] = make_inputs(tmp_path, 1)
 
@@ -499,16 +495,6 @@ def test_a_box_whose_key_load_hangs_lets_its_process_exit_after_its_stop(fleet_d
         await submitter.close()
 
     asyncio.run(queue_one())
-    path = os.pathsep.join([str(REPO), str(Path(__file__).parent)])
-    proc = subprocess.Popen([sys.executable, "-c", _HUNG_LOAD_BOX, fleet_dsn], stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": path})
-    try:
-        out, err = proc.communicate(timeout=30)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        out, err = proc.communicate()
-        raise AssertionError(f"the box's process did not exit after its stop (stdout {out!r}); stderr:\n"
-                             f"{err[-3000:]}") from None
-    assert (proc.returncode, out) == (0, "stopped\n"), err[-3000:]
+    err = run_stopping_box(_HUNG_LOAD_BOX, fleet_dsn, timeout_s=30)
     assert "stops without its load of the key of y" in err
     assert _loading_rows(fleet_dsn)["a"] == []
