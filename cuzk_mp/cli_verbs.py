@@ -22,7 +22,8 @@ from typing import TYPE_CHECKING, Any
 from .errors import CuzkError, InputError, Unavailable
 from .exit_codes import EXIT_FAILED, EXIT_OK, EXIT_UNREACHABLE
 from .formats.atomic import refuse_outputs_over_inputs
-from .logs import final_error, write_result
+from .logs import final_error
+from .stdout import print_result
 
 if TYPE_CHECKING:  # numpy loads with a verb, not for --help
     import numpy as np
@@ -265,10 +266,10 @@ def _print_circom_log(line: str) -> None:
 
 
 def _print(line: str) -> None:
-    """A line on stdout (:func:`~cuzk_mp.logs.write_result`: exit 2 where it cannot be written, not
+    """A line on stdout (:func:`~cuzk_mp.stdout.print_result`: exit 2 where it cannot be written, not
     exit 1, ``groth16 verify``'s answer for an invalid proof). A reader that closed its end early
     (BrokenPipeError) is :func:`~cuzk_mp.cli.main`'s."""
-    write_result(line + "\n")
+    print_result(line + "\n")
 
 
 def _cmd_setup(args: argparse.Namespace) -> int:

@@ -11,7 +11,7 @@ cuzk-mp's own lines and the traceback that DEBUG is asked for. ``CUZK_MP_LIBRARY
 (a level name, inherited by the children as well) gives them that level instead.
 
 Progress lines give elapsed and remaining time as :func:`duration_text` writes it. A command's result
-goes to stdout through :func:`write_result`, which says so where it cannot be written.
+goes to stdout through :func:`cuzk_mp.stdout.print_result`.
 
 A command that fails ends with :func:`final_error`: one line on stderr, ``cuzk-mp: what went
 wrong`` with any line breaks of the message folded into spaces, or, where the process logs JSON,
@@ -101,26 +101,6 @@ def shown_name(name: str | os.PathLike[str]) -> str:
     (``'vk\\nx.json'``)."""
     text = os.fspath(name)
     return repr(text) if any(c < " " or c == "\x7f" for c in text) else text
-
-
-def write_result(text: str) -> None:
-    """A command's result on stdout, out now. A stdout that cannot take it (``> result.txt`` on a full
-    disk, ``> /dev/full``) is an output that cannot be written (OutputError naming stdout, exit 2), not
-    a bare OSError (exit 1, a failed job's or an invalid proof's code). A process started without a
-    stdout (``>&-``: Python's is None) writes nothing, as print() has it. A reader that closed its end
-    early (BrokenPipeError) is left to the caller: the command has nothing more to say."""
-    from .errors import OutputError
-
-    stream = sys.stdout
-    if stream is None:
-        return
-    try:
-        stream.write(text)
-        stream.flush()
-    except BrokenPipeError:
-        raise
-    except OSError as exc:
-        raise OutputError("stdout", exc.strerror or str(exc)) from exc
 
 
 def final_error(code: int, message: str, *, prefix: str = "cuzk-mp", logger: str = "cuzk_mp.cli",

@@ -1,9 +1,9 @@
 """The package's shape: imports point one way and no module imports itself back.
 
 daemon -> pipeline -> groth16 -> backends / circuits -> formats -> algebra, with errors, logs, stackprof and
-paths below everything, the exit codes (constants alone: the errors name theirs) below those, and the CLI on
-top. Every import counts, also those inside functions: a lazy import that closes a cycle is still a cycle a
-reader has to untangle.
+paths below everything (the result printer, ``stdout``, above them), the exit codes (constants alone: the
+errors name theirs) below those, and the CLI on top. Every import counts, also those inside functions: a
+lazy import that closes a cycle is still a cycle a reader has to untangle.
 """
 
 from __future__ import annotations
@@ -13,8 +13,8 @@ from pathlib import Path
 
 PACKAGE = Path(__file__).resolve().parent.parent / "cuzk_mp"
 RANK = {"__main__": 10, "cli": 9, "cli_verbs": 8, "daemon": 7, "pipeline": 6, "groth16": 5, "backends": 4,
-        "circuits": 4, "formats": 3, "algebra": 2, "errors": 1, "exit_codes": 0, "logs": 1, "paths": 1, "intervals": 1,
-        "stackprof": 1, "": 0}
+        "circuits": 4, "formats": 3, "algebra": 2, "stdout": 2, "errors": 1, "exit_codes": 0, "logs": 1, "paths": 1,
+        "intervals": 1, "stackprof": 1, "": 0}
 
 
 def _modules() -> dict[str, Path]:

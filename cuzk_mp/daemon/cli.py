@@ -49,7 +49,8 @@ from pathlib import Path
 from typing import Any
 
 from cuzk_mp.errors import InputError, Terminated
-from cuzk_mp.logs import final_error, write_result
+from cuzk_mp.logs import final_error
+from cuzk_mp.stdout import print_result
 from cuzk_mp.paths import FileArg
 from cuzk_mp.exit_codes import (
     EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT, EXIT_INTERRUPTED, EXIT_JOURNAL_DAMAGED,
@@ -294,10 +295,10 @@ class _StdoutClosed(Exception):
 
 
 def _out(text: str) -> None:
-    """The verb's result on stdout (:func:`~cuzk_mp.logs.write_result`: exit 2 where it cannot be written);
+    """The verb's result on stdout (:func:`~cuzk_mp.stdout.print_result`: exit 2 where it cannot be written);
     a reader gone early is told apart from the daemon's connection, which is a ConnectionError too."""
     try:
-        write_result(text)
+        print_result(text)
     except BrokenPipeError:
         raise _StdoutClosed() from None
 
