@@ -16,7 +16,8 @@ that does not read it within that time closes the connection; :func:`listen` ser
 waits out a process with no file descriptor left to accept one with: :mod:`.accept`). So the
 memory held by unfinished frames is at most ``max_connections x max_frame_bytes``, and never for
 longer than ``frame_timeout_s``. An idle connection between frames has no deadline (a client
-may wait hours for a proof).
+may wait hours for a proof); a TCP peer whose host vanished is found by keepalive probes
+(:mod:`.tcp_keepalive`).
 
 A :class:`Comm` reads and writes whole frames. :class:`StreamComm` wraps asyncio streams (unix
 or TCP); :func:`inproc_pair` gives two connected in-process comms for tests. :func:`listen`
@@ -48,6 +49,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cuzk_mp.daemon.accept import AcceptServer, bind_tcp
+from cuzk_mp.daemon.tcp_keepalive import keep_alive
 from cuzk_mp.errors import ConfigError, InputError
 
 _LEN = struct.Struct(">I")
@@ -338,6 +340,7 @@ async def connect(addr: Address, max_frame_bytes: int) -> StreamComm:
         reader, writer = await asyncio.open_unix_connection(addr.path)
     else:
         reader, writer = await asyncio.open_connection(addr.host, addr.port)
+        keep_alive(writer.get_extra_info("socket"))
     return StreamComm(reader, writer, max_frame_bytes)
 
 
@@ -539,6 +542,7 @@ async def listen(addr: Address, on_comm: Callable[[StreamComm], Awaitable[None]]
 
     async def accept(reader: asyncio.StreamReader, writer: asyncio.StreamWriter) -> None:
         nonlocal open_comms
+        keep_alive(writer.get_extra_info("socket"))
         comm = StreamComm(reader, writer, max_frame_bytes, frame_timeout_s)
         try:
             if max_connections is not None and open_comms >= max_connections:
@@ -568,7 +572,9 @@ def open_socket(addr: Address, timeout: float | None) -> socket.socket:
             sock.close()
             raise
         return sock
-    return socket.create_connection((addr.host, addr.port), timeout=timeout)
+    sock = socket.create_connection((addr.host, addr.port), timeout=timeout)
+    keep_alive(sock)
+    return sock
 
 
 def _recv_exactly(sock: socket.socket, n: int) -> bytes:
