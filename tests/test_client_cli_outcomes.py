@@ -235,3 +235,35 @@ def test_a_submit_whose_answer_cannot_be_printed_names_its_job(tmp_path: Path, m
 
     run_daemon(tmp_path, body)
     assert codes == [EXIT_INPUT] and states == ["done"]
+
+
+def test_a_done_job_whose_circuit_has_no_key_now_still_gets_its_proofs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``client await JOB --out DIR`` for a job proved before its circuit left the daemon's config (a restart
+    with another config keeps done jobs' results): the daemon has no verification key of it now. The job's
+    proofs and its summary are still written, and the last line names the verification key that is not
+    (exit 2), rather than the daemon's "unknown circuit" alone with nothing written."""
+    from cuzk_mp.daemon.client import Client
+    from cuzk_mp.errors import InputError
+
+    def no_key(self: Client, circuit_id: str) -> Any:
+        raise InputError(f"unknown circuit {circuit_id!r}")
+
+    out = tmp_path / "o"
+    codes: list[int] = []
+
+    async def body(d: Daemon, addr: str) -> None:
+        async with await AsyncClient.connect(addr) as c:
+            ref = await c.submit("syn", synthetic_partitions(2), request_id="early")
+            await c.await_proof(ref.job_id)
+        monkeypatch.setattr(Client, "vk_reply", no_key)
+        codes.append(await asyncio.to_thread(cli.main, _client("await", "early", "--connect", addr, "--out", str(out))))
+
+    run_daemon(tmp_path, body)
+    captured = capsys.readouterr()
+    err = [line for line in captured.err.splitlines() if line.startswith("cuzk-mp")]
+    assert codes == [EXIT_INPUT], err
+    assert sorted(p.name for p in out.iterdir()) == ["proof_0.json", "proof_1.json", "public_0.json",
+                                                     "public_1.json"]
+    assert '"state": "done"' in captured.out
+    assert len(err) == 1 and "verification_key.json" in err[0] and "unknown circuit 'syn'" in err[0], err

@@ -329,15 +329,22 @@ def _partitions(client: Any, args: argparse.Namespace) -> list[Any]:
 def _finish_job(client: Any, reply: Any, out: Path | None, timeout_s: float | None) -> int:
     """Write a done job's files to ``out`` (if given) and print its summary. Where a file cannot be
     written (a full disk) the summary is printed all the same, then the OutputError says how to
-    write the files again. A job that did not end done (failed, cancelled, or still waited for after
+    write the files again; where the daemon has no verification key of the job's circuit now (it left
+    the config after the job was proved) the proofs and the summary are written, then an OutputError
+    names the key file. A job that did not end done (failed, cancelled, or still waited for after
     ``timeout_s``) ends the command with one line on stderr too, as every failing command ends: a
     script that keeps stderr as its log learns there which job and why, and how to go on."""
     from cuzk_mp.daemon.client import write_outputs
-    from cuzk_mp.errors import OutputError
+    from cuzk_mp.errors import InputError, OutputError
 
+    no_key = None  # why the daemon has no verification key of the job's circuit now
     if out is not None and reply.state == "done":
         try:
-            write_outputs(reply, out, client.vk_reply(reply.circuit_id))
+            vk = client.vk_reply(reply.circuit_id)
+        except InputError as e:  # the circuit left the config after the job was proved: its proofs are still its
+            vk, no_key = None, str(e)
+        try:
+            write_outputs(reply, out, vk)
         except OutputError as e:
             unprinted = ""
             try:
@@ -348,6 +355,12 @@ def _finish_job(client: Any, reply: Any, out: Path | None, timeout_s: float | No
                                       "--out DIR` writes its files again while the daemon keeps its result ([daemon] "
                                       "result_ttl)") from None
     _print(_summary(reply))
+    if no_key is not None:
+        assert out is not None
+        raise OutputError(out / "verification_key.json", f"not written: the daemon has no verification key of "
+                                                         f"circuit {reply.circuit_id} now ({no_key}); the job's "
+                                                         "proofs are written: verify them with the key they were "
+                                                         "proved with")
     job = reply.job_id
     if reply.timed_out:
         waited = "" if timeout_s is None else f" after {timeout_s:g} s"  # None: the daemon's own limit
