@@ -212,7 +212,7 @@ def test_a_vk_read_while_its_key_file_is_replaced_is_read_again(tmp_path: Path) 
     view = object.__new__(StatusView)  # its vk part alone: a config of one circuit
     spec = SimpleNamespace(key_source="file", zkey=str(zkey), synthetic=None, log_n=None)
     view.cfg = SimpleNamespace(circuits={"mul": SimpleNamespace(spec=spec)}, param_cache=tmp_path)  # type: ignore[assignment]
-    view._vks, view._vk_lock, view.generated_vk = {}, threading.Lock(), None
+    view._vks, view._vk_locks, view._vk_locks_lock, view.generated_vk = {}, {}, threading.Lock(), None
     make, reads = view._make_vk, []
 
     def replaced_while_read(circuit_id: str) -> dict[str, Any]:

@@ -10,7 +10,8 @@ engine, the fleet box, the access tokens), set up by its lifecycle.
 A request's caller (its token's identity) rides in a context variable, each request running in its
 own task; a caller without an admin token sees error texts with the daemon's paths cut to their
 last component and no traceback. A status reply larger than ``max_frame_bytes`` is cut to the jobs
-that fit, never dropped.
+that fit, never dropped. What may read a file (a key load, a verification key, the engine's status) runs
+on a daemon thread of its own (:mod:`.threads`): a file on a dead mount holds that request alone.
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ from cuzk_mp.daemon.jobs import JobTable
 from cuzk_mp.daemon.journal import Journal
 from cuzk_mp.daemon.metrics import DaemonMetrics, Scrape
 from cuzk_mp.daemon.status import StatusView
+from cuzk_mp.daemon.threads import on_daemon_thread
 from cuzk_mp.daemon.transport import Comm, CommClosedError, FrameTimeout, FrameTooLarge
 from cuzk_mp.errors import AuthError, CuzkError, InputError, Unavailable, error_kind
 
@@ -260,7 +262,7 @@ class DaemonHandlers:
         self.access.need_admin(_CALLER.get(), "PreloadSRS")
         self._circuit(m.circuit_id)
         t0 = time.perf_counter()
-        await asyncio.to_thread(self.engine.preload, m.circuit_id)
+        await on_daemon_thread(self.engine.preload, m.circuit_id, name=f"cuzk-preload-{m.circuit_id}")
         if self.fleet is not None:
             self.fleet.loaded(m.circuit_id)
         return P.PreloadReply(id=m.id, circuit_id=m.circuit_id, seconds=time.perf_counter() - t0)
@@ -272,7 +274,7 @@ class DaemonHandlers:
         if jobs.in_use(m.circuit_id):
             return P.EvictReply(id=m.id, circuit_id=m.circuit_id, evicted=False,
                                 reason="a queued or running job uses this circuit")
-        ok = await asyncio.to_thread(self.engine.evict, m.circuit_id)
+        ok = await on_daemon_thread(self.engine.evict, m.circuit_id, name=f"cuzk-evict-{m.circuit_id}")
         if ok and self.fleet is not None:
             self.fleet.evicted(m.circuit_id)
         return P.EvictReply(id=m.id, circuit_id=m.circuit_id, evicted=ok,
@@ -287,7 +289,7 @@ class DaemonHandlers:
     async def _vk(self, m: P.GetVerificationKey) -> P.VkReply:
         self._circuit(m.circuit_id)
         assert self.view is not None
-        vk, digest = await asyncio.to_thread(self.view.verification_key, m.circuit_id)
+        vk, digest = await on_daemon_thread(self.view.verification_key, m.circuit_id, name=f"cuzk-vk-{m.circuit_id}")
         return P.VkReply(id=m.id, circuit_id=m.circuit_id, vk=vk, key_digest=digest)
 
     # -- status and metrics ---------------------------------------------------------------
@@ -297,7 +299,7 @@ class DaemonHandlers:
         see :mod:`.access`); the engine state is read on a worker thread."""
         engine_status = None
         if self.engine is not None and self.state is not DaemonState.STARTING:
-            engine_status = await asyncio.to_thread(self.engine.status)
+            engine_status = await on_daemon_thread(self.engine.status, name="cuzk-engine-status")
         if self.view is None:
             doc: dict[str, Any] = {"daemon": {"state": self.state.value, "pid": os.getpid()}}
         else:
@@ -320,7 +322,8 @@ class DaemonHandlers:
         """The /metrics text (engine status and metrics read on a worker thread)."""
         status = em = None
         if self.engine is not None and self.state is not DaemonState.STARTING:
-            status, em = await asyncio.to_thread(lambda: (self.engine.status(), self.engine.metrics()))
+            status, em = await on_daemon_thread(lambda: (self.engine.status(), self.engine.metrics()),
+                                                name="cuzk-engine-metrics")
         view = self.view
         return self.metrics.render(Scrape(
             started_at=self.started_at, queue_depth=view.queue_depth() if view else 0,

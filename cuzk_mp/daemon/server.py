@@ -57,6 +57,7 @@ from cuzk_mp.daemon.notify import read_budget_s, setup_budget_s, starting
 from cuzk_mp.daemon.ops import sd_notify
 from cuzk_mp.daemon.status import StatusView
 from cuzk_mp.daemon.status_http import StatusHandlers, start_status_server
+from cuzk_mp.daemon.threads import on_daemon_thread
 from cuzk_mp.daemon.transport import Comm, Listener, listen, remove_socket
 from cuzk_mp.errors import ConfigError, ResourceError
 
@@ -130,7 +131,7 @@ class Daemon(DaemonHandlers):
                                              self.http_status, self.metrics_text, self.health),
                                              self.cfg.socket_mode))
             # off the loop: the status server above answers /healthz ("starting") while the WAL is checked
-            self.journal = await asyncio.to_thread(Journal.open, self.cfg.journal_path)
+            self.journal = await on_daemon_thread(Journal.open, self.cfg.journal_path, name="cuzk-journal-open")
             configured = self._engine_factory(
                 self.cfg.engine,
                 lambda r: self._forward(loop, self._job_done, r),
@@ -146,19 +147,13 @@ class Daemon(DaemonHandlers):
                                  self.cfg.max_client_priority)
             self.view = StatusView(self.cfg, self.jobs, self.started_at, self._generated_vk)
             for cc in self.cfg.circuits.values():  # synthetic: may run the dev setup once
-                _announce_setup(cc.spec, self.cfg.param_cache)
-                await asyncio.to_thread(self.engine.register_circuit, cc.spec)
+                await on_daemon_thread(self._register, cc.spec, name=f"cuzk-register-{cc.spec.circuit_id}")
             kept, again = self.jobs.restore(self.journal.load())
             log.info("[start] journal %s: %d finished results kept, %d jobs resubmitted",
                      self.cfg.journal_path, kept, again)
-            from cuzk_mp.pipeline.keys import circuit_key_file
-
             for cid in self.cfg.preload:
-                key = circuit_key_file(self.cfg.circuits[cid].spec, self.cfg.param_cache)
-                size = key.stat().st_size if key is not None and key.is_file() else 0
-                starting(f"loading the proving key of {cid} ({size / 2**30:.2f} GiB)", read_budget_s(size))
                 t0 = time.perf_counter()
-                await asyncio.to_thread(self.engine.preload, cid)
+                await on_daemon_thread(self._preload_at_start, cid, name=f"cuzk-preload-{cid}")
                 log.info("[start] preloaded %s in %.2f s", cid, time.perf_counter() - t0)
             if self.cfg.fleet is not None:  # the queue library loads only when a fleet is configured
                 from cuzk_mp.daemon.fleet.box import FleetBox
@@ -183,6 +178,21 @@ class Daemon(DaemonHandlers):
         log.info("[start] cuzk-mp %s daemon pid=%d serving on %s%s", __version__, os.getpid(),
                  self.cfg.listen, f" (status on http://{self.cfg.status_listen})"
                  if self.cfg.status_listen else "")
+
+    def _register(self, spec: Any) -> None:
+        """On a thread of its own: a circuit's registration (its files looked at, a synthetic one's dev key
+        made once), announced to systemd first."""
+        _announce_setup(spec, self.cfg.param_cache)
+        self.engine.register_circuit(spec)
+
+    def _preload_at_start(self, circuit_id: str) -> None:
+        """On a thread of its own: ``[srs] preload``'s load of a key, announced to systemd with its size."""
+        from cuzk_mp.pipeline.keys import circuit_key_file
+
+        key = circuit_key_file(self.cfg.circuits[circuit_id].spec, self.cfg.param_cache)
+        size = key.stat().st_size if key is not None and key.is_file() else 0
+        starting(f"loading the proving key of {circuit_id} ({size / 2**30:.2f} GiB)", read_budget_s(size))
+        self.engine.preload(circuit_id)
 
     async def run(self) -> int:
         """Start, serve until SIGTERM/SIGINT, drain and stop; the process exit code."""

@@ -58,7 +58,8 @@ class StatusView:
                                    cfg.queue_bytes).as_dict(),
                        "host_budget": cfg.host_budget_bytes}  # the status's memory_budget (and /metrics')
         self._vks: dict[str, tuple[FileIdentity | None, dict[str, Any]]] = {}  # circuit -> (key file identity, vk)
-        self._vk_lock = threading.Lock()
+        self._vk_locks: dict[str, threading.Lock] = {}  # one a circuit: a key file on a dead mount holds its own
+        self._vk_locks_lock = threading.Lock()
 
     def _job(self, rec: JobRecord, live: list[PartitionRow] | None) -> dict[str, Any]:
         parts: list[dict[str, Any]] = []
@@ -158,7 +159,9 @@ class StatusView:
         the digest served is the one of the file the vk came from."""
         from cuzk_mp.pipeline.circuits import key_digest
 
-        with self._vk_lock:
+        with self._vk_locks_lock:
+            lock = self._vk_locks.setdefault(circuit_id, threading.Lock())
+        with lock:
             ident = self._key_identity(circuit_id)
             have = self._vks.get(circuit_id)
             for _ in range(VK_READS):

@@ -40,7 +40,7 @@ def test_a_call_on_a_daemon_thread_hands_its_outcome_to_the_loop() -> None:
 
     import pytest
 
-    from cuzk_mp.daemon.fleet.waits import on_daemon_thread
+    from cuzk_mp.daemon.threads import on_daemon_thread
 
     def boom() -> None:
         raise OSError("the key file cannot be read")

@@ -76,7 +76,8 @@ from cuzk_mp.daemon.fleet.inputs import (
 from cuzk_mp.daemon.fleet.keys import KeyView, backlog_by_circuit, holders_by_circuit, load_limit_s, plan_key_load
 from cuzk_mp.daemon.fleet.models import Claimed, JobOutput, JobRef, JobStatus
 from cuzk_mp.daemon.fleet.queue import Fleet
-from cuzk_mp.daemon.fleet.waits import on_daemon_thread, on_share, wait_shared
+from cuzk_mp.daemon.fleet.waits import on_share, wait_shared
+from cuzk_mp.daemon.threads import on_daemon_thread
 from cuzk_mp.daemon.fleet.worker import FleetWorker
 from cuzk_mp.daemon.job_records import JobRecord, reply_of
 from cuzk_mp.daemon.jobs import JobTable, input_bytes
@@ -370,7 +371,7 @@ class FleetBox:
                 log.warning("fleet: box %s could not record the end of its key load: %s", self.fcfg.box, e)
 
     async def _preload(self, circuit_id: str, limit_s: float) -> bool:
-        """The engine's load of a key, on a thread of its own (:func:`.waits.on_daemon_thread`: one that
+        """The engine's load of a key, on a thread of its own (:func:`on_daemon_thread`: one that
         never returns keeps no process from exiting); False where the box stopped first.
 
         A load that outlasts ``limit_s`` (:func:`.keys.load_limit_s`) is logged as an error: other boxes

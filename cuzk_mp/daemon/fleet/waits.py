@@ -1,6 +1,6 @@
 """Waiting with a time limit without losing a cancel: what ``asyncio.wait_for`` means, as it does not on
-Python 3.11; and a call on a thread that may never return (:func:`on_daemon_thread`), such as every
-read and write of the shared inputs folder (:func:`on_share`).
+Python 3.11; and every read and write of the shared inputs folder, a call that may never return, on a thread of
+its own (:func:`on_share`, through :func:`cuzk_mp.daemon.threads.on_daemon_thread`).
 
 There a cancel that comes in the moment the awaited thing ends is swallowed (``wait_for`` returns its
 result), and the caller went on as if nothing had been asked: the share check of a stopping box, the
@@ -13,11 +13,10 @@ built on it, in one place.
 from __future__ import annotations
 
 import asyncio
-import contextlib
-import contextvars
-import threading
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
+
+from cuzk_mp.daemon.threads import on_daemon_thread
 
 T = TypeVar("T")
 
@@ -45,37 +44,6 @@ async def within(aw: Awaitable[T], timeout_s: float | None) -> T:
         if not task.done():
             task.cancel()
             task.add_done_callback(lambda f: f.cancelled() or f.exception())
-
-
-def on_daemon_thread(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Future[T]:
-    """``fn(*args)`` on a thread of its own named ``name``, its outcome the returned future's: what
-    ``asyncio.to_thread`` does, for a call that may never return (a key read on a hard mount whose server
-    is gone). A thread of the loop's default executor is joined at the end of ``asyncio.run`` and at
-    interpreter exit, so one stuck call kept the daemon's process from exiting after its stop; a daemon
-    thread is joined by neither. An outcome that comes after the loop closed is dropped."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[T] = loop.create_future()
-    ctx = contextvars.copy_context()
-
-    def hand_over(value: Any, error: BaseException | None) -> None:  # on the loop
-        if fut.done():  # cancelled: the caller gave it up
-            return
-        if error is None:
-            fut.set_result(value)
-        else:
-            fut.set_exception(error)
-
-    def run() -> None:
-        value, error = None, None
-        try:
-            value = ctx.run(fn, *args)
-        except BaseException as e:  # handed to the caller, as asyncio.to_thread does
-            error = e
-        with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            loop.call_soon_threadsafe(hand_over, value, error)
-
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return fut
 
 
 def on_share(fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
