@@ -126,3 +126,8 @@ def test_a_request_stuck_on_a_dead_mount_leaves_the_daemon_answering_and_stoppab
     circuit whose storage is fine, and exits after SIGTERM."""
     assert _run_hung(tmp_path, what) == "status answered\ncrit answered\nstopped\n"
 
+
+def test_a_stop_during_a_start_stuck_on_a_dead_mount_ends_the_process(tmp_path: Path) -> None:
+    """``[srs] preload`` of a key on the dead mount: the start never ends by itself; SIGTERM stops the
+    daemon all the same, and its process exits."""
+    assert _run_hung(tmp_path, "start") == "stopped\n"

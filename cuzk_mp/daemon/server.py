@@ -200,10 +200,32 @@ class Daemon(DaemonHandlers):
         for sig in (signal.SIGTERM, signal.SIGINT):
             loop.add_signal_handler(sig, self.request_stop, sig.name)
         loop.add_signal_handler(signal.SIGHUP, _hangup)  # not a silent death: nothing to reload
-        await self.start()
+        if not await self._started_unless_stopped():
+            return 0
         await self._stop.wait()
         await self.stop()
         return 0
+
+    async def _started_unless_stopped(self) -> bool:
+        """:meth:`start`, given up where a stop is asked for first (False): a start step may never end (a
+        key read on a hard mount whose server is gone), and SIGTERM must stop the daemon all the same. The
+        cancelled start stops what it started (its own failure path); the stuck call is left to its
+        daemon thread (:mod:`.threads`), which keeps no process from exiting."""
+        start = asyncio.ensure_future(self.start())
+        stop = asyncio.ensure_future(self._stop.wait())
+        try:
+            await asyncio.wait({start, stop}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            stop.cancel()
+            if not start.done():
+                start.cancel()
+                await asyncio.wait({start})  # its teardown runs
+        if not start.cancelled():
+            start.result()  # a failed start raises here
+            return True
+        self.state = DaemonState.STOPPED
+        log.info("[shutdown] stopped before the start ended")
+        return False
 
     def request_stop(self, reason: str = "request") -> None:
         """Begin the drain (idempotent; signal handlers call this)."""
