@@ -118,7 +118,7 @@ def _run_hung(tmp_path: Path, what: str) -> str:
     return out
 
 
-@pytest.mark.parametrize("what", ["preload", "vk"])
+@pytest.mark.parametrize("what", ["preload", "vk", "submit"])
 def test_a_request_stuck_on_a_dead_mount_leaves_the_daemon_answering_and_stoppable(tmp_path: Path,
                                                                                    what: str) -> None:
     """Key loads (PreloadSRS), verification-key reads, a submit whose key file's header read hangs, and a

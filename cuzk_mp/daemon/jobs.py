@@ -70,6 +70,7 @@ from cuzk_mp.daemon.journal import Journal, JournalEntry
 from cuzk_mp.daemon.metrics import DaemonMetrics
 from cuzk_mp.daemon.protocol import JobReply, PartitionIn, Prove, SubmitProof
 from cuzk_mp.daemon.queue_caps import Queued, QueueCaps, check_caps
+from cuzk_mp.daemon.threads import on_daemon_thread
 from cuzk_mp.errors import InputError, ResourceError, Unavailable
 from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionInput, PartitionResult, Priority
 
@@ -144,9 +145,9 @@ class JobTable:
         """Accept a job (queued in the engine, which validates it, then journaled before the
         reply); returns (record, duplicate).
 
-        ``caller`` is the submitting client (its jobs are recorded under its owner); a job with
-        input JSON is handed to the engine (which parses it to validate it) on a worker thread,
-        off the loop.
+        ``caller`` is the submitting client (its jobs are recorded under its owner); the job is
+        handed to the engine (which reads its key file's header and parses input JSON to validate
+        it) on a thread of its own, off the loop (:meth:`_to_engine_off_loop`).
         """
         _, priority = self.admit(req, caller)
         owner = caller.owner
@@ -170,10 +171,7 @@ class JobTable:
         self.jobs[job_id] = rec
         self._hold(rec, size)  # before any await: concurrent submits see it
         try:
-            if any(p.kind == "json" for p in req.partitions):
-                await asyncio.to_thread(self._to_engine, rec)
-            else:
-                self._to_engine(rec)
+            await self._to_engine_off_loop(rec)
         except BaseException as e:
             self._refused(rec, e)
             raise
@@ -246,10 +244,7 @@ class JobTable:
         self.jobs[rec.job_id] = rec
         self._unjournaled.add(rec.job_id)
         try:
-            if any(p.kind == "json" for p in rec.partitions):
-                await asyncio.to_thread(self._to_engine, rec)
-            else:
-                self._to_engine(rec)
+            await self._to_engine_off_loop(rec)
             rec.accepted.set_result(None)
             try:
                 await rec.done.wait()
@@ -276,6 +271,13 @@ class JobTable:
                             circuit_id=rec.circuit_id, priority=int(rec.priority),
                             digest=rec.digest, partitions=rec.partitions,
                             submitted_at=rec.submitted_at, owner=rec.owner)
+
+    def _to_engine_off_loop(self, rec: JobRecord) -> asyncio.Future[None]:
+        """:meth:`_to_engine` on a daemon thread of its own (:mod:`.threads`): the engine reads the key
+        file's header as it accepts a job (it pins the job to that key), and parses input JSON; on a key
+        whose mount hangs that read never returns, and on the loop it stopped every other request and the
+        stop; on the default executor it held a thread, and the process's exit, for ever."""
+        return on_daemon_thread(self._to_engine, rec, name=f"cuzk-submit-{rec.circuit_id}")
 
     def _to_engine(self, rec: JobRecord) -> None:
         parts = [PartitionInput(kind=p.kind, data=p.data, seed=p.seed) for p in rec.partitions]
