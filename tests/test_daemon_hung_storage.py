@@ -67,6 +67,8 @@ def request(cid):
         return P.PreloadSRS(id=0, circuit_id=cid)
     if what == "vk":
         return P.GetVerificationKey(id=0, circuit_id=cid)
+    if what == "journal" and cid == "crit":  # every submit waits for the journal: another request
+        return P.GetMetrics(id=0)
     return P.SubmitProof(id=0, circuit_id=cid, partitions=[P.PartitionIn(kind="synthetic", seed=1)])
 
 async def answered(call, label):
@@ -118,12 +120,13 @@ def _run_hung(tmp_path: Path, what: str) -> str:
     return out
 
 
-@pytest.mark.parametrize("what", ["preload", "vk", "submit"])
+@pytest.mark.parametrize("what", ["preload", "vk", "submit", "journal"])
 def test_a_request_stuck_on_a_dead_mount_leaves_the_daemon_answering_and_stoppable(tmp_path: Path,
                                                                                    what: str) -> None:
     """Key loads (PreloadSRS), verification-key reads, a submit whose key file's header read hangs, and a
     journal write that never returns: the daemon still answers GetStatus and the same request for a
-    circuit whose storage is fine, and exits after SIGTERM."""
+    circuit whose storage is fine (with the journal, whose writes every submit waits for: GetMetrics),
+    and exits after SIGTERM."""
     assert _run_hung(tmp_path, what) == "status answered\ncrit answered\nstopped\n"
 
 

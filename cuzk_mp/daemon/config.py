@@ -44,6 +44,10 @@ from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, Priority
 # processes, 5 s, then kill), so that the whole drain stays within the grace; in-flight
 # partitions get the rest to finish.
 ENGINE_STOP_RESERVE_S = 6.0
+# At the stop, the journal's last writes (the finished jobs' states) and its close are waited for this
+# long at most: on a folder whose storage hangs an fsync never returns, and the process must still exit
+# (those jobs run again after a restart). On a working disk they take milliseconds.
+JOURNAL_STOP_WAIT_S = 10.0
 # The key of the file that sets each EngineConfig field: EngineConfig.validate's messages name it.
 ENGINE_KEYS: dict[str, str] = {
     "backend": "gpus.backend", "devices": "gpus.devices", "gpu_workers_per_device": "gpus.gpu_workers_per_device",

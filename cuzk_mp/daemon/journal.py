@@ -48,12 +48,15 @@ do not select, and a finished job's reply is stored in the form they decode
 journal of a larger schema number than this daemon's is refused at start (ConfigError).
 
 All SQLite work runs on one dedicated thread (``cuzk-journal``), so the asyncio loop never
-blocks on an fsync and writes keep their order; the async methods await that thread.
+blocks on an fsync and writes keep their order; the async methods await that thread. It is a daemon
+thread (:class:`~.threads.SerialThread`) and :meth:`Journal.close` waits for it only as long as it is
+told: on a folder whose storage hangs an fsync never returns, and the daemon's stop must still end with
+its process exiting. The status's quarantine figures are kept in memory (the table changes only as the
+journal is loaded), so a status never waits behind a write.
 """
 
 from __future__ import annotations
 
-import asyncio
 import contextlib
 import logging
 import os
@@ -61,7 +64,6 @@ import sqlite3
 import time
 import uuid
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Annotated, Any, Literal, TypeVar
 
@@ -71,6 +73,7 @@ from cuzk_mp.daemon.journal_files import check_start_files, marker_path, owner_o
 from cuzk_mp.daemon.journal_wal import wal_damage
 from cuzk_mp.daemon.notify import read_budget_s, starting
 from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions, reply_from_store, stored_reply
+from cuzk_mp.daemon.threads import SerialThread
 from cuzk_mp.errors import ConfigError, CuzkError, ResourceError
 from cuzk_mp.formats.atomic import atomic_output, read_id_file
 
@@ -250,9 +253,10 @@ class Journal:
         self._conn = conn
         self._journal_id = journal_id
         self._file = _file_identity(path)  # what the path must still name (see _keep_in_place)
-        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-journal")
+        self._pool = SerialThread("cuzk-journal")
         self._closed = False
         self.quarantined_now: list[dict[str, Any]] = []
+        self._quarantine_report = self._report()  # the table changes only in load(): no read at status time
 
     @classmethod
     def open(cls, path: Path) -> Journal:
@@ -369,7 +373,7 @@ class Journal:
         write SQLite cannot make (a full disk or database, a read-only file) is a ResourceError naming
         the journal."""
         try:
-            return await asyncio.get_running_loop().run_in_executor(self._pool, self._in_place, fn, *args)
+            return await self._pool.call(self._in_place, fn, *args)
         except (sqlite3.Error, OSError) as e:
             raise ResourceError(f"the journal {self.path} cannot be written: {e}") from None
 
@@ -474,6 +478,7 @@ class Journal:
             with self._conn:
                 self._conn.execute("BEGIN IMMEDIATE")
                 self._conn.executemany("UPDATE jobs SET result=?, key_digest=? WHERE seq=?", restore)
+        self._quarantine_report = self._report()
         return out
 
     def _unquarantine(self) -> None:
@@ -523,7 +528,7 @@ class Journal:
         the daemon has closed the journal (a status asked for during the very end of a drain)."""
         if self._closed:
             return {"closed": True}
-        return await self._run(self._report)
+        return dict(self._quarantine_report)
 
     def _report(self) -> dict[str, Any]:
         total = self._conn.execute("SELECT count(*) FROM quarantine").fetchone()[0]
@@ -534,16 +539,29 @@ class Journal:
                 "quarantine": [{"job_id": j if isinstance(j, str) else repr(j), "reason": r,
                                 "quarantined_at": t} for j, r, t in latest]}
 
-    def close(self) -> None:
+    def close(self, wait_s: float | None = None) -> bool:
         """Finish pending writes and close the file (idempotent); a journal removed meanwhile is
-        written again first (:meth:`_keep_in_place`), so the jobs it holds are there at the next start."""
-        if not self._closed:
-            self._closed = True
-            self._pool.shutdown(wait=True)
-            try:
-                self._keep_in_place()
-            except (CuzkError, sqlite3.Error, OSError) as e:
-                log.error("journal %s: %s", self.path, e)
+        written again first (:meth:`_keep_in_place`), so the jobs it holds are there at the next start.
+        All of it on the journal's thread, waited for ``wait_s`` at most (None: no limit): on a folder
+        whose storage hangs a write or the close never ends, and the daemon's stop must not wait for it
+        (its thread keeps no process from exiting; what SQLite committed is on disk, and a job whose end
+        is not is run again after a restart). Whether it ended."""
+        if self._closed:
+            return True
+        self._closed = True
+        self._pool.call_soon(self._close_file)
+        if self._pool.close(wait_s):
+            return True
+        log.error("journal %s: its writes and its close did not end within %g s (the journal's storage does "
+                  "not answer?); the daemon stops without them: jobs whose end they were writing run again "
+                  "after a restart", self.path, wait_s)
+        return False
+
+    def _close_file(self) -> None:
+        try:
+            self._keep_in_place()
+        except (CuzkError, sqlite3.Error, OSError) as e:
+            log.error("journal %s: %s", self.path, e)
         try:
             self._conn.close()
         except sqlite3.ProgrammingError:

@@ -47,7 +47,7 @@ from cuzk_mp import __version__
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.accept import AcceptServer
 from cuzk_mp.daemon.access import Access, check_socket_places
-from cuzk_mp.daemon.config import ENGINE_STOP_RESERVE_S, DaemonConfig
+from cuzk_mp.daemon.config import ENGINE_STOP_RESERVE_S, JOURNAL_STOP_WAIT_S, DaemonConfig
 from cuzk_mp.daemon.handlers import DaemonHandlers, DaemonState
 from cuzk_mp.daemon.instance_lock import InstanceLock, lock_paths
 from cuzk_mp.daemon.jobs import JobTable, QueueCaps
@@ -260,22 +260,37 @@ class Daemon(DaemonHandlers):
                                     max(grace_s - (time.monotonic() - t0) - ENGINE_STOP_RESERVE_S, 0.0))
         for _ in range(3):  # let callbacks forwarded by the engine before it stopped run
             await asyncio.sleep(0)
+        journal_by = time.monotonic() + JOURNAL_STOP_WAIT_S  # a journal whose storage hangs holds the stop no longer
         if self.jobs is not None:
-            await self.jobs.flush()  # jobs that ended are journaled, and their waiters get the result,
+            await self._flush_until(journal_by)  # jobs that ended are journaled, and their waiters get the result,
             self.jobs.closing.set()  # before the waiters of unfinished ones hear "shutting down"
             await asyncio.sleep(0.05)  # waiters answer before their connections close
-            await self.jobs.flush()
+            await self._flush_until(journal_by)
         for comm in list(self._comms):
             comm.close()
         for t in list(self._tasks):
             t.cancel()
         if self.journal is not None:
-            self.journal.close()
+            self.journal.close(max(journal_by - time.monotonic(), 0.0))
         if self.http is not None:
             self.http.close()
             if self.cfg.status_listen is not None and self.cfg.status_listen.kind == "unix":
                 remove_socket(self.cfg.status_listen.path)
         self.lock.release()
+
+    async def _flush_until(self, by: float) -> None:
+        """The job table's journal writes (:meth:`.jobs.JobTable.flush`), waited for until ``by`` (monotonic)
+        at most: a write on a folder whose storage hangs never ends. Those jobs run again after a restart."""
+        assert self.jobs is not None
+        flush = asyncio.ensure_future(self.jobs.flush())
+        done, _ = await asyncio.wait({flush}, timeout=max(by - time.monotonic(), 0.0))
+        if done:
+            flush.result()
+            return
+        flush.cancel()
+        log.error("[shutdown] the journal %s took no write for %g s (its storage does not answer?): the daemon "
+                  "stops without the finished jobs' states; those jobs run again after a restart",
+                  self.cfg.journal_path, JOURNAL_STOP_WAIT_S)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)

@@ -6,7 +6,8 @@ runs a call on a thread of the loop's default executor, and such a thread is joi
 ``asyncio.run`` and at interpreter exit, so one stuck call kept the daemon's process from exiting
 after its stop; and that executor has min(32, cores + 4) threads, so a few stuck calls took every one
 of them and all the daemon's other work on threads (the engine's status, the other circuits' key
-loads) queued behind them. :func:`on_daemon_thread` runs each such call on a daemon thread of its own.
+loads) queued behind them. :func:`on_daemon_thread` runs each such call on a daemon thread of its own;
+:class:`SerialThread` runs calls that must keep their order (the journal's) on one daemon thread.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
+import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
@@ -27,26 +29,66 @@ def on_daemon_thread(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Fut
     is gone). A thread of the loop's default executor is joined at the end of ``asyncio.run`` and at
     interpreter exit, so one stuck call kept the daemon's process from exiting after its stop; a daemon
     thread is joined by neither. An outcome that comes after the loop closed is dropped."""
-    loop = asyncio.get_running_loop()
-    fut: asyncio.Future[T] = loop.create_future()
-    ctx = contextvars.copy_context()
+    call = _Call(fn, args)
+    threading.Thread(target=call.run, name=name, daemon=True).start()
+    return call.fut
 
-    def hand_over(value: Any, error: BaseException | None) -> None:  # on the loop
-        if fut.done():  # cancelled: the caller gave it up
-            return
-        if error is None:
-            fut.set_result(value)
-        else:
-            fut.set_exception(error)
 
-    def run() -> None:
+class SerialThread:
+    """One daemon thread that runs the calls given to it one at a time, in the order given: a
+    single-worker executor (the journal's writes, which must keep their order) whose thread the process's
+    exit does not wait for, where a ``ThreadPoolExecutor``'s is joined at exit, for ever where an fsync
+    never returns. :meth:`close` waits for the calls given so far only as long as it is told."""
+
+    def __init__(self, name: str) -> None:
+        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
+        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
+        self._thread.start()
+
+    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+        """``fn(*args)`` on the thread once the calls given before it have ended; its outcome the future's."""
+        call = _Call(fn, args)
+        self._calls.put(call.run)
+        return call.fut
+
+    def call_soon(self, fn: Callable[[], None]) -> None:
+        """``fn()`` on the thread once the calls given before it have ended, its outcome nobody's (it
+        handles its own errors); callable where no loop runs."""
+        self._calls.put(fn)
+
+    def close(self, wait_s: float | None = None) -> bool:
+        """No more calls; wait up to ``wait_s`` (None: no limit) for those given to end. Whether they did:
+        False leaves the thread stuck in one of them."""
+        self._calls.put(None)
+        self._thread.join(wait_s)
+        return not self._thread.is_alive()
+
+    def _run(self) -> None:
+        while (call := self._calls.get()) is not None:
+            call()
+
+
+class _Call:
+    """``fn(*args)`` run on some thread, its outcome handed to the future made on the caller's loop."""
+
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+        self.loop = asyncio.get_running_loop()
+        self.fut: asyncio.Future[Any] = self.loop.create_future()
+        self.fn, self.args, self.ctx = fn, args, contextvars.copy_context()
+
+    def run(self) -> None:
         value, error = None, None
         try:
-            value = ctx.run(fn, *args)
+            value = self.ctx.run(self.fn, *self.args)
         except BaseException as e:  # handed to the caller, as asyncio.to_thread does
             error = e
         with contextlib.suppress(RuntimeError):  # the loop is closed: nobody waits any more
-            loop.call_soon_threadsafe(hand_over, value, error)
+            self.loop.call_soon_threadsafe(self._hand_over, value, error)
 
-    threading.Thread(target=run, name=name, daemon=True).start()
-    return fut
+    def _hand_over(self, value: Any, error: BaseException | None) -> None:  # on the loop
+        if self.fut.done():  # cancelled: the caller gave it up
+            return
+        if error is None:
+            self.fut.set_result(value)
+        else:
+            self.fut.set_exception(error)
