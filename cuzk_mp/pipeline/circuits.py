@@ -8,7 +8,7 @@ Owns three things the engine keeps about circuits:
 * the one validation of a job and its partition inputs (:meth:`CircuitTable.check_job`,
   called by ``Engine.submit``): nothing upstream checks them again, and a worker
   only parses what passed here; it also pins the job to its key file as it is then
-  (:func:`pinned`);
+  (:func:`pinned`), a read of that file the engine makes outside its lock;
 * the resident-key table the prover processes report (:class:`~.messages.KeyState`),
   rendered as status rows (:meth:`CircuitTable.rows`).
 """
@@ -70,6 +70,7 @@ class CircuitTable:
         self._keys: dict[tuple[str, str], msg.KeyState] = {}  # (circuit, process) -> the key resident there
         self._errors: dict[tuple[str, str], msg.KeyState] = {}  # (circuit, process) -> its last failed load
         self._vks: dict[str, bytes] = {}  # circuit -> the verification key a prover reported for a generated key
+        self._disk_bytes: dict[str, int] = {}  # circuit -> its key file's size when last read (no stat at status)
 
     # ---- circuits
     def make_ref(self, spec: CircuitSpec) -> msg.CircuitRef:
@@ -91,6 +92,7 @@ class CircuitTable:
             from .keys import ensure_synthetic_key
 
             zkey, r1cs = ensure_synthetic_key(spec.synthetic, spec.log_n, self.param_cache, self.backend)
+            self._disk_bytes[cid] = os.path.getsize(zkey)
             return msg.CircuitRef(cid, str(zkey), str(r1cs), None, spec.synthetic, spec.log_n)
         paths: dict[str, str | None] = {}
         for what, path, required in (("zkey", spec.zkey, True), ("r1cs", spec.r1cs, False), ("wasm", spec.wasm, False)):
@@ -102,6 +104,7 @@ class CircuitTable:
             if not Path(path).is_file():
                 raise InputError(f"circuit {cid}: {what} file {path} does not exist")
             paths[what] = str(Path(path).resolve())
+        self._disk_bytes[cid] = os.path.getsize(str(paths["zkey"]))
         return msg.CircuitRef(cid, str(paths["zkey"]), paths["r1cs"], paths["wasm"])
 
     def _device_ref(self, cid: str, kind: str, log_n: int) -> msg.CircuitRef:
@@ -137,7 +140,15 @@ class CircuitTable:
             raise InputError(f"job {job.job_id!r}: a job id is 1-{MAX_JOB_ID} printable characters")
         ref = self.ref(job.circuit_id)
         check_job(job, ref)
-        return pinned(ref)
+        return self.pin(ref)
+
+    def pin(self, ref: msg.CircuitRef) -> msg.CircuitRef:
+        """:func:`pinned`, the key file's size kept for the status's rows: it reads the file, so the engine
+        calls it outside its lock (a key on a hard mount whose server is gone never returns)."""
+        out = pinned(ref)
+        if out.zkey_id is not None:
+            self._disk_bytes[ref.circuit_id] = out.zkey_id.size
+        return out
 
     # ---- resident keys
     def on_key_state(self, process: str, m: msg.KeyState) -> None:
@@ -181,15 +192,16 @@ class CircuitTable:
                 del table[key]
 
     def rows(self) -> list[KeyRow]:
-        """Resident keys per prover process; registered circuits resident nowhere are tier "disk"."""
+        """Resident keys per prover process; registered circuits resident nowhere are tier "disk", with the
+        key file's size as last read (at registration, a submit or a preload): the status reads no file, as
+        on a hard mount whose server is gone a stat never returns, under the engine's lock."""
         failed = {where: ks for where, ks in self._errors.items() if where not in self._keys}
         rows = [KeyRow(cid, proc, ks.tier, ks.nbytes, ks.error)
                 for (cid, proc), ks in sorted({**self._keys, **failed}.items())]
         resident = {cid for cid, _ in self._keys} | {cid for cid, _ in failed}
         for cid, ref in sorted(self.refs.items()):
-            if cid not in resident and ref.key_source == "file":
-                size = os.path.getsize(ref.zkey) if os.path.exists(ref.zkey) else 0
-                rows.append(KeyRow(cid, None, "disk", size, None))
+            if cid not in resident and ref.key_source == "file":  # its size as last read: status reads no file
+                rows.append(KeyRow(cid, None, "disk", self._disk_bytes.get(cid, 0), None))
             elif cid not in resident:  # a generated key exists only where a prover made it: nowhere yet
                 rows.append(KeyRow(cid, None, "generated on load", 0, None))
         return rows

@@ -72,7 +72,7 @@ import msgspec
 
 from ..errors import ConfigError, CuzkError, InputError, ResourceError, WorkerDied, error_from_kind
 from . import messages as msg
-from .circuits import CircuitTable, pinned
+from .circuits import CircuitTable
 from .engine_events import EngineEvents, WakePipe
 from .monitor import host_bytes, tree_memory
 from .ring import TRIM_IDLE_S, Ring, RingStats, SlotRecord
@@ -352,8 +352,10 @@ class RunningEngine(EngineEvents):
 
     def preload(self, circuit_id: str) -> None:
         """Load the key into every prover process (GPU: resident on the device); blocks until done."""
+        with self._lock:
+            ref = self.circuits.ref(circuit_id)
+        ref = self.circuits.pin(ref)  # the key a job accepted now is proved with: read outside the lock
         with self._cond:
-            ref = pinned(self.circuits.ref(circuit_id))  # the key a job accepted now is proved with
             if self._state != "running":
                 raise CuzkError(f"engine {self.prefix}: preload needs a running engine (state {self._state})")
             asked = {c.spec.name: c.handle.pid for c in self.sup.ready("prover")}
@@ -391,13 +393,18 @@ class RunningEngine(EngineEvents):
         """Queue a job (never blocks on the ring). The one validation of its inputs happens here:
         InputError naming the job, the partition and what is wrong."""
         with self._lock:
-            if self._state != "running":
-                raise CuzkError(f"engine {self.prefix} is {self._state}: not accepting jobs")
-            ref = self.circuits.check_job(job)
+            self._accepting()
+        ref = self.circuits.check_job(job)  # reads the key file's header: outside the lock, which a key on
+        with self._lock:  # a hard mount whose server is gone would hold for ever
+            self._accepting()
             if job.job_id in self.sched.jobs:
                 raise InputError(f"job {job.job_id} is already queued or running")
             self.sched.add_job(job, ref)
             self._wake()
+
+    def _accepting(self) -> None:
+        if self._state != "running":
+            raise CuzkError(f"engine {self.prefix} is {self._state}: not accepting jobs")
 
     def cancel(self, job_id: str) -> bool:
         """Cancel a job: queued partitions dropped, running ones stop at their next boundary."""

@@ -1,0 +1,82 @@
+"""A circuit's key file on a hard NFS mount whose server went away: its stat and its header read never
+return. The engine reads that header as it accepts a job or a preload (it pins the job to the key) and
+looked at the file's size for its status; none of it may hold the engine's lock, which its event thread
+(every child's messages, deaths, the hung-task timer), its status, its stop and every other circuit's
+jobs need."""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cuzk_mp.errors import CuzkError
+from cuzk_mp.pipeline import circuits as circuits_module
+from cuzk_mp.pipeline.engine import Engine
+from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput
+
+from tests.helpers import KEY_CACHE, LOG_N, Collector, prefix_for
+
+
+def _calls(what: str, engine: Any) -> Any:
+    """The engine call that reads the hung key file; once the mount is back the engine has stopped, which it
+    refuses."""
+    def call() -> None:
+        with contextlib.suppress(CuzkError):
+            if what == "submit":
+                engine.submit(JobSpec("on-the-dead-mount", "hung", [PartitionInput("wtns", data=b"wtns")]))
+            else:
+                engine.preload("hung")
+    return call
+
+
+@pytest.mark.parametrize("what", ["submit", "preload"])
+def test_a_key_read_that_never_returns_holds_no_lock_another_circuit_needs(
+        test_key: tuple, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, what: str) -> None:
+    """A submit (or a preload) of the circuit whose key hangs waits alone: meanwhile the engine's status
+    answers, including that circuit's key row, and another circuit's job is accepted and proved."""
+    hung_key = tmp_path / "hung.zkey"
+    shutil.copyfile(test_key[0], hung_key)
+    results = Collector()
+    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1, ring_slots=2,
+                          shm_prefix=prefix_for("hungkey"), param_cache=KEY_CACHE, start_timeout_s=120)
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
+    released, entered = threading.Event(), threading.Event()
+    try:
+        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+        engine.register_circuit(CircuitSpec("hung", zkey=str(hung_key)))
+
+        def on_the_dead_mount(real: Any) -> Any:
+            def call(path: Any, *args: Any) -> Any:
+                if Path(path) == hung_key:
+                    entered.set()
+                    released.wait()
+                return real(path, *args)
+            return call
+
+        monkeypatch.setattr(circuits_module, "key_identity", on_the_dead_mount(circuits_module.key_identity))
+        monkeypatch.setattr(os.path, "exists", on_the_dead_mount(os.path.exists))
+        monkeypatch.setattr(os.path, "getsize", on_the_dead_mount(os.path.getsize))
+        stuck = threading.Thread(target=_calls(what, engine), name="on-the-dead-mount", daemon=True)
+        stuck.start()
+        assert entered.wait(60)
+        seen: dict[str, Any] = {}
+
+        def others() -> None:
+            seen["srs"] = {(row.circuit, row.tier) for row in engine.status().srs}
+            engine.submit(JobSpec("fine", "porep", [PartitionInput("synthetic", seed=7)]))
+            seen["fine"] = results.wait("fine", timeout=120).state
+
+        other = threading.Thread(target=others, name="others", daemon=True)
+        other.start()
+        other.join(180)
+        assert not other.is_alive(), "the engine's status or another circuit's job waited on the hung key read"
+        assert ("hung", "disk") in seen["srs"] and seen["fine"] == "done"
+    finally:
+        released.set()
+        engine.stop(grace_s=0)
