@@ -131,6 +131,8 @@ def test_job_straddling_a_key_change_fails_naming_the_file(tmp_path: Path) -> No
     assert not s.on_proof(t0.task_id, "p0", [1], {}, None).jobs
     _new_key(r1cs, zkey, tmp_path, in_place=True)
     out = s.on_proof(t1.task_id, "p1", [1], {}, None)
+    assert not out.jobs and not out.partitions and [j.spec.job_id for j in out.check_key] == ["j"]
+    out = s.on_key_checked("j", key_changed(ref))  # the engine's read of the file, outside its lock
     (job,) = out.jobs
     assert job.state == "failed" and f"zkey {zkey} changed on disk" in (job.error or "")
     assert [p.proof for p in job.partitions] == [None, None]

@@ -80,3 +80,47 @@ def test_a_key_read_that_never_returns_holds_no_lock_another_circuit_needs(
     finally:
         released.set()
         engine.stop(grace_s=0)
+
+
+def test_the_key_read_after_a_jobs_last_proof_holds_no_lock_when_it_never_returns(
+        test_key: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A job is done only if its key file is still its key once its last proof came, a read of that file:
+    where it never returns, that job waits alone; the engine's status answers and another circuit's job
+    (a key the provers generate: no file) is proved; the stop ends, failing the job that waited."""
+    results = Collector()
+    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1, ring_slots=2,
+                          shm_prefix=prefix_for("hungproof"), param_cache=KEY_CACHE, start_timeout_s=120)
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
+    released, entered = threading.Event(), threading.Event()
+    callers = {threading.current_thread().name, "others"}  # the test's threads; the engine's own read hangs
+    try:
+        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N))
+        engine.register_circuit(CircuitSpec("gen", synthetic="porep-like", log_n=LOG_N, key_source="device"))
+        real = circuits_module.key_identity
+
+        def on_the_dead_mount(path: Any) -> Any:
+            if threading.current_thread().name not in callers:
+                entered.set()
+                released.wait()
+            return real(path)
+
+        monkeypatch.setattr(circuits_module, "key_identity", on_the_dead_mount)
+        engine.submit(JobSpec("stuck", "porep", [PartitionInput("synthetic", seed=3)]))
+        assert entered.wait(120)
+        seen: dict[str, Any] = {}
+
+        def others() -> None:
+            seen["state"] = engine.status().state
+            engine.submit(JobSpec("fine", "gen", [PartitionInput("synthetic", seed=7)]))
+            seen["fine"] = results.wait("fine", timeout=120).state
+
+        other = threading.Thread(target=others, name="others", daemon=True)
+        other.start()
+        other.join(180)
+        assert not other.is_alive(), "the engine's status or another circuit's job waited on the hung key read"
+        assert seen == {"state": "running", "fine": "done"}
+        engine.stop(grace_s=0)
+        assert results.wait("stuck", timeout=10).state == "failed"
+    finally:
+        released.set()
+        engine.stop(grace_s=0)

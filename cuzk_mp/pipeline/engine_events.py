@@ -30,7 +30,7 @@ from multiprocessing.connection import wait
 from typing import TYPE_CHECKING, Any
 
 from . import messages as msg
-from .circuits import CircuitTable
+from .circuits import CircuitTable, key_changed
 from .ring import Ring, SlotRecord
 from .scheduler import Outcome, Scheduler, Task
 from .status import ProverStats
@@ -297,7 +297,21 @@ class EngineEvents:
         if on_job is not None:
             for jr in out.jobs:
                 self._callbacks.append(functools.partial(on_job, jr))
+        for job in out.check_key:
+            threading.Thread(target=self._check_key, args=(job.spec.job_id, job.circuit), daemon=True,
+                             name=f"cuzk-key-check-{job.spec.job_id}").start()
         self._cond.notify_all()
+
+    def _check_key(self, job_id: str, ref: msg.CircuitRef) -> None:
+        """On a daemon thread of its own: read a job's key file again after its last proof, then end the job
+        (:meth:`.scheduler.Scheduler.on_key_checked`). Under the engine's lock, on a key whose mount hangs,
+        that read stopped the event thread (every child's messages and deaths, the hung-task timer), the
+        status, every other job and the engine's stop for ever; here it holds its own job alone, which the
+        stop's drain gives up after its grace."""
+        changed = key_changed(ref)
+        with self._cond:
+            self._apply(self.sched.on_key_checked(job_id, changed))
+        self._wake()
 
 
 class WakePipe:

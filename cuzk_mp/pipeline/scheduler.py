@@ -26,7 +26,7 @@ from typing import Any
 
 import msgspec
 
-from .circuits import key_changed, key_digest
+from .circuits import key_digest
 from .messages import CircuitRef
 from .timeline import ProverClocks, synthesis_spans
 from .types import JobResult, JobSpec, PartitionInput, PartitionResult, StageSpan
@@ -93,6 +93,7 @@ class Job:
     # submitted_at on time.monotonic(): where the queue wait and the total start, so a step of the wall
     # clock (submitted_at's, shown and placed in time) makes neither negative nor a day long
     submitted_mono: float = field(default_factory=time.monotonic)
+    last_index: int | None = None  # the partition proved last, reported once the key file is read again
 
     @property
     def finished(self) -> bool:
@@ -152,12 +153,16 @@ class Outcome:
     partitions: list[tuple[str, PartitionResult]] = field(default_factory=list)
     jobs: list[JobResult] = field(default_factory=list)
     cancel: list[Task] = field(default_factory=list)  # attempts in children that must be dropped
+    # jobs proved whole whose key file the engine reads again, outside its lock, before they are done
+    # (Scheduler.on_key_checked): on a hard mount whose server is gone that read never returns
+    check_key: list[Job] = field(default_factory=list)
 
     def merge(self, other: Outcome) -> Outcome:
         """Append another outcome's items to this one."""
         self.partitions += other.partitions
         self.jobs += other.jobs
         self.cancel += other.cancel
+        self.check_key += other.check_key
         return self
 
 
@@ -286,15 +291,31 @@ class Scheduler:
         self._counts["partitions_proved"] += 1
         out.partitions.append((job.spec.job_id, result))
         if all(r is not None for r in job.results):
-            changed = key_changed(job.circuit)
-            if changed is None:
+            if job.circuit.zkey_id is None:  # no key file to read again
                 out.jobs.append(self._finish(job, "done", None))
-            else:  # proved with the key the job was accepted with, which is no longer the file's (circuits.pinned)
-                self._counts["partitions_discarded"] += len(job.results)
-                job.results = [None] * len(job.results)
-                out.partitions.clear()  # this proof is not reported done: its failure is
-                out.merge(self._fail_job(job, changed, {i: (changed, "InputError") for i in range(len(job.results))}))
+            else:  # reported with the job's end, once its key file is read again (on_key_checked)
+                job.last_index = task.index
+                out.partitions.clear()
+                out.check_key.append(job)
         return out
+
+    def on_key_checked(self, job_id: str, changed: str | None) -> Outcome:
+        """The engine's read of a job's key file after its last proof (:func:`key_changed`, outside the
+        engine's lock): ``changed`` None, the job is done; else it was proved with the key it was accepted
+        with, which is no longer the file's (:func:`~.circuits.pinned`), and it fails naming the change, its
+        proofs discarded. Nothing where the job ended meanwhile (a cancel, the engine's stop)."""
+        job, out = self.jobs.get(job_id), Outcome()
+        if job is None or job.finished:
+            return out
+        last = job.results[job.last_index] if job.last_index is not None else None
+        if changed is None:
+            if last is not None:
+                out.partitions.append((job_id, last))
+            out.jobs.append(self._finish(job, "done", None))
+            return out
+        self._counts["partitions_discarded"] += len(job.results)
+        job.results = [None] * len(job.results)
+        return out.merge(self._fail_job(job, changed, {i: (changed, "InputError") for i in range(len(job.results))}))
 
     def _spans(self, task: Task, synthesized: dict[str, float], timings: dict[str, float],
                now: float) -> list[StageSpan]:
