@@ -49,7 +49,7 @@ journal of a larger schema number than this daemon's is refused at start (Config
 
 All SQLite work runs on one dedicated thread (``cuzk-journal``), so the asyncio loop never
 blocks on an fsync and writes keep their order; the async methods await that thread. It is a daemon
-thread (:class:`~.threads.SerialThread`) and :meth:`Journal.close` waits for it only as long as it is
+thread (:class:`~cuzk_mp.pipeline.serial.SerialThread`) and :meth:`Journal.close` waits for it only as long as it is
 told: on a folder whose storage hangs an fsync never returns, and the daemon's stop must still end with
 its process exiting. The status's quarantine figures are kept in memory (the table changes only as the
 journal is loaded), so a status never waits behind a write.
@@ -73,9 +73,10 @@ from cuzk_mp.daemon.journal_files import check_start_files, marker_path, owner_o
 from cuzk_mp.daemon.journal_wal import wal_damage
 from cuzk_mp.daemon.notify import read_budget_s, starting
 from cuzk_mp.daemon.protocol import MAX_ID_CHARS, JobReply, Partitions, reply_from_store, stored_reply
-from cuzk_mp.daemon.threads import SerialThread
+from cuzk_mp.daemon.threads import on_serial_thread
 from cuzk_mp.errors import ConfigError, CuzkError, ResourceError
 from cuzk_mp.formats.atomic import atomic_output, read_id_file
+from cuzk_mp.pipeline.serial import SerialThread
 
 log = logging.getLogger("cuzk_mp.daemon.journal")
 
@@ -373,7 +374,7 @@ class Journal:
         write SQLite cannot make (a full disk or database, a read-only file) is a ResourceError naming
         the journal."""
         try:
-            return await self._pool.call(self._in_place, fn, *args)
+            return await on_serial_thread(self._pool, self._in_place, fn, *args)
         except (sqlite3.Error, OSError) as e:
             raise ResourceError(f"the journal {self.path} cannot be written: {e}") from None
 

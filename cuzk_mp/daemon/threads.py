@@ -7,7 +7,8 @@ runs a call on a thread of the loop's default executor, and such a thread is joi
 after its stop; and that executor has min(32, cores + 4) threads, so a few stuck calls took every one
 of them and all the daemon's other work on threads (the engine's status, the other circuits' key
 loads) queued behind them. :func:`on_daemon_thread` runs each such call on a daemon thread of its own;
-:class:`SerialThread` runs calls that must keep their order (the journal's) on one daemon thread.
+:func:`on_serial_thread` runs calls that must keep their order (the journal's) on one daemon thread
+(:class:`~cuzk_mp.pipeline.serial.SerialThread`).
 """
 
 from __future__ import annotations
@@ -15,10 +16,11 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import contextvars
-import queue
 import threading
 from collections.abc import Callable
 from typing import Any, TypeVar
+
+from cuzk_mp.pipeline.serial import SerialThread
 
 T = TypeVar("T")
 
@@ -34,38 +36,12 @@ def on_daemon_thread(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Fut
     return call.fut
 
 
-class SerialThread:
-    """One daemon thread that runs the calls given to it one at a time, in the order given: a
-    single-worker executor (the journal's writes, which must keep their order) whose thread the process's
-    exit does not wait for, where a ``ThreadPoolExecutor``'s is joined at exit, for ever where an fsync
-    never returns. :meth:`close` waits for the calls given so far only as long as it is told."""
-
-    def __init__(self, name: str) -> None:
-        self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
-        self._thread = threading.Thread(target=self._run, name=name, daemon=True)
-        self._thread.start()
-
-    def call(self, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
-        """``fn(*args)`` on the thread once the calls given before it have ended; its outcome the future's."""
-        call = _Call(fn, args)
-        self._calls.put(call.run)
-        return call.fut
-
-    def call_soon(self, fn: Callable[[], None]) -> None:
-        """``fn()`` on the thread once the calls given before it have ended, its outcome nobody's (it
-        handles its own errors); callable where no loop runs."""
-        self._calls.put(fn)
-
-    def close(self, wait_s: float | None = None) -> bool:
-        """No more calls; wait up to ``wait_s`` (None: no limit) for those given to end. Whether they did:
-        False leaves the thread stuck in one of them."""
-        self._calls.put(None)
-        self._thread.join(wait_s)
-        return not self._thread.is_alive()
-
-    def _run(self) -> None:
-        while (call := self._calls.get()) is not None:
-            call()
+def on_serial_thread(thread: SerialThread, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+    """``fn(*args)`` on ``thread`` once the calls given to it before have ended (the journal's writes keep
+    their order), its outcome the returned future's, as :func:`on_daemon_thread`'s."""
+    call = _Call(fn, args)
+    thread.call_soon(call.run)
+    return call.fut
 
 
 class _Call:

@@ -74,6 +74,7 @@ from ..errors import ConfigError, CuzkError, InputError, ResourceError, WorkerDi
 from . import messages as msg
 from .circuits import CircuitTable
 from .engine_events import EngineEvents, WakePipe
+from .serial import SerialThread
 from .monitor import host_bytes, tree_memory
 from .ring import TRIM_IDLE_S, Ring, RingStats, SlotRecord
 from .shm_names import live_segments, remove_abandoned, shm_bytes
@@ -194,6 +195,7 @@ class RunningEngine(EngineEvents):
         self._abandoned = False  # an interrupt ended stop() part way: the event thread finishes it
         self._ring_lock = threading.Lock()  # status reads of the ring against its destroy
         self._pipe = WakePipe()
+        self._key_checks: dict[str, SerialThread] = {}
         self._finalizer = weakref.finalize(self, _release_ipc, self.prefix, self._pipe)
         self._thread = threading.Thread(target=self._loop, name="cuzk-engine-events", daemon=True)
         self._thread.start()
@@ -301,6 +303,8 @@ class RunningEngine(EngineEvents):
         """The end of every stop: the children's pipes closed, the ring and every IPC object of the prefix
         removed, the wake-up pipe closed (the finalizer's work, done now); how many objects were removed."""
         self.sup.close_all()
+        for checks in self._key_checks.values():  # a read stuck on a dead mount ends with its thread alone
+            checks.close(0.0)
         with self._ring_lock:
             left = self.ring.destroy()
         self._finalizer()

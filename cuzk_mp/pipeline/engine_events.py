@@ -33,6 +33,7 @@ from . import messages as msg
 from .circuits import CircuitTable, key_changed
 from .ring import Ring, SlotRecord
 from .scheduler import Outcome, Scheduler, Task
+from .serial import SerialThread
 from .status import ProverStats
 from .supervisor import Death, Degraded, Supervisor
 from .types import EngineConfig, JobResult, PartitionResult
@@ -64,6 +65,7 @@ class EngineEvents:
     _callbacks: deque[Callable[[], None]]
     _abandoned: bool
     _pipe: WakePipe
+    _key_checks: dict[str, SerialThread]  # zkey path -> the thread that reads it after jobs' last proofs
 
     if TYPE_CHECKING:  # the running engine's lifecycle, which an abandoned stop's rounds finish
         def _kill_children(self) -> None: ...
@@ -298,17 +300,22 @@ class EngineEvents:
             for jr in out.jobs:
                 self._callbacks.append(functools.partial(on_job, jr))
         for job in out.check_key:
-            threading.Thread(target=self._check_key, args=(job.spec.job_id, job.circuit), daemon=True,
-                             name=f"cuzk-key-check-{job.spec.job_id}").start()
+            checks = self._key_checks.get(job.circuit.zkey)
+            if checks is None:
+                checks = self._key_checks[job.circuit.zkey] = SerialThread(f"cuzk-key-check-{job.spec.circuit_id}")
+            checks.call_soon(functools.partial(self._check_key, job.spec.job_id, job.circuit))
         self._cond.notify_all()
 
     def _check_key(self, job_id: str, ref: msg.CircuitRef) -> None:
-        """On a daemon thread of its own: read a job's key file again after its last proof, then end the job
-        (:meth:`.scheduler.Scheduler.on_key_checked`). Under the engine's lock, on a key whose mount hangs,
-        that read stopped the event thread (every child's messages and deaths, the hung-task timer), the
-        status, every other job and the engine's stop for ever; here it holds its own job alone, which the
-        stop's drain gives up after its grace."""
-        changed = key_changed(ref)
+        """On the key file's own daemon thread (its jobs end in the order their last proofs came): read it
+        again after a job's last proof, then end the job (:meth:`.scheduler.Scheduler.on_key_checked`).
+        Under the engine's lock, on a key whose mount hangs, that read stopped the event thread (every
+        child's messages and deaths, the hung-task timer), the status, every other job and the engine's
+        stop for ever; here it holds that key's jobs alone, which the stop's drain gives up after its grace."""
+        try:
+            changed = key_changed(ref)
+        except Exception as e:  # noqa: BLE001 - never leave the job waiting: it fails, naming why
+            changed = f"zkey {ref.zkey} could not be read again after the job's last proof: {e}"
         with self._cond:
             self._apply(self.sched.on_key_checked(job_id, changed))
         self._wake()
