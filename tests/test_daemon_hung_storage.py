@@ -47,9 +47,14 @@ class HungEngine(FakeEngine):  # circuit "syn"'s key lies on the dead mount; "cr
         super().preload(cid)
 
     def submit(self, job):
-        if job.circuit_id == "syn" and what == "submit":
+        if job.circuit_id == "syn" and what in ("submit", "restore"):
             hung()  # the engine reads the key file's header as it accepts a job
         super().submit(job)
+
+class Idle(FakeEngine):  # proves nothing: a job submitted stays queued
+    def start(self):
+        self.gate.clear()
+        return super().start()
 
 if what == "vk":
     read_vk = StatusView.verification_key
@@ -82,9 +87,15 @@ async def main():
     cfg = make_config(tmp)
     if what == "start":
         cfg = dataclasses.replace(cfg, preload=("syn",))
+    if what == "restore":  # a job journaled by an earlier run and not proved: the start hands it over again
+        first = Daemon(cfg, engine_factory=Idle)
+        await first.start()
+        async with await AsyncClient.connect(str(cfg.listen)) as c:
+            await c.request(request("syn"))
+        await first.stop()
     d = Daemon(cfg, engine_factory=HungEngine)
     served = asyncio.ensure_future(d.run())
-    if what == "start":  # the start's preload hangs: the stop must end it
+    if what in ("start", "restore"):  # the start's preload, or its resubmit of a journaled job, hangs
         while not entered:
             await asyncio.sleep(0.02)
     else:
@@ -130,7 +141,8 @@ def test_a_request_stuck_on_a_dead_mount_leaves_the_daemon_answering_and_stoppab
     assert _run_hung(tmp_path, what) == "status answered\ncrit answered\nstopped\n"
 
 
-def test_a_stop_during_a_start_stuck_on_a_dead_mount_ends_the_process(tmp_path: Path) -> None:
-    """``[srs] preload`` of a key on the dead mount: the start never ends by itself; SIGTERM stops the
-    daemon all the same, and its process exits."""
-    assert _run_hung(tmp_path, "start") == "stopped\n"
+@pytest.mark.parametrize("what", ["start", "restore"])
+def test_a_stop_during_a_start_stuck_on_a_dead_mount_ends_the_process(tmp_path: Path, what: str) -> None:
+    """``[srs] preload`` of a key on the dead mount, or a journaled job of that key handed to the engine
+    again: the start never ends by itself; SIGTERM stops the daemon all the same, and its process exits."""
+    assert _run_hung(tmp_path, what) == "stopped\n"

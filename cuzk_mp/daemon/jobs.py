@@ -468,8 +468,10 @@ class JobTable:
             self._unwritten.discard(j)
         return len(old)
 
-    def restore(self, entries: Iterable[JournalEntry]) -> tuple[int, int]:
-        """Load the journal at start-up: keep finished results, resubmit the rest in order.
+    async def restore(self, entries: Iterable[JournalEntry]) -> tuple[int, int]:
+        """Load the journal at start-up: keep finished results, resubmit the rest in order (each handed
+        to the engine off the loop, :meth:`_to_engine_off_loop`: on a key whose mount hangs it never
+        returns, and the daemon's stop must still be heard).
 
         Returns (finished kept, resubmitted). A job whose circuit is no longer configured, or
         that the engine now refuses, is failed (and journaled as such) instead.
@@ -485,7 +487,7 @@ class JobTable:
             try:
                 if rec.circuit_id not in self.circuits:
                     raise InputError(f"circuit {rec.circuit_id!r} is no longer configured")
-                self._to_engine(rec)
+                await self._to_engine_off_loop(rec)
                 resubmitted += 1
             except InputError as err:
                 self._fail_restored(rec, str(err))

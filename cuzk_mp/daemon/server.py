@@ -148,7 +148,7 @@ class Daemon(DaemonHandlers):
             self.view = StatusView(self.cfg, self.jobs, self.started_at, self._generated_vk)
             for cc in self.cfg.circuits.values():  # synthetic: may run the dev setup once
                 await on_daemon_thread(self._register, cc.spec, name=f"cuzk-register-{cc.spec.circuit_id}")
-            kept, again = self.jobs.restore(self.journal.load())
+            kept, again = await self.jobs.restore(self.journal.load())
             log.info("[start] journal %s: %d finished results kept, %d jobs resubmitted",
                      self.cfg.journal_path, kept, again)
             for cid in self.cfg.preload:
