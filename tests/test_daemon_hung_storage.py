@@ -29,6 +29,7 @@ from pathlib import Path
 from tests.fake_engine import FakeEngine, make_config
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import AsyncClient
+from cuzk_mp.daemon.instance_lock import InstanceLock
 from cuzk_mp.daemon.journal import Journal
 from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.daemon.status import StatusView
@@ -63,6 +64,8 @@ if what == "vk":
     StatusView._make_vk = lambda self, cid: {"circuit": cid}
 if what == "journal":
     Journal._insert = lambda self, entry: hung()
+if what == "lock":  # the daemon's lock file lies beside the journal
+    InstanceLock.acquire = lambda self: hung()
 
 def stuck_calls():  # as many as the loop's default executor has threads, where a request takes one
     return min(32, (os.cpu_count() or 1) + 4) if what in ("preload", "vk") else 1
@@ -95,7 +98,7 @@ async def main():
         await first.stop()
     d = Daemon(cfg, engine_factory=HungEngine)
     served = asyncio.ensure_future(d.run())
-    if what in ("start", "restore"):  # the start's preload, or its resubmit of a journaled job, hangs
+    if what in ("start", "restore", "lock"):  # a start step hangs: the lock, a preload, a journaled job's resubmit
         while not entered:
             await asyncio.sleep(0.02)
     else:
@@ -141,8 +144,9 @@ def test_a_request_stuck_on_a_dead_mount_leaves_the_daemon_answering_and_stoppab
     assert _run_hung(tmp_path, what) == "status answered\ncrit answered\nstopped\n"
 
 
-@pytest.mark.parametrize("what", ["start", "restore"])
+@pytest.mark.parametrize("what", ["start", "restore", "lock"])
 def test_a_stop_during_a_start_stuck_on_a_dead_mount_ends_the_process(tmp_path: Path, what: str) -> None:
-    """``[srs] preload`` of a key on the dead mount, or a journaled job of that key handed to the engine
-    again: the start never ends by itself; SIGTERM stops the daemon all the same, and its process exits."""
+    """``[srs] preload`` of a key on the dead mount, a journaled job of that key handed to the engine
+    again, the daemon's lock file beside a journal on the dead mount: the start never ends by itself;
+    SIGTERM stops the daemon all the same, and its process exits."""
     assert _run_hung(tmp_path, what) == "stopped\n"

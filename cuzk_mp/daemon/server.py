@@ -121,7 +121,9 @@ class Daemon(DaemonHandlers):
         loop = asyncio.get_running_loop()
         try:
             check_socket_places(self.cfg)  # before the lock file beside the socket is made
-            self.lock.acquire()  # before anything another daemon could be using
+            # before anything another daemon could be using; on a thread, as the journal's load below: the lock
+            # files lie beside the journal, and on a folder whose storage hangs their open never returns
+            await on_daemon_thread(self.lock.acquire, name="cuzk-instance-lock")
             if self.cfg.fleet is not None:  # a dsn or role the database refuses fails before the engine's long start
                 from cuzk_mp.daemon.fleet.store import check_joinable
                 await check_joinable(self.cfg.fleet)
@@ -148,7 +150,7 @@ class Daemon(DaemonHandlers):
             self.view = StatusView(self.cfg, self.jobs, self.started_at, self._generated_vk)
             for cc in self.cfg.circuits.values():  # synthetic: may run the dev setup once
                 await on_daemon_thread(self._register, cc.spec, name=f"cuzk-register-{cc.spec.circuit_id}")
-            kept, again = await self.jobs.restore(self.journal.load())
+            kept, again = await self.jobs.restore(await on_daemon_thread(self.journal.load, name="cuzk-journal-load"))
             log.info("[start] journal %s: %d finished results kept, %d jobs resubmitted",
                      self.cfg.journal_path, kept, again)
             for cid in self.cfg.preload:
