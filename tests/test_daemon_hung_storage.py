@@ -66,9 +66,11 @@ if what == "journal":
     Journal._insert = lambda self, entry: hung()
 if what == "lock":  # the daemon's lock file lies beside the journal
     InstanceLock.acquire = lambda self: hung()
+if what == "unlock":  # the mount went away while the daemon ran: its lock files' close never returns
+    InstanceLock.release = lambda self: hung()
 
 def stuck_calls():  # as many as the loop's default executor has threads, where a request takes one
-    return min(32, (os.cpu_count() or 1) + 4) if what in ("preload", "vk") else 1
+    return min(32, (os.cpu_count() or 1) + 4) if what in ("preload", "vk") else 0 if what == "unlock" else 1
 
 def request(cid):
     if what in ("preload", "start"):
@@ -106,7 +108,7 @@ async def main():
             await asyncio.sleep(0.02)
         clients = [await AsyncClient.connect(str(cfg.listen)) for _ in range(stuck_calls() + 1)]
         stuck = [asyncio.ensure_future(c.request(request("syn"))) for c in clients[1:]]
-        while len(entered) < len(stuck) and not any(s.done() for s in stuck):
+        while len(entered) < len(stuck) and not any(s.done() for s in stuck) and what != "unlock":
             await asyncio.sleep(0.02)
         await answered(clients[0].status(), "status")
         await answered(clients[0].request(request("crit")), "crit")
@@ -134,13 +136,13 @@ def _run_hung(tmp_path: Path, what: str) -> str:
     return out
 
 
-@pytest.mark.parametrize("what", ["preload", "vk", "submit", "journal"])
+@pytest.mark.parametrize("what", ["preload", "vk", "submit", "journal", "unlock"])
 def test_a_request_stuck_on_a_dead_mount_leaves_the_daemon_answering_and_stoppable(tmp_path: Path,
                                                                                    what: str) -> None:
     """Key loads (PreloadSRS), verification-key reads, a submit whose key file's header read hangs, and a
     journal write that never returns: the daemon still answers GetStatus and the same request for a
     circuit whose storage is fine (with the journal, whose writes every submit waits for: GetMetrics),
-    and exits after SIGTERM."""
+    and exits after SIGTERM, also where its lock files' release at the stop hangs (``unlock``)."""
     assert _run_hung(tmp_path, what) == "status answered\ncrit answered\nstopped\n"
 
 

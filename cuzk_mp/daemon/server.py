@@ -278,7 +278,14 @@ class Daemon(DaemonHandlers):
             self.http.close()
             if self.cfg.status_listen is not None and self.cfg.status_listen.kind == "unix":
                 remove_socket(self.cfg.status_listen.path)
-        self.lock.release()
+        # the lock files lie beside the journal: on a folder whose storage hangs their close never returns,
+        # and the process's exit drops its locks all the same
+        release = on_daemon_thread(self.lock.release, name="cuzk-instance-unlock")
+        if (await asyncio.wait({release}, timeout=max(journal_by - time.monotonic(), 0.0)))[0]:
+            release.result()
+        else:
+            log.error("[shutdown] the daemon's lock files beside %s did not close (their storage does not answer?); "
+                      "the process's exit releases them", self.cfg.journal_path)
 
     async def _flush_until(self, by: float) -> None:
         """The job table's journal writes (:meth:`.jobs.JobTable.flush`), waited for until ``by`` (monotonic)
