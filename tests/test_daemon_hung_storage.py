@@ -35,6 +35,8 @@ from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.daemon.status import StatusView
 
 tmp, what = Path(sys.argv[1]), sys.argv[2]
+import cuzk_mp.daemon.server as server_module
+server_module.JOURNAL_STOP_WAIT_S = 1.0  # the stop gives a hung journal or lock file up after 1 s, not 10
 entered = []  # one entry per call stuck on the dead mount (or, "vk", per read asked for)
 
 def hung(*args, **kw):
