@@ -283,6 +283,18 @@ def test_a_plot_that_cannot_be_written_is_an_output_error_naming_it(bench_result
     assert b"<svg" in svg.read_bytes()[:400]
 
 
+def _read_terminal(master: int, out: bytes = b"", bar_after: bytes | None = None) -> bytes:
+    """``out`` and what the terminal ``master`` gets next: until a bar ("1/5 proofs") stands after
+    ``bar_after`` (the relay's thread has written the line, and the bar under it), else until it is quiet."""
+    import select
+
+    while (b"1/5 proofs" not in out.partition(bar_after)[2]) if bar_after else True:
+        if not select.select([master], [], [], 5.0 if bar_after else 0.5)[0]:
+            break
+        out += os.read(master, 65536)
+    return out
+
+
 def _screen(text: str) -> list[str]:
     """What a terminal shows of ``text``: each line as its carriage returns left it (overwritten)."""
     shown = []
@@ -302,7 +314,6 @@ def _screen(text: str) -> list[str]:
 def test_a_log_line_on_a_terminal_never_runs_onto_the_bar(monkeypatch: pytest.MonkeyPatch) -> None:
     """The engine logs while the bar is drawn (a retry, a restart): through the relay the bench installs
     on a terminal, the line stands alone on the terminal, and the bar comes back under it."""
-    import select
 
     from cuzk_mp.pipeline.benchreport import TerminalRelay
 
@@ -319,14 +330,11 @@ def test_a_log_line_on_a_terminal_never_runs_onto_the_bar(monkeypatch: pytest.Mo
         p = Progress(5, relay=relay)
         p.advance()
         logging.getLogger("cuzk_mp.pipeline.engine").warning("a prover died: its partitions are retried")
-        out = b""
-        while b"1/5 proofs" not in out.partition(b"retried")[2] and select.select([master], [], [], 5.0)[0]:
-            out += os.read(master, 65536)  # the relay's thread has written the line, and the bar under it
+        out = _read_terminal(master, bar_after=b"retried")
         p.close()
         stream.close()
         relay.close()
-        while select.select([master], [], [], 0.5)[0]:
-            out += os.read(master, 65536)
+        out = _read_terminal(master, out)
     finally:
         for f in (fd, slave, master):
             os.close(f)
@@ -341,7 +349,6 @@ def test_a_child_processs_line_on_a_terminal_never_runs_onto_the_bar() -> None:
     """An engine child writes its log lines to the stderr it inherited, past this process's logging.
     With the relay installed on a terminal, a process started meanwhile inherits its pipe: the child's
     line stands alone above the bar, which comes back under it; closed, the terminal is stderr again."""
-    import select
     import subprocess
 
     from cuzk_mp.pipeline.benchreport import TerminalRelay
@@ -355,14 +362,11 @@ def test_a_child_processs_line_on_a_terminal_never_runs_onto_the_bar() -> None:
         p.advance()
         line = "(cuzk-prover-0 pid=1) WARNING a line of its own"
         subprocess.run([sys.executable, "-c", f"import os; os.write({fd}, b'{line}\\n')"], pass_fds=(fd,), check=True)
-        out = b""
-        while b"1/5 proofs" not in out.partition(b"own")[2] and select.select([master], [], [], 5.0)[0]:
-            out += os.read(master, 65536)  # the relay's thread has written the line, and the bar under it
+        out = _read_terminal(master, bar_after=b"own")
         p.close()
         relay.close()
         assert os.isatty(fd)
-        while select.select([master], [], [], 0.5)[0]:
-            out += os.read(master, 65536)
+        out = _read_terminal(master, out)
     finally:
         for f in (fd, slave, master):
             os.close(f)
