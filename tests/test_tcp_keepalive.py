@@ -10,7 +10,8 @@ import socket
 from typing import Any
 
 from cuzk_mp.daemon.tcp_keepalive import KEEPALIVE_COUNT, KEEPALIVE_IDLE_S, KEEPALIVE_INTERVAL_S
-from cuzk_mp.daemon.transport import Address, CommClosedError, StreamComm, connect, listen, open_socket
+from cuzk_mp.daemon.blocking_comm import open_socket
+from cuzk_mp.daemon.transport import Address, CommClosedError, StreamComm, connect, listen
 
 
 def _probes(sock: Any) -> tuple[int, int, int, int]:

@@ -26,10 +26,9 @@ from typing import Any
 import msgspec
 
 from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon.blocking_comm import open_socket, recv_frame, send_frame
 from cuzk_mp.daemon.transport import (
-    DEFAULT_MAX_FRAME, Address, CommClosedError, NotTheProtocol, StreamComm, connect, open_socket, parse_address,
-    recv_frame,
-    send_frame,
+    DEFAULT_MAX_FRAME, Address, CommClosedError, NotTheProtocol, StreamComm, connect, parse_address,
 )
 from cuzk_mp.errors import InputError, error_from_kind
 
@@ -143,6 +142,7 @@ class AsyncClient:
         self._ids = itertools.count(1)
         self._pending: dict[int, asyncio.Future[P.Message]] = {}
         self._calls = Calls()
+        self._why_ended: BaseException | None = None  # what ended the read loop
         self._reader = asyncio.ensure_future(self._read_loop())
 
     @classmethod
@@ -168,6 +168,7 @@ class AsyncClient:
                 else e
             self._comm.close()
         finally:
+            self._why_ended = cause
             self._settle(cause, ended=True)
             self._pending.clear()
 
@@ -189,6 +190,9 @@ class AsyncClient:
         self._calls.send(msg.id)
         if self._reader.done():
             self._calls.forget(msg.id)
+            why = self._why_ended
+            if isinstance(why, (MalformedReply, NotTheProtocol)):  # the peer's first words (a greeting) said it is
+                raise type(why)(str(why))  # no daemon, or the daemon spoke nonsense: each later call says so too
             raise CommClosedError("connection to the daemon is closed")
         fut: asyncio.Future[P.Message] = asyncio.get_running_loop().create_future()
         self._pending[msg.id] = fut

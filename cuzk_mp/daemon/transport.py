@@ -6,7 +6,8 @@ length is checked against ``max_frame_bytes`` *before* the body is read, so a pe
 4 GiB frame costs nothing (the kv example's missing check): only the first bytes that came with
 the length are read, for the request's id (:attr:`FrameTooLarge.head`), and four bytes "HTTP" where a length
 was expected are an HTTP server's answer (:class:`NotTheProtocol`: a client pointed at the daemon's
-status port), not a frame of 1.2 GB. Addresses are
+status port), not a frame of 1.2 GB; where a client expects a reply, a TLS record or a line of text (an SSH or
+SMTP server's greeting) is named as such too (:func:`foreign_reply`). Addresses are
 ``unix:///abs/path.sock`` or ``host:port`` / ``tcp://host:port`` (``[::1]:9820`` for IPv6).
 
 Slow or stuck peers are bounded too: once the first byte of a frame has arrived, the whole frame
@@ -29,7 +30,7 @@ one its group may write is warned about), else another local user could put a so
 in its place and receive the clients' tokens and inputs. A stale socket file left by a dead daemon
 of this user is replaced; a live one, another user's socket, or anything else at that name is an
 error, never removed, and a stopping daemon removes its socket only if it is still its own. The blocking
-helpers :func:`send_frame` / :func:`recv_frame` serve the synchronous client.
+helpers of the synchronous client are :mod:`.blocking_comm`'s.
 """
 
 from __future__ import annotations
@@ -88,11 +89,15 @@ class FrameTimeout(InputError):
 
 
 class NotTheProtocol(CommClosedError):
-    """What came back where a frame was expected is the start of an HTTP answer: the address is not
-    the daemon's protocol socket (likely its ``status_listen`` port)."""
+    """What came back where a frame was expected is the start of an HTTP answer (the daemon's ``status_listen``
+    port, likely), or, where a reply was expected, another server's words (:func:`foreign_reply`): the address
+    is not the daemon's protocol socket."""
 
 
 HTTP_ANSWER = b"HTTP"  # how an HTTP response begins ("HTTP/1.1 400 ..."): a 1.2 GB "length" as a frame
+_TLS_RECORDS = (0x14, 0x15, 0x16, 0x17)  # a TLS record's content types (its version's major byte, 3, follows)
+FOREIGN_LINE_CHARS = 80  # how much of another server's text line an error shows
+HEADER_BYTES = _LEN.size
 
 
 @dataclass(frozen=True)
@@ -151,6 +156,21 @@ def frame_length(header: bytes, max_frame_bytes: int) -> int:
     return n
 
 
+def foreign_reply(header: bytes, head: bytes) -> NotTheProtocol | None:
+    """What to say where a reply's 4-byte length ``header`` over the limit, and the ``head`` that came with it,
+    are another server's words: a TLS record, or a line of text (an SSH, SMTP or Redis server's greeting or
+    answer). None where they may be a daemon's length: a reply over this side's max_frame_bytes. A daemon's
+    length whose four bytes all read as text would announce over 500 MB, which no reply of the protocol is."""
+    if header[0] in _TLS_RECORDS and header[1] == 3:
+        return NotTheProtocol("it answers TLS, not the daemon's protocol (the daemon's listen address speaks plain "
+                              "frames): another service's port")
+    if all(32 <= b < 127 or b in b"\t\r\n" for b in header):
+        line = (header + head).split(b"\n", 1)[0].rstrip(b"\r")[:FOREIGN_LINE_CHARS]
+        return NotTheProtocol(f"it is not a cuzk-mp daemon: it sent {line.decode('ascii', 'replace')!r} where a "
+                              "reply was expected (another service's port?)")
+    return None
+
+
 def frame(payload: bytes) -> bytes:
     """The frame for ``payload``: u32 big-endian length, then the bytes."""
     return _LEN.pack(len(payload)) + payload
@@ -198,6 +218,8 @@ class StreamComm(Comm):
     frame may wait for the peer to take it. Between two frames a connection may idle.
     """
 
+    replies = False  # whether it reads a daemon's replies (a client's): another server's words are named so
+
     def __init__(self, reader: asyncio.StreamReader, writer: asyncio.StreamWriter,
                  max_frame_bytes: int, frame_timeout_s: float | None = None) -> None:
         self.reader, self.writer = reader, writer
@@ -226,6 +248,8 @@ class StreamComm(Comm):
                         n = frame_length(header, self.max_frame_bytes)
                     except FrameTooLarge as e:
                         e.head = await self._head()
+                        if self.replies and (foreign := foreign_reply(header, e.head)) is not None:
+                            raise foreign from None
                         raise
                     return await self.reader.readexactly(n)
             except TimeoutError:
@@ -341,7 +365,9 @@ async def connect(addr: Address, max_frame_bytes: int) -> StreamComm:
     else:
         reader, writer = await asyncio.open_connection(addr.host, addr.port)
         keep_alive(writer.get_extra_info("socket"))
-    return StreamComm(reader, writer, max_frame_bytes)
+    comm = StreamComm(reader, writer, max_frame_bytes)
+    comm.replies = True
+    return comm
 
 
 def _not_own_socket(path: str, st: os.stat_result) -> str | None:
@@ -558,43 +584,3 @@ async def listen(addr: Address, on_comm: Callable[[StreamComm], Awaitable[None]]
 
     sockets = [bind_unix(addr.path, socket_mode)] if addr.kind == "unix" else await bind_tcp(addr.host, addr.port)
     return Listener(AcceptServer(sockets, accept, f"listener {addr}"), addr)
-
-
-def open_socket(addr: Address, timeout: float | None) -> socket.socket:
-    """A connected blocking socket for the synchronous client; one whose connect fails is closed here
-    (as socket.create_connection closes its own), not left to the collector."""
-    if addr.kind == "unix":
-        sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            sock.settimeout(timeout)
-            sock.connect(addr.path)
-        except BaseException:
-            sock.close()
-            raise
-        return sock
-    sock = socket.create_connection((addr.host, addr.port), timeout=timeout)
-    keep_alive(sock)
-    return sock
-
-
-def _recv_exactly(sock: socket.socket, n: int) -> bytes:
-    buf = bytearray()
-    while len(buf) < n:
-        chunk = sock.recv(min(n - len(buf), 1 << 20))
-        if not chunk:
-            raise CommClosedError("daemon closed the connection")
-        buf += chunk
-    return bytes(buf)
-
-
-def send_frame(sock: socket.socket, payload: bytes, max_frame_bytes: int) -> None:
-    """Blocking: send one frame."""
-    if len(payload) > max_frame_bytes:
-        raise FrameTooLarge(f"frame of {len(payload)} bytes exceeds max_frame_bytes "
-                            f"({max_frame_bytes})")
-    sock.sendall(frame(payload))
-
-
-def recv_frame(sock: socket.socket, max_frame_bytes: int) -> bytes:
-    """Blocking: receive one frame (length checked first: :func:`frame_length`)."""
-    return _recv_exactly(sock, frame_length(_recv_exactly(sock, _LEN.size), max_frame_bytes))

@@ -53,7 +53,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from cuzk_mp.daemon.instance_lock import lock_paths, try_lock
-from cuzk_mp.daemon.transport import MAX_LISTEN_PATH_BYTES, CommClosedError, open_socket, parse_address
+from cuzk_mp.daemon.blocking_comm import open_socket
+from cuzk_mp.daemon.transport import MAX_LISTEN_PATH_BYTES, CommClosedError, parse_address
 from cuzk_mp.errors import ConfigError, CuzkError, InputError, ResourceError
 from cuzk_mp.formats.atomic import atomic_output
 from cuzk_mp.exit_codes import EXIT_ALREADY_RUNNING, EXIT_FAILED, EXIT_INPUT
