@@ -56,8 +56,8 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Iterable
-from typing import Protocol
+from collections.abc import Coroutine, Iterable
+from typing import Any, Protocol
 
 import msgspec
 
@@ -70,6 +70,7 @@ from cuzk_mp.daemon.journal import Journal, JournalEntry
 from cuzk_mp.daemon.metrics import DaemonMetrics
 from cuzk_mp.daemon.protocol import JobReply, PartitionIn, Prove, SubmitProof
 from cuzk_mp.daemon.queue_caps import Queued, QueueCaps, check_caps
+from cuzk_mp.daemon.storage_waits import StorageWaits
 from cuzk_mp.daemon.threads import on_daemon_thread
 from cuzk_mp.errors import InputError, ResourceError, Unavailable
 from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionInput, PartitionResult, Priority
@@ -77,6 +78,12 @@ from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionInput, Partition
 log = logging.getLogger("cuzk_mp.daemon.jobs")
 
 MAX_REQUEST_ID = 128
+JOURNAL = "the journal"  # what a submit waits on as it journals its job (:class:`.storage_waits.StorageWaits`)
+
+
+def _log_failure(task: asyncio.Task[Any], what: str) -> None:
+    if not task.cancelled() and task.exception() is not None:
+        log.error("%s failed: %s", what, task.exception())
 
 
 class EngineLike(Protocol):
@@ -118,9 +125,10 @@ class JobTable:
         self._owners: dict[str, list[int]] = {}  # owner -> [jobs, input bytes]
         self.draining = False
         self.closing = asyncio.Event()
-        self._writes: set[asyncio.Task[bool]] = set()
+        self._writes: set[asyncio.Task[Any]] = set()
         self._unwritten: set[str] = set()  # finished jobs whose final state the journal lacks
         self._unjournaled: set[str] = set()  # jobs run for a fleet: its database keeps them
+        self.storage = StorageWaits()  # a submit's calls on a key file or the journal that hang
 
     # -- submit ---------------------------------------------------------------------------
 
@@ -162,6 +170,9 @@ class JobTable:
                                  "different job (other circuit or inputs)")
             await asyncio.shield(existing.accepted)
             return existing, True
+        key_file = f"the key file of circuit {req.circuit_id}"
+        self.storage.check(key_file)  # a call on it hangs: refused now, not after a wait of its own
+        self.storage.check(JOURNAL)
         size = input_bytes(req.partitions)
         self._within_caps(owner, size)
         job_id = req.request_id or uuid.uuid4().hex
@@ -171,21 +182,31 @@ class JobTable:
         self.jobs[job_id] = rec
         self._hold(rec, size)  # before any await: concurrent submits see it
         try:
-            await self._to_engine_off_loop(rec)
+            await self.storage.wait(self._to_engine_off_loop(rec), key_file, started=time.monotonic(),
+                                    on_late=lambda taken: self._cancel_taken(taken, job_id))
         except BaseException as e:
             self._refused(rec, e)
             raise
+        add = asyncio.ensure_future(self.journal.add(self._entry(rec)))
         try:
-            await self.journal.add(self._entry(rec))
+            await self.storage.wait(add, JOURNAL, started=time.monotonic())
         except BaseException as e:  # not durable: the job must not run unacknowledged
             self.engine.cancel(job_id)
             self._refused(rec, e)
-            if not isinstance(e, asyncio.CancelledError):
+            if not add.done() and not isinstance(e, asyncio.CancelledError):  # the write hangs and goes on:
+                # its removal waits behind it on the journal's thread
+                self._later(self.journal.remove([job_id]), f"removing refused job {job_id} from the journal")
+            elif not isinstance(e, asyncio.CancelledError):
                 with contextlib.suppress(ResourceError):  # the row was not written, or cannot be removed
                     await self.journal.remove([job_id])
             raise
         rec.accepted.set_result(None)
         return rec, False
+
+    def _cancel_taken(self, taken: asyncio.Future[None], job_id: str) -> None:
+        """The engine took a job after its submit was refused (its key file answered late): it must not run."""
+        if not taken.cancelled() and taken.exception() is None:
+            self.engine.cancel(job_id)
 
     def _within_caps(self, owner: str, size: int) -> None:
         """Unavailable (:func:`.queue_caps.check_caps`) if a new job of ``owner`` with ``size``
@@ -411,10 +432,16 @@ class JobTable:
     def _write_final(self, rec: JobRecord) -> None:
         """Journal a job's final state in the background, then wake its waiters: a result is given
         out only once a restart cannot run the job again (see the module docstring on failures)."""
-        task = asyncio.ensure_future(self._journal_final(rec))
-        task.add_done_callback(lambda _: rec.done.set())
+        self._later(self._journal_final(rec), f"journaling job {rec.job_id}'s end").add_done_callback(
+            lambda _: rec.done.set())
+
+    def _later(self, write: Coroutine[Any, Any, Any], what: str) -> asyncio.Task[Any]:
+        """``write`` on the journal in the background, waited for by :meth:`flush`; its failure is logged."""
+        task = asyncio.ensure_future(write)
         self._writes.add(task)
         task.add_done_callback(self._writes.discard)
+        task.add_done_callback(lambda t: _log_failure(t, what))
+        return task
 
     async def _journal_final(self, rec: JobRecord, again: bool = False) -> bool:
         try:

@@ -120,6 +120,7 @@ class StatusView:
             "job_counts": self.job_counts(engine),
             "queue_depth": self.queue_depth(),
             "queue": self.queue(),
+            "storage_not_answering": self.jobs.storage.report(),  # a key file or the journal: submits refused
             "jobs": self._job_list(engine),
             "memory_budget": dict(self.budget),
             "pipeline": {"ring_slots": self.cfg.engine.ring_slots,

@@ -1,0 +1,148 @@
+"""A submit whose key file or journal does not answer (a hard NFS mount whose server is gone) is refused after
+a bounded wait, not left waiting for ever with its place under the queue caps held; while that call hangs, the
+next submit that needs the same storage is refused at once, the status says what does not answer, and once it
+answers, what the late call did is undone (the job the engine took is cancelled, the journal row removed)."""
+
+from __future__ import annotations
+
+import asyncio
+import sqlite3
+import threading
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon import storage_waits
+from cuzk_mp.daemon.client import AsyncClient
+from cuzk_mp.daemon.journal import Journal
+from cuzk_mp.daemon.server import Daemon
+from cuzk_mp.errors import Unavailable
+from cuzk_mp.pipeline.types import JobSpec
+from tests.fake_engine import FakeEngine, make_config
+
+WAIT_S = 0.5
+
+
+class Storage:
+    """A dead mount that comes back: calls on it block until :meth:`answer`; ``entered`` counts them."""
+
+    def __init__(self) -> None:
+        self.back = threading.Event()
+        self.entered = 0
+
+    def hang(self) -> None:
+        self.entered += 1
+        self.back.wait()
+
+    def answer(self) -> None:
+        self.back.set()
+
+
+def _submit(seed: int, cid: str = "syn", request_id: str = "") -> P.SubmitProof:
+    return P.SubmitProof(id=0, circuit_id=cid, request_id=request_id,
+                         partitions=[P.PartitionIn(kind="synthetic", seed=seed)])
+
+
+async def _until(check: Any) -> None:
+    async with asyncio.timeout(20):
+        while not check():
+            await asyncio.sleep(0.01)
+
+
+@pytest.fixture(autouse=True)
+def short_wait(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(storage_waits, "ACCEPT_WAIT_S", WAIT_S)
+
+
+def test_a_submit_whose_key_file_hangs_is_refused_and_frees_its_place(tmp_path: Path) -> None:
+    mount = Storage()
+    engines: list[FakeEngine] = []
+
+    class KeyOnDeadMount(FakeEngine):  # circuit "syn"'s key file lies on the dead mount; "crit"'s is fine
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            engines.append(self)
+
+        def submit(self, job: JobSpec) -> None:
+            if job.circuit_id == "syn":
+                mount.hang()  # the engine reads the key file's header as it takes a job
+            super().submit(job)
+
+    cfg = make_config(tmp_path, max_queued_jobs=1)
+
+    async def main() -> None:
+        d = Daemon(cfg, engine_factory=KeyOnDeadMount)
+        await d.start()
+        try:
+            async with asyncio.timeout(60), await AsyncClient.connect(str(cfg.listen)) as c:
+                with pytest.raises(Unavailable, match=f"the key file of circuit syn did not answer within {WAIT_S:g} "
+                                                      r"s \(its storage hangs\?\); no job was taken"):
+                    await c.request(_submit(1, request_id="first"))
+                assert d.jobs is not None and d.jobs.queued().jobs == 0  # its place under max_queued_jobs is free
+                with pytest.raises(Unavailable, match="needs the key file of circuit syn now: it has not answered"):
+                    await c.request(_submit(2))
+                assert mount.entered == 1  # refused at once: no second thread stuck on the mount
+                [stuck] = (await c.status())["storage_not_answering"]
+                assert stuck["what"] == "the key file of circuit syn" and stuck["calls"] == 1
+                crit = await c.prove("crit", [P.PartitionIn(kind="synthetic", seed=3)], timeout_s=20)
+                assert crit.state == "done"  # the one place the cap allows was free for it
+
+                mount.answer()  # the late call takes the job in the engine: it is cancelled there, never proved
+                engine = engines[0]
+                await _until(lambda: "first" in engine.jobs and engine.jobs["first"]["done"])
+                assert ("first", 0) not in engine.proved
+                assert (await c.status())["storage_not_answering"] == []
+                again = await c.prove("syn", [P.PartitionIn(kind="synthetic", seed=1)], request_id="first",
+                                      timeout_s=20)
+                assert again.state == "done"
+        finally:
+            await d.stop()
+
+    asyncio.run(main())
+
+
+def test_a_submit_whose_journal_hangs_is_refused_and_its_late_row_removed(tmp_path: Path,
+                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    mount = Storage()
+    insert = Journal._insert
+
+    def hung_insert(self: Journal, entry: Any) -> None:
+        if not mount.back.is_set():
+            mount.hang()
+        insert(self, entry)
+
+    monkeypatch.setattr(Journal, "_insert", hung_insert)
+    cfg = make_config(tmp_path)
+    engines: list[FakeEngine] = []
+
+    class Recorded(FakeEngine):
+        def __init__(self, *args: Any) -> None:
+            super().__init__(*args)
+            engines.append(self)
+
+    async def main() -> None:
+        d = Daemon(cfg, engine_factory=Recorded)
+        await d.start()
+        try:
+            async with asyncio.timeout(60), await AsyncClient.connect(str(cfg.listen)) as c:
+                with pytest.raises(Unavailable, match=f"the journal did not answer within {WAIT_S:g} s"):
+                    await c.request(_submit(1, request_id="first"))
+                assert engines[0].jobs["first"]["done"]  # taken by the engine, then cancelled: not durable
+                with pytest.raises(Unavailable, match="needs the journal now"):
+                    await c.request(_submit(2, cid="crit"))
+                assert mount.entered == 1
+                mount.answer()  # the late write lands, and the removal queued behind it takes the row away
+                await _until(lambda: not d.jobs or not d.jobs.storage.report())
+                assert d.jobs is not None
+                await d.jobs.flush()
+                rows = sqlite3.connect(cfg.journal_path).execute("SELECT job_id FROM jobs").fetchall()
+                assert rows == []
+                again = await c.prove("syn", [P.PartitionIn(kind="synthetic", seed=1)], request_id="first",
+                                      timeout_s=20)
+                assert again.state == "done"
+        finally:
+            await d.stop()
+
+    asyncio.run(main())
