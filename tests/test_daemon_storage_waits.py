@@ -133,12 +133,14 @@ def test_a_submit_whose_journal_hangs_is_refused_and_its_late_row_removed(tmp_pa
                 with pytest.raises(Unavailable, match="needs the journal now"):
                     await c.request(_submit(2, cid="crit"))
                 assert mount.entered == 1
+                healthy, why = d.health()  # /healthz: 503, no job is accepted anywhere
+                assert not healthy and why.startswith("the journal has not answered for ")
                 mount.answer()  # the late write lands, and the removal queued behind it takes the row away
                 await _until(lambda: not d.jobs or not d.jobs.storage.report())
                 assert d.jobs is not None
                 await d.jobs.flush()
                 rows = sqlite3.connect(cfg.journal_path).execute("SELECT job_id FROM jobs").fetchall()
-                assert rows == []
+                assert rows == [] and d.health() == (True, "ok")
                 again = await c.prove("syn", [P.PartitionIn(kind="synthetic", seed=1)], request_id="first",
                                       timeout_s=20)
                 assert again.state == "done"

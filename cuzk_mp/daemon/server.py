@@ -50,7 +50,7 @@ from cuzk_mp.daemon.access import Access, check_socket_places
 from cuzk_mp.daemon.config import ENGINE_STOP_RESERVE_S, JOURNAL_STOP_WAIT_S, DaemonConfig
 from cuzk_mp.daemon.handlers import DaemonHandlers, DaemonState
 from cuzk_mp.daemon.instance_lock import InstanceLock, lock_paths
-from cuzk_mp.daemon.jobs import JobTable, QueueCaps
+from cuzk_mp.daemon.jobs import JOURNAL, JobTable, QueueCaps
 from cuzk_mp.daemon.journal import Journal
 from cuzk_mp.daemon.metrics import DaemonMetrics
 from cuzk_mp.daemon.notify import read_budget_s, setup_budget_s, starting
@@ -360,12 +360,17 @@ class Daemon(DaemonHandlers):
         self.jobs.on_partition_done(job_id, result)
 
     def health(self) -> tuple[bool, str]:
-        """(healthy, what is wrong) for /healthz: running, and the engine not degraded."""
+        """(healthy, what is wrong) for /healthz: running, the engine not degraded, and the journal answering
+        (while a write of it hangs no submit is taken: :mod:`.storage_waits`)."""
         if self.state is not DaemonState.RUNNING:
             return False, self.state.value
         degraded = self.engine.degraded()
         if degraded:
             return False, "degraded: " + "; ".join(d.reason for d in degraded)
+        for stuck in self.jobs.storage.report() if self.jobs is not None else ():
+            if stuck["what"] == JOURNAL:
+                return False, (f"the journal has not answered for {stuck['for_s']:.0f} s (its storage hangs?): "
+                               "no job is accepted")
         return True, "ok"
 
 

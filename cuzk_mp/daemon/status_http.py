@@ -6,9 +6,9 @@ answers it and closes the connection. Only GET and HEAD are served; other paths 
 methods 405 with an ``Allow`` header. The handlers are plain callables supplied by the server, so
 this module knows nothing about jobs or the engine.
 
-``/healthz`` answers 200 ``ok`` while the daemon is running and its engine healthy, and 503 with
-what is wrong otherwise (starting, draining, or "degraded: " and the cause), which is what
-``scripts/wait-ready.sh`` and load balancers poll.
+``/healthz`` answers 200 ``ok`` while the daemon is running, its engine healthy and its journal answering,
+and 503 with what is wrong otherwise (starting, draining, "degraded: " and the cause, a journal whose
+storage hangs), which is what ``scripts/wait-ready.sh`` and load balancers poll.
 
 ``/status`` takes the caller's token as ``Authorization: Bearer TOKEN`` (401 with
 ``WWW-Authenticate: Bearer realm="cuzk-mp"`` when the daemon requires tokens and none was sent, 403
