@@ -8,6 +8,7 @@ from __future__ import annotations
 import asyncio
 import sqlite3
 import threading
+import time
 from pathlib import Path
 from typing import Any
 
@@ -89,9 +90,11 @@ def test_a_submit_whose_key_file_hangs_is_refused_and_frees_its_place(tmp_path: 
                 crit = await c.prove("crit", [P.PartitionIn(kind="synthetic", seed=3)], timeout_s=20)
                 assert crit.state == "done"  # the one place the cap allows was free for it
 
-                mount.answer()  # the late call takes the job in the engine: it is cancelled there, never proved
                 engine = engines[0]
+                engine.gate.clear()  # the engine starts no partition until the late job's fate is seen
+                mount.answer()  # the late call takes the job in the engine: it is cancelled there, never proved
                 await _until(lambda: "first" in engine.jobs and engine.jobs["first"]["done"])
+                engine.gate.set()
                 assert ("first", 0) not in engine.proved
                 assert (await c.status())["storage_not_answering"] == []
                 again = await c.prove("syn", [P.PartitionIn(kind="synthetic", seed=1)], request_id="first",
@@ -144,6 +147,31 @@ def test_a_submit_whose_journal_hangs_is_refused_and_its_late_row_removed(tmp_pa
                 again = await c.prove("syn", [P.PartitionIn(kind="synthetic", seed=1)], request_id="first",
                                       timeout_s=20)
                 assert again.state == "done"
+        finally:
+            await d.stop()
+
+    asyncio.run(main())
+
+
+def test_pipelined_submits_of_a_circuit_reach_the_engine_in_their_order(tmp_path: Path) -> None:
+    """Two submits sent back to back on one connection are queued by the engine in the order sent, even where
+    the first one's hand-over is the slower (its key file's header read from a slow disk): a batch that submits
+    jobs in order has them proved in that order at one priority."""
+    class SlowFirstRead(FakeEngine):
+        def submit(self, job: JobSpec) -> None:
+            if job.job_id == "a":
+                time.sleep(0.3)
+            super().submit(job)
+
+    cfg = make_config(tmp_path)
+
+    async def main() -> None:
+        d = Daemon(cfg, engine_factory=SlowFirstRead)
+        await d.start()
+        try:
+            async with asyncio.timeout(60), await AsyncClient.connect(str(cfg.listen)) as c:
+                await asyncio.gather(*(c.request(_submit(i, request_id=rid)) for i, rid in enumerate("abc")))
+                assert isinstance(d.engine, SlowFirstRead) and d.engine.submitted == ["a", "b", "c"]
         finally:
             await d.stop()
 

@@ -71,8 +71,9 @@ from cuzk_mp.daemon.metrics import DaemonMetrics
 from cuzk_mp.daemon.protocol import JobReply, PartitionIn, Prove, SubmitProof
 from cuzk_mp.daemon.queue_caps import Queued, QueueCaps, check_caps
 from cuzk_mp.daemon.storage_waits import StorageWaits
-from cuzk_mp.daemon.threads import on_daemon_thread
+from cuzk_mp.daemon.threads import on_serial_thread
 from cuzk_mp.errors import InputError, ResourceError, Unavailable
+from cuzk_mp.pipeline.serial import SerialThread
 from cuzk_mp.pipeline.types import JobResult, JobSpec, PartitionInput, PartitionResult, Priority
 
 log = logging.getLogger("cuzk_mp.daemon.jobs")
@@ -129,6 +130,7 @@ class JobTable:
         self._unwritten: set[str] = set()  # finished jobs whose final state the journal lacks
         self._unjournaled: set[str] = set()  # jobs run for a fleet: its database keeps them
         self.storage = StorageWaits()  # a submit's calls on a key file or the journal that hang
+        self._handovers: dict[str, SerialThread] = {}  # circuit id -> the thread that hands its jobs to the engine
 
     # -- submit ---------------------------------------------------------------------------
 
@@ -294,11 +296,16 @@ class JobTable:
                             submitted_at=rec.submitted_at, owner=rec.owner)
 
     def _to_engine_off_loop(self, rec: JobRecord) -> asyncio.Future[None]:
-        """:meth:`_to_engine` on a daemon thread of its own (:mod:`.threads`): the engine reads the key
-        file's header as it accepts a job (it pins the job to that key), and parses input JSON; on a key
-        whose mount hangs that read never returns, and on the loop it stopped every other request and the
-        stop; on the default executor it held a thread, and the process's exit, for ever."""
-        return on_daemon_thread(self._to_engine, rec, name=f"cuzk-submit-{rec.circuit_id}")
+        """:meth:`_to_engine` on the circuit's hand-over thread (a daemon thread, :mod:`.threads`): the engine
+        reads the key file's header as it accepts a job (it pins the job to that key), and parses input JSON;
+        on a key whose mount hangs that read never returns, and on the loop it stopped every other request
+        and the stop; on the default executor it held a thread, and the process's exit, for ever. One thread
+        a circuit, so that its jobs reach the engine in the order they were submitted (a thread a submit let a
+        slow header read put the first job behind the next), and a circuit whose key hangs holds no other's."""
+        thread = self._handovers.get(rec.circuit_id)
+        if thread is None:
+            thread = self._handovers[rec.circuit_id] = SerialThread(f"cuzk-submit-{rec.circuit_id}")
+        return on_serial_thread(thread, self._to_engine, rec)
 
     def _to_engine(self, rec: JobRecord) -> None:
         parts = [PartitionInput(kind=p.kind, data=p.data, seed=p.seed) for p in rec.partitions]
@@ -475,6 +482,12 @@ class JobTable:
         if self._unwritten and await self.write_pending():
             log.error("[shutdown] the journal still cannot be written: %d finished jobs (%s) run again after "
                       "a restart", len(self._unwritten), ", ".join(sorted(self._unwritten)[:5]))
+
+    def close(self) -> None:
+        """At the daemon's stop: the hand-over threads end once their calls have (one stuck on a dead mount
+        keeps its thread, a daemon thread the process's exit does not wait for)."""
+        for thread in self._handovers.values():
+            thread.close(0)
 
     # -- retention and restart ------------------------------------------------------------
 

@@ -268,6 +268,7 @@ class Daemon(DaemonHandlers):
             self.jobs.closing.set()  # before the waiters of unfinished ones hear "shutting down"
             await asyncio.sleep(0.05)  # waiters answer before their connections close
             await self._flush_until(journal_by)
+            self.jobs.close()
         for comm in list(self._comms):
             comm.close()
         for t in list(self._tasks):
