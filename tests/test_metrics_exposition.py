@@ -24,13 +24,14 @@ from cuzk_mp.daemon import metrics
 from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
 
-from tests.fake_engine import run_daemon
+from tests.fake_engine import FakeEngine, make_config, run_daemon
 from tests.helpers import free_port
 
 # Every family the daemon exports: its type and its label names. A new metric joins this table, so
 # whoever adds one decides what it is.
 FAMILIES: dict[str, tuple[str, frozenset[str]]] = {name: (kind, frozenset(labels)) for name, kind, labels in (
     ("cuzk_build_info", "gauge", ("version", "python")),
+    ("cuzk_daemon_state", "gauge", ("state",)),
     ("cuzk_proofs_completed", "counter", ("circuit",)),
     ("cuzk_proofs_failed", "counter", ("circuit",)),
     ("cuzk_jobs_finished", "counter", ("circuit", "state")),
@@ -161,6 +162,48 @@ def test_metrics_parse_as_typed_documented_labelled_families(tmp_path: Path) -> 
         assert started == fams["cuzk_start_time_seconds"].samples[0].value == d.started_at  # a level, not a count
 
     run_daemon(tmp_path, body, status_listen=f"127.0.0.1:{port}")
+
+
+def test_the_daemon_state_is_one_of_every_state_while_starting_running_and_draining(tmp_path: Path) -> None:
+    """An alert on a daemon stuck starting or draining reads ``cuzk_daemon_state``: every state the daemon
+    goes through is a series, 1 for the one it is in and 0 for the others, as /status says it. Scraped
+    over HTTP while the engine starts, while it serves, and while the engine stops in the drain."""
+    import json
+
+    from cuzk_mp.daemon.handlers import DaemonState
+
+    port = free_port()
+    seen: dict[str, tuple[dict[str, float], str]] = {}
+
+    def look(when: str) -> None:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/status", timeout=10) as r:
+            said = json.loads(r.read())["daemon"]["state"]
+        series = {s.labels["state"]: s.value for s in _families(_scrape(port)[1])["cuzk_daemon_state"].samples}
+        seen[when] = series, said
+
+    class Engine(FakeEngine):
+        def start(self) -> FakeEngine:
+            look("start")
+            return super().start()
+
+        def stop(self, grace_s: float = 30.0) -> None:
+            look("stop")
+            super().stop(grace_s)
+
+    async def main() -> None:
+        d = Daemon(make_config(tmp_path, status_listen=f"127.0.0.1:{port}"), engine_factory=Engine)
+        await d.start()
+        try:
+            await asyncio.to_thread(look, "serving")
+        finally:
+            await d.stop()
+
+    asyncio.run(main())
+    every = {s.value for s in DaemonState}
+    for when, state in (("start", "starting"), ("serving", "running"), ("stop", "draining")):
+        series, said = seen[when]
+        assert said == state and set(series) == every, (when, said, series)
+        assert series == {s: float(s == state) for s in every}, (when, series)
 
 
 def test_the_memory_budget_is_in_the_scrape_as_the_status_reports_it(tmp_path: Path) -> None:

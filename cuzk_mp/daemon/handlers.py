@@ -326,7 +326,8 @@ class DaemonHandlers:
                                                 name="cuzk-engine-metrics")
         view = self.view
         return self.metrics.render(Scrape(
-            started_at=self.started_at, queue_depth=view.queue_depth() if view else 0,
+            started_at=self.started_at, state=self.state.value, states=[s.value for s in DaemonState],
+            queue_depth=view.queue_depth() if view else 0,
             job_counts=view.job_counts(status) if view else {}, memory_budget=view.budget if view else {},
             queued_input_bytes=self.jobs.queued().input_bytes if self.jobs is not None else 0,
             engine=status, engine_metrics=em, extra=await self.fleet.gauges() if self.fleet is not None else (),

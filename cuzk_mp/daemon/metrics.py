@@ -18,7 +18,9 @@ Metric names (all prefixed ``cuzk_``):
   measured them (queue_wait, ring_wait, shm_write, witness, synthesis, staging, device, ...)
 * ``gpu_busy_seconds_total{device}``: sum of the proved partitions' device-compute time
 * ``requests_total{op}``, ``request_errors_total{op,kind}``, ``request_duration_seconds{op}``
-* scrape time: ``start_time_seconds`` (Unix time; uptime = ``time() - cuzk_start_time_seconds``),
+* scrape time: ``daemon_state{state}`` (1 for the state the daemon is in, as GetStatus's
+  ``daemon.state``, 0 for every other: created, starting, running, draining, stopped, failed),
+  ``start_time_seconds`` (Unix time; uptime = ``time() - cuzk_start_time_seconds``),
   ``queue_depth``, ``jobs{state}`` (the job table now), ``queued_input_bytes`` (the input bytes the
   unfinished jobs hold: ``[daemon] max_queued_input`` caps it), ``srs_budget_bytes``,
   ``memory_budget_bytes{kind}`` (GetStatus's ``memory_budget``: total, safety_margin, queue, processes,
@@ -78,6 +80,8 @@ class Scrape:
     gauges and counters other parts of the daemon add (``extra``, ``counts``)."""
 
     started_at: float = 0.0  # Unix time the daemon started
+    state: str = ""  # the daemon's state now, one of ``states``
+    states: Sequence[str] = ()  # every state the daemon goes through (no family without them)
     queue_depth: int = 0
     job_counts: Mapping[str, int] = field(default_factory=dict)
     memory_budget: Mapping[str, int] = field(default_factory=dict)  # the status's memory_budget
@@ -161,6 +165,9 @@ class DaemonMetrics:
         s = self._scrape
         if s is None:
             return
+        if s.states:  # every state a series (the enum pattern): an alert reads how long one has been 1
+            yield _gauge("cuzk_daemon_state", "The daemon's state: 1 for the one it is in (as GetStatus says), "
+                         "0 for the others.", {("state",): None}, [((k,), float(k == s.state)) for k in s.states])
         yield _gauge("cuzk_start_time_seconds", "When the daemon started (Unix time).", s.started_at)
         yield _gauge("cuzk_queue_depth", "Partitions accepted and not yet finished.", s.queue_depth)
         yield _gauge("cuzk_jobs", "Jobs in the job table by state.", {("state",): None},
