@@ -236,3 +236,32 @@ def test_a_partitions_wait_in_the_ring_is_never_negative(test_key: tuple[Path, P
     finally:
         backend.close()
         ring.destroy()
+
+
+def test_a_bench_under_a_clock_set_back_reports_the_time_its_runs_took(tmp_path: Path,
+                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """``cuzk-mp bench`` times its runs, jobs and partitions on the monotonic clock: with the wall clock
+    set back an hour between any two reads of it, every span it reports lies within the time the bench
+    took (as the monotonic clock measured it around the run), the device-busy fractions within (0, 1],
+    and each job's memory window has its samples."""
+    import json
+
+    from tests.helpers import KEY_CACHE
+    from tests.test_pipeline_bench import _parse
+
+    out = tmp_path / "bench.json"
+    args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partitions", "2", "--jobs", "3", "--in-flight", "2",
+                  "--partition-workers", "1", "--quiet", "--cache", str(KEY_CACHE), "--json", str(out))
+    began = time.monotonic()
+    clock_stepping_back(monkeypatch)
+    assert args.func(args) == 0
+    monkeypatch.undo()
+    took = time.monotonic() - began
+    result = json.loads(out.read_text())
+    assert result["proofs_verified"] == 6
+    spans = [result["first_job_s"], *result["s_per_partition_runs"], *result["s_per_job_runs"]]
+    assert all(0.0 < s <= took for s in spans), (spans, took)
+    busy = result["device_busy_fraction_by_device"]
+    assert busy and all(0.0 < f <= 1.0 for f in busy.values()), busy
+    by_job = result["memory_bound"]["peak_host_bytes_by_job"]
+    assert len(by_job) == 3 and all(b is not None for b in by_job), by_job

@@ -4,6 +4,12 @@ then the proofs written (``--proofs-dir``) and every one checked again against t
 
 Kept apart from the figures (:mod:`.benchsummary`): this module drives processes and waits on
 them; that one is arithmetic on what the runs recorded (:class:`RunResults`, ``part_done``).
+
+What a figure is computed from is timed on ``time.monotonic()`` (a run's start, each job's and each
+partition's completion): a step of the system clock during a bench (NTP, a date set by hand) moves
+none of them. The wall time of each partition's completion is kept beside it (``part_done_wall``), to
+show in the result beside the engine's times (its spans, each job's submit), and to carry a span's
+end onto the monotonic clock (:func:`~.benchsummary.made_at`).
 """
 
 from __future__ import annotations
@@ -38,7 +44,7 @@ SAMPLE_INTERVAL_S = 0.5
 
 @dataclass
 class RunResults:
-    """The jobs of one run and when each finished."""
+    """The jobs of one run and when each finished (``t_start``, ``t_done``: ``time.monotonic()``)."""
 
     t_start: float
     results: list[JobResult] = field(default_factory=list)
@@ -54,8 +60,9 @@ class BenchRun:
         # what the engine will use (:func:`~.benchoptions.prover_devices`): the start step counts them
         self.devices = devices
         self.cond = threading.Condition()
-        self.current = RunResults(time.time())
-        self.part_done: dict[tuple[str, int], float] = {}
+        self.current = RunResults(time.monotonic())
+        self.part_done: dict[tuple[str, int], float] = {}  # time.monotonic() of each completion
+        self.part_done_wall: dict[tuple[str, int], float] = {}  # the same moments' time.time(), to show
         self.busy_marks: list[dict[str, float]] = []  # busy seconds per prover at run 0's first job, run ends
         self.progress: Progress | None = None
         self.running: RunningEngine | None = None
@@ -63,7 +70,8 @@ class BenchRun:
         self.pss_first_job: dict[str, int] | None = None  # per-process peak PSS when run 0's first job ended
 
     def _on_partition(self, job_id: str, result: PartitionResult) -> None:
-        self.part_done[(job_id, result.index)] = time.time()
+        self.part_done[(job_id, result.index)] = time.monotonic()
+        self.part_done_wall[(job_id, result.index)] = time.time()
         if self.progress is not None:
             self.progress.advance(result.proof is not None)
 
@@ -71,7 +79,7 @@ class BenchRun:
         with self.cond:
             run = self.current
             run.results.append(result)
-            run.t_done[result.job_id] = time.time()
+            run.t_done[result.job_id] = time.monotonic()
             sampler = self.sampler  # the one read here, even where the bench takes it away meanwhile
             if sampler is not None:
                 sampler.sample()  # every job window gets at least the sample at its end
@@ -108,7 +116,7 @@ class BenchRun:
     def one_run(self, engine: RunningEngine, circuit_id: str, fixed: list[PartitionInput], run: int) -> RunResults:
         """Submit ``jobs`` jobs, at most ``in_flight`` at a time; wait for all."""
         a = self.args
-        current = RunResults(time.time())
+        current = RunResults(time.monotonic())
         with self.cond:
             self.current = current
         for j in range(a.jobs):

@@ -3,7 +3,9 @@
 the sampled peaks, and the JSON result the table prints (the definitions: :mod:`.bench`).
 
 Arithmetic only, on :class:`~.benchrun.RunResults` and the partitions' timings and spans: no process
-is started or waited on here, so each figure can be checked on recorded numbers.
+is started or waited on here, so each figure can be checked on recorded numbers. Every span a figure
+is made of is on the bench's monotonic clock (:mod:`.benchrun`); the engine's spans and submit times,
+on the wall clock, are shown as they are and enter a figure only through :func:`made_at`.
 """
 
 from __future__ import annotations
@@ -59,21 +61,34 @@ def steady_s_per_proof(run: RunResults, made: dict[tuple[str, int], float], part
     return max((first - run.t_start) / partitions, floor_s)
 
 
-def made_at(part_done: dict[tuple[str, int], float], runs: list[RunResults]) -> dict[tuple[str, int], float]:
-    """When each partition was made: where its device stage ended (its span), else when it completed.
+def made_at(part_done: dict[tuple[str, int], float], runs: list[RunResults],
+            part_done_wall: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
+    """When each partition was made, on ``part_done``'s clock (the bench's monotonic one): where its
+    device stage ended (its span), else when it completed.
 
     The device stage's end, not the completion: a prover proves small partitions in passes, and the
     partitions of one pass complete together after it, each placed in the timeline at its share of the
     pass (:mod:`.timeline`). Timed by completions, a window that opens on the first job's last pass
     would count that pass's other partitions as made in it in no time (a run of 30 partitions in
-    passes of 3 came out ~7 % fast, under the device stage's own time)."""
+    passes of 3 came out ~7 % fast, under the device stage's own time).
+
+    The engine places spans on the wall clock: a span's end is carried over as how long before the
+    partition's completion it lay on that clock (``part_done_wall``: the completion's wall time, read
+    with ``part_done``'s). Where a step of the wall clock came between the two makes that lead
+    impossible (negative, or longer than the partition's own submit-to-proof ``total``), the
+    completion less its ``finalize`` stands for the device stage's end."""
     made = dict(part_done)
     for run in runs:
         for job in run.results:
             for p in job.partitions:
+                key = (job.job_id, p.index)
                 ends = [s.end for s in p.spans if s.stage == "device"]
-                if ends:
-                    made[(job.job_id, p.index)] = max(ends)
+                if not ends or key not in made or key not in part_done_wall:
+                    continue
+                lead = part_done_wall[key] - max(ends)
+                if not 0.0 <= lead <= p.timings.get("total", float("inf")):
+                    lead = p.timings.get("finalize", 0.0)
+                made[key] = part_done[key] - lead
     return made
 
 
@@ -138,7 +153,8 @@ def _device_fractions(partitions: list[dict[str, Any]], runs: list[RunResults]) 
     sits beside the kernel-busy fraction (the gap is host work under the lock). Keyed by device id.
 
     Partition timings are durations, so a device stage is placed as ending where finalize began
-    (``t_done - finalize``; message passing makes that a little late) and clipped to the window.
+    (``t_done_mono - finalize``, on the steady window's monotonic clock; message passing makes that
+    a little late) and clipped to the window.
     Partitions proved in one pass (``device_batch`` of them) each report their share of it as
     ``device``: each is placed as the whole pass (share x batch), so the pass counts once. The
     stages of one device are serial, but placed that way they can overlap by the messages'
@@ -148,10 +164,10 @@ def _device_fractions(partitions: list[dict[str, Any]], runs: list[RunResults]) 
         return None
     spans: dict[str, list[tuple[float, float]]] = {}
     for p in partitions:
-        if p["device"] is None or p["t_done"] is None:
+        if p["device"] is None or p["t_done_mono"] is None:
             continue
         t = p["timings"]
-        d_end = p["t_done"] - t.get("finalize", 0.0)  # the device stage ends where finalize begins
+        d_end = p["t_done_mono"] - t.get("finalize", 0.0)  # the device stage ends where finalize begins
         span = t.get("device", 0.0) * t.get("device_batch", 1.0)  # the whole pass it shared
         lo, hi = max(d_end - span, start), min(d_end, end)  # clipped to the window
         if hi > lo:
@@ -258,9 +274,13 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
                 partitions.append({"run": r, "job": job.job_id, "index": p.index, "device": p.device,
                                    "attempts": p.attempts, "timings": p.timings, "error": p.error,
                                    "error_kind": p.error_kind,
-                                   "t_submit": job.submitted_at, "t_done": bench.part_done.get((job.job_id, p.index)),
+                                   # the wall times shown beside the engine's (t_submit, spans); the
+                                   # monotonic completion is what the figures use
+                                   "t_submit": job.submitted_at,
+                                   "t_done": bench.part_done_wall.get((job.job_id, p.index)),
+                                   "t_done_mono": bench.part_done.get((job.job_id, p.index)),
                                    "spans": [dataclasses.asdict(s) for s in p.spans]})
-    made = made_at(bench.part_done, runs)
+    made = made_at(bench.part_done, runs, bench.part_done_wall)
     # each run against the capacity of its own steady partitions: not of the cold first job's (slower,
     # one a pass), nor another run's (slowed or sped by the machine's other work)
     floors = []

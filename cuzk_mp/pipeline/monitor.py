@@ -92,8 +92,8 @@ class MemorySampler:
     """A thread that samples the tree and the ring's shm every ``interval_s``; keeps the peaks.
 
     Per-process peaks are kept by process name (a restarted child keeps its name), so a
-    kind's working set can be read off them; ``timeline`` has (time, host bytes) of every sample, and
-    ``timeline_detail`` (time, PSS by process name, shm bytes) of the same samples.
+    kind's working set can be read off them; ``timeline`` has (``time.monotonic()``, host bytes) of every sample,
+    and ``timeline_detail`` (``time.time()``, PSS by process name, shm bytes) of the same samples.
     """
 
     def __init__(self, prefix: str, interval_s: float = 0.1, pid: int | None = None) -> None:
@@ -133,12 +133,13 @@ class MemorySampler:
             for m in tree:
                 for peaks, value in ((self.peak_pss, m.pss), (self.peak_uss, m.uss), (self.peak_anon, m.anon)):
                     peaks[m.name] = max(peaks.get(m.name, 0), value)
-            now = time.time()
-            self.timeline.append((now, host))
+            # timeline: on the monotonic clock, as what it is held against (the bench's job windows);
+            # timeline_detail: wall time, drawn beside the engine's spans (which are placed on it)
+            self.timeline.append((time.monotonic(), host))
             by_name: dict[str, int] = {}
             for m in tree:
                 by_name[m.name] = by_name.get(m.name, 0) + m.pss
-            self.timeline_detail.append((now, by_name, shm))
+            self.timeline_detail.append((time.time(), by_name, shm))
             self.samples += 1
             return tree
 
