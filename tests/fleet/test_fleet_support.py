@@ -636,6 +636,50 @@ def test_a_box_whose_clock_is_off_the_databases_measures_latency_and_answers_on_
     asyncio.run(main())
 
 
+@pytest.mark.parametrize("step_s", [3600.0, -3600.0], ids=["ahead", "back"])
+def test_a_claimed_jobs_latency_is_on_the_monotonic_clock_from_its_claim(
+        fleet_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step_s: float) -> None:
+    """The system clock is stepped an hour while the box loads a claimed job's inputs: the job's
+    latency (the metric, the log line) is still the queue wait the database measured, the load, and
+    the run, within the time the test saw pass on its own monotonic clock, never an hour more nor
+    the queue wait and the load less."""
+    import types
+    from typing import Any, cast
+
+    from cuzk_mp.daemon import protocol as P
+    from cuzk_mp.daemon.fleet import box as box_module
+    from cuzk_mp.daemon.fleet.box import FleetBox
+
+    real_time, real_load = time.time, box_module.load_inputs
+    observed: list[float] = []
+    engine, jobs = instant_jobs(observe_job=lambda circuit, state, s: observed.append(s))
+    inp = store_inputs(msgspec.msgpack.encode([P.PartitionIn(kind="synthetic", seed=1)]), tmp_path)
+    load_s = 0.2
+
+    def stepping_load(ref: str, sha256: str) -> bytes:
+        time.sleep(load_s)  # the read takes a while, and the clock is stepped during it
+        monkeypatch.setattr(time, "time", lambda: real_time() + step_s)
+        return real_load(ref, sha256)
+
+    monkeypatch.setattr(box_module, "load_inputs", stepping_load)
+
+    async def main() -> None:
+        a = await connect(fleet_dsn, "a")
+        began = time.monotonic()
+        await a.submit("req-step", "x", inp.ref, inp.sha256)
+        await asyncio.sleep(0.3)  # a queue wait the database measures
+        [c] = await a.claim(["x"], 1)
+        fleet_cfg = resolve({"dsn": fleet_dsn, "box": "a"})
+        box = FleetBox(cast(Any, types.SimpleNamespace(fleet=fleet_cfg, circuits={"x": object()})), engine, jobs)
+        await box._run(c)
+        took = time.monotonic() - began
+        await a.close()
+        [latency] = observed
+        assert c.queued_s + load_s <= latency <= took, (latency, c.queued_s, took)
+
+    asyncio.run(main())
+
+
 def test_a_database_that_takes_the_connection_but_not_the_fleet_fails_the_connect_clearly(
         fleet_dsn: str, capsys: pytest.CaptureFixture[str]) -> None:
     """The first connection succeeds, then the database refuses what a box does next: a read-only

@@ -418,6 +418,9 @@ class FleetBox:
         rec = JobRecord(job_id=f"{c.job_id}.{c.claims}", request_id=c.request_id or "", circuit_id=c.circuit_id,
                         priority=c.priority, digest=c.inputs_sha256, partitions=partitions,
                         submitted_at=c.submitted_here, owner=c.client)
+        # latency from the submit as the claim placed it on the monotonic clock: a step of the wall clock
+        # while the inputs loaded is no part of it, and the load is
+        rec.submitted_mono = c.submitted_mono
         await self.jobs.run_claimed(rec)
         if rec.state == "done":
             return JobOutput(*P.stored_reply(msgspec.structs.replace(reply_of(rec, 0), job_id=c.job_id)))

@@ -63,8 +63,10 @@ class Claimed:
     identity of the client that submitted it and ``submitted_at`` when (epoch seconds, the
     database's clock). ``queued_s`` is how long the job had waited when it was claimed, as the
     database measured it, and ``claimed_at`` when the claim returned on this box's own clock: the
-    box's clock may be off the database's, so a latency measured on the box starts from
-    :attr:`submitted_here`, never from ``submitted_at``.
+    box's clock may be off the database's, so a time shown by the box starts from
+    :attr:`submitted_here`, never from ``submitted_at``. ``claimed_mono`` is the same moment on
+    ``time.monotonic()``: a latency measured on the box starts from :attr:`submitted_mono`, so a step
+    of the box's wall clock after the claim (while its inputs load, while it runs) is no part of it.
     """
 
     job_id: str
@@ -80,6 +82,7 @@ class Claimed:
     submitted_at: float = 0.0
     queued_s: float = 0.0
     claimed_at: float = 0.0
+    claimed_mono: float = 0.0
     aborted: asyncio.Event = field(default_factory=asyncio.Event, repr=False)
     abort_reason: str = ""
 
@@ -88,6 +91,12 @@ class Claimed:
         """When the job was submitted, on this box's clock: the claim's time here less the wait
         the database measured, so durations on the box never mix two clocks."""
         return self.claimed_at - self.queued_s
+
+    @property
+    def submitted_mono(self) -> float:
+        """When the job was submitted, on this box's ``time.monotonic()``: the claim's monotonic time less
+        the wait the database measured (what :attr:`.job_records.JobRecord.latency_s` starts from)."""
+        return self.claimed_mono - self.queued_s
 
 
 @dataclass(frozen=True)

@@ -259,7 +259,7 @@ class Fleet(FleetSettles):
                     n_partitions=row["n_partitions"], attempts=row["attempts"], claims=row["claims"],
                     request_id=row["request_id"], client=row["client"],
                     submitted_at=float(row["submitted_at"]), queued_s=max(float(row["queued_s"]), 0.0),
-                    claimed_at=time.time())
+                    claimed_at=time.time(), claimed_mono=time.monotonic())
         self._held[c.job_id] = Held(c, queue_job)
         self._by_queue_id[int(queue_job.id)] = c.job_id
         if lapsed:
