@@ -191,13 +191,14 @@ def make_config(tmp_path: Path, circuits: dict[str, Any] | None = None, **daemon
 
 
 def run_daemon(tmp_path: Path, body: Callable[[Daemon, str], Awaitable[None]],
-               circuits: dict[str, Any] | None = None, **daemon: Any) -> Daemon:
-    """Start a Daemon with the FakeEngine, run ``body(daemon, address)``, stop it (``circuits``:
-    more [circuits.ID] tables, ``daemon``: [daemon] keys)."""
+               circuits: dict[str, Any] | None = None, engine: type[FakeEngine] | None = None,
+               **daemon: Any) -> Daemon:
+    """Start a Daemon with the FakeEngine (or ``engine``, a variant of it), run ``body(daemon, address)``,
+    stop it (``circuits``: more [circuits.ID] tables, ``daemon``: [daemon] keys)."""
     cfg = make_config(tmp_path, circuits, **daemon)
 
     async def main() -> Daemon:
-        d = Daemon(cfg, engine_factory=FakeEngine)
+        d = Daemon(cfg, engine_factory=engine or FakeEngine)
         await d.start()
         try:
             await body(d, str(cfg.listen))

@@ -21,7 +21,7 @@ from cuzk_mp.daemon.journal import Journal
 from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.errors import Unavailable
 from cuzk_mp.pipeline.types import JobSpec
-from tests.fake_engine import FakeEngine, make_config
+from tests.fake_engine import FakeEngine, run_daemon
 
 WAIT_S = 0.5
 
@@ -57,53 +57,46 @@ def short_wait(monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(storage_waits, "ACCEPT_WAIT_S", WAIT_S)
 
 
+async def _taken_again(c: AsyncClient) -> None:
+    """The refused job, sent again under its request_id once the storage answers, is taken and proved."""
+    again = await c.prove("syn", [P.PartitionIn(kind="synthetic", seed=1)], request_id="first", timeout_s=20)
+    assert again.state == "done"
+
+
 def test_a_submit_whose_key_file_hangs_is_refused_and_frees_its_place(tmp_path: Path) -> None:
     mount = Storage()
-    engines: list[FakeEngine] = []
 
     class KeyOnDeadMount(FakeEngine):  # circuit "syn"'s key file lies on the dead mount; "crit"'s is fine
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            engines.append(self)
-
         def submit(self, job: JobSpec) -> None:
             if job.circuit_id == "syn":
                 mount.hang()  # the engine reads the key file's header as it takes a job
             super().submit(job)
 
-    cfg = make_config(tmp_path, max_queued_jobs=1)
+    async def body(d: Daemon, addr: str) -> None:
+        async with asyncio.timeout(60), await AsyncClient.connect(addr) as c:
+            with pytest.raises(Unavailable, match=f"the key file of circuit syn did not answer within {WAIT_S:g} "
+                                                  r"s \(its storage hangs\?\); no job was taken"):
+                await c.request(_submit(1, request_id="first"))
+            assert d.jobs is not None and d.jobs.queued().jobs == 0  # its place under max_queued_jobs is free
+            with pytest.raises(Unavailable, match="needs the key file of circuit syn now: it has not answered"):
+                await c.request(_submit(2))
+            assert mount.entered == 1  # refused at once: no second thread stuck on the mount
+            [stuck] = (await c.status())["storage_not_answering"]
+            assert stuck["what"] == "the key file of circuit syn" and stuck["calls"] == 1
+            crit = await c.prove("crit", [P.PartitionIn(kind="synthetic", seed=3)], timeout_s=20)
+            assert crit.state == "done"  # the one place the cap allows was free for it
 
-    async def main() -> None:
-        d = Daemon(cfg, engine_factory=KeyOnDeadMount)
-        await d.start()
-        try:
-            async with asyncio.timeout(60), await AsyncClient.connect(str(cfg.listen)) as c:
-                with pytest.raises(Unavailable, match=f"the key file of circuit syn did not answer within {WAIT_S:g} "
-                                                      r"s \(its storage hangs\?\); no job was taken"):
-                    await c.request(_submit(1, request_id="first"))
-                assert d.jobs is not None and d.jobs.queued().jobs == 0  # its place under max_queued_jobs is free
-                with pytest.raises(Unavailable, match="needs the key file of circuit syn now: it has not answered"):
-                    await c.request(_submit(2))
-                assert mount.entered == 1  # refused at once: no second thread stuck on the mount
-                [stuck] = (await c.status())["storage_not_answering"]
-                assert stuck["what"] == "the key file of circuit syn" and stuck["calls"] == 1
-                crit = await c.prove("crit", [P.PartitionIn(kind="synthetic", seed=3)], timeout_s=20)
-                assert crit.state == "done"  # the one place the cap allows was free for it
+            engine = d.engine
+            assert isinstance(engine, KeyOnDeadMount)
+            engine.gate.clear()  # the engine starts no partition until the late job's fate is seen
+            mount.answer()  # the late call takes the job in the engine: it is cancelled there, never proved
+            await _until(lambda: "first" in engine.jobs and engine.jobs["first"]["done"])
+            engine.gate.set()
+            assert ("first", 0) not in engine.proved
+            assert (await c.status())["storage_not_answering"] == []
+            await _taken_again(c)
 
-                engine = engines[0]
-                engine.gate.clear()  # the engine starts no partition until the late job's fate is seen
-                mount.answer()  # the late call takes the job in the engine: it is cancelled there, never proved
-                await _until(lambda: "first" in engine.jobs and engine.jobs["first"]["done"])
-                engine.gate.set()
-                assert ("first", 0) not in engine.proved
-                assert (await c.status())["storage_not_answering"] == []
-                again = await c.prove("syn", [P.PartitionIn(kind="synthetic", seed=1)], request_id="first",
-                                      timeout_s=20)
-                assert again.state == "done"
-        finally:
-            await d.stop()
-
-    asyncio.run(main())
+    run_daemon(tmp_path, body, engine=KeyOnDeadMount, max_queued_jobs=1)
 
 
 def test_a_submit_whose_journal_hangs_is_refused_and_its_late_row_removed(tmp_path: Path,
@@ -117,40 +110,26 @@ def test_a_submit_whose_journal_hangs_is_refused_and_its_late_row_removed(tmp_pa
         insert(self, entry)
 
     monkeypatch.setattr(Journal, "_insert", hung_insert)
-    cfg = make_config(tmp_path)
-    engines: list[FakeEngine] = []
 
-    class Recorded(FakeEngine):
-        def __init__(self, *args: Any) -> None:
-            super().__init__(*args)
-            engines.append(self)
+    async def body(d: Daemon, addr: str) -> None:
+        async with asyncio.timeout(60), await AsyncClient.connect(addr) as c:
+            with pytest.raises(Unavailable, match=f"the journal did not answer within {WAIT_S:g} s"):
+                await c.request(_submit(1, request_id="first"))
+            assert isinstance(d.engine, FakeEngine) and d.engine.jobs["first"]["done"]  # cancelled: not durable
+            with pytest.raises(Unavailable, match="needs the journal now"):
+                await c.request(_submit(2, cid="crit"))
+            assert mount.entered == 1
+            healthy, why = d.health()  # /healthz: 503, no job is accepted anywhere
+            assert not healthy and why.startswith("the journal has not answered for ")
+            mount.answer()  # the late write lands, and the removal queued behind it takes the row away
+            assert d.jobs is not None
+            await _until(lambda: d.jobs is not None and not d.jobs.storage.report())
+            await d.jobs.flush()
+            rows = sqlite3.connect(d.cfg.journal_path).execute("SELECT job_id FROM jobs").fetchall()
+            assert rows == [] and d.health() == (True, "ok")
+            await _taken_again(c)
 
-    async def main() -> None:
-        d = Daemon(cfg, engine_factory=Recorded)
-        await d.start()
-        try:
-            async with asyncio.timeout(60), await AsyncClient.connect(str(cfg.listen)) as c:
-                with pytest.raises(Unavailable, match=f"the journal did not answer within {WAIT_S:g} s"):
-                    await c.request(_submit(1, request_id="first"))
-                assert engines[0].jobs["first"]["done"]  # taken by the engine, then cancelled: not durable
-                with pytest.raises(Unavailable, match="needs the journal now"):
-                    await c.request(_submit(2, cid="crit"))
-                assert mount.entered == 1
-                healthy, why = d.health()  # /healthz: 503, no job is accepted anywhere
-                assert not healthy and why.startswith("the journal has not answered for ")
-                mount.answer()  # the late write lands, and the removal queued behind it takes the row away
-                await _until(lambda: not d.jobs or not d.jobs.storage.report())
-                assert d.jobs is not None
-                await d.jobs.flush()
-                rows = sqlite3.connect(cfg.journal_path).execute("SELECT job_id FROM jobs").fetchall()
-                assert rows == [] and d.health() == (True, "ok")
-                again = await c.prove("syn", [P.PartitionIn(kind="synthetic", seed=1)], request_id="first",
-                                      timeout_s=20)
-                assert again.state == "done"
-        finally:
-            await d.stop()
-
-    asyncio.run(main())
+    run_daemon(tmp_path, body)
 
 
 def test_pipelined_submits_of_a_circuit_reach_the_engine_in_their_order(tmp_path: Path) -> None:
@@ -163,16 +142,9 @@ def test_pipelined_submits_of_a_circuit_reach_the_engine_in_their_order(tmp_path
                 time.sleep(0.3)
             super().submit(job)
 
-    cfg = make_config(tmp_path)
+    async def body(d: Daemon, addr: str) -> None:
+        async with asyncio.timeout(60), await AsyncClient.connect(addr) as c:
+            await asyncio.gather(*(c.request(_submit(i, request_id=rid)) for i, rid in enumerate("abc")))
+            assert isinstance(d.engine, SlowFirstRead) and d.engine.submitted == ["a", "b", "c"]
 
-    async def main() -> None:
-        d = Daemon(cfg, engine_factory=SlowFirstRead)
-        await d.start()
-        try:
-            async with asyncio.timeout(60), await AsyncClient.connect(str(cfg.listen)) as c:
-                await asyncio.gather(*(c.request(_submit(i, request_id=rid)) for i, rid in enumerate("abc")))
-                assert isinstance(d.engine, SlowFirstRead) and d.engine.submitted == ["a", "b", "c"]
-        finally:
-            await d.stop()
-
-    asyncio.run(main())
+    run_daemon(tmp_path, body, engine=SlowFirstRead)

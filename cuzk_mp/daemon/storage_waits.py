@@ -23,6 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any, TypeVar
 
+from cuzk_mp.daemon.threads import wait_shared
 from cuzk_mp.errors import Unavailable
 
 log = logging.getLogger("cuzk_mp.daemon.storage_waits")
@@ -54,15 +55,13 @@ class StorageWaits:
         Unavailable, with ``call`` remembered as stuck on ``what`` until it ends, and ``on_late(call)`` run
         when it does (to undo what it did after the submit was refused; also where the wait is cancelled)."""
         try:
-            return await asyncio.wait_for(asyncio.shield(call), max(started + ACCEPT_WAIT_S - time.monotonic(), 0.0))
+            return await wait_shared(call, max(started + ACCEPT_WAIT_S - time.monotonic(), 0.0))
         except TimeoutError:
             pass
         except asyncio.CancelledError:  # the submit's caller is gone: what the call does still needs undoing
             if on_late is not None and not call.done():
                 call.add_done_callback(on_late)
             raise
-        if call.done():  # it ended just as the wait did: its outcome stands
-            return call.result()
         self._stuck.setdefault(what, []).append(started)
         log.error("%s did not answer within %g s (its storage hangs?): the submit waiting on it is refused, and "
                   "later submits that need it are refused at once until it answers", what, ACCEPT_WAIT_S)

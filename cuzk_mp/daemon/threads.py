@@ -9,6 +9,14 @@ of them and all the daemon's other work on threads (the engine's status, the oth
 loads) queued behind them. :func:`on_daemon_thread` runs each such call on a daemon thread of its own;
 :func:`on_serial_thread` runs calls that must keep their order (the journal's) on one daemon thread
 (:class:`~cuzk_mp.pipeline.serial.SerialThread`).
+
+Such a call, or any awaitable, is waited for with a time limit without losing a cancel by :func:`wait_shared`
+and :func:`within`: what ``asyncio.wait_for`` means, as it does not on Python 3.11. There a cancel that comes in
+the moment the awaited thing ends is swallowed (``wait_for`` returns its result), and the caller went on as if
+nothing had been asked: the share check of a stopping fleet box, the run of a job the box's stop or an abort gave
+up (it went on reading its inputs and proving after its claim was gone), a client's wait for a job that read the
+job again and waited on after the client had gone. ``asyncio.wait`` never cancels what it waits on and raises its
+own cancel; both helpers are built on it, in one place.
 """
 
 from __future__ import annotations
@@ -17,7 +25,7 @@ import asyncio
 import contextlib
 import contextvars
 import threading
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
 from cuzk_mp.pipeline.serial import SerialThread
@@ -68,3 +76,28 @@ class _Call:
             self.fut.set_result(value)
         else:
             self.fut.set_exception(error)
+
+
+async def wait_shared(fut: asyncio.Future[T], timeout_s: float | None) -> T:
+    """The result of ``fut`` within ``timeout_s`` (None: no limit), else TimeoutError; ``fut`` (a call on a
+    thread of its own that later waiters share: a fleet box's marker read, a submit's key read) goes on
+    either way, also where this waiter is cancelled: ``asyncio.wait_for(asyncio.shield(fut), timeout_s)``
+    without its loss of a cancel."""
+    done, _ = await asyncio.wait({fut}, timeout=timeout_s)
+    if not done:
+        raise asyncio.TimeoutError
+    return fut.result()
+
+
+async def within(aw: Awaitable[T], timeout_s: float | None) -> T:
+    """The result of ``aw`` within ``timeout_s`` (None: no limit), else TimeoutError; ``aw`` is cancelled
+    where it did not end, on the timeout or on a cancel of this waiter, which is raised, never lost:
+    ``asyncio.wait_for(aw, timeout_s)`` without its loss of a cancel. What ``aw`` raises after it was
+    given up on is dropped (a read cancelled in the middle may end with the database's error)."""
+    task = asyncio.ensure_future(aw)
+    try:
+        return await wait_shared(task, timeout_s)
+    finally:
+        if not task.done():
+            task.cancel()
+            task.add_done_callback(lambda f: f.cancelled() or f.exception())

@@ -76,8 +76,8 @@ from cuzk_mp.daemon.fleet.inputs import (
 from cuzk_mp.daemon.fleet.keys import KeyView, backlog_by_circuit, holders_by_circuit, load_limit_s, plan_key_load
 from cuzk_mp.daemon.fleet.models import Claimed, JobOutput, JobRef, JobStatus
 from cuzk_mp.daemon.fleet.queue import Fleet
-from cuzk_mp.daemon.fleet.waits import on_share, wait_shared
-from cuzk_mp.daemon.threads import on_daemon_thread
+from cuzk_mp.daemon.fleet.waits import on_share
+from cuzk_mp.daemon.threads import on_daemon_thread, wait_shared
 from cuzk_mp.daemon.fleet.worker import FleetWorker
 from cuzk_mp.daemon.job_records import JobRecord, reply_of
 from cuzk_mp.daemon.jobs import JobTable, input_bytes
@@ -216,7 +216,7 @@ class FleetBox:
         """Check the shared inputs folder every heartbeat interval: a box notices a share lost between
         its claims, and claims again once a broken one is back. It ends once the box is stopping, also
         where a check in it swallowed the cancel of :meth:`stop`, which waits for it (none here does,
-        :func:`.waits.wait_shared`; code it calls may)."""
+        :func:`cuzk_mp.daemon.threads.wait_shared`; code it calls may)."""
         while not (self._closing or self._stop.is_set()):
             await asyncio.sleep(self.fcfg.heartbeat_interval_s)
             folder = self._paused_folder or self.fcfg.inputs_dir

@@ -29,7 +29,8 @@ from cuzk_mp.daemon.fleet.config import FleetConfig
 from cuzk_mp.daemon.fleet.inputs import StagedInputs, check_ref
 from cuzk_mp.daemon.fleet.models import JobRef, JobStatus, entrypoint, queue_priority
 from cuzk_mp.daemon.fleet.store import FleetStore
-from cuzk_mp.daemon.fleet.waits import on_share, within
+from cuzk_mp.daemon.fleet.waits import on_share
+from cuzk_mp.daemon.threads import within
 from cuzk_mp.daemon.queue_caps import Queued, QueueCaps, check_caps
 from cuzk_mp.errors import InputError, ResourceError
 from cuzk_mp.pipeline.types import Priority
@@ -189,7 +190,7 @@ class FleetSubmits(FleetStore):
         the job goes on in the fleet: the waiter reads again when the LISTEN link is back, or after
         :data:`OUTAGE_RECHECK_S`, and at the deadline it answers with what it last read. A cancel (the
         client gone, the daemon stopping) ends the wait, also one that comes as a notification wakes it
-        (:func:`.waits.within`).
+        (:func:`cuzk_mp.daemon.threads.within`).
         """
         ev = asyncio.Event()
         key = job_id
