@@ -27,7 +27,7 @@ from cuzk_mp.daemon.transport import frame
 from cuzk_mp.errors import AuthError, ConfigError, InputError, Unavailable
 from tests.hostile_corpus import INPUT_JSON_PROBES, FrameProbe, frame_probes
 from tests.fake_engine import run_daemon
-from tests.helpers import exchange, small_circom_key
+from tests.helpers import exchange, parse_prometheus, small_circom_key
 
 MAX_FRAME = "4MiB"
 ALICE, BOB, ADMIN = "alice-token-0000000001", "bob-token-00000000002", "admin-token-000000003"
@@ -150,6 +150,9 @@ def test_connections_beyond_the_cap_are_refused_with_a_reply(tmp_path: Path) -> 
                         seen.append(repr(e))
                 return seen
             assert set(await asyncio.to_thread(refused_clients)) == {"refused"}
+            seen = parse_prometheus(await held[0].metrics())  # an operator's alert sees the cap reached
+            assert seen[("cuzk_connections_refused_total", ())] == 32
+            assert seen[("cuzk_connections", ())] == seen[("cuzk_connections_max", ())] == 3
         finally:
             await held.pop().close()
         await asyncio.sleep(0.1)

@@ -330,6 +330,7 @@ class DaemonHandlers:
             queue_depth=view.queue_depth() if view else 0,
             job_counts=view.job_counts(status) if view else {}, memory_budget=view.budget if view else {},
             queued_input_bytes=self.jobs.queued().input_bytes if self.jobs is not None else 0,
+            connections=len(self._comms), max_connections=self.cfg.max_connections,
             engine=status, engine_metrics=em, extra=await self.fleet.gauges() if self.fleet is not None else (),
             counts=self.fleet.counters() if self.fleet is not None else ()))
 

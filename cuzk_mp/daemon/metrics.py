@@ -18,11 +18,13 @@ Metric names (all prefixed ``cuzk_``):
   measured them (queue_wait, ring_wait, shm_write, witness, synthesis, staging, device, ...)
 * ``gpu_busy_seconds_total{device}``: sum of the proved partitions' device-compute time
 * ``requests_total{op}``, ``request_errors_total{op,kind}``, ``request_duration_seconds{op}``
+* ``connections_refused_total``: connections refused unread because ``[daemon] max_connections`` were open
 * scrape time: ``daemon_state{state}`` (1 for the state the daemon is in, as GetStatus's
   ``daemon.state``, 0 for every other: created, starting, running, draining, stopped, failed),
   ``start_time_seconds`` (Unix time; uptime = ``time() - cuzk_start_time_seconds``),
   ``queue_depth``, ``jobs{state}`` (the job table now), ``queued_input_bytes`` (the input bytes the
-  unfinished jobs hold: ``[daemon] max_queued_input`` caps it), ``srs_budget_bytes``,
+  unfinished jobs hold: ``[daemon] max_queued_input`` caps it), ``connections`` (protocol connections
+  open now) and ``connections_max`` (``[daemon] max_connections``), ``srs_budget_bytes``,
   ``memory_budget_bytes{kind}`` (GetStatus's ``memory_budget``: total, safety_margin, queue, processes,
   pipeline, srs, srs_per_prover, host_budget; total - safety_margin is what ``memory_bytes{kind="host"}`` is
   budgeted to),
@@ -86,6 +88,8 @@ class Scrape:
     job_counts: Mapping[str, int] = field(default_factory=dict)
     memory_budget: Mapping[str, int] = field(default_factory=dict)  # the status's memory_budget
     queued_input_bytes: int = 0
+    connections: int = 0  # protocol connections open now
+    max_connections: int = 0  # [daemon] max_connections
     engine: EngineStatus | None = None
     engine_metrics: EngineMetrics | None = None
     extra: Sequence[Gauge] = ()
@@ -117,6 +121,9 @@ class DaemonMetrics:
         self.request_errors = Counter("cuzk_request_errors",
                                       "Requests answered with an ErrorReply, by op and error kind.",
                                       ["op", "kind"], registry=r)
+        self.connections_refused = Counter("cuzk_connections_refused",
+                                           "Connections refused unread because [daemon] max_connections were open.",
+                                           registry=r)
         self.request_duration = Histogram("cuzk_request_duration_seconds",
                                           "Time to answer a request (AwaitProof/Prove include the wait).",
                                           ["op"], buckets=DURATION_BUCKETS, registry=r)
@@ -174,6 +181,10 @@ class DaemonMetrics:
                      [((k,), float(v)) for k, v in s.job_counts.items()])
         yield _gauge("cuzk_queued_input_bytes", "Input bytes held by unfinished jobs until they finish "
                      "([daemon] max_queued_input caps them).", s.queued_input_bytes)
+        yield _gauge("cuzk_connections", "Protocol connections open now (beyond [daemon] max_connections a new "
+                     "one is refused unread).", s.connections)
+        yield _gauge("cuzk_connections_max", "The [daemon] max_connections setting: the protocol connections "
+                     "served at once.", s.max_connections)
         yield _gauge("cuzk_srs_budget_bytes", "Bytes of proving keys allowed to stay resident.",
                      s.memory_budget.get("srs", 0))
         yield _gauge("cuzk_memory_budget_bytes", "The [memory] budget by kind, as GetStatus's memory_budget: total, "

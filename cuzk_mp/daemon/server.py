@@ -166,7 +166,8 @@ class Daemon(DaemonHandlers):
                 socket_mode=self.cfg.socket_mode, frame_timeout_s=self.cfg.frame_timeout_s,
                 max_connections=self.cfg.max_connections, refusal=P.encode(P.error_reply(
                     0, "Unavailable", f"the daemon serves at most {self.cfg.max_connections} "
-                    "connections at once ([daemon] max_connections); try again later", closing=True))))
+                    "connections at once ([daemon] max_connections); try again later", closing=True)),
+                on_refused=self.metrics.connections_refused.inc))
         except BaseException:
             self.state = DaemonState.FAILED
             await self._teardown(grace_s=0.0)

@@ -539,16 +539,19 @@ class Listener:
 async def listen(addr: Address, on_comm: Callable[[StreamComm], Awaitable[None]], *,
                  max_frame_bytes: int, socket_mode: int = 0o600,
                  frame_timeout_s: float | None = None, max_connections: int | None = None,
-                 refusal: bytes = b"") -> Listener:
+                 refusal: bytes = b"", on_refused: Callable[[], None] | None = None) -> Listener:
     """Serve ``addr``, calling ``on_comm`` with a StreamComm for each connection.
 
     Beyond ``max_connections`` open connections a new one is sent the ``refusal`` frame (if
-    any) and closed.
+    any) and closed, and ``on_refused()`` called (the daemon counts them: the log says so once in
+    ten seconds at most).
     """
     open_comms = 0
     last_log = [0.0]
 
     async def refuse(comm: StreamComm) -> None:
+        if on_refused is not None:
+            on_refused()
         now = time.monotonic()
         if now - last_log[0] >= REFUSAL_LOG_INTERVAL_S:
             last_log[0] = now
