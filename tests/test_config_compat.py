@@ -12,6 +12,8 @@ import asyncio
 import os
 import re
 import socket
+import threading
+import time
 import tomllib
 from pathlib import Path
 from typing import Any
@@ -27,7 +29,7 @@ from cuzk_mp.errors import ConfigError
 from cuzk_mp.paths import default_cache_dir
 from cuzk_mp.pipeline.keys import synthetic_key_paths
 
-from tests.fake_engine import FakeEngine
+from tests.fake_engine import FakeEngine, run_daemon
 
 REPO = Path(__file__).resolve().parents[1]
 EXAMPLE = REPO / "config" / "cuzk-mp.example.toml"
@@ -312,6 +314,61 @@ def test_start_tells_systemd_each_long_step(tmp_path: Path, monkeypatch: pytest.
     assert steps[3][1] == int(notify.read_budget_s(0) * 1e6)
     ready = [m for m in messages if m.get("READY") == "1"]
     assert len(ready) == 1 and messages.index(ready[0]) == len(steps)  # READY after the last step
+
+
+class Notices:
+    """The sd_notify datagrams sent to a socket of ours, read as they come (systemd reads them at once:
+    a queue left full would refuse the sender's next one)."""
+
+    def __init__(self, path: Path) -> None:
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+        self.sock.bind(str(path))
+        self.sock.settimeout(0.05)
+        self.got: list[dict[str, str]] = []
+        self.stop = threading.Event()
+        self.thread = threading.Thread(target=self._read, daemon=True)
+        self.thread.start()
+
+    def _read(self) -> None:
+        while not self.stop.is_set():
+            try:
+                data = self.sock.recv(4096)
+            except TimeoutError:
+                continue
+            self.got.append(dict(line.split("=", 1) for line in data.decode().splitlines()))
+
+    def close(self) -> list[dict[str, str]]:
+        self.stop.set()
+        self.thread.join()
+        self.sock.close()
+        return self.got
+
+
+def test_a_serving_daemon_pings_the_watchdog_from_its_loop(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Under ``WatchdogSec=`` (the unit's), the daemon sends WATCHDOG=1 with a status line from its asyncio loop
+    while it serves and through its drain: a loop that hangs stops them and systemd restarts it. A watchdog
+    meant for another process (WATCHDOG_PID: a worker inherits the variables) is not answered."""
+    assert "WatchdogSec=" in UNIT.read_text()
+    notices = Notices(tmp_path / "notify")
+    monkeypatch.setenv("NOTIFY_SOCKET", str(tmp_path / "notify"))
+    monkeypatch.setenv("WATCHDOG_USEC", "100000")
+    monkeypatch.setenv("WATCHDOG_PID", str(os.getpid()))
+    assert notify.watchdog_interval_s() == 0.05
+
+    async def body(d: Daemon, addr: str) -> None:
+        await asyncio.sleep(0.5)
+        pings = [m for m in notices.got if m.get("WATCHDOG") == "1"]
+        assert len(pings) >= 3
+        assert pings[-1]["STATUS"] == f"running on unix://{tmp_path}/d.sock: 0 job(s) queued, 0 running"
+        monkeypatch.setenv("WATCHDOG_PID", "1")
+        assert notify.watchdog_interval_s() is None
+
+    run_daemon(tmp_path, body)  # every datagram is sent once it returns: the reader takes them in 0.2 s
+    time.sleep(0.2)
+    after_stop = len(notices.got)
+    time.sleep(0.2)
+    sent = notices.close()
+    assert any("STOPPING" in m for m in sent) and len(sent) == after_stop  # the stop ended the pings
 
 
 def test_every_cache_default_is_the_one_cache_folder(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:

@@ -24,7 +24,9 @@ def setup_logging(level: str, fmt: str) -> None:
 def sd_notify(state: str) -> bool:
     """Send ``state`` (e.g. ``"READY=1"``) to systemd; False when not run under Type=notify.
 
-    ``$NOTIFY_SOCKET`` is a path or, with a leading ``@``, a Linux abstract socket name.
+    ``$NOTIFY_SOCKET`` is a path or, with a leading ``@``, a Linux abstract socket name. The send never
+    waits: the daemon's loop sends its watchdog pings, and a datagram queue that systemd does not empty
+    (ten datagrams by default) would otherwise block the loop; such a message is dropped and logged.
     """
     addr = os.environ.get("NOTIFY_SOCKET")
     if not addr:
@@ -32,6 +34,7 @@ def sd_notify(state: str) -> bool:
     target = "\0" + addr[1:] if addr.startswith("@") else addr
     try:
         with socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM | socket.SOCK_CLOEXEC) as s:
+            s.setblocking(False)
             s.connect(target)
             s.sendall(state.encode())
     except OSError as e:

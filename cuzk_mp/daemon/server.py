@@ -53,7 +53,7 @@ from cuzk_mp.daemon.instance_lock import InstanceLock, lock_paths
 from cuzk_mp.daemon.jobs import JOURNAL, JobTable, QueueCaps
 from cuzk_mp.daemon.journal import Journal
 from cuzk_mp.daemon.metrics import DaemonMetrics
-from cuzk_mp.daemon.notify import read_budget_s, setup_budget_s, starting
+from cuzk_mp.daemon.notify import STATUS_INTERVAL_S, read_budget_s, setup_budget_s, starting, watchdog_interval_s
 from cuzk_mp.daemon.ops import sd_notify
 from cuzk_mp.daemon.status import StatusView
 from cuzk_mp.daemon.status_http import StatusHandlers, start_status_server
@@ -178,6 +178,8 @@ class Daemon(DaemonHandlers):
             self._spawn(self._idle_loop(self.cfg.exit_when_idle_s))
         self.state = DaemonState.RUNNING
         sd_notify(f"READY=1\nSTATUS=serving on {self.cfg.listen}\nMAINPID={os.getpid()}")
+        if os.environ.get("NOTIFY_SOCKET"):
+            self._spawn(self._systemd_loop(watchdog_interval_s()))
         log.info("[start] cuzk-mp %s daemon pid=%d serving on %s%s", __version__, os.getpid(),
                  self.cfg.listen, f" (status on http://{self.cfg.status_listen})"
                  if self.cfg.status_listen else "")
@@ -325,6 +327,23 @@ class Daemon(DaemonHandlers):
                 log.info("pruned %d finished jobs older than result_ttl", n)
             if self.fleet is not None:
                 await self.fleet.prune(self.cfg.result_ttl_s)
+
+    async def _systemd_loop(self, watchdog_s: float | None) -> None:
+        """Under systemd (:mod:`.notify`): the status line (``systemctl status``) every STATUS_INTERVAL_S, and
+        with ``WatchdogSec=`` a ``WATCHDOG=1`` every ``watchdog_s``, both from this loop, so that a loop that
+        hangs stops them and systemd restarts the daemon. The drain keeps them going until its end."""
+        interval = min(STATUS_INTERVAL_S, watchdog_s or STATUS_INTERVAL_S)
+        while True:
+            await asyncio.sleep(interval)
+            sd_notify(("WATCHDOG=1\n" if watchdog_s else "") + f"STATUS={self._status_line()}")
+
+    def _status_line(self) -> str:
+        """What the daemon is doing, in one line: its state, its jobs, and what is wrong (:meth:`health`)."""
+        counts = self.jobs.counts() if self.jobs is not None else {}
+        line = (f"{self.state.value} on {self.cfg.listen}: {counts.get('queued', 0)} job(s) queued, "
+                f"{counts.get('running', 0)} running")
+        healthy, why = self.health()
+        return line if healthy or why == self.state.value else f"{line}; {why}"
 
     def idle(self) -> bool:
         """No open connection and no queued or running job: nothing would notice a stop."""
