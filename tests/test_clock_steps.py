@@ -21,15 +21,16 @@ from cuzk_mp.daemon import journal, status
 from cuzk_mp.daemon import protocol as P
 from cuzk_mp.daemon.client import AsyncClient, synthetic_partitions
 from cuzk_mp.daemon.server import Daemon
+from cuzk_mp.pipeline.engine import Engine
 from cuzk_mp.pipeline.engine_events import EngineEvents
 from cuzk_mp.pipeline.messages import CircuitRef, ProofDone, Published, SynthTask, TaskFailed
 from cuzk_mp.pipeline.prover_proc import Prover, ProverPayload
 from cuzk_mp.pipeline.ring import Ring, SlotClaim
 from cuzk_mp.pipeline.scheduler import Scheduler
 from cuzk_mp.pipeline.synth import SynthWorker
-from cuzk_mp.pipeline.types import JobSpec, PartitionInput
+from cuzk_mp.pipeline.types import STAGES, CircuitSpec, EngineConfig, JobSpec, PartitionInput, PartitionResult
 from tests.fake_engine import run_daemon
-from tests.helpers import LOG_N, parse_prometheus, prefix_for
+from tests.helpers import KEY_CACHE, LOG_N, Collector, parse_prometheus, prefix_for
 from tests.test_journal_integrity import _entry, _fill
 from tests.test_prover_batching import _Ctx, run_until_answered
 
@@ -37,10 +38,10 @@ DAY_S = 86400.0
 HOUR_S = 3600.0
 
 
-def clock_stepping_back(monkeypatch: pytest.MonkeyPatch) -> None:
-    """A system clock set back an hour between any two reads of it."""
+def clock_stepping(monkeypatch: pytest.MonkeyPatch, by_s: float = -HOUR_S) -> None:
+    """A system clock moved by ``by_s`` seconds between any two reads of it (set back an hour unless told)."""
     real, steps = time.time, itertools.count(1)
-    monkeypatch.setattr(time, "time", lambda: real() - HOUR_S * next(steps))
+    monkeypatch.setattr(time, "time", lambda: real() + by_s * next(steps))
 
 
 def step_clock(monkeypatch: pytest.MonkeyPatch, by_s: float) -> None:
@@ -161,7 +162,7 @@ def test_a_synthesis_workers_stage_times_are_never_negative(test_key: tuple[Path
     ctx = _Ctx()
     try:
         worker = SynthWorker(ctx, ring, 1)  # type: ignore[arg-type]
-        clock_stepping_back(monkeypatch)
+        clock_stepping(monkeypatch)
         ref = CircuitRef("syn", str(test_key[0]), synthetic="porep-like", log_n=LOG_N)
         now = time.monotonic()
         worker.run_task(SynthTask(1, "job-1", 1, 0, 0, 1, ref, "synthetic", b"", 5, now, now))
@@ -253,7 +254,7 @@ def test_a_bench_under_a_clock_set_back_reports_the_time_its_runs_took(tmp_path:
     args = _parse("--backend", "cpu", "--log-n", str(LOG_N), "--partitions", "2", "--jobs", "3", "--in-flight", "2",
                   "--partition-workers", "1", "--quiet", "--cache", str(KEY_CACHE), "--json", str(out))
     began = time.monotonic()
-    clock_stepping_back(monkeypatch)
+    clock_stepping(monkeypatch)
     assert args.func(args) == 0
     monkeypatch.undo()
     took = time.monotonic() - began
@@ -265,3 +266,54 @@ def test_a_bench_under_a_clock_set_back_reports_the_time_its_runs_took(tmp_path:
     assert busy and all(0.0 < f <= 1.0 for f in busy.values()), busy
     by_job = result["memory_bound"]["peak_host_bytes_by_job"]
     assert len(by_job) == 3 and all(b is not None for b in by_job), by_job
+
+
+# How late the engine may place a span (pipeline/timeline.py): by the time it takes to hear of a proof,
+# which a partition that waited for the device lock inherits from the one before it. Nothing near the
+# hour or day a stepped wall clock would put between a span and its partition.
+SPAN_LATE_S = 1.0
+
+
+def _check_spans(parts: list[PartitionResult], began: float, ended: float) -> None:
+    """Every span of every partition lies within [began, ended] (the monotonic clock; ``SPAN_LATE_S``
+    late at most), no stage lasts longer than its partition's submit-to-proof total, and a prover's
+    device stages never overlap."""
+    device: dict[str, list[tuple[float, float]]] = {}
+    for p in parts:
+        total = p.timings["total"]
+        assert p.spans and 0.0 <= total <= ended - began, (p.index, p.timings)
+        assert all(0.0 <= p.timings[k] <= total for k in STAGES if k in p.timings), p.timings
+        for s in p.spans:
+            assert began <= s.start <= s.end <= ended + SPAN_LATE_S, (s, began, ended)
+            assert s.end - s.start <= total, (s, total)
+            if s.stage == "device":
+                device.setdefault(s.process, []).append((s.start, s.end))
+    for spans in device.values():
+        spans.sort()
+        assert all(a_end <= b_start + 1e-3 for (_, a_end), (b_start, _) in zip(spans, spans[1:])), spans
+
+
+def test_the_engine_places_a_partitions_stages_on_the_monotonic_clock(test_key: tuple[Path, Path],
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """The spans of a partition's stages (the bench's picture and made-at times) are placed on the
+    monotonic clock: with the wall clock set back an hour between any two reads of it while one job
+    runs, and a day ahead while the next one does, every span lies within the time the jobs took, no
+    span is an hour (or a day) away from its partition, and one prover's device stages stay serial."""
+    results = Collector()
+    prefix = prefix_for("clkspans")
+    config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=2, partition_workers=2, ring_slots=2,
+                          shm_prefix=prefix, param_cache=KEY_CACHE, start_timeout_s=120)
+    engine = Engine(config, on_job_done=results.job, on_partition_done=results.partition).start()
+    try:
+        engine.register_circuit(CircuitSpec("porep", synthetic="porep-like", log_n=LOG_N, partitions=3))
+        began = time.monotonic()
+        for job_id, by_s in (("back", -HOUR_S), ("ahead", DAY_S)):
+            clock_stepping(monkeypatch, by_s)
+            engine.submit(JobSpec(job_id, "porep", [PartitionInput("synthetic", seed=s) for s in range(3)]))
+            assert results.wait(job_id).state == "done"
+            monkeypatch.undo()
+        ended = time.monotonic()
+    finally:
+        monkeypatch.undo()
+        engine.stop(grace_s=10)
+    _check_spans([p for _, p in results.partitions], began, ended)

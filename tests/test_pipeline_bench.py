@@ -202,7 +202,7 @@ def test_steady_figure_of_passes_that_complete_together_is_the_device_rate() -> 
     run.t_done = {j: max(v for (job, _), v in part_done.items() if job == j) for j in ("j0", "j1", "j2")}
     by_completion = benchsummary.steady_s_per_proof(run, part_done, 3)
     assert by_completion < share * 0.9  # j1's 1 and 2 complete just after j0, proved with it
-    made = benchsummary.made_at(part_done, [run], part_done)  # one clock: the completions' wall times alike
+    made = benchsummary.made_at(part_done, [run])
     assert benchsummary.steady_s_per_proof(run, made, 3) == pytest.approx(share)
     later = benchsummary.run_window(run, made)[1]
     assert sorted(later) == [("j1", 1), ("j1", 2), ("j2", 0), ("j2", 1), ("j2", 2)]
@@ -210,24 +210,19 @@ def test_steady_figure_of_passes_that_complete_together_is_the_device_rate() -> 
     assert benchsummary.capacity_s_per_partition(parts, devices=1, workers=2) == pytest.approx(share)
 
 
-def test_a_partition_is_made_on_the_benchs_monotonic_clock_whatever_the_wall_clock_did() -> None:
-    """The engine's spans are on the wall clock, the bench's completions on the monotonic one: a device
-    stage that ended 0.3 s before its partition's completion (on the wall clock) was made 0.3 s before
-    the monotonic completion; where the wall clock was set back an hour between the span and the
-    completion, that lead is impossible and the completion less its finalize stands for it."""
+def test_a_partition_is_made_where_its_device_span_ends() -> None:
+    """The engine's spans and the bench's completions share the monotonic clock: a partition was made
+    where its device stage's span ended, one with no device span (it failed) when it completed."""
     from cuzk_mp.pipeline.types import PartitionResult, StageSpan
 
-    wall, mono = 1.7e9, 500.0
+    mono = 500.0
     timings = {"device": 1.0, "finalize": 0.2, "total": 5.0}
-    spans = {0: [StageSpan("device", "cuzk-prover-0", wall + 1.0, wall + 2.0)],
-             1: [StageSpan("device", "cuzk-prover-0", wall + 2.0, wall + 3.0)]}
+    spans = {0: [StageSpan("device", "cuzk-prover-0", mono + 1.0, mono + 2.0)], 1: []}
     run = benchrun.RunResults(t_start=mono, t_done={"j0": mono + 4.0})
     run.results = [argparse.Namespace(job_id="j0", partitions=[
         PartitionResult(i, {}, [], timings, 0, 1, spans=spans[i]) for i in (0, 1)])]
     part_done = {("j0", 0): mono + 2.3, ("j0", 1): mono + 4.0}
-    part_done_wall = {("j0", 0): wall + 2.3, ("j0", 1): wall + 4.0 - 3600.0}
-    made = benchsummary.made_at(part_done, [run], part_done_wall)
-    assert made == {("j0", 0): pytest.approx(mono + 2.0), ("j0", 1): pytest.approx(mono + 3.8)}
+    assert benchsummary.made_at(part_done, [run]) == {("j0", 0): mono + 2.0, ("j0", 1): mono + 4.0}
 
 
 def test_capacity_is_the_slower_stage_over_its_parallelism() -> None:

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import json
 import sys
+import time
 from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -59,16 +60,24 @@ def lanes_of(partitions: Iterable[dict[str, Any]]) -> list[str]:
 
 
 def timeline_section(partitions: list[dict[str, Any]], detail: Sequence[tuple[float, dict[str, int], int]],
-                     bounds: dict[str, int | None]) -> dict[str, Any]:
-    """The JSON ``timeline``: ``t0`` (the first submit, Unix time), ``lanes``, ``memory`` (columns:
-    ``t``, ``host_bytes``, ``shm_bytes``, ``pss_bytes_by_process``) and ``bounds`` (bytes)."""
+                     bounds: dict[str, int | None], t0: float) -> dict[str, Any]:
+    """The JSON ``timeline``: ``t0`` (the first run's start, just before its first submit, on
+    ``time.monotonic()``), ``wall_t0`` (the same
+    moment as a Unix time), ``lanes``, ``memory`` (columns: ``t``, ``host_bytes``, ``shm_bytes``,
+    ``pss_bytes_by_process``) and ``bounds`` (bytes).
+
+    Every time in the timeline (the spans, the memory samples' ``t``, ``t0``) is on the monotonic
+    clock, the one the engine places its spans on: a step of the system clock during the bench moves
+    no bar away from the others. ``wall_t0`` anchors it to real time, the wall clock read once (here,
+    against the monotonic clock read with it): a time ``t`` of the timeline happened at about
+    ``wall_t0 + (t - t0)``, as the wall clock read when the result was made."""
     names = sorted({n for _, by_name, _ in detail for n in by_name}, key=_lane_key)
     memory = {"t": [t for t, _, _ in detail],
               "host_bytes": [sum(by_name.values()) + shm for _, by_name, shm in detail],
               "shm_bytes": [shm for _, _, shm in detail],
               "pss_bytes_by_process": {n: [by_name.get(n, 0) for _, by_name, _ in detail] for n in names}}
-    t0 = min((p["t_submit"] for p in partitions), default=detail[0][0] if detail else 0.0)
-    return {"t0": t0, "lanes": lanes_of(partitions), "memory": memory, "bounds": bounds}
+    wall_t0 = time.time() - (time.monotonic() - t0)
+    return {"t0": t0, "wall_t0": wall_t0, "lanes": lanes_of(partitions), "memory": memory, "bounds": bounds}
 
 
 def _pack(intervals: list[tuple[float, float]]) -> tuple[list[int], int]:
@@ -209,9 +218,16 @@ def draw(result: dict[str, Any]) -> Figure:
         handles.append(Patch(facecolor="white", edgecolor="white", label=f"... {len(jobs) - 12} more jobs"))
     ax.legend(handles=handles, loc="upper left", bbox_to_anchor=(1.005, 1.0), fontsize=7, frameon=False)
     _memory_panel(mem_ax, tl, t0)
-    mem_ax.set_xlabel("seconds since the first submit")
+    mem_ax.set_xlabel(_x_label(tl))
     fig.subplots_adjust(left=0.09, right=0.83, top=1 - 0.75 / fig.get_figheight(), bottom=0.5 / fig.get_figheight())
     return fig
+
+
+def _x_label(tl: dict[str, Any]) -> str:
+    """The time axis's name: seconds from ``t0``, and its date (UTC) where the result has it."""
+    wall = tl.get("wall_t0")
+    since = "" if wall is None else time.strftime(" (%Y-%m-%d %H:%M:%S UTC)", time.gmtime(wall))
+    return f"seconds since the first submit{since}"
 
 
 def _memory_panel(ax: Any, tl: dict[str, Any], t0: float) -> None:

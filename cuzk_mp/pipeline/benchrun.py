@@ -6,10 +6,8 @@ Kept apart from the figures (:mod:`.benchsummary`): this module drives processes
 them; that one is arithmetic on what the runs recorded (:class:`RunResults`, ``part_done``).
 
 What a figure is computed from is timed on ``time.monotonic()`` (a run's start, each job's and each
-partition's completion): a step of the system clock during a bench (NTP, a date set by hand) moves
-none of them. The wall time of each partition's completion is kept beside it (``part_done_wall``), to
-show in the result beside the engine's times (its spans, each job's submit), and to carry a span's
-end onto the monotonic clock (:func:`~.benchsummary.made_at`).
+partition's completion), the clock the engine places its spans on: a step of the system clock during a
+bench (NTP, a date set by hand) moves none of them.
 """
 
 from __future__ import annotations
@@ -62,7 +60,6 @@ class BenchRun:
         self.cond = threading.Condition()
         self.current = RunResults(time.monotonic())
         self.part_done: dict[tuple[str, int], float] = {}  # time.monotonic() of each completion
-        self.part_done_wall: dict[tuple[str, int], float] = {}  # the same moments' time.time(), to show
         self.busy_marks: list[dict[str, float]] = []  # busy seconds per prover at run 0's first job, run ends
         self.progress: Progress | None = None
         self.running: RunningEngine | None = None
@@ -71,7 +68,6 @@ class BenchRun:
 
     def _on_partition(self, job_id: str, result: PartitionResult) -> None:
         self.part_done[(job_id, result.index)] = time.monotonic()
-        self.part_done_wall[(job_id, result.index)] = time.time()
         if self.progress is not None:
             self.progress.advance(result.proof is not None)
 

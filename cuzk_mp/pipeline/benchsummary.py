@@ -4,8 +4,8 @@ the sampled peaks, and the JSON result the table prints (the definitions: :mod:`
 
 Arithmetic only, on :class:`~.benchrun.RunResults` and the partitions' timings and spans: no process
 is started or waited on here, so each figure can be checked on recorded numbers. Every span a figure
-is made of is on the bench's monotonic clock (:mod:`.benchrun`); the engine's spans and submit times,
-on the wall clock, are shown as they are and enter a figure only through :func:`made_at`.
+is made of is on the monotonic clock, the bench's completions (:mod:`.benchrun`) and the engine's spans
+alike (:mod:`.timeline`); a job's submit time, on the wall clock, is only shown.
 """
 
 from __future__ import annotations
@@ -61,34 +61,22 @@ def steady_s_per_proof(run: RunResults, made: dict[tuple[str, int], float], part
     return max((first - run.t_start) / partitions, floor_s)
 
 
-def made_at(part_done: dict[tuple[str, int], float], runs: list[RunResults],
-            part_done_wall: dict[tuple[str, int], float]) -> dict[tuple[str, int], float]:
-    """When each partition was made, on ``part_done``'s clock (the bench's monotonic one): where its
+def made_at(part_done: dict[tuple[str, int], float], runs: list[RunResults]) -> dict[tuple[str, int], float]:
+    """When each partition was made, on the monotonic clock (``part_done``'s and the spans'): where its
     device stage ended (its span), else when it completed.
 
     The device stage's end, not the completion: a prover proves small partitions in passes, and the
     partitions of one pass complete together after it, each placed in the timeline at its share of the
     pass (:mod:`.timeline`). Timed by completions, a window that opens on the first job's last pass
     would count that pass's other partitions as made in it in no time (a run of 30 partitions in
-    passes of 3 came out ~7 % fast, under the device stage's own time).
-
-    The engine places spans on the wall clock: a span's end is carried over as how long before the
-    partition's completion it lay on that clock (``part_done_wall``: the completion's wall time, read
-    with ``part_done``'s). Where a step of the wall clock came between the two makes that lead
-    impossible (negative, or longer than the partition's own submit-to-proof ``total``), the
-    completion less its ``finalize`` stands for the device stage's end."""
+    passes of 3 came out ~7 % fast, under the device stage's own time)."""
     made = dict(part_done)
     for run in runs:
         for job in run.results:
             for p in job.partitions:
-                key = (job.job_id, p.index)
                 ends = [s.end for s in p.spans if s.stage == "device"]
-                if not ends or key not in made or key not in part_done_wall:
-                    continue
-                lead = part_done_wall[key] - max(ends)
-                if not 0.0 <= lead <= p.timings.get("total", float("inf")):
-                    lead = p.timings.get("finalize", 0.0)
-                made[key] = part_done[key] - lead
+                if ends and (job.job_id, p.index) in made:
+                    made[(job.job_id, p.index)] = max(ends)
     return made
 
 
@@ -274,13 +262,12 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
                 partitions.append({"run": r, "job": job.job_id, "index": p.index, "device": p.device,
                                    "attempts": p.attempts, "timings": p.timings, "error": p.error,
                                    "error_kind": p.error_kind,
-                                   # the wall times shown beside the engine's (t_submit, spans); the
-                                   # monotonic completion is what the figures use
+                                   # the job's submit (wall clock: shown); the completion and the
+                                   # spans are on the monotonic clock, as the timeline's t0
                                    "t_submit": job.submitted_at,
-                                   "t_done": bench.part_done_wall.get((job.job_id, p.index)),
                                    "t_done_mono": bench.part_done.get((job.job_id, p.index)),
                                    "spans": [dataclasses.asdict(s) for s in p.spans]})
-    made = made_at(bench.part_done, runs, bench.part_done_wall)
+    made = made_at(bench.part_done, runs)
     # each run against the capacity of its own steady partitions: not of the cold first job's (slower,
     # one a pass), nor another run's (slowed or sped by the machine's other work)
     floors = []
@@ -340,7 +327,7 @@ def summarize(bench: BenchRun, raw: dict[str, Any]) -> dict[str, Any]:
         "partitions": partitions,
         "timeline": timeline_section(partitions, raw["memory"]["timeline_detail"], {
             "bound_bytes": bound["bound_bytes"], "model_bound_bytes": bound["model_bound_bytes"],
-            "host_budget_bytes": _host_budget(a.host_budget)}),
+            "host_budget_bytes": _host_budget(a.host_budget)}, runs[0].t_start),
     }
     return result
 

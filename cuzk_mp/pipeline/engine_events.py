@@ -284,7 +284,7 @@ class EngineEvents:
         child.handle.send(msg.SynthTask(
             task.task_id, task.job.spec.job_id, task.job.seq, task.index, int(task.job.spec.priority),
             task.attempt, task.job.circuit, p.kind, p.data, p.seed, task.job.submitted_mono,
-            task.dispatched_mono or 0.0))
+            task.t_dispatch or 0.0))
 
     def _apply(self, out: Outcome) -> None:
         """Queue callbacks; drop cancelled attempts from the ring and tell the children."""

@@ -93,7 +93,7 @@ class MemorySampler:
 
     Per-process peaks are kept by process name (a restarted child keeps its name), so a
     kind's working set can be read off them; ``timeline`` has (``time.monotonic()``, host bytes) of every sample,
-    and ``timeline_detail`` (``time.time()``, PSS by process name, shm bytes) of the same samples.
+    and ``timeline_detail`` (``time.monotonic()``, PSS by process name, shm bytes) of the same samples.
     """
 
     def __init__(self, prefix: str, interval_s: float = 0.1, pid: int | None = None) -> None:
@@ -133,13 +133,14 @@ class MemorySampler:
             for m in tree:
                 for peaks, value in ((self.peak_pss, m.pss), (self.peak_uss, m.uss), (self.peak_anon, m.anon)):
                     peaks[m.name] = max(peaks.get(m.name, 0), value)
-            # timeline: on the monotonic clock, as what it is held against (the bench's job windows);
-            # timeline_detail: wall time, drawn beside the engine's spans (which are placed on it)
-            self.timeline.append((time.monotonic(), host))
+            # on the monotonic clock, as what they are held against (the bench's job windows) and drawn
+            # beside (the engine's spans)
+            now = time.monotonic()
+            self.timeline.append((now, host))
             by_name: dict[str, int] = {}
             for m in tree:
                 by_name[m.name] = by_name.get(m.name, 0) + m.pss
-            self.timeline_detail.append((time.time(), by_name, shm))
+            self.timeline_detail.append((now, by_name, shm))
             self.samples += 1
             return tree
 

@@ -48,13 +48,14 @@ class Task:
     prover: str | None = None  # prover process name
     device: int | None = None
     slot: int | None = None
-    t_dispatch: float | None = None
-    dispatched_mono: float | None = None  # t_dispatch on time.monotonic(): the queue wait's end
+    # The moments below are time.monotonic() (one clock for every process of the host): the queue wait
+    # ends at t_dispatch, the hung-process timer runs from t_held and t_proving, and the partition's
+    # stages are placed in time from t_dispatch, t_published and the proof's arrival (:mod:`.timeline`)
+    t_dispatch: float | None = None  # when a synthesis worker was handed the attempt
     held_s: float = 0.0  # seconds a synthesis worker held the attempt before ``t_held`` (ring waits left out)
-    t_held: float | None = None  # since when it holds it (monotonic); None while it waits for a free ring slot
-    t_proving: float | None = None  # when the engine heard a prover took it (monotonic: the hung-process timer)
-    t_published: float | None = None  # when the engine heard of the publish (Unix time)
-    t_taken: float | None = None  # when the engine heard a prover took it (Unix time)
+    t_held: float | None = None  # since when it holds it; None while it waits for a free ring slot
+    t_proving: float | None = None  # when the engine heard a prover took it
+    t_published: float | None = None  # when the engine heard of the publish
     timings: dict[str, float] = field(default_factory=dict)  # stages reported so far, merged
 
     def held_for(self, now: float) -> float | None:
@@ -81,6 +82,8 @@ class Job:
     spec: JobSpec
     seq: int
     circuit: CircuitRef
+    # submitted_at, started_at and finished_at are wall-clock (Unix) times, shown in the status and
+    # journaled with the result: no duration is taken from them (a step of the clock moves them)
     submitted_at: float
     started_at: float | None = None
     finished_at: float | None = None
@@ -90,8 +93,8 @@ class Job:
     attempts: list[int] = field(default_factory=list)
     current: dict[int, Task] = field(default_factory=dict)  # partition -> its latest attempt
     tasks: list[Task] = field(default_factory=list)  # every attempt, forgotten when the job finishes
-    # submitted_at on time.monotonic(): where the queue wait and the total start, so a step of the wall
-    # clock (submitted_at's, shown and placed in time) makes neither negative nor a day long
+    # the submit on time.monotonic(): where the queue wait and the total start, so a step of the wall
+    # clock (submitted_at's) makes neither negative nor a day long
     submitted_mono: float = field(default_factory=time.monotonic)
     last_index: int | None = None  # the partition proved last, reported once the key file is read again
 
@@ -217,11 +220,10 @@ class Scheduler:
             if started_only and task.job.started_at is None:
                 skipped.append(item)
                 continue
-            task.state, task.t_dispatch = "synthesizing", time.time()
-            task.held_s, task.t_held = 0.0, time.monotonic()
-            task.dispatched_mono = task.t_held
+            task.state, task.t_dispatch = "synthesizing", time.monotonic()
+            task.held_s, task.t_held = 0.0, task.t_dispatch
             if task.job.started_at is None:
-                task.job.started_at, task.job.state = task.t_dispatch, "running"
+                task.job.started_at, task.job.state = time.time(), "running"
             for back in skipped:
                 heapq.heappush(self._queue, back)
             return task
@@ -256,7 +258,7 @@ class Scheduler:
             return
         task.timings.update(timings or {})
         if task.t_published is None:
-            task.t_published = time.time()
+            task.t_published = time.monotonic()
         task.slot = slot  # also when the prover's take was heard first
         if task.state == "synthesizing":
             task.state = "ready"
@@ -265,8 +267,7 @@ class Scheduler:
         """A prover process took the attempt's slot."""
         task = self.tasks.get(task_id)
         if task is not None and task.state in ("synthesizing", "ready"):
-            task.state, task.prover, task.device, task.t_taken = "proving", prover, device, time.time()
-            task.t_proving = time.monotonic()
+            task.state, task.prover, task.device, task.t_proving = "proving", prover, device, time.monotonic()
 
     def on_proof(self, task_id: int, proof: Any, public: list[int], timings: dict[str, float],
                  device: int | None) -> Outcome:
@@ -282,9 +283,9 @@ class Scheduler:
             if newer is not None and newer is not task:
                 out.cancel.append(self._retire(newer, "cancelled"))
         task.state = "done"
-        now = time.time()
+        now = time.monotonic()
         synthesized = dict(task.timings)  # the synthesis worker's (its ring_wait: the wait for a free slot)
-        timings = {**task.timings, **timings, "total": time.monotonic() - job.submitted_mono}
+        timings = {**task.timings, **timings, "total": now - job.submitted_mono}
         result = PartitionResult(task.index, proof, public, timings, device, job.attempts[task.index],
                                  spans=self._spans(task, synthesized, timings, now))
         job.results[task.index] = result

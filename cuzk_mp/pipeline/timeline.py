@@ -19,6 +19,16 @@ are laid from those with the measured durations:
   heard of the publish if that was earlier): ``ring_wait`` (waiting for a free slot),
   ``shm_write``, ``synthesis`` (``witness`` is its first part, drawn inside it).
 
+Every moment here is ``time.monotonic()``: the engine's readings (the dispatch, the publish heard
+of, the proof's arrival) and so every span. It never steps, so a wall clock set back an hour (or a
+day ahead) mid-run leaves each span with its partition and a prover's device stages serial (on the
+wall clock a prover's last device end, kept from before the step, held every later span that far
+ahead of its partition). On Linux the clock is system-wide (CLOCK_MONOTONIC), the same in every
+process of the host: the children report durations, some of them differences of two processes'
+readings (the queue wait: the engine's dispatch to the worker; the READY wait: the worker's publish
+to the prover's take), sound on this one clock. Where a span is shown as a date, one wall-clock reading taken with a
+monotonic one anchors the whole timeline (:func:`~.benchplot.timeline_section`).
+
 A span is exact in length and placed to within the few milliseconds a message takes to be heard
 (more on a machine whose cores the provers keep busy), mostly late: a chain placed from its
 proof's arrival sits that much late, and so do the chains that waited for it; a lock hand-over

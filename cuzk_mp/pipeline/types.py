@@ -136,7 +136,10 @@ class JobSpec:
 
 @dataclass(frozen=True)
 class StageSpan:
-    """One stage of a partition in time: ``start`` and ``end`` are Unix times (seconds).
+    """One stage of a partition in time: ``start`` and ``end`` are ``time.monotonic()`` seconds (the
+    host's CLOCK_MONOTONIC, from no fixed origin), so a step of the wall clock moves no span away
+    from its partition (:mod:`.timeline`); to date them, anchor the timeline with one wall-clock
+    reading (:func:`~.benchplot.timeline_section`).
 
     ``process`` is the process that ran it (``cuzk-synth-<i>``, ``cuzk-prover-<dev>``), or
     ``ring-slot-<n>`` for the time the partition waited READY in slot n for a prover.
