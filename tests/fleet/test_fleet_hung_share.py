@@ -5,10 +5,14 @@ the threads that the daemon's other work (engine status, key evictions, the jour
 
 from __future__ import annotations
 
+import asyncio
+import threading
 from pathlib import Path
 
 import pytest
 from fleet_helpers import run_stopping_box
+
+from cuzk_mp.daemon.fleet.inputs import store_inputs
 
 # argv: dsn, share folder, what hangs. The box marks the folder with the real calls first, then every
 # call of the chosen kind blocks for ever; the script prints "stopped" once the box's stop returned.
@@ -73,3 +77,46 @@ def test_a_box_whose_shared_folder_hangs_lets_its_process_exit_after_its_stop(
     share = tmp_path / "share"
     share.mkdir()
     run_stopping_box(_HUNG_SHARE_BOX, fleet_dsn, str(share), what, timeout_s=40)
+
+
+@pytest.mark.parametrize("step", ["stage", "place"])
+def test_a_submit_whose_shared_folder_hangs_is_refused_and_queues_nothing(
+        fleet_dsn: str, tmp_path: Path, monkeypatch: pytest.MonkeyPatch, step: str) -> None:
+    """The inputs' staging, or their placing inside the submit's transaction, hangs on the dead mount: the
+    submit is refused after the storage wait (exit 3, "submit again later"), its transaction rolled back and
+    no job queued, so the same request_id queues the job once the folder answers."""
+    from fleet_helpers import connect
+
+    from cuzk_mp.daemon import storage_waits
+    from cuzk_mp.daemon.fleet import submits as submits_module
+    from cuzk_mp.daemon.fleet.inputs import stage_inputs
+    from cuzk_mp.errors import Unavailable
+
+    monkeypatch.setattr(storage_waits, "ACCEPT_WAIT_S", 0.3)
+    back = threading.Event()
+    share = tmp_path / "share"
+    share.mkdir()
+    data = b"inputs of a job " * 64
+    inp = store_inputs(data, share)
+
+    def hung(*args: object) -> None:  # a call on the dead mount, until it answers again
+        back.wait()
+
+    if step == "place":
+        monkeypatch.setattr(submits_module, "_place", hung)
+
+    async def main() -> None:
+        fleet = await connect(fleet_dsn, "s")
+        try:
+            async with asyncio.timeout(30):  # the submit's own wait ends it long before
+                with pytest.raises(Unavailable, match=f"shared inputs folder did not answer within 0.3 s while "
+                                                      f"{'storing' if step == 'stage' else 'putting'} the job's"):
+                    await fleet.submit("r1", "x", inp.ref, inp.sha256,
+                                       stage=hung if step == "stage" else (lambda: stage_inputs(data, share, inp)))
+            back.set()
+            ref = await fleet.submit("r1", "x", inp.ref, inp.sha256)
+            assert not ref.duplicate and ref.state == "queued"  # the refused submit queued nothing
+        finally:
+            await fleet.close()
+
+    asyncio.run(main())

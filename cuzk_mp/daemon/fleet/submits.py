@@ -29,10 +29,10 @@ from cuzk_mp.daemon.fleet.config import FleetConfig
 from cuzk_mp.daemon.fleet.inputs import StagedInputs, check_ref
 from cuzk_mp.daemon.fleet.models import JobRef, JobStatus, entrypoint, queue_priority
 from cuzk_mp.daemon.fleet.store import FleetStore
-from cuzk_mp.daemon.fleet.waits import on_share
+from cuzk_mp.daemon.fleet.waits import share_within
 from cuzk_mp.daemon.threads import within
 from cuzk_mp.daemon.queue_caps import Queued, QueueCaps, check_caps
-from cuzk_mp.errors import InputError, ResourceError
+from cuzk_mp.errors import InputError, ResourceError, Unavailable
 from cuzk_mp.pipeline.types import Priority
 
 log = logging.getLogger("cuzk_mp.daemon.fleet")
@@ -88,13 +88,14 @@ class FleetSubmits(FleetStore):
                              f"got {priority!r}") from None
         job_id = uuid.uuid4().hex
         for _ in range(STAGE_TRIES):
-            staged = None if stage is None else await on_share(stage)
+            staged = None if stage is None else await share_within("storing the job's inputs", stage)
             try:
                 ref = await self._enqueue(job_id, request_id, circuit_id, inputs_ref, inputs_sha256, priority,
                                           n_partitions, client, input_bytes, caps, staged)
             finally:
                 if staged is not None:
-                    await on_share(staged.discard)
+                    with contextlib.suppress(Unavailable):  # what is left there is the prune's
+                        await share_within("removing the staged inputs", staged.discard)
             if ref is not None:
                 if not ref.duplicate:
                     log.info("fleet: queued job %s (%s, %s, %d partitions)", job_id, circuit_id, priority.name,
@@ -110,8 +111,8 @@ class FleetSubmits(FleetStore):
         async with self._tx() as (conn, queries):
             if staged is not None:  # lock order: the inputs' lock, then the caps' lock below
                 await conn.execute("SELECT pg_advisory_xact_lock(%s, %s)", schema.inputs_lock(inputs_sha256))
-                if not await on_share(_place, staged):
-                    return None
+                if not await share_within("putting the job's inputs in place", _place, staged):
+                    return None  # (a folder that hangs: Unavailable rolls the transaction back, its locks with it)
             if caps:
                 # Count and insert under one fleet-wide lock, so two submits racing at a cap (from any
                 # boxes) never both pass. Lock order: this lock first, then the new request-id row (a
