@@ -278,10 +278,10 @@ def test_a_journal_that_cannot_be_written_loses_and_repeats_nothing(tmp_path: Pa
     full = {"on": False}
     real = Journal._run
 
-    async def flaky(self: Journal, fn: object, *args: object) -> object:
+    async def flaky(self: Journal, fn: object, *args: object, **kw: object) -> object:
         if full["on"] and getattr(fn, "__name__", "") in ("_insert", "_finish", "_remove"):
-            return await real(self, _raises, *args)
-        return await real(self, fn, *args)
+            return await real(self, _raises, *args, **kw)
+        return await real(self, fn, *args, **kw)
 
     def _raises(*_: object) -> None:
         raise sqlite3.OperationalError("database or disk is full")

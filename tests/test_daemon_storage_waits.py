@@ -99,6 +99,30 @@ def test_a_submit_whose_key_file_hangs_is_refused_and_frees_its_place(tmp_path: 
     run_daemon(tmp_path, body, engine=KeyOnDeadMount, max_queued_jobs=1)
 
 
+def test_a_submit_in_turn_behind_a_hung_key_read_is_refused_too(tmp_path: Path,
+                                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """Two submits of one circuit sent together while its key file hangs: the first is refused after the wait,
+    and the second, whose hand-over waits its turn behind the first, is refused with it, never begun."""
+    monkeypatch.setattr(storage_waits, "TURN_CHECK_S", 0.05)
+    mount = Storage()
+
+    class KeyOnDeadMount(FakeEngine):
+        def submit(self, job: JobSpec) -> None:
+            mount.hang()
+            super().submit(job)
+
+    async def body(d: Daemon, addr: str) -> None:
+        async with asyncio.timeout(60), await AsyncClient.connect(addr) as c:
+            outcomes = await asyncio.gather(c.request(_submit(1)), c.request(_submit(2)), return_exceptions=True)
+            assert [type(o) for o in outcomes] == [Unavailable, Unavailable], outcomes
+            assert "did not answer within" in str(outcomes[0]) and mount.entered == 1
+            [stuck] = (await c.status())["storage_not_answering"]
+            assert stuck["calls"] == 2
+            mount.answer()
+
+    run_daemon(tmp_path, body, engine=KeyOnDeadMount)
+
+
 def test_a_submit_whose_journal_hangs_is_refused_and_its_late_row_removed(tmp_path: Path,
                                                                          monkeypatch: pytest.MonkeyPatch) -> None:
     mount = Storage()
@@ -132,19 +156,22 @@ def test_a_submit_whose_journal_hangs_is_refused_and_its_late_row_removed(tmp_pa
     run_daemon(tmp_path, body)
 
 
-def test_pipelined_submits_of_a_circuit_reach_the_engine_in_their_order(tmp_path: Path) -> None:
-    """Two submits sent back to back on one connection are queued by the engine in the order sent, even where
-    the first one's hand-over is the slower (its key file's header read from a slow disk): a batch that submits
-    jobs in order has them proved in that order at one priority."""
-    class SlowFirstRead(FakeEngine):
+def test_pipelined_submits_of_a_circuit_reach_the_engine_in_their_order(tmp_path: Path,
+                                                                        monkeypatch: pytest.MonkeyPatch) -> None:
+    """Three submits sent back to back on one connection are queued by the engine in the order sent, even where
+    the first one's hand-over is the slowest (its key file's header read from a slow disk): a batch that submits
+    jobs in order has them proved in that order at one priority. Each waits for its turn, and the storage wait
+    counts from its own start: the last one's turn comes after the wait, and it is taken all the same."""
+    monkeypatch.setattr(storage_waits, "ACCEPT_WAIT_S", 1.0)
+
+    class SlowReads(FakeEngine):
         def submit(self, job: JobSpec) -> None:
-            if job.job_id == "a":
-                time.sleep(0.3)
+            time.sleep(0.6 if job.job_id == "a" else 0.45)
             super().submit(job)
 
     async def body(d: Daemon, addr: str) -> None:
         async with asyncio.timeout(60), await AsyncClient.connect(addr) as c:
             await asyncio.gather(*(c.request(_submit(i, request_id=rid)) for i, rid in enumerate("abc")))
-            assert isinstance(d.engine, SlowFirstRead) and d.engine.submitted == ["a", "b", "c"]
+            assert isinstance(d.engine, SlowReads) and d.engine.submitted == ["a", "b", "c"]
 
-    run_daemon(tmp_path, body, engine=SlowFirstRead)
+    run_daemon(tmp_path, body, engine=SlowReads)

@@ -157,7 +157,8 @@ class JobTable:
 
         ``caller`` is the submitting client (its jobs are recorded under its owner); the job is
         handed to the engine (which reads its key file's header and parses input JSON to validate
-        it) on a thread of its own, off the loop (:meth:`_to_engine_off_loop`).
+        it) on its circuit's hand-over thread, off the loop (:meth:`_to_engine_off_loop`), and waited for as
+        :mod:`.storage_waits` says.
         """
         _, priority = self.admit(req, caller)
         owner = caller.owner
@@ -183,15 +184,17 @@ class JobTable:
                         partitions=list(req.partitions), submitted_at=time.time(), owner=owner)
         self.jobs[job_id] = rec
         self._hold(rec, size)  # before any await: concurrent submits see it
+        began: list[float] = []
         try:
-            await self.storage.wait(self._to_engine_off_loop(rec), key_file, started=time.monotonic(),
+            await self.storage.wait(self._to_engine_off_loop(rec, began), key_file, began=began,
                                     on_late=lambda taken: self._cancel_taken(taken, job_id))
         except BaseException as e:
             self._refused(rec, e)
             raise
-        add = asyncio.ensure_future(self.journal.add(self._entry(rec)))
+        began = []
+        add = asyncio.ensure_future(self.journal.add(self._entry(rec), began))
         try:
-            await self.storage.wait(add, JOURNAL, started=time.monotonic())
+            await self.storage.wait(add, JOURNAL, began=began)
         except BaseException as e:  # not durable: the job must not run unacknowledged
             self.engine.cancel(job_id)
             self._refused(rec, e)
@@ -295,17 +298,18 @@ class JobTable:
                             digest=rec.digest, partitions=rec.partitions,
                             submitted_at=rec.submitted_at, owner=rec.owner)
 
-    def _to_engine_off_loop(self, rec: JobRecord) -> asyncio.Future[None]:
+    def _to_engine_off_loop(self, rec: JobRecord, began: list[float] | None = None) -> asyncio.Future[None]:
         """:meth:`_to_engine` on the circuit's hand-over thread (a daemon thread, :mod:`.threads`): the engine
         reads the key file's header as it accepts a job (it pins the job to that key), and parses input JSON;
         on a key whose mount hangs that read never returns, and on the loop it stopped every other request
         and the stop; on the default executor it held a thread, and the process's exit, for ever. One thread
         a circuit, so that its jobs reach the engine in the order they were submitted (a thread a submit let a
-        slow header read put the first job behind the next), and a circuit whose key hangs holds no other's."""
+        slow header read put the first job behind the next), and a circuit whose key hangs holds no other's.
+        ``began``: :func:`.threads.on_serial_thread`'s."""
         thread = self._handovers.get(rec.circuit_id)
         if thread is None:
             thread = self._handovers[rec.circuit_id] = SerialThread(f"cuzk-submit-{rec.circuit_id}")
-        return on_serial_thread(thread, self._to_engine, rec)
+        return on_serial_thread(thread, self._to_engine, rec, began=began)
 
     def _to_engine(self, rec: JobRecord) -> None:
         parts = [PartitionInput(kind=p.kind, data=p.data, seed=p.seed) for p in rec.partitions]

@@ -369,12 +369,12 @@ class Journal:
                 if conn.in_transaction:
                     conn.execute("ROLLBACK")
 
-    async def _run(self, fn: Callable[..., T], *args: Any) -> T:
+    async def _run(self, fn: Callable[..., T], *args: Any, began: list[float] | None = None) -> T:
         """Run one write on the journal's thread, its path checked first (:meth:`_keep_in_place`); a
         write SQLite cannot make (a full disk or database, a read-only file) is a ResourceError naming
-        the journal."""
+        the journal. ``began``: :func:`.threads.on_serial_thread`'s."""
         try:
-            return await on_serial_thread(self._pool, self._in_place, fn, *args)
+            return await on_serial_thread(self._pool, self._in_place, fn, *args, began=began)
         except (sqlite3.Error, OSError) as e:
             raise ResourceError(f"the journal {self.path} cannot be written: {e}") from None
 
@@ -439,9 +439,10 @@ class Journal:
         # the freed pages back to the file system: executescript steps the pragma to its end (execute: one page)
         self._conn.executescript("PRAGMA incremental_vacuum;")
 
-    async def add(self, entry: JournalEntry) -> None:
-        """Write an accepted job; returns once it is on disk."""
-        await self._run(self._insert, entry)
+    async def add(self, entry: JournalEntry, began: list[float] | None = None) -> None:
+        """Write an accepted job; returns once it is on disk (``began``: when the write started, behind the
+        writes before it)."""
+        await self._run(self._insert, entry, began=began)
 
     async def finish(self, job_id: str, reply: JobReply, partitions: list[Any]) -> None:
         """Record a job's final state and reply, and its partitions as a finished job keeps them

@@ -7,6 +7,10 @@ fsync, never returns: the client's submit waited for ever, and its job held a pl
 :data:`ACCEPT_WAIT_S` at most; then the submit is refused with Unavailable (exit 3: the client sends it
 again later, under the same request_id, and no job was taken) and its places are freed.
 
+The wait counts from when the call begins: calls on one thread (a circuit's hand-overs to the engine,
+the journal's writes) keep their order, and a call in turn behind a slow but working one (a large input
+JSON being validated) is not refused for the time its turn took; one in turn behind a call that hangs is.
+
 No thread can be stopped in a read that hangs, so the call goes on, and it is remembered
 (:class:`StorageWaits`): while it has not returned, a later submit that would wait on the same storage
 (the same circuit's key file, the journal) is refused at once rather than left to pile up threads, and
@@ -32,6 +36,7 @@ T = TypeVar("T")
 # How long a submit waits for the key file's header or the journal's write. On a working disk they take
 # milliseconds; a cold network file system may take seconds.
 ACCEPT_WAIT_S = 60.0
+TURN_CHECK_S = 1.0  # how often a call not yet begun (in turn behind others) looks whether the one before it hangs
 
 
 class StorageWaits:
@@ -49,19 +54,32 @@ class StorageWaits:
                               f"{time.monotonic() - min(started):.0f} s (its storage hangs?); send the job again "
                               "later")
 
-    async def wait(self, call: asyncio.Future[T], what: str, *, started: float,
+    async def wait(self, call: asyncio.Future[T], what: str, *, began: list[float],
                    on_late: Callable[[asyncio.Future[T]], None] | None = None) -> T:
-        """``call``'s outcome, waited for until :data:`ACCEPT_WAIT_S` after ``started`` (monotonic); past it,
-        Unavailable, with ``call`` remembered as stuck on ``what`` until it ends, and ``on_late(call)`` run
-        when it does (to undo what it did after the submit was refused; also where the wait is cancelled)."""
+        """``call``'s outcome, waited for until :data:`ACCEPT_WAIT_S` after it began (``began`` gets its
+        ``time.monotonic()`` then: a call in turn behind others on one thread waits for its turn first, as
+        long as the call before it has not outlived its own wait). Past it, or where the call waits behind
+        one that hangs on ``what``, Unavailable, with ``call`` remembered as stuck on ``what`` until it
+        ends and ``on_late(call)`` run when it does (to undo what it did after the submit was refused;
+        also where this wait is cancelled)."""
         try:
-            return await wait_shared(call, max(started + ACCEPT_WAIT_S - time.monotonic(), 0.0))
-        except TimeoutError:
-            pass
+            while True:
+                if began:
+                    left = began[0] + ACCEPT_WAIT_S - time.monotonic()
+                elif self._stuck.get(what):  # its turn comes after a call that hangs
+                    break
+                else:
+                    left = TURN_CHECK_S
+                try:
+                    return await wait_shared(call, max(left, 0.0))
+                except TimeoutError:
+                    if began and began[0] + ACCEPT_WAIT_S <= time.monotonic():
+                        break
         except asyncio.CancelledError:  # the submit's caller is gone: what the call does still needs undoing
             if on_late is not None and not call.done():
                 call.add_done_callback(on_late)
             raise
+        started = began[0] if began else time.monotonic()
         self._stuck.setdefault(what, []).append(started)
         log.error("%s did not answer within %g s (its storage hangs?): the submit waiting on it is refused, and "
                   "later submits that need it are refused at once until it answers", what, ACCEPT_WAIT_S)

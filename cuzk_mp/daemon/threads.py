@@ -25,6 +25,7 @@ import asyncio
 import contextlib
 import contextvars
 import threading
+import time
 from collections.abc import Awaitable, Callable
 from typing import Any, TypeVar
 
@@ -44,10 +45,12 @@ def on_daemon_thread(fn: Callable[..., T], *args: Any, name: str) -> asyncio.Fut
     return call.fut
 
 
-def on_serial_thread(thread: SerialThread, fn: Callable[..., T], *args: Any) -> asyncio.Future[T]:
+def on_serial_thread(thread: SerialThread, fn: Callable[..., T], *args: Any,
+                     began: list[float] | None = None) -> asyncio.Future[T]:
     """``fn(*args)`` on ``thread`` once the calls given to it before have ended (the journal's writes keep
-    their order), its outcome the returned future's, as :func:`on_daemon_thread`'s."""
-    call = _Call(fn, args)
+    their order), its outcome the returned future's, as :func:`on_daemon_thread`'s; ``began`` gets the
+    ``time.monotonic()`` at which it started (a wait for it may count its own time, not its turn's)."""
+    call = _Call(fn, args, began)
     thread.call_soon(call.run)
     return call.fut
 
@@ -55,12 +58,14 @@ def on_serial_thread(thread: SerialThread, fn: Callable[..., T], *args: Any) -> 
 class _Call:
     """``fn(*args)`` run on some thread, its outcome handed to the future made on the caller's loop."""
 
-    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...]) -> None:
+    def __init__(self, fn: Callable[..., Any], args: tuple[Any, ...], began: list[float] | None = None) -> None:
         self.loop = asyncio.get_running_loop()
         self.fut: asyncio.Future[Any] = self.loop.create_future()
-        self.fn, self.args, self.ctx = fn, args, contextvars.copy_context()
+        self.fn, self.args, self.ctx, self.began = fn, args, contextvars.copy_context(), began
 
     def run(self) -> None:
+        if self.began is not None:
+            self.began.append(time.monotonic())
         value, error = None, None
         try:
             value = self.ctx.run(self.fn, *self.args)
