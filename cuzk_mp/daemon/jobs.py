@@ -56,7 +56,7 @@ import hashlib
 import logging
 import time
 import uuid
-from collections.abc import Coroutine, Iterable
+from collections.abc import Callable, Coroutine, Iterable
 from typing import Any, Protocol
 
 import msgspec
@@ -70,7 +70,7 @@ from cuzk_mp.daemon.journal import Journal, JournalEntry
 from cuzk_mp.daemon.metrics import DaemonMetrics
 from cuzk_mp.daemon.protocol import JobReply, PartitionIn, Prove, SubmitProof
 from cuzk_mp.daemon.queue_caps import Queued, QueueCaps, check_caps
-from cuzk_mp.daemon.storage_waits import StorageWaits
+from cuzk_mp.daemon.storage_waits import StorageWaits, refusal
 from cuzk_mp.daemon.threads import on_serial_thread
 from cuzk_mp.errors import InputError, ResourceError, Unavailable
 from cuzk_mp.pipeline.serial import SerialThread
@@ -80,6 +80,11 @@ log = logging.getLogger("cuzk_mp.daemon.jobs")
 
 MAX_REQUEST_ID = 128
 JOURNAL = "the journal"  # what a submit waits on as it journals its job (:class:`.storage_waits.StorageWaits`)
+
+
+def _key_file(circuit_id: str) -> str:
+    """What a submit of ``circuit_id`` waits on as the engine takes its job (:mod:`.storage_waits`)."""
+    return f"the key file of circuit {circuit_id}"
 
 
 def _log_failure(task: asyncio.Task[Any], what: str) -> None:
@@ -130,6 +135,7 @@ class JobTable:
         self._unwritten: set[str] = set()  # finished jobs whose final state the journal lacks
         self._unjournaled: set[str] = set()  # jobs run for a fleet: its database keeps them
         self.storage = StorageWaits()  # a submit's calls on a key file or the journal that hang
+        self.storage.watch(JOURNAL, lambda: self.journal.busy_since())
         self._handovers: dict[str, SerialThread] = {}  # circuit id -> the thread that hands its jobs to the engine
 
     # -- submit ---------------------------------------------------------------------------
@@ -173,7 +179,7 @@ class JobTable:
                                  "different job (other circuit or inputs)")
             await asyncio.shield(existing.accepted)
             return existing, True
-        key_file = f"the key file of circuit {req.circuit_id}"
+        key_file = _key_file(req.circuit_id)
         self.storage.check(key_file)  # a call on it hangs: refused now, not after a wait of its own
         self.storage.check(JOURNAL)
         size = input_bytes(req.partitions)
@@ -186,15 +192,15 @@ class JobTable:
         self._hold(rec, size)  # before any await: concurrent submits see it
         began: list[float] = []
         try:
-            await self.storage.wait(self._to_engine_off_loop(rec, began), key_file, began=began,
-                                    on_late=lambda taken: self._cancel_taken(taken, job_id))
+            await self._accepting(self._to_engine_off_loop(rec, began), key_file, began,
+                                  on_late=lambda taken: self._cancel_taken(taken, job_id))
         except BaseException as e:
             self._refused(rec, e)
             raise
         began = []
         add = asyncio.ensure_future(self.journal.add(self._entry(rec), began))
         try:
-            await self.storage.wait(add, JOURNAL, began=began)
+            await self._accepting(add, JOURNAL, began)
         except BaseException as e:  # not durable: the job must not run unacknowledged
             self.engine.cancel(job_id)
             self._refused(rec, e)
@@ -207,6 +213,15 @@ class JobTable:
             raise
         rec.accepted.set_result(None)
         return rec, False
+
+    async def _accepting(self, call: asyncio.Future[None], what: str, began: list[float],
+                         on_late: Callable[[asyncio.Future[None]], None] | None = None) -> None:
+        """A submit's call on storage (:meth:`.storage_waits.StorageWaits.wait`); one given up on refuses
+        the submit (:func:`.storage_waits.refusal`)."""
+        try:
+            await self.storage.wait(call, what, began=began, on_late=on_late)
+        except TimeoutError as e:
+            raise refusal(e) from None
 
     def _cancel_taken(self, taken: asyncio.Future[None], job_id: str) -> None:
         """The engine took a job after its submit was refused (its key file answered late): it must not run."""
@@ -309,6 +324,7 @@ class JobTable:
         thread = self._handovers.get(rec.circuit_id)
         if thread is None:
             thread = self._handovers[rec.circuit_id] = SerialThread(f"cuzk-submit-{rec.circuit_id}")
+            self.storage.watch(_key_file(rec.circuit_id), lambda: thread.running_since)
         return on_serial_thread(thread, self._to_engine, rec, began=began)
 
     def _to_engine(self, rec: JobRecord) -> None:
@@ -455,9 +471,11 @@ class JobTable:
         return task
 
     async def _journal_final(self, rec: JobRecord, again: bool = False) -> bool:
-        try:
-            await self.journal.finish(rec.job_id, reply_of(rec, 0), rec.partitions)
-        except ResourceError as e:
+        began: list[float] = []
+        write = asyncio.ensure_future(self.journal.finish(rec.job_id, reply_of(rec, 0), rec.partitions, began))
+        try:  # a write that hangs holds the job's waiters no longer than a submit's (:mod:`.storage_waits`)
+            await self.storage.wait(write, JOURNAL, began=began)
+        except (ResourceError, TimeoutError) as e:
             if not again:
                 log.error("job %s %s, but %s; it is written again at the next pruning round (until then "
                           "a restart runs the job again)", rec.job_id, rec.state, e)
@@ -469,7 +487,10 @@ class JobTable:
         return True
 
     async def write_pending(self) -> int:
-        """Journal the final states that could not be written before; how many are still unwritten."""
+        """Journal the final states that could not be written before; how many are still unwritten (all,
+        without a try, while a write of the journal hangs: another would only queue behind it)."""
+        if self.storage.hung_for(JOURNAL) is not None:
+            return len(self._unwritten)
         for job_id in sorted(self._unwritten):
             rec = self.jobs.get(job_id)
             if rec is None:

@@ -439,15 +439,21 @@ class Journal:
         # the freed pages back to the file system: executescript steps the pragma to its end (execute: one page)
         self._conn.executescript("PRAGMA incremental_vacuum;")
 
+    def busy_since(self) -> float | None:
+        """When the write running on the journal's thread began (``time.monotonic()``); None while none runs."""
+        return self._pool.running_since
+
     async def add(self, entry: JournalEntry, began: list[float] | None = None) -> None:
         """Write an accepted job; returns once it is on disk (``began``: when the write started, behind the
         writes before it)."""
         await self._run(self._insert, entry, began=began)
 
-    async def finish(self, job_id: str, reply: JobReply, partitions: list[Any]) -> None:
+    async def finish(self, job_id: str, reply: JobReply, partitions: list[Any],
+                     began: list[float] | None = None) -> None:
         """Record a job's final state and reply, and its partitions as a finished job keeps them
-        (:func:`.job_records.without_inputs`: the input bytes are not kept once it has ended)."""
-        await self._run(self._finish, job_id, reply, partitions)
+        (:func:`.job_records.without_inputs`: the input bytes are not kept once it has ended); ``began``:
+        :meth:`add`'s."""
+        await self._run(self._finish, job_id, reply, partitions, began=began)
 
     async def remove(self, job_ids: list[str]) -> None:
         """Delete jobs (pruned results, or a submit the engine refused)."""

@@ -388,10 +388,9 @@ class Daemon(DaemonHandlers):
         degraded = self.engine.degraded()
         if degraded:
             return False, "degraded: " + "; ".join(d.reason for d in degraded)
-        for stuck in self.jobs.storage.report() if self.jobs is not None else ():
-            if stuck["what"] == JOURNAL:
-                return False, (f"the journal has not answered for {stuck['for_s']:.0f} s (its storage hangs?): "
-                               "no job is accepted")
+        hung = self.jobs.storage.hung_for(JOURNAL) if self.jobs is not None else None
+        if hung is not None:
+            return False, f"the journal has not answered for {hung:.0f} s (its storage hangs?): no job is accepted"
         return True, "ok"
 
 

@@ -11,12 +11,13 @@ The wait counts from when the call begins: calls on one thread (a circuit's hand
 the journal's writes) keep their order, and a call in turn behind a slow but working one (a large input
 JSON being validated) is not refused for the time its turn took; one in turn behind a call that hangs is.
 
-No thread can be stopped in a read that hangs, so the call goes on, and it is remembered
-(:class:`StorageWaits`): while it has not returned, a later submit that would wait on the same storage
-(the same circuit's key file, the journal) is refused at once rather than left to pile up threads, and
-the status document names what does not answer. What the call does once the storage answers again is
-undone: a job the engine took then is cancelled; a journal row written then is removed by a removal queued
-behind the write on the journal's one thread.
+No thread can be stopped in a read that hangs, so the call goes on. While a call on one of those threads
+has run longer than the wait (a submit's, or another: the journal's write of a finished job), a submit that
+would wait on the same storage (the same circuit's key file, the journal) is refused at once rather than
+left to queue behind it, and the status document (and, for the journal, ``/healthz``) names what does not
+answer. What a refused submit's call does once the storage answers again is undone: a job the engine took
+then is cancelled; a journal row written then is removed by a removal queued behind the write on the
+journal's one thread.
 """
 
 from __future__ import annotations
@@ -40,33 +41,45 @@ TURN_CHECK_S = 1.0  # how often a call not yet begun (in turn behind others) loo
 
 
 class StorageWaits:
-    """Calls on storage that outlived :data:`ACCEPT_WAIT_S`, by what they wait on (a name a client may see:
-    "the key file of circuit X", "the journal"), with when the oldest began; see the module docstring."""
+    """What a submit waits on (a name a client may see: "the key file of circuit X", "the journal"), each
+    with the thread its calls run on one at a time (:meth:`watch`: when that thread's running call
+    began); see the module docstring."""
 
     def __init__(self) -> None:
-        self._stuck: dict[str, list[float]] = {}  # what -> the monotonic start of each call that has not returned
+        self._busy_since: dict[str, Callable[[], float | None]] = {}
+
+    def watch(self, what: str, busy_since: Callable[[], float | None]) -> None:
+        """Calls that need ``what`` run one at a time on a thread whose running call began at
+        ``busy_since()`` (``time.monotonic()``; None while it is idle)."""
+        self._busy_since[what] = busy_since
+
+    def hung_for(self, what: str) -> float | None:
+        """How long the call running on ``what``'s thread has run, where that is past :data:`ACCEPT_WAIT_S`
+        (it hangs, and every call behind it waits); else None."""
+        since = self._busy_since[what]() if what in self._busy_since else None
+        if since is None or time.monotonic() - since < ACCEPT_WAIT_S:
+            return None
+        return time.monotonic() - since
 
     def check(self, what: str) -> None:
-        """Unavailable at once where a call on ``what`` has not returned after outliving its wait."""
-        started = self._stuck.get(what)
-        if started:
+        """Unavailable at once where a call on ``what`` hangs (:meth:`hung_for`)."""
+        hung = self.hung_for(what)
+        if hung is not None:
             raise Unavailable(f"the daemon takes no job that needs {what} now: it has not answered for "
-                              f"{time.monotonic() - min(started):.0f} s (its storage hangs?); send the job again "
-                              "later")
+                              f"{hung:.0f} s (its storage hangs?); send the job again later")
 
     async def wait(self, call: asyncio.Future[T], what: str, *, began: list[float],
                    on_late: Callable[[asyncio.Future[T]], None] | None = None) -> T:
         """``call``'s outcome, waited for until :data:`ACCEPT_WAIT_S` after it began (``began`` gets its
-        ``time.monotonic()`` then: a call in turn behind others on one thread waits for its turn first, as
-        long as the call before it has not outlived its own wait). Past it, or where the call waits behind
-        one that hangs on ``what``, Unavailable, with ``call`` remembered as stuck on ``what`` until it
-        ends and ``on_late(call)`` run when it does (to undo what it did after the submit was refused;
-        also where this wait is cancelled)."""
+        ``time.monotonic()`` then: a call in turn behind others on ``what``'s thread waits for its turn
+        first, as long as the call before it does not hang). Past it, or where its turn comes after a call
+        that hangs, TimeoutError saying so, and ``on_late(call)`` run once the call ends (to undo what it
+        did after its waiter gave it up; also where this wait is cancelled)."""
         try:
             while True:
                 if began:
                     left = began[0] + ACCEPT_WAIT_S - time.monotonic()
-                elif self._stuck.get(what):  # its turn comes after a call that hangs
+                elif self.hung_for(what) is not None:  # its turn comes after a call that hangs
                     break
                 else:
                     left = TURN_CHECK_S
@@ -79,31 +92,29 @@ class StorageWaits:
             if on_late is not None and not call.done():
                 call.add_done_callback(on_late)
             raise
-        started = began[0] if began else time.monotonic()
-        self._stuck.setdefault(what, []).append(started)
-        log.error("%s did not answer within %g s (its storage hangs?): the submit waiting on it is refused, and "
-                  "later submits that need it are refused at once until it answers", what, ACCEPT_WAIT_S)
-        call.add_done_callback(lambda done: self._ended(what, started, done, on_late))
-        raise Unavailable(f"the daemon could not take the job: {what} did not answer within {ACCEPT_WAIT_S:g} s "
-                          "(its storage hangs?); no job was taken: send it again later")
-
-    def _ended(self, what: str, started: float, call: asyncio.Future[Any],
-               on_late: Callable[[asyncio.Future[Any]], None] | None) -> None:
-        starts = self._stuck.get(what, [])
-        if started in starts:
-            starts.remove(started)
-        if not starts:
-            self._stuck.pop(what, None)
-        log.warning("%s answered after %.0f s; submits that need it are taken again", what,
-                    time.monotonic() - started)
-        if not call.cancelled():
-            call.exception()  # retrieved: the refused submit's caller is gone; no "never retrieved" log
-        if on_late is not None:
-            on_late(call)
+        given_up = time.monotonic()
+        call.add_done_callback(lambda done: _ended(what, given_up, done, on_late))
+        raise TimeoutError(f"{what} did not answer within {ACCEPT_WAIT_S:g} s (its storage hangs?)")
 
     def report(self) -> list[dict[str, Any]]:
-        """What does not answer now, for the status document: ``what``, ``for_s`` (the oldest call's age)
-        and ``calls``."""
-        now = time.monotonic()
-        return [{"what": what, "for_s": round(now - min(starts), 1), "calls": len(starts)}
-                for what, starts in sorted(self._stuck.items())]
+        """What does not answer now, for the status document: ``what`` and ``for_s``."""
+        hung = {what: self.hung_for(what) for what in self._busy_since}
+        return [{"what": what, "for_s": round(for_s, 1)} for what, for_s in sorted(hung.items()) if for_s is not None]
+
+
+def refusal(e: TimeoutError) -> Unavailable:
+    """The submit's answer where :meth:`StorageWaits.wait` gave its call up (logged: later submits that need
+    the same storage are refused at once until it answers)."""
+    log.error("%s: the submit waiting on it is refused, and later submits that need it are refused at once "
+              "until it answers", e)
+    return Unavailable(f"the daemon could not take the job: {e}; no job was taken: send it again later")
+
+
+def _ended(what: str, given_up: float, call: asyncio.Future[Any],
+           on_late: Callable[[asyncio.Future[Any]], None] | None) -> None:
+    """A call whose wait was given up ended: logged, its outcome retrieved, what it did undone."""
+    log.warning("%s answered %.0f s after a wait for it was given up", what, time.monotonic() - given_up)
+    if not call.cancelled():
+        call.exception()  # retrieved: the refused submit's caller is gone; no "never retrieved" log
+    if on_late is not None:
+        on_late(call)

@@ -4,13 +4,15 @@ For calls that must keep their order and may never return: the daemon's journal 
 folder whose storage hangs), the engine's reads of a key file after a job's last proof (a key on a hard
 NFS mount whose server went away). A ``ThreadPoolExecutor``'s thread is joined at interpreter exit, for
 ever where its call never returns; this thread is a daemon thread, and :meth:`SerialThread.close` waits
-for the calls given so far only as long as it is told.
+for the calls given so far only as long as it is told. ``running_since`` tells how long the running call
+has run: one that hangs holds every call behind it.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
+import time
 from collections.abc import Callable
 
 
@@ -18,6 +20,7 @@ class SerialThread:
     """A single-worker executor on a daemon thread (see the module docstring)."""
 
     def __init__(self, name: str) -> None:
+        self.running_since: float | None = None  # time.monotonic() at which the running call began; None: idle
         self._calls: queue.SimpleQueue[Callable[[], None] | None] = queue.SimpleQueue()
         self._thread = threading.Thread(target=self._run, name=name, daemon=True)
         self._thread.start()
@@ -36,4 +39,8 @@ class SerialThread:
 
     def _run(self) -> None:
         while (call := self._calls.get()) is not None:
-            call()
+            self.running_since = time.monotonic()
+            try:
+                call()
+            finally:
+                self.running_since = None
