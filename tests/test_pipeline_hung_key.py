@@ -17,6 +17,7 @@ import pytest
 
 from cuzk_mp.errors import CuzkError
 from cuzk_mp.pipeline import circuits as circuits_module
+from cuzk_mp.pipeline import engine_events
 from cuzk_mp.pipeline.engine import Engine
 from cuzk_mp.pipeline.types import CircuitSpec, EngineConfig, JobSpec, PartitionInput
 
@@ -82,11 +83,14 @@ def test_a_key_read_that_never_returns_holds_no_lock_another_circuit_needs(
         engine.stop(grace_s=0)
 
 
+@pytest.mark.parametrize("ends", ["stop", "wait"])
 def test_the_key_read_after_a_jobs_last_proof_holds_no_lock_when_it_never_returns(
-        test_key: tuple, monkeypatch: pytest.MonkeyPatch) -> None:
+        test_key: tuple, monkeypatch: pytest.MonkeyPatch, ends: str) -> None:
     """A job is done only if its key file is still its key once its last proof came, a read of that file:
     where it never returns, that job waits alone; the engine's status answers and another circuit's job
-    (a key the provers generate: no file) is proved; the stop ends, failing the job that waited."""
+    (a key the provers generate: no file) is proved. The job fails, naming the file, once the read has not
+    returned within KEY_CHECK_WAIT_S (``wait``), or at the stop where that comes first (``stop``)."""
+    monkeypatch.setattr(engine_events, "KEY_CHECK_WAIT_S", 600.0 if ends == "stop" else 2.0)
     results = Collector()
     config = EngineConfig(backend="cpu", devices=[0], gpu_workers_per_device=1, partition_workers=1, ring_slots=2,
                           shm_prefix=prefix_for("hungproof"), param_cache=KEY_CACHE, start_timeout_s=120)
@@ -119,8 +123,14 @@ def test_the_key_read_after_a_jobs_last_proof_holds_no_lock_when_it_never_return
         other.join(180)
         assert not other.is_alive(), "the engine's status or another circuit's job waited on the hung key read"
         assert seen == {"state": "running", "fine": "done"}
-        engine.stop(grace_s=0)
-        assert results.wait("stuck", timeout=10).state == "failed"
+        if ends == "stop":
+            engine.stop(grace_s=0)
+        stuck = results.wait("stuck", timeout=60)
+        assert stuck.state == "failed" and released.is_set() is False
+        if ends == "wait":
+            [part] = stuck.partitions
+            assert part.error_kind == "ResourceError" and "did not answer within 2 s" in (part.error or "")
+            assert engine.status().state == "running"
     finally:
         released.set()
         engine.stop(grace_s=0)

@@ -196,6 +196,7 @@ class RunningEngine(EngineEvents):
         self._ring_lock = threading.Lock()  # status reads of the ring against its destroy
         self._pipe = WakePipe()
         self._key_checks: dict[str, SerialThread] = {}
+        self._key_checks_due: dict[str, tuple[float, msg.CircuitRef]] = {}
         self._finalizer = weakref.finalize(self, _release_ipc, self.prefix, self._pipe)
         self._thread = threading.Thread(target=self._loop, name="cuzk-engine-events", daemon=True)
         self._thread.start()

@@ -40,6 +40,9 @@ from .types import EngineConfig, JobResult, PartitionResult
 
 log = logging.getLogger("cuzk_mp.pipeline.engine")  # the engine's logger: these lines are the engine's
 POLL_S = 0.5
+# How long a job whose last proof came waits for the read of its key file that confirms the key (a small
+# read: on a working disk milliseconds); past it the file's storage hangs, and the job fails naming it.
+KEY_CHECK_WAIT_S = 60.0
 
 
 class EngineEvents:
@@ -66,6 +69,7 @@ class EngineEvents:
     _abandoned: bool
     _pipe: WakePipe
     _key_checks: dict[str, SerialThread]  # zkey path -> the thread that reads it after jobs' last proofs
+    _key_checks_due: dict[str, tuple[float, msg.CircuitRef]]  # job -> (when its read is given up, its key)
 
     if TYPE_CHECKING:  # the running engine's lifecycle, which an abandoned stop's rounds finish
         def _kill_children(self) -> None: ...
@@ -85,6 +89,7 @@ class EngineEvents:
             with self._cond:
                 try:
                     self._handle_ready(ready, table)
+                    self._give_up_key_checks()
                 except Exception:  # noqa: BLE001 - a bug here must be loud, not kill the event thread
                     log.exception("engine event handling failed")
                 self._cond.notify_all()
@@ -300,6 +305,7 @@ class EngineEvents:
             for jr in out.jobs:
                 self._callbacks.append(functools.partial(on_job, jr))
         for job in out.check_key:
+            self._key_checks_due[job.spec.job_id] = (time.monotonic() + KEY_CHECK_WAIT_S, job.circuit)
             checks = self._key_checks.get(job.circuit.zkey)
             if checks is None:
                 checks = self._key_checks[job.circuit.zkey] = SerialThread(f"cuzk-key-check-{job.spec.circuit_id}")
@@ -317,8 +323,24 @@ class EngineEvents:
         except Exception as e:  # noqa: BLE001 - never leave the job waiting: it fails, naming why
             changed = f"zkey {ref.zkey} could not be read again after the job's last proof: {e}"
         with self._cond:
+            self._key_checks_due.pop(job_id, None)
             self._apply(self.sched.on_key_checked(job_id, changed))
         self._wake()
+
+    def _give_up_key_checks(self) -> None:
+        """Under the lock, on the event thread: a job whose key file's read after its last proof has not
+        returned within KEY_CHECK_WAIT_S fails, naming the file (its storage hangs: a hard mount whose server
+        is gone); its waiters get an answer, and the read, which goes on, finds the job ended."""
+        now = time.monotonic()
+        for job_id, (due, ref) in list(self._key_checks_due.items()):
+            if due <= now:
+                del self._key_checks_due[job_id]
+                log.error("job %s: zkey %s did not answer within %g s when read again after the job's last proof; "
+                          "the job fails", job_id, ref.zkey, KEY_CHECK_WAIT_S)
+                self._apply(self.sched.on_key_checked(
+                    job_id, f"zkey {ref.zkey} did not answer within {KEY_CHECK_WAIT_S:g} s when read again after "
+                    "the job's last proof (its storage hangs?): its proofs cannot be confirmed as that key's; "
+                    "send the job again", kind="ResourceError"))
 
 
 class WakePipe:

@@ -300,11 +300,12 @@ class Scheduler:
                 out.check_key.append(job)
         return out
 
-    def on_key_checked(self, job_id: str, changed: str | None) -> Outcome:
+    def on_key_checked(self, job_id: str, changed: str | None, kind: str = "InputError") -> Outcome:
         """The engine's read of a job's key file after its last proof (:func:`key_changed`, outside the
         engine's lock): ``changed`` None, the job is done; else it was proved with the key it was accepted
-        with, which is no longer the file's (:func:`~.circuits.pinned`), and it fails naming the change, its
-        proofs discarded. Nothing where the job ended meanwhile (a cancel, the engine's stop)."""
+        with, which is no longer the file's (:func:`~.circuits.pinned`), or the file could not be read
+        again, and it fails naming why (an error of ``kind``), its proofs discarded. Nothing where the job
+        ended meanwhile (a cancel, the engine's stop, a read given up on)."""
         job, out = self.jobs.get(job_id), Outcome()
         if job is None or job.finished:
             return out
@@ -316,7 +317,7 @@ class Scheduler:
             return out
         self._counts["partitions_discarded"] += len(job.results)
         job.results = [None] * len(job.results)
-        return out.merge(self._fail_job(job, changed, {i: (changed, "InputError") for i in range(len(job.results))}))
+        return out.merge(self._fail_job(job, changed, {i: (changed, kind) for i in range(len(job.results))}))
 
     def _spans(self, task: Task, synthesized: dict[str, float], timings: dict[str, float],
                now: float) -> list[StageSpan]:
