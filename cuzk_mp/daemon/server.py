@@ -335,7 +335,11 @@ class Daemon(DaemonHandlers):
         interval = min(STATUS_INTERVAL_S, watchdog_s or STATUS_INTERVAL_S)
         while True:
             await asyncio.sleep(interval)
-            sd_notify(("WATCHDOG=1\n" if watchdog_s else "") + f"STATUS={self._status_line()}")
+            try:
+                status = f"STATUS={self._status_line()}"
+            except Exception as e:  # noqa: BLE001 - the loop runs: the ping goes, whatever the line's bug
+                status = f"STATUS=serving on {self.cfg.listen} (status line failed: {type(e).__name__})"
+            sd_notify(("WATCHDOG=1\n" if watchdog_s else "") + status)
 
     def _status_line(self) -> str:
         """What the daemon is doing, in one line: its state, its jobs, and what is wrong (:meth:`health`)."""
