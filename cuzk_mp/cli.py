@@ -457,7 +457,14 @@ def run() -> None:
     (:func:`.backends.gpu.early_context.hand_off_teardown`). The engine's verbs (daemon, bench,
     client) end normally. SIGTERM and SIGHUP stop any verb but the daemon as SIGINT does
     (:func:`stop_on_signals`: the same cleanup, exit 143, 129); set here, in the process's own entry,
-    not by :func:`main`, which callers may run in-process."""
+    not by :func:`main`, which callers may run in-process.
+
+    ``OPENBLAS_NUM_THREADS`` is 1 unless the caller set it, in this process and the engine's workers it
+    starts: numpy loads OpenBLAS, which starts a thread per core as it is imported, and nothing here calls
+    BLAS (the field arithmetic is numba's and the GPU kernels'). On a 16-core GPU box those threads cost a
+    warm one-shot ``groth16 prove --backend gpu`` of 2^16 ~0.2 s (1.08 against 0.88 s, medians of 7
+    interleaved; perf/results/oneshot-blas-threads-h100-2026-12-06.json)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy's import: see below
     verb = _verb(global_options_first(sys.argv[1:]))
     if verb != "daemon":  # the daemon drains on SIGTERM and ignores SIGHUP by itself
         stop_on_signals()

@@ -7,13 +7,16 @@ reads). Whether the threads gain depends on what each step holds: the driver's c
 release the GIL, Python's imports do not. Each variant runs in fresh processes; the times are seconds
 from just before the parent started the child (the interpreter's start included), medians of ``--runs``.
 
-Usage: ``python3 perf/oneshot_start_probe.py [--runs 4] [--out FILE.json]`` on a GPU machine.
+Usage: ``python3 perf/oneshot_start_probe.py [--runs 4] [--out FILE.json] [--env KEY=VALUE ...]`` on a GPU
+machine; each ``--env`` runs numpy's import, and CuPy's after it, again with that variable set (whether a
+library's own start, OpenBLAS's thread pool for one, is part of the import's time).
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import subprocess
 import sys
@@ -37,6 +40,10 @@ def ctx():  # what early_context does: the driver's calls, GIL released
     lib.cuDeviceGet(ctypes.byref(dev), 0)
     lib.cuDevicePrimaryCtxRetain(ctypes.byref(c), dev)
     out["ctx_end"] = now()
+def numpy_import():
+    out["numpy_start"] = now()
+    import numpy  # noqa: F401
+    out["numpy_end"] = now()
 def cupy_import():
     out["cupy_start"] = now()
     import cupy  # noqa: F401
@@ -63,26 +70,33 @@ if variant in threads:
         t.join()
 else:
     for f in {"ctx_alone": [ctx], "cupy_alone": [cupy_import], "ctx_then_cupy": [ctx, cupy_import],
-              "serial": [ours, cupy_import, ctx]}[variant]:
+              "serial": [ours, cupy_import, ctx], "numpy_alone": [numpy_import],
+              "numpy_then_cupy": [numpy_import, cupy_import]}[variant]:
         f()
 out["end"] = now()
 print(json.dumps(out))
 """
 
-VARIANTS = ("ctx_alone", "cupy_alone", "ctx_then_cupy", "serial", "parallel", "parallel_noours", "parallel_no_ctx")
+VARIANTS = ("ctx_alone", "cupy_alone", "ctx_then_cupy", "serial", "parallel", "parallel_noours", "parallel_no_ctx",
+            "numpy_alone", "numpy_then_cupy")
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="also run the numpy and CuPy imports with this variable set (repeatable: one run each)")
     args = ap.parse_args()
     result: dict[str, dict[str, float]] = {}
-    for variant in VARIANTS:
+    plan = [(variant, {}) for variant in VARIANTS]
+    plan += [(f"{variant} {kv}", dict([kv.split("=", 1)])) for kv in args.env
+             for variant in ("numpy_alone", "numpy_then_cupy")]
+    for variant, env in plan:
         runs = []
         for _ in range(args.runs):
-            p = subprocess.run([sys.executable, "-c", CHILD, variant, repr(time.time())], capture_output=True,
-                               text=True, cwd=ROOT)
+            p = subprocess.run([sys.executable, "-c", CHILD, variant.split()[0], repr(time.time())],
+                               capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env})
             if p.returncode != 0:
                 print(f"{variant}: failed\n{p.stderr[-2000:]}", file=sys.stderr)
                 return 1

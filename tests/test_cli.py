@@ -1248,3 +1248,24 @@ def test_a_negative_keep_warm_is_named() -> None:
     args = cli.build_parser().parse_args(["g16p", "k.zkey", "w.wtns", "--keep-warm", "-1e3"])
     with pytest.raises(errors.InputError, match=r"--keep-warm -1000: a number of seconds in \(0, "):
         cli_verbs._through_a_daemon(args)
+
+
+@pytest.mark.parametrize("preset", [None, "4"])
+def test_the_command_starts_no_blas_thread_pool_unless_asked(preset: str | None) -> None:
+    """numpy's OpenBLAS starts a thread per core at import, which nothing of cuzk-mp uses: the command sets
+    OPENBLAS_NUM_THREADS to 1 before numpy loads (its engine's workers inherit it), and keeps a caller's own."""
+    script = ("import os, sys; from cuzk_mp import cli\n"
+              "sys.argv[1:] = ['--version']\n"
+              "try:\n    cli.run()\nexcept SystemExit:\n    pass\n"
+              "import numpy  # noqa\n"
+              "print(len(os.listdir('/proc/self/task')), os.environ.get('OPENBLAS_NUM_THREADS'))\n")
+    env = {k: v for k, v in ENV.items() if k != "OPENBLAS_NUM_THREADS"}
+    if preset is not None:
+        env["OPENBLAS_NUM_THREADS"] = preset
+    proc = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120, cwd=REPO,
+                          env=env)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    threads, value = proc.stdout.splitlines()[-1].split()
+    assert value == (preset or "1")
+    if preset is None:
+        assert threads == "1"  # numpy loaded, no thread beside the main one
