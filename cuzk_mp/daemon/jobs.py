@@ -135,7 +135,7 @@ class JobTable:
         self._unwritten: set[str] = set()  # finished jobs whose final state the journal lacks
         self._unjournaled: set[str] = set()  # jobs run for a fleet: its database keeps them
         self.storage = StorageWaits()  # a submit's calls on a key file or the journal that hang
-        self.storage.watch(JOURNAL, lambda: self.journal.busy_since())
+        self.storage.watch(JOURNAL, lambda: None if self.journal is None else self.journal.busy_since())
         self._handovers: dict[str, SerialThread] = {}  # circuit id -> the thread that hands its jobs to the engine
 
     # -- submit ---------------------------------------------------------------------------
