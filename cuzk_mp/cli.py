@@ -460,10 +460,10 @@ def run() -> None:
     not by :func:`main`, which callers may run in-process.
 
     ``OPENBLAS_NUM_THREADS`` is 1 unless the caller set it, in this process and the engine's workers it
-    starts: numpy loads OpenBLAS, which starts a thread per core as it is imported, and nothing here calls
-    BLAS (the field arithmetic is numba's and the GPU kernels'). On a 16-core GPU box those threads cost a
-    warm one-shot ``groth16 prove --backend gpu`` of 2^16 ~0.2 s (1.08 against 0.88 s, medians of 7
-    interleaved; perf/results/oneshot-blas-threads-h100-2026-12-06.json)."""
+    starts: numpy loads OpenBLAS, which starts a thread per core as it is imported (0.03 s of numpy's
+    import on a 16-core GPU box), and nothing here calls BLAS (the field arithmetic is numba's and the
+    GPU kernels'). What it saves a warm one-shot GPU prove is not settled: 0.2 s in one A/B, none in
+    another (perf/results/oneshot-blas-threads-h100-2026-12-06.json, gpu-tests-h100-2026-12-06-night-final.json)."""
     os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy's import: see below
     verb = _verb(global_options_first(sys.argv[1:]))
     if verb != "daemon":  # the daemon drains on SIGTERM and ignores SIGHUP by itself
