@@ -376,3 +376,19 @@ def test_a_child_processs_line_on_a_terminal_never_runs_onto_the_bar() -> None:
     assert not any("proofs" in s for s in shown if line in s), shown
     bars = [i for i, s in enumerate(shown) if "1/5 proofs" in s]
     assert bars and bars[-1] > shown.index(line), shown
+
+
+def test_jobs_are_numbered_in_submit_order_on_the_spans_clock() -> None:
+    """A job's colour and legend follow the order of its earliest span (on the monotonic clock), not the
+    wall-clock submit times a step of the clock reorders, nor the ids' string order."""
+    from cuzk_mp.pipeline.benchplot import _bars
+
+    def part(job: str, t_submit: float, start: float) -> dict[str, Any]:
+        return {"job": job, "index": 0, "t_submit": t_submit,
+                "spans": [{"stage": "queue_wait", "process": "engine", "start": start, "end": start + 0.1}]}
+
+    # submitted in the order 2, 10, 3: the clock was set back an hour before the last submit
+    parts = [part("bench-0-10", 5000.0, 11.0), part("bench-0-2", 4999.0, 10.0), part("bench-0-3", 1400.0, 12.0)]
+    bars, jobs = _bars({"partitions": parts}, 10.0)
+    assert jobs == {"bench-0-2": 0, "bench-0-10": 1, "bench-0-3": 2}
+    assert sorted(b["start"] for b in bars) == [0.0, 1.0, 2.0]

@@ -158,10 +158,16 @@ def title_text(result: dict[str, Any]) -> str:
 
 
 def _bars(result: dict[str, Any], t0: float) -> tuple[list[dict[str, Any]], dict[str, int]]:
-    """Every span as a bar (seconds from ``t0``) and each job's ordinal (in submit order)."""
+    """Every span as a bar (seconds from ``t0``) and each job's ordinal, in submit order: the order of each
+    job's earliest span (its queue wait begins at its submit), on the spans' monotonic clock, not of the
+    wall-clock submit times a step of the clock reorders (nor of the ids, "bench-0-10" before "bench-0-2")."""
     parts = result["partitions"]
+    first: dict[str, float] = {}
+    for p in parts:
+        for sp in p.get("spans", []):
+            first[p["job"]] = min(first.get(p["job"], sp["start"]), sp["start"])
     jobs: dict[str, int] = {}
-    for p in sorted(parts, key=lambda p: (p["t_submit"], p["job"])):
+    for p in sorted(parts, key=lambda p: (first.get(p["job"], float("inf")), p["job"])):
         jobs.setdefault(p["job"], len(jobs))
     bars = [{"stage": s["stage"], "process": s["process"], "start": s["start"] - t0, "end": s["end"] - t0,
              "job": p["job"], "index": p["index"]} for p in parts for s in p.get("spans", [])]
