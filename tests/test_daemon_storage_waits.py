@@ -191,6 +191,34 @@ def test_a_finished_jobs_journal_write_that_hangs_holds_neither_its_waiter_nor_t
     run_daemon(tmp_path, body)
 
 
+def test_a_verification_key_read_that_hangs_is_refused_after_the_wait(tmp_path: Path,
+                                                                      monkeypatch: pytest.MonkeyPatch) -> None:
+    """GetVerificationKey of a circuit whose key file hangs (``client await --out`` asks for it to write
+    verification_key.json) answers Unavailable after the storage wait, where it waited for ever; another
+    circuit's vk is served meanwhile, and once the file answers, its own."""
+    from cuzk_mp.daemon.status import StatusView
+
+    mount = Storage()
+    identity = StatusView._key_identity
+
+    def hung_identity(self: StatusView, cid: str) -> Any:
+        if cid == "syn" and not mount.back.is_set():
+            mount.hang()
+        return identity(self, cid)
+
+    monkeypatch.setattr(StatusView, "_key_identity", hung_identity)
+
+    async def body(d: Daemon, addr: str) -> None:
+        async with asyncio.timeout(60), await AsyncClient.connect(addr) as c:
+            with pytest.raises(Unavailable, match=f"circuit syn: its key file did not answer within {WAIT_S:g} s"):
+                await c.verification_key("syn")
+            assert (await c.vk_reply("crit")).vk
+            mount.answer()
+            assert (await c.vk_reply("syn")).vk
+
+    run_daemon(tmp_path, body)
+
+
 def test_pipelined_submits_of_a_circuit_reach_the_engine_in_their_order(tmp_path: Path,
                                                                         monkeypatch: pytest.MonkeyPatch) -> None:
     """Three submits sent back to back on one connection are queued by the engine in the order sent, even where

@@ -29,13 +29,14 @@ from typing import TYPE_CHECKING, Any
 import msgspec
 
 from cuzk_mp.daemon import protocol as P
+from cuzk_mp.daemon import storage_waits
 from cuzk_mp.daemon.access import OPEN, Access, Identity, redact_text, status_view
 from cuzk_mp.daemon.config import DaemonConfig
 from cuzk_mp.daemon.jobs import JobTable
 from cuzk_mp.daemon.journal import Journal
 from cuzk_mp.daemon.metrics import DaemonMetrics, Scrape
 from cuzk_mp.daemon.status import StatusView
-from cuzk_mp.daemon.threads import on_daemon_thread
+from cuzk_mp.daemon.threads import on_daemon_thread, wait_shared
 from cuzk_mp.daemon.transport import Comm, CommClosedError, FrameTimeout, FrameTooLarge
 from cuzk_mp.errors import AuthError, CuzkError, InputError, Unavailable, error_kind
 
@@ -287,9 +288,21 @@ class DaemonHandlers:
         return self.engine.circuits.vk(circuit_id)
 
     async def _vk(self, m: P.GetVerificationKey) -> P.VkReply:
+        """The circuit's vk, read on a thread of its own: from its key file, waited for as a submit waits for it
+        (:mod:`.storage_waits`: a file on a mount that hangs is an Unavailable after the wait, where a client's
+        ``await --out`` waited for ever); a key the provers generate is waited for as long as it is made."""
         self._circuit(m.circuit_id)
         assert self.view is not None
-        vk, digest = await on_daemon_thread(self.view.verification_key, m.circuit_id, name=f"cuzk-vk-{m.circuit_id}")
+        read = on_daemon_thread(self.view.verification_key, m.circuit_id, name=f"cuzk-vk-{m.circuit_id}")
+        if self.cfg.circuits[m.circuit_id].spec.key_source == "device":
+            vk, digest = await read
+        else:
+            try:
+                vk, digest = await wait_shared(read, storage_waits.ACCEPT_WAIT_S)
+            except TimeoutError:
+                raise Unavailable(f"circuit {m.circuit_id}: its key file did not answer within "
+                                  f"{storage_waits.ACCEPT_WAIT_S:g} s as its verification key was read (its storage "
+                                  "hangs?); ask again later") from None
         return P.VkReply(id=m.id, circuit_id=m.circuit_id, vk=vk, key_digest=digest)
 
     # -- status and metrics ---------------------------------------------------------------
