@@ -117,3 +117,20 @@ def test_a_daemons_reply_over_the_clients_limit_is_still_too_large() -> None:
             asyncio.run(asynchronous())
     finally:
         server.close()
+
+
+def test_a_port_that_takes_the_connection_and_says_nothing_is_named_after_the_deadline(
+        monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """A port that accepts and never answers (a hung daemon, a black hole): the call ends at its deadline with
+    exit 3 saying the daemon did not answer, not "lost the daemon: timed out"."""
+    from cuzk_mp.daemon import client as client_module
+
+    monkeypatch.setattr(client_module, "DEADLINE_MARGIN_S", 0.5)
+    server = ForeignServer()
+    try:
+        assert cli.main(["client", "status", "--connect", server.address]) == cli.EXIT_UNREACHABLE
+    finally:
+        server.close()
+    [line] = capsys.readouterr().err.splitlines()
+    assert line == (f"cuzk-mp client: the daemon at {server.address} did not answer within the call's deadline (it "
+                    "hangs, or that address takes connections and says nothing)")

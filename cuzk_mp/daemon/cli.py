@@ -482,7 +482,9 @@ def run_client(args: argparse.Namespace) -> int:
     except NotTheProtocol as e:  # an HTTP server answered: the daemon was never reached, no job was taken
         return _client_error(EXIT_UNREACHABLE, f"cannot reach the daemon at {args.connect}: {e}")
     except (CommClosedError, ConnectionError, TimeoutError) as e:
-        message = f"lost the daemon at {args.connect}: {e}"
+        message = (f"the daemon at {args.connect} did not answer within the call's deadline (it hangs, or that "
+                   "address takes connections and says nothing)" if isinstance(e, TimeoutError)
+                   else f"lost the daemon at {args.connect}: {e}")
         if args.verb in ("submit", "prove") and args.request_id:
             message += (f"; if the daemon took the job, it goes on as job {args.request_id} (journaled, resumed "
                         f"after a restart): `cuzk-mp client await {args.request_id}`, or the same command with "
