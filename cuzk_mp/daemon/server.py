@@ -57,7 +57,7 @@ from cuzk_mp.daemon.notify import STATUS_INTERVAL_S, read_budget_s, setup_budget
 from cuzk_mp.daemon.ops import sd_notify
 from cuzk_mp.daemon.status import StatusView
 from cuzk_mp.daemon.status_http import StatusHandlers, start_status_server
-from cuzk_mp.daemon.threads import on_daemon_thread
+from cuzk_mp.daemon.threads import on_daemon_thread, wait_shared, within
 from cuzk_mp.daemon.transport import Comm, Listener, listen, remove_socket
 from cuzk_mp.errors import ConfigError, ResourceError
 
@@ -284,10 +284,10 @@ class Daemon(DaemonHandlers):
                 remove_socket(self.cfg.status_listen.path)
         # the lock files lie beside the journal: on a folder whose storage hangs their close never returns,
         # and the process's exit drops its locks all the same
-        release = on_daemon_thread(self.lock.release, name="cuzk-instance-unlock")
-        if (await asyncio.wait({release}, timeout=max(journal_by - time.monotonic(), 0.0)))[0]:
-            release.result()
-        else:
+        try:
+            await wait_shared(on_daemon_thread(self.lock.release, name="cuzk-instance-unlock"),
+                              max(journal_by - time.monotonic(), 0.0))
+        except TimeoutError:
             log.error("[shutdown] the daemon's lock files beside %s did not close (their storage does not answer?); "
                       "the process's exit releases them", self.cfg.journal_path)
 
@@ -295,15 +295,12 @@ class Daemon(DaemonHandlers):
         """The job table's journal writes (:meth:`.jobs.JobTable.flush`), waited for until ``by`` (monotonic)
         at most: a write on a folder whose storage hangs never ends. Those jobs run again after a restart."""
         assert self.jobs is not None
-        flush = asyncio.ensure_future(self.jobs.flush())
-        done, _ = await asyncio.wait({flush}, timeout=max(by - time.monotonic(), 0.0))
-        if done:
-            flush.result()
-            return
-        flush.cancel()
-        log.error("[shutdown] the journal %s took no write for %g s (its storage does not answer?): the daemon "
-                  "stops without the finished jobs' states; those jobs run again after a restart",
-                  self.cfg.journal_path, JOURNAL_STOP_WAIT_S)
+        try:
+            await within(self.jobs.flush(), max(by - time.monotonic(), 0.0))
+        except TimeoutError:
+            log.error("[shutdown] the journal %s took no write for %g s (its storage does not answer?): the daemon "
+                      "stops without the finished jobs' states; those jobs run again after a restart",
+                      self.cfg.journal_path, JOURNAL_STOP_WAIT_S)
 
     def _spawn(self, coro: Any) -> None:
         task = asyncio.ensure_future(coro)
