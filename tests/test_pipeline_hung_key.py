@@ -10,6 +10,7 @@ import contextlib
 import os
 import shutil
 import threading
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -34,6 +35,15 @@ def _calls(what: str, engine: Any) -> Any:
             else:
                 engine.preload("hung")
     return call
+
+
+def _meanwhile(others: Callable[[], None]) -> None:
+    """``others()`` on a thread named "others" while the key read hangs: it must end (the status answered, the
+    other circuit's job was proved), not wait on that read."""
+    other = threading.Thread(target=others, name="others", daemon=True)
+    other.start()
+    other.join(180)
+    assert not other.is_alive(), "the engine's status or another circuit's job waited on the hung key read"
 
 
 @pytest.mark.parametrize("what", ["submit", "preload"])
@@ -73,10 +83,7 @@ def test_a_key_read_that_never_returns_holds_no_lock_another_circuit_needs(
             engine.submit(JobSpec("fine", "porep", [PartitionInput("synthetic", seed=7)]))
             seen["fine"] = results.wait("fine", timeout=120).state
 
-        other = threading.Thread(target=others, name="others", daemon=True)
-        other.start()
-        other.join(180)
-        assert not other.is_alive(), "the engine's status or another circuit's job waited on the hung key read"
+        _meanwhile(others)
         assert ("hung", "disk") in seen["srs"] and seen["fine"] == "done"
     finally:
         released.set()
@@ -118,10 +125,7 @@ def test_the_key_read_after_a_jobs_last_proof_holds_no_lock_when_it_never_return
             engine.submit(JobSpec("fine", "gen", [PartitionInput("synthetic", seed=7)]))
             seen["fine"] = results.wait("fine", timeout=120).state
 
-        other = threading.Thread(target=others, name="others", daemon=True)
-        other.start()
-        other.join(180)
-        assert not other.is_alive(), "the engine's status or another circuit's job waited on the hung key read"
+        _meanwhile(others)
         assert seen == {"state": "running", "fine": "done"}
         if ends == "stop":
             engine.stop(grace_s=0)
