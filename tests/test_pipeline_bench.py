@@ -723,3 +723,32 @@ def test_a_failed_output_loses_none_of_the_others(tmp_path: Path, monkeypatch: p
     err = capsys.readouterr().err
     assert f"--proofs-dir: {tmp_path / 'proofs'}/" in err and "No space left on device" in err
     assert f"(--json {out} written)" in err and err.count("cannot write it") == 1  # the JSON is not a failure
+
+
+def test_the_machine_block_names_the_gpus_asked_for_or_every_one(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A result names its GPUs: the devices a bench used, or (None) every GPU nvidia-smi lists, for a
+    script whose processes leave the choice to CUDA; none where nvidia-smi is missing."""
+    import subprocess
+
+    from cuzk_mp.pipeline import benchreport
+
+    real = subprocess.run
+
+    def smi(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        if cmd[0] != "nvidia-smi":  # platform's own uname, git
+            return real(cmd, **kw)  # type: ignore[call-overload, no-any-return]
+        return subprocess.CompletedProcess(cmd, 0, stdout="0, NVIDIA H200\n1, NVIDIA H100 80GB HBM3\n")
+
+    monkeypatch.setattr(benchreport.subprocess, "run", smi)
+    assert benchreport.gpu_names([1]) == ["1: NVIDIA H100 80GB HBM3"]
+    assert benchreport.gpu_names(None) == ["0: NVIDIA H200", "1: NVIDIA H100 80GB HBM3"]
+    assert benchreport.machine_info(None)["gpus"] == ["0: NVIDIA H200", "1: NVIDIA H100 80GB HBM3"]
+    assert benchreport.machine_info([])["gpus"] == []
+
+    def missing(cmd: list[str], **kw: object) -> subprocess.CompletedProcess[str]:
+        if cmd[0] != "nvidia-smi":
+            return real(cmd, **kw)  # type: ignore[call-overload, no-any-return]
+        raise FileNotFoundError(cmd[0])
+
+    monkeypatch.setattr(benchreport.subprocess, "run", missing)
+    assert benchreport.gpu_names(None) == []

@@ -222,19 +222,23 @@ def require_matplotlib() -> None:
         raise InputError("--plot needs matplotlib: pip install 'cuzk-mp[plot]' (or pip install matplotlib)") from None
 
 
-def gpu_names(devices: list[int]) -> list[str]:
-    """Names of these GPUs (physical ids) from ``nvidia-smi``; empty when it is not available."""
+def gpu_names(devices: list[int] | None) -> list[str]:
+    """Names of these GPUs (physical ids), or of every GPU it lists (None), from ``nvidia-smi``; empty
+    when it is not available."""
     try:
         out = subprocess.run(["nvidia-smi", "--query-gpu=index,name", "--format=csv,noheader"],
                              capture_output=True, text=True, timeout=30, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return []
     names = dict(line.split(", ", 1) for line in out.strip().splitlines() if ", " in line)
+    if devices is None:
+        return [f"{d}: {name}" for d, name in names.items()]
     return [f"{d}: {names.get(str(d), '?')}" for d in devices]
 
 
-def machine_info(gpu_devices: list[int]) -> dict[str, Any]:
-    """CPU model, cores, memory, the GPUs used (by name), load average, git commit."""
+def machine_info(gpu_devices: list[int] | None) -> dict[str, Any]:
+    """CPU model, cores, memory, the GPUs used (by name; None: every GPU of the machine, for a
+    process that leaves the choice to CUDA), load average, git commit."""
     model = platform.processor() or ""
     try:
         for line in Path("/proc/cpuinfo").read_text().splitlines():
