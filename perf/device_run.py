@@ -129,6 +129,16 @@ class DeviceRun:
         return took, res.stdout + res.stderr
 
 
+def result_name(gpu: str) -> str:
+    """perf/gpu_bench.py's result file for a GPU model: ``gpu-h200.json`` on an H200 (the file the GPU
+    targets are read from), else ``gpu-<model>.json`` (``NVIDIA H100 80GB HBM3`` ->
+    ``gpu-h100-80gb-hbm3.json``), so a run on another card never stands in for the H200's rows."""
+    model = gpu.removeprefix("NVIDIA").strip().lower()
+    if model.split(" ")[0] == "h200":
+        return "gpu-h200.json"
+    return "gpu-" + "-".join("".join(c if c.isalnum() else " " for c in model).split()) + ".json"
+
+
 def cli(*args: str) -> list[str]:
     """The command line of ``cuzk-mp ARGS`` with this interpreter."""
     return [sys.executable, "-m", "cuzk_mp.cli", *args]

@@ -2,8 +2,9 @@
 
 Run from the repository root on the GPU machine:
     python3 perf/gpu_bench.py [--out DIR] [--quick] [--sizes 20,24,26]
-Prints a table (last) and writes ``perf/results/gpu-h200.json`` (and DIR/gpu-h200.json):
-a flat JSON object with gpu, date and one key per row. Every figure is the median
+Prints a table (last) and writes ``perf/results/gpu-h200.json`` (and DIR/gpu-h200.json) on an
+H200, ``gpu-<model>.json`` on another GPU (``gpu-h100-80gb-hbm3.json``): a flat JSON object with gpu,
+date and one key per row, written again after each section (a run cut short keeps what it measured). Every figure is the median
 of several CUDA-event-timed runs after a warm-up run; every timed kernel's output
 is checked (field chains against Python ints, NTTs by a round trip). A section
 that fails is recorded as "<section>_error" and the others still run.
@@ -32,7 +33,7 @@ sys.path.insert(0, str(ROOT / "perf"))
 from cuzk_mp.algebra.field import FQ, FR, Q_MOD, R_MOD, ints_to_limbs, limbs_to_ints  # noqa: E402
 from cuzk_mp.paths import default_cache_dir  # noqa: E402
 
-from device_run import GpuStack  # noqa: E402
+from device_run import GpuStack, result_name  # noqa: E402
 
 with GpuStack(__name__) as GPU_STACK:  # run as a script without it, only --help works (main() exits 2 saying why)
     import cupy
@@ -334,6 +335,7 @@ def prove_msms_random_rows(sizes: tuple[int, ...] = (20,)) -> dict[str, Any]:
 
 # ---------------------------------------------------------------- main
 
+
 def main() -> None:
     """Run the rows, print a table, write the JSON."""
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
@@ -355,6 +357,9 @@ def main() -> None:
                 "msm": lambda: msm_rows(args.quick),
                 "ntt_knobs": ntt_knob_rows, "prove_msms": prove_msms_random_rows, "sass": lambda: sass_rows(args.out), "prove": lambda: prove_rows([int(x) for x in args.prove_sizes.split(",")], args.key_cache.expanduser(),
                                         args.out / "proofs" if args.out else None)}
+    places = [ROOT / "perf" / "results" / result_name(res["gpu"])]
+    if args.out:
+        places.append(args.out / places[0].name)
     for name, fn in sections.items():
         if name in skip:
             continue
@@ -364,12 +369,11 @@ def main() -> None:
         except Exception as exc:  # noqa: BLE001 - a failed section is recorded, the others still run
             res[f"{name}_error"] = f"{type(exc).__name__}: {exc}"
         print(f"[bench] {name}: {time.perf_counter() - t0:.1f} s", flush=True)
-    text = json.dumps(res, indent=1, sort_keys=True)
-    (ROOT / "perf" / "results").mkdir(parents=True, exist_ok=True)
-    (ROOT / "perf" / "results" / "gpu-h200.json").write_text(text + "\n")
-    if args.out:
-        args.out.mkdir(parents=True, exist_ok=True)
-        (args.out / "gpu-h200.json").write_text(text + "\n")
+        res["sections_done"] = [*res.get("sections_done", []), name]
+        text = json.dumps(res, indent=1, sort_keys=True)
+        for place in places:
+            place.parent.mkdir(parents=True, exist_ok=True)
+            place.write_text(text + "\n")
     for k, v in sorted(res.items()):
         print(f"{k:40s} {v:.4g}" if isinstance(v, float) else f"{k:40s} {v}")
 
