@@ -163,15 +163,20 @@ class Bases:
         ev[1].record()
         ev[1].synchronize()
         self.make_ms = float(cupy.cuda.get_elapsed_time(ev[0], ev[1]))
-        self._last: tuple[Any, Any] = (None, None)  # (scalars' address and shape, expected sum)
+        # the last scalar array (held, so no later array can take its place in memory), a sample of
+        # its rows, and its expected sum
+        self._last: tuple[Any, bytes, Any] = (None, b"", None)
 
     def expected(self, s: np.ndarray) -> Any:
-        """(sum_i s_i t_i) G (remembered for the last scalar array: a 2^27 dot product takes seconds)."""
-        key = (s.ctypes.data, s.shape)
-        if self._last[0] != key:
+        """(sum_i s_i t_i) G, remembered for the last scalar array while it holds the same rows (a
+        2^27 dot product takes seconds). Keyed by the array itself and a sample of its rows: an
+        array's address alone was reused by the next array of the same size (the porep rows after
+        the random ones were checked against the random scalars' sum)."""
+        sample = np.ascontiguousarray(s[:: max(1, s.shape[0] // 4096)]).tobytes()
+        if self._last[0] is not s or self._last[1] != sample:
             total = dot_mod_r(s, self.t[: s.shape[0]])
-            self._last = (key, self.gen * Scalar.from_le_bytes(total.to_bytes(32, "little")))
-        return self._last[1]
+            self._last = (s, sample, self.gen * Scalar.from_le_bytes(total.to_bytes(32, "little")))
+        return self._last[2]
 
 
 def multiples_of(bases: Bases, n: int, c: int) -> tuple[msm.Multiples, float]:
