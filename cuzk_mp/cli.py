@@ -462,9 +462,10 @@ def run() -> None:
     ``OPENBLAS_NUM_THREADS`` is 1 unless the caller set it, in this process and the engine's workers it
     starts: numpy loads OpenBLAS, which starts a thread per core as it is imported (0.03 s of numpy's
     import on a 16-core GPU box), and nothing here calls BLAS (the field arithmetic is numba's and the
-    GPU kernels'). What it saves a warm one-shot GPU prove is not settled: 0.2 s in one A/B, none in
-    another (perf/results/oneshot-blas-threads-h100-2026-12-06.json, gpu-tests-h100-2026-12-06-night-final.json)."""
-    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy's import: see below
+    GPU kernels'). A warm one-shot GPU prove is not measurably faster or slower for it: 0.817 s against
+    0.865 s with 16 threads, 12 interleaved processes each, within the machine's spread
+    (perf/results/oneshot-blas-threads-h100-2026-12-06-settled.json)."""
+    os.environ.setdefault("OPENBLAS_NUM_THREADS", "1")  # before numpy's import
     verb = _verb(global_options_first(sys.argv[1:]))
     if verb != "daemon":  # the daemon drains on SIGTERM and ignores SIGHUP by itself
         stop_on_signals()
