@@ -12,7 +12,8 @@ Usage: ``python3 perf/gpu_msm_bench.py [--quick | --accumulate | --windows C,C..
 [--multiples C] [--out FILE.json]``;
 prints a table last. ``msm_rows(quick)`` is what perf/gpu_bench.py calls.
 ``--accumulate`` times only the bucket accumulation variants of :data:`ACCUMULATE_VARIANTS`
-(XYZZ, batch-affine with a few segment / round choices) for G1 and G2 at 2^24, random and
+(XYZZ with other register caps or Fq products, the grid batch-affine rounds with a few chunk /
+round / thread choices) for G1 and G2 at 2^24, random and
 PoRep-like, then the reduction knobs (every result checked). :func:`time_msm` with ``multiples=c`` times the MSM over
 precomputed multiples (the table build is timed apart).
 """
@@ -52,41 +53,23 @@ PHASES = ("ones", "digits", "sort", "accumulate", "reduce", "d2h", "finish")
 
 def _xyzz(**kw: Any) -> msm.MsmParams:
     """XYZZ accumulation whatever the default (which takes the grid rounds for G2), with ``kw``."""
-    return msm.MsmParams(ba_rounds=0, ga_rounds=0, **kw)
+    return msm.MsmParams(ga_rounds=0, **kw)
 
 
 def _grid(**kw: Any) -> msm.MsmParams:
     """The grid rounds for both groups (at most 8 unless ``kw`` says), with ``kw``."""
-    return msm.MsmParams(**{"ba_rounds": 0, "ga_rounds": 8, "ga_g1": True, **kw})
+    return msm.MsmParams(**{"ga_rounds": 8, "ga_g1": True, **kw})
 
 
-# Bucket accumulation variants timed side by side (launch knobs of one compiled module).
+# Bucket accumulation variants timed side by side (launch knobs of one compiled module, or a module
+# compiled with other knobs at first use).
 ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {} if not GPU_STACK else {
     "xyzz": _xyzz(),
-    "affine": msm.MsmParams(ba_rounds=3, ba_seg=256, ga_rounds=0),
-    "affine_s512r4": msm.MsmParams(ba_rounds=4, ba_seg=512, ga_rounds=0),
-    "affine_s128r2": msm.MsmParams(ba_rounds=2, ba_seg=128, ga_rounds=0),
     # msm_accumulate's resident blocks of 128 (its register cap): G1 defaults to 4, G2 to 1 (= 2)
     "xyzz_mb2": _xyzz(acc_min_blocks=2),
     "xyzz_mb3": _xyzz(acc_min_blocks=3),
     "xyzz_mb4": _xyzz(acc_min_blocks=4),
     "xyzz_mb5": _xyzz(acc_min_blocks=5),
-    # G1 only (G2 ignores the knob): the Fq products on the FP64 pipe (ff/fp_dfma.cuh); its
-    # msm_accumulate spills ~0.9 KB at 4 blocks (128 registers), ~0.2 KB at 3, none at 2 (255)
-    "dfma_mb2": _xyzz(acc_min_blocks=2, fq_mul="dfma"),
-    "dfma_mb3": _xyzz(acc_min_blocks=3, fq_mul="dfma"),
-    "dfma_mb4": _xyzz(acc_min_blocks=4, fq_mul="dfma"),
-    # four of the mixed addition's products on the FP64 pipe (calls), the rest on IMAD; mixedN_*:
-    # N of them (fq_mixed_n)
-    "mixed_mb2": _xyzz(acc_min_blocks=2, fq_mul="mixed"),
-    "mixed_mb3": _xyzz(acc_min_blocks=3, fq_mul="mixed"),
-    "mixed_mb4": _xyzz(acc_min_blocks=4, fq_mul="mixed"),
-    "mixed3_mb4": _xyzz(acc_min_blocks=4, fq_mul="mixed", fq_mixed_n=3),
-    "mixed5_mb4": _xyzz(acc_min_blocks=4, fq_mul="mixed", fq_mixed_n=5),
-    "mixed5_mb3": _xyzz(acc_min_blocks=3, fq_mul="mixed", fq_mixed_n=5),
-    "mixed6_mb3": _xyzz(acc_min_blocks=3, fq_mul="mixed", fq_mixed_n=6),
-    # the mixed addition as first measured: products inlined, Y3 as two products
-    "mixed_inline_mb2": _xyzz(acc_min_blocks=2, fq_mul="mixed", fq_calls=False, fq_fused=False),
     # both groups: Karatsuba Fq products (ff/mont.cuh mul_karatsuba, FF_KARATSUBA=1); G1 at its
     # default 4 blocks spills ~0.45 KB, at 3 ~0.1 KB, none at 2 (232 registers)
     "kara": _xyzz(fq_karatsuba=True),
@@ -97,12 +80,6 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {} if not GPU_STACK else {
     "unfused": _xyzz(fq_fused=False),
     # G1 only: the Fq products inlined at every use (EC_FQ_CALLS=0; the default makes them calls)
     "inline": _xyzz(fq_calls=False),
-    # G2 only (G1 ignores the knob): level 1 by lane pairs, lane c holding component c of every Fq2
-    # value (kernels/msm/split.cuh, msm_accumulate_split); split_mbN: N resident blocks of 128 asked
-    # of ptxas (sm_90: 2 -> 208 registers, no spills; 3 (default) -> 168, 0.4 KB; 4 -> 128, 1.3 KB)
-    "split": _xyzz(g2_split=True),
-    "split_mb2": _xyzz(g2_split=True, split_min_blocks=2),
-    "split_mb4": _xyzz(g2_split=True, split_min_blocks=4),
     # the radix sort's scatter at N blocks of 256 a SM (msm.cu MSM_RADIX_MIN_BLOCKS; default 2)
     "xyzz_rmb3": _xyzz(radix_min_blocks=3),
     "xyzz_rmb4": _xyzz(radix_min_blocks=4),

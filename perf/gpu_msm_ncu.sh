@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Hardware counters (Nsight Compute) of the MSM bucket accumulation: msm_accumulate (XYZZ) and
-# msm_accumulate_affine (batch-affine), G1 and G2, random scalars, each launch of the warm-up and
-# one timed run of perf/gpu_msm_bench.py --accumulate (results checked as there).
+# Hardware counters (Nsight Compute) of the MSM bucket accumulation: msm_accumulate (XYZZ), G1 and
+# G2, random scalars, each launch of the warm-up and one timed run of perf/gpu_msm_bench.py
+# --accumulate (results checked as there).
 #
-# Why: the batch-affine kernel does ~0.66x the XYZZ kernel's multiplies per entry yet takes ~2.2x
-# its time; the counters say where the time goes (barrier waits, memory, divergence, spills).
+# Why: the counters say where the accumulation's time goes (issue slots, fixed-latency waits,
+# instruction fetch, memory, spills).
 #
 # Usage: perf/gpu_msm_ncu.sh OUTDIR [LG_G1] [LG_G2] [SET]  (defaults 24, 22, full)
 # Writes OUTDIR/acc-GRP.ncu-rep, acc-GRP-details.csv, acc-GRP-raw.csv, acc-GRP-source.csv and
@@ -23,7 +23,7 @@ for grp in g1 g2; do
   echo "== $grp 2^$lg: $ncu --set $set_name"
   "$ncu" --clock-control none --kernel-name regex:'^msm_accumulate' --launch-count 4 --set "$set_name" \
     --import-source no -o "$out/acc-$grp" -f \
-    python3 "$here/gpu_msm_bench.py" --accumulate --variants xyzz,affine --groups "$grp" --reps 1 \
+    python3 "$here/gpu_msm_bench.py" --accumulate --variants xyzz --groups "$grp" --reps 1 \
     --lg "$lg" --dists random --out "$out/acc-$grp.json"
   "$ncu" --import "$out/acc-$grp.ncu-rep" --page details --csv > "$out/acc-$grp-details.csv"
   "$ncu" --import "$out/acc-$grp.ncu-rep" --page raw --csv > "$out/acc-$grp-raw.csv"

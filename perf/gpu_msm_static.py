@@ -51,7 +51,7 @@ from cuzk_mp.backends.gpu.knobs import MSM_PATH  # noqa: E402
 from cuzk_mp.backends.gpu.msm_params import MsmParams  # noqa: E402
 from cuzk_mp.backends.gpu.source import assemble  # noqa: E402
 # The level-1 kernels whose bucket step is reported (SASS loop and hot path).
-ACC_KERNELS = ("msm_accumulate", "msm_accumulate_split")
+ACC_KERNELS = ("msm_accumulate",)
 
 
 def _code_key(kernel: str) -> str:
@@ -259,7 +259,7 @@ def compile_report(g2: bool, params: MsmParams, extra: dict[str, str] | None = N
                 sass_out.write_text(text)
             sass, stalls = parse_sass(text), parse_stalls(text)
             report["sass"] = {name: _counts(ins, stalls.get(name)) for name, ins in sass.items()}
-            for kernel in ACC_KERNELS:  # the G2 module's msm_accumulate_split too (one lane of a pair)
+            for kernel in ACC_KERNELS:
                 if kernel not in sass:
                     continue
                 loop = main_loop(sass[kernel])

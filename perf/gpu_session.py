@@ -16,20 +16,18 @@ picks, ``--skip`` drops):
   --log-n 16``, ``cuzk-mp setup --backend gpu``, the first ``cuzk-mp groth16 prove --backend gpu``
   and three warm ones (``fresh_*_s``), and how many kernel modules fell back to NVRTC
   (``fresh_nvrtc_fallbacks``: 0 when the shipped binaries load);
-* ``tests``  ``pytest -m gpu`` on what changed (:data:`TEST_SELECTION`: the MSM tests, with the
-  batch-affine kernel's, and the backend's page-release and whole-proof tests), bounded by a
+* ``tests``  ``pytest -m gpu`` on what changed (:data:`TEST_GROUPS`: the MSM tests and the backend's
+  page-release and whole-proof tests), bounded by a
   timeout, failures named (``-rfE``) and the slowest listed (``--durations``):
   ``tests_passed`` / ``tests_failed``, the log in ``logs/tests.log``;
-* ``msm``    G1 random 2^24 and 2^26, G2 random 2^24, with the XYZZ bucket accumulation
-  (``*_ms``) and, with ``--affine``, the batch-affine one (``*_affine_ms``), plain and with precomputed
-  multiples (``*_multiples_ms`` / ``*_multiples_affine_ms``, one table per size, its build
+* ``msm``    G1 random 2^24 and 2^26, G2 random 2^24, with the default bucket accumulation
+  (``*_ms``), plain and with precomputed multiples (``*_multiples_ms``, one table per size, its build
   ``*_multiples_build_ms``); every result checked by the discrete-log identity (``*_ok``);
 * ``partition``  the device work of one 2^24 partition (stage, h_values, the five MSMs: the
   protocol recipe ``groth16.prover.prove_start``) on a key-shaped set of points t_i G (the four
   G1 sections share one set; no dev setup needed), witness PoRep-like (40 % 0, 40 % 1) and
-  dense-random; ``prove_{porep,random}_2^24[_affine]_total_ms`` with the default multiples plan
-  and ``..._multiples_none[_affine]_total_ms`` without (one key load per plan; with ``--affine``
-  the MSM objects' accumulation switched between XYZZ and batch-affine), each stage's split, every sum checked;
+  dense-random; ``prove_{porep,random}_2^24_total_ms`` with the default multiples plan
+  and ``..._multiples_none_total_ms`` without (one key load per plan), each stage's split, every sum checked;
   ``--partition-log-n 27 --partition-quick``: one 2^27 partition's split (default plan, XYZZ,
   PoRep-like: ``prove_porep_2^27_*_ms``); ``--partition-witnesses`` picks the witnesses, among
   them ``boolean`` (every scalar 0 or 1: ``prove_boolean_2^24_*``); ``--partition-key circuit``
@@ -73,7 +71,7 @@ DEFAULT_SECTIONS = "tests,msm,partition"
 # The gpu-marked tests of what changed, in two pytest runs so that the first (the new kernel's
 # tests and the backend tests that failed or matter here) completes even if the second runs out
 # of time: (label, paths, -k expression, timeout s). The shipped-binaries tests need no GPU.
-_NEW = "batch_affine or accumulation or large or params_defines or fp2_lazy"
+_NEW = "grid_affine or accumulation or repeated or large or params_defines or fp2_lazy"
 TEST_GROUPS = [
     ("new", ["tests/test_gpu_msm.py", "tests/test_gpu_backend.py::test_load_key_lets_file_pages_go",
              "tests/test_gpu_backend.py::test_whole_proof_on_gpu_verifies"], _NEW, 70.0),
@@ -88,10 +86,10 @@ _PART = [f"prove_{w}_2^24" for w in WITNESSES]
 TABLE_KEYS = [
     "fresh_setup_2^16_s", "fresh_prove_2^16_first_s", "fresh_prove_2^16_warm_s", "fresh_nvrtc_fallbacks",
     "tests_passed", "tests_failed",
-    *[f"{b}{m}{a}_ms" for b in _MSM for m in ("", "_multiples") for a in ("", "_affine")],
-    *[f"{b}_multiples_none{a}_total_ms" for b in _PART for a in ("", "_affine")],
-    *[f"{b}{a}_total_ms" for b in _PART for a in ("", "_affine", "_circuit_key")],
-    *[f"{b}{a}_{k}_ms" for b in _PART for a in ("", "_affine", "_circuit_key") for k in ("msm_b2", "msm_a", "msm_h")],
+    *[f"{b}{m}_ms" for b in _MSM for m in ("", "_multiples")],
+    *[f"{b}_multiples_none_total_ms" for b in _PART],
+    *[f"{b}{a}_total_ms" for b in _PART for a in ("", "_circuit_key")],
+    *[f"{b}{a}_{k}_ms" for b in _PART for a in ("", "_circuit_key") for k in ("msm_b2", "msm_a", "msm_h")],
     "prove_porep_2^20_s", "prove_random_2^20_s", "checks_failed",
 ]
 
@@ -178,17 +176,14 @@ def test_rows(ses: DeviceRun, collect_only: bool) -> None:
 
 # ---------------------------------------------------------------- MSM rows
 
-def msm_rows(ses: DeviceRun, sizes_g1: tuple[int, ...], lg_g2: int, reps: int, affine: bool = False) -> None:
-    """G1/G2 random MSMs with the XYZZ bucket accumulation (``affine``: the batch-affine one too),
-    plain and with precomputed multiples; checked."""
+def msm_rows(ses: DeviceRun, sizes_g1: tuple[int, ...], lg_g2: int, reps: int) -> None:
+    """G1/G2 random MSMs with the default bucket accumulation (grid rounds for G2, XYZZ for G1), plain
+    and with precomputed multiples; checked."""
     import gpu_msm_bench as mb
 
     from cuzk_mp.backends.gpu import msm
-    from cuzk_mp.backends.gpu.env_knobs import BA_ROUNDS
 
-    accs = {"": msm.MsmParams(ba_rounds=0)}
-    if affine:
-        accs["_affine"] = msm.MsmParams(ba_rounds=BA_ROUNDS)
+    accs = {"": msm.MsmParams()}
 
     def put(key: str, r: dict[str, Any]) -> None:
         mb._flatten(ses.rows, key, r)
@@ -316,12 +311,12 @@ def _to_host(a: Any) -> np.ndarray:
     return np.asarray(a.get() if hasattr(a, "get") else a)
 
 
-def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affine: bool = False,
+def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False,
                    tags: tuple[str, ...] | None = None, key_shape: str = "points",
                    accumulate: tuple[str, ...] = ("",)) -> None:
     """Device work of one 2^lg partition through the protocol recipe: multiples none vs default,
-    each with the XYZZ accumulation (``affine``: and the batch-affine one) (``quick``: the default multiples, XYZZ and
-    the PoRep-like witness alone: at 2^27, where no multiples fit, one 77 GB key and ~3 s a partition).
+    each with the accumulations of ``accumulate`` (``quick``: the default multiples, XYZZ and the PoRep-like
+    witness alone: at 2^27, where no multiples fit, one 77 GB key and ~3 s a partition).
     ``tags``: the witnesses (porep, random, boolean, circuit; default porep and random, quick: porep).
     ``key_shape`` "circuit": the key has the PoRep-like circuit's wire count and infinity points
     (:func:`circuit_shape`), the witness "circuit" is the circuit's own, and the rows end in
@@ -329,7 +324,6 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affi
     plan set them ("") and/or with XYZZ level 1 alone ("xyzz": no grid rounds, rows ``*_xyzz``),
     timed on the same key, interleaved rep by rep."""
     from cuzk_mp.backends.gpu.backend import GpuBackend
-    from cuzk_mp.backends.gpu.env_knobs import BA_ROUNDS
     from cuzk_mp.backends.gpu.msm_geometry import MULTIPLES_ENV
 
     n_public = 4
@@ -358,8 +352,6 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False, affi
         variants: dict[str, dict[str, Any]] = {}
         for acc in accumulate:  # launch knobs only: the same compiled modules
             variants[f"_{acc}" if acc else ""] = {"ga_rounds": 0} if acc == "xyzz" else {}
-        if affine and not quick:
-            variants["_affine"] = {"ba_rounds": BA_ROUNDS}
 
         def use(knobs: dict[str, Any]) -> None:
             for name, m in key.msms.items():
@@ -554,8 +546,6 @@ def main() -> None:
     ap.add_argument("--partition-accumulate", default="",
                     help="partition section: a comma list of the accumulations to time on each loaded key: "
                          "'plan' (as its device plan set them, the default) and 'xyzz' (no grid rounds: rows *_xyzz)")
-    ap.add_argument("--affine", action="store_true",
-                    help="msm and partition sections: also the batch-affine accumulation (*_affine rows)")
     args = ap.parse_args()
     witnesses = tuple(args.partition_witnesses.split(",")) if args.partition_witnesses else None
     accumulate = tuple("" if a == "plan" else a for a in (args.partition_accumulate or "plan").split(","))
@@ -589,9 +579,9 @@ def main() -> None:
         "fresh": lambda: fresh_rows(ses, backend, 10 if args.dry_run else 16),
         "tests": lambda: test_rows(ses, collect_only=args.dry_run),
         "msm": (lambda: msm_rows(ses, (7,), 6, 1)) if args.dry_run else
-        (lambda: msm_rows(ses, (24, 26), 24, args.reps, args.affine)),
+        (lambda: msm_rows(ses, (24, 26), 24, args.reps)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
-        (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick, args.affine,
+        (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick,
                                 witnesses, args.partition_key, accumulate)),
         "proofs": (lambda: None) if args.dry_run else
         (lambda: proof_rows(ses, args.proofs_log_n, args.reps, tuple(args.proofs_kinds.split(",")))),

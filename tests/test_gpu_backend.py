@@ -64,7 +64,7 @@ def test_assemble_outside_root_uses_package_headers() -> None:
     assert kernel_names("ec/check.cu", KERNELS) == ["ec_fp2_mul_check"]
     assert kernel_names("msm/msm.cu") == [
         "msm_classify", "msm_digits", "msm_sort_count", "msm_sort_scan", "msm_sort_scatter", "msm_radix_hist",
-        "msm_radix_scatter", "msm_accumulate", "msm_accumulate_split", "msm_accumulate_affine", "msm_ga_rows",
+        "msm_radix_scatter", "msm_accumulate", "msm_ga_rows",
         "msm_ga_count", "msm_ga_den", "msm_ga_add", "msm_ga_inv", "msm_accumulate_list", "msm_reduce"]
     assert not (ROOT / "cuzk_mp" / "backends" / "gpu" / "kernels" / "ec" / "check.cu").exists()
 

@@ -15,14 +15,12 @@ import random
 import shutil
 import subprocess
 import sys
-from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 import pytest
 
 from cuzk_mp.algebra.field import FQ, FR, Q_MOD, R_MOD, ints_to_limbs, limbs_to_ints
-from tests import gpu_emu
 
 ROOT = Path(__file__).resolve().parent.parent
 KERNELS = ROOT / "cuzk_mp" / "backends" / "gpu" / "kernels"
@@ -32,7 +30,6 @@ HOST_DRIVER = r"""
 #include <cstdio>
 #include <cstring>
 #include "ff/fp2.cuh"
-#include "ff/fq_sum4.cuh"
 #include "ff/fr.cuh"
 #include "ff/inv_binary.cuh"
 template <class T> static T rd(int nl) {
@@ -52,12 +49,6 @@ template <class T> static void run(const char* op, int nl) {
     if (!strcmp(op, "mul")) wr(a * b, nl);
     else if (!strcmp(op, "madd")) {
         if constexpr (T::N == 12) wr(T::mul_add(a, b, a + b, a * b), nl);
-    }
-    else if (!strcmp(op, "madd4")) {
-        if constexpr (T::N == 12) wr(fq_mul_add4(a, b, a + b, a * b, a.neg(), b, b, a + b), nl);
-    }
-    else if (!strcmp(op, "madd4s")) {
-        if constexpr (T::N == 12) wr(fq_mul_add4(a, b, a, b, a, b, a, b), nl);
     }
     else if (!strcmp(op, "kmul")) wr(a.mul_karatsuba(b), nl);
     else if (!strcmp(op, "ksqr")) wr(a.sqr_karatsuba(), nl);
@@ -112,12 +103,6 @@ def _madd(a: int, b: int, p: int, ri: int) -> int:
     return (a * b + c * d) * ri % p
 
 
-def _madd4(a: int, b: int, p: int, ri: int) -> int:
-    """The tests' fq_mul_add4(a, b, a + b, a * b, -a, b, b, a + b): (a b + c d + e f + g h) R^-1."""
-    c, d = (a + b) % p, a * b * ri % p
-    return (a * b + c * d - a * b + b * c) * ri % p
-
-
 def _limbs(x: int, nl: int) -> str:
     return " ".join(f"{(x >> (64 * i)) & ((1 << 64) - 1):x}" for i in range(nl))
 
@@ -137,8 +122,6 @@ def _field_cases(rng: random.Random, tag: str, p: int, nl: int, count: int) -> l
         }
         if tag == "q":  # mont_t::mul_add is Fq's alone (it needs 3p < R)
             expect["madd"] = _madd(a, b, p, ri)
-            expect["madd4"] = _madd4(a, b, p, ri)  # four products, one reduction
-            expect["madd4s"] = 4 * a * b * ri % p  # a = b = p - 1: the largest running value
         if i < 40:
             expect["inv"] = pow(a * ri, -1, p) * r % p if a else 0
         if i < 200:  # the binary algorithm's paths depend on the value: more cases (it is cheap)
@@ -222,8 +205,7 @@ def test_host_build_matches_python_ints(host_driver: Path) -> None:
 # ---------------------------------------------------------------- on the GPU (NVRTC build)
 
 _OPS = {"mul": 0, "add": 1, "sub": 2, "neg": 3, "sqr": 4, "dbl": 5, "inv": 6, "tom": 7, "frm": 8, "eq": 9,
-        "nr": 10, "mfp": 11, "inb": 12, "kmul": 15, "ksqr": 16, "madd": 17,
-        "madd4": 18}
+        "nr": 10, "mfp": 11, "inb": 12, "kmul": 15, "ksqr": 16, "madd": 17}
 
 
 def _expect(op: str, a: int, b: int, p: int, r: int) -> int:
@@ -231,7 +213,7 @@ def _expect(op: str, a: int, b: int, p: int, r: int) -> int:
     return {
         "mul": a * b * ri, "add": a + b, "sub": a - b, "neg": -a, "sqr": a * a * ri, "dbl": 2 * a,
         "inv": pow(a * ri, -1, p) * r if a else 0, "inb": pow(a * ri, -1, p) * r if a else 0, "tom": a * r,
-        "kmul": a * b * ri, "ksqr": a * a * ri, "madd": _madd(a, b, p, ri), "madd4": _madd4(a, b, p, ri),
+        "kmul": a * b * ri, "ksqr": a * a * ri, "madd": _madd(a, b, p, ri),
         "frm": a * ri,
     }[op] % p
 
@@ -268,7 +250,7 @@ def test_gpu_field_ops_match_python_ints(gpu_check: tuple, field: str) -> None:
     da, db = cupy.asarray(ints_to_limbs(a, nl)), cupy.asarray(ints_to_limbs(b, nl))
     out = cupy.empty_like(da)
     kern = mod.get_function(f"ff_check_{field}")
-    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "inb", "tom", "frm", "eq", "kmul", "ksqr") + (("madd", "madd4") if field == "fq" else ()):
+    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "inb", "tom", "frm", "eq", "kmul", "ksqr") + (("madd",) if field == "fq" else ()):
         out.fill(0xDEADBEEF)  # poison: every row must be written
         m = 200 if op == "inv" else n
         kern(((m + 255) // 256,), (256,), (np.int32(_OPS[op]), da, db, out, np.uint64(m)))
@@ -296,80 +278,3 @@ def test_gpu_fq2_ops_match_python_ints(gpu_check: tuple) -> None:
         got = limbs_to_ints(cupy.asnumpy(out))
         bad = [i for i, (_, want) in enumerate(rows) if got[i] != want]
         assert not bad, f"seed={SEED} fq2 {op}: {len(bad)} of {len(rows)} wrong"
-
-
-# ---------------------------------------------------------------- the FP64-pipe product (ff/fp_dfma.cuh)
-
-_DFMA_OPS = {"dmul": 13, "dsqr": 14}
-
-
-@pytest.fixture(scope="module")
-def fq_rows(kind: str, request: pytest.FixtureRequest) -> Callable[[str, list[int], list[int]], list[int]]:
-    """ff_check_fq's op on rows of (a, b), on the device or in the host build of the kernel (``kind``)."""
-    if kind == "gpu":
-        cupy, mod = request.getfixturevalue("gpu_check")
-        kern = mod.get_function("ff_check_fq")
-        to_dev, to_host = cupy.asarray, cupy.asnumpy
-    else:
-        if not gpu_emu.available():
-            pytest.skip("no host C++ compiler for the kernel emulator")
-        kern = gpu_emu.get_module("ff/check.cu", root=gpu_emu.KERNELS).get_function("ff_check_fq")
-        to_dev = to_host = np.asarray
-
-    def run(op: str, a: list[int], b: list[int]) -> list[int]:
-        da, db = to_dev(ints_to_limbs(a, 6)), to_dev(ints_to_limbs(b, 6))
-        out = to_dev(np.full((len(a), 6), 0xDEADBEEF, dtype=np.uint64))  # poison: every row must be written
-        code = _DFMA_OPS[op] if op in _DFMA_OPS else _OPS[op]
-        kern(((len(a) + 255) // 256,), (256,), (np.int32(code), da, db, out, np.uint64(len(a))))
-        return limbs_to_ints(to_host(out))
-
-    return run
-
-
-def _dfma_edge() -> list[int]:
-    """Fq operands that stress the 48-bit limbs and 32-bit words: _edge's values, all-ones and
-    all-zero words and limbs, 2^383 - 1 and 2^384 - 1 reduced."""
-    p = Q_MOD
-    ones_words = sum(0xFFFFFFFF << (32 * i) for i in range(0, 12, 2))  # words 0, 2, 4, ... all ones
-    ones_limbs = sum(((1 << 48) - 1) << (48 * i) for i in range(0, 8, 2))  # 48-bit limbs 0, 2, 4, 6
-    vals = _edge(p, FQ.r_mod) + [
-        (1 << 380) - 1, (1 << 336) - 1, (1 << 48) - 1, (1 << 96) - (1 << 48), ones_words % p, ones_limbs % p,
-        (ones_words << 32) % p, (ones_limbs << 48) % p, ((1 << 383) - 1) % p, ((1 << 384) - 1) % p, p >> 1 << 1,
-    ]
-    return list(dict.fromkeys(v % p for v in vals))
-
-
-def test_fq_dfma_matches_python_ints(fq_rows: Callable[[str, list[int], list[int]], list[int]]) -> None:
-    """fq_mul_dfma / fq_sqr_dfma against Python ints and fp_t's own a * b and a.sqr(): every pair of
-    edge values (a = b among them), then random canonical operands."""
-    rng = random.Random(SEED + 13)
-    edge = _dfma_edge()
-    a = [x for x in edge for _ in edge] + [rng.randrange(Q_MOD) for _ in range(3000)]
-    b = [y for _ in edge for y in edge] + [rng.randrange(Q_MOD) for _ in range(3000)]
-    for op, plain in (("dmul", "mul"), ("dsqr", "sqr")):
-        got = fq_rows(op, a, b)
-        want = [_expect(plain, x, y, Q_MOD, FQ.r) for x, y in zip(a, b)]
-        bad = [i for i in range(len(a)) if got[i] != want[i]]
-        assert not bad, f"seed={SEED} {op}: {len(bad)} wrong, first a={a[bad[0]]:#x} b={b[bad[0]]:#x}"
-        assert got == fq_rows(plain, a, b), f"seed={SEED} {op} differs from fp_t's {plain}"
-
-
-def test_fq_dfma_long_chain(fq_rows: Callable[[str, list[int], list[int]], list[int]]) -> None:
-    """x = x * y and x = x^2, 1000 dependent steps: the FP64-pipe product tracks fp_t's at every step
-    and ends at x y^1000 R^-1000 (x^(2^1000) R^-(2^1000 - 1)) by Python ints."""
-    rng = random.Random(SEED + 14)
-    n = 64
-    y = [rng.randrange(Q_MOD) for _ in range(n - 2)] + [Q_MOD - 1, 1]
-    x0 = [rng.randrange(Q_MOD) for _ in range(n - 1)] + [Q_MOD - 1]
-    for op, plain in (("dmul", "mul"), ("dsqr", "sqr")):
-        x = xp = x0
-        for step in range(1000):
-            x, xp = fq_rows(op, x, y), fq_rows(plain, xp, y)
-            assert x == xp, f"seed={SEED} {op} chain leaves fp_t's at step {step}"
-        ri = pow(FQ.r, -1, Q_MOD)
-        if op == "dmul":
-            want = [v * pow(w * ri, 1000, Q_MOD) % Q_MOD for v, w in zip(x0, y)]
-        else:
-            e = pow(2, 1000, Q_MOD - 1)
-            want = [pow(v * ri, e, Q_MOD) * FQ.r % Q_MOD for v in x0]
-        assert x == want, f"seed={SEED} {op} chain"

@@ -62,12 +62,9 @@ def msm_plan(kind: str) -> Any:
 @pytest.fixture(autouse=True)
 def xyzz_by_default(monkeypatch: pytest.MonkeyPatch) -> None:
     """Params made without an accumulation take XYZZ here (the path of keys up to 2^18 rows, of keys
-    without B2 multiples and of plans without room for the grid lists): the
-    grid and batch-affine tests set their rounds themselves, and
-    test_default_accumulation_matches_arkworks takes the default. The G2 level 1 by lane pairs only
-    where a test asks for it (MsmParams.g2_split)."""
+    without B2 multiples and of plans without room for the grid lists): the grid tests set their
+    rounds themselves, and test_default_accumulation_matches_arkworks takes the default."""
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "xyzz")
-    monkeypatch.delenv("CUZK_GPU_MSM_G2_SPLIT", raising=False)
 
 
 @pytest.fixture(params=[False, True], ids=["g1", "g2"])
@@ -174,36 +171,12 @@ def test_special_bases(msm: Any, g2: bool, dist: str) -> None:
     assert _run(msm, points, scalars, g2) == _oracle(points, scalars, g2), f"seed {SEED}"
 
 
-@pytest.mark.parametrize("dist", ["porep", "same"])
-def test_accumulation_modes(msm: Any, dist: str) -> None:
-    """Both accumulation kernels (XYZZ, batch-affine) of the default G2 module on the special
-    bases (P + P, P - P, infinity), with small segments and windows."""
-    points, scalars = _special(True, dist)
-    for rounds in (0, 3):
-        params = msm.MsmParams(seg=5, window_bits=7, ba_rounds=rounds, ba_seg=7)
-        assert _run(msm, points, scalars, True, params) == _oracle(points, scalars, True), f"seed {SEED} {rounds}"
-
-
 def test_the_fq_product_knobs_reach_the_modules_defines() -> None:
-    """What the device-only module tests below build (FP64-pipe, Karatsuba, unfused and inlined Fq
-    products): each knob's defines, checked on every machine; the modules themselves need the device."""
+    """What the device-only module tests build (Karatsuba, unfused and inlined Fq products): each
+    knob's defines, checked on every machine; the modules themselves need the device."""
     from cuzk_mp.backends.gpu.msm_params import MsmParams
 
     default = MsmParams()
-    for mode, dfma in (("dfma", 1), ("mixed", 2)):
-        defines = MsmParams(fq_mul=mode, acc_min_blocks=2, fq_mixed_n=5).defines(False)
-        assert defines["EC_FQ_DFMA"] == dfma
-        if mode == "mixed":
-            assert defines["EC_FQ_MIXED_N"] == 5 and defines["EC_FQ_CALLS"] == 1 and defines["EC_FQ_FUSED"] == 1
-        else:
-            assert "EC_FQ_CALLS" not in defines and "EC_FQ_MIXED_N" not in defines
-            assert "EC_FQ_FUSED" not in defines
-        assert "EC_FQ_DFMA" not in MsmParams(fq_mul=mode, fq_mixed_n=5).defines(True)  # G2 ignores it
-    assert "EC_FQ_DFMA" not in default.defines(False)
-    with pytest.raises(ConfigError, match="fq_mixed_n"):
-        MsmParams(fq_mul="mixed", fq_mixed_n=7)
-    with pytest.raises(ConfigError, match="fq_mul"):
-        MsmParams(fq_mul="fp64")
     for g2 in (False, True):
         assert MsmParams(fq_karatsuba=True).defines(g2)["FF_KARATSUBA"] == 1
         assert "FF_KARATSUBA" not in default.defines(g2)
@@ -211,24 +184,6 @@ def test_the_fq_product_knobs_reach_the_modules_defines() -> None:
     assert "EC_FQ_FUSED" not in MsmParams(fq_fused=False).defines(False)
     assert default.defines(False)["EC_FQ_CALLS"] == 1
     assert "EC_FQ_CALLS" not in MsmParams(fq_calls=False).defines(False) and "EC_FQ_CALLS" not in default.defines(True)
-    assert "EC_FQ_CALLS" not in MsmParams(fq_mul="dfma").defines(False)
-
-
-@pytest.mark.parametrize("dist", ["random", "porep", "same"])
-@pytest.mark.parametrize("mode", ["dfma", "mixed"])
-def test_fq_dfma_module(kind: str, msm: Any, dist: str, mode: str) -> None:
-    """The G1 modules with FP64-pipe Fq products (EC_FQ_DFMA=1: all, 2: some of the mixed
-    addition's, as calls beside the IMAD calls and the fused Y3) on the special bases (P + P,
-    P - P, infinity) and on 1000 random ones; G2 modules ignore the knob. The all-FP64 module
-    on the device only: its products are emulator-tested (test_gpu_field.py) and its inlined
-    host build takes ~50 s."""
-    if kind == "emu" and mode == "dfma":
-        pytest.skip("the all-FP64 G1 module runs on the device; its products are emulator-tested")
-    params = msm.MsmParams(fq_mul=mode, acc_min_blocks=2, fq_mixed_n=5)
-    points, scalars = _special(False, dist)
-    assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
-    points, scalars = _points(1000, False), _scalars(1000, dist, SEED + 11)
-    assert _run(msm, points, scalars, False, params) == _oracle(points, scalars, False), f"seed {SEED}"
 
 
 def test_params_defines(msm: Any) -> None:
@@ -240,7 +195,7 @@ def test_params_defines(msm: Any) -> None:
                                 "EC_FQ_CALLS": 1}
     assert p.defines(True) == {"MSM_G2": 1, "MSM_NTHREADS": 128, "MSM_ACC_MIN_BLOCKS": 1, "EC_FP2_CALLS": 1,
                                "EC_FP2_LAZY": 1}
-    q = msm.MsmParams(nthreads=64, acc_min_blocks=4, ba_rounds=2)
+    q = msm.MsmParams(nthreads=64, acc_min_blocks=4)
     assert q.defines(False) == {"MSM_G2": 0, "MSM_NTHREADS": 64, "MSM_ACC_MIN_BLOCKS": 4, "EC_FQ_FUSED": 1,
                                 "EC_FQ_CALLS": 1}
     assert msm.MsmParams(nthreads=512).defines(False)["MSM_ACC_MIN_BLOCKS"] == 1
@@ -706,13 +661,12 @@ def test_one_shot_helpers(msm: Any) -> None:
         assert fn(points, scalars) == _oracle(points, scalars, g2)
 
 
-@pytest.mark.parametrize("acc", ["xyzz", "affine", "grid"])
+@pytest.mark.parametrize("acc", ["xyzz", "grid"])
 @pytest.mark.parametrize("lg", [16, 20])
 @pytest.mark.parametrize("dist", ["random", "porep"])
 def test_large_against_discrete_logs(kind: str, msm: Any, g2: bool, lg: int, dist: str, acc: str) -> None:
     """Bases t_i G from the fixed-base kernel; sum_i s_i t_i G must equal (sum_i s_i t_i) G, with
-    each accumulation (batch-affine at 2^20: more segments than resident blocks, so the
-    persistent blocks loop; grid batch-affine with its default chunk and thread counts)."""
+    each accumulation (XYZZ; grid batch-affine with its default chunk and thread counts)."""
     if kind != "gpu":
         pytest.skip("large sizes run on the GPU only")
     import cupy
@@ -725,7 +679,7 @@ def test_large_against_discrete_logs(kind: str, msm: Any, g2: bool, lg: int, dis
     s = _scalars(n, dist, SEED + lg) if lg <= 16 else _fast_scalars(g, n, dist)
     gen = G2Point() if g2 else G1Point()
     d_points = fixed_base.FixedBase(gen).run_device(cupy.asarray(t))
-    params = msm.MsmParams(ba_rounds=msm.accumulate_rounds(acc), ga_rounds=msm.grid_rounds(acc), ga_g1=True)
+    params = msm.MsmParams(ga_rounds=msm.grid_rounds(acc), ga_g1=True)
     got = (msm.MsmG2 if g2 else msm.MsmG1)(d_points, params).run(cupy.asarray(s), stream=cupy.cuda.Stream())
     tv = [int.from_bytes(r.tobytes(), "little") for r in t]
     sv = [int.from_bytes(r.tobytes(), "little") for r in s]
@@ -743,39 +697,7 @@ def _fast_scalars(g: np.random.Generator, n: int, dist: str) -> np.ndarray:
     return s
 
 
-# ------------------------------------------------------------------ batch-affine accumulation
-
-
-def _ba(msm: Any, **kw: Any) -> Any:
-    """Batch-affine params: tiny segments and windows, so a few hundred scalars make many
-    segments, runs across segments and every round's pairing (odd runs, runs of 1 and 2
-    flushed early); in the emulator also blocks of 32, so that the grid of 2 persistent
-    blocks loops over several virtual blocks (the GPU keeps the shipped 128)."""
-    emulated = getattr(msm, "cupy", None) is gpu_emu.fake_cupy
-    base = {"ba_rounds": 3, "ba_seg": 9, "window_bits": 6, "nthreads": 32 if emulated else 128}
-    return msm.MsmParams(**{**base, **kw})
-
-
-@pytest.mark.parametrize("n", [1, 7, 300, 1000])
-@pytest.mark.parametrize("dist", ["random", "porep", "same", "edge"])
-def test_batch_affine_matches_arkworks(msm: Any, g2: bool, n: int, dist: str) -> None:
-    """msm_accumulate_affine (batch_affine.cuh) against arkworks: 0 / 1 / r - 1 scalars, one
-    bucket for everything ("same": every round pairs the whole segment), sizes that are no
-    multiple of the segment or the block."""
-    points, scalars = _points(n, g2), _scalars(n, dist, SEED + 51 + n)
-    assert _run(msm, points, scalars, g2, _ba(msm)) == _oracle(points, scalars, g2), f"seed {SEED}"
-
-
-@pytest.mark.parametrize("dist", ["random", "porep", "same"])
-def test_batch_affine_special_bases(msm: Any, g2: bool, dist: str) -> None:
-    """Infinity operands, P + P (the affine doubling inside a batch) and P + (-P) (infinity,
-    denominator 1) in the batch-affine rounds, for several segment and round counts (rounds 0:
-    the XYZZ pass alone inside the same kernel)."""
-    points, scalars = _special(g2, dist)
-    want = _oracle(points, scalars, g2)
-    for rounds, seg in ((1, 4), (2, 2), (3, 9), (8, 64), (0, 5)):
-        got = _run(msm, points, scalars, g2, _ba(msm, ba_rounds=rounds, ba_seg=seg))
-        assert got == want, f"seed {SEED} rounds {rounds} seg {seg}"
+# ------------------------------------------------------------------ pairs of every kind
 
 
 def _pair_kinds(g2: bool, n: int = 240) -> np.ndarray:
@@ -792,42 +714,33 @@ def _pair_kinds(g2: bool, n: int = 240) -> np.ndarray:
     return points
 
 
-def test_batch_affine_repeated_and_opposite_pairs(msm: Any, g2: bool) -> None:
-    """Pairs formed inside one round that are P + P, P + (-P), inf + P and P + inf, side by side
-    with ordinary pairs: all scalars 1 (the ones' sum: one run per segment) over bases built
-    so that every kind of pair occurs at every position of the batch."""
+@pytest.mark.parametrize("value", [1, 3])
+def test_repeated_and_opposite_points(msm: Any, g2: bool, value: int) -> None:
+    """Runs where P + P, P + (-P), inf + P and P + inf follow each other in the XYZZ accumulation:
+    every scalar 1 (the ones' sum, one bucket) or 3 (one digit in one window: one bucket), over bases
+    built so that each kind occurs at every position of a segment."""
     points = _pair_kinds(g2)
-    scalars = ints_to_limbs([1] * len(points), 4)
+    scalars = ints_to_limbs([value] * len(points), 4)
     want = _oracle(points, scalars, g2)
-    for seg in (2, 8, 12, 240):
-        assert _run(msm, points, scalars, g2, _ba(msm, ba_seg=seg, ba_rounds=4)) == want, f"seed {SEED} seg {seg}"
-
-
-@pytest.mark.parametrize("dist", ["random", "porep", "edge"])
-def test_batch_affine_with_multiples(kind: str, msm: Any, g2: bool, dist: str) -> None:
-    """Batch-affine accumulation over precomputed multiples (one shared bucket set, window batches)."""
-    n = 400
-    points, scalars = _points(n, g2), _scalars(n, dist, SEED + 61)
-    for params in (_ba(msm), _ba(msm, max_entries=3 * n + 1, ba_seg=16, ba_rounds=2)):
-        obj = _with_multiples(kind, msm, points, g2, 7, dataclasses.replace(params, window_bits=None))
-        assert obj.run(scalars) == _oracle(points, scalars, g2), f"seed {SEED} {params}"
+    for seg in (2, 5, 8, 240):
+        params = msm.MsmParams(seg=seg, window_bits=6, ga_rounds=0)
+        assert _run(msm, points, scalars, g2, params) == want, f"seed {SEED} seg {seg}"
 
 
 def test_accumulate_mode_from_env(msm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
     """CUZK_GPU_MSM_ACCUMULATE picks the default accumulation; a bad value is a ConfigError."""
-    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "affine")
-    assert msm.MsmParams().ba_rounds > 0
+    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "grid")
+    assert msm.MsmParams().ga_rounds > 0
     monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "xyzz")
-    assert msm.MsmParams().ba_rounds == 0
-    monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", "fast")
-    with pytest.raises(ConfigError, match="CUZK_GPU_MSM_ACCUMULATE"):
-        msm.MsmParams()
+    assert msm.MsmParams().ga_rounds == 0
+    for bad in ("fast", "affine"):  # neither is a mode (auto, xyzz, grid, grid-g2): refused by name
+        monkeypatch.setenv("CUZK_GPU_MSM_ACCUMULATE", bad)
+        with pytest.raises(ConfigError, match=f"CUZK_GPU_MSM_ACCUMULATE='{bad}'"):
+            msm.MsmParams()
     monkeypatch.delenv("CUZK_GPU_MSM_ACCUMULATE")
     unset = msm.MsmParams()  # unset: "auto" (grid rounds for G2 where the plan fits their lists, XYZZ for G1)
-    assert unset.ba_rounds == 0 and unset.grid(True) and not unset.grid(False) and unset.ga_where_fits
+    assert unset.grid(True) and not unset.grid(False) and unset.ga_where_fits
     assert not msm_params_for(1 << 18).grid(True) and msm_params_for(1 << 20).grid(True)  # small keys: XYZZ
-    with pytest.raises(ConfigError, match="ba_seg"):
-        msm.MsmParams(ba_seg=0)
 
 
 # ------------------------------------------------------------------ grid batch-affine accumulation
@@ -838,7 +751,7 @@ def _ga(msm: Any, **kw: Any) -> Any:
     make several chunks (runs across chunk boundaries), threads that walk several slots, and an
     inversion tree of several levels; blocks of 32 in the emulator."""
     emulated = getattr(msm, "cupy", None) is gpu_emu.fake_cupy
-    base = {"ga_rounds": 3, "ga_g1": True, "ga_chunk": 500, "ga_threads": 70, "ba_rounds": 0, "window_bits": 6,
+    base = {"ga_rounds": 3, "ga_g1": True, "ga_chunk": 500, "ga_threads": 70, "window_bits": 6,
             "nthreads": 32 if emulated else 128}
     return msm.MsmParams(**{**base, **kw})
 
@@ -922,112 +835,3 @@ def test_grid_rounds_follow_the_mean_run(msm: Any) -> None:
     assert msm.grid_rounds_for(1 << 20, 1, 8) == 8
     assert msm.grid_rounds_for(100, 1000, 8) == 0
     assert msm.grid_rounds_for(3, 1, 8) == 1
-
-
-# ------------------------------------------------------------------ G2 level 1 by lane pairs
-
-
-def _split(msm: Any, **kw: Any) -> Any:
-    """Params of the component-split G2 accumulation (msm_accumulate_split): small segments and
-    windows, so a few hundred scalars make many segments and runs across them; in the emulator
-    also blocks of 32 (16 pairs), so the last block is partly past the segments."""
-    emulated = getattr(msm, "cupy", None) is gpu_emu.fake_cupy
-    base = {"g2_split": True, "seg": 5, "window_bits": 6, "nthreads": 32 if emulated else 128, "ga_rounds": 0,
-            "ba_rounds": 0}
-    return msm.MsmParams(**{**base, **kw})
-
-
-def _run_split(msm: Any, points: np.ndarray, scalars: np.ndarray, params: Any, obj: Any = None) -> Any:
-    """An MSM over ``points`` (or ``obj``) whose level-1 launches must all be msm_accumulate_split."""
-    obj = obj if obj is not None else msm.MsmG2(points, params)
-    names: list[str] = []
-    launch = obj._launch
-
-    def record(name: str, *args: Any) -> None:
-        names.append(name)
-        launch(name, *args)
-
-    obj._launch = record
-    try:
-        got = obj.run(scalars)
-    finally:
-        obj.close()
-    assert "msm_accumulate" not in names
-    assert "msm_accumulate_split" in names or not any(scalars.ravel())
-    return got
-
-
-@pytest.mark.parametrize("n", [1, 7, 300, 1001])
-@pytest.mark.parametrize("dist", ["random", "porep", "same", "edge"])
-def test_split_matches_arkworks(msm: Any, n: int, dist: str) -> None:
-    """msm_accumulate_split (msm/split.cuh) against arkworks: 0 / 1 / r - 1 scalars (zero digits
-    sorted last, the ones' sum through the same kernel), one bucket for everything ("same"), sizes
-    that are no multiple of the segment, the pair or the block."""
-    points, scalars = _points(n, True), _scalars(n, dist, SEED + 101 + n)
-    for seg in (5, 64) if n >= 300 else (1, 5):
-        got = _run_split(msm, points, scalars, _split(msm, seg=seg))
-        assert got == _oracle(points, scalars, True), f"seed {SEED} seg {seg}"
-
-
-@pytest.mark.parametrize("dist", ["random", "porep", "same"])
-def test_split_special_bases(msm: Any, dist: str) -> None:
-    """Infinity rows, P + P (the split affine doubling) and P + (-P) (infinity, then a fresh run)
-    inside the pairs' runs, for several segment sizes."""
-    points, scalars = _special(True, dist)
-    want = _oracle(points, scalars, True)
-    for seg in (1, 3, 7, 64):
-        assert _run_split(msm, points, scalars, _split(msm, seg=seg)) == want, f"seed {SEED} seg {seg}"
-
-
-@pytest.mark.parametrize("value", [1, 3])
-def test_split_repeated_and_opposite_points(msm: Any, value: int) -> None:
-    """Runs where P + P, P + (-P), inf + P and P + inf follow each other: every scalar 1 (the ones'
-    sum, one bucket) or 3 (one digit in one window: one bucket), over bases built so that each kind
-    occurs at every position of a segment."""
-    points = _pair_kinds(True)
-    scalars = ints_to_limbs([value] * len(points), 4)
-    want = _oracle(points, scalars, True)
-    for seg in (2, 5, 8, 240):
-        assert _run_split(msm, points, scalars, _split(msm, seg=seg)) == want, f"seed {SEED} seg {seg}"
-
-
-def test_split_zero_scalars(msm: Any) -> None:
-    """All-zero scalars (no entry at all) and a single non-zero among zeros."""
-    points = _points(50, True)
-    zeros = np.zeros((50, 4), dtype=np.uint64)
-    assert _run_split(msm, points, zeros, _split(msm)) == G2Point.identity()
-    one = zeros.copy()
-    one[17] = _scalars(1, "random", SEED + 103)[0]
-    assert _run_split(msm, points, one, _split(msm)) == _oracle(points, one, True), f"seed {SEED}"
-
-
-@pytest.mark.parametrize("dist", ["random", "porep", "edge"])
-def test_split_with_multiples(kind: str, msm: Any, dist: str) -> None:
-    """The split accumulation over precomputed multiples (point rows wl stride + i, one shared
-    bucket set), in one window batch and in several."""
-    n = 301
-    points, scalars = _points(n, True), _scalars(n, dist, SEED + 107)
-    for params in (_split(msm), _split(msm, max_entries=3 * n + 1, seg=3)):
-        params = dataclasses.replace(params, window_bits=None)
-        obj = _with_multiples(kind, msm, points, True, 7, params)
-        assert _run_split(msm, points, scalars, params, obj) == _oracle(points, scalars, True), f"seed {SEED}"
-
-
-def test_split_knobs(msm: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    """g2_split: G2 alone (G1 MSMs keep msm_accumulate), off by default, on by env
-    CUZK_GPU_MSM_G2_SPLIT; its register cap is a define of the G2 module only when set."""
-    monkeypatch.delenv("CUZK_GPU_MSM_G2_SPLIT", raising=False)
-    assert not msm.MsmParams().g2_split
-    for value, on in (("1", True), ("on", True), ("0", False), ("off", False), ("", False)):
-        monkeypatch.setenv("CUZK_GPU_MSM_G2_SPLIT", value)
-        assert msm.MsmParams().g2_split is on, value
-    monkeypatch.delenv("CUZK_GPU_MSM_G2_SPLIT")
-    p = msm.MsmParams(g2_split=True)
-    assert p.split(True) and not p.split(False)
-    assert "MSM_SPLIT_MIN_BLOCKS" not in p.defines(True)
-    q = msm.MsmParams(g2_split=True, split_min_blocks=4)
-    assert q.defines(True)["MSM_SPLIT_MIN_BLOCKS"] == 4 and "MSM_SPLIT_MIN_BLOCKS" not in q.defines(False)
-    with pytest.raises(ConfigError, match="split_min_blocks"):
-        msm.MsmParams(split_min_blocks=0)
-    points, scalars = _points(40, False), _scalars(40, "random", SEED + 109)
-    assert _run(msm, points, scalars, False, p) == _oracle(points, scalars, False), f"seed {SEED}"

@@ -1,4 +1,5 @@
-"""perf/gpu_msm_static.py reads ptxas's stall counts out of cuobjdump's SASS listing."""
+"""perf/gpu_msm_static.py reads ptxas's stall counts out of cuobjdump's SASS listing; perf/sass_digest.py
+digests such listings per architecture and kernel."""
 
 from __future__ import annotations
 
@@ -21,8 +22,8 @@ LISTING = """
 """
 
 
-def _load():
-    spec = importlib.util.spec_from_file_location("gpu_msm_static", SCRIPT)
+def _load(path: Path = SCRIPT):
+    spec = importlib.util.spec_from_file_location(path.stem, path)
     assert spec and spec.loader
     mod = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(mod)
@@ -38,3 +39,22 @@ def test_stall_counts_come_from_each_instruction_s_control_word() -> None:
     counts = mod._counts(ins, stalls["msm_accumulate"])
     assert counts["instructions"] == 2 and counts["IMAD_WIDE"] == 1 and counts["stall_cycles"] == 6
     assert "stall_cycles" not in mod._counts(ins)
+
+
+def test_sass_digests_are_per_architecture_and_see_operands_and_schedules() -> None:
+    """perf/sass_digest.py: one digest per (file, architecture, function); the same listing under two
+    architectures gives equal digests, and a changed operand or a changed control word (ptxas's
+    schedule) changes only that function's digest."""
+    mod = _load(SCRIPT.parent / "sass_digest.py")
+    two_archs = f"\narch = sm_80\n{LISTING}\narch = sm_90\n{LISTING}"
+    d = mod.digests(two_archs, "msm.fatbin")
+    assert sorted(d) == ["msm.fatbin|sm_80|msm_accumulate", "msm.fatbin|sm_80|msm_reduce",
+                         "msm.fatbin|sm_90|msm_accumulate", "msm.fatbin|sm_90|msm_reduce"]
+    assert d["msm.fatbin|sm_80|msm_accumulate"] == d["msm.fatbin|sm_90|msm_accumulate"]
+    operand = mod.digests(two_archs.replace("R4, R5, RZ", "R4, R6, RZ", 1), "msm.fatbin")
+    schedule = mod.digests(two_archs.replace("0x000fc800078e00ff", "0x000fca00078e00ff", 1), "msm.fatbin")
+    for changed in (operand, schedule):
+        diff = mod.compare(d, changed)
+        assert diff == {"different": ["msm.fatbin|sm_80|msm_accumulate"], "only_before": [], "only_after": []}
+    assert mod.compare(d, {k: v for k, v in d.items() if "reduce" not in k})["only_before"] == [
+        "msm.fatbin|sm_80|msm_reduce", "msm.fatbin|sm_90|msm_reduce"]

@@ -1,7 +1,7 @@
 """The CUZK_GPU_* environment knobs of the MSM, and their readers.
 
 Why a module of its own: these are the only knobs an operator sets from outside (the bucket
-accumulation, the large-batch sort, the G2 split, the small MSMs' CUDA graphs), and a GPU engine
+accumulation, the large-batch sort, the small MSMs' CUDA graphs), and a GPU engine
 checks them all before any prover process starts (:func:`check_environment`). An
 :class:`.msm_params.MsmParams` reads its defaults from them when it is made; nothing here reads the
 environment at import. No CuPy here.
@@ -15,8 +15,7 @@ from ...errors import ConfigError
 from .msm_geometry import MULTIPLES_ENV, plan_multiples
 
 
-# Bucket accumulation: "xyzz" (msm_accumulate: XYZZ mixed additions), "affine"
-# (msm_accumulate_affine: batch-affine rounds sharing an inversion per block, then XYZZ), "grid"
+# Bucket accumulation: "xyzz" (msm_accumulate: XYZZ mixed additions), "grid"
 # (grid_affine.cuh: rounds sharing ONE inversion over all their pairs, then XYZZ), "grid-g2"
 # (grid for the G2 MSMs, XYZZ for G1) or "auto" (the default: "grid-g2" where the device plan fits
 # the rounds' lists as configured, else "xyzz"; the plan decides, plan.plan_device); read when
@@ -29,13 +28,8 @@ from .msm_geometry import MULTIPLES_ENV, plan_multiples
 # (SMALL_MSM_PARAMS), and where the rounds' lists do not fit the plan turns them off before it
 # drops any multiple.
 ACCUMULATE_ENV = "CUZK_GPU_MSM_ACCUMULATE"
-ACCUMULATE_MODES = ("auto", "xyzz", "affine", "grid", "grid-g2")
+ACCUMULATE_MODES = ("auto", "xyzz", "grid", "grid-g2")
 ACCUMULATE_DEFAULT = "auto"
-# Batch-affine defaults: 256 entries per thread; 3 rounds (each halves every run): a block of
-# 128 threads then shares one inversion among ~16 k, 8 k and 4 k additions, and the runs left
-# (1/8 of each) go through XYZZ, where a fourth round would save less than its inversion's latency.
-BA_ROUNDS = 3
-BA_SEG = 256
 # Grid batch-affine: at most GA_ROUNDS rounds (grid_rounds_for picks fewer where the runs are
 # short), GA_CHUNK sorted entries at a time (the rounds' lists cost ~2 x 8 AW + 2 CW bytes an
 # entry: ~15 GB for G1, ~29 GB for G2 at 2^26), GA_THREADS threads for the denominator and
@@ -53,11 +47,6 @@ def env_switch(name: str, default: bool) -> bool:
     anything else keeps the default."""
     value = os.environ.get(name, "").strip().lower()
     return value not in ("0", "off", "false", "no") if default else value in ("1", "on", "true", "yes")
-
-
-# "1" / "on" / "true" / "yes" makes MsmParams.g2_split default to True (the G2 level 1 by lane pairs,
-# where the XYZZ kernel would run); unset or anything else: False. Read when MsmParams() is made.
-G2_SPLIT_ENV = "CUZK_GPU_MSM_G2_SPLIT"
 
 
 # The sort of window batches with more buckets than the counting sort takes (msm_passes.COUNTING_SORT_BINS):
@@ -89,17 +78,6 @@ def large_sort_for(domain_size: int) -> str:
     return "argsort" if domain_size in ARGSORT_DOMAINS else "radix"
 
 
-def g2_split_default() -> bool:
-    """Whether env CUZK_GPU_MSM_G2_SPLIT turns the component-split G2 accumulation on (default: off)."""
-    return env_switch(G2_SPLIT_ENV, False)
-
-
-def accumulate_rounds(mode: str | None = None) -> int:
-    """Batch-affine rounds of an accumulation mode (``mode`` None: env CUZK_GPU_MSM_ACCUMULATE,
-    default :data:`ACCUMULATE_DEFAULT`): :data:`BA_ROUNDS` for "affine", else 0."""
-    return BA_ROUNDS if _accumulate_mode(mode) == "affine" else 0
-
-
 def _accumulate_mode(mode: str | None) -> str:
     mode = ((os.environ.get(ACCUMULATE_ENV) if mode is None else mode) or "").strip().lower() or ACCUMULATE_DEFAULT
     if mode not in ACCUMULATE_MODES:
@@ -108,7 +86,8 @@ def _accumulate_mode(mode: str | None) -> str:
 
 
 def grid_rounds(mode: str | None = None) -> int:
-    """Most grid batch-affine rounds of an accumulation mode (as :func:`accumulate_rounds`):
+    """Most grid batch-affine rounds of an accumulation mode (``mode`` None: env
+    CUZK_GPU_MSM_ACCUMULATE, default :data:`ACCUMULATE_DEFAULT`):
     :data:`GA_ROUNDS` for "grid", "grid-g2" and "auto", else 0."""
     return GA_ROUNDS if _accumulate_mode(mode) in ("grid", "grid-g2", "auto") else 0
 

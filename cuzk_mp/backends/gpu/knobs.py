@@ -138,10 +138,9 @@ def _shipped() -> tuple[Variant, ...]:
 
 
 # The MSM modules the package ships: the defaults' compile-time knobs. The fields read from the
-# environment (the accumulation, the sort, the G2 split) are launch choices, not defines: given here,
+# environment (the accumulation, the sort) are launch choices, not defines: given here,
 # so that importing this module never reads (or refuses) them.
-_SHIPPED_MSM = MsmParams(ba_rounds=0, ga_rounds=0, ga_g1=False, ga_where_fits=False, g2_split=False,
-                         large_sort="radix")
+_SHIPPED_MSM = MsmParams(ga_rounds=0, ga_g1=False, ga_where_fits=False, large_sort="radix")
 SHIPPED: tuple[Variant, ...] = _shipped()
 
 

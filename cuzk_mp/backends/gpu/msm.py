@@ -24,10 +24,8 @@ One run, for m standard-form scalars (``(m, 4)`` uint64, each < 2^255):
    sort over the bits the batch's keys use (``msm_radix_*``, two launches and a scan a pass of
    at most 9 bits, no host wait),
    ``msm_accumulate`` adds each run of a bucket with segmented, load-balanced
-   threads (or ``msm_accumulate_affine``, ``MsmParams.ba_rounds`` > 0: the same
-   segments summed by batch-affine rounds, one inversion per block and round,
-   then XYZZ; or for G2 with ``MsmParams.g2_split``, ``msm_accumulate_split``: each
-   segment summed by a pair of lanes, one Fq2 component each), ``msm_reduce``
+   threads (where ``MsmParams.grid`` says, grid batch-affine rounds first:
+   ``msm_ga_*``, one inversion a round over all its pairs), ``msm_reduce``
    combines runs that cross segments and reduces buckets to window sums.
    Windows are processed in batches so at most
    ``MsmParams.max_entries`` keys exist at once. With precomputed multiples
@@ -67,7 +65,7 @@ import numpy as np
 from py_arkworks_bls12381 import G1Point, G2Point
 
 from ...errors import InputError
-from .env_knobs import accumulate_rounds, grid_rounds
+from .env_knobs import grid_rounds
 from .knobs import MSM_PATH
 from .modules import get_module, occupancy
 from .msm_geometry import choose_multiples_window, choose_window, grid_rounds_for, ones_segment, window_count
@@ -98,7 +96,6 @@ __all__ = [
     "MsmParams",
     "Multiples",
     "PendingMsm",
-    "accumulate_rounds",
     "choose_multiples_window",
     "choose_window",
     "grid_rounds",
@@ -171,18 +168,12 @@ class _Msm(_MsmPasses):
         self.multiples = multiples
         mod = get_module(MSM_PATH, self.params.defines(self.G2))
         self._k = {name: mod.get_function(name) for name in
-                   ("msm_classify", "msm_digits", "msm_accumulate", "msm_accumulate_affine", "msm_reduce",
+                   ("msm_classify", "msm_digits", "msm_accumulate", "msm_reduce",
                     "msm_sort_count", "msm_sort_scan", "msm_sort_scatter", "msm_radix_hist", "msm_radix_scatter",
                     "msm_ga_rows", "msm_ga_count",
                     "msm_ga_den", "msm_ga_add", "msm_ga_inv", "msm_accumulate_list")}
-        self._split = self.params.split(self.G2)  # level 1 by lane pairs (msm_accumulate_split, G2 modules only)
-        if self._split:
-            self._k["msm_accumulate_split"] = mod.get_function("msm_accumulate_split")
-        self._resident = occupancy(self._k["msm_accumulate_split" if self._split else "msm_accumulate"],
-                                   self.params.nthreads)
-        # level-1 segments summed at once (the ones' sum sizes its segments by them): one a pair when split
-        self._segments = self._resident // 2 if self._split and self._resident else self._resident
-        self._ba_resident = occupancy(self._k["msm_accumulate_affine"], self.params.nthreads)
+        # level-1 segments summed at once (the ones' sum sizes its segments by them)
+        self._resident = occupancy(self._k["msm_accumulate"], self.params.nthreads)
         self._ga_resident = occupancy(self._k["msm_ga_add"], self.params.nthreads)
         self.last_timings: dict[str, float] = {}
         self._graphs: dict[int, list[_GraphRun]] = {}  # batch size k -> captured dense passes
@@ -190,8 +181,7 @@ class _Msm(_MsmPasses):
 
     @property
     def resident_threads(self) -> int | None:
-        """Level-1 accumulation threads resident at once on this device: msm_accumulate's, or
-        msm_accumulate_split's (two a segment) where ``params.g2_split`` applies (None: not known)."""
+        """Level-1 accumulation threads resident at once on this device: msm_accumulate's (None: not known)."""
         return self._resident
 
     @property
@@ -354,7 +344,7 @@ class _Msm(_MsmPasses):
         """Sum of the points whose scalar is 1: one bucket of the accumulation kernel, in
         segments sized by :func:`ones_segment` (whole waves of resident threads)."""
         keys = cupy.zeros(n1, dtype=np.uint32)  # window 0, bucket 0, positive
-        seg = None if self.params.ba_rounds else ones_segment(n1, self._segments, self.params.seg)
+        seg = ones_segment(n1, self._resident, self.params.seg)
         return self._accumulate(cupy.arange(n1, dtype=np.int64), keys, ones, n1, n1, 1, 1, self.d_points, 0, n1,
                                 seg, grid=False)
 

@@ -3,7 +3,7 @@
 Why a module of its own: :class:`MsmParams` is where every measured choice of the MSM's kernels
 is written down (compiled-in defines and launch geometry, each with its measurement), and the
 MSM objects, the device plan, the shipped variants and the benches all build one. Its defaults for
-the accumulation, the sort and the G2 split come from the environment (:mod:`.env_knobs`) when
+the accumulation and the sort come from the environment (:mod:`.env_knobs`) when
 one is made. No CuPy here.
 """
 
@@ -14,11 +14,8 @@ from typing import Any
 
 from ...errors import ConfigError
 from .env_knobs import (
-    BA_SEG,
     GA_CHUNK,
     SORT_MODES,
-    accumulate_rounds,
-    g2_split_default,
     grid_for_g1,
     grid_rounds,
     grid_where_fits,
@@ -26,10 +23,6 @@ from .env_knobs import (
     sort_default,
 )
 from .msm_geometry import window_count
-
-
-# MsmParams.fq_mul's values, in the order of their EC_FQ_DFMA define (ec/xyzz.cuh).
-FQ_MUL_MODES = ("imad", "dfma", "mixed")
 
 
 @dataclass(frozen=True)
@@ -63,12 +56,8 @@ class MsmParams:
     bucket_chunk_min: int = 16
     max_entries: int = 1 << 28  # sort keys alive at once (4 B key + 8 B index each)
     window_bits: int | None = None  # None: choose_window(number of tail scalars); ignored with precomputed multiples
-    # Batch-affine accumulation (kernels/msm/batch_affine.cuh): rounds of affine additions
-    # sharing one inversion per block before the XYZZ pass; 0 = msm_accumulate alone.
-    ba_rounds: int = field(default_factory=accumulate_rounds)
-    ba_seg: int = BA_SEG  # sorted entries per thread of the batch-affine kernel
     # Grid batch-affine accumulation (kernels/msm/grid_affine.cuh): at most this many rounds of
-    # affine additions sharing one inversion over all their pairs; 0 = off. Beats ba_rounds.
+    # affine additions sharing one inversion over all their pairs; 0 = off.
     ga_rounds: int = field(default_factory=grid_rounds)
     ga_g1: bool = field(default_factory=grid_for_g1)  # the grid rounds for G1 too (else G2 alone)
     # the grid rounds only where the plan fits their lists as configured ("auto": plan.plan_device)
@@ -80,47 +69,26 @@ class MsmParams:
     # Dense passes small enough run as captured CUDA graphs (msm.py, GRAPH_MAX_ENTRIES): one launch
     # instead of ~20, for MSMs whose kernels are shorter than their launches.
     graphs: bool = False
-    # G1 modules: where the curve formulas' Fq products run (ec/xyzz.cuh, EC_FQ_DFMA): "imad"
-    # (mont_t's carry chains), "dfma" (all on the FP64 pipe, ff/fp_dfma.cuh) or "mixed" (fq_mixed_n of
-    # the mixed addition's products on the FP64 pipe, the rest on IMAD; fq_fused and fq_calls apply
-    # to it as to "imad"); compiled in, only "imad" is shipped (NVRTC builds the others on first
-    # use). perf/gpu_msm_notes.md has the measurements.
-    fq_mul: str = "imad"
-    # with fq_mul "mixed": how many of the mixed addition's products run on the FP64 pipe
-    # (ec/xyzz.cuh EC_FQ_MIXED_N: U2, PPP, Q, PP, ZZ3, ZZZ3 in that order)
-    fq_mixed_n: int = 4
     # Both groups: Fq products and squares as one Karatsuba level plus a word-by-word reduction
     # (ff/mont.cuh mul_karatsuba, FF_KARATSUBA=1; also the G2 module's lazy Fq2 product) instead
     # of CIOS: 264 instead of 300 32-bit products per Fq multiply. Measured on the H200: the bare
     # multiply 3 % faster, the square 4 % slower, the G1 accumulation at 2^24 16 % slower (the
     # extra additions and moves land on the IMAD pipe too): off.
     fq_karatsuba: bool = False
-    # G1 modules with the IMAD (or mixed) product: every formula's Y3 = a b - c d as one CIOS pass with one
-    # reduction (ff/mont.cuh mul_add, ec/xyzz.cuh EC_FQ_FUSED=1): 444 instead of 600 products.
+    # G1 modules: every formula's Y3 = a b - c d as one CIOS pass with one reduction (ff/mont.cuh
+    # mul_add, ec/xyzz.cuh EC_FQ_FUSED=1): 444 instead of 600 products.
     # Measured on the H200 at 2^24 random: accumulation 103.2 ms against 108.9, the MSM 128.6
     # against 135.0 (perf/gpu_msm_notes.md), so it is the default. (The same fusion for G2, as an
     # Fq2 call with two reductions instead of four, was measured 35 % slower and is not kept.)
     fq_fused: bool = True
-    # G1 modules with the IMAD (or mixed) product: the formulas' Fq products, squares and fused a b - c d as
-    # __noinline__ calls with operands by value (ec/xyzz.cuh EC_FQ_CALLS=1): one bucket step runs
+    # G1 modules: the formulas' Fq products, squares and fused a b - c d as __noinline__ calls with
+    # operands by value (ec/xyzz.cuh EC_FQ_CALLS=1): one bucket step runs
     # through ~42 KB of code instead of ~73 KB, for ~6 % more instructions (the call moves) and
     # ~130 L1-resident local accesses per step (call saves). Measured on the H200 at 2^24 random:
     # the MSM 107.2 ms against 128.4 inlined (accumulation 88.2 / 103.0, reduction 9.2 / 15.6;
     # "no instruction" stalls 31 % -> 6 % of the accumulation's samples), PoRep-like 33.3 / 39.8;
     # with 3, 5 or 6 blocks per SM 89.4 / 91.1 / 95.4 ms of accumulation (perf/gpu_msm_notes.md).
     fq_calls: bool = True
-    # G2 level 1 with two lanes per segment (kernels/msm/split.cuh, msm_accumulate_split): lane c of a
-    # pair holds component c of every Fq2 value, so each lane carries G1-sized state (Fq calls, one
-    # fused Fq product per lane and Fq2 product, partner values by shuffles) instead of one thread
-    # with 255 registers and ~1.1 KB of call-save spills at 2 blocks per SM; same heads and buckets
-    # as msm_accumulate. Taken where msm_accumulate would be (not with the grid or batch-affine
-    # rounds). Measured on the H200 (perf/results/gpu-msm-split-h200.json): accumulation 1-2 % faster,
-    # the ones' sum 6 % slower at 2^27, the G2 MSM within 1 %: off (env CUZK_GPU_MSM_G2_SPLIT=1 turns
-    # it on). G1 ignores it.
-    g2_split: bool = field(default_factory=g2_split_default)
-    # msm_accumulate_split's __launch_bounds__ minimum blocks per SM (compiled in, G2 modules; None:
-    # the kernel's default, 384 threads a SM: 3 blocks of 128, 168 registers on sm_90)
-    split_min_blocks: int | None = None
     # msm_radix_scatter's __launch_bounds__ minimum blocks of 256 per SM (compiled in, both groups; None:
     # the kernel's default, MSM_RADIX_MIN_BLOCKS in msm.cu)
     radix_min_blocks: int | None = None
@@ -145,12 +113,6 @@ class MsmParams:
             raise ConfigError(f"MsmParams.max_entries={self.max_entries}: >= 1")
         if self.acc_min_blocks is not None and not 1 <= self.acc_min_blocks <= 32:
             raise ConfigError(f"MsmParams.acc_min_blocks={self.acc_min_blocks}: in [1, 32] or None")
-        if self.fq_mul not in FQ_MUL_MODES:
-            raise ConfigError(f"MsmParams.fq_mul={self.fq_mul!r}: one of {', '.join(FQ_MUL_MODES)}")
-        if not 1 <= self.fq_mixed_n <= 6:
-            raise ConfigError(f"MsmParams.fq_mixed_n={self.fq_mixed_n}: in [1, 6]")
-        if self.split_min_blocks is not None and not 1 <= self.split_min_blocks <= 16:
-            raise ConfigError(f"MsmParams.split_min_blocks={self.split_min_blocks}: in [1, 16] or None")
         if self.large_sort not in SORT_MODES:
             raise ConfigError(f"MsmParams.large_sort={self.large_sort!r}: one of {', '.join(SORT_MODES)}")
         if self.radix_min_blocks is not None and not 1 <= self.radix_min_blocks <= 8:
@@ -160,13 +122,6 @@ class MsmParams:
         if not 0 <= self.ga_rounds <= 64 or self.ga_chunk < 2 or (self.ga_threads is not None and self.ga_threads < 1):
             raise ConfigError(f"MsmParams: ga_rounds in [0, 64], ga_chunk >= 2, ga_threads >= 1 (got {self.ga_rounds}, "
                               f"{self.ga_chunk}, {self.ga_threads})")
-        if not 0 <= self.ba_rounds <= 255 or not 1 <= self.ba_seg <= 1 << 16:
-            raise ConfigError(f"MsmParams: ba_rounds in [0, 255], ba_seg in [1, 65536] (got {self.ba_rounds}, "
-                              f"{self.ba_seg})")
-
-    def split(self, g2: bool) -> bool:
-        """Whether this group's level 1 takes msm_accumulate_split where it would take msm_accumulate."""
-        return g2 and self.g2_split
 
     def grid(self, g2: bool) -> bool:
         """Whether this group's MSMs take the grid batch-affine rounds."""
@@ -178,21 +133,15 @@ class MsmParams:
         out = {"MSM_G2": int(g2), "MSM_NTHREADS": self.nthreads, "MSM_ACC_MIN_BLOCKS": min_blocks}
         if g2:
             out.update(G2_FP2)
-            if self.split_min_blocks:
-                out["MSM_SPLIT_MIN_BLOCKS"] = self.split_min_blocks
-        elif self.fq_mul != "imad":
-            out["EC_FQ_DFMA"] = FQ_MUL_MODES.index(self.fq_mul)
-            if self.fq_mul == "mixed":
-                out["EC_FQ_MIXED_N"] = self.fq_mixed_n
         if self.ga_min_blocks:
             out["GA_ADD_MIN_BLOCKS"] = self.ga_min_blocks
         if self.radix_min_blocks:
             out["MSM_RADIX_MIN_BLOCKS"] = self.radix_min_blocks
         if self.fq_karatsuba:
             out["FF_KARATSUBA"] = 1
-        if self.fq_fused and not g2 and self.fq_mul != "dfma":
+        if self.fq_fused and not g2:
             out["EC_FQ_FUSED"] = 1
-        if self.fq_calls and not g2 and self.fq_mul != "dfma":
+        if self.fq_calls and not g2:
             out["EC_FQ_CALLS"] = 1
         return out
 

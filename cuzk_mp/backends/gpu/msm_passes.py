@@ -1,8 +1,8 @@
 """The device passes of a Pippenger MSM: sort, bucket accumulation, combine and window sums.
 
 Why a module of its own: these are the kernels' launch sequences once the sort keys exist, the
-largest and most measured part of an MSM (the counting and radix sorts, the XYZZ, batch-affine
-and grid batch-affine accumulations, the combine levels, the bucket reduction). :class:`_MsmPasses`
+largest and most measured part of an MSM (the counting and radix sorts, the XYZZ and grid
+batch-affine accumulations, the combine levels, the bucket reduction). :class:`_MsmPasses`
 is the base of :class:`.msm._Msm`, which owns the points, the kernels and the runs; nothing here
 allocates anything that outlives a run.
 """
@@ -50,8 +50,6 @@ class _MsmPasses:
     _k: dict[str, Any]
     _aw: int  # uint64 words per affine point
     _xw: int  # per XYZZ point
-    _split: bool
-    _ba_resident: int | None
     _ga_resident: int | None
 
     def _launch(self, name: str, threads: int, *args: Any) -> None:
@@ -140,17 +138,12 @@ class _MsmPasses:
         if grid and self.params.grid(self.G2):
             self._accumulate_grid(perm, keys, idx, n, m, cfg, n_buckets, points, stride, per, buckets, marks)
             return buckets
-        if self.params.ba_rounds:
-            heads, head_keys, t = self._accumulate_affine(perm, keys, idx, n, m, cfg, points, stride, per, buckets)
-        else:
-            seg = seg or self.params.seg
-            t = -(-n // seg)
-            heads = cupy.empty((t, self._xw), dtype=np.uint64)
-            head_keys = cupy.empty(t, dtype=np.uint32)
-            # msm_accumulate_split: two lanes a segment (t pairs)
-            name, threads = ("msm_accumulate_split", 2 * t) if self._split else ("msm_accumulate", t)
-            self._launch(name, threads, perm, keys, _NULL if idx is None else idx, points, buckets,
-                         heads, head_keys, _u64(n), _u64(m), _u32(cfg), _u64(stride), _u32(seg), _u64(per))
+        seg = seg or self.params.seg
+        t = -(-n // seg)
+        heads = cupy.empty((t, self._xw), dtype=np.uint64)
+        head_keys = cupy.empty(t, dtype=np.uint32)
+        self._launch("msm_accumulate", t, perm, keys, _NULL if idx is None else idx, points, buckets,
+                     heads, head_keys, _u64(n), _u64(m), _u32(cfg), _u64(stride), _u32(seg), _u64(per))
         self._combine(heads, head_keys, t, buckets)
         return buckets
 
@@ -241,28 +234,6 @@ class _MsmPasses:
         self._launch("msm_ga_inv", g, _u32(0), vals, pre, prods, _u64(n), _u64(g))
         self._invert_all(prods, g)
         self._launch("msm_ga_inv", g, _u32(1), vals, pre, prods, _u64(n), _u64(g))
-
-    def _accumulate_affine(self, perm: Any, keys: Any, idx: Any, n: int, m: int, cfg: int, points: Any,
-                           stride: int, per: int, buckets: Any) -> tuple[Any, Any, int]:
-        """Level 1 by batch-affine rounds (batch_affine.cuh) into ``buckets``: (heads, head
-        keys, segments). A persistent grid of the blocks resident at once, each thread with its
-        scratch column: ``ba_cap(seg)`` points, ``ba_half(seg)`` suffix products, ``ba_cap(seg)``
-        bucket ids (word-major, see the kernel)."""
-        seg, block = self.params.ba_seg, self.params.nthreads
-        nseg = -(-n // seg)
-        nvb = -(-nseg // block)
-        resident_blocks = self._ba_resident // block if self._ba_resident else 2
-        grid = max(1, min(nvb, resident_blocks))
-        g = grid * block
-        cap = 2 * seg // 3 if seg >= 3 else 1
-        half = seg // 2 if seg >= 2 else 1
-        scratch = cupy.empty(g * (cap * self._aw + half * (self._aw // 2)) + -(-g * cap // 2), dtype=np.uint64)
-        heads = cupy.empty((nseg, self._xw), dtype=np.uint64)
-        head_keys = cupy.empty(nseg, dtype=np.uint32)
-        self._k["msm_accumulate_affine"]((grid,), (block,), (
-            perm, keys, _NULL if idx is None else idx, points, buckets, heads, head_keys, _u64(n), _u64(m),
-            _u32(cfg | self.params.ba_rounds << 16), _u64(stride), _u32(seg), scratch, _u64(per)))
-        return heads, head_keys, nseg
 
     def _window_sums(self, buckets: Any, nw: int, c: int, out: Any = None) -> Any:
         """sum_k k B_k per window: chunk shares (reduce.cuh), then group sums; ``(nw, xw)``, written

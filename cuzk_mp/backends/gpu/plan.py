@@ -195,8 +195,7 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
     entries = per_batch * m
     buckets = 1 << (c - 1)
     bucket_bytes = ((k + 1) * buckets if multiples_c else k * per_batch * buckets) * xyzz
-    seg = p.ba_seg if p.ba_rounds else p.seg
-    t = -(-entries // seg)
+    t = -(-entries // p.seg)
     heads = t
     while t > 1:
         t = -(-t // p.combine_seg)

@@ -12,13 +12,9 @@
  * refuses unsigned __int128 in device code.)
  *   ff_bench_fq_kara / ff_bench_fq_kara_sqr / ff_bench_fr_kara / ff_bench_fr_kara_sqr:
  *     mont_t's Karatsuba product and square (mul_karatsuba / sqr_karatsuba)
- *   ff_bench_fq_dfma / ff_bench_fq_dfma_sqr: fq_mul_dfma / fq_sqr_dfma (ff/fp_dfma.cuh,
- *     the partial products on the FP64 pipe); y's limbs are rebuilt every multiply (as
- *     where both operands vary), not hoisted out of the loop
  */
 #include "fp2.cuh"
 #include "fr.cuh"
-#include "fp_dfma.cuh"
 
 #ifndef FF_BENCH_THREADS
 #define FF_BENCH_THREADS 256
@@ -45,24 +41,6 @@ DEV_INLINE void bench_chain(const uint64_t* a, uint64_t* out, uint64_t n, uint32
     for (int c = 1; c < FF_BENCH_CHAINS; c++) acc = acc + x[c];
     acc.store(out + W * i);
 }
-
-/* fp_t with the FP64-pipe product and square: the interface bench_chain uses. The
- * right operand's words pass an empty asm, so its conversion to limbs stays in the loop. */
-struct fq_dfma_bench_t {
-    fp_t v;
-    DEV_INLINE static fq_dfma_bench_t load(const uint64_t* p) { return {fp_t::load(p)}; }
-    DEV_INLINE void store(uint64_t* p) const { v.store(p); }
-    DEV_INLINE fq_dfma_bench_t operator*(const fq_dfma_bench_t& b) const {
-        fp_t y = b.v;
-#ifdef __CUDA_ARCH__
-#pragma unroll
-        for (int i = 0; i < 12; i++) asm volatile("" : "+r"(y.l[i]));
-#endif
-        return {fq_mul_dfma(v, y)};
-    }
-    DEV_INLINE fq_dfma_bench_t sqr() const { return {fq_sqr_dfma(v)}; }
-    DEV_INLINE fq_dfma_bench_t operator+(const fq_dfma_bench_t& b) const { return {v + b.v}; }
-};
 
 /* mont_t with its Karatsuba product and square behind the interface bench_chain uses. */
 template <class T>
@@ -102,14 +80,6 @@ ff_bench_fq_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
 ff_bench_fr_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
     bench_chain<fr_t, 4, true>(a, out, n, iters);
-}
-extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
-ff_bench_fq_dfma(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
-    bench_chain<fq_dfma_bench_t, 6>(a, out, n, iters);
-}
-extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
-ff_bench_fq_dfma_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
-    bench_chain<fq_dfma_bench_t, 6, true>(a, out, n, iters);
 }
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
 ff_bench_fq2(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) { bench_chain<fp2_t, 12>(a, out, n, iters); }

@@ -3,22 +3,12 @@
  * grid: ceil(n / 256) blocks of 256; a, b, out are (n, W) uint64 with W = 6 (Fq),
  * 4 (Fr) or 12 (Fq2); op codes: 0 mul, 1 add, 2 sub, 3 neg, 4 sqr, 5 dbl, 6 inv,
  * 7 to_mont, 8 from_mont, 9 eq (out[i][0] = a == b), 10 mul_by_nonresidue (Fq2),
- * 11 mul_by_fp (Fq2: a times b.c0), 12 inv_binary (Fq, Fr), 13 fq_mul_dfma and
- * 14 fq_sqr_dfma (Fq only: the FP64-pipe product of ff/fp_dfma.cuh), 15 mul_karatsuba and
- * 16 sqr_karatsuba (Fq, Fr), 17 mul_add(a, b, a + b, a * b) and 18 fq_mul_add4(a, b, a + b, a * b,
- * -a, b, b, a + b) (Fq only: Fr rows come out zero).
+ * 11 mul_by_fp (Fq2: a times b.c0), 12 inv_binary (Fq, Fr), 15 mul_karatsuba and
+ * 16 sqr_karatsuba (Fq, Fr) and 17 mul_add(a, b, a + b, a * b) (Fq only: Fr rows come out zero).
  */
 #include "fp2.cuh"
-#include "fq_sum4.cuh"
 #include "fr.cuh"
 #include "inv_binary.cuh"
-#include "fp_dfma.cuh"
-
-/* ops 13, 14: Fq only (Fr rows come out zero) */
-DEV_INLINE fp_t ff_apply_dfma(int op, const fp_t& a, const fp_t& b) {
-    return op == 13 ? fq_mul_dfma(a, b) : fq_sqr_dfma(a);
-}
-DEV_INLINE fr_t ff_apply_dfma(int, const fr_t&, const fr_t&) { return fr_t::zero(); }
 
 template <class T>
 DEV_INLINE T ff_apply(int op, const T& a, const T& b) {
@@ -36,13 +26,8 @@ DEV_INLINE T ff_apply(int op, const T& a, const T& b) {
         case 17:
             if constexpr (T::N == 12) return T::mul_add(a, b, a + b, a * b);
             else return T::zero();
-        case 18:
-            if constexpr (T::N == 12) return fq_mul_add4(a, b, a + b, a * b, a.neg(), b, b, a + b);
-            else return T::zero();
         case 7: return a.to_mont();
         case 8: return a.from_mont();
-        case 13:
-        case 14: return ff_apply_dfma(op, a, b);
         default: return T::zero();
     }
 }

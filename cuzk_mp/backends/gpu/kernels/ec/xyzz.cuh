@@ -26,7 +26,6 @@
 #pragma once
 #include "affine.cuh"
 #include "../ff/fp2_lazy.cuh"
-#include "../ff/fp_dfma.cuh"
 
 #ifdef __CUDACC__
 #define EC_NOINLINE __host__ __device__ __noinline__
@@ -73,39 +72,7 @@ template <class F>
 FF_INLINE F ec_sqr(const F& a) {
     return a.sqr();
 }
-/* How the G1 modules compute Fq products (-D EC_FQ_DFMA):
- *   0  mont_t's IMAD carry chains everywhere (default);
- *   1  every product and square of every formula is fq_mul_dfma / fq_sqr_dfma
- *      (ff/fp_dfma.cuh: the 48-bit limb products on the FP64 pipe, the column sums on
- *      the integer ALU);
- *   2  mixed: the mixed addition (the accumulation's inner loop) takes EC_FQ_MIXED_N of
- *      its products on the FP64 pipe (ec_mulk / ec_sqrk: U2, PPP, Q, PP, ZZ3, ZZZ3 in that
- *      order; 4 by default), the rest stays on IMAD (with EC_FQ_FUSED, Y3 too: one fused
- *      IMAD product), so the warps of an SM keep both pipes busy; the other formulas stay
- *      on IMAD. With EC_FQ_CALLS both kinds of product are calls. */
-#ifndef EC_FQ_DFMA
-#define EC_FQ_DFMA 0
-#endif
-#if EC_FQ_DFMA != 0 && EC_FQ_DFMA != 1 && EC_FQ_DFMA != 2
-#error "EC_FQ_DFMA must be 0, 1 or 2"
-#endif
-#ifndef EC_FQ_MIXED_N
-#define EC_FQ_MIXED_N 4
-#endif
-#if EC_FQ_MIXED_N < 1 || EC_FQ_MIXED_N > 6
-#error "EC_FQ_MIXED_N must be in [1, 6]"
-#endif
-#if EC_FQ_DFMA == 1
-template <>
-FF_INLINE fp_t ec_mul<fp_t>(const fp_t& a, const fp_t& b) {
-    return fq_mul_dfma(a, b);
-}
-template <>
-FF_INLINE fp_t ec_sqr<fp_t>(const fp_t& a) {
-    return fq_sqr_dfma(a);
-}
-#endif
-/* EC_FQ_CALLS=1 (G1 modules with the IMAD or the mixed product): every Fq product, square and fused
+/* EC_FQ_CALLS=1 (G1 modules): every Fq product, square and fused
  * a b - c d of every formula is a __noinline__ call taking its operands BY VALUE, as
  * EC_FP2_CALLS does for G2: ~600-instruction bodies once per kernel instead of at each of
  * the mixed addition's ten products, so one bucket step runs through about a third of the
@@ -117,7 +84,7 @@ FF_INLINE fp_t ec_sqr<fp_t>(const fp_t& a) {
 #if EC_FQ_CALLS != 0 && EC_FQ_CALLS != 1
 #error "EC_FQ_CALLS must be 0 or 1"
 #endif
-#if EC_FQ_CALLS && EC_FQ_DFMA != 1
+#if EC_FQ_CALLS
 EC_NOINLINE fp_t ec_fq_mul_call(fp_t a, fp_t b) {
     return a * b;
 }
@@ -141,43 +108,7 @@ EC_NOINLINE fp_t ec_fq_mul_sub_call(fp_t a, fp_t b, fp_t c, fp_t d) {
 }
 #endif
 #endif
-/* The "other pipe" product of the mixed addition: ec_mul / ec_sqr unless EC_FQ_DFMA == 2. */
-template <class F>
-FF_INLINE F ec_mul2(const F& a, const F& b) {
-    return ec_mul(a, b);
-}
-template <class F>
-FF_INLINE F ec_sqr2(const F& a) {
-    return ec_sqr(a);
-}
-#if EC_FQ_DFMA == 2
-#if EC_FQ_CALLS
-/* The FP64-pipe bodies as calls too: while some warps of a scheduler run one of these,
- * others run an IMAD body, so both pipes issue (a thread's own products stay in order). */
-EC_NOINLINE fp_t ec_fq_mul_dfma_call(fp_t a, fp_t b) {
-    return fq_mul_dfma(a, b);
-}
-EC_NOINLINE fp_t ec_fq_sqr_dfma_call(fp_t a) {
-    return fq_sqr_dfma(a);
-}
-#define EC_FQ_MUL2_BODY(a, b) ec_fq_mul_dfma_call(a, b)
-#define EC_FQ_SQR2_BODY(a) ec_fq_sqr_dfma_call(a)
-#else
-#define EC_FQ_MUL2_BODY(a, b) fq_mul_dfma(a, b)
-#define EC_FQ_SQR2_BODY(a) fq_sqr_dfma(a)
-#endif
-template <>
-FF_INLINE fp_t ec_mul2<fp_t>(const fp_t& a, const fp_t& b) {
-    return EC_FQ_MUL2_BODY(a, b);
-}
-template <>
-FF_INLINE fp_t ec_sqr2<fp_t>(const fp_t& a) {
-    return EC_FQ_SQR2_BODY(a);
-}
-#undef EC_FQ_MUL2_BODY
-#undef EC_FQ_SQR2_BODY
-#endif
-/* a b - c d, the Y3 of every formula. EC_FQ_FUSED=1 (G1, with the IMAD or mixed product): one
+/* a b - c d, the Y3 of every formula. EC_FQ_FUSED=1 (G1): one
  * Montgomery reduction for both products (mont_t::mul_add with -c); otherwise two products. */
 #ifndef EC_FQ_FUSED
 #define EC_FQ_FUSED 0
@@ -186,22 +117,7 @@ template <class F>
 FF_INLINE F ec_mul_sub(const F& a, const F& b, const F& c, const F& d) {
     return ec_mul(a, b) - ec_mul(c, d);
 }
-/* The mixed addition's products by rank k (1..6): on the FP64 pipe when EC_FQ_DFMA == 2 and
- * k <= EC_FQ_MIXED_N (a compile-time choice: the other branch is dead code). */
-template <int K, class F>
-FF_INLINE F ec_mulk(const F& a, const F& b) {
-    return EC_FQ_DFMA == 2 && K <= EC_FQ_MIXED_N ? ec_mul2(a, b) : ec_mul(a, b);
-}
-template <int K, class F>
-FF_INLINE F ec_sqrk(const F& a) {
-    return EC_FQ_DFMA == 2 && K <= EC_FQ_MIXED_N ? ec_sqr2(a) : ec_sqr(a);
-}
-/* The mixed addition's Y3 without the fused product: R (Q - X3) on the "other pipe" (ec_mul2). */
-template <class F>
-FF_INLINE F ec_mul2_sub(const F& a, const F& b, const F& c, const F& d) {
-    return ec_mul2(a, b) - ec_mul(c, d);
-}
-#if EC_FQ_FUSED && EC_FQ_DFMA != 1
+#if EC_FQ_FUSED
 template <>
 FF_INLINE fp_t ec_mul_sub<fp_t>(const fp_t& a, const fp_t& b, const fp_t& c, const fp_t& d) {
 #if EC_FQ_CALLS
@@ -209,10 +125,6 @@ FF_INLINE fp_t ec_mul_sub<fp_t>(const fp_t& a, const fp_t& b, const fp_t& c, con
 #else
     return fp_t::mul_add(a, b, c.neg(), d);
 #endif
-}
-template <>
-FF_INLINE fp_t ec_mul2_sub<fp_t>(const fp_t& a, const fp_t& b, const fp_t& c, const fp_t& d) {
-    return ec_mul_sub(a, b, c, d);
 }
 #endif
 #if EC_FP2_CALLS
@@ -309,20 +221,20 @@ struct xyzz_t {
             *this = from_affine(p);
             return;
         }
-        F P = ec_mulk<1>(p.x, ZZ) - X;  /* ec_mulk<k>: the FP64 pipe for k <= EC_FQ_MIXED_N (EC_FQ_DFMA == 2) */
+        F P = ec_mul(p.x, ZZ) - X;
         F R = ec_mul(p.y, ZZZ) - Y;
         if (P.is_zero()) {
             if (R.is_zero()) *this = xyzz_dbl_affine_call(p); /* same point */
             else *this = inf();                    /* p = -this */
             return;
         }
-        F PP = ec_sqrk<4>(P);
-        ZZ = ec_mulk<5>(ZZ, PP);
-        F PPP = ec_mulk<2>(P, PP);
-        ZZZ = ec_mulk<6>(ZZZ, PPP);
-        F Q = ec_mulk<3>(X, PP);
+        F PP = ec_sqr(P);
+        ZZ = ec_mul(ZZ, PP);
+        F PPP = ec_mul(P, PP);
+        ZZZ = ec_mul(ZZZ, PPP);
+        F Q = ec_mul(X, PP);
         X = ec_sqr(R) - PPP - Q.dbl();
-        Y = ec_mul2_sub(R, Q - X, Y, PPP);
+        Y = ec_mul_sub(R, Q - X, Y, PPP);
     }
 
     /* this += q (add-2008-s): U1 = X1 ZZ2, U2 = X2 ZZ1, S1 = Y1 ZZZ2, S2 = Y2 ZZZ1,

@@ -2,8 +2,8 @@
  *
  * Variable time, ~2 log2(p) steps of word shifts and subtractions: its chain of dependent
  * operations is several times shorter than mont_t::inv()'s log2(p) dependent squarings,
- * which is what counts where ONE thread inverts while others wait (the batch-affine MSM's
- * block inversion, msm/batch_affine.cuh). It runs on the stored word value w = a R: it
+ * which is what counts where ONE thread inverts while others wait (the top of the grid
+ * batch-affine rounds' inversion tree, msm/grid_affine.cuh). It runs on the stored word value w = a R: it
  * yields w^-1 = a^-1 R^-1, and two Montgomery products by R^2 make that a^-1 R, the
  * Montgomery form of a^-1. Needs one spare bit above p (x + p must fit): Fq has 3, Fr 1.
  */

@@ -2,9 +2,10 @@
  * that share ONE field inversion per round over the whole list (Montgomery's trick across the
  * device), then the XYZZ level 1 of accumulate.cuh over what the rounds leave.
  *
- * Why: an affine addition with its denominator's inverse given costs 2M + 1S; the trick costs
- * 3M per element, so an addition costs 5M + 1S against the XYZZ mixed addition's 8M + 2S, and
- * the accumulation is bound by the multiply pipe. The block version (batch_affine.cuh) lost
+ * Why (the pair primitives are batch_affine.cuh's): an affine addition with its denominator's
+ * inverse given costs 2M + 1S; the trick costs 3M per element, so an addition costs 5M + 1S
+ * against the XYZZ mixed addition's 8M + 2S, and the accumulation is bound by the multiply
+ * pipe. A block version (one inversion per block and round: measured, not kept) lost
  * because every block waits each round for one thread's inversion, and all blocks reach it
  * together. Here no kernel has a barrier and no thread waits for another: the waits are kernel
  * boundaries, and the one inversion of a round runs at the top of a tree of small launches.

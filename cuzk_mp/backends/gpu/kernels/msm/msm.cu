@@ -5,9 +5,8 @@
  * geometry. All kernels are 1-D: grid = ceil(threads / MSM_NTHREADS) blocks of
  * MSM_NTHREADS, thread t = blockIdx.x * blockDim.x + threadIdx.x, no shared
  * memory, no inter-thread cooperation (so each body also runs on a CPU, where the
- * test emulator loops over t; the grid batch-affine kernels msm_ga_* are of this kind too),
- * except msm_accumulate_affine, whose blocks cooperate
- * through shared memory (the emulator runs a block's threads as fibers). Layouts: scalars (m, 4) uint64 standard form;
+ * test emulator loops over t; the grid batch-affine kernels msm_ga_* are of this kind too).
+ * Layouts: scalars (m, 4) uint64 standard form;
  * points zkey layout (affine_t); buckets / partial sums xyzz_t; index arrays int64.
  */
 #include "../ec/xyzz.cuh"
@@ -121,50 +120,6 @@ msm_accumulate(const int64_t* perm, const uint32_t* keys, const int64_t* tail_id
     if (t * seg < n)
         msm_accumulate_body<msm_field_t>(t, perm, keys, tail_idx, points, buckets, heads, head_keys, n, m, cfg,
                                          stride, seg, per);
-}
-
-#if MSM_G2
-#include "split.cuh"
-#endif
-
-/* Minimum resident blocks per SM asked of ptxas for msm_accumulate_split (its register cap, as
- * MSM_ACC_MIN_BLOCKS for msm_accumulate): a lane holds G1-sized state (split.cuh). Default: 384
- * threads a SM (3 blocks of 128: 168 registers, ~0.4 KB of call-save spills on sm_90; 2 blocks
- * take 208 registers and no spills), one block for blocks of 256 threads or more. */
-#ifndef MSM_SPLIT_MIN_BLOCKS
-#define MSM_SPLIT_MIN_BLOCKS (MSM_NTHREADS < 384 ? 384 / MSM_NTHREADS : 1)
-#endif
-
-/* threads = 2 ceil(n / seg): msm_accumulate's level 1 with two lanes per segment (split.cuh): pair
- * t = thread / 2 sums segment t, lane thread & 1 holds component (thread & 1) of every Fq2 value.
- * Same arguments and outputs as msm_accumulate. G2 only: msm.py never launches it from a G1
- * module, where the entry traps; it is there so that both modules export the same entry points
- * (the loader and the shipped manifest list a file's `extern "C"` kernels). */
-extern "C" __global__ void __launch_bounds__(MSM_NTHREADS, MSM_SPLIT_MIN_BLOCKS)
-msm_accumulate_split(const int64_t* perm, const uint32_t* keys, const int64_t* tail_idx, const uint64_t* points,
-                     uint64_t* buckets, uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m, uint32_t cfg,
-                     uint64_t stride, uint32_t seg, uint64_t per) {
-#if MSM_G2
-    uint64_t t = MSM_TID >> 1;
-    if (t * seg < n)
-        msm_accumulate_split_body(t, threadIdx.x & 1, perm, keys, tail_idx, points, buckets, heads, head_keys, n, m,
-                                  cfg, stride, seg, per);
-#elif defined(__CUDA_ARCH__)
-    __trap();
-#else
-    abort();
-#endif
-}
-
-/* grid = persistent blocks of MSM_NTHREADS (the host: as many as are resident at once):
- * msm_accumulate's level 1 with batch-affine rounds (batch_affine.cuh); same outputs,
- * heads for ceil(n / seg) segments; cfg bits 16.. = the number of rounds. */
-extern "C" __global__ void __launch_bounds__(MSM_NTHREADS, MSM_ACC_MIN_BLOCKS)
-msm_accumulate_affine(const int64_t* perm, const uint32_t* keys, const int64_t* tail_idx, const uint64_t* points,
-                      uint64_t* buckets, uint64_t* heads, uint32_t* head_keys, uint64_t n, uint64_t m, uint32_t cfg,
-                      uint64_t stride, uint32_t seg, uint64_t* scratch, uint64_t per) {
-    msm_accumulate_affine_body<msm_field_t, MSM_NTHREADS>(perm, keys, tail_idx, points, buckets, heads, head_keys, n,
-                                                          m, cfg, stride, seg, scratch, per);
 }
 
 /* Grid batch-affine rounds (grid_affine.cuh). A list is (points, rows) or pts, with bucket ids
