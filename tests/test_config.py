@@ -759,6 +759,32 @@ def test_gpu_knobs_in_the_environment_are_checked_with_a_gpu_engine_config(monke
     EngineConfig(backend="gpu").validate()
 
 
+def test_an_unknown_gpu_knob_name_is_refused_with_a_gpu_engine_config(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A CUZK_GPU_* variable no reader has (a misspelt knob, or one of a variant that is not shipped) would be
+    ignored in silence, the measurement or the service running with the default instead: a GPU engine's
+    config refuses it, naming it and the knobs there are; the CPU backend reads none of them."""
+    from cuzk_mp.backends.gpu.env_knobs import KNOWN_ENV
+    from cuzk_mp.pipeline.types import EngineConfig
+
+    for name in KNOWN_ENV:
+        monkeypatch.delenv(name, raising=False)
+    EngineConfig(backend="gpu").validate()
+    for name in ("CUZK_GPU_MSM_MULTIPLE", "CUZK_GPU_MSM_G2_SPLIT"):
+        monkeypatch.setenv(name, "1")
+        with pytest.raises(ConfigError, match=rf"^{name}: no such knob \(CUZK_GPU_EXIT_HANDOFF, .*CUZK_GPU_MSM_SORT\)"):
+            EngineConfig(backend="gpu").validate()
+        EngineConfig(backend="cpu").validate()
+        monkeypatch.delenv(name)
+    assert len(KNOWN_ENV) == 5
+    # a one-shot verb's backend (get_backend, where a GPU is there) refuses it before it imports CuPy
+    import cuzk_mp.backends as backends
+
+    monkeypatch.setattr(backends, "gpu_unavailable_reason", lambda *a, **k: None)
+    monkeypatch.setenv("CUZK_GPU_MSM_SORTS", "radix")
+    with pytest.raises(ConfigError, match=r"^CUZK_GPU_MSM_SORTS: no such knob"):
+        backends.get_backend("gpu")
+
+
 def test_a_blank_multiples_knob_is_the_default() -> None:
     from cuzk_mp.backends.gpu.msm_geometry import plan_multiples
 

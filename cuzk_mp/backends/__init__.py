@@ -54,6 +54,9 @@ def get_backend(name: str = "auto", device: int | None = None, **kwargs: Any) ->
         why = gpu_unavailable_reason()
         if why is not None:
             raise InputError(f"backend 'gpu' asked for, but {why}")
+        from .gpu.env_knobs import check_environment
+
+        check_environment()  # a misspelt CUZK_GPU_* knob or a refused value: ConfigError, before any upload
         from .gpu.backend import GpuBackend
 
         return GpuBackend(device=device or 0, **kwargs)

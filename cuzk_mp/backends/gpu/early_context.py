@@ -24,11 +24,9 @@ import os
 import threading
 import warnings
 
-from .env_knobs import env_switch
+from .env_knobs import EXIT_HANDOFF_ENV, env_switch
 
 log = logging.getLogger("cuzk_mp.backends.gpu.early_context")
-
-EXIT_HANDOFF_ENV = "CUZK_GPU_EXIT_HANDOFF"  # "0" / "off": no hand-off (see hand_off_teardown)
 
 
 def _retain(device: int) -> None:

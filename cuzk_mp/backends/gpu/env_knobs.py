@@ -1,8 +1,9 @@
 """The CUZK_GPU_* environment knobs of the MSM, and their readers.
 
 Why a module of its own: these are the only knobs an operator sets from outside (the bucket
-accumulation, the large-batch sort, the small MSMs' CUDA graphs), and a GPU engine
-checks them all before any prover process starts (:func:`check_environment`). An
+accumulation, the large-batch sort, the small MSMs' CUDA graphs, a one-shot's exit hand-off), and a GPU engine
+checks them all before any prover process starts, as a one-shot verb's backend does before its
+key's upload (:func:`check_environment`: values, and names no reader has). An
 :class:`.msm_params.MsmParams` reads its defaults from them when it is made; nothing here reads the
 environment at import. No CuPy here.
 """
@@ -116,9 +117,21 @@ def msm_graphs_enabled() -> bool:
     return env_switch(GRAPHS_ENV, True)
 
 
+# "0" / "off" / "false" / "no": a one-shot GPU verb releases its CUDA context itself at exit
+# (early_context.hand_off_teardown); read there.
+EXIT_HANDOFF_ENV = "CUZK_GPU_EXIT_HANDOFF"
+
+# Every CUZK_GPU_* variable a reader has: any other is refused by check_environment (a misspelt
+# knob, or one of a variant the package does not ship, would otherwise be ignored in silence).
+KNOWN_ENV = tuple(sorted((ACCUMULATE_ENV, EXIT_HANDOFF_ENV, GRAPHS_ENV, MULTIPLES_ENV, SORT_ENV)))
+
+
 def check_environment() -> None:
-    """ConfigError naming the first CUZK_GPU_* knob with a value its reader would refuse (checked with
-    a GPU engine's config, before any prover process starts)."""
+    """ConfigError naming the first CUZK_GPU_* variable that no reader has, or the first knob with a
+    value its reader would refuse (checked with a GPU engine's config, before any prover process starts)."""
+    for name in sorted(os.environ):
+        if name.startswith("CUZK_GPU_") and name not in KNOWN_ENV:
+            raise ConfigError(f"{name}: no such knob ({', '.join(KNOWN_ENV)})")
     sort_default()
     _accumulate_mode(None)
     plan_multiples({}, 0, 1, os.environ.get(MULTIPLES_ENV))
