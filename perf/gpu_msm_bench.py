@@ -70,11 +70,6 @@ ACCUMULATE_VARIANTS: dict[str, msm.MsmParams] = {} if not GPU_STACK else {
     "xyzz_mb3": _xyzz(acc_min_blocks=3),
     "xyzz_mb4": _xyzz(acc_min_blocks=4),
     "xyzz_mb5": _xyzz(acc_min_blocks=5),
-    # both groups: Karatsuba Fq products (ff/mont.cuh mul_karatsuba, FF_KARATSUBA=1); G1 at its
-    # default 4 blocks spills ~0.45 KB, at 3 ~0.1 KB, none at 2 (232 registers)
-    "kara": _xyzz(fq_karatsuba=True),
-    "kara_mb3": _xyzz(acc_min_blocks=3, fq_karatsuba=True),
-    "kara_mb2": _xyzz(acc_min_blocks=2, fq_karatsuba=True),
     # G1 only: the formulas' Y3 = a b - c d as two products, not the default's one reduction
     # (mont_t::mul_add, EC_FQ_FUSED=1)
     "unfused": _xyzz(fq_fused=False),

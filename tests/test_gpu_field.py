@@ -50,8 +50,6 @@ template <class T> static void run(const char* op, int nl) {
     else if (!strcmp(op, "madd")) {
         if constexpr (T::N == 12) wr(T::mul_add(a, b, a + b, a * b), nl);
     }
-    else if (!strcmp(op, "kmul")) wr(a.mul_karatsuba(b), nl);
-    else if (!strcmp(op, "ksqr")) wr(a.sqr_karatsuba(), nl);
     else if (!strcmp(op, "add")) wr(a + b, nl);
     else if (!strcmp(op, "sub")) wr(a - b, nl);
     else if (!strcmp(op, "neg")) wr(a.neg(), nl);
@@ -86,8 +84,8 @@ def _edge(p: int, r_mod: int) -> list[int]:
 
 
 def _half_edge(p: int, nl: int) -> list[int]:
-    """Values whose halves (nl / 2 limbs each) stress the Karatsuba product: equal halves (the
-    middle product is 0), one half 0 or all ones, the low half just above or below the high one."""
+    """Values with extreme halves (nl / 2 limbs each): equal halves, one half 0 or all ones, the low
+    half just above or below the high one (long carry chains in the products)."""
     hb = 32 * nl  # bits in a half
     top = (p >> hb) - 1  # a high half that keeps the value below p
     lo_max = (1 << hb) - 1
@@ -118,7 +116,6 @@ def _field_cases(rng: random.Random, tag: str, p: int, nl: int, count: int) -> l
         expect = {
             "mul": a * b * ri % p, "add": (a + b) % p, "sub": (a - b) % p, "neg": -a % p,
             "sqr": a * a * ri % p, "dbl": 2 * a % p, "tom": a * r % p, "frm": a * ri % p,
-            "kmul": a * b * ri % p, "ksqr": a * a * ri % p,
         }
         if tag == "q":  # mont_t::mul_add is Fq's alone (it needs 3p < R)
             expect["madd"] = _madd(a, b, p, ri)
@@ -132,8 +129,8 @@ def _field_cases(rng: random.Random, tag: str, p: int, nl: int, count: int) -> l
     half = _half_edge(p, nl) + vals
     for a in half:
         for b in half:
-            cases.append((f"{tag} kmul {_limbs(a, nl)} {_limbs(b, nl)}", a * b * ri % p))
-        cases.append((f"{tag} ksqr {_limbs(a, nl)} {_limbs(a, nl)}", a * a * ri % p))
+            cases.append((f"{tag} mul {_limbs(a, nl)} {_limbs(b, nl)}", a * b * ri % p))
+        cases.append((f"{tag} sqr {_limbs(a, nl)} {_limbs(a, nl)}", a * a * ri % p))
     return cases
 
 
@@ -160,17 +157,16 @@ def _fp2_cases(rng: random.Random, count: int) -> list[tuple[str, int]]:
     return cases
 
 
-@pytest.fixture(scope="module", params=[0, 1], ids=["cios", "karatsuba"])
-def host_driver(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Path:
-    """The field headers compiled as host C++ into a small stdin/stdout calculator, with Fq's
-    operator* / sqr() as CIOS and schoolbook (FF_KARATSUBA=0) or as the Karatsuba forms (=1)."""
+@pytest.fixture(scope="module")
+def host_driver(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """The field headers compiled as host C++ into a small stdin/stdout calculator."""
     cxx = shutil.which("g++") or shutil.which("c++") or shutil.which("clang++")
     if cxx is None:
         pytest.skip("no host C++ compiler to build the field headers with")
     d = tmp_path_factory.mktemp("ffhost")
     (d / "drv.cpp").write_text(HOST_DRIVER)
     exe = d / "drv"
-    subprocess.run([cxx, "-O1", "-std=c++17", "-w", f"-DFF_KARATSUBA={request.param}", f"-I{KERNELS}",
+    subprocess.run([cxx, "-O1", "-std=c++17", "-w", f"-I{KERNELS}",
                     str(d / "drv.cpp"), "-o", str(exe)],
                    check=True, capture_output=True, text=True)
     return exe
@@ -205,7 +201,7 @@ def test_host_build_matches_python_ints(host_driver: Path) -> None:
 # ---------------------------------------------------------------- on the GPU (NVRTC build)
 
 _OPS = {"mul": 0, "add": 1, "sub": 2, "neg": 3, "sqr": 4, "dbl": 5, "inv": 6, "tom": 7, "frm": 8, "eq": 9,
-        "nr": 10, "mfp": 11, "inb": 12, "kmul": 15, "ksqr": 16, "madd": 17}
+        "nr": 10, "mfp": 11, "inb": 12, "madd": 17}
 
 
 def _expect(op: str, a: int, b: int, p: int, r: int) -> int:
@@ -213,7 +209,7 @@ def _expect(op: str, a: int, b: int, p: int, r: int) -> int:
     return {
         "mul": a * b * ri, "add": a + b, "sub": a - b, "neg": -a, "sqr": a * a * ri, "dbl": 2 * a,
         "inv": pow(a * ri, -1, p) * r if a else 0, "inb": pow(a * ri, -1, p) * r if a else 0, "tom": a * r,
-        "kmul": a * b * ri, "ksqr": a * a * ri, "madd": _madd(a, b, p, ri),
+        "madd": _madd(a, b, p, ri),
         "frm": a * ri,
     }[op] % p
 
@@ -250,7 +246,7 @@ def test_gpu_field_ops_match_python_ints(gpu_check: tuple, field: str) -> None:
     da, db = cupy.asarray(ints_to_limbs(a, nl)), cupy.asarray(ints_to_limbs(b, nl))
     out = cupy.empty_like(da)
     kern = mod.get_function(f"ff_check_{field}")
-    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "inb", "tom", "frm", "eq", "kmul", "ksqr") + (("madd",) if field == "fq" else ()):
+    for op in ("mul", "add", "sub", "neg", "sqr", "dbl", "inv", "inb", "tom", "frm", "eq") + (("madd",) if field == "fq" else ()):
         out.fill(0xDEADBEEF)  # poison: every row must be written
         m = 200 if op == "inv" else n
         kern(((m + 255) // 256,), (256,), (np.int32(_OPS[op]), da, db, out, np.uint64(m)))

@@ -172,14 +172,11 @@ def test_special_bases(msm: Any, g2: bool, dist: str) -> None:
 
 
 def test_the_fq_product_knobs_reach_the_modules_defines() -> None:
-    """What the device-only module tests build (Karatsuba, unfused and inlined Fq products): each
-    knob's defines, checked on every machine; the modules themselves need the device."""
+    """What the device-only module tests build (unfused and inlined Fq products): each knob's
+    defines, checked on every machine; the modules themselves need the device."""
     from cuzk_mp.backends.gpu.msm_params import MsmParams
 
     default = MsmParams()
-    for g2 in (False, True):
-        assert MsmParams(fq_karatsuba=True).defines(g2)["FF_KARATSUBA"] == 1
-        assert "FF_KARATSUBA" not in default.defines(g2)
     assert default.defines(False)["EC_FQ_FUSED"] == 1 and "EC_FQ_FUSED" not in default.defines(True)
     assert "EC_FQ_FUSED" not in MsmParams(fq_fused=False).defines(False)
     assert default.defines(False)["EC_FQ_CALLS"] == 1
@@ -250,19 +247,17 @@ def test_ones_segment(msm: Any) -> None:
         assert seg <= 64 and waves == max(1, -(-n1 // (r * 64))), n1
 
 
-@pytest.mark.parametrize("karatsuba", [0, 1])
-def test_fp2_lazy_mul(kind: str, msm: Any, karatsuba: int) -> None:  # msm: skips where this kind cannot run
+def test_fp2_lazy_mul(kind: str, msm: Any) -> None:  # msm: skips where this kind cannot run
     """fp2_lazy::mul (ff/fp2_lazy.cuh, the G2 MSM's Fq2 product) and fp2_t's product against
     Python ints on Montgomery-form Fq2 elements, with 0, 1, q - 1, q - 2, R mod q, ... among
-    the coordinates (both signs of a0 b0 - a1 b1, the largest sums a0 + a1); with the
-    schoolbook and the Karatsuba wide products (FF_KARATSUBA)."""
+    the coordinates (both signs of a0 b0 - a1 b1, the largest sums a0 + a1)."""
     rng = random.Random(SEED + 17)
     edge = [0, 1, Q_MOD - 1, Q_MOD - 2, (1 << 384) % Q_MOD, (Q_MOD - 1) // 2, 1 << 380]
     n = 500
     vals = [[rng.choice(edge) if rng.random() < 0.5 else rng.randrange(Q_MOD) for _ in range(4)] for _ in range(n)]
     a = ints_to_limbs([v for x in vals for v in x[:2]], 6).reshape(n, 12)
     b = ints_to_limbs([v for x in vals for v in x[2:]], 6).reshape(n, 12)
-    out = _launch_check(kind, a, b, {"FF_KARATSUBA": karatsuba})
+    out = _launch_check(kind, a, b, {})
     r_inv = pow(1 << 384, -1, Q_MOD)
     for i, (a0, a1, b0, b1) in enumerate(vals):
         want = [(a0 * b0 - a1 * b1) * r_inv % Q_MOD, (a0 * b1 + a1 * b0) * r_inv % Q_MOD]
@@ -289,24 +284,11 @@ def _launch_check(kind: str, a: np.ndarray, b: np.ndarray, defines: dict[str, in
 
 
 @pytest.mark.parametrize("dist", ["random", "porep", "same"])
-def test_fq_karatsuba_module(kind: str, msm: Any, g2: bool, dist: str) -> None:
-    """The MSM modules with Karatsuba Fq products (FF_KARATSUBA=1) on the special bases (P + P,
-    P - P, infinity) and on 1000 random ones. On the device only: the emulator checks the products
-    themselves (test_gpu_field.py, test_fp2_lazy_mul) and would spend ~50 s building each module."""
-    if kind == "emu":
-        pytest.skip("the Karatsuba MSM modules run on the device; their products are emulator-tested")
-    params = msm.MsmParams(fq_karatsuba=True)
-    points, scalars = _special(g2, dist)
-    assert _run(msm, points, scalars, g2, params) == _oracle(points, scalars, g2), f"seed {SEED}"
-    points, scalars = _points(1000, g2), _scalars(1000, dist, SEED + 11)
-    assert _run(msm, points, scalars, g2, params) == _oracle(points, scalars, g2), f"seed {SEED}"
-
-
-@pytest.mark.parametrize("dist", ["random", "porep", "same"])
 def test_fq_unfused_module(kind: str, msm: Any, dist: str) -> None:
     """The G1 module whose formulas compute Y3 = a b - c d as two products (fq_fused=False; the
     default, EC_FQ_FUSED=1, is what every other test here runs) on the special bases (P + P, P - P,
-    infinity) and on 1000 random ones. On the device only, as test_fq_karatsuba_module."""
+    infinity) and on 1000 random ones. On the device only: the emulator checks the products themselves
+    (test_gpu_field.py) and would spend ~50 s building the module."""
     if kind == "emu":
         pytest.skip("the unfused G1 module runs on the device; its products are emulator-tested")
     params = msm.MsmParams(fq_fused=False)

@@ -69,12 +69,6 @@ class MsmParams:
     # Dense passes small enough run as captured CUDA graphs (msm.py, GRAPH_MAX_ENTRIES): one launch
     # instead of ~20, for MSMs whose kernels are shorter than their launches.
     graphs: bool = False
-    # Both groups: Fq products and squares as one Karatsuba level plus a word-by-word reduction
-    # (ff/mont.cuh mul_karatsuba, FF_KARATSUBA=1; also the G2 module's lazy Fq2 product) instead
-    # of CIOS: 264 instead of 300 32-bit products per Fq multiply. Measured on the H200: the bare
-    # multiply 3 % faster, the square 4 % slower, the G1 accumulation at 2^24 16 % slower (the
-    # extra additions and moves land on the IMAD pipe too): off.
-    fq_karatsuba: bool = False
     # G1 modules: every formula's Y3 = a b - c d as one CIOS pass with one reduction (ff/mont.cuh
     # mul_add, ec/xyzz.cuh EC_FQ_FUSED=1): 444 instead of 600 products.
     # Measured on the H200 at 2^24 random: accumulation 103.2 ms against 108.9, the MSM 128.6
@@ -137,8 +131,6 @@ class MsmParams:
             out["GA_ADD_MIN_BLOCKS"] = self.ga_min_blocks
         if self.radix_min_blocks:
             out["MSM_RADIX_MIN_BLOCKS"] = self.radix_min_blocks
-        if self.fq_karatsuba:
-            out["FF_KARATSUBA"] = 1
         if self.fq_fused and not g2:
             out["EC_FQ_FUSED"] = 1
         if self.fq_calls and not g2:

@@ -10,8 +10,6 @@
  *   ff_bench_fq_sqr / ff_bench_fr_sqr: x = x.sqr() (the dedicated squaring), y unused
  * (The plain 64-bit-limb CIOS baseline of perf/gpu_notes.md, 1.64e10 Fq mul/s, is gone: NVRTC 13
  * refuses unsigned __int128 in device code.)
- *   ff_bench_fq_kara / ff_bench_fq_kara_sqr / ff_bench_fr_kara / ff_bench_fr_kara_sqr:
- *     mont_t's Karatsuba product and square (mul_karatsuba / sqr_karatsuba)
  */
 #include "fp2.cuh"
 #include "fr.cuh"
@@ -42,33 +40,6 @@ DEV_INLINE void bench_chain(const uint64_t* a, uint64_t* out, uint64_t n, uint32
     acc.store(out + W * i);
 }
 
-/* mont_t with its Karatsuba product and square behind the interface bench_chain uses. */
-template <class T>
-struct kara_bench_t {
-    T v;
-    DEV_INLINE static kara_bench_t load(const uint64_t* p) { return {T::load(p)}; }
-    DEV_INLINE void store(uint64_t* p) const { v.store(p); }
-    DEV_INLINE kara_bench_t operator*(const kara_bench_t& b) const { return {v.mul_karatsuba(b.v)}; }
-    DEV_INLINE kara_bench_t sqr() const { return {v.sqr_karatsuba()}; }
-    DEV_INLINE kara_bench_t operator+(const kara_bench_t& b) const { return {v + b.v}; }
-};
-
-extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
-ff_bench_fq_kara(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
-    bench_chain<kara_bench_t<fp_t>, 6>(a, out, n, iters);
-}
-extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
-ff_bench_fq_kara_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
-    bench_chain<kara_bench_t<fp_t>, 6, true>(a, out, n, iters);
-}
-extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
-ff_bench_fr_kara(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
-    bench_chain<kara_bench_t<fr_t>, 4>(a, out, n, iters);
-}
-extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
-ff_bench_fr_kara_sqr(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) {
-    bench_chain<kara_bench_t<fr_t>, 4, true>(a, out, n, iters);
-}
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)
 ff_bench_fq(const uint64_t* a, uint64_t* out, uint64_t n, uint32_t iters) { bench_chain<fp_t, 6>(a, out, n, iters); }
 extern "C" __global__ void __launch_bounds__(FF_BENCH_THREADS)

@@ -3,8 +3,8 @@
  * grid: ceil(n / 256) blocks of 256; a, b, out are (n, W) uint64 with W = 6 (Fq),
  * 4 (Fr) or 12 (Fq2); op codes: 0 mul, 1 add, 2 sub, 3 neg, 4 sqr, 5 dbl, 6 inv,
  * 7 to_mont, 8 from_mont, 9 eq (out[i][0] = a == b), 10 mul_by_nonresidue (Fq2),
- * 11 mul_by_fp (Fq2: a times b.c0), 12 inv_binary (Fq, Fr), 15 mul_karatsuba and
- * 16 sqr_karatsuba (Fq, Fr) and 17 mul_add(a, b, a + b, a * b) (Fq only: Fr rows come out zero).
+ * 11 mul_by_fp (Fq2: a times b.c0), 12 inv_binary (Fq, Fr) and 17 mul_add(a, b, a + b, a * b)
+ * (Fq only: Fr rows come out zero).
  */
 #include "fp2.cuh"
 #include "fr.cuh"
@@ -21,8 +21,6 @@ DEV_INLINE T ff_apply(int op, const T& a, const T& b) {
         case 5: return a.dbl();
         case 6: return a.inv();
         case 12: return inv_binary(a);
-        case 15: return a.mul_karatsuba(b);
-        case 16: return a.sqr_karatsuba();
         case 17:
             if constexpr (T::N == 12) return T::mul_add(a, b, a + b, a * b);
             else return T::zero();

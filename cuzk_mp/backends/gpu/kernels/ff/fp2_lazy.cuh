@@ -12,7 +12,7 @@
  * REDC(lo half) <= p (mont.cuh's sqr bound), so REDC(lo) + hi < 2p and one conditional
  * subtraction makes the result canonical, exactly as fp_t::sqr() finishes.
  *
- * The double-width products are fp_t's (mont.cuh: mul_wide, mul_wide_karatsuba), as are
+ * The double-width products are fp_t's (mont.cuh: mul_wide), as are
  * the reduction and the final subtraction (fp_t::redc_wide, the tail fp_t::sqr() shares).
  */
 #pragma once
@@ -31,12 +31,8 @@ FF_INLINE void add_raw(uint32_t* r, const uint32_t* a, const uint32_t* b) {
     r[N - 1] = ptx::addc(a[N - 1], b[N - 1], cc);
 }
 
-/* w (2N words) = a b for a, b < 2^(32 N - 1): fp_t's schoolbook wide product, or its
- * Karatsuba form in modules built with FF_KARATSUBA=1 (mont.cuh). */
-FF_INLINE void mul_wide(uint32_t* w, const uint32_t* a, const uint32_t* b) {
-    if constexpr (FF_KARATSUBA) fp_t::mul_wide_karatsuba(w, a, b);
-    else fp_t::mul_wide<N>(w, a, b);
-}
+/* w (2N words) = a b for a, b < 2^(32 N - 1): fp_t's schoolbook wide product (mont.cuh). */
+FF_INLINE void mul_wide(uint32_t* w, const uint32_t* a, const uint32_t* b) { fp_t::mul_wide<N>(w, a, b); }
 
 /* r = a - b over 2N words; returns all ones when it borrowed. */
 FF_INLINE uint32_t sub_wide(uint32_t* r, const uint32_t* a, const uint32_t* b) {

@@ -25,12 +25,6 @@
 #pragma once
 #include "../common/ptx.cuh"
 
-/* FF_KARATSUBA=1: Fq's operator* and sqr() are the Karatsuba forms (mul_karatsuba,
- * sqr_karatsuba), and so is the wide product of ff/fp2_lazy.cuh; 0: CIOS and schoolbook. */
-#ifndef FF_KARATSUBA
-#define FF_KARATSUBA 0
-#endif
-
 template <class F>
 struct mont_t {
     static constexpr int N = F::N;
@@ -198,12 +192,10 @@ struct mont_t {
         cmad_n(lo, P, m, cc);
         hi[N - 1] = ptx::addc(hi[N - 1], 0, cc);
     }
-    /* The product every caller uses: CIOS, or for Fq (N >= 12) the Karatsuba product when
-     * the module is built with FF_KARATSUBA=1 (see mul_karatsuba). */
-    FF_INLINE mont_t operator*(const mont_t& b) const {
-        if constexpr (FF_KARATSUBA && N >= 12) return mul_karatsuba(b);
-        else return mul_cios(b);
-    }
+    /* The product every caller uses: CIOS. (One Karatsuba level with a word-by-word reduction,
+     * 264 instead of 300 32-bit products an Fq product, measured 16 % slower in the G1 MSM on the
+     * H200: its extra additions and moves land on the IMAD pipe too; perf/gpu_msm_notes.md.) */
+    FF_INLINE mont_t operator*(const mont_t& b) const { return mul_cios(b); }
     FF_INLINE mont_t mul_cios(const mont_t& b) const {
         uint32_t even[N], odd[N];
 #pragma unroll
@@ -312,7 +304,6 @@ struct mont_t {
     /* a^2 R^-1 = REDC(w_lo) + w_hi with w = a^2: REDC(w_lo) <= p and w_hi < p - 1, so the
      * sum is < 2p and one final subtraction makes it canonical. */
     FF_INLINE mont_t sqr() const {
-        if constexpr (FF_KARATSUBA && N >= 12) return sqr_karatsuba();
         uint32_t w[2 * N];
         sqr_wide(w, l);
         return redc_wide(w);
@@ -343,20 +334,7 @@ struct mont_t {
         return r;
     }
 
-    /* ------------------------------------------------------------ Karatsuba */
-    /* Why: the CIOS product above is bound by the IMAD pipe (one 32 x 32 -> 64 product per
-     * IMAD.WIDE, two issue slots each), and its 2 N^2 products are the whole cost. One level of
-     * Karatsuba on the halves (H = N / 2 words) computes a * b with 3 H^2 products instead of
-     * N^2 (Fq: 108 instead of 144), and the word-by-word reduction of the 2N-word product
-     * (redc_wide) adds N^2 + N; the extra additions run on the ALU pipe, which the product
-     * leaves half idle. The same holds for the square: 3 H(H+1)/2 products instead of
-     * N(N+1)/2.
-     *
-     * Subtractive form, so every operand stays H words: with a = a1 2^(32H) + a0,
-     * z1 = a0 b1 + a1 b0 = z0 + z2 - (a0 - a1)(b0 - b1). For a, b < 2^(32N - 1) (both fields
-     * have a spare top bit) z1 < 2^(32N), so z1 is computed mod 2^(32N) and no carry word
-     * is needed. */
-
+    /* ------------------------------------------------------------ wide products */
     /* w (2K words) = a * b for K-word a, b (K even), schoolbook. Product a[j] b[i] lands on
      * words {i+j, i+j+1}: those with i + j even go to accumulator A at that index, the others
      * to B one word lower (B stands a word higher), so every pair starts on an even index
@@ -402,85 +380,6 @@ struct mont_t {
 #pragma unroll
         for (int k = 2; k < 2 * K - 1; k++) w[k] = ptx::addc_cc(A[k], B[k - 1], cc);
         w[2 * K - 1] = ptx::addc(A[2 * K - 1], B[2 * K - 2], cc);
-    }
-    /* d = |x - y| on H words; returns all ones when x < y, else 0. */
-    template <int H>
-    FF_INLINE static uint32_t sub_abs(uint32_t* d, const uint32_t* x, const uint32_t* y) {
-        ptx::cc_t cc;
-        d[0] = ptx::sub_cc(x[0], y[0], cc);
-#pragma unroll
-        for (int i = 1; i < H; i++) d[i] = ptx::subc_cc(x[i], y[i], cc);
-        uint32_t mask = ptx::subc(0, 0, cc);
-        /* (d ^ mask) + (mask & 1): the two's complement negation when x < y */
-        d[0] = ptx::add_cc(d[0] ^ mask, mask & 1, cc);
-#pragma unroll
-        for (int i = 1; i < H - 1; i++) d[i] = ptx::addc_cc(d[i] ^ mask, 0, cc);
-        d[H - 1] = ptx::addc(d[H - 1] ^ mask, 0, cc);
-        return mask;
-    }
-    /* z = z0 + z2 mod 2^(32N) for w = z0 + z2 2^(32N): the Karatsuba middle term before its
-     * correction (the corrected term is below 2^(32N), so the wrap cancels). */
-    FF_INLINE static void sum_halves(uint32_t* z, const uint32_t* w) {
-        ptx::cc_t cc;
-        z[0] = ptx::add_cc(w[0], w[N], cc);
-#pragma unroll
-        for (int k = 1; k < N - 1; k++) z[k] = ptx::addc_cc(w[k], w[N + k], cc);
-        z[N - 1] = ptx::addc(w[N - 1], w[2 * N - 1], cc);
-    }
-    /* w[H .. 2N) += z1 (N words), so w = z0 + z1 2^(32H) + z2 2^(32N) = a * b < 2^(64N). */
-    FF_INLINE static void add_middle(uint32_t* w, const uint32_t* z1) {
-        constexpr int H = N / 2;
-        ptx::cc_t cc;
-        w[H] = ptx::add_cc(w[H], z1[0], cc);
-#pragma unroll
-        for (int k = 1; k < N; k++) w[H + k] = ptx::addc_cc(w[H + k], z1[k], cc);
-#pragma unroll
-        for (int k = H + N; k < 2 * N - 1; k++) w[k] = ptx::addc_cc(w[k], 0, cc);
-        w[2 * N - 1] = ptx::addc(w[2 * N - 1], 0, cc);
-    }
-    /* w (2N words) = a * b for a, b < 2^(32N - 1), one Karatsuba level over mul_wide<N/2>. */
-    FF_INLINE static void mul_wide_karatsuba(uint32_t* w, const uint32_t* a, const uint32_t* b) {
-        constexpr int H = N / 2;
-        uint32_t m[N], da[H], db[H];
-        mul_wide<H>(w, a, b);              /* z0 -> words [0, N) */
-        mul_wide<H>(w + N, a + H, b + H);  /* z2 -> words [N, 2N) */
-        uint32_t sa = sub_abs<H>(da, a, a + H);
-        uint32_t sb = sub_abs<H>(db, b, b + H);
-        mul_wide<H>(m, da, db);  /* |(a0 - a1)(b0 - b1)| */
-        /* x = all ones when that product is >= 0 (subtract m: add ~m + 1), 0 when it is < 0 */
-        uint32_t x = ~(sa ^ sb);
-        uint32_t z1[N];
-        sum_halves(z1, w);
-        ptx::cc_t cc;
-        (void)ptx::add_cc(x & 1, 0xffffffffu, cc);  /* carry in = x & 1 */
-#pragma unroll
-        for (int k = 0; k < N - 1; k++) z1[k] = ptx::addc_cc(z1[k], m[k] ^ x, cc);
-        z1[N - 1] = ptx::addc(z1[N - 1], m[N - 1] ^ x, cc);
-        add_middle(w, z1);
-    }
-    /* a * b R^-1 for canonical a and b: the Karatsuba product, then redc_wide. */
-    FF_INLINE mont_t mul_karatsuba(const mont_t& b) const {
-        uint32_t w[2 * N];
-        mul_wide_karatsuba(w, l, b.l);
-        return redc_wide(w);
-    }
-    /* a^2 R^-1 for canonical a: z1 = z0 + z2 - (a0 - a1)^2, always >= 0. */
-    FF_INLINE mont_t sqr_karatsuba() const {
-        constexpr int H = N / 2;
-        uint32_t w[2 * N], m[N], d[H];
-        sqr_wide<H>(w, l);
-        sqr_wide<H>(w + N, l + H);
-        (void)sub_abs<H>(d, l, l + H);
-        sqr_wide<H>(m, d);
-        uint32_t z1[N];
-        sum_halves(z1, w);
-        ptx::cc_t cc;
-        z1[0] = ptx::sub_cc(z1[0], m[0], cc);
-#pragma unroll
-        for (int k = 1; k < N - 1; k++) z1[k] = ptx::subc_cc(z1[k], m[k], cc);
-        z1[N - 1] = ptx::subc(z1[N - 1], m[N - 1], cc);
-        add_middle(w, z1);
-        return redc_wide(w);
     }
 
     FF_INLINE mont_t& operator+=(const mont_t& b) { return *this = *this + b; }
