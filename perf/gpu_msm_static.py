@@ -87,6 +87,15 @@ def parse_ptxas(text: str) -> dict[str, dict[str, int]]:
     return out
 
 
+def sass_listing(binary: Path) -> str | None:
+    """``cuobjdump -sass`` of a cubin or fatbin (``$CUOBJDUMP``, else the one on PATH); None where there
+    is no cuobjdump."""
+    cuobjdump = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
+    if not cuobjdump:
+        return None
+    return subprocess.run([cuobjdump, "-sass", str(binary)], capture_output=True, text=True, check=True).stdout
+
+
 def parse_sass(text: str) -> dict[str, list[tuple[int, str, str]]]:
     """cuobjdump -sass text -> {function: [(address, opcode, operands)]}; a predicated
     instruction's operands end with " @P"."""
@@ -251,10 +260,8 @@ def compile_report(g2: bool, params: MsmParams, extra: dict[str, str] | None = N
             for row in csv.reader(f):
                 if len(row) > 7 and row[1].strip() in ("cicc", "ptxas"):
                     report[f"{row[1].strip()}_s"] = round(float(row[6]) / 1e3, 1)
-        cuobjdump = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
-        if cuobjdump:
-            text = subprocess.run([cuobjdump, "-sass", str(cubin)], capture_output=True, text=True,
-                                  check=True).stdout
+        text = sass_listing(cubin)
+        if text is not None:
             if sass_out:
                 sass_out.write_text(text)
             sass, stalls = parse_sass(text), parse_stalls(text)

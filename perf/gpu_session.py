@@ -183,7 +183,7 @@ def msm_rows(ses: DeviceRun, sizes_g1: tuple[int, ...], lg_g2: int, reps: int) -
 
     from cuzk_mp.backends.gpu import msm
 
-    accs = {"": msm.MsmParams()}
+    params = msm.MsmParams()
 
     def put(key: str, r: dict[str, Any]) -> None:
         mb._flatten(ses.rows, key, r)
@@ -193,8 +193,7 @@ def msm_rows(ses: DeviceRun, sizes_g1: tuple[int, ...], lg_g2: int, reps: int) -
 
     def rows_for(grp: str, bases: Any, lg: int) -> None:
         s = mb.random_scalars(1 << lg, "random", lg)
-        for suffix, params in accs.items():
-            put(f"{grp}_msm_random_2^{lg}{suffix}", mb.time_msm(bases, s, reps, params))
+        put(f"{grp}_msm_random_2^{lg}", mb.time_msm(bases, s, reps, params))
         c = msm.choose_multiples_window(1 << lg)
         try:
             mult, build_ms = mb.multiples_of(bases, 1 << lg, c)
@@ -206,8 +205,7 @@ def msm_rows(ses: DeviceRun, sizes_g1: tuple[int, ...], lg_g2: int, reps: int) -
             _free()
             return
         ses.rows[f"{grp}_msm_random_2^{lg}_multiples_build_ms"] = build_ms
-        for suffix, params in accs.items():
-            put(f"{grp}_msm_random_2^{lg}_multiples{suffix}", mb.time_msm(bases, s, reps, params, multiples=mult))
+        put(f"{grp}_msm_random_2^{lg}_multiples", mb.time_msm(bases, s, reps, params, multiples=mult))
         del mult
         _free()
 

@@ -10,8 +10,8 @@ so the device's speed and results are those measured on the old binaries.
     python3 perf/sass_digest.py cuzk_mp/backends/gpu/kernels/bin --compare before.json
 
 Needs ``cuobjdump`` and ``nvdisasm`` on PATH (or ``$CUOBJDUMP``; pip packages
-``nvidia-cuda-cuobjdump`` / ``nvidia-cuda-nvdisasm``), no GPU. The SASS parsing is
-``gpu_msm_static``'s.
+``nvidia-cuda-cuobjdump`` / ``nvidia-cuda-nvdisasm``), no GPU. The listing and its
+parsing are ``gpu_msm_static``'s.
 """
 
 from __future__ import annotations
@@ -19,16 +19,13 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
-import os
 import re
-import shutil
-import subprocess
 import sys
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from gpu_msm_static import parse_sass, parse_stalls  # noqa: E402
+from gpu_msm_static import parse_sass, parse_stalls, sass_listing  # noqa: E402
 
 _ARCH = re.compile(r"^\s*arch = (sm_\d+)\s*$", re.M)
 
@@ -50,12 +47,11 @@ def digests(text: str, name: str) -> dict[str, str]:
 
 def digest_dir(path: Path) -> dict[str, str]:
     """:func:`digests` of every ``*.fatbin`` in ``path``."""
-    cuobjdump = os.environ.get("CUOBJDUMP") or shutil.which("cuobjdump")
-    if not cuobjdump:
-        raise SystemExit("cuobjdump not found (PATH or $CUOBJDUMP; pip nvidia-cuda-cuobjdump)")
     out: dict[str, str] = {}
     for f in sorted(path.glob("*.fatbin")):
-        text = subprocess.run([cuobjdump, "-sass", str(f)], capture_output=True, text=True, check=True).stdout
+        text = sass_listing(f)
+        if text is None:
+            raise SystemExit("cuobjdump not found (PATH or $CUOBJDUMP; pip nvidia-cuda-cuobjdump)")
         out.update(digests(text, f.name))
     return out
 

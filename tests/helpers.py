@@ -10,6 +10,7 @@ by :func:`ensure_synthetic_key` only when the generator changes.
 from __future__ import annotations
 
 import fcntl
+import importlib.util
 import os
 import re
 import shutil
@@ -22,6 +23,7 @@ import tempfile
 import threading
 import time
 from pathlib import Path
+from types import ModuleType
 from typing import Any
 
 import pytest
@@ -43,6 +45,16 @@ REPLY_FIELDS_BEFORE_KEY_DIGEST = frozenset({
     "type", "id", "job_id", "circuit_id", "state", "priority", "partitions", "submitted_at", "started_at",
     "finished_at", "error", "error_kind", "timed_out"})
 SNARKJS_FILES = REPO / "tests" / "data_formats"  # a small circom circuit's files, made by circom and snarkjs
+
+
+def load_script(path: Path, name: str | None = None) -> ModuleType:
+    """A script of scripts/ or perf/ imported as a module (under ``name``, default its file's stem),
+    so a test can call its functions without running it."""
+    spec = importlib.util.spec_from_file_location(name or path.stem, path)
+    assert spec is not None and spec.loader is not None
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
 
 
 def small_circom_key(folder: Path, name: str = "c") -> tuple[Path, Path]:

@@ -3,8 +3,10 @@ digests such listings per architecture and kernel."""
 
 from __future__ import annotations
 
-import importlib.util
 from pathlib import Path
+from types import ModuleType
+
+from tests.helpers import load_script
 
 SCRIPT = Path(__file__).resolve().parent.parent / "perf" / "gpu_msm_static.py"
 
@@ -22,12 +24,8 @@ LISTING = """
 """
 
 
-def _load(path: Path = SCRIPT):
-    spec = importlib.util.spec_from_file_location(path.stem, path)
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+def _load(path: Path = SCRIPT) -> ModuleType:
+    return load_script(path)
 
 
 def test_stall_counts_come_from_each_instruction_s_control_word() -> None:

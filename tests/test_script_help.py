@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.helpers import load_script
+
 REPO = Path(__file__).resolve().parents[1]
 HEADER = REPO / "cuzk_mp" / "backends" / "gpu" / "kernels" / "ff" / "bls12_381.cuh"
 
@@ -65,10 +67,7 @@ def test_the_shell_scripts_say_at_once_that_cuzk_mp_cannot_run(script: str, args
 def test_the_gpu_bench_names_its_file_by_the_gpu() -> None:
     """perf/gpu_bench.py writes gpu-h200.json, the file the GPU targets are read from, on an H200
     alone: a run on another card gets a file of its own model."""
-    spec = importlib.util.spec_from_file_location("device_run", REPO / "perf" / "device_run.py")
-    assert spec and spec.loader
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
+    mod = load_script(REPO / "perf" / "device_run.py")
     assert mod.result_name("NVIDIA H200") == "gpu-h200.json"
     assert mod.result_name("NVIDIA H200 NVL") == "gpu-h200.json"
     assert mod.result_name("NVIDIA H100 80GB HBM3") == "gpu-h100-80gb-hbm3.json"

@@ -12,15 +12,13 @@ from types import ModuleType
 
 import pytest
 
+from tests.helpers import load_script
+
 SCRIPT = Path(__file__).parents[1] / "scripts" / "warm_caches.py"
 
 
 def _script() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("warm_caches_under_test", SCRIPT)
-    assert spec is not None and spec.loader is not None
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
+    return load_script(SCRIPT, "warm_caches_under_test")
 
 
 @pytest.fixture()
