@@ -7,9 +7,12 @@ reads). Whether the threads gain depends on what each step holds: the driver's c
 release the GIL, Python's imports do not. Each variant runs in fresh processes; the times are seconds
 from just before the parent started the child (the interpreter's start included), medians of ``--runs``.
 
-Usage: ``python3 perf/oneshot_start_probe.py [--runs 4] [--out FILE.json] [--env KEY=VALUE ...]`` on a GPU
-machine; each ``--env`` runs numpy's import, and CuPy's after it, again with that variable set (whether a
-library's own start, OpenBLAS's thread pool for one, is part of the import's time).
+Usage: ``python3 perf/oneshot_start_probe.py [--runs 4] [--out FILE.json] [--env KEY=VALUE ...] [--zkey K
+--wtns W] [--only V,V..]`` on a GPU machine; each ``--env`` runs numpy's import, and CuPy's after it, again
+with that variable set (whether a library's own start, OpenBLAS's thread pool for one, is part of the
+import's time). With a key and a witness the variant ``full`` follows the parallel imports with what the
+one-shot command does after them, serially: the GPU backend's modules, its start, the key and witness
+reads and one proof (each kernel module's load timed).
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -58,8 +62,35 @@ def ours():  # the main thread's imports in groth16 prove
     from cuzk_mp.groth16.prover import prove  # noqa: F401
     from cuzk_mp.groth16.synthesis import ConstraintEvaluator  # noqa: F401
     out["ours_end"] = now()
+def backend_and_proof():  # after the imports, serially: what `groth16 prove` does once its backend thread has CuPy
+    out["gpu_modules_start"] = now()
+    import cuzk_mp.backends.gpu.modules as modules  # patched before any module that binds get_module imports
+    loads = out.setdefault("module_loads", [])
+    get_module = modules.get_module
+    def timed(path, defines=None, root=None):
+        t = time.time()
+        mod = get_module(path, defines, root)
+        loads.append([path, round(time.time() - t, 4)])
+        return mod
+    modules.get_module = timed
+    from cuzk_mp.backends import get_backend
+    from cuzk_mp.backends.gpu import backend as _backend  # noqa: F401
+    out["gpu_modules_end"] = now()
+    backend = get_backend("gpu")
+    out["backend_end"] = now()
+    from cuzk_mp.formats.wtns import read_wtns
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.groth16.prover import prove
+    from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+    ev = ConstraintEvaluator.from_files(sys.argv[3], None)
+    zkey = read_zkey(sys.argv[3], check_coefs=False)
+    w = read_wtns(sys.argv[4])
+    out["key_witness_end"] = now()
+    prove(backend, zkey, w, evaluator=ev, r1cs=None, verify=True)
+    out["prove_end"] = now()
 variant = sys.argv[1]
-threads = {"parallel": [ctx, cupy_import], "parallel_noours": [ctx, cupy_import], "parallel_no_ctx": [cupy_import]}
+threads = {"parallel": [ctx, cupy_import], "parallel_noours": [ctx, cupy_import], "parallel_no_ctx": [cupy_import],
+           "full": [ctx, cupy_import]}
 if variant in threads:
     ts = [threading.Thread(target=f) for f in threads[variant]]
     for t in ts:
@@ -68,6 +99,8 @@ if variant in threads:
         ours()
     for t in ts:
         t.join()
+    if variant == "full":
+        backend_and_proof()
 else:
     for f in {"ctx_alone": [ctx], "cupy_alone": [cupy_import], "ctx_then_cupy": [ctx, cupy_import],
               "serial": [ours, cupy_import, ctx], "numpy_alone": [numpy_import],
@@ -85,23 +118,37 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--runs", type=int, default=4)
     ap.add_argument("--out", type=Path, default=None)
+    ap.add_argument("--zkey", type=Path, default=None,
+                    help="with --wtns: also the variant 'full' (the parallel imports, then serially the GPU "
+                         "backend's modules, its start, the key and witness reads and one proof, each kernel "
+                         "module's load timed)")
+    ap.add_argument("--wtns", type=Path, default=None)
+    ap.add_argument("--only", default=None, help="comma-separated variants to run (default: all)")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="also run the numpy and CuPy imports with this variable set (repeatable: one run each)")
     args = ap.parse_args()
-    result: dict[str, dict[str, float]] = {}
-    plan = [(variant, {}) for variant in VARIANTS]
+    result: dict[str, dict[str, Any]] = {}
+    variants = VARIANTS + (("full",) if args.zkey and args.wtns else ())
+    if args.only:
+        variants = tuple(v for v in variants if v in args.only.split(","))
+    plan: list[tuple[str, dict[str, str]]] = [(variant, {}) for variant in variants]
     plan += [(f"{variant} {kv}", dict([kv.split("=", 1)])) for kv in args.env
              for variant in ("numpy_alone", "numpy_then_cupy")]
     for variant, env in plan:
         runs = []
         for _ in range(args.runs):
-            p = subprocess.run([sys.executable, "-c", CHILD, variant.split()[0], repr(time.time())],
+            extra = [str(args.zkey), str(args.wtns)] if variant == "full" else []
+            p = subprocess.run([sys.executable, "-c", CHILD, variant.split()[0], repr(time.time()), *extra],
                                capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env})
             if p.returncode != 0:
                 print(f"{variant}: failed\n{p.stderr[-2000:]}", file=sys.stderr)
                 return 1
             runs.append(json.loads(p.stdout.strip().splitlines()[-1]))
-        result[variant] = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0]}
+        result[variant] = {k: round(statistics.median(r[k] for r in runs), 3) for k in runs[0] if k != "module_loads"}
+        if "module_loads" in runs[0]:  # each kernel module's load, median over the runs
+            loads = [[path, round(statistics.median(r["module_loads"][i][1] for r in runs), 4)]
+                     for i, (path, _) in enumerate(runs[0]["module_loads"])]
+            result[variant]["module_loads"] = loads
         print(variant, json.dumps(result[variant]), flush=True)
     if args.out:
         args.out.write_text(json.dumps(result, indent=1) + "\n")
