@@ -4,7 +4,6 @@ digests such listings per architecture and kernel."""
 from __future__ import annotations
 
 from pathlib import Path
-from types import ModuleType
 
 from tests.helpers import load_script
 
@@ -24,12 +23,8 @@ LISTING = """
 """
 
 
-def _load(path: Path = SCRIPT) -> ModuleType:
-    return load_script(path)
-
-
 def test_stall_counts_come_from_each_instruction_s_control_word() -> None:
-    mod = _load()
+    mod = load_script(SCRIPT)
     stalls = mod.parse_stalls(LISTING)
     # 0x000fc800078e00ff >> 41 & 15 = 4; 0x000fe40000ffe4ff -> 2; 0x000fea0003800000 -> 5
     assert stalls == {"msm_accumulate": {0x0: 4, 0x10: 2}, "msm_reduce": {0x0: 5}}
@@ -43,7 +38,7 @@ def test_sass_digests_are_per_architecture_and_see_operands_and_schedules() -> N
     """perf/sass_digest.py: one digest per (file, architecture, function); the same listing under two
     architectures gives equal digests, and a changed operand or a changed control word (ptxas's
     schedule) changes only that function's digest."""
-    mod = _load(SCRIPT.parent / "sass_digest.py")
+    mod = load_script(SCRIPT.parent / "sass_digest.py")
     two_archs = f"\narch = sm_80\n{LISTING}\narch = sm_90\n{LISTING}"
     d = mod.digests(two_archs, "msm.fatbin")
     assert sorted(d) == ["msm.fatbin|sm_80|msm_accumulate", "msm.fatbin|sm_80|msm_reduce",
