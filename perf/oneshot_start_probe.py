@@ -128,9 +128,17 @@ def main() -> int:
                     help="also run the numpy and CuPy imports with this variable set (repeatable: one run each)")
     args = ap.parse_args()
     result: dict[str, dict[str, Any]] = {}
-    variants = VARIANTS + (("full",) if args.zkey and args.wtns else ())
+    if (args.zkey is None) != (args.wtns is None):
+        ap.error("--zkey and --wtns go together")
+    variants = VARIANTS + (("full",) if args.zkey else ())
     if args.only:
-        variants = tuple(v for v in variants if v in args.only.split(","))
+        only = args.only.split(",")
+        unknown = sorted(set(only) - set(VARIANTS + ("full",)))
+        if unknown:
+            ap.error(f"--only: no variant {unknown} ({', '.join(VARIANTS)}, full)")
+        if "full" in only and not args.zkey:
+            ap.error("--only full needs --zkey and --wtns")
+        variants = tuple(v for v in variants if v in only)
     plan: list[tuple[str, dict[str, str]]] = [(variant, {}) for variant in variants]
     plan += [(f"{variant} {kv}", dict([kv.split("=", 1)])) for kv in args.env
              for variant in ("numpy_alone", "numpy_then_cupy")]
