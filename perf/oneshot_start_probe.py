@@ -6,6 +6,9 @@ three threads (:mod:`cuzk_mp.backends.gpu.early_context`, the backend's start, t
 reads). Whether the threads gain depends on what each step holds: the driver's calls through ctypes
 release the GIL, Python's imports do not. Each variant runs in fresh processes; the times are seconds
 from just before the parent started the child (the interpreter's start included), medians of ``--runs``.
+``cupy_after_ctx`` holds CuPy's import (its many shared libraries' loads) until the context is made
+while the main thread imports numpy and the prover's modules: whether the driver's start and the
+library loads slow each other when they run together (``parallel``).
 
 Usage: ``python3 perf/oneshot_start_probe.py [--runs 4] [--out FILE.json] [--env KEY=VALUE ...] [--zkey K
 --wtns W] [--only V,V..]`` on a GPU machine; each ``--env`` runs numpy's import, and CuPy's after it, again
@@ -88,9 +91,16 @@ def backend_and_proof():  # after the imports, serially: what `groth16 prove` do
     out["key_witness_end"] = now()
     prove(backend, zkey, w, evaluator=ev, r1cs=None, verify=True)
     out["prove_end"] = now()
+ctx_thread = threading.Thread(target=ctx)
+def cupy_after_ctx():  # CuPy's import (its libraries' loads) waits until the driver has made the context
+    ctx_thread.join()
+    cupy_import()
 variant = sys.argv[1]
 threads = {"parallel": [ctx, cupy_import], "parallel_noours": [ctx, cupy_import], "parallel_no_ctx": [cupy_import],
            "full": [ctx, cupy_import]}
+if variant == "cupy_after_ctx":
+    ctx_thread.start()
+    threads[variant] = [cupy_after_ctx]
 if variant in threads:
     ts = [threading.Thread(target=f) for f in threads[variant]]
     for t in ts:
@@ -111,7 +121,7 @@ print(json.dumps(out))
 """
 
 VARIANTS = ("ctx_alone", "cupy_alone", "ctx_then_cupy", "serial", "parallel", "parallel_noours", "parallel_no_ctx",
-            "numpy_alone", "numpy_then_cupy")
+            "cupy_after_ctx", "numpy_alone", "numpy_then_cupy")
 
 
 def main() -> int:
