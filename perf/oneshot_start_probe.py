@@ -11,9 +11,10 @@ while the main thread imports numpy and the prover's modules: whether the driver
 library loads slow each other when they run together (``parallel``).
 
 Usage: ``python3 perf/oneshot_start_probe.py [--runs 4] [--out FILE.json] [--env KEY=VALUE ...] [--zkey K
---wtns W] [--only V,V..]`` on a GPU machine; each ``--env`` runs numpy's import, and CuPy's after it, again
-with that variable set (whether a library's own start, OpenBLAS's thread pool for one, is part of the
-import's time). With a key and a witness the variant ``full`` follows the parallel imports with what the
+--wtns W] [--only V,V..]`` on a GPU machine; each ``--env`` runs the context alone, numpy's import, CuPy's
+after it and (with a key) ``full`` again with that variable set: whether a library's own start (OpenBLAS's
+thread pool) is part of an import's time, or what a driver setting (``CUDA_DEVICE_MAX_CONNECTIONS``: the
+package's 32 against the driver's 8) costs the context. With a key and a witness the variant ``full`` follows the parallel imports with what the
 one-shot command does after them, serially: the GPU backend's modules, its start, the key and witness
 reads and one proof (each kernel module's load timed).
 """
@@ -135,7 +136,8 @@ def main() -> int:
     ap.add_argument("--wtns", type=Path, default=None)
     ap.add_argument("--only", default=None, help="comma-separated variants to run (default: all)")
     ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                    help="also run the numpy and CuPy imports with this variable set (repeatable: one run each)")
+                    help="also run the context alone, the numpy and CuPy imports and (with --zkey) full with this "
+                         "variable set (repeatable: one run each)")
     args = ap.parse_args()
     result: dict[str, dict[str, Any]] = {}
     if (args.zkey is None) != (args.wtns is None):
@@ -150,12 +152,12 @@ def main() -> int:
             ap.error("--only full needs --zkey and --wtns")
         variants = tuple(v for v in variants if v in only)
     plan: list[tuple[str, dict[str, str]]] = [(variant, {}) for variant in variants]
-    plan += [(f"{variant} {kv}", dict([kv.split("=", 1)])) for kv in args.env
-             for variant in ("numpy_alone", "numpy_then_cupy")]
+    with_env = ("ctx_alone", "numpy_alone", "numpy_then_cupy") + (("full",) if args.zkey else ())
+    plan += [(f"{variant} {kv}", dict([kv.split("=", 1)])) for kv in args.env for variant in with_env]
     for variant, env in plan:
         runs = []
         for _ in range(args.runs):
-            extra = [str(args.zkey), str(args.wtns)] if variant == "full" else []
+            extra = [str(args.zkey), str(args.wtns)] if variant.split()[0] == "full" else []
             p = subprocess.run([sys.executable, "-c", CHILD, variant.split()[0], repr(time.time()), *extra],
                                capture_output=True, text=True, cwd=ROOT, env={**os.environ, **env})
             if p.returncode != 0:

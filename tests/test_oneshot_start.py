@@ -235,3 +235,32 @@ def test_one_shot_starts_the_device_before_numpy_loads(tmp_path: Path, key: Path
                          check=False, cwd=Path(__file__).parents[1])
     assert res.returncode == 0 and res.stdout.strip() == "0 [False]", (res.stdout, res.stderr)
     assert json.loads((tmp_path / "p.json").read_text())["protocol"] == "groth16"
+
+
+CONNECTIONS = r"""
+import json, os, sys
+import cuzk_mp.backends.gpu.early_context as early
+
+early._retain = lambda device: None  # no driver here: what matters is the variable the context would read
+seen = {"package": os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")}
+early.start_primary_context().join()
+seen["one_shot"] = os.environ.get("CUDA_DEVICE_MAX_CONNECTIONS")
+print(json.dumps(seen))
+"""
+
+
+@pytest.mark.parametrize("caller", [None, "4"])
+def test_one_shot_context_takes_the_drivers_default_queues(caller: str | None) -> None:
+    """A lasting GPU process (importing the package) asks for 32 hardware queues; a one-shot process's
+    early context asks for the driver's default 8 (the driver makes a context with 32 much more slowly,
+    perf/results/oneshot-start-full-h100-2026-12-07.json; the A/B itself not yet measured); a caller's own setting wins in both."""
+    import os
+
+    env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
+    if caller is not None:
+        env["CUDA_DEVICE_MAX_CONNECTIONS"] = caller
+    res = subprocess.run([sys.executable, "-c", CONNECTIONS], capture_output=True, text=True, env=env,
+                         cwd=Path(__file__).parents[1], check=False)
+    assert res.returncode == 0, res.stderr
+    seen = json.loads(res.stdout.strip().splitlines()[-1])
+    assert seen == ({"package": "32", "one_shot": "8"} if caller is None else {"package": caller, "one_shot": caller})

@@ -6,8 +6,18 @@ prove`` used to pay it after CuPy's import, on the backend's critical path. The 
 through ctypes releases the GIL, so a thread that retains the device's primary context runs beside
 the imports (CuPy's among them) and the first kernel module CuPy loads finds the context made: the
 CUDA runtime uses the same primary context. Best effort: without a driver or a device nothing
-happens and the backend reports the error as before. Importing this module sets what the package
-sets for a context (``CUDA_DEVICE_MAX_CONNECTIONS``) before anything is created.
+happens and the backend reports the error as before.
+
+The context's hardware work queues (``CUDA_DEVICE_MAX_CONNECTIONS``, read when it is made): a
+lasting process (daemon, bench, pipeline) takes the package's 32, which lets a small proof's many
+streams overlap; a one-shot process takes ONE_SHOT_CONNECTIONS, the driver's default. What the extra
+queues can gain a one-shot process is bounded by its one proof's device time (~17 ms at 2^16; a large
+key's MSMs use two streams), while their cost is paid by the context's creation, the one-shot's
+critical path. On an H100 box a one-shot 2^16 prove with 32 had its backend ready 0.45-0.69 s after
+its imports, key and witness (0.11-0.14 s), and a profiled one retained its context ~0.8 s into the
+process; the same steps in one process with the driver's default had the context at 0.27 s, the
+backend at 0.39 s and the proof done at 0.46 s (perf/results/oneshot-start-full-h100-2026-12-07.json;
+the two settings' direct A/B is not yet measured). A caller's own setting wins either way.
 
 At the other end the driver releases the context when the last reference to its device files
 closes, which is the exiting process unless someone else holds them: ~0.12 s on an H200 box that
@@ -24,6 +34,7 @@ import os
 import threading
 import warnings
 
+from . import CONNECTIONS_ENV, CONNECTIONS_SET_BY_CALLER
 from .env_knobs import EXIT_HANDOFF_ENV, env_switch
 
 log = logging.getLogger("cuzk_mp.backends.gpu.early_context")
@@ -41,8 +52,14 @@ def _retain(device: int) -> None:
     log.debug("primary context of device %d retained early (CUresult %d)", device, status)
 
 
+ONE_SHOT_CONNECTIONS = 8
+
+
 def start_primary_context(device: int = 0) -> threading.Thread:
-    """Retain ``device``'s primary context on a daemon thread (kept for the process's life)."""
+    """Retain ``device``'s primary context on a daemon thread (kept for the process's life), with
+    ONE_SHOT_CONNECTIONS hardware queues unless the caller set ``CUDA_DEVICE_MAX_CONNECTIONS``."""
+    if not CONNECTIONS_SET_BY_CALLER:
+        os.environ[CONNECTIONS_ENV] = str(ONE_SHOT_CONNECTIONS)
     thread = threading.Thread(target=_retain, args=(device,), name="cuzk-cuda-context", daemon=True)
     thread.start()
     return thread
