@@ -14,9 +14,9 @@ Usage: ``python3 perf/oneshot_start_probe.py [--runs 4] [--out FILE.json] [--env
 --wtns W] [--only V,V..]`` on a GPU machine; each ``--env`` runs the context alone, numpy's import, CuPy's
 after it and (with a key) ``full`` again with that variable set: whether a library's own start (OpenBLAS's
 thread pool) is part of an import's time, or what a driver setting (``CUDA_DEVICE_MAX_CONNECTIONS``: the
-package's 32 against the driver's 8) costs the context. With a key and a witness the variant ``full`` follows the parallel imports with what the
-one-shot command does after them, serially: the GPU backend's modules, its start, the key and witness
-reads and one proof (each kernel module's load timed).
+package's 32 against the driver's 8) costs the context. With a key and a witness the variant ``full``
+follows the parallel imports with what the one-shot command does after them, serially: the GPU backend's
+modules, its start, the key and witness reads and one proof (each kernel module's load timed).
 """
 
 from __future__ import annotations

@@ -252,8 +252,8 @@ print(json.dumps(seen))
 @pytest.mark.parametrize("caller", [None, "4"])
 def test_one_shot_context_takes_the_drivers_default_queues(caller: str | None) -> None:
     """A lasting GPU process (importing the package) asks for 32 hardware queues; a one-shot process's
-    early context asks for the driver's default 8 (the driver makes a context with 32 much more slowly,
-    perf/results/oneshot-start-full-h100-2026-12-07.json; the A/B itself not yet measured); a caller's own setting wins in both."""
+    early context asks for the driver's default 8 (the context is on a one-shot's critical path:
+    perf/results/oneshot-start-full-h100-2026-12-07.json); a caller's own setting wins in both."""
     import os
 
     env = {k: v for k, v in os.environ.items() if k != "CUDA_DEVICE_MAX_CONNECTIONS"}
