@@ -27,8 +27,8 @@ import os
 # share queues, and two streams on one queue run one after the other: in a lone 2^12 proof traced on
 # the H200 the C MSM started only when the G2 MSM it did not depend on had ended. 32 is the most
 # CUDA allows; an operator's own setting wins. A one-shot process makes its context with the driver's
-# default instead (:func:`.early_context.start_primary_context`): 32 queues cost the driver's context
-# creation more than one small proof's stream overlap gains.
+# default instead (:func:`.early_context.start_primary_context`): there the context's creation is on the
+# critical path, and the most that extra queues can gain is one proof's stream overlap.
 CONNECTIONS_ENV = "CUDA_DEVICE_MAX_CONNECTIONS"
 CONNECTIONS_SET_BY_CALLER = CONNECTIONS_ENV in os.environ
 os.environ.setdefault(CONNECTIONS_ENV, "32")
