@@ -92,16 +92,12 @@ def backend_and_proof():  # after the imports, serially: what `groth16 prove` do
     out["key_witness_end"] = now()
     prove(backend, zkey, w, evaluator=ev, r1cs=None, verify=True)
     out["prove_end"] = now()
-ctx_thread = threading.Thread(target=ctx)
-def cupy_after_ctx():  # CuPy's import (its libraries' loads) waits until the driver has made the context
-    ctx_thread.join()
+def cupy_after_ctx():  # one side thread: the context, then CuPy's import (its libraries' loads)
+    ctx()
     cupy_import()
 variant = sys.argv[1]
 threads = {"parallel": [ctx, cupy_import], "parallel_noours": [ctx, cupy_import], "parallel_no_ctx": [cupy_import],
-           "full": [ctx, cupy_import]}
-if variant == "cupy_after_ctx":
-    ctx_thread.start()
-    threads[variant] = [cupy_after_ctx]
+           "full": [ctx, cupy_import], "cupy_after_ctx": [cupy_after_ctx]}
 if variant in threads:
     ts = [threading.Thread(target=f) for f in threads[variant]]
     for t in ts:
