@@ -11,9 +11,13 @@ With ``--profile DIR`` one more one-shot process runs last with ``python -X impo
 ``DIR/oneshot-stderr.txt``, its threads' stacks in ``DIR/cuzk-mp-groth16-PID.txt``, and the result
 gets the imports that took longest (cumulative: packages, and this package's modules) and the log lines with their
 offsets from the process's start. ``--env K=V`` (repeatable) adds a variable to every prove process.
+``--against K=V`` (repeatable) is an A/B of whole one-shot processes: each of the ``--runs`` rounds
+runs one one-shot process with the base environment, then one with each ``--against`` variable added,
+so a drifting machine (page cache, clocks, a neighbour) weighs on every setting alike; the result
+gets each setting's times and median beside the base's ``oneshot_s``.
 
 Usage: ``python perf/keep_warm.py --zkey K.zkey --wtns W.wtns [--backend cpu|gpu|auto] [--runs 5]
-[--idle 5] [--env K=V] [--profile DIR] [--out FILE.json]``; prints a short table last.
+[--idle 5] [--env K=V] [--against K=V] [--profile DIR] [--out FILE.json]``; prints a short table last.
 """
 
 from __future__ import annotations
@@ -99,10 +103,15 @@ def main() -> None:
     ap.add_argument("--idle", type=float, default=5.0, help="--keep-warm seconds (the daemon's idle exit)")
     ap.add_argument("--env", action="append", default=[], metavar="K=V",
                     help="an environment variable for every prove process (e.g. OPENBLAS_NUM_THREADS=1); repeatable")
+    ap.add_argument("--against", action="append", default=[], metavar="K=V",
+                    help="one-shot processes with this variable added, interleaved with the base ones; repeatable")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="one more one-shot prove with -X importtime, DEBUG logs and the stack sampler into DIR")
     ap.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = ap.parse_args()
+    for kv in args.env + args.against:
+        if "=" not in kv or not kv.split("=", 1)[0]:
+            ap.error(f"{kv!r}: give a variable as NAME=VALUE")
     runtime = Path(tempfile.mkdtemp(prefix="kw", dir="/tmp"))
     work = Path(tempfile.mkdtemp(prefix="keep-warm-"))
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PYTHONPATH": f"{ROOT}{os.pathsep}"
@@ -114,7 +123,13 @@ def main() -> None:
         subprocess.run([sys.executable, "-m", "cuzk_mp", "zkey", "export", "verificationkey", str(args.zkey),
                         str(work / "vk.json")], env=env, check=True, capture_output=True)
         _prove(args, env, work, 0, False)  # caches (circuit data beside the key, bytecode) as a user's 2nd call
-        oneshot = [_prove(args, env, work, i, False) for i in range(1, args.runs + 1)]
+        variants = [(kv, {**env, kv.split("=", 1)[0]: kv.split("=", 1)[1]}) for kv in args.against]
+        oneshot: list[float] = []
+        against: dict[str, list[float]] = {kv: [] for kv, _ in variants}
+        for i in range(1, args.runs + 1):  # interleaved: base, then each variant, every round
+            oneshot.append(_prove(args, env, work, i, False))
+            for k, (kv, venv) in enumerate(variants, 1):
+                against[kv].append(_prove(args, venv, work, 1000 * k + i, False))
         start = _prove(args, env, work, 100, True)
         warm_runs = [_prove(args, env, work, 100 + i, True) for i in range(1, args.runs + 1)]
         sock = runtime / "cuzk-mp" / f"{warm.warm_id(_spec(args))}.sock"
@@ -137,17 +152,20 @@ def main() -> None:
         "keep_warm_start_s": start,
         "keep_warm_s": warm_runs, "keep_warm_median_s": statistics.median(warm_runs),
         "idle_s": args.idle, "daemon_gone_after_s": gone, "env": args.env, "profile": profile,
+        "against": {kv: {"oneshot_s": t, "oneshot_median_s": statistics.median(t)} for kv, t in against.items()},
         "machine": machine_info([] if args.backend == "cpu" else None),  # the GPU the proves could take
     }
     if args.out:
         args.out.write_text(json.dumps(row, indent=1) + "\n")
-    print(f"{'one-shot':28} {row['oneshot_median_s']:8.3f} s  ({', '.join(f'{x:.2f}' for x in oneshot)})")
-    print(f"{'--keep-warm, starts daemon':28} {start:8.3f} s")
-    print(f"{'--keep-warm, daemon running':28} {row['keep_warm_median_s']:8.3f} s  "
+    print(f"{'one-shot':36} {row['oneshot_median_s']:8.3f} s  ({', '.join(f'{x:.2f}' for x in oneshot)})")
+    for kv, t in against.items():
+        print(f"{'one-shot, ' + kv:36} {statistics.median(t):8.3f} s  ({', '.join(f'{x:.2f}' for x in t)})")
+    print(f"{'--keep-warm, starts daemon':36} {start:8.3f} s")
+    print(f"{'--keep-warm, daemon running':36} {row['keep_warm_median_s']:8.3f} s  "
           f"({', '.join(f'{x:.2f}' for x in warm_runs)})")
-    print(f"{'daemon gone after last call':28} {gone if gone is None else f'{gone:8.3f} s'}")
+    print(f"{'daemon gone after last call':36} {gone if gone is None else f'{gone:8.3f} s'}")
     if profile is not None:
-        print(f"{'profiled one-shot':28} {profile['wall_s']:8.3f} s; slowest imports (cumulative):")
+        print(f"{'profiled one-shot':36} {profile['wall_s']:8.3f} s; slowest imports (cumulative):")
         for name, s in profile["imports_cumulative_s"].items():  # type: ignore[union-attr]
             print(f"  {name:40} {s:8.3f} s")
         print("\n".join(profile["log"]))  # type: ignore[arg-type]
