@@ -59,6 +59,14 @@ def _prove(args: argparse.Namespace, env: dict[str, str], out: Path, i: int, kee
     return took
 
 
+def _variable(kv: str) -> tuple[str, str]:
+    """``NAME=VALUE`` of ``--env`` / ``--against`` as its pair; anything else is refused by name."""
+    name, eq, value = kv.partition("=")
+    if not eq or not name:
+        raise argparse.ArgumentTypeError(f"{kv!r}: give a variable as NAME=VALUE")
+    return name, value
+
+
 def _profile(args: argparse.Namespace, env: dict[str, str], out: Path) -> dict[str, object]:
     """One more one-shot prove with ``-X importtime``, DEBUG logs and the stack sampler into
     ``args.profile``: the slowest top-level imports and the log lines, seconds from the start."""
@@ -101,29 +109,26 @@ def main() -> None:
     ap.add_argument("--backend", default="auto", choices=("auto", "cpu", "gpu"))
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--idle", type=float, default=5.0, help="--keep-warm seconds (the daemon's idle exit)")
-    ap.add_argument("--env", action="append", default=[], metavar="K=V",
+    ap.add_argument("--env", action="append", default=[], metavar="K=V", type=_variable,
                     help="an environment variable for every prove process (e.g. OPENBLAS_NUM_THREADS=1); repeatable")
-    ap.add_argument("--against", action="append", default=[], metavar="K=V",
+    ap.add_argument("--against", action="append", default=[], metavar="K=V", type=_variable,
                     help="one-shot processes with this variable added, interleaved with the base ones; repeatable")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="one more one-shot prove with -X importtime, DEBUG logs and the stack sampler into DIR")
     ap.add_argument("--out", type=Path, default=None, help="write the result as JSON here")
     args = ap.parse_args()
-    for kv in args.env + args.against:
-        if "=" not in kv or not kv.split("=", 1)[0]:
-            ap.error(f"{kv!r}: give a variable as NAME=VALUE")
     runtime = Path(tempfile.mkdtemp(prefix="kw", dir="/tmp"))
     work = Path(tempfile.mkdtemp(prefix="keep-warm-"))
     env = {**os.environ, "XDG_RUNTIME_DIR": str(runtime), "PYTHONPATH": f"{ROOT}{os.pathsep}"
            f"{os.environ.get('PYTHONPATH', '')}"}
     env.pop("CUZK_MP_KEEP_WARM", None)
-    env.update(kv.split("=", 1) for kv in args.env)
+    env.update(args.env)
     profile: dict[str, object] | None = None
     try:
         subprocess.run([sys.executable, "-m", "cuzk_mp", "zkey", "export", "verificationkey", str(args.zkey),
                         str(work / "vk.json")], env=env, check=True, capture_output=True)
         _prove(args, env, work, 0, False)  # caches (circuit data beside the key, bytecode) as a user's 2nd call
-        variants = [(kv, {**env, kv.split("=", 1)[0]: kv.split("=", 1)[1]}) for kv in args.against]
+        variants = [(f"{name}={value}", {**env, name: value}) for name, value in args.against]
         oneshot: list[float] = []
         against: dict[str, list[float]] = {kv: [] for kv, _ in variants}
         for i in range(1, args.runs + 1):  # interleaved: base, then each variant, every round
@@ -151,7 +156,7 @@ def main() -> None:
         "oneshot_s": oneshot, "oneshot_median_s": statistics.median(oneshot),
         "keep_warm_start_s": start,
         "keep_warm_s": warm_runs, "keep_warm_median_s": statistics.median(warm_runs),
-        "idle_s": args.idle, "daemon_gone_after_s": gone, "env": args.env, "profile": profile,
+        "idle_s": args.idle, "daemon_gone_after_s": gone, "env": [f"{n}={v}" for n, v in args.env], "profile": profile,
         "against": {kv: {"oneshot_s": t, "oneshot_median_s": statistics.median(t)} for kv, t in against.items()},
         "machine": machine_info([] if args.backend == "cpu" else None),  # the GPU the proves could take
     }
