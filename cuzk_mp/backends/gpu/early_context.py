@@ -16,8 +16,10 @@ key's MSMs use two streams), while their cost is paid by the context's creation,
 critical path. On an H100 box a one-shot 2^16 prove with 32 had its backend ready 0.45-0.69 s after
 its imports, key and witness (0.11-0.14 s), and a profiled one retained its context ~0.8 s into the
 process; the same steps in one process with the driver's default had the context at 0.27 s, the
-backend at 0.39 s and the proof done at 0.46 s (perf/results/oneshot-start-full-h100-2026-12-07.json;
-the two settings' direct A/B is not yet measured). A caller's own setting wins either way.
+backend at 0.39 s and the proof done at 0.46 s (perf/results/oneshot-start-full-h100-2026-12-07.json).
+The two settings' A/B, whole one-shot processes interleaved on one H100 box: 0.584 s with 8 against
+0.871 s with 32 (medians of 8), the context alone 0.26 s against 0.64 s
+(perf/results/oneshot-connections-h100-2026-12-07.json). A caller's own setting wins either way.
 
 At the other end the driver releases the context when the last reference to its device files
 closes, which is the exiting process unless someone else holds them: ~0.12 s on an H200 box that
