@@ -39,6 +39,7 @@ sys.path.insert(0, str(ROOT))
 
 from cuzk_mp.daemon import warm  # noqa: E402
 from cuzk_mp.pipeline.benchreport import machine_info  # noqa: E402
+from env_arg import env_variable  # noqa: E402  (perf/, the script's own folder)
 
 
 def _prove(args: argparse.Namespace, env: dict[str, str], out: Path, i: int, keep_warm: bool) -> float:
@@ -57,14 +58,6 @@ def _prove(args: argparse.Namespace, env: dict[str, str], out: Path, i: int, kee
     if ok.returncode:
         raise SystemExit(f"proof {proof} does not verify: {ok.stdout}{ok.stderr}")
     return took
-
-
-def _variable(kv: str) -> tuple[str, str]:
-    """``NAME=VALUE`` of ``--env`` / ``--against`` as its pair; anything else is refused by name."""
-    name, eq, value = kv.partition("=")
-    if not eq or not name:
-        raise argparse.ArgumentTypeError(f"{kv!r}: give a variable as NAME=VALUE")
-    return name, value
 
 
 def _profile(args: argparse.Namespace, env: dict[str, str], out: Path) -> dict[str, object]:
@@ -109,9 +102,9 @@ def main() -> None:
     ap.add_argument("--backend", default="auto", choices=("auto", "cpu", "gpu"))
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--idle", type=float, default=5.0, help="--keep-warm seconds (the daemon's idle exit)")
-    ap.add_argument("--env", action="append", default=[], metavar="K=V", type=_variable,
+    ap.add_argument("--env", action="append", default=[], metavar="K=V", type=env_variable,
                     help="an environment variable for every prove process (e.g. OPENBLAS_NUM_THREADS=1); repeatable")
-    ap.add_argument("--against", action="append", default=[], metavar="K=V", type=_variable,
+    ap.add_argument("--against", action="append", default=[], metavar="K=V", type=env_variable,
                     help="one-shot processes with this variable added, interleaved with the base ones; repeatable")
     ap.add_argument("--profile", type=Path, default=None, metavar="DIR",
                     help="one more one-shot prove with -X importtime, DEBUG logs and the stack sampler into DIR")

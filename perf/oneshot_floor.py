@@ -24,6 +24,8 @@ import sys
 import time
 from pathlib import Path
 
+from env_arg import env_variable  # perf/, the script's own folder
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
@@ -73,17 +75,17 @@ def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--backend", choices=("gpu", "cpu"), default="gpu")
-    ap.add_argument("--env", action="append", default=[], metavar="K=V",
+    ap.add_argument("--env", action="append", default=[], metavar="K=V", type=env_variable,
                     help="an environment variable for the children (e.g. OPENBLAS_NUM_THREADS=1); repeatable")
     ap.add_argument("--out", type=Path, default=None)
     args = ap.parse_args()
-    env = dict(kv.split("=", 1) for kv in args.env)
+    env = dict(args.env)
     one(args.backend, env)  # warm-up: page cache, CuPy's and numba's caches
     runs = [one(args.backend, env) for _ in range(args.runs)]
     medians = {k: statistics.median(r[k] for r in runs) for k in runs[0] if k.endswith("_s")}
     medians["total_s"] = sum(medians.values())
     result = {"what": __doc__.splitlines()[0], "command": f"python3 perf/oneshot_floor.py --runs {args.runs}"
-              f" --backend {args.backend}" + "".join(f" --env {kv}" for kv in args.env), "medians": medians,
+              f" --backend {args.backend}" + "".join(f" --env {n}={v}" for n, v in args.env), "medians": medians,
               "numba_loaded": any(r["numba_loaded"] for r in runs), "runs": runs}
     if args.out:
         args.out.write_text(json.dumps(result, indent=1))

@@ -31,6 +31,8 @@ import time
 from pathlib import Path
 from typing import Any
 
+from env_arg import env_variable  # perf/, the script's own folder
+
 ROOT = Path(__file__).resolve().parents[1]
 
 CHILD = r"""
@@ -131,7 +133,7 @@ def main() -> int:
                          "module's load timed)")
     ap.add_argument("--wtns", type=Path, default=None)
     ap.add_argument("--only", default=None, help="comma-separated variants to run (default: all)")
-    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+    ap.add_argument("--env", action="append", default=[], metavar="KEY=VALUE", type=env_variable,
                     help="also run the context alone, the numpy and CuPy imports and (with --zkey) full with this "
                          "variable set (repeatable: one run each)")
     args = ap.parse_args()
@@ -149,7 +151,7 @@ def main() -> int:
         variants = tuple(v for v in variants if v in only)
     plan: list[tuple[str, dict[str, str]]] = [(variant, {}) for variant in variants]
     with_env = ("ctx_alone", "numpy_alone", "numpy_then_cupy") + (("full",) if args.zkey else ())
-    plan += [(f"{variant} {kv}", dict([kv.split("=", 1)])) for kv in args.env for variant in with_env]
+    plan += [(f"{variant} {name}={value}", {name: value}) for name, value in args.env for variant in with_env]
     for variant, env in plan:
         runs = []
         for _ in range(args.runs):
