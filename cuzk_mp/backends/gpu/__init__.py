@@ -27,7 +27,7 @@ import os
 # share queues, and two streams on one queue run one after the other: in a lone 2^12 proof traced on
 # the H200 the C MSM started only when the G2 MSM it did not depend on had ended. 32 is the most
 # CUDA allows; an operator's own setting wins. Measured in the daemon on an H100 (2^16 jobs): finalize
-# 4.5 ms against 7.7 with 8, the context's creation 0.2-0.4 s longer, once a process
+# 4.5 ms against 7.7 with 8; the context's creation ~0.4 s longer, once a process
 # (perf/results/lasting-connections-h100-2026-12-07.json). A one-shot process makes its context with the
 # driver's default instead (:func:`.early_context.start_primary_context`): there the context's creation
 # is on every command's critical path (0.584 s a warm 2^16 one-shot with 8, 0.871 with 32).
