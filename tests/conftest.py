@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import logging
+import shutil
+import tempfile
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -28,6 +30,15 @@ def _root_log_level_as_it_was() -> Iterator[None]:
     for handler in list(root.handlers):
         if handler not in before and type(handler) is logging.StreamHandler:  # logs.configure's, not pytest's
             root.removeHandler(handler)
+
+
+@pytest.fixture
+def short_tmp() -> Iterator[Path]:
+    """A fresh folder with a short path, removed afterwards: a unix socket's path holds 107 bytes,
+    and pytest's ``tmp_path`` grows with the test's name (and, with xdist, the worker's folder)."""
+    folder = Path(tempfile.mkdtemp(prefix="cz", dir="/tmp"))
+    yield folder
+    shutil.rmtree(folder, ignore_errors=True)
 
 
 @pytest.fixture(scope="session")

@@ -139,15 +139,16 @@ def test_fullprove_bad_input_is_a_message(oracle: Oracle, tmp_path: Path) -> Non
 
 
 def test_fullprove_keep_warm_runs_the_wasm_in_the_warm_daemon(oracle: Oracle, tmp_path: Path,  # noqa: F811
-                                                              monkeypatch: pytest.MonkeyPatch) -> None:
+                                                              short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     """``fullprove --keep-warm``: the key's warm daemon (with the wasm) computes the witness and proves;
     the second call finds it running; a bad input fails its call alone, naming the file; snarkjs
     verifies the proofs. (The daemon side: tests/test_daemon_warm.py.)"""
     import shutil
-    import tempfile
+
+    from cuzk_mp.daemon import warm
 
     files, key = oracle.circuit("multiplier"), oracle.snarkjs_key("multiplier")
-    runtime = Path(tempfile.mkdtemp(prefix="kw", dir="/tmp"))  # a short path: unix sockets have ~104 bytes
+    runtime = short_tmp  # the warm daemon's socket lives in $XDG_RUNTIME_DIR
     monkeypatch.setenv("XDG_RUNTIME_DIR", str(runtime))
     zkey = shutil.copyfile(key.zkey, tmp_path / "m.zkey")  # its circuit-data cache lands in tmp_path
     try:
@@ -166,8 +167,11 @@ def test_fullprove_keep_warm_runs_the_wasm_in_the_warm_daemon(oracle: Oracle, tm
                    "s3.json", cwd=tmp_path)
         assert res.returncode == 2 and "error: null.json: signal a: a value must be" in res.stderr, res.stderr
         assert "partitions[" not in res.stderr
-    finally:
-        deadline = time.monotonic() + 60  # the daemon leaves by itself after 5 s idle
-        while list(runtime.glob("cuzk-mp/*.sock")) and time.monotonic() < deadline:
+    finally:  # the daemon leaves by itself after 5 s idle: its socket first, its journal last
+        monkeypatch.setattr(warm, "GONE_GRACE_S", 0.0)
+        d, deadline = runtime / "cuzk-mp", time.monotonic() + 60
+        while list(d.glob("*.sock")) and time.monotonic() < deadline:
+            time.sleep(0.2)  # not asked meanwhile: a connection would keep it from idling
+        while list(d.glob("*.toml")) and time.monotonic() < deadline:
+            warm.remove_gone(d)  # its files, once its process has exited
             time.sleep(0.2)
-        shutil.rmtree(runtime, ignore_errors=True)

@@ -11,9 +11,7 @@ import os
 import shutil
 import subprocess
 import sys
-import tempfile
 import time
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -28,13 +26,10 @@ DATA = Path(__file__).parent / "data_formats"
 
 
 @pytest.fixture
-def runtime(monkeypatch: pytest.MonkeyPatch) -> Iterator[Path]:
-    """A fresh $XDG_RUNTIME_DIR with a short path (a unix socket's path has ~104 bytes; pytest's
-    tmp_path can be longer)."""
-    run = Path(tempfile.mkdtemp(prefix="kw", dir="/tmp"))
-    monkeypatch.setenv("XDG_RUNTIME_DIR", str(run))
-    yield run
-    shutil.rmtree(run, ignore_errors=True)
+def runtime(short_tmp: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A fresh $XDG_RUNTIME_DIR with a short path (the warm daemons' sockets live in it)."""
+    monkeypatch.setenv("XDG_RUNTIME_DIR", str(short_tmp))
+    return short_tmp
 
 
 def test_the_directory_is_private_and_must_be_ours(runtime: Path) -> None:
