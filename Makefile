@@ -11,7 +11,7 @@ TOOLS_STAMP := tools/node_modules/.installed-stamp
 EXTRAS ?=
 # Test processes (pytest-xdist). Each test file runs whole, in its order, in one of them
 # (`--dist loadfile`: module fixtures such as the fleet's three daemons stay in one process).
-# Most tests wait on child processes, so two keep a 2-core machine busy: the suite took 457 s
+# Most tests wait on child processes, so two keep a 2-core machine busy: the suite took 517 s
 # with 2 against 778 s with 1 on one (perf/results/test-suite-cpu-2026-12-07-workers.json).
 TEST_WORKERS ?= 2
 PYTEST := $(VPY) -m pytest -n $(TEST_WORKERS) --dist loadfile
