@@ -652,6 +652,46 @@ def test_emulated_sparse_b_sections_take_the_rows_with_points(emu_gpu: object, t
         assert getattr(got, name) == getattr(want, name), f"seed={SEED}: MSM {name}"
 
 
+def test_emulated_key_load_makes_its_kernels_and_tables_beside_the_upload(
+        emu_gpu: Any, test_key: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key's MSM kernels and its NTT tables are made on helper threads while its sections upload,
+    and a failure there fails the load as one in the load itself would: the error reaches the caller,
+    the MSM objects made are closed, no key is registered; the next load of the key succeeds."""
+    from cuzk_mp.formats.zkey import read_zkey
+
+    caller = threading.get_ident()
+    where: set[tuple[str, bool]] = set()  # (what, on the caller's thread)
+    gmsm = type(emu_gpu)._resident.__globals__["gmsm"]  # the emulated backend's msm module
+    load_kernels, plan = gmsm.load_kernels, emu_gpu.ntt_engine.plan
+
+    def kernels(params: Any, g2: bool) -> Any:
+        where.add(("g2" if g2 else "g1", threading.get_ident() == caller))
+        return load_kernels(params, g2)
+
+    def failing_plan(lg: int) -> Any:
+        where.add(("ntt", threading.get_ident() == caller))
+        raise ResourceError(f"no room for the 2^{lg} NTT tables")
+
+    monkeypatch.setattr(gmsm, "load_kernels", kernels)
+    monkeypatch.setattr(emu_gpu.ntt_engine, "plan", failing_plan)
+    closed: list[object] = []
+    monkeypatch.setattr(gmsm.MsmG1, "close", lambda self: closed.append(self))
+    with read_zkey(test_key[0]) as zkey:
+        before = list(emu_gpu._keys)
+        with pytest.raises(ResourceError, match="NTT tables"):
+            emu_gpu.load_key(zkey, lasting=False)
+        # each made on a helper thread (the MSM objects ask again on the caller's, and find them)
+        assert {("g1", False), ("g2", False), ("ntt", False)} <= where and ("ntt", True) not in where, where
+        assert len(closed) == 4 and emu_gpu._keys == before  # A, B1, C, H made, then let go
+        monkeypatch.setattr(emu_gpu.ntt_engine, "plan", plan)
+        key = emu_gpu.load_key(zkey, lasting=False)
+        try:
+            assert set(key.msms) == {"a", "b1", "b2", "c", "h"}
+            assert 1 << (zkey.domain_size.bit_length() - 1) in emu_gpu.ntt_engine.domain_sizes()
+        finally:
+            key.close()
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("lasting", "dense"), [(False, True), (True, True), (False, False)],
                          ids=["one-proof-key", "lasting-key", "one-proof-key-split"])

@@ -100,6 +100,7 @@ __all__ = [
     "choose_window",
     "grid_rounds",
     "grid_rounds_for",
+    "load_kernels",
     "msm_g1",
     "msm_g2",
     "ones_segment",
@@ -149,6 +150,20 @@ class PendingMsm:
 
 # ------------------------------------------------------------------ the MSM objects
 
+KERNELS = ("msm_classify", "msm_digits", "msm_accumulate", "msm_reduce",
+           "msm_sort_count", "msm_sort_scan", "msm_sort_scatter", "msm_radix_hist", "msm_radix_scatter",
+           "msm_ga_rows", "msm_ga_count", "msm_ga_den", "msm_ga_add", "msm_ga_inv", "msm_accumulate_list")
+
+
+def load_kernels(params: MsmParams, g2: bool) -> dict[str, Any]:
+    """The MSM module's kernels for ``params`` and the group (``g2``), by name. CUDA loads a module's
+    functions as they are first asked for (~0.5 ms each on an H100: ~8 ms for a module's first MSM
+    object), so a key's loader calls this beside its upload (:mod:`.key_load`) and its MSM objects
+    find them loaded."""
+    mod = get_module(MSM_PATH, params.defines(g2))
+    return {name: mod.get_function(name) for name in KERNELS}
+
+
 
 class _Msm(_MsmPasses):
     """Pippenger MSM over resident points; subclasses fix the group."""
@@ -166,12 +181,7 @@ class _Msm(_MsmPasses):
             raise InputError(f"{type(self).__name__}: a multiples table of {multiples.table.shape[0]} rows "
                              f"(c={multiples.c}, {multiples.windows} windows) does not fit {self.n} points")
         self.multiples = multiples
-        mod = get_module(MSM_PATH, self.params.defines(self.G2))
-        self._k = {name: mod.get_function(name) for name in
-                   ("msm_classify", "msm_digits", "msm_accumulate", "msm_reduce",
-                    "msm_sort_count", "msm_sort_scan", "msm_sort_scatter", "msm_radix_hist", "msm_radix_scatter",
-                    "msm_ga_rows", "msm_ga_count",
-                    "msm_ga_den", "msm_ga_add", "msm_ga_inv", "msm_accumulate_list")}
+        self._k = load_kernels(self.params, self.G2)
         # level-1 segments summed at once (the ones' sum sizes its segments by them)
         self._resident = occupancy(self._k["msm_accumulate"], self.params.nthreads)
         self._ga_resident = occupancy(self._k["msm_ga_add"], self.params.nthreads)
