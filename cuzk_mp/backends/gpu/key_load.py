@@ -262,9 +262,9 @@ class _KeyLoading(_DeviceLimits):
 
 
 def _msm_variants(dplan: DevicePlan, shape: KeyShape) -> list[tuple[Any, bool]]:
-    """The (MsmParams, g2) of the key's MSM modules, one per module: what :meth:`_KeyLoading._resident`
-    gives its MSM objects (the sections' rows before any packing: a module that packing or the multiples
-    made then go without costs its MSM object the loads, no more)."""
+    """The (MsmParams, g2) of the key's MSM modules, one per module, as :meth:`_KeyLoading._resident`
+    gives them to its MSM objects, from the sections' rows before any packing (where packing moves a
+    section to another module, its MSM object loads that module's kernels itself, as it always did)."""
     out: dict[tuple[Any, ...], tuple[Any, bool]] = {}
     for name, n_rows in shape.rows().items():
         g2 = name == "b2"

@@ -164,7 +164,6 @@ def load_kernels(params: MsmParams, g2: bool) -> dict[str, Any]:
     return {name: mod.get_function(name) for name in KERNELS}
 
 
-
 class _Msm(_MsmPasses):
     """Pippenger MSM over resident points; subclasses fix the group."""
 
