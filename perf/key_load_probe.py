@@ -6,8 +6,8 @@ are first asked for, the NTT tables) is what this measures. Each child process m
 context as the CLI does, starts the GPU backend, reads the key and the witness, then times
 ``load_key(lasting=False)`` with a timer around its steps (the section uploads, the device plan,
 each MSM object's construction, the module kernels' loads, the NTT tables), closes the key and
-makes one proof, whose prover log gives the key load again (``prove: ... load_key``). ``--cold``
-children first drop the key file from the page cache (``posix_fadvise`` DONTNEED), as a lasting
+makes one proof, whose prover log gives the key load again (``prove: ... load_key``). The
+``--cold-runs`` children first drop the key file from the page cache (``posix_fadvise`` DONTNEED), as a lasting
 load of the same key elsewhere does.
 
 Usage (a GPU machine): ``python3 perf/key_load_probe.py --zkey K --wtns W [--runs 3] [--cold-runs 2]
@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 ROOT = Path(__file__).resolve().parents[1]
-STEPS = {  # timer name -> (module attribute path, what it is)
+STEPS = {  # timer name -> what it wraps: an attribute path from key_load or msm (gmsm)
     "upload_section": "key_load._upload_release",
     "plan_device": "key_load.plan_device",
     "msm_kernels": "gmsm.load_kernels",

@@ -126,14 +126,16 @@ class _KeyLoading(_DeviceLimits):
             msms: dict[str, Any] = {}
             n = int(zkey.domain_size)
             pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cuzk-key-kernels")
-            # What the key needs besides its points, made while they upload: its MSM modules' kernels
-            # (CUDA loads a function as it is first asked for: ~8 ms a module) and the H step's NTT
-            # tables (~7 ms at 2^16). Made after the sections, they were two thirds of a one-shot
-            # prove's key load (2^16 on an H100: 23 of 36 ms).
-            early = [pool.submit(self._on_device, gmsm.load_kernels, p, g2) for p, g2 in _msm_variants(dplan, shape)]
-            if n >= 2 and n & (n - 1) == 0:
-                early.append(pool.submit(self._on_device, self.ntt_engine.plan, n.bit_length() - 1))
+            early: list[Any] = []
             try:
+                # What the key needs besides its points, made while they upload: its MSM modules' kernels
+                # (CUDA loads a function as it is first asked for: ~8 ms a module) and the H step's NTT
+                # tables (~7 ms at 2^16). Made after the sections, they were two thirds of a one-shot
+                # prove's key load (2^16 on an H100: 23 of 36 ms).
+                for params, g2 in _msm_variants(dplan, shape):
+                    early.append(pool.submit(self._on_device, gmsm.load_kernels, params, g2))
+                if n >= 2 and n & (n - 1) == 0:
+                    early.append(pool.submit(self._on_device, self.ntt_engine.plan, n.bit_length() - 1))
                 t0 = time.perf_counter()
                 dev = fill(s)
                 t_fill = time.perf_counter()
