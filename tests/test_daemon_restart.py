@@ -8,6 +8,7 @@ from __future__ import annotations
 import os
 import signal
 import socket
+import sqlite3
 import subprocess
 import time
 from pathlib import Path
@@ -127,6 +128,17 @@ def test_sigkill_loses_no_accepted_job(tmp_path: Path) -> None:
     assert shm_leftovers(prefix) == [] and not (tmp_path / "cuzk.sock").exists()
 
 
+def _journaled(journal: Path, job_id: str) -> bool:
+    """Whether the daemon's journal holds ``job_id`` (a committed row; read-only, beside the daemon)."""
+    if not journal.exists():
+        return False
+    db = sqlite3.connect(f"file:{journal}?mode=ro", uri=True, timeout=5)
+    try:
+        return db.execute("SELECT 1 FROM jobs WHERE job_id = ?", (job_id,)).fetchone() is not None
+    finally:
+        db.close()
+
+
 def test_a_client_that_loses_the_daemon_names_its_job(tmp_path: Path) -> None:
     """``client prove`` without --request-id, the daemon killed under it: the client exits 3 and
     names the job it made the id of; after a restart that id awaits the finished, valid proofs."""
@@ -144,6 +156,11 @@ def test_a_client_that_loses_the_daemon_names_its_job(tmp_path: Path) -> None:
                 assert time.monotonic() < deadline and client.poll() is None
                 time.sleep(0.05)
             job = c.status()["jobs"][0]["job_id"]
+        # the status lists a job from its submit on, the journal holds it once the daemon accepted it:
+        # killed before that, the daemon never took the job (the client's message says "if")
+        while not _journaled(tmp_path / "journal.sqlite", job):
+            assert time.monotonic() < deadline and client.poll() is None
+            time.sleep(0.05)
     finally:
         first.sigkill()
     assert client is not None
