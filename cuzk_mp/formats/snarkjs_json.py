@@ -30,7 +30,6 @@ from typing import Any
 from ..algebra.curve import G1Affine, G2Affine
 from ..algebra.field import Q_MOD, fq2_inv_int, fq2_mul_int
 from ..errors import FormatError, InputError
-from . import json_bounds
 from .atomic import read_at_most
 from .atomic import write_json as write_json  # re-exported: where the readers are
 
@@ -279,6 +278,10 @@ def read_json(path: str | os.PathLike[str]) -> Any:
     """Load a snarkjs JSON file; InputError if unreadable, FormatError naming the file if it is
     not JSON (with the line) or breaks the limits every snarkjs JSON file keeps: nesting at most
     ``MAX_JSON_DEPTH`` deep, number literals of at most ``MAX_DIGITS`` characters, no NaN."""
+    # imported here: a one-shot ``groth16 prove`` writes JSON but reads none, and msgspec's import
+    # (~10 ms, held under the GIL beside CuPy's) is then not on its start
+    from . import json_bounds
+
     try:
         with open(path, "rb") as f:
             data = read_at_most(f, json_bounds.DEFAULT_MAX_BYTES)
