@@ -692,6 +692,67 @@ def test_emulated_key_load_makes_its_kernels_and_tables_beside_the_upload(
             key.close()
 
 
+def test_emulated_key_load_given_the_rows_maps_them_beside_the_upload(
+        emu_gpu: Any, test_key: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key loaded with the circuit's coded rows (``witness_rows``) makes their device copy on a
+    helper thread while its sections upload; its partitions staged with those rows use it (no second
+    copy) and it goes with the key. prove() given an evaluator passes its rows, and the proof verifies.
+    A failure elsewhere in the load closes the copy made; a failure of the copy fails the load."""
+    from cuzk_mp.circuits.synthetic import PorepLike
+    from cuzk_mp.formats.zkey import read_zkey
+    from cuzk_mp.groth16.keys import vk_from_zkey
+    from cuzk_mp.groth16.prover import prove
+    from cuzk_mp.groth16.synthesis import ConstraintEvaluator
+    from cuzk_mp.groth16.verifier import verify
+    from tests.helpers import LOG_N
+
+    wmap_class = type(emu_gpu)._resident.__globals__["DeviceWitnessMap"]  # the emulated backend's
+    of_rows = wmap_class.of_rows.__func__
+    caller = threading.get_ident()
+    made: list[tuple[Any, bool]] = []  # (the device rows, made on the caller's thread)
+
+    def spy(cls: type, rows: Any, n: int) -> Any:
+        m = of_rows(cls, rows, n)
+        made.append((m, threading.get_ident() == caller))
+        return m
+
+    monkeypatch.setattr(wmap_class, "of_rows", classmethod(spy))
+    with read_zkey(test_key[0]) as zkey:
+        ev = ConstraintEvaluator.from_zkey(zkey)
+        w = PorepLike(LOG_N).witness(SEED, 0)
+        key = emu_gpu.load_key(zkey, lasting=False, witness_rows=ev.data)
+        try:
+            assert [on_caller for _, on_caller in made] == [False]
+            assert key.witness_map is not None and key.witness_map[0] is ev.data and key.witness_map[1] is made[0][0]
+            emu_gpu.release(emu_gpu.stage_witness(key, ev.data, w))
+            assert len(made) == 1 and key.witness_map[1] is made[0][0]  # the partition found them
+        finally:
+            key.close()
+        assert made[0][0]._d == [] and emu_gpu.stats()["device_witness_map_bytes"] == 0
+
+        proof, public = prove(emu_gpu, zkey, w, evaluator=ev)
+        assert len(made) == 2 and not made[1][1] and made[1][0]._d == []  # made with the key, gone with it
+        assert verify(vk_from_zkey(zkey), public, proof), f"seed={SEED}"
+
+        def failing_plan(lg: int) -> Any:
+            raise ResourceError(f"no room for the 2^{lg} NTT tables")
+
+        before = list(emu_gpu._keys)
+        with monkeypatch.context() as m:
+            m.setattr(emu_gpu.ntt_engine, "plan", failing_plan)
+            with pytest.raises(ResourceError, match="NTT tables"):
+                emu_gpu.load_key(zkey, lasting=False, witness_rows=ev.data)
+        assert len(made) == 3 and made[2][0]._d == [] and emu_gpu._keys == before
+
+        def failing(cls: type, rows: Any, n: int) -> Any:
+            raise ResourceError("the device has no room for the witness map's coded rows")
+
+        monkeypatch.setattr(wmap_class, "of_rows", classmethod(failing))
+        with pytest.raises(ResourceError, match="witness map's coded rows"):
+            emu_gpu.load_key(zkey, lasting=False, witness_rows=ev.data)
+        assert emu_gpu._keys == before
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize(("lasting", "dense"), [(False, True), (True, True), (False, False)],
                          ids=["one-proof-key", "lasting-key", "one-proof-key-split"])

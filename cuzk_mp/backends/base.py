@@ -133,7 +133,8 @@ class Backend(Protocol):
         ``lasting=False``: the key serves one proof and goes (a one-shot ``groth16 prove``), so
         set-up that only pays back over many proofs (the GPU's precomputed multiples) is skipped.
         ``witness_rows``: the circuit's coded rows when its partitions will come through
-        :meth:`stage_witness` (where the backend keeps them beside the key, its memory plan counts them).
+        :meth:`stage_witness` with this very object (where the backend keeps them beside the key, its
+        memory plan counts them and it copies them while the key loads).
         ``batch``: the most partitions of this key the caller stages on one thread and computes
         together (its batch policy, given as a number: where the backend plans its memory it counts
         that many, and may lower :attr:`batch_limit`).

@@ -210,7 +210,11 @@ def prove(
     marks: dict[str, float] = {}
     inputs: ProverInputs | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-key-load") as pool:
-        loading = pool.submit(_timed, backend.load_key, zkey, lasting=False) if key is None else None
+        rows = None  # the rows the device maps w with, where known now: the key uploads them beside its points
+        if evaluator is not None and backend.witness_on_device and evaluator.data.c is None:
+            rows = evaluator.data
+        loading = (pool.submit(_timed, backend.load_key, zkey, lasting=False, witness_rows=rows)
+                   if key is None else None)
         try:
             evaluator = evaluator or ConstraintEvaluator.from_zkey(zkey, r1cs)
             on_device = backend.witness_on_device and evaluator.data.c is None

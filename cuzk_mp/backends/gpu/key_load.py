@@ -14,7 +14,7 @@ import logging
 import os
 import time
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import replace
 from typing import Any
 
@@ -33,7 +33,7 @@ from .knobs import FixedBaseParams
 from .msm_geometry import DENSE_KEY_ROWS, MULTIPLES_ENV, SECTIONS
 from .msm_params import graph_params_for, msm_params_for
 from .plan import DevicePlan, KeyShape, plan_device, point_words
-from .witness_map import matrices_bytes
+from .witness_map import DeviceWitnessMap, matrices_bytes
 
 log = logging.getLogger("cuzk_mp.backends.gpu.backend")  # the backend's logger: its lines keep their name
 
@@ -72,7 +72,9 @@ class _KeyLoading(_DeviceLimits):
         proof (``lasting=False``) gets no multiples unless that env names some: building them
         costs more than they save in one proof (2 s per 2^24 G1 section, 5.4 s for G2).
         ``witness_rows``: the circuit's coded rows when its partitions will come as w alone
-        (:meth:`stage_witness`): the plan counts their device copy (not uploaded here). ``batch``: the
+        (:meth:`stage_witness`), the very object they will be staged with: the plan counts their
+        device copy and the key makes it beside the upload (its first partition would make it
+        otherwise: ~8 ms of a one-shot 2^16 prove on an H100). ``batch``: the
         most partitions of this key a worker stages and computes together (the caller's batch; the
         plan may lower it: :attr:`batch_limit`)."""
         host = {name: getattr(zkey, name) for name in SECTIONS}
@@ -91,13 +93,15 @@ class _KeyLoading(_DeviceLimits):
                 released += _upload_release(dev[name], arr, s, drop_cache=lasting)
             return dev
 
-        return self._resident(zkey, lasting, upload, lambda: released, witness_rows, batch=batch)
+        return self._resident(zkey, lasting, upload, lambda: released, witness_rows, batch=batch,
+                              make_map=witness_rows is not None)
 
     def _resident(self, zkey: ZKey, lasting: bool, fill: Callable[[Any], dict[str, Any]],
                   released: Callable[[], int], witness_rows: WitnessRows | None = None,
-                  known: dict[str, Any] | None = None, batch: int = 1) -> GpuKey:
-        """Plan (with the device witness map's rows of ``witness_rows``, which its first partition
-        uploads), then ``fill(stream)`` -> the sections' device arrays (``known``, filled by
+                  known: dict[str, Any] | None = None, batch: int = 1, make_map: bool = False) -> GpuKey:
+        """Plan (with the device witness map's rows of ``witness_rows``: uploaded beside the sections
+        where ``make_map``, else by the key's first partition), then ``fill(stream)`` -> the sections'
+        device arrays (``known``, filled by
         ``fill``: name -> the int32 rows with a point of the sections it made, packed or whole, as
         :meth:`_pack` takes them), then the MSM objects and the NTT tables; the key registered with
         its in-flight limit and its batch (``batch`` partitions asked)."""
@@ -125,9 +129,12 @@ class _KeyLoading(_DeviceLimits):
             memory.ensure_free(sum(sizes.values()), f"the proving key {zkey.path or ''} (sections 5..9)")
             msms: dict[str, Any] = {}
             n = int(zkey.domain_size)
-            pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="cuzk-key-kernels")
+            pool = ThreadPoolExecutor(max_workers=3, thread_name_prefix="cuzk-key-kernels")
             early: list[Any] = []
+            rows_copy: Future[DeviceWitnessMap] | None = None
             try:
+                if make_map and witness_rows is not None:
+                    rows_copy = pool.submit(self._on_device, DeviceWitnessMap.of_rows, witness_rows, n)
                 # What the key needs besides its points, made while they upload: its MSM modules' kernels
                 # (CUDA loads a function as it is first asked for: ~8 ms a module) and the H step's NTT
                 # tables (~7 ms at 2^16). Made after the sections, they were two thirds of a one-shot
@@ -169,22 +176,28 @@ class _KeyLoading(_DeviceLimits):
                 t_msms = time.perf_counter()
                 for f in early:  # the NTT tables before any partition; a failure raised here
                     f.result()
+                made_map = rows_copy.result() if rows_copy is not None else None
                 s.synchronize()
                 t_end = time.perf_counter()
                 log.info("key %s resident in %.3f s: sections %.3f s, packing %.3f s, plan, multiples and MSM "
-                         "objects %.3f s, then the kernels and NTT tables made beside them %.3f s", zkey.path or "",
-                         t_end - t0, t_fill - t0, t_pack - t_fill, t_msms - t_pack, t_end - t_msms)
+                         "objects %.3f s, then what was made beside them (kernels, NTT tables%s) %.3f s",
+                         zkey.path or "", t_end - t0, t_fill - t0, t_pack - t_fill, t_msms - t_pack,
+                         ", the witness map's rows" if rows_copy is not None else "", t_end - t_msms)
             except BaseException:
                 for f in early:
                     f.cancel()
                 for m in msms.values():
                     m.close()
+                if rows_copy is not None and not rows_copy.cancel() and rows_copy.exception() is None:
+                    rows_copy.result().close()
                 raise
             finally:
                 pool.shutdown(wait=True)
         key = GpuKey(zkey, msms, shape.rows(), points, sum(int(m.nbytes) for m in msms.values()) - points,
                      released(), {n: t.c for n, t in tables.items()}, dplan, supports=supports, support_rows=rows,
                      on_close=self._key_closed)
+        if made_map is not None:
+            key.witness_map = (witness_rows, made_map)
         with self._lock:
             self._keys = [k for k in self._keys if k.msms] + [key]
         self._set_limits()

@@ -22,7 +22,7 @@ from . import memory, msm_plan
 from .backend_state import _H2D, COPY_THREADS, GpuKey, GpuStaged, _Streams
 from .device_limits import _DeviceLimits
 from .msm_geometry import DENSE_KEY_ROWS
-from .witness_map import DeviceWitnessMap, LongRows, matrices_bytes
+from .witness_map import DeviceWitnessMap
 
 BOUNCE_BYTES = 64 << 20  # one pinned staging buffer at most (two per thread)
 MIN_BOUNCE_BYTES = 1 << 20
@@ -50,8 +50,8 @@ class _Staging(_DeviceLimits):
         """Copy w; a, b, c are computed from it on the device (:mod:`.witness_map`) when the
         partition computes, so a staged partition waiting for the device holds w alone (the device
         plan counts it so: :func:`.plan.partition_bytes`). The key keeps the circuit's coded rows on
-        the device from its first such partition (for the same ``rows`` object; another one
-        replaces them). ``w`` must be canonical (the caller validates it)."""
+        the device from its load (given them) or its first such partition (for the same ``rows``
+        object; another one replaces them). ``w`` must be canonical (the caller validates it)."""
         z = key.zkey
         w = np.ascontiguousarray(w, dtype=np.uint64)
         if w.shape != (z.n_vars, 4):
@@ -66,11 +66,7 @@ class _Staging(_DeviceLimits):
                     # reference, dropped at its release, once the device is done with them)
                     if not any(p.witness_map is old for p in self._parts.values()):
                         old.close()
-                long = LongRows.of(rows.a, rows.b)
-                memory.ensure_free(matrices_bytes(rows.a, rows.b, rows.table_mont, rows.table_r2, long),
-                                   "the witness map's coded rows")
-                key.witness_map = (rows, DeviceWitnessMap(rows.a, rows.b, rows.table_mont, rows.table_r2,
-                                                          z.domain_size, long))
+                key.witness_map = (rows, DeviceWitnessMap.of_rows(rows, z.domain_size))
             wmap = key.witness_map[1]
         return self._stage(key, {"w": w}, wmap, "staging a partition (w alone; a, b, c made from it later)")
 

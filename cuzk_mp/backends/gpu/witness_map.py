@@ -22,6 +22,8 @@ import numpy as np
 
 from ...algebra.coded_sparse import CodedMatrix
 from ...errors import InputError
+from ..base import WitnessRows
+from . import memory
 from .knobs import WITNESS_MAP_PATH
 from .modules import get_module
 
@@ -129,6 +131,15 @@ class DeviceWitnessMap:
         codes = "u16" if a.codes.dtype == np.uint16 else "u32"
         self._kernels = [mod.get_function(f"witness_map_{codes}"), mod.get_function(f"witness_map_seg_{codes}"),
                          mod.get_function("witness_map_long")]
+
+    @classmethod
+    def of_rows(cls, rows: WitnessRows, domain_size: int) -> DeviceWitnessMap:
+        """The device copy of ``rows`` (the shared circuit data's coded rows) for a key of
+        ``domain_size`` rows, once the device is found to have room for it (ResourceError if not)."""
+        long = LongRows.of(rows.a, rows.b)
+        memory.ensure_free(matrices_bytes(rows.a, rows.b, rows.table_mont, rows.table_r2, long),
+                           "the witness map's coded rows")
+        return cls(rows.a, rows.b, rows.table_mont, rows.table_r2, domain_size, long)
 
     def run(self, w: Any, a: Any, b: Any, c: Any) -> None:
         """Write a, b, c (device ``(domain_size, 4)`` uint64, Montgomery) from the device witness
