@@ -6,9 +6,11 @@ are first asked for, the NTT tables) is what this measures. Each child process m
 context as the CLI does, starts the GPU backend, reads the key and the witness, then times
 ``load_key(lasting=False)`` with a timer around its steps (the section uploads, the device plan,
 each MSM object's construction, the module kernels' loads, the NTT tables), closes the key and
-makes one proof, whose prover log gives the key load again (``prove: ... load_key``). The
-``--cold-runs`` children first drop the key file from the page cache (``posix_fadvise`` DONTNEED), as a lasting
-load of the same key elsewhere does.
+makes one proof as ``groth16 prove`` does (the key loaded for it, with the circuit's coded rows),
+whose prover log gives each of its steps (``prove: witness_map .., load_key .., key_wait .., stage ..,
+device .., finalize ..``): what a first proof pays in its stage, device and finalize steps shows
+against two more proofs with a key resident. The ``--cold-runs`` children first drop the key file from
+the page cache (``posix_fadvise`` DONTNEED), as a lasting load of the same key elsewhere does.
 
 Usage (a GPU machine): ``python3 perf/key_load_probe.py --zkey K --wtns W [--runs 3] [--cold-runs 2]
 [--out FILE.json]``; prints one line per child and the medians last.
@@ -103,8 +105,21 @@ def _child(zkey_path: str, wtns_path: str, cold: bool) -> dict[str, Any]:
     prover_log.setLevel(logging.INFO)
     prover_log.addHandler(_Keep())
     prove(backend, zkey, w, evaluator=evaluator)
-    again = [float(r.split("load_key ")[1].split(" ms")[0]) for r in records if r.startswith("prove:")]
-    return {"cold": cold, "backend_ready_s": round(ready, 3), "first_load_ms": first, "load_in_prove_ms": again}
+    resident = backend.load_key(zkey, lasting=False, witness_rows=evaluator.data)
+    try:
+        for _ in range(2):
+            prove(backend, zkey, w, key=resident, evaluator=evaluator)
+    finally:
+        resident.close()
+    proofs = [_steps(r) for r in records if r.startswith("prove:")]
+    return {"cold": cold, "backend_ready_s": round(ready, 3), "first_load_ms": first,
+            "load_in_prove_ms": proofs[0]["load_key"], "first_proof_ms": proofs[0],
+            "resident_key_proofs_ms": proofs[1:]}
+
+
+def _steps(line: str) -> dict[str, float]:
+    """The prover's "prove: witness_map 1.9 ms, load_key 69.1 ms, ..." as {step: ms}."""
+    return {k: float(v) for k, v, _ in (part.split() for part in line.removeprefix("prove: ").split(", "))}
 
 
 def main() -> None:
@@ -128,16 +143,25 @@ def main() -> None:
             raise SystemExit(f"the {kind} child failed ({res.returncode}):\n{res.stderr[-3000:]}")
         rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
         print(json.dumps({k: v for k, v in rows[-1]["first_load_ms"].items() if k != "steps"}), kind)
+        print("  proofs:", json.dumps([rows[-1]["first_proof_ms"], *rows[-1]["resident_key_proofs_ms"]]))
     summary = {}
     for kind in ("warm", "cold"):
         first = [r["first_load_ms"] for r in rows if r["cold"] == (kind == "cold")]
         if first:
             labels = sorted({k for f in first for k in f if k != "steps"})
             summary[kind] = {k: round(statistics.median(f.get(k, 0.0) for f in first), 2) for k in labels}
+            proofs = [r["first_proof_ms"] for r in rows if r["cold"] == (kind == "cold")]
+            summary[kind]["first_proof"] = {k: round(statistics.median(p[k] for p in proofs), 2) for k in proofs[0]}
+            later = [p for r in rows if r["cold"] == (kind == "cold") for p in r["resident_key_proofs_ms"]]
+            summary[kind]["resident_key_proof"] = {k: round(statistics.median(p[k] for p in later), 2)
+                                                   for k in later[0]}
     if args.out:
         args.out.write_text(json.dumps({"rows": rows, "medians_ms": summary}, indent=1) + "\n")
     for kind, med in summary.items():
-        print(f"{kind:5} first load, medians (ms): " + ", ".join(f"{k} {v}" for k, v in med.items()))
+        print(f"{kind:5} first load, medians (ms): " + ", ".join(f"{k} {v}" for k, v in med.items()
+                                                                  if not isinstance(v, dict)))
+        for which in ("first_proof", "resident_key_proof"):
+            print(f"{kind:5} {which}, medians (ms): " + ", ".join(f"{k} {v}" for k, v in med[which].items()))
 
 
 if __name__ == "__main__":
