@@ -18,7 +18,6 @@ bytes of the mappings behind some arrays. No CuPy here (tested on CPU-only CI).
 from __future__ import annotations
 
 import ctypes
-import ctypes.util
 import os
 from dataclasses import dataclass
 
@@ -26,7 +25,9 @@ import numpy as np
 
 PAGE = os.sysconf("SC_PAGE_SIZE") if hasattr(os, "sysconf") else 4096
 MADV_DONTNEED = 4
-_libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
+# the process's own symbols, libc's among them (ctypes.util.find_library would run ldconfig: ~2 ms of
+# a one-shot prove's start)
+_libc = ctypes.CDLL(None, use_errno=True)
 _libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 
 
