@@ -34,7 +34,6 @@ from ..formats.r1cs import R1CS
 from ..formats.zkey import ZKey
 from .circuit_data import build_in_memory, open_or_build
 from .circuit_data_file import CircuitData
-from .synthesis_key import tiny_zkey_and_r1cs
 
 
 class ConstraintEvaluator:
@@ -134,6 +133,8 @@ def warm_up() -> None:
 
     A worker calls it before it reports ready, so its first partition is not slowed down.
     """
+    from .synthesis_key import tiny_zkey_and_r1cs  # here: it imports the setup, which a prove needs not
+
     zkey, r1cs = tiny_zkey_and_r1cs()
     ev = ConstraintEvaluator.from_zkey(zkey, r1cs)
     w = np.zeros((ev.n_vars, 4), dtype=np.uint64)
