@@ -200,9 +200,9 @@ def prove(
 ) -> tuple[Proof, list[int]]:
     """One whole proof: witness map, device work, assembly; returns (proof, public signals).
 
-    Without ``key`` the key is loaded for this proof alone (``lasting=False``) on a helper
-    thread while the witness map and the key's header points (and prepared verification key) are
-    made on this one, and closed afterwards. Where the backend
+    Without ``key`` the key is loaded for this proof alone (``lasting=False``, with the circuit's
+    rows where the device maps w) on a helper thread while the witness map, the key's header points
+    and its prepared verification key are made on this one, and closed afterwards. Where the backend
     computes a, b, c where it keeps them (``witness_on_device``: the GPU) and no r1cs asks for the
     witness to be checked against C, only w is validated here and staged; a, b, c are made there.
     """

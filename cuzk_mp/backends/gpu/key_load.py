@@ -99,12 +99,12 @@ class _KeyLoading(_DeviceLimits):
     def _resident(self, zkey: ZKey, lasting: bool, fill: Callable[[Any], dict[str, Any]],
                   released: Callable[[], int], witness_rows: WitnessRows | None = None,
                   known: dict[str, Any] | None = None, batch: int = 1, make_map: bool = False) -> GpuKey:
-        """Plan (with the device witness map's rows of ``witness_rows``: uploaded beside the sections
-        where ``make_map``, else by the key's first partition), then ``fill(stream)`` -> the sections'
-        device arrays (``known``, filled by
-        ``fill``: name -> the int32 rows with a point of the sections it made, packed or whole, as
-        :meth:`_pack` takes them), then the MSM objects and the NTT tables; the key registered with
-        its in-flight limit and its batch (``batch`` partitions asked)."""
+        """Plan (with the device witness map's rows of ``witness_rows``: copied beside the sections
+        where ``make_map``, else by the key's first partition), then ``fill(stream)`` -> the
+        sections' device arrays (``known``, filled by ``fill``: name -> the int32 rows with a point
+        of the sections it made, packed or whole, as :meth:`_pack` takes them), then the MSM objects
+        and the NTT tables; the key registered with its in-flight limit and its batch (``batch``
+        partitions asked)."""
         shape = KeyShape.of(zkey)
         sizes = shape.section_bytes()
         s = self.stream()
@@ -133,12 +133,13 @@ class _KeyLoading(_DeviceLimits):
             early: list[Any] = []
             rows_copy: Future[DeviceWitnessMap] | None = None
             try:
-                if make_map and witness_rows is not None:
-                    rows_copy = pool.submit(self._on_device, DeviceWitnessMap.of_rows, witness_rows, n)
                 # What the key needs besides its points, made while they upload: its MSM modules' kernels
                 # (CUDA loads a function as it is first asked for: ~8 ms a module) and the H step's NTT
                 # tables (~7 ms at 2^16). Made after the sections, they were two thirds of a one-shot
-                # prove's key load (2^16 on an H100: 23 of 36 ms).
+                # prove's key load (2^16 on an H100: 23 of 36 ms). And where asked, the witness map's
+                # coded rows (a one-shot's first stage step made them: ~5 ms at 2^16).
+                if make_map and witness_rows is not None:
+                    rows_copy = pool.submit(self._on_device, DeviceWitnessMap.of_rows, witness_rows, n)
                 for params, g2 in _msm_variants(dplan, shape):
                     early.append(pool.submit(self._on_device, gmsm.load_kernels, params, g2))
                 if n >= 2 and n & (n - 1) == 0:
