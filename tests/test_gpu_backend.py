@@ -692,6 +692,45 @@ def test_emulated_key_load_makes_its_kernels_and_tables_beside_the_upload(
             key.close()
 
 
+def test_emulated_key_for_one_proof_grows_the_memory_pool_beside_the_upload(
+        emu_gpu: Any, test_key: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
+    """A key for one proof has the memory pool take what its partition holds at its peak (its plan's
+    in-flight total) in one block, on a helper thread while its sections upload; a lasting key does
+    not; a block the driver refuses leaves the load to succeed (the proof then allocates as it goes)."""
+    from cuzk_mp.formats.zkey import read_zkey
+
+    memory = type(emu_gpu)._resident.__globals__["memory"]  # the emulated backend's
+    grow, pool_class = memory.grow_pool, type(memory.cupy.get_default_memory_pool())
+    caller = threading.get_ident()
+    calls: list[tuple[int, bool, bool]] = []  # (bytes, on the caller's thread, taken)
+
+    def spy(nbytes: int) -> bool:
+        taken = grow(nbytes)
+        calls.append((nbytes, threading.get_ident() == caller, taken))
+        return bool(taken)
+
+    def refuse(self: Any, nbytes: int) -> Any:
+        raise memory.cupy.cuda.memory.OutOfMemoryError(f"out of memory allocating {nbytes} bytes")
+
+    monkeypatch.setattr(memory, "grow_pool", spy)
+    with read_zkey(test_key[0]) as zkey:
+        key = emu_gpu.load_key(zkey, lasting=False)
+        try:
+            assert key.plan is not None and key.plan.in_flight_total > 0
+            assert calls == [(key.plan.in_flight_total, False, True)]
+            assert pool_class.mallocs[-1] == key.plan.in_flight_total
+        finally:
+            key.close()
+        emu_gpu.load_key(zkey).close()
+        assert len(calls) == 1  # none for a lasting key
+        monkeypatch.setattr(pool_class, "malloc", refuse)
+        key = emu_gpu.load_key(zkey, lasting=False)
+        try:
+            assert len(calls) == 2 and calls[1][2] is False and set(key.msms) == {"a", "b1", "b2", "c", "h"}
+        finally:
+            key.close()
+
+
 def test_emulated_key_load_given_the_rows_maps_them_beside_the_upload(
         emu_gpu: Any, test_key: tuple[Path, Path], monkeypatch: pytest.MonkeyPatch) -> None:
     """A key loaded with the circuit's coded rows (``witness_rows``) makes their device copy on a

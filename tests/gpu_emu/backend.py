@@ -50,9 +50,21 @@ def _wrap(fn: Any) -> Any:
     return call
 
 
+class OutOfMemoryError(Exception):
+    """cupy.cuda.memory.OutOfMemoryError's stand-in."""
+
+
 class _Pool:
+    mallocs: list[int] = []  # every block asked of the pool (memory.grow_pool), in bytes
+
     def free_bytes(self) -> int:
         return 0
+
+    def malloc(self, nbytes: int) -> object:
+        if nbytes > FREE_BYTES:
+            raise OutOfMemoryError(f"out of memory allocating {nbytes} bytes")
+        _Pool.mallocs.append(nbytes)
+        return object()
 
     def free_all_blocks(self) -> None:
         return None
@@ -96,7 +108,8 @@ def fake_cupy() -> types.SimpleNamespace:
                                     memGetInfo=lambda: (FREE_BYTES, 2 * FREE_BYTES), CUDARuntimeError=CUDARuntimeError)
     cuda = types.SimpleNamespace(Event=_Event, Stream=_Stream, Device=_Device, runtime=runtime,
                                  get_elapsed_time=lambda a, b: (b.t - a.t) * 1e3,
-                                 get_current_stream=lambda: _Stream(), alloc_pinned_memory=bytearray)
+                                 get_current_stream=lambda: _Stream(), alloc_pinned_memory=bytearray,
+                                 memory=types.SimpleNamespace(OutOfMemoryError=OutOfMemoryError))
     ns = types.SimpleNamespace(ndarray=DevArray, cuda=cuda, get_default_memory_pool=_Pool, asnumpy=np.array)
     for name in ("asarray", "ascontiguousarray", "empty", "zeros", "stack", "flatnonzero", "argsort",
                  "concatenate", "arange", "searchsorted", "array_equal", "cumsum"):

@@ -140,6 +140,8 @@ class _KeyLoading(_DeviceLimits):
                 # coded rows (a one-shot's first stage step made them: ~5 ms at 2^16).
                 if make_map and witness_rows is not None:
                     rows_copy = pool.submit(self._on_device, DeviceWitnessMap.of_rows, witness_rows, n)
+                if not lasting:  # and the memory pool its one proof's buffers come from (memory.grow_pool)
+                    early.append(pool.submit(self._on_device, memory.grow_pool, dplan.in_flight_total))
                 for params, g2 in _msm_variants(dplan, shape):
                     early.append(pool.submit(self._on_device, gmsm.load_kernels, params, g2))
                 if n >= 2 and n & (n - 1) == 0:
