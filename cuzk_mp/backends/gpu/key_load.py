@@ -171,6 +171,9 @@ class _KeyLoading(_DeviceLimits):
                              ", ".join(tables) or "none", dplan.summary())
                 for step in dplan.steps:
                     log.warning("key %s does not fit as configured: %s", zkey.path or "", step)
+                # A key for one proof keeps the small MSMs' CUDA graphs too: its proof's device step is no
+                # longer for their capture (2^16 on an H100: 22-28 ms with them, 23-25 without), and whole
+                # one-shots were no faster without them (perf/results/oneshot-first-proof-steps-h100-2026-12-07.json).
                 for name in SECTIONS:
                     cls = gmsm.MsmG2 if name == "b2" else gmsm.MsmG1
                     params = dplan.msm_params(msm_params_for(int(dev[name].shape[0])))
