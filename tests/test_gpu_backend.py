@@ -750,8 +750,8 @@ def test_emulated_key_load_given_the_rows_maps_them_beside_the_upload(
     caller = threading.get_ident()
     made: list[tuple[Any, bool]] = []  # (the device rows, made on the caller's thread)
 
-    def spy(cls: type, rows: Any, n: int) -> Any:
-        m = of_rows(cls, rows, n)
+    def spy(cls: type, rows: Any, n: int, long: Any = None) -> Any:
+        m = of_rows(cls, rows, n, long)
         made.append((m, threading.get_ident() == caller))
         return m
 
@@ -783,7 +783,7 @@ def test_emulated_key_load_given_the_rows_maps_them_beside_the_upload(
                 emu_gpu.load_key(zkey, lasting=False, witness_rows=ev.data)
         assert len(made) == 3 and made[2][0]._d == [] and emu_gpu._keys == before
 
-        def failing(cls: type, rows: Any, n: int) -> Any:
+        def failing(cls: type, rows: Any, n: int, long: Any = None) -> Any:
             raise ResourceError("the device has no room for the witness map's coded rows")
 
         monkeypatch.setattr(wmap_class, "of_rows", classmethod(failing))

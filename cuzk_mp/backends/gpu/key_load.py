@@ -33,7 +33,7 @@ from .knobs import FixedBaseParams
 from .msm_geometry import DENSE_KEY_ROWS, MULTIPLES_ENV, SECTIONS
 from .msm_params import graph_params_for, msm_params_for
 from .plan import DevicePlan, KeyShape, plan_device, point_words
-from .witness_map import DeviceWitnessMap, matrices_bytes
+from .witness_map import DeviceWitnessMap, LongRows, matrices_bytes
 
 log = logging.getLogger("cuzk_mp.backends.gpu.backend")  # the backend's logger: its lines keep their name
 
@@ -110,8 +110,9 @@ class _KeyLoading(_DeviceLimits):
         s = self.stream()
         with cupy.cuda.Device(self.device), s:
             choice = os.environ.get(MULTIPLES_ENV, "").strip() or ("auto" if lasting else "none")
+            long = None if witness_rows is None else LongRows.of(witness_rows.a, witness_rows.b)
             wmap = 0 if witness_rows is None else matrices_bytes(witness_rows.a, witness_rows.b,
-                                                                  witness_rows.table_mont, witness_rows.table_r2)
+                                                                  witness_rows.table_mont, witness_rows.table_r2, long)
             free = memory.free_bytes()[0]
 
             def planned(key_shape: KeyShape, multiples: str | None = None, made: bool = False) -> DevicePlan:
@@ -139,7 +140,7 @@ class _KeyLoading(_DeviceLimits):
                 # prove's key load (2^16 on an H100: 23 of 36 ms). And where asked, the witness map's
                 # coded rows (a one-shot's first stage step made them: ~5 ms at 2^16).
                 if make_map and witness_rows is not None:
-                    rows_copy = pool.submit(self._on_device, DeviceWitnessMap.of_rows, witness_rows, n)
+                    rows_copy = pool.submit(self._on_device, DeviceWitnessMap.of_rows, witness_rows, n, long)
                 if not lasting:  # and the memory pool its one proof's buffers come from (memory.grow_pool)
                     early.append(pool.submit(self._on_device, memory.grow_pool, dplan.in_flight_total))
                 for params, g2 in _msm_variants(dplan, shape):

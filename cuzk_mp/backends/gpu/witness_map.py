@@ -133,10 +133,11 @@ class DeviceWitnessMap:
                          mod.get_function("witness_map_long")]
 
     @classmethod
-    def of_rows(cls, rows: WitnessRows, domain_size: int) -> DeviceWitnessMap:
+    def of_rows(cls, rows: WitnessRows, domain_size: int, long: LongRows | None = None) -> DeviceWitnessMap:
         """The device copy of ``rows`` (the shared circuit data's coded rows) for a key of
-        ``domain_size`` rows, once the device is found to have room for it (ResourceError if not)."""
-        long = LongRows.of(rows.a, rows.b)
+        ``domain_size`` rows, once the device is found to have room for it (ResourceError if not);
+        ``long``: their :class:`LongRows`, where the caller has them already."""
+        long = long if long is not None else LongRows.of(rows.a, rows.b)
         memory.ensure_free(matrices_bytes(rows.a, rows.b, rows.table_mont, rows.table_r2, long),
                            "the witness map's coded rows")
         return cls(rows.a, rows.b, rows.table_mont, rows.table_r2, domain_size, long)
