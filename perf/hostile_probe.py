@@ -55,7 +55,7 @@ from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json, vk_f
 from cuzk_mp.groth16.verifier import verify  # noqa: E402
 from cuzk_mp.pipeline.benchreport import machine_info  # noqa: E402
 from tests.hostile_corpus import INPUT_JSON_PROBES, frame_probes  # noqa: E402
-from tests.helpers import ENV, PY, DaemonProcess, config_text, exchange, shm_inodes  # noqa: E402
+from tests.helpers import ENV, PY, DaemonProcess, config_text, exchange, frozen_tree, shm_inodes  # noqa: E402
 
 MAX_FRAME = 8 * 2**20
 FRAME_TIMEOUT_S = 3.0
@@ -434,7 +434,7 @@ def main() -> int:
         while not any(p.state == "done" for p in c.await_proof(big, 0.2).partitions) and time.monotonic() < deadline:
             pass
     before_kill = shm_inodes(prefix)
-    tree = [psutil.Process(daemon.proc.pid), *psutil.Process(daemon.proc.pid).children(recursive=True)]
+    tree = frozen_tree(daemon.proc.pid)  # stopped first, so that no child outlives the engine and cleans up
     for p in tree:
         p.send_signal(signal.SIGKILL)
     psutil.wait_procs(tree, timeout=30)

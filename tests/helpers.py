@@ -26,6 +26,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+import psutil
 import pytest
 
 from cuzk_mp.daemon import protocol as P
@@ -495,6 +496,26 @@ def shm_inodes(prefix: str) -> dict[str, int]:
         except FileNotFoundError:
             continue
     return out
+
+
+def frozen_tree(root_pid: int) -> list[psutil.Process]:
+    """The process tree under ``root_pid``, every member stopped (SIGSTOP) until none is added.
+
+    Signals sent one process after another are not "at once": a child that outlives the engine
+    by a moment sees it die and unlinks the ring itself, as it should, which is not the case
+    under test. Stopped processes run nothing, so the SIGKILLs that follow land on a tree that
+    could not react, as a cgroup kill's do.
+    """
+    root = psutil.Process(root_pid)
+    root.send_signal(signal.SIGSTOP)  # first: a stopped engine starts no more children
+    tree = {root.pid: root}
+    while True:
+        added = [c for c in root.children(recursive=True) if c.pid not in tree]
+        if not added:
+            return list(tree.values())
+        for c in added:
+            c.send_signal(signal.SIGSTOP)
+            tree[c.pid] = c
 
 
 def status_of(engine: Any) -> dict[str, Any]:

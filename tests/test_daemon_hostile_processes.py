@@ -19,7 +19,7 @@ import pytest
 
 from cuzk_mp.daemon.client import synthetic_partitions
 from cuzk_mp.daemon.config import default_shm_prefix
-from tests.helpers import ENV, PY, DaemonProcess, check_proofs, config_text, shm_inodes, shm_leftovers
+from tests.helpers import ENV, PY, DaemonProcess, check_proofs, config_text, frozen_tree, shm_inodes, shm_leftovers
 
 
 def _free_port() -> int:
@@ -73,26 +73,6 @@ def test_a_twin_daemon_exits_at_once_and_harms_nothing(tmp_path: Path) -> None:
     assert shm_leftovers(prefix) == []
 
 
-def _frozen_tree(root_pid: int) -> list[psutil.Process]:
-    """The process tree under ``root_pid``, every member stopped (SIGSTOP) until none is added.
-
-    Signals sent one process after another are not "at once": a child that outlives the engine
-    by a moment sees it die and unlinks the ring itself, as it should, which is not the case
-    under test. Stopped processes run nothing, so the SIGKILLs that follow land on a tree that
-    could not react, as a cgroup kill's do.
-    """
-    root = psutil.Process(root_pid)
-    root.send_signal(signal.SIGSTOP)  # first: a stopped engine starts no more children
-    tree = {root.pid: root}
-    while True:
-        added = [c for c in root.children(recursive=True) if c.pid not in tree]
-        if not added:
-            return list(tree.values())
-        for c in added:
-            c.send_signal(signal.SIGSTOP)
-            tree[c.pid] = c
-
-
 def test_a_killed_process_tree_leaves_nothing_after_the_restart(tmp_path: Path) -> None:
     cfg = tmp_path / "cuzk.toml"
     cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=""))  # the default prefix
@@ -105,7 +85,7 @@ def test_a_killed_process_tree_leaves_nothing_after_the_restart(tmp_path: Path) 
             deadline = time.monotonic() + 180
             while not any(p.state == "done" for p in c.await_proof(job, 0.2).partitions):
                 assert time.monotonic() < deadline
-        tree = _frozen_tree(first.proc.pid)
+        tree = frozen_tree(first.proc.pid)
         assert len(tree) >= 3
         for p in tree:  # the whole tree at once, as the OOM killer or TimeoutStopSec would
             p.send_signal(signal.SIGKILL)
