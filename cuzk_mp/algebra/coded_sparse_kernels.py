@@ -9,7 +9,7 @@ runs them on the device) costs no numba. Compiled on first use and cached on dis
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 from . import fr_kernels
 from .field import FR, int_to_limbs

@@ -27,12 +27,13 @@ from collections.abc import Sequence
 from types import SimpleNamespace
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import get_num_threads
 
 from . import fq, fr
 from .fq2 import (
     FQ2_ZERO, FQ_ZERO, fe_add, fe_inv, fe_is_zero, fe_load, fe_mul, fe_one, fe_sqr, fe_store, fe_sub, fe_zero,
 )
+from .jit import njit, prange
 
 G1Affine = tuple[int, int]
 G2Affine = tuple[tuple[int, int], tuple[int, int]]

@@ -22,11 +22,12 @@ from __future__ import annotations
 from typing import Any
 
 import numpy as np
-from numba import njit, types
+from numba import types
 from numba.extending import overload
 
 from .fq import ONE_MONT
 from .fq_kernels import F
+from .jit import njit
 
 FQ_T = types.UniTuple(types.uint64, 6)
 FQ2_T = types.UniTuple(FQ_T, 2)

@@ -12,7 +12,7 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 from . import mont
 from .field import FQ, Q_MOD

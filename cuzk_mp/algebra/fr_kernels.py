@@ -9,7 +9,7 @@ that other modules' kernels build on. Compiled on first use and cached on disk.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 from . import mont
 from .field import FR

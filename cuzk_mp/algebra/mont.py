@@ -19,10 +19,11 @@ from typing import Any
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, types
+from numba import types
 from numba.extending import intrinsic
 
 from .field import MontParams
+from .jit import njit
 
 
 def _wide(builder: Any, args: Any) -> Any:

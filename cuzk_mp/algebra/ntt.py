@@ -15,7 +15,7 @@ Twiddle tables are cached per (size, direction) for the life of the process.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from .jit import njit, prange
 
 from . import fr, fr_kernels
 from .field import R_MOD, coset_shift, fr_root_of_unity, log2_exact

@@ -24,7 +24,7 @@ from __future__ import annotations
 from functools import cache, cached_property
 
 import numpy as np
-from numba import njit, prange
+from ..algebra.jit import njit, prange
 
 from ..algebra import fr, fr_kernels
 from ..algebra.field import R_MOD

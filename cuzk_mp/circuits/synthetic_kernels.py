@@ -13,7 +13,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from numba import njit, prange
+from ..algebra.jit import njit, prange
 
 from ..algebra import fr_kernels
 from ..algebra.field import FR, ints_to_limbs

@@ -11,7 +11,7 @@ views, so nothing is copied out first.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from ..algebra.jit import njit, prange
 
 BAD_MATRIX = 1
 BAD_CONSTRAINT = 2

@@ -8,7 +8,7 @@ instead of 32 bytes. Imported by a build only: opening a cache needs no numba.
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
+from ..algebra.jit import njit
 
 
 @njit(cache=True)

@@ -10,7 +10,7 @@ with one Montgomery product (numpy made a dozen single-threaded passes with temp
 
 from __future__ import annotations
 
-from numba import njit, prange
+from ..algebra.jit import njit, prange
 
 from ..algebra.fr_kernels import fmul
 
