@@ -4,15 +4,23 @@ and the distinct-values hash set over coded rows.
 Kept apart from the matrices and their Python API so that importing :mod:`.coded_sparse` (the
 GPU backend's witness map holds :class:`~cuzk_mp.algebra.coded_sparse.CodedMatrix` rows and
 runs them on the device) costs no numba. Compiled on first use and cached on disk.
+
+The witness map (``_evaluate``) inlines ``_row_value`` and its field products for each of the three
+matrices, and numba takes 21-27 s to compile that on a 2-core VM (a first CPU proof compiles a dozen
+other kernels in under 2 s each). Forms that compile faster evaluate slower
+(`perf/results/witness-map-compile-cpu-2026-12-07.json`, 2^20 PoRep-like): ``_row_value`` as a call
+compiles in 4 s but evaluates ~40 % slower, inlined once in a loop over the three matrices in 9 s but
+6-10 % slower. The compile is paid once a machine (at install, by ``scripts/warm_caches.py``), the
+evaluation by every partition: the inlined form stays.
 """
 
 from __future__ import annotations
 
 import numpy as np
-from .jit import njit, prange
 
 from . import fr_kernels
 from .field import FR, int_to_limbs
+from .jit import njit, prange
 from .row_codes import CODE_MINUS_ONE, CODE_ONE
 
 fmul = fr_kernels.F.mul

@@ -12,10 +12,10 @@ from __future__ import annotations
 from types import SimpleNamespace
 
 import numpy as np
-from .jit import njit, prange
 
 from . import mont
 from .field import FQ, Q_MOD
+from .jit import njit, prange
 
 _G = mont.generate(FQ)
 fmul = _G.mul

@@ -9,10 +9,10 @@ that other modules' kernels build on. Compiled on first use and cached on disk.
 from __future__ import annotations
 
 import numpy as np
-from .jit import njit, prange
 
 from . import mont
 from .field import FR
+from .jit import njit, prange
 
 ONE_MONT = FR.one_limbs
 F = mont.generate(FR)

@@ -15,10 +15,10 @@ Twiddle tables are cached per (size, direction) for the life of the process.
 from __future__ import annotations
 
 import numpy as np
-from .jit import njit, prange
 
 from . import fr, fr_kernels
 from .field import R_MOD, coset_shift, fr_root_of_unity, log2_exact
+from .jit import njit, prange
 
 fmul = fr_kernels.fmul
 fadd = fr_kernels.fadd

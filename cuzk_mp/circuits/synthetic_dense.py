@@ -24,10 +24,10 @@ from __future__ import annotations
 from functools import cache, cached_property
 
 import numpy as np
-from ..algebra.jit import njit, prange
 
 from ..algebra import fr, fr_kernels
 from ..algebra.field import R_MOD
+from ..algebra.jit import njit, prange
 from ..algebra.sparse import CsrMatrix
 from ..algebra.threads import numba_threads
 from ..errors import InputError

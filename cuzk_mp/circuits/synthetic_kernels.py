@@ -13,10 +13,10 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 import numpy as np
-from ..algebra.jit import njit, prange
 
 from ..algebra import fr_kernels
 from ..algebra.field import FR, ints_to_limbs
+from ..algebra.jit import njit, prange
 
 fmul = fr_kernels.F.mul
 fadd = fr_kernels.F.add

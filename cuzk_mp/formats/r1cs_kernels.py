@@ -15,6 +15,7 @@ decode or encode, so reading a key's header costs no numba.
 from __future__ import annotations
 
 import numpy as np
+
 from ..algebra.jit import njit, prange
 
 ERR_TRUNCATED = 1

@@ -11,6 +11,7 @@ views, so nothing is copied out first.
 from __future__ import annotations
 
 import numpy as np
+
 from ..algebra.jit import njit, prange
 
 BAD_MATRIX = 1

@@ -8,6 +8,7 @@ instead of 32 bytes. Imported by a build only: opening a cache needs no numba.
 from __future__ import annotations
 
 import numpy as np
+
 from ..algebra.jit import njit
 
 

@@ -10,9 +10,8 @@ with one Montgomery product (numpy made a dozen single-threaded passes with temp
 
 from __future__ import annotations
 
-from ..algebra.jit import njit, prange
-
 from ..algebra.fr_kernels import fmul
+from ..algebra.jit import njit, prange
 
 
 @njit(inline="always", cache=True)
