@@ -14,11 +14,15 @@ from cuzk_mp.algebra import jit
 
 @pytest.fixture()
 def fresh_log(monkeypatch: pytest.MonkeyPatch) -> jit.CompileLog:
-    """A listener of its own (the module's one has seen this process's earlier compilations)."""
+    """A listener of its own in place of the module's, which has seen this process's earlier compilations."""
     listener = jit.CompileLog()
     monkeypatch.setattr(jit, "PROGRESS_S", 0.0)  # every compilation reports the count
-    with event.install_listener("numba:compile", listener):
-        yield listener
+    event.unregister("numba:compile", jit.compile_log)
+    try:
+        with event.install_listener("numba:compile", listener):
+            yield listener
+    finally:
+        event.register("numba:compile", jit.compile_log)
 
 
 def test_compilations_are_logged_once_each_with_callees_inside(fresh_log: jit.CompileLog,
@@ -65,3 +69,13 @@ def test_every_kernel_module_takes_its_decorators_from_jit() -> None:
     direct = [str(p.relative_to(root)) for p in root.rglob("*.py") if p.name != "jit.py"
               and re.search(r"^\s*from numba import .*\b(njit|jit|prange)\b", p.read_text(), re.M)]
     assert direct == []
+
+
+def test_the_module_listener_counts_this_process_compilations() -> None:
+    @jit.njit(cache=False)
+    def twice(x):  # type: ignore[no-untyped-def]
+        return x + x
+
+    before = jit.compile_log.compiled
+    assert twice(21) == 42
+    assert jit.compile_log.compiled == before + 1
