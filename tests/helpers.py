@@ -509,12 +509,17 @@ def frozen_tree(root_pid: int) -> list[psutil.Process]:
     root = psutil.Process(root_pid)
     root.send_signal(signal.SIGSTOP)  # first: a stopped engine starts no more children
     tree = {root.pid: root}
+    gone: set[int] = set()  # ended between the listing and the signal: nothing left to kill
     while True:
-        added = [c for c in root.children(recursive=True) if c.pid not in tree]
+        added = [c for c in root.children(recursive=True) if c.pid not in tree and c.pid not in gone]
         if not added:
             return list(tree.values())
         for c in added:
-            c.send_signal(signal.SIGSTOP)
+            try:
+                c.send_signal(signal.SIGSTOP)
+            except psutil.NoSuchProcess:
+                gone.add(c.pid)
+                continue
             tree[c.pid] = c
 
 
