@@ -42,7 +42,7 @@ def test_compilations_are_logged_once_each_with_callees_inside(fresh_log: jit.Co
     assert outer(np.arange(4, dtype=np.int64)) == 18
     lines = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == jit.__name__]
     name = f"{__name__}.test_compilations_are_logged_once_each_with_callees_inside.<locals>.outer"
-    assert lines[0][0] == "INFO" and lines[0][1].startswith(f"compiling {name} with numba: the first use")
+    assert lines[0][0] == "INFO" and lines[0][1].startswith(f"compiling {name} with numba: its machine code is not in")
     assert "scripts/warm_caches.py" in lines[0][1]
     assert [m for lv, m in lines if lv == "DEBUG" and m.startswith("compiled ")] == [
         m for lv, m in lines if m.startswith(f"compiled {name} in ")]  # inner's compile is part of outer's
@@ -56,7 +56,7 @@ def test_compilations_are_logged_once_each_with_callees_inside(fresh_log: jit.Co
     assert outer(np.arange(3, dtype=np.int32)) == 9  # new types: a second compilation, at DEBUG
     second = [(r.levelname, r.getMessage()) for r in caplog.records if r.name == jit.__name__]
     assert ("DEBUG", f"compiling {name} with numba") in second
-    assert not [m for lv, m in second if lv == "INFO" and "first use" in m]
+    assert not [m for lv, m in second if lv == "INFO" and "disk cache" in m]
     assert fresh_log.compiled == 2
 
 

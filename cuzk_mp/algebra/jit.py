@@ -2,13 +2,14 @@
 
 Every module with numba kernels takes ``njit`` and ``prange`` from here. numba compiles a kernel
 at its first call and keeps the machine code on disk (``cache=True``), so only a machine's first
-run of each kernel pays, and it pays in silence: the first CPU proof of a 2^16 key took 54 s on a
-2-core VM where the next one took 4.3 s, and the first GPU one-shot of a key spends seconds on the
-circuit-data build's kernels. Importing this module registers a listener on numba's
-``numba:compile`` event, which numba broadcasts only where it found no cached code, so that wait is
-in the log: a process's first compilation at INFO (it happens once a machine; ``scripts/
-warm_caches.py`` does it at install), every kernel and its time at DEBUG, and the count so far at
-INFO every :data:`PROGRESS_S` seconds while compiling goes on.
+run of each kernel pays, and it pays in silence: on a 2-core VM the first CPU proof of a 2^16 key
+took 40-54 s where the next one took 4.3 s, and a GPU one-shot's first proof of a key spends ~6 s
+there on the kernels that build its circuit data (`perf/results/witness-map-compile-cpu-2026-12-07.json`).
+Importing this module registers a listener on numba's ``numba:compile`` event, which numba
+broadcasts only where it found no cached code, so that wait is in the log: a process's first
+compilation at INFO (it happens once a machine; ``scripts/warm_caches.py`` does it at install),
+every kernel and its time at DEBUG, and the count so far at INFO every :data:`PROGRESS_S` seconds
+while compiling goes on.
 """
 
 from __future__ import annotations
@@ -50,9 +51,8 @@ class CompileLog(event.Listener):  # type: ignore[misc]
             if first:
                 self._last_info = now
         if first:
-            log.info("compiling %s with numba: the first use of the host kernels on this machine (the machine "
-                     "code is kept on disk for later processes; scripts/warm_caches.py compiles them at install)",
-                     _name(ev))
+            log.info("compiling %s with numba: its machine code is not in numba's disk cache (it is kept there "
+                     "for later processes; scripts/warm_caches.py compiles the kernels at install)", _name(ev))
         else:
             log.debug("compiling %s with numba", _name(ev))
 
