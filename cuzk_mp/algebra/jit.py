@@ -3,8 +3,8 @@
 Every module with numba kernels takes ``njit`` and ``prange`` from here. numba compiles a kernel
 at its first call and keeps the machine code on disk (``cache=True``), so only a machine's first
 run of each kernel pays, and it pays in silence: on a 2-core VM the first CPU proof of a 2^16 key
-took 40-54 s where the next one took 4.3 s, and a GPU one-shot's first proof of a key spends ~6 s
-there on the kernels that build its circuit data (`perf/results/witness-map-compile-cpu-2026-12-07.json`).
+took 40-54 s where the next one took 4.3 s, and the first GPU one-shot on a machine spends ~6 s
+there on the kernels that build a key's circuit data (`perf/results/witness-map-compile-cpu-2026-12-07.json`).
 Importing this module registers a listener on numba's ``numba:compile`` event, which numba
 broadcasts only where it found no cached code, so that wait is in the log: a process's first
 compilation at INFO (it happens once a machine; ``scripts/warm_caches.py`` does it at install),
