@@ -20,6 +20,7 @@ from cuzk_mp.daemon.client import AsyncClient
 from cuzk_mp.daemon.journal import Journal
 from cuzk_mp.daemon.server import Daemon
 from cuzk_mp.errors import Unavailable
+from cuzk_mp.pipeline.keys import ensure_synthetic_key
 from cuzk_mp.pipeline.types import JobSpec
 from tests.fake_engine import FakeEngine, run_daemon
 
@@ -207,6 +208,9 @@ def test_a_verification_key_read_that_hangs_is_refused_after_the_wait(tmp_path: 
         return identity(self, cid)
 
     monkeypatch.setattr(StatusView, "_key_identity", hung_identity)
+    # both circuits prove with one dev key: made here, so that crit's read during the hang reads a file (making
+    # the key there, the first in a process, took longer than the wait when this test ran first in its process)
+    ensure_synthetic_key("porep-like", 10, tmp_path / "cache")
 
     async def body(d: Daemon, addr: str) -> None:
         async with asyncio.timeout(60), await AsyncClient.connect(addr) as c:
