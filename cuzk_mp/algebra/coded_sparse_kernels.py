@@ -7,10 +7,10 @@ runs them on the device) costs no numba. Compiled on first use and cached on dis
 
 The witness map (``_evaluate``) inlines ``_row_value`` and its field products for each of the three
 matrices, and numba takes 21-27 s to compile that on a 2-core VM (a first CPU proof compiles a dozen
-other kernels in under 2 s each). Forms that compile faster evaluate slower
-(`perf/results/witness-map-compile-cpu-2026-12-07.json`, 2^20 PoRep-like): ``_row_value`` as a call
-compiles in 4 s but evaluates ~40 % slower, inlined once in a loop over the three matrices in 9 s but
-6-10 % slower. The compile is paid once a machine (at install, by ``scripts/warm_caches.py``), the
+other kernels in under 2 s each). Forms that compile faster evaluate slower (``perf/witness_map_forms.py``,
+`perf/results/witness-map-compile-cpu-2026-12-07.json`, 2^20 PoRep-like): ``_row_value`` as a call
+compiles in 4 s but evaluates 37-54 % slower, inlined once in a loop over the three matrices in 8-9 s
+but 6-13 % slower. The compile is paid once a machine (at install, by ``scripts/warm_caches.py``), the
 evaluation by every partition: the inlined form stays.
 """
 
