@@ -210,15 +210,13 @@ def prove(
     marks: dict[str, float] = {}
     inputs: ProverInputs | None = None
     with ThreadPoolExecutor(max_workers=1, thread_name_prefix="cuzk-key-load") as pool:
-        rows = None  # the rows the device maps w with, where known now: the key uploads them beside its points
-        if evaluator is not None and backend.witness_on_device and evaluator.data.c is None:
-            rows = evaluator.data
+        # the rows the device maps w with, where known now: the key uploads them beside its points
+        rows = evaluator.data if evaluator is not None and _maps_on_device(backend, evaluator) else None
         loading = (pool.submit(_timed, backend.load_key, zkey, lasting=False, witness_rows=rows)
                    if key is None else None)
         try:
             evaluator = evaluator or ConstraintEvaluator.from_zkey(zkey, r1cs)
-            on_device = backend.witness_on_device and evaluator.data.c is None
-            if on_device:
+            if _maps_on_device(backend, evaluator):
                 w = evaluator.validate_witness(w)
             else:
                 inputs = evaluator.evaluate(w)
@@ -255,6 +253,12 @@ def prove(
             key.close()
     log.info("prove: %s", ", ".join(f"{k} {1e3 * v:.1f} ms" for k, v in marks.items()))
     return proof, public
+
+
+def _maps_on_device(backend: Backend, evaluator: ConstraintEvaluator) -> bool:
+    """Whether a, b, c are made by the backend from w (its witness map) rather than here: where it
+    keeps them (the GPU) and no r1cs asks for the witness to be checked against C on the host."""
+    return backend.witness_on_device and evaluator.data.c is None
 
 
 def _timed(fn: Callable[..., T], *args: Any, **kwargs: Any) -> tuple[T, float]:
