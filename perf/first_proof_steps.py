@@ -43,6 +43,7 @@ def main() -> None:
     import cupy
 
     from cuzk_mp.backends import get_backend
+    from cuzk_mp.backends.gpu import memory
     from cuzk_mp.formats.wtns import read_wtns
     from cuzk_mp.formats.zkey import read_zkey
     from cuzk_mp.groth16 import prover
@@ -63,7 +64,7 @@ def main() -> None:
     zkey = read_zkey(args.zkey, check_coefs=False)
     w = read_wtns(args.wtns)
     if args.pool_first:
-        step("pool_first", lambda: cupy.get_default_memory_pool().malloc(args.pool_first))  # released at once
+        step("pool_first", lambda: memory.grow_pool(args.pool_first))
     rows = None if args.no_rows else ev.data
     key = step("load_key", lambda: backend.load_key(zkey, lasting=False, witness_rows=rows))
     try:

@@ -415,7 +415,6 @@ def warm_rows(ses: Session) -> None:
     ses.rows["warm_s"], _ = ses.command("warm_caches", [sys.executable, "scripts/warm_caches.py"], 300)
 
 
-STEP = re.compile(r"prove: (.*)$", re.M)
 START = re.compile(r"imports, key and witness in ([0-9.]+) s, backend \S+ ready ([0-9.]+) s later")
 
 
@@ -423,6 +422,7 @@ def oneshot_rows(ses: Session, n: int, backend: str) -> None:
     """The one-shot CLI prove as whole processes: first after warm_caches, then three warm."""
     from cuzk_mp.circuits.synthetic import PorepLike
     from cuzk_mp.formats.wtns import write_wtns
+    from cuzk_mp.groth16.prover import STEPS_LINE, steps_of
     from cuzk_mp.pipeline.keys import synthetic_key_paths
 
     zkey = synthetic_key_paths("porep-like", n, ses.cache)[0]
@@ -449,11 +449,10 @@ def oneshot_rows(ses: Session, n: int, backend: str) -> None:
         ses.rows[f"oneshot_2^{n}_keep_warm_s"] = got["keep_warm_median_s"]
         ses.rows[f"oneshot_2^{n}_keep_warm_runs_s"] = got["keep_warm_s"]
         ses.rows["proofs_verified"] += 2 * got["runs"] + 2
-    m = STEP.search(text)
+    m = re.search(rf"{re.escape(STEPS_LINE)}.*$", text, re.M)
     if m:
-        for part in m.group(1).split(", "):
-            name, value, _ = part.rsplit(" ", 2)
-            ses.rows[f"oneshot_2^{n}_step_{name}_ms"] = float(value)
+        for name, value in steps_of(m.group(0)).items():
+            ses.rows[f"oneshot_2^{n}_step_{name}_ms"] = value
     m = START.search(text)
     if m:
         ses.rows[f"oneshot_2^{n}_start_s"], ses.rows[f"oneshot_2^{n}_backend_after_s"] = map(float, m.groups())

@@ -63,7 +63,7 @@ def _child(zkey_path: str, wtns_path: str, cold: bool) -> dict[str, Any]:
     from cuzk_mp.backends.gpu import msm as gmsm
     from cuzk_mp.formats.wtns import read_wtns
     from cuzk_mp.formats.zkey import read_zkey
-    from cuzk_mp.groth16.prover import prove
+    from cuzk_mp.groth16.prover import STEPS_LINE, prove, steps_of
     from cuzk_mp.groth16.synthesis import ConstraintEvaluator
 
     times: dict[str, list[float]] = {}
@@ -111,15 +111,10 @@ def _child(zkey_path: str, wtns_path: str, cold: bool) -> dict[str, Any]:
             prove(backend, zkey, w, key=resident, evaluator=evaluator)
     finally:
         resident.close()
-    proofs = [_steps(r) for r in records if r.startswith("prove:")]
+    proofs = [steps_of(r) for r in records if r.startswith(STEPS_LINE)]
     return {"cold": cold, "backend_ready_s": round(ready, 3), "first_load_ms": first,
             "load_in_prove_ms": proofs[0]["load_key"], "first_proof_ms": proofs[0],
             "resident_key_proofs_ms": proofs[1:]}
-
-
-def _steps(line: str) -> dict[str, float]:
-    """The prover's "prove: witness_map 1.9 ms, load_key 69.1 ms, ..." as {step: ms}."""
-    return {k: float(v) for k, v, _ in (part.split() for part in line.removeprefix("prove: ").split(", "))}
 
 
 def main() -> None:

@@ -53,11 +53,16 @@ def key(tmp_path: Path) -> Path:
 
 def test_one_shot_prove_logs_its_steps_and_verifies(tmp_path: Path, key: Path,
                                                     capfd: pytest.CaptureFixture[str]) -> None:
+    from cuzk_mp.groth16.prover import steps_of
+
     proof, public, vk = tmp_path / "proof.json", tmp_path / "public.json", tmp_path / "vk.json"
     assert main(["--log-level", "INFO", "groth16", "prove", "--backend", "cpu", str(key),
                  str(DATA / "mul.wtns"), str(proof), str(public)]) == 0
     steps = [line for line in capfd.readouterr().err.splitlines() if "prove: witness_map" in line]
     assert steps and all(f"{k} " in steps[0] for k in ("load_key", "stage", "device", "finalize"))
+    read = steps_of(steps[0])  # the perf tools' reader of the line
+    assert list(read)[:1] == ["witness_map"] and {"load_key", "stage", "device", "finalize"} <= set(read)
+    assert all(v >= 0 for v in read.values())
     assert main(["zkey", "export", "verificationkey", str(DATA / "mul.zkey"), str(vk)]) == 0
     assert main(["groth16", "verify", str(vk), str(public), str(proof)]) == 0
     assert json.loads(public.read_text()) == json.loads((DATA / "public.json").read_text())
