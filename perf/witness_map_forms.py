@@ -10,7 +10,7 @@ equal the shipped module's, then runs the evaluations round by round, the forms 
 ``perf/synthesis_bench.py``'s (its work folder's synthesis-only key). Medians and minima, ms:
 
     NUMBA_CACHE_DIR=$(mktemp -d) .venv/bin/python perf/witness_map_forms.py --log-n 20 --rounds 21 \\
-        --form loop=/tmp/loop.py --out result.json
+        --form loop=loop.py --out result.json
 """
 
 from __future__ import annotations
