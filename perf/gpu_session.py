@@ -82,6 +82,7 @@ ESTIMATE_S = {"fresh": 90.0, "tests": 110.0, "msm": 75.0, "partition": 80.0, "pr
 _MSM = ["g1_msm_random_2^24", "g1_msm_random_2^26", "g2_msm_random_2^24"]
 # the partition section's witnesses (gpu_msm_bench.random_scalars; "circuit": the PoRep-like circuit's own)
 WITNESSES = ("porep", "random", "boolean", "circuit")
+PROFILE_LAST = False  # --profile-last
 _PART = [f"prove_{w}_2^24" for w in WITNESSES]
 TABLE_KEYS = [
     "fresh_setup_2^16_s", "fresh_prove_2^16_first_s", "fresh_prove_2^16_warm_s", "fresh_nvrtc_fallbacks",
@@ -385,9 +386,16 @@ def _partition_runs(ses: DeviceRun, backend: Any, key: Any, abc: list[np.ndarray
                 t0 = time.perf_counter()
                 staged = backend.stage(key, ProverInputs(*abc, w))
                 stage_s = time.perf_counter() - t0
+                profiled = PROFILE_LAST and rep == reps
+                if profiled:  # Nsight Compute's range: this partition's kernels alone (perf/partition_census.py)
+                    cupy.cuda.Device().synchronize()
+                    cupy.cuda.profiler.start()
                 t0 = time.perf_counter()
                 sums = prove_start(backend, key, staged, n_public)
                 wall = time.perf_counter() - t0
+                if profiled:
+                    cupy.cuda.Device().synchronize()
+                    cupy.cuda.profiler.stop()
                 if rep == 0:  # warm-up run, checked
                     p = cupy.asnumpy(staged.h)
                     _check_sums(ses, f"prove_{tag}_2^{lg}{suffix}{var}", sums, w, p, g1, g2, logs, n_public, mb)
@@ -541,10 +549,15 @@ def main() -> None:
                     help="partition section: a point on every row (points), or the PoRep-like circuit's wire count "
                          "and infinity points, as its own key has them (circuit: rows *_circuit_key, witness "
                          "'circuit' allowed)")
+    ap.add_argument("--profile-last", action="store_true",
+                    help="partition section: the last timed partition of each witness and variant between "
+                         "cudaProfilerStart and Stop (for ncu --profile-from-start off: perf/partition_census.py)")
     ap.add_argument("--partition-accumulate", default="",
                     help="partition section: a comma list of the accumulations to time on each loaded key: "
                          "'plan' (as its device plan set them, the default) and 'xyzz' (no grid rounds: rows *_xyzz)")
     args = ap.parse_args()
+    global PROFILE_LAST
+    PROFILE_LAST = args.profile_last
     witnesses = tuple(args.partition_witnesses.split(",")) if args.partition_witnesses else None
     accumulate = tuple("" if a == "plan" else a for a in (args.partition_accumulate or "plan").split(","))
     if set(accumulate) - {"", "xyzz"}:
