@@ -79,7 +79,8 @@ def read_raw(path: Path) -> list[dict[str, Any]]:
     out = []
     for r in body:
         k: dict[str, Any] = {"kernel": r[col["Kernel Name"]].split("(")[0].strip()}
-        k.update({short: _number(r[col[m]]) if m in col else float("nan") for m, short in {**METRICS, **COUNTERS}.items()})
+        for m, short in {**METRICS, **COUNTERS}.items():
+            k[short] = _number(r[col[m]]) if m in col else float("nan")
         out.append(k)
     return out
 
