@@ -568,10 +568,25 @@ def test_counting_and_radix_sorts_agree(msm: Any, g2: bool, dist: str, monkeypat
     n = 200
     points, scalars = _points(n, g2), _scalars(n, dist, SEED + 91)
     want = _oracle(points, scalars, g2)
-    for bins in (1 << 20, 0):  # 0: every batch takes the radix sort
+    # the shipped limits, then every batch to the radix sort by its buckets, then by its keys
+    for bins, keys, scan in ((1 << 20, 1 << 21, 1 << 16), (0, 1 << 21, 0), (1 << 20, 0, 0)):
         monkeypatch.setitem(passes_of(msm), "COUNTING_SORT_BINS", bins)
+        monkeypatch.setitem(passes_of(msm), "COUNTING_SORT_KEYS", keys)
+        monkeypatch.setitem(passes_of(msm), "COUNTING_SORT_SCAN_BINS", scan)
         for params in (None, msm.MsmParams(max_entries=3 * n, seg=3, combine_seg=2, group=2)):
-            assert _run(msm, points, scalars, g2, params) == want, f"seed {SEED} bins {bins} {params}"
+            assert _run(msm, points, scalars, g2, params) == want, f"seed {SEED} bins {bins} keys {keys} {params}"
+
+
+def test_the_counting_sort_takes_few_keys_or_very_few_buckets(msm: Any) -> None:
+    """Which sort a window batch gets: the counting sort for every batch a CUDA graph may capture
+    (no CuPy scan inside a capture) and for tiny bucket sets; the radix sort for a large batch over
+    many buckets (whose one-block scan would take ~1 ms) and for any over COUNTING_SORT_BINS buckets."""
+    g = passes_of(msm)
+    takes, keys, bins, scan = (g["counting_sort_takes"], g["COUNTING_SORT_KEYS"], g["COUNTING_SORT_BINS"],
+                               g["COUNTING_SORT_SCAN_BINS"])
+    assert keys >= g["GRAPH_MAX_ENTRIES"] and scan < bins
+    assert takes(keys, bins) and takes(1, 1) and takes(keys + 1, scan) and takes(1 << 30, 2)
+    assert not takes(keys + 1, bins) and not takes(keys + 1, scan + 1) and not takes(1, bins + 1)
 
 
 @pytest.mark.parametrize("n, bits", [(1, 9), (300, 9), (5000, 25), (9000, 18), (4096, 32)])

@@ -50,7 +50,7 @@ def env_switch(name: str, default: bool) -> bool:
     return value not in ("0", "off", "false", "no") if default else value in ("1", "on", "true", "yes")
 
 
-# The sort of window batches with more buckets than the counting sort takes (msm_passes.COUNTING_SORT_BINS):
+# The sort of window batches the counting sort does not take (msm_passes.counting_sort_takes):
 # "radix" (kernels/msm/sort.cuh, no host wait) or "argsort" (cupy.argsort, which waits for the host inside
 # every MSM). Each key's device plan picks it by the key's domain (:func:`large_sort_for`), as measured in
 # the PoRep-like pipeline (10 partitions x 2 jobs, key made on the device, every proof verified;

@@ -20,7 +20,8 @@ One run, for m standard-form scalars (``(m, 4)`` uint64, each < 2^255):
 3. The other scalars go through Pippenger with c-bit signed windows
    (W = ceil(256 / c)): ``msm_digits`` writes one sort key per (window,
    scalar), a counting sort by bucket (``msm_sort_*``, three launches, no host wait) orders
-   them when the batch has at most :data:`.msm_passes.COUNTING_SORT_BINS` buckets, else a stable LSD radix
+   them when :func:`.msm_passes.counting_sort_takes` the batch (few buckets, and few keys or very few
+   buckets), else a stable LSD radix
    sort over the bits the batch's keys use (``msm_radix_*``, two launches and a scan a pass of
    at most 9 bits, no host wait),
    ``msm_accumulate`` adds each run of a bucket with segmented, load-balanced

@@ -86,7 +86,7 @@ class MsmParams:
     # msm_radix_scatter's __launch_bounds__ minimum blocks of 256 per SM (compiled in, both groups; None:
     # the kernel's default, MSM_RADIX_MIN_BLOCKS in msm.cu)
     radix_min_blocks: int | None = None
-    # how window batches above the counting sort's buckets are sorted: "radix" or "argsort" (SORT_ENV)
+    # how window batches the counting sort does not take are sorted: "radix" or "argsort" (SORT_ENV)
     large_sort: str = field(default_factory=sort_default)
 
     def __post_init__(self) -> None:

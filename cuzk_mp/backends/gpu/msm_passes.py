@@ -18,7 +18,7 @@ from ...errors import InputError
 from .env_knobs import GA_INV_FAN, GA_THREADS
 from .msm_geometry import grid_rounds_for
 from .msm_host import _NULL, _Marks, _u32, _u64
-from .msm_params import MsmParams
+from .msm_params import GRAPH_MAX_ENTRIES, MsmParams
 
 OP_COMBINE, OP_BUCKETS, OP_GROUPS, OP_ADD = 0, 1, 2, 3  # msm_reduce ops (msm.cu)
 
@@ -26,6 +26,21 @@ OP_COMBINE, OP_BUCKETS, OP_GROUPS, OP_ADD = 0, 1, 2, 3  # msm_reduce ops (msm.cu
 # one-block scan walks the counters in ranges of bins / SCAN_THREADS, so far larger bucket sets
 # (2^24-point MSMs without multiples) keep the radix sort.
 COUNTING_SORT_BINS = 1 << 20
+# ... and only where it has few keys (those a captured graph holds: its three launches are what a
+# small MSM's latency wants) or few buckets. Its one-block scan takes ~1 ns a bucket whatever the
+# keys: in a 2^24 PoRep-like partition on an H100 the counting sort of 53.7 M keys over ~2^20
+# buckets took 4.1 ms (count 1.18, scan 1.13, scatter 1.83) where the radix sort of 40.3 M keys took
+# 2.0 ms in three passes (perf/results/partition-census-h100-2026-12-07.json; the whole partition with
+# this rule against the one before is still to time on a device). A batch a graph captures has at most
+# GRAPH_MAX_ENTRIES keys, so it keeps the counting sort and no CuPy scan runs inside a capture.
+COUNTING_SORT_KEYS = GRAPH_MAX_ENTRIES
+COUNTING_SORT_SCAN_BINS = 1 << 16
+
+
+def counting_sort_takes(n: int, bins: int) -> bool:
+    """Whether a window batch of ``n`` sort keys over ``bins`` buckets is ordered by the counting
+    sort (else the radix sort)."""
+    return bins <= COUNTING_SORT_BINS and (n <= COUNTING_SORT_KEYS or bins <= COUNTING_SORT_SCAN_BINS)
 # The radix sort's launch geometry (MSM_RADIX_THREADS x MSM_RADIX_ITEMS keys a tile, digits of at
 # most MSM_RADIX_MAX_BITS bits: kernels/msm/sort.cuh).
 RADIX_THREADS = 256
@@ -75,10 +90,10 @@ class _MsmPasses:
 
     def _sort(self, keys: Any, n: int, bins: int, cfg: int) -> Any:
         """Positions of the n keys (``keys`` holds n + 1: the last is scratch) ordered by bucket
-        (``bins`` buckets; zero digits last): the counting sort (sort.cuh) up to
-        :data:`COUNTING_SORT_BINS` buckets, else the radix sort over the bits the keys use (or
+        (``bins`` buckets; zero digits last): the counting sort (sort.cuh) where
+        :func:`counting_sort_takes` the batch, else the radix sort over the bits the keys use (or
         ``cupy.argsort``, ``params.large_sort``)."""
-        if bins > COUNTING_SORT_BINS:
+        if not counting_sort_takes(n, bins):
             if self.params.large_sort == "argsort":
                 return cupy.argsort(keys[:n])
             # a key is bucket << (1 + wb) | low bits < bins << (1 + wb): sorting one bit more puts
