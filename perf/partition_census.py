@@ -1,7 +1,8 @@
 #!/usr/bin/env python3
-"""Where one partition's device time goes, kernel by kernel: Nsight Compute's duration, SM and DRAM
-throughput and achieved occupancy of every kernel of one timed partition (``perf/gpu_session.py
---sections partition --profile-last``), summed by kernel.
+"""Where one partition's device time goes, kernel by kernel: Nsight Compute's duration and launch
+figures of every kernel of one timed partition (``perf/gpu_session.py --sections partition
+--profile-last``), summed by kernel; with ``--counters`` also each kernel's SM and DRAM throughput
+and achieved occupancy.
 
 Why: the partition's stage timings (CUDA events) say how long each MSM and the H step take with G2
 beside the G1 chain; the floors (``perf/floors.py``) say what the arithmetic needs. Between the two
@@ -17,7 +18,8 @@ On the GPU machine (repository root, the cp312 wheels on PYTHONPATH as README "T
 runs ``ncu --profile-from-start off`` on the session's partition section (its default multiples
 plan, one checked warm-up, one profiled partition), writes ``DIR/census-raw.csv`` (Nsight Compute's
 raw page), ``DIR/census.json`` (every kernel, then the sums by kernel) and prints the table.
-``--csv FILE`` summarises a raw page made before, without a GPU.
+``--csv FILE`` summarises a raw page made before, without a GPU. The durations take one collection
+pass (a 2^24 partition's ~330 kernels in ~30 s on an H100); the counters are replayed (see COUNTERS).
 """
 
 from __future__ import annotations

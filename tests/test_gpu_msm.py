@@ -579,7 +579,7 @@ def test_counting_and_radix_sorts_agree(msm: Any, g2: bool, dist: str, monkeypat
 
 def test_the_counting_sort_takes_few_keys_or_very_few_buckets(msm: Any) -> None:
     """Which sort a window batch gets: the counting sort for every batch a CUDA graph may capture
-    (no CuPy scan inside a capture) and for tiny bucket sets; the radix sort for a large batch over
+    (as before the key-count rule) and for tiny bucket sets; the radix sort for a large batch over
     many buckets (whose one-block scan would take ~1 ms) and for any over COUNTING_SORT_BINS buckets."""
     g = passes_of(msm)
     takes, keys, bins, scan = (g["counting_sort_takes"], g["COUNTING_SORT_KEYS"], g["COUNTING_SORT_BINS"],

@@ -32,7 +32,7 @@ COUNTING_SORT_BINS = 1 << 20
 # buckets took 4.1 ms (count 1.18, scan 1.13, scatter 1.83) where the radix sort of 40.3 M keys took
 # 2.0 ms in three passes (perf/results/partition-census-h100-2026-12-07.json; the whole partition with
 # this rule against the one before is still to time on a device). A batch a graph captures has at most
-# GRAPH_MAX_ENTRIES keys, so it keeps the counting sort and no CuPy scan runs inside a capture.
+# GRAPH_MAX_ENTRIES keys, so every captured pass sorts as it did before this rule.
 COUNTING_SORT_KEYS = GRAPH_MAX_ENTRIES
 COUNTING_SORT_SCAN_BINS = 1 << 16
 
@@ -41,6 +41,8 @@ def counting_sort_takes(n: int, bins: int) -> bool:
     """Whether a window batch of ``n`` sort keys over ``bins`` buckets is ordered by the counting
     sort (else the radix sort)."""
     return bins <= COUNTING_SORT_BINS and (n <= COUNTING_SORT_KEYS or bins <= COUNTING_SORT_SCAN_BINS)
+
+
 # The radix sort's launch geometry (MSM_RADIX_THREADS x MSM_RADIX_ITEMS keys a tile, digits of at
 # most MSM_RADIX_MAX_BITS bits: kernels/msm/sort.cuh).
 RADIX_THREADS = 256
