@@ -312,7 +312,7 @@ def _to_host(a: Any) -> np.ndarray:
 
 def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False,
                    tags: tuple[str, ...] | None = None, key_shape: str = "points",
-                   accumulate: tuple[str, ...] = ("",)) -> None:
+                   accumulate: tuple[str, ...] = ("",), counting_keys: tuple[int | None, ...] = (None,)) -> None:
     """Device work of one 2^lg partition through the protocol recipe: multiples none vs default,
     each with the accumulations of ``accumulate`` (``quick``: the default multiples, XYZZ and the PoRep-like
     witness alone: at 2^27, where no multiples fit, one 77 GB key and ~3 s a partition).
@@ -321,9 +321,13 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False,
     (:func:`circuit_shape`), the witness "circuit" is the circuit's own, and the rows end in
     ``_circuit_key``; "points": a point on every row. ``accumulate``: the loaded key's MSMs as its
     plan set them ("") and/or with XYZZ level 1 alone ("xyzz": no grid rounds, rows ``*_xyzz``),
-    timed on the same key, interleaved rep by rep."""
+    timed on the same key, interleaved rep by rep. ``counting_keys``: the counting sort's key limit
+    (``msm_passes.COUNTING_SORT_KEYS``) as 2^N for each N, None the shipped one; rows ``*_ckN``."""
+    from cuzk_mp.backends.gpu import msm_passes as passes
     from cuzk_mp.backends.gpu.backend import GpuBackend
     from cuzk_mp.backends.gpu.msm_geometry import MULTIPLES_ENV
+
+    shipped_keys = passes.COUNTING_SORT_KEYS
 
     n_public = 4
     tags = tags or (("porep",) if quick else ("porep", "random"))
@@ -348,17 +352,20 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False,
         planned = {name: m.params for name, m in key.msms.items()}
         ses.rows[f"partition_2^{lg}{suffix}_grid_rounds"] = ",".join(
             f"{name}={m.params.ga_rounds if m.params.grid(m.G2) else 0}" for name, m in key.msms.items())
-        variants: dict[str, dict[str, Any]] = {}
-        for acc in accumulate:  # launch knobs only: the same compiled modules
-            variants[f"_{acc}" if acc else ""] = {"ga_rounds": 0} if acc == "xyzz" else {}
+        variants: dict[str, tuple[dict[str, Any], int]] = {}
+        for acc in accumulate:  # launch knobs and the sort rule only: the same compiled modules
+            for ck in counting_keys:
+                tag = (f"_{acc}" if acc else "") + (f"_ck{ck}" if ck is not None else "")
+                variants[tag] = ({"ga_rounds": 0} if acc == "xyzz" else {}, shipped_keys if ck is None else 1 << ck)
 
-        def use(knobs: dict[str, Any]) -> None:
+        def use(knobs: dict[str, Any], keys: int) -> None:
+            passes.COUNTING_SORT_KEYS = keys
             for name, m in key.msms.items():
                 m.params = dataclasses.replace(planned[name], **knobs)
 
         _partition_runs(ses, backend, key, abc, witnesses, suffix, lg, n_public, reps, g1, g2, logs,
-                        {tag: (lambda k=knobs: use(k)) for tag, knobs in variants.items()})
-        use({})
+                        {tag: (lambda v=v: use(*v)) for tag, v in variants.items()})
+        use({}, shipped_keys)
         ses.rows.update({f"partition_2^{lg}{suffix}_stats_{k}": v for k, v in backend.stats().items()})
         key.close()
         _free()
@@ -549,6 +556,10 @@ def main() -> None:
                     help="partition section: a point on every row (points), or the PoRep-like circuit's wire count "
                          "and infinity points, as its own key has them (circuit: rows *_circuit_key, witness "
                          "'circuit' allowed)")
+    ap.add_argument("--partition-counting-keys", default="shipped",
+                    help="partition section: a comma list of the counting sort's key limits to time on each loaded "
+                         "key, interleaved: 'shipped' (msm_passes.COUNTING_SORT_KEYS) or N for 2^N (62: any "
+                         "batch of few enough buckets, the rule before the key limit); rows *_ckN")
     ap.add_argument("--profile-last", action="store_true",
                     help="partition section: the last timed partition of each witness and variant between "
                          "cudaProfilerStart and Stop (for ncu --profile-from-start off: perf/partition_census.py)")
@@ -560,6 +571,10 @@ def main() -> None:
     PROFILE_LAST = args.profile_last
     witnesses = tuple(args.partition_witnesses.split(",")) if args.partition_witnesses else None
     accumulate = tuple("" if a == "plan" else a for a in (args.partition_accumulate or "plan").split(","))
+    try:
+        counting_keys = tuple(None if v == "shipped" else int(v) for v in args.partition_counting_keys.split(","))
+    except ValueError:
+        ap.error(f"--partition-counting-keys: shipped or integers, not {args.partition_counting_keys}")
     if set(accumulate) - {"", "xyzz"}:
         ap.error(f"--partition-accumulate: plan, xyzz, not {args.partition_accumulate}")
     if witnesses and set(witnesses) - set(WITNESSES):
@@ -593,7 +608,7 @@ def main() -> None:
         (lambda: msm_rows(ses, (24, 26), 24, args.reps)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
         (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick,
-                                witnesses, args.partition_key, accumulate)),
+                                witnesses, args.partition_key, accumulate, counting_keys)),
         "proofs": (lambda: None) if args.dry_run else
         (lambda: proof_rows(ses, args.proofs_log_n, args.reps, tuple(args.proofs_kinds.split(",")))),
     }

@@ -31,7 +31,8 @@ COUNTING_SORT_BINS = 1 << 20
 # keys: in a 2^24 PoRep-like partition on an H100 the counting sort of 53.7 M keys over ~2^20
 # buckets took 4.1 ms (count 1.18, scan 1.13, scatter 1.83) where the radix sort of 40.3 M keys took
 # 2.0 ms in three passes (perf/results/partition-census-h100-2026-12-07.json; the whole partition with
-# this rule against the one before is still to time on a device). A batch a graph captures has at most
+# this rule against the one before is still to time on a device: perf/gpu_session.py --sections partition
+# --partition-counting-keys shipped,62). A batch a graph captures has at most
 # GRAPH_MAX_ENTRIES keys, so every captured pass sorts as it did before this rule.
 COUNTING_SORT_KEYS = GRAPH_MAX_ENTRIES
 COUNTING_SORT_SCAN_BINS = 1 << 16
