@@ -55,7 +55,8 @@ from cuzk_mp.formats.snarkjs_json import proof_from_json, public_from_json, vk_f
 from cuzk_mp.groth16.verifier import verify  # noqa: E402
 from cuzk_mp.pipeline.benchreport import machine_info  # noqa: E402
 from tests.hostile_corpus import INPUT_JSON_PROBES, frame_probes  # noqa: E402
-from tests.helpers import ENV, PY, DaemonProcess, config_text, exchange, frozen_tree, shm_inodes  # noqa: E402
+from tests.helpers import (  # noqa: E402
+    ENV, PY, DaemonProcess, config_text, ended_unreaped, exchange, frozen_tree, shm_inodes)
 
 MAX_FRAME = 8 * 2**20
 FRAME_TIMEOUT_S = 3.0
@@ -437,10 +438,10 @@ def main() -> int:
     tree = frozen_tree(daemon.proc.pid)  # stopped first, so that no child outlives the engine and cleans up
     for p in tree:
         p.send_signal(signal.SIGKILL)
-    psutil.wait_procs(tree, timeout=30)
+    ended_unreaped(tree)
+    left_by_kill = shm_inodes(prefix)  # before the engine is reaped: no other engine's start removes its ring
     daemon.proc.wait()
     load.stop()
-    left_by_kill = shm_inodes(prefix)
     daemon = DaemonProcess(config, work)
     daemon.wait_ready(600)
     rec.daemon = daemon

@@ -523,6 +523,24 @@ def frozen_tree(root_pid: int) -> list[psutil.Process]:
             tree[c.pid] = c
 
 
+def ended_unreaped(procs: list[psutil.Process], timeout_s: float = 30.0) -> None:
+    """Wait until every process is gone or a zombie, reaping none: a killed engine that is this
+    process's child stays a zombie, whose pid still runs with its start time, so an engine starting
+    meanwhile leaves its ring alone (a new ring removes those whose maker is gone:
+    ``shm_names.remove_abandoned``) until the caller reaps it."""
+    deadline = time.monotonic() + timeout_s
+    for p in procs:
+        while True:
+            try:
+                if p.status() == psutil.STATUS_ZOMBIE:
+                    break
+            except psutil.NoSuchProcess:
+                break
+            if time.monotonic() > deadline:
+                raise AssertionError(f"process {p.pid} outlived its SIGKILL")
+            time.sleep(0.01)
+
+
 def status_of(engine: Any) -> dict[str, Any]:
     """A running engine's typed status as JSON-able data (what the daemon serves)."""
     import msgspec

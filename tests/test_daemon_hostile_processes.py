@@ -14,12 +14,12 @@ import time
 import urllib.request
 from pathlib import Path
 
-import psutil
 import pytest
 
 from cuzk_mp.daemon.client import synthetic_partitions
 from cuzk_mp.daemon.config import default_shm_prefix
-from tests.helpers import ENV, PY, DaemonProcess, check_proofs, config_text, frozen_tree, shm_inodes, shm_leftovers
+from tests.helpers import (ENV, PY, DaemonProcess, check_proofs, config_text, ended_unreaped, frozen_tree, shm_inodes,
+                           shm_leftovers)
 
 
 def _free_port() -> int:
@@ -73,20 +73,6 @@ def test_a_twin_daemon_exits_at_once_and_harms_nothing(tmp_path: Path) -> None:
     assert shm_leftovers(prefix) == []
 
 
-def _ended(procs: list[psutil.Process], timeout_s: float = 30.0) -> None:
-    """Wait until every process is gone or a zombie (none is reaped here)."""
-    deadline = time.monotonic() + timeout_s
-    for p in procs:
-        while True:
-            try:
-                if p.status() == psutil.STATUS_ZOMBIE:
-                    break
-            except psutil.NoSuchProcess:
-                break
-            assert time.monotonic() < deadline, f"process {p.pid} outlived its SIGKILL"
-            time.sleep(0.01)
-
-
 def test_a_killed_process_tree_leaves_nothing_after_the_restart(tmp_path: Path) -> None:
     cfg = tmp_path / "cuzk.toml"
     cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=""))  # the default prefix
@@ -103,10 +89,8 @@ def test_a_killed_process_tree_leaves_nothing_after_the_restart(tmp_path: Path) 
         assert len(tree) >= 3
         for p in tree:  # the whole tree at once, as the OOM killer or TimeoutStopSec would
             p.send_signal(signal.SIGKILL)
-        _ended(tree)
-        # Read while the engine, this process's child, is an unreaped zombie: its pid still runs with its
-        # start time, so an engine of another test starting meanwhile spares the ring it made (a new ring
-        # removes those whose maker is gone: shm_names.remove_abandoned), as it could not once reaped.
+        ended_unreaped(tree)
+        # read while the engine is an unreaped zombie: an engine of another test starting meanwhile spares its ring
         left = shm_inodes(prefix)
     finally:
         first.sigkill()
