@@ -82,7 +82,6 @@ ESTIMATE_S = {"fresh": 90.0, "tests": 110.0, "msm": 75.0, "partition": 80.0, "pr
 _MSM = ["g1_msm_random_2^24", "g1_msm_random_2^26", "g2_msm_random_2^24"]
 # the partition section's witnesses (gpu_msm_bench.random_scalars; "circuit": the PoRep-like circuit's own)
 WITNESSES = ("porep", "random", "boolean", "circuit")
-PROFILE_LAST = False  # --profile-last
 _PART = [f"prove_{w}_2^24" for w in WITNESSES]
 TABLE_KEYS = [
     "fresh_setup_2^16_s", "fresh_prove_2^16_first_s", "fresh_prove_2^16_warm_s", "fresh_nvrtc_fallbacks",
@@ -312,7 +311,8 @@ def _to_host(a: Any) -> np.ndarray:
 
 def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False,
                    tags: tuple[str, ...] | None = None, key_shape: str = "points",
-                   accumulate: tuple[str, ...] = ("",), counting_keys: tuple[int | None, ...] = (None,)) -> None:
+                   accumulate: tuple[str, ...] = ("",), counting_keys: tuple[int | None, ...] = (None,),
+                   profile_last: bool = False) -> None:
     """Device work of one 2^lg partition through the protocol recipe: multiples none vs default,
     each with the accumulations of ``accumulate`` (``quick``: the default multiples, XYZZ and the PoRep-like
     witness alone: at 2^27, where no multiples fit, one 77 GB key and ~3 s a partition).
@@ -322,7 +322,9 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False,
     ``_circuit_key``; "points": a point on every row. ``accumulate``: the loaded key's MSMs as its
     plan set them ("") and/or with XYZZ level 1 alone ("xyzz": no grid rounds, rows ``*_xyzz``),
     timed on the same key, interleaved rep by rep. ``counting_keys``: the counting sort's key limit
-    (``msm_passes.COUNTING_SORT_KEYS``) as 2^N for each N, None the shipped one; rows ``*_ckN``."""
+    (``msm_passes.COUNTING_SORT_KEYS``) as 2^N for each N, None the shipped one; rows ``*_ckN``.
+    ``profile_last``: the last timed partition of each witness and variant between cudaProfilerStart
+    and Stop."""
     from cuzk_mp.backends.gpu import msm_passes as passes
     from cuzk_mp.backends.gpu.backend import GpuBackend
     from cuzk_mp.backends.gpu.msm_geometry import MULTIPLES_ENV
@@ -364,7 +366,7 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False,
                 m.params = dataclasses.replace(planned[name], **knobs)
 
         _partition_runs(ses, backend, key, abc, witnesses, suffix, lg, n_public, reps, g1, g2, logs,
-                        {tag: (lambda v=v: use(*v)) for tag, v in variants.items()})
+                        {tag: (lambda v=v: use(*v)) for tag, v in variants.items()}, profile_last)
         use({}, shipped_keys)
         ses.rows.update({f"partition_2^{lg}{suffix}_stats_{k}": v for k, v in backend.stats().items()})
         key.close()
@@ -375,7 +377,8 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False,
 
 def _partition_runs(ses: DeviceRun, backend: Any, key: Any, abc: list[np.ndarray], witnesses: dict[str, np.ndarray],
                     suffix: str, lg: int, n_public: int, reps: int, g1: Any, g2: Any,
-                    logs: dict[str, np.ndarray], variants: dict[str, Callable[[], None]]) -> None:
+                    logs: dict[str, np.ndarray], variants: dict[str, Callable[[], None]],
+                    profile_last: bool = False) -> None:
     """A checked warm-up and ``reps`` timed partitions per witness and variant on a loaded key;
     ``variants``: row suffix -> what sets the key's MSM knobs for it, taken in turn each rep (so
     that drift between the first and the last run falls on every variant alike)."""
@@ -393,7 +396,7 @@ def _partition_runs(ses: DeviceRun, backend: Any, key: Any, abc: list[np.ndarray
                 t0 = time.perf_counter()
                 staged = backend.stage(key, ProverInputs(*abc, w))
                 stage_s = time.perf_counter() - t0
-                profiled = PROFILE_LAST and rep == reps
+                profiled = profile_last and rep == reps
                 if profiled:  # Nsight Compute's range: this partition's kernels alone (perf/partition_census.py)
                     cupy.cuda.Device().synchronize()
                     cupy.cuda.profiler.start()
@@ -567,8 +570,6 @@ def main() -> None:
                     help="partition section: a comma list of the accumulations to time on each loaded key: "
                          "'plan' (as its device plan set them, the default) and 'xyzz' (no grid rounds: rows *_xyzz)")
     args = ap.parse_args()
-    global PROFILE_LAST
-    PROFILE_LAST = args.profile_last
     witnesses = tuple(args.partition_witnesses.split(",")) if args.partition_witnesses else None
     accumulate = tuple("" if a == "plan" else a for a in (args.partition_accumulate or "plan").split(","))
     try:
@@ -608,7 +609,7 @@ def main() -> None:
         (lambda: msm_rows(ses, (24, 26), 24, args.reps)),
         "partition": (lambda: partition_cpu_references(ses, 10)) if args.dry_run else
         (lambda: partition_rows(ses, args.partition_log_n, args.reps, args.partition_quick,
-                                witnesses, args.partition_key, accumulate, counting_keys)),
+                                witnesses, args.partition_key, accumulate, counting_keys, args.profile_last)),
         "proofs": (lambda: None) if args.dry_run else
         (lambda: proof_rows(ses, args.proofs_log_n, args.reps, tuple(args.proofs_kinds.split(",")))),
     }
