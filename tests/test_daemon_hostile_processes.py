@@ -5,13 +5,16 @@ shm prefix is stable per config); and the CLI ends hostile arguments with a mess
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
 import socket
 import subprocess
+import threading
 import time
 import urllib.request
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -73,6 +76,27 @@ def test_a_twin_daemon_exits_at_once_and_harms_nothing(tmp_path: Path) -> None:
     assert shm_leftovers(prefix) == []
 
 
+@contextlib.contextmanager
+def _ring_starts_beside() -> Iterator[None]:
+    """What a new ring's start does to the other rings of this user (shm_names.remove_abandoned),
+    every 2 ms on a thread of this process while the block runs."""
+    from cuzk_mp.pipeline.shm_names import remove_abandoned
+
+    done = threading.Event()
+
+    def sweep() -> None:
+        while not done.wait(0.002):
+            remove_abandoned(None)
+
+    t = threading.Thread(target=sweep, daemon=True)
+    t.start()
+    try:
+        yield
+    finally:
+        done.set()
+        t.join()
+
+
 def test_a_killed_process_tree_leaves_nothing_after_the_restart(tmp_path: Path) -> None:
     cfg = tmp_path / "cuzk.toml"
     cfg.write_text(config_text(tmp_path, tmp_path / "keys", prefix=""))  # the default prefix
@@ -87,11 +111,13 @@ def test_a_killed_process_tree_leaves_nothing_after_the_restart(tmp_path: Path) 
                 assert time.monotonic() < deadline
         tree = frozen_tree(first.proc.pid)
         assert len(tree) >= 3
-        for p in tree:  # the whole tree at once, as the OOM killer or TimeoutStopSec would
-            p.send_signal(signal.SIGKILL)
-        ended_unreaped(tree)
-        # read while the engine is an unreaped zombie: an engine of another test starting meanwhile spares its ring
-        left = shm_inodes(prefix)
+        # meanwhile rings are made elsewhere, as other tests' engines start: each removes the rings of makers
+        # that are gone, so the dead ring is read while its engine is an unreaped zombie, which they spare
+        with _ring_starts_beside():
+            for p in tree:  # the whole tree at once, as the OOM killer or TimeoutStopSec would
+                p.send_signal(signal.SIGKILL)
+            ended_unreaped(tree)
+            left = shm_inodes(prefix)
     finally:
         first.sigkill()
     assert left, "the killed tree should have left its ring behind"
