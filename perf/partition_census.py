@@ -15,7 +15,7 @@ On the GPU machine (repository root, the cp312 wheels on PYTHONPATH as README "T
 
     python3 perf/partition_census.py --out DIR [--log-n 24] [--key circuit]
 
-runs ``ncu --profile-from-start off`` on the session's partition section (its default multiples
+runs ``ncu --profile-from-start off`` on perf/gpu_session.py's partition section (its default multiples
 plan, one checked warm-up, one profiled partition), writes ``DIR/census-raw.csv`` (Nsight Compute's
 raw page), ``DIR/census.json`` (every kernel, then the sums by kernel) and prints the table.
 ``--csv FILE`` summarises a raw page made before, without a GPU. The durations take one collection
@@ -131,7 +131,7 @@ def main() -> None:
     ap.add_argument("--out", type=Path, default=Path(os.environ.get("OUT", "out")), help="output folder")
     ap.add_argument("--log-n", type=int, default=24, help="the partition's rows (2^N)")
     ap.add_argument("--key", choices=("points", "circuit"), default="points",
-                    help="the session's partition key: a point on every row, or the PoRep-like circuit's own "
+                    help="gpu_session.py's partition key: a point on every row, or the PoRep-like circuit's own "
                          "shape with its own witness")
     ap.add_argument("--counters", action="store_true",
                     help="also each kernel's SM and DRAM throughput and occupancy (replayed: slow)")
