@@ -1055,19 +1055,30 @@ def _started_as_under_a_terminal(args: list[str], **kwargs: object) -> subproces
 def test_sigterm_stops_a_one_shot_command_and_cleans_up(sig: signal.Signals, code: int, says: str,
                                                         tmp_path: Path) -> None:
     """SIGTERM while `setup` writes its key: exit 143, one line saying so, no temporary file left
-    (the same cleanup as SIGINT's). SIGHUP (the terminal closed) the same, exit 129."""
+    (the same cleanup as SIGINT's). SIGHUP (the terminal closed) the same, exit 129.
+
+    The signal goes out once the key's temporary file is seen; on a loaded machine the watcher may
+    see it so late that the setup has renamed its key and exited before the signal was sent (exit 0,
+    the key in place): such a try says nothing about the signal and is made again, up to three
+    times. A command that ignored the signal would end the same way every time, and fails."""
     assert cli.main(["circuit", "porep-like", "--log-n", "16", str(tmp_path)]) == 0
-    proc = _started_as_under_a_terminal([sys.executable, "-m", "cuzk_mp", "setup", "--backend", "cpu",
-                                         str(tmp_path / "porep-like-16.r1cs"), str(tmp_path / "k.zkey")])
-    deadline = time.monotonic() + 120
-    while not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]:  # it has begun writing
-        assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
-        time.sleep(0.01)
-    proc.send_signal(sig)
-    _, err = proc.communicate(timeout=60)
+    inputs = ["porep-like-16.r1cs", "porep-like-16.wtns"]
+    for _ in range(3):
+        proc = _started_as_under_a_terminal([sys.executable, "-m", "cuzk_mp", "setup", "--backend", "cpu",
+                                             str(tmp_path / "porep-like-16.r1cs"), str(tmp_path / "k.zkey")])
+        deadline = time.monotonic() + 120
+        while not [p for p in tmp_path.iterdir() if p.name.endswith(".tmp")]:  # it has begun writing
+            assert proc.poll() is None and time.monotonic() < deadline, proc.communicate()
+            time.sleep(0.01)
+        proc.send_signal(sig)
+        _, err = proc.communicate(timeout=60)
+        if proc.returncode == 0 and "cuzk-mp: " not in err and (tmp_path / "k.zkey").exists():
+            (tmp_path / "k.zkey").unlink()  # done before the signal was sent: try again
+            continue
+        break
     assert proc.returncode == code and f"cuzk-mp: {says}" in err, (proc.returncode, err)
     assert "Traceback" not in err
-    assert sorted(p.name for p in tmp_path.iterdir()) == ["porep-like-16.r1cs", "porep-like-16.wtns"]
+    assert sorted(p.name for p in tmp_path.iterdir()) == inputs
 
 
 @pytest.mark.parametrize(("exc", "code", "says"), [(KeyboardInterrupt(), 130, "interrupted"),
