@@ -366,32 +366,37 @@ def window_rows(lg: int, reps: int, groups: tuple[str, ...], windows: tuple[int,
     return _random_rows(lg, reps, groups, multiples, configs)
 
 
-# (k, r): combine_seg and group both k, reduce_threads r; the first is the defaults before 2026-12-03
-REDUCE_GRID = ((32, 1 << 16), (8, 1 << 16), (2, 1 << 16), (2, 1 << 15), (2, 1 << 17))
+# (levels, r): the reduction's MsmParams.reduce_levels and reduce_threads r; the first is the
+# defaults before the second reduction over the chunks' sums (combine_seg and group 2 in all)
+REDUCE_GRID = ((1, 1 << 15), (2, 1 << 15), (2, 1 << 16), (2, 1 << 17))
 
 
-def _reduce_params(k: int, r: int) -> msm.MsmParams:
-    return msm.MsmParams(combine_seg=k, group=k, reduce_threads=r)
+def _reduce_params(levels: int, r: int) -> msm.MsmParams:
+    return msm.MsmParams(reduce_levels=levels, reduce_threads=r)
+
+
+def _reduce_tag(levels: int, r: int) -> str:
+    return f"l{levels}_r{r.bit_length() - 1}"
 
 
 def reduce_rows(lg: int, reps: int, groups: tuple[str, ...], multiples: int | None = None) -> dict[str, Any]:
-    """Random 2^lg MSMs (checked) over the reduction's launch knobs of :data:`REDUCE_GRID`:
-    (k, r) = combine_seg and group both k (heads and shares per thread: the later levels of each
-    run few threads, so their chains of k additions are latency), reduce_threads r (buckets per
-    thread of the bucket reduction: nb / r). ``multiples``: over a table of that many bits."""
+    """Random 2^lg MSMs (checked) over the reduction's knobs of :data:`REDUCE_GRID`: how a chunk's
+    sum gets its weight (reduce_levels: a scalar multiplication a thread, or a second reduction over
+    the chunks' sums) and reduce_threads r (buckets per thread of the bucket reduction: nb / r).
+    ``multiples``: over a table of that many bits."""
     pre = f"mult{multiples}" if multiples else "plain"
     return _random_rows(lg, reps, groups, multiples,
-                        [(f"{pre}_k{k}_r{r.bit_length() - 1}", _reduce_params(k, r)) for k, r in REDUCE_GRID])
+                        [(f"{pre}_{_reduce_tag(lv, r)}", _reduce_params(lv, r)) for lv, r in REDUCE_GRID])
 
 
 def _reduce_sweep(rows: dict[str, Any], grp: str, bases: Bases, lg: int, reps: int) -> None:
     """The reduction knobs of :data:`REDUCE_GRID` on random and PoRep-like scalars (unchecked)."""
     for dist in ("random", "porep"):
         s = random_scalars(1 << lg, dist, 99)
-        for k, r in REDUCE_GRID:
-            res = time_msm(bases, s, reps, _reduce_params(k, r), False)
-            rows[f"{grp}_sweep_{dist}_2^{lg}_k{k}_r{r.bit_length() - 1}_ms"] = res["ms"]
-            rows[f"{grp}_sweep_{dist}_2^{lg}_k{k}_r{r.bit_length() - 1}_reduce_ms"] = res["reduce"]
+        for lv, r in REDUCE_GRID:
+            res = time_msm(bases, s, reps, _reduce_params(lv, r), False)
+            rows[f"{grp}_sweep_{dist}_2^{lg}_{_reduce_tag(lv, r)}_ms"] = res["ms"]
+            rows[f"{grp}_sweep_{dist}_2^{lg}_{_reduce_tag(lv, r)}_reduce_ms"] = res["reduce"]
 
 
 def _table(rows: dict[str, Any]) -> str:

@@ -320,7 +320,8 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False,
     ``key_shape`` "circuit": the key has the PoRep-like circuit's wire count and infinity points
     (:func:`circuit_shape`), the witness "circuit" is the circuit's own, and the rows end in
     ``_circuit_key``; "points": a point on every row. ``accumulate``: the loaded key's MSMs as its
-    plan set them ("") and/or with XYZZ level 1 alone ("xyzz": no grid rounds, rows ``*_xyzz``),
+    plan set them ("") and/or with XYZZ level 1 alone ("xyzz": no grid rounds, rows ``*_xyzz``) and/or
+    with the bucket reduction's one level ("reduce1": a scalar multiplication a thread, rows ``*_reduce1``),
     timed on the same key, interleaved rep by rep. ``counting_keys``: the counting sort's key limit
     (``msm_passes.COUNTING_SORT_KEYS``) as 2^N for each N, None the shipped one; rows ``*_ckN``.
     ``profile_last``: the last timed partition of each witness and variant between cudaProfilerStart
@@ -358,7 +359,8 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False,
         for acc in accumulate:  # launch knobs and the sort rule only: the same compiled modules
             for ck in counting_keys:
                 tag = (f"_{acc}" if acc else "") + (f"_ck{ck}" if ck is not None else "")
-                variants[tag] = ({"ga_rounds": 0} if acc == "xyzz" else {}, shipped_keys if ck is None else 1 << ck)
+                knobs = {"xyzz": {"ga_rounds": 0}, "reduce1": {"reduce_levels": 1}}.get(acc, {})
+                variants[tag] = (knobs, shipped_keys if ck is None else 1 << ck)
 
         def use(knobs: dict[str, Any], keys: int) -> None:
             passes.COUNTING_SORT_KEYS = keys
@@ -568,7 +570,8 @@ def main() -> None:
                          "cudaProfilerStart and Stop (for ncu --profile-from-start off: perf/partition_census.py)")
     ap.add_argument("--partition-accumulate", default="",
                     help="partition section: a comma list of the accumulations to time on each loaded key: "
-                         "'plan' (as its device plan set them, the default) and 'xyzz' (no grid rounds: rows *_xyzz)")
+                         "'plan' (as its device plan set them, the default), 'xyzz' (no grid rounds: rows *_xyzz) and "
+                         "'reduce1' (the bucket reduction's scalar multiplication a thread: rows *_reduce1)")
     args = ap.parse_args()
     witnesses = tuple(args.partition_witnesses.split(",")) if args.partition_witnesses else None
     accumulate = tuple("" if a == "plan" else a for a in (args.partition_accumulate or "plan").split(","))
@@ -576,8 +579,8 @@ def main() -> None:
         counting_keys = tuple(None if v == "shipped" else int(v) for v in args.partition_counting_keys.split(","))
     except ValueError:
         ap.error(f"--partition-counting-keys: shipped or integers, not {args.partition_counting_keys}")
-    if set(accumulate) - {"", "xyzz"}:
-        ap.error(f"--partition-accumulate: plan, xyzz, not {args.partition_accumulate}")
+    if set(accumulate) - {"", "xyzz", "reduce1"}:
+        ap.error(f"--partition-accumulate: plan, xyzz, reduce1, not {args.partition_accumulate}")
     if witnesses and set(witnesses) - set(WITNESSES):
         ap.error(f"--partition-witnesses: {', '.join(WITNESSES)}, not {args.partition_witnesses}")
     if witnesses and "circuit" in witnesses and args.partition_key != "circuit":

@@ -210,16 +210,22 @@ def test_tiny_knobs(msm: Any, g2: bool, dist: str) -> None:
     assert _run(msm, points, scalars, g2, params) == _oracle(points, scalars, g2), f"seed {SEED}"
 
 
+@pytest.mark.parametrize("levels", [1, 2])
 @pytest.mark.parametrize("chunk", [1, 2, 4])
-def test_short_bucket_chunks(msm: Any, g2: bool, chunk: int) -> None:
-    """The small-MSM geometry: one, two or four buckets per reduction thread (the share's scalar
-    multiple then ranges over every bucket index), groups of 4, with and without a fixed window."""
+def test_short_bucket_chunks(msm: Any, g2: bool, chunk: int, levels: int) -> None:
+    """The small-MSM geometry: one, two or four buckets per reduction thread (the share's weight
+    then ranges over every bucket index), groups of 4, with and without a fixed window; the chunks'
+    weights given by a scalar multiplication in each thread (levels 1) or by a second reduction
+    over the chunks' sums (levels 2, whose own chunks are then 1, 2 or 4 sums too)."""
     points, scalars = _points(200, g2), _scalars(200, "random", SEED + 13)
     for bits in (None, 5):
-        params = msm.MsmParams(seg=4, combine_seg=4, group=4, bucket_chunk_min=chunk, window_bits=bits)
+        params = msm.MsmParams(seg=4, combine_seg=4, group=4, bucket_chunk_min=chunk, window_bits=bits,
+                               reduce_levels=levels)
         assert _run(msm, points, scalars, g2, params) == _oracle(points, scalars, g2), f"seed {SEED}"
     with pytest.raises(ConfigError, match="bucket_chunk_min"):
         msm.MsmParams(bucket_chunk_min=3)
+    with pytest.raises(ConfigError, match="reduce_levels"):
+        msm.MsmParams(reduce_levels=3)
 
 
 def test_fewer_scalars_than_points(msm: Any, g2: bool) -> None:

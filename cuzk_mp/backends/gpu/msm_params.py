@@ -46,10 +46,15 @@ class MsmParams:
     # against 96.7, G2 293.8 against 302.5, G1 2^24 plain 106.0 against 107.5, 2^27 755.3 against 772.6.
     combine_seg: int = 2
     group: int = 2
-    # target thread count of the bucket reduction: nb / this buckets a thread, each thread's share
-    # ending with a scalar multiplication by its first bucket's index, so fewer, longer chunks pay
-    # while the threads still fill the device (2^15 beat 2^16 and 2^17 in the runs above)
+    # target thread count of the bucket reduction: nb / this buckets a thread. Where each thread's
+    # share ended with a scalar multiplication by its first bucket's index (reduce_levels 1), fewer,
+    # longer chunks paid while the threads still filled the device (2^15 beat 2^16 and 2^17 in the
+    # runs above)
     reduce_threads: int = 1 << 15
+    # how a chunk's plain sum S_j gets its weight j chunk (kernels/msm/reduce.cuh): 2 = a second,
+    # small reduction over the chunks' sums (2 additions a chunk), 1 = a scalar multiplication in
+    # every thread (~log2(buckets) doublings: a quarter of a 64-bucket chunk's work)
+    reduce_levels: int = 2
     # fewest buckets per thread of the bucket reduction (a power of two): a thread's chain is 2 chunk
     # additions plus a ~c-bit scalar multiplication, so small MSMs, whose few threads leave the GPU
     # latency-bound, want short chunks (and small groups, combine_seg); large ones are throughput-bound
@@ -99,6 +104,8 @@ class MsmParams:
             raise ConfigError(f"MsmParams.group={self.group}: a power of two >= 2 (groups must not straddle windows)")
         if not pow2(self.bucket_chunk_min):
             raise ConfigError(f"MsmParams.bucket_chunk_min={self.bucket_chunk_min}: a power of two >= 1")
+        if self.reduce_levels not in (1, 2):
+            raise ConfigError(f"MsmParams.reduce_levels={self.reduce_levels}: 1 or 2")
         if self.seg < 1 or self.combine_seg < 2 or self.reduce_threads < 1:
             raise ConfigError(f"MsmParams: seg >= 1, combine_seg >= 2, thread counts >= 1 (got {self})")
         if self.window_bits is not None and not 2 <= self.window_bits <= 24:
@@ -136,6 +143,15 @@ class MsmParams:
         if self.fq_calls and not g2:
             out["EC_FQ_CALLS"] = 1
         return out
+
+
+def reduce_chunks(nw: int, nb: int, params: MsmParams) -> tuple[int, int]:
+    """The bucket reduction's cut of ``nw`` windows of ``nb`` buckets (powers of two): buckets a
+    thread and threads a window, about ``params.reduce_threads`` threads in all, at least
+    ``params.bucket_chunk_min`` buckets a thread."""
+    want = max(1, (nw * nb) // params.reduce_threads)
+    chunk = min(max(1 << (want.bit_length() - 1), params.bucket_chunk_min), nb)
+    return chunk, nb // chunk
 
 
 # How the G2 MSM module compiles its Fq2 products (ec/xyzz.cuh): as __noinline__ calls (a third

@@ -84,7 +84,7 @@ from ...algebra.field import FR_BYTES, G1_BYTES, G2_BYTES
 from ...errors import DeviceMemoryError
 from .env_knobs import large_sort_for
 from .msm_geometry import SECTIONS, batches_msms, choose_window, msm_stream_of, plan_multiples, window_count
-from .msm_params import GRAPH_RUNS, MsmParams, graph_batch_limit, msm_params_for
+from .msm_params import GRAPH_RUNS, MsmParams, graph_batch_limit, msm_params_for, reduce_chunks
 
 GIB = float(1 << 30)
 # Left free on top of a plan: CuPy/cuBLAS workspaces, kernel launches, small per-call arrays (the
@@ -206,9 +206,9 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
     # the bucket reduction's shares: each bucket set cut in chunks, a partial sum a chunk
     # (.msm_passes._MsmPasses._window_sums)
     sets = k if multiples_c else k * per_batch
-    want = max(1, sets * buckets // p.reduce_threads)
-    chunk = min(max(1 << (want.bit_length() - 1), p.bucket_chunk_min), buckets)
-    shares = sets * (buckets // chunk) * xyzz
+    _, per = reduce_chunks(sets, buckets, p)
+    # and with reduce_levels 2 the chunks' sums, a second reduction's buckets, as many again
+    shares = sets * per * xyzz * (2 if p.reduce_levels == 2 else 1)
     return (entries * sort_bytes + bucket_bytes + heads + shares + k * windows * xyzz
             + grid_list_bytes(entries, g2, p))
 

@@ -269,8 +269,10 @@ struct xyzz_t {
     /* this * e for a small e (double-and-add, MSB first); e = 0 gives infinity. */
     FF_INLINE xyzz_t mul_small(uint32_t e) const {
         xyzz_t r = inf();
+        int top = 31;
+        while (top >= 0 && !((e >> top) & 1)) top--;  /* the doublings of infinity skipped */
 #pragma unroll 1
-        for (int bit = 31; bit >= 0; bit--) {
+        for (int bit = top; bit >= 0; bit--) {
             r.dbl();
             if ((e >> bit) & 1) r.add(*this);
         }

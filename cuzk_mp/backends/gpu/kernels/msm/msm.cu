@@ -200,9 +200,12 @@ msm_accumulate_list(const uint64_t* points, const uint64_t* rows, const uint64_t
  *   MSM_OP_COMBINE  threads = ceil(n / p1): combine level over n heads
  *                   (a, a_keys) -> buckets b, new heads (out, out_keys); p1 = seg
  *   MSM_OP_BUCKETS  threads = n: chunk shares of window sums, buckets a -> out;
- *                   p1 = nb (buckets per window), p2 = chunk
+ *                   p1 = nb (buckets per window), p2 = chunk; b null: each share complete
+ *                   (a scalar multiplication a thread), else the chunk sums -> b as the
+ *                   buckets of a second reduction (reduce.cuh)
  *   MSM_OP_GROUPS   threads = ceil(n / p1): out[t] = sum of a[t p1 .. ) (n inputs)
- *   MSM_OP_ADD      threads = n: out[t] += a[t] (two bucket sets made one)
+ *   MSM_OP_ADD      threads = n: out[t] += 2^p1 a[t] (two bucket sets made one: p1 = 0;
+ *                   a second reduction added to its first: p1 = log2(chunk))
  * The last step, Horner over the window sums (c (W - 1) doublings in a chain), runs
  * on the host (msm.py): one GPU thread took 9.5 ms for it on G2, arkworks ~1 ms. */
 #define MSM_OP_COMBINE 0
@@ -219,13 +222,13 @@ msm_reduce(uint32_t op, const uint64_t* a, const uint32_t* a_keys, uint64_t* b, 
         if (t * p1 < n) msm_combine_body<msm_field_t>(t, a, a_keys, b, out, out_keys, n, p1);
         break;
     case MSM_OP_BUCKETS:
-        if (t < n) msm_bucket_reduce_body<msm_field_t>(t, a, out, p1, p2);
+        if (t < n) msm_bucket_reduce_body<msm_field_t>(t, a, out, b, p1, p2);
         break;
     case MSM_OP_GROUPS:
         if (t * p1 < n) msm_sum_groups_body<msm_field_t>(t, a, out, n, p1);
         break;
     case MSM_OP_ADD:
-        if (t < n) msm_add_sets_body<msm_field_t>(t, a, out);
+        if (t < n) msm_add_sets_body<msm_field_t>(t, a, out, p1);
         break;
     }
 }
