@@ -216,7 +216,7 @@ def test_short_bucket_chunks(msm: Any, g2: bool, chunk: int, levels: int) -> Non
     """The small-MSM geometry: one, two or four buckets per reduction thread (the share's weight
     then ranges over every bucket index), groups of 4, with and without a fixed window; the chunks'
     weights given by a scalar multiplication in each thread (levels 1) or by a second reduction
-    over the chunks' sums (levels 2, whose own chunks are then 1, 2 or 4 sums too)."""
+    over the chunks' sums (levels 2, whose own chunks are then 1, 2 or 4 sums too; the default takes it by size)."""
     points, scalars = _points(200, g2), _scalars(200, "random", SEED + 13)
     for bits in (None, 5):
         params = msm.MsmParams(seg=4, combine_seg=4, group=4, bucket_chunk_min=chunk, window_bits=bits,
@@ -226,6 +226,16 @@ def test_short_bucket_chunks(msm: Any, g2: bool, chunk: int, levels: int) -> Non
         msm.MsmParams(bucket_chunk_min=3)
     with pytest.raises(ConfigError, match="reduce_levels"):
         msm.MsmParams(reduce_levels=3)
+
+
+def test_second_reduction_by_size(msm: Any) -> None:
+    """reduce_levels 0 takes the second reduction where the chunk threads fill the device (at least
+    reduce_threads / 2 of them), the scalar multiplication a thread below; 1 and 2 are fixed."""
+    auto = msm.MsmParams(reduce_threads=1 << 15)
+    assert auto.second_reduction(1 << 14) and auto.second_reduction(1 << 15)
+    assert not auto.second_reduction((1 << 14) - 1) and not auto.second_reduction(256)
+    assert msm.MsmParams(reduce_levels=2).second_reduction(1)
+    assert not msm.MsmParams(reduce_levels=1).second_reduction(1 << 20)
 
 
 def test_fewer_scalars_than_points(msm: Any, g2: bool) -> None:

@@ -312,9 +312,9 @@ def test_device_plan_line(test_key: tuple[Path, Path], monkeypatch: pytest.Monke
     assert want.batch == EngineConfig.prover_batch > 1 and "in batches of" in line
     from cuzk_mp.backends.gpu.plan import largest_fitting_domain
 
-    tiny = Machine(cores=16, memory_bytes=128 << 30, gpus=(("small", 516 << 20),))  # the margin and a bit
+    tiny = Machine(cores=16, memory_bytes=128 << 30, gpus=(("small", 514 << 20),))  # the margin and a bit
     small = benchoptions.device_plan_line(size, tiny, [3], 2)
-    best = largest_fitting_domain(want.shape, 516 << 20)
+    best = largest_fitting_domain(want.shape, 514 << 20)
     assert best is not None and best < want.shape.domain_size
     assert small.startswith("device plan: GPU 3: the proving key (domain 2^10") and "only 0.50 GiB is free" in small
     assert f"largest domain of this circuit's shape that fits is 2^{best.bit_length() - 1}" in small

@@ -52,9 +52,11 @@ class MsmParams:
     # runs above)
     reduce_threads: int = 1 << 15
     # how a chunk's plain sum S_j gets its weight j chunk (kernels/msm/reduce.cuh): 2 = a second,
-    # small reduction over the chunks' sums (2 additions a chunk), 1 = a scalar multiplication in
-    # every thread (~log2(buckets) doublings: a quarter of a 64-bucket chunk's work)
-    reduce_levels: int = 2
+    # small reduction over the chunks' sums (2 additions a chunk, ~6 more launches and a longer
+    # chain of dependent additions), 1 = a scalar multiplication in every thread (~log2(buckets)
+    # doublings: a quarter of a 64-bucket chunk's work), 0 = 2 where the reduction's threads fill
+    # the device (at least reduce_threads / 2: throughput-bound), else 1 (small MSMs, latency-bound)
+    reduce_levels: int = 0
     # fewest buckets per thread of the bucket reduction (a power of two): a thread's chain is 2 chunk
     # additions plus a ~c-bit scalar multiplication, so small MSMs, whose few threads leave the GPU
     # latency-bound, want short chunks (and small groups, combine_seg); large ones are throughput-bound
@@ -104,8 +106,8 @@ class MsmParams:
             raise ConfigError(f"MsmParams.group={self.group}: a power of two >= 2 (groups must not straddle windows)")
         if not pow2(self.bucket_chunk_min):
             raise ConfigError(f"MsmParams.bucket_chunk_min={self.bucket_chunk_min}: a power of two >= 1")
-        if self.reduce_levels not in (1, 2):
-            raise ConfigError(f"MsmParams.reduce_levels={self.reduce_levels}: 1 or 2")
+        if self.reduce_levels not in (0, 1, 2):
+            raise ConfigError(f"MsmParams.reduce_levels={self.reduce_levels}: 0 (by size), 1 or 2")
         if self.seg < 1 or self.combine_seg < 2 or self.reduce_threads < 1:
             raise ConfigError(f"MsmParams: seg >= 1, combine_seg >= 2, thread counts >= 1 (got {self})")
         if self.window_bits is not None and not 2 <= self.window_bits <= 24:
@@ -123,6 +125,11 @@ class MsmParams:
         if not 0 <= self.ga_rounds <= 64 or self.ga_chunk < 2 or (self.ga_threads is not None and self.ga_threads < 1):
             raise ConfigError(f"MsmParams: ga_rounds in [0, 64], ga_chunk >= 2, ga_threads >= 1 (got {self.ga_rounds}, "
                               f"{self.ga_chunk}, {self.ga_threads})")
+
+    def second_reduction(self, threads: int) -> bool:
+        """Whether a bucket reduction of ``threads`` chunk threads weights the chunks' sums by a
+        second reduction (``reduce_levels``)."""
+        return self.reduce_levels == 2 or (self.reduce_levels == 0 and 2 * threads >= self.reduce_threads)
 
     def grid(self, g2: bool) -> bool:
         """Whether this group's MSMs take the grid batch-affine rounds."""

@@ -257,14 +257,15 @@ class _MsmPasses:
         """sum_k k B_k per window: chunk shares (reduce.cuh), then group sums; ``(nw, xw)``, written
         into ``out`` (C-contiguous, that shape) where given, so that no copy follows.
 
-        Each chunk's share needs its plain sum S_j times j chunk: with ``params.reduce_levels`` 2
+        Each chunk's share needs its plain sum S_j times j chunk: where ``params.second_reduction``
         those are summed by a second, small reduction over the S_j (sum_j j S_j, times chunk
         by doublings, added to each window once), else by a scalar multiplication in every
         thread."""
         nb = 1 << (c - 1)
         chunk, per = reduce_chunks(nw, nb, self.params)
         shares = out if per == 1 and out is not None else cupy.empty((nw * per, self._xw), dtype=np.uint64)
-        sums = cupy.empty((nw * per, self._xw), dtype=np.uint64) if per > 1 and self.params.reduce_levels == 2 else None
+        two = per > 1 and self.params.second_reduction(nw * per)
+        sums = cupy.empty((nw * per, self._xw), dtype=np.uint64) if two else None
         self._launch("msm_reduce", nw * per, _u32(OP_BUCKETS), buckets, _NULL, sums if sums is not None else _NULL,
                      shares, _NULL, _u64(nw * per), _u32(nb), _u32(chunk))
         total = self._sum_blocks(shares, nw, per, out)

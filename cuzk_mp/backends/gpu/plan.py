@@ -207,8 +207,8 @@ def msm_scratch_bytes(n_scalars: int, g2: bool, params: MsmParams | None = None,
     # (.msm_passes._MsmPasses._window_sums)
     sets = k if multiples_c else k * per_batch
     _, per = reduce_chunks(sets, buckets, p)
-    # and with reduce_levels 2 the chunks' sums, a second reduction's buckets, as many again
-    shares = sets * per * xyzz * (2 if p.reduce_levels == 2 else 1)
+    # and where a second reduction weights the chunks' sums, those sums (its buckets) as many again
+    shares = sets * per * xyzz * (2 if per > 1 and p.second_reduction(sets * per) else 1)
     return (entries * sort_bytes + bucket_bytes + heads + shares + k * windows * xyzz
             + grid_list_bytes(entries, g2, p))
 
