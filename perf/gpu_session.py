@@ -321,7 +321,8 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False,
     (:func:`circuit_shape`), the witness "circuit" is the circuit's own, and the rows end in
     ``_circuit_key``; "points": a point on every row. ``accumulate``: the loaded key's MSMs as its
     plan set them ("") and/or with XYZZ level 1 alone ("xyzz": no grid rounds, rows ``*_xyzz``) and/or
-    with the bucket reduction's one level ("reduce1": a scalar multiplication a thread, rows ``*_reduce1``),
+    with the bucket reduction's ``MsmParams.reduce_levels`` L ("reduceL": 0 by size, 1 a scalar
+    multiplication a thread, 2 a second reduction; rows ``*_reduceL``),
     timed on the same key, interleaved rep by rep. ``counting_keys``: the counting sort's key limit
     (``msm_passes.COUNTING_SORT_KEYS``) as 2^N for each N, None the shipped one; rows ``*_ckN``.
     ``profile_last``: the last timed partition of each witness and variant between cudaProfilerStart
@@ -359,7 +360,8 @@ def partition_rows(ses: DeviceRun, lg: int, reps: int, quick: bool = False,
         for acc in accumulate:  # launch knobs and the sort rule only: the same compiled modules
             for ck in counting_keys:
                 tag = (f"_{acc}" if acc else "") + (f"_ck{ck}" if ck is not None else "")
-                knobs = {"xyzz": {"ga_rounds": 0}, "reduce1": {"reduce_levels": 1}}.get(acc, {})
+                knobs = ({"ga_rounds": 0} if acc == "xyzz"
+                         else {"reduce_levels": int(acc[6:])} if acc.startswith("reduce") else {})
                 variants[tag] = (knobs, shipped_keys if ck is None else 1 << ck)
 
         def use(knobs: dict[str, Any], keys: int) -> None:
@@ -571,7 +573,8 @@ def main() -> None:
     ap.add_argument("--partition-accumulate", default="",
                     help="partition section: a comma list of the accumulations to time on each loaded key: "
                          "'plan' (as its device plan set them, the default), 'xyzz' (no grid rounds: rows *_xyzz) and "
-                         "'reduce1' (the bucket reduction's scalar multiplication a thread: rows *_reduce1)")
+                         "'reduce0', 'reduce1', 'reduce2' (MsmParams.reduce_levels: the bucket reduction's chunk "
+                         "weights by size, by a scalar multiplication a thread, by a second reduction: rows *_reduceL)")
     args = ap.parse_args()
     witnesses = tuple(args.partition_witnesses.split(",")) if args.partition_witnesses else None
     accumulate = tuple("" if a == "plan" else a for a in (args.partition_accumulate or "plan").split(","))
@@ -579,8 +582,8 @@ def main() -> None:
         counting_keys = tuple(None if v == "shipped" else int(v) for v in args.partition_counting_keys.split(","))
     except ValueError:
         ap.error(f"--partition-counting-keys: shipped or integers, not {args.partition_counting_keys}")
-    if set(accumulate) - {"", "xyzz", "reduce1"}:
-        ap.error(f"--partition-accumulate: plan, xyzz, reduce1, not {args.partition_accumulate}")
+    if set(accumulate) - {"", "xyzz", "reduce0", "reduce1", "reduce2"}:
+        ap.error(f"--partition-accumulate: plan, xyzz, reduce0, reduce1, reduce2, not {args.partition_accumulate}")
     if witnesses and set(witnesses) - set(WITNESSES):
         ap.error(f"--partition-witnesses: {', '.join(WITNESSES)}, not {args.partition_witnesses}")
     if witnesses and "circuit" in witnesses and args.partition_key != "circuit":

@@ -231,7 +231,8 @@ def test_short_bucket_chunks(msm: Any, g2: bool, chunk: int, levels: int) -> Non
 def test_second_reduction_by_size(msm: Any) -> None:
     """reduce_levels 0 takes the second reduction where the chunk threads fill the device (at least
     reduce_threads / 2 of them), the scalar multiplication a thread below; 1 and 2 are fixed."""
-    auto = msm.MsmParams(reduce_threads=1 << 15)
+    auto = msm.MsmParams(reduce_levels=0, reduce_threads=1 << 15)
+    assert not msm.MsmParams().second_reduction(1 << 20)  # the default: one level, as measured
     assert auto.second_reduction(1 << 14) and auto.second_reduction(1 << 15)
     assert not auto.second_reduction((1 << 14) - 1) and not auto.second_reduction(256)
     assert msm.MsmParams(reduce_levels=2).second_reduction(1)

@@ -55,8 +55,11 @@ class MsmParams:
     # small reduction over the chunks' sums (2 additions a chunk, ~6 more launches and a longer
     # chain of dependent additions), 1 = a scalar multiplication in every thread (~log2(buckets)
     # doublings: a quarter of a 64-bucket chunk's work), 0 = 2 where the reduction's threads fill
-    # the device (at least reduce_threads / 2: throughput-bound), else 1 (small MSMs, latency-bound)
-    reduce_levels: int = 0
+    # the device (at least reduce_threads / 2: throughput-bound), else 1 (small MSMs, latency-bound).
+    # The default stays 1, the way every device figure above was measured, until a device A/B
+    # (perf/gpu_msm_notes.md, "The bucket reduction without a scalar multiplication a thread")
+    # shows 0 or 2 no slower; both are checked against arkworks on the emulator.
+    reduce_levels: int = 1
     # fewest buckets per thread of the bucket reduction (a power of two): a thread's chain is 2 chunk
     # additions plus a ~c-bit scalar multiplication, so small MSMs, whose few threads leave the GPU
     # latency-bound, want short chunks (and small groups, combine_seg); large ones are throughput-bound
