@@ -71,7 +71,8 @@ DEFAULT_SECTIONS = "tests,msm,partition"
 # The gpu-marked tests of what changed, in two pytest runs so that the first (the new kernel's
 # tests and the backend tests that failed or matter here) completes even if the second runs out
 # of time: (label, paths, -k expression, timeout s). The shipped-binaries tests need no GPU.
-_NEW = "grid_affine or accumulation or repeated or large or params_defines or fp2_lazy"
+_NEW = ("grid_affine or accumulation or repeated or large or params_defines or fp2_lazy or bucket_chunks"
+        " or second_reduction")
 TEST_GROUPS = [
     ("new", ["tests/test_gpu_msm.py", "tests/test_gpu_backend.py::test_load_key_lets_file_pages_go",
              "tests/test_gpu_backend.py::test_whole_proof_on_gpu_verifies"], _NEW, 70.0),

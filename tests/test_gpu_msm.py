@@ -216,7 +216,7 @@ def test_short_bucket_chunks(msm: Any, g2: bool, chunk: int, levels: int) -> Non
     """The small-MSM geometry: one, two or four buckets per reduction thread (the share's weight
     then ranges over every bucket index), groups of 4, with and without a fixed window; the chunks'
     weights given by a scalar multiplication in each thread (levels 1) or by a second reduction
-    over the chunks' sums (levels 2, whose own chunks are then 1, 2 or 4 sums too; the default takes it by size)."""
+    over the chunks' sums (levels 2, whose own chunks are then 1, 2 or 4 sums too; levels 0 takes it by size)."""
     points, scalars = _points(200, g2), _scalars(200, "random", SEED + 13)
     for bits in (None, 5):
         params = msm.MsmParams(seg=4, combine_seg=4, group=4, bucket_chunk_min=chunk, window_bits=bits,
@@ -675,12 +675,13 @@ def test_one_shot_helpers(msm: Any) -> None:
         assert fn(points, scalars) == _oracle(points, scalars, g2)
 
 
-@pytest.mark.parametrize("acc", ["xyzz", "grid"])
+@pytest.mark.parametrize("acc", ["xyzz", "grid", "reduce2"])
 @pytest.mark.parametrize("lg", [16, 20])
 @pytest.mark.parametrize("dist", ["random", "porep"])
 def test_large_against_discrete_logs(kind: str, msm: Any, g2: bool, lg: int, dist: str, acc: str) -> None:
     """Bases t_i G from the fixed-base kernel; sum_i s_i t_i G must equal (sum_i s_i t_i) G, with
-    each accumulation (XYZZ; grid batch-affine with its default chunk and thread counts)."""
+    each accumulation (XYZZ; grid batch-affine with its default chunk and thread counts) and, over
+    XYZZ, the bucket reduction's second level ("reduce2": the chunks' weights by a second reduction)."""
     if kind != "gpu":
         pytest.skip("large sizes run on the GPU only")
     import cupy
@@ -693,7 +694,8 @@ def test_large_against_discrete_logs(kind: str, msm: Any, g2: bool, lg: int, dis
     s = _scalars(n, dist, SEED + lg) if lg <= 16 else _fast_scalars(g, n, dist)
     gen = G2Point() if g2 else G1Point()
     d_points = fixed_base.FixedBase(gen).run_device(cupy.asarray(t))
-    params = msm.MsmParams(ga_rounds=msm.grid_rounds(acc), ga_g1=True)
+    params = (msm.MsmParams(ga_rounds=0, reduce_levels=2) if acc == "reduce2"
+              else msm.MsmParams(ga_rounds=msm.grid_rounds(acc), ga_g1=True))
     got = (msm.MsmG2 if g2 else msm.MsmG1)(d_points, params).run(cupy.asarray(s), stream=cupy.cuda.Stream())
     tv = [int.from_bytes(r.tobytes(), "little") for r in t]
     sv = [int.from_bytes(r.tobytes(), "little") for r in s]
