@@ -742,7 +742,7 @@ def test_a_key_file_that_is_a_fifo_or_a_device_is_named_as_such_by_the_check(tmp
 
 
 @pytest.mark.parametrize(("name", "value"), [("CUZK_GPU_MSM_SORT", "radix-"), ("CUZK_GPU_MSM_ACCUMULATE", "grid2"),
-                                             ("CUZK_GPU_MSM_MULTIPLES", "h,q")])
+                                             ("CUZK_GPU_MSM_MULTIPLES", "h,q"), ("CUZK_GPU_BINARIES", "cuda11")])
 def test_gpu_knobs_in_the_environment_are_checked_with_a_gpu_engine_config(monkeypatch: pytest.MonkeyPatch,
                                                                            name: str, value: str) -> None:
     """A GPU engine's provers read these; a value they would refuse is refused naming the variable when
@@ -771,11 +771,12 @@ def test_an_unknown_gpu_knob_name_is_refused_with_a_gpu_engine_config(monkeypatc
     EngineConfig(backend="gpu").validate()
     for name in ("CUZK_GPU_MSM_MULTIPLE", "CUZK_GPU_MSM_G2_SPLIT"):
         monkeypatch.setenv(name, "1")
-        with pytest.raises(ConfigError, match=rf"^{name}: no such knob \(CUZK_GPU_EXIT_HANDOFF, .*CUZK_GPU_MSM_SORT\)"):
+        listed = r"\(CUZK_GPU_BINARIES, CUZK_GPU_EXIT_HANDOFF, .*CUZK_GPU_MSM_SORT\)"
+        with pytest.raises(ConfigError, match=rf"^{name}: no such knob {listed}"):
             EngineConfig(backend="gpu").validate()
         EngineConfig(backend="cpu").validate()
         monkeypatch.delenv(name)
-    assert len(KNOWN_ENV) == 5
+    assert len(KNOWN_ENV) == 6
     # a one-shot verb's backend (get_backend, where a GPU is there) refuses it before it imports CuPy
     import cuzk_mp.backends as backends
 

@@ -458,10 +458,13 @@ with open(sys.argv[1], "w") as f:
 
 
 @pytest.mark.gpu
-def test_a_one_shot_gpu_proof_compiles_no_kernel_at_run_time(gpu: object, tmp_path: Path) -> None:
+@pytest.mark.parametrize("binaries", ["auto", "cuda12"])
+def test_a_one_shot_gpu_proof_compiles_no_kernel_at_run_time(gpu: object, tmp_path: Path, binaries: str) -> None:
     """A fresh process's GPU proof runs the shipped kernel binaries alone: CuPy compiles nothing (its
     first run-time compile in a process runs NVRTC on the proof's path, ~20 ms of a one-shot prove:
-    a slice assignment of the window sums did, until they were written in place)."""
+    a slice assignment of the window sums did, until they were written in place). Also with the
+    set for drivers before CUDA 13 (``CUZK_GPU_BINARIES=cuda12``, NVRTC 12.9's cubins), whose proof
+    must verify too."""
     from cuzk_mp.cli import main
 
     assert main(["circuit", "porep-like", "--log-n", "10", str(tmp_path)]) == 0
@@ -469,12 +472,18 @@ def test_a_one_shot_gpu_proof_compiles_no_kernel_at_run_time(gpu: object, tmp_pa
     args = ["groth16", "prove", "--backend", "gpu", str(tmp_path / "k.zkey"), str(tmp_path / "porep-like-10.wtns"),
             str(tmp_path / "p.json"), str(tmp_path / "pub.json")]
     out = tmp_path / "compiles.json"
+    env = {**os.environ, "CUZK_GPU_BINARIES": binaries, "CUZK_MP_CACHE": str(tmp_path / "cache")}
     res = subprocess.run([sys.executable, "-c", COUNT_COMPILES, str(out), *args], capture_output=True, text=True,
-                         check=False, cwd=Path(__file__).parents[1], timeout=300)
+                         check=False, cwd=Path(__file__).parents[1], timeout=300, env=env)
     assert res.returncode == 0 and out.exists(), res.stderr[-2000:]
     got = json.loads(out.read_text())
     assert got["code"] == 0, res.stderr[-2000:]
     assert got["compiles"] == [], f"CuPy compiled at run time: {got['compiles']}"
+    assert "compiling with NVRTC" not in res.stderr, res.stderr[-2000:]
+    if binaries == "cuda12":
+        assert list((tmp_path / "cache" / "kernels").glob("*.cubin")), "no cuda12 cubin was loaded"
+    assert main(["zkey", "export", "verificationkey", str(tmp_path / "k.zkey"), str(tmp_path / "vk.json")]) == 0
+    assert main(["groth16", "verify", *(str(tmp_path / f) for f in ("vk.json", "pub.json", "p.json"))]) == 0
 
 
 # ---------------------------------------------------------------- the backend's host code, emulated

@@ -1,7 +1,8 @@
 """The GPU backend: CUDA kernels run through CuPy, from the shipped binaries or NVRTC.
 
-The kernels load from the precompiled fatbins shipped in ``kernels/bin`` where one
-fits the device and the current sources; NVRTC compiles them at run time only
+The kernels load from the precompiled binaries shipped in ``kernels/bin`` (nvcc 13's
+fatbins, or NVRTC 12.9's cubins on a driver older than CUDA 13: :mod:`.bin_sets`) where
+one fits the device and the current sources; NVRTC compiles them at run time only
 where none does (and for kernel files outside the package).
 
 This package is where cuzk-mp uses ``cupy``, and only in the modules that launch

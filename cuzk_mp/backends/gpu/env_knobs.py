@@ -1,7 +1,8 @@
 """The CUZK_GPU_* environment knobs of the MSM, and their readers.
 
 Why a module of its own: these are the only knobs an operator sets from outside (the bucket
-accumulation, the large-batch sort, the small MSMs' CUDA graphs, a one-shot's exit hand-off), and a GPU engine
+accumulation, the large-batch sort, the small MSMs' CUDA graphs, a one-shot's exit hand-off, the
+shipped kernel binaries), and a GPU engine
 checks them all before any prover process starts, as a one-shot verb's backend does before its
 key's upload (:func:`check_environment`: values, and names no reader has). An
 :class:`.msm_params.MsmParams` reads its defaults from them when it is made; nothing here reads the
@@ -121,9 +122,25 @@ def msm_graphs_enabled() -> bool:
 # (early_context.hand_off_teardown); read there.
 EXIT_HANDOFF_ENV = "CUZK_GPU_EXIT_HANDOFF"
 
+# Which shipped kernel binaries a process loads (bin_sets.load_order, read by modules.get_module):
+# "auto" (the default: nvcc 13's fatbins on a driver of CUDA 13 or later, NVRTC 12.9's cubins below
+# it), "fatbin" or "cuda12" (that set alone, e.g. to test one on a device), "nvrtc" (none: every
+# module compiled by CuPy's NVRTC, for a driver that misreads the shipped code).
+BINARIES_ENV = "CUZK_GPU_BINARIES"
+BINARIES_MODES = ("auto", "fatbin", "cuda12", "nvrtc")
+
+
+def binaries_mode() -> str:
+    """The shipped-binary choice env CUZK_GPU_BINARIES names (unset: "auto"); ConfigError for another value."""
+    mode = os.environ.get(BINARIES_ENV, "").strip().lower() or "auto"
+    if mode not in BINARIES_MODES:
+        raise ConfigError(f"{BINARIES_ENV}={mode!r}: one of {', '.join(BINARIES_MODES)}")
+    return mode
+
+
 # Every CUZK_GPU_* variable a reader has: any other is refused by check_environment (a misspelt
 # knob, or one of a variant the package does not ship, would otherwise be ignored in silence).
-KNOWN_ENV = tuple(sorted((ACCUMULATE_ENV, EXIT_HANDOFF_ENV, GRAPHS_ENV, MULTIPLES_ENV, SORT_ENV)))
+KNOWN_ENV = tuple(sorted((ACCUMULATE_ENV, BINARIES_ENV, EXIT_HANDOFF_ENV, GRAPHS_ENV, MULTIPLES_ENV, SORT_ENV)))
 
 
 def check_environment() -> None:
@@ -133,5 +150,6 @@ def check_environment() -> None:
         if name.startswith("CUZK_GPU_") and name not in KNOWN_ENV:
             raise ConfigError(f"{name}: no such knob ({', '.join(KNOWN_ENV)})")
     sort_default()
+    binaries_mode()
     _accumulate_mode(None)
     plan_multiples({}, 0, 1, os.environ.get(MULTIPLES_ENV))

@@ -24,8 +24,31 @@ from typing import Any
 
 from .msm_params import MsmParams
 
-# Every GPU generation the prover supports, as SASS targets.
-ALL_ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100")
+# Every GPU generation the prover supports, as SASS targets: A100 (sm_80), the RTX 30 / A-series
+# (sm_86), the RTX 40 / L4 / L40 (sm_89), H100 / H200 (sm_90), B200 (sm_100; B300's sm_103 runs it)
+# and the RTX 50 / RTX PRO Blackwell cards (sm_120; sm_121 runs it), the class of the production
+# PoRep prover's box. A device runs the code of the highest of these with its major and a minor no
+# higher than its own (sass_for); any other device compiles with NVRTC.
+ALL_ARCHS: tuple[str, ...] = ("sm_80", "sm_86", "sm_89", "sm_90", "sm_100", "sm_120")
+
+
+def _capability(arch: str) -> tuple[int, int]:
+    """(major, minor) of an nvcc SASS target: ``"sm_86"`` -> (8, 6), ``"sm_120"`` -> (12, 0)."""
+    digits = arch.removeprefix("sm_")
+    if not digits.isdigit() or len(digits) < 2:
+        raise ValueError(f"not a SASS target: {arch!r}")
+    return int(digits[:-1]), int(digits[-1])
+
+
+def sass_for(arch: str, archs: tuple[str, ...] | list[str]) -> str | None:
+    """The target of ``archs`` whose machine code a device of ``arch`` runs, or None: CUDA runs a
+    cubin on devices of its major compute capability and a minor no lower than its own (sm_80
+    code on an sm_86 or sm_87 device, sm_100 on sm_103, sm_120 on sm_121), so the exact target
+    where shipped, else the highest such one (the driver makes the same choice within a fatbin)."""
+    major, minor = _capability(arch)
+    fits = [a for a in archs if _capability(a)[0] == major and _capability(a)[1] <= minor]
+    return max(fits, key=_capability, default=None)
+
 
 MSM_PATH = "msm/msm.cu"
 FB_PATH = "fixed_base/fixed_base.cu"

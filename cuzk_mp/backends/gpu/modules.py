@@ -2,11 +2,13 @@
 
 :func:`get_module` returns one module per (kernel file, ``-D`` knobs, device):
 
-1. the shipped fatbin of that variant (``kernels/bin``, built by
-   ``scripts/build_kernels.py`` for the architectures of :data:`.knobs.ALL_ARCHS`),
-   when its manifest entry has machine code for this device and was built from the
-   sources the package holds now (the assembled source's digest matches): loading
-   takes milliseconds, so a fresh machine proves without compiling;
+1. a shipped binary of that variant (``kernels/bin``, built by
+   ``scripts/build_kernels.py`` for the architectures of :data:`.knobs.ALL_ARCHS`:
+   nvcc 13's fatbin, or on a driver older than CUDA 13 the NVRTC 12.9 cubin,
+   :mod:`.bin_sets`), when its manifest entry has machine code this device runs
+   (:func:`.knobs.sass_for`) and was built from the sources the package holds now
+   (the assembled source's digest matches): loading takes milliseconds, so a fresh
+   machine proves without compiling;
 2. otherwise NVRTC on the assembled source (CuPy's disk cache keeps the result for
    the next process), after ONE log line per variant saying why no binary served
    (no entry, no code for this architecture, sources changed, or a load error).
@@ -23,6 +25,7 @@ import json
 import logging
 import threading
 import time
+import zipfile
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -31,7 +34,8 @@ from typing import Any
 import cupy
 
 from ...errors import ConfigError
-from . import knobs
+from . import bin_sets, knobs
+from .env_knobs import BINARIES_ENV, binaries_mode
 from .source import assemble, define_items, kernel_names, module_digest
 
 log = logging.getLogger("cuzk_mp.backends.gpu.modules")
@@ -77,22 +81,46 @@ def manifest_entry(path: str, defines: Mapping[str, Any] | None) -> dict[str, An
 
 
 def _shipped_module(path: str, defines: Mapping[str, Any] | None, arch: str) -> tuple[Any, str]:
-    """(module, "") from the shipped binary, or (None, why not)."""
+    """(module, "") from a shipped binary (the set the driver reads first, :func:`.bin_sets.load_order`),
+    or (None, why not)."""
     entry = manifest_entry(path, defines)
     if entry is None:
         return None, "no precompiled binary of this variant in the package"
-    if arch not in entry["archs"]:
-        return None, f"the binary has code for {', '.join(entry['archs'])}, this device is {arch}"
     if entry["source_sha256"] != module_digest(path, defines):
         return None, "the kernel sources changed since the binary was built (run scripts/build_kernels.py)"
-    file = bin_dir() / entry["file"]
+    mode = binaries_mode()
+    if mode == "nvrtc":
+        return None, f"{BINARIES_ENV}=nvrtc"
+    whys = []
+    for kind in bin_sets.load_order(entry, _driver_version(), mode):
+        mod, why = _load_set(entry, kind, arch)
+        if mod is not None:
+            return mod, ""
+        whys.append(why)
+    return None, "; ".join(whys) or f"no {mode} binary of this variant in the package"
+
+
+def _driver_version() -> int:
+    return int(cupy.cuda.runtime.driverGetVersion())
+
+
+def _load_set(entry: Mapping[str, Any], kind: str, arch: str) -> tuple[Any, str]:
+    """(module, "") from one set of an entry's binaries, or (None, why not)."""
+    files = entry if kind == bin_sets.FATBIN else entry[kind]
+    target = knobs.sass_for(arch, files["archs"])
+    if target is None:
+        return None, f"the {kind} binary has code for {', '.join(files['archs'])}, none of which runs on {arch}"
+    file = bin_dir() / files["file"]
     if not file.is_file():
         return None, f"{file.name} is missing from the package"
     try:
-        mod = cupy.RawModule(path=str(file))
+        load = file if kind == bin_sets.FATBIN else bin_sets.cubin_file(bin_sets.read_cubin(file, target))
+        mod = cupy.RawModule(path=str(load))
         mod.get_function(entry["kernels"][0])  # loads the module now: errors surface here
     except (cupy.cuda.driver.CUDADriverError, cupy.cuda.runtime.CUDARuntimeError) as exc:
-        return None, f"loading {file.name} failed ({exc})"
+        return None, f"loading {file.name} ({target}) failed ({exc})"
+    except (OSError, KeyError, zipfile.BadZipFile) as exc:
+        return None, f"reading {file.name} ({target}) failed ({exc})"
     return mod, ""
 
 
