@@ -206,15 +206,19 @@ def test_the_loader_takes_the_set_the_driver_reads(tmp_path: Path, monkeypatch: 
             return mod, why, loaded[-1] if loaded else ""
 
         mod, why, path = load("sm_90")
-        assert mod is not None and why == "" and Path(path).parent == tmp_path / "kernels"
+        assert mod is not None and why == "cuda12 sm_90" and Path(path).parent == tmp_path / "kernels"
         assert Path(path).read_bytes() == bin_sets.read_cubin(zipped, "sm_90")
         assert Path(load("sm_87")[2]).read_bytes() == bin_sets.read_cubin(zipped, "sm_86")
         mod, why, path = load("sm_75")
         assert mod is None and path == "" and "none of which runs on sm_75" in why
         driver[0] = 13000
-        assert load("sm_90")[2] == str(BIN / entry["file"])
+        assert load("sm_90")[1:] == ("fatbin sm_90", str(BIN / entry["file"]))
+        monkeypatch.setattr(modules, "device_arch", lambda: "sm_90")
+        modules.get_module(v.path, v.define_dict)
+        assert modules.origins() == "1 fatbin sm_90; CUDA driver 13.0"
         monkeypatch.setenv("CUZK_GPU_BINARIES", "cuda12")
         assert load("sm_90")[2].endswith(".cubin")
+        assert load("sm_87")[1] == "cuda12 sm_86"
         monkeypatch.setenv("CUZK_GPU_BINARIES", "nvrtc")
         assert load("sm_90")[:2] == (None, "CUZK_GPU_BINARIES=nvrtc")
     finally:

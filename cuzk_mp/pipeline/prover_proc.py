@@ -408,10 +408,10 @@ def main(ctx: ChildContext, payload: ProverPayload) -> None:
     ring = Ring.attach(payload.ring)
     backend = _make_backend(payload)
     if payload.backend == "gpu":
-        from ..backends.gpu.modules import warm_up
+        from ..backends.gpu.modules import origins, warm_up
 
-        took = warm_up()  # compile (or load from CuPy's cache) the prover's kernel modules before READY
-        ctx.log.info("[start] kernel modules ready in %.2f s", sum(took.values()))
+        took = warm_up()  # load the prover's kernel modules (NVRTC where no shipped binary fits) before READY
+        ctx.log.info("[start] kernel modules ready in %.2f s (%s)", sum(took.values()), origins())
     prover = Prover(ctx, ring, backend, payload)
     workers = [threading.Thread(target=prover.work, name=f"{ctx.name}-worker-{i}", daemon=True)
                for i in range(payload.workers)]

@@ -26,6 +26,7 @@ import logging
 import threading
 import time
 import zipfile
+from collections import Counter
 from collections.abc import Mapping
 from importlib import resources
 from pathlib import Path
@@ -47,6 +48,7 @@ MANIFEST = "manifest.json"
 
 _lock = threading.Lock()
 _cache: dict[tuple[Any, ...], Any] = {}
+_origin: dict[tuple[Any, ...], str] = {}  # where each cached module came from (origins())
 _warned: set[tuple[Any, ...]] = set()
 _manifest_cache: dict[str, Any] | None = None
 
@@ -81,8 +83,8 @@ def manifest_entry(path: str, defines: Mapping[str, Any] | None) -> dict[str, An
 
 
 def _shipped_module(path: str, defines: Mapping[str, Any] | None, arch: str) -> tuple[Any, str]:
-    """(module, "") from a shipped binary (the set the driver reads first, :func:`.bin_sets.load_order`),
-    or (None, why not)."""
+    """(module, its set and target, e.g. "cuda12 sm_86") from a shipped binary (the set the driver
+    reads first, :func:`.bin_sets.load_order`), or (None, why not)."""
     entry = manifest_entry(path, defines)
     if entry is None:
         return None, "no precompiled binary of this variant in the package"
@@ -93,10 +95,10 @@ def _shipped_module(path: str, defines: Mapping[str, Any] | None, arch: str) -> 
         return None, f"{BINARIES_ENV}=nvrtc"
     whys = []
     for kind in bin_sets.load_order(entry, _driver_version(), mode):
-        mod, why = _load_set(entry, kind, arch)
+        mod, detail = _load_set(entry, kind, arch)
         if mod is not None:
-            return mod, ""
-        whys.append(why)
+            return mod, detail
+        whys.append(detail)
     return None, "; ".join(whys) or f"no {mode} binary of this variant in the package"
 
 
@@ -105,7 +107,7 @@ def _driver_version() -> int:
 
 
 def _load_set(entry: Mapping[str, Any], kind: str, arch: str) -> tuple[Any, str]:
-    """(module, "") from one set of an entry's binaries, or (None, why not)."""
+    """(module, "<set> <target>") from one set of an entry's binaries, or (None, why not)."""
     files = entry if kind == bin_sets.FATBIN else entry[kind]
     target = knobs.sass_for(arch, files["archs"])
     if target is None:
@@ -121,7 +123,7 @@ def _load_set(entry: Mapping[str, Any], kind: str, arch: str) -> tuple[Any, str]
         return None, f"loading {file.name} ({target}) failed ({exc})"
     except (OSError, KeyError, zipfile.BadZipFile) as exc:
         return None, f"reading {file.name} ({target}) failed ({exc})"
-    return mod, ""
+    return mod, f"{kind} {target}"
 
 
 def _nvrtc_module(path: str, defines: Mapping[str, Any] | None, root: Path | None) -> Any:
@@ -146,15 +148,29 @@ def get_module(path: str, defines: Mapping[str, Any] | None = None, root: Path |
         mod = _cache.get(key)
         if mod is not None:
             return mod
+        origin = "NVRTC"
         if root is None:
-            mod, why = _shipped_module(path, defines, arch)
-            if mod is None and key not in _warned:
+            mod, detail = _shipped_module(path, defines, arch)
+            if mod is not None:
+                origin = detail
+            elif key not in _warned:
                 _warned.add(key)
-                log.warning("kernels/%s %s: compiling with NVRTC (%s)", path, dict(define_items(defines)), why)
+                log.warning("kernels/%s %s: compiling with NVRTC (%s)", path, dict(define_items(defines)), detail)
         if mod is None:
             mod = _nvrtc_module(path, defines, root)
         _cache[key] = mod
+        _origin[key] = origin
         return mod
+
+
+def origins() -> str:
+    """Where this process's modules came from, for a start log line: "8 fatbin sm_90; CUDA driver
+    13.0" (a set and the target whose code runs, or NVRTC), counted by origin."""
+    with _lock:
+        counts = Counter(_origin.values())
+    version = _driver_version()
+    return (", ".join(f"{n} {o}" for o, n in sorted(counts.items())) or "none loaded") + \
+        f"; CUDA driver {version // 1000}.{version % 1000 // 10}"
 
 
 def get_function(path: str, name: str, defines: Mapping[str, Any] | None = None) -> Any:
@@ -192,5 +208,6 @@ __all__ = [
     "manifest",
     "manifest_entry",
     "occupancy",
+    "origins",
     "warm_up",
 ]
