@@ -26,6 +26,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from ...errors import OutputError
+from ...formats.atomic import atomic_output
 from ...paths import default_cache_dir
 
 CUDA13_DRIVER = 13000  # cudaDriverGetVersion of the first driver that runs CUDA 13 code
@@ -68,12 +70,12 @@ def cubin_file(data: bytes, cache: Path | None = None) -> Path:
     """A file holding ``data``, named by its sha256, under ``<cache>/kernels`` (default: the
     package's cache folder, :func:`~cuzk_mp.paths.default_cache_dir`), or, where that cannot be
     written, in a folder of the temp folder that only this user may write. An existing file of that
-    name is reused when it holds the same bytes; a new one is written to a temporary name and
-    renamed, so a racing process reads a whole one."""
+    name is reused when it holds the same bytes; a new one is written by
+    :func:`~cuzk_mp.formats.atomic.atomic_output`, so a racing process reads a whole one."""
     name = hashlib.sha256(data).hexdigest()[:32] + ".cubin"
     own = Path(tempfile.gettempdir()) / f"cuzk-mp-kernels-{os.getuid()}"
     folders = [(cache or default_cache_dir()) / "kernels", own]
-    last: OSError | None = None
+    last: OSError | OutputError | None = None
     for i, folder in enumerate(folders):
         path = folder / name
         try:
@@ -84,16 +86,10 @@ def cubin_file(data: bytes, cache: Path | None = None) -> Path:
                     raise OSError(f"{folder} is not a folder of this user's alone")
             if path.is_file() and path.read_bytes() == data:
                 return path
-            fd, tmp = tempfile.mkstemp(prefix=".cubin-", dir=folder)
-            try:
-                with os.fdopen(fd, "wb") as f:
-                    f.write(data)
-                os.replace(tmp, path)
-            except BaseException:
-                Path(tmp).unlink(missing_ok=True)
-                raise
+            with atomic_output(path) as f:
+                f.write(data)
             return path
-        except OSError as exc:
+        except (OSError, OutputError) as exc:
             last = exc
     raise OSError(f"no folder could take a kernel binary ({', '.join(map(str, folders))}): {last}")
 

@@ -21,6 +21,7 @@ groups before the prover process reports READY, so no proof pays a load.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import threading
@@ -102,7 +103,9 @@ def _shipped_module(path: str, defines: Mapping[str, Any] | None, arch: str) -> 
     return None, "; ".join(whys) or f"no {mode} binary of this variant in the package"
 
 
+@functools.cache
 def _driver_version() -> int:
+    """cudaDriverGetVersion (13000 for CUDA 13.0): a process's driver does not change, so asked once."""
     return int(cupy.cuda.runtime.driverGetVersion())
 
 
