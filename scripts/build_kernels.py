@@ -43,6 +43,7 @@ sys.path.insert(0, str(ROOT))
 
 from cuzk_mp.backends.gpu import bin_sets, knobs  # noqa: E402
 from cuzk_mp.backends.gpu.source import assemble, define_items, kernel_names, module_digest  # noqa: E402
+from cuzk_mp.formats.atomic import atomic_output  # noqa: E402
 
 BIN = ROOT / "cuzk_mp" / "backends" / "gpu" / "kernels" / "bin"
 MANIFEST = BIN / "manifest.json"
@@ -120,12 +121,11 @@ def entry_is_fresh(v: knobs.Variant, entry: dict | None) -> bool:
 
 
 def cuda12_is_fresh(v: knobs.Variant, entry: dict | None) -> bool:
-    """Whether a fresh entry's cuda12 set was built from the same sources (the entry's digest), for
-    the variant's archs, with NVRTC 12.9, and its file is the one recorded."""
-    if entry is None or not entry_is_fresh(v, entry):
-        return False
-    sub = entry.get(bin_sets.CUDA12)
-    return (sub is not None and tuple(sub.get("archs", ())) == v.archs
+    """Whether the cuda12 set of an entry whose fatbin is fresh (:func:`entry_is_fresh`, which the
+    callers have checked) was built from the same sources (the entry's digest), for the variant's
+    archs, with NVRTC 12.9, and its file is the one recorded."""
+    sub = (entry or {}).get(bin_sets.CUDA12)
+    return (entry is not None and sub is not None and tuple(sub.get("archs", ())) == v.archs
             and sub.get("nvrtc") == bin_sets.NVRTC12_VERSION and sub.get("source_sha256") == entry["source_sha256"]
             and _file_matches(sub))
 
@@ -186,8 +186,9 @@ def nvrtc_cubin(lib_path: Path, source: str, arch: str, defines: list[str]) -> b
     finally:
         lib.nvrtcDestroyProgram(ctypes.byref(prog))
     data = buf.raw
-    if bin_sets.cubin_target(data)[1] != int(arch.removeprefix("sm_")):
-        raise SystemExit(f"NVRTC's cubin for {arch} names target {bin_sets.cubin_target(data)[1]}")
+    target = bin_sets.cubin_target(data)[1]
+    if target != int(arch.removeprefix("sm_")):
+        raise SystemExit(f"NVRTC's cubin for {arch} names target {target}")
     return data
 
 
@@ -201,13 +202,11 @@ def build_cuda12(v: knobs.Variant, lib_path: Path) -> dict:
                              [defines] * len(v.archs)))
     took = time.perf_counter() - t0
     out = BIN / file_name(v, CUDA12_SUFFIX)
-    tmp = out.with_suffix(".tmp")
-    with zipfile.ZipFile(tmp, "w", compression=zipfile.ZIP_LZMA) as z:
+    with atomic_output(out) as f, zipfile.ZipFile(f, "w", compression=zipfile.ZIP_LZMA) as z:
         for arch, data in zip(v.archs, cubins):
             info = zipfile.ZipInfo(bin_sets.member_name(arch), date_time=(2026, 1, 1, 0, 0, 0))  # reproducible
             info.compress_type = zipfile.ZIP_LZMA
             z.writestr(info, data)
-    os.replace(tmp, out)
     data = out.read_bytes()
     return {"archs": list(v.archs), "nvrtc": bin_sets.NVRTC12_VERSION, "file": out.name, "bytes": len(data),
             "file_sha256": hashlib.sha256(data).hexdigest(), "source_sha256": module_digest(v.path, v.define_dict),
