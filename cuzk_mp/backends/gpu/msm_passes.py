@@ -255,31 +255,24 @@ class _MsmPasses:
 
     def _window_sums(self, buckets: Any, nw: int, c: int, out: Any = None) -> Any:
         """sum_k k B_k per window: chunk shares (reduce.cuh), then group sums; ``(nw, xw)``, written
-        into ``out`` (C-contiguous, that shape) where given, so that no copy follows.
+        into ``out`` (C-contiguous, that shape) where given, so that no copy follows."""
+        return self._weighted_sums(buckets, nw, 1 << (c - 1), out, True)
 
-        Each chunk's share needs its plain sum S_j times j chunk: where ``params.second_reduction``
-        those are summed by a second, small reduction over the S_j (sum_j j S_j, times chunk
-        by doublings, added to each window once), else by a scalar multiplication in every
-        thread."""
-        nb = 1 << (c - 1)
+    def _weighted_sums(self, buckets: Any, nw: int, nb: int, out: Any, may_nest: bool) -> Any:
+        """sum_k k B_k per window of ``nb`` buckets. Each chunk's share needs its plain sum S_j times
+        j chunk: where ``may_nest`` and ``params.second_reduction``, those are summed by a second,
+        small reduction over the S_j (this method again, over nb / chunk "buckets", not nesting
+        further: sum_j j S_j, times chunk by doublings, added to each window once), else by a
+        scalar multiplication in every thread."""
         chunk, per = reduce_chunks(nw, nb, self.params)
         shares = out if per == 1 and out is not None else cupy.empty((nw * per, self._xw), dtype=np.uint64)
-        two = per > 1 and self.params.second_reduction(nw * per)
+        two = may_nest and per > 1 and self.params.second_reduction(nw * per)
         sums = cupy.empty((nw * per, self._xw), dtype=np.uint64) if two else None
         self._launch("msm_reduce", nw * per, _u32(OP_BUCKETS), buckets, _NULL, sums if sums is not None else _NULL,
                      shares, _NULL, _u64(nw * per), _u32(nb), _u32(chunk))
         total = self._sum_blocks(shares, nw, per, out)
         if sums is not None:  # total += chunk * sum_j j S_j, window by window
-            weighted = self._window_sums_one_level(sums, nw, per)
+            weighted = self._weighted_sums(sums, nw, per, None, False)
             self._launch("msm_reduce", nw, _u32(OP_ADD), weighted, _NULL, _NULL, total, _NULL,
                          _u64(nw), _u32(chunk.bit_length() - 1), _u32(0))
         return total
-
-    def _window_sums_one_level(self, buckets: Any, nw: int, nb: int) -> Any:
-        """sum_k k B_k per window of ``nb`` buckets, each chunk's share completed in its thread:
-        the second reduction of :meth:`_window_sums`, over ``nb`` = its chunk count."""
-        chunk, per = reduce_chunks(nw, nb, self.params)
-        shares = cupy.empty((nw * per, self._xw), dtype=np.uint64)
-        self._launch("msm_reduce", nw * per, _u32(OP_BUCKETS), buckets, _NULL, _NULL, shares, _NULL,
-                     _u64(nw * per), _u32(nb), _u32(chunk))
-        return self._sum_blocks(shares, nw, per)
